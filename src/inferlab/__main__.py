@@ -1,0 +1,3 @@
+from inferlab._cli import main
+
+main()

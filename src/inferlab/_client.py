@@ -1,0 +1,301 @@
+"""The client: sends one request, parses the response, fills a ``RequestRecord``.
+
+It never raises for a failed request (only ``CancelledError`` propagates, after the
+record is marked cancelled). aiohttp is the HTTP stack: bench/client_cpu.py measures it
+against httpx per streamed chunk. All aiohttp errors are mapped here, at one boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from inferlab._clock import Clock
+from inferlab._records import ErrorKind, RequestRecord
+from inferlab._sse import SSEParser
+from inferlab._workload import Api, RequestSpec
+
+_MAX_ERROR_CHARS = 300
+
+
+def api_base(url: str) -> str:
+    """``http://h:p`` → ``http://h:p/v1``; a URL with a path is used as given."""
+    url = url.rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return url if parts.path not in ("", "/") else url + "/v1"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to send. ``base_url`` is the API root (ending in ``/v1`` usually)."""
+
+    base_url: str
+    model: str
+    api: Api = "chat"
+    stream: bool = True
+    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    idle_timeout_s: float = 60.0
+
+    @property
+    def url(self) -> str:
+        return self.base_url + ("/chat/completions" if self.api == "chat" else "/completions")
+
+    def request_headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json", **self.headers}
+        if self.api_key:
+            h.setdefault("Authorization", f"Bearer {self.api_key}")
+        return h
+
+
+def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": endpoint.model}
+    if endpoint.api == "chat":
+        body["messages"] = spec.messages()
+    else:
+        body["prompt"] = spec.prompt
+    if spec.max_tokens is not None:
+        body["max_tokens"] = spec.max_tokens
+        if spec.exact_output:
+            body["ignore_eos"] = True
+            body["min_tokens"] = spec.max_tokens
+    if endpoint.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    body.update(spec.extra_body)
+    return body
+
+
+def session_trace() -> aiohttp.TraceConfig:
+    """Stamps the moment a request's headers are written (its first byte)."""
+
+    async def on_headers_sent(
+        session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+    ) -> None:
+        stamp = getattr(ctx.trace_request_ctx, "stamp", None)
+        if stamp is not None:
+            stamp()
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(on_headers_sent)
+    return trace
+
+
+class _StreamState:
+    """What the events of one response said, in arrival order."""
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record = record
+        self.done = False
+
+    def event(self, data: str, t_ns: int) -> bool:
+        """Apply one SSE ``data`` payload received at ``t_ns``; False = stop reading."""
+        if data == "[DONE]":
+            self.done = True
+            return False
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return self._fail(ErrorKind.MALFORMED, f"event is not JSON: {data[:80]!r}")
+        if not isinstance(obj, dict):
+            return self._fail(ErrorKind.MALFORMED, f"event is not a JSON object: {data[:80]!r}")
+        if "error" in obj:
+            return self._fail(ErrorKind.STREAM_ERROR, _error_message(obj))
+        apply_body(self.record, obj, t_ns, streaming=True)
+        return True
+
+    def _fail(self, kind: ErrorKind, message: str) -> bool:
+        self.record.error_kind = kind
+        self.record.error = message[:_MAX_ERROR_CHARS]
+        return False
+
+
+def apply_body(record: RequestRecord, obj: dict[str, Any], t_ns: int, *, streaming: bool) -> None:
+    """Take content, usage, finish reason and the server timeline from a chunk or body."""
+    choices = obj.get("choices") or []
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        part = choice.get("delta") if streaming else choice.get("message")
+        text = ""
+        has_content = False
+        if isinstance(part, dict):
+            for key in ("content", "reasoning_content", "reasoning"):
+                value = part.get(key)
+                if value:
+                    text += value if isinstance(value, str) else ""
+                    has_content = True
+            if part.get("tool_calls"):
+                has_content = True
+        if choice.get("text"):
+            text += str(choice["text"])
+            has_content = True
+        if has_content and streaming:
+            record.content_ns.append(t_ns)
+        record.output_chars += len(text)
+        if choice.get("finish_reason"):
+            record.finish_reason = str(choice["finish_reason"])
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        record.input_tokens = _int_or_none(usage.get("prompt_tokens"))
+        record.output_tokens = _int_or_none(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            record.cached_tokens = _int_or_none(details.get("cached_tokens"))
+        record.usage_source = "server"
+    timeline = obj.get("inferlab_timeline")
+    if isinstance(timeline, dict):
+        record.server_timeline = timeline
+
+
+def _int_or_none(v: object) -> int | None:
+    return v if isinstance(v, int) else None
+
+
+def _error_message(obj: object) -> str:
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("detail") or err.get("msg")
+            if msg:
+                return str(msg)
+        elif isinstance(err, str):
+            return err
+        for key in ("message", "detail"):
+            if obj.get(key):
+                return str(obj[key])
+    return json.dumps(obj)[:_MAX_ERROR_CHARS]
+
+
+class Client:
+    """Sends requests to one endpoint over a shared aiohttp session.
+
+    Times in records are ns relative to ``t0_ns`` on ``clock``.
+    """
+
+    def __init__(
+        self, endpoint: Endpoint, clock: Clock, session: aiohttp.ClientSession, t0_ns: int
+    ) -> None:
+        self.endpoint = endpoint
+        self.clock = clock
+        self.session = session
+        self.t0_ns = t0_ns
+        self._headers = endpoint.request_headers()
+
+    def _now(self) -> int:
+        return self.clock.now_ns() - self.t0_ns
+
+    async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
+        """Send ``spec``; fill ``record`` with what happened. Never raises, except
+        ``CancelledError`` (the record is then marked ``CANCELLED``)."""
+        record.requested_input_tokens = spec.input_tokens
+        record.requested_output_tokens = spec.max_tokens
+        body = json.dumps(request_body(self.endpoint, spec)).encode()
+
+        def stamp() -> None:
+            record.send_ns = self._now()
+
+        record.send_ns = self._now()
+        try:
+            async with asyncio.timeout(self.endpoint.timeout_s):
+                await self._exchange(body, record, SimpleNamespace(stamp=stamp))
+        except aiohttp.ServerTimeoutError:
+            self._fail(record, ErrorKind.IDLE_TIMEOUT, f"no data for {self.endpoint.idle_timeout_s:g} s")
+        except TimeoutError:
+            self._fail(record, ErrorKind.TIMEOUT, f"request took over {self.endpoint.timeout_s:g} s")
+        except aiohttp.ClientConnectorError as e:
+            self._fail(record, ErrorKind.CONNECT, f"cannot connect to {self.endpoint.url}: {e.os_error}")
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
+            self._fail(record, ErrorKind.DISCONNECT, f"connection closed mid-response: {e}")
+        except aiohttp.ClientError as e:
+            self._fail(record, ErrorKind.DISCONNECT, f"{type(e).__name__}: {e}")
+        except asyncio.CancelledError:
+            self._fail(record, ErrorKind.CANCELLED, "run interrupted")
+            raise
+
+    def _fail(self, record: RequestRecord, kind: ErrorKind, message: str) -> None:
+        if record.error_kind is None:
+            record.error_kind = kind
+            record.error = message[:_MAX_ERROR_CHARS]
+        record.end_ns = None
+
+    async def _exchange(self, body: bytes, record: RequestRecord, trace_ctx: object) -> None:
+        ep = self.endpoint
+        async with self.session.post(
+            ep.url,
+            data=body,
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=ep.idle_timeout_s),
+            trace_request_ctx=trace_ctx,
+        ) as resp:
+            record.status = resp.status
+            if resp.status >= 400:
+                raw = await resp.content.read(65536)
+                try:
+                    message = _error_message(json.loads(raw))
+                except ValueError:
+                    message = raw.decode("utf-8", "replace").strip() or (resp.reason or "")
+                self._fail(record, ErrorKind.HTTP_STATUS, f"HTTP {resp.status}: {message}")
+                return
+            if ep.stream and resp.content_type == "text/event-stream":
+                await self._read_stream(resp, record)
+            else:
+                await self._read_body(resp, record)
+
+    async def _read_stream(self, resp: aiohttp.ClientResponse, record: RequestRecord) -> None:
+        parser = SSEParser()
+        state = _StreamState(record)
+        reading = True
+        t_end = 0
+        async for data in resp.content.iter_any():
+            t_end = self._now()
+            if record.ttfb_ns is None:
+                record.ttfb_ns = t_end
+            for event in parser.feed(data):
+                if not state.event(event, t_end):
+                    reading = False
+                    break
+            if not reading:
+                break
+        if state.done:
+            # Drain the (normally empty) rest so the connection can be reused.
+            async for _ in resp.content.iter_any():
+                pass
+        elif reading:
+            t_end = self._now()
+            for event in parser.close():
+                if not state.event(event, t_end):
+                    break
+        record.stream_done = state.done
+        if record.error_kind is None:
+            record.end_ns = t_end
+
+    async def _read_body(self, resp: aiohttp.ClientResponse, record: RequestRecord) -> None:
+        chunks = []
+        async for data in resp.content.iter_any():
+            if record.ttfb_ns is None:
+                record.ttfb_ns = self._now()
+            chunks.append(data)
+        t_end = self._now()
+        try:
+            obj = json.loads(b"".join(chunks))
+        except ValueError:
+            self._fail(record, ErrorKind.MALFORMED, "response body is not JSON")
+            return
+        if not isinstance(obj, dict):
+            self._fail(record, ErrorKind.MALFORMED, "response body is not a JSON object")
+            return
+        if "error" in obj:
+            self._fail(record, ErrorKind.STREAM_ERROR, _error_message(obj))
+            return
+        apply_body(record, obj, t_end, streaming=False)
+        record.end_ns = t_end

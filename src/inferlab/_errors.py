@@ -1,0 +1,23 @@
+"""inferlab's exception tree. Third-party errors are mapped to these at one boundary.
+
+A failed *request* is never an exception: it is a record with an error kind
+(``inferlab._records.ErrorKind``). These exceptions are for the run as a whole.
+"""
+
+from __future__ import annotations
+
+
+class InferlabError(Exception):
+    """Base class of every error inferlab raises on purpose."""
+
+
+class UsageError(InferlabError):
+    """The user asked for something that cannot be done (bad flag, bad file): CLI exit 2."""
+
+
+class ServerUnreachableError(InferlabError):
+    """The target server could not be reached at all before the run: CLI exit 1."""
+
+
+class RunFailedError(InferlabError):
+    """The run finished but produced nothing usable (e.g. every request failed): exit 1."""

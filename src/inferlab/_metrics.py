@@ -1,0 +1,247 @@
+"""Metrics: pure functions of ``RequestRecord``s (definitions in DESIGN.md).
+
+Nothing here reads a clock or does I/O; the same records always give the same summary.
+Times in records are ns; the summary reports milliseconds (``*_ms``), tokens/s and TPM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inferlab._records import ErrorKind, RequestRecord
+
+SCHEMA = "inferlab.summary/1"
+NS_PER_MS = 1e6
+NS_PER_S = 1e9
+DISTRIBUTION_KEYS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
+#: A request whose actual send lagged its intended time by more than this is "late".
+LATE_THRESHOLD_MS = 10.0
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Service-level objectives for goodput; ``None`` means "no limit"."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def met_by(self, m: RequestMetrics) -> bool:
+        checks = ((self.ttft_ms, m.ttft_ms), (self.tpot_ms, m.tpot_ms), (self.e2e_ms, m.e2e_ms))
+        return all(limit is None or (v is not None and v <= limit) for limit, v in checks)
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Derived per-request metrics, in ms (``None``: not defined for this request)."""
+
+    ttfb_ms: float | None
+    ttft_ms: float | None
+    e2e_ms: float | None
+    tpot_ms: float | None
+    decode_tps: float | None
+    queue_delay_ms: float | None
+    itl_ms: list[float]
+    output_tokens: int | None
+
+
+def output_token_count(r: RequestRecord) -> int | None:
+    """The server's count when it sent usage, else the number of content chunks."""
+    if r.output_tokens is not None:
+        return r.output_tokens
+    return len(r.content_ns) if r.content_ns else None
+
+
+def request_metrics(r: RequestRecord) -> RequestMetrics:
+    send = r.send_ns
+
+    def since_send(t: int | None) -> float | None:
+        return None if t is None or send is None else (t - send) / NS_PER_MS
+
+    ttft = since_send(r.content_ns[0]) if r.content_ns else None
+    e2e = since_send(r.end_ns)
+    n_out = output_token_count(r)
+    tpot = decode_tps = None
+    if ttft is not None and e2e is not None and n_out is not None and n_out > 1:
+        decode_ms = e2e - ttft
+        tpot = decode_ms / (n_out - 1)
+        decode_tps = (n_out - 1) / (decode_ms / 1e3) if decode_ms > 0 else None
+    itl = [(b - a) / NS_PER_MS for a, b in zip(r.content_ns, r.content_ns[1:], strict=False)]
+    queue = None
+    if r.intended_send_ns is not None and send is not None:
+        queue = max(0.0, (send - r.intended_send_ns) / NS_PER_MS)
+    return RequestMetrics(since_send(r.ttfb_ns), ttft, e2e, tpot, decode_tps, queue, itl, n_out)
+
+
+def distribution(values: Iterable[float]) -> dict[str, float] | None:
+    """mean, std (population), min, p50/p90/p95/p99 (linear interpolation), max."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return None
+    mean = math.fsum(xs) / n
+    std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / n)
+    out = {"mean": mean, "std": std, "min": xs[0]}
+    for q in (50, 90, 95, 99):
+        out[f"p{q}"] = percentile(xs, q)
+    out["max"] = xs[-1]
+    return out
+
+
+def percentile(sorted_xs: Sequence[float], q: float) -> float:
+    """The q-th percentile of sorted data, interpolating linearly (numpy's default)."""
+    if not sorted_xs:
+        raise ValueError("percentile of no data")
+    pos = (len(sorted_xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    frac = pos - lo
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * frac
+
+
+def _present(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    *,
+    config: dict[str, Any] | None = None,
+    slo: SLO | None = None,
+    interrupted: bool = False,
+) -> dict[str, Any]:
+    """The run summary (DESIGN.md's results contract). Warm-up records are excluded."""
+    measured = [r for r in records if not r.warmup]
+    done = [r for r in measured if r.ok]
+    cancelled = [r for r in measured if r.error_kind is ErrorKind.CANCELLED]
+    failed = [r for r in measured if not r.ok and r.error_kind is not ErrorKind.CANCELLED]
+    per = [request_metrics(r) for r in done]
+
+    sends = [r.send_ns for r in measured if r.send_ns is not None]
+    ends = [r.end_ns for r in done if r.end_ns is not None]
+    duration_s = (max(ends) - min(sends)) / NS_PER_S if sends and ends else 0.0
+
+    out_tokens = sum(m.output_tokens or 0 for m in per)
+    in_tokens = sum(r.input_tokens or 0 for r in done)
+
+    def rate(x: float) -> float | None:
+        return x / duration_s if duration_s > 0 else None
+
+    out_tps = rate(out_tokens)
+    total_tps = rate(out_tokens + in_tokens)
+    goodput = rate(sum(1 for m in per if slo.met_by(m))) if slo else None
+
+    summary: dict[str, Any] = {
+        "schema": SCHEMA,
+        "config": config or {},
+        "interrupted": interrupted,
+        "counts": {
+            "total": len(measured),
+            "completed": len(done),
+            "failed": len(failed),
+            "cancelled": len(cancelled),
+            "warmup": len(records) - len(measured),
+            "errors": dict(Counter(r.error_kind.value for r in failed if r.error_kind)),
+        },
+        "duration_s": duration_s,
+        "request_throughput_rps": rate(len(done)),
+        "output_token_throughput_tps": out_tps,
+        "total_token_throughput_tps": total_tps,
+        "output_tpm": out_tps * 60 if out_tps is not None else None,
+        "total_tpm": total_tps * 60 if total_tps is not None else None,
+        "goodput_rps": goodput,
+        "slo": None if slo is None else {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms},
+        "input_tokens": in_tokens,
+        "output_tokens": out_tokens,
+        "token_source": _token_source(done),
+        "ttfb_ms": distribution(_present(m.ttfb_ms for m in per)),
+        "ttft_ms": distribution(_present(m.ttft_ms for m in per)),
+        "e2e_ms": distribution(_present(m.e2e_ms for m in per)),
+        "tpot_ms": distribution(_present(m.tpot_ms for m in per)),
+        "itl_ms": distribution(x for m in per for x in m.itl_ms),
+        "decode_tps": distribution(_present(m.decode_tps for m in per)),
+        "queue_delay_ms": distribution(
+            _present(request_metrics(r).queue_delay_ms for r in measured if r.send_ns is not None)
+        ),
+        "cached_tokens": sum(r.cached_tokens or 0 for r in done),
+        "server_timeline": server_comparison(done),
+        "error_examples": _error_examples(failed),
+    }
+    summary["warnings"] = warnings(summary, done)
+    return summary
+
+
+def _token_source(done: Sequence[RequestRecord]) -> str:
+    with_usage = sum(1 for r in done if r.usage_source == "server")
+    if not done or with_usage == len(done):
+        return "server usage"
+    if with_usage == 0:
+        return "content chunks (approximate: no usage from the server)"
+    return f"server usage for {with_usage} of {len(done)} requests, content chunks for the rest"
+
+
+def server_comparison(done: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """Client TTFT against the server's own (from the sim's timeline extension).
+
+    ``ttft_error_ms`` = client TTFT − server TTFT: what the network, the HTTP stacks and
+    the client's parsing add. ``None`` when the server sends no timeline.
+    """
+    server_ttft: list[float] = []
+    error: list[float] = []
+    queued: list[float] = []
+    for r in done:
+        tl = r.server_timeline
+        m = request_metrics(r)
+        if not tl or m.ttft_ms is None or tl.get("first_token_ms") is None:
+            continue
+        server_ttft.append(float(tl["first_token_ms"]))
+        error.append(m.ttft_ms - float(tl["first_token_ms"]))
+        if tl.get("scheduled_ms") is not None:
+            queued.append(float(tl["scheduled_ms"]))
+    if not server_ttft:
+        return None
+    return {
+        "requests": len(server_ttft),
+        "server_ttft_ms": distribution(server_ttft),
+        "ttft_error_ms": distribution(error),
+        "server_queue_ms": distribution(queued),
+    }
+
+
+def _error_examples(failed: Sequence[RequestRecord]) -> dict[str, str]:
+    examples: dict[str, str] = {}
+    for r in failed:
+        if r.error_kind and r.error_kind.value not in examples:
+            examples[r.error_kind.value] = r.error or ""
+    return examples
+
+
+def warnings(summary: dict[str, Any], done: Sequence[RequestRecord]) -> list[str]:
+    """Plain-language caveats about how far the numbers can be trusted."""
+    out: list[str] = []
+    qd = summary.get("queue_delay_ms")
+    if qd and qd["p99"] > LATE_THRESHOLD_MS:
+        out.append(
+            f"the client fell behind its schedule: p99 queue delay {qd['p99']:.1f} ms "
+            f"(max {qd['max']:.1f} ms); the offered load was lower than asked"
+        )
+    if summary["counts"]["completed"] and not summary["token_source"].startswith("server usage"):
+        out.append(f"token counts: {summary['token_source']}")
+    short = [
+        r for r in done
+        if r.requested_output_tokens is not None
+        and r.output_tokens is not None
+        and r.output_tokens != r.requested_output_tokens
+    ]
+    if short:
+        out.append(
+            f"{len(short)} of {len(done)} requests did not generate exactly the requested "
+            "output tokens (the server may ignore ignore_eos/min_tokens)"
+        )
+    if summary.get("interrupted"):
+        out.append("the run was interrupted: the summary covers what completed")
+    return out

@@ -1,0 +1,73 @@
+"""The raw per-request record: timestamps as measured, nothing derived.
+
+All times are integer nanoseconds on the run's clock, relative to the run's start
+(``t0``), so a record is meaningful on its own and JSON stays compact. Metrics are pure
+functions of these records (``inferlab._metrics``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class ErrorKind(str, enum.Enum):
+    """Why a request failed. A failure is data, never an exception that stops the run."""
+
+    HTTP_STATUS = "http_status"  # non-2xx response; ``status`` and ``error`` say which
+    CONNECT = "connect"  # could not open a connection
+    TIMEOUT = "timeout"  # the whole request took longer than the total timeout
+    IDLE_TIMEOUT = "idle_timeout"  # no bytes for longer than the idle timeout mid-response
+    DISCONNECT = "disconnect"  # the server closed the connection mid-stream
+    MALFORMED = "malformed"  # a stream event or body that is not the expected JSON
+    STREAM_ERROR = "stream_error"  # the server sent an error object inside the stream
+    CANCELLED = "cancelled"  # the run was interrupted while this request was in flight
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it.
+
+    ``send_ns`` is when the request's first byte was written; ``ttfb_ns`` the first byte
+    of the response body; ``content_ns`` one entry per chunk that carried generated
+    content; ``end_ns`` the last byte. ``None`` means the event never happened.
+    """
+
+    index: int
+    warmup: bool = False
+    intended_send_ns: int | None = None
+    send_ns: int | None = None
+    ttfb_ns: int | None = None
+    content_ns: list[int] = field(default_factory=list)
+    end_ns: int | None = None
+    status: int | None = None
+    error_kind: ErrorKind | None = None
+    error: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    usage_source: str = "none"  # "server" when the server's usage was received
+    output_chars: int = 0
+    requested_input_tokens: int | None = None
+    requested_output_tokens: int | None = None
+    finish_reason: str | None = None
+    stream_done: bool | None = None  # the stream ended with ``data: [DONE]``
+    server_timeline: dict[str, Any] | None = None  # the sim's own view of this request
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None and self.end_ns is not None
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["error_kind"] = self.error_kind.value if self.error_kind else None
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RequestRecord:
+        d = dict(d)
+        kind = d.get("error_kind")
+        d["error_kind"] = ErrorKind(kind) if kind else None
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})

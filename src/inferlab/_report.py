@@ -1,0 +1,108 @@
+"""Formatting only: the live progress line and the final table (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from inferlab._clock import NS_PER_S, Clock
+from inferlab._records import ErrorKind, RequestRecord
+
+_ROWS = (
+    ("TTFB", "ttfb_ms", "ms"),
+    ("TTFT", "ttft_ms", "ms"),
+    ("TPOT", "tpot_ms", "ms"),
+    ("ITL", "itl_ms", "ms"),
+    ("E2E", "e2e_ms", "ms"),
+    ("Decode speed", "decode_tps", "tok/s"),
+    ("Queue delay", "queue_delay_ms", "ms"),
+)
+
+
+class Progress:
+    """Counts requests as they finish and redraws one status line (stderr)."""
+
+    def __init__(self, console: Console, clock: Clock, total: int | None) -> None:
+        self.console = console
+        self.clock = clock
+        self.total = total
+        self.done = self.failed = self.tokens = 0
+        self.t0 = clock.now_ns()
+        self._status = console.status("starting", spinner="dots") if console.is_terminal else None
+
+    def __enter__(self) -> Progress:
+        if self._status is not None:
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.__exit__(None, None, None)
+
+    def update(self, r: RequestRecord) -> None:
+        if r.ok:
+            self.done += 1
+            self.tokens += r.output_tokens or len(r.content_ns)
+        elif r.error_kind is not ErrorKind.CANCELLED:
+            self.failed += 1
+        if self._status is not None:
+            self._status.update(self.line())
+
+    def line(self) -> str:
+        elapsed = max(1e-9, (self.clock.now_ns() - self.t0) / NS_PER_S)
+        of = f"/{self.total}" if self.total else ""
+        return (
+            f"{self.done + self.failed}{of} requests · {self.failed} failed · "
+            f"{self.done / elapsed:.2f} req/s · {self.tokens / elapsed:.0f} output tok/s · {elapsed:.1f} s"
+        )
+
+
+def _fmt(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def render_summary(console: Console, s: dict[str, Any], title: str) -> None:
+    c = s["counts"]
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("metric")
+    table.add_column("unit")
+    for k in ("mean", "p50", "p90", "p99", "max"):
+        table.add_column(k, justify="right")
+    for label, key, unit in _ROWS:
+        d = s.get(key)
+        if d:
+            table.add_row(label, unit, *(_fmt(d[k], 1 if unit == "ms" else 1) for k in ("mean", "p50", "p90", "p99", "max")))
+    console.print(table)
+
+    tput = Table(show_header=False, box=None, pad_edge=False)
+    tput.add_column(style="bold")
+    tput.add_column(justify="right")
+    failed = f"{c['failed']}" + (
+        " (" + ", ".join(f"{k} {v}" for k, v in sorted(c["errors"].items())) + ")" if c["errors"] else ""
+    )
+    rows = [
+        ("requests", f"{c['completed']} completed, {failed} failed" + (f", {c['cancelled']} cancelled" if c.get("cancelled") else "")),
+        ("duration", f"{_fmt(s['duration_s'], 2)} s"),
+        ("request throughput", f"{_fmt(s['request_throughput_rps'], 2)} req/s"),
+        ("output tokens/s", f"{_fmt(s['output_token_throughput_tps'])} tok/s  ({_fmt(s['output_tpm'], 0)} TPM)"),
+        ("total tokens/s", f"{_fmt(s['total_token_throughput_tps'])} tok/s  ({_fmt(s['total_tpm'], 0)} TPM)"),
+        ("tokens", f"{s['input_tokens']:,} in, {s['output_tokens']:,} out, {s['cached_tokens']:,} cached in ({s['token_source']})"),
+    ]
+    if s.get("goodput_rps") is not None:
+        rows.append(("goodput", f"{_fmt(s['goodput_rps'], 2)} req/s within SLO"))
+    sv = s.get("server_timeline")
+    if sv and sv.get("ttft_error_ms"):
+        err = sv["ttft_error_ms"]
+        rows.append((
+            "client vs server TTFT",
+            f"+{_fmt(err['p50'], 2)} ms p50, +{_fmt(err['p99'], 2)} ms p99 (server TTFT p50 {_fmt(sv['server_ttft_ms']['p50'])} ms)",
+        ))
+    for k, v in rows:
+        tput.add_row(k, v)
+    console.print(tput)
+    for kind, msg in s.get("error_examples", {}).items():
+        console.print(f"[red]{kind}[/red]: {msg}")
+    for w in s.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {w}")

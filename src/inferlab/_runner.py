@@ -1,0 +1,178 @@
+"""Drives a workload through a load schedule and the client; collects records.
+
+The runner owns *when* (schedule), the client owns *how* (HTTP), the workload owns
+*what*. Every request's intended send time is kept. The run is bounded by a request
+count and/or a duration, and by each request's own timeout; setting ``stop`` ends it
+early, cancelling requests in flight (recorded as ``cancelled``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from inferlab._client import Client, Endpoint, session_trace
+from inferlab._clock import NS_PER_S, Clock
+from inferlab._errors import UsageError
+from inferlab._records import RequestRecord
+from inferlab._schedule import ClosedLoop, OpenLoop, Schedule
+from inferlab._workload import RequestSpec
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    schedule: Schedule
+    num_requests: int | None = None
+    duration_s: float | None = None
+    warmup: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_requests is None and self.duration_s is None:
+            raise UsageError("give --num-requests or --duration")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise UsageError("--num-requests must be at least 1")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise UsageError("--duration must be positive")
+        if self.warmup < 0:
+            raise UsageError("--warmup cannot be negative")
+
+
+@dataclass
+class RunResult:
+    records: list[RequestRecord] = field(default_factory=list)
+    interrupted: bool = False
+    t0_ns: int = 0
+
+
+OnRecord = Callable[[RequestRecord], None]
+
+
+async def run_load(
+    endpoint: Endpoint,
+    load: LoadConfig,
+    workload: Iterable[RequestSpec],
+    clock: Clock,
+    *,
+    on_record: OnRecord | None = None,
+    stop: asyncio.Event | None = None,
+) -> RunResult:
+    """Send the workload; return every record (also those of failed requests)."""
+    result = RunResult(t0_ns=clock.now_ns())
+    specs = iter(workload)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(
+        connector=connector, trace_configs=[session_trace()], auto_decompress=True
+    ) as session:
+        client = Client(endpoint, clock, session, result.t0_ns)
+        tracker = _Tracker(client, result, on_record)
+        if isinstance(load.schedule, ClosedLoop):
+            body = _closed_loop(load.schedule, load, specs, tracker, clock)
+        else:
+            body = _open_loop(load.schedule, load, specs, tracker, clock)
+        main = asyncio.ensure_future(body)
+        waiter = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        try:
+            await asyncio.wait([main, *([waiter] if waiter else [])], return_when="FIRST_COMPLETED")
+        finally:
+            if not main.done():
+                result.interrupted = True
+                main.cancel()
+                await tracker.cancel_all()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await main
+            if waiter is not None:
+                waiter.cancel()
+        if main.done() and not main.cancelled() and main.exception() is not None:
+            raise main.exception()  # type: ignore[misc]  # a bug in the runner, not a request
+    result.records.sort(key=lambda r: r.index)
+    return result
+
+
+class _Tracker:
+    """Starts requests, remembers the ones in flight, records them as they end."""
+
+    def __init__(self, client: Client, result: RunResult, on_record: OnRecord | None) -> None:
+        self.client = client
+        self.result = result
+        self.on_record = on_record
+        self.in_flight: set[asyncio.Task[None]] = set()
+
+    async def one(self, record: RequestRecord, spec: RequestSpec) -> None:
+        try:
+            await self.client.send(spec, record)
+        finally:
+            self.result.records.append(record)
+            if self.on_record is not None:
+                self.on_record(record)
+
+    def start(self, record: RequestRecord, spec: RequestSpec) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(self.one(record, spec))
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+        return task
+
+    async def cancel_all(self) -> None:
+        tasks = list(self.in_flight)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _new_record(index: int, warmup: int, intended_ns: int) -> RequestRecord:
+    return RequestRecord(index=index, warmup=index < warmup, intended_send_ns=intended_ns)
+
+
+async def _closed_loop(
+    schedule: ClosedLoop, load: LoadConfig, specs: Iterator[RequestSpec], tracker: _Tracker, clock: Clock
+) -> None:
+    total = None if load.num_requests is None else load.num_requests + load.warmup
+    counter = itertools.count()
+    deadline: list[int | None] = [None]  # set when the first measured request is sent
+
+    async def user() -> None:
+        while True:
+            i = next(counter)
+            if total is not None and i >= total:
+                return
+            now = clock.now_ns()
+            if i == load.warmup and deadline[0] is None and load.duration_s is not None:
+                deadline[0] = now + int(load.duration_s * NS_PER_S)
+            d = deadline[0]
+            if d is not None and now >= d:
+                return
+            spec = next(specs, None)
+            if spec is None:
+                return
+            await tracker.start(_new_record(i, load.warmup, now - tracker.result.t0_ns), spec)
+
+    await asyncio.gather(*(user() for _ in range(schedule.concurrency)))
+
+
+async def _open_loop(
+    schedule: OpenLoop, load: LoadConfig, specs: Iterator[RequestSpec], tracker: _Tracker, clock: Clock
+) -> None:
+    num = None if load.num_requests is None else load.num_requests + load.warmup
+    duration = None if load.duration_s is None else load.duration_s
+    arrivals = schedule.arrival_times_s(load.seed, num, duration)
+    limit = asyncio.Semaphore(schedule.max_concurrency) if schedule.max_concurrency else None
+    t0 = tracker.result.t0_ns
+    tasks: list[asyncio.Task[None]] = []
+    for i, offset_s in enumerate(arrivals):
+        intended = int(offset_s * NS_PER_S)
+        await clock.sleep_until_ns(t0 + intended)
+        spec = next(specs, None)
+        if spec is None:
+            break
+        if limit is not None:
+            await limit.acquire()
+        task = tracker.start(_new_record(i, load.warmup, intended), spec)
+        if limit is not None:
+            task.add_done_callback(lambda _t: limit.release())
+        tasks.append(task)
+    await asyncio.gather(*tasks)

@@ -1,0 +1,70 @@
+"""Incremental Server-Sent Events parser (the subset OpenAI-compatible servers use).
+
+Feed it bytes as they arrive, in any split; it returns the ``data`` payload of every
+event completed so far. Follows the SSE spec's line rules: ``\\n``, ``\\r\\n`` or ``\\r``
+end a line, a blank line ends an event, ``:`` starts a comment (keep-alive), ``data:``
+may or may not be followed by one space, several ``data`` lines join with ``\\n``.
+Fields other than ``data`` (``event``, ``id``, ``retry``) are ignored.
+"""
+
+from __future__ import annotations
+
+
+class SSEParser:
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._data: list[str] = []
+        self._pending_cr = False
+
+    def feed(self, chunk: bytes) -> list[str]:
+        """Consume ``chunk``; return the data of each event it completed, in order."""
+        if self._pending_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the \n of a \r\n that was split across reads
+        self._pending_cr = False
+        buf = self._buffer + chunk
+        events: list[str] = []
+        start = 0
+        n = len(buf)
+        while start < n:
+            nl = buf.find(b"\n", start)
+            cr = buf.find(b"\r", start)
+            if nl < 0 and cr < 0:
+                break
+            if cr >= 0 and (nl < 0 or cr < nl):
+                end = cr
+                if cr + 1 < n:
+                    step = 2 if buf[cr + 1 : cr + 2] == b"\n" else 1
+                else:
+                    step = 1
+                    self._pending_cr = True
+            else:
+                end, step = nl, 1
+            self._line(buf[start:end], events)
+            start = end + step
+        self._buffer = buf[start:]
+        return events
+
+    def close(self) -> list[str]:
+        """End of stream: an event left without its blank line is dispatched too."""
+        events: list[str] = []
+        if self._buffer:
+            self._line(self._buffer, events)
+            self._buffer = b""
+        self._line(b"", events)
+        return events
+
+    def _line(self, raw: bytes, events: list[str]) -> None:
+        if not raw:
+            if self._data:
+                events.append("\n".join(self._data))
+                self._data = []
+            return
+        if raw.startswith(b":"):
+            return
+        name, sep, value = raw.partition(b":")
+        if not sep:
+            value = b""
+        elif value.startswith(b" "):
+            value = value[1:]
+        if name == b"data":
+            self._data.append(value.decode("utf-8", errors="replace"))

@@ -1,0 +1,222 @@
+"""Model shapes and GPU specs for the simulator.
+
+Presets come from ``data/presets.json``. A model is named by its preset name
+(``Qwen2.5-7B-Instruct``), an HF id (``Qwen/Qwen2.5-7B-Instruct``), or a path to an HF
+``config.json`` (or a directory holding one). A GPU is named by a short name (``H100``),
+a preset name (``H100-SXM-80GB``), or a path to a JSON file with the preset keys.
+Unknown names raise ``UsageError`` with the known names.
+"""
+
+from __future__ import annotations
+
+import json
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferlab._errors import UsageError
+
+_PRESETS_PATH = Path(__file__).parent / "data" / "presets.json"
+_GIB = 2**30
+
+# Per-direction bus bandwidth that an all-reduce sees, in GB/s. NVLink figures are the
+# datasheet per-direction numbers; PCIe cards get an effective ~25 GB/s (Gen4 x16 without
+# P2P, through host memory).
+_BUS_GBS: dict[str, float] = {
+    "A100-SXM-80GB": 300.0,
+    "H100-SXM-80GB": 450.0,
+    "H200-SXM-141GB": 450.0,
+    "L40S-48GB": 25.0,
+    "RTX-4090-24GB": 25.0,
+}
+_DEFAULT_BUS_GBS = 25.0
+
+_GPU_ALIASES: dict[str, str] = {
+    "h100": "H100-SXM-80GB",
+    "h200": "H200-SXM-141GB",
+    "a100": "A100-SXM-80GB",
+    "a100-80g": "A100-SXM-80GB",
+    "a100-80gb": "A100-SXM-80GB",
+    "l40s": "L40S-48GB",
+    "rtx4090": "RTX-4090-24GB",
+    "rtx-4090": "RTX-4090-24GB",
+    "4090": "RTX-4090-24GB",
+}
+
+# Suffixes that name a fine-tuned variant with the same shapes as its base model.
+_VARIANT_SUFFIXES = ("-instruct", "-chat", "-hf")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes of a dense decoder-only transformer (parameter counts exclude norms/biases)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    params_per_layer: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding parameters (the LM head has as many again unless tied)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def params_total(self) -> int:
+        lm_head = 0 if self.tie_word_embeddings else self.embedding_params
+        return self.num_layers * self.params_per_layer + self.embedding_params + lm_head
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Dense tensor-core peaks, memory and interconnect of one GPU, in SI units."""
+
+    name: str
+    bf16_flops_per_s: float
+    fp8_flops_per_s: float | None  # None: no fp8 tensor cores (fp8 weights run weight-only)
+    int8_ops_per_s: float
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    bus_bytes_per_s: float  # per-direction link bandwidth seen by all-reduce
+
+
+@functools.cache
+def _presets() -> dict[str, Any]:
+    with _PRESETS_PATH.open() as f:
+        data: dict[str, Any] = json.load(f)
+    return data
+
+
+def _normalize(name: str) -> str:
+    name = name.strip().lower()
+    for suffix in _VARIANT_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _params_per_layer(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> int:
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim  # q,o + k,v
+    return attention + 3 * hidden * inter  # SwiGLU gate, up, down
+
+
+def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    if any(k in cfg for k in ("num_local_experts", "num_experts", "n_routed_experts")):
+        raise UsageError(f"{name}: mixture-of-experts models are not supported by the simulator")
+    try:
+        hidden = int(cfg["hidden_size"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        inter = int(cfg["intermediate_size"])
+        return ModelSpec(
+            name=name,
+            num_layers=int(cfg["num_hidden_layers"]),
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate_size=inter,
+            vocab_size=int(cfg["vocab_size"]),
+            params_per_layer=_params_per_layer(hidden, heads, kv_heads, head_dim, inter),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings") or 2**31 - 1),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{name}: not a usable model config ({e!r} missing or invalid)") from e
+
+
+def model_names() -> list[str]:
+    """Preset model names, in file order."""
+    return list(_presets()["models"])
+
+
+def gpu_names() -> list[str]:
+    """Short GPU names followed by preset names."""
+    return ["H100", "H200", "A100", "L40S", "RTX4090", *_presets()["gpus"]]
+
+
+def resolve_model(name: str) -> ModelSpec:
+    """A preset name, an HF id (``org/Name``), or a path to an HF ``config.json``.
+
+    HF ids match a preset's ``hf`` field, or case-insensitively on the part after the
+    slash (``-Instruct``/``-chat``/``-hf`` variants share their base model's shapes).
+    Raises ``UsageError`` for an unknown name or an unreadable config.
+    """
+    models: dict[str, dict[str, Any]] = _presets()["models"]
+    if name in models:
+        return _model_from_config(name, models[name])
+    for key, cfg in models.items():
+        if cfg.get("hf") == name:
+            return _model_from_config(key, cfg)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            cfg = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UsageError(f"cannot read model config {path}: {e}") from e
+        if not isinstance(cfg, dict):
+            raise UsageError(f"{path}: a model config must be a JSON object")
+        return _model_from_config(str(path), cfg)
+    wanted = _normalize(name.rsplit("/", 1)[-1])
+    for key, cfg in models.items():
+        hf_tail = str(cfg.get("hf", "")).rsplit("/", 1)[-1]
+        if wanted in (_normalize(key), _normalize(hf_tail)):
+            return _model_from_config(key, cfg)
+    raise UsageError(
+        f"unknown model {name!r}; known: {', '.join(model_names())} "
+        "(or an HF id of one of them, or a path to a config.json)"
+    )
+
+
+def _gpu_from_dict(name: str, d: dict[str, Any]) -> GpuSpec:
+    try:
+        fp8 = d.get("fp8_dense_tflops")
+        bf16 = float(d["bf16_dense_tflops"])
+        return GpuSpec(
+            name=name,
+            bf16_flops_per_s=bf16 * 1e12,
+            fp8_flops_per_s=float(fp8) * 1e12 if fp8 else None,
+            int8_ops_per_s=float(d.get("int8_dense_tops") or 2 * bf16) * 1e12,
+            # Marketing "80GB" is close to 80 GiB of device memory (what CUDA reports).
+            hbm_bytes=float(d["hbm_gb"]) * _GIB,
+            hbm_bytes_per_s=float(d["hbm_bw_tbs"]) * 1e12,
+            bus_bytes_per_s=float(d.get("bus_bw_gbs") or _BUS_GBS.get(name, _DEFAULT_BUS_GBS))
+            * 1e9,
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{name}: not a usable GPU spec ({e!r} missing or invalid)") from e
+
+
+def resolve_gpu(name: str) -> GpuSpec:
+    """A short name (``H100``, ``A100-80G``, ``4090``), a preset name, or a JSON file path.
+
+    A custom file has the preset keys (``bf16_dense_tflops``, ``fp8_dense_tflops``,
+    ``int8_dense_tops``, ``hbm_gb``, ``hbm_bw_tbs``) and optionally ``bus_bw_gbs``.
+    Raises ``UsageError`` for an unknown name or an unusable file.
+    """
+    gpus: dict[str, dict[str, Any]] = _presets()["gpus"]
+    key = _GPU_ALIASES.get(name.strip().lower(), name)
+    for preset in gpus:
+        if preset.lower() == key.lower():
+            return _gpu_from_dict(preset, gpus[preset])
+    path = Path(name).expanduser()
+    if path.is_file():
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise UsageError(f"cannot read GPU spec {path}: {e}") from e
+        if not isinstance(d, dict):
+            raise UsageError(f"{path}: a GPU spec must be a JSON object")
+        return _gpu_from_dict(str(d.get("name", path.stem)), d)
+    raise UsageError(f"unknown GPU {name!r}; known: {', '.join(gpu_names())} (or a JSON file)")

@@ -1,0 +1,168 @@
+"""Paged KV-cache block manager with prefix caching (vLLM V1 semantics).
+
+The cache is ``num_blocks`` blocks of ``block_size`` tokens. A full block is identified
+by a hash chained over the previous block's hash and its token ids, so equal hashes mean
+equal prefixes. Blocks carry reference counts. A block whose count drops to zero goes to
+the back of the free queue but keeps its hash: until it is reused (least recently freed
+first, which evicts the hash) a later request with the same prefix can claim it again.
+
+Invariants: every block is either free (count 0, in the free queue) or in use (count >
+0); freeing a block that is not in use raises ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+_ROOT_HASH = 0  # the "previous hash" of a sequence's first block
+
+
+def hash_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block has none)."""
+    hashes: list[int] = []
+    prev = _ROOT_HASH
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        prev = hash((prev, tuple(token_ids[start : start + block_size])))
+        hashes.append(prev)
+    return hashes
+
+
+class KVRequest(Protocol):
+    """What the block manager reads and updates on a request."""
+
+    block_ids: list[int]  # the request's blocks, in token order
+    block_hashes: list[int]  # chained hashes of its full blocks known so far
+    num_cached_blocks: int  # leading blocks already registered in the prefix cache
+    hash_salt: int  # makes hashes of blocks holding generated tokens unique to the request
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens so far."""
+        ...
+
+
+class KVCacheManager:
+    """Allocates blocks to requests; finds, shares and evicts cached prefix blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need at least one block of one token ({num_blocks=}, {block_size=})")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref_counts = [0] * num_blocks
+        self._block_hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # hash -> block id holding that prefix
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.prefix_queries_tokens = 0
+        self.prefix_hits_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks not referenced by any request (some may still hold a cached prefix)."""
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use by requests, 0..1 (vLLM's ``kv_cache_usage``)."""
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def lookup(self, req: KVRequest) -> list[int]:
+        """Blocks of the longest cached prefix of ``req``'s full blocks; changes nothing.
+
+        The last token is never covered (the model must compute at least one token to
+        produce logits), so at most ``(num_tokens - 1) // block_size`` blocks come back.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        cached = self._cached
+        for h in req.block_hashes[: (req.num_tokens - 1) // self.block_size]:
+            block = cached.get(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
+        """Give ``req`` blocks for its first ``num_tokens`` tokens, claiming ``cached``
+        (from ``lookup``) first when it has no blocks yet.
+
+        Returns False and changes nothing when there are not enough free blocks. A
+        request's first allocation counts a prefix-cache query of ``req.num_tokens``
+        tokens with ``len(cached) * block_size`` hits.
+        """
+        block_ids = req.block_ids
+        bs = self.block_size
+        num_new = -(-num_tokens // bs) - len(block_ids) - len(cached)
+        if num_new <= 0 and not cached:
+            if num_tokens // bs > req.num_cached_blocks and self.enable_prefix_caching:
+                self._cache_full_blocks(req, num_tokens)
+            return True
+        ref = self._ref_counts
+        reclaimable = sum(1 for b in cached if ref[b] == 0)  # cached but sitting in free queue
+        if num_new > len(self._free) - reclaimable:
+            return False
+        if not block_ids and self.enable_prefix_caching:
+            self.prefix_queries_tokens += req.num_tokens
+            self.prefix_hits_tokens += len(cached) * bs
+        for b in cached:
+            if ref[b] == 0:
+                del self._free[b]
+            ref[b] += 1
+            block_ids.append(b)
+        if cached:
+            req.num_cached_blocks = len(cached)
+        for _ in range(num_new):
+            b = self._free.popitem(last=False)[0]
+            old_hash = self._block_hash[b]
+            if old_hash is not None:  # evict the prefix this block still held
+                if self._cached.get(old_hash) == b:
+                    del self._cached[old_hash]
+                self._block_hash[b] = None
+            ref[b] = 1
+            block_ids.append(b)
+        if self.enable_prefix_caching:
+            self._cache_full_blocks(req, num_tokens)
+        return True
+
+    def _cache_full_blocks(self, req: KVRequest, num_tokens: int) -> None:
+        """Register the hashes of ``req``'s blocks that ``num_tokens`` tokens fill."""
+        hashes = req.block_hashes
+        for i in range(req.num_cached_blocks, num_tokens // self.block_size):
+            if i == len(hashes):
+                # A block with generated tokens: the engine has no token ids for them, so
+                # salt with the request; only this request (after preemption) can reuse it.
+                hashes.append(hash((hashes[i - 1] if i else _ROOT_HASH, -1 - req.hash_salt, i)))
+            h = hashes[i]
+            block = req.block_ids[i]
+            if h not in self._cached:  # a duplicate computed concurrently stays unregistered
+                self._cached[h] = block
+                self._block_hash[block] = h
+        req.num_cached_blocks = max(req.num_cached_blocks, num_tokens // self.block_size)
+
+    def free(self, req: KVRequest) -> None:
+        """Release ``req``'s blocks, tail first so a prefix's head outlives its tail.
+
+        Freed blocks keep their hash. Raises ``RuntimeError`` on a double free.
+        """
+        ref = self._ref_counts
+        for b in reversed(req.block_ids):
+            if ref[b] <= 0:
+                raise RuntimeError(f"block {b} freed twice")
+            ref[b] -= 1
+            if ref[b] == 0:
+                self._free[b] = None
+        req.block_ids = []
+        req.num_cached_blocks = 0
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` unless free/used accounting and the hash index agree."""
+        used = sum(1 for r in self._ref_counts if r > 0)
+        assert used + len(self._free) == self.num_blocks, (used, len(self._free))
+        assert all(r >= 0 for r in self._ref_counts)
+        assert all(self._ref_counts[b] == 0 for b in self._free)
+        for h, b in self._cached.items():
+            assert self._block_hash[b] == h, (h, b)

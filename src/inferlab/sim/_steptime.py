@@ -1,0 +1,266 @@
+"""Roofline step-time model: how long one engine step takes on the GPU plus host overheads.
+
+A step runs sequences *i*, each with ``q_i`` new tokens over ``c_i`` cached context
+tokens (T = Σ q_i). Per layer and TP rank: GEMM FLOPs ``2·T·P_layer/t`` against the layer
+weights read once; attention FLOPs ``Σ 4·heads·head_dim·q_i·(c_i + (q_i+1)/2)/t`` against
+the KV bytes read; each operator's time is the soft knee ``sqrt(t_compute² + t_memory²)``.
+Then elementwise work, two all-reduces per layer under TP, the LM head for sequences that
+emit a token, a sampler, and per-step and per-sequence host costs. Every calibration
+constant lives in ``Efficiencies``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from inferlab._errors import UsageError
+from inferlab.sim._hardware import GpuSpec, ModelSpec
+
+_GIB = 2**30
+_ACT_BYTES = 2  # activations, LM head and embedding stay bf16 under every quantization
+_INT4_BYTES_PER_WEIGHT = 0.52  # 4-bit weights + fp16 group-128 scales/zeros
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    """Achieved fractions of peak and fixed costs; the model's only calibration constants."""
+
+    gemm_compute: float = 0.70  # bf16 cuBLAS GEMMs at large T: 0.6–0.8 of dense peak
+    gemm_compute_w8a8: float = 0.65  # fp8/int8 W8A8 GEMMs: 0.6–0.8 of their (2x) peak
+    int4_compute_factor: float = 0.80  # Marlin int4 at large batch: 0.7–0.9 of bf16 GEMM rate
+    weight_stream: float = 0.75  # GEMV weight streaming: 0.7–0.9 of HBM bandwidth (vLLM CI fit)
+    int4_stream_factor: float = 0.70  # int4 dequant kernels stream at ~0.7 of bf16's efficiency
+    attention_compute: float = 0.60  # flash-attention prefill: 0.55–0.75 of bf16 peak
+    kv_stream: float = 0.75  # paged decode attention reads KV at 0.6–0.85 of bandwidth
+    activation_stream: float = 0.70  # elementwise/activation traffic: 0.6–0.8 of bandwidth
+    elementwise_per_layer_s: float = 20e-6  # norms, rope, act, residual: 15–30 µs/layer small T
+    allreduce_latency_s: float = 10e-6  # custom all-reduce / NCCL small message: 5–20 µs
+    allreduce_bus: float = 0.75  # achieved fraction of per-direction link bandwidth: 0.6–0.85
+    sampler_s: float = 100e-6  # sampling kernels + GPU→CPU sync: 50–200 µs per step
+    cpu_step_s: float = 0.7e-3  # vLLM V1 host cost per step with CUDA graphs: 0.5–1 ms
+    cpu_step_eager_s: float = 2.0e-3  # the same without CUDA graphs / older engines: ~2 ms
+    eager_launch_per_layer_s: float = 30e-6  # eager launch gaps: ~10 kernels x 3 µs per layer
+    per_seq_s: float = 5e-6  # host cost per scheduled sequence (inputs, outputs): 1–10 µs
+    reserve_fixed_bytes: float = 1.5 * _GIB  # CUDA context, NCCL, CUDA graphs: 1–2 GiB per GPU
+
+
+DEFAULT_EFFICIENCIES = Efficiencies()
+
+
+def load_efficiencies(path: str | Path) -> Efficiencies:
+    """Defaults overridden by a JSON object of ``{field: number}``.
+
+    Raises ``UsageError`` for an unreadable file, an unknown field or a non-number.
+    """
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"cannot read efficiencies file {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: efficiencies must be a JSON object")
+    known = {f.name for f in dataclasses.fields(Efficiencies)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise UsageError(f"{path}: unknown efficiencies {unknown}; known: {sorted(known)}")
+    bad = [k for k, v in data.items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+    if bad:
+        raise UsageError(f"{path}: efficiencies must be numbers: {bad}")
+    return dataclasses.replace(DEFAULT_EFFICIENCIES, **{k: float(v) for k, v in data.items()})
+
+
+class StepTimeModel(Protocol):
+    """The seam between scheduling and cost: one engine step's duration."""
+
+    def step_time_s(self, seqs: Sequence[tuple[int, int]], emitting: int) -> float:
+        """Seconds for a step over ``(new tokens q_i, cached context c_i)`` per sequence,
+        of which ``emitting`` sequences produce a token."""
+        ...
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What a weight/KV dtype choice means for bytes and compute."""
+
+    bytes_per_weight: float
+    gemm_flops_per_s: float  # peak the layer GEMMs run at
+    gemm_compute: float  # fraction of that peak reached at large T
+    weight_stream: float  # fraction of HBM bandwidth reached streaming layer weights
+    kv_bytes: int  # bytes per KV element
+
+
+_BF16_NAMES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half")
+_INT4_NAMES = ("awq", "gptq", "awq_marlin", "gptq_marlin")
+_KV_FP8_NAMES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+
+
+def _weight_bytes(quantization: str | None) -> float:
+    q = (quantization or "none").lower()
+    if q == "none":
+        return float(_ACT_BYTES)
+    if q in ("fp8", "int8"):
+        return 1.0
+    if q in _INT4_NAMES:
+        return _INT4_BYTES_PER_WEIGHT
+    raise UsageError(f"unknown quantization {quantization!r}; known: fp8, int8, awq, gptq")
+
+
+def _kv_bytes(kv_cache_dtype: str) -> int:
+    if kv_cache_dtype.lower() == "auto":
+        return _ACT_BYTES
+    if kv_cache_dtype.lower() in _KV_FP8_NAMES:
+        return 1
+    raise UsageError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; known: auto, fp8")
+
+
+def resolve_precision(
+    gpu: GpuSpec,
+    dtype: str = "auto",
+    quantization: str | None = None,
+    kv_cache_dtype: str = "auto",
+    eff: Efficiencies = DEFAULT_EFFICIENCIES,
+) -> Precision:
+    """Map engine dtype flags to bytes and peaks; raises ``UsageError`` for unknown names."""
+    if dtype.lower() not in _BF16_NAMES:
+        raise UsageError(f"unknown dtype {dtype!r}; known: auto, bfloat16, float16")
+    q = (quantization or "none").lower()
+    bpw = _weight_bytes(quantization)
+    kv = _kv_bytes(kv_cache_dtype)
+    if q == "fp8" and gpu.fp8_flops_per_s is not None:
+        return Precision(bpw, gpu.fp8_flops_per_s, eff.gemm_compute_w8a8, eff.weight_stream, kv)
+    if q == "int8":
+        return Precision(bpw, gpu.int8_ops_per_s, eff.gemm_compute_w8a8, eff.weight_stream, kv)
+    if q in _INT4_NAMES:
+        return Precision(
+            bpw,
+            gpu.bf16_flops_per_s,
+            eff.gemm_compute * eff.int4_compute_factor,
+            eff.weight_stream * eff.int4_stream_factor,
+            kv,
+        )
+    # bf16/fp16, and fp8 weights on GPUs without fp8 tensor cores (weight-only, bf16 math)
+    return Precision(bpw, gpu.bf16_flops_per_s, eff.gemm_compute, eff.weight_stream, kv)
+
+
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    """KV heads each rank holds; heads are replicated when ``tp`` exceeds their number."""
+    return max(1, model.num_kv_heads // tp)
+
+
+def kv_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "auto") -> int:
+    """KV-cache bytes one token occupies on one TP rank (K and V, all layers)."""
+    kv = _kv_bytes(kv_cache_dtype)
+    return 2 * model.num_layers * kv_heads_per_rank(model, tp) * model.head_dim * kv
+
+
+def weight_bytes_per_rank(model: ModelSpec, tp: int, quantization: str | None = None) -> float:
+    """Weight bytes on one TP rank; embedding and LM head stay bf16 and are vocab-sharded."""
+    layers = model.num_layers * model.params_per_layer * _weight_bytes(quantization)
+    lm_head = 0 if model.tie_word_embeddings else model.embedding_params
+    return (layers + (model.embedding_params + lm_head) * _ACT_BYTES) / tp
+
+
+def activation_reserve_bytes(
+    model: ModelSpec,
+    tp: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    eff: Efficiencies = DEFAULT_EFFICIENCIES,
+) -> float:
+    """Memory kept out of the KV cache: fixed reserve plus a profile-run activation peak
+    (hidden states and the gate/up output for a full token budget, fp32 logits and
+    probabilities for ``max_num_seqs`` sampled sequences)."""
+    per_token = _ACT_BYTES * (4 * model.hidden_size + 2 * model.intermediate_size // tp)
+    logits = max_num_seqs * model.vocab_size * 4 * 2
+    return eff.reserve_fixed_bytes + max_num_batched_tokens * per_token + logits
+
+
+def _knee(t_compute_s: float, t_memory_s: float) -> float:
+    return math.sqrt(t_compute_s * t_compute_s + t_memory_s * t_memory_s)
+
+
+class RooflineStepTime:
+    """``StepTimeModel`` from model shapes, GPU peaks and ``Efficiencies`` (see module doc).
+
+    ``tp`` must divide the attention heads. Raises ``UsageError`` for unknown dtype names.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        tp: int = 1,
+        dtype: str = "auto",
+        quantization: str | None = None,
+        kv_cache_dtype: str = "auto",
+        enforce_eager: bool = False,
+        efficiencies: Efficiencies = DEFAULT_EFFICIENCIES,
+    ) -> None:
+        if tp < 1 or model.num_heads % tp:
+            raise ValueError(
+                f"Total number of attention heads ({model.num_heads}) must be divisible "
+                f"by tensor parallel size ({tp})."
+            )
+        eff = efficiencies
+        p = resolve_precision(gpu, dtype, quantization, kv_cache_dtype, eff)
+        h, inter, hd = model.hidden_size, model.intermediate_size, model.head_dim
+        heads, kv_heads = model.num_heads // tp, kv_heads_per_rank(model, tp)
+        bw = gpu.hbm_bytes_per_s
+        self.model, self.gpu, self.tp, self.precision, self.eff = model, gpu, tp, p, eff
+        self.num_layers = model.num_layers
+        # GEMMs, per layer: seconds per token of compute, fixed seconds for the weights,
+        # seconds per token of activation traffic (inputs and outputs of the 4 GEMMs).
+        self._gemm_s_per_token = 2 * model.params_per_layer / tp / (p.gemm_flops_per_s * p.gemm_compute)
+        self._weights_s = model.params_per_layer * p.bytes_per_weight / tp / (bw * p.weight_stream)
+        gemm_act_elems = 4 * h + ((heads + 2 * kv_heads) * hd + heads * hd + 3 * inter // tp)
+        act_bw = bw * eff.activation_stream
+        self._gemm_act_s_per_token = _ACT_BYTES * gemm_act_elems / act_bw
+        # Attention: compute per unit of Σ q_i·(c_i + (q_i+1)/2), memory per KV token touched.
+        self._attn_s_per_unit = 4 * heads * hd / (gpu.bf16_flops_per_s * eff.attention_compute)
+        self._kv_s_per_token = 2 * kv_heads * hd * p.kv_bytes / (bw * eff.kv_stream)
+        # Elementwise: 2 norms, 2 residual adds, rope on q/k, SiLU-and-mul.
+        ew_elems = 10 * h + 2 * (heads + kv_heads) * hd + 3 * inter // tp
+        self._ew_s_per_token = _ACT_BYTES * ew_elems / act_bw
+        # Two ring all-reduces of the hidden state per layer.
+        ring = 2 * (tp - 1) / tp
+        self._ar_s_per_token = ring * _ACT_BYTES * h / (gpu.bus_bytes_per_s * eff.allreduce_bus)
+        # LM head (bf16 whatever the quantization) and sampler over fp32 logits.
+        vocab = model.vocab_size
+        self._lm_s_per_seq = 2 * h * vocab / tp / (gpu.bf16_flops_per_s * eff.gemm_compute)
+        self._lm_weights_s = h * vocab * _ACT_BYTES / tp / (bw * eff.weight_stream)
+        self._sampler_s_per_seq = 3 * vocab * 4 / act_bw
+        self._host_step_s = eff.cpu_step_eager_s if enforce_eager else eff.cpu_step_s
+        self._eager_layer_s = eff.eager_launch_per_layer_s if enforce_eager else 0.0
+
+    def step_time_s(self, seqs: Sequence[tuple[int, int]], emitting: int) -> float:
+        """Seconds for one step; see the module docstring for the model."""
+        if not seqs:
+            return 0.0
+        tokens = 0
+        context = 0
+        attn_units = 0.0
+        for q, c in seqs:
+            tokens += q
+            context += c
+            attn_units += q * (c + (q + 1) / 2)
+        eff = self.eff
+        gemm = _knee(
+            tokens * self._gemm_s_per_token,
+            self._weights_s + tokens * self._gemm_act_s_per_token,
+        )
+        # KV read for cached context plus the new tokens' K/V written and attended to.
+        attention = _knee(attn_units * self._attn_s_per_unit, (context + tokens) * self._kv_s_per_token)
+        elementwise = _knee(eff.elementwise_per_layer_s, tokens * self._ew_s_per_token)
+        layer = gemm + attention + elementwise + self._eager_layer_s
+        if self.tp > 1:
+            layer += 2 * (eff.allreduce_latency_s + tokens * self._ar_s_per_token)
+        total = self.num_layers * layer
+        if emitting > 0:
+            total += _knee(emitting * self._lm_s_per_seq, self._lm_weights_s)
+            total += eff.sampler_s + emitting * self._sampler_s_per_seq
+        return total + self._host_step_s + len(seqs) * eff.per_seq_s
