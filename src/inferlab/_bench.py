@@ -70,7 +70,8 @@ class BenchConfig:
         d["api_key"] = "***" if self.api_key else None
         d["headers"] = {k: ("***" if k.lower() == "authorization" else v) for k, v in self.headers}
         d["load"]["schedule"] = {"kind": type(self.load.schedule).__name__, **d["load"]["schedule"]}
-        return json.loads(json.dumps(d, default=str))
+        out: dict[str, Any] = json.loads(json.dumps(d, default=str))
+        return out
 
 
 @dataclass
@@ -85,13 +86,15 @@ async def discover_model(base_url: str, api_key: str | None, timeout_s: float = 
     server answers there."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
-            async with s.get(base_url + "/models", headers=headers) as resp:
-                if resp.status >= 400:
-                    raise UsageError(
-                        f"{base_url}/models answered HTTP {resp.status}; pass --model explicitly"
-                    )
-                data = await resp.json(content_type=None)
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(
+            base_url + "/models", headers=headers
+        ) as resp:
+            if resp.status >= 400:
+                raise UsageError(
+                    f"{base_url}/models answered HTTP {resp.status}; pass --model explicitly"
+                )
+            data = await resp.json(content_type=None)
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, TimeoutError) as e:
         raise ServerUnreachableError(f"cannot reach {base_url}: {e}") from e
     except (aiohttp.ClientError, ValueError) as e:
@@ -154,9 +157,7 @@ async def bench_async(
     c = summary["counts"]
     if c["completed"] == 0 and c["failed"] > 0:
         kind, msg = next(iter(summary["error_examples"].items()))
-        err = RunFailedError(f"all {c['failed']} requests failed; first {kind}: {msg}")
-        err.summary = summary  # type: ignore[attr-defined]
-        raise err
+        raise RunFailedError(f"all {c['failed']} requests failed; first {kind}: {msg}", summary)
     return BenchResult(summary, result.records, base)
 
 

@@ -150,9 +150,8 @@ def _bench(kw: dict[str, Any]) -> int:
         with Progress(err, WallClock(), total) as progress:
             summary = asyncio.run(_bench_main(config, url, progress))
     except RunFailedError as e:
-        summary = getattr(e, "summary", None)
-        if summary is not None:
-            _render(out, summary, kw["as_json"], config, url)
+        if e.summary is not None:
+            _render(out, e.summary, kw["as_json"], config, url)
         raise
     finally:
         if embedded is not None:

@@ -12,6 +12,13 @@ import time
 from typing import Protocol
 
 NS_PER_S = 1_000_000_000
+_COARSE_MARGIN_NS = 2_000_000
+
+
+def _sleep_until_ns(deadline_ns: int) -> None:
+    delay_ns = deadline_ns - time.monotonic_ns()
+    if delay_ns > 0:
+        time.sleep(delay_ns / NS_PER_S)
 
 
 class Clock(Protocol):
@@ -37,9 +44,15 @@ class WallClock:
         return time.time()
 
     async def sleep_until_ns(self, deadline_ns: int) -> None:
+        # asyncio's timers wake up to ~1 ms late (epoll's timeout is whole milliseconds,
+        # rounded up). Sleep coarsely until just before the deadline, then finish in a
+        # worker thread with the OS's fine-grained sleep.
         delay_ns = deadline_ns - time.monotonic_ns()
+        if delay_ns > _COARSE_MARGIN_NS:
+            await asyncio.sleep((delay_ns - _COARSE_MARGIN_NS) / NS_PER_S)
+            delay_ns = deadline_ns - time.monotonic_ns()
         if delay_ns > 0:
-            await asyncio.sleep(delay_ns / NS_PER_S)
+            await asyncio.to_thread(_sleep_until_ns, deadline_ns)
 
 
 class VirtualClock:
@@ -58,5 +71,4 @@ class VirtualClock:
         self._now_ns = t_ns
 
     async def sleep_until_ns(self, deadline_ns: int) -> None:
-        if deadline_ns > self._now_ns:
-            self._now_ns = deadline_ns
+        self._now_ns = max(self._now_ns, deadline_ns)

@@ -6,6 +6,8 @@ A failed *request* is never an exception: it is a record with an error kind
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class InferlabError(Exception):
     """Base class of every error inferlab raises on purpose."""
@@ -20,4 +22,10 @@ class ServerUnreachableError(InferlabError):
 
 
 class RunFailedError(InferlabError):
-    """The run finished but produced nothing usable (e.g. every request failed): exit 1."""
+    """The run finished but produced nothing usable (e.g. every request failed): exit 1.
+
+    ``summary`` holds the run's summary (already written to disk, if asked for)."""
+
+    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary

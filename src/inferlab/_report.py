@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self
 
 from rich.console import Console
 from rich.table import Table
@@ -32,7 +32,7 @@ class Progress:
         self.t0 = clock.now_ns()
         self._status = console.status("starting", spinner="dots") if console.is_terminal else None
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         if self._status is not None:
             self._status.__enter__()
         return self
@@ -73,7 +73,7 @@ def render_summary(console: Console, s: dict[str, Any], title: str) -> None:
     for label, key, unit in _ROWS:
         d = s.get(key)
         if d:
-            table.add_row(label, unit, *(_fmt(d[k], 1 if unit == "ms" else 1) for k in ("mean", "p50", "p90", "p99", "max")))
+            table.add_row(label, unit, *(_fmt(d[k]) for k in ("mean", "p50", "p90", "p99", "max")))
     console.print(table)
 
     tput = Table(show_header=False, box=None, pad_edge=False)

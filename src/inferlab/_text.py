@@ -26,32 +26,7 @@ PASSAGE = (
     "quantization until the service meets its goals at a fair cost. "
 )
 
-_EXTRA_WORDS = """
-the of and to in is it that for on with as was at by be this are from or have an not
-they which one you were all we when there can more if out so what up about into than
-them some could time these two may first then do any like my now over such our man me
-even most made after also did many before must through back years where much your way
-well down should because each just those people how too little state good very make
-world still own see men work long get here between both life being under never day
-same another know while last might us great old year off come since against go came
-right used take three states himself few house use during without again place around
-however home small found thought went say part once general high upon school every
-does got united left number course war until always away something fact though water
-less public put think almost hand enough far took head yet government system better set
-told nothing night end why called didn find going look asked later knew point next
-program city business give group toward young days let room president side social given
-present several order national possible rather second face per among form important
-often things looked early white case john become large big need four within felt along
-children saw best church ever least power development light thing seemed family
-interest want members mind country area others done turn although open god service
-certain kind problem began different door thus help sense means whole matter perhaps
-itself york times law human line above name example action company hands local show
-whether five history gave today either act feet across taken past quite anything
-having seen death experience body word half really week car field information free
-already themselves money university level tell million brought cannot simply held
-model token batch cache memory server request prompt latency output input queue prefix
-decode prefill throughput engine layer weight vector index search answer question text
-""".split()
+_EXTRA_WORDS = ["the", "of", "and", "to", "in", "is", "it", "that", "for", "on", "with", "as", "was", "at", "by", "be", "this", "are", "from", "or", "have", "an", "not", "they", "which", "one", "you", "were", "all", "we", "when", "there", "can", "more", "if", "out", "so", "what", "up", "about", "into", "than", "them", "some", "could", "time", "these", "two", "may", "first", "then", "do", "any", "like", "my", "now", "over", "such", "our", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still", "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being", "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year", "off", "come", "since", "against", "go", "came", "right", "used", "take", "three", "states", "himself", "few", "house", "use", "during", "without", "again", "place", "around", "however", "home", "small", "found", "thought", "went", "say", "part", "once", "general", "high", "upon", "school", "every", "does", "got", "united", "left", "number", "course", "war", "until", "always", "away", "something", "fact", "though", "water", "less", "public", "put", "think", "almost", "hand", "enough", "far", "took", "head", "yet", "government", "system", "better", "set", "told", "nothing", "night", "end", "why", "called", "didn", "find", "going", "look", "asked", "later", "knew", "point", "next", "program", "city", "business", "give", "group", "toward", "young", "days", "let", "room", "president", "side", "social", "given", "present", "several", "order", "national", "possible", "rather", "second", "face", "per", "among", "form", "important", "often", "things", "looked", "early", "white", "case", "john", "become", "large", "big", "need", "four", "within", "felt", "along", "children", "saw", "best", "church", "ever", "least", "power", "development", "light", "thing", "seemed", "family", "interest", "want", "members", "mind", "country", "area", "others", "done", "turn", "although", "open", "god", "service", "certain", "kind", "problem", "began", "different", "door", "thus", "help", "sense", "means", "whole", "matter", "perhaps", "itself", "york", "times", "law", "human", "line", "above", "name", "example", "action", "company", "hands", "local", "show", "whether", "five", "history", "gave", "today", "either", "act", "feet", "across", "taken", "past", "quite", "anything", "having", "seen", "death", "experience", "body", "word", "half", "really", "week", "car", "field", "information", "free", "already", "themselves", "money", "university", "level", "tell", "million", "brought", "cannot", "simply", "held", "model", "token", "batch", "cache", "memory", "server", "request", "prompt", "latency", "output", "input", "queue", "prefix", "decode", "prefill", "throughput", "engine", "layer", "weight", "vector", "index", "search", "answer", "question", "text"]
 
 _WORD = re.compile(r"[a-z]+")
 

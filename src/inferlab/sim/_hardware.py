@@ -9,8 +9,8 @@ Unknown names raise ``UsageError`` with the known names.
 
 from __future__ import annotations
 
-import json
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -207,9 +207,9 @@ def resolve_gpu(name: str) -> GpuSpec:
     """
     gpus: dict[str, dict[str, Any]] = _presets()["gpus"]
     key = _GPU_ALIASES.get(name.strip().lower(), name)
-    for preset in gpus:
+    for preset, spec in gpus.items():
         if preset.lower() == key.lower():
-            return _gpu_from_dict(preset, gpus[preset])
+            return _gpu_from_dict(preset, spec)
     path = Path(name).expanduser()
     if path.is_file():
         try:

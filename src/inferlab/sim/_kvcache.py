@@ -46,7 +46,9 @@ class KVRequest(Protocol):
 class KVCacheManager:
     """Allocates blocks to requests; finds, shares and evicts cached prefix blocks."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of one token ({num_blocks=}, {block_size=})")
         self.num_blocks = num_blocks

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -27,6 +27,10 @@ from inferlab._clock import NS_PER_S, Clock, WallClock
 from inferlab.sim._engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim._prometheus import Histogram, render_metrics
 from inferlab.sim._tokenizer import BuiltinTokenizer
+
+#: How far the engine may run behind the wall clock before it skips ahead (an overloaded
+#: host): beyond this, simulated time is pulled forward and the lag shows in /metrics.
+_MAX_CATCH_UP_S = 0.05
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -99,14 +103,20 @@ class EngineLoop:
         self.engine.forget(request_id)
 
     async def run(self) -> None:
+        busy_until_s: float | None = None
         while True:
             await self._wake.wait()
-            start_s = self.now_s()
+            # Back-to-back steps follow each other in simulated time, so the wall clock's
+            # wake-up lateness is reported (``lag``) but never accumulates.
+            now_s = self.now_s()
+            start_s = now_s if busy_until_s is None else max(busy_until_s, now_s - _MAX_CATCH_UP_S)
             result = self.engine.step(start_s)
             if result is None:
+                busy_until_s = None
                 self._wake.clear()
                 continue
-            due_ns = self.t0_ns + int((start_s + result.duration_s) * NS_PER_S)
+            busy_until_s = start_s + result.duration_s
+            due_ns = self.t0_ns + int(busy_until_s * NS_PER_S)
             await self.clock.sleep_until_ns(due_ns)
             self.lag.observe(max(0.0, (self.clock.now_ns() - due_ns) / NS_PER_S))
             for ev in result.events:
@@ -271,9 +281,6 @@ class SimServer:
         include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
         if self.engine.num_waiting >= self.config.max_waiting_requests:
             raise APIError(429, "The server is overloaded: too many requests are waiting.", "RateLimitError")
-        overhead = self.config.engine.api_overhead_s
-        if overhead > 0:
-            await self.clock.sleep_until_ns(self.clock.now_ns() + int(overhead * NS_PER_S))
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
         try:
             queue = self.loop.submit(rid, prompt_ids, output_len)
@@ -476,7 +483,7 @@ class EmbeddedServer:
             self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
 
-    def __enter__(self) -> EmbeddedServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

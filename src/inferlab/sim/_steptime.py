@@ -4,9 +4,10 @@ A step runs sequences *i*, each with ``q_i`` new tokens over ``c_i`` cached cont
 tokens (T = Σ q_i). Per layer and TP rank: GEMM FLOPs ``2·T·P_layer/t`` against the layer
 weights read once; attention FLOPs ``Σ 4·heads·head_dim·q_i·(c_i + (q_i+1)/2)/t`` against
 the KV bytes read; each operator's time is the soft knee ``sqrt(t_compute² + t_memory²)``.
-Then elementwise work, two all-reduces per layer under TP, the LM head for sequences that
-emit a token, a sampler, and per-step and per-sequence host costs. Every calibration
-constant lives in ``Efficiencies``.
+Then elementwise work, two ring all-reduces of the hidden state per layer under TP
+(``α + 2·(t−1)/t · bytes / bus_bandwidth``, which is ``α + bytes/bus_bandwidth`` at t = 2),
+the LM head for sequences that emit a token, a sampler, and per-step and per-sequence host
+costs. Every calibration constant lives in ``Efficiencies``.
 """
 
 from __future__ import annotations
@@ -215,7 +216,9 @@ class RooflineStepTime:
         self.num_layers = model.num_layers
         # GEMMs, per layer: seconds per token of compute, fixed seconds for the weights,
         # seconds per token of activation traffic (inputs and outputs of the 4 GEMMs).
-        self._gemm_s_per_token = 2 * model.params_per_layer / tp / (p.gemm_flops_per_s * p.gemm_compute)
+        self._gemm_s_per_token = (
+            2 * model.params_per_layer / tp / (p.gemm_flops_per_s * p.gemm_compute)
+        )
         self._weights_s = model.params_per_layer * p.bytes_per_weight / tp / (bw * p.weight_stream)
         gemm_act_elems = 4 * h + ((heads + 2 * kv_heads) * hd + heads * hd + 3 * inter // tp)
         act_bw = bw * eff.activation_stream
@@ -254,7 +257,9 @@ class RooflineStepTime:
             self._weights_s + tokens * self._gemm_act_s_per_token,
         )
         # KV read for cached context plus the new tokens' K/V written and attended to.
-        attention = _knee(attn_units * self._attn_s_per_unit, (context + tokens) * self._kv_s_per_token)
+        attention = _knee(
+            attn_units * self._attn_s_per_unit, (context + tokens) * self._kv_s_per_token
+        )
         elementwise = _knee(eff.elementwise_per_layer_s, tokens * self._ew_s_per_token)
         layer = gemm + attention + elementwise + self._eager_layer_s
         if self.tp > 1:

@@ -17,7 +17,7 @@ from inferlab._text import PASSAGE, WORDS
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _BYTE_BASE = len(SPECIAL_TOKENS)
 _WORD_BASE = _BYTE_BASE + 256
-_PIECE = re.compile(r" ?[A-Za-z]+|.", re.S)
+_PIECE = re.compile(r" ?[A-Za-z]+|.", re.DOTALL)
 _SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
 
 

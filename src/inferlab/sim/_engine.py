@@ -1,0 +1,344 @@
+"""The simulated engine: scheduler + KV/prefix cache + step-time model, without a clock.
+
+The caller owns time. It adds requests and calls ``step(now_s)``; each step reports its
+duration and the tokens it emits at ``now_s + duration_s``. The same engine runs behind
+the HTTP server in real time and in virtual time (``_virtual.run_virtual``). The engine
+decides nothing about text: a request emits exactly ``output_len`` tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from inferlab.sim._hardware import resolve_gpu, resolve_model
+from inferlab.sim._kvcache import KVCacheManager, hash_blocks
+from inferlab.sim._scheduler import Batch, Request, Scheduler, SchedulerConfig
+from inferlab.sim._steptime import (
+    DEFAULT_EFFICIENCIES,
+    RooflineStepTime,
+    StepTimeModel,
+    activation_reserve_bytes,
+    kv_bytes_per_token,
+    load_efficiencies,
+    weight_bytes_per_rank,
+)
+
+_GIB = 2**30
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """vLLM-named engine flags (same defaults as vLLM where vLLM has one)."""
+
+    model: str = "Qwen/Qwen2.5-7B-Instruct"
+    gpu: str = "H100"
+    tensor_parallel_size: int = 1
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    enforce_eager: bool = False
+    dtype: str = "auto"  # auto|bfloat16|float16
+    quantization: str | None = None  # None|fp8|int8|awq|gptq
+    kv_cache_dtype: str = "auto"  # auto|fp8
+    efficiencies_path: str | None = None
+    api_overhead_s: float = 0.002  # per-request API/tokenize cost before the request queues
+    num_gpu_blocks_override: int | None = None  # fix the KV cache size (tests, what-ifs)
+
+
+@dataclass
+class RequestTimeline:
+    """The engine's own view of one request, in seconds on the caller's timeline.
+
+    ``scheduled_s`` is the start of the first step that ran it; ``first_token_s`` and
+    ``finished_s`` the ends of the steps that emitted its first and last tokens.
+    ``cached_tokens`` are prefix-cache hits at first scheduling. ``None``: not yet.
+    """
+
+    arrival_s: float
+    scheduled_s: float | None
+    first_token_s: float | None
+    finished_s: float | None
+    cached_tokens: int
+    preemptions: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """Request ``request_id`` emitted token ``token_index`` (from 0); ``finished``: its last."""
+
+    request_id: str
+    token_index: int
+    finished: bool
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One step: counts after it ran; ``preemptions`` and ``prefix_hit_tokens`` during it."""
+
+    start_s: float
+    duration_s: float
+    num_running: int
+    num_waiting: int
+    prefill_tokens: int
+    decode_tokens: int
+    kv_usage: float
+    preemptions: int
+    prefix_hit_tokens: int
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """A step's duration and the tokens it emits at ``stats.start_s + duration_s``."""
+
+    duration_s: float
+    events: list[TokenEvent]
+    stats: StepStats
+
+
+class Engine:
+    """A vLLM-V1-like engine in simulation; see the module docstring.
+
+    Construction raises ``UsageError`` for unknown model/GPU/dtype names and
+    ``ValueError`` for configurations vLLM would refuse (weights that do not fit, no room
+    for one ``max_model_len`` sequence in the KV cache, TP not dividing the heads, ...).
+    """
+
+    def __init__(self, config: EngineConfig, step_time: StepTimeModel | None = None) -> None:
+        self.config = config
+        model = resolve_model(config.model)
+        gpu = resolve_gpu(config.gpu)
+        path = config.efficiencies_path
+        eff = load_efficiencies(path) if path else DEFAULT_EFFICIENCIES
+        tp = config.tensor_parallel_size
+        _validate(config, model.max_position_embeddings)
+        roofline = RooflineStepTime(
+            model,
+            gpu,
+            tp,
+            config.dtype,
+            config.quantization,
+            config.kv_cache_dtype,
+            config.enforce_eager,
+            eff,
+        )
+        self._step_time: StepTimeModel = step_time or roofline
+
+        usable = config.gpu_memory_utilization * gpu.hbm_bytes
+        weights = weight_bytes_per_rank(model, tp, config.quantization)
+        if weights >= usable:
+            raise ValueError(
+                f"{model.name} weights need {weights / _GIB:.1f} GiB per GPU but "
+                f"gpu_memory_utilization={config.gpu_memory_utilization} of {gpu.name} gives "
+                f"{usable / _GIB:.1f} GiB; use a larger tensor_parallel_size, quantization "
+                "or GPU."
+            )
+        reserve = activation_reserve_bytes(
+            model, tp, config.max_num_batched_tokens, config.max_num_seqs, eff
+        )
+        block_bytes = kv_bytes_per_token(model, tp, config.kv_cache_dtype) * config.block_size
+        num_blocks = int(max(0.0, usable - weights - reserve) // block_bytes)
+        if config.num_gpu_blocks_override is not None:
+            num_blocks = config.num_gpu_blocks_override
+        if num_blocks * config.block_size < config.max_model_len:
+            raise ValueError(
+                f"The model's max seq len ({config.max_model_len}) is larger than the maximum "
+                f"number of tokens that can be stored in KV cache "
+                f"({num_blocks * config.block_size}). Try increasing gpu_memory_utilization "
+                "or decreasing max_model_len when initializing the engine."
+            )
+        self._kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self._scheduler = Scheduler(
+            SchedulerConfig(
+                config.max_num_batched_tokens,
+                config.max_num_seqs,
+                config.max_model_len,
+                config.enable_chunked_prefill,
+            ),
+            self._kv,
+        )
+        self._active: dict[str, Request] = {}
+        self._timelines: dict[str, RequestTimeline] = {}
+        self._num_added = 0
+        self.preemptions_total = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    # --- requests -------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt_ids: Sequence[int], output_len: int, now_s: float
+    ) -> None:
+        """Queue a request arriving at ``now_s``; it becomes schedulable after the API cost.
+
+        Raises ``ValueError`` if it exceeds ``max_model_len``, can never fit in the KV
+        cache, is empty, or reuses the id of an unfinished request.
+        """
+        if request_id in self._active:
+            raise ValueError(f"request id {request_id!r} is already running")
+        self._scheduler.check_fits(len(prompt_ids), output_len)
+        bs = self.config.block_size
+        hashes = hash_blocks(prompt_ids, bs) if self.config.enable_prefix_caching else []
+        timeline = RequestTimeline(now_s, None, None, None, 0, 0, len(prompt_ids), 0)
+        req = Request(
+            request_id,
+            len(prompt_ids),
+            output_len,
+            hashes,
+            self._num_added,
+            now_s + self.config.api_overhead_s,
+        )
+        self._num_added += 1
+        self._active[request_id] = req
+        self._timelines[request_id] = timeline
+        self._scheduler.add(req)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its blocks; its timeline stays. Unknown ids: no-op."""
+        req = self._active.pop(request_id, None)
+        if req is not None:
+            self._scheduler.abort(req)
+
+    def timeline(self, request_id: str) -> RequestTimeline:
+        """A copy of the request's timeline; ``KeyError`` if unknown or forgotten."""
+        return dataclasses.replace(self._timelines[request_id])
+
+    def forget(self, request_id: str) -> None:
+        """Drop a request's timeline (aborting it if still active)."""
+        self.abort(request_id)
+        self._timelines.pop(request_id, None)
+
+    # --- stepping -------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return self._scheduler.has_work()
+
+    def step(self, now_s: float) -> StepResult | None:
+        """Run one step starting at ``now_s``; ``None`` only when ``has_work()`` is False.
+
+        When the only waiting requests are still inside their API cost, the result is an
+        idle step: no tokens, lasting until the first of them becomes schedulable.
+        """
+        events: list[TokenEvent] = []
+        return self._step(now_s, events)
+
+    def _step(self, now_s: float, events: list[TokenEvent] | None) -> StepResult | None:
+        """``step``; with ``events=None`` no TokenEvents are built (virtual-time runs)."""
+        sched = self._scheduler
+        if not sched.has_work():
+            return None
+        batch = sched.schedule(now_s)
+        preempted = batch.preempted
+        if not batch.requests and preempted:
+            batch = sched.schedule(now_s)  # everything was preempted; now the head fits
+            preempted = preempted + batch.preempted
+        timelines = self._timelines
+        for req in preempted:
+            timelines[req.request_id].preemptions = req.num_preemptions
+        if not batch.requests:
+            ready_s = sched.next_ready_s()
+            if ready_s is None or ready_s <= now_s:
+                raise RuntimeError("scheduler made no progress with a schedulable request")
+            stats = self._stats(now_s, ready_s - now_s, batch, len(preempted))
+            return StepResult(ready_s - now_s, events if events is not None else [], stats)
+        duration_s = self._step_time.step_time_s(batch.seqs, batch.emitting)
+        end_s = now_s + duration_s
+        for req in batch.admitted:
+            tl = timelines[req.request_id]
+            if tl.scheduled_s is None:
+                tl.scheduled_s = now_s
+                tl.cached_tokens = req.num_computed_tokens
+        emitted, finished = sched.postprocess(batch)
+        for req in emitted:
+            tl = timelines[req.request_id]
+            tl.output_tokens = req.num_output_tokens
+            if req.num_output_tokens == 1:
+                tl.first_token_s = end_s
+                self.prompt_tokens_total += req.num_prompt_tokens
+            if events is not None:
+                done = req.num_output_tokens == req.max_output_tokens
+                events.append(TokenEvent(req.request_id, req.num_output_tokens - 1, done))
+        for req in finished:
+            timelines[req.request_id].finished_s = end_s
+            del self._active[req.request_id]
+        self.generation_tokens_total += len(emitted)
+        self.preemptions_total += len(preempted)
+        stats = self._stats(now_s, duration_s, batch, len(preempted))
+        return StepResult(duration_s, events if events is not None else [], stats)
+
+    def _stats(self, now_s: float, duration_s: float, batch: Batch, preemptions: int) -> StepStats:
+        return StepStats(
+            start_s=now_s,
+            duration_s=duration_s,
+            num_running=len(self._scheduler.running),
+            num_waiting=len(self._scheduler.waiting),
+            prefill_tokens=batch.prefill_tokens,
+            decode_tokens=batch.decode_tokens,
+            kv_usage=self._kv.usage,
+            preemptions=preemptions,
+            prefix_hit_tokens=batch.prefix_hit_tokens,
+        )
+
+    # --- gauges and counters (read-only, for /metrics) ------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self._scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._scheduler.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks held by requests, 0..1."""
+        return self._kv.usage
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self._kv.num_blocks
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self._kv.num_blocks * self._kv.block_size
+
+    @property
+    def prefix_queries_tokens(self) -> int:
+        return self._kv.prefix_queries_tokens
+
+    @property
+    def prefix_hits_tokens(self) -> int:
+        return self._kv.prefix_hits_tokens
+
+
+def _validate(config: EngineConfig, max_position_embeddings: int) -> None:
+    """Raise ``ValueError`` for flag combinations vLLM rejects at start-up."""
+    if config.tensor_parallel_size < 1:
+        raise ValueError("tensor_parallel_size must be at least 1")
+    if not 0.0 < config.gpu_memory_utilization <= 1.0:
+        raise ValueError("gpu_memory_utilization must be in (0, 1]")
+    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name} must be at least 1")
+    if config.api_overhead_s < 0:
+        raise ValueError("api_overhead_s must not be negative")
+    if config.max_model_len > max_position_embeddings:
+        raise ValueError(
+            f"User-specified max_model_len ({config.max_model_len}) is greater than the "
+            f"derived max_model_len (max_position_embeddings={max_position_embeddings} in "
+            "model's config.json)."
+        )
+    if not config.enable_chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than "
+            f"max_model_len ({config.max_model_len}). This effectively limits the maximum "
+            "sequence length to max_num_batched_tokens and makes vLLM reject longer "
+            "sequences. Please increase max_num_batched_tokens or decrease max_model_len."
+        )

@@ -1,0 +1,216 @@
+"""Continuous-batching scheduler with vLLM V1 semantics; pure bookkeeping, no cost model.
+
+Each step has one token budget (``max_num_batched_tokens``) shared by decodes and prefill
+chunks. Running requests are served first, in admission order; then waiting requests in
+arrival order while the budget, ``max_num_seqs`` and free KV blocks allow. When a running
+request needs a block and none is free, the most recently admitted running request is
+preempted: its blocks are freed and it goes back to the front of the waiting queue, to be
+recomputed (with prefix caching its freed blocks may still hit). A step with a preemption
+admits no waiting request.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from inferlab.sim._kvcache import KVCacheManager
+
+_READY_SLACK_S = 1e-9  # absorbs float rounding when a clock lands exactly on a ready time
+
+
+class Request:
+    """One request's scheduling state. ``num_tokens`` = prompt + generated so far."""
+
+    __slots__ = (
+        "block_hashes",
+        "block_ids",
+        "hash_salt",
+        "max_output_tokens",
+        "num_cached_blocks",
+        "num_computed_tokens",
+        "num_output_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "num_tokens",
+        "ready_s",
+        "request_id",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        num_prompt_tokens: int,
+        max_output_tokens: int,
+        block_hashes: list[int],
+        hash_salt: int,
+        ready_s: float,
+    ) -> None:
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_output_tokens = max_output_tokens
+        self.num_output_tokens = 0
+        self.num_tokens = num_prompt_tokens
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.num_preemptions = 0
+        self.ready_s = ready_s  # not schedulable before this time
+        self.block_ids: list[int] = []
+        self.block_hashes = block_hashes
+        self.num_cached_blocks = 0
+        self.hash_salt = hash_salt
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: int = 4096
+    enable_chunked_prefill: bool = True
+
+
+@dataclass
+class Batch:
+    """One step's work: ``requests[i]`` computes ``seqs[i] = (new tokens, cached tokens)``."""
+
+    requests: list[Request] = field(default_factory=list)
+    seqs: list[tuple[int, int]] = field(default_factory=list)
+    emitting: int = 0  # requests whose scheduled tokens complete them, so they sample a token
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    admitted: list[Request] = field(default_factory=list)  # moved from waiting this step
+    prefix_hit_tokens: int = 0  # cached tokens of the requests admitted this step
+    preempted: list[Request] = field(default_factory=list)  # sent back to waiting this step
+
+
+class Scheduler:
+    """``add`` → (``schedule`` → run the batch → ``postprocess``)*; see the module doc."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def check_fits(self, num_prompt_tokens: int, max_output_tokens: int) -> None:
+        """Raise ``ValueError`` for a request this engine can never serve."""
+        if num_prompt_tokens < 1:
+            raise ValueError("The prompt must contain at least one token.")
+        if max_output_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_output_tokens}.")
+        total = num_prompt_tokens + max_output_tokens
+        limit = self.config.max_model_len
+        if total > limit:
+            raise ValueError(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {total} tokens ({num_prompt_tokens} in the messages, "
+                f"{max_output_tokens} in the completion). Please reduce the length of the "
+                "messages or completion."
+            )
+        capacity = self.kv.num_blocks * self.kv.block_size
+        if total > capacity:
+            raise ValueError(
+                f"The request needs {total} tokens of KV cache but the cache holds only "
+                f"{capacity} tokens."
+            )
+
+    def add(self, req: Request) -> None:
+        """Queue ``req`` behind the waiting requests (call ``check_fits`` first)."""
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def next_ready_s(self) -> float | None:
+        """When the head of the waiting queue becomes schedulable (None: queue empty)."""
+        return self.waiting[0].ready_s if self.waiting else None
+
+    def schedule(self, now_s: float) -> Batch:
+        """Pick this step's requests and token counts; allocates their KV blocks."""
+        cfg, kv, running = self.config, self.kv, self.running
+        batch = Batch()
+        budget = cfg.max_num_batched_tokens
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            preempted_self = False
+            while not kv.allocate(req, req.num_computed_tokens + n):
+                victim = running.pop()  # the most recently admitted
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is req:
+                    preempted_self = True
+                    break
+            if preempted_self:
+                break  # req was the last one running: no later running request is left
+            self._add_to_batch(batch, req, n)
+            budget -= n
+            i += 1
+        if batch.preempted:
+            return batch
+        waiting = self.waiting
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            req = waiting[0]
+            if req.ready_s > now_s + _READY_SLACK_S:
+                break
+            cached = kv.lookup(req)
+            num_cached = len(cached) * kv.block_size
+            n = req.num_tokens - num_cached
+            if not cfg.enable_chunked_prefill and n > budget:
+                break
+            n = min(n, budget)
+            if not kv.allocate(req, num_cached + n, cached):
+                break
+            waiting.popleft()
+            running.append(req)
+            req.num_computed_tokens = num_cached
+            batch.admitted.append(req)
+            batch.prefix_hit_tokens += num_cached
+            self._add_to_batch(batch, req, n)
+            budget -= n
+        return batch
+
+    def _add_to_batch(self, batch: Batch, req: Request, n: int) -> None:
+        computed = req.num_computed_tokens
+        batch.requests.append(req)
+        batch.seqs.append((n, computed))
+        if computed + n == req.num_tokens:
+            batch.emitting += 1
+            if n == 1 and req.num_output_tokens:
+                batch.decode_tokens += 1
+                return
+        batch.prefill_tokens += n
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def postprocess(self, batch: Batch) -> tuple[list[Request], list[Request]]:
+        """Apply a finished step: returns (requests that emitted a token, of those the
+        ones now finished). Finished requests leave ``running`` and free their blocks."""
+        emitted: list[Request] = []
+        finished: list[Request] = []
+        for req, (n, _) in zip(batch.requests, batch.seqs):
+            req.num_computed_tokens += n
+            if req.num_computed_tokens == req.num_tokens:
+                req.num_output_tokens += 1
+                req.num_tokens += 1
+                emitted.append(req)
+                if req.num_output_tokens == req.max_output_tokens:
+                    finished.append(req)
+        if finished:
+            for req in finished:
+                self.kv.free(req)
+            done = {id(r) for r in finished}
+            self.running = [r for r in self.running if id(r) not in done]
+        return emitted, finished
+
+    def abort(self, req: Request) -> None:
+        """Drop ``req`` from either queue and free its blocks; no-op if in neither."""
+        if req in self.running:
+            self.running.remove(req)
+            self.kv.free(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)

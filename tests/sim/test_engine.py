@@ -1,0 +1,237 @@
+import dataclasses
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from inferlab._errors import UsageError
+from inferlab.sim import Engine, EngineConfig, RequestTimeline, StepResult, run_virtual
+
+SMALL = EngineConfig(max_model_len=2048, max_num_batched_tokens=2048, max_num_seqs=16)
+
+
+def drain(engine: Engine, now_s: float = 0.0) -> tuple[float, list[StepResult]]:
+    """Step until idle; checks block accounting after every step."""
+    results = []
+    while (r := engine.step(now_s)) is not None:
+        results.append(r)
+        now_s += r.duration_s
+        engine._kv.check_invariants()
+    return now_s, results
+
+
+def prompt(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+class FixedStep:
+    """A step-time model that takes 10 ms per step whatever it holds."""
+
+    def step_time_s(self, seqs: Sequence[tuple[int, int]], emitting: int) -> float:
+        return 0.01
+
+
+def test_each_request_gets_exactly_output_len_tokens_in_order() -> None:
+    engine = Engine(SMALL)
+    wanted = {"a": 1, "b": 7, "c": 40}
+    for i, (rid, n) in enumerate(wanted.items()):
+        engine.add_request(rid, prompt(100 + 50 * i, 1000 * i), n, now_s=0.0)
+    _, results = drain(engine)
+    seen: dict[str, list[int]] = {rid: [] for rid in wanted}
+    for r in results:
+        for ev in r.events:
+            seen[ev.request_id].append(ev.token_index)
+            assert ev.finished == (ev.token_index == wanted[ev.request_id] - 1)
+    assert seen == {rid: list(range(n)) for rid, n in wanted.items()}
+    assert engine.generation_tokens_total == 48
+    assert engine.prompt_tokens_total == 100 + 150 + 200
+    for rid, n in wanted.items():
+        tl = engine.timeline(rid)
+        assert tl.output_tokens == n
+        assert tl.scheduled_s is not None and tl.first_token_s is not None
+        assert tl.finished_s is not None
+        assert tl.arrival_s + SMALL.api_overhead_s <= tl.scheduled_s < tl.first_token_s
+        assert tl.first_token_s <= tl.finished_s
+    assert engine.kv_usage == 0.0 and not engine.has_work()
+
+
+def test_first_token_comes_at_the_end_of_the_step_that_finishes_prefill() -> None:
+    engine = Engine(dataclasses.replace(SMALL, max_num_batched_tokens=1024), FixedStep())
+    engine.add_request("a", prompt(2000), 3, now_s=0.0)  # chunked over 2 steps
+    idle = engine.step(0.0)
+    assert idle is not None and idle.events == []
+    assert idle.duration_s == pytest.approx(SMALL.api_overhead_s)
+    now_s = idle.duration_s
+    _, results = drain(engine, now_s)
+    assert [len(r.events) for r in results] == [0, 1, 1, 1]
+    tl = engine.timeline("a")
+    assert tl.scheduled_s == pytest.approx(0.002)
+    assert tl.first_token_s == pytest.approx(0.022)
+    assert tl.finished_s == pytest.approx(0.042)
+    assert results[0].stats.prefill_tokens == 1024 and results[2].stats.decode_tokens == 1
+
+
+def test_random_workload_never_leaks_blocks_or_breaks_limits() -> None:
+    rng = random.Random(42)
+    cfg = dataclasses.replace(SMALL, num_gpu_blocks_override=300, max_num_batched_tokens=512)
+    engine = Engine(cfg)
+    shared = prompt(300, 50_000)
+    wanted: dict[str, int] = {}
+    now_s, i = 0.0, 0
+    got: dict[str, int] = {}
+    while i < 120 or engine.has_work():
+        while i < 120 and rng.random() < 0.3:
+            p = (shared if i % 2 else []) + prompt(rng.randint(1, 600), 1000 * i)
+            out = rng.randint(1, 200)
+            engine.add_request(f"r{i}", p, out, now_s)
+            wanted[f"r{i}"] = out
+            i += 1
+        r = engine.step(now_s)
+        if r is None:
+            now_s += 0.01
+            continue
+        assert r.stats.prefill_tokens + r.stats.decode_tokens <= 512
+        assert r.stats.num_running <= 16
+        engine._kv.check_invariants()
+        for ev in r.events:
+            got[ev.request_id] = got.get(ev.request_id, 0) + 1
+        now_s += r.duration_s
+    assert got == wanted
+    assert engine.preemptions_total > 0
+    assert engine.prefix_hits_tokens > 0
+    assert engine.kv_usage == 0.0
+    assert engine._kv.num_free_blocks == engine.num_kv_blocks == 300
+
+
+def test_preemption_under_a_tiny_kv_cache_still_finishes_everything() -> None:
+    cfg = dataclasses.replace(SMALL, num_gpu_blocks_override=140)  # 2,240 tokens
+    engine = Engine(cfg)
+    for i in range(8):
+        engine.add_request(f"r{i}", prompt(200, 1000 * i), 400, now_s=0.0)
+    drain(engine)
+    timelines = [engine.timeline(f"r{i}") for i in range(8)]
+    assert all(t.output_tokens == 400 and t.finished_s is not None for t in timelines)
+    assert engine.preemptions_total == sum(t.preemptions for t in timelines) > 0
+    assert timelines[0].preemptions == 0  # the oldest request is never the victim
+
+
+def _shared_prefix_ttfts(caching: bool) -> tuple[RequestTimeline, RequestTimeline]:
+    engine = Engine(dataclasses.replace(SMALL, enable_prefix_caching=caching))
+    system = prompt(1000, 7)
+    engine.add_request("first", system + prompt(50, 90_000), 10, now_s=0.0)
+    now_s, _ = drain(engine)
+    engine.add_request("second", system + prompt(50, 80_000), 10, now_s=now_s)
+    drain(engine, now_s)
+    return engine.timeline("first"), engine.timeline("second")
+
+
+def test_prefix_caching_skips_a_shared_prefix() -> None:
+    first, second = _shared_prefix_ttfts(caching=True)
+    assert first.cached_tokens == 0
+    assert second.cached_tokens >= 992
+    assert first.first_token_s is not None and second.first_token_s is not None
+    ttft_first = first.first_token_s - first.arrival_s
+    ttft_second = second.first_token_s - second.arrival_s
+    assert ttft_second < ttft_first
+    _, off_second = _shared_prefix_ttfts(caching=False)
+    assert off_second.cached_tokens == 0
+
+
+def test_prefix_counters_count_queries_and_hits_in_tokens() -> None:
+    engine = Engine(SMALL)
+    engine.add_request("a", prompt(100), 2, 0.0)
+    now_s, _ = drain(engine)
+    engine.add_request("b", prompt(100), 2, now_s)
+    drain(engine, now_s)
+    assert engine.prefix_queries_tokens == 200
+    assert engine.prefix_hits_tokens == 96
+
+
+def test_requests_that_can_never_run_are_rejected() -> None:
+    engine = Engine(EngineConfig(max_model_len=4096))
+    with pytest.raises(ValueError, match=r"maximum context length is 4096 tokens.*5000 tokens"):
+        engine.add_request("x", prompt(4900), 100, 0.0)
+    with pytest.raises(ValueError):
+        engine.add_request("x", [], 10, 0.0)
+    with pytest.raises(ValueError):
+        engine.add_request("x", prompt(10), 0, 0.0)
+    engine.add_request("x", prompt(10), 1, 0.0)
+    with pytest.raises(ValueError, match="already"):
+        engine.add_request("x", prompt(10), 1, 0.0)
+    assert engine.num_waiting == 1
+
+
+def test_construction_refuses_what_vllm_refuses() -> None:
+    with pytest.raises(ValueError, match="weights need"):
+        Engine(EngineConfig(model="meta-llama/Llama-3.1-70B-Instruct", gpu="H100"))
+    Engine(EngineConfig(model="meta-llama/Llama-3.1-70B-Instruct", tensor_parallel_size=4))
+    with pytest.raises(ValueError, match="KV cache"):
+        Engine(dataclasses.replace(SMALL, num_gpu_blocks_override=10))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        Engine(EngineConfig(model="meta-llama/Llama-2-7b-hf", max_model_len=8192))
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        Engine(EngineConfig(enable_chunked_prefill=False, max_num_batched_tokens=2048))
+    with pytest.raises(UsageError):
+        Engine(EngineConfig(gpu="B200"))
+
+
+def test_kv_capacity_is_memory_left_after_weights_and_reserve() -> None:
+    engine = Engine(EngineConfig())
+    gib = 2**30
+    # Qwen2.5-7B, one H100 at 0.9: 72 GiB - 14.2 GiB weights - ~3 GiB reserve, 56 KiB/token
+    assert 50 * gib / 57_344 < engine.kv_capacity_tokens < 58 * gib / 57_344
+    fp8 = Engine(EngineConfig(kv_cache_dtype="fp8"))
+    assert fp8.kv_capacity_tokens == pytest.approx(2 * engine.kv_capacity_tokens, rel=1e-3)
+    assert engine.kv_capacity_tokens == engine.num_kv_blocks * 16
+
+
+def test_abort_and_forget() -> None:
+    engine = Engine(SMALL)
+    engine.add_request("a", prompt(500), 50, 0.0)
+    engine.add_request("b", prompt(500, 10_000), 50, 0.0)
+    engine.step(0.0)
+    engine.step(0.01)
+    assert engine.kv_usage > 0
+    engine.abort("a")
+    engine.abort("b")
+    engine.abort("nope")
+    assert engine.kv_usage == 0.0 and not engine.has_work()
+    assert engine.timeline("a").finished_s is None
+    assert engine.step(1.0) is None
+    engine.forget("a")
+    with pytest.raises(KeyError):
+        engine.timeline("a")
+
+
+def _workload(n: int, seed: int) -> list[tuple[float, str, list[int], int]]:
+    rng = random.Random(seed)
+    t = 0.0
+    arrivals = []
+    for i in range(n):
+        t += rng.expovariate(20.0)
+        p = prompt(rng.randint(20, 600), rng.randrange(4) * 10_000)  # 4 shared prefixes
+        arrivals.append((t, f"r{i}", p, rng.randint(1, 100)))
+    return arrivals
+
+
+def test_virtual_run_is_deterministic_and_complete() -> None:
+    arrivals = _workload(200, seed=5)
+    a = run_virtual(Engine(SMALL), arrivals)
+    b = run_virtual(Engine(SMALL), arrivals)
+    assert a == b
+    assert set(a) == {rid for _, rid, _, _ in arrivals}
+    for arrival_s, rid, _, out in arrivals:
+        tl = a[rid]
+        assert tl.arrival_s == arrival_s and tl.output_tokens == out
+        assert tl.scheduled_s is not None and tl.scheduled_s >= arrival_s + SMALL.api_overhead_s
+        assert tl.finished_s is not None
+
+
+def test_virtual_run_jumps_idle_time() -> None:
+    engine = Engine(SMALL)
+    timelines = run_virtual(engine, [(0.0, "a", prompt(10), 2), (100.0, "b", prompt(10), 2)])
+    b = timelines["b"]
+    assert b.scheduled_s == pytest.approx(100.0 + SMALL.api_overhead_s)
+    assert b.cached_tokens == 0  # 10 tokens: no full block
+    with pytest.raises(KeyError):
+        engine.timeline("a")  # run_virtual hands the timelines over and forgets them

@@ -1,0 +1,157 @@
+import random
+
+import pytest
+
+from inferlab.sim._kvcache import KVCacheManager, hash_blocks
+
+BS = 16
+
+
+class Req:
+    """The minimal request the block manager works on."""
+
+    def __init__(self, tokens: list[int], salt: int = 0) -> None:
+        self.tokens = tokens
+        self.block_ids: list[int] = []
+        self.block_hashes = hash_blocks(tokens, BS)
+        self.num_cached_blocks = 0
+        self.hash_salt = salt
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def toks(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def test_hashes_are_chained_over_full_blocks_only() -> None:
+    a = hash_blocks(toks(40), BS)
+    assert len(a) == 2  # the 8-token tail has no hash
+    assert hash_blocks(toks(32), BS) == a
+    b = hash_blocks([999] + toks(39, 1), BS)  # first block differs...
+    assert b[0] != a[0] and b[1] != a[1]  # ...so every later block differs too
+
+
+def test_allocate_free_and_usage() -> None:
+    kv = KVCacheManager(10, BS)
+    r = Req(toks(33))
+    assert kv.allocate(r, 33)
+    assert len(r.block_ids) == 3
+    assert kv.num_free_blocks == 7
+    assert kv.usage == pytest.approx(0.3)
+    kv.free(r)
+    assert kv.num_free_blocks == 10 and r.block_ids == []
+    kv.check_invariants()
+
+
+def test_allocation_that_does_not_fit_changes_nothing() -> None:
+    kv = KVCacheManager(4, BS)
+    r = Req(toks(100))
+    assert not kv.allocate(r, 100)
+    assert r.block_ids == [] and kv.num_free_blocks == 4
+    assert kv.prefix_queries_tokens == 0
+
+
+def test_double_free_raises() -> None:
+    kv = KVCacheManager(4, BS)
+    r = Req(toks(20))
+    kv.allocate(r, 20)
+    ids = list(r.block_ids)
+    kv.free(r)
+    r.block_ids = ids
+    with pytest.raises(RuntimeError, match="twice"):
+        kv.free(r)
+
+
+def test_freed_prefix_hits_and_last_token_is_never_cached() -> None:
+    kv = KVCacheManager(20, BS)
+    a = Req(toks(100))
+    kv.allocate(a, 100)
+    kv.free(a)
+    b = Req(toks(100))
+    hits = kv.lookup(b)
+    assert len(hits) == 6  # 6 full blocks; the 7th is partial
+    assert kv.allocate(b, 100, hits)
+    assert b.block_ids[:6] == hits
+    assert kv.prefix_hits_tokens == 96 and kv.prefix_queries_tokens == 200
+    # exactly two full blocks: the last token must be recomputed, so only one block hits
+    c, d = Req(toks(32, 5000)), Req(toks(32, 5000))
+    kv.allocate(c, 32)
+    assert len(kv.lookup(d)) == 1
+
+
+def test_live_blocks_are_shared_with_reference_counts() -> None:
+    kv = KVCacheManager(20, BS)
+    a, b = Req(toks(64) + [1]), Req(toks(64) + [2])
+    kv.allocate(a, 65)
+    used = 20 - kv.num_free_blocks
+    hits = kv.lookup(b)
+    assert len(hits) == 4
+    kv.allocate(b, 65, hits)
+    assert 20 - kv.num_free_blocks == used + 1  # only b's own last block is new
+    kv.free(a)
+    assert kv.lookup(Req(toks(64) + [3])) == hits  # still referenced by b
+    kv.free(b)
+    kv.check_invariants()
+    assert kv.num_free_blocks == 20
+
+
+def test_reuse_is_least_recently_freed_first_and_evicts_the_tail_first() -> None:
+    kv = KVCacheManager(8, BS)
+    a = Req(toks(64) + [7])  # 5 blocks, 4 of them full and hashed
+    kv.allocate(a, 65)
+    kv.free(a)  # free queue: 5,6,7 (never used), then a's blocks tail first
+    b = Req(toks(80, 10_000))
+    assert kv.allocate(b, 80)  # takes 5,6,7, a's partial tail block and a's 4th block
+    again = Req(toks(64) + [7])
+    assert len(kv.lookup(again)) == 3  # a's 4th block was evicted, its head survives
+    kv.free(b)
+    kv.check_invariants()
+
+
+def test_generated_blocks_are_salted_per_request() -> None:
+    kv = KVCacheManager(20, BS)
+    a, b = Req(toks(8), salt=1), Req(toks(8), salt=2)
+    for r in (a, b):
+        r.tokens += toks(24, 100)  # "generated" tokens the engine has no ids for
+        r.block_hashes = hash_blocks(toks(8), BS)  # no prompt block is full
+        kv.allocate(r, 32)
+    assert len(a.block_hashes) == 2 and a.block_hashes != b.block_hashes
+    kv.free(a)
+    assert len(kv.lookup(a)) == 1  # a can reuse its own generated block after preemption
+
+
+def test_random_workload_never_leaks_or_double_frees() -> None:
+    rng = random.Random(1234)
+    kv = KVCacheManager(64, BS)
+    prefixes = [toks(rng.randint(0, 80), 1000 * i) for i in range(4)]
+    live: list[tuple[Req, int]] = []
+    salt = 0
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.4:
+            salt += 1
+            r = Req(rng.choice(prefixes) + toks(rng.randint(1, 60), 100_000 + salt * 100), salt)
+            hits = kv.lookup(r)
+            n = len(hits) * BS + rng.randint(1, r.num_tokens - len(hits) * BS)
+            if kv.allocate(r, n, hits):
+                live.append((r, n))
+        elif op < 0.75 and live:
+            i = rng.randrange(len(live))
+            r, n = live[i]
+            grown = min(r.num_tokens, n + rng.randint(1, 20))
+            if kv.allocate(r, grown):
+                live[i] = (r, grown)
+        elif live:
+            r, _ = live.pop(rng.randrange(len(live)))
+            kv.free(r)
+        kv.check_invariants()
+        in_use = {b for r, _ in live for b in r.block_ids}
+        assert len(in_use) + kv.num_free_blocks == kv.num_blocks
+    assert kv.prefix_hits_tokens > 0
+    for r, _ in live:
+        kv.free(r)
+    kv.check_invariants()
+    assert kv.num_free_blocks == kv.num_blocks and kv.usage == 0.0

@@ -1,0 +1,181 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from inferlab._errors import UsageError
+from inferlab.sim._hardware import resolve_gpu, resolve_model
+from inferlab.sim._steptime import (
+    DEFAULT_EFFICIENCIES,
+    RooflineStepTime,
+    kv_bytes_per_token,
+    load_efficiencies,
+    weight_bytes_per_rank,
+)
+
+QWEN7B = "Qwen/Qwen2.5-7B-Instruct"
+LLAMA8B = "meta-llama/Llama-3.1-8B-Instruct"
+LLAMA70B = "meta-llama/Llama-3.1-70B-Instruct"
+
+
+def roofline(model: str = QWEN7B, gpu: str = "H100", **kw: object) -> RooflineStepTime:
+    return RooflineStepTime(resolve_model(model), resolve_gpu(gpu), **kw)  # type: ignore[arg-type]
+
+
+# --- hardware -------------------------------------------------------------------------
+
+
+def test_models_resolve_by_preset_hf_id_and_case_insensitive_name() -> None:
+    assert resolve_model("Qwen2.5-7B-Instruct").name == "Qwen2.5-7B-Instruct"
+    assert resolve_model(QWEN7B).name == "Qwen2.5-7B-Instruct"
+    assert resolve_model(LLAMA8B).name == "Llama-3.1-8B"
+    assert resolve_model("someone/llama-3.1-8b-instruct").name == "Llama-3.1-8B"
+    assert resolve_model("meta-llama/Llama-2-7b-hf").name == "Llama-2-7B"
+
+
+def test_parameter_counts_match_the_presets() -> None:
+    presets = json.loads(
+        (Path(__file__).parents[2] / "src/inferlab/sim/data/presets.json").read_text()
+    )["models"]
+    for name, cfg in presets.items():
+        spec = resolve_model(name)
+        assert spec.params_per_layer == cfg["params_per_layer"], name
+        assert spec.params_total == cfg["params_total"], name
+        assert kv_bytes_per_token(spec, 1) == cfg["kv_bytes_per_token_bf16"], name
+
+
+def test_model_from_a_config_json(tmp_path: Path) -> None:
+    cfg = {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "vocab_size": 1000,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = resolve_model(str(tmp_path))
+    assert spec.num_kv_heads == 4 and spec.head_dim == 16
+    assert spec.params_per_layer == 4 * 64 * 64 + 3 * 64 * 128
+
+
+def test_unknown_names_are_usage_errors_listing_the_known_ones() -> None:
+    with pytest.raises(UsageError, match="Qwen2.5-7B-Instruct") as e:
+        resolve_model("nobody/NoSuchModel-3B")
+    assert "\n" not in str(e.value)
+    with pytest.raises(UsageError, match="H100"):
+        resolve_gpu("TPUv5")
+
+
+def test_gpus_resolve_by_short_and_preset_names_and_from_a_file(tmp_path: Path) -> None:
+    assert resolve_gpu("H100").name == "H100-SXM-80GB"
+    assert resolve_gpu("h200").hbm_bytes_per_s == pytest.approx(4.8e12)
+    assert resolve_gpu("A100-80G").name == resolve_gpu("A100").name == "A100-SXM-80GB"
+    assert resolve_gpu("4090").name == resolve_gpu("RTX4090").name == "RTX-4090-24GB"
+    assert resolve_gpu("L40S-48GB").fp8_flops_per_s == pytest.approx(733e12)
+    assert resolve_gpu("H100").bus_bytes_per_s > 10 * resolve_gpu("L40S").bus_bytes_per_s
+    spec = {"bf16_dense_tflops": 100, "hbm_gb": 32, "hbm_bw_tbs": 1.0, "bus_bw_gbs": 50}
+    (tmp_path / "mygpu.json").write_text(json.dumps(spec))
+    gpu = resolve_gpu(str(tmp_path / "mygpu.json"))
+    assert gpu.name == "mygpu" and gpu.fp8_flops_per_s is None
+    assert gpu.bus_bytes_per_s == pytest.approx(50e9)
+
+
+# --- memory ---------------------------------------------------------------------------
+
+
+def test_weight_and_kv_bytes_follow_precision_and_tp() -> None:
+    m = resolve_model(LLAMA70B)
+    bf16 = weight_bytes_per_rank(m, 1)
+    assert bf16 == pytest.approx(m.params_total * 2)
+    assert weight_bytes_per_rank(m, 4) == pytest.approx(bf16 / 4)
+    assert weight_bytes_per_rank(m, 1, "fp8") < 0.55 * bf16
+    assert weight_bytes_per_rank(m, 1, "awq") < 0.3 * bf16
+    assert kv_bytes_per_token(m, 1, "fp8") * 2 == kv_bytes_per_token(m, 1)
+    assert kv_bytes_per_token(m, 2) * 2 == kv_bytes_per_token(m, 1)
+    # 8 KV heads: beyond TP 8 they are replicated, not split further
+    assert kv_bytes_per_token(m, 16) == kv_bytes_per_token(m, 8)
+
+
+# --- step time ------------------------------------------------------------------------
+
+
+def test_decode_is_bounded_below_by_streaming_the_weights_at_peak_bandwidth() -> None:
+    for model, gpu in [(QWEN7B, "H100"), (LLAMA8B, "A100"), (LLAMA8B, "H200")]:
+        st = roofline(model, gpu)
+        floor_s = weight_bytes_per_rank(st.model, 1) / st.gpu.hbm_bytes_per_s
+        t = st.step_time_s([(1, 500)], 1)
+        assert floor_s < t < 2 * floor_s, (model, gpu)
+
+
+def test_prefill_is_bounded_below_by_its_flops_at_peak() -> None:
+    st = roofline(LLAMA8B, "H100")
+    flops = 2 * 1000 * st.model.num_layers * st.model.params_per_layer
+    t = st.step_time_s([(1000, 0)], 1)
+    assert flops / st.gpu.bf16_flops_per_s < t < 4 * flops / st.gpu.bf16_flops_per_s
+
+
+def test_step_time_grows_with_prompt_length_batch_and_context() -> None:
+    st = roofline()
+    prefill = [st.step_time_s([(n, 0)], 1) for n in (16, 256, 1024, 4096, 8192)]
+    assert prefill == sorted(prefill) and prefill[-1] > 10 * prefill[1]
+    decode = [st.step_time_s([(1, 1000)] * b, b) for b in (1, 8, 64, 256)]
+    assert decode == sorted(decode) and decode[-1] > decode[0]
+    context = [st.step_time_s([(1, c)] * 32, 32) for c in (100, 4000, 30_000)]
+    assert context == sorted(context) and context[-1] > 1.5 * context[0]
+    assert st.step_time_s([], 0) == 0.0
+
+
+def test_tensor_parallelism_lowers_decode_time_for_a_70b_model() -> None:
+    batch = [(1, 1000)] * 8
+    tp1, tp2, tp4 = (roofline(LLAMA70B, tp=t).step_time_s(batch, 8) for t in (1, 2, 4))
+    assert tp1 > tp2 > tp4
+    assert tp2 > tp1 / 2  # all-reduces and fixed costs do not shrink with TP
+    with pytest.raises(ValueError, match="divisible"):
+        roofline(LLAMA70B, tp=3)
+
+
+def test_quantization_lowers_batch1_decode_but_int4_loses_at_large_batch() -> None:
+    one = [(1, 500)]
+    bf16, int4, fp8 = (roofline(quantization=q).step_time_s(one, 1) for q in (None, "awq", "fp8"))
+    assert int4 < fp8 < bf16
+    big = [(1, 500)] * 64 + [(4096, 0)]
+    assert roofline(quantization="gptq").step_time_s(big, 65) > roofline().step_time_s(big, 65)
+    assert roofline(quantization="fp8").step_time_s(big, 65) < roofline().step_time_s(big, 65)
+
+
+def test_fp8_kv_cache_lowers_long_context_decode_time() -> None:
+    batch = [(1, 32_000)] * 64
+    assert roofline(kv_cache_dtype="fp8").step_time_s(batch, 64) < roofline().step_time_s(batch, 64)
+
+
+def test_eager_mode_costs_more_than_cuda_graphs() -> None:
+    assert roofline(enforce_eager=True).step_time_s([(1, 10)], 1) > roofline().step_time_s(
+        [(1, 10)], 1
+    )
+
+
+def test_non_emitting_chunk_skips_lm_head_and_sampler() -> None:
+    st = roofline()
+    assert st.step_time_s([(512, 0)], 0) < st.step_time_s([(512, 0)], 1)
+
+
+def test_unknown_dtype_names_are_usage_errors() -> None:
+    for kw in ({"dtype": "float32"}, {"quantization": "nf4"}, {"kv_cache_dtype": "int2"}):
+        with pytest.raises(UsageError):
+            roofline(**kw)
+
+
+def test_efficiencies_load_from_json(tmp_path: Path) -> None:
+    path = tmp_path / "eff.json"
+    path.write_text(json.dumps({"weight_stream": 0.5, "cpu_step_s": 0.001}))
+    eff = load_efficiencies(path)
+    assert eff.weight_stream == 0.5 and eff.cpu_step_s == 0.001
+    assert eff.gemm_compute == DEFAULT_EFFICIENCIES.gemm_compute
+    slower = roofline(efficiencies=eff).step_time_s([(1, 10)], 1)
+    assert slower > roofline().step_time_s([(1, 10)], 1)
+    path.write_text(json.dumps({"warp_speed": 9}))
+    with pytest.raises(UsageError, match="warp_speed"):
+        load_efficiencies(path)
+    path.write_text(json.dumps({"weight_stream": "fast"}))
+    with pytest.raises(UsageError, match="numbers"):
+        load_efficiencies(path)
