@@ -139,12 +139,12 @@ def _bench(kw: dict[str, Any]) -> int:
     embedded = None
     url = config.url
     if url is None:
-        from inferlab.sim._server import EmbeddedServer
+        from inferlab.sim._server import ChildServer
 
-        sim_config = ServerConfig(engine=EngineConfig(enforce_eager=True))
-        embedded = EmbeddedServer(sim_config)
+        embedded = ChildServer()
         url = embedded.url
-        err.print(f"[dim]no --url: simulated {sim_config.engine.model} on {sim_config.engine.gpu} at {url}[/dim]")
+        d = EngineConfig()
+        err.print(f"[dim]no --url: simulated {d.model} on {d.gpu} (vLLM defaults, --enforce-eager) at {url}[/dim]")
     try:
         total = (num + config.load.warmup) if num else None
         with Progress(err, WallClock(), total) as progress:
@@ -223,6 +223,7 @@ def engine_config(kw: dict[str, Any]) -> EngineConfig:
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--served-model-name", help="Name the API answers to (default: --model).")
 @click.option("--max-waiting-requests", type=int, default=4096, show_default=True, help="Queue length beyond which requests get HTTP 429.")
+@click.option("--announce", is_flag=True, hidden=True, help="Print the base URL on stdout once listening (for a parent process).")
 def serve(**kw: Any) -> None:
     """Serve the simulated engine over the OpenAI API, in real time."""
     sys.exit(_run_guarded(lambda: _serve(kw)))
@@ -236,6 +237,8 @@ def _serve(kw: dict[str, Any]) -> int:
 
     async def main_async() -> None:
         runner, port = await start_site(server, kw["host"], kw["port"])
+        if kw["announce"]:
+            print(f"http://{kw['host']}:{port}", flush=True)
         e = config.engine
         click.echo(
             f"inferlab sim: {e.model} on {e.tensor_parallel_size}x {e.gpu}, "

@@ -69,6 +69,8 @@ async def run_load(
     async with aiohttp.ClientSession(
         connector=connector, trace_configs=[session_trace()], auto_decompress=True
     ) as session:
+        await _warm_connections(session, endpoint, _parallelism(load))
+        result.t0_ns = clock.now_ns()
         client = Client(endpoint, clock, session, result.t0_ns)
         tracker = _Tracker(client, result, on_record)
         if isinstance(load.schedule, ClosedLoop):
@@ -92,6 +94,32 @@ async def run_load(
             raise main.exception()  # type: ignore[misc]  # a bug in the runner, not a request
     result.records.sort(key=lambda r: r.index)
     return result
+
+
+def _parallelism(load: LoadConfig) -> int:
+    s = load.schedule
+    n = s.concurrency if isinstance(s, ClosedLoop) else (s.max_concurrency or 1)
+    return min(n, load.num_requests or n, _MAX_WARM_CONNECTIONS)
+
+
+_MAX_WARM_CONNECTIONS = 256
+
+
+async def _warm_connections(session: aiohttp.ClientSession, endpoint: Endpoint, n: int) -> None:
+    """Open ``n`` keep-alive connections before the clock starts (``GET /models`` in
+    parallel), so TCP set-up is not charged to the first requests. Best effort: a server
+    without that route still leaves its connections open, and any failure is ignored."""
+
+    async def one() -> None:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with session.get(
+                endpoint.base_url + "/models",
+                headers=endpoint.request_headers(),
+                timeout=aiohttp.ClientTimeout(total=10),
+            ) as resp:
+                await resp.read()
+
+    await asyncio.gather(*(one() for _ in range(n)))
 
 
 class _Tracker:

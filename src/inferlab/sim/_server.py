@@ -15,15 +15,19 @@ import itertools
 import json
 import math
 import random
+import select
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
 from aiohttp import web
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
+from inferlab._errors import InferlabError
 from inferlab.sim._engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim._prometheus import Histogram, render_metrics
 from inferlab.sim._tokenizer import BuiltinTokenizer
@@ -448,9 +452,45 @@ async def start_site(server: SimServer, host: str, port: int) -> tuple[web.AppRu
     return runner, int(bound)
 
 
+class ChildServer:
+    """``inferlab sim serve`` in a child process on a free loopback port: what ``bench``
+    starts when no ``--url`` is given. A separate process keeps the server's timing off
+    the client's interpreter lock (bench/README.md has the numbers). ``url`` is its base;
+    ``close()`` stops it."""
+
+    def __init__(self, args: Sequence[str] = (), host: str = "127.0.0.1", timeout_s: float = 60.0) -> None:
+        cmd = [sys.executable, "-m", "inferlab", "sim", "serve", "--host", host, "--port", "0", "--announce", *args]
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self._proc.stdout is not None
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
+        line = self._proc.stdout.readline() if ready else ""
+        if not line.startswith("http://"):
+            self.close()
+            err = (self._proc.stderr.read() if self._proc.stderr else "").strip().splitlines()
+            reason = err[-1] if err else "no answer"
+            raise InferlabError(f"the simulated server did not start: {reason}")
+        self.url = line.strip()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+    def __enter__(self) -> ChildServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class EmbeddedServer:
-    """The simulated server on its own event loop in a daemon thread, on a free
-    loopback port. ``url`` is its base; ``close()`` stops it."""
+    """The simulated server on its own event loop in a daemon thread of this process, on
+    a free loopback port (fast to start: tests and library use). ``url`` is its base;
+    ``close()`` stops it."""
 
     def __init__(self, config: ServerConfig, host: str = "127.0.0.1") -> None:
         self._loop = asyncio.new_event_loop()
