@@ -113,7 +113,8 @@ def _bench(kw: dict[str, Any]) -> int:
     if rate is not None:
         schedule = OpenLoop(rate, kw["arrival"], kw["burstiness"], kw["max_concurrency"])
     else:
-        schedule = ClosedLoop(kw["concurrency"] or DEFAULT_CONCURRENCY)
+        c = kw["concurrency"]
+        schedule = ClosedLoop(DEFAULT_CONCURRENCY if c is None else c)
     num = kw["num_requests"]
     if num is None and kw["duration"] is None:
         num = 32

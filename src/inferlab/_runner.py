@@ -192,7 +192,7 @@ async def _open_loop(
     t0 = tracker.result.t0_ns
     tasks: list[asyncio.Task[None]] = []
     for i, offset_s in enumerate(arrivals):
-        intended = int(offset_s * NS_PER_S)
+        intended = round(offset_s * NS_PER_S)
         await clock.sleep_until_ns(t0 + intended)
         spec = next(specs, None)
         if spec is None:

@@ -79,7 +79,10 @@ class OpenLoop:
             if duration_s is not None and t >= duration_s:
                 break
             times.append(t)
-            t += self.gaps_s(rng)
+            if self.arrival == "constant" and not math.isinf(self.rate_rps):
+                t = len(times) / self.rate_rps  # no accumulated rounding
+            else:
+                t += self.gaps_s(rng)
         return times
 
 
