@@ -8,6 +8,7 @@ flags win over them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import sys
@@ -73,41 +74,36 @@ def _headers(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-@main.command()
-@click.option("--url", help="OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: the embedded simulated server.")
-@click.option("--model", help="Model name to request. Default: the first one the server lists.")
-@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
-@click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only).")
-@click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY].")
-@click.option("-H", "--header", "header", multiple=True, help="Extra request header 'Name: value' (repeatable).")
-@click.option("-c", "--concurrency", type=int, help=f"Closed loop: this many users. Default {DEFAULT_CONCURRENCY} unless --rate is given.")
-@click.option("-r", "--rate", help="Open loop: requests per second ('inf' sends all at once).")
-@click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), default="poisson", show_default=True)
-@click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape: <1 burstier, 1 Poisson, >1 smoother.")
-@click.option("--max-concurrency", type=int, help="Open loop: cap on requests in flight.")
-@click.option("-n", "--num-requests", type=int, help="Measured requests. Default 32 unless --duration is given.")
-@click.option("-d", "--duration", type=float, help="Stop sending after this many seconds.")
-@click.option("--warmup", type=int, default=0, show_default=True, help="Requests sent first and left out of the metrics.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--input-tokens", type=int, help="Synthetic prompts of about this many tokens.")
-@click.option("--output-tokens", type=int, help="max_tokens for every request.")
-@click.option("--prompt", help="Send this prompt every time (default: 'Explain RAG in about 30 characters.').")
-@click.option("--exact-output/--no-exact-output", default=True, show_default=True, help="Send ignore_eos and min_tokens so output length is exact.")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Per-request total timeout, seconds.")
-@click.option("--idle-timeout", type=float, default=60.0, show_default=True, help="Max seconds without data mid-response.")
-@click.option("--slo-ttft-ms", type=float, help="Goodput SLO on TTFT.")
-@click.option("--slo-tpot-ms", type=float, help="Goodput SLO on TPOT.")
-@click.option("--slo-e2e-ms", type=float, help="Goodput SLO on E2E.")
-@click.option("-o", "--out", type=click.Path(file_okay=False), help="Write summary.json, requests.jsonl and config.json here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
-def bench(**kw: Any) -> None:
-    """Load an OpenAI-compatible endpoint and report TTFB, TTFT, TPOT, ITL, E2E, tokens/s, TPM."""
+def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Load, workload and output flags shared by ``bench`` and ``sim run``."""
+    opts = [
+        click.option("-c", "--concurrency", type=int, help=f"Closed loop: this many users. Default {DEFAULT_CONCURRENCY} unless --rate is given."),
+        click.option("-r", "--rate", help="Open loop: requests per second ('inf' sends all at once)."),
+        click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), default="poisson", show_default=True),
+        click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape: <1 burstier, 1 Poisson, >1 smoother."),
+        click.option("--max-concurrency", type=int, help="Open loop: cap on requests in flight."),
+        click.option("-n", "--num-requests", type=int, help="Measured requests. Default 32 unless --duration is given."),
+        click.option("-d", "--duration", type=float, help="Stop sending after this many seconds."),
+        click.option("--warmup", type=int, default=0, show_default=True, help="Requests sent first and left out of the metrics."),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--input-tokens", type=int, help="Synthetic prompts of about this many tokens."),
+        click.option("--output-tokens", type=int, help="max_tokens for every request."),
+        click.option("--prompt", help="Send this prompt every time (default: 'Explain RAG in about 30 characters.')."),
+        click.option("--exact-output/--no-exact-output", default=True, show_default=True, help="Send ignore_eos and min_tokens so output length is exact."),
+        click.option("--slo-ttft-ms", type=float, help="Goodput SLO on TTFT."),
+        click.option("--slo-tpot-ms", type=float, help="Goodput SLO on TPOT."),
+        click.option("--slo-e2e-ms", type=float, help="Goodput SLO on E2E."),
+        click.option("-o", "--out", type=click.Path(file_okay=False), help="Write summary.json, requests.jsonl and config.json here."),
+        click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _load_config(kw: dict[str, Any]) -> LoadConfig:
     if kw["concurrency"] is not None and kw["rate"] is not None:
-        raise click.UsageError("--concurrency and --rate are exclusive (use --max-concurrency with --rate)")
-    sys.exit(_run_guarded(lambda: _bench(kw)))
-
-
-def _bench(kw: dict[str, Any]) -> int:
+        raise UsageError("--concurrency and --rate are exclusive (use --max-concurrency with --rate)")
     rate = _parse_rate(kw["rate"])
     schedule: Schedule
     if rate is not None:
@@ -118,12 +114,40 @@ def _bench(kw: dict[str, Any]) -> int:
     num = kw["num_requests"]
     if num is None and kw["duration"] is None:
         num = 32
-    slo = None
-    if any(kw[k] is not None for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
-        slo = SLO(kw["slo_ttft_ms"], kw["slo_tpot_ms"], kw["slo_e2e_ms"])
+    return LoadConfig(schedule, num, kw["duration"], kw["warmup"], kw["seed"])
+
+
+def _slo(kw: dict[str, Any]) -> SLO | None:
+    if all(kw[k] is None for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
+        return None
+    return SLO(kw["slo_ttft_ms"], kw["slo_tpot_ms"], kw["slo_e2e_ms"])
+
+
+def _workload_config(kw: dict[str, Any]) -> WorkloadConfig:
+    return WorkloadConfig(kw["input_tokens"], kw["output_tokens"], kw["prompt"], kw["exact_output"])
+
+
+@main.command()
+@click.option("--url", help="OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: the embedded simulated server.")
+@click.option("--model", help="Model name to request. Default: the first one the server lists.")
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only).")
+@click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY].")
+@click.option("-H", "--header", "header", multiple=True, help="Extra request header 'Name: value' (repeatable).")
+@click.option("--timeout", type=float, default=600.0, show_default=True, help="Per-request total timeout, seconds.")
+@click.option("--idle-timeout", type=float, default=60.0, show_default=True, help="Max seconds without data mid-response.")
+@load_options
+def bench(**kw: Any) -> None:
+    """Load an OpenAI-compatible endpoint and report TTFB, TTFT, TPOT, ITL, E2E, tokens/s, TPM."""
+    sys.exit(_run_guarded(lambda: _bench(kw)))
+
+
+def _bench(kw: dict[str, Any]) -> int:
+    load = _load_config(kw)
+    num = load.num_requests
     config = BenchConfig(
-        load=LoadConfig(schedule, num, kw["duration"], kw["warmup"], kw["seed"]),
-        workload=WorkloadConfig(kw["input_tokens"], kw["output_tokens"], kw["prompt"], kw["exact_output"]),
+        load=load,
+        workload=_workload_config(kw),
         url=kw["url"],
         model=kw["model"],
         api=kw["api"],
@@ -132,7 +156,7 @@ def _bench(kw: dict[str, Any]) -> int:
         headers=_headers(kw["header"]),
         timeout_s=kw["timeout"],
         idle_timeout_s=kw["idle_timeout"],
-        slo=slo,
+        slo=_slo(kw),
         out_dir=kw["out"],
     )
     err = Console(stderr=True)
@@ -258,6 +282,68 @@ def _serve(kw: dict[str, Any]) -> int:
         asyncio.run(main_async())
     except OSError as e:
         raise InferlabError(f"cannot serve on {kw['host']}:{kw['port']}: {e.strerror or e}") from e
+    return 0
+
+
+@sim.command("run")
+@engine_options
+@load_options
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
+@click.option("--trace", type=click.Path(dir_okay=False), help="Replay a JSONL trace (arrival_s, input_tokens, output_tokens).")
+@click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
+def run_cmd(**kw: Any) -> None:
+    """Run a workload through the simulated engine in virtual time (no HTTP)."""
+    sys.exit(_run_guarded(lambda: _sim_run(kw)))
+
+
+def _sim_run(kw: dict[str, Any]) -> int:
+    from inferlab._metrics import summarize
+    from inferlab._results import RunWriter
+    from inferlab._workload import read_trace_jsonl
+    from inferlab.sim._engine import Engine
+    from inferlab.sim._simrun import simulate
+
+    load = _load_config(kw)
+    engine_cfg = engine_config(kw)
+    engine = Engine(engine_cfg)
+    workload: Any
+    if kw["trace"]:
+        workload = read_trace_jsonl(kw["trace"], kw["seed"], kw["exact_output"])
+        load = LoadConfig(OpenLoop(math.inf), kw["num_requests"] or len(workload), None, kw["warmup"], kw["seed"])
+    else:
+        workload = _workload_config(kw).build(load.seed)
+    config_json = {
+        "command": "sim run",
+        "engine": dataclasses.asdict(engine_cfg),
+        "load": {**dataclasses.asdict(load), "schedule": {"kind": type(load.schedule).__name__, **dataclasses.asdict(load.schedule)}},
+        "workload": dataclasses.asdict(_workload_config(kw)),
+        "api": kw["api"],
+        "trace": kw["trace"],
+    }
+    config_json = json.loads(json.dumps(config_json, default=str))
+    writer = RunWriter(kw["out"], config_json) if kw["out"] else None
+    step_log = open(kw["step_log"], "w") if kw["step_log"] else None  # noqa: SIM115
+    try:
+        records = simulate(
+            engine, load, workload, chat=kw["api"] == "chat", step_log=step_log,
+            on_record=writer.append if writer else None,
+        )
+        summary = summarize(records, config=config_json, slo=_slo(kw))
+        if writer is not None:
+            writer.write_summary(summary)
+    finally:
+        if writer is not None:
+            writer.close()
+        if step_log is not None:
+            step_log.close()
+    if kw["as_json"]:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        out = Console()
+        e = engine_cfg
+        render_summary(out, summary, f"inferlab sim run · {e.model} on {e.tensor_parallel_size}x {e.gpu} (virtual time)")
+        if kw["out"]:
+            out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
     return 0
 
 

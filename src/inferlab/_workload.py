@@ -7,11 +7,13 @@ a fixed prompt, and the default quick check.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from inferlab._errors import UsageError
 from inferlab._text import WORDS
 
 Api = Literal["chat", "completions"]
@@ -48,7 +50,7 @@ def synthetic_text(num_words: int, rng: random.Random) -> str:
     Each word is one token for the simulator's tokenizer and, for nearly all words, for
     BPE tokenizers; exact lengths with any tokenizer are the tokenizers issue's job.
     """
-    return " ".join(rng.choice(WORDS) for _ in range(num_words))
+    return " ".join(rng.choices(WORDS, k=num_words))
 
 
 @dataclass(frozen=True)
@@ -87,3 +89,42 @@ class FixedPromptWorkload:
         )
         while True:
             yield spec
+
+
+@dataclass(frozen=True)
+class TimedSpec:
+    """A request with a fixed arrival time, in seconds from the run's start (traces)."""
+
+    arrival_s: float
+    spec: RequestSpec
+
+
+def read_trace_jsonl(path: str, seed: int = 0, exact_output: bool = True) -> list[TimedSpec]:
+    """Our trace format: one JSON object a line with ``arrival_s``, ``input_tokens`` and
+    ``output_tokens``. Prompts are synthetic built-in words of that length. A bad line
+    raises ``UsageError`` naming the file, line and problem."""
+    rng = random.Random(seed)
+    out: list[TimedSpec] = []
+    try:
+        f = open(path)  # noqa: SIM115
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from e
+    with f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                t = float(row["arrival_s"])
+                inp = int(row["input_tokens"])
+                outp = int(row["output_tokens"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise UsageError(f"{path}:{n}: expected arrival_s, input_tokens, output_tokens ({e})") from e
+            if t < 0 or inp < 1 or outp < 1:
+                raise UsageError(f"{path}:{n}: arrival_s must be >= 0 and token counts >= 1")
+            spec = RequestSpec(synthetic_text(inp, rng), outp, exact_output, inp)
+            out.append(TimedSpec(t, spec))
+    if not out:
+        raise UsageError(f"{path}: the trace has no requests")
+    t0 = min(t.arrival_s for t in out)
+    return sorted((TimedSpec(t.arrival_s - t0, t.spec) for t in out), key=lambda t: t.arrival_s)

@@ -10,11 +10,8 @@ the server received it.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
-import math
-import random
 import select
 import subprocess
 import sys
@@ -30,7 +27,7 @@ from inferlab._clock import NS_PER_S, Clock, WallClock
 from inferlab._errors import InferlabError
 from inferlab.sim._engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim._prometheus import Histogram, render_metrics
-from inferlab.sim._tokenizer import BuiltinTokenizer
+from inferlab.sim._tokenizer import BuiltinTokenizer, natural_output_len
 
 #: How far the engine may run behind the wall clock before it skips ahead (an overloaded
 #: host): beyond this, simulated time is pulled forward and the lag shows in /metrics.
@@ -261,16 +258,10 @@ class SimServer:
         min_tokens = body.get("min_tokens") or 0
         if body.get("ignore_eos") or (isinstance(min_tokens, int) and min_tokens >= limit):
             return limit, "length"
-        natural = self._natural_length(prompt_ids)
+        natural = natural_output_len(prompt_ids, self.config.natural_output_median_tokens)
         if isinstance(min_tokens, int):
             natural = max(natural, min_tokens)
         return (limit, "length") if natural >= limit else (natural, "stop")
-
-    def _natural_length(self, prompt_ids: list[int]) -> int:
-        """Where the simulated model would stop by itself: lognormal, fixed per prompt."""
-        digest = hashlib.blake2b(json.dumps(prompt_ids[-64:]).encode(), digest_size=8).digest()
-        rng = random.Random(int.from_bytes(digest, "little"))
-        return max(1, round(rng.lognormvariate(math.log(self.config.natural_output_median_tokens), 0.6)))
 
     async def _generate(
         self, request: web.Request, body: dict[str, Any], prompt_ids: list[int], *, chat: bool

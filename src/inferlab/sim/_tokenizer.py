@@ -9,8 +9,11 @@ synthetic prompt made of built-in words costs exactly one token per word.
 
 from __future__ import annotations
 
+import hashlib
+import math
+import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from inferlab._text import PASSAGE, WORDS
 
@@ -18,6 +21,7 @@ SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>"
 _BYTE_BASE = len(SPECIAL_TOKENS)
 _WORD_BASE = _BYTE_BASE + 256
 _PIECE = re.compile(r" ?[A-Za-z]+|.", re.DOTALL)
+_PLAIN_WORDS = re.compile(r"[a-z]+(?: [a-z]+)*")
 _SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
 
 
@@ -40,20 +44,27 @@ class BuiltinTokenizer:
         return _WORD_BASE + len(self._pieces)
 
     def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
-        ids: list[int] = []
+        if _PLAIN_WORDS.fullmatch(text):  # fast path: synthetic prompts of built-in words
+            words = text.split(" ")
+            ids = self._ids
+            first = ids.get(words[0])
+            spaced = [ids.get(" " + w) for w in words[1:]]
+            if first is not None and None not in spaced:
+                return [first, *spaced]  # type: ignore[list-item]  # None ruled out above
+        ids_out: list[int] = []
         parts = _SPECIAL.split(text) if allow_special else [text]
         for part in parts:
             special = self._special_ids.get(part) if allow_special else None
             if special is not None:
-                ids.append(special)
+                ids_out.append(special)
                 continue
             for piece in _PIECE.findall(part):
                 tid = self._ids.get(piece)
                 if tid is not None:
-                    ids.append(tid)
+                    ids_out.append(tid)
                 else:
-                    ids.extend(_BYTE_BASE + b for b in piece.encode("utf-8"))
-        return ids
+                    ids_out.extend(_BYTE_BASE + b for b in piece.encode("utf-8"))
+        return ids_out
 
     def decode(self, ids: Iterable[int]) -> str:
         out: list[str] = []
@@ -75,7 +86,7 @@ class BuiltinTokenizer:
             out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, object]]) -> list[int]:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
         """ChatML, as Qwen2.5 uses it, with the assistant generation prompt appended."""
         text = "".join(
             f"<|im_start|>{m.get('role', 'user')}\n{_content_text(m.get('content'))}<|im_end|>\n"
@@ -102,3 +113,12 @@ def _content_text(content: object) -> str:
             str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
         )
     raise ValueError("message content must be a string or a list of content parts")
+
+
+def natural_output_len(prompt_ids: Sequence[int], median_tokens: int) -> int:
+    """Where the simulated model stops by itself when nothing forces a length: a
+    lognormal draw (σ 0.6) around ``median_tokens``, fixed by the prompt's last 64 tokens
+    (the same prompt always gets the same answer length, as with greedy decoding)."""
+    tail = ",".join(map(str, prompt_ids[-64:])).encode()
+    rng = random.Random(int.from_bytes(hashlib.blake2b(tail, digest_size=8).digest(), "little"))
+    return max(1, round(rng.lognormvariate(math.log(median_tokens), 0.6)))

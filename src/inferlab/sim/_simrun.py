@@ -1,0 +1,200 @@
+"""``sim run``: a workload through the engine in virtual time, no HTTP, deterministic.
+
+The same ``LoadConfig`` and workload objects as ``bench`` decide what is sent and when;
+the result is the same ``RequestRecord`` list, so the same metrics and files follow.
+Closed loop: each of N users sends its next request the moment its previous one
+finishes. Open loop: the schedule's arrival times (``--rate inf`` = all at time 0).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+from typing import IO
+
+from inferlab._clock import NS_PER_S
+from inferlab._records import RequestRecord
+from inferlab._runner import LoadConfig
+from inferlab._schedule import ClosedLoop, OpenLoop
+from inferlab._workload import RequestSpec, TimedSpec
+from inferlab.sim._engine import Engine, StepStats
+from inferlab.sim._tokenizer import BuiltinTokenizer, natural_output_len
+
+
+def _ns(t_s: float) -> int:
+    return round(t_s * NS_PER_S)
+
+
+class _Sim:
+    def __init__(
+        self,
+        engine: Engine,
+        chat: bool,
+        warmup: int,
+        step_log: IO[str] | None,
+        natural_median_tokens: int,
+    ) -> None:
+        self.engine = engine
+        self.tok = BuiltinTokenizer()
+        self.chat = chat
+        self.warmup = warmup
+        self.step_log = step_log
+        self.natural_median_tokens = natural_median_tokens
+        self.records: dict[str, RequestRecord] = {}
+        self.done: list[RequestRecord] = []
+
+    def prompt_ids(self, spec: RequestSpec) -> list[int]:
+        if not isinstance(spec.prompt, str):
+            return list(spec.prompt)
+        if self.chat:
+            return self.tok.apply_chat_template(spec.messages())
+        return self.tok.encode(spec.prompt)
+
+    def add(self, index: int, spec: RequestSpec, arrival_s: float) -> None:
+        ids = self.prompt_ids(spec)
+        if spec.max_tokens is not None:
+            out = spec.max_tokens
+        else:
+            room = self.engine.config.max_model_len - len(ids)
+            out = min(room, natural_output_len(ids, self.natural_median_tokens))
+        rid = str(index)
+        self.engine.add_request(rid, ids, out, arrival_s)
+        t = _ns(arrival_s)
+        self.records[rid] = RequestRecord(
+            index=index,
+            warmup=index < self.warmup,
+            intended_send_ns=t,
+            send_ns=t,
+            status=200,
+            input_tokens=len(ids),
+            requested_input_tokens=spec.input_tokens,
+            requested_output_tokens=spec.max_tokens,
+            usage_source="server",
+        )
+
+    def step(self, now_s: float) -> tuple[float, list[RequestRecord]]:
+        """One engine step; returns its end time and the records it finished."""
+        result = self.engine.step(now_s)
+        assert result is not None
+        end_s = now_s + result.duration_s
+        end_ns = _ns(end_s)
+        finished = []
+        for ev in result.events:
+            r = self.records[ev.request_id]
+            if r.ttfb_ns is None:
+                r.ttfb_ns = end_ns
+            r.content_ns.append(end_ns)
+            if ev.finished:
+                tl = self.engine.timeline(ev.request_id)
+                r.end_ns = end_ns
+                r.output_tokens = len(r.content_ns)
+                r.cached_tokens = tl.cached_tokens
+                r.finish_reason = "length"
+                self.engine.forget(ev.request_id)
+                del self.records[ev.request_id]
+                finished.append(r)
+        if self.step_log is not None:
+            self.step_log.write(json.dumps(_stats_json(result.stats)) + "\n")
+        self.done.extend(finished)
+        return end_s, finished
+
+
+def _stats_json(s: StepStats) -> dict[str, float | int]:
+    return {k: (round(v, 9) if isinstance(v, float) else v) for k, v in asdict(s).items()}
+
+
+def simulate(
+    engine: Engine,
+    load: LoadConfig,
+    workload: Iterator[RequestSpec] | Sequence[TimedSpec],
+    *,
+    chat: bool = False,
+    step_log: IO[str] | None = None,
+    natural_median_tokens: int = 120,
+    on_record: Callable[[RequestRecord], None] | None = None,
+) -> list[RequestRecord]:
+    """Serve the workload in virtual time; records are sorted by index.
+
+    A request the engine rejects (too long for ``max_model_len`` or the KV cache)
+    raises ``ValueError`` before any time passes for it."""
+    sim = _Sim(engine, chat, load.warmup, step_log, natural_median_tokens)
+    total = None if load.num_requests is None else load.num_requests + load.warmup
+    deadline_s = load.duration_s
+
+    if isinstance(workload, Sequence):
+        arrivals = [(t.arrival_s, t.spec) for t in workload][: total or None]
+    elif isinstance(load.schedule, OpenLoop):
+        times = load.schedule.arrival_times_s(load.seed, total, deadline_s)
+        arrivals = [(t, next(workload)) for t in times]
+    else:
+        arrivals = []
+
+    if arrivals:
+        _open(sim, arrivals, load.schedule.max_concurrency if isinstance(load.schedule, OpenLoop) else None, on_record)
+    else:
+        assert isinstance(load.schedule, ClosedLoop) and not isinstance(workload, Sequence)
+        _closed(sim, load.schedule.concurrency, total, deadline_s, workload, on_record)
+    return sorted(sim.done, key=lambda r: r.index)
+
+
+def _open(
+    sim: _Sim,
+    arrivals: list[tuple[float, RequestSpec]],
+    max_concurrency: int | None,
+    on_record: Callable[[RequestRecord], None] | None,
+) -> None:
+    arrivals.sort(key=lambda a: a[0])
+    now_s = arrivals[0][0] if arrivals else 0.0
+    i = 0
+    in_flight = 0
+    while i < len(arrivals) or sim.engine.has_work():
+        while i < len(arrivals) and arrivals[i][0] <= now_s and (max_concurrency is None or in_flight < max_concurrency):
+            # a request held back by max_concurrency is sent (late) when a slot frees
+            sim.add(i, arrivals[i][1], now_s)
+            sim.records[str(i)].intended_send_ns = _ns(arrivals[i][0])
+            in_flight += 1
+            i += 1
+        if not sim.engine.has_work():
+            now_s = arrivals[i][0]
+            continue
+        now_s, finished = sim.step(now_s)
+        in_flight -= len(finished)
+        if on_record is not None:
+            for r in finished:
+                on_record(r)
+
+
+def _closed(
+    sim: _Sim,
+    concurrency: int,
+    total: int | None,
+    deadline_s: float | None,
+    workload: Iterator[RequestSpec],
+    on_record: Callable[[RequestRecord], None] | None,
+) -> None:
+    ready: list[float] = [0.0] * concurrency  # when each idle user sends next (a heap)
+    sent = 0
+    now_s = 0.0
+    first_measured_s: float | None = None
+    while True:
+        while ready and ready[0] <= now_s and (total is None or sent < total):
+            if deadline_s is not None and first_measured_s is not None and now_s >= first_measured_s + deadline_s:
+                ready.clear()
+                break
+            t = heapq.heappop(ready)
+            if sent == sim.warmup:
+                first_measured_s = t
+            sim.add(sent, next(workload), t)
+            sent += 1
+        if not sim.engine.has_work():
+            if not ready or (total is not None and sent >= total):
+                return
+            now_s = ready[0]
+            continue
+        now_s, finished = sim.step(now_s)
+        for r in finished:
+            heapq.heappush(ready, now_s)
+            if on_record is not None:
+                on_record(r)
