@@ -38,7 +38,7 @@ async def test_closed_loop_against_sim_writes_the_contract(sim: EmbeddedServer, 
     )
     result = await bench_async(cfg, sim.url)
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert SUMMARY_KEYS <= set(s)
+    assert set(s) >= SUMMARY_KEYS
     for key in ("ttft_ms", "ttfb_ms", "e2e_ms", "tpot_ms", "itl_ms", "queue_delay_ms", "decode_tps"):
         assert set(s[key]) == set(DISTRIBUTION_KEYS)
     assert s["counts"]["completed"] == 12 and s["counts"]["failed"] == 0 and s["counts"]["warmup"] == 2

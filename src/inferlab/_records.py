@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
-class ErrorKind(str, enum.Enum):
+class ErrorKind(enum.StrEnum):
     """Why a request failed. A failure is data, never an exception that stops the run."""
 
     HTTP_STATUS = "http_status"  # non-2xx response; ``status`` and ``error`` say which

@@ -41,7 +41,7 @@ class RequestSpec:
         if not isinstance(self.prompt, str):
             raise TypeError("token-id prompts can only be sent to the completions API")
         msgs = [{"role": "system", "content": self.system}] if self.system else []
-        return msgs + [{"role": "user", "content": self.prompt}]
+        return [*msgs, {"role": "user", "content": self.prompt}]
 
 
 def synthetic_text(num_words: int, rng: random.Random) -> str:

@@ -30,7 +30,7 @@ def test_hashes_are_chained_over_full_blocks_only() -> None:
     a = hash_blocks(toks(40), BS)
     assert len(a) == 2  # the 8-token tail has no hash
     assert hash_blocks(toks(32), BS) == a
-    b = hash_blocks([999] + toks(39, 1), BS)  # first block differs...
+    b = hash_blocks([999, *toks(39, 1)], BS)  # first block differs...
     assert b[0] != a[0] and b[1] != a[1]  # ...so every later block differs too
 
 
@@ -84,7 +84,7 @@ def test_freed_prefix_hits_and_last_token_is_never_cached() -> None:
 
 def test_live_blocks_are_shared_with_reference_counts() -> None:
     kv = KVCacheManager(20, BS)
-    a, b = Req(toks(64) + [1]), Req(toks(64) + [2])
+    a, b = Req([*toks(64), 1]), Req([*toks(64), 2])
     kv.allocate(a, 65)
     used = 20 - kv.num_free_blocks
     hits = kv.lookup(b)
@@ -92,7 +92,7 @@ def test_live_blocks_are_shared_with_reference_counts() -> None:
     kv.allocate(b, 65, hits)
     assert 20 - kv.num_free_blocks == used + 1  # only b's own last block is new
     kv.free(a)
-    assert kv.lookup(Req(toks(64) + [3])) == hits  # still referenced by b
+    assert kv.lookup(Req([*toks(64), 3])) == hits  # still referenced by b
     kv.free(b)
     kv.check_invariants()
     assert kv.num_free_blocks == 20
@@ -100,12 +100,12 @@ def test_live_blocks_are_shared_with_reference_counts() -> None:
 
 def test_reuse_is_least_recently_freed_first_and_evicts_the_tail_first() -> None:
     kv = KVCacheManager(8, BS)
-    a = Req(toks(64) + [7])  # 5 blocks, 4 of them full and hashed
+    a = Req([*toks(64), 7])  # 5 blocks, 4 of them full and hashed
     kv.allocate(a, 65)
     kv.free(a)  # free queue: 5,6,7 (never used), then a's blocks tail first
     b = Req(toks(80, 10_000))
     assert kv.allocate(b, 80)  # takes 5,6,7, a's partial tail block and a's 4th block
-    again = Req(toks(64) + [7])
+    again = Req([*toks(64), 7])
     assert len(kv.lookup(again)) == 3  # a's 4th block was evicted, its head survives
     kv.free(b)
     kv.check_invariants()

@@ -59,7 +59,7 @@ def test_model_from_a_config_json(tmp_path: Path) -> None:
 
 
 def test_unknown_names_are_usage_errors_listing_the_known_ones() -> None:
-    with pytest.raises(UsageError, match="Qwen2.5-7B-Instruct") as e:
+    with pytest.raises(UsageError, match=r"Qwen2\.5-7B-Instruct") as e:
         resolve_model("nobody/NoSuchModel-3B")
     assert "\n" not in str(e.value)
     with pytest.raises(UsageError, match="H100"):

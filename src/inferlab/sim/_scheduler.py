@@ -192,7 +192,7 @@ class Scheduler:
         ones now finished). Finished requests leave ``running`` and free their blocks."""
         emitted: list[Request] = []
         finished: list[Request] = []
-        for req, (n, _) in zip(batch.requests, batch.seqs):
+        for req, (n, _) in zip(batch.requests, batch.seqs, strict=False):
             req.num_computed_tokens += n
             if req.num_computed_tokens == req.num_tokens:
                 req.num_output_tokens += 1

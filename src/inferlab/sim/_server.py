@@ -500,7 +500,7 @@ class EmbeddedServer:
         asyncio.set_event_loop(self._loop)
         try:
             self._runner, self.port = self._loop.run_until_complete(start_site(self.server, host, 0))
-        except BaseException as e:  # noqa: BLE001  # re-raised in the caller's thread
+        except BaseException as e:  # re-raised in the caller's thread
             self._error = e
             self._ready.set()
             return
