@@ -168,11 +168,6 @@ def test_an_error_status_is_recorded_with_the_servers_message(
     assert (r.ttfb_ns, r.end_ns, r.content_ns) == (None, None, [])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in Client._exchange: resp.content.read(65536) returns the first TCP read "
-    "only, so a JSON error body that arrives in two pieces is reported as raw text",
-)
 def test_an_error_body_in_two_pieces_is_still_parsed() -> None:
     r = send("http_500_chunked")
     assert (r.error_kind, r.status) == (ErrorKind.HTTP_STATUS, 500)
@@ -225,11 +220,6 @@ def test_an_error_object_in_the_stream_is_a_stream_error() -> None:
     assert r.stream_done is False
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in Client._read_stream: the drain after [DONE] runs under the idle and "
-    "total timeouts, and their failure overwrites a request that already completed",
-)
 @pytest.mark.parametrize(
     "timeouts",
     [{"idle_timeout_s": IDLE_S}, {"timeout_s": 0.3, "idle_timeout_s": 5.0}],
@@ -255,7 +245,8 @@ def test_cancelling_a_request_in_flight_records_it_as_cancelled() -> None:
     async def body(srv: FaultServer) -> RequestRecord:
         record = RequestRecord(index=0)
         task = asyncio.ensure_future(send_to(srv.url + "/v1", "slow", record, idle_timeout_s=5.0))
-        while not record.content_ns:  # wait for the stream to be under way
+        # Polling is the point: the record is plain data, and the client offers no hook.
+        while not record.content_ns and not task.done():  # noqa: ASYNC110
             await asyncio.sleep(0.005)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -396,7 +387,8 @@ def test_an_unreachable_server_with_a_model_fails_after_recording_the_run(tmp_pa
     cfg = bench_config("normal", tmp_path, 4, concurrency=2)
     with pytest.raises(RunFailedError) as info:
         asyncio.run(bench_async(cfg, f"http://127.0.0.1:{free_port()}"))
-    summary = info.value.summary  # type: ignore[attr-defined]  # attached by bench_async
+    summary = info.value.summary
+    assert summary is not None
     assert summary["counts"]["errors"] == {"connect": 4}
     assert summary["counts"]["completed"] == 0
     lines = read_jsonl(tmp_path / "requests.jsonl")

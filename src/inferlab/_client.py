@@ -8,6 +8,7 @@ against httpx per streamed chunk. All aiohttp errors are mapped here, at one bou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -176,6 +177,18 @@ def _error_message(obj: object) -> str:
     return json.dumps(obj)[:_MAX_ERROR_CHARS]
 
 
+#: After ``[DONE]``, how long to wait for the body's end (so the connection can be
+#: reused) before giving the connection up. Never affects the request's record.
+_DRAIN_S = 1.0
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in resp.content.iter_any():
+                pass
+
+
 class Client:
     """Sends requests to one endpoint over a shared aiohttp session.
 
@@ -223,6 +236,8 @@ class Client:
             raise
 
     def _fail(self, record: RequestRecord, kind: ErrorKind, message: str) -> None:
+        if record.error_kind is None and record.end_ns is not None:
+            return  # finished already (e.g. a timeout while draining after [DONE])
         if record.error_kind is None:
             record.error_kind = kind
             record.error = message[:_MAX_ERROR_CHARS]
@@ -239,7 +254,9 @@ class Client:
         ) as resp:
             record.status = resp.status
             if resp.status >= 400:
-                raw = await resp.content.read(65536)
+                raw = b""
+                while len(raw) < 65536 and (data := await resp.content.read(65536 - len(raw))):
+                    raw += data
                 try:
                     message = _error_message(json.loads(raw))
                 except ValueError:
@@ -266,11 +283,7 @@ class Client:
                     break
             if not reading:
                 break
-        if state.done:
-            # Drain the (normally empty) rest so the connection can be reused.
-            async for _ in resp.content.iter_any():
-                pass
-        elif reading:
+        if not state.done and reading:
             t_end = self._now()
             for event in parser.close():
                 if not state.event(event, t_end):
@@ -278,6 +291,8 @@ class Client:
         record.stream_done = state.done
         if record.error_kind is None:
             record.end_ns = t_end
+        if state.done:
+            await _drain(resp)
 
     async def _read_body(self, resp: aiohttp.ClientResponse, record: RequestRecord) -> None:
         chunks = []

@@ -1,0 +1,97 @@
+"""How fast the simulator runs, in virtual time and in real time.
+
+1. Virtual time: 10,000 requests of ~1,000 input / ~250 output tokens, all arriving at
+   t=0 (saturation: batches of 128+), through ``sim run``'s code path. Prints simulated
+   requests per wall-clock second and the simulated-to-wall time ratio, side by side with
+   the engine alone (no per-token records) so the cost of recording is visible.
+2. Real time: ``inferlab sim serve`` in a child process, ``inferlab bench`` at 256
+   concurrent streams against it; reads the server's ``inferlab:token_emit_lag_seconds``
+   histogram from /metrics (how late each step's tokens left the engine loop versus their
+   simulated time) and the client's TTFT error against the server timeline.
+
+    python bench/sim_speed.py            # full
+    python bench/sim_speed.py --quick    # 2,000 requests, 64 streams
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+from inferlab._bench import WorkloadConfig
+from inferlab._metrics import summarize
+from inferlab._runner import LoadConfig
+from inferlab._schedule import OpenLoop
+from inferlab.sim._engine import Engine, EngineConfig
+from inferlab.sim._server import ChildServer
+from inferlab.sim._simrun import simulate
+from inferlab.sim._virtual import run_virtual
+
+
+def virtual(n: int) -> None:
+    cfg = EngineConfig(enforce_eager=False)
+    wl = WorkloadConfig(input_tokens=1000, output_tokens=250)
+
+    t0 = time.perf_counter()
+    records = simulate(Engine(cfg), LoadConfig(OpenLoop(math.inf), num_requests=n), wl.build(0))
+    t1 = time.perf_counter()
+    s = summarize(records)
+    t2 = time.perf_counter()
+    wall = t2 - t0
+
+    specs = wl.build(0)
+    from inferlab.sim._tokenizer import BuiltinTokenizer
+
+    tok = BuiltinTokenizer()
+    arrivals = [(0.0, str(i), tok.encode(str(next(specs).prompt)), 250) for i in range(n)]
+    t3 = time.perf_counter()
+    run_virtual(Engine(cfg), arrivals)
+    engine_only = time.perf_counter() - t3
+
+    print(f"virtual time, {n:,} requests x (1,000 in / 250 out), all at t=0, Qwen2.5-7B on H100")
+    print(f"  sim run path (records + metrics): {wall:6.2f} s wall  {n / wall:8.0f} req/s  "
+          f"simulated {s['duration_s']:.0f} s  -> {s['duration_s'] / wall:5.1f}x faster than real time")
+    print(f"    of which simulate {t1 - t0:.2f} s, summarize {t2 - t1:.2f} s")
+    print(f"  engine alone (run_virtual):       {engine_only:6.2f} s wall  {n / engine_only:8.0f} req/s")
+    print(f"  ratio sim-run / engine-alone: {wall / engine_only:.2f}")
+
+
+def realtime(streams: int, per_stream: int) -> None:
+    with ChildServer() as server:
+        cmd = [sys.executable, "-m", "inferlab", "bench", "--url", server.url, "-c", str(streams),
+               "-n", str(streams * per_stream), "--input-tokens", "200", "--output-tokens", "200",
+               "--api", "completions", "--json"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+        if p.returncode != 0:
+            print(p.stderr)
+            return
+        s = json.loads(p.stdout)
+        metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+    buckets = [(float(le) if le != "+Inf" else math.inf, float(v)) for le, v in
+               re.findall(r'inferlab:token_emit_lag_seconds_bucket\{[^}]*le="([^"]+)"\} (\S+)', metrics)]
+    total = buckets[-1][1]
+    print(f"\nreal time, {streams} concurrent streams, 200 in / 200 out, bench in another process")
+    print("  token emit lag (wall - simulated), share of steps at or under:")
+    for le, count in buckets:
+        print(f"    <= {le * 1e3:6.1f} ms: {count / total:6.1%}")
+    err = s["server_timeline"]["ttft_error_ms"]
+    print(f"  client TTFT - server TTFT: p50 {err['p50']:.2f} ms, p99 {err['p99']:.2f} ms")
+    print(f"  TPOT p50 client {s['tpot_ms']['p50']:.2f} ms; output {s['output_token_throughput_tps']:.0f} tok/s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    virtual(2000 if a.quick else 10_000)
+    realtime(64 if a.quick else 256, 1 if a.quick else 2)
+
+
+if __name__ == "__main__":
+    main()
