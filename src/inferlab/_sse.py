@@ -25,9 +25,11 @@ class SSEParser:
         events: list[str] = []
         start = 0
         n = len(buf)
+        cr = buf.find(b"\r")  # the next \r at or after ``start`` (-1: none left)
         while start < n:
             nl = buf.find(b"\n", start)
-            cr = buf.find(b"\r", start)
+            if 0 <= cr < start:
+                cr = buf.find(b"\r", start)
             if nl < 0 and cr < 0:
                 break
             if cr >= 0 and (nl < 0 or cr < nl):
