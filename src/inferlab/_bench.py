@@ -19,35 +19,95 @@ import aiohttp
 from inferlab._client import Endpoint, api_base
 from inferlab._clock import Clock, WallClock
 from inferlab._errors import RunFailedError, ServerUnreachableError, UsageError
+from inferlab._lengths import parse_length
 from inferlab._metrics import SLO, summarize
+from inferlab._prompts import PromptBuilder
 from inferlab._records import RequestRecord
 from inferlab._results import RunWriter
 from inferlab._runner import LoadConfig, run_load
-from inferlab._workload import Api, FixedPromptWorkload, RequestSpec, SyntheticWorkload
+from inferlab._tokenizers import load_tokenizer
+from inferlab._traces import TraceConfig
+from inferlab._workload import (
+    DEFAULT_PROMPT,
+    Api,
+    FixedPromptWorkload,
+    RequestSpec,
+    SharedPrefixWorkload,
+    SyntheticWorkload,
+    TimedSpec,
+)
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
-    """Synthetic prompts when ``input_tokens`` is set, else the fixed ``prompt``."""
+    """What to send, as flags give it; ``build`` makes the workload.
 
-    input_tokens: int | None = None
-    output_tokens: int | None = None
+    One of: a ``trace`` (timed requests, replayed); shared-prefix groups
+    (``prefix_groups``/``prefix_tokens``/``suffix_tokens``); synthetic prompts
+    (``input_tokens``); or the fixed ``prompt``. Lengths are specs for
+    ``parse_length`` (``500``, ``uniform:100:900``, ...). ``tokenizer`` is a local
+    tokenizer.json (or a directory with one) that makes prompt lengths exact; with it the
+    completions API gets token ids unless ``token_ids`` is off.
+    """
+
+    input_tokens: int | str | None = None
+    output_tokens: int | str | None = None
     prompt: str | None = None
     exact_output: bool = True
+    prefix_groups: int | None = None
+    prefix_tokens: int | None = None
+    suffix_tokens: int | str | None = None
+    prefix_popularity: str = "uniform"
+    trace: TraceConfig | None = None
+    tokenizer: str | None = None
+    token_ids: bool = True
 
-    def build(self, seed: int) -> Iterator[RequestSpec]:
-        if self.input_tokens is not None and self.prompt is not None:
-            raise UsageError("--input-tokens and --prompt cannot be combined")
+    def builder(self, api: Api = "chat") -> PromptBuilder:
+        tok = load_tokenizer(self.tokenizer) if self.tokenizer else None
+        return PromptBuilder(tok, token_ids=self.token_ids and api == "completions")
+
+    def build(self, seed: int, api: Api = "chat") -> Iterator[RequestSpec] | list[TimedSpec]:
+        """The workload: a list of ``TimedSpec`` for a trace, else an endless iterator.
+        ``UsageError`` for conflicting or malformed options."""
+        shared = self.prefix_groups is not None or self.prefix_tokens is not None
+        chosen = [n for n, on in (
+            ("--trace", self.trace is not None), ("--prefix-groups/--prefix-tokens", shared),
+            ("--input-tokens", self.input_tokens is not None), ("--prompt", self.prompt is not None),
+        ) if on]
+        if len(chosen) > 1:
+            raise UsageError(f"{' and '.join(chosen)} cannot be combined")
+        if self.suffix_tokens is not None and not shared:
+            raise UsageError("--suffix-tokens needs --prefix-tokens")
+        out = None if self.output_tokens is None else parse_length(self.output_tokens, "--output-tokens")
+        if self.trace is not None:
+            if self.output_tokens is not None:
+                raise UsageError("--output-tokens cannot be combined with --trace (the trace gives them)")
+            return self.trace.load(self.builder(api), seed, self.exact_output)
+        if shared:
+            return iter(SharedPrefixWorkload(
+                1 if self.prefix_groups is None else self.prefix_groups, self.prefix_tokens or 512,
+                parse_length(self.suffix_tokens if self.suffix_tokens is not None else 64, "--suffix-tokens"),
+                out, parse_popularity(self.prefix_popularity), seed, self.exact_output, self.builder(api),
+            ))
         if self.input_tokens is not None:
-            if self.input_tokens < 1:
-                raise UsageError("--input-tokens must be at least 1")
-            return iter(SyntheticWorkload(self.input_tokens, self.output_tokens, seed, self.exact_output))
-        if self.output_tokens is not None and self.output_tokens < 1:
-            raise UsageError("--output-tokens must be at least 1")
-        kwargs: dict[str, Any] = {"output_tokens": self.output_tokens, "exact_output": self.exact_output}
-        if self.prompt is not None:
-            kwargs["prompt"] = self.prompt
-        return iter(FixedPromptWorkload(**kwargs))
+            inp = parse_length(self.input_tokens, "--input-tokens")
+            return iter(SyntheticWorkload(inp, out, seed, self.exact_output, self.builder(api)))
+        return iter(FixedPromptWorkload(self.prompt or DEFAULT_PROMPT, out, self.exact_output, seed))
+
+
+def parse_popularity(spec: str) -> float:
+    """``uniform`` → 0; ``zipf`` → 1; ``zipf:A`` → A (the Zipf exponent)."""
+    kind, _, a = spec.strip().lower().partition(":")
+    if kind == "uniform" and not a:
+        return 0.0
+    if kind == "zipf":
+        try:
+            value = float(a) if a else 1.0
+        except ValueError:
+            value = -1.0
+        if value > 0:
+            return value
+    raise UsageError(f"--prefix-popularity {spec!r}: expected uniform, zipf or zipf:A with A > 0")
 
 
 @dataclass(frozen=True)
@@ -145,7 +205,7 @@ async def bench_async(
 
     try:
         result = await run_load(
-            endpoint, config.load, config.workload.build(config.load.seed), clock,
+            endpoint, config.load, config.workload.build(config.load.seed, config.api), clock,
             on_record=record_done, stop=stop,
         )
         summary = summarize(result.records, config=cfg_json, slo=config.slo, interrupted=result.interrupted)

@@ -24,7 +24,8 @@ from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab._metrics import SLO
 from inferlab._report import Progress, render_summary
 from inferlab._runner import LoadConfig
-from inferlab._schedule import ClosedLoop, OpenLoop, Schedule
+from inferlab._schedule import ClosedLoop, OpenLoop, Replay, Schedule
+from inferlab._traces import TraceConfig
 from inferlab.sim._engine import EngineConfig
 from inferlab.sim._server import ServerConfig
 
@@ -86,8 +87,19 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-d", "--duration", type=float, help="Stop sending after this many seconds."),
         click.option("--warmup", type=int, default=0, show_default=True, help="Requests sent first and left out of the metrics."),
         click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--input-tokens", type=int, help="Synthetic prompts of about this many tokens."),
-        click.option("--output-tokens", type=int, help="max_tokens for every request."),
+        click.option("--input-tokens", help="Synthetic prompts of this many tokens: N, uniform:LO:HI, normal:MEAN:STD or lognormal:MEDIAN:SIGMA."),
+        click.option("--output-tokens", help="max_tokens per request (same forms as --input-tokens)."),
+        click.option("--prefix-groups", type=int, help="Shared-prefix workload: this many groups (default 1 with --prefix-tokens)."),
+        click.option("--prefix-tokens", type=int, help="Shared-prefix workload: tokens in each group's prefix."),
+        click.option("--suffix-tokens", help="Shared-prefix workload: each request's own tokens after the prefix (default 64)."),
+        click.option("--prefix-popularity", default="uniform", show_default=True, help="Group popularity: uniform, zipf or zipf:A."),
+        click.option("--trace", type=click.Path(dir_okay=False), help="Replay a trace at its timestamps: inferlab JSONL, Azure CSV, BurstGPT CSV or Mooncake JSONL."),
+        click.option("--trace-format", type=click.Choice(["inferlab", "azure", "burstgpt", "mooncake"]), help="Trace format (default: detected from the header or keys)."),
+        click.option("--speedup", type=float, default=1.0, show_default=True, help="Replay the trace this many times faster."),
+        click.option("--trace-start", type=float, help="Replay from this many seconds into the trace."),
+        click.option("--trace-end", type=float, help="Replay up to this many seconds into the trace."),
+        click.option("--tokenizer", type=click.Path(exists=False), help="Local tokenizer.json (or a directory with one): exact prompt lengths."),
+        click.option("--token-ids/--no-token-ids", default=True, show_default=True, help="With --tokenizer, send token-id prompts on the completions API."),
         click.option("--prompt", help="Send this prompt every time (default: 'Explain RAG in about 30 characters.')."),
         click.option("--exact-output/--no-exact-output", default=True, show_default=True, help="Send ignore_eos and min_tokens so output length is exact."),
         click.option("--slo-ttft-ms", type=float, help="Goodput SLO on TTFT."),
@@ -106,6 +118,14 @@ def _load_config(kw: dict[str, Any]) -> LoadConfig:
         raise UsageError("--concurrency and --rate are exclusive (use --max-concurrency with --rate)")
     rate = _parse_rate(kw["rate"])
     schedule: Schedule
+    if kw["trace"]:
+        if kw["concurrency"] is not None or rate is not None:
+            raise UsageError("--trace sends at the trace's times: drop --concurrency/--rate (use --speedup)")
+        schedule = Replay(kw["max_concurrency"])
+        return LoadConfig(schedule, kw["num_requests"], kw["duration"], kw["warmup"], kw["seed"])
+    for flag in ("trace_format", "trace_start", "trace_end"):
+        if kw[flag] is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} needs --trace")
     if rate is not None:
         schedule = OpenLoop(rate, kw["arrival"], kw["burstiness"], kw["max_concurrency"])
     else:
@@ -124,7 +144,22 @@ def _slo(kw: dict[str, Any]) -> SLO | None:
 
 
 def _workload_config(kw: dict[str, Any]) -> WorkloadConfig:
-    return WorkloadConfig(kw["input_tokens"], kw["output_tokens"], kw["prompt"], kw["exact_output"])
+    trace = None
+    if kw["trace"]:
+        trace = TraceConfig(kw["trace"], kw["trace_format"], kw["speedup"], kw["trace_start"], kw["trace_end"])
+    return WorkloadConfig(
+        input_tokens=kw["input_tokens"],
+        output_tokens=kw["output_tokens"],
+        prompt=kw["prompt"],
+        exact_output=kw["exact_output"],
+        prefix_groups=kw["prefix_groups"],
+        prefix_tokens=kw["prefix_tokens"],
+        suffix_tokens=kw["suffix_tokens"],
+        prefix_popularity=kw["prefix_popularity"],
+        trace=trace,
+        tokenizer=kw["tokenizer"],
+        token_ids=kw["token_ids"],
+    )
 
 
 @main.command()
@@ -166,7 +201,7 @@ def _bench(kw: dict[str, Any]) -> int:
     if url is None:
         from inferlab.sim._server import ChildServer
 
-        embedded = ChildServer()
+        embedded = ChildServer(["--tokenizer", kw["tokenizer"]] if kw["tokenizer"] else [])
         url = embedded.url
         d = EngineConfig()
         err.print(f"[dim]no --url: simulated {d.model} on {d.gpu} (vLLM defaults, --enforce-eager) at {url}[/dim]")
@@ -248,6 +283,7 @@ def engine_config(kw: dict[str, Any]) -> EngineConfig:
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--served-model-name", help="Name the API answers to (default: --model).")
 @click.option("--max-waiting-requests", type=int, default=4096, show_default=True, help="Queue length beyond which requests get HTTP 429.")
+@click.option("--tokenizer", type=click.Path(exists=False), help="Count tokens with this local tokenizer.json (or a directory with one).")
 @click.option("--announce", is_flag=True, hidden=True, help="Print the base URL on stdout once listening (for a parent process).")
 def serve(**kw: Any) -> None:
     """Serve the simulated engine over the OpenAI API, in real time."""
@@ -257,7 +293,9 @@ def serve(**kw: Any) -> None:
 def _serve(kw: dict[str, Any]) -> int:
     from inferlab.sim._server import SimServer, start_site
 
-    config = ServerConfig(engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"])
+    config = ServerConfig(
+        engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"], tokenizer=kw["tokenizer"]
+    )
     server = SimServer(config)
 
     async def main_async() -> None:
@@ -289,7 +327,6 @@ def _serve(kw: dict[str, Any]) -> int:
 @engine_options
 @load_options
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
-@click.option("--trace", type=click.Path(dir_okay=False), help="Replay a JSONL trace (arrival_s, input_tokens, output_tokens).")
 @click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
 def run_cmd(**kw: Any) -> None:
     """Run a workload through the simulated engine in virtual time (no HTTP)."""
@@ -299,19 +336,15 @@ def run_cmd(**kw: Any) -> None:
 def _sim_run(kw: dict[str, Any]) -> int:
     from inferlab._metrics import summarize
     from inferlab._results import RunWriter
-    from inferlab._workload import read_trace_jsonl
+    from inferlab._tokenizers import load_tokenizer
     from inferlab.sim._engine import Engine
     from inferlab.sim._simrun import simulate
 
     load = _load_config(kw)
     engine_cfg = engine_config(kw)
     engine = Engine(engine_cfg)
-    workload: Any
-    if kw["trace"]:
-        workload = read_trace_jsonl(kw["trace"], kw["seed"], kw["exact_output"])
-        load = LoadConfig(OpenLoop(math.inf), kw["num_requests"] or len(workload), None, kw["warmup"], kw["seed"])
-    else:
-        workload = _workload_config(kw).build(load.seed)
+    workload = _workload_config(kw).build(load.seed, kw["api"])
+    tokenizer = load_tokenizer(kw["tokenizer"]) if kw["tokenizer"] else None
     config_json = {
         "command": "sim run",
         "engine": dataclasses.asdict(engine_cfg),
@@ -326,7 +359,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     try:
         records = simulate(
             engine, load, workload, chat=kw["api"] == "chat", step_log=step_log,
-            on_record=writer.append if writer else None,
+            on_record=writer.append if writer else None, tokenizer=tokenizer,
         )
         summary = summarize(records, config=config_json, slo=_slo(kw))
         if writer is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -20,8 +20,8 @@ from inferlab._client import Client, Endpoint, session_trace
 from inferlab._clock import NS_PER_S, Clock
 from inferlab._errors import UsageError
 from inferlab._records import RequestRecord
-from inferlab._schedule import ClosedLoop, OpenLoop, Schedule
-from inferlab._workload import RequestSpec
+from inferlab._schedule import ClosedLoop, OpenLoop, Replay, Schedule
+from inferlab._workload import RequestSpec, TimedSpec
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class LoadConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.num_requests is None and self.duration_s is None:
+        if self.num_requests is None and self.duration_s is None and not isinstance(self.schedule, Replay):
             raise UsageError("give --num-requests or --duration")
         if self.num_requests is not None and self.num_requests < 1:
             raise UsageError("--num-requests must be at least 1")
@@ -56,15 +56,27 @@ OnRecord = Callable[[RequestRecord], None]
 async def run_load(
     endpoint: Endpoint,
     load: LoadConfig,
-    workload: Iterable[RequestSpec],
+    workload: Iterable[RequestSpec] | Sequence[TimedSpec],
     clock: Clock,
     *,
     on_record: OnRecord | None = None,
     stop: asyncio.Event | None = None,
 ) -> RunResult:
-    """Send the workload; return every record (also those of failed requests)."""
+    """Send the workload; return every record (also those of failed requests).
+
+    A ``Replay`` schedule needs a sequence of ``TimedSpec`` (a trace) and sends each at
+    its arrival time; the other schedules take plain specs. ``UsageError`` otherwise."""
     result = RunResult(t0_ns=clock.now_ns())
-    specs = iter(workload)
+    timed = isinstance(workload, Sequence) and all(isinstance(t, TimedSpec) for t in workload[:1])
+    if isinstance(load.schedule, Replay) != timed:
+        raise UsageError("a trace (timed requests) goes with the replay schedule, and only with it")
+    arrivals: list[float] = []
+    if timed:
+        trace = [t for t in workload if isinstance(t, TimedSpec)]
+        arrivals = replay_times_s(trace, load)
+        specs: Iterator[RequestSpec] = iter([t.spec for t in trace])
+    else:
+        specs = iter(w for w in workload if isinstance(w, RequestSpec))
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(
         connector=connector, trace_configs=[session_trace()], auto_decompress=True
@@ -76,7 +88,10 @@ async def run_load(
         if isinstance(load.schedule, ClosedLoop):
             body = _closed_loop(load.schedule, load, specs, tracker, clock)
         else:
-            body = _open_loop(load.schedule, load, specs, tracker, clock)
+            if isinstance(load.schedule, OpenLoop):
+                n = None if load.num_requests is None else load.num_requests + load.warmup
+                arrivals = load.schedule.arrival_times_s(load.seed, n, load.duration_s)
+            body = _open_loop(arrivals, load.schedule.max_concurrency, load, specs, tracker, clock)
         main = asyncio.ensure_future(body)
         waiter = asyncio.ensure_future(stop.wait()) if stop is not None else None
         try:
@@ -182,13 +197,26 @@ async def _closed_loop(
     await asyncio.gather(*(user() for _ in range(schedule.concurrency)))
 
 
+def replay_times_s(trace: Sequence[TimedSpec], load: LoadConfig) -> list[float]:
+    """A trace's send offsets: the first ``num_requests + warmup`` arrivals, those
+    before ``duration_s`` (the whole trace if neither is set)."""
+    times = [t.arrival_s for t in trace]
+    if load.duration_s is not None:
+        times = [t for t in times if t < load.duration_s]
+    if load.num_requests is not None:
+        times = times[: load.num_requests + load.warmup]
+    return times
+
+
 async def _open_loop(
-    schedule: OpenLoop, load: LoadConfig, specs: Iterator[RequestSpec], tracker: _Tracker, clock: Clock
+    arrivals: list[float],
+    max_concurrency: int | None,
+    load: LoadConfig,
+    specs: Iterator[RequestSpec],
+    tracker: _Tracker,
+    clock: Clock,
 ) -> None:
-    num = None if load.num_requests is None else load.num_requests + load.warmup
-    duration = None if load.duration_s is None else load.duration_s
-    arrivals = schedule.arrival_times_s(load.seed, num, duration)
-    limit = asyncio.Semaphore(schedule.max_concurrency) if schedule.max_concurrency else None
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     t0 = tracker.result.t0_ns
     tasks: list[asyncio.Task[None]] = []
     for i, offset_s in enumerate(arrivals):

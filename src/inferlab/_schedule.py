@@ -1,4 +1,5 @@
-"""When requests are sent: closed loop (N users) or open loop (pre-computed arrivals).
+"""When requests are sent: closed loop (N users), open loop (pre-computed arrivals), or
+replay (a trace's own timestamps).
 
 Open-loop arrival times are computed up front from a seeded generator, so the intended
 send time of every request is known and client-side queueing shows up as queue delay
@@ -86,4 +87,17 @@ class OpenLoop:
         return times
 
 
-Schedule = ClosedLoop | OpenLoop
+@dataclass(frozen=True)
+class Replay:
+    """Open loop at the workload's own timestamps (a trace of ``TimedSpec``): each
+    request's intended send time is its arrival time. ``max_concurrency`` as for
+    ``OpenLoop``."""
+
+    max_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise UsageError("--max-concurrency must be at least 1")
+
+
+Schedule = ClosedLoop | OpenLoop | Replay

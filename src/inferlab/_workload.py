@@ -1,19 +1,21 @@
 """What is sent: request specs, with nothing about timing.
 
 A workload is any iterable of ``RequestSpec``; ``bench`` and ``sim run`` consume the
-same objects. This module holds the built-in ones: synthetic prompts of a given length,
-a fixed prompt, and the default quick check.
+same objects. This module holds the built-in ones: synthetic prompts with drawn lengths, shared-prefix
+groups, and a fixed prompt (the default quick check). Traces live in ``_traces``.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from inferlab._errors import UsageError
+from inferlab._lengths import LengthDist
+from inferlab._prompts import PromptBuilder
 from inferlab._text import WORDS
 
 Api = Literal["chat", "completions"]
@@ -45,32 +47,73 @@ class RequestSpec:
 
 
 def synthetic_text(num_words: int, rng: random.Random) -> str:
-    """``num_words`` random built-in words, each with a leading space except the first.
-
-    Each word is one token for the simulator's tokenizer and, for nearly all words, for
-    BPE tokenizers; exact lengths with any tokenizer are the tokenizers issue's job.
-    """
+    """``num_words`` random built-in words (one simulator token each)."""
     return " ".join(rng.choices(WORDS, k=num_words))
 
 
 @dataclass(frozen=True)
 class SyntheticWorkload:
-    """Random prompts of ``input_tokens`` words, asking for ``output_tokens`` tokens."""
+    """Random prompts with lengths from ``input_tokens``, asking for ``output_tokens``
+    (``None``: the server decides). Lengths are exact with a tokenizer in ``builder``
+    or against the simulator; about right for BPE tokenizers otherwise."""
 
-    input_tokens: int
-    output_tokens: int | None
+    input_tokens: LengthDist
+    output_tokens: LengthDist | None
     seed: int = 0
     exact_output: bool = True
+    builder: PromptBuilder = field(default_factory=PromptBuilder, compare=False)
 
     def __iter__(self) -> Iterator[RequestSpec]:
         rng = random.Random(self.seed)
-        while True:
-            yield RequestSpec(
-                prompt=synthetic_text(self.input_tokens, rng),
-                max_tokens=self.output_tokens,
-                exact_output=self.exact_output and self.output_tokens is not None,
-                input_tokens=self.input_tokens,
-            )
+        for i in itertools.count():
+            n = self.input_tokens.sample(rng)
+            out = None if self.output_tokens is None else self.output_tokens.sample(rng)
+            prompt, _ = self.builder.prompt(f"synthetic:{self.seed}:{i}", n)
+            yield RequestSpec(prompt, out, self.exact_output and out is not None, n)
+
+
+def zipf_weights(n: int, a: float) -> list[float]:
+    """Popularity of ``n`` items ranked 1..n under Zipf with exponent ``a`` (0 = uniform)."""
+    return [1.0 / (k ** a) for k in range(1, n + 1)]
+
+
+@dataclass(frozen=True)
+class SharedPrefixWorkload:
+    """``groups`` shared prefixes of ``prefix_tokens`` tokens, each request one group's
+    prefix plus its own ``suffix_tokens``. Group popularity is uniform (``zipf_a`` 0) or
+    Zipf with exponent ``zipf_a``: how prefix/KV caching is measured."""
+
+    groups: int
+    prefix_tokens: int
+    suffix_tokens: LengthDist
+    output_tokens: LengthDist | None
+    zipf_a: float = 0.0
+    seed: int = 0
+    exact_output: bool = True
+    builder: PromptBuilder = field(default_factory=PromptBuilder, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.groups < 1:
+            raise UsageError("--prefix-groups must be at least 1")
+        if self.prefix_tokens < 1:
+            raise UsageError("--prefix-tokens must be at least 1")
+        if self.zipf_a < 0:
+            raise UsageError("the Zipf exponent cannot be negative")
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        rng = random.Random(self.seed)
+        weights = zipf_weights(self.groups, self.zipf_a)
+        groups = range(self.groups)
+        for i in itertools.count():
+            g = rng.choices(groups, weights)[0]
+            s = self.suffix_tokens.sample(rng)
+            out = None if self.output_tokens is None else self.output_tokens.sample(rng)
+            segs = [
+                self.builder.segment(f"prefix:{self.seed}:{g}", self.prefix_tokens),
+                self.builder.segment(f"suffix:{self.seed}:{i}", s),
+            ]
+            prompt, n = self.builder.join(segs)
+            yield RequestSpec(prompt, out, self.exact_output and out is not None, n)
 
 
 @dataclass(frozen=True)
@@ -78,17 +121,15 @@ class FixedPromptWorkload:
     """The same prompt every time (the default is the classic RAG quick check)."""
 
     prompt: str = DEFAULT_PROMPT
-    output_tokens: int | None = None
+    output_tokens: LengthDist | None = None
     exact_output: bool = True
+    seed: int = 0
 
     def __iter__(self) -> Iterator[RequestSpec]:
-        spec = RequestSpec(
-            prompt=self.prompt,
-            max_tokens=self.output_tokens,
-            exact_output=self.exact_output and self.output_tokens is not None,
-        )
+        rng = random.Random(self.seed)
         while True:
-            yield spec
+            out = None if self.output_tokens is None else self.output_tokens.sample(rng)
+            yield RequestSpec(self.prompt, out, self.exact_output and out is not None)
 
 
 @dataclass(frozen=True)
@@ -97,34 +138,3 @@ class TimedSpec:
 
     arrival_s: float
     spec: RequestSpec
-
-
-def read_trace_jsonl(path: str, seed: int = 0, exact_output: bool = True) -> list[TimedSpec]:
-    """Our trace format: one JSON object a line with ``arrival_s``, ``input_tokens`` and
-    ``output_tokens``. Prompts are synthetic built-in words of that length. A bad line
-    raises ``UsageError`` naming the file, line and problem."""
-    rng = random.Random(seed)
-    out: list[TimedSpec] = []
-    try:
-        f = open(path)  # noqa: SIM115
-    except OSError as e:
-        raise UsageError(f"{path}: {e.strerror or e}") from e
-    with f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                t = float(row["arrival_s"])
-                inp = int(row["input_tokens"])
-                outp = int(row["output_tokens"])
-            except (ValueError, KeyError, TypeError) as e:
-                raise UsageError(f"{path}:{n}: expected arrival_s, input_tokens, output_tokens ({e})") from e
-            if t < 0 or inp < 1 or outp < 1:
-                raise UsageError(f"{path}:{n}: arrival_s must be >= 0 and token counts >= 1")
-            spec = RequestSpec(synthetic_text(inp, rng), outp, exact_output, inp)
-            out.append(TimedSpec(t, spec))
-    if not out:
-        raise UsageError(f"{path}: the trace has no requests")
-    t0 = min(t.arrival_s for t in out)
-    return sorted((TimedSpec(t.arrival_s - t0, t.spec) for t in out), key=lambda t: t.arrival_s)

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
 from inferlab._errors import InferlabError
+from inferlab._tokenizers import Tokenizer, load_tokenizer
 from inferlab.sim._engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim._prometheus import Histogram, render_metrics
 from inferlab.sim._tokenizer import BuiltinTokenizer, natural_output_len
@@ -44,6 +45,7 @@ class ServerConfig:
     served_model_name: str | None = None
     max_waiting_requests: int = 4096  # beyond this many queued requests: HTTP 429
     natural_output_median_tokens: int = 120  # output length when the client does not fix one
+    tokenizer: str | None = None  # a local tokenizer.json (or its directory); None: built-in
 
     @property
     def model_name(self) -> str:
@@ -132,7 +134,7 @@ class SimServer:
     def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or WallClock()
-        self.tokenizer = BuiltinTokenizer()
+        self.tokenizer: Tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else BuiltinTokenizer()
         self.engine = Engine(config.engine)
         self.loop: EngineLoop | None = None
         self._ids = itertools.count()

@@ -16,8 +16,9 @@ from typing import IO
 
 from inferlab._clock import NS_PER_S
 from inferlab._records import RequestRecord
-from inferlab._runner import LoadConfig
+from inferlab._runner import LoadConfig, replay_times_s
 from inferlab._schedule import ClosedLoop, OpenLoop
+from inferlab._tokenizers import Tokenizer
 from inferlab._workload import RequestSpec, TimedSpec
 from inferlab.sim._engine import Engine, StepStats
 from inferlab.sim._tokenizer import BuiltinTokenizer, natural_output_len
@@ -35,9 +36,10 @@ class _Sim:
         warmup: int,
         step_log: IO[str] | None,
         natural_median_tokens: int,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.engine = engine
-        self.tok = BuiltinTokenizer()
+        self.tok: Tokenizer = tokenizer or BuiltinTokenizer()
         self.chat = chat
         self.warmup = warmup
         self.step_log = step_log
@@ -114,25 +116,31 @@ def simulate(
     step_log: IO[str] | None = None,
     natural_median_tokens: int = 120,
     on_record: Callable[[RequestRecord], None] | None = None,
+    tokenizer: Tokenizer | None = None,
 ) -> list[RequestRecord]:
     """Serve the workload in virtual time; records are sorted by index.
 
-    A request the engine rejects (too long for ``max_model_len`` or the KV cache)
-    raises ``ValueError`` before any time passes for it."""
-    sim = _Sim(engine, chat, load.warmup, step_log, natural_median_tokens)
+    A trace (a sequence of ``TimedSpec``) is replayed at its timestamps, within the
+    load's request count and duration. A request the engine rejects (too long for
+    ``max_model_len`` or the KV cache) raises ``ValueError`` before any time passes
+    for it. ``tokenizer`` counts text prompts (default: the built-in one)."""
+    sim = _Sim(engine, chat, load.warmup, step_log, natural_median_tokens, tokenizer)
     total = None if load.num_requests is None else load.num_requests + load.warmup
     deadline_s = load.duration_s
 
     if isinstance(workload, Sequence):
-        arrivals = [(t.arrival_s, t.spec) for t in workload][: total or None]
+        trace = list(workload)
+        times = replay_times_s(trace, load)
+        arrivals = [(t, s.spec) for t, s in zip(times, trace, strict=False)]
     elif isinstance(load.schedule, OpenLoop):
         times = load.schedule.arrival_times_s(load.seed, total, deadline_s)
         arrivals = [(t, next(workload)) for t in times]
     else:
         arrivals = []
 
-    if arrivals:
-        _open(sim, arrivals, load.schedule.max_concurrency if isinstance(load.schedule, OpenLoop) else None, on_record)
+    if arrivals or isinstance(workload, Sequence):
+        limit = None if isinstance(load.schedule, ClosedLoop) else load.schedule.max_concurrency
+        _open(sim, arrivals, limit, on_record)
     else:
         assert isinstance(load.schedule, ClosedLoop) and not isinstance(workload, Sequence)
         _closed(sim, load.schedule.concurrency, total, deadline_s, workload, on_record)

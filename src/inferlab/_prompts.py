@@ -1,0 +1,91 @@
+"""Prompt text of exact token lengths, built from deterministic word streams.
+
+Every piece of a prompt is a *segment*: ``n`` tokens drawn from the word stream named by
+a key. Equal keys give equal text, which is how shared prefixes, Mooncake hash blocks
+and growing sessions share tokens. Without a tokenizer one built-in word is one token
+(exact for the simulator's tokenizer, close for BPE ones). With one, the text is
+adjusted until re-encoding it gives exactly ``n`` ids; with ``token_ids`` the prompt is
+sent as those ids (completions API), so lengths and shared blocks are exact.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from inferlab._errors import InferlabError
+from inferlab._text import WORDS
+from inferlab._tokenizers import Tokenizer
+
+_CACHE_SEGMENTS = 4096
+_MAX_ADJUST = 24
+
+
+@dataclass(frozen=True)
+class Segment:
+    text: str
+    ids: tuple[int, ...] | None  # None: no tokenizer, one word per token
+    tokens: int
+
+
+def words(key: str, n: int) -> list[str]:
+    """The first ``n`` words of ``key``'s stream (a prefix of any longer draw)."""
+    return random.Random(key).choices(WORDS, k=n)
+
+
+class PromptBuilder:
+    """Makes segments and joins them into a prompt (text, or token ids)."""
+
+    def __init__(self, tokenizer: Tokenizer | None = None, token_ids: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.token_ids = token_ids and tokenizer is not None
+        self._cache: OrderedDict[tuple[str, int], Segment] = OrderedDict()
+
+    def segment(self, key: str, n: int) -> Segment:
+        hit = self._cache.get((key, n))
+        if hit is not None:
+            self._cache.move_to_end((key, n))
+            return hit
+        seg = self._exact(key, n) if self.tokenizer is not None else Segment(" ".join(words(key, n)), None, n)
+        self._cache[(key, n)] = seg
+        if len(self._cache) > _CACHE_SEGMENTS:
+            self._cache.popitem(last=False)
+        return seg
+
+    def _exact(self, key: str, n: int) -> Segment:
+        tok = self.tokenizer
+        assert tok is not None
+        stream = words(key, 2 * n + 16)
+        used = n
+        text = " ".join(stream[:n])
+        for _ in range(_MAX_ADJUST):
+            ids = tok.encode(text)
+            if len(ids) == n:
+                return Segment(text, tuple(ids), n)
+            if len(ids) > n:
+                text = tok.decode(ids[:n])
+            else:
+                short = n - len(ids)
+                if used + short > len(stream):
+                    stream = words(key, 2 * (used + short))
+                text = text + " " + " ".join(stream[used : used + short])
+                used += short
+        raise InferlabError(f"cannot make text of exactly {n} tokens with this tokenizer")
+
+    def join(self, segments: list[Segment]) -> tuple[str | list[int], int]:
+        """The prompt and its token count (exact for ids and for built-in words)."""
+        if self.token_ids:
+            ids = [i for s in segments for i in (s.ids or ())]
+            return ids, len(ids)
+        text = ""
+        for s in segments:
+            if text and s.text and not s.text.startswith(" "):
+                text += " "
+            text += s.text
+        if self.tokenizer is not None and len(segments) > 1:
+            return text, len(self.tokenizer.encode(text))
+        return text, sum(s.tokens for s in segments)
+
+    def prompt(self, key: str, n: int) -> tuple[str | list[int], int]:
+        return self.join([self.segment(key, n)])

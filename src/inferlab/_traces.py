@@ -1,0 +1,271 @@
+"""Trace replay: arrival times and lengths from a file, turned into timed requests.
+
+Formats (auto-detected from the JSON keys or CSV header, or named):
+
+- ``inferlab`` JSONL: ``arrival_s``, ``input_tokens``, ``output_tokens``, optional
+  ``session`` (turns of one session share a growing context: each prompt starts with
+  the session's previous prompt) and ``prefix_group`` (requests of a group share their
+  first ``prefix_tokens`` tokens; default half the prompt);
+- ``azure`` CSV (Azure LLM inference traces): ``TIMESTAMP`` (date-time or seconds),
+  ``ContextTokens``, ``GeneratedTokens``;
+- ``burstgpt`` CSV: ``Timestamp`` (s), ``Request tokens``, ``Response tokens``; rows
+  with 0 response tokens (failed requests in BurstGPT) are skipped;
+- ``mooncake`` JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``,
+  ``hash_ids``; each hash id is one block of ``block_tokens`` tokens (512, Mooncake's),
+  and equal ids give identical blocks, so shared prefixes reach the server as such.
+
+Times are rebased so the first kept request is at 0, sliced to ``[start_s, end_s)`` of
+the original trace time, then divided by ``speedup``. A bad row raises ``UsageError``
+naming the file, line and problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from inferlab._errors import UsageError
+from inferlab._prompts import PromptBuilder, Segment
+from inferlab._workload import RequestSpec, TimedSpec
+
+TraceFormat = Literal["inferlab", "azure", "burstgpt", "mooncake"]
+FORMATS: tuple[str, ...] = ("inferlab", "azure", "burstgpt", "mooncake")
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    session: str | None = None
+    prefix_group: str | None = None
+    prefix_tokens: int | None = None
+    hash_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """Which trace to replay and how: ``speedup`` > 1 compresses time; the window is in
+    seconds of original trace time from its first request."""
+
+    path: str
+    format: TraceFormat | None = None
+    speedup: float = 1.0
+    start_s: float | None = None
+    end_s: float | None = None
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        if not self.speedup > 0:
+            raise UsageError("--speedup must be positive")
+        if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
+            raise UsageError("--trace-end must be after --trace-start")
+        if self.block_tokens < 1:
+            raise UsageError("the hash block size must be at least 1 token")
+
+    def rows(self) -> list[TraceRow]:
+        """The kept rows, rebased, sliced and sped up, in arrival order."""
+        rows = sorted(read_rows(self.path, self.format), key=lambda r: r.arrival_s)
+        t0 = rows[0].arrival_s
+        lo = self.start_s if self.start_s is not None else -math.inf
+        hi = self.end_s if self.end_s is not None else math.inf
+        kept = [r for r in rows if lo <= r.arrival_s - t0 < hi]
+        if not kept:
+            raise UsageError(f"{self.path}: no requests in the time window")
+        k0 = kept[0].arrival_s
+        return [_with_time(r, (r.arrival_s - k0) / self.speedup) for r in kept]
+
+    def load(self, builder: PromptBuilder, seed: int = 0, exact_output: bool = True) -> list[TimedSpec]:
+        return to_specs(self.rows(), builder, seed, exact_output, self.block_tokens)
+
+
+def _with_time(r: TraceRow, t: float) -> TraceRow:
+    return TraceRow(t, r.input_tokens, r.output_tokens, r.session, r.prefix_group, r.prefix_tokens, r.hash_ids)
+
+
+def to_specs(
+    rows: list[TraceRow], builder: PromptBuilder, seed: int, exact_output: bool, block_tokens: int
+) -> list[TimedSpec]:
+    out = []
+    for i, r in enumerate(rows):
+        segs = _segments(r, i, builder, seed, block_tokens)
+        prompt, _ = builder.join(segs)
+        spec = RequestSpec(prompt, r.output_tokens, exact_output, r.input_tokens)
+        out.append(TimedSpec(r.arrival_s, spec))
+    return out
+
+
+def _segments(r: TraceRow, i: int, b: PromptBuilder, seed: int, block: int) -> list[Segment]:
+    own = f"trace:{seed}:{i}"
+    n = r.input_tokens
+    if r.hash_ids:
+        segs = []
+        left = n
+        for h in r.hash_ids:
+            if left <= 0:
+                break
+            take = min(block, left)
+            # a partial last block is the start of that block's text: still shared
+            segs.append(b.segment(f"block:{h}:{block}", take))
+            left -= take
+        if left > 0:
+            segs.append(b.segment(own, left))
+        return segs
+    if r.session is not None:
+        return [b.segment(f"session:{r.session}", n)]
+    if r.prefix_group is not None:
+        p = min(n, r.prefix_tokens if r.prefix_tokens is not None else n // 2)
+        segs = [b.segment(f"group:{r.prefix_group}", p)] if p else []
+        return segs + ([b.segment(own, n - p)] if n > p else [])
+    return [b.segment(own, n)]
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+def read_rows(path: str, fmt: str | None = None) -> list[TraceRow]:
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"unknown trace format {fmt!r} (expected one of {', '.join(FORMATS)})")
+    try:
+        f = open(path, newline="")  # noqa: SIM115
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from e
+    with f:
+        first = f.readline()
+        f.seek(0)
+        kind = fmt or _detect(path, first)
+        rows = list(_read_jsonl(path, f, kind) if kind in ("inferlab", "mooncake") else _read_csv(path, f, kind))
+    if not rows:
+        raise UsageError(f"{path}: the trace has no requests")
+    return rows
+
+
+def _detect(path: str, first: str) -> str:
+    s = first.strip()
+    if s.startswith("{"):
+        try:
+            keys = set(json.loads(s))
+        except ValueError:
+            raise UsageError(f"{path}:1: not valid JSON") from None
+        if "arrival_s" in keys:
+            return "inferlab"
+        if "timestamp" in keys and "input_length" in keys:
+            return "mooncake"
+        raise UsageError(f"{path}:1: unknown JSONL trace (expected arrival_s or Mooncake keys; see --trace-format)")
+    header = {h.strip() for h in next(csv.reader([s]), [])}
+    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= header:
+        return "azure"
+    if {"Timestamp", "Request tokens", "Response tokens"} <= header:
+        return "burstgpt"
+    raise UsageError(f"{path}:1: unknown trace header (expected Azure or BurstGPT columns; see --trace-format)")
+
+
+def _read_jsonl(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise TypeError("not a JSON object")
+            if kind == "inferlab":
+                r = TraceRow(
+                    float(row["arrival_s"]), _int(row["input_tokens"]), _int(row["output_tokens"]),
+                    _opt_str(row.get("session")), _opt_str(row.get("prefix_group")),
+                    None if row.get("prefix_tokens") is None else _int(row["prefix_tokens"]),
+                )
+            else:
+                hashes = row.get("hash_ids", [])
+                if not isinstance(hashes, list):
+                    raise TypeError("hash_ids must be a list")
+                r = TraceRow(
+                    float(row["timestamp"]) / 1e3, _int(row["input_length"]), _int(row["output_length"]),
+                    hash_ids=tuple(_int(h) for h in hashes),
+                )
+        except (ValueError, KeyError, TypeError) as e:
+            want = "arrival_s, input_tokens, output_tokens" if kind == "inferlab" else "timestamp, input_length, output_length, hash_ids"
+            raise UsageError(f"{path}:{n}: expected {want} ({_why(e)})") from e
+        _check(path, n, r)
+        yield r
+
+
+def _read_csv(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
+    reader = csv.DictReader(f)
+    names = ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if kind == "azure" else ("Timestamp", "Request tokens", "Response tokens")
+    missing = [c for c in names if c not in (reader.fieldnames or [])]
+    if missing:
+        raise UsageError(f"{path}:1: missing column(s) {', '.join(missing)} for a {kind} trace")
+    ref: int | None = None  # whole seconds of the first row: keeps offsets exact
+    for row in reader:
+        n = reader.line_num
+        try:
+            whole, frac = _timestamp(row[names[0]])
+            ref = whole if ref is None else ref
+            t = (whole - ref) + frac
+            inp, out = _int(row[names[1]]), _int(row[names[2]])
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"{path}:{n}: bad {kind} row ({_why(e)})") from e
+        if kind == "burstgpt" and out == 0:
+            continue
+        r = TraceRow(t, inp, out)
+        _check(path, n, r)
+        yield r
+
+
+def _timestamp(v: str | None) -> tuple[int, float]:
+    """Whole seconds and the fraction: seconds as a number, or an ISO date-time (Azure
+    writes 7 fractional digits, more than ``datetime`` keeps)."""
+    if v is None:
+        raise ValueError("missing timestamp")
+    v = v.strip()
+    try:
+        x = float(v)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(x):
+            raise ValueError(f"timestamp {v!r} is not finite")
+        return math.floor(x), x - math.floor(x)
+    whole, _, frac = v.partition(".")
+    if frac and not frac.isdigit():
+        raise ValueError(f"bad timestamp {v!r}")
+    try:
+        base = datetime.fromisoformat(whole)
+    except ValueError:
+        raise ValueError(f"bad timestamp {v!r}") from None
+    return int(base.timestamp()), float("0." + frac) if frac else 0.0
+
+
+def _int(v: object) -> int:
+    if isinstance(v, bool):
+        raise TypeError("expected an integer, got a boolean")
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        return int(float(v)) if v.strip().replace(".", "", 1).isdigit() else int(v)
+    if not isinstance(v, int):
+        raise TypeError(f"expected an integer, got {v!r}")
+    return v
+
+
+def _opt_str(v: object) -> str | None:
+    return None if v is None else str(v)
+
+
+def _check(path: str, n: int, r: TraceRow) -> None:
+    if r.arrival_s < 0 or not math.isfinite(r.arrival_s):
+        raise UsageError(f"{path}:{n}: the arrival time must be finite and >= 0")
+    if r.input_tokens < 1 or r.output_tokens < 1:
+        raise UsageError(f"{path}:{n}: token counts must be at least 1")
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, KeyError):
+        return f"missing {e}"
+    return str(e)
