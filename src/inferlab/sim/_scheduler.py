@@ -129,23 +129,38 @@ class Scheduler:
         cfg, kv, running = self.config, self.kv, self.running
         batch = Batch()
         budget = cfg.max_num_batched_tokens
+        bs = kv.block_size
+        caching = kv.enable_prefix_caching
+        requests, seqs = batch.requests, batch.seqs
+        decodes = 0
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            preempted_self = False
-            while not kv.allocate(req, req.num_computed_tokens + n):
-                victim = running.pop()  # the most recently admitted
-                self._preempt(victim)
-                batch.preempted.append(victim)
-                if victim is req:
-                    preempted_self = True
-                    break
-            if preempted_self:
-                break  # req was the last one running: no later running request is left
-            self._add_to_batch(batch, req, n)
+            remaining = req.num_tokens - req.num_computed_tokens
+            n = remaining if remaining < budget else budget
+            total = req.num_computed_tokens + n
+            # The common decode case inline: the blocks held suffice and no block fills up.
+            if total > len(req.block_ids) * bs or (caching and total // bs > req.num_cached_blocks):
+                preempted_self = False
+                while not kv.allocate(req, total):
+                    victim = running.pop()  # the most recently admitted
+                    self._preempt(victim)
+                    batch.preempted.append(victim)
+                    if victim is req:
+                        preempted_self = True
+                        break
+                if preempted_self:
+                    break  # req was the last one running: no later running request is left
+            if n == 1 and remaining == 1 and req.num_output_tokens:  # a plain decode, inline
+                requests.append(req)
+                seqs.append((1, req.num_computed_tokens))
+                decodes += 1
+            else:
+                self._add_to_batch(batch, req, n)
             budget -= n
             i += 1
+        batch.emitting += decodes
+        batch.decode_tokens += decodes
         if batch.preempted:
             return batch
         waiting = self.waiting
