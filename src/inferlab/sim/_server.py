@@ -75,6 +75,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if e.status < 400:
             raise
         return error_response(e.status, f"{e.reason}: {request.method} {request.path}", "NotFoundError" if e.status == 404 else "BadRequestError")
+    except (asyncio.CancelledError, ConnectionError):
+        raise  # the client went away: nothing to answer
+    except Exception as e:  # a bug: still answer in the API's error format
+        return error_response(500, f"internal error: {type(e).__name__}: {e}", "InternalServerError")
 
 
 class EngineLoop:
@@ -185,7 +189,10 @@ class SimServer:
         body = await _json_body(request)
         self._check_model(body)
         if "messages" in body:
-            ids = self.tokenizer.apply_chat_template(_messages(body))
+            try:
+                ids = self.tokenizer.apply_chat_template(_messages(body))
+            except ValueError as e:
+                raise APIError(400, str(e)) from e
         elif isinstance(body.get("prompt"), str):
             ids = self.tokenizer.encode(body["prompt"])
         else:
@@ -198,8 +205,9 @@ class SimServer:
         body = await _json_body(request)
         self._check_model(body)
         tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise APIError(400, "'tokens' must be a list of integers")
+        vocab = self.tokenizer.vocab_size
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < vocab for t in tokens):
+            raise APIError(400, f"'tokens' must be a list of token ids in [0, {vocab})")
         try:
             return web.json_response({"prompt": self.tokenizer.decode(tokens)})
         except ValueError as e:
@@ -223,7 +231,7 @@ class SimServer:
             prompt = prompt[0]
         if isinstance(prompt, str):
             prompt_ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
             if not all(0 <= t < self.tokenizer.vocab_size for t in prompt):
                 raise APIError(400, f"token ids must be in [0, {self.tokenizer.vocab_size})")
             prompt_ids = list(prompt)
@@ -436,7 +444,9 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 
 async def start_site(server: SimServer, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start serving; return the runner and the bound port (``port=0`` picks a free one)."""
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False)
+    # handler_cancellation: a client that disconnects aborts its request (as vLLM does)
+    # instead of leaving it queued in the engine.
+    runner = web.AppRunner(server.app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()

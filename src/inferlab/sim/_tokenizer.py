@@ -70,6 +70,8 @@ class BuiltinTokenizer:
         out: list[str] = []
         pending = bytearray()
         for tid in ids:
+            if tid < 0:
+                raise ValueError(f"token id {tid} is negative")
             if _BYTE_BASE <= tid < _WORD_BASE:
                 pending.append(tid - _BYTE_BASE)
                 continue
