@@ -140,3 +140,30 @@ def test_cli_all_requests_failing_exits_1_and_keeps_summary(tmp_path: Path) -> N
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["counts"] == {**s["counts"], "completed": 0, "failed": 3, "errors": {"http_status": 3}}
     assert json.loads(p.stdout)["counts"]["failed"] == 3
+
+
+def test_cli_sigterm_keeps_what_was_measured(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    with EmbeddedServer(ServerConfig()) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "inferlab", "bench", "--url", server.url, "-c", "4", "-n", "400",
+             "--input-tokens", "32", "--output-tokens", "200", "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        requests = out / "requests.jsonl"
+        deadline = time.monotonic() + 60  # bounded wait for the first finished request
+        while time.monotonic() < deadline and not (requests.exists() and requests.read_text().strip()):
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    s = json.loads((out / "summary.json").read_text())
+    lines = requests.read_text().splitlines()
+    assert s["interrupted"] is True
+    assert 1 <= s["counts"]["completed"] < 400
+    assert s["counts"]["completed"] + s["counts"]["cancelled"] == len(lines)
+    assert s["counts"]["failed"] == 0
