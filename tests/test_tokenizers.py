@@ -122,3 +122,19 @@ def test_cli_bench_with_tokenizer_starts_the_sim_with_it(tokenizer_path: str) ->
 
     s = json.loads(p.stdout)
     assert s["input_tokens"] == 4 * 500 and s["counts"]["completed"] == 4
+
+
+async def test_without_a_local_tokenizer_the_servers_tokenize_makes_lengths_exact(sim: EmbeddedServer) -> None:
+    from inferlab._preflight import EXACT_SERVER
+
+    cfg = BenchConfig(
+        load=LoadConfig(ClosedLoop(2), num_requests=6),
+        workload=WorkloadConfig(input_tokens="uniform:50:600", output_tokens=2),
+        api="completions",
+    )
+    result = await bench_async(cfg, sim.url)
+    s = result.summary
+    assert s["input_length_source"] == EXACT_SERVER
+    assert s["preflight"]["vocab_words"] < 400  # BPE: only some built-in words are one token
+    assert all(r.input_tokens == r.requested_input_tokens for r in result.records)
+    assert s["prompt_overhead_tokens"] == 0  # completions: no template, no BOS here

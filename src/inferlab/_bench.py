@@ -18,13 +18,17 @@ import aiohttp
 
 from inferlab._client import Endpoint, api_base
 from inferlab._clock import Clock, WallClock
+from inferlab._datasets import DatasetConfig, DatasetWorkload
 from inferlab._errors import RunFailedError, ServerUnreachableError, UsageError
 from inferlab._lengths import parse_length
 from inferlab._metrics import SLO, summarize
+from inferlab._preflight import EXACT_LOCAL, Preflight, run_preflight
 from inferlab._prompts import PromptBuilder
 from inferlab._records import RequestRecord
 from inferlab._results import RunWriter
 from inferlab._runner import LoadConfig, run_load
+from inferlab._schedule import ClosedLoop
+from inferlab._sessions import SessionConfig, SessionWorkload, run_sessions
 from inferlab._tokenizers import load_tokenizer
 from inferlab._traces import TraceConfig
 from inferlab._workload import (
@@ -61,19 +65,38 @@ class WorkloadConfig:
     trace: TraceConfig | None = None
     tokenizer: str | None = None
     token_ids: bool = True
+    dataset: DatasetConfig | None = None
+    sessions: int | None = None
+    turns: int = 4
+    think_time_s: float = 0.0
+    system_tokens: int = 0
+    context_window_tokens: int | None = None
 
-    def builder(self, api: Api = "chat") -> PromptBuilder:
+    def builder(self, api: Api = "chat", preflight: Preflight | None = None) -> PromptBuilder:
         tok = load_tokenizer(self.tokenizer) if self.tokenizer else None
-        return PromptBuilder(tok, token_ids=self.token_ids and api == "completions")
+        ids = self.token_ids and api == "completions"
+        return preflight.builder(tok, ids) if preflight is not None else PromptBuilder(tok, ids)
 
-    def build(self, seed: int, api: Api = "chat") -> Iterator[RequestSpec] | list[TimedSpec]:
-        """The workload: a list of ``TimedSpec`` for a trace, else an endless iterator.
-        ``UsageError`` for conflicting or malformed options."""
+    @property
+    def synthetic(self) -> bool:
+        """Whether prompts are built to token lengths (rather than given as text)."""
+        return self.prompt is None and self.dataset is None
+
+    def build(
+        self, seed: int, api: Api = "chat", preflight: Preflight | None = None
+    ) -> Iterator[RequestSpec] | list[TimedSpec] | SessionWorkload:
+        """The workload: a list of ``TimedSpec`` for a trace, a ``SessionWorkload`` for
+        multi-turn sessions, else an iterator (endless but for a dataset).
+        ``preflight`` (from ``run_preflight``) says how prompts hit token lengths on the
+        target server. ``UsageError`` for conflicting or malformed options."""
         shared = self.prefix_groups is not None or self.prefix_tokens is not None
         chosen = [n for n, on in (
             ("--trace", self.trace is not None), ("--prefix-groups/--prefix-tokens", shared),
             ("--input-tokens", self.input_tokens is not None), ("--prompt", self.prompt is not None),
+            ("--dataset", self.dataset is not None), ("--sessions", self.sessions is not None),
         ) if on]
+        if self.sessions is not None and self.input_tokens is not None:
+            chosen.remove("--input-tokens")  # the new user message of each turn
         if len(chosen) > 1:
             raise UsageError(f"{' and '.join(chosen)} cannot be combined")
         if self.suffix_tokens is not None and not shared:
@@ -82,16 +105,28 @@ class WorkloadConfig:
         if self.trace is not None:
             if self.output_tokens is not None:
                 raise UsageError("--output-tokens cannot be combined with --trace (the trace gives them)")
-            return self.trace.load(self.builder(api), seed, self.exact_output)
+            return self.trace.load(self.builder(api, preflight), seed, self.exact_output)
+        if self.sessions is not None:
+            scfg = SessionConfig(
+                self.sessions, self.turns, parse_length(self.input_tokens or 128, "--input-tokens"), out,
+                self.think_time_s, self.system_tokens, self.context_window_tokens,
+            )
+            builder = self.builder(api, preflight)
+            builder.token_ids = False  # sessions send text: answers come back as text
+            return SessionWorkload(scfg, builder, seed, self.exact_output)
+        if self.dataset is not None:
+            tok = load_tokenizer(self.tokenizer) if self.tokenizer else None
+            rows = self.dataset.rows(tok)
+            return DatasetWorkload(rows, self.dataset.sample, out, seed, self.exact_output)
         if shared:
             return iter(SharedPrefixWorkload(
                 1 if self.prefix_groups is None else self.prefix_groups, self.prefix_tokens or 512,
                 parse_length(self.suffix_tokens if self.suffix_tokens is not None else 64, "--suffix-tokens"),
-                out, parse_popularity(self.prefix_popularity), seed, self.exact_output, self.builder(api),
+                out, parse_popularity(self.prefix_popularity), seed, self.exact_output, self.builder(api, preflight),
             ))
         if self.input_tokens is not None:
             inp = parse_length(self.input_tokens, "--input-tokens")
-            return iter(SyntheticWorkload(inp, out, seed, self.exact_output, self.builder(api)))
+            return iter(SyntheticWorkload(inp, out, seed, self.exact_output, self.builder(api, preflight)))
         return iter(FixedPromptWorkload(self.prompt or DEFAULT_PROMPT, out, self.exact_output, seed))
 
 
@@ -124,6 +159,7 @@ class BenchConfig:
     idle_timeout_s: float = 60.0
     slo: SLO | None = None
     out_dir: str | None = None
+    preflight: bool = True  # probe the server first (not counted); see ``_preflight``
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -194,6 +230,14 @@ async def bench_async(
         timeout_s=config.timeout_s,
         idle_timeout_s=config.idle_timeout_s,
     )
+    wcfg = config.workload
+    pre = None
+    if config.preflight:
+        tok = load_tokenizer(wcfg.tokenizer) if wcfg.tokenizer else None
+        pre = await run_preflight(endpoint, exact_output=wcfg.exact_output, tokenizer=tok)
+        if not pre.accepts_exact_output:
+            wcfg = dataclasses.replace(wcfg, exact_output=False)
+    workload = wcfg.build(config.load.seed, config.api, pre)
     cfg_json = {**config.to_json(), "resolved": {"url": base, "model": model}}
     writer = RunWriter(config.out_dir, cfg_json) if config.out_dir else None
 
@@ -204,11 +248,18 @@ async def bench_async(
             on_record(r)
 
     try:
-        result = await run_load(
-            endpoint, config.load, config.workload.build(config.load.seed, config.api), clock,
-            on_record=record_done, stop=stop,
-        )
+        if isinstance(workload, SessionWorkload):
+            s = config.load.schedule
+            users = s.concurrency if isinstance(s, ClosedLoop) else 1
+            result = await run_sessions(
+                endpoint, config.load, workload, clock, users=users, on_record=record_done, stop=stop
+            )
+        else:
+            result = await run_load(endpoint, config.load, workload, clock, on_record=record_done, stop=stop)
         summary = summarize(result.records, config=cfg_json, slo=config.slo, interrupted=result.interrupted)
+        add_preflight(summary, pre, wcfg)
+        if isinstance(workload, DatasetWorkload):
+            summary["warnings"] += workload.warnings()
         if writer is not None:
             writer.write_summary(summary)
     finally:
@@ -219,6 +270,24 @@ async def bench_async(
         kind, msg = next(iter(summary["error_examples"].items()))
         raise RunFailedError(f"all {c['failed']} requests failed; first {kind}: {msg}", summary)
     return BenchResult(summary, result.records, base)
+
+
+def add_preflight(summary: dict[str, Any], pre: Preflight | None, wcfg: WorkloadConfig) -> None:
+    """Put what the probe learned into the summary (``prompt_overhead_tokens``,
+    ``input_length_source``, ``preflight``) and its caveats into the warnings."""
+    summary["prompt_overhead_tokens"] = None if pre is None else pre.prompt_overhead_tokens
+    if not wcfg.synthetic:
+        source = "prompt text as given"
+    elif wcfg.tokenizer:
+        source = EXACT_LOCAL
+    else:
+        source = "unknown (no preflight)" if pre is None else pre.input_length_source
+    summary["input_length_source"] = source
+    summary["preflight"] = None if pre is None else pre.to_json()
+    if pre is not None:
+        summary["warnings"] = [*pre.warnings, *summary["warnings"]]
+        if wcfg.synthetic and source.startswith("approximate"):
+            summary["warnings"].append(f"prompt lengths are {source}")
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:

@@ -20,11 +20,13 @@ from rich.console import Console
 
 from inferlab._bench import BenchConfig, WorkloadConfig, bench_async, install_stop_signals
 from inferlab._clock import WallClock
+from inferlab._datasets import DatasetConfig, DatasetWorkload
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab._metrics import SLO
 from inferlab._report import Progress, render_summary
 from inferlab._runner import LoadConfig
 from inferlab._schedule import ClosedLoop, OpenLoop, Replay, Schedule
+from inferlab._sessions import SessionWorkload
 from inferlab._traces import TraceConfig
 from inferlab.sim._engine import EngineConfig
 from inferlab.sim._server import ServerConfig
@@ -87,8 +89,8 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-d", "--duration", type=float, help="Stop sending after this many seconds."),
         click.option("--warmup", type=int, default=0, show_default=True, help="Requests sent first and left out of the metrics."),
         click.option("--seed", type=int, default=0, show_default=True),
-        click.option("--input-tokens", help="Synthetic prompts of this many tokens: N, uniform:LO:HI, normal:MEAN:STD or lognormal:MEDIAN:SIGMA."),
-        click.option("--output-tokens", help="max_tokens per request (same forms as --input-tokens)."),
+        click.option("--input-tokens", help="Synthetic prompts of this many tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA or empirical:DATASET (its prompts' lengths in words)."),
+        click.option("--output-tokens", help="max_tokens per request (same forms as --input-tokens; empirical:DATASET draws its answers' lengths)."),
         click.option("--prefix-groups", type=int, help="Shared-prefix workload: this many groups (default 1 with --prefix-tokens)."),
         click.option("--prefix-tokens", type=int, help="Shared-prefix workload: tokens in each group's prefix."),
         click.option("--suffix-tokens", help="Shared-prefix workload: each request's own tokens after the prefix (default 64)."),
@@ -98,6 +100,16 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--speedup", type=float, default=1.0, show_default=True, help="Replay the trace this many times faster."),
         click.option("--trace-start", type=float, help="Replay from this many seconds into the trace."),
         click.option("--trace-end", type=float, help="Replay up to this many seconds into the trace."),
+        click.option("--dataset", type=click.Path(dir_okay=False), help="Prompts from a file: JSONL (prompt or messages, optional max_tokens), ShareGPT JSON or CSV (prompt column)."),
+        click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]), help="Dataset format (default: from the extension and content)."),
+        click.option("--sample", type=click.Choice(["with-replacement", "without-replacement"]), default="without-replacement", show_default=True, help="Dataset sampling; without replacement stops when every prompt was sent once."),
+        click.option("--min-input-tokens", type=int, help="Dataset: skip prompts shorter than this (tokens with --tokenizer, else words)."),
+        click.option("--max-input-tokens", type=int, help="Dataset: skip prompts longer than this (tokens with --tokenizer, else words)."),
+        click.option("--sessions", type=int, help="Multi-turn: this many sessions (closed loop: -c users, default one per session; with --rate: sessions arrive at that rate)."),
+        click.option("--turns", type=int, default=4, show_default=True, help="Multi-turn: turns per session; each turn adds --input-tokens of new user text."),
+        click.option("--think-time-s", type=float, default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
+        click.option("--system-tokens", type=int, default=0, show_default=True, help="Multi-turn: a system prompt of this many tokens, shared by all sessions."),
+        click.option("--context-window-tokens", type=int, help="Multi-turn: keep the system prompt and at most this many tokens of history (sliding window)."),
         click.option("--tokenizer", type=click.Path(exists=False), help="Local tokenizer.json (or a directory with one): exact prompt lengths."),
         click.option("--token-ids/--no-token-ids", default=True, show_default=True, help="With --tokenizer, send token-id prompts on the completions API."),
         click.option("--prompt", help="Send this prompt every time (default: 'Explain RAG in about 30 characters.')."),
@@ -130,8 +142,10 @@ def _load_config(kw: dict[str, Any]) -> LoadConfig:
         schedule = OpenLoop(rate, kw["arrival"], kw["burstiness"], kw["max_concurrency"])
     else:
         c = kw["concurrency"]
-        schedule = ClosedLoop(DEFAULT_CONCURRENCY if c is None else c)
+        schedule = ClosedLoop((kw["sessions"] or DEFAULT_CONCURRENCY) if c is None else c)
     num = kw["num_requests"]
+    if kw["sessions"] is not None and num is None:
+        num = kw["sessions"] * kw["turns"]
     if num is None and kw["duration"] is None:
         num = 32
     return LoadConfig(schedule, num, kw["duration"], kw["warmup"], kw["seed"])
@@ -147,7 +161,22 @@ def _workload_config(kw: dict[str, Any]) -> WorkloadConfig:
     trace = None
     if kw["trace"]:
         trace = TraceConfig(kw["trace"], kw["trace_format"], kw["speedup"], kw["trace_start"], kw["trace_end"])
+    dataset = None
+    if kw["dataset"]:
+        dataset = DatasetConfig(kw["dataset"], kw["dataset_format"], kw["sample"], kw["min_input_tokens"], kw["max_input_tokens"])
+    else:
+        for flag in ("dataset_format", "min_input_tokens", "max_input_tokens"):
+            if kw[flag] is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} needs --dataset")
+    if kw["sessions"] is None and kw["context_window_tokens"] is not None:
+        raise UsageError("--context-window-tokens needs --sessions")
     return WorkloadConfig(
+        sessions=kw["sessions"],
+        turns=kw["turns"],
+        think_time_s=kw["think_time_s"],
+        system_tokens=kw["system_tokens"],
+        context_window_tokens=kw["context_window_tokens"],
+        dataset=dataset,
         input_tokens=kw["input_tokens"],
         output_tokens=kw["output_tokens"],
         prompt=kw["prompt"],
@@ -171,6 +200,7 @@ def _workload_config(kw: dict[str, Any]) -> WorkloadConfig:
 @click.option("-H", "--header", "header", multiple=True, help="Extra request header 'Name: value' (repeatable).")
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Per-request total timeout, seconds.")
 @click.option("--idle-timeout", type=float, default=60.0, show_default=True, help="Max seconds without data mid-response.")
+@click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths.")
 @load_options
 def bench(**kw: Any) -> None:
     """Load an OpenAI-compatible endpoint and report TTFB, TTFT, TPOT, ITL, E2E, tokens/s, TPM."""
@@ -193,6 +223,7 @@ def _bench(kw: dict[str, Any]) -> int:
         idle_timeout_s=kw["idle_timeout"],
         slo=_slo(kw),
         out_dir=kw["out"],
+        preflight=kw["preflight"],
     )
     err = Console(stderr=True)
     out = Console()
@@ -237,6 +268,82 @@ def _render(out: Console, summary: dict[str, Any], as_json: bool, config: BenchC
     render_summary(out, summary, f"inferlab bench · {model} @ {url}")
     if config.out_dir:
         out.print(f"results: {config.out_dir}/summary.json, {config.out_dir}/requests.jsonl")
+
+
+def _text_arg(value: str | None, flag: str) -> str | None:
+    """``TEXT`` as given, or ``@FILE``'s contents."""
+    if value is None or not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:], encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{flag} {value}: {getattr(e, 'strerror', None) or e}") from e
+
+
+@main.command()
+@click.option("--system", help="System prompt: TEXT or @FILE.")
+@click.option("--prompt", help="User prompt: TEXT or @FILE.")
+@click.option("--dataset", type=click.Path(dir_okay=False), help="A prompt set (JSONL, ShareGPT JSON or CSV, as for bench); --system is added to each prompt that has none.")
+@click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]))
+@click.option("--tokenizer", type=click.Path(exists=False), help="Local tokenizer.json (or its directory). Default: the simulator's built-in tokenizer.")
+@click.option("--prefill-tps", type=float, help="Prefill rate in tokens/s for the TTFT cost. Default: one prefill on the simulator (--model/--gpu).")
+@click.option("--model", default=EngineConfig.model, show_default=True, help="Simulated model for the TTFT cost.")
+@click.option("--gpu", default=EngineConfig.gpu, show_default=True, help="Simulated GPU for the TTFT cost.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+def tokens(**kw: Any) -> None:
+    """What the system prompt, user content and chat template cost in tokens and TTFT."""
+    sys.exit(_run_guarded(lambda: _tokens(kw)))
+
+
+def _tokens(kw: dict[str, Any]) -> int:
+    from inferlab._datasets import read_dataset
+    from inferlab._tokencost import rate_prefill, sim_prefill, token_cost
+    from inferlab._tokenizers import load_tokenizer
+    from inferlab._workload import RequestSpec
+    from inferlab.sim._tokenizer import BuiltinTokenizer
+
+    system = _text_arg(kw["system"], "--system")
+    prompt = _text_arg(kw["prompt"], "--prompt")
+    if kw["dataset"] and prompt is not None:
+        raise UsageError("--prompt and --dataset cannot be combined")
+    if kw["dataset"]:
+        specs = [r.spec(None, False) for r in read_dataset(kw["dataset"], kw["dataset_format"])]
+        specs = [dataclasses.replace(s, system=s.system or system) for s in specs]
+    elif prompt is not None or system is not None:
+        specs = [RequestSpec(prompt or "", system=system)]
+    else:
+        raise UsageError("give --prompt, --system or --dataset")
+    tok = load_tokenizer(kw["tokenizer"]) if kw["tokenizer"] else BuiltinTokenizer()
+    if kw["prefill_tps"] is not None:
+        if not kw["prefill_tps"] > 0:
+            raise UsageError("--prefill-tps must be positive")
+        prefill, source = rate_prefill(kw["prefill_tps"]), f"{kw['prefill_tps']:g} tokens/s"
+    else:
+        prefill, source = sim_prefill(kw["model"], kw["gpu"]), f"simulated {kw['model']} on {kw['gpu']}"
+    cost = token_cost(specs, tok, prefill, source)
+    if kw["as_json"]:
+        click.echo(json.dumps({**cost.to_json(), "tokenizer": kw["tokenizer"] or "built-in (simulator)"}, indent=2))
+        return 0
+    from rich.table import Table
+
+    per = " (mean per prompt)" if cost.prompts > 1 else ""
+    table = Table(title=f"inferlab tokens · {cost.prompts} prompt(s){per}", title_justify="left", header_style="bold")
+    table.add_column("part")
+    table.add_column("tokens", justify="right")
+    table.add_column("share", justify="right")
+    for label, n in (("system prompt", cost.system_tokens), ("user content", cost.user_tokens),
+                     ("chat template", cost.template_tokens), ("total", cost.total_tokens)):
+        table.add_row(label, f"{n:,.1f}", f"{n / cost.total_tokens:.1%}" if cost.total_tokens else "—")
+    out = Console()
+    out.print(table)
+    out.print(f"system + template share: {cost.overhead_share:.1%}")
+    if cost.ttft_ms is not None and cost.ttft_user_only_ms is not None:
+        out.print(
+            f"prefill TTFT ({source}): {cost.ttft_ms:,.2f} ms; user content alone {cost.ttft_user_only_ms:,.2f} ms; "
+            f"system + template cost {cost.ttft_saved_ms:,.2f} ms per uncached request"
+        )
+    return 0
 
 
 @main.group()
@@ -357,11 +464,22 @@ def _sim_run(kw: dict[str, Any]) -> int:
     writer = RunWriter(kw["out"], config_json) if kw["out"] else None
     step_log = open(kw["step_log"], "w") if kw["step_log"] else None  # noqa: SIM115
     try:
-        records = simulate(
-            engine, load, workload, chat=kw["api"] == "chat", step_log=step_log,
-            on_record=writer.append if writer else None, tokenizer=tokenizer,
-        )
+        if isinstance(workload, SessionWorkload):
+            from inferlab.sim._simsessions import simulate_sessions
+
+            s = load.schedule
+            records = simulate_sessions(
+                engine, load, workload, users=s.concurrency if isinstance(s, ClosedLoop) else 1,
+                chat=kw["api"] == "chat", tokenizer=tokenizer, on_record=writer.append if writer else None,
+            )
+        else:
+            records = simulate(
+                engine, load, workload, chat=kw["api"] == "chat", step_log=step_log,
+                on_record=writer.append if writer else None, tokenizer=tokenizer,
+            )
         summary = summarize(records, config=config_json, slo=_slo(kw))
+        if isinstance(workload, DatasetWorkload):
+            summary["warnings"] += workload.warnings()
         if writer is not None:
             writer.write_summary(summary)
     finally:

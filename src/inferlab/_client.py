@@ -63,7 +63,7 @@ def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
     if endpoint.api == "chat":
         body["messages"] = spec.messages()
     else:
-        body["prompt"] = spec.prompt
+        body["prompt"] = spec.completion_prompt()
     if spec.max_tokens is not None:
         body["max_tokens"] = spec.max_tokens
         if spec.exact_output:
@@ -94,8 +94,9 @@ def session_trace() -> aiohttp.TraceConfig:
 class _StreamState:
     """What the events of one response said, in arrival order."""
 
-    def __init__(self, record: RequestRecord) -> None:
+    def __init__(self, record: RequestRecord, text_out: list[str] | None = None) -> None:
         self.record = record
+        self.text_out = text_out
         self.done = False
 
     def event(self, data: str, t_ns: int) -> bool:
@@ -111,7 +112,7 @@ class _StreamState:
             return self._fail(ErrorKind.MALFORMED, f"event is not a JSON object: {data[:80]!r}")
         if "error" in obj:
             return self._fail(ErrorKind.STREAM_ERROR, _error_message(obj))
-        apply_body(self.record, obj, t_ns, streaming=True)
+        apply_body(self.record, obj, t_ns, streaming=True, text_out=self.text_out)
         return True
 
     def _fail(self, kind: ErrorKind, message: str) -> bool:
@@ -120,8 +121,12 @@ class _StreamState:
         return False
 
 
-def apply_body(record: RequestRecord, obj: dict[str, Any], t_ns: int, *, streaming: bool) -> None:
-    """Take content, usage, finish reason and the server timeline from a chunk or body."""
+def apply_body(
+    record: RequestRecord, obj: dict[str, Any], t_ns: int, *, streaming: bool,
+    text_out: list[str] | None = None,
+) -> None:
+    """Take content, usage, finish reason and the server timeline from a chunk or body;
+    append the generated text to ``text_out`` if given (multi-turn sessions need it)."""
     choices = obj.get("choices") or []
     for choice in choices:
         if not isinstance(choice, dict):
@@ -143,6 +148,8 @@ def apply_body(record: RequestRecord, obj: dict[str, Any], t_ns: int, *, streami
         if has_content and streaming:
             record.content_ns.append(t_ns)
         record.output_chars += len(text)
+        if text_out is not None and text:
+            text_out.append(text)
         if choice.get("finish_reason"):
             record.finish_reason = str(choice["finish_reason"])
     usage = obj.get("usage")
@@ -207,9 +214,13 @@ class Client:
     def _now(self) -> int:
         return self.clock.now_ns() - self.t0_ns
 
-    async def send(self, spec: RequestSpec, record: RequestRecord) -> None:
-        """Send ``spec``; fill ``record`` with what happened. Never raises, except
-        ``CancelledError`` (the record is then marked ``CANCELLED``)."""
+    async def send(
+        self, spec: RequestSpec, record: RequestRecord, text_out: list[str] | None = None
+    ) -> None:
+        """Send ``spec``; fill ``record`` with what happened (and ``text_out`` with the
+        generated text, if given). Never raises, except ``CancelledError`` (the record
+        is then marked ``CANCELLED``)."""
+        record.session, record.turn = spec.session, spec.turn
         record.requested_input_tokens = spec.input_tokens
         record.requested_output_tokens = spec.max_tokens
         body = json.dumps(request_body(self.endpoint, spec)).encode()
@@ -220,7 +231,7 @@ class Client:
         record.send_ns = self._now()
         try:
             async with asyncio.timeout(self.endpoint.timeout_s):
-                await self._exchange(body, record, SimpleNamespace(stamp=stamp))
+                await self._exchange(body, record, SimpleNamespace(stamp=stamp), text_out)
         except aiohttp.ServerTimeoutError:
             self._fail(record, ErrorKind.IDLE_TIMEOUT, f"no data for {self.endpoint.idle_timeout_s:g} s")
         except TimeoutError:
@@ -243,7 +254,9 @@ class Client:
             record.error = message[:_MAX_ERROR_CHARS]
         record.end_ns = None
 
-    async def _exchange(self, body: bytes, record: RequestRecord, trace_ctx: object) -> None:
+    async def _exchange(
+        self, body: bytes, record: RequestRecord, trace_ctx: object, text_out: list[str] | None
+    ) -> None:
         ep = self.endpoint
         async with self.session.post(
             ep.url,
@@ -264,13 +277,15 @@ class Client:
                 self._fail(record, ErrorKind.HTTP_STATUS, f"HTTP {resp.status}: {message}")
                 return
             if ep.stream and resp.content_type == "text/event-stream":
-                await self._read_stream(resp, record)
+                await self._read_stream(resp, record, text_out)
             else:
-                await self._read_body(resp, record)
+                await self._read_body(resp, record, text_out)
 
-    async def _read_stream(self, resp: aiohttp.ClientResponse, record: RequestRecord) -> None:
+    async def _read_stream(
+        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None
+    ) -> None:
         parser = SSEParser()
-        state = _StreamState(record)
+        state = _StreamState(record, text_out)
         reading = True
         t_end = 0
         async for data in resp.content.iter_any():
@@ -294,7 +309,9 @@ class Client:
         if state.done:
             await _drain(resp)
 
-    async def _read_body(self, resp: aiohttp.ClientResponse, record: RequestRecord) -> None:
+    async def _read_body(
+        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None
+    ) -> None:
         chunks = []
         async for data in resp.content.iter_any():
             if record.ttfb_ns is None:
@@ -312,5 +329,5 @@ class Client:
         if "error" in obj:
             self._fail(record, ErrorKind.STREAM_ERROR, _error_message(obj))
             return
-        apply_body(record, obj, t_end, streaming=False)
+        apply_body(record, obj, t_end, streaming=False, text_out=text_out)
         record.end_ns = t_end

@@ -2,7 +2,9 @@
 
 Specs: ``500`` (fixed), ``uniform:100:900`` (inclusive), ``normal:500:100`` (mean,
 std), ``lognormal:500:0.6`` (median, sigma), or an empirical list of observed lengths
-(from a dataset). Every draw is an int >= 1; draws come from the caller's seeded
+(from a dataset: ``empirical:PATH`` draws the input lengths of a dataset file's
+prompts for ``--input-tokens``, its output lengths for ``--output-tokens``; word
+counts, see ``_datasets``). Every draw is an int >= 1; draws come from the caller's seeded
 ``random.Random``, so the same seed gives the same lengths.
 """
 
@@ -72,6 +74,11 @@ def parse_length(spec: int | str | LengthDist, flag: str = "--input-tokens") -> 
         if spec < 1:
             raise UsageError(f"{flag} must be at least 1")
         return LengthDist("fixed", float(spec))
+    if spec.strip().lower().startswith("empirical:"):
+        from inferlab._datasets import dataset_lengths  # lazy: datasets import this module
+
+        inputs, outputs = dataset_lengths(spec.strip()[len("empirical:"):])
+        return empirical(outputs if "output" in flag else inputs, f"{flag} {spec}")
     text = spec.strip().lower()
     kind, _, rest = text.partition(":")
     if not rest:

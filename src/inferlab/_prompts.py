@@ -6,6 +6,9 @@ and growing sessions share tokens. Without a tokenizer one built-in word is one 
 (exact for the simulator's tokenizer, close for BPE ones). With one, the text is
 adjusted until re-encoding it gives exactly ``n`` ids; with ``token_ids`` the prompt is
 sent as those ids (completions API), so lengths and shared blocks are exact.
+Against a server without a local tokenizer, ``vocab`` is the subset of words the
+server's own ``/tokenize`` counts as one token each (exact lengths), or
+``tokens_per_word`` scales word counts from a calibration (approximate lengths).
 """
 
 from __future__ import annotations
@@ -29,25 +32,46 @@ class Segment:
     tokens: int
 
 
-def words(key: str, n: int) -> list[str]:
+def words(key: str, n: int, vocab: tuple[str, ...] = WORDS) -> list[str]:
     """The first ``n`` words of ``key``'s stream (a prefix of any longer draw)."""
-    return random.Random(key).choices(WORDS, k=n)
+    return random.Random(key).choices(vocab, k=n)
 
 
 class PromptBuilder:
-    """Makes segments and joins them into a prompt (text, or token ids)."""
+    """Makes segments and joins them into a prompt (text, or token ids).
 
-    def __init__(self, tokenizer: Tokenizer | None = None, token_ids: bool = False) -> None:
+    Without a tokenizer a segment of ``n`` tokens is ``round(n / tokens_per_word)``
+    words of ``vocab``."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None = None,
+        token_ids: bool = False,
+        *,
+        vocab: tuple[str, ...] = WORDS,
+        tokens_per_word: float = 1.0,
+    ) -> None:
+        if not vocab or not tokens_per_word > 0:
+            raise ValueError("a prompt vocabulary needs words and a positive tokens_per_word")
         self.tokenizer = tokenizer
         self.token_ids = token_ids and tokenizer is not None
+        self.vocab = vocab
+        self.tokens_per_word = tokens_per_word
         self._cache: OrderedDict[tuple[str, int], Segment] = OrderedDict()
+
+    def _words(self, key: str, n: int) -> list[str]:
+        return words(key, n, self.vocab)
 
     def segment(self, key: str, n: int) -> Segment:
         hit = self._cache.get((key, n))
         if hit is not None:
             self._cache.move_to_end((key, n))
             return hit
-        seg = self._exact(key, n) if self.tokenizer is not None else Segment(" ".join(words(key, n)), None, n)
+        if self.tokenizer is not None:
+            seg = self._exact(key, n)
+        else:
+            k = n if self.tokens_per_word == 1.0 else max(1, round(n / self.tokens_per_word))
+            seg = Segment(" ".join(self._words(key, k)), None, n)
         self._cache[(key, n)] = seg
         if len(self._cache) > _CACHE_SEGMENTS:
             self._cache.popitem(last=False)
@@ -56,7 +80,7 @@ class PromptBuilder:
     def _exact(self, key: str, n: int) -> Segment:
         tok = self.tokenizer
         assert tok is not None
-        stream = words(key, 2 * n + 16)
+        stream = self._words(key, 2 * n + 16)
         used = n
         text = " ".join(stream[:n])
         for _ in range(_MAX_ADJUST):
@@ -68,7 +92,7 @@ class PromptBuilder:
             else:
                 short = n - len(ids)
                 if used + short > len(stream):
-                    stream = words(key, 2 * (used + short))
+                    stream = self._words(key, 2 * (used + short))
                 text = text + " " + " ".join(stream[used : used + short])
                 used += short
         raise InferlabError(f"cannot make text of exactly {n} tokens with this tokenizer")

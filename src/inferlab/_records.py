@@ -54,6 +54,8 @@ class RequestRecord:
     finish_reason: str | None = None
     stream_done: bool | None = None  # the stream ended with ``data: [DONE]``
     server_timeline: dict[str, Any] | None = None  # the sim's own view of this request
+    session: int | None = None  # multi-turn workloads: which session, and which turn (from 0)
+    turn: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -90,6 +90,12 @@ def render_summary(console: Console, s: dict[str, Any], title: str) -> None:
         ("total tokens/s", f"{_fmt(s['total_token_throughput_tps'])} tok/s  ({_fmt(s['total_tpm'], 0)} TPM)"),
         ("tokens", f"{s['input_tokens']:,} in, {s['output_tokens']:,} out, {s['cached_tokens']:,} cached in ({s['token_source']})"),
     ]
+    if s.get("input_length_source"):
+        oh = s.get("prompt_overhead_tokens")
+        rows.append((
+            "prompt lengths",
+            f"{s['input_length_source']}; template/special tokens per prompt: {'unknown' if oh is None else oh}",
+        ))
     if s.get("goodput_rps") is not None:
         rows.append(("goodput", f"{_fmt(s['goodput_rps'], 2)} req/s within SLO"))
     sv = s.get("server_timeline")

@@ -30,6 +30,9 @@ class RequestSpec:
     ``max_tokens`` None lets the server decide when to stop. ``exact_output`` asks the
     server to generate exactly ``max_tokens`` (``ignore_eos`` and ``min_tokens``), where
     it supports that. ``input_tokens`` is the length the workload aimed for, if any.
+    ``context`` holds earlier ``(role, content)`` messages (a dataset's conversation, a
+    session's previous turns) between the system prompt and ``prompt``, the new user
+    message. ``session``/``turn`` identify a multi-turn session's request.
     """
 
     prompt: str | list[int]
@@ -38,12 +41,23 @@ class RequestSpec:
     input_tokens: int | None = None
     system: str | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
+    context: tuple[tuple[str, str], ...] = ()
+    session: int | None = None
+    turn: int | None = None
 
     def messages(self) -> list[dict[str, str]]:
         if not isinstance(self.prompt, str):
             raise TypeError("token-id prompts can only be sent to the completions API")
         msgs = [{"role": "system", "content": self.system}] if self.system else []
+        msgs += [{"role": r, "content": c} for r, c in self.context]
         return [*msgs, {"role": "user", "content": self.prompt}]
+
+    def completion_prompt(self) -> str | list[int]:
+        """The prompt for the completions API: with a system prompt or context, the
+        messages' contents joined by blank lines (no template)."""
+        if not isinstance(self.prompt, str) or (not self.system and not self.context):
+            return self.prompt
+        return "\n\n".join(m["content"] for m in self.messages())
 
 
 def synthetic_text(num_words: int, rng: random.Random) -> str:

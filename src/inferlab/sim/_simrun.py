@@ -52,7 +52,7 @@ class _Sim:
             return list(spec.prompt)
         if self.chat:
             return self.tok.apply_chat_template(spec.messages())
-        return self.tok.encode(spec.prompt)
+        return self.tok.encode(str(spec.completion_prompt()))
 
     def add(self, index: int, spec: RequestSpec, arrival_s: float) -> None:
         ids = self.prompt_ids(spec)
@@ -134,7 +134,7 @@ def simulate(
         arrivals = [(t, s.spec) for t, s in zip(times, trace, strict=False)]
     elif isinstance(load.schedule, OpenLoop):
         times = load.schedule.arrival_times_s(load.seed, total, deadline_s)
-        arrivals = [(t, next(workload)) for t in times]
+        arrivals = list(zip(times, workload, strict=False))  # a dataset may run out
     else:
         arrivals = []
 
@@ -191,10 +191,14 @@ def _closed(
             if deadline_s is not None and first_measured_s is not None and now_s >= first_measured_s + deadline_s:
                 ready.clear()
                 break
+            spec = next(workload, None)
+            if spec is None:  # a dataset sampled without replacement ran out
+                ready.clear()
+                break
             t = heapq.heappop(ready)
             if sent == sim.warmup:
                 first_measured_s = t
-            sim.add(sent, next(workload), t)
+            sim.add(sent, spec, t)
             sent += 1
         if not sim.engine.has_work():
             if not ready or (total is not None and sent >= total):

@@ -1,0 +1,77 @@
+"""Multi-turn sessions through the engine in virtual time (``sim run --sessions``).
+
+Same semantics as ``bench`` (``inferlab._sessions``): each answer is the simulated
+output tokens, decoded, and goes into the next turn's context, so the prefix cache
+sees the conversation grow. Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable
+
+from inferlab._records import RequestRecord
+from inferlab._runner import LoadConfig
+from inferlab._schedule import OpenLoop
+from inferlab._sessions import Session, SessionWorkload
+from inferlab._tokenizers import Tokenizer
+from inferlab.sim._engine import Engine
+from inferlab.sim._simrun import _Sim
+
+
+def simulate_sessions(
+    engine: Engine,
+    load: LoadConfig,
+    workload: SessionWorkload,
+    *,
+    users: int,
+    chat: bool = True,
+    tokenizer: Tokenizer | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+) -> list[RequestRecord]:
+    """Run every session to its last turn (or ``load.duration_s``); records by index."""
+    sim = _Sim(engine, chat, 0, None, 120, tokenizer)
+    cfg = workload.config
+    seq = itertools.count()
+    ready: list[tuple[float, int, Session]] = []  # (send time, tie-break, session)
+    waiting = iter(range(cfg.sessions))
+    if isinstance(load.schedule, OpenLoop):
+        for i, t in enumerate(load.schedule.arrival_times_s(load.seed, cfg.sessions, None)):
+            heapq.heappush(ready, (t, next(seq), workload.session(i)))
+    else:
+        for i in itertools.islice(waiting, users):
+            heapq.heappush(ready, (0.0, next(seq), workload.session(i)))
+    of: dict[int, Session] = {}
+    index = itertools.count()
+    now_s = 0.0
+    deadline_s = load.duration_s
+    while ready or sim.engine.has_work():
+        while ready and ready[0][0] <= now_s:
+            t, _, s = heapq.heappop(ready)
+            if deadline_s is not None and t >= deadline_s:
+                continue
+            spec = s.next_spec()
+            i = next(index)
+            sim.add(i, spec, t)
+            sim.records[str(i)].session, sim.records[str(i)].turn = spec.session, spec.turn
+            of[i] = s
+        if not sim.engine.has_work():
+            if not ready:
+                break
+            now_s = ready[0][0]
+            continue
+        now_s, finished = sim.step(now_s)
+        for r in finished:
+            s = of.pop(r.index)
+            n = r.output_tokens or 0
+            s.answer(sim.tok.decode(sim.tok.output_token(k) for k in range(n)), n)
+            if not s.done:
+                heapq.heappush(ready, (now_s + cfg.think_time_s, next(seq), s))
+            elif not isinstance(load.schedule, OpenLoop):
+                nxt = next(waiting, None)
+                if nxt is not None:
+                    heapq.heappush(ready, (now_s, next(seq), workload.session(nxt)))
+            if on_record is not None:
+                on_record(r)
+    return sorted(sim.done, key=lambda r: r.index)
