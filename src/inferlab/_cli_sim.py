@@ -1,0 +1,181 @@
+"""``inferlab sim``: the simulated engine over HTTP (``serve``) and in virtual time (``run``)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+
+from inferlab._bench import install_stop_signals
+from inferlab._cli_common import (
+    load_config,
+    load_options,
+    run_guarded,
+    slo_config,
+    workload_config,
+)
+from inferlab._datasets import DatasetWorkload
+from inferlab._errors import InferlabError
+from inferlab._report import render_summary
+from inferlab._schedule import ClosedLoop
+from inferlab._sessions import SessionWorkload
+from inferlab.sim._engine import EngineConfig
+from inferlab.sim._server import ServerConfig
+
+
+@click.group()
+def sim() -> None:
+    """The simulated inference engine (vLLM-like scheduler on a roofline cost model)."""
+
+
+def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """vLLM's engine flags, with the common vLLM example as defaults."""
+    d = EngineConfig()
+    opts = [
+        click.option("--model", default=d.model, show_default=True, help="Preset name, HF id, or a config.json path."),
+        click.option("--gpu", default=d.gpu, show_default=True, help="H100, H200, A100, L40S, RTX4090, or a JSON file."),
+        click.option("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size, show_default=True),
+        click.option("--max-model-len", type=int, default=d.max_model_len, show_default=True),
+        click.option("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, show_default=True),
+        click.option("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, show_default=True),
+        click.option("--max-num-seqs", type=int, default=d.max_num_seqs, show_default=True),
+        click.option("--block-size", type=int, default=d.block_size, show_default=True),
+        click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=d.enable_prefix_caching, show_default=True),
+        click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=d.enable_chunked_prefill, show_default=True),
+        click.option("--enforce-eager/--no-enforce-eager", default=True, show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
+        click.option("--dtype", default=d.dtype, show_default=True, type=click.Choice(["auto", "bfloat16", "float16", "half"])),
+        click.option("--quantization", "-q", type=click.Choice(["fp8", "int8", "awq", "gptq"]), default=None),
+        click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, type=click.Choice(["auto", "fp8"])),
+        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def engine_config(kw: dict[str, Any]) -> EngineConfig:
+    keys = [f.name for f in EngineConfig.__dataclass_fields__.values()]
+    values = {k: kw[k] for k in keys if k in kw}
+    if values.get("dtype") == "half":
+        values["dtype"] = "float16"
+    return EngineConfig(**values)
+
+
+@sim.command()
+@engine_options
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--served-model-name", help="Name the API answers to (default: --model).")
+@click.option("--max-waiting-requests", type=int, default=4096, show_default=True, help="Queue length beyond which requests get HTTP 429.")
+@click.option("--tokenizer", type=click.Path(exists=False), help="Count tokens with this local tokenizer.json (or a directory with one).")
+@click.option("--announce", is_flag=True, hidden=True, help="Print the base URL on stdout once listening (for a parent process).")
+def serve(**kw: Any) -> None:
+    """Serve the simulated engine over the OpenAI API, in real time."""
+    sys.exit(run_guarded(lambda: _serve(kw)))
+
+
+def _serve(kw: dict[str, Any]) -> int:
+    from inferlab.sim._server import SimServer, start_site
+
+    config = ServerConfig(
+        engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"], tokenizer=kw["tokenizer"]
+    )
+    server = SimServer(config)
+
+    async def main_async() -> None:
+        runner, port = await start_site(server, kw["host"], kw["port"])
+        if kw["announce"]:
+            print(f"http://{kw['host']}:{port}", flush=True)
+        e = config.engine
+        click.echo(
+            f"inferlab sim: {e.model} on {e.tensor_parallel_size}x {e.gpu}, "
+            f"KV cache {server.engine.kv_capacity_tokens:,} tokens, "
+            f"serving http://{kw['host']}:{port}/v1 (Ctrl-C stops)",
+            err=True,
+        )
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main_async())
+    except OSError as e:
+        raise InferlabError(f"cannot serve on {kw['host']}:{kw['port']}: {e.strerror or e}") from e
+    return 0
+
+
+@sim.command("run")
+@engine_options
+@load_options
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
+@click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
+def run_cmd(**kw: Any) -> None:
+    """Run a workload through the simulated engine in virtual time (no HTTP)."""
+    sys.exit(run_guarded(lambda: _sim_run(kw)))
+
+
+def _sim_run(kw: dict[str, Any]) -> int:
+    from inferlab._metrics import summarize
+    from inferlab._results import RunWriter
+    from inferlab._tokenizers import load_tokenizer
+    from inferlab.sim._engine import Engine
+    from inferlab.sim._simrun import simulate
+
+    load = load_config(kw)
+    engine_cfg = engine_config(kw)
+    engine = Engine(engine_cfg)
+    workload = workload_config(kw).build(load.seed, kw["api"])
+    tokenizer = load_tokenizer(kw["tokenizer"]) if kw["tokenizer"] else None
+    config_json = {
+        "command": "sim run",
+        "engine": dataclasses.asdict(engine_cfg),
+        "load": {**dataclasses.asdict(load), "schedule": {"kind": type(load.schedule).__name__, **dataclasses.asdict(load.schedule)}},
+        "workload": dataclasses.asdict(workload_config(kw)),
+        "api": kw["api"],
+        "trace": kw["trace"],
+    }
+    config_json = json.loads(json.dumps(config_json, default=str))
+    writer = RunWriter(kw["out"], config_json) if kw["out"] else None
+    step_log = open(kw["step_log"], "w") if kw["step_log"] else None  # noqa: SIM115
+    try:
+        if isinstance(workload, SessionWorkload):
+            from inferlab.sim._simsessions import simulate_sessions
+
+            s = load.schedule
+            records = simulate_sessions(
+                engine, load, workload, users=s.concurrency if isinstance(s, ClosedLoop) else 1,
+                chat=kw["api"] == "chat", tokenizer=tokenizer, on_record=writer.append if writer else None,
+            )
+        else:
+            records = simulate(
+                engine, load, workload, chat=kw["api"] == "chat", step_log=step_log,
+                on_record=writer.append if writer else None, tokenizer=tokenizer,
+            )
+        summary = summarize(records, config=config_json, slo=slo_config(kw))
+        if isinstance(workload, DatasetWorkload):
+            summary["warnings"] += workload.warnings()
+        if writer is not None:
+            writer.write_summary(summary)
+    finally:
+        if writer is not None:
+            writer.close()
+        if step_log is not None:
+            step_log.close()
+    if kw["as_json"]:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        out = Console()
+        e = engine_cfg
+        render_summary(out, summary, f"inferlab sim run · {e.model} on {e.tensor_parallel_size}x {e.gpu} (virtual time)")
+        if kw["out"]:
+            out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
+    return 0
