@@ -66,14 +66,16 @@ def _fmt(v: float | None, digits: int = 1) -> str:
 def render_summary(console: Console, s: dict[str, Any], title: str) -> None:
     c = s["counts"]
     table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("metric")
-    table.add_column("unit")
+    table.add_column("metric", no_wrap=True)
+    table.add_column("unit", no_wrap=True)
     for k in ("mean", "p50", "p90", "p99", "max"):
-        table.add_column(k, justify="right")
+        table.add_column(k, justify="right", no_wrap=True)
     for label, key, unit in _ROWS:
         d = s.get(key)
         if d:
-            table.add_row(label, unit, *(_fmt(d[k]) for k in ("mean", "p50", "p90", "p99", "max")))
+            cells = [d[k] for k in ("mean", "p50", "p90", "p99", "max")]
+            digits = 0 if max(abs(v) for v in cells) >= 10_000 else 1
+            table.add_row(label, unit, *(_fmt(v, digits) for v in cells))
     console.print(table)
 
     tput = Table(show_header=False, box=None, pad_edge=False)

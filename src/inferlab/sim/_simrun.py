@@ -157,18 +157,24 @@ def _open(
     now_s = arrivals[0][0] if arrivals else 0.0
     i = 0
     in_flight = 0
+    free_since_s = 0.0  # since when a max_concurrency slot has been free
     while i < len(arrivals) or sim.engine.has_work():
         while i < len(arrivals) and arrivals[i][0] <= now_s and (max_concurrency is None or in_flight < max_concurrency):
-            # a request held back by max_concurrency is sent (late) when a slot frees
-            sim.add(i, arrivals[i][1], now_s)
-            sim.records[str(i)].intended_send_ns = _ns(arrivals[i][0])
+            # Sent at its arrival time (the engine queues it from then on), unless it
+            # waited for a free max_concurrency slot: that wait is client queue delay.
+            arrival_s = arrivals[i][0]
+            sim.add(i, arrivals[i][1], max(arrival_s, free_since_s))
+            sim.records[str(i)].intended_send_ns = _ns(arrival_s)
             in_flight += 1
             i += 1
         if not sim.engine.has_work():
             now_s = arrivals[i][0]
             continue
+        was_full = max_concurrency is not None and in_flight >= max_concurrency
         now_s, finished = sim.step(now_s)
         in_flight -= len(finished)
+        if was_full and finished:
+            free_since_s = now_s
         if on_record is not None:
             for r in finished:
                 on_record(r)
