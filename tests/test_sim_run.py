@@ -92,3 +92,22 @@ def test_cli_trace_replay_and_bad_trace(tmp_path: Path) -> None:
     trace.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1}\n{"arrival_s": "x"}\n')
     p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(trace)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and f"{trace}:2:" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_open_loop_requests_are_sent_at_their_arrival_even_mid_step() -> None:
+    # long prefill steps: most arrivals fall inside a step; they are still sent on time
+    # (waiting for the next step is server queueing, part of TTFT, not client delay)
+    load = LoadConfig(OpenLoop(20.0), num_requests=40, seed=2)
+    records = simulate(Engine(EngineConfig(max_num_batched_tokens=2048)), load, WorkloadConfig(3000, 8).build(2))
+    assert all(r.send_ns == r.intended_send_ns for r in records)
+    assert summarize(records)["queue_delay_ms"]["max"] == 0.0
+    # with a concurrency cap the wait for a free slot is client queue delay
+    capped = LoadConfig(OpenLoop(20.0, max_concurrency=2), num_requests=40, seed=2)
+    records = simulate(Engine(EngineConfig(max_num_batched_tokens=2048)), capped, WorkloadConfig(3000, 8).build(2))
+    assert max(r.send_ns - r.intended_send_ns for r in records) > 0  # type: ignore[operator]
+    in_flight = sorted([(r.send_ns, 1) for r in records] + [(r.end_ns, -1) for r in records], key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _, d in in_flight:
+        level += d
+        peak = max(peak, level)
+    assert peak == 2
