@@ -70,11 +70,16 @@ def request_metrics(r: RequestRecord) -> RequestMetrics:
         decode_ms = e2e - ttft
         tpot = decode_ms / (n_out - 1)
         decode_tps = (n_out - 1) / (decode_ms / 1e3) if decode_ms > 0 else None
-    itl = [(b - a) / NS_PER_MS for a, b in zip(r.content_ns, r.content_ns[1:], strict=False)]
-    queue = None
-    if r.intended_send_ns is not None and send is not None:
-        queue = max(0.0, (send - r.intended_send_ns) / NS_PER_MS)
-    return RequestMetrics(since_send(r.ttfb_ns), ttft, e2e, tpot, decode_tps, queue, itl, n_out)
+    c = r.content_ns
+    itl = [(c[i + 1] - c[i]) / NS_PER_MS for i in range(len(c) - 1)]
+    return RequestMetrics(since_send(r.ttfb_ns), ttft, e2e, tpot, decode_tps, queue_delay_ms(r), itl, n_out)
+
+
+def queue_delay_ms(r: RequestRecord) -> float | None:
+    """How late the request left the client against its intended send time."""
+    if r.intended_send_ns is None or r.send_ns is None:
+        return None
+    return max(0.0, (r.send_ns - r.intended_send_ns) / NS_PER_MS)
 
 
 def distribution(values: Iterable[float]) -> dict[str, float] | None:
@@ -165,10 +170,10 @@ def summarize(
         "itl_ms": distribution(x for m in per for x in m.itl_ms),
         "decode_tps": distribution(_present(m.decode_tps for m in per)),
         "queue_delay_ms": distribution(
-            _present(request_metrics(r).queue_delay_ms for r in measured if r.send_ns is not None)
+            _present(queue_delay_ms(r) for r in measured)
         ),
         "cached_tokens": sum(r.cached_tokens or 0 for r in done),
-        "server_timeline": server_comparison(done),
+        "server_timeline": server_comparison(done, per),
         "error_examples": _error_examples(failed),
     }
     summary["warnings"] = warnings(summary, done)
@@ -184,7 +189,9 @@ def _token_source(done: Sequence[RequestRecord]) -> str:
     return f"server usage for {with_usage} of {len(done)} requests, content chunks for the rest"
 
 
-def server_comparison(done: Sequence[RequestRecord]) -> dict[str, Any] | None:
+def server_comparison(
+    done: Sequence[RequestRecord], metrics: Sequence[RequestMetrics] | None = None
+) -> dict[str, Any] | None:
     """Client TTFT against the server's own (from the sim's timeline extension).
 
     ``ttft_error_ms`` = client TTFT − server TTFT: what the network, the HTTP stacks and
@@ -193,10 +200,12 @@ def server_comparison(done: Sequence[RequestRecord]) -> dict[str, Any] | None:
     server_ttft: list[float] = []
     error: list[float] = []
     queued: list[float] = []
-    for r in done:
+    for i, r in enumerate(done):
         tl = r.server_timeline
-        m = request_metrics(r)
-        if not tl or m.ttft_ms is None or tl.get("first_token_ms") is None:
+        if not tl:
+            continue
+        m = metrics[i] if metrics is not None else request_metrics(r)
+        if m.ttft_ms is None or tl.get("first_token_ms") is None:
             continue
         server_ttft.append(float(tl["first_token_ms"]))
         error.append(m.ttft_ms - float(tl["first_token_ms"]))

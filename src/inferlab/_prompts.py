@@ -14,6 +14,8 @@ server's own ``/tokenize`` counts as one token each (exact lengths), or
 from __future__ import annotations
 
 import random
+import sys
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -33,8 +35,18 @@ class Segment:
 
 
 def words(key: str, n: int, vocab: tuple[str, ...] = WORDS) -> list[str]:
-    """The first ``n`` words of ``key``'s stream (a prefix of any longer draw)."""
-    return random.Random(key).choices(vocab, k=n)
+    """The first ``n`` words of ``key``'s stream (a prefix of any longer draw).
+
+    Draws whole 32-bit words of random bytes (so a shorter draw is a prefix of a longer
+    one) and maps each 16-bit index onto ``vocab``: several times faster than
+    ``random.choices``; the modulo bias (under 1% for a few hundred words) is irrelevant
+    for filler text."""
+    raw = random.Random(key).randbytes(4 * ((2 * n + 3) // 4))
+    idx = array("H", raw[: 2 * n])
+    if sys.byteorder == "big":
+        idx.byteswap()  # the same words on every machine
+    m = len(vocab)
+    return [vocab[i % m] for i in idx]
 
 
 class PromptBuilder:

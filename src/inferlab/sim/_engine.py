@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inferlab.sim._hardware import resolve_gpu, resolve_model
 from inferlab.sim._kvcache import KVCacheManager, hash_blocks
@@ -68,6 +68,7 @@ class RequestTimeline:
     preemptions: int
     prompt_tokens: int
     output_tokens: int
+    token_times_s: list[float] = field(default_factory=list)  # filled with record_token_times
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class StepResult:
     duration_s: float
     events: list[TokenEvent]
     stats: StepStats
+    finished: list[str] = field(default_factory=list)  # ids of the requests that ended
 
 
 class Engine:
@@ -111,8 +113,17 @@ class Engine:
     for one ``max_model_len`` sequence in the KV cache, TP not dividing the heads, ...).
     """
 
-    def __init__(self, config: EngineConfig, step_time: StepTimeModel | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        step_time: StepTimeModel | None = None,
+        *,
+        record_token_times: bool = False,
+    ) -> None:
+        """``record_token_times``: keep every token's emission time in each request's
+        timeline (virtual-time runs need them for ITL; the HTTP server does not)."""
         self.config = config
+        self.record_token_times = record_token_times
         model = resolve_model(config.model)
         gpu = resolve_gpu(config.gpu)
         path = config.efficiencies_path
@@ -220,14 +231,13 @@ class Engine:
     def has_work(self) -> bool:
         return self._scheduler.has_work()
 
-    def step(self, now_s: float) -> StepResult | None:
+    def step(self, now_s: float, *, token_events: bool = True) -> StepResult | None:
         """Run one step starting at ``now_s``; ``None`` only when ``has_work()`` is False.
 
         When the only waiting requests are still inside their API cost, the result is an
         idle step: no tokens, lasting until the first of them becomes schedulable.
         """
-        events: list[TokenEvent] = []
-        return self._step(now_s, events)
+        return self._step(now_s, [] if token_events else None)
 
     def _step(self, now_s: float, events: list[TokenEvent] | None) -> StepResult | None:
         """``step``; with ``events=None`` no TokenEvents are built (virtual-time runs)."""
@@ -256,9 +266,12 @@ class Engine:
                 tl.scheduled_s = now_s
                 tl.cached_tokens = req.num_computed_tokens
         emitted, finished = sched.postprocess(batch)
+        record_times = self.record_token_times
         for req in emitted:
             tl = timelines[req.request_id]
             tl.output_tokens = req.num_output_tokens
+            if record_times:
+                tl.token_times_s.append(end_s)
             if req.num_output_tokens == 1:
                 tl.first_token_s = end_s
                 self.prompt_tokens_total += req.num_prompt_tokens
@@ -271,7 +284,8 @@ class Engine:
         self.generation_tokens_total += len(emitted)
         self.preemptions_total += len(preempted)
         stats = self._stats(now_s, duration_s, batch, len(preempted))
-        return StepResult(duration_s, events if events is not None else [], stats)
+        ids = [req.request_id for req in finished]
+        return StepResult(duration_s, events if events is not None else [], stats, ids)
 
     def _stats(self, now_s: float, duration_s: float, batch: Batch, preemptions: int) -> StepStats:
         return StepStats(

@@ -38,6 +38,7 @@ class _Sim:
         natural_median_tokens: int,
         tokenizer: Tokenizer | None = None,
     ) -> None:
+        engine.record_token_times = True  # ITL needs every token's time
         self.engine = engine
         self.tok: Tokenizer = tokenizer or BuiltinTokenizer()
         self.chat = chat
@@ -78,25 +79,21 @@ class _Sim:
 
     def step(self, now_s: float) -> tuple[float, list[RequestRecord]]:
         """One engine step; returns its end time and the records it finished."""
-        result = self.engine.step(now_s)
+        result = self.engine.step(now_s, token_events=False)
         assert result is not None
         end_s = now_s + result.duration_s
-        end_ns = _ns(end_s)
         finished = []
-        for ev in result.events:
-            r = self.records[ev.request_id]
-            if r.ttfb_ns is None:
-                r.ttfb_ns = end_ns
-            r.content_ns.append(end_ns)
-            if ev.finished:
-                tl = self.engine.timeline(ev.request_id)
-                r.end_ns = end_ns
-                r.output_tokens = len(r.content_ns)
-                r.cached_tokens = tl.cached_tokens
-                r.finish_reason = "length"
-                self.engine.forget(ev.request_id)
-                del self.records[ev.request_id]
-                finished.append(r)
+        for rid in result.finished:
+            tl = self.engine.timeline(rid)
+            r = self.records.pop(rid)
+            r.content_ns = [int(t * NS_PER_S + 0.5) for t in tl.token_times_s]
+            r.ttfb_ns = r.content_ns[0]
+            r.end_ns = r.content_ns[-1]
+            r.output_tokens = len(r.content_ns)
+            r.cached_tokens = tl.cached_tokens
+            r.finish_reason = "length"
+            self.engine.forget(rid)
+            finished.append(r)
         if self.step_log is not None:
             self.step_log.write(json.dumps(_stats_json(result.stats)) + "\n")
         self.done.extend(finished)

@@ -36,6 +36,7 @@ class BuiltinTokenizer:
         self._pieces = pieces
         self._ids = {p: _WORD_BASE + i for i, p in enumerate(pieces)}
         self._special_ids = {s: i for i, s in enumerate(SPECIAL_TOKENS)}
+        self._after_space_ids = {p[1:]: i for p, i in self._ids.items() if p.startswith(" ")}
         self.eos_token_id = self._special_ids["<|endoftext|>"]
         self._passage = self.encode(PASSAGE)
 
@@ -46,9 +47,9 @@ class BuiltinTokenizer:
     def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
         if _PLAIN_WORDS.fullmatch(text):  # fast path: synthetic prompts of built-in words
             words = text.split(" ")
-            ids = self._ids
-            first = ids.get(words[0])
-            spaced = [ids.get(" " + w) for w in words[1:]]
+            first = self._ids.get(words[0])
+            after_space = self._after_space_ids
+            spaced = [after_space.get(w) for w in words[1:]]
             if first is not None and None not in spaced:
                 return [first, *spaced]  # type: ignore[list-item]  # None ruled out above
         ids_out: list[int] = []
