@@ -1,0 +1,104 @@
+"""The simulator against published measurements: one line per measured metric.
+
+Runs every row of a calibration CSV (default ``shared/data/calibration.csv``, in the
+repository or beside it) through
+``inferlab.sim._validate`` in virtual time and prints measured vs predicted with the
+absolute error, then the median absolute error per metric class against the targets
+(throughput <= 10 %, TTFT <= 15 %, TPOT/ITL <= 15 %), per engine family, and the rows
+that could not be expressed with the reason.
+
+    python bench/validate_sim.py                  # the shared calibration file
+    python bench/validate_sim.py --csv other.csv  # any file in the same format
+    python bench/validate_sim.py --rows 1,46,141  # a subset
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from inferlab.sim._validate import TARGET_PCT, Comparison, summarize, validate
+
+_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CSV = (
+    next(
+        (p for p in (_ROOT / "shared", _ROOT.parent / "shared") if (p / "data").is_dir()),
+        _ROOT / "shared",
+    )
+    / "data"
+    / "calibration.csv"
+)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def _table(comparisons: list[Comparison]) -> None:
+    head = (
+        f"{'row':>4} {'family':<8} {'model':<20} {'gpu':<14} {'prec':<8} {'tp':>2} "
+        f"{'scenario':<8} {'metric':<17} {'measured':>9} {'predicted':>9} {'err%':>7} {'|err|%':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    for c in comparisons:
+        s = c.scenario
+        metric = f"{c.metric}/{c.stat[:3]}" if c.stat != "aggregate" else c.metric
+        print(
+            f"{s.row_id:>4} {s.family:<8} {s.model[:20]:<20} {s.gpu[:14]:<14} "
+            f"{s.precision[:8]:<8} {s.tp:>2} {s.kind:<8} {metric:<17} "
+            f"{_fmt(c.measured):>9} {_fmt(c.predicted):>9} {c.error_pct:>+7.1f} "
+            f"{abs(c.error_pct):>6.1f}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="calibration CSV")
+    ap.add_argument("--rows", help="comma-separated row ids (default: all)")
+    args = ap.parse_args(argv)
+    if not args.csv.is_file():
+        print(f"no such file: {args.csv}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    rows = args.rows.split(",") if args.rows else None
+    report = validate(args.csv, rows)
+    elapsed = time.perf_counter() - started
+
+    _table(report.comparisons)
+    print()
+    print("median over rows of |error| per metric class (target):")
+    for cls, (median, n_rows, n_cmp) in summarize(report.comparisons).items():
+        target = f"<= {TARGET_PCT[cls]:.0f}%" if cls in TARGET_PCT else "no target"
+        ok = "" if cls not in TARGET_PCT else (" ok" if median <= TARGET_PCT[cls] else " MISS")
+        print(f"  {cls:<10} {median:6.1f}%  ({n_rows} rows, {n_cmp} values; {target}){ok}")
+    print()
+    print("per engine family (median over rows of |error| %, rows):")
+    for fam in sorted({c.scenario.family for c in report.comparisons}):
+        sub = summarize([c for c in report.comparisons if c.scenario.family == fam])
+        cells = ", ".join(f"{cls} {med:.1f}% ({rows})" for cls, (med, rows, _) in sub.items())
+        print(f"  {fam:<9} {cells}")
+    assumed = {
+        c.scenario.row_id: c.scenario.assumptions
+        for c in report.comparisons
+        if c.scenario.assumptions
+    }
+    if assumed:
+        print()
+        print("assumptions:")
+        for rid, notes in assumed.items():
+            print(f"  row {rid}: {'; '.join(notes)}")
+    print()
+    print(f"skipped ({len(report.skipped)}):")
+    for sk in report.skipped:
+        print(f"  row {sk.row_id}: {sk.model[:40]} - {sk.reason}")
+    n_rows = len({c.scenario.row_id for c in report.comparisons})
+    print()
+    print(f"{n_rows} rows compared, {len(report.comparisons)} values, in {elapsed:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,271 @@
+"""The calibration-CSV harness: parsing rows into scenarios, the closed-loop driver, and a
+golden bound on the simulator's median errors over a fast subset of published rows."""
+
+import csv
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from inferlab.sim import Engine, EngineConfig
+from inferlab.sim._validate import (
+    Lengths,
+    ScenarioError,
+    _gaps_s,
+    _lengths,
+    _number,
+    _serve,
+    _stat_for,
+    build_engine,
+    load_rows,
+    parse_row,
+    parse_rows,
+    summarize,
+    validate,
+    workload,
+)
+
+_ROOT = Path(__file__).parents[2]
+CSV = (
+    next(
+        (p for p in (_ROOT / "shared", _ROOT.parent / "shared") if (p / "data").is_dir()),
+        _ROOT / "shared",
+    )
+    / "data"
+    / "calibration.csv"
+)
+needs_csv = pytest.mark.skipif(not CSV.is_file(), reason="shared/data/calibration.csv not found")
+
+# Rows that run in well under a second each and cover every family and scenario kind.
+FAST_ROWS = [
+    *("4", "10", "13", "16"),  # TRT-LLM offline, prefill-heavy
+    *("46", "47", "48", "50", "51", "52", "54", "55", "58", "59"),  # vLLM V0 nightly
+    *("60", "61", "62", "63", "64", "66", "70", "72", "74"),  # vLLM V0 batch 1
+    *("114", "116", "118", "120", "123"),  # LMDeploy closed loop
+    *("141", "142", "143", "145"),  # vLLM 0.5 burst
+]
+
+BASE_ROW = {
+    "row_id": "x1",
+    "engine": "vLLM",
+    "engine_version": "0.9.2",
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "weight_precision": "bf16",
+    "kv_cache_dtype": "auto",
+    "gpu": "H100-SXM-80GB",
+    "num_gpus": "1",
+    "tp": "1",
+    "scenario": "fixed concurrency",
+    "batch_or_concurrency": "32",
+    "num_requests": "320",
+    "input_len": "512",
+    "output_len": "256",
+    "length_distribution": "fixed",
+    "ttft_ms": "80",
+    "metric_stat": "median",
+}
+
+
+def row(**changes: str) -> dict[str, str]:
+    return {**BASE_ROW, **changes}
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+@needs_csv
+def test_most_calibration_rows_are_expressed_and_every_skip_has_a_reason() -> None:
+    rows = load_rows(CSV)
+    scenarios, skipped = parse_rows(rows)
+    assert len(scenarios) >= 60
+    ids = {s.row_id for s in scenarios}
+    assert {"1", "46", "58", "60", "114", "125", "141"} <= ids
+    reasons = {s.row_id: s.reason for s in skipped}
+    assert "no preset" in reasons["69"]  # Qwen2.5-14B
+    assert "engine not stated" in reasons["95"]
+    assert all(s.reason for s in skipped)
+    kinds = {s.kind for s in scenarios}
+    assert kinds == {"offline", "static", "poisson", "closed", "burst"}
+
+
+@needs_csv
+def test_trtllm_fp8_row_maps_to_engine_and_workload() -> None:
+    rows = {r["row_id"]: r for r in load_rows(CSV)}
+    sc = parse_row(rows["1"])
+    assert (sc.family, sc.model, sc.gpu, sc.tp) == ("trtllm", "Llama-3.1-8B", "H100-SXM-80GB", 1)
+    assert (sc.quantization, sc.kv_cache_dtype) == ("fp8", "fp8")
+    assert (sc.kind, sc.num_requests, sc.via_server) == ("offline", 30000, False)
+    assert sc.input_len == Lengths("fixed", 128) and sc.output_len == Lengths("fixed", 128)
+    assert [(m.metric, m.stat, m.value) for m in sc.measurements] == [
+        ("output_tok_per_s", "aggregate", 28312.0)
+    ]
+    cfg = build_engine(sc, 256).config
+    # trtllm-bench sizing: >1024 requests fit, so max_num_tokens is capped at 8192 for
+    # ISL = OSL; the KV cache is 0.9 of the free memory, in fp8.
+    assert cfg.max_num_batched_tokens == 8192 and cfg.max_num_seqs > 1024
+    assert cfg.num_gpu_blocks_override is not None and cfg.api_overhead_s == 0.0
+    assert cfg.quantization == "fp8" and cfg.kv_cache_dtype == "fp8"
+
+
+@needs_csv
+def test_vllm_v0_serving_row_keeps_its_stated_flags_and_drops_chunk_itl() -> None:
+    rows = {r["row_id"]: r for r in load_rows(CSV)}
+    sc = parse_row(rows["141"])
+    assert (sc.family, sc.kind, sc.num_requests, sc.via_server) == ("vllm-v0", "burst", 320, True)
+    assert sc.input_len == Lengths("sharegpt", 204.9)
+    assert sc.output_len.kind == "sharegpt"
+    assert sc.output_len.a == pytest.approx(204.3 / (1 - 17 / 320))  # 17 empty requests
+    cfg = build_engine(sc, 2048).config
+    assert (cfg.max_num_seqs, cfg.enable_chunked_prefill) == (256, False)
+    assert cfg.max_num_batched_tokens == 2048 and cfg.api_overhead_s > 0
+    scenarios, skipped = parse_rows([rows["141"]])
+    assert "itl_ms" not in {m.metric for m in scenarios[0].measurements}
+    assert any(s.reason.startswith("itl_ms:") for s in skipped)
+
+
+def test_vllm_versions_choose_v0_or_v1_scheduler_defaults() -> None:
+    v1 = build_engine(parse_row(row()), 768).config
+    assert (v1.max_num_seqs, v1.max_num_batched_tokens, v1.enable_chunked_prefill) == (
+        1024,
+        8192,
+        True,
+    )
+    a100 = build_engine(parse_row(row(gpu="A100 80GB SXM")), 768).config
+    assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
+    v0 = parse_row(row(engine_version="0.6.3", model="Qwen2.5-7B-Instruct"))
+    assert v0.family == "vllm-v0"
+    cfg = build_engine(v0, 768).config  # Qwen2.5's 32K context turns chunked prefill on
+    assert (cfg.enable_chunked_prefill, cfg.max_num_batched_tokens) == (True, 512)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"model": "mistralai/Mixtral-8x7B-Instruct-v0.1"}, "mixture-of-experts"),
+        ({"model": "Qwen/Qwen3-30B-A3B"}, "mixture-of-experts"),
+        ({"model": "mistralai/Mistral-7B-Instruct-v0.3"}, "no preset"),
+        ({"gpu": "AMD MI300X"}, "GPU"),
+        ({"gpu": "A100-SXM4-40GB"}, "GPU"),
+        ({"engine_config": "EAGLE-3 speculative decoding, 3 draft tokens"}, "speculative"),
+        ({"engine": "llama.cpp"}, "engine"),
+        ({"engine": "not stated"}, "engine not stated"),
+        ({"input_len": "", "length_distribution": "random"}, "input length"),
+        ({"weight_precision": "nvfp4"}, "precision"),
+        ({"num_gpus": "8"}, "num_gpus"),
+        ({"ttft_ms": ""}, "no measured metric"),
+        ({"scenario": "static batch", "batch_or_concurrency": ""}, "batch size"),
+    ],
+)
+def test_unexpressible_rows_raise_with_the_reason(changes: dict[str, str], reason: str) -> None:
+    with pytest.raises(ScenarioError, match=reason):
+        parse_row(row(**changes))
+    _, skipped = parse_rows([row(**changes)])
+    assert len(skipped) == 1 and reason in skipped[0].reason
+
+
+def test_speculation_mentioned_as_disabled_is_not_a_reason_to_skip() -> None:
+    assert parse_row(row(engine_config="defaults; no speculative decoding")).kind == "closed"
+
+
+def test_odd_cells_parse() -> None:
+    assert _number("inf (all requests queued; CUDA-graph batch sizes up to 8192)") is None
+    assert _number("all at once (320)") is None
+    assert _number("1,234.5 mean (derived)") == 1234.5
+    assert _number(" ") is None and _number("n/a") is None
+    sc = parse_row(row(scenario="burst", batch_or_concurrency="all at once (40)", num_requests=""))
+    assert (sc.kind, sc.num_requests) == ("burst", 40)
+    assert _lengths("U[100,1024]", "uniform", "input")[0] == Lengths("uniform", 100, 1024)
+    spec, note = _lengths("", "ShareGPT V3 sample (~mean 200-250 in / ~180-250 out)", "output")
+    assert spec == Lengths("sharegpt", 215.0) and note is not None
+    assert _lengths("204.9 mean", "ShareGPT V3 (fixed seed)", "input")[0].kind == "sharegpt"
+    assert _lengths("128", "fixed (token-norm-dist, stdev 0)", "input")[0] == Lengths("fixed", 128)
+
+
+def test_statistic_per_metric() -> None:
+    text = "TTFT = mean first-token latency; ITL = p50 per-token latency"
+    assert _stat_for("ttft_ms", text) == "mean"
+    assert _stat_for("itl_ms", text) == "median"
+    assert _stat_for("tpot_ms", "median of 5 runs") == "median"
+    assert _stat_for("e2e_latency_ms", "mean (medians in notes)") == "mean"
+    assert _stat_for("ttft_ms", "p99") == "p99"
+    assert _stat_for("ttft_ms", "single run") == "mean"
+
+
+def test_sharegpt_workload_is_deterministic_with_the_stated_mean_and_caps() -> None:
+    sc = parse_row(
+        row(input_len="220 mean", output_len="200 mean", length_distribution="ShareGPT V3")
+    )
+    jobs = workload(sc)
+    assert jobs == workload(sc)
+    assert statistics.fmean(i for i, _ in jobs) == pytest.approx(220, rel=0.01)
+    assert statistics.fmean(o for _, o in jobs) == pytest.approx(200, rel=0.01)
+    assert all(4 <= i <= 1024 and o >= 4 and i + o <= 2048 for i, o in jobs)
+    assert max(o for _, o in jobs) > 3 * 200  # a heavy tail, not fixed lengths
+
+
+# --- the closed-loop driver ------------------------------------------------------------------
+
+
+class FixedStep:
+    """Every step takes 10 ms."""
+
+    def step_time_s(self, seqs: Sequence[tuple[int, int]], emitting: int) -> float:
+        return 0.01
+
+
+def test_closed_loop_keeps_each_user_busy_with_one_request() -> None:
+    engine = Engine(
+        EngineConfig(max_model_len=512, api_overhead_s=0.0), FixedStep(), record_token_times=True
+    )
+    jobs = [(32, 5)] * 7
+    timelines = _serve(engine, jobs, None, users=3)
+    gaps = _gaps_s(timelines)
+    arrivals = sorted(t.arrival_s for t in timelines)
+    finishes = sorted(t.finished_s or 0.0 for t in timelines)
+    assert arrivals[:3] == [0.0, 0.0, 0.0]
+    assert arrivals[3:] == pytest.approx(finishes[:4])  # each next request: on a completion
+    for t in timelines:  # never more than 3 requests in flight
+        in_flight = sum(1 for u in timelines if u.arrival_s <= t.arrival_s < (u.finished_s or 0))
+        assert in_flight <= 3
+    assert len(gaps) == 7 * 4 and gaps == pytest.approx([0.01] * 28)
+
+
+def test_open_loop_requests_arrive_on_schedule() -> None:
+    engine = Engine(EngineConfig(max_model_len=512, api_overhead_s=0.0), FixedStep())
+    timelines = _serve(engine, [(16, 2)] * 3, [0.0, 1.0, 2.5], users=1)
+    assert [t.arrival_s for t in timelines] == [0.0, 1.0, 2.5]
+    assert [t.first_token_s for t in timelines] == pytest.approx([0.01, 1.01, 2.51])
+
+
+# --- golden ---------------------------------------------------------------------------------
+
+
+@needs_csv
+def test_median_errors_on_a_fast_subset_stay_within_regression_bounds() -> None:
+    report = validate(CSV, FAST_ROWS)
+    assert len({c.scenario.row_id for c in report.comparisons}) >= 30
+    medians = {cls: med for cls, (med, _, _) in summarize(report.comparisons).items()}
+    # Measured on this subset when written: throughput ~7%, TPOT/ITL ~10%, TTFT ~35%,
+    # E2E ~9%. The bounds catch regressions, not noise (the run is deterministic).
+    assert medians["throughput"] < 25
+    assert medians["TPOT/ITL"] < 30
+    assert medians["TTFT"] < 60
+    assert medians["E2E"] < 30
+
+
+def test_other_files_in_the_same_format_validate(tmp_path: Path) -> None:
+    path = tmp_path / "mine.csv"
+    rows = [
+        row(),
+        row(row_id="x2", model="Mixtral-8x7B"),
+        row(row_id="x3", scenario="poisson", request_rate_rps="2", batch_or_concurrency=""),
+    ]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*BASE_ROW, "request_rate_rps"])
+        writer.writeheader()
+        writer.writerows(rows)
+    report = validate(path)
+    assert {c.scenario.row_id for c in report.comparisons} == {"x1", "x3"}
+    assert [s.row_id for s in report.skipped] == ["x2"]
+    assert all(c.predicted > 0 for c in report.comparisons)
