@@ -38,6 +38,8 @@ def test_parameter_counts_match_the_presets() -> None:
         (Path(__file__).parents[2] / "src/inferlab/sim/data/presets.json").read_text()
     )["models"]
     for name, cfg in presets.items():
+        if "params_per_layer" not in cfg:
+            continue  # presets inferlab added carry shapes only; shared/data's carry counts
         spec = resolve_model(name)
         assert spec.params_per_layer == cfg["params_per_layer"], name
         assert spec.params_total == cfg["params_total"], name

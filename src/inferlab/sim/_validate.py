@@ -36,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferlab._errors import InferlabError
+from inferlab._errors import InferlabError, UsageError
 from inferlab.sim._engine import Engine, EngineConfig, RequestTimeline
 from inferlab.sim._hardware import resolve_gpu, resolve_model
 from inferlab.sim._steptime import (
@@ -277,7 +277,11 @@ def _model(cell: str) -> tuple[str, int]:
         fam = re.sub(r"llama-?(\d)", r"llama-\1", m.group(1))
         if (fam, m.group(2)) in _MODELS:
             return _MODELS[fam, m.group(2)]
-    raise ScenarioError(f"model {cell!r}: no preset with its shapes")
+    try:  # any other preset, by HF id or name
+        spec = resolve_model(cell.split("(")[0].strip())
+    except UsageError:
+        raise ScenarioError(f"model {cell!r}: no preset with its shapes") from None
+    return spec.name, spec.max_position_embeddings
 
 
 def _gpu(cell: str) -> str:
