@@ -10,6 +10,7 @@ from pathlib import Path
 
 from inferlab._bench import WorkloadConfig
 from inferlab._metrics import summarize
+from inferlab._records import RequestRecord
 from inferlab._runner import LoadConfig
 from inferlab._schedule import ClosedLoop, OpenLoop
 from inferlab.sim._engine import Engine, EngineConfig
@@ -21,6 +22,16 @@ def run(load: LoadConfig, inp: int = 200, out: int = 20, **engine: object) -> di
     return summarize(records)
 
 
+def peak_in_flight(records: list[RequestRecord]) -> int:
+    """Most requests between send and end at any moment (ends before sends at a tie)."""
+    events = sorted([(r.send_ns, 1) for r in records] + [(r.end_ns, -1) for r in records], key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    return peak
+
+
 def test_same_seed_same_numbers() -> None:
     load = LoadConfig(OpenLoop(20.0), num_requests=50, seed=4)
     assert run(load) == run(load)
@@ -30,12 +41,7 @@ def test_same_seed_same_numbers() -> None:
 def test_closed_loop_keeps_exactly_n_in_flight() -> None:
     records = simulate(Engine(EngineConfig()), LoadConfig(ClosedLoop(4), num_requests=20), WorkloadConfig(100, 10).build(0))
     assert len(records) == 20
-    events = sorted([(r.send_ns, 1) for r in records] + [(r.end_ns, -1) for r in records], key=lambda e: (e[0], e[1]))
-    level = peak = 0
-    for _, d in events:
-        level += d
-        peak = max(peak, level)
-    assert peak == 4
+    assert peak_in_flight(records) == 4
     # each user's next request is sent the moment one finishes
     ends = {r.end_ns for r in records}
     assert all(r.send_ns == 0 or r.send_ns in ends for r in records)
@@ -105,9 +111,4 @@ def test_open_loop_requests_are_sent_at_their_arrival_even_mid_step() -> None:
     capped = LoadConfig(OpenLoop(20.0, max_concurrency=2), num_requests=40, seed=2)
     records = simulate(Engine(EngineConfig(max_num_batched_tokens=2048)), capped, WorkloadConfig(3000, 8).build(2))
     assert max(r.send_ns - r.intended_send_ns for r in records) > 0  # type: ignore[operator]
-    in_flight = sorted([(r.send_ns, 1) for r in records] + [(r.end_ns, -1) for r in records], key=lambda e: (e[0], e[1]))
-    level = peak = 0
-    for _, d in in_flight:
-        level += d
-        peak = max(peak, level)
-    assert peak == 2
+    assert peak_in_flight(records) == 2
