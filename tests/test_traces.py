@@ -177,3 +177,43 @@ def test_cli_sim_run_trace_json(tmp_path: Path) -> None:
     s = json.loads(p.stdout)
     assert s["counts"]["completed"] == 6
     assert s["input_tokens"] == sum(40 + i for i in range(6))
+
+
+def test_vllm_result_replay_reproduces_its_own_measurements(tmp_path: Path) -> None:
+    """Round trip: a run's per-request results written in vLLM's --save-detailed layout
+    (start times, lengths, TTFTs and ITLs in seconds), replayed through `sim run --trace`
+    on the same engine, are predicted back with ~0% error; a slower GPU is not."""
+    import math as _math
+
+    from inferlab._bench import WorkloadConfig
+    from inferlab._runner import LoadConfig
+    from inferlab._schedule import OpenLoop
+    from inferlab.sim._engine import Engine, EngineConfig
+    from inferlab.sim._simrun import simulate
+
+    records = simulate(Engine(EngineConfig(enforce_eager=True)), LoadConfig(OpenLoop(8.0), num_requests=24, seed=3), WorkloadConfig("uniform:100:600", "uniform:5:60").build(3))
+    s = 1e-9
+    result = {
+        "request_rate": 8.0,
+        "burstiness": 1.0,
+        "start_times": [r.send_ns * s for r in records],  # type: ignore[operator]
+        "input_lens": [r.input_tokens for r in records],
+        "output_lens": [r.output_tokens for r in records],
+        "ttfts": [(r.content_ns[0] - r.send_ns) * s for r in records],  # type: ignore[operator]
+        "itls": [[(b - a) * s for a, b in zip(r.content_ns, r.content_ns[1:], strict=False)] for r in records],
+    }
+    path = tmp_path / "vllm_result.json"
+    path.write_text(json.dumps(result))
+
+    def replay(*extra: str) -> dict:  # type: ignore[type-arg]
+        p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(path), "--json", *extra],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["trace_comparison"]  # type: ignore[no-any-return]
+
+    same = replay()
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        assert same[key]["requests"] == 24
+        assert _math.isclose(same[key]["predicted_mean"], same[key]["measured_mean"], rel_tol=1e-3, abs_tol=0.05), key
+    slower = replay("--gpu", "A100")
+    assert slower["tpot_ms"]["error_pct"] > 20  # A100 streams weights ~40% slower than H100

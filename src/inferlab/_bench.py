@@ -30,7 +30,7 @@ from inferlab._runner import LoadConfig, run_load
 from inferlab._schedule import ClosedLoop
 from inferlab._sessions import SessionConfig, SessionWorkload, run_sessions
 from inferlab._tokenizers import load_tokenizer
-from inferlab._traces import TraceConfig
+from inferlab._traces import TraceConfig, compare_with_trace
 from inferlab._workload import (
     DEFAULT_PROMPT,
     Api,
@@ -257,6 +257,8 @@ async def bench_async(
         else:
             result = await run_load(endpoint, config.load, workload, clock, on_record=record_done, stop=stop)
         summary = summarize(result.records, config=cfg_json, slo=config.slo, interrupted=result.interrupted)
+        if isinstance(workload, list):
+            summary["trace_comparison"] = compare_with_trace(result.records, workload)
         add_preflight(summary, pre, wcfg)
         if isinstance(workload, DatasetWorkload):
             summary["warnings"] += workload.warnings()

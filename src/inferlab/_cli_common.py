@@ -18,7 +18,7 @@ from inferlab._errors import InferlabError, UsageError
 from inferlab._metrics import SLO
 from inferlab._runner import LoadConfig
 from inferlab._schedule import ClosedLoop, OpenLoop, Replay, Schedule
-from inferlab._traces import TraceConfig
+from inferlab._traces import FORMATS, TraceConfig
 
 DEFAULT_CONCURRENCY = 32
 
@@ -79,7 +79,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--suffix-tokens", help="Shared-prefix workload: each request's own tokens after the prefix (default 64)."),
         click.option("--prefix-popularity", default="uniform", show_default=True, help="Group popularity: uniform, zipf or zipf:A."),
         click.option("--trace", type=click.Path(dir_okay=False), help="Replay a trace at its timestamps: inferlab JSONL, Azure CSV, BurstGPT CSV or Mooncake JSONL."),
-        click.option("--trace-format", type=click.Choice(["inferlab", "azure", "burstgpt", "mooncake"]), help="Trace format (default: detected from the header or keys)."),
+        click.option("--trace-format", type=click.Choice(list(FORMATS)), help="Trace format (default: detected from the header or keys)."),
         click.option("--speedup", type=float, default=1.0, show_default=True, help="Replay the trace this many times faster."),
         click.option("--trace-start", type=float, help="Replay from this many seconds into the trace."),
         click.option("--trace-end", type=float, help="Replay up to this many seconds into the trace."),

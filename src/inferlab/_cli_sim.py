@@ -25,6 +25,7 @@ from inferlab._errors import InferlabError
 from inferlab._report import render_summary
 from inferlab._schedule import ClosedLoop
 from inferlab._sessions import SessionWorkload
+from inferlab._traces import compare_with_trace
 from inferlab.sim._engine import EngineConfig
 from inferlab.sim._server import ServerConfig
 
@@ -161,6 +162,8 @@ def _sim_run(kw: dict[str, Any]) -> int:
                 on_record=writer.append if writer else None, tokenizer=tokenizer,
             )
         summary = summarize(records, config=config_json, slo=slo_config(kw))
+        if isinstance(workload, list):
+            summary["trace_comparison"] = compare_with_trace(records, workload)
         if isinstance(workload, DatasetWorkload):
             summary["warnings"] += workload.warnings()
         if writer is not None:

@@ -107,6 +107,11 @@ def render_summary(console: Console, s: dict[str, Any], title: str) -> None:
             "client vs server TTFT",
             f"+{_fmt(err['p50'], 2)} ms p50, +{_fmt(err['p99'], 2)} ms p99 (server TTFT p50 {_fmt(sv['server_ttft_ms']['p50'])} ms)",
         ))
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+        c = (s.get("trace_comparison") or {}).get(key)
+        if c:
+            err = "" if c["error_pct"] is None else f" ({c['error_pct']:+.1f}%)"
+            rows.append((f"vs trace: {label} mean", f"{_fmt(c['predicted_mean'])} ms here, {_fmt(c['measured_mean'])} ms in the trace{err}"))
     for k, v in rows:
         tput.add_row(k, v)
     console.print(tput)

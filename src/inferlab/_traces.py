@@ -12,7 +12,15 @@ Formats (auto-detected from the JSON keys or CSV header, or named):
   with 0 response tokens (failed requests in BurstGPT) are skipped;
 - ``mooncake`` JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``,
   ``hash_ids``; each hash id is one block of ``block_tokens`` tokens (512, Mooncake's),
-  and equal ids give identical blocks, so shared prefixes reach the server as such.
+  and equal ids give identical blocks, so shared prefixes reach the server as such;
+- ``vllm``: the JSON that ``vllm bench serve --save-result --save-detailed`` writes:
+  ``input_lens``, ``output_lens``, per-request ``ttfts`` and ``itls`` (seconds), and
+  ``request_rate``/``burstiness`` (the file has no send times: arrivals are redrawn
+  from that rate with the run's seed, or taken from ``start_times`` when present).
+
+Our JSONL may also carry what each request measured (``ttft_ms``, ``tpot_ms``,
+``e2e_ms``), as the vLLM result does; ``sim run`` then compares its predictions with
+them (``compare_with_trace``).
 
 Times are rebased so the first kept request is at 0, sliced to ``[start_s, end_s)`` of
 the original trace time, then divided by ``speedup``. A bad row raises ``UsageError``
@@ -22,19 +30,24 @@ naming the file, line and problem.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 from inferlab._errors import UsageError
+from inferlab._metrics import request_metrics
 from inferlab._prompts import PromptBuilder, Segment
-from inferlab._workload import RequestSpec, TimedSpec
+from inferlab._records import RequestRecord
+from inferlab._schedule import OpenLoop
+from inferlab._workload import Measured, RequestSpec, TimedSpec
 
-TraceFormat = Literal["inferlab", "azure", "burstgpt", "mooncake"]
-FORMATS: tuple[str, ...] = ("inferlab", "azure", "burstgpt", "mooncake")
+TraceFormat = Literal["inferlab", "azure", "burstgpt", "mooncake", "vllm"]
+FORMATS: tuple[str, ...] = ("inferlab", "azure", "burstgpt", "mooncake", "vllm")
 MOONCAKE_BLOCK_TOKENS = 512
 
 
@@ -47,6 +60,7 @@ class TraceRow:
     prefix_group: str | None = None
     prefix_tokens: int | None = None
     hash_ids: tuple[int, ...] = ()
+    measured: Measured | None = None
 
 
 @dataclass(frozen=True)
@@ -86,7 +100,7 @@ class TraceConfig:
 
 
 def _with_time(r: TraceRow, t: float) -> TraceRow:
-    return TraceRow(t, r.input_tokens, r.output_tokens, r.session, r.prefix_group, r.prefix_tokens, r.hash_ids)
+    return dataclasses.replace(r, arrival_s=t)
 
 
 def to_specs(
@@ -97,7 +111,7 @@ def to_specs(
         segs = _segments(r, i, builder, seed, block_tokens)
         prompt, _ = builder.join(segs)
         spec = RequestSpec(prompt, r.output_tokens, exact_output, r.input_tokens)
-        out.append(TimedSpec(r.arrival_s, spec))
+        out.append(TimedSpec(r.arrival_s, spec, r.measured))
     return out
 
 
@@ -139,8 +153,13 @@ def read_rows(path: str, fmt: str | None = None) -> list[TraceRow]:
     with f:
         first = f.readline()
         f.seek(0)
-        kind = fmt or _detect(path, first)
-        rows = list(_read_jsonl(path, f, kind) if kind in ("inferlab", "mooncake") else _read_csv(path, f, kind))
+        if fmt == "vllm" or (fmt is None and first.lstrip().startswith("{") and _is_vllm_result(f)):
+            f.seek(0)
+            rows = _read_vllm_result(path, f)
+        else:
+            f.seek(0)
+            kind = fmt or _detect(path, first)
+            rows = list(_read_jsonl(path, f, kind) if kind in ("inferlab", "mooncake") else _read_csv(path, f, kind))
     if not rows:
         raise UsageError(f"{path}: the trace has no requests")
     return rows
@@ -179,6 +198,7 @@ def _read_jsonl(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
                     float(row["arrival_s"]), _int(row["input_tokens"]), _int(row["output_tokens"]),
                     _opt_str(row.get("session")), _opt_str(row.get("prefix_group")),
                     None if row.get("prefix_tokens") is None else _int(row["prefix_tokens"]),
+                    measured=_measured(row),
                 )
             else:
                 hashes = row.get("hash_ids", [])
@@ -240,6 +260,79 @@ def _timestamp(v: str | None) -> tuple[int, float]:
     except ValueError:
         raise ValueError(f"bad timestamp {v!r}") from None
     return int(base.timestamp()), float("0." + frac) if frac else 0.0
+
+
+def _measured(row: dict[str, Any]) -> Measured | None:
+    vals = [None if row.get(k) is None else float(row[k]) for k in ("ttft_ms", "tpot_ms", "e2e_ms")]
+    return None if all(v is None for v in vals) else Measured(*vals)
+
+
+def _is_vllm_result(f: Any) -> bool:
+    try:
+        obj = json.load(f)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and "input_lens" in obj and "output_lens" in obj
+
+
+def _read_vllm_result(path: str, f: Any) -> list[TraceRow]:
+    """Rows from vLLM's saved benchmark result (``--save-result --save-detailed``).
+
+    Failed requests (empty output or no TTFT) are left out. Measured TPOT follows vLLM:
+    (latency − TTFT) / (output tokens − 1), the latency being TTFT + Σ ITL."""
+    try:
+        obj = json.load(f)
+        ins, outs = list(obj["input_lens"]), list(obj["output_lens"])
+        ttfts = list(obj.get("ttfts") or [None] * len(ins))
+        itls = list(obj.get("itls") or [None] * len(ins))
+        rate = float(obj.get("request_rate") if obj.get("request_rate") not in (None, "inf") else math.inf)
+        burst = float(obj.get("burstiness") or 1.0)
+        starts = obj.get("start_times")
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{path}: not a vLLM benchmark result with input_lens/output_lens ({_why(e)})") from e
+    if not (len(ins) == len(outs) == len(ttfts) == len(itls)):
+        raise UsageError(f"{path}: input_lens, output_lens, ttfts and itls differ in length")
+    if starts is not None:
+        arrivals = [float(t) for t in starts]
+    else:
+        arrivals = OpenLoop(rate, "gamma", burst).arrival_times_s(0, len(ins), None)
+    rows = []
+    for i, (n_in, n_out, ttft, itl) in enumerate(zip(ins, outs, ttfts, itls, strict=True)):
+        if not n_out or not n_in or (ttfts[i] is not None and not ttft):
+            continue  # a failed request in the source run
+        measured = None
+        if ttft:
+            gaps = sum(itl or [])
+            e2e = (ttft + gaps) * 1e3
+            tpot = gaps * 1e3 / (n_out - 1) if n_out > 1 and itl else None
+            measured = Measured(ttft * 1e3, tpot, e2e)
+        rows.append(TraceRow(arrivals[i], _int(n_in), _int(n_out), measured=measured))
+    return rows
+
+
+def compare_with_trace(records: list[RequestRecord], timed: list[TimedSpec]) -> dict[str, Any] | None:
+    """Mean predicted against mean measured TTFT, TPOT and E2E over the requests the
+    trace has measurements for (``records[i].index`` is the trace position).
+    ``None`` when the trace measured nothing."""
+    pairs: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+    for r in records:
+        if r.warmup or not r.ok or r.index >= len(timed):
+            continue
+        m = timed[r.index].measured
+        if m is None:
+            continue
+        pm = request_metrics(r)
+        for key, got, want in (("ttft_ms", pm.ttft_ms, m.ttft_ms), ("tpot_ms", pm.tpot_ms, m.tpot_ms), ("e2e_ms", pm.e2e_ms, m.e2e_ms)):
+            if got is not None and want is not None:
+                pairs[key][0].append(got)
+                pairs[key][1].append(want)
+    out: dict[str, Any] = {}
+    for key, (pred, meas) in pairs.items():
+        if pred:
+            p, w = statistics.fmean(pred), statistics.fmean(meas)
+            out[key] = {"requests": len(pred), "predicted_mean": p, "measured_mean": w,
+                        "error_pct": 100.0 * (p - w) / w if w else None}
+    return out or None
 
 
 def _int(v: object) -> int:

@@ -147,8 +147,19 @@ class FixedPromptWorkload:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """What a trace says one request measured on a real server (ms; None: not given)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+
+@dataclass(frozen=True)
 class TimedSpec:
-    """A request with a fixed arrival time, in seconds from the run's start (traces)."""
+    """A request with a fixed arrival time, in seconds from the run's start (traces);
+    ``measured`` holds the trace's own latencies for it, when the trace has them."""
 
     arrival_s: float
     spec: RequestSpec
+    measured: Measured | None = None
