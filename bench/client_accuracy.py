@@ -17,7 +17,8 @@ import asyncio
 
 from inferlab import BenchConfig, ClosedLoop, LoadConfig, WorkloadConfig, bench_async
 from inferlab.sim._engine import EngineConfig
-from inferlab.sim._server import ChildServer, EmbeddedServer, ServerConfig
+from inferlab.sim._launch import ChildServer, EmbeddedServer
+from inferlab.sim._server import ServerConfig
 
 
 def in_process(url: str, c: int, n: int) -> dict:  # type: ignore[type-arg]

@@ -29,7 +29,7 @@ from inferlab._metrics import summarize
 from inferlab._runner import LoadConfig
 from inferlab._schedule import OpenLoop
 from inferlab.sim._engine import Engine, EngineConfig
-from inferlab.sim._server import ChildServer
+from inferlab.sim._launch import ChildServer
 from inferlab.sim._simrun import simulate
 from inferlab.sim._virtual import run_virtual
 

@@ -14,7 +14,8 @@ from inferlab import BenchConfig, ClosedLoop, LoadConfig, OpenLoop, WorkloadConf
 from inferlab._metrics import DISTRIBUTION_KEYS
 from inferlab._results import read_records
 from inferlab.sim._engine import EngineConfig
-from inferlab.sim._server import EmbeddedServer, ServerConfig
+from inferlab.sim._launch import EmbeddedServer
+from inferlab.sim._server import ServerConfig
 
 SUMMARY_KEYS = {
     "schema", "config", "counts", "request_throughput_rps", "output_token_throughput_tps",

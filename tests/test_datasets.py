@@ -14,7 +14,8 @@ from inferlab import BenchConfig, ClosedLoop, LoadConfig, UsageError, WorkloadCo
 from inferlab._datasets import DatasetConfig, DatasetWorkload, read_dataset
 from inferlab._lengths import parse_length
 from inferlab.sim._engine import Engine, EngineConfig
-from inferlab.sim._server import EmbeddedServer, ServerConfig
+from inferlab.sim._launch import EmbeddedServer
+from inferlab.sim._server import ServerConfig
 from inferlab.sim._simrun import simulate
 
 

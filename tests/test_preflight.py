@@ -15,7 +15,8 @@ from inferlab import BenchConfig, ClosedLoop, LoadConfig, UsageError, WorkloadCo
 from inferlab._preflight import APPROX_USAGE, EXACT_SERVER, NO_FORCE_WARNING
 from inferlab._workload import RequestSpec
 from inferlab.sim._engine import EngineConfig
-from inferlab.sim._server import EmbeddedServer, ServerConfig
+from inferlab.sim._launch import EmbeddedServer
+from inferlab.sim._server import ServerConfig
 from inferlab.sim._tokenizer import BuiltinTokenizer
 
 KNOWN = {"model", "messages", "prompt", "max_tokens", "stream", "stream_options"}

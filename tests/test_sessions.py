@@ -12,7 +12,8 @@ from inferlab import BenchConfig, ClosedLoop, LoadConfig, OpenLoop, WorkloadConf
 from inferlab._records import RequestRecord
 from inferlab._sessions import SessionWorkload
 from inferlab.sim._engine import Engine, EngineConfig
-from inferlab.sim._server import EmbeddedServer, ServerConfig
+from inferlab.sim._launch import EmbeddedServer
+from inferlab.sim._server import ServerConfig
 from inferlab.sim._simsessions import simulate_sessions
 
 

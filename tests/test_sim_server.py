@@ -30,7 +30,8 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from inferlab._text import WORDS
 from inferlab.sim._engine import EngineConfig
-from inferlab.sim._server import EmbeddedServer, ServerConfig
+from inferlab.sim._launch import EmbeddedServer
+from inferlab.sim._server import ServerConfig
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 MAX_MODEL_LEN = 4096  # EngineConfig's default

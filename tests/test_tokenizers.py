@@ -21,7 +21,8 @@ from inferlab import BenchConfig, ClosedLoop, LoadConfig, UsageError, WorkloadCo
 from inferlab._prompts import PromptBuilder  # noqa: E402
 from inferlab._tokenizers import load_tokenizer  # noqa: E402
 from inferlab.sim._engine import EngineConfig  # noqa: E402
-from inferlab.sim._server import EmbeddedServer, ServerConfig  # noqa: E402
+from inferlab.sim._launch import EmbeddedServer  # noqa: E402
+from inferlab.sim._server import ServerConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

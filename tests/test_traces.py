@@ -16,7 +16,8 @@ from inferlab._prompts import PromptBuilder
 from inferlab._schedule import Replay
 from inferlab._traces import TraceConfig, read_rows
 from inferlab.sim._engine import Engine, EngineConfig
-from inferlab.sim._server import EmbeddedServer, ServerConfig
+from inferlab.sim._launch import EmbeddedServer
+from inferlab.sim._server import ServerConfig
 from inferlab.sim._simrun import simulate
 from inferlab.sim._tokenizer import BuiltinTokenizer
 

@@ -20,7 +20,8 @@ from inferlab._bench import parse_popularity
 from inferlab._lengths import parse_length
 from inferlab._workload import RequestSpec
 from inferlab.sim._engine import Engine, EngineConfig
-from inferlab.sim._server import EmbeddedServer, ServerConfig
+from inferlab.sim._launch import EmbeddedServer
+from inferlab.sim._server import ServerConfig
 from inferlab.sim._simrun import simulate
 from inferlab.sim._tokenizer import BuiltinTokenizer
 

@@ -77,7 +77,7 @@ def _bench(kw: dict[str, Any]) -> int:
     embedded = None
     url = config.url
     if url is None:
-        from inferlab.sim._server import ChildServer
+        from inferlab.sim._launch import ChildServer
 
         embedded = ChildServer(["--tokenizer", kw["tokenizer"]] if kw["tokenizer"] else [])
         url = embedded.url

@@ -82,7 +82,8 @@ def serve(**kw: Any) -> None:
 
 
 def _serve(kw: dict[str, Any]) -> int:
-    from inferlab.sim._server import SimServer, start_site
+    from inferlab.sim._launch import start_site
+    from inferlab.sim._server import SimServer
 
     config = ServerConfig(
         engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"], tokenizer=kw["tokenizer"]

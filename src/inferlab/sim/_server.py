@@ -11,22 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-import select
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 from aiohttp import web
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
-from inferlab._errors import InferlabError
 from inferlab._tokenizers import Tokenizer, load_tokenizer
 from inferlab.sim._engine import Engine, EngineConfig, TokenEvent
+from inferlab.sim._generation import Generation
 from inferlab.sim._prometheus import Histogram, render_metrics
 from inferlab.sim._tokenizer import BuiltinTokenizer, natural_output_len
 
@@ -291,7 +286,7 @@ class SimServer:
             queue = self.loop.submit(rid, prompt_ids, output_len)
         except ValueError as e:
             raise APIError(400, str(e)) from e
-        gen = _Generation(self, rid, chat, received_s, len(prompt_ids))
+        gen = Generation(self, rid, chat, received_s, len(prompt_ids))
         gen.finish_reason = finish_reason
         try:
             if stream:
@@ -299,124 +294,6 @@ class SimServer:
             return await gen.whole(queue)
         finally:
             self.loop.release(rid)
-
-
-class _Generation:
-    """One request's output, as chunks or one body."""
-
-    def __init__(self, server: SimServer, rid: str, chat: bool, received_s: float, prompt_tokens: int) -> None:
-        self.server = server
-        self.rid = rid
-        self.chat = chat
-        self.received_s = received_s
-        self.prompt_tokens = prompt_tokens
-        self.created = int(time.time())
-        self.model = server.config.model_name
-        self.n_out = 0
-        self.finish_reason = "length"
-
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        obj = {
-            "id": self.rid,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            **extra,
-        }
-        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-    def _choice(self, text: str, finish: str | None, role: bool = False) -> dict[str, Any]:
-        if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-
-    def usage(self) -> dict[str, Any]:
-        tl = self.server.engine.timeline(self.rid)
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.n_out,
-            "total_tokens": self.prompt_tokens + self.n_out,
-            "prompt_tokens_details": {"cached_tokens": tl.cached_tokens},
-        }
-
-    def timeline(self) -> dict[str, Any]:
-        tl = self.server.engine.timeline(self.rid)
-
-        def ms(t: float | None) -> float | None:
-            return None if t is None else round((t - self.received_s) * 1e3, 4)
-
-        return {
-            "queued_ms": ms(tl.arrival_s),
-            "scheduled_ms": ms(tl.scheduled_s),
-            "first_token_ms": ms(tl.first_token_s),
-            "finished_ms": ms(tl.finished_s),
-            "cached_tokens": tl.cached_tokens,
-            "preemptions": tl.preemptions,
-        }
-
-    def _observe(self) -> None:
-        tl = self.server.engine.timeline(self.rid)
-        if tl.first_token_s is not None:
-            self.server.ttft.observe(tl.first_token_s - self.received_s)
-        if tl.finished_s is not None:
-            self.server.e2e.observe(tl.finished_s - self.received_s)
-        self.server.requests_ok += 1
-
-    async def stream(self, request: web.Request, queue: asyncio.Queue[TokenEvent], include_usage: bool) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
-        tok = self.server.tokenizer
-        finished = False
-        while not finished:
-            events = [await queue.get()]
-            while not queue.empty():
-                events.append(queue.get_nowait())
-            out = bytearray()
-            for ev in events:
-                if self.n_out == 0 and self.chat:
-                    out += self._chunk([self._choice("", None, role=True)])
-                self.n_out += 1
-                finished = ev.finished
-                out += self._chunk([self._choice(tok.output_piece(ev.token_index), None)])
-                if finished:
-                    break
-            if finished:
-                self._observe()
-                last = self._chunk([self._choice("", self.finish_reason)], **({} if include_usage else {"inferlab_timeline": self.timeline()}))
-                out += last
-                if include_usage:
-                    out += self._chunk([], usage=self.usage(), inferlab_timeline=self.timeline())
-                out += b"data: [DONE]\n\n"
-            await resp.write(bytes(out))
-        await resp.write_eof()
-        return resp
-
-    async def whole(self, queue: asyncio.Queue[TokenEvent]) -> web.Response:
-        tok = self.server.tokenizer
-        pieces: list[str] = []
-        while True:
-            ev = await queue.get()
-            self.n_out += 1
-            pieces.append(tok.output_piece(ev.token_index))
-            if ev.finished:
-                break
-        self._observe()
-        text = "".join(pieces)
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": self.finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason}
-        return web.json_response({
-            "id": self.rid,
-            "object": "chat.completion" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            "usage": self.usage(),
-            "inferlab_timeline": self.timeline(),
-        })
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
@@ -437,97 +314,3 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
             raise APIError(400, f"unknown message role {m.get('role')!r}")
     return msgs
-
-
-# -- running it ---------------------------------------------------------------------
-
-
-async def start_site(server: SimServer, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start serving; return the runner and the bound port (``port=0`` picks a free one)."""
-    # handler_cancellation: a client that disconnects aborts its request (as vLLM does)
-    # instead of leaving it queued in the engine.
-    runner = web.AppRunner(server.app, access_log=None, handle_signals=False, handler_cancellation=True)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
-    sockets = runner.addresses
-    bound = sockets[0][1] if sockets else port
-    return runner, int(bound)
-
-
-class ChildServer:
-    """``inferlab sim serve`` in a child process on a free loopback port: what ``bench``
-    starts when no ``--url`` is given. A separate process keeps the server's timing off
-    the client's interpreter lock (bench/README.md has the numbers). ``url`` is its base;
-    ``close()`` stops it."""
-
-    def __init__(self, args: Sequence[str] = (), host: str = "127.0.0.1", timeout_s: float = 60.0) -> None:
-        cmd = [sys.executable, "-m", "inferlab", "sim", "serve", "--host", host, "--port", "0", "--announce", *args]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self._proc.stdout is not None
-        ready, _, _ = select.select([self._proc.stdout], [], [], timeout_s)
-        line = self._proc.stdout.readline() if ready else ""
-        if not line.startswith("http://"):
-            self.close()
-            err = (self._proc.stderr.read() if self._proc.stderr else "").strip().splitlines()
-            reason = err[-1] if err else "no answer"
-            raise InferlabError(f"the simulated server did not start: {reason}")
-        self.url = line.strip()
-
-    def close(self) -> None:
-        if self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-
-    def __enter__(self) -> ChildServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class EmbeddedServer:
-    """The simulated server on its own event loop in a daemon thread of this process, on
-    a free loopback port (fast to start: tests and library use). ``url`` is its base;
-    ``close()`` stops it."""
-
-    def __init__(self, config: ServerConfig, host: str = "127.0.0.1") -> None:
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self.server = SimServer(config)
-        self.port = 0
-        self._thread = threading.Thread(target=self._main, args=(host,), name="inferlab-sim", daemon=True)
-        self._thread.start()
-        self._ready.wait(timeout=30)
-        if self._error is not None:
-            raise self._error
-        self.url = f"http://{host}:{self.port}"
-
-    def _main(self, host: str) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._runner, self.port = self._loop.run_until_complete(start_site(self.server, host, 0))
-        except BaseException as e:  # re-raised in the caller's thread
-            self._error = e
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(self._runner.cleanup())
-        self._loop.close()
-
-    def close(self) -> None:
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
