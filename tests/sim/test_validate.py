@@ -9,22 +9,17 @@ from pathlib import Path
 import pytest
 
 from inferlab.sim import Engine, EngineConfig
-from inferlab.sim._validate import (
-    Lengths,
-    ScenarioError,
-    _gaps_s,
+from inferlab.sim._calibration import (
     _lengths,
     _number,
-    _serve,
     _stat_for,
-    build_engine,
     load_rows,
     parse_row,
     parse_rows,
-    summarize,
-    validate,
-    workload,
 )
+from inferlab.sim._scenario import Lengths, ScenarioError
+from inferlab.sim._scenario_engine import build_engine
+from inferlab.sim._validate import _gaps_s, _serve, summarize, validate, workload
 
 _ROOT = Path(__file__).parents[2]
 CSV = (

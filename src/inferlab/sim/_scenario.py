@@ -1,0 +1,91 @@
+"""A calibration scenario: one published benchmark the simulator can run, or why not.
+
+``_calibration`` builds these from a calibration CSV; ``_validate`` runs them. A
+``Measurement``'s ``metric`` is a CSV column, grouped into classes by ``METRIC_CLASS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferlab._errors import InferlabError
+
+METRIC_CLASS = {
+    "ttft_ms": "TTFT",
+    "itl_ms": "TPOT/ITL",
+    "tpot_ms": "TPOT/ITL",
+    "e2e_latency_ms": "E2E",
+    "output_tok_per_s": "throughput",
+    "total_tok_per_s": "throughput",
+    "req_per_s": "throughput",
+}
+METRIC_COLUMNS = tuple(METRIC_CLASS)
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """Token lengths: ``fixed`` (a), ``uniform`` [a, b], or ``sharegpt`` with mean a."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return (self.a + self.b) / 2 if self.kind == "uniform" else self.a
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One published number: ``metric`` is a CSV column; ``stat`` is aggregate (the
+    throughputs), mean, median or pNN."""
+
+    metric: str
+    stat: str
+    value: float
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A row the simulator can run; ``kind`` is offline|static|burst|poisson|constant|closed.
+
+    ``concurrency`` is the batch (static) or user count (closed); ``engine_flags`` are the
+    flags the row states, by vLLM name; ``empty_fraction`` is the share of requests the
+    source counted with no output and TTFT = E2E = 0 in its means."""
+
+    row_id: str
+    family: str
+    engine_label: str
+    model: str
+    gpu: str
+    tp: int
+    precision: str
+    quantization: str | None
+    kv_cache_dtype: str
+    kind: str
+    concurrency: int | None
+    rate_rps: float | None
+    num_requests: int
+    input_len: Lengths
+    output_len: Lengths
+    measurements: tuple[Measurement, ...]
+    engine_flags: tuple[tuple[str, float], ...]
+    version: tuple[int, int] | None
+    native_max_len: int
+    via_server: bool
+    empty_fraction: float = 0.0
+    assumptions: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A row, or one metric of a row (``reason`` starts with the column), left out."""
+
+    row_id: str
+    engine: str
+    model: str
+    reason: str
+
+
+class ScenarioError(InferlabError):
+    """A row cannot be expressed; the message is the reason."""

@@ -1,0 +1,170 @@
+"""The simulated engine for a calibration scenario, with nothing tuned per row.
+
+Model and GPU presets, TP, quantization and KV dtype come from the scenario; the
+scheduler sizes are the engine's documented defaults (``_scheduler_defaults``,
+version-aware for vLLM) under the flags the row states in ``engine_config``; the step
+time uses one ``Efficiencies`` override set per engine family (``FAMILY_EFFICIENCIES``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from inferlab.sim._engine import Engine, EngineConfig
+from inferlab.sim._hardware import resolve_gpu, resolve_model
+from inferlab.sim._scenario import Scenario
+from inferlab.sim._steptime import (
+    DEFAULT_EFFICIENCIES,
+    RooflineStepTime,
+    activation_reserve_bytes,
+    kv_bytes_per_token,
+    weight_bytes_per_rank,
+)
+
+# One Efficiencies override set per engine family; every row of a family uses it. The
+# defaults in ``Efficiencies`` are vLLM V1's (CUDA graphs, ~0.7 ms host cost per step).
+FAMILY_EFFICIENCIES: dict[str, dict[str, float]] = {
+    "vllm": {},
+    # vLLM V0 (< 0.8): scheduling, input preparation and output processing run between
+    # GPU steps in the engine process (no overlap), about twice V1's host cost per step.
+    "vllm-v0": {"cpu_step_s": 1.5e-3},
+    # SGLang: the overlap scheduler hides most host work behind the GPU step.
+    "sglang": {"cpu_step_s": 0.3e-3},
+    # TensorRT-LLM: C++ batch manager (~1 us per sequence), overlap scheduler, XQA decode
+    # attention streaming the (fp8) KV cache closer to peak bandwidth.
+    "trtllm": {"cpu_step_s": 0.3e-3, "per_seq_s": 1e-6, "kv_stream": 0.85},
+    # LMDeploy TurboMind: C++ persistent batch, FasterTransformer-style decode attention;
+    # its 2023-24 releases all-reduce through NCCL (no custom all-reduce): ~25 us each.
+    "lmdeploy": {
+        "cpu_step_s": 0.3e-3,
+        "per_seq_s": 1e-6,
+        "kv_stream": 0.85,
+        "allreduce_latency_s": 25e-6,
+    },
+    # Named engines without a set of their own (TGI, nano-vllm, ...): vLLM V1's, untuned.
+    "generic": {},
+}
+
+# Scheduler defaults per family: max_num_seqs, max_num_batched_tokens, and for TRT-LLM /
+# LMDeploy the fraction of free memory (after weights) given to the KV cache.
+_SGLANG_DEFAULTS = {"max_num_seqs": 4096.0, "max_num_batched_tokens": 8192.0}  # chunked 8192
+_LMDEPLOY_DEFAULTS = {"max_num_seqs": 128.0, "max_num_batched_tokens": 8192.0, "kv_free": 0.8}
+_TRTLLM_DEFAULTS = {"max_num_seqs": 2048.0, "max_num_batched_tokens": 8192.0, "kv_free": 0.9}
+
+
+def _scheduler_defaults(sc: Scenario, declared_len: int) -> dict[str, float]:
+    """The engine's documented defaults (not fitted) for the scheduler sizes."""
+    if sc.family == "vllm-v0":
+        # V0: 256 sequences; chunked prefill only when max_model_len > 32K, at 512 tokens a
+        # step; otherwise a prefill step takes up to max(max_model_len, 2048) tokens.
+        chunked = declared_len > 32000
+        return {
+            "max_num_seqs": 256,
+            "enable_chunked_prefill": float(chunked),
+            "max_num_batched_tokens": 512 if chunked else max(declared_len, 2048),
+        }
+    if sc.family in ("vllm", "generic"):
+        # V1: larger budgets on >= 70 GiB GPUs other than the A100; the LLM class
+        # (offline) gets twice the server's token budget.
+        gpu = resolve_gpu(sc.gpu)
+        big = gpu.hbm_bytes >= 70 * 2**30 and not gpu.name.startswith("A100")
+        tokens = (16384 if big else 8192) if sc.kind in ("offline", "static") else 0
+        return {
+            "max_num_seqs": 1024 if big else 256,
+            "max_num_batched_tokens": tokens or (8192 if big else 2048),
+        }
+    if sc.family == "sglang":
+        return dict(_SGLANG_DEFAULTS)
+    if sc.family == "lmdeploy":  # benchmark scripts raise max_batch_size to the concurrency
+        d = dict(_LMDEPLOY_DEFAULTS)
+        d["max_num_seqs"] = max(d["max_num_seqs"], float(sc.concurrency or 0))
+        return d
+    return dict(_TRTLLM_DEFAULTS)
+
+
+def _trtllm_bench_sizes(sc: Scenario, kv_tokens: int) -> tuple[int, int]:
+    """trtllm-bench's max_batch_size / max_num_tokens heuristic for the mean ISL / OSL."""
+    isl, osl = sc.input_len.mean, sc.output_len.mean
+    raw_bs = min(kv_tokens / (isl + osl), 4096)
+    raw_tok = min(raw_bs * (1 + isl / osl), 32768)
+    if raw_bs < 256:
+        bs = max(64, 32 * math.ceil(raw_bs / 32))
+    else:
+        step = 128 if raw_bs < 1024 else 256
+        bs = step * math.ceil(raw_bs / step)
+    if raw_tok < 4096:
+        tok = max(2048, 256 * math.ceil(raw_tok / 256))
+    else:
+        step = 512 if raw_tok < 8192 else 1024
+        tok = step * math.ceil(raw_tok / step)
+    return bs, tok
+
+
+def build_engine(sc: Scenario, max_total_len: int) -> Engine:
+    """The simulated engine for a scenario whose longest request holds ``max_total_len``
+    tokens; raises ``ValueError`` if the engine would refuse the configuration."""
+    flags = dict(sc.engine_flags)
+    declared_len = int(flags.get("max_model_len", sc.native_max_len))
+    sched = _scheduler_defaults(sc, declared_len)
+    sched.update({k: v for k, v in flags.items() if k in sched or k == "enable_chunked_prefill"})
+    chunked = bool(sched.get("enable_chunked_prefill", 1.0))
+    model, gpu = resolve_model(sc.model), resolve_gpu(sc.gpu)
+    max_model_len = min(max_total_len, model.max_position_embeddings)
+    batched = int(sched["max_num_batched_tokens"])
+    eager = bool(flags.get("enforce_eager", 0.0))
+    config = EngineConfig(
+        model=sc.model,
+        gpu=sc.gpu,
+        tensor_parallel_size=sc.tp,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=flags.get("gpu_memory_utilization", 0.9),
+        max_num_batched_tokens=batched if chunked else max(batched, max_model_len),
+        max_num_seqs=int(sched["max_num_seqs"]),
+        enable_prefix_caching=False,  # no prompt shares a prefix: skip the hashing
+        enable_chunked_prefill=chunked,
+        enforce_eager=eager,
+        quantization=sc.quantization,
+        kv_cache_dtype=sc.kv_cache_dtype,
+        api_overhead_s=EngineConfig.api_overhead_s if sc.via_server else 0.0,
+    )
+    if "kv_free" in sched:
+        config = _size_like_trtllm(sc, config, sched, flags)
+    eff = dataclasses.replace(DEFAULT_EFFICIENCIES, **FAMILY_EFFICIENCIES[sc.family])
+    step = RooflineStepTime(
+        model, gpu, sc.tp, "auto", sc.quantization, sc.kv_cache_dtype, eager, eff
+    )
+    itl = any(m.metric == "itl_ms" for m in sc.measurements)
+    return Engine(config, step, record_token_times=itl)
+
+
+def _size_like_trtllm(
+    sc: Scenario, config: EngineConfig, sched: dict[str, float], flags: dict[str, float]
+) -> EngineConfig:
+    """KV cache and batch limits of TRT-LLM and LMDeploy: the cache is a fraction of the
+    memory left after weights and activations (old TurboMind: a count of 128-token
+    blocks); TRT-LLM admits a request only with room for its whole sequence
+    (GUARANTEED_NO_EVICT), and trtllm-bench sizes the batch from the workload."""
+    model, gpu = resolve_model(sc.model), resolve_gpu(sc.gpu)
+    block_bytes = kv_bytes_per_token(model, sc.tp, sc.kv_cache_dtype) * config.block_size
+    free = (
+        gpu.hbm_bytes
+        - weight_bytes_per_rank(model, sc.tp, sc.quantization)
+        - activation_reserve_bytes(model, sc.tp, config.max_num_batched_tokens, config.max_num_seqs)
+    )
+    entries = flags.get("cache_max_entry_count", sched["kv_free"])
+    if entries > 1:
+        blocks = int(entries * 128 // config.block_size)
+    else:
+        blocks = max(0, int(entries * free // block_bytes))
+    config = dataclasses.replace(config, num_gpu_blocks_override=blocks)
+    if sc.family != "trtllm":
+        return config
+    kv_tokens = blocks * config.block_size
+    seqs, tokens = config.max_num_seqs, config.max_num_batched_tokens
+    if sc.kind == "offline":
+        bs, tok = _trtllm_bench_sizes(sc, kv_tokens)
+        seqs = seqs if "max_num_seqs" in flags else bs
+        tokens = tokens if "max_num_batched_tokens" in flags else tok
+    fit = max(1, int(kv_tokens // (sc.input_len.mean + sc.output_len.mean)))
+    return dataclasses.replace(config, max_num_seqs=min(seqs, fit), max_num_batched_tokens=tokens)
