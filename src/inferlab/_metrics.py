@@ -6,6 +6,7 @@ Times in records are ns; the summary reports milliseconds (``*_ms``), tokens/s a
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -167,7 +168,7 @@ def summarize(
         "ttft_ms": distribution(_present(m.ttft_ms for m in per)),
         "e2e_ms": distribution(_present(m.e2e_ms for m in per)),
         "tpot_ms": distribution(_present(m.tpot_ms for m in per)),
-        "itl_ms": distribution(x for m in per for x in m.itl_ms),
+        "itl_ms": distribution(itertools.chain.from_iterable(m.itl_ms for m in per)),
         "decode_tps": distribution(_present(m.decode_tps for m in per)),
         "queue_delay_ms": distribution(
             _present(queue_delay_ms(r) for r in measured)

@@ -10,6 +10,7 @@ synthetic prompt made of built-in words costs exactly one token per word.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import random
 import re
@@ -21,7 +22,6 @@ SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>"
 _BYTE_BASE = len(SPECIAL_TOKENS)
 _WORD_BASE = _BYTE_BASE + 256
 _PIECE = re.compile(r" ?[A-Za-z]+|.", re.DOTALL)
-_PLAIN_WORDS = re.compile(r"[a-z]+(?: [a-z]+)*")
 _SPECIAL = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
 
 
@@ -45,13 +45,14 @@ class BuiltinTokenizer:
         return _WORD_BASE + len(self._pieces)
 
     def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
-        if _PLAIN_WORDS.fullmatch(text):  # fast path: synthetic prompts of built-in words
-            words = text.split(" ")
-            first = self._ids.get(words[0])
-            after_space = self._after_space_ids
-            spaced = [after_space.get(w) for w in words[1:]]
-            if first is not None and None not in spaced:
-                return [first, *spaced]  # type: ignore[list-item]  # None ruled out above
+        # Fast path: plain words separated by single spaces, every one in the vocabulary
+        # (synthetic prompts). Anything else raises KeyError and takes the general path,
+        # which gives the same ids for such text.
+        words = text.split(" ")
+        try:
+            return [self._ids[words[0]], *map(self._after_space_ids.__getitem__, itertools.islice(words, 1, None))]
+        except KeyError:
+            pass
         ids_out: list[int] = []
         parts = _SPECIAL.split(text) if allow_special else [text]
         for part in parts:
