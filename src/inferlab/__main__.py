@@ -1,3 +1,3 @@
-from inferlab._cli import main
+from inferlab._cli import run
 
-main()
+run()

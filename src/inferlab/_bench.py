@@ -16,10 +16,10 @@ from typing import Any
 
 import aiohttp
 
-from inferlab._client import Endpoint, api_base
+from inferlab._client import Endpoint, api_base, one_line
 from inferlab._clock import Clock, WallClock
 from inferlab._datasets import DatasetConfig, DatasetWorkload
-from inferlab._errors import RunFailedError, ServerUnreachableError, UsageError
+from inferlab._errors import InferlabError, RunFailedError, ServerUnreachableError, UsageError
 from inferlab._lengths import parse_length
 from inferlab._metrics import SLO, summarize
 from inferlab._preflight import EXACT_LOCAL, Preflight, run_preflight
@@ -187,8 +187,10 @@ async def discover_model(base_url: str, api_key: str | None, timeout_s: float = 
             base_url + "/models", headers=headers
         ) as resp:
             if resp.status >= 400:
-                raise UsageError(
-                    f"{base_url}/models answered HTTP {resp.status}; pass --model explicitly"
+                body = one_line((await resp.content.read(4096)).decode("utf-8", "replace"))
+                raise InferlabError(
+                    f"{base_url}/models answered HTTP {resp.status} ({body or resp.reason}): is "
+                    "this an OpenAI-compatible API root? Check --url, or pass --model"
                 )
             data = await resp.json(content_type=None)
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, TimeoutError) as e:

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from inferlab._bench import BenchConfig, bench_async, install_stop_signals
 from inferlab._cli_common import (
+    entry,
     load_config,
     load_options,
     parse_headers,
@@ -40,13 +41,13 @@ def main() -> None:
 
 @main.command()
 @click.option("--url", help="OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: the embedded simulated server.")
-@click.option("--model", help="Model name to request. Default: the first one the server lists.")
+@click.option("--model", help="Model name to request. Default: the first one the server lists. Without --url: the model the built-in simulator serves (a preset name or HF id).")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only).")
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY].")
 @click.option("-H", "--header", "header", multiple=True, help="Extra request header 'Name: value' (repeatable).")
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Per-request total timeout, seconds.")
-@click.option("--idle-timeout", type=float, default=60.0, show_default=True, help="Max seconds without data mid-response.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds.")
+@click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response.")
 @click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths.")
 @load_options
 def bench(**kw: Any) -> None:
@@ -77,12 +78,19 @@ def _bench(kw: dict[str, Any]) -> int:
     embedded = None
     url = config.url
     if url is None:
+        from inferlab.sim._hardware import resolve_model
         from inferlab.sim._launch import ChildServer
 
-        embedded = ChildServer(["--tokenizer", kw["tokenizer"]] if kw["tokenizer"] else [])
+        config.workload.build(config.load.seed, config.api)  # bad flags or files: fail before starting
+        args = ["--tokenizer", kw["tokenizer"]] if kw["tokenizer"] else []
+        model = EngineConfig().model
+        if kw["model"]:
+            resolve_model(kw["model"])  # UsageError naming the known models
+            model = kw["model"]
+            args += ["--model", model]
+        embedded = ChildServer(args)
         url = embedded.url
-        d = EngineConfig()
-        err.print(f"[dim]no --url: simulated {d.model} on {d.gpu} (vLLM defaults, --enforce-eager) at {url}[/dim]")
+        click.echo(f"inferlab: no --url, simulating {model} on 1x {EngineConfig().gpu} at {url}", err=True)
     try:
         total = (num + config.load.warmup) if num else None
         with Progress(err, WallClock(), total) as progress:
@@ -122,5 +130,10 @@ def _render(out: Console, summary: dict[str, Any], as_json: bool, config: BenchC
 main.add_command(sim)
 main.add_command(tokens)
 
+def run() -> None:
+    """The console script."""
+    entry(main)
+
+
 if __name__ == "__main__":
-    main()
+    run()

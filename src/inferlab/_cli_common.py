@@ -28,6 +28,25 @@ def fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
+def entry(group: click.Group) -> NoReturn:
+    """Run the command group the way every inferlab command ends: click's usage errors
+    as one line (exit 2), an interrupt before a run starts as exit 130, a closed stdout
+    pipe (``| head``) quietly."""
+    try:
+        code = group.main(standalone_mode=False)
+    except click.UsageError as e:
+        fail(e.format_message().replace("\n", " "), 2)
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("inferlab: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away; nothing left to say
+        sys.exit(0)
+    except click.ClickException as e:
+        fail(e.format_message(), e.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 def run_guarded(fn: Callable[[], int]) -> int:
     try:
         return fn()
@@ -67,39 +86,39 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-r", "--rate", help="Open loop: requests per second ('inf' sends all at once)."),
         click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), default="poisson", show_default=True),
         click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape: <1 burstier, 1 Poisson, >1 smoother."),
-        click.option("--max-concurrency", type=int, help="Open loop: cap on requests in flight."),
+        click.option("--max-concurrency", type=click.IntRange(min=1), help="Open loop: cap on requests in flight."),
         click.option("-n", "--num-requests", type=int, help="Measured requests. Default 32 unless --duration is given."),
-        click.option("-d", "--duration", type=float, help="Stop sending after this many seconds."),
-        click.option("--warmup", type=int, default=0, show_default=True, help="Requests sent first and left out of the metrics."),
+        click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
+        click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True, help="Requests sent first and left out of the metrics."),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--input-tokens", help="Synthetic prompts of this many tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA or empirical:DATASET (its prompts' lengths in words)."),
         click.option("--output-tokens", help="max_tokens per request (same forms as --input-tokens; empirical:DATASET draws its answers' lengths)."),
-        click.option("--prefix-groups", type=int, help="Shared-prefix workload: this many groups (default 1 with --prefix-tokens)."),
-        click.option("--prefix-tokens", type=int, help="Shared-prefix workload: tokens in each group's prefix."),
+        click.option("--prefix-groups", type=click.IntRange(min=1), help="Shared-prefix workload: this many groups (default 1 with --prefix-tokens)."),
+        click.option("--prefix-tokens", type=click.IntRange(min=1), help="Shared-prefix workload: tokens in each group's prefix."),
         click.option("--suffix-tokens", help="Shared-prefix workload: each request's own tokens after the prefix (default 64)."),
         click.option("--prefix-popularity", default="uniform", show_default=True, help="Group popularity: uniform, zipf or zipf:A."),
-        click.option("--trace", type=click.Path(dir_okay=False), help="Replay a trace at its timestamps: inferlab JSONL, Azure CSV, BurstGPT CSV or Mooncake JSONL."),
+        click.option("--trace", type=click.Path(dir_okay=False), help="Replay a trace at its timestamps: inferlab JSONL, Azure CSV, BurstGPT CSV, Mooncake JSONL or a vLLM --save-detailed result JSON."),
         click.option("--trace-format", type=click.Choice(list(FORMATS)), help="Trace format (default: detected from the header or keys)."),
-        click.option("--speedup", type=float, default=1.0, show_default=True, help="Replay the trace this many times faster."),
+        click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True, help="Replay the trace this many times faster."),
         click.option("--trace-start", type=float, help="Replay from this many seconds into the trace."),
         click.option("--trace-end", type=float, help="Replay up to this many seconds into the trace."),
         click.option("--dataset", type=click.Path(dir_okay=False), help="Prompts from a file: JSONL (prompt or messages, optional max_tokens), ShareGPT JSON or CSV (prompt column)."),
         click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]), help="Dataset format (default: from the extension and content)."),
         click.option("--sample", type=click.Choice(["with-replacement", "without-replacement"]), default="without-replacement", show_default=True, help="Dataset sampling; without replacement stops when every prompt was sent once."),
-        click.option("--min-input-tokens", type=int, help="Dataset: skip prompts shorter than this (tokens with --tokenizer, else words)."),
-        click.option("--max-input-tokens", type=int, help="Dataset: skip prompts longer than this (tokens with --tokenizer, else words)."),
-        click.option("--sessions", type=int, help="Multi-turn: this many sessions (closed loop: -c users, default one per session; with --rate: sessions arrive at that rate)."),
-        click.option("--turns", type=int, default=4, show_default=True, help="Multi-turn: turns per session; each turn adds --input-tokens of new user text."),
-        click.option("--think-time-s", type=float, default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
-        click.option("--system-tokens", type=int, default=0, show_default=True, help="Multi-turn: a system prompt of this many tokens, shared by all sessions."),
-        click.option("--context-window-tokens", type=int, help="Multi-turn: keep the system prompt and at most this many tokens of history (sliding window)."),
+        click.option("--min-input-tokens", type=click.IntRange(min=1), help="Dataset: skip prompts shorter than this (tokens with --tokenizer, else words)."),
+        click.option("--max-input-tokens", type=click.IntRange(min=1), help="Dataset: skip prompts longer than this (tokens with --tokenizer, else words)."),
+        click.option("--sessions", type=click.IntRange(min=1), help="Multi-turn: this many sessions (closed loop: -c users, default one per session; with --rate: sessions arrive at that rate)."),
+        click.option("--turns", type=click.IntRange(min=1), default=4, show_default=True, help="Multi-turn: turns per session; each turn adds --input-tokens of new user text."),
+        click.option("--think-time-s", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
+        click.option("--system-tokens", type=click.IntRange(min=0), default=0, show_default=True, help="Multi-turn: a system prompt of this many tokens, shared by all sessions."),
+        click.option("--context-window-tokens", type=click.IntRange(min=1), help="Multi-turn: keep the system prompt and at most this many tokens of history (sliding window)."),
         click.option("--tokenizer", type=click.Path(exists=False), help="Local tokenizer.json (or a directory with one): exact prompt lengths."),
         click.option("--token-ids/--no-token-ids", default=True, show_default=True, help="With --tokenizer, send token-id prompts on the completions API."),
         click.option("--prompt", help="Send this prompt every time (default: 'Explain RAG in about 30 characters.')."),
         click.option("--exact-output/--no-exact-output", default=True, show_default=True, help="Send ignore_eos and min_tokens so output length is exact."),
-        click.option("--slo-ttft-ms", type=float, help="Goodput SLO on TTFT."),
-        click.option("--slo-tpot-ms", type=float, help="Goodput SLO on TPOT."),
-        click.option("--slo-e2e-ms", type=float, help="Goodput SLO on E2E."),
+        click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TTFT."),
+        click.option("--slo-tpot-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TPOT."),
+        click.option("--slo-e2e-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on E2E."),
         click.option("-o", "--out", type=click.Path(file_okay=False), help="Write summary.json, requests.jsonl and config.json here."),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout."),
     ]
@@ -151,6 +170,13 @@ def workload_config(kw: dict[str, Any]) -> WorkloadConfig:
         for flag in ("dataset_format", "min_input_tokens", "max_input_tokens"):
             if kw[flag] is not None:
                 raise UsageError(f"--{flag.replace('_', '-')} needs --dataset")
+    if kw["tokenizer"]:
+        from inferlab._tokenizers import load_tokenizer
+
+        try:
+            load_tokenizer(kw["tokenizer"])  # a bad path fails here, before any server starts
+        except UsageError as e:
+            raise UsageError(f"--tokenizer: {e}") from e
     if kw["sessions"] is None and kw["context_window_tokens"] is not None:
         raise UsageError("--context-window-tokens needs --sessions")
     return WorkloadConfig(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -165,6 +166,15 @@ def apply_body(
         record.server_timeline = timeline
 
 
+_TAG = re.compile(r"<(script|style)\b.*?</\1>|<[^>]+>", re.S | re.I)
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """A server's error body as one short line: HTML tags dropped, whitespace folded."""
+    flat = " ".join(_TAG.sub(" ", text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 def _int_or_none(v: object) -> int | None:
     return v if isinstance(v, int) else None
 
@@ -273,7 +283,7 @@ class Client:
                 try:
                     message = _error_message(json.loads(raw))
                 except ValueError:
-                    message = raw.decode("utf-8", "replace").strip() or (resp.reason or "")
+                    message = one_line(raw.decode("utf-8", "replace")) or (resp.reason or "")
                 self._fail(record, ErrorKind.HTTP_STATUS, f"HTTP {resp.status}: {message}")
                 return
             if ep.stream and resp.content_type == "text/event-stream":

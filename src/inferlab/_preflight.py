@@ -22,9 +22,9 @@ import aiohttp
 
 from inferlab._client import Client, Endpoint
 from inferlab._clock import WallClock
-from inferlab._errors import UsageError
+from inferlab._errors import RunFailedError, UsageError
 from inferlab._prompts import PromptBuilder, words
-from inferlab._records import RequestRecord
+from inferlab._records import ErrorKind, RequestRecord
 from inferlab._text import WORDS
 from inferlab._tokenizers import Tokenizer
 from inferlab._workload import RequestSpec
@@ -80,6 +80,7 @@ async def run_preflight(
             if plain.ok:
                 accepts, first = False, plain
                 notes.append(NO_FORCE_WARNING)
+        _fail_if_unusable(endpoint, first)
         if not first.ok:
             return Preflight(accepts_exact_output=accepts, warnings=notes)
         tok = _Tokenize(session, endpoint)
@@ -120,6 +121,24 @@ def _refuse_if_rejected(endpoint: Endpoint, r: RequestRecord) -> None:
     raise UsageError(
         f"{endpoint.url} rejected the probe request ({message}); {hint[r.status or 404]}"
     )
+
+
+#: Failures that may pass (overload, a restart): the run records them instead.
+_TRANSIENT = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+def _fail_if_unusable(endpoint: Endpoint, r: RequestRecord) -> None:
+    """``RunFailedError`` when the probe shows every request would fail the same way:
+    a client error other than a rate limit, an unsupported method, or an answer that is
+    not the OpenAI format (a web server that is no inference server, say)."""
+    if r.ok:
+        return
+    kind = r.error_kind
+    if (kind is ErrorKind.HTTP_STATUS and r.status is not None and r.status not in _TRANSIENT) or kind is ErrorKind.MALFORMED:
+        raise RunFailedError(
+            f"{endpoint.url} does not answer like an OpenAI-compatible server: "
+            f"{(r.error or f'HTTP {r.status}').strip()}"
+        )
 
 
 class _Tokenize:

@@ -45,7 +45,7 @@ class ChildServer:
         if not line.startswith("http://"):
             self.close()
             err = (self._proc.stderr.read() if self._proc.stderr else "").strip().splitlines()
-            reason = err[-1] if err else "no answer"
+            reason = err[-1].removeprefix("inferlab: error: ") if err else "no answer"
             raise InferlabError(f"the simulated server did not start: {reason}")
         self.url = line.strip()
 
