@@ -121,6 +121,13 @@ def test_cli_bench_on_embedded_default_writes_results(tmp_path: Path) -> None:
         (["bench", "--url", "http://127.0.0.1:9", "-n", "2"], 1, "cannot reach"),
         (["bench", "--url", "ftp://x"], 2, "not an http"),
         (["sim", "serve", "--model", "no-such-model"], 2, "no-such-model"),
+        (["sim", "serve", "--port", "99999"], 2, "--port"),
+        (["bench", "--timeout", "-1"], 2, "--timeout"),
+        (["bench", "--sessions", "0"], 2, "--sessions"),
+        (["bench", "--bogus"], 2, "No such option"),
+        (["bench", "--tokenizer", "/nonexistent/tok"], 2, "--tokenizer"),
+        (["bench", "--model", "no-such-model", "-n", "1"], 2, "unknown model"),
+        (["bench", "--input-tokens", "uniform:100:10"], 2, "--input-tokens"),
     ],
 )
 def test_cli_errors_are_one_line(args: list[str], code: int, needle: str) -> None:
@@ -128,6 +135,7 @@ def test_cli_errors_are_one_line(args: list[str], code: int, needle: str) -> Non
     assert p.returncode == code, (p.returncode, p.stderr)
     assert needle in p.stderr
     assert "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr  # one line, no banner first
 
 
 def test_cli_all_requests_failing_exits_1_and_keeps_summary(tmp_path: Path) -> None:
@@ -168,3 +176,23 @@ def test_cli_sigterm_keeps_what_was_measured(tmp_path: Path) -> None:
     assert 1 <= s["counts"]["completed"] < 400
     assert s["counts"]["completed"] + s["counts"]["cancelled"] == len(lines)
     assert s["counts"]["failed"] == 0
+
+
+def test_cli_a_web_server_that_is_no_inference_server(tmp_path: Path) -> None:
+    import http.server
+    import threading
+    from functools import partial
+
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        no_models = run_cli("bench", "--url", url, "-n", "2", timeout=60)
+        post_refused = run_cli("bench", "--url", url, "--model", "m", "-n", "2", "--out", str(tmp_path / "r"), timeout=60)
+    finally:
+        httpd.shutdown()
+    assert no_models.returncode == 1 and "OpenAI-compatible" in no_models.stderr
+    assert post_refused.returncode == 1 and "does not answer like an OpenAI-compatible server" in post_refused.stderr
+    for p in (no_models, post_refused):
+        assert len(p.stderr.strip().splitlines()) == 1 and "<" not in p.stderr, p.stderr
