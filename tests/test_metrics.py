@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from inferlab._metrics import SLO, distribution, percentile, request_metrics, summarize
@@ -104,3 +106,38 @@ def test_record_json_round_trip() -> None:
     assert RequestRecord.from_json(r.to_json()) == r
     f = RequestRecord(index=1, error_kind=ErrorKind.IDLE_TIMEOUT, error="no data")
     assert RequestRecord.from_json(f.to_json()) == f
+
+
+def overloaded(n: int = 20, every_ms: float = 50, service_ms: float = 400) -> list[RequestRecord]:
+    """Open loop: one request every ``every_ms``, served one at a time in ``service_ms``
+    each, so each waits longer than the one before (first token when its turn comes)."""
+    out = []
+    for i in range(n):
+        start = i * service_ms
+        out.append(rec(i, i * every_ms, [start + 10, start + service_ms], start + service_ms, out=2, intended_send_ns=int(i * every_ms * MS)))
+    return out
+
+
+def test_warns_when_an_open_loop_server_cannot_keep_up() -> None:
+    s = summarize(overloaded())
+    (w,) = [w for w in s["warnings"] if "keep up" in w]
+    assert w.startswith("the server could not keep up: offered 20.0 req/s, completed 2.5 req/s; queues grew through the run")
+    # first tenth: TTFT 10 and 410 − 50 ms; last tenth: 7,210 − 900 and 7,610 − 950 ms
+    assert "TTFT rose from 185 ms in the first tenth to 6,485 ms in the last" in w
+
+
+def test_no_overload_warning_when_keeping_up_for_closed_loops_or_without_spread() -> None:
+    def keep_up_warned(records: list[RequestRecord], **kw: object) -> bool:
+        return any("keep up" in w for w in summarize(records, **kw)["warnings"])  # type: ignore[arg-type]
+
+    assert keep_up_warned(overloaded())
+    # served as fast as offered
+    assert not keep_up_warned(overloaded(every_ms=400))
+    # a closed loop sends when a request ends: it cannot outrun the server
+    assert not keep_up_warned(overloaded(), config={"load": {"schedule": {"kind": "ClosedLoop"}}})
+    assert not keep_up_warned([dataclasses.replace(r, session=0, turn=r.index) for r in overloaded()])
+    # all sent at once (--rate inf): no offered rate
+    assert not keep_up_warned([dataclasses.replace(r, intended_send_ns=0, send_ns=0) for r in overloaded()])
+    # a short run's tail lowers the completion rate, but latency did not grow: no warning
+    flat = [rec(i, i * 50, [i * 50 + 10, i * 50 + 2000], i * 50 + 2000, out=2, intended_send_ns=i * 50 * MS) for i in range(10)]
+    assert not keep_up_warned(flat)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from inferlab._bench import WorkloadConfig
 from inferlab._metrics import summarize
 from inferlab._records import RequestRecord
@@ -112,3 +114,127 @@ def test_open_loop_requests_are_sent_at_their_arrival_even_mid_step() -> None:
     records = simulate(Engine(EngineConfig(max_num_batched_tokens=2048)), capped, WorkloadConfig(3000, 8).build(2))
     assert max(r.send_ns - r.intended_send_ns for r in records) > 0  # type: ignore[operator]
     assert peak_in_flight(records) == 2
+
+
+# --- rejected requests, interruptions and CLI errors ----------------------------------
+
+
+def sim_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_request_too_long_for_the_model_is_a_failed_record_and_the_run_goes_on() -> None:
+    from inferlab._records import ErrorKind
+
+    for load in (LoadConfig(OpenLoop(10.0), num_requests=12, seed=1), LoadConfig(ClosedLoop(2), num_requests=12, seed=1)):
+        seen: list[RequestRecord] = []
+        records = simulate(
+            Engine(EngineConfig(max_model_len=1024)), load, WorkloadConfig("uniform:100:2000", 8).build(1), on_record=seen.append
+        )
+        assert len(records) == len(seen) == 12
+        failed = [r for r in records if not r.ok]
+        assert failed and len(failed) < 12
+        for r in failed:
+            assert r.input_tokens is not None and r.input_tokens + 8 > 1024
+            assert (r.error_kind, r.status) == (ErrorKind.HTTP_STATUS, 400)
+            assert r.error is not None and "maximum context length is 1024" in r.error
+        assert all(r.output_tokens == 8 for r in records if r.ok)
+        c = summarize(records)["counts"]
+        assert (c["completed"], c["failed"], c["errors"]) == (12 - len(failed), len(failed), {"http_status": len(failed)})
+
+
+def test_a_closed_loop_under_a_duration_ends_even_when_every_request_is_rejected() -> None:
+    load = LoadConfig(ClosedLoop(2), num_requests=None, duration_s=0.1)
+    records = simulate(Engine(EngineConfig(max_model_len=64)), load, WorkloadConfig(100, 8).build(0))
+    assert records and not any(r.ok for r in records)
+
+
+def test_stop_ends_the_run_between_steps_and_keeps_every_record() -> None:
+    from inferlab._records import ErrorKind
+    from inferlab.sim._simrun import Interrupted
+
+    seen: list[RequestRecord] = []
+    load = LoadConfig(OpenLoop(50.0), num_requests=1000)
+    with pytest.raises(Interrupted) as e:
+        simulate(Engine(EngineConfig()), load, WorkloadConfig(200, 100).build(0), on_record=seen.append, stop=lambda: len(seen) >= 5)
+    records = e.value.records
+    assert [r.index for r in records] == sorted(r.index for r in seen)  # each one written once
+    done = [r for r in records if r.ok]
+    cancelled = [r for r in records if r.error_kind is ErrorKind.CANCELLED]
+    assert len(done) >= 5 and cancelled and len(done) + len(cancelled) == len(records) < 1000
+    s = summarize(records, interrupted=True)
+    assert s["interrupted"] and s["counts"]["cancelled"] == len(cancelled)
+
+
+def test_stop_ends_a_session_run_too() -> None:
+    from inferlab.sim._simrun import Interrupted
+    from inferlab.sim._simsessions import simulate_sessions
+
+    wl = WorkloadConfig(input_tokens=50, output_tokens=20, sessions=40, turns=4).build(0, "chat")
+    seen: list[RequestRecord] = []
+    with pytest.raises(Interrupted) as e:
+        simulate_sessions(Engine(EngineConfig()), LoadConfig(ClosedLoop(4), 160), wl, users=4,  # type: ignore[arg-type]
+                          on_record=seen.append, stop=lambda: len(seen) >= 3)
+    assert 3 <= sum(r.ok for r in e.value.records) < 160 and len(e.value.records) == len(seen)
+
+
+def test_cli_a_rejected_request_does_not_abort_the_run(tmp_path: Path) -> None:
+    p = sim_cli("-n", "8", "--input-tokens", "uniform:100:5000", "--output-tokens", "100", "--out", str(tmp_path / "r"))
+    assert p.returncode == 0, p.stderr
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["counts"]["failed"] >= 1 and s["counts"]["completed"] >= 1
+    assert s["counts"]["failed"] + s["counts"]["completed"] == 8
+    assert "maximum context length" in s["error_examples"]["http_status"]
+
+
+def test_cli_a_prompt_longer_than_max_model_len_says_so_in_one_line() -> None:
+    p = sim_cli("-n", "4", "--max-model-len", "10")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "all 4 requests failed" in last and "does not fit in --max-model-len 10" in last
+    assert "max_tokens must be at least 1" not in p.stderr
+
+
+@pytest.mark.parametrize(("flag", "needle"), [("--step-log", "cannot write the step log"), ("--out", "cannot write results")])
+def test_cli_unwritable_outputs_are_usage_errors(tmp_path: Path, flag: str, needle: str) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    p = sim_cli("-n", "2", flag, str(blocker / "sub" / "x.jsonl"))
+    assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_cli_interrupt_summarizes_what_completed(tmp_path: Path, sig: str) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferlab", "sim", "run", "-n", "60000", "--rate", "50", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    requests = out / "requests.jsonl"
+    deadline = time.monotonic() + 60  # bounded wait for the first finished request
+    while time.monotonic() < deadline and not (requests.exists() and requests.read_text().strip()):
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, sig))
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Aborted" not in stderr
+    s = json.loads((out / "summary.json").read_text())
+    lines = requests.read_text().splitlines()
+    assert s["interrupted"] is True
+    assert 1 <= s["counts"]["completed"] < 60000
+    assert s["counts"]["completed"] + s["counts"]["cancelled"] == len(lines)
+    assert "TTFT" in stdout and "interrupted" in stdout
+
+
+def test_cli_an_overloaded_open_loop_run_warns() -> None:
+    p = sim_cli("--model", "Qwen/Qwen2.5-7B-Instruct", "--quantization", "awq", "--gpu", "L40S", "--max-model-len", "8192",
+                "--rate", "20", "-n", "200", "--input-tokens", "4000", "--output-tokens", "200", "--json")
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert any(w.startswith("the server could not keep up: offered") for w in s["warnings"])
+    p = sim_cli("--rate", "2", "-n", "40", "--json")
+    assert p.returncode == 0 and not any("keep up" in w for w in json.loads(p.stdout)["warnings"])

@@ -58,3 +58,18 @@ def test_cli_over_a_dataset_with_a_system_prompt_file(tmp_path: Path) -> None:
 def test_cli_errors_are_one_line(args: tuple[str, ...], needle: str) -> None:
     p = run(*args)
     assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cli_says_builtin_counts_are_approximate_and_shows_whole_tokens_for_one_prompt(tmp_path: Path) -> None:
+    p = run("--prompt", "what is the cache", "--system", "answer with the text", "--prefill-tps", "1000")
+    assert p.returncode == 0, p.stderr
+    flat = " ".join(p.stdout.split())
+    assert "approximate" in flat and "--tokenizer" in flat
+    cells = [line.split("│")[1:3] for line in p.stdout.splitlines() if line.startswith("│ system prompt")]
+    assert [c.strip() for c in cells[0]] == ["system prompt", "4"]
+    j = json.loads(run("--prompt", "what is the cache", "--prefill-tps", "1000", "--json").stdout)
+    assert j["approximate"] is True
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "what is the cache"}\n{"prompt": "why"}\n')
+    p = run("--dataset", str(data), "--prefill-tps", "1000")
+    assert "2.5" in p.stdout  # means over a prompt set keep their decimals

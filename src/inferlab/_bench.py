@@ -164,10 +164,19 @@ class BenchConfig:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["api_key"] = "***" if self.api_key else None
-        d["headers"] = {k: ("***" if k.lower() == "authorization" else v) for k, v in self.headers}
+        d["headers"] = {k: ("***" if _secret_header(k) else v) for k, v in self.headers}
         d["load"]["schedule"] = {"kind": type(self.load.schedule).__name__, **d["load"]["schedule"]}
         out: dict[str, Any] = json.loads(json.dumps(d, default=str))
         return out
+
+
+#: A header whose name contains one of these (case-insensitive) is redacted in config.json.
+_SECRET_HEADER_PARTS = ("authorization", "api-key", "api_key", "apikey", "token", "secret", "cookie", "password", "key")
+
+
+def _secret_header(name: str) -> bool:
+    lower = name.lower()
+    return any(part in lower for part in _SECRET_HEADER_PARTS)
 
 
 @dataclass

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import signal
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import IO, Any
 
 import click
 from rich.console import Console
@@ -21,7 +24,7 @@ from inferlab._cli_common import (
     workload_config,
 )
 from inferlab._datasets import DatasetWorkload
-from inferlab._errors import InferlabError
+from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab._report import render_summary
 from inferlab._schedule import ClosedLoop
 from inferlab._sessions import SessionWorkload
@@ -130,7 +133,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     from inferlab._results import RunWriter
     from inferlab._tokenizers import load_tokenizer
     from inferlab.sim._engine import Engine
-    from inferlab.sim._simrun import simulate
+    from inferlab.sim._simrun import Interrupted, simulate
 
     load = load_config(kw)
     engine_cfg = engine_config(kw)
@@ -146,23 +149,30 @@ def _sim_run(kw: dict[str, Any]) -> int:
         "trace": kw["trace"],
     }
     config_json = json.loads(json.dumps(config_json, default=str))
-    writer = RunWriter(kw["out"], config_json) if kw["out"] else None
-    step_log = open(kw["step_log"], "w") if kw["step_log"] else None  # noqa: SIM115
+    step_log = _open_step_log(kw["step_log"])
+    writer = None
+    interrupted = False
     try:
-        if isinstance(workload, SessionWorkload):
-            from inferlab.sim._simsessions import simulate_sessions
+        writer = RunWriter(kw["out"], config_json) if kw["out"] else None
+        on_record = writer.append if writer else None
+        with _stop_on_signals() as stop:
+            try:
+                if isinstance(workload, SessionWorkload):
+                    from inferlab.sim._simsessions import simulate_sessions
 
-            s = load.schedule
-            records = simulate_sessions(
-                engine, load, workload, users=s.concurrency if isinstance(s, ClosedLoop) else 1,
-                chat=kw["api"] == "chat", tokenizer=tokenizer, on_record=writer.append if writer else None,
-            )
-        else:
-            records = simulate(
-                engine, load, workload, chat=kw["api"] == "chat", step_log=step_log,
-                on_record=writer.append if writer else None, tokenizer=tokenizer,
-            )
-        summary = summarize(records, config=config_json, slo=slo_config(kw))
+                    s = load.schedule
+                    records = simulate_sessions(
+                        engine, load, workload, users=s.concurrency if isinstance(s, ClosedLoop) else 1,
+                        chat=kw["api"] == "chat", tokenizer=tokenizer, on_record=on_record, stop=stop,
+                    )
+                else:
+                    records = simulate(
+                        engine, load, workload, chat=kw["api"] == "chat", step_log=step_log,
+                        on_record=on_record, tokenizer=tokenizer, stop=stop,
+                    )
+            except Interrupted as stopped:
+                records, interrupted = stopped.records, True
+        summary = summarize(records, config=config_json, slo=slo_config(kw), interrupted=interrupted)
         if isinstance(workload, list):
             summary["trace_comparison"] = compare_with_trace(records, workload)
         if isinstance(workload, DatasetWorkload):
@@ -182,4 +192,39 @@ def _sim_run(kw: dict[str, Any]) -> int:
         render_summary(out, summary, f"inferlab sim run · {e.model} on {e.tensor_parallel_size}x {e.gpu} (virtual time)")
         if kw["out"]:
             out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
+    c = summary["counts"]
+    if interrupted:
+        return 130
+    if c["completed"] == 0 and c["failed"] > 0:
+        kind, msg = next(iter(summary["error_examples"].items()))
+        raise RunFailedError(f"all {c['failed']} requests failed; first {kind}: {msg}", summary)
     return 0
+
+
+def _open_step_log(path: str | None) -> IO[str] | None:
+    if not path:
+        return None
+    try:
+        return open(path, "w")
+    except OSError as e:
+        raise UsageError(f"cannot write the step log {path}: {e.strerror or e}") from e
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[Callable[[], bool]]:
+    """For the run's duration, SIGINT/SIGTERM ask the simulation to stop between steps
+    (a second signal interrupts at once); the previous handlers come back after."""
+    stopping = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if stopping:
+            raise KeyboardInterrupt
+        stopping = True
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield lambda: stopping
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)

@@ -69,8 +69,11 @@ def _tokens(kw: dict[str, Any]) -> int:
     else:
         prefill, source = sim_prefill(kw["model"], kw["gpu"]), f"simulated {kw['model']} on {kw['gpu']}"
     cost = token_cost(specs, tok, prefill, source)
+    approximate = not kw["tokenizer"]
     if kw["as_json"]:
-        click.echo(json.dumps({**cost.to_json(), "tokenizer": kw["tokenizer"] or "built-in (simulator)"}, indent=2))
+        click.echo(json.dumps({
+            **cost.to_json(), "tokenizer": kw["tokenizer"] or "built-in (simulator)", "approximate": approximate,
+        }, indent=2))
         return 0
     from rich.table import Table
 
@@ -79,11 +82,18 @@ def _tokens(kw: dict[str, Any]) -> int:
     table.add_column("part")
     table.add_column("tokens", justify="right")
     table.add_column("share", justify="right")
+    digits = 1 if cost.prompts > 1 else 0  # one prompt: whole tokens; a set: means
     for label, n in (("system prompt", cost.system_tokens), ("user content", cost.user_tokens),
                      ("chat template", cost.template_tokens), ("total", cost.total_tokens)):
-        table.add_row(label, f"{n:,.1f}", f"{n / cost.total_tokens:.1%}" if cost.total_tokens else "—")
+        table.add_row(label, f"{n:,.{digits}f}", f"{n / cost.total_tokens:.1%}" if cost.total_tokens else "—")
     out = Console()
     out.print(table)
+    if approximate:
+        out.print(
+            "[yellow]note:[/yellow] counts are approximate for real models: the built-in tokenizer "
+            "knows only a few hundred words (others cost a token per byte); pass --tokenizer "
+            "tokenizer.json (or its directory) for your model's exact counts"
+        )
     out.print(f"system + template share: {cost.overhead_share:.1%}")
     if cost.ttft_ms is not None and cost.ttft_user_only_ms is not None:
         out.print(

@@ -21,6 +21,11 @@ NS_PER_S = 1e9
 DISTRIBUTION_KEYS = ("mean", "std", "min", "p50", "p90", "p95", "p99", "max")
 #: A request whose actual send lagged its intended time by more than this is "late".
 LATE_THRESHOLD_MS = 10.0
+#: An open-loop run whose completion rate is below this share of the offered rate, while
+#: latency grew, was more than the server could take.
+KEEP_UP_RATIO = 0.8
+#: ... and "latency grew" means the last tenth's mean is at least this many times the first's.
+LATENCY_GROWTH = 2.0
 
 
 @dataclass(frozen=True)
@@ -177,7 +182,7 @@ def summarize(
         "server_timeline": server_comparison(done, per),
         "error_examples": _error_examples(failed),
     }
-    summary["warnings"] = warnings(summary, done)
+    summary["warnings"] = warnings(summary, done, measured)
     return summary
 
 
@@ -230,9 +235,16 @@ def _error_examples(failed: Sequence[RequestRecord]) -> dict[str, str]:
     return examples
 
 
-def warnings(summary: dict[str, Any], done: Sequence[RequestRecord]) -> list[str]:
-    """Plain-language caveats about how far the numbers can be trusted."""
+def warnings(
+    summary: dict[str, Any], done: Sequence[RequestRecord], measured: Sequence[RequestRecord] = ()
+) -> list[str]:
+    """Plain-language caveats about how far the numbers can be trusted. ``done``: the
+    measured requests that completed; ``measured``: all measured requests (for the
+    offered rate)."""
     out: list[str] = []
+    overload = overload_warning(summary, done, measured)
+    if overload:
+        out.append(overload)
     qd = summary.get("queue_delay_ms")
     if qd and qd["p99"] > LATE_THRESHOLD_MS:
         out.append(
@@ -255,3 +267,45 @@ def warnings(summary: dict[str, Any], done: Sequence[RequestRecord]) -> list[str
     if summary.get("interrupted"):
         out.append("the run was interrupted: the summary covers what completed")
     return out
+
+
+def overload_warning(
+    summary: dict[str, Any], done: Sequence[RequestRecord], measured: Sequence[RequestRecord]
+) -> str | None:
+    """Open loop: did completions fall behind the offered rate while queues grew?
+
+    Offered rate: (n − 1) / (last intended send − first intended send) over ``measured``
+    (the intended times must be spread out); completion rate: the summary's
+    ``request_throughput_rps``. A short run understates the latter (its last requests'
+    latency counts in the duration), hence the second condition. A warning when completions < ``KEEP_UP_RATIO`` × offered and the mean TTFT (E2E
+    if there is no TTFT) of the last tenth of ``done``, by send time, is at least
+    ``LATENCY_GROWTH`` times the first tenth's. ``None`` for closed loops and sessions
+    (each send follows a completion there, so they cannot outrun the server)."""
+    load = (summary.get("config") or {}).get("load") or {}
+    if (load.get("schedule") or {}).get("kind") == "ClosedLoop" or any(r.session is not None for r in measured):
+        return None
+    intended = sorted(r.intended_send_ns for r in measured if r.intended_send_ns is not None)
+    completed_rps = summary.get("request_throughput_rps")
+    if len(intended) < 2 or intended[-1] <= intended[0] or not completed_rps:
+        return None
+    offered_rps = (len(intended) - 1) / ((intended[-1] - intended[0]) / NS_PER_S)
+    if completed_rps >= KEEP_UP_RATIO * offered_rps:
+        return None
+    by_send = sorted(done, key=lambda r: (r.intended_send_ns if r.intended_send_ns is not None else r.send_ns or 0))
+    per = [request_metrics(r) for r in by_send]
+    label, lat = "TTFT", [m.ttft_ms for m in per]
+    if any(v is None for v in lat):
+        label, lat = "E2E", [m.e2e_ms for m in per]
+    values = _present(lat)
+    if len(values) < 2:
+        return None
+    tenth = max(1, len(values) // 10)
+    first = math.fsum(values[:tenth]) / tenth
+    last = math.fsum(values[-tenth:]) / tenth
+    if last < LATENCY_GROWTH * first:
+        return None
+    return (
+        f"the server could not keep up: offered {offered_rps:.1f} req/s, completed "
+        f"{completed_rps:.1f} req/s; queues grew through the run ({label} rose from "
+        f"{first:,.0f} ms in the first tenth to {last:,.0f} ms in the last)"
+    )

@@ -79,14 +79,14 @@ def render_summary(console: Console, s: dict[str, Any], title: str) -> None:
     console.print(table)
 
     tput = Table(show_header=False, box=None, pad_edge=False)
-    tput.add_column(style="bold")
-    tput.add_column(justify="right")
-    failed = f"{c['failed']}" + (
+    tput.add_column(style="bold", no_wrap=True)
+    tput.add_column()  # left-aligned, next to its label
+    failed = f"{c['failed']} failed" + (
         " (" + ", ".join(f"{k} {v}" for k, v in sorted(c["errors"].items())) + ")" if c["errors"] else ""
     )
     rows = [
-        ("requests", f"{c['completed']} completed, {failed} failed" + (f", {c['cancelled']} cancelled" if c.get("cancelled") else "")),
-        ("duration", f"{_fmt(s['duration_s'], 2)} s"),
+        ("requests", f"{c['completed']} completed, {failed}" + (f", {c['cancelled']} cancelled" if c.get("cancelled") else "")),
+        ("duration", f"{_fmt(s['duration_s'], 2)} s" if c["completed"] else "—"),
         ("request throughput", f"{_fmt(s['request_throughput_rps'], 2)} req/s"),
         ("output tokens/s", f"{_fmt(s['output_token_throughput_tps'])} tok/s  ({_fmt(s['output_tpm'], 0)} TPM)"),
         ("total tokens/s", f"{_fmt(s['total_token_throughput_tps'])} tok/s  ({_fmt(s['total_tpm'], 0)} TPM)"),

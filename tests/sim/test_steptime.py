@@ -1,4 +1,5 @@
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,13 @@ def test_efficiencies_load_from_json(tmp_path: Path) -> None:
     path.write_text(json.dumps({"weight_stream": "fast"}))
     with pytest.raises(UsageError, match="numbers"):
         load_efficiencies(path)
+
+
+def test_an_unusable_gpu_file_is_named_by_its_path(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hbm_gb": 32}))
+    with pytest.raises(UsageError, match=rf"^{re.escape(str(bad))}: not a usable GPU spec \('bf16_dense_tflops' missing\)$"):
+        resolve_gpu(str(bad))
+    bad.write_text(json.dumps({"name": "X", "bf16_dense_tflops": "fast", "hbm_gb": 32, "hbm_bw_tbs": 1}))
+    with pytest.raises(UsageError, match=rf"^{re.escape(str(bad))}: not a usable GPU spec \(invalid value"):
+        resolve_gpu(str(bad))

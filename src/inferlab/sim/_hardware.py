@@ -179,7 +179,8 @@ def resolve_model(name: str) -> ModelSpec:
     )
 
 
-def _gpu_from_dict(name: str, d: dict[str, Any]) -> GpuSpec:
+def _gpu_from_dict(name: str, d: dict[str, Any], source: str | None = None) -> GpuSpec:
+    """``source``: the file ``d`` came from, named in the ``UsageError`` if it is unusable."""
     try:
         fp8 = d.get("fp8_dense_tflops")
         bf16 = float(d["bf16_dense_tflops"])
@@ -194,8 +195,10 @@ def _gpu_from_dict(name: str, d: dict[str, Any]) -> GpuSpec:
             bus_bytes_per_s=float(d.get("bus_bw_gbs") or _BUS_GBS.get(name, _DEFAULT_BUS_GBS))
             * 1e9,
         )
-    except (KeyError, TypeError, ValueError) as e:
-        raise UsageError(f"{name}: not a usable GPU spec ({e!r} missing or invalid)") from e
+    except KeyError as e:
+        raise UsageError(f"{source or name}: not a usable GPU spec ({e.args[0]!r} missing)") from e
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{source or name}: not a usable GPU spec (invalid value: {e})") from e
 
 
 def resolve_gpu(name: str) -> GpuSpec:
@@ -218,5 +221,5 @@ def resolve_gpu(name: str) -> GpuSpec:
             raise UsageError(f"cannot read GPU spec {path}: {e}") from e
         if not isinstance(d, dict):
             raise UsageError(f"{path}: a GPU spec must be a JSON object")
-        return _gpu_from_dict(str(d.get("name", path.stem)), d)
+        return _gpu_from_dict(str(d.get("name", path.stem)), d, str(path))
     raise UsageError(f"unknown GPU {name!r}; known: {', '.join(gpu_names())} (or a JSON file)")

@@ -4,6 +4,11 @@ The same ``LoadConfig`` and workload objects as ``bench`` decide what is sent an
 the result is the same ``RequestRecord`` list, so the same metrics and files follow.
 Closed loop: each of N users sends its next request the moment its previous one
 finishes. Open loop: the schedule's arrival times (``--rate inf`` = all at time 0).
+
+As over HTTP, a request the engine cannot serve (longer than ``max_model_len``, larger
+than the KV cache) is a failed record (HTTP 400), not the end of the run. A stop request
+(``stop()`` true, or Ctrl-C) ends the run between steps: in-flight requests become
+cancelled records and ``Interrupted`` carries everything recorded so far.
 """
 
 from __future__ import annotations
@@ -15,13 +20,34 @@ from dataclasses import asdict
 from typing import IO
 
 from inferlab._clock import NS_PER_S
-from inferlab._records import RequestRecord
+from inferlab._records import ErrorKind, RequestRecord
 from inferlab._runner import LoadConfig, replay_times_s
 from inferlab._schedule import ClosedLoop, OpenLoop
 from inferlab._tokenizers import Tokenizer
 from inferlab._workload import RequestSpec, TimedSpec
 from inferlab.sim._engine import Engine, StepStats
 from inferlab.sim._tokenizer import BuiltinTokenizer, natural_output_len
+
+#: Time a rejected request takes at the least, so that a closed loop under ``duration_s``
+#: still advances when every request is rejected.
+_MIN_REJECT_S = 1e-6
+
+OnRecord = Callable[[RequestRecord], None]
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped early. ``records`` (sorted by index) are every request that
+    finished, failed or was cancelled in flight, each already passed to ``on_record``.
+
+    A ``KeyboardInterrupt`` subclass, so code that does not look for it still stops."""
+
+    def __init__(self, records: list[RequestRecord]) -> None:
+        super().__init__("run interrupted")
+        self.records = records
+
+
+class _Stop(Exception):
+    """``stop()`` answered true: unwind to ``simulate``, which raises ``Interrupted``."""
 
 
 def _ns(t_s: float) -> int:
@@ -37,6 +63,8 @@ class _Sim:
         step_log: IO[str] | None,
         natural_median_tokens: int,
         tokenizer: Tokenizer | None = None,
+        on_record: OnRecord | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         engine.record_token_times = True  # ITL needs every token's time
         self.engine = engine
@@ -45,7 +73,9 @@ class _Sim:
         self.warmup = warmup
         self.step_log = step_log
         self.natural_median_tokens = natural_median_tokens
-        self.records: dict[str, RequestRecord] = {}
+        self.on_record = on_record
+        self.stop = stop
+        self.records: dict[str, RequestRecord] = {}  # in flight, by request id
         self.done: list[RequestRecord] = []
 
     def prompt_ids(self, spec: RequestSpec) -> list[int]:
@@ -55,33 +85,91 @@ class _Sim:
             return self.tok.apply_chat_template(spec.messages())
         return self.tok.encode(str(spec.completion_prompt()))
 
-    def add(self, index: int, spec: RequestSpec, arrival_s: float) -> None:
+    def add(
+        self,
+        index: int,
+        spec: RequestSpec,
+        send_s: float,
+        intended_s: float | None = None,
+        *,
+        session: int | None = None,
+        turn: int | None = None,
+    ) -> RequestRecord | None:
+        """Send a request at ``send_s`` (intended at ``intended_s``, default the same).
+
+        Returns ``None`` if the engine queued it; else the failed record (HTTP 400 with
+        the engine's reason, ended ``api_overhead_s`` later), already finished."""
         ids = self.prompt_ids(spec)
-        if spec.max_tokens is not None:
-            out = spec.max_tokens
-        else:
-            room = self.engine.config.max_model_len - len(ids)
-            out = min(room, natural_output_len(ids, self.natural_median_tokens))
-        rid = str(index)
-        self.engine.add_request(rid, ids, out, arrival_s)
-        t = _ns(arrival_s)
-        self.records[rid] = RequestRecord(
+        t = _ns(send_s)
+        record = RequestRecord(
             index=index,
             warmup=index < self.warmup,
-            intended_send_ns=t,
+            intended_send_ns=t if intended_s is None else _ns(intended_s),
             send_ns=t,
             status=200,
             input_tokens=len(ids),
             requested_input_tokens=spec.input_tokens,
             requested_output_tokens=spec.max_tokens,
             usage_source="server",
+            session=session,
+            turn=turn,
         )
+        try:
+            out = self.output_len(ids, spec)
+            self.engine.add_request(str(index), ids, out, send_s)
+        except ValueError as e:  # what the HTTP server answers with 400
+            end_ns = _ns(send_s + max(self.engine.config.api_overhead_s, _MIN_REJECT_S))
+            record.status = 400
+            record.error_kind = ErrorKind.HTTP_STATUS
+            record.error = f"HTTP 400: {e}"
+            record.ttfb_ns = record.end_ns = end_ns
+            record.usage_source = "none"
+            self.finish(record)
+            return record
+        self.records[str(index)] = record
+        return None
+
+    def output_len(self, ids: list[int], spec: RequestSpec) -> int:
+        """``max_tokens`` if given, else the natural length within the context that is left;
+        ``ValueError`` if the prompt leaves no room for one output token."""
+        if spec.max_tokens is not None:
+            return spec.max_tokens
+        limit = self.engine.config.max_model_len
+        room = limit - len(ids)
+        if room < 1:
+            raise ValueError(
+                f"the prompt ({len(ids)} tokens) does not fit in --max-model-len {limit} "
+                "with room for one output token"
+            )
+        return min(room, natural_output_len(ids, self.natural_median_tokens))
+
+    def finish(self, record: RequestRecord) -> None:
+        self.done.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
+
+    def check_stop(self) -> None:
+        if self.stop is not None and self.stop():
+            raise _Stop
+
+    def interrupted(self) -> Interrupted:
+        """Cancel what is in flight (records passed to ``on_record``) and wrap all records."""
+        for rid, r in sorted(self.records.items(), key=lambda kv: kv[1].index):
+            self.engine.forget(rid)
+            r.error_kind = ErrorKind.CANCELLED
+            r.error = "run interrupted"
+            r.status = None
+            self.finish(r)
+        self.records.clear()
+        return Interrupted(sorted(self.done, key=lambda r: r.index))
 
     def step(self, now_s: float) -> tuple[float, list[RequestRecord]]:
         """One engine step; returns its end time and the records it finished."""
         result = self.engine.step(now_s, token_events=False)
         assert result is not None
         end_s = now_s + result.duration_s
+        if self.step_log is not None:
+            self.step_log.write(json.dumps(_stats_json(result.stats)) + "\n")
         finished = []
         for rid in result.finished:
             tl = self.engine.timeline(rid)
@@ -93,10 +181,8 @@ class _Sim:
             r.cached_tokens = tl.cached_tokens
             r.finish_reason = "length"
             self.engine.forget(rid)
+            self.finish(r)
             finished.append(r)
-        if self.step_log is not None:
-            self.step_log.write(json.dumps(_stats_json(result.stats)) + "\n")
-        self.done.extend(finished)
         return end_s, finished
 
 
@@ -112,16 +198,19 @@ def simulate(
     chat: bool = False,
     step_log: IO[str] | None = None,
     natural_median_tokens: int = 120,
-    on_record: Callable[[RequestRecord], None] | None = None,
+    on_record: OnRecord | None = None,
     tokenizer: Tokenizer | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[RequestRecord]:
     """Serve the workload in virtual time; records are sorted by index.
 
     A trace (a sequence of ``TimedSpec``) is replayed at its timestamps, within the
     load's request count and duration. A request the engine rejects (too long for
-    ``max_model_len`` or the KV cache) raises ``ValueError`` before any time passes
-    for it. ``tokenizer`` counts text prompts (default: the built-in one)."""
-    sim = _Sim(engine, chat, load.warmup, step_log, natural_median_tokens, tokenizer)
+    ``max_model_len`` or the KV cache) is a failed record (``http_status``, 400).
+    ``on_record`` sees each record as it ends. ``stop`` is asked between steps; when it
+    answers true, or on ``KeyboardInterrupt``, ``Interrupted`` is raised with the records
+    so far. ``tokenizer`` counts text prompts (default: the built-in one)."""
+    sim = _Sim(engine, chat, load.warmup, step_log, natural_median_tokens, tokenizer, on_record, stop)
     total = None if load.num_requests is None else load.num_requests + load.warmup
     deadline_s = load.duration_s
 
@@ -135,46 +224,42 @@ def simulate(
     else:
         arrivals = []
 
-    if arrivals or isinstance(workload, Sequence):
-        limit = None if isinstance(load.schedule, ClosedLoop) else load.schedule.max_concurrency
-        _open(sim, arrivals, limit, on_record)
-    else:
-        assert isinstance(load.schedule, ClosedLoop) and not isinstance(workload, Sequence)
-        _closed(sim, load.schedule.concurrency, total, deadline_s, workload, on_record)
+    try:
+        if arrivals or isinstance(workload, Sequence):
+            limit = None if isinstance(load.schedule, ClosedLoop) else load.schedule.max_concurrency
+            _open(sim, arrivals, limit)
+        else:
+            assert isinstance(load.schedule, ClosedLoop) and not isinstance(workload, Sequence)
+            _closed(sim, load.schedule.concurrency, total, deadline_s, workload)
+    except (_Stop, KeyboardInterrupt):
+        raise sim.interrupted() from None
     return sorted(sim.done, key=lambda r: r.index)
 
 
-def _open(
-    sim: _Sim,
-    arrivals: list[tuple[float, RequestSpec]],
-    max_concurrency: int | None,
-    on_record: Callable[[RequestRecord], None] | None,
-) -> None:
+def _open(sim: _Sim, arrivals: list[tuple[float, RequestSpec]], max_concurrency: int | None) -> None:
     arrivals.sort(key=lambda a: a[0])
     now_s = arrivals[0][0] if arrivals else 0.0
     i = 0
     in_flight = 0
     free_since_s = 0.0  # since when a max_concurrency slot has been free
     while i < len(arrivals) or sim.engine.has_work():
+        sim.check_stop()
         while i < len(arrivals) and arrivals[i][0] <= now_s and (max_concurrency is None or in_flight < max_concurrency):
             # Sent at its arrival time (the engine queues it from then on), unless it
             # waited for a free max_concurrency slot: that wait is client queue delay.
             arrival_s = arrivals[i][0]
-            sim.add(i, arrivals[i][1], max(arrival_s, free_since_s))
-            sim.records[str(i)].intended_send_ns = _ns(arrival_s)
-            in_flight += 1
+            if sim.add(i, arrivals[i][1], max(arrival_s, free_since_s), arrival_s) is None:
+                in_flight += 1
             i += 1
         if not sim.engine.has_work():
-            now_s = arrivals[i][0]
+            if i < len(arrivals):
+                now_s = arrivals[i][0]
             continue
         was_full = max_concurrency is not None and in_flight >= max_concurrency
         now_s, finished = sim.step(now_s)
         in_flight -= len(finished)
         if was_full and finished:
             free_since_s = now_s
-        if on_record is not None:
-            for r in finished:
-                on_record(r)
 
 
 def _closed(
@@ -183,13 +268,13 @@ def _closed(
     total: int | None,
     deadline_s: float | None,
     workload: Iterator[RequestSpec],
-    on_record: Callable[[RequestRecord], None] | None,
 ) -> None:
     ready: list[float] = [0.0] * concurrency  # when each idle user sends next (a heap)
     sent = 0
     now_s = 0.0
     first_measured_s: float | None = None
     while True:
+        sim.check_stop()
         while ready and ready[0] <= now_s and (total is None or sent < total):
             if deadline_s is not None and first_measured_s is not None and now_s >= first_measured_s + deadline_s:
                 ready.clear()
@@ -201,7 +286,10 @@ def _closed(
             t = heapq.heappop(ready)
             if sent == sim.warmup:
                 first_measured_s = t
-            sim.add(sent, spec, t)
+            rejected = sim.add(sent, spec, t)
+            if rejected is not None:  # the user sends its next request once answered
+                assert rejected.end_ns is not None
+                heapq.heappush(ready, rejected.end_ns / NS_PER_S)
             sent += 1
         if not sim.engine.has_work():
             if not ready or (total is not None and sent >= total):
@@ -209,7 +297,5 @@ def _closed(
             now_s = ready[0]
             continue
         now_s, finished = sim.step(now_s)
-        for r in finished:
+        for _ in finished:
             heapq.heappush(ready, now_s)
-            if on_record is not None:
-                on_record(r)

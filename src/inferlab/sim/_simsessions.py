@@ -2,7 +2,8 @@
 
 Same semantics as ``bench`` (``inferlab._sessions``): each answer is the simulated
 output tokens, decoded, and goes into the next turn's context, so the prefix cache
-sees the conversation grow. Deterministic for a seed.
+sees the conversation grow. Deterministic for a seed. A turn the engine rejects is a
+failed record and ends its session (its context is unknown), as in ``bench``.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import heapq
 import itertools
 from collections.abc import Callable
 
+from inferlab._clock import NS_PER_S
 from inferlab._records import RequestRecord
 from inferlab._runner import LoadConfig
 from inferlab._schedule import OpenLoop
 from inferlab._sessions import Session, SessionWorkload
 from inferlab._tokenizers import Tokenizer
 from inferlab.sim._engine import Engine
-from inferlab.sim._simrun import _Sim
+from inferlab.sim._simrun import _Sim, _Stop
 
 
 def simulate_sessions(
@@ -29,9 +31,21 @@ def simulate_sessions(
     chat: bool = True,
     tokenizer: Tokenizer | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[RequestRecord]:
-    """Run every session to its last turn (or ``load.duration_s``); records by index."""
-    sim = _Sim(engine, chat, 0, None, 120, tokenizer)
+    """Run every session to its last turn (or ``load.duration_s``); records by index.
+
+    ``on_record`` and ``stop`` as in ``simulate``: a stop (or ``KeyboardInterrupt``)
+    raises ``Interrupted`` with the records so far."""
+    sim = _Sim(engine, chat, 0, None, 120, tokenizer, on_record, stop)
+    try:
+        _run(sim, load, workload, users)
+    except (_Stop, KeyboardInterrupt):
+        raise sim.interrupted() from None
+    return sorted(sim.done, key=lambda r: r.index)
+
+
+def _run(sim: _Sim, load: LoadConfig, workload: SessionWorkload, users: int) -> None:
     cfg = workload.config
     seq = itertools.count()
     ready: list[tuple[float, int, Session]] = []  # (send time, tie-break, session)
@@ -46,16 +60,27 @@ def simulate_sessions(
     index = itertools.count()
     now_s = 0.0
     deadline_s = load.duration_s
+
+    def next_session(t: float) -> None:
+        if not isinstance(load.schedule, OpenLoop):
+            nxt = next(waiting, None)
+            if nxt is not None:
+                heapq.heappush(ready, (t, next(seq), workload.session(nxt)))
+
     while ready or sim.engine.has_work():
+        sim.check_stop()
         while ready and ready[0][0] <= now_s:
             t, _, s = heapq.heappop(ready)
             if deadline_s is not None and t >= deadline_s:
                 continue
             spec = s.next_spec()
             i = next(index)
-            sim.add(i, spec, t)
-            sim.records[str(i)].session, sim.records[str(i)].turn = spec.session, spec.turn
-            of[i] = s
+            rejected = sim.add(i, spec, t, session=spec.session, turn=spec.turn)
+            if rejected is None:
+                of[i] = s
+            else:  # the session ends with its failed turn
+                assert rejected.end_ns is not None
+                next_session(rejected.end_ns / NS_PER_S)
         if not sim.engine.has_work():
             if not ready:
                 break
@@ -68,10 +93,5 @@ def simulate_sessions(
             s.answer(sim.tok.decode(sim.tok.output_token(k) for k in range(n)), n)
             if not s.done:
                 heapq.heappush(ready, (now_s + cfg.think_time_s, next(seq), s))
-            elif not isinstance(load.schedule, OpenLoop):
-                nxt = next(waiting, None)
-                if nxt is not None:
-                    heapq.heappush(ready, (now_s, next(seq), workload.session(nxt)))
-            if on_record is not None:
-                on_record(r)
-    return sorted(sim.done, key=lambda r: r.index)
+            else:
+                next_session(now_s)
