@@ -235,3 +235,13 @@ def test_virtual_run_jumps_idle_time() -> None:
     assert b.cached_tokens == 0  # 10 tokens: no full block
     with pytest.raises(KeyError):
         engine.timeline("a")  # run_virtual hands the timelines over and forgets them
+
+
+def test_vllm_startup_checks_on_budget_and_block_size() -> None:
+
+
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        Engine(EngineConfig(max_num_batched_tokens=64, max_num_seqs=128))
+    with pytest.raises(ValueError, match="block_size"):
+        Engine(EngineConfig(block_size=7))
+    Engine(EngineConfig(max_num_batched_tokens=128, max_num_seqs=128, block_size=32))

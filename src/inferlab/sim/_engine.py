@@ -349,6 +349,13 @@ def _validate(config: EngineConfig, max_position_embeddings: int) -> None:
             f"derived max_model_len (max_position_embeddings={max_position_embeddings} in "
             "model's config.json)."
         )
+    if config.max_num_batched_tokens < config.max_num_seqs:
+        raise ValueError(
+            f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be greater than or "
+            f"equal to max_num_seqs ({config.max_num_seqs})."
+        )
+    if config.block_size not in (1, 8, 16, 32, 64, 128):
+        raise ValueError(f"block_size ({config.block_size}) must be one of 1, 8, 16, 32, 64, 128")
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
         raise ValueError(
             f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than "
