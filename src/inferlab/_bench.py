@@ -267,22 +267,41 @@ async def bench_async(
             )
         else:
             result = await run_load(endpoint, config.load, workload, clock, on_record=record_done, stop=stop)
-        summary = summarize(result.records, config=cfg_json, slo=config.slo, interrupted=result.interrupted)
-        if isinstance(workload, list):
-            summary["trace_comparison"] = compare_with_trace(result.records, workload)
+        summary = run_summary(result.records, workload, config=cfg_json, slo=config.slo, interrupted=result.interrupted)
         add_preflight(summary, pre, wcfg)
-        if isinstance(workload, DatasetWorkload):
-            summary["warnings"] += workload.warnings()
         if writer is not None:
             writer.write_summary(summary)
     finally:
         if writer is not None:
             writer.close()
+    raise_if_all_failed(summary)
+    return BenchResult(summary, result.records, base)
+
+
+def run_summary(
+    records: list[RequestRecord],
+    workload: object,
+    *,
+    config: dict[str, Any],
+    slo: SLO | None,
+    interrupted: bool,
+) -> dict[str, Any]:
+    """The summary of a run of ``workload``, ``bench`` and ``sim run`` alike: the
+    metrics, plus the trace's own measurements compared and a dataset's warnings."""
+    summary = summarize(records, config=config, slo=slo, interrupted=interrupted)
+    if isinstance(workload, list):
+        summary["trace_comparison"] = compare_with_trace(records, workload)
+    if isinstance(workload, DatasetWorkload):
+        summary["warnings"] += workload.warnings()
+    return summary
+
+
+def raise_if_all_failed(summary: dict[str, Any]) -> None:
+    """``RunFailedError`` (exit 1, one line) when requests failed and none completed."""
     c = summary["counts"]
     if c["completed"] == 0 and c["failed"] > 0:
         kind, msg = next(iter(summary["error_examples"].items()))
         raise RunFailedError(f"all {c['failed']} requests failed; first {kind}: {msg}", summary)
-    return BenchResult(summary, result.records, base)
 
 
 def add_preflight(summary: dict[str, Any], pre: Preflight | None, wcfg: WorkloadConfig) -> None:

@@ -15,7 +15,7 @@ from typing import IO, Any
 import click
 from rich.console import Console
 
-from inferlab._bench import install_stop_signals
+from inferlab._bench import install_stop_signals, raise_if_all_failed, run_summary
 from inferlab._cli_common import (
     load_config,
     load_options,
@@ -23,12 +23,10 @@ from inferlab._cli_common import (
     slo_config,
     workload_config,
 )
-from inferlab._datasets import DatasetWorkload
-from inferlab._errors import InferlabError, RunFailedError, UsageError
+from inferlab._errors import InferlabError, UsageError
 from inferlab._report import render_summary
 from inferlab._schedule import ClosedLoop
 from inferlab._sessions import SessionWorkload
-from inferlab._traces import compare_with_trace
 from inferlab.sim._engine import EngineConfig
 from inferlab.sim._server import ServerConfig
 
@@ -129,7 +127,6 @@ def run_cmd(**kw: Any) -> None:
 
 
 def _sim_run(kw: dict[str, Any]) -> int:
-    from inferlab._metrics import summarize
     from inferlab._results import RunWriter
     from inferlab._tokenizers import load_tokenizer
     from inferlab.sim._engine import Engine
@@ -172,11 +169,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
                     )
             except Interrupted as stopped:
                 records, interrupted = stopped.records, True
-        summary = summarize(records, config=config_json, slo=slo_config(kw), interrupted=interrupted)
-        if isinstance(workload, list):
-            summary["trace_comparison"] = compare_with_trace(records, workload)
-        if isinstance(workload, DatasetWorkload):
-            summary["warnings"] += workload.warnings()
+        summary = run_summary(records, workload, config=config_json, slo=slo_config(kw), interrupted=interrupted)
         if writer is not None:
             writer.write_summary(summary)
     finally:
@@ -192,12 +185,9 @@ def _sim_run(kw: dict[str, Any]) -> int:
         render_summary(out, summary, f"inferlab sim run · {e.model} on {e.tensor_parallel_size}x {e.gpu} (virtual time)")
         if kw["out"]:
             out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
-    c = summary["counts"]
     if interrupted:
         return 130
-    if c["completed"] == 0 and c["failed"] > 0:
-        kind, msg = next(iter(summary["error_examples"].items()))
-        raise RunFailedError(f"all {c['failed']} requests failed; first {kind}: {msg}", summary)
+    raise_if_all_failed(summary)
     return 0
 
 
