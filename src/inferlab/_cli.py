@@ -120,7 +120,7 @@ def _render(out: Console, summary: dict[str, Any], as_json: bool, config: BenchC
         click.echo(json.dumps(summary, indent=2))
         return
     model = summary["config"].get("resolved", {}).get("model", "?")
-    render_summary(out, summary, f"inferlab bench · {model} @ {url}")
+    render_summary(out, summary, f"{model} @ {url}")
     if config.out_dir:
         out.print(f"results: {config.out_dir}/summary.json, {config.out_dir}/requests.jsonl")
 

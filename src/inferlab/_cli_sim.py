@@ -182,7 +182,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     else:
         out = Console()
         e = engine_cfg
-        render_summary(out, summary, f"inferlab sim run · {e.model} on {e.tensor_parallel_size}x {e.gpu} (virtual time)")
+        render_summary(out, summary, f"{e.model} on {e.tensor_parallel_size}x {e.gpu}, virtual time")
         if kw["out"]:
             out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
     if interrupted:
