@@ -29,6 +29,7 @@ from inferlab._schedule import ClosedLoop
 from inferlab._sessions import SessionWorkload
 from inferlab.sim._engine import EngineConfig
 from inferlab.sim._server import ServerConfig
+from inferlab.sim._steptime import FAMILY_EFFICIENCIES
 
 
 @click.group()
@@ -54,6 +55,7 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--dtype", default=d.dtype, show_default=True, type=click.Choice(["auto", "bfloat16", "float16", "half"]), help="Activation and unquantized weight type."),
         click.option("--quantization", "-q", type=click.Choice(["fp8", "int8", "awq", "gptq"]), default=None, help="Weight quantization: fp8/int8 (W8A8) or AWQ/GPTQ int4 (W4A16)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, type=click.Choice(["auto", "fp8"]), help="fp8 halves KV-cache bytes (more room, less to read)."),
+        click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Whose constants to use: vllm (V1), vllm-v0, sglang, trtllm, lmdeploy (per-step host cost, kernels)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
     for opt in reversed(opts):

@@ -1,6 +1,7 @@
 import dataclasses
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -245,3 +246,28 @@ def test_vllm_startup_checks_on_budget_and_block_size() -> None:
     with pytest.raises(ValueError, match="block_size"):
         Engine(EngineConfig(block_size=7))
     Engine(EngineConfig(max_num_batched_tokens=128, max_num_seqs=128, block_size=32))
+
+
+def decode_step_s(config: EngineConfig) -> float:
+    engine = Engine(config)
+    engine.add_request("r", list(range(100, 164)), 3, 0.0)
+    steps = []
+    t = 0.0
+    while (res := engine.step(t)) is not None:
+        steps.append(res.duration_s)
+        t += res.duration_s
+    return steps[-1]  # the last step is a pure batch-1 decode
+
+
+def test_engine_family_selects_its_constants(tmp_path: Any) -> None:
+    v1 = decode_step_s(EngineConfig())
+    v0 = decode_step_s(EngineConfig(engine_family="vllm-v0"))
+    sglang = decode_step_s(EngineConfig(engine_family="sglang"))
+    assert sglang < v1 < v0  # host cost per step: overlap scheduler < V1 < V0
+    with pytest.raises(UsageError, match="engine family"):
+        Engine(EngineConfig(engine_family="tgi-2"))
+    # a constants file applies on top of the family's
+    f = tmp_path / "eff.json"
+    f.write_text('{"cpu_step_s": 0.0105}')
+    on_v0 = decode_step_s(EngineConfig(engine_family="vllm-v0", efficiencies_path=str(f)))
+    assert on_v0 > v0 + 0.008

@@ -16,10 +16,10 @@ from inferlab.sim._hardware import resolve_gpu, resolve_model
 from inferlab.sim._kvcache import KVCacheManager, hash_blocks
 from inferlab.sim._scheduler import Batch, Request, Scheduler, SchedulerConfig
 from inferlab.sim._steptime import (
-    DEFAULT_EFFICIENCIES,
     RooflineStepTime,
     StepTimeModel,
     activation_reserve_bytes,
+    family_efficiencies,
     kv_bytes_per_token,
     load_efficiencies,
     weight_bytes_per_rank,
@@ -47,6 +47,7 @@ class EngineConfig:
     quantization: str | None = None  # None|fp8|int8|awq|gptq
     kv_cache_dtype: str = "auto"  # auto|fp8
     efficiencies_path: str | None = None
+    engine_family: str = "vllm"  # constants of vllm (V1), vllm-v0, sglang, trtllm, lmdeploy
     api_overhead_s: float = 0.002  # per-request API/tokenize cost before the request queues
     num_gpu_blocks_override: int | None = None  # fix the KV cache size (tests, what-ifs)
 
@@ -127,7 +128,8 @@ class Engine:
         model = resolve_model(config.model)
         gpu = resolve_gpu(config.gpu)
         path = config.efficiencies_path
-        eff = load_efficiencies(path) if path else DEFAULT_EFFICIENCIES
+        family = family_efficiencies(config.engine_family)
+        eff = load_efficiencies(path, family) if path else family
         tp = config.tensor_parallel_size
         _validate(config, model.max_position_embeddings)
         roofline = RooflineStepTime(

@@ -16,35 +16,12 @@ from inferlab.sim._hardware import resolve_gpu, resolve_model
 from inferlab.sim._scenario import Scenario
 from inferlab.sim._steptime import (
     DEFAULT_EFFICIENCIES,
+    FAMILY_EFFICIENCIES,
     RooflineStepTime,
     activation_reserve_bytes,
     kv_bytes_per_token,
     weight_bytes_per_rank,
 )
-
-# One Efficiencies override set per engine family; every row of a family uses it. The
-# defaults in ``Efficiencies`` are vLLM V1's (CUDA graphs, ~0.7 ms host cost per step).
-FAMILY_EFFICIENCIES: dict[str, dict[str, float]] = {
-    "vllm": {},
-    # vLLM V0 (< 0.8): scheduling, input preparation and output processing run between
-    # GPU steps in the engine process (no overlap), about twice V1's host cost per step.
-    "vllm-v0": {"cpu_step_s": 1.5e-3},
-    # SGLang: the overlap scheduler hides most host work behind the GPU step.
-    "sglang": {"cpu_step_s": 0.3e-3},
-    # TensorRT-LLM: C++ batch manager (~1 us per sequence), overlap scheduler, XQA decode
-    # attention streaming the (fp8) KV cache closer to peak bandwidth.
-    "trtllm": {"cpu_step_s": 0.3e-3, "per_seq_s": 1e-6, "kv_stream": 0.85},
-    # LMDeploy TurboMind: C++ persistent batch, FasterTransformer-style decode attention;
-    # its 2023-24 releases all-reduce through NCCL (no custom all-reduce): ~25 us each.
-    "lmdeploy": {
-        "cpu_step_s": 0.3e-3,
-        "per_seq_s": 1e-6,
-        "kv_stream": 0.85,
-        "allreduce_latency_s": 25e-6,
-    },
-    # Named engines without a set of their own (TGI, nano-vllm, ...): vLLM V1's, untuned.
-    "generic": {},
-}
 
 # Scheduler defaults per family: max_num_seqs, max_num_batched_tokens, and for TRT-LLM /
 # LMDeploy the fraction of free memory (after weights) given to the KV cache.
