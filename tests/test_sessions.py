@@ -7,6 +7,7 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from inferlab import BenchConfig, ClosedLoop, LoadConfig, OpenLoop, WorkloadConfig, bench_async
 from inferlab._records import RequestRecord
@@ -94,3 +95,15 @@ def test_cli_sim_run_sessions() -> None:
     assert p.returncode == 0, p.stderr
     s = json.loads(p.stdout)
     assert s["counts"]["completed"] == 12 and s["cached_tokens"] > 0
+
+
+def test_sim_run_sessions_write_the_step_log(tmp_path: Path) -> None:
+    log = tmp_path / "steps.jsonl"
+    p = subprocess.run(
+        [sys.executable, "-m", "inferlab", "sim", "run", "--sessions", "2", "--turns", "2",
+         "--input-tokens", "50", "--step-log", str(log), "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert steps and sum(s["prefill_tokens"] for s in steps) >= 4 * 50

@@ -163,6 +163,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
                     records = simulate_sessions(
                         engine, load, workload, users=s.concurrency if isinstance(s, ClosedLoop) else 1,
                         chat=kw["api"] == "chat", tokenizer=tokenizer, on_record=on_record, stop=stop,
+                        step_log=step_log,
                     )
                 else:
                     records = simulate(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
+from typing import IO
 
 from inferlab._clock import NS_PER_S
 from inferlab._records import RequestRecord
@@ -32,12 +33,13 @@ def simulate_sessions(
     tokenizer: Tokenizer | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    step_log: IO[str] | None = None,
 ) -> list[RequestRecord]:
     """Run every session to its last turn (or ``load.duration_s``); records by index.
 
     ``on_record`` and ``stop`` as in ``simulate``: a stop (or ``KeyboardInterrupt``)
     raises ``Interrupted`` with the records so far."""
-    sim = _Sim(engine, chat, 0, None, 120, tokenizer, on_record, stop)
+    sim = _Sim(engine, chat, 0, step_log, 120, tokenizer, on_record, stop)
     try:
         _run(sim, load, workload, users)
     except (_Stop, KeyboardInterrupt):
