@@ -12,6 +12,7 @@ is about how long anything took on the wall clock.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -519,41 +520,41 @@ def one_seat() -> Iterator[EmbeddedServer]:
 LONG_RUN = {"model": MODEL, "prompt": "hi", "max_tokens": 3000, "ignore_eos": True, "stream": True}
 
 
+@contextlib.contextmanager
+def seat_taken(server: EmbeddedServer) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """Request A (a long stream) holds the server's only seat: its first token arrived.
+    Yields two more clients, B and C."""
+    with (
+        httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT_S) as a,
+        httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT_S) as b,
+        httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT_S) as c,
+        a.stream("POST", "/v1/completions", json=LONG_RUN) as ra,
+    ):
+        a_lines = ra.iter_lines()  # keep it referenced: a dropped iterator closes A
+        assert next(a_lines).startswith("data: ")
+        yield b, c
+
+
 def test_full_waiting_queue_gives_429(one_seat: EmbeddedServer) -> None:
     # A runs (its first token arrived: it holds the only seat), B waits (its response
     # headers arrived: the server has queued it), so C finds the queue full. A would run
     # for seconds; both are cut off once C is answered.
-    with (
-        httpx.Client(base_url=one_seat.url, timeout=HTTP_TIMEOUT_S) as a,
-        httpx.Client(base_url=one_seat.url, timeout=HTTP_TIMEOUT_S) as b,
-        httpx.Client(base_url=one_seat.url, timeout=HTTP_TIMEOUT_S) as c,
-        a.stream("POST", "/v1/completions", json=LONG_RUN) as ra,
-    ):
-        a_lines = ra.iter_lines()  # keep it referenced: a dropped iterator closes A
-        assert next(a_lines).startswith("data: ")
-        with b.stream("POST", "/v1/completions", json=LONG_RUN) as rb:
-            assert rb.status_code == 200
-            gauges = scrape(c)
-            assert metric(gauges, "vllm:num_requests_running") == 1
-            assert metric(gauges, "vllm:num_requests_waiting") == 1
-            r = c.post("/v1/completions", json={**LONG_RUN, "stream": False, "max_tokens": 1})
-            assert r.status_code == 429
-            err = r.json()["error"]
-            assert err["type"] == "RateLimitError" and err["code"] == 429 and err["message"]
-            client = openai.OpenAI(base_url=f"{one_seat.url}/v1", api_key="x", max_retries=0)
-            with client, pytest.raises(openai.RateLimitError):
-                client.completions.create(model=MODEL, prompt="hi", max_tokens=1)
+    with seat_taken(one_seat) as (b, c), b.stream("POST", "/v1/completions", json=LONG_RUN) as rb:
+        assert rb.status_code == 200
+        gauges = scrape(c)
+        assert metric(gauges, "vllm:num_requests_running") == 1
+        assert metric(gauges, "vllm:num_requests_waiting") == 1
+        r = c.post("/v1/completions", json={**LONG_RUN, "stream": False, "max_tokens": 1})
+        assert r.status_code == 429
+        err = r.json()["error"]
+        assert err["type"] == "RateLimitError" and err["code"] == 429 and err["message"]
+        client = openai.OpenAI(base_url=f"{one_seat.url}/v1", api_key="x", max_retries=0)
+        with client, pytest.raises(openai.RateLimitError):
+            client.completions.create(model=MODEL, prompt="hi", max_tokens=1)
 
 
 def test_disconnected_waiting_request_leaves_the_queue(one_seat: EmbeddedServer) -> None:
-    with (
-        httpx.Client(base_url=one_seat.url, timeout=HTTP_TIMEOUT_S) as a,
-        httpx.Client(base_url=one_seat.url, timeout=HTTP_TIMEOUT_S) as b,
-        httpx.Client(base_url=one_seat.url, timeout=HTTP_TIMEOUT_S) as c,
-        a.stream("POST", "/v1/completions", json=LONG_RUN) as ra,
-    ):
-        a_lines = ra.iter_lines()  # keep it referenced: a dropped iterator closes A
-        assert next(a_lines).startswith("data: ")
+    with seat_taken(one_seat) as (b, c):
         with b.stream("POST", "/v1/completions", json=LONG_RUN) as rb:
             assert rb.status_code == 200
         # B's client is gone while A still runs. Wait (bounded) for the server to notice.

@@ -39,10 +39,6 @@ class WallClock:
     def now_ns(self) -> int:
         return time.monotonic_ns()
 
-    def wall_time_s(self) -> float:
-        """Unix time, for labelling results only; never used for measurement."""
-        return time.time()
-
     async def sleep_until_ns(self, deadline_ns: int) -> None:
         # asyncio's timers wake up to ~1 ms late (epoll's timeout is whole milliseconds,
         # rounded up). Sleep coarsely until just before the deadline, then finish in a

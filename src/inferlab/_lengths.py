@@ -44,20 +44,12 @@ class LengthDist:
             return max(1, round(rng.lognormvariate(math.log(self.a), self.b)))
         return rng.choice(self.values)
 
-    @property
-    def is_fixed(self) -> bool:
-        return self.kind == "fixed"
-
     def __str__(self) -> str:
         if self.kind == "fixed":
             return str(int(self.a))
         if self.kind == "empirical":
             return f"empirical({len(self.values)} values)"
         return f"{self.kind}:{self.a:g}:{self.b:g}"
-
-
-def fixed(n: int) -> LengthDist:
-    return parse_length(n)
 
 
 def empirical(values: list[int], flag: str = "lengths") -> LengthDist:

@@ -66,10 +66,6 @@ class SessionWorkload:
     def session(self, index: int) -> Session:
         return Session(self, index)
 
-    @property
-    def total_requests(self) -> int:
-        return self.config.sessions * self.config.turns
-
 
 @dataclass
 class Session:

@@ -16,7 +16,6 @@ from typing import Any, Literal
 from inferlab._errors import UsageError
 from inferlab._lengths import LengthDist
 from inferlab._prompts import PromptBuilder
-from inferlab._text import WORDS
 
 Api = Literal["chat", "completions"]
 
@@ -58,11 +57,6 @@ class RequestSpec:
         if not isinstance(self.prompt, str) or (not self.system and not self.context):
             return self.prompt
         return "\n\n".join(m["content"] for m in self.messages())
-
-
-def synthetic_text(num_words: int, rng: random.Random) -> str:
-    """``num_words`` random built-in words (one simulator token each)."""
-    return " ".join(rng.choices(WORDS, k=num_words))
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ class BuiltinTokenizer:
         self._ids = {p: _WORD_BASE + i for i, p in enumerate(pieces)}
         self._special_ids = {s: i for i, s in enumerate(SPECIAL_TOKENS)}
         self._after_space_ids = {p[1:]: i for p, i in self._ids.items() if p.startswith(" ")}
-        self.eos_token_id = self._special_ids["<|endoftext|>"]
         self._passage = self.encode(PASSAGE)
 
     @property
