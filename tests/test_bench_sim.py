@@ -196,3 +196,19 @@ def test_cli_a_web_server_that_is_no_inference_server(tmp_path: Path) -> None:
     assert post_refused.returncode == 1 and "does not answer like an OpenAI-compatible server" in post_refused.stderr
     for p in (no_models, post_refused):
         assert len(p.stderr.strip().splitlines()) == 1 and "<" not in p.stderr, p.stderr
+
+
+def test_sim_serve_starts_as_the_common_vllm_example() -> None:
+    """The embedded default (`sim serve` with no flags) is the issue's example:
+    --max-model-len 4096 --max-num-batched-tokens 8192 --enforce-eager on one H100."""
+    import urllib.request
+
+    from inferlab.sim._launch import ChildServer
+
+    server = ChildServer()
+    try:
+        with urllib.request.urlopen(server.url + "/v1/models", timeout=30) as r:
+            card = json.loads(r.read())["data"][0]
+    finally:
+        server.close()
+    assert card["max_model_len"] == 4096

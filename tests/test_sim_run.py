@@ -179,7 +179,7 @@ def test_stop_ends_a_session_run_too() -> None:
 
 
 def test_cli_a_rejected_request_does_not_abort_the_run(tmp_path: Path) -> None:
-    p = sim_cli("-n", "8", "--input-tokens", "uniform:100:5000", "--output-tokens", "100", "--out", str(tmp_path / "r"))
+    p = sim_cli("-n", "8", "--max-model-len", "4096", "--input-tokens", "uniform:100:5000", "--output-tokens", "100", "--out", str(tmp_path / "r"))
     assert p.returncode == 0, p.stderr
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert s["counts"]["failed"] >= 1 and s["counts"]["completed"] >= 1
@@ -238,3 +238,36 @@ def test_cli_an_overloaded_open_loop_run_warns() -> None:
     assert any(w.startswith("the server could not keep up: offered") for w in s["warnings"])
     p = sim_cli("--rate", "2", "-n", "40", "--json")
     assert p.returncode == 0 and not any("keep up" in w for w in json.loads(p.stdout)["warnings"])
+
+
+def test_cli_sim_run_sizes_the_engine_like_vllm_by_default() -> None:
+    """sim run answers what-ifs with vLLM's own defaults: CUDA graphs, the model's
+    context length, and vLLM V1's GPU-dependent scheduler sizes (server vs offline)."""
+
+    def engine(*args: str) -> dict:  # type: ignore[type-arg]
+        p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--json", *args)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["config"]["engine"]  # type: ignore[no-any-return]
+
+    h100 = engine()
+    assert (h100["max_model_len"], h100["max_num_batched_tokens"], h100["max_num_seqs"]) == (32768, 8192, 1024)
+    assert h100["enforce_eager"] is False
+    a100 = engine("--gpu", "A100")
+    assert (a100["max_num_batched_tokens"], a100["max_num_seqs"]) == (2048, 256)
+    assert engine("--rate", "inf")["max_num_batched_tokens"] == 16384  # vLLM's offline LLM class
+    given = engine("--max-model-len", "2048", "--max-num-batched-tokens", "512", "--enforce-eager")
+    assert (given["max_model_len"], given["max_num_batched_tokens"], given["max_num_seqs"], given["enforce_eager"]) == (2048, 512, 512, True)
+
+
+def test_default_context_length_is_capped_to_what_the_kv_cache_holds() -> None:
+    small = Engine(EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="RTX4090"))
+    assert small.limits.max_model_len == small.kv_capacity_tokens < 131072
+    big = Engine(EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H200"))
+    assert big.limits.max_model_len == 131072 < big.kv_capacity_tokens
+
+
+def test_cuda_graphs_decode_faster_than_eager_mode() -> None:
+    load = LoadConfig(ClosedLoop(1), num_requests=2)
+    graphs = run(load, out=64)["tpot_ms"]["mean"]
+    eager = run(load, out=64, enforce_eager=True)["tpot_ms"]["mean"]
+    assert eager > graphs * 1.1

@@ -35,7 +35,7 @@ from inferlab.sim._launch import EmbeddedServer
 from inferlab.sim._server import ServerConfig
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
-MAX_MODEL_LEN = 4096  # EngineConfig's default
+MAX_MODEL_LEN = 4096  # sim serve's default (the common vLLM example)
 SUBPROCESS_TIMEOUT_S = 30.0
 HTTP_TIMEOUT_S = 30.0
 N_OUT = 12  # output tokens for the streaming checks
@@ -161,7 +161,7 @@ def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: s
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[EmbeddedServer]:
-    with EmbeddedServer(ServerConfig(engine=EngineConfig(model=MODEL))) as srv:
+    with EmbeddedServer(ServerConfig(engine=EngineConfig(model=MODEL, max_model_len=MAX_MODEL_LEN))) as srv:
         yield srv
 
 
@@ -512,7 +512,7 @@ def test_failed_requests_leave_no_trace_in_the_engine(http: httpx.Client) -> Non
 @pytest.fixture
 def one_seat() -> Iterator[EmbeddedServer]:
     """One running sequence at a time and room for one waiting request."""
-    config = ServerConfig(engine=EngineConfig(model=MODEL, max_num_seqs=1), max_waiting_requests=1)
+    config = ServerConfig(engine=EngineConfig(model=MODEL, max_model_len=MAX_MODEL_LEN, max_num_seqs=1), max_waiting_requests=1)
     with EmbeddedServer(config) as srv:
         yield srv
 

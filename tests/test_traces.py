@@ -192,7 +192,7 @@ def test_vllm_result_replay_reproduces_its_own_measurements(tmp_path: Path) -> N
     from inferlab.sim._engine import Engine, EngineConfig
     from inferlab.sim._simrun import simulate
 
-    records = simulate(Engine(EngineConfig(enforce_eager=True)), LoadConfig(OpenLoop(8.0), num_requests=24, seed=3), WorkloadConfig("uniform:100:600", "uniform:5:60").build(3))
+    records = simulate(Engine(EngineConfig()), LoadConfig(OpenLoop(8.0), num_requests=24, seed=3), WorkloadConfig("uniform:100:600", "uniform:5:60").build(3))
     s = 1e-9
     result = {
         "request_rate": 8.0,

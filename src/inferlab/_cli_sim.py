@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from inferlab._cli_common import (
 )
 from inferlab._errors import InferlabError, UsageError
 from inferlab._report import render_summary
-from inferlab._schedule import ClosedLoop
+from inferlab._schedule import ClosedLoop, OpenLoop
 from inferlab._sessions import SessionWorkload
 from inferlab.sim._engine import EngineConfig
 from inferlab.sim._server import ServerConfig
@@ -37,30 +38,42 @@ def sim() -> None:
     """The simulated inference engine (vLLM-like scheduler on a roofline cost model)."""
 
 
-def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """vLLM's engine flags, with the common vLLM example as defaults."""
+# `sim serve` (the embedded default behind `bench`) starts as the common vLLM example;
+# `sim run` answers what-ifs with vLLM's own defaults unless a flag says otherwise.
+SERVE_DEFAULTS: dict[str, Any] = {"max_model_len": 4096, "max_num_batched_tokens": 8192, "enforce_eager": True}
+RUN_DEFAULTS: dict[str, Any] = {"max_model_len": None, "max_num_batched_tokens": None, "enforce_eager": False}
+
+
+def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """vLLM's engine flags; ``defaults`` sets the context length, token budget and eager mode."""
     d = EngineConfig()
+    auto_len = "the model's context length, capped to what the KV cache holds"
+    auto_budget = "vLLM's for the GPU: 8192 on H100/H200 (16384 with --rate inf), 2048 elsewhere (8192)"
     opts = [
         click.option("--model", default=d.model, show_default=True, help="Preset name, HF id, or a config.json path."),
         click.option("--gpu", default=d.gpu, show_default=True, help="H100, H200, A100, L40S, RTX4090, or a JSON file."),
         click.option("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size, show_default=True, help="GPUs the model is split over; adds two all-reduces per layer."),
-        click.option("--max-model-len", type=int, default=d.max_model_len, show_default=True, help="Longest prompt + output accepted; longer requests get HTTP 400."),
+        click.option("--max-model-len", type=int, default=defaults["max_model_len"], show_default=defaults["max_model_len"] or auto_len, help="Longest prompt + output accepted; longer requests get HTTP 400."),
         click.option("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, show_default=True, help="Share of GPU memory for weights, activations and the KV cache."),
-        click.option("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens, show_default=True, help="Token budget per step, shared by decodes and prefill chunks."),
-        click.option("--max-num-seqs", type=int, default=d.max_num_seqs, show_default=True, help="Most sequences running at once."),
+        click.option("--max-num-batched-tokens", type=int, default=defaults["max_num_batched_tokens"], show_default=defaults["max_num_batched_tokens"] or auto_budget, help="Token budget per step, shared by decodes and prefill chunks."),
+        click.option("--max-num-seqs", type=int, default=None, show_default="vLLM's for the GPU: 1024 on H100/H200, 256 elsewhere", help="Most sequences running at once."),
         click.option("--block-size", type=int, default=d.block_size, show_default=True, help="Tokens per KV-cache block (1, 8, 16, 32, 64 or 128)."),
         click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=d.enable_prefix_caching, show_default=True, help="Reuse KV blocks of shared prompt prefixes."),
         click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=d.enable_chunked_prefill, show_default=True, help="Split long prompts over steps (vLLM V1 default)."),
-        click.option("--enforce-eager/--no-enforce-eager", default=True, show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
+        click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
         click.option("--dtype", default=d.dtype, show_default=True, type=click.Choice(["auto", "bfloat16", "float16", "half"]), help="Activation and unquantized weight type."),
         click.option("--quantization", "-q", type=click.Choice(["fp8", "int8", "awq", "gptq"]), default=None, help="Weight quantization: fp8/int8 (W8A8) or AWQ/GPTQ int4 (W4A16)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, type=click.Choice(["auto", "fp8"]), help="fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Whose constants to use: vllm (V1), vllm-v0, sglang, trtllm, lmdeploy (per-step host cost, kernels)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return decorate
 
 
 def engine_config(kw: dict[str, Any]) -> EngineConfig:
@@ -72,7 +85,7 @@ def engine_config(kw: dict[str, Any]) -> EngineConfig:
 
 
 @sim.command()
-@engine_options
+@engine_options(SERVE_DEFAULTS)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--served-model-name", help="Name the API answers to (default: --model).")
@@ -119,7 +132,7 @@ def _serve(kw: dict[str, Any]) -> int:
 
 
 @sim.command("run")
-@engine_options
+@engine_options(RUN_DEFAULTS)
 @load_options
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
 @click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
@@ -135,8 +148,10 @@ def _sim_run(kw: dict[str, Any]) -> int:
     from inferlab.sim._simrun import Interrupted, simulate
 
     load = load_config(kw)
-    engine_cfg = engine_config(kw)
-    engine = Engine(engine_cfg)
+    s = load.schedule
+    offline = isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
+    engine = Engine(dataclasses.replace(engine_config(kw), offline=offline))
+    engine_cfg = engine.config  # the sizes resolved
     workload = workload_config(kw).build(load.seed, kw["api"])
     tokenizer = load_tokenizer(kw["tokenizer"]) if kw["tokenizer"] else None
     config_json = {
@@ -186,12 +201,29 @@ def _sim_run(kw: dict[str, Any]) -> int:
         out = Console()
         e = engine_cfg
         render_summary(out, summary, f"{e.model} on {e.tensor_parallel_size}x {e.gpu}, virtual time")
+        out.print(f"engine              {engine_line(engine)}")
         if kw["out"]:
             out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
     if interrupted:
         return 130
     raise_if_all_failed(summary)
     return 0
+
+
+def engine_line(engine: Any) -> str:
+    """The resolved engine sizes in one line, so defaults are never a guess."""
+    e, lim = engine.config, engine.limits
+    parts = [
+        e.quantization or ("fp16" if e.dtype == "float16" else "bf16"),
+        *(["fp8 KV"] if e.kv_cache_dtype == "fp8" else []),
+        f"max-model-len {lim.max_model_len:,}",
+        f"{lim.max_num_batched_tokens:,} tokens/step",
+        f"{lim.max_num_seqs:,} seqs",
+        f"KV {engine.kv_capacity_tokens:,} tokens",
+        "eager" if e.enforce_eager else "CUDA graphs",
+        *([f"{e.engine_family} constants"] if e.engine_family != "vllm" else []),
+    ]
+    return ", ".join(parts)
 
 
 def _open_step_log(path: str | None) -> IO[str] | None:

@@ -187,6 +187,8 @@ def summarize(
 
 
 def _token_source(done: Sequence[RequestRecord]) -> str:
+    if done and all(r.usage_source == "engine" for r in done):
+        return "the simulated engine's own counts"
     with_usage = sum(1 for r in done if r.usage_source == "server")
     if not done or with_usage == len(done):
         return "server usage"
@@ -251,7 +253,7 @@ def warnings(
             f"the client fell behind its schedule: p99 queue delay {qd['p99']:.1f} ms "
             f"(max {qd['max']:.1f} ms); the offered load was lower than asked"
         )
-    if summary["counts"]["completed"] and not summary["token_source"].startswith("server usage"):
+    if summary["counts"]["completed"] and not summary["token_source"].startswith(("server usage", "the simulated engine")):
         out.append(f"token counts: {summary['token_source']}")
     short = [
         r for r in done

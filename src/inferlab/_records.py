@@ -47,7 +47,7 @@ class RequestRecord:
     input_tokens: int | None = None
     output_tokens: int | None = None
     cached_tokens: int | None = None
-    usage_source: str = "none"  # "server" when the server's usage was received
+    usage_source: str = "none"  # "server": the server's usage; "engine": sim run's own counts
     output_chars: int = 0
     requested_input_tokens: int | None = None
     requested_output_tokens: int | None = None

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from inferlab.sim._hardware import resolve_gpu, resolve_model
+from inferlab.sim._hardware import GpuSpec, resolve_gpu, resolve_model
 from inferlab.sim._kvcache import KVCacheManager, hash_blocks
 from inferlab.sim._scheduler import Batch, Request, Scheduler, SchedulerConfig
 from inferlab.sim._steptime import (
@@ -30,15 +30,21 @@ _GIB = 2**30
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """vLLM-named engine flags (same defaults as vLLM where vLLM has one)."""
+    """vLLM-named engine flags with vLLM's defaults.
+
+    ``None`` sizes are resolved as vLLM resolves them (``resolve_sizes``):
+    ``max_num_batched_tokens`` / ``max_num_seqs`` from the GPU and whether the engine runs
+    offline (vLLM's ``LLM`` class) or as a server; ``max_model_len`` is the model's
+    context length, capped to what the KV cache holds.
+    """
 
     model: str = "Qwen/Qwen2.5-7B-Instruct"
     gpu: str = "H100"
     tensor_parallel_size: int = 1
-    max_model_len: int = 4096
+    max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -50,6 +56,17 @@ class EngineConfig:
     engine_family: str = "vllm"  # constants of vllm (V1), vllm-v0, sglang, trtllm, lmdeploy
     api_overhead_s: float = 0.002  # per-request API/tokenize cost before the request queues
     num_gpu_blocks_override: int | None = None  # fix the KV cache size (tests, what-ifs)
+    offline: bool = False  # size the scheduler like vLLM's offline LLM class, not its server
+
+
+def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
+    """vLLM V1's default ``(max_num_batched_tokens, max_num_seqs)`` for a GPU: larger on
+    GPUs with >= 70 GiB other than the A100 (vLLM found large budgets slower there), and
+    a doubled token budget for the offline ``LLM`` class (``EngineArgs.get_batch_defaults``)."""
+    big = gpu.hbm_bytes >= 70 * _GIB and not gpu.name.upper().startswith("A100")
+    if big:
+        return (16384 if offline else 8192), 1024
+    return (8192 if offline else 2048), 256
 
 
 @dataclass
@@ -123,7 +140,6 @@ class Engine:
     ) -> None:
         """``record_token_times``: keep every token's emission time in each request's
         timeline (virtual-time runs need them for ITL; the HTTP server does not)."""
-        self.config = config
         self.record_token_times = record_token_times
         model = resolve_model(config.model)
         gpu = resolve_gpu(config.gpu)
@@ -131,7 +147,12 @@ class Engine:
         family = family_efficiencies(config.engine_family)
         eff = load_efficiencies(path, family) if path else family
         tp = config.tensor_parallel_size
-        _validate(config, model.max_position_embeddings)
+        _validate_flags(config, model.max_position_embeddings)
+        auto_budget = config.max_num_batched_tokens is None
+        batched, seqs = vllm_batch_defaults(gpu, config.offline)
+        batched = config.max_num_batched_tokens or batched
+        # a default sequence cap never exceeds a given token budget
+        seqs = config.max_num_seqs or min(seqs, batched)
         roofline = RooflineStepTime(
             model,
             gpu,
@@ -153,14 +174,27 @@ class Engine:
                 f"{usable / _GIB:.1f} GiB; use a larger tensor_parallel_size, quantization "
                 "or GPU."
             )
-        reserve = activation_reserve_bytes(
-            model, tp, config.max_num_batched_tokens, config.max_num_seqs, eff
-        )
+        reserve = activation_reserve_bytes(model, tp, batched, seqs, eff)
         block_bytes = kv_bytes_per_token(model, tp, config.kv_cache_dtype) * config.block_size
         num_blocks = int(max(0.0, usable - weights - reserve) // block_bytes)
         if config.num_gpu_blocks_override is not None:
             num_blocks = config.num_gpu_blocks_override
-        if num_blocks * config.block_size < config.max_model_len:
+        # the model's context when not given, as much of it as the cache holds
+        max_len = config.max_model_len or min(model.max_position_embeddings, num_blocks * config.block_size)
+        if auto_budget:  # unchunked, the default budget holds one prompt; and all seqs
+            batched = max(batched, seqs, 0 if config.enable_chunked_prefill else max_len)
+        config = dataclasses.replace(
+            config, max_model_len=max_len, max_num_batched_tokens=batched, max_num_seqs=seqs
+        )
+        _validate_sizes(config)
+        self.config = config
+        if num_blocks < 1:
+            raise ValueError(
+                f"No available memory for the cache blocks: {model.name} weights take "
+                f"{weights / _GIB:.1f} GiB and activations {reserve / _GIB:.1f} GiB of the "
+                f"{usable / _GIB:.1f} GiB gpu_memory_utilization allows on {gpu.name}."
+            )
+        if num_blocks * config.block_size < max_len:
             raise ValueError(
                 f"The model's max seq len ({config.max_model_len}) is larger than the maximum "
                 f"number of tokens that can be stored in KV cache "
@@ -168,15 +202,9 @@ class Engine:
                 "or decreasing max_model_len when initializing the engine."
             )
         self._kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self._scheduler = Scheduler(
-            SchedulerConfig(
-                config.max_num_batched_tokens,
-                config.max_num_seqs,
-                config.max_model_len,
-                config.enable_chunked_prefill,
-            ),
-            self._kv,
-        )
+        #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
+        self.limits = SchedulerConfig(batched, seqs, max_len, config.enable_chunked_prefill)
+        self._scheduler = Scheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}
         self._timelines: dict[str, RequestTimeline] = {}
         self._num_added = 0
@@ -334,30 +362,36 @@ class Engine:
         return self._kv.prefix_hits_tokens
 
 
-def _validate(config: EngineConfig, max_position_embeddings: int) -> None:
-    """Raise ``ValueError`` for flag combinations vLLM rejects at start-up."""
+def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
+    """Raise ``ValueError`` for flags vLLM rejects at start-up (before sizes are resolved)."""
     if config.tensor_parallel_size < 1:
         raise ValueError("tensor_parallel_size must be at least 1")
     if not 0.0 < config.gpu_memory_utilization <= 1.0:
         raise ValueError("gpu_memory_utilization must be in (0, 1]")
     for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size"):
-        if getattr(config, name) < 1:
+        value = getattr(config, name)
+        if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1")
     if config.api_overhead_s < 0:
         raise ValueError("api_overhead_s must not be negative")
-    if config.max_model_len > max_position_embeddings:
+    if config.max_model_len is not None and config.max_model_len > max_position_embeddings:
         raise ValueError(
             f"User-specified max_model_len ({config.max_model_len}) is greater than the "
             f"derived max_model_len (max_position_embeddings={max_position_embeddings} in "
             "model's config.json)."
         )
+    if config.block_size not in (1, 8, 16, 32, 64, 128):
+        raise ValueError(f"block_size ({config.block_size}) must be one of 1, 8, 16, 32, 64, 128")
+
+
+def _validate_sizes(config: EngineConfig) -> None:
+    """Raise ``ValueError`` for resolved scheduler sizes vLLM rejects."""
+    assert config.max_num_batched_tokens and config.max_num_seqs and config.max_model_len
     if config.max_num_batched_tokens < config.max_num_seqs:
         raise ValueError(
             f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be greater than or "
             f"equal to max_num_seqs ({config.max_num_seqs})."
         )
-    if config.block_size not in (1, 8, 16, 32, 64, 128):
-        raise ValueError(f"block_size ({config.block_size}) must be one of 1, 8, 16, 32, 64, 128")
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
         raise ValueError(
             f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than "

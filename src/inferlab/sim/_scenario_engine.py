@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from inferlab.sim._engine import Engine, EngineConfig
+from inferlab.sim._engine import Engine, EngineConfig, vllm_batch_defaults
 from inferlab.sim._hardware import resolve_gpu, resolve_model
 from inferlab.sim._scenario import Scenario
 from inferlab.sim._steptime import (
@@ -44,13 +44,8 @@ def _scheduler_defaults(sc: Scenario, declared_len: int) -> dict[str, float]:
     if sc.family in ("vllm", "generic"):
         # V1: larger budgets on >= 70 GiB GPUs other than the A100; the LLM class
         # (offline) gets twice the server's token budget.
-        gpu = resolve_gpu(sc.gpu)
-        big = gpu.hbm_bytes >= 70 * 2**30 and not gpu.name.startswith("A100")
-        tokens = (16384 if big else 8192) if sc.kind in ("offline", "static") else 0
-        return {
-            "max_num_seqs": 1024 if big else 256,
-            "max_num_batched_tokens": tokens or (8192 if big else 2048),
-        }
+        tokens, seqs = vllm_batch_defaults(resolve_gpu(sc.gpu), offline=sc.kind in ("offline", "static"))
+        return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens}
     if sc.family == "sglang":
         return dict(_SGLANG_DEFAULTS)
     if sc.family == "lmdeploy":  # benchmark scripts raise max_batch_size to the concurrency
@@ -123,11 +118,12 @@ def _size_like_trtllm(
     blocks); TRT-LLM admits a request only with room for its whole sequence
     (GUARANTEED_NO_EVICT), and trtllm-bench sizes the batch from the workload."""
     model, gpu = resolve_model(sc.model), resolve_gpu(sc.gpu)
+    seqs, tokens = int(sched["max_num_seqs"]), int(sched["max_num_batched_tokens"])
     block_bytes = kv_bytes_per_token(model, sc.tp, sc.kv_cache_dtype) * config.block_size
     free = (
         gpu.hbm_bytes
         - weight_bytes_per_rank(model, sc.tp, sc.quantization)
-        - activation_reserve_bytes(model, sc.tp, config.max_num_batched_tokens, config.max_num_seqs)
+        - activation_reserve_bytes(model, sc.tp, tokens, seqs)
     )
     entries = flags.get("cache_max_entry_count", sched["kv_free"])
     if entries > 1:
@@ -138,7 +134,6 @@ def _size_like_trtllm(
     if sc.family != "trtllm":
         return config
     kv_tokens = blocks * config.block_size
-    seqs, tokens = config.max_num_seqs, config.max_num_batched_tokens
     if sc.kind == "offline":
         bs, tok = _trtllm_bench_sizes(sc, kv_tokens)
         seqs = seqs if "max_num_seqs" in flags else bs

@@ -171,7 +171,7 @@ class SimServer:
             "created": int(time.time()),
             "owned_by": "inferlab-sim",
             "root": self.config.engine.model,
-            "max_model_len": self.config.engine.max_model_len,
+            "max_model_len": self.engine.limits.max_model_len,
         }
         return web.json_response({"object": "list", "data": [card]})
 
@@ -193,7 +193,7 @@ class SimServer:
         else:
             raise APIError(400, "give 'prompt' (a string) or 'messages'")
         return web.json_response(
-            {"count": len(ids), "max_model_len": self.config.engine.max_model_len, "tokens": ids}
+            {"count": len(ids), "max_model_len": self.engine.limits.max_model_len, "tokens": ids}
         )
 
     async def detokenize(self, request: web.Request) -> web.Response:
@@ -241,14 +241,14 @@ class SimServer:
 
     def _output_len(self, body: dict[str, Any], prompt_ids: list[int]) -> tuple[int, str]:
         """How many tokens to generate, and the finish reason that will be reported."""
-        room = self.config.engine.max_model_len - len(prompt_ids)
+        room = self.engine.limits.max_model_len - len(prompt_ids)
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
             raise APIError(400, "max_tokens must be a positive integer")
-        if max_tokens is not None and len(prompt_ids) + max_tokens > self.config.engine.max_model_len:
+        if max_tokens is not None and len(prompt_ids) + max_tokens > self.engine.limits.max_model_len:
             raise APIError(
                 400,
-                f"This model's maximum context length is {self.config.engine.max_model_len} tokens. "
+                f"This model's maximum context length is {self.engine.limits.max_model_len} tokens. "
                 f"However, you requested {len(prompt_ids) + max_tokens} tokens "
                 f"({len(prompt_ids)} in the messages, {max_tokens} in the completion). "
                 "Please reduce the length of the messages or completion.",
@@ -256,7 +256,7 @@ class SimServer:
         if room < 1:
             raise APIError(
                 400,
-                f"This model's maximum context length is {self.config.engine.max_model_len} tokens. "
+                f"This model's maximum context length is {self.engine.limits.max_model_len} tokens. "
                 f"However, your prompt has {len(prompt_ids)} tokens. Please reduce the length of the prompt.",
             )
         limit = max_tokens if max_tokens is not None else room

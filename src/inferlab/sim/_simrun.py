@@ -110,7 +110,7 @@ class _Sim:
             input_tokens=len(ids),
             requested_input_tokens=spec.input_tokens,
             requested_output_tokens=spec.max_tokens,
-            usage_source="server",
+            usage_source="engine",
             session=session,
             turn=turn,
         )
@@ -134,7 +134,7 @@ class _Sim:
         ``ValueError`` if the prompt leaves no room for one output token."""
         if spec.max_tokens is not None:
             return spec.max_tokens
-        limit = self.engine.config.max_model_len
+        limit = self.engine.limits.max_model_len
         room = limit - len(ids)
         if room < 1:
             raise ValueError(

@@ -194,7 +194,7 @@ def _run(sc: Scenario) -> _Run:
     if sc.kind in ("offline", "closed"):
         mean_out = statistics.fmean(o for _, o in jobs)
         mean_len = statistics.fmean(i + o for i, o in jobs)
-        batch = min(engine.config.max_num_seqs, engine.kv_capacity_tokens / mean_len)
+        batch = min(engine.limits.max_num_seqs, engine.kv_capacity_tokens / mean_len)
         keep = max(int(_OUTPUT_TOKEN_BUDGET / mean_out), int(_MIN_BATCHES * batch) + 1)
         if sc.kind == "closed":
             keep = max(keep, _MIN_BATCHES * (sc.concurrency or 1))
