@@ -8,7 +8,7 @@ import pytest
 from inferlab._errors import UsageError
 from inferlab.sim import Engine, EngineConfig, RequestTimeline, StepResult, run_virtual
 
-SMALL = EngineConfig(max_model_len=2048, max_num_batched_tokens=2048, max_num_seqs=16)
+SMALL = EngineConfig(max_model_len=2048, max_num_batched_tokens=2048, max_num_seqs=16, api_overhead_s=0.002)
 
 
 def drain(engine: Engine, now_s: float = 0.0) -> tuple[float, list[StepResult]]:

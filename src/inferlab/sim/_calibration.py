@@ -61,7 +61,7 @@ def _family(engine: str, version: tuple[int, int] | None) -> str:
         raise ScenarioError(f"engine {engine!r}: not a continuous-batching engine we model")
     if "sglang" in e:
         return "sglang"
-    if re.search(r"tensorrt|trt-?llm|triton", e):
+    if re.search(r"tensorrt|trt-?llm|triton|\bnim\b", e):  # NIM serves these through TRT-LLM
         return "trtllm"
     if re.search(r"lmdeploy|turbomind", e):
         return "lmdeploy"
@@ -105,11 +105,16 @@ def _model(cell: str) -> tuple[str, int]:
         fam = re.sub(r"llama-?(\d)", r"llama-\1", m.group(1))
         if (fam, m.group(2)) in _MODELS:
             return _MODELS[fam, m.group(2)]
-    try:  # any other preset, by HF id or name
-        spec = resolve_model(cell.split("(")[0].strip())
-    except UsageError:
-        raise ScenarioError(f"model {cell!r}: no preset with its shapes") from None
-    return spec.name, spec.max_position_embeddings
+    plain = cell.split("(")[0].strip()
+    # a quantized checkpoint has its base model's shapes: Qwen/Qwen3-14B-FP8, ...-AWQ
+    base = re.sub(r"-(fp8(-dynamic|-static)?|awq|gptq(-int[48])?|int[48]|w4a16|w8a8)$", "", plain, flags=re.I)
+    for candidate in (plain, base):
+        try:  # any other preset, by HF id or name
+            spec = resolve_model(candidate)
+        except UsageError:
+            continue
+        return spec.name, spec.max_position_embeddings
+    raise ScenarioError(f"model {cell!r}: no preset with its shapes")
 
 
 def _gpu(cell: str) -> str:
@@ -123,7 +128,7 @@ def _gpu(cell: str) -> str:
             raise ScenarioError(f"GPU {cell!r}: only the H100 SXM has a preset")
         return "H100-SXM-80GB"
     if "a100" in t:
-        if re.search(r"40-?gb|pcie", t):
+        if re.search(r"40-?gb|pcie", t) and "not-stated" not in t:
             raise ScenarioError(f"GPU {cell!r}: only the A100 SXM 80GB has a preset")
         return "A100-SXM-80GB"
     if "l40s" in t:
@@ -164,6 +169,8 @@ def _kind(scenario: str, concurrency: str, rate: str) -> str:
     s = f"{scenario} {concurrency}".lower()
     if re.search(r"offline|max_throughput|benchmark_throughput", s):
         return "offline"
+    if re.search(r"closed|max-concurrency", s) and _number(concurrency) is not None:
+        return "closed"  # vllm bench serve --max-concurrency N at rate inf: N users
     if "burst" in s or rate.strip().lower().startswith("inf"):
         return "burst"
     if "poisson" in s:

@@ -54,7 +54,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # auto|fp8
     efficiencies_path: str | None = None
     engine_family: str = "vllm"  # constants of vllm (V1), vllm-v0, sglang, trtllm, lmdeploy
-    api_overhead_s: float = 0.002  # per-request API/tokenize cost before the request queues
+    api_overhead_s: float | None = None  # per-request API cost before queueing; None: the family's
     num_gpu_blocks_override: int | None = None  # fix the KV cache size (tests, what-ifs)
     offline: bool = False  # size the scheduler like vLLM's offline LLM class, not its server
 
@@ -183,9 +183,12 @@ class Engine:
         max_len = config.max_model_len or min(model.max_position_embeddings, num_blocks * config.block_size)
         if auto_budget:  # unchunked, the default budget holds one prompt; and all seqs
             batched = max(batched, seqs, 0 if config.enable_chunked_prefill else max_len)
+        api_s = eff.api_overhead_s if config.api_overhead_s is None else config.api_overhead_s
         config = dataclasses.replace(
-            config, max_model_len=max_len, max_num_batched_tokens=batched, max_num_seqs=seqs
+            config, max_model_len=max_len, max_num_batched_tokens=batched, max_num_seqs=seqs,
+            api_overhead_s=api_s,
         )
+        self.api_overhead_s = api_s
         _validate_sizes(config)
         self.config = config
         if num_blocks < 1:
@@ -234,7 +237,7 @@ class Engine:
             output_len,
             hashes,
             self._num_added,
-            now_s + self.config.api_overhead_s,
+            now_s + self.api_overhead_s,
         )
         self._num_added += 1
         self._active[request_id] = req
@@ -372,7 +375,7 @@ def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1")
-    if config.api_overhead_s < 0:
+    if config.api_overhead_s is not None and config.api_overhead_s < 0:
         raise ValueError("api_overhead_s must not be negative")
     if config.max_model_len is not None and config.max_model_len > max_position_embeddings:
         raise ValueError(

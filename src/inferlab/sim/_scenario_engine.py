@@ -26,7 +26,14 @@ from inferlab.sim._steptime import (
 # Scheduler defaults per family: max_num_seqs, max_num_batched_tokens, and for TRT-LLM /
 # LMDeploy the fraction of free memory (after weights) given to the KV cache.
 _SGLANG_DEFAULTS = {"max_num_seqs": 4096.0, "max_num_batched_tokens": 8192.0}  # chunked 8192
-_LMDEPLOY_DEFAULTS = {"max_num_seqs": 128.0, "max_num_batched_tokens": 8192.0, "kv_free": 0.8}
+# TurboMind (2023-24) prefills every newly admitted request before the next decode
+# iteration: no token budget shared with decodes, first tokens only after the whole batch.
+_LMDEPLOY_DEFAULTS = {
+    "max_num_seqs": 128.0,
+    "max_num_batched_tokens": float(2**20),
+    "enable_chunked_prefill": 0.0,
+    "kv_free": 0.8,
+}
 _TRTLLM_DEFAULTS = {"max_num_seqs": 2048.0, "max_num_batched_tokens": 8192.0, "kv_free": 0.9}
 
 
@@ -87,6 +94,7 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
     eager = bool(flags.get("enforce_eager", 0.0))
     config = EngineConfig(
         model=sc.model,
+        engine_family=sc.family,
         gpu=sc.gpu,
         tensor_parallel_size=sc.tp,
         max_model_len=max_model_len,
@@ -98,7 +106,7 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
         enforce_eager=eager,
         quantization=sc.quantization,
         kv_cache_dtype=sc.kv_cache_dtype,
-        api_overhead_s=EngineConfig.api_overhead_s if sc.via_server else 0.0,
+        api_overhead_s=None if sc.via_server else 0.0,  # the family's front-end cost
     )
     if "kv_free" in sched:
         config = _size_like_trtllm(sc, config, sched, flags)
@@ -123,7 +131,7 @@ def _size_like_trtllm(
     free = (
         gpu.hbm_bytes
         - weight_bytes_per_rank(model, sc.tp, sc.quantization)
-        - activation_reserve_bytes(model, sc.tp, tokens, seqs)
+        - activation_reserve_bytes(model, sc.tp, min(tokens, 8192), seqs)
     )
     entries = flags.get("cache_max_entry_count", sched["kv_free"])
     if entries > 1:

@@ -118,7 +118,7 @@ class _Sim:
             out = self.output_len(ids, spec)
             self.engine.add_request(str(index), ids, out, send_s)
         except ValueError as e:  # what the HTTP server answers with 400
-            end_ns = _ns(send_s + max(self.engine.config.api_overhead_s, _MIN_REJECT_S))
+            end_ns = _ns(send_s + max(self.engine.api_overhead_s, _MIN_REJECT_S))
             record.status = 400
             record.error_kind = ErrorKind.HTTP_STATUS
             record.error = f"HTTP 400: {e}"

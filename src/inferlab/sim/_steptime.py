@@ -49,6 +49,7 @@ class Efficiencies:
     eager_launch_per_layer_s: float = 30e-6  # eager launch gaps: ~10 kernels x 3 µs per layer
     per_seq_s: float = 5e-6  # host cost per scheduled sequence (inputs, outputs): 1–10 µs
     reserve_fixed_bytes: float = 1.5 * _GIB  # CUDA context, NCCL, CUDA graphs: 1–2 GiB per GPU
+    api_overhead_s: float = 0.002  # per request before it queues: HTTP, template, tokenize, IPC
 
 
 DEFAULT_EFFICIENCIES = Efficiencies()
@@ -59,8 +60,10 @@ DEFAULT_EFFICIENCIES = Efficiencies()
 FAMILY_EFFICIENCIES: dict[str, dict[str, float]] = {
     "vllm": {},
     # vLLM V0 (< 0.8): scheduling, input preparation and output processing run between
-    # GPU steps in the engine process (no overlap), about twice V1's host cost per step.
-    "vllm-v0": {"cpu_step_s": 1.5e-3},
+    # GPU steps in the engine process (no overlap), about twice V1's host cost per step;
+    # its API server path adds ~25 ms before a request is scheduled (fit: vLLM's own CI,
+    # Llama-3-70B TP4 at 1 req/s on H100 and H200, TTFT 62-66 ms against 34-40 ms).
+    "vllm-v0": {"cpu_step_s": 1.5e-3, "api_overhead_s": 0.025},
     # SGLang: the overlap scheduler hides most host work behind the GPU step.
     "sglang": {"cpu_step_s": 0.3e-3},
     # TensorRT-LLM: C++ batch manager (~1 us per sequence), overlap scheduler, XQA decode
