@@ -218,3 +218,35 @@ def test_vllm_result_replay_reproduces_its_own_measurements(tmp_path: Path) -> N
         assert _math.isclose(same[key]["predicted_mean"], same[key]["measured_mean"], rel_tol=1e-3, abs_tol=0.05), key
     slower = replay("--gpu", "A100")
     assert slower["tpot_ms"]["error_pct"] > 20  # A100 streams weights ~40% slower than H100
+
+
+def test_vllm_result_replay_keeps_its_max_concurrency(tmp_path: Path) -> None:
+    """A result measured with `vllm bench serve --max-concurrency 2` at rate inf is
+    replayed with at most 2 requests in flight (not all at t=0); a flag overrides it."""
+    from inferlab._results import read_records
+
+    n = 12
+    result = {
+        "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 2,
+        "input_lens": [300] * n, "output_lens": [20] * n,
+        "ttfts": [0.03] * n, "itls": [[0.01] * 19] * n,
+    }
+    path = tmp_path / "vllm_result.json"
+    path.write_text(json.dumps(result))
+
+    def peak(*extra: str) -> int:
+        out = tmp_path / f"run{len(extra)}"
+        p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(path), "--out", str(out), *extra],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert p.returncode == 0, p.stderr
+        records = list(read_records(out / "requests.jsonl"))
+        assert len(records) == n
+        events = sorted([(r.send_ns, 1) for r in records] + [(r.end_ns, -1) for r in records])  # type: ignore[list-item]
+        level = top = 0
+        for _, d in events:
+            level += d
+            top = max(top, level)
+        return top
+
+    assert peak() == 2
+    assert peak("--max-concurrency", "5") == 5

@@ -107,7 +107,7 @@ def test_workload_conflicts_are_usage_errors() -> None:
 def sim_run(caching: bool) -> tuple[float, int]:
     wl = WorkloadConfig(prefix_groups=4, prefix_tokens=2048, suffix_tokens=64, output_tokens=8)
     records = simulate(
-        Engine(EngineConfig(enable_prefix_caching=caching)),
+        Engine(EngineConfig(enable_prefix_caching=caching, api_overhead_s=0.0)),  # prefill alone
         LoadConfig(OpenLoop(8.0, "constant"), num_requests=40),
         wl.build(0),  # type: ignore[arg-type]
     )

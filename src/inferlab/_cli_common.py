@@ -18,7 +18,7 @@ from inferlab._errors import InferlabError, UsageError
 from inferlab._metrics import SLO
 from inferlab._runner import LoadConfig
 from inferlab._schedule import ClosedLoop, OpenLoop, Replay, Schedule
-from inferlab._traces import FORMATS, TraceConfig
+from inferlab._traces import FORMATS, TraceConfig, vllm_result_max_concurrency
 
 DEFAULT_CONCURRENCY = 32
 
@@ -135,7 +135,7 @@ def load_config(kw: dict[str, Any]) -> LoadConfig:
     if kw["trace"]:
         if kw["concurrency"] is not None or rate is not None:
             raise UsageError("--trace sends at the trace's times: drop --concurrency/--rate (use --speedup)")
-        schedule = Replay(kw["max_concurrency"])
+        schedule = Replay(kw["max_concurrency"] or vllm_result_max_concurrency(kw["trace"]))
         return LoadConfig(schedule, kw["num_requests"], kw["duration"], kw["warmup"], kw["seed"])
     for flag in ("trace_format", "trace_start", "trace_end"):
         if kw[flag] is not None:

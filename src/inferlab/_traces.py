@@ -16,7 +16,8 @@ Formats (auto-detected from the JSON keys or CSV header, or named):
 - ``vllm``: the JSON that ``vllm bench serve --save-result --save-detailed`` writes:
   ``input_lens``, ``output_lens``, per-request ``ttfts`` and ``itls`` (seconds), and
   ``request_rate``/``burstiness`` (the file has no send times: arrivals are redrawn
-  from that rate with the run's seed, or taken from ``start_times`` when present).
+  from that rate with the run's seed, or taken from ``start_times`` when present), and
+  its ``max_concurrency`` caps requests in flight unless ``--max-concurrency`` is given.
 
 Our JSONL may also carry what each request measured (``ttft_ms``, ``tpot_ms``,
 ``e2e_ms``), as the vLLM result does; ``sim run`` then compares its predictions with
@@ -273,6 +274,22 @@ def _is_vllm_result(f: Any) -> bool:
     except ValueError:
         return False
     return isinstance(obj, dict) and "input_lens" in obj and "output_lens" in obj
+
+
+def vllm_result_max_concurrency(path: str) -> int | None:
+    """The ``max_concurrency`` a vLLM benchmark result was measured under (its
+    ``--max-concurrency``), so a replay caps requests in flight the same way; ``None``
+    for other trace files or an uncapped run."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read(1).lstrip() != "{":
+                return None
+            f.seek(0)
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return None  # the trace reader reports unreadable files with their line
+    value = obj.get("max_concurrency") if isinstance(obj, dict) and "input_lens" in obj else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _read_vllm_result(path: str, f: Any) -> list[TraceRow]:

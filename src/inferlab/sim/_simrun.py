@@ -240,26 +240,27 @@ def _open(sim: _Sim, arrivals: list[tuple[float, RequestSpec]], max_concurrency:
     arrivals.sort(key=lambda a: a[0])
     now_s = arrivals[0][0] if arrivals else 0.0
     i = 0
-    in_flight = 0
-    free_since_s = 0.0  # since when a max_concurrency slot has been free
+    # with a cap: when each free slot became free (a heap); a request is sent at its
+    # arrival or, if every slot was busy then, when one frees (client queue delay)
+    free_at: list[float] | None = [0.0] * max_concurrency if max_concurrency else None
     while i < len(arrivals) or sim.engine.has_work():
         sim.check_stop()
-        while i < len(arrivals) and arrivals[i][0] <= now_s and (max_concurrency is None or in_flight < max_concurrency):
-            # Sent at its arrival time (the engine queues it from then on), unless it
-            # waited for a free max_concurrency slot: that wait is client queue delay.
+        while i < len(arrivals) and arrivals[i][0] <= now_s and (free_at is None or free_at):
             arrival_s = arrivals[i][0]
-            if sim.add(i, arrivals[i][1], max(arrival_s, free_since_s), arrival_s) is None:
-                in_flight += 1
+            send_s = arrival_s if free_at is None else max(arrival_s, heapq.heappop(free_at))
+            rejected = sim.add(i, arrivals[i][1], send_s, arrival_s)
+            if rejected is not None and free_at is not None:
+                assert rejected.end_ns is not None
+                heapq.heappush(free_at, rejected.end_ns / NS_PER_S)
             i += 1
         if not sim.engine.has_work():
             if i < len(arrivals):
-                now_s = arrivals[i][0]
+                now_s = max(now_s, arrivals[i][0])
             continue
-        was_full = max_concurrency is not None and in_flight >= max_concurrency
         now_s, finished = sim.step(now_s)
-        in_flight -= len(finished)
-        if was_full and finished:
-            free_since_s = now_s
+        if free_at is not None:
+            for _ in finished:
+                heapq.heappush(free_at, now_s)
 
 
 def _closed(
