@@ -192,3 +192,37 @@ def test_an_unusable_gpu_file_is_named_by_its_path(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"name": "X", "bf16_dense_tflops": "fast", "hbm_gb": 32, "hbm_bw_tbs": 1}))
     with pytest.raises(UsageError, match=rf"^{re.escape(str(bad))}: not a usable GPU spec \(invalid value"):
         resolve_gpu(str(bad))
+
+
+@pytest.mark.parametrize(
+    ("name", "preset", "quant"),
+    [
+        ("meta-llama/Meta-Llama-3.1-8B-Instruct", "Llama-3.1-8B", None),
+        ("meta-llama/Llama-3.3-70B-Instruct", "Llama-3.1-70B", None),
+        ("hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4", "Llama-3.1-70B", "awq"),
+        ("neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8", "Llama-3.1-8B", "fp8"),
+        ("Qwen/Qwen2.5-72B-Instruct-GPTQ-Int4", "Qwen2.5-72B-Instruct", "gptq"),
+        ("Qwen/Qwen2.5-72B-Instruct-GPTQ-Int8", "Qwen2.5-72B-Instruct", "int8"),
+        ("RedHatAI/Llama-3.1-8B-Instruct-quantized.w4a16", "Llama-3.1-8B", "gptq"),
+        ("meta-llama/Llama-2-7b-chat-hf", "Llama-2-7B", None),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", "Meta-Llama-3-8B", None),
+        ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "Qwen2.5-32B-Instruct", None),
+        ("google/gemma-2-9b-it", "Gemma-2-9B", None),
+    ],
+)
+def test_checkpoint_names_map_to_base_shapes_and_their_quantization(name: str, preset: str, quant: str | None) -> None:
+    from inferlab.sim._hardware import quantization_from_name
+
+    assert resolve_model(name).name == preset
+    assert quantization_from_name(name) == quant
+
+
+def test_a_quantized_checkpoint_name_is_simulated_quantized() -> None:
+    from inferlab.sim._engine import Engine, EngineConfig
+
+    named = Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct-AWQ", max_model_len=4096))
+    plain = Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", max_model_len=4096))
+    assert named.config.quantization == "awq" and plain.config.quantization is None
+    assert named.kv_capacity_tokens > plain.kv_capacity_tokens  # int4 weights leave more room
+    explicit = Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct-AWQ", quantization="gptq", max_model_len=4096))
+    assert explicit.config.quantization == "gptq"

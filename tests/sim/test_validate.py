@@ -140,7 +140,7 @@ def test_vllm_versions_choose_v0_or_v1_scheduler_defaults() -> None:
     [
         ({"model": "mistralai/Mixtral-8x7B-Instruct-v0.1"}, "mixture-of-experts"),
         ({"model": "Qwen/Qwen3-30B-A3B"}, "mixture-of-experts"),
-        ({"model": "google/gemma-2-9b-it"}, "no preset"),
+        ({"model": "tiiuae/falcon-40b-instruct"}, "no preset"),
         ({"gpu": "AMD MI300X"}, "GPU"),
         ({"gpu": "A100-SXM4-40GB"}, "GPU"),
         ({"engine_config": "EAGLE-3 speculative decoding, 3 draft tokens"}, "speculative"),

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from inferlab.sim._hardware import GpuSpec, resolve_gpu, resolve_model
+from inferlab.sim._hardware import GpuSpec, quantization_from_name, resolve_gpu, resolve_model
 from inferlab.sim._kvcache import KVCacheManager, hash_blocks
 from inferlab.sim._scheduler import Batch, Request, Scheduler, SchedulerConfig
 from inferlab.sim._steptime import (
@@ -142,6 +142,8 @@ class Engine:
         timeline (virtual-time runs need them for ITL; the HTTP server does not)."""
         self.record_token_times = record_token_times
         model = resolve_model(config.model)
+        if config.quantization is None:  # vLLM takes it from the checkpoint: ...-AWQ, -FP8
+            config = dataclasses.replace(config, quantization=quantization_from_name(config.model))
         gpu = resolve_gpu(config.gpu)
         path = config.efficiencies_path
         family = family_efficiencies(config.engine_family)

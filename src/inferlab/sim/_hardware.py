@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ _GPU_ALIASES: dict[str, str] = {
 }
 
 # Suffixes that name a fine-tuned variant with the same shapes as its base model.
-_VARIANT_SUFFIXES = ("-instruct", "-chat", "-hf")
+_VARIANT_SUFFIXES = ("-instruct", "-chat", "-hf", "-it")
 
 
 @dataclass(frozen=True)
@@ -95,12 +96,42 @@ def _presets() -> dict[str, Any]:
     return data
 
 
+# a quantized checkpoint's name ends with its scheme: ...-AWQ, -GPTQ-Int4, -FP8-dynamic,
+# -quantized.w4a16, -AWQ-INT4, -Int8; the shapes are its base model's
+_QUANT_SUFFIX = re.compile(
+    r"[-_.](?:quantized[-_.])?(?:awq|gptq|fp8|int4|int8|w4a16|w8a8|w8a16|marlin|dynamic|static)"
+    r"(?:[-_.](?:int4|int8|dynamic|static|marlin))*$"
+)
+
+
 def _normalize(name: str) -> str:
     name = name.strip().lower()
-    for suffix in _VARIANT_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+    name = _QUANT_SUFFIX.sub("", name)
+    stripped = True
+    while stripped:  # -chat-hf, -instruct-2407, ...
+        stripped = False
+        for suffix in _VARIANT_SUFFIXES:
+            if name.endswith(suffix):
+                name, stripped = name[: -len(suffix)], True
+    return name.removeprefix("meta-")
+
+
+def quantization_from_name(name: str) -> str | None:
+    """The weight quantization a checkpoint's name states (vLLM reads it from the
+    checkpoint's config): ``awq``, ``gptq`` (int4 W4A16), ``fp8`` or ``int8``; ``None``
+    when the name says none."""
+    tail = name.rsplit("/", 1)[-1].lower()
+    if "awq" in tail:
+        return "awq"
+    if re.search(r"gptq[-_.]?int8|w8a16", tail):
+        return "int8"  # weight-only int8: at decode only the bytes matter
+    if re.search(r"gptq|int4|w4a16", tail):
+        return "gptq"
+    if "fp8" in tail:
+        return "fp8"
+    if re.search(r"int8|w8a8", tail):
+        return "int8"
+    return None
 
 
 def _params_per_layer(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> int:
@@ -170,8 +201,8 @@ def resolve_model(name: str) -> ModelSpec:
         return _model_from_config(str(path), cfg)
     wanted = _normalize(name.rsplit("/", 1)[-1])
     for key, cfg in models.items():
-        hf_tail = str(cfg.get("hf", "")).rsplit("/", 1)[-1]
-        if wanted in (_normalize(key), _normalize(hf_tail)):
+        names = [key, str(cfg.get("hf", "")), *cfg.get("aliases", [])]
+        if wanted in {_normalize(n.rsplit("/", 1)[-1]) for n in names}:
             return _model_from_config(key, cfg)
     raise UsageError(
         f"unknown model {name!r}; known: {', '.join(model_names())} "
