@@ -250,3 +250,26 @@ def test_vllm_result_replay_keeps_its_max_concurrency(tmp_path: Path) -> None:
 
     assert peak() == 2
     assert peak("--max-concurrency", "5") == 5
+
+
+def test_a_runs_requests_jsonl_replays_as_a_trace_and_is_compared(tmp_path: Path) -> None:
+    """The requests.jsonl a run wrote is a trace: its sends, lengths and measurements.
+    Replayed on the same engine it predicts itself back exactly; on a slower GPU not."""
+    first = tmp_path / "first"
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "-c", "4", "-n", "16", "--warmup", "2",
+                        "--input-tokens", "uniform:100:900", "--output-tokens", "uniform:10:60", "--out", str(first)],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+
+    def replay(*extra: str) -> dict:  # type: ignore[type-arg]
+        q = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(first / "requests.jsonl"), "--json", *extra],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert q.returncode == 0, q.stderr
+        return json.loads(q.stdout)  # type: ignore[no-any-return]
+
+    same = replay()
+    assert same["counts"]["completed"] == 18  # warm-ups are replayed as load, not compared
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        c = same["trace_comparison"][key]
+        assert c["requests"] == 16 and abs(c["error_pct"]) < 0.01, key
+    assert replay("--gpu", "A100")["trace_comparison"]["tpot_ms"]["error_pct"] > 20

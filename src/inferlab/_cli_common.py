@@ -97,7 +97,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--prefix-tokens", type=click.IntRange(min=1), help="Shared-prefix workload: tokens in each group's prefix."),
         click.option("--suffix-tokens", help="Shared-prefix workload: each request's own tokens after the prefix (default 64)."),
         click.option("--prefix-popularity", default="uniform", show_default=True, help="Group popularity: uniform, zipf or zipf:A."),
-        click.option("--trace", type=click.Path(dir_okay=False), help="Replay a trace at its timestamps: inferlab JSONL, Azure CSV, BurstGPT CSV, Mooncake JSONL or a vLLM --save-detailed result JSON."),
+        click.option("--trace", type=click.Path(dir_okay=False), help="Replay a trace at its timestamps: inferlab JSONL, a requests.jsonl of an earlier run, Azure CSV, BurstGPT CSV, Mooncake JSONL or a vLLM --save-detailed result JSON."),
         click.option("--trace-format", type=click.Choice(list(FORMATS)), help="Trace format (default: detected from the header or keys)."),
         click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True, help="Replay the trace this many times faster."),
         click.option("--trace-start", type=float, help="Replay from this many seconds into the trace."),

@@ -6,6 +6,10 @@ Formats (auto-detected from the JSON keys or CSV header, or named):
   ``session`` (turns of one session share a growing context: each prompt starts with
   the session's previous prompt) and ``prefix_group`` (requests of a group share their
   first ``prefix_tokens`` tokens; default half the prompt);
+- ``requests``: the ``requests.jsonl`` a ``bench`` (or ``sim run``) wrote: each successful
+  request at its intended send time with its token counts and what it measured (warm-up
+  requests are replayed but not compared), so a run against a real server can be replayed in the simulator and
+  compared (a closed loop's sends become fixed arrivals);
 - ``azure`` CSV (Azure LLM inference traces): ``TIMESTAMP`` (date-time or seconds),
   ``ContextTokens``, ``GeneratedTokens``;
 - ``burstgpt`` CSV: ``Timestamp`` (s), ``Request tokens``, ``Response tokens``; rows
@@ -47,8 +51,8 @@ from inferlab._records import RequestRecord
 from inferlab._schedule import OpenLoop
 from inferlab._workload import Measured, RequestSpec, TimedSpec
 
-TraceFormat = Literal["inferlab", "azure", "burstgpt", "mooncake", "vllm"]
-FORMATS: tuple[str, ...] = ("inferlab", "azure", "burstgpt", "mooncake", "vllm")
+TraceFormat = Literal["inferlab", "requests", "azure", "burstgpt", "mooncake", "vllm"]
+FORMATS: tuple[str, ...] = ("inferlab", "requests", "azure", "burstgpt", "mooncake", "vllm")
 MOONCAKE_BLOCK_TOKENS = 512
 
 
@@ -160,7 +164,12 @@ def read_rows(path: str, fmt: str | None = None) -> list[TraceRow]:
         else:
             f.seek(0)
             kind = fmt or _detect(path, first)
-            rows = list(_read_jsonl(path, f, kind) if kind in ("inferlab", "mooncake") else _read_csv(path, f, kind))
+            if kind == "requests":
+                rows = _read_requests(path, f)
+            elif kind in ("inferlab", "mooncake"):
+                rows = list(_read_jsonl(path, f, kind))
+            else:
+                rows = list(_read_csv(path, f, kind))
     if not rows:
         raise UsageError(f"{path}: the trace has no requests")
     return rows
@@ -175,6 +184,8 @@ def _detect(path: str, first: str) -> str:
             raise UsageError(f"{path}:1: not valid JSON") from None
         if "arrival_s" in keys:
             return "inferlab"
+        if {"send_ns", "content_ns"} <= keys:
+            return "requests"
         if "timestamp" in keys and "input_length" in keys:
             return "mooncake"
         raise UsageError(f"{path}:1: unknown JSONL trace (expected arrival_s or Mooncake keys; see --trace-format)")
@@ -214,6 +225,29 @@ def _read_jsonl(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
             raise UsageError(f"{path}:{n}: expected {want} ({_why(e)})") from e
         _check(path, n, r)
         yield r
+
+
+def _read_requests(path: str, f: Any) -> list[TraceRow]:
+    """Rows from an inferlab ``requests.jsonl``; failed requests are left out."""
+    rows = []
+    for n, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = RequestRecord.from_json(json.loads(line))
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"{path}:{n}: not an inferlab request record ({_why(e)})") from e
+        sent = rec.intended_send_ns if rec.intended_send_ns is not None else rec.send_ns
+        if not rec.ok or sent is None or not rec.input_tokens or not rec.output_tokens:
+            continue
+        m = request_metrics(rec)
+        # warm-up requests loaded the server too: replayed, but not compared
+        measured = None if rec.warmup else Measured(m.ttft_ms, m.tpot_ms, m.e2e_ms)
+        r = TraceRow(sent / 1e9, rec.input_tokens, rec.output_tokens, measured=measured)
+        _check(path, n, r)
+        rows.append(r)
+    rows.sort(key=lambda r: r.arrival_s)
+    return rows
 
 
 def _read_csv(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
