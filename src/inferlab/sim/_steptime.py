@@ -37,6 +37,7 @@ class Efficiencies:
     int4_compute_factor: float = 0.80  # Marlin int4 at large batch: 0.7–0.9 of bf16 GEMM rate
     weight_stream: float = 0.75  # GEMV weight streaming: 0.7–0.9 of HBM bandwidth (vLLM CI fit)
     int4_stream_factor: float = 0.70  # int4 dequant kernels stream at ~0.7 of bf16's efficiency
+    w8_stream_factor: float = 0.85  # fp8/int8 small-batch GEMMs stream at ~0.85 of bf16's
     attention_compute: float = 0.60  # flash-attention prefill: 0.55–0.75 of bf16 peak
     kv_stream: float = 0.75  # paged decode attention reads KV at 0.6–0.85 of bandwidth
     activation_stream: float = 0.70  # elementwise/activation traffic: 0.6–0.8 of bandwidth
@@ -73,7 +74,14 @@ FAMILY_EFFICIENCIES: dict[str, dict[str, float]] = {
     "sglang": {"cpu_step_s": 0.3e-3, "api_overhead_s": 0.015},
     # TensorRT-LLM: C++ batch manager (~1 us per sequence), overlap scheduler, XQA decode
     # attention streaming the (fp8) KV cache closer to peak bandwidth.
-    "trtllm": {"cpu_step_s": 0.3e-3, "per_seq_s": 1e-6, "kv_stream": 0.85, "api_overhead_s": 0.015},
+    # Its fp8 GEMMs are tuned per shape and stream weights as well as bf16's.
+    "trtllm": {
+        "cpu_step_s": 0.3e-3,
+        "per_seq_s": 1e-6,
+        "kv_stream": 0.85,
+        "w8_stream_factor": 1.0,
+        "api_overhead_s": 0.015,
+    },
     # LMDeploy TurboMind: C++ persistent batch, FasterTransformer-style decode attention;
     # its 2023-24 releases all-reduce through NCCL (no custom all-reduce): ~25 us each.
     "lmdeploy": {
@@ -176,9 +184,9 @@ def resolve_precision(
     bpw = _weight_bytes(quantization)
     kv = _kv_bytes(kv_cache_dtype)
     if q == "fp8" and gpu.fp8_flops_per_s is not None:
-        return Precision(bpw, gpu.fp8_flops_per_s, eff.gemm_compute_w8a8, eff.weight_stream, kv)
+        return Precision(bpw, gpu.fp8_flops_per_s, eff.gemm_compute_w8a8, eff.weight_stream * eff.w8_stream_factor, kv)
     if q == "int8":
-        return Precision(bpw, gpu.int8_ops_per_s, eff.gemm_compute_w8a8, eff.weight_stream, kv)
+        return Precision(bpw, gpu.int8_ops_per_s, eff.gemm_compute_w8a8, eff.weight_stream * eff.w8_stream_factor, kv)
     if q in _INT4_NAMES:
         return Precision(
             bpw,
