@@ -57,6 +57,17 @@ class EngineConfig:
     api_overhead_s: float | None = None  # per-request API cost before queueing; None: the family's
     num_gpu_blocks_override: int | None = None  # fix the KV cache size (tests, what-ifs)
     offline: bool = False  # size the scheduler like vLLM's offline LLM class, not its server
+    # a step mixes decodes with prefill chunks (vLLM V1, V0 with chunked prefill, TRT-LLM)
+    # or runs prefill and decode steps apart (SGLang; vLLM V0 without chunking); None: the
+    # family's way
+    mixed_batches: bool | None = None
+
+
+def family_mixes_batches(family: str, enable_chunked_prefill: bool) -> bool:
+    """Whether an engine family's steps mix decodes with prefills by default."""
+    if family == "sglang":
+        return False
+    return not (family == "vllm-v0" and not enable_chunked_prefill)
 
 
 def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
@@ -208,7 +219,11 @@ class Engine:
             )
         self._kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
-        self.limits = SchedulerConfig(batched, seqs, max_len, config.enable_chunked_prefill)
+        mixed = config.mixed_batches
+        if mixed is None:
+            mixed = family_mixes_batches(config.engine_family, config.enable_chunked_prefill)
+        self.config = config = dataclasses.replace(config, mixed_batches=mixed)
+        self.limits = SchedulerConfig(batched, seqs, max_len, config.enable_chunked_prefill, mixed)
         self._scheduler = Scheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}
         self._timelines: dict[str, RequestTimeline] = {}

@@ -7,6 +7,11 @@ request needs a block and none is free, the most recently admitted running reque
 preempted: its blocks are freed and it goes back to the front of the waiting queue, to be
 recomputed (with prefix caching its freed blocks may still hit). A step with a preemption
 admits no waiting request.
+
+With ``mixed_batches=False`` (SGLang's default, and vLLM V0 without chunked prefill) a
+step either prefills or decodes: whenever a prompt (or its next chunk) can be scheduled,
+the step runs prefill work only (unfinished chunked prompts first, then waiting requests)
+and every running decode waits for it.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
+    mixed_batches: bool = True  # False: prefill steps and decode steps apart, prefill first
 
 
 @dataclass
@@ -126,6 +132,30 @@ class Scheduler:
 
     def schedule(self, now_s: float) -> Batch:
         """Pick this step's requests and token counts; allocates their KV blocks."""
+        if not self.config.mixed_batches:
+            batch = self._prefill_only(now_s)
+            if batch.requests:
+                return batch
+            return self._schedule(now_s, admit=False)
+        return self._schedule(now_s, admit=True)
+
+    def _prefill_only(self, now_s: float) -> Batch:
+        """A prefill step: unfinished chunked prompts, then waiting requests; no decodes."""
+        batch = Batch()
+        budget = self.config.max_num_batched_tokens
+        for req in self.running:
+            remaining = req.num_tokens - req.num_computed_tokens
+            if req.num_output_tokens or remaining < 1 or budget < 1:
+                continue
+            n = min(remaining, budget)
+            if not self.kv.allocate(req, req.num_computed_tokens + n):
+                break  # memory is short: the decode step that follows preempts
+            self._add_to_batch(batch, req, n)
+            budget -= n
+        self._admit(batch, budget, now_s)
+        return batch
+
+    def _schedule(self, now_s: float, *, admit: bool) -> Batch:
         cfg, kv, running = self.config, self.kv, self.running
         batch = Batch()
         budget = cfg.max_num_batched_tokens
@@ -161,8 +191,14 @@ class Scheduler:
             i += 1
         batch.emitting += decodes
         batch.decode_tokens += decodes
-        if batch.preempted:
+        if batch.preempted or not admit:
             return batch
+        self._admit(batch, budget, now_s)
+        return batch
+
+    def _admit(self, batch: Batch, budget: int, now_s: float) -> None:
+        """Move waiting requests into ``running`` (and the batch) while room allows."""
+        cfg, kv, running = self.config, self.kv, self.running
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
@@ -183,7 +219,6 @@ class Scheduler:
             batch.prefix_hit_tokens += num_cached
             self._add_to_batch(batch, req, n)
             budget -= n
-        return batch
 
     def _add_to_batch(self, batch: Batch, req: Request, n: int) -> None:
         computed = req.num_computed_tokens
