@@ -175,6 +175,7 @@ class Engine:
             config.kv_cache_dtype,
             config.enforce_eager,
             eff,
+            serving=not config.offline,
         )
         self._step_time: StepTimeModel = step_time or roofline
 
@@ -196,7 +197,9 @@ class Engine:
         max_len = config.max_model_len or min(model.max_position_embeddings, num_blocks * config.block_size)
         if auto_budget:  # unchunked, the default budget holds one prompt; and all seqs
             batched = max(batched, seqs, 0 if config.enable_chunked_prefill else max_len)
-        api_s = eff.api_overhead_s if config.api_overhead_s is None else config.api_overhead_s
+        api_s = config.api_overhead_s
+        if api_s is None:  # offline (vLLM's LLM class) there is no API server
+            api_s = 0.0 if config.offline else eff.api_overhead_s
         config = dataclasses.replace(
             config, max_model_len=max_len, max_num_batched_tokens=batched, max_num_seqs=seqs,
             api_overhead_s=api_s,

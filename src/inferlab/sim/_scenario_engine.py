@@ -112,7 +112,7 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
         config = _size_like_trtllm(sc, config, sched, flags)
     eff = dataclasses.replace(DEFAULT_EFFICIENCIES, **FAMILY_EFFICIENCIES[sc.family])
     step = RooflineStepTime(
-        model, gpu, sc.tp, "auto", sc.quantization, sc.kv_cache_dtype, eager, eff
+        model, gpu, sc.tp, "auto", sc.quantization, sc.kv_cache_dtype, eager, eff, serving=sc.via_server
     )
     itl = any(m.metric == "itl_ms" for m in sc.measurements)
     return Engine(config, step, record_token_times=itl)

@@ -49,6 +49,11 @@ class Efficiencies:
     cpu_step_eager_s: float = 2.0e-3  # the same without CUDA graphs / older engines: ~2 ms
     eager_launch_per_layer_s: float = 30e-6  # eager launch gaps: ~10 kernels x 3 µs per layer
     per_seq_s: float = 5e-6  # host cost per scheduled sequence (inputs, outputs): 1–10 µs
+    # Serving over HTTP, per sequence that streams a token: the API server detokenizes and
+    # writes an SSE chunk (20-60 µs of Python each). Fit: ITL rising 0.15-0.19 ms per extra
+    # stream at small batch (vLLM 0.11, SGLang 0.3/0.4), TPOT 2x the GPU's at 600-1000
+    # streams (vLLM 0.9-0.11); offline runs (--rate inf) have no API server.
+    api_per_seq_s: float = 45e-6
     reserve_fixed_bytes: float = 1.5 * _GIB  # CUDA context, NCCL, CUDA graphs: 1–2 GiB per GPU
     # per request before it queues (HTTP, template, tokenize, IPC) and on the way back:
     # published low-load TTFTs of vLLM V1 sit 33 ms (0.19, Qwen3-0.6B, 16 req/s) to
@@ -90,6 +95,7 @@ FAMILY_EFFICIENCIES: dict[str, dict[str, float]] = {
         "kv_stream": 0.85,
         "allreduce_latency_s": 25e-6,
         "api_overhead_s": 0.002,  # its benchmarks drive the engine in-process
+        "api_per_seq_s": 0.0,
     },
     # Named engines without a set of their own (TGI, nano-vllm, ...): vLLM V1's, untuned.
     "generic": {},
@@ -252,7 +258,10 @@ class RooflineStepTime:
         kv_cache_dtype: str = "auto",
         enforce_eager: bool = False,
         efficiencies: Efficiencies = DEFAULT_EFFICIENCIES,
+        serving: bool = True,
     ) -> None:
+        """``serving``: requests come through an API server that streams every token
+        (``api_per_seq_s``); False for offline runs."""
         if tp < 1 or model.num_heads % tp:
             raise ValueError(
                 f"Total number of attention heads ({model.num_heads}) must be divisible "
@@ -290,6 +299,7 @@ class RooflineStepTime:
         self._sampler_s_per_seq = 3 * vocab * 4 / act_bw
         self._host_step_s = eff.cpu_step_eager_s if enforce_eager else eff.cpu_step_s
         self._eager_layer_s = eff.eager_launch_per_layer_s if enforce_eager else 0.0
+        self._stream_s_per_seq = eff.api_per_seq_s if serving else 0.0
 
     def step_time_s(self, seqs: Sequence[tuple[int, int]], emitting: int) -> float:
         """Seconds for one step; see the module docstring for the model."""
@@ -318,5 +328,5 @@ class RooflineStepTime:
         total = self.num_layers * layer
         if emitting > 0:
             total += _knee(emitting * self._lm_s_per_seq, self._lm_weights_s)
-            total += eff.sampler_s + emitting * self._sampler_s_per_seq
+            total += eff.sampler_s + emitting * (self._sampler_s_per_seq + self._stream_s_per_seq)
         return total + self._host_step_s + len(seqs) * eff.per_seq_s
