@@ -271,3 +271,16 @@ def test_cuda_graphs_decode_faster_than_eager_mode() -> None:
     graphs = run(load, out=64)["tpot_ms"]["mean"]
     eager = run(load, out=64, enforce_eager=True)["tpot_ms"]["mean"]
     assert eager > graphs * 1.1
+
+
+def test_an_api_server_costs_per_streamed_token_and_offline_runs_have_none() -> None:
+    """Serving streams every token through the API server (more time per step the more
+    streams run); vLLM's offline LLM class has no server: no front-end delay either."""
+    load = LoadConfig(ClosedLoop(64), num_requests=128)
+    common = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
+    served = run(load, inp=200, out=64, **common)
+    offline = run(load, inp=200, out=64, offline=True, **common)
+    assert served["tpot_ms"]["mean"] > offline["tpot_ms"]["mean"] * 1.2
+    single_served = run(LoadConfig(ClosedLoop(1), num_requests=2), inp=200, out=8)
+    single_offline = run(LoadConfig(ClosedLoop(1), num_requests=2), inp=200, out=8, offline=True)
+    assert single_served["ttft_ms"]["mean"] - single_offline["ttft_ms"]["mean"] > 10  # the API path

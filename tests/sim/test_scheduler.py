@@ -15,9 +15,10 @@ def make(
     max_len: int = 20_000,
     chunked: bool = True,
     caching: bool = True,
+    mixed: bool = True,
 ) -> Scheduler:
     kv = KVCacheManager(num_blocks, BS, caching)
-    return Scheduler(SchedulerConfig(budget, max_seqs, max_len, chunked), kv)
+    return Scheduler(SchedulerConfig(budget, max_seqs, max_len, chunked, mixed), kv)
 
 
 _salt = 0
@@ -124,11 +125,11 @@ def test_max_model_len_is_enforced_with_a_vllm_message() -> None:
         make(num_blocks=10, max_len=4096).check_fits(200, 1)
 
 
-@pytest.mark.parametrize("chunked", [True, False])
-def test_random_workload_respects_limits_and_finishes_everything(chunked: bool) -> None:
+@pytest.mark.parametrize(("chunked", "mixed"), [(True, True), (False, True), (True, False), (False, False)])
+def test_random_workload_respects_limits_and_finishes_everything(chunked: bool, mixed: bool) -> None:
     rng = random.Random(7)
     budget, max_seqs = 512, 8
-    s = make(num_blocks=60, budget=budget, max_seqs=max_seqs, max_len=512, chunked=chunked)
+    s = make(num_blocks=60, budget=budget, max_seqs=max_seqs, max_len=512, chunked=chunked, mixed=mixed)
     wanted: dict[str, int] = {}
     got: dict[str, int] = {}
     shared = prompt(40, 77_000)
@@ -142,7 +143,11 @@ def test_random_workload_respects_limits_and_finishes_everything(chunked: bool) 
     for _ in range(100_000):
         if not s.has_work():
             break
-        batch, emitted, _ = step(s)
+        decoding = {id(r) for r in s.running if r.num_tokens - r.num_computed_tokens == 1 and r.num_output_tokens}
+        batch = s.schedule(0.0)
+        if not mixed and batch.prefill_tokens:  # a prefill step leaves running decodes out
+            assert not any(id(r) in decoding for r in batch.requests)
+        emitted, _ = s.postprocess(batch)
         preemptions += len(batch.preempted)
         assert sum(n for n, _ in batch.seqs) <= budget
         assert len(s.running) <= max_seqs
@@ -155,3 +160,18 @@ def test_random_workload_respects_limits_and_finishes_everything(chunked: bool) 
     assert got == wanted
     assert preemptions > 0  # 60 blocks are far too few for 8 sequences of up to 512 tokens
     assert s.kv.num_free_blocks == s.kv.num_blocks
+
+
+def test_separate_batches_pause_decodes_while_a_prompt_prefills() -> None:
+    """SGLang / vLLM V0 without chunking: a waiting prompt gets a step of its own, and
+    the running decode skips it; mixed (V1) steps carry both."""
+    for mixed, want in ((False, [(0, 300), (2, 0)]), (True, [(1, 300)])):
+        s = make(budget=1024, mixed=mixed)
+        s.add(req("a", prompt(100), 50))
+        step(s)  # a is prefilled and emits its first token
+        s.add(req("b", prompt(300, 5000), 5))
+        seen = []
+        while len(seen) < len(want):
+            batch, _, _ = step(s)
+            seen.append((batch.decode_tokens, batch.prefill_tokens))
+        assert seen == want, mixed

@@ -145,8 +145,9 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         for req in self.running:
             remaining = req.num_tokens - req.num_computed_tokens
-            if req.num_output_tokens or remaining < 1 or budget < 1:
-                continue
+            decoding = remaining == 1 and req.num_output_tokens > 0
+            if decoding or remaining < 1 or budget < 1:
+                continue  # (a preempted request recomputing its tokens is prefilling)
             n = min(remaining, budget)
             if not self.kv.allocate(req, req.num_computed_tokens + n):
                 break  # memory is short: the decode step that follows preempts
