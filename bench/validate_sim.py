@@ -9,6 +9,7 @@ that could not be expressed with the reason.
 
     python bench/validate_sim.py                  # the shared calibration file
     python bench/validate_sim.py --csv other.csv  # any file in the same format
+    python bench/validate_sim.py --csv bench/data/published_extra.csv  # rows we gathered
     python bench/validate_sim.py --rows 1,46,141  # a subset
 """
 
@@ -80,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         sub = summarize([c for c in report.comparisons if c.scenario.family == fam])
         cells = ", ".join(f"{cls} {med:.1f}% ({rows})" for cls, (med, rows, _) in sub.items())
         print(f"  {fam:<9} {cells}")
+    print()
+    print("per scenario (median over rows of |error| %, rows):")
+    for kind in sorted({c.scenario.kind for c in report.comparisons}):
+        sub = summarize([c for c in report.comparisons if c.scenario.kind == kind])
+        cells = ", ".join(f"{cls} {med:.1f}% ({rows})" for cls, (med, rows, _) in sub.items())
+        print(f"  {kind:<9} {cells}")
     assumed = {
         c.scenario.row_id: c.scenario.assumptions
         for c in report.comparisons
