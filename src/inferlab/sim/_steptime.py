@@ -7,7 +7,10 @@ the KV bytes read; each operator's time is the soft knee ``sqrt(t_compute² + t_
 Then elementwise work, two ring all-reduces of the hidden state per layer under TP
 (``α + 2·(t−1)/t · bytes / bus_bandwidth``, which is ``α + bytes/bus_bandwidth`` at t = 2),
 the LM head for sequences that emit a token, a sampler, and per-step and per-sequence host
-costs. Every calibration constant lives in ``Efficiencies``.
+costs; when serving, the API server's cost for every token it streams. Every calibration
+constant lives in ``Efficiencies`` (with one override set per engine family); the fixed
+per-request front-end cost (``api_overhead_s``) is applied by the engine before a request
+queues.
 """
 
 from __future__ import annotations
