@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from inferlab.sim._validate import TARGET_PCT, Comparison, summarize, validate
@@ -55,6 +56,15 @@ def _table(comparisons: list[Comparison]) -> None:
         )
 
 
+def _breakdown(title: str, comparisons: list[Comparison], key: Callable[[Comparison], str]) -> None:
+    print()
+    print(f"{title} (median over rows of |error| %, rows):")
+    for group in sorted({key(c) for c in comparisons}):
+        sub = summarize([c for c in comparisons if key(c) == group])
+        cells = ", ".join(f"{cls} {med:.1f}% ({rows})" for cls, (med, rows, _) in sub.items())
+        print(f"  {group:<9} {cells}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="calibration CSV")
@@ -75,18 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         target = f"<= {TARGET_PCT[cls]:.0f}%" if cls in TARGET_PCT else "no target"
         ok = "" if cls not in TARGET_PCT else (" ok" if median <= TARGET_PCT[cls] else " MISS")
         print(f"  {cls:<10} {median:6.1f}%  ({n_rows} rows, {n_cmp} values; {target}){ok}")
-    print()
-    print("per engine family (median over rows of |error| %, rows):")
-    for fam in sorted({c.scenario.family for c in report.comparisons}):
-        sub = summarize([c for c in report.comparisons if c.scenario.family == fam])
-        cells = ", ".join(f"{cls} {med:.1f}% ({rows})" for cls, (med, rows, _) in sub.items())
-        print(f"  {fam:<9} {cells}")
-    print()
-    print("per scenario (median over rows of |error| %, rows):")
-    for kind in sorted({c.scenario.kind for c in report.comparisons}):
-        sub = summarize([c for c in report.comparisons if c.scenario.kind == kind])
-        cells = ", ".join(f"{cls} {med:.1f}% ({rows})" for cls, (med, rows, _) in sub.items())
-        print(f"  {kind:<9} {cells}")
+    _breakdown("per engine family", report.comparisons, lambda c: c.scenario.family)
+    _breakdown("per scenario", report.comparisons, lambda c: c.scenario.kind)
     assumed = {
         c.scenario.row_id: c.scenario.assumptions
         for c in report.comparisons
