@@ -141,3 +141,11 @@ def test_no_overload_warning_when_keeping_up_for_closed_loops_or_without_spread(
     # a short run's tail lowers the completion rate, but latency did not grow: no warning
     flat = [rec(i, i * 50, [i * 50 + 10, i * 50 + 2000], i * 50 + 2000, out=2, intended_send_ns=i * 50 * MS) for i in range(10)]
     assert not keep_up_warned(flat)
+
+
+def test_a_wait_for_a_concurrency_slot_is_not_called_falling_behind() -> None:
+    waited = rec(0, 50, [60, 70], 80, out=2, intended_send_ns=0)
+    config = {"load": {"schedule": {"kind": "Replay", "max_concurrency": 4}}}
+    ws = summarize([waited], config=config)["warnings"]
+    assert any("4 --max-concurrency slots" in w for w in ws)
+    assert not any("fell behind" in w for w in ws)

@@ -284,3 +284,15 @@ def test_an_api_server_costs_per_streamed_token_and_offline_runs_have_none() -> 
     single_served = run(LoadConfig(ClosedLoop(1), num_requests=2), inp=200, out=8)
     single_offline = run(LoadConfig(ClosedLoop(1), num_requests=2), inp=200, out=8, offline=True)
     assert single_served["ttft_ms"]["mean"] - single_offline["ttft_ms"]["mean"] > 10  # the API path
+
+
+def test_cli_offline_or_served_can_be_said_explicitly() -> None:
+    def engine(*args: str) -> dict:  # type: ignore[type-arg]
+        p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--json", *args)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["config"]["engine"]  # type: ignore[no-any-return]
+
+    assert engine("--rate", "inf")["offline"] is True
+    served = engine("--rate", "inf", "--served")
+    assert served["offline"] is False and served["api_overhead_s"] > 0 and served["max_num_batched_tokens"] == 8192
+    assert engine("-c", "2", "--offline")["api_overhead_s"] == 0.0

@@ -273,3 +273,20 @@ def test_a_runs_requests_jsonl_replays_as_a_trace_and_is_compared(tmp_path: Path
         c = same["trace_comparison"][key]
         assert c["requests"] == 16 and abs(c["error_pct"]) < 0.01, key
     assert replay("--gpu", "A100")["trace_comparison"]["tpot_ms"]["error_pct"] > 20
+
+
+def test_vllm_result_arrivals_follow_the_seed_and_a_summary_only_result_is_refused(tmp_path: Path) -> None:
+    from inferlab._errors import UsageError
+    from inferlab._traces import read_rows
+
+    n = 20
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"request_rate": 4.0, "burstiness": 1.0, "input_lens": [100] * n, "output_lens": [10] * n,
+                                "ttfts": [0.02] * n, "itls": [[0.01] * 9] * n}))
+    a, b = read_rows(str(path), seed=1), read_rows(str(path), seed=2)
+    assert [r.arrival_s for r in a] == [r.arrival_s for r in read_rows(str(path), seed=1)]
+    assert [r.arrival_s for r in a] != [r.arrival_s for r in b]
+    summary_only = tmp_path / "s.json"
+    summary_only.write_text(json.dumps({"completed": 10, "duration": 5.0, "request_throughput": 2.0}, indent=2))
+    with pytest.raises(UsageError, match="--save-detailed"):
+        read_rows(str(summary_only))

@@ -15,6 +15,7 @@ from typing import IO, Any
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 from inferlab._bench import install_stop_signals, raise_if_all_failed, run_summary
 from inferlab._cli_common import (
@@ -136,6 +137,7 @@ def _serve(kw: dict[str, Any]) -> int:
 @load_options
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
 @click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
+@click.option("--offline/--served", "offline", default=None, help="Run as vLLM's offline LLM class (no API server costs, larger default budget) or behind its API server. Default: offline only with --rate inf and no --max-concurrency.")
 def run_cmd(**kw: Any) -> None:
     """Run a workload through the simulated engine in virtual time (no HTTP)."""
     sys.exit(run_guarded(lambda: _sim_run(kw)))
@@ -149,7 +151,9 @@ def _sim_run(kw: dict[str, Any]) -> int:
 
     load = load_config(kw)
     s = load.schedule
-    offline = isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
+    offline = kw["offline"]
+    if offline is None:  # --rate inf is the offline-throughput case
+        offline = isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
     engine = Engine(dataclasses.replace(engine_config(kw), offline=offline))
     engine_cfg = engine.config  # the sizes resolved
     workload = workload_config(kw).build(load.seed, kw["api"])
@@ -201,7 +205,11 @@ def _sim_run(kw: dict[str, Any]) -> int:
         out = Console()
         e = engine_cfg
         render_summary(out, summary, f"{e.model} on {e.tensor_parallel_size}x {e.gpu}, virtual time")
-        out.print(f"engine              {engine_line(engine)}")
+        line = Table(show_header=False, box=None, pad_edge=False)
+        line.add_column(style="bold", no_wrap=True, min_width=18)
+        line.add_column()  # wraps under itself, not under the label
+        line.add_row("engine", engine_line(engine))
+        out.print(line)
         if kw["out"]:
             out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
     if interrupted:
@@ -221,6 +229,7 @@ def engine_line(engine: Any) -> str:
         f"{lim.max_num_seqs:,} seqs",
         f"KV {engine.kv_capacity_tokens:,} tokens",
         "eager" if e.enforce_eager else "CUDA graphs",
+        "offline (no API server)" if e.offline else f"API {engine.api_overhead_s * 1e3:g} ms + per-token streaming",
         *([f"{e.engine_family} constants"] if e.engine_family != "vllm" else []),
     ]
     return ", ".join(parts)

@@ -187,8 +187,10 @@ def summarize(
 
 
 def _token_source(done: Sequence[RequestRecord]) -> str:
-    if done and all(r.usage_source == "engine" for r in done):
-        return "the simulated engine's own counts"
+    if not done:
+        return "none: no request completed"
+    if all(r.usage_source == "engine" for r in done):
+        return "the engine's own counts"
     with_usage = sum(1 for r in done if r.usage_source == "server")
     if not done or with_usage == len(done):
         return "server usage"
@@ -248,12 +250,19 @@ def warnings(
     if overload:
         out.append(overload)
     qd = summary.get("queue_delay_ms")
+    cap = ((summary.get("config") or {}).get("load") or {}).get("schedule", {}).get("max_concurrency")
     if qd and qd["p99"] > LATE_THRESHOLD_MS:
-        out.append(
-            f"the client fell behind its schedule: p99 queue delay {qd['p99']:.1f} ms "
-            f"(max {qd['max']:.1f} ms); the offered load was lower than asked"
-        )
-    if summary["counts"]["completed"] and not summary["token_source"].startswith(("server usage", "the simulated engine")):
+        if cap:
+            out.append(
+                f"requests waited for one of the {cap} --max-concurrency slots: p99 queue delay "
+                f"{qd['p99']:.1f} ms (max {qd['max']:.1f} ms); the cap set the offered load"
+            )
+        else:
+            out.append(
+                f"the client fell behind its schedule: p99 queue delay {qd['p99']:.1f} ms "
+                f"(max {qd['max']:.1f} ms); the offered load was lower than asked"
+            )
+    if summary["counts"]["completed"] and not summary["token_source"].startswith(("server usage", "the engine")):
         out.append(f"token counts: {summary['token_source']}")
     short = [
         r for r in done

@@ -110,8 +110,13 @@ def render_summary(console: Console, s: dict[str, Any], title: str) -> None:
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
         c = (s.get("trace_comparison") or {}).get(key)
         if c:
-            err = "" if c["error_pct"] is None else f" ({c['error_pct']:+.1f}%)"
-            rows.append((f"vs trace: {label} mean", f"{_fmt(c['predicted_mean'])} ms here, {_fmt(c['measured_mean'])} ms in the trace{err}"))
+            def pct(v: float | None) -> str:
+                return "" if v is None else f" ({v:+.1f}%)"
+
+            text = f"mean {_fmt(c['predicted_mean'])} vs {_fmt(c['measured_mean'])} ms{pct(c['error_pct'])}"
+            if c.get("predicted_median") is not None:
+                text += f", p50 {_fmt(c['predicted_median'])} vs {_fmt(c['measured_median'])} ms{pct(c.get('median_error_pct'))}"
+            rows.append((f"{label} here vs trace", text))
     for k, v in rows:
         tput.add_row(k, v)
     console.print(tput)

@@ -88,9 +88,10 @@ class TraceConfig:
         if self.block_tokens < 1:
             raise UsageError("the hash block size must be at least 1 token")
 
-    def rows(self) -> list[TraceRow]:
-        """The kept rows, rebased, sliced and sped up, in arrival order."""
-        rows = sorted(read_rows(self.path, self.format), key=lambda r: r.arrival_s)
+    def rows(self, seed: int = 0) -> list[TraceRow]:
+        """The kept rows, rebased, sliced and sped up, in arrival order (``seed`` draws
+        arrivals for a vLLM result that has no send times)."""
+        rows = sorted(read_rows(self.path, self.format, seed), key=lambda r: r.arrival_s)
         t0 = rows[0].arrival_s
         lo = self.start_s if self.start_s is not None else -math.inf
         hi = self.end_s if self.end_s is not None else math.inf
@@ -101,7 +102,7 @@ class TraceConfig:
         return [_with_time(r, (r.arrival_s - k0) / self.speedup) for r in kept]
 
     def load(self, builder: PromptBuilder, seed: int = 0, exact_output: bool = True) -> list[TimedSpec]:
-        return to_specs(self.rows(), builder, seed, exact_output, self.block_tokens)
+        return to_specs(self.rows(seed), builder, seed, exact_output, self.block_tokens)
 
 
 def _with_time(r: TraceRow, t: float) -> TraceRow:
@@ -148,7 +149,7 @@ def _segments(r: TraceRow, i: int, b: PromptBuilder, seed: int, block: int) -> l
 # -- reading ------------------------------------------------------------------------
 
 
-def read_rows(path: str, fmt: str | None = None) -> list[TraceRow]:
+def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow]:
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown trace format {fmt!r} (expected one of {', '.join(FORMATS)})")
     try:
@@ -160,7 +161,7 @@ def read_rows(path: str, fmt: str | None = None) -> list[TraceRow]:
         f.seek(0)
         if fmt == "vllm" or (fmt is None and first.lstrip().startswith("{") and _is_vllm_result(f)):
             f.seek(0)
-            rows = _read_vllm_result(path, f)
+            rows = _read_vllm_result(path, f, seed)
         else:
             f.seek(0)
             kind = fmt or _detect(path, first)
@@ -303,11 +304,22 @@ def _measured(row: dict[str, Any]) -> Measured | None:
 
 
 def _is_vllm_result(f: Any) -> bool:
+    """A whole-file JSON object with per-request lists; a benchmark summary without them
+    (saved without ``--save-detailed``) is an error that says so."""
     try:
         obj = json.load(f)
     except ValueError:
         return False
-    return isinstance(obj, dict) and "input_lens" in obj and "output_lens" in obj
+    if not isinstance(obj, dict):
+        return False
+    if "input_lens" in obj and "output_lens" in obj:
+        return True
+    if {"completed", "duration"} <= set(obj) or "request_throughput" in obj:
+        raise UsageError(
+            f"{getattr(f, 'name', 'the trace')}: a benchmark result without per-request data; save it "
+            "with vllm bench serve --save-result --save-detailed (input_lens, output_lens, ttfts, itls)"
+        )
+    return False
 
 
 def vllm_result_max_concurrency(path: str) -> int | None:
@@ -326,7 +338,7 @@ def vllm_result_max_concurrency(path: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _read_vllm_result(path: str, f: Any) -> list[TraceRow]:
+def _read_vllm_result(path: str, f: Any, seed: int = 0) -> list[TraceRow]:
     """Rows from vLLM's saved benchmark result (``--save-result --save-detailed``).
 
     Failed requests (empty output or no TTFT) are left out. Measured TPOT follows vLLM:
@@ -346,7 +358,7 @@ def _read_vllm_result(path: str, f: Any) -> list[TraceRow]:
     if starts is not None:
         arrivals = [float(t) for t in starts]
     else:
-        arrivals = OpenLoop(rate, "gamma", burst).arrival_times_s(0, len(ins), None)
+        arrivals = OpenLoop(rate, "gamma", burst).arrival_times_s(seed, len(ins), None)
     rows = []
     for i, (n_in, n_out, ttft, itl) in enumerate(zip(ins, outs, ttfts, itls, strict=True)):
         if not n_out or not n_in or (ttfts[i] is not None and not ttft):
@@ -362,7 +374,7 @@ def _read_vllm_result(path: str, f: Any) -> list[TraceRow]:
 
 
 def compare_with_trace(records: list[RequestRecord], timed: list[TimedSpec]) -> dict[str, Any] | None:
-    """Mean predicted against mean measured TTFT, TPOT and E2E over the requests the
+    """Mean (and median) predicted against measured TTFT, TPOT and E2E over the requests the
     trace has measurements for (``records[i].index`` is the trace position).
     ``None`` when the trace measured nothing."""
     pairs: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
@@ -381,8 +393,11 @@ def compare_with_trace(records: list[RequestRecord], timed: list[TimedSpec]) -> 
     for key, (pred, meas) in pairs.items():
         if pred:
             p, w = statistics.fmean(pred), statistics.fmean(meas)
+            p50, w50 = statistics.median(pred), statistics.median(meas)
             out[key] = {"requests": len(pred), "predicted_mean": p, "measured_mean": w,
-                        "error_pct": 100.0 * (p - w) / w if w else None}
+                        "error_pct": 100.0 * (p - w) / w if w else None,
+                        "predicted_median": p50, "measured_median": w50,
+                        "median_error_pct": 100.0 * (p50 - w50) / w50 if w50 else None}
     return out or None
 
 

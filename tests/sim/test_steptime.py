@@ -208,6 +208,7 @@ def test_an_unusable_gpu_file_is_named_by_its_path(tmp_path: Path) -> None:
         ("meta-llama/Meta-Llama-3-8B-Instruct", "Meta-Llama-3-8B", None),
         ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", "Qwen2.5-32B-Instruct", None),
         ("google/gemma-2-9b-it", "Gemma-2-9B", None),
+        ("mistralai/Mistral-7B-Instruct-v0.2", "Mistral-7B-Instruct-v0.3", None),
     ],
 )
 def test_checkpoint_names_map_to_base_shapes_and_their_quantization(name: str, preset: str, quant: str | None) -> None:
