@@ -63,7 +63,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=d.enable_chunked_prefill, show_default=True, help="Split long prompts over steps (vLLM V1 default)."),
         click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
         click.option("--dtype", default=d.dtype, show_default=True, type=click.Choice(["auto", "bfloat16", "float16", "half"]), help="Activation and unquantized weight type."),
-        click.option("--quantization", "-q", type=click.Choice(["fp8", "int8", "awq", "gptq"]), default=None, help="Weight quantization: fp8/int8 (W8A8) or AWQ/GPTQ int4 (W4A16)."),
+        click.option("--quantization", "-q", type=click.Choice(["fp8", "int8", "w8a16", "awq", "gptq"]), default=None, help="Weight quantization: fp8/int8 (W8A8), w8a16 (GPTQ-Int8) or AWQ/GPTQ int4 (W4A16). Default: from the model name (...-AWQ, -FP8, -GPTQ-Int4)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, type=click.Choice(["auto", "fp8"]), help="fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Whose constants to use: vllm (V1), vllm-v0, sglang, trtllm, lmdeploy (per-step host cost, kernels)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),

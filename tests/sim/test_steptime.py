@@ -202,7 +202,7 @@ def test_an_unusable_gpu_file_is_named_by_its_path(tmp_path: Path) -> None:
         ("hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4", "Llama-3.1-70B", "awq"),
         ("neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8", "Llama-3.1-8B", "fp8"),
         ("Qwen/Qwen2.5-72B-Instruct-GPTQ-Int4", "Qwen2.5-72B-Instruct", "gptq"),
-        ("Qwen/Qwen2.5-72B-Instruct-GPTQ-Int8", "Qwen2.5-72B-Instruct", "int8"),
+        ("Qwen/Qwen2.5-72B-Instruct-GPTQ-Int8", "Qwen2.5-72B-Instruct", "w8a16"),
         ("RedHatAI/Llama-3.1-8B-Instruct-quantized.w4a16", "Llama-3.1-8B", "gptq"),
         ("meta-llama/Llama-2-7b-chat-hf", "Llama-2-7B", None),
         ("meta-llama/Meta-Llama-3-8B-Instruct", "Meta-Llama-3-8B", None),

@@ -149,8 +149,10 @@ def _precision(weights: str, model_cell: str) -> tuple[str | None, str]:
         return "gptq", "int4"
     if "fp8" in w:
         return "fp8", "fp8"
+    if "gptq" in w or "w8a16" in w:
+        return "w8a16", "int8"  # GPTQ-Int8: 8-bit weights into bf16 GEMMs
     if "int8" in w or "w8a8" in w:
-        return "int8", "int8"  # GPTQ-Int8 is weight-only; at batch 1 only the bytes matter
+        return "int8", "int8"
     if not weights.strip() or re.search(r"bf16|fp16|float16|bfloat16|half|auto", w):
         return None, "bf16"
     raise ScenarioError(f"precision {weights!r}: not recognised")

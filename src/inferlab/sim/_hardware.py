@@ -118,13 +118,14 @@ def _normalize(name: str) -> str:
 
 def quantization_from_name(name: str) -> str | None:
     """The weight quantization a checkpoint's name states (vLLM reads it from the
-    checkpoint's config): ``awq``, ``gptq`` (int4 W4A16), ``fp8`` or ``int8``; ``None``
+    checkpoint's config): ``awq``, ``gptq`` (int4 W4A16), ``w8a16`` (GPTQ-Int8), ``fp8``
+    or ``int8`` (W8A8); ``None``
     when the name says none."""
     tail = name.rsplit("/", 1)[-1].lower()
     if "awq" in tail:
         return "awq"
     if re.search(r"gptq[-_.]?int8|w8a16", tail):
-        return "int8"  # weight-only int8: at decode only the bytes matter
+        return "w8a16"  # 8-bit weights, bf16 activations
     if re.search(r"gptq|int4|w4a16", tail):
         return "gptq"
     if "fp8" in tail:

@@ -164,11 +164,11 @@ def _weight_bytes(quantization: str | None) -> float:
     q = (quantization or "none").lower()
     if q == "none":
         return float(_ACT_BYTES)
-    if q in ("fp8", "int8"):
+    if q in ("fp8", "int8", "w8a16"):
         return 1.0
     if q in _INT4_NAMES:
         return _INT4_BYTES_PER_WEIGHT
-    raise UsageError(f"unknown quantization {quantization!r}; known: fp8, int8, awq, gptq")
+    raise UsageError(f"unknown quantization {quantization!r}; known: fp8, int8, w8a16, awq, gptq")
 
 
 def _kv_bytes(kv_cache_dtype: str) -> int:
@@ -196,6 +196,8 @@ def resolve_precision(
         return Precision(bpw, gpu.fp8_flops_per_s, eff.gemm_compute_w8a8, eff.weight_stream * eff.w8_stream_factor, kv)
     if q == "int8":
         return Precision(bpw, gpu.int8_ops_per_s, eff.gemm_compute_w8a8, eff.weight_stream * eff.w8_stream_factor, kv)
+    if q == "w8a16":  # 8-bit weights dequantized into bf16 GEMMs (GPTQ-Int8)
+        return Precision(bpw, gpu.bf16_flops_per_s, eff.gemm_compute, eff.weight_stream * eff.w8_stream_factor, kv)
     if q in _INT4_NAMES:
         return Precision(
             bpw,
