@@ -271,3 +271,8 @@ def test_engine_family_selects_its_constants(tmp_path: Any) -> None:
     f.write_text('{"cpu_step_s": 0.0105}')
     on_v0 = decode_step_s(EngineConfig(engine_family="vllm-v0", efficiencies_path=str(f)))
     assert on_v0 > v0 + 0.008
+
+
+def test_no_room_for_any_kv_block_is_a_clear_error_even_with_the_default_context() -> None:
+    with pytest.raises(ValueError, match="No available memory for the cache blocks"):
+        Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", gpu="RTX4090", gpu_memory_utilization=0.66))

@@ -193,6 +193,12 @@ class Engine:
         num_blocks = int(max(0.0, usable - weights - reserve) // block_bytes)
         if config.num_gpu_blocks_override is not None:
             num_blocks = config.num_gpu_blocks_override
+        if num_blocks < 1:
+            raise ValueError(
+                f"No available memory for the cache blocks: {model.name} weights take "
+                f"{weights / _GIB:.1f} GiB and activations {reserve / _GIB:.1f} GiB of the "
+                f"{usable / _GIB:.1f} GiB gpu_memory_utilization allows on {gpu.name}."
+            )
         # the model's context when not given, as much of it as the cache holds
         max_len = config.max_model_len or min(model.max_position_embeddings, num_blocks * config.block_size)
         if auto_budget:  # unchunked, the default budget holds one prompt; and all seqs
@@ -207,12 +213,6 @@ class Engine:
         self.api_overhead_s = api_s
         _validate_sizes(config)
         self.config = config
-        if num_blocks < 1:
-            raise ValueError(
-                f"No available memory for the cache blocks: {model.name} weights take "
-                f"{weights / _GIB:.1f} GiB and activations {reserve / _GIB:.1f} GiB of the "
-                f"{usable / _GIB:.1f} GiB gpu_memory_utilization allows on {gpu.name}."
-            )
         if num_blocks * config.block_size < max_len:
             raise ValueError(
                 f"The model's max seq len ({config.max_model_len}) is larger than the maximum "
