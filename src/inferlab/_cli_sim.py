@@ -29,7 +29,7 @@ from inferlab._errors import InferlabError, UsageError
 from inferlab._report import render_summary
 from inferlab._schedule import ClosedLoop, OpenLoop
 from inferlab._sessions import SessionWorkload
-from inferlab.sim._engine import EngineConfig
+from inferlab.sim._engine import Engine, EngineConfig
 from inferlab.sim._server import ServerConfig
 from inferlab.sim._steptime import FAMILY_EFFICIENCIES
 
@@ -146,7 +146,6 @@ def run_cmd(**kw: Any) -> None:
 def _sim_run(kw: dict[str, Any]) -> int:
     from inferlab._results import RunWriter
     from inferlab._tokenizers import load_tokenizer
-    from inferlab.sim._engine import Engine
     from inferlab.sim._simrun import Interrupted, simulate
 
     load = load_config(kw)
@@ -218,7 +217,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     return 0
 
 
-def engine_line(engine: Any) -> str:
+def engine_line(engine: Engine) -> str:
     """The resolved engine sizes in one line, so defaults are never a guess."""
     e, lim = engine.config, engine.limits
     parts = [

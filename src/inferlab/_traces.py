@@ -159,9 +159,11 @@ def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow
     with f:
         first = f.readline()
         f.seek(0)
-        if fmt == "vllm" or (fmt is None and first.lstrip().startswith("{") and _is_vllm_result(f)):
-            f.seek(0)
-            rows = _read_vllm_result(path, f, seed)
+        result = _vllm_result(path, f, fmt == "vllm") if fmt in (None, "vllm") and first.lstrip().startswith("{") else None
+        if fmt == "vllm" and result is None:
+            raise UsageError(f"{path}: not a vLLM benchmark result (a JSON object with input_lens/output_lens)")
+        if result is not None:
+            rows = _read_vllm_result(path, result, seed)
         else:
             f.seek(0)
             kind = fmt or _detect(path, first)
@@ -303,23 +305,25 @@ def _measured(row: dict[str, Any]) -> Measured | None:
     return None if all(v is None for v in vals) else Measured(*vals)
 
 
-def _is_vllm_result(f: Any) -> bool:
-    """A whole-file JSON object with per-request lists; a benchmark summary without them
-    (saved without ``--save-detailed``) is an error that says so."""
+def _vllm_result(path: str, f: Any, required: bool = False) -> dict[str, Any] | None:
+    """The file as a vLLM benchmark result (a JSON object with per-request lists), or
+    ``None``; a summary saved without ``--save-detailed`` is an error that says so."""
     try:
         obj = json.load(f)
-    except ValueError:
-        return False
+    except ValueError as e:
+        if required:
+            raise UsageError(f"{path}: not valid JSON ({e})") from None
+        return None
     if not isinstance(obj, dict):
-        return False
+        return None
     if "input_lens" in obj and "output_lens" in obj:
-        return True
+        return obj
     if {"completed", "duration"} <= set(obj) or "request_throughput" in obj:
         raise UsageError(
-            f"{getattr(f, 'name', 'the trace')}: a benchmark result without per-request data; save it "
-            "with vllm bench serve --save-result --save-detailed (input_lens, output_lens, ttfts, itls)"
+            f"{path}: a benchmark result without per-request data; save it with "
+            "vllm bench serve --save-result --save-detailed (input_lens, output_lens, ttfts, itls)"
         )
-    return False
+    return None
 
 
 def vllm_result_max_concurrency(path: str) -> int | None:
@@ -328,27 +332,27 @@ def vllm_result_max_concurrency(path: str) -> int | None:
     for other trace files or an uncapped run."""
     try:
         with open(path, encoding="utf-8") as f:
-            if f.read(1).lstrip() != "{":
+            if not f.readline().lstrip().startswith("{"):
                 return None
             f.seek(0)
-            obj = json.load(f)
-    except (OSError, ValueError):
+            obj = _vllm_result(path, f)
+    except (OSError, UsageError):
         return None  # the trace reader reports unreadable files with their line
-    value = obj.get("max_concurrency") if isinstance(obj, dict) and "input_lens" in obj else None
+    value = obj.get("max_concurrency") if obj is not None else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _read_vllm_result(path: str, f: Any, seed: int = 0) -> list[TraceRow]:
+def _read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[TraceRow]:
     """Rows from vLLM's saved benchmark result (``--save-result --save-detailed``).
 
     Failed requests (empty output or no TTFT) are left out. Measured TPOT follows vLLM:
     (latency − TTFT) / (output tokens − 1), the latency being TTFT + Σ ITL."""
     try:
-        obj = json.load(f)
         ins, outs = list(obj["input_lens"]), list(obj["output_lens"])
         ttfts = list(obj.get("ttfts") or [None] * len(ins))
         itls = list(obj.get("itls") or [None] * len(ins))
-        rate = float(obj.get("request_rate") if obj.get("request_rate") not in (None, "inf") else math.inf)
+        raw_rate = obj.get("request_rate")
+        rate = math.inf if raw_rate in (None, "inf") else float(raw_rate)
         burst = float(obj.get("burstiness") or 1.0)
         starts = obj.get("start_times")
     except (ValueError, KeyError, TypeError) as e:

@@ -15,9 +15,6 @@ from inferlab.sim._engine import Engine, EngineConfig, vllm_batch_defaults
 from inferlab.sim._hardware import resolve_gpu, resolve_model
 from inferlab.sim._scenario import Scenario
 from inferlab.sim._steptime import (
-    DEFAULT_EFFICIENCIES,
-    FAMILY_EFFICIENCIES,
-    RooflineStepTime,
     activation_reserve_bytes,
     kv_bytes_per_token,
     weight_bytes_per_rank,
@@ -88,8 +85,7 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
     sched = _scheduler_defaults(sc, declared_len)
     sched.update({k: v for k, v in flags.items() if k in sched or k == "enable_chunked_prefill"})
     chunked = bool(sched.get("enable_chunked_prefill", 1.0))
-    model, gpu = resolve_model(sc.model), resolve_gpu(sc.gpu)
-    max_model_len = min(max_total_len, model.max_position_embeddings)
+    max_model_len = min(max_total_len, resolve_model(sc.model).max_position_embeddings)
     batched = int(sched["max_num_batched_tokens"])
     eager = bool(flags.get("enforce_eager", 0.0))
     config = EngineConfig(
@@ -106,16 +102,12 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
         enforce_eager=eager,
         quantization=sc.quantization,
         kv_cache_dtype=sc.kv_cache_dtype,
-        api_overhead_s=None if sc.via_server else 0.0,  # the family's front-end cost
+        offline=not sc.via_server,  # offline: no API server costs
     )
     if "kv_free" in sched:
         config = _size_like_trtllm(sc, config, sched, flags)
-    eff = dataclasses.replace(DEFAULT_EFFICIENCIES, **FAMILY_EFFICIENCIES[sc.family])
-    step = RooflineStepTime(
-        model, gpu, sc.tp, "auto", sc.quantization, sc.kv_cache_dtype, eager, eff, serving=sc.via_server
-    )
     itl = any(m.metric == "itl_ms" for m in sc.measurements)
-    return Engine(config, step, record_token_times=itl)
+    return Engine(config, record_token_times=itl)
 
 
 def _size_like_trtllm(

@@ -53,7 +53,7 @@ class Efficiencies:
     eager_launch_per_layer_s: float = 30e-6  # eager launch gaps: ~10 kernels x 3 µs per layer
     per_seq_s: float = 5e-6  # host cost per scheduled sequence (inputs, outputs): 1–10 µs
     # Serving over HTTP, per sequence that streams a token: the API server detokenizes and
-    # writes an SSE chunk (20-60 µs of Python each). Fit: ITL rising 0.15-0.19 ms per extra
+    # writes an SSE chunk (tens of µs of Python, an estimate). Fit: ITL rising 0.15-0.19 ms per extra
     # stream at small batch (vLLM 0.11, SGLang 0.3/0.4), TPOT 2x the GPU's at 600-1000
     # streams (vLLM 0.9-0.11); offline runs (--rate inf) have no API server.
     api_per_seq_s: float = 45e-6
