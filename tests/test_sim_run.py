@@ -296,3 +296,28 @@ def test_cli_offline_or_served_can_be_said_explicitly() -> None:
     served = engine("--rate", "inf", "--served")
     assert served["offline"] is False and served["api_overhead_s"] > 0 and served["max_num_batched_tokens"] == 8192
     assert engine("-c", "2", "--offline")["api_overhead_s"] == 0.0
+
+
+def test_cli_engine_family_starts_from_that_engines_defaults() -> None:
+    """--engine-family models the engine, not just its constants: sizes not given come
+    from its documented defaults, as the validation runs it."""
+
+    def engine(*args: str) -> dict:  # type: ignore[type-arg]
+        p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--json", *args)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["config"]["engine"]  # type: ignore[no-any-return]
+
+    # vLLM 0.5/0.6 on an 8K-context model: whole prompts, up to max_model_len a step
+    v0 = engine("--engine-family", "vllm-v0", "--model", "Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192")
+    assert (v0["enable_chunked_prefill"], v0["max_num_batched_tokens"], v0["max_num_seqs"]) == (False, 8192, 256)
+    assert v0["mixed_batches"] is False
+    # ... and over 32,000 tokens of context it chunks, 512 tokens a step
+    v0_long = engine("--engine-family", "vllm-v0", "--model", "Llama-3.1-8B", "--gpu", "H200")
+    assert (v0_long["enable_chunked_prefill"], v0_long["max_num_batched_tokens"]) == (True, 512)
+    sglang = engine("--engine-family", "sglang")
+    assert (sglang["mixed_batches"], sglang["max_num_batched_tokens"], sglang["max_num_seqs"]) == (False, 8192, 4096)
+    lmdeploy = engine("--engine-family", "lmdeploy")
+    assert (lmdeploy["enable_chunked_prefill"], lmdeploy["max_num_seqs"]) == (False, 128)
+    # a flag still wins over the family's default
+    assert engine("--engine-family", "sglang", "--max-num-seqs", "64")["max_num_seqs"] == 64
+    assert engine("--engine-family", "vllm-v0", "--enable-chunked-prefill")["enable_chunked_prefill"] is True

@@ -49,7 +49,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
     """vLLM's engine flags; ``defaults`` sets the context length, token budget and eager mode."""
     d = EngineConfig()
     auto_len = "the model's context length, capped to what the KV cache holds"
-    auto_budget = "vLLM's for the GPU: 8192 on H100/H200 (16384 with --rate inf), 2048 elsewhere (8192)"
+    auto_budget = "the family's; vLLM's for the GPU: 8192 on H100/H200 (16384 with --rate inf), 2048 elsewhere (8192)"
     opts = [
         click.option("--model", default=d.model, show_default=True, help="Preset name, HF id, or a config.json path."),
         click.option("--gpu", default=d.gpu, show_default=True, help="H100, H200, A100, L40S, RTX4090, or a JSON file."),
@@ -57,15 +57,15 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--max-model-len", type=int, default=defaults["max_model_len"], show_default=defaults["max_model_len"] or auto_len, help="Longest prompt + output accepted; longer requests get HTTP 400."),
         click.option("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, show_default=True, help="Share of GPU memory for weights, activations and the KV cache."),
         click.option("--max-num-batched-tokens", type=int, default=defaults["max_num_batched_tokens"], show_default=defaults["max_num_batched_tokens"] or auto_budget, help="Token budget per step, shared by decodes and prefill chunks."),
-        click.option("--max-num-seqs", type=int, default=None, show_default="vLLM's for the GPU: 1024 on H100/H200, 256 elsewhere", help="Most sequences running at once."),
+        click.option("--max-num-seqs", type=int, default=None, show_default="the family's; vLLM's for the GPU: 1024 on H100/H200, 256 elsewhere", help="Most sequences running at once."),
         click.option("--block-size", type=int, default=d.block_size, show_default=True, help="Tokens per KV-cache block (1, 8, 16, 32, 64 or 128)."),
         click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=d.enable_prefix_caching, show_default=True, help="Reuse KV blocks of shared prompt prefixes."),
-        click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=d.enable_chunked_prefill, show_default=True, help="Split long prompts over steps (vLLM V1 default)."),
+        click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=None, show_default="the family's: on, except vllm-v0 (only above 32,000 tokens of context) and lmdeploy", help="Split long prompts over steps."),
         click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
         click.option("--dtype", default=d.dtype, show_default=True, type=click.Choice(["auto", "bfloat16", "float16", "half"]), help="Activation and unquantized weight type."),
         click.option("--quantization", "-q", type=click.Choice(["fp8", "int8", "w8a16", "awq", "gptq"]), default=None, help="Weight quantization: fp8/int8 (W8A8), w8a16 (GPTQ-Int8) or AWQ/GPTQ int4 (W4A16). Default: from the model name (...-AWQ, -FP8, -GPTQ-Int4)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, type=click.Choice(["auto", "fp8"]), help="fp8 halves KV-cache bytes (more room, less to read)."),
-        click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Whose constants to use: vllm (V1), vllm-v0, sglang, trtllm, lmdeploy (per-step host cost, kernels)."),
+        click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Which engine to model: vllm (V1), vllm-v0 (0.5/0.6), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
 
@@ -224,12 +224,14 @@ def engine_line(engine: Engine) -> str:
         e.quantization or ("fp16" if e.dtype == "float16" else "bf16"),
         *(["fp8 KV"] if e.kv_cache_dtype == "fp8" else []),
         f"max-model-len {lim.max_model_len:,}",
-        f"{lim.max_num_batched_tokens:,} tokens/step",
+        f"{lim.max_num_batched_tokens:,} tokens/step"
+        + ("" if lim.enable_chunked_prefill else " (prompts whole)"),
+        *([] if lim.mixed_batches else ["prefill and decode steps apart"]),
         f"{lim.max_num_seqs:,} seqs",
         f"KV {engine.kv_capacity_tokens:,} tokens",
         "eager" if e.enforce_eager else "CUDA graphs",
         "offline (no API server)" if e.offline else f"API {engine.api_overhead_s * 1e3:g} ms + per-token streaming",
-        *([f"{e.engine_family} constants"] if e.engine_family != "vllm" else []),
+        *([f"{e.engine_family} defaults and constants"] if e.engine_family != "vllm" else []),
     ]
     return ", ".join(parts)
 

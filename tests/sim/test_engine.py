@@ -276,3 +276,41 @@ def test_engine_family_selects_its_constants(tmp_path: Any) -> None:
 def test_no_room_for_any_kv_block_is_a_clear_error_even_with_the_default_context() -> None:
     with pytest.raises(ValueError, match="No available memory for the cache blocks"):
         Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", gpu="RTX4090", gpu_memory_utilization=0.66))
+
+
+def step_shapes(config: EngineConfig, prompts: Sequence[int], out: int = 4) -> list[tuple[int, int]]:
+    """(prefill tokens, decode tokens) of every step, all requests arriving at t=0."""
+    engine = Engine(config)
+    for i, n in enumerate(prompts):
+        engine.add_request(str(i), prompt(n, 10_000 * i), out, 0.0)
+    _, results = drain(engine)
+    return [(r.stats.prefill_tokens, r.stats.decode_tokens) for r in results if r.stats.prefill_tokens or r.stats.decode_tokens]
+
+
+def test_engine_families_schedule_like_their_engines() -> None:
+    base = EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", max_model_len=8192, api_overhead_s=0.0)
+    # vLLM V1: a 6,000-token prompt is chunked under the 2,048-token budget and its chunks
+    # share steps with the decodes of a running request
+    v1 = step_shapes(dataclasses.replace(base, gpu="A100"), [100, 6000])
+    assert max(p for p, _ in v1) <= 2048 and any(p and d for p, d in v1)
+    # vLLM V0 (8K context): whole prompts in prefill-only steps of up to 8,192 tokens
+    v0 = step_shapes(dataclasses.replace(base, engine_family="vllm-v0"), [3000, 6000])
+    assert [p for p, _ in v0 if p] == [3000, 6000] and not any(p and d for p, d in v0)
+    # SGLang: prefill and decode never share a step
+    sglang = step_shapes(dataclasses.replace(base, engine_family="sglang"), [100, 3000, 500])
+    assert not any(p and d for p, d in sglang)
+    # TurboMind: every admitted prompt is prefilled before the first decode
+    lmdeploy = step_shapes(dataclasses.replace(base, engine_family="lmdeploy"), [100, 3000, 500])
+    assert lmdeploy[0] == (3600, 0)
+
+
+def test_trtllm_and_lmdeploy_size_the_kv_cache_from_what_weights_leave() -> None:
+    """TRT-LLM/LMDeploy give the KV cache a share of the memory after weights; a larger
+    share means more blocks, and gpu_memory_utilization does not size it."""
+    trt = Engine(EngineConfig(model="Llama-3.1-8B", engine_family="trtllm"))
+    more = Engine(EngineConfig(model="Llama-3.1-8B", engine_family="trtllm", kv_cache_free_fraction=0.95))
+    assert more.num_kv_blocks > trt.num_kv_blocks
+    util = Engine(EngineConfig(model="Llama-3.1-8B", engine_family="trtllm", gpu_memory_utilization=0.6))
+    assert util.num_kv_blocks == trt.num_kv_blocks
+    lmdeploy = Engine(EngineConfig(model="Llama-3.1-8B", engine_family="lmdeploy"))
+    assert lmdeploy.num_kv_blocks < trt.num_kv_blocks  # 0.8 of it, not 0.9

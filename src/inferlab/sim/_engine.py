@@ -32,10 +32,11 @@ _GIB = 2**30
 class EngineConfig:
     """vLLM-named engine flags with vLLM's defaults.
 
-    ``None`` sizes are resolved as vLLM resolves them (``resolve_sizes``):
+    ``None`` means "the engine family's default" (``family_defaults``): for vLLM V1,
     ``max_num_batched_tokens`` / ``max_num_seqs`` from the GPU and whether the engine runs
-    offline (vLLM's ``LLM`` class) or as a server; ``max_model_len`` is the model's
-    context length, capped to what the KV cache holds.
+    offline (vLLM's ``LLM`` class) or as a server; the other families start from their
+    own documented defaults. ``max_model_len`` is the model's context length, capped to
+    what the KV cache holds.
     """
 
     model: str = "Qwen/Qwen2.5-7B-Instruct"
@@ -47,7 +48,7 @@ class EngineConfig:
     max_num_seqs: int | None = None
     block_size: int = 16
     enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
+    enable_chunked_prefill: bool | None = None  # None: the family's default
     enforce_eager: bool = False
     dtype: str = "auto"  # auto|bfloat16|float16
     quantization: str | None = None  # None|fp8|int8|awq|gptq
@@ -56,6 +57,9 @@ class EngineConfig:
     engine_family: str = "vllm"  # constants of vllm (V1), vllm-v0, sglang, trtllm, lmdeploy
     api_overhead_s: float | None = None  # per-request API cost before queueing; None: the family's
     num_gpu_blocks_override: int | None = None  # fix the KV cache size (tests, what-ifs)
+    # TRT-LLM / LMDeploy size the KV cache as this share of the memory left after weights
+    # and activations (not gpu_memory_utilization of the GPU); None: the family's way
+    kv_cache_free_fraction: float | None = None
     offline: bool = False  # size the scheduler like vLLM's offline LLM class, not its server
     # a step mixes decodes with prefill chunks (vLLM V1, V0 with chunked prefill, TRT-LLM)
     # or runs prefill and decode steps apart (SGLang; vLLM V0 without chunking); None: the
@@ -68,6 +72,46 @@ def family_mixes_batches(family: str, enable_chunked_prefill: bool) -> bool:
     if family == "sglang":
         return False
     return not (family == "vllm-v0" and not enable_chunked_prefill)
+
+
+def family_chunked_default(family: str, declared_len: int) -> bool:
+    """Whether an engine family chunks prefills by default. vLLM V0 (0.5/0.6) turns it on
+    only for a ``max_model_len`` over 32,000 tokens; TurboMind (LMDeploy 2023-24) prefills
+    whole prompts; vLLM V1, SGLang and TRT-LLM chunk."""
+    if family == "vllm-v0":
+        return declared_len > 32000
+    return family != "lmdeploy"
+
+
+# The fraction of the memory left after weights and activations that TRT-LLM
+# (``kv_cache_free_gpu_mem_fraction``) and LMDeploy (``cache_max_entry_count``) give the
+# KV cache; the other families size it as ``gpu_memory_utilization`` of the whole GPU.
+KV_FREE_FRACTION: dict[str, float] = {"trtllm": 0.9, "lmdeploy": 0.8}
+
+
+def family_defaults(
+    family: str, gpu: GpuSpec, *, offline: bool, chunked: bool, declared_len: int
+) -> tuple[int, int]:
+    """An engine family's default ``(max_num_batched_tokens, max_num_seqs)``: each
+    engine's documented start-up values, none fitted.
+
+    - vLLM V1 (and engines without a set of their own): ``vllm_batch_defaults``.
+    - vLLM V0: 256 sequences; a prefill step takes up to ``max(max_model_len, 2048)``
+      tokens, or 512 a step when chunked.
+    - SGLang: ``--chunked-prefill-size`` 8192, effectively no sequence cap.
+    - TRT-LLM: ``max_num_tokens`` 8192, ``max_batch_size`` 2048.
+    - LMDeploy TurboMind: ``max_batch_size`` 128 and no token budget (it prefills every
+      admitted request before the next decode).
+    """
+    if family == "vllm-v0":
+        return (512 if chunked else max(declared_len, 2048)), 256
+    if family == "sglang":
+        return 8192, 4096
+    if family == "trtllm":
+        return 8192, 2048
+    if family == "lmdeploy":
+        return 2**20, 128
+    return vllm_batch_defaults(gpu, offline)
 
 
 def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
@@ -162,7 +206,14 @@ class Engine:
         tp = config.tensor_parallel_size
         _validate_flags(config, model.max_position_embeddings)
         auto_budget = config.max_num_batched_tokens is None
-        batched, seqs = vllm_batch_defaults(gpu, config.offline)
+        declared_len = config.max_model_len or model.max_position_embeddings
+        chunked = config.enable_chunked_prefill
+        if chunked is None:
+            chunked = family_chunked_default(config.engine_family, declared_len)
+        config = dataclasses.replace(config, enable_chunked_prefill=chunked)
+        batched, seqs = family_defaults(
+            config.engine_family, gpu, offline=config.offline, chunked=chunked, declared_len=declared_len
+        )
         batched = config.max_num_batched_tokens or batched
         # a default sequence cap never exceeds a given token budget
         seqs = config.max_num_seqs or min(seqs, batched)
@@ -188,9 +239,14 @@ class Engine:
                 f"{usable / _GIB:.1f} GiB; use a larger tensor_parallel_size, quantization "
                 "or GPU."
             )
-        reserve = activation_reserve_bytes(model, tp, batched, seqs, eff)
         block_bytes = kv_bytes_per_token(model, tp, config.kv_cache_dtype) * config.block_size
-        num_blocks = int(max(0.0, usable - weights - reserve) // block_bytes)
+        free_fraction = config.kv_cache_free_fraction or KV_FREE_FRACTION.get(config.engine_family)
+        if free_fraction is None:
+            reserve = activation_reserve_bytes(model, tp, batched, seqs, eff)
+            num_blocks = int(max(0.0, usable - weights - reserve) // block_bytes)
+        else:  # a share of what is left after weights and a profile run of <= 8192 tokens
+            reserve = activation_reserve_bytes(model, tp, min(batched, 8192), seqs, eff)
+            num_blocks = max(0, int(free_fraction * (gpu.hbm_bytes - weights - reserve) // block_bytes))
         if config.num_gpu_blocks_override is not None:
             num_blocks = config.num_gpu_blocks_override
         if num_blocks < 1:
@@ -202,7 +258,7 @@ class Engine:
         # the model's context when not given, as much of it as the cache holds
         max_len = config.max_model_len or min(model.max_position_embeddings, num_blocks * config.block_size)
         if auto_budget:  # unchunked, the default budget holds one prompt; and all seqs
-            batched = max(batched, seqs, 0 if config.enable_chunked_prefill else max_len)
+            batched = max(batched, seqs, 0 if chunked else max_len)
         api_s = config.api_overhead_s
         if api_s is None:  # offline (vLLM's LLM class) there is no API server
             api_s = 0.0 if config.offline else eff.api_overhead_s
@@ -224,9 +280,9 @@ class Engine:
         #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
         mixed = config.mixed_batches
         if mixed is None:
-            mixed = family_mixes_batches(config.engine_family, config.enable_chunked_prefill)
+            mixed = family_mixes_batches(config.engine_family, chunked)
         self.config = config = dataclasses.replace(config, mixed_batches=mixed)
-        self.limits = SchedulerConfig(batched, seqs, max_len, config.enable_chunked_prefill, mixed)
+        self.limits = SchedulerConfig(batched, seqs, max_len, chunked, mixed)
         self._scheduler = Scheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}
         self._timelines: dict[str, RequestTimeline] = {}
