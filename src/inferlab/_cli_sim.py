@@ -61,6 +61,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--block-size", type=int, default=d.block_size, show_default=True, help="Tokens per KV-cache block (1, 8, 16, 32, 64 or 128)."),
         click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=d.enable_prefix_caching, show_default=True, help="Reuse KV blocks of shared prompt prefixes."),
         click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=None, show_default="the family's: on, except vllm-v0 (only above 32,000 tokens of context) and lmdeploy", help="Split long prompts over steps."),
+        click.option("--num-scheduler-steps", type=int, default=1, show_default=True, help="vLLM 0.6 multi-step scheduling: a decode batch runs this many steps before the scheduler runs again; new requests wait for the group to end."),
         click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
         click.option("--dtype", default=d.dtype, show_default=True, type=click.Choice(["auto", "bfloat16", "float16", "half"]), help="Activation and unquantized weight type."),
         click.option("--quantization", "-q", type=click.Choice(["fp8", "int8", "w8a16", "awq", "gptq"]), default=None, help="Weight quantization: fp8/int8 (W8A8), w8a16 (GPTQ-Int8) or AWQ/GPTQ int4 (W4A16). Default: from the model name (...-AWQ, -FP8, -GPTQ-Int4)."),
@@ -227,6 +228,7 @@ def engine_line(engine: Engine) -> str:
         f"{lim.max_num_batched_tokens:,} tokens/step"
         + ("" if lim.enable_chunked_prefill else " (prompts whole)"),
         *([] if lim.mixed_batches else ["prefill and decode steps apart"]),
+        *([f"{lim.num_scheduler_steps} decode steps per schedule"] if lim.num_scheduler_steps > 1 else []),
         f"{lim.max_num_seqs:,} seqs",
         f"KV {engine.kv_capacity_tokens:,} tokens",
         "eager" if e.enforce_eager else "CUDA graphs",

@@ -314,3 +314,45 @@ def test_trtllm_and_lmdeploy_size_the_kv_cache_from_what_weights_leave() -> None
     assert util.num_kv_blocks == trt.num_kv_blocks
     lmdeploy = Engine(EngineConfig(model="Llama-3.1-8B", engine_family="lmdeploy"))
     assert lmdeploy.num_kv_blocks < trt.num_kv_blocks  # 0.8 of it, not 0.9
+
+
+def test_multi_step_scheduling_runs_decode_groups_and_new_requests_wait_for_the_end() -> None:
+    """--num-scheduler-steps N (vLLM 0.6): a decode batch runs N steps before the scheduler
+    runs again, so an arrival waits for the group; the later steps skip the host's
+    scheduling cost."""
+
+    def run(steps: int) -> tuple[list[float], int]:
+        engine = Engine(dataclasses.replace(SMALL, num_scheduler_steps=steps, api_overhead_s=0.0))
+        engine.add_request("a", prompt(64), 40, 0.0)
+        durations, t = [], 0.0
+        for _ in range(3):  # the prefill, then decodes
+            r = engine.step(t)
+            assert r is not None
+            durations.append(r.duration_s)
+            t += r.duration_s
+        engine.add_request("b", prompt(64, 5000), 4, t)
+        n_before_b = 3
+        while engine.timeline("b").scheduled_s is None:
+            r = engine.step(t)
+            assert r is not None
+            durations.append(r.duration_s)
+            t += r.duration_s
+            n_before_b += 1
+        return durations, n_before_b
+
+    single, b_single = run(1)
+    multi, b_multi = run(8)
+    assert b_single == 4  # b prefills in the step right after it arrives
+    # with groups of 8 decode steps from step 2 (1 prefill + 8 decodes), b waits to step 10
+    assert b_multi == 10
+    # inside a group, steps after the first cost less (scheduling paid once per group)
+    assert multi[2] < multi[1] and multi[1] == pytest.approx(single[1])
+
+
+def test_multi_step_group_ends_when_its_last_request_finishes() -> None:
+    engine = Engine(dataclasses.replace(SMALL, num_scheduler_steps=16, api_overhead_s=0.0))
+    engine.add_request("a", prompt(64), 3, 0.0)
+    t, _ = drain(engine)
+    engine.add_request("b", prompt(64, 5000), 2, t)
+    r = engine.step(t)
+    assert r is not None and r.stats.prefill_tokens == 64  # no leftover group holds b back

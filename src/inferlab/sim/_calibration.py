@@ -235,6 +235,7 @@ _FLAGS = {
     "gpu_memory_utilization": r"gpu[_-]memory[_-]utilization|mem[_-]fraction[_-]static",
     "kv_free": r"kv[_-]cache[_-]free[_-]gpu[_-]mem[_-]fraction",
     "cache_max_entry_count": r"cache[_-]max[_-]entry[_-]count",
+    "num_scheduler_steps": r"num[_-]scheduler[_-]steps",
 }
 
 
@@ -370,6 +371,8 @@ def metric_skip_reason(row: dict[str, str], metric: str) -> str | None:
     notes = row.get("notes", "").lower()
     if metric == "itl_ms" and re.search(r"chunks? carry several tokens|itl \(chunk gap\)", notes):
         return "ITL is a gap between multi-token stream chunks; the simulator streams tokens"
+    if metric == "itl_ms" and dict(_engine_flags(row.get("engine_config", ""))).get("num_scheduler_steps", 1) > 1:
+        return "ITL is a gap between multi-step output chunks; the simulator streams tokens"
     if metric == "itl_ms" and re.search(r"itl[^.;]*truncated", notes):
         return "ITL value truncated in the source"
     return None

@@ -61,6 +61,9 @@ class EngineConfig:
     # and activations (not gpu_memory_utilization of the GPU); None: the family's way
     kv_cache_free_fraction: float | None = None
     offline: bool = False  # size the scheduler like vLLM's offline LLM class, not its server
+    # vLLM 0.5.5-0.7 --num-scheduler-steps: a decode batch runs this many steps before the
+    # scheduler runs again (new requests wait for the group to end); 1: every step
+    num_scheduler_steps: int = 1
     # a step mixes decodes with prefill chunks (vLLM V1, V0 with chunked prefill, TRT-LLM)
     # or runs prefill and decode steps apart (SGLang; vLLM V0 without chunking); None: the
     # family's way
@@ -229,6 +232,8 @@ class Engine:
             serving=not config.offline,
         )
         self._step_time: StepTimeModel = step_time or roofline
+        # what a later step of a multi-step group saves (a given step-time model: nothing)
+        self._scheduling_s = roofline.scheduling_s if step_time is None else (lambda _n: 0.0)
 
         usable = config.gpu_memory_utilization * gpu.hbm_bytes
         weights = weight_bytes_per_rank(model, tp, config.quantization)
@@ -282,7 +287,7 @@ class Engine:
         if mixed is None:
             mixed = family_mixes_batches(config.engine_family, chunked)
         self.config = config = dataclasses.replace(config, mixed_batches=mixed)
-        self.limits = SchedulerConfig(batched, seqs, max_len, chunked, mixed)
+        self.limits = SchedulerConfig(batched, seqs, max_len, chunked, mixed, config.num_scheduler_steps)
         self._scheduler = Scheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}
         self._timelines: dict[str, RequestTimeline] = {}
@@ -368,6 +373,8 @@ class Engine:
             stats = self._stats(now_s, ready_s - now_s, batch, len(preempted))
             return StepResult(ready_s - now_s, events if events is not None else [], stats)
         duration_s = self._step_time.step_time_s(batch.seqs, batch.emitting)
+        if batch.continuation:  # scheduled with the group's first step
+            duration_s -= self._scheduling_s(len(batch.seqs))
         end_s = now_s + duration_s
         for req in batch.admitted:
             tl = timelines[req.request_id]
@@ -447,7 +454,7 @@ def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
         raise ValueError("tensor_parallel_size must be at least 1")
     if not 0.0 < config.gpu_memory_utilization <= 1.0:
         raise ValueError("gpu_memory_utilization must be in (0, 1]")
-    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size"):
+    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size", "num_scheduler_steps"):
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1")

@@ -68,6 +68,7 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
         enable_prefix_caching=False,  # no prompt shares a prefix: skip the hashing
         enable_chunked_prefill=chunked,
         enforce_eager=bool(flags.get("enforce_eager", 0.0)),
+        num_scheduler_steps=flag("num_scheduler_steps") or 1,
         quantization=sc.quantization,
         kv_cache_dtype=sc.kv_cache_dtype,
         offline=not sc.via_server,  # offline: no API server costs

@@ -72,6 +72,9 @@ class SchedulerConfig:
     max_model_len: int = 4096
     enable_chunked_prefill: bool = True
     mixed_batches: bool = True  # False: prefill steps and decode steps apart, prefill first
+    # vLLM 0.5.5-0.7 multi-step scheduling: a decode-only batch runs this many steps
+    # without rescheduling (nothing admitted meanwhile); steps with a prefill run alone
+    num_scheduler_steps: int = 1
 
 
 @dataclass
@@ -86,6 +89,7 @@ class Batch:
     admitted: list[Request] = field(default_factory=list)  # moved from waiting this step
     prefix_hit_tokens: int = 0  # cached tokens of the requests admitted this step
     preempted: list[Request] = field(default_factory=list)  # sent back to waiting this step
+    continuation: bool = False  # a later step of a multi-step group: nothing was scheduled
 
 
 class Scheduler:
@@ -96,6 +100,7 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._group_steps_left = 0  # steps left in the current multi-step decode group
 
     def check_fits(self, num_prompt_tokens: int, max_output_tokens: int) -> None:
         """Raise ``ValueError`` for a request this engine can never serve."""
@@ -132,12 +137,22 @@ class Scheduler:
 
     def schedule(self, now_s: float) -> Batch:
         """Pick this step's requests and token counts; allocates their KV blocks."""
+        if self._group_steps_left > 0 and self.running:  # a multi-step group goes on
+            self._group_steps_left -= 1
+            batch = self._schedule(now_s, admit=False)
+            batch.continuation = True
+            return batch
+        self._group_steps_left = 0  # (a group ends early when its last request does)
         if not self.config.mixed_batches:
             batch = self._prefill_only(now_s)
             if batch.requests:
                 return batch
-            return self._schedule(now_s, admit=False)
-        return self._schedule(now_s, admit=True)
+            batch = self._schedule(now_s, admit=False)
+        else:
+            batch = self._schedule(now_s, admit=True)
+        if self.config.num_scheduler_steps > 1 and batch.decode_tokens and not batch.prefill_tokens:
+            self._group_steps_left = self.config.num_scheduler_steps - 1
+        return batch
 
     def _prefill_only(self, now_s: float) -> Batch:
         """A prefill step: unfinished chunked prompts, then waiting requests; no decodes."""

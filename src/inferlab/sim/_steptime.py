@@ -306,6 +306,11 @@ class RooflineStepTime:
         self._eager_layer_s = eff.eager_launch_per_layer_s if enforce_eager else 0.0
         self._stream_s_per_seq = eff.api_per_seq_s if serving else 0.0
 
+    def scheduling_s(self, num_seqs: int) -> float:
+        """The host part of a step that multi-step scheduling pays once per group
+        (scheduling and input preparation): the per-step and per-sequence host costs."""
+        return self._host_step_s + num_seqs * self.eff.per_seq_s
+
     def step_time_s(self, seqs: Sequence[tuple[int, int]], emitting: int) -> float:
         """Seconds for one step; see the module docstring for the model."""
         if not seqs:
@@ -334,4 +339,4 @@ class RooflineStepTime:
         if emitting > 0:
             total += _knee(emitting * self._lm_s_per_seq, self._lm_weights_s)
             total += eff.sampler_s + emitting * (self._sampler_s_per_seq + self._stream_s_per_seq)
-        return total + self._host_step_s + len(seqs) * eff.per_seq_s
+        return total + self.scheduling_s(len(seqs))
