@@ -118,6 +118,9 @@ def test_generated_blocks_are_salted_per_request() -> None:
         r.tokens += toks(24, 100)  # "generated" tokens the engine has no ids for
         r.block_hashes = hash_blocks(toks(8), BS)  # no prompt block is full
         kv.allocate(r, 32)
+    assert kv.lookup(a) == []  # nobody else can hit them: registered only on preemption
+    for r in (a, b):
+        kv.cache_generated(r, 32)  # the scheduler preempts them
     assert len(a.block_hashes) == 2 and a.block_hashes != b.block_hashes
     kv.free(a)
     assert len(kv.lookup(a)) == 1  # a can reuse its own generated block after preemption

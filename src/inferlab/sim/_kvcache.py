@@ -100,7 +100,7 @@ class KVCacheManager:
         bs = self.block_size
         num_new = -(-num_tokens // bs) - len(block_ids) - len(cached)
         if num_new <= 0 and not cached:
-            if num_tokens // bs > req.num_cached_blocks and self.enable_prefix_caching:
+            if req.num_cached_blocks < min(num_tokens // bs, len(req.block_hashes)) and self.enable_prefix_caching:
                 self._cache_full_blocks(req, num_tokens)
             return True
         ref = self._ref_counts
@@ -131,19 +131,31 @@ class KVCacheManager:
         return True
 
     def _cache_full_blocks(self, req: KVRequest, num_tokens: int) -> None:
-        """Register the hashes of ``req``'s blocks that ``num_tokens`` tokens fill."""
+        """Register the hashes of ``req``'s blocks that ``num_tokens`` tokens fill, as far
+        as their hashes are known (the prompt's; generated blocks: ``cache_generated``)."""
         hashes = req.block_hashes
-        for i in range(req.num_cached_blocks, num_tokens // self.block_size):
-            if i == len(hashes):
-                # A block with generated tokens: the engine has no token ids for them, so
-                # salt with the request; only this request (after preemption) can reuse it.
-                hashes.append(hash((hashes[i - 1] if i else _ROOT_HASH, -1 - req.hash_salt, i)))
+        end = min(num_tokens // self.block_size, len(hashes))
+        for i in range(req.num_cached_blocks, end):
             h = hashes[i]
             block = req.block_ids[i]
             if h not in self._cached:  # a duplicate computed concurrently stays unregistered
                 self._cached[h] = block
                 self._block_hash[block] = h
-        req.num_cached_blocks = max(req.num_cached_blocks, num_tokens // self.block_size)
+        req.num_cached_blocks = max(req.num_cached_blocks, end)
+
+    def cache_generated(self, req: KVRequest, num_computed_tokens: int) -> None:
+        """Register ``req``'s full blocks of generated tokens (before it is preempted).
+
+        The engine has no token ids for generated tokens, so their blocks are hashed with
+        the request's salt: only this request, recomputing after preemption, can hit
+        them. No other request can, so registering them is deferred to this moment (vLLM
+        registers every full block as it fills; the hits are the same)."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = req.block_hashes
+        for i in range(len(hashes), num_computed_tokens // self.block_size):
+            hashes.append(hash((hashes[i - 1] if i else _ROOT_HASH, -1 - req.hash_salt, i)))
+        self._cache_full_blocks(req, num_computed_tokens)
 
     def free(self, req: KVRequest) -> None:
         """Release ``req``'s blocks, tail first so a prefix's head outlives its tail.

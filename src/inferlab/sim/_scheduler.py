@@ -182,11 +182,22 @@ class Scheduler:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            remaining = req.num_tokens - req.num_computed_tokens
+            computed = req.num_computed_tokens
+            remaining = req.num_tokens - computed
+            # The common case inline: a decode whose blocks hold its next token (its full
+            # prompt blocks were registered when its prefill ended).
+            if remaining == 1 and req.num_output_tokens and computed < len(req.block_ids) * bs:
+                requests.append(req)
+                seqs.append((1, computed))
+                decodes += 1
+                budget -= 1
+                i += 1
+                continue
             n = remaining if remaining < budget else budget
-            total = req.num_computed_tokens + n
-            # The common decode case inline: the blocks held suffice and no block fills up.
-            if total > len(req.block_ids) * bs or (caching and total // bs > req.num_cached_blocks):
+            total = computed + n
+            if total > len(req.block_ids) * bs or (
+                caching and req.num_cached_blocks < len(req.block_hashes) and total // bs > req.num_cached_blocks
+            ):
                 preempted_self = False
                 while not kv.allocate(req, total):
                     victim = running.pop()  # the most recently admitted
@@ -199,7 +210,7 @@ class Scheduler:
                     break  # req was the last one running: no later running request is left
             if n == 1 and remaining == 1 and req.num_output_tokens:  # a plain decode, inline
                 requests.append(req)
-                seqs.append((1, req.num_computed_tokens))
+                seqs.append((1, computed))
                 decodes += 1
             else:
                 self._add_to_batch(batch, req, n)
@@ -248,6 +259,7 @@ class Scheduler:
         batch.prefill_tokens += n
 
     def _preempt(self, req: Request) -> None:
+        self.kv.cache_generated(req, req.num_computed_tokens)
         self.kv.free(req)
         req.num_computed_tokens = 0
         req.num_preemptions += 1
