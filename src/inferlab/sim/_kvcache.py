@@ -126,7 +126,7 @@ class KVCacheManager:
                 self._block_hash[b] = None
             ref[b] = 1
             block_ids.append(b)
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and req.num_cached_blocks < len(req.block_hashes):
             self._cache_full_blocks(req, num_tokens)
         return True
 

@@ -271,12 +271,14 @@ class Scheduler:
         emitted: list[Request] = []
         finished: list[Request] = []
         for req, (n, _) in zip(batch.requests, batch.seqs, strict=False):
-            req.num_computed_tokens += n
-            if req.num_computed_tokens == req.num_tokens:
-                req.num_output_tokens += 1
-                req.num_tokens += 1
+            computed = req.num_computed_tokens + n
+            req.num_computed_tokens = computed
+            if computed == req.num_tokens:
+                out = req.num_output_tokens + 1
+                req.num_output_tokens = out
+                req.num_tokens = computed + 1
                 emitted.append(req)
-                if req.num_output_tokens == req.max_output_tokens:
+                if out == req.max_output_tokens:
                     finished.append(req)
         if finished:
             for req in finished:
