@@ -104,6 +104,18 @@ def test_empirical_lengths_from_a_dataset(tmp_path: Path) -> None:
     assert {next(specs).input_tokens for _ in range(50)} == {3, 4}  # type: ignore[call-overload]
 
 
+def test_empirical_sharegpt_is_the_shipped_table_of_a_published_run() -> None:
+    inp = parse_length("empirical:ShareGPT", "--input-tokens")
+    out = parse_length("empirical:sharegpt", "--output-tokens")
+    # the published run's totals (total_input_tokens / total_output_tokens of its result)
+    assert len(inp.values) == 1280 and sum(inp.values) == 283459
+    assert sum(out.values) == 233412 and 0 not in out.values  # requests with no text dropped
+    assert max(inp.values) <= 1024  # vLLM's sampler caps prompts at 1,024 tokens
+    specs = WorkloadConfig(input_tokens="empirical:sharegpt", output_tokens="empirical:sharegpt").build(0)
+    drawn = [next(specs) for _ in range(20)]  # type: ignore[call-overload]
+    assert all(s.input_tokens in inp.values and s.max_tokens in out.values for s in drawn)
+
+
 def test_sim_run_stops_when_the_dataset_runs_out(tmp_path: Path) -> None:
     path = jsonl(tmp_path / "d.jsonl", [{"prompt": f"prompt number {i}", "max_tokens": 3} for i in range(5)])
     wl = WorkloadConfig(dataset=DatasetConfig(path)).build(0)

@@ -60,13 +60,13 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--max-num-seqs", type=int, default=None, show_default="the family's; vLLM's for the GPU: 1024 on H100/H200, 256 elsewhere", help="Most sequences running at once."),
         click.option("--block-size", type=int, default=d.block_size, show_default=True, help="Tokens per KV-cache block (1, 8, 16, 32, 64 or 128)."),
         click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=d.enable_prefix_caching, show_default=True, help="Reuse KV blocks of shared prompt prefixes."),
-        click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=None, show_default="the family's: on, except vllm-v0 (only above 32,000 tokens of context) and lmdeploy", help="Split long prompts over steps."),
+        click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=None, show_default="the family's: on, except vllm-v0/v0.5 (only above 32,000 tokens of context) and lmdeploy", help="Split long prompts over steps."),
         click.option("--num-scheduler-steps", type=int, default=1, show_default=True, help="vLLM 0.6 multi-step scheduling: a decode batch runs this many steps before the scheduler runs again; new requests wait for the group to end."),
         click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
         click.option("--dtype", default=d.dtype, show_default=True, type=click.Choice(["auto", "bfloat16", "float16", "half"]), help="Activation and unquantized weight type."),
         click.option("--quantization", "-q", type=click.Choice(["fp8", "int8", "w8a16", "awq", "gptq"]), default=None, help="Weight quantization: fp8/int8 (W8A8), w8a16 (GPTQ-Int8) or AWQ/GPTQ int4 (W4A16). Default: from the model name (...-AWQ, -FP8, -GPTQ-Int4)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, type=click.Choice(["auto", "fp8"]), help="fp8 halves KV-cache bytes (more room, less to read)."),
-        click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Which engine to model: vllm (V1), vllm-v0 (0.5/0.6), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
+        click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
 

@@ -4,7 +4,8 @@ Specs: ``500`` (fixed), ``uniform:100:900`` (inclusive), ``normal:500:100`` (mea
 std), ``lognormal:500:0.6`` (median, sigma), or an empirical list of observed lengths
 (from a dataset: ``empirical:PATH`` draws the input lengths of a dataset file's
 prompts for ``--input-tokens``, its output lengths for ``--output-tokens``; word
-counts, see ``_datasets``). Every draw is an int >= 1; draws come from the caller's seeded
+counts, see ``_datasets``; ``empirical:sharegpt`` draws from the shipped token lengths
+of ShareGPT V3 as vLLM's benchmark samples it, see ``_sharegpt``). Every draw is an int >= 1; draws come from the caller's seeded
 ``random.Random``, so the same seed gives the same lengths.
 """
 
@@ -67,9 +68,16 @@ def parse_length(spec: int | str | LengthDist, flag: str = "--input-tokens") -> 
             raise UsageError(f"{flag} must be at least 1")
         return LengthDist("fixed", float(spec))
     if spec.strip().lower().startswith("empirical:"):
-        from inferlab._datasets import dataset_lengths  # lazy: datasets import this module
+        source = spec.strip()[len("empirical:"):]
+        if source.lower() == "sharegpt":  # the shipped table (a file: ./sharegpt)
+            from inferlab._sharegpt import sharegpt_lengths
 
-        inputs, outputs = dataset_lengths(spec.strip()[len("empirical:"):])
+            inputs, outputs = (list(x) for x in sharegpt_lengths())
+            outputs = [o for o in outputs if o > 0]
+        else:
+            from inferlab._datasets import dataset_lengths  # lazy: datasets import this module
+
+            inputs, outputs = dataset_lengths(source)
         return empirical(outputs if "output" in flag else inputs, f"{flag} {spec}")
     text = spec.strip().lower()
     kind, _, rest = text.partition(":")

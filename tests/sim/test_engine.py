@@ -356,3 +356,31 @@ def test_multi_step_group_ends_when_its_last_request_finishes() -> None:
     engine.add_request("b", prompt(64, 5000), 2, t)
     r = engine.step(t)
     assert r is not None and r.stats.prefill_tokens == 64  # no leftover group holds b back
+
+
+def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
+    """api_intake_s: a burst queues at the API server's door. In its own process (vLLM
+    >= 0.6) the k-th request reaches the scheduler k intakes after the burst; inside the
+    engine's process (vLLM <= 0.5) accepting requests stalls the engine loop instead."""
+    f = tmp_path / "eff.json"
+    f.write_text('{"api_intake_s": 0.004}')
+    queued = Engine(dataclasses.replace(SMALL, api_overhead_s=0.0, efficiencies_path=str(f)), FixedStep())
+    for i in range(10):
+        queued.add_request(str(i), prompt(32, 100 * i), 2, 0.0)
+    drain(queued)
+    scheduled = [queued.timeline(str(i)).scheduled_s for i in range(10)]
+    assert all(s is not None and s >= 0.004 * (i + 1) - 1e-9 for i, s in enumerate(scheduled))
+    assert scheduled[9] > scheduled[0] + 0.03  # not all at once
+    in_process = Engine(
+        dataclasses.replace(SMALL, api_overhead_s=0.0, engine_family="vllm-v0.5", max_num_batched_tokens=4096),
+        FixedStep(),
+    )
+    for i in range(100):
+        in_process.add_request(str(i), prompt(32, 100 * i), 2, 0.0)
+    r = in_process.step(0.0)
+    assert r is not None and r.duration_s == pytest.approx(0.01 + 100 * 0.0025)  # the stall
+    # offline (no API server) there is no intake
+    offline = Engine(dataclasses.replace(SMALL, engine_family="vllm-v0.5", offline=True, api_overhead_s=0.0), FixedStep())
+    offline.add_request("a", prompt(32), 2, 0.0)
+    r = offline.step(0.0)
+    assert r is not None and r.duration_s == pytest.approx(0.01)

@@ -66,6 +66,8 @@ def _family(engine: str, version: tuple[int, int] | None) -> str:
     if re.search(r"lmdeploy|turbomind", e):
         return "lmdeploy"
     if "vllm" in e and "nano" not in e:
+        if version is not None and version < (0, 6):
+            return "vllm-v0.5"  # the OpenAI server in the engine's process
         return "vllm-v0" if version is not None and version < (0, 8) else "vllm"
     return "generic"
 

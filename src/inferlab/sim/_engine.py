@@ -54,7 +54,7 @@ class EngineConfig:
     quantization: str | None = None  # None|fp8|int8|awq|gptq
     kv_cache_dtype: str = "auto"  # auto|fp8
     efficiencies_path: str | None = None
-    engine_family: str = "vllm"  # constants of vllm (V1), vllm-v0, sglang, trtllm, lmdeploy
+    engine_family: str = "vllm"  # vllm (V1), vllm-v0 (0.6-0.7), vllm-v0.5, sglang, trtllm, lmdeploy
     api_overhead_s: float | None = None  # per-request API cost before queueing; None: the family's
     num_gpu_blocks_override: int | None = None  # fix the KV cache size (tests, what-ifs)
     # TRT-LLM / LMDeploy size the KV cache as this share of the memory left after weights
@@ -70,18 +70,27 @@ class EngineConfig:
     mixed_batches: bool | None = None
 
 
+_VLLM_V0 = ("vllm-v0", "vllm-v0.5")
+
+
 def family_mixes_batches(family: str, enable_chunked_prefill: bool) -> bool:
     """Whether an engine family's steps mix decodes with prefills by default."""
     if family == "sglang":
         return False
-    return not (family == "vllm-v0" and not enable_chunked_prefill)
+    return not (family in _VLLM_V0 and not enable_chunked_prefill)
+
+
+def family_front_end_in_process(family: str) -> bool:
+    """Whether the API server shares the engine's process and event loop (vLLM <= 0.5):
+    its work on a request stalls the engine instead of running beside it."""
+    return family == "vllm-v0.5"
 
 
 def family_chunked_default(family: str, declared_len: int) -> bool:
     """Whether an engine family chunks prefills by default. vLLM V0 (0.5/0.6) turns it on
     only for a ``max_model_len`` over 32,000 tokens; TurboMind (LMDeploy 2023-24) prefills
     whole prompts; vLLM V1, SGLang and TRT-LLM chunk."""
-    if family == "vllm-v0":
+    if family in _VLLM_V0:
         return declared_len > 32000
     return family != "lmdeploy"
 
@@ -106,7 +115,7 @@ def family_defaults(
     - LMDeploy TurboMind: ``max_batch_size`` 128 and no token budget (it prefills every
       admitted request before the next decode).
     """
-    if family == "vllm-v0":
+    if family in _VLLM_V0:
         return (512 if chunked else max(declared_len, 2048)), 256
     if family == "sglang":
         return 8192, 4096
@@ -272,6 +281,11 @@ class Engine:
             api_overhead_s=api_s,
         )
         self.api_overhead_s = api_s
+        # the API front end accepts requests one at a time (offline: there is none)
+        self._intake_s = 0.0 if config.offline else eff.api_intake_s
+        self._intake_stalls_engine = family_front_end_in_process(config.engine_family)
+        self._front_free_s = 0.0  # when the front end has accepted every request so far
+        self._stall_s = 0.0  # intake work that delays the next step (front end in process)
         _validate_sizes(config)
         self.config = config
         if num_blocks * config.block_size < max_len:
@@ -312,14 +326,14 @@ class Engine:
         bs = self.config.block_size
         hashes = hash_blocks(prompt_ids, bs) if self.config.enable_prefix_caching else []
         timeline = RequestTimeline(now_s, None, None, None, 0, 0, len(prompt_ids), 0)
-        req = Request(
-            request_id,
-            len(prompt_ids),
-            output_len,
-            hashes,
-            self._num_added,
-            now_s + self.api_overhead_s,
-        )
+        ready_s = now_s + self.api_overhead_s
+        if self._intake_s:
+            if self._intake_stalls_engine:  # the engine loop waits while it is accepted
+                self._stall_s += self._intake_s
+            else:  # a burst queues at the front end
+                self._front_free_s = max(self._front_free_s, now_s) + self._intake_s
+                ready_s = max(ready_s, self._front_free_s)
+        req = Request(request_id, len(prompt_ids), output_len, hashes, self._num_added, ready_s)
         self._num_added += 1
         self._active[request_id] = req
         self._timelines[request_id] = timeline
@@ -375,6 +389,9 @@ class Engine:
         duration_s = self._step_time.step_time_s(batch.seqs, batch.emitting)
         if batch.continuation:  # scheduled with the group's first step
             duration_s -= self._scheduling_s(len(batch.seqs))
+        if self._stall_s:
+            duration_s += self._stall_s
+            self._stall_s = 0.0
         end_s = now_s + duration_s
         for req in batch.admitted:
             tl = timelines[req.request_id]

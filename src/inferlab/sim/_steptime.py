@@ -62,6 +62,11 @@ class Efficiencies:
     # published low-load TTFTs of vLLM V1 sit 33 ms (0.19, Qwen3-0.6B, 16 req/s) to
     # 46 ms (0.11, Qwen3-8B, one user) above prefill + scheduling alone
     api_overhead_s: float = 0.030
+    # CPU the API front end spends accepting one request (HTTP, validation, template,
+    # tokenization), one request at a time: a burst queues at the door. 0: not modelled
+    # (the front-end processes of vLLM >= 0.6, SGLang, TRT-LLM keep up with the rates
+    # measured); vLLM <= 0.5 ran it in the engine's own process, see ``vllm-v0.5``.
+    api_intake_s: float = 0.0
 
 
 DEFAULT_EFFICIENCIES = Efficiencies()
@@ -76,6 +81,11 @@ FAMILY_EFFICIENCIES: dict[str, dict[str, float]] = {
     # its API server path adds ~25 ms before a request is scheduled (fit: vLLM's own CI,
     # Llama-3-70B TP4 at 1 req/s on H100 and H200, TTFT 62-66 ms against 34-40 ms).
     "vllm-v0": {"cpu_step_s": 1.5e-3, "api_overhead_s": 0.025},
+    # vLLM <= 0.5: the same engine with the OpenAI server in its own process and event
+    # loop (vLLM's v0.6.0 post: 33 % of 0.5.3's time went to the HTTP server). Accepting
+    # a request stalls the engine loop: a burst of 1,280 requests got its first token
+    # after 3.26 s on an H100 (Lambda's 0.5.4 runs), 2.5 ms per request.
+    "vllm-v0.5": {"cpu_step_s": 1.5e-3, "api_overhead_s": 0.025, "api_intake_s": 2.5e-3},
     # SGLang: the overlap scheduler hides most host work behind the GPU step; low-load
     # TTFTs sit 6-19 ms (0.3, A100/H100), 10 ms (0.5, H100) and ~40 ms (0.4, H200 TP4)
     # above prefill + scheduling: median ~15 ms.

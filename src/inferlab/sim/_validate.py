@@ -5,9 +5,9 @@ reason); ``simulate`` runs a scenario in virtual time on the engine ``_scenario_
 builds for it and computes the statistics the source reports; ``validate`` does both for
 a file and ``summarize`` takes the median error per metric class. Nothing is tuned per row:
 
-- workload: fixed lengths; ``U[a,b]`` uniform; ShareGPT-like rows a clipped lognormal
-  with the row's mean (``SHAREGPT_*``) at evenly spaced quantiles, seed 0; no two
-  prompts share a prefix;
+- workload: fixed lengths; ``U[a,b]`` uniform; ShareGPT rows the token lengths of a
+  published run of vLLM's ShareGPT sampler (``sharegpt_lengths``) in order, scaled to
+  the row's means; no two prompts share a prefix;
 - load: ``offline`` and ``static`` (batch) = every request at t=0 through the engine
   API (no API cost); ``burst`` = every request at t=0 through the server; ``poisson``
   = seeded exponential gaps from t=0; ``constant`` = even gaps; ``closed`` = N users,
@@ -30,16 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferlab._errors import InferlabError
+from inferlab._sharegpt import sharegpt_lengths
 from inferlab.sim._calibration import load_rows, parse_rows
 from inferlab.sim._engine import Engine, RequestTimeline
 from inferlab.sim._scenario import METRIC_CLASS, Lengths, Measurement, Scenario, Skipped
 from inferlab.sim._scenario_engine import build_engine
 
-# ShareGPT V3 through vLLM's sampler (prompt <= 1024, prompt + output <= 2048, both >= 4)
-# has heavy-tailed lengths: lognormals with these shapes (coefficient of variation ~1.3
-# and ~0.9); means from the row (``_calibration`` gives a default when it states none).
-SHAREGPT_SIGMA_INPUT = 1.0
-SHAREGPT_SIGMA_OUTPUT = 0.8
+# ShareGPT V3 through vLLM's sampler (prompt <= 1024, prompt + output <= 2048): the
+# lengths of a published run (``sharegpt_lengths``), scaled to the row's means.
 _SHAREGPT_MAX_INPUT = 1024
 _SHAREGPT_MAX_TOTAL = 2048
 
@@ -80,28 +78,10 @@ class Report:
 # --- the workload ---------------------------------------------------------------------------
 
 
-def _lognormal_lengths(
-    mean: float, sigma: float, caps: Sequence[int], rng: random.Random
-) -> list[int]:
-    """Lognormal lengths clipped to [4, caps[i]] whose mean is ``mean``, at evenly spaced
-    quantiles in shuffled order: a typical sample, not a random one, since the tail of a
-    small sample decides how long an offline batch runs."""
-    n = len(caps)
-    unit = statistics.NormalDist()
-    z = [unit.inv_cdf((i + 0.5) / n) for i in range(n)]
-    rng.shuffle(z)
-
-    def draw(mu: float) -> list[int]:
-        return [
-            max(4, min(cap, round(math.exp(mu + sigma * x))))
-            for x, cap in zip(z, caps, strict=True)
-        ]
-
-    lo, hi = -5.0, 12.0
-    for _ in range(50):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if statistics.fmean(draw(mid)) < mean else (lo, mid)
-    return draw((lo + hi) / 2)
+def _scaled(values: Sequence[int], mean: float, caps: Sequence[int]) -> list[int]:
+    """``values`` scaled so that their mean is ``mean``, each in [1, caps[i]]."""
+    factor = mean / statistics.fmean(values)
+    return [max(1, min(cap, round(v * factor))) for v, cap in zip(values, caps, strict=True)]
 
 
 def workload(sc: Scenario) -> list[tuple[int, int]]:
@@ -109,13 +89,17 @@ def workload(sc: Scenario) -> list[tuple[int, int]]:
     n = sc.num_requests
     rng = random.Random(_SEED)
     inp, out = sc.input_len, sc.output_len
+    # ShareGPT: the published run's requests in order (vLLM's sampler takes the first n),
+    # without those that produced no text; repeated when a row asks for more
+    shared = [(i, o) for i, o in zip(*sharegpt_lengths(), strict=True) if o > 0]
+    pairs = [shared[k % len(shared)] for k in range(n)]
     if inp.kind == "sharegpt":
-        ins = _lognormal_lengths(inp.a, SHAREGPT_SIGMA_INPUT, [_SHAREGPT_MAX_INPUT] * n, rng)
+        ins = _scaled([i for i, _ in pairs], inp.a, [_SHAREGPT_MAX_INPUT] * n)
     else:
         ins = [_draw(inp, rng) for _ in range(n)]
     if out.kind == "sharegpt":
-        caps = [max(4, _SHAREGPT_MAX_TOTAL - i) for i in ins]
-        outs = _lognormal_lengths(out.a, SHAREGPT_SIGMA_OUTPUT, caps, rng)
+        caps = [max(1, _SHAREGPT_MAX_TOTAL - i) for i in ins]
+        outs = _scaled([o for _, o in pairs], out.a, caps)
     else:
         outs = [_draw(out, rng) for _ in range(n)]
     for k in _empty_indices(sc, n):
