@@ -173,7 +173,7 @@ def test_construction_refuses_what_vllm_refuses() -> None:
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         Engine(EngineConfig(enable_chunked_prefill=False, max_num_batched_tokens=2048))
     with pytest.raises(UsageError):
-        Engine(EngineConfig(gpu="B200"))
+        Engine(EngineConfig(gpu="MI300X"))
 
 
 def test_kv_capacity_is_memory_left_after_weights_and_reserve() -> None:

@@ -83,6 +83,23 @@ def test_gpus_resolve_by_short_and_preset_names_and_from_a_file(tmp_path: Path) 
     assert gpu.bus_bytes_per_s == pytest.approx(50e9)
 
 
+def test_card_variants_differ_where_their_datasheets_do() -> None:
+    """PCIe and export cards share a name with the SXM part but not its memory system or
+    tensor cores: decode follows HBM bandwidth, long prefill follows tensor throughput."""
+    decode = [(1, 512)] * 8
+    prefill = [(4096, 0)]
+
+    def times(gpu: str) -> tuple[float, float]:
+        st = roofline(gpu=gpu)
+        return st.step_time_s(decode, 8), st.step_time_s(prefill, 1)
+
+    sxm, pcie, h20 = times("H100"), times("H100-PCIe"), times("H20")
+    assert pcie[0] > 1.4 * sxm[0] and pcie[1] > 1.2 * sxm[1]  # 2.0 vs 3.35 TB/s, 756 vs 989 TF
+    assert h20[0] < sxm[0] and h20[1] > 4 * sxm[1]  # 4.0 TB/s but 148 TF
+    assert resolve_gpu("A100-40G").hbm_bytes < 0.55 * resolve_gpu("A100").hbm_bytes
+    assert resolve_gpu("L4").fp8_flops_per_s and resolve_gpu("A10").fp8_flops_per_s is None
+
+
 # --- memory ---------------------------------------------------------------------------
 
 

@@ -136,17 +136,38 @@ def test_vllm_versions_choose_v0_or_v1_scheduler_defaults() -> None:
 
 
 @pytest.mark.parametrize(
+    ("cell", "preset"),
+    [
+        ("H100 SXM5 80GB", "H100-SXM-80GB"),
+        ("H100-80GB (form factor not stated)", "H100-SXM-80GB"),
+        ("NVIDIA H100 PCIe 80GB", "H100-PCIe-80GB"),
+        ("H100 NVL 94GB", "H100-NVL-94GB"),
+        ("NVIDIA H20", "H20-96GB"),
+        ("A100-SXM4-40GB", "A100-SXM-40GB"),
+        ("A100 PCIe 80GB", "A100-PCIe-80GB"),
+        ("A100-80GB (SXM/PCIe not stated)", "A100-SXM-80GB"),
+        ("NVIDIA L4", "L4-24GB"),
+        ("1x A10 24GB", "A10-24GB"),
+        ("L40S", "L40S-48GB"),
+    ],
+)
+def test_gpu_cells_map_to_the_preset_of_that_exact_card(cell: str, preset: str) -> None:
+    assert parse_row(row(gpu=cell)).gpu == preset
+
+
+@pytest.mark.parametrize(
     ("changes", "reason"),
     [
         ({"model": "mistralai/Mixtral-8x7B-Instruct-v0.1"}, "mixture-of-experts"),
         ({"model": "Qwen/Qwen3-30B-A3B"}, "mixture-of-experts"),
         ({"model": "tiiuae/falcon-40b-instruct"}, "no preset"),
         ({"gpu": "AMD MI300X"}, "GPU"),
-        ({"gpu": "A100-SXM4-40GB"}, "GPU"),
+        ({"gpu": "NVIDIA A10G (AWS)"}, "GPU"),
         ({"engine_config": "EAGLE-3 speculative decoding, 3 draft tokens"}, "speculative"),
         ({"engine": "llama.cpp"}, "engine"),
         ({"engine": "not stated"}, "engine not stated"),
         ({"input_len": "", "length_distribution": "random"}, "input length"),
+        ({"input_len": "unknown (prompts filtered to 5000-10000)"}, "not known"),
         ({"weight_precision": "nvfp4"}, "precision"),
         ({"num_gpus": "8"}, "num_gpus"),
         ({"ttft_ms": ""}, "no measured metric"),

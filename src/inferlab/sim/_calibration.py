@@ -125,18 +125,30 @@ def _gpu(cell: str) -> str:
         raise ScenarioError(f"GPU {cell!r}: no preset (Grace Hopper)")
     if "h200" in t:
         return "H200-SXM-141GB"
+    if re.search(r"h20(?!\d)", t):
+        return "H20-96GB"
+    if "b200" in t:
+        return "B200-180GB"
     if "h100" in t:
-        if re.search(r"pcie|nvl|94gb", t):
-            raise ScenarioError(f"GPU {cell!r}: only the H100 SXM has a preset")
+        if re.search(r"nvl|94-?gb", t):
+            return "H100-NVL-94GB"
+        if "pcie" in t and "not-stated" not in t:
+            return "H100-PCIe-80GB"
         return "H100-SXM-80GB"
     if "a100" in t:
-        if re.search(r"40-?gb|pcie", t) and "not-stated" not in t:
-            raise ScenarioError(f"GPU {cell!r}: only the A100 SXM 80GB has a preset")
+        if re.search(r"40-?gb", t):
+            return "A100-SXM-40GB"  # (the 40GB PCIe card has the same memory system)
+        if "pcie" in t and "not-stated" not in t:
+            return "A100-PCIe-80GB"
         return "A100-SXM-80GB"
     if "l40s" in t:
         return "L40S-48GB"
     if "4090" in t:
         return "RTX-4090-24GB"
+    if re.search(r"(?<![a-z0-9])l4(?![0-9])", t):
+        return "L4-24GB"
+    if re.search(r"(?<![a-z0-9])a10(?![0-9])", t) and "a10g" not in t:
+        return "A10-24GB"
     raise ScenarioError(f"GPU {cell!r}: no preset")
 
 
@@ -192,6 +204,8 @@ def _lengths(cell: str, dist: str, which: str) -> tuple[Lengths, str | None]:
     """A length cell ('128', 'U[100,1024]', '204.9 mean') read with the distribution text;
     the second value notes an assumption made."""
     c, d = cell.strip().lower(), dist.lower()
+    if re.match(r"(unknown|not stated|unspecified)\b", c):  # numbers after it are no length
+        raise ScenarioError(f"{which} length {cell!r}: not known")
     m = re.search(r"u\s*\[\s*(\d+)\s*,\s*(\d+)\s*\]", c) or re.search(
         r"uniform\D*(\d+)\s*(?:-|to|,)\s*(\d+)", c
     )

@@ -30,6 +30,14 @@ _BUS_GBS: dict[str, float] = {
     "H200-SXM-141GB": 450.0,
     "L40S-48GB": 25.0,
     "RTX-4090-24GB": 25.0,
+    "H100-PCIe-80GB": 50.0,  # PCIe Gen5 x16 (pairs with an NVLink bridge do better)
+    "H100-NVL-94GB": 300.0,  # NVLink bridge, within a pair
+    "H20-96GB": 450.0,
+    "A100-SXM-40GB": 300.0,
+    "A100-PCIe-80GB": 25.0,
+    "L4-24GB": 25.0,
+    "A10-24GB": 25.0,
+    "B200-180GB": 900.0,
 }
 _DEFAULT_BUS_GBS = 25.0
 
@@ -43,6 +51,15 @@ _GPU_ALIASES: dict[str, str] = {
     "rtx4090": "RTX-4090-24GB",
     "rtx-4090": "RTX-4090-24GB",
     "4090": "RTX-4090-24GB",
+    "h100-pcie": "H100-PCIe-80GB",
+    "h100-nvl": "H100-NVL-94GB",
+    "h20": "H20-96GB",
+    "a100-40g": "A100-SXM-40GB",
+    "a100-40gb": "A100-SXM-40GB",
+    "a100-pcie": "A100-PCIe-80GB",
+    "l4": "L4-24GB",
+    "a10": "A10-24GB",
+    "b200": "B200-180GB",
 }
 
 # Suffixes that name a fine-tuned variant with the same shapes as its base model.

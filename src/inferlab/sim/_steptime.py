@@ -60,8 +60,8 @@ class Efficiencies:
     reserve_fixed_bytes: float = 1.5 * _GIB  # CUDA context, NCCL, CUDA graphs: 1–2 GiB per GPU
     # per request before it queues (HTTP, template, tokenize, IPC) and on the way back:
     # published low-load TTFTs of vLLM V1 sit 33 ms (0.19, Qwen3-0.6B, 16 req/s) to
-    # 46 ms (0.11, Qwen3-8B, one user) above prefill + scheduling alone
-    api_overhead_s: float = 0.030
+    # 46 ms (0.11, Qwen3-8B, one to four users) above prefill + scheduling alone: 40 ms
+    api_overhead_s: float = 0.040
     # CPU the API front end spends accepting one request (HTTP, validation, template,
     # tokenization), one request at a time: a burst queues at the door. 0: not modelled
     # (the front-end processes of vLLM >= 0.6, SGLang, TRT-LLM keep up with the rates
