@@ -311,10 +311,13 @@ def test_cli_engine_family_starts_from_that_engines_defaults() -> None:
     v0 = engine("--engine-family", "vllm-v0", "--model", "Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192")
     assert (v0["enable_chunked_prefill"], v0["max_num_batched_tokens"], v0["max_num_seqs"]) == (False, 8192, 256)
     assert v0["mixed_batches"] is False
-    # ... and over 32,000 tokens of context it chunks, 512 tokens a step
+    assert v0["enable_prefix_caching"] is False  # opt-in in vLLM V0; on in V1 and SGLang
+    # ... and over 32,768 tokens of context it chunks, 512 tokens a step
     v0_long = engine("--engine-family", "vllm-v0", "--model", "Llama-3.1-8B", "--gpu", "H200")
     assert (v0_long["enable_chunked_prefill"], v0_long["max_num_batched_tokens"]) == (True, 512)
     sglang = engine("--engine-family", "sglang")
+    assert sglang["enable_prefix_caching"] is True
+    assert engine("--engine-family", "vllm-v0", "--enable-prefix-caching")["enable_prefix_caching"] is True
     assert (sglang["mixed_batches"], sglang["max_num_batched_tokens"], sglang["max_num_seqs"]) == (False, 8192, 4096)
     lmdeploy = engine("--engine-family", "lmdeploy")
     assert (lmdeploy["enable_chunked_prefill"], lmdeploy["max_num_seqs"]) == (False, 128)

@@ -379,6 +379,40 @@ def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
         in_process.add_request(str(i), prompt(32, 100 * i), 2, 0.0)
     r = in_process.step(0.0)
     assert r is not None and r.duration_s == pytest.approx(0.01 + 100 * 0.0025)  # the stall
+    # the engine accepts a request when it arrives from the API path (25 ms), in the step
+    # that can schedule it; a step already running when the requests arrive is not charged
+    for n, first_step_s in ((4, 0.01 + 4 * 0.0025), (100, 0.01 + 100 * 0.0025)):
+        eng = Engine(
+            dataclasses.replace(SMALL, api_overhead_s=0.025, engine_family="vllm-v0.5", max_num_batched_tokens=4096),
+            FixedStep(),
+        )
+        for i in range(n):
+            eng.add_request(str(i), prompt(32, 100 * i), 2, 0.0)
+        idle = eng.step(0.0)
+        assert idle is not None and idle.duration_s == pytest.approx(0.025) and not idle.events
+        r = eng.step(0.025)
+        assert r is not None and r.duration_s == pytest.approx(first_step_s)
+    busy = Engine(
+        dataclasses.replace(SMALL, api_overhead_s=0.025, engine_family="vllm-v0.5", max_num_batched_tokens=4096),
+        FixedStep(),
+    )
+    busy.add_request("running", prompt(32), 50, 0.0)
+    now = 0.0
+    while now < 0.025 + 1e-9:  # up to and including the step that prefills it
+        r = busy.step(now)
+        assert r is not None
+        now += r.duration_s
+    busy.add_request("late", prompt(32, 999), 2, now)  # ready 25 ms from now
+    durations = []
+    while now < busy.timeline("late").arrival_s + 0.025 + 0.03:
+        r = busy.step(now)
+        assert r is not None
+        durations.append((now, r.duration_s))
+        now += r.duration_s
+    charged = [d for t, d in durations if d > 0.01 + 1e-9]
+    assert charged == [pytest.approx(0.01 + 0.0025)]  # once, in the step that admits it
+    tl = busy.timeline("late")
+    assert tl.scheduled_s is not None and tl.scheduled_s >= tl.arrival_s + 0.025 - 1e-9
     # offline (no API server) there is no intake
     offline = Engine(dataclasses.replace(SMALL, engine_family="vllm-v0.5", offline=True, api_overhead_s=0.0), FixedStep())
     offline.add_request("a", prompt(32), 2, 0.0)

@@ -131,8 +131,11 @@ def test_vllm_versions_choose_v0_or_v1_scheduler_defaults() -> None:
     assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
     v0 = parse_row(row(engine_version="0.6.3", model="Qwen2.5-7B-Instruct"))
     assert v0.family == "vllm-v0"
-    cfg = build_engine(v0, 768).config  # Qwen2.5's 32K context turns chunked prefill on
-    assert (cfg.enable_chunked_prefill, cfg.max_num_batched_tokens) == (True, 512)
+    # vLLM V0 chunks only past 32,768 tokens of context: Qwen2.5's 32K is not past it
+    cfg = build_engine(v0, 768).config
+    assert (cfg.enable_chunked_prefill, cfg.max_num_batched_tokens) == (False, 32768)
+    long_ctx = build_engine(parse_row(row(engine_version="0.6.3", model="Llama-3.1-8B-Instruct")), 768)
+    assert (long_ctx.config.enable_chunked_prefill, long_ctx.config.max_num_batched_tokens) == (True, 512)
 
 
 @pytest.mark.parametrize(
@@ -155,6 +158,12 @@ def test_gpu_cells_map_to_the_preset_of_that_exact_card(cell: str, preset: str) 
     assert parse_row(row(gpu=cell)).gpu == preset
 
 
+def test_an_engine_named_anywhere_in_the_cell_picks_its_family() -> None:
+    nim = parse_row(row(engine="NVIDIA NIM (TensorRT-LLM backend assumed, not stated on page)"))
+    assert nim.family == "trtllm"
+    assert parse_row(row(engine="SGLang (version not stated)")).family == "sglang"
+
+
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [
@@ -166,6 +175,7 @@ def test_gpu_cells_map_to_the_preset_of_that_exact_card(cell: str, preset: str) 
         ({"engine_config": "EAGLE-3 speculative decoding, 3 draft tokens"}, "speculative"),
         ({"engine": "llama.cpp"}, "engine"),
         ({"engine": "not stated"}, "engine not stated"),
+        ({"engine": ""}, "engine not stated"),
         ({"input_len": "", "length_distribution": "random"}, "input length"),
         ({"input_len": "unknown (prompts filtered to 5000-10000)"}, "not known"),
         ({"weight_precision": "nvfp4"}, "precision"),

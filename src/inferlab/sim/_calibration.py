@@ -54,9 +54,10 @@ def _version(cell: str) -> tuple[int, int] | None:
 
 
 def _family(engine: str, version: tuple[int, int] | None) -> str:
+    """The engine family whose constants a row runs with. An engine named anywhere in
+    the cell counts ('NIM, TensorRT-LLM backend assumed, not stated on page'); a row that
+    names none is not run: no family's constants are evidence for an unknown stack."""
     e = engine.lower()
-    if not e.strip() or re.search(r"not stated|unknown|unspecified", e):
-        raise ScenarioError("engine not stated: no engine family to take constants from")
     if re.search(r"llama\.?cpp|ollama|exllama|mlc|ctranslate|deepspeed|onnx|mlx", e):
         raise ScenarioError(f"engine {engine!r}: not a continuous-batching engine we model")
     if "sglang" in e:
@@ -69,8 +70,12 @@ def _family(engine: str, version: tuple[int, int] | None) -> str:
         if version is not None and version < (0, 6):
             return "vllm-v0.5"  # the OpenAI server in the engine's process
         return "vllm-v0" if version is not None and version < (0, 8) else "vllm"
+    if _NO_ENGINE.search(e):
+        raise ScenarioError("engine not stated: no engine family to take constants from")
     return "generic"
 
+
+_NO_ENGINE = re.compile(r"not stated|unknown|unspecified|^\s*$", re.IGNORECASE)
 
 _MOE = re.compile(
     r"mixtral|moe|deepseek-?(v2|v3|r1)|-a\d+(\.\d+)?b|\d+x\d+b|dbrx|gpt-oss|llama-?4|"

@@ -9,6 +9,7 @@ decides nothing about text: a request emits exactly ``output_len`` tokens.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -47,7 +48,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     max_num_seqs: int | None = None
     block_size: int = 16
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool | None = None  # None: the family's (on; off for vLLM V0, TurboMind)
     enable_chunked_prefill: bool | None = None  # None: the family's default
     enforce_eager: bool = False
     dtype: str = "auto"  # auto|bfloat16|float16
@@ -88,11 +89,18 @@ def family_front_end_in_process(family: str) -> bool:
 
 def family_chunked_default(family: str, declared_len: int) -> bool:
     """Whether an engine family chunks prefills by default. vLLM V0 (0.5/0.6) turns it on
-    only for a ``max_model_len`` over 32,000 tokens; TurboMind (LMDeploy 2023-24) prefills
+    only for a ``max_model_len`` over 32,768 tokens; TurboMind (LMDeploy 2023-24) prefills
     whole prompts; vLLM V1, SGLang and TRT-LLM chunk."""
     if family in _VLLM_V0:
-        return declared_len > 32000
+        return declared_len > 32768  # vLLM's ``use_long_context``
     return family != "lmdeploy"
+
+
+def family_prefix_caching_default(family: str) -> bool:
+    """Whether an engine family caches prompt prefixes by default: vLLM V1, SGLang's radix
+    cache and TRT-LLM's KV reuse do; vLLM V0 (opt-in ``--enable-prefix-caching``) and
+    TurboMind (2023-24) do not."""
+    return family not in _VLLM_V0 and family != "lmdeploy"
 
 
 # The fraction of the memory left after weights and activations that TRT-LLM
@@ -222,7 +230,10 @@ class Engine:
         chunked = config.enable_chunked_prefill
         if chunked is None:
             chunked = family_chunked_default(config.engine_family, declared_len)
-        config = dataclasses.replace(config, enable_chunked_prefill=chunked)
+        caching = config.enable_prefix_caching
+        if caching is None:
+            caching = family_prefix_caching_default(config.engine_family)
+        config = dataclasses.replace(config, enable_chunked_prefill=chunked, enable_prefix_caching=caching)
         batched, seqs = family_defaults(
             config.engine_family, gpu, offline=config.offline, chunked=chunked, declared_len=declared_len
         )
@@ -254,7 +265,9 @@ class Engine:
                 "or GPU."
             )
         block_bytes = kv_bytes_per_token(model, tp, config.kv_cache_dtype) * config.block_size
-        free_fraction = config.kv_cache_free_fraction or KV_FREE_FRACTION.get(config.engine_family)
+        free_fraction = config.kv_cache_free_fraction
+        if free_fraction is None:
+            free_fraction = KV_FREE_FRACTION.get(config.engine_family)
         if free_fraction is None:
             reserve = activation_reserve_bytes(model, tp, batched, seqs, eff)
             num_blocks = int(max(0.0, usable - weights - reserve) // block_bytes)
@@ -285,7 +298,10 @@ class Engine:
         self._intake_s = 0.0 if config.offline else eff.api_intake_s
         self._intake_stalls_engine = family_front_end_in_process(config.engine_family)
         self._front_free_s = 0.0  # when the front end has accepted every request so far
-        self._stall_s = 0.0  # intake work that delays the next step (front end in process)
+        # (front end in the engine's process) requests that reach the engine at the first
+        # time and still have to be accepted by it: vLLM <= 0.5 tokenized and registered
+        # new requests inside its engine loop, before the step that can schedule them.
+        self._intake_queue: deque[tuple[float, float]] = deque()
         _validate_sizes(config)
         self.config = config
         if num_blocks * config.block_size < max_len:
@@ -295,7 +311,7 @@ class Engine:
                 f"({num_blocks * config.block_size}). Try increasing gpu_memory_utilization "
                 "or decreasing max_model_len when initializing the engine."
             )
-        self._kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self._kv = KVCacheManager(num_blocks, config.block_size, caching)
         #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
         mixed = config.mixed_batches
         if mixed is None:
@@ -329,7 +345,7 @@ class Engine:
         ready_s = now_s + self.api_overhead_s
         if self._intake_s:
             if self._intake_stalls_engine:  # the engine loop waits while it is accepted
-                self._stall_s += self._intake_s
+                self._intake_queue.append((ready_s, self._intake_s))
             else:  # a burst queues at the front end
                 self._front_free_s = max(self._front_free_s, now_s) + self._intake_s
                 ready_s = max(ready_s, self._front_free_s)
@@ -389,9 +405,9 @@ class Engine:
         duration_s = self._step_time.step_time_s(batch.seqs, batch.emitting)
         if batch.continuation:  # scheduled with the group's first step
             duration_s -= self._scheduling_s(len(batch.seqs))
-        if self._stall_s:
-            duration_s += self._stall_s
-            self._stall_s = 0.0
+        intake = self._intake_queue
+        while intake and intake[0][0] <= now_s + 1e-9:
+            duration_s += intake.popleft()[1]
         end_s = now_s + duration_s
         for req in batch.admitted:
             tl = timelines[req.request_id]
