@@ -52,7 +52,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
     auto_budget = "the family's; vLLM's for the GPU: 8192 on H100/H200 (16384 with --rate inf), 2048 elsewhere (8192)"
     opts = [
         click.option("--model", default=d.model, show_default=True, help="Preset name, HF id, or a config.json path."),
-        click.option("--gpu", default=d.gpu, show_default=True, help="H100, H200, A100, L40S, RTX4090 (also H100-PCIe, H100-NVL, H20, A100-40G, A100-PCIe, L4, A10, B200), or a JSON file."),
+        click.option("--gpu", default=d.gpu, show_default=True, help="H100, H200, A100, L40S, RTX4090 (also H100-PCIe, H100-NVL, H800, H20, A100-40G, A100-PCIe, A800, L4, A10, B200), or a JSON file."),
         click.option("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size, show_default=True, help="GPUs the model is split over; adds two all-reduces per layer."),
         click.option("--max-model-len", type=int, default=defaults["max_model_len"], show_default=defaults["max_model_len"] or auto_len, help="Longest prompt + output accepted; longer requests get HTTP 400."),
         click.option("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, show_default=True, help="Share of GPU memory for weights, activations and the KV cache."),

@@ -413,6 +413,19 @@ def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
     assert charged == [pytest.approx(0.01 + 0.0025)]  # once, in the step that admits it
     tl = busy.timeline("late")
     assert tl.scheduled_s is not None and tl.scheduled_s >= tl.arrival_s + 0.025 - 1e-9
+    # a request aborted before the engine accepted it costs the engine nothing, even
+    # when the engine sat idle in between
+    gone = Engine(
+        dataclasses.replace(SMALL, api_overhead_s=0.0, engine_family="vllm-v0.5", max_num_batched_tokens=4096),
+        FixedStep(),
+    )
+    for i in range(100):
+        gone.add_request(str(i), prompt(32, 100 * i), 2, 0.0)
+        gone.abort(str(i))
+    assert not gone.has_work()
+    gone.add_request("later", prompt(32, 7), 2, 50.0)
+    r = gone.step(50.0)
+    assert r is not None and r.duration_s == pytest.approx(0.01 + 0.0025)
     # offline (no API server) there is no intake
     offline = Engine(dataclasses.replace(SMALL, engine_family="vllm-v0.5", offline=True, api_overhead_s=0.0), FixedStep())
     offline.add_request("a", prompt(32), 2, 0.0)

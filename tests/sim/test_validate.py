@@ -152,6 +152,12 @@ def test_vllm_versions_choose_v0_or_v1_scheduler_defaults() -> None:
         ("NVIDIA L4", "L4-24GB"),
         ("1x A10 24GB", "A10-24GB"),
         ("L40S", "L40S-48GB"),
+        ("8x H100 SXM (NVLink 4.0)", "H100-SXM-80GB"),  # NVLink is not NVL
+        ("H100 SXM (not PCIe)", "H100-SXM-80GB"),
+        ("A100 80GB PCIe (not SXM)", "A100-PCIe-80GB"),
+        ("8x A100 80GB (640GB total)", "A100-SXM-80GB"),  # 640GB is not 40GB
+        ("A100 (40 GiB)", "A100-SXM-40GB"),
+        ("H800 SXM", "H800-SXM-80GB"),
     ],
 )
 def test_gpu_cells_map_to_the_preset_of_that_exact_card(cell: str, preset: str) -> None:
@@ -162,6 +168,7 @@ def test_an_engine_named_anywhere_in_the_cell_picks_its_family() -> None:
     nim = parse_row(row(engine="NVIDIA NIM (TensorRT-LLM backend assumed, not stated on page)"))
     assert nim.family == "trtllm"
     assert parse_row(row(engine="SGLang (version not stated)")).family == "sglang"
+    assert parse_row(row(engine="Triton Inference Server (vLLM backend)")).family == "vllm"
 
 
 @pytest.mark.parametrize(
@@ -172,6 +179,7 @@ def test_an_engine_named_anywhere_in_the_cell_picks_its_family() -> None:
         ({"model": "tiiuae/falcon-40b-instruct"}, "no preset"),
         ({"gpu": "AMD MI300X"}, "GPU"),
         ({"gpu": "NVIDIA A10G (AWS)"}, "GPU"),
+        ({"gpu": "GB200 NVL72"}, "Grace"),
         ({"engine_config": "EAGLE-3 speculative decoding, 3 draft tokens"}, "speculative"),
         ({"engine": "llama.cpp"}, "engine"),
         ({"engine": "not stated"}, "engine not stated"),

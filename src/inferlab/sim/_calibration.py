@@ -62,14 +62,16 @@ def _family(engine: str, version: tuple[int, int] | None) -> str:
         raise ScenarioError(f"engine {engine!r}: not a continuous-batching engine we model")
     if "sglang" in e:
         return "sglang"
-    if re.search(r"tensorrt|trt-?llm|triton|\bnim\b", e):  # NIM serves these through TRT-LLM
+    if re.search(r"tensorrt|trt-?llm", e):
         return "trtllm"
     if re.search(r"lmdeploy|turbomind", e):
         return "lmdeploy"
-    if "vllm" in e and "nano" not in e:
+    if "vllm" in e and "nano" not in e:  # also NIM or Triton with their vLLM backend
         if version is not None and version < (0, 6):
             return "vllm-v0.5"  # the OpenAI server in the engine's process
         return "vllm-v0" if version is not None and version < (0, 8) else "vllm"
+    if re.search(r"triton|\bnim\b", e):  # serving these models through TensorRT-LLM
+        return "trtllm"
     if _NO_ENGINE.search(e):
         raise ScenarioError("engine not stated: no engine family to take constants from")
     return "generic"
@@ -126,33 +128,39 @@ def _model(cell: str) -> tuple[str, int]:
 
 def _gpu(cell: str) -> str:
     t = cell.lower().replace(" ", "-")
-    if "gh200" in t:
-        raise ScenarioError(f"GPU {cell!r}: no preset (Grace Hopper)")
+
+    def says(pattern: str) -> bool:  # a word of the cell, not negated ('not PCIe')
+        return re.search(r"(?<!not-)(?<![a-z0-9])" + pattern + r"(?![a-z0-9])", t) is not None
+
+    if re.search(r"g[hb]200", t):
+        raise ScenarioError(f"GPU {cell!r}: no preset (Grace Hopper / Grace Blackwell)")
     if "h200" in t:
         return "H200-SXM-141GB"
-    if re.search(r"h20(?!\d)", t):
+    if "h800" in t:
+        return "H800-SXM-80GB"
+    if "a800" in t:
+        return "A800-SXM-80GB"
+    if says("h20"):
         return "H20-96GB"
     if "b200" in t:
         return "B200-180GB"
+    # 'SXM/PCIe not stated' means SXM, the usual card; 'PCIe' alone or 'not SXM' does not
+    pcie = says("pcie") and not says(r"sxm\d?") and "sxm/pcie" not in t
     if "h100" in t:
-        if re.search(r"nvl|94-?gb", t):
+        if says("nvl") or says("94-?gb"):
             return "H100-NVL-94GB"
-        if "pcie" in t and "not-stated" not in t:
-            return "H100-PCIe-80GB"
-        return "H100-SXM-80GB"
+        return "H100-PCIe-80GB" if pcie else "H100-SXM-80GB"
     if "a100" in t:
-        if re.search(r"40-?gb", t):
+        if says("40-?g(i?b)?"):
             return "A100-SXM-40GB"  # (the 40GB PCIe card has the same memory system)
-        if "pcie" in t and "not-stated" not in t:
-            return "A100-PCIe-80GB"
-        return "A100-SXM-80GB"
+        return "A100-PCIe-80GB" if pcie else "A100-SXM-80GB"
     if "l40s" in t:
         return "L40S-48GB"
     if "4090" in t:
         return "RTX-4090-24GB"
-    if re.search(r"(?<![a-z0-9])l4(?![0-9])", t):
+    if says("l4"):
         return "L4-24GB"
-    if re.search(r"(?<![a-z0-9])a10(?![0-9])", t) and "a10g" not in t:
+    if says("a10"):
         return "A10-24GB"
     raise ScenarioError(f"GPU {cell!r}: no preset")
 

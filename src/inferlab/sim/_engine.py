@@ -301,7 +301,7 @@ class Engine:
         # (front end in the engine's process) requests that reach the engine at the first
         # time and still have to be accepted by it: vLLM <= 0.5 tokenized and registered
         # new requests inside its engine loop, before the step that can schedule them.
-        self._intake_queue: deque[tuple[float, float]] = deque()
+        self._intake_queue: deque[tuple[float, float, str]] = deque()
         _validate_sizes(config)
         self.config = config
         if num_blocks * config.block_size < max_len:
@@ -345,7 +345,7 @@ class Engine:
         ready_s = now_s + self.api_overhead_s
         if self._intake_s:
             if self._intake_stalls_engine:  # the engine loop waits while it is accepted
-                self._intake_queue.append((ready_s, self._intake_s))
+                self._intake_queue.append((ready_s, self._intake_s, request_id))
             else:  # a burst queues at the front end
                 self._front_free_s = max(self._front_free_s, now_s) + self._intake_s
                 ready_s = max(ready_s, self._front_free_s)
@@ -405,9 +405,11 @@ class Engine:
         duration_s = self._step_time.step_time_s(batch.seqs, batch.emitting)
         if batch.continuation:  # scheduled with the group's first step
             duration_s -= self._scheduling_s(len(batch.seqs))
-        intake = self._intake_queue
+        intake, active = self._intake_queue, self._active
         while intake and intake[0][0] <= now_s + 1e-9:
-            duration_s += intake.popleft()[1]
+            _, cost, rid = intake.popleft()
+            if rid in active:  # (one aborted before it reached the engine costs nothing)
+                duration_s += cost
         end_s = now_s + duration_s
         for req in batch.admitted:
             tl = timelines[req.request_id]

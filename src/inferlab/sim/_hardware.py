@@ -38,6 +38,8 @@ _BUS_GBS: dict[str, float] = {
     "L4-24GB": 25.0,
     "A10-24GB": 25.0,
     "B200-180GB": 900.0,
+    "H800-SXM-80GB": 200.0,
+    "A800-SXM-80GB": 200.0,
 }
 _DEFAULT_BUS_GBS = 25.0
 
@@ -60,6 +62,8 @@ _GPU_ALIASES: dict[str, str] = {
     "l4": "L4-24GB",
     "a10": "A10-24GB",
     "b200": "B200-180GB",
+    "h800": "H800-SXM-80GB",
+    "a800": "A800-SXM-80GB",
 }
 
 # Suffixes that name a fine-tuned variant with the same shapes as its base model.
