@@ -47,6 +47,23 @@ def test_parameter_counts_match_the_presets() -> None:
         assert kv_bytes_per_token(spec, 1) == cfg["kv_bytes_per_token_bf16"], name
 
 
+@pytest.mark.parametrize(
+    ("model", "published_billions"),
+    [  # the sizes their model cards state
+        ("01-ai/Yi-34B-Chat", 34.4),
+        ("codellama/CodeLlama-34b-Instruct-hf", 33.7),
+        ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", 1.1),
+        ("microsoft/phi-4", 14.7),
+        ("internlm/internlm2_5-7b-chat", 7.7),
+        ("ibm-granite/granite-3.1-8b-instruct", 8.2),
+        ("THUDM/glm-4-9b-chat", 9.4),
+        ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", 8.0),  # a dense Llama, not the MoE R1
+    ],
+)
+def test_added_presets_have_their_published_sizes(model: str, published_billions: float) -> None:
+    assert resolve_model(model).params_total / 1e9 == pytest.approx(published_billions, rel=0.02)
+
+
 def test_model_from_a_config_json(tmp_path: Path) -> None:
     cfg = {
         "num_hidden_layers": 2,

@@ -171,6 +171,12 @@ def test_an_engine_named_anywhere_in_the_cell_picks_its_family() -> None:
     assert parse_row(row(engine="Triton Inference Server (vLLM backend)")).family == "vllm"
 
 
+def test_a_distilled_dense_model_is_not_taken_for_its_moe_teacher() -> None:
+    assert parse_row(row(model="deepseek-ai/DeepSeek-R1-Distill-Qwen-32B")).model == "Qwen2.5-32B-Instruct"
+    with pytest.raises(ScenarioError, match="mixture-of-experts"):
+        parse_row(row(model="deepseek-ai/DeepSeek-R1"))
+
+
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [

@@ -80,7 +80,7 @@ def _family(engine: str, version: tuple[int, int] | None) -> str:
 _NO_ENGINE = re.compile(r"not stated|unknown|unspecified|^\s*$", re.IGNORECASE)
 
 _MOE = re.compile(
-    r"mixtral|moe|deepseek-?(v2|v3|r1)|-a\d+(\.\d+)?b|\d+x\d+b|dbrx|gpt-oss|llama-?4|"
+    r"mixtral|moe|deepseek-?(v2|v3|r1)(?!-distill)|-a\d+(\.\d+)?b|\d+x\d+b|dbrx|gpt-oss|llama-?4|"
     r"scout|maverick|jamba|arctic|grok|qwen3-(30|235)b|glm-4\.5|kimi"
 )
 # (family, billions) -> (preset, the checkpoint's own max_position_embeddings)
