@@ -252,6 +252,29 @@ def test_vllm_result_replay_keeps_its_max_concurrency(tmp_path: Path) -> None:
     assert peak("--max-concurrency", "5") == 5
 
 
+def test_vllm_result_replay_runs_the_model_it_measured(tmp_path: Path) -> None:
+    """Without --model, a vLLM result's model_id picks the simulated model (said on
+    stderr); --model wins; a model without a preset falls back to the default, said so."""
+    n = 4
+    base = {"request_rate": "inf", "input_lens": [200] * n, "output_lens": [8] * n,
+            "ttfts": [0.05] * n, "itls": [[0.01] * 7] * n}
+
+    def engine_model(model_id: str, *extra: str) -> tuple[str, str]:
+        path = tmp_path / f"r{len(extra)}{abs(hash(model_id))}.json"
+        path.write_text(json.dumps({**base, "model_id": model_id}))
+        p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(path), "--json", *extra],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["config"]["engine"]["model"], p.stderr
+
+    model, err = engine_model("Qwen/Qwen3-8B")
+    assert model == "Qwen/Qwen3-8B" and "Qwen/Qwen3-8B" in err
+    model, err = engine_model("Qwen/Qwen3-8B", "--model", "Llama-3.2-1B")
+    assert model == "Llama-3.2-1B" and "trace" not in err
+    model, err = engine_model("some-lab/NoSuchModel-9B")
+    assert model == "Qwen/Qwen2.5-7B-Instruct" and "no preset" in err
+
+
 def test_a_runs_requests_jsonl_replays_as_a_trace_and_is_compared(tmp_path: Path) -> None:
     """The requests.jsonl a run wrote is a trace: its sends, lengths and measurements.
     Replayed on the same engine it predicts itself back exactly; on a slower GPU not."""

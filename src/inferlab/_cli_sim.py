@@ -144,11 +144,33 @@ def run_cmd(**kw: Any) -> None:
     sys.exit(run_guarded(lambda: _sim_run(kw)))
 
 
+def _model_from_trace(kw: dict[str, Any]) -> None:
+    """Without ``--model``, replay a vLLM benchmark result on the model it measured when
+    the simulator knows that model; say which model runs either way."""
+    from inferlab._traces import vllm_result_model
+    from inferlab.sim._hardware import resolve_model
+
+    ctx = click.get_current_context(silent=True)
+    given = ctx is not None and ctx.get_parameter_source("model") != click.core.ParameterSource.DEFAULT
+    traced = vllm_result_model(kw["trace"]) if kw.get("trace") and not given else None
+    if traced is None:
+        return
+    try:
+        resolve_model(traced)
+    except UsageError:
+        click.echo(f"inferlab: the trace measured {traced}, which has no preset; simulating "
+                   f"{kw['model']} (give --model NAME or a config.json)", err=True)
+        return
+    kw["model"] = traced
+    click.echo(f"inferlab: simulating the trace's model, {traced}", err=True)
+
+
 def _sim_run(kw: dict[str, Any]) -> int:
     from inferlab._results import RunWriter
     from inferlab._tokenizers import load_tokenizer
     from inferlab.sim._simrun import Interrupted, simulate
 
+    _model_from_trace(kw)
     load = load_config(kw)
     s = load.schedule
     offline = kw["offline"]

@@ -326,10 +326,9 @@ def _vllm_result(path: str, f: Any, required: bool = False) -> dict[str, Any] | 
     return None
 
 
-def vllm_result_max_concurrency(path: str) -> int | None:
-    """The ``max_concurrency`` a vLLM benchmark result was measured under (its
-    ``--max-concurrency``), so a replay caps requests in flight the same way; ``None``
-    for other trace files or an uncapped run."""
+def _vllm_result_field(path: str, key: str) -> object:
+    """One top-level field of a vLLM benchmark result; ``None`` for other trace files
+    (the trace reader reports unreadable files with their line)."""
     try:
         with open(path, encoding="utf-8") as f:
             if not f.readline().lstrip().startswith("{"):
@@ -337,9 +336,22 @@ def vllm_result_max_concurrency(path: str) -> int | None:
             f.seek(0)
             obj = _vllm_result(path, f)
     except (OSError, UsageError):
-        return None  # the trace reader reports unreadable files with their line
-    value = obj.get("max_concurrency") if obj is not None else None
+        return None
+    return obj.get(key) if obj is not None else None
+
+
+def vllm_result_max_concurrency(path: str) -> int | None:
+    """The ``max_concurrency`` a vLLM benchmark result was measured under (its
+    ``--max-concurrency``), so a replay caps requests in flight the same way; ``None``
+    for other trace files or an uncapped run."""
+    value = _vllm_result_field(path, "max_concurrency")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def vllm_result_model(path: str) -> str | None:
+    """The model a vLLM benchmark result measured (its ``model_id``), or ``None``."""
+    value = _vllm_result_field(path, "model_id")
+    return value.strip() or None if isinstance(value, str) else None
 
 
 def _read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[TraceRow]:
