@@ -252,6 +252,25 @@ def test_vllm_result_replay_keeps_its_max_concurrency(tmp_path: Path) -> None:
     assert peak("--max-concurrency", "5") == 5
 
 
+def test_vllm_result_send_times_are_kept_when_saved(tmp_path: Path) -> None:
+    """A result that saved per-request send times (absolute ``start_timestamps``) is
+    replayed at those times, rebased to the first, not redrawn from its rate."""
+    from inferlab._results import read_records
+
+    offsets = [0.0, 0.25, 1.75, 2.0]
+    n = len(offsets)
+    result = {"request_rate": 100.0, "start_timestamps": [1.7e9 + t for t in offsets],
+              "input_lens": [100] * n, "output_lens": [4] * n, "ttfts": [0.02] * n, "itls": [[0.01] * 3] * n}
+    path = tmp_path / "vllm_result.json"
+    path.write_text(json.dumps(result))
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(path), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    sends = sorted(r.send_ns for r in read_records(out / "requests.jsonl"))  # type: ignore[type-var]
+    assert [round((t - sends[0]) / 1e9, 6) for t in sends] == offsets  # type: ignore[operator]
+
+
 def test_vllm_result_replay_runs_the_model_it_measured(tmp_path: Path) -> None:
     """Without --model, a vLLM result's model_id picks the simulated model (said on
     stderr); --model wins; a model without a preset falls back to the default, said so."""

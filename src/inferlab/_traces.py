@@ -20,7 +20,8 @@ Formats (auto-detected from the JSON keys or CSV header, or named):
 - ``vllm``: the JSON that ``vllm bench serve --save-result --save-detailed`` writes:
   ``input_lens``, ``output_lens``, per-request ``ttfts`` and ``itls`` (seconds), and
   ``request_rate``/``burstiness`` (the file has no send times: arrivals are redrawn
-  from that rate with the run's seed, or taken from ``start_times`` when present), and
+  from that rate with the run's seed, or taken from ``start_times``/``start_timestamps``
+  when present), and
   its ``max_concurrency`` caps requests in flight unless ``--max-concurrency`` is given.
 
 Our JSONL may also carry what each request measured (``ttft_ms``, ``tpot_ms``,
@@ -366,7 +367,9 @@ def _read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[Tra
         raw_rate = obj.get("request_rate")
         rate = math.inf if raw_rate in (None, "inf") else float(raw_rate)
         burst = float(obj.get("burstiness") or 1.0)
-        starts = obj.get("start_times")
+        # per-request send times when the client saved them (SGLang's bench_serving and
+        # some vLLM forks: seconds, absolute or from the start; rebased below)
+        starts = obj.get("start_times") or obj.get("start_timestamps")
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{path}: not a vLLM benchmark result with input_lens/output_lens ({_why(e)})") from e
     if not (len(ins) == len(outs) == len(ttfts) == len(itls)):
