@@ -19,7 +19,7 @@ from inferlab.sim._calibration import (
 )
 from inferlab.sim._scenario import Lengths, ScenarioError
 from inferlab.sim._scenario_engine import build_engine
-from inferlab.sim._validate import _gaps_s, _serve, summarize, validate, workload
+from inferlab.sim._validate import _gaps_s, _serve, _stat, summarize, validate, workload
 
 _ROOT = Path(__file__).parents[2]
 CSV = (
@@ -310,3 +310,17 @@ def test_other_files_in_the_same_format_validate(tmp_path: Path) -> None:
     assert {c.scenario.row_id for c in report.comparisons} == {"x1", "x3"}
     assert [s.row_id for s in report.skipped] == ["x2"]
     assert all(c.predicted > 0 for c in report.comparisons)
+
+
+def test_weighted_statistics_count_each_value_its_weight_in_times() -> None:
+    """A steady-state request standing for k of the row's requests counts k times: the
+    weighted mean and percentiles equal those of the list with each value repeated."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(50):
+        values = [rng.uniform(0, 100) for _ in range(rng.randint(1, 30))]
+        weights = [rng.randint(1, 5) for _ in values]
+        expanded = [v for v, w in zip(values, weights, strict=True) for _ in range(w)]
+        for stat in ("mean", "median", "p90", "p99"):
+            assert _stat(values, stat, [float(w) for w in weights]) == pytest.approx(_stat(expanded, stat)), stat

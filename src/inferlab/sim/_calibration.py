@@ -31,7 +31,10 @@ from inferlab.sim._scenario import (
 # none (the shapes of the distributions are in ``_validate``).
 SHAREGPT_MEAN_INPUT = 220.0
 SHAREGPT_MEAN_OUTPUT = 200.0
-_DEFAULT_CLOSED_LOOP_ROUNDS = 10  # requests per user when a closed-loop row gives no count
+# Requests per user when a closed-loop row gives no count: a long run (vllm bench serve
+# sends 1,000 prompts, AIPerf/genai-perf measure stable windows after the ramp-up), so
+# the cold start (every user's first request at t = 0) weighs as little as in the source.
+_DEFAULT_CLOSED_LOOP_ROUNDS = 100
 
 
 # --- parsing cells -------------------------------------------------------------------------

@@ -228,14 +228,42 @@ def _duration_s(run: _Run) -> float:
     return elapsed + (run.num_requests - n) / rate
 
 
-def _stat(values: Sequence[float], stat: str) -> float:
+def _stat(values: Sequence[float], stat: str, weights: Sequence[float] | None = None) -> float:
+    """mean, median or pNN of ``values``, each counted ``weights[i]`` times (default 1)."""
     if not values:
         raise ValueError("no simulated values for this statistic")
+    if weights is None:
+        weights = [1.0] * len(values)
+    total = math.fsum(weights)
     if stat == "mean":
-        return statistics.fmean(values)
+        return math.fsum(w * v for w, v in zip(weights, values, strict=True)) / total
     q = 50 if stat == "median" else int(stat[1:])
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+    ordered = sorted(zip(values, weights, strict=True))
+    # the first value whose cumulative weight reaches q % of the total (rounded up to a
+    # whole request when the weights are whole: then it is the expanded list's pNN)
+    rank = q / 100 * total
+    if all(float(w).is_integer() for w in weights):
+        rank = max(1.0, math.ceil(rank - 1e-9))
+    seen = 0.0
+    for v, w in ordered:
+        seen += w
+        if seen >= rank - 1e-9 * total:
+            return v
+    return ordered[-1][0]
+
+
+def _request_weights(sc: Scenario, run: _Run) -> list[float] | None:
+    """How many of the row's requests each simulated one stands for. A closed loop run on
+    a prefix of the row's requests has its cold start (every user's first request, all at
+    t = 0) once, like the full run, and the steady state that follows stands for the rest;
+    counted evenly, a 10-round prefix would give the cold start 20 times its weight in a
+    200-round run. ``None``: every request counts once."""
+    n = len(run.timelines)
+    users = min(sc.concurrency or 1, n)
+    if sc.kind != "closed" or run.num_requests <= n or n <= users:
+        return None
+    rest = (run.num_requests - users) / (n - users)
+    return [1.0] * users + [rest] * (n - users)
 
 
 def predict(sc: Scenario, run: _Run, m: Measurement) -> float:
@@ -243,6 +271,7 @@ def predict(sc: Scenario, run: _Run, m: Measurement) -> float:
     whole batch (its prefill for TTFT, its latency for E2E), like benchmark_latency."""
     tls, empty = run.timelines, run.empty
     first = [t.first_token_s or 0.0 for t in tls]
+    weights = _request_weights(sc, run)
     if METRIC_CLASS[m.metric] == "throughput":
         mean_in = statistics.fmean(t.prompt_tokens for t in tls)
         mean_out = statistics.fmean(0 if k in empty else t.output_tokens for k, t in enumerate(tls))
@@ -255,20 +284,24 @@ def predict(sc: Scenario, run: _Run, m: Measurement) -> float:
             0.0 if k in empty else f - t.arrival_s
             for k, (f, t) in enumerate(zip(first, tls, strict=True))
         ]
-        return 1000 * _stat(ttfts, m.stat)
+        return 1000 * _stat(ttfts, m.stat, weights)
     if m.metric == "e2e_latency_ms":
         if sc.kind == "static":
             return 1000 * max(_finished(t) for t in tls)
         e2es = [0.0 if k in empty else _finished(t) - t.arrival_s for k, t in enumerate(tls)]
-        return 1000 * _stat(e2es, m.stat)
+        return 1000 * _stat(e2es, m.stat, weights)
     if m.metric == "tpot_ms":
-        tpots = [
-            (_finished(t) - f) / (t.output_tokens - 1)
-            for f, t in zip(first, tls, strict=True)
-            if t.output_tokens > 1
-        ]
-        return 1000 * _stat(tpots, m.stat)
-    return 1000 * _stat(run.gaps_s, m.stat)  # itl_ms: every gap, pooled over requests
+        decoding = [k for k, t in enumerate(tls) if t.output_tokens > 1]
+        tpots = [(_finished(tls[k]) - first[k]) / (tls[k].output_tokens - 1) for k in decoding]
+        return 1000 * _stat(tpots, m.stat, None if weights is None else [weights[k] for k in decoding])
+    if weights is None:
+        return 1000 * _stat(run.gaps_s, m.stat)  # itl_ms: every gap, pooled over requests
+    gaps, gap_weights = [], []
+    for w, t in zip(weights, tls, strict=True):
+        for a, b in itertools.pairwise(t.token_times_s):
+            gaps.append(b - a)
+            gap_weights.append(w)
+    return 1000 * _stat(gaps, m.stat, gap_weights)
 
 
 def simulate(sc: Scenario) -> tuple[dict[str, float], int]:
