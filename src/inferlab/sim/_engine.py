@@ -298,9 +298,9 @@ class Engine:
         self._intake_s = 0.0 if config.offline else eff.api_intake_s
         self._intake_stalls_engine = family_front_end_in_process(config.engine_family)
         self._front_free_s = 0.0  # when the front end has accepted every request so far
-        # (front end in the engine's process) requests that reach the engine at the first
-        # time and still have to be accepted by it: vLLM <= 0.5 tokenized and registered
-        # new requests inside its engine loop, before the step that can schedule them.
+        # (ready time, intake cost, id) of requests the engine still has to accept, when
+        # the front end runs in the engine's process: vLLM <= 0.5 tokenized and registered
+        # new requests inside its engine loop, in the step that can first schedule them.
         self._intake_queue: deque[tuple[float, float, str]] = deque()
         _validate_sizes(config)
         self.config = config
