@@ -324,3 +324,24 @@ def test_cli_engine_family_starts_from_that_engines_defaults() -> None:
     # a flag still wins over the family's default
     assert engine("--engine-family", "sglang", "--max-num-seqs", "64")["max_num_seqs"] == 64
     assert engine("--engine-family", "vllm-v0", "--enable-chunked-prefill")["enable_chunked_prefill"] is True
+
+
+def test_sim_presets_lists_every_gpu_and_model_by_a_name_the_engine_accepts() -> None:
+    """`inferlab sim presets` is the list to pick --gpu/--model from: every GPU and alias
+    it prints resolves to that GPU, every model to that model, and an engine runs on it."""
+    from inferlab.sim._hardware import resolve_gpu, resolve_model
+
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "presets", "--json"], capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
+    listed = json.loads(p.stdout)
+    names = {g["name"] for g in listed["gpus"]}
+    assert {"H100-SXM-80GB", "A100-SXM-80GB", "L40S-48GB", "H200-SXM-141GB", "H100-PCIe-80GB"} <= names
+    for g in listed["gpus"]:
+        for alias in (g["name"], *g["aliases"]):
+            assert resolve_gpu(alias).name == g["name"]
+    h100 = next(g for g in listed["gpus"] if g["name"] == "H100-SXM-80GB")
+    assert h100["memory_tb_per_s"] == pytest.approx(3.35) and h100["fp8_tflops"] > h100["bf16_tflops"]
+    assert all(resolve_model(m["name"]).name == m["name"] for m in listed["models"])
+    assert len(listed["models"]) >= 30
+    table = subprocess.run([sys.executable, "-m", "inferlab", "sim", "presets"], capture_output=True, text=True, timeout=60, check=False)
+    assert table.returncode == 0 and "H100-PCIe-80GB" in table.stdout and "Llama-3.1-8B" in table.stdout

@@ -240,6 +240,66 @@ def _sim_run(kw: dict[str, Any]) -> int:
     return 0
 
 
+@sim.command("presets")
+@click.option("--json", "as_json", is_flag=True, help="Print the presets as JSON.")
+def presets_cmd(as_json: bool) -> None:
+    """The GPUs and models the simulator knows by name (datasheet and config numbers)."""
+    sys.exit(run_guarded(lambda: _presets(as_json)))
+
+
+def _presets(as_json: bool) -> int:
+    from inferlab.sim._hardware import _GPU_ALIASES, model_names, resolve_gpu, resolve_model
+    from inferlab.sim._steptime import kv_bytes_per_token
+
+    aliases: dict[str, list[str]] = {}
+    for short, preset in _GPU_ALIASES.items():
+        aliases.setdefault(preset, []).append(short)
+    gpus: list[dict[str, Any]] = []
+    for name in {resolve_gpu(n).name: None for n in [*_GPU_ALIASES.values(), *_preset_gpu_names()]}:
+        gpu = resolve_gpu(name)
+        gpus.append({
+            "name": gpu.name, "aliases": aliases.get(gpu.name, []),
+            "bf16_tflops": gpu.bf16_flops_per_s / 1e12,
+            "fp8_tflops": gpu.fp8_flops_per_s / 1e12 if gpu.fp8_flops_per_s else None,
+            "memory_gib": gpu.hbm_bytes / 2**30, "memory_tb_per_s": gpu.hbm_bytes_per_s / 1e12,
+            "link_gb_per_s": gpu.bus_bytes_per_s / 1e9,
+        })
+    models: list[dict[str, Any]] = []
+    for name in model_names():
+        spec = resolve_model(name)
+        models.append({
+            "name": spec.name, "params_billions": spec.params_total / 1e9, "layers": spec.num_layers,
+            "kv_heads": spec.num_kv_heads, "kv_bytes_per_token_bf16": kv_bytes_per_token(spec, 1),
+            "context": spec.max_position_embeddings,
+        })
+    if as_json:
+        click.echo(json.dumps({"gpus": gpus, "models": models}, indent=2))
+        return 0
+    out = Console()
+    t = Table(title="GPUs (--gpu NAME, or a JSON file with the same fields)")
+    for col in ("name", "also", "bf16 TF", "fp8 TF", "GiB", "TB/s", "link GB/s"):
+        t.add_column(col, justify="left" if col in ("name", "also") else "right")
+    for g in gpus:
+        fp8 = g["fp8_tflops"]
+        t.add_row(g["name"], ", ".join(g["aliases"]), f"{g['bf16_tflops']:,.0f}", "—" if fp8 is None else f"{fp8:,.0f}",
+                  f"{g['memory_gib']:.0f}", f"{g['memory_tb_per_s']:.2f}", f"{g['link_gb_per_s']:.0f}")
+    out.print(t)
+    t = Table(title="Models (--model NAME or its HF id, or a config.json path)")
+    for col in ("name", "params B", "layers", "KV heads", "KV KiB/tok", "context"):
+        t.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name")
+    for m in models:
+        t.add_row(m["name"], f"{m['params_billions']:.1f}", str(m["layers"]), str(m["kv_heads"]),
+                  f"{m['kv_bytes_per_token_bf16'] / 1024:.0f}", f"{m['context']:,}")
+    out.print(t)
+    return 0
+
+
+def _preset_gpu_names() -> list[str]:
+    from inferlab.sim._hardware import gpu_names
+
+    return [n for n in gpu_names() if "-" in n]  # the preset names (the short ones alias them)
+
+
 def engine_line(engine: Engine) -> str:
     """The resolved engine sizes in one line, so defaults are never a guess."""
     e, lim = engine.config, engine.limits
