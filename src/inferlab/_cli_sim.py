@@ -248,17 +248,14 @@ def presets_cmd(as_json: bool) -> None:
 
 
 def _presets(as_json: bool) -> int:
-    from inferlab.sim._hardware import _GPU_ALIASES, model_names, resolve_gpu, resolve_model
+    from inferlab.sim._hardware import gpu_presets, model_names, resolve_gpu, resolve_model
     from inferlab.sim._steptime import kv_bytes_per_token
 
-    aliases: dict[str, list[str]] = {}
-    for short, preset in _GPU_ALIASES.items():
-        aliases.setdefault(preset, []).append(short)
     gpus: list[dict[str, Any]] = []
-    for name in {resolve_gpu(n).name: None for n in [*_GPU_ALIASES.values(), *_preset_gpu_names()]}:
+    for name, aliases in gpu_presets().items():
         gpu = resolve_gpu(name)
         gpus.append({
-            "name": gpu.name, "aliases": aliases.get(gpu.name, []),
+            "name": gpu.name, "aliases": aliases,
             "bf16_tflops": gpu.bf16_flops_per_s / 1e12,
             "fp8_tflops": gpu.fp8_flops_per_s / 1e12 if gpu.fp8_flops_per_s else None,
             "memory_gib": gpu.hbm_bytes / 2**30, "memory_tb_per_s": gpu.hbm_bytes_per_s / 1e12,
@@ -292,12 +289,6 @@ def _presets(as_json: bool) -> int:
                   f"{m['kv_bytes_per_token_bf16'] / 1024:.0f}", f"{m['context']:,}")
     out.print(t)
     return 0
-
-
-def _preset_gpu_names() -> list[str]:
-    from inferlab.sim._hardware import gpu_names
-
-    return [n for n in gpu_names() if "-" in n]  # the preset names (the short ones alias them)
 
 
 def engine_line(engine: Engine) -> str:

@@ -192,7 +192,7 @@ def _token_source(done: Sequence[RequestRecord]) -> str:
     if all(r.usage_source == "engine" for r in done):
         return "the engine's own counts"
     with_usage = sum(1 for r in done if r.usage_source == "server")
-    if not done or with_usage == len(done):
+    if with_usage == len(done):
         return "server usage"
     if with_usage == 0:
         return "content chunks (approximate: no usage from the server)"

@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import math
+import os
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -331,14 +333,25 @@ def _vllm_result_field(path: str, key: str) -> object:
     """One top-level field of a vLLM benchmark result; ``None`` for other trace files
     (the trace reader reports unreadable files with their line)."""
     try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return _vllm_result_scalars(path, stat.st_mtime_ns, stat.st_size).get(key)
+
+
+@functools.lru_cache(maxsize=4)
+def _vllm_result_scalars(path: str, _mtime_ns: int, _size: int) -> dict[str, object]:
+    """The non-list top-level fields of a vLLM benchmark result, read once per file
+    version (a detailed result can be megabytes); empty for other files."""
+    try:
         with open(path, encoding="utf-8") as f:
             if not f.readline().lstrip().startswith("{"):
-                return None
+                return {}
             f.seek(0)
             obj = _vllm_result(path, f)
     except (OSError, UsageError):
-        return None
-    return obj.get(key) if obj is not None else None
+        return {}
+    return {k: v for k, v in (obj or {}).items() if not isinstance(v, (list, dict))}
 
 
 def vllm_result_max_concurrency(path: str) -> int | None:

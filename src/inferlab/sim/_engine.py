@@ -103,6 +103,22 @@ def family_prefix_caching_default(family: str) -> bool:
     return family not in _VLLM_V0 and family != "lmdeploy"
 
 
+def _with_family_switches(config: EngineConfig, declared_len: int) -> EngineConfig:
+    """``config`` with the on/off switches it leaves open (chunked prefill, prefix
+    caching, mixed batches) set to its engine family's defaults."""
+    family = config.engine_family
+    chunked = config.enable_chunked_prefill
+    if chunked is None:
+        chunked = family_chunked_default(family, declared_len)
+    caching = config.enable_prefix_caching
+    if caching is None:
+        caching = family_prefix_caching_default(family)
+    mixed = config.mixed_batches
+    if mixed is None:
+        mixed = family_mixes_batches(family, chunked)
+    return dataclasses.replace(config, enable_chunked_prefill=chunked, enable_prefix_caching=caching, mixed_batches=mixed)
+
+
 # The fraction of the memory left after weights and activations that TRT-LLM
 # (``kv_cache_free_gpu_mem_fraction``) and LMDeploy (``cache_max_entry_count``) give the
 # KV cache; the other families size it as ``gpu_memory_utilization`` of the whole GPU.
@@ -227,13 +243,9 @@ class Engine:
         _validate_flags(config, model.max_position_embeddings)
         auto_budget = config.max_num_batched_tokens is None
         declared_len = config.max_model_len or model.max_position_embeddings
-        chunked = config.enable_chunked_prefill
-        if chunked is None:
-            chunked = family_chunked_default(config.engine_family, declared_len)
-        caching = config.enable_prefix_caching
-        if caching is None:
-            caching = family_prefix_caching_default(config.engine_family)
-        config = dataclasses.replace(config, enable_chunked_prefill=chunked, enable_prefix_caching=caching)
+        config = _with_family_switches(config, declared_len)
+        chunked, caching, mixed = config.enable_chunked_prefill, config.enable_prefix_caching, config.mixed_batches
+        assert chunked is not None and caching is not None and mixed is not None
         batched, seqs = family_defaults(
             config.engine_family, gpu, offline=config.offline, chunked=chunked, declared_len=declared_len
         )
@@ -303,7 +315,6 @@ class Engine:
         # new requests inside its engine loop, in the step that can first schedule them.
         self._intake_queue: deque[tuple[float, float, str]] = deque()
         _validate_sizes(config)
-        self.config = config
         if num_blocks * config.block_size < max_len:
             raise ValueError(
                 f"The model's max seq len ({config.max_model_len}) is larger than the maximum "
@@ -312,11 +323,8 @@ class Engine:
                 "or decreasing max_model_len when initializing the engine."
             )
         self._kv = KVCacheManager(num_blocks, config.block_size, caching)
+        self.config = config
         #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
-        mixed = config.mixed_batches
-        if mixed is None:
-            mixed = family_mixes_batches(config.engine_family, chunked)
-        self.config = config = dataclasses.replace(config, mixed_batches=mixed)
         self.limits = SchedulerConfig(batched, seqs, max_len, chunked, mixed, config.num_scheduler_steps)
         self._scheduler = Scheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}

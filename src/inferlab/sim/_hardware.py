@@ -192,6 +192,14 @@ def model_names() -> list[str]:
     return list(_presets()["models"])
 
 
+def gpu_presets() -> dict[str, list[str]]:
+    """Each preset GPU name, in file order, with the short names that alias it."""
+    out: dict[str, list[str]] = {name: [] for name in _presets()["gpus"]}
+    for short, preset in _GPU_ALIASES.items():
+        out[preset].append(short)
+    return out
+
+
 def gpu_names() -> list[str]:
     """Short GPU names followed by preset names."""
     return ["H100", "H200", "A100", "L40S", "RTX4090", *_presets()["gpus"]]

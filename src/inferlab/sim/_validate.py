@@ -232,12 +232,15 @@ def _stat(values: Sequence[float], stat: str, weights: Sequence[float] | None = 
     """mean, median or pNN of ``values``, each counted ``weights[i]`` times (default 1)."""
     if not values:
         raise ValueError("no simulated values for this statistic")
+    q = 50 if stat == "median" else 0 if stat == "mean" else int(stat[1:])
     if weights is None:
-        weights = [1.0] * len(values)
+        if stat == "mean":
+            return statistics.fmean(values)
+        ordered_values = sorted(values)
+        return ordered_values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
     total = math.fsum(weights)
     if stat == "mean":
         return math.fsum(w * v for w, v in zip(weights, values, strict=True)) / total
-    q = 50 if stat == "median" else int(stat[1:])
     ordered = sorted(zip(values, weights, strict=True))
     # the first value whose cumulative weight reaches q % of the total (rounded up to a
     # whole request when the weights are whole: then it is the expanded list's pNN)
@@ -294,14 +297,11 @@ def predict(sc: Scenario, run: _Run, m: Measurement) -> float:
         decoding = [k for k, t in enumerate(tls) if t.output_tokens > 1]
         tpots = [(_finished(tls[k]) - first[k]) / (tls[k].output_tokens - 1) for k in decoding]
         return 1000 * _stat(tpots, m.stat, None if weights is None else [weights[k] for k in decoding])
-    if weights is None:
-        return 1000 * _stat(run.gaps_s, m.stat)  # itl_ms: every gap, pooled over requests
-    gaps, gap_weights = [], []
-    for w, t in zip(weights, tls, strict=True):
-        for a, b in itertools.pairwise(t.token_times_s):
-            gaps.append(b - a)
-            gap_weights.append(w)
-    return 1000 * _stat(gaps, m.stat, gap_weights)
+    # itl_ms: every gap, pooled over requests (``gaps_s`` holds them in request order)
+    gap_weights = None
+    if weights is not None:
+        gap_weights = [w for w, t in zip(weights, tls, strict=True) for _ in t.token_times_s[1:]]
+    return 1000 * _stat(run.gaps_s, m.stat, gap_weights)
 
 
 def simulate(sc: Scenario) -> tuple[dict[str, float], int]:
