@@ -283,4 +283,4 @@ def resolve_gpu(name: str) -> GpuSpec:
         if not isinstance(d, dict):
             raise UsageError(f"{path}: a GPU spec must be a JSON object")
         return _gpu_from_dict(str(d.get("name", path.stem)), d, str(path))
-    raise UsageError(f"unknown GPU {name!r}; known: {', '.join(gpu_names())} (or a JSON file)")
+    raise UsageError(f"unknown GPU {name!r}; known: {', '.join(gpu_names())} (or a JSON file; `inferlab sim presets` shows their specs)")
