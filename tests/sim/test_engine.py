@@ -431,3 +431,32 @@ def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
     offline.add_request("a", prompt(32), 2, 0.0)
     r = offline.step(0.0)
     assert r is not None and r.duration_s == pytest.approx(0.01)
+
+
+def test_overlap_scheduling_sees_a_mid_step_arrival_one_step_later() -> None:
+    """--overlap-schedule (SGLang's default): step k+1 is scheduled while step k runs, so a
+    request that becomes ready during step k is first scheduled in step k+2; an idle
+    engine schedules it as soon as it is ready."""
+
+    def scheduled_at(overlap: bool, running: bool) -> float:
+        engine = Engine(dataclasses.replace(SMALL, api_overhead_s=0.0, overlap_schedule=overlap), FixedStep())
+        if running:
+            engine.add_request("long", prompt(32), 100, 0.0)
+        t = 0.0
+        while t < 0.05 - 1e-9:  # five 10 ms steps (or one idle jump)
+            r = engine.step(t) if engine.has_work() else None
+            t = t + r.duration_s if r is not None else 0.05
+        engine.add_request("new", prompt(32, 999), 2, 0.053)  # ready 3 ms into the step at 50 ms
+        while engine.timeline("new").scheduled_s is None:
+            r = engine.step(max(t, 0.0 if running else 0.053))
+            assert r is not None
+            t = max(t, 0.0 if running else 0.053) + r.duration_s
+        s = engine.timeline("new").scheduled_s
+        assert s is not None
+        return s
+
+    assert scheduled_at(False, running=True) == pytest.approx(0.06)  # the next step
+    assert scheduled_at(True, running=True) == pytest.approx(0.07)  # one step later
+    assert scheduled_at(True, running=False) == pytest.approx(0.053)  # idle: at once
+    assert Engine(EngineConfig(engine_family="sglang")).config.overlap_schedule is True
+    assert Engine(EngineConfig()).config.overlap_schedule is False

@@ -138,6 +138,17 @@ def test_vllm_versions_choose_v0_or_v1_scheduler_defaults() -> None:
     assert (long_ctx.config.enable_chunked_prefill, long_ctx.config.max_num_batched_tokens) == (True, 512)
 
 
+def test_sglang_overlap_scheduling_follows_the_version_and_the_stated_flags() -> None:
+    def overlap(**changes: str) -> bool | None:
+        return build_engine(parse_row(row(engine="SGLang", **changes)), 768).config.overlap_schedule
+
+    assert overlap(engine_version="0.4.1") is True  # the default since 0.4
+    assert overlap(engine_version="0.3.0") is False  # opt-in before
+    assert overlap(engine_version="0.4.1", engine_config="--disable-overlap-schedule") is False
+    assert overlap(engine_version="0.3.6", engine_config="--enable-overlap-schedule") is True
+    assert build_engine(parse_row(row()), 768).config.overlap_schedule is False  # vLLM
+
+
 @pytest.mark.parametrize(
     ("cell", "preset"),
     [

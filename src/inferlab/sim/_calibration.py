@@ -287,6 +287,10 @@ def _engine_flags(cell: str) -> tuple[tuple[str, float], ...]:
         flags["enable_chunked_prefill"] = 0.0
     elif re.search(r"enable[_-]chunked[_-]prefill", text):
         flags["enable_chunked_prefill"] = 1.0
+    if re.search(r"disable[_-]overlap[_-]schedul", text):
+        flags["overlap_schedule"] = 0.0
+    elif re.search(r"enable[_-]overlap[_-]schedul|async[_-]scheduling", text):
+        flags["overlap_schedule"] = 1.0
     return tuple(sorted(flags.items()))
 
 

@@ -9,6 +9,7 @@ decides nothing about text: a request emits exactly ``output_len`` tokens.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from inferlab.sim._steptime import (
 )
 
 _GIB = 2**30
+# a step starting within this of the previous one's end follows it back to back
+_BACK_TO_BACK_S = 1e-6
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,10 @@ class EngineConfig:
     # or runs prefill and decode steps apart (SGLang; vLLM V0 without chunking); None: the
     # family's way
     mixed_batches: bool | None = None
+    # the host schedules step k+1 while the GPU runs step k (SGLang's overlap scheduler,
+    # on by default since 0.4; vLLM's --async-scheduling): a request that arrives during
+    # a step is seen one step later. None: the family's way (on for sglang)
+    overlap_schedule: bool | None = None
 
 
 _VLLM_V0 = ("vllm-v0", "vllm-v0.5")
@@ -103,9 +110,16 @@ def family_prefix_caching_default(family: str) -> bool:
     return family not in _VLLM_V0 and family != "lmdeploy"
 
 
+def family_overlap_default(family: str) -> bool:
+    """Whether an engine family schedules the next step while the GPU runs this one by
+    default: SGLang (>= 0.4) does; the vLLM families here and TRT-LLM's C++ batch manager,
+    whose rows set the constants, do not."""
+    return family == "sglang"
+
+
 def _with_family_switches(config: EngineConfig, declared_len: int) -> EngineConfig:
     """``config`` with the on/off switches it leaves open (chunked prefill, prefix
-    caching, mixed batches) set to its engine family's defaults."""
+    caching, mixed batches, overlap scheduling) set to its engine family's defaults."""
     family = config.engine_family
     chunked = config.enable_chunked_prefill
     if chunked is None:
@@ -116,7 +130,13 @@ def _with_family_switches(config: EngineConfig, declared_len: int) -> EngineConf
     mixed = config.mixed_batches
     if mixed is None:
         mixed = family_mixes_batches(family, chunked)
-    return dataclasses.replace(config, enable_chunked_prefill=chunked, enable_prefix_caching=caching, mixed_batches=mixed)
+    overlap = config.overlap_schedule
+    if overlap is None:
+        overlap = family_overlap_default(family)
+    return dataclasses.replace(
+        config, enable_chunked_prefill=chunked, enable_prefix_caching=caching, mixed_batches=mixed,
+        overlap_schedule=overlap,
+    )
 
 
 # The fraction of the memory left after weights and activations that TRT-LLM
@@ -314,6 +334,11 @@ class Engine:
         # the front end runs in the engine's process: vLLM <= 0.5 tokenized and registered
         # new requests inside its engine loop, in the step that can first schedule them.
         self._intake_queue: deque[tuple[float, float, str]] = deque()
+        # overlap scheduling: a step that follows another back to back was scheduled
+        # while that one ran, so it sees only the requests ready by that one's start
+        self._overlap = bool(config.overlap_schedule)
+        self._last_start_s = -math.inf  # the last step that ran a batch: its start ...
+        self._last_end_s = -math.inf  # ... and end
         _validate_sizes(config)
         if num_blocks * config.block_size < max_len:
             raise ValueError(
@@ -358,6 +383,8 @@ class Engine:
                 self._front_free_s = max(self._front_free_s, now_s) + self._intake_s
                 ready_s = max(ready_s, self._front_free_s)
         req = Request(request_id, len(prompt_ids), output_len, hashes, self._num_added, ready_s)
+        if self.record_token_times:
+            req.token_times = timeline.token_times_s
         self._num_added += 1
         self._active[request_id] = req
         self._timelines[request_id] = timeline
@@ -367,11 +394,16 @@ class Engine:
         """Stop a request and free its blocks; its timeline stays. Unknown ids: no-op."""
         req = self._active.pop(request_id, None)
         if req is not None:
+            self._timelines[request_id].output_tokens = req.num_output_tokens
             self._scheduler.abort(req)
 
     def timeline(self, request_id: str) -> RequestTimeline:
         """A copy of the request's timeline; ``KeyError`` if unknown or forgotten."""
-        return dataclasses.replace(self._timelines[request_id])
+        tl = dataclasses.replace(self._timelines[request_id])
+        req = self._active.get(request_id)
+        if req is not None:  # (kept up to date here, not at every token)
+            tl.output_tokens = req.num_output_tokens
+        return tl
 
     def forget(self, request_id: str) -> None:
         """Drop a request's timeline (aborting it if still active)."""
@@ -396,7 +428,10 @@ class Engine:
         sched = self._scheduler
         if not sched.has_work():
             return None
-        batch = sched.schedule(now_s)
+        busy = self._overlap and now_s <= self._last_end_s + _BACK_TO_BACK_S
+        batch = sched.schedule(self._last_start_s if busy else now_s)
+        if busy and not batch.requests and not batch.preempted:
+            batch = sched.schedule(now_s)  # nothing was scheduled ahead: the host schedules now
         preempted = batch.preempted
         if not batch.requests and preempted:
             batch = sched.schedule(now_s)  # everything was preempted; now the head fits
@@ -419,28 +454,27 @@ class Engine:
             if rid in active:  # (one aborted before it reached the engine costs nothing)
                 duration_s += cost
         end_s = now_s + duration_s
+        self._last_start_s, self._last_end_s = now_s, end_s
         for req in batch.admitted:
             tl = timelines[req.request_id]
             if tl.scheduled_s is None:
                 tl.scheduled_s = now_s
                 tl.cached_tokens = req.num_computed_tokens
-        emitted, finished = sched.postprocess(batch)
-        record_times = self.record_token_times
-        for req in emitted:
-            tl = timelines[req.request_id]
-            tl.output_tokens = req.num_output_tokens
-            if record_times:
-                tl.token_times_s.append(end_s)
-            if req.num_output_tokens == 1:
-                tl.first_token_s = end_s
-                self.prompt_tokens_total += req.num_prompt_tokens
-            if events is not None:
+        emitted: list[Request] | None = [] if events is not None else None
+        first, finished = sched.finish_step(batch, end_s, emitted)
+        for req in first:
+            timelines[req.request_id].first_token_s = end_s
+            self.prompt_tokens_total += req.num_prompt_tokens
+        if events is not None and emitted is not None:
+            for req in emitted:
                 done = req.num_output_tokens == req.max_output_tokens
                 events.append(TokenEvent(req.request_id, req.num_output_tokens - 1, done))
         for req in finished:
-            timelines[req.request_id].finished_s = end_s
+            tl = timelines[req.request_id]
+            tl.finished_s = end_s
+            tl.output_tokens = req.num_output_tokens
             del self._active[req.request_id]
-        self.generation_tokens_total += len(emitted)
+        self.generation_tokens_total += batch.emitting
         self.preemptions_total += len(preempted)
         stats = self._stats(now_s, duration_s, batch, len(preempted))
         ids = [req.request_id for req in finished]

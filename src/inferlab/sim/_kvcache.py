@@ -130,6 +130,23 @@ class KVCacheManager:
             self._cache_full_blocks(req, num_tokens)
         return True
 
+    def append_block(self, req: KVRequest) -> bool:
+        """One more block at the end of ``req``'s: ``allocate`` for a decode whose next
+        token starts a new block (its prompt blocks already registered), without the
+        general bookkeeping. False, changing nothing, when no block is free."""
+        free = self._free
+        if not free:
+            return False
+        b = free.popitem(last=False)[0]
+        old_hash = self._block_hash[b]
+        if old_hash is not None:  # evict the prefix this block still held
+            if self._cached.get(old_hash) == b:
+                del self._cached[old_hash]
+            self._block_hash[b] = None
+        self._ref_counts[b] = 1
+        req.block_ids.append(b)
+        return True
+
     def _cache_full_blocks(self, req: KVRequest, num_tokens: int) -> None:
         """Register the hashes of ``req``'s blocks that ``num_tokens`` tokens fill, as far
         as their hashes are known (the prompt's; generated blocks: ``cache_generated``)."""

@@ -56,6 +56,9 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
     declared = flag("max_model_len") or sc.native_max_len
     context = resolve_model(sc.model).max_position_embeddings
     max_model_len = min(max(max_total_len, declared), context) if declared < context else None
+    overlap = flags.get("overlap_schedule")
+    if overlap is None and sc.family == "sglang" and sc.version is not None and sc.version < (0, 4):
+        overlap = 0.0  # SGLang's overlap scheduler became the default in 0.4
     config = EngineConfig(
         model=sc.model,
         engine_family=sc.family,
@@ -69,6 +72,7 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
         enable_chunked_prefill=chunked,
         enforce_eager=bool(flags.get("enforce_eager", 0.0)),
         num_scheduler_steps=flag("num_scheduler_steps") or 1,
+        overlap_schedule=None if overlap is None else bool(overlap),
         quantization=sc.quantization,
         kv_cache_dtype=sc.kv_cache_dtype,
         offline=not sc.via_server,  # offline: no API server costs

@@ -40,6 +40,7 @@ class Request:
         "num_tokens",
         "ready_s",
         "request_id",
+        "token_times",
     )
 
     def __init__(
@@ -63,6 +64,7 @@ class Request:
         self.block_hashes = block_hashes
         self.num_cached_blocks = 0
         self.hash_salt = hash_salt
+        self.token_times: list[float] | None = None  # set: each token's emission time goes here
 
 
 @dataclass(frozen=True)
@@ -198,8 +200,11 @@ class Scheduler:
             if total > len(req.block_ids) * bs or (
                 caching and req.num_cached_blocks < len(req.block_hashes) and total // bs > req.num_cached_blocks
             ):
+                # a decode whose next token starts a block (prompt blocks registered):
+                # one block at the end, the common case of allocation
+                grow = remaining == 1 and req.num_output_tokens and req.num_cached_blocks >= len(req.block_hashes)
                 preempted_self = False
-                while not kv.allocate(req, total):
+                while not (kv.append_block(req) if grow else kv.allocate(req, total)):
                     victim = running.pop()  # the most recently admitted
                     self._preempt(victim)
                     batch.preempted.append(victim)
@@ -269,6 +274,16 @@ class Scheduler:
         """Apply a finished step: returns (requests that emitted a token, of those the
         ones now finished). Finished requests leave ``running`` and free their blocks."""
         emitted: list[Request] = []
+        _, finished = self.finish_step(batch, 0.0, emitted)
+        return emitted, finished
+
+    def finish_step(
+        self, batch: Batch, end_s: float, emitted: list[Request] | None = None
+    ) -> tuple[list[Request], list[Request]]:
+        """``postprocess`` for a step ending at ``end_s``, appended to the ``token_times``
+        of each request that emits a token (and to ``emitted``, when given). Returns (the
+        requests that emitted their first token, the requests now finished)."""
+        first: list[Request] = []
         finished: list[Request] = []
         for req, (n, _) in zip(batch.requests, batch.seqs, strict=False):
             computed = req.num_computed_tokens + n
@@ -277,7 +292,13 @@ class Scheduler:
                 out = req.num_output_tokens + 1
                 req.num_output_tokens = out
                 req.num_tokens = computed + 1
-                emitted.append(req)
+                times = req.token_times
+                if times is not None:
+                    times.append(end_s)
+                if emitted is not None:
+                    emitted.append(req)
+                if out == 1:
+                    first.append(req)
                 if out == req.max_output_tokens:
                     finished.append(req)
         if finished:
@@ -285,7 +306,7 @@ class Scheduler:
                 self.kv.free(req)
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
-        return emitted, finished
+        return first, finished
 
     def abort(self, req: Request) -> None:
         """Drop ``req`` from either queue and free its blocks; no-op if in neither."""

@@ -86,9 +86,11 @@ FAMILY_EFFICIENCIES: dict[str, dict[str, float]] = {
     # a request stalls the engine loop: a burst of 1,280 requests got its first token
     # after 3.26 s on an H100 (Lambda's 0.5.4 runs), 2.5 ms per request.
     "vllm-v0.5": {"cpu_step_s": 1.5e-3, "api_overhead_s": 0.025, "api_intake_s": 2.5e-3},
-    # SGLang: the overlap scheduler hides most host work behind the GPU step; low-load
-    # TTFTs sit 6-19 ms (0.3, A100/H100), 10 ms (0.5, H100) and ~40 ms (0.4, H200 TP4)
-    # above prefill + scheduling: median ~15 ms.
+    # SGLang: the overlap scheduler hides most host work behind the GPU step (and makes
+    # an arrival wait one step more, modelled in the engine: ``overlap_schedule``);
+    # low-load TTFTs sit 6-19 ms (0.3, A100/H100, no overlap), 10 ms (0.5, H100) and
+    # ~40 ms (0.4, H200 TP4; ~28 ms beyond the overlap step) above prefill + scheduling:
+    # median ~15 ms.
     "sglang": {"cpu_step_s": 0.3e-3, "api_overhead_s": 0.015},
     # TensorRT-LLM: C++ batch manager (~1 us per sequence), overlap scheduler, XQA decode
     # attention streaming the (fp8) KV cache closer to peak bandwidth.
