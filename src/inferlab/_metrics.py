@@ -77,7 +77,7 @@ def request_metrics(r: RequestRecord) -> RequestMetrics:
         tpot = decode_ms / (n_out - 1)
         decode_tps = (n_out - 1) / (decode_ms / 1e3) if decode_ms > 0 else None
     c = r.content_ns
-    itl = [(c[i + 1] - c[i]) / NS_PER_MS for i in range(len(c) - 1)]
+    itl = [(b - a) / NS_PER_MS for a, b in itertools.pairwise(c)]
     return RequestMetrics(since_send(r.ttfb_ns), ttft, e2e, tpot, decode_tps, queue_delay_ms(r), itl, n_out)
 
 
@@ -95,7 +95,7 @@ def distribution(values: Iterable[float]) -> dict[str, float] | None:
     if n == 0:
         return None
     mean = math.fsum(xs) / n
-    std = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / n)
+    std = math.sqrt(math.fsum([(x - mean) ** 2 for x in xs]) / n)
     out = {"mean": mean, "std": std, "min": xs[0]}
     for q in (50, 90, 95, 99):
         out[f"p{q}"] = percentile(xs, q)

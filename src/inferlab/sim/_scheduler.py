@@ -181,9 +181,10 @@ class Scheduler:
         caching = kv.enable_prefix_caching
         requests, seqs = batch.requests, batch.seqs
         decodes = 0
-        i = 0
-        while i < len(running) and budget > 0:
-            req = running[i]
+        # (a preemption pops from the end of ``running``: the iteration stops before it)
+        for req in running:
+            if budget <= 0:
+                break
             computed = req.num_computed_tokens
             remaining = req.num_tokens - computed
             # The common case inline: a decode whose blocks hold its next token (its full
@@ -193,7 +194,6 @@ class Scheduler:
                 seqs.append((1, computed))
                 decodes += 1
                 budget -= 1
-                i += 1
                 continue
             n = remaining if remaining < budget else budget
             total = computed + n
@@ -220,7 +220,6 @@ class Scheduler:
             else:
                 self._add_to_batch(batch, req, n)
             budget -= n
-            i += 1
         batch.emitting += decodes
         batch.decode_tokens += decodes
         if batch.preempted or not admit:

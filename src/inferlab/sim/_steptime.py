@@ -20,6 +20,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import mul
 from pathlib import Path
 from typing import Protocol
 
@@ -327,13 +328,11 @@ class RooflineStepTime:
         """Seconds for one step; see the module docstring for the model."""
         if not seqs:
             return 0.0
-        tokens = 0
-        context = 0
-        attn_units = 0.0
-        for q, c in seqs:
-            tokens += q
-            context += c
-            attn_units += q * (c + (q + 1) / 2)
+        qs, cs = zip(*seqs, strict=True)  # (sums in C: this runs once per step over every sequence)
+        tokens = sum(qs)
+        context = sum(cs)
+        # Σ q·(c + (q+1)/2), exactly, from integer sums
+        attn_units = (2 * sum(map(mul, qs, cs)) + sum(map(mul, qs, qs)) + tokens) / 2
         eff = self.eff
         gemm = _knee(
             tokens * self._gemm_s_per_token,
