@@ -460,3 +460,13 @@ def test_overlap_scheduling_sees_a_mid_step_arrival_one_step_later() -> None:
     assert scheduled_at(True, running=False) == pytest.approx(0.053)  # idle: at once
     assert Engine(EngineConfig(engine_family="sglang")).config.overlap_schedule is True
     assert Engine(EngineConfig()).config.overlap_schedule is False
+
+
+def test_token_times_recorded_for_requests_queued_before_recording_was_switched_on() -> None:
+    engine = Engine(SMALL)
+    engine.add_request("a", prompt(100), 5, 0.0)
+    engine.record_token_times = True
+    end, _ = drain(engine)
+    tl = engine.timeline("a")
+    assert len(tl.token_times_s) == 5 and tl.token_times_s[-1] == pytest.approx(end)
+    assert tl.token_times_s[0] == tl.first_token_s and tl.output_tokens == 5

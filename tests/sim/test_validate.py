@@ -146,6 +146,8 @@ def test_sglang_overlap_scheduling_follows_the_version_and_the_stated_flags() ->
     assert overlap(engine_version="0.3.0") is False  # opt-in before
     assert overlap(engine_version="0.4.1", engine_config="--disable-overlap-schedule") is False
     assert overlap(engine_version="0.3.6", engine_config="--enable-overlap-schedule") is True
+    assert overlap(engine_version="0.4.1", engine_config="disable_overlap_schedule=false") is True
+    assert overlap(engine_version="0.4.1", engine_config="async_scheduling=False") is False
     assert build_engine(parse_row(row()), 768).config.overlap_schedule is False  # vLLM
 
 

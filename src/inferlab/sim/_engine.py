@@ -251,7 +251,7 @@ class Engine:
     ) -> None:
         """``record_token_times``: keep every token's emission time in each request's
         timeline (virtual-time runs need them for ITL; the HTTP server does not)."""
-        self.record_token_times = record_token_times
+        self._record_token_times = record_token_times
         model = resolve_model(config.model)
         if config.quantization is None:  # vLLM takes it from the checkpoint: ...-AWQ, -FP8
             config = dataclasses.replace(config, quantization=quantization_from_name(config.model))
@@ -359,6 +359,17 @@ class Engine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
+    @property
+    def record_token_times(self) -> bool:
+        """Whether each token's emission time is kept in its request's timeline."""
+        return self._record_token_times
+
+    @record_token_times.setter
+    def record_token_times(self, on: bool) -> None:  # (also for requests already queued)
+        self._record_token_times = on
+        for rid, req in self._active.items():
+            req.token_times = self._timelines[rid].token_times_s if on else None
+
     # --- requests -------------------------------------------------------------------
 
     def add_request(
@@ -383,7 +394,7 @@ class Engine:
                 self._front_free_s = max(self._front_free_s, now_s) + self._intake_s
                 ready_s = max(ready_s, self._front_free_s)
         req = Request(request_id, len(prompt_ids), output_len, hashes, self._num_added, ready_s)
-        if self.record_token_times:
+        if self._record_token_times:
             req.token_times = timeline.token_times_s
         self._num_added += 1
         self._active[request_id] = req
@@ -428,13 +439,18 @@ class Engine:
         sched = self._scheduler
         if not sched.has_work():
             return None
+        # the time up to which arrivals are seen: with overlap scheduling, a step that
+        # follows another back to back was chosen while that one ran, at its start
         busy = self._overlap and now_s <= self._last_end_s + _BACK_TO_BACK_S
-        batch = sched.schedule(self._last_start_s if busy else now_s)
-        if busy and not batch.requests and not batch.preempted:
-            batch = sched.schedule(now_s)  # nothing was scheduled ahead: the host schedules now
+        seen_s = self._last_start_s if busy else now_s
+        batch = sched.schedule(seen_s)
         preempted = batch.preempted
         if not batch.requests and preempted:
-            batch = sched.schedule(now_s)  # everything was preempted; now the head fits
+            batch = sched.schedule(seen_s)  # everything was preempted; now the head fits
+            preempted = preempted + batch.preempted
+        if busy and not batch.requests:  # nothing was scheduled ahead: the host schedules now
+            seen_s = now_s
+            batch = sched.schedule(now_s)
             preempted = preempted + batch.preempted
         timelines = self._timelines
         for req in preempted:
@@ -449,7 +465,7 @@ class Engine:
         if batch.continuation:  # scheduled with the group's first step
             duration_s -= self._scheduling_s(len(batch.seqs))
         intake, active = self._intake_queue, self._active
-        while intake and intake[0][0] <= now_s + 1e-9:
+        while intake and intake[0][0] <= seen_s + 1e-9:
             _, cost, rid = intake.popleft()
             if rid in active:  # (one aborted before it reached the engine costs nothing)
                 duration_s += cost

@@ -273,17 +273,20 @@ class Scheduler:
         """Apply a finished step: returns (requests that emitted a token, of those the
         ones now finished). Finished requests leave ``running`` and free their blocks."""
         emitted: list[Request] = []
-        _, finished = self.finish_step(batch, 0.0, emitted)
+        _, finished = self.finish_step(batch, None, emitted)
         return emitted, finished
 
     def finish_step(
-        self, batch: Batch, end_s: float, emitted: list[Request] | None = None
+        self, batch: Batch, end_s: float | None, emitted: list[Request] | None = None
     ) -> tuple[list[Request], list[Request]]:
         """``postprocess`` for a step ending at ``end_s``, appended to the ``token_times``
-        of each request that emits a token (and to ``emitted``, when given). Returns (the
-        requests that emitted their first token, the requests now finished)."""
+        of each request that emits a token (None: no time is known, none is appended) and
+        to ``emitted``, when given. Returns (the requests that emitted their first token,
+        the requests now finished)."""
         first: list[Request] = []
         finished: list[Request] = []
+        record = end_s is not None
+        end = end_s or 0.0
         for req, (n, _) in zip(batch.requests, batch.seqs, strict=False):
             computed = req.num_computed_tokens + n
             req.num_computed_tokens = computed
@@ -291,9 +294,10 @@ class Scheduler:
                 out = req.num_output_tokens + 1
                 req.num_output_tokens = out
                 req.num_tokens = computed + 1
-                times = req.token_times
-                if times is not None:
-                    times.append(end_s)
+                if record:
+                    times = req.token_times
+                    if times is not None:
+                        times.append(end)
                 if emitted is not None:
                     emitted.append(req)
                 if out == 1:
