@@ -470,3 +470,68 @@ def test_token_times_recorded_for_requests_queued_before_recording_was_switched_
     tl = engine.timeline("a")
     assert len(tl.token_times_s) == 5 and tl.token_times_s[-1] == pytest.approx(end)
     assert tl.token_times_s[0] == tl.first_token_s and tl.output_tokens == 5
+
+
+def _random_engine_run(seed: int, steady: bool) -> tuple[Any, ...]:
+    """A random engine configuration and workload stepped to the end without per-token
+    events; ``steady=False`` forces the per-request pass on every step."""
+    rng = random.Random(seed)
+    family = rng.choice(["vllm", "vllm-v0", "vllm-v0.5", "sglang", "trtllm", "lmdeploy"])
+    bs = rng.choice([1, 8, 16])
+    max_len = rng.choice([128, 512, 1024])
+    blocks = -(-max_len // bs) + rng.choice([0, 2, 8, 64, 4096])  # small caches preempt
+    chunked = rng.choice([None, True, False])
+    config = EngineConfig(
+        engine_family=family,
+        block_size=bs,
+        max_model_len=max_len,
+        num_gpu_blocks_override=blocks,
+        enable_prefix_caching=rng.choice([None, True, False]),
+        enable_chunked_prefill=chunked,
+        max_num_batched_tokens=None if chunked is not True else rng.choice([64, 512, None]),
+        max_num_seqs=rng.choice([4, 16, None]),
+        num_scheduler_steps=rng.choice([1, 1, 4]),
+        overlap_schedule=rng.choice([None, True, False]),
+        api_overhead_s=rng.choice([0.0, 0.003]),
+    )
+    engine = Engine(config, record_token_times=True)
+    if not steady:
+        engine._roofline = None  # the same step time, without the steady-decode sums
+    shared = [rng.randrange(50_000) for _ in range(max_len // 2)]
+    pending, t = [], 0.0
+    for i in range(rng.randint(5, 40)):
+        out = rng.randint(1, min(80, max_len // 2))
+        n = rng.randint(1, max_len - out)
+        head = shared[: rng.randint(0, n)]
+        pending.append((t, f"r{i}", head + [rng.randrange(50_000) for _ in range(n - len(head))], out))
+        t += rng.choice([0.0, rng.expovariate(100.0)])
+    now, i, seen, views = 0.0, 0, [], []
+    while i < len(pending) or engine.has_work():
+        while i < len(pending) and pending[i][0] <= now:
+            engine.add_request(pending[i][1], pending[i][2], pending[i][3], pending[i][0])
+            seen.append(pending[i][1])
+            i += 1
+        if seen and rng.random() < 0.1:  # a timeline read mid-run, or an abort
+            rid = rng.choice(seen)
+            if rng.random() < 0.3:
+                engine.abort(rid)
+            views.append(dataclasses.astuple(engine.timeline(rid)))
+        if not engine.has_work():
+            if i == len(pending):
+                break
+            now = max(now, pending[i][0])
+            continue
+        r = engine._step(now, None)
+        assert r is not None
+        engine._kv.check_invariants()
+        now += r.duration_s
+    ends = [dataclasses.astuple(engine.timeline(rid)) for rid in seen]
+    return ends, views, engine.preemptions_total, engine.generation_tokens_total, engine.prefix_hits_tokens
+
+
+def test_steady_decodes_give_the_same_run_as_the_per_request_pass() -> None:
+    """Decodes with nothing to do are kept as sums between their block boundaries
+    (``Scheduler.lazy``); every timeline, token time, abort, preemption and counter must
+    come out exactly as when each request is visited every step."""
+    for seed in range(40):
+        assert _random_engine_run(seed, steady=True) == _random_engine_run(seed, steady=False), seed

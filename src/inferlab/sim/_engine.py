@@ -284,6 +284,8 @@ class Engine:
             serving=not config.offline,
         )
         self._step_time: StepTimeModel = step_time or roofline
+        # steady decodes (``Scheduler.lazy``) need the step time from sums: the roofline's
+        self._roofline = roofline if step_time is None else None
         # what a later step of a multi-step group saves (a given step-time model: nothing)
         self._scheduling_s = roofline.scheduling_s if step_time is None else (lambda _n: 0.0)
 
@@ -366,6 +368,7 @@ class Engine:
 
     @record_token_times.setter
     def record_token_times(self, on: bool) -> None:  # (also for requests already queued)
+        self._scheduler.wake_all()
         self._record_token_times = on
         for rid, req in self._active.items():
             req.token_times = self._timelines[rid].token_times_s if on else None
@@ -405,15 +408,18 @@ class Engine:
         """Stop a request and free its blocks; its timeline stays. Unknown ids: no-op."""
         req = self._active.pop(request_id, None)
         if req is not None:
+            self._scheduler.abort(req)  # (writes back a steady request's counters first)
             self._timelines[request_id].output_tokens = req.num_output_tokens
-            self._scheduler.abort(req)
 
     def timeline(self, request_id: str) -> RequestTimeline:
         """A copy of the request's timeline; ``KeyError`` if unknown or forgotten."""
         tl = dataclasses.replace(self._timelines[request_id])
         req = self._active.get(request_id)
         if req is not None:  # (kept up to date here, not at every token)
-            tl.output_tokens = req.num_output_tokens
+            since = self._scheduler.steady_since(req)
+            tl.output_tokens = req.num_output_tokens + len(since)
+            if since and req.token_times is not None:
+                tl.token_times_s = tl.token_times_s + since
         return tl
 
     def forget(self, request_id: str) -> None:
@@ -439,31 +445,36 @@ class Engine:
         sched = self._scheduler
         if not sched.has_work():
             return None
+        # without per-token events, decodes with nothing to do may stay steady
+        sched.lazy = events is None and self._roofline is not None
         # the time up to which arrivals are seen: with overlap scheduling, a step that
         # follows another back to back was chosen while that one ran, at its start
         busy = self._overlap and now_s <= self._last_end_s + _BACK_TO_BACK_S
         seen_s = self._last_start_s if busy else now_s
         batch = sched.schedule(seen_s)
         preempted = batch.preempted
-        if not batch.requests and preempted:
+        if not batch.num_seqs and preempted:
             batch = sched.schedule(seen_s)  # everything was preempted; now the head fits
             preempted = preempted + batch.preempted
-        if busy and not batch.requests:  # nothing was scheduled ahead: the host schedules now
+        if busy and not batch.num_seqs:  # nothing was scheduled ahead: the host schedules now
             seen_s = now_s
             batch = sched.schedule(now_s)
             preempted = preempted + batch.preempted
         timelines = self._timelines
         for req in preempted:
             timelines[req.request_id].preemptions = req.num_preemptions
-        if not batch.requests:
+        if not batch.num_seqs:
             ready_s = sched.next_ready_s()
             if ready_s is None or ready_s <= now_s:
                 raise RuntimeError("scheduler made no progress with a schedulable request")
             stats = self._stats(now_s, ready_s - now_s, batch, len(preempted))
             return StepResult(ready_s - now_s, events if events is not None else [], stats)
-        duration_s = self._step_time.step_time_s(batch.seqs, batch.emitting)
+        if batch.steady and self._roofline is not None:
+            duration_s = self._roofline.step_time_s(batch.seqs, batch.emitting, batch.steady, batch.steady_context)
+        else:
+            duration_s = self._step_time.step_time_s(batch.seqs, batch.emitting)
         if batch.continuation:  # scheduled with the group's first step
-            duration_s -= self._scheduling_s(len(batch.seqs))
+            duration_s -= self._scheduling_s(batch.num_seqs)
         intake, active = self._intake_queue, self._active
         while intake and intake[0][0] <= seen_s + 1e-9:
             _, cost, rid = intake.popleft()

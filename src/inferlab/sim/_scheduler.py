@@ -12,6 +12,15 @@ With ``mixed_batches=False`` (SGLang's default, and vLLM V0 without chunked pref
 step either prefills or decodes: whenever a prompt (or its next chunk) can be scheduled,
 the step runs prefill work only (unfinished chunked prompts first, then waiting requests)
 and every running decode waits for it.
+
+Steady decodes (``lazy`` steps, virtual time): a running request that only decodes, with
+room in its blocks and more than one token to go, needs nothing from the scheduler
+until its next block or its last token. Such a request leaves the per-step passes: it
+counts in ``Batch.steady`` (and its context in ``steady_context``), its counters advance
+by the number of decode steps ("ticks") since it became steady, and its token times are
+the ticks' end times, both written back when it is next needed (``_wake``). Every step
+sees exactly the batch, allocations, preemptions and finishing order of the per-request
+pass; a step whose token budget could not hold every request wakes them all and runs it.
 """
 
 from __future__ import annotations
@@ -22,6 +31,10 @@ from dataclasses import dataclass, field
 from inferlab.sim._kvcache import KVCacheManager
 
 _READY_SLACK_S = 1e-9  # absorbs float rounding when a clock lands exactly on a ready time
+
+
+def _by_seq(req: Request) -> int:
+    return req.seq
 
 
 class Request:
@@ -40,6 +53,10 @@ class Request:
         "num_tokens",
         "ready_s",
         "request_id",
+        "seq",
+        "steady_c0",
+        "steady_exit",
+        "steady_tick",
         "token_times",
     )
 
@@ -65,6 +82,10 @@ class Request:
         self.num_cached_blocks = 0
         self.hash_salt = hash_salt
         self.token_times: list[float] | None = None  # set: each token's emission time goes here
+        self.seq = 0  # admission order (the order of ``running``)
+        self.steady_tick = -1  # steady since this tick (-1: not steady) ...
+        self.steady_exit = 0  # ... until this one
+        self.steady_c0 = 0  # num_computed_tokens - steady_tick when it became steady
 
 
 @dataclass(frozen=True)
@@ -92,6 +113,12 @@ class Batch:
     prefix_hit_tokens: int = 0  # cached tokens of the requests admitted this step
     preempted: list[Request] = field(default_factory=list)  # sent back to waiting this step
     continuation: bool = False  # a later step of a multi-step group: nothing was scheduled
+    steady: int = 0  # steady decodes also in this step (one token each; not in ``requests``)
+    steady_context: int = 0  # their cached context, summed
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seqs) + self.steady
 
 
 class Scheduler:
@@ -103,6 +130,15 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._group_steps_left = 0  # steps left in the current multi-step decode group
+        self._admitted = 0  # admissions so far (``Request.seq``)
+        # steady decodes: see the module doc
+        self.lazy = False  # whether steps may keep decodes steady (no per-token events wanted)
+        self.tick = 0  # decode ticks so far: steps that ran every steady decode
+        self._tick_ends: list[float] = []  # each tick's end time
+        self._steady_n = 0
+        self._steady_c0 = 0  # Σ steady_c0: their context at tick t is this + n·t
+        self._due: dict[int, list[Request]] = {}  # tick -> requests whose steadiness ends
+        self._busy: dict[int, Request] = {}  # running requests that are not steady, by id
 
     def check_fits(self, num_prompt_tokens: int, max_output_tokens: int) -> None:
         """Raise ``ValueError`` for a request this engine can never serve."""
@@ -139,6 +175,13 @@ class Scheduler:
 
     def schedule(self, now_s: float) -> Batch:
         """Pick this step's requests and token counts; allocates their KV blocks."""
+        if self._steady_n:
+            if not self.lazy:
+                self.wake_all()
+            else:
+                for req in self._due.pop(self.tick, ()):
+                    if req.steady_tick >= 0 and req.steady_exit == self.tick:
+                        self._wake(req)
         if self._group_steps_left > 0 and self.running:  # a multi-step group goes on
             self._group_steps_left -= 1
             batch = self._schedule(now_s, admit=False)
@@ -160,7 +203,7 @@ class Scheduler:
         """A prefill step: unfinished chunked prompts, then waiting requests; no decodes."""
         batch = Batch()
         budget = self.config.max_num_batched_tokens
-        for req in self.running:
+        for req in self._busy_in_order():
             remaining = req.num_tokens - req.num_computed_tokens
             decoding = remaining == 1 and req.num_output_tokens > 0
             if decoding or remaining < 1 or budget < 1:
@@ -181,8 +224,16 @@ class Scheduler:
         caching = kv.enable_prefix_caching
         requests, seqs = batch.requests, batch.seqs
         decodes = 0
-        # (a preemption pops from the end of ``running``: the iteration stops before it)
-        for req in running:
+        others = running
+        if self._steady_n:  # steady decodes take a token each; the pass visits the rest
+            others = self._busy_in_order()
+            if self._steady_n + sum([r.num_tokens - r.num_computed_tokens for r in others]) > budget:
+                self.wake_all()  # the budget runs out inside the list: every request in turn
+                others = running
+            budget -= self._steady_n
+        # (a preemption pops from the end of ``running``, the highest ``seq``: the
+        # iteration stops before it)
+        for req in others:
             if budget <= 0:
                 break
             computed = req.num_computed_tokens
@@ -206,6 +257,10 @@ class Scheduler:
                 preempted_self = False
                 while not (kv.append_block(req) if grow else kv.allocate(req, total)):
                     victim = running.pop()  # the most recently admitted
+                    if victim.steady_tick >= 0:
+                        self._wake(victim)
+                    elif others is not running and others and others[-1] is victim:
+                        others.pop()
                     self._preempt(victim)
                     batch.preempted.append(victim)
                     if victim is req:
@@ -220,6 +275,11 @@ class Scheduler:
             else:
                 self._add_to_batch(batch, req, n)
             budget -= n
+        n = self._steady_n
+        if n:
+            batch.steady = n
+            batch.steady_context = self._steady_c0 + n * self.tick
+            decodes += n
         batch.emitting += decodes
         batch.decode_tokens += decodes
         if batch.preempted or not admit:
@@ -245,6 +305,9 @@ class Scheduler:
                 break
             waiting.popleft()
             running.append(req)
+            req.seq = self._admitted
+            self._admitted += 1
+            self._busy[id(req)] = req
             req.num_computed_tokens = num_cached
             batch.admitted.append(req)
             batch.prefix_hit_tokens += num_cached
@@ -263,6 +326,7 @@ class Scheduler:
         batch.prefill_tokens += n
 
     def _preempt(self, req: Request) -> None:
+        self._busy.pop(id(req), None)
         self.kv.cache_generated(req, req.num_computed_tokens)
         self.kv.free(req)
         req.num_computed_tokens = 0
@@ -304,16 +368,89 @@ class Scheduler:
                     first.append(req)
                 if out == req.max_output_tokens:
                     finished.append(req)
+        if batch.steady:  # a tick: every steady decode emitted a token at end_s
+            self._tick_ends.append(end)
+            self.tick += 1
         if finished:
+            busy = self._busy
             for req in finished:
                 self.kv.free(req)
+                del busy[id(req)]
             done = {id(r) for r in finished}
             self.running = [r for r in self.running if id(r) not in done]
+        if self.lazy:
+            self._settle(batch.requests)
         return first, finished
+
+    # --- steady decodes (see the module doc) ------------------------------------------
+
+    def _busy_in_order(self) -> list[Request]:
+        """The running requests that are not steady, in ``running`` order."""
+        if not self._steady_n:
+            return self.running
+        return sorted(self._busy.values(), key=_by_seq)
+
+    def _settle(self, reqs: list[Request]) -> None:
+        """Make steady each of ``reqs`` (just run) that is running, decodes, and has room
+        in its blocks and more than one token to go: until the tick of its next block or
+        its last token, whichever comes first."""
+        bs, tick, busy, due = self.kv.block_size, self.tick, self._busy, self._due
+        for req in reqs:
+            computed = req.num_computed_tokens
+            if req.num_tokens - computed != 1 or not req.num_output_tokens or id(req) not in busy:
+                continue
+            steps = min(len(req.block_ids) * bs - computed, req.max_output_tokens - req.num_output_tokens - 1)
+            if steps < 1:
+                continue
+            del busy[id(req)]
+            req.steady_tick = tick
+            req.steady_exit = tick + steps
+            req.steady_c0 = computed - tick
+            self._steady_n += 1
+            self._steady_c0 += computed - tick
+            bucket = due.get(tick + steps)
+            if bucket is None:
+                due[tick + steps] = [req]
+            else:
+                bucket.append(req)
+
+    def _wake(self, req: Request) -> None:
+        """Write a steady request's counters and token times up to this tick; it is an
+        ordinary running request again."""
+        t0, t = req.steady_tick, self.tick
+        if t > t0:
+            n = t - t0
+            req.num_computed_tokens += n
+            req.num_output_tokens += n
+            req.num_tokens += n
+            if req.token_times is not None:
+                req.token_times.extend(self._tick_ends[t0:t])
+        self._steady_n -= 1
+        self._steady_c0 -= req.steady_c0
+        req.steady_tick = -1
+        self._busy[id(req)] = req
+
+    def wake_all(self) -> None:
+        """Every steady request back to an ordinary one (before a per-request step)."""
+        if self._steady_n:
+            for req in self.running:
+                if req.steady_tick >= 0:
+                    self._wake(req)
+        self._due.clear()
+
+    def steady_since(self, req: Request) -> list[float]:
+        """The times of the tokens ``req`` emitted while steady and not yet written to its
+        counters (empty unless steady)."""
+        if req.steady_tick < 0:
+            return []
+        return self._tick_ends[req.steady_tick : self.tick]
 
     def abort(self, req: Request) -> None:
         """Drop ``req`` from either queue and free its blocks; no-op if in neither."""
+        if req.steady_tick >= 0:
+            self._wake(req)
         if req in self.running:
+            self._busy.pop(id(req), None)
             self.running.remove(req)
             self.kv.free(req)
         elif req in self.waiting:

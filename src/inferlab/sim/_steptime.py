@@ -324,15 +324,20 @@ class RooflineStepTime:
         (scheduling and input preparation): the per-step and per-sequence host costs."""
         return self._host_step_s + num_seqs * self.eff.per_seq_s
 
-    def step_time_s(self, seqs: Sequence[tuple[int, int]], emitting: int) -> float:
-        """Seconds for one step; see the module docstring for the model."""
-        if not seqs:
+    def step_time_s(
+        self, seqs: Sequence[tuple[int, int]], emitting: int, decodes: int = 0, decode_context: int = 0
+    ) -> float:
+        """Seconds for one step; see the module docstring for the model. ``decodes`` more
+        sequences of one new token each, over ``decode_context`` cached tokens in all,
+        may be given as sums instead of in ``seqs`` (the same result)."""
+        if not seqs and not decodes:
             return 0.0
-        qs, cs = zip(*seqs, strict=True)  # (sums in C: this runs once per step over every sequence)
-        tokens = sum(qs)
-        context = sum(cs)
+        # (sums in C: this runs once per step over every sequence)
+        qs, cs = zip(*seqs, strict=True) if seqs else ((), ())
+        tokens = sum(qs) + decodes
+        context = sum(cs) + decode_context
         # Σ q·(c + (q+1)/2), exactly, from integer sums
-        attn_units = (2 * sum(map(mul, qs, cs)) + sum(map(mul, qs, qs)) + tokens) / 2
+        attn_units = (2 * (sum(map(mul, qs, cs)) + decode_context) + sum(map(mul, qs, qs)) + decodes + tokens) / 2
         eff = self.eff
         gemm = _knee(
             tokens * self._gemm_s_per_token,
@@ -350,4 +355,4 @@ class RooflineStepTime:
         if emitting > 0:
             total += _knee(emitting * self._lm_s_per_seq, self._lm_weights_s)
             total += eff.sampler_s + emitting * (self._sampler_s_per_seq + self._stream_s_per_seq)
-        return total + self.scheduling_s(len(seqs))
+        return total + self.scheduling_s(len(seqs) + decodes)
