@@ -11,6 +11,8 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import mul, sub, truediv
 from typing import Any
 
 from inferlab._records import ErrorKind, RequestRecord
@@ -77,7 +79,7 @@ def request_metrics(r: RequestRecord) -> RequestMetrics:
         tpot = decode_ms / (n_out - 1)
         decode_tps = (n_out - 1) / (decode_ms / 1e3) if decode_ms > 0 else None
     c = r.content_ns
-    itl = [(b - a) / NS_PER_MS for a, b in itertools.pairwise(c)]
+    itl = list(map(truediv, map(sub, c[1:], c), repeat(NS_PER_MS)))  # (in C: per token)
     return RequestMetrics(since_send(r.ttfb_ns), ttft, e2e, tpot, decode_tps, queue_delay_ms(r), itl, n_out)
 
 
@@ -95,7 +97,8 @@ def distribution(values: Iterable[float]) -> dict[str, float] | None:
     if n == 0:
         return None
     mean = math.fsum(xs) / n
-    std = math.sqrt(math.fsum([(x - mean) ** 2 for x in xs]) / n)
+    dev = list(map(sub, xs, repeat(mean, n)))  # (in C: ITL has a value per token)
+    std = math.sqrt(math.fsum(map(mul, dev, dev)) / n)
     out = {"mean": mean, "std": std, "min": xs[0]}
     for q in (50, 90, 95, 99):
         out[f"p{q}"] = percentile(xs, q)

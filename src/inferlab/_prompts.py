@@ -18,6 +18,8 @@ import sys
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import repeat
+from operator import mod
 
 from inferlab._errors import InferlabError
 from inferlab._text import WORDS
@@ -45,8 +47,7 @@ def words(key: str, n: int, vocab: tuple[str, ...] = WORDS) -> list[str]:
     idx = array("H", raw[: 2 * n])
     if sys.byteorder == "big":
         idx.byteswap()  # the same words on every machine
-    m = len(vocab)
-    return [vocab[i % m] for i in idx]
+    return list(map(vocab.__getitem__, map(mod, idx, repeat(len(vocab)))))  # (in C)
 
 
 class PromptBuilder:

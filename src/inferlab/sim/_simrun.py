@@ -17,6 +17,8 @@ import heapq
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
+from itertools import repeat
+from operator import add, mul
 from typing import IO
 
 from inferlab._clock import NS_PER_S
@@ -174,7 +176,8 @@ class _Sim:
         for rid in result.finished:
             tl = self.engine.timeline(rid)
             r = self.records.pop(rid)
-            r.content_ns = [int(t * NS_PER_S + 0.5) for t in tl.token_times_s]
+            # int(t * NS_PER_S + 0.5) for each token time, in C
+            r.content_ns = list(map(int, map(add, map(mul, tl.token_times_s, repeat(NS_PER_S)), repeat(0.5))))
             r.ttfb_ns = r.content_ns[0]
             r.end_ns = r.content_ns[-1]
             r.output_tokens = len(r.content_ns)
