@@ -414,12 +414,13 @@ class Engine:
     def timeline(self, request_id: str) -> RequestTimeline:
         """A copy of the request's timeline; ``KeyError`` if unknown or forgotten."""
         tl = dataclasses.replace(self._timelines[request_id])
+        tl.token_times_s = list(tl.token_times_s)  # a snapshot, like the rest of the copy
         req = self._active.get(request_id)
         if req is not None:  # (kept up to date here, not at every token)
             since = self._scheduler.steady_since(req)
             tl.output_tokens = req.num_output_tokens + len(since)
             if since and req.token_times is not None:
-                tl.token_times_s = tl.token_times_s + since
+                tl.token_times_s += since
         return tl
 
     def forget(self, request_id: str) -> None:
