@@ -182,6 +182,10 @@ class Scheduler:
                 for req in self._due.pop(self.tick, ()):
                     if req.steady_tick >= 0 and req.steady_exit == self.tick:
                         self._wake(req)
+        elif self.tick:  # nothing is steady: the ticks so far are no longer needed
+            self.tick = 0
+            self._tick_ends.clear()
+            self._due.clear()
         if self._group_steps_left > 0 and self.running:  # a multi-step group goes on
             self._group_steps_left -= 1
             batch = self._schedule(now_s, admit=False)
