@@ -495,8 +495,7 @@ def _random_engine_run(seed: int, steady: bool) -> tuple[Any, ...]:
         api_overhead_s=rng.choice([0.0, 0.003]),
     )
     engine = Engine(config, record_token_times=True)
-    if not steady:
-        engine._roofline = None  # the same step time, without the steady-decode sums
+    engine.steady_decodes = steady
     shared = [rng.randrange(50_000) for _ in range(max_len // 2)]
     pending, t = [], 0.0
     for i in range(rng.randint(5, 40)):

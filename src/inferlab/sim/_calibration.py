@@ -287,11 +287,13 @@ def _engine_flags(cell: str) -> tuple[tuple[str, float], ...]:
         flags["enable_chunked_prefill"] = 0.0
     elif re.search(r"enable[_-]chunked[_-]prefill", text):
         flags["enable_chunked_prefill"] = 1.0
-    for m in re.finditer(r"(no[_-]|disable[_-]|enable[_-])?(overlap[_-]schedul|async[_-]schedul)\w*", text):
-        off = bool(re.match(r"\s*[=:]\s*(false|0)\b", text[m.end() :]))
-        if m.group(1) is None and m.group(2).startswith("overlap"):
+    for m in re.finditer(r"(no|disable|enable)?[_-]?(overlap|async)[_-]schedul\w*", text):
+        prefix, kind = m.group(1), m.group(2)
+        if prefix is None and kind == "overlap":
             continue  # a mention, not a flag
-        flags["overlap_schedule"] = 0.0 if (m.group(1) in ("no-", "no_", "disable-", "disable_")) != off else 1.0
+        negated = prefix in ("no", "disable")
+        set_false = re.match(r"\s*[=:]\s*(false|0)\b", text[m.end() :]) is not None
+        flags["overlap_schedule"] = 0.0 if negated != set_false else 1.0
     return tuple(sorted(flags.items()))
 
 

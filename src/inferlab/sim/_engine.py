@@ -284,10 +284,12 @@ class Engine:
             serving=not config.offline,
         )
         self._step_time: StepTimeModel = step_time or roofline
-        # steady decodes (``Scheduler.lazy``) need the step time from sums: the roofline's
+        # the roofline when it is the step time: steady decodes (``Scheduler.lazy``) need
+        # its step time from sums, and multi-step groups its scheduling cost
         self._roofline = roofline if step_time is None else None
-        # what a later step of a multi-step group saves (a given step-time model: nothing)
-        self._scheduling_s = roofline.scheduling_s if step_time is None else (lambda _n: 0.0)
+        #: keep decodes with nothing to do out of the per-step passes in virtual-time
+        #: steps (same results; False visits every request every step)
+        self.steady_decodes = True
 
         usable = config.gpu_memory_utilization * gpu.hbm_bytes
         weights = weight_bytes_per_rank(model, tp, config.quantization)
@@ -447,7 +449,7 @@ class Engine:
         if not sched.has_work():
             return None
         # without per-token events, decodes with nothing to do may stay steady
-        sched.lazy = events is None and self._roofline is not None
+        sched.lazy = events is None and self.steady_decodes and self._roofline is not None
         # the time up to which arrivals are seen: with overlap scheduling, a step that
         # follows another back to back was chosen while that one ran, at its start
         busy = self._overlap and now_s <= self._last_end_s + _BACK_TO_BACK_S
@@ -474,8 +476,8 @@ class Engine:
             duration_s = self._roofline.step_time_s(batch.seqs, batch.emitting, batch.steady, batch.steady_context)
         else:
             duration_s = self._step_time.step_time_s(batch.seqs, batch.emitting)
-        if batch.continuation:  # scheduled with the group's first step
-            duration_s -= self._scheduling_s(batch.num_seqs)
+        if batch.continuation and self._roofline is not None:  # scheduled with the group's first step
+            duration_s -= self._roofline.scheduling_s(batch.num_seqs)
         intake, active = self._intake_queue, self._active
         while intake and intake[0][0] <= seen_s + 1e-9:
             _, cost, rid = intake.popleft()

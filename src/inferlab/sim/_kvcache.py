@@ -118,14 +118,7 @@ class KVCacheManager:
         if cached:
             req.num_cached_blocks = len(cached)
         for _ in range(num_new):
-            b = self._free.popitem(last=False)[0]
-            old_hash = self._block_hash[b]
-            if old_hash is not None:  # evict the prefix this block still held
-                if self._cached.get(old_hash) == b:
-                    del self._cached[old_hash]
-                self._block_hash[b] = None
-            ref[b] = 1
-            block_ids.append(b)
+            block_ids.append(self._take_free_block())
         if self.enable_prefix_caching and req.num_cached_blocks < len(req.block_hashes):
             self._cache_full_blocks(req, num_tokens)
         return True
@@ -134,18 +127,21 @@ class KVCacheManager:
         """One more block at the end of ``req``'s: ``allocate`` for a decode whose next
         token starts a new block (its prompt blocks already registered), without the
         general bookkeeping. False, changing nothing, when no block is free."""
-        free = self._free
-        if not free:
+        if not self._free:
             return False
-        b = free.popitem(last=False)[0]
+        req.block_ids.append(self._take_free_block())
+        return True
+
+    def _take_free_block(self) -> int:
+        """The least recently freed block, now held once; its cached prefix is evicted."""
+        b = self._free.popitem(last=False)[0]
         old_hash = self._block_hash[b]
-        if old_hash is not None:  # evict the prefix this block still held
+        if old_hash is not None:
             if self._cached.get(old_hash) == b:
                 del self._cached[old_hash]
             self._block_hash[b] = None
         self._ref_counts[b] = 1
-        req.block_ids.append(b)
-        return True
+        return b
 
     def _cache_full_blocks(self, req: KVRequest, num_tokens: int) -> None:
         """Register the hashes of ``req``'s blocks that ``num_tokens`` tokens fill, as far

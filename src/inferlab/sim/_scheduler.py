@@ -54,7 +54,6 @@ class Request:
         "ready_s",
         "request_id",
         "seq",
-        "steady_c0",
         "steady_exit",
         "steady_tick",
         "token_times",
@@ -85,7 +84,6 @@ class Request:
         self.seq = 0  # admission order (the order of ``running``)
         self.steady_tick = -1  # steady since this tick (-1: not steady) ...
         self.steady_exit = 0  # ... until this one
-        self.steady_c0 = 0  # num_computed_tokens - steady_tick when it became steady
 
 
 @dataclass(frozen=True)
@@ -136,7 +134,9 @@ class Scheduler:
         self.tick = 0  # decode ticks so far: steps that ran every steady decode
         self._tick_ends: list[float] = []  # each tick's end time
         self._steady_n = 0
-        self._steady_c0 = 0  # Σ steady_c0: their context at tick t is this + n·t
+        # Σ (num_computed_tokens - steady_tick) over them (counters stay as they were
+        # when they became steady): their context at tick t is this + n·t
+        self._steady_c0 = 0
         self._due: dict[int, list[Request]] = {}  # tick -> requests whose steadiness ends
         self._busy: dict[int, Request] = {}  # running requests that are not steady, by id
 
@@ -409,19 +409,15 @@ class Scheduler:
             del busy[id(req)]
             req.steady_tick = tick
             req.steady_exit = tick + steps
-            req.steady_c0 = computed - tick
             self._steady_n += 1
             self._steady_c0 += computed - tick
-            bucket = due.get(tick + steps)
-            if bucket is None:
-                due[tick + steps] = [req]
-            else:
-                bucket.append(req)
+            due.setdefault(tick + steps, []).append(req)
 
     def _wake(self, req: Request) -> None:
         """Write a steady request's counters and token times up to this tick; it is an
         ordinary running request again."""
         t0, t = req.steady_tick, self.tick
+        self._steady_c0 -= req.num_computed_tokens - t0
         if t > t0:
             n = t - t0
             req.num_computed_tokens += n
@@ -430,7 +426,6 @@ class Scheduler:
             if req.token_times is not None:
                 req.token_times.extend(self._tick_ends[t0:t])
         self._steady_n -= 1
-        self._steady_c0 -= req.steady_c0
         req.steady_tick = -1
         self._busy[id(req)] = req
 
