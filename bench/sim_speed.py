@@ -21,6 +21,7 @@ import math
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -60,6 +61,16 @@ def virtual(n: int) -> None:
     print(f"    of which simulate {t1 - t0:.2f} s, summarize {t2 - t1:.2f} s")
     print(f"  engine alone (run_virtual):       {engine_only:6.2f} s wall  {n / engine_only:8.0f} req/s")
     print(f"  ratio sim-run / engine-alone: {wall / engine_only:.2f}")
+
+    # what a user waits for: the command itself, start-up and results files included
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "inferlab", "sim", "run", "--rate", "inf", "--num-requests", str(n),
+               "--input-tokens", "1000", "--output-tokens", "250", "--out", out]
+        t4 = time.perf_counter()
+        subprocess.run(cmd, capture_output=True, check=True, timeout=600)
+        cli = time.perf_counter() - t4
+    print(f"  `inferlab sim run --out DIR` command: {cli:6.2f} s wall  {n / cli:8.0f} req/s  "
+          f"(ratio to engine alone {cli / engine_only:.2f})")
 
 
 def realtime(streams: int, per_stream: int) -> None:

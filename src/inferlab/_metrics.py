@@ -9,8 +9,8 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from itertools import repeat
 from operator import mul, sub, truediv
 from typing import Any
@@ -53,8 +53,13 @@ class RequestMetrics:
     tpot_ms: float | None
     decode_tps: float | None
     queue_delay_ms: float | None
-    itl_ms: list[float]
+    content_ns: Sequence[int] = field(repr=False)
     output_tokens: int | None
+
+    @property
+    def itl_ms(self) -> list[float]:
+        """Gaps between consecutive content chunks."""
+        return list(map(truediv, itl_ns(self.content_ns), repeat(NS_PER_MS)))
 
 
 def output_token_count(r: RequestRecord) -> int | None:
@@ -78,9 +83,12 @@ def request_metrics(r: RequestRecord) -> RequestMetrics:
         decode_ms = e2e - ttft
         tpot = decode_ms / (n_out - 1)
         decode_tps = (n_out - 1) / (decode_ms / 1e3) if decode_ms > 0 else None
-    c = r.content_ns
-    itl = list(map(truediv, map(sub, c[1:], c), repeat(NS_PER_MS)))  # (in C: per token)
-    return RequestMetrics(since_send(r.ttfb_ns), ttft, e2e, tpot, decode_tps, queue_delay_ms(r), itl, n_out)
+    return RequestMetrics(since_send(r.ttfb_ns), ttft, e2e, tpot, decode_tps, queue_delay_ms(r), r.content_ns, n_out)
+
+
+def itl_ns(content_ns: Sequence[int]) -> Iterator[int]:
+    """The gaps between consecutive content chunks, in ns (lazily, in C)."""
+    return map(sub, itertools.islice(content_ns, 1, None), content_ns)
 
 
 def queue_delay_ms(r: RequestRecord) -> float | None:
@@ -97,8 +105,8 @@ def distribution(values: Iterable[float]) -> dict[str, float] | None:
     if n == 0:
         return None
     mean = math.fsum(xs) / n
-    dev = list(map(sub, xs, repeat(mean, n)))  # (in C: ITL has a value per token)
-    std = math.sqrt(math.fsum(map(mul, dev, dev)) / n)
+    # (in C, no intermediate list: ITL has a value per token)
+    std = math.sqrt(math.fsum(map(mul, map(sub, xs, repeat(mean)), map(sub, xs, repeat(mean)))) / n)
     out = {"mean": mean, "std": std, "min": xs[0]}
     for q in (50, 90, 95, 99):
         out[f"p{q}"] = percentile(xs, q)
@@ -176,7 +184,7 @@ def summarize(
         "ttft_ms": distribution(_present(m.ttft_ms for m in per)),
         "e2e_ms": distribution(_present(m.e2e_ms for m in per)),
         "tpot_ms": distribution(_present(m.tpot_ms for m in per)),
-        "itl_ms": distribution(itertools.chain.from_iterable(m.itl_ms for m in per)),
+        "itl_ms": distribution(map(truediv, itertools.chain.from_iterable(map(itl_ns, (r.content_ns for r in done))), repeat(NS_PER_MS))),
         "decode_tps": distribution(_present(m.decode_tps for m in per)),
         "queue_delay_ms": distribution(
             _present(queue_delay_ms(r) for r in measured)

@@ -13,6 +13,7 @@ server's own ``/tokenize`` counts as one token each (exact lengths), or
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from array import array
@@ -47,7 +48,13 @@ def words(key: str, n: int, vocab: tuple[str, ...] = WORDS) -> list[str]:
     idx = array("H", raw[: 2 * n])
     if sys.byteorder == "big":
         idx.byteswap()  # the same words on every machine
-    return list(map(vocab.__getitem__, map(mod, idx, repeat(len(vocab)))))  # (in C)
+    return list(map(_index_table(vocab).__getitem__, idx))  # (in C)
+
+
+@functools.lru_cache(maxsize=8)
+def _index_table(vocab: tuple[str, ...]) -> list[str]:
+    """``vocab[i % len(vocab)]`` for every 16-bit ``i``: one lookup per word."""
+    return [vocab[i] for i in map(mod, range(1 << 16), repeat(len(vocab)))]
 
 
 class PromptBuilder:

@@ -117,8 +117,8 @@ class KVCacheManager:
             block_ids.append(b)
         if cached:
             req.num_cached_blocks = len(cached)
-        for _ in range(num_new):
-            block_ids.append(self._take_free_block())
+        if num_new > 0:
+            block_ids += self._take_free_blocks(num_new)
         if self.enable_prefix_caching and req.num_cached_blocks < len(req.block_hashes):
             self._cache_full_blocks(req, num_tokens)
         return True
@@ -129,19 +129,24 @@ class KVCacheManager:
         general bookkeeping. False, changing nothing, when no block is free."""
         if not self._free:
             return False
-        req.block_ids.append(self._take_free_block())
+        req.block_ids += self._take_free_blocks(1)
         return True
 
-    def _take_free_block(self) -> int:
-        """The least recently freed block, now held once; its cached prefix is evicted."""
-        b = self._free.popitem(last=False)[0]
-        old_hash = self._block_hash[b]
-        if old_hash is not None:
-            if self._cached.get(old_hash) == b:
-                del self._cached[old_hash]
-            self._block_hash[b] = None
-        self._ref_counts[b] = 1
-        return b
+    def _take_free_blocks(self, n: int) -> list[int]:
+        """The ``n`` least recently freed blocks, now held once each; their cached
+        prefixes are evicted. The caller has checked that ``n`` are free."""
+        popitem, block_hash, cached, ref = self._free.popitem, self._block_hash, self._cached, self._ref_counts
+        taken = []
+        for _ in range(n):
+            b = popitem(last=False)[0]
+            old_hash = block_hash[b]
+            if old_hash is not None:
+                if cached.get(old_hash) == b:
+                    del cached[old_hash]
+                block_hash[b] = None
+            ref[b] = 1
+            taken.append(b)
+        return taken
 
     def _cache_full_blocks(self, req: KVRequest, num_tokens: int) -> None:
         """Register the hashes of ``req``'s blocks that ``num_tokens`` tokens fill, as far
