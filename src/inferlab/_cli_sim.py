@@ -266,7 +266,10 @@ def _presets(as_json: bool) -> int:
     for name in model_names():
         spec = resolve_model(name)
         models.append({
-            "name": spec.name, "params_billions": spec.params_total / 1e9, "layers": spec.num_layers,
+            "name": spec.name, "params_billions": spec.params_total / 1e9,
+            "active_params_billions": (spec.params_total - spec.num_layers * (spec.params_per_layer - spec.active_params_per_layer)) / 1e9,
+            "experts": f"{spec.experts_per_token} of {spec.num_experts}" if spec.num_experts else None,
+            "layers": spec.num_layers,
             "kv_heads": spec.num_kv_heads, "kv_bytes_per_token_bf16": kv_bytes_per_token(spec, 1),
             "context": spec.max_position_embeddings,
         })
@@ -283,13 +286,20 @@ def _presets(as_json: bool) -> int:
                   f"{g['memory_gib']:.0f}", f"{g['memory_tb_per_s']:.2f}", f"{g['link_gb_per_s']:.0f}")
     out.print(t)
     t = Table(title="Models (--model NAME or its HF id, or a config.json path)")
-    for col in ("name", "params B", "layers", "KV heads", "KV KiB/tok", "context"):
+    # parameters in billions: all of them, and (mixture of experts) those a token runs
+    for col in ("name", "params B", "active B", "layers", "KV heads", "KV KiB /tok", "max len"):
         t.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name")
     for m in models:
-        t.add_row(m["name"], f"{m['params_billions']:.1f}", str(m["layers"]), str(m["kv_heads"]),
-                  f"{m['kv_bytes_per_token_bf16'] / 1024:.0f}", f"{m['context']:,}")
+        active = f"{m['active_params_billions']:.1f}" if m["experts"] else "—"
+        t.add_row(m["name"], f"{m['params_billions']:.1f}", active, str(m["layers"]), str(m["kv_heads"]),
+                  f"{m['kv_bytes_per_token_bf16'] / 1024:.0f}", _tokens_short(m["context"]))
     out.print(t)
     return 0
+
+
+def _tokens_short(n: int) -> str:
+    """A context length as people write it: 32K (32,768), 128K, 4K; others with commas."""
+    return f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}"
 
 
 def engine_line(engine: Engine) -> str:

@@ -64,6 +64,70 @@ def test_added_presets_have_their_published_sizes(model: str, published_billions
     assert resolve_model(model).params_total / 1e9 == pytest.approx(published_billions, rel=0.02)
 
 
+@pytest.mark.parametrize(
+    ("model", "total_billions", "active_billions"),
+    [  # total and activated parameters as their model cards state them
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 46.7, 12.9),
+        ("mistralai/Mixtral-8x22B-Instruct-v0.1", 141, 39),
+        ("Qwen/Qwen3-30B-A3B", 30.5, 3.3),
+        ("Qwen/Qwen3-235B-A22B", 235, 22),
+        ("Qwen/Qwen1.5-MoE-A2.7B-Chat", 14.3, 2.7),
+        ("zai-org/GLM-4.5-Air", 106, 12),
+    ],
+)
+def test_mixture_of_experts_presets_have_their_published_sizes(
+    model: str, total_billions: float, active_billions: float
+) -> None:
+    spec = resolve_model(model)
+    assert spec.params_total / 1e9 == pytest.approx(total_billions, rel=0.02)
+    active = spec.num_layers * spec.active_params_per_layer + spec.params_total - spec.num_layers * spec.params_per_layer
+    # (GLM's card rounds 12.x down and leaves its 1.2B of embedding and LM head out)
+    assert active / 1e9 == pytest.approx(active_billions, rel=0.05 if "GLM" not in model else 0.12)
+
+
+def _moe_config(experts: int, top_k: int) -> dict[str, object]:
+    return {  # a Mixtral-style layout: every layer's MLP is ``experts`` SwiGLU experts
+        "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000,
+        "num_local_experts": experts, "num_experts_per_tok": top_k,
+    }
+
+
+def test_mixture_of_experts_reads_the_chosen_experts_and_computes_the_active_ones(tmp_path: Path) -> None:
+    """Decode at batch 1 streams the weights of the 2 experts a token chose, so Mixtral
+    decodes like a ~13B dense model; a large batch touches every expert, and its prefill
+    does the FLOPs of the active parameters, not of all 47B."""
+    (tmp_path / "moe.json").write_text(json.dumps(_moe_config(8, 2)))
+    dense_cfg = {**_moe_config(8, 2), "intermediate_size": 8 * 14336}  # all 47B in every token's path
+    del dense_cfg["num_local_experts"], dense_cfg["num_experts_per_tok"]
+    (tmp_path / "dense.json").write_text(json.dumps(dense_cfg))
+    moe, dense = (RooflineStepTime(resolve_model(str(tmp_path / f)), resolve_gpu("H100"), tp=2) for f in ("moe.json", "dense.json"))
+    assert moe.model.params_total == pytest.approx(dense.model.params_total, rel=1e-3)
+    one = [(1, 1000)]
+    assert moe.step_time_s(one, 1) < 0.45 * dense.step_time_s(one, 1)
+    # 256 decodes choose nearly every expert: the weights read approach the dense twin's
+    many = [(1, 1000)] * 256
+    assert moe.step_time_s(many, 256) > 0.8 * dense.step_time_s(many, 256)
+    prefill = [(8192, 0)]
+    assert moe.step_time_s(prefill, 1) < 0.5 * dense.step_time_s(prefill, 1)
+
+
+def test_mixture_of_experts_weights_all_count_against_memory() -> None:
+    mixtral = resolve_model("Mixtral-8x7B")
+    assert weight_bytes_per_rank(mixtral, 1) / 2**30 == pytest.approx(2 * 46.7e9 / 2**30, rel=0.02)
+    with pytest.raises(ValueError, match="weights need"):
+        from inferlab.sim._engine import Engine, EngineConfig
+
+        Engine(EngineConfig(model="Mixtral-8x7B", gpu="H100"))  # 87 GiB on one 80 GB card
+
+
+def test_latent_attention_models_are_refused_by_name(tmp_path: Path) -> None:
+    cfg = {**_moe_config(256, 8), "kv_lora_rank": 512, "n_routed_experts": 256}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UsageError, match="latent attention"):
+        resolve_model(str(tmp_path))
+
+
 def test_model_from_a_config_json(tmp_path: Path) -> None:
     cfg = {
         "num_hidden_layers": 2,

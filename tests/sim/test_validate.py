@@ -184,6 +184,12 @@ def test_an_engine_named_anywhere_in_the_cell_picks_its_family() -> None:
     assert parse_row(row(engine="Triton Inference Server (vLLM backend)")).family == "vllm"
 
 
+def test_mixture_of_experts_rows_run_on_their_presets() -> None:
+    assert parse_row(row(model="mistralai/Mixtral-8x7B-Instruct-v0.1", tp="2", num_gpus="2")).model == "Mixtral-8x7B"
+    assert parse_row(row(model="Mixtral 8x22B (doc name)", tp="8", num_gpus="8")).model == "Mixtral-8x22B"
+    assert parse_row(row(model="Qwen/Qwen3-30B-A3B")).model == "Qwen3-30B-A3B"
+
+
 def test_a_distilled_dense_model_is_not_taken_for_its_moe_teacher() -> None:
     assert parse_row(row(model="deepseek-ai/DeepSeek-R1-Distill-Qwen-32B")).model == "Qwen2.5-32B-Instruct"
     with pytest.raises(ScenarioError, match="mixture-of-experts"):
@@ -193,8 +199,9 @@ def test_a_distilled_dense_model_is_not_taken_for_its_moe_teacher() -> None:
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [
-        ({"model": "mistralai/Mixtral-8x7B-Instruct-v0.1"}, "mixture-of-experts"),
-        ({"model": "Qwen/Qwen3-30B-A3B"}, "mixture-of-experts"),
+        ({"model": "deepseek-ai/DeepSeek-V3"}, "mixture-of-experts"),  # latent attention
+        ({"model": "openai/gpt-oss-120b"}, "mixture-of-experts"),
+        ({"engine_config": "--tp-size 4 --ep-size 4"}, "expert-parallel"),
         ({"model": "tiiuae/falcon-40b-instruct"}, "no preset"),
         ({"gpu": "AMD MI300X"}, "GPU"),
         ({"gpu": "NVIDIA A10G (AWS)"}, "GPU"),

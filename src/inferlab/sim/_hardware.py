@@ -72,7 +72,14 @@ _VARIANT_SUFFIXES = ("-instruct", "-chat", "-hf", "-it")
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shapes of a dense decoder-only transformer (parameter counts exclude norms/biases)."""
+    """Shapes of a decoder-only transformer (parameter counts exclude norms/biases).
+
+    Mixture of experts: ``moe_layers`` of the layers replace their SwiGLU MLP of
+    ``intermediate_size`` by ``num_experts`` routed experts of
+    ``expert_intermediate_size`` (each token runs ``experts_per_token`` of them) plus an
+    always-on shared expert of ``shared_intermediate_size``. ``params_per_layer`` is the
+    mean over layers of every weight, all experts included (memory); a dense model has
+    ``num_experts`` 0."""
 
     name: str
     num_layers: int
@@ -85,6 +92,33 @@ class ModelSpec:
     params_per_layer: int
     tie_word_embeddings: bool
     max_position_embeddings: int
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    shared_intermediate_size: int = 0
+    moe_layers: int = 0
+
+    @property
+    def routed_params_per_layer(self) -> float:
+        """Mean over layers of the routed experts' weights (all of them)."""
+        return self.moe_layers * self.num_experts * 3 * self.hidden_size * self.expert_intermediate_size / self.num_layers
+
+    @property
+    def active_params_per_layer(self) -> float:
+        """Mean over layers of the weights one token runs through."""
+        if not self.num_experts:
+            return float(self.params_per_layer)
+        routed = self.routed_params_per_layer
+        return self.params_per_layer - routed + routed * self.experts_per_token / self.num_experts
+
+    @property
+    def mlp_width_per_token(self) -> float:
+        """Mean over layers of the MLP intermediate width one token computes (activations)."""
+        if not self.num_experts:
+            return float(self.intermediate_size)
+        moe = self.experts_per_token * self.expert_intermediate_size + self.shared_intermediate_size
+        dense = self.num_layers - self.moe_layers
+        return (dense * self.intermediate_size + self.moe_layers * moe) / self.num_layers
 
     @property
     def embedding_params(self) -> int:
@@ -126,7 +160,7 @@ _QUANT_SUFFIX = re.compile(
 
 
 def _normalize(name: str) -> str:
-    name = name.strip().lower()
+    name = "-".join(name.strip().lower().split())  # 'Mixtral 8x7B' is 'mixtral-8x7b'
     name = _QUANT_SUFFIX.sub("", name)
     stripped = True
     while stripped:  # -chat-hf, -instruct-2407, ...
@@ -161,27 +195,64 @@ def _params_per_layer(hidden: int, heads: int, kv_heads: int, head_dim: int, int
     return attention + 3 * hidden * inter  # SwiGLU gate, up, down
 
 
+def _moe_shape(cfg: dict[str, Any], layers: int, hidden: int, inter: int) -> tuple[int, int, int, int, int, int]:
+    """(experts, experts per token, expert width, shared width, MoE layers, dense-layer
+    width) from the config keys of Mixtral, Qwen-MoE, GLM-4.5 / DeepSeek-style and
+    Llama 4 checkpoints; experts 0 for a dense model."""
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
+    if experts <= 1:
+        return 0, 0, 0, 0, 0, inter
+    top_k = int(cfg["num_experts_per_tok"])
+    width = int(cfg.get("moe_intermediate_size") or inter)
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    shared += int(cfg.get("n_shared_experts") or 0) * width
+    dense_width = inter
+    if str(cfg.get("model_type", "")).startswith("llama4"):
+        shared = inter  # every MoE layer also runs a shared expert as wide as one expert
+        dense_width = int(cfg.get("intermediate_size_mlp") or inter)
+    step = int(cfg.get("decoder_sparse_step") or cfg.get("interleave_moe_layer_step") or 1)
+    dense = {*range(int(cfg.get("first_k_dense_replace") or 0)), *(cfg.get("mlp_only_layers") or [])}
+    moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"num_experts_per_tok {top_k} of {experts} experts")
+    return experts, top_k, width, shared, moe_layers, dense_width
+
+
 def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
-    if any(k in cfg for k in ("num_local_experts", "num_experts", "n_routed_experts")):
-        raise UsageError(f"{name}: mixture-of-experts models are not supported by the simulator")
+    if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
+        cfg = cfg["text_config"]  # a multimodal checkpoint's language model
+    if cfg.get("kv_lora_rank"):
+        raise UsageError(f"{name}: multi-head latent attention (DeepSeek-V2/V3 style) is not simulated")
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         head_dim = int(cfg.get("head_dim") or hidden // heads)
         inter = int(cfg["intermediate_size"])
+        layers = int(cfg["num_hidden_layers"])
+        experts, top_k, width, shared, moe_layers, dense_width = _moe_shape(cfg, layers, hidden, inter)
+        per_layer = _params_per_layer(hidden, heads, kv_heads, head_dim, dense_width)
+        if experts:
+            attention = _params_per_layer(hidden, heads, kv_heads, head_dim, 0)
+            moe_layer = attention + hidden * experts + 3 * hidden * (experts * width + shared)  # router too
+            per_layer = round(((layers - moe_layers) * per_layer + moe_layers * moe_layer) / layers)
         return ModelSpec(
             name=name,
-            num_layers=int(cfg["num_hidden_layers"]),
+            num_layers=layers,
             hidden_size=hidden,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            intermediate_size=inter,
+            intermediate_size=dense_width,
             vocab_size=int(cfg["vocab_size"]),
-            params_per_layer=_params_per_layer(hidden, heads, kv_heads, head_dim, inter),
+            params_per_layer=per_layer,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position_embeddings=int(cfg.get("max_position_embeddings") or 2**31 - 1),
+            num_experts=experts,
+            experts_per_token=top_k,
+            expert_intermediate_size=width,
+            shared_intermediate_size=shared,
+            moe_layers=moe_layers,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{name}: not a usable model config ({e!r} missing or invalid)") from e

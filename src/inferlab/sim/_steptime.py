@@ -53,6 +53,12 @@ class Efficiencies:
     cpu_step_eager_s: float = 2.0e-3  # the same without CUDA graphs / older engines: ~2 ms
     eager_launch_per_layer_s: float = 30e-6  # eager launch gaps: ~10 kernels x 3 µs per layer
     per_seq_s: float = 5e-6  # host cost per scheduled sequence (inputs, outputs): 1–10 µs
+    # Mixture of experts: the fused expert GEMMs (one grouped kernel over every expert a
+    # step's tokens chose) run at this fraction of the dense GEMMs' rate, computing and
+    # streaming weights alike; routing (top-k softmax, sorting tokens by expert) and the
+    # second kernel launch cost a fixed time per MoE layer.
+    moe_gemm_factor: float = 0.80
+    moe_routing_per_layer_s: float = 15e-6
     # Serving over HTTP, per sequence that streams a token: the API server detokenizes and
     # writes an SSE chunk (tens of µs of Python, an estimate). Fit: ITL rising 0.15-0.19 ms per extra
     # stream at small batch (vLLM 0.11, SGLang 0.3/0.4), TPOT 2x the GPU's at 600-1000
@@ -251,7 +257,7 @@ def activation_reserve_bytes(
     """Memory kept out of the KV cache: fixed reserve plus a profile-run activation peak
     (hidden states and the gate/up output for a full token budget, fp32 logits and
     probabilities for ``max_num_seqs`` sampled sequences)."""
-    per_token = _ACT_BYTES * (4 * model.hidden_size + 2 * model.intermediate_size // tp)
+    per_token = _ACT_BYTES * (4 * model.hidden_size + 2 * model.mlp_width_per_token / tp)
     logits = max_num_seqs * model.vocab_size * 4 * 2
     return eff.reserve_fixed_bytes + max_num_batched_tokens * per_token + logits
 
@@ -287,25 +293,36 @@ class RooflineStepTime:
             )
         eff = efficiencies
         p = resolve_precision(gpu, dtype, quantization, kv_cache_dtype, eff)
-        h, inter, hd = model.hidden_size, model.intermediate_size, model.head_dim
+        h, inter, hd = model.hidden_size, model.mlp_width_per_token, model.head_dim
         heads, kv_heads = model.num_heads // tp, kv_heads_per_rank(model, tp)
         bw = gpu.hbm_bytes_per_s
         self.model, self.gpu, self.tp, self.precision, self.eff = model, gpu, tp, p, eff
         self.num_layers = model.num_layers
         # GEMMs, per layer: seconds per token of compute, fixed seconds for the weights,
         # seconds per token of activation traffic (inputs and outputs of the 4 GEMMs).
-        self._gemm_s_per_token = (
-            2 * model.params_per_layer / tp / (p.gemm_flops_per_s * p.gemm_compute)
-        )
-        self._weights_s = model.params_per_layer * p.bytes_per_weight / tp / (bw * p.weight_stream)
-        gemm_act_elems = 4 * h + ((heads + 2 * kv_heads) * hd + heads * hd + 3 * inter // tp)
+        # Routed experts (mean per layer): a token computes through experts_per_token of
+        # them; a step reads the weights of every expert at least one of its T tokens
+        # chose, E·(1 − (1 − k/E)^T) of E in expectation.
+        routed = model.routed_params_per_layer
+        dense = model.params_per_layer - routed
+        flops = p.gemm_flops_per_s * p.gemm_compute
+        stream = bw * p.weight_stream
+        moe = eff.moe_gemm_factor
+        self._gemm_s_per_token = 2 * (dense + routed / moe * model.experts_per_token / max(1, model.num_experts)) / tp / flops
+        self._weights_s = dense * p.bytes_per_weight / tp / stream
+        self._experts_s = routed * p.bytes_per_weight / tp / (stream * moe)
+        self._expert_missed = 1 - model.experts_per_token / model.num_experts if model.num_experts else 1.0
+        # tokens permuted into expert order and back: k copies of the hidden state each way
+        permute = 2 * model.experts_per_token * h if model.num_experts else 0
+        gemm_act_elems = 4 * h + ((heads + 2 * kv_heads) * hd + heads * hd + 3 * inter / tp) + permute
         act_bw = bw * eff.activation_stream
         self._gemm_act_s_per_token = _ACT_BYTES * gemm_act_elems / act_bw
+        self._routing_s = eff.moe_routing_per_layer_s * model.moe_layers / model.num_layers
         # Attention: compute per unit of Σ q_i·(c_i + (q_i+1)/2), memory per KV token touched.
         self._attn_s_per_unit = 4 * heads * hd / (gpu.bf16_flops_per_s * eff.attention_compute)
         self._kv_s_per_token = 2 * kv_heads * hd * p.kv_bytes / (bw * eff.kv_stream)
         # Elementwise: 2 norms, 2 residual adds, rope on q/k, SiLU-and-mul.
-        ew_elems = 10 * h + 2 * (heads + kv_heads) * hd + 3 * inter // tp
+        ew_elems = 10 * h + 2 * (heads + kv_heads) * hd + 3 * inter / tp
         self._ew_s_per_token = _ACT_BYTES * ew_elems / act_bw
         # Two ring all-reduces of the hidden state per layer.
         ring = 2 * (tp - 1) / tp
@@ -339,16 +356,16 @@ class RooflineStepTime:
         # Σ q·(c + (q+1)/2), exactly, from integer sums
         attn_units = (2 * (sum(map(mul, qs, cs)) + decode_context) + sum(map(mul, qs, qs)) + decodes + tokens) / 2
         eff = self.eff
-        gemm = _knee(
-            tokens * self._gemm_s_per_token,
-            self._weights_s + tokens * self._gemm_act_s_per_token,
-        )
+        weights = self._weights_s
+        if self._experts_s:
+            weights += self._experts_s * (1 - self._expert_missed**tokens)
+        gemm = _knee(tokens * self._gemm_s_per_token, weights + tokens * self._gemm_act_s_per_token)
         # KV read for cached context plus the new tokens' K/V written and attended to.
         attention = _knee(
             attn_units * self._attn_s_per_unit, (context + tokens) * self._kv_s_per_token
         )
         elementwise = _knee(eff.elementwise_per_layer_s, tokens * self._ew_s_per_token)
-        layer = gemm + attention + elementwise + self._eager_layer_s
+        layer = gemm + attention + elementwise + self._eager_layer_s + self._routing_s
         if self.tp > 1:
             layer += 2 * (eff.allreduce_latency_s + tokens * self._ar_s_per_token)
         total = self.num_layers * layer
