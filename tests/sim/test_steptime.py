@@ -85,6 +85,26 @@ def test_mixture_of_experts_presets_have_their_published_sizes(
     assert active / 1e9 == pytest.approx(active_billions, rel=0.05 if "GLM" not in model else 0.12)
 
 
+@pytest.mark.parametrize(("experts", "step", "total_billions"), [(16, 1, 109), (128, 2, 400)])
+def test_a_llama4_checkpoint_config_reads_its_text_model(
+    tmp_path: Path, experts: int, step: int, total_billions: float
+) -> None:
+    """Llama 4 Scout (16 experts in every layer) and Maverick (128 in every other layer):
+    17B active parameters each, as Meta's cards state; the config nests the language
+    model under ``text_config``."""
+    text = {
+        "model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48,
+        "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 8192, "intermediate_size_mlp": 16384, "vocab_size": 202048,
+        "num_local_experts": experts, "num_experts_per_tok": 1, "interleave_moe_layer_step": step,
+    }
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama4", "text_config": text}))
+    spec = resolve_model(str(tmp_path))
+    active = spec.params_total - spec.num_layers * (spec.params_per_layer - spec.active_params_per_layer)
+    assert spec.params_total / 1e9 == pytest.approx(total_billions, rel=0.02)
+    assert active / 1e9 == pytest.approx(17, rel=0.03)
+
+
 def _moe_config(experts: int, top_k: int) -> dict[str, object]:
     return {  # a Mixtral-style layout: every layer's MLP is ``experts`` SwiGLU experts
         "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
@@ -121,10 +141,13 @@ def test_mixture_of_experts_weights_all_count_against_memory() -> None:
         Engine(EngineConfig(model="Mixtral-8x7B", gpu="H100"))  # 87 GiB on one 80 GB card
 
 
-def test_latent_attention_models_are_refused_by_name(tmp_path: Path) -> None:
+def test_architectures_the_model_does_not_cover_are_refused_by_name(tmp_path: Path) -> None:
     cfg = {**_moe_config(256, 8), "kv_lora_rank": 512, "n_routed_experts": 256}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UsageError, match="latent attention"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({**_moe_config(32, 4), "model_type": "gpt_oss"}))
+    with pytest.raises(UsageError, match="gpt-oss"):
         resolve_model(str(tmp_path))
 
 

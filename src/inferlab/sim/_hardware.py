@@ -223,6 +223,8 @@ def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
         cfg = cfg["text_config"]  # a multimodal checkpoint's language model
     if cfg.get("kv_lora_rank"):
         raise UsageError(f"{name}: multi-head latent attention (DeepSeek-V2/V3 style) is not simulated")
+    if cfg.get("model_type") == "gpt_oss":
+        raise UsageError(f"{name}: gpt-oss (MXFP4 experts, attention sinks, sliding windows) is not simulated")
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])
