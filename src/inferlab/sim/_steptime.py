@@ -30,6 +30,9 @@ from inferlab.sim._hardware import GpuSpec, ModelSpec
 _GIB = 2**30
 _ACT_BYTES = 2  # activations, LM head and embedding stay bf16 under every quantization
 _INT4_BYTES_PER_WEIGHT = 0.52  # 4-bit weights + fp16 group-128 scales/zeros
+# No kernel streams faster than a copy: BabelStream reaches ~0.92 of datasheet bandwidth
+# on GDDR cards, the ceiling for their scaled streaming shares (``GpuSpec.stream_factor``).
+_STREAM_CEILING = 0.92
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,19 @@ class RooflineStepTime:
         h, inter, hd = model.hidden_size, model.mlp_width_per_token, model.head_dim
         heads, kv_heads = model.num_heads // tp, kv_heads_per_rank(model, tp)
         bw = gpu.hbm_bytes_per_s
+        if gpu.stream_factor != 1.0:  # GDDR cards: each streaming share scaled, below the copy ceiling
+            f = gpu.stream_factor
+
+            def scaled(share: float) -> float:
+                return min(share * f, _STREAM_CEILING)
+
+            p = dataclasses.replace(p, weight_stream=scaled(p.weight_stream))
+            eff = dataclasses.replace(
+                eff,
+                weight_stream=scaled(eff.weight_stream),
+                kv_stream=scaled(eff.kv_stream),
+                activation_stream=scaled(eff.activation_stream),
+            )
         self.model, self.gpu, self.tp, self.precision, self.eff = model, gpu, tp, p, eff
         self.num_layers = model.num_layers
         # GEMMs, per layer: seconds per token of compute, fixed seconds for the weights,
