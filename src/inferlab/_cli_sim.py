@@ -267,7 +267,7 @@ def _presets(as_json: bool) -> int:
         spec = resolve_model(name)
         models.append({
             "name": spec.name, "params_billions": spec.params_total / 1e9,
-            "active_params_billions": (spec.params_total - spec.num_layers * (spec.params_per_layer - spec.active_params_per_layer)) / 1e9,
+            "active_params_billions": spec.active_params_total / 1e9,
             "experts": f"{spec.experts_per_token} of {spec.num_experts}" if spec.num_experts else None,
             "layers": spec.num_layers,
             "kv_heads": spec.num_kv_heads, "kv_bytes_per_token_bf16": kv_bytes_per_token(spec, 1),

@@ -45,7 +45,10 @@ class SLO:
 
 @dataclass(frozen=True)
 class RequestMetrics:
-    """Derived per-request metrics, in ms (``None``: not defined for this request)."""
+    """Derived per-request metrics, in ms (``None``: not defined for this request).
+
+    ``content_ns`` is the record's own list (not a copy: ITL has a value per token), so
+    ``itl_ms`` follows the record if the record changes."""
 
     ttfb_ms: float | None
     ttft_ms: float | None

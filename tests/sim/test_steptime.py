@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -65,24 +66,61 @@ def test_added_presets_have_their_published_sizes(model: str, published_billions
 
 
 @pytest.mark.parametrize(
-    ("model", "total_billions", "active_billions"),
+    ("model", "total_billions", "active_billions", "card_counts_embeddings"),
     [  # total and activated parameters as their model cards state them
-        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 46.7, 12.9),
-        ("mistralai/Mixtral-8x22B-Instruct-v0.1", 141, 39),
-        ("Qwen/Qwen3-30B-A3B", 30.5, 3.3),
-        ("Qwen/Qwen3-235B-A22B", 235, 22),
-        ("Qwen/Qwen1.5-MoE-A2.7B-Chat", 14.3, 2.7),
-        ("zai-org/GLM-4.5-Air", 106, 12),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", 46.7, 12.9, True),
+        ("mistralai/Mixtral-8x22B-Instruct-v0.1", 141, 39, True),
+        ("Qwen/Qwen3-30B-A3B", 30.5, 3.3, True),
+        ("Qwen/Qwen3-235B-A22B", 235, 22, True),
+        ("Qwen/Qwen1.5-MoE-A2.7B-Chat", 14.3, 2.7, True),
+        ("zai-org/GLM-4.5-Air", 106, 12, False),  # "12B active": its layers alone
     ],
 )
 def test_mixture_of_experts_presets_have_their_published_sizes(
-    model: str, total_billions: float, active_billions: float
+    model: str, total_billions: float, active_billions: float, card_counts_embeddings: bool
 ) -> None:
     spec = resolve_model(model)
     assert spec.params_total / 1e9 == pytest.approx(total_billions, rel=0.02)
-    active = spec.num_layers * spec.active_params_per_layer + spec.params_total - spec.num_layers * spec.params_per_layer
-    # (GLM's card rounds 12.x down and leaves its 1.2B of embedding and LM head out)
-    assert active / 1e9 == pytest.approx(active_billions, rel=0.05 if "GLM" not in model else 0.12)
+    active = spec.active_params_total if card_counts_embeddings else spec.num_layers * spec.active_params_per_layer
+    assert active / 1e9 == pytest.approx(active_billions, rel=0.05)
+
+
+# A toy layout counted by hand: hidden 8, 2 query heads and 1 KV head of 4, vocabulary 10,
+# 4 layers. Attention per layer: q 8x8 + k 8x4 + v 8x4 + o 8x8 = 192; embedding and LM
+# head 80 each; a router 8 x experts; a SwiGLU expert or MLP of width w: 3 x 8 x w.
+_TOY = {"hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
+        "vocab_size": 10, "num_hidden_layers": 4, "intermediate_size": 6}
+
+
+@pytest.mark.parametrize(
+    ("family", "keys", "moe_layers", "total"),
+    [
+        # every layer: 192 + router 32 + 4 experts x 72 = 512; 4 x 512 + 160
+        ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 3}, 4, 2208),
+        # (i+1) % 2 == 0 and not in mlp_only_layers [1]: layer 3 only; MoE layer
+        # 192 + 32 + 288 + shared 3x8x5 = 632, dense layers 192 + 144 = 336
+        ("qwen2_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 3,
+                       "shared_expert_intermediate_size": 5, "decoder_sparse_step": 2, "mlp_only_layers": [1]},
+         1, 3 * 336 + 632 + 160),
+        # i >= first_k_dense_replace 1 and i % moe_layer_freq 2 == 0: layer 2 only; MoE
+        # layer 192 + 32 + 288 + one shared expert 72 = 584
+        ("deepseek_v2", {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 3,
+                         "n_shared_experts": 1, "first_k_dense_replace": 1, "moe_layer_freq": 2},
+         1, 3 * 336 + 584 + 160),
+        # the listed moe_layers [0, 2], not the interleave step 1; MoE layer 192 + 32 +
+        # 288 + shared expert 72 = 584, dense layers of intermediate_size_mlp 6 = 336
+        ("llama4_text", {"num_local_experts": 4, "num_experts_per_tok": 1, "intermediate_size": 3,
+                         "intermediate_size_mlp": 6, "interleave_moe_layer_step": 1, "moe_layers": [0, 2]},
+         2, 2 * 584 + 2 * 336 + 160),
+    ],
+)
+def test_each_moe_config_family_is_counted_by_its_own_layer_rule(
+    tmp_path: Path, family: str, keys: dict[str, object], moe_layers: int, total: int
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**_TOY, "model_type": family, **keys}))
+    spec = resolve_model(str(tmp_path))
+    assert spec.moe_layers == moe_layers
+    assert spec.params_total == total
 
 
 @pytest.mark.parametrize(("experts", "step", "total_billions"), [(16, 1, 109), (128, 2, 400)])
@@ -100,9 +138,8 @@ def test_a_llama4_checkpoint_config_reads_its_text_model(
     }
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama4", "text_config": text}))
     spec = resolve_model(str(tmp_path))
-    active = spec.params_total - spec.num_layers * (spec.params_per_layer - spec.active_params_per_layer)
     assert spec.params_total / 1e9 == pytest.approx(total_billions, rel=0.02)
-    assert active / 1e9 == pytest.approx(17, rel=0.03)
+    assert spec.active_params_total / 1e9 == pytest.approx(17, rel=0.03)
 
 
 def _moe_config(experts: int, top_k: int) -> dict[str, object]:
@@ -132,6 +169,39 @@ def test_mixture_of_experts_reads_the_chosen_experts_and_computes_the_active_one
     assert moe.step_time_s(prefill, 1) < 0.5 * dense.step_time_s(prefill, 1)
 
 
+def test_the_experts_a_step_reads_grow_like_distinct_choices(tmp_path: Path) -> None:
+    """Qwen3-30B-A3B, 8 of 128 experts per token, on a card with compute to spare (weights
+    dominate): 16 tokens touch 128·(1 − (120/128)^16) ≈ 82 experts, not all 128 (a linear
+    count would) nor 15 (one expert per token would); 128 tokens touch nearly all."""
+    (tmp_path / "gpu.json").write_text(json.dumps({"bf16_dense_tflops": 1e9, "hbm_gb": 200, "hbm_bw_tbs": 3.35}))
+    quiet = dataclasses.replace(DEFAULT_EFFICIENCIES, per_seq_s=0.0)  # no per-sequence host cost
+    st = RooflineStepTime(resolve_model("Qwen/Qwen3-30B-A3B"), resolve_gpu(str(tmp_path / "gpu.json")),
+                          efficiencies=quiet, serving=False)
+
+    def step(tokens: int) -> float:
+        return st.step_time_s([(1, 1)] * tokens, 1)
+
+    grown = (step(16) - step(1)) / (step(128) - step(1))
+    expected = ((1 - (120 / 128) ** 16) - 8 / 128) / ((1 - (120 / 128) ** 128) - 8 / 128)
+    assert grown == pytest.approx(expected, abs=0.05)
+
+
+def test_the_moe_constants_move_the_step_time(tmp_path: Path) -> None:
+    """The fused-MoE rate stretches the expert part of a Mixtral decode step; routing adds
+    its fixed cost once per MoE layer."""
+    mixtral, gpu = resolve_model("Mixtral-8x7B"), resolve_gpu("H100")
+    one, prefill = [(1, 500)], [(8192, 0)]
+
+    def step(seqs: list[tuple[int, int]] = one, **changes: float) -> float:
+        eff = dataclasses.replace(DEFAULT_EFFICIENCIES, **changes)
+        return RooflineStepTime(mixtral, gpu, tp=2, efficiencies=eff).step_time_s(seqs, 1)
+
+    assert step(moe_gemm_factor=0.4) > 1.3 * step(moe_gemm_factor=0.8)  # streaming the experts
+    assert step(prefill, moe_gemm_factor=0.4) > 1.3 * step(prefill, moe_gemm_factor=0.8)  # computing them
+    no_routing = step(moe_routing_per_layer_s=0.0)
+    assert step(moe_routing_per_layer_s=15e-6) - no_routing == pytest.approx(32 * 15e-6, rel=0.01)
+
+
 def test_mixture_of_experts_weights_all_count_against_memory() -> None:
     mixtral = resolve_model("Mixtral-8x7B")
     assert weight_bytes_per_rank(mixtral, 1) / 2**30 == pytest.approx(2 * 46.7e9 / 2**30, rel=0.02)
@@ -148,6 +218,16 @@ def test_architectures_the_model_does_not_cover_are_refused_by_name(tmp_path: Pa
         resolve_model(str(tmp_path))
     (tmp_path / "config.json").write_text(json.dumps({**_moe_config(32, 4), "model_type": "gpt_oss"}))
     with pytest.raises(UsageError, match="gpt-oss"):
+        resolve_model(str(tmp_path))
+    for hybrid in ({"model_type": "jamba", "attn_layer_period": 8},
+                   {"model_type": "qwen3_next", "full_attention_interval": 4},
+                   {"layer_types": ["linear_attention", "full_attention"] * 16}):
+        (tmp_path / "config.json").write_text(json.dumps({**_moe_config(16, 2), **hybrid}))
+        with pytest.raises(UsageError, match="hybrid"):
+            resolve_model(str(tmp_path))
+    ernie = {k: v for k, v in _moe_config(64, 6).items() if k not in ("num_local_experts", "num_experts_per_tok")}
+    (tmp_path / "config.json").write_text(json.dumps({**ernie, "moe_num_experts": 64, "moe_k": 6}))
+    with pytest.raises(UsageError, match="not read"):
         resolve_model(str(tmp_path))
 
 
@@ -201,6 +281,9 @@ def test_gddr_cards_stream_a_larger_share_of_their_bandwidth_but_never_above_a_c
     l40s, hbm, fast = (RooflineStepTime(model, g).step_time_s(decode, 1) for g in (gpu, resolve_gpu(str(tmp_path / "hbm.json")), resolve_gpu(str(tmp_path / "fast.json"))))
     assert resolve_gpu(str(tmp_path / "hbm.json")).stream_factor == 1.0 < gpu.stream_factor
     assert 0.85 * hbm < l40s < 0.93 * hbm
+    long = [(1, 100_000)]  # the KV cache streams too
+    assert RooflineStepTime(model, gpu).step_time_s(long, 1) < 0.93 * RooflineStepTime(
+        model, resolve_gpu(str(tmp_path / "hbm.json"))).step_time_s(long, 1)
     weights_bytes = weight_bytes_per_rank(model, 1)
     assert fast > weights_bytes / (0.92 * 0.864e12)
 

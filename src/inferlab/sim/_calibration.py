@@ -309,8 +309,12 @@ def _unsupported_feature(row: dict[str, str]) -> str | None:
         r"\b(no|without|disabled?)\b[^;,.]{0,24}(" + spec + ")", text
     ):
         return "speculative decoding is not simulated"
-    if re.search(r"disaggregat|pipeline[_ -]parallel|\bpp\s*=?\s*[2-9]|expert[_ -]parallel|--ep[-_]size\s*=?\s*[2-9]|\(ep\d", text):
-        return "disaggregated / pipeline / expert-parallel serving is not simulated"
+    if re.search(
+        r"disaggregat|pipeline[_ -]parallel|\bpp\s*=?\s*[2-9]|expert[_ -]parallel"
+        r"|\bep(?:[_-]size)?\b\s*[=:]?\s*(?:[2-9]|\d{2,}|\$)|\bep\d|attention[_ -]?dp(?![\"']?\s*[=:]\s*(?:false|0)\b)|dp[_ -]attention",
+        text,
+    ):
+        return "disaggregated / pipeline / expert-parallel / attention-data-parallel serving is not simulated"
     if re.search(r"lora|prefix[_ -]shar|shared[_ -]prefix|multi-?turn", text):
         return "LoRA / shared-prefix / multi-turn workloads are not simulated"
     return None

@@ -121,6 +121,11 @@ class ModelSpec:
         return self.params_per_layer - routed + routed * self.experts_per_token / self.num_experts
 
     @property
+    def active_params_total(self) -> float:
+        """The parameters one token runs through, embedding and LM head included."""
+        return self.params_total - self.num_layers * (self.params_per_layer - self.active_params_per_layer)
+
+    @property
     def mlp_width_per_token(self) -> float:
         """Mean over layers of the MLP intermediate width one token computes (activations)."""
         if not self.num_experts:
@@ -210,11 +215,17 @@ def _params_per_layer(hidden: int, heads: int, kv_heads: int, head_dim: int, int
 def _moe_shape(cfg: dict[str, Any], layers: int, hidden: int, inter: int) -> tuple[int, int, int, int, int, int]:
     """(experts, experts per token, expert width, shared width, MoE layers, dense-layer
     width) from the config keys of Mixtral, Qwen-MoE, GLM-4.5 / DeepSeek-style and
-    Llama 4 checkpoints; experts 0 for a dense model."""
+    Llama 4 checkpoints; experts 0 for a dense model. Which layers are MoE follows each
+    family's rule in transformers: Llama 4's ``moe_layers`` list when given; DeepSeek /
+    GLM: ``i >= first_k_dense_replace`` and ``i % moe_layer_freq == 0``; Qwen: not in
+    ``mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``; Llama 4:
+    ``(i + 1) % interleave_moe_layer_step == 0``."""
     experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
     if experts <= 1:
         return 0, 0, 0, 0, 0, inter
     top_k = int(cfg["num_experts_per_tok"])
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"num_experts_per_tok {top_k} of {experts} experts")
     width = int(cfg.get("moe_intermediate_size") or inter)
     shared = int(cfg.get("shared_expert_intermediate_size") or 0)
     shared += int(cfg.get("n_shared_experts") or 0) * width
@@ -222,21 +233,55 @@ def _moe_shape(cfg: dict[str, Any], layers: int, hidden: int, inter: int) -> tup
     if str(cfg.get("model_type", "")).startswith("llama4"):
         shared = inter  # every MoE layer also runs a shared expert as wide as one expert
         dense_width = int(cfg.get("intermediate_size_mlp") or inter)
-    step = int(cfg.get("decoder_sparse_step") or cfg.get("interleave_moe_layer_step") or 1)
-    dense = {*range(int(cfg.get("first_k_dense_replace") or 0)), *(cfg.get("mlp_only_layers") or [])}
-    moe_layers = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
-    if not 1 <= top_k <= experts:
-        raise ValueError(f"num_experts_per_tok {top_k} of {experts} experts")
-    return experts, top_k, width, shared, moe_layers, dense_width
+    listed = cfg.get("moe_layers")
+    if isinstance(listed, list):
+        moe = {int(i) for i in listed} & set(range(layers))
+    elif cfg.get("n_routed_experts"):
+        first, freq = int(cfg.get("first_k_dense_replace") or 0), int(cfg.get("moe_layer_freq") or 1)
+        moe = {i for i in range(layers) if i >= first and i % freq == 0}
+    else:
+        step = int(cfg.get("decoder_sparse_step") or cfg.get("interleave_moe_layer_step") or 1)
+        dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
+        moe = {i for i in range(layers) if i not in dense and (i + 1) % step == 0}
+    return experts, top_k, width, shared, len(moe), dense_width
+
+
+# Layers that are not full attention (Mamba/SSM, linear or lightning attention): the KV
+# cache and attention cost of such hybrids are not what this model computes.
+_HYBRID_TYPES = frozenset({
+    "jamba", "qwen3_next", "minimax", "minimax_m1", "minimax_text_01", "granitemoehybrid",
+    "falcon_h1", "nemotron_h", "zamba", "zamba2", "bamba", "mamba", "mamba2", "rwkv",
+    "recurrent_gemma", "lfm2", "plamo2",
+})
+_HYBRID_KEYS = ("attn_layer_period", "expert_layer_period", "full_attention_interval",
+                "ssm_state_size", "mamba_d_state", "mamba_expand", "linear_num_value_heads")
+# MoE configs whose expert keys this reader does not know (ERNIE 4.5, Hunyuan): refused
+# rather than read as the dense model their other keys describe
+_UNREAD_MOE_KEYS = ("moe_num_experts", "moe_topk", "moe_k", "num_experts_per_token")
+
+
+def _refusal(cfg: dict[str, Any]) -> str | None:
+    """Why this config is an architecture the step-time model does not cover, or None."""
+    kind = str(cfg.get("model_type", ""))
+    if cfg.get("kv_lora_rank"):
+        return "multi-head latent attention (DeepSeek-V2/V3 style) is not simulated"
+    if kind == "gpt_oss":
+        return "gpt-oss (MXFP4 experts, attention sinks, sliding windows) is not simulated"
+    kinds = {str(t) for t in cfg.get("layer_types") or ()} - {"full_attention", "sliding_attention", "attention"}
+    if kind in _HYBRID_TYPES or any(k in cfg for k in _HYBRID_KEYS) or kinds:
+        return f"hybrid layers ({kind or ', '.join(sorted(kinds))}: Mamba / linear attention) are not simulated"
+    unread = [k for k in _UNREAD_MOE_KEYS if k in cfg]
+    if unread and "num_experts_per_tok" not in cfg:
+        return f"this mixture-of-experts config layout ({', '.join(unread)}) is not read"
+    return None
 
 
 def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
     if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
         cfg = cfg["text_config"]  # a multimodal checkpoint's language model
-    if cfg.get("kv_lora_rank"):
-        raise UsageError(f"{name}: multi-head latent attention (DeepSeek-V2/V3 style) is not simulated")
-    if cfg.get("model_type") == "gpt_oss":
-        raise UsageError(f"{name}: gpt-oss (MXFP4 experts, attention sinks, sliding windows) is not simulated")
+    why = _refusal(cfg)
+    if why is not None:
+        raise UsageError(f"{name}: {why}")
     try:
         hidden = int(cfg["hidden_size"])
         heads = int(cfg["num_attention_heads"])

@@ -258,9 +258,14 @@ def activation_reserve_bytes(
     eff: Efficiencies = DEFAULT_EFFICIENCIES,
 ) -> float:
     """Memory kept out of the KV cache: fixed reserve plus a profile-run activation peak
-    (hidden states and the gate/up output for a full token budget, fp32 logits and
-    probabilities for ``max_num_seqs`` sampled sequences)."""
-    per_token = _ACT_BYTES * (4 * model.hidden_size + 2 * model.mlp_width_per_token / tp)
+    (hidden states and the gate/up output of the widest layer for a full token budget;
+    in a MoE layer, k gate/up outputs per token and its k permuted hidden states; fp32
+    logits and probabilities for ``max_num_seqs`` sampled sequences)."""
+    h, k = model.hidden_size, model.experts_per_token
+    widest = model.intermediate_size if model.moe_layers < model.num_layers else 0
+    if model.num_experts:
+        widest = max(widest, k * model.expert_intermediate_size + model.shared_intermediate_size)
+    per_token = _ACT_BYTES * (4 * h + 2 * widest / tp + (k * h if model.num_experts else 0))
     logits = max_num_seqs * model.vocab_size * 4 * 2
     return eff.reserve_fixed_bytes + max_num_batched_tokens * per_token + logits
 
