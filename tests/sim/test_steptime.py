@@ -10,6 +10,7 @@ from inferlab.sim._hardware import resolve_gpu, resolve_model
 from inferlab.sim._steptime import (
     DEFAULT_EFFICIENCIES,
     RooflineStepTime,
+    activation_reserve_bytes,
     kv_bytes_per_token,
     load_efficiencies,
     weight_bytes_per_rank,
@@ -200,6 +201,16 @@ def test_the_moe_constants_move_the_step_time(tmp_path: Path) -> None:
     assert step(prefill, moe_gemm_factor=0.4) > 1.3 * step(prefill, moe_gemm_factor=0.8)  # computing them
     no_routing = step(moe_routing_per_layer_s=0.0)
     assert step(moe_routing_per_layer_s=15e-6) - no_routing == pytest.approx(32 * 15e-6, rel=0.01)
+
+
+def test_a_moe_profile_run_reserves_the_fused_expert_buffers() -> None:
+    """vLLM's fused-MoE kernels hold, per token of the profile batch, k gate/up outputs
+    (2·w each) and k permuted copies of the hidden state: at least that much activation
+    memory stays out of the KV cache (Qwen3-30B-A3B: k 8, w 768, h 2048)."""
+    spec = resolve_model("Qwen/Qwen3-30B-A3B")
+    tokens = 8192
+    reserve = activation_reserve_bytes(spec, 1, tokens, 1) - DEFAULT_EFFICIENCIES.reserve_fixed_bytes
+    assert reserve >= tokens * 2 * 8 * (2 * 768 + 2048)
 
 
 def test_mixture_of_experts_weights_all_count_against_memory() -> None:
