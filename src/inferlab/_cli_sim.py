@@ -304,8 +304,12 @@ def _tokens_short(n: int) -> str:
 
 def engine_line(engine: Engine) -> str:
     """The resolved engine sizes in one line, so defaults are never a guess."""
+    from inferlab.sim._hardware import resolve_gpu
+
     e, lim = engine.config, engine.limits
+    gpu = resolve_gpu(e.gpu).name  # the preset a free-text name was read as
     parts = [
+        *([gpu] if gpu != e.gpu else []),
         e.quantization or ("fp16" if e.dtype == "float16" else "bf16"),
         *(["fp8 KV"] if e.kv_cache_dtype == "fp8" else []),
         f"max-model-len {lim.max_model_len:,}",

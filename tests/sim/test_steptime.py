@@ -269,6 +269,14 @@ def test_gpus_resolve_by_short_and_preset_names_and_from_a_file(tmp_path: Path) 
     assert resolve_gpu("h200").hbm_bytes_per_s == pytest.approx(4.8e12)
     assert resolve_gpu("A100-80G").name == resolve_gpu("A100").name == "A100-SXM-80GB"
     assert resolve_gpu("4090").name == resolve_gpu("RTX4090").name == "RTX-4090-24GB"
+    # as published results and nvidia-smi write them
+    for text, preset in (("A100-SXM4-80GB", "A100-SXM-80GB"), ("NVIDIA H100 80GB HBM3", "H100-SXM-80GB"),
+                         ("H100 PCIe", "H100-PCIe-80GB"), ("NVIDIA GeForce RTX 4090", "RTX-4090-24GB"),
+                         ("NVIDIA L40S", "L40S-48GB"), ("A100-PCIE-40GB", "A100-SXM-40GB")):
+        assert resolve_gpu(text).name == preset, text
+    for unknown in ("A10G", "GH200", "./h100.json"):
+        with pytest.raises(UsageError, match="unknown GPU"):
+            resolve_gpu(unknown)
     assert resolve_gpu("L40S-48GB").fp8_flops_per_s == pytest.approx(733e12)
     assert resolve_gpu("H100").bus_bytes_per_s > 10 * resolve_gpu("L40S").bus_bytes_per_s
     spec = {"bf16_dense_tflops": 100, "hbm_gb": 32, "hbm_bw_tbs": 1.0, "bus_bw_gbs": 50}

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from inferlab._errors import UsageError
-from inferlab.sim._hardware import resolve_model
+from inferlab.sim._hardware import gpu_from_text, resolve_model
 from inferlab.sim._scenario import (
     METRIC_CLASS,
     METRIC_COLUMNS,
@@ -132,42 +132,12 @@ def _model(cell: str) -> tuple[str, int]:
 
 
 def _gpu(cell: str) -> str:
-    t = cell.lower().replace(" ", "-")
-
-    def says(pattern: str) -> bool:  # a word of the cell, not negated ('not PCIe')
-        return re.search(r"(?<!not-)(?<![a-z0-9])" + pattern + r"(?![a-z0-9])", t) is not None
-
-    if re.search(r"g[hb]200", t):
+    if re.search(r"g[hb]200", cell.lower()):
         raise ScenarioError(f"GPU {cell!r}: no preset (Grace Hopper / Grace Blackwell)")
-    if "h200" in t:
-        return "H200-SXM-141GB"
-    if "h800" in t:
-        return "H800-SXM-80GB"
-    if "a800" in t:
-        return "A800-SXM-80GB"
-    if says("h20"):
-        return "H20-96GB"
-    if "b200" in t:
-        return "B200-180GB"
-    # 'SXM/PCIe not stated' means SXM, the usual card; 'PCIe' alone or 'not SXM' does not
-    pcie = says("pcie") and not says(r"sxm\d?") and "sxm/pcie" not in t
-    if "h100" in t:
-        if says("nvl") or says("94-?gb"):
-            return "H100-NVL-94GB"
-        return "H100-PCIe-80GB" if pcie else "H100-SXM-80GB"
-    if "a100" in t:
-        if says("40-?g(i?b)?"):
-            return "A100-SXM-40GB"  # (the 40GB PCIe card has the same memory system)
-        return "A100-PCIe-80GB" if pcie else "A100-SXM-80GB"
-    if "l40s" in t:
-        return "L40S-48GB"
-    if "4090" in t:
-        return "RTX-4090-24GB"
-    if says("l4"):
-        return "L4-24GB"
-    if says("a10"):
-        return "A10-24GB"
-    raise ScenarioError(f"GPU {cell!r}: no preset")
+    preset = gpu_from_text(cell)
+    if preset is None:
+        raise ScenarioError(f"GPU {cell!r}: no preset")
+    return preset
 
 
 def _precision(weights: str, model_cell: str) -> tuple[str | None, str]:

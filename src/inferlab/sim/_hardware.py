@@ -393,8 +393,47 @@ def _gpu_from_dict(name: str, d: dict[str, Any], source: str | None = None) -> G
         raise UsageError(f"{source or name}: not a usable GPU spec (invalid value: {e})") from e
 
 
+def gpu_from_text(text: str) -> str | None:
+    """The preset a free-text GPU name means, as sources and tools write it
+    ('A100-SXM4-80GB', 'NVIDIA H100 80GB HBM3', 'H100 PCIe', 'NVIDIA GeForce RTX 4090');
+    None when no preset fits. A form factor that is not stated means SXM, the usual card;
+    'PCIe' alone or 'not SXM' means PCIe."""
+    t = text.lower().replace(" ", "-")
+
+    def says(pattern: str) -> bool:  # a word of the text, not negated ('not PCIe')
+        return re.search(r"(?<!not-)(?<![a-z0-9])" + pattern + r"(?![a-z0-9])", t) is not None
+
+    if re.search(r"g[hb]200", t):
+        return None  # Grace Hopper / Grace Blackwell superchips
+    for marker, preset in (("h200", "H200-SXM-141GB"), ("h800", "H800-SXM-80GB"), ("a800", "A800-SXM-80GB"),
+                           ("b200", "B200-180GB")):
+        if marker in t:
+            return preset
+    if says("h20"):
+        return "H20-96GB"
+    pcie = says("pcie") and not says(r"sxm\d?") and "sxm/pcie" not in t
+    if "h100" in t:
+        if says("nvl") or says("94-?gb"):
+            return "H100-NVL-94GB"
+        return "H100-PCIe-80GB" if pcie else "H100-SXM-80GB"
+    if "a100" in t:
+        if says("40-?g(i?b)?"):
+            return "A100-SXM-40GB"  # (the 40GB PCIe card has the same memory system)
+        return "A100-PCIe-80GB" if pcie else "A100-SXM-80GB"
+    if "l40s" in t:
+        return "L40S-48GB"
+    if "4090" in t:
+        return "RTX-4090-24GB"
+    if says("l4"):
+        return "L4-24GB"
+    if says("a10"):
+        return "A10-24GB"
+    return None
+
+
 def resolve_gpu(name: str) -> GpuSpec:
-    """A short name (``H100``, ``A100-80G``, ``4090``), a preset name, or a JSON file path.
+    """A short name (``H100``, ``A100-80G``, ``4090``), a preset name, a JSON file path, or
+    a name as sources and tools write it (``A100-SXM4-80GB``, ``NVIDIA H100 80GB HBM3``).
 
     A custom file has the preset keys (``bf16_dense_tflops``, ``fp8_dense_tflops``,
     ``int8_dense_tops``, ``hbm_gb``, ``hbm_bw_tbs``) and optionally ``bus_bw_gbs`` and
@@ -415,4 +454,7 @@ def resolve_gpu(name: str) -> GpuSpec:
         if not isinstance(d, dict):
             raise UsageError(f"{path}: a GPU spec must be a JSON object")
         return _gpu_from_dict(str(d.get("name", path.stem)), d, str(path))
+    meant = None if name.lower().endswith(".json") or "/" in name else gpu_from_text(name)
+    if meant is not None:  # 'A100-SXM4-80GB', 'NVIDIA H100 80GB HBM3', 'H100 PCIe'
+        return _gpu_from_dict(meant, gpus[meant])
     raise UsageError(f"unknown GPU {name!r}; known: {', '.join(gpu_names())} (or a JSON file; `inferlab sim presets` shows their specs)")
