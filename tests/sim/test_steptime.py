@@ -34,6 +34,10 @@ def test_models_resolve_by_preset_hf_id_and_case_insensitive_name() -> None:
     assert resolve_model(LLAMA8B).name == "Llama-3.1-8B"
     assert resolve_model("someone/llama-3.1-8b-instruct").name == "Llama-3.1-8B"
     assert resolve_model("meta-llama/Llama-2-7b-hf").name == "Llama-2-7B"
+    # as benchmark pages and local runners write them
+    assert resolve_model("LLaMA v3.1 8B").name == resolve_model("llama3.1:8b").name == "Llama-3.1-8B"
+    assert resolve_model("Llama 3.1 70B").name == "Llama-3.1-70B"
+    assert resolve_model("Mixtral 8x7B").name == "Mixtral-8x7B"
 
 
 def test_parameter_counts_match_the_presets() -> None:

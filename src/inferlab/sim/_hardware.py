@@ -177,7 +177,8 @@ _QUANT_SUFFIX = re.compile(
 
 
 def _normalize(name: str) -> str:
-    name = "-".join(name.strip().lower().split())  # 'Mixtral 8x7B' is 'mixtral-8x7b'
+    name = "-".join(name.strip().lower().replace(":", " ").split())  # 'Mixtral 8x7B', 'llama3.1:8b'
+    name = re.sub(r"llama-?v?(\d)", r"llama-\1", name)  # 'LLaMA v3.1', 'Llama3' are 'llama-3...'
     name = _QUANT_SUFFIX.sub("", name)
     stripped = True
     while stripped:  # -chat-hf, -instruct-2407, ...
