@@ -345,3 +345,21 @@ def test_sim_presets_lists_every_gpu_and_model_by_a_name_the_engine_accepts() ->
     assert len(listed["models"]) >= 30
     table = subprocess.run([sys.executable, "-m", "inferlab", "sim", "presets"], capture_output=True, text=True, timeout=60, check=False)
     assert table.returncode == 0 and "H100-PCIe-80GB" in table.stdout and "Llama-3.1-8B" in table.stdout
+
+
+def test_cli_precision_flags_take_the_names_vllm_and_benchmark_pages_use() -> None:
+    """vLLM's own quantization names and the schemes pages print mean the modelled kinds;
+    anything else is a usage error listing what is accepted."""
+
+    def engine(*args: str) -> dict:  # type: ignore[type-arg]
+        p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--json", *args)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["config"]["engine"]  # type: ignore[no-any-return]
+
+    for flag, kind in (("awq_marlin", "awq"), ("gptq_marlin", "gptq"), ("W4A16", "gptq"), ("int4", "gptq"),
+                       ("FP8", "fp8"), ("modelopt", "fp8"), ("w8a8", "int8")):
+        assert engine("--quantization", flag)["quantization"] == kind, flag
+    e = engine("--kv-cache-dtype", "fp8_e5m2", "--dtype", "bf16")
+    assert (e["kv_cache_dtype"], e["dtype"]) == ("fp8", "bfloat16")
+    p = sim_cli("-n", "2", "--quantization", "bitsandbytes")
+    assert p.returncode == 2 and "awq_marlin" in p.stderr and "Traceback" not in p.stderr

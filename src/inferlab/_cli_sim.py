@@ -45,6 +45,41 @@ SERVE_DEFAULTS: dict[str, Any] = {"max_model_len": 4096, "max_num_batched_tokens
 RUN_DEFAULTS: dict[str, Any] = {"max_model_len": None, "max_num_batched_tokens": None, "enforce_eager": False}
 
 
+# What each flag value means, by the names vLLM, its checkpoints and benchmark pages use.
+_QUANTIZATIONS: dict[str, str | None] = {
+    **dict.fromkeys(("fp8", "fp8_e4m3", "fp8-dynamic", "fp8_dynamic", "modelopt", "fbgemm_fp8", "w8a8-fp8", "w8a8_fp8"), "fp8"),
+    **dict.fromkeys(("int8", "w8a8", "w8a8-int8", "w8a8_int8", "smoothquant"), "int8"),
+    **dict.fromkeys(("w8a16", "gptq-int8", "gptq_int8"), "w8a16"),
+    **dict.fromkeys(("awq", "awq_marlin"), "awq"),
+    **dict.fromkeys(("gptq", "gptq_marlin", "marlin", "int4", "w4a16"), "gptq"),
+    **dict.fromkeys(("none", "auto", "bf16", "bfloat16", "fp16", "float16"), None),
+}
+_DTYPES: dict[str, str | None] = {
+    "auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+}
+_KV_DTYPES: dict[str, str | None] = {
+    **dict.fromkeys(("auto", "bf16", "bfloat16", "fp16", "float16"), "auto"),
+    **dict.fromkeys(("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"), "fp8"),
+}
+
+
+def _alias(names: dict[str, str | None]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
+    """A click callback reading a flag value by ``names`` (case-insensitive); exit 2 with
+    the accepted values for any other."""
+
+    def read(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is None:
+            return None
+        key = value.strip().lower()
+        if key not in names:
+            known = ", ".join(sorted(names))
+            raise click.BadParameter(f"{value!r} is not one of {known}")
+        return names[key]
+
+    return read
+
+
 def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """vLLM's engine flags; ``defaults`` sets the context length, token budget and eager mode."""
     d = EngineConfig()
@@ -64,9 +99,9 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--num-scheduler-steps", type=int, default=1, show_default=True, help="vLLM 0.6 multi-step scheduling: a decode batch runs this many steps before the scheduler runs again; new requests wait for the group to end."),
         click.option("--overlap-schedule/--no-overlap-schedule", default=None, show_default="the family's: on for sglang", help="The host schedules the next step while the GPU runs this one (SGLang's overlap scheduler, vLLM's --async-scheduling): a request arriving mid-step waits one step more."),
         click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
-        click.option("--dtype", default=d.dtype, show_default=True, type=click.Choice(["auto", "bfloat16", "float16", "half"]), help="Activation and unquantized weight type."),
-        click.option("--quantization", "-q", type=click.Choice(["fp8", "int8", "w8a16", "awq", "gptq"]), default=None, help="Weight quantization: fp8/int8 (W8A8), w8a16 (GPTQ-Int8) or AWQ/GPTQ int4 (W4A16). Default: from the model name (...-AWQ, -FP8, -GPTQ-Int4)."),
-        click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, type=click.Choice(["auto", "fp8"]), help="fp8 halves KV-cache bytes (more room, less to read)."),
+        click.option("--dtype", default=d.dtype, show_default=True, callback=_alias(_DTYPES), help="Activation and unquantized weight type: auto, bfloat16 (bf16), float16 (fp16, half)."),
+        click.option("--quantization", "-q", default=None, callback=_alias(_QUANTIZATIONS), help="Weight quantization: fp8 or int8 (W8A8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) and w4a16/int4/w8a8 are read as these. Default: from the model name (...-AWQ, -FP8, -GPTQ-Int4)."),
+        click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, callback=_alias(_KV_DTYPES), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
@@ -82,8 +117,6 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
 def engine_config(kw: dict[str, Any]) -> EngineConfig:
     keys = [f.name for f in EngineConfig.__dataclass_fields__.values()]
     values = {k: kw[k] for k in keys if k in kw}
-    if values.get("dtype") == "half":
-        values["dtype"] = "float16"
     return EngineConfig(**values)
 
 
