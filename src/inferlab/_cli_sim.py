@@ -148,8 +148,7 @@ def _serve(kw: dict[str, Any]) -> int:
             print(f"http://{kw['host']}:{port}", flush=True)
         e = config.engine
         click.echo(
-            f"inferlab sim: {e.model} on {e.tensor_parallel_size}x {e.gpu}, "
-            f"KV cache {server.engine.kv_capacity_tokens:,} tokens, "
+            f"inferlab sim: {e.model} on {e.tensor_parallel_size}x {e.gpu} ({engine_line(server.engine)}), "
             f"serving http://{kw['host']}:{port}/v1 (Ctrl-C stops)",
             err=True,
         )
