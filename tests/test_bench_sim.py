@@ -112,6 +112,15 @@ def test_cli_bench_on_embedded_default_writes_results(tmp_path: Path) -> None:
     assert "TTFT" in p.stdout and "TPOT" in p.stdout and "TPM" in p.stdout
 
 
+def test_cli_bench_spreads_a_model_too_big_for_one_gpu_over_as_few_as_hold_it() -> None:
+    """Mixtral-8x7B's 87 GiB of bf16 weights do not fit one 80 GB card: the embedded
+    server runs it with tensor parallelism 2, says so, and the run completes."""
+    p = run_cli("bench", "--model", "mistralai/Mixtral-8x7B-Instruct-v0.1", "-n", "4", "--json")
+    assert p.returncode == 0, p.stderr
+    assert "on 2x H100" in p.stderr
+    assert json.loads(p.stdout)["counts"]["completed"] == 4
+
+
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [

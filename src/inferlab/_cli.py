@@ -84,13 +84,15 @@ def _bench(kw: dict[str, Any]) -> int:
         config.workload.build(config.load.seed, config.api)  # bad flags or files: fail before starting
         args = ["--tokenizer", kw["tokenizer"]] if kw["tokenizer"] else []
         model = EngineConfig().model
+        tp = 1
         if kw["model"]:
             resolve_model(kw["model"])  # UsageError naming the known models
             model = kw["model"]
-            args += ["--model", model]
+            tp = _embedded_tp(model)
+            args += ["--model", model, "--tensor-parallel-size", str(tp)]
         embedded = ChildServer(args)
         url = embedded.url
-        click.echo(f"inferlab: no --url, simulating {model} on 1x {EngineConfig().gpu} at {url}", err=True)
+        click.echo(f"inferlab: no --url, simulating {model} on {tp}x {EngineConfig().gpu} at {url}", err=True)
     try:
         total = (num + config.load.warmup) if num else None
         with Progress(err, WallClock(), total) as progress:
@@ -137,3 +139,19 @@ def run() -> None:
 
 if __name__ == "__main__":
     run()
+
+
+def _embedded_tp(model: str) -> int:
+    """The fewest GPUs (1, 2, 4, 8) the embedded server needs to hold ``model`` with room
+    for a KV cache, as a user would pick ``--tensor-parallel-size``; 1 when none does (the
+    server then says why)."""
+    from inferlab._cli_sim import SERVE_DEFAULTS
+    from inferlab.sim._engine import Engine
+
+    for tp in (1, 2, 4, 8):
+        try:
+            Engine(EngineConfig(model=model, tensor_parallel_size=tp, **SERVE_DEFAULTS))
+        except ValueError:
+            continue
+        return tp
+    return 1
