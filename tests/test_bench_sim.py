@@ -121,6 +121,14 @@ def test_cli_bench_spreads_a_model_too_big_for_one_gpu_over_as_few_as_hold_it() 
     assert json.loads(p.stdout)["counts"]["completed"] == 4
 
 
+def test_cli_bench_serves_a_short_context_model_within_its_context() -> None:
+    """TinyLlama's context is 2,048 tokens, under the embedded server's 4,096 default:
+    the server takes the model's length instead of refusing to start."""
+    p = run_cli("bench", "--model", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", "-n", "4", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["counts"]["completed"] == 4
+
+
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [

@@ -78,6 +78,7 @@ def _bench(kw: dict[str, Any]) -> int:
     embedded = None
     url = config.url
     if url is None:
+        from inferlab._cli_sim import SERVE_DEFAULTS
         from inferlab.sim._hardware import resolve_model
         from inferlab.sim._launch import ChildServer
 
@@ -86,10 +87,11 @@ def _bench(kw: dict[str, Any]) -> int:
         model = EngineConfig().model
         tp = 1
         if kw["model"]:
-            resolve_model(kw["model"])  # UsageError naming the known models
+            context = resolve_model(kw["model"]).max_position_embeddings  # UsageError naming the known models
             model = kw["model"]
-            tp = _embedded_tp(model)
-            args += ["--model", model, "--tensor-parallel-size", str(tp)]
+            max_len = min(SERVE_DEFAULTS["max_model_len"], context)  # a 2K-context model gets 2,048
+            tp = _embedded_tp(model, max_len)
+            args += ["--model", model, "--tensor-parallel-size", str(tp), "--max-model-len", str(max_len)]
         embedded = ChildServer(args)
         url = embedded.url
         click.echo(f"inferlab: no --url, simulating {model} on {tp}x {EngineConfig().gpu} at {url}", err=True)
@@ -137,11 +139,7 @@ def run() -> None:
     entry(main)
 
 
-if __name__ == "__main__":
-    run()
-
-
-def _embedded_tp(model: str) -> int:
+def _embedded_tp(model: str, max_model_len: int) -> int:
     """The fewest GPUs (1, 2, 4, 8) the embedded server needs to hold ``model`` with room
     for a KV cache, as a user would pick ``--tensor-parallel-size``; 1 when none does (the
     server then says why)."""
@@ -150,8 +148,12 @@ def _embedded_tp(model: str) -> int:
 
     for tp in (1, 2, 4, 8):
         try:
-            Engine(EngineConfig(model=model, tensor_parallel_size=tp, **SERVE_DEFAULTS))
+            Engine(EngineConfig(model=model, tensor_parallel_size=tp, **{**SERVE_DEFAULTS, "max_model_len": max_model_len}))
         except ValueError:
             continue
         return tp
     return 1
+
+
+if __name__ == "__main__":
+    run()
