@@ -260,6 +260,43 @@ def test_model_from_a_config_json(tmp_path: Path) -> None:
     assert spec.params_per_layer == 4 * 64 * 64 + 3 * 64 * 128
 
 
+@pytest.mark.parametrize(
+    ("quantization_config", "kind"),
+    [  # what vLLM reads from a checkpoint when --quantization is not given
+        ({"quant_method": "awq", "bits": 4}, "awq"),
+        ({"quant_method": "gptq", "bits": 8}, "w8a16"),
+        ({"quant_method": "fp8"}, "fp8"),
+        ({"quant_method": "compressed-tensors", "config_groups": {"g": {
+            "weights": {"num_bits": 8, "type": "float"}, "input_activations": {"num_bits": 8, "type": "float"}}}}, "fp8"),
+        ({"quant_method": "compressed-tensors", "config_groups": {"g": {
+            "weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int"}}}}, "int8"),
+        ({"quant_method": "compressed-tensors", "config_groups": {"g": {
+            "weights": {"num_bits": 4, "type": "int"}, "input_activations": None}}}, "gptq"),
+    ],
+)
+def test_a_checkpoint_config_states_its_own_quantization(
+    tmp_path: Path, quantization_config: dict[str, object], kind: str
+) -> None:
+    from inferlab.sim._engine import Engine, EngineConfig
+
+    cfg = {"num_hidden_layers": 28, "hidden_size": 3584, "num_attention_heads": 28, "num_key_value_heads": 4,
+           "intermediate_size": 18944, "vocab_size": 152064, "max_position_embeddings": 32768,
+           "quantization_config": quantization_config}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert Engine(EngineConfig(model=str(tmp_path))).config.quantization == kind
+    assert Engine(EngineConfig(model=str(tmp_path), quantization="fp8")).config.quantization == "fp8"  # the flag wins
+
+
+def test_a_checkpoint_quantized_another_way_says_so(tmp_path: Path) -> None:
+    from inferlab.sim._engine import Engine, EngineConfig
+
+    cfg = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128,
+           "vocab_size": 1000, "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": True}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UsageError, match="'bitsandbytes' is not simulated; give --quantization"):
+        Engine(EngineConfig(model=str(tmp_path)))
+
+
 def test_unknown_names_are_usage_errors_listing_the_known_ones() -> None:
     with pytest.raises(UsageError, match=r"Qwen2\.5-7B-Instruct") as e:
         resolve_model("nobody/NoSuchModel-3B")

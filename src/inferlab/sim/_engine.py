@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from inferlab._errors import UsageError
 from inferlab.sim._hardware import GpuSpec, quantization_from_name, resolve_gpu, resolve_model
 from inferlab.sim._kvcache import KVCacheManager, hash_blocks
 from inferlab.sim._scheduler import Batch, Request, Scheduler, SchedulerConfig
@@ -253,8 +254,13 @@ class Engine:
         timeline (virtual-time runs need them for ITL; the HTTP server does not)."""
         self._record_token_times = record_token_times
         model = resolve_model(config.model)
-        if config.quantization is None:  # vLLM takes it from the checkpoint: ...-AWQ, -FP8
-            config = dataclasses.replace(config, quantization=quantization_from_name(config.model))
+        if config.quantization is None:  # vLLM takes it from the checkpoint: its config, ...-AWQ, -FP8
+            if model.quantization not in (None, "fp8", "int8", "w8a16", "awq", "gptq"):
+                raise UsageError(
+                    f"{config.model}: the checkpoint's quantization {model.quantization!r} is not simulated; "
+                    "give --quantization fp8|int8|w8a16|awq|gptq to model it as one of those"
+                )
+            config = dataclasses.replace(config, quantization=model.quantization or quantization_from_name(config.model))
         gpu = resolve_gpu(config.gpu)
         path = config.efficiencies_path
         family = family_efficiencies(config.engine_family)

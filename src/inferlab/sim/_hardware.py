@@ -106,6 +106,9 @@ class ModelSpec:
     expert_intermediate_size: int = 0
     shared_intermediate_size: int = 0
     moe_layers: int = 0
+    # the checkpoint's own weight quantization (its config's ``quantization_config``), as
+    # vLLM reads it when ``--quantization`` is not given; None: unquantized or unknown
+    quantization: str | None = None
 
     @property
     def routed_params_per_layer(self) -> float:
@@ -277,7 +280,35 @@ def _refusal(cfg: dict[str, Any]) -> str | None:
     return None
 
 
+def quantization_from_config(qc: Any) -> str | None:
+    """The weight quantization a checkpoint's ``quantization_config`` states, in
+    ``--quantization``'s names: fp8, int8 (W8A8), w8a16, awq, gptq (int4 W4A16); another
+    method comes back as its own name (the engine then says it is not simulated)."""
+    if not isinstance(qc, dict):
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    if method in ("fp8", "fbgemm_fp8") or (method == "modelopt" and "fp8" in str(qc.get("quant_algo", "")).lower()):
+        return "fp8"
+    if method in ("awq", "awq_marlin"):
+        return "awq"
+    if method in ("gptq", "gptq_marlin"):
+        return "w8a16" if int(qc.get("bits") or 4) == 8 else "gptq"
+    if method == "compressed-tensors":
+        groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
+        weights = (groups[0].get("weights") or {}) if groups else {}
+        acts = groups[0].get("input_activations") if groups else None
+        bits, kind = int(weights.get("num_bits") or 16), str(weights.get("type", "int"))
+        if bits == 8 and kind == "float":
+            return "fp8"
+        if bits == 8:
+            return "int8" if acts else "w8a16"
+        if bits == 4 and not acts:
+            return "gptq"  # W4A16
+    return method or None
+
+
 def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    quantization = quantization_from_config(cfg.get("quantization_config"))
     if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
         cfg = cfg["text_config"]  # a multimodal checkpoint's language model
     why = _refusal(cfg)
@@ -313,6 +344,7 @@ def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
             expert_intermediate_size=width,
             shared_intermediate_size=shared,
             moe_layers=moe_layers,
+            quantization=quantization,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{name}: not a usable model config ({e!r} missing or invalid)") from e
