@@ -121,6 +121,12 @@ def test_cli_bench_spreads_a_model_too_big_for_one_gpu_over_as_few_as_hold_it() 
     assert json.loads(p.stdout)["counts"]["completed"] == 4
 
 
+def test_cli_bench_says_when_eight_gpus_cannot_hold_the_model() -> None:
+    p = run_cli("bench", "--model", "meta-llama/Llama-3.1-405B-Instruct", "-n", "2")
+    assert p.returncode == 2
+    assert "8x H100" in p.stderr and "--url" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_cli_bench_serves_a_short_context_model_within_its_context() -> None:
     """TinyLlama's context is 2,048 tokens, under the embedded server's 4,096 default:
     the server takes the model's length instead of refusing to start."""

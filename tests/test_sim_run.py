@@ -363,3 +363,16 @@ def test_cli_precision_flags_take_the_names_vllm_and_benchmark_pages_use() -> No
     assert (e["kv_cache_dtype"], e["dtype"]) == ("fp8", "bfloat16")
     p = sim_cli("-n", "2", "--quantization", "bitsandbytes")
     assert p.returncode == 2 and "awq_marlin" in p.stderr and "Traceback" not in p.stderr
+    # "none" means bf16 weights even when the name says AWQ; vLLM's gptq format names
+    # with an 8-bit checkpoint mean 8-bit weights
+    assert engine("--model", "Qwen/Qwen2.5-7B-Instruct-AWQ", "--quantization", "none")["quantization"] == "none"
+    assert engine("--model", "Qwen/Qwen2.5-7B-Instruct-AWQ")["quantization"] == "awq"
+    assert engine("--model", "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "--quantization", "gptq_marlin")["quantization"] == "w8a16"
+
+
+def test_cli_a_free_text_gpu_says_which_preset_ran() -> None:
+    p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--gpu", "NVIDIA H100 80GB HBM3")
+    assert p.returncode == 0, p.stderr
+    assert "H100-SXM-80GB" in p.stdout  # the engine line
+    p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--gpu", "A100-SXM4-80GB", "--json")
+    assert json.loads(p.stdout)["config"]["engine"]["gpu_preset"] == "A100-SXM-80GB"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from typing import Any
 
@@ -28,7 +29,7 @@ from inferlab._cli_common import (
 from inferlab._cli_sim import sim
 from inferlab._cli_tokens import tokens
 from inferlab._clock import WallClock
-from inferlab._errors import RunFailedError
+from inferlab._errors import RunFailedError, UsageError
 from inferlab._report import Progress, render_summary
 from inferlab.sim._engine import EngineConfig
 
@@ -94,7 +95,8 @@ def _bench(kw: dict[str, Any]) -> int:
             args += ["--model", model, "--tensor-parallel-size", str(tp), "--max-model-len", str(max_len)]
         embedded = ChildServer(args)
         url = embedded.url
-        click.echo(f"inferlab: no --url, simulating {model} on {tp}x {EngineConfig().gpu} at {url}", err=True)
+        gpu = os.environ.get("INFERLAB_SIM_SERVE_GPU") or EngineConfig().gpu
+        click.echo(f"inferlab: no --url, simulating {model} on {tp}x {gpu} at {url}", err=True)
     try:
         total = (num + config.load.warmup) if num else None
         with Progress(err, WallClock(), total) as progress:
@@ -141,19 +143,26 @@ def run() -> None:
 
 def _embedded_tp(model: str, max_model_len: int) -> int:
     """The fewest GPUs (1, 2, 4, 8) the embedded server needs to hold ``model`` with room
-    for a KV cache, as a user would pick ``--tensor-parallel-size``; 1 when none does (the
-    server then says why)."""
+    for a KV cache, as a user would pick ``--tensor-parallel-size`` (on the GPU the server
+    will use: ``INFERLAB_SIM_SERVE_GPU`` or the default); ``UsageError`` when 8 are not
+    enough, since bench has no flag to change that."""
     from inferlab._cli_sim import SERVE_DEFAULTS
     from inferlab.sim._engine import Engine
 
+    gpu = os.environ.get("INFERLAB_SIM_SERVE_GPU") or EngineConfig().gpu
+    why = ""
     for tp in (1, 2, 4, 8):
         try:
-            Engine(EngineConfig(model=model, tensor_parallel_size=tp, **{**SERVE_DEFAULTS, "max_model_len": max_model_len}))
-        except ValueError:
+            Engine(EngineConfig(model=model, gpu=gpu, tensor_parallel_size=tp,
+                                **{**SERVE_DEFAULTS, "max_model_len": max_model_len}))
+        except ValueError as e:
+            why = str(e)
             continue
         return tp
-    return 1
-
+    raise UsageError(
+        f"{model} does not fit the embedded simulated server on up to 8x {gpu} ({why}); "
+        "run `inferlab sim serve` with the flags it needs (--quantization, --gpu, -tp) and give bench its --url"
+    )
 
 if __name__ == "__main__":
     run()

@@ -52,7 +52,7 @@ _QUANTIZATIONS: dict[str, str | None] = {
     **dict.fromkeys(("w8a16", "gptq-int8", "gptq_int8"), "w8a16"),
     **dict.fromkeys(("awq", "awq_marlin"), "awq"),
     **dict.fromkeys(("gptq", "gptq_marlin", "marlin", "int4", "w4a16"), "gptq"),
-    **dict.fromkeys(("none", "auto", "bf16", "bfloat16", "fp16", "float16"), None),
+    **dict.fromkeys(("none", "bf16", "bfloat16", "fp16", "float16"), "none"),  # unquantized, whatever the name says
 }
 _DTYPES: dict[str, str | None] = {
     "auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -100,7 +100,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--overlap-schedule/--no-overlap-schedule", default=None, show_default="the family's: on for sglang", help="The host schedules the next step while the GPU runs this one (SGLang's overlap scheduler, vLLM's --async-scheduling): a request arriving mid-step waits one step more."),
         click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
         click.option("--dtype", default=d.dtype, show_default=True, callback=_alias(_DTYPES), help="Activation and unquantized weight type: auto, bfloat16 (bf16), float16 (fp16, half)."),
-        click.option("--quantization", "-q", default=None, callback=_alias(_QUANTIZATIONS), help="Weight quantization: fp8 or int8 (W8A8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) and w4a16/int4/w8a8 are read as these. Default: from the model name (...-AWQ, -FP8, -GPTQ-Int4)."),
+        click.option("--quantization", "-q", default=None, callback=_alias(_QUANTIZATIONS), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, callback=_alias(_KV_DTYPES), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
@@ -221,6 +221,9 @@ def _sim_run(kw: dict[str, Any]) -> int:
         "api": kw["api"],
         "trace": kw["trace"],
     }
+    from inferlab.sim._hardware import resolve_gpu
+
+    config_json["engine"]["gpu_preset"] = resolve_gpu(engine_cfg.gpu).name  # what a free-text --gpu ran as
     config_json = json.loads(json.dumps(config_json, default=str))
     step_log = _open_step_log(kw["step_log"])
     writer = None
@@ -342,7 +345,7 @@ def engine_line(engine: Engine) -> str:
     gpu = resolve_gpu(e.gpu).name  # the preset a free-text name was read as
     parts = [
         *([gpu] if gpu != e.gpu else []),
-        e.quantization or ("fp16" if e.dtype == "float16" else "bf16"),
+        e.quantization if e.quantization not in (None, "none") else ("fp16" if e.dtype == "float16" else "bf16"),
         *(["fp8 KV"] if e.kv_cache_dtype == "fp8" else []),
         f"max-model-len {lim.max_model_len:,}",
         f"{lim.max_num_batched_tokens:,} tokens/step"

@@ -38,6 +38,10 @@ def test_models_resolve_by_preset_hf_id_and_case_insensitive_name() -> None:
     assert resolve_model("LLaMA v3.1 8B").name == resolve_model("llama3.1:8b").name == "Llama-3.1-8B"
     assert resolve_model("Llama 3.1 70B").name == "Llama-3.1-70B"
     assert resolve_model("Mixtral 8x7B").name == "Mixtral-8x7B"
+    # the 2507 checkpoints declare a 262,144-token context; the originals 40,960
+    assert resolve_model("Qwen/Qwen3-30B-A3B-Instruct-2507").max_position_embeddings == 262144
+    assert resolve_model("Qwen/Qwen3-235B-A22B-Thinking-2507").max_position_embeddings == 262144
+    assert resolve_model("Qwen/Qwen3-30B-A3B").max_position_embeddings == 40960
 
 
 def test_parameter_counts_match_the_presets() -> None:
@@ -266,6 +270,7 @@ def test_model_from_a_config_json(tmp_path: Path) -> None:
         ({"quant_method": "awq", "bits": 4}, "awq"),
         ({"quant_method": "gptq", "bits": 8}, "w8a16"),
         ({"quant_method": "fp8"}, "fp8"),
+        ({"quant_method": "modelopt", "quant_algo": "FP8"}, "fp8"),
         ({"quant_method": "compressed-tensors", "config_groups": {"g": {
             "weights": {"num_bits": 8, "type": "float"}, "input_activations": {"num_bits": 8, "type": "float"}}}}, "fp8"),
         ({"quant_method": "compressed-tensors", "config_groups": {"g": {
@@ -315,7 +320,8 @@ def test_gpus_resolve_by_short_and_preset_names_and_from_a_file(tmp_path: Path) 
                          ("H100 PCIe", "H100-PCIe-80GB"), ("NVIDIA GeForce RTX 4090", "RTX-4090-24GB"),
                          ("NVIDIA L40S", "L40S-48GB"), ("A100-PCIE-40GB", "A100-SXM-40GB")):
         assert resolve_gpu(text).name == preset, text
-    for unknown in ("A10G", "GH200", "./h100.json"):
+    for unknown in ("A10G", "GH200", "./h100.json", "NVIDIA RTX A1000", "NVIDIA GeForce RTX 4090 Laptop GPU",
+                    "NVIDIA H800 PCIe", "A800 PCIe 40GB", "H100 96GB"):  # other cards that share a name's letters
         with pytest.raises(UsageError, match="unknown GPU"):
             resolve_gpu(unknown)
     assert resolve_gpu("L40S-48GB").fp8_flops_per_s == pytest.approx(733e12)

@@ -261,6 +261,9 @@ class Engine:
                     "give --quantization fp8|int8|w8a16|awq|gptq to model it as one of those"
                 )
             config = dataclasses.replace(config, quantization=model.quantization or quantization_from_name(config.model))
+        elif config.quantization == "gptq" and "w8a16" in (model.quantization, quantization_from_name(config.model)):
+            # vLLM's gptq/gptq_marlin name a format; the checkpoint says 8 bits
+            config = dataclasses.replace(config, quantization="w8a16")
         gpu = resolve_gpu(config.gpu)
         path = config.efficiencies_path
         family = family_efficiencies(config.engine_family)

@@ -283,20 +283,27 @@ def _refusal(cfg: dict[str, Any]) -> str | None:
 def quantization_from_config(qc: Any) -> str | None:
     """The weight quantization a checkpoint's ``quantization_config`` states, in
     ``--quantization``'s names: fp8, int8 (W8A8), w8a16, awq, gptq (int4 W4A16); another
-    method comes back as its own name (the engine then says it is not simulated)."""
+    method or bit width comes back as its own description (the engine then says it is not
+    simulated). ``ValueError`` for a config of the wrong shape."""
     if not isinstance(qc, dict):
         return None
-    method = str(qc.get("quant_method", "")).lower()
+    method = str(qc.get("quant_method") or "").lower()
     if method in ("fp8", "fbgemm_fp8") or (method == "modelopt" and "fp8" in str(qc.get("quant_algo", "")).lower()):
         return "fp8"
     if method in ("awq", "awq_marlin"):
         return "awq"
     if method in ("gptq", "gptq_marlin"):
-        return "w8a16" if int(qc.get("bits") or 4) == 8 else "gptq"
+        bits = int(qc.get("bits") or 4)
+        return {4: "gptq", 8: "w8a16"}.get(bits, f"{method} {bits}-bit")
     if method == "compressed-tensors":
-        groups = [g for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
-        weights = (groups[0].get("weights") or {}) if groups else {}
-        acts = groups[0].get("input_activations") if groups else None
+        groups = qc.get("config_groups") or {}
+        if not isinstance(groups, dict):
+            raise ValueError("quantization_config.config_groups is not an object")
+        group: Any = next(iter(groups.values()), {})
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if not isinstance(weights, dict):
+            raise ValueError("quantization_config.config_groups has no weights object")
+        acts = group.get("input_activations")
         bits, kind = int(weights.get("num_bits") or 16), str(weights.get("type", "int"))
         if bits == 8 and kind == "float":
             return "fp8"
@@ -304,11 +311,15 @@ def quantization_from_config(qc: Any) -> str | None:
             return "int8" if acts else "w8a16"
         if bits == 4 and not acts:
             return "gptq"  # W4A16
+        return f"compressed-tensors {kind}{bits}"
     return method or None
 
 
 def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
-    quantization = quantization_from_config(cfg.get("quantization_config"))
+    try:
+        quantization = quantization_from_config(cfg.get("quantization_config"))
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{name}: not a usable quantization_config ({e})") from e
     if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
         cfg = cfg["text_config"]  # a multimodal checkpoint's language model
     why = _refusal(cfg)
@@ -429,34 +440,49 @@ def _gpu_from_dict(name: str, d: dict[str, Any], source: str | None = None) -> G
 def gpu_from_text(text: str) -> str | None:
     """The preset a free-text GPU name means, as sources and tools write it
     ('A100-SXM4-80GB', 'NVIDIA H100 80GB HBM3', 'H100 PCIe', 'NVIDIA GeForce RTX 4090');
-    None when no preset fits. A form factor that is not stated means SXM, the usual card;
-    'PCIe' alone or 'not SXM' means PCIe."""
+    None when no preset fits — another card whose name contains a preset's ('RTX A1000',
+    'RTX 4090 Laptop GPU'), or a form factor or memory size no preset has ('H800 PCIe',
+    'H100 96GB'). A form factor that is not stated means SXM, the usual card; 'PCIe' alone
+    or 'not SXM' means PCIe."""
     t = text.lower().replace(" ", "-")
 
     def says(pattern: str) -> bool:  # a word of the text, not negated ('not PCIe')
         return re.search(r"(?<!not-)(?<![a-z0-9])" + pattern + r"(?![a-z0-9])", t) is not None
 
-    if re.search(r"g[hb]200", t):
-        return None  # Grace Hopper / Grace Blackwell superchips
-    for marker, preset in (("h200", "H200-SXM-141GB"), ("h800", "H800-SXM-80GB"), ("a800", "A800-SXM-80GB"),
-                           ("b200", "B200-180GB")):
-        if marker in t:
-            return preset
-    if says("h20"):
-        return "H20-96GB"
+    def names(chip: str) -> bool:  # 'a100' in '8xa100-sxm4', not in 'rtx-a1000'
+        return re.search(chip + r"(?!\d)", t) is not None
+
+    def memory(*sizes: str) -> bool:  # any stated memory size is one of ``sizes``
+        stated = re.findall(r"(?<![a-z0-9])(\d+)-?g(?:i?b)?(?![a-z])", t)
+        return all(m in sizes for m in stated)
+
+    if re.search(r"g[hb]200|laptop|mobile|max-q", t):
+        return None  # Grace superchips; the laptop parts of desktop names
     pcie = says("pcie") and not says(r"sxm\d?") and "sxm/pcie" not in t
-    if "h100" in t:
-        if says("nvl") or says("94-?gb"):
+    if names("h200"):
+        return "H200-SXM-141GB" if memory("141") and not pcie else None
+    if names("h800") or names("a800"):
+        return ("H800-SXM-80GB" if names("h800") else "A800-SXM-80GB") if memory("80") and not pcie else None
+    if names("b200"):
+        return "B200-180GB" if memory("180", "192") else None
+    if says("h20"):
+        return "H20-96GB" if memory("96") and "h20-3e" not in t else None
+    if names("h100"):
+        if says("nvl") or (says("94-?gb") and not says(r"sxm\d?")):
             return "H100-NVL-94GB"
+        if not memory("80"):
+            return None
         return "H100-PCIe-80GB" if pcie else "H100-SXM-80GB"
-    if "a100" in t:
+    if names("a100"):
         if says("40-?g(i?b)?"):
             return "A100-SXM-40GB"  # (the 40GB PCIe card has the same memory system)
+        if not memory("80"):
+            return None
         return "A100-PCIe-80GB" if pcie else "A100-SXM-80GB"
-    if "l40s" in t:
+    if names("l40s"):
         return "L40S-48GB"
-    if "4090" in t:
-        return "RTX-4090-24GB"
+    if re.search(r"(?<!\d)4090(?!\d)", t):
+        return "RTX-4090-24GB" if memory("24") else None
     if says("l4"):
         return "L4-24GB"
     if says("a10"):
