@@ -453,7 +453,7 @@ def gpu_from_text(text: str) -> str | None:
         return re.search(chip + r"(?!\d)", t) is not None
 
     def memory(*sizes: str) -> bool:  # any stated memory size is one of ``sizes``
-        stated = re.findall(r"(?<![a-z0-9])(\d+)-?g(?:i?b)?(?![a-z])", t)
+        stated = re.findall(r"(?<![a-z0-9])(\d+)-?g(?:i?b)?(?![a-z])(?!-?(?:total|in-all))", t)  # not '640GB total'
         return all(m in sizes for m in stated)
 
     if re.search(r"g[hb]200|laptop|mobile|max-q", t):
