@@ -121,4 +121,5 @@ async def test_against_the_sim_template_overhead_and_exact_lengths() -> None:
     assert s["prompt_overhead_tokens"] == expected > 0
     assert s["input_length_source"] == EXACT_SERVER
     assert [r.input_tokens for r in result.records] == [100 + expected] * 4
-    assert s["warnings"] == []
+    # no warning about lengths or the template (client timing depends on the machine's load)
+    assert [w for w in s["warnings"] if "fell behind" not in w] == []
