@@ -86,16 +86,16 @@ def _bench(kw: dict[str, Any]) -> int:
         config.workload.build(config.load.seed, config.api)  # bad flags or files: fail before starting
         args = ["--tokenizer", kw["tokenizer"]] if kw["tokenizer"] else []
         model = EngineConfig().model
+        gpu = os.environ.get("INFERLAB_SIM_SERVE_GPU") or EngineConfig().gpu  # what the server will use
         tp = 1
         if kw["model"]:
             context = resolve_model(kw["model"]).max_position_embeddings  # UsageError naming the known models
             model = kw["model"]
             max_len = min(SERVE_DEFAULTS["max_model_len"], context)  # a 2K-context model gets 2,048
-            tp = _embedded_tp(model, max_len)
+            tp = _embedded_tp(model, gpu, max_len)
             args += ["--model", model, "--tensor-parallel-size", str(tp), "--max-model-len", str(max_len)]
         embedded = ChildServer(args)
         url = embedded.url
-        gpu = os.environ.get("INFERLAB_SIM_SERVE_GPU") or EngineConfig().gpu
         click.echo(f"inferlab: no --url, simulating {model} on {tp}x {gpu} at {url}", err=True)
     try:
         total = (num + config.load.warmup) if num else None
@@ -141,15 +141,14 @@ def run() -> None:
     entry(main)
 
 
-def _embedded_tp(model: str, max_model_len: int) -> int:
+def _embedded_tp(model: str, gpu: str, max_model_len: int) -> int:
     """The fewest GPUs (1, 2, 4, 8) the embedded server needs to hold ``model`` with room
     for a KV cache, as a user would pick ``--tensor-parallel-size`` (on the GPU the server
-    will use: ``INFERLAB_SIM_SERVE_GPU`` or the default); ``UsageError`` when 8 are not
+    will use, ``gpu``); ``UsageError`` when 8 are not
     enough, since bench has no flag to change that."""
     from inferlab._cli_sim import SERVE_DEFAULTS
     from inferlab.sim._engine import Engine
 
-    gpu = os.environ.get("INFERLAB_SIM_SERVE_GPU") or EngineConfig().gpu
     why = ""
     for tp in (1, 2, 4, 8):
         try:

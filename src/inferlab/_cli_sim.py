@@ -46,7 +46,7 @@ RUN_DEFAULTS: dict[str, Any] = {"max_model_len": None, "max_num_batched_tokens":
 
 
 # What each flag value means, by the names vLLM, its checkpoints and benchmark pages use.
-_QUANTIZATIONS: dict[str, str | None] = {
+_QUANTIZATIONS: dict[str, str] = {
     **dict.fromkeys(("fp8", "fp8_e4m3", "fp8-dynamic", "fp8_dynamic", "modelopt", "fbgemm_fp8", "w8a8-fp8", "w8a8_fp8"), "fp8"),
     **dict.fromkeys(("int8", "w8a8", "w8a8-int8", "w8a8_int8", "smoothquant"), "int8"),
     **dict.fromkeys(("w8a16", "gptq-int8", "gptq_int8"), "w8a16"),
@@ -54,17 +54,17 @@ _QUANTIZATIONS: dict[str, str | None] = {
     **dict.fromkeys(("gptq", "gptq_marlin", "marlin", "int4", "w4a16"), "gptq"),
     **dict.fromkeys(("none", "bf16", "bfloat16", "fp16", "float16"), "none"),  # unquantized, whatever the name says
 }
-_DTYPES: dict[str, str | None] = {
+_DTYPES: dict[str, str] = {
     "auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16",
     "float16": "float16", "fp16": "float16", "half": "float16",
 }
-_KV_DTYPES: dict[str, str | None] = {
+_KV_DTYPES: dict[str, str] = {
     **dict.fromkeys(("auto", "bf16", "bfloat16", "fp16", "float16"), "auto"),
     **dict.fromkeys(("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"), "fp8"),
 }
 
 
-def _alias(names: dict[str, str | None]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
+def _alias(names: dict[str, str]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
     """A click callback reading a flag value by ``names`` (case-insensitive); exit 2 with
     the accepted values for any other."""
 
@@ -221,9 +221,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
         "api": kw["api"],
         "trace": kw["trace"],
     }
-    from inferlab.sim._hardware import resolve_gpu
-
-    config_json["engine"]["gpu_preset"] = resolve_gpu(engine_cfg.gpu).name  # what a free-text --gpu ran as
+    config_json["engine"]["gpu_preset"] = engine.gpu.name  # what a free-text --gpu ran as
     config_json = json.loads(json.dumps(config_json, default=str))
     step_log = _open_step_log(kw["step_log"])
     writer = None
@@ -339,10 +337,8 @@ def _tokens_short(n: int) -> str:
 
 def engine_line(engine: Engine) -> str:
     """The resolved engine sizes in one line, so defaults are never a guess."""
-    from inferlab.sim._hardware import resolve_gpu
-
     e, lim = engine.config, engine.limits
-    gpu = resolve_gpu(e.gpu).name  # the preset a free-text name was read as
+    gpu = engine.gpu.name  # the preset a free-text name was read as
     parts = [
         *([gpu] if gpu != e.gpu else []),
         e.quantization if e.quantization not in (None, "none") else ("fp16" if e.dtype == "float16" else "bf16"),

@@ -19,6 +19,7 @@ from inferlab.sim._hardware import GpuSpec, quantization_from_name, resolve_gpu,
 from inferlab.sim._kvcache import KVCacheManager, hash_blocks
 from inferlab.sim._scheduler import Batch, Request, Scheduler, SchedulerConfig
 from inferlab.sim._steptime import (
+    QUANTIZATIONS,
     RooflineStepTime,
     StepTimeModel,
     activation_reserve_bytes,
@@ -255,16 +256,17 @@ class Engine:
         self._record_token_times = record_token_times
         model = resolve_model(config.model)
         if config.quantization is None:  # vLLM takes it from the checkpoint: its config, ...-AWQ, -FP8
-            if model.quantization not in (None, "fp8", "int8", "w8a16", "awq", "gptq"):
+            if model.quantization is not None and model.quantization not in QUANTIZATIONS:
                 raise UsageError(
                     f"{config.model}: the checkpoint's quantization {model.quantization!r} is not simulated; "
-                    "give --quantization fp8|int8|w8a16|awq|gptq to model it as one of those"
+                    f"give --quantization {'|'.join(QUANTIZATIONS)} to model it as one of those"
                 )
             config = dataclasses.replace(config, quantization=model.quantization or quantization_from_name(config.model))
         elif config.quantization == "gptq" and "w8a16" in (model.quantization, quantization_from_name(config.model)):
             # vLLM's gptq/gptq_marlin name a format; the checkpoint says 8 bits
             config = dataclasses.replace(config, quantization="w8a16")
         gpu = resolve_gpu(config.gpu)
+        self.gpu: GpuSpec = gpu  # the preset ``config.gpu`` names
         path = config.efficiencies_path
         family = family_efficiencies(config.engine_family)
         eff = load_efficiencies(path, family) if path else family

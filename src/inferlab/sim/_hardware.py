@@ -45,10 +45,12 @@ _DEFAULT_BUS_GBS = 25.0
 
 # Cards with GDDR memory reach a larger fraction of their datasheet bandwidth than the HBM
 # parts the efficiencies were fit on (A100/H100/H200): a smaller bandwidth-latency product
-# takes fewer bytes in flight to saturate (BabelStream: ~92 % of peak against ~86-88 %).
-# Decode measured on GDDR cards with vLLM V1 ran 11-17 % faster than the HBM-fit
-# prediction, the same for every model and load (RTX 4090, Llama-3-8B, 1-16 req/s; L4,
-# Qwen2.5-0.5B at 1-32 users and Qwen3-0.6B at 3 req/s; three sources): 1.12.
+# takes fewer bytes in flight to saturate (copy benchmarks as usually published: ~92 % of
+# peak against ~86-88 %; recalled, not measured here).
+# Decode measured on GDDR cards with vLLM ran 11-17 % faster than the HBM-fit prediction
+# in 11 of 13 rows, 20 and 27 % in the two loaded ones (RTX 4090, Llama-3-8B, 1-32 req/s;
+# L4, Qwen2.5-0.5B at 1-32 users and Qwen3-0.6B; three sources, bench/data/
+# published_holdout.csv): 1.12, a little under their median.
 _GDDR_STREAM_FACTOR = 1.12
 _GDDR_CARDS = frozenset({"L40S-48GB", "RTX-4090-24GB", "L4-24GB", "A10-24GB"})
 

@@ -30,8 +30,9 @@ from inferlab.sim._hardware import GpuSpec, ModelSpec
 _GIB = 2**30
 _ACT_BYTES = 2  # activations, LM head and embedding stay bf16 under every quantization
 _INT4_BYTES_PER_WEIGHT = 0.52  # 4-bit weights + fp16 group-128 scales/zeros
-# No kernel streams faster than a copy: BabelStream reaches ~0.92 of datasheet bandwidth
-# on GDDR cards, the ceiling for their scaled streaming shares (``GpuSpec.stream_factor``).
+# No kernel streams faster than a copy: published copy benchmarks (recalled, not measured
+# here) reach ~0.92 of datasheet bandwidth on GDDR cards, the ceiling for their scaled
+# streaming shares (``GpuSpec.stream_factor``).
 _STREAM_CEILING = 0.92
 
 
@@ -179,6 +180,8 @@ class Precision:
 
 _BF16_NAMES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half")
 _INT4_NAMES = ("awq", "gptq", "awq_marlin", "gptq_marlin")
+#: the weight quantizations the model costs (``none``: unquantized)
+QUANTIZATIONS = ("fp8", "int8", "w8a16", "awq", "gptq")
 _KV_FP8_NAMES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 
 
@@ -190,7 +193,7 @@ def _weight_bytes(quantization: str | None) -> float:
         return 1.0
     if q in _INT4_NAMES:
         return _INT4_BYTES_PER_WEIGHT
-    raise UsageError(f"unknown quantization {quantization!r}; known: fp8, int8, w8a16, awq, gptq")
+    raise UsageError(f"unknown quantization {quantization!r}; known: {', '.join(QUANTIZATIONS)}")
 
 
 def _kv_bytes(kv_cache_dtype: str) -> int:
