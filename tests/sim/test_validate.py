@@ -241,6 +241,11 @@ def test_odd_cells_parse() -> None:
     assert spec == Lengths("sharegpt", 215.0) and note is not None
     assert _lengths("204.9 mean", "ShareGPT V3 (fixed seed)", "input")[0].kind == "sharegpt"
     assert _lengths("128", "fixed (token-norm-dist, stdev 0)", "input")[0] == Lengths("fixed", 128)
+    # a measured mean of lengths drawn from a stated range: the range, not ShareGPT's shape
+    ranged = "sglang.bench_serving random, random_range_ratio 0.0 (lengths uniform in [1,1024])"
+    assert _lengths("508.7 mean", ranged, "input")[0] == Lengths("uniform", 1, 1024)
+    # ... unless the mean is not the range's middle (then the range was not what was drawn)
+    assert _lengths("220 mean", "ShareGPT; lengths uniform in [1,1024]", "input")[0].kind == "sharegpt"
 
 
 def test_statistic_per_metric() -> None:
@@ -263,6 +268,17 @@ def test_sharegpt_workload_is_deterministic_with_the_stated_mean_and_caps() -> N
     assert statistics.fmean(o for _, o in jobs) == pytest.approx(200, rel=0.01)
     assert all(1 <= i <= 1024 and o >= 1 and i + o <= 2048 for i, o in jobs)
     assert max(o for _, o in jobs) > 3 * 200  # a long tail, not fixed lengths
+
+
+def test_sharegpt_workload_keeps_a_long_mean_that_the_prompt_cap_cuts() -> None:
+    # scaled to a mean of 600, ShareGPT's long prompts pass the 1,024-token cap; the
+    # others scale up further so that the run still has the mean the source measured
+    sc = parse_row(
+        row(input_len="600 mean", output_len="200 mean", length_distribution="ShareGPT V3")
+    )
+    ins = [i for i, _ in workload(sc)]
+    assert sum(1 for i in ins if i == 1024) > len(ins) // 20  # the cap binds
+    assert statistics.fmean(ins) == pytest.approx(600, rel=0.01)
 
 
 # --- the closed-loop driver ------------------------------------------------------------------

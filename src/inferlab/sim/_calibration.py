@@ -200,6 +200,14 @@ def _lengths(cell: str, dist: str, which: str) -> tuple[Lengths, str | None]:
     if m:
         return Lengths("uniform", float(m.group(1)), float(m.group(2))), None
     value = _number(c)
+    # a measured mean with the distribution stated as a range ('lengths uniform in
+    # [1,1024]'; sglang.bench_serving's random_range_ratio 0): the range, when the
+    # mean is its middle (within 10 %)
+    u = re.search(r"uniform\s+in\s*\[\s*(\d+)\s*,\s*(\d+)\s*\]", d)
+    if u and value is not None:
+        lo, hi = float(u.group(1)), float(u.group(2))
+        if lo < hi and abs(value / ((lo + hi) / 2) - 1) <= 0.1:
+            return Lengths("uniform", lo, hi), None
     dataset = re.search(r"sharegpt|dataset", d) or "mean" in c
     if value is not None:
         if dataset and not re.search(r"\bfixed\b(?![\s-]*seed)", d):

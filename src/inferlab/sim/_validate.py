@@ -79,9 +79,23 @@ class Report:
 
 
 def _scaled(values: Sequence[int], mean: float, caps: Sequence[int]) -> list[int]:
-    """``values`` scaled so that their mean is ``mean``, each in [1, caps[i]]."""
-    factor = mean / statistics.fmean(values)
-    return [max(1, min(cap, round(v * factor))) for v, cap in zip(values, caps, strict=True)]
+    """``values`` scaled so that their mean is ``mean``, each in [1, caps[i]]: where caps
+    cut the longest, the rest scale up further, as far as the caps allow."""
+
+    def scale(factor: float) -> list[int]:
+        return [max(1, min(cap, round(v * factor))) for v, cap in zip(values, caps, strict=True)]
+
+    lo = mean / statistics.fmean(values)
+    out = scale(lo)
+    if statistics.fmean(out) >= mean * 0.999:
+        return out
+    hi = lo * 2
+    while statistics.fmean(scale(hi)) < mean and hi < lo * 1024:
+        hi *= 2
+    for _ in range(40):  # the capped mean rises with the factor: bisect for it
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if statistics.fmean(scale(mid)) < mean else (lo, mid)
+    return scale(hi)
 
 
 def workload(sc: Scenario) -> list[tuple[int, int]]:
