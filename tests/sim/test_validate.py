@@ -315,6 +315,26 @@ def test_open_loop_requests_arrive_on_schedule() -> None:
     assert [t.first_token_s for t in timelines] == pytest.approx([0.01, 1.01, 2.51])
 
 
+def test_prompts_share_no_prefix_but_a_preempted_request_finds_its_own_blocks() -> None:
+    # prefix caching as the family has it (vLLM V1: on), as `sim run` runs it; the
+    # harness's prompts share no cached block
+    engine = Engine(EngineConfig(max_model_len=512, api_overhead_s=0.0), FixedStep())
+    _serve(engine, [(256, 2)] * 4, [0.0, 0.0, 1.0, 1.0], users=1)
+    assert engine.prefix_queries_tokens == 4 * 256 and engine.prefix_hits_tokens == 0
+    # two requests of 64 + 150 tokens (14 blocks of 16 each) in 24 blocks: the second is
+    # preempted, and when it runs again it finds its own blocks instead of computing them
+    cached = Engine(EngineConfig(max_model_len=256, api_overhead_s=0.0, num_gpu_blocks_override=24), FixedStep())
+    _serve(cached, [(64, 150)] * 2, [0.0] * 2, users=1)
+    assert cached.preemptions_total > 0 and cached.prefix_hits_tokens >= 64
+    flags = parse_row(row(engine_config="python -m sglang.launch_server --disable-radix-cache")).engine_flags
+    assert ("enable_prefix_caching", 0.0) in flags
+    assert ("enable_prefix_caching", 1.0) in parse_row(row(engine_config="--enable-prefix-caching")).engine_flags
+    # the harness runs the engine as `sim run` does: the family's default unless stated
+    assert build_engine(parse_row(row()), 1000).config.enable_prefix_caching is True
+    off = parse_row(row(engine_config="vllm serve M --no-enable-prefix-caching"))
+    assert build_engine(off, 1000).config.enable_prefix_caching is False
+
+
 # --- golden ---------------------------------------------------------------------------------
 
 

@@ -267,6 +267,10 @@ def _engine_flags(cell: str) -> tuple[tuple[str, float], ...]:
         flags["enable_chunked_prefill"] = 0.0
     elif re.search(r"enable[_-]chunked[_-]prefill", text):
         flags["enable_chunked_prefill"] = 1.0
+    if re.search(r"disable[_-]radix[_-]cache|no[_-]enable[_-]prefix[_-]caching|enable[_-]prefix[_-]caching\s*[=:]?\s*(false|0)\b", text):
+        flags["enable_prefix_caching"] = 0.0
+    elif re.search(r"enable[_-]prefix[_-]caching", text):
+        flags["enable_prefix_caching"] = 1.0
     for m in re.finditer(r"(no|disable|enable)?[_-]?(overlap|async)[_-]schedul\w*", text):
         prefix, kind = m.group(1), m.group(2)
         if prefix is None and kind == "overlap":

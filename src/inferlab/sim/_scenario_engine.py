@@ -68,7 +68,9 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
         gpu_memory_utilization=flags.get("gpu_memory_utilization", 0.9),
         max_num_batched_tokens=flag("max_num_batched_tokens"),
         max_num_seqs=seqs,
-        enable_prefix_caching=False,  # no prompt shares a prefix: skip the hashing
+        # the family's default unless the row says: no prompt shares a prefix, but a
+        # preempted request finds its own blocks again (vLLM V1, SGLang)
+        enable_prefix_caching=bool(flags["enable_prefix_caching"]) if "enable_prefix_caching" in flags else None,
         enable_chunked_prefill=chunked,
         enforce_eager=bool(flags.get("enforce_eager", 0.0)),
         num_scheduler_steps=flag("num_scheduler_steps") or 1,

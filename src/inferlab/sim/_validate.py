@@ -144,6 +144,9 @@ class _Run:
     empty: frozenset[int]  # requests the source counts as empty
 
 
+_FIRST_ID = 1 << 20  # above every other prompt id
+
+
 def _serve(
     engine: Engine,
     jobs: Sequence[tuple[int, int]],
@@ -160,7 +163,8 @@ def _serve(
     while head < len(pending) or engine.has_work():
         while head < len(pending) and pending[head][0] <= now:
             arrival, i = pending[head]
-            engine.add_request(str(i), range(jobs[i][0]), jobs[i][1], arrival)
+            # (a first id of its own: no two prompts share a cached prefix)
+            engine.add_request(str(i), [_FIRST_ID + i, *range(1, jobs[i][0])], jobs[i][1], arrival)
             head += 1
         if not engine.has_work():
             now = pending[head][0]
