@@ -241,11 +241,20 @@ def test_odd_cells_parse() -> None:
     assert spec == Lengths("sharegpt", 215.0) and note is not None
     assert _lengths("204.9 mean", "ShareGPT V3 (fixed seed)", "input")[0].kind == "sharegpt"
     assert _lengths("128", "fixed (token-norm-dist, stdev 0)", "input")[0] == Lengths("fixed", 128)
-    # a measured mean of lengths drawn from a stated range: the range, not ShareGPT's shape
+    # a measured mean of lengths drawn from a stated range: the range, not ShareGPT's
+    # shape, keeping the mean measured
     ranged = "sglang.bench_serving random, random_range_ratio 0.0 (lengths uniform in [1,1024])"
-    assert _lengths("508.7 mean", ranged, "input")[0] == Lengths("uniform", 1, 1024)
-    # ... unless the mean is not the range's middle (then the range was not what was drawn)
+    assert _lengths("508.7 mean", ranged, "input")[0] == Lengths("uniform", 1, 1024, measured=508.7)
+    # ... unless the mean is not the range's middle (then the range was not what was
+    # drawn), or the cell states a length of its own rather than a mean
     assert _lengths("220 mean", "ShareGPT; lengths uniform in [1,1024]", "input")[0].kind == "sharegpt"
+    assert _lengths("500", "input lengths uniform in [1,1024]; output fixed", "output")[0] == Lengths("fixed", 500)
+    # a burst that names no concurrency limit is a burst
+    no_cap = parse_row(row(scenario="burst (all requests at t=0)", batch_or_concurrency="500 (no max-concurrency)",
+                           num_requests="500", request_rate_rps="inf"))
+    assert (no_cap.kind, no_cap.num_requests) == ("burst", 500)
+    # SGLang's --mem-frac is its share of GPU memory
+    assert ("gpu_memory_utilization", 0.85) in parse_row(row(engine_config="--mem-frac 0.85")).engine_flags
 
 
 def test_statistic_per_metric() -> None:
@@ -268,6 +277,32 @@ def test_sharegpt_workload_is_deterministic_with_the_stated_mean_and_caps() -> N
     assert statistics.fmean(o for _, o in jobs) == pytest.approx(200, rel=0.01)
     assert all(1 <= i <= 1024 and o >= 1 and i + o <= 2048 for i, o in jobs)
     assert max(o for _, o in jobs) > 3 * 200  # a long tail, not fixed lengths
+
+
+def test_a_uniform_range_runs_with_the_mean_its_source_measured() -> None:
+    sc = parse_row(row(
+        input_len="540 mean", output_len="480 mean", num_requests="300",
+        length_distribution="random, random_range_ratio 0.0 (lengths uniform in [1,1024])",
+    ))
+    jobs = workload(sc)
+    assert statistics.fmean(i for i, _ in jobs) == pytest.approx(540, rel=0.005)
+    assert statistics.fmean(o for _, o in jobs) == pytest.approx(480, rel=0.005)
+    assert all(1 <= i <= 1024 and 1 <= o <= 1024 for i, o in jobs)
+    assert len({i for i, _ in jobs}) > 200  # drawn from the range, not one length
+
+
+def test_empty_requests_are_the_stated_share_and_the_rest_keep_the_stated_mean() -> None:
+    # the source counted 78 of 320 requests with no text; its mean output over the
+    # others is what the row's mean becomes
+    sc = parse_row(row(
+        input_len="204.9 mean", output_len="176.7 mean (measured)", num_requests="320",
+        length_distribution="ShareGPT V3", notes="requests with 0 generated tokens (...): 78/320",
+    ))
+    outs = [o for _, o in workload(sc)]
+    empty = [o for o in outs if o == 1]
+    assert len(empty) == 78
+    assert statistics.fmean(outs) == pytest.approx(176.7, rel=0.01)
+    assert statistics.fmean(o for o in outs if o > 1) == pytest.approx(176.7 / (1 - 78 / 320), rel=0.01)
 
 
 def test_sharegpt_workload_keeps_a_long_mean_that_the_prompt_cap_cuts() -> None:

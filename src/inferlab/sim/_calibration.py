@@ -170,7 +170,8 @@ def _kv_dtype(cell: str) -> str:
 
 
 def _kind(scenario: str, concurrency: str, rate: str) -> str:
-    s = f"{scenario} {concurrency}".lower()
+    # ('500 (no max-concurrency)' names no concurrency limit)
+    s = re.sub(r"\b(?:no|without)\s+max-concurrency", "", f"{scenario} {concurrency}".lower())
     if re.search(r"offline|max_throughput|benchmark_throughput", s):
         return "offline"
     if re.search(r"closed|max-concurrency", s) and _number(concurrency) is not None:
@@ -200,14 +201,14 @@ def _lengths(cell: str, dist: str, which: str) -> tuple[Lengths, str | None]:
     if m:
         return Lengths("uniform", float(m.group(1)), float(m.group(2))), None
     value = _number(c)
-    # a measured mean with the distribution stated as a range ('lengths uniform in
-    # [1,1024]'; sglang.bench_serving's random_range_ratio 0): the range, when the
-    # mean is its middle (within 10 %)
+    # a measured mean of lengths drawn from a range the row states ('lengths uniform in
+    # [1,1024]'; sglang.bench_serving's random_range_ratio 0): that range, keeping the
+    # mean measured, when it is near the range's middle (within 10 %)
     u = re.search(r"uniform\s+in\s*\[\s*(\d+)\s*,\s*(\d+)\s*\]", d)
-    if u and value is not None:
+    if u and value is not None and "mean" in c:
         lo, hi = float(u.group(1)), float(u.group(2))
         if lo < hi and abs(value / ((lo + hi) / 2) - 1) <= 0.1:
-            return Lengths("uniform", lo, hi), None
+            return Lengths("uniform", lo, hi, measured=value), None
     dataset = re.search(r"sharegpt|dataset", d) or "mean" in c
     if value is not None:
         if dataset and not re.search(r"\bfixed\b(?![\s-]*seed)", d):
@@ -244,7 +245,7 @@ _FLAGS = {
     "max_num_seqs": r"max[_-](?:num[_-]seqs|running[_-]requests|batch[_-]size)",
     "max_num_batched_tokens": r"max[_-]num[_-](?:batched[_-])?tokens|chunked[_-]prefill[_-]size",
     "max_model_len": r"max[_-]model[_-]len|context[_-]length|max[_-]seq[_-]len",
-    "gpu_memory_utilization": r"gpu[_-]memory[_-]utilization|mem[_-]fraction[_-]static",
+    "gpu_memory_utilization": r"gpu[_-]memory[_-]utilization|mem[_-]fraction[_-]static|mem[_-]frac\b",
     "kv_free": r"kv[_-]cache[_-]free[_-]gpu[_-]mem[_-]fraction",
     "cache_max_entry_count": r"cache[_-]max[_-]entry[_-]count",
     "num_scheduler_steps": r"num[_-]scheduler[_-]steps",

@@ -24,14 +24,18 @@ METRIC_COLUMNS = tuple(METRIC_CLASS)
 
 @dataclass(frozen=True)
 class Lengths:
-    """Token lengths: ``fixed`` (a), ``uniform`` [a, b], or ``sharegpt`` with mean a."""
+    """Token lengths: ``fixed`` (a), ``uniform`` [a, b], or ``sharegpt`` with mean a. A
+    uniform range may carry the mean its source measured (``measured``)."""
 
     kind: str
     a: float
     b: float = 0.0
+    measured: float | None = None
 
     @property
     def mean(self) -> float:
+        if self.measured is not None:
+            return self.measured
         return (self.a + self.b) / 2 if self.kind == "uniform" else self.a
 
 

@@ -110,27 +110,34 @@ def workload(sc: Scenario) -> list[tuple[int, int]]:
     if inp.kind == "sharegpt":
         ins = _scaled([i for i, _ in pairs], inp.a, [_SHAREGPT_MAX_INPUT] * n)
     else:
-        ins = [_draw(inp, rng) for _ in range(n)]
+        ins = _draws(inp, rng, n)
+    # requests that generate no text get one token (prefilled, then end of sequence);
+    # the others have the stated mean, which the source measured over them
+    empty = set(_empty_indices(sc, n))
+    keep = [k for k in range(n) if k not in empty]
     if out.kind == "sharegpt":
-        caps = [max(1, _SHAREGPT_MAX_TOTAL - i) for i in ins]
-        outs = _scaled([o for _, o in pairs], out.a, caps)
+        caps = [max(1, _SHAREGPT_MAX_TOTAL - ins[k]) for k in keep]
+        kept = _scaled([pairs[k][1] for k in keep], out.a, caps)
     else:
-        outs = [_draw(out, rng) for _ in range(n)]
-    for k in _empty_indices(sc, n):
-        outs[k] = 1  # prefilled, then an end-of-sequence token: no text
+        kept = _draws(out, rng, len(keep))
+    outs = [1] * n
+    for k, o in zip(keep, kept, strict=True):
+        outs[k] = o
     return list(zip(ins, outs, strict=True))
 
 
-def _draw(spec: Lengths, rng: random.Random) -> int:
-    if spec.kind == "uniform":
-        return rng.randint(int(spec.a), int(spec.b))
-    return max(1, round(spec.a))
+def _draws(spec: Lengths, rng: random.Random, n: int) -> list[int]:
+    """``n`` lengths: fixed, or uniform draws (scaled to the mean measured, if stated)."""
+    if spec.kind != "uniform":
+        return [max(1, round(spec.a))] * n
+    drawn = [rng.randint(int(spec.a), int(spec.b)) for _ in range(n)]
+    return drawn if spec.measured is None else _scaled(drawn, spec.measured, [int(spec.b)] * n)
 
 
-def _empty_indices(sc: Scenario, n: int) -> range:
-    """The requests that generate no text, spread evenly over the workload."""
+def _empty_indices(sc: Scenario, n: int) -> list[int]:
+    """The requests that generate no text (the stated share of ``n``), spread evenly."""
     count = round(sc.empty_fraction * n)
-    return range(0, n, n // count) if count else range(0)
+    return [k * n // count for k in range(count)]
 
 
 # --- running --------------------------------------------------------------------------------
