@@ -403,6 +403,15 @@ def test_other_files_in_the_same_format_validate(tmp_path: Path) -> None:
     assert all(c.predicted > 0 for c in report.comparisons)
 
 
+def test_percentiles_interpolate_like_the_sources_numpy() -> None:
+    # vLLM's and SGLang's benchmark clients report np.median / np.percentile: a median of
+    # two equal halves (lockstep users prefilled in two steps) is their midpoint
+    assert _stat([74.0] * 8 + [103.0] * 8, "median") == pytest.approx(88.5)
+    assert _stat([1.0, 2.0, 3.0, 4.0, 10.0], "p90") == pytest.approx(7.6)  # numpy's value
+    assert _stat([74.0, 103.0], "median", [8.0, 8.0]) == pytest.approx(88.5)
+    assert _stat([5.0], "p99", [3.5]) == 5.0
+
+
 def test_weighted_statistics_count_each_value_its_weight_in_times() -> None:
     """A steady-state request standing for k of the row's requests counts k times: the
     weighted mean and percentiles equal those of the list with each value repeated."""

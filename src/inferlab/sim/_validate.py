@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferlab._errors import InferlabError
+from inferlab._metrics import percentile
 from inferlab._sharegpt import sharegpt_lengths
 from inferlab.sim._calibration import load_rows, parse_rows
 from inferlab.sim._engine import Engine, RequestTimeline
@@ -254,30 +255,31 @@ def _duration_s(run: _Run) -> float:
 
 
 def _stat(values: Sequence[float], stat: str, weights: Sequence[float] | None = None) -> float:
-    """mean, median or pNN of ``values``, each counted ``weights[i]`` times (default 1)."""
+    """mean, median or pNN of ``values``, each counted ``weights[i]`` times (default 1).
+    Percentiles interpolate linearly between ranks, as numpy's (what vLLM's, SGLang's and
+    most benchmark clients report) and inferlab's own summaries do."""
     if not values:
         raise ValueError("no simulated values for this statistic")
     q = 50 if stat == "median" else 0 if stat == "mean" else int(stat[1:])
     if weights is None:
-        if stat == "mean":
-            return statistics.fmean(values)
-        ordered_values = sorted(values)
-        return ordered_values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
+        return statistics.fmean(values) if stat == "mean" else percentile(sorted(values), q)
     total = math.fsum(weights)
     if stat == "mean":
         return math.fsum(w * v for w, v in zip(weights, values, strict=True)) / total
     ordered = sorted(zip(values, weights, strict=True))
-    # the first value whose cumulative weight reaches q % of the total (rounded up to a
-    # whole request when the weights are whole: then it is the expanded list's pNN)
-    rank = q / 100 * total
-    if all(float(w).is_integer() for w in weights):
-        rank = max(1.0, math.ceil(rank - 1e-9))
-    seen = 0.0
-    for v, w in ordered:
-        seen += w
-        if seen >= rank - 1e-9 * total:
-            return v
-    return ordered[-1][0]
+
+    def at(rank: int) -> float:  # the value at this 0-based rank of the expanded list
+        seen = 0.0
+        for v, w in ordered:
+            seen += w
+            if rank < seen - 1e-9:
+                return v
+        return ordered[-1][0]
+
+    pos = max(0.0, total - 1) * q / 100
+    lo = math.floor(pos)
+    low = at(lo)
+    return low + (at(lo + 1) - low) * (pos - lo) if pos > lo else low
 
 
 def _request_weights(sc: Scenario, run: _Run) -> list[float] | None:
