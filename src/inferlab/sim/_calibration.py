@@ -245,7 +245,7 @@ _FLAGS = {
     "max_num_seqs": r"max[_-](?:num[_-]seqs|running[_-]requests|batch[_-]size)",
     "max_num_batched_tokens": r"max[_-]num[_-](?:batched[_-])?tokens|chunked[_-]prefill[_-]size",
     "max_model_len": r"max[_-]model[_-]len|context[_-]length|max[_-]seq[_-]len",
-    "gpu_memory_utilization": r"gpu[_-]memory[_-]utilization|mem[_-]fraction[_-]static|mem[_-]frac\b",
+    "gpu_memory_utilization": r"gpu[_-]memory[_-]utilization|mem[_-]fraction[_-]static",
     "kv_free": r"kv[_-]cache[_-]free[_-]gpu[_-]mem[_-]fraction",
     "cache_max_entry_count": r"cache[_-]max[_-]entry[_-]count",
     "num_scheduler_steps": r"num[_-]scheduler[_-]steps",
@@ -354,7 +354,10 @@ def parse_row(row: dict[str, str]) -> Scenario:
     )
     if 0 < empty_fraction < 1:
         assumptions.append(f"{empty_fraction:.0%} of requests empty, counted as 0 like the source")
-        if output_len.kind != "uniform":
+        # the stated mean counts the empty ones as 0: the others' mean is higher
+        if output_len.measured is not None:
+            output_len = dataclasses.replace(output_len, measured=output_len.measured / (1 - empty_fraction))
+        elif output_len.kind != "uniform":
             output_len = dataclasses.replace(output_len, a=output_len.a / (1 - empty_fraction))
 
     stat_cell = row.get("metric_stat", "")

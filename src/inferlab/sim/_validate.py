@@ -5,9 +5,11 @@ reason); ``simulate`` runs a scenario in virtual time on the engine ``_scenario_
 builds for it and computes the statistics the source reports; ``validate`` does both for
 a file and ``summarize`` takes the median error per metric class. Nothing is tuned per row:
 
-- workload: fixed lengths; ``U[a,b]`` uniform; ShareGPT rows the token lengths of a
-  published run of vLLM's ShareGPT sampler (``sharegpt_lengths``) in order, scaled to
-  the row's means; no two prompts share a prefix;
+- workload: fixed lengths; ``U[a,b]`` uniform (scaled to the mean the source measured,
+  when the row gives one); ShareGPT rows the token lengths of a published run of vLLM's
+  ShareGPT sampler (``sharegpt_lengths``) in order, scaled to the row's means; requests
+  the source counted as empty (no text) are that share, one output token each, and the
+  others carry the row's mean over them; no two prompts share a prefix;
 - load: ``offline`` and ``static`` (batch) = every request at t=0 through the engine
   API (no API cost); ``burst`` = every request at t=0 through the server; ``poisson``
   = seeded exponential gaps from t=0; ``constant`` = even gaps; ``closed`` = N users,
@@ -34,7 +36,14 @@ from inferlab._metrics import percentile
 from inferlab._sharegpt import sharegpt_lengths
 from inferlab.sim._calibration import load_rows, parse_rows
 from inferlab.sim._engine import Engine, RequestTimeline
-from inferlab.sim._scenario import METRIC_CLASS, Lengths, Measurement, Scenario, Skipped
+from inferlab.sim._scenario import (
+    METRIC_CLASS,
+    Lengths,
+    Measurement,
+    Scenario,
+    ScenarioError,
+    Skipped,
+)
 from inferlab.sim._scenario_engine import build_engine
 
 # ShareGPT V3 through vLLM's sampler (prompt <= 1024, prompt + output <= 2048): the
@@ -79,12 +88,12 @@ class Report:
 # --- the workload ---------------------------------------------------------------------------
 
 
-def _scaled(values: Sequence[int], mean: float, caps: Sequence[int]) -> list[int]:
-    """``values`` scaled so that their mean is ``mean``, each in [1, caps[i]]: where caps
+def _scaled(values: Sequence[int], mean: float, caps: Sequence[int], low: int = 1) -> list[int]:
+    """``values`` scaled so that their mean is ``mean``, each in [low, caps[i]]: where caps
     cut the longest, the rest scale up further, as far as the caps allow."""
 
     def scale(factor: float) -> list[int]:
-        return [max(1, min(cap, round(v * factor))) for v, cap in zip(values, caps, strict=True)]
+        return [max(low, min(cap, round(v * factor))) for v, cap in zip(values, caps, strict=True)]
 
     lo = mean / statistics.fmean(values)
     out = scale(lo)
@@ -116,11 +125,17 @@ def workload(sc: Scenario) -> list[tuple[int, int]]:
     # the others have the stated mean, which the source measured over them
     empty = set(_empty_indices(sc, n))
     keep = [k for k in range(n) if k not in empty]
+    if not keep:
+        raise ScenarioError("every request is counted empty")
+    # the row's mean over the non-empty requests assumed the stated share; with this
+    # many requests the share runs a little off it, and the overall mean stays the stated one
+    adjust = (1 - sc.empty_fraction) * n / len(keep)
     if out.kind == "sharegpt":
         caps = [max(1, _SHAREGPT_MAX_TOTAL - ins[k]) for k in keep]
-        kept = _scaled([pairs[k][1] for k in keep], out.a, caps)
+        kept = _scaled([pairs[k][1] for k in keep], out.a * adjust, caps)
     else:
-        kept = _draws(out, rng, len(keep))
+        measured = None if out.measured is None else out.measured * adjust
+        kept = _draws(dataclasses.replace(out, measured=measured), rng, len(keep))
     outs = [1] * n
     for k, o in zip(keep, kept, strict=True):
         outs[k] = o
@@ -131,8 +146,9 @@ def _draws(spec: Lengths, rng: random.Random, n: int) -> list[int]:
     """``n`` lengths: fixed, or uniform draws (scaled to the mean measured, if stated)."""
     if spec.kind != "uniform":
         return [max(1, round(spec.a))] * n
-    drawn = [rng.randint(int(spec.a), int(spec.b)) for _ in range(n)]
-    return drawn if spec.measured is None else _scaled(drawn, spec.measured, [int(spec.b)] * n)
+    lo, hi = int(spec.a), int(spec.b)
+    drawn = [rng.randint(lo, hi) for _ in range(n)]
+    return drawn if spec.measured is None else _scaled(drawn, spec.measured, [hi] * n, max(1, lo))
 
 
 def _empty_indices(sc: Scenario, n: int) -> list[int]:
@@ -268,11 +284,13 @@ def _stat(values: Sequence[float], stat: str, weights: Sequence[float] | None = 
         return math.fsum(w * v for w, v in zip(weights, values, strict=True)) / total
     ordered = sorted(zip(values, weights, strict=True))
 
+    # (fractional weights: value i holds the ranks from its cumulative start, so the
+    # ranks are not symmetric; the closed-loop weights sum to whole requests)
     def at(rank: int) -> float:  # the value at this 0-based rank of the expanded list
         seen = 0.0
         for v, w in ordered:
             seen += w
-            if rank < seen - 1e-9:
+            if rank < seen - 1e-9 * total:
                 return v
         return ordered[-1][0]
 
