@@ -4,7 +4,8 @@ Runs every row of a calibration CSV (default ``shared/data/calibration.csv``, in
 repository or beside it) through
 ``inferlab.sim._validate`` in virtual time and prints measured vs predicted with the
 absolute error, then the median absolute error per metric class against the targets
-(throughput <= 10 %, TTFT <= 15 %, TPOT/ITL <= 15 %), per engine family, and the rows
+(throughput <= 10 %, TTFT <= 15 %, TPOT/ITL <= 15 %), per engine family, the rows whose
+throughput errors disagree (their simulated lengths are not the source's), and the rows
 that could not be expressed with the reason.
 
     python bench/validate_sim.py                  # the shared calibration file
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from inferlab.sim._validate import TARGET_PCT, Comparison, summarize, validate
+from inferlab.sim._validate import TARGET_PCT, Comparison, length_mismatches, summarize, validate
 
 _ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = (
@@ -97,6 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         print("assumptions:")
         for rid, notes in assumed.items():
             print(f"  row {rid}: {'; '.join(notes)}")
+    mismatched = length_mismatches(report.comparisons)
+    if mismatched:
+        print()
+        print("lengths to check (a row's throughput errors disagree: the simulated tokens per")
+        print("request differ from the source's by more than 3 %):")
+        for rid, what in mismatched.items():
+            print(f"  row {rid}: {what}")
     print()
     print(f"skipped ({len(report.skipped)}):")
     for sk in report.skipped:

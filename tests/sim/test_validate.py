@@ -19,7 +19,16 @@ from inferlab.sim._calibration import (
 )
 from inferlab.sim._scenario import Lengths, ScenarioError
 from inferlab.sim._scenario_engine import build_engine
-from inferlab.sim._validate import _gaps_s, _serve, _stat, summarize, validate, workload
+from inferlab.sim._validate import (
+    Comparison,
+    _gaps_s,
+    _serve,
+    _stat,
+    length_mismatches,
+    summarize,
+    validate,
+    workload,
+)
 
 _ROOT = Path(__file__).parents[2]
 CSV = (
@@ -410,6 +419,18 @@ def test_other_files_in_the_same_format_validate(tmp_path: Path) -> None:
     assert {c.scenario.row_id for c in report.comparisons} == {"x1", "x3"}
     assert [s.row_id for s in report.skipped] == ["x2"]
     assert all(c.predicted > 0 for c in report.comparisons)
+
+
+def test_rows_whose_throughputs_disagree_are_flagged_as_running_other_lengths() -> None:
+    sc = parse_row(row())
+    # one run: output tok/s 11 % low but req/s 7 % low -> 4 % fewer output tokens per request
+    off = [Comparison(sc, "output_tok_per_s", "aggregate", 100.0, 89.0),
+           Comparison(sc, "req_per_s", "aggregate", 10.0, 9.3),
+           Comparison(sc, "total_tok_per_s", "aggregate", 200.0, 178.0)]
+    assert length_mismatches(off) == {sc.row_id: "output tokens per request -4.3%"}
+    agree = [Comparison(sc, "output_tok_per_s", "aggregate", 100.0, 92.8),
+             Comparison(sc, "req_per_s", "aggregate", 10.0, 9.3)]
+    assert length_mismatches(agree) == {}
 
 
 def test_percentiles_interpolate_like_the_sources_numpy() -> None:

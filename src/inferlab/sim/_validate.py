@@ -382,6 +382,31 @@ def validate(path: str | Path, row_ids: Iterable[str] | None = None) -> Report:
     return report
 
 
+def length_mismatches(comparisons: Sequence[Comparison], tolerance_pct: float = 3.0) -> dict[str, str]:
+    """Rows whose simulated lengths disagree with their source's, by row id, with what
+    disagrees. One run's output tok/s, total tok/s and req/s share its duration, so their
+    errors differ only where tokens per request do: output tok/s against req/s is the
+    output length, total against output tok/s the prompt length."""
+    by_row: dict[str, dict[str, float]] = {}
+    for c in comparisons:
+        if c.metric_class == "throughput":
+            by_row.setdefault(c.scenario.row_id, {})[c.metric] = 1 + c.error_pct / 100
+    found: dict[str, str] = {}
+    for rid, ratio in by_row.items():
+        notes = []
+        for a, b, what in (
+            ("output_tok_per_s", "req_per_s", "output tokens per request"),
+            ("total_tok_per_s", "output_tok_per_s", "prompt tokens (total vs output tok/s)"),
+        ):
+            if a in ratio and b in ratio and ratio[b] > 0:
+                off = 100 * (ratio[a] / ratio[b] - 1)
+                if abs(off) > tolerance_pct:
+                    notes.append(f"{what} {off:+.1f}%")
+        if notes:
+            found[rid] = "; ".join(notes)
+    return found
+
+
 def summarize(comparisons: Sequence[Comparison]) -> dict[str, tuple[float, int, int]]:
     """Per metric class present: (median over rows of the row's mean |error| %, rows,
     values). A row that reports three throughputs of one run counts once, not three times."""
