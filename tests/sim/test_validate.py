@@ -421,6 +421,19 @@ def test_other_files_in_the_same_format_validate(tmp_path: Path) -> None:
     assert all(c.predicted > 0 for c in report.comparisons)
 
 
+def test_a_stated_context_beyond_the_models_is_skipped_with_that_reason(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    long = row(row_id="y1", model="Qwen/Qwen2.5-7B-Instruct", engine_config="vllm serve M --max-model-len 65536",
+               input_len="60000", output_len="100")
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(long))
+        w.writeheader()
+        w.writerow(long)
+    report = validate(path)
+    assert [s.row_id for s in report.skipped] == ["y1"]
+    assert "--max-model-len 65536 is beyond" in report.skipped[0].reason and "YaRN" in report.skipped[0].reason
+
+
 def test_rows_whose_throughputs_disagree_are_flagged_as_running_other_lengths() -> None:
     sc = parse_row(row())
     # one run: output tok/s 11 % low but req/s 7 % low -> 4 % fewer output tokens per request

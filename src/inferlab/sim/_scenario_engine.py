@@ -14,7 +14,7 @@ import math
 
 from inferlab.sim._engine import Engine, EngineConfig
 from inferlab.sim._hardware import resolve_model
-from inferlab.sim._scenario import Scenario
+from inferlab.sim._scenario import Scenario, ScenarioError
 
 
 def _trtllm_bench_sizes(sc: Scenario, kv_tokens: int) -> tuple[int, int]:
@@ -55,6 +55,12 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
     # for it has a longer one (Llama 3 as Llama 3.1); else vLLM's (the context, capped)
     declared = flag("max_model_len") or sc.native_max_len
     context = resolve_model(sc.model).max_position_embeddings
+    stated = flag("max_model_len")
+    if stated is not None and stated > context:
+        raise ScenarioError(
+            f"--max-model-len {stated} is beyond {sc.model}'s {context}-token context "
+            "(the source extends it with rope scaling such as YaRN, which is not modelled)"
+        )
     max_model_len = min(max(max_total_len, declared), context) if declared < context else None
     overlap = flags.get("overlap_schedule")
     if overlap is None and sc.family == "sglang" and sc.version is not None and sc.version < (0, 4):

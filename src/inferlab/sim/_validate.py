@@ -369,7 +369,8 @@ def validate(path: str | Path, row_ids: Iterable[str] | None = None) -> Report:
         try:
             predicted, simulated = simulate(sc)
         except (ValueError, ArithmeticError, LookupError, InferlabError) as e:
-            reason = f"the simulated engine cannot run it: {e}"
+            # (a ScenarioError says why the row cannot be expressed; the rest are the engine's)
+            reason = str(e) if isinstance(e, ScenarioError) else f"the simulated engine cannot run it: {e}"
             report.skipped.append(Skipped(sc.row_id, sc.engine_label, sc.model, reason))
             continue
         if simulated < sc.num_requests:
