@@ -163,5 +163,6 @@ def _embedded_tp(model: str, gpu: str, max_model_len: int) -> int:
         "run `inferlab sim serve` with the flags it needs (--quantization, --gpu, -tp) and give bench its --url"
     )
 
+
 if __name__ == "__main__":
     run()

@@ -53,9 +53,9 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
     chunked = bool(flags["enable_chunked_prefill"]) if "enable_chunked_prefill" in flags else None
     # the row's --max-model-len, or its model's own context where the preset standing in
     # for it has a longer one (Llama 3 as Llama 3.1); else vLLM's (the context, capped)
-    declared = flag("max_model_len") or sc.native_max_len
-    context = resolve_model(sc.model).max_position_embeddings
     stated = flag("max_model_len")
+    declared = stated or sc.native_max_len
+    context = resolve_model(sc.model).max_position_embeddings
     if stated is not None and stated > context:
         raise ScenarioError(
             f"--max-model-len {stated} is beyond {sc.model}'s {context}-token context "
