@@ -1,8 +1,18 @@
 import dataclasses
+import itertools
+import random
 
 import pytest
 
-from inferlab._metrics import SLO, distribution, percentile, request_metrics, summarize
+from inferlab._metrics import (
+    SLO,
+    counted_distribution,
+    distribution,
+    itl_ms_counts,
+    percentile,
+    request_metrics,
+    summarize,
+)
 from inferlab._records import ErrorKind, RequestRecord
 
 MS = 1_000_000
@@ -51,6 +61,31 @@ def test_percentiles_interpolate_like_numpy() -> None:
     assert d is not None
     assert d["mean"] == 5.0 and d["std"] == 2.0 and d["min"] == 2.0 and d["max"] == 9.0
     assert distribution([]) is None
+
+
+def test_counted_distribution_gives_exactly_the_listed_one() -> None:
+    # bit-for-bit, not approx: summary.json must not change with the algorithm
+    rng = random.Random(7)
+    draws = [
+        lambda: rng.randrange(10**9) / 1e6,  # ITL-like: integer ns over 1e6
+        lambda: rng.uniform(-1, 1) * 10 ** rng.randint(-12, 12),  # magnitudes that cancel
+        lambda: rng.choice([0.1, 0.2, 0.3, 1e16, -1e16, 1.0, 2.0**-30]),  # rounding ties
+    ]
+    for trial in range(600):
+        draw = draws[trial % len(draws)]
+        distinct = list(dict.fromkeys(draw() for _ in range(rng.randint(1, 20))))
+        counts = {x: rng.choice([1, 2, 3, 10, 997]) for x in distinct}
+        listed = list(itertools.chain.from_iterable(itertools.repeat(x, k) for x, k in counts.items()))
+        rng.shuffle(listed)
+        assert counted_distribution(counts) == distribution(listed)
+    assert counted_distribution({}) is None
+
+
+def test_itl_counts_are_the_per_request_gaps() -> None:
+    records = [rec(0, 0, [10, 20, 35, 45], 50, out=4), rec(1, 0, [5, 15], 20, out=2), rec(2, 0, [], 1, out=None)]
+    gaps = [g for r in records for g in request_metrics(r).itl_ms]
+    assert itl_ms_counts(records) == {10.0: 3, 15.0: 1} and sum(itl_ms_counts(records).values()) == len(gaps)
+    assert counted_distribution(itl_ms_counts(records)) == distribution(gaps)
 
 
 def test_aggregates_exclude_warmup_and_count_failures() -> None:

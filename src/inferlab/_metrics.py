@@ -6,10 +6,11 @@ Times in records are ns; the summary reports milliseconds (``*_ms``), tokens/s a
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import mul, sub, truediv
@@ -108,7 +109,7 @@ def distribution(values: Iterable[float]) -> dict[str, float] | None:
     if n == 0:
         return None
     mean = math.fsum(xs) / n
-    # (in C, no intermediate list: ITL has a value per token)
+    # (in C, no intermediate list)
     std = math.sqrt(math.fsum(map(mul, map(sub, xs, repeat(mean)), map(sub, xs, repeat(mean)))) / n)
     out = {"mean": mean, "std": std, "min": xs[0]}
     for q in (50, 90, 95, 99):
@@ -117,15 +118,70 @@ def distribution(values: Iterable[float]) -> dict[str, float] | None:
     return out
 
 
+def counted_distribution(counts: Mapping[float, int]) -> dict[str, float] | None:
+    """``distribution`` of the values ``counts`` holds with their multiplicities (finite
+    values, positive counts; -0.0 counts as 0.0), exactly the same numbers without
+    listing every value: for ITL, millions of values that take a few thousand distinct
+    ones (step durations)."""
+    xs = sorted(counts)
+    if not xs:
+        return None
+    ns = [counts[x] for x in xs]
+    n = sum(ns)
+    ends = list(itertools.accumulate(ns))  # ends[i]: how many values are <= xs[i]
+
+    def at(rank: int) -> float:
+        return xs[bisect.bisect_right(ends, rank)]
+
+    mean = _repeated_fsum(xs, ns) / n
+    std = math.sqrt(_repeated_fsum([(x - mean) * (x - mean) for x in xs], ns) / n)
+    out = {"mean": mean, "std": std, "min": xs[0]}
+    for q in (50, 90, 95, 99):
+        out[f"p{q}"] = _interpolate(at, n, q)
+    out["max"] = xs[-1]
+    return out
+
+
+def _repeated_fsum(xs: Sequence[float], ns: Sequence[int]) -> float:
+    """``math.fsum`` of each ``xs[i]`` repeated ``ns[i]`` times (finite values).
+
+    fsum returns the exact sum rounded once to the nearest float; so does this: the
+    floats are dyadic rationals, summed exactly over a common power-of-two denominator,
+    and ``int / int`` rounds correctly."""
+    num, den = 0, 1
+    for x, k in zip(xs, ns, strict=True):
+        p, q = x.as_integer_ratio()  # q is a power of two
+        if q > den:
+            num *= q // den
+            den = q
+        num += k * p * (den // q)
+    return num / den
+
+
 def percentile(sorted_xs: Sequence[float], q: float) -> float:
     """The q-th percentile of sorted data, interpolating linearly (numpy's default)."""
     if not sorted_xs:
         raise ValueError("percentile of no data")
-    pos = (len(sorted_xs) - 1) * q / 100.0
+    return _interpolate(sorted_xs.__getitem__, len(sorted_xs), q)
+
+
+def _interpolate(at: Callable[[int], float], n: int, q: float) -> float:
+    """The q-th percentile of ``n`` sorted values, ``at(i)`` the i-th (from 0)."""
+    pos = (n - 1) * q / 100.0
     lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_xs) - 1)
+    hi = min(lo + 1, n - 1)
     frac = pos - lo
-    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * frac
+    return at(lo) + (at(hi) - at(lo)) * frac
+
+
+def itl_ms_counts(records: Iterable[RequestRecord]) -> Counter[float]:
+    """Every ITL value of ``records`` (ms), counted: the gaps are integer ns, counted in
+    C, then each distinct gap is converted once (the same floats as gap / 1e6)."""
+    gaps = Counter(itertools.chain.from_iterable(map(itl_ns, (r.content_ns for r in records))))
+    out: Counter[float] = Counter()
+    for gap_ns, k in gaps.items():
+        out[gap_ns / NS_PER_MS] += k
+    return out
 
 
 def _present(values: Iterable[float | None]) -> list[float]:
@@ -187,7 +243,7 @@ def summarize(
         "ttft_ms": distribution(_present(m.ttft_ms for m in per)),
         "e2e_ms": distribution(_present(m.e2e_ms for m in per)),
         "tpot_ms": distribution(_present(m.tpot_ms for m in per)),
-        "itl_ms": distribution(map(truediv, itertools.chain.from_iterable(map(itl_ns, (r.content_ns for r in done))), repeat(NS_PER_MS))),
+        "itl_ms": counted_distribution(itl_ms_counts(done)),
         "decode_tps": distribution(_present(m.decode_tps for m in per)),
         "queue_delay_ms": distribution(
             _present(queue_delay_ms(r) for r in measured)
