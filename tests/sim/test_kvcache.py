@@ -1,8 +1,9 @@
 import random
+from collections import OrderedDict
 
 import pytest
 
-from inferlab.sim._kvcache import KVCacheManager, hash_blocks
+from inferlab.sim._kvcache import FreeQueue, KVCacheManager, hash_blocks
 
 BS = 16
 
@@ -32,6 +33,43 @@ def test_hashes_are_chained_over_full_blocks_only() -> None:
     assert hash_blocks(toks(32), BS) == a
     b = hash_blocks([999, *toks(39, 1)], BS)  # first block differs...
     assert b[0] != a[0] and b[1] != a[1]  # ...so every later block differs too
+
+
+def test_hashes_are_those_of_the_block_tuples() -> None:
+    ids = toks(50, 7)
+    expected, prev = [], 0
+    for start in range(0, 48, BS):
+        prev = hash((prev, tuple(ids[start : start + BS])))
+        expected.append(prev)
+    assert hash_blocks(ids, BS) == expected
+    assert hash_blocks(ids[:15], BS) == []
+
+
+def test_free_queue_keeps_the_order_of_an_ordered_dict() -> None:
+    # the order blocks are reused in decides which cached prefixes are evicted: it must
+    # be exactly least recently freed first, with claimed blocks taken out of the middle
+    rng = random.Random(3)
+    for _ in range(100):
+        n = rng.randint(1, 40)
+        queue, model = FreeQueue(n), OrderedDict.fromkeys(range(n))
+        used: list[int] = []
+        for _ in range(rng.randint(1, 2000)):  # (long enough to compact the list)
+            op = rng.random()
+            if op < 0.4 and model:
+                k = rng.randint(1, len(model))
+                taken = queue.take(k)
+                assert taken == [model.popitem(last=False)[0] for _ in range(k)]
+                used += taken
+            elif op < 0.7 and model:
+                b = rng.choice(list(model))
+                queue.remove(b)
+                del model[b]
+                used.append(b)
+            elif used:
+                b = used.pop(rng.randrange(len(used)))
+                queue.append(b)
+                model[b] = None
+            assert len(queue) == len(model) and list(queue) == list(model)
 
 
 def test_allocate_free_and_usage() -> None:

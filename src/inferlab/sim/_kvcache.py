@@ -12,8 +12,8 @@ Invariants: every block is either free (count 0, in the free queue) or in use (c
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import Protocol
 
 _ROOT_HASH = 0  # the "previous hash" of a sequence's first block
@@ -23,10 +23,77 @@ def hash_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
     """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block has none)."""
     hashes: list[int] = []
     prev = _ROOT_HASH
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        prev = hash((prev, tuple(token_ids[start : start + block_size])))
+    # one iterator zipped with itself: each full block as a tuple, built in C (a
+    # trailing partial block is dropped)
+    for block in zip(*[iter(token_ids)] * block_size, strict=False):
+        prev = hash((prev, block))
         hashes.append(prev)
     return hashes
+
+
+class FreeQueue:
+    """Free block ids, least recently freed first, as an ``OrderedDict`` of them would
+    keep them, but taken from the front in bulk (a list slice).
+
+    A block claimed again from the middle (a cached prefix that hits) leaves lazily: its
+    entry stays and is skipped when it reaches the front. A block's skipped entries are
+    always older than its live one (it is claimed only while free, so all its entries
+    are stale then; freeing it again appends the new live one), so a count of them per
+    block is all the bookkeeping needed."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self._ids = list(range(num_blocks))
+        self._head = 0  # the queue is self._ids[self._head:], less the stale entries
+        self._stale = [0] * num_blocks  # per block: its entries to skip
+        self._num_stale = 0
+
+    def __len__(self) -> int:
+        return len(self._ids) - self._head - self._num_stale
+
+    def __iter__(self) -> Iterator[int]:
+        """The free blocks, front first."""
+        stale = list(self._stale)
+        for b in islice(self._ids, self._head, None):
+            if stale[b]:
+                stale[b] -= 1
+            else:
+                yield b
+
+    def append(self, block: int) -> None:
+        """``block`` (not in the queue) joins at the back."""
+        self._ids.append(block)
+
+    def remove(self, block: int) -> None:
+        """Take ``block`` (in the queue) out, wherever it is."""
+        self._stale[block] += 1
+        self._num_stale += 1
+
+    def take(self, n: int) -> list[int]:
+        """The ``n`` blocks at the front, out of the queue (``n <= len(self)``)."""
+        start = self._head
+        taken = self._ids[start : start + n]
+        if self._num_stale and any(map(self._stale.__getitem__, taken)):
+            taken = self._take_skipping_stale(n)
+        else:
+            self._head = start + n
+        if self._head > 1024 and 2 * self._head > len(self._ids):  # amortised O(1) per entry
+            del self._ids[: self._head]
+            self._head = 0
+        return taken
+
+    def _take_skipping_stale(self, n: int) -> list[int]:
+        ids, stale, i = self._ids, self._stale, self._head
+        taken: list[int] = []
+        while len(taken) < n:
+            b = ids[i]
+            i += 1
+            if stale[b]:
+                stale[b] -= 1
+                self._num_stale -= 1
+            else:
+                taken.append(b)
+        self._head = i
+        return taken
 
 
 class KVRequest(Protocol):
@@ -57,7 +124,7 @@ class KVCacheManager:
         self._ref_counts = [0] * num_blocks
         self._block_hash: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}  # hash -> block id holding that prefix
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free = FreeQueue(num_blocks)
         self.prefix_queries_tokens = 0
         self.prefix_hits_tokens = 0
 
@@ -112,7 +179,7 @@ class KVCacheManager:
             self.prefix_hits_tokens += len(cached) * bs
         for b in cached:
             if ref[b] == 0:
-                del self._free[b]
+                self._free.remove(b)
             ref[b] += 1
             block_ids.append(b)
         if cached:
@@ -135,31 +202,28 @@ class KVCacheManager:
     def _take_free_blocks(self, n: int) -> list[int]:
         """The ``n`` least recently freed blocks, now held once each; their cached
         prefixes are evicted. The caller has checked that ``n`` are free."""
-        popitem, block_hash, cached, ref = self._free.popitem, self._block_hash, self._cached, self._ref_counts
-        taken = []
-        for _ in range(n):
-            b = popitem(last=False)[0]
+        taken = self._free.take(n)
+        block_hash, cached, ref = self._block_hash, self._cached, self._ref_counts
+        for b in taken:
             old_hash = block_hash[b]
             if old_hash is not None:
                 if cached.get(old_hash) == b:
                     del cached[old_hash]
                 block_hash[b] = None
             ref[b] = 1
-            taken.append(b)
         return taken
 
     def _cache_full_blocks(self, req: KVRequest, num_tokens: int) -> None:
         """Register the hashes of ``req``'s blocks that ``num_tokens`` tokens fill, as far
         as their hashes are known (the prompt's; generated blocks: ``cache_generated``)."""
-        hashes = req.block_hashes
+        hashes, start = req.block_hashes, req.num_cached_blocks
         end = min(num_tokens // self.block_size, len(hashes))
-        for i in range(req.num_cached_blocks, end):
-            h = hashes[i]
-            block = req.block_ids[i]
-            if h not in self._cached:  # a duplicate computed concurrently stays unregistered
-                self._cached[h] = block
-                self._block_hash[block] = h
-        req.num_cached_blocks = max(req.num_cached_blocks, end)
+        cached, block_hash = self._cached, self._block_hash
+        for h, block in zip(hashes[start:end], req.block_ids[start:end], strict=True):
+            if h not in cached:  # a duplicate computed concurrently stays unregistered
+                cached[h] = block
+                block_hash[block] = h
+        req.num_cached_blocks = max(start, end)
 
     def cache_generated(self, req: KVRequest, num_computed_tokens: int) -> None:
         """Register ``req``'s full blocks of generated tokens (before it is preempted).
@@ -180,13 +244,13 @@ class KVCacheManager:
 
         Freed blocks keep their hash. Raises ``RuntimeError`` on a double free.
         """
-        ref = self._ref_counts
+        ref, release = self._ref_counts, self._free.append
         for b in reversed(req.block_ids):
             if ref[b] <= 0:
                 raise RuntimeError(f"block {b} freed twice")
             ref[b] -= 1
             if ref[b] == 0:
-                self._free[b] = None
+                release(b)
         req.block_ids = []
         req.num_cached_blocks = 0
 
@@ -195,6 +259,8 @@ class KVCacheManager:
         used = sum(1 for r in self._ref_counts if r > 0)
         assert used + len(self._free) == self.num_blocks, (used, len(self._free))
         assert all(r >= 0 for r in self._ref_counts)
-        assert all(self._ref_counts[b] == 0 for b in self._free)
+        free = list(self._free)
+        assert len(free) == len(set(free)) == len(self._free), "a block is in the free queue twice"
+        assert all(self._ref_counts[b] == 0 for b in free)
         for h, b in self._cached.items():
             assert self._block_hash[b] == h, (h, b)
