@@ -31,7 +31,9 @@ from inferlab._runner import LoadConfig
 from inferlab._schedule import OpenLoop
 from inferlab.sim._engine import Engine, EngineConfig
 from inferlab.sim._launch import ChildServer
+from inferlab.sim._simprompts import SimPromptBuilder
 from inferlab.sim._simrun import simulate
+from inferlab.sim._tokenizer import BuiltinTokenizer
 from inferlab.sim._virtual import run_virtual
 
 
@@ -39,18 +41,19 @@ def virtual(n: int) -> None:
     cfg = EngineConfig(enforce_eager=False)
     wl = WorkloadConfig(input_tokens=1000, output_tokens=250)
 
+    def prompts() -> SimPromptBuilder:  # as `sim run` builds them for the completions API
+        return SimPromptBuilder(BuiltinTokenizer())
+
     t0 = time.perf_counter()
-    records = simulate(Engine(cfg), LoadConfig(OpenLoop(math.inf), num_requests=n), wl.build(0))
+    workload = wl.build(0, "completions", builder=prompts())
+    records = simulate(Engine(cfg), LoadConfig(OpenLoop(math.inf), num_requests=n), workload)
     t1 = time.perf_counter()
     s = summarize(records)
     t2 = time.perf_counter()
     wall = t2 - t0
 
-    specs = wl.build(0)
-    from inferlab.sim._tokenizer import BuiltinTokenizer
-
-    tok = BuiltinTokenizer()
-    arrivals = [(0.0, str(i), tok.encode(str(next(specs).prompt)), 250) for i in range(n)]
+    specs = wl.build(0, "completions", builder=prompts())
+    arrivals = [(0.0, str(i), list(next(specs).prompt), 250) for i in range(n)]
     t3 = time.perf_counter()
     run_virtual(Engine(cfg), arrivals)
     engine_only = time.perf_counter() - t3

@@ -83,12 +83,14 @@ class WorkloadConfig:
         return self.prompt is None and self.dataset is None
 
     def build(
-        self, seed: int, api: Api = "chat", preflight: Preflight | None = None
+        self, seed: int, api: Api = "chat", preflight: Preflight | None = None, *, builder: PromptBuilder | None = None
     ) -> Iterator[RequestSpec] | list[TimedSpec] | SessionWorkload:
         """The workload: a list of ``TimedSpec`` for a trace, a ``SessionWorkload`` for
         multi-turn sessions, else an iterator (endless but for a dataset).
         ``preflight`` (from ``run_preflight``) says how prompts hit token lengths on the
-        target server. ``UsageError`` for conflicting or malformed options."""
+        target server; ``builder``, when given, makes the prompts instead (``sim run``:
+        the simulator's own token ids). ``UsageError`` for conflicting or malformed
+        options."""
         shared = self.prefix_groups is not None or self.prefix_tokens is not None
         chosen = [n for n, on in (
             ("--trace", self.trace is not None), ("--prefix-groups/--prefix-tokens", shared),
@@ -102,18 +104,22 @@ class WorkloadConfig:
         if self.suffix_tokens is not None and not shared:
             raise UsageError("--suffix-tokens needs --prefix-tokens")
         out = None if self.output_tokens is None else parse_length(self.output_tokens, "--output-tokens")
+
+        def prompts() -> PromptBuilder:
+            return builder or self.builder(api, preflight)
+
         if self.trace is not None:
             if self.output_tokens is not None:
                 raise UsageError("--output-tokens cannot be combined with --trace (the trace gives them)")
-            return self.trace.load(self.builder(api, preflight), seed, self.exact_output)
+            return self.trace.load(prompts(), seed, self.exact_output)
         if self.sessions is not None:
             scfg = SessionConfig(
                 self.sessions, self.turns, parse_length(self.input_tokens or 128, "--input-tokens"), out,
                 self.think_time_s, self.system_tokens, self.context_window_tokens,
             )
-            builder = self.builder(api, preflight)
-            builder.token_ids = False  # sessions send text: answers come back as text
-            return SessionWorkload(scfg, builder, seed, self.exact_output)
+            session_builder = prompts()
+            session_builder.token_ids = False  # sessions send text: answers come back as text
+            return SessionWorkload(scfg, session_builder, seed, self.exact_output)
         if self.dataset is not None:
             tok = load_tokenizer(self.tokenizer) if self.tokenizer else None
             rows = self.dataset.rows(tok)
@@ -122,11 +128,11 @@ class WorkloadConfig:
             return iter(SharedPrefixWorkload(
                 1 if self.prefix_groups is None else self.prefix_groups, self.prefix_tokens or 512,
                 parse_length(self.suffix_tokens if self.suffix_tokens is not None else 64, "--suffix-tokens"),
-                out, parse_popularity(self.prefix_popularity), seed, self.exact_output, self.builder(api, preflight),
+                out, parse_popularity(self.prefix_popularity), seed, self.exact_output, prompts(),
             ))
         if self.input_tokens is not None:
             inp = parse_length(self.input_tokens, "--input-tokens")
-            return iter(SyntheticWorkload(inp, out, seed, self.exact_output, self.builder(api, preflight)))
+            return iter(SyntheticWorkload(inp, out, seed, self.exact_output, prompts()))
         return iter(FixedPromptWorkload(self.prompt or DEFAULT_PROMPT, out, self.exact_output, seed))
 
 

@@ -201,7 +201,9 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
 def _sim_run(kw: dict[str, Any]) -> int:
     from inferlab._results import RunWriter
     from inferlab._tokenizers import load_tokenizer
+    from inferlab.sim._simprompts import SimPromptBuilder
     from inferlab.sim._simrun import Interrupted, simulate
+    from inferlab.sim._tokenizer import BuiltinTokenizer
 
     _model_from_trace(kw)
     load = load_config(kw)
@@ -211,8 +213,11 @@ def _sim_run(kw: dict[str, Any]) -> int:
         offline = isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
     engine = Engine(dataclasses.replace(engine_config(kw), offline=offline))
     engine_cfg = engine.config  # the sizes resolved
-    workload = workload_config(kw).build(load.seed, kw["api"])
     tokenizer = load_tokenizer(kw["tokenizer"]) if kw["tokenizer"] else None
+    # the engine counts text prompts with its built-in tokenizer unless given one; on the
+    # completions API built-in prompts can reach it as those ids, never built as text
+    builder = SimPromptBuilder(BuiltinTokenizer()) if tokenizer is None and kw["api"] == "completions" else None
+    workload = workload_config(kw).build(load.seed, kw["api"], builder=builder)
     config_json = {
         "command": "sim run",
         "engine": dataclasses.asdict(engine_cfg),

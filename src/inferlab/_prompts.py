@@ -38,22 +38,29 @@ class Segment:
 
 
 def words(key: str, n: int, vocab: tuple[str, ...] = WORDS) -> list[str]:
-    """The first ``n`` words of ``key``'s stream (a prefix of any longer draw).
+    """The first ``n`` words of ``key``'s stream (a prefix of any longer draw): the words
+    ``word_draws`` picks from ``vocab``."""
+    return list(map(draw_table(vocab).__getitem__, word_draws(key, n)))  # (in C)
+
+
+def word_draws(key: str, n: int) -> array[int]:
+    """The first ``n`` 16-bit draws of ``key``'s stream; draw ``d`` picks word
+    ``draw_table(vocab)[d]``.
 
     Draws whole 32-bit words of random bytes (so a shorter draw is a prefix of a longer
-    one) and maps each 16-bit index onto ``vocab``: several times faster than
-    ``random.choices``; the modulo bias (under 1% for a few hundred words) is irrelevant
-    for filler text."""
+    one): several times faster than ``random.choices``; the modulo bias of mapping 65,536
+    draws onto the vocabulary (under 1% for a few hundred words) is irrelevant for
+    filler text."""
     raw = random.Random(key).randbytes(4 * ((2 * n + 3) // 4))
     idx = array("H", raw[: 2 * n])
     if sys.byteorder == "big":
         idx.byteswap()  # the same words on every machine
-    return list(map(_index_table(vocab).__getitem__, idx))  # (in C)
+    return idx
 
 
 @functools.lru_cache(maxsize=8)
-def _index_table(vocab: tuple[str, ...]) -> list[str]:
-    """``vocab[i % len(vocab)]`` for every 16-bit ``i``: one lookup per word."""
+def draw_table(vocab: tuple[str, ...]) -> list[str]:
+    """``vocab[d % len(vocab)]`` for every 16-bit draw ``d``: one lookup per word."""
     return [vocab[i] for i in map(mod, range(1 << 16), repeat(len(vocab)))]
 
 
