@@ -48,6 +48,7 @@ def test_hashes_are_those_of_the_block_tuples() -> None:
 def test_free_queue_keeps_the_order_of_an_ordered_dict() -> None:
     # the order blocks are reused in decides which cached prefixes are evicted: it must
     # be exactly least recently freed first, with claimed blocks taken out of the middle
+    # (FreeQueue.remove) and blocks freed together queued in their order
     rng = random.Random(3)
     for _ in range(100):
         n = rng.randint(1, 40)
@@ -66,9 +67,9 @@ def test_free_queue_keeps_the_order_of_an_ordered_dict() -> None:
                 del model[b]
                 used.append(b)
             elif used:
-                b = used.pop(rng.randrange(len(used)))
-                queue.append(b)
-                model[b] = None
+                freed = [used.pop(rng.randrange(len(used))) for _ in range(rng.randint(1, len(used)))]
+                queue.extend(freed)
+                model.update(dict.fromkeys(freed))
             assert len(queue) == len(model) and list(queue) == list(model)
 
 

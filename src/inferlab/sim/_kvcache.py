@@ -59,9 +59,9 @@ class FreeQueue:
             else:
                 yield b
 
-    def append(self, block: int) -> None:
-        """``block`` (not in the queue) joins at the back."""
-        self._ids.append(block)
+    def extend(self, blocks: list[int]) -> None:
+        """``blocks`` (none in the queue) join at the back, in their order."""
+        self._ids += blocks
 
     def remove(self, block: int) -> None:
         """Take ``block`` (in the queue) out, wherever it is."""
@@ -244,13 +244,16 @@ class KVCacheManager:
 
         Freed blocks keep their hash. Raises ``RuntimeError`` on a double free.
         """
-        ref, release = self._ref_counts, self._free.append
-        for b in reversed(req.block_ids):
-            if ref[b] <= 0:
-                raise RuntimeError(f"block {b} freed twice")
-            ref[b] -= 1
-            if ref[b] == 0:
-                release(b)
+        ref, freed = self._ref_counts, []
+        try:
+            for b in reversed(req.block_ids):
+                if ref[b] <= 0:
+                    raise RuntimeError(f"block {b} freed twice")
+                ref[b] -= 1
+                if ref[b] == 0:
+                    freed.append(b)
+        finally:
+            self._free.extend(freed)
         req.block_ids = []
         req.num_cached_blocks = 0
 

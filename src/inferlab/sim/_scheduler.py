@@ -138,7 +138,7 @@ class Scheduler:
         # when they became steady): their context at tick t is this + n·t
         self._steady_c0 = 0
         self._due: dict[int, list[Request]] = {}  # tick -> requests whose steadiness ends
-        self._busy: dict[int, Request] = {}  # running requests that are not steady, by id
+        self._busy: set[Request] = set()  # running requests that are not steady
 
     def check_fits(self, num_prompt_tokens: int, max_output_tokens: int) -> None:
         """Raise ``ValueError`` for a request this engine can never serve."""
@@ -311,7 +311,7 @@ class Scheduler:
             running.append(req)
             req.seq = self._admitted
             self._admitted += 1
-            self._busy[id(req)] = req
+            self._busy.add(req)
             req.num_computed_tokens = num_cached
             batch.admitted.append(req)
             batch.prefix_hit_tokens += num_cached
@@ -330,7 +330,7 @@ class Scheduler:
         batch.prefill_tokens += n
 
     def _preempt(self, req: Request) -> None:
-        self._busy.pop(id(req), None)
+        self._busy.discard(req)
         self.kv.cache_generated(req, req.num_computed_tokens)
         self.kv.free(req)
         req.num_computed_tokens = 0
@@ -376,12 +376,11 @@ class Scheduler:
             self._tick_ends.append(end)
             self.tick += 1
         if finished:
-            busy = self._busy
+            busy, running = self._busy, self.running
             for req in finished:
                 self.kv.free(req)
-                del busy[id(req)]
-            done = {id(r) for r in finished}
-            self.running = [r for r in self.running if id(r) not in done]
+                busy.remove(req)
+                running.remove(req)  # (a few a step, each found in C; the order stays)
         if self.lazy:
             self._settle(batch.requests)
         return first, finished
@@ -392,7 +391,7 @@ class Scheduler:
         """The running requests that are not steady, in ``running`` order."""
         if not self._steady_n:
             return self.running
-        return sorted(self._busy.values(), key=_by_seq)
+        return sorted(self._busy, key=_by_seq)
 
     def _settle(self, reqs: list[Request]) -> None:
         """Make steady each of ``reqs`` (just run) that is running, decodes, and has room
@@ -401,12 +400,12 @@ class Scheduler:
         bs, tick, busy, due = self.kv.block_size, self.tick, self._busy, self._due
         for req in reqs:
             computed = req.num_computed_tokens
-            if req.num_tokens - computed != 1 or not req.num_output_tokens or id(req) not in busy:
+            if req.num_tokens - computed != 1 or not req.num_output_tokens or req not in busy:
                 continue
             steps = min(len(req.block_ids) * bs - computed, req.max_output_tokens - req.num_output_tokens - 1)
             if steps < 1:
                 continue
-            del busy[id(req)]
+            busy.remove(req)
             req.steady_tick = tick
             req.steady_exit = tick + steps
             self._steady_n += 1
@@ -427,7 +426,7 @@ class Scheduler:
                 req.token_times.extend(self._tick_ends[t0:t])
         self._steady_n -= 1
         req.steady_tick = -1
-        self._busy[id(req)] = req
+        self._busy.add(req)
 
     def wake_all(self) -> None:
         """Every steady request back to an ordinary one (before a per-request step)."""
@@ -449,7 +448,7 @@ class Scheduler:
         if req.steady_tick >= 0:
             self._wake(req)
         if req in self.running:
-            self._busy.pop(id(req), None)
+            self._busy.discard(req)
             self.running.remove(req)
             self.kv.free(req)
         elif req in self.waiting:
