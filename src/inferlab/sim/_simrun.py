@@ -217,18 +217,19 @@ def simulate(
     total = None if load.num_requests is None else load.num_requests + load.warmup
     deadline_s = load.duration_s
 
+    arrivals: Iterator[tuple[float, RequestSpec]] | None = None
     if isinstance(workload, Sequence):
         trace = list(workload)
         times = replay_times_s(trace, load)
-        arrivals = [(t, s.spec) for t, s in zip(times, trace, strict=False)]
+        arrivals = iter(sorted(zip(times, (s.spec for s in trace), strict=False), key=_first))
     elif isinstance(load.schedule, OpenLoop):
-        times = load.schedule.arrival_times_s(load.seed, total, deadline_s)
-        arrivals = list(zip(times, workload, strict=False))  # a dataset may run out
-    else:
-        arrivals = []
+        times = load.schedule.arrival_times_s(load.seed, total, deadline_s)  # in order
+        # drawn as they are sent, so no prompt outlives its request's admission (a dataset
+        # may run out: zip stops there)
+        arrivals = zip(times, workload, strict=False)
 
     try:
-        if arrivals or isinstance(workload, Sequence):
+        if arrivals is not None:
             limit = None if isinstance(load.schedule, ClosedLoop) else load.schedule.max_concurrency
             _open(sim, arrivals, limit)
         else:
@@ -239,26 +240,32 @@ def simulate(
     return sorted(sim.done, key=lambda r: r.index)
 
 
-def _open(sim: _Sim, arrivals: list[tuple[float, RequestSpec]], max_concurrency: int | None) -> None:
-    arrivals.sort(key=lambda a: a[0])
-    now_s = arrivals[0][0] if arrivals else 0.0
+def _first(arrival: tuple[float, RequestSpec]) -> float:
+    return arrival[0]
+
+
+def _open(sim: _Sim, arrivals: Iterator[tuple[float, RequestSpec]], max_concurrency: int | None) -> None:
+    """Send each ``(arrival time, spec)`` of ``arrivals`` (in time order) when it is due."""
+    head = next(arrivals, None)  # the next request to send
+    now_s = head[0] if head is not None else 0.0
     i = 0
     # with a cap: when each free slot became free (a heap); a request is sent at its
     # arrival or, if every slot was busy then, when one frees (client queue delay)
     free_at: list[float] | None = [0.0] * max_concurrency if max_concurrency else None
-    while i < len(arrivals) or sim.engine.has_work():
+    while head is not None or sim.engine.has_work():
         sim.check_stop()
-        while i < len(arrivals) and arrivals[i][0] <= now_s and (free_at is None or free_at):
-            arrival_s = arrivals[i][0]
+        while head is not None and head[0] <= now_s and (free_at is None or free_at):
+            arrival_s, spec = head
             send_s = arrival_s if free_at is None else max(arrival_s, heapq.heappop(free_at))
-            rejected = sim.add(i, arrivals[i][1], send_s, arrival_s)
+            rejected = sim.add(i, spec, send_s, arrival_s)
             if rejected is not None and free_at is not None:
                 assert rejected.end_ns is not None
                 heapq.heappush(free_at, rejected.end_ns / NS_PER_S)
             i += 1
+            head = next(arrivals, None)
         if not sim.engine.has_work():
-            if i < len(arrivals):
-                now_s = max(now_s, arrivals[i][0])
+            if head is not None:
+                now_s = max(now_s, head[0])
             continue
         now_s, finished = sim.step(now_s)
         if free_at is not None:
