@@ -436,10 +436,11 @@ class Engine:
                 tl.token_times_s += since
         return tl
 
-    def forget(self, request_id: str) -> None:
-        """Drop a request's timeline (aborting it if still active)."""
+    def forget(self, request_id: str) -> RequestTimeline | None:
+        """Drop a request's timeline (aborting it if still active) and return it, complete
+        (no longer the engine's, so not a copy); ``None`` if unknown."""
         self.abort(request_id)
-        self._timelines.pop(request_id, None)
+        return self._timelines.pop(request_id, None)
 
     # --- stepping -------------------------------------------------------------------
 

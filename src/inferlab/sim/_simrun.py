@@ -17,8 +17,6 @@ import heapq
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
-from itertools import repeat
-from operator import add, mul
 from typing import IO
 
 from inferlab._clock import NS_PER_S
@@ -33,6 +31,8 @@ from inferlab.sim._tokenizer import BuiltinTokenizer, natural_output_len
 #: Time a rejected request takes at the least, so that a closed loop under ``duration_s``
 #: still advances when every request is rejected.
 _MIN_REJECT_S = 1e-6
+#: Token times converted to ns kept for reuse (one per step; cleared beyond this)
+_MAX_TOKEN_NS = 1 << 20
 
 OnRecord = Callable[[RequestRecord], None]
 
@@ -54,6 +54,16 @@ class _Stop(Exception):
 
 def _ns(t_s: float) -> int:
     return round(t_s * NS_PER_S)
+
+
+class _TokenNs(dict[float, int]):
+    """A token time (s) → integer ns, ``int(t * NS_PER_S + 0.5)``, each converted once:
+    token times are step end times, so a run's millions of them take only as many
+    distinct values as it had steps."""
+
+    def __missing__(self, t_s: float) -> int:
+        ns = self[t_s] = int(t_s * NS_PER_S + 0.5)
+        return ns
 
 
 class _Sim:
@@ -79,6 +89,7 @@ class _Sim:
         self.stop = stop
         self.records: dict[str, RequestRecord] = {}  # in flight, by request id
         self.done: list[RequestRecord] = []
+        self.token_ns = _TokenNs()
 
     def prompt_ids(self, spec: RequestSpec) -> list[int]:
         if not isinstance(spec.prompt, str):
@@ -173,17 +184,19 @@ class _Sim:
         if self.step_log is not None:
             self.step_log.write(json.dumps(_stats_json(result.stats)) + "\n")
         finished = []
+        token_ns = self.token_ns
+        if len(token_ns) > _MAX_TOKEN_NS:  # (a memo: clearing it bounds memory, changes no value)
+            token_ns.clear()
         for rid in result.finished:
-            tl = self.engine.timeline(rid)
+            tl = self.engine.forget(rid)
+            assert tl is not None
             r = self.records.pop(rid)
-            # int(t * NS_PER_S + 0.5) for each token time, in C
-            r.content_ns = list(map(int, map(add, map(mul, tl.token_times_s, repeat(NS_PER_S)), repeat(0.5))))
+            r.content_ns = list(map(token_ns.__getitem__, tl.token_times_s))  # (in C)
             r.ttfb_ns = r.content_ns[0]
             r.end_ns = r.content_ns[-1]
             r.output_tokens = len(r.content_ns)
             r.cached_tokens = tl.cached_tokens
             r.finish_reason = "length"
-            self.engine.forget(rid)
             self.finish(r)
             finished.append(r)
         return end_s, finished
