@@ -376,3 +376,18 @@ def test_cli_a_free_text_gpu_says_which_preset_ran() -> None:
     assert "H100-SXM-80GB" in p.stdout  # the engine line
     p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--gpu", "A100-SXM4-80GB", "--json")
     assert json.loads(p.stdout)["config"]["engine"]["gpu_preset"] == "A100-SXM-80GB"
+
+
+def test_sim_run_loads_no_http_stack(tmp_path: Path) -> None:
+    # importing aiohttp is a quarter of a second of start-up; the package and `sim run`
+    # leave it to the first HTTP call
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['inferlab', 'sim', 'run', '--rate', 'inf', '-n', '2', '--input-tokens', '20', "
+        f"'--output-tokens', '3', '--out', {str(tmp_path)!r}]\n"
+        "try:\n    runpy.run_module('inferlab', run_name='__main__')\nexcept SystemExit as e:\n    assert not e.code\n"
+        "print('aiohttp' in sys.modules)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert p.stdout.splitlines()[-1] == "False"
+    assert (tmp_path / "summary.json").exists()

@@ -14,9 +14,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
-from inferlab._client import Endpoint, api_base, one_line
 from inferlab._clock import Clock, WallClock
 from inferlab._datasets import DatasetConfig, DatasetWorkload
 from inferlab._errors import InferlabError, RunFailedError, ServerUnreachableError, UsageError
@@ -195,6 +192,10 @@ class BenchResult:
 async def discover_model(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> str:
     """The first model id from ``GET /v1/models``; ``ServerUnreachableError`` if no
     server answers there."""
+    import aiohttp  # (here: `sim run` imports this module and makes no HTTP call)
+
+    from inferlab._client import one_line
+
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -231,6 +232,8 @@ async def bench_async(
     Raises ``ServerUnreachableError`` before the run if nothing answers, and
     ``RunFailedError`` after it if every measured request failed (the summary is
     written first, and is attached to the exception as ``summary``)."""
+    from inferlab._client import Endpoint, api_base
+
     clock = clock or WallClock()
     try:
         base = api_base(url)

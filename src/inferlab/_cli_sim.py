@@ -30,7 +30,6 @@ from inferlab._report import render_summary
 from inferlab._schedule import ClosedLoop, OpenLoop
 from inferlab._sessions import SessionWorkload
 from inferlab.sim._engine import Engine, EngineConfig
-from inferlab.sim._server import ServerConfig
 from inferlab.sim._steptime import FAMILY_EFFICIENCIES
 
 
@@ -135,7 +134,7 @@ def serve(**kw: Any) -> None:
 
 def _serve(kw: dict[str, Any]) -> int:
     from inferlab.sim._launch import start_site
-    from inferlab.sim._server import SimServer
+    from inferlab.sim._server import ServerConfig, SimServer
 
     config = ServerConfig(
         engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"], tokenizer=kw["tokenizer"]

@@ -16,11 +16,8 @@ import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
-from inferlab._client import Client, Endpoint
 from inferlab._clock import WallClock
 from inferlab._errors import RunFailedError, UsageError
 from inferlab._prompts import PromptBuilder, words
@@ -28,6 +25,11 @@ from inferlab._records import ErrorKind, RequestRecord
 from inferlab._text import WORDS
 from inferlab._tokenizers import Tokenizer
 from inferlab._workload import RequestSpec
+
+if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes none)
+    import aiohttp
+
+    from inferlab._client import Endpoint
 
 PROBE_WORDS = 64
 _MIN_VOCAB = 32  # fewer one-token words than this: fall back to calibration
@@ -69,6 +71,8 @@ async def run_preflight(
 ) -> Preflight:
     """Probe ``endpoint``. ``UsageError`` when the server refuses the request outright
     (HTTP 401, 403 or 404); any other failure is left for the run to record."""
+    import aiohttp
+
     text = " ".join(words("inferlab:probe", PROBE_WORDS))
     async with aiohttp.ClientSession() as session:
         first = await _probe(session, endpoint, text, exact_output)
@@ -107,6 +111,8 @@ async def run_preflight(
 
 
 async def _probe(session: aiohttp.ClientSession, endpoint: Endpoint, text: str, exact: bool) -> RequestRecord:
+    from inferlab._client import Client
+
     record = RequestRecord(index=-1)
     client = Client(endpoint, WallClock(), session, 0)
     await client.send(RequestSpec(text, 1, exact), record)
@@ -156,6 +162,8 @@ class _Tokenize:
         self._limit = asyncio.Semaphore(_TOKENIZE_CONCURRENCY)
 
     async def _post(self, url: str, body: dict[str, Any]) -> Any:
+        import aiohttp
+
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
             async with self._limit, self.session.post(
                 url, data=json.dumps(body), headers=self.endpoint.request_headers(),

@@ -13,15 +13,18 @@ import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import aiohttp
-
-from inferlab._client import Client, Endpoint, session_trace
 from inferlab._clock import NS_PER_S, Clock
 from inferlab._errors import UsageError
 from inferlab._records import RequestRecord
 from inferlab._schedule import ClosedLoop, OpenLoop, Replay, Schedule
 from inferlab._workload import RequestSpec, TimedSpec
+
+if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes none)
+    import aiohttp
+
+    from inferlab._client import Client, Endpoint
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,10 @@ async def run_load(
 
     A ``Replay`` schedule needs a sequence of ``TimedSpec`` (a trace) and sends each at
     its arrival time; the other schedules take plain specs. ``UsageError`` otherwise."""
+    import aiohttp
+
+    from inferlab._client import Client, session_trace
+
     result = RunResult(t0_ns=clock.now_ns())
     timed = isinstance(workload, Sequence) and all(isinstance(t, TimedSpec) for t in workload[:1])
     if isinstance(load.schedule, Replay) != timed:
@@ -124,6 +131,7 @@ async def _warm_connections(session: aiohttp.ClientSession, endpoint: Endpoint, 
     """Open ``n`` keep-alive connections before the clock starts (``GET /models`` in
     parallel), so TCP set-up is not charged to the first requests. Best effort: a server
     without that route still leaves its connections open, and any failure is ignored."""
+    import aiohttp
 
     async def one() -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):

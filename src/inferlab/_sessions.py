@@ -15,11 +15,8 @@ import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
-from inferlab._client import Client, Endpoint
 from inferlab._clock import NS_PER_S, Clock
 from inferlab._errors import UsageError
 from inferlab._lengths import LengthDist
@@ -28,6 +25,9 @@ from inferlab._records import RequestRecord
 from inferlab._runner import LoadConfig, RunResult
 from inferlab._schedule import OpenLoop
 from inferlab._workload import RequestSpec
+
+if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes none)
+    from inferlab._client import Endpoint
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,10 @@ async def run_sessions(
 ) -> RunResult:
     """Run the sessions against ``endpoint``: ``users`` closed-loop users, or sessions
     arriving at an ``OpenLoop`` schedule's times. ``load.duration_s`` stops new turns."""
+    import aiohttp
+
+    from inferlab._client import Client
+
     result = RunResult()
     cfg = workload.config
     counter = iter(range(1 << 62))
