@@ -30,8 +30,8 @@ class SimPromptBuilder(PromptBuilder):
         self._ids = [after_space[w] for w in draw_table(self.vocab)]
 
     def prompt(self, key: str, n: int) -> tuple[str | list[int], int]:
-        draws = word_draws(key, n)
-        ids = list(map(self._ids.__getitem__, draws))  # (in C)
+        draws, by_draw = word_draws(key, n), self._ids
+        ids = [by_draw[d] for d in draws]  # (faster than map with __getitem__ here)
         if ids:
             ids[0] = self._first_ids[draws[0]]
         return ids, n
