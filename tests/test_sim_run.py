@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from inferlab._bench import WorkloadConfig
+from inferlab._errors import InferlabError
 from inferlab._metrics import summarize
-from inferlab._records import RequestRecord
+from inferlab._records import ErrorKind, RequestRecord
 from inferlab._runner import LoadConfig
-from inferlab._schedule import ClosedLoop, OpenLoop
+from inferlab._schedule import ClosedLoop, OpenLoop, Schedule
+from inferlab._workload import RequestSpec
 from inferlab.sim._engine import Engine, EngineConfig
 from inferlab.sim._simrun import simulate
 
@@ -164,6 +168,47 @@ def test_stop_ends_the_run_between_steps_and_keeps_every_record() -> None:
     assert len(done) >= 5 and cancelled and len(done) + len(cancelled) == len(records) < 1000
     s = summarize(records, interrupted=True)
     assert s["interrupted"] and s["counts"]["cancelled"] == len(cancelled)
+
+
+def _failing_after(n: int, workload: Iterator[RequestSpec]) -> Iterator[RequestSpec]:
+    """``workload``'s first ``n`` requests, then the error a prompt builder raises."""
+    yield from itertools.islice(workload, n)
+    raise InferlabError("cannot make text of exactly 200 tokens with this tokenizer")
+
+
+@pytest.mark.parametrize("schedule", [OpenLoop(5.0), ClosedLoop(4)])
+def test_a_request_the_workload_cannot_make_stops_the_run_with_what_was_measured(schedule: Schedule) -> None:
+    from inferlab.sim._simrun import Interrupted
+
+    seen: list[RequestRecord] = []
+    wl = _failing_after(12, WorkloadConfig(200, 20).build(0))  # type: ignore[arg-type]
+    with pytest.raises(Interrupted) as e:
+        simulate(Engine(EngineConfig()), LoadConfig(schedule, num_requests=100), wl, on_record=seen.append)
+    assert isinstance(e.value.cause, InferlabError) and "exactly 200 tokens" in str(e.value.cause)
+    records = e.value.records
+    assert len(records) == len(seen) == 12 and [r.index for r in records] == list(range(12))
+    done = sum(r.ok for r in records)
+    cancelled = [r for r in records if r.error_kind is ErrorKind.CANCELLED]
+    assert done >= 1 and done + len(cancelled) == 12
+    assert all("exactly 200 tokens" in (r.error or "") for r in cancelled)
+
+
+def test_cli_a_request_the_workload_cannot_make_keeps_the_summary_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from inferlab._cli import main
+
+    build = WorkloadConfig.build
+    monkeypatch.setattr(WorkloadConfig, "build", lambda self, *a, **k: _failing_after(12, build(self, *a, **k)))
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["sim", "run", "-n", "100", "--rate", "5", "--out", str(out)])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines()[-1] == "inferlab: error: cannot make text of exactly 200 tokens with this tokenizer"
+    s = json.loads((out / "summary.json").read_text())
+    assert s["interrupted"] is True and s["counts"]["completed"] >= 1
+    assert s["counts"]["completed"] + s["counts"]["cancelled"] == 12 == len((out / "requests.jsonl").read_text().splitlines())
 
 
 def test_stop_ends_a_session_run_too() -> None:

@@ -229,7 +229,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     config_json = json.loads(json.dumps(config_json, default=str))
     step_log = _open_step_log(kw["step_log"])
     writer = None
-    interrupted = False
+    interrupted, failure = False, None
     try:
         writer = RunWriter(kw["out"], config_json) if kw["out"] else None
         on_record = writer.append if writer else None
@@ -249,8 +249,8 @@ def _sim_run(kw: dict[str, Any]) -> int:
                         engine, load, workload, chat=kw["api"] == "chat", step_log=step_log,
                         on_record=on_record, tokenizer=tokenizer, stop=stop,
                     )
-            except Interrupted as stopped:
-                records, interrupted = stopped.records, True
+            except Interrupted as stopped:  # what was measured is written first
+                records, interrupted, failure = stopped.records, True, stopped.cause
         summary = run_summary(records, workload, config=config_json, slo=slo_config(kw), interrupted=interrupted)
         if writer is not None:
             writer.write_summary(summary)
@@ -272,6 +272,8 @@ def _sim_run(kw: dict[str, Any]) -> int:
         out.print(line)
         if kw["out"]:
             out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
+    if failure is not None:
+        raise failure
     if interrupted:
         return 130
     raise_if_all_failed(summary)

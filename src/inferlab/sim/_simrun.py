@@ -20,6 +20,7 @@ from dataclasses import asdict
 from typing import IO
 
 from inferlab._clock import NS_PER_S
+from inferlab._errors import InferlabError
 from inferlab._records import ErrorKind, RequestRecord
 from inferlab._runner import LoadConfig, replay_times_s
 from inferlab._schedule import ClosedLoop, OpenLoop
@@ -39,13 +40,16 @@ OnRecord = Callable[[RequestRecord], None]
 
 class Interrupted(KeyboardInterrupt):
     """The run was stopped early. ``records`` (sorted by index) are every request that
-    finished, failed or was cancelled in flight, each already passed to ``on_record``.
+    finished, failed or was cancelled in flight, each already passed to ``on_record``;
+    ``cause`` is the error that stopped it (the workload could not make its next
+    request), ``None`` for a stop or an interrupt.
 
     A ``KeyboardInterrupt`` subclass, so code that does not look for it still stops."""
 
-    def __init__(self, records: list[RequestRecord]) -> None:
-        super().__init__("run interrupted")
+    def __init__(self, records: list[RequestRecord], cause: InferlabError | None = None) -> None:
+        super().__init__("run interrupted" if cause is None else str(cause))
         self.records = records
+        self.cause = cause
 
 
 class _Stop(Exception):
@@ -165,16 +169,16 @@ class _Sim:
         if self.stop is not None and self.stop():
             raise _Stop
 
-    def interrupted(self) -> Interrupted:
+    def interrupted(self, cause: InferlabError | None = None) -> Interrupted:
         """Cancel what is in flight (records passed to ``on_record``) and wrap all records."""
         for rid, r in sorted(self.records.items(), key=lambda kv: kv[1].index):
             self.engine.forget(rid)
             r.error_kind = ErrorKind.CANCELLED
-            r.error = "run interrupted"
+            r.error = "run interrupted" if cause is None else f"run stopped: {cause}"
             r.status = None
             self.finish(r)
         self.records.clear()
-        return Interrupted(sorted(self.done, key=lambda r: r.index))
+        return Interrupted(sorted(self.done, key=lambda r: r.index), cause)
 
     def step(self, now_s: float) -> tuple[float, list[RequestRecord]]:
         """One engine step; returns its end time and the records it finished."""
@@ -224,8 +228,8 @@ def simulate(
     load's request count and duration. A request the engine rejects (too long for
     ``max_model_len`` or the KV cache) is a failed record (``http_status``, 400).
     ``on_record`` sees each record as it ends. ``stop`` is asked between steps; when it
-    answers true, or on ``KeyboardInterrupt``, ``Interrupted`` is raised with the records
-    so far. ``tokenizer`` counts text prompts (default: the built-in one)."""
+    answers true, on ``KeyboardInterrupt``, or when drawing the next request raises an
+    ``InferlabError`` (its ``cause``), ``Interrupted`` is raised with the records so far. ``tokenizer`` counts text prompts (default: the built-in one)."""
     sim = _Sim(engine, chat, load.warmup, step_log, natural_median_tokens, tokenizer, on_record, stop)
     total = None if load.num_requests is None else load.num_requests + load.warmup
     deadline_s = load.duration_s
@@ -250,6 +254,8 @@ def simulate(
             _closed(sim, load.schedule.concurrency, total, deadline_s, workload)
     except (_Stop, KeyboardInterrupt):
         raise sim.interrupted() from None
+    except InferlabError as e:  # a request the workload could not make (drawn as sent)
+        raise sim.interrupted(e) from e
     return sorted(sim.done, key=lambda r: r.index)
 
 
