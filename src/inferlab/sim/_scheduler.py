@@ -18,9 +18,11 @@ room in its blocks and more than one token to go, needs nothing from the schedul
 until its next block or its last token. Such a request leaves the per-step passes: it
 counts in ``Batch.steady`` (and its context in ``steady_context``), its counters advance
 by the number of decode steps ("ticks") since it became steady, and its token times are
-the ticks' end times, both written back when it is next needed (``_wake``). Every step
-sees exactly the batch, allocations, preemptions and finishing order of the per-request
-pass; a step whose token budget could not hold every request wakes them all and runs it.
+the ticks' end times, both written back when it is next needed (``_wake``): before its
+last token, or when it is preempted. At a block boundary it stays steady: the pass gives
+it its next block in ``running`` order, as it would a woken one. Every step sees exactly
+the batch, allocations, preemptions and finishing order of the per-request pass; a step
+whose token budget could not hold every request wakes them all and runs it.
 """
 
 from __future__ import annotations
@@ -177,11 +179,7 @@ class Scheduler:
         """Pick this step's requests and token counts; allocates their KV blocks."""
         if self._steady_n:
             if not self.lazy:
-                self.wake_all()
-            else:
-                for req in self._due.pop(self.tick, ()):
-                    if req.steady_tick >= 0 and req.steady_exit == self.tick:
-                        self._wake(req)
+                self.wake_all()  # (lazy: the due ones are met in ``_schedule``)
         elif self.tick:  # nothing is steady: the ticks so far are no longer needed
             self.tick = 0
             self._tick_ends.clear()
@@ -230,14 +228,25 @@ class Scheduler:
         decodes = 0
         others = running
         if self._steady_n:  # steady decodes take a token each; the pass visits the rest
+            at_boundary = self._take_due()
             others = self._busy_in_order()
             if self._steady_n + sum([r.num_tokens - r.num_computed_tokens for r in others]) > budget:
                 self.wake_all()  # the budget runs out inside the list: every request in turn
                 others = running
+            elif at_boundary:  # their blocks are taken in ``running`` order, like the rest
+                others = sorted(others + at_boundary, key=_by_seq)
             budget -= self._steady_n
         # (a preemption pops from the end of ``running``, the highest ``seq``: the
         # iteration stops before it)
         for req in others:
+            if req.steady_tick >= 0:  # steady, its next token starts a block (budgeted above)
+                total = req.num_computed_tokens + (self.tick - req.steady_tick) + 1
+                prompt_cached = req.num_cached_blocks >= len(req.block_hashes)
+                if not self._make_room(req, others, batch, total, grow=prompt_cached):
+                    break  # req was the last one running
+                req.steady_exit = self._exit_tick(req)
+                self._due.setdefault(req.steady_exit, []).append(req)
+                continue
             if budget <= 0:
                 break
             computed = req.num_computed_tokens
@@ -258,19 +267,7 @@ class Scheduler:
                 # a decode whose next token starts a block (prompt blocks registered):
                 # one block at the end, the common case of allocation
                 grow = remaining == 1 and req.num_output_tokens and req.num_cached_blocks >= len(req.block_hashes)
-                preempted_self = False
-                while not (kv.append_block(req) if grow else kv.allocate(req, total)):
-                    victim = running.pop()  # the most recently admitted
-                    if victim.steady_tick >= 0:
-                        self._wake(victim)
-                    elif others is not running and others and others[-1] is victim:
-                        others.pop()
-                    self._preempt(victim)
-                    batch.preempted.append(victim)
-                    if victim is req:
-                        preempted_self = True
-                        break
-                if preempted_self:
+                if not self._make_room(req, others, batch, total, grow=bool(grow)):
                     break  # req was the last one running: no later running request is left
             if n == 1 and remaining == 1 and req.num_output_tokens:  # a plain decode, inline
                 requests.append(req)
@@ -290,6 +287,24 @@ class Scheduler:
             return batch
         self._admit(batch, budget, now_s)
         return batch
+
+    def _make_room(self, req: Request, others: list[Request], batch: Batch, total: int, *, grow: bool) -> bool:
+        """Give ``req`` blocks for ``total`` tokens (``grow``: one more block at the end),
+        preempting the most recently admitted running requests until they fit. False when
+        ``req`` itself was preempted. A victim still ahead in the pass (``others``, in
+        ``seq`` order: it is the last there) leaves it."""
+        kv, running = self.kv, self.running
+        while not (kv.append_block(req) if grow else kv.allocate(req, total)):
+            victim = running.pop()  # the most recently admitted
+            if victim.steady_tick >= 0:
+                self._wake(victim)
+            if others is not running and others and others[-1] is victim:
+                others.pop()
+            self._preempt(victim)
+            batch.preempted.append(victim)
+            if victim is req:
+                return False
+        return True
 
     def _admit(self, batch: Batch, budget: int, now_s: float) -> None:
         """Move waiting requests into ``running`` (and the batch) while room allows."""
@@ -411,6 +426,28 @@ class Scheduler:
             self._steady_n += 1
             self._steady_c0 += computed - tick
             due.setdefault(tick + steps, []).append(req)
+
+    def _exit_tick(self, req: Request) -> int:
+        """The tick of steady ``req``'s next block or last token, whichever comes first
+        (its counters advance one per tick, so those as of ``steady_tick`` tell)."""
+        room = len(req.block_ids) * self.kv.block_size - req.num_computed_tokens
+        return req.steady_tick + min(room, req.max_output_tokens - req.num_output_tokens - 1)
+
+    def _take_due(self) -> list[Request]:
+        """The steady requests whose steadiness ends at this tick: those whose next token
+        is their last are woken; those whose next token starts a block come back, still
+        steady (``_schedule`` gives them the block in the pass, in ``seq`` order)."""
+        at_boundary: list[Request] = []
+        tick = self.tick
+        # (once each: one woken and made steady again until the same tick is listed twice)
+        for req in dict.fromkeys(self._due.pop(tick, ())):
+            if req.steady_tick < 0 or req.steady_exit != tick:
+                continue  # woken since (and maybe steady again, until another tick)
+            if req.num_output_tokens + (tick - req.steady_tick) + 1 == req.max_output_tokens:
+                self._wake(req)
+            else:
+                at_boundary.append(req)
+        return at_boundary
 
     def _wake(self, req: Request) -> None:
         """Write a steady request's counters and token times up to this tick; it is an
