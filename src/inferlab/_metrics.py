@@ -137,7 +137,7 @@ def counted_distribution(counts: Mapping[float, int]) -> dict[str, float] | None
     std = math.sqrt(_repeated_fsum([(x - mean) * (x - mean) for x in xs], ns) / n)
     out = {"mean": mean, "std": std, "min": xs[0]}
     for q in (50, 90, 95, 99):
-        out[f"p{q}"] = _interpolate(at, n, q)
+        out[f"p{q}"] = interpolate(at, n, q)
     out["max"] = xs[-1]
     return out
 
@@ -162,11 +162,12 @@ def percentile(sorted_xs: Sequence[float], q: float) -> float:
     """The q-th percentile of sorted data, interpolating linearly (numpy's default)."""
     if not sorted_xs:
         raise ValueError("percentile of no data")
-    return _interpolate(sorted_xs.__getitem__, len(sorted_xs), q)
+    return interpolate(sorted_xs.__getitem__, len(sorted_xs), q)
 
 
-def _interpolate(at: Callable[[int], float], n: int, q: float) -> float:
-    """The q-th percentile of ``n`` sorted values, ``at(i)`` the i-th (from 0)."""
+def interpolate(at: Callable[[int], float], n: int, q: float) -> float:
+    """The q-th percentile of ``n`` sorted values, ``at(i)`` the i-th (from 0),
+    interpolating linearly like ``percentile``: for values held other than as a list."""
     pos = (n - 1) * q / 100.0
     lo = math.floor(pos)
     hi = min(lo + 1, n - 1)

@@ -47,10 +47,12 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
     def flag(name: str) -> int | None:
         return int(flags[name]) if name in flags else None
 
+    def switch(name: str) -> bool | None:  # None: the family's default
+        return bool(flags[name]) if name in flags else None
+
     seqs = flag("max_num_seqs")
     if sc.family == "lmdeploy" and seqs is None:  # its scripts raise max_batch_size to the users
         seqs = max(128, sc.concurrency or 0)
-    chunked = bool(flags["enable_chunked_prefill"]) if "enable_chunked_prefill" in flags else None
     # the row's --max-model-len, or its model's own context where the preset standing in
     # for it has a longer one (Llama 3 as Llama 3.1); else vLLM's (the context, capped)
     stated = flag("max_model_len")
@@ -76,8 +78,8 @@ def build_engine(sc: Scenario, max_total_len: int) -> Engine:
         max_num_seqs=seqs,
         # the family's default unless the row says: no prompt shares a prefix, but a
         # preempted request finds its own blocks again (vLLM V1, SGLang)
-        enable_prefix_caching=bool(flags["enable_prefix_caching"]) if "enable_prefix_caching" in flags else None,
-        enable_chunked_prefill=chunked,
+        enable_prefix_caching=switch("enable_prefix_caching"),
+        enable_chunked_prefill=switch("enable_chunked_prefill"),
         enforce_eager=bool(flags.get("enforce_eager", 0.0)),
         num_scheduler_steps=flag("num_scheduler_steps") or 1,
         overlap_schedule=None if overlap is None else bool(overlap),

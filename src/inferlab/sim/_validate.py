@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferlab._errors import InferlabError
-from inferlab._metrics import percentile
+from inferlab._metrics import interpolate, percentile
 from inferlab._sharegpt import sharegpt_lengths
 from inferlab.sim._calibration import load_rows, parse_rows
 from inferlab.sim._engine import Engine, RequestTimeline
@@ -284,8 +284,6 @@ def _stat(values: Sequence[float], stat: str, weights: Sequence[float] | None = 
         return math.fsum(w * v for w, v in zip(weights, values, strict=True)) / total
     ordered = sorted(zip(values, weights, strict=True))
 
-    # (fractional weights: value i holds the ranks from its cumulative start, so the
-    # ranks are not symmetric; the closed-loop weights sum to whole requests)
     def at(rank: int) -> float:  # the value at this 0-based rank of the expanded list
         seen = 0.0
         for v, w in ordered:
@@ -294,10 +292,7 @@ def _stat(values: Sequence[float], stat: str, weights: Sequence[float] | None = 
                 return v
         return ordered[-1][0]
 
-    pos = max(0.0, total - 1) * q / 100
-    lo = math.floor(pos)
-    low = at(lo)
-    return low + (at(lo + 1) - low) * (pos - lo) if pos > lo else low
+    return interpolate(at, max(1, round(total)), q)  # (the weights sum to whole requests)
 
 
 def _request_weights(sc: Scenario, run: _Run) -> list[float] | None:
