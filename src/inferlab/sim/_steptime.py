@@ -89,14 +89,16 @@ FAMILY_EFFICIENCIES: dict[str, dict[str, float]] = {
     "vllm": {},
     # vLLM V0 (< 0.8): scheduling, input preparation and output processing run between
     # GPU steps in the engine process (no overlap), about twice V1's host cost per step;
-    # its API server path adds ~25 ms before a request is scheduled (fit: vLLM's own CI,
-    # Llama-3-70B TP4 at 1 req/s on H100 and H200, TTFT 62-66 ms against 34-40 ms).
-    "vllm-v0": {"cpu_step_s": 1.5e-3, "api_overhead_s": 0.025},
+    # its API server path adds ~28 ms before a request is scheduled (fit: vLLM's own CI,
+    # Llama-3-70B TP4 at 1 req/s on H100 and H200, mean TTFT 62.4 / 65.9 ms against
+    # 39.0 / 32.2 ms of prefill and scheduling alone: offsets of 23.5 and 33.7 ms, whose
+    # least-squares fit in relative error is 28.3 ms).
+    "vllm-v0": {"cpu_step_s": 1.5e-3, "api_overhead_s": 0.028},
     # vLLM <= 0.5: the same engine with the OpenAI server in its own process and event
     # loop (vLLM's v0.6.0 post: 33 % of 0.5.3's time went to the HTTP server). Accepting
     # a request stalls the engine loop: a burst of 1,280 requests got its first token
     # after 3.26 s on an H100 (Lambda's 0.5.4 runs), 2.5 ms per request.
-    "vllm-v0.5": {"cpu_step_s": 1.5e-3, "api_overhead_s": 0.025, "api_intake_s": 2.5e-3},
+    "vllm-v0.5": {"cpu_step_s": 1.5e-3, "api_overhead_s": 0.028, "api_intake_s": 2.5e-3},
     # SGLang: the overlap scheduler hides most host work behind the GPU step (and makes
     # an arrival wait one step more, modelled in the engine: ``overlap_schedule``);
     # low-load TTFTs sit 6-19 ms (0.3, A100/H100, no overlap), 10 ms (0.5, H100) and
