@@ -1,5 +1,6 @@
 import random
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import pytest
 
@@ -56,11 +57,16 @@ def test_free_queue_keeps_the_order_of_an_ordered_dict() -> None:
         used: list[int] = []
         for _ in range(rng.randint(1, 2000)):  # (long enough to compact the list)
             op = rng.random()
-            if op < 0.4 and model:
+            if op < 0.3 and model:
                 k = rng.randint(1, len(model))
                 taken = queue.take(k)
                 assert taken == [model.popitem(last=False)[0] for _ in range(k)]
                 used += taken
+            elif op < 0.4:
+                one = queue.take_one()
+                assert one == (model.popitem(last=False)[0] if model else None)
+                if one is not None:
+                    used.append(one)
             elif op < 0.7 and model:
                 b = rng.choice(list(model))
                 queue.remove(b)
@@ -197,3 +203,130 @@ def test_random_workload_never_leaks_or_double_frees() -> None:
         kv.free(r)
     kv.check_invariants()
     assert kv.num_free_blocks == kv.num_blocks and kv.usage == 0.0
+
+
+class SimpleKV:
+    """The block manager as plainly as it can be written (an ``OrderedDict`` free queue,
+    one block at a time): the reference the fast paths must match exactly."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.ref = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}
+        self.free_queue = OrderedDict.fromkeys(range(num_blocks))
+
+    def lookup(self, req: Req) -> list[int]:
+        hits = []
+        for h in req.block_hashes[: (req.num_tokens - 1) // BS]:
+            if h not in self.cached:
+                break
+            hits.append(self.cached[h])
+        return hits
+
+    def allocate(self, req: Req, num_tokens: int, cached: Sequence[int] = ()) -> bool:
+        num_new = -(-num_tokens // BS) - len(req.block_ids) - len(cached)
+        reclaimable = sum(1 for b in cached if self.ref[b] == 0)
+        if num_new > len(self.free_queue) - reclaimable:
+            return False
+        for b in cached:
+            if self.ref[b] == 0:
+                del self.free_queue[b]
+            self.ref[b] += 1
+            req.block_ids.append(b)
+        if cached:
+            req.num_cached_blocks = len(cached)
+        for _ in range(max(0, num_new)):
+            req.block_ids.append(self._take())
+        self._register(req, num_tokens)
+        return True
+
+    def append_block(self, req: Req) -> bool:
+        if not self.free_queue:
+            return False
+        req.block_ids.append(self._take())
+        return True
+
+    def _take(self) -> int:
+        b, _ = self.free_queue.popitem(last=False)
+        h = self.block_hash[b]
+        if h is not None and self.cached.get(h) == b:
+            del self.cached[h]
+        self.block_hash[b] = None
+        self.ref[b] = 1
+        return b
+
+    def _register(self, req: Req, num_tokens: int) -> None:
+        start = req.num_cached_blocks
+        end = min(num_tokens // BS, len(req.block_hashes))
+        for i in range(start, end):
+            h, b = req.block_hashes[i], req.block_ids[i]
+            if h not in self.cached:
+                self.cached[h] = b
+                self.block_hash[b] = h
+        req.num_cached_blocks = max(start, end)
+
+    def cache_generated(self, req: Req, num_computed_tokens: int) -> None:
+        hashes = req.block_hashes
+        for i in range(len(hashes), num_computed_tokens // BS):
+            hashes.append(hash((hashes[i - 1] if i else 0, -1 - req.hash_salt, i)))
+        self._register(req, num_computed_tokens)
+
+    def free(self, req: Req) -> None:
+        for b in reversed(req.block_ids):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.free_queue[b] = None
+        req.block_ids = []
+        req.num_cached_blocks = 0
+
+
+def test_fast_paths_match_the_simple_block_manager() -> None:
+    # the same random operations on twin requests: every block id, hit, refusal and the
+    # free queue's order must agree (bulk takes, one-block takes, frees with and without
+    # shared blocks, registration in bulk and one by one, salted generated blocks)
+    for seed in range(30):
+        rng = random.Random(seed)
+        num_blocks = rng.randint(8, 120)
+        kv, ref = KVCacheManager(num_blocks, BS), SimpleKV(num_blocks)
+        prefixes = [toks(rng.randint(0, 100), 1000 * i) for i in range(rng.randint(1, 5))]
+        live: list[tuple[Req, Req, int]] = []  # (fast, simple, tokens allocated)
+        for salt in range(1, 600):
+            op = rng.random()
+            if op < 0.3:
+                tokens = rng.choice(prefixes) + toks(rng.randint(1, 70), 100_000 + salt * 100)
+                a, b = Req(tokens, salt), Req(list(tokens), salt)
+                hits = kv.lookup(a)
+                assert hits == ref.lookup(b)
+                n = len(hits) * BS + rng.randint(1, a.num_tokens - len(hits) * BS)
+                ok = kv.allocate(a, n, hits)
+                assert ok == ref.allocate(b, n, hits)
+                if ok:
+                    live.append((a, b, n))
+            elif op < 0.55 and live:
+                i = rng.randrange(len(live))
+                a, b, n = live[i]
+                if rng.random() < 0.5 and n % BS == 0:  # a decode starting a block
+                    ok = kv.append_block(a)
+                    assert ok == ref.append_block(b)
+                    grown = n + 1
+                else:
+                    grown = min(a.num_tokens, n + rng.randint(1, 20))
+                    ok = kv.allocate(a, grown)
+                    assert ok == ref.allocate(b, grown)
+                if ok:
+                    live[i] = (a, b, grown)
+            elif op < 0.65 and live:  # preempted: generated blocks registered, then freed
+                a, b, n = live.pop(rng.randrange(len(live)))
+                kv.cache_generated(a, n)
+                ref.cache_generated(b, n)
+                kv.free(a)
+                ref.free(b)
+            elif live:
+                a, b, _ = live.pop(rng.randrange(len(live)))
+                kv.free(a)
+                ref.free(b)
+            for a, b, _ in live:
+                assert a.block_ids == b.block_ids and a.num_cached_blocks == b.num_cached_blocks
+            assert list(kv._free) == list(ref.free_queue)
+            assert kv._cached == ref.cached
+            kv.check_invariants()

@@ -392,6 +392,7 @@ class Engine:
         self, request_id: str, prompt_ids: Sequence[int], output_len: int, now_s: float
     ) -> None:
         """Queue a request arriving at ``now_s``; it becomes schedulable after the API cost.
+        ``prompt_ids`` are read (length, block hashes), not kept.
 
         Raises ``ValueError`` if it exceeds ``max_model_len``, can never fit in the KV
         cache, is empty, or reuses the id of an unfinished request.

@@ -240,10 +240,12 @@ class Scheduler:
         # iteration stops before it)
         for req in others:
             if req.steady_tick >= 0:  # steady, its next token starts a block (budgeted above)
-                total = req.num_computed_tokens + (self.tick - req.steady_tick) + 1
                 prompt_cached = req.num_cached_blocks >= len(req.block_hashes)
-                if not self._make_room(req, others, batch, total, grow=prompt_cached):
-                    break  # req was the last one running
+                # (a free block, the common case, without ``_make_room``'s call)
+                if not (prompt_cached and kv.append_block(req)):
+                    total = req.num_computed_tokens + (self.tick - req.steady_tick) + 1
+                    if not self._make_room(req, others, batch, total, grow=prompt_cached):
+                        break  # req was the last one running
                 req.steady_exit = self._exit_tick(req)
                 self._due.setdefault(req.steady_exit, []).append(req)
                 continue

@@ -96,6 +96,8 @@ class _Sim:
         self.token_ns = _TokenNs()
 
     def prompt_ids(self, spec: RequestSpec) -> list[int]:
+        if isinstance(spec.prompt, list):  # (the engine reads it and keeps none: no copy)
+            return spec.prompt
         if not isinstance(spec.prompt, str):
             return list(spec.prompt)
         if self.chat:
