@@ -141,8 +141,12 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._ref_counts = [0] * num_blocks
-        self._cached: dict[int, int] = {}  # hash -> block id holding that prefix
-        self._block_hash: dict[int, int] = {}  # the reverse: block id -> its hash in ``_cached``
+        # block id -> the prefix hash it holds (None or absent: none). Taking a block
+        # for new content only clears this: ``_cached``'s entry for its old hash is left
+        # behind, stale, and ignored (``_holder``) until pruned in bulk. (Eviction is
+        # one store instead of three dict operations, for every block of every prompt.)
+        self._block_hash: dict[int, int | None] = {}
+        self._cached: dict[int, int] = {}  # hash -> block id holding that prefix, or stale
         self._free = FreeQueue(num_blocks)
         self.prefix_queries_tokens = 0
         self.prefix_hits_tokens = 0
@@ -166,13 +170,19 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return []
         hits: list[int] = []
-        cached = self._cached
         for h in req.block_hashes[: (req.num_tokens - 1) // self.block_size]:
-            block = cached.get(h)
+            block = self._holder(h)
             if block is None:
                 break
             hits.append(block)
         return hits
+
+    def _holder(self, h: int) -> int | None:
+        """The block holding the prefix hashed ``h``, if any."""
+        block = self._cached.get(h)
+        if block is None or self._block_hash.get(block) != h:
+            return None  # (never cached, or its block was taken since: evicted)
+        return block
 
     def allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
         """Give ``req`` blocks for its first ``num_tokens`` tokens, claiming ``cached``
@@ -216,9 +226,7 @@ class KVCacheManager:
         b = self._free.take_one()
         if b is None:
             return False
-        old_hash = self._block_hash.pop(b, None)  # (``_take_free_blocks`` for one block)
-        if old_hash is not None and self._cached.get(old_hash) == b:
-            del self._cached[old_hash]
+        self._block_hash[b] = None  # (``_take_free_blocks`` for one block)
         self._ref_counts[b] = 1
         req.block_ids.append(b)
         return True
@@ -227,11 +235,9 @@ class KVCacheManager:
         """The ``n`` least recently freed blocks, now held once each; their cached
         prefixes are evicted. The caller has checked that ``n`` are free."""
         taken = self._free.take(n)
-        block_hash, cached, ref = self._block_hash, self._cached, self._ref_counts
+        block_hash, ref = self._block_hash, self._ref_counts
         for b in taken:
-            old_hash = block_hash.pop(b, None)
-            if old_hash is not None and cached.get(old_hash) == b:
-                del cached[old_hash]
+            block_hash[b] = None  # evicts its prefix (see ``__init__``)
             ref[b] = 1
         return taken
 
@@ -242,15 +248,18 @@ class KVCacheManager:
         end = min(num_tokens // self.block_size, len(hashes))
         cached, block_hash = self._cached, self._block_hash
         new_hashes, blocks = hashes[start:end], req.block_ids[start:end]
-        if cached.keys().isdisjoint(new_hashes):  # the common case, in C: all are new
+        if cached.keys().isdisjoint(new_hashes):  # the common case, in C: none seen before
+            # (one request's hashes are distinct: equal hashes mean equal prefixes)
             cached.update(zip(new_hashes, blocks, strict=True))
             block_hash.update(zip(blocks, new_hashes, strict=True))
         else:
             for h, block in zip(new_hashes, blocks, strict=True):
-                if h not in cached:  # a duplicate computed concurrently stays unregistered
+                if self._holder(h) is None:  # a duplicate computed concurrently stays unregistered
                     cached[h] = block
                     block_hash[block] = h
         req.num_cached_blocks = max(start, end)
+        if len(cached) > 4 * self.num_blocks:  # stale entries pruned (amortised O(1): >= 3x as many added between)
+            self._cached = {h: b for b, h in block_hash.items() if h is not None}
 
     def cache_generated(self, req: KVRequest, num_computed_tokens: int) -> None:
         """Register ``req``'s full blocks of generated tokens (before it is preempted).
@@ -302,6 +311,5 @@ class KVCacheManager:
         free = list(self._free)
         assert len(free) == len(set(free)) == len(self._free), "a block is in the free queue twice"
         assert all(self._ref_counts[b] == 0 for b in free)
-        assert len(self._block_hash) == len(self._cached)
-        for h, b in self._cached.items():
-            assert self._block_hash[b] == h, (h, b)
+        for b, h in self._block_hash.items():
+            assert h is None or self._cached[h] == b, (h, b)
