@@ -111,11 +111,7 @@ def distribution(values: Iterable[float]) -> dict[str, float] | None:
     mean = math.fsum(xs) / n
     # (in C, no intermediate list)
     std = math.sqrt(math.fsum(map(mul, map(sub, xs, repeat(mean)), map(sub, xs, repeat(mean)))) / n)
-    out = {"mean": mean, "std": std, "min": xs[0]}
-    for q in (50, 90, 95, 99):
-        out[f"p{q}"] = percentile(xs, q)
-    out["max"] = xs[-1]
-    return out
+    return _shape(mean, std, xs.__getitem__, n)
 
 
 def counted_distribution(counts: Mapping[float, int]) -> dict[str, float] | None:
@@ -135,10 +131,16 @@ def counted_distribution(counts: Mapping[float, int]) -> dict[str, float] | None
 
     mean = _repeated_fsum(xs, ns) / n
     std = math.sqrt(_repeated_fsum([(x - mean) * (x - mean) for x in xs], ns) / n)
-    out = {"mean": mean, "std": std, "min": xs[0]}
+    return _shape(mean, std, at, n)
+
+
+def _shape(mean: float, std: float, at: Callable[[int], float], n: int) -> dict[str, float]:
+    """A distribution's summary from its moments and ``at(i)``, the i-th of its ``n``
+    sorted values."""
+    out = {"mean": mean, "std": std, "min": at(0)}
     for q in (50, 90, 95, 99):
         out[f"p{q}"] = interpolate(at, n, q)
-    out["max"] = xs[-1]
+    out["max"] = at(n - 1)
     return out
 
 

@@ -414,12 +414,12 @@ class Scheduler:
         """Make steady each of ``reqs`` (just run) that is running, decodes, and has room
         in its blocks and more than one token to go: until the tick of its next block or
         its last token, whichever comes first."""
-        bs, tick, busy, due = self.kv.block_size, self.tick, self._busy, self._due
+        tick, busy, due = self.tick, self._busy, self._due
         for req in reqs:
             computed = req.num_computed_tokens
             if req.num_tokens - computed != 1 or not req.num_output_tokens or req not in busy:
                 continue
-            steps = min(len(req.block_ids) * bs - computed, req.max_output_tokens - req.num_output_tokens - 1)
+            steps = self._steady_steps(req)
             if steps < 1:
                 continue
             busy.remove(req)
@@ -429,11 +429,16 @@ class Scheduler:
             self._steady_c0 += computed - tick
             due.setdefault(tick + steps, []).append(req)
 
-    def _exit_tick(self, req: Request) -> int:
-        """The tick of steady ``req``'s next block or last token, whichever comes first
-        (its counters advance one per tick, so those as of ``steady_tick`` tell)."""
+    def _steady_steps(self, req: Request) -> int:
+        """Decode steps from ``req``'s counters to its next block or its last token,
+        whichever comes first."""
         room = len(req.block_ids) * self.kv.block_size - req.num_computed_tokens
-        return req.steady_tick + min(room, req.max_output_tokens - req.num_output_tokens - 1)
+        return min(room, req.max_output_tokens - req.num_output_tokens - 1)
+
+    def _exit_tick(self, req: Request) -> int:
+        """The tick of steady ``req``'s next block or last token (its counters are
+        still those of ``steady_tick``)."""
+        return req.steady_tick + self._steady_steps(req)
 
     def _take_due(self) -> list[Request]:
         """The steady requests whose steadiness ends at this tick: those whose next token
