@@ -175,7 +175,7 @@ def make_inputs(d: Path) -> None:
     data += [json.dumps({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is a cache " * rng.randint(1, 9)}]}) for _ in range(5)]
     (d / "data.jsonl").write_text("\n".join(data) + "\n")
     sg = []
-    for i in range(40):
+    for _ in range(40):
         sg.append({"conversations": [{"from": "human", "value": "tell me about serving " * rng.randint(1, 40)}, {"from": "gpt", "value": "sure " * rng.randint(1, 300)}]})
     sg.append({"conversations": [{"from": "human", "value": "orphan"}]})
     (d / "sharegpt.json").write_text(json.dumps(sg))
