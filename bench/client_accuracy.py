@@ -16,9 +16,9 @@ import argparse
 import asyncio
 
 from inferlab import BenchConfig, ClosedLoop, LoadConfig, WorkloadConfig, bench_async
-from inferlab.sim._engine import EngineConfig
-from inferlab.sim._launch import ChildServer, EmbeddedServer
-from inferlab.sim._server import ServerConfig
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sim.server.app import ServerConfig
+from inferlab.sim.server.launch import ChildServer, EmbeddedServer
 
 
 def in_process(url: str, c: int, n: int) -> dict:  # type: ignore[type-arg]

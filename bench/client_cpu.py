@@ -34,11 +34,11 @@ from typing import Any
 
 import aiohttp
 
-from inferlab._client import Client, Endpoint, _StreamState, request_body, session_trace
 from inferlab._clock import WallClock
-from inferlab._records import RequestRecord
-from inferlab._sse import SSEParser
-from inferlab._workload import RequestSpec
+from inferlab.client.http import Client, Endpoint, _StreamState, request_body, session_trace
+from inferlab.openai.sse import SSEParser
+from inferlab.results.records import RequestRecord
+from inferlab.workload.spec import RequestSpec
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROMPT = "Write a long story about a lighthouse keeper."

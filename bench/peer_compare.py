@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferlab._text import WORDS
+from inferlab.workload.text import WORDS
 
 PEER_VENV = Path("/tmp/peer-venv")
 PEER_PACKAGE = "aiperf==0.13.0"

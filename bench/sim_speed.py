@@ -25,16 +25,15 @@ import tempfile
 import time
 import urllib.request
 
-from inferlab._bench import WorkloadConfig
-from inferlab._metrics import summarize
-from inferlab._runner import LoadConfig
-from inferlab._schedule import OpenLoop
-from inferlab.sim._engine import Engine, EngineConfig
-from inferlab.sim._launch import ChildServer
-from inferlab.sim._simprompts import SimPromptBuilder
-from inferlab.sim._simrun import simulate
-from inferlab.sim._tokenizer import BuiltinTokenizer
-from inferlab.sim._virtual import run_virtual
+from inferlab.load.schedules import LoadConfig, OpenLoop
+from inferlab.load.virtual import simulate
+from inferlab.load.virtual_simple import run_virtual
+from inferlab.results.metrics import summarize
+from inferlab.sim.engine.engine import Engine, EngineConfig
+from inferlab.sim.server.launch import ChildServer
+from inferlab.workload.builtin_prompts import SimPromptBuilder
+from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
+from inferlab.workload.config import WorkloadConfig
 
 
 def virtual(n: int) -> None:

@@ -22,7 +22,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from inferlab.sim._validate import TARGET_PCT, Comparison, length_mismatches, summarize, validate
+from inferlab.sim.validation.validate import (
+    TARGET_PCT,
+    Comparison,
+    length_mismatches,
+    summarize,
+    validate,
+)
 
 _ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CSV = (

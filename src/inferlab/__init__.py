@@ -3,13 +3,13 @@ servers. The public face is small; everything else lives in private modules."""
 
 from __future__ import annotations
 
-from inferlab._bench import BenchConfig, BenchResult, WorkloadConfig, bench_async
 from inferlab._clock import Clock, VirtualClock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, ServerUnreachableError, UsageError
-from inferlab._metrics import SLO, distribution, request_metrics, summarize
-from inferlab._records import ErrorKind, RequestRecord
-from inferlab._runner import LoadConfig
-from inferlab._schedule import ClosedLoop, OpenLoop
+from inferlab.load.run import BenchConfig, BenchResult, bench_async
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
+from inferlab.results.metrics import SLO, distribution, request_metrics, summarize
+from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.workload.config import WorkloadConfig
 
 __all__ = [
     "SLO",

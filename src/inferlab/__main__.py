@@ -1,3 +1,3 @@
-from inferlab._cli import run
+from inferlab.cli.main import run
 
 run()

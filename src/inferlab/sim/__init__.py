@@ -1,6 +1,7 @@
-"""The simulated inference engine: vLLM-V1-like scheduling on a roofline step-time model."""
+"""The simulated inference engine (``sim.engine``), its HTTP server (``sim.server``) and
+its validation against published measurements (``sim.validation``)."""
 
-from inferlab.sim._engine import (
+from inferlab.sim.engine.engine import (
     Engine,
     EngineConfig,
     RequestTimeline,
@@ -8,8 +9,7 @@ from inferlab.sim._engine import (
     StepStats,
     TokenEvent,
 )
-from inferlab.sim._steptime import Efficiencies, RooflineStepTime, StepTimeModel
-from inferlab.sim._virtual import run_virtual
+from inferlab.sim.engine.steptime import Efficiencies, RooflineStepTime, StepTimeModel
 
 __all__ = [
     "Efficiencies",
@@ -21,5 +21,4 @@ __all__ = [
     "StepStats",
     "StepTimeModel",
     "TokenEvent",
-    "run_virtual",
 ]

@@ -1,0 +1,2 @@
+"""Explaining a workload or a run: the token cost of templates and system prompts.
+"""

@@ -1,0 +1,2 @@
+"""The ``inferlab`` command: parse flags, build a frozen config, call the library, render.
+"""

@@ -1,0 +1,201 @@
+"""What the ``inferlab`` commands share: error handling and the load/workload flags.
+
+Usage errors exit 2 with one line; runtime failures exit 1 with one line.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import click
+
+from inferlab._errors import InferlabError, UsageError
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
+from inferlab.results.metrics import SLO
+from inferlab.workload.config import WorkloadConfig
+from inferlab.workload.datasets import DatasetConfig
+from inferlab.workload.traces import FORMATS, TraceConfig, vllm_result_max_concurrency
+
+DEFAULT_CONCURRENCY = 32
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"inferlab: error: {message}", err=True)
+    sys.exit(code)
+
+
+def entry(group: click.Group) -> NoReturn:
+    """Run the command group the way every inferlab command ends: click's usage errors
+    as one line (exit 2), an interrupt before a run starts as exit 130, a closed stdout
+    pipe (``| head``) quietly."""
+    try:
+        code = group.main(standalone_mode=False)
+    except click.UsageError as e:
+        fail(e.format_message().replace("\n", " "), 2)
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("inferlab: interrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away; nothing left to say
+        sys.exit(0)
+    except click.ClickException as e:
+        fail(e.format_message(), e.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def run_guarded(fn: Callable[[], int]) -> int:
+    try:
+        return fn()
+    except UsageError as e:
+        fail(str(e), 2)
+    except InferlabError as e:
+        fail(str(e), 1)
+    except ValueError as e:  # engine/config validation
+        fail(str(e), 2)
+
+
+def parse_rate(value: str | None) -> float | None:
+    if value is None:
+        return None
+    if value.lower() in ("inf", "infinity"):
+        return math.inf
+    try:
+        return float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a number or 'inf'") from None
+
+
+def parse_headers(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for h in values:
+        name, sep, val = h.partition(":")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{h!r} is not 'Name: value'", param_hint="--header")
+        out.append((name.strip(), val.strip()))
+    return tuple(out)
+
+
+def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Load, workload and output flags shared by ``bench`` and ``sim run``."""
+    opts = [
+        click.option("-c", "--concurrency", type=int, help=f"Closed loop: this many users. Default {DEFAULT_CONCURRENCY} unless --rate is given."),
+        click.option("-r", "--rate", help="Open loop: requests per second ('inf' sends all at once)."),
+        click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), default="poisson", show_default=True),
+        click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape: <1 burstier, 1 Poisson, >1 smoother."),
+        click.option("--max-concurrency", type=click.IntRange(min=1), help="Open loop: cap on requests in flight."),
+        click.option("-n", "--num-requests", type=int, help="Measured requests. Default 32 unless --duration is given."),
+        click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
+        click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True, help="Requests sent first and left out of the metrics."),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--input-tokens", help="Synthetic prompts of this many tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA or empirical:DATASET (its prompts' lengths in words)."),
+        click.option("--output-tokens", help="max_tokens per request (same forms as --input-tokens; empirical:DATASET draws its answers' lengths)."),
+        click.option("--prefix-groups", type=click.IntRange(min=1), help="Shared-prefix workload: this many groups (default 1 with --prefix-tokens)."),
+        click.option("--prefix-tokens", type=click.IntRange(min=1), help="Shared-prefix workload: tokens in each group's prefix."),
+        click.option("--suffix-tokens", help="Shared-prefix workload: each request's own tokens after the prefix (default 64)."),
+        click.option("--prefix-popularity", default="uniform", show_default=True, help="Group popularity: uniform, zipf or zipf:A."),
+        click.option("--trace", type=click.Path(dir_okay=False), help="Replay a trace at its timestamps: inferlab JSONL, a requests.jsonl of an earlier run, Azure CSV, BurstGPT CSV, Mooncake JSONL or a vLLM --save-detailed result JSON."),
+        click.option("--trace-format", type=click.Choice(list(FORMATS)), help="Trace format (default: detected from the header or keys)."),
+        click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True, help="Replay the trace this many times faster."),
+        click.option("--trace-start", type=float, help="Replay from this many seconds into the trace."),
+        click.option("--trace-end", type=float, help="Replay up to this many seconds into the trace."),
+        click.option("--dataset", type=click.Path(dir_okay=False), help="Prompts from a file: JSONL (prompt or messages, optional max_tokens), ShareGPT JSON or CSV (prompt column)."),
+        click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]), help="Dataset format (default: from the extension and content)."),
+        click.option("--sample", type=click.Choice(["with-replacement", "without-replacement"]), default="without-replacement", show_default=True, help="Dataset sampling; without replacement stops when every prompt was sent once."),
+        click.option("--min-input-tokens", type=click.IntRange(min=1), help="Dataset: skip prompts shorter than this (tokens with --tokenizer, else words)."),
+        click.option("--max-input-tokens", type=click.IntRange(min=1), help="Dataset: skip prompts longer than this (tokens with --tokenizer, else words)."),
+        click.option("--sessions", type=click.IntRange(min=1), help="Multi-turn: this many sessions (closed loop: -c users, default one per session; with --rate: sessions arrive at that rate)."),
+        click.option("--turns", type=click.IntRange(min=1), default=4, show_default=True, help="Multi-turn: turns per session; each turn adds --input-tokens of new user text."),
+        click.option("--think-time-s", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
+        click.option("--system-tokens", type=click.IntRange(min=0), default=0, show_default=True, help="Multi-turn: a system prompt of this many tokens, shared by all sessions."),
+        click.option("--context-window-tokens", type=click.IntRange(min=1), help="Multi-turn: keep the system prompt and at most this many tokens of history (sliding window)."),
+        click.option("--tokenizer", type=click.Path(exists=False), help="Local tokenizer.json (or a directory with one): exact prompt lengths."),
+        click.option("--token-ids/--no-token-ids", default=True, show_default=True, help="With --tokenizer, send token-id prompts on the completions API."),
+        click.option("--prompt", help="Send this prompt every time (default: 'Explain RAG in about 30 characters.')."),
+        click.option("--exact-output/--no-exact-output", default=True, show_default=True, help="Send ignore_eos and min_tokens so output length is exact."),
+        click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TTFT."),
+        click.option("--slo-tpot-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TPOT."),
+        click.option("--slo-e2e-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on E2E."),
+        click.option("-o", "--out", type=click.Path(file_okay=False), help="Write summary.json, requests.jsonl and config.json here."),
+        click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def load_config(kw: dict[str, Any]) -> LoadConfig:
+    if kw["concurrency"] is not None and kw["rate"] is not None:
+        raise UsageError("--concurrency and --rate are exclusive (use --max-concurrency with --rate)")
+    rate = parse_rate(kw["rate"])
+    schedule: Schedule
+    if kw["trace"]:
+        if kw["concurrency"] is not None or rate is not None:
+            raise UsageError("--trace sends at the trace's times: drop --concurrency/--rate (use --speedup)")
+        schedule = Replay(kw["max_concurrency"] or vllm_result_max_concurrency(kw["trace"]))
+        return LoadConfig(schedule, kw["num_requests"], kw["duration"], kw["warmup"], kw["seed"])
+    for flag in ("trace_format", "trace_start", "trace_end"):
+        if kw[flag] is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} needs --trace")
+    if rate is not None:
+        schedule = OpenLoop(rate, kw["arrival"], kw["burstiness"], kw["max_concurrency"])
+    else:
+        c = kw["concurrency"]
+        schedule = ClosedLoop((kw["sessions"] or DEFAULT_CONCURRENCY) if c is None else c)
+    num = kw["num_requests"]
+    if kw["sessions"] is not None and num is None:
+        num = kw["sessions"] * kw["turns"]
+    if num is None and kw["duration"] is None:
+        num = 32
+    return LoadConfig(schedule, num, kw["duration"], kw["warmup"], kw["seed"])
+
+
+def slo_config(kw: dict[str, Any]) -> SLO | None:
+    if all(kw[k] is None for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
+        return None
+    return SLO(kw["slo_ttft_ms"], kw["slo_tpot_ms"], kw["slo_e2e_ms"])
+
+
+def workload_config(kw: dict[str, Any]) -> WorkloadConfig:
+    trace = None
+    if kw["trace"]:
+        trace = TraceConfig(kw["trace"], kw["trace_format"], kw["speedup"], kw["trace_start"], kw["trace_end"])
+    dataset = None
+    if kw["dataset"]:
+        dataset = DatasetConfig(kw["dataset"], kw["dataset_format"], kw["sample"], kw["min_input_tokens"], kw["max_input_tokens"])
+    else:
+        for flag in ("dataset_format", "min_input_tokens", "max_input_tokens"):
+            if kw[flag] is not None:
+                raise UsageError(f"--{flag.replace('_', '-')} needs --dataset")
+    if kw["tokenizer"]:
+        from inferlab.workload.tokenizers import load_tokenizer
+
+        try:
+            load_tokenizer(kw["tokenizer"])  # a bad path fails here, before any server starts
+        except UsageError as e:
+            raise UsageError(f"--tokenizer: {e}") from e
+    if kw["sessions"] is None and kw["context_window_tokens"] is not None:
+        raise UsageError("--context-window-tokens needs --sessions")
+    return WorkloadConfig(
+        sessions=kw["sessions"],
+        turns=kw["turns"],
+        think_time_s=kw["think_time_s"],
+        system_tokens=kw["system_tokens"],
+        context_window_tokens=kw["context_window_tokens"],
+        dataset=dataset,
+        input_tokens=kw["input_tokens"],
+        output_tokens=kw["output_tokens"],
+        prompt=kw["prompt"],
+        exact_output=kw["exact_output"],
+        prefix_groups=kw["prefix_groups"],
+        prefix_tokens=kw["prefix_tokens"],
+        suffix_tokens=kw["suffix_tokens"],
+        prefix_popularity=kw["prefix_popularity"],
+        trace=trace,
+        tokenizer=kw["tokenizer"],
+        token_ids=kw["token_ids"],
+    )
+
+

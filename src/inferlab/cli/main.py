@@ -1,0 +1,168 @@
+"""The ``inferlab`` command: parse flags → frozen config → library call → render.
+
+Usage errors exit 2 with one line; runtime failures exit 1 with one line. Environment
+variables ``INFERLAB_<COMMAND>_<OPTION>`` (e.g. ``INFERLAB_BENCH_URL``) set any option;
+flags win over them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+
+from inferlab._clock import WallClock
+from inferlab._errors import RunFailedError, UsageError
+from inferlab.cli.common import (
+    entry,
+    load_config,
+    load_options,
+    parse_headers,
+    run_guarded,
+    slo_config,
+    workload_config,
+)
+from inferlab.cli.sim import sim
+from inferlab.cli.tokens import tokens
+from inferlab.load.run import BenchConfig, bench_async, install_stop_signals
+from inferlab.report.console import Progress, render_summary
+from inferlab.sim.engine.engine import EngineConfig
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "INFERLAB"})
+@click.version_option(package_name="inferlab")
+def main() -> None:
+    """Measure, explain and predict the latency and throughput of LLM inference servers."""
+
+
+@main.command()
+@click.option("--url", help="OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: the embedded simulated server.")
+@click.option("--model", help="Model name to request. Default: the first one the server lists. Without --url: the model the built-in simulator serves (a preset name or HF id).")
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only).")
+@click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY].")
+@click.option("-H", "--header", "header", multiple=True, help="Extra request header 'Name: value' (repeatable).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds.")
+@click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response.")
+@click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths.")
+@load_options
+def bench(**kw: Any) -> None:
+    """Load an OpenAI-compatible endpoint and report TTFB, TTFT, TPOT, ITL, E2E, tokens/s, TPM."""
+    sys.exit(run_guarded(lambda: _bench(kw)))
+
+
+def _bench(kw: dict[str, Any]) -> int:
+    load = load_config(kw)
+    num = load.num_requests
+    config = BenchConfig(
+        load=load,
+        workload=workload_config(kw),
+        url=kw["url"],
+        model=kw["model"],
+        api=kw["api"],
+        stream=kw["stream"],
+        api_key=kw["api_key"],
+        headers=parse_headers(kw["header"]),
+        timeout_s=kw["timeout"],
+        idle_timeout_s=kw["idle_timeout"],
+        slo=slo_config(kw),
+        out_dir=kw["out"],
+        preflight=kw["preflight"],
+    )
+    err = Console(stderr=True)
+    out = Console()
+    embedded = None
+    url = config.url
+    if url is None:
+        from inferlab.cli.sim import SERVE_DEFAULTS
+        from inferlab.sim.engine.hardware import resolve_model
+        from inferlab.sim.server.launch import ChildServer
+
+        config.workload.build(config.load.seed, config.api)  # bad flags or files: fail before starting
+        args = ["--tokenizer", kw["tokenizer"]] if kw["tokenizer"] else []
+        model = EngineConfig().model
+        gpu = os.environ.get("INFERLAB_SIM_SERVE_GPU") or EngineConfig().gpu  # what the server will use
+        tp = 1
+        if kw["model"]:
+            context = resolve_model(kw["model"]).max_position_embeddings  # UsageError naming the known models
+            model = kw["model"]
+            max_len = min(SERVE_DEFAULTS["max_model_len"], context)  # a 2K-context model gets 2,048
+            tp = _embedded_tp(model, gpu, max_len)
+            args += ["--model", model, "--tensor-parallel-size", str(tp), "--max-model-len", str(max_len)]
+        embedded = ChildServer(args)
+        url = embedded.url
+        click.echo(f"inferlab: no --url, simulating {model} on {tp}x {gpu} at {url}", err=True)
+    try:
+        total = (num + config.load.warmup) if num else None
+        with Progress(err, WallClock(), total) as progress:
+            summary = asyncio.run(_bench_main(config, url, progress))
+    except RunFailedError as e:
+        if e.summary is not None:
+            _render(out, e.summary, kw["as_json"], config, url)
+        raise
+    finally:
+        if embedded is not None:
+            embedded.close()
+    _render(out, summary, kw["as_json"], config, url)
+    if summary["interrupted"]:
+        return 130
+    return 0
+
+
+async def _bench_main(config: BenchConfig, url: str, progress: Progress) -> dict[str, Any]:
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    result = await bench_async(config, url, on_record=progress.update, stop=stop)
+    return result.summary
+
+
+def _render(out: Console, summary: dict[str, Any], as_json: bool, config: BenchConfig, url: str) -> None:
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    model = summary["config"].get("resolved", {}).get("model", "?")
+    render_summary(out, summary, f"{model} @ {url}")
+    if config.out_dir:
+        out.print(f"results: {config.out_dir}/summary.json, {config.out_dir}/requests.jsonl")
+
+
+
+
+main.add_command(sim)
+main.add_command(tokens)
+
+def run() -> None:
+    """The console script."""
+    entry(main)
+
+
+def _embedded_tp(model: str, gpu: str, max_model_len: int) -> int:
+    """The fewest GPUs (1, 2, 4, 8) the embedded server needs to hold ``model`` with room
+    for a KV cache, as a user would pick ``--tensor-parallel-size`` (on the GPU the server
+    will use, ``gpu``); ``UsageError`` when 8 are not
+    enough, since bench has no flag to change that."""
+    from inferlab.cli.sim import SERVE_DEFAULTS
+    from inferlab.sim.engine.engine import Engine
+
+    why = ""
+    for tp in (1, 2, 4, 8):
+        try:
+            Engine(EngineConfig(model=model, gpu=gpu, tensor_parallel_size=tp,
+                                **{**SERVE_DEFAULTS, "max_model_len": max_model_len}))
+        except ValueError as e:
+            why = str(e)
+            continue
+        return tp
+    raise UsageError(
+        f"{model} does not fit the embedded simulated server on up to 8x {gpu} ({why}); "
+        "run `inferlab sim serve` with the flags it needs (--quantization, --gpu, -tp) and give bench its --url"
+    )
+
+
+if __name__ == "__main__":
+    run()

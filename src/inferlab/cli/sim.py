@@ -1,0 +1,387 @@
+"""``inferlab sim``: the simulated engine over HTTP (``serve``) and in virtual time (``run``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import IO, Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from inferlab._errors import InferlabError, UsageError
+from inferlab.cli.common import load_config, load_options, run_guarded, slo_config, workload_config
+from inferlab.load.run import install_stop_signals, raise_if_all_failed, run_summary
+from inferlab.load.schedules import ClosedLoop, OpenLoop
+from inferlab.report.console import render_summary
+from inferlab.sim.engine.engine import Engine, EngineConfig
+from inferlab.sim.engine.steptime import FAMILY_EFFICIENCIES
+from inferlab.workload.sessions import SessionWorkload
+
+
+@click.group()
+def sim() -> None:
+    """The simulated inference engine (vLLM-like scheduler on a roofline cost model)."""
+
+
+# `sim serve` (the embedded default behind `bench`) starts as the common vLLM example;
+# `sim run` answers what-ifs with vLLM's own defaults unless a flag says otherwise.
+SERVE_DEFAULTS: dict[str, Any] = {"max_model_len": 4096, "max_num_batched_tokens": 8192, "enforce_eager": True}
+RUN_DEFAULTS: dict[str, Any] = {"max_model_len": None, "max_num_batched_tokens": None, "enforce_eager": False}
+
+
+# What each flag value means, by the names vLLM, its checkpoints and benchmark pages use.
+_QUANTIZATIONS: dict[str, str] = {
+    **dict.fromkeys(("fp8", "fp8_e4m3", "fp8-dynamic", "fp8_dynamic", "modelopt", "fbgemm_fp8", "w8a8-fp8", "w8a8_fp8"), "fp8"),
+    **dict.fromkeys(("int8", "w8a8", "w8a8-int8", "w8a8_int8", "smoothquant"), "int8"),
+    **dict.fromkeys(("w8a16", "gptq-int8", "gptq_int8"), "w8a16"),
+    **dict.fromkeys(("awq", "awq_marlin"), "awq"),
+    **dict.fromkeys(("gptq", "gptq_marlin", "marlin", "int4", "w4a16"), "gptq"),
+    **dict.fromkeys(("none", "bf16", "bfloat16", "fp16", "float16"), "none"),  # unquantized, whatever the name says
+}
+_DTYPES: dict[str, str] = {
+    "auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+}
+_KV_DTYPES: dict[str, str] = {
+    **dict.fromkeys(("auto", "bf16", "bfloat16", "fp16", "float16"), "auto"),
+    **dict.fromkeys(("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"), "fp8"),
+}
+
+
+def _alias(names: dict[str, str]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
+    """A click callback reading a flag value by ``names`` (case-insensitive); exit 2 with
+    the accepted values for any other."""
+
+    def read(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value is None:
+            return None
+        key = value.strip().lower()
+        if key not in names:
+            known = ", ".join(sorted(names))
+            raise click.BadParameter(f"{value!r} is not one of {known}")
+        return names[key]
+
+    return read
+
+
+def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """vLLM's engine flags; ``defaults`` sets the context length, token budget and eager mode."""
+    d = EngineConfig()
+    auto_len = "the model's context length, capped to what the KV cache holds"
+    auto_budget = "the family's; vLLM's for the GPU: 8192 on H100/H200 (16384 with --rate inf), 2048 elsewhere (8192)"
+    opts = [
+        click.option("--model", default=d.model, show_default=True, help="Preset name, HF id, or a config.json path."),
+        click.option("--gpu", default=d.gpu, show_default=True, help="H100, H200, A100, L40S, RTX4090 (also H100-PCIe, H100-NVL, H800, H20, A100-40G, A100-PCIe, A800, L4, A10, B200), or a JSON file."),
+        click.option("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size, show_default=True, help="GPUs the model is split over; adds two all-reduces per layer."),
+        click.option("--max-model-len", type=int, default=defaults["max_model_len"], show_default=defaults["max_model_len"] or auto_len, help="Longest prompt + output accepted; longer requests get HTTP 400."),
+        click.option("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, show_default=True, help="Share of GPU memory for weights, activations and the KV cache."),
+        click.option("--max-num-batched-tokens", type=int, default=defaults["max_num_batched_tokens"], show_default=defaults["max_num_batched_tokens"] or auto_budget, help="Token budget per step, shared by decodes and prefill chunks."),
+        click.option("--max-num-seqs", type=int, default=None, show_default="the family's; vLLM's for the GPU: 1024 on H100/H200, 256 elsewhere", help="Most sequences running at once."),
+        click.option("--block-size", type=int, default=d.block_size, show_default=True, help="Tokens per KV-cache block (1, 8, 16, 32, 64 or 128)."),
+        click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None, show_default="the family's: on, except vllm-v0/v0.5 and lmdeploy", help="Reuse KV blocks of shared prompt prefixes."),
+        click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=None, show_default="the family's: on, except vllm-v0/v0.5 (only above 32,768 tokens of context) and lmdeploy", help="Split long prompts over steps."),
+        click.option("--num-scheduler-steps", type=int, default=1, show_default=True, help="vLLM 0.6 multi-step scheduling: a decode batch runs this many steps before the scheduler runs again; new requests wait for the group to end."),
+        click.option("--overlap-schedule/--no-overlap-schedule", default=None, show_default="the family's: on for sglang", help="The host schedules the next step while the GPU runs this one (SGLang's overlap scheduler, vLLM's --async-scheduling): a request arriving mid-step waits one step more."),
+        click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
+        click.option("--dtype", default=d.dtype, show_default=True, callback=_alias(_DTYPES), help="Activation and unquantized weight type: auto, bfloat16 (bf16), float16 (fp16, half)."),
+        click.option("--quantization", "-q", default=None, callback=_alias(_QUANTIZATIONS), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
+        click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, callback=_alias(_KV_DTYPES), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
+        click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
+        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
+    ]
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return decorate
+
+
+def engine_config(kw: dict[str, Any]) -> EngineConfig:
+    keys = [f.name for f in EngineConfig.__dataclass_fields__.values()]
+    values = {k: kw[k] for k in keys if k in kw}
+    return EngineConfig(**values)
+
+
+@sim.command()
+@engine_options(SERVE_DEFAULTS)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--served-model-name", help="Name the API answers to (default: --model).")
+@click.option("--max-waiting-requests", type=int, default=4096, show_default=True, help="Queue length beyond which requests get HTTP 429.")
+@click.option("--tokenizer", type=click.Path(exists=False), help="Count tokens with this local tokenizer.json (or a directory with one).")
+@click.option("--announce", is_flag=True, hidden=True, help="Print the base URL on stdout once listening (for a parent process).")
+def serve(**kw: Any) -> None:
+    """Serve the simulated engine over the OpenAI API, in real time."""
+    sys.exit(run_guarded(lambda: _serve(kw)))
+
+
+def _serve(kw: dict[str, Any]) -> int:
+    from inferlab.sim.server.app import ServerConfig, SimServer
+    from inferlab.sim.server.launch import start_site
+
+    config = ServerConfig(
+        engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"], tokenizer=kw["tokenizer"]
+    )
+    server = SimServer(config)
+
+    async def main_async() -> None:
+        runner, port = await start_site(server, kw["host"], kw["port"])
+        if kw["announce"]:
+            print(f"http://{kw['host']}:{port}", flush=True)
+        e = config.engine
+        click.echo(
+            f"inferlab sim: {e.model} on {e.tensor_parallel_size}x {e.gpu} ({engine_line(server.engine)}), "
+            f"serving http://{kw['host']}:{port}/v1 (Ctrl-C stops)",
+            err=True,
+        )
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main_async())
+    except OSError as e:
+        raise InferlabError(f"cannot serve on {kw['host']}:{kw['port']}: {e.strerror or e}") from e
+    return 0
+
+
+@sim.command("run")
+@engine_options(RUN_DEFAULTS)
+@load_options
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
+@click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
+@click.option("--offline/--served", "offline", default=None, help="Run as vLLM's offline LLM class (no API server costs, larger default budget) or behind its API server. Default: offline only with --rate inf and no --max-concurrency.")
+def run_cmd(**kw: Any) -> None:
+    """Run a workload through the simulated engine in virtual time (no HTTP)."""
+    sys.exit(run_guarded(lambda: _sim_run(kw)))
+
+
+def _model_from_trace(kw: dict[str, Any]) -> None:
+    """Without ``--model``, replay a vLLM benchmark result on the model it measured when
+    the simulator knows that model; say which model runs either way."""
+    from inferlab.sim.engine.hardware import resolve_model
+    from inferlab.workload.traces import vllm_result_model
+
+    ctx = click.get_current_context(silent=True)
+    given = ctx is not None and ctx.get_parameter_source("model") != click.core.ParameterSource.DEFAULT
+    traced = vllm_result_model(kw["trace"]) if kw.get("trace") and not given else None
+    if traced is None:
+        return
+    try:
+        resolve_model(traced)
+    except UsageError:
+        click.echo(f"inferlab: the trace measured {traced}, which has no preset; simulating "
+                   f"{kw['model']} (give --model NAME or a config.json)", err=True)
+        return
+    kw["model"] = traced
+    click.echo(f"inferlab: simulating the trace's model, {traced}", err=True)
+
+
+def _sim_run(kw: dict[str, Any]) -> int:
+    from inferlab.load.virtual import Interrupted, simulate
+    from inferlab.results.runfiles import RunWriter
+    from inferlab.workload.builtin_prompts import SimPromptBuilder
+    from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
+    from inferlab.workload.tokenizers import load_tokenizer
+
+    _model_from_trace(kw)
+    load = load_config(kw)
+    s = load.schedule
+    offline = kw["offline"]
+    if offline is None:  # --rate inf is the offline-throughput case
+        offline = isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
+    engine = Engine(dataclasses.replace(engine_config(kw), offline=offline))
+    engine_cfg = engine.config  # the sizes resolved
+    tokenizer = load_tokenizer(kw["tokenizer"]) if kw["tokenizer"] else None
+    # the engine counts text prompts with its built-in tokenizer unless given one; on the
+    # completions API built-in prompts can reach it as those ids, never built as text
+    builder = SimPromptBuilder(BuiltinTokenizer()) if tokenizer is None and kw["api"] == "completions" else None
+    workload = workload_config(kw).build(load.seed, kw["api"], builder=builder)
+    config_json = {
+        "command": "sim run",
+        "engine": dataclasses.asdict(engine_cfg),
+        "load": {**dataclasses.asdict(load), "schedule": {"kind": type(load.schedule).__name__, **dataclasses.asdict(load.schedule)}},
+        "workload": dataclasses.asdict(workload_config(kw)),
+        "api": kw["api"],
+        "trace": kw["trace"],
+    }
+    config_json["engine"]["gpu_preset"] = engine.gpu.name  # what a free-text --gpu ran as
+    config_json = json.loads(json.dumps(config_json, default=str))
+    step_log = _open_step_log(kw["step_log"])
+    writer = None
+    interrupted, failure = False, None
+    try:
+        writer = RunWriter(kw["out"], config_json) if kw["out"] else None
+        on_record = writer.append if writer else None
+        with _stop_on_signals() as stop:
+            try:
+                if isinstance(workload, SessionWorkload):
+                    from inferlab.load.virtual_sessions import simulate_sessions
+
+                    s = load.schedule
+                    records = simulate_sessions(
+                        engine, load, workload, users=s.concurrency if isinstance(s, ClosedLoop) else 1,
+                        chat=kw["api"] == "chat", tokenizer=tokenizer, on_record=on_record, stop=stop,
+                        step_log=step_log,
+                    )
+                else:
+                    records = simulate(
+                        engine, load, workload, chat=kw["api"] == "chat", step_log=step_log,
+                        on_record=on_record, tokenizer=tokenizer, stop=stop,
+                    )
+            except Interrupted as stopped:  # what was measured is written first
+                records, interrupted, failure = stopped.records, True, stopped.cause
+        summary = run_summary(records, workload, config=config_json, slo=slo_config(kw), interrupted=interrupted)
+        if writer is not None:
+            writer.write_summary(summary)
+    finally:
+        if writer is not None:
+            writer.close()
+        if step_log is not None:
+            step_log.close()
+    if kw["as_json"]:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        out = Console()
+        e = engine_cfg
+        render_summary(out, summary, f"{e.model} on {e.tensor_parallel_size}x {e.gpu}, virtual time")
+        line = Table(show_header=False, box=None, pad_edge=False)
+        line.add_column(style="bold", no_wrap=True, min_width=18)
+        line.add_column()  # wraps under itself, not under the label
+        line.add_row("engine", engine_line(engine))
+        out.print(line)
+        if kw["out"]:
+            out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
+    if failure is not None:
+        raise failure
+    if interrupted:
+        return 130
+    raise_if_all_failed(summary)
+    return 0
+
+
+@sim.command("presets")
+@click.option("--json", "as_json", is_flag=True, help="Print the presets as JSON.")
+def presets_cmd(as_json: bool) -> None:
+    """The GPUs and models the simulator knows by name (datasheet and config numbers)."""
+    sys.exit(run_guarded(lambda: _presets(as_json)))
+
+
+def _presets(as_json: bool) -> int:
+    from inferlab.sim.engine.hardware import gpu_presets, model_names, resolve_gpu, resolve_model
+    from inferlab.sim.engine.steptime import kv_bytes_per_token
+
+    gpus: list[dict[str, Any]] = []
+    for name, aliases in gpu_presets().items():
+        gpu = resolve_gpu(name)
+        gpus.append({
+            "name": gpu.name, "aliases": aliases,
+            "bf16_tflops": gpu.bf16_flops_per_s / 1e12,
+            "fp8_tflops": gpu.fp8_flops_per_s / 1e12 if gpu.fp8_flops_per_s else None,
+            "memory_gib": gpu.hbm_bytes / 2**30, "memory_tb_per_s": gpu.hbm_bytes_per_s / 1e12,
+            "link_gb_per_s": gpu.bus_bytes_per_s / 1e9,
+        })
+    models: list[dict[str, Any]] = []
+    for name in model_names():
+        spec = resolve_model(name)
+        models.append({
+            "name": spec.name, "params_billions": spec.params_total / 1e9,
+            "active_params_billions": spec.active_params_total / 1e9,
+            "experts": f"{spec.experts_per_token} of {spec.num_experts}" if spec.num_experts else None,
+            "layers": spec.num_layers,
+            "kv_heads": spec.num_kv_heads, "kv_bytes_per_token_bf16": kv_bytes_per_token(spec, 1),
+            "context": spec.max_position_embeddings,
+        })
+    if as_json:
+        click.echo(json.dumps({"gpus": gpus, "models": models}, indent=2))
+        return 0
+    out = Console()
+    t = Table(title="GPUs (--gpu NAME, or a JSON file with the same fields)")
+    for col in ("name", "also", "bf16 TF", "fp8 TF", "GiB", "TB/s", "link GB/s"):
+        t.add_column(col, justify="left" if col in ("name", "also") else "right")
+    for g in gpus:
+        fp8 = g["fp8_tflops"]
+        t.add_row(g["name"], ", ".join(g["aliases"]), f"{g['bf16_tflops']:,.0f}", "—" if fp8 is None else f"{fp8:,.0f}",
+                  f"{g['memory_gib']:.0f}", f"{g['memory_tb_per_s']:.2f}", f"{g['link_gb_per_s']:.0f}")
+    out.print(t)
+    t = Table(title="Models (--model NAME or its HF id, or a config.json path)")
+    # parameters in billions: all of them, and (mixture of experts) those a token runs
+    for col in ("name", "params B", "active B", "layers", "KV heads", "KV KiB /tok", "max len"):
+        t.add_column(col, justify="left" if col == "name" else "right", no_wrap=col == "name")
+    for m in models:
+        active = f"{m['active_params_billions']:.1f}" if m["experts"] else "—"
+        t.add_row(m["name"], f"{m['params_billions']:.1f}", active, str(m["layers"]), str(m["kv_heads"]),
+                  f"{m['kv_bytes_per_token_bf16'] / 1024:.0f}", _tokens_short(m["context"]))
+    out.print(t)
+    return 0
+
+
+def _tokens_short(n: int) -> str:
+    """A context length as people write it: 32K (32,768), 128K, 4K; others with commas."""
+    return f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}"
+
+
+def engine_line(engine: Engine) -> str:
+    """The resolved engine sizes in one line, so defaults are never a guess."""
+    e, lim = engine.config, engine.limits
+    gpu = engine.gpu.name  # the preset a free-text name was read as
+    parts = [
+        *([gpu] if gpu != e.gpu else []),
+        e.quantization if e.quantization not in (None, "none") else ("fp16" if e.dtype == "float16" else "bf16"),
+        *(["fp8 KV"] if e.kv_cache_dtype == "fp8" else []),
+        f"max-model-len {lim.max_model_len:,}",
+        f"{lim.max_num_batched_tokens:,} tokens/step"
+        + ("" if lim.enable_chunked_prefill else " (prompts whole)"),
+        *([] if lim.mixed_batches else ["prefill and decode steps apart"]),
+        *([f"{lim.num_scheduler_steps} decode steps per schedule"] if lim.num_scheduler_steps > 1 else []),
+        *(["overlap scheduling"] if e.overlap_schedule else []),
+        f"{lim.max_num_seqs:,} seqs",
+        f"KV {engine.kv_capacity_tokens:,} tokens",
+        "eager" if e.enforce_eager else "CUDA graphs",
+        "offline (no API server)" if e.offline else f"API {engine.api_overhead_s * 1e3:g} ms + per-token streaming",
+        *([f"{e.engine_family} defaults and constants"] if e.engine_family != "vllm" else []),
+    ]
+    return ", ".join(parts)
+
+
+def _open_step_log(path: str | None) -> IO[str] | None:
+    if not path:
+        return None
+    try:
+        return open(path, "w")
+    except OSError as e:
+        raise UsageError(f"cannot write the step log {path}: {e.strerror or e}") from e
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[Callable[[], bool]]:
+    """For the run's duration, SIGINT/SIGTERM ask the simulation to stop between steps
+    (a second signal interrupts at once); the previous handlers come back after."""
+    stopping = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if stopping:
+            raise KeyboardInterrupt
+        stopping = True
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield lambda: stopping
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)

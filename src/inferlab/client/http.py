@@ -1,0 +1,373 @@
+"""The client: sends one request, parses the response, fills a ``RequestRecord``.
+
+It never raises for a failed request (only ``CancelledError`` propagates, after the
+record is marked cancelled). aiohttp is the HTTP stack: bench/client_cpu.py measures it
+against httpx per streamed chunk. All aiohttp errors are mapped here, at one boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from inferlab._clock import Clock
+from inferlab._errors import InferlabError, ServerUnreachableError, UsageError
+from inferlab.openai.sse import SSEParser
+from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.workload.spec import Api, RequestSpec
+
+_MAX_ERROR_CHARS = 300
+
+
+def api_base(url: str) -> str:
+    """``http://h:p`` → ``http://h:p/v1``; a URL with a path is used as given."""
+    url = url.rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return url if parts.path not in ("", "/") else url + "/v1"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to send. ``base_url`` is the API root (ending in ``/v1`` usually)."""
+
+    base_url: str
+    model: str
+    api: Api = "chat"
+    stream: bool = True
+    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    idle_timeout_s: float = 60.0
+
+    @property
+    def url(self) -> str:
+        return self.base_url + ("/chat/completions" if self.api == "chat" else "/completions")
+
+    def request_headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json", **self.headers}
+        if self.api_key:
+            h.setdefault("Authorization", f"Bearer {self.api_key}")
+        return h
+
+
+def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": endpoint.model}
+    if endpoint.api == "chat":
+        body["messages"] = spec.messages()
+    else:
+        body["prompt"] = spec.completion_prompt()
+    if spec.max_tokens is not None:
+        body["max_tokens"] = spec.max_tokens
+        if spec.exact_output:
+            body["ignore_eos"] = True
+            body["min_tokens"] = spec.max_tokens
+    if endpoint.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    body.update(spec.extra_body)
+    return body
+
+
+def session_trace() -> aiohttp.TraceConfig:
+    """Stamps the moment a request's headers are written (its first byte)."""
+
+    async def on_headers_sent(
+        session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+    ) -> None:
+        stamp = getattr(ctx.trace_request_ctx, "stamp", None)
+        if stamp is not None:
+            stamp()
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_headers_sent.append(on_headers_sent)
+    return trace
+
+
+class _StreamState:
+    """What the events of one response said, in arrival order."""
+
+    def __init__(self, record: RequestRecord, text_out: list[str] | None = None) -> None:
+        self.record = record
+        self.text_out = text_out
+        self.done = False
+
+    def event(self, data: str, t_ns: int) -> bool:
+        """Apply one SSE ``data`` payload received at ``t_ns``; False = stop reading."""
+        if data == "[DONE]":
+            self.done = True
+            return False
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            return self._fail(ErrorKind.MALFORMED, f"event is not JSON: {data[:80]!r}")
+        if not isinstance(obj, dict):
+            return self._fail(ErrorKind.MALFORMED, f"event is not a JSON object: {data[:80]!r}")
+        if "error" in obj:
+            return self._fail(ErrorKind.STREAM_ERROR, _error_message(obj))
+        apply_body(self.record, obj, t_ns, streaming=True, text_out=self.text_out)
+        return True
+
+    def _fail(self, kind: ErrorKind, message: str) -> bool:
+        self.record.error_kind = kind
+        self.record.error = message[:_MAX_ERROR_CHARS]
+        return False
+
+
+def apply_body(
+    record: RequestRecord, obj: dict[str, Any], t_ns: int, *, streaming: bool,
+    text_out: list[str] | None = None,
+) -> None:
+    """Take content, usage, finish reason and the server timeline from a chunk or body;
+    append the generated text to ``text_out`` if given (multi-turn sessions need it)."""
+    choices = obj.get("choices") or []
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        part = choice.get("delta") if streaming else choice.get("message")
+        text = ""
+        has_content = False
+        if isinstance(part, dict):
+            for key in ("content", "reasoning_content", "reasoning"):
+                value = part.get(key)
+                if value:
+                    text += value if isinstance(value, str) else ""
+                    has_content = True
+            if part.get("tool_calls"):
+                has_content = True
+        if choice.get("text"):
+            text += str(choice["text"])
+            has_content = True
+        if has_content and streaming:
+            record.content_ns.append(t_ns)
+        record.output_chars += len(text)
+        if text_out is not None and text:
+            text_out.append(text)
+        if choice.get("finish_reason"):
+            record.finish_reason = str(choice["finish_reason"])
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        record.input_tokens = _int_or_none(usage.get("prompt_tokens"))
+        record.output_tokens = _int_or_none(usage.get("completion_tokens"))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            record.cached_tokens = _int_or_none(details.get("cached_tokens"))
+        record.usage_source = "server"
+    timeline = obj.get("inferlab_timeline")
+    if isinstance(timeline, dict):
+        record.server_timeline = timeline
+
+
+_TAG = re.compile(r"<(script|style)\b.*?</\1>|<[^>]+>", re.S | re.I)
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """A server's error body as one short line: HTML tags dropped, whitespace folded."""
+    flat = " ".join(_TAG.sub(" ", text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _int_or_none(v: object) -> int | None:
+    return v if isinstance(v, int) else None
+
+
+def _error_message(obj: object) -> str:
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("detail") or err.get("msg")
+            if msg:
+                return str(msg)
+        elif isinstance(err, str):
+            return err
+        for key in ("message", "detail"):
+            if obj.get(key):
+                return str(obj[key])
+    return json.dumps(obj)[:_MAX_ERROR_CHARS]
+
+
+#: After ``[DONE]``, how long to wait for the body's end (so the connection can be
+#: reused) before giving the connection up. Never affects the request's record.
+_DRAIN_S = 1.0
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in resp.content.iter_any():
+                pass
+
+
+class Client:
+    """Sends requests to one endpoint over a shared aiohttp session.
+
+    Times in records are ns relative to ``t0_ns`` on ``clock``.
+    """
+
+    def __init__(
+        self, endpoint: Endpoint, clock: Clock, session: aiohttp.ClientSession, t0_ns: int
+    ) -> None:
+        self.endpoint = endpoint
+        self.clock = clock
+        self.session = session
+        self.t0_ns = t0_ns
+        self._headers = endpoint.request_headers()
+
+    def _now(self) -> int:
+        return self.clock.now_ns() - self.t0_ns
+
+    async def send(
+        self, spec: RequestSpec, record: RequestRecord, text_out: list[str] | None = None
+    ) -> None:
+        """Send ``spec``; fill ``record`` with what happened (and ``text_out`` with the
+        generated text, if given). Never raises, except ``CancelledError`` (the record
+        is then marked ``CANCELLED``)."""
+        record.session, record.turn = spec.session, spec.turn
+        record.requested_input_tokens = spec.input_tokens
+        record.requested_output_tokens = spec.max_tokens
+        body = json.dumps(request_body(self.endpoint, spec)).encode()
+
+        def stamp() -> None:
+            record.send_ns = self._now()
+
+        record.send_ns = self._now()
+        try:
+            async with asyncio.timeout(self.endpoint.timeout_s):
+                await self._exchange(body, record, SimpleNamespace(stamp=stamp), text_out)
+        except aiohttp.ServerTimeoutError:
+            self._fail(record, ErrorKind.IDLE_TIMEOUT, f"no data for {self.endpoint.idle_timeout_s:g} s")
+        except TimeoutError:
+            self._fail(record, ErrorKind.TIMEOUT, f"request took over {self.endpoint.timeout_s:g} s")
+        except aiohttp.ClientConnectorError as e:
+            self._fail(record, ErrorKind.CONNECT, f"cannot connect to {self.endpoint.url}: {e.os_error}")
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
+            self._fail(record, ErrorKind.DISCONNECT, f"connection closed mid-response: {e}")
+        except aiohttp.ClientError as e:
+            self._fail(record, ErrorKind.DISCONNECT, f"{type(e).__name__}: {e}")
+        except asyncio.CancelledError:
+            self._fail(record, ErrorKind.CANCELLED, "run interrupted")
+            raise
+
+    def _fail(self, record: RequestRecord, kind: ErrorKind, message: str) -> None:
+        if record.error_kind is None and record.end_ns is not None:
+            return  # finished already (e.g. a timeout while draining after [DONE])
+        if record.error_kind is None:
+            record.error_kind = kind
+            record.error = message[:_MAX_ERROR_CHARS]
+        record.end_ns = None
+
+    async def _exchange(
+        self, body: bytes, record: RequestRecord, trace_ctx: object, text_out: list[str] | None
+    ) -> None:
+        ep = self.endpoint
+        async with self.session.post(
+            ep.url,
+            data=body,
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=ep.idle_timeout_s),
+            trace_request_ctx=trace_ctx,
+        ) as resp:
+            record.status = resp.status
+            if resp.status >= 400:
+                raw = b""
+                while len(raw) < 65536 and (data := await resp.content.read(65536 - len(raw))):
+                    raw += data
+                try:
+                    message = _error_message(json.loads(raw))
+                except ValueError:
+                    message = one_line(raw.decode("utf-8", "replace")) or (resp.reason or "")
+                self._fail(record, ErrorKind.HTTP_STATUS, f"HTTP {resp.status}: {message}")
+                return
+            if ep.stream and resp.content_type == "text/event-stream":
+                await self._read_stream(resp, record, text_out)
+            else:
+                await self._read_body(resp, record, text_out)
+
+    async def _read_stream(
+        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None
+    ) -> None:
+        parser = SSEParser()
+        state = _StreamState(record, text_out)
+        reading = True
+        t_end = 0
+        async for data in resp.content.iter_any():
+            t_end = self._now()
+            if record.ttfb_ns is None:
+                record.ttfb_ns = t_end
+            for event in parser.feed(data):
+                if not state.event(event, t_end):
+                    reading = False
+                    break
+            if not reading:
+                break
+        if not state.done and reading:
+            t_end = self._now()
+            for event in parser.close():
+                if not state.event(event, t_end):
+                    break
+        record.stream_done = state.done
+        if record.error_kind is None:
+            record.end_ns = t_end
+        if state.done:
+            await _drain(resp)
+
+    async def _read_body(
+        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None
+    ) -> None:
+        chunks = []
+        async for data in resp.content.iter_any():
+            if record.ttfb_ns is None:
+                record.ttfb_ns = self._now()
+            chunks.append(data)
+        t_end = self._now()
+        try:
+            obj = json.loads(b"".join(chunks))
+        except ValueError:
+            self._fail(record, ErrorKind.MALFORMED, "response body is not JSON")
+            return
+        if not isinstance(obj, dict):
+            self._fail(record, ErrorKind.MALFORMED, "response body is not a JSON object")
+            return
+        if "error" in obj:
+            self._fail(record, ErrorKind.STREAM_ERROR, _error_message(obj))
+            return
+        apply_body(record, obj, t_end, streaming=False, text_out=text_out)
+        record.end_ns = t_end
+
+async def discover_model(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> str:
+    """The first model id from ``GET /v1/models``; ``ServerUnreachableError`` if no
+    server answers there."""
+    import aiohttp  # (here: `sim run` imports this module and makes no HTTP call)
+
+    from inferlab.client.http import one_line
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as s, s.get(
+            base_url + "/models", headers=headers
+        ) as resp:
+            if resp.status >= 400:
+                body = one_line((await resp.content.read(4096)).decode("utf-8", "replace"))
+                raise InferlabError(
+                    f"{base_url}/models answered HTTP {resp.status} ({body or resp.reason}): is "
+                    "this an OpenAI-compatible API root? Check --url, or pass --model"
+                )
+            data = await resp.json(content_type=None)
+    except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, TimeoutError) as e:
+        raise ServerUnreachableError(f"cannot reach {base_url}: {e}") from e
+    except (aiohttp.ClientError, ValueError) as e:
+        raise ServerUnreachableError(f"unexpected answer from {base_url}/models: {e}") from e
+    models = data.get("data") if isinstance(data, dict) else None
+    if not models or not isinstance(models[0], dict) or "id" not in models[0]:
+        raise UsageError(f"{base_url}/models lists no model; pass --model explicitly")
+    return str(models[0]["id"])

@@ -1,0 +1,216 @@
+"""The preflight probe: small requests before a run, never counted in its results.
+
+It answers, before N requests are sent: does the server accept this request at all
+(401/403/404 end the run at once with the server's message); does it accept
+``ignore_eos``/``min_tokens`` (if not, they are dropped and the summary says output
+lengths are not forced); how many tokens the chat template (or BOS) adds to a prompt;
+and how synthetic prompts can hit their token lengths without a local tokenizer —
+exactly, with the server's ``/tokenize`` (vLLM, SGLang, llama.cpp, the simulator), or
+approximately, calibrated from two probes' ``usage.prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from inferlab._clock import WallClock
+from inferlab._errors import RunFailedError, UsageError
+from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.workload.prompts import PromptBuilder, words
+from inferlab.workload.spec import RequestSpec
+from inferlab.workload.text import WORDS
+from inferlab.workload.tokenizers import Tokenizer
+
+if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes none)
+    import aiohttp
+
+    from inferlab.client.http import Endpoint
+
+PROBE_WORDS = 64
+_MIN_VOCAB = 32  # fewer one-token words than this: fall back to calibration
+_TOKENIZE_CONCURRENCY = 16
+EXACT_LOCAL = "exact (local tokenizer)"
+EXACT_SERVER = "exact (server /tokenize)"
+APPROX_USAGE = "approximate (calibrated from usage)"
+APPROX_WORDS = "approximate (one word per token assumed)"
+NO_FORCE_WARNING = "server rejects ignore_eos/min_tokens; output lengths are not forced"
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the probe learned. ``prompt_overhead_tokens``: prompt tokens the server adds
+    around the text (chat template, BOS); ``None`` when unknown. ``vocab`` /
+    ``tokens_per_word`` tell the prompt builder how to hit lengths."""
+
+    accepts_exact_output: bool = True
+    prompt_overhead_tokens: int | None = None
+    input_length_source: str = APPROX_WORDS
+    vocab: tuple[str, ...] = WORDS
+    tokens_per_word: float = 1.0
+    has_tokenize: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["vocab_words"] = len(d.pop("vocab"))
+        return d
+
+
+async def run_preflight(
+    endpoint: Endpoint, *, exact_output: bool, tokenizer: Tokenizer | None
+) -> Preflight:
+    """Probe ``endpoint``. ``UsageError`` when the server refuses the request outright
+    (HTTP 401, 403 or 404); any other failure is left for the run to record."""
+    import aiohttp
+
+    text = " ".join(words("inferlab:probe", PROBE_WORDS))
+    async with aiohttp.ClientSession() as session:
+        first = await _probe(session, endpoint, text, exact_output)
+        _refuse_if_rejected(endpoint, first)
+        accepts = True
+        notes: list[str] = []
+        if exact_output and first.status in (400, 422):
+            plain = await _probe(session, endpoint, text, False)
+            if plain.ok:
+                accepts, first = False, plain
+                notes.append(NO_FORCE_WARNING)
+        _fail_if_unusable(endpoint, first)
+        if not first.ok:
+            return Preflight(accepts_exact_output=accepts, warnings=notes)
+        tok = _Tokenize(session, endpoint)
+        raw = len(tokenizer.encode(text)) if tokenizer is not None else await tok.count(text)
+        usage = first.input_tokens
+        if usage is None and raw is not None and endpoint.api == "chat":
+            usage = await tok.count_messages(RequestSpec(text).messages())
+        overhead = usage - raw if usage is not None and raw is not None else None
+        if tokenizer is not None:
+            return Preflight(accepts, overhead, EXACT_LOCAL, has_tokenize=tok.available, warnings=notes)
+        if tok.available:
+            vocab = await tok.one_token_words(WORDS)
+            if len(vocab) >= _MIN_VOCAB and await tok.verify(vocab):
+                return Preflight(accepts, overhead, EXACT_SERVER, vocab, has_tokenize=True, warnings=notes)
+        if usage is None:
+            return Preflight(accepts, overhead, APPROX_WORDS, has_tokenize=tok.available, warnings=notes)
+        longer = await _probe(session, endpoint, " ".join(words("inferlab:probe", 2 * PROBE_WORDS)), False)
+        if not longer.ok or longer.input_tokens is None or longer.input_tokens <= usage:
+            return Preflight(accepts, overhead, APPROX_WORDS, has_tokenize=tok.available, warnings=notes)
+        per_word = (longer.input_tokens - usage) / PROBE_WORDS
+        if overhead is None:
+            overhead = round(usage - per_word * PROBE_WORDS)
+        return Preflight(accepts, overhead, APPROX_USAGE, WORDS, per_word, tok.available, notes)
+
+
+async def _probe(session: aiohttp.ClientSession, endpoint: Endpoint, text: str, exact: bool) -> RequestRecord:
+    from inferlab.client.http import Client
+
+    record = RequestRecord(index=-1)
+    client = Client(endpoint, WallClock(), session, 0)
+    await client.send(RequestSpec(text, 1, exact), record)
+    return record
+
+
+def _refuse_if_rejected(endpoint: Endpoint, r: RequestRecord) -> None:
+    if r.status not in (401, 403, 404):
+        return
+    message = (r.error or f"HTTP {r.status}").strip()
+    hint = {401: "check --api-key", 403: "check --api-key", 404: "check --model, --url and --api"}
+    raise UsageError(
+        f"{endpoint.url} rejected the probe request ({message}); {hint[r.status or 404]}"
+    )
+
+
+#: Failures that may pass (overload, a restart): the run records them instead.
+_TRANSIENT = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+def _fail_if_unusable(endpoint: Endpoint, r: RequestRecord) -> None:
+    """``RunFailedError`` when the probe shows every request would fail the same way:
+    a client error other than a rate limit, an unsupported method, or an answer that is
+    not the OpenAI format (a web server that is no inference server, say)."""
+    if r.ok:
+        return
+    kind = r.error_kind
+    if (kind is ErrorKind.HTTP_STATUS and r.status is not None and r.status not in _TRANSIENT) or kind is ErrorKind.MALFORMED:
+        raise RunFailedError(
+            f"{endpoint.url} does not answer like an OpenAI-compatible server: "
+            f"{(r.error or f'HTTP {r.status}').strip()}"
+        )
+
+
+class _Tokenize:
+    """The server's tokenize route, if it has one: ``POST /tokenize`` with ``prompt``
+    (vLLM, SGLang, the simulator: ``count``/``tokens``) or ``content`` (llama.cpp:
+    ``tokens``). ``add_special_tokens`` false: counts are of the text alone."""
+
+    def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint) -> None:
+        self.session = session
+        self.endpoint = endpoint
+        root = endpoint.base_url.removesuffix("/v1")
+        self.urls = [root + "/tokenize", endpoint.base_url + "/tokenize"]
+        self.available = True
+        self._url: str | None = None
+        self._limit = asyncio.Semaphore(_TOKENIZE_CONCURRENCY)
+
+    async def _post(self, url: str, body: dict[str, Any]) -> Any:
+        import aiohttp
+
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+            async with self._limit, self.session.post(
+                url, data=json.dumps(body), headers=self.endpoint.request_headers(),
+                timeout=aiohttp.ClientTimeout(total=30),
+            ) as resp:
+                if resp.status < 400:
+                    return await resp.json(content_type=None)
+        return None
+
+    async def _count(self, body: dict[str, Any], text: str | None) -> int | None:
+        if not self.available:
+            return None
+        for url in [self._url] if self._url else self.urls:
+            got = await self._post(url, body)
+            n = _token_count(got)
+            if n == 0 and text and isinstance(got, dict) and "count" not in got:
+                n = _token_count(await self._post(url, {"content": text}))  # llama.cpp
+            if n is not None and (n > 0 or not text):
+                self._url = url
+                return n
+        if self._url is None:
+            self.available = False
+        return None
+
+    async def count(self, text: str) -> int | None:
+        body = {"model": self.endpoint.model, "prompt": text, "add_special_tokens": False}
+        return await self._count(body, text)
+
+    async def count_messages(self, messages: list[dict[str, str]]) -> int | None:
+        return await self._count({"model": self.endpoint.model, "messages": messages}, None)
+
+    async def one_token_words(self, vocab: tuple[str, ...]) -> tuple[str, ...]:
+        """The words that are one token both bare and after a space ("w w" → 2). One
+        request when every word passes (checked together), else one per word."""
+        if await self.count(" ".join(vocab)) == len(vocab):
+            return vocab
+        counts = await asyncio.gather(*(self.count(f"{w} {w}") for w in vocab))
+        return tuple(w for w, n in zip(vocab, counts, strict=True) if n == 2)
+
+    async def verify(self, vocab: tuple[str, ...]) -> bool:
+        b = PromptBuilder(vocab=vocab)
+        for n in (1, 37, 300):
+            text, _ = b.prompt(f"inferlab:verify:{n}", n)
+            if await self.count(str(text)) != n:
+                return False
+        return True
+
+
+def _token_count(obj: object) -> int | None:
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("count"), int):
+        return int(obj["count"])
+    tokens = obj.get("tokens")
+    return len(tokens) if isinstance(tokens, list) else None

@@ -1,0 +1,2 @@
+"""Formatting only: the console progress line and summary table.
+"""

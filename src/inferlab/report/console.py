@@ -1,0 +1,126 @@
+"""Formatting only: the live progress line and the final table (rich)."""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+from rich.console import Console
+from rich.table import Table
+
+from inferlab._clock import NS_PER_S, Clock
+from inferlab.results.records import ErrorKind, RequestRecord
+
+_ROWS = (
+    ("TTFB", "ttfb_ms", "ms"),
+    ("TTFT", "ttft_ms", "ms"),
+    ("TPOT", "tpot_ms", "ms"),
+    ("ITL", "itl_ms", "ms"),
+    ("E2E", "e2e_ms", "ms"),
+    ("Decode speed", "decode_tps", "tok/s"),
+    ("Queue delay", "queue_delay_ms", "ms"),
+)
+
+
+class Progress:
+    """Counts requests as they finish and redraws one status line (stderr)."""
+
+    def __init__(self, console: Console, clock: Clock, total: int | None) -> None:
+        self.console = console
+        self.clock = clock
+        self.total = total
+        self.done = self.failed = self.tokens = 0
+        self.t0 = clock.now_ns()
+        self._status = console.status("starting", spinner="dots") if console.is_terminal else None
+
+    def __enter__(self) -> Self:
+        if self._status is not None:
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.__exit__(None, None, None)
+
+    def update(self, r: RequestRecord) -> None:
+        if r.ok:
+            self.done += 1
+            self.tokens += r.output_tokens or len(r.content_ns)
+        elif r.error_kind is not ErrorKind.CANCELLED:
+            self.failed += 1
+        if self._status is not None:
+            self._status.update(self.line())
+
+    def line(self) -> str:
+        elapsed = max(1e-9, (self.clock.now_ns() - self.t0) / NS_PER_S)
+        of = f"/{self.total}" if self.total else ""
+        return (
+            f"{self.done + self.failed}{of} requests · {self.failed} failed · "
+            f"{self.done / elapsed:.2f} req/s · {self.tokens / elapsed:.0f} output tok/s · {elapsed:.1f} s"
+        )
+
+
+def _fmt(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def render_summary(console: Console, s: dict[str, Any], title: str) -> None:
+    c = s["counts"]
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("metric", no_wrap=True)
+    table.add_column("unit", no_wrap=True)
+    for k in ("mean", "p50", "p90", "p99", "max"):
+        table.add_column(k, justify="right", no_wrap=True)
+    for label, key, unit in _ROWS:
+        d = s.get(key)
+        if d:
+            cells = [d[k] for k in ("mean", "p50", "p90", "p99", "max")]
+            digits = 0 if max(abs(v) for v in cells) >= 10_000 else 1
+            table.add_row(label, unit, *(_fmt(v, digits) for v in cells))
+    console.print(table)
+
+    tput = Table(show_header=False, box=None, pad_edge=False)
+    tput.add_column(style="bold", no_wrap=True)
+    tput.add_column()  # left-aligned, next to its label
+    failed = f"{c['failed']} failed" + (
+        " (" + ", ".join(f"{k} {v}" for k, v in sorted(c["errors"].items())) + ")" if c["errors"] else ""
+    )
+    rows = [
+        ("requests", f"{c['completed']} completed, {failed}" + (f", {c['cancelled']} cancelled" if c.get("cancelled") else "")),
+        ("duration", f"{_fmt(s['duration_s'], 2)} s" if c["completed"] else "—"),
+        ("request throughput", f"{_fmt(s['request_throughput_rps'], 2)} req/s"),
+        ("output tokens/s", f"{_fmt(s['output_token_throughput_tps'])} tok/s  ({_fmt(s['output_tpm'], 0)} TPM)"),
+        ("total tokens/s", f"{_fmt(s['total_token_throughput_tps'])} tok/s  ({_fmt(s['total_tpm'], 0)} TPM)"),
+        ("tokens", f"{s['input_tokens']:,} in, {s['output_tokens']:,} out, {s['cached_tokens']:,} cached in ({s['token_source']})"),
+    ]
+    if s.get("input_length_source"):
+        oh = s.get("prompt_overhead_tokens")
+        rows.append((
+            "prompt lengths",
+            f"{s['input_length_source']}; template/special tokens per prompt: {'unknown' if oh is None else oh}",
+        ))
+    if s.get("goodput_rps") is not None:
+        rows.append(("goodput", f"{_fmt(s['goodput_rps'], 2)} req/s within SLO"))
+    sv = s.get("server_timeline")
+    if sv and sv.get("ttft_error_ms"):
+        err = sv["ttft_error_ms"]
+        rows.append((
+            "client vs server TTFT",
+            f"+{_fmt(err['p50'], 2)} ms p50, +{_fmt(err['p99'], 2)} ms p99 (server TTFT p50 {_fmt(sv['server_ttft_ms']['p50'])} ms)",
+        ))
+    for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+        c = (s.get("trace_comparison") or {}).get(key)
+        if c:
+            def pct(v: float | None) -> str:
+                return "" if v is None else f" ({v:+.1f}%)"
+
+            text = f"mean {_fmt(c['predicted_mean'])} vs {_fmt(c['measured_mean'])} ms{pct(c['error_pct'])}"
+            if c.get("predicted_median") is not None:
+                text += f", p50 {_fmt(c['predicted_median'])} vs {_fmt(c['measured_median'])} ms{pct(c.get('median_error_pct'))}"
+            rows.append((f"{label} here vs trace", text))
+    for k, v in rows:
+        tput.add_row(k, v)
+    console.print(tput)
+    for kind, msg in s.get("error_examples", {}).items():
+        console.print(f"[red]{kind}[/red]: {msg}")
+    for w in s.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {w}")

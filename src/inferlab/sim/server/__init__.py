@@ -1,0 +1,2 @@
+"""The simulated engine behind an OpenAI-compatible HTTP server, in real time.
+"""

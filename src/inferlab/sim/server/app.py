@@ -1,0 +1,317 @@
+"""The simulated engine behind an OpenAI-compatible HTTP API (aiohttp), in real time.
+
+Routes: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions`` (streaming and
+not), ``/health``, ``/metrics`` (Prometheus, vLLM's metric names), ``/tokenize`` and
+``/detokenize`` (vLLM's). Errors are OpenAI-style JSON. Each response's final chunk (or
+body) carries ``inferlab_timeline``: the engine's own view of the request, in ms since
+the server received it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from inferlab._clock import NS_PER_S, Clock, WallClock
+from inferlab.sim.engine.engine import Engine, EngineConfig, TokenEvent
+from inferlab.sim.engine.outputs import natural_output_len
+from inferlab.sim.server.generation import Generation
+from inferlab.sim.server.prometheus import Histogram, render_metrics
+from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
+from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
+
+#: How far the engine may run behind the wall clock before it skips ahead (an overloaded
+#: host): beyond this, simulated time is pulled forward and the lag shows in /metrics.
+_MAX_CATCH_UP_S = 0.05
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the simulated server behaves. ``engine`` holds the vLLM-style engine flags."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    served_model_name: str | None = None
+    max_waiting_requests: int = 4096  # beyond this many queued requests: HTTP 429
+    natural_output_median_tokens: int = 120  # output length when the client does not fix one
+    tokenizer: str | None = None  # a local tokenizer.json (or its directory); None: built-in
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.engine.model
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+def error_response(status: int, message: str, kind: str) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except APIError as e:
+        return error_response(e.status, e.message, e.kind)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(e.status, f"{e.reason}: {request.method} {request.path}", "NotFoundError" if e.status == 404 else "BadRequestError")
+    except (asyncio.CancelledError, ConnectionError):
+        raise  # the client went away: nothing to answer
+    except Exception as e:  # a bug: still answer in the API's error format
+        return error_response(500, f"internal error: {type(e).__name__}: {e}", "InternalServerError")
+
+
+class EngineLoop:
+    """Runs the engine against the wall clock: step, wait out the step's simulated
+    duration, then hand each token to its request's queue."""
+
+    def __init__(self, engine: Engine, clock: Clock) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.t0_ns = clock.now_ns()
+        self.queues: dict[str, asyncio.Queue[TokenEvent]] = {}
+        self._wake = asyncio.Event()
+        self.lag = Histogram((0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5))
+
+    def now_s(self) -> float:
+        return (self.clock.now_ns() - self.t0_ns) / NS_PER_S
+
+    def submit(self, request_id: str, prompt_ids: list[int], output_len: int) -> asyncio.Queue[TokenEvent]:
+        """Queue a request (``ValueError`` if the engine rejects it)."""
+        self.engine.add_request(request_id, prompt_ids, output_len, self.now_s())
+        q: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.queues[request_id] = q
+        self._wake.set()
+        return q
+
+    def release(self, request_id: str) -> None:
+        self.queues.pop(request_id, None)
+        self.engine.abort(request_id)
+        self.engine.forget(request_id)
+
+    async def run(self) -> None:
+        busy_until_s: float | None = None
+        while True:
+            await self._wake.wait()
+            # Back-to-back steps follow each other in simulated time, so the wall clock's
+            # wake-up lateness is reported (``lag``) but never accumulates.
+            now_s = self.now_s()
+            start_s = now_s if busy_until_s is None else max(busy_until_s, now_s - _MAX_CATCH_UP_S)
+            result = self.engine.step(start_s)
+            if result is None:
+                busy_until_s = None
+                self._wake.clear()
+                continue
+            busy_until_s = start_s + result.duration_s
+            due_ns = self.t0_ns + int(busy_until_s * NS_PER_S)
+            await self.clock.sleep_until_ns(due_ns)
+            self.lag.observe(max(0.0, (self.clock.now_ns() - due_ns) / NS_PER_S))
+            for ev in result.events:
+                q = self.queues.get(ev.request_id)
+                if q is not None:
+                    q.put_nowait(ev)
+
+
+class SimServer:
+    """The aiohttp application around one ``EngineLoop``."""
+
+    def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or WallClock()
+        self.tokenizer: Tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else BuiltinTokenizer()
+        self.engine = Engine(config.engine)
+        self.loop: EngineLoop | None = None
+        self._ids = itertools.count()
+        self.ttft = Histogram((0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0))
+        self.e2e = Histogram((0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0))
+        self.requests_ok = 0
+        self.app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
+        self.app.add_routes([
+            web.get("/v1/models", self.models),
+            web.post("/v1/chat/completions", self.chat),
+            web.post("/v1/completions", self.completions),
+            web.get("/health", self.health),
+            web.get("/metrics", self.metrics),
+            web.post("/tokenize", self.tokenize),
+            web.post("/detokenize", self.detokenize),
+        ])
+        self.app.on_startup.append(self._start_engine)
+        self.app.on_cleanup.append(self._stop_engine)
+
+    async def _start_engine(self, app: web.Application) -> None:
+        self.loop = EngineLoop(self.engine, self.clock)
+        self._task = asyncio.ensure_future(self.loop.run())
+
+    async def _stop_engine(self, app: web.Application) -> None:
+        self._task.cancel()
+
+    # -- plain routes ---------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "inferlab-sim",
+            "root": self.config.engine.model,
+            "max_model_len": self.engine.limits.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        assert self.loop is not None
+        text = render_metrics(self.config.model_name, self.engine, self.ttft, self.e2e, self.loop.lag, self.requests_ok)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        self._check_model(body)
+        if "messages" in body:
+            try:
+                ids = self.tokenizer.apply_chat_template(_messages(body))
+            except ValueError as e:
+                raise APIError(400, str(e)) from e
+        elif isinstance(body.get("prompt"), str):
+            ids = self.tokenizer.encode(body["prompt"])
+        else:
+            raise APIError(400, "give 'prompt' (a string) or 'messages'")
+        return web.json_response(
+            {"count": len(ids), "max_model_len": self.engine.limits.max_model_len, "tokens": ids}
+        )
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        self._check_model(body)
+        tokens = body.get("tokens")
+        vocab = self.tokenizer.vocab_size
+        if not isinstance(tokens, list) or not all(type(t) is int and 0 <= t < vocab for t in tokens):
+            raise APIError(400, f"'tokens' must be a list of token ids in [0, {vocab})")
+        try:
+            return web.json_response({"prompt": self.tokenizer.decode(tokens)})
+        except ValueError as e:
+            raise APIError(400, str(e)) from e
+
+    # -- generation -----------------------------------------------------------------
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        self._check_model(body)
+        try:
+            prompt_ids = self.tokenizer.apply_chat_template(_messages(body))
+        except ValueError as e:
+            raise APIError(400, str(e)) from e
+        return await self._generate(request, body, prompt_ids, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        self._check_model(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            prompt_ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            if not all(0 <= t < self.tokenizer.vocab_size for t in prompt):
+                raise APIError(400, f"token ids must be in [0, {self.tokenizer.vocab_size})")
+            prompt_ids = list(prompt)
+        else:
+            raise APIError(400, "'prompt' must be a string or a non-empty list of token ids")
+        return await self._generate(request, body, prompt_ids, chat=False)
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model not in (self.config.model_name, self.config.engine.model):
+            raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError")
+
+    def _output_len(self, body: dict[str, Any], prompt_ids: list[int]) -> tuple[int, str]:
+        """How many tokens to generate, and the finish reason that will be reported."""
+        room = self.engine.limits.max_model_len - len(prompt_ids)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+            raise APIError(400, "max_tokens must be a positive integer")
+        if max_tokens is not None and len(prompt_ids) + max_tokens > self.engine.limits.max_model_len:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {self.engine.limits.max_model_len} tokens. "
+                f"However, you requested {len(prompt_ids) + max_tokens} tokens "
+                f"({len(prompt_ids)} in the messages, {max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion.",
+            )
+        if room < 1:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {self.engine.limits.max_model_len} tokens. "
+                f"However, your prompt has {len(prompt_ids)} tokens. Please reduce the length of the prompt.",
+            )
+        limit = max_tokens if max_tokens is not None else room
+        min_tokens = body.get("min_tokens") or 0
+        if body.get("ignore_eos") or (isinstance(min_tokens, int) and min_tokens >= limit):
+            return limit, "length"
+        natural = natural_output_len(prompt_ids, self.config.natural_output_median_tokens)
+        if isinstance(min_tokens, int):
+            natural = max(natural, min_tokens)
+        return (limit, "length") if natural >= limit else (natural, "stop")
+
+    async def _generate(
+        self, request: web.Request, body: dict[str, Any], prompt_ids: list[int], *, chat: bool
+    ) -> web.StreamResponse:
+        assert self.loop is not None
+        received_s = self.loop.now_s()
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise APIError(400, "'stream' must be a boolean")
+        output_len, finish_reason = self._output_len(body, prompt_ids)
+        opts = body.get("stream_options") or {}
+        include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+        if self.engine.num_waiting >= self.config.max_waiting_requests:
+            raise APIError(429, "The server is overloaded: too many requests are waiting.", "RateLimitError")
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
+        try:
+            queue = self.loop.submit(rid, prompt_ids, output_len)
+        except ValueError as e:
+            raise APIError(400, str(e)) from e
+        gen = Generation(self, rid, chat, received_s, len(prompt_ids))
+        gen.finish_reason = finish_reason
+        try:
+            if stream:
+                return await gen.stream(request, queue, include_usage)
+            return await gen.whole(queue)
+        finally:
+            self.loop.release(rid)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"request body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    return body
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+        raise APIError(400, "'messages' must be a non-empty list of message objects")
+    for m in msgs:
+        if m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
+            raise APIError(400, f"unknown message role {m.get('role')!r}")
+    return msgs

@@ -1,0 +1,264 @@
+"""Prompts from local dataset files, sampled with or without replacement.
+
+Formats (named, or detected from the extension and first character):
+
+- ``jsonl``: one object per line with ``prompt`` (a string) or ``messages`` (OpenAI
+  chat messages, the last one from the user), optional ``max_tokens`` or
+  ``output_tokens``;
+- ``sharegpt``: a JSON list of ``{"conversations": [{"from": "human"|"gpt", "value":
+  ...}]}``; the first human turn is the prompt and the gpt turn after it gives the
+  output length (entries without such a pair are skipped, as other tools do);
+- ``csv``: a ``prompt`` column, optional ``max_tokens`` or ``output_tokens``.
+
+Input lengths (for ``min_input_tokens``/``max_input_tokens`` and ``empirical:PATH``)
+are tokenizer counts with a tokenizer, else word counts; ShareGPT output lengths too.
+A bad row raises ``UsageError`` naming the file, the line (the entry, for JSON) and the
+problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from inferlab._errors import UsageError
+from inferlab.workload.lengths import LengthDist
+from inferlab.workload.spec import RequestSpec
+from inferlab.workload.tokenizers import Tokenizer
+
+DatasetFormat = Literal["jsonl", "sharegpt", "csv"]
+FORMATS: tuple[str, ...] = ("jsonl", "sharegpt", "csv")
+Sampling = Literal["with-replacement", "without-replacement"]
+SAMPLINGS: tuple[str, ...] = ("with-replacement", "without-replacement")
+_ROLES = ("system", "user", "assistant", "developer", "tool")
+_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
+                   "chatgpt": "assistant", "bing": "assistant", "bard": "assistant", "system": "system"}
+
+
+@dataclass(frozen=True)
+class DatasetRow:
+    """One prompt: ``messages`` as ``(role, content)``, the last from the user."""
+
+    messages: tuple[tuple[str, str], ...]
+    max_tokens: int | None
+    where: str  # "path:line" or "path: entry N", for messages
+    output_length: int | None = None  # ShareGPT: the answer's length (words or tokens)
+
+    def spec(self, max_tokens: int | None, exact_output: bool) -> RequestSpec:
+        msgs = list(self.messages)
+        system = msgs.pop(0)[1] if msgs[0][0] == "system" and len(msgs) > 1 else None
+        prompt = msgs.pop()[1]
+        return RequestSpec(prompt, max_tokens, exact_output and max_tokens is not None,
+                           system=system, context=tuple(msgs))
+
+    def text(self) -> str:
+        return "\n\n".join(c for _, c in self.messages)
+
+
+def count(text: str, tokenizer: Tokenizer | None) -> int:
+    return len(tokenizer.encode(text)) if tokenizer is not None else len(text.split())
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """Which file and which of its rows: ``min``/``max_input_tokens`` filter by length."""
+
+    path: str
+    format: DatasetFormat | None = None
+    sample: Sampling = "without-replacement"
+    min_input_tokens: int | None = None
+    max_input_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.sample not in SAMPLINGS:
+            raise UsageError(f"--sample {self.sample!r}: expected {' or '.join(SAMPLINGS)}")
+        lo, hi = self.min_input_tokens, self.max_input_tokens
+        if (lo is not None and lo < 1) or (hi is not None and hi < 1):
+            raise UsageError("--min-input-tokens/--max-input-tokens must be at least 1")
+        if lo is not None and hi is not None and hi < lo:
+            raise UsageError("--max-input-tokens is below --min-input-tokens")
+
+    def rows(self, tokenizer: Tokenizer | None = None) -> list[DatasetRow]:
+        """The kept rows; ``UsageError`` if none is left after the length filters."""
+        rows = read_dataset(self.path, self.format, tokenizer)
+        lo, hi = self.min_input_tokens, self.max_input_tokens
+        if lo is not None or hi is not None:
+            rows = [r for r in rows if (lo or 0) <= count(r.text(), tokenizer) <= (hi or 1 << 62)]
+            if not rows:
+                raise UsageError(f"{self.path}: no prompt within the input length limits")
+        return rows
+
+
+class DatasetWorkload:
+    """Specs drawn from ``rows``: with replacement forever, or each row once in a seeded
+    shuffle (then ``exhausted`` is set and the iterator ends). Output length: the given
+    distribution, else the row's ``max_tokens``, else the server decides."""
+
+    def __init__(self, rows: list[DatasetRow], sample: Sampling, output_tokens: LengthDist | None,
+                 seed: int = 0, exact_output: bool = True) -> None:
+        self.rows = rows
+        self.sample = sample
+        self.output_tokens = output_tokens
+        self.exact_output = exact_output
+        self.exhausted = False
+        self._rng = random.Random(seed)
+        self._it = self._draw()
+
+    def __iter__(self) -> Iterator[RequestSpec]:
+        return self
+
+    def __next__(self) -> RequestSpec:
+        row = next(self._it)
+        out = (self.output_tokens.sample(self._rng) if self.output_tokens is not None
+               else row.max_tokens or row.output_length)
+        return row.spec(out, self.exact_output)
+
+    def _draw(self) -> Iterator[DatasetRow]:
+        if self.sample == "with-replacement":
+            while True:
+                yield self._rng.choice(self.rows)
+        order = list(self.rows)
+        self._rng.shuffle(order)
+        yield from order
+        self.exhausted = True
+
+    def warnings(self) -> list[str]:
+        if not self.exhausted:
+            return []
+        return [f"the dataset ran out after its {len(self.rows)} prompts (sampled without "
+                "replacement): fewer requests were sent than asked"]
+
+
+def dataset_lengths(path: str, tokenizer: Tokenizer | None = None) -> tuple[list[int], list[int]]:
+    """Input lengths of every row, and output lengths of the rows that give one."""
+    rows = read_dataset(path, None, tokenizer)
+    outs = [r.output_length or r.max_tokens for r in rows]
+    return [max(1, count(r.text(), tokenizer)) for r in rows], [o for o in outs if o]
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+def detect_format(path: str, first_char: str) -> str:
+    lower = path.lower()
+    if lower.endswith(".csv"):
+        return "csv"
+    if lower.endswith((".jsonl", ".ndjson")):
+        return "jsonl"
+    if first_char == "[":
+        return "sharegpt"
+    if first_char == "{":
+        return "jsonl"
+    raise UsageError(f"{path}: cannot tell the dataset format; give --dataset-format")
+
+
+def read_dataset(path: str, fmt: str | None = None, tokenizer: Tokenizer | None = None) -> list[DatasetRow]:
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"unknown dataset format {fmt!r} (expected one of {', '.join(FORMATS)})")
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    kind = fmt or detect_format(path, text.lstrip()[:1])
+    rows = _jsonl(path, text) if kind == "jsonl" else _sharegpt(path, text, tokenizer) if kind == "sharegpt" else _csv(path, text)
+    if not rows:
+        raise UsageError(f"{path}: the dataset has no prompts")
+    return rows
+
+
+def _jsonl(path: str, text: str) -> list[DatasetRow]:
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{n}"
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise UsageError(f"{where}: not valid JSON ({e})") from None
+        if not isinstance(obj, dict):
+            raise UsageError(f"{where}: expected a JSON object")
+        if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
+            msgs: tuple[tuple[str, str], ...] = (("user", obj["prompt"]),)
+        elif "messages" in obj:
+            msgs = _messages(where, obj["messages"])
+        else:
+            raise UsageError(f"{where}: needs 'prompt' (a non-empty string) or 'messages'")
+        rows.append(DatasetRow(msgs, _max_tokens(where, obj), where))
+    return rows
+
+
+def _messages(where: str, value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise UsageError(f"{where}: 'messages' must be a non-empty list")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
+            raise UsageError(f"{where}: message {i} needs a role ({', '.join(_ROLES)}) and string content")
+        out.append((str(m["role"]), str(m["content"])))
+    if out[-1][0] != "user":
+        raise UsageError(f"{where}: the last message must be from the user")
+    return tuple(out)
+
+
+def _max_tokens(where: str, obj: dict[str, Any]) -> int | None:
+    for key in ("max_tokens", "output_tokens"):
+        v = obj.get(key)
+        if v is None or v == "":
+            continue
+        try:
+            n = int(v) if not isinstance(v, bool) and float(v) == int(float(v)) else -1
+        except (TypeError, ValueError):
+            n = -1
+        if n < 1:
+            raise UsageError(f"{where}: {key} must be a positive integer, got {v!r}")
+        return n
+    return None
+
+
+def _sharegpt(path: str, text: str, tokenizer: Tokenizer | None) -> list[DatasetRow]:
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, list):
+        raise UsageError(f"{path}: a ShareGPT file is a JSON list of conversations")
+    rows = []
+    for i, item in enumerate(data):
+        where = f"{path}: entry {i}"
+        conv = item.get("conversations", item.get("conversation")) if isinstance(item, dict) else None
+        if not isinstance(conv, list):
+            raise UsageError(f"{where}: expected an object with a 'conversations' list")
+        turns = []
+        for t in conv:
+            if not isinstance(t, dict) or not isinstance(t.get("value"), str):
+                raise UsageError(f"{where}: each turn needs 'from' and a string 'value'")
+            turns.append((_SHAREGPT_ROLES.get(str(t.get("from", "")).lower(), "?"), t["value"]))
+        human = next((k for k, (r, v) in enumerate(turns) if r == "user" and v.strip()), None)
+        if human is None or human + 1 >= len(turns) or turns[human + 1][0] != "assistant":
+            continue  # no prompt/answer pair: skipped, as other tools do
+        system = [turns[0]] if turns[0][0] == "system" and human > 0 else []
+        answer = turns[human + 1][1]
+        rows.append(DatasetRow((*system, turns[human]), None, where, max(1, count(answer, tokenizer))))
+    return rows
+
+
+def _csv(path: str, text: str) -> list[DatasetRow]:
+    reader = csv.DictReader(text.splitlines())
+    if "prompt" not in (reader.fieldnames or []):
+        raise UsageError(f"{path}:1: a CSV dataset needs a 'prompt' column")
+    rows = []
+    for row in reader:
+        where = f"{path}:{reader.line_num}"
+        prompt = row.get("prompt")
+        if not prompt or not prompt.strip():
+            raise UsageError(f"{where}: empty prompt")
+        rows.append(DatasetRow((("user", prompt),), _max_tokens(where, dict(row)), where))
+    return rows

@@ -1,0 +1,105 @@
+"""Token-length distributions for prompts and outputs, parsed from one short spec.
+
+Specs: ``500`` (fixed), ``uniform:100:900`` (inclusive), ``normal:500:100`` (mean,
+std), ``lognormal:500:0.6`` (median, sigma), or an empirical list of observed lengths
+(from a dataset: ``empirical:PATH`` draws the input lengths of a dataset file's
+prompts for ``--input-tokens``, its output lengths for ``--output-tokens``; word
+counts, see ``_datasets``; ``empirical:sharegpt`` draws from the shipped token lengths
+of ShareGPT V3 as vLLM's benchmark samples it, see ``_sharegpt``). Every draw is an int >= 1; draws come from the caller's seeded
+``random.Random``, so the same seed gives the same lengths.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from inferlab._errors import UsageError
+
+Kind = Literal["fixed", "uniform", "normal", "lognormal", "empirical"]
+
+_USAGE = "expected N, uniform:LO:HI, normal:MEAN:STD or lognormal:MEDIAN:SIGMA"
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A distribution of token counts. ``a``/``b`` are the kind's two parameters
+    (fixed: ``a``; uniform: low, high; normal: mean, std; lognormal: median, sigma);
+    ``values`` holds the observed lengths of an empirical one."""
+
+    kind: Kind
+    a: float = 0.0
+    b: float = 0.0
+    values: tuple[int, ...] = ()
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return rng.randint(int(self.a), int(self.b))
+        if self.kind == "normal":
+            return max(1, round(rng.gauss(self.a, self.b)))
+        if self.kind == "lognormal":
+            return max(1, round(rng.lognormvariate(math.log(self.a), self.b)))
+        return rng.choice(self.values)
+
+    def __str__(self) -> str:
+        if self.kind == "fixed":
+            return str(int(self.a))
+        if self.kind == "empirical":
+            return f"empirical({len(self.values)} values)"
+        return f"{self.kind}:{self.a:g}:{self.b:g}"
+
+
+def empirical(values: list[int], flag: str = "lengths") -> LengthDist:
+    if not values:
+        raise UsageError(f"{flag}: no lengths to draw from")
+    return LengthDist("empirical", values=tuple(values))
+
+
+def parse_length(spec: int | str | LengthDist, flag: str = "--input-tokens") -> LengthDist:
+    """Parse a spec; ``UsageError`` naming ``flag`` if it is malformed or not positive."""
+    if isinstance(spec, LengthDist):
+        return spec
+    if isinstance(spec, int):
+        if spec < 1:
+            raise UsageError(f"{flag} must be at least 1")
+        return LengthDist("fixed", float(spec))
+    if spec.strip().lower().startswith("empirical:"):
+        source = spec.strip()[len("empirical:"):]
+        if source.lower() == "sharegpt":  # the shipped table (a file: ./sharegpt)
+            from inferlab.workload.sharegpt import sharegpt_lengths
+
+            inputs, outputs = (list(x) for x in sharegpt_lengths())
+            outputs = [o for o in outputs if o > 0]
+        else:
+            from inferlab.workload.datasets import (
+                dataset_lengths,  # lazy: datasets import this module
+            )
+
+            inputs, outputs = dataset_lengths(source)
+        return empirical(outputs if "output" in flag else inputs, f"{flag} {spec}")
+    text = spec.strip().lower()
+    kind, _, rest = text.partition(":")
+    if not rest:
+        try:
+            return parse_length(int(text), flag)
+        except ValueError:
+            raise UsageError(f"{flag} {spec!r}: {_USAGE}") from None
+    parts = rest.split(":")
+    try:
+        nums = [float(p) for p in parts]
+    except ValueError:
+        raise UsageError(f"{flag} {spec!r}: parameters must be numbers ({_USAGE})") from None
+    if kind not in ("uniform", "normal", "lognormal") or len(nums) != 2:
+        raise UsageError(f"{flag} {spec!r}: {_USAGE}")
+    a, b = nums
+    if kind == "uniform" and not (1 <= a <= b and a == int(a) and b == int(b)):
+        raise UsageError(f"{flag} {spec!r}: uniform needs integers 1 <= LO <= HI")
+    if kind == "normal" and not (a >= 1 and b >= 0):
+        raise UsageError(f"{flag} {spec!r}: normal needs MEAN >= 1 and STD >= 0")
+    if kind == "lognormal" and not (a >= 1 and b >= 0):
+        raise UsageError(f"{flag} {spec!r}: lognormal needs MEDIAN >= 1 and SIGMA >= 0")
+    return LengthDist(kind, a, b)  # type: ignore[arg-type]  # kind checked just above

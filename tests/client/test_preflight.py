@@ -1,0 +1,125 @@
+"""The preflight probe: fail fast on refused requests, drop fields a strict server
+rejects, measure the chat-template overhead, and make prompt lengths exact through the
+server's /tokenize (or calibrate them from usage when it has none)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from inferlab import BenchConfig, ClosedLoop, LoadConfig, UsageError, WorkloadConfig, bench_async
+from inferlab.client.preflight import APPROX_USAGE, EXACT_SERVER, NO_FORCE_WARNING
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sim.server.app import ServerConfig
+from inferlab.sim.server.launch import EmbeddedServer
+from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
+from inferlab.workload.spec import RequestSpec
+
+KNOWN = {"model", "messages", "prompt", "max_tokens", "stream", "stream_options"}
+TEMPLATE_TOKENS = 5  # what the strict server's "chat template" adds
+TOKENS_PER_WORD = 2  # its tokenizer: every word is two tokens
+
+
+class StrictServer:
+    """An OpenAI-like server that rejects unknown fields with 422 (like a strict
+    gateway), needs ``Bearer good``, serves one model, and has no /tokenize."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.url = ""
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        if request.headers.get("Authorization") != "Bearer good":
+            return web.json_response({"error": {"message": "Invalid API key"}}, status=401)
+        if body.get("model") != "m":
+            return web.json_response({"error": {"message": f"model {body.get('model')} not found"}}, status=404)
+        extra = set(body) - KNOWN
+        if extra:
+            return web.json_response({"detail": f"extra fields not permitted: {sorted(extra)}"}, status=422)
+        text = " ".join(str(m["content"]) for m in body["messages"])
+        usage = {"prompt_tokens": TOKENS_PER_WORD * len(text.split()) + TEMPLATE_TOKENS,
+                 "completion_tokens": 2, "total_tokens": 0}
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for piece in ("a", "b"):
+            await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": piece}}]}).encode() + b"\n\n")
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+
+@pytest.fixture
+async def strict() -> AsyncIterator[StrictServer]:
+    srv = StrictServer()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", srv.chat)
+    app.router.add_get("/v1/models", srv.models)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    srv.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    yield srv
+    await runner.cleanup()
+
+
+def config(n: int = 6, key: str = "good", model: str = "m", **wl: Any) -> BenchConfig:
+    return BenchConfig(
+        load=LoadConfig(ClosedLoop(2), num_requests=n), workload=WorkloadConfig(**wl),
+        model=model, api_key=key,
+    )
+
+
+@pytest.mark.parametrize(("key", "model", "needle"), [("bad", "m", "Invalid API key"), ("good", "x", "model x not found")])
+async def test_a_refused_request_fails_fast_with_the_servers_message(
+    strict: StrictServer, key: str, model: str, needle: str
+) -> None:
+    with pytest.raises(UsageError, match=needle):
+        await bench_async(config(50, key, model, input_tokens=20, output_tokens=2), strict.url)
+    assert len(strict.requests) == 1  # the probe only, not 50 doomed requests
+
+
+async def test_rejected_exact_output_fields_are_dropped_and_lengths_calibrated(strict: StrictServer) -> None:
+    s = (await bench_async(config(input_tokens=100, output_tokens=2), strict.url)).summary
+    assert s["counts"]["completed"] == 6 and s["counts"]["failed"] == 0
+    assert NO_FORCE_WARNING in s["warnings"]
+    run = strict.requests[-6:]
+    assert all("ignore_eos" not in b and "min_tokens" not in b for b in run)
+    # no /tokenize: two probes give tokens per word and the template overhead
+    assert s["input_length_source"] == APPROX_USAGE
+    assert s["prompt_overhead_tokens"] == TEMPLATE_TOKENS
+    assert s["preflight"]["tokens_per_word"] == TOKENS_PER_WORD
+    # calibrated: 50 words of 2 tokens, plus the template
+    assert s["input_tokens"] == 6 * (100 + TEMPLATE_TOKENS)
+
+
+async def test_without_preflight_nothing_is_probed(strict: StrictServer) -> None:
+    cfg = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2), workload=WorkloadConfig(input_tokens=10),
+                      model="m", api_key="good", preflight=False)
+    s = (await bench_async(cfg, strict.url)).summary
+    assert len(strict.requests) == 2 and s["prompt_overhead_tokens"] is None
+
+
+async def test_against_the_sim_template_overhead_and_exact_lengths() -> None:
+    with EmbeddedServer(ServerConfig(EngineConfig())) as sim:
+        cfg = BenchConfig(load=LoadConfig(ClosedLoop(2), num_requests=4),
+                          workload=WorkloadConfig(input_tokens=100, output_tokens=3))
+        result = await bench_async(cfg, sim.url)
+    s = result.summary
+    tok = BuiltinTokenizer()
+    text = "some words"
+    expected = len(tok.apply_chat_template(RequestSpec(text).messages())) - len(tok.encode(text))
+    assert s["prompt_overhead_tokens"] == expected > 0
+    assert s["input_length_source"] == EXACT_SERVER
+    assert [r.input_tokens for r in result.records] == [100 + expected] * 4
+    # no warning about lengths or the template (client timing depends on the machine's load)
+    assert [w for w in s["warnings"] if "fell behind" not in w] == []

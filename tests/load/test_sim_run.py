@@ -1,0 +1,437 @@
+"""``sim run``: the same workloads and metrics as bench, in virtual time."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferlab._errors import InferlabError
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Schedule
+from inferlab.load.virtual import simulate
+from inferlab.results.metrics import summarize
+from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.sim.engine.engine import Engine, EngineConfig
+from inferlab.workload.config import WorkloadConfig
+from inferlab.workload.spec import RequestSpec
+
+
+def run(load: LoadConfig, inp: int = 200, out: int = 20, **engine: object) -> dict:
+    records = simulate(Engine(EngineConfig(**engine)), load, WorkloadConfig(inp, out).build(load.seed))  # type: ignore[arg-type]
+    return summarize(records)
+
+
+def peak_in_flight(records: list[RequestRecord]) -> int:
+    """Most requests between send and end at any moment (ends before sends at a tie)."""
+    events = sorted([(r.send_ns, 1) for r in records] + [(r.end_ns, -1) for r in records], key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    return peak
+
+
+def test_same_seed_same_numbers() -> None:
+    load = LoadConfig(OpenLoop(20.0), num_requests=50, seed=4)
+    assert run(load) == run(load)
+    assert run(load)["ttft_ms"] != run(LoadConfig(OpenLoop(20.0), num_requests=50, seed=5))["ttft_ms"]
+
+
+def test_closed_loop_keeps_exactly_n_in_flight() -> None:
+    records = simulate(Engine(EngineConfig()), LoadConfig(ClosedLoop(4), num_requests=20), WorkloadConfig(100, 10).build(0))
+    assert len(records) == 20
+    assert peak_in_flight(records) == 4
+    # each user's next request is sent the moment one finishes
+    ends = {r.end_ns for r in records}
+    assert all(r.send_ns == 0 or r.send_ns in ends for r in records)
+
+
+def test_more_load_means_more_throughput_and_worse_latency() -> None:
+    light = run(LoadConfig(ClosedLoop(1), num_requests=16))
+    heavy = run(LoadConfig(ClosedLoop(16), num_requests=64))
+    assert heavy["output_token_throughput_tps"] > 4 * light["output_token_throughput_tps"]
+    assert heavy["tpot_ms"]["mean"] > light["tpot_ms"]["mean"]
+
+
+def test_smaller_token_budget_lowers_ttft_under_long_prompts_less_interference() -> None:
+    # 3,000-token prompts arriving while others decode: a smaller budget chunks the
+    # prefill, so running decodes are stalled for less time per step (lower max ITL)
+    load = LoadConfig(OpenLoop(8.0, "constant"), num_requests=24)
+    big = run(load, inp=3000, out=64, max_num_batched_tokens=8192)
+    small = run(load, inp=3000, out=64, max_num_batched_tokens=512)
+    assert small["itl_ms"]["max"] < big["itl_ms"]["max"]
+    assert small["ttft_ms"]["mean"] > big["ttft_ms"]["mean"]
+
+
+def test_offline_rate_inf_sends_all_at_time_zero() -> None:
+    records = simulate(Engine(EngineConfig()), LoadConfig(OpenLoop(math.inf), num_requests=30), WorkloadConfig(100, 5).build(0))
+    assert {r.send_ns for r in records} == {0}
+    assert all(r.output_tokens == 5 and r.input_tokens == 100 for r in records)
+
+
+def test_cli_sim_run_writes_the_same_files_as_bench(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    steps = tmp_path / "steps.jsonl"
+    p = subprocess.run(
+        [sys.executable, "-m", "inferlab", "sim", "run", "--rate", "10", "-n", "40", "--input-tokens", "300",
+         "--output-tokens", "30", "--out", str(out), "--step-log", str(steps), "--gpu", "A100", "--model", "Llama-3.1-8B"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["counts"]["completed"] == 40 and s["output_tokens"] == 1200
+    assert len((out / "requests.jsonl").read_text().splitlines()) == 40
+    lines = [json.loads(x) for x in steps.read_text().splitlines()]
+    assert sum(x["decode_tokens"] for x in lines) + sum(x["prefill_tokens"] for x in lines) >= 40 * 300
+    assert "TTFT" in p.stdout
+
+
+def test_cli_trace_replay_and_bad_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": 5 + i * 0.5, "input_tokens": 50 + i, "output_tokens": 4}) + "\n" for i in range(6)))
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(trace), "--json"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["counts"]["completed"] == 6 and s["input_tokens"] == sum(50 + i for i in range(6))
+    assert s["duration_s"] > 2.5  # arrivals span 2.5 s of virtual time
+    trace.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1}\n{"arrival_s": "x"}\n')
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(trace)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and f"{trace}:2:" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_open_loop_requests_are_sent_at_their_arrival_even_mid_step() -> None:
+    # long prefill steps: most arrivals fall inside a step; they are still sent on time
+    # (waiting for the next step is server queueing, part of TTFT, not client delay)
+    load = LoadConfig(OpenLoop(20.0), num_requests=40, seed=2)
+    records = simulate(Engine(EngineConfig(max_num_batched_tokens=2048)), load, WorkloadConfig(3000, 8).build(2))
+    assert all(r.send_ns == r.intended_send_ns for r in records)
+    assert summarize(records)["queue_delay_ms"]["max"] == 0.0
+    # with a concurrency cap the wait for a free slot is client queue delay
+    capped = LoadConfig(OpenLoop(20.0, max_concurrency=2), num_requests=40, seed=2)
+    records = simulate(Engine(EngineConfig(max_num_batched_tokens=2048)), capped, WorkloadConfig(3000, 8).build(2))
+    assert max(r.send_ns - r.intended_send_ns for r in records) > 0  # type: ignore[operator]
+    assert peak_in_flight(records) == 2
+
+
+# --- rejected requests, interruptions and CLI errors ----------------------------------
+
+
+def sim_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_request_too_long_for_the_model_is_a_failed_record_and_the_run_goes_on() -> None:
+    from inferlab.results.records import ErrorKind
+
+    for load in (LoadConfig(OpenLoop(10.0), num_requests=12, seed=1), LoadConfig(ClosedLoop(2), num_requests=12, seed=1)):
+        seen: list[RequestRecord] = []
+        records = simulate(
+            Engine(EngineConfig(max_model_len=1024)), load, WorkloadConfig("uniform:100:2000", 8).build(1), on_record=seen.append
+        )
+        assert len(records) == len(seen) == 12
+        failed = [r for r in records if not r.ok]
+        assert failed and len(failed) < 12
+        for r in failed:
+            assert r.input_tokens is not None and r.input_tokens + 8 > 1024
+            assert (r.error_kind, r.status) == (ErrorKind.HTTP_STATUS, 400)
+            assert r.error is not None and "maximum context length is 1024" in r.error
+        assert all(r.output_tokens == 8 for r in records if r.ok)
+        c = summarize(records)["counts"]
+        assert (c["completed"], c["failed"], c["errors"]) == (12 - len(failed), len(failed), {"http_status": len(failed)})
+
+
+def test_a_closed_loop_under_a_duration_ends_even_when_every_request_is_rejected() -> None:
+    load = LoadConfig(ClosedLoop(2), num_requests=None, duration_s=0.1)
+    records = simulate(Engine(EngineConfig(max_model_len=64)), load, WorkloadConfig(100, 8).build(0))
+    assert records and not any(r.ok for r in records)
+
+
+def test_stop_ends_the_run_between_steps_and_keeps_every_record() -> None:
+    from inferlab.load.virtual import Interrupted
+    from inferlab.results.records import ErrorKind
+
+    seen: list[RequestRecord] = []
+    load = LoadConfig(OpenLoop(50.0), num_requests=1000)
+    with pytest.raises(Interrupted) as e:
+        simulate(Engine(EngineConfig()), load, WorkloadConfig(200, 100).build(0), on_record=seen.append, stop=lambda: len(seen) >= 5)
+    records = e.value.records
+    assert [r.index for r in records] == sorted(r.index for r in seen)  # each one written once
+    done = [r for r in records if r.ok]
+    cancelled = [r for r in records if r.error_kind is ErrorKind.CANCELLED]
+    assert len(done) >= 5 and cancelled and len(done) + len(cancelled) == len(records) < 1000
+    s = summarize(records, interrupted=True)
+    assert s["interrupted"] and s["counts"]["cancelled"] == len(cancelled)
+
+
+def _failing_after(n: int, workload: Iterator[RequestSpec]) -> Iterator[RequestSpec]:
+    """``workload``'s first ``n`` requests, then the error a prompt builder raises."""
+    yield from itertools.islice(workload, n)
+    raise InferlabError("cannot make text of exactly 200 tokens with this tokenizer")
+
+
+@pytest.mark.parametrize("schedule", [OpenLoop(5.0), ClosedLoop(4)])
+def test_a_request_the_workload_cannot_make_stops_the_run_with_what_was_measured(schedule: Schedule) -> None:
+    from inferlab.load.virtual import Interrupted
+
+    seen: list[RequestRecord] = []
+    wl = _failing_after(12, WorkloadConfig(200, 20).build(0))  # type: ignore[arg-type]
+    with pytest.raises(Interrupted) as e:
+        simulate(Engine(EngineConfig()), LoadConfig(schedule, num_requests=100), wl, on_record=seen.append)
+    assert isinstance(e.value.cause, InferlabError) and "exactly 200 tokens" in str(e.value.cause)
+    records = e.value.records
+    assert len(records) == len(seen) == 12 and [r.index for r in records] == list(range(12))
+    done = sum(r.ok for r in records)
+    cancelled = [r for r in records if r.error_kind is ErrorKind.CANCELLED]
+    assert done >= 1 and done + len(cancelled) == 12
+    assert all("exactly 200 tokens" in (r.error or "") for r in cancelled)
+
+
+def test_cli_a_request_the_workload_cannot_make_keeps_the_summary_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    build = WorkloadConfig.build
+    monkeypatch.setattr(WorkloadConfig, "build", lambda self, *a, **k: _failing_after(12, build(self, *a, **k)))
+    out = tmp_path / "run"
+    res = CliRunner().invoke(main, ["sim", "run", "-n", "100", "--rate", "5", "--out", str(out)])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines()[-1] == "inferlab: error: cannot make text of exactly 200 tokens with this tokenizer"
+    s = json.loads((out / "summary.json").read_text())
+    assert s["interrupted"] is True and s["counts"]["completed"] >= 1
+    assert s["counts"]["completed"] + s["counts"]["cancelled"] == 12 == len((out / "requests.jsonl").read_text().splitlines())
+
+
+def test_stop_ends_a_session_run_too() -> None:
+    from inferlab.load.virtual import Interrupted
+    from inferlab.load.virtual_sessions import simulate_sessions
+
+    wl = WorkloadConfig(input_tokens=50, output_tokens=20, sessions=40, turns=4).build(0, "chat")
+    seen: list[RequestRecord] = []
+    with pytest.raises(Interrupted) as e:
+        simulate_sessions(Engine(EngineConfig()), LoadConfig(ClosedLoop(4), 160), wl, users=4,  # type: ignore[arg-type]
+                          on_record=seen.append, stop=lambda: len(seen) >= 3)
+    assert 3 <= sum(r.ok for r in e.value.records) < 160 and len(e.value.records) == len(seen)
+
+
+def test_cli_a_rejected_request_does_not_abort_the_run(tmp_path: Path) -> None:
+    p = sim_cli("-n", "8", "--max-model-len", "4096", "--input-tokens", "uniform:100:5000", "--output-tokens", "100", "--out", str(tmp_path / "r"))
+    assert p.returncode == 0, p.stderr
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert s["counts"]["failed"] >= 1 and s["counts"]["completed"] >= 1
+    assert s["counts"]["failed"] + s["counts"]["completed"] == 8
+    assert "maximum context length" in s["error_examples"]["http_status"]
+
+
+def test_cli_a_prompt_longer_than_max_model_len_says_so_in_one_line() -> None:
+    p = sim_cli("-n", "4", "--max-model-len", "10")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "all 4 requests failed" in last and "does not fit in --max-model-len 10" in last
+    assert "max_tokens must be at least 1" not in p.stderr
+
+
+@pytest.mark.parametrize(("flag", "needle"), [("--step-log", "cannot write the step log"), ("--out", "cannot write results")])
+def test_cli_unwritable_outputs_are_usage_errors(tmp_path: Path, flag: str, needle: str) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    p = sim_cli("-n", "2", flag, str(blocker / "sub" / "x.jsonl"))
+    assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_cli_interrupt_summarizes_what_completed(tmp_path: Path, sig: str) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferlab", "sim", "run", "-n", "60000", "--rate", "50", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    requests = out / "requests.jsonl"
+    deadline = time.monotonic() + 60  # bounded wait for the first finished request
+    while time.monotonic() < deadline and not (requests.exists() and requests.read_text().strip()):
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, sig))
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Aborted" not in stderr
+    s = json.loads((out / "summary.json").read_text())
+    lines = requests.read_text().splitlines()
+    assert s["interrupted"] is True
+    assert 1 <= s["counts"]["completed"] < 60000
+    assert s["counts"]["completed"] + s["counts"]["cancelled"] == len(lines)
+    assert "TTFT" in stdout and "interrupted" in stdout
+
+
+def test_cli_an_overloaded_open_loop_run_warns() -> None:
+    p = sim_cli("--model", "Qwen/Qwen2.5-7B-Instruct", "--quantization", "awq", "--gpu", "L40S", "--max-model-len", "8192",
+                "--rate", "20", "-n", "200", "--input-tokens", "4000", "--output-tokens", "200", "--json")
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert any(w.startswith("the server could not keep up: offered") for w in s["warnings"])
+    p = sim_cli("--rate", "2", "-n", "40", "--json")
+    assert p.returncode == 0 and not any("keep up" in w for w in json.loads(p.stdout)["warnings"])
+
+
+def test_cli_sim_run_sizes_the_engine_like_vllm_by_default() -> None:
+    """sim run answers what-ifs with vLLM's own defaults: CUDA graphs, the model's
+    context length, and vLLM V1's GPU-dependent scheduler sizes (server vs offline)."""
+
+    def engine(*args: str) -> dict:  # type: ignore[type-arg]
+        p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--json", *args)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["config"]["engine"]  # type: ignore[no-any-return]
+
+    h100 = engine()
+    assert (h100["max_model_len"], h100["max_num_batched_tokens"], h100["max_num_seqs"]) == (32768, 8192, 1024)
+    assert h100["enforce_eager"] is False
+    a100 = engine("--gpu", "A100")
+    assert (a100["max_num_batched_tokens"], a100["max_num_seqs"]) == (2048, 256)
+    assert engine("--rate", "inf")["max_num_batched_tokens"] == 16384  # vLLM's offline LLM class
+    given = engine("--max-model-len", "2048", "--max-num-batched-tokens", "512", "--enforce-eager")
+    assert (given["max_model_len"], given["max_num_batched_tokens"], given["max_num_seqs"], given["enforce_eager"]) == (2048, 512, 512, True)
+
+
+def test_default_context_length_is_capped_to_what_the_kv_cache_holds() -> None:
+    small = Engine(EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="RTX4090"))
+    assert small.limits.max_model_len == small.kv_capacity_tokens < 131072
+    big = Engine(EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H200"))
+    assert big.limits.max_model_len == 131072 < big.kv_capacity_tokens
+
+
+def test_cuda_graphs_decode_faster_than_eager_mode() -> None:
+    load = LoadConfig(ClosedLoop(1), num_requests=2)
+    graphs = run(load, out=64)["tpot_ms"]["mean"]
+    eager = run(load, out=64, enforce_eager=True)["tpot_ms"]["mean"]
+    assert eager > graphs * 1.1
+
+
+def test_an_api_server_costs_per_streamed_token_and_offline_runs_have_none() -> None:
+    """Serving streams every token through the API server (more time per step the more
+    streams run); vLLM's offline LLM class has no server: no front-end delay either."""
+    load = LoadConfig(ClosedLoop(64), num_requests=128)
+    common = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
+    served = run(load, inp=200, out=64, **common)
+    offline = run(load, inp=200, out=64, offline=True, **common)
+    assert served["tpot_ms"]["mean"] > offline["tpot_ms"]["mean"] * 1.2
+    single_served = run(LoadConfig(ClosedLoop(1), num_requests=2), inp=200, out=8)
+    single_offline = run(LoadConfig(ClosedLoop(1), num_requests=2), inp=200, out=8, offline=True)
+    assert single_served["ttft_ms"]["mean"] - single_offline["ttft_ms"]["mean"] > 10  # the API path
+
+
+def test_cli_offline_or_served_can_be_said_explicitly() -> None:
+    def engine(*args: str) -> dict:  # type: ignore[type-arg]
+        p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--json", *args)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["config"]["engine"]  # type: ignore[no-any-return]
+
+    assert engine("--rate", "inf")["offline"] is True
+    served = engine("--rate", "inf", "--served")
+    assert served["offline"] is False and served["api_overhead_s"] > 0 and served["max_num_batched_tokens"] == 8192
+    assert engine("-c", "2", "--offline")["api_overhead_s"] == 0.0
+
+
+def test_cli_engine_family_starts_from_that_engines_defaults() -> None:
+    """--engine-family models the engine, not just its constants: sizes not given come
+    from its documented defaults, as the validation runs it."""
+
+    def engine(*args: str) -> dict:  # type: ignore[type-arg]
+        p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--json", *args)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["config"]["engine"]  # type: ignore[no-any-return]
+
+    # vLLM 0.5/0.6 on an 8K-context model: whole prompts, up to max_model_len a step
+    v0 = engine("--engine-family", "vllm-v0", "--model", "Qwen/Qwen2.5-7B-Instruct", "--max-model-len", "8192")
+    assert (v0["enable_chunked_prefill"], v0["max_num_batched_tokens"], v0["max_num_seqs"]) == (False, 8192, 256)
+    assert v0["mixed_batches"] is False
+    assert v0["enable_prefix_caching"] is False  # opt-in in vLLM V0; on in V1 and SGLang
+    # ... and over 32,768 tokens of context it chunks, 512 tokens a step
+    v0_long = engine("--engine-family", "vllm-v0", "--model", "Llama-3.1-8B", "--gpu", "H200")
+    assert (v0_long["enable_chunked_prefill"], v0_long["max_num_batched_tokens"]) == (True, 512)
+    sglang = engine("--engine-family", "sglang")
+    assert sglang["enable_prefix_caching"] is True
+    assert engine("--engine-family", "vllm-v0", "--enable-prefix-caching")["enable_prefix_caching"] is True
+    assert (sglang["mixed_batches"], sglang["max_num_batched_tokens"], sglang["max_num_seqs"]) == (False, 8192, 4096)
+    lmdeploy = engine("--engine-family", "lmdeploy")
+    assert (lmdeploy["enable_chunked_prefill"], lmdeploy["max_num_seqs"]) == (False, 128)
+    # a flag still wins over the family's default
+    assert engine("--engine-family", "sglang", "--max-num-seqs", "64")["max_num_seqs"] == 64
+    assert engine("--engine-family", "vllm-v0", "--enable-chunked-prefill")["enable_chunked_prefill"] is True
+
+
+def test_sim_presets_lists_every_gpu_and_model_by_a_name_the_engine_accepts() -> None:
+    """`inferlab sim presets` is the list to pick --gpu/--model from: every GPU and alias
+    it prints resolves to that GPU, every model to that model, and an engine runs on it."""
+    from inferlab.sim.engine.hardware import resolve_gpu, resolve_model
+
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "presets", "--json"], capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 0, p.stderr
+    listed = json.loads(p.stdout)
+    names = {g["name"] for g in listed["gpus"]}
+    assert {"H100-SXM-80GB", "A100-SXM-80GB", "L40S-48GB", "H200-SXM-141GB", "H100-PCIe-80GB"} <= names
+    for g in listed["gpus"]:
+        for alias in (g["name"], *g["aliases"]):
+            assert resolve_gpu(alias).name == g["name"]
+    h100 = next(g for g in listed["gpus"] if g["name"] == "H100-SXM-80GB")
+    assert h100["memory_tb_per_s"] == pytest.approx(3.35) and h100["fp8_tflops"] > h100["bf16_tflops"]
+    assert all(resolve_model(m["name"]).name == m["name"] for m in listed["models"])
+    assert len(listed["models"]) >= 30
+    table = subprocess.run([sys.executable, "-m", "inferlab", "sim", "presets"], capture_output=True, text=True, timeout=60, check=False)
+    assert table.returncode == 0 and "H100-PCIe-80GB" in table.stdout and "Llama-3.1-8B" in table.stdout
+
+
+def test_cli_precision_flags_take_the_names_vllm_and_benchmark_pages_use() -> None:
+    """vLLM's own quantization names and the schemes pages print mean the modelled kinds;
+    anything else is a usage error listing what is accepted."""
+
+    def engine(*args: str) -> dict:  # type: ignore[type-arg]
+        p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--json", *args)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["config"]["engine"]  # type: ignore[no-any-return]
+
+    for flag, kind in (("awq_marlin", "awq"), ("gptq_marlin", "gptq"), ("W4A16", "gptq"), ("int4", "gptq"),
+                       ("FP8", "fp8"), ("modelopt", "fp8"), ("w8a8", "int8")):
+        assert engine("--quantization", flag)["quantization"] == kind, flag
+    e = engine("--kv-cache-dtype", "fp8_e5m2", "--dtype", "bf16")
+    assert (e["kv_cache_dtype"], e["dtype"]) == ("fp8", "bfloat16")
+    p = sim_cli("-n", "2", "--quantization", "bitsandbytes")
+    assert p.returncode == 2 and "awq_marlin" in p.stderr and "Traceback" not in p.stderr
+    # "none" means bf16 weights even when the name says AWQ; vLLM's gptq format names
+    # with an 8-bit checkpoint mean 8-bit weights
+    assert engine("--model", "Qwen/Qwen2.5-7B-Instruct-AWQ", "--quantization", "none")["quantization"] == "none"
+    assert engine("--model", "Qwen/Qwen2.5-7B-Instruct-AWQ")["quantization"] == "awq"
+    assert engine("--model", "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "--quantization", "gptq_marlin")["quantization"] == "w8a16"
+
+
+def test_cli_a_free_text_gpu_says_which_preset_ran() -> None:
+    p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--gpu", "NVIDIA H100 80GB HBM3")
+    assert p.returncode == 0, p.stderr
+    assert "H100-SXM-80GB" in p.stdout  # the engine line
+    p = sim_cli("-n", "2", "--input-tokens", "64", "--output-tokens", "4", "--gpu", "A100-SXM4-80GB", "--json")
+    assert json.loads(p.stdout)["config"]["engine"]["gpu_preset"] == "A100-SXM-80GB"
+
+
+def test_sim_run_loads_no_http_stack(tmp_path: Path) -> None:
+    # importing aiohttp is a quarter of a second of start-up; the package and `sim run`
+    # leave it to the first HTTP call
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = ['inferlab', 'sim', 'run', '--rate', 'inf', '-n', '2', '--input-tokens', '20', "
+        f"'--output-tokens', '3', '--out', {str(tmp_path)!r}]\n"
+        "try:\n    runpy.run_module('inferlab', run_name='__main__')\nexcept SystemExit as e:\n    assert not e.code\n"
+        "print('aiohttp' in sys.modules)\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert p.stdout.splitlines()[-1] == "False"
+    assert (tmp_path / "summary.json").exists()

@@ -1,0 +1,469 @@
+"""The calibration-CSV harness: parsing rows into scenarios, the closed-loop driver, and a
+golden bound on the simulator's median errors over a fast subset of published rows."""
+
+import csv
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from inferlab.sim import Engine, EngineConfig
+from inferlab.sim.validation.calibration import (
+    _lengths,
+    _number,
+    _stat_for,
+    load_rows,
+    parse_row,
+    parse_rows,
+)
+from inferlab.sim.validation.engines import build_engine
+from inferlab.sim.validation.scenario import Lengths, ScenarioError
+from inferlab.sim.validation.validate import (
+    Comparison,
+    _gaps_s,
+    _serve,
+    _stat,
+    length_mismatches,
+    summarize,
+    validate,
+    workload,
+)
+
+_ROOT = Path(__file__).parents[3]
+CSV = (
+    next(
+        (p for p in (_ROOT / "shared", _ROOT.parent / "shared") if (p / "data").is_dir()),
+        _ROOT / "shared",
+    )
+    / "data"
+    / "calibration.csv"
+)
+needs_csv = pytest.mark.skipif(not CSV.is_file(), reason="shared/data/calibration.csv not found")
+
+# Rows that run in well under a second each and cover every family and scenario kind.
+FAST_ROWS = [
+    *("4", "10", "13", "16"),  # TRT-LLM offline, prefill-heavy
+    *("46", "47", "48", "50", "51", "52", "54", "55", "58", "59"),  # vLLM V0 nightly
+    *("60", "61", "62", "63", "64", "66", "70", "72", "74"),  # vLLM V0 batch 1
+    *("114", "116", "118", "120", "123"),  # LMDeploy closed loop
+    *("141", "142", "143", "145"),  # vLLM 0.5 burst
+]
+
+BASE_ROW = {
+    "row_id": "x1",
+    "engine": "vLLM",
+    "engine_version": "0.9.2",
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "weight_precision": "bf16",
+    "kv_cache_dtype": "auto",
+    "gpu": "H100-SXM-80GB",
+    "num_gpus": "1",
+    "tp": "1",
+    "scenario": "fixed concurrency",
+    "batch_or_concurrency": "32",
+    "num_requests": "320",
+    "input_len": "512",
+    "output_len": "256",
+    "length_distribution": "fixed",
+    "ttft_ms": "80",
+    "metric_stat": "median",
+}
+
+
+def row(**changes: str) -> dict[str, str]:
+    return {**BASE_ROW, **changes}
+
+
+# --- parsing -------------------------------------------------------------------------------
+
+
+@needs_csv
+def test_most_calibration_rows_are_expressed_and_every_skip_has_a_reason() -> None:
+    rows = load_rows(CSV)
+    scenarios, skipped = parse_rows(rows)
+    assert len(scenarios) >= 60
+    ids = {s.row_id for s in scenarios}
+    assert {"1", "46", "58", "60", "114", "125", "141"} <= ids
+    reasons = {s.row_id: s.reason for s in skipped}
+    assert "69" in ids  # Qwen2.5-14B: a preset inferlab added
+    assert "no preset" in reasons["100"]  # a laptop GPU
+    assert "engine not stated" in reasons["95"]
+    assert all(s.reason for s in skipped)
+    kinds = {s.kind for s in scenarios}
+    assert kinds == {"offline", "static", "poisson", "closed", "burst"}
+
+
+@needs_csv
+def test_trtllm_fp8_row_maps_to_engine_and_workload() -> None:
+    rows = {r["row_id"]: r for r in load_rows(CSV)}
+    sc = parse_row(rows["1"])
+    assert (sc.family, sc.model, sc.gpu, sc.tp) == ("trtllm", "Llama-3.1-8B", "H100-SXM-80GB", 1)
+    assert (sc.quantization, sc.kv_cache_dtype) == ("fp8", "fp8")
+    assert (sc.kind, sc.num_requests, sc.via_server) == ("offline", 30000, False)
+    assert sc.input_len == Lengths("fixed", 128) and sc.output_len == Lengths("fixed", 128)
+    assert [(m.metric, m.stat, m.value) for m in sc.measurements] == [
+        ("output_tok_per_s", "aggregate", 28312.0)
+    ]
+    cfg = build_engine(sc, 256).config
+    # trtllm-bench sizing: >1024 requests fit, so max_num_tokens is capped at 8192 for
+    # ISL = OSL; the KV cache is 0.9 of the free memory, in fp8.
+    assert cfg.max_num_batched_tokens == 8192 and cfg.max_num_seqs > 1024
+    assert cfg.num_gpu_blocks_override is not None and cfg.api_overhead_s == 0.0
+    assert cfg.quantization == "fp8" and cfg.kv_cache_dtype == "fp8"
+
+
+@needs_csv
+def test_vllm_v0_serving_row_keeps_its_stated_flags_and_drops_chunk_itl() -> None:
+    rows = {r["row_id"]: r for r in load_rows(CSV)}
+    sc = parse_row(rows["141"])
+    assert (sc.family, sc.kind, sc.num_requests, sc.via_server) == ("vllm-v0.5", "burst", 320, True)  # 0.5.4
+    assert sc.input_len == Lengths("sharegpt", 204.9)
+    assert sc.output_len.kind == "sharegpt"
+    assert sc.output_len.a == pytest.approx(204.3 / (1 - 17 / 320))  # 17 empty requests
+    cfg = build_engine(sc, 2048).config
+    assert (cfg.max_num_seqs, cfg.enable_chunked_prefill) == (256, False)
+    assert cfg.max_num_batched_tokens == 2048 and cfg.api_overhead_s > 0
+    scenarios, skipped = parse_rows([rows["141"]])
+    assert "itl_ms" not in {m.metric for m in scenarios[0].measurements}
+    assert any(s.reason.startswith("itl_ms:") for s in skipped)
+
+
+def test_vllm_versions_choose_v0_or_v1_scheduler_defaults() -> None:
+    v1 = build_engine(parse_row(row()), 768).config
+    assert (v1.max_num_seqs, v1.max_num_batched_tokens, v1.enable_chunked_prefill) == (
+        1024,
+        8192,
+        True,
+    )
+    a100 = build_engine(parse_row(row(gpu="A100 80GB SXM")), 768).config
+    assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)
+    v0 = parse_row(row(engine_version="0.6.3", model="Qwen2.5-7B-Instruct"))
+    assert v0.family == "vllm-v0"
+    # vLLM V0 chunks only past 32,768 tokens of context: Qwen2.5's 32K is not past it
+    cfg = build_engine(v0, 768).config
+    assert (cfg.enable_chunked_prefill, cfg.max_num_batched_tokens) == (False, 32768)
+    long_ctx = build_engine(parse_row(row(engine_version="0.6.3", model="Llama-3.1-8B-Instruct")), 768)
+    assert (long_ctx.config.enable_chunked_prefill, long_ctx.config.max_num_batched_tokens) == (True, 512)
+
+
+def test_sglang_overlap_scheduling_follows_the_version_and_the_stated_flags() -> None:
+    def overlap(**changes: str) -> bool | None:
+        return build_engine(parse_row(row(engine="SGLang", **changes)), 768).config.overlap_schedule
+
+    assert overlap(engine_version="0.4.1") is True  # the default since 0.4
+    assert overlap(engine_version="0.3.0") is False  # opt-in before
+    assert overlap(engine_version="0.4.1", engine_config="--disable-overlap-schedule") is False
+    assert overlap(engine_version="0.3.6", engine_config="--enable-overlap-schedule") is True
+    assert overlap(engine_version="0.4.1", engine_config="disable_overlap_schedule=false") is True
+    assert overlap(engine_version="0.4.1", engine_config="async_scheduling=False") is False
+    assert build_engine(parse_row(row()), 768).config.overlap_schedule is False  # vLLM
+
+
+@pytest.mark.parametrize(
+    ("cell", "preset"),
+    [
+        ("H100 SXM5 80GB", "H100-SXM-80GB"),
+        ("H100-80GB (form factor not stated)", "H100-SXM-80GB"),
+        ("NVIDIA H100 PCIe 80GB", "H100-PCIe-80GB"),
+        ("H100 NVL 94GB", "H100-NVL-94GB"),
+        ("NVIDIA H20", "H20-96GB"),
+        ("A100-SXM4-40GB", "A100-SXM-40GB"),
+        ("A100 PCIe 80GB", "A100-PCIe-80GB"),
+        ("A100-80GB (SXM/PCIe not stated)", "A100-SXM-80GB"),
+        ("NVIDIA L4", "L4-24GB"),
+        ("1x A10 24GB", "A10-24GB"),
+        ("L40S", "L40S-48GB"),
+        ("8x H100 SXM (NVLink 4.0)", "H100-SXM-80GB"),  # NVLink is not NVL
+        ("H100 SXM (not PCIe)", "H100-SXM-80GB"),
+        ("A100 80GB PCIe (not SXM)", "A100-PCIe-80GB"),
+        ("8x A100 80GB (640GB total)", "A100-SXM-80GB"),  # 640GB is not 40GB
+        ("A100 (40 GiB)", "A100-SXM-40GB"),
+        ("H800 SXM", "H800-SXM-80GB"),
+    ],
+)
+def test_gpu_cells_map_to_the_preset_of_that_exact_card(cell: str, preset: str) -> None:
+    assert parse_row(row(gpu=cell)).gpu == preset
+
+
+def test_an_engine_named_anywhere_in_the_cell_picks_its_family() -> None:
+    nim = parse_row(row(engine="NVIDIA NIM (TensorRT-LLM backend assumed, not stated on page)"))
+    assert nim.family == "trtllm"
+    assert parse_row(row(engine="SGLang (version not stated)")).family == "sglang"
+    assert parse_row(row(engine="Triton Inference Server (vLLM backend)")).family == "vllm"
+
+
+def test_mixture_of_experts_rows_run_on_their_presets() -> None:
+    assert parse_row(row(model="mistralai/Mixtral-8x7B-Instruct-v0.1", tp="2", num_gpus="2")).model == "Mixtral-8x7B"
+    assert parse_row(row(model="Mixtral 8x22B (doc name)", tp="8", num_gpus="8")).model == "Mixtral-8x22B"
+    assert parse_row(row(model="Qwen/Qwen3-30B-A3B")).model == "Qwen3-30B-A3B"
+
+
+def test_a_distilled_dense_model_is_not_taken_for_its_moe_teacher() -> None:
+    assert parse_row(row(model="deepseek-ai/DeepSeek-R1-Distill-Qwen-32B")).model == "Qwen2.5-32B-Instruct"
+    with pytest.raises(ScenarioError, match="mixture-of-experts"):
+        parse_row(row(model="deepseek-ai/DeepSeek-R1"))
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"model": "deepseek-ai/DeepSeek-V3"}, "mixture-of-experts"),  # latent attention
+        ({"model": "openai/gpt-oss-120b"}, "mixture-of-experts"),
+        ({"engine_config": "--tp-size 4 --ep-size 4"}, "expert-parallel"),
+        ({"model": "tiiuae/falcon-40b-instruct"}, "no preset"),
+        ({"gpu": "AMD MI300X"}, "GPU"),
+        ({"gpu": "NVIDIA A10G (AWS)"}, "GPU"),
+        ({"gpu": "GB200 NVL72"}, "Grace"),
+        ({"engine_config": "EAGLE-3 speculative decoding, 3 draft tokens"}, "speculative"),
+        ({"engine": "llama.cpp"}, "engine"),
+        ({"engine": "not stated"}, "engine not stated"),
+        ({"engine": ""}, "engine not stated"),
+        ({"input_len": "", "length_distribution": "random"}, "input length"),
+        ({"input_len": "unknown (prompts filtered to 5000-10000)"}, "not known"),
+        ({"weight_precision": "nvfp4"}, "precision"),
+        ({"num_gpus": "8"}, "num_gpus"),
+        ({"ttft_ms": ""}, "no measured metric"),
+        ({"scenario": "static batch", "batch_or_concurrency": ""}, "batch size"),
+    ],
+)
+def test_unexpressible_rows_raise_with_the_reason(changes: dict[str, str], reason: str) -> None:
+    with pytest.raises(ScenarioError, match=reason):
+        parse_row(row(**changes))
+    _, skipped = parse_rows([row(**changes)])
+    assert len(skipped) == 1 and reason in skipped[0].reason
+
+
+def test_speculation_mentioned_as_disabled_is_not_a_reason_to_skip() -> None:
+    assert parse_row(row(engine_config="defaults; no speculative decoding")).kind == "closed"
+
+
+def test_odd_cells_parse() -> None:
+    assert _number("inf (all requests queued; CUDA-graph batch sizes up to 8192)") is None
+    assert _number("all at once (320)") is None
+    assert _number("1,234.5 mean (derived)") == 1234.5
+    assert _number(" ") is None and _number("n/a") is None
+    sc = parse_row(row(scenario="burst", batch_or_concurrency="all at once (40)", num_requests=""))
+    assert (sc.kind, sc.num_requests) == ("burst", 40)
+    assert _lengths("U[100,1024]", "uniform", "input")[0] == Lengths("uniform", 100, 1024)
+    spec, note = _lengths("", "ShareGPT V3 sample (~mean 200-250 in / ~180-250 out)", "output")
+    assert spec == Lengths("sharegpt", 215.0) and note is not None
+    assert _lengths("204.9 mean", "ShareGPT V3 (fixed seed)", "input")[0].kind == "sharegpt"
+    assert _lengths("128", "fixed (token-norm-dist, stdev 0)", "input")[0] == Lengths("fixed", 128)
+    # a measured mean of lengths drawn from a stated range: the range, not ShareGPT's
+    # shape, keeping the mean measured
+    ranged = "sglang.bench_serving random, random_range_ratio 0.0 (lengths uniform in [1,1024])"
+    assert _lengths("508.7 mean", ranged, "input")[0] == Lengths("uniform", 1, 1024, measured=508.7)
+    # ... unless the mean is not the range's middle (then the range was not what was
+    # drawn), or the cell states a length of its own rather than a mean
+    assert _lengths("220 mean", "ShareGPT; lengths uniform in [1,1024]", "input")[0].kind == "sharegpt"
+    assert _lengths("500", "input lengths uniform in [1,1024]; output fixed", "output")[0] == Lengths("fixed", 500)
+    # a burst that names no concurrency limit is a burst
+    no_cap = parse_row(row(scenario="burst (all requests at t=0)", batch_or_concurrency="500 (no max-concurrency)",
+                           num_requests="500", request_rate_rps="inf"))
+    assert (no_cap.kind, no_cap.num_requests) == ("burst", 500)
+
+
+def test_statistic_per_metric() -> None:
+    text = "TTFT = mean first-token latency; ITL = p50 per-token latency"
+    assert _stat_for("ttft_ms", text) == "mean"
+    assert _stat_for("itl_ms", text) == "median"
+    assert _stat_for("tpot_ms", "median of 5 runs") == "median"
+    assert _stat_for("e2e_latency_ms", "mean (medians in notes)") == "mean"
+    assert _stat_for("ttft_ms", "p99") == "p99"
+    assert _stat_for("ttft_ms", "single run") == "mean"
+
+
+def test_sharegpt_workload_is_deterministic_with_the_stated_mean_and_caps() -> None:
+    sc = parse_row(
+        row(input_len="220 mean", output_len="200 mean", length_distribution="ShareGPT V3")
+    )
+    jobs = workload(sc)
+    assert jobs == workload(sc)
+    assert statistics.fmean(i for i, _ in jobs) == pytest.approx(220, rel=0.01)
+    assert statistics.fmean(o for _, o in jobs) == pytest.approx(200, rel=0.01)
+    assert all(1 <= i <= 1024 and o >= 1 and i + o <= 2048 for i, o in jobs)
+    assert max(o for _, o in jobs) > 3 * 200  # a long tail, not fixed lengths
+
+
+def test_a_uniform_range_runs_with_the_mean_its_source_measured() -> None:
+    sc = parse_row(row(
+        input_len="540 mean", output_len="480 mean", num_requests="300",
+        length_distribution="random, random_range_ratio 0.0 (lengths uniform in [1,1024])",
+    ))
+    jobs = workload(sc)
+    assert statistics.fmean(i for i, _ in jobs) == pytest.approx(540, rel=0.005)
+    assert statistics.fmean(o for _, o in jobs) == pytest.approx(480, rel=0.005)
+    assert all(1 <= i <= 1024 and 1 <= o <= 1024 for i, o in jobs)
+    assert len({i for i, _ in jobs}) > 200  # drawn from the range, not one length
+
+
+def test_empty_requests_are_the_stated_share_and_the_rest_keep_the_stated_mean() -> None:
+    # the source counted 78 of 320 requests with no text; its mean output over the
+    # others is what the row's mean becomes
+    sc = parse_row(row(
+        input_len="204.9 mean", output_len="176.7 mean (measured)", num_requests="320",
+        length_distribution="ShareGPT V3", notes="requests with 0 generated tokens (...): 78/320",
+    ))
+    outs = [o for _, o in workload(sc)]
+    empty = [k for k, o in enumerate(outs) if o == 1]
+    assert len(empty) == 78
+    counted = [0 if k in empty else o for k, o in enumerate(outs)]  # as the source counts them
+    assert statistics.fmean(counted) == pytest.approx(176.7, rel=2e-3)
+    # the same with a uniform range and a measured mean, and with a count the share
+    # does not divide (3 of 13 requests for 78/320 = 24 %)
+    ranged = parse_row(row(
+        input_len="512", output_len="500 mean", num_requests="13",
+        length_distribution="random (lengths uniform in [1,1024])",
+        notes="requests with 0 generated tokens (...): 78/320",
+    ))
+    outs = [o for _, o in workload(ranged)]
+    assert sum(1 for o in outs if o == 1) == 3
+    assert statistics.fmean(0 if o == 1 else o for o in outs) == pytest.approx(500, rel=2e-3)
+    assert ranged.output_len.mean == pytest.approx(500 / (1 - 78 / 320))  # what sizing sees
+
+
+def test_sharegpt_workload_keeps_a_long_mean_that_the_prompt_cap_cuts() -> None:
+    # scaled to a mean of 600, ShareGPT's long prompts pass the 1,024-token cap; the
+    # others scale up further so that the run still has the mean the source measured
+    sc = parse_row(
+        row(input_len="600 mean", output_len="200 mean", length_distribution="ShareGPT V3")
+    )
+    ins = [i for i, _ in workload(sc)]
+    assert sum(1 for i in ins if i == 1024) > len(ins) // 20  # the cap binds
+    assert statistics.fmean(ins) == pytest.approx(600, rel=0.01)
+
+
+# --- the closed-loop driver ------------------------------------------------------------------
+
+
+class FixedStep:
+    """Every step takes 10 ms."""
+
+    def step_time_s(self, seqs: Sequence[tuple[int, int]], emitting: int) -> float:
+        return 0.01
+
+
+def test_closed_loop_keeps_each_user_busy_with_one_request() -> None:
+    engine = Engine(
+        EngineConfig(max_model_len=512, api_overhead_s=0.0), FixedStep(), record_token_times=True
+    )
+    jobs = [(32, 5)] * 7
+    timelines = _serve(engine, jobs, None, users=3)
+    gaps = _gaps_s(timelines)
+    arrivals = sorted(t.arrival_s for t in timelines)
+    finishes = sorted(t.finished_s or 0.0 for t in timelines)
+    assert arrivals[:3] == [0.0, 0.0, 0.0]
+    assert arrivals[3:] == pytest.approx(finishes[:4])  # each next request: on a completion
+    for t in timelines:  # never more than 3 requests in flight
+        in_flight = sum(1 for u in timelines if u.arrival_s <= t.arrival_s < (u.finished_s or 0))
+        assert in_flight <= 3
+    assert len(gaps) == 7 * 4 and gaps == pytest.approx([0.01] * 28)
+
+
+def test_open_loop_requests_arrive_on_schedule() -> None:
+    engine = Engine(EngineConfig(max_model_len=512, api_overhead_s=0.0), FixedStep())
+    timelines = _serve(engine, [(16, 2)] * 3, [0.0, 1.0, 2.5], users=1)
+    assert [t.arrival_s for t in timelines] == [0.0, 1.0, 2.5]
+    assert [t.first_token_s for t in timelines] == pytest.approx([0.01, 1.01, 2.51])
+
+
+def test_prompts_share_no_prefix_but_a_preempted_request_finds_its_own_blocks() -> None:
+    # prefix caching as the family has it (vLLM V1: on), as `sim run` runs it; the
+    # harness's prompts share no cached block
+    engine = Engine(EngineConfig(max_model_len=512, api_overhead_s=0.0), FixedStep())
+    _serve(engine, [(256, 2)] * 4, [0.0, 0.0, 1.0, 1.0], users=1)
+    assert engine.prefix_queries_tokens == 4 * 256 and engine.prefix_hits_tokens == 0
+    # two requests of 64 + 150 tokens (14 blocks of 16 each) in 24 blocks: the second is
+    # preempted, and when it runs again it finds its own blocks instead of computing them
+    cached = Engine(EngineConfig(max_model_len=256, api_overhead_s=0.0, num_gpu_blocks_override=24), FixedStep())
+    _serve(cached, [(64, 150)] * 2, [0.0] * 2, users=1)
+    assert cached.preemptions_total > 0 and cached.prefix_hits_tokens >= 64
+    flags = parse_row(row(engine_config="python -m sglang.launch_server --disable-radix-cache")).engine_flags
+    assert ("enable_prefix_caching", 0.0) in flags
+    assert ("enable_prefix_caching", 1.0) in parse_row(row(engine_config="--enable-prefix-caching")).engine_flags
+    # the harness runs the engine as `sim run` does: the family's default unless stated
+    assert build_engine(parse_row(row()), 1000).config.enable_prefix_caching is True
+    off = parse_row(row(engine_config="vllm serve M --no-enable-prefix-caching"))
+    assert build_engine(off, 1000).config.enable_prefix_caching is False
+
+
+# --- golden ---------------------------------------------------------------------------------
+
+
+@needs_csv
+def test_median_errors_on_a_fast_subset_stay_within_regression_bounds() -> None:
+    report = validate(CSV, FAST_ROWS)
+    assert len({c.scenario.row_id for c in report.comparisons}) >= 30
+    medians = {cls: med for cls, (med, _, _) in summarize(report.comparisons).items()}
+    # Measured on this subset when written: throughput ~7%, TPOT/ITL ~10%, TTFT ~35%,
+    # E2E ~9%. The bounds catch regressions, not noise (the run is deterministic).
+    assert medians["throughput"] < 25
+    assert medians["TPOT/ITL"] < 30
+    assert medians["TTFT"] < 60
+    assert medians["E2E"] < 30
+
+
+def test_other_files_in_the_same_format_validate(tmp_path: Path) -> None:
+    path = tmp_path / "mine.csv"
+    rows = [
+        row(),
+        row(row_id="x2", model="Mixtral-8x7B"),
+        row(row_id="x3", scenario="poisson", request_rate_rps="2", batch_or_concurrency=""),
+    ]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*BASE_ROW, "request_rate_rps"])
+        writer.writeheader()
+        writer.writerows(rows)
+    report = validate(path)
+    assert {c.scenario.row_id for c in report.comparisons} == {"x1", "x3"}
+    assert [s.row_id for s in report.skipped] == ["x2"]
+    assert all(c.predicted > 0 for c in report.comparisons)
+
+
+def test_a_stated_context_beyond_the_models_is_skipped_with_that_reason(tmp_path: Path) -> None:
+    path = tmp_path / "rows.csv"
+    long = row(row_id="y1", model="Qwen/Qwen2.5-7B-Instruct", engine_config="vllm serve M --max-model-len 65536",
+               input_len="60000", output_len="100")
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(long))
+        w.writeheader()
+        w.writerow(long)
+    report = validate(path)
+    assert [s.row_id for s in report.skipped] == ["y1"]
+    assert "--max-model-len 65536 is beyond" in report.skipped[0].reason and "YaRN" in report.skipped[0].reason
+
+
+def test_rows_whose_throughputs_disagree_are_flagged_as_running_other_lengths() -> None:
+    sc = parse_row(row())
+    # one run: output tok/s 11 % low but req/s 7 % low -> 4 % fewer output tokens per request
+    off = [Comparison(sc, "output_tok_per_s", "aggregate", 100.0, 89.0),
+           Comparison(sc, "req_per_s", "aggregate", 10.0, 9.3),
+           Comparison(sc, "total_tok_per_s", "aggregate", 200.0, 178.0)]
+    assert length_mismatches(off) == {sc.row_id: "output tokens per request -4.3%"}
+    agree = [Comparison(sc, "output_tok_per_s", "aggregate", 100.0, 92.8),
+             Comparison(sc, "req_per_s", "aggregate", 10.0, 9.3)]
+    assert length_mismatches(agree) == {}
+
+
+def test_percentiles_interpolate_like_the_sources_numpy() -> None:
+    # vLLM's and SGLang's benchmark clients report np.median / np.percentile: a median of
+    # two equal halves (lockstep users prefilled in two steps) is their midpoint
+    assert _stat([74.0] * 8 + [103.0] * 8, "median") == pytest.approx(88.5)
+    assert _stat([1.0, 2.0, 3.0, 4.0, 10.0], "p90") == pytest.approx(7.6)  # numpy's value
+    assert _stat([74.0, 103.0], "median", [8.0, 8.0]) == pytest.approx(88.5)
+    assert _stat([5.0], "p99", [3.5]) == 5.0
+
+
+def test_weighted_statistics_count_each_value_its_weight_in_times() -> None:
+    """A steady-state request standing for k of the row's requests counts k times: the
+    weighted mean and percentiles equal those of the list with each value repeated."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(50):
+        values = [rng.uniform(0, 100) for _ in range(rng.randint(1, 30))]
+        weights = [rng.randint(1, 5) for _ in values]
+        expanded = [v for v, w in zip(values, weights, strict=True) for _ in range(w)]
+        for stat in ("mean", "median", "p90", "p99"):
+            assert _stat(values, stat, [float(w) for w in weights]) == pytest.approx(_stat(expanded, stat)), stat

@@ -1,0 +1,109 @@
+"""Multi-turn sessions: the context grows with each answer (prefix caching sees it), the
+sliding-window trimmer bounds it, closed and open loop, bench and sim run."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from inferlab import BenchConfig, ClosedLoop, LoadConfig, OpenLoop, WorkloadConfig, bench_async
+from inferlab.load.virtual_sessions import simulate_sessions
+from inferlab.results.records import RequestRecord
+from inferlab.sim.engine.engine import Engine, EngineConfig
+from inferlab.sim.server.app import ServerConfig
+from inferlab.sim.server.launch import EmbeddedServer
+from inferlab.workload.sessions import SessionWorkload
+
+
+def by_session(records: list[RequestRecord]) -> dict[int, list[RequestRecord]]:
+    out: dict[int, list[RequestRecord]] = {}
+    for r in records:
+        assert r.session is not None and r.turn is not None
+        out.setdefault(r.session, []).append(r)
+    for turns in out.values():
+        turns.sort(key=lambda r: r.turn or 0)
+    return out
+
+
+def sim_sessions(window: int | None = None, *, rate: float | None = None, api_chat: bool = True) -> list[RequestRecord]:
+    wl = WorkloadConfig(sessions=3, turns=5, input_tokens=100, output_tokens=40, think_time_s=0.5,
+                        system_tokens=64, context_window_tokens=window).build(0)
+    assert isinstance(wl, SessionWorkload)
+    schedule = OpenLoop(rate, "constant") if rate else ClosedLoop(3)
+    return simulate_sessions(Engine(EngineConfig()), LoadConfig(schedule, num_requests=15), wl, users=3, chat=api_chat)
+
+
+def test_sim_context_grows_and_the_prefix_cache_sees_it() -> None:
+    records = sim_sessions()
+    sessions = by_session(records)
+    assert len(sessions) == 3 and all(len(t) == 5 for t in sessions.values())
+    for turns in sessions.values():
+        inputs = [r.input_tokens or 0 for r in turns]
+        cached = [r.cached_tokens or 0 for r in turns]
+        assert all(b > a + 140 for a, b in itertools.pairwise(inputs))  # + answer + new message
+        assert all(c > 0 for c in cached[1:]) and cached == sorted(cached) and cached[-1] > cached[1]
+        # each turn after the first finds (nearly) all of the previous turn's prompt cached
+        assert all(c >= p - 16 for c, p in zip(cached[1:], inputs, strict=False))
+        gaps = [(b.send_ns or 0) - (a.end_ns or 0) for a, b in itertools.pairwise(turns)]
+        assert all(g == 500_000_000 for g in gaps)  # think time, exactly, in virtual time
+
+
+def test_sim_sliding_window_bounds_the_context() -> None:
+    window = 300
+    trimmed = sim_sessions(window, api_chat=False)
+    full = sim_sessions(None, api_chat=False)
+    sep = 2  # "\n\n" between messages (completions API): two byte tokens each
+    for r in trimmed:
+        messages = 2 + 2 * (r.turn or 0)  # system + history + new message, at most
+        assert (r.input_tokens or 0) <= window + 64 + 100 + sep * messages
+    assert max(r.input_tokens or 0 for r in full) > max(r.input_tokens or 0 for r in trimmed) + 200
+
+
+def test_sim_open_loop_sessions_arrive_at_the_rate() -> None:
+    records = sim_sessions(rate=2.0)
+    firsts = sorted(r.intended_send_ns or 0 for r in records if r.turn == 0)
+    assert firsts == [0, 500_000_000, 1_000_000_000]
+    assert len(records) == 15
+
+
+async def test_bench_sessions_against_the_sim_server() -> None:
+    cfg = BenchConfig(
+        load=LoadConfig(ClosedLoop(2), num_requests=8),
+        workload=WorkloadConfig(sessions=2, turns=4, input_tokens=64, output_tokens=16, think_time_s=0.01),
+    )
+    with EmbeddedServer(ServerConfig(EngineConfig())) as sim:
+        result = await bench_async(cfg, sim.url)
+    assert result.summary["counts"]["completed"] == 8
+    for turns in by_session(result.records).values():
+        assert [r.turn for r in turns] == [0, 1, 2, 3]
+        inputs = [r.input_tokens or 0 for r in turns]
+        cached = [r.cached_tokens or 0 for r in turns]
+        # the server's real answer text went into the next prompt
+        assert all(b >= a + 64 + 16 for a, b in itertools.pairwise(inputs))
+        assert cached[0] == 0 and all(c > p for c, p in zip(cached[2:], cached[1:], strict=False)) and cached[1] > 0
+
+
+def test_cli_sim_run_sessions() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "inferlab", "sim", "run", "--api", "chat", "--sessions", "4", "--turns", "3",
+         "--input-tokens", "50", "--output-tokens", "20", "--think-time-s", "1", "--context-window-tokens", "100", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["counts"]["completed"] == 12 and s["cached_tokens"] > 0
+
+
+def test_sim_run_sessions_write_the_step_log(tmp_path: Path) -> None:
+    log = tmp_path / "steps.jsonl"
+    p = subprocess.run(
+        [sys.executable, "-m", "inferlab", "sim", "run", "--sessions", "2", "--turns", "2",
+         "--input-tokens", "50", "--step-log", str(log), "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert p.returncode == 0, p.stderr
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert steps and sum(s["prefill_tokens"] for s in steps) >= 4 * 50

@@ -1,0 +1,333 @@
+"""Trace replay: the readers, the time window and speed-up, Mooncake's shared blocks,
+and replay at the trace's times by bench (over HTTP) and sim run (virtual time)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferlab import BenchConfig, LoadConfig, WorkloadConfig, bench_async
+from inferlab._errors import UsageError
+from inferlab.load.schedules import Replay
+from inferlab.load.virtual import simulate
+from inferlab.sim.engine.engine import Engine, EngineConfig
+from inferlab.sim.server.app import ServerConfig
+from inferlab.sim.server.launch import EmbeddedServer
+from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
+from inferlab.workload.prompts import PromptBuilder
+from inferlab.workload.traces import TraceConfig, read_rows
+
+AZURE_GAPS_S = [0.0, 0.03, 0.13, 0.18, 0.45, 0.62]
+
+
+def azure_csv(path: Path, times: list[float] = AZURE_GAPS_S) -> Path:
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i, t in enumerate(times):
+        sec = 46 + int(t)
+        frac = f"{t - int(t):.7f}"[2:]
+        lines.append(f"2023-11-16 18:15:{sec:02d}.{frac},{40 + i},{3 + i}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_azure_csv_rows_are_exact_offsets(tmp_path: Path) -> None:
+    rows = TraceConfig(str(azure_csv(tmp_path / "az.csv"))).rows()
+    assert [r.arrival_s for r in rows] == pytest.approx(AZURE_GAPS_S, abs=1e-9)
+    assert [(r.input_tokens, r.output_tokens) for r in rows] == [(40 + i, 3 + i) for i in range(6)]
+
+
+def test_window_and_speedup(tmp_path: Path) -> None:
+    path = str(azure_csv(tmp_path / "az.csv"))
+    rows = TraceConfig(path, speedup=2.0, start_s=0.1, end_s=0.5).rows()
+    # kept: 0.13, 0.18, 0.45 → rebased to 0, 0.05, 0.32 → halved
+    assert [r.arrival_s for r in rows] == pytest.approx([0.0, 0.025, 0.16])
+    assert [r.input_tokens for r in rows] == [42, 43, 44]
+
+
+def test_burstgpt_skips_failed_rows_and_reads_seconds(tmp_path: Path) -> None:
+    p = tmp_path / "burst.csv"
+    p.write_text(
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "5,ChatGPT,100,20,120,Conversation log\n"
+        "7.5,ChatGPT,300,0,300,Conversation log\n"
+        "9,GPT-4,50,10,60,API log\n"
+    )
+    rows = TraceConfig(str(p)).rows()
+    assert [(r.arrival_s, r.input_tokens, r.output_tokens) for r in rows] == [(0.0, 100, 20), (4.0, 50, 10)]
+
+
+def test_inferlab_jsonl_sessions_and_groups_share_prefixes(tmp_path: Path) -> None:
+    p = tmp_path / "t.jsonl"
+    rows = [
+        {"arrival_s": 0, "input_tokens": 40, "output_tokens": 2, "session": "a"},
+        {"arrival_s": 1, "input_tokens": 90, "output_tokens": 2, "session": "a"},
+        {"arrival_s": 2, "input_tokens": 60, "output_tokens": 2, "prefix_group": "g", "prefix_tokens": 50},
+        {"arrival_s": 3, "input_tokens": 70, "output_tokens": 2, "prefix_group": "g", "prefix_tokens": 50},
+    ]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    specs = TraceConfig(str(p)).load(PromptBuilder())
+    tok = BuiltinTokenizer()
+    ids = [tok.encode(str(s.spec.prompt)) for s in specs]
+    assert [len(i) for i in ids] == [40, 90, 60, 70]
+    assert ids[1][:40] == ids[0]  # the session's context grows
+    assert ids[2][:50] == ids[3][:50]  # the group's prefix
+    assert ids[2][50:60] != ids[3][50:60]  # each request's own rest
+
+
+def test_mooncake_equal_hash_ids_give_identical_blocks(tmp_path: Path) -> None:
+    p = tmp_path / "mc.jsonl"
+    rows = [
+        {"timestamp": 1000, "input_length": 1100, "output_length": 5, "hash_ids": [1, 2, 3]},
+        {"timestamp": 1500, "input_length": 700, "output_length": 5, "hash_ids": [1, 4]},
+        {"timestamp": 3000, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]},
+    ]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    specs = TraceConfig(str(p)).load(PromptBuilder())
+    assert [s.arrival_s for s in specs] == [0.0, 0.5, 2.0]  # ms → s
+    tok = BuiltinTokenizer()
+    ids = [tok.encode(str(s.spec.prompt)) for s in specs]
+    assert [len(i) for i in ids] == [1100, 700, 1000]
+    assert ids[0][:512] == ids[1][:512] == ids[2][:512]  # hash id 1
+    assert ids[0][512:1000] == ids[2][512:1000]  # hash id 2 (partial in the third)
+    assert ids[1][512:600] != ids[0][512:600]  # 4 ≠ 2
+
+
+@pytest.mark.parametrize(
+    ("content", "where", "why"),
+    [
+        ('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1}\n{"arrival_s": 1, "input_tokens": "x"}\n', ":2:", "input_tokens"),
+        ('{"arrival_s": 0, "input_tokens": 0, "output_tokens": 1}\n', ":1:", "at least 1"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,2\nyesterday,10,2\n", ":3:", "bad timestamp"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,ten,2\n", ":2:", "azure"),
+        ("a,b,c\n1,2,3\n", ":1:", "unknown trace header"),
+        ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": 3}\n', ":1:", "hash_ids"),
+        ("{not json\n", ":1:", "JSON"),
+    ],
+)
+def test_bad_trace_names_file_line_and_problem(tmp_path: Path, content: str, where: str, why: str) -> None:
+    p = tmp_path / "bad.trace"
+    p.write_text(content)
+    with pytest.raises(UsageError) as e:
+        read_rows(str(p))
+    assert str(e.value).startswith(str(p) + where) and why in str(e.value)
+
+
+def test_empty_window_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no requests in the time window"):
+        TraceConfig(str(azure_csv(tmp_path / "az.csv")), start_s=10).rows()
+    with pytest.raises(UsageError, match=r"nope\.csv"):
+        read_rows(str(tmp_path / "nope.csv"))
+
+
+async def test_bench_replays_azure_trace_at_its_times(tmp_path: Path) -> None:
+    trace = TraceConfig(str(azure_csv(tmp_path / "az.csv")))
+    cfg = BenchConfig(
+        load=LoadConfig(Replay()), workload=WorkloadConfig(trace=trace), api="completions",
+    )
+    with EmbeddedServer(ServerConfig()) as sim:
+        result = await bench_async(cfg, sim.url)
+    recs = result.records
+    assert result.summary["counts"]["completed"] == len(AZURE_GAPS_S)
+    assert [r.intended_send_ns for r in recs] == [round(t * 1e9) for t in AZURE_GAPS_S]
+    assert [r.input_tokens for r in recs] == [40 + i for i in range(6)]
+    assert [r.output_tokens for r in recs] == [3 + i for i in range(6)]
+    sends = [r.send_ns for r in recs]
+    assert all(s is not None for s in sends) and sends == sorted(sends)  # type: ignore[type-var]
+    for r in recs:
+        assert r.send_ns is not None and r.intended_send_ns is not None
+        # never early; late only by scheduling noise (a run that ignored the times
+        # would send the last one ~620 ms early)
+        assert -1_000_000 <= r.send_ns - r.intended_send_ns < 100_000_000
+    assert result.summary["queue_delay_ms"]["max"] is not None
+
+
+def test_sim_run_replays_trace_in_virtual_time(tmp_path: Path) -> None:
+    trace = TraceConfig(str(azure_csv(tmp_path / "az.csv")), speedup=2.0)
+    wl = WorkloadConfig(trace=trace).build(0, "completions")
+    assert isinstance(wl, list)
+    records = simulate(Engine(EngineConfig()), LoadConfig(Replay()), wl)
+    assert [r.intended_send_ns for r in records] == [round(t / 2 * 1e9) for t in AZURE_GAPS_S]
+    # the engine admits arrivals at its next step boundary, never before
+    assert all(r.send_ns is not None and r.send_ns >= (r.intended_send_ns or 0) for r in records)
+    assert [r.input_tokens for r in records] == [40 + i for i in range(6)]
+    # -n and -d slice the replay
+    assert len(simulate(Engine(EngineConfig()), LoadConfig(Replay(), num_requests=2), wl)) == 2
+    assert len(simulate(Engine(EngineConfig()), LoadConfig(Replay(), duration_s=0.1), wl)) == 4  # 0, 15, 65, 90 ms
+
+
+def test_cli_trace_errors_exit_2_with_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,-2\n")
+    cmd = [sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(bad)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [f"inferlab: error: {bad}:2: token counts must be at least 1"]
+    p = subprocess.run([*cmd[:-1], str(azure_csv(tmp_path / "az.csv")), "--rate", "5"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--trace" in p.stderr
+
+
+def test_cli_sim_run_trace_json(tmp_path: Path) -> None:
+    az = azure_csv(tmp_path / "az.csv")
+    cmd = [sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(az), "--speedup", "10", "--json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    s = json.loads(p.stdout)
+    assert s["counts"]["completed"] == 6
+    assert s["input_tokens"] == sum(40 + i for i in range(6))
+
+
+def test_vllm_result_replay_reproduces_its_own_measurements(tmp_path: Path) -> None:
+    """Round trip: a run's per-request results written in vLLM's --save-detailed layout
+    (start times, lengths, TTFTs and ITLs in seconds), replayed through `sim run --trace`
+    on the same engine, are predicted back with ~0% error; a slower GPU is not."""
+    import math as _math
+
+    from inferlab.load.schedules import LoadConfig, OpenLoop
+    from inferlab.load.virtual import simulate
+    from inferlab.sim.engine.engine import Engine, EngineConfig
+    from inferlab.workload.config import WorkloadConfig
+
+    records = simulate(Engine(EngineConfig()), LoadConfig(OpenLoop(8.0), num_requests=24, seed=3), WorkloadConfig("uniform:100:600", "uniform:5:60").build(3))
+    s = 1e-9
+    result = {
+        "request_rate": 8.0,
+        "burstiness": 1.0,
+        "start_times": [r.send_ns * s for r in records],  # type: ignore[operator]
+        "input_lens": [r.input_tokens for r in records],
+        "output_lens": [r.output_tokens for r in records],
+        "ttfts": [(r.content_ns[0] - r.send_ns) * s for r in records],  # type: ignore[operator]
+        "itls": [[(b - a) * s for a, b in zip(r.content_ns, r.content_ns[1:], strict=False)] for r in records],
+    }
+    path = tmp_path / "vllm_result.json"
+    path.write_text(json.dumps(result))
+
+    def replay(*extra: str) -> dict:  # type: ignore[type-arg]
+        p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(path), "--json", *extra],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["trace_comparison"]  # type: ignore[no-any-return]
+
+    same = replay()
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        assert same[key]["requests"] == 24
+        assert _math.isclose(same[key]["predicted_mean"], same[key]["measured_mean"], rel_tol=1e-3, abs_tol=0.05), key
+    slower = replay("--gpu", "A100")
+    assert slower["tpot_ms"]["error_pct"] > 20  # A100 streams weights ~40% slower than H100
+
+
+def test_vllm_result_replay_keeps_its_max_concurrency(tmp_path: Path) -> None:
+    """A result measured with `vllm bench serve --max-concurrency 2` at rate inf is
+    replayed with at most 2 requests in flight (not all at t=0); a flag overrides it."""
+    from inferlab.results.runfiles import read_records
+
+    n = 12
+    result = {
+        "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 2,
+        "input_lens": [300] * n, "output_lens": [20] * n,
+        "ttfts": [0.03] * n, "itls": [[0.01] * 19] * n,
+    }
+    path = tmp_path / "vllm_result.json"
+    path.write_text(json.dumps(result))
+
+    def peak(*extra: str) -> int:
+        out = tmp_path / f"run{len(extra)}"
+        p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(path), "--out", str(out), *extra],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert p.returncode == 0, p.stderr
+        records = list(read_records(out / "requests.jsonl"))
+        assert len(records) == n
+        events = sorted([(r.send_ns, 1) for r in records] + [(r.end_ns, -1) for r in records])  # type: ignore[list-item]
+        level = top = 0
+        for _, d in events:
+            level += d
+            top = max(top, level)
+        return top
+
+    assert peak() == 2
+    assert peak("--max-concurrency", "5") == 5
+
+
+def test_vllm_result_send_times_are_kept_when_saved(tmp_path: Path) -> None:
+    """A result that saved per-request send times (absolute ``start_timestamps``) is
+    replayed at those times, rebased to the first, not redrawn from its rate."""
+    from inferlab.results.runfiles import read_records
+
+    offsets = [0.0, 0.25, 1.75, 2.0]
+    n = len(offsets)
+    result = {"request_rate": 100.0, "start_timestamps": [1.7e9 + t for t in offsets],
+              "input_lens": [100] * n, "output_lens": [4] * n, "ttfts": [0.02] * n, "itls": [[0.01] * 3] * n}
+    path = tmp_path / "vllm_result.json"
+    path.write_text(json.dumps(result))
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(path), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    sends = sorted(r.send_ns for r in read_records(out / "requests.jsonl"))  # type: ignore[type-var]
+    assert [round((t - sends[0]) / 1e9, 6) for t in sends] == offsets  # type: ignore[operator]
+
+
+def test_vllm_result_replay_runs_the_model_it_measured(tmp_path: Path) -> None:
+    """Without --model, a vLLM result's model_id picks the simulated model (said on
+    stderr); --model wins; a model without a preset falls back to the default, said so."""
+    n = 4
+    base = {"request_rate": "inf", "input_lens": [200] * n, "output_lens": [8] * n,
+            "ttfts": [0.05] * n, "itls": [[0.01] * 7] * n}
+
+    def engine_model(model_id: str, *extra: str) -> tuple[str, str]:
+        path = tmp_path / f"r{len(extra)}{abs(hash(model_id))}.json"
+        path.write_text(json.dumps({**base, "model_id": model_id}))
+        p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(path), "--json", *extra],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)["config"]["engine"]["model"], p.stderr
+
+    model, err = engine_model("Qwen/Qwen3-8B")
+    assert model == "Qwen/Qwen3-8B" and "Qwen/Qwen3-8B" in err
+    model, err = engine_model("Qwen/Qwen3-8B", "--model", "Llama-3.2-1B")
+    assert model == "Llama-3.2-1B" and "trace" not in err
+    model, err = engine_model("some-lab/NoSuchModel-9B")
+    assert model == "Qwen/Qwen2.5-7B-Instruct" and "no preset" in err
+
+
+def test_a_runs_requests_jsonl_replays_as_a_trace_and_is_compared(tmp_path: Path) -> None:
+    """The requests.jsonl a run wrote is a trace: its sends, lengths and measurements.
+    Replayed on the same engine it predicts itself back exactly; on a slower GPU not."""
+    first = tmp_path / "first"
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "-c", "4", "-n", "16", "--warmup", "2",
+                        "--input-tokens", "uniform:100:900", "--output-tokens", "uniform:10:60", "--out", str(first)],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+
+    def replay(*extra: str) -> dict:  # type: ignore[type-arg]
+        q = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(first / "requests.jsonl"), "--json", *extra],
+                           capture_output=True, text=True, timeout=120, check=False)
+        assert q.returncode == 0, q.stderr
+        return json.loads(q.stdout)  # type: ignore[no-any-return]
+
+    same = replay()
+    assert same["counts"]["completed"] == 18  # warm-ups are replayed as load, not compared
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        c = same["trace_comparison"][key]
+        assert c["requests"] == 16 and abs(c["error_pct"]) < 0.01, key
+    assert replay("--gpu", "A100")["trace_comparison"]["tpot_ms"]["error_pct"] > 20
+
+
+def test_vllm_result_arrivals_follow_the_seed_and_a_summary_only_result_is_refused(tmp_path: Path) -> None:
+    from inferlab._errors import UsageError
+    from inferlab.workload.traces import read_rows
+
+    n = 20
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"request_rate": 4.0, "burstiness": 1.0, "input_lens": [100] * n, "output_lens": [10] * n,
+                                "ttfts": [0.02] * n, "itls": [[0.01] * 9] * n}))
+    a, b = read_rows(str(path), seed=1), read_rows(str(path), seed=2)
+    assert [r.arrival_s for r in a] == [r.arrival_s for r in read_rows(str(path), seed=1)]
+    assert [r.arrival_s for r in a] != [r.arrival_s for r in b]
+    summary_only = tmp_path / "s.json"
+    summary_only.write_text(json.dumps({"completed": 10, "duration": 5.0, "request_throughput": 2.0}, indent=2))
+    with pytest.raises(UsageError, match="--save-detailed"):
+        read_rows(str(summary_only))
