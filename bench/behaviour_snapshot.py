@@ -25,7 +25,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,9 +94,9 @@ CASES: list[tuple[str, str]] = [
     ("tokens", "tokens --system 'You are a helpful assistant that answers briefly.' --prompt 'What is RAG?'"),
     ("tokens_json", "tokens --system @{in}/system.txt --prompt 'Explain prefix caching' --json --model Llama-3.1-8B --gpu A100"),
     ("tokens_dataset", "tokens --dataset {in}/data.jsonl --prefill-tps 5000"),
-    ("validate_extra", "bench/validate_sim.py --csv bench/data/published_extra.csv"),
-    ("validate_holdout", "bench/validate_sim.py --csv bench/data/published_holdout.csv"),
-    ("validate_moe", "bench/validate_sim.py --csv bench/data/published_moe.csv"),
+    ("validate_extra", "bench/validate_sim.py --csv {root}/bench/data/published_extra.csv"),
+    ("validate_holdout", "bench/validate_sim.py --csv {root}/bench/data/published_holdout.csv"),
+    ("validate_moe", "bench/validate_sim.py --csv {root}/bench/data/published_moe.csv"),
     ("validate_calibration", "bench/validate_sim.py --csv {calibration}"),
 ]
 
@@ -208,31 +207,28 @@ def _argv(cmd: str) -> list[str]:
     return [sys.executable, "-m", "inferlab", *args]
 
 
-def run(dest: Path) -> None:
-    """Run every case in one fixed folder (paths appear in the outputs), then move it to
-    ``dest``."""
-    snap = Path(tempfile.gettempdir()) / "inferlab-snapshot-work"
+def run(snap: Path) -> None:
+    """Run every case with ``snap`` as the working folder: paths in the outputs are
+    relative to it, so two snapshots in different folders compare."""
     shutil.rmtree(snap, ignore_errors=True)
     snap.mkdir(parents=True)
-    inputs = snap / "inputs"
-    make_inputs(inputs)
+    make_inputs(snap / "inputs")
     # a requests.jsonl to replay: a closed loop's
-    rq = snap / "cases" / "_source"
-    subprocess.run(_argv(f"sim run -c 6 -n 40 --input-tokens 400 --output-tokens 60 --out {rq}"), cwd=ROOT, check=True, capture_output=True)
-    (inputs / "requests.jsonl").write_text((rq / "requests.jsonl").read_text())
+    rq = "cases/_source"
+    subprocess.run(_argv(f"sim run -c 6 -n 40 --input-tokens 400 --output-tokens 60 --out {rq}"), cwd=snap, check=True, capture_output=True)
+    (snap / "inputs" / "requests.jsonl").write_text((snap / rq / "requests.jsonl").read_text())
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
     for name, cmd in CASES + HTTP_CASES:
         out = snap / "cases" / name
         out.mkdir(parents=True, exist_ok=True)
-        line = cmd.format(**{"in": str(inputs), "out": str(out / "files"), "steps": str(out / "steps.jsonl"), "calibration": _calibration()})
+        rel = f"cases/{name}"
+        line = cmd.format(**{"in": "inputs", "out": f"{rel}/files", "steps": f"{rel}/steps.jsonl", "calibration": _calibration(), "root": str(ROOT)})
         started = time.perf_counter()
-        p = subprocess.run(_argv(line), cwd=ROOT, capture_output=True, text=True, env=env, timeout=1800)
+        p = subprocess.run(_argv(line), cwd=snap, capture_output=True, text=True, env=env, timeout=1800)
         (out / "stdout").write_text(p.stdout)
         (out / "stderr").write_text(p.stderr)
         (out / "rc").write_text(f"{p.returncode}\n")
         print(f"{name:<24} rc={p.returncode} {time.perf_counter() - started:6.1f} s", flush=True)
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.move(snap, dest)
 
 
 def _files(d: Path) -> Iterator[Path]:
