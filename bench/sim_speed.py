@@ -26,8 +26,7 @@ import time
 import urllib.request
 
 from inferlab.load.schedules import LoadConfig, OpenLoop
-from inferlab.load.virtual import simulate
-from inferlab.load.virtual_simple import run_virtual
+from inferlab.load.virtual import serve_timelines, simulate
 from inferlab.results.metrics import summarize
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.server.launch import ChildServer
@@ -54,14 +53,14 @@ def virtual(n: int) -> None:
     specs = wl.build(0, "completions", builder=prompts())
     arrivals = [(0.0, str(i), list(next(specs).prompt), 250) for i in range(n)]
     t3 = time.perf_counter()
-    run_virtual(Engine(cfg), arrivals)
+    serve_timelines(Engine(cfg), arrivals)
     engine_only = time.perf_counter() - t3
 
     print(f"virtual time, {n:,} requests x (1,000 in / 250 out), all at t=0, Qwen2.5-7B on H100")
     print(f"  sim run path (records + metrics): {wall:6.2f} s wall  {n / wall:8.0f} req/s  "
           f"simulated {s['duration_s']:.0f} s  -> {s['duration_s'] / wall:5.1f}x faster than real time")
     print(f"    of which simulate {t1 - t0:.2f} s, summarize {t2 - t1:.2f} s")
-    print(f"  engine alone (run_virtual):       {engine_only:6.2f} s wall  {n / engine_only:8.0f} req/s")
+    print(f"  engine alone (serve_timelines):       {engine_only:6.2f} s wall  {n / engine_only:8.0f} req/s")
     print(f"  ratio sim-run / engine-alone: {wall / engine_only:.2f}")
 
     # what a user waits for: the command itself, start-up and results files included

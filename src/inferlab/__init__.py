@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from inferlab._clock import Clock, VirtualClock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, ServerUnreachableError, UsageError
-from inferlab.load.run import BenchConfig, BenchResult, bench_async
+from inferlab.load.run import (
+    BenchConfig,
+    HttpTarget,
+    RunConfig,
+    RunResult,
+    SimTarget,
+    bench_async,
+    run,
+)
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.results.metrics import SLO, distribution, request_metrics, summarize
 from inferlab.results.records import ErrorKind, RequestRecord
@@ -14,16 +22,19 @@ from inferlab.workload.config import WorkloadConfig
 __all__ = [
     "SLO",
     "BenchConfig",
-    "BenchResult",
     "Clock",
     "ClosedLoop",
     "ErrorKind",
+    "HttpTarget",
     "InferlabError",
     "LoadConfig",
     "OpenLoop",
     "RequestRecord",
+    "RunConfig",
     "RunFailedError",
+    "RunResult",
     "ServerUnreachableError",
+    "SimTarget",
     "UsageError",
     "VirtualClock",
     "WallClock",
@@ -31,5 +42,6 @@ __all__ = [
     "bench_async",
     "distribution",
     "request_metrics",
+    "run",
     "summarize",
 ]

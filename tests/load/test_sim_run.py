@@ -212,13 +212,12 @@ def test_cli_a_request_the_workload_cannot_make_keeps_the_summary_and_says_why(
 
 def test_stop_ends_a_session_run_too() -> None:
     from inferlab.load.virtual import Interrupted
-    from inferlab.load.virtual_sessions import simulate_sessions
 
     wl = WorkloadConfig(input_tokens=50, output_tokens=20, sessions=40, turns=4).build(0, "chat")
     seen: list[RequestRecord] = []
     with pytest.raises(Interrupted) as e:
-        simulate_sessions(Engine(EngineConfig()), LoadConfig(ClosedLoop(4), 160), wl, users=4,  # type: ignore[arg-type]
-                          on_record=seen.append, stop=lambda: len(seen) >= 3)
+        simulate(Engine(EngineConfig()), LoadConfig(ClosedLoop(4), 160), wl, chat=True,
+                 on_record=seen.append, stop=lambda: len(seen) >= 3)
     assert 3 <= sum(r.ok for r in e.value.records) < 160 and len(e.value.records) == len(seen)
 
 

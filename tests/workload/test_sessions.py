@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from inferlab import BenchConfig, ClosedLoop, LoadConfig, OpenLoop, WorkloadConfig, bench_async
-from inferlab.load.virtual_sessions import simulate_sessions
+from inferlab.load.virtual import simulate
 from inferlab.results.records import RequestRecord
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.server.app import ServerConfig
@@ -33,7 +33,7 @@ def sim_sessions(window: int | None = None, *, rate: float | None = None, api_ch
                         system_tokens=64, context_window_tokens=window).build(0)
     assert isinstance(wl, SessionWorkload)
     schedule = OpenLoop(rate, "constant") if rate else ClosedLoop(3)
-    return simulate_sessions(Engine(EngineConfig()), LoadConfig(schedule, num_requests=15), wl, users=3, chat=api_chat)
+    return simulate(Engine(EngineConfig()), LoadConfig(schedule, num_requests=15), wl, chat=api_chat)
 
 
 def test_sim_context_grows_and_the_prefix_cache_sees_it() -> None:

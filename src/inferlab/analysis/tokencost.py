@@ -76,12 +76,12 @@ def sim_prefill(model: str, gpu: str) -> PrefillTime:
     """One prefill of ``n`` tokens on an idle simulated engine (``UsageError`` for an
     unknown model or GPU, ``ValueError`` for a length the model cannot take); includes
     the engine's per-request API cost."""
-    from inferlab.load.virtual_simple import run_virtual
+    from inferlab.load.virtual import serve_timelines
     from inferlab.sim.engine.engine import Engine, EngineConfig
 
     def time_s(n: int) -> float:
         cfg = EngineConfig(model=model, gpu=gpu, max_model_len=max(4096, n + 16), enable_prefix_caching=False)
-        tl = run_virtual(Engine(cfg), [(0.0, "r", list(range(1000, 1000 + n)), 1)])["r"]
+        tl = serve_timelines(Engine(cfg), [(0.0, "r", list(range(1000, 1000 + n)), 1)])["r"]
         assert tl.first_token_s is not None
         return tl.first_token_s  # from arrival: includes the per-request API cost
 

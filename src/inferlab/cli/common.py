@@ -5,7 +5,10 @@ Usage errors exit 2 with one line; runtime failures exit 1 with one line.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -199,3 +202,10 @@ def workload_config(kw: dict[str, Any]) -> WorkloadConfig:
     )
 
 
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """SIGINT/SIGTERM end the run gracefully: in-flight requests are cancelled and the
+    summary of what completed is still written."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)

@@ -20,6 +20,7 @@ from inferlab._clock import WallClock
 from inferlab._errors import RunFailedError, UsageError
 from inferlab.cli.common import (
     entry,
+    install_stop_signals,
     load_config,
     load_options,
     parse_headers,
@@ -29,7 +30,7 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
-from inferlab.load.run import BenchConfig, bench_async, install_stop_signals
+from inferlab.load.run import BenchConfig, bench_async
 from inferlab.report.console import Progress, render_summary
 from inferlab.sim.engine.engine import EngineConfig
 

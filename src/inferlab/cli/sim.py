@@ -3,28 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
 import json
-import math
-import signal
 import sys
-from collections.abc import Callable, Iterator
-from types import FrameType
-from typing import IO, Any
+from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from inferlab._errors import InferlabError, UsageError
-from inferlab.cli.common import load_config, load_options, run_guarded, slo_config, workload_config
-from inferlab.load.run import install_stop_signals, raise_if_all_failed, run_summary
-from inferlab.load.schedules import ClosedLoop, OpenLoop
+from inferlab._errors import InferlabError, RunFailedError, UsageError
+from inferlab.cli.common import (
+    install_stop_signals,
+    load_config,
+    load_options,
+    run_guarded,
+    slo_config,
+    workload_config,
+)
+from inferlab.load.run import RunResult
 from inferlab.report.console import render_summary
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.steptime import FAMILY_EFFICIENCIES
-from inferlab.workload.sessions import SessionWorkload
 
 
 @click.group()
@@ -192,86 +192,45 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
 
 
 def _sim_run(kw: dict[str, Any]) -> int:
-    from inferlab.load.virtual import Interrupted, simulate
-    from inferlab.results.runfiles import RunWriter
-    from inferlab.workload.builtin_prompts import SimPromptBuilder
-    from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
-    from inferlab.workload.tokenizers import load_tokenizer
+    from inferlab.load.run import RunConfig, SimTarget, run
 
     _model_from_trace(kw)
-    load = load_config(kw)
-    s = load.schedule
-    offline = kw["offline"]
-    if offline is None:  # --rate inf is the offline-throughput case
-        offline = isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
-    engine = Engine(dataclasses.replace(engine_config(kw), offline=offline))
-    engine_cfg = engine.config  # the sizes resolved
-    tokenizer = load_tokenizer(kw["tokenizer"]) if kw["tokenizer"] else None
-    # the engine counts text prompts with its built-in tokenizer unless given one; on the
-    # completions API built-in prompts can reach it as those ids, never built as text
-    builder = SimPromptBuilder(BuiltinTokenizer()) if tokenizer is None and kw["api"] == "completions" else None
-    workload = workload_config(kw).build(load.seed, kw["api"], builder=builder)
-    config_json = {
-        "command": "sim run",
-        "engine": dataclasses.asdict(engine_cfg),
-        "load": {**dataclasses.asdict(load), "schedule": {"kind": type(load.schedule).__name__, **dataclasses.asdict(load.schedule)}},
-        "workload": dataclasses.asdict(workload_config(kw)),
-        "api": kw["api"],
-        "trace": kw["trace"],
-    }
-    config_json["engine"]["gpu_preset"] = engine.gpu.name  # what a free-text --gpu ran as
-    config_json = json.loads(json.dumps(config_json, default=str))
-    step_log = _open_step_log(kw["step_log"])
-    writer = None
-    interrupted, failure = False, None
-    try:
-        writer = RunWriter(kw["out"], config_json) if kw["out"] else None
-        on_record = writer.append if writer else None
-        with _stop_on_signals() as stop:
-            try:
-                if isinstance(workload, SessionWorkload):
-                    from inferlab.load.virtual_sessions import simulate_sessions
+    config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"])
+    target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"])
 
-                    s = load.schedule
-                    records = simulate_sessions(
-                        engine, load, workload, users=s.concurrency if isinstance(s, ClosedLoop) else 1,
-                        chat=kw["api"] == "chat", tokenizer=tokenizer, on_record=on_record, stop=stop,
-                        step_log=step_log,
-                    )
-                else:
-                    records = simulate(
-                        engine, load, workload, chat=kw["api"] == "chat", step_log=step_log,
-                        on_record=on_record, tokenizer=tokenizer, stop=stop,
-                    )
-            except Interrupted as stopped:  # what was measured is written first
-                records, interrupted, failure = stopped.records, True, stopped.cause
-        summary = run_summary(records, workload, config=config_json, slo=slo_config(kw), interrupted=interrupted)
-        if writer is not None:
-            writer.write_summary(summary)
-    finally:
-        if writer is not None:
-            writer.close()
-        if step_log is not None:
-            step_log.close()
+    async def main_async() -> RunResult:
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        return await run(config, target, stop=stop)
+
+    try:
+        result = asyncio.run(main_async())
+    except RunFailedError as e:  # every request failed: what they said is shown first
+        if isinstance(e.result, RunResult):
+            _render_sim_run(e.result, kw)
+        raise
+    _render_sim_run(result, kw)
+    if result.cause is not None:
+        raise result.cause
+    return 130 if result.interrupted else 0
+
+
+def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     if kw["as_json"]:
-        click.echo(json.dumps(summary, indent=2))
-    else:
-        out = Console()
-        e = engine_cfg
-        render_summary(out, summary, f"{e.model} on {e.tensor_parallel_size}x {e.gpu}, virtual time")
-        line = Table(show_header=False, box=None, pad_edge=False)
-        line.add_column(style="bold", no_wrap=True, min_width=18)
-        line.add_column()  # wraps under itself, not under the label
-        line.add_row("engine", engine_line(engine))
-        out.print(line)
-        if kw["out"]:
-            out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
-    if failure is not None:
-        raise failure
-    if interrupted:
-        return 130
-    raise_if_all_failed(summary)
-    return 0
+        click.echo(json.dumps(result.summary, indent=2))
+        return
+    engine = result.engine
+    assert engine is not None
+    out = Console()
+    e = engine.config
+    render_summary(out, result.summary, f"{e.model} on {e.tensor_parallel_size}x {e.gpu}, virtual time")
+    line = Table(show_header=False, box=None, pad_edge=False)
+    line.add_column(style="bold", no_wrap=True, min_width=18)
+    line.add_column()  # wraps under itself, not under the label
+    line.add_row("engine", engine_line(engine))
+    out.print(line)
+    if kw["out"]:
+        out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
 
 
 @sim.command("presets")
@@ -356,32 +315,3 @@ def engine_line(engine: Engine) -> str:
         *([f"{e.engine_family} defaults and constants"] if e.engine_family != "vllm" else []),
     ]
     return ", ".join(parts)
-
-
-def _open_step_log(path: str | None) -> IO[str] | None:
-    if not path:
-        return None
-    try:
-        return open(path, "w")
-    except OSError as e:
-        raise UsageError(f"cannot write the step log {path}: {e.strerror or e}") from e
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[Callable[[], bool]]:
-    """For the run's duration, SIGINT/SIGTERM ask the simulation to stop between steps
-    (a second signal interrupts at once); the previous handlers come back after."""
-    stopping = False
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        if stopping:
-            raise KeyboardInterrupt
-        stopping = True
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield lambda: stopping
-    finally:
-        for sig, h in previous.items():
-            signal.signal(sig, h)

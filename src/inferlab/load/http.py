@@ -1,86 +1,76 @@
-"""Drives a workload through a load schedule and the client; collects records.
+"""The asyncio + HTTP executor: a load policy against a real endpoint, on the wall clock.
 
-The runner owns *when* (schedule), the client owns *how* (HTTP), the workload owns
-*what*. Every request's intended send time is kept. The run is bounded by a request
-count and/or a duration, and by each request's own timeout; setting ``stop`` ends it
-early, cancelling requests in flight (recorded as ``cancelled``).
+The policy decides what is sent when (``load.policy``); the client sends and records
+(``client.http``). One dispatcher task asks the policy for the sends due now, starts one
+task per request, and sleeps until the policy's next send or until a request ends
+(which may release the next one: a closed-loop user, a freed concurrency slot, a
+session's next turn). Every request keeps its intended send time, so a client falling
+behind shows as queue delay. Setting ``stop`` ends the run early, cancelling requests in
+flight (recorded as ``cancelled``); so does a workload that cannot make its next
+request (``RunResult.cause``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from inferlab._clock import NS_PER_S, Clock
-from inferlab._errors import UsageError
-from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, replay_times_s
+from inferlab._errors import InferlabError
+from inferlab.load.policy import Answer, Policy, Send
 from inferlab.results.records import RequestRecord
-from inferlab.workload.spec import RequestSpec, TimedSpec
 
 if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes none)
     import aiohttp
 
     from inferlab.client.http import Client, Endpoint
 
-
-@dataclass
-class RunResult:
-    records: list[RequestRecord] = field(default_factory=list)
-    interrupted: bool = False
-    t0_ns: int = 0
-
+#: Keep-alive connections opened before the clock starts, at most.
+MAX_WARM_CONNECTIONS = 256
 
 OnRecord = Callable[[RequestRecord], None]
 
 
-async def run_load(
+@dataclass
+class RunResult:
+    """Every record of a run (failed and cancelled ones too), sorted by index;
+    ``interrupted`` when it ended early, ``cause`` the workload's error when that was
+    why; ``t0_ns`` the clock time records are relative to."""
+
+    records: list[RequestRecord] = field(default_factory=list)
+    interrupted: bool = False
+    t0_ns: int = 0
+    cause: InferlabError | None = None
+
+
+async def run_http(
     endpoint: Endpoint,
-    load: LoadConfig,
-    workload: Iterable[RequestSpec] | Sequence[TimedSpec],
+    policy: Policy,
     clock: Clock,
     *,
+    warm_connections: int = 1,
     on_record: OnRecord | None = None,
     stop: asyncio.Event | None = None,
 ) -> RunResult:
-    """Send the workload; return every record (also those of failed requests).
-
-    A ``Replay`` schedule needs a sequence of ``TimedSpec`` (a trace) and sends each at
-    its arrival time; the other schedules take plain specs. ``UsageError`` otherwise."""
+    """Run ``policy`` against ``endpoint``; return every record. ``warm_connections``
+    keep-alive connections are opened first (capped at ``MAX_WARM_CONNECTIONS``), so
+    TCP set-up is not charged to the first requests."""
     import aiohttp
 
     from inferlab.client.http import Client, session_trace
 
     result = RunResult(t0_ns=clock.now_ns())
-    timed = isinstance(workload, Sequence) and all(isinstance(t, TimedSpec) for t in workload[:1])
-    if isinstance(load.schedule, Replay) != timed:
-        raise UsageError("a trace (timed requests) goes with the replay schedule, and only with it")
-    arrivals: list[float] = []
-    if timed:
-        trace = [t for t in workload if isinstance(t, TimedSpec)]
-        arrivals = replay_times_s(trace, load)
-        specs: Iterator[RequestSpec] = iter([t.spec for t in trace])
-    else:
-        specs = iter(w for w in workload if isinstance(w, RequestSpec))
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(
         connector=connector, trace_configs=[session_trace()], auto_decompress=True
     ) as session:
-        await _warm_connections(session, endpoint, _parallelism(load))
+        await _warm_connections(session, endpoint, min(warm_connections, MAX_WARM_CONNECTIONS))
         result.t0_ns = clock.now_ns()
-        client = Client(endpoint, clock, session, result.t0_ns)
-        tracker = _Tracker(client, result, on_record)
-        if isinstance(load.schedule, ClosedLoop):
-            body = _closed_loop(load.schedule, load, specs, tracker, clock)
-        else:
-            if isinstance(load.schedule, OpenLoop):
-                n = None if load.num_requests is None else load.num_requests + load.warmup
-                arrivals = load.schedule.arrival_times_s(load.seed, n, load.duration_s)
-            body = _open_loop(arrivals, load.schedule.max_concurrency, load, specs, tracker, clock)
-        main = asyncio.ensure_future(body)
+        dispatcher = _Dispatcher(Client(endpoint, clock, session, result.t0_ns), policy, clock, result, on_record)
+        main = asyncio.ensure_future(dispatcher.run())
         waiter = asyncio.ensure_future(stop.wait()) if stop is not None else None
         try:
             await asyncio.wait([main, *([waiter] if waiter else [])], return_when="FIRST_COMPLETED")
@@ -88,30 +78,25 @@ async def run_load(
             if not main.done():
                 result.interrupted = True
                 main.cancel()
-                await tracker.cancel_all()
                 with contextlib.suppress(asyncio.CancelledError):
                     await main
             if waiter is not None:
                 waiter.cancel()
-        if main.done() and not main.cancelled() and main.exception() is not None:
-            raise main.exception()  # type: ignore[misc]  # a bug in the runner, not a request
+            error = main.exception() if main.done() and not main.cancelled() else None
+            if isinstance(error, InferlabError):  # the workload could not make a request
+                result.interrupted, result.cause = True, error
+            if result.interrupted:
+                await dispatcher.cancel_all()
+        if error is not None and result.cause is None:
+            raise error  # a bug in the executor, not a request
     result.records.sort(key=lambda r: r.index)
     return result
 
 
-def _parallelism(load: LoadConfig) -> int:
-    s = load.schedule
-    n = s.concurrency if isinstance(s, ClosedLoop) else (s.max_concurrency or 1)
-    return min(n, load.num_requests or n, _MAX_WARM_CONNECTIONS)
-
-
-_MAX_WARM_CONNECTIONS = 256
-
-
 async def _warm_connections(session: aiohttp.ClientSession, endpoint: Endpoint, n: int) -> None:
-    """Open ``n`` keep-alive connections before the clock starts (``GET /models`` in
-    parallel), so TCP set-up is not charged to the first requests. Best effort: a server
-    without that route still leaves its connections open, and any failure is ignored."""
+    """Open ``n`` keep-alive connections (``GET /models`` in parallel). Best effort: a
+    server without that route still leaves its connections open, and any failure is
+    ignored."""
     import aiohttp
 
     async def one() -> None:
@@ -126,87 +111,85 @@ async def _warm_connections(session: aiohttp.ClientSession, endpoint: Endpoint, 
     await asyncio.gather(*(one() for _ in range(n)))
 
 
-class _Tracker:
-    """Starts requests, remembers the ones in flight, records them as they end."""
+class _Dispatcher:
+    """Starts the policy's sends as they fall due and reports their ends back to it."""
 
-    def __init__(self, client: Client, result: RunResult, on_record: OnRecord | None) -> None:
+    def __init__(
+        self, client: Client, policy: Policy, clock: Clock, result: RunResult, on_record: OnRecord | None
+    ) -> None:
         self.client = client
+        self.policy = policy
+        self.clock = clock
         self.result = result
         self.on_record = on_record
         self.in_flight: set[asyncio.Task[None]] = set()
+        self._ended = asyncio.Event()  # a request ended since the dispatcher last looked
 
-    async def one(self, record: RequestRecord, spec: RequestSpec) -> None:
+    def _now_s(self) -> float:
+        return (self.clock.now_ns() - self.result.t0_ns) / NS_PER_S
+
+    async def run(self) -> None:
+        policy = self.policy
+        now_s = max(self._now_s(), policy.start_s())
+        while True:
+            for send in policy.due(now_s):
+                self._start(send)
+            next_s = policy.next_s()
+            if next_s is None and not self.in_flight:
+                return
+            self._ended.clear()  # (ends before this line were seen by ``due`` above)
+            if next_s is None:
+                await self._ended.wait()
+                now_s = self._now_s()
+            elif await self._sleep_until(next_s):
+                now_s = max(self._now_s(), next_s)  # (what the ns clock rounded down is due)
+            else:
+                now_s = self._now_s()
+
+    async def _sleep_until(self, t_s: float) -> bool:
+        """Sleep until ``t_s``, or until a request ends first if any is in flight (an end
+        may release an earlier send). True when ``t_s`` was reached."""
+        sleep = self.clock.sleep_until_ns(self.result.t0_ns + round(t_s * NS_PER_S))
+        if not self.in_flight:
+            await sleep
+            return True
+        sleeper = asyncio.ensure_future(sleep)
+        ended = asyncio.ensure_future(self._ended.wait())
         try:
-            await self.client.send(spec, record)
+            await asyncio.wait([sleeper, ended], return_when="FIRST_COMPLETED")
+        finally:
+            sleeper.cancel()
+            ended.cancel()
+        return sleeper.done() and not sleeper.cancelled()
+
+    def _start(self, send: Send) -> None:
+        record = RequestRecord(
+            index=send.index, warmup=send.warmup, intended_send_ns=round(send.intended_s * NS_PER_S)
+        )
+        task = asyncio.ensure_future(self._one(send, record))
+        self.in_flight.add(task)
+        task.add_done_callback(self.in_flight.discard)
+
+    async def _one(self, send: Send, record: RequestRecord) -> None:
+        text: list[str] | None = [] if self.policy.wants_answers else None
+        try:
+            await self.client.send(send.spec, record, text)
         finally:
             self.result.records.append(record)
             if self.on_record is not None:
                 self.on_record(record)
-
-    def start(self, record: RequestRecord, spec: RequestSpec) -> asyncio.Task[None]:
-        task = asyncio.ensure_future(self.one(record, spec))
-        self.in_flight.add(task)
-        task.add_done_callback(self.in_flight.discard)
-        return task
+        answer: Answer | None = None
+        if text is not None and record.ok:
+            answer = "".join(text), record.output_tokens or len(record.content_ns)
+        # out of the in-flight set before the dispatcher wakes (a task's done callbacks
+        # run only after the wake-up: the dispatcher would wait for an end still to come)
+        self.in_flight.discard(asyncio.current_task())
+        self.policy.ended(send, self._now_s(), answer)
+        self._ended.set()
 
     async def cancel_all(self) -> None:
+        """Cancel the requests in flight (recorded as ``cancelled``)."""
         tasks = list(self.in_flight)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _new_record(index: int, warmup: int, intended_ns: int) -> RequestRecord:
-    return RequestRecord(index=index, warmup=index < warmup, intended_send_ns=intended_ns)
-
-
-async def _closed_loop(
-    schedule: ClosedLoop, load: LoadConfig, specs: Iterator[RequestSpec], tracker: _Tracker, clock: Clock
-) -> None:
-    total = None if load.num_requests is None else load.num_requests + load.warmup
-    counter = itertools.count()
-    deadline: list[int | None] = [None]  # set when the first measured request is sent
-
-    async def user() -> None:
-        while True:
-            i = next(counter)
-            if total is not None and i >= total:
-                return
-            now = clock.now_ns()
-            if i == load.warmup and deadline[0] is None and load.duration_s is not None:
-                deadline[0] = now + int(load.duration_s * NS_PER_S)
-            d = deadline[0]
-            if d is not None and now >= d:
-                return
-            spec = next(specs, None)
-            if spec is None:
-                return
-            await tracker.start(_new_record(i, load.warmup, now - tracker.result.t0_ns), spec)
-
-    await asyncio.gather(*(user() for _ in range(schedule.concurrency)))
-
-
-async def _open_loop(
-    arrivals: list[float],
-    max_concurrency: int | None,
-    load: LoadConfig,
-    specs: Iterator[RequestSpec],
-    tracker: _Tracker,
-    clock: Clock,
-) -> None:
-    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    t0 = tracker.result.t0_ns
-    tasks: list[asyncio.Task[None]] = []
-    for i, offset_s in enumerate(arrivals):
-        intended = round(offset_s * NS_PER_S)
-        await clock.sleep_until_ns(t0 + intended)
-        spec = next(specs, None)
-        if spec is None:
-            break
-        if limit is not None:
-            await limit.acquire()
-        task = tracker.start(_new_record(i, load.warmup, intended), spec)
-        if limit is not None:
-            task.add_done_callback(lambda _t: limit.release())
-        tasks.append(task)
-    await asyncio.gather(*tasks)

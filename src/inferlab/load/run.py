@@ -1,59 +1,315 @@
-"""``bench`` as a library call: a frozen config in, a summary and the records out.
+"""``run``: one library call for ``bench`` and ``sim run`` — a run config and a target in,
+a summary and the records out.
 
-The CLI only parses flags into a ``BenchConfig`` and renders what this returns.
+The target is an OpenAI-compatible server (``HttpTarget``: the asyncio + HTTP executor,
+on the wall clock) or the simulated engine (``SimTarget``: the virtual-time executor, no
+HTTP). Everything else is shared: the workload is built the same way, the same load
+policy decides what is sent when, records are written as they end, and the summary is
+computed and written the same way, also after an interruption. The CLI only parses
+flags into these configs and renders what ``run`` returns; ``BenchConfig`` and
+``bench_async`` are ``bench``'s flat form of the same call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
-import signal
-from collections.abc import Callable
+import math
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from inferlab._clock import Clock, WallClock
-from inferlab._errors import RunFailedError, UsageError
+from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
-from inferlab.load.http import run_load
-from inferlab.load.http_sessions import run_sessions
-from inferlab.load.schedules import ClosedLoop, LoadConfig
+from inferlab.load.policy import Policy, make_policy
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.results.metrics import SLO, summarize
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter
+from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetWorkload
+from inferlab.workload.prompts import PromptBuilder
 from inferlab.workload.sessions import SessionWorkload
-from inferlab.workload.spec import Api
-from inferlab.workload.tokenizers import load_tokenizer
+from inferlab.workload.spec import Api, RequestSpec, TimedSpec
+from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
 from inferlab.workload.traces import compare_with_trace
+
+OnRecord = Callable[[RequestRecord], None]
+Workload = Iterator[RequestSpec] | Sequence[TimedSpec] | SessionWorkload
 
 
 @dataclass(frozen=True)
-class BenchConfig:
+class RunConfig:
+    """What to run, whatever the target: the load, the workload, the API, the SLOs for
+    goodput, and where to write the run directory (None: nowhere)."""
+
     load: LoadConfig
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    url: str | None = None  # None: the embedded simulated server
-    model: str | None = None  # None: the first model the server lists
     api: Api = "chat"
+    slo: SLO | None = None
+    out_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class HttpTarget:
+    """An OpenAI-compatible server at ``url``. ``model`` None: the first one it lists.
+    ``preflight``: probe it first (not counted; see ``client.preflight``)."""
+
+    url: str
+    model: str | None = None
     stream: bool = True
     api_key: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     timeout_s: float = 600.0
     idle_timeout_s: float = 60.0
-    slo: SLO | None = None
-    out_dir: str | None = None
-    preflight: bool = True  # probe the server first (not counted); see ``_preflight``
+    preflight: bool = True
+    embedded: bool = False  # the simulated server the CLI started (config.json's url: null)
 
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["api_key"] = "***" if self.api_key else None
-        d["headers"] = {k: ("***" if _secret_header(k) else v) for k, v in self.headers}
-        d["load"]["schedule"] = {"kind": type(self.load.schedule).__name__, **d["load"]["schedule"]}
-        out: dict[str, Any] = json.loads(json.dumps(d, default=str))
-        return out
+
+@dataclass(frozen=True)
+class SimTarget:
+    """The simulated engine in virtual time. ``offline`` None: as vLLM's offline ``LLM``
+    class only for ``--rate inf`` without a concurrency cap, else behind its API server.
+    ``step_log``: a file to write one JSON line per engine step to."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    offline: bool | None = None
+    step_log: str | None = None
+
+
+Target = HttpTarget | SimTarget
+
+
+@dataclass
+class RunResult:
+    """A run's summary and every record (by index). ``interrupted``: it ended early;
+    ``cause``: the workload's error that ended it (the caller decides whether that is a
+    failure). ``url``: the API root it ran against; ``engine``: the simulated engine that
+    ran (its resolved sizes), for a ``SimTarget``."""
+
+    summary: dict[str, Any]
+    records: list[RequestRecord]
+    interrupted: bool = False
+    cause: InferlabError | None = None
+    url: str | None = None
+    engine: Engine | None = None
+
+
+@dataclass
+class _Outcome:
+    records: list[RequestRecord]
+    interrupted: bool = False
+    cause: InferlabError | None = None
+
+
+#: Runs a policy: (policy, on_record, stop) -> what happened.
+_Execute = Callable[[Policy, OnRecord, "asyncio.Event | None"], Awaitable[_Outcome]]
+
+
+@dataclass
+class _Prepared:
+    """A target made ready: how prompts are built, what config.json says, how to run."""
+
+    builder: PromptBuilder | None
+    config_json: dict[str, Any]
+    execute: _Execute
+    workload: WorkloadConfig  # (bench: without exact output if the server refuses it)
+    preflight: Preflight | None = None
+    url: str | None = None
+    engine: Engine | None = None
+    close: Callable[[], None] = lambda: None
+
+
+async def run(
+    config: RunConfig,
+    target: Target,
+    *,
+    clock: Clock | None = None,
+    on_record: OnRecord | None = None,
+    stop: asyncio.Event | None = None,
+) -> RunResult:
+    """Run ``config`` against ``target``; write the run directory if ``out_dir`` is set.
+
+    ``on_record`` sees each record as its request ends; setting ``stop`` ends the run
+    early (requests in flight are cancelled, the summary of the rest is still written).
+    Raises ``UsageError`` for bad options, ``ServerUnreachableError`` before the run if
+    no server answers, and ``RunFailedError`` after it if every measured request failed
+    (the summary is written first and attached as ``summary``); an interrupted run
+    returns (``interrupted``, and ``cause`` when the workload could not make a request)."""
+    if isinstance(target, SimTarget):
+        prepared = _prepare_sim(config, target)
+    else:
+        prepared = await _prepare_http(config, target, clock or WallClock())
+    try:
+        wcfg = prepared.workload
+        workload = wcfg.build(config.load.seed, config.api, builder=prepared.builder)
+        policy = make_policy(config.load, workload)
+        writer = RunWriter(config.out_dir, prepared.config_json) if config.out_dir else None
+
+        def record_done(r: RequestRecord) -> None:
+            if writer is not None:
+                writer.append(r)
+            if on_record is not None:
+                on_record(r)
+
+        try:
+            outcome = await prepared.execute(policy, record_done, stop)
+            summary = run_summary(
+                outcome.records, workload, config=prepared.config_json, slo=config.slo,
+                interrupted=outcome.interrupted,
+            )
+            if isinstance(target, HttpTarget):
+                add_preflight(summary, prepared.preflight, wcfg)
+            if writer is not None:
+                writer.write_summary(summary)
+        finally:
+            if writer is not None:
+                writer.close()
+    finally:
+        prepared.close()
+    result = RunResult(summary, outcome.records, outcome.interrupted, outcome.cause, prepared.url, prepared.engine)
+    if not outcome.interrupted:
+        raise_if_all_failed(result)
+    return result
+
+
+# --- the simulated engine -----------------------------------------------------------------
+
+
+def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
+    from inferlab.load.virtual import Interrupted, simulate_policy
+    from inferlab.workload.builtin_prompts import SimPromptBuilder
+    from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
+
+    s = config.load.schedule
+    offline = target.offline
+    if offline is None:  # --rate inf is the offline-throughput case
+        offline = isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
+    engine = Engine(dataclasses.replace(target.engine, offline=offline))
+    wcfg = config.workload
+    tokenizer: Tokenizer | None = load_tokenizer(wcfg.tokenizer) if wcfg.tokenizer else None
+    # the engine counts text prompts with its built-in tokenizer unless given one; on the
+    # completions API built-in prompts can reach it as those ids, never built as text
+    builder = SimPromptBuilder(BuiltinTokenizer()) if tokenizer is None and config.api == "completions" else None
+    config_json: dict[str, Any] = {
+        "command": "sim run",
+        "engine": dataclasses.asdict(engine.config),  # the sizes resolved
+        "load": _load_json(config.load),
+        "workload": dataclasses.asdict(wcfg),
+        "api": config.api,
+        "trace": wcfg.trace.path if wcfg.trace is not None else None,
+    }
+    config_json["engine"]["gpu_preset"] = engine.gpu.name  # what a free-text --gpu ran as
+    config_json = json.loads(json.dumps(config_json, default=str))
+    step_log = _open_step_log(target.step_log)
+
+    async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> _Outcome:
+        # (in a worker thread: the event loop stays free to take Ctrl-C and set ``stop``)
+        def go() -> _Outcome:
+            try:
+                records = simulate_policy(
+                    engine, policy, chat=config.api == "chat", step_log=step_log,
+                    on_record=on_record, tokenizer=tokenizer, stop=None if stop is None else stop.is_set,
+                )
+            except Interrupted as e:  # what was measured is kept
+                return _Outcome(e.records, True, e.cause)
+            return _Outcome(records)
+
+        return await asyncio.to_thread(go)
+
+    return _Prepared(
+        builder, config_json, execute, wcfg, engine=engine,
+        close=(lambda: None) if step_log is None else step_log.close,
+    )
+
+
+def _open_step_log(path: str | None) -> IO[str] | None:
+    if not path:
+        return None
+    try:
+        return open(path, "w")
+    except OSError as e:
+        raise UsageError(f"cannot write the step log {path}: {e.strerror or e}") from e
+
+
+def _load_json(load: LoadConfig) -> dict[str, Any]:
+    schedule = {"kind": type(load.schedule).__name__, **dataclasses.asdict(load.schedule)}
+    return {**dataclasses.asdict(load), "schedule": schedule}
+
+
+# --- an OpenAI-compatible server ------------------------------------------------------------
+
+
+async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> _Prepared:
+    from inferlab.client.http import Endpoint, api_base, discover_model
+    from inferlab.load.http import run_http
+
+    try:
+        base = api_base(target.url)
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    model = target.model or await discover_model(base, target.api_key)
+    endpoint = Endpoint(
+        base_url=base,
+        model=model,
+        api=config.api,
+        stream=target.stream,
+        api_key=target.api_key,
+        headers=dict(target.headers),
+        timeout_s=target.timeout_s,
+        idle_timeout_s=target.idle_timeout_s,
+    )
+    wcfg = config.workload
+    pre = None
+    if target.preflight:
+        tok = load_tokenizer(wcfg.tokenizer) if wcfg.tokenizer else None
+        pre = await run_preflight(endpoint, exact_output=wcfg.exact_output, tokenizer=tok)
+        if not pre.accepts_exact_output:
+            wcfg = dataclasses.replace(wcfg, exact_output=False)
+    builder = wcfg.builder(config.api) if pre is None else wcfg.builder(
+        config.api, vocab=pre.vocab, tokens_per_word=pre.tokens_per_word
+    )
+    config_json = {**http_config_json(config, target), "resolved": {"url": base, "model": model}}
+
+    async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> _Outcome:
+        out = await run_http(
+            endpoint, policy, clock, warm_connections=_parallelism(config.load), on_record=on_record, stop=stop
+        )
+        return _Outcome(out.records, out.interrupted, out.cause)
+
+    return _Prepared(builder, config_json, execute, wcfg, preflight=pre, url=base)
+
+
+def _parallelism(load: LoadConfig) -> int:
+    """How many requests may be in flight at once, as far as the load says."""
+    s = load.schedule
+    n = s.concurrency if isinstance(s, ClosedLoop) else (s.max_concurrency or 1)
+    return min(n, load.num_requests or n)
+
+
+def http_config_json(config: RunConfig, target: HttpTarget) -> dict[str, Any]:
+    """config.json of a run against a server (secrets redacted), in ``BenchConfig``'s
+    field order."""
+    d: dict[str, Any] = {
+        "load": _load_json(config.load),
+        "workload": dataclasses.asdict(config.workload),
+        "url": None if target.embedded else target.url,
+        "model": target.model,
+        "api": config.api,
+        "stream": target.stream,
+        "api_key": "***" if target.api_key else None,
+        "headers": {k: ("***" if _secret_header(k) else v) for k, v in target.headers},
+        "timeout_s": target.timeout_s,
+        "idle_timeout_s": target.idle_timeout_s,
+        "slo": None if config.slo is None else dataclasses.asdict(config.slo),
+        "out_dir": config.out_dir,
+        "preflight": target.preflight,
+    }
+    out: dict[str, Any] = json.loads(json.dumps(d, default=str))
+    return out
 
 
 #: A header whose name contains one of these (case-insensitive) is redacted in config.json.
@@ -65,11 +321,38 @@ def _secret_header(name: str) -> bool:
     return any(part in lower for part in _SECRET_HEADER_PARTS)
 
 
-@dataclass
-class BenchResult:
-    summary: dict[str, Any]
-    records: list[RequestRecord]
-    url: str
+@dataclass(frozen=True)
+class BenchConfig:
+    """``inferlab bench`` in one flat config: a ``RunConfig`` and an ``HttpTarget``
+    whose URL is given to ``bench_async`` (``url`` here is what the user asked for;
+    None: the embedded simulated server the CLI starts)."""
+
+    load: LoadConfig
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    url: str | None = None
+    model: str | None = None  # None: the first model the server lists
+    api: Api = "chat"
+    stream: bool = True
+    api_key: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout_s: float = 600.0
+    idle_timeout_s: float = 60.0
+    slo: SLO | None = None
+    out_dir: str | None = None
+    preflight: bool = True  # probe the server first (not counted); see ``client.preflight``
+
+    def run_config(self) -> RunConfig:
+        return RunConfig(self.load, self.workload, self.api, self.slo, self.out_dir)
+
+    def target(self, url: str) -> HttpTarget:
+        return HttpTarget(
+            url, self.model, self.stream, self.api_key, self.headers, self.timeout_s, self.idle_timeout_s,
+            self.preflight, embedded=self.url is None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """config.json's form of this config (secrets redacted)."""
+        return http_config_json(self.run_config(), self.target(self.url or ""))
 
 
 async def bench_async(
@@ -77,70 +360,15 @@ async def bench_async(
     url: str,
     *,
     clock: Clock | None = None,
-    on_record: Callable[[RequestRecord], None] | None = None,
+    on_record: OnRecord | None = None,
     stop: asyncio.Event | None = None,
-) -> BenchResult:
-    """Run the benchmark against ``url``; write results if ``out_dir`` is set.
+) -> RunResult:
+    """``run`` against the server at ``url``; see ``run``. config.json records
+    ``config.url`` (what was asked) and the URL it resolved to."""
+    return await run(config.run_config(), config.target(url), clock=clock, on_record=on_record, stop=stop)
 
-    Raises ``ServerUnreachableError`` before the run if nothing answers, and
-    ``RunFailedError`` after it if every measured request failed (the summary is
-    written first, and is attached to the exception as ``summary``)."""
-    from inferlab.client.http import Endpoint, api_base, discover_model
 
-    clock = clock or WallClock()
-    try:
-        base = api_base(url)
-    except ValueError as e:
-        raise UsageError(str(e)) from e
-    model = config.model or await discover_model(base, config.api_key)
-    endpoint = Endpoint(
-        base_url=base,
-        model=model,
-        api=config.api,
-        stream=config.stream,
-        api_key=config.api_key,
-        headers=dict(config.headers),
-        timeout_s=config.timeout_s,
-        idle_timeout_s=config.idle_timeout_s,
-    )
-    wcfg = config.workload
-    pre = None
-    if config.preflight:
-        tok = load_tokenizer(wcfg.tokenizer) if wcfg.tokenizer else None
-        pre = await run_preflight(endpoint, exact_output=wcfg.exact_output, tokenizer=tok)
-        if not pre.accepts_exact_output:
-            wcfg = dataclasses.replace(wcfg, exact_output=False)
-    builder = wcfg.builder(config.api) if pre is None else wcfg.builder(
-        config.api, vocab=pre.vocab, tokens_per_word=pre.tokens_per_word
-    )
-    workload = wcfg.build(config.load.seed, config.api, builder=builder)
-    cfg_json = {**config.to_json(), "resolved": {"url": base, "model": model}}
-    writer = RunWriter(config.out_dir, cfg_json) if config.out_dir else None
-
-    def record_done(r: RequestRecord) -> None:
-        if writer is not None:
-            writer.append(r)
-        if on_record is not None:
-            on_record(r)
-
-    try:
-        if isinstance(workload, SessionWorkload):
-            s = config.load.schedule
-            users = s.concurrency if isinstance(s, ClosedLoop) else 1
-            result = await run_sessions(
-                endpoint, config.load, workload, clock, users=users, on_record=record_done, stop=stop
-            )
-        else:
-            result = await run_load(endpoint, config.load, workload, clock, on_record=record_done, stop=stop)
-        summary = run_summary(result.records, workload, config=cfg_json, slo=config.slo, interrupted=result.interrupted)
-        add_preflight(summary, pre, wcfg)
-        if writer is not None:
-            writer.write_summary(summary)
-    finally:
-        if writer is not None:
-            writer.close()
-    raise_if_all_failed(summary)
-    return BenchResult(summary, result.records, base)
+# --- the summary --------------------------------------------------------------------------
 
 
 def run_summary(
@@ -161,12 +389,12 @@ def run_summary(
     return summary
 
 
-def raise_if_all_failed(summary: dict[str, Any]) -> None:
+def raise_if_all_failed(result: RunResult) -> None:
     """``RunFailedError`` (exit 1, one line) when requests failed and none completed."""
-    c = summary["counts"]
+    c = result.summary["counts"]
     if c["completed"] == 0 and c["failed"] > 0:
-        kind, msg = next(iter(summary["error_examples"].items()))
-        raise RunFailedError(f"all {c['failed']} requests failed; first {kind}: {msg}", summary)
+        kind, msg = next(iter(result.summary["error_examples"].items()))
+        raise RunFailedError(f"all {c['failed']} requests failed; first {kind}: {msg}", result.summary, result=result)
 
 
 def add_preflight(summary: dict[str, Any], pre: Preflight | None, wcfg: WorkloadConfig) -> None:
@@ -185,12 +413,3 @@ def add_preflight(summary: dict[str, Any], pre: Preflight | None, wcfg: Workload
         summary["warnings"] = [*pre.warnings, *summary["warnings"]]
         if wcfg.synthetic and source.startswith("approximate"):
             summary["warnings"].append(f"prompt lengths are {source}")
-
-
-def install_stop_signals(stop: asyncio.Event) -> None:
-    """SIGINT/SIGTERM end the run gracefully: in-flight requests are cancelled and the
-    summary of what completed is still written."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)

@@ -1,31 +1,34 @@
-"""``sim run``: a workload through the engine in virtual time, no HTTP, deterministic.
+"""The virtual-time executor: a load policy over the simulated engine, no HTTP, no
+sleeping, deterministic (``sim run``, validation, ``inferlab tokens``).
 
-The same ``LoadConfig`` and workload objects as ``bench`` decide what is sent and when;
-the result is the same ``RequestRecord`` list, so the same metrics and files follow.
-Closed loop: each of N users sends its next request the moment its previous one
-finishes. Open loop: the schedule's arrival times (``--rate inf`` = all at time 0).
+``drive`` is the loop: send what the policy says is due, step the engine, report the
+requests that ended, and jump over idle time to the policy's next send. What a send
+becomes is the target's business: ``SimulatedServer`` makes ``RequestRecord``s as the
+HTTP server would answer them (``sim run``); ``EngineTarget`` only queues requests and
+leaves their timelines in the engine (validation, ``serve_timelines``).
 
 As over HTTP, a request the engine cannot serve (longer than ``max_model_len``, larger
-than the KV cache) is a failed record (HTTP 400), not the end of the run. A stop request
-(``stop()`` true, or Ctrl-C) ends the run between steps: in-flight requests become
-cancelled records and ``Interrupted`` carries everything recorded so far.
+than the KV cache) is a failed record (HTTP 400) in ``sim run``, not the end of the run.
+A stop request (``stop()`` true, or Ctrl-C) ends the run between steps: in-flight
+requests become cancelled records and ``Interrupted`` carries everything recorded so far.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
-from typing import IO
+from typing import IO, Protocol
 
 from inferlab._clock import NS_PER_S
 from inferlab._errors import InferlabError
-from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, replay_times_s
+from inferlab.load.policy import Answer, OpenLoopPolicy, Policy, Send, make_policy
+from inferlab.load.schedules import LoadConfig
 from inferlab.results.records import ErrorKind, RequestRecord
-from inferlab.sim.engine.engine import Engine, StepStats
+from inferlab.sim.engine.engine import Engine, RequestTimeline, StepStats
 from inferlab.sim.engine.outputs import natural_output_len
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
+from inferlab.workload.sessions import SessionWorkload
 from inferlab.workload.spec import RequestSpec, TimedSpec
 from inferlab.workload.tokenizers import Tokenizer
 
@@ -36,6 +39,22 @@ _MIN_REJECT_S = 1e-6
 _MAX_TOKEN_NS = 1 << 20
 
 OnRecord = Callable[[RequestRecord], None]
+
+
+class Target(Protocol):
+    """What ``drive`` runs a policy against."""
+
+    def add(self, send: Send) -> float | None:
+        """Queue ``send`` at ``send.at_s``; ``None``, or the time (s) it ended at once,
+        rejected."""
+        ...
+
+    def has_work(self) -> bool: ...
+
+    def step(self, now_s: float) -> tuple[float, list[tuple[Send, Answer | None]]]:
+        """One engine step from ``now_s``: its end, and the sends that completed in it
+        with their answers (``None`` where none was asked for)."""
+        ...
 
 
 class Interrupted(KeyboardInterrupt):
@@ -53,7 +72,30 @@ class Interrupted(KeyboardInterrupt):
 
 
 class _Stop(Exception):
-    """``stop()`` answered true: unwind to ``simulate``, which raises ``Interrupted``."""
+    """``stop()`` answered true: unwind to the caller of ``drive``."""
+
+
+def drive(policy: Policy, target: Target, stop: Callable[[], bool] | None = None) -> None:
+    """Run ``policy`` against ``target`` until nothing is due and nothing is in flight.
+    Raises ``_Stop`` when ``stop()`` answers true (asked before every step), and what
+    ``policy.due`` raises (a workload that cannot make its next request)."""
+    now_s = policy.start_s()
+    while True:
+        if stop is not None and stop():
+            raise _Stop
+        for send in policy.due(now_s):
+            end_s = target.add(send)
+            if end_s is not None:  # rejected: it ended at once
+                policy.ended(send, end_s, None)
+        if not target.has_work():
+            t = policy.next_s()
+            if t is None:
+                return
+            now_s = max(now_s, t)
+            continue
+        now_s, finished = target.step(now_s)
+        for send, answer in finished:
+            policy.ended(send, now_s, answer)
 
 
 def _ns(t_s: float) -> int:
@@ -70,28 +112,33 @@ class _TokenNs(dict[float, int]):
         return ns
 
 
-class _Sim:
+class SimulatedServer:
+    """The engine as ``sim run`` serves it: each send becomes a ``RequestRecord`` as the
+    HTTP server would answer it (prompt counted with the chat template on the chat API,
+    ``max_tokens`` or the simulated model's natural length, a 400 for what the engine
+    rejects), finished with every token's time. ``answers``: completed sends report
+    their reply (the built-in passage's tokens, decoded) for multi-turn sessions."""
+
     def __init__(
         self,
         engine: Engine,
-        chat: bool,
-        warmup: int,
-        step_log: IO[str] | None,
-        natural_median_tokens: int,
+        *,
+        chat: bool = False,
+        step_log: IO[str] | None = None,
+        natural_median_tokens: int = 120,
         tokenizer: Tokenizer | None = None,
         on_record: OnRecord | None = None,
-        stop: Callable[[], bool] | None = None,
+        answers: bool = False,
     ) -> None:
         engine.record_token_times = True  # ITL needs every token's time
         self.engine = engine
         self.tok: Tokenizer = tokenizer or BuiltinTokenizer()
         self.chat = chat
-        self.warmup = warmup
         self.step_log = step_log
         self.natural_median_tokens = natural_median_tokens
         self.on_record = on_record
-        self.stop = stop
-        self.records: dict[str, RequestRecord] = {}  # in flight, by request id
+        self.answers = answers
+        self.in_flight: dict[str, tuple[Send, RequestRecord]] = {}  # by request id
         self.done: list[RequestRecord] = []
         self.token_ns = _TokenNs()
 
@@ -104,48 +151,36 @@ class _Sim:
             return self.tok.apply_chat_template(spec.messages())
         return self.tok.encode(str(spec.completion_prompt()))
 
-    def add(
-        self,
-        index: int,
-        spec: RequestSpec,
-        send_s: float,
-        intended_s: float | None = None,
-        *,
-        session: int | None = None,
-        turn: int | None = None,
-    ) -> RequestRecord | None:
-        """Send a request at ``send_s`` (intended at ``intended_s``, default the same).
-
-        Returns ``None`` if the engine queued it; else the failed record (HTTP 400 with
-        the engine's reason, ended ``api_overhead_s`` later), already finished."""
+    def add(self, send: Send) -> float | None:
+        spec = send.spec
         ids = self.prompt_ids(spec)
-        t = _ns(send_s)
+        t = _ns(send.at_s)
         record = RequestRecord(
-            index=index,
-            warmup=index < self.warmup,
-            intended_send_ns=t if intended_s is None else _ns(intended_s),
+            index=send.index,
+            warmup=send.warmup,
+            intended_send_ns=_ns(send.intended_s),
             send_ns=t,
             status=200,
             input_tokens=len(ids),
             requested_input_tokens=spec.input_tokens,
             requested_output_tokens=spec.max_tokens,
             usage_source="engine",
-            session=session,
-            turn=turn,
+            session=spec.session,
+            turn=spec.turn,
         )
         try:
             out = self.output_len(ids, spec)
-            self.engine.add_request(str(index), ids, out, send_s)
+            self.engine.add_request(str(send.index), ids, out, send.at_s)
         except ValueError as e:  # what the HTTP server answers with 400
-            end_ns = _ns(send_s + max(self.engine.api_overhead_s, _MIN_REJECT_S))
+            end_ns = _ns(send.at_s + max(self.engine.api_overhead_s, _MIN_REJECT_S))
             record.status = 400
             record.error_kind = ErrorKind.HTTP_STATUS
             record.error = f"HTTP 400: {e}"
             record.ttfb_ns = record.end_ns = end_ns
             record.usage_source = "none"
             self.finish(record)
-            return record
-        self.records[str(index)] = record
+            return end_ns / NS_PER_S
+        self.in_flight[str(send.index)] = (send, record)
         return None
 
     def output_len(self, ids: list[int], spec: RequestSpec) -> int:
@@ -167,36 +202,23 @@ class _Sim:
         if self.on_record is not None:
             self.on_record(record)
 
-    def check_stop(self) -> None:
-        if self.stop is not None and self.stop():
-            raise _Stop
+    def has_work(self) -> bool:
+        return self.engine.has_work()
 
-    def interrupted(self, cause: InferlabError | None = None) -> Interrupted:
-        """Cancel what is in flight (records passed to ``on_record``) and wrap all records."""
-        for rid, r in sorted(self.records.items(), key=lambda kv: kv[1].index):
-            self.engine.forget(rid)
-            r.error_kind = ErrorKind.CANCELLED
-            r.error = "run interrupted" if cause is None else f"run stopped: {cause}"
-            r.status = None
-            self.finish(r)
-        self.records.clear()
-        return Interrupted(sorted(self.done, key=lambda r: r.index), cause)
-
-    def step(self, now_s: float) -> tuple[float, list[RequestRecord]]:
-        """One engine step; returns its end time and the records it finished."""
+    def step(self, now_s: float) -> tuple[float, list[tuple[Send, Answer | None]]]:
         result = self.engine.step(now_s, token_events=False)
         assert result is not None
         end_s = now_s + result.duration_s
         if self.step_log is not None:
             self.step_log.write(json.dumps(_stats_json(result.stats)) + "\n")
-        finished = []
+        finished: list[tuple[Send, Answer | None]] = []
         token_ns = self.token_ns
         if len(token_ns) > _MAX_TOKEN_NS:  # (a memo: clearing it bounds memory, changes no value)
             token_ns.clear()
         for rid in result.finished:
             tl = self.engine.forget(rid)
             assert tl is not None
-            r = self.records.pop(rid)
+            send, r = self.in_flight.pop(rid)
             r.content_ns = list(map(token_ns.__getitem__, tl.token_times_s))  # (in C)
             r.ttfb_ns = r.content_ns[0]
             r.end_ns = r.content_ns[-1]
@@ -204,8 +226,23 @@ class _Sim:
             r.cached_tokens = tl.cached_tokens
             r.finish_reason = "length"
             self.finish(r)
-            finished.append(r)
+            finished.append((send, self._answer(r.output_tokens) if self.answers else None))
         return end_s, finished
+
+    def _answer(self, n: int) -> Answer:
+        """The reply the simulated model gave in ``n`` tokens: the built-in passage."""
+        return self.tok.decode(self.tok.output_token(k) for k in range(n)), n
+
+    def interrupted(self, cause: InferlabError | None = None) -> Interrupted:
+        """Cancel what is in flight (records passed to ``on_record``) and wrap all records."""
+        for rid, (_, r) in sorted(self.in_flight.items(), key=lambda kv: kv[1][1].index):
+            self.engine.forget(rid)
+            r.error_kind = ErrorKind.CANCELLED
+            r.error = "run interrupted" if cause is None else f"run stopped: {cause}"
+            r.status = None
+            self.finish(r)
+        self.in_flight.clear()
+        return Interrupted(sorted(self.done, key=lambda r: r.index), cause)
 
 
 def _stats_json(s: StepStats) -> dict[str, float | int]:
@@ -215,7 +252,7 @@ def _stats_json(s: StepStats) -> dict[str, float | int]:
 def simulate(
     engine: Engine,
     load: LoadConfig,
-    workload: Iterator[RequestSpec] | Sequence[TimedSpec],
+    workload: Iterator[RequestSpec] | Sequence[TimedSpec] | SessionWorkload,
     *,
     chat: bool = False,
     step_log: IO[str] | None = None,
@@ -224,110 +261,89 @@ def simulate(
     tokenizer: Tokenizer | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> list[RequestRecord]:
-    """Serve the workload in virtual time; records are sorted by index.
+    """Serve the workload in virtual time under the load's policy (``make_policy``);
+    see ``simulate_policy``."""
+    return simulate_policy(
+        engine, make_policy(load, workload), chat=chat, step_log=step_log,
+        natural_median_tokens=natural_median_tokens, on_record=on_record, tokenizer=tokenizer, stop=stop,
+    )
 
-    A trace (a sequence of ``TimedSpec``) is replayed at its timestamps, within the
-    load's request count and duration. A request the engine rejects (too long for
-    ``max_model_len`` or the KV cache) is a failed record (``http_status``, 400).
-    ``on_record`` sees each record as it ends. ``stop`` is asked between steps; when it
-    answers true, on ``KeyboardInterrupt``, or when drawing the next request raises an
-    ``InferlabError`` (its ``cause``), ``Interrupted`` is raised with the records so far. ``tokenizer`` counts text prompts (default: the built-in one)."""
-    sim = _Sim(engine, chat, load.warmup, step_log, natural_median_tokens, tokenizer, on_record, stop)
-    total = None if load.num_requests is None else load.num_requests + load.warmup
-    deadline_s = load.duration_s
 
-    arrivals: Iterator[tuple[float, RequestSpec]] | None = None
-    if isinstance(workload, Sequence):
-        trace = list(workload)
-        times = replay_times_s(trace, load)
-        arrivals = iter(sorted(zip(times, (s.spec for s in trace), strict=False), key=_first))
-    elif isinstance(load.schedule, OpenLoop):
-        times = load.schedule.arrival_times_s(load.seed, total, deadline_s)  # in order
-        # drawn as they are sent, so no prompt outlives its request's admission (a dataset
-        # may run out: zip stops there)
-        arrivals = zip(times, workload, strict=False)
+def simulate_policy(
+    engine: Engine,
+    policy: Policy,
+    *,
+    chat: bool = False,
+    step_log: IO[str] | None = None,
+    natural_median_tokens: int = 120,
+    on_record: OnRecord | None = None,
+    tokenizer: Tokenizer | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> list[RequestRecord]:
+    """Serve what ``policy`` sends through ``engine`` (a ``SimulatedServer``) in virtual
+    time; records are sorted by index.
 
+    A request the engine rejects (too long for ``max_model_len`` or the KV cache) is a
+    failed record (``http_status``, 400). ``on_record`` sees each record as it ends.
+    ``stop`` is asked between steps; when it answers true, on ``KeyboardInterrupt``, or
+    when drawing the next request raises an ``InferlabError`` (its ``cause``),
+    ``Interrupted`` is raised with the records so far. ``tokenizer`` counts text prompts
+    (default: the built-in one)."""
+    server = SimulatedServer(
+        engine, chat=chat, step_log=step_log, natural_median_tokens=natural_median_tokens,
+        tokenizer=tokenizer, on_record=on_record, answers=policy.wants_answers,
+    )
     try:
-        if arrivals is not None:
-            limit = None if isinstance(load.schedule, ClosedLoop) else load.schedule.max_concurrency
-            _open(sim, arrivals, limit)
-        else:
-            assert isinstance(load.schedule, ClosedLoop) and not isinstance(workload, Sequence)
-            _closed(sim, load.schedule.concurrency, total, deadline_s, workload)
+        drive(policy, server, stop)
     except (_Stop, KeyboardInterrupt):
-        raise sim.interrupted() from None
+        raise server.interrupted() from None
     except InferlabError as e:  # a request the workload could not make (drawn as sent)
-        raise sim.interrupted(e) from e
-    return sorted(sim.done, key=lambda r: r.index)
+        raise server.interrupted(e) from e
+    return sorted(server.done, key=lambda r: r.index)
 
 
-def _first(arrival: tuple[float, RequestSpec]) -> float:
-    return arrival[0]
+class EngineTarget:
+    """The engine alone: each send is queued with a prompt of token ids and exactly
+    ``max_tokens`` output tokens, as request ``request_ids[send.index]`` (default: the
+    index as a string); timelines stay in the engine. A request the engine rejects
+    raises its ``ValueError``."""
+
+    def __init__(self, engine: Engine, request_ids: Sequence[str] | None = None) -> None:
+        self.engine = engine
+        self._ids = request_ids
+        self._in_flight: dict[str, Send] = {}
+
+    def add(self, send: Send) -> float | None:
+        prompt, out = send.spec.prompt, send.spec.max_tokens
+        if not isinstance(prompt, list) or out is None:
+            raise TypeError("the engine takes token-id prompts with max_tokens")
+        rid = str(send.index) if self._ids is None else self._ids[send.index]
+        self.engine.add_request(rid, prompt, out, send.at_s)
+        self._in_flight[rid] = send
+        return None
+
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def step(self, now_s: float) -> tuple[float, list[tuple[Send, Answer | None]]]:
+        result = self.engine.step(now_s, token_events=False)
+        assert result is not None  # has_work() was True
+        return now_s + result.duration_s, [(self._in_flight.pop(rid), None) for rid in result.finished]
 
 
-def _open(sim: _Sim, arrivals: Iterator[tuple[float, RequestSpec]], max_concurrency: int | None) -> None:
-    """Send each ``(arrival time, spec)`` of ``arrivals`` (in time order) when it is due."""
-    head = next(arrivals, None)  # the next request to send
-    now_s = head[0] if head is not None else 0.0
-    i = 0
-    # with a cap: when each free slot became free (a heap); a request is sent at its
-    # arrival or, if every slot was busy then, when one frees (client queue delay)
-    free_at: list[float] | None = [0.0] * max_concurrency if max_concurrency else None
-    while head is not None or sim.engine.has_work():
-        sim.check_stop()
-        while head is not None and head[0] <= now_s and (free_at is None or free_at):
-            arrival_s, spec = head
-            send_s = arrival_s if free_at is None else max(arrival_s, heapq.heappop(free_at))
-            rejected = sim.add(i, spec, send_s, arrival_s)
-            if rejected is not None and free_at is not None:
-                assert rejected.end_ns is not None
-                heapq.heappush(free_at, rejected.end_ns / NS_PER_S)
-            i += 1
-            head = next(arrivals, None)
-        if not sim.engine.has_work():
-            if head is not None:
-                now_s = max(now_s, head[0])
-            continue
-        now_s, finished = sim.step(now_s)
-        if free_at is not None:
-            for _ in finished:
-                heapq.heappush(free_at, now_s)
-
-
-def _closed(
-    sim: _Sim,
-    concurrency: int,
-    total: int | None,
-    deadline_s: float | None,
-    workload: Iterator[RequestSpec],
-) -> None:
-    ready: list[float] = [0.0] * concurrency  # when each idle user sends next (a heap)
-    sent = 0
-    now_s = 0.0
-    first_measured_s: float | None = None
-    while True:
-        sim.check_stop()
-        while ready and ready[0] <= now_s and (total is None or sent < total):
-            if deadline_s is not None and first_measured_s is not None and now_s >= first_measured_s + deadline_s:
-                ready.clear()
-                break
-            spec = next(workload, None)
-            if spec is None:  # a dataset sampled without replacement ran out
-                ready.clear()
-                break
-            t = heapq.heappop(ready)
-            if sent == sim.warmup:
-                first_measured_s = t
-            rejected = sim.add(sent, spec, t)
-            if rejected is not None:  # the user sends its next request once answered
-                assert rejected.end_ns is not None
-                heapq.heappush(ready, rejected.end_ns / NS_PER_S)
-            sent += 1
-        if not sim.engine.has_work():
-            if not ready or (total is not None and sent >= total):
-                return
-            now_s = ready[0]
-            continue
-        now_s, finished = sim.step(now_s)
-        for _ in finished:
-            heapq.heappush(ready, now_s)
+def serve_timelines(
+    engine: Engine, arrivals: Sequence[tuple[float, str, list[int], int]]
+) -> dict[str, RequestTimeline]:
+    """Serve ``(arrival_s, request_id, prompt_ids, output_len)`` arrivals to completion
+    (open loop, in time order) and return each request's timeline by id; the engine
+    forgets them. A request the engine rejects raises its ``ValueError``."""
+    ordered = sorted(arrivals, key=lambda a: a[0])
+    specs = ((t, RequestSpec(ids, out)) for t, _, ids, out in ordered)
+    request_ids = [rid for _, rid, _, _ in ordered]
+    drive(OpenLoopPolicy(specs, max_concurrency=None, warmup=0), EngineTarget(engine, request_ids))
+    timelines = {}
+    for rid in request_ids:
+        tl = engine.forget(rid)
+        assert tl is not None
+        timelines[rid] = tl
+    return timelines

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from inferlab._errors import UsageError
-from inferlab.load.virtual_simple import run_virtual
+from inferlab.load.virtual import serve_timelines
 from inferlab.sim import Engine, EngineConfig, RequestTimeline, StepResult
 
 SMALL = EngineConfig(max_model_len=2048, max_num_batched_tokens=2048, max_num_seqs=16, api_overhead_s=0.002)
@@ -218,8 +218,8 @@ def _workload(n: int, seed: int) -> list[tuple[float, str, list[int], int]]:
 
 def test_virtual_run_is_deterministic_and_complete() -> None:
     arrivals = _workload(200, seed=5)
-    a = run_virtual(Engine(SMALL), arrivals)
-    b = run_virtual(Engine(SMALL), arrivals)
+    a = serve_timelines(Engine(SMALL), arrivals)
+    b = serve_timelines(Engine(SMALL), arrivals)
     assert a == b
     assert set(a) == {rid for _, rid, _, _ in arrivals}
     for arrival_s, rid, _, out in arrivals:
@@ -231,12 +231,12 @@ def test_virtual_run_is_deterministic_and_complete() -> None:
 
 def test_virtual_run_jumps_idle_time() -> None:
     engine = Engine(SMALL)
-    timelines = run_virtual(engine, [(0.0, "a", prompt(10), 2), (100.0, "b", prompt(10), 2)])
+    timelines = serve_timelines(engine, [(0.0, "a", prompt(10), 2), (100.0, "b", prompt(10), 2)])
     b = timelines["b"]
     assert b.scheduled_s == pytest.approx(100.0 + SMALL.api_overhead_s)
     assert b.cached_tokens == 0  # 10 tokens: no full block
     with pytest.raises(KeyError):
-        engine.timeline("a")  # run_virtual hands the timelines over and forgets them
+        engine.timeline("a")  # serve_timelines hands the timelines over and forgets them
 
 
 def test_vllm_startup_checks_on_budget_and_block_size() -> None:

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferlab._errors import InferlabError
+from inferlab.load.policy import ClosedLoopPolicy, OpenLoopPolicy, Policy
+from inferlab.load.virtual import EngineTarget, drive
 from inferlab.results.metrics import interpolate, percentile
 from inferlab.sim.engine.engine import Engine, RequestTimeline
 from inferlab.sim.validation.calibration import load_rows, parse_rows
@@ -45,6 +47,7 @@ from inferlab.sim.validation.scenario import (
     Skipped,
 )
 from inferlab.workload.sharegpt import sharegpt_lengths
+from inferlab.workload.spec import RequestSpec
 
 # ShareGPT V3 through vLLM's sampler (prompt <= 1024, prompt + output <= 2048): the
 # lengths of a published run (``sharegpt_lengths``), scaled to the row's means.
@@ -177,30 +180,19 @@ def _serve(
     arrivals_s: Sequence[float] | None,
     users: int,
 ) -> list[RequestTimeline]:
-    """Serve ``jobs`` open loop at ``arrivals_s``, or closed loop with ``users`` (when
-    ``arrivals_s`` is None), in virtual time; returns the timelines in job order."""
+    """Serve ``jobs`` open loop at ``arrivals_s`` (in time order), or closed loop with
+    ``users`` (when ``arrivals_s`` is None), in virtual time; returns the timelines in
+    job order."""
+    # (a first id of its own: no two prompts share a cached prefix)
+    specs = (RequestSpec([_FIRST_ID + i, *range(1, n)], out) for i, (n, out) in enumerate(jobs))
+    policy: Policy
     if arrivals_s is not None:
-        pending = sorted(zip(arrivals_s, range(len(jobs)), strict=True))
+        if any(b < a for a, b in itertools.pairwise(arrivals_s)):
+            raise ValueError("arrivals must be in time order")
+        policy = OpenLoopPolicy(zip(arrivals_s, specs, strict=True), max_concurrency=None, warmup=0)
     else:
-        pending = [(0.0, i) for i in range(min(users, len(jobs)))]
-    next_job, head, now = len(pending), 0, 0.0
-    while head < len(pending) or engine.has_work():
-        while head < len(pending) and pending[head][0] <= now:
-            arrival, i = pending[head]
-            # (a first id of its own: no two prompts share a cached prefix)
-            engine.add_request(str(i), [_FIRST_ID + i, *range(1, jobs[i][0])], jobs[i][1], arrival)
-            head += 1
-        if not engine.has_work():
-            now = pending[head][0]
-            continue
-        result = engine.step(now, token_events=False)
-        assert result is not None  # has_work() was True
-        now += result.duration_s
-        if arrivals_s is None:
-            for _ in result.finished:  # each user sends its next request at once
-                if next_job < len(jobs):
-                    pending.append((now, next_job))
-                    next_job += 1
+        policy = ClosedLoopPolicy(users, specs, total=len(jobs), warmup=0, duration_s=None)
+    drive(policy, EngineTarget(engine))
     return [engine.timeline(str(i)) for i in range(len(jobs))]
 
 

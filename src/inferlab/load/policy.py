@@ -1,0 +1,280 @@
+"""The load policy: which request is sent when, written once for every executor.
+
+A policy is plain bookkeeping over time in seconds from the run's start. An executor
+drives it: it asks ``due(now_s)`` for the sends that fall due by ``now_s`` and sends each
+one; it reports every request's end with ``ended`` (``answer`` is the reply's text and
+token count for a request that completed, ``None`` for one that failed); when nothing is
+in flight it jumps (virtual time) or sleeps (wall time) to ``next_s()``. The HTTP
+executor (``load.http``) and the virtual-time executor (``load.virtual``) run the same
+policies, so ``bench`` and ``sim run`` send the same requests at the same moments.
+
+- ``ClosedLoopPolicy``: N users, each sending its next request when its previous one
+  ends; ``duration_s`` counts from the first measured send.
+- ``OpenLoopPolicy``: requests at given arrival times (a schedule's draws, a trace's
+  timestamps); ``max_concurrency`` holds a request back until a slot frees, so the hold
+  shows as queue delay.
+- ``SessionPolicy``: multi-turn sessions; each turn is sent ``think_time_s`` after the
+  previous answer, closed loop (users running sessions back to back) or with sessions
+  arriving at given times.
+
+Specs are drawn from the workload as they are sent, never ahead of their send: a
+dataset that runs out ends the run there, and an ``InferlabError`` raised while drawing
+(a prompt the tokenizer cannot make) reaches the executor from ``due``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, replay_times_s
+from inferlab.workload.sessions import Session, SessionWorkload
+from inferlab.workload.spec import RequestSpec, TimedSpec
+
+#: A completed request's reply: its text and its number of output tokens.
+Answer = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """One request to send. ``index`` counts sends from 0 (warm-up ones first);
+    ``intended_s`` is when the schedule meant it to go and ``at_s`` when it may go
+    (later when a concurrency cap held it back), both in seconds from the run's start."""
+
+    index: int
+    spec: RequestSpec
+    intended_s: float
+    at_s: float
+    warmup: bool = False
+
+
+class Policy(Protocol):
+    """What every executor drives (see the module doc)."""
+
+    #: whether ``ended`` wants each completed request's reply text (sessions do)
+    wants_answers: bool
+
+    def start_s(self) -> float:
+        """Where the run's time starts (virtual time jumps to the first arrival)."""
+        ...
+
+    def due(self, now_s: float) -> Iterator[Send]:
+        """The sends due by ``now_s``, in order. ``ended`` may be called between two of
+        them (a request rejected at once); the next one sees its effect."""
+        ...
+
+    def ended(self, send: Send, end_s: float, answer: Answer | None) -> None:
+        """``send``'s request ended at ``end_s``: completed with ``answer``, or failed."""
+        ...
+
+    def next_s(self) -> float | None:
+        """When the next send falls due if no request ends first; ``None`` when only an
+        end (or nothing) can release one."""
+        ...
+
+
+class ClosedLoopPolicy:
+    """``users`` users, each sending its next request when its previous one ends.
+
+    At most ``total`` sends (None: no limit); the first ``warmup`` are warm-up; no send
+    starts ``duration_s`` or more after the first measured one. A spec iterator that runs
+    out ends the run."""
+
+    wants_answers = False
+
+    def __init__(
+        self, users: int, specs: Iterator[RequestSpec], *, total: int | None, warmup: int, duration_s: float | None
+    ) -> None:
+        self._ready = [0.0] * users  # when each idle user sends next (a heap)
+        self._specs = specs
+        self._total = total
+        self._warmup = warmup
+        self._duration_s = duration_s
+        self._sent = 0
+        self._first_measured_s: float | None = None
+
+    def start_s(self) -> float:
+        return 0.0
+
+    def due(self, now_s: float) -> Iterator[Send]:
+        ready, total = self._ready, self._total
+        while ready and ready[0] <= now_s and (total is None or self._sent < total):
+            first = self._first_measured_s
+            if self._duration_s is not None and first is not None and now_s >= first + self._duration_s:
+                ready.clear()
+                return
+            spec = next(self._specs, None)
+            if spec is None:  # a dataset sampled without replacement ran out
+                ready.clear()
+                return
+            t = heapq.heappop(ready)
+            i = self._sent
+            if i == self._warmup:
+                self._first_measured_s = t
+            self._sent = i + 1
+            yield Send(i, spec, t, t, i < self._warmup)
+
+    def ended(self, send: Send, end_s: float, answer: Answer | None) -> None:
+        heapq.heappush(self._ready, end_s)  # the user sends its next request
+
+    def next_s(self) -> float | None:
+        if not self._ready or (self._total is not None and self._sent >= self._total):
+            return None
+        return self._ready[0]
+
+
+class OpenLoopPolicy:
+    """Each ``(arrival_s, spec)`` of ``arrivals`` (in time order) sent at its arrival, or,
+    with ``max_concurrency``, once one of that many slots is free. The first ``warmup``
+    are warm-up."""
+
+    wants_answers = False
+
+    def __init__(
+        self, arrivals: Iterator[tuple[float, RequestSpec]], *, max_concurrency: int | None, warmup: int
+    ) -> None:
+        self._arrivals = arrivals
+        self._head: tuple[float, RequestSpec] | None = None  # the next request to send
+        self._started = False
+        self._taken = False  # the head was sent: the next one is drawn before use
+        # with a cap: when each free slot became free (a heap)
+        self._free: list[float] | None = [0.0] * max_concurrency if max_concurrency else None
+        self._warmup = warmup
+        self._sent = 0
+
+    def start_s(self) -> float:
+        head = self._peek()
+        return head[0] if head is not None else 0.0
+
+    def _peek(self) -> tuple[float, RequestSpec] | None:
+        """The next request to send. Each spec is drawn once the one before it was sent,
+        never earlier (a dataset may run out, a prompt may fail to build, right there)."""
+        if not self._started or self._taken:
+            self._started, self._taken = True, False
+            self._head = next(self._arrivals, None)
+        return self._head
+
+    def due(self, now_s: float) -> Iterator[Send]:
+        free = self._free
+        while (head := self._peek()) is not None and head[0] <= now_s and (free is None or free):
+            arrival_s, spec = head
+            at_s = arrival_s if free is None else max(arrival_s, heapq.heappop(free))
+            i = self._sent
+            self._sent = i + 1
+            self._taken = True
+            yield Send(i, spec, arrival_s, at_s, i < self._warmup)
+
+    def ended(self, send: Send, end_s: float, answer: Answer | None) -> None:
+        if self._free is not None:
+            heapq.heappush(self._free, end_s)
+
+    def next_s(self) -> float | None:
+        head = self._peek()
+        if head is None or (self._free is not None and not self._free):
+            return None  # (every slot busy: only an end can release the next send)
+        return head[0]
+
+
+class SessionPolicy:
+    """Multi-turn sessions: ``users`` users running sessions back to back (closed loop),
+    or sessions starting at ``arrivals_s``. A session's next turn goes ``think_time_s``
+    after its previous answer; a failed turn ends its session (its context is unknown);
+    no turn starts at or after ``duration_s``."""
+
+    wants_answers = True
+
+    def __init__(
+        self,
+        workload: SessionWorkload,
+        *,
+        users: int | None = None,
+        arrivals_s: Sequence[float] | None = None,
+        duration_s: float | None = None,
+    ) -> None:
+        if (users is None) == (arrivals_s is None):
+            raise ValueError("give users (closed loop) or arrivals_s (open loop)")
+        self._workload = workload
+        self._think_s = workload.config.think_time_s
+        self._duration_s = duration_s
+        self._closed = users is not None
+        self._seq = itertools.count()  # tie-break between sessions due at the same time
+        self._ready: list[tuple[float, int, Session]] = []  # (send time, tie-break, session)
+        self._waiting = iter(range(workload.config.sessions))
+        if arrivals_s is not None:
+            for i, t in enumerate(arrivals_s):
+                heapq.heappush(self._ready, (t, next(self._seq), workload.session(i)))
+        else:
+            assert users is not None
+            for i in itertools.islice(self._waiting, users):
+                heapq.heappush(self._ready, (0.0, next(self._seq), workload.session(i)))
+        self._sent = 0
+        self._in_flight: dict[int, Session] = {}
+
+    def start_s(self) -> float:
+        return 0.0
+
+    def due(self, now_s: float) -> Iterator[Send]:
+        ready = self._ready
+        while ready and ready[0][0] <= now_s:
+            t, _, s = heapq.heappop(ready)
+            if self._duration_s is not None and t >= self._duration_s:
+                continue
+            spec = s.next_spec()
+            i = self._sent
+            self._sent = i + 1
+            self._in_flight[i] = s
+            yield Send(i, spec, t, t)
+
+    def ended(self, send: Send, end_s: float, answer: Answer | None) -> None:
+        s = self._in_flight.pop(send.index)
+        if answer is None:  # the session ends with its failed turn
+            self._next_session(end_s)
+            return
+        s.answer(*answer)
+        if not s.done:
+            heapq.heappush(self._ready, (end_s + self._think_s, next(self._seq), s))
+        else:
+            self._next_session(end_s)
+
+    def _next_session(self, t: float) -> None:
+        if self._closed:
+            nxt = next(self._waiting, None)
+            if nxt is not None:
+                heapq.heappush(self._ready, (t, next(self._seq), self._workload.session(nxt)))
+
+    def next_s(self) -> float | None:
+        return self._ready[0][0] if self._ready else None
+
+
+def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Sequence[TimedSpec] | SessionWorkload) -> Policy:
+    """The policy for a load and a workload as ``WorkloadConfig.build`` makes it: a trace
+    (a sequence of ``TimedSpec``) is replayed at its timestamps within the load's count
+    and duration; sessions run closed loop with the schedule's users, or arrive at an
+    open-loop schedule's times; other workloads follow the schedule."""
+    s = load.schedule
+    total = None if load.num_requests is None else load.num_requests + load.warmup
+    if isinstance(workload, SessionWorkload):
+        if isinstance(s, OpenLoop):
+            times = s.arrival_times_s(load.seed, workload.config.sessions, None)
+            return SessionPolicy(workload, arrivals_s=times, duration_s=load.duration_s)
+        users = s.concurrency if isinstance(s, ClosedLoop) else 1
+        return SessionPolicy(workload, users=users, duration_s=load.duration_s)
+    if isinstance(workload, Sequence):
+        trace = list(workload)
+        times = replay_times_s(trace, load)
+        timed = sorted(zip(times, (t.spec for t in trace), strict=False), key=_first)
+        cap = None if isinstance(s, ClosedLoop) else s.max_concurrency
+        return OpenLoopPolicy(iter(timed), max_concurrency=cap, warmup=load.warmup)
+    if isinstance(s, ClosedLoop):
+        return ClosedLoopPolicy(s.concurrency, workload, total=total, warmup=load.warmup, duration_s=load.duration_s)
+    if isinstance(s, OpenLoop):
+        times = s.arrival_times_s(load.seed, total, load.duration_s)  # in order
+        return OpenLoopPolicy(zip(times, workload, strict=False), max_concurrency=s.max_concurrency, warmup=load.warmup)
+    raise ValueError("a replay schedule needs a trace (timed requests)")
+
+
+def _first(arrival: tuple[float, RequestSpec]) -> float:
+    return arrival[0]
