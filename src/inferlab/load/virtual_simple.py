@@ -28,7 +28,7 @@ def run_virtual(
         if not engine.has_work():
             now_s = pending[i][0]
             continue
-        result = engine._step(now_s, None)  # no per-token events needed: timelines suffice
+        result = engine.step(now_s, token_events=False)  # no per-token events needed: timelines suffice
         assert result is not None
         now_s += result.duration_s
     timelines = {}
