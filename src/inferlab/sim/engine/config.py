@@ -135,22 +135,19 @@ def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> Eng
 def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len: int) -> EngineConfig:
     """``config`` with the on/off switches it leaves open (chunked prefill, prefix
     caching, mixed batches, overlap scheduling) set to its engine family's defaults."""
-    chunked = config.enable_chunked_prefill
-    if chunked is None:
-        chunked = rules.chunked_prefill_default(declared_len)
-    caching = config.enable_prefix_caching
-    if caching is None:
-        caching = rules.prefix_caching
-    mixed = config.mixed_batches
-    if mixed is None:
-        mixed = rules.mixes_batches(chunked)
-    overlap = config.overlap_schedule
-    if overlap is None:
-        overlap = rules.overlap_schedule
+    chunked = _given_or(config.enable_chunked_prefill, rules.chunked_prefill_default(declared_len))
     return dataclasses.replace(
-        config, enable_chunked_prefill=chunked, enable_prefix_caching=caching, mixed_batches=mixed,
-        overlap_schedule=overlap,
+        config,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=_given_or(config.enable_prefix_caching, rules.prefix_caching),
+        mixed_batches=_given_or(config.mixed_batches, rules.mixes_batches(chunked)),
+        overlap_schedule=_given_or(config.overlap_schedule, rules.overlap_schedule),
     )
+
+
+def _given_or(flag: bool | None, default: bool) -> bool:
+    """The flag when given (False included), else the family's default."""
+    return default if flag is None else flag
 
 
 def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:

@@ -136,70 +136,62 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
     return (8192 if offline else 2048), 256
 
 
-# vLLM V0 (< 0.8): scheduling, input preparation and output processing run between GPU
-# steps in the engine process (no overlap), about twice V1's host cost per step; its API
-# server path adds ~28 ms before a request is scheduled (fit: vLLM's own CI,
-# Llama-3-70B TP4 at 1 req/s on H100 and H200, mean TTFT 62.4 / 65.9 ms against
-# 39.0 / 32.2 ms of prefill and scheduling alone: offsets of 23.5 and 33.7 ms, whose
-# least-squares fit in relative error is 28.3 ms).
-_VLLM_V0_EFFICIENCIES = Efficiencies(cpu_step_s=1.5e-3, api_overhead_s=0.028)
+_VLLM_V1 = FamilyRules(
+    engine="vLLM V1 (0.8 on)",
+    max_num_batched_tokens=None,  # by GPU: 8192 / 1024 on H100/H200, 2048 / 256 elsewhere
+    max_num_seqs=None,
+    whole_prompt_budget_floor=None,
+    chunked_prefill=True,
+    chunked_prefill_above_len=None,
+    prefix_caching=True,
+    mixed_batches=BatchMixing.ALWAYS,
+    overlap_schedule=False,  # (--async-scheduling is opt-in)
+    overlap_schedule_since=None,
+    front_end_in_process=False,
+    kv_free_fraction=None,
+    # CUDA graphs, ~0.7 ms host cost per step: the defaults of ``Efficiencies``
+    efficiencies=DEFAULT_EFFICIENCIES,
+)
+
+_VLLM_V0 = FamilyRules(
+    engine="vLLM V0 (0.6, 0.7)",
+    # 256 sequences; a prefill step takes up to max(max_model_len, 2048) tokens, or 512 a
+    # step when chunked
+    max_num_batched_tokens=512,
+    max_num_seqs=256,
+    whole_prompt_budget_floor=2048,
+    # chunked prefill only for a context over 32,768 tokens (vLLM's use_long_context)
+    chunked_prefill=False,
+    chunked_prefill_above_len=32768,
+    prefix_caching=False,  # opt-in --enable-prefix-caching
+    mixed_batches=BatchMixing.WHEN_CHUNKED,  # whole prompts run in prefill-only steps
+    overlap_schedule=False,
+    overlap_schedule_since=None,
+    front_end_in_process=False,
+    kv_free_fraction=None,
+    # Scheduling, input preparation and output processing run between GPU steps in the
+    # engine process (no overlap), about twice V1's host cost per step; its API server
+    # path adds ~28 ms before a request is scheduled (fit: vLLM's own CI, Llama-3-70B TP4
+    # at 1 req/s on H100 and H200, mean TTFT 62.4 / 65.9 ms against 39.0 / 32.2 ms of
+    # prefill and scheduling alone: offsets of 23.5 and 33.7 ms, whose least-squares fit
+    # in relative error is 28.3 ms).
+    efficiencies=Efficiencies(cpu_step_s=1.5e-3, api_overhead_s=0.028),
+)
 
 FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
-    EngineFamily.VLLM: FamilyRules(
-        engine="vLLM V1 (0.8 on)",
-        max_num_batched_tokens=None,  # by GPU: 8192 / 1024 on H100/H200, 2048 / 256 elsewhere
-        max_num_seqs=None,
-        whole_prompt_budget_floor=None,
-        chunked_prefill=True,
-        chunked_prefill_above_len=None,
-        prefix_caching=True,
-        mixed_batches=BatchMixing.ALWAYS,
-        overlap_schedule=False,  # (--async-scheduling is opt-in)
-        overlap_schedule_since=None,
-        front_end_in_process=False,
-        kv_free_fraction=None,
-        # CUDA graphs, ~0.7 ms host cost per step: the defaults of ``Efficiencies``
-        efficiencies=DEFAULT_EFFICIENCIES,
-    ),
-    EngineFamily.VLLM_V0: FamilyRules(
-        engine="vLLM V0 (0.6, 0.7)",
-        # 256 sequences; a prefill step takes up to max(max_model_len, 2048) tokens, or
-        # 512 a step when chunked
-        max_num_batched_tokens=512,
-        max_num_seqs=256,
-        whole_prompt_budget_floor=2048,
-        # chunked prefill only for a context over 32,768 tokens (vLLM's use_long_context)
-        chunked_prefill=False,
-        chunked_prefill_above_len=32768,
-        prefix_caching=False,  # opt-in --enable-prefix-caching
-        mixed_batches=BatchMixing.WHEN_CHUNKED,  # whole prompts run in prefill-only steps
-        overlap_schedule=False,
-        overlap_schedule_since=None,
-        front_end_in_process=False,
-        kv_free_fraction=None,
-        efficiencies=_VLLM_V0_EFFICIENCIES,
-    ),
-    EngineFamily.VLLM_V05: FamilyRules(
+    EngineFamily.VLLM: _VLLM_V1,
+    EngineFamily.VLLM_V0: _VLLM_V0,
+    # the same engine as V0 with the OpenAI server in its own process and event loop
+    # (vLLM's v0.6.0 post: 33 % of 0.5.3's time went to the HTTP server): vLLM <= 0.5
+    # tokenized and registered new requests inside its engine loop, in the step that can
+    # first schedule them. Accepting a request stalls the engine loop: a burst of 1,280
+    # requests got its first token after 3.26 s on an H100 (Lambda's 0.5.4 runs), 2.5 ms
+    # per request.
+    EngineFamily.VLLM_V05: dataclasses.replace(
+        _VLLM_V0,
         engine="vLLM 0.5 and earlier",
-        max_num_batched_tokens=512,
-        max_num_seqs=256,
-        whole_prompt_budget_floor=2048,
-        chunked_prefill=False,
-        chunked_prefill_above_len=32768,
-        prefix_caching=False,
-        mixed_batches=BatchMixing.WHEN_CHUNKED,
-        overlap_schedule=False,
-        overlap_schedule_since=None,
-        # the same engine as V0 with the OpenAI server in its own process and event loop
-        # (vLLM's v0.6.0 post: 33 % of 0.5.3's time went to the HTTP server): vLLM <= 0.5
-        # tokenized and registered new requests inside its engine loop, in the step that
-        # can first schedule them
         front_end_in_process=True,
-        kv_free_fraction=None,
-        # V0's constants; accepting a request stalls the engine loop: a burst of 1,280
-        # requests got its first token after 3.26 s on an H100 (Lambda's 0.5.4 runs),
-        # 2.5 ms per request.
-        efficiencies=dataclasses.replace(_VLLM_V0_EFFICIENCIES, api_intake_s=2.5e-3),
+        efficiencies=dataclasses.replace(_VLLM_V0.efficiencies, api_intake_s=2.5e-3),
     ),
     EngineFamily.SGLANG: FamilyRules(
         engine="SGLang",
@@ -273,21 +265,8 @@ FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
             api_per_seq_s=0.0,
         ),
     ),
-    EngineFamily.GENERIC: FamilyRules(
-        engine="another engine (TGI, nano-vllm, ...): vLLM V1's rules, untuned",
-        max_num_batched_tokens=None,
-        max_num_seqs=None,
-        whole_prompt_budget_floor=None,
-        chunked_prefill=True,
-        chunked_prefill_above_len=None,
-        prefix_caching=True,
-        mixed_batches=BatchMixing.ALWAYS,
-        overlap_schedule=False,
-        overlap_schedule_since=None,
-        front_end_in_process=False,
-        kv_free_fraction=None,
-        efficiencies=DEFAULT_EFFICIENCIES,
-    ),
+    # a named engine without rules of its own: vLLM V1's, untuned
+    EngineFamily.GENERIC: dataclasses.replace(_VLLM_V1, engine="another engine (TGI, nano-vllm, ...)"),
 }
 
 
