@@ -23,8 +23,9 @@ from inferlab.cli.common import (
 )
 from inferlab.load.run import RunResult
 from inferlab.report.console import render_summary
+from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
 from inferlab.sim.engine.engine import Engine, EngineConfig
-from inferlab.sim.engine.steptime import FAMILY_EFFICIENCIES
+from inferlab.sim.engine.families import EngineFamily
 
 
 @click.group()
@@ -38,37 +39,17 @@ SERVE_DEFAULTS: dict[str, Any] = {"max_model_len": 4096, "max_num_batched_tokens
 RUN_DEFAULTS: dict[str, Any] = {"max_model_len": None, "max_num_batched_tokens": None, "enforce_eager": False}
 
 
-# What each flag value means, by the names vLLM, its checkpoints and benchmark pages use.
-_QUANTIZATIONS: dict[str, str] = {
-    **dict.fromkeys(("fp8", "fp8_e4m3", "fp8-dynamic", "fp8_dynamic", "modelopt", "fbgemm_fp8", "w8a8-fp8", "w8a8_fp8"), "fp8"),
-    **dict.fromkeys(("int8", "w8a8", "w8a8-int8", "w8a8_int8", "smoothquant"), "int8"),
-    **dict.fromkeys(("w8a16", "gptq-int8", "gptq_int8"), "w8a16"),
-    **dict.fromkeys(("awq", "awq_marlin"), "awq"),
-    **dict.fromkeys(("gptq", "gptq_marlin", "marlin", "int4", "w4a16"), "gptq"),
-    **dict.fromkeys(("none", "bf16", "bfloat16", "fp16", "float16"), "none"),  # unquantized, whatever the name says
-}
-_DTYPES: dict[str, str] = {
-    "auto": "auto", "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16", "half": "float16",
-}
-_KV_DTYPES: dict[str, str] = {
-    **dict.fromkeys(("auto", "bf16", "bfloat16", "fp16", "float16"), "auto"),
-    **dict.fromkeys(("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"), "fp8"),
-}
+def _parsed(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, str | None], Any]:
+    """A click callback reading a flag value with ``parse`` (an enum's, over its alias
+    table); exit 2 with the accepted names for any other."""
 
-
-def _alias(names: dict[str, str]) -> Callable[[click.Context, click.Parameter, str | None], str | None]:
-    """A click callback reading a flag value by ``names`` (case-insensitive); exit 2 with
-    the accepted values for any other."""
-
-    def read(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    def read(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
         if value is None:
             return None
-        key = value.strip().lower()
-        if key not in names:
-            known = ", ".join(sorted(names))
-            raise click.BadParameter(f"{value!r} is not one of {known}")
-        return names[key]
+        try:
+            return parse(value)
+        except UsageError as e:
+            raise click.BadParameter(str(e)) from None
 
     return read
 
@@ -92,10 +73,10 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--num-scheduler-steps", type=int, default=1, show_default=True, help="vLLM 0.6 multi-step scheduling: a decode batch runs this many steps before the scheduler runs again; new requests wait for the group to end."),
         click.option("--overlap-schedule/--no-overlap-schedule", default=None, show_default="the family's: on for sglang", help="The host schedules the next step while the GPU runs this one (SGLang's overlap scheduler, vLLM's --async-scheduling): a request arriving mid-step waits one step more."),
         click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
-        click.option("--dtype", default=d.dtype, show_default=True, callback=_alias(_DTYPES), help="Activation and unquantized weight type: auto, bfloat16 (bf16), float16 (fp16, half)."),
-        click.option("--quantization", "-q", default=None, callback=_alias(_QUANTIZATIONS), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
-        click.option("--kv-cache-dtype", default=d.kv_cache_dtype, show_default=True, callback=_alias(_KV_DTYPES), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
-        click.option("--engine-family", type=click.Choice(list(FAMILY_EFFICIENCIES)), default=d.engine_family, show_default=True, help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
+        click.option("--dtype", default=d.dtype.value, show_default=True, callback=_parsed(DType.parse), help="Activation and unquantized weight type: auto, bfloat16 (bf16), float16 (fp16, half)."),
+        click.option("--quantization", "-q", default=None, callback=_parsed(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
+        click.option("--kv-cache-dtype", default=d.kv_cache_dtype.value, show_default=True, callback=_parsed(KVCacheDType.parse), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
+        click.option("--engine-family", type=click.Choice([f.value for f in EngineFamily]), default=d.engine_family.value, show_default=True, callback=_parsed(EngineFamily.parse), help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
 
@@ -300,8 +281,8 @@ def engine_line(engine: Engine) -> str:
     gpu = engine.gpu.name  # the preset a free-text name was read as
     parts = [
         *([gpu] if gpu != e.gpu else []),
-        e.quantization if e.quantization not in (None, "none") else ("fp16" if e.dtype == "float16" else "bf16"),
-        *(["fp8 KV"] if e.kv_cache_dtype == "fp8" else []),
+        e.quantization if e.quantization not in (None, Quantization.NONE) else ("fp16" if e.dtype is DType.FLOAT16 else "bf16"),
+        *(["fp8 KV"] if e.kv_cache_dtype is KVCacheDType.FP8 else []),
         f"max-model-len {lim.max_model_len:,}",
         f"{lim.max_num_batched_tokens:,} tokens/step"
         + ("" if lim.enable_chunked_prefill else " (prompts whole)"),
@@ -312,6 +293,6 @@ def engine_line(engine: Engine) -> str:
         f"KV {engine.kv_capacity_tokens:,} tokens",
         "eager" if e.enforce_eager else "CUDA graphs",
         "offline (no API server)" if e.offline else f"API {engine.api_overhead_s * 1e3:g} ms + per-token streaming",
-        *([f"{e.engine_family} defaults and constants"] if e.engine_family != "vllm" else []),
+        *([f"{e.engine_family} defaults and constants"] if e.engine_family is not EngineFamily.VLLM else []),
     ]
     return ", ".join(parts)

@@ -521,7 +521,7 @@ def _random_engine_run(seed: int, steady: bool) -> tuple[Any, ...]:
                 break
             now = max(now, pending[i][0])
             continue
-        r = engine._step(now, None)
+        r = engine.step(now, token_events=False)
         assert r is not None
         engine._kv.check_invariants()
         now += r.duration_s

@@ -161,6 +161,29 @@ def test_sglang_overlap_scheduling_follows_the_version_and_the_stated_flags() ->
 
 
 @pytest.mark.parametrize(
+    ("engine", "version"),
+    [("vLLM", "0.9.2"), ("vLLM", "0.6.3"), ("vLLM", "0.5.4"), ("SGLang", "0.4.1"), ("LMDeploy", "0.2.0"), ("TGI", "2.0")],
+)
+def test_a_row_runs_on_the_engine_sim_run_builds_for_its_family(engine: str, version: str) -> None:
+    """``inferlab sim run --engine-family F`` and the validation run the same rules: a row
+    that states no flag (and whose harness adds none) gets exactly that engine."""
+    sc = parse_row(row(engine=engine, engine_version=version))
+    assert sc.via_server and sc.kind == "closed"
+    sim_run = EngineConfig(model=sc.model, gpu=sc.gpu, engine_family=sc.family)
+    assert build_engine(sc, 768).config == Engine(sim_run).config
+
+
+def test_harness_rules_come_on_top_of_the_familys() -> None:
+    # LMDeploy's profiling scripts raise max_batch_size to the user count
+    lmdeploy = parse_row(row(engine="LMDeploy", batch_or_concurrency="256", num_requests="2560"))
+    assert build_engine(lmdeploy, 768).config.max_num_seqs == 256
+    assert build_engine(parse_row(row(engine="LMDeploy")), 768).config.max_num_seqs == 128  # its default
+    # TRT-LLM admits only what its KV cache holds whole: 512 + 256 tokens a request here
+    trt = build_engine(parse_row(row(engine="TensorRT-LLM")), 768)
+    assert trt.limits.max_num_seqs == min(2048, trt.kv_capacity_tokens // 768)
+
+
+@pytest.mark.parametrize(
     ("cell", "preset"),
     [
         ("H100 SXM5 80GB", "H100-SXM-80GB"),

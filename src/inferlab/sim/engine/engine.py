@@ -2,8 +2,8 @@
 
 The caller owns time. It adds requests and calls ``step(now_s)``; each step reports its
 duration and the tokens it emits at ``now_s + duration_s``. The same engine runs behind
-the HTTP server in real time and in virtual time (``_virtual.run_virtual``). The engine
-decides nothing about text: a request emits exactly ``output_len`` tokens.
+the HTTP server in real time and in virtual time (``step(now_s, token_events=False)``).
+The engine decides nothing about text: a request emits exactly ``output_len`` tokens.
 """
 
 from __future__ import annotations
@@ -14,172 +14,17 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from inferlab._errors import UsageError
-from inferlab.sim.engine.hardware import GpuSpec, quantization_from_name, resolve_gpu, resolve_model
+from inferlab.sim.engine.config import EngineConfig, resolve
+from inferlab.sim.engine.hardware import GpuSpec
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
 from inferlab.sim.engine.scheduler import Batch, Request, Scheduler, SchedulerConfig
-from inferlab.sim.engine.steptime import (
-    QUANTIZATIONS,
-    RooflineStepTime,
-    StepTimeModel,
-    activation_reserve_bytes,
-    family_efficiencies,
-    kv_bytes_per_token,
-    load_efficiencies,
-    weight_bytes_per_rank,
-)
+from inferlab.sim.engine.sizing import EngineSizes, size_engine
+from inferlab.sim.engine.steptime import RooflineStepTime, StepTimeModel
 
-_GIB = 2**30
+__all__ = ["Engine", "EngineConfig", "RequestTimeline", "StepResult", "StepStats", "TokenEvent"]
+
 # a step starting within this of the previous one's end follows it back to back
 _BACK_TO_BACK_S = 1e-6
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """vLLM-named engine flags with vLLM's defaults.
-
-    ``None`` means "the engine family's default" (``family_defaults``): for vLLM V1,
-    ``max_num_batched_tokens`` / ``max_num_seqs`` from the GPU and whether the engine runs
-    offline (vLLM's ``LLM`` class) or as a server; the other families start from their
-    own documented defaults. ``max_model_len`` is the model's context length, capped to
-    what the KV cache holds.
-    """
-
-    model: str = "Qwen/Qwen2.5-7B-Instruct"
-    gpu: str = "H100"
-    tensor_parallel_size: int = 1
-    max_model_len: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    block_size: int = 16
-    enable_prefix_caching: bool | None = None  # None: the family's (on; off for vLLM V0, TurboMind)
-    enable_chunked_prefill: bool | None = None  # None: the family's default
-    enforce_eager: bool = False
-    dtype: str = "auto"  # auto|bfloat16|float16
-    quantization: str | None = None  # None|fp8|int8|awq|gptq
-    kv_cache_dtype: str = "auto"  # auto|fp8
-    efficiencies_path: str | None = None
-    engine_family: str = "vllm"  # vllm (V1), vllm-v0 (0.6-0.7), vllm-v0.5, sglang, trtllm, lmdeploy
-    api_overhead_s: float | None = None  # per-request API cost before queueing; None: the family's
-    num_gpu_blocks_override: int | None = None  # fix the KV cache size (tests, what-ifs)
-    # TRT-LLM / LMDeploy size the KV cache as this share of the memory left after weights
-    # and activations (not gpu_memory_utilization of the GPU); None: the family's way
-    kv_cache_free_fraction: float | None = None
-    offline: bool = False  # size the scheduler like vLLM's offline LLM class, not its server
-    # vLLM 0.5.5-0.7 --num-scheduler-steps: a decode batch runs this many steps before the
-    # scheduler runs again (new requests wait for the group to end); 1: every step
-    num_scheduler_steps: int = 1
-    # a step mixes decodes with prefill chunks (vLLM V1, V0 with chunked prefill, TRT-LLM)
-    # or runs prefill and decode steps apart (SGLang; vLLM V0 without chunking); None: the
-    # family's way
-    mixed_batches: bool | None = None
-    # the host schedules step k+1 while the GPU runs step k (SGLang's overlap scheduler,
-    # on by default since 0.4; vLLM's --async-scheduling): a request that arrives during
-    # a step is seen one step later. None: the family's way (on for sglang)
-    overlap_schedule: bool | None = None
-
-
-_VLLM_V0 = ("vllm-v0", "vllm-v0.5")
-
-
-def family_mixes_batches(family: str, enable_chunked_prefill: bool) -> bool:
-    """Whether an engine family's steps mix decodes with prefills by default."""
-    if family == "sglang":
-        return False
-    return not (family in _VLLM_V0 and not enable_chunked_prefill)
-
-
-def family_front_end_in_process(family: str) -> bool:
-    """Whether the API server shares the engine's process and event loop (vLLM <= 0.5):
-    its work on a request stalls the engine instead of running beside it."""
-    return family == "vllm-v0.5"
-
-
-def family_chunked_default(family: str, declared_len: int) -> bool:
-    """Whether an engine family chunks prefills by default. vLLM V0 (0.5/0.6) turns it on
-    only for a ``max_model_len`` over 32,768 tokens; TurboMind (LMDeploy 2023-24) prefills
-    whole prompts; vLLM V1, SGLang and TRT-LLM chunk."""
-    if family in _VLLM_V0:
-        return declared_len > 32768  # vLLM's ``use_long_context``
-    return family != "lmdeploy"
-
-
-def family_prefix_caching_default(family: str) -> bool:
-    """Whether an engine family caches prompt prefixes by default: vLLM V1, SGLang's radix
-    cache and TRT-LLM's KV reuse do; vLLM V0 (opt-in ``--enable-prefix-caching``) and
-    TurboMind (2023-24) do not."""
-    return family not in _VLLM_V0 and family != "lmdeploy"
-
-
-def family_overlap_default(family: str) -> bool:
-    """Whether an engine family schedules the next step while the GPU runs this one by
-    default: SGLang (>= 0.4) does; the vLLM families here and TRT-LLM's C++ batch manager,
-    whose rows set the constants, do not."""
-    return family == "sglang"
-
-
-def _with_family_switches(config: EngineConfig, declared_len: int) -> EngineConfig:
-    """``config`` with the on/off switches it leaves open (chunked prefill, prefix
-    caching, mixed batches, overlap scheduling) set to its engine family's defaults."""
-    family = config.engine_family
-    chunked = config.enable_chunked_prefill
-    if chunked is None:
-        chunked = family_chunked_default(family, declared_len)
-    caching = config.enable_prefix_caching
-    if caching is None:
-        caching = family_prefix_caching_default(family)
-    mixed = config.mixed_batches
-    if mixed is None:
-        mixed = family_mixes_batches(family, chunked)
-    overlap = config.overlap_schedule
-    if overlap is None:
-        overlap = family_overlap_default(family)
-    return dataclasses.replace(
-        config, enable_chunked_prefill=chunked, enable_prefix_caching=caching, mixed_batches=mixed,
-        overlap_schedule=overlap,
-    )
-
-
-# The fraction of the memory left after weights and activations that TRT-LLM
-# (``kv_cache_free_gpu_mem_fraction``) and LMDeploy (``cache_max_entry_count``) give the
-# KV cache; the other families size it as ``gpu_memory_utilization`` of the whole GPU.
-KV_FREE_FRACTION: dict[str, float] = {"trtllm": 0.9, "lmdeploy": 0.8}
-
-
-def family_defaults(
-    family: str, gpu: GpuSpec, *, offline: bool, chunked: bool, declared_len: int
-) -> tuple[int, int]:
-    """An engine family's default ``(max_num_batched_tokens, max_num_seqs)``: each
-    engine's documented start-up values, none fitted.
-
-    - vLLM V1 (and engines without a set of their own): ``vllm_batch_defaults``.
-    - vLLM V0: 256 sequences; a prefill step takes up to ``max(max_model_len, 2048)``
-      tokens, or 512 a step when chunked.
-    - SGLang: ``--chunked-prefill-size`` 8192, effectively no sequence cap.
-    - TRT-LLM: ``max_num_tokens`` 8192, ``max_batch_size`` 2048.
-    - LMDeploy TurboMind: ``max_batch_size`` 128 and no token budget (it prefills every
-      admitted request before the next decode).
-    """
-    if family in _VLLM_V0:
-        return (512 if chunked else max(declared_len, 2048)), 256
-    if family == "sglang":
-        return 8192, 4096
-    if family == "trtllm":
-        return 8192, 2048
-    if family == "lmdeploy":
-        return 2**20, 128
-    return vllm_batch_defaults(gpu, offline)
-
-
-def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
-    """vLLM V1's default ``(max_num_batched_tokens, max_num_seqs)`` for a GPU: larger on
-    GPUs with >= 70 GiB other than the A100 (vLLM found large budgets slower there), and
-    a doubled token budget for the offline ``LLM`` class (``EngineArgs.get_batch_defaults``)."""
-    big = gpu.hbm_bytes >= 70 * _GIB and not gpu.name.upper().startswith("A100")
-    if big:
-        return (16384 if offline else 8192), 1024
-    return (8192 if offline else 2048), 256
 
 
 @dataclass
@@ -239,9 +84,11 @@ class StepResult:
 class Engine:
     """A vLLM-V1-like engine in simulation; see the module docstring.
 
-    Construction raises ``UsageError`` for unknown model/GPU/dtype names and
-    ``ValueError`` for configurations vLLM would refuse (weights that do not fit, no room
-    for one ``max_model_len`` sequence in the KV cache, TP not dividing the heads, ...).
+    Construction resolves ``config`` (``config.resolve``), sizes it (``sizing``), then
+    builds the KV cache and the scheduler. It raises ``UsageError`` for unknown model or
+    GPU names and ``ValueError`` for configurations vLLM would refuse (weights that do not
+    fit, no room for one ``max_model_len`` sequence in the KV cache, TP not dividing the
+    heads, ...).
     """
 
     def __init__(
@@ -254,44 +101,20 @@ class Engine:
         """``record_token_times``: keep every token's emission time in each request's
         timeline (virtual-time runs need them for ITL; the HTTP server does not)."""
         self._record_token_times = record_token_times
-        model = resolve_model(config.model)
-        if config.quantization is None:  # vLLM takes it from the checkpoint: its config, ...-AWQ, -FP8
-            if model.quantization is not None and model.quantization not in QUANTIZATIONS:
-                raise UsageError(
-                    f"{config.model}: the checkpoint's quantization {model.quantization!r} is not simulated; "
-                    f"give --quantization {'|'.join(QUANTIZATIONS)} to model it as one of those"
-                )
-            config = dataclasses.replace(config, quantization=model.quantization or quantization_from_name(config.model))
-        elif config.quantization == "gptq" and "w8a16" in (model.quantization, quantization_from_name(config.model)):
-            # vLLM's gptq/gptq_marlin name a format; the checkpoint says 8 bits
-            config = dataclasses.replace(config, quantization="w8a16")
-        gpu = resolve_gpu(config.gpu)
-        self.gpu: GpuSpec = gpu  # the preset ``config.gpu`` names
-        path = config.efficiencies_path
-        family = family_efficiencies(config.engine_family)
-        eff = load_efficiencies(path, family) if path else family
-        tp = config.tensor_parallel_size
-        _validate_flags(config, model.max_position_embeddings)
-        auto_budget = config.max_num_batched_tokens is None
-        declared_len = config.max_model_len or model.max_position_embeddings
-        config = _with_family_switches(config, declared_len)
-        chunked, caching, mixed = config.enable_chunked_prefill, config.enable_prefix_caching, config.mixed_batches
-        assert chunked is not None and caching is not None and mixed is not None
-        batched, seqs = family_defaults(
-            config.engine_family, gpu, offline=config.offline, chunked=chunked, declared_len=declared_len
-        )
-        batched = config.max_num_batched_tokens or batched
-        # a default sequence cap never exceeds a given token budget
-        seqs = config.max_num_seqs or min(seqs, batched)
+        # resolve the names and the family's switches -> the cost model -> the sizes ->
+        # the KV cache and the scheduler
+        resolved = resolve(config)
+        config = resolved.config
+        self.gpu: GpuSpec = resolved.gpu  # the preset ``config.gpu`` names
         roofline = RooflineStepTime(
-            model,
-            gpu,
-            tp,
+            resolved.model,
+            resolved.gpu,
+            config.tensor_parallel_size,
             config.dtype,
             config.quantization,
             config.kv_cache_dtype,
             config.enforce_eager,
-            eff,
+            resolved.efficiencies,
             serving=not config.offline,
         )
         self._step_time: StepTimeModel = step_time or roofline
@@ -302,48 +125,14 @@ class Engine:
         #: steps (same results; False visits every request every step)
         self.steady_decodes = True
 
-        usable = config.gpu_memory_utilization * gpu.hbm_bytes
-        weights = weight_bytes_per_rank(model, tp, config.quantization)
-        if weights >= usable:
-            raise ValueError(
-                f"{model.name} weights need {weights / _GIB:.1f} GiB per GPU but "
-                f"gpu_memory_utilization={config.gpu_memory_utilization} of {gpu.name} gives "
-                f"{usable / _GIB:.1f} GiB; use a larger tensor_parallel_size, quantization "
-                "or GPU."
-            )
-        block_bytes = kv_bytes_per_token(model, tp, config.kv_cache_dtype) * config.block_size
-        free_fraction = config.kv_cache_free_fraction
-        if free_fraction is None:
-            free_fraction = KV_FREE_FRACTION.get(config.engine_family)
-        if free_fraction is None:
-            reserve = activation_reserve_bytes(model, tp, batched, seqs, eff)
-            num_blocks = int(max(0.0, usable - weights - reserve) // block_bytes)
-        else:  # a share of what is left after weights and a profile run of <= 8192 tokens
-            reserve = activation_reserve_bytes(model, tp, min(batched, 8192), seqs, eff)
-            num_blocks = max(0, int(free_fraction * (gpu.hbm_bytes - weights - reserve) // block_bytes))
-        if config.num_gpu_blocks_override is not None:
-            num_blocks = config.num_gpu_blocks_override
-        if num_blocks < 1:
-            raise ValueError(
-                f"No available memory for the cache blocks: {model.name} weights take "
-                f"{weights / _GIB:.1f} GiB and activations {reserve / _GIB:.1f} GiB of the "
-                f"{usable / _GIB:.1f} GiB gpu_memory_utilization allows on {gpu.name}."
-            )
-        # the model's context when not given, as much of it as the cache holds
-        max_len = config.max_model_len or min(model.max_position_embeddings, num_blocks * config.block_size)
-        if auto_budget:  # unchunked, the default budget holds one prompt; and all seqs
-            batched = max(batched, seqs, 0 if chunked else max_len)
-        api_s = config.api_overhead_s
-        if api_s is None:  # offline (vLLM's LLM class) there is no API server
-            api_s = 0.0 if config.offline else eff.api_overhead_s
-        config = dataclasses.replace(
-            config, max_model_len=max_len, max_num_batched_tokens=batched, max_num_seqs=seqs,
-            api_overhead_s=api_s,
-        )
-        self.api_overhead_s = api_s
-        # the API front end accepts requests one at a time (offline: there is none)
-        self._intake_s = 0.0 if config.offline else eff.api_intake_s
-        self._intake_stalls_engine = family_front_end_in_process(config.engine_family)
+        sizes = size_engine(resolved)
+        #: memory, scheduler sizes and API costs as resolved (``config`` holds the sizes too)
+        self.sizes: EngineSizes = sizes
+        config = sizes.applied_to(config)
+        self.config = config
+        self.api_overhead_s = sizes.api_overhead_s
+        self._intake_s = sizes.api_intake_s
+        self._intake_stalls_engine = resolved.rules.front_end_in_process
         self._front_free_s = 0.0  # when the front end has accepted every request so far
         # (ready time, intake cost, id) of requests the engine still has to accept, when
         # the front end runs in the engine's process: vLLM <= 0.5 tokenized and registered
@@ -354,18 +143,14 @@ class Engine:
         self._overlap = bool(config.overlap_schedule)
         self._last_start_s = -math.inf  # the last step that ran a batch: its start ...
         self._last_end_s = -math.inf  # ... and end
-        _validate_sizes(config)
-        if num_blocks * config.block_size < max_len:
-            raise ValueError(
-                f"The model's max seq len ({config.max_model_len}) is larger than the maximum "
-                f"number of tokens that can be stored in KV cache "
-                f"({num_blocks * config.block_size}). Try increasing gpu_memory_utilization "
-                "or decreasing max_model_len when initializing the engine."
-            )
-        self._kv = KVCacheManager(num_blocks, config.block_size, caching)
-        self.config = config
+        chunked, caching, mixed = config.enable_chunked_prefill, config.enable_prefix_caching, config.mixed_batches
+        assert chunked is not None and caching is not None and mixed is not None  # (resolved)
+        self._kv = KVCacheManager(sizes.num_kv_blocks, config.block_size, caching)
         #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
-        self.limits = SchedulerConfig(batched, seqs, max_len, chunked, mixed, config.num_scheduler_steps)
+        self.limits = SchedulerConfig(
+            sizes.max_num_batched_tokens, sizes.max_num_seqs, sizes.max_model_len, chunked, mixed,
+            config.num_scheduler_steps,
+        )
         self._scheduler = Scheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}
         self._timelines: dict[str, RequestTimeline] = {}
@@ -567,41 +352,3 @@ class Engine:
     def prefix_hits_tokens(self) -> int:
         return self._kv.prefix_hits_tokens
 
-
-def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
-    """Raise ``ValueError`` for flags vLLM rejects at start-up (before sizes are resolved)."""
-    if config.tensor_parallel_size < 1:
-        raise ValueError("tensor_parallel_size must be at least 1")
-    if not 0.0 < config.gpu_memory_utilization <= 1.0:
-        raise ValueError("gpu_memory_utilization must be in (0, 1]")
-    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size", "num_scheduler_steps"):
-        value = getattr(config, name)
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be at least 1")
-    if config.api_overhead_s is not None and config.api_overhead_s < 0:
-        raise ValueError("api_overhead_s must not be negative")
-    if config.max_model_len is not None and config.max_model_len > max_position_embeddings:
-        raise ValueError(
-            f"User-specified max_model_len ({config.max_model_len}) is greater than the "
-            f"derived max_model_len (max_position_embeddings={max_position_embeddings} in "
-            "model's config.json)."
-        )
-    if config.block_size not in (1, 8, 16, 32, 64, 128):
-        raise ValueError(f"block_size ({config.block_size}) must be one of 1, 8, 16, 32, 64, 128")
-
-
-def _validate_sizes(config: EngineConfig) -> None:
-    """Raise ``ValueError`` for resolved scheduler sizes vLLM rejects."""
-    assert config.max_num_batched_tokens and config.max_num_seqs and config.max_model_len
-    if config.max_num_batched_tokens < config.max_num_seqs:
-        raise ValueError(
-            f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be greater than or "
-            f"equal to max_num_seqs ({config.max_num_seqs})."
-        )
-    if not config.enable_chunked_prefill and config.max_num_batched_tokens < config.max_model_len:
-        raise ValueError(
-            f"max_num_batched_tokens ({config.max_num_batched_tokens}) is smaller than "
-            f"max_model_len ({config.max_model_len}). This effectively limits the maximum "
-            "sequence length to max_num_batched_tokens and makes vLLM reject longer "
-            "sequences. Please increase max_num_batched_tokens or decrease max_model_len."
-        )

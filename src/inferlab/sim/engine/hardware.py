@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inferlab._errors import UsageError
+from inferlab.sim.engine.dtypes import SIMULATED_QUANTIZATIONS, Quantization
 
 _PRESETS_PATH = Path(__file__).parents[1] / "data" / "presets.json"
 _GIB = 2**30
@@ -109,8 +110,11 @@ class ModelSpec:
     shared_intermediate_size: int = 0
     moe_layers: int = 0
     # the checkpoint's own weight quantization (its config's ``quantization_config``), as
-    # vLLM reads it when ``--quantization`` is not given; None: unquantized or unknown
-    quantization: str | None = None
+    # vLLM reads it when ``--quantization`` is not given; None: unquantized, unknown, or
+    # one the step-time model does not cost, which ``unsimulated_quantization`` then names
+    # (bitsandbytes, 3-bit GPTQ, ...): the engine refuses it unless told how to model it
+    quantization: Quantization | None = None
+    unsimulated_quantization: str | None = None
 
     @property
     def routed_params_per_layer(self) -> float:
@@ -194,22 +198,21 @@ def _normalize(name: str) -> str:
     return name.removeprefix("meta-")
 
 
-def quantization_from_name(name: str) -> str | None:
+def quantization_from_name(name: str) -> Quantization | None:
     """The weight quantization a checkpoint's name states (vLLM reads it from the
     checkpoint's config): ``awq``, ``gptq`` (int4 W4A16), ``w8a16`` (GPTQ-Int8), ``fp8``
-    or ``int8`` (W8A8); ``None``
-    when the name says none."""
+    or ``int8`` (W8A8); ``None`` when the name says none."""
     tail = name.rsplit("/", 1)[-1].lower()
     if "awq" in tail:
-        return "awq"
+        return Quantization.AWQ
     if re.search(r"gptq[-_.]?int8|w8a16", tail):
-        return "w8a16"  # 8-bit weights, bf16 activations
+        return Quantization.W8A16  # 8-bit weights, bf16 activations
     if re.search(r"gptq|int4|w4a16", tail):
-        return "gptq"
+        return Quantization.GPTQ
     if "fp8" in tail:
-        return "fp8"
+        return Quantization.FP8
     if re.search(r"int8|w8a8", tail):
-        return "int8"
+        return Quantization.INT8
     return None
 
 
@@ -285,8 +288,8 @@ def _refusal(cfg: dict[str, Any]) -> str | None:
 def quantization_from_config(qc: Any) -> str | None:
     """The weight quantization a checkpoint's ``quantization_config`` states, in
     ``--quantization``'s names: fp8, int8 (W8A8), w8a16, awq, gptq (int4 W4A16); another
-    method or bit width comes back as its own description (the engine then says it is not
-    simulated). ``ValueError`` for a config of the wrong shape."""
+    method or bit width comes back as its own description (``ModelSpec`` keeps it as
+    ``unsimulated_quantization``). ``ValueError`` for a config of the wrong shape."""
     if not isinstance(qc, dict):
         return None
     method = str(qc.get("quant_method") or "").lower()
@@ -319,9 +322,11 @@ def quantization_from_config(qc: Any) -> str | None:
 
 def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
     try:
-        quantization = quantization_from_config(cfg.get("quantization_config"))
+        stated = quantization_from_config(cfg.get("quantization_config"))
     except (TypeError, ValueError) as e:
         raise UsageError(f"{name}: not a usable quantization_config ({e})") from e
+    # only a simulated scheme's own name is read as it (no alias: 'smoothquant' stays unsimulated)
+    quantization = Quantization(stated) if stated in SIMULATED_QUANTIZATIONS else None
     if isinstance(cfg.get("text_config"), dict) and "hidden_size" not in cfg:
         cfg = cfg["text_config"]  # a multimodal checkpoint's language model
     why = _refusal(cfg)
@@ -358,6 +363,7 @@ def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
             shared_intermediate_size=shared,
             moe_layers=moe_layers,
             quantization=quantization,
+            unsimulated_quantization=stated if quantization is None else None,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{name}: not a usable model config ({e!r} missing or invalid)") from e

@@ -8,9 +8,9 @@ Then elementwise work, two ring all-reduces of the hidden state per layer under 
 (``α + 2·(t−1)/t · bytes / bus_bandwidth``, which is ``α + bytes/bus_bandwidth`` at t = 2),
 the LM head for sequences that emit a token, a sampler, and per-step and per-sequence host
 costs; when serving, the API server's cost for every token it streams. Every calibration
-constant lives in ``Efficiencies`` (with one override set per engine family); the fixed
-per-request front-end cost (``api_overhead_s``) is applied by the engine before a request
-queues.
+constant lives in ``Efficiencies`` (one set per engine family: ``families.FAMILY_RULES``);
+the fixed per-request front-end cost (``api_overhead_s``) is applied by the engine before
+a request queues.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from inferlab._errors import UsageError
+from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
 from inferlab.sim.engine.hardware import GpuSpec, ModelSpec
 
 _GIB = 2**30
@@ -80,63 +81,7 @@ class Efficiencies:
     api_intake_s: float = 0.0
 
 
-DEFAULT_EFFICIENCIES = Efficiencies()
-
-
-# One Efficiencies override set per engine family; every row of a family uses it. The
-# defaults in ``Efficiencies`` are vLLM V1's (CUDA graphs, ~0.7 ms host cost per step).
-FAMILY_EFFICIENCIES: dict[str, dict[str, float]] = {
-    "vllm": {},
-    # vLLM V0 (< 0.8): scheduling, input preparation and output processing run between
-    # GPU steps in the engine process (no overlap), about twice V1's host cost per step;
-    # its API server path adds ~28 ms before a request is scheduled (fit: vLLM's own CI,
-    # Llama-3-70B TP4 at 1 req/s on H100 and H200, mean TTFT 62.4 / 65.9 ms against
-    # 39.0 / 32.2 ms of prefill and scheduling alone: offsets of 23.5 and 33.7 ms, whose
-    # least-squares fit in relative error is 28.3 ms).
-    "vllm-v0": {"cpu_step_s": 1.5e-3, "api_overhead_s": 0.028},
-    # vLLM <= 0.5: the same engine with the OpenAI server in its own process and event
-    # loop (vLLM's v0.6.0 post: 33 % of 0.5.3's time went to the HTTP server). Accepting
-    # a request stalls the engine loop: a burst of 1,280 requests got its first token
-    # after 3.26 s on an H100 (Lambda's 0.5.4 runs), 2.5 ms per request.
-    "vllm-v0.5": {"cpu_step_s": 1.5e-3, "api_overhead_s": 0.028, "api_intake_s": 2.5e-3},
-    # SGLang: the overlap scheduler hides most host work behind the GPU step (and makes
-    # an arrival wait one step more, modelled in the engine: ``overlap_schedule``);
-    # low-load TTFTs sit 6-19 ms (0.3, A100/H100, no overlap), 10 ms (0.5, H100) and
-    # ~40 ms (0.4, H200 TP4; ~28 ms beyond the overlap step) above prefill + scheduling:
-    # median ~15 ms.
-    "sglang": {"cpu_step_s": 0.3e-3, "api_overhead_s": 0.015},
-    # TensorRT-LLM: C++ batch manager (~1 us per sequence), overlap scheduler, XQA decode
-    # attention streaming the (fp8) KV cache closer to peak bandwidth.
-    # Its fp8 GEMMs are tuned per shape and stream weights as well as bf16's.
-    "trtllm": {
-        "cpu_step_s": 0.3e-3,
-        "per_seq_s": 1e-6,
-        "kv_stream": 0.85,
-        "w8_stream_factor": 1.0,
-        "api_overhead_s": 0.015,
-    },
-    # LMDeploy TurboMind: C++ persistent batch, FasterTransformer-style decode attention;
-    # its 2023-24 releases all-reduce through NCCL (no custom all-reduce): ~25 us each.
-    "lmdeploy": {
-        "cpu_step_s": 0.3e-3,
-        "per_seq_s": 1e-6,
-        "kv_stream": 0.85,
-        "allreduce_latency_s": 25e-6,
-        "api_overhead_s": 0.002,  # its benchmarks drive the engine in-process
-        "api_per_seq_s": 0.0,
-    },
-    # Named engines without a set of their own (TGI, nano-vllm, ...): vLLM V1's, untuned.
-    "generic": {},
-}
-
-
-
-def family_efficiencies(family: str) -> Efficiencies:
-    """The constants of one engine family (``vllm`` = the defaults); ``UsageError`` for
-    an unknown family."""
-    if family not in FAMILY_EFFICIENCIES:
-        raise UsageError(f"unknown engine family {family!r}; known: {', '.join(FAMILY_EFFICIENCIES)}")
-    return dataclasses.replace(DEFAULT_EFFICIENCIES, **FAMILY_EFFICIENCIES[family])
+DEFAULT_EFFICIENCIES = Efficiencies()  # vLLM V1's
 
 
 def load_efficiencies(path: str | Path, base: Efficiencies = DEFAULT_EFFICIENCIES) -> Efficiencies:
@@ -180,52 +125,38 @@ class Precision:
     kv_bytes: int  # bytes per KV element
 
 
-_BF16_NAMES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half")
-_INT4_NAMES = ("awq", "gptq", "awq_marlin", "gptq_marlin")
-#: the weight quantizations the model costs (``none``: unquantized)
-QUANTIZATIONS = ("fp8", "int8", "w8a16", "awq", "gptq")
-_KV_FP8_NAMES = ("fp8", "fp8_e4m3", "fp8_e5m2")
-
-
-def _weight_bytes(quantization: str | None) -> float:
-    q = (quantization or "none").lower()
-    if q == "none":
-        return float(_ACT_BYTES)
-    if q in ("fp8", "int8", "w8a16"):
-        return 1.0
-    if q in _INT4_NAMES:
-        return _INT4_BYTES_PER_WEIGHT
-    raise UsageError(f"unknown quantization {quantization!r}; known: {', '.join(QUANTIZATIONS)}")
-
-
-def _kv_bytes(kv_cache_dtype: str) -> int:
-    if kv_cache_dtype.lower() == "auto":
-        return _ACT_BYTES
-    if kv_cache_dtype.lower() in _KV_FP8_NAMES:
-        return 1
-    raise UsageError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; known: auto, fp8")
+# bytes a layer weight takes: int4 is 4-bit weights + fp16 group-128 scales/zeros
+_BYTES_PER_WEIGHT: dict[Quantization, float] = {
+    Quantization.NONE: float(_ACT_BYTES),
+    Quantization.FP8: 1.0,
+    Quantization.INT8: 1.0,
+    Quantization.W8A16: 1.0,
+    Quantization.AWQ: _INT4_BYTES_PER_WEIGHT,
+    Quantization.GPTQ: _INT4_BYTES_PER_WEIGHT,
+}
+_KV_BYTES: dict[KVCacheDType, int] = {KVCacheDType.AUTO: _ACT_BYTES, KVCacheDType.FP8: 1}
 
 
 def resolve_precision(
     gpu: GpuSpec,
-    dtype: str = "auto",
-    quantization: str | None = None,
-    kv_cache_dtype: str = "auto",
+    dtype: DType = DType.AUTO,
+    quantization: Quantization | None = None,
+    kv_cache_dtype: KVCacheDType = KVCacheDType.AUTO,
     eff: Efficiencies = DEFAULT_EFFICIENCIES,
 ) -> Precision:
-    """Map engine dtype flags to bytes and peaks; raises ``UsageError`` for unknown names."""
-    if dtype.lower() not in _BF16_NAMES:
-        raise UsageError(f"unknown dtype {dtype!r}; known: auto, bfloat16, float16")
-    q = (quantization or "none").lower()
-    bpw = _weight_bytes(quantization)
-    kv = _kv_bytes(kv_cache_dtype)
-    if q == "fp8" and gpu.fp8_flops_per_s is not None:
-        return Precision(bpw, gpu.fp8_flops_per_s, eff.gemm_compute_w8a8, eff.weight_stream * eff.w8_stream_factor, kv)
-    if q == "int8":
-        return Precision(bpw, gpu.int8_ops_per_s, eff.gemm_compute_w8a8, eff.weight_stream * eff.w8_stream_factor, kv)
-    if q == "w8a16":  # 8-bit weights dequantized into bf16 GEMMs (GPTQ-Int8)
-        return Precision(bpw, gpu.bf16_flops_per_s, eff.gemm_compute, eff.weight_stream * eff.w8_stream_factor, kv)
-    if q in _INT4_NAMES:
+    """Bytes and peaks for the engine's data types (``quantization`` None: unquantized).
+    bf16 and fp16 (``dtype``) cost the same."""
+    q = quantization or Quantization.NONE
+    bpw = _BYTES_PER_WEIGHT[q]
+    kv = _KV_BYTES[kv_cache_dtype]
+    w8_stream = eff.weight_stream * eff.w8_stream_factor
+    if q is Quantization.FP8 and gpu.fp8_flops_per_s is not None:
+        return Precision(bpw, gpu.fp8_flops_per_s, eff.gemm_compute_w8a8, w8_stream, kv)
+    if q is Quantization.INT8:
+        return Precision(bpw, gpu.int8_ops_per_s, eff.gemm_compute_w8a8, w8_stream, kv)
+    if q is Quantization.W8A16:  # 8-bit weights dequantized into bf16 GEMMs (GPTQ-Int8)
+        return Precision(bpw, gpu.bf16_flops_per_s, eff.gemm_compute, w8_stream, kv)
+    if q.is_int4:
         return Precision(
             bpw,
             gpu.bf16_flops_per_s,
@@ -242,15 +173,16 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
     return max(1, model.num_kv_heads // tp)
 
 
-def kv_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "auto") -> int:
+def kv_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: KVCacheDType = KVCacheDType.AUTO) -> int:
     """KV-cache bytes one token occupies on one TP rank (K and V, all layers)."""
-    kv = _kv_bytes(kv_cache_dtype)
+    kv = _KV_BYTES[kv_cache_dtype]
     return 2 * model.num_layers * kv_heads_per_rank(model, tp) * model.head_dim * kv
 
 
-def weight_bytes_per_rank(model: ModelSpec, tp: int, quantization: str | None = None) -> float:
-    """Weight bytes on one TP rank; embedding and LM head stay bf16 and are vocab-sharded."""
-    layers = model.num_layers * model.params_per_layer * _weight_bytes(quantization)
+def weight_bytes_per_rank(model: ModelSpec, tp: int, quantization: Quantization | None = None) -> float:
+    """Weight bytes on one TP rank (``quantization`` None: unquantized); embedding and
+    LM head stay bf16 and are vocab-sharded."""
+    layers = model.num_layers * model.params_per_layer * _BYTES_PER_WEIGHT[quantization or Quantization.NONE]
     lm_head = 0 if model.tie_word_embeddings else model.embedding_params
     return (layers + (model.embedding_params + lm_head) * _ACT_BYTES) / tp
 
@@ -275,6 +207,15 @@ def activation_reserve_bytes(
     return eff.reserve_fixed_bytes + max_num_batched_tokens * per_token + logits
 
 
+def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
+    """Raise ``ValueError`` unless ``tp`` splits the attention heads evenly."""
+    if tp < 1 or model.num_heads % tp:
+        raise ValueError(
+            f"Total number of attention heads ({model.num_heads}) must be divisible "
+            f"by tensor parallel size ({tp})."
+        )
+
+
 def _knee(t_compute_s: float, t_memory_s: float) -> float:
     return math.sqrt(t_compute_s * t_compute_s + t_memory_s * t_memory_s)
 
@@ -282,7 +223,7 @@ def _knee(t_compute_s: float, t_memory_s: float) -> float:
 class RooflineStepTime:
     """``StepTimeModel`` from model shapes, GPU peaks and ``Efficiencies`` (see module doc).
 
-    ``tp`` must divide the attention heads. Raises ``UsageError`` for unknown dtype names.
+    ``tp`` must divide the attention heads (``ValueError``, as vLLM says it).
     """
 
     def __init__(
@@ -290,20 +231,16 @@ class RooflineStepTime:
         model: ModelSpec,
         gpu: GpuSpec,
         tp: int = 1,
-        dtype: str = "auto",
-        quantization: str | None = None,
-        kv_cache_dtype: str = "auto",
+        dtype: DType = DType.AUTO,
+        quantization: Quantization | None = None,
+        kv_cache_dtype: KVCacheDType = KVCacheDType.AUTO,
         enforce_eager: bool = False,
         efficiencies: Efficiencies = DEFAULT_EFFICIENCIES,
         serving: bool = True,
     ) -> None:
         """``serving``: requests come through an API server that streams every token
         (``api_per_seq_s``); False for offline runs."""
-        if tp < 1 or model.num_heads % tp:
-            raise ValueError(
-                f"Total number of attention heads ({model.num_heads}) must be divisible "
-                f"by tensor parallel size ({tp})."
-            )
+        check_tensor_parallel(model, tp)
         eff = efficiencies
         p = resolve_precision(gpu, dtype, quantization, kv_cache_dtype, eff)
         h, inter, hd = model.hidden_size, model.mlp_width_per_token, model.head_dim

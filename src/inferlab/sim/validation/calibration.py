@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from inferlab._errors import UsageError
+from inferlab.sim.engine.dtypes import KVCacheDType, Quantization
+from inferlab.sim.engine.families import EngineFamily, family_for_engine
 from inferlab.sim.engine.hardware import gpu_from_text, resolve_model
 from inferlab.sim.validation.scenario import (
     METRIC_CLASS,
@@ -56,31 +58,14 @@ def _version(cell: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def _family(engine: str, version: tuple[int, int] | None) -> str:
-    """The engine family whose constants a row runs with. An engine named anywhere in
-    the cell counts ('NIM, TensorRT-LLM backend assumed, not stated on page'); a row that
-    names none is not run: no family's constants are evidence for an unknown stack."""
-    e = engine.lower()
-    if re.search(r"llama\.?cpp|ollama|exllama|mlc|ctranslate|deepspeed|onnx|mlx", e):
-        raise ScenarioError(f"engine {engine!r}: not a continuous-batching engine we model")
-    if "sglang" in e:
-        return "sglang"
-    if re.search(r"tensorrt|trt-?llm", e):
-        return "trtllm"
-    if re.search(r"lmdeploy|turbomind", e):
-        return "lmdeploy"
-    if "vllm" in e and "nano" not in e:  # also NIM or Triton with their vLLM backend
-        if version is not None and version < (0, 6):
-            return "vllm-v0.5"  # the OpenAI server in the engine's process
-        return "vllm-v0" if version is not None and version < (0, 8) else "vllm"
-    if re.search(r"triton|\bnim\b", e):  # serving these models through TensorRT-LLM
-        return "trtllm"
-    if _NO_ENGINE.search(e):
-        raise ScenarioError("engine not stated: no engine family to take constants from")
-    return "generic"
+def _family(engine: str, version: tuple[int, int] | None) -> EngineFamily:
+    """The engine family whose rules a row runs with (``families.family_for_engine``); a
+    row whose engine is not modelled, or not named, is not run."""
+    try:
+        return family_for_engine(engine, version)
+    except UsageError as e:
+        raise ScenarioError(str(e)) from e
 
-
-_NO_ENGINE = re.compile(r"not stated|unknown|unspecified|^\s*$", re.IGNORECASE)
 
 # mixture-of-experts models the step-time model does not cover: latent attention
 # (DeepSeek V2/V3/R1, Kimi), MXFP4 experts with attention sinks (gpt-oss), Llama 4's
@@ -140,32 +125,32 @@ def _gpu(cell: str) -> str:
     return preset
 
 
-def _precision(weights: str, model_cell: str) -> tuple[str | None, str]:
-    """(quantization flag, label) from the weight-precision cell and the model name."""
+def _precision(weights: str, model_cell: str) -> tuple[Quantization | None, str]:
+    """(quantization, label) from the weight-precision cell and the model name."""
     w = f"{weights} {model_cell}".lower()
     if re.search(r"fp4|mxfp|nvfp|w4a8|int3|int2|gguf|q4_|bitsandbytes|nf4", w):
         raise ScenarioError(f"precision {weights!r}: not simulated")
     if "awq" in w:
-        return "awq", "awq-int4"
+        return Quantization.AWQ, "awq-int4"
     if "int4" in w or "w4a16" in w or ("gptq" in w and "int8" not in w):
-        return "gptq", "int4"
+        return Quantization.GPTQ, "int4"
     if "fp8" in w:
-        return "fp8", "fp8"
+        return Quantization.FP8, "fp8"
     if "gptq" in w or "w8a16" in w:
-        return "w8a16", "int8"  # GPTQ-Int8: 8-bit weights into bf16 GEMMs
+        return Quantization.W8A16, "int8"  # GPTQ-Int8: 8-bit weights into bf16 GEMMs
     if "int8" in w or "w8a8" in w:
-        return "int8", "int8"
+        return Quantization.INT8, "int8"
     if not weights.strip() or re.search(r"bf16|fp16|float16|bfloat16|half|auto", w):
         return None, "bf16"
     raise ScenarioError(f"precision {weights!r}: not recognised")
 
 
-def _kv_dtype(cell: str) -> str:
+def _kv_dtype(cell: str) -> KVCacheDType:
     c = cell.lower()
     if "fp8" in c or "int8" in c:
-        return "fp8"  # an int8 KV cache holds and streams the same bytes
+        return KVCacheDType.FP8  # an int8 KV cache holds and streams the same bytes
     if not c.strip() or re.search(r"bf16|fp16|float16|bfloat16|auto|half", c):
-        return "auto"
+        return KVCacheDType.AUTO
     raise ScenarioError(f"KV cache dtype {cell!r}: not simulated")
 
 

@@ -1,10 +1,25 @@
 """The simulated engine for a calibration scenario, with nothing tuned per row.
 
-Model and GPU presets, TP, quantization and KV dtype come from the scenario; the
-scheduler sizes are the engine family's documented defaults (``family_defaults``, the
-same ``inferlab sim run --engine-family`` uses) under the flags the row states in
-``engine_config``; the step time uses one ``Efficiencies`` override set per engine family
-(``FAMILY_EFFICIENCIES``).
+A row runs on the engine ``inferlab sim run --engine-family F`` builds: the same family
+rules (``families.FAMILY_RULES``: default sizes, chunking, prefix caching, batching,
+overlap, KV sizing, step-time constants), resolved and sized by the same code. On top,
+the validation sets only what the row states and what its benchmark harness does:
+
+- from the row (``engine_config``): model, GPU, TP, quantization and KV-cache dtype; the
+  engine flags its ``engine_config`` cell states (``--max-num-seqs``, ``--max-num-batched-
+  tokens``, ``--max-model-len``, ``--gpu-memory-utilization``, the KV share or block
+  count, chunked prefill, prefix caching, eager mode, scheduler steps, overlap); its
+  release (``families.family_for_engine``; SGLang before 0.4 ran without its overlap
+  scheduler); offline (``--offline``) when the benchmark drives the engine without its
+  API server; a ``max_model_len`` that holds the row's longest request where the source
+  declared a shorter context than the model's.
+- harness rules, which belong to a benchmark tool rather than to the engine:
+  ``lmdeploy_profile_batch_size`` (LMDeploy's profiling scripts raise max_batch_size to
+  the user count), ``trtllm_bench_sizes`` (trtllm-bench sizes the batch and token budget
+  from the workload, offline rows) and ``trtllm_no_evict_seqs`` (TRT-LLM admits a request
+  only with room for its whole sequence; the simulated scheduler reserves no blocks
+  ahead, so the running sequences are capped at what the KV cache holds of mean-length
+  requests).
 """
 
 from __future__ import annotations
@@ -12,12 +27,93 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from inferlab.sim.engine.engine import Engine, EngineConfig
+from inferlab.sim.engine.config import EngineConfig, resolve
+from inferlab.sim.engine.engine import Engine
+from inferlab.sim.engine.families import EngineFamily
 from inferlab.sim.engine.hardware import resolve_model
+from inferlab.sim.engine.sizing import size_engine
 from inferlab.sim.validation.scenario import Scenario, ScenarioError
 
 
-def _trtllm_bench_sizes(sc: Scenario, kv_tokens: int) -> tuple[int, int]:
+def build_engine(sc: Scenario, max_total_len: int) -> Engine:
+    """The simulated engine for a scenario whose longest request holds ``max_total_len``
+    tokens; raises ``ValueError`` if the engine would refuse the configuration."""
+    config = engine_config(sc, max_total_len)
+    if sc.family is EngineFamily.TRTLLM:
+        config = _trtllm_harness(sc, config)
+    itl = any(m.metric == "itl_ms" for m in sc.measurements)
+    return Engine(config, record_token_times=itl)
+
+
+def engine_config(sc: Scenario, max_total_len: int) -> EngineConfig:
+    """The flags a row states (module docstring); sizes it does not state are left to the
+    family, as ``inferlab sim run`` leaves them. ``ScenarioError`` for a stated context
+    beyond the model's."""
+    flags = dict(sc.engine_flags)
+
+    def flag(name: str) -> int | None:
+        return int(flags[name]) if name in flags else None
+
+    def switch(name: str) -> bool | None:  # None: the family's default
+        return bool(flags[name]) if name in flags else None
+
+    seqs = flag("max_num_seqs")
+    if sc.family is EngineFamily.LMDEPLOY and seqs is None:
+        seqs = lmdeploy_profile_batch_size(sc)
+    # the row's --max-model-len, or its model's own context where the preset standing in
+    # for it has a longer one (Llama 3 as Llama 3.1); else vLLM's (the context, capped)
+    stated = flag("max_model_len")
+    declared = stated or sc.native_max_len
+    context = resolve_model(sc.model).max_position_embeddings
+    if stated is not None and stated > context:
+        raise ScenarioError(
+            f"--max-model-len {stated} is beyond {sc.model}'s {context}-token context "
+            "(the source extends it with rope scaling such as YaRN, which is not modelled)"
+        )
+    max_model_len = min(max(max_total_len, declared), context) if declared < context else None
+    overlap = switch("overlap_schedule")
+    if overlap is None:  # the release's default (SGLang's overlap scheduler from 0.4)
+        overlap = sc.family.rules.overlap_schedule_in(sc.version)
+    config = EngineConfig(
+        model=sc.model,
+        engine_family=sc.family,
+        gpu=sc.gpu,
+        tensor_parallel_size=sc.tp,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=flags.get("gpu_memory_utilization", 0.9),
+        max_num_batched_tokens=flag("max_num_batched_tokens"),
+        max_num_seqs=seqs,
+        # the family's default unless the row says: no prompt shares a prefix, but a
+        # preempted request finds its own blocks again (vLLM V1, SGLang)
+        enable_prefix_caching=switch("enable_prefix_caching"),
+        enable_chunked_prefill=switch("enable_chunked_prefill"),
+        enforce_eager=bool(flags.get("enforce_eager", 0.0)),
+        num_scheduler_steps=flag("num_scheduler_steps") or 1,
+        overlap_schedule=overlap,
+        quantization=sc.quantization,
+        kv_cache_dtype=sc.kv_cache_dtype,
+        offline=not sc.via_server,  # offline: no API server costs
+    )
+    entries = flags.get("cache_max_entry_count", flags.get("kv_free"))
+    if entries is not None and entries > 1:  # old TurboMind: a count of 128-token blocks
+        return dataclasses.replace(config, num_gpu_blocks_override=int(entries * 128 // config.block_size))
+    if entries is not None:
+        return dataclasses.replace(config, kv_cache_free_fraction=entries)
+    return config
+
+
+# --- harness rules ------------------------------------------------------------------------
+
+
+def lmdeploy_profile_batch_size(sc: Scenario) -> int:
+    """LMDeploy's profiling scripts raise the engine's max_batch_size to the number of
+    concurrent users (never below TurboMind's default)."""
+    default = EngineFamily.LMDEPLOY.rules.max_num_seqs
+    assert default is not None
+    return max(default, sc.concurrency or 0)
+
+
+def trtllm_bench_sizes(sc: Scenario, kv_tokens: int) -> tuple[int, int]:
     """trtllm-bench's max_batch_size / max_num_tokens heuristic for the mean ISL / OSL."""
     isl, osl = sc.input_len.mean, sc.output_len.mean
     raw_bs = min(kv_tokens / (isl + osl), 4096)
@@ -35,80 +131,28 @@ def _trtllm_bench_sizes(sc: Scenario, kv_tokens: int) -> tuple[int, int]:
     return bs, tok
 
 
-def build_engine(sc: Scenario, max_total_len: int) -> Engine:
-    """The simulated engine for a scenario whose longest request holds ``max_total_len``
-    tokens; raises ``ValueError`` if the engine would refuse the configuration.
+def trtllm_no_evict_seqs(sc: Scenario, max_num_seqs: int, kv_tokens: int) -> int:
+    """TRT-LLM's GUARANTEED_NO_EVICT admission, approximated: no more running sequences
+    than the KV cache holds whole at the workload's mean lengths (at least one)."""
+    fit = max(1, int(kv_tokens // (sc.input_len.mean + sc.output_len.mean)))
+    return min(max_num_seqs, fit)
 
-    Sizes the row does not state are the family's defaults, resolved by ``Engine`` exactly
-    as for ``inferlab sim run --engine-family``; only what depends on the workload is set
-    here (LMDeploy's benchmark raising its batch to the user count, TRT-LLM's sizing)."""
-    flags = dict(sc.engine_flags)
 
-    def flag(name: str) -> int | None:
-        return int(flags[name]) if name in flags else None
-
-    def switch(name: str) -> bool | None:  # None: the family's default
-        return bool(flags[name]) if name in flags else None
-
-    seqs = flag("max_num_seqs")
-    if sc.family == "lmdeploy" and seqs is None:  # its scripts raise max_batch_size to the users
-        seqs = max(128, sc.concurrency or 0)
-    # the row's --max-model-len, or its model's own context where the preset standing in
-    # for it has a longer one (Llama 3 as Llama 3.1); else vLLM's (the context, capped)
-    stated = flag("max_model_len")
-    declared = stated or sc.native_max_len
-    context = resolve_model(sc.model).max_position_embeddings
-    if stated is not None and stated > context:
-        raise ScenarioError(
-            f"--max-model-len {stated} is beyond {sc.model}'s {context}-token context "
-            "(the source extends it with rope scaling such as YaRN, which is not modelled)"
-        )
-    max_model_len = min(max(max_total_len, declared), context) if declared < context else None
-    overlap = flags.get("overlap_schedule")
-    if overlap is None and sc.family == "sglang" and sc.version is not None and sc.version < (0, 4):
-        overlap = 0.0  # SGLang's overlap scheduler became the default in 0.4
-    config = EngineConfig(
-        model=sc.model,
-        engine_family=sc.family,
-        gpu=sc.gpu,
-        tensor_parallel_size=sc.tp,
-        max_model_len=max_model_len,
-        gpu_memory_utilization=flags.get("gpu_memory_utilization", 0.9),
-        max_num_batched_tokens=flag("max_num_batched_tokens"),
-        max_num_seqs=seqs,
-        # the family's default unless the row says: no prompt shares a prefix, but a
-        # preempted request finds its own blocks again (vLLM V1, SGLang)
-        enable_prefix_caching=switch("enable_prefix_caching"),
-        enable_chunked_prefill=switch("enable_chunked_prefill"),
-        enforce_eager=bool(flags.get("enforce_eager", 0.0)),
-        num_scheduler_steps=flag("num_scheduler_steps") or 1,
-        overlap_schedule=None if overlap is None else bool(overlap),
-        quantization=sc.quantization,
-        kv_cache_dtype=sc.kv_cache_dtype,
-        offline=not sc.via_server,  # offline: no API server costs
-    )
-    entries = flags.get("cache_max_entry_count", flags.get("kv_free"))
-    if entries is not None and entries > 1:  # old TurboMind: a count of 128-token blocks
-        config = dataclasses.replace(config, num_gpu_blocks_override=int(entries * 128 // config.block_size))
-    elif entries is not None:
-        config = dataclasses.replace(config, kv_cache_free_fraction=entries)
-    itl = any(m.metric == "itl_ms" for m in sc.measurements)
-    engine = Engine(config, record_token_times=itl)
-    if sc.family != "trtllm":
-        return engine
-    # TRT-LLM admits a request only with room for its whole sequence (GUARANTEED_NO_EVICT),
-    # and trtllm-bench sizes the batch from the workload.
-    seqs, tokens = engine.limits.max_num_seqs, engine.limits.max_num_batched_tokens
-    kv_tokens = engine.kv_capacity_tokens
+def _trtllm_harness(sc: Scenario, config: EngineConfig) -> EngineConfig:
+    """``config`` sized as the engine would size it, then as trtllm-bench and TRT-LLM's
+    admission size it from the workload; the KV cache keeps its size."""
+    resolved = resolve(config)
+    sizes = size_engine(resolved)
+    seqs, tokens = sizes.max_num_seqs, sizes.max_num_batched_tokens
+    kv_tokens = sizes.num_kv_blocks * resolved.config.block_size
     if sc.kind == "offline":
-        bs, tok = _trtllm_bench_sizes(sc, kv_tokens)
+        flags = dict(sc.engine_flags)
+        bs, tok = trtllm_bench_sizes(sc, kv_tokens)
         seqs = seqs if "max_num_seqs" in flags else bs
         tokens = tokens if "max_num_batched_tokens" in flags else tok
-    fit = max(1, int(kv_tokens // (sc.input_len.mean + sc.output_len.mean)))
-    config = dataclasses.replace(
-        engine.config,
-        max_num_seqs=min(seqs, fit),
+    return dataclasses.replace(
+        sizes.applied_to(resolved.config),
+        max_num_seqs=trtllm_no_evict_seqs(sc, seqs, kv_tokens),
         max_num_batched_tokens=tokens,
-        num_gpu_blocks_override=engine.num_kv_blocks,
+        num_gpu_blocks_override=sizes.num_kv_blocks,
     )
-    return Engine(config, record_token_times=itl)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferlab._errors import InferlabError
+from inferlab.sim.engine.dtypes import KVCacheDType, Quantization
+from inferlab.sim.engine.families import EngineFamily
 
 METRIC_CLASS = {
     "ttft_ms": "TTFT",
@@ -54,18 +56,19 @@ class Scenario:
     """A row the simulator can run; ``kind`` is offline|static|burst|poisson|constant|closed.
 
     ``concurrency`` is the batch (static) or user count (closed); ``engine_flags`` are the
-    flags the row states, by vLLM name; ``empty_fraction`` is the share of requests the
-    source counted with no output and TTFT = E2E = 0 in its means."""
+    flags the row states, by vLLM name; ``version`` the engine release it states;
+    ``empty_fraction`` is the share of requests the source counted with no output and
+    TTFT = E2E = 0 in its means."""
 
     row_id: str
-    family: str
+    family: EngineFamily
     engine_label: str
     model: str
     gpu: str
     tp: int
-    precision: str
-    quantization: str | None
-    kv_cache_dtype: str
+    precision: str  # a label: bf16, fp8, int8, int4, awq-int4
+    quantization: Quantization | None  # None: bf16 weights
+    kv_cache_dtype: KVCacheDType
     kind: str
     concurrency: int | None
     rate_rps: float | None

@@ -1,0 +1,172 @@
+"""The engine's configuration: vLLM's flags (``EngineConfig``), and ``resolve``, which
+reads their names (model, GPU, data types, family), checks them as vLLM does at start-up
+and fills the switches left to the engine family. Sizes are resolved after, from memory
+(``sizing``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from inferlab._errors import UsageError
+from inferlab.sim.engine.dtypes import SIMULATED_QUANTIZATIONS, DType, KVCacheDType, Quantization
+from inferlab.sim.engine.families import EngineFamily, FamilyRules
+from inferlab.sim.engine.hardware import (
+    GpuSpec,
+    ModelSpec,
+    quantization_from_name,
+    resolve_gpu,
+    resolve_model,
+)
+from inferlab.sim.engine.steptime import Efficiencies, check_tensor_parallel, load_efficiencies
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """vLLM-named engine flags with vLLM's defaults.
+
+    ``None`` means "the engine family's default" (``families.FAMILY_RULES``): for vLLM
+    V1, ``max_num_batched_tokens`` / ``max_num_seqs`` from the GPU and whether the engine
+    runs offline (vLLM's ``LLM`` class) or as a server; the other families start from
+    their own documented defaults. ``max_model_len`` is the model's context length,
+    capped to what the KV cache holds.
+
+    ``engine_family``, ``dtype``, ``quantization`` and ``kv_cache_dtype`` may be given as
+    strings by any of their names: they are read into their enums here (``UsageError``
+    listing the known names for any other), so the engine only ever sees members.
+    """
+
+    model: str = "Qwen/Qwen2.5-7B-Instruct"
+    gpu: str = "H100"
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool | None = None  # None: the family's (on; off for vLLM V0, TurboMind)
+    enable_chunked_prefill: bool | None = None  # None: the family's default
+    enforce_eager: bool = False
+    dtype: DType = DType.AUTO
+    quantization: Quantization | None = None  # None: the checkpoint's (its config, or name)
+    kv_cache_dtype: KVCacheDType = KVCacheDType.AUTO
+    efficiencies_path: str | None = None
+    engine_family: EngineFamily = EngineFamily.VLLM
+    api_overhead_s: float | None = None  # per-request API cost before queueing; None: the family's
+    num_gpu_blocks_override: int | None = None  # fix the KV cache size (tests, what-ifs)
+    # TRT-LLM / LMDeploy size the KV cache as this share of the memory left after weights
+    # and activations (not gpu_memory_utilization of the GPU); None: the family's way
+    kv_cache_free_fraction: float | None = None
+    offline: bool = False  # size the scheduler like vLLM's offline LLM class, not its server
+    # vLLM 0.5.5-0.7 --num-scheduler-steps: a decode batch runs this many steps before the
+    # scheduler runs again (new requests wait for the group to end); 1: every step
+    num_scheduler_steps: int = 1
+    # a step mixes decodes with prefill chunks (vLLM V1, V0 with chunked prefill, TRT-LLM)
+    # or runs prefill and decode steps apart (SGLang; vLLM V0 without chunking); None: the
+    # family's way
+    mixed_batches: bool | None = None
+    # the host schedules step k+1 while the GPU runs step k (SGLang's overlap scheduler,
+    # on by default since 0.4; vLLM's --async-scheduling): a request that arrives during
+    # a step is seen one step later. None: the family's way (on for sglang)
+    overlap_schedule: bool | None = None
+
+    def __post_init__(self) -> None:
+        # (frozen: the parsed members replace the strings a Python caller may have given)
+        set_field = object.__setattr__
+        set_field(self, "engine_family", EngineFamily.parse(self.engine_family))
+        set_field(self, "dtype", DType.parse(self.dtype))
+        set_field(self, "kv_cache_dtype", KVCacheDType.parse(self.kv_cache_dtype))
+        if self.quantization is not None:
+            set_field(self, "quantization", Quantization.parse(self.quantization))
+
+
+@dataclass(frozen=True)
+class ResolvedConfig:
+    """An ``EngineConfig`` with its names read: ``config`` has its quantization (None
+    still: an unquantized checkpoint) and every on/off switch set; its sizes are as
+    given (``sizing.size_engine`` resolves them)."""
+
+    config: EngineConfig
+    model: ModelSpec
+    gpu: GpuSpec
+    rules: FamilyRules  # the engine family's
+    efficiencies: Efficiencies  # the family's, under the efficiencies file if one is given
+    declared_len: int  # the context declared: ``max_model_len`` if given, else the model's
+
+
+def resolve(config: EngineConfig) -> ResolvedConfig:
+    """Read ``config``'s names and fill what its engine family decides.
+
+    Raises ``UsageError`` for an unknown model or GPU, a checkpoint quantized a way that
+    is not simulated (unless ``quantization`` says how to model it), or an unusable
+    efficiencies file; ``ValueError`` for flags vLLM rejects at start-up.
+    """
+    model = resolve_model(config.model)
+    config = _with_checkpoint_quantization(config, model)
+    gpu = resolve_gpu(config.gpu)
+    rules = config.engine_family.rules
+    path = config.efficiencies_path
+    eff = load_efficiencies(path, rules.efficiencies) if path else rules.efficiencies
+    _validate_flags(config, model.max_position_embeddings)
+    check_tensor_parallel(model, config.tensor_parallel_size)
+    declared_len = config.max_model_len or model.max_position_embeddings
+    config = _with_family_switches(config, rules, declared_len)
+    return ResolvedConfig(config, model, gpu, rules, eff, declared_len)
+
+
+def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> EngineConfig:
+    """``config`` with the quantization vLLM would run: the flag's, else the checkpoint's
+    (its config, or a name ending -AWQ, -FP8, ...)."""
+    if config.quantization is None:
+        if model.unsimulated_quantization is not None:
+            raise UsageError(
+                f"{config.model}: the checkpoint's quantization {model.unsimulated_quantization!r} is not simulated; "
+                f"give --quantization {'|'.join(SIMULATED_QUANTIZATIONS)} to model it as one of those"
+            )
+        return dataclasses.replace(config, quantization=model.quantization or quantization_from_name(config.model))
+    if config.quantization is Quantization.GPTQ and Quantization.W8A16 in (
+        model.quantization, quantization_from_name(config.model)
+    ):  # vLLM's gptq/gptq_marlin name a format; the checkpoint says 8 bits
+        return dataclasses.replace(config, quantization=Quantization.W8A16)
+    return config
+
+
+def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len: int) -> EngineConfig:
+    """``config`` with the on/off switches it leaves open (chunked prefill, prefix
+    caching, mixed batches, overlap scheduling) set to its engine family's defaults."""
+    chunked = _given_or(config.enable_chunked_prefill, rules.chunked_prefill_default(declared_len))
+    return dataclasses.replace(
+        config,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=_given_or(config.enable_prefix_caching, rules.prefix_caching),
+        mixed_batches=_given_or(config.mixed_batches, rules.mixes_batches(chunked)),
+        overlap_schedule=_given_or(config.overlap_schedule, rules.overlap_schedule),
+    )
+
+
+def _given_or(flag: bool | None, default: bool) -> bool:
+    """The flag when given (False included), else the family's default."""
+    return default if flag is None else flag
+
+
+def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
+    """Raise ``ValueError`` for flags vLLM rejects at start-up (before sizes are resolved)."""
+    if config.tensor_parallel_size < 1:
+        raise ValueError("tensor_parallel_size must be at least 1")
+    if not 0.0 < config.gpu_memory_utilization <= 1.0:
+        raise ValueError("gpu_memory_utilization must be in (0, 1]")
+    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size", "num_scheduler_steps"):
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1")
+    if config.api_overhead_s is not None and config.api_overhead_s < 0:
+        raise ValueError("api_overhead_s must not be negative")
+    if config.max_model_len is not None and config.max_model_len > max_position_embeddings:
+        raise ValueError(
+            f"User-specified max_model_len ({config.max_model_len}) is greater than the "
+            f"derived max_model_len (max_position_embeddings={max_position_embeddings} in "
+            "model's config.json)."
+        )
+    if config.block_size not in (1, 8, 16, 32, 64, 128):
+        raise ValueError(f"block_size ({config.block_size}) must be one of 1, 8, 16, 32, 64, 128")

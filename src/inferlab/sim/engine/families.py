@@ -1,0 +1,303 @@
+"""Engine families: what ``--engine-family`` changes, in one table.
+
+The simulated engine is vLLM V1 unless told otherwise. Each other engine it can be set up
+as differs in its documented start-up defaults (token budget, sequence cap, chunked
+prefill, prefix caching), in how it batches (prefill and decode in one step or apart,
+scheduling the next step while the GPU runs this one), in how it sizes its KV cache,
+in where its API front end runs, and in its step-time constants. ``FAMILY_RULES`` holds
+all of that, one ``FamilyRules`` row per family, each value with its source; ``inferlab
+sim run --engine-family`` and the validation against published rows
+(``sim.validation``) read the same rows. What a benchmark *harness* adds on top of the
+engine (trtllm-bench sizing the batch from the workload, LMDeploy's scripts raising the
+batch to the user count) lives with the validation, not here.
+
+A flag the user gives always wins over the family's default (``EngineConfig``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from dataclasses import dataclass
+
+from inferlab._errors import UsageError
+from inferlab.sim.engine.dtypes import parse_name
+from inferlab.sim.engine.hardware import GpuSpec
+from inferlab.sim.engine.steptime import DEFAULT_EFFICIENCIES, Efficiencies
+
+_GIB = 2**30
+
+
+class EngineFamily(enum.StrEnum):
+    """An engine the simulator can be set up as (``--engine-family``)."""
+
+    VLLM = "vllm"  # vLLM V1 (0.8 on)
+    VLLM_V0 = "vllm-v0"  # vLLM V0 (0.6, 0.7)
+    VLLM_V05 = "vllm-v0.5"  # vLLM <= 0.5: V0 with the API server in the engine's process
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"  # TensorRT-LLM's C++ batch manager
+    LMDEPLOY = "lmdeploy"  # LMDeploy's TurboMind (2023-24 releases)
+    GENERIC = "generic"  # a named engine without rules of its own (TGI, ...): vLLM V1's
+
+    @classmethod
+    def parse(cls, value: str) -> EngineFamily:
+        """The family ``value`` names; a one-line ``UsageError`` listing them if none."""
+        return parse_name(_FAMILY_NAMES, value, "engine family")
+
+    @property
+    def rules(self) -> FamilyRules:
+        """This family's row of ``FAMILY_RULES``."""
+        return FAMILY_RULES[self]
+
+
+_FAMILY_NAMES = {f.value: f for f in EngineFamily}
+
+
+class BatchMixing(enum.StrEnum):
+    """Whether one step may hold decodes and prefill (chunks) together."""
+
+    ALWAYS = "always"
+    NEVER = "never"  # prefill steps and decode steps apart
+    WHEN_CHUNKED = "when chunked"  # only with chunked prefill; whole prompts run apart
+
+
+@dataclass(frozen=True)
+class FamilyRules:
+    """Everything an engine family sets that a flag does not: its start-up defaults,
+    how it batches and sizes its KV cache, and its step-time constants.
+
+    The sizes are the engine's documented defaults, none fitted; only ``efficiencies``
+    holds calibrated numbers (see ``steptime.Efficiencies``; fields not set there are
+    vLLM V1's).
+    """
+
+    engine: str  # the engine and releases this family stands for
+    # default token budget per step and cap on running sequences; None: vLLM V1's, which
+    # depend on the GPU and on offline use (``vllm_batch_defaults``)
+    max_num_batched_tokens: int | None
+    max_num_seqs: int | None
+    # without chunked prefill the default budget holds a whole prompt: max(max_model_len,
+    # this) (vLLM V0's SchedulerConfig); None: ``max_num_batched_tokens`` either way
+    whole_prompt_budget_floor: int | None
+    chunked_prefill: bool  # chunks prefills by default ...
+    chunked_prefill_above_len: int | None  # ... or only for a max_model_len over this
+    prefix_caching: bool  # caches prompt prefixes by default
+    mixed_batches: BatchMixing
+    # schedules step k+1 while the GPU runs step k by default (from release
+    # ``overlap_schedule_since`` on, when a release is known)
+    overlap_schedule: bool
+    overlap_schedule_since: tuple[int, int] | None
+    # the API server shares the engine's process and event loop: accepting a request
+    # stalls the engine (``Efficiencies.api_intake_s``) instead of running beside it
+    front_end_in_process: bool
+    # the KV cache gets this share of the memory left after weights and activations
+    # (TRT-LLM's kv_cache_free_gpu_mem_fraction, LMDeploy's cache_max_entry_count);
+    # None: gpu_memory_utilization of the whole GPU, less weights and activations (vLLM)
+    kv_free_fraction: float | None
+    efficiencies: Efficiencies
+
+    def chunked_prefill_default(self, max_model_len: int) -> bool:
+        """Whether prefills are chunked when no flag says, for this (declared) context."""
+        above = self.chunked_prefill_above_len
+        return self.chunked_prefill or (above is not None and max_model_len > above)
+
+    def mixes_batches(self, chunked_prefill: bool) -> bool:
+        """Whether a step mixes decodes with prefills when no flag says."""
+        if self.mixed_batches is BatchMixing.WHEN_CHUNKED:
+            return chunked_prefill
+        return self.mixed_batches is BatchMixing.ALWAYS
+
+    def overlap_schedule_in(self, version: tuple[int, int] | None) -> bool:
+        """Whether release ``version`` (None: a current one) overlaps scheduling by default."""
+        since = self.overlap_schedule_since
+        return self.overlap_schedule and (version is None or since is None or version >= since)
+
+    def batch_defaults(
+        self, gpu: GpuSpec, *, offline: bool, chunked_prefill: bool, max_model_len: int
+    ) -> tuple[int, int]:
+        """The default ``(max_num_batched_tokens, max_num_seqs)`` on ``gpu`` for a
+        declared context of ``max_model_len`` tokens."""
+        if self.max_num_batched_tokens is None or self.max_num_seqs is None:
+            return vllm_batch_defaults(gpu, offline)
+        floor = self.whole_prompt_budget_floor
+        if floor is not None and not chunked_prefill:
+            return max(max_model_len, floor), self.max_num_seqs
+        return self.max_num_batched_tokens, self.max_num_seqs
+
+
+def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
+    """vLLM V1's default ``(max_num_batched_tokens, max_num_seqs)`` for a GPU: larger on
+    GPUs with >= 70 GiB other than the A100 (vLLM found large budgets slower there), and
+    a doubled token budget for the offline ``LLM`` class (``EngineArgs.get_batch_defaults``)."""
+    big = gpu.hbm_bytes >= 70 * _GIB and not gpu.name.upper().startswith("A100")
+    if big:
+        return (16384 if offline else 8192), 1024
+    return (8192 if offline else 2048), 256
+
+
+_VLLM_V1 = FamilyRules(
+    engine="vLLM V1 (0.8 on)",
+    max_num_batched_tokens=None,  # by GPU: 8192 / 1024 on H100/H200, 2048 / 256 elsewhere
+    max_num_seqs=None,
+    whole_prompt_budget_floor=None,
+    chunked_prefill=True,
+    chunked_prefill_above_len=None,
+    prefix_caching=True,
+    mixed_batches=BatchMixing.ALWAYS,
+    overlap_schedule=False,  # (--async-scheduling is opt-in)
+    overlap_schedule_since=None,
+    front_end_in_process=False,
+    kv_free_fraction=None,
+    # CUDA graphs, ~0.7 ms host cost per step: the defaults of ``Efficiencies``
+    efficiencies=DEFAULT_EFFICIENCIES,
+)
+
+_VLLM_V0 = FamilyRules(
+    engine="vLLM V0 (0.6, 0.7)",
+    # 256 sequences; a prefill step takes up to max(max_model_len, 2048) tokens, or 512 a
+    # step when chunked
+    max_num_batched_tokens=512,
+    max_num_seqs=256,
+    whole_prompt_budget_floor=2048,
+    # chunked prefill only for a context over 32,768 tokens (vLLM's use_long_context)
+    chunked_prefill=False,
+    chunked_prefill_above_len=32768,
+    prefix_caching=False,  # opt-in --enable-prefix-caching
+    mixed_batches=BatchMixing.WHEN_CHUNKED,  # whole prompts run in prefill-only steps
+    overlap_schedule=False,
+    overlap_schedule_since=None,
+    front_end_in_process=False,
+    kv_free_fraction=None,
+    # Scheduling, input preparation and output processing run between GPU steps in the
+    # engine process (no overlap), about twice V1's host cost per step; its API server
+    # path adds ~28 ms before a request is scheduled (fit: vLLM's own CI, Llama-3-70B TP4
+    # at 1 req/s on H100 and H200, mean TTFT 62.4 / 65.9 ms against 39.0 / 32.2 ms of
+    # prefill and scheduling alone: offsets of 23.5 and 33.7 ms, whose least-squares fit
+    # in relative error is 28.3 ms).
+    efficiencies=Efficiencies(cpu_step_s=1.5e-3, api_overhead_s=0.028),
+)
+
+FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
+    EngineFamily.VLLM: _VLLM_V1,
+    EngineFamily.VLLM_V0: _VLLM_V0,
+    # the same engine as V0 with the OpenAI server in its own process and event loop
+    # (vLLM's v0.6.0 post: 33 % of 0.5.3's time went to the HTTP server): vLLM <= 0.5
+    # tokenized and registered new requests inside its engine loop, in the step that can
+    # first schedule them. Accepting a request stalls the engine loop: a burst of 1,280
+    # requests got its first token after 3.26 s on an H100 (Lambda's 0.5.4 runs), 2.5 ms
+    # per request.
+    EngineFamily.VLLM_V05: dataclasses.replace(
+        _VLLM_V0,
+        engine="vLLM 0.5 and earlier",
+        front_end_in_process=True,
+        efficiencies=dataclasses.replace(_VLLM_V0.efficiencies, api_intake_s=2.5e-3),
+    ),
+    EngineFamily.SGLANG: FamilyRules(
+        engine="SGLang",
+        # --chunked-prefill-size 8192, effectively no sequence cap
+        max_num_batched_tokens=8192,
+        max_num_seqs=4096,
+        whole_prompt_budget_floor=None,
+        chunked_prefill=True,
+        chunked_prefill_above_len=None,
+        prefix_caching=True,  # the radix cache
+        mixed_batches=BatchMixing.NEVER,  # (--enable-mixed-chunk is opt-in)
+        # the overlap scheduler, the default since 0.4: a request that arrives during a
+        # step is seen one step later
+        overlap_schedule=True,
+        overlap_schedule_since=(0, 4),
+        front_end_in_process=False,
+        kv_free_fraction=None,
+        # The overlap scheduler hides most host work behind the GPU step; low-load TTFTs
+        # sit 6-19 ms (0.3, A100/H100, no overlap), 10 ms (0.5, H100) and ~40 ms (0.4,
+        # H200 TP4; ~28 ms beyond the overlap step) above prefill + scheduling: median ~15 ms.
+        efficiencies=Efficiencies(cpu_step_s=0.3e-3, api_overhead_s=0.015),
+    ),
+    EngineFamily.TRTLLM: FamilyRules(
+        engine="TensorRT-LLM",
+        max_num_batched_tokens=8192,  # max_num_tokens
+        max_num_seqs=2048,  # max_batch_size
+        whole_prompt_budget_floor=None,
+        chunked_prefill=True,
+        chunked_prefill_above_len=None,
+        prefix_caching=True,  # KV cache reuse
+        mixed_batches=BatchMixing.ALWAYS,
+        # (its C++ batch manager, whose rows set the constants, does not overlap)
+        overlap_schedule=False,
+        overlap_schedule_since=None,
+        front_end_in_process=False,
+        kv_free_fraction=0.9,  # kv_cache_free_gpu_mem_fraction
+        # C++ batch manager (~1 us per sequence), overlap scheduler, XQA decode attention
+        # streaming the (fp8) KV cache closer to peak bandwidth. Its fp8 GEMMs are tuned
+        # per shape and stream weights as well as bf16's.
+        efficiencies=Efficiencies(
+            cpu_step_s=0.3e-3,
+            per_seq_s=1e-6,
+            kv_stream=0.85,
+            w8_stream_factor=1.0,
+            api_overhead_s=0.015,
+        ),
+    ),
+    EngineFamily.LMDEPLOY: FamilyRules(
+        engine="LMDeploy TurboMind (2023-24)",
+        # max_batch_size 128 and no token budget: it prefills every admitted request
+        # before the next decode
+        max_num_batched_tokens=2**20,
+        max_num_seqs=128,
+        whole_prompt_budget_floor=None,
+        chunked_prefill=False,  # whole prompts
+        chunked_prefill_above_len=None,
+        prefix_caching=False,
+        mixed_batches=BatchMixing.ALWAYS,
+        overlap_schedule=False,
+        overlap_schedule_since=None,
+        front_end_in_process=False,
+        kv_free_fraction=0.8,  # cache_max_entry_count
+        # C++ persistent batch, FasterTransformer-style decode attention; its 2023-24
+        # releases all-reduce through NCCL (no custom all-reduce): ~25 us each.
+        efficiencies=Efficiencies(
+            cpu_step_s=0.3e-3,
+            per_seq_s=1e-6,
+            kv_stream=0.85,
+            allreduce_latency_s=25e-6,
+            api_overhead_s=0.002,  # its benchmarks drive the engine in-process
+            api_per_seq_s=0.0,
+        ),
+    ),
+    # a named engine without rules of its own: vLLM V1's, untuned
+    EngineFamily.GENERIC: dataclasses.replace(_VLLM_V1, engine="another engine (TGI, nano-vllm, ...)"),
+}
+
+
+_NOT_BATCHING = re.compile(r"llama\.?cpp|ollama|exllama|mlc|ctranslate|deepspeed|onnx|mlx")
+_NO_ENGINE = re.compile(r"not stated|unknown|unspecified|^\s*$", re.IGNORECASE)
+
+
+def family_for_engine(engine: str, version: tuple[int, int] | None) -> EngineFamily:
+    """The family that models an engine named in free text, as benchmark pages write it
+    ('vLLM', 'TensorRT-LLM', 'NIM, TensorRT-LLM backend assumed'), at release ``version``
+    (None: not stated). An engine named anywhere in the text counts.
+
+    vLLM before 0.6 is ``vllm-v0.5`` (the OpenAI server in the engine's process), before
+    0.8 ``vllm-v0``. Raises ``UsageError`` for an engine that is not a continuous-batching
+    server modelled here, and for text that names no engine: no family's constants are
+    evidence for an unknown stack."""
+    e = engine.lower()
+    if _NOT_BATCHING.search(e):
+        raise UsageError(f"engine {engine!r}: not a continuous-batching engine we model")
+    if "sglang" in e:
+        return EngineFamily.SGLANG
+    if re.search(r"tensorrt|trt-?llm", e):
+        return EngineFamily.TRTLLM
+    if re.search(r"lmdeploy|turbomind", e):
+        return EngineFamily.LMDEPLOY
+    if "vllm" in e and "nano" not in e:  # also NIM or Triton with their vLLM backend
+        if version is not None and version < (0, 6):
+            return EngineFamily.VLLM_V05
+        return EngineFamily.VLLM_V0 if version is not None and version < (0, 8) else EngineFamily.VLLM
+    if re.search(r"triton|\bnim\b", e):  # serving these models through TensorRT-LLM
+        return EngineFamily.TRTLLM
+    if _NO_ENGINE.search(e):
+        raise UsageError("engine not stated: no engine family to take constants from")
+    return EngineFamily.GENERIC

@@ -1,0 +1,128 @@
+"""Engine sizing: what memory leaves for the KV cache, and the scheduler sizes and API
+costs a configuration leaves to the engine family, resolved once before the engine runs.
+
+vLLM's way: ``gpu_memory_utilization`` of the GPU, less the weights and a profile run's
+activations, in KV blocks. TRT-LLM and LMDeploy give the KV cache a share of what the
+weights and activations leave (``FamilyRules.kv_free_fraction``). Every byte count is per
+tensor-parallel rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from inferlab.sim.engine.config import EngineConfig, ResolvedConfig
+from inferlab.sim.engine.steptime import (
+    activation_reserve_bytes,
+    kv_bytes_per_token,
+    weight_bytes_per_rank,
+)
+
+_GIB = 2**30
+# the profile run that sizes activations when the KV cache takes a share of what is left
+# (TRT-LLM, LMDeploy) holds at most this many tokens
+_FREE_FRACTION_PROFILE_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class EngineSizes:
+    """An engine's resolved memory, scheduler sizes and API costs."""
+
+    weight_bytes: float  # per TP rank
+    reserve_bytes: float  # activations and fixed reserve kept out of the KV cache, per rank
+    num_kv_blocks: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    api_overhead_s: float  # per request, before it can be scheduled (0 offline)
+    api_intake_s: float  # front-end CPU per request, one at a time (0 offline or not modelled)
+
+    def applied_to(self, config: EngineConfig) -> EngineConfig:
+        """``config`` with every size and the API cost it left open filled in."""
+        return dataclasses.replace(
+            config, max_model_len=self.max_model_len, max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs, api_overhead_s=self.api_overhead_s,
+        )
+
+
+def size_engine(resolved: ResolvedConfig) -> EngineSizes:
+    """Size the engine ``resolved`` describes: flags given win; the rest from its family's
+    defaults and what memory holds.
+
+    Raises ``ValueError`` as vLLM refuses to start: weights that do not fit, no room for
+    one KV block, sizes that contradict each other, or a ``max_model_len`` the KV cache
+    cannot hold.
+    """
+    config, model, gpu, eff = resolved.config, resolved.model, resolved.gpu, resolved.efficiencies
+    tp = config.tensor_parallel_size
+    chunked = config.enable_chunked_prefill
+    assert chunked is not None  # (``resolve`` sets every switch)
+    batched, seqs = resolved.rules.batch_defaults(
+        gpu, offline=config.offline, chunked_prefill=chunked, max_model_len=resolved.declared_len
+    )
+    batched = config.max_num_batched_tokens or batched
+    # a default sequence cap never exceeds a given token budget
+    seqs = config.max_num_seqs or min(seqs, batched)
+
+    usable = config.gpu_memory_utilization * gpu.hbm_bytes
+    weights = weight_bytes_per_rank(model, tp, config.quantization)
+    if weights >= usable:
+        raise ValueError(
+            f"{model.name} weights need {weights / _GIB:.1f} GiB per GPU but "
+            f"gpu_memory_utilization={config.gpu_memory_utilization} of {gpu.name} gives "
+            f"{usable / _GIB:.1f} GiB; use a larger tensor_parallel_size, quantization "
+            "or GPU."
+        )
+    block_bytes = kv_bytes_per_token(model, tp, config.kv_cache_dtype) * config.block_size
+    free_fraction = config.kv_cache_free_fraction
+    if free_fraction is None:
+        free_fraction = resolved.rules.kv_free_fraction
+    if free_fraction is None:
+        reserve = activation_reserve_bytes(model, tp, batched, seqs, eff)
+        num_blocks = int(max(0.0, usable - weights - reserve) // block_bytes)
+    else:  # a share of what is left after weights and a profile run
+        reserve = activation_reserve_bytes(model, tp, min(batched, _FREE_FRACTION_PROFILE_TOKENS), seqs, eff)
+        num_blocks = max(0, int(free_fraction * (gpu.hbm_bytes - weights - reserve) // block_bytes))
+    if config.num_gpu_blocks_override is not None:
+        num_blocks = config.num_gpu_blocks_override
+    if num_blocks < 1:
+        raise ValueError(
+            f"No available memory for the cache blocks: {model.name} weights take "
+            f"{weights / _GIB:.1f} GiB and activations {reserve / _GIB:.1f} GiB of the "
+            f"{usable / _GIB:.1f} GiB gpu_memory_utilization allows on {gpu.name}."
+        )
+    # the model's context when not given, as much of it as the cache holds
+    max_len = config.max_model_len or min(model.max_position_embeddings, num_blocks * config.block_size)
+    if config.max_num_batched_tokens is None:  # unchunked, the default budget holds one prompt; and all seqs
+        batched = max(batched, seqs, 0 if chunked else max_len)
+    api_s = config.api_overhead_s
+    if api_s is None:  # offline (vLLM's LLM class) there is no API server
+        api_s = 0.0 if config.offline else eff.api_overhead_s
+    # the API front end accepts requests one at a time (offline: there is none)
+    intake_s = 0.0 if config.offline else eff.api_intake_s
+    _validate_sizes(batched, seqs, max_len, chunked)
+    if num_blocks * config.block_size < max_len:
+        raise ValueError(
+            f"The model's max seq len ({max_len}) is larger than the maximum "
+            f"number of tokens that can be stored in KV cache "
+            f"({num_blocks * config.block_size}). Try increasing gpu_memory_utilization "
+            "or decreasing max_model_len when initializing the engine."
+        )
+    return EngineSizes(weights, reserve, num_blocks, max_len, batched, seqs, api_s, intake_s)
+
+
+def _validate_sizes(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, chunked: bool) -> None:
+    """Raise ``ValueError`` for resolved scheduler sizes vLLM rejects."""
+    if max_num_batched_tokens < max_num_seqs:
+        raise ValueError(
+            f"max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or "
+            f"equal to max_num_seqs ({max_num_seqs})."
+        )
+    if not chunked and max_num_batched_tokens < max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than "
+            f"max_model_len ({max_model_len}). This effectively limits the maximum "
+            "sequence length to max_num_batched_tokens and makes vLLM reject longer "
+            "sequences. Please increase max_num_batched_tokens or decrease max_model_len."
+        )

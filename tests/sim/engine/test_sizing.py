@@ -1,0 +1,94 @@
+"""Resolving a configuration and sizing the engine, apart from the step loop."""
+
+import dataclasses
+
+import pytest
+
+from inferlab._errors import UsageError
+from inferlab.sim import Engine, EngineConfig
+from inferlab.sim.engine.config import resolve
+from inferlab.sim.engine.families import EngineFamily
+from inferlab.sim.engine.sizing import size_engine
+from inferlab.sim.engine.steptime import (
+    activation_reserve_bytes,
+    kv_bytes_per_token,
+    weight_bytes_per_rank,
+)
+
+LLAMA8B = EngineConfig(model="Llama-3.1-8B", gpu="H100")
+
+
+@pytest.mark.parametrize("family", list(EngineFamily))
+def test_resolve_sets_every_switch_and_leaves_the_sizes(family: EngineFamily) -> None:
+    resolved = resolve(dataclasses.replace(LLAMA8B, engine_family=family))
+    cfg = resolved.config
+    for name in ("enable_chunked_prefill", "enable_prefix_caching", "mixed_batches", "overlap_schedule"):
+        assert isinstance(getattr(cfg, name), bool), name
+    assert (cfg.max_model_len, cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.api_overhead_s) == (None,) * 4
+    assert resolved.rules is family.rules and resolved.declared_len == resolved.model.max_position_embeddings
+    assert resolved.efficiencies == family.rules.efficiencies
+
+
+def test_the_engine_runs_the_sizes_sizing_gives() -> None:
+    for cfg in (LLAMA8B, dataclasses.replace(LLAMA8B, engine_family="trtllm", offline=True)):
+        sizes = size_engine(resolve(cfg))
+        engine = Engine(cfg)
+        assert engine.sizes == sizes
+        assert engine.num_kv_blocks == sizes.num_kv_blocks
+        assert (engine.limits.max_model_len, engine.limits.max_num_batched_tokens, engine.limits.max_num_seqs) == (
+            sizes.max_model_len, sizes.max_num_batched_tokens, sizes.max_num_seqs)
+        assert engine.config == sizes.applied_to(resolve(cfg).config)
+        assert engine.api_overhead_s == sizes.api_overhead_s
+
+
+def test_vllm_gives_the_kv_cache_what_utilization_leaves_after_weights_and_activations() -> None:
+    resolved = resolve(LLAMA8B)
+    sizes = size_engine(resolved)
+    model, gpu = resolved.model, resolved.gpu
+    assert sizes.weight_bytes == weight_bytes_per_rank(model, 1)
+    assert sizes.reserve_bytes == activation_reserve_bytes(model, 1, 8192, 1024)  # H100 serving defaults
+    block_bytes = kv_bytes_per_token(model, 1) * 16
+    assert sizes.num_kv_blocks == int((0.9 * gpu.hbm_bytes - sizes.weight_bytes - sizes.reserve_bytes) // block_bytes)
+    # the context is capped to what the cache holds; the served API cost is the family's
+    assert sizes.max_model_len == min(model.max_position_embeddings, sizes.num_kv_blocks * 16)
+    assert sizes.api_overhead_s == resolved.efficiencies.api_overhead_s and sizes.api_intake_s == 0.0
+    offline = size_engine(resolve(dataclasses.replace(LLAMA8B, offline=True)))
+    assert offline.api_overhead_s == 0.0 and offline.max_num_batched_tokens == 16384
+
+
+def test_trtllm_gives_it_a_share_of_what_weights_and_a_profile_run_leave() -> None:
+    resolved = resolve(dataclasses.replace(LLAMA8B, engine_family="trtllm"))
+    sizes = size_engine(resolved)
+    model, gpu = resolved.model, resolved.gpu
+    reserve = activation_reserve_bytes(model, 1, 8192, 2048, resolved.efficiencies)
+    assert sizes.reserve_bytes == reserve
+    block_bytes = kv_bytes_per_token(model, 1) * 16
+    assert sizes.num_kv_blocks == int(0.9 * (gpu.hbm_bytes - sizes.weight_bytes - reserve) // block_bytes)
+
+
+def test_unchunked_default_budget_holds_one_prompt_and_a_given_one_wins() -> None:
+    unchunked = dataclasses.replace(LLAMA8B, max_model_len=20000, enable_chunked_prefill=False)
+    assert size_engine(resolve(unchunked)).max_num_batched_tokens == 20000
+    with pytest.raises(ValueError, match="is smaller than max_model_len"):
+        size_engine(resolve(dataclasses.replace(unchunked, max_num_batched_tokens=8192)))
+    # a default sequence cap never exceeds a given budget
+    assert size_engine(resolve(dataclasses.replace(LLAMA8B, max_num_batched_tokens=512))).max_num_seqs == 512
+
+
+def test_sizing_refuses_what_vllm_refuses() -> None:
+    with pytest.raises(ValueError, match="weights need"):
+        size_engine(resolve(EngineConfig(model="Llama-3.1-70B", gpu="H100")))
+    with pytest.raises(ValueError, match="larger than the maximum number of tokens"):
+        size_engine(resolve(dataclasses.replace(LLAMA8B, max_model_len=4096, num_gpu_blocks_override=100)))
+    with pytest.raises(ValueError, match="must be greater than or equal to max_num_seqs"):
+        size_engine(resolve(dataclasses.replace(LLAMA8B, max_num_batched_tokens=64, max_num_seqs=128)))
+    assert size_engine(resolve(dataclasses.replace(LLAMA8B, max_model_len=1600, num_gpu_blocks_override=100))).num_kv_blocks == 100
+
+
+def test_resolve_refuses_flags_and_names_before_sizing() -> None:
+    with pytest.raises(ValueError, match="divisible by tensor parallel size"):
+        resolve(dataclasses.replace(LLAMA8B, tensor_parallel_size=3))
+    with pytest.raises(ValueError, match="block_size"):
+        resolve(dataclasses.replace(LLAMA8B, block_size=12))
+    with pytest.raises(UsageError, match="unknown GPU"):
+        resolve(dataclasses.replace(LLAMA8B, gpu="TPUv5", block_size=12))  # names first, as vLLM
