@@ -116,9 +116,6 @@ TIME_KEYS = {
 
 
 def _calibration() -> str:
-    for p in (ROOT / "bench" / "data" / "calibration.csv", ROOT.parent / "shared" / "data" / "calibration.csv"):
-        if p.is_file():
-            return str(p)
     return str(ROOT / "bench" / "data" / "calibration.csv")
 
 

@@ -1,14 +1,13 @@
 """The simulator against published measurements: one line per measured metric.
 
-Runs every row of a calibration CSV (default ``shared/data/calibration.csv``, in the
-repository or beside it) through
-``inferlab.sim._validate`` in virtual time and prints measured vs predicted with the
+Runs every row of a calibration CSV (default ``bench/data/calibration.csv``) through
+``inferlab.sim.validation`` in virtual time and prints measured vs predicted with the
 absolute error, then the median absolute error per metric class against the targets
 (throughput <= 10 %, TTFT <= 15 %, TPOT/ITL <= 15 %), per engine family, the rows whose
 throughput errors disagree (their simulated lengths are not the source's), and the rows
 that could not be expressed with the reason.
 
-    python bench/validate_sim.py                  # the shared calibration file
+    python bench/validate_sim.py                  # bench/data/calibration.csv
     python bench/validate_sim.py --csv other.csv  # any file in the same format
     python bench/validate_sim.py --csv bench/data/published_extra.csv  # rows we gathered
     python bench/validate_sim.py --rows 1,46,141  # a subset
@@ -30,15 +29,7 @@ from inferlab.sim.validation.validate import (
     validate,
 )
 
-_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CSV = (
-    next(
-        (p for p in (_ROOT / "shared", _ROOT.parent / "shared") if (p / "data").is_dir()),
-        _ROOT / "shared",
-    )
-    / "data"
-    / "calibration.csv"
-)
+DEFAULT_CSV = Path(__file__).resolve().parent / "data" / "calibration.csv"
 
 
 def _fmt(x: float) -> str:

@@ -1,5 +1,6 @@
-"""The strict type check and the linter run with the tests (STYLE.md: types are part of
-the contract). Skipped only when the tools are not installed (they are test extras)."""
+"""The strict type check and the linter run with the tests: annotations are part of each
+function's contract, so they are checked like the rest of it. Skipped only when the
+tools are not installed (they are test extras)."""
 
 from __future__ import annotations
 

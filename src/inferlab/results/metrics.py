@@ -1,4 +1,4 @@
-"""Metrics: pure functions of ``RequestRecord``s (definitions in DESIGN.md).
+"""Metrics: pure functions of ``RequestRecord``s (definitions in docs/design.md).
 
 Nothing here reads a clock or does I/O; the same records always give the same summary.
 Times in records are ns; the summary reports milliseconds (``*_ms``), tokens/s and TPM.
