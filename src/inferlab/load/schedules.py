@@ -9,15 +9,12 @@ instead of silently lowering the offered load (coordinated omission).
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from inferlab._errors import UsageError
+from inferlab.workload.arrivals import ARRIVALS, Arrival, arrival_times_s
 from inferlab.workload.spec import TimedSpec
-
-Arrival = Literal["poisson", "constant", "gamma"]
 
 
 @dataclass(frozen=True)
@@ -51,20 +48,8 @@ class OpenLoop:
             raise UsageError("--rate must be positive")
         if not self.burstiness > 0:
             raise UsageError("--burstiness must be positive")
-        if self.arrival not in ("poisson", "constant", "gamma"):
+        if self.arrival not in ARRIVALS:
             raise UsageError(f"unknown arrival process {self.arrival!r}")
-
-    def gaps_s(self, rng: random.Random) -> float:
-        """One inter-arrival gap in seconds."""
-        if math.isinf(self.rate_rps):
-            return 0.0
-        mean = 1.0 / self.rate_rps
-        if self.arrival == "constant":
-            return mean
-        if self.arrival == "poisson":
-            return rng.expovariate(self.rate_rps)
-        shape = self.burstiness
-        return rng.gammavariate(shape, mean / shape)
 
     def arrival_times_s(
         self, seed: int, num_requests: int | None, duration_s: float | None
@@ -75,18 +60,7 @@ class OpenLoop:
             raise UsageError("an open-loop run needs --num-requests or --duration")
         if math.isinf(self.rate_rps) and num_requests is None:
             raise UsageError("--rate inf needs --num-requests")
-        rng = random.Random(seed)
-        times: list[float] = []
-        t = 0.0
-        while num_requests is None or len(times) < num_requests:
-            if duration_s is not None and t >= duration_s:
-                break
-            times.append(t)
-            if self.arrival == "constant" and not math.isinf(self.rate_rps):
-                t = len(times) / self.rate_rps  # no accumulated rounding
-            else:
-                t += self.gaps_s(rng)
-        return times
+        return arrival_times_s(self.rate_rps, self.arrival, self.burstiness, seed, num_requests, duration_s)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,205 @@
+"""Trace replay: arrival times and lengths from a file, turned into timed requests.
+
+Formats (auto-detected from the JSON keys or CSV header, or named):
+
+- ``inferlab`` JSONL: ``arrival_s``, ``input_tokens``, ``output_tokens``, optional
+  ``session`` (turns of one session share a growing context: each prompt starts with
+  the session's previous prompt) and ``prefix_group`` (requests of a group share their
+  first ``prefix_tokens`` tokens; default half the prompt);
+- ``requests``: the ``requests.jsonl`` a ``bench`` (or ``sim run``) wrote: each successful
+  request at its intended send time with its token counts and what it measured (warm-up
+  requests are replayed but not compared), so a run against a real server can be replayed in the simulator and
+  compared (a closed loop's sends become fixed arrivals);
+- ``azure`` CSV (Azure LLM inference traces): ``TIMESTAMP`` (date-time or seconds),
+  ``ContextTokens``, ``GeneratedTokens``;
+- ``burstgpt`` CSV: ``Timestamp`` (s), ``Request tokens``, ``Response tokens``; rows
+  with 0 response tokens (failed requests in BurstGPT) are skipped;
+- ``mooncake`` JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``,
+  ``hash_ids``; each hash id is one block of ``block_tokens`` tokens (512, Mooncake's),
+  and equal ids give identical blocks, so shared prefixes reach the server as such;
+- ``vllm``: the JSON that ``vllm bench serve --save-result --save-detailed`` writes:
+  ``input_lens``, ``output_lens``, per-request ``ttfts`` and ``itls`` (seconds), and
+  ``request_rate``/``burstiness`` (the file has no send times: arrivals are redrawn
+  from that rate with the run's seed, or taken from ``start_times``/``start_timestamps``
+  when present), and
+  its ``max_concurrency`` caps requests in flight unless ``--max-concurrency`` is given.
+
+Our JSONL may also carry what each request measured (``ttft_ms``, ``tpot_ms``,
+``e2e_ms``), as the vLLM result does; ``sim run`` then compares its predictions with
+them (``traces.compare``).
+
+Times are rebased so the first kept request is at 0, sliced to ``[start_s, end_s)`` of
+the original trace time, then divided by ``speedup``. A bad row raises ``UsageError``
+naming the file, line and problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from inferlab._errors import UsageError
+from inferlab.workload.prompts import PromptBuilder, Segment
+from inferlab.workload.spec import RequestSpec, TimedSpec
+from inferlab.workload.traces.compare import compare_with_trace
+from inferlab.workload.traces.csv_traces import read_csv
+from inferlab.workload.traces.jsonl import read_jsonl
+from inferlab.workload.traces.requests import read_requests
+from inferlab.workload.traces.rows import TraceRow
+from inferlab.workload.traces.vllm import (
+    read_vllm_result,
+    vllm_result,
+    vllm_result_max_concurrency,
+    vllm_result_model,
+)
+
+__all__ = [
+    "FORMATS",
+    "MOONCAKE_BLOCK_TOKENS",
+    "TraceConfig",
+    "TraceFormat",
+    "TraceRow",
+    "compare_with_trace",
+    "read_rows",
+    "to_specs",
+    "vllm_result_max_concurrency",
+    "vllm_result_model",
+]
+
+TraceFormat = Literal["inferlab", "requests", "azure", "burstgpt", "mooncake", "vllm"]
+
+FORMATS: tuple[str, ...] = ("inferlab", "requests", "azure", "burstgpt", "mooncake", "vllm")
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """Which trace to replay and how: ``speedup`` > 1 compresses time; the window is in
+    seconds of original trace time from its first request."""
+
+    path: str
+    format: TraceFormat | None = None
+    speedup: float = 1.0
+    start_s: float | None = None
+    end_s: float | None = None
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        if not self.speedup > 0:
+            raise UsageError("--speedup must be positive")
+        if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
+            raise UsageError("--trace-end must be after --trace-start")
+        if self.block_tokens < 1:
+            raise UsageError("the hash block size must be at least 1 token")
+
+    def rows(self, seed: int = 0) -> list[TraceRow]:
+        """The kept rows, rebased, sliced and sped up, in arrival order (``seed`` draws
+        arrivals for a vLLM result that has no send times)."""
+        rows = sorted(read_rows(self.path, self.format, seed), key=lambda r: r.arrival_s)
+        t0 = rows[0].arrival_s
+        lo = self.start_s if self.start_s is not None else -math.inf
+        hi = self.end_s if self.end_s is not None else math.inf
+        kept = [r for r in rows if lo <= r.arrival_s - t0 < hi]
+        if not kept:
+            raise UsageError(f"{self.path}: no requests in the time window")
+        k0 = kept[0].arrival_s
+        return [_with_time(r, (r.arrival_s - k0) / self.speedup) for r in kept]
+
+    def load(self, builder: PromptBuilder, seed: int = 0, exact_output: bool = True) -> list[TimedSpec]:
+        return to_specs(self.rows(seed), builder, seed, exact_output, self.block_tokens)
+
+
+def _with_time(r: TraceRow, t: float) -> TraceRow:
+    return dataclasses.replace(r, arrival_s=t)
+
+
+def to_specs(
+    rows: list[TraceRow], builder: PromptBuilder, seed: int, exact_output: bool, block_tokens: int
+) -> list[TimedSpec]:
+    out = []
+    for i, r in enumerate(rows):
+        segs = _segments(r, i, builder, seed, block_tokens)
+        prompt, _ = builder.join(segs)
+        spec = RequestSpec(prompt, r.output_tokens, exact_output, r.input_tokens)
+        out.append(TimedSpec(r.arrival_s, spec, r.measured))
+    return out
+
+
+def _segments(r: TraceRow, i: int, b: PromptBuilder, seed: int, block: int) -> list[Segment]:
+    own = f"trace:{seed}:{i}"
+    n = r.input_tokens
+    if r.hash_ids:
+        segs = []
+        left = n
+        for h in r.hash_ids:
+            if left <= 0:
+                break
+            take = min(block, left)
+            # a partial last block is the start of that block's text: still shared
+            segs.append(b.segment(f"block:{h}:{block}", take))
+            left -= take
+        if left > 0:
+            segs.append(b.segment(own, left))
+        return segs
+    if r.session is not None:
+        return [b.segment(f"session:{r.session}", n)]
+    if r.prefix_group is not None:
+        p = min(n, r.prefix_tokens if r.prefix_tokens is not None else n // 2)
+        segs = [b.segment(f"group:{r.prefix_group}", p)] if p else []
+        return segs + ([b.segment(own, n - p)] if n > p else [])
+    return [b.segment(own, n)]
+
+
+def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow]:
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"unknown trace format {fmt!r} (expected one of {', '.join(FORMATS)})")
+    try:
+        f = open(path, newline="")  # noqa: SIM115
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from e
+    with f:
+        first = f.readline()
+        f.seek(0)
+        result = vllm_result(path, f, fmt == "vllm") if fmt in (None, "vllm") and first.lstrip().startswith("{") else None
+        if fmt == "vllm" and result is None:
+            raise UsageError(f"{path}: not a vLLM benchmark result (a JSON object with input_lens/output_lens)")
+        if result is not None:
+            rows = read_vllm_result(path, result, seed)
+        else:
+            f.seek(0)
+            kind = fmt or _detect(path, first)
+            if kind == "requests":
+                rows = read_requests(path, f)
+            elif kind in ("inferlab", "mooncake"):
+                rows = list(read_jsonl(path, f, kind))
+            else:
+                rows = list(read_csv(path, f, kind))
+    if not rows:
+        raise UsageError(f"{path}: the trace has no requests")
+    return rows
+
+
+def _detect(path: str, first: str) -> str:
+    s = first.strip()
+    if s.startswith("{"):
+        try:
+            keys = set(json.loads(s))
+        except ValueError:
+            raise UsageError(f"{path}:1: not valid JSON") from None
+        if "arrival_s" in keys:
+            return "inferlab"
+        if {"send_ns", "content_ns"} <= keys:
+            return "requests"
+        if "timestamp" in keys and "input_length" in keys:
+            return "mooncake"
+        raise UsageError(f"{path}:1: unknown JSONL trace (expected arrival_s or Mooncake keys; see --trace-format)")
+    header = {h.strip() for h in next(csv.reader([s]), [])}
+    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= header:
+        return "azure"
+    if {"Timestamp", "Request tokens", "Response tokens"} <= header:
+        return "burstgpt"
+    raise UsageError(f"{path}:1: unknown trace header (expected Azure or BurstGPT columns; see --trace-format)")

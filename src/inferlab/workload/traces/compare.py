@@ -1,0 +1,38 @@
+"""A replayed trace's own measurements against what the replay measured."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from inferlab.results.metrics import request_metrics
+from inferlab.results.records import RequestRecord
+from inferlab.workload.spec import TimedSpec
+
+
+def compare_with_trace(records: list[RequestRecord], timed: list[TimedSpec]) -> dict[str, Any] | None:
+    """Mean (and median) predicted against measured TTFT, TPOT and E2E over the requests the
+    trace has measurements for (``records[i].index`` is the trace position).
+    ``None`` when the trace measured nothing."""
+    pairs: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+    for r in records:
+        if r.warmup or not r.ok or r.index >= len(timed):
+            continue
+        m = timed[r.index].measured
+        if m is None:
+            continue
+        pm = request_metrics(r)
+        for key, got, want in (("ttft_ms", pm.ttft_ms, m.ttft_ms), ("tpot_ms", pm.tpot_ms, m.tpot_ms), ("e2e_ms", pm.e2e_ms, m.e2e_ms)):
+            if got is not None and want is not None:
+                pairs[key][0].append(got)
+                pairs[key][1].append(want)
+    out: dict[str, Any] = {}
+    for key, (pred, meas) in pairs.items():
+        if pred:
+            p, w = statistics.fmean(pred), statistics.fmean(meas)
+            p50, w50 = statistics.median(pred), statistics.median(meas)
+            out[key] = {"requests": len(pred), "predicted_mean": p, "measured_mean": w,
+                        "error_pct": 100.0 * (p - w) / w if w else None,
+                        "predicted_median": p50, "measured_median": w50,
+                        "median_error_pct": 100.0 * (p50 - w50) / w50 if w50 else None}
+    return out or None

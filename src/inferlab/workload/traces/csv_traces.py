@@ -1,0 +1,62 @@
+"""Two CSV trace formats: Azure's LLM inference traces (``TIMESTAMP`` as a date-time
+or seconds, ``ContextTokens``, ``GeneratedTokens``) and BurstGPT's (``Timestamp`` in s,
+``Request tokens``, ``Response tokens``; rows with 0 response tokens, failed requests in
+BurstGPT, are skipped)."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+from inferlab._errors import UsageError
+from inferlab.workload.traces.rows import TraceRow, as_int, check_row, why
+
+
+def read_csv(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
+    reader = csv.DictReader(f)
+    names = ("TIMESTAMP", "ContextTokens", "GeneratedTokens") if kind == "azure" else ("Timestamp", "Request tokens", "Response tokens")
+    missing = [c for c in names if c not in (reader.fieldnames or [])]
+    if missing:
+        raise UsageError(f"{path}:1: missing column(s) {', '.join(missing)} for a {kind} trace")
+    ref: int | None = None  # whole seconds of the first row: keeps offsets exact
+    for row in reader:
+        n = reader.line_num
+        try:
+            whole, frac = _timestamp(row[names[0]])
+            ref = whole if ref is None else ref
+            t = (whole - ref) + frac
+            inp, out = as_int(row[names[1]]), as_int(row[names[2]])
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"{path}:{n}: bad {kind} row ({why(e)})") from e
+        if kind == "burstgpt" and out == 0:
+            continue
+        r = TraceRow(t, inp, out)
+        check_row(path, n, r)
+        yield r
+
+
+def _timestamp(v: str | None) -> tuple[int, float]:
+    """Whole seconds and the fraction: seconds as a number, or an ISO date-time (Azure
+    writes 7 fractional digits, more than ``datetime`` keeps)."""
+    if v is None:
+        raise ValueError("missing timestamp")
+    v = v.strip()
+    try:
+        x = float(v)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(x):
+            raise ValueError(f"timestamp {v!r} is not finite")
+        return math.floor(x), x - math.floor(x)
+    whole, _, frac = v.partition(".")
+    if frac and not frac.isdigit():
+        raise ValueError(f"bad timestamp {v!r}")
+    try:
+        base = datetime.fromisoformat(whole)
+    except ValueError:
+        raise ValueError(f"bad timestamp {v!r}") from None
+    return int(base.timestamp()), float("0." + frac) if frac else 0.0

@@ -1,0 +1,56 @@
+"""A trace's rows as every reader produces them, and the checks they share."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from inferlab._errors import UsageError
+from inferlab.workload.spec import Measured
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    session: str | None = None
+    prefix_group: str | None = None
+    prefix_tokens: int | None = None
+    hash_ids: tuple[int, ...] = ()
+    measured: Measured | None = None
+
+
+def measured_of(row: dict[str, Any]) -> Measured | None:
+    vals = [None if row.get(k) is None else float(row[k]) for k in ("ttft_ms", "tpot_ms", "e2e_ms")]
+    return None if all(v is None for v in vals) else Measured(*vals)
+
+
+def as_int(v: object) -> int:
+    if isinstance(v, bool):
+        raise TypeError("expected an integer, got a boolean")
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str):
+        return int(float(v)) if v.strip().replace(".", "", 1).isdigit() else int(v)
+    if not isinstance(v, int):
+        raise TypeError(f"expected an integer, got {v!r}")
+    return v
+
+
+def opt_str(v: object) -> str | None:
+    return None if v is None else str(v)
+
+
+def check_row(path: str, n: int, r: TraceRow) -> None:
+    if r.arrival_s < 0 or not math.isfinite(r.arrival_s):
+        raise UsageError(f"{path}:{n}: the arrival time must be finite and >= 0")
+    if r.input_tokens < 1 or r.output_tokens < 1:
+        raise UsageError(f"{path}:{n}: token counts must be at least 1")
+
+
+def why(e: BaseException) -> str:
+    if isinstance(e, KeyError):
+        return f"missing {e}"
+    return str(e)

@@ -1,0 +1,117 @@
+"""vLLM's saved benchmark result (``vllm bench serve --save-result --save-detailed``)
+as a trace: ``input_lens``, ``output_lens``, per-request ``ttfts`` and ``itls`` (s), and
+``request_rate``/``burstiness`` (the file has no send times: arrivals are redrawn from
+that rate with the run's seed, or taken from ``start_times``/``start_timestamps`` when
+present); its ``max_concurrency`` and ``model_id`` are read for the replay too."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from typing import Any
+
+from inferlab._errors import UsageError
+from inferlab.workload.arrivals import arrival_times_s
+from inferlab.workload.spec import Measured
+from inferlab.workload.traces.rows import TraceRow, as_int, why
+
+
+def vllm_result(path: str, f: Any, required: bool = False) -> dict[str, Any] | None:
+    """The file as a vLLM benchmark result (a JSON object with per-request lists), or
+    ``None``; a summary saved without ``--save-detailed`` is an error that says so."""
+    try:
+        obj = json.load(f)
+    except ValueError as e:
+        if required:
+            raise UsageError(f"{path}: not valid JSON ({e})") from None
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if "input_lens" in obj and "output_lens" in obj:
+        return obj
+    if {"completed", "duration"} <= set(obj) or "request_throughput" in obj:
+        raise UsageError(
+            f"{path}: a benchmark result without per-request data; save it with "
+            "vllm bench serve --save-result --save-detailed (input_lens, output_lens, ttfts, itls)"
+        )
+    return None
+
+
+def _vllm_result_field(path: str, key: str) -> object:
+    """One top-level field of a vLLM benchmark result; ``None`` for other trace files
+    (the trace reader reports unreadable files with their line)."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return _vllm_result_scalars(path, stat.st_mtime_ns, stat.st_size).get(key)
+
+
+@functools.lru_cache(maxsize=4)
+def _vllm_result_scalars(path: str, _mtime_ns: int, _size: int) -> dict[str, object]:
+    """The non-list top-level fields of a vLLM benchmark result, read once per file
+    version (a detailed result can be megabytes); empty for other files."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if not f.readline().lstrip().startswith("{"):
+                return {}
+            f.seek(0)
+            obj = vllm_result(path, f)
+    except (OSError, UsageError):
+        return {}
+    return {k: v for k, v in (obj or {}).items() if not isinstance(v, (list, dict))}
+
+
+def vllm_result_max_concurrency(path: str) -> int | None:
+    """The ``max_concurrency`` a vLLM benchmark result was measured under (its
+    ``--max-concurrency``), so a replay caps requests in flight the same way; ``None``
+    for other trace files or an uncapped run."""
+    value = _vllm_result_field(path, "max_concurrency")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def vllm_result_model(path: str) -> str | None:
+    """The model a vLLM benchmark result measured (its ``model_id``), or ``None``."""
+    value = _vllm_result_field(path, "model_id")
+    return value.strip() or None if isinstance(value, str) else None
+
+
+def read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[TraceRow]:
+    """Rows from vLLM's saved benchmark result (``--save-result --save-detailed``).
+
+    Failed requests (empty output or no TTFT) are left out. Measured TPOT follows vLLM:
+    (latency − TTFT) / (output tokens − 1), the latency being TTFT + Σ ITL."""
+    try:
+        ins, outs = list(obj["input_lens"]), list(obj["output_lens"])
+        ttfts = list(obj.get("ttfts") or [None] * len(ins))
+        itls = list(obj.get("itls") or [None] * len(ins))
+        raw_rate = obj.get("request_rate")
+        rate = math.inf if raw_rate in (None, "inf") else float(raw_rate)
+        burst = float(obj.get("burstiness") or 1.0)
+        # per-request send times when the client saved them (SGLang's bench_serving and
+        # some vLLM forks: seconds, absolute or from the start; rebased below)
+        starts = obj.get("start_times") or obj.get("start_timestamps")
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{path}: not a vLLM benchmark result with input_lens/output_lens ({why(e)})") from e
+    if not (len(ins) == len(outs) == len(ttfts) == len(itls)):
+        raise UsageError(f"{path}: input_lens, output_lens, ttfts and itls differ in length")
+    if starts is not None:
+        arrivals = [float(t) for t in starts]
+    elif not (rate > 0 and burst > 0):
+        raise UsageError(f"{path}: request_rate ({rate:g}) and burstiness ({burst:g}) must be positive")
+    else:
+        arrivals = arrival_times_s(rate, "gamma", burst, seed, len(ins), None)
+    rows = []
+    for i, (n_in, n_out, ttft, itl) in enumerate(zip(ins, outs, ttfts, itls, strict=True)):
+        if not n_out or not n_in or (ttfts[i] is not None and not ttft):
+            continue  # a failed request in the source run
+        measured = None
+        if ttft:
+            gaps = sum(itl or [])
+            e2e = (ttft + gaps) * 1e3
+            tpot = gaps * 1e3 / (n_out - 1) if n_out > 1 and itl else None
+            measured = Measured(ttft * 1e3, tpot, e2e)
+        rows.append(TraceRow(arrivals[i], as_int(n_in), as_int(n_out), measured=measured))
+    return rows
