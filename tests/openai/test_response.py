@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pytest
+from splits import random_splits
 
 from inferlab.openai.errors import error_body
 from inferlab.openai.response import (
@@ -65,7 +66,7 @@ def stream(answer: Completion, *, include_usage: bool) -> bytes:
     return out + DONE_EVENT
 
 
-def read(data: bytes, pieces: list[bytes]) -> tuple[ResponseReader, list[str], list[int]]:
+def read(pieces: list[bytes]) -> tuple[ResponseReader, list[str], list[int]]:
     text: list[str] = []
     reader, parser, arrivals = ResponseReader(text), SSEParser(), []
     for piece in pieces:
@@ -80,9 +81,7 @@ def test_a_built_stream_reads_back_in_any_split(answer: Completion, include_usag
     data = stream(answer, include_usage=include_usage)
     rng = random.Random(4)
     for _ in range(50):
-        cuts = sorted(rng.sample(range(1, len(data)), 8))
-        pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
-        reader, text, arrivals = read(data, pieces)
+        reader, text, arrivals = read(random_splits(data, rng, cuts=8))
         assert text == PIECES
         # the role chunk carries no content; [DONE] reads as 0
         assert sum(arrivals) == len(PIECES)

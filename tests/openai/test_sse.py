@@ -3,6 +3,7 @@ import random
 from typing import Any
 
 import pytest
+from splits import random_splits
 
 from inferlab.openai.sse import DONE, DONE_EVENT, SSEParser, encode_event, encode_json
 
@@ -36,9 +37,7 @@ def test_byte_by_byte_and_random_splits() -> None:
     assert feed_all(SSEParser(), [bytes([b]) for b in STREAM]) == EXPECTED
     rng = random.Random(1)
     for _ in range(200):
-        cuts = sorted(rng.sample(range(1, len(STREAM)), 5))
-        pieces = [STREAM[a:b] for a, b in zip([0, *cuts], [*cuts, len(STREAM)], strict=True)]
-        assert feed_all(SSEParser(), pieces) == EXPECTED
+        assert feed_all(SSEParser(), random_splits(STREAM, rng, cuts=5)) == EXPECTED
 
 
 def test_crlf_and_cr_line_endings_even_when_split() -> None:
@@ -81,11 +80,6 @@ ROUND_TRIP_DATA = [
     ": not a comment inside data",
     "[DONE]",
 ]
-
-
-def random_splits(data: bytes, rng: random.Random, cuts: int = 4) -> list[bytes]:
-    points = sorted(rng.sample(range(1, len(data)), min(cuts, len(data) - 1)))
-    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
 
 
 def test_encode_event_round_trips_in_every_split() -> None:

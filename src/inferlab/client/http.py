@@ -22,7 +22,12 @@ from inferlab._clock import Clock
 from inferlab._errors import InferlabError, ServerUnreachableError, UsageError
 from inferlab.openai.errors import error_message, one_line
 from inferlab.openai.request import PATHS, completion_request
-from inferlab.openai.response import ErrorInResponse, MalformedResponse, ResponseReader
+from inferlab.openai.response import (
+    ErrorInResponse,
+    MalformedResponse,
+    ResponseError,
+    ResponseReader,
+)
 from inferlab.openai.sse import SSEParser
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.workload.spec import Api, RequestSpec
@@ -115,10 +120,8 @@ class _StreamState:
         """Apply one SSE ``data`` payload received at ``t_ns``; False = stop reading."""
         try:
             arrivals = self.reader.event(data)
-        except MalformedResponse as e:
-            return self._fail(ErrorKind.MALFORMED, str(e))
-        except ErrorInResponse as e:
-            return self._fail(ErrorKind.STREAM_ERROR, str(e))
+        except ResponseError as e:
+            return self._fail(e)
         if arrivals:
             content_ns = self.record.content_ns
             content_ns.append(t_ns)
@@ -130,10 +133,8 @@ class _StreamState:
         """Apply a whole (non-streamed) response body; False if it failed the record."""
         try:
             self.reader.body(raw)
-        except MalformedResponse as e:
-            return self._fail(ErrorKind.MALFORMED, str(e))
-        except ErrorInResponse as e:
-            return self._fail(ErrorKind.STREAM_ERROR, str(e))
+        except ResponseError as e:
+            return self._fail(e)
         return True
 
     def flush(self) -> None:
@@ -151,10 +152,17 @@ class _StreamState:
         if rd.timeline is not None:
             r.server_timeline = rd.timeline
 
-    def _fail(self, kind: ErrorKind, message: str) -> bool:
-        self.record.error_kind = kind
-        self.record.error = message[:_MAX_ERROR_CHARS]
+    def _fail(self, e: ResponseError) -> bool:
+        self.record.error_kind = _ERROR_KINDS[type(e)]
+        self.record.error = str(e)[:_MAX_ERROR_CHARS]
         return False
+
+
+#: How a response the reader refuses is recorded.
+_ERROR_KINDS: dict[type[ResponseError], ErrorKind] = {
+    MalformedResponse: ErrorKind.MALFORMED,
+    ErrorInResponse: ErrorKind.STREAM_ERROR,
+}
 
 
 #: After ``[DONE]``, how long to wait for the body's end (so the connection can be
