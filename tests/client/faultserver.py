@@ -23,6 +23,8 @@ from typing import Any, Self
 
 from aiohttp import web
 
+from inferlab.openai.errors import error_body
+
 #: The generated deltas of a normal reply: one reasoning delta, then three content deltas.
 TEXTS = ("Think.", "Hello", " world", "!")
 OUTPUT_CHARS = sum(len(t) for t in TEXTS)
@@ -97,8 +99,7 @@ async def _stream(request: web.Request, pieces: list[bytes], gap_s: float = 0.0)
 
 
 def _json_error(status: int, message: str, type_: str, headers: dict[str, str] | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": type_, "param": None, "code": status}}
-    return web.json_response(body, status=status, headers=headers)
+    return web.json_response(error_body(status, message, type_), status=status, headers=headers)
 
 
 # --- behaviours -------------------------------------------------------------------------

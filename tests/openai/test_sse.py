@@ -1,6 +1,11 @@
+import json
 import random
+from typing import Any
 
-from inferlab.openai.sse import SSEParser
+import pytest
+from splits import random_splits
+
+from inferlab.openai.sse import DONE, DONE_EVENT, SSEParser, encode_event, encode_json
 
 STREAM = (
     b": keep-alive\n\n"
@@ -32,9 +37,7 @@ def test_byte_by_byte_and_random_splits() -> None:
     assert feed_all(SSEParser(), [bytes([b]) for b in STREAM]) == EXPECTED
     rng = random.Random(1)
     for _ in range(200):
-        cuts = sorted(rng.sample(range(1, len(STREAM)), 5))
-        pieces = [STREAM[a:b] for a, b in zip([0, *cuts], [*cuts, len(STREAM)], strict=True)]
-        assert feed_all(SSEParser(), pieces) == EXPECTED
+        assert feed_all(SSEParser(), random_splits(STREAM, rng, cuts=5)) == EXPECTED
 
 
 def test_crlf_and_cr_line_endings_even_when_split() -> None:
@@ -62,3 +65,58 @@ def test_only_one_leading_space_is_stripped_and_other_fields_ignored() -> None:
     p = SSEParser()
     assert p.feed(b"data:  two spaces\nretry: 10\n\n") == [" two spaces"]
     assert p.feed(b"id: 3\n\n") == []  # an event without data is not dispatched
+
+
+# --- encoding: SSEParser gives back what encode_event / encode_json wrote ---------------
+
+ROUND_TRIP_DATA = [
+    '{"a": 1}',
+    "",
+    " leading space kept",
+    "two\nlines",
+    "\n",
+    "trailing newline\n",
+    "héllo ✓ 🚀",
+    ": not a comment inside data",
+    "[DONE]",
+]
+
+
+def test_encode_event_round_trips_in_every_split() -> None:
+    stream = b"".join(encode_event(d) for d in ROUND_TRIP_DATA)
+    for cut in range(len(stream) + 1):
+        assert feed_all(SSEParser(), [stream[:cut], stream[cut:]]) == ROUND_TRIP_DATA, cut
+    assert feed_all(SSEParser(), [bytes([b]) for b in stream]) == ROUND_TRIP_DATA
+    rng = random.Random(2)
+    for _ in range(200):
+        assert feed_all(SSEParser(), random_splits(stream, rng)) == ROUND_TRIP_DATA
+
+
+def test_encode_event_frames_one_line_per_data_line() -> None:
+    assert encode_event("x") == b"data: x\n\n"
+    assert encode_event("a\nb") == b"data: a\ndata: b\n\n"
+    assert encode_event("") == b"data: \n\n"
+
+
+def test_encode_event_refuses_a_carriage_return() -> None:
+    with pytest.raises(ValueError, match="carriage return"):
+        encode_event("a\rb")
+
+
+def test_encode_json_is_compact_and_round_trips() -> None:
+    objs: list[Any] = [
+        {"id": "chatcmpl-1", "choices": [{"delta": {"content": "line\nbreak\r and ✓"}}]},
+        {"usage": {"prompt_tokens": 3}, "x": None, "y": [1.5, True]},
+        [],
+    ]
+    assert encode_json(objs[1]) == b'data: {"usage":{"prompt_tokens":3},"x":null,"y":[1.5,true]}\n\n'
+    stream = b"".join(encode_json(o) for o in objs) + DONE_EVENT
+    rng = random.Random(3)
+    for _ in range(200):
+        events = feed_all(SSEParser(), random_splits(stream, rng, cuts=6))
+        assert [json.loads(e) for e in events[:-1]] == objs
+        assert events[-1] == DONE
+
+
+def test_done_event_is_openais() -> None:
+    assert DONE_EVENT == b"data: [DONE]\n\n"

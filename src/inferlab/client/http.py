@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
-import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -20,11 +20,23 @@ import aiohttp
 
 from inferlab._clock import Clock
 from inferlab._errors import InferlabError, ServerUnreachableError, UsageError
+from inferlab.openai.errors import error_message, one_line
+from inferlab.openai.request import PATHS, completion_request
+from inferlab.openai.response import (
+    ErrorInResponse,
+    MalformedResponse,
+    ResponseError,
+    ResponseReader,
+)
 from inferlab.openai.sse import SSEParser
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.workload.spec import Api, RequestSpec
 
-_MAX_ERROR_CHARS = 300
+__all__ = [
+    "Client", "Endpoint", "api_base", "discover_model", "one_line", "request_body", "session_trace",
+]
+
+_MAX_ERROR_CHARS = 300  # of a record's error message
 
 
 def api_base(url: str) -> str:
@@ -51,7 +63,7 @@ class Endpoint:
 
     @property
     def url(self) -> str:
-        return self.base_url + ("/chat/completions" if self.api == "chat" else "/completions")
+        return self.base_url + PATHS[self.api]
 
     def request_headers(self) -> dict[str, str]:
         h = {"Content-Type": "application/json", **self.headers}
@@ -61,21 +73,19 @@ class Endpoint:
 
 
 def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": endpoint.model}
-    if endpoint.api == "chat":
-        body["messages"] = spec.messages()
-    else:
-        body["prompt"] = spec.completion_prompt()
-    if spec.max_tokens is not None:
-        body["max_tokens"] = spec.max_tokens
-        if spec.exact_output:
-            body["ignore_eos"] = True
-            body["min_tokens"] = spec.max_tokens
-    if endpoint.stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-    body.update(spec.extra_body)
-    return body
+    """The JSON body that sends ``spec`` to ``endpoint``. ``TypeError`` for a token-id
+    prompt on the chat API."""
+    chat = endpoint.api == "chat"
+    return completion_request(
+        endpoint.model,
+        endpoint.api,
+        messages=spec.messages() if chat else None,
+        prompt=None if chat else spec.completion_prompt(),
+        max_tokens=spec.max_tokens,
+        exact_output=spec.exact_output,
+        stream=endpoint.stream,
+        extra=spec.extra_body,
+    )
 
 
 def session_trace() -> aiohttp.TraceConfig:
@@ -94,105 +104,65 @@ def session_trace() -> aiohttp.TraceConfig:
 
 
 class _StreamState:
-    """What the events of one response said, in arrival order."""
+    """One response's reader, and the record it fills: arrival times as chunks come
+    (``event``), everything else once at the end (``flush``)."""
 
     def __init__(self, record: RequestRecord, text_out: list[str] | None = None) -> None:
         self.record = record
-        self.text_out = text_out
-        self.done = False
+        self.reader = ResponseReader(text_out)
+
+    @property
+    def done(self) -> bool:
+        """The stream ended with ``[DONE]``."""
+        return self.reader.done
 
     def event(self, data: str, t_ns: int) -> bool:
         """Apply one SSE ``data`` payload received at ``t_ns``; False = stop reading."""
-        if data == "[DONE]":
-            self.done = True
-            return False
         try:
-            obj = json.loads(data)
-        except ValueError:
-            return self._fail(ErrorKind.MALFORMED, f"event is not JSON: {data[:80]!r}")
-        if not isinstance(obj, dict):
-            return self._fail(ErrorKind.MALFORMED, f"event is not a JSON object: {data[:80]!r}")
-        if "error" in obj:
-            return self._fail(ErrorKind.STREAM_ERROR, _error_message(obj))
-        apply_body(self.record, obj, t_ns, streaming=True, text_out=self.text_out)
+            arrivals = self.reader.event(data)
+        except ResponseError as e:
+            return self._fail(e)
+        if arrivals:
+            content_ns = self.record.content_ns
+            content_ns.append(t_ns)
+            if arrivals > 1:  # several choices (a request with n > 1) in one chunk
+                content_ns.extend(itertools.repeat(t_ns, arrivals - 1))
+        return not self.reader.done
+
+    def body(self, raw: bytes) -> bool:
+        """Apply a whole (non-streamed) response body; False if it failed the record."""
+        try:
+            self.reader.body(raw)
+        except ResponseError as e:
+            return self._fail(e)
         return True
 
-    def _fail(self, kind: ErrorKind, message: str) -> bool:
-        self.record.error_kind = kind
-        self.record.error = message[:_MAX_ERROR_CHARS]
+    def flush(self) -> None:
+        """Copy what the response said into the record (once, whatever way it ended)."""
+        r, rd = self.record, self.reader
+        r.output_chars += rd.output_chars
+        if rd.finish_reason is not None:
+            r.finish_reason = rd.finish_reason
+        if rd.usage_seen:
+            r.input_tokens = rd.prompt_tokens
+            r.output_tokens = rd.completion_tokens
+            r.usage_source = "server"
+        if rd.cached_seen:
+            r.cached_tokens = rd.cached_tokens
+        if rd.timeline is not None:
+            r.server_timeline = rd.timeline
+
+    def _fail(self, e: ResponseError) -> bool:
+        self.record.error_kind = _ERROR_KINDS[type(e)]
+        self.record.error = str(e)[:_MAX_ERROR_CHARS]
         return False
 
 
-def apply_body(
-    record: RequestRecord, obj: dict[str, Any], t_ns: int, *, streaming: bool,
-    text_out: list[str] | None = None,
-) -> None:
-    """Take content, usage, finish reason and the server timeline from a chunk or body;
-    append the generated text to ``text_out`` if given (multi-turn sessions need it)."""
-    choices = obj.get("choices") or []
-    for choice in choices:
-        if not isinstance(choice, dict):
-            continue
-        part = choice.get("delta") if streaming else choice.get("message")
-        text = ""
-        has_content = False
-        if isinstance(part, dict):
-            for key in ("content", "reasoning_content", "reasoning"):
-                value = part.get(key)
-                if value:
-                    text += value if isinstance(value, str) else ""
-                    has_content = True
-            if part.get("tool_calls"):
-                has_content = True
-        if choice.get("text"):
-            text += str(choice["text"])
-            has_content = True
-        if has_content and streaming:
-            record.content_ns.append(t_ns)
-        record.output_chars += len(text)
-        if text_out is not None and text:
-            text_out.append(text)
-        if choice.get("finish_reason"):
-            record.finish_reason = str(choice["finish_reason"])
-    usage = obj.get("usage")
-    if isinstance(usage, dict):
-        record.input_tokens = _int_or_none(usage.get("prompt_tokens"))
-        record.output_tokens = _int_or_none(usage.get("completion_tokens"))
-        details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict):
-            record.cached_tokens = _int_or_none(details.get("cached_tokens"))
-        record.usage_source = "server"
-    timeline = obj.get("inferlab_timeline")
-    if isinstance(timeline, dict):
-        record.server_timeline = timeline
-
-
-_TAG = re.compile(r"<(script|style)\b.*?</\1>|<[^>]+>", re.S | re.I)
-
-
-def one_line(text: str, limit: int = 200) -> str:
-    """A server's error body as one short line: HTML tags dropped, whitespace folded."""
-    flat = " ".join(_TAG.sub(" ", text).split())
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
-
-
-def _int_or_none(v: object) -> int | None:
-    return v if isinstance(v, int) else None
-
-
-def _error_message(obj: object) -> str:
-    if isinstance(obj, dict):
-        err = obj.get("error", obj)
-        if isinstance(err, dict):
-            msg = err.get("message") or err.get("detail") or err.get("msg")
-            if msg:
-                return str(msg)
-        elif isinstance(err, str):
-            return err
-        for key in ("message", "detail"):
-            if obj.get(key):
-                return str(obj[key])
-    return json.dumps(obj)[:_MAX_ERROR_CHARS]
+#: How a response the reader refuses is recorded.
+_ERROR_KINDS: dict[type[ResponseError], ErrorKind] = {
+    MalformedResponse: ErrorKind.MALFORMED,
+    ErrorInResponse: ErrorKind.STREAM_ERROR,
+}
 
 
 #: After ``[DONE]``, how long to wait for the body's end (so the connection can be
@@ -282,7 +252,7 @@ class Client:
                 while len(raw) < 65536 and (data := await resp.content.read(65536 - len(raw))):
                     raw += data
                 try:
-                    message = _error_message(json.loads(raw))
+                    message = error_message(json.loads(raw))
                 except ValueError:
                     message = one_line(raw.decode("utf-8", "replace")) or (resp.reason or "")
                 self._fail(record, ErrorKind.HTTP_STATUS, f"HTTP {resp.status}: {message}")
@@ -299,21 +269,24 @@ class Client:
         state = _StreamState(record, text_out)
         reading = True
         t_end = 0
-        async for data in resp.content.iter_any():
-            t_end = self._now()
-            if record.ttfb_ns is None:
-                record.ttfb_ns = t_end
-            for event in parser.feed(data):
-                if not state.event(event, t_end):
-                    reading = False
+        try:
+            async for data in resp.content.iter_any():
+                t_end = self._now()
+                if record.ttfb_ns is None:
+                    record.ttfb_ns = t_end
+                for event in parser.feed(data):
+                    if not state.event(event, t_end):
+                        reading = False
+                        break
+                if not reading:
                     break
-            if not reading:
-                break
-        if not state.done and reading:
-            t_end = self._now()
-            for event in parser.close():
-                if not state.event(event, t_end):
-                    break
+            if not state.done and reading:
+                t_end = self._now()
+                for event in parser.close():
+                    if not state.event(event, t_end):
+                        break
+        finally:  # a failed or cancelled stream keeps what it said so far
+            state.flush()
         record.stream_done = state.done
         if record.error_kind is None:
             record.end_ns = t_end
@@ -329,26 +302,16 @@ class Client:
                 record.ttfb_ns = self._now()
             chunks.append(data)
         t_end = self._now()
-        try:
-            obj = json.loads(b"".join(chunks))
-        except ValueError:
-            self._fail(record, ErrorKind.MALFORMED, "response body is not JSON")
-            return
-        if not isinstance(obj, dict):
-            self._fail(record, ErrorKind.MALFORMED, "response body is not a JSON object")
-            return
-        if "error" in obj:
-            self._fail(record, ErrorKind.STREAM_ERROR, _error_message(obj))
-            return
-        apply_body(record, obj, t_end, streaming=False, text_out=text_out)
-        record.end_ns = t_end
+        state = _StreamState(record, text_out)
+        if state.body(b"".join(chunks)):
+            state.flush()
+            record.end_ns = t_end
+
 
 async def discover_model(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> str:
     """The first model id from ``GET /v1/models``; ``ServerUnreachableError`` if no
     server answers there."""
     import aiohttp  # (here: `sim run` imports this module and makes no HTTP call)
-
-    from inferlab.client.http import one_line
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:

@@ -1,16 +1,50 @@
-"""Incremental Server-Sent Events parser (the subset OpenAI-compatible servers use).
+"""Server-Sent Events, the framing of OpenAI streams: an incremental parser and the
+encoder that is its inverse.
 
-Feed it bytes as they arrive, in any split; it returns the ``data`` payload of every
-event completed so far. Follows the SSE spec's line rules: ``\\n``, ``\\r\\n`` or ``\\r``
-end a line, a blank line ends an event, ``:`` starts a comment (keep-alive), ``data:``
-may or may not be followed by one space, several ``data`` lines join with ``\\n``.
-Fields other than ``data`` (``event``, ``id``, ``retry``) are ignored.
+``SSEParser`` reads the subset OpenAI-compatible servers use. Feed it bytes as they
+arrive, in any split; it returns the ``data`` payload of every event completed so far.
+It follows the SSE spec's line rules: ``\\n``, ``\\r\\n`` or ``\\r`` end a line, a blank
+line ends an event, ``:`` starts a comment (keep-alive), ``data:`` may or may not be
+followed by one space, several ``data`` lines join with ``\\n``. Fields other than
+``data`` (``event``, ``id``, ``retry``) are ignored.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+#: The data of the event that ends an OpenAI stream (it is not JSON).
+DONE = "[DONE]"
+
+
+def encode_event(data: str) -> bytes:
+    """One event carrying ``data`` as UTF-8: a ``data: `` line per line of ``data``, then
+    the blank line that ends the event. ``SSEParser`` gives ``data`` back, however the
+    bytes are split. ``ValueError`` if ``data`` holds a ``\\r``: SSE reads it as a line
+    end, so no event can carry it."""
+    if "\r" in data:
+        raise ValueError("SSE data cannot carry a carriage return")
+    if "\n" in data:
+        return "".join(f"data: {line}\n" for line in data.split("\n")).encode() + b"\n"
+    return b"data: " + data.encode() + b"\n\n"
+
+
+def encode_json(obj: Any) -> bytes:
+    """``obj`` as one event of compact JSON (no spaces after ``,`` and ``:``, non-ASCII
+    escaped), as OpenAI-compatible servers stream chunks. ``TypeError`` if ``obj`` is
+    not JSON-serialisable."""
+    # json.dumps escapes every line break, so the text is always one data line.
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+#: The event that ends an OpenAI stream: ``data: [DONE]``.
+DONE_EVENT = encode_event(DONE)
+
 
 class SSEParser:
+    """Bytes in, completed events' ``data`` out; one parser per stream."""
+
     def __init__(self) -> None:
         self._buffer = b""
         self._data: list[str] = []

@@ -19,6 +19,15 @@ from typing import Any
 from aiohttp import web
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
+from inferlab.openai.errors import APIError, error_body
+from inferlab.openai.request import (
+    PATHS,
+    GenerationParams,
+    parse_body,
+    read_messages,
+    read_params,
+    read_prompt,
+)
 from inferlab.sim.engine.engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim.engine.outputs import natural_output_len
 from inferlab.sim.server.generation import Generation
@@ -48,17 +57,9 @@ class ServerConfig:
         return self.served_model_name or self.engine.model
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-
-
-def error_response(status: int, message: str, kind: str) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return web.json_response(body, status=status)
+def error_response(status: int, message: str, error_type: str) -> web.Response:
+    """An OpenAI error answer (``inferlab.openai.errors``)."""
+    return web.json_response(error_body(status, message, error_type), status=status)
 
 
 @web.middleware
@@ -66,7 +67,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as e:
-        return error_response(e.status, e.message, e.kind)
+        return error_response(e.status, e.message, e.error_type)
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -144,8 +145,8 @@ class SimServer:
         self.app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
         self.app.add_routes([
             web.get("/v1/models", self.models),
-            web.post("/v1/chat/completions", self.chat),
-            web.post("/v1/completions", self.completions),
+            web.post("/v1" + PATHS["chat"], self.chat),
+            web.post("/v1" + PATHS["completions"], self.completions),
             web.get("/health", self.health),
             web.get("/metrics", self.metrics),
             web.post("/tokenize", self.tokenize),
@@ -186,7 +187,7 @@ class SimServer:
         self._check_model(body)
         if "messages" in body:
             try:
-                ids = self.tokenizer.apply_chat_template(_messages(body))
+                ids = self.tokenizer.apply_chat_template(read_messages(body))
             except ValueError as e:
                 raise APIError(400, str(e)) from e
         elif isinstance(body.get("prompt"), str):
@@ -214,7 +215,7 @@ class SimServer:
         body = await _json_body(request)
         self._check_model(body)
         try:
-            prompt_ids = self.tokenizer.apply_chat_template(_messages(body))
+            prompt_ids = self.tokenizer.apply_chat_template(read_messages(body))
         except ValueError as e:
             raise APIError(400, str(e)) from e
         return await self._generate(request, body, prompt_ids, chat=True)
@@ -222,17 +223,13 @@ class SimServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
         self._check_model(body)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
+        prompt = read_prompt(body)
         if isinstance(prompt, str):
             prompt_ids = self.tokenizer.encode(prompt)
-        elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        else:
             if not all(0 <= t < self.tokenizer.vocab_size for t in prompt):
                 raise APIError(400, f"token ids must be in [0, {self.tokenizer.vocab_size})")
             prompt_ids = list(prompt)
-        else:
-            raise APIError(400, "'prompt' must be a string or a non-empty list of token ids")
         return await self._generate(request, body, prompt_ids, chat=False)
 
     def _check_model(self, body: dict[str, Any]) -> None:
@@ -240,12 +237,10 @@ class SimServer:
         if model is not None and model not in (self.config.model_name, self.config.engine.model):
             raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError")
 
-    def _output_len(self, body: dict[str, Any], prompt_ids: list[int]) -> tuple[int, str]:
+    def _output_len(self, params: GenerationParams, prompt_ids: list[int]) -> tuple[int, str]:
         """How many tokens to generate, and the finish reason that will be reported."""
         room = self.engine.limits.max_model_len - len(prompt_ids)
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
-            raise APIError(400, "max_tokens must be a positive integer")
+        max_tokens = params.max_tokens
         if max_tokens is not None and len(prompt_ids) + max_tokens > self.engine.limits.max_model_len:
             raise APIError(
                 400,
@@ -261,12 +256,9 @@ class SimServer:
                 f"However, your prompt has {len(prompt_ids)} tokens. Please reduce the length of the prompt.",
             )
         limit = max_tokens if max_tokens is not None else room
-        min_tokens = body.get("min_tokens") or 0
-        if body.get("ignore_eos") or (isinstance(min_tokens, int) and min_tokens >= limit):
+        if params.ignore_eos or params.min_tokens >= limit:
             return limit, "length"
-        natural = natural_output_len(prompt_ids, self.config.natural_output_median_tokens)
-        if isinstance(min_tokens, int):
-            natural = max(natural, min_tokens)
+        natural = max(natural_output_len(prompt_ids, self.config.natural_output_median_tokens), params.min_tokens)
         return (limit, "length") if natural >= limit else (natural, "stop")
 
     async def _generate(
@@ -274,12 +266,8 @@ class SimServer:
     ) -> web.StreamResponse:
         assert self.loop is not None
         received_s = self.loop.now_s()
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise APIError(400, "'stream' must be a boolean")
-        output_len, finish_reason = self._output_len(body, prompt_ids)
-        opts = body.get("stream_options") or {}
-        include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+        params = read_params(body)
+        output_len, finish_reason = self._output_len(params, prompt_ids)
         if self.engine.num_waiting >= self.config.max_waiting_requests:
             raise APIError(429, "The server is overloaded: too many requests are waiting.", "RateLimitError")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
@@ -290,28 +278,13 @@ class SimServer:
         gen = Generation(self, rid, chat, received_s, len(prompt_ids))
         gen.finish_reason = finish_reason
         try:
-            if stream:
-                return await gen.stream(request, queue, include_usage)
+            if params.stream:
+                return await gen.stream(request, queue, params.include_usage)
             return await gen.whole(queue)
         finally:
             self.loop.release(rid)
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(400, f"request body is not valid JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise APIError(400, "request body must be a JSON object")
-    return body
-
-
-def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    msgs = body.get("messages")
-    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-        raise APIError(400, "'messages' must be a non-empty list of message objects")
-    for m in msgs:
-        if m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
-            raise APIError(400, f"unknown message role {m.get('role')!r}")
-    return msgs
+    # (what aiohttp's ``request.json()`` does, with the API's errors)
+    return parse_body(await request.read(), request.charset)

@@ -4,12 +4,14 @@ engine, or one JSON body; both end with usage and the ``inferlab_timeline`` exte
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from inferlab.openai.response import Completion
+from inferlab.openai.response import usage as usage_object
+from inferlab.openai.sse import DONE_EVENT, encode_json
 from inferlab.sim.engine.engine import TokenEvent
 
 if TYPE_CHECKING:
@@ -22,39 +24,15 @@ class Generation:
     def __init__(self, server: SimServer, rid: str, chat: bool, received_s: float, prompt_tokens: int) -> None:
         self.server = server
         self.rid = rid
-        self.chat = chat
         self.received_s = received_s
         self.prompt_tokens = prompt_tokens
-        self.created = int(time.time())
-        self.model = server.config.model_name
+        self.answer = Completion(rid, chat, int(time.time()), server.config.model_name)
         self.n_out = 0
         self.finish_reason = "length"
 
-    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        obj = {
-            "id": self.rid,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            **extra,
-        }
-        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-    def _choice(self, text: str, finish: str | None, role: bool = False) -> dict[str, Any]:
-        if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-
     def usage(self) -> dict[str, Any]:
         tl = self.server.engine.timeline(self.rid)
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.n_out,
-            "total_tokens": self.prompt_tokens + self.n_out,
-            "prompt_tokens_details": {"cached_tokens": tl.cached_tokens},
-        }
+        return usage_object(self.prompt_tokens, self.n_out, tl.cached_tokens)
 
     def timeline(self) -> dict[str, Any]:
         tl = self.server.engine.timeline(self.rid)
@@ -83,6 +61,7 @@ class Generation:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         tok = self.server.tokenizer
+        answer = self.answer
         finished = False
         while not finished:
             events = [await queue.get()]
@@ -90,20 +69,22 @@ class Generation:
                 events.append(queue.get_nowait())
             out = bytearray()
             for ev in events:
-                if self.n_out == 0 and self.chat:
-                    out += self._chunk([self._choice("", None, role=True)])
+                if self.n_out == 0 and answer.chat:
+                    out += encode_json(answer.chunk([answer.choice("", None, role=True)]))
                 self.n_out += 1
                 finished = ev.finished
-                out += self._chunk([self._choice(tok.output_piece(ev.token_index), None)])
+                out += encode_json(answer.chunk([answer.choice(tok.output_piece(ev.token_index), None)]))
                 if finished:
                     break
             if finished:
                 self._observe()
-                last = self._chunk([self._choice("", self.finish_reason)], **({} if include_usage else {"inferlab_timeline": self.timeline()}))
-                out += last
+                # The timeline is complete only now: it rides on the stream's last chunk,
+                # the usage chunk when one was asked for, else the finish chunk.
+                last = answer.chunk([answer.choice("", self.finish_reason)], **({} if include_usage else {"inferlab_timeline": self.timeline()}))
+                out += encode_json(last)
                 if include_usage:
-                    out += self._chunk([], usage=self.usage(), inferlab_timeline=self.timeline())
-                out += b"data: [DONE]\n\n"
+                    out += encode_json(answer.chunk([], usage=self.usage(), inferlab_timeline=self.timeline()))
+                out += DONE_EVENT
             await resp.write(bytes(out))
         await resp.write_eof()
         return resp
@@ -118,17 +99,5 @@ class Generation:
             if ev.finished:
                 break
         self._observe()
-        text = "".join(pieces)
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": self.finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish_reason}
-        return web.json_response({
-            "id": self.rid,
-            "object": "chat.completion" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            "usage": self.usage(),
-            "inferlab_timeline": self.timeline(),
-        })
+        body = self.answer.body("".join(pieces), self.finish_reason, self.usage(), inferlab_timeline=self.timeline())
+        return web.json_response(body)

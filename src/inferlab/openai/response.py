@@ -1,0 +1,210 @@
+"""The OpenAI response bodies, both ways: ``Completion`` and ``usage`` build the chunks
+and the whole body a server answers with; ``ResponseReader`` reads them on a client.
+
+A chat stream's chunks are ``chat.completion.chunk`` objects whose choices carry a
+``delta``; a whole chat body is a ``chat.completion`` whose choices carry a ``message``.
+Text completions use ``text_completion`` and a ``text`` per choice, streamed or not.
+A stream that asked for usage ends with a chunk whose ``choices`` is empty and which
+carries ``usage``. ``inferlab_timeline`` is inferlab's extension: the simulated
+server's own view of the request, in the last chunk or the body.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from inferlab._errors import InferlabError
+from inferlab.openai.errors import error_message
+from inferlab.openai.sse import DONE
+
+# --- building (server) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Completion:
+    """What every chunk and body of one answer repeats: its ``id``, whether it answers the
+    chat API (else text completions), ``created`` (Unix seconds) and ``model``."""
+
+    id: str
+    chat: bool
+    created: int
+    model: str
+
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        """One streamed chunk with these ``choices`` (``[]`` for the usage chunk) and
+        top-level ``extra`` fields (``usage``, ``inferlab_timeline``) after them."""
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+
+    def choice(self, text: str, finish_reason: str | None, role: bool = False) -> dict[str, Any]:
+        """Choice 0 of a streamed chunk, carrying ``text`` (chat: as a delta, with the
+        ``assistant`` role if ``role``: the first chunk) and the finish reason, if any."""
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
+            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def body(self, text: str, finish_reason: str, usage: dict[str, Any], **extra: Any) -> dict[str, Any]:
+        """The whole (non-streamed) answer: one choice with all of ``text``, ``usage``,
+        then top-level ``extra`` fields."""
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+            **extra,
+        }
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """The ``usage`` object; ``cached_tokens``: prompt tokens served from the prefix cache."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+# --- reading (client) --------------------------------------------------------------------
+
+
+class ResponseError(InferlabError):
+    """A response ``ResponseReader`` cannot take; the message says why, in one line."""
+
+
+class MalformedResponse(ResponseError):
+    """An event or body that is not a JSON object."""
+
+
+class ErrorInResponse(ResponseError):
+    """The server answered with an error object (in a stream, or as a 200 body); the
+    message is its ``error_message``."""
+
+
+class ResponseReader:
+    """What one response said, read chunk by chunk (``event``) or from one body
+    (``body``), accumulated over the response.
+
+    ``output_chars``: characters of generated text (content, reasoning, text);
+    ``finish_reason``: the last one given; ``usage_seen`` is set once a ``usage`` object
+    came, and ``prompt_tokens``, ``completion_tokens`` are its last values (None if not
+    integers); ``cached_tokens`` is from the last ``prompt_tokens_details`` (set, with
+    ``cached_seen``, only when one came); ``timeline``: the last ``inferlab_timeline``;
+    ``done``: the stream's ``[DONE]`` came. Generated text is appended to ``text_out``
+    if one is given (multi-turn sessions resend it).
+    """
+
+    # ``event`` is the client's per-chunk hot path (bench/client_cpu.py): it makes no
+    # object but what the JSON decoder makes, and its calls are the ones the client made
+    # before this moved here. Counts and values accumulate here; the client copies them
+    # into its record once, at the end of the response.
+
+    def __init__(self, text_out: list[str] | None = None) -> None:
+        self.text_out = text_out
+        self.done = False
+        self.output_chars = 0
+        self.finish_reason: str | None = None
+        self.usage_seen = False
+        self.prompt_tokens: int | None = None
+        self.completion_tokens: int | None = None
+        self.cached_seen = False
+        self.cached_tokens: int | None = None
+        self.timeline: dict[str, Any] | None = None
+
+    def event(self, data: str) -> int:
+        """Read one SSE ``data`` payload of a stream; return how many of its choices
+        carried generated content (text, reasoning or a tool call): one arrival each.
+        ``[DONE]`` sets ``done`` and returns 0. ``MalformedResponse`` if the payload is
+        not a JSON object, ``ErrorInResponse`` if it is an error."""
+        if data == DONE:
+            self.done = True
+            return 0
+        try:
+            obj = _decode_json(data)
+        except ValueError:
+            raise MalformedResponse(f"event is not JSON: {data[:80]!r}") from None
+        if not isinstance(obj, dict):
+            raise MalformedResponse(f"event is not a JSON object: {data[:80]!r}")
+        if "error" in obj:
+            raise ErrorInResponse(error_message(obj))
+        return self._read(obj, "delta")
+
+    def body(self, raw: bytes) -> None:
+        """Read a whole (non-streamed) response body. ``MalformedResponse`` if it is not a
+        JSON object, ``ErrorInResponse`` if it is an error."""
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            raise MalformedResponse("response body is not JSON") from None
+        if not isinstance(obj, dict):
+            raise MalformedResponse("response body is not a JSON object")
+        if "error" in obj:
+            raise ErrorInResponse(error_message(obj))
+        self._read(obj, "message")
+
+    def _read(self, obj: dict[str, Any], part_key: str) -> int:
+        """Accumulate one chunk or body whose choices carry their output under
+        ``part_key``; return how many choices carried generated content."""
+        arrivals = 0
+        for choice in obj.get("choices") or []:
+            if not isinstance(choice, dict):
+                continue
+            part = choice.get(part_key)
+            text = ""
+            has_content = False
+            if isinstance(part, dict):
+                for key in ("content", "reasoning_content", "reasoning"):
+                    value = part.get(key)
+                    if value:
+                        text += value if isinstance(value, str) else ""
+                        has_content = True
+                if part.get("tool_calls"):
+                    has_content = True
+            if choice.get("text"):
+                text += str(choice["text"])
+                has_content = True
+            if has_content:
+                arrivals += 1
+            self.output_chars += len(text)
+            if self.text_out is not None and text:
+                self.text_out.append(text)
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self.usage_seen = True
+            self.prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+            self.completion_tokens = _int_or_none(usage.get("completion_tokens"))
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                self.cached_seen = True
+                self.cached_tokens = _int_or_none(details.get("cached_tokens"))
+        timeline = obj.get("inferlab_timeline")
+        if isinstance(timeline, dict):
+            self.timeline = timeline
+        return arrivals
+
+
+#: ``json.loads`` on text is a wrapper around this very method of its default decoder;
+#: calling it directly saves the client a call per streamed chunk.
+_decode_json = json.JSONDecoder().decode
+
+
+def _int_or_none(v: object) -> int | None:
+    return v if isinstance(v, int) else None
