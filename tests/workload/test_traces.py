@@ -19,6 +19,7 @@ from inferlab.sim.server.app import ServerConfig
 from inferlab.sim.server.launch import EmbeddedServer
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 from inferlab.workload.prompts import PromptBuilder
+from inferlab.workload.spec import Trace
 from inferlab.workload.traces import TraceConfig, read_rows
 
 AZURE_GAPS_S = [0.0, 0.03, 0.13, 0.18, 0.45, 0.62]
@@ -148,7 +149,7 @@ async def test_bench_replays_azure_trace_at_its_times(tmp_path: Path) -> None:
 def test_sim_run_replays_trace_in_virtual_time(tmp_path: Path) -> None:
     trace = TraceConfig(str(azure_csv(tmp_path / "az.csv")), speedup=2.0)
     wl = WorkloadConfig(trace=trace).build(0, "completions")
-    assert isinstance(wl, list)
+    assert isinstance(wl, Trace)
     records = simulate(Engine(EngineConfig()), LoadConfig(Replay()), wl)
     assert [r.intended_send_ns for r in records] == [round(t / 2 * 1e9) for t in AZURE_GAPS_S]
     # the engine admits arrivals at its next step boundary, never before

@@ -21,7 +21,7 @@ import aiohttp
 from inferlab._clock import Clock
 from inferlab._errors import InferlabError, ServerUnreachableError, UsageError
 from inferlab.openai.errors import error_message, one_line
-from inferlab.openai.request import PATHS, completion_request
+from inferlab.openai.request import PATHS, Api, completion_request
 from inferlab.openai.response import (
     ErrorInResponse,
     MalformedResponse,
@@ -30,7 +30,7 @@ from inferlab.openai.response import (
 )
 from inferlab.openai.sse import SSEParser
 from inferlab.results.records import ErrorKind, RequestRecord
-from inferlab.workload.spec import Api, RequestSpec
+from inferlab.workload.spec import RequestSpec
 
 __all__ = [
     "Client", "Endpoint", "api_base", "discover_model", "one_line", "request_body", "session_trace",

@@ -30,9 +30,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, replay_times_s
+from inferlab._errors import UsageError
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, replay_times_s
 from inferlab.workload.sessions import Session, SessionWorkload
-from inferlab.workload.spec import RequestSpec, TimedSpec
+from inferlab.workload.spec import RequestSpec, Trace
 
 #: A completed request's reply: its text and its number of output tokens.
 Answer = tuple[str, int]
@@ -249,9 +250,9 @@ class SessionPolicy:
         return self._ready[0][0] if self._ready else None
 
 
-def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Sequence[TimedSpec] | SessionWorkload) -> Policy:
+def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Trace | SessionWorkload) -> Policy:
     """The policy for a load and a workload as ``WorkloadConfig.build`` makes it: a trace
-    (a sequence of ``TimedSpec``) is replayed at its timestamps within the load's count
+    (``Trace``) is replayed at its timestamps within the load's count
     and duration; sessions run closed loop with the schedule's users, or arrive at an
     open-loop schedule's times; other workloads follow the schedule."""
     s = load.schedule
@@ -262,10 +263,11 @@ def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Sequence[Tim
             return SessionPolicy(workload, arrivals_s=times, duration_s=load.duration_s)
         users = s.concurrency if isinstance(s, ClosedLoop) else 1
         return SessionPolicy(workload, users=users, duration_s=load.duration_s)
-    if isinstance(workload, Sequence):
-        trace = list(workload)
-        times = replay_times_s(trace, load)
-        timed = sorted(zip(times, (t.spec for t in trace), strict=False), key=_first)
+    if isinstance(s, Replay) != isinstance(workload, Trace):
+        raise UsageError("a trace (timed requests) goes with the replay schedule, and only with it")
+    if isinstance(workload, Trace):
+        times = replay_times_s(workload.requests, load)
+        timed = sorted(zip(times, (t.spec for t in workload), strict=False), key=_first)
         cap = None if isinstance(s, ClosedLoop) else s.max_concurrency
         return OpenLoopPolicy(iter(timed), max_concurrency=cap, warmup=load.warmup)
     if isinstance(s, ClosedLoop):
@@ -273,7 +275,7 @@ def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Sequence[Tim
     if isinstance(s, OpenLoop):
         times = s.arrival_times_s(load.seed, total, load.duration_s)  # in order
         return OpenLoopPolicy(zip(times, workload, strict=False), max_concurrency=s.max_concurrency, warmup=load.warmup)
-    raise ValueError("a replay schedule needs a trace (timed requests)")
+    raise AssertionError(f"unknown schedule {s!r}")
 
 
 def _first(arrival: tuple[float, RequestSpec]) -> float:

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 import json
 import math
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -25,6 +25,7 @@ from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
 from inferlab.load.policy import Policy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
+from inferlab.openai.request import Api
 from inferlab.results.metrics import SLO, summarize
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter
@@ -32,13 +33,11 @@ from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetWorkload
 from inferlab.workload.prompts import PromptBuilder
-from inferlab.workload.sessions import SessionWorkload
-from inferlab.workload.spec import Api, RequestSpec, TimedSpec
+from inferlab.workload.spec import Trace
 from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
 from inferlab.workload.traces import compare_with_trace
 
 OnRecord = Callable[[RequestRecord], None]
-Workload = Iterator[RequestSpec] | Sequence[TimedSpec] | SessionWorkload
 
 
 @dataclass(frozen=True)
@@ -382,8 +381,8 @@ def run_summary(
     """The summary of a run of ``workload``, ``bench`` and ``sim run`` alike: the
     metrics, plus the trace's own measurements compared and a dataset's warnings."""
     summary = summarize(records, config=config, slo=slo, interrupted=interrupted)
-    if isinstance(workload, list):
-        summary["trace_comparison"] = compare_with_trace(records, workload)
+    if isinstance(workload, Trace):
+        summary["trace_comparison"] = compare_with_trace(records, workload.requests)
     if isinstance(workload, DatasetWorkload):
         summary["warnings"] += workload.warnings()
     return summary

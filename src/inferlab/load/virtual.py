@@ -29,7 +29,7 @@ from inferlab.sim.engine.engine import Engine, RequestTimeline, StepStats
 from inferlab.sim.engine.outputs import natural_output_len
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 from inferlab.workload.sessions import SessionWorkload
-from inferlab.workload.spec import RequestSpec, TimedSpec
+from inferlab.workload.spec import RequestSpec, Trace
 from inferlab.workload.tokenizers import Tokenizer
 
 #: Time a rejected request takes at the least, so that a closed loop under ``duration_s``
@@ -252,7 +252,7 @@ def _stats_json(s: StepStats) -> dict[str, float | int]:
 def simulate(
     engine: Engine,
     load: LoadConfig,
-    workload: Iterator[RequestSpec] | Sequence[TimedSpec] | SessionWorkload,
+    workload: Iterator[RequestSpec] | Trace | SessionWorkload,
     *,
     chat: bool = False,
     step_log: IO[str] | None = None,

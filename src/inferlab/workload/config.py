@@ -6,11 +6,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from inferlab._errors import UsageError
+from inferlab.openai.request import Api
 from inferlab.workload.datasets import DatasetConfig, DatasetWorkload
 from inferlab.workload.lengths import parse_length
 from inferlab.workload.prompts import PromptBuilder
 from inferlab.workload.sessions import SessionConfig, SessionWorkload
-from inferlab.workload.spec import DEFAULT_PROMPT, Api, RequestSpec, TimedSpec
+from inferlab.workload.spec import DEFAULT_PROMPT, RequestSpec, Trace
 from inferlab.workload.synthetic import FixedPromptWorkload, SharedPrefixWorkload, SyntheticWorkload
 from inferlab.workload.text import WORDS
 from inferlab.workload.tokenizers import load_tokenizer
@@ -64,8 +65,8 @@ class WorkloadConfig:
 
     def build(
         self, seed: int, api: Api = "chat", *, builder: PromptBuilder | None = None
-    ) -> Iterator[RequestSpec] | list[TimedSpec] | SessionWorkload:
-        """The workload: a list of ``TimedSpec`` for a trace, a ``SessionWorkload`` for
+    ) -> Iterator[RequestSpec] | Trace | SessionWorkload:
+        """The workload: a ``Trace`` (timed requests) for a trace, a ``SessionWorkload`` for
         multi-turn sessions, else an iterator (endless but for a dataset).
         ``builder`` makes the prompts (default ``self.builder(api)``; ``bench``: one
         that hits token lengths the way the preflight found for the target server;

@@ -7,10 +7,9 @@ groups, and a fixed prompt (the default quick check). Traces live in ``_traces``
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-Api = Literal["chat", "completions"]
+from typing import Any
 
 DEFAULT_PROMPT = "Explain RAG in about 30 characters."
 
@@ -69,3 +68,16 @@ class TimedSpec:
     arrival_s: float
     spec: RequestSpec
     measured: Measured | None = None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A replayed trace: requests at fixed arrival times, in time order."""
+
+    requests: tuple[TimedSpec, ...]
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[TimedSpec]:
+        return iter(self.requests)

@@ -44,7 +44,7 @@ from typing import Literal
 
 from inferlab._errors import UsageError
 from inferlab.workload.prompts import PromptBuilder, Segment
-from inferlab.workload.spec import RequestSpec, TimedSpec
+from inferlab.workload.spec import RequestSpec, TimedSpec, Trace
 from inferlab.workload.traces.compare import compare_with_trace
 from inferlab.workload.traces.csv_traces import read_csv
 from inferlab.workload.traces.jsonl import read_jsonl
@@ -109,8 +109,9 @@ class TraceConfig:
         k0 = kept[0].arrival_s
         return [_with_time(r, (r.arrival_s - k0) / self.speedup) for r in kept]
 
-    def load(self, builder: PromptBuilder, seed: int = 0, exact_output: bool = True) -> list[TimedSpec]:
-        return to_specs(self.rows(seed), builder, seed, exact_output, self.block_tokens)
+    def load(self, builder: PromptBuilder, seed: int = 0, exact_output: bool = True) -> Trace:
+        """The trace's requests, their prompts made by ``builder``."""
+        return Trace(tuple(to_specs(self.rows(seed), builder, seed, exact_output, self.block_tokens)))
 
 
 def _with_time(r: TraceRow, t: float) -> TraceRow:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from inferlab.results.metrics import request_metrics
@@ -10,7 +11,7 @@ from inferlab.results.records import RequestRecord
 from inferlab.workload.spec import TimedSpec
 
 
-def compare_with_trace(records: list[RequestRecord], timed: list[TimedSpec]) -> dict[str, Any] | None:
+def compare_with_trace(records: list[RequestRecord], timed: Sequence[TimedSpec]) -> dict[str, Any] | None:
     """Mean (and median) predicted against measured TTFT, TPOT and E2E over the requests the
     trace has measurements for (``records[i].index`` is the trace position).
     ``None`` when the trace measured nothing."""
