@@ -15,8 +15,9 @@ from inferlab.load.run import (
     run,
 )
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
-from inferlab.results.metrics import SLO, distribution, request_metrics, summarize
+from inferlab.results.metrics import SLO, distribution, request_metrics
 from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.summary import Summary, summarize
 from inferlab.workload.config import WorkloadConfig
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "RunResult",
     "ServerUnreachableError",
     "SimTarget",
+    "Summary",
     "UsageError",
     "VirtualClock",
     "WallClock",

@@ -24,10 +24,11 @@ class ServerUnreachableError(InferlabError):
 class RunFailedError(InferlabError):
     """The run finished but produced nothing usable (e.g. every request failed): exit 1.
 
-    ``summary`` holds the run's summary (already written to disk, if asked for);
-    ``result`` the whole result (``inferlab.load.run.RunResult``) when the run got that far."""
+    ``summary`` holds the run's summary (``inferlab.results.summary.Summary``, already
+    written to disk if asked for); ``result`` the whole result
+    (``inferlab.load.run.RunResult``) when the run got that far."""
 
-    def __init__(self, message: str, summary: dict[str, Any] | None = None, *, result: Any = None) -> None:
+    def __init__(self, message: str, summary: Any = None, *, result: Any = None) -> None:
         super().__init__(message)
         self.summary = summary
         self.result = result

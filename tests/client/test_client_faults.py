@@ -308,18 +308,18 @@ def test_a_run_over_every_fault_accounts_for_every_request(tmp_path: Path) -> No
     result, served = with_server(body)
     assert served == Counter({b: rounds for b in mix})
 
-    counts = result.summary["counts"]
-    assert counts["total"] == total
-    assert counts["completed"] == rounds * len(FINE)
-    assert counts["failed"] == rounds * len(FAULTS)
-    assert counts["cancelled"] == 0
-    assert counts["errors"] == dict(Counter(k for k in FAULTS.values() for _ in range(rounds)))
-    assert set(result.summary["error_examples"]) == set(FAULTS.values())
+    counts = result.summary.counts
+    assert counts.total == total
+    assert counts.completed == rounds * len(FINE)
+    assert counts.failed == rounds * len(FAULTS)
+    assert counts.cancelled == 0
+    assert counts.errors == dict(Counter(k for k in FAULTS.values() for _ in range(rounds)))
+    assert set(result.summary.error_examples) == set(FAULTS.values())
     with_usage = rounds * (len(FINE) - 1)  # every fine stream but no_usage sends usage
-    assert result.summary["token_source"].startswith(
+    assert result.summary.token_source.startswith(
         f"server usage for {with_usage} of {rounds * len(FINE)} requests"
     )
-    assert result.summary["interrupted"] is False
+    assert result.summary.interrupted is False
 
     assert sorted(r.index for r in result.records) == list(range(total))
     for r in result.records:
@@ -329,7 +329,7 @@ def test_a_run_over_every_fault_accounts_for_every_request(tmp_path: Path) -> No
     lines = read_jsonl(tmp_path / "requests.jsonl")
     assert sorted(d["index"] for d in lines) == list(range(total))
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    assert on_disk["counts"] == counts
+    assert on_disk["counts"] == counts.to_json()
 
 
 def test_an_interrupted_run_keeps_what_it_measured(tmp_path: Path) -> None:
@@ -350,11 +350,11 @@ def test_an_interrupted_run_keeps_what_it_measured(tmp_path: Path) -> None:
         return await bench_async(cfg, srv.url, stop=stop, on_record=on_record)
 
     result = with_server(body)
-    assert result.summary["interrupted"] is True
-    counts = result.summary["counts"]
-    assert counts["completed"] == 2
-    assert counts["failed"] == 0
-    assert counts["cancelled"] == counts["total"] - 2 >= 3
+    assert result.summary.interrupted is True
+    counts = result.summary.counts
+    assert counts.completed == 2
+    assert counts.failed == 0
+    assert counts.cancelled == counts.total - 2 >= 3
     kinds = {r.index: r.error_kind for r in result.records}
     assert all(kinds[i] is None for i in completed)
     assert all(kinds[i] is ErrorKind.CANCELLED for i in kinds if i not in completed)
@@ -366,15 +366,15 @@ def test_an_interrupted_run_keeps_what_it_measured(tmp_path: Path) -> None:
     }
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["interrupted"] is True
-    assert on_disk["counts"] == counts
+    assert on_disk["counts"] == counts.to_json()
     assert on_disk["e2e_ms"]["max"] > 0
 
 
 def test_the_model_is_discovered_from_the_models_route(tmp_path: Path) -> None:
     cfg = bench_config(None, tmp_path, 3, concurrency=1)
     result = with_server(lambda srv: bench_async(cfg, srv.url))
-    assert result.summary["config"]["resolved"]["model"] == "normal"
-    assert result.summary["counts"]["completed"] == 3
+    assert result.summary.config["resolved"]["model"] == "normal"
+    assert result.summary.counts.completed == 3
 
 
 def test_an_unreachable_server_without_a_model_fails_before_the_run(tmp_path: Path) -> None:
@@ -390,8 +390,8 @@ def test_an_unreachable_server_with_a_model_fails_after_recording_the_run(tmp_pa
         asyncio.run(bench_async(cfg, f"http://127.0.0.1:{free_port()}"))
     summary = info.value.summary
     assert summary is not None
-    assert summary["counts"]["errors"] == {"connect": 4}
-    assert summary["counts"]["completed"] == 0
+    assert summary.counts.errors == {"connect": 4}
+    assert summary.counts.completed == 0
     lines = read_jsonl(tmp_path / "requests.jsonl")
     assert [d["error_kind"] for d in lines] == ["connect"] * 4
-    assert json.loads((tmp_path / "summary.json").read_text())["counts"] == summary["counts"]
+    assert json.loads((tmp_path / "summary.json").read_text())["counts"] == summary.counts.to_json()

@@ -90,23 +90,23 @@ async def test_a_refused_request_fails_fast_with_the_servers_message(
 
 async def test_rejected_exact_output_fields_are_dropped_and_lengths_calibrated(strict: StrictServer) -> None:
     s = (await bench_async(config(input_tokens=100, output_tokens=2), strict.url)).summary
-    assert s["counts"]["completed"] == 6 and s["counts"]["failed"] == 0
-    assert NO_FORCE_WARNING in s["warnings"]
+    assert s.counts.completed == 6 and s.counts.failed == 0
+    assert NO_FORCE_WARNING in s.warnings
     run = strict.requests[-6:]
     assert all("ignore_eos" not in b and "min_tokens" not in b for b in run)
     # no /tokenize: two probes give tokens per word and the template overhead
-    assert s["input_length_source"] == APPROX_USAGE
-    assert s["prompt_overhead_tokens"] == TEMPLATE_TOKENS
-    assert s["preflight"]["tokens_per_word"] == TOKENS_PER_WORD
+    assert s.input_length_source == APPROX_USAGE
+    assert s.prompt_overhead_tokens == TEMPLATE_TOKENS
+    assert isinstance(s.preflight, dict) and s.preflight["tokens_per_word"] == TOKENS_PER_WORD
     # calibrated: 50 words of 2 tokens, plus the template
-    assert s["input_tokens"] == 6 * (100 + TEMPLATE_TOKENS)
+    assert s.input_tokens == 6 * (100 + TEMPLATE_TOKENS)
 
 
 async def test_without_preflight_nothing_is_probed(strict: StrictServer) -> None:
     cfg = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2), workload=WorkloadConfig(input_tokens=10),
                       model="m", api_key="good", preflight=False)
     s = (await bench_async(cfg, strict.url)).summary
-    assert len(strict.requests) == 2 and s["prompt_overhead_tokens"] is None
+    assert len(strict.requests) == 2 and s.prompt_overhead_tokens is None
 
 
 async def test_against_the_sim_template_overhead_and_exact_lengths() -> None:
@@ -118,8 +118,8 @@ async def test_against_the_sim_template_overhead_and_exact_lengths() -> None:
     tok = BuiltinTokenizer()
     text = "some words"
     expected = len(tok.apply_chat_template(RequestSpec(text).messages())) - len(tok.encode(text))
-    assert s["prompt_overhead_tokens"] == expected > 0
-    assert s["input_length_source"] == EXACT_SERVER
+    assert s.prompt_overhead_tokens == expected > 0
+    assert s.input_length_source == EXACT_SERVER
     assert [r.input_tokens for r in result.records] == [100 + expected] * 4
     # no warning about lengths or the template (client timing depends on the machine's load)
-    assert [w for w in s["warnings"] if "fell behind" not in w] == []
+    assert [w for w in s.warnings if "fell behind" not in w] == []

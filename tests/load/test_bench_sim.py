@@ -67,8 +67,8 @@ async def test_open_loop_keeps_intended_send_times(sim: EmbeddedServer) -> None:
     result = await bench_async(cfg, sim.url)
     intended = [r.intended_send_ns for r in result.records]
     assert intended == [round(i * 1e9 / 40) for i in range(10)]
-    assert result.summary["counts"]["completed"] == 10
-    assert result.summary["queue_delay_ms"] is not None
+    assert result.summary.counts.completed == 10
+    assert result.summary.queue_delay_ms is not None
 
 
 async def test_longer_prompts_take_longer_to_first_token(sim: EmbeddedServer) -> None:
@@ -79,7 +79,7 @@ async def test_longer_prompts_take_longer_to_first_token(sim: EmbeddedServer) ->
             api="completions",
         )
         s = (await bench_async(cfg, sim.url)).summary
-        return float(s["server_timeline"]["server_ttft_ms"]["p50"])
+        return float(s.server_timeline.server_ttft_ms.p50)
 
     assert await server_ttft(4000) > 1.5 * await server_ttft(100)
 
@@ -91,9 +91,9 @@ async def test_non_streaming_reports_e2e_only(sim: EmbeddedServer) -> None:
         stream=False,
     )
     s = (await bench_async(cfg, sim.url)).summary
-    assert s["counts"]["completed"] == 4
-    assert s["e2e_ms"] is not None and s["ttft_ms"] is None and s["tpot_ms"] is None
-    assert s["output_tokens"] == 32
+    assert s.counts.completed == 4
+    assert s.e2e_ms is not None and s.ttft_ms is None and s.tpot_ms is None
+    assert s.output_tokens == 32
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -15,14 +15,14 @@ import pytest
 from inferlab._errors import InferlabError
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Schedule
 from inferlab.load.virtual import simulate
-from inferlab.results.metrics import summarize
 from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.summary import Summary, summarize
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.spec import RequestSpec
 
 
-def run(load: LoadConfig, inp: int = 200, out: int = 20, **engine: object) -> dict:
+def run(load: LoadConfig, inp: int = 200, out: int = 20, **engine: object) -> Summary:
     records = simulate(Engine(EngineConfig(**engine)), load, WorkloadConfig(inp, out).build(load.seed))  # type: ignore[arg-type]
     return summarize(records)
 
@@ -40,7 +40,7 @@ def peak_in_flight(records: list[RequestRecord]) -> int:
 def test_same_seed_same_numbers() -> None:
     load = LoadConfig(OpenLoop(20.0), num_requests=50, seed=4)
     assert run(load) == run(load)
-    assert run(load)["ttft_ms"] != run(LoadConfig(OpenLoop(20.0), num_requests=50, seed=5))["ttft_ms"]
+    assert run(load).ttft_ms != run(LoadConfig(OpenLoop(20.0), num_requests=50, seed=5)).ttft_ms
 
 
 def test_closed_loop_keeps_exactly_n_in_flight() -> None:
@@ -55,8 +55,8 @@ def test_closed_loop_keeps_exactly_n_in_flight() -> None:
 def test_more_load_means_more_throughput_and_worse_latency() -> None:
     light = run(LoadConfig(ClosedLoop(1), num_requests=16))
     heavy = run(LoadConfig(ClosedLoop(16), num_requests=64))
-    assert heavy["output_token_throughput_tps"] > 4 * light["output_token_throughput_tps"]
-    assert heavy["tpot_ms"]["mean"] > light["tpot_ms"]["mean"]
+    assert heavy.output_token_throughput_tps > 4 * light.output_token_throughput_tps
+    assert heavy.tpot_ms.mean > light.tpot_ms.mean
 
 
 def test_smaller_token_budget_lowers_ttft_under_long_prompts_less_interference() -> None:
@@ -65,8 +65,8 @@ def test_smaller_token_budget_lowers_ttft_under_long_prompts_less_interference()
     load = LoadConfig(OpenLoop(8.0, "constant"), num_requests=24)
     big = run(load, inp=3000, out=64, max_num_batched_tokens=8192)
     small = run(load, inp=3000, out=64, max_num_batched_tokens=512)
-    assert small["itl_ms"]["max"] < big["itl_ms"]["max"]
-    assert small["ttft_ms"]["mean"] > big["ttft_ms"]["mean"]
+    assert small.itl_ms.max < big.itl_ms.max
+    assert small.ttft_ms.mean > big.ttft_ms.mean
 
 
 def test_offline_rate_inf_sends_all_at_time_zero() -> None:
@@ -111,7 +111,7 @@ def test_open_loop_requests_are_sent_at_their_arrival_even_mid_step() -> None:
     load = LoadConfig(OpenLoop(20.0), num_requests=40, seed=2)
     records = simulate(Engine(EngineConfig(max_num_batched_tokens=2048)), load, WorkloadConfig(3000, 8).build(2))
     assert all(r.send_ns == r.intended_send_ns for r in records)
-    assert summarize(records)["queue_delay_ms"]["max"] == 0.0
+    assert summarize(records).queue_delay_ms.max == 0.0
     # with a concurrency cap the wait for a free slot is client queue delay
     capped = LoadConfig(OpenLoop(20.0, max_concurrency=2), num_requests=40, seed=2)
     records = simulate(Engine(EngineConfig(max_num_batched_tokens=2048)), capped, WorkloadConfig(3000, 8).build(2))
@@ -142,8 +142,8 @@ def test_a_request_too_long_for_the_model_is_a_failed_record_and_the_run_goes_on
             assert (r.error_kind, r.status) == (ErrorKind.HTTP_STATUS, 400)
             assert r.error is not None and "maximum context length is 1024" in r.error
         assert all(r.output_tokens == 8 for r in records if r.ok)
-        c = summarize(records)["counts"]
-        assert (c["completed"], c["failed"], c["errors"]) == (12 - len(failed), len(failed), {"http_status": len(failed)})
+        c = summarize(records).counts
+        assert (c.completed, c.failed, c.errors) == (12 - len(failed), len(failed), {"http_status": len(failed)})
 
 
 def test_a_closed_loop_under_a_duration_ends_even_when_every_request_is_rejected() -> None:
@@ -166,7 +166,7 @@ def test_stop_ends_the_run_between_steps_and_keeps_every_record() -> None:
     cancelled = [r for r in records if r.error_kind is ErrorKind.CANCELLED]
     assert len(done) >= 5 and cancelled and len(done) + len(cancelled) == len(records) < 1000
     s = summarize(records, interrupted=True)
-    assert s["interrupted"] and s["counts"]["cancelled"] == len(cancelled)
+    assert s.interrupted and s.counts.cancelled == len(cancelled)
 
 
 def _failing_after(n: int, workload: Iterator[RequestSpec]) -> Iterator[RequestSpec]:
@@ -311,8 +311,8 @@ def test_default_context_length_is_capped_to_what_the_kv_cache_holds() -> None:
 
 def test_cuda_graphs_decode_faster_than_eager_mode() -> None:
     load = LoadConfig(ClosedLoop(1), num_requests=2)
-    graphs = run(load, out=64)["tpot_ms"]["mean"]
-    eager = run(load, out=64, enforce_eager=True)["tpot_ms"]["mean"]
+    graphs = run(load, out=64).tpot_ms.mean
+    eager = run(load, out=64, enforce_eager=True).tpot_ms.mean
     assert eager > graphs * 1.1
 
 
@@ -323,10 +323,10 @@ def test_an_api_server_costs_per_streamed_token_and_offline_runs_have_none() -> 
     common = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
     served = run(load, inp=200, out=64, **common)
     offline = run(load, inp=200, out=64, offline=True, **common)
-    assert served["tpot_ms"]["mean"] > offline["tpot_ms"]["mean"] * 1.2
+    assert served.tpot_ms.mean > offline.tpot_ms.mean * 1.2
     single_served = run(LoadConfig(ClosedLoop(1), num_requests=2), inp=200, out=8)
     single_offline = run(LoadConfig(ClosedLoop(1), num_requests=2), inp=200, out=8, offline=True)
-    assert single_served["ttft_ms"]["mean"] - single_offline["ttft_ms"]["mean"] > 10  # the API path
+    assert single_served.ttft_ms.mean - single_offline.ttft_ms.mean > 10  # the API path
 
 
 def test_cli_offline_or_served_can_be_said_explicitly() -> None:

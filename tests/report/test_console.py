@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 
 from inferlab.report.console import render_summary
-from inferlab.results.metrics import summarize
 from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.summary import summarize
 
 MS = 1_000_000
 

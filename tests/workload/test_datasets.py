@@ -130,11 +130,11 @@ async def test_bench_sends_dataset_messages_and_lengths(tmp_path: Path) -> None:
                       workload=WorkloadConfig(dataset=DatasetConfig(path, sample="with-replacement")))
     with EmbeddedServer(ServerConfig(EngineConfig())) as sim:
         s = (await bench_async(cfg, sim.url)).summary
-    assert s["counts"]["completed"] == 4
-    assert s["input_length_source"] == "prompt text as given"
-    assert s["output_tokens"] in range(8, 21)  # 2 or 5 tokens each
+    assert s.counts.completed == 4
+    assert s.input_length_source == "prompt text as given"
+    assert s.output_tokens in range(8, 21)  # 2 or 5 tokens each
     # no warning about the workload (whether the client kept its schedule depends on the machine's load)
-    assert [w for w in s["warnings"] if "fell behind" not in w] == []
+    assert [w for w in s.warnings if "fell behind" not in w] == []
 
 
 def test_cli_dataset_errors_and_exhaustion(tmp_path: Path) -> None:

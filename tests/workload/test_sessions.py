@@ -76,7 +76,7 @@ async def test_bench_sessions_against_the_sim_server() -> None:
     )
     with EmbeddedServer(ServerConfig(EngineConfig())) as sim:
         result = await bench_async(cfg, sim.url)
-    assert result.summary["counts"]["completed"] == 8
+    assert result.summary.counts.completed == 8
     for turns in by_session(result.records).values():
         assert [r.turn for r in turns] == [0, 1, 2, 3]
         inputs = [r.input_tokens or 0 for r in turns]

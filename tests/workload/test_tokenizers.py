@@ -72,7 +72,7 @@ async def test_completions_prompt_tokens_exact_with_tokenizer(sim: EmbeddedServe
         api="completions",
     )
     result = await bench_async(cfg, sim.url)
-    assert result.summary["counts"]["completed"] == 12
+    assert result.summary.counts.completed == 12
     assert [r.input_tokens for r in result.records] == [500] * 12
     assert [r.output_tokens for r in result.records] == [8] * 12
 
@@ -135,7 +135,7 @@ async def test_without_a_local_tokenizer_the_servers_tokenize_makes_lengths_exac
     )
     result = await bench_async(cfg, sim.url)
     s = result.summary
-    assert s["input_length_source"] == EXACT_SERVER
-    assert s["preflight"]["vocab_words"] < 400  # BPE: only some built-in words are one token
+    assert s.input_length_source == EXACT_SERVER
+    assert isinstance(s.preflight, dict) and s.preflight["vocab_words"] < 400  # BPE: only some built-in words are one token
     assert all(r.input_tokens == r.requested_input_tokens for r in result.records)
-    assert s["prompt_overhead_tokens"] == 0  # completions: no template, no BOS here
+    assert s.prompt_overhead_tokens == 0  # completions: no template, no BOS here

@@ -132,7 +132,7 @@ async def test_bench_replays_azure_trace_at_its_times(tmp_path: Path) -> None:
     with EmbeddedServer(ServerConfig()) as sim:
         result = await bench_async(cfg, sim.url)
     recs = result.records
-    assert result.summary["counts"]["completed"] == len(AZURE_GAPS_S)
+    assert result.summary.counts.completed == len(AZURE_GAPS_S)
     assert [r.intended_send_ns for r in recs] == [round(t * 1e9) for t in AZURE_GAPS_S]
     assert [r.input_tokens for r in recs] == [40 + i for i in range(6)]
     assert [r.output_tokens for r in recs] == [3 + i for i in range(6)]
@@ -143,7 +143,7 @@ async def test_bench_replays_azure_trace_at_its_times(tmp_path: Path) -> None:
         # never early; late only by scheduling noise (a run that ignored the times
         # would send the last one ~620 ms early)
         assert -1_000_000 <= r.send_ns - r.intended_send_ns < 100_000_000
-    assert result.summary["queue_delay_ms"]["max"] is not None
+    assert result.summary.queue_delay_ms.max is not None
 
 
 def test_sim_run_replays_trace_in_virtual_time(tmp_path: Path) -> None:

@@ -135,7 +135,7 @@ async def test_prefix_caching_against_the_sim_server() -> None:
         with EmbeddedServer(ServerConfig(EngineConfig(enable_prefix_caching=caching))) as sim:
             s = (await bench_async(cfg, sim.url)).summary
         # the server's own first-token times: no loopback noise
-        return s["cached_tokens"], s["server_timeline"]["server_ttft_ms"]["mean"]
+        return s.cached_tokens, s.server_timeline.server_ttft_ms.mean
 
     on_cached, on_ttft = await run(True)
     off_cached, off_ttft = await run(False)

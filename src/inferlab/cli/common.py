@@ -10,6 +10,7 @@ import contextlib
 import math
 import signal
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -33,7 +34,8 @@ def fail(message: str, code: int) -> NoReturn:
 def entry(group: click.Group) -> NoReturn:
     """Run the command group the way every inferlab command ends: click's usage errors
     as one line (exit 2), an interrupt before a run starts as exit 130, a closed stdout
-    pipe (``| head``) quietly."""
+    pipe (``| head``) quietly; the library's warnings as one line each."""
+    warnings.formatwarning = _one_line_warning
     try:
         code = group.main(standalone_mode=False)
     except click.UsageError as e:
@@ -47,6 +49,10 @@ def entry(group: click.Group) -> NoReturn:
     except click.ClickException as e:
         fail(e.format_message(), e.exit_code)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line_warning(message: Warning | str, *_: object, **__: object) -> str:
+    return f"inferlab: warning: {message}\n"
 
 
 def run_guarded(fn: Callable[[], int]) -> int:

@@ -30,8 +30,9 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
-from inferlab.load.run import BenchConfig, bench_async
+from inferlab.load.run import BenchConfig, RunResult, bench_async
 from inferlab.report.console import Progress, render_summary
+from inferlab.results.summary import Summary
 from inferlab.sim.engine.engine import EngineConfig
 
 
@@ -101,32 +102,31 @@ def _bench(kw: dict[str, Any]) -> int:
     try:
         total = (num + config.load.warmup) if num else None
         with Progress(err, WallClock(), total) as progress:
-            summary = asyncio.run(_bench_main(config, url, progress))
-    except RunFailedError as e:
-        if e.summary is not None:
+            result = asyncio.run(_bench_main(config, url, progress))
+    except RunFailedError as e:  # every request failed: what they said is shown first
+        if isinstance(e.summary, Summary):
             _render(out, e.summary, kw["as_json"], config, url)
         raise
     finally:
         if embedded is not None:
             embedded.close()
-    _render(out, summary, kw["as_json"], config, url)
-    if summary["interrupted"]:
-        return 130
-    return 0
+    _render(out, result.summary, kw["as_json"], config, url)
+    if result.cause is not None:
+        raise result.cause
+    return 130 if result.interrupted else 0
 
 
-async def _bench_main(config: BenchConfig, url: str, progress: Progress) -> dict[str, Any]:
+async def _bench_main(config: BenchConfig, url: str, progress: Progress) -> RunResult:
     stop = asyncio.Event()
     install_stop_signals(stop)
-    result = await bench_async(config, url, on_record=progress.update, stop=stop)
-    return result.summary
+    return await bench_async(config, url, on_record=progress.update, stop=stop)
 
 
-def _render(out: Console, summary: dict[str, Any], as_json: bool, config: BenchConfig, url: str) -> None:
+def _render(out: Console, summary: Summary, as_json: bool, config: BenchConfig, url: str) -> None:
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        click.echo(json.dumps(summary.to_json(), indent=2))
         return
-    model = summary["config"].get("resolved", {}).get("model", "?")
+    model = summary.config.get("resolved", {}).get("model", "?")
     render_summary(out, summary, f"{model} @ {url}")
     if config.out_dir:
         out.print(f"results: {config.out_dir}/summary.json, {config.out_dir}/requests.jsonl")

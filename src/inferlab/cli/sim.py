@@ -198,7 +198,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
 
 def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     if kw["as_json"]:
-        click.echo(json.dumps(result.summary, indent=2))
+        click.echo(json.dumps(result.summary.to_json(), indent=2))
         return
     engine = result.engine
     assert engine is not None

@@ -26,9 +26,10 @@ from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
 from inferlab.load.policy import Policy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.openai.request import Api
-from inferlab.results.metrics import SLO, summarize
+from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter
+from inferlab.results.summary import OMITTED, Omitted, Summary, SummaryExtras, summarize
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetWorkload
@@ -89,7 +90,7 @@ class RunResult:
     failure). ``url``: the API root it ran against; ``engine``: the simulated engine that
     ran (its resolved sizes), for a ``SimTarget``."""
 
-    summary: dict[str, Any]
+    summary: Summary
     records: list[RequestRecord]
     interrupted: bool = False
     cause: InferlabError | None = None
@@ -159,9 +160,8 @@ async def run(
             summary = run_summary(
                 outcome.records, workload, config=prepared.config_json, slo=config.slo,
                 interrupted=outcome.interrupted,
+                preflight=prepared.preflight if isinstance(target, HttpTarget) else OMITTED, wcfg=wcfg,
             )
-            if isinstance(target, HttpTarget):
-                add_preflight(summary, prepared.preflight, wcfg)
             if writer is not None:
                 writer.write_summary(summary)
         finally:
@@ -377,38 +377,41 @@ def run_summary(
     config: dict[str, Any],
     slo: SLO | None,
     interrupted: bool,
-) -> dict[str, Any]:
+    preflight: Preflight | Omitted | None = OMITTED,
+    wcfg: WorkloadConfig | None = None,
+) -> Summary:
     """The summary of a run of ``workload``, ``bench`` and ``sim run`` alike: the
-    metrics, plus the trace's own measurements compared and a dataset's warnings."""
-    summary = summarize(records, config=config, slo=slo, interrupted=interrupted)
-    if isinstance(workload, Trace):
-        summary["trace_comparison"] = compare_with_trace(records, workload.requests)
-    if isinstance(workload, DatasetWorkload):
-        summary["warnings"] += workload.warnings()
-    return summary
+    metrics, a replayed trace's own measurements compared, a dataset's caveats and, for
+    a run against a server (``preflight`` given, None: no probe), what the probe learned
+    about ``wcfg``'s prompts."""
+    trace = compare_with_trace(records, workload.requests) if isinstance(workload, Trace) else OMITTED
+    last = workload.warnings() if isinstance(workload, DatasetWorkload) else []
+    if preflight is OMITTED or wcfg is None:
+        extras = SummaryExtras(trace_comparison=trace, warnings_last=tuple(last))
+    else:
+        pre = preflight
+        if not wcfg.synthetic:
+            source = "prompt text as given"
+        elif wcfg.tokenizer:
+            source = EXACT_LOCAL
+        else:
+            source = "unknown (no preflight)" if pre is None else pre.input_length_source
+        if pre is not None and wcfg.synthetic and source.startswith("approximate"):
+            last.append(f"prompt lengths are {source}")
+        extras = SummaryExtras(
+            trace_comparison=trace,
+            prompt_overhead_tokens=None if pre is None else pre.prompt_overhead_tokens,
+            input_length_source=source,
+            preflight=None if pre is None else pre.to_json(),
+            warnings_first=() if pre is None else tuple(pre.warnings),
+            warnings_last=tuple(last),
+        )
+    return summarize(records, config=config, slo=slo, interrupted=interrupted, extras=extras)
 
 
 def raise_if_all_failed(result: RunResult) -> None:
     """``RunFailedError`` (exit 1, one line) when requests failed and none completed."""
-    c = result.summary["counts"]
-    if c["completed"] == 0 and c["failed"] > 0:
-        kind, msg = next(iter(result.summary["error_examples"].items()))
-        raise RunFailedError(f"all {c['failed']} requests failed; first {kind}: {msg}", result.summary, result=result)
-
-
-def add_preflight(summary: dict[str, Any], pre: Preflight | None, wcfg: WorkloadConfig) -> None:
-    """Put what the probe learned into the summary (``prompt_overhead_tokens``,
-    ``input_length_source``, ``preflight``) and its caveats into the warnings."""
-    summary["prompt_overhead_tokens"] = None if pre is None else pre.prompt_overhead_tokens
-    if not wcfg.synthetic:
-        source = "prompt text as given"
-    elif wcfg.tokenizer:
-        source = EXACT_LOCAL
-    else:
-        source = "unknown (no preflight)" if pre is None else pre.input_length_source
-    summary["input_length_source"] = source
-    summary["preflight"] = None if pre is None else pre.to_json()
-    if pre is not None:
-        summary["warnings"] = [*pre.warnings, *summary["warnings"]]
-        if wcfg.synthetic and source.startswith("approximate"):
-            summary["warnings"].append(f"prompt lengths are {source}")
+    c = result.summary.counts
+    if c.completed == 0 and c.failed > 0:
+        kind, msg = next(iter(result.summary.error_examples.items()))
+        raise RunFailedError(f"all {c.failed} requests failed; first {kind}: {msg}", result.summary, result=result)

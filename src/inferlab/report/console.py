@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Self
+from typing import Self
 
 from rich.console import Console
 from rich.table import Table
 
 from inferlab._clock import NS_PER_S, Clock
+from inferlab.results.metrics import Distribution
 from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.summary import OMITTED, Summary
 
 _ROWS = (
     ("TTFB", "ttfb_ms", "ms"),
@@ -63,17 +65,17 @@ def _fmt(v: float | None, digits: int = 1) -> str:
     return "—" if v is None else f"{v:,.{digits}f}"
 
 
-def render_summary(console: Console, s: dict[str, Any], title: str) -> None:
-    c = s["counts"]
+def render_summary(console: Console, s: Summary, title: str) -> None:
+    c = s.counts
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("metric", no_wrap=True)
     table.add_column("unit", no_wrap=True)
     for k in ("mean", "p50", "p90", "p99", "max"):
         table.add_column(k, justify="right", no_wrap=True)
     for label, key, unit in _ROWS:
-        d = s.get(key)
+        d: Distribution | None = getattr(s, key)
         if d:
-            cells = [d[k] for k in ("mean", "p50", "p90", "p99", "max")]
+            cells = [d.mean, d.p50, d.p90, d.p99, d.max]
             digits = 0 if max(abs(v) for v in cells) >= 10_000 else 1
             table.add_row(label, unit, *(_fmt(v, digits) for v in cells))
     console.print(table)
@@ -81,46 +83,46 @@ def render_summary(console: Console, s: dict[str, Any], title: str) -> None:
     tput = Table(show_header=False, box=None, pad_edge=False)
     tput.add_column(style="bold", no_wrap=True)
     tput.add_column()  # left-aligned, next to its label
-    failed = f"{c['failed']} failed" + (
-        " (" + ", ".join(f"{k} {v}" for k, v in sorted(c["errors"].items())) + ")" if c["errors"] else ""
+    failed = f"{c.failed} failed" + (
+        " (" + ", ".join(f"{k} {v}" for k, v in sorted(c.errors.items())) + ")" if c.errors else ""
     )
     rows = [
-        ("requests", f"{c['completed']} completed, {failed}" + (f", {c['cancelled']} cancelled" if c.get("cancelled") else "")),
-        ("duration", f"{_fmt(s['duration_s'], 2)} s" if c["completed"] else "—"),
-        ("request throughput", f"{_fmt(s['request_throughput_rps'], 2)} req/s"),
-        ("output tokens/s", f"{_fmt(s['output_token_throughput_tps'])} tok/s  ({_fmt(s['output_tpm'], 0)} TPM)"),
-        ("total tokens/s", f"{_fmt(s['total_token_throughput_tps'])} tok/s  ({_fmt(s['total_tpm'], 0)} TPM)"),
-        ("tokens", f"{s['input_tokens']:,} in, {s['output_tokens']:,} out, {s['cached_tokens']:,} cached in ({s['token_source']})"),
+        ("requests", f"{c.completed} completed, {failed}" + (f", {c.cancelled} cancelled" if c.cancelled else "")),
+        ("duration", f"{_fmt(s.duration_s, 2)} s" if c.completed else "—"),
+        ("request throughput", f"{_fmt(s.request_throughput_rps, 2)} req/s"),
+        ("output tokens/s", f"{_fmt(s.output_token_throughput_tps)} tok/s  ({_fmt(s.output_tpm, 0)} TPM)"),
+        ("total tokens/s", f"{_fmt(s.total_token_throughput_tps)} tok/s  ({_fmt(s.total_tpm, 0)} TPM)"),
+        ("tokens", f"{s.input_tokens:,} in, {s.output_tokens:,} out, {s.cached_tokens:,} cached in ({s.token_source})"),
     ]
-    if s.get("input_length_source"):
-        oh = s.get("prompt_overhead_tokens")
+    if s.input_length_source is not OMITTED and s.input_length_source:
+        oh = s.prompt_overhead_tokens
         rows.append((
             "prompt lengths",
-            f"{s['input_length_source']}; template/special tokens per prompt: {'unknown' if oh is None else oh}",
+            f"{s.input_length_source}; template/special tokens per prompt: {'unknown' if oh is None or oh is OMITTED else oh}",
         ))
-    if s.get("goodput_rps") is not None:
-        rows.append(("goodput", f"{_fmt(s['goodput_rps'], 2)} req/s within SLO"))
-    sv = s.get("server_timeline")
-    if sv and sv.get("ttft_error_ms"):
-        err = sv["ttft_error_ms"]
+    if s.goodput_rps is not None:
+        rows.append(("goodput", f"{_fmt(s.goodput_rps, 2)} req/s within SLO"))
+    sv = s.server_timeline
+    if sv is not None:
+        err = sv.ttft_error_ms
         rows.append((
             "client vs server TTFT",
-            f"+{_fmt(err['p50'], 2)} ms p50, +{_fmt(err['p99'], 2)} ms p99 (server TTFT p50 {_fmt(sv['server_ttft_ms']['p50'])} ms)",
+            f"+{_fmt(err.p50, 2)} ms p50, +{_fmt(err.p99, 2)} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms)",
         ))
+    trace = s.trace_comparison if isinstance(s.trace_comparison, dict) else {}
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
-        c = (s.get("trace_comparison") or {}).get(key)
-        if c:
+        t = trace.get(key)
+        if t:
             def pct(v: float | None) -> str:
                 return "" if v is None else f" ({v:+.1f}%)"
 
-            text = f"mean {_fmt(c['predicted_mean'])} vs {_fmt(c['measured_mean'])} ms{pct(c['error_pct'])}"
-            if c.get("predicted_median") is not None:
-                text += f", p50 {_fmt(c['predicted_median'])} vs {_fmt(c['measured_median'])} ms{pct(c.get('median_error_pct'))}"
+            text = f"mean {_fmt(t.predicted_mean)} vs {_fmt(t.measured_mean)} ms{pct(t.error_pct)}"
+            text += f", p50 {_fmt(t.predicted_median)} vs {_fmt(t.measured_median)} ms{pct(t.median_error_pct)}"
             rows.append((f"{label} here vs trace", text))
     for k, v in rows:
         tput.add_row(k, v)
     console.print(tput)
-    for kind, msg in s.get("error_examples", {}).items():
+    for kind, msg in s.error_examples.items():
         console.print(f"[red]{kind}[/red]: {msg}")
-    for w in s.get("warnings", []):
+    for w in s.warnings:
         console.print(f"[yellow]warning:[/yellow] {w}")

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from inferlab._errors import UsageError
 from inferlab.results.records import RequestRecord
+from inferlab.results.summary import Summary
 
 
 class RunWriter:
@@ -31,9 +33,9 @@ class RunWriter:
             self._requests.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
             self._requests.flush()
 
-    def write_summary(self, summary: dict[str, Any]) -> Path:
+    def write_summary(self, summary: Summary) -> Path:
         path = self.dir / "summary.json"
-        _write_json(path, summary)
+        _write_json(path, summary.to_json())
         return path
 
     def close(self) -> None:
@@ -49,13 +51,39 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def read_records(path: str | os.PathLike[str]) -> Iterator[RequestRecord]:
-    """Records from a ``requests.jsonl``; a torn last line (killed mid-write) is skipped."""
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield RequestRecord.from_json(json.loads(line))
-            except (ValueError, TypeError):
-                continue
+    """Records from a ``requests.jsonl``, in file order; see ``numbered_records``."""
+    return (r for _, r in numbered_records(path))
+
+
+def numbered_records(path: str | os.PathLike[str]) -> Iterator[tuple[int, RequestRecord]]:
+    """``(line number, record)`` from a ``requests.jsonl``, in file order.
+
+    A last line cut short (a run killed while writing it: no newline at its end, not
+    JSON) is skipped with a warning (``warnings.warn``). Any other line that is not a
+    request record raises ``UsageError`` naming the file and line; so does a file that
+    cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: {getattr(e, 'strerror', None) or e}") from e
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, RequestRecord.from_json(json.loads(line))
+        except (ValueError, TypeError, AttributeError) as e:
+            if n == len(lines) and not line.endswith("\n"):
+                warnings.warn(f"{path}:{n}: the last line is cut short (a run killed while writing it); skipped", stacklevel=2)
+                return
+            raise UsageError(f"{path}:{n}: not a request record ({e})") from e
+
+
+def read_summary(path: str | os.PathLike[str]) -> Summary:
+    """A ``summary.json`` read back; ``UsageError`` if it is not one."""
+    try:
+        return Summary.from_json(json.loads(Path(path).read_text()))
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from e
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{path}: not an inferlab summary ({e!r})") from e

@@ -174,7 +174,7 @@ def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow
             f.seek(0)
             kind = fmt or _detect(path, first)
             if kind == "requests":
-                rows = read_requests(path, f)
+                rows = read_requests(path)
             elif kind in ("inferlab", "mooncake"):
                 rows = list(read_jsonl(path, f, kind))
             else:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
 from inferlab.results.metrics import request_metrics
 from inferlab.results.records import RequestRecord
+from inferlab.results.summary import TraceComparison
 from inferlab.workload.spec import TimedSpec
 
 
-def compare_with_trace(records: list[RequestRecord], timed: Sequence[TimedSpec]) -> dict[str, Any] | None:
+def compare_with_trace(records: list[RequestRecord], timed: Sequence[TimedSpec]) -> dict[str, TraceComparison] | None:
     """Mean (and median) predicted against measured TTFT, TPOT and E2E over the requests the
     trace has measurements for (``records[i].index`` is the trace position).
     ``None`` when the trace measured nothing."""
@@ -27,13 +27,13 @@ def compare_with_trace(records: list[RequestRecord], timed: Sequence[TimedSpec])
             if got is not None and want is not None:
                 pairs[key][0].append(got)
                 pairs[key][1].append(want)
-    out: dict[str, Any] = {}
+    out: dict[str, TraceComparison] = {}
     for key, (pred, meas) in pairs.items():
         if pred:
             p, w = statistics.fmean(pred), statistics.fmean(meas)
             p50, w50 = statistics.median(pred), statistics.median(meas)
-            out[key] = {"requests": len(pred), "predicted_mean": p, "measured_mean": w,
-                        "error_pct": 100.0 * (p - w) / w if w else None,
-                        "predicted_median": p50, "measured_median": w50,
-                        "median_error_pct": 100.0 * (p50 - w50) / w50 if w50 else None}
+            out[key] = TraceComparison(
+                len(pred), p, w, 100.0 * (p - w) / w if w else None,
+                p50, w50, 100.0 * (p50 - w50) / w50 if w50 else None,
+            )
     return out or None

@@ -4,26 +4,18 @@ measured (warm-up requests are replayed but not compared)."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from inferlab._errors import UsageError
 from inferlab.results.metrics import request_metrics
-from inferlab.results.records import RequestRecord
+from inferlab.results.runfiles import numbered_records
 from inferlab.workload.spec import Measured
-from inferlab.workload.traces.rows import TraceRow, check_row, why
+from inferlab.workload.traces.rows import TraceRow, check_row
 
 
-def read_requests(path: str, f: Any) -> list[TraceRow]:
-    """Rows from an inferlab ``requests.jsonl``; failed requests are left out."""
+def read_requests(path: str) -> list[TraceRow]:
+    """Rows from an inferlab ``requests.jsonl`` (``results.runfiles.numbered_records``:
+    a cut-short last line is skipped, any other bad line is an error); failed requests
+    are left out."""
     rows = []
-    for n, line in enumerate(f, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = RequestRecord.from_json(json.loads(line))
-        except (ValueError, TypeError) as e:
-            raise UsageError(f"{path}:{n}: not an inferlab request record ({why(e)})") from e
+    for n, rec in numbered_records(path):
         sent = rec.intended_send_ns if rec.intended_send_ns is not None else rec.send_ns
         if not rec.ok or sent is None or not rec.input_tokens or not rec.output_tokens:
             continue

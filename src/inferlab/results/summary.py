@@ -1,0 +1,468 @@
+"""The run summary: a typed object that ``summary.json`` is written from and read back
+into, with every key documented once (``Summary``'s fields; docs/design.md's table is
+tested against them).
+
+``summarize`` computes it from the records, once: pure, no clock, no I/O; the same
+records always give the same summary. What a run knows beyond its records (a replayed
+trace's own measurements, what the preflight probe learned, a dataset's caveats)
+comes in as ``SummaryExtras``. Keys that only some runs have (``trace_comparison``;
+``prompt_overhead_tokens``, ``input_length_source`` and ``preflight`` of runs against a
+server) are left out of the JSON, not written as null, when the run has no such thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferlab.results.metrics import (
+    NS_PER_S,
+    SLO,
+    Distribution,
+    RequestMetrics,
+    counted_distribution,
+    distribution,
+    itl_ms_counts,
+    queue_delay_ms,
+    request_metrics,
+)
+from inferlab.results.records import ErrorKind, RequestRecord
+
+SCHEMA = "inferlab.summary/1"
+#: A request whose actual send lagged its intended time by more than this is "late".
+LATE_THRESHOLD_MS = 10.0
+#: An open-loop run whose completion rate is below this share of the offered rate, while
+#: latency grew, was more than the server could take.
+KEEP_UP_RATIO = 0.8
+#: ... and "latency grew" means the last tenth's mean is at least this many times the first's.
+LATENCY_GROWTH = 2.0
+
+
+class Omitted(enum.Enum):
+    """A key this run has no value for at all (left out of the JSON, unlike ``None``)."""
+
+    OMITTED = "omitted"
+
+
+OMITTED = Omitted.OMITTED
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class Counts:
+    """Measured requests (warm-up excluded) by outcome."""
+
+    total: int
+    completed: int
+    failed: int
+    cancelled: int
+    warmup: int
+    errors: dict[str, int]  # failed requests by error kind
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "errors": dict(self.errors)}
+
+
+@dataclass(frozen=True)
+class ServerTimeline:
+    """The client's TTFT against the simulated server's own (its ``inferlab_timeline``):
+    ``ttft_error_ms`` = client TTFT − server TTFT, what the network, both HTTP stacks and
+    the client's parsing add."""
+
+    requests: int
+    server_ttft_ms: Distribution
+    ttft_error_ms: Distribution
+    server_queue_ms: Distribution | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "server_ttft_ms": self.server_ttft_ms.to_json(),
+            "ttft_error_ms": self.ttft_error_ms.to_json(),
+            "server_queue_ms": _dist_json(self.server_queue_ms),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ServerTimeline:
+        server_ttft, error = _dist(d["server_ttft_ms"]), _dist(d["ttft_error_ms"])
+        assert server_ttft is not None and error is not None
+        return cls(int(d["requests"]), server_ttft, error, _dist(d["server_queue_ms"]))
+
+
+@dataclass(frozen=True)
+class TraceComparison:
+    """One metric of a replay against the replayed trace's own measurements, over the
+    ``requests`` the trace measured it for (ms; errors in % of the measured value)."""
+
+    requests: int
+    predicted_mean: float
+    measured_mean: float
+    error_pct: float | None
+    predicted_median: float
+    measured_median: float
+    median_error_pct: float | None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A run's summary, as ``summary.json`` holds it (the field order is the JSON's).
+
+    Times are ms, rates per second, TPM per minute. The duration runs from the first
+    send of a measured request to the last end of a completed one; the rates are
+    ``None`` when it is 0, a distribution ``None`` when it has no value."""
+
+    schema: str = field(metadata=_doc(f"the format's version, {SCHEMA!r}"))
+    config: dict[str, Any] = field(metadata=_doc("the run's whole configuration as resolved (as in config.json)"))
+    interrupted: bool = field(metadata=_doc("the run ended early (Ctrl-C, or a workload that could not make its next request)"))
+    counts: Counts = field(metadata=_doc("measured requests: total, completed, failed, cancelled (in flight at an interruption), warmup (left out of everything), errors (failed ones by error kind)"))
+    duration_s: float = field(metadata=_doc("first send → last completion of the measured requests (0 when none completed)"))
+    request_throughput_rps: float | None = field(metadata=_doc("completed requests / duration"))
+    output_token_throughput_tps: float | None = field(metadata=_doc("output tokens of completed requests / duration"))
+    total_token_throughput_tps: float | None = field(metadata=_doc("input + output tokens of completed requests / duration"))
+    output_tpm: float | None = field(metadata=_doc("output_token_throughput_tps × 60"))
+    total_tpm: float | None = field(metadata=_doc("total_token_throughput_tps × 60"))
+    goodput_rps: float | None = field(metadata=_doc("completed requests meeting every SLO given / duration; null without SLOs"))
+    slo: SLO | None = field(metadata=_doc("the SLOs goodput counts against: ttft_ms, tpot_ms, e2e_ms (null: no limit)"))
+    input_tokens: int = field(metadata=_doc("prompt tokens of completed requests"))
+    output_tokens: int = field(metadata=_doc("output tokens of completed requests"))
+    token_source: str = field(metadata=_doc("where token counts come from: server usage, the engine's own counts, or content chunks"))
+    ttfb_ms: Distribution | None = field(metadata=_doc("send → first byte of the response body, per completed request"))
+    ttft_ms: Distribution | None = field(metadata=_doc("send → first chunk carrying generated content, per completed request"))
+    e2e_ms: Distribution | None = field(metadata=_doc("send → last byte of the response, per completed request"))
+    tpot_ms: Distribution | None = field(metadata=_doc("(e2e − ttft) / (output tokens − 1), per completed request with 2 or more"))
+    itl_ms: Distribution | None = field(metadata=_doc("every gap between consecutive content chunks of every completed request"))
+    decode_tps: Distribution | None = field(metadata=_doc("(output tokens − 1) / (e2e − ttft), tokens/s, per completed request"))
+    queue_delay_ms: Distribution | None = field(metadata=_doc("actual send − intended send, per measured request (the client falling behind its schedule, or a concurrency cap)"))
+    cached_tokens: int = field(metadata=_doc("prompt tokens the server reported served from its prefix cache"))
+    server_timeline: ServerTimeline | None = field(metadata=_doc("client TTFT against the simulated server's own (null against other servers)"))
+    error_examples: dict[str, str] = field(metadata=_doc("the first message of each error kind"))
+    warnings: tuple[str, ...] = field(metadata=_doc("plain-language caveats about how far the numbers can be trusted"))
+    trace_comparison: dict[str, TraceComparison] | Omitted | None = field(
+        default=OMITTED, metadata=_doc("replays only: this run against the trace's own measurements, per metric (ttft_ms, tpot_ms, e2e_ms)")
+    )
+    prompt_overhead_tokens: int | Omitted | None = field(
+        default=OMITTED, metadata=_doc("runs against a server only: tokens the chat template (or BOS) adds to a prompt")
+    )
+    input_length_source: str | Omitted = field(
+        default=OMITTED, metadata=_doc("runs against a server only: how exact the prompt lengths are (local tokenizer, the server's /tokenize, calibrated, or text as given)")
+    )
+    preflight: dict[str, Any] | Omitted | None = field(
+        default=OMITTED, metadata=_doc("runs against a server only: what the probe before the run learned (null: no probe)")
+    )
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object (omitted keys left out), in field order."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is OMITTED:
+                continue
+            out[f.name] = _json(value)
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Summary:
+        """Read a summary back (``ValueError``/``KeyError``/``TypeError`` for another shape)."""
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"not an inferlab summary (schema {d.get('schema')!r}, expected {SCHEMA!r})")
+        c = d["counts"]
+        slo = d["slo"]
+        trace = d.get("trace_comparison", OMITTED)
+        if isinstance(trace, dict):
+            trace = {k: TraceComparison(**v) for k, v in trace.items()}
+        return cls(
+            schema=d["schema"],
+            config=dict(d["config"]),
+            interrupted=bool(d["interrupted"]),
+            counts=Counts(c["total"], c["completed"], c["failed"], c["cancelled"], c["warmup"], dict(c["errors"])),
+            duration_s=float(d["duration_s"]),
+            request_throughput_rps=d["request_throughput_rps"],
+            output_token_throughput_tps=d["output_token_throughput_tps"],
+            total_token_throughput_tps=d["total_token_throughput_tps"],
+            output_tpm=d["output_tpm"],
+            total_tpm=d["total_tpm"],
+            goodput_rps=d["goodput_rps"],
+            slo=None if slo is None else SLO(slo["ttft_ms"], slo["tpot_ms"], slo["e2e_ms"]),
+            input_tokens=int(d["input_tokens"]),
+            output_tokens=int(d["output_tokens"]),
+            token_source=str(d["token_source"]),
+            ttfb_ms=_dist(d["ttfb_ms"]),
+            ttft_ms=_dist(d["ttft_ms"]),
+            e2e_ms=_dist(d["e2e_ms"]),
+            tpot_ms=_dist(d["tpot_ms"]),
+            itl_ms=_dist(d["itl_ms"]),
+            decode_tps=_dist(d["decode_tps"]),
+            queue_delay_ms=_dist(d["queue_delay_ms"]),
+            cached_tokens=int(d["cached_tokens"]),
+            server_timeline=None if d["server_timeline"] is None else ServerTimeline.from_json(d["server_timeline"]),
+            error_examples=dict(d["error_examples"]),
+            warnings=tuple(d["warnings"]),
+            trace_comparison=trace,
+            prompt_overhead_tokens=d.get("prompt_overhead_tokens", OMITTED),
+            input_length_source=d.get("input_length_source", OMITTED),
+            preflight=d.get("preflight", OMITTED),
+        )
+
+
+def key_docs() -> list[tuple[str, str]]:
+    """Every ``summary.json`` key with what it means, in the file's order."""
+    return [(f.name, str(f.metadata["doc"])) for f in dataclasses.fields(Summary)]
+
+
+def _json(value: Any) -> Any:
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    return value
+
+
+def _dist_json(d: Distribution | None) -> dict[str, float] | None:
+    return None if d is None else d.to_json()
+
+
+def _dist(d: Mapping[str, float] | None) -> Distribution | None:
+    return None if d is None else Distribution.from_json(d)
+
+
+@dataclass(frozen=True)
+class SummaryExtras:
+    """What a run knows beyond its records: a replayed trace's comparison, what the
+    preflight probe learned (runs against a server), and caveats of its own, placed
+    before and after the ones the records give."""
+
+    trace_comparison: dict[str, TraceComparison] | Omitted | None = OMITTED
+    prompt_overhead_tokens: int | Omitted | None = OMITTED
+    input_length_source: str | Omitted = OMITTED
+    preflight: dict[str, Any] | Omitted | None = OMITTED
+    warnings_first: tuple[str, ...] = ()
+    warnings_last: tuple[str, ...] = ()
+
+
+def _present(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    *,
+    config: dict[str, Any] | None = None,
+    slo: SLO | None = None,
+    interrupted: bool = False,
+    extras: SummaryExtras = SummaryExtras(),
+) -> Summary:
+    """The run's summary (docs/design.md's results contract). Warm-up records are
+    excluded."""
+    measured = [r for r in records if not r.warmup]
+    done = [r for r in measured if r.ok]
+    cancelled = [r for r in measured if r.error_kind is ErrorKind.CANCELLED]
+    failed = [r for r in measured if not r.ok and r.error_kind is not ErrorKind.CANCELLED]
+    per = [request_metrics(r) for r in done]
+
+    sends = [r.send_ns for r in measured if r.send_ns is not None]
+    ends = [r.end_ns for r in done if r.end_ns is not None]
+    duration_s = (max(ends) - min(sends)) / NS_PER_S if sends and ends else 0.0
+
+    out_tokens = sum(m.output_tokens or 0 for m in per)
+    in_tokens = sum(r.input_tokens or 0 for r in done)
+
+    def rate(x: float) -> float | None:
+        return x / duration_s if duration_s > 0 else None
+
+    out_tps = rate(out_tokens)
+    total_tps = rate(out_tokens + in_tokens)
+    completed_rps = rate(len(done))
+    config = config or {}
+    queue_delay = distribution(_present(queue_delay_ms(r) for r in measured))
+    token_source = _token_source(done)
+    caveats = _warnings(
+        config, completed_rps, queue_delay, token_source, done, measured, interrupted
+    )
+    return Summary(
+        schema=SCHEMA,
+        config=config,
+        interrupted=interrupted,
+        counts=Counts(
+            total=len(measured),
+            completed=len(done),
+            failed=len(failed),
+            cancelled=len(cancelled),
+            warmup=len(records) - len(measured),
+            errors=dict(Counter(r.error_kind.value for r in failed if r.error_kind)),
+        ),
+        duration_s=duration_s,
+        request_throughput_rps=completed_rps,
+        output_token_throughput_tps=out_tps,
+        total_token_throughput_tps=total_tps,
+        output_tpm=out_tps * 60 if out_tps is not None else None,
+        total_tpm=total_tps * 60 if total_tps is not None else None,
+        goodput_rps=rate(sum(1 for m in per if slo.met_by(m))) if slo else None,
+        slo=slo,
+        input_tokens=in_tokens,
+        output_tokens=out_tokens,
+        token_source=token_source,
+        ttfb_ms=distribution(_present(m.ttfb_ms for m in per)),
+        ttft_ms=distribution(_present(m.ttft_ms for m in per)),
+        e2e_ms=distribution(_present(m.e2e_ms for m in per)),
+        tpot_ms=distribution(_present(m.tpot_ms for m in per)),
+        itl_ms=counted_distribution(itl_ms_counts(done)),
+        decode_tps=distribution(_present(m.decode_tps for m in per)),
+        queue_delay_ms=queue_delay,
+        cached_tokens=sum(r.cached_tokens or 0 for r in done),
+        server_timeline=server_comparison(done, per),
+        error_examples=_error_examples(failed),
+        warnings=(*extras.warnings_first, *caveats, *extras.warnings_last),
+        trace_comparison=extras.trace_comparison,
+        prompt_overhead_tokens=extras.prompt_overhead_tokens,
+        input_length_source=extras.input_length_source,
+        preflight=extras.preflight,
+    )
+
+
+def _token_source(done: Sequence[RequestRecord]) -> str:
+    if not done:
+        return "none: no request completed"
+    if all(r.usage_source == "engine" for r in done):
+        return "the engine's own counts"
+    with_usage = sum(1 for r in done if r.usage_source == "server")
+    if with_usage == len(done):
+        return "server usage"
+    if with_usage == 0:
+        return "content chunks (approximate: no usage from the server)"
+    return f"server usage for {with_usage} of {len(done)} requests, content chunks for the rest"
+
+
+def server_comparison(
+    done: Sequence[RequestRecord], metrics: Sequence[RequestMetrics] | None = None
+) -> ServerTimeline | None:
+    """Client TTFT against the server's own (from the sim's timeline extension);
+    ``None`` when the server sends no timeline."""
+    server_ttft: list[float] = []
+    error: list[float] = []
+    queued: list[float] = []
+    for i, r in enumerate(done):
+        tl = r.server_timeline
+        if not tl:
+            continue
+        m = metrics[i] if metrics is not None else request_metrics(r)
+        if m.ttft_ms is None or tl.get("first_token_ms") is None:
+            continue
+        server_ttft.append(float(tl["first_token_ms"]))
+        error.append(m.ttft_ms - float(tl["first_token_ms"]))
+        if tl.get("scheduled_ms") is not None:
+            queued.append(float(tl["scheduled_ms"]))
+    server, err = distribution(server_ttft), distribution(error)
+    if server is None or err is None:
+        return None
+    return ServerTimeline(len(server_ttft), server, err, distribution(queued))
+
+
+def _error_examples(failed: Sequence[RequestRecord]) -> dict[str, str]:
+    examples: dict[str, str] = {}
+    for r in failed:
+        if r.error_kind and r.error_kind.value not in examples:
+            examples[r.error_kind.value] = r.error or ""
+    return examples
+
+
+def _warnings(
+    config: dict[str, Any],
+    completed_rps: float | None,
+    queue_delay: Distribution | None,
+    token_source: str,
+    done: Sequence[RequestRecord],
+    measured: Sequence[RequestRecord],
+    interrupted: bool,
+) -> list[str]:
+    """Plain-language caveats about how far the numbers can be trusted. ``done``: the
+    measured requests that completed; ``measured``: all measured requests (for the
+    offered rate)."""
+    out: list[str] = []
+    overload = overload_warning(config, completed_rps, done, measured)
+    if overload:
+        out.append(overload)
+    cap = ((config.get("load") or {}).get("schedule") or {}).get("max_concurrency")
+    if queue_delay is not None and queue_delay.p99 > LATE_THRESHOLD_MS:
+        qd = queue_delay
+        if cap:
+            out.append(
+                f"requests waited for one of the {cap} --max-concurrency slots: p99 queue delay "
+                f"{qd.p99:.1f} ms (max {qd.max:.1f} ms); the cap set the offered load"
+            )
+        else:
+            out.append(
+                f"the client fell behind its schedule: p99 queue delay {qd.p99:.1f} ms "
+                f"(max {qd.max:.1f} ms); the offered load was lower than asked"
+            )
+    if done and not token_source.startswith(("server usage", "the engine")):
+        out.append(f"token counts: {token_source}")
+    short = [
+        r for r in done
+        if r.requested_output_tokens is not None
+        and r.output_tokens is not None
+        and r.output_tokens != r.requested_output_tokens
+    ]
+    if short:
+        out.append(
+            f"{len(short)} of {len(done)} requests did not generate exactly the requested "
+            "output tokens (the server may ignore ignore_eos/min_tokens)"
+        )
+    if interrupted:
+        out.append("the run was interrupted: the summary covers what completed")
+    return out
+
+
+def overload_warning(
+    config: dict[str, Any],
+    completed_rps: float | None,
+    done: Sequence[RequestRecord],
+    measured: Sequence[RequestRecord],
+) -> str | None:
+    """Open loop: did completions fall behind the offered rate while queues grew?
+
+    Offered rate: (n − 1) / (last intended send − first intended send) over ``measured``
+    (the intended times must be spread out); completion rate: ``completed_rps``. A short
+    run understates the latter (its last requests' latency counts in the duration), hence
+    the second condition. A warning when completions < ``KEEP_UP_RATIO`` × offered and
+    the mean TTFT (E2E if there is no TTFT) of the last tenth of ``done``, by send time,
+    is at least ``LATENCY_GROWTH`` times the first tenth's. ``None`` for closed loops and
+    sessions (each send follows a completion there, so they cannot outrun the server)."""
+    load = config.get("load") or {}
+    if (load.get("schedule") or {}).get("kind") == "ClosedLoop" or any(r.session is not None for r in measured):
+        return None
+    intended = sorted(r.intended_send_ns for r in measured if r.intended_send_ns is not None)
+    if len(intended) < 2 or intended[-1] <= intended[0] or not completed_rps:
+        return None
+    offered_rps = (len(intended) - 1) / ((intended[-1] - intended[0]) / NS_PER_S)
+    if completed_rps >= KEEP_UP_RATIO * offered_rps:
+        return None
+    by_send = sorted(done, key=lambda r: (r.intended_send_ns if r.intended_send_ns is not None else r.send_ns or 0))
+    per = [request_metrics(r) for r in by_send]
+    label, lat = "TTFT", [m.ttft_ms for m in per]
+    if any(v is None for v in lat):
+        label, lat = "E2E", [m.e2e_ms for m in per]
+    values = _present(lat)
+    if len(values) < 2:
+        return None
+    tenth = max(1, len(values) // 10)
+    first = math.fsum(values[:tenth]) / tenth
+    last = math.fsum(values[-tenth:]) / tenth
+    if last < LATENCY_GROWTH * first:
+        return None
+    return (
+        f"the server could not keep up: offered {offered_rps:.1f} req/s, completed "
+        f"{completed_rps:.1f} req/s; queues grew through the run ({label} rose from "
+        f"{first:,.0f} ms in the first tenth to {last:,.0f} ms in the last)"
+    )

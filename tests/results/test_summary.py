@@ -1,0 +1,190 @@
+"""The typed run summary: aggregates, warnings, the server comparison, and the JSON
+form that ``summary.json`` is written from and read back into."""
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from inferlab.results.metrics import SLO
+from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.summary import (
+    OMITTED,
+    Summary,
+    SummaryExtras,
+    TraceComparison,
+    key_docs,
+    summarize,
+)
+
+MS = 1_000_000
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rec(index: int, send_ms: float, content_ms: list[float], end_ms: float, out: int | None, inp: int = 10, **kw: object) -> RequestRecord:
+    return RequestRecord(
+        index=index,
+        send_ns=int(send_ms * MS),
+        ttfb_ns=int(content_ms[0] * MS) if content_ms else None,
+        content_ns=[int(t * MS) for t in content_ms],
+        end_ns=int(end_ms * MS),
+        input_tokens=inp,
+        output_tokens=out,
+        usage_source="server" if out is not None else "none",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+
+def test_aggregates_exclude_warmup_and_count_failures() -> None:
+    records = [
+        rec(0, 0, [5, 6], 7, out=2, warmup=True),  # left out entirely
+        rec(1, 1000, [1100, 1150], 1200, out=2, inp=100),
+        rec(2, 1500, [1600, 1700, 1800], 3000, out=4, inp=50),
+        RequestRecord(index=3, send_ns=2000 * MS, status=500, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 500: boom"),
+        RequestRecord(index=4, send_ns=2100 * MS, error_kind=ErrorKind.CANCELLED),
+    ]
+    s = summarize(records, slo=SLO(e2e_ms=1000))
+    c = s.counts
+    assert (c.total, c.completed, c.failed, c.cancelled, c.warmup) == (4, 2, 1, 1, 1)
+    assert c.errors == {"http_status": 1}
+    assert s.duration_s == pytest.approx(2.0)  # first measured send 1.0 s → last end 3.0 s
+    assert s.request_throughput_rps == pytest.approx(1.0)
+    assert s.output_token_throughput_tps == pytest.approx(3.0)
+    assert s.total_token_throughput_tps == pytest.approx(78.0)
+    assert s.output_tpm == pytest.approx(180.0)
+    assert s.goodput_rps == pytest.approx(0.5)  # only request 1 (e2e 200 ms) meets 1 s
+    assert s.ttft_ms is not None and s.ttft_ms.max == pytest.approx(100)
+    assert s.error_examples == {"http_status": "HTTP 500: boom"}
+    for key in ("ttft_ms", "ttfb_ms", "e2e_ms", "tpot_ms", "itl_ms", "decode_tps"):
+        assert set(s.to_json()[key]) == {"mean", "std", "min", "p50", "p90", "p95", "p99", "max"}
+
+
+def test_goodput_counts_only_requests_meeting_every_slo() -> None:
+    fast = rec(0, 0, [50, 60], 70, out=2)
+    slow_decode = rec(1, 0, [50, 400], 410, out=2)
+    s = summarize([fast, slow_decode], slo=SLO(ttft_ms=100, tpot_ms=100))
+    assert s.goodput_rps == pytest.approx(1 / 0.41)
+
+
+def test_warns_when_client_falls_behind_and_when_lengths_differ() -> None:
+    late = rec(0, 50, [60, 70], 80, out=2, intended_send_ns=0, requested_output_tokens=3)
+    s = summarize([late])
+    assert any("fell behind" in w for w in s.warnings)
+    assert any("exactly the requested" in w for w in s.warnings)
+    on_time = rec(0, 1, [60, 70], 80, out=3, intended_send_ns=0, requested_output_tokens=3)
+    assert summarize([on_time]).warnings == ()
+
+
+def test_server_timeline_comparison() -> None:
+    r = rec(0, 0, [12, 20], 30, out=2, server_timeline={"first_token_ms": 10.5, "scheduled_ms": 2.0})
+    sv = summarize([r]).server_timeline
+    assert sv is not None
+    assert sv.ttft_error_ms.p50 == pytest.approx(1.5)
+    assert sv.server_ttft_ms.p50 == pytest.approx(10.5)
+    assert summarize([rec(0, 0, [12], 30, out=1)]).server_timeline is None
+
+
+def overloaded(n: int = 20, every_ms: float = 50, service_ms: float = 400) -> list[RequestRecord]:
+    """Open loop: one request every ``every_ms``, served one at a time in ``service_ms``
+    each, so each waits longer than the one before (first token when its turn comes)."""
+    out = []
+    for i in range(n):
+        start = i * service_ms
+        out.append(rec(i, i * every_ms, [start + 10, start + service_ms], start + service_ms, out=2, intended_send_ns=int(i * every_ms * MS)))
+    return out
+
+
+def test_warns_when_an_open_loop_server_cannot_keep_up() -> None:
+    s = summarize(overloaded())
+    (w,) = [w for w in s.warnings if "keep up" in w]
+    assert w.startswith("the server could not keep up: offered 20.0 req/s, completed 2.5 req/s; queues grew through the run")
+    # first tenth: TTFT 10 and 410 − 50 ms; last tenth: 7,210 − 900 and 7,610 − 950 ms
+    assert "TTFT rose from 185 ms in the first tenth to 6,485 ms in the last" in w
+
+
+def test_no_overload_warning_when_keeping_up_for_closed_loops_or_without_spread() -> None:
+    def keep_up_warned(records: list[RequestRecord], **kw: object) -> bool:
+        return any("keep up" in w for w in summarize(records, **kw).warnings)  # type: ignore[arg-type]
+
+    assert keep_up_warned(overloaded())
+    # served as fast as offered
+    assert not keep_up_warned(overloaded(every_ms=400))
+    # a closed loop sends when a request ends: it cannot outrun the server
+    assert not keep_up_warned(overloaded(), config={"load": {"schedule": {"kind": "ClosedLoop"}}})
+    assert not keep_up_warned([dataclasses.replace(r, session=0, turn=r.index) for r in overloaded()])
+    # all sent at once (--rate inf): no offered rate
+    assert not keep_up_warned([dataclasses.replace(r, intended_send_ns=0, send_ns=0) for r in overloaded()])
+    # a short run's tail lowers the completion rate, but latency did not grow: no warning
+    flat = [rec(i, i * 50, [i * 50 + 10, i * 50 + 2000], i * 50 + 2000, out=2, intended_send_ns=i * 50 * MS) for i in range(10)]
+    assert not keep_up_warned(flat)
+
+
+def test_a_wait_for_a_concurrency_slot_is_not_called_falling_behind() -> None:
+    waited = rec(0, 50, [60, 70], 80, out=2, intended_send_ns=0)
+    config = {"load": {"schedule": {"kind": "Replay", "max_concurrency": 4}}}
+    ws = summarize([waited], config=config).warnings
+    assert any("4 --max-concurrency slots" in w for w in ws)
+    assert not any("fell behind" in w for w in ws)
+
+
+def _full_summary() -> Summary:
+    records = [
+        rec(0, 0, [12, 20, 31], 40, out=3, server_timeline={"first_token_ms": 10.0, "scheduled_ms": 1.0}),
+        rec(1, 50, [60, 71], 80, out=2, intended_send_ns=0),  # 50 ms late
+        RequestRecord(index=2, send_ns=7 * MS, status=429, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 429: slow down"),
+    ]
+    trace = {"ttft_ms": TraceComparison(2, 20.0, 25.0, -20.0, 20.0, 24.0, None)}
+    extras = SummaryExtras(
+        trace_comparison=trace, prompt_overhead_tokens=None, input_length_source="exact (server /tokenize)",
+        preflight={"accepts_exact_output": True, "warnings": []}, warnings_first=("first",), warnings_last=("last",),
+    )
+    return summarize(records, config={"load": {"schedule": {"kind": "OpenLoop"}}}, slo=SLO(ttft_ms=15), extras=extras)
+
+
+def test_the_json_form_reads_back_into_the_same_summary() -> None:
+    s = _full_summary()
+    d = json.loads(json.dumps(s.to_json()))
+    assert list(d) == [name for name, _ in key_docs()]  # every key, in the documented order
+    assert Summary.from_json(d) == s
+    assert Summary.from_json(d).to_json() == d
+    assert d["slo"] == {"ttft_ms": 15, "tpot_ms": None, "e2e_ms": None}
+    assert d["trace_comparison"]["ttft_ms"]["median_error_pct"] is None
+    assert d["server_timeline"]["ttft_error_ms"]["p50"] == pytest.approx(2.0)
+
+
+def test_extras_warnings_stand_before_and_after_the_records_own() -> None:
+    w = _full_summary().warnings
+    assert w[0] == "first" and w[-1] == "last" and len(w) > 2  # (the late request's own in between)
+
+
+def test_keys_a_run_does_not_have_are_left_out_not_null() -> None:
+    plain = summarize([rec(0, 0, [10, 20], 30, out=2)]).to_json()
+    for key in ("trace_comparison", "prompt_overhead_tokens", "input_length_source", "preflight"):
+        assert key not in plain
+    assert Summary.from_json(plain).preflight is OMITTED
+    none = summarize([], extras=SummaryExtras(trace_comparison=None, prompt_overhead_tokens=None, preflight=None)).to_json()
+    assert none["trace_comparison"] is None and none["preflight"] is None and "input_length_source" not in none
+
+
+def test_reading_back_refuses_another_format() -> None:
+    d = _full_summary().to_json()
+    with pytest.raises(ValueError, match="not an inferlab summary"):
+        Summary.from_json({**d, "schema": "something/2"})
+    with pytest.raises(KeyError):
+        Summary.from_json({k: v for k, v in d.items() if k != "counts"})
+
+
+def test_docs_list_every_summary_key_as_the_code_documents_it() -> None:
+    text = (ROOT / "docs" / "design.md").read_text()
+    table = text.split("<!-- summary keys: generated from inferlab.results.summary.key_docs -->", 1)[1].split("<!-- end -->", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \| (.*) \|$", table, re.M)
+    expected = "\n".join(f"| `{k}` | {doc} |" for k, doc in key_docs())
+    assert rows == key_docs(), f"docs/design.md's summary table is out of date; it should read:\n{expected}"
+
+
+def test_every_field_is_documented() -> None:
+    assert all(doc.strip() for _, doc in key_docs())
+    assert {f.name for f in dataclasses.fields(Summary)} == {k for k, _ in key_docs()}
