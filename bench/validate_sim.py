@@ -24,8 +24,8 @@ from pathlib import Path
 from inferlab.sim.validation.validate import (
     TARGET_PCT,
     Comparison,
+    error_medians,
     length_mismatches,
-    summarize,
     validate,
 )
 
@@ -58,7 +58,7 @@ def _breakdown(title: str, comparisons: list[Comparison], key: Callable[[Compari
     print()
     print(f"{title} (median over rows of |error| %, rows):")
     for group in sorted({key(c) for c in comparisons}):
-        sub = summarize([c for c in comparisons if key(c) == group])
+        sub = error_medians([c for c in comparisons if key(c) == group])
         cells = ", ".join(f"{cls} {med:.1f}% ({rows})" for cls, (med, rows, _) in sub.items())
         print(f"  {group:<9} {cells}")
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     _table(report.comparisons)
     print()
     print("median over rows of |error| per metric class (target):")
-    for cls, (median, n_rows, n_cmp) in summarize(report.comparisons).items():
+    for cls, (median, n_rows, n_cmp) in error_medians(report.comparisons).items():
         target = f"<= {TARGET_PCT[cls]:.0f}%" if cls in TARGET_PCT else "no target"
         ok = "" if cls not in TARGET_PCT else (" ok" if median <= TARGET_PCT[cls] else " MISS")
         print(f"  {cls:<10} {median:6.1f}%  ({n_rows} rows, {n_cmp} values; {target}){ok}")

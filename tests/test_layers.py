@@ -6,6 +6,7 @@ upward dependency."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,15 @@ def test_the_check_allows_imports_within_a_package_and_downwards() -> None:
         "inferlab.cli.main": "from inferlab.load.run import run\nfrom inferlab.report.console import render_summary",
     }
     assert violations(ok) == []
+
+
+def test_the_architecture_doc_names_files_that_exist_and_every_package() -> None:
+    text = (SRC.parent / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`([\w/]+/[\w/]*(?:\.py|\.json)?)`", text))
+    assert len(named) > 30
+    package = SRC / "inferlab"
+    missing = [p for p in named if not (package / p).exists() and not (SRC.parent / p).exists()]
+    assert missing == []
+    for layer in LAYERS:
+        for pkg in layer:
+            assert f"`{pkg.removeprefix('inferlab.')}`" in text, f"{pkg} is not in docs/architecture.md's layer table"

@@ -1,7 +1,7 @@
 """inferlab's exception tree. Third-party errors are mapped to these at one boundary.
 
 A failed *request* is never an exception: it is a record with an error kind
-(``inferlab._records.ErrorKind``). These exceptions are for the run as a whole.
+(``inferlab.results.records.ErrorKind``). These exceptions are for the run as a whole.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``inferlab.openai`` sits at the bottom of the layers (DESIGN.md): of inferlab it imports
+"""``inferlab.openai`` sits at the bottom of the layers (docs/architecture.md): of inferlab it imports
 only ``inferlab._errors``, and nothing outside the standard library, so the client, the
 simulated server and the gateway can all share it."""
 

@@ -2,7 +2,7 @@
 
 All times are integer nanoseconds on the run's clock, relative to the run's start
 (``t0``), so a record is meaningful on its own and JSON stays compact. Metrics are pure
-functions of these records (``inferlab._metrics``).
+functions of these records (``inferlab.results.metrics``).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Specs: ``500`` (fixed), ``uniform:100:900`` (inclusive), ``normal:500:100`` (mea
 std), ``lognormal:500:0.6`` (median, sigma), or an empirical list of observed lengths
 (from a dataset: ``empirical:PATH`` draws the input lengths of a dataset file's
 prompts for ``--input-tokens``, its output lengths for ``--output-tokens``; word
-counts, see ``_datasets``; ``empirical:sharegpt`` draws from the shipped token lengths
-of ShareGPT V3 as vLLM's benchmark samples it, see ``_sharegpt``). Every draw is an int >= 1; draws come from the caller's seeded
+counts, see ``workload.datasets``; ``empirical:sharegpt`` draws from the shipped token lengths
+of ShareGPT V3 as vLLM's benchmark samples it, see ``workload.sharegpt``). Every draw is an int >= 1; draws come from the caller's seeded
 ``random.Random``, so the same seed gives the same lengths.
 """
 

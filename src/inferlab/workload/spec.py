@@ -2,7 +2,7 @@
 
 A workload is any iterable of ``RequestSpec``; ``bench`` and ``sim run`` consume the
 same objects. This module holds the built-in ones: synthetic prompts with drawn lengths, shared-prefix
-groups, and a fixed prompt (the default quick check). Traces live in ``_traces``.
+groups, and a fixed prompt (the default quick check). Traces live in ``workload.traces``.
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from inferlab.sim.validation.validate import (
     _gaps_s,
     _serve,
     _stat,
+    error_medians,
     length_mismatches,
-    summarize,
     validate,
     workload,
 )
@@ -406,7 +406,7 @@ def test_prompts_share_no_prefix_but_a_preempted_request_finds_its_own_blocks() 
 def test_median_errors_on_a_fast_subset_stay_within_regression_bounds() -> None:
     report = validate(CSV, FAST_ROWS)
     assert len({c.scenario.row_id for c in report.comparisons}) >= 30
-    medians = {cls: med for cls, (med, _, _) in summarize(report.comparisons).items()}
+    medians = {cls: med for cls, (med, _, _) in error_medians(report.comparisons).items()}
     # Measured on this subset when written: throughput ~7%, TPOT/ITL ~10%, TTFT ~35%,
     # E2E ~9%. The bounds catch regressions, not noise (the run is deterministic).
     assert medians["throughput"] < 25

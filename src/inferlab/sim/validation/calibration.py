@@ -30,7 +30,7 @@ from inferlab.sim.validation.scenario import (
 )
 
 # Mean lengths of ShareGPT V3 through vLLM's sampler, for ShareGPT-like rows that state
-# none (the shapes of the distributions are in ``_validate``).
+# none (the shapes of the distributions are in ``validate``).
 SHAREGPT_MEAN_INPUT = 220.0
 SHAREGPT_MEAN_OUTPUT = 200.0
 # Requests per user when a closed-loop row gives no count: a long run (vllm bench serve

@@ -1,6 +1,6 @@
 """A calibration scenario: one published benchmark the simulator can run, or why not.
 
-``_calibration`` builds these from a calibration CSV; ``_validate`` runs them. A
+``calibration`` builds these from a calibration CSV; ``validate`` runs them. A
 ``Measurement``'s ``metric`` is a CSV column, grouped into classes by ``METRIC_CLASS``.
 """
 

@@ -1,9 +1,9 @@
 """Validate the simulator against published measurements (``calibration.csv`` format).
 
-``_calibration`` turns each CSV row into a ``Scenario`` (or a ``Skipped`` with the
-reason); ``simulate`` runs a scenario in virtual time on the engine ``_scenario_engine``
+``calibration`` turns each CSV row into a ``Scenario`` (or a ``Skipped`` with the
+reason); ``predict_scenario`` runs a scenario in virtual time on the engine ``engines``
 builds for it and computes the statistics the source reports; ``validate`` does both for
-a file and ``summarize`` takes the median error per metric class. Nothing is tuned per row:
+a file and ``error_medians`` takes the median error per metric class. Nothing is tuned per row:
 
 - workload: fixed lengths; ``U[a,b]`` uniform (scaled to the mean the source measured,
   when the row gives one); ShareGPT rows the token lengths of a published run of vLLM's
@@ -336,7 +336,7 @@ def predict(sc: Scenario, run: _Run, m: Measurement) -> float:
     return 1000 * _stat(run.gaps_s, m.stat, gap_weights)
 
 
-def simulate(sc: Scenario) -> tuple[dict[str, float], int]:
+def predict_scenario(sc: Scenario) -> tuple[dict[str, float], int]:
     """Predicted value per measured metric, and how many of the row's requests were
     simulated (fewer when the duration was extrapolated); ``ValueError`` if the engine
     cannot run the scenario."""
@@ -354,7 +354,7 @@ def validate(path: str | Path, row_ids: Iterable[str] | None = None) -> Report:
     report = Report(skipped=skipped)
     for sc in scenarios:
         try:
-            predicted, simulated = simulate(sc)
+            predicted, simulated = predict_scenario(sc)
         except (ValueError, ArithmeticError, LookupError, InferlabError) as e:
             # (a ScenarioError says why the row cannot be expressed; the rest are the engine's)
             reason = str(e) if isinstance(e, ScenarioError) else f"the simulated engine cannot run it: {e}"
@@ -395,7 +395,7 @@ def length_mismatches(comparisons: Sequence[Comparison], tolerance_pct: float = 
     return found
 
 
-def summarize(comparisons: Sequence[Comparison]) -> dict[str, tuple[float, int, int]]:
+def error_medians(comparisons: Sequence[Comparison]) -> dict[str, tuple[float, int, int]]:
     """Per metric class present: (median over rows of the row's mean |error| %, rows,
     values). A row that reports three throughputs of one run counts once, not three times."""
     out: dict[str, tuple[float, int, int]] = {}
