@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from inferlab import BenchConfig, ClosedLoop, LoadConfig, WorkloadConfig, bench_async
+from inferlab import BenchConfig, ClosedLoop, LoadConfig, Summary, WorkloadConfig, bench_async
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.server.app import ServerConfig
 from inferlab.sim.server.launch import ChildServer, EmbeddedServer
 
 
-def in_process(url: str, c: int, n: int) -> dict:  # type: ignore[type-arg]
+def in_process(url: str, c: int, n: int) -> Summary:
     cfg = BenchConfig(load=LoadConfig(ClosedLoop(c), num_requests=n), workload=WorkloadConfig())
     return asyncio.run(bench_async(cfg, url)).summary
 
@@ -41,14 +41,15 @@ def main() -> None:
     print(f"{'setup':34} {'conc':>4} {'server TTFT p50':>16} {'error p50':>10} {'error p99':>10}")
     by_key = {}
     for setup, c, s in rows:
-        sv = s["server_timeline"]
-        err = sv["ttft_error_ms"]
+        sv = s.server_timeline
+        assert sv is not None  # (the simulated server sends its timeline)
+        err = sv.ttft_error_ms
         by_key[(setup, c)] = err
-        print(f"{setup:34} {c:4d} {sv['server_ttft_ms']['p50']:13.2f} ms {err['p50']:7.2f} ms {err['p99']:7.2f} ms")
+        print(f"{setup:34} {c:4d} {sv.server_ttft_ms.p50:13.2f} ms {err.p50:7.2f} ms {err.p99:7.2f} ms")
     print("\nerror p50 ratio, thread / child process:")
     for c in levels:
-        t = by_key[("server in a thread of the client", c)]["p50"]
-        ch = by_key[("server in child process", c)]["p50"]
+        t = by_key[("server in a thread of the client", c)].p50
+        ch = by_key[("server in child process", c)].p50
         print(f"  concurrency {c:4d}: {t / ch:5.2f}x")
 
 

@@ -27,7 +27,7 @@ import urllib.request
 
 from inferlab.load.schedules import LoadConfig, OpenLoop
 from inferlab.load.virtual import serve_timelines, simulate
-from inferlab.results.metrics import summarize
+from inferlab.results.summary import summarize
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.server.launch import ChildServer
 from inferlab.workload.builtin_prompts import SimPromptBuilder
@@ -58,9 +58,9 @@ def virtual(n: int) -> None:
 
     print(f"virtual time, {n:,} requests x (1,000 in / 250 out), all at t=0, Qwen2.5-7B on H100")
     print(f"  sim run path (records + metrics): {wall:6.2f} s wall  {n / wall:8.0f} req/s  "
-          f"simulated {s['duration_s']:.0f} s  -> {s['duration_s'] / wall:5.1f}x faster than real time")
+          f"simulated {s.duration_s:.0f} s  -> {s.duration_s / wall:5.1f}x faster than real time")
     print(f"    of which simulate {t1 - t0:.2f} s, summarize {t2 - t1:.2f} s")
-    print(f"  engine alone (serve_timelines):       {engine_only:6.2f} s wall  {n / engine_only:8.0f} req/s")
+    print(f"  engine alone (serve_timelines):  {engine_only:6.2f} s wall  {n / engine_only:8.0f} req/s")
     print(f"  ratio sim-run / engine-alone: {wall / engine_only:.2f}")
 
     # what a user waits for: the command itself, start-up and results files included

@@ -184,7 +184,7 @@ class _Dispatcher:
         # out of the in-flight set before the dispatcher wakes (a task's done callbacks
         # run only after the wake-up: the dispatcher would wait for an end still to come)
         self.in_flight.discard(asyncio.current_task())
-        self.policy.ended(send, self._now_s(), answer)
+        self.policy.ended(send.index, self._now_s(), answer)
         self._ended.set()
 
     async def cancel_all(self) -> None:

@@ -2,7 +2,7 @@
 
 A policy is plain bookkeeping over time in seconds from the run's start. An executor
 drives it: it asks ``due(now_s)`` for the sends that fall due by ``now_s`` and sends each
-one; it reports every request's end with ``ended`` (``answer`` is the reply's text and
+one; it reports every request's end with ``ended`` (by the send's index; ``answer`` is the reply's text and
 token count for a request that completed, ``None`` for one that failed); when nothing is
 in flight it jumps (virtual time) or sleeps (wall time) to ``next_s()``. The HTTP
 executor (``load.http``) and the virtual-time executor (``load.virtual``) run the same
@@ -67,8 +67,9 @@ class Policy(Protocol):
         them (a request rejected at once); the next one sees its effect."""
         ...
 
-    def ended(self, send: Send, end_s: float, answer: Answer | None) -> None:
-        """``send``'s request ended at ``end_s``: completed with ``answer``, or failed."""
+    def ended(self, index: int, end_s: float, answer: Answer | None) -> None:
+        """The request of send ``index`` ended at ``end_s``: completed with ``answer``,
+        or failed."""
         ...
 
     def next_s(self) -> float | None:
@@ -118,7 +119,7 @@ class ClosedLoopPolicy:
             self._sent = i + 1
             yield Send(i, spec, t, t, i < self._warmup)
 
-    def ended(self, send: Send, end_s: float, answer: Answer | None) -> None:
+    def ended(self, index: int, end_s: float, answer: Answer | None) -> None:
         heapq.heappush(self._ready, end_s)  # the user sends its next request
 
     def next_s(self) -> float | None:
@@ -168,7 +169,7 @@ class OpenLoopPolicy:
             self._taken = True
             yield Send(i, spec, arrival_s, at_s, i < self._warmup)
 
-    def ended(self, send: Send, end_s: float, answer: Answer | None) -> None:
+    def ended(self, index: int, end_s: float, answer: Answer | None) -> None:
         if self._free is not None:
             heapq.heappush(self._free, end_s)
 
@@ -229,8 +230,8 @@ class SessionPolicy:
             self._in_flight[i] = s
             yield Send(i, spec, t, t)
 
-    def ended(self, send: Send, end_s: float, answer: Answer | None) -> None:
-        s = self._in_flight.pop(send.index)
+    def ended(self, index: int, end_s: float, answer: Answer | None) -> None:
+        s = self._in_flight.pop(index)
         if answer is None:  # the session ends with its failed turn
             self._next_session(end_s)
             return

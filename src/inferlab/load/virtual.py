@@ -51,9 +51,9 @@ class Target(Protocol):
 
     def has_work(self) -> bool: ...
 
-    def step(self, now_s: float) -> tuple[float, list[tuple[Send, Answer | None]]]:
-        """One engine step from ``now_s``: its end, and the sends that completed in it
-        with their answers (``None`` where none was asked for)."""
+    def step(self, now_s: float) -> tuple[float, list[int], list[Answer] | None]:
+        """One engine step from ``now_s``: its end, the indexes of the sends that
+        completed in it, and their answers (``None`` when the target gives none)."""
         ...
 
 
@@ -86,16 +86,20 @@ def drive(policy: Policy, target: Target, stop: Callable[[], bool] | None = None
         for send in policy.due(now_s):
             end_s = target.add(send)
             if end_s is not None:  # rejected: it ended at once
-                policy.ended(send, end_s, None)
+                policy.ended(send.index, end_s, None)
         if not target.has_work():
             t = policy.next_s()
             if t is None:
                 return
             now_s = max(now_s, t)
             continue
-        now_s, finished = target.step(now_s)
-        for send, answer in finished:
-            policy.ended(send, now_s, answer)
+        now_s, finished, answers = target.step(now_s)
+        if answers is None:
+            for index in finished:
+                policy.ended(index, now_s, None)
+        else:
+            for index, answer in zip(finished, answers, strict=True):
+                policy.ended(index, now_s, answer)
 
 
 def _ns(t_s: float) -> int:
@@ -138,7 +142,7 @@ class SimulatedServer:
         self.natural_median_tokens = natural_median_tokens
         self.on_record = on_record
         self.answers = answers
-        self.in_flight: dict[str, tuple[Send, RequestRecord]] = {}  # by request id
+        self.in_flight: dict[str, RequestRecord] = {}  # by request id
         self.done: list[RequestRecord] = []
         self.token_ns = _TokenNs()
 
@@ -180,7 +184,7 @@ class SimulatedServer:
             record.usage_source = "none"
             self.finish(record)
             return end_ns / NS_PER_S
-        self.in_flight[str(send.index)] = (send, record)
+        self.in_flight[str(send.index)] = record
         return None
 
     def output_len(self, ids: list[int], spec: RequestSpec) -> int:
@@ -205,20 +209,22 @@ class SimulatedServer:
     def has_work(self) -> bool:
         return self.engine.has_work()
 
-    def step(self, now_s: float) -> tuple[float, list[tuple[Send, Answer | None]]]:
+    def step(self, now_s: float) -> tuple[float, list[int], list[Answer] | None]:
         result = self.engine.step(now_s, token_events=False)
         assert result is not None
         end_s = now_s + result.duration_s
         if self.step_log is not None:
             self.step_log.write(json.dumps(_stats_json(result.stats)) + "\n")
-        finished: list[tuple[Send, Answer | None]] = []
+        finished: list[int] = []
+        answers: list[Answer] | None = [] if self.answers else None
         token_ns = self.token_ns
         if len(token_ns) > _MAX_TOKEN_NS:  # (a memo: clearing it bounds memory, changes no value)
             token_ns.clear()
         for rid in result.finished:
             tl = self.engine.forget(rid)
             assert tl is not None
-            send, r = self.in_flight.pop(rid)
+            r = self.in_flight.pop(rid)
+            finished.append(r.index)
             r.content_ns = list(map(token_ns.__getitem__, tl.token_times_s))  # (in C)
             r.ttfb_ns = r.content_ns[0]
             r.end_ns = r.content_ns[-1]
@@ -226,8 +232,9 @@ class SimulatedServer:
             r.cached_tokens = tl.cached_tokens
             r.finish_reason = "length"
             self.finish(r)
-            finished.append((send, self._answer(r.output_tokens) if self.answers else None))
-        return end_s, finished
+            if answers is not None:
+                answers.append(self._answer(r.output_tokens))
+        return end_s, finished, answers
 
     def _answer(self, n: int) -> Answer:
         """The reply the simulated model gave in ``n`` tokens: the built-in passage."""
@@ -235,7 +242,7 @@ class SimulatedServer:
 
     def interrupted(self, cause: InferlabError | None = None) -> Interrupted:
         """Cancel what is in flight (records passed to ``on_record``) and wrap all records."""
-        for rid, (_, r) in sorted(self.in_flight.items(), key=lambda kv: kv[1][1].index):
+        for rid, r in sorted(self.in_flight.items(), key=lambda kv: kv[1].index):
             self.engine.forget(rid)
             r.error_kind = ErrorKind.CANCELLED
             r.error = "run interrupted" if cause is None else f"run stopped: {cause}"
@@ -311,7 +318,7 @@ class EngineTarget:
     def __init__(self, engine: Engine, request_ids: Sequence[str] | None = None) -> None:
         self.engine = engine
         self._ids = request_ids
-        self._in_flight: dict[str, Send] = {}
+        self._in_flight: dict[str, int] = {}  # request id -> send index
 
     def add(self, send: Send) -> float | None:
         prompt, out = send.spec.prompt, send.spec.max_tokens
@@ -319,16 +326,16 @@ class EngineTarget:
             raise TypeError("the engine takes token-id prompts with max_tokens")
         rid = str(send.index) if self._ids is None else self._ids[send.index]
         self.engine.add_request(rid, prompt, out, send.at_s)
-        self._in_flight[rid] = send
+        self._in_flight[rid] = send.index
         return None
 
     def has_work(self) -> bool:
         return self.engine.has_work()
 
-    def step(self, now_s: float) -> tuple[float, list[tuple[Send, Answer | None]]]:
+    def step(self, now_s: float) -> tuple[float, list[int], list[Answer] | None]:
         result = self.engine.step(now_s, token_events=False)
         assert result is not None  # has_work() was True
-        return now_s + result.duration_s, [(self._in_flight.pop(rid), None) for rid in result.finished]
+        return now_s + result.duration_s, [self._in_flight.pop(rid) for rid in result.finished], None
 
 
 def serve_timelines(
