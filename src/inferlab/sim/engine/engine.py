@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from inferlab._errors import UsageError
 from inferlab.sim.engine.hardware import GpuSpec, quantization_from_name, resolve_gpu, resolve_model
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
-from inferlab.sim.engine.scheduler import Batch, Request, Scheduler, SchedulerConfig
+from inferlab.sim.engine.scheduler import Batch, Request, SchedulerConfig
+from inferlab.sim.engine.steady import SteadyScheduler
 from inferlab.sim.engine.steptime import (
     QUANTIZATIONS,
     RooflineStepTime,
@@ -366,7 +367,8 @@ class Engine:
         self.config = config
         #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
         self.limits = SchedulerConfig(batched, seqs, max_len, chunked, mixed, config.num_scheduler_steps)
-        self._scheduler = Scheduler(self.limits, self._kv)
+        # the reference scheduler, with steady decodes kept as sums in virtual-time steps
+        self._scheduler = SteadyScheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}
         self._timelines: dict[str, RequestTimeline] = {}
         self._num_added = 0
