@@ -1,5 +1,6 @@
-"""``SteadyScheduler`` (steady decodes kept as sums) against the reference ``Scheduler``:
-the same random workloads through both, compared step by step."""
+"""The engine's scheduler and KV cache (``SteadyScheduler``, steady decodes kept as sums,
+over ``KVCacheManager``) against the plain references (``Scheduler`` over
+``BlockManager``): the same random workloads through both, compared step by step."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from inferlab.sim.engine.block_manager import BlockManager
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
 from inferlab.sim.engine.scheduler import Batch, Request, Scheduler, SchedulerConfig
@@ -57,14 +59,21 @@ def token_times(sched: Scheduler, req: Request) -> list[float]:
 
 
 def state(sched: Scheduler) -> tuple[Any, ...]:
-    """Everything the next steps depend on: queues, counters, blocks, the free queue."""
+    """Everything the next steps depend on: queues, counters, blocks, the free queue and
+    the prefix cache."""
     kv = sched.kv
+    if isinstance(kv, BlockManager):
+        free, cached = list(kv.free_queue), kv.cached
+    else:
+        assert isinstance(kv, KVCacheManager)
+        free, cached = list(kv._free), {h: b for b, h in kv._block_hash.items() if h is not None}
     return (
         [r.request_id for r in sched.running],
         [r.request_id for r in sched.waiting],
         [(r.request_id, counters(sched, r), r.block_ids) for r in sched.running],
         [(r.request_id, counters(sched, r)) for r in sched.waiting],
-        list(kv._free),
+        free,
+        cached,
         kv.prefix_hits_tokens,
         kv.prefix_queries_tokens,
     )
@@ -111,7 +120,8 @@ def run_side_by_side(seed: int) -> Counter[str]:
     every call. Returns counts of what the steady scheduler met (``seen``)."""
     rng = random.Random(seed)
     config, bs, num_blocks, caching = random_config(rng)
-    ref = Scheduler(config, KVCacheManager(num_blocks, bs, caching))
+    # the plain reference throughout against the engine's pair
+    ref = Scheduler(config, BlockManager(num_blocks, bs, caching))
     fast = SteadyScheduler(config, KVCacheManager(num_blocks, bs, caching))
     scheds: tuple[Scheduler, Scheduler] = (ref, fast)
     workload = random_workload(rng, config.max_model_len)
