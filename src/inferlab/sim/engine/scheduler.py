@@ -31,9 +31,9 @@ step for step against this class.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from inferlab.sim.engine.kvcache import KVCacheManager
+from typing import Protocol
 
 _READY_SLACK_S = 1e-9  # absorbs float rounding when a clock lands exactly on a ready time
 
@@ -79,7 +79,7 @@ class Request:
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.num_preemptions = 0
         self.ready_s = ready_s  # not schedulable before this time
-        # the KV cache's (``kvcache.KVRequest``)
+        # the block manager's (``block_manager.KVRequest``)
         self.block_ids: list[int] = []
         self.block_hashes = block_hashes
         self.num_cached_blocks = 0
@@ -89,6 +89,20 @@ class Request:
         self.seq = 0
         self.steady_tick = -1  # (-1: not steady)
         self.steady_exit = 0
+
+
+class KVCache(Protocol):
+    """What the scheduler uses of a KV block manager: ``block_manager.BlockManager`` (the
+    plain reference, where the contracts are) or ``kvcache.KVCacheManager`` (the engine's)."""
+
+    num_blocks: int
+    block_size: int
+
+    def lookup(self, req: Request) -> list[int]: ...
+    def allocate(self, req: Request, num_tokens: int, cached: Sequence[int] = ()) -> bool: ...
+    def append_block(self, req: Request) -> bool: ...
+    def cache_generated(self, req: Request, num_computed_tokens: int) -> None: ...
+    def free(self, req: Request) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -132,7 +146,7 @@ class Scheduler:
     ``running`` is in admission order, ``waiting`` in arrival order (preempted requests
     at its front)."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCache) -> None:
         self.config = config
         self.kv = kv
         self.waiting: deque[Request] = deque()

@@ -27,8 +27,7 @@ token times once woken. ``tests/sim/engine/test_steady.py`` checks this step by 
 
 from __future__ import annotations
 
-from inferlab.sim.engine.kvcache import KVCacheManager
-from inferlab.sim.engine.scheduler import Batch, Request, Scheduler, SchedulerConfig
+from inferlab.sim.engine.scheduler import Batch, KVCache, Request, Scheduler, SchedulerConfig
 
 
 def _by_seq(req: Request) -> int:
@@ -42,7 +41,7 @@ class SteadyScheduler(Scheduler):
     (It calls the reference's methods as ``Scheduler.f(self, ...)``: on Python 3.11
     ``super()`` builds an object per call, 1 % of a step in virtual time.)"""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCache) -> None:
         super().__init__(config, kv)
         self.lazy = False  # whether steps may keep decodes steady (set per step)
         self._admitted = 0  # admissions so far (``Request.seq``: ``running`` is sorted by it)
