@@ -126,6 +126,8 @@ class SteadyScheduler(Scheduler):
         batch.steady_context = self._steady_c0 + n * self.tick
         batch.emitting += decodes + n
         batch.decode_tokens += decodes + n
+        # (the reference's budget left unless a steady request was preempted, taking back
+        # the token budgeted for it: then no one is admitted)
         return budget
 
     def _may_prefill(self) -> list[Request]:
