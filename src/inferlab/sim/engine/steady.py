@@ -17,7 +17,10 @@ per-step passes while ``lazy`` is set (virtual time: no per-token events wanted)
   (``_wake``: counters and token times written back) and runs as an ordinary request;
   so is a steady request that is preempted, aborted, or read (``steady_since``).
 - A step whose budget cannot hold every running request's tokens, or any step while
-  ``lazy`` is off, wakes them all (``wake_all``) and runs the reference pass.
+  ``lazy`` is off, wakes them all (``wake_all``) and visits every request in turn.
+
+The engine always schedules with this class; in real time (per-token events wanted)
+``lazy`` is off, and what remains of the fast path is the common decode handled inline.
 
 Contract: for any sequence of calls, every step has the batch, allocations, preemptions,
 admissions and finishing order of ``Scheduler`` (counting steady decodes as the
@@ -36,7 +39,7 @@ def _by_seq(req: Request) -> int:
 
 class SteadyScheduler(Scheduler):
     """``Scheduler`` with the steady-decode fast path; see the module doc. With ``lazy``
-    off it is the reference scheduler.
+    off it visits every running request each step, as the reference does.
 
     (It calls the reference's methods as ``Scheduler.f(self, ...)``: on Python 3.11
     ``super()`` builds an object per call, 1 % of a step in virtual time.)"""
@@ -72,10 +75,10 @@ class SteadyScheduler(Scheduler):
         return batch
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
-        """The reference pass. With steady requests, when the budget holds every running
-        request's tokens (so none is cut short), it visits only the running requests that
-        are not steady and the steady ones that reach a block boundary; else it wakes
-        them all first. The common case of a decode runs inline."""
+        """The reference's pass over running requests. With steady requests, when the
+        budget holds every running request's tokens (so none is cut short), it visits
+        only those that are not steady and the steady ones that reach a block boundary;
+        else it wakes them all first. The common case of a decode runs inline."""
         reqs = self.running
         if self._steady_n:
             at_boundary = self._take_due()
