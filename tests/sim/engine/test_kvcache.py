@@ -1,9 +1,9 @@
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
 
 import pytest
 
+from inferlab.sim.engine.block_manager import BlockManager
 from inferlab.sim.engine.kvcache import FreeQueue, KVCacheManager, hash_blocks
 
 BS = 16
@@ -22,6 +22,16 @@ class Req:
     @property
     def num_tokens(self) -> int:
         return len(self.tokens)
+
+
+# the policy tests run on both block managers: the engine's and the plain reference
+Manager = type[KVCacheManager] | type[BlockManager]
+
+
+@pytest.fixture(params=[KVCacheManager, BlockManager], ids=["fast", "reference"])
+def manager(request: pytest.FixtureRequest) -> Manager:
+    cls: Manager = request.param
+    return cls
 
 
 def toks(n: int, start: int = 0) -> list[int]:
@@ -79,8 +89,8 @@ def test_free_queue_keeps_the_order_of_an_ordered_dict() -> None:
             assert len(queue) == len(model) and list(queue) == list(model)
 
 
-def test_allocate_free_and_usage() -> None:
-    kv = KVCacheManager(10, BS)
+def test_allocate_free_and_usage(manager: Manager) -> None:
+    kv = manager(10, BS)
     r = Req(toks(33))
     assert kv.allocate(r, 33)
     assert len(r.block_ids) == 3
@@ -91,16 +101,16 @@ def test_allocate_free_and_usage() -> None:
     kv.check_invariants()
 
 
-def test_allocation_that_does_not_fit_changes_nothing() -> None:
-    kv = KVCacheManager(4, BS)
+def test_allocation_that_does_not_fit_changes_nothing(manager: Manager) -> None:
+    kv = manager(4, BS)
     r = Req(toks(100))
     assert not kv.allocate(r, 100)
     assert r.block_ids == [] and kv.num_free_blocks == 4
     assert kv.prefix_queries_tokens == 0
 
 
-def test_double_free_raises() -> None:
-    kv = KVCacheManager(4, BS)
+def test_double_free_raises(manager: Manager) -> None:
+    kv = manager(4, BS)
     r = Req(toks(20))
     kv.allocate(r, 20)
     ids = list(r.block_ids)
@@ -110,8 +120,8 @@ def test_double_free_raises() -> None:
         kv.free(r)
 
 
-def test_freed_prefix_hits_and_last_token_is_never_cached() -> None:
-    kv = KVCacheManager(20, BS)
+def test_freed_prefix_hits_and_last_token_is_never_cached(manager: Manager) -> None:
+    kv = manager(20, BS)
     a = Req(toks(100))
     kv.allocate(a, 100)
     kv.free(a)
@@ -127,8 +137,8 @@ def test_freed_prefix_hits_and_last_token_is_never_cached() -> None:
     assert len(kv.lookup(d)) == 1
 
 
-def test_live_blocks_are_shared_with_reference_counts() -> None:
-    kv = KVCacheManager(20, BS)
+def test_live_blocks_are_shared_with_reference_counts(manager: Manager) -> None:
+    kv = manager(20, BS)
     a, b = Req([*toks(64), 1]), Req([*toks(64), 2])
     kv.allocate(a, 65)
     used = 20 - kv.num_free_blocks
@@ -143,8 +153,8 @@ def test_live_blocks_are_shared_with_reference_counts() -> None:
     assert kv.num_free_blocks == 20
 
 
-def test_reuse_is_least_recently_freed_first_and_evicts_the_tail_first() -> None:
-    kv = KVCacheManager(8, BS)
+def test_reuse_is_least_recently_freed_first_and_evicts_the_tail_first(manager: Manager) -> None:
+    kv = manager(8, BS)
     a = Req([*toks(64), 7])  # 5 blocks, 4 of them full and hashed
     kv.allocate(a, 65)
     kv.free(a)  # free queue: 5,6,7 (never used), then a's blocks tail first
@@ -156,8 +166,8 @@ def test_reuse_is_least_recently_freed_first_and_evicts_the_tail_first() -> None
     kv.check_invariants()
 
 
-def test_generated_blocks_are_salted_per_request() -> None:
-    kv = KVCacheManager(20, BS)
+def test_generated_blocks_are_salted_per_request(manager: Manager) -> None:
+    kv = manager(20, BS)
     a, b = Req(toks(8), salt=1), Req(toks(8), salt=2)
     for r in (a, b):
         r.tokens += toks(24, 100)  # "generated" tokens the engine has no ids for
@@ -171,9 +181,9 @@ def test_generated_blocks_are_salted_per_request() -> None:
     assert len(kv.lookup(a)) == 1  # a can reuse its own generated block after preemption
 
 
-def test_random_workload_never_leaks_or_double_frees() -> None:
+def test_random_workload_never_leaks_or_double_frees(manager: Manager) -> None:
     rng = random.Random(1234)
-    kv = KVCacheManager(64, BS)
+    kv = manager(64, BS)
     prefixes = [toks(rng.randint(0, 80), 1000 * i) for i in range(4)]
     live: list[tuple[Req, int]] = []
     salt = 0
@@ -205,89 +215,14 @@ def test_random_workload_never_leaks_or_double_frees() -> None:
     assert kv.num_free_blocks == kv.num_blocks and kv.usage == 0.0
 
 
-class SimpleKV:
-    """The block manager as plainly as it can be written (an ``OrderedDict`` free queue,
-    one block at a time): the reference the fast paths must match exactly."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.ref = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}
-        self.free_queue = OrderedDict.fromkeys(range(num_blocks))
-
-    def lookup(self, req: Req) -> list[int]:
-        hits = []
-        for h in req.block_hashes[: (req.num_tokens - 1) // BS]:
-            if h not in self.cached:
-                break
-            hits.append(self.cached[h])
-        return hits
-
-    def allocate(self, req: Req, num_tokens: int, cached: Sequence[int] = ()) -> bool:
-        num_new = -(-num_tokens // BS) - len(req.block_ids) - len(cached)
-        reclaimable = sum(1 for b in cached if self.ref[b] == 0)
-        if num_new > len(self.free_queue) - reclaimable:
-            return False
-        for b in cached:
-            if self.ref[b] == 0:
-                del self.free_queue[b]
-            self.ref[b] += 1
-            req.block_ids.append(b)
-        if cached:
-            req.num_cached_blocks = len(cached)
-        for _ in range(max(0, num_new)):
-            req.block_ids.append(self._take())
-        self._register(req, num_tokens)
-        return True
-
-    def append_block(self, req: Req) -> bool:
-        if not self.free_queue:
-            return False
-        req.block_ids.append(self._take())
-        return True
-
-    def _take(self) -> int:
-        b, _ = self.free_queue.popitem(last=False)
-        h = self.block_hash[b]
-        if h is not None and self.cached.get(h) == b:
-            del self.cached[h]
-        self.block_hash[b] = None
-        self.ref[b] = 1
-        return b
-
-    def _register(self, req: Req, num_tokens: int) -> None:
-        start = req.num_cached_blocks
-        end = min(num_tokens // BS, len(req.block_hashes))
-        for i in range(start, end):
-            h, b = req.block_hashes[i], req.block_ids[i]
-            if h not in self.cached:
-                self.cached[h] = b
-                self.block_hash[b] = h
-        req.num_cached_blocks = max(start, end)
-
-    def cache_generated(self, req: Req, num_computed_tokens: int) -> None:
-        hashes = req.block_hashes
-        for i in range(len(hashes), num_computed_tokens // BS):
-            hashes.append(hash((hashes[i - 1] if i else 0, -1 - req.hash_salt, i)))
-        self._register(req, num_computed_tokens)
-
-    def free(self, req: Req) -> None:
-        for b in reversed(req.block_ids):
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                self.free_queue[b] = None
-        req.block_ids = []
-        req.num_cached_blocks = 0
-
-
-def test_fast_paths_match_the_simple_block_manager() -> None:
+def test_fast_paths_match_the_reference_block_manager() -> None:
     # the same random operations on twin requests: every block id, hit, refusal and the
     # free queue's order must agree (bulk takes, one-block takes, frees with and without
     # shared blocks, registration in bulk and one by one, salted generated blocks)
     for seed in range(30):
         rng = random.Random(seed)
         num_blocks = rng.randint(8, 120)
-        kv, ref = KVCacheManager(num_blocks, BS), SimpleKV(num_blocks)
+        kv, ref = KVCacheManager(num_blocks, BS), BlockManager(num_blocks, BS)
         prefixes = [toks(rng.randint(0, 100), 1000 * i) for i in range(rng.randint(1, 5))]
         live: list[tuple[Req, Req, int]] = []  # (fast, simple, tokens allocated)
         for salt in range(1, 1500):  # (long enough to prune stale hashes)

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from inferlab.sim.engine.config import EngineConfig, resolve
 from inferlab.sim.engine.hardware import GpuSpec
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
-from inferlab.sim.engine.scheduler import Batch, Request, Scheduler, SchedulerConfig
+from inferlab.sim.engine.scheduler import Batch, Request, SchedulerConfig
 from inferlab.sim.engine.sizing import EngineSizes, size_engine
+from inferlab.sim.engine.steady import SteadyScheduler
 from inferlab.sim.engine.steptime import RooflineStepTime, StepTimeModel
 
 __all__ = ["Engine", "EngineConfig", "RequestTimeline", "StepResult", "StepStats", "TokenEvent"]
@@ -118,7 +119,7 @@ class Engine:
             serving=not config.offline,
         )
         self._step_time: StepTimeModel = step_time or roofline
-        # the roofline when it is the step time: steady decodes (``Scheduler.lazy``) need
+        # the roofline when it is the step time: steady decodes (``SteadyScheduler.lazy``) need
         # its step time from sums, and multi-step groups its scheduling cost
         self._roofline = roofline if step_time is None else None
         #: keep decodes with nothing to do out of the per-step passes in virtual-time
@@ -151,7 +152,8 @@ class Engine:
             sizes.max_num_batched_tokens, sizes.max_num_seqs, sizes.max_model_len, chunked, mixed,
             config.num_scheduler_steps,
         )
-        self._scheduler = Scheduler(self.limits, self._kv)
+        # the reference scheduler, with steady decodes kept as sums in virtual-time steps
+        self._scheduler = SteadyScheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}
         self._timelines: dict[str, RequestTimeline] = {}
         self._num_added = 0

@@ -1,10 +1,15 @@
-"""Paged KV-cache block manager with prefix caching (vLLM V1 semantics).
+"""The engine's paged KV-cache block manager: ``block_manager.BlockManager``'s policy
+(vLLM V1 semantics, see there), with fast paths.
 
-The cache is ``num_blocks`` blocks of ``block_size`` tokens. A full block is identified
-by a hash chained over the previous block's hash and its token ids, so equal hashes mean
-equal prefixes. Blocks carry reference counts. A block whose count drops to zero goes to
-the back of the free queue but keeps its hash: until it is reused (least recently freed
-first, which evicts the hash) a later request with the same prefix can claim it again.
+Same blocks, same hits, same free-queue order as the reference, operation by operation
+(``tests/sim/engine/test_kvcache.py`` checks it); what differs is only how:
+
+- the free queue is a list taken from the front in slices (``FreeQueue``); a cached block
+  claimed from its middle leaves a stale entry, skipped later;
+- evicting a reused block's prefix clears the block's hash only: the hash index keeps a
+  stale entry, ignored on lookup (``_holder``) and pruned in bulk;
+- prefix hashes are registered and unshared blocks freed in bulk, in C;
+- a decode's next block (``append_block``) skips ``allocate``'s bookkeeping.
 
 Invariants: every block is either free (count 0, in the free queue) or in use (count >
 0); freeing a block that is not in use raises ``RuntimeError``.
@@ -14,21 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import islice
-from typing import Protocol
 
-_ROOT_HASH = 0  # the "previous hash" of a sequence's first block
+from inferlab.sim.engine.block_manager import KVRequest, extend_generated_hashes, hash_blocks
 
-
-def hash_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block has none)."""
-    hashes: list[int] = []
-    prev = _ROOT_HASH
-    # one iterator zipped with itself: each full block as a tuple, built in C (a
-    # trailing partial block is dropped)
-    for block in zip(*[iter(token_ids)] * block_size, strict=False):
-        prev = hash((prev, block))
-        hashes.append(prev)
-    return hashes
+__all__ = ["FreeQueue", "KVCacheManager", "hash_blocks"]  # (hash_blocks: the engine's import)
 
 
 class FreeQueue:
@@ -115,22 +109,9 @@ class FreeQueue:
         return taken
 
 
-class KVRequest(Protocol):
-    """What the block manager reads and updates on a request."""
-
-    block_ids: list[int]  # the request's blocks, in token order
-    block_hashes: list[int]  # chained hashes of its full blocks known so far
-    num_cached_blocks: int  # leading blocks already registered in the prefix cache
-    hash_salt: int  # makes hashes of blocks holding generated tokens unique to the request
-
-    @property
-    def num_tokens(self) -> int:
-        """Prompt plus generated tokens so far."""
-        ...
-
-
 class KVCacheManager:
-    """Allocates blocks to requests; finds, shares and evicts cached prefix blocks."""
+    """Allocates blocks to requests; finds, shares and evicts cached prefix blocks: the
+    methods of ``BlockManager``, with the same contracts."""
 
     def __init__(
         self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
@@ -270,9 +251,7 @@ class KVCacheManager:
         registers every full block as it fills; the hits are the same)."""
         if not self.enable_prefix_caching:
             return
-        hashes = req.block_hashes
-        for i in range(len(hashes), num_computed_tokens // self.block_size):
-            hashes.append(hash((hashes[i - 1] if i else _ROOT_HASH, -1 - req.hash_salt, i)))
+        extend_generated_hashes(req, num_computed_tokens, self.block_size)
         self._cache_full_blocks(req, num_computed_tokens)
 
     def free(self, req: KVRequest) -> None:

@@ -1,0 +1,188 @@
+"""Paged KV-cache block manager with prefix caching (vLLM V1 semantics): the plain reference.
+
+The cache is ``num_blocks`` blocks of ``block_size`` tokens; a request holds a list of
+them, in token order. The policy:
+
+- A full block is identified by a hash chained over the previous block's hash and its
+  token ids (``hash_blocks``), so equal hashes mean equal prefixes. The engine has no ids
+  for generated tokens: their blocks are hashed with the request's salt when it is
+  preempted (``cache_generated``), so only that request, recomputing, can hit them.
+- Blocks carry reference counts: a cached prefix is shared by every request that has it.
+- A block whose count drops to zero goes to the back of the free queue but keeps its
+  hash: until it is reused (least recently freed first, which evicts the hash) a later
+  request with the same prefix can claim it again.
+- A request's blocks are freed tail first, so a prefix's head outlives its tail.
+
+``kvcache.KVCacheManager`` is the same manager with fast paths (the engine's); it is
+tested against this one operation by operation.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+_ROOT_HASH = 0  # the "previous hash" of a sequence's first block
+
+
+def hash_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """Chained hashes of the full blocks of ``token_ids`` (a trailing partial block has none)."""
+    hashes: list[int] = []
+    prev = _ROOT_HASH
+    # one iterator zipped with itself: each full block as a tuple, built in C (a
+    # trailing partial block is dropped)
+    for block in zip(*[iter(token_ids)] * block_size, strict=False):
+        prev = hash((prev, block))
+        hashes.append(prev)
+    return hashes
+
+
+def extend_generated_hashes(req: KVRequest, num_computed_tokens: int, block_size: int) -> None:
+    """Append to ``req.block_hashes`` the hashes of its full blocks of generated tokens
+    among its first ``num_computed_tokens``, chained on and salted with ``req.hash_salt``."""
+    hashes = req.block_hashes
+    for i in range(len(hashes), num_computed_tokens // block_size):
+        hashes.append(hash((hashes[i - 1] if i else _ROOT_HASH, -1 - req.hash_salt, i)))
+
+
+class KVRequest(Protocol):
+    """What a block manager reads and updates on a request."""
+
+    block_ids: list[int]  # the request's blocks, in token order
+    block_hashes: list[int]  # chained hashes of its full blocks known so far
+    num_cached_blocks: int  # leading blocks already registered in the prefix cache
+    hash_salt: int  # makes hashes of blocks holding generated tokens unique to the request
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens so far."""
+        ...
+
+
+class BlockManager:
+    """Allocates blocks to requests; finds, shares and evicts cached prefix blocks.
+
+    Every block is either free (count 0, in ``free_queue``) or in use (count > 0)."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need at least one block of one token ({num_blocks=}, {block_size=})")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks  # the prefix a block holds
+        self.cached: dict[int, int] = {}  # prefix hash -> the block holding it
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.prefix_queries_tokens = 0
+        self.prefix_hits_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks not referenced by any request (some may still hold a cached prefix)."""
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use by requests, 0..1 (vLLM's ``kv_cache_usage``)."""
+        return 1.0 - len(self.free_queue) / self.num_blocks
+
+    def lookup(self, req: KVRequest) -> list[int]:
+        """Blocks of the longest cached prefix of ``req``'s full blocks; changes nothing.
+        The last token is never covered (the model must compute at least one token to
+        produce logits), so at most ``(num_tokens - 1) // block_size`` blocks come back."""
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        for h in req.block_hashes[: (req.num_tokens - 1) // self.block_size]:
+            if h not in self.cached:
+                break
+            hits.append(self.cached[h])
+        return hits
+
+    def allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
+        """Give ``req`` blocks for its first ``num_tokens`` tokens, claiming ``cached``
+        (from ``lookup``) first when it has no blocks yet; register the prefix hashes of
+        the blocks that are now full. Returns False and changes nothing when there are not
+        enough free blocks. A request's first allocation counts a prefix-cache query of
+        ``req.num_tokens`` tokens with ``len(cached) * block_size`` hits."""
+        num_new = -(-num_tokens // self.block_size) - len(req.block_ids) - len(cached)
+        reclaimable = sum(1 for b in cached if self.ref_counts[b] == 0)  # cached but free
+        if num_new > len(self.free_queue) - reclaimable:
+            return False
+        if not req.block_ids and self.enable_prefix_caching:
+            self.prefix_queries_tokens += req.num_tokens
+            self.prefix_hits_tokens += len(cached) * self.block_size
+        for b in cached:
+            if self.ref_counts[b] == 0:
+                del self.free_queue[b]
+            self.ref_counts[b] += 1
+            req.block_ids.append(b)
+        if cached:
+            req.num_cached_blocks = len(cached)
+        for _ in range(num_new):
+            req.block_ids.append(self._take_free_block())
+        self._register(req, num_tokens)
+        return True
+
+    def append_block(self, req: KVRequest) -> bool:
+        """One more block at the end of ``req``'s (a decode's next token starts it); False,
+        changing nothing, when no block is free."""
+        if not self.free_queue:
+            return False
+        req.block_ids.append(self._take_free_block())
+        return True
+
+    def _take_free_block(self) -> int:
+        """The least recently freed block, now held once; its cached prefix is evicted."""
+        b, _ = self.free_queue.popitem(last=False)
+        h = self.block_hash[b]
+        if h is not None:
+            del self.cached[h]
+            self.block_hash[b] = None
+        self.ref_counts[b] = 1
+        return b
+
+    def _register(self, req: KVRequest, num_tokens: int) -> None:
+        """Register the hashes of ``req``'s blocks that ``num_tokens`` tokens fill, as far
+        as their hashes are known. A prefix already cached in another block (computed
+        twice at once) stays with that block."""
+        if not self.enable_prefix_caching:
+            return
+        start = req.num_cached_blocks
+        end = min(num_tokens // self.block_size, len(req.block_hashes))
+        for i in range(start, end):
+            h, b = req.block_hashes[i], req.block_ids[i]
+            if h not in self.cached:
+                self.cached[h] = b
+                self.block_hash[b] = h
+        req.num_cached_blocks = max(start, end)
+
+    def cache_generated(self, req: KVRequest, num_computed_tokens: int) -> None:
+        """Register ``req``'s full blocks of generated tokens (before it is preempted),
+        salted: only ``req`` can hit them. (vLLM registers every full block as it fills;
+        no other request can hit these, so registering them late gives the same hits.)"""
+        if not self.enable_prefix_caching:
+            return
+        extend_generated_hashes(req, num_computed_tokens, self.block_size)
+        self._register(req, num_computed_tokens)
+
+    def free(self, req: KVRequest) -> None:
+        """Release ``req``'s blocks, tail first; freed blocks keep their hash. Raises
+        ``RuntimeError`` on a double free."""
+        for b in reversed(req.block_ids):
+            if self.ref_counts[b] <= 0:
+                raise RuntimeError(f"block {b} freed twice")
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free_queue[b] = None
+        req.block_ids = []
+        req.num_cached_blocks = 0
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` unless free/used accounting and the hash index agree."""
+        for b, count in enumerate(self.ref_counts):
+            assert count >= 0 and (count == 0) == (b in self.free_queue), (b, count)
+        assert all(self.block_hash[b] == h for h, b in self.cached.items())
+        assert sum(h is not None for h in self.block_hash) == len(self.cached)
