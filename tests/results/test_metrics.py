@@ -2,6 +2,7 @@ import itertools
 import random
 
 import pytest
+from record_factory import MS, rec
 
 from inferlab.results.metrics import (
     counted_distribution,
@@ -11,22 +12,6 @@ from inferlab.results.metrics import (
     request_metrics,
 )
 from inferlab.results.records import ErrorKind, RequestRecord
-
-MS = 1_000_000
-
-
-def rec(index: int, send_ms: float, content_ms: list[float], end_ms: float, out: int | None, inp: int = 10, **kw: object) -> RequestRecord:
-    return RequestRecord(
-        index=index,
-        send_ns=int(send_ms * MS),
-        ttfb_ns=int(content_ms[0] * MS) if content_ms else None,
-        content_ns=[int(t * MS) for t in content_ms],
-        end_ns=int(end_ms * MS),
-        input_tokens=inp,
-        output_tokens=out,
-        usage_source="server" if out is not None else "none",
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 def test_per_request_definitions() -> None:

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from record_factory import MS, rec
 
 from inferlab.results.metrics import SLO
 from inferlab.results.records import ErrorKind, RequestRecord
@@ -19,22 +20,7 @@ from inferlab.results.summary import (
     summarize,
 )
 
-MS = 1_000_000
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def rec(index: int, send_ms: float, content_ms: list[float], end_ms: float, out: int | None, inp: int = 10, **kw: object) -> RequestRecord:
-    return RequestRecord(
-        index=index,
-        send_ns=int(send_ms * MS),
-        ttfb_ns=int(content_ms[0] * MS) if content_ms else None,
-        content_ns=[int(t * MS) for t in content_ms],
-        end_ns=int(end_ms * MS),
-        input_tokens=inp,
-        output_tokens=out,
-        usage_source="server" if out is not None else "none",
-        **kw,  # type: ignore[arg-type]
-    )
 
 
 

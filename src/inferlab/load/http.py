@@ -7,7 +7,7 @@ task per request, and sleeps until the policy's next send or until a request end
 session's next turn). Every request keeps its intended send time, so a client falling
 behind shows as queue delay. Setting ``stop`` ends the run early, cancelling requests in
 flight (recorded as ``cancelled``); so does a workload that cannot make its next
-request (``RunResult.cause``).
+request (``Outcome.cause``).
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ OnRecord = Callable[[RequestRecord], None]
 
 
 @dataclass
-class RunResult:
-    """Every record of a run (failed and cancelled ones too), sorted by index;
-    ``interrupted`` when it ended early, ``cause`` the workload's error when that was
-    why; ``t0_ns`` the clock time records are relative to."""
+class Outcome:
+    """What an executor ran: every record (failed and cancelled ones too), sorted by
+    index; ``interrupted`` when it ended early, ``cause`` the workload's error when that
+    was why; ``t0_ns`` the clock time the records' times are relative to."""
 
     records: list[RequestRecord] = field(default_factory=list)
     interrupted: bool = False
-    t0_ns: int = 0
     cause: InferlabError | None = None
+    t0_ns: int = 0
 
 
 async def run_http(
@@ -54,7 +54,7 @@ async def run_http(
     warm_connections: int = 1,
     on_record: OnRecord | None = None,
     stop: asyncio.Event | None = None,
-) -> RunResult:
+) -> Outcome:
     """Run ``policy`` against ``endpoint``; return every record. ``warm_connections``
     keep-alive connections are opened first (capped at ``MAX_WARM_CONNECTIONS``), so
     TCP set-up is not charged to the first requests."""
@@ -62,7 +62,7 @@ async def run_http(
 
     from inferlab.client.http import Client, session_trace
 
-    result = RunResult(t0_ns=clock.now_ns())
+    result = Outcome(t0_ns=clock.now_ns())
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(
         connector=connector, trace_configs=[session_trace()], auto_decompress=True
@@ -115,7 +115,7 @@ class _Dispatcher:
     """Starts the policy's sends as they fall due and reports their ends back to it."""
 
     def __init__(
-        self, client: Client, policy: Policy, clock: Clock, result: RunResult, on_record: OnRecord | None
+        self, client: Client, policy: Policy, clock: Clock, result: Outcome, on_record: OnRecord | None
     ) -> None:
         self.client = client
         self.policy = policy

@@ -23,6 +23,7 @@ from typing import IO, Any
 from inferlab._clock import Clock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
+from inferlab.load.http import Outcome
 from inferlab.load.policy import Policy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.openai.request import Api
@@ -98,15 +99,8 @@ class RunResult:
     engine: Engine | None = None
 
 
-@dataclass
-class _Outcome:
-    records: list[RequestRecord]
-    interrupted: bool = False
-    cause: InferlabError | None = None
-
-
 #: Runs a policy: (policy, on_record, stop) -> what happened.
-_Execute = Callable[[Policy, OnRecord, "asyncio.Event | None"], Awaitable[_Outcome]]
+_Execute = Callable[[Policy, OnRecord, "asyncio.Event | None"], Awaitable[Outcome]]
 
 
 @dataclass
@@ -179,7 +173,7 @@ async def run(
 
 
 def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
-    from inferlab.load.virtual import Interrupted, simulate_policy
+    from inferlab.load.virtual import Interrupted, SimulatedServer, serve
     from inferlab.workload.builtin_prompts import SimPromptBuilder
     from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 
@@ -205,17 +199,18 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
     config_json = json.loads(json.dumps(config_json, default=str))
     step_log = _open_step_log(target.step_log)
 
-    async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> _Outcome:
+    async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> Outcome:
         # (in a worker thread: the event loop stays free to take Ctrl-C and set ``stop``)
-        def go() -> _Outcome:
+        def go() -> Outcome:
             try:
-                records = simulate_policy(
-                    engine, policy, chat=config.api == "chat", step_log=step_log,
-                    on_record=on_record, tokenizer=tokenizer, stop=None if stop is None else stop.is_set,
+                server = SimulatedServer(
+                    engine, chat=config.api == "chat", step_log=step_log, tokenizer=tokenizer,
+                    on_record=on_record, answers=policy.wants_answers,
                 )
+                records = serve(server, policy, None if stop is None else stop.is_set)
             except Interrupted as e:  # what was measured is kept
-                return _Outcome(e.records, True, e.cause)
-            return _Outcome(records)
+                return Outcome(e.records, True, e.cause)
+            return Outcome(records)
 
         return await asyncio.to_thread(go)
 
@@ -273,11 +268,10 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
     )
     config_json = {**http_config_json(config, target), "resolved": {"url": base, "model": model}}
 
-    async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> _Outcome:
-        out = await run_http(
+    async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> Outcome:
+        return await run_http(
             endpoint, policy, clock, warm_connections=_parallelism(config.load), on_record=on_record, stop=stop
         )
-        return _Outcome(out.records, out.interrupted, out.cause)
 
     return _Prepared(builder, config_json, execute, wcfg, preflight=pre, url=base)
 

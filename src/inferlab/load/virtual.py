@@ -268,38 +268,26 @@ def simulate(
     tokenizer: Tokenizer | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> list[RequestRecord]:
-    """Serve the workload in virtual time under the load's policy (``make_policy``);
-    see ``simulate_policy``."""
-    return simulate_policy(
-        engine, make_policy(load, workload), chat=chat, step_log=step_log,
-        natural_median_tokens=natural_median_tokens, on_record=on_record, tokenizer=tokenizer, stop=stop,
-    )
-
-
-def simulate_policy(
-    engine: Engine,
-    policy: Policy,
-    *,
-    chat: bool = False,
-    step_log: IO[str] | None = None,
-    natural_median_tokens: int = 120,
-    on_record: OnRecord | None = None,
-    tokenizer: Tokenizer | None = None,
-    stop: Callable[[], bool] | None = None,
-) -> list[RequestRecord]:
-    """Serve what ``policy`` sends through ``engine`` (a ``SimulatedServer``) in virtual
-    time; records are sorted by index.
-
-    A request the engine rejects (too long for ``max_model_len`` or the KV cache) is a
-    failed record (``http_status``, 400). ``on_record`` sees each record as it ends.
-    ``stop`` is asked between steps; when it answers true, on ``KeyboardInterrupt``, or
-    when drawing the next request raises an ``InferlabError`` (its ``cause``),
-    ``Interrupted`` is raised with the records so far. ``tokenizer`` counts text prompts
-    (default: the built-in one)."""
+    """Serve the workload in virtual time under the load's policy (``make_policy``)
+    through a ``SimulatedServer`` with these options; see ``serve``. ``tokenizer``
+    counts text prompts (default: the built-in one)."""
+    policy = make_policy(load, workload)
     server = SimulatedServer(
         engine, chat=chat, step_log=step_log, natural_median_tokens=natural_median_tokens,
         tokenizer=tokenizer, on_record=on_record, answers=policy.wants_answers,
     )
+    return serve(server, policy, stop)
+
+
+def serve(server: SimulatedServer, policy: Policy, stop: Callable[[], bool] | None = None) -> list[RequestRecord]:
+    """Serve what ``policy`` sends through ``server`` in virtual time; the records,
+    sorted by index.
+
+    A request the engine rejects (too long for ``max_model_len`` or the KV cache) is a
+    failed record (``http_status``, 400). The server's ``on_record`` sees each record as
+    it ends. ``stop`` is asked between steps; when it answers true, on
+    ``KeyboardInterrupt``, or when drawing the next request raises an ``InferlabError``
+    (its ``cause``), ``Interrupted`` is raised with the records so far."""
     try:
         drive(policy, server, stop)
     except (_Stop, KeyboardInterrupt):
