@@ -35,3 +35,22 @@ def test_ci_runs_the_readme_test_command() -> None:
         assert matches, f".ci/run does not run {step!r}"
         positions.append(matches[0])
     assert positions == sorted(positions), ".ci/run runs the README's steps out of order"
+
+
+def test_the_library_example_runs() -> None:
+    """The README's library snippet, against the simulated server on a free port and
+    with fewer requests (the rest as printed)."""
+    from inferlab.sim.engine.engine import EngineConfig
+    from inferlab.sim.server.app import ServerConfig
+    from inferlab.sim.server.launch import EmbeddedServer
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## As a library", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert "http://127.0.0.1:8000" in code and "num_requests=200" in code
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=4096))) as server:
+        code = code.replace("http://127.0.0.1:8000", server.url).replace("num_requests=200", "num_requests=8")
+        namespace: dict[str, object] = {}
+        exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["predicted"].summary.counts.completed == 8  # type: ignore[attr-defined]
+    assert namespace["measured"].summary.counts.completed == 8  # type: ignore[attr-defined]
