@@ -92,9 +92,9 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     opts = [
         click.option("-c", "--concurrency", type=int, help=f"Closed loop: this many users. Default {DEFAULT_CONCURRENCY} unless --rate is given."),
         click.option("-r", "--rate", help="Open loop: requests per second ('inf' sends all at once)."),
-        click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), default="poisson", show_default=True),
-        click.option("--burstiness", type=float, default=1.0, show_default=True, help="Gamma shape: <1 burstier, 1 Poisson, >1 smoother."),
-        click.option("--max-concurrency", type=click.IntRange(min=1), help="Open loop: cap on requests in flight."),
+        click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), help="Open loop: how gaps are drawn. Default poisson; gamma when --burstiness is given."),
+        click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), help="Open loop: gamma shape, <1 burstier, 1 Poisson, >1 smoother (selects --arrival gamma, as in vLLM)."),
+        click.option("--max-concurrency", type=click.IntRange(min=1), help="Cap on requests in flight (vLLM's meaning): with --rate or --trace later requests wait for a slot (queue delay); alone, a closed loop of this many users."),
         click.option("-n", "--num-requests", type=int, help="Measured requests. Default 32 unless --duration is given."),
         click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
         click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True, help="Requests sent first and left out of the metrics."),
@@ -113,8 +113,8 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--dataset", type=click.Path(dir_okay=False), help="Prompts from a file: JSONL (prompt or messages, optional max_tokens), ShareGPT JSON or CSV (prompt column)."),
         click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]), help="Dataset format (default: from the extension and content)."),
         click.option("--sample", type=click.Choice(["with-replacement", "without-replacement"]), default="without-replacement", show_default=True, help="Dataset sampling; without replacement stops when every prompt was sent once."),
-        click.option("--min-input-tokens", type=click.IntRange(min=1), help="Dataset: skip prompts shorter than this (tokens with --tokenizer, else words)."),
-        click.option("--max-input-tokens", type=click.IntRange(min=1), help="Dataset: skip prompts longer than this (tokens with --tokenizer, else words)."),
+        click.option("--min-input-tokens", type=click.IntRange(min=1), help="Dataset: skip prompts shorter than this many tokens (counted with --tokenizer; sim run: the simulator's own)."),
+        click.option("--max-input-tokens", type=click.IntRange(min=1), help="Dataset: skip prompts longer than this many tokens (counted with --tokenizer; sim run: the simulator's own)."),
         click.option("--sessions", type=click.IntRange(min=1), help="Multi-turn: this many sessions (closed loop: -c users, default one per session; with --rate: sessions arrive at that rate)."),
         click.option("--turns", type=click.IntRange(min=1), default=4, show_default=True, help="Multi-turn: turns per session; each turn adds --input-tokens of new user text."),
         click.option("--think-time-s", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
@@ -127,7 +127,8 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TTFT."),
         click.option("--slo-tpot-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TPOT."),
         click.option("--slo-e2e-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on E2E."),
-        click.option("-o", "--out", type=click.Path(file_okay=False), help="Write summary.json, requests.jsonl and config.json here."),
+        click.option("-o", "--out", type=click.Path(file_okay=False), help="Write summary.json, requests.jsonl and config.json here (a folder that holds no run yet)."),
+        click.option("--overwrite", is_flag=True, help="With --out: replace the run already there."),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout."),
     ]
     for opt in reversed(opts):
@@ -135,24 +136,76 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def given(name: str) -> bool:
+    """Whether the user set option ``name`` (on the command line or in the environment),
+    as opposed to its default."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    source = ctx.get_parameter_source(name)
+    return source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+
+
+#: option -> (what it needs, the flag that provides it): an option given without what it
+#: acts on would be accepted and ignored, so it is refused.
+_NEEDS: dict[str, tuple[str, str]] = {
+    "turns": ("sessions", "--sessions"),
+    "think_time_s": ("sessions", "--sessions"),
+    "system_tokens": ("sessions", "--sessions"),
+    "context_window_tokens": ("sessions", "--sessions"),
+    "speedup": ("trace", "--trace"),
+    "trace_format": ("trace", "--trace"),
+    "trace_start": ("trace", "--trace"),
+    "trace_end": ("trace", "--trace"),
+    "dataset_format": ("dataset", "--dataset"),
+    "sample": ("dataset", "--dataset"),
+    "min_input_tokens": ("dataset", "--dataset"),
+    "max_input_tokens": ("dataset", "--dataset"),
+    "prefix_groups": ("prefix_tokens", "--prefix-tokens"),
+    "suffix_tokens": ("prefix_tokens", "--prefix-tokens"),
+    "prefix_popularity": ("prefix_tokens", "--prefix-tokens"),
+    "token_ids": ("tokenizer", "--tokenizer"),
+    "overwrite": ("out", "--out"),
+}
+
+
+def check_needs(kw: dict[str, Any]) -> None:
+    """``UsageError`` for an option given without the one it acts on."""
+    for name, (needed, flag) in _NEEDS.items():
+        if name in kw and given(name) and kw.get(needed) is None:
+            raise UsageError(f"--{name.replace('_', '-')} needs {flag}")
+
+
 def load_config(kw: dict[str, Any]) -> LoadConfig:
+    """The load the flags ask for. ``--max-concurrency`` caps requests in flight as in
+    vLLM (alone: a closed loop of that many users); ``--burstiness`` alone selects gamma
+    arrivals, as in vLLM; flags that shape arrivals need ``--rate``."""
+    check_needs(kw)
     if kw["concurrency"] is not None and kw["rate"] is not None:
         raise UsageError("--concurrency and --rate are exclusive (use --max-concurrency with --rate)")
     rate = parse_rate(kw["rate"])
+    arrival, burstiness = kw["arrival"], kw["burstiness"]
+    if burstiness is not None and arrival is None:
+        arrival = "gamma"  # vLLM: --burstiness alone draws gamma gaps
+    if burstiness is not None and arrival != "gamma":
+        raise UsageError(f"--burstiness shapes gamma arrivals, not {arrival}: drop it or use --arrival gamma")
+    shaping = [f for f, v in (("--arrival", kw["arrival"]), ("--burstiness", burstiness)) if v is not None]
     schedule: Schedule
     if kw["trace"]:
-        if kw["concurrency"] is not None or rate is not None:
-            raise UsageError("--trace sends at the trace's times: drop --concurrency/--rate (use --speedup)")
+        if kw["concurrency"] is not None or rate is not None or shaping:
+            given_flags = ["--concurrency"] * (kw["concurrency"] is not None) + ["--rate"] * (rate is not None) + shaping
+            raise UsageError(f"--trace sends at the trace's own times: drop {'/'.join(given_flags)} (use --speedup)")
         schedule = Replay(kw["max_concurrency"] or vllm_result_max_concurrency(kw["trace"]))
         return LoadConfig(schedule, kw["num_requests"], kw["duration"], kw["warmup"], kw["seed"])
-    for flag in ("trace_format", "trace_start", "trace_end"):
-        if kw[flag] is not None:
-            raise UsageError(f"--{flag.replace('_', '-')} needs --trace")
     if rate is not None:
-        schedule = OpenLoop(rate, kw["arrival"], kw["burstiness"], kw["max_concurrency"])
+        schedule = OpenLoop(rate, arrival or "poisson", 1.0 if burstiness is None else burstiness, kw["max_concurrency"])
     else:
-        c = kw["concurrency"]
-        schedule = ClosedLoop((kw["sessions"] or DEFAULT_CONCURRENCY) if c is None else c)
+        if shaping:
+            raise UsageError(f"{'/'.join(shaping)} shape open-loop arrivals: give --rate too")
+        if kw["concurrency"] is not None and kw["max_concurrency"] is not None:
+            raise UsageError("--concurrency and --max-concurrency both set a closed loop's users: give one")
+        users = next((u for u in (kw["concurrency"], kw["max_concurrency"], kw["sessions"]) if u is not None), DEFAULT_CONCURRENCY)
+        schedule = ClosedLoop(users)
     num = kw["num_requests"]
     if kw["sessions"] is not None and num is None:
         num = kw["sessions"] * kw["turns"]
@@ -174,10 +227,8 @@ def workload_config(kw: dict[str, Any]) -> WorkloadConfig:
     dataset = None
     if kw["dataset"]:
         dataset = DatasetConfig(kw["dataset"], kw["dataset_format"], kw["sample"], kw["min_input_tokens"], kw["max_input_tokens"])
-    else:
-        for flag in ("dataset_format", "min_input_tokens", "max_input_tokens"):
-            if kw[flag] is not None:
-                raise UsageError(f"--{flag.replace('_', '-')} needs --dataset")
+    if kw["prompt"] is not None and not kw["prompt"].strip():
+        raise UsageError("--prompt is empty")
     if kw["tokenizer"]:
         from inferlab.workload.tokenizers import load_tokenizer
 
@@ -185,8 +236,6 @@ def workload_config(kw: dict[str, Any]) -> WorkloadConfig:
             load_tokenizer(kw["tokenizer"])  # a bad path fails here, before any server starts
         except UsageError as e:
             raise UsageError(f"--tokenizer: {e}") from e
-    if kw["sessions"] is None and kw["context_window_tokens"] is not None:
-        raise UsageError("--context-window-tokens needs --sessions")
     return WorkloadConfig(
         sessions=kw["sessions"],
         turns=kw["turns"],

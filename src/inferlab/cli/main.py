@@ -8,7 +8,6 @@ flags win over them.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
 from typing import Any
@@ -32,6 +31,7 @@ from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
 from inferlab.load.run import BenchConfig, RunResult, bench_async
 from inferlab.report.console import Progress, render_summary
+from inferlab.results.runfiles import check_out_dir, dumps
 from inferlab.results.summary import Summary
 from inferlab.sim.engine.engine import EngineConfig
 
@@ -75,7 +75,10 @@ def _bench(kw: dict[str, Any]) -> int:
         slo=slo_config(kw),
         out_dir=kw["out"],
         preflight=kw["preflight"],
+        overwrite=kw["overwrite"],
     )
+    if config.out_dir is not None:
+        check_out_dir(config.out_dir, config.overwrite)  # before a server is started
     err = Console(stderr=True)
     out = Console()
     embedded = None
@@ -124,7 +127,7 @@ async def _bench_main(config: BenchConfig, url: str, progress: Progress) -> RunR
 
 def _render(out: Console, summary: Summary, as_json: bool, config: BenchConfig, url: str) -> None:
     if as_json:
-        click.echo(json.dumps(summary.to_json(), indent=2))
+        click.echo(dumps(summary.to_json()))
         return
     model = summary.config.get("resolved", {}).get("model", "?")
     render_summary(out, summary, f"{model} @ {url}")

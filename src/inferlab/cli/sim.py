@@ -23,6 +23,7 @@ from inferlab.cli.common import (
 )
 from inferlab.load.run import RunResult
 from inferlab.report.console import render_summary
+from inferlab.results.runfiles import dumps
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.families import EngineFamily
@@ -176,7 +177,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     from inferlab.load.run import RunConfig, SimTarget, run
 
     _model_from_trace(kw)
-    config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"])
+    config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"])
 
     async def main_async() -> RunResult:
@@ -198,7 +199,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
 
 def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     if kw["as_json"]:
-        click.echo(json.dumps(result.summary.to_json(), indent=2))
+        click.echo(dumps(result.summary.to_json()))
         return
     engine = result.engine
     assert engine is not None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.openai.request import Api
 from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
-from inferlab.results.runfiles import RunWriter
+from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import OMITTED, Omitted, Summary, SummaryExtras, summarize
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
@@ -45,13 +44,15 @@ OnRecord = Callable[[RequestRecord], None]
 @dataclass(frozen=True)
 class RunConfig:
     """What to run, whatever the target: the load, the workload, the API, the SLOs for
-    goodput, and where to write the run directory (None: nowhere)."""
+    goodput, and where to write the run directory (None: nowhere; a folder that holds a
+    run already only with ``overwrite``)."""
 
     load: LoadConfig
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     api: Api = "chat"
     slo: SLO | None = None
     out_dir: str | None = None
+    overwrite: bool = False  # replace a run already in ``out_dir`` (else: UsageError)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,8 @@ async def run(
     no server answers, and ``RunFailedError`` after it if every measured request failed
     (the summary is written first and attached as ``summary``); an interrupted run
     returns (``interrupted``, and ``cause`` when the workload could not make a request)."""
+    if config.out_dir is not None:  # (before any server is probed)
+        check_out_dir(config.out_dir, config.overwrite)
     if isinstance(target, SimTarget):
         prepared = _prepare_sim(config, target)
     else:
@@ -141,7 +144,7 @@ async def run(
         wcfg = prepared.workload
         workload = wcfg.build(config.load.seed, config.api, builder=prepared.builder)
         policy = make_policy(config.load, workload)
-        writer = RunWriter(config.out_dir, prepared.config_json) if config.out_dir else None
+        writer = RunWriter(config.out_dir, prepared.config_json, overwrite=config.overwrite) if config.out_dir else None
 
         def record_done(r: RequestRecord) -> None:
             if writer is not None:
@@ -196,7 +199,7 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         "trace": wcfg.trace.path if wcfg.trace is not None else None,
     }
     config_json["engine"]["gpu_preset"] = engine.gpu.name  # what a free-text --gpu ran as
-    config_json = json.loads(json.dumps(config_json, default=str))
+    config_json = plain_json(config_json)
     step_log = _open_step_log(target.step_log)
 
     async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> Outcome:
@@ -301,7 +304,7 @@ def http_config_json(config: RunConfig, target: HttpTarget) -> dict[str, Any]:
         "out_dir": config.out_dir,
         "preflight": target.preflight,
     }
-    out: dict[str, Any] = json.loads(json.dumps(d, default=str))
+    out: dict[str, Any] = plain_json(d)
     return out
 
 
@@ -333,9 +336,10 @@ class BenchConfig:
     slo: SLO | None = None
     out_dir: str | None = None
     preflight: bool = True  # probe the server first (not counted); see ``client.preflight``
+    overwrite: bool = False
 
     def run_config(self) -> RunConfig:
-        return RunConfig(self.load, self.workload, self.api, self.slo, self.out_dir)
+        return RunConfig(self.load, self.workload, self.api, self.slo, self.out_dir, self.overwrite)
 
     def target(self, url: str) -> HttpTarget:
         return HttpTarget(

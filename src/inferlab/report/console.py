@@ -65,6 +65,16 @@ def _fmt(v: float | None, digits: int = 1) -> str:
     return "—" if v is None else f"{v:,.{digits}f}"
 
 
+def _count(n: int | None) -> str:
+    return "unknown" if n is None else f"{n:,}"
+
+
+def _cached(n: int | None) -> str:
+    if n is None:  # unknown is not zero
+        return "cached in unknown (the server did not say; vLLM says with --enable-prompt-tokens-details)"
+    return f"{n:,} cached in"
+
+
 def render_summary(console: Console, s: Summary, title: str) -> None:
     c = s.counts
     table = Table(title=title, title_justify="left", header_style="bold")
@@ -92,7 +102,7 @@ def render_summary(console: Console, s: Summary, title: str) -> None:
         ("request throughput", f"{_fmt(s.request_throughput_rps, 2)} req/s"),
         ("output tokens/s", f"{_fmt(s.output_token_throughput_tps)} tok/s  ({_fmt(s.output_tpm, 0)} TPM)"),
         ("total tokens/s", f"{_fmt(s.total_token_throughput_tps)} tok/s  ({_fmt(s.total_tpm, 0)} TPM)"),
-        ("tokens", f"{s.input_tokens:,} in, {s.output_tokens:,} out, {s.cached_tokens:,} cached in ({s.token_source})"),
+        ("tokens", f"{_count(s.input_tokens)} in, {s.output_tokens:,} out, {_cached(s.cached_tokens)} ({s.token_source})"),
     ]
     if s.input_length_source is not OMITTED and s.input_length_source:
         oh = s.prompt_overhead_tokens

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Iterator
@@ -19,8 +20,11 @@ class RunWriter:
     """Writes one run directory. Each record is flushed as soon as it is appended, so an
     interrupted run keeps every request it measured."""
 
-    def __init__(self, out_dir: str | os.PathLike[str], config: dict[str, Any]) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], config: dict[str, Any], *, overwrite: bool = False) -> None:
+        """``UsageError`` if ``out_dir`` cannot be written, or already holds a run and
+        ``overwrite`` is off (``check_out_dir``)."""
         self.dir = Path(out_dir)
+        check_out_dir(self.dir, overwrite)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             _write_json(self.dir / "config.json", config)
@@ -44,9 +48,49 @@ class RunWriter:
             self._requests = None
 
 
+#: The files that make a folder a run directory.
+RUN_FILES = ("config.json", "requests.jsonl", "summary.json")
+
+
+def check_out_dir(out_dir: str | os.PathLike[str], overwrite: bool = False) -> None:
+    """``UsageError`` if ``out_dir`` is a file, or holds a run already (one of
+    ``RUN_FILES``) and ``overwrite`` is off: a second run must not replace a first one
+    silently."""
+    d = Path(out_dir)
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"--out {d}: not a directory")
+    held = [f for f in RUN_FILES if (d / f).exists()]
+    if held and not overwrite:
+        raise UsageError(f"--out {d} already holds a run ({', '.join(held)}): give another folder, or --overwrite")
+
+
+def plain_json(obj: Any) -> Any:
+    """``obj`` as plain JSON values: other objects as their ``str()``, an infinite float
+    as ``"inf"``/``"-inf"`` and NaN as ``null`` (JSON has neither: ``Infinity`` breaks
+    ``JSON.parse`` and ``jq``)."""
+    if isinstance(obj, float):
+        if math.isnan(obj):
+            return None
+        if math.isinf(obj):
+            return "inf" if obj > 0 else "-inf"
+        return obj
+    if obj is None or isinstance(obj, (str, int)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): plain_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain_json(v) for v in obj]
+    return str(obj)
+
+
+def dumps(obj: Any, indent: int | None = 2) -> str:
+    """JSON text of ``obj`` (``plain_json`` first): never ``NaN`` or ``Infinity``."""
+    return json.dumps(plain_json(obj), indent=indent, allow_nan=False)
+
+
 def _write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    tmp.write_text(dumps(obj) + "\n")
     os.replace(tmp, path)
 
 

@@ -126,12 +126,12 @@ class Summary:
     duration_s: float = field(metadata=_doc("first send → last completion of the measured requests (0 when none completed)"))
     request_throughput_rps: float | None = field(metadata=_doc("completed requests / duration"))
     output_token_throughput_tps: float | None = field(metadata=_doc("output tokens of completed requests / duration"))
-    total_token_throughput_tps: float | None = field(metadata=_doc("input + output tokens of completed requests / duration"))
+    total_token_throughput_tps: float | None = field(metadata=_doc("input + output tokens of completed requests / duration (null when the server reported no input tokens)"))
     output_tpm: float | None = field(metadata=_doc("output_token_throughput_tps × 60"))
     total_tpm: float | None = field(metadata=_doc("total_token_throughput_tps × 60"))
     goodput_rps: float | None = field(metadata=_doc("completed requests meeting every SLO given / duration; null without SLOs"))
     slo: SLO | None = field(metadata=_doc("the SLOs goodput counts against: ttft_ms, tpot_ms, e2e_ms (null: no limit)"))
-    input_tokens: int = field(metadata=_doc("prompt tokens of completed requests"))
+    input_tokens: int | None = field(metadata=_doc("prompt tokens of completed requests, as the server reported them (null: it reported none)"))
     output_tokens: int = field(metadata=_doc("output tokens of completed requests"))
     token_source: str = field(metadata=_doc("where token counts come from: server usage, the engine's own counts, or content chunks"))
     ttfb_ms: Distribution | None = field(metadata=_doc("send → first byte of the response body, per completed request"))
@@ -141,7 +141,7 @@ class Summary:
     itl_ms: Distribution | None = field(metadata=_doc("every gap between consecutive content chunks of every completed request"))
     decode_tps: Distribution | None = field(metadata=_doc("(output tokens − 1) / (e2e − ttft), tokens/s, per completed request"))
     queue_delay_ms: Distribution | None = field(metadata=_doc("actual send − intended send, per measured request (the client falling behind its schedule, or a concurrency cap)"))
-    cached_tokens: int = field(metadata=_doc("prompt tokens the server reported served from its prefix cache"))
+    cached_tokens: int | None = field(metadata=_doc("prompt tokens the server reported served from its prefix cache (null: it did not say; vLLM says with --enable-prompt-tokens-details)"))
     server_timeline: ServerTimeline | None = field(metadata=_doc("client TTFT against the simulated server's own (null against other servers)"))
     error_examples: dict[str, str] = field(metadata=_doc("the first message of each error kind"))
     warnings: tuple[str, ...] = field(metadata=_doc("plain-language caveats about how far the numbers can be trusted"))
@@ -191,7 +191,7 @@ class Summary:
             total_tpm=d["total_tpm"],
             goodput_rps=d["goodput_rps"],
             slo=None if slo is None else SLO(slo["ttft_ms"], slo["tpot_ms"], slo["e2e_ms"]),
-            input_tokens=int(d["input_tokens"]),
+            input_tokens=d["input_tokens"],
             output_tokens=int(d["output_tokens"]),
             token_source=str(d["token_source"]),
             ttfb_ms=_dist(d["ttfb_ms"]),
@@ -201,7 +201,7 @@ class Summary:
             itl_ms=_dist(d["itl_ms"]),
             decode_tps=_dist(d["decode_tps"]),
             queue_delay_ms=_dist(d["queue_delay_ms"]),
-            cached_tokens=int(d["cached_tokens"]),
+            cached_tokens=d["cached_tokens"],
             server_timeline=None if d["server_timeline"] is None else ServerTimeline.from_json(d["server_timeline"]),
             error_examples=dict(d["error_examples"]),
             warnings=tuple(d["warnings"]),
@@ -276,13 +276,13 @@ def summarize(
     duration_s = (max(ends) - min(sends)) / NS_PER_S if sends and ends else 0.0
 
     out_tokens = sum(m.output_tokens or 0 for m in per)
-    in_tokens = sum(r.input_tokens or 0 for r in done)
+    in_tokens = _known_sum([r.input_tokens for r in done])
 
     def rate(x: float) -> float | None:
         return x / duration_s if duration_s > 0 else None
 
     out_tps = rate(out_tokens)
-    total_tps = rate(out_tokens + in_tokens)
+    total_tps = None if in_tokens is None else rate(out_tokens + in_tokens)
     completed_rps = rate(len(done))
     config = config or {}
     queue_delay = distribution(_present(queue_delay_ms(r) for r in measured))
@@ -320,7 +320,7 @@ def summarize(
         itl_ms=counted_distribution(itl_ms_counts(done)),
         decode_tps=distribution(_present(m.decode_tps for m in per)),
         queue_delay_ms=queue_delay,
-        cached_tokens=sum(r.cached_tokens or 0 for r in done),
+        cached_tokens=_known_sum([r.cached_tokens for r in done]),
         server_timeline=server_comparison(done, per),
         error_examples=_error_examples(failed),
         warnings=(*extras.warnings_first, *caveats, *extras.warnings_last),
@@ -329,6 +329,13 @@ def summarize(
         input_length_source=extras.input_length_source,
         preflight=extras.preflight,
     )
+
+
+def _known_sum(values: Sequence[int | None]) -> int | None:
+    """The sum of the values the server reported; ``None`` when it reported none (unknown
+    is not zero)."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known or not values else None
 
 
 def _token_source(done: Sequence[RequestRecord]) -> str:
@@ -393,10 +400,18 @@ def _warnings(
     overload = overload_warning(config, completed_rps, done, measured)
     if overload:
         out.append(overload)
-    cap = ((config.get("load") or {}).get("schedule") or {}).get("max_concurrency")
+    schedule = (config.get("load") or {}).get("schedule") or {}
+    cap = schedule.get("max_concurrency")
     if queue_delay is not None and queue_delay.p99 > LATE_THRESHOLD_MS:
         qd = queue_delay
-        if cap:
+        if schedule.get("kind") == "ClosedLoop" or any(r.session is not None for r in measured):
+            # no schedule to fall behind: a user's next request is due when it is free
+            out.append(
+                f"the client was slow to send: requests left p99 {qd.p99:.1f} ms (max "
+                f"{qd.max:.1f} ms) after their user was ready; the client may be the "
+                "bottleneck, and its delay is in no latency above"
+            )
+        elif cap:
             out.append(
                 f"requests waited for one of the {cap} --max-concurrency slots: p99 queue delay "
                 f"{qd.p99:.1f} ms (max {qd.max:.1f} ms); the cap set the offered load"
@@ -408,6 +423,10 @@ def _warnings(
             )
     if done and not token_source.startswith(("server usage", "the engine")):
         out.append(f"token counts: {token_source}")
+    for what, values in (("input", [r.input_tokens for r in done]), ("cached", [r.cached_tokens for r in done])):
+        known = sum(v is not None for v in values)
+        if 0 < known < len(values):
+            out.append(f"{what} tokens are known for {known} of {len(values)} completed requests: the sum counts those alone")
     short = [
         r for r in done
         if r.requested_output_tokens is not None

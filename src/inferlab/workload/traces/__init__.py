@@ -91,6 +91,9 @@ class TraceConfig:
     def __post_init__(self) -> None:
         if not self.speedup > 0:
             raise UsageError("--speedup must be positive")
+        for name, value in (("--trace-start", self.start_s), ("--trace-end", self.end_s)):
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise UsageError(f"{name} must be a finite number of seconds, 0 or more (got {value:g})")
         if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
             raise UsageError("--trace-end must be after --trace-start")
         if self.block_tokens < 1:

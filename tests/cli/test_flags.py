@@ -1,0 +1,100 @@
+"""Flags mean what vLLM users expect, and a flag that would be accepted and ignored is
+refused (exit 2, one line). Run through ``sim run`` in virtual time: fast, and the
+config it writes says what actually ran."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from inferlab.cli.main import main
+
+
+def sim_run(*args: str) -> tuple[int, str, dict[str, Any] | None]:
+    """Exit code, the one-line error (or ''), and the summary JSON on success."""
+    res = CliRunner().invoke(main, ["sim", "run", "--input-tokens", "32", "--output-tokens", "4", "--json", *args])
+    if res.exit_code != 0:
+        return res.exit_code, res.output.strip().splitlines()[-1] if res.output.strip() else "", None
+    return 0, "", json.loads(res.stdout)
+
+
+def schedule(*args: str) -> dict[str, Any]:
+    code, err, s = sim_run(*args)
+    assert code == 0 and s is not None, err
+    return dict(s["config"]["load"]["schedule"])
+
+
+def test_max_concurrency_alone_caps_requests_in_flight_as_in_vllm() -> None:
+    assert schedule("-n", "8", "--max-concurrency", "3") == {"kind": "ClosedLoop", "concurrency": 3}
+    assert schedule("-n", "8", "--rate", "5", "--max-concurrency", "3")["max_concurrency"] == 3
+    code, err, _ = sim_run("-n", "8", "-c", "4", "--max-concurrency", "3")
+    assert code == 2 and "--concurrency and --max-concurrency" in err
+
+
+def test_burstiness_alone_selects_gamma_arrivals_as_in_vllm() -> None:
+    s = schedule("-n", "8", "--rate", "5", "--burstiness", "0.5")
+    assert (s["arrival"], s["burstiness"]) == ("gamma", 0.5)
+    assert schedule("-n", "8", "--rate", "5")["arrival"] == "poisson"
+    code, err, _ = sim_run("-n", "8", "--rate", "5", "--arrival", "poisson", "--burstiness", "0.5")
+    assert code == 2 and "--burstiness shapes gamma arrivals" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--burstiness", "0.5"], "give --rate too"),  # a closed loop has no arrivals
+        (["--arrival", "constant"], "give --rate too"),
+        (["--system-tokens", "100"], "--system-tokens needs --sessions"),
+        (["--turns", "3"], "--turns needs --sessions"),
+        (["--think-time-s", "1"], "--think-time-s needs --sessions"),
+        (["--speedup", "2"], "--speedup needs --trace"),
+        (["--trace-start", "5"], "--trace-start needs --trace"),
+        (["--sample", "with-replacement"], "--sample needs --dataset"),
+        (["--max-input-tokens", "100"], "--max-input-tokens needs --dataset"),
+        (["--prefix-groups", "4"], "--prefix-groups needs --prefix-tokens"),
+        (["--prefix-popularity", "zipf"], "--prefix-popularity needs --prefix-tokens"),
+        (["--no-token-ids"], "--token-ids needs --tokenizer"),
+        (["--overwrite"], "--overwrite needs --out"),
+        (["--prompt", "  "], "--prompt is empty"),
+    ],
+)
+def test_a_flag_without_what_it_acts_on_is_refused(args: list[str], needle: str) -> None:
+    code, err, _ = sim_run("-n", "4", *args)
+    assert code == 2 and needle in err, err
+
+
+@pytest.mark.parametrize("flag", ["--trace-start", "--trace-end"])
+def test_a_negative_trace_window_is_refused(tmp_path: Path, flag: str) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 2}\n')
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", str(trace), flag, "-5"])
+    assert res.exit_code == 2 and "0 or more" in res.output
+
+
+def test_out_onto_an_existing_run_is_refused_unless_overwrite(tmp_path: Path) -> None:
+    out = str(tmp_path / "run")
+    assert sim_run("-n", "2", "--out", out)[0] == 0
+    code, err, _ = sim_run("-n", "2", "--out", out)
+    assert code == 2 and "already holds a run" in err and "--overwrite" in err
+    assert sim_run("-n", "3", "--out", out, "--overwrite")[0] == 0
+    assert len((tmp_path / "run" / "requests.jsonl").read_text().splitlines()) == 3
+
+
+def test_rate_inf_writes_json_that_any_parser_reads(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code, err, s = sim_run("-n", "4", "--rate", "inf", "--out", str(out))
+    assert code == 0 and s is not None, err
+    def strict(constant: str) -> None:  # what JSON.parse and jq do with NaN/Infinity
+        raise ValueError(f"not JSON: {constant}")
+
+    for name in ("config.json", "summary.json"):
+        text = (out / name).read_text()
+        assert "Infinity" not in text and "NaN" not in text
+        json.loads(text, parse_constant=strict)
+    assert json.loads((out / "config.json").read_text())["load"]["schedule"]["rate_rps"] == "inf"
+    assert not any(isinstance(v, float) and not math.isfinite(v) for v in s.values())
