@@ -174,3 +174,26 @@ def test_docs_list_every_summary_key_as_the_code_documents_it() -> None:
 def test_every_field_is_documented() -> None:
     assert all(doc.strip() for _, doc in key_docs())
     assert {f.name for f in dataclasses.fields(Summary)} == {k for k, _ in key_docs()}
+
+
+def test_unknown_token_counts_are_null_not_zero() -> None:
+    no_usage = [rec(i, 0, [10, 20], 30, out=2, inp=None) for i in range(3)]  # type: ignore[arg-type]
+    s = summarize(no_usage)
+    assert s.input_tokens is None and s.total_token_throughput_tps is None and s.cached_tokens is None
+    assert s.output_token_throughput_tps is not None
+    d = s.to_json()
+    assert d["cached_tokens"] is None and d["input_tokens"] is None
+    cached = [rec(0, 0, [10, 20], 30, out=2, cached_tokens=16), rec(1, 0, [10, 20], 30, out=2)]
+    s = summarize(cached)
+    assert s.cached_tokens == 16
+    assert any("cached tokens are known for 1 of 2" in w for w in s.warnings)
+    assert summarize([rec(0, 0, [10, 20], 30, out=2, cached_tokens=0)]).cached_tokens == 0  # zero when said
+
+
+def test_a_late_send_in_a_closed_loop_is_the_client_being_slow_not_a_schedule() -> None:
+    late = rec(0, 50, [60, 70], 80, out=2, intended_send_ns=0)
+    closed = summarize([late], config={"load": {"schedule": {"kind": "ClosedLoop", "concurrency": 1}}}).warnings
+    assert any(w.startswith("the client was slow to send: requests left p99 50.0 ms") for w in closed)
+    assert not any("fell behind" in w for w in closed)
+    opened = summarize([late], config={"load": {"schedule": {"kind": "OpenLoop"}}}).warnings
+    assert any("fell behind its schedule" in w for w in opened)

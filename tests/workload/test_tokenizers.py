@@ -139,3 +139,12 @@ async def test_without_a_local_tokenizer_the_servers_tokenize_makes_lengths_exac
     assert isinstance(s.preflight, dict) and s.preflight["vocab_words"] < 400  # BPE: only some built-in words are one token
     assert all(r.input_tokens == r.requested_input_tokens for r in result.records)
     assert s.prompt_overhead_tokens == 0  # completions: no template, no BOS here
+
+
+async def test_a_local_tokenizer_that_is_not_the_servers_is_refused_before_the_run(tokenizer_path: str) -> None:
+    # the server counts with its built-in tokenizer; the local one is a different BPE
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=8192))) as builtin:
+        cfg = BenchConfig(load=LoadConfig(ClosedLoop(2), num_requests=4),
+                          workload=WorkloadConfig(input_tokens=200, output_tokens=2, tokenizer=tokenizer_path))
+        with pytest.raises(UsageError, match=r"is not .*'s tokenizer: the probe text is \d+ tokens with it and \d+ with the server's /tokenize"):
+            await bench_async(cfg, builtin.url)

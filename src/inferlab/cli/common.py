@@ -98,7 +98,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-n", "--num-requests", type=int, help="Measured requests. Default 32 unless --duration is given."),
         click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
         click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True, help="Requests sent first and left out of the metrics."),
-        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seeds lengths and arrivals. Given, it also makes the prompts those of any earlier run with this seed (which a server's prefix cache may still hold); else each run's prompts are fresh."),
         click.option("--input-tokens", help="Synthetic prompts of this many tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA or empirical:DATASET (its prompts' lengths in words)."),
         click.option("--output-tokens", help="max_tokens per request (same forms as --input-tokens; empirical:DATASET draws its answers' lengths)."),
         click.option("--prefix-groups", type=click.IntRange(min=1), help="Shared-prefix workload: this many groups (default 1 with --prefix-tokens)."),
@@ -254,6 +254,9 @@ def workload_config(kw: dict[str, Any]) -> WorkloadConfig:
         trace=trace,
         tokenizer=kw["tokenizer"],
         token_ids=kw["token_ids"],
+        # --seed given: that run's prompts again; else fresh ones (a rerun must not
+        # measure the prefix cache the last run left on the server)
+        prompt_salt="" if given("seed") else None,
     )
 
 

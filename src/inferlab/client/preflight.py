@@ -83,7 +83,11 @@ async def run_preflight(
         if not first.ok:
             return Preflight(accepts_exact_output=accepts, warnings=notes)
         tok = _Tokenize(session, endpoint)
-        raw = len(tokenizer.encode(text)) if tokenizer is not None else await tok.count(text)
+        if tokenizer is not None:
+            raw: int | None = len(tokenizer.encode(text))
+            _refuse_a_foreign_tokenizer(tokenizer, len(tokenizer.encode(text)), await tok.count(text), first.input_tokens, endpoint)
+        else:
+            raw = await tok.count(text)
         usage = first.input_tokens
         if usage is None and raw is not None and endpoint.api == "chat":
             usage = await tok.count_messages(RequestSpec(text).messages())
@@ -122,6 +126,23 @@ def _refuse_if_rejected(endpoint: Endpoint, r: RequestRecord) -> None:
     raise UsageError(
         f"{endpoint.url} rejected the probe request ({message}); {hint[r.status or 404]}"
     )
+
+
+def _refuse_a_foreign_tokenizer(
+    tokenizer: Tokenizer, local: int, server: int | None, usage: int | None, endpoint: Endpoint
+) -> None:
+    """``UsageError`` when the local tokenizer is not the server's: its count of the probe
+    differs from the server's ``/tokenize``, or (without one) is more than the server
+    counted for the whole prompt. Its prompts would have the wrong lengths, and token-id
+    prompts ids the server does not know."""
+    name = getattr(tokenizer, "path", "--tokenizer")
+    if server is not None and server != local:
+        why = f"the probe text is {local} tokens with it and {server} with the server's /tokenize"
+    elif server is None and usage is not None and usage < local:
+        why = f"the probe text is {local} tokens with it, but the server counted {usage} for the whole prompt"
+    else:
+        return
+    raise UsageError(f"{name} is not {endpoint.model}'s tokenizer: {why}; give the model's own tokenizer.json, or none")
 
 
 #: Failures that may pass (overload, a restart): the run records them instead.

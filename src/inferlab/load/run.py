@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -112,6 +113,7 @@ class _Prepared:
     config_json: dict[str, Any]
     execute: _Execute
     workload: WorkloadConfig  # (bench: without exact output if the server refuses it)
+    template_tokens: int  # what the target adds to a prompt (a trace's lengths include it)
     preflight: Preflight | None = None
     url: str | None = None
     engine: Engine | None = None
@@ -142,7 +144,9 @@ async def run(
         prepared = await _prepare_http(config, target, clock or WallClock())
     try:
         wcfg = prepared.workload
-        workload = wcfg.build(config.load.seed, config.api, builder=prepared.builder)
+        workload = wcfg.build(
+            config.load.seed, config.api, builder=prepared.builder, template_tokens=prepared.template_tokens
+        )
         policy = make_policy(config.load, workload)
         writer = RunWriter(config.out_dir, prepared.config_json, overwrite=config.overwrite) if config.out_dir else None
 
@@ -187,9 +191,16 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
     engine = Engine(dataclasses.replace(target.engine, offline=offline))
     wcfg = config.workload
     tokenizer: Tokenizer | None = load_tokenizer(wcfg.tokenizer) if wcfg.tokenizer else None
+    # no salt by default: the simulated engine starts each run with an empty cache
+    salt = wcfg.prompt_salt or ""
     # the engine counts text prompts with its built-in tokenizer unless given one; on the
     # completions API built-in prompts can reach it as those ids, never built as text
-    builder = SimPromptBuilder(BuiltinTokenizer()) if tokenizer is None and config.api == "completions" else None
+    builder = (
+        SimPromptBuilder(BuiltinTokenizer(), salt) if tokenizer is None and config.api == "completions"
+        else wcfg.builder(config.api, salt=salt)
+    )
+    counter = tokenizer or BuiltinTokenizer()
+    template_tokens = len(counter.apply_chat_template([{"role": "user", "content": ""}])) if config.api == "chat" else 0
     config_json: dict[str, Any] = {
         "command": "sim run",
         "engine": dataclasses.asdict(engine.config),  # the sizes resolved
@@ -218,7 +229,7 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         return await asyncio.to_thread(go)
 
     return _Prepared(
-        builder, config_json, execute, wcfg, engine=engine,
+        builder, config_json, execute, wcfg, template_tokens, engine=engine,
         close=(lambda: None) if step_log is None else step_log.close,
     )
 
@@ -266,17 +277,22 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         pre = await run_preflight(endpoint, exact_output=wcfg.exact_output, tokenizer=tok)
         if not pre.accepts_exact_output:
             wcfg = dataclasses.replace(wcfg, exact_output=False)
-    builder = wcfg.builder(config.api) if pre is None else wcfg.builder(
-        config.api, vocab=pre.vocab, tokens_per_word=pre.tokens_per_word
+    # fresh prompts each run unless a salt is given: a rerun must not hit the prefix
+    # cache the last run left on the server
+    salt = wcfg.prompt_salt if wcfg.prompt_salt is not None else secrets.token_hex(4)
+    builder = wcfg.builder(config.api, salt=salt) if pre is None else wcfg.builder(
+        config.api, vocab=pre.vocab, tokens_per_word=pre.tokens_per_word, salt=salt
     )
-    config_json = {**http_config_json(config, target), "resolved": {"url": base, "model": model}}
+    template_tokens = (pre.prompt_overhead_tokens or 0) if pre is not None else 0
+    resolved = {"url": base, "model": model, "prompt_salt": salt}
+    config_json = {**http_config_json(config, target), "resolved": resolved}
 
     async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> Outcome:
         return await run_http(
             endpoint, policy, clock, warm_connections=_parallelism(config.load), on_record=on_record, stop=stop
         )
 
-    return _Prepared(builder, config_json, execute, wcfg, preflight=pre, url=base)
+    return _Prepared(builder, config_json, execute, wcfg, template_tokens, preflight=pre, url=base)
 
 
 def _parallelism(load: LoadConfig) -> int:
@@ -384,6 +400,10 @@ def run_summary(
     about ``wcfg``'s prompts."""
     trace = compare_with_trace(records, workload.requests) if isinstance(workload, Trace) else OMITTED
     last = workload.warnings() if isinstance(workload, DatasetWorkload) else []
+    overhead = preflight.prompt_overhead_tokens if isinstance(preflight, Preflight) else None
+    unintended = None if wcfg is None or wcfg.shares_prefixes else _unintended_cache_hits(records, overhead)
+    if unintended is not None:
+        last.append(unintended)
     if preflight is OMITTED or wcfg is None:
         extras = SummaryExtras(trace_comparison=trace, warnings_last=tuple(last))
     else:
@@ -405,6 +425,28 @@ def run_summary(
             warnings_last=tuple(last),
         )
     return summarize(records, config=config, slo=slo, interrupted=interrupted, extras=extras)
+
+
+#: Cached prompt tokens beyond a template's, as a share of all prompt tokens, above which
+#: a workload whose prompts share nothing was measured against a warm cache.
+UNINTENDED_CACHE_SHARE = 0.05
+
+
+def _unintended_cache_hits(records: list[RequestRecord], template_tokens: int | None) -> str | None:
+    """A warning when the server served much of a prefix-free workload's prompts from
+    its cache (beyond the chat template's tokens, which every prompt shares): an earlier
+    run with the same seed, or another client, left them there."""
+    done = [r for r in records if r.ok and not r.warmup and r.cached_tokens is not None]
+    cached = sum(r.cached_tokens or 0 for r in done)
+    prompt = sum(r.input_tokens or 0 for r in done)
+    beyond = cached - len(done) * max(0, template_tokens or 0)
+    if not prompt or beyond <= UNINTENDED_CACHE_SHARE * prompt:
+        return None
+    return (
+        f"the server served {cached:,} of {prompt:,} prompt tokens from its prefix cache, though this "
+        "run's prompts share no prefix: TTFT is lower than for fresh prompts (an earlier run with the "
+        "same --seed, or another client, sent the same text)"
+    )
 
 
 def raise_if_all_failed(result: RunResult) -> None:

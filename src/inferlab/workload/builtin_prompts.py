@@ -19,8 +19,8 @@ class SimPromptBuilder(PromptBuilder):
     to ids; a prompt of several segments (``join``: shared prefixes, traces) is joined as
     text and encoded. Segments stay text (sessions send them as text)."""
 
-    def __init__(self, tokenizer: BuiltinTokenizer) -> None:
-        super().__init__()
+    def __init__(self, tokenizer: BuiltinTokenizer, salt: str = "") -> None:
+        super().__init__(salt=salt)
         self._tokenizer = tokenizer
         vocab = set(self.vocab)
         first = {w: _single_id(tokenizer, w) for w in vocab}
@@ -30,7 +30,7 @@ class SimPromptBuilder(PromptBuilder):
         self._ids = [after_space[w] for w in draw_table(self.vocab)]
 
     def prompt(self, key: str, n: int) -> tuple[str | list[int], int]:
-        draws, by_draw = word_draws(key, n), self._ids
+        draws, by_draw = word_draws(self.salted(key), n), self._ids
         ids = [by_draw[d] for d in draws]  # (faster than map with __getitem__ here)
         if ids:
             ids[0] = self._first_ids[draws[0]]

@@ -47,16 +47,29 @@ class WorkloadConfig:
     think_time_s: float = 0.0
     system_tokens: int = 0
     context_window_tokens: int | None = None
+    # the prompts' salt (``PromptBuilder``): None, fresh prompts each run against a server
+    # (a random salt, recorded in config.json) and none in virtual time (the simulated
+    # engine starts each run with an empty cache); a string, that run's prompts again
+    prompt_salt: str | None = None
 
     def builder(
-        self, api: Api = "chat", *, vocab: tuple[str, ...] = WORDS, tokens_per_word: float = 1.0
+        self, api: Api = "chat", *, vocab: tuple[str, ...] = WORDS, tokens_per_word: float = 1.0, salt: str = ""
     ) -> PromptBuilder:
         """The prompt builder for ``api``: this config's tokenizer (token ids on the
         completions API unless ``token_ids`` is off); without one, prompts of ``vocab``
-        words at ``tokens_per_word`` (what a server's preflight found)."""
+        words at ``tokens_per_word`` (what a server's preflight found); built prompts
+        under ``salt`` (see ``PromptBuilder``)."""
         tok = load_tokenizer(self.tokenizer) if self.tokenizer else None
         ids = self.token_ids and api == "completions"
-        return PromptBuilder(tok, ids, vocab=vocab, tokens_per_word=tokens_per_word)
+        return PromptBuilder(tok, ids, vocab=vocab, tokens_per_word=tokens_per_word, salt=salt)
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether this workload's prompts may share prefixes by design (shared-prefix
+        groups, sessions, traces, a fixed prompt, a dataset); built synthetic prompts
+        share none."""
+        return not (self.input_tokens is not None and self.sessions is None and self.trace is None
+                    and self.dataset is None and self.prefix_tokens is None)
 
     @property
     def synthetic(self) -> bool:
@@ -64,14 +77,15 @@ class WorkloadConfig:
         return self.prompt is None and self.dataset is None
 
     def build(
-        self, seed: int, api: Api = "chat", *, builder: PromptBuilder | None = None
+        self, seed: int, api: Api = "chat", *, builder: PromptBuilder | None = None, template_tokens: int = 0
     ) -> Iterator[RequestSpec] | Trace | SessionWorkload:
         """The workload: a ``Trace`` (timed requests) for a trace, a ``SessionWorkload`` for
         multi-turn sessions, else an iterator (endless but for a dataset).
         ``builder`` makes the prompts (default ``self.builder(api)``; ``bench``: one
         that hits token lengths the way the preflight found for the target server;
-        ``sim run``: the simulator's own token ids). ``UsageError`` for conflicting or
-        malformed options."""
+        ``sim run``: the simulator's own token ids); a trace's prompts are built
+        ``template_tokens`` shorter, the tokens the target adds (``TraceConfig.load``).
+        ``UsageError`` for conflicting or malformed options."""
         shared = self.prefix_groups is not None or self.prefix_tokens is not None
         chosen = [n for n, on in (
             ("--trace", self.trace is not None), ("--prefix-groups/--prefix-tokens", shared),
@@ -92,7 +106,7 @@ class WorkloadConfig:
         if self.trace is not None:
             if self.output_tokens is not None:
                 raise UsageError("--output-tokens cannot be combined with --trace (the trace gives them)")
-            return self.trace.load(prompts(), seed, self.exact_output)
+            return self.trace.load(prompts(), seed, self.exact_output, template_tokens)
         if self.sessions is not None:
             scfg = SessionConfig(
                 self.sessions, self.turns, parse_length(self.input_tokens or 128, "--input-tokens"), out,

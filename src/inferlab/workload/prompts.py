@@ -68,7 +68,9 @@ class PromptBuilder:
     """Makes segments and joins them into a prompt (text, or token ids).
 
     Without a tokenizer a segment of ``n`` tokens is ``round(n / tokens_per_word)``
-    words of ``vocab``."""
+    words of ``vocab``. ``salt`` makes every key's words its own: two builders with
+    different salts share no text, so a run's prompts share no prefix with another
+    run's (a server's prefix cache would serve them); equal salts give equal prompts."""
 
     def __init__(
         self,
@@ -77,6 +79,7 @@ class PromptBuilder:
         *,
         vocab: tuple[str, ...] = WORDS,
         tokens_per_word: float = 1.0,
+        salt: str = "",
     ) -> None:
         if not vocab or not tokens_per_word > 0:
             raise ValueError("a prompt vocabulary needs words and a positive tokens_per_word")
@@ -84,10 +87,15 @@ class PromptBuilder:
         self.token_ids = token_ids and tokenizer is not None
         self.vocab = vocab
         self.tokens_per_word = tokens_per_word
+        self.salt = salt
         self._cache: OrderedDict[tuple[str, int], Segment] = OrderedDict()
 
+    def salted(self, key: str) -> str:
+        """The key of ``key``'s word stream under this builder's salt."""
+        return f"{self.salt}/{key}" if self.salt else key
+
     def _words(self, key: str, n: int) -> list[str]:
-        return words(key, n, self.vocab)
+        return words(self.salted(key), n, self.vocab)
 
     def segment(self, key: str, n: int) -> Segment:
         hit = self._cache.get((key, n))

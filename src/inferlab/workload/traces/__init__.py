@@ -112,9 +112,15 @@ class TraceConfig:
         k0 = kept[0].arrival_s
         return [_with_time(r, (r.arrival_s - k0) / self.speedup) for r in kept]
 
-    def load(self, builder: PromptBuilder, seed: int = 0, exact_output: bool = True) -> Trace:
-        """The trace's requests, their prompts made by ``builder``."""
-        return Trace(tuple(to_specs(self.rows(seed), builder, seed, exact_output, self.block_tokens)))
+    def load(
+        self, builder: PromptBuilder, seed: int = 0, exact_output: bool = True, template_tokens: int = 0
+    ) -> Trace:
+        """The trace's requests, their prompts made by ``builder``. A trace's input
+        lengths are what the server counted, the chat template (or BOS) included: each
+        prompt is built ``template_tokens`` shorter (at least 1), the tokens the target
+        adds, so the target sees the recorded length."""
+        rows = self.rows(seed)
+        return Trace(tuple(to_specs(rows, builder, seed, exact_output, self.block_tokens, template_tokens)))
 
 
 def _with_time(r: TraceRow, t: float) -> TraceRow:
@@ -122,13 +128,17 @@ def _with_time(r: TraceRow, t: float) -> TraceRow:
 
 
 def to_specs(
-    rows: list[TraceRow], builder: PromptBuilder, seed: int, exact_output: bool, block_tokens: int
+    rows: list[TraceRow], builder: PromptBuilder, seed: int, exact_output: bool, block_tokens: int,
+    template_tokens: int = 0,
 ) -> list[TimedSpec]:
+    """Each row as a request at its time; prompts ``template_tokens`` shorter than the
+    row says (see ``TraceConfig.load``)."""
     out = []
     for i, r in enumerate(rows):
-        segs = _segments(r, i, builder, seed, block_tokens)
+        n = max(1, r.input_tokens - template_tokens)
+        segs = _segments(dataclasses.replace(r, input_tokens=n), i, builder, seed, block_tokens)
         prompt, _ = builder.join(segs)
-        spec = RequestSpec(prompt, r.output_tokens, exact_output, r.input_tokens)
+        spec = RequestSpec(prompt, r.output_tokens, exact_output, n)
         out.append(TimedSpec(r.arrival_s, spec, r.measured))
     return out
 

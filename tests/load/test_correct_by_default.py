@@ -1,0 +1,71 @@
+"""Runs that would silently measure something else: a rerun hitting the prefix cache the
+last run left on the server, and a replay sending the chat template on top of the
+lengths it replays."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from inferlab import (
+    BenchConfig,
+    ClosedLoop,
+    LoadConfig,
+    RunConfig,
+    SimTarget,
+    WorkloadConfig,
+    bench_async,
+    run,
+)
+from inferlab.load.schedules import Replay
+from inferlab.results.runfiles import read_records
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sim.server.app import ServerConfig
+from inferlab.sim.server.launch import EmbeddedServer
+from inferlab.workload.traces import TraceConfig
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[EmbeddedServer]:
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=4096))) as server:
+        yield server
+
+
+def config(salt: str | None, out: Path | None = None) -> BenchConfig:
+    return BenchConfig(
+        LoadConfig(ClosedLoop(4), num_requests=8),
+        WorkloadConfig(input_tokens=400, output_tokens=4, prompt_salt=salt),
+        out_dir=None if out is None else str(out),
+    )
+
+
+async def test_each_run_sends_fresh_prompts_so_a_rerun_does_not_measure_the_cache(sim: EmbeddedServer, tmp_path: Path) -> None:
+    first = await bench_async(config(None, tmp_path / "a"), sim.url)
+    again = await bench_async(config(None, tmp_path / "b"), sim.url)
+    assert first.summary.cached_tokens == again.summary.cached_tokens == 0
+    salts = [json.loads((tmp_path / d / "config.json").read_text())["resolved"]["prompt_salt"] for d in "ab"]
+    assert salts[0] != salts[1] and all(salts)  # recorded: the run can be repeated with its salt
+
+
+async def test_the_same_salt_repeats_a_run_and_the_cache_hits_are_called_out(sim: EmbeddedServer) -> None:
+    await bench_async(config("repeat"), sim.url)
+    again = await bench_async(config("repeat"), sim.url)
+    assert again.summary.cached_tokens is not None and again.summary.input_tokens is not None
+    assert again.summary.cached_tokens > again.summary.input_tokens / 2
+    assert any("from its prefix cache, though this run's prompts share no prefix" in w for w in again.summary.warnings)
+
+
+async def test_a_replay_sends_the_lengths_it_replays_template_included(sim: EmbeddedServer, tmp_path: Path) -> None:
+    await bench_async(config(None, tmp_path / "run"), sim.url)  # chat: the server counts the template too
+    recorded = sorted(r.input_tokens for r in read_records(tmp_path / "run" / "requests.jsonl") if r.input_tokens)
+    trace = TraceConfig(str(tmp_path / "run" / "requests.jsonl"), speedup=100.0)
+    replay = BenchConfig(LoadConfig(Replay()), WorkloadConfig(trace=trace))
+    result = await bench_async(replay, sim.url)
+    assert sorted(r.input_tokens for r in result.records if r.input_tokens) == recorded
+    # and in virtual time, on either API
+    for api in ("chat", "completions"):
+        sim_run = await run(RunConfig(LoadConfig(Replay()), WorkloadConfig(trace=trace), api), SimTarget())
+        assert sorted(r.input_tokens for r in sim_run.records if r.input_tokens) == recorded
