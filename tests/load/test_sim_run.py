@@ -64,7 +64,7 @@ def test_smaller_token_budget_lowers_ttft_under_long_prompts_less_interference()
     # prefill, so running decodes are stalled for less time per step (lower max ITL)
     load = LoadConfig(OpenLoop(8.0, "constant"), num_requests=24)
     big = run(load, inp=3000, out=64, max_num_batched_tokens=8192)
-    small = run(load, inp=3000, out=64, max_num_batched_tokens=512)
+    small = run(load, inp=3000, out=64, max_num_batched_tokens=512, max_num_seqs=256)
     assert small.itl_ms.max < big.itl_ms.max
     assert small.ttft_ms.mean > big.ttft_ms.mean
 
@@ -298,8 +298,11 @@ def test_cli_sim_run_sizes_the_engine_like_vllm_by_default() -> None:
     a100 = engine("--gpu", "A100")
     assert (a100["max_num_batched_tokens"], a100["max_num_seqs"]) == (2048, 256)
     assert engine("--rate", "inf")["max_num_batched_tokens"] == 16384  # vLLM's offline LLM class
-    given = engine("--max-model-len", "2048", "--max-num-batched-tokens", "512", "--enforce-eager")
-    assert (given["max_model_len"], given["max_num_batched_tokens"], given["max_num_seqs"], given["enforce_eager"]) == (2048, 512, 512, True)
+    given = engine("--max-model-len", "2048", "--max-num-batched-tokens", "512", "--max-num-seqs", "128", "--enforce-eager")
+    assert (given["max_model_len"], given["max_num_batched_tokens"], given["max_num_seqs"], given["enforce_eager"]) == (2048, 512, 128, True)
+    # a budget below vLLM's default cap: vLLM refuses to start, and so does sim run
+    p = sim_cli("-n", "2", "--max-num-batched-tokens", "512")
+    assert p.returncode == 2 and "must be greater than or equal to max_num_seqs (1024" in p.stderr
 
 
 def test_default_context_length_is_capped_to_what_the_kv_cache_holds() -> None:

@@ -71,8 +71,12 @@ def test_unchunked_default_budget_holds_one_prompt_and_a_given_one_wins() -> Non
     assert size_engine(resolve(unchunked)).max_num_batched_tokens == 20000
     with pytest.raises(ValueError, match="is smaller than max_model_len"):
         size_engine(resolve(dataclasses.replace(unchunked, max_num_batched_tokens=8192)))
-    # a default sequence cap never exceeds a given budget
-    assert size_engine(resolve(dataclasses.replace(LLAMA8B, max_num_batched_tokens=512))).max_num_seqs == 512
+    # vLLM keeps its default sequence cap (1,024 on an H100) and refuses a budget below it
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(512\) must be greater than or equal to max_num_seqs \(1024"):
+        size_engine(resolve(dataclasses.replace(LLAMA8B, max_num_batched_tokens=512)))
+    # other engines' default caps follow a smaller budget
+    sglang = dataclasses.replace(LLAMA8B, engine_family="sglang", max_num_batched_tokens=512)
+    assert size_engine(resolve(sglang)).max_num_seqs == 512
 
 
 def test_sizing_refuses_what_vllm_refuses() -> None:

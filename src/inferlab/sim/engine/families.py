@@ -96,6 +96,10 @@ class FamilyRules:
     # None: gpu_memory_utilization of the whole GPU, less weights and activations (vLLM)
     kv_free_fraction: float | None
     efficiencies: Efficiencies
+    # a token budget given below the default sequence cap lowers the cap to it; False:
+    # the engine refuses to start, as vLLM does ("max_num_batched_tokens must be greater
+    # than or equal to max_num_seqs"), until the cap is given too
+    default_seqs_follow_budget: bool = True
 
     def chunked_prefill_default(self, max_model_len: int) -> bool:
         """Whether prefills are chunked when no flag says, for this (declared) context."""
@@ -151,6 +155,7 @@ _VLLM_V1 = FamilyRules(
     kv_free_fraction=None,
     # CUDA graphs, ~0.7 ms host cost per step: the defaults of ``Efficiencies``
     efficiencies=DEFAULT_EFFICIENCIES,
+    default_seqs_follow_budget=False,  # vLLM's SchedulerConfig refuses a budget below the cap
 )
 
 _VLLM_V0 = FamilyRules(
@@ -176,6 +181,7 @@ _VLLM_V0 = FamilyRules(
     # prefill and scheduling alone: offsets of 23.5 and 33.7 ms, whose least-squares fit
     # in relative error is 28.3 ms).
     efficiencies=Efficiencies(cpu_step_s=1.5e-3, api_overhead_s=0.028),
+    default_seqs_follow_budget=False,  # vLLM's SchedulerConfig refuses a budget below the cap
 )
 
 FAMILY_RULES: dict[EngineFamily, FamilyRules] = {

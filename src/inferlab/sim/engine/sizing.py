@@ -62,8 +62,15 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
         gpu, offline=config.offline, chunked_prefill=chunked, max_model_len=resolved.declared_len
     )
     batched = config.max_num_batched_tokens or batched
-    # a default sequence cap never exceeds a given token budget
-    seqs = config.max_num_seqs or min(seqs, batched)
+    if config.max_num_seqs is not None:
+        seqs = config.max_num_seqs
+    elif resolved.rules.default_seqs_follow_budget:
+        seqs = min(seqs, batched)
+    elif batched < seqs:  # vLLM keeps its default cap and refuses the budget
+        raise ValueError(
+            f"max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs "
+            f"({seqs}, {config.engine_family}'s default on {gpu.name}): give --max-num-seqs too"
+        )
 
     usable = config.gpu_memory_utilization * gpu.hbm_bytes
     weights = weight_bytes_per_rank(model, tp, config.quantization)
