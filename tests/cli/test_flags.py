@@ -98,3 +98,16 @@ def test_rate_inf_writes_json_that_any_parser_reads(tmp_path: Path) -> None:
         json.loads(text, parse_constant=strict)
     assert json.loads((out / "config.json").read_text())["load"]["schedule"]["rate_rps"] == "inf"
     assert not any(isinstance(v, float) and not math.isfinite(v) for v in s.values())
+
+
+def test_dataset_length_limits_count_tokens_never_words(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    # "tokenization" is no built-in word: 12 bytes, so 12 tokens for the simulator
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["short one", "tokenization tokenization"]))
+    res = CliRunner().invoke(main, ["sim", "run", "-n", "2", "--sample", "with-replacement", "--dataset", str(data),
+                                    "--max-input-tokens", "10", "--output-tokens", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.stdout)
+    assert s["counts"]["completed"] == 2 and s["input_tokens"] == 2 * 2  # only "short one" is kept: 2 tokens
+    res = CliRunner().invoke(main, ["bench", "-n", "2", "--dataset", str(data), "--max-input-tokens", "10"])
+    assert res.exit_code == 2 and "count tokens: give --tokenizer" in res.output

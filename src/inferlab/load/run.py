@@ -114,6 +114,7 @@ class _Prepared:
     execute: _Execute
     workload: WorkloadConfig  # (bench: without exact output if the server refuses it)
     template_tokens: int  # what the target adds to a prompt (a trace's lengths include it)
+    counter: Tokenizer | None = None  # counts a dataset's tokens without a --tokenizer
     preflight: Preflight | None = None
     url: str | None = None
     engine: Engine | None = None
@@ -145,7 +146,8 @@ async def run(
     try:
         wcfg = prepared.workload
         workload = wcfg.build(
-            config.load.seed, config.api, builder=prepared.builder, template_tokens=prepared.template_tokens
+            config.load.seed, config.api, builder=prepared.builder, template_tokens=prepared.template_tokens,
+            counter=prepared.counter,
         )
         policy = make_policy(config.load, workload)
         writer = RunWriter(config.out_dir, prepared.config_json, overwrite=config.overwrite) if config.out_dir else None
@@ -229,7 +231,7 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         return await asyncio.to_thread(go)
 
     return _Prepared(
-        builder, config_json, execute, wcfg, template_tokens, engine=engine,
+        builder, config_json, execute, wcfg, template_tokens, counter, engine=engine,
         close=(lambda: None) if step_log is None else step_log.close,
     )
 

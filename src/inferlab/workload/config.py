@@ -14,7 +14,7 @@ from inferlab.workload.sessions import SessionConfig, SessionWorkload
 from inferlab.workload.spec import DEFAULT_PROMPT, RequestSpec, Trace
 from inferlab.workload.synthetic import FixedPromptWorkload, SharedPrefixWorkload, SyntheticWorkload
 from inferlab.workload.text import WORDS
-from inferlab.workload.tokenizers import load_tokenizer
+from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
 from inferlab.workload.traces import TraceConfig
 
 
@@ -77,7 +77,8 @@ class WorkloadConfig:
         return self.prompt is None and self.dataset is None
 
     def build(
-        self, seed: int, api: Api = "chat", *, builder: PromptBuilder | None = None, template_tokens: int = 0
+        self, seed: int, api: Api = "chat", *, builder: PromptBuilder | None = None, template_tokens: int = 0,
+        counter: Tokenizer | None = None,
     ) -> Iterator[RequestSpec] | Trace | SessionWorkload:
         """The workload: a ``Trace`` (timed requests) for a trace, a ``SessionWorkload`` for
         multi-turn sessions, else an iterator (endless but for a dataset).
@@ -85,7 +86,9 @@ class WorkloadConfig:
         that hits token lengths the way the preflight found for the target server;
         ``sim run``: the simulator's own token ids); a trace's prompts are built
         ``template_tokens`` shorter, the tokens the target adds (``TraceConfig.load``).
-        ``UsageError`` for conflicting or malformed options."""
+        A dataset's lengths are counted with this config's tokenizer, else ``counter``
+        (``sim run``: the simulator's own). ``UsageError`` for conflicting or malformed
+        options."""
         shared = self.prefix_groups is not None or self.prefix_tokens is not None
         chosen = [n for n, on in (
             ("--trace", self.trace is not None), ("--prefix-groups/--prefix-tokens", shared),
@@ -116,7 +119,7 @@ class WorkloadConfig:
             session_builder.token_ids = False  # sessions send text: answers come back as text
             return SessionWorkload(scfg, session_builder, seed, self.exact_output)
         if self.dataset is not None:
-            tok = load_tokenizer(self.tokenizer) if self.tokenizer else None
+            tok = load_tokenizer(self.tokenizer) if self.tokenizer else counter
             rows = self.dataset.rows(tok)
             return DatasetWorkload(rows, self.dataset.sample, out, seed, self.exact_output)
         if shared:

@@ -83,9 +83,15 @@ class DatasetConfig:
             raise UsageError("--max-input-tokens is below --min-input-tokens")
 
     def rows(self, tokenizer: Tokenizer | None = None) -> list[DatasetRow]:
-        """The kept rows; ``UsageError`` if none is left after the length filters."""
-        rows = read_dataset(self.path, self.format, tokenizer)
+        """The kept rows; ``UsageError`` if none is left after the length filters, or if
+        a filter is set without ``tokenizer`` to count tokens with (word counts are not
+        token counts: a limit in tokens must be measured in tokens)."""
         lo, hi = self.min_input_tokens, self.max_input_tokens
+        if (lo is not None or hi is not None) and tokenizer is None:
+            raise UsageError(
+                "--min-input-tokens/--max-input-tokens count tokens: give --tokenizer (the server's tokenizer.json)"
+            )
+        rows = read_dataset(self.path, self.format, tokenizer)
         if lo is not None or hi is not None:
             rows = [r for r in rows if (lo or 0) <= count(r.text(), tokenizer) <= (hi or 1 << 62)]
             if not rows:
