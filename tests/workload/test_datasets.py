@@ -15,6 +15,7 @@ from inferlab.load.virtual import simulate
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.server.app import ServerConfig
 from inferlab.sim.server.launch import EmbeddedServer
+from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 from inferlab.workload.datasets import DatasetConfig, DatasetWorkload, read_dataset
 from inferlab.workload.lengths import parse_length
 
@@ -87,10 +88,13 @@ def test_sampling_and_filters(tmp_path: Path) -> None:
     with_r = DatasetWorkload(DatasetConfig(path).rows(), "with-replacement", parse_length(4, "--output-tokens"))
     many = [next(with_r) for _ in range(100)]
     assert len({s.prompt for s in many}) == 10 and {s.max_tokens for s in many} == {4} and not with_r.warnings()
-    kept = DatasetConfig(path, min_input_tokens=3, max_input_tokens=5).rows()
-    assert [len(r.messages[0][1].split()) for r in kept] == [3, 4, 5]
+    words = jsonl(tmp_path / "w.jsonl", [{"prompt": " ".join(["the"] * n)} for n in range(1, 11)])
+    kept = DatasetConfig(words, min_input_tokens=3, max_input_tokens=5).rows(BuiltinTokenizer())
+    assert [len(r.messages[0][1].split()) for r in kept] == [3, 4, 5]  # "the" is one token each
     with pytest.raises(UsageError, match="no prompt within"):
-        DatasetConfig(path, min_input_tokens=50).rows()
+        DatasetConfig(words, min_input_tokens=50).rows(BuiltinTokenizer())
+    with pytest.raises(UsageError, match="count tokens: give --tokenizer"):  # words are no tokens
+        DatasetConfig(words, min_input_tokens=3).rows()
     with pytest.raises(UsageError, match="--sample"):
         DatasetConfig(path, sample="sometimes")  # type: ignore[arg-type]
 
