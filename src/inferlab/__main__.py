@@ -1,3 +1,4 @@
 from inferlab.cli.main import run
 
-run()
+if __name__ == "__main__":  # (not when a worker process imports it: see load.workers)
+    run()

@@ -51,6 +51,7 @@ def main() -> None:
 @click.option("-H", "--header", "header", multiple=True, help="Extra request header 'Name: value' (repeatable).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response.")
+@click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: _workers(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone).")
 @click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths.")
 @load_options
 def bench(**kw: Any) -> None:
@@ -76,6 +77,7 @@ def _bench(kw: dict[str, Any]) -> int:
         out_dir=kw["out"],
         preflight=kw["preflight"],
         overwrite=kw["overwrite"],
+        workers=kw["workers"],
     )
     if config.out_dir is not None:
         check_out_dir(config.out_dir, config.overwrite)  # before a server is started
@@ -143,6 +145,19 @@ main.add_command(tokens)
 def run() -> None:
     """The console script."""
     entry(main)
+
+
+def _workers(value: str) -> int | None:
+    """``--workers``: None for auto, else a count of at least 1."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not auto or a number", param_hint="--workers") from None
+    if n < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--workers")
+    return n
 
 
 def _embedded_tp(model: str, gpu: str, max_model_len: int) -> int:

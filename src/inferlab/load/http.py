@@ -1,13 +1,14 @@
 """The asyncio + HTTP executor: a load policy against a real endpoint, on the wall clock.
 
 The policy decides what is sent when (``load.policy``); the client sends and records
-(``client.http``). One dispatcher task asks the policy for the sends due now, starts one
-task per request, and sleeps until the policy's next send or until a request ends
-(which may release the next one: a closed-loop user, a freed concurrency slot, a
-session's next turn). Every request keeps its intended send time, so a client falling
-behind shows as queue delay. Setting ``stop`` ends the run early, cancelling requests in
-flight (recorded as ``cancelled``); so does a workload that cannot make its next
-request (``Outcome.cause``).
+(``client.http``). One dispatcher task asks the policy for the sends due now, hands each
+to a *launcher*, and sleeps until the policy's next send or until a request ends (which
+may release the next one: a closed-loop user, a freed concurrency slot, a session's next
+turn). The launcher here runs each request as a task of this process; ``load.workers``
+hands them to worker processes instead, under the same dispatcher. Every request keeps
+its intended send time, so a client falling behind shows as queue delay. Setting
+``stop`` ends the run early, cancelling requests in flight (recorded as ``cancelled``);
+so does a workload that cannot make its next request (``Outcome.cause``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from inferlab._clock import NS_PER_S, Clock
 from inferlab._errors import InferlabError
@@ -46,6 +47,15 @@ class Outcome:
     t0_ns: int = 0
 
 
+class Launcher(Protocol):
+    """Sends requests for a ``Dispatcher``: each ``launch`` ends in exactly one call of
+    the dispatcher's ``finished`` (or ``cancelled``, once ``cancel_all`` runs)."""
+
+    def launch(self, send: Send, record: RequestRecord, text: list[str] | None) -> None: ...
+
+    async def cancel_all(self) -> None: ...
+
+
 async def run_http(
     endpoint: Endpoint,
     policy: Policy,
@@ -55,45 +65,61 @@ async def run_http(
     on_record: OnRecord | None = None,
     stop: asyncio.Event | None = None,
 ) -> Outcome:
-    """Run ``policy`` against ``endpoint``; return every record. ``warm_connections``
-    keep-alive connections are opened first (capped at ``MAX_WARM_CONNECTIONS``), so
-    TCP set-up is not charged to the first requests."""
-    import aiohttp
-
-    from inferlab.client.http import Client, session_trace
+    """Run ``policy`` against ``endpoint`` from this process; return every record.
+    ``warm_connections`` keep-alive connections are opened first (capped at
+    ``MAX_WARM_CONNECTIONS``), so TCP set-up is not charged to the first requests."""
+    from inferlab.client.http import Client
 
     result = Outcome(t0_ns=clock.now_ns())
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(
-        connector=connector, trace_configs=[session_trace()], auto_decompress=True
-    ) as session:
-        await _warm_connections(session, endpoint, min(warm_connections, MAX_WARM_CONNECTIONS))
+    async with client_session() as session:
+        await warm_up(session, endpoint, min(warm_connections, MAX_WARM_CONNECTIONS))
         result.t0_ns = clock.now_ns()
-        dispatcher = _Dispatcher(Client(endpoint, clock, session, result.t0_ns), policy, clock, result, on_record)
-        main = asyncio.ensure_future(dispatcher.run())
-        waiter = asyncio.ensure_future(stop.wait()) if stop is not None else None
-        try:
-            await asyncio.wait([main, *([waiter] if waiter else [])], return_when="FIRST_COMPLETED")
-        finally:
-            if not main.done():
-                result.interrupted = True
-                main.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await main
-            if waiter is not None:
-                waiter.cancel()
-            error = main.exception() if main.done() and not main.cancelled() else None
-            if isinstance(error, InferlabError):  # the workload could not make a request
-                result.interrupted, result.cause = True, error
-            if result.interrupted:
-                await dispatcher.cancel_all()
-        if error is not None and result.cause is None:
-            raise error  # a bug in the executor, not a request
-    result.records.sort(key=lambda r: r.index)
+        dispatcher = Dispatcher(policy, clock, result, on_record)
+        launcher = _Tasks(Client(endpoint, clock, session, result.t0_ns), dispatcher)
+        await dispatch(dispatcher, launcher, stop)
     return result
 
 
-async def _warm_connections(session: aiohttp.ClientSession, endpoint: Endpoint, n: int) -> None:
+def client_session() -> aiohttp.ClientSession:
+    """The aiohttp session every executor sends with: no connection limit (the load
+    policy bounds concurrency), the client's header-sent stamp, decompression."""
+    import aiohttp
+
+    from inferlab.client.http import session_trace
+
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    return aiohttp.ClientSession(connector=connector, trace_configs=[session_trace()], auto_decompress=True)
+
+
+async def dispatch(dispatcher: Dispatcher, launcher: Launcher, stop: asyncio.Event | None) -> None:
+    """Run ``dispatcher`` with ``launcher`` until the policy is done or ``stop`` is set;
+    on a stop (or a workload error) cancel what is in flight. Records end up in the
+    dispatcher's ``result``, sorted by index."""
+    dispatcher.launcher = launcher
+    result = dispatcher.result
+    main = asyncio.ensure_future(dispatcher.run())
+    waiter = asyncio.ensure_future(stop.wait()) if stop is not None else None
+    try:
+        await asyncio.wait([main, *([waiter] if waiter else [])], return_when="FIRST_COMPLETED")
+    finally:
+        if not main.done():
+            result.interrupted = True
+            main.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await main
+        if waiter is not None:
+            waiter.cancel()
+        error = main.exception() if main.done() and not main.cancelled() else None
+        if isinstance(error, InferlabError):  # the workload could not make a request
+            result.interrupted, result.cause = True, error
+        if result.interrupted:
+            await launcher.cancel_all()
+    if error is not None and result.cause is None:
+        raise error  # a bug in the executor, not a request
+    result.records.sort(key=lambda r: r.index)
+
+
+async def warm_up(session: aiohttp.ClientSession, endpoint: Endpoint, n: int) -> None:
     """Open ``n`` keep-alive connections (``GET /models`` in parallel). Best effort: a
     server without that route still leaves its connections open, and any failure is
     ignored."""
@@ -111,19 +137,19 @@ async def _warm_connections(session: aiohttp.ClientSession, endpoint: Endpoint, 
     await asyncio.gather(*(one() for _ in range(n)))
 
 
-class _Dispatcher:
-    """Starts the policy's sends as they fall due and reports their ends back to it."""
+class Dispatcher:
+    """Starts the policy's sends as they fall due (through its ``launcher``) and reports
+    their ends back to it. Times are relative to ``result.t0_ns`` on ``clock``."""
 
-    def __init__(
-        self, client: Client, policy: Policy, clock: Clock, result: Outcome, on_record: OnRecord | None
-    ) -> None:
-        self.client = client
+    def __init__(self, policy: Policy, clock: Clock, result: Outcome, on_record: OnRecord | None) -> None:
         self.policy = policy
         self.clock = clock
         self.result = result
         self.on_record = on_record
-        self.in_flight: set[asyncio.Task[None]] = set()
+        self.launcher: Launcher | None = None
+        self.in_flight = 0
         self._ended = asyncio.Event()  # a request ended since the dispatcher last looked
+        self._error: BaseException | None = None  # a launcher's own failure (a bug)
 
     def _now_s(self) -> float:
         return (self.clock.now_ns() - self.result.t0_ns) / NS_PER_S
@@ -132,6 +158,8 @@ class _Dispatcher:
         policy = self.policy
         now_s = max(self._now_s(), policy.start_s())
         while True:
+            if self._error is not None:
+                raise self._error
             for send in policy.due(now_s):
                 self._start(send)
             next_s = policy.next_s()
@@ -163,33 +191,61 @@ class _Dispatcher:
         return sleeper.done() and not sleeper.cancelled()
 
     def _start(self, send: Send) -> None:
+        assert self.launcher is not None
         record = RequestRecord(
             index=send.index, warmup=send.warmup, intended_send_ns=round(send.intended_s * NS_PER_S)
         )
-        task = asyncio.ensure_future(self._one(send, record))
-        self.in_flight.add(task)
-        task.add_done_callback(self.in_flight.discard)
+        self.in_flight += 1
+        self.launcher.launch(send, record, [] if self.policy.wants_answers else None)
 
-    async def _one(self, send: Send, record: RequestRecord) -> None:
-        text: list[str] | None = [] if self.policy.wants_answers else None
-        try:
-            await self.client.send(send.spec, record, text)
-        finally:
-            self.result.records.append(record)
-            if self.on_record is not None:
-                self.on_record(record)
+    def finished(self, send: Send, record: RequestRecord, text: list[str] | None) -> None:
+        """``send``'s request ended (``record`` filled, ``text`` its reply if asked for)."""
+        self.cancelled(record)
         answer: Answer | None = None
         if text is not None and record.ok:
             answer = "".join(text), record.output_tokens or len(record.content_ns)
-        # out of the in-flight set before the dispatcher wakes (a task's done callbacks
-        # run only after the wake-up: the dispatcher would wait for an end still to come)
-        self.in_flight.discard(asyncio.current_task())
+        self.in_flight -= 1
         self.policy.ended(send.index, self._now_s(), answer)
         self._ended.set()
 
+    def fail(self, error: BaseException) -> None:
+        """A launcher broke (not a request: a bug): the run stops with ``error``."""
+        self._error = error
+        self._ended.set()
+
+    def cancelled(self, record: RequestRecord) -> None:
+        """Keep ``record`` (also one cancelled in flight) and pass it on."""
+        self.result.records.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
+
+
+class _Tasks:
+    """Runs each request as a task of this process."""
+
+    def __init__(self, client: Client, dispatcher: Dispatcher) -> None:
+        self.client = client
+        self.dispatcher = dispatcher
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def launch(self, send: Send, record: RequestRecord, text: list[str] | None) -> None:
+        task = asyncio.ensure_future(self._one(send, record, text))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _one(self, send: Send, record: RequestRecord, text: list[str] | None) -> None:
+        try:
+            await self.client.send(send.spec, record, text)
+        except asyncio.CancelledError:  # (the record says cancelled)
+            self.dispatcher.cancelled(record)
+            raise
+        except Exception as e:  # the client never raises for a request: this is a bug
+            self.dispatcher.fail(e)
+            return
+        self.dispatcher.finished(send, record, text)
+
     async def cancel_all(self) -> None:
-        """Cancel the requests in flight (recorded as ``cancelled``)."""
-        tasks = list(self.in_flight)
+        tasks = list(self.tasks)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import os
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,9 @@ class HttpTarget:
     idle_timeout_s: float = 60.0
     preflight: bool = True
     embedded: bool = False  # the simulated server the CLI started (config.json's url: null)
+    # worker processes that send the requests (None: as many as the load needs,
+    # ``auto_workers``; 1: this process alone)
+    workers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -286,13 +290,21 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         config.api, vocab=pre.vocab, tokens_per_word=pre.tokens_per_word, salt=salt
     )
     template_tokens = (pre.prompt_overhead_tokens or 0) if pre is not None else 0
-    resolved = {"url": base, "model": model, "prompt_salt": salt}
+    workers = target.workers if target.workers is not None else auto_workers(config.load)
+    if workers < 1:
+        raise UsageError("--workers must be at least 1")
+    resolved = {"url": base, "model": model, "prompt_salt": salt, "workers": workers}
     config_json = {**http_config_json(config, target), "resolved": resolved}
 
     async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> Outcome:
-        return await run_http(
-            endpoint, policy, clock, warm_connections=_parallelism(config.load), on_record=on_record, stop=stop
-        )
+        warm = _parallelism(config.load)
+        if workers > 1:
+            from inferlab.load.workers import run_workers
+
+            return await run_workers(
+                endpoint, policy, clock, workers=workers, warm_connections=warm, on_record=on_record, stop=stop
+            )
+        return await run_http(endpoint, policy, clock, warm_connections=warm, on_record=on_record, stop=stop)
 
     return _Prepared(builder, config_json, execute, wcfg, template_tokens, preflight=pre, url=base)
 
@@ -302,6 +314,28 @@ def _parallelism(load: LoadConfig) -> int:
     s = load.schedule
     n = s.concurrency if isinstance(s, ClosedLoop) else (s.max_concurrency or 1)
     return min(n, load.num_requests or n)
+
+
+#: Concurrent streams one client process carries without adding latency of its own, about
+#: (bench/client_scale.py: client TTFT minus the server's grows past ~1 ms beyond it).
+STREAMS_PER_WORKER = 128
+#: Open-loop requests per second one client process starts without falling behind, about.
+RATE_PER_WORKER = 200.0
+
+
+def auto_workers(load: LoadConfig, cores: int | None = None) -> int:
+    """How many worker processes a load needs: 1 (this process) unless its concurrent
+    streams or its rate exceed what one process carries, and never more than the cores
+    the machine has, less one for the parent."""
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    s = load.schedule
+    if isinstance(s, ClosedLoop):
+        need = s.concurrency / STREAMS_PER_WORKER
+    elif isinstance(s, OpenLoop) and not math.isinf(s.rate_rps):
+        need = max(s.rate_rps / RATE_PER_WORKER, (s.max_concurrency or 0) / STREAMS_PER_WORKER)
+    else:  # all at once, or a trace: what is in flight is bounded by the cap, if any
+        need = (getattr(s, "max_concurrency", None) or STREAMS_PER_WORKER) / STREAMS_PER_WORKER
+    return max(1, min(math.ceil(need), cores - 1))
 
 
 def http_config_json(config: RunConfig, target: HttpTarget) -> dict[str, Any]:
@@ -355,6 +389,7 @@ class BenchConfig:
     out_dir: str | None = None
     preflight: bool = True  # probe the server first (not counted); see ``client.preflight``
     overwrite: bool = False
+    workers: int | None = None  # see ``HttpTarget``
 
     def run_config(self) -> RunConfig:
         return RunConfig(self.load, self.workload, self.api, self.slo, self.out_dir, self.overwrite)
@@ -362,7 +397,7 @@ class BenchConfig:
     def target(self, url: str) -> HttpTarget:
         return HttpTarget(
             url, self.model, self.stream, self.api_key, self.headers, self.timeout_s, self.idle_timeout_s,
-            self.preflight, embedded=self.url is None,
+            self.preflight, embedded=self.url is None, workers=self.workers,
         )
 
     def to_json(self) -> dict[str, Any]:

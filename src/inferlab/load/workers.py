@@ -1,0 +1,257 @@
+"""The multi-process executor: the same dispatcher and load policy as ``load.http``, with
+the requests sent by worker processes, each with its own event loop and connections.
+
+One Python process saturates its core at a few hundred concurrent streams, and then the
+latency it reports includes its own delay. Here the parent process keeps the policy
+(what is sent when: the aggregate is exactly the requested arrival process, and a
+closed loop's users are served by whichever worker has the fewest requests in flight;
+a session's turns stay on one worker) and the run's records; the workers do the
+per-chunk work (HTTP, SSE parsing, timestamps). They talk over a Unix socket, one
+length-prefixed pickle per message:
+
+- parent → worker: ``("t0", t0_ns)`` once, then ``("send", index, spec, record, text)``
+  per request, ``("stop",)`` to cancel what is in flight and finish;
+- worker → parent: ``("ready",)`` once its connections are warm, ``("done", index,
+  record, text)`` per request, ``("stopped",)``.
+
+Times are on the machine's monotonic clock, shared by the processes, relative to the
+parent's ``t0``. Workers ignore Ctrl-C (the terminal sends it to every process of the
+group): the parent stops them, and every record they hold comes back, cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import pickle
+import signal
+import struct
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inferlab._clock import Clock, WallClock
+from inferlab._errors import InferlabError
+from inferlab.load.http import (
+    MAX_WARM_CONNECTIONS,
+    Dispatcher,
+    OnRecord,
+    Outcome,
+    client_session,
+    dispatch,
+    warm_up,
+)
+from inferlab.load.policy import Policy, Send
+from inferlab.results.records import RequestRecord
+
+if TYPE_CHECKING:  # (the client, and aiohttp, load in the worker that sends)
+    from inferlab.client.http import Endpoint
+
+#: How long worker processes may take to start and warm their connections.
+START_TIMEOUT_S = 60.0
+#: How long stopped workers may take to hand back their cancelled records.
+STOP_TIMEOUT_S = 10.0
+_LENGTH = struct.Struct("!I")
+
+
+async def _read(reader: asyncio.StreamReader) -> Any:
+    """One message, or ``None`` at the end of the stream."""
+    try:
+        head = await reader.readexactly(_LENGTH.size)
+        return pickle.loads(await reader.readexactly(_LENGTH.unpack(head)[0]))
+    except asyncio.IncompleteReadError:
+        return None
+
+
+def _write(writer: asyncio.StreamWriter, msg: tuple[Any, ...]) -> None:
+    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    writer.write(_LENGTH.pack(len(data)) + data)
+
+
+async def run_workers(
+    endpoint: Endpoint,
+    policy: Policy,
+    clock: Clock,
+    *,
+    workers: int,
+    warm_connections: int = 1,
+    on_record: OnRecord | None = None,
+    stop: asyncio.Event | None = None,
+) -> Outcome:
+    """Run ``policy`` against ``endpoint`` with ``workers`` worker processes; return
+    every record, as ``load.http.run_http`` does. ``InferlabError`` if the workers
+    cannot be started."""
+    if workers < 1:
+        raise ValueError("workers must be at least 1")
+    with tempfile.TemporaryDirectory(prefix="inferlab-") as tmp:
+        path = str(Path(tmp) / "workers.sock")
+        pool = _Pool(workers)
+        server = await asyncio.start_unix_server(pool.connected, path)
+        context = multiprocessing.get_context("spawn")  # (no fork of a running event loop)
+        warm_each = -(-min(warm_connections, MAX_WARM_CONNECTIONS) // workers)
+        procs = [context.Process(target=_worker_main, args=(path, endpoint, warm_each), daemon=True) for _ in range(workers)]
+        for p in procs:
+            p.start()
+        try:
+            await pool.wait_ready(procs)
+            result = Outcome(t0_ns=clock.now_ns())
+            for conn in pool.conns:
+                _write(conn.writer, ("t0", result.t0_ns))
+            dispatcher = Dispatcher(policy, clock, result, on_record)
+            pool.dispatcher = dispatcher
+            await dispatch(dispatcher, pool, stop)
+        finally:
+            await pool.close()
+            server.close()
+            for p in procs:
+                p.join(timeout=STOP_TIMEOUT_S)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    return result
+
+
+class _Conn:
+    """The parent's end of one worker's socket."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.pending: dict[int, Send] = {}  # requests it holds, by index
+        self.stopped = asyncio.Event()
+
+
+class _Pool:
+    """The workers, as the dispatcher's ``Launcher``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.conns: list[_Conn] = []
+        self.dispatcher: Dispatcher | None = None
+        self._all_ready = asyncio.Event()
+        self._readers: list[asyncio.Task[None]] = []
+
+    async def connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        msg = await _read(reader)
+        if msg != ("ready",):
+            writer.close()
+            return
+        conn = _Conn(reader, writer)
+        self.conns.append(conn)
+        if len(self.conns) == self.size:
+            self._all_ready.set()
+        self._readers.append(asyncio.ensure_future(self._receive(conn)))
+
+    async def wait_ready(self, procs: Sequence[multiprocessing.process.BaseProcess]) -> None:
+        async def watch() -> None:  # a worker that dies on start (a bad import, say)
+            while not self._all_ready.is_set():
+                if any(p.exitcode is not None for p in procs):
+                    raise InferlabError("a load worker process exited while starting")
+                await asyncio.sleep(0.05)
+
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await asyncio.gather(self._all_ready.wait(), watch())
+        except TimeoutError:
+            raise InferlabError(f"the load worker processes did not start within {START_TIMEOUT_S:g} s") from None
+
+    def launch(self, send: Send, record: RequestRecord, text: list[str] | None) -> None:
+        spec = send.spec
+        if spec.session is not None:  # a session's turns stay on one worker
+            conn = self.conns[spec.session % self.size]
+        else:
+            conn = min(self.conns, key=lambda c: len(c.pending))
+        conn.pending[send.index] = send
+        _write(conn.writer, ("send", send.index, spec, record, text is not None))
+
+    async def _receive(self, conn: _Conn) -> None:
+        while True:
+            msg = await _read(conn.reader)
+            if msg is None:
+                break
+            if msg[0] == "done":
+                _, index, record, text = msg
+                send = conn.pending.pop(index)
+                assert self.dispatcher is not None
+                if conn.stopped.is_set() or self._stopping:
+                    self.dispatcher.cancelled(record)
+                else:
+                    self.dispatcher.finished(send, record, text)
+            elif msg[0] == "stopped":
+                break
+        conn.stopped.set()
+        if conn.pending and self.dispatcher is not None and not self._stopping:
+            self.dispatcher.fail(InferlabError(f"a load worker process ended with {len(conn.pending)} requests in flight"))
+
+    _stopping = False
+
+    async def cancel_all(self) -> None:
+        self._stopping = True
+        for conn in self.conns:
+            with contextlib.suppress(ConnectionError):
+                _write(conn.writer, ("stop",))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                await asyncio.gather(*(c.stopped.wait() for c in self.conns))
+
+    async def close(self) -> None:
+        for conn in self.conns:
+            if not conn.stopped.is_set():
+                with contextlib.suppress(ConnectionError):
+                    _write(conn.writer, ("stop",))
+        for conn in self.conns:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await conn.stopped.wait()
+            conn.writer.close()
+        for task in self._readers:
+            task.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+
+
+def _worker_main(path: str, endpoint: Endpoint, warm: int) -> None:
+    """A worker process: sends what the parent says, reports each record back."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_worker(path, endpoint, warm))
+    os._exit(0)  # (nothing left to flush: the parent has every record)
+
+
+async def _worker(path: str, endpoint: Endpoint, warm: int) -> None:
+    from inferlab.client.http import Client
+
+    reader, writer = await asyncio.open_unix_connection(path)
+    clock = WallClock()
+    async with client_session() as session:
+        await warm_up(session, endpoint, warm)
+        _write(writer, ("ready",))
+        first = await _read(reader)
+        if first is None:
+            return
+        client = Client(endpoint, clock, session, first[1])
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(index: int, spec: Any, record: RequestRecord, want_text: bool) -> None:
+            text: list[str] | None = [] if want_text else None
+            try:
+                await client.send(spec, record, text)
+            finally:  # (also cancelled: the record says so)
+                _write(writer, ("done", index, record, text))
+
+        while True:
+            msg = await _read(reader)
+            if msg is None or msg[0] == "stop":
+                break
+            _, index, spec, record, want_text = msg
+            task = asyncio.ensure_future(one(index, spec, record, want_text))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        _write(writer, ("stopped",))
+        await writer.drain()
+        writer.close()
