@@ -156,7 +156,7 @@ def test_read_prompt_refuses_with_400(prompt: Any) -> None:
 
 @pytest.mark.parametrize("prompt", [None, "", [""]])
 def test_read_prompt_refuses_an_empty_prompt_as_vllm_does(prompt: Any) -> None:
-    with pytest.raises(APIError, match="Either prompt or prompt_embeds must be provided and non-empty."):
+    with pytest.raises(APIError, match=r"Either prompt or prompt_embeds must be provided and non-empty\."):
         read_prompt({"prompt": prompt})
 
 
@@ -171,7 +171,7 @@ def test_read_model() -> None:
 def test_read_chat_template() -> None:
     assert read_chat_template({}) == (True, False)
     assert read_chat_template({"add_generation_prompt": False, "continue_final_message": True}) == (False, True)
-    with pytest.raises(APIError, match="Cannot set both `continue_final_message` and `add_generation_prompt` to True."):
+    with pytest.raises(APIError, match=r"Cannot set both `continue_final_message` and `add_generation_prompt` to True\."):
         read_chat_template({"continue_final_message": True})
     with pytest.raises(APIError, match="add_generation_prompt: Input should be a valid boolean"):
         read_chat_template({"add_generation_prompt": "no"})

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
 from inferlab.openai.errors import APIError, error_body, one_line
@@ -135,7 +136,8 @@ class EngineLoop:
                 self._wake.clear()
                 continue
             busy_until_s = start_s + result.duration_s
-            self.iteration_tokens.observe(result.stats.prefill_tokens + result.stats.decode_tokens)
+            # (vLLM's: the prompt tokens a step computed and the tokens it generated)
+            self.iteration_tokens.observe(result.stats.prefill_tokens + len(result.events))
             due_ns = self.t0_ns + int(busy_until_s * NS_PER_S)
             await self.clock.sleep_until_ns(due_ns)
             self.lag.observe(max(0.0, (self.clock.now_ns() - due_ns) / NS_PER_S))
@@ -357,7 +359,8 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     # (what aiohttp's ``request.json()`` does, with the API's errors)
     try:
         raw = await request.read()
-    except web.RequestPayloadError as e:  # the body's framing or encoding was broken
+    except (web.RequestPayloadError, HttpProcessingError) as e:  # broken framing or encoding
+        # (aiohttp's C parser wraps the parser's error, its pure-Python one raises it as is)
         reason = e.__cause__ or e
         raise APIError(400, f"the request body could not be read: {one_line(str(reason))}") from None
     return parse_body(raw, request.charset)
