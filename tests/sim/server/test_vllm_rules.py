@@ -14,46 +14,24 @@ import json
 import logging
 import math
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from aiohttp import web
 from aiohttp.http_exceptions import TransferEncodingError
-from test_sim_server import (
-    MAX_MODEL_LEN,
-    MODEL,
-    metric,
-    parse_prometheus,
-    scrape,
-    sse_events,
-    words,
-)
+from simserver import MODEL
+from test_sim_server import metric, parse_prometheus, scrape, sse_events, words
 
 from inferlab.openai.errors import APIError
-from inferlab.sim.engine.engine import EngineConfig
-from inferlab.sim.server.app import ServerConfig, _json_body
+from inferlab.sim.server.app import _json_body
 from inferlab.sim.server.launch import EmbeddedServer
 from inferlab.sim.server.output import OutputText
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 
-HTTP_TIMEOUT_S = 30.0
 SOCKET_TIMEOUT_S = 10.0
 CHAT = [{"role": "user", "content": "Say something about retrieval."}]
 OUTPUT = OutputText(BuiltinTokenizer())
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmbeddedServer]:
-    with EmbeddedServer(ServerConfig(engine=EngineConfig(model=MODEL, max_model_len=MAX_MODEL_LEN))) as srv:
-        yield srv
-
-
-@pytest.fixture
-def http(server: EmbeddedServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT_S) as client:
-        yield client
 
 
 def check_error(r: httpx.Response, status: int, message: str | None = None, param: str | None = None) -> dict[str, Any]:
@@ -119,6 +97,12 @@ PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 @pytest.mark.parametrize(("route", "fields", "message", "param"), REFUSED)
 def test_refused_as_vllm_refuses(http: httpx.Client, route: str, fields: dict[str, Any], message: str, param: str | None) -> None:
     check_error(http.post(PATH[route], json=valid(route, **fields)), 400, message, param)
+
+
+@pytest.mark.parametrize("model", [None, "", MODEL])
+def test_no_model_named_means_the_served_one(http: httpx.Client, model: str | None) -> None:
+    assert http.post(PATH["completions"], json=valid("completions", model=model)).status_code == 200
+    assert http.post("/tokenize", json={"model": model, "prompt": "hi"}).status_code == 200
 
 
 def test_what_vllm_accepts_is_accepted(http: httpx.Client) -> None:

@@ -287,8 +287,10 @@ class SimServer:
         return await self._generate(request, body, prompt_ids, chat=False)
 
     def _check_model(self, body: dict[str, Any]) -> None:
+        """``APIError`` 404 for a model the server does not serve; none named (absent,
+        null or empty) means the served one, as with vLLM."""
         model = read_model(body)
-        if model is not None and model not in (self.config.model_name, self.config.engine.model):
+        if model and model not in (self.config.model_name, self.config.engine.model):
             raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model")
 
     def _plan(self, params: GenerationParams, prompt_ids: list[int]) -> OutputPlan:
