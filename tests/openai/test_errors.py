@@ -24,6 +24,11 @@ def test_api_error_carries_its_answer() -> None:
     assert APIError(400, "bad").error_type == "BadRequestError"
 
 
+def test_api_error_names_the_field_at_fault() -> None:
+    e = APIError(400, "top_p must be in (0, 1], got 2.", param="top_p")
+    assert e.body() == {"error": {"message": "top_p must be in (0, 1], got 2.", "type": "BadRequestError", "param": "top_p", "code": 400}}
+
+
 @pytest.mark.parametrize(
     ("obj", "message"),
     [

@@ -15,6 +15,8 @@ from inferlab.openai.response import (
     ErrorInResponse,
     MalformedResponse,
     ResponseReader,
+    chat_logprobs,
+    completion_logprobs,
     usage,
 )
 from inferlab.openai.sse import DONE_EVENT, SSEParser, encode_json
@@ -53,6 +55,48 @@ def test_chat_body_key_order() -> None:
     assert list(body) == ["id", "object", "created", "model", "choices", "usage", "inferlab_timeline"]
     assert body["object"] == "chat.completion"
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "logprobs": None, "finish_reason": "stop"}]
+
+
+def test_stop_reason_rides_on_the_finishing_choice_only_when_given() -> None:
+    assert TEXT.choice("", "stop", stop_reason="\n") == {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop", "stop_reason": "\n"}
+    assert "stop_reason" not in TEXT.choice("", "stop")
+    body = CHAT.body("hi", "stop", usage(1, 1, 0), stop_reason=7)
+    assert body["choices"][0]["stop_reason"] == 7 and "stop_reason" not in body
+
+
+LOGPROBS = [("Hé", -0.25, [("Hé", -0.25), (" a", -1.5)]), ("!", -0.5, [("!", -0.5), ("?", -2.0)])]
+
+
+def test_chat_logprobs_are_openais() -> None:
+    assert chat_logprobs(LOGPROBS[:1]) == {
+        "content": [
+            {
+                "token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169],
+                "top_logprobs": [
+                    {"token": "Hé", "logprob": -0.25, "bytes": [72, 195, 169]},
+                    {"token": " a", "logprob": -1.5, "bytes": [32, 97]},
+                ],
+            }
+        ]
+    }
+    assert chat_logprobs([("x", -1.0, [])])["content"][0]["top_logprobs"] == []  # top_logprobs: 0
+
+
+def test_completion_logprobs_are_the_legacy_format() -> None:
+    assert completion_logprobs(LOGPROBS, 10) == {
+        "text_offset": [10, 12],
+        "token_logprobs": [-0.25, -0.5],
+        "tokens": ["Hé", "!"],
+        "top_logprobs": [{"Hé": -0.25, " a": -1.5}, {"!": -0.5, "?": -2.0}],
+    }
+    # logprobs: 0 still gives the chosen token's
+    assert completion_logprobs([("x", -1.0, [])], 0)["top_logprobs"] == [{"x": -1.0}]
+
+
+def test_logprobs_ride_on_choices_and_bodies() -> None:
+    lp = chat_logprobs(LOGPROBS)
+    assert CHAT.choice("Hé", None, logprobs=lp)["logprobs"] == lp
+    assert CHAT.body("Hé!", "length", usage(1, 2, 0), logprobs=lp)["choices"][0]["logprobs"] == lp
 
 
 def stream(answer: Completion, *, include_usage: bool) -> bytes:

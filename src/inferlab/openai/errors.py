@@ -18,23 +18,28 @@ from inferlab._errors import InferlabError
 MAX_ERROR_CHARS = 300
 
 
-def error_body(status: int, message: str, error_type: str) -> dict[str, Any]:
-    """The JSON object of an error answer with HTTP ``status``."""
-    return {"error": {"message": message, "type": error_type, "param": None, "code": status}}
+def error_body(status: int, message: str, error_type: str, param: str | None = None) -> dict[str, Any]:
+    """The JSON object of an error answer with HTTP ``status``; ``param`` names the
+    request field at fault, if one is."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
 
 
 class APIError(InferlabError):
     """A request the API refuses: raised inside a server's handlers and answered, at one
-    boundary, with HTTP ``status`` and ``body()``. ``message`` is what the client reads."""
+    boundary, with HTTP ``status`` and ``body()``. ``message`` is what the client reads;
+    ``param`` names the request field at fault, if one is."""
 
-    def __init__(self, status: int, message: str, error_type: str = "BadRequestError") -> None:
+    def __init__(
+        self, status: int, message: str, error_type: str = "BadRequestError", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_type = error_type
+        self.param = param
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, self.error_type)
+        return error_body(self.status, self.message, self.error_type, self.param)
 
 
 def error_message(obj: object) -> str:

@@ -1,5 +1,6 @@
-"""The OpenAI response bodies, both ways: ``Completion`` and ``usage`` build the chunks
-and the whole body a server answers with; ``ResponseReader`` reads them on a client.
+"""The OpenAI response bodies, both ways: ``Completion``, ``usage``, ``chat_logprobs`` and
+``completion_logprobs`` build the chunks and the whole body a server answers with;
+``ResponseReader`` reads them on a client.
 
 A chat stream's chunks are ``chat.completion.chunk`` objects whose choices carry a
 ``delta``; a whole chat body is a ``chat.completion`` whose choices carry a ``message``.
@@ -44,22 +45,47 @@ class Completion:
             **extra,
         }
 
-    def choice(self, text: str, finish_reason: str | None, role: bool = False) -> dict[str, Any]:
+    def choice(
+        self,
+        text: str,
+        finish_reason: str | None,
+        role: bool = False,
+        logprobs: dict[str, Any] | None = None,
+        stop_reason: str | int | None = None,
+    ) -> dict[str, Any]:
         """Choice 0 of a streamed chunk, carrying ``text`` (chat: as a delta, with the
-        ``assistant`` role if ``role``: the first chunk) and the finish reason, if any."""
+        ``assistant`` role if ``role``: the first chunk), its tokens' ``logprobs``
+        (``chat_logprobs`` or ``completion_logprobs``), and the finish reason, if any,
+        with vLLM's ``stop_reason`` (the stop string or token id that ended the answer)
+        when there is one."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        if stop_reason is not None:
+            choice["stop_reason"] = stop_reason
+        return choice
 
-    def body(self, text: str, finish_reason: str, usage: dict[str, Any], **extra: Any) -> dict[str, Any]:
-        """The whole (non-streamed) answer: one choice with all of ``text``, ``usage``,
-        then top-level ``extra`` fields."""
+    def body(
+        self,
+        text: str,
+        finish_reason: str,
+        usage: dict[str, Any],
+        logprobs: dict[str, Any] | None = None,
+        stop_reason: str | int | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """The whole (non-streamed) answer: one choice with all of ``text``, its
+        ``logprobs`` and ``stop_reason`` (as in ``choice``), ``usage``, then top-level
+        ``extra`` fields."""
         if self.chat:
             message = {"role": "assistant", "content": text}
-            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        if stop_reason is not None:
+            choice["stop_reason"] = stop_reason
         return {
             "id": self.id,
             "object": "chat.completion" if self.chat else "text_completion",
@@ -69,6 +95,44 @@ class Completion:
             "usage": usage,
             **extra,
         }
+
+
+#: One generated token's log-probability: (its text, its logprob, the most likely tokens
+#: at its place as (text, logprob), most likely first).
+TokenLogprob = tuple[str, float, list[tuple[str, float]]]
+
+
+def chat_logprobs(tokens: list[TokenLogprob]) -> dict[str, Any]:
+    """A chat choice's ``logprobs``: ``content`` holds one entry per token, with its
+    UTF-8 ``bytes`` and its ``top_logprobs``."""
+    return {
+        "content": [
+            {
+                "token": text,
+                "logprob": logprob,
+                "bytes": list(text.encode()),
+                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in top],
+            }
+            for text, logprob, top in tokens
+        ]
+    }
+
+
+def completion_logprobs(tokens: list[TokenLogprob], first_offset: int) -> dict[str, Any]:
+    """A text completion choice's ``logprobs`` (the legacy format): per token its text, its
+    logprob, its top alternatives as a text → logprob object (the token itself at least),
+    and its character offset in the answer, the first being ``first_offset``."""
+    offsets = []
+    offset = first_offset
+    for text, _, _ in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [logprob for _, logprob, _ in tokens],
+        "tokens": [text for text, _, _ in tokens],
+        "top_logprobs": [dict(top) if top else {text: logprob} for text, logprob, top in tokens],
+    }
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
+from simserver import HTTP_TIMEOUT_S, MAX_MODEL_LEN, MODEL
 
 import openai
 from inferlab.sim.engine.engine import EngineConfig
@@ -34,10 +35,7 @@ from inferlab.sim.server.app import ServerConfig
 from inferlab.sim.server.launch import EmbeddedServer
 from inferlab.workload.text import WORDS
 
-MODEL = "Qwen/Qwen2.5-7B-Instruct"
-MAX_MODEL_LEN = 4096  # sim serve's default (the common vLLM example)
 SUBPROCESS_TIMEOUT_S = 30.0
-HTTP_TIMEOUT_S = 30.0
 N_OUT = 12  # output tokens for the streaming checks
 CHAT_TEXT = "Explain RAG in about 30 characters."
 CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": CHAT_TEXT}]
@@ -159,16 +157,7 @@ def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: s
 # --- fixtures ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmbeddedServer]:
-    with EmbeddedServer(ServerConfig(engine=EngineConfig(model=MODEL, max_model_len=MAX_MODEL_LEN))) as srv:
-        yield srv
-
-
-@pytest.fixture
-def http(server: EmbeddedServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT_S) as client:
-        yield client
+# (``server`` and ``http``: conftest.py)
 
 
 @pytest.fixture

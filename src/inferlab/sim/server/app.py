@@ -1,15 +1,18 @@
 """The simulated engine behind an OpenAI-compatible HTTP API (aiohttp), in real time.
 
 Routes: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions`` (streaming and
-not), ``/health``, ``/metrics`` (Prometheus, vLLM's metric names), ``/tokenize`` and
-``/detokenize`` (vLLM's). Errors are OpenAI-style JSON. Each response's final chunk (or
-body) carries ``inferlab_timeline``: the engine's own view of the request, in ms since
-the server received it.
+not), ``/health``, ``/ping``, ``/version``, ``/metrics`` (Prometheus, vLLM's metric
+names), ``/tokenize`` and ``/detokenize`` (vLLM's). A request is checked as vLLM checks
+it (``inferlab.openai.request``), and every client error is answered with a 4xx in
+OpenAI's error format, never a 5xx. Each response's final chunk (or body) carries
+``inferlab_timeline``: the engine's own view of the request, in ms since the server
+received it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import itertools
 import time
 from collections.abc import Awaitable, Callable
@@ -17,21 +20,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
-from inferlab.openai.errors import APIError, error_body
+from inferlab.openai.errors import APIError, error_body, one_line
 from inferlab.openai.request import (
+    MAX_LOGPROBS,
     PATHS,
+    Api,
     GenerationParams,
     parse_body,
+    read_bool,
+    read_chat_template,
     read_messages,
+    read_model,
     read_params,
     read_prompt,
 )
 from inferlab.sim.engine.engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim.engine.outputs import natural_output_len
-from inferlab.sim.server.generation import Generation
-from inferlab.sim.server.prometheus import Histogram, render_metrics
+from inferlab.sim.server.generation import Generation, OutputPlan
+from inferlab.sim.server.output import LogprobTable, OutputText
+from inferlab.sim.server.prometheus import (
+    ITERATION_TOKEN_BUCKETS,
+    Histogram,
+    RequestHistograms,
+    render_metrics,
+)
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
 
@@ -57,9 +72,9 @@ class ServerConfig:
         return self.served_model_name or self.engine.model
 
 
-def error_response(status: int, message: str, error_type: str) -> web.Response:
+def error_response(status: int, message: str, error_type: str, param: str | None = None) -> web.Response:
     """An OpenAI error answer (``inferlab.openai.errors``)."""
-    return web.json_response(error_body(status, message, error_type), status=status)
+    return web.json_response(error_body(status, message, error_type, param), status=status)
 
 
 @web.middleware
@@ -67,7 +82,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as e:
-        return error_response(e.status, e.message, e.error_type)
+        return error_response(e.status, e.message, e.error_type, e.param)
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -89,6 +104,7 @@ class EngineLoop:
         self.queues: dict[str, asyncio.Queue[TokenEvent]] = {}
         self._wake = asyncio.Event()
         self.lag = Histogram((0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5))
+        self.iteration_tokens = Histogram(ITERATION_TOKEN_BUCKETS)
 
     def now_s(self) -> float:
         return (self.clock.now_ns() - self.t0_ns) / NS_PER_S
@@ -120,6 +136,8 @@ class EngineLoop:
                 self._wake.clear()
                 continue
             busy_until_s = start_s + result.duration_s
+            # (vLLM's: the prompt tokens a step computed and the tokens it generated)
+            self.iteration_tokens.observe(result.stats.prefill_tokens + len(result.events))
             due_ns = self.t0_ns + int(busy_until_s * NS_PER_S)
             await self.clock.sleep_until_ns(due_ns)
             self.lag.observe(max(0.0, (self.clock.now_ns() - due_ns) / NS_PER_S))
@@ -136,11 +154,16 @@ class SimServer:
         self.config = config
         self.clock = clock or WallClock()
         self.tokenizer: Tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else BuiltinTokenizer()
-        self.engine = Engine(config.engine)
+        # (each token's time: /metrics has the inter-token latency)
+        self.engine = Engine(config.engine, record_token_times=True)
         self.loop: EngineLoop | None = None
         self._ids = itertools.count()
-        self.ttft = Histogram((0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0))
-        self.e2e = Histogram((0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0))
+        self.output = OutputText(self.tokenizer)
+        self.logprobs = LogprobTable(self.output, MAX_LOGPROBS)
+        # The chat template of no message is the generation prompt alone (ChatML's
+        # ``<|im_start|>assistant\n``): what ``add_generation_prompt: false`` leaves out.
+        self._generation_prompt = self.tokenizer.apply_chat_template([])
+        self.requests = RequestHistograms(self.engine.limits.max_model_len)
         self.requests_ok = 0
         self.app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
         self.app.add_routes([
@@ -148,6 +171,9 @@ class SimServer:
             web.post("/v1" + PATHS["chat"], self.chat),
             web.post("/v1" + PATHS["completions"], self.completions),
             web.get("/health", self.health),
+            web.get("/ping", self.health),
+            web.post("/ping", self.health),
+            web.get("/version", self.version),
             web.get("/metrics", self.metrics),
             web.post("/tokenize", self.tokenize),
             web.post("/detokenize", self.detokenize),
@@ -166,6 +192,14 @@ class SimServer:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
+    async def version(self, request: web.Request) -> web.Response:
+        """vLLM's ``/version``, with inferlab's version: the server is not vLLM."""
+        try:
+            version = importlib.metadata.version("inferlab")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        return web.json_response({"version": version})
+
     async def models(self, request: web.Request) -> web.Response:
         card = {
             "id": self.config.model_name,
@@ -179,18 +213,24 @@ class SimServer:
 
     async def metrics(self, request: web.Request) -> web.Response:
         assert self.loop is not None
-        text = render_metrics(self.config.model_name, self.engine, self.ttft, self.e2e, self.loop.lag, self.requests_ok)
+        text = render_metrics(
+            self.config.model_name, self.engine, self.requests, self.loop.iteration_tokens, self.loop.lag, self.requests_ok
+        )
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``/tokenize``: ``prompt`` (text) or chat ``messages``, with
+        ``add_generation_prompt`` (default true) and ``add_special_tokens`` (default true
+        for a prompt, false for messages: vLLM's). The simulated model, like Qwen, has no
+        BOS or EOS to add, so ``add_special_tokens`` changes no count (as with vLLM
+        serving Qwen); it is checked all the same."""
         body = await _json_body(request)
         self._check_model(body)
-        if "messages" in body:
-            try:
-                ids = self.tokenizer.apply_chat_template(read_messages(body))
-            except ValueError as e:
-                raise APIError(400, str(e)) from e
+        if body.get("messages") is not None:
+            read_bool(body, "add_special_tokens", False)
+            ids = self._chat_prompt(body)
         elif isinstance(body.get("prompt"), str):
+            read_bool(body, "add_special_tokens", True)
             ids = self.tokenizer.encode(body["prompt"])
         else:
             raise APIError(400, "give 'prompt' (a string) or 'messages'")
@@ -214,16 +254,30 @@ class SimServer:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
         self._check_model(body)
+        read_bool(body, "add_special_tokens", False)
+        return await self._generate(request, body, self._chat_prompt(body), chat=True)
+
+    def _chat_prompt(self, body: dict[str, Any]) -> list[int]:
+        """The token ids of a chat request's messages in the chat template, with the
+        generation prompt unless ``add_generation_prompt`` is false."""
+        messages = read_messages(body)
+        add_generation_prompt, continue_final = read_chat_template(body)
+        if continue_final:
+            raise APIError(400, "continue_final_message is not supported by the simulated server.", param="continue_final_message")
         try:
-            prompt_ids = self.tokenizer.apply_chat_template(read_messages(body))
+            ids = self.tokenizer.apply_chat_template(messages)
         except ValueError as e:
             raise APIError(400, str(e)) from e
-        return await self._generate(request, body, prompt_ids, chat=True)
+        tail = self._generation_prompt
+        if not add_generation_prompt and tail and ids[-len(tail):] == tail:
+            del ids[-len(tail):]
+        return ids
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
         self._check_model(body)
         prompt = read_prompt(body)
+        read_bool(body, "add_special_tokens", True)
         if isinstance(prompt, str):
             prompt_ids = self.tokenizer.encode(prompt)
         else:
@@ -233,12 +287,22 @@ class SimServer:
         return await self._generate(request, body, prompt_ids, chat=False)
 
     def _check_model(self, body: dict[str, Any]) -> None:
-        model = body.get("model")
-        if model is not None and model not in (self.config.model_name, self.config.engine.model):
-            raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError")
+        """``APIError`` 404 for a model the server does not serve; none named (absent,
+        null or empty) means the served one, as with vLLM."""
+        model = read_model(body)
+        if model and model not in (self.config.model_name, self.config.engine.model):
+            raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model")
 
-    def _output_len(self, params: GenerationParams, prompt_ids: list[int]) -> tuple[int, str]:
-        """How many tokens to generate, and the finish reason that will be reported."""
+    def _plan(self, params: GenerationParams, prompt_ids: list[int]) -> OutputPlan:
+        """How many tokens to generate, how the answer ends and what it shows. A stop
+        string or stop token (``OutputText.stop``) ends it where it would end the
+        simulated model's text, within the length otherwise chosen; ``ignore_eos`` does not
+        turn stops off (vLLM's rule). ``APIError`` 400 for what the server does not serve
+        (``n`` > 1, prompt logprobs) or what does not fit the context."""
+        if params.n != 1:
+            raise APIError(400, f"n must be 1: the simulated server answers with one choice, got {params.n}.", param="n")
+        if params.prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs is not supported by the simulated server.", param="prompt_logprobs")
         room = self.engine.limits.max_model_len - len(prompt_ids)
         max_tokens = params.max_tokens
         if max_tokens is not None and len(prompt_ids) + max_tokens > self.engine.limits.max_model_len:
@@ -257,26 +321,34 @@ class SimServer:
             )
         limit = max_tokens if max_tokens is not None else room
         if params.ignore_eos or params.min_tokens >= limit:
-            return limit, "length"
-        natural = max(natural_output_len(prompt_ids, self.config.natural_output_median_tokens), params.min_tokens)
-        return (limit, "length") if natural >= limit else (natural, "stop")
+            tokens, reason = limit, "length"
+        else:
+            natural = max(natural_output_len(prompt_ids, self.config.natural_output_median_tokens), params.min_tokens)
+            tokens, reason = (limit, "length") if natural >= limit else (natural, "stop")
+        hold = max(map(len, params.stop), default=1) - 1
+        stop = None
+        if params.stop or params.stop_token_ids:
+            stop = self.output.stop(params.stop, params.stop_token_ids, params.min_tokens)
+        if stop is not None and stop.tokens <= tokens:
+            return OutputPlan(stop.tokens, "stop", stop.reason, stop.text_chars, hold, params.logprobs, max_tokens)
+        return OutputPlan(tokens, reason, None, None, hold, params.logprobs, max_tokens)
 
     async def _generate(
         self, request: web.Request, body: dict[str, Any], prompt_ids: list[int], *, chat: bool
     ) -> web.StreamResponse:
         assert self.loop is not None
         received_s = self.loop.now_s()
-        params = read_params(body)
-        output_len, finish_reason = self._output_len(params, prompt_ids)
+        api: Api = "chat" if chat else "completions"
+        params = read_params(body, api)
+        plan = self._plan(params, prompt_ids)
         if self.engine.num_waiting >= self.config.max_waiting_requests:
             raise APIError(429, "The server is overloaded: too many requests are waiting.", "RateLimitError")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
         try:
-            queue = self.loop.submit(rid, prompt_ids, output_len)
+            queue = self.loop.submit(rid, prompt_ids, plan.tokens)
         except ValueError as e:
             raise APIError(400, str(e)) from e
-        gen = Generation(self, rid, chat, received_s, len(prompt_ids))
-        gen.finish_reason = finish_reason
+        gen = Generation(self, rid, chat, received_s, len(prompt_ids), plan)
         try:
             if params.stream:
                 return await gen.stream(request, queue, params.include_usage)
@@ -287,4 +359,10 @@ class SimServer:
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
     # (what aiohttp's ``request.json()`` does, with the API's errors)
-    return parse_body(await request.read(), request.charset)
+    try:
+        raw = await request.read()
+    except (web.RequestPayloadError, HttpProcessingError) as e:  # broken framing or encoding
+        # (aiohttp's C parser wraps the parser's error, its pure-Python one raises it as is)
+        reason = e.__cause__ or e
+        raise APIError(400, f"the request body could not be read: {one_line(str(reason))}") from None
+    return parse_body(raw, request.charset)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from inferlab.openai.response import Completion
+from inferlab.openai.response import Completion, chat_logprobs, completion_logprobs
 from inferlab.openai.response import usage as usage_object
 from inferlab.openai.sse import DONE_EVENT, encode_json
 from inferlab.sim.engine.engine import TokenEvent
@@ -18,17 +19,45 @@ if TYPE_CHECKING:
     from inferlab.sim.server.app import SimServer
 
 
+@dataclass(frozen=True)
+class OutputPlan:
+    """How one answer goes, decided before the request reaches the engine.
+
+    ``tokens``: how many the engine generates; ``finish_reason``, and vLLM's
+    ``stop_reason`` (the stop string or token id that ended it, if one did).
+    ``text_chars``: where the text ends when a stop cuts it (None: after the last
+    token). ``hold_chars``: characters a stream holds back until no stop string can
+    start in them (vLLM: the longest stop string's length less one). ``logprobs``:
+    alternatives per token's log-probability, None for none. ``max_tokens``: as asked."""
+
+    tokens: int
+    finish_reason: str
+    stop_reason: str | int | None = None
+    text_chars: int | None = None
+    hold_chars: int = 0
+    logprobs: int | None = None
+    max_tokens: int | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Each token's text is sent as it comes (no stop string, no stop)."""
+        return self.text_chars is None and self.hold_chars == 0
+
+
 class Generation:
     """One request's output, as chunks or one body."""
 
-    def __init__(self, server: SimServer, rid: str, chat: bool, received_s: float, prompt_tokens: int) -> None:
+    def __init__(
+        self, server: SimServer, rid: str, chat: bool, received_s: float, prompt_tokens: int, plan: OutputPlan
+    ) -> None:
         self.server = server
         self.rid = rid
         self.received_s = received_s
         self.prompt_tokens = prompt_tokens
+        self.plan = plan
         self.answer = Completion(rid, chat, int(time.time()), server.config.model_name)
         self.n_out = 0
-        self.finish_reason = "length"
+        self._sent_chars = 0  # of the text, when the plan is not plain
 
     def usage(self) -> dict[str, Any]:
         tl = self.server.engine.timeline(self.rid)
@@ -50,18 +79,41 @@ class Generation:
         }
 
     def _observe(self) -> None:
-        tl = self.server.engine.timeline(self.rid)
-        if tl.first_token_s is not None:
-            self.server.ttft.observe(tl.first_token_s - self.received_s)
-        if tl.finished_s is not None:
-            self.server.e2e.observe(tl.finished_s - self.received_s)
-        self.server.requests_ok += 1
+        server = self.server
+        tl = server.engine.timeline(self.rid)
+        server.requests.observe(tl, self.received_s, tl.arrival_s + server.engine.api_overhead_s, self.plan.max_tokens)
+        server.requests_ok += 1
+
+    def _text(self, index: int, last: bool) -> str:
+        """The text token ``index`` adds to what was sent, under a plan that is not plain:
+        up to the stop's cut when it is the last, else all but ``hold_chars``."""
+        output = self.server.output
+        if last and self.plan.text_chars is not None:
+            end = self.plan.text_chars
+        else:
+            end = output.chars(index + 1) - (0 if last else self.plan.hold_chars)
+        if end <= self._sent_chars:
+            return ""
+        text = output.text(self._sent_chars, end)
+        self._sent_chars = end
+        return text
+
+    def _logprobs(self, first: int, count: int) -> dict[str, Any]:
+        """The ``logprobs`` of tokens ``first`` to ``first + count``, in the answer's API."""
+        assert self.plan.logprobs is not None
+        table = self.server.logprobs
+        tokens = [table.token(i, self.plan.logprobs) for i in range(first, first + count)]
+        if self.answer.chat:
+            return chat_logprobs(tokens)
+        return completion_logprobs(tokens, self.server.output.chars(first))
 
     async def stream(self, request: web.Request, queue: asyncio.Queue[TokenEvent], include_usage: bool) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         tok = self.server.tokenizer
         answer = self.answer
+        plan = self.plan
+        plain, logprobs = plan.plain, plan.logprobs is not None
         finished = False
         while not finished:
             events = [await queue.get()]
@@ -73,14 +125,20 @@ class Generation:
                     out += encode_json(answer.chunk([answer.choice("", None, role=True)]))
                 self.n_out += 1
                 finished = ev.finished
-                out += encode_json(answer.chunk([answer.choice(tok.output_piece(ev.token_index), None)]))
+                i = ev.token_index
+                text = tok.output_piece(i) if plain else self._text(i, finished)
+                lp = self._logprobs(i, 1) if logprobs else None
+                out += encode_json(answer.chunk([answer.choice(text, None, logprobs=lp)]))
                 if finished:
                     break
             if finished:
                 self._observe()
                 # The timeline is complete only now: it rides on the stream's last chunk,
                 # the usage chunk when one was asked for, else the finish chunk.
-                last = answer.chunk([answer.choice("", self.finish_reason)], **({} if include_usage else {"inferlab_timeline": self.timeline()}))
+                last = answer.chunk(
+                    [answer.choice("", plan.finish_reason, stop_reason=plan.stop_reason)],
+                    **({} if include_usage else {"inferlab_timeline": self.timeline()}),
+                )
                 out += encode_json(last)
                 if include_usage:
                     out += encode_json(answer.chunk([], usage=self.usage(), inferlab_timeline=self.timeline()))
@@ -91,13 +149,27 @@ class Generation:
 
     async def whole(self, queue: asyncio.Queue[TokenEvent]) -> web.Response:
         tok = self.server.tokenizer
+        plan = self.plan
         pieces: list[str] = []
         while True:
             ev = await queue.get()
             self.n_out += 1
-            pieces.append(tok.output_piece(ev.token_index))
+            if plan.plain:
+                pieces.append(tok.output_piece(ev.token_index))
             if ev.finished:
                 break
         self._observe()
-        body = self.answer.body("".join(pieces), self.finish_reason, self.usage(), inferlab_timeline=self.timeline())
+        if plan.plain:
+            text = "".join(pieces)
+        else:
+            end = plan.text_chars if plan.text_chars is not None else self.server.output.chars(self.n_out)
+            text = self.server.output.text(0, end)
+        body = self.answer.body(
+            text,
+            plan.finish_reason,
+            self.usage(),
+            logprobs=self._logprobs(0, self.n_out) if plan.logprobs is not None else None,
+            stop_reason=plan.stop_reason,
+            inferlab_timeline=self.timeline(),
+        )
         return web.json_response(body)

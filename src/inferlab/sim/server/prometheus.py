@@ -1,18 +1,48 @@
-"""Prometheus text exposition for the simulated server, with vLLM's metric names so
-dashboards and tools made for vLLM read the simulator unchanged."""
+"""Prometheus text exposition for the simulated server, with vLLM's metric names, types
+and buckets, so dashboards and tools made for vLLM read the simulator unchanged."""
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
+from inferlab.sim.engine.engine import RequestTimeline
+
+#: vLLM's buckets (``vllm/v1/metrics/loggers.py``), in seconds or tokens.
+TTFT_BUCKETS_S = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+TOKEN_LATENCY_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)
+REQUEST_LATENCY_BUCKETS_S = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def buckets_1_2_5(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, … up to ``max_value`` (vLLM's token-count buckets)."""
+    out: list[int] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return out
+            out.append(m * scale)
+        scale *= 10
+
 
 class Histogram:
-    """Cumulative-bucket histogram in seconds (Prometheus semantics)."""
+    """Cumulative-bucket histogram (Prometheus semantics) of seconds or counts."""
 
-    def __init__(self, bounds_s: Sequence[float]) -> None:
-        self.bounds = list(bounds_s)
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = list(bounds)
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0.0
         self.count = 0
@@ -22,8 +52,8 @@ class Histogram:
         self.sum += value_s
         self.count += 1
 
-    def lines(self, name: str, labels: str) -> list[str]:
-        out = [f"# TYPE {name} histogram"]
+    def lines(self, name: str, labels: str, help_text: str) -> list[str]:
+        out = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
         cumulative = 0
         for bound, n in zip(self.bounds, self.counts, strict=False):
             cumulative += n
@@ -53,14 +83,77 @@ class EngineGauges(Protocol):
     def generation_tokens_total(self) -> int: ...
 
 
+class RequestHistograms:
+    """vLLM's histograms of finished requests, each observed once per request (the
+    inter-token latency once per token after the first), from the engine's timeline."""
+
+    def __init__(self, max_model_len: int) -> None:
+        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.e2e = Histogram(REQUEST_LATENCY_BUCKETS_S)
+        self.itl = Histogram(TOKEN_LATENCY_BUCKETS_S)
+        self.tpot = Histogram(TOKEN_LATENCY_BUCKETS_S)
+        self.queue = Histogram(REQUEST_LATENCY_BUCKETS_S)
+        self.prefill = Histogram(REQUEST_LATENCY_BUCKETS_S)
+        self.decode = Histogram(REQUEST_LATENCY_BUCKETS_S)
+        self.inference = Histogram(REQUEST_LATENCY_BUCKETS_S)
+        self.prompt_tokens = Histogram(buckets_1_2_5(max_model_len))
+        self.generation_tokens = Histogram(buckets_1_2_5(max_model_len))
+        self.max_tokens = Histogram(buckets_1_2_5(max_model_len))
+
+    def observe(self, tl: RequestTimeline, received_s: float, ready_s: float, max_tokens: int | None) -> None:
+        """A finished request: its timeline (with its token times), when the server
+        received it and when the engine could first schedule it (after the API's cost:
+        vLLM's queue time starts when its engine gets the request), all in seconds on the
+        engine's clock; the ``max_tokens`` it asked for, if any."""
+        if tl.first_token_s is None or tl.finished_s is None or tl.scheduled_s is None:
+            return
+        self.ttft.observe(tl.first_token_s - received_s)
+        self.e2e.observe(tl.finished_s - received_s)
+        times = tl.token_times_s
+        for before, after in itertools.pairwise(times):
+            self.itl.observe(after - before)
+        decode_s = tl.finished_s - tl.first_token_s
+        self.tpot.observe(decode_s / (tl.output_tokens - 1) if tl.output_tokens > 1 else 0.0)
+        self.queue.observe(max(0.0, tl.scheduled_s - ready_s))
+        self.prefill.observe(tl.first_token_s - tl.scheduled_s)
+        self.decode.observe(decode_s)
+        self.inference.observe(tl.finished_s - tl.scheduled_s)
+        self.prompt_tokens.observe(tl.prompt_tokens)
+        self.generation_tokens.observe(tl.output_tokens)
+        if max_tokens is not None:
+            self.max_tokens.observe(max_tokens)
+
+    def lines(self, labels: str) -> list[str]:
+        out: list[str] = []
+        for hist, name, help_text in (
+            (self.ttft, "vllm:time_to_first_token_seconds", "Time to first token, engine view."),
+            (self.e2e, "vllm:e2e_request_latency_seconds", "End-to-end latency, engine view."),
+            (self.itl, "vllm:inter_token_latency_seconds", "Inter-token latency."),
+            # vLLM's name for the same observations before 0.11 (hidden since 0.12)
+            (self.itl, "vllm:time_per_output_token_seconds", "Time per output token (older name of vllm:inter_token_latency_seconds)."),
+            (self.tpot, "vllm:request_time_per_output_token_seconds", "Per request: decode time over its output tokens after the first."),
+            (self.queue, "vllm:request_queue_time_seconds", "Time spent in the WAITING phase."),
+            (self.prefill, "vllm:request_prefill_time_seconds", "Time spent in the PREFILL phase."),
+            (self.decode, "vllm:request_decode_time_seconds", "Time spent in the DECODE phase."),
+            (self.inference, "vllm:request_inference_time_seconds", "Time spent in the RUNNING phase."),
+            (self.prompt_tokens, "vllm:request_prompt_tokens", "Prompt tokens per request."),
+            (self.generation_tokens, "vllm:request_generation_tokens", "Generated tokens per request."),
+            (self.max_tokens, "vllm:request_params_max_tokens", "The max_tokens request parameter."),
+        ):
+            out += hist.lines(name, labels, help_text)
+        return out
+
+
 def render_metrics(
     model: str,
     engine: EngineGauges,
-    ttft: Histogram,
-    e2e: Histogram,
+    requests: RequestHistograms,
+    iteration_tokens: Histogram,
     lag: Histogram,
     requests_ok: int,
 ) -> str:
+    """The ``/metrics`` page: the engine's gauges and counters, the request histograms,
+    the tokens per engine step, and inferlab's own lag of the engine loop."""
     labels = f'model_name="{model}"'
     lines: list[str] = []
 
@@ -79,10 +172,10 @@ def render_metrics(
     metric("vllm:prompt_tokens_total", "counter", engine.prompt_tokens_total, "Prefill tokens processed.")
     metric("vllm:generation_tokens_total", "counter", engine.generation_tokens_total, "Tokens generated.")
     metric("vllm:request_success_total", "counter", requests_ok, "Requests finished.")
-    lines.append("# HELP vllm:time_to_first_token_seconds Time to first token, engine view.")
-    lines += ttft.lines("vllm:time_to_first_token_seconds", labels)
-    lines.append("# HELP vllm:e2e_request_latency_seconds End-to-end latency, engine view.")
-    lines += e2e.lines("vllm:e2e_request_latency_seconds", labels)
-    lines.append("# HELP inferlab:token_emit_lag_seconds How late each step's tokens left the engine loop, wall time versus simulated time.")
-    lines += lag.lines("inferlab:token_emit_lag_seconds", labels)
+    lines += requests.lines(labels)
+    lines += iteration_tokens.lines("vllm:iteration_tokens_total", labels, "Tokens per engine step.")
+    lines += lag.lines(
+        "inferlab:token_emit_lag_seconds", labels,
+        "How late each step's tokens left the engine loop, wall time versus simulated time.",
+    )
     return "\n".join(lines) + "\n"

@@ -1,0 +1,400 @@
+"""The simulated server as strict as vLLM, over real loopback HTTP: what it refuses (with
+vLLM's messages, in OpenAI's error format, never a 5xx), stop strings and stop token ids,
+logprobs, ``/tokenize``'s flags, ``/version`` and ``/ping``, and vLLM's request
+histograms in ``/metrics``.
+
+Every assertion is about content, counts or statuses; none is about how long anything
+took on the wall clock.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import math
+import socket
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+from aiohttp.http_exceptions import TransferEncodingError
+from simserver import MODEL
+from test_sim_server import metric, parse_prometheus, scrape, sse_events, words
+
+from inferlab.openai.errors import APIError
+from inferlab.sim.server.app import _json_body
+from inferlab.sim.server.launch import EmbeddedServer
+from inferlab.sim.server.output import OutputText
+from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
+
+SOCKET_TIMEOUT_S = 10.0
+CHAT = [{"role": "user", "content": "Say something about retrieval."}]
+OUTPUT = OutputText(BuiltinTokenizer())
+
+
+def check_error(r: httpx.Response, status: int, message: str | None = None, param: str | None = None) -> dict[str, Any]:
+    """``r`` is an OpenAI error body with ``status``; its message starts with ``message``."""
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    err: dict[str, Any] = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+    assert isinstance(err["message"], str) and err["message"]
+    if message is not None:
+        assert err["message"].startswith(message), err["message"]
+    if param is not None:
+        assert err["param"] == param
+    return err
+
+
+# --- what vLLM refuses ---------------------------------------------------------------
+
+REFUSED = [
+    # (route, fields added to a valid request, message, param)
+    ("chat", {"n": 2}, "n must be 1: the simulated server answers with one choice, got 2.", "n"),
+    ("completions", {"n": 0}, "n must be at least 1, got 0.", "n"),
+    ("chat", {"temperature": -1}, "temperature must be non-negative, got -1.", "temperature"),
+    ("completions", {"temperature": "warm"}, "temperature: Input should be a valid number", "temperature"),
+    ("chat", {"top_p": 0}, "top_p must be in (0, 1], got 0.", "top_p"),
+    ("completions", {"top_p": 1.01}, "top_p must be in (0, 1], got 1.01.", "top_p"),
+    ("chat", {"seed": 1.5}, "seed: Input should be a valid integer", "seed"),
+    ("completions", {"seed": "7"}, "seed: Input should be a valid integer", "seed"),
+    ("chat", {"min_tokens": -1}, "min_tokens must be greater than or equal to 0, got -1.", "min_tokens"),
+    ("completions", {"max_tokens": 3, "min_tokens": 4}, "min_tokens must be less than or equal to max_tokens=3, got 4.", "min_tokens"),
+    ("chat", {"max_tokens": 0}, "max_tokens must be at least 1, got 0.", "max_tokens"),
+    ("chat", {"ignore_eos": "yes"}, "ignore_eos: Input should be a valid boolean", "ignore_eos"),
+    ("chat", {"top_k": "5"}, "top_k: Input should be a valid integer", "top_k"),
+    ("chat", {"presence_penalty": 9}, "presence_penalty must be in [-2, 2], got 9.", "presence_penalty"),
+    ("chat", {"stop": ""}, "stop cannot contain an empty string.", "stop"),
+    ("completions", {"stop": [1]}, "stop: Input should be a valid string or a list of strings", "stop"),
+    ("chat", {"top_logprobs": 2}, "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "Requested sample logprobs of 21, which is greater than max allowed: 20", "top_logprobs"),
+    ("completions", {"logprobs": True}, "`logprobs` must be an integer.", "logprobs"),
+    ("completions", {"prompt_logprobs": 1}, "prompt_logprobs is not supported by the simulated server.", "prompt_logprobs"),
+    ("chat", {"stream_options": {"include_usage": True}}, "Stream options can only be defined when `stream=True`.", "stream_options"),
+    ("chat", {"add_generation_prompt": True, "continue_final_message": True}, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.", None),
+    ("chat", {"add_generation_prompt": False, "continue_final_message": True}, "continue_final_message is not supported", "continue_final_message"),
+    ("chat", {"add_special_tokens": 1}, "add_special_tokens: Input should be a valid boolean", "add_special_tokens"),
+    ("chat", {"model": 7}, "model: Input should be a valid string", "model"),
+    ("chat", {"messages": []}, "'messages' must be a non-empty list of message objects", "messages"),
+    ("chat", {"messages": [{}]}, "unknown message role None", "messages[0].role"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text: Input should be a valid string", "messages[0].content"),
+    ("completions", {"prompt": ""}, "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"),
+]
+
+
+def valid(route: str, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 4}
+    body.update({"messages": CHAT} if route == "chat" else {"prompt": words(12, seed=30)})
+    body.update(fields)
+    return body
+
+
+PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+@pytest.mark.parametrize(("route", "fields", "message", "param"), REFUSED)
+def test_refused_as_vllm_refuses(http: httpx.Client, route: str, fields: dict[str, Any], message: str, param: str | None) -> None:
+    check_error(http.post(PATH[route], json=valid(route, **fields)), 400, message, param)
+
+
+@pytest.mark.parametrize("model", [None, "", MODEL])
+def test_no_model_named_means_the_served_one(http: httpx.Client, model: str | None) -> None:
+    assert http.post(PATH["completions"], json=valid("completions", model=model)).status_code == 200
+    assert http.post("/tokenize", json={"model": model, "prompt": "hi"}).status_code == 200
+
+
+def test_what_vllm_accepts_is_accepted(http: httpx.Client) -> None:
+    fields = {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 50, "min_p": 0.05, "seed": 123, "n": 1,
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
+        "stop": [], "stop_token_ids": [], "logprobs": False, "stream_options": {}, "user": "u",
+    }
+    r = http.post(PATH["chat"], json=valid("chat", **fields))
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 4
+
+
+# --- no 5xx for what a client sends ------------------------------------------------
+
+
+def test_lone_surrogate_is_a_400(http: httpx.Client) -> None:
+    raw = b'{"prompt": "\\ud800"}'
+    for path in ("/tokenize", "/v1/completions"):
+        r = http.post(path, content=raw, headers={"Content-Type": "application/json"})
+        check_error(r, 400, "request body holds text that is not valid Unicode")
+
+
+def test_huge_nesting_is_a_400(http: httpx.Client) -> None:
+    r = http.post(PATH["chat"], content=b"[" * 100_000, headers={"Content-Type": "application/json"})
+    check_error(r, 400, "request body is not valid JSON: it is nested too deeply")
+
+
+def test_unknown_charset_is_a_400(http: httpx.Client) -> None:
+    r = http.post(PATH["chat"], content=b"{}", headers={"Content-Type": "application/json; charset=no-such"})
+    check_error(r, 400, "unsupported charset 'no-such'")
+
+
+def test_the_body_is_read_as_sent_whatever_its_content_encoding(http: httpx.Client) -> None:
+    """As vLLM's server: a plain body labelled gzip is read as it is; a gzipped one is not
+    JSON. Neither is a 500."""
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    plain = json.dumps(valid("chat")).encode()
+    assert http.post(PATH["chat"], content=plain, headers=headers).status_code == 200
+    check_error(http.post(PATH["chat"], content=gzip.compress(plain), headers=headers), 400, "request body is not valid JSON")
+
+
+def raw_exchange(server: EmbeddedServer, data: bytes) -> bytes:
+    """Send ``data`` on a fresh connection; read all that comes back until the server
+    closes it (it does after an error)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=SOCKET_TIMEOUT_S) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+BROKEN_FRAMING = [
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    b"NOT-HTTP\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("data", BROKEN_FRAMING)
+def test_broken_framing_is_a_400_without_a_traceback(
+    server: EmbeddedServer, data: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiohttp")
+    answer = raw_exchange(server, data)
+    assert answer.startswith((b"HTTP/1.0 400", b"HTTP/1.1 400")), answer[:200]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert any("Error handling request" in r.getMessage() for r in caplog.records)
+
+
+def test_a_body_cut_short_mid_chunk_is_not_a_500(server: EmbeddedServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="aiohttp")
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    answer = raw_exchange(server, head + b"5\r\n{\"pro\r\nzz\r\n")
+    assert answer.startswith((b"HTTP/1.0 4", b"HTTP/1.1 4")), answer[:200]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+class _BrokenBody:
+    """A request whose body reading fails as aiohttp fails it."""
+
+    charset = None
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def read(self) -> bytes:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        TransferEncodingError("Not enough data to satisfy transfer length header."),  # pure-Python parser
+        web.RequestPayloadError("Response payload is not completed"),  # C parser
+    ],
+)
+async def test_a_body_that_cannot_be_read_is_a_400(error: Exception) -> None:
+    # (over a socket, aiohttp's C parser reports a chunk broken mid-body to no handler:
+    # the request waits until the client closes; its pure-Python parser raises this)
+    with pytest.raises(APIError) as e:
+        await _json_body(_BrokenBody(error))  # type: ignore[arg-type]
+    assert e.value.status == 400 and e.value.message.startswith("the request body could not be read")
+
+
+# --- stop strings and stop token ids ---------------------------------------------------
+
+
+def test_stop_string_ends_the_answer_before_it(http: httpx.Client) -> None:
+    full = OUTPUT.text(0, 5000)
+    stop = " passages"
+    at = full.index(stop)
+    expected = OUTPUT.stop([stop], [], 0)
+    assert expected is not None
+    body = valid("completions", max_tokens=500, ignore_eos=True, stop=[" nowhere at all", stop])
+    r = http.post(PATH["completions"], json=body).json()
+    choice = r["choices"][0]
+    assert choice["text"] == full[:at]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
+    assert r["usage"]["completion_tokens"] == expected.tokens  # what the engine generated
+
+
+def test_stop_string_in_a_stream_never_shows_and_matches_the_whole_answer(http: httpx.Client) -> None:
+    stop = "prefill"
+    body = valid("chat", max_tokens=1000, ignore_eos=True, stop=stop, stream=True, stream_options={"include_usage": True})
+    with http.stream("POST", PATH["chat"], json=body) as r:
+        chunks = [json.loads(p) for p in sse_events(b"".join(r.iter_raw()).decode())[:-1]]
+    deltas = [c["choices"][0]["delta"]["content"] for c in chunks if c["choices"] and "delta" in c["choices"][0]]
+    text = "".join(deltas)
+    assert stop not in text and all(stop not in d for d in deltas)
+    whole = http.post(PATH["chat"], json={**body, "stream": False, "stream_options": None}).json()
+    assert text == whole["choices"][0]["message"]["content"] == OUTPUT.text(0, OUTPUT.text(0, 10_000).index(stop))
+    finish = chunks[-2]["choices"][0]
+    assert finish["finish_reason"] == "stop" and finish["stop_reason"] == stop
+    expected = OUTPUT.stop([stop], [], 0)
+    assert expected is not None
+    # one delta per token, between the role chunk and the finish chunk
+    assert chunks[-1]["usage"]["completion_tokens"] == expected.tokens == len(deltas) - 2
+
+
+def test_min_tokens_defers_a_stop_string(http: httpx.Client) -> None:
+    early = OUTPUT.stop(["."], [], 0)
+    assert early is not None
+    body = valid("completions", max_tokens=300, min_tokens=early.tokens, stop=".")
+    r = http.post(PATH["completions"], json=body).json()
+    late = OUTPUT.stop(["."], [], early.tokens)
+    assert late is not None and r["usage"]["completion_tokens"] == late.tokens > early.tokens
+    assert r["choices"][0]["text"] == OUTPUT.text(0, late.text_chars)
+
+
+def test_a_stop_past_max_tokens_does_not_stop(http: httpx.Client) -> None:
+    body = valid("completions", max_tokens=3, ignore_eos=True, stop=["learned"])
+    r = http.post(PATH["completions"], json=body).json()
+    assert r["choices"][0]["finish_reason"] == "length" and "stop_reason" not in r["choices"][0]
+    assert r["choices"][0]["text"] == OUTPUT.text(0, OUTPUT.chars(3))
+
+
+def test_stop_token_id_ends_the_answer_without_its_text(http: httpx.Client) -> None:
+    token = BuiltinTokenizer().output_token(6)
+    expected = OUTPUT.stop([], [token], 0)
+    assert expected is not None and expected.tokens <= 7
+    r = http.post(PATH["completions"], json=valid("completions", max_tokens=50, ignore_eos=True, stop_token_ids=[token])).json()
+    assert r["choices"][0]["finish_reason"] == "stop" and r["choices"][0]["stop_reason"] == token
+    assert r["usage"]["completion_tokens"] == expected.tokens
+    assert r["choices"][0]["text"] == OUTPUT.text(0, OUTPUT.chars(expected.tokens - 1))
+
+
+# --- logprobs ------------------------------------------------------------------------
+
+
+def test_chat_logprobs_streamed_and_whole_agree(http: httpx.Client) -> None:
+    body = valid("chat", max_tokens=5, ignore_eos=True, logprobs=True, top_logprobs=3)
+    whole = http.post(PATH["chat"], json=body).json()["choices"][0]
+    content = whole["logprobs"]["content"]
+    assert [c["token"] for c in content] == [OUTPUT.pieces[i] for i in range(5)]
+    assert "".join(c["token"] for c in content) == whole["message"]["content"]
+    for c in content:
+        assert c["bytes"] == list(c["token"].encode()) and c["logprob"] < 0
+        assert len(c["top_logprobs"]) == 3 and c["top_logprobs"][0]["token"] == c["token"]
+        assert sum(math.exp(t["logprob"]) for t in c["top_logprobs"]) <= 1
+    with http.stream("POST", PATH["chat"], json={**body, "stream": True}) as r:
+        chunks = [json.loads(p) for p in sse_events(b"".join(r.iter_raw()).decode())[:-1]]
+    streamed = [e for c in chunks if c["choices"] and c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
+    assert streamed == content
+
+
+def test_completion_logprobs_are_the_legacy_format(http: httpx.Client) -> None:
+    r = http.post(PATH["completions"], json=valid("completions", max_tokens=4, ignore_eos=True, logprobs=2)).json()
+    lp = r["choices"][0]["logprobs"]
+    assert lp["tokens"] == [OUTPUT.pieces[i] for i in range(4)]
+    assert lp["text_offset"] == [OUTPUT.chars(i) for i in range(4)]
+    assert len(lp["token_logprobs"]) == 4 and all(x < 0 for x in lp["token_logprobs"])
+    assert all(len(top) == 2 and top[t] == x for top, t, x in zip(lp["top_logprobs"], lp["tokens"], lp["token_logprobs"], strict=True))
+
+
+def test_no_logprobs_unless_asked(http: httpx.Client) -> None:
+    r = http.post(PATH["completions"], json=valid("completions", max_tokens=2)).json()
+    assert r["choices"][0]["logprobs"] is None
+
+
+# --- /tokenize, /version, /ping ----------------------------------------------------------
+
+
+def test_tokenize_honours_add_generation_prompt(http: httpx.Client) -> None:
+    default = http.post("/tokenize", json={"messages": CHAT}).json()
+    with_prompt = http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": True}).json()
+    without = http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": False}).json()
+    assert default == with_prompt
+    assert without["tokens"] == with_prompt["tokens"][: without["count"]] and without["count"] < with_prompt["count"]
+    text = http.post("/detokenize", json={"tokens": without["tokens"]}).json()["prompt"]
+    assert text == f"<|im_start|>user\n{CHAT[0]['content']}<|im_end|>\n"
+    # the chat API's prompt follows the same flag
+    usage = http.post(PATH["chat"], json=valid("chat", max_tokens=1, add_generation_prompt=False)).json()["usage"]
+    assert usage["prompt_tokens"] == without["count"]
+
+
+def test_tokenize_checks_add_special_tokens(http: httpx.Client) -> None:
+    plain = http.post("/tokenize", json={"prompt": "hello world"}).json()
+    for flag in (True, False):
+        assert http.post("/tokenize", json={"prompt": "hello world", "add_special_tokens": flag}).json() == plain
+    check_error(http.post("/tokenize", json={"prompt": "x", "add_special_tokens": "no"}), 400, "add_special_tokens: Input should be a valid boolean")
+    check_error(http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": 0}), 400, "add_generation_prompt: Input should be a valid boolean")
+
+
+def test_version_and_ping(http: httpx.Client) -> None:
+    version = http.get("/version").json()
+    assert list(version) == ["version"] and isinstance(version["version"], str) and version["version"]
+    assert http.get("/ping").status_code == 200
+    assert http.post("/ping").status_code == 200
+
+
+# --- /metrics ------------------------------------------------------------------------
+
+NEW_HISTOGRAMS = [
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:request_params_max_tokens",
+    "vllm:iteration_tokens_total",
+]
+
+
+def test_metrics_have_vllms_request_histograms(http: httpx.Client) -> None:
+    before = scrape(http)
+    prompt_tokens, out_tokens = 23, 7
+    body = {"model": MODEL, "prompt": words(prompt_tokens, seed=31), "max_tokens": out_tokens, "ignore_eos": True}
+    assert http.post(PATH["completions"], json=body).status_code == 200
+    text = http.get("/metrics").text
+    after = parse_prometheus(text)
+    for name in NEW_HISTOGRAMS:
+        assert f"# TYPE {name} histogram" in text
+
+    def delta(name: str) -> float:
+        return metric(after, name) - metric(before, name)
+
+    assert delta("vllm:inter_token_latency_seconds_count") == out_tokens - 1
+    assert delta("vllm:time_per_output_token_seconds_count") == out_tokens - 1
+    assert delta("vllm:inter_token_latency_seconds_sum") > 0
+    for name in ("request_time_per_output_token", "request_queue_time", "request_prefill_time",
+                 "request_decode_time", "request_inference_time"):
+        assert delta(f"vllm:{name}_seconds_count") == 1
+    assert delta("vllm:request_prefill_time_seconds_sum") > 0
+    assert delta("vllm:request_decode_time_seconds_sum") > 0
+    assert delta("vllm:request_prompt_tokens_sum") == prompt_tokens
+    assert delta("vllm:request_generation_tokens_sum") == out_tokens
+    assert delta("vllm:request_params_max_tokens_sum") == out_tokens
+    assert delta("vllm:iteration_tokens_total_sum") == prompt_tokens + out_tokens  # computed + emitted
+    # decode time spreads over the tokens after the first (vLLM's per-request TPOT)
+    tpot = delta("vllm:request_time_per_output_token_seconds_sum")
+    assert tpot == pytest.approx(delta("vllm:request_decode_time_seconds_sum") / (out_tokens - 1))
+
+
+def test_metric_buckets_are_vllms(http: httpx.Client) -> None:
+    samples = scrape(http)
+
+    def bounds(name: str) -> list[str]:
+        return [dict(lbl)["le"] for (n, lbl) in samples if n == f"{name}_bucket"]
+
+    assert bounds("vllm:inter_token_latency_seconds") == [
+        "0.01", "0.025", "0.05", "0.075", "0.1", "0.15", "0.2", "0.3", "0.4", "0.5", "0.75", "1", "2.5",
+        "5", "7.5", "10", "20", "40", "80", "+Inf",
+    ]
+    assert bounds("vllm:request_queue_time_seconds")[-3:] == ["1920", "7680", "+Inf"]
+    assert bounds("vllm:time_to_first_token_seconds")[-4:] == ["160", "640", "2560", "+Inf"]
+    assert bounds("vllm:request_prompt_tokens") == ["1", "2", "5", "10", "20", "50", "100", "200", "500", "1000", "2000", "+Inf"]
+    assert bounds("vllm:iteration_tokens_total")[-2:] == ["16384", "+Inf"]
