@@ -4,6 +4,7 @@ lengths it replays."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,3 +70,26 @@ async def test_a_replay_sends_the_lengths_it_replays_template_included(sim: Embe
     for api in ("chat", "completions"):
         sim_run = await run(RunConfig(LoadConfig(Replay()), WorkloadConfig(trace=trace), api), SimTarget())
         assert sorted(r.input_tokens for r in sim_run.records if r.input_tokens) == recorded
+
+
+def test_a_run_against_the_simulated_server_records_its_engine_and_a_replay_runs_it(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    engine = EngineConfig(model="Llama-3.1-8B", gpu="L40S", max_model_len=4096, max_num_batched_tokens=4096, enforce_eager=True)
+    with EmbeddedServer(ServerConfig(engine)) as server:
+        asyncio.run(bench_async(config(None, tmp_path / "run"), server.url))
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]["engine"]
+    assert (recorded["model"], recorded["gpu_preset"], recorded["max_num_batched_tokens"]) == ("Llama-3.1-8B", "L40S-48GB", 4096)
+    assert recorded["enforce_eager"] is True and recorded["max_num_seqs"] == 256  # resolved, not left to defaults
+
+    trace = str(tmp_path / "run" / "requests.jsonl")
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", trace, "--json"])
+    assert res.exit_code == 0, res.output
+    ran = json.loads(res.stdout)["config"]["engine"]
+    assert {k: ran[k] for k in ("model", "gpu_preset", "max_model_len", "max_num_batched_tokens", "enforce_eager")} == {
+        "model": "Llama-3.1-8B", "gpu_preset": "L40S-48GB", "max_model_len": 4096, "max_num_batched_tokens": 4096,
+        "enforce_eager": True}
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", trace, "--json", "--no-enforce-eager"])
+    assert json.loads(res.stdout)["config"]["engine"]["enforce_eager"] is False  # a flag given here wins

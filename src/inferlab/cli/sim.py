@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -14,6 +16,7 @@ from rich.table import Table
 
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab.cli.common import (
+    given,
     install_stop_signals,
     load_config,
     load_options,
@@ -173,10 +176,45 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
     click.echo(f"inferlab: simulating the trace's model, {traced}", err=True)
 
 
+#: Recorded engine settings a replay does not take: whether it runs offline follows its
+#: own schedule, and the GPU is taken as the preset it resolved to.
+_NOT_REPLAYED = frozenset({"offline", "gpu", "gpu_preset"})
+
+
+def _engine_from_trace_run(kw: dict[str, Any]) -> None:
+    """Replaying a run's ``requests.jsonl``: the engine that run simulated, from the
+    ``config.json`` beside it (a ``sim run``'s ``engine``, or a ``bench`` against the
+    simulated server's ``resolved.engine``), for every engine flag not given here; say
+    so. Nothing for other traces, or runs against other servers."""
+    trace = kw.get("trace")
+    if not trace:
+        return
+    path = Path(trace).parent / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    engine = config.get("engine") if config.get("command") == "sim run" else (config.get("resolved") or {}).get("engine")
+    if not isinstance(engine, dict):
+        return
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_REPLAYED
+    taken = [name for name in sorted(fields & set(engine)) if not given(name)]
+    for name in taken:
+        kw[name] = engine[name]
+    if "gpu_preset" in engine and not given("gpu"):
+        kw["gpu"] = engine["gpu_preset"]
+    click.echo(
+        f"inferlab: replaying on the engine the run simulated ({engine.get('model')} on "
+        f"{engine.get('gpu_preset', engine.get('gpu'))}, every size as it ran; from {path}; flags given here win)",
+        err=True,
+    )
+
+
 def _sim_run(kw: dict[str, Any]) -> int:
     from inferlab.load.run import RunConfig, SimTarget, run
 
     _model_from_trace(kw)
+    _engine_from_trace_run(kw)
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"])
 

@@ -13,6 +13,7 @@ flags into these configs and renders what ``run`` returns; ``BenchConfig`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import os
@@ -293,7 +294,12 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
     workers = target.workers if target.workers is not None else auto_workers(config.load)
     if workers < 1:
         raise UsageError("--workers must be at least 1")
-    resolved = {"url": base, "model": model, "prompt_salt": salt, "workers": workers}
+    resolved = {
+        "url": base, "model": model, "prompt_salt": salt, "workers": workers,
+        # the simulated server says which engine it ran (a replay can run the same one);
+        # other servers: null
+        "engine": await _simulated_engine(base, endpoint.request_headers()),
+    }
     config_json = {**http_config_json(config, target), "resolved": resolved}
 
     async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> Outcome:
@@ -307,6 +313,24 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         return await run_http(endpoint, policy, clock, warm_connections=warm, on_record=on_record, stop=stop)
 
     return _Prepared(builder, config_json, execute, wcfg, template_tokens, preflight=pre, url=base)
+
+
+async def _simulated_engine(base: str, headers: dict[str, str]) -> dict[str, Any] | None:
+    """The engine configuration a simulated server reports (``sim serve``'s
+    ``/inferlab/engine``); ``None`` from any other server. Best effort, never raises."""
+    import aiohttp
+
+    from inferlab.sim.server.app import ENGINE_ROUTE
+
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+        async with aiohttp.ClientSession() as session, session.get(
+            base.removesuffix("/v1") + ENGINE_ROUTE, headers=headers, timeout=aiohttp.ClientTimeout(total=5)
+        ) as resp:
+            if resp.status == 200:
+                data = await resp.json(content_type=None)
+                if isinstance(data, dict):
+                    return data
+    return None
 
 
 def _parallelism(load: LoadConfig) -> int:

@@ -12,8 +12,10 @@ received it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import itertools
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -53,6 +55,9 @@ from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
 #: How far the engine may run behind the wall clock before it skips ahead (an overloaded
 #: host): beyond this, simulated time is pulled forward and the lag shows in /metrics.
 _MAX_CATCH_UP_S = 0.05
+
+#: Where the simulated server says which engine it simulates (not an OpenAI route).
+ENGINE_ROUTE = "/inferlab/engine"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -174,6 +179,7 @@ class SimServer:
             web.get("/ping", self.health),
             web.post("/ping", self.health),
             web.get("/version", self.version),
+            web.get(ENGINE_ROUTE, self.engine_config),
             web.get("/metrics", self.metrics),
             web.post("/tokenize", self.tokenize),
             web.post("/detokenize", self.detokenize),
@@ -191,6 +197,14 @@ class SimServer:
     # -- plain routes ---------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
+
+    async def engine_config(self, request: web.Request) -> web.Response:
+        """The engine this server simulates, every size resolved (``EngineConfig``'s
+        fields, as ``sim run`` records them, plus the GPU preset a free-text name ran
+        as): a run against this server records it, so a replay can run the same engine."""
+        engine = self.engine
+        config = {**dataclasses.asdict(engine.config), "gpu_preset": engine.gpu.name}
+        return web.json_response(json.loads(json.dumps(config, default=str)))
 
     async def version(self, request: web.Request) -> web.Response:
         """vLLM's ``/version``, with inferlab's version: the server is not vLLM."""
