@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from inferlab._clock import NS_PER_S, Clock
 from inferlab._errors import InferlabError
+from inferlab.load.monitor import LoopMonitor, ProcessLoad
 from inferlab.load.policy import Answer, Policy, Send
 from inferlab.results.records import RequestRecord
 
@@ -45,6 +46,8 @@ class Outcome:
     interrupted: bool = False
     cause: InferlabError | None = None
     t0_ns: int = 0
+    # each sending process's loop lag and CPU (``load.monitor``); empty in virtual time
+    client: list[ProcessLoad] = field(default_factory=list)
 
 
 class Launcher(Protocol):
@@ -76,7 +79,12 @@ async def run_http(
         result.t0_ns = clock.now_ns()
         dispatcher = Dispatcher(policy, clock, result, on_record)
         launcher = _Tasks(Client(endpoint, clock, session, result.t0_ns), dispatcher)
-        await dispatch(dispatcher, launcher, stop)
+        monitor = LoopMonitor(clock)
+        monitor.start()
+        try:
+            await dispatch(dispatcher, launcher, stop)
+        finally:
+            result.client.append(await monitor.stop())
     return result
 
 

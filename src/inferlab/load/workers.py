@@ -12,7 +12,8 @@ length-prefixed pickle per message:
 - parent → worker: ``("t0", t0_ns)`` once, then ``("send", index, spec, record, text)``
   per request, ``("stop",)`` to cancel what is in flight and finish;
 - worker → parent: ``("ready",)`` once its connections are warm, ``("done", index,
-  record, text)`` per request, ``("stopped",)``.
+  record, text)`` per request, ``("stopped", load)`` with its loop lag and CPU
+  (``load.monitor``).
 
 Times are on the machine's monotonic clock, shared by the processes, relative to the
 parent's ``t0``. Workers ignore Ctrl-C (the terminal sends it to every process of the
@@ -44,6 +45,7 @@ from inferlab.load.http import (
     dispatch,
     warm_up,
 )
+from inferlab.load.monitor import LoopMonitor, ProcessLoad
 from inferlab.load.policy import Policy, Send
 from inferlab.results.records import RequestRecord
 
@@ -95,16 +97,23 @@ async def run_workers(
         procs = [context.Process(target=_worker_main, args=(path, endpoint, warm_each), daemon=True) for _ in range(workers)]
         for p in procs:
             p.start()
+        result = Outcome()
         try:
             await pool.wait_ready(procs)
-            result = Outcome(t0_ns=clock.now_ns())
+            result.t0_ns = clock.now_ns()
             for conn in pool.conns:
                 _write(conn.writer, ("t0", result.t0_ns))
             dispatcher = Dispatcher(policy, clock, result, on_record)
             pool.dispatcher = dispatcher
-            await dispatch(dispatcher, pool, stop)
+            monitor = LoopMonitor(clock)  # (the parent's own: it dispatches every send)
+            monitor.start()
+            try:
+                await dispatch(dispatcher, pool, stop)
+            finally:
+                result.client.append(await monitor.stop())
         finally:
             await pool.close()
+            result.client += pool.loads
             server.close()
             for p in procs:
                 p.join(timeout=STOP_TIMEOUT_S)
@@ -131,6 +140,7 @@ class _Pool:
         self.size = size
         self.conns: list[_Conn] = []
         self.dispatcher: Dispatcher | None = None
+        self.loads: list[ProcessLoad] = []  # each worker's, as it stopped
         self._all_ready = asyncio.Event()
         self._readers: list[asyncio.Task[None]] = []
 
@@ -181,6 +191,7 @@ class _Pool:
                 else:
                     self.dispatcher.finished(send, record, text)
             elif msg[0] == "stopped":
+                self.loads.append(msg[1])
                 break
         conn.stopped.set()
         if conn.pending and self.dispatcher is not None and not self._stopping:
@@ -232,6 +243,8 @@ async def _worker(path: str, endpoint: Endpoint, warm: int) -> None:
         if first is None:
             return
         client = Client(endpoint, clock, session, first[1])
+        monitor = LoopMonitor(clock)
+        monitor.start()
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(index: int, spec: Any, record: RequestRecord, want_text: bool) -> None:
@@ -252,6 +265,6 @@ async def _worker(path: str, endpoint: Endpoint, warm: int) -> None:
         for task in list(tasks):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        _write(writer, ("stopped",))
+        _write(writer, ("stopped", await monitor.stop()))
         await writer.drain()
         writer.close()
