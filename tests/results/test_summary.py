@@ -10,6 +10,7 @@ import pytest
 from record_factory import MS, rec
 
 from inferlab.results.metrics import SLO
+from inferlab.results.clientload import ProcessLoad, client_load
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.summary import (
     OMITTED,
@@ -126,6 +127,7 @@ def _full_summary() -> Summary:
     extras = SummaryExtras(
         trace_comparison=trace, prompt_overhead_tokens=None, input_length_source="exact (server /tokenize)",
         preflight={"accepts_exact_output": True, "warnings": []}, warnings_first=("first",), warnings_last=("last",),
+        client=client_load([ProcessLoad("client", [0.25, 0.5, 4.0], 0.5, 1.0, [(4.0, 0.5)])]),
     )
     return summarize(records, config={"load": {"schedule": {"kind": "OpenLoop"}}}, slo=SLO(ttft_ms=15), extras=extras)
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from inferlab._clock import NS_PER_S, Clock
+from inferlab.results.clientload import ClientLoad
 from inferlab.results.metrics import Distribution
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.summary import OMITTED, Summary
@@ -75,6 +76,17 @@ def _cached(n: int | None) -> str:
     return f"{n:,} cached in"
 
 
+def _client_line(load: ClientLoad) -> str:
+    """One line on the client's own load: its processes, the busiest's CPU and loop lag."""
+    n = len(load.processes)
+    hot = load.busiest
+    lag = hot.loop_lag_ms
+    who = "1 process" if n == 1 else f"{n} processes, busiest {hot.role}"
+    verdict = "[yellow]likely the bottleneck[/yellow]" if load.bottleneck else "kept up"
+    lags = "" if lag is None else f", loop lag p50 {_fmt(lag.p50, 2)} / p99 {_fmt(lag.p99, 2)} ms"
+    return f"{verdict} ({who}: CPU {hot.cpu_share:.0%} of a core{lags})"
+
+
 def render_summary(console: Console, s: Summary, title: str) -> None:
     c = s.counts
     table = Table(title=title, title_justify="left", header_style="bold")
@@ -119,6 +131,8 @@ def render_summary(console: Console, s: Summary, title: str) -> None:
             "client vs server TTFT",
             f"+{_fmt(err.p50, 2)} ms p50, +{_fmt(err.p99, 2)} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms)",
         ))
+    if isinstance(s.client, ClientLoad):
+        rows.append(("client", _client_line(s.client)))
     trace = s.trace_comparison if isinstance(s.trace_comparison, dict) else {}
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
         t = trace.get(key)

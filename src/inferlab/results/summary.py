@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferlab.results.clientload import ClientLoad
 from inferlab.results.metrics import (
     NS_PER_S,
     SLO,
@@ -157,6 +158,9 @@ class Summary:
     preflight: dict[str, Any] | Omitted | None = field(
         default=OMITTED, metadata=_doc("runs against a server only: what the probe before the run learned (null: no probe)")
     )
+    client: ClientLoad | Omitted | None = field(
+        default=OMITTED, metadata=_doc("runs against a server only: was the client the bottleneck? bottleneck (true: it likely inflated the latencies; a warning says by how much), inflation_ms (the busiest process's event-loop lag, p50 and p99: about what it added to each latency), processes (each sending process: role, cpu_share of one core, loop_lag_ms, timeline: [largest loop lag ms, CPU share] per second)")
+    )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object (omitted keys left out), in field order."""
@@ -209,6 +213,7 @@ class Summary:
             prompt_overhead_tokens=d.get("prompt_overhead_tokens", OMITTED),
             input_length_source=d.get("input_length_source", OMITTED),
             preflight=d.get("preflight", OMITTED),
+            client=_client(d.get("client", OMITTED)),
         )
 
 
@@ -237,6 +242,10 @@ def _dist(d: Mapping[str, float] | None) -> Distribution | None:
     return None if d is None else Distribution.from_json(d)
 
 
+def _client(d: Mapping[str, Any] | Omitted | None) -> ClientLoad | Omitted | None:
+    return d if d is None or d is OMITTED else ClientLoad.from_json(d)
+
+
 @dataclass(frozen=True)
 class SummaryExtras:
     """What a run knows beyond its records: a replayed trace's comparison, what the
@@ -247,6 +256,7 @@ class SummaryExtras:
     prompt_overhead_tokens: int | Omitted | None = OMITTED
     input_length_source: str | Omitted = OMITTED
     preflight: dict[str, Any] | Omitted | None = OMITTED
+    client: ClientLoad | Omitted | None = OMITTED
     warnings_first: tuple[str, ...] = ()
     warnings_last: tuple[str, ...] = ()
 
@@ -328,6 +338,7 @@ def summarize(
         prompt_overhead_tokens=extras.prompt_overhead_tokens,
         input_length_source=extras.input_length_source,
         preflight=extras.preflight,
+        client=extras.client,
     )
 
 
