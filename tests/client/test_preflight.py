@@ -122,4 +122,4 @@ async def test_against_the_sim_template_overhead_and_exact_lengths() -> None:
     assert s.input_length_source == EXACT_SERVER
     assert [r.input_tokens for r in result.records] == [100 + expected] * 4
     # no warning about lengths or the template (client timing depends on the machine's load)
-    assert [w for w in s.warnings if "fell behind" not in w] == []
+    assert [w for w in s.warnings if "fell behind" not in w and "client was likely the bottleneck" not in w] == []

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from record_factory import MS, rec
 
-from inferlab.results.metrics import SLO
 from inferlab.results.clientload import ProcessLoad, client_load
+from inferlab.results.metrics import SLO
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.summary import (
     OMITTED,
