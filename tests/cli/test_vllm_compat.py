@@ -157,3 +157,10 @@ def test_export_csv_formats_and_errors(tmp_path: Path) -> None:
     assert code == 2 and "no summary.json" in err
     code, _, err = invoke("export", str(run), "--format", "csv-summary", "--no-detailed")
     assert code == 2 and "--format vllm only" in err
+
+
+def test_burstiness_inf_is_constant_gaps_as_in_vllm() -> None:
+    s = summary_of("--rate", "5", "--burstiness", "inf", "-n", "4", "--input-tokens", "10", "--output-tokens", "2")
+    assert s["config"]["load"]["schedule"]["arrival"] == "constant"  # was a crash in random.gammavariate
+    code, _, err = invoke("sim", "run", "-n", "2", "--burstiness", "inf")
+    assert code == 2 and "give --rate too" in err

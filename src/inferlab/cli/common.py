@@ -102,7 +102,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-c", "--concurrency", type=int, help=f"Closed loop: this many users. Default {DEFAULT_CONCURRENCY} unless --rate is given."),
         click.option("-r", "--rate", "--request-rate", "rate", help="Open loop: requests per second ('inf' sends all at once). --request-rate: vLLM's name."),
         click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), help="Open loop: how gaps are drawn. Default poisson; gamma when --burstiness is given."),
-        click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), help="Open loop: gamma shape, <1 burstier, 1 Poisson, >1 smoother (selects --arrival gamma, as in vLLM)."),
+        click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), help="Open loop: gamma shape, <1 burstier, 1 Poisson, >1 smoother, inf constant gaps (selects --arrival gamma, as in vLLM)."),
         click.option("--max-concurrency", type=click.IntRange(min=1), help="Cap on requests in flight (vLLM's meaning): with --rate or --trace later requests wait for a slot (queue delay); alone, a closed loop of this many users."),
         click.option("-n", "--num-requests", "--num-prompts", "num_requests", type=int, help="Measured requests. Default 32 unless --duration is given. --num-prompts: vLLM's name."),
         click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
@@ -269,9 +269,11 @@ def load_config(kw: dict[str, Any]) -> LoadConfig:
     arrival, burstiness = kw["arrival"], kw["burstiness"]
     if burstiness is not None and arrival is None:
         arrival = "gamma"  # vLLM: --burstiness alone draws gamma gaps
+    if burstiness is not None and math.isinf(burstiness) and arrival in ("gamma", "constant"):
+        arrival, burstiness = "constant", None  # vLLM: burstiness inf is constant gaps (gamma's limit)
     if burstiness is not None and arrival != "gamma":
         raise UsageError(f"--burstiness shapes gamma arrivals, not {arrival}: drop it or use --arrival gamma")
-    shaping = [f for f, v in (("--arrival", kw["arrival"]), ("--burstiness", burstiness)) if v is not None]
+    shaping = [f for f, v in (("--arrival", kw["arrival"]), ("--burstiness", kw["burstiness"])) if v is not None]
     schedule: Schedule
     if kw["trace"]:
         if kw["concurrency"] is not None or rate is not None or shaping:
