@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Self
 
 from rich.console import Console
@@ -87,17 +88,24 @@ def _client_line(load: ClientLoad) -> str:
     return f"{verdict} ({who}: CPU {hot.cpu_share:.0%} of a core{lags})"
 
 
-def render_summary(console: Console, s: Summary, title: str) -> None:
+#: The percentiles the table shows unless others are chosen (``--metric-percentiles``).
+TABLE_PERCENTILES = (50.0, 90.0, 99.0)
+
+
+def render_summary(console: Console, s: Summary, title: str, percentiles: Sequence[float] = TABLE_PERCENTILES) -> None:
+    """The summary as a table of distributions (mean, ``percentiles``, max) and the
+    run's totals below it. Each of ``percentiles`` must be in the summary's
+    distributions (fixed, or added with ``with_percentiles``)."""
     c = s.counts
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("metric", no_wrap=True)
     table.add_column("unit", no_wrap=True)
-    for k in ("mean", "p50", "p90", "p99", "max"):
+    for k in ("mean", *(f"p{q:g}" for q in percentiles), "max"):
         table.add_column(k, justify="right", no_wrap=True)
     for label, key, unit in _ROWS:
         d: Distribution | None = getattr(s, key)
         if d:
-            cells = [d.mean, d.p50, d.p90, d.p99, d.max]
+            cells = [d.mean, *(d.percentile(q) for q in percentiles), d.max]
             digits = 0 if max(abs(v) for v in cells) >= 10_000 else 1
             table.add_row(label, unit, *(_fmt(v, digits) for v in cells))
     console.print(table)
