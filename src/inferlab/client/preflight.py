@@ -68,8 +68,10 @@ async def run_preflight(
     (HTTP 401, 403 or 404); any other failure is left for the run to record."""
     import aiohttp
 
+    from inferlab.client.http import session_trace
+
     text = " ".join(words("inferlab:probe", PROBE_WORDS))
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(trace_configs=[session_trace()]) as session:
         first = await _probe(session, endpoint, text, exact_output)
         _refuse_if_rejected(endpoint, first)
         accepts = True
