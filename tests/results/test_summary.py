@@ -21,6 +21,7 @@ from inferlab.results.summary import (
     summarize,
     with_percentiles,
 )
+from inferlab.results.telemetry import GaugeStats, HistogramDelta, ServerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -129,6 +130,11 @@ def _full_summary() -> Summary:
         trace_comparison=trace, prompt_overhead_tokens=None, input_length_source="exact (server /tokenize)",
         preflight={"accepts_exact_output": True, "warnings": []}, warnings_first=("first",), warnings_last=("last",),
         client=client_load([ProcessLoad("client", [0.25, 0.5, 4.0], 0.5, 1.0, [(4.0, 0.5)])]),
+        server_metrics=ServerMetrics(
+            True, server="vllm", samples=2, counters={"prompt_tokens": 100.0, "preemptions": None},
+            prefix_cache_hit_rate=0.5, gauges={"running": GaugeStats(1.5, 3.0)},
+            histograms={"ttft_ms": HistogramDelta(2, 12.5, 10.0, 20.0, None)}, missing=("prompt_seconds",),
+        ),
     )
     return summarize(records, config={"load": {"schedule": {"kind": "OpenLoop"}}}, slo=SLO(ttft_ms=15), extras=extras)
 

@@ -56,6 +56,7 @@ def main() -> None:
 @click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response.")
 @click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: _workers(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone).")
 @click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths.")
+@click.option("--server-metrics/--no-server-metrics", default=True, show_default=True, help="Read the server's Prometheus /metrics before, every second during and after the run (summary.json's server_metrics, server_metrics.jsonl); a server without it is no error.")
 @load_options
 def bench(**kw: Any) -> None:
     """Load an OpenAI-compatible endpoint and report TTFB, TTFT, TPOT, ITL, E2E, tokens/s, TPM."""
@@ -81,6 +82,7 @@ def _bench(kw: dict[str, Any]) -> int:
         preflight=kw["preflight"],
         overwrite=kw["overwrite"],
         workers=kw["workers"],
+        server_metrics=kw["server_metrics"],
     )
     if config.out_dir is not None:
         check_out_dir(config.out_dir, config.overwrite)  # before a server is started

@@ -34,6 +34,7 @@ from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import OMITTED, Omitted, Summary, SummaryExtras, summarize
+from inferlab.results.telemetry import SERVER_METRICS_FILE, ServerMetrics
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetWorkload
@@ -76,6 +77,9 @@ class HttpTarget:
     # worker processes that send the requests (None: as many as the load needs,
     # ``auto_workers``; 1: this process alone)
     workers: int | None = None
+    # read the server's Prometheus /metrics before, during and after the run
+    # (``client.metrics``; the summary's server_metrics, the run's server_metrics.jsonl)
+    server_metrics: bool = True
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,15 @@ class _Prepared:
     url: str | None = None
     engine: Engine | None = None
     close: Callable[[], None] = lambda: None
+    telemetry: _Telemetry | None = None  # the server's /metrics (runs against a server)
+
+
+@dataclass
+class _Telemetry:
+    """What the server's /metrics said over the run (filled in by ``execute``)."""
+
+    metrics: ServerMetrics | None = None
+    series: list[dict[str, Any]] = field(default_factory=list)
 
 
 async def run(
@@ -171,8 +184,11 @@ async def run(
                 interrupted=outcome.interrupted,
                 preflight=prepared.preflight if isinstance(target, HttpTarget) else OMITTED, wcfg=wcfg,
                 client=outcome.client if isinstance(target, HttpTarget) else None,
+                server_metrics=None if prepared.telemetry is None else prepared.telemetry.metrics,
             )
             if writer is not None:
+                if prepared.telemetry is not None and prepared.telemetry.series:
+                    writer.write_jsonl(SERVER_METRICS_FILE, prepared.telemetry.series)
                 writer.write_summary(summary)
         finally:
             if writer is not None:
@@ -304,17 +320,32 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
     }
     config_json = {**http_config_json(config, target), "resolved": resolved}
 
+    telemetry = _Telemetry() if target.server_metrics else None
+
     async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> Outcome:
-        warm = _parallelism(config.load)
-        if workers > 1:
-            from inferlab.load.workers import run_workers
+        from inferlab.client.metrics import MetricsSampler
 
-            return await run_workers(
-                endpoint, policy, clock, workers=workers, warm_connections=warm, on_record=on_record, stop=stop
-            )
-        return await run_http(endpoint, policy, clock, warm_connections=warm, on_record=on_record, stop=stop)
+        sampler = None
+        if telemetry is not None:
+            sampler = MetricsSampler(base, clock, endpoint.request_headers())
+            await sampler.start()
+        try:
+            warm = _parallelism(config.load)
+            if workers > 1:
+                from inferlab.load.workers import run_workers
 
-    return _Prepared(builder, config_json, execute, wcfg, template_tokens, preflight=pre, url=base)
+                return await run_workers(
+                    endpoint, policy, clock, workers=workers, warm_connections=warm, on_record=on_record, stop=stop
+                )
+            return await run_http(endpoint, policy, clock, warm_connections=warm, on_record=on_record, stop=stop)
+        finally:
+            if sampler is not None and telemetry is not None:
+                telemetry.metrics = await sampler.stop()
+                telemetry.series = sampler.series
+
+    return _Prepared(
+        builder, config_json, execute, wcfg, template_tokens, preflight=pre, url=base, telemetry=telemetry,
+    )
 
 
 async def _simulated_engine(base: str, headers: dict[str, str]) -> dict[str, Any] | None:
@@ -416,6 +447,7 @@ class BenchConfig:
     preflight: bool = True  # probe the server first (not counted); see ``client.preflight``
     overwrite: bool = False
     workers: int | None = None  # see ``HttpTarget``
+    server_metrics: bool = True  # see ``HttpTarget``
 
     def run_config(self) -> RunConfig:
         return RunConfig(self.load, self.workload, self.api, self.slo, self.out_dir, self.overwrite)
@@ -423,7 +455,7 @@ class BenchConfig:
     def target(self, url: str) -> HttpTarget:
         return HttpTarget(
             url, self.model, self.stream, self.api_key, self.headers, self.timeout_s, self.idle_timeout_s,
-            self.preflight, embedded=self.url is None, workers=self.workers,
+            self.preflight, embedded=self.url is None, workers=self.workers, server_metrics=self.server_metrics,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -457,6 +489,7 @@ def run_summary(
     preflight: Preflight | Omitted | None = OMITTED,
     wcfg: WorkloadConfig | None = None,
     client: Sequence[ProcessLoad] | None = None,
+    server_metrics: ServerMetrics | None = None,
 ) -> Summary:
     """The summary of a run of ``workload``, ``bench`` and ``sim run`` alike: the
     metrics, a replayed trace's own measurements compared, a dataset's caveats and, for
@@ -478,8 +511,9 @@ def run_summary(
         warning = None if load is None else bottleneck_warning(load, workers, os.cpu_count() or 1)
         if warning is not None:
             last.insert(0, warning)
+    metrics: ServerMetrics | Omitted = OMITTED if server_metrics is None else server_metrics
     if preflight is OMITTED or wcfg is None:
-        extras = SummaryExtras(trace_comparison=trace, client=load, warnings_last=tuple(last))
+        extras = SummaryExtras(trace_comparison=trace, client=load, server_metrics=metrics, warnings_last=tuple(last))
     else:
         pre = preflight
         if not wcfg.synthetic:
@@ -496,6 +530,7 @@ def run_summary(
             input_length_source=source,
             preflight=None if pre is None else pre.to_json(),
             client=load,
+            server_metrics=metrics,
             warnings_first=() if pre is None else tuple(pre.warnings),
             warnings_last=tuple(last),
         )

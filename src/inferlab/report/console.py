@@ -13,6 +13,7 @@ from inferlab.results.clientload import ClientLoad
 from inferlab.results.metrics import Distribution
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.summary import OMITTED, Summary
+from inferlab.results.telemetry import ServerMetrics
 
 _ROWS = (
     ("TTFB", "ttfb_ms", "ms"),
@@ -92,6 +93,30 @@ def _client_line(load: ClientLoad) -> str:
 TABLE_PERCENTILES = (50.0, 90.0, 99.0)
 
 
+def server_metrics_line(m: ServerMetrics) -> str:
+    """The server's own telemetry over a run, in one line (or why there is none)."""
+    if not m.available:
+        return f"not available ({m.reason})"
+    c, g = m.counters, m.gauges
+    parts = []
+    if c.get("prompt_tokens") is not None or c.get("generation_tokens") is not None:
+        parts.append(f"{_count(_int(c.get('prompt_tokens')))} prompt, {_count(_int(c.get('generation_tokens')))} generated tokens")
+    if m.prefix_cache_hit_rate is not None:
+        parts.append(f"prefix-cache hits {m.prefix_cache_hit_rate:.0%}")
+    if c.get("preemptions") is not None:
+        parts.append(f"{_int(c.get('preemptions'))} preemptions")
+    for key, label in (("running", "running"), ("waiting", "waiting")):
+        if key in g:
+            parts.append(f"{label} max {g[key].max:g}")
+    if "kv_usage" in g:
+        parts.append(f"KV cache max {g['kv_usage'].max:.0%}")
+    return f"{m.server or 'unknown server'}: " + ", ".join(parts) if parts else f"{m.server}: nothing inferlab reads"
+
+
+def _int(v: float | None) -> int | None:
+    return None if v is None else round(v)
+
+
 def render_summary(console: Console, s: Summary, title: str, percentiles: Sequence[float] = TABLE_PERCENTILES) -> None:
     """The summary as a table of distributions (mean, ``percentiles``, max) and the
     run's totals below it. Each of ``percentiles`` must be in the summary's
@@ -141,6 +166,8 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
         ))
     if isinstance(s.client, ClientLoad):
         rows.append(("client", _client_line(s.client)))
+    if isinstance(s.server_metrics, ServerMetrics):
+        rows.append(("server /metrics", server_metrics_line(s.server_metrics)))
     trace = s.trace_comparison if isinstance(s.trace_comparison, dict) else {}
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
         t = trace.get(key)

@@ -7,7 +7,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,6 +39,15 @@ class RunWriter:
 
     def write_summary(self, summary: Summary) -> Path:
         return write_summary(self.dir, summary)
+
+    def write_jsonl(self, name: str, rows: Sequence[Any]) -> Path:
+        """Another file of the run (``name`` in its folder), one JSON value a line."""
+        path = self.dir / name
+        try:
+            path.write_text("".join(json.dumps(plain_json(r), separators=(",", ":")) + "\n" for r in rows))
+        except OSError as e:
+            raise UsageError(f"cannot write {path}: {e.strerror or e}") from e
+        return path
 
     def close(self) -> None:
         if self._requests is not None:

@@ -33,6 +33,7 @@ from inferlab.results.metrics import (
     request_metrics,
 )
 from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.telemetry import ServerMetrics
 
 SCHEMA = "inferlab.summary/1"
 #: A request whose actual send lagged its intended time by more than this is "late".
@@ -161,6 +162,9 @@ class Summary:
     client: ClientLoad | Omitted | None = field(
         default=OMITTED, metadata=_doc("runs against a server only: was the client the bottleneck? bottleneck (true: it likely inflated the latencies; a warning says by how much), inflation_ms (the busiest process's event-loop lag, p50 and p99: about what it added to each latency), processes (each sending process: role, cpu_share of one core, loop_lag_ms, timeline: [largest loop lag ms, CPU share] per second)")
     )
+    server_metrics: ServerMetrics | Omitted = field(
+        default=OMITTED, metadata=_doc("runs against a server only: what its own Prometheus /metrics said (results.telemetry; vLLM's, SGLang's, llama.cpp's and the simulator's names in one vocabulary), read before, every second during and after the run: available (false: no such page, reason says why), server (whose names), samples, counters (after − before: prompt_tokens, generation_tokens, prefix_cache_queries_tokens, prefix_cache_hits_tokens, preemptions, requests_finished, prompt_seconds, generation_seconds; null after a restart), prefix_cache_hit_rate, gauges (running, waiting, kv_usage, prefix_cache_hit_rate: mean and max over the pages), histograms (ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms, prefill_ms, decode_ms: the server's own observations during the run: count, mean_ms, and p50_ms, p90_ms, p99_ms as upper bounds: the bucket bound that share of them fell at or below), missing (names it does not expose); the pages themselves are in server_metrics.jsonl")
+    )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object (omitted keys left out), in field order."""
@@ -214,6 +218,7 @@ class Summary:
             input_length_source=d.get("input_length_source", OMITTED),
             preflight=d.get("preflight", OMITTED),
             client=_client(d.get("client", OMITTED)),
+            server_metrics=_server_metrics(d.get("server_metrics", OMITTED)),
         )
 
 
@@ -242,6 +247,10 @@ def _dist(d: Mapping[str, float] | None) -> Distribution | None:
     return None if d is None else Distribution.from_json(d)
 
 
+def _server_metrics(d: Mapping[str, Any] | Omitted) -> ServerMetrics | Omitted:
+    return d if d is OMITTED else ServerMetrics.from_json(d)
+
+
 def _client(d: Mapping[str, Any] | Omitted | None) -> ClientLoad | Omitted | None:
     return d if d is None or d is OMITTED else ClientLoad.from_json(d)
 
@@ -257,6 +266,7 @@ class SummaryExtras:
     input_length_source: str | Omitted = OMITTED
     preflight: dict[str, Any] | Omitted | None = OMITTED
     client: ClientLoad | Omitted | None = OMITTED
+    server_metrics: ServerMetrics | Omitted = OMITTED
     warnings_first: tuple[str, ...] = ()
     warnings_last: tuple[str, ...] = ()
 
@@ -336,6 +346,7 @@ def summarize(
         input_length_source=extras.input_length_source,
         preflight=extras.preflight,
         client=extras.client,
+        server_metrics=extras.server_metrics,
     )
 
 

@@ -1,0 +1,114 @@
+"""Reading a server's Prometheus ``/metrics`` around and during a run.
+
+``MetricsSampler`` reads the page once before the run (``start``), every ``interval_s``
+while it runs, and once after (``stop``), and gives back the run's ``ServerMetrics``
+(``results.telemetry``) and the time series of every page read. A server without the
+page (404, not Prometheus text, no answer) is no error: the telemetry says "not
+available" and why. Reading never raises and never slows the run down: one request at a
+time, a short timeout, on a session of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from inferlab._clock import NS_PER_S, Clock
+from inferlab.results.telemetry import (
+    ServerMetrics,
+    Snapshot,
+    not_available,
+    parse_prometheus,
+    server_metrics,
+    snapshot,
+)
+
+if TYPE_CHECKING:
+    import aiohttp
+
+#: Seconds between pages read during a run.
+INTERVAL_S = 1.0
+#: Seconds one read may take.
+TIMEOUT_S = 5.0
+
+
+def metrics_url(api_base: str) -> str:
+    """``/metrics`` beside the API root (``http://h:8000/v1`` → ``http://h:8000/metrics``)."""
+    return api_base.rstrip("/").removesuffix("/v1") + "/metrics"
+
+
+async def scrape(session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None) -> Snapshot | str:
+    """One page in our names, or why there is none (a one-line reason)."""
+    import aiohttp
+
+    try:
+        async with session.get(url, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as resp:
+            if resp.status != 200:
+                return f"GET {url}: HTTP {resp.status}"
+            text = await resp.text(errors="replace")
+    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+        return f"GET {url}: {type(e).__name__}: {e}".strip().rstrip(":")
+    snap = snapshot(parse_prometheus(text))
+    if not snap.values and not snap.histograms:
+        return f"GET {url}: no metric inferlab knows (not vLLM's, SGLang's or llama.cpp's names)"
+    return snap
+
+
+class MetricsSampler:
+    """The server's ``/metrics`` before, during and after a run (see the module)."""
+
+    def __init__(self, api_base: str, clock: Clock, headers: dict[str, str] | None = None, interval_s: float = INTERVAL_S) -> None:
+        self.url = metrics_url(api_base)
+        self.clock = clock
+        self.headers = headers or {}
+        self.interval_s = interval_s
+        self.series: list[dict[str, Any]] = []  # every page read: {"t_s": since start, ...our names}
+        self._session: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._before: Snapshot | str = "not read"
+        self._during: list[Snapshot] = []
+        self._t0_ns = 0
+
+    async def start(self) -> None:
+        import aiohttp
+
+        self._t0_ns = self.clock.now_ns()
+        self._session = aiohttp.ClientSession()
+        self._before = await self._read()
+        if isinstance(self._before, Snapshot):
+            self._task = asyncio.ensure_future(self._sample())
+
+    async def _read(self) -> Snapshot | str:
+        assert self._session is not None
+        snap = await scrape(self._session, self.url, self.headers)
+        if isinstance(snap, Snapshot):
+            t_s = (self.clock.now_ns() - self._t0_ns) / NS_PER_S
+            self.series.append({"t_s": round(t_s, 3), **snap.to_json()})
+        return snap
+
+    async def _sample(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            snap = await self._read()
+            if isinstance(snap, Snapshot):
+                self._during.append(snap)
+
+    async def stop(self) -> ServerMetrics:
+        """Stop sampling, read the page after the run; the run's telemetry."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            if isinstance(self._before, str):
+                return not_available(self._before)
+            after = await self._read()
+            if isinstance(after, str):
+                return not_available(f"after the run: {after}")
+            return server_metrics(self._before, self._during, after)
+        finally:
+            if self._session is not None:
+                await self._session.close()
+                self._session = None

@@ -1,0 +1,314 @@
+"""A server's own telemetry: its Prometheus ``/metrics`` page read into one vocabulary,
+and what changed over a run.
+
+vLLM, SGLang, llama.cpp's server and the simulated server name the same things
+differently (``vllm:num_requests_running``, ``sglang:num_running_reqs``,
+``llamacpp:requests_processing``); ``VOCABULARY`` maps each of their names to one of
+ours. ``parse_prometheus`` reads the text exposition format (a small reader: names,
+labels, values; comments and timestamps skipped), ``snapshot`` maps one page to our
+names (a name's label sets summed: several models or engines on one server count
+together), and ``server_metrics`` turns the page before a run, the pages sampled during
+it and the page after into the summary's ``server_metrics``: counter deltas, gauges'
+mean and max, histogram deltas with their mean and the bucket bounds their percentiles fall under.
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The run directory's time series of the server's metrics (one JSON object a sample).
+SERVER_METRICS_FILE = "server_metrics.jsonl"
+
+#: Counters (cumulative): our name → the servers' names, first present wins.
+COUNTERS: dict[str, tuple[str, ...]] = {
+    # every prompt token a request brought, cached ones included (llama.cpp's computed
+    # and cached counters are added up: ``snapshot``)
+    "prompt_tokens": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total", "llamacpp:prompt_tokens_total"),
+    "generation_tokens": ("vllm:generation_tokens_total", "sglang:generation_tokens_total", "llamacpp:tokens_predicted_total"),
+    "prefix_cache_queries_tokens": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_cache_hits_tokens": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "preemptions": ("vllm:num_preemptions_total",),
+    "requests_finished": ("vllm:request_success_total",),
+    # llama.cpp's own time totals: what its slots spent on prompts and on generating
+    "prompt_seconds": ("llamacpp:prompt_seconds_total",),
+    "generation_seconds": ("llamacpp:tokens_predicted_seconds_total",),
+}
+#: Gauges (a value now).
+GAUGES: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"),
+    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"),
+    "prefix_cache_hit_rate": ("sglang:cache_hit_rate",),
+}
+#: Histograms in seconds.
+HISTOGRAMS: dict[str, tuple[str, ...]] = {
+    "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
+    "tpot": ("vllm:request_time_per_output_token_seconds",),
+    # vLLM before 0.11 called the inter-token latency time_per_output_token; SGLang's
+    # time_per_output_token is observed per token too
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds", "sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    "e2e": ("vllm:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds"),
+    "queue": ("vllm:request_queue_time_seconds", "sglang:queue_time_seconds"),
+    "prefill": ("vllm:request_prefill_time_seconds",),
+    "decode": ("vllm:request_decode_time_seconds",),
+}
+#: Every name of ours, with the servers' names for it.
+VOCABULARY: dict[str, tuple[str, ...]] = {**COUNTERS, **GAUGES, **HISTOGRAMS}
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def parse_prometheus(text: str) -> Samples:
+    """Prometheus text exposition → ``{metric name: [(labels, value), ...]}``. Comments,
+    blank lines and lines that are not samples are skipped; values are floats (``NaN``,
+    ``+Inf`` included)."""
+    out: Samples = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if m is None:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(m.group(2) or "")}
+        out.setdefault(m.group(1), []).append((labels, value))
+    return out
+
+
+@dataclass(frozen=True)
+class HistogramCounts:
+    """A histogram summed over its label sets: cumulative counts per upper bound (seconds,
+    ``inf`` last), the sum of observations and their count."""
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    sum: float
+    count: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One ``/metrics`` page in our names: ``values`` (counters and gauges),
+    ``histograms``, and ``server``: whose names it used (vllm, sglang, llama.cpp)."""
+
+    values: dict[str, float]
+    histograms: dict[str, HistogramCounts]
+    server: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """A time-series line's values (histograms as count and sum)."""
+        out: dict[str, Any] = {k: _finite(v) for k, v in self.values.items()}
+        for k, h in self.histograms.items():
+            out[f"{k}_count"] = h.count
+            out[f"{k}_sum_s"] = _finite(h.sum)
+        return out
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+_SERVERS = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama.cpp"}
+
+
+def snapshot(samples: Samples) -> Snapshot:
+    """Map a parsed page to our names; a name the server does not expose is left out."""
+    values: dict[str, float] = {}
+    used: list[str] = []
+    for ours, names in {**COUNTERS, **GAUGES}.items():
+        for name in names:
+            if name in samples:
+                vals = [v for _, v in samples[name]]
+                values[ours] = max(vals) if ours in ("kv_usage", "prefix_cache_hit_rate") else math.fsum(vals)
+                used.append(name)
+                break
+    hists: dict[str, HistogramCounts] = {}
+    for ours, names in HISTOGRAMS.items():
+        for name in names:
+            h = _histogram(samples, name)
+            if h is not None:
+                hists[ours] = h
+                used.append(name)
+                break
+    cached = samples.get("llamacpp:prompt_tokens_cached_total")
+    if cached is not None and "prompt_tokens" in values:
+        # llama.cpp counts the prompt tokens it computed and the ones its slot's cache
+        # held apart; ours (vLLM's) count every prompt token, hits among them
+        hits = math.fsum(v for _, v in cached)
+        values["prompt_tokens"] += hits
+        values["prefix_cache_queries_tokens"] = values["prompt_tokens"]
+        values["prefix_cache_hits_tokens"] = hits
+        used.append("llamacpp:prompt_tokens_cached_total")
+    servers = {_SERVERS.get(n.split(":")[0]) for n in used} - {None}
+    server = next(iter(servers)) if len(servers) == 1 else None
+    return Snapshot(values, hists, server)
+
+
+def _histogram(samples: Samples, name: str) -> HistogramCounts | None:
+    buckets = samples.get(name + "_bucket")
+    if not buckets:
+        return None
+    by_bound: dict[float, float] = {}
+    for labels, value in buckets:
+        try:
+            bound = float(labels.get("le", "nan"))
+        except ValueError:
+            continue
+        if not math.isnan(bound):
+            by_bound[bound] = by_bound.get(bound, 0.0) + value
+    bounds = tuple(sorted(by_bound))
+    total = math.fsum(v for _, v in samples.get(name + "_sum", []))
+    count = math.fsum(v for _, v in samples.get(name + "_count", []))
+    return HistogramCounts(bounds, tuple(by_bound[b] for b in bounds), total, count)
+
+
+def quantile_bound(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float | None:
+    """An upper bound of the ``q`` quantile (0–1) of a cumulative-bucket histogram: the
+    smallest bucket bound at or below which at least that share of the observations fell.
+    Exact as a bound, where interpolating inside a bucket (Prometheus's
+    ``histogram_quantile``) can be far off with coarse buckets. ``None`` without
+    observations, or when the quantile is in the ``+Inf`` bucket."""
+    if not cumulative or cumulative[-1] <= 0:
+        return None
+    rank = q * cumulative[-1]
+    for bound, count in zip(bounds, cumulative, strict=True):
+        if count >= rank:
+            return None if math.isinf(bound) else bound
+    return None
+
+
+@dataclass(frozen=True)
+class GaugeStats:
+    """A gauge over the samples taken during the run."""
+
+    mean: float
+    max: float
+
+
+@dataclass(frozen=True)
+class HistogramDelta:
+    """A server-side histogram's observations during the run, in ms: how many, their
+    mean (exact: sum / count) and, for p50/p90/p99, the bucket bound that share of them
+    fell at or below (``quantile_bound``: an upper bound, as fine as the buckets)."""
+
+    count: int
+    mean_ms: float
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+
+
+@dataclass(frozen=True)
+class ServerMetrics:
+    """What the server's own ``/metrics`` said about a run (``available`` false: it has
+    no such page, ``reason`` says why, and nothing else is known)."""
+
+    available: bool
+    reason: str | None = None
+    server: str | None = None  # whose metric names: vllm, sglang, llama.cpp
+    samples: int = 0  # pages read during the run (besides the one before and the one after)
+    counters: dict[str, float | None] = field(default_factory=dict)  # after − before (None: it went back: a restart)
+    prefix_cache_hit_rate: float | None = None
+    gauges: dict[str, GaugeStats] = field(default_factory=dict)
+    histograms: dict[str, HistogramDelta] = field(default_factory=dict)
+    missing: tuple[str, ...] = ()  # names of ours this server does not expose
+
+    def to_json(self) -> dict[str, Any]:
+        if not self.available:
+            return {"available": False, "reason": self.reason}
+        return {
+            "available": True,
+            "server": self.server,
+            "samples": self.samples,
+            "counters": dict(self.counters),
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "gauges": {k: {"mean": g.mean, "max": g.max} for k, g in self.gauges.items()},
+            "histograms": {k: _hist_json(h) for k, h in self.histograms.items()},
+            "missing": list(self.missing),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ServerMetrics:
+        if not d.get("available"):
+            return cls(False, d.get("reason"))
+        return cls(
+            True,
+            server=d.get("server"),
+            samples=int(d.get("samples", 0)),
+            counters=dict(d.get("counters", {})),
+            prefix_cache_hit_rate=d.get("prefix_cache_hit_rate"),
+            gauges={k: GaugeStats(float(g["mean"]), float(g["max"])) for k, g in d.get("gauges", {}).items()},
+            histograms={k: HistogramDelta(**h) for k, h in d.get("histograms", {}).items()},
+            missing=tuple(d.get("missing", ())),
+        )
+
+
+def _hist_json(h: HistogramDelta) -> dict[str, Any]:
+    return {"count": h.count, "mean_ms": h.mean_ms, "p50_ms": h.p50_ms, "p90_ms": h.p90_ms, "p99_ms": h.p99_ms}
+
+
+def not_available(reason: str) -> ServerMetrics:
+    return ServerMetrics(False, reason)
+
+
+def server_metrics(before: Snapshot, during: Sequence[Snapshot], after: Snapshot) -> ServerMetrics:
+    """The run's telemetry from the page before it, the pages sampled during it and the
+    page after: counter deltas, the gauges over every page from before to after, the
+    histograms' observations in between."""
+    counters: dict[str, float | None] = {}
+    for name in COUNTERS:
+        if name in before.values and name in after.values:
+            d = after.values[name] - before.values[name]
+            counters[name] = d if d >= 0 else None
+    pages = [before, *during, after]
+    gauges: dict[str, GaugeStats] = {}
+    for name in GAUGES:
+        vals = [p.values[name] for p in pages if name in p.values and math.isfinite(p.values[name])]
+        if vals:
+            gauges[name] = GaugeStats(math.fsum(vals) / len(vals), max(vals))
+    hists: dict[str, HistogramDelta] = {}
+    for name in HISTOGRAMS:
+        a, b = before.histograms.get(name), after.histograms.get(name)
+        if b is None:
+            continue
+        delta = _hist_delta(a, b)
+        if delta is not None:
+            hists[name + "_ms"] = delta
+    queries, hits = counters.get("prefix_cache_queries_tokens"), counters.get("prefix_cache_hits_tokens")
+    hit_rate = hits / queries if queries and hits is not None else None
+    if hit_rate is None and "prefix_cache_hit_rate" in gauges:
+        hit_rate = after.values.get("prefix_cache_hit_rate")
+    missing = tuple(n for n in VOCABULARY if n not in after.values and n not in after.histograms)
+    return ServerMetrics(
+        True, None, after.server or before.server, len(during), counters, hit_rate, gauges, hists, missing,
+    )
+
+
+def _hist_delta(a: HistogramCounts | None, b: HistogramCounts) -> HistogramDelta | None:
+    if a is not None and a.bounds == b.bounds:
+        cumulative = tuple(y - x for x, y in zip(a.cumulative, b.cumulative, strict=True))
+        total, count = b.sum - a.sum, b.count - a.count
+    elif a is None:
+        cumulative, total, count = b.cumulative, b.sum, b.count
+    else:  # the buckets changed: a restart; nothing to subtract
+        return None
+    if count <= 0 or any(c < 0 for c in cumulative):
+        return None
+
+    def ms(q: float) -> float | None:
+        v = quantile_bound(q, b.bounds, cumulative)
+        return None if v is None else v * 1e3
+
+    return HistogramDelta(round(count), total / count * 1e3, ms(0.5), ms(0.9), ms(0.99))

@@ -1,0 +1,66 @@
+"""The server's /metrics around a run, over real loopback HTTP: the simulated server's
+counters move by exactly what the run's usage says; a server without the page is no
+error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from faultserver import FaultServer
+
+from inferlab import ClosedLoop, HttpTarget, LoadConfig, RunConfig, WorkloadConfig, run
+from inferlab.results.runfiles import read_summary
+from inferlab.results.telemetry import SERVER_METRICS_FILE, ServerMetrics
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sim.server.app import ServerConfig
+from inferlab.sim.server.launch import EmbeddedServer
+
+LIMIT_S = 60.0
+
+
+async def test_the_simulated_servers_counters_match_the_runs_usage(tmp_path: Path) -> None:
+    config = RunConfig(
+        LoadConfig(ClosedLoop(4), num_requests=12, warmup=2),
+        WorkloadConfig(output_tokens=20, prefix_groups=1, prefix_tokens=200, suffix_tokens=100),
+        out_dir=str(tmp_path),
+    )
+    with EmbeddedServer(ServerConfig(engine=EngineConfig(max_model_len=4096))) as sim:
+        async with asyncio.timeout(LIMIT_S):
+            result = await run(config, HttpTarget(sim.url))
+    m = result.summary.server_metrics
+    assert isinstance(m, ServerMetrics) and m.available and m.server == "vllm"
+    warm = [r for r in result.records if r.warmup]  # the server counts warm-up requests too
+    every = [r for r in result.records if r.ok]
+    assert m.counters["prompt_tokens"] == sum(r.input_tokens or 0 for r in every)
+    assert m.counters["generation_tokens"] == sum(r.output_tokens or 0 for r in every)
+    assert m.counters["requests_finished"] == len(every) == 12 + len(warm)
+    assert m.counters["prefix_cache_hits_tokens"] == sum(r.cached_tokens or 0 for r in every) > 0
+    assert m.histograms["ttft_ms"].count == len(every)
+    assert m.gauges["running"].max <= 4
+    # the summary on disk reads back the same, and the pages are in the run directory
+    assert read_summary(tmp_path / "summary.json").server_metrics == m
+    lines = [json.loads(x) for x in (tmp_path / SERVER_METRICS_FILE).read_text().splitlines()]
+    assert len(lines) == m.samples + 2  # before, during, after
+    assert [x["t_s"] for x in lines] == sorted(x["t_s"] for x in lines)
+    assert lines[-1]["generation_tokens"] - lines[0]["generation_tokens"] == m.counters["generation_tokens"]
+
+
+async def test_a_server_without_metrics_is_not_available_and_the_run_goes_on(tmp_path: Path) -> None:
+    config = RunConfig(LoadConfig(ClosedLoop(1), num_requests=2), out_dir=str(tmp_path))
+    async with FaultServer() as srv, asyncio.timeout(LIMIT_S):
+        result = await run(config, HttpTarget(srv.url, model="normal", preflight=False))
+    m = result.summary.server_metrics
+    assert isinstance(m, ServerMetrics) and not m.available
+    assert m.reason is not None and "HTTP 404" in m.reason and "/metrics" in m.reason
+    assert result.summary.counts.completed == 2
+    assert not (tmp_path / SERVER_METRICS_FILE).exists()
+    assert json.loads((tmp_path / "summary.json").read_text())["server_metrics"]["available"] is False
+
+
+async def test_reading_metrics_can_be_turned_off(tmp_path: Path) -> None:
+    config = RunConfig(LoadConfig(ClosedLoop(1), num_requests=1))
+    async with FaultServer() as srv, asyncio.timeout(LIMIT_S):
+        result = await run(config, HttpTarget(srv.url, model="normal", preflight=False, server_metrics=False))
+    assert "server_metrics" not in result.summary.to_json()

@@ -1,0 +1,132 @@
+"""A server's /metrics page in one vocabulary: vLLM's, SGLang's and llama.cpp's names, the
+text format's corners, counter deltas, gauges over samples, histogram deltas."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from inferlab.results.telemetry import (
+    ServerMetrics,
+    parse_prometheus,
+    quantile_bound,
+    server_metrics,
+    snapshot,
+)
+
+VLLM = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} {running}
+vllm:num_requests_running{{engine="1",model_name="m"}} 1.0
+vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}
+vllm:kv_cache_usage_perc{{engine="0",model_name="m"}} {kv}
+vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {queries}
+vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {hits}
+vllm:num_preemptions_total{{engine="0",model_name="m"}} 2.0
+vllm:prompt_tokens_total{{engine="0",model_name="m"}} {prompt}
+vllm:generation_tokens_total{{engine="0",model_name="m"}} {gen}
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="0.1",model_name="m"}} {b1}
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="1.0",model_name="m"}} {b2}
+vllm:time_to_first_token_seconds_bucket{{engine="0",le="+Inf",model_name="m"}} {b3}
+vllm:time_to_first_token_seconds_count{{engine="0",model_name="m"}} {b3}
+vllm:time_to_first_token_seconds_sum{{engine="0",model_name="m"}} {ttft_sum}
+vllm:time_to_first_token_seconds_created{{engine="0",model_name="m"}} 1.7e9
+"""
+
+
+def vllm_page(**kw: float) -> str:
+    values = dict(running=3, waiting=0, kv=0.5, queries=1000, hits=200, prompt=1000, gen=50, b1=0, b2=0, b3=0, ttft_sum=0.0)
+    values.update(kw)
+    return VLLM.format(**values)
+
+
+def test_the_parser_reads_labels_escapes_timestamps_and_special_values() -> None:
+    text = (
+        '# a comment\n\nm_total{a="x\\"y",le="+Inf"} 3 1700000000000\n'
+        "plain 1.5e3\nnan_metric NaN\ngarbage line here\nbad_value{a=\"1\"} abc\n"
+    )
+    s = parse_prometheus(text)
+    assert s["m_total"] == [({"a": 'x"y', "le": "+Inf"}, 3.0)]
+    assert s["plain"] == [({}, 1500.0)]
+    assert math.isnan(s["nan_metric"][0][1])
+    assert "garbage" not in s and "bad_value" not in s
+
+
+def test_vllm_names_map_to_ours_summing_label_sets() -> None:
+    snap = snapshot(parse_prometheus(vllm_page(running=3)))
+    assert snap.server == "vllm"
+    assert snap.values["running"] == 4  # two engines: 3 + 1
+    assert snap.values["prefix_cache_hits_tokens"] == 200
+    assert "ttft" in snap.histograms and snap.histograms["ttft"].bounds == (0.1, 1.0, math.inf)
+
+
+def test_deltas_gauges_and_histograms_over_a_run() -> None:
+    before = snapshot(parse_prometheus(vllm_page(queries=1000, hits=200, prompt=1000, gen=50, b1=1, b2=1, b3=1, ttft_sum=0.05)))
+    during = [snapshot(parse_prometheus(vllm_page(running=7, waiting=4, kv=0.9)))]
+    # 10 new TTFTs: 6 under 0.1 s, 3 more under 1 s, 1 beyond
+    after = snapshot(parse_prometheus(vllm_page(queries=3000, hits=1700, prompt=3000, gen=450, b1=7, b2=10, b3=11, ttft_sum=3.05)))
+    m = server_metrics(before, during, after)
+    assert m.available and m.server == "vllm" and m.samples == 1
+    assert m.counters["prompt_tokens"] == 2000 and m.counters["generation_tokens"] == 400
+    assert m.counters["preemptions"] == 0
+    assert m.prefix_cache_hit_rate == pytest.approx(1500 / 2000)
+    assert m.gauges["running"].max == 8 and m.gauges["waiting"].max == 4
+    assert m.gauges["kv_usage"].mean == pytest.approx((0.5 + 0.9 + 0.5) / 3)
+    h = m.histograms["ttft_ms"]
+    assert h.count == 10 and h.mean_ms == pytest.approx(300.0)
+    assert (h.p50_ms, h.p90_ms, h.p99_ms) == (100.0, 1000.0, None)  # bounds; p99 is in +Inf
+    assert "prompt_seconds" in m.missing and "ttft" not in m.missing
+
+
+def test_a_counter_that_went_back_is_unknown_not_negative() -> None:
+    before = snapshot(parse_prometheus(vllm_page(prompt=5000)))
+    after = snapshot(parse_prometheus(vllm_page(prompt=100)))  # the server restarted
+    assert server_metrics(before, [], after).counters["prompt_tokens"] is None
+
+
+def test_sglang_names() -> None:
+    text = (
+        'sglang:num_running_reqs{model_name="m"} 5\nsglang:num_queue_reqs{model_name="m"} 2\n'
+        'sglang:token_usage{model_name="m"} 0.25\nsglang:cache_hit_rate{model_name="m"} 0.6\n'
+        'sglang:prompt_tokens_total{model_name="m"} 900\nsglang:generation_tokens_total{model_name="m"} 90\n'
+    )
+    snap = snapshot(parse_prometheus(text))
+    assert snap.server == "sglang"
+    assert snap.values == {"running": 5, "waiting": 2, "kv_usage": 0.25, "prefix_cache_hit_rate": 0.6,
+                           "prompt_tokens": 900, "generation_tokens": 90}
+    m = server_metrics(snap, [], snap)
+    assert m.prefix_cache_hit_rate == 0.6  # the server's own rate where it has no counters
+
+
+def test_llama_cpp_counts_cached_prompt_tokens_apart_and_ours_adds_them() -> None:
+    text = (
+        "llamacpp:prompt_tokens_total 700\nllamacpp:prompt_tokens_cached_total 300\n"
+        "llamacpp:tokens_predicted_total 64\nllamacpp:prompt_seconds_total 0.5\n"
+        "llamacpp:requests_processing 2\nllamacpp:requests_deferred 1\n"
+    )
+    snap = snapshot(parse_prometheus(text))
+    assert snap.server == "llama.cpp"
+    assert snap.values["prompt_tokens"] == 1000 and snap.values["prefix_cache_hits_tokens"] == 300
+    assert snap.values["generation_tokens"] == 64 and snap.values["waiting"] == 1
+
+
+def test_quantile_bound_is_the_first_bucket_holding_the_share() -> None:
+    bounds, cum = (0.1, 0.5, math.inf), (5.0, 9.0, 10.0)
+    assert quantile_bound(0.5, bounds, cum) == 0.1
+    assert quantile_bound(0.51, bounds, cum) == 0.5
+    assert quantile_bound(0.95, bounds, cum) is None
+    assert quantile_bound(0.5, bounds, (0.0, 0.0, 0.0)) is None
+
+
+def test_the_json_form_reads_back() -> None:
+    before = snapshot(parse_prometheus(vllm_page(b1=1, b2=1, b3=1, ttft_sum=0.05)))
+    after = snapshot(parse_prometheus(vllm_page(prompt=2000, b1=3, b2=4, b3=4, ttft_sum=1.0)))
+    m = server_metrics(before, [], after)
+    d = json.loads(json.dumps(m.to_json()))
+    assert ServerMetrics.from_json(d) == m
+    off = ServerMetrics(False, "GET http://x/metrics: HTTP 404")
+    assert ServerMetrics.from_json(off.to_json()) == off
+    assert off.to_json() == {"available": False, "reason": "GET http://x/metrics: HTTP 404"}
