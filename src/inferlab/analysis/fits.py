@@ -1,0 +1,117 @@
+"""The small fits a profile makes from its measurements: pure functions of numbers.
+
+``prefill_fit``: TTFT against prompt length at concurrency 1 → a fixed overhead (ms) and
+a prefill rate (tokens/s), how well a line fits, and whether the cost per token grows
+with length (attention) or jumps once (a chunk or a batching budget). ``knee``: where
+adding concurrency stops adding throughput.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+#: The marginal cost per token of the longest prompts against the shorter ones (from
+#: ``SUPERLINEAR_FROM_TOKENS``) beyond which growth is called super-linear.
+SUPERLINEAR_RATIO = 1.3
+#: Below this length a step's cost is mostly reading the weights, whatever the prompt
+#: (flat, not linear): the flags look at longer prompts only.
+SUPERLINEAR_FROM_TOKENS = 512
+#: One segment's marginal cost per token this many times its neighbours' is a step.
+STEP_RATIO = 2.0
+#: Throughput that grows by less than this factor when concurrency doubles is past the knee.
+KNEE_GAIN = 1.15
+
+
+def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least squares ``y = a + b·x``: (a, b). ``ValueError`` for fewer than two distinct x."""
+    if len(xs) != len(ys) or len(set(xs)) < 2:
+        raise ValueError("a line needs at least two distinct points")
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = math.fsum((x - mx) ** 2 for x in xs)
+    sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    b = sxy / sxx
+    return my - b * mx, b
+
+
+@dataclass(frozen=True)
+class PrefillFit:
+    """TTFT ≈ ``overhead_ms`` + tokens / ``prefill_tps`` × 1000 over the ladder's
+    ``points`` ([prompt tokens, median TTFT ms]); ``residual_pct``: the fit's RMS error
+    relative to the measured TTFTs; ``superlinear``: the cost per token of the longest
+    prompts is ``SUPERLINEAR_RATIO`` times that of the shorter ones or more (attention's
+    quadratic part); ``step_at_tokens``: the length after which the cost jumped once (a
+    prefill chunk or a batching budget), or None."""
+
+    points: list[tuple[float, float]]
+    overhead_ms: float
+    prefill_tps: float | None  # None: TTFT did not grow with length
+    residual_pct: float
+    marginal_ms_per_token: list[float]
+    superlinear: bool
+    growth_ratio: float | None
+    step_at_tokens: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def prefill_fit(points: Sequence[tuple[float, float]]) -> PrefillFit:
+    """Fit ``points`` (prompt tokens, TTFT ms), at least two distinct lengths."""
+    pts = sorted(points)
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    a, b = linear_fit(xs, ys)
+    residual = math.sqrt(statistics.fmean(((y - (a + b * x)) / y) ** 2 for x, y in pts if y > 0)) * 100
+    marginal = [
+        (y2 - y1) / (x2 - x1) for (x1, y1), (x2, y2) in itertools.pairwise(pts) if x2 > x1
+    ]
+    long = [
+        (y2 - y1) / (x2 - x1) for (x1, y1), (x2, y2) in itertools.pairwise(pts)
+        if x2 > x1 and x1 >= SUPERLINEAR_FROM_TOKENS
+    ]
+    growth = None
+    if len(long) >= 2 and long[0] > 0:
+        growth = long[-1] / long[0]
+    superlinear = growth is not None and growth >= SUPERLINEAR_RATIO and all(
+        m2 >= m1 * 0.95 for m1, m2 in itertools.pairwise(long)
+    )
+    step = None
+    for i in range(1, len(marginal) - 1):
+        m = marginal[i]
+        if m > 0 and m >= STEP_RATIO * max(marginal[i - 1], 1e-12) and m >= STEP_RATIO * max(marginal[i + 1], 1e-12):
+            step = pts[i][0]
+            break
+    return PrefillFit(
+        [(float(x), float(y)) for x, y in pts], a, 1000.0 / b if b > 0 else None, residual, marginal,
+        superlinear and step is None, growth, step,
+    )
+
+
+@dataclass(frozen=True)
+class Knee:
+    """Throughput against concurrency: ``knee_concurrency`` is the last concurrency
+    whose next step up still raised aggregate throughput by ``KNEE_GAIN`` or more (None:
+    it kept growing up to the highest measured); ``best_goodput_concurrency``: where
+    requests meeting the SLOs per second peaked (None without SLO data)."""
+
+    knee_concurrency: int | None
+    best_goodput_concurrency: int | None
+
+
+def knee(concurrency: Sequence[int], throughput: Sequence[float], goodput: Sequence[float | None]) -> Knee:
+    """The knee of ``throughput`` over ascending ``concurrency`` (see ``Knee``)."""
+    at = None
+    for i in range(len(concurrency) - 1):
+        step = concurrency[i + 1] / concurrency[i]
+        # the gain expected from doubling, scaled to this step's ratio
+        need = KNEE_GAIN ** math.log2(step) if step > 1 else 1.0
+        if throughput[i] > 0 and throughput[i + 1] / throughput[i] < need:
+            at = concurrency[i]
+            break
+    good = [(g, c) for g, c in zip(goodput, concurrency, strict=True) if g is not None]
+    best = max(good)[1] if good and max(good)[0] > 0 else None
+    return Knee(at, best)

@@ -1,0 +1,593 @@
+"""``inferlab profile``: what each factor costs on one server, measured one at a time, as
+an expert would, within a time budget.
+
+Every measurement is an ordinary run (``load.run.run`` against the server) written to a
+run directory of its own under the profile's folder; ``profile.json`` gathers the
+factors: for each, the cost measured here in plain words, the evidence (which runs, which
+numbers), and the numbers themselves (``data``) for ``inferlab advise`` and the report.
+
+Factors, in order: prefill (TTFT over a ladder of prompt lengths at concurrency 1 → fixed
+overhead + prefill rate, ``analysis.fits``), decode (TPOT and output tokens/s against
+concurrency → per-stream speed, the knee, the concurrency with the most goodput), output
+length (E2E against max tokens: the decode cost per token, checked against TPOT), prefix
+cache (a shared prefix against unique prompts of the same length), response cache (the
+same request repeated), head-of-line blocking (short requests alone, then while long
+prompts are in flight), the chat template (the tokens the preflight probe measured ×
+the prefill cost). Temperature is not measured: inferlab sends no sampling parameters.
+
+Each measurement gets a share of the budget; a run still going at the end of its share
+is stopped (what completed is used, and its run directory says it was interrupted), and
+sizes (requests per point, the concurrency ladder) shrink with a smaller budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferlab._clock import NS_PER_S, Clock, WallClock
+from inferlab._errors import InferlabError, RunFailedError, UsageError
+from inferlab.analysis.fits import PrefillFit, knee, prefill_fit
+from inferlab.load.run import HttpTarget, RunConfig, RunResult, run
+from inferlab.load.schedules import ClosedLoop, LoadConfig
+from inferlab.openai.request import Api
+from inferlab.results.metrics import SLO, request_metrics
+from inferlab.results.records import RequestRecord
+from inferlab.results.runfiles import dumps
+from inferlab.workload.config import WorkloadConfig
+
+SCHEMA = "inferlab.profile/1"
+PROFILE_FILE = "profile.json"
+#: The default budget: a laptop against the embedded simulator finishes well within it.
+DEFAULT_BUDGET_S = 300.0
+#: Each factor's share of the budget (what is left over is margin).
+SHARES = {
+    "prefill": 0.2, "decode": 0.25, "output_length": 0.1, "prefix_cache": 0.1,
+    "response_cache": 0.08, "head_of_line": 0.15, "template": 0.0,
+}
+#: Every factor, in the order measured.
+FACTORS = ("prefill", "decode", "output_length", "prefix_cache", "response_cache", "head_of_line", "template", "temperature")
+#: The prompt ladder (tokens of user content), cut at the server's context.
+PROMPT_LADDER = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+#: The concurrency ladder, cut at ``ProfileConfig.max_concurrency``.
+CONCURRENCY_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: When the server does not say its context length.
+ASSUMED_MAX_MODEL_LEN = 4096
+#: A response cache answers a repeat in under this share of a fresh request's E2E.
+RESPONSE_CACHE_RATIO = 0.5
+#: E2E's cost per output token within this share of TPOT at concurrency 1: linear.
+LINEAR_TOLERANCE = 0.15
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """What to profile, where to write it, how long it may take (``budget_s``, wall
+    time), the SLOs that goodput counts against, the most concurrency to try."""
+
+    out_dir: str
+    budget_s: float = DEFAULT_BUDGET_S
+    model: str | None = None
+    api: Api = "chat"
+    api_key: str | None = None
+    slo: SLO = field(default_factory=lambda: SLO(ttft_ms=2000.0, tpot_ms=100.0))
+    max_concurrency: int = 64
+    seed: int = 0
+    overwrite: bool = False
+    embedded: bool = False  # the simulated server the CLI started
+    factors: tuple[str, ...] = ()  # measure only these (``FACTORS``); empty: all
+
+    def __post_init__(self) -> None:
+        unknown = set(self.factors) - set(FACTORS)
+        if unknown:
+            raise UsageError(f"--factors: unknown {', '.join(sorted(unknown))} (known: {', '.join(FACTORS)})")
+        if self.budget_s <= 0:
+            raise UsageError("--budget must be positive")
+
+
+@dataclass
+class Factor:
+    """One factor: what it costs here, in words (``cost``), the measurement behind it
+    (``evidence``: which runs, which numbers), and the numbers (``data``); ``measured``
+    False: not measured (``cost`` says why)."""
+
+    name: str
+    title: str
+    cost: str
+    evidence: str
+    data: dict[str, Any] = field(default_factory=dict)
+    runs: list[str] = field(default_factory=list)
+    measured: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Profile:
+    """``profile.json``: the server, the budget and the time it took, each factor."""
+
+    url: str | None
+    model: str | None
+    engine: dict[str, Any] | None  # the simulated server's engine (null for other servers)
+    max_model_len: int
+    max_model_len_source: str
+    budget_s: float
+    elapsed_s: float
+    slo: SLO
+    factors: list[Factor]
+
+    def factor(self, name: str) -> Factor | None:
+        return next((f for f in self.factors if f.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "url": self.url,
+            "model": self.model,
+            "engine": self.engine,
+            "max_model_len": self.max_model_len,
+            "max_model_len_source": self.max_model_len_source,
+            "budget_s": self.budget_s,
+            "elapsed_s": self.elapsed_s,
+            "slo": dataclasses.asdict(self.slo),
+            "factors": [f.to_json() for f in self.factors],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Profile:
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"not an inferlab profile (schema {d.get('schema')!r}, expected {SCHEMA!r})")
+        slo = d.get("slo") or {}
+        return cls(
+            d.get("url"), d.get("model"), d.get("engine"), int(d["max_model_len"]), str(d["max_model_len_source"]),
+            float(d["budget_s"]), float(d["elapsed_s"]), SLO(slo.get("ttft_ms"), slo.get("tpot_ms"), slo.get("e2e_ms")),
+            [Factor(**f) for f in d["factors"]],
+        )
+
+
+def read_profile(path: str | Path) -> Profile:
+    """A profile folder's (or file's) ``profile.json``; ``UsageError`` if it is not one."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / PROFILE_FILE
+    try:
+        return Profile.from_json(json.loads(p.read_text()))
+    except OSError as e:
+        raise UsageError(f"{p}: {e.strerror or e}") from e
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{p}: not an inferlab profile ({e})") from e
+
+
+OnStep = Callable[[str], None]
+
+
+async def profile(config: ProfileConfig, url: str, *, clock: Clock | None = None, on_step: OnStep | None = None) -> Profile:
+    """Measure every factor against the server at ``url`` (see the module); write each
+    run and ``profile.json`` under ``config.out_dir``. ``UsageError`` when the folder
+    holds a profile already (without ``overwrite``)."""
+    out = _prepare_out(config)
+    p = _Profiler(config, url, clock or WallClock(), on_step or (lambda _: None))
+    result = await p.go()
+    (out / PROFILE_FILE).write_text(dumps(result.to_json()) + "\n")
+    return result
+
+
+def _prepare_out(config: ProfileConfig) -> Path:
+    out = Path(config.out_dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: not a directory")
+    if (out / PROFILE_FILE).exists() and not config.overwrite:
+        raise UsageError(f"--out {out} already holds a profile: give another folder, or --overwrite")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot write the profile to {out}: {e.strerror or e}") from e
+    return out
+
+
+@dataclass
+class _Point:
+    """One run's numbers that a factor uses."""
+
+    result: RunResult | None
+    error: str | None = None
+
+    def ok(self) -> list[RequestRecord]:
+        return [] if self.result is None else [r for r in self.result.records if r.ok and not r.warmup]
+
+    def median(self, metric: str) -> float | None:
+        values = [getattr(request_metrics(r), metric) for r in self.ok()]
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    def input_tokens(self) -> float | None:
+        values = [r.input_tokens for r in self.ok() if r.input_tokens is not None]
+        return statistics.median(values) if values else None
+
+
+class _Profiler:
+    def __init__(self, config: ProfileConfig, url: str, clock: Clock, on_step: OnStep) -> None:
+        self.config = config
+        self.url = url
+        self.clock = clock
+        self.on_step = on_step
+        self.out = Path(config.out_dir)
+        self.t0_ns = clock.now_ns()
+        # sizes scale with the budget: the default budget runs the default sizes
+        self.scale = min(2.0, max(0.2, config.budget_s / DEFAULT_BUDGET_S))
+        self.max_model_len = ASSUMED_MAX_MODEL_LEN
+        self.max_len_source = f"assumed {ASSUMED_MAX_MODEL_LEN} (the server does not say)"
+        self.engine: dict[str, Any] | None = None
+        self.model = config.model
+        self.overhead_tokens = 0
+
+    def elapsed_s(self) -> float:
+        return (self.clock.now_ns() - self.t0_ns) / NS_PER_S
+
+    def n(self, base: int, least: int = 3) -> int:
+        return max(least, round(base * self.scale))
+
+    async def go(self) -> Profile:
+        await self._server_info()
+        factors: list[Factor] = []
+        fit: PrefillFit | None = None
+        tpot_1: float | None = None
+        steps: list[tuple[str, Callable[[], Any]]] = [
+            ("prefill", self.prefill), ("decode", self.decode), ("output_length", self.output_length),
+            ("prefix_cache", self.prefix_cache), ("response_cache", self.response_cache),
+            ("head_of_line", self.head_of_line),
+        ]
+        spent = 0.0
+        wanted = set(self.config.factors or FACTORS)
+        if "template" in wanted:
+            wanted.add("prefill")  # (its cost is the template's tokens at the prefill rate)
+        if "output_length" in wanted:
+            wanted.add("decode")  # (checked against TPOT at concurrency 1)
+        # the budget is shared among the factors measured, in proportion to their shares
+        total_share = sum(SHARES[n] for n, _ in steps if n in wanted) or 1.0
+        for name, step in steps:
+            if name not in wanted:
+                continue
+            spent += SHARES[name] / total_share * 0.95
+            self.deadline_s = spent * self.config.budget_s
+            self.on_step(name)
+            if self.elapsed_s() >= self.deadline_s:
+                factors.append(_skipped(name, "the budget ran out before it"))
+                continue
+            try:
+                if name == "output_length":
+                    f = await self.output_length(tpot_1)
+                else:
+                    f = await step()
+            except InferlabError as e:
+                f = _skipped(name, f"failed: {e}")
+            factors.append(f)
+            if name == "prefill" and f.measured:
+                fit = PrefillFit(**{**f.data["fit"], "points": [tuple(p) for p in f.data["fit"]["points"]]})
+            if name == "decode" and f.measured:
+                tpot_1 = f.data.get("tpot_ms_at_1")
+        if "template" in wanted:
+            factors.append(self.template(fit))
+        if "temperature" in wanted:
+            factors.append(_skipped("temperature", "not measured: inferlab sends no sampling parameters, so every request ran at the server's default temperature"))
+        return Profile(
+            self.url if not self.config.embedded else None, self.model, self.engine, self.max_model_len,
+            self.max_len_source, self.config.budget_s, round(self.elapsed_s(), 2), self.config.slo, factors,
+        )
+
+    # --- the server ---------------------------------------------------------------------
+
+    async def _server_info(self) -> None:
+        """The model, its context length (``/v1/models``' ``max_model_len``, vLLM's) and
+        the simulated engine, where the server says."""
+        import aiohttp
+
+        from inferlab.client.http import api_base
+        from inferlab.sim.server.app import ENGINE_ROUTE
+
+        try:
+            base = api_base(self.url)
+        except ValueError as e:
+            raise UsageError(str(e)) from e
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as s:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                async with s.get(base + "/models", headers=headers) as resp:
+                    data = await resp.json(content_type=None) if resp.status == 200 else {}
+                models = data.get("data") if isinstance(data, dict) else None
+                if models and isinstance(models[0], dict):
+                    self.model = self.model or models[0].get("id")
+                    chosen = next((m for m in models if m.get("id") == self.model), models[0])
+                    if isinstance(chosen.get("max_model_len"), int):
+                        self.max_model_len = chosen["max_model_len"]
+                        self.max_len_source = "the server's /v1/models"
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                async with s.get(base.removesuffix("/v1") + ENGINE_ROUTE, headers=headers) as resp:
+                    if resp.status == 200:
+                        engine = await resp.json(content_type=None)
+                        self.engine = engine if isinstance(engine, dict) else None
+
+    def longest_prompt(self, output_tokens: int) -> int:
+        """The longest user content that fits the context with the template and the output."""
+        return self.max_model_len - output_tokens - max(self.overhead_tokens, 0) - 16
+
+    # --- running one measurement ---------------------------------------------------------
+
+    async def measure(self, name: str, concurrency: int, n: int, workload: WorkloadConfig, *, warmup: int = 0, deadline_s: float | None = None) -> _Point:
+        """One run, written to ``out_dir/name``, stopped at the factor's deadline."""
+        cfg = RunConfig(
+            LoadConfig(ClosedLoop(concurrency), num_requests=n, warmup=warmup, seed=self.config.seed),
+            workload, self.config.api, self.config.slo, str(self.out / name), overwrite=self.config.overwrite,
+        )
+        target = HttpTarget(self.url, self.model, api_key=self.config.api_key, embedded=self.config.embedded, workers=1)
+        stop = asyncio.Event()
+        left = (deadline_s if deadline_s is not None else self.deadline_s) - self.elapsed_s()
+        if left <= 0:
+            return _Point(None, "the budget ran out before it")
+        timer = asyncio.get_running_loop().call_later(left, stop.set)
+        try:
+            result = await run(cfg, target, stop=stop)
+        except RunFailedError as e:
+            return _Point(e.result if isinstance(e.result, RunResult) else None, str(e))
+        finally:
+            timer.cancel()
+        if result.summary.prompt_overhead_tokens not in (None,) and isinstance(result.summary.prompt_overhead_tokens, int):
+            self.overhead_tokens = result.summary.prompt_overhead_tokens
+        return _Point(result, "stopped at the end of its share of the budget" if result.interrupted else None)
+
+    # --- the factors ---------------------------------------------------------------------
+
+    async def prefill(self) -> Factor:
+        n = self.n(5)
+        points: list[tuple[float, float]] = []
+        runs: list[str] = []
+        done: list[int] = []
+        while True:
+            # (the longest prompt that fits is known once the first run has measured the
+            # template's tokens)
+            longest = self.longest_prompt(1)
+            rest = [x for x in PROMPT_LADDER if x <= longest and (not done or x > done[-1])]
+            if not rest and done and longest > done[-1] * 1.3:
+                rest = [longest]
+            if not rest:
+                break
+            L = rest[0]
+            done.append(L)
+            name = f"prefill/{L}"
+            pt = await self.measure(name, 1, n, WorkloadConfig(input_tokens=L, output_tokens=1), warmup=1 if len(done) == 1 else 0)
+            runs.append(name)
+            ttft, tokens = pt.median("ttft_ms"), pt.input_tokens()
+            if ttft is not None:
+                points.append((tokens if tokens is not None else float(L), ttft))
+            if pt.error and pt.result is None:
+                break
+        if len({x for x, _ in points}) < 2:
+            return _skipped("prefill", "fewer than two prompt lengths completed", runs)
+        fit = prefill_fit(points)
+        rate = "did not grow with length" if fit.prefill_tps is None else f"{fit.prefill_tps:,.0f} tokens/s"
+        flags = []
+        if fit.superlinear:
+            flags.append(f"super-linear: the longest prompts cost {fit.growth_ratio:.2f}× per token what shorter ones do (attention)")
+        if fit.step_at_tokens is not None:
+            flags.append(f"a step after {fit.step_at_tokens:,.0f} tokens (prefill chunking or a batching budget)")
+        cost = f"{fit.overhead_ms:,.1f} ms fixed + prefill at {rate}" + ("; " + "; ".join(flags) if flags else "")
+        evidence = (
+            f"median TTFT at concurrency 1, {n} requests per length, over {len(points)} prompt lengths "
+            f"{points[0][0]:,.0f}–{points[-1][0]:,.0f} tokens; line fit residual {fit.residual_pct:.1f}%"
+        )
+        return Factor("prefill", "prefill (prompt length)", cost, evidence, {"fit": fit.to_json(), "requests_per_point": n}, runs)
+
+    async def decode(self) -> Factor:
+        ladder = [c for c in CONCURRENCY_LADDER if c <= self.config.max_concurrency]
+        out_tokens = self.n(64, least=32)
+        rows: list[dict[str, Any]] = []
+        runs: list[str] = []
+        share_end = self.deadline_s
+        for c in ladder:
+            name = f"decode/c{c}"
+            pt = await self.measure(name, c, max(2 * c, self.n(4)), WorkloadConfig(input_tokens=128, output_tokens=out_tokens), deadline_s=share_end)
+            runs.append(name)
+            if pt.result is None:
+                break
+            s = pt.result.summary
+            rows.append({
+                "concurrency": c,
+                "completed": s.counts.completed,
+                "tpot_ms_p50": None if s.tpot_ms is None else s.tpot_ms.p50,
+                "ttft_ms_p50": None if s.ttft_ms is None else s.ttft_ms.p50,
+                "output_tps": s.output_token_throughput_tps,
+                "goodput_rps": s.goodput_rps,
+                "interrupted": pt.result.interrupted,
+            })
+            if pt.result.interrupted:
+                break
+        rows = [r for r in rows if r["tpot_ms_p50"] is not None and r["output_tps"]]
+        if not rows:
+            return _skipped("decode", "no run completed", runs)
+        k = knee([r["concurrency"] for r in rows], [r["output_tps"] for r in rows], [r["goodput_rps"] for r in rows])
+        tpot_1 = rows[0]["tpot_ms_p50"] if rows[0]["concurrency"] == 1 else None
+        top = max(rows, key=lambda r: r["output_tps"])
+        knee_text = (
+            f"throughput still rising at {rows[-1]['concurrency']} (no knee measured)" if k.knee_concurrency is None
+            else f"knee at concurrency {k.knee_concurrency}"
+        )
+        cost = (
+            (f"{tpot_1:.2f} ms per token at concurrency 1 ({1000 / tpot_1:,.0f} tokens/s per stream); " if tpot_1 else "")
+            + f"{knee_text}; most output {top['output_tps']:,.0f} tokens/s at {top['concurrency']}"
+        )
+        slo = self.config.slo
+        if k.best_goodput_concurrency is not None:
+            cost += f"; most goodput at concurrency {k.best_goodput_concurrency}"
+        evidence = (
+            f"closed loops of 128-token prompts, {out_tokens} output tokens, concurrency "
+            f"{', '.join(str(r['concurrency']) for r in rows)}: TPOT p50 "
+            + ", ".join(f"{r['tpot_ms_p50']:.1f}" for r in rows)
+            + " ms; output tokens/s " + ", ".join(f"{r['output_tps']:,.0f}" for r in rows)
+            + f"; goodput under TTFT ≤ {slo.ttft_ms:g} ms, TPOT ≤ {slo.tpot_ms:g} ms"
+        )
+        data = {
+            "points": rows, "tpot_ms_at_1": tpot_1, "decode_tps_at_1": None if not tpot_1 else 1000 / tpot_1,
+            "knee_concurrency": k.knee_concurrency, "best_goodput_concurrency": k.best_goodput_concurrency,
+            "output_tokens": out_tokens,
+        }
+        return Factor("decode", "decode (concurrency)", cost, evidence, data, runs)
+
+    async def output_length(self, tpot_1: float | None = None) -> Factor:
+        lengths = [16, 64, self.n(256, least=128)]
+        pts: list[tuple[int, float]] = []
+        runs = []
+        for m in lengths:
+            name = f"output/{m}"
+            pt = await self.measure(name, 1, self.n(3, least=2), WorkloadConfig(input_tokens=128, output_tokens=m))
+            runs.append(name)
+            e2e = pt.median("e2e_ms")
+            if e2e is not None:
+                pts.append((m, e2e))
+        if len(pts) < 2:
+            return _skipped("output_length", "fewer than two output lengths completed", runs)
+        from inferlab.analysis.fits import linear_fit
+
+        _, per_token = linear_fit([float(x) for x, _ in pts], [y for _, y in pts])
+        linear = None if not tpot_1 else abs(per_token / tpot_1 - 1) <= LINEAR_TOLERANCE
+        check = (
+            "" if linear is None
+            else f"; {'matches' if linear else 'does not match'} TPOT at concurrency 1 ({tpot_1:.2f} ms)"
+        )
+        cost = f"{per_token:.2f} ms per output token{check}"
+        evidence = "median E2E at concurrency 1, 128-token prompts: " + ", ".join(f"{m} tokens {e:,.0f} ms" for m, e in pts)
+        data = {"points": pts, "ms_per_token": per_token, "linear": linear}
+        return Factor("output_length", "output length (max tokens)", cost, evidence, data, runs)
+
+    async def prefix_cache(self) -> Factor:
+        prefix = max(64, min(2048, self.longest_prompt(4) // 2))
+        suffix = 64
+        n = self.n(4)
+        shared = await self.measure(
+            "prefix/shared", 1, n, WorkloadConfig(prefix_groups=1, prefix_tokens=prefix, suffix_tokens=suffix, output_tokens=4), warmup=1,
+        )
+        unique = await self.measure("prefix/unique", 1, n, WorkloadConfig(input_tokens=prefix + suffix, output_tokens=4))
+        runs = ["prefix/shared", "prefix/unique"]
+        a, b = shared.median("ttft_ms"), unique.median("ttft_ms")
+        if a is None or b is None:
+            return _skipped("prefix_cache", "a run did not complete", runs)
+        hit_rate, source = _hit_rate(shared)
+        saved = b - a
+        seen = "not reported by the server" if hit_rate is None else f"{hit_rate:.0%} of prompt tokens cached ({source})"
+        cost = (
+            f"a shared {prefix:,}-token prefix saves {saved:,.1f} ms TTFT ({saved / b:.0%}); {seen}"
+            if saved > 0 else f"no TTFT saved by a shared prefix ({saved:+,.1f} ms): prefix caching looks off; {seen}"
+        )
+        evidence = f"median TTFT at concurrency 1: shared prefix {a:,.1f} ms vs unique prompts of the same length {b:,.1f} ms ({n} requests each)"
+        data = {"prefix_tokens": prefix, "suffix_tokens": suffix, "ttft_shared_ms": a, "ttft_unique_ms": b, "saved_ms": saved, "hit_rate": hit_rate, "hit_rate_source": source}
+        return Factor("prefix_cache", "prefix cache", cost, evidence, data, runs)
+
+    async def response_cache(self) -> Factor:
+        n = self.n(4)
+        prompt = "Explain briefly how a prefix cache speeds up a language model server. " * 8
+        repeat = await self.measure("response/repeat", 1, n, WorkloadConfig(prompt=prompt, output_tokens=32), warmup=1)
+        tokens = repeat.input_tokens()
+        fresh_len = max(16, round(tokens - self.overhead_tokens) if tokens else 100)
+        fresh = await self.measure("response/fresh", 1, n, WorkloadConfig(input_tokens=fresh_len, output_tokens=32))
+        runs = ["response/repeat", "response/fresh"]
+        a, b = repeat.median("e2e_ms"), fresh.median("e2e_ms")
+        if a is None or b is None:
+            return _skipped("response_cache", "a run did not complete", runs)
+        ratio = a / b
+        detected = ratio < RESPONSE_CACHE_RATIO
+        cost = (
+            f"detected: a repeated request took {ratio:.0%} of a fresh one's E2E" if detected
+            else f"none detected: a repeated request took {ratio:.0%} of a fresh one's E2E"
+        )
+        evidence = f"median E2E at concurrency 1, 32 output tokens: the same request repeated {a:,.1f} ms vs fresh prompts of its length {b:,.1f} ms"
+        return Factor("response_cache", "response cache (identical requests)", cost, evidence,
+                      {"detected": detected, "e2e_repeat_ms": a, "e2e_fresh_ms": b, "ratio": ratio}, runs)
+
+    async def head_of_line(self) -> Factor:
+        n = self.n(8, least=4)
+        short = WorkloadConfig(input_tokens=64, output_tokens=8)
+        alone = await self.measure("hol/short-alone", 1, n, short)
+        long_tokens = max(256, self.longest_prompt(16))
+        # long prompts keep arriving while the short ones run: the background stops when
+        # the foreground is done (its run directory says interrupted: that is by design)
+        stop_bg = asyncio.Event()
+        bg_cfg = RunConfig(
+            LoadConfig(ClosedLoop(2), num_requests=10_000, seed=self.config.seed + 1),
+            WorkloadConfig(input_tokens=long_tokens, output_tokens=16), self.config.api, None,
+            str(self.out / "hol/long-background"), overwrite=self.config.overwrite,
+        )
+        target = HttpTarget(self.url, self.model, api_key=self.config.api_key, embedded=self.config.embedded, workers=1)
+        timer = asyncio.get_running_loop().call_later(max(0.0, self.deadline_s - self.elapsed_s()), stop_bg.set)
+        background = asyncio.ensure_future(run(bg_cfg, target, stop=stop_bg))
+        try:
+            await asyncio.sleep(0.5)  # the long prompts are in flight first
+            mixed = await self.measure("hol/short-with-long", 1, n, short)
+        finally:
+            stop_bg.set()
+            timer.cancel()
+            with contextlib.suppress(InferlabError):
+                await background
+        runs = ["hol/short-alone", "hol/short-with-long", "hol/long-background"]
+        a, b = alone.median("ttft_ms"), mixed.median("ttft_ms")
+        if a is None or b is None:
+            return _skipped("head_of_line", "a run did not complete", runs)
+        inflation = b / a
+        cost = f"short requests' TTFT × {inflation:.2f} while {long_tokens:,}-token prompts are in flight ({a:,.1f} → {b:,.1f} ms)"
+        evidence = f"median TTFT of 64-token prompts at concurrency 1, alone vs beside 2 closed-loop users sending {long_tokens:,}-token prompts ({n} requests each)"
+        return Factor("head_of_line", "head-of-line blocking", cost, evidence,
+                      {"short_alone_ttft_ms": a, "short_with_long_ttft_ms": b, "inflation": inflation, "long_tokens": long_tokens}, runs)
+
+    def template(self, fit: PrefillFit | None) -> Factor:
+        tokens = self.overhead_tokens
+        if self.config.api != "chat":
+            return _skipped("template", "not measured: the completions API applies no chat template")
+        per_token_ms = None if fit is None or not fit.prefill_tps else 1000 / fit.prefill_tps
+        cost_ms = None if per_token_ms is None else tokens * per_token_ms
+        cost = f"{tokens} tokens per request" + ("" if cost_ms is None else f", about {cost_ms:.2f} ms of TTFT at the measured prefill rate")
+        evidence = "the chat template's tokens as the preflight probe counted them (an empty message against a plain prompt)"
+        if per_token_ms is not None:
+            evidence += f", × {per_token_ms * 1000:.1f} µs per token (the prefill fit)"
+        return Factor("template", "chat template", cost, evidence, {"overhead_tokens": tokens, "ttft_cost_ms": cost_ms})
+
+
+def _skipped(name: str, why: str, runs: Sequence[str] = ()) -> Factor:
+    return Factor(name, name.replace("_", " "), why, "", {}, list(runs), measured=False)
+
+
+def _hit_rate(point: _Point) -> tuple[float | None, str]:
+    """Prompt tokens served from the prefix cache: the server's usage, else its /metrics."""
+    done = point.ok()
+    cached = [r.cached_tokens for r in done if r.cached_tokens is not None]
+    prompt = sum(r.input_tokens or 0 for r in done)
+    if cached and prompt:
+        return sum(cached) / prompt, "usage.prompt_tokens_details.cached_tokens"
+    if point.result is not None:
+        from inferlab.results.telemetry import ServerMetrics
+
+        m = point.result.summary.server_metrics
+        if isinstance(m, ServerMetrics) and m.prefix_cache_hit_rate is not None:
+            return m.prefix_cache_hit_rate, "the server's /metrics"
+    return None, "unknown"
+
+
+def parse_budget(text: str) -> float:
+    """``--budget``: ``300``, ``90s``, ``5m``, ``1h`` → seconds; ``UsageError`` otherwise."""
+    t = text.strip().lower()
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    mult = units.get(t[-1:])
+    number = t[:-1] if mult is not None else t
+    try:
+        value = float(number) * (mult or 1.0)
+    except ValueError:
+        raise UsageError(f"--budget {text!r}: expected seconds, or a number with s, m or h (5m)") from None
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"--budget {text!r}: must be positive")
+    return value

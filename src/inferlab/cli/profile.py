@@ -1,0 +1,85 @@
+"""``inferlab profile``: what each factor costs on one server (``analysis.profile``)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from inferlab.analysis.profile import (
+    DEFAULT_BUDGET_S,
+    FACTORS,
+    Profile,
+    ProfileConfig,
+    parse_budget,
+    profile,
+)
+from inferlab.cli.common import run_guarded
+from inferlab.results.metrics import SLO
+from inferlab.results.runfiles import dumps
+
+
+@click.command("profile")
+@click.option("--url", help="OpenAI-compatible server. Default: the embedded simulated server (started for the profile, stopped after).")
+@click.option("--model", help="Model name to request (default: the first the server lists; without --url: the model the simulator serves).")
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY].")
+@click.option("--budget", default=f"{DEFAULT_BUDGET_S / 60:g}m", show_default=True, help="Wall time the whole profile may take: seconds, or 90s, 5m, 1h. Sizes shrink with it; a measurement still going at the end of its share is stopped.")
+@click.option("--out", "out_dir", default="inferlab-profile", show_default=True, type=click.Path(file_okay=False), help="Folder for profile.json and one run directory per measurement.")
+@click.option("--overwrite", is_flag=True, help="Replace a profile already in --out.")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=64, show_default=True, help="The highest concurrency the decode ladder tries (1, 2, 4, ...).")
+@click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), default=2000.0, show_default=True, help="Goodput SLO on TTFT (which concurrency serves the most requests within the SLOs).")
+@click.option("--slo-tpot-ms", type=click.FloatRange(min=0, min_open=True), default=100.0, show_default=True, help="Goodput SLO on TPOT.")
+@click.option("--factors", default="all", show_default=True, help=f"Measure only these, comma-separated: {', '.join(FACTORS)}.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print profile.json instead of the table.")
+def profile_command(**kw: Any) -> None:
+    """Measure what each factor costs on a server: prompt length (prefill), concurrency
+    (decode), output length, prefix cache, response cache, head-of-line blocking, the chat
+    template. Writes PROFILE_DIR/profile.json and one run directory per measurement."""
+    sys.exit(run_guarded(lambda: _profile(kw)))
+
+
+def _profile(kw: dict[str, Any]) -> int:
+    config = ProfileConfig(
+        out_dir=kw["out_dir"], budget_s=parse_budget(kw["budget"]), model=kw["model"], api=kw["api"],
+        api_key=kw["api_key"], slo=SLO(ttft_ms=kw["slo_ttft_ms"], tpot_ms=kw["slo_tpot_ms"]),
+        max_concurrency=kw["max_concurrency"], seed=kw["seed"], overwrite=kw["overwrite"], embedded=kw["url"] is None,
+        factors=() if kw["factors"].strip() == "all" else tuple(f.strip() for f in kw["factors"].split(",") if f.strip()),
+    )
+    err = Console(stderr=True)
+    embedded = None
+    url = kw["url"]
+    if url is None:
+        from inferlab.sim.server.launch import ChildServer
+
+        embedded = ChildServer(["--model", kw["model"]] if kw["model"] else [])
+        url = embedded.url
+        click.echo(f"inferlab: no --url, profiling the simulated server at {url} (numbers are a prediction)", err=True)
+    try:
+        result = asyncio.run(profile(config, url, on_step=lambda name: err.print(f"[dim]profile: {name.replace('_', ' ')}…[/dim]")))
+    finally:
+        if embedded is not None:
+            embedded.close()
+    if kw["as_json"]:
+        click.echo(dumps(result.to_json()))
+    else:
+        render_profile(Console(), result, config.out_dir)
+    return 0
+
+
+def render_profile(console: Console, p: Profile, out_dir: str) -> None:
+    """The table: factor · measured cost here · evidence."""
+    where = p.url or "the embedded simulated server (prediction)"
+    table = Table(title=f"profile of {p.model} @ {where} ({p.elapsed_s:,.0f} s of a {p.budget_s:,.0f} s budget)", title_justify="left", header_style="bold")
+    table.add_column("factor", no_wrap=True)
+    table.add_column("measured cost here")
+    table.add_column("evidence")
+    for f in p.factors:
+        table.add_row(f.title, f.cost if f.measured else f"[dim]{f.cost}[/dim]", f.evidence)
+    console.print(table)
+    console.print(f"results: {out_dir}/profile.json (each measurement's run directory beside it); next: inferlab advise {out_dir}")

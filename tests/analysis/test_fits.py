@@ -1,0 +1,46 @@
+"""The profile's fits on numbers with known answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferlab.analysis.fits import knee, linear_fit, prefill_fit
+
+
+def test_a_straight_line_gives_back_its_overhead_and_rate() -> None:
+    # 40 ms fixed + 20,000 tokens/s (0.05 ms per token)
+    pts = [(x, 40 + 0.05 * x) for x in (128, 256, 512, 1024, 2048, 4096)]
+    f = prefill_fit(pts)
+    assert f.overhead_ms == pytest.approx(40)
+    assert f.prefill_tps == pytest.approx(20_000)
+    assert f.residual_pct == pytest.approx(0, abs=1e-9)
+    assert not f.superlinear and f.step_at_tokens is None
+
+
+def test_quadratic_growth_is_flagged_super_linear() -> None:
+    pts = [(x, 40 + 0.02 * x + 4e-6 * x * x) for x in (128, 256, 512, 1024, 2048, 4096, 8192)]
+    f = prefill_fit(pts)
+    assert f.superlinear and f.growth_ratio is not None and f.growth_ratio > 1.3
+    assert f.step_at_tokens is None
+
+
+def test_one_jump_is_a_step_not_super_linear() -> None:
+    # a budget of 2,048 tokens: past it the prompt takes a second step of ~60 ms
+    pts = [(x, 40 + 0.02 * x + (60 if x > 2048 else 0)) for x in (256, 512, 1024, 2048, 2560, 3072, 4096)]
+    f = prefill_fit(pts)
+    assert f.step_at_tokens == 2048
+    assert not f.superlinear
+
+
+def test_a_flat_ttft_has_no_rate() -> None:
+    assert prefill_fit([(100, 50.0), (1000, 50.0)]).prefill_tps is None
+    with pytest.raises(ValueError):
+        linear_fit([1.0, 1.0], [2.0, 3.0])
+
+
+def test_the_knee_is_where_doubling_stops_paying() -> None:
+    c = [1, 2, 4, 8, 16, 32]
+    tput = [100, 200, 390, 700, 760, 770]  # 8 → 16 adds 9 %: the knee is at 8
+    k = knee(c, tput, [1.0, 2.0, 3.5, 6.0, 5.0, 1.0])
+    assert k.knee_concurrency == 8 and k.best_goodput_concurrency == 8
+    assert knee(c, [100 * x for x in c], [None] * 6).knee_concurrency is None

@@ -1,0 +1,76 @@
+"""``inferlab profile`` against the simulated server over real loopback HTTP: what it
+measures is what the simulator itself predicts in virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from inferlab.analysis.fits import linear_fit
+from inferlab.analysis.profile import PROFILE_FILE, ProfileConfig, profile, read_profile
+from inferlab.load.run import RunConfig, SimTarget, run
+from inferlab.load.schedules import ClosedLoop, LoadConfig
+from inferlab.results.runfiles import read_records
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sim.server.launch import ChildServer
+from inferlab.workload.config import WorkloadConfig
+
+LIMIT_S = 240.0
+#: The server's settings, all given (none left to a default).
+SERVE = ["--max-model-len", "4096", "--max-num-batched-tokens", "8192", "--enforce-eager", "--gpu", "H100"]
+
+
+def sim_ttft_ms(engine: EngineConfig, prompt_tokens: int) -> tuple[float, float]:
+    """(prompt tokens as the engine counted them, TTFT ms) of one request alone, in virtual time."""
+    cfg = RunConfig(LoadConfig(ClosedLoop(1), num_requests=3), WorkloadConfig(input_tokens=prompt_tokens, output_tokens=1))
+    s = asyncio.run(run(cfg, SimTarget(engine))).summary
+    assert s.ttft_ms is not None and s.input_tokens is not None
+    return s.input_tokens / 3, s.ttft_ms.p50
+
+
+def test_profile_recovers_the_prefill_rate_and_decode_time_the_simulator_predicts(tmp_path: Path) -> None:
+    out = tmp_path / "profile"
+    config = ProfileConfig(str(out), budget_s=300, factors=("prefill", "decode"), max_concurrency=1)
+    with ChildServer(SERVE) as server:
+        async def go() -> None:
+            async with asyncio.timeout(LIMIT_S):
+                await profile(config, server.url)
+        asyncio.run(go())
+    p = read_profile(out)
+    assert json.loads((out / PROFILE_FILE).read_text())["schema"] == "inferlab.profile/1"
+    assert [f.name for f in p.factors] == ["prefill", "decode"]
+    assert p.engine is not None and p.max_model_len == 4096
+    engine = EngineConfig(**{k: v for k, v in p.engine.items() if k in {f.name for f in dataclasses.fields(EngineConfig)} - {"gpu", "offline"}})
+
+    # the simulator's own prediction, at the lengths the profile sent, in virtual time
+    prefill = p.factor("prefill")
+    assert prefill is not None and prefill.measured
+    lengths = sorted({r.requested_input_tokens for run_name in prefill.runs for r in read_records(out / run_name / "requests.jsonl")
+                      if r.requested_input_tokens is not None})
+    assert len(lengths) >= 5 and lengths[-1] > 3000  # the ladder reached near the context
+    predicted = [sim_ttft_ms(engine, n) for n in lengths]
+    _, slope = linear_fit([x for x, _ in predicted], [y for _, y in predicted])
+    predicted_tps = 1000 / slope
+    measured_tps = prefill.data["fit"]["prefill_tps"]
+    assert measured_tps == pytest.approx(predicted_tps, rel=0.10)
+
+    decode = p.factor("decode")
+    assert decode is not None and decode.measured
+    cfg = RunConfig(LoadConfig(ClosedLoop(1), num_requests=3), WorkloadConfig(input_tokens=128, output_tokens=decode.data["output_tokens"]))
+    s = asyncio.run(run(cfg, SimTarget(engine))).summary
+    assert s.tpot_ms is not None
+    assert decode.data["tpot_ms_at_1"] == pytest.approx(s.tpot_ms.p50, rel=0.10)
+
+
+def test_profile_refuses_a_folder_that_holds_one_and_unknown_factors(tmp_path: Path) -> None:
+    from inferlab._errors import UsageError
+
+    (tmp_path / PROFILE_FILE).write_text("{}")
+    with pytest.raises(UsageError, match="already holds a profile"):
+        asyncio.run(profile(ProfileConfig(str(tmp_path)), "http://127.0.0.1:9"))
+    with pytest.raises(UsageError, match="unknown nonsense"):
+        ProfileConfig(str(tmp_path), factors=("nonsense",))
