@@ -17,6 +17,7 @@ from rich.console import Console
 
 from inferlab._clock import WallClock
 from inferlab._errors import RunFailedError, UsageError
+from inferlab.cli.advise import advise_command
 from inferlab.cli.common import (
     entry,
     finish_run,
@@ -152,6 +153,7 @@ main.add_command(sim)
 main.add_command(export)
 main.add_command(tokens)
 main.add_command(profile_command)
+main.add_command(advise_command)
 
 def run() -> None:
     """The console script."""

@@ -1,0 +1,610 @@
+"""``inferlab advise``: evidence → a tuning checklist. Each recommendation says what
+triggered it (a measurement), what to change (an engine flag, a gateway setting, or the
+application), and what it should gain: predicted with the simulator where one applies
+(``analysis.whatif``: the observed workload rerun in virtual time with the change; said
+to be a prediction), else bounded from the measurement itself.
+
+Sources: a run directory (config.json, requests.jsonl, summary.json), a profile folder
+(``profile.json``, ``analysis.profile``) or a folder of runs (a sweep: the knee across
+them, and the rules on its heaviest run). ``--goal`` reorders the list: throughput,
+latency (the default) or consistency (the tail).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from inferlab._errors import InferlabError, UsageError
+from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile
+from inferlab.analysis.whatif import WhatIf
+from inferlab.results.metrics import request_metrics
+from inferlab.results.records import RequestRecord
+from inferlab.results.runfiles import read_records, read_summary
+from inferlab.results.summary import Summary
+from inferlab.results.telemetry import ServerMetrics
+
+Goal = Literal["throughput", "latency", "consistency"]
+GOALS: tuple[Goal, ...] = ("throughput", "latency", "consistency")
+
+#: A prompt this long, and this many times the median, is "long" beside the others.
+LONG_PROMPT_TOKENS = 2048
+LONG_PROMPT_RATIO = 8.0
+#: A predicted change smaller than this share is not worth recommending.
+MIN_GAIN = 0.05
+#: System prompt + template tokens past this share of a prompt (or this many) are "long".
+OVERHEAD_SHARE = 0.2
+OVERHEAD_TOKENS = 500
+#: Prompt tokens served from cache below this share, while prefixes are shared: unexploited.
+LOW_HIT_RATE = 0.1
+#: KV usage past this share, or any preemption: pressure.
+KV_PRESSURE = 0.9
+#: Sessions whose last turn's prompt is this many times the first's: growing context.
+CONTEXT_GROWTH = 3.0
+#: Outputs this long at p90 are long.
+LONG_OUTPUT_TOKENS = 1024
+#: Head-of-line inflation (profile) past this: blocking.
+HOL_INFLATION = 1.5
+
+#: Each rule's rank per goal (lower first).
+PRIORITY: dict[str, dict[Goal, int]] = {
+    "head_of_line": {"latency": 1, "consistency": 1, "throughput": 8},
+    "prefix_caching": {"latency": 2, "consistency": 4, "throughput": 2},
+    "kv_pressure": {"latency": 5, "consistency": 2, "throughput": 1},
+    "concurrency_cap": {"latency": 4, "consistency": 3, "throughput": 3},
+    "template_overhead": {"latency": 3, "consistency": 7, "throughput": 5},
+    "context_growth": {"latency": 6, "consistency": 5, "throughput": 4},
+    "quantization": {"latency": 7, "consistency": 8, "throughput": 6},
+    "response_cache": {"latency": 8, "consistency": 9, "throughput": 7},
+    "long_outputs": {"latency": 9, "consistency": 6, "throughput": 9},
+}
+
+
+@dataclass
+class Gain:
+    """What a change should do to one metric: ``before`` → ``after``; ``kind`` says
+    whether it is a simulator prediction or bounded from a measurement."""
+
+    metric: str
+    before: float
+    after: float
+    kind: str  # "prediction (simulator: ...)" or "estimate (from ...)"
+
+    @property
+    def delta(self) -> float:
+        return self.after - self.before
+
+    @property
+    def delta_pct(self) -> float | None:
+        return None if self.before == 0 else 100 * (self.after - self.before) / self.before
+
+    def text(self) -> str:
+        pct = self.delta_pct
+        return f"{self.metric} {self.before:,.1f} → {self.after:,.1f}" + ("" if pct is None else f" ({pct:+.0f}%)") + f" [{self.kind}]"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "delta": self.delta, "delta_pct": self.delta_pct}
+
+
+@dataclass
+class Recommendation:
+    """One item of the checklist."""
+
+    rule: str
+    title: str  # plain language
+    evidence: str  # the measurement that triggered it
+    change: str  # the exact flag, setting or application change
+    gains: list[Gain] = field(default_factory=list)
+    note: str = ""  # trade-offs, or why no prediction
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule, "title": self.title, "evidence": self.evidence, "change": self.change,
+            "gains": [g.to_json() for g in self.gains], "note": self.note,
+        }
+
+
+@dataclass
+class Advice:
+    source: str
+    kind: str  # run, profile, sweep
+    goal: Goal
+    recommendations: list[Recommendation]
+    checked: list[str]  # every rule looked at
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source, "kind": self.kind, "goal": self.goal,
+            "recommendations": [r.to_json() for r in self.recommendations], "rules_checked": self.checked,
+        }
+
+
+def advise(path: str | Path, goal: Goal = "latency") -> Advice:
+    """Recommendations for a run directory, a profile folder or a folder of runs;
+    ``UsageError`` for anything else."""
+    if goal not in GOALS:
+        raise UsageError(f"--goal {goal!r}: expected {', '.join(GOALS)}")
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{p}: no such file or directory")
+    if p.is_file() and p.name == PROFILE_FILE:
+        p = p.parent
+    if (p / PROFILE_FILE).exists():
+        recs, checked = _profile_rules(read_profile(p), p)
+        kind = "profile"
+    elif (p / "summary.json").exists():
+        recs, checked = _run_rules(_Run.read(p), goal)
+        kind = "run"
+    else:
+        runs = sorted(d.parent for d in p.rglob("summary.json"))
+        if not runs:
+            raise UsageError(f"{p}: not a run directory (no summary.json), a profile (no {PROFILE_FILE}) or a folder of runs")
+        recs, checked = _sweep_rules([_Run.read(d) for d in runs], goal)
+        kind = "sweep"
+    recs.sort(key=lambda r: (PRIORITY.get(r.rule, {}).get(goal, 99), -_size(r)))
+    return Advice(str(p), kind, goal, recs, checked)
+
+
+def _size(r: Recommendation) -> float:
+    return max((abs(g.delta_pct or 0) for g in r.gains), default=0.0)
+
+
+# --- a run's evidence -------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    dir: Path
+    config: dict[str, Any]
+    summary: Summary
+    records: list[RequestRecord]  # measured, completed
+
+    @classmethod
+    def read(cls, d: Path) -> _Run:
+        try:
+            config = json.loads((d / "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{d}/config.json: cannot read it ({e})") from e
+        summary = read_summary(d / "summary.json")
+        records = [r for r in read_records(d / "requests.jsonl") if r.ok and not r.warmup]
+        return cls(d, config, summary, records)
+
+    def workload(self) -> dict[str, Any]:
+        w = self.config.get("workload")
+        return w if isinstance(w, dict) else {}
+
+    def engine(self) -> dict[str, Any] | None:
+        e = self.config.get("engine") if self.config.get("command") == "sim run" else (self.config.get("resolved") or {}).get("engine")
+        return e if isinstance(e, dict) else None
+
+    def concurrency(self) -> float | None:
+        s = (self.config.get("load") or {}).get("schedule") or {}
+        c = s.get("concurrency") or s.get("max_concurrency")
+        return float(c) if c else None
+
+
+def _inputs(records: Sequence[RequestRecord]) -> list[int]:
+    return [r.input_tokens for r in records if r.input_tokens]
+
+
+def _ttfts(records: Sequence[RequestRecord], keep: Callable[[RequestRecord], bool]) -> list[float]:
+    out = []
+    for r in records:
+        if keep(r):
+            t = request_metrics(r).ttft_ms
+            if t is not None:
+                out.append(t)
+    return out
+
+
+def _p(values: Sequence[float], q: float) -> float:
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _prediction(w: WhatIf, what: str) -> str:
+    return f"prediction: simulator, {w.describe_engine()}, {w.method}, {what}"
+
+
+# --- rules on one run ---------------------------------------------------------------------
+
+
+def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
+    w = WhatIf(run.dir, run.config)
+    rules: list[Callable[[_Run, WhatIf, Goal], Recommendation | None]] = [
+        _head_of_line, _prefix_caching, _kv_pressure, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
+    ]
+    out = []
+    for rule in rules:
+        try:
+            rec = rule(run, w, goal)
+        except InferlabError as e:  # a what-if the simulator refused: said, not hidden
+            rec = Recommendation(rule.__name__.strip("_"), "(could not be checked)", str(e), "")
+        if rec is not None:
+            out.append(rec)
+    return out, [r.__name__.strip("_") for r in rules]
+
+
+def _itls(records: Sequence[RequestRecord], keep: Callable[[RequestRecord], bool]) -> list[float]:
+    return [g for r in records if keep(r) for g in request_metrics(r).itl_ms]
+
+
+#: A budget may cost the short requests' TTFT p90 this much at most.
+HOL_TTFT_SLACK = 0.10
+
+
+def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """Long prompts beside short ones: each long prefill is one long engine step that
+    stalls every running stream (and delays the next arrivals). A smaller per-step budget
+    splits it into chunks: shorter stalls. Chosen: the smallest candidate budget that
+    keeps the short requests' TTFT p90 within ``HOL_TTFT_SLACK`` of the current one."""
+    inputs = _inputs(run.records)
+    if len(inputs) < 4:
+        return None
+    median = statistics.median(inputs)
+    threshold = max(LONG_PROMPT_TOKENS, LONG_PROMPT_RATIO * median)
+    long_n = sum(1 for x in inputs if x >= threshold)
+    if long_n == 0 or long_n == len(inputs):
+        return None
+    short_max = threshold / 4
+
+    def short(r: RequestRecord) -> bool:
+        return bool(r.input_tokens) and (r.input_tokens or 0) <= short_max
+
+    def long(r: RequestRecord) -> bool:
+        return (r.input_tokens or 0) >= threshold
+
+    ttft, itl = _ttfts(run.records, short), _itls(run.records, short)
+    if len(ttft) < 2 or len(itl) < 2:
+        return None
+    evidence = (
+        f"{long_n} of {len(inputs)} prompts are {threshold:,.0f}+ tokens (median {median:,.0f}); the short ones' "
+        f"streams stall: inter-token gap p99 {_p(itl, 0.99):,.0f} ms against a median of {statistics.median(itl):,.1f} ms; "
+        f"their TTFT p90 {_p(ttft, 0.9):,.0f} ms against a p50 of {statistics.median(ttft):,.0f} ms"
+    )
+    change = (
+        "a smaller per-step token budget, so long prompts are prefilled in chunks between the other streams' tokens: "
+        "vLLM --max-num-batched-tokens {budget} (chunked prefill on: --enable-chunked-prefill; SGLang --chunked-prefill-size {budget}){seqs}; "
+        "for the short requests' TTFT as well, admit by prompt tokens in flight at a gateway, so long prompts queue apart"
+    )
+    engine = run.engine()
+    title = "Long prompts hold up the short ones (head-of-line blocking)"
+    if not w.available or engine is None:
+        if _p(itl, 0.99) < 4 * statistics.median(itl):
+            return None
+        return Recommendation(
+            "head_of_line", title, evidence, change.format(budget=2048, seqs=""),
+            note="no prediction: the run's engine is unknown (profile it, or run the workload against `inferlab sim serve`)",
+        )
+    budget = int(engine.get("max_num_batched_tokens") or 8192)
+    seqs = int(engine.get("max_num_seqs") or 256)
+    base = w.simulate()
+    base_ttft, base_itl = _ttfts(base.records, short), _itls(base.records, short)
+    if not base_ttft or not base_itl:
+        return None
+    chosen = None
+    for candidate in (4096, 2048, 1024, 512):
+        if candidate >= budget:
+            continue
+        changes: dict[str, Any] = {"max_num_batched_tokens": candidate, "max_num_seqs": min(seqs, candidate), "enable_chunked_prefill": True}
+        sim = w.simulate(changes)
+        after_ttft = _ttfts(sim.records, short)
+        if after_ttft and _p(after_ttft, 0.9) <= (1 + HOL_TTFT_SLACK) * _p(base_ttft, 0.9):
+            chosen = (candidate, sim)
+    if chosen is None:
+        return None
+    candidate, sim = chosen
+    before, after = _p(base_itl, 0.99), _p(_itls(sim.records, short), 0.99)
+    if (before - after) / before < MIN_GAIN:
+        return None
+    kind = _prediction(w, f"--max-num-batched-tokens {candidate} against {budget}")
+    gains = [
+        Gain("short requests' p99 inter-token gap ms", before, after, kind),
+        Gain("short requests' mean TPOT ms", _mean_tpot(base.records, short), _mean_tpot(sim.records, short), kind),
+        Gain("short requests' p90 TTFT ms", _p(base_ttft, 0.9), _p(_ttfts(sim.records, short), 0.9), kind),
+    ]
+    long_before, long_after = _ttfts(base.records, long), _ttfts(sim.records, long)
+    if long_before and long_after:
+        gains.append(Gain("long requests' mean TTFT ms", statistics.fmean(long_before), statistics.fmean(long_after), kind))
+    seq_note = f"; with --max-num-seqs {candidate} (vLLM: no more sequences than budget tokens)" if candidate < seqs else ""
+    return Recommendation(
+        "head_of_line", title, evidence, change.format(budget=candidate, seqs=seq_note), gains,
+        f"the smallest budget tried (4096, 2048, 1024, 512) that keeps the short requests' TTFT p90 within {HOL_TTFT_SLACK:.0%}; "
+        "long prompts take more, smaller steps, so their own TTFT grows",
+    )
+
+
+def _mean_tpot(records: Sequence[RequestRecord], keep: Callable[[RequestRecord], bool]) -> float:
+    values = [t for r in records if keep(r) for t in [request_metrics(r).tpot_ms] if t is not None]
+    return statistics.fmean(values) if values else 0.0
+
+
+def _shares_prefixes(run: _Run) -> str | None:
+    wl = run.workload()
+    if wl.get("prefix_groups") or wl.get("prefix_tokens"):
+        return f"prompts share {wl.get('prefix_tokens') or '?'}-token prefixes in {wl.get('prefix_groups') or 1} group(s) (the workload)"
+    if wl.get("sessions"):
+        return f"{wl['sessions']} multi-turn sessions resend their history (the workload)"
+    if wl.get("system_tokens"):
+        return f"every prompt starts with the same {wl['system_tokens']}-token system prompt (the workload)"
+    return None
+
+
+def _hit_rate(run: _Run) -> tuple[float | None, str]:
+    s = run.summary
+    if s.cached_tokens is not None and s.input_tokens:
+        return s.cached_tokens / s.input_tokens, "usage.cached_tokens"
+    m = s.server_metrics
+    if isinstance(m, ServerMetrics) and m.prefix_cache_hit_rate is not None:
+        return m.prefix_cache_hit_rate, "the server's /metrics"
+    return None, "unknown"
+
+
+def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    shared = _shares_prefixes(run)
+    if shared is None:
+        return None
+    engine = run.engine()
+    rate, source = _hit_rate(run)
+    caching_off = engine is not None and engine.get("enable_prefix_caching") is False
+    if not caching_off and (rate is None or rate >= LOW_HIT_RATE):
+        return None  # on and used (or nothing says otherwise)
+    seen = "no hit rate reported" if rate is None else f"{rate:.0%} of prompt tokens served from cache ({source})"
+    evidence = f"{shared}; {seen}" + ("; the engine ran with prefix caching off" if caching_off else "")
+    if caching_off:
+        change = "turn prefix caching on: vLLM --enable-prefix-caching (the V1 default; V0 needs it); SGLang: drop --disable-radix-cache"
+        title = "Prompts share prefixes but prefix caching is off"
+    else:
+        change = ("keep shared text at the very start of every prompt (system prompt first, no per-request IDs or "
+                  "timestamps before it), and route a session or prefix to the same replica at the gateway")
+        title = "Prompts share prefixes but the cache is not hit"
+    if not w.available or not caching_off:
+        return Recommendation("prefix_caching", title, evidence, change, note="" if w.available else "no prediction: the run's engine is unknown")
+    base, on = w.simulate(), w.simulate({"enable_prefix_caching": True})
+    b, a = _ttfts(base.records, lambda r: True), _ttfts(on.records, lambda r: True)
+    if not b or not a:
+        return None
+    kind = _prediction(w, "--enable-prefix-caching")
+    return Recommendation(
+        "prefix_caching", title, evidence, change,
+        [Gain("mean TTFT ms", statistics.fmean(b), statistics.fmean(a), kind), Gain("p90 TTFT ms", _p(b, 0.9), _p(a, 0.9), kind)],
+    )
+
+
+def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    m = run.summary.server_metrics
+    preempted = sum(int((r.server_timeline or {}).get("preemptions") or 0) for r in run.records)
+    parts = []
+    if isinstance(m, ServerMetrics) and m.available:
+        if (m.counters.get("preemptions") or 0) > 0:
+            parts.append(f"{m.counters['preemptions']:,.0f} preemptions (/metrics)")
+        kv = m.gauges.get("kv_usage")
+        if kv is not None and kv.max >= KV_PRESSURE:
+            parts.append(f"KV cache up to {kv.max:.0%} full (/metrics)")
+    if preempted and not parts:
+        parts.append(f"{preempted} preemptions (the simulated server's timeline)")
+    if not parts:
+        return None
+    change = ("give the KV cache more room: --kv-cache-dtype fp8 (half the bytes per token), a higher "
+              "--gpu-memory-utilization, a lower --max-model-len or --max-num-seqs; or a bigger GPU, or -tp 2")
+    rec = Recommendation("kv_pressure", "The KV cache is full: requests are preempted and recomputed", "; ".join(parts), change)
+    engine = run.engine()
+    if w.available and engine is not None and engine.get("kv_cache_dtype") in (None, "auto"):
+        base, fp8 = w.simulate(), w.simulate({"kv_cache_dtype": "fp8"})
+        kind = _prediction(w, "--kv-cache-dtype fp8")
+        e2e_b = [request_metrics(r).e2e_ms or 0 for r in base.records]
+        e2e_a = [request_metrics(r).e2e_ms or 0 for r in fp8.records]
+        if e2e_b and e2e_a:
+            rec.gains.append(Gain("p90 E2E ms", _p(e2e_b, 0.9), _p(e2e_a, 0.9), kind))
+        tb, ta = base.result.summary.output_token_throughput_tps, fp8.result.summary.output_token_throughput_tps
+        if tb and ta:
+            rec.gains.append(Gain("output tokens/s", tb, ta, kind))
+    return rec
+
+
+def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    s = run.summary
+    template = s.prompt_overhead_tokens if isinstance(s.prompt_overhead_tokens, int) else 0
+    system = int(run.workload().get("system_tokens") or 0)
+    inputs = _inputs(run.records)
+    if not inputs:
+        return None
+    mean_in = statistics.fmean(inputs)
+    overhead = template + system
+    if overhead < OVERHEAD_TOKENS and overhead < OVERHEAD_SHARE * mean_in:
+        return None
+    evidence = (f"{overhead:,} of a mean {mean_in:,.0f} prompt tokens are the system prompt ({system:,}) "
+                f"and the chat template ({template:,}): {overhead / mean_in:.0%}")
+    change = "shorten the system prompt and the template (the application): every request prefills those tokens, unless the prefix cache holds them"
+    rec = Recommendation("template_overhead", "The system prompt and template are a large part of every prompt", evidence, change)
+    if w.available and system:
+        cut = max(0, system // 2)
+        base, short = w.simulate(), w.simulate(workload={"system_tokens": cut})
+        b, a = _ttfts(base.records, lambda r: True), _ttfts(short.records, lambda r: True)
+        if b and a:
+            rec.gains.append(Gain("mean TTFT ms", statistics.fmean(b), statistics.fmean(a), _prediction(w, f"a {cut}-token system prompt instead of {system}")))
+    return rec
+
+
+def _context_growth(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    by_turn: dict[int, list[int]] = {}
+    for r in run.records:
+        if r.turn is not None and r.input_tokens:
+            by_turn.setdefault(r.turn, []).append(r.input_tokens)
+    if len(by_turn) < 2:
+        return None
+    first, last = statistics.fmean(by_turn[min(by_turn)]), statistics.fmean(by_turn[max(by_turn)])
+    if last < CONTEXT_GROWTH * first:
+        return None
+    evidence = f"prompts grow with the conversation: {first:,.0f} tokens at turn {min(by_turn)}, {last:,.0f} at turn {max(by_turn)}"
+    window = int(2 * first)
+    change = (f"compress the history (summarise earlier turns) or keep a sliding window of the last ~{window:,} tokens "
+              f"(the application; inferlab models it with --context-window-tokens {window})")
+    rec = Recommendation("context_growth", "Multi-turn context keeps growing", evidence, change)
+    if w.available and run.workload().get("sessions"):
+        base, win = w.simulate(), w.simulate(workload={"context_window_tokens": window})
+        b, a = _ttfts(base.records, lambda r: True), _ttfts(win.records, lambda r: True)
+        if b and a:
+            rec.gains.append(Gain("mean TTFT ms", statistics.fmean(b), statistics.fmean(a), _prediction(w, f"--context-window-tokens {window}")))
+    return rec
+
+
+def _quantization(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    engine = run.engine()
+    slo = run.summary.slo
+    tpot = run.summary.tpot_ms
+    if not w.available or engine is None or engine.get("quantization") or tpot is None:
+        return None
+    missed = slo is not None and slo.tpot_ms is not None and tpot.p90 > slo.tpot_ms
+    if not missed and goal != "latency":
+        return None  # for a latency target only: one missed, or latency the goal
+    base, fp8 = w.simulate(), w.simulate({"quantization": "fp8"})
+    tb, ta = base.result.summary.tpot_ms, fp8.result.summary.tpot_ms
+    if tb is None or ta is None or (tb.p50 - ta.p50) / tb.p50 < MIN_GAIN:
+        return None
+    why = f"TPOT p90 {tpot.p90:,.1f} ms" + (f" against an SLO of {slo.tpot_ms:g} ms" if slo is not None and slo.tpot_ms else "")
+    kind = _prediction(w, "--quantization fp8")
+    return Recommendation(
+        "quantization", "Decode speed: fp8 weights (or a smaller model) for a latency target", why,
+        f"serve an fp8 checkpoint of {engine.get('model')} (vLLM --quantization fp8), or a smaller model",
+        [Gain("TPOT p50 ms", tb.p50, ta.p50, kind)], "check quality on your own evaluation first",
+    )
+
+
+def _response_cache(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    wl = run.workload()
+    if not wl.get("prompt") and (wl.get("input_tokens") or wl.get("trace") or wl.get("dataset") or wl.get("sessions") or wl.get("prefix_groups")):
+        return None
+    if not run.records:
+        return None
+    e2e = [request_metrics(r).e2e_ms for r in run.records]
+    values = [x for x in e2e if x is not None]
+    if len(values) < 2:
+        return None
+    return Recommendation(
+        "response_cache", "Identical requests are computed again each time",
+        f"every request sent the same prompt and parameters; each took {statistics.median(values):,.0f} ms E2E (median)",
+        "answer repeats from a response cache at the gateway (keyed on the whole request; only for deterministic, temperature-0 requests)",
+        [Gain("E2E ms of a repeat", statistics.median(values), 0.0, "estimate: a cache hit costs about nothing next to a generation")],
+    )
+
+
+def _long_outputs(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    outs = [r.output_tokens for r in run.records if r.output_tokens]
+    if len(outs) < 2:
+        return None
+    p90 = _p([float(x) for x in outs], 0.9)
+    if p90 < LONG_OUTPUT_TOKENS:
+        return None
+    tpot = run.summary.tpot_ms
+    cap = int(max(256, p90 / 2))
+    rec = Recommendation(
+        "long_outputs", "Long outputs dominate the time", f"output tokens p90 {p90:,.0f}",
+        f"set max_tokens to what the application needs (e.g. {cap}), lower the temperature, and ask for concise answers in the prompt",
+    )
+    if tpot is not None:
+        rec.gains.append(Gain("E2E ms of a p90-long answer", p90 * tpot.p50, cap * tpot.p50, f"estimate: output tokens × the measured TPOT p50 ({tpot.p50:.1f} ms)"))
+    return rec
+
+
+# --- a profile ----------------------------------------------------------------------------
+
+
+def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list[str]]:
+    out: list[Recommendation] = []
+    hol = p.factor("head_of_line")
+    if hol is not None and hol.measured and hol.data.get("inflation", 0) >= HOL_INFLATION:
+        d = hol.data
+        out.append(Recommendation(
+            "head_of_line", "Long prompts hold up short ones (head-of-line blocking)",
+            f"short requests' TTFT × {d['inflation']:.2f} beside {d['long_tokens']:,}-token prompts ({d['short_alone_ttft_ms']:,.0f} → {d['short_with_long_ttft_ms']:,.0f} ms)",
+            "vLLM --max-num-batched-tokens 2048 (or smaller) with --enable-chunked-prefill; SGLang --chunked-prefill-size 2048; or token-based admission at a gateway",
+            [Gain("short requests' TTFT ms (beside long prompts)", d["short_with_long_ttft_ms"], d["short_alone_ttft_ms"], "bound: at best, TTFT as measured alone")],
+        ))
+    pc = p.factor("prefix_cache")
+    if pc is not None and pc.measured and pc.data.get("saved_ms", 0) <= 0.05 * pc.data.get("ttft_unique_ms", 1):
+        d = pc.data
+        rec = Recommendation(
+            "prefix_caching", "Shared prefixes are not served from cache",
+            f"a shared {d['prefix_tokens']:,}-token prefix saved {d['saved_ms']:+,.1f} ms TTFT ({d['ttft_shared_ms']:,.0f} vs {d['ttft_unique_ms']:,.0f} ms)",
+            "turn prefix caching on: vLLM --enable-prefix-caching; SGLang: drop --disable-radix-cache",
+        )
+        shared = folder / "prefix" / "shared"
+        if (shared / "summary.json").exists():
+            with contextlib.suppress(InferlabError):
+                run = _Run.read(shared)
+                w = WhatIf(shared, run.config)
+                if w.available:
+                    b, a = w.simulate(), w.simulate({"enable_prefix_caching": True})
+                    tb, ta = _ttfts(b.records, lambda r: True), _ttfts(a.records, lambda r: True)
+                    if tb and ta:
+                        rec.gains.append(Gain("median TTFT ms of the shared-prefix prompts", statistics.median(tb), statistics.median(ta), _prediction(w, "--enable-prefix-caching")))
+        out.append(rec)
+    dec = p.factor("decode")
+    if dec is not None and dec.measured and dec.data.get("knee_concurrency"):
+        k = dec.data["knee_concurrency"]
+        pts = {r["concurrency"]: r for r in dec.data["points"]}
+        top = max(pts)
+        if top > k:
+            out.append(Recommendation(
+                "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
+                f"output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs {pts[top]['output_tps']:,.0f} at {top}; TPOT {pts[k]['tpot_ms_p50']:.1f} → {pts[top]['tpot_ms_p50']:.1f} ms",
+                f"cap requests in flight at about {k}: a gateway's max concurrency, or vLLM --max-num-seqs {k}",
+                [Gain("TPOT p50 ms", pts[top]["tpot_ms_p50"], pts[k]["tpot_ms_p50"], "measured (the profile's decode runs)"),
+                 Gain("output tokens/s", pts[top]["output_tps"], pts[k]["output_tps"], "measured (the profile's decode runs)")],
+            ))
+    rc = p.factor("response_cache")
+    if rc is not None and rc.measured and not rc.data.get("detected"):
+        out.append(Recommendation(
+            "response_cache", "No response cache: identical requests are generated again",
+            f"a repeated request took {rc.data['ratio']:.0%} of a fresh one's E2E ({rc.data['e2e_repeat_ms']:,.0f} ms)",
+            "if your traffic repeats identical deterministic requests, answer them from a cache at the gateway",
+            [Gain("E2E ms of a repeat", rc.data["e2e_repeat_ms"], 0.0, "estimate: a cache hit costs about nothing next to a generation")],
+        ))
+    tp = p.factor("template")
+    pf = p.factor("prefill")
+    if tp is not None and tp.measured and tp.data.get("ttft_cost_ms") and pf is not None and pf.measured:
+        cost = tp.data["ttft_cost_ms"]
+        overhead = pf.data["fit"]["overhead_ms"]
+        if tp.data["overhead_tokens"] >= OVERHEAD_TOKENS:
+            out.append(Recommendation(
+                "template_overhead", "The chat template adds many tokens to every prompt",
+                f"{tp.data['overhead_tokens']} tokens per request, {cost:.1f} ms of prefill each (fixed overhead {overhead:.0f} ms)",
+                "use a leaner chat template (the application or --chat-template)",
+                [Gain("TTFT ms of the template's tokens", cost, 0.0, "estimate: its tokens × the measured prefill cost")],
+            ))
+    return out, ["head_of_line", "prefix_caching", "concurrency_cap", "response_cache", "template_overhead"]
+
+
+# --- a folder of runs ---------------------------------------------------------------------
+
+
+def _sweep_rules(runs: list[_Run], goal: Goal) -> tuple[list[Recommendation], list[str]]:
+    out: list[Recommendation] = []
+    by_c = sorted((r for r in runs if r.concurrency() and r.summary.output_token_throughput_tps), key=lambda r: r.concurrency() or 0)
+    for a, b in itertools.pairwise(by_c):
+        ta, tb = a.summary.output_token_throughput_tps or 0, b.summary.output_token_throughput_tps or 0
+        la, lb = a.summary.e2e_ms, b.summary.e2e_ms
+        if ta and tb / ta < 1.1 and la is not None and lb is not None and lb.p50 > 1.2 * la.p50:
+            ca, cb = a.concurrency(), b.concurrency()
+            out.append(Recommendation(
+                "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
+                f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
+                f"cap requests in flight at about {ca:g}: a gateway's max concurrency, or vLLM --max-num-seqs {ca:g}",
+                [Gain("E2E p50 ms", lb.p50, la.p50, "measured (the sweep's runs)")],
+            ))
+            break
+    heaviest = max(runs, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))
+    recs, checked = _run_rules(heaviest, goal)
+    for r in recs:
+        r.evidence = f"{heaviest.dir.name}: {r.evidence}"
+    return out + recs, ["concurrency_cap", *checked]

@@ -1,0 +1,146 @@
+"""What-ifs in virtual time: a run's workload again, on the engine it ran on, with one
+change (an engine flag, or the workload's), to predict what the change would gain.
+
+The workload is rebuilt from the run's ``config.json`` (the same load, the same workload
+flags and seed: prefixes shared as they were, sessions as they were); where that cannot
+be rebuilt, its ``requests.jsonl`` is replayed (each request at its intended time with
+its lengths; shared prefixes are then lost). The engine is the one a run against the
+simulated server recorded (``resolved.engine``) or a ``sim run`` ran; for any other
+server there is none, and no prediction is made. Both sides of a comparison are
+simulated: the delta is a prediction, never mixed with the measured numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferlab._errors import InferlabError
+from inferlab.load.run import RunConfig, RunResult, SimTarget, run
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
+from inferlab.results.records import RequestRecord
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.workload.config import WorkloadConfig
+from inferlab.workload.datasets import DatasetConfig
+from inferlab.workload.traces import TraceConfig
+
+#: Recorded engine settings a what-if does not take (as ``sim run --trace``): offline
+#: follows the load, and the GPU is the preset it resolved to.
+_NOT_REPLAYED = frozenset({"offline", "gpu", "gpu_preset"})
+
+
+def engine_of(config: Mapping[str, Any]) -> EngineConfig | None:
+    """The engine a run ran on: a ``sim run``'s ``engine``, or the simulated server's
+    ``resolved.engine`` a ``bench`` recorded; None for any other server."""
+    engine = config.get("engine") if config.get("command") == "sim run" else (config.get("resolved") or {}).get("engine")
+    if not isinstance(engine, dict):
+        return None
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_REPLAYED
+    kw = {k: v for k, v in engine.items() if k in fields}
+    kw["gpu"] = engine.get("gpu_preset") or engine.get("gpu") or EngineConfig().gpu
+    try:
+        return EngineConfig(**kw)
+    except (TypeError, ValueError, InferlabError):
+        return None
+
+
+def _schedule(d: Mapping[str, Any]) -> Schedule:
+    kind = d.get("kind")
+    fields = {k: v for k, v in d.items() if k != "kind"}
+    if kind == "ClosedLoop":
+        return ClosedLoop(int(fields["concurrency"]))
+    if kind == "OpenLoop":
+        rate = fields["rate_rps"]
+        rate = math.inf if rate in ("inf", "Infinity") else float(rate)
+        burst = fields.get("burstiness", 1.0)
+        burst = math.inf if burst in ("inf", "Infinity") else float(burst)
+        return OpenLoop(rate, fields.get("arrival", "poisson"), burst, fields.get("max_concurrency"))
+    if kind == "Replay":
+        return Replay(fields.get("max_concurrency"))
+    raise ValueError(f"unknown schedule {kind!r}")
+
+
+def rerun_config(config: Mapping[str, Any]) -> RunConfig:
+    """The run's load and workload as a ``RunConfig`` (no output folder, no salt: the
+    simulated engine starts empty); ``ValueError``/``KeyError``/``TypeError`` or a
+    ``UsageError`` when config.json does not hold them."""
+    load = config["load"]
+    lc = LoadConfig(
+        _schedule(load["schedule"]), load.get("num_requests"), load.get("duration_s"),
+        int(load.get("warmup") or 0), int(load.get("seed") or 0),
+    )
+    w = dict(config["workload"])
+    fields = {f.name for f in dataclasses.fields(WorkloadConfig)}
+    w = {k: v for k, v in w.items() if k in fields}
+    if isinstance(w.get("trace"), dict):
+        w["trace"] = TraceConfig(**w["trace"])
+    if isinstance(w.get("dataset"), dict):
+        w["dataset"] = DatasetConfig(**w["dataset"])
+    w["prompt_salt"] = None
+    return RunConfig(lc, WorkloadConfig(**w), config.get("api") or "chat")
+
+
+def replay_config(run_dir: Path, api: str = "chat") -> RunConfig:
+    """The run's ``requests.jsonl`` replayed at its intended send times."""
+    trace = TraceConfig(str(run_dir / "requests.jsonl"), "requests")
+    return RunConfig(LoadConfig(Replay()), WorkloadConfig(trace=trace), "chat" if api != "completions" else "completions")
+
+
+@dataclass
+class Simulated:
+    """One what-if's outcome: its records (measured ones), and how it was made."""
+
+    records: list[RequestRecord]
+    result: RunResult
+
+
+class WhatIf:
+    """A run's workload on its engine, with changes (results cached by change)."""
+
+    def __init__(self, run_dir: Path, config: Mapping[str, Any]) -> None:
+        self.run_dir = run_dir
+        self.engine = engine_of(config)
+        try:
+            self.base: RunConfig = rerun_config(config)
+            self.method = "the run's workload and load, rerun"
+        except (ValueError, KeyError, TypeError, InferlabError):
+            self.base = replay_config(run_dir, str(config.get("api") or "chat"))
+            self.method = "the run's requests.jsonl replayed at its send times (shared prefixes not kept)"
+        self._cache: dict[tuple[Any, ...], Simulated] = {}
+
+    @property
+    def available(self) -> bool:
+        return self.engine is not None
+
+    def describe_engine(self) -> str:
+        e = self.engine
+        return "none" if e is None else f"{e.model} on {e.tensor_parallel_size}x {e.gpu}"
+
+    def simulate(self, engine: Mapping[str, Any] | None = None, workload: Mapping[str, Any] | None = None) -> Simulated:
+        """The workload in virtual time with ``engine`` and ``workload`` fields changed;
+        ``InferlabError`` when the run's engine is unknown or the change is refused."""
+        if self.engine is None:
+            raise InferlabError("the run's engine is unknown (not the simulated server)")
+        key = (tuple(sorted((engine or {}).items())), tuple(sorted((workload or {}).items())))
+        if key not in self._cache:
+            try:
+                e = dataclasses.replace(self.engine, **dict(engine or {}))
+                cfg = self.base if not workload else dataclasses.replace(
+                    self.base, workload=dataclasses.replace(self.base.workload, **dict(workload))
+                )
+            except (TypeError, ValueError) as err:
+                raise InferlabError(f"cannot simulate that change: {err}") from err
+            try:
+                result = asyncio.run(run(cfg, SimTarget(e)))
+            except ValueError as err:
+                raise InferlabError(f"the simulator refused the change: {err}") from err
+            self._cache[key] = Simulated([r for r in result.records if not r.warmup], result)
+        return self._cache[key]
+
+
+Select = Callable[[RequestRecord], bool]

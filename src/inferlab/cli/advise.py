@@ -1,0 +1,52 @@
+"""``inferlab advise``: evidence → recommendations (``analysis.advise``)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from inferlab.analysis.advise import GOALS, Advice, advise
+from inferlab.cli.common import run_guarded
+from inferlab.results.runfiles import dumps
+
+
+@click.command("advise")
+@click.argument("source", type=click.Path())
+@click.option("--goal", type=click.Choice(GOALS), default="latency", show_default=True, help="What matters most: the order of the list.")
+@click.option("--json", "as_json", is_flag=True, help="Print the recommendations as JSON.")
+def advise_command(source: str, goal: str, as_json: bool) -> None:
+    """Recommendations from a run directory, a profile folder, or a folder of runs
+    (a sweep): what triggered each, the exact change, and the expected gain (a simulator
+    prediction where one applies)."""
+    sys.exit(run_guarded(lambda: _advise(source, goal, as_json)))
+
+
+def _advise(source: str, goal: Any, as_json: bool) -> int:
+    result = advise(source, goal)
+    if as_json:
+        click.echo(dumps(result.to_json()))
+    else:
+        render_advice(Console(), result)
+    return 0
+
+
+def render_advice(console: Console, a: Advice) -> None:
+    """The checklist, in the goal's order."""
+    console.print(f"[bold]advice for {a.source}[/bold] ({a.kind}; goal: {a.goal})")
+    if not a.recommendations:
+        console.print(f"nothing to change: no rule fired ({', '.join(a.checked)} checked)")
+        return
+    for i, r in enumerate(a.recommendations, 1):
+        console.print(f"\n[bold]{i}. {escape(r.title)}[/bold]")
+        console.print(f"   [dim]why:[/dim] {escape(r.evidence)}")
+        if r.change:
+            console.print(f"   [dim]change:[/dim] {escape(r.change)}")
+        for g in r.gains:
+            console.print(f"   [dim]expected:[/dim] {escape(g.text())}")
+        if r.note:
+            console.print(f"   [dim]note:[/dim] {escape(r.note)}")
+    console.print(f"\n[dim]rules checked: {', '.join(a.checked)}[/dim]")
