@@ -392,6 +392,11 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
             parts.append(f"KV cache up to {kv.max:.0%} full (/metrics)")
     if preempted and not parts:
         parts.append(f"{preempted} preemptions (the simulated server's timeline)")
+    if not parts and w.available and run.config.get("command") == "sim run":
+        # a sim run keeps no timeline per request: its engine's own count, on a rerun
+        engine_run = w.simulate().result.engine
+        if engine_run is not None and engine_run.preemptions_total > 0:
+            parts.append(f"{engine_run.preemptions_total:,} preemptions (the simulated engine's count)")
     if not parts:
         return None
     change = ("give the KV cache more room: --kv-cache-dtype fp8 (half the bytes per token), a higher "

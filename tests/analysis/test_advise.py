@@ -1,0 +1,117 @@
+"""``inferlab advise``: the rules fire on the evidence that should trigger them, not on
+the evidence that should not, and a predicted gain agrees with the gain measured by
+actually making the change."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from inferlab._errors import UsageError
+from inferlab.analysis.advise import advise
+from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, run
+from inferlab.load.schedules import ClosedLoop, LoadConfig, Replay
+from inferlab.results.metrics import request_metrics
+from inferlab.results.records import RequestRecord
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sim.server.launch import ChildServer
+from inferlab.workload.config import WorkloadConfig
+from inferlab.workload.traces import TraceConfig
+
+LIMIT_S = 120.0
+SHORT_MAX = 512  # tokens: the short chats' prompts are far below, the long ones far above
+
+
+def mixed_trace(path: Path, n: int = 40, rate: float = 6.0) -> None:
+    """Every fourth request an 8,000-token prompt, the rest short chats, Poisson arrivals."""
+    rng = random.Random(1)
+    t = 0.0
+    with path.open("w") as f:
+        for i in range(n):
+            t += rng.expovariate(rate)
+            long = i % 4 == 1
+            f.write(json.dumps({"arrival_s": round(t, 4), "input_tokens": 8000 if long else 100, "output_tokens": 16 if long else 32}) + "\n")
+
+
+def bench(url: str, trace: Path, out: Path | None) -> RunResult:
+    cfg = RunConfig(LoadConfig(Replay()), WorkloadConfig(trace=TraceConfig(str(trace))), out_dir=None if out is None else str(out))
+
+    async def go() -> RunResult:
+        async with asyncio.timeout(LIMIT_S):
+            return await run(cfg, HttpTarget(url))
+
+    return asyncio.run(go())
+
+
+def short_itl_p99(records: list[RequestRecord]) -> float:
+    gaps = sorted(g for r in records if r.ok and not r.warmup and (r.input_tokens or 0) <= SHORT_MAX for g in request_metrics(r).itl_ms)
+    k = (len(gaps) - 1) * 0.99
+    lo = int(k)
+    return gaps[lo] + (gaps[min(lo + 1, len(gaps) - 1)] - gaps[lo]) * (k - lo)
+
+
+def test_head_of_line_blocking_is_flagged_and_its_predicted_gain_matches_the_change_made(tmp_path: Path) -> None:
+    trace = tmp_path / "mixed.jsonl"
+    mixed_trace(trace)
+    serve = ["--max-model-len", "16384", "--enforce-eager", "--max-num-batched-tokens", "8192"]
+    with ChildServer(serve) as server:
+        observed = bench(server.url, trace, tmp_path / "observed")
+    a = advise(tmp_path / "observed", "latency")
+    hol = next((r for r in a.recommendations if r.rule == "head_of_line"), None)
+    assert hol is not None, [r.rule for r in a.recommendations]
+    assert a.recommendations[0].rule == "head_of_line"  # first for latency
+    budget = int(hol.change.split("--max-num-batched-tokens ")[1].split()[0])
+    assert budget < 8192
+    gain = hol.gains[0]
+    assert gain.metric.startswith("short requests' p99 inter-token gap") and "prediction" in gain.kind
+    # the change, made: the same workload against a server with that budget
+    with ChildServer([*serve[:-1], str(budget)]) as server:
+        changed = bench(server.url, trace, None)
+    measured = short_itl_p99(changed.records) - short_itl_p99(observed.records)
+    predicted = gain.delta
+    assert measured < 0 and predicted < 0  # the same sign: stalls shrink
+    assert predicted == pytest.approx(measured, rel=0.30)
+
+
+def sim_run(out: Path, engine: EngineConfig) -> None:
+    cfg = RunConfig(
+        LoadConfig(ClosedLoop(4), num_requests=40),
+        WorkloadConfig(prefix_groups=2, prefix_tokens=2000, suffix_tokens=100, output_tokens=32), out_dir=str(out),
+    )
+    asyncio.run(run(cfg, SimTarget(engine)))
+
+
+def test_shared_prefixes_with_caching_off_get_it_turned_on_with_a_predicted_ttft_gain(tmp_path: Path) -> None:
+    sim_run(tmp_path / "off", EngineConfig(enable_prefix_caching=False))
+    a = advise(tmp_path / "off", "latency")
+    rec = next((r for r in a.recommendations if r.rule == "prefix_caching"), None)
+    assert rec is not None and "--enable-prefix-caching" in rec.change
+    assert rec.gains and all("prediction" in g.kind for g in rec.gains)
+    assert rec.gains[0].after < 0.8 * rec.gains[0].before  # a 2,000-token prefix of 2,100 tokens
+
+
+def test_shared_prefixes_served_from_cache_get_no_such_advice(tmp_path: Path) -> None:
+    sim_run(tmp_path / "on", EngineConfig(enable_prefix_caching=True))
+    summary = json.loads((tmp_path / "on" / "summary.json").read_text())
+    assert summary["cached_tokens"] / summary["input_tokens"] > 0.8  # (the premise: a high hit rate)
+    for goal in ("latency", "throughput", "consistency"):
+        assert all(r.rule != "prefix_caching" for r in advise(tmp_path / "on", goal).recommendations)
+
+
+def test_goals_reorder_the_same_recommendations(tmp_path: Path) -> None:
+    sim_run(tmp_path / "off", EngineConfig(enable_prefix_caching=False, num_gpu_blocks_override=400))
+    orders = {g: [r.rule for r in advise(tmp_path / "off", g).recommendations] for g in ("latency", "throughput")}
+    assert "kv_pressure" in orders["throughput"] and "prefix_caching" in orders["throughput"]
+    assert orders["throughput"][0] == "kv_pressure"
+    assert orders["latency"].index("prefix_caching") < orders["latency"].index("kv_pressure")
+
+
+def test_something_that_is_not_a_run_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not a run directory"):
+        advise(tmp_path)
+    with pytest.raises(UsageError, match="no such file"):
+        advise(tmp_path / "missing")
