@@ -39,6 +39,10 @@ async def test_the_simulated_servers_counters_match_the_runs_usage(tmp_path: Pat
     assert m.counters["prefix_cache_hits_tokens"] == sum(r.cached_tokens or 0 for r in every) > 0
     assert m.histograms["ttft_ms"].count == len(every)
     assert m.gauges["running"].max <= 4
+    # where the time went, per request, from the simulated server's own timeline
+    b = result.summary.latency_breakdown
+    assert b is not None and b.source.startswith("the server's timeline") and b.requests == 12
+    assert b.prefill_ms is not None and b.decode_ms is not None and b.decode_ms.mean > b.prefill_ms.mean > 0  # 20 tokens out, prefix cached
     # the summary on disk reads back the same, and the pages are in the run directory
     assert read_summary(tmp_path / "summary.json").server_metrics == m
     lines = [json.loads(x) for x in (tmp_path / SERVER_METRICS_FILE).read_text().splitlines()]

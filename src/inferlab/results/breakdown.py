@@ -1,0 +1,111 @@
+"""Where a request's time went: client queue, server queue, prefill, decode, and the
+rest (network, HTTP, streaming), from the best source a run has.
+
+Per request, from the server's own timeline (the simulated server's
+``inferlab_timeline``: when it received the request, first scheduled it, emitted the
+first token and finished, in ms since receiving it); else, for the run as a whole, from
+the server's ``/metrics`` histograms (vLLM's queue, prefill and decode time: means only).
+The client's queue (its send against the intended time) is always its own measurement.
+Pure: records and telemetry in, a typed breakdown out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inferlab.results.metrics import queue_delay_ms, request_metrics
+from inferlab.results.records import RequestRecord
+from inferlab.results.telemetry import ServerMetrics
+
+PER_REQUEST = "the server's timeline, per request"
+AGGREGATE = "the server's /metrics histograms (means over the run; the rest is E2E's mean less the parts)"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of the latency over the requests, ms (percentiles: per-request sources only)."""
+
+    mean: float
+    p50: float | None = None
+    p90: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Part | None:
+        if not values:
+            return None
+        q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
+        return cls(statistics.fmean(values), statistics.median(values), q[8])
+
+
+@dataclass(frozen=True)
+class LatencyBreakdown:
+    """The parts of E2E: ``client_queue_ms`` (send − intended send), ``server_queue_ms``
+    (received → first scheduled: the front end and the engine's queue), ``prefill_ms``
+    (first scheduled → first token), ``decode_ms`` (first token → last), ``other_ms``
+    (E2E less the server's part: network, HTTP, streaming); ``source`` says where they
+    come from, ``requests`` how many requests they cover."""
+
+    source: str
+    requests: int
+    client_queue_ms: Part | None
+    server_queue_ms: Part | None
+    prefill_ms: Part | None
+    decode_ms: Part | None
+    other_ms: Part | None
+
+    def to_json(self) -> dict[str, Any]:
+        def part(p: Part | None) -> dict[str, float | None] | None:
+            return None if p is None else {"mean": p.mean, "p50": p.p50, "p90": p.p90}
+
+        return {
+            "source": self.source, "requests": self.requests,
+            "client_queue_ms": part(self.client_queue_ms), "server_queue_ms": part(self.server_queue_ms),
+            "prefill_ms": part(self.prefill_ms), "decode_ms": part(self.decode_ms), "other_ms": part(self.other_ms),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> LatencyBreakdown:
+        def part(p: Mapping[str, Any] | None) -> Part | None:
+            return None if p is None else Part(float(p["mean"]), p.get("p50"), p.get("p90"))
+
+        return cls(
+            str(d["source"]), int(d["requests"]), part(d.get("client_queue_ms")), part(d.get("server_queue_ms")),
+            part(d.get("prefill_ms")), part(d.get("decode_ms")), part(d.get("other_ms")),
+        )
+
+
+def latency_breakdown(done: Sequence[RequestRecord], telemetry: ServerMetrics | None = None) -> LatencyBreakdown | None:
+    """The breakdown of the completed measured requests ``done``; None when neither the
+    server's timeline nor its histograms are there."""
+    queue, prefill, decode, other, client = [], [], [], [], []
+    for r in done:
+        tl = r.server_timeline or {}
+        sched, first, fin = tl.get("scheduled_ms"), tl.get("first_token_ms"), tl.get("finished_ms")
+        e2e = request_metrics(r).e2e_ms
+        if sched is None or first is None or fin is None or e2e is None:
+            continue
+        queue.append(float(sched))
+        prefill.append(float(first) - float(sched))
+        decode.append(float(fin) - float(first))
+        other.append(max(0.0, e2e - float(fin)))
+        client.append(queue_delay_ms(r) or 0.0)
+    if queue:
+        return LatencyBreakdown(PER_REQUEST, len(queue), Part.of(client), Part.of(queue), Part.of(prefill), Part.of(decode), Part.of(other))
+    if telemetry is None or not telemetry.available:
+        return None
+    h = telemetry.histograms
+    parts = {k: h[k].mean_ms for k in ("queue_ms", "prefill_ms", "decode_ms") if k in h and h[k].count}
+    if len(parts) < 3:
+        return None
+    e2es = [m for m in (request_metrics(r).e2e_ms for r in done) if m is not None]
+    if not e2es:
+        return None
+    rest = statistics.fmean(e2es) - sum(parts.values())
+    client_q = [queue_delay_ms(r) or 0.0 for r in done]
+    return LatencyBreakdown(
+        AGGREGATE, len(e2es), Part.of(client_q), Part(parts["queue_ms"]), Part(parts["prefill_ms"]),
+        Part(parts["decode_ms"]), Part(max(0.0, rest)),
+    )
