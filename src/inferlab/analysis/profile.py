@@ -13,7 +13,8 @@ length (E2E against max tokens: the decode cost per token, checked against TPOT)
 cache (a shared prefix against unique prompts of the same length), response cache (the
 same request repeated), head-of-line blocking (short requests alone, then while long
 prompts are in flight), the chat template (the tokens the preflight probe measured ×
-the prefill cost). Temperature is not measured: inferlab sends no sampling parameters.
+the prefill cost); with ``exact_output`` off, temperature 0 against 1 (output length and its
+spread; the model ends each answer on its own).
 
 Each measurement gets a share of the budget; a run still going at the end of its share
 is stopped (what completed is used, and its run directory says it was interrupted), and
@@ -83,6 +84,8 @@ class ProfileConfig:
     overwrite: bool = False
     embedded: bool = False  # the simulated server the CLI started
     factors: tuple[str, ...] = ()  # measure only these (``FACTORS``); empty: all
+    # False: let the model stop on its own, and measure temperature's effect on length
+    exact_output: bool = True
 
     def __post_init__(self) -> None:
         unknown = set(self.factors) - set(FACTORS)
@@ -277,7 +280,14 @@ class _Profiler:
         if "template" in wanted:
             factors.append(self.template(fit))
         if "temperature" in wanted:
-            factors.append(_skipped("temperature", "not measured: inferlab sends no sampling parameters, so every request ran at the server's default temperature"))
+            if not self.config.exact_output:
+                self.deadline_s = self.config.budget_s
+                try:
+                    factors.append(await self.temperature())
+                except InferlabError as e:
+                    factors.append(_skipped("temperature", f"failed: {e}"))
+            else:
+                factors.append(_skipped("temperature", "not measured: every request asked for an exact output length (give --no-exact-output to let the model stop on its own)"))
         return Profile(
             self.url if not self.config.embedded else None, self.model, self.engine, self.max_model_len,
             self.max_len_source, self.config.budget_s, round(self.elapsed_s(), 2), self.config.slo, factors,
@@ -322,13 +332,19 @@ class _Profiler:
 
     # --- running one measurement ---------------------------------------------------------
 
-    async def measure(self, name: str, concurrency: int, n: int, workload: WorkloadConfig, *, warmup: int = 0, deadline_s: float | None = None) -> _Point:
+    async def measure(
+        self, name: str, concurrency: int, n: int, workload: WorkloadConfig, *, warmup: int = 0,
+        deadline_s: float | None = None, extra_body: dict[str, Any] | None = None,
+    ) -> _Point:
         """One run, written to ``out_dir/name``, stopped at the factor's deadline."""
         cfg = RunConfig(
             LoadConfig(ClosedLoop(concurrency), num_requests=n, warmup=warmup, seed=self.config.seed),
             workload, self.config.api, self.config.slo, str(self.out / name), overwrite=self.config.overwrite,
         )
-        target = HttpTarget(self.url, self.model, api_key=self.config.api_key, embedded=self.config.embedded, workers=1)
+        target = HttpTarget(
+            self.url, self.model, api_key=self.config.api_key, embedded=self.config.embedded, workers=1,
+            extra_body=dict(extra_body or {}),
+        )
         stop = asyncio.Event()
         left = (deadline_s if deadline_s is not None else self.deadline_s) - self.elapsed_s()
         if left <= 0:
@@ -544,6 +560,28 @@ class _Profiler:
         evidence = f"median TTFT of 64-token prompts at concurrency 1, alone vs beside 2 closed-loop users sending {long_tokens:,}-token prompts ({n} requests each)"
         return Factor("head_of_line", "head-of-line blocking", cost, evidence,
                       {"short_alone_ttft_ms": a, "short_with_long_ttft_ms": b, "inflation": inflation, "long_tokens": long_tokens}, runs)
+
+    async def temperature(self) -> Factor:
+        n = self.n(6, least=4)
+        rows = {}
+        runs = []
+        for t in (0.0, 1.0):
+            name = f"temperature/t{t:g}"
+            pt = await self.measure(name, 1, n, WorkloadConfig(input_tokens=128, output_tokens=512, exact_output=False),
+                                    extra_body={"temperature": t}, deadline_s=self.config.budget_s)
+            runs.append(name)
+            outs = [r.output_tokens for r in pt.ok() if r.output_tokens is not None]
+            if len(outs) >= 2:
+                rows[t] = (statistics.fmean(outs), statistics.pstdev(outs), statistics.median(e for e in (request_metrics(r).e2e_ms for r in pt.ok()) if e is not None))
+        if len(rows) < 2:
+            return _skipped("temperature", "a run did not complete", runs)
+        (m0, s0, e0), (m1, s1, e1) = rows[0.0], rows[1.0]
+        cost = f"output length {m0:,.0f} ± {s0:,.0f} tokens at temperature 0, {m1:,.0f} ± {s1:,.0f} at 1 (median E2E {e0:,.0f} vs {e1:,.0f} ms)"
+        evidence = f"{n} requests at each temperature, 128-token prompts, max_tokens 512, no exact output length (the model stops on its own)"
+        if self.engine is not None:
+            evidence += "; the simulated model ignores temperature (its lengths are drawn per prompt): any difference here is the prompts'"
+        return Factor("temperature", "temperature", cost, evidence,
+                      {"t0": {"mean_tokens": m0, "std_tokens": s0, "e2e_ms_p50": e0}, "t1": {"mean_tokens": m1, "std_tokens": s1, "e2e_ms_p50": e1}}, runs)
 
     def template(self, fit: PrefillFit | None) -> Factor:
         tokens = self.overhead_tokens

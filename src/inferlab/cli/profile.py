@@ -35,6 +35,7 @@ from inferlab.results.runfiles import dumps
 @click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), default=2000.0, show_default=True, help="Goodput SLO on TTFT (which concurrency serves the most requests within the SLOs).")
 @click.option("--slo-tpot-ms", type=click.FloatRange(min=0, min_open=True), default=100.0, show_default=True, help="Goodput SLO on TPOT.")
 @click.option("--factors", default="all", show_default=True, help=f"Measure only these, comma-separated: {', '.join(FACTORS)}.")
+@click.option("--exact-output/--no-exact-output", default=True, show_default=True, help="--no-exact-output adds the temperature factor: requests at temperature 0 and 1 that the model ends on its own (output length and its spread). The other factors always ask for exact output lengths (ignore_eos/min_tokens): their costs are per token.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print profile.json instead of the table.")
 def profile_command(**kw: Any) -> None:
@@ -49,6 +50,7 @@ def _profile(kw: dict[str, Any]) -> int:
         out_dir=kw["out_dir"], budget_s=parse_budget(kw["budget"]), model=kw["model"], api=kw["api"],
         api_key=kw["api_key"], slo=SLO(ttft_ms=kw["slo_ttft_ms"], tpot_ms=kw["slo_tpot_ms"]),
         max_concurrency=kw["max_concurrency"], seed=kw["seed"], overwrite=kw["overwrite"], embedded=kw["url"] is None,
+        exact_output=kw["exact_output"],
         factors=() if kw["factors"].strip() == "all" else tuple(f.strip() for f in kw["factors"].split(",") if f.strip()),
     )
     err = Console(stderr=True)
