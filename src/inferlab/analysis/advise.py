@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from inferlab._errors import InferlabError, UsageError
+from inferlab.analysis.fits import KNEE_GAIN
 from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile
 from inferlab.analysis.whatif import WhatIf
 from inferlab.results.metrics import request_metrics
@@ -476,7 +478,9 @@ def _quantization(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     tb, ta = base.result.summary.tpot_ms, fp8.result.summary.tpot_ms
     if tb is None or ta is None or (tb.p50 - ta.p50) / tb.p50 < MIN_GAIN:
         return None
-    why = f"TPOT p90 {tpot.p90:,.1f} ms" + (f" against an SLO of {slo.tpot_ms:g} ms" if slo is not None and slo.tpot_ms else "")
+    why = f"TPOT p90 {tpot.p90:,.1f} ms" + (
+        f" against an SLO of {slo.tpot_ms:g} ms" if missed and slo is not None else " (no TPOT SLO missed: shown because latency is the goal)"
+    )
     kind = _prediction(w, "--quantization fp8")
     return Recommendation(
         "quantization", "Decode speed: fp8 weights (or a smaller model) for a latency target", why,
@@ -599,13 +603,15 @@ def _sweep_rules(runs: list[_Run], goal: Goal) -> tuple[list[Recommendation], li
     for a, b in itertools.pairwise(by_c):
         ta, tb = a.summary.output_token_throughput_tps or 0, b.summary.output_token_throughput_tps or 0
         la, lb = a.summary.e2e_ms, b.summary.e2e_ms
-        if ta and tb / ta < 1.1 and la is not None and lb is not None and lb.p50 > 1.2 * la.p50:
-            ca, cb = a.concurrency(), b.concurrency()
+        ca, cb = a.concurrency() or 1, b.concurrency() or 1
+        need = KNEE_GAIN ** math.log2(cb / ca) if cb > ca else 1.0  # (the profile's knee: per doubling)
+        if ta and tb / ta < need and la is not None and lb is not None and lb.p50 > 1.2 * la.p50:
             out.append(Recommendation(
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
                 f"cap requests in flight at about {ca:g}: a gateway's max concurrency, or vLLM --max-num-seqs {ca:g}",
-                [Gain("E2E p50 ms", lb.p50, la.p50, "measured (the sweep's runs)")],
+                [Gain("E2E p50 ms", lb.p50, la.p50, "measured (the sweep's runs)"),
+                 Gain("output tokens/s", tb, ta, "measured (the sweep's runs): the throughput given up")],
             ))
             break
     heaviest = max(runs, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))

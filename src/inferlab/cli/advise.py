@@ -45,8 +45,12 @@ def render_advice(console: Console, a: Advice) -> None:
         console.print(f"   [dim]why:[/dim] {escape(r.evidence)}")
         if r.change:
             console.print(f"   [dim]change:[/dim] {escape(r.change)}")
+        kinds = {g.kind for g in r.gains}
         for g in r.gains:
-            console.print(f"   [dim]expected:[/dim] {escape(g.text())}")
+            text = g.text() if len(kinds) > 1 else g.text().removesuffix(f" [{g.kind}]")
+            console.print(f"   [dim]expected:[/dim] {escape(text)}")
+        if len(kinds) == 1:
+            console.print(f"   [dim]source:[/dim] {escape(kinds.pop())}")
         if r.note:
             console.print(f"   [dim]note:[/dim] {escape(r.note)}")
     console.print(f"\n[dim]rules checked: {', '.join(a.checked)}[/dim]")

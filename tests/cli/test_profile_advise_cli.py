@@ -1,0 +1,50 @@
+"""``inferlab profile`` and ``inferlab advise`` on the command line: one-line errors with
+the right exit codes, the checklist and its JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from inferlab.cli.main import main
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, r.output
+
+
+def test_bad_profile_flags_are_usage_errors(tmp_path: Path) -> None:
+    code, out = invoke("profile", "--budget", "soon", "--out", str(tmp_path / "p"), "--url", "http://127.0.0.1:9")
+    assert code == 2 and "--budget 'soon'" in out and "Traceback" not in out
+    code, out = invoke("profile", "--factors", "prefill,vibes", "--out", str(tmp_path / "p"), "--url", "http://127.0.0.1:9")
+    assert code == 2 and "unknown vibes" in out
+    code, out = invoke("profile", "--budget", "0", "--out", str(tmp_path / "p"), "--url", "http://127.0.0.1:9")
+    assert code == 2 and "positive" in out
+
+
+def test_advise_refuses_what_is_not_a_run(tmp_path: Path) -> None:
+    code, out = invoke("advise", str(tmp_path / "nothing"))
+    assert code == 2 and "no such file" in out and len(out.strip().splitlines()) == 1
+    code, out = invoke("advise", str(tmp_path))
+    assert code == 2 and "not a run directory" in out
+    code, _ = invoke("advise", str(tmp_path), "--goal", "speed")
+    assert code == 2
+
+
+def test_a_sweep_past_its_knee_gets_a_concurrency_cap(tmp_path: Path) -> None:
+    for c in (32, 128, 512):
+        code, out = invoke("sim", "run", "-c", str(c), "-n", str(3 * c), "--input-tokens", "500", "--output-tokens", "200", "--out", str(tmp_path / f"c{c}"))
+        assert code == 0, out
+    code, out = invoke("advise", str(tmp_path), "--goal", "throughput", "--json")
+    assert code == 0, out
+    d = json.loads(out)
+    assert d["kind"] == "sweep" and d["goal"] == "throughput"
+    cap = next(r for r in d["recommendations"] if r["rule"] == "concurrency_cap")
+    assert "--max-num-seqs 128" in cap["change"]  # 128 → 512 quadrupled latency for little more throughput
+    e2e = cap["gains"][0]
+    assert e2e["after"] < e2e["before"] and e2e["kind"].startswith("measured")
+    code, out = invoke("advise", str(tmp_path))
+    assert code == 0 and "Past the knee" in out
