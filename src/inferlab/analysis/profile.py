@@ -62,7 +62,8 @@ PROMPT_LADDER = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 CONCURRENCY_LADDER = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: When the server does not say its context length.
 ASSUMED_MAX_MODEL_LEN = 4096
-#: A response cache answers a repeat in under this share of a fresh request's E2E.
+#: A response cache answers a repeat in under this share of a fresh request's E2E, and
+#: of its generation time (first token to last).
 RESPONSE_CACHE_RATIO = 0.5
 #: E2E's cost per output token within this share of TPOT at concurrency 1: linear.
 LINEAR_TOLERANCE = 0.15
@@ -320,6 +321,15 @@ class _Profiler:
                     if isinstance(chosen.get("max_model_len"), int):
                         self.max_model_len = chosen["max_model_len"]
                         self.max_len_source = "the server's /v1/models"
+            if self.max_len_source.startswith("assumed"):
+                # llama.cpp's server: each slot's context (its /v1/models does not say)
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+                    async with s.get(base.removesuffix("/v1") + "/props", headers=headers) as resp:
+                        props = await resp.json(content_type=None) if resp.status == 200 else {}
+                    n_ctx = (props.get("default_generation_settings") or {}).get("n_ctx")
+                    if isinstance(n_ctx, int) and n_ctx > 0:
+                        self.max_model_len = n_ctx
+                        self.max_len_source = "the server's /props (llama.cpp: one slot's context)"
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
                 async with s.get(base.removesuffix("/v1") + ENGINE_ROUTE, headers=headers) as resp:
                     if resp.status == 200:
@@ -382,10 +392,9 @@ class _Profiler:
             pt = await self.measure(name, 1, n, WorkloadConfig(input_tokens=L, output_tokens=1), warmup=1 if len(done) == 1 else 0)
             runs.append(name)
             ttft, tokens = pt.median("ttft_ms"), pt.input_tokens()
-            if ttft is not None:
-                points.append((tokens if tokens is not None else float(L), ttft))
-            if pt.error and pt.result is None:
+            if ttft is None:  # (longer prompts would fail the same way, or take longer still)
                 break
+            points.append((tokens if tokens is not None else float(L), ttft))
         if len({x for x, _ in points}) < 2:
             return _skipped("prefill", "fewer than two prompt lengths completed", runs)
         fit = prefill_fit(points)
@@ -395,7 +404,11 @@ class _Profiler:
             flags.append(f"super-linear: the longest prompts cost {fit.growth_ratio:.2f}× per token what shorter ones do (attention)")
         if fit.step_at_tokens is not None:
             flags.append(f"a step after {fit.step_at_tokens:,.0f} tokens (prefill chunking or a batching budget)")
-        cost = f"{fit.overhead_ms:,.1f} ms fixed + prefill at {rate}" + ("; " + "; ".join(flags) if flags else "")
+        fixed = (
+            f"{fit.overhead_ms:,.1f} ms fixed" if fit.overhead_ms >= 0
+            else f"no fixed cost resolved (the line meets 0 tokens at {fit.overhead_ms:,.1f} ms: TTFT does not grow linearly here)"
+        )
+        cost = f"{fixed} + prefill at {rate}" + ("; " + "; ".join(flags) if flags else "")
         evidence = (
             f"median TTFT at concurrency 1, {n} requests per length, over {len(points)} prompt lengths "
             f"{points[0][0]:,.0f}–{points[-1][0]:,.0f} tokens; line fit residual {fit.residual_pct:.1f}%"
@@ -515,17 +528,22 @@ class _Profiler:
         fresh = await self.measure("response/fresh", 1, n, WorkloadConfig(input_tokens=fresh_len, output_tokens=32))
         runs = ["response/repeat", "response/fresh"]
         a, b = repeat.median("e2e_ms"), fresh.median("e2e_ms")
-        if a is None or b is None:
+        da, db = _decode_ms(repeat), _decode_ms(fresh)
+        if a is None or b is None or da is None or db is None:
             return _skipped("response_cache", "a run did not complete", runs)
         ratio = a / b
-        detected = ratio < RESPONSE_CACHE_RATIO
-        cost = (
-            f"detected: a repeated request took {ratio:.0%} of a fresh one's E2E" if detected
-            else f"none detected: a repeated request took {ratio:.0%} of a fresh one's E2E"
+        # a prefix cache skips a repeat's prefill (TTFT drops); only a response cache
+        # skips its generation too: the decode time is what tells them apart
+        decode_ratio = da / db if db > 0 else 1.0
+        detected = ratio < RESPONSE_CACHE_RATIO and decode_ratio < RESPONSE_CACHE_RATIO
+        verdict = "detected" if detected else "none detected"
+        cost = f"{verdict}: a repeated request took {ratio:.0%} of a fresh one's E2E and {decode_ratio:.0%} of its generation time"
+        evidence = (
+            f"median at concurrency 1, 32 output tokens: the same request repeated E2E {a:,.1f} ms (first token → last "
+            f"{da:,.1f} ms) vs fresh prompts of its length {b:,.1f} ms ({db:,.1f} ms)"
         )
-        evidence = f"median E2E at concurrency 1, 32 output tokens: the same request repeated {a:,.1f} ms vs fresh prompts of its length {b:,.1f} ms"
         return Factor("response_cache", "response cache (identical requests)", cost, evidence,
-                      {"detected": detected, "e2e_repeat_ms": a, "e2e_fresh_ms": b, "ratio": ratio}, runs)
+                      {"detected": detected, "e2e_repeat_ms": a, "e2e_fresh_ms": b, "ratio": ratio, "decode_ratio": decode_ratio}, runs)
 
     async def head_of_line(self) -> Factor:
         n = self.n(8, least=4)
@@ -543,15 +561,23 @@ class _Profiler:
         target = HttpTarget(self.url, self.model, api_key=self.config.api_key, embedded=self.config.embedded, workers=1)
         timer = asyncio.get_running_loop().call_later(max(0.0, self.deadline_s - self.elapsed_s()), stop_bg.set)
         background = asyncio.ensure_future(run(bg_cfg, target, stop=stop_bg))
+        bg: RunResult | None = None
         try:
             await asyncio.sleep(0.5)  # the long prompts are in flight first
             mixed = await self.measure("hol/short-with-long", 1, n, short)
         finally:
             stop_bg.set()
             timer.cancel()
-            with contextlib.suppress(InferlabError):
-                await background
+            try:
+                bg = await background
+            except RunFailedError as e:  # every long prompt failed (too long for this server?)
+                bg = e.result if isinstance(e.result, RunResult) else None
+            except InferlabError:
+                bg = None
         runs = ["hol/short-alone", "hol/short-with-long", "hol/long-background"]
+        if bg is None or bg.summary.counts.completed == 0:
+            why = "" if bg is None or not bg.summary.error_examples else f": {next(iter(bg.summary.error_examples.values()))}"
+            return _skipped("head_of_line", f"the {long_tokens:,}-token prompts did not complete{why}", runs)
         a, b = alone.median("ttft_ms"), mixed.median("ttft_ms")
         if a is None or b is None:
             return _skipped("head_of_line", "a run did not complete", runs)
@@ -598,6 +624,12 @@ class _Profiler:
 
 def _skipped(name: str, why: str, runs: Sequence[str] = ()) -> Factor:
     return Factor(name, name.replace("_", " "), why, "", {}, list(runs), measured=False)
+
+
+def _decode_ms(point: _Point) -> float | None:
+    """Median first token → end of a run's completed requests."""
+    values = [m.e2e_ms - m.ttft_ms for m in (request_metrics(r) for r in point.ok()) if m.e2e_ms is not None and m.ttft_ms is not None]
+    return statistics.median(values) if values else None
 
 
 def _hit_rate(point: _Point) -> tuple[float | None, str]:
