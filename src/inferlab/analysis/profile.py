@@ -366,7 +366,7 @@ class _Profiler:
             return _Point(e.result if isinstance(e.result, RunResult) else None, str(e))
         finally:
             timer.cancel()
-        if result.summary.prompt_overhead_tokens not in (None,) and isinstance(result.summary.prompt_overhead_tokens, int):
+        if isinstance(result.summary.prompt_overhead_tokens, int):  # (what the preflight measured)
             self.overhead_tokens = result.summary.prompt_overhead_tokens
         return _Point(result, "stopped at the end of its share of the budget" if result.interrupted else None)
 
