@@ -74,3 +74,16 @@ def test_profile_refuses_a_folder_that_holds_one_and_unknown_factors(tmp_path: P
         asyncio.run(profile(ProfileConfig(str(tmp_path)), "http://127.0.0.1:9"))
     with pytest.raises(UsageError, match="unknown nonsense"):
         ProfileConfig(str(tmp_path), factors=("nonsense",))
+
+
+def test_a_tiny_budget_stops_the_profile_and_says_what_was_left_out(tmp_path: Path) -> None:
+    config = ProfileConfig(str(tmp_path / "p"), budget_s=1.0, factors=("prefill", "decode", "output_length"))
+    with ChildServer(SERVE) as server:
+        async def go() -> None:
+            async with asyncio.timeout(LIMIT_S):
+                await profile(config, server.url)
+        asyncio.run(go())
+    p = read_profile(tmp_path / "p")
+    assert [f.name for f in p.factors] == ["prefill", "decode", "output_length"]
+    skipped = [f for f in p.factors if not f.measured]
+    assert any("budget" in f.cost for f in skipped), [f.cost for f in p.factors]
