@@ -232,6 +232,8 @@ class _Profiler:
         self.engine: dict[str, Any] | None = None
         self.model = config.model
         self.overhead_tokens = 0
+        self.deadline_s = config.budget_s
+        self.budget_hit = False  # a run of the factor being measured was cut by the budget
 
     def elapsed_s(self) -> float:
         return (self.clock.now_ns() - self.t0_ns) / NS_PER_S
@@ -266,6 +268,7 @@ class _Profiler:
             if self.elapsed_s() >= self.deadline_s:
                 factors.append(_skipped(name, "the budget ran out before it"))
                 continue
+            self.budget_hit = False
             try:
                 if name == "output_length":
                     f = await self.output_length(tpot_1)
@@ -273,6 +276,12 @@ class _Profiler:
                     f = await step()
             except InferlabError as e:
                 f = _skipped(name, f"failed: {e}")
+            if self.budget_hit:
+                share = f"its share of the budget ended at {self.deadline_s:,.1f} s"
+                if f.measured:
+                    f.evidence += f"; cut short: {share}"
+                else:
+                    f.cost += f" ({share})"
             factors.append(f)
             if name == "prefill" and f.measured:
                 fit = PrefillFit(**{**f.data["fit"], "points": [tuple(p) for p in f.data["fit"]["points"]]})
@@ -358,6 +367,7 @@ class _Profiler:
         stop = asyncio.Event()
         left = (deadline_s if deadline_s is not None else self.deadline_s) - self.elapsed_s()
         if left <= 0:
+            self.budget_hit = True
             return _Point(None, "the budget ran out before it")
         timer = asyncio.get_running_loop().call_later(left, stop.set)
         try:
@@ -368,6 +378,8 @@ class _Profiler:
             timer.cancel()
         if isinstance(result.summary.prompt_overhead_tokens, int):  # (what the preflight measured)
             self.overhead_tokens = result.summary.prompt_overhead_tokens
+        if result.interrupted and stop.is_set():
+            self.budget_hit = True
         return _Point(result, "stopped at the end of its share of the budget" if result.interrupted else None)
 
     # --- the factors ---------------------------------------------------------------------
