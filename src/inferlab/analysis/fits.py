@@ -80,10 +80,15 @@ def prefill_fit(points: Sequence[tuple[float, float]]) -> PrefillFit:
         m2 >= m1 * 0.95 for m1, m2 in itertools.pairwise(long)
     )
     step = None
-    for i in range(1, len(marginal) - 1):
-        m = marginal[i]
-        if m > 0 and m >= STEP_RATIO * max(marginal[i - 1], 1e-12) and m >= STEP_RATIO * max(marginal[i + 1], 1e-12):
-            step = pts[i][0]
+    # (below SUPERLINEAR_FROM_TOKENS the cost is flat, then turns linear: not a step)
+    segments = [
+        (x1, (y2 - y1) / (x2 - x1)) for (x1, y1), (x2, y2) in itertools.pairwise(pts)
+        if x2 > x1 and x1 >= SUPERLINEAR_FROM_TOKENS / 2
+    ]
+    for i in range(1, len(segments) - 1):
+        x, m = segments[i]
+        if m > 0 and m >= STEP_RATIO * max(segments[i - 1][1], 1e-12) and m >= STEP_RATIO * max(segments[i + 1][1], 1e-12):
+            step = x
             break
     return PrefillFit(
         [(float(x), float(y)) for x, y in pts], a, 1000.0 / b if b > 0 else None, residual, marginal,

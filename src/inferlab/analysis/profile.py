@@ -387,6 +387,7 @@ class _Profiler:
     async def prefill(self) -> Factor:
         n = self.n(5)
         points: list[tuple[float, float]] = []
+        server_points: list[tuple[float, float]] = []  # the server's own TTFT, where it says
         runs: list[str] = []
         done: list[int] = []
         while True:
@@ -406,7 +407,11 @@ class _Profiler:
             ttft, tokens = pt.median("ttft_ms"), pt.input_tokens()
             if ttft is None:  # (longer prompts would fail the same way, or take longer still)
                 break
-            points.append((tokens if tokens is not None else float(L), ttft))
+            x = tokens if tokens is not None else float(L)
+            points.append((x, ttft))
+            server_ttft = [float(tl["first_token_ms"]) for tl in (r.server_timeline or {} for r in pt.ok()) if tl.get("first_token_ms") is not None]
+            if server_ttft:
+                server_points.append((x, statistics.median(server_ttft)))
         if len({x for x, _ in points}) < 2:
             return _skipped("prefill", "fewer than two prompt lengths completed", runs)
         fit = prefill_fit(points)
@@ -425,7 +430,19 @@ class _Profiler:
             f"median TTFT at concurrency 1, {n} requests per length, over {len(points)} prompt lengths "
             f"{points[0][0]:,.0f}–{points[-1][0]:,.0f} tokens; line fit residual {fit.residual_pct:.1f}%"
         )
-        return Factor("prefill", "prefill (prompt length)", cost, evidence, {"fit": fit.to_json(), "requests_per_point": n}, runs)
+        data: dict[str, Any] = {"fit": fit.to_json(), "requests_per_point": n, "server_fit": None}
+        if len(server_points) == len(points) and fit.prefill_tps:
+            sfit = prefill_fit(server_points)
+            data["server_fit"] = sfit.to_json()
+            if sfit.prefill_tps:
+                # what the client sees beyond the server's own clock, per prompt token:
+                # parsing, tokenizing, the network (a cost the engine's rate leaves out)
+                extra_us = (1e6 / fit.prefill_tps - 1e6 / sfit.prefill_tps)
+                evidence += (
+                    f"; the server's own TTFT gives {sfit.prefill_tps:,.0f} tokens/s: the front end and network add "
+                    f"{extra_us:,.1f} µs per prompt token"
+                )
+        return Factor("prefill", "prefill (prompt length)", cost, evidence, data, runs)
 
     async def decode(self) -> Factor:
         ladder = [c for c in CONCURRENCY_LADDER if c <= self.config.max_concurrency]
@@ -561,13 +578,14 @@ class _Profiler:
         n = self.n(8, least=4)
         short = WorkloadConfig(input_tokens=64, output_tokens=8)
         alone = await self.measure("hol/short-alone", 1, n, short)
-        long_tokens = max(256, self.longest_prompt(16))
+        long_tokens = max(256, self.longest_prompt(1))
         # long prompts keep arriving while the short ones run: the background stops when
         # the foreground is done (its run directory says interrupted: that is by design)
         stop_bg = asyncio.Event()
         bg_cfg = RunConfig(
             LoadConfig(ClosedLoop(2), num_requests=10_000, seed=self.config.seed + 1),
-            WorkloadConfig(input_tokens=long_tokens, output_tokens=16), self.config.api, None,
+            # one output token: the long requests are (almost) all prefill, back to back
+            WorkloadConfig(input_tokens=long_tokens, output_tokens=1), self.config.api, None,
             str(self.out / "hol/long-background"), overwrite=self.config.overwrite,
         )
         target = HttpTarget(self.url, self.model, api_key=self.config.api_key, embedded=self.config.embedded, workers=1)
