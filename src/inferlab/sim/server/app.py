@@ -114,9 +114,11 @@ class EngineLoop:
     def now_s(self) -> float:
         return (self.clock.now_ns() - self.t0_ns) / NS_PER_S
 
-    def submit(self, request_id: str, prompt_ids: list[int], output_len: int) -> asyncio.Queue[TokenEvent]:
-        """Queue a request (``ValueError`` if the engine rejects it)."""
-        self.engine.add_request(request_id, prompt_ids, output_len, self.now_s())
+    def submit(self, request_id: str, prompt_ids: list[int], output_len: int, arrival_s: float | None = None) -> asyncio.Queue[TokenEvent]:
+        """Queue a request that arrived at ``arrival_s`` (None: now; never later than
+        now), ``ValueError`` if the engine rejects it."""
+        now = self.now_s()
+        self.engine.add_request(request_id, prompt_ids, output_len, now if arrival_s is None else min(arrival_s, now))
         q: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.queues[request_id] = q
         self._wake.set()
@@ -263,10 +265,11 @@ class SimServer:
 
     # -- generation -----------------------------------------------------------------
     async def chat(self, request: web.Request) -> web.StreamResponse:
+        received_s = self._now_s()
         body = await _json_body(request)
         self._check_model(body)
         read_bool(body, "add_special_tokens", False)
-        return await self._generate(request, body, self._chat_prompt(body), chat=True)
+        return await self._generate(request, body, self._chat_prompt(body), chat=True, received_s=received_s)
 
     def _chat_prompt(self, body: dict[str, Any]) -> list[int]:
         """The token ids of a chat request's messages in the chat template, with the
@@ -281,6 +284,7 @@ class SimServer:
             raise APIError(400, str(e)) from e
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        received_s = self._now_s()
         body = await _json_body(request)
         self._check_model(body)
         prompt = read_prompt(body)
@@ -291,7 +295,11 @@ class SimServer:
             if not all(0 <= t < self.tokenizer.vocab_size for t in prompt):
                 raise APIError(400, f"token ids must be in [0, {self.tokenizer.vocab_size})")
             prompt_ids = list(prompt)
-        return await self._generate(request, body, prompt_ids, chat=False)
+        return await self._generate(request, body, prompt_ids, chat=False, received_s=received_s)
+
+    def _now_s(self) -> float:
+        assert self.loop is not None
+        return self.loop.now_s()
 
     def _check_model(self, body: dict[str, Any]) -> None:
         """``APIError`` 404 for a model the server does not serve; none named (absent,
@@ -341,10 +349,13 @@ class SimServer:
         return OutputPlan(tokens, reason, None, None, hold, params.logprobs, max_tokens)
 
     async def _generate(
-        self, request: web.Request, body: dict[str, Any], prompt_ids: list[int], *, chat: bool
+        self, request: web.Request, body: dict[str, Any], prompt_ids: list[int], *, chat: bool, received_s: float
     ) -> web.StreamResponse:
+        """``received_s``: when the handler began, before the body was parsed and its
+        prompt tokenized: the modelled API cost (``api_overhead_s``) stands for that work,
+        so this process's own time for it is not charged on top (a long prompt's
+        tokenizing here would otherwise add to its TTFT, more on a busy machine)."""
         assert self.loop is not None
-        received_s = self.loop.now_s()
         api: Api = "chat" if chat else "completions"
         params = read_params(body, api)
         plan = self._plan(params, prompt_ids)
@@ -352,7 +363,7 @@ class SimServer:
             raise APIError(429, "The server is overloaded: too many requests are waiting.", "RateLimitError")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
         try:
-            queue = self.loop.submit(rid, prompt_ids, plan.tokens)
+            queue = self.loop.submit(rid, prompt_ids, plan.tokens, received_s)
         except ValueError as e:
             raise APIError(400, str(e)) from e
         gen = Generation(self, rid, chat, received_s, len(prompt_ids), plan)
