@@ -111,7 +111,7 @@ def _short(axis: str) -> str:
 
 def _value(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:g}"
+        return f"{v:.4g}"
     return "—" if v is None else str(v)
 
 
