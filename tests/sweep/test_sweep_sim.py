@@ -173,7 +173,7 @@ def test_a_sweep_stopped_mid_point_keeps_finished_points_and_a_valid_index(tmp_p
 def test_ctrl_c_mid_sweep_exits_130_with_the_index_valid(tmp_path: Path) -> None:
     out = tmp_path / "c"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferlab", "sweep", "-c", "1,2,4,8,16,32,64", "--no-saturation-stop", "-n", "4000",
+        [sys.executable, "-m", "inferlab", "sweep", "-c", "1,2,4,8,16,32,64", "--no-saturation-stop", "-n", "1000",
          "--input-tokens", "128", "--output-tokens", "64", "-o", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
