@@ -183,7 +183,7 @@ def test_ctrl_c_mid_sweep_exits_130_with_the_index_valid(tmp_path: Path) -> None
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     ix = index(out)

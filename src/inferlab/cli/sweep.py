@@ -33,6 +33,7 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target
+from inferlab.openai.request import Api
 from inferlab.report.sweep import params_text, point_line, render_sweep
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import dumps
@@ -93,7 +94,8 @@ def _listed(opt: click.Parameter, default: Any = None) -> click.Option:
     shown = opt.default if opt.default is not None else opt.show_default
     return click.Option(
         [opt.name or "", *opt.opts], type=click.STRING, default=default, callback=read,
-        help=(opt.help or "") + " A comma list sweeps it.", show_default=shown if isinstance(shown, str | int | float) else False,
+        help=(opt.help or "") + " A comma list sweeps it.",
+        show_default=str(shown) if isinstance(shown, str | int | float) and not isinstance(shown, bool) else False,
         metavar="V[,V...]",
     )
 
@@ -208,7 +210,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
     base["rate"] = str(loads[0]) if load_axis == "rate" else None
     load = load_config(base)  # every load flag checked as bench checks it
     slo = slo_config(kw)
-    api = kw["api"] or ("chat" if url is not None else "completions")
+    api: Api = kw["api"] or ("chat" if url is not None else "completions")
     run = RunConfig(load, workload_config(base), api, slo)
     target: Target
     if url is None:
