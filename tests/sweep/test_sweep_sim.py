@@ -200,3 +200,26 @@ def test_a_sweep_does_not_replace_another(tmp_path: Path) -> None:
     assert sweep(["-c", "1", "-n", "2", "-o", str(out)]).exit_code == 0
     r = sweep(["-c", "1", "-n", "2", "-o", str(out)])
     assert r.exit_code == 2 and "holds a sweep already" in r.output
+
+
+@pytest.mark.parametrize("flags,needle", [(["--gpu", "H100,NOPE"], "unknown GPU 'NOPE'"),
+                                          (["--input-tokens", "128,lots"], "--input-tokens 'lots'"),
+                                          (["-c", "4,2"], "ascending"),
+                                          (["--trace", "x.jsonl"], "--trace")])
+def test_settings_no_point_can_run_with_fail_before_anything_runs(tmp_path: Path, flags: list[str], needle: str) -> None:
+    r = sweep([*flags, "-n", "2", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_engine_that_cannot_hold_the_model_fails_its_group_and_the_others_go_on(tmp_path: Path) -> None:
+    out = tmp_path / "tp"
+    r = sweep(["--model", "Llama-3.1-70B", "-tp", "1,4", "-c", "1,2", "-n", "4", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    ix = index(out)
+    by = {(p["params"]["tensor_parallel_size"], p["params"]["concurrency"]): p for p in ix["points"]}
+    assert by[1, 1]["status"] == "failed" and by[1, 1]["dir"] is None and "weights need" in by[1, 1]["reason"]
+    assert by[1, 2]["status"] == "skipped"
+    assert by[4, 1]["status"] == by[4, 2]["status"] == "done"
+    assert by[4, 1]["headline"]["output_tok_s_per_gpu"] == pytest.approx(by[4, 1]["headline"]["output_tok_s"] / 4)
+    assert ix["groups"][0]["stopped"]["rule"] == "failed" and ix["complete"] is True

@@ -38,7 +38,8 @@ from inferlab.report.sweep import params_text, point_line, render_sweep
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import dumps
 from inferlab.sweep.grid import Grid, is_ascending, parse_values
-from inferlab.sweep.runner import GoodputSearch, SweepConfig, SweepResult, run_sweep
+from inferlab.sweep.index import check_sweep_dir
+from inferlab.sweep.runner import GoodputSearch, SweepConfig, SweepResult, check_points, run_sweep
 from inferlab.sweep.saturation import SaturationRules
 
 #: load and workload flags that take a comma list (a grid axis each)
@@ -138,6 +139,8 @@ def sweep(**kw: Any) -> None:
 
 def _sweep(kw: dict[str, Any]) -> int:
     config = sweep_config(kw)
+    check_sweep_dir(config.out_dir, config.overwrite)
+    check_points(config)  # (run_sweep checks again: a library call must too)
     err, out = Console(stderr=True), Console()
     watcher = _Watcher(err, config)
     err.print(f"inferlab sweep: {_target_line(config)} → {config.out_dir}/sweep.json", soft_wrap=True, highlight=False)
@@ -280,14 +283,24 @@ def _command_line() -> str:
 def _target_line(config: SweepConfig) -> str:
     t = config.target
     if isinstance(t, SimTarget):
-        e = t.engine
-        return f"simulating {e.model} on {e.tensor_parallel_size}x {e.gpu} in virtual time"
+        return f"simulating {_engine_text(config)} in virtual time"
     return f"measuring {t.url}"
+
+
+def _engine_text(config: SweepConfig) -> str:
+    """``model on TPx GPU``, an axis's values where it varies (``{1,4}x H100``)."""
+    assert isinstance(config.target, SimTarget)
+    e, axes = config.target.engine, dict(config.grid.axes)
+
+    def show(name: str, value: Any) -> str:
+        return "{" + ",".join(str(v) for v in axes[name]) + "}" if name in axes else str(value)
+
+    return f"{show('model', e.model)} on {show('tensor_parallel_size', e.tensor_parallel_size)}x {show('gpu', e.gpu)}"
 
 
 def _title(config: SweepConfig) -> str:
     if isinstance(config.target, SimTarget):
-        return f"prediction (simulated, virtual time): {_target_line(config).removeprefix('simulating ').removesuffix(' in virtual time')}"
+        return f"prediction (simulated, virtual time): {_engine_text(config)}"
     return f"measured: {config.target.url}"
 
 
@@ -332,8 +345,8 @@ class _Watcher:
     def group_done(self, group: dict[str, Any]) -> None:
         s = group.get("stopped")
         if s is not None:
-            knee = "none" if s.get("knee") is None else f"{s['knee']:g}"
-            self.console.print(f"  → stopped: {s['reason']}; knee {group['load_axis']}={knee}", highlight=False, soft_wrap=True)
+            knee = "none (no point before it)" if s.get("knee") is None else f"{group['load_axis']}={s['knee']:g}"
+            self.console.print(f"  → stopped: {str(s['reason']).rstrip('.')}; knee: {knee}", highlight=False, soft_wrap=True)
 
     def _show(self) -> None:
         if self._status is not None:

@@ -81,9 +81,10 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
         s = g.get("stopped")
         if s is not None:
             knee = "no point before it" if s.get("knee") is None else f"{_short(g['load_axis'])}={_value(s['knee'])}"
-            out.print(f"{label}: stopped at {_short(g['load_axis'])}={_value(s['at'])}: {s['reason']}; knee: {knee}")
+            out.print(f"{label}: stopped at {_short(g['load_axis'])}={_value(s['at'])}: {str(s['reason']).rstrip('.')}; knee: {knee}",
+                      soft_wrap=True)
         elif g.get("goodput") is not None:
-            out.print(f"{label}: {goodput_text(g['goodput'])}")
+            out.print(f"{label}: {goodput_text(g['goodput'])}", soft_wrap=True)
         elif not index.get("complete"):
             out.print(f"{label}: interrupted")
         else:

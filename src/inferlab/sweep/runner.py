@@ -7,6 +7,7 @@ finished.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import statistics
@@ -20,6 +21,7 @@ from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Targe
 from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import plain_json
+from inferlab.sim.engine.engine import Engine
 from inferlab.sweep.goodput import Probe, SearchResult, find_max_rate, slo_share
 from inferlab.sweep.grid import Grid, point_configs, slug
 from inferlab.sweep.index import CI_METRICS, FORMAT, check_sweep_dir, headline, write_index
@@ -120,8 +122,24 @@ async def run_sweep(
     (without ``overwrite``); a server that stops answering ends the sweep with its error,
     the index kept."""
     check_sweep_dir(config.out_dir, config.overwrite)
+    check_points(config)
     os.makedirs(config.out_dir, exist_ok=True)
     return await _Sweep(config, listener or _Quiet(), stop or asyncio.Event(), after_run).run()
+
+
+def check_points(config: SweepConfig) -> None:
+    """Fail fast, before anything runs, on settings no point can run with: each group's
+    workload is built and its simulated engine sized (``UsageError``: an unknown name, a
+    bad length). An engine that does not hold the model is no usage error: that point
+    runs and is recorded as failed, the other groups go on."""
+    grid = config.grid
+    for params in grid.groups():
+        run_cfg, target = point_configs(config.run, config.target, grid.load_axis, grid.load_values[0], params,
+                                        auto_requests=config.auto_requests)
+        run_cfg.workload.build(run_cfg.load.seed, run_cfg.api)
+        if isinstance(target, SimTarget):
+            with contextlib.suppress(ValueError):  # (not a usage error: see above)
+                Engine(target.engine)
 
 
 class _Sweep:
