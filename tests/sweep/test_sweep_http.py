@@ -55,3 +55,9 @@ def test_engine_flags_with_a_url_are_refused_before_anything_runs(tmp_path: Path
 def test_server_flags_without_a_url_are_refused(tmp_path: Path) -> None:
     r = sweep(["--timeout", "5", "-o", str(tmp_path / "x")])
     assert r.exit_code == 2 and "only for runs against --url" in r.output
+
+
+def test_no_server_there_exits_1_and_leaves_no_empty_sweep(tmp_path: Path) -> None:
+    r = sweep(["--url", "http://127.0.0.1:9", "-c", "1", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 1 and "cannot reach" in r.output
+    assert not (tmp_path / "x").exists()

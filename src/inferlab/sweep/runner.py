@@ -24,7 +24,7 @@ from inferlab.results.runfiles import plain_json
 from inferlab.sim.engine.engine import Engine
 from inferlab.sweep.goodput import Probe, SearchResult, find_max_rate, slo_share
 from inferlab.sweep.grid import Grid, point_configs, slug
-from inferlab.sweep.index import CI_METRICS, FORMAT, check_sweep_dir, headline, write_index
+from inferlab.sweep.index import CI_METRICS, FORMAT, INDEX, check_sweep_dir, headline, write_index
 from inferlab.sweep.saturation import SaturationRules, check
 from inferlab.sweep.stats import t_interval
 
@@ -121,10 +121,30 @@ async def run_sweep(
     run ``skipped``. ``UsageError`` before anything runs if the folder holds a sweep
     (without ``overwrite``); a server that stops answering ends the sweep with its error,
     the index kept."""
+    existed = _prepare_dir(config)
+    sweep = _Sweep(config, listener or _Quiet(), stop or asyncio.Event(), after_run)
+    try:
+        return await sweep.run()
+    except BaseException:
+        if not sweep.index["points"]:  # nothing ran (no server there): leave no empty sweep behind
+            _remove_index(config.out_dir, existed)
+        raise
+
+
+def _prepare_dir(config: SweepConfig) -> bool:
+    """Check the folder and the points, make the folder; whether it existed."""
     check_sweep_dir(config.out_dir, config.overwrite)
     check_points(config)
+    existed = os.path.isdir(config.out_dir)
     os.makedirs(config.out_dir, exist_ok=True)
-    return await _Sweep(config, listener or _Quiet(), stop or asyncio.Event(), after_run).run()
+    return existed
+
+
+def _remove_index(out_dir: str, keep_dir: bool) -> None:
+    with contextlib.suppress(OSError):
+        (Path(out_dir) / INDEX).unlink()
+        if not keep_dir:
+            os.rmdir(out_dir)
 
 
 def check_points(config: SweepConfig) -> None:
