@@ -19,6 +19,7 @@ from inferlab._clock import WallClock
 from inferlab._errors import RunFailedError, UsageError
 from inferlab.cli.common import (
     entry,
+    extra_body_option,
     finish_run,
     http_options,
     install_stop_signals,
@@ -52,6 +53,8 @@ def main() -> None:
 @click.option("--model", help="Model name to request. Default: the first one the server lists. Without --url: the model the built-in simulator serves (a preset name or HF id).")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
 @http_options
+@click.option("--temperature", type=click.FloatRange(min=0), help="Sampling temperature sent with every request (default: none sent, the server's default applies). Output lengths stay exact unless --no-exact-output.")
+@click.option("--extra-body", callback=extra_body_option, metavar="JSON|@FILE", help="A JSON object merged into every request body, as vLLM's --extra-body (e.g. '{\"top_p\": 0.9, \"seed\": 1}'); fields the run sets itself (model, messages/prompt, max_tokens, min_tokens, ignore_eos, stream, n) are refused. Recorded in config.json.")
 @load_options
 def bench(**kw: Any) -> None:
     """Load an OpenAI-compatible endpoint and report TTFB, TTFT, TPOT, ITL, E2E, tokens/s, TPM."""
@@ -77,6 +80,7 @@ def _bench(kw: dict[str, Any]) -> int:
         preflight=kw["preflight"],
         overwrite=kw["overwrite"],
         workers=kw["workers"],
+        extra_body=_sampling(kw["temperature"], kw["extra_body"]),
     )
     if config.out_dir is not None:
         check_out_dir(config.out_dir, config.overwrite)  # before a server is started
@@ -121,6 +125,17 @@ def _bench(kw: dict[str, Any]) -> int:
     if result.cause is not None:
         raise result.cause
     return 130 if result.interrupted else 0
+
+
+def _sampling(temperature: float | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """What every request carries beyond the run's own fields: ``--extra-body``, and
+    ``--temperature`` (given both ways: refused, rather than one silently winning)."""
+    body = dict(extra or {})
+    if temperature is not None:
+        if "temperature" in body:
+            raise UsageError("--temperature and --extra-body's \"temperature\" both given: give one")
+        body["temperature"] = temperature
+    return body
 
 
 async def _bench_main(config: BenchConfig, url: str, progress: Progress) -> RunResult:
