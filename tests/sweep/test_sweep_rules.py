@@ -103,3 +103,11 @@ def test_one_repeat_has_a_mean_and_no_interval() -> None:
     iv = t_interval([3.0])
     assert (iv.mean, iv.low, iv.high, iv.n) == (3.0, None, None, 1)
     assert t_interval([1.0, 3.0]).mean == statistics.fmean([1.0, 3.0])
+
+
+def test_a_probe_that_cannot_run_ends_the_search_with_its_reason() -> None:
+    async def probe(rate: float) -> Probe:
+        return Probe(rate, None, False, error="weights do not fit")
+
+    result = asyncio.run(find_max_rate(probe, 1.0))
+    assert (result.max_rate, result.note, len(result.probes)) == (None, "weights do not fit", 1)

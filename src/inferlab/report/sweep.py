@@ -96,6 +96,8 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
 
 def goodput_text(g: dict[str, Any]) -> str:
     probes = len(g.get("probes", []))
+    if g.get("max_rate") is None and not any(p.get("dir") for p in g.get("probes", [])):
+        return f"could not run: {g.get('note')}"
     if g.get("max_rate") is None:
         return f"no rate met the SLOs ({g.get('note')}; {probes} probes)"
     text = f"max rate meeting the SLOs {g['max_rate']:.3g} req/s"

@@ -21,13 +21,15 @@ from inferlab.results.records import RequestRecord
 class Probe:
     """One run at ``rate_rps``: the share of measured requests that completed within
     every SLO, whether that share reached the target (``meets``) and the run's
-    directory. ``stopped``: the run was interrupted (its verdict is not used)."""
+    directory. ``stopped``: the run was interrupted; ``error``: it could not run at all
+    (the engine does not hold the model): either ends the search."""
 
     rate_rps: float
     share: float | None
     meets: bool
     dir: str | None = None
     stopped: bool = False
+    error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"rate": self.rate_rps, "share": self.share, "meets": self.meets, "dir": self.dir}
@@ -73,9 +75,9 @@ async def find_max_rate(
     max_probes: int = 40,
 ) -> SearchResult:
     """Search with ``probe`` (one run at a rate) from ``start_rps``; see the module. The
-    search ends early, with a ``note``, when a probe is interrupted, when no rate down to
-    ``start_rps / 2**16`` meets the SLOs, when none up to ``start_rps * 2**16`` fails, or
-    after ``max_probes`` runs."""
+    search ends early, with a ``note``, when a probe is interrupted or cannot run (its
+    error), when no rate down to ``start_rps / 2**16`` meets the SLOs, when none up to
+    ``start_rps * 2**16`` fails, or after ``max_probes`` runs."""
     if not start_rps > 0 or math.isinf(start_rps):
         raise ValueError("the start rate must be a positive number")
     if not step > 1:
@@ -92,6 +94,8 @@ async def find_max_rate(
         probes.append(p)
         if p.stopped:
             raise _End("interrupted")
+        if p.error is not None:
+            raise _End(p.error)
         return p.meets
 
     lo: float | None = None

@@ -196,7 +196,7 @@ class _Sweep:
     async def run(self) -> SweepResult:
         self.write()
         for params in self.config.grid.groups():
-            group: dict[str, Any] = {"params": params, "load_axis": self.config.grid.load_axis, "stopped": None}
+            group: dict[str, Any] = {"params": plain_json(params), "load_axis": self.config.grid.load_axis, "stopped": None}
             self.index["groups"].append(group)
             if self.interrupted or self.stop.is_set():
                 self.interrupted = True
@@ -236,7 +236,7 @@ class _Sweep:
                 stop_json = None if stop is None else stop.to_json()
             if stop_json is not None:
                 group["stopped"] = stop_json
-                self._skip(params, grid.load_values[i + 1:], f"saturated at {grid.load_axis}={load:g}")
+                self._skip(params, grid.load_values[i + 1:], f"past the stop at {grid.load_axis}={load:g} ({stop_json['rule']})")
                 return
             prev = (load, head)
 
@@ -249,12 +249,13 @@ class _Sweep:
             share = entry["headline"].get("slo_share") if entry.get("headline") else None
             stopped = entry["status"] == "stopped"
             meets = not stopped and entry["status"] == "done" and share is not None and share >= g.share
-            return Probe(rate, share, meets, entry["dir"], stopped)
+            error = entry.get("reason") if entry["status"] == "failed" and entry["headline"] is None else None
+            return Probe(rate, share, meets, entry["dir"], stopped, error)
 
         result: SearchResult = await find_max_rate(probe, g.start_rps, step=g.step, max_probes=g.max_probes)
         if result.note == "interrupted":
             self.interrupted = True
-        found = {"params": params, **result.to_json()}
+        found = {"params": plain_json(params), **result.to_json()}
         group["goodput"] = found
         self.index["goodput_search"]["groups"].append(found)
 
