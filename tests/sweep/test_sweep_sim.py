@@ -205,7 +205,11 @@ def test_a_sweep_does_not_replace_another(tmp_path: Path) -> None:
 @pytest.mark.parametrize("flags,needle", [(["--gpu", "H100,NOPE"], "unknown GPU 'NOPE'"),
                                           (["--input-tokens", "128,lots"], "--input-tokens 'lots'"),
                                           (["-c", "4,2"], "ascending"),
-                                          (["--trace", "x.jsonl"], "--trace")])
+                                          (["--trace", "x.jsonl"], "--trace"),
+                                          (["--no-saturation-stop", "--saturation-gain", "0.1"], "turns off"),
+                                          (["--find-max-rate", "--slo-ttft-ms", "100", "--ttft-growth", "3"], "not to --find-max-rate"),
+                                          (["--find-max-rate"], "needs an SLO"),
+                                          (["--slo-share", "0.5"], "needs --find-max-rate")])
 def test_settings_no_point_can_run_with_fail_before_anything_runs(tmp_path: Path, flags: list[str], needle: str) -> None:
     r = sweep([*flags, "-n", "2", "-o", str(tmp_path / "x")])
     assert r.exit_code == 2 and needle in r.output, r.output

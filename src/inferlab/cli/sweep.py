@@ -189,6 +189,13 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
         if http:
             flags = ", ".join("--" + n.replace("_", "-") for n in http)
             raise UsageError(f"{flags}: only for runs against --url (without it the sweep runs the simulator in virtual time)")
+    tuning = [f for f in ("saturation_gain", "ttft_growth") if given(f)]
+    if kw["find_max_rate"] and (tuning or given("saturation_stop")):
+        flags = ", ".join("--" + f.replace("_", "-") for f in tuning) or "--[no-]saturation-stop"
+        raise UsageError(f"{flags}: the saturation stop applies to a load axis, not to --find-max-rate")
+    if tuning and not kw["saturation_stop"]:
+        flags = ", ".join("--" + f.replace("_", "-") for f in tuning)
+        raise UsageError(f"{flags}: these tune the saturation stop, which --no-saturation-stop turns off")
     if kw["find_max_rate"]:
         load_axis, loads = _search_axis(kw)
     else:
