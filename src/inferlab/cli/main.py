@@ -33,6 +33,7 @@ from inferlab.cli.common import (
 from inferlab.cli.export import export
 from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
+from inferlab.cli.tune import tune
 from inferlab.load.run import BenchConfig, RunResult, bench_async
 from inferlab.report.console import Progress, render_summary
 from inferlab.results.runfiles import check_out_dir, dumps
@@ -163,6 +164,7 @@ def _render(out: Console, summary: Summary, kw: dict[str, Any], config: BenchCon
 main.add_command(sim)
 main.add_command(export)
 main.add_command(tokens)
+main.add_command(tune)
 
 def run() -> None:
     """The console script."""
