@@ -35,6 +35,7 @@ from inferlab.cli.export import export
 from inferlab.cli.sim import sim
 from inferlab.cli.sweep import sweep
 from inferlab.cli.tokens import tokens
+from inferlab.cli.tune import tune
 from inferlab.load.run import BenchConfig, RunResult, bench_async
 from inferlab.report.console import Progress, render_summary
 from inferlab.results.runfiles import check_out_dir, dumps
@@ -160,6 +161,7 @@ main.add_command(sim)
 main.add_command(export)
 main.add_command(tokens)
 main.add_command(sweep)
+main.add_command(tune)
 
 def run() -> None:
     """The console script."""
