@@ -37,8 +37,8 @@ from inferlab.openai.request import Api
 from inferlab.report.sweep import params_text, point_line, render_sweep
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import dumps
+from inferlab.results.sweepindex import check_sweep_dir
 from inferlab.sweep.grid import Grid, is_ascending, parse_values
-from inferlab.sweep.index import check_sweep_dir
 from inferlab.sweep.runner import GoodputSearch, SweepConfig, SweepResult, check_points, run_sweep
 from inferlab.sweep.saturation import SaturationRules
 

@@ -21,10 +21,17 @@ from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Targe
 from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import plain_json
+from inferlab.results.sweepindex import (
+    CI_METRICS,
+    FORMAT,
+    INDEX,
+    check_sweep_dir,
+    headline,
+    write_index,
+)
 from inferlab.sim.engine.engine import Engine
 from inferlab.sweep.goodput import Probe, SearchResult, find_max_rate, slo_share
 from inferlab.sweep.grid import Grid, point_configs, slug
-from inferlab.sweep.index import CI_METRICS, FORMAT, INDEX, check_sweep_dir, headline, write_index
 from inferlab.sweep.saturation import SaturationRules, check
 from inferlab.sweep.stats import t_interval
 

@@ -1,4 +1,5 @@
-"""``sweep.json``: the index of a sweep directory, rewritten atomically after every point.
+"""``sweep.json``: the index of a sweep directory (``inferlab sweep``; ``inferlab tune`` writes
+the same format), rewritten atomically after every point.
 
 The format (``inferlab.sweep/1``) is documented in docs/design.md; ``headline`` picks
 the numbers a sweep's tables and plots use from a run's summary.
