@@ -22,8 +22,8 @@ from typing import Any
 
 from inferlab.sim.server.launch import ChildServer
 
-ENGINE = ["--max-num-seqs", "16", "--max-model-len", "4096", "--max-num-batched-tokens", "8192", "--enforce-eager"]
-WORKLOAD = ["--input-tokens", "256", "--output-tokens", "16", "--api", "completions"]
+ENGINE = ["--max-num-seqs", "16", "--gpu", "L40S", "--max-model-len", "4096", "--max-num-batched-tokens", "8192", "--enforce-eager"]
+WORKLOAD = ["--input-tokens", "256", "--output-tokens", "8", "--api", "completions"]
 
 
 def sweep(args: list[str], out: Path) -> tuple[float, dict[str, Any]]:
@@ -48,7 +48,7 @@ def main() -> None:
               f"simulated ({virtual / wall:,.0f}x); stopped: {g['stopped']}")
 
         vwall, v = sweep(["-c", "1,2,4,8,16,32,64,128,256", *ENGINE, *WORKLOAD], root / "virtual")
-        with ChildServer(["--max-num-seqs", "16"]) as server:
+        with ChildServer(["--max-num-seqs", "16", "--gpu", "L40S"]) as server:
             hwall, h = sweep(["--url", server.url, "-c", "2,4", *WORKLOAD], root / "http")
         vd, hd = done(v), done(h)
         print(f"2. virtual sweep ({len(vd)} points, stopped at c={v['groups'][0]['stopped']['at']}): {vwall:.1f} s wall; "

@@ -13,10 +13,12 @@ from click.testing import CliRunner
 from inferlab.cli.main import main
 from inferlab.sim.server.launch import ChildServer
 
-#: `sim serve` sized to saturate early; the virtual sweep is given the same engine
-SERVE = ["--max-num-seqs", "16"]
-SAME_ENGINE = ["--max-num-seqs", "16", "--max-model-len", "4096", "--max-num-batched-tokens", "8192", "--enforce-eager"]
-WORKLOAD = ["--input-tokens", "256", "--output-tokens", "16", "--api", "completions"]
+#: `sim serve` sized to saturate early, on a GPU slow enough (~20 ms a decode step) that a
+#: busy machine's lateness in the real-time server is a small share of each step; the
+#: virtual sweep is given the same engine
+SERVE = ["--max-num-seqs", "16", "--gpu", "L40S"]
+SAME_ENGINE = [*SERVE, "--max-model-len", "4096", "--max-num-batched-tokens", "8192", "--enforce-eager"]
+WORKLOAD = ["--input-tokens", "256", "--output-tokens", "8", "--api", "completions"]
 
 
 def sweep(args: list[str]) -> Any:
@@ -40,7 +42,7 @@ def test_a_short_http_sweep_agrees_with_the_virtual_one_at_the_points_both_ran(t
             assert h[c][key] == pytest.approx(v[c][key], rel=0.15), (c, key, h[c][key], v[c][key])
     # the server's engine was the one simulated
     engine = json.loads((http / "001_c2" / "config.json").read_text())["resolved"]["engine"]
-    assert (engine["max_num_seqs"], engine["max_num_batched_tokens"], engine["enforce_eager"]) == (16, 8192, True)
+    assert (engine["max_num_seqs"], engine["max_num_batched_tokens"], engine["enforce_eager"], engine["gpu"]) == (16, 8192, True, "L40S")
 
 
 @pytest.mark.parametrize("flags", [["--max-num-batched-tokens", "2048,8192"], ["--quantization", "fp8"],
