@@ -530,6 +530,8 @@ def _long_outputs(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
 
 def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list[str]]:
     out: list[Recommendation] = []
+    # (a profile of the simulated server measured a simulation: its numbers are predictions)
+    measured = "measured (the profile's decode runs)" if p.engine is None else "prediction (the profile's decode runs against the simulated server)"
     hol = p.factor("head_of_line")
     if hol is not None and hol.measured and hol.data.get("inflation", 0) >= HOL_INFLATION:
         d = hol.data
@@ -568,8 +570,8 @@ def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs {pts[top]['output_tps']:,.0f} at {top}; TPOT {pts[k]['tpot_ms_p50']:.1f} → {pts[top]['tpot_ms_p50']:.1f} ms",
                 f"cap requests in flight at about {k}: a gateway's max concurrency, or vLLM --max-num-seqs {k}",
-                [Gain("TPOT p50 ms", pts[top]["tpot_ms_p50"], pts[k]["tpot_ms_p50"], "measured (the profile's decode runs)"),
-                 Gain("output tokens/s", pts[top]["output_tps"], pts[k]["output_tps"], "measured (the profile's decode runs)")],
+                [Gain("TPOT p50 ms", pts[top]["tpot_ms_p50"], pts[k]["tpot_ms_p50"], measured),
+                 Gain("output tokens/s", pts[top]["output_tps"], pts[k]["output_tps"], measured)],
             ))
     rc = p.factor("response_cache")
     if rc is not None and rc.measured and not rc.data.get("detected"):
@@ -606,12 +608,14 @@ def _sweep_rules(runs: list[_Run], goal: Goal) -> tuple[list[Recommendation], li
         ca, cb = a.concurrency() or 1, b.concurrency() or 1
         need = KNEE_GAIN ** math.log2(cb / ca) if cb > ca else 1.0  # (the profile's knee: per doubling)
         if ta and tb / ta < need and la is not None and lb is not None and lb.p50 > 1.2 * la.p50:
+            simulated = a.config.get("command") == "sim run"
+            source = "prediction (the sweep's runs, simulated in virtual time)" if simulated else "measured (the sweep's runs)"
             out.append(Recommendation(
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
                 f"cap requests in flight at about {ca:g}: a gateway's max concurrency, or vLLM --max-num-seqs {ca:g}",
-                [Gain("E2E p50 ms", lb.p50, la.p50, "measured (the sweep's runs)"),
-                 Gain("output tokens/s", tb, ta, "measured (the sweep's runs): the throughput given up")],
+                [Gain("E2E p50 ms", lb.p50, la.p50, source),
+                 Gain("output tokens/s", tb, ta, f"{source}: the throughput given up")],
             ))
             break
     heaviest = max(runs, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))
