@@ -25,6 +25,11 @@ def test_bad_profile_flags_are_usage_errors(tmp_path: Path) -> None:
     assert code == 2 and "positive" in out
 
 
+def test_profile_of_no_server_fails_at_once(tmp_path: Path) -> None:
+    code, out = invoke("profile", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "p"), "--budget", "30")
+    assert code == 1 and "cannot reach" in out and len(out.strip().splitlines()) == 1
+
+
 def test_advise_refuses_what_is_not_a_run(tmp_path: Path) -> None:
     code, out = invoke("advise", str(tmp_path / "nothing"))
     assert code == 2 and "no such file" in out and len(out.strip().splitlines()) == 1

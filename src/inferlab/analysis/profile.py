@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
-from inferlab._errors import InferlabError, RunFailedError, UsageError
+from inferlab._errors import InferlabError, RunFailedError, ServerUnreachableError, UsageError
 from inferlab.analysis.fits import PrefillFit, knee, prefill_fit
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig
@@ -320,6 +320,11 @@ class _Profiler:
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
         timeout = aiohttp.ClientTimeout(total=10)
         async with aiohttp.ClientSession(timeout=timeout) as s:
+            try:  # (no server at all: one error now, not one failed factor after another)
+                async with s.get(base + "/models", headers=headers):
+                    pass
+            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, TimeoutError) as e:
+                raise ServerUnreachableError(f"cannot reach {base}: {e}") from e
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
                 async with s.get(base + "/models", headers=headers) as resp:
                     data = await resp.json(content_type=None) if resp.status == 200 else {}
