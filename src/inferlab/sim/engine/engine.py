@@ -47,6 +47,22 @@ class RequestTimeline:
     output_tokens: int
     token_times_s: list[float] = field(default_factory=list)  # filled with record_token_times
 
+    def to_json_ms(self, received_s: float) -> dict[str, float | int | None]:
+        """The timeline as the simulated server reports it (``inferlab_timeline``): times
+        in ms since ``received_s``, when the server received the request (4 decimals)."""
+
+        def ms(t: float | None) -> float | None:
+            return None if t is None else round((t - received_s) * 1e3, 4)
+
+        return {
+            "queued_ms": ms(self.arrival_s),
+            "scheduled_ms": ms(self.scheduled_s),
+            "first_token_ms": ms(self.first_token_s),
+            "finished_ms": ms(self.finished_s),
+            "cached_tokens": self.cached_tokens,
+            "preemptions": self.preemptions,
+        }
+
 
 @dataclass(frozen=True)
 class TokenEvent:
