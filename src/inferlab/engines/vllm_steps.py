@@ -13,16 +13,28 @@ The setup is the one checked against vLLM 0.32's CPU build: 24 KV blocks of 128 
 - ``burst-512``: 16 requests at once of 512 tokens in and 512 out, where vLLM 0.32's
   full-sequence admission and free-queue order decide when preempted requests come back.
 
-A step is compared on what both sides log (``StepKey``): tokens scheduled (prefill and
+Two runs of the simulator are compared on ``StepKey``: tokens scheduled (prefill and
 decode), the running and waiting counts after it, preemptions in it, and the prefix-cache
-hits of first admissions (vLLM's counters leave out what a re-admission finds).
+hits of first admissions (vLLM's counters leave out what a re-admission finds). vLLM
+logs less per step (``--enable-logging-iteration-details``: context and generation
+requests and tokens): the simulator is compared with it on the tokens of every step
+(``TokenStep``), and on the totals of vLLM's ``/metrics`` (preemptions, prefix-cache
+hits).
+
+``python -m inferlab.engines.vllm_steps [SCENARIO ...]`` runs the check on a real vLLM
+(``engines.vllm``: its CPU build, installed once per machine, serving the tiny model):
+for each workload a fresh server, ``bench`` against it, then the simulator on the same
+requests (a replay of the bench run's requests.jsonl), step by step; it prints what
+matched and writes every file under ``--out``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.sim.engine.config import EngineConfig
@@ -111,10 +123,169 @@ def sim_steps(lines: Iterable[Mapping[str, Any]]) -> list[StepKey]:
     return keys
 
 
-def first_difference(a: Sequence[StepKey], b: Sequence[StepKey]) -> int | None:
+_K = TypeVar("_K")
+
+
+def first_difference(a: Sequence[_K], b: Sequence[_K]) -> int | None:
     """The index of the first step where ``a`` and ``b`` differ (a length counts); None
     when they are the same."""
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """A step as vLLM's iteration log gives it: prompt (context) tokens and generated
+    (generation) tokens scheduled."""
+
+    context_tokens: int
+    generation_tokens: int
+
+
+_ITERATION = re.compile(
+    r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
+    r"(\d+) generation tokens"
+)
+
+
+def vllm_iterations(log_text: str) -> list[TokenStep]:
+    """The steps of vLLM's ``--enable-logging-iteration-details`` lines in a server log,
+    in order (steps with no tokens left out, as in ``sim_token_steps``)."""
+    steps = []
+    for m in _ITERATION.finditer(log_text):
+        ctx, gen = int(m.group(3)), int(m.group(5))
+        if ctx + gen:
+            steps.append(TokenStep(ctx, gen))
+    return steps
+
+
+def sim_token_steps(lines: Iterable[Mapping[str, Any]]) -> list[TokenStep]:
+    """``sim run --step-log`` lines as vLLM logs steps."""
+    return [TokenStep(d["prefill_tokens"], d["decode_tokens"]) for d in lines
+            if d["prefill_tokens"] + d["decode_tokens"]]
+
+
+def prometheus_value(text: str, name: str) -> float | None:
+    """The sum of a Prometheus metric's samples (any labels) in ``/metrics`` text; None
+    when it is not there."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {"):
+            total += float(line.rsplit(" ", 1)[1])
+            seen = True
+    return total if seen else None
+
+
+# --- the check against a real vLLM ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One workload on vLLM and on the simulator (a replay of vLLM's run)."""
+
+    scenario: str
+    vllm_steps: list[TokenStep]
+    sim_steps: list[TokenStep]
+    vllm_preemptions: float | None
+    sim_preemptions: int
+    vllm_prefix_hits: float | None
+    sim_prefix_hits: int
+    completed: int
+
+    @property
+    def first_difference(self) -> int | None:
+        return first_difference(self.vllm_steps, self.sim_steps)
+
+    def line(self) -> str:
+        d = self.first_difference
+        steps = (f"all {len(self.vllm_steps):,} steps match" if d is None else
+                 f"steps differ from step {d:,} (vLLM {len(self.vllm_steps):,} steps, simulator {len(self.sim_steps):,})")
+        return (f"{self.scenario}: {self.completed} requests; {steps}; preemptions vLLM {_n(self.vllm_preemptions)} / "
+                f"simulator {self.sim_preemptions}; prefix-cache hits vLLM {_n(self.vllm_prefix_hits)} / "
+                f"simulator {self.sim_prefix_hits} tokens")
+
+
+def _n(v: float | None) -> str:
+    return "?" if v is None else f"{v:,.0f}"
+
+
+def vllm_flags() -> list[str]:
+    """vLLM's flags for the check's engine (``engine_config``'s sizes)."""
+    return ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS),
+            "--block-size", str(BLOCK_SIZE), "--enable-prefix-caching", "--enable-prompt-tokens-details",
+            "--enable-logging-iteration-details", "--dtype", "bfloat16"]
+
+
+def check(name: str, out_dir: str, python: str | None = None) -> CheckResult:
+    """Run workload ``name`` on a fresh vLLM server (its log, the bench run and the
+    simulator's replay under ``out_dir``/``name``) and compare. ``EngineUnavailable``
+    where vLLM cannot be installed or started."""
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from inferlab.engines.tinymodel import tiny_model
+    from inferlab.engines.vllm import VllmServer, hf_model, install_vllm
+    from inferlab.load.run import HttpTarget, RunConfig, SimTarget, run
+    from inferlab.load.schedules import Replay
+    from inferlab.workload.traces import TraceConfig
+
+    sc = SCENARIOS[name]
+    out = Path(out_dir) / name
+    out.mkdir(parents=True, exist_ok=True)
+    py = Path(python) if python else install_vllm()
+    tiny = tiny_model()
+    model = hf_model(tiny)
+    log = out / "vllm.log"
+    workload = dataclasses.replace(sc.workload, tokenizer=str(tiny.tokenizer))
+    with VllmServer(py, model, name="tiny", flags=vllm_flags(), log_path=log) as server:
+        start = log.stat().st_size
+        bench = asyncio.run(run(RunConfig(sc.load, workload, "completions", out_dir=str(out / "bench"), overwrite=True),
+                                HttpTarget(server.url, "tiny", preflight=False, workers=1)))
+        metrics = server.metrics()
+    text = log.read_text(errors="replace")[start:]
+    steps_path = out / "sim-steps.jsonl"
+    trace = WorkloadConfig(trace=TraceConfig(str(out / "bench" / "requests.jsonl")))
+    asyncio.run(run(RunConfig(LoadConfig(Replay()), trace, "completions", out_dir=str(out / "sim"), overwrite=True),
+                    SimTarget(engine_config(), step_log=str(steps_path))))
+    lines = [json.loads(x) for x in steps_path.read_text().splitlines()]
+    return CheckResult(
+        name, vllm_iterations(text), sim_token_steps(lines),
+        prometheus_value(metrics, "vllm:num_preemptions_total"), sum(d["preemptions"] for d in lines),
+        prometheus_value(metrics, "vllm:prefix_cache_hits_total"), sum(d["prefix_hit_tokens"] for d in lines),
+        bench.summary.counts.completed,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m inferlab.engines.vllm_steps``: the check on a real vLLM."""
+    import argparse
+    import sys
+
+    from inferlab.engines.llamacpp import EngineUnavailable
+
+    p = argparse.ArgumentParser(description="Compare the simulator's scheduler with vLLM's, step by step, on three preempting workloads.")
+    p.add_argument("scenarios", nargs="*", metavar="SCENARIO", help=f"of {', '.join(SCENARIOS)} (default: all three)")
+    p.add_argument("--out", default="vllm-check", help="folder for vLLM's logs, the bench runs and the replays")
+    p.add_argument("--python", help="the python of an environment with vLLM (default: install its CPU build once)")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.scenarios if n not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    failed = False
+    for name in args.scenarios or list(SCENARIOS):
+        try:
+            result = check(name, args.out, args.python)
+        except EngineUnavailable as e:
+            print(f"inferlab: {e}", file=sys.stderr)
+            return 1
+        print(result.line(), flush=True)
+        failed |= result.first_difference is not None
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
