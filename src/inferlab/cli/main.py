@@ -29,6 +29,7 @@ from inferlab.cli.common import (
     table_percentiles,
     workload_config,
 )
+from inferlab.cli.engine import engine
 from inferlab.cli.export import export
 from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
@@ -55,6 +56,7 @@ def main() -> None:
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response.")
 @click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: _workers(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone).")
+@click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Start this engine first (a TOML/JSON file, as for inferlab engine start), measure it, stop it.")
 @click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths.")
 @load_options
 def bench(**kw: Any) -> None:
@@ -88,7 +90,16 @@ def _bench(kw: dict[str, Any]) -> int:
     out = Console()
     embedded = None
     url = config.url
-    if url is None:
+    started = None
+    if kw["engine_config"]:
+        if url is not None:
+            raise UsageError("--engine starts the server to measure: give --engine or --url, not both")
+        from inferlab.cli.engine import start_engine
+
+        config.workload.build(config.load.seed, config.api)  # bad flags or files: fail before starting
+        started = start_engine(kw["engine_config"], f"{config.out_dir}/engine.log" if config.out_dir else None)
+        url = started.url
+    elif url is None:
         from inferlab.cli.sim import SERVE_DEFAULTS
         from inferlab.sim.engine.hardware import resolve_model
         from inferlab.sim.server.launch import ChildServer
@@ -121,6 +132,8 @@ def _bench(kw: dict[str, Any]) -> int:
     finally:
         if embedded is not None:
             embedded.close()
+        if started is not None:
+            started.stop()
     _render(out, result.summary, kw, config, url)
     if result.cause is not None:
         raise result.cause
@@ -145,6 +158,7 @@ def _render(out: Console, summary: Summary, kw: dict[str, Any], config: BenchCon
 
 
 
+main.add_command(engine)
 main.add_command(sim)
 main.add_command(export)
 main.add_command(tokens)
