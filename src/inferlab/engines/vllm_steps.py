@@ -17,9 +17,10 @@ Two runs of the simulator are compared on ``StepKey``: tokens scheduled (prefill
 decode), the running and waiting counts after it, preemptions in it, and the prefix-cache
 hits of first admissions (vLLM's counters leave out what a re-admission finds). vLLM
 logs less per step (``--enable-logging-iteration-details``: context and generation
-requests and tokens): the simulator is compared with it on the tokens of every step
-(``TokenStep``), and on the totals of vLLM's ``/metrics`` (preemptions, prefix-cache
-hits).
+requests and tokens, where a request counts as generation once it has an output token,
+also while it recomputes after a preemption): the simulator is compared with it on the
+tokens scheduled in every step (``TokenStep``), and on the totals of vLLM's
+``/metrics`` (preemptions, prefix-cache hits).
 
 ``python -m inferlab.engines.vllm_steps [SCENARIO ...]`` runs the check on a real vLLM
 (``engines.vllm``: its CPU build, installed once per machine, serving the tiny model):
@@ -137,11 +138,9 @@ def first_difference(a: Sequence[_K], b: Sequence[_K]) -> int | None:
 
 @dataclass(frozen=True)
 class TokenStep:
-    """A step as vLLM's iteration log gives it: prompt (context) tokens and generated
-    (generation) tokens scheduled."""
+    """A step as both sides log it: the tokens it scheduled."""
 
-    context_tokens: int
-    generation_tokens: int
+    tokens: int
 
 
 _ITERATION = re.compile(
@@ -155,15 +154,15 @@ def vllm_iterations(log_text: str) -> list[TokenStep]:
     in order (steps with no tokens left out, as in ``sim_token_steps``)."""
     steps = []
     for m in _ITERATION.finditer(log_text):
-        ctx, gen = int(m.group(3)), int(m.group(5))
-        if ctx + gen:
-            steps.append(TokenStep(ctx, gen))
+        n = int(m.group(3)) + int(m.group(5))
+        if n:
+            steps.append(TokenStep(n))
     return steps
 
 
 def sim_token_steps(lines: Iterable[Mapping[str, Any]]) -> list[TokenStep]:
     """``sim run --step-log`` lines as vLLM logs steps."""
-    return [TokenStep(d["prefill_tokens"], d["decode_tokens"]) for d in lines
+    return [TokenStep(d["prefill_tokens"] + d["decode_tokens"]) for d in lines
             if d["prefill_tokens"] + d["decode_tokens"]]
 
 
