@@ -1,0 +1,988 @@
+"""The client at scale: CPU per streamed chunk and chunks/s next to AIPerf and GuideLLM,
+TTFT error against the simulator's own timeline at 1-512 streams, an open-loop Poisson
+run over two workers, and the client-bottleneck verdict.
+
+Server and tools are pinned to different cores (``--server-cpus``, ``--client-cpus``).
+Parts (``--parts``, all by default):
+
+- ``server``: the mock server's own ceiling, against a client that parses nothing.
+- ``cpu``: a fast mock server (raw asyncio, no simulated delay: each step writes one
+  content chunk of vLLM's chat format to every open stream, one write each). Each tool
+  runs as a subprocess with the same closed loop (32 streams) at 64 and at 512 chunks
+  per request. Its process tree's CPU is sampled from ``/proc`` every 0.1 s and the
+  server counts chunks in 0.1 s buckets, so both are read over the same steady window
+  (the middle 80 % of the stream; start-up, tokenizer loading and result writing fall
+  outside it). Per chunk c(k) = a + b/k at k chunks per request: a is the marginal CPU
+  per chunk, b the per-request CPU; two k give both. Sustained chunks/s is the server's
+  count over the same window (the client's core is busy throughout: the server never
+  waits, so that rate is the tool's ceiling on one core unless the server's core is
+  full, which is printed next to it).
+- ``ttft``: ``inferlab bench`` against ``inferlab sim serve`` (Qwen2.5-7B on H100, 256
+  prompt tokens, 64 output tokens) at 1, 64, 256 and 512 streams with 1 and 2 workers:
+  client TTFT minus the server's own TTFT per request (the summary's
+  ``server_timeline``), the summary's ``client`` block (bottleneck verdict, busiest
+  process, loop lag) and how late the simulator itself emitted tokens (its
+  ``inferlab:token_emit_lag_seconds``).
+- ``poisson``: an open-loop Poisson run at a high rate with 2 workers against the mock,
+  which stamps each request's arrival: the number that arrived, every record once, and
+  the Kolmogorov-Smirnov distance of the inter-arrival gaps from the requested
+  exponential (the schedule, the client's send stamps, the server's arrival stamps).
+
+    python bench/client_scale.py --quick     # about 5 minutes
+    python bench/client_scale.py             # about 15 minutes
+    python bench/client_scale.py --parts cpu --tools inferlab-1,aiperf --rounds 3
+    python bench/client_scale.py --setup     # first: the peers' venvs under /tmp
+
+Loopback only; every load is bounded in requests and time; every process started here
+is stopped on exit or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import contextlib
+import ctypes
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+MODEL = "inferlab/mock-8b"
+INPUT_TOKENS = 16
+PEER_VENVS = {"aiperf": Path("/tmp/peer-venv"), "guidellm": Path("/tmp/guidellm-venv")}
+PEER_PACKAGES = {"aiperf": ["aiperf==0.13.0"], "guidellm": ["guidellm==0.8.1"]}
+#: GuideLLM imports torch; a CPU build is enough (it runs no model here).
+TORCH_CPU_WHEELS = Path("/opt/wheels")
+TOKENIZER_DIR = Path(tempfile.gettempdir()) / "client-scale-tokenizer"
+TOOL_TIMEOUT_S = 300.0
+#: vLLM's Rust client, as quoted by issue #18 (measured earlier, not in this run).
+RUST_CLIENT_MS_PER_1K = 35.0
+
+
+# --- the mock server (its own process) ------------------------------------------------------
+
+
+def _event(obj: dict[str, Any] | str) -> bytes:
+    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(", ", ": "))
+    return f"data: {data}\n\n".encode()
+
+
+def _frame(payload: bytes) -> bytes:
+    """One HTTP/1.1 chunk (chunked transfer encoding)."""
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _chat_chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    """A chat chunk as vLLM sends it (same keys, typical sizes)."""
+    return {
+        "id": "chatcmpl-0f3c8a4e5b2d4c7e9a1b6d2f8e0c4a17",
+        "object": "chat.completion.chunk",
+        "created": 1733000000,
+        "model": MODEL,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+WORD = " lighthouse"
+END = b"0\r\n\r\n"
+STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+)
+HEAD = _frame(_event(_chat_chunk({"role": "assistant", "content": ""})))
+BODY = _frame(_event(_chat_chunk({"content": WORD})))
+
+
+def _usage(chunks: int, prompt: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": chunks, "total_tokens": prompt + chunks}
+
+
+def _tail(chunks: int, prompt: int) -> bytes:
+    final = {**_chat_chunk({}), "choices": [], "usage": _usage(chunks, prompt)}
+    return _frame(_event(_chat_chunk({}, "length")) + _event(final) + _event("[DONE]")) + END
+
+
+def _whole(chunks: int, prompt: int) -> bytes:
+    """A non-streamed answer."""
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": WORD * chunks},
+        "finish_reason": "length",
+    }
+    obj = {"id": "chatcmpl-0", "object": "chat.completion", "created": 1733000000}
+    return json.dumps(
+        {**obj, "model": MODEL, "choices": [choice], "usage": _usage(chunks, prompt)}
+    ).encode()
+
+
+class _Stream:
+    __slots__ = ("conn", "left", "tail")
+
+    def __init__(self, conn: _Conn, left: int, tail: bytes) -> None:
+        self.conn, self.left, self.tail = conn, left, tail
+
+
+class _Pump:
+    """The 'engine' with no step time: each step writes one content chunk to every
+    stream whose socket can take it, finishes the streams that are done, and yields."""
+
+    def __init__(self) -> None:
+        self.active: list[_Stream] = []
+        self.incoming: list[_Stream] = []
+        self.wake = asyncio.Event()
+        self.reset()
+
+    def reset(self) -> None:
+        self.chunks = 0
+        self.arrivals_ns: list[int] = []  # each generation request, as it arrived
+        self.buckets: dict[int, int] = {}  # 0.1 s of the monotonic clock -> chunks written
+
+    def add(self, stream: _Stream) -> None:
+        self.incoming.append(stream)
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            if self.incoming:
+                self.active += self.incoming
+                self.incoming = []
+            written = 0
+            keep = []
+            for s in self.active:
+                conn = s.conn
+                if conn.closed:
+                    continue
+                if conn.paused:
+                    keep.append(s)
+                elif s.left:
+                    conn.transport.write(BODY)
+                    s.left -= 1
+                    written += 1
+                    keep.append(s)
+                else:
+                    conn.transport.write(s.tail)
+                    conn.finished()
+            self.active = keep
+            if written:
+                self.chunks += written
+                b = time.monotonic_ns() // 100_000_000
+                self.buckets[b] = self.buckets.get(b, 0) + written
+                await asyncio.sleep(0)
+            elif not self.incoming:
+                self.wake.clear()
+                await self.wake.wait()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "chunks": self.chunks,
+            "arrivals_ns": self.arrivals_ns,
+            "buckets": sorted(self.buckets.items()),
+        }
+
+
+class _Conn(asyncio.Protocol):
+    """One HTTP/1.1 keep-alive connection: reads a request, answers, reads the next."""
+
+    def __init__(self, pump: _Pump) -> None:
+        self.pump = pump
+        self.buf = b""
+        self.busy = self.paused = self.closed = self.close_after = False
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pump.wake.set()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.pump.wake.set()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if not self.busy:
+            self._next()
+
+    def finished(self) -> None:
+        """The response in progress is written."""
+        self.busy = False
+        if self.close_after:
+            self.transport.close()
+        elif self.buf:
+            self._next()
+
+    def _next(self) -> None:
+        while not self.busy and not self.closed:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].decode("latin-1").split("\r\n")
+            method, target, version = [*head[0].split(" "), "", "", ""][:3]
+            headers = {}
+            for line in head[1:]:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            length = int(headers.get("content-length", "0") or 0)
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4 : end + 4 + length]
+            self.buf = self.buf[end + 4 + length :]
+            conn = headers.get("connection", "").lower()
+            self.close_after = conn == "close" or (version == "HTTP/1.0" and conn != "keep-alive")
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                self.close_after = True  # (no tool here sends a chunked body)
+                self._send(411, b'{"error": {"message": "length required"}}')
+                return
+            self._route(method, target.split("?", 1)[0], body)
+
+    def _send(self, status: int, body: bytes) -> None:
+        head = (
+            f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        )
+        if self.close_after:
+            head += "Connection: close\r\n"
+        self.transport.write(head.encode() + b"\r\n" + body)
+        if self.close_after:
+            self.transport.close()
+
+    def _route(self, method: str, path: str, body: bytes) -> None:
+        if path.endswith("/chat/completions") and method == "POST":
+            self._generate(body)
+        elif path.endswith("/models"):
+            model = {"id": MODEL, "object": "model", "created": 1733000000, "owned_by": "mock"}
+            self._send(200, json.dumps({"object": "list", "data": [model]}).encode())
+        elif path in ("/health", "/ping", "/v1/health"):
+            self._send(200, b"{}")
+        elif path == "/mock/stats":
+            self._send(200, json.dumps(self.pump.stats()).encode())
+        elif path == "/mock/reset":
+            self.pump.reset()
+            self._send(200, b"{}")
+        else:
+            self._send(404, b'{"error": {"message": "not found", "type": "NotFoundError"}}')
+
+    def _generate(self, body: bytes) -> None:
+        self.pump.arrivals_ns.append(time.monotonic_ns())
+        try:
+            req = json.loads(body)
+            chunks = max(1, int(req.get("max_completion_tokens") or req.get("max_tokens") or 16))
+        except (ValueError, TypeError, AttributeError):
+            self._send(400, b'{"error": {"message": "bad request", "type": "BadRequestError"}}')
+            return
+        prompt = 8 + body.count(b" ")  # about one token a word: grows with the prompt
+        if not req.get("stream"):
+            self._send(200, _whole(chunks, prompt))
+            return
+        self.busy = True
+        self.transport.write(STREAM_HEAD + HEAD)
+        self.pump.add(_Stream(self, chunks, _tail(chunks, prompt)))
+
+
+def serve(port: int) -> None:
+    """Run the mock server (prints its port on stdout)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the orchestrator stops it with SIGTERM)
+
+    async def main() -> None:
+        pump = _Pump()
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: _Conn(pump), "127.0.0.1", port, backlog=4096, reuse_address=True
+        )
+        print(server.sockets[0].getsockname()[1], flush=True)
+        await pump.run()
+
+    asyncio.run(main())
+
+
+def drain(url: str, conns: int, chunks: int, seconds: float) -> None:
+    """A client that parses nothing: keeps ``conns`` streams busy for ``seconds``,
+    searching each read only for the response's end."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": chunks,
+         "stream": True}
+    ).encode()  # fmt: skip
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+    class Drain(asyncio.Protocol):
+        def __init__(self, deadline: float, finished: asyncio.Future[None]) -> None:
+            self.deadline, self.finished, self.tail = deadline, finished, b""
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.transport = transport
+            transport.write(request)
+
+        def data_received(self, data: bytes) -> None:
+            self.tail = (self.tail + data[-len(END) :])[-len(END) :]
+            if self.tail == END:
+                self.tail = b""
+                if time.monotonic() < self.deadline:
+                    self.transport.write(request)
+                else:
+                    self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if not self.finished.done():
+                self.finished.set_result(None)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + seconds
+        waits = []
+        for _ in range(conns):
+            fut: asyncio.Future[None] = loop.create_future()
+            await loop.create_connection(lambda f=fut: Drain(deadline, f), host, int(port))
+            waits.append(fut)
+        async with asyncio.timeout(seconds + 30):
+            await asyncio.gather(*waits)
+
+    asyncio.run(main())
+
+
+# --- processes and their CPU -----------------------------------------------------------------
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of one process (not its children), seconds; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    return out
+
+
+class Sampler(threading.Thread):
+    """Every 0.1 s: (monotonic s, CPU s of every process ever seen below ``root`` (its
+    last value once gone), CPU s of ``server``)."""
+
+    def __init__(self, root: int, server: int) -> None:
+        super().__init__(daemon=True)
+        self.root, self.server = root, server
+        self.seen: dict[int, float] = {}
+        self.series: list[tuple[float, float, float]] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            todo, done = [self.root, *self.seen], set()
+            while todo:
+                pid = todo.pop()
+                if pid in done:
+                    continue
+                done.add(pid)
+                cpu = _proc_cpu_s(pid)
+                if cpu is not None:
+                    self.seen[pid] = max(cpu, self.seen.get(pid, 0.0))
+                    todo += _children(pid)
+            srv = _proc_cpu_s(self.server) or 0.0
+            self.series.append((time.monotonic(), sum(self.seen.values()), srv))
+            self._halt.wait(0.1)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def at(self, t: float) -> tuple[float, float]:
+        """(tool CPU, server CPU) at monotonic time ``t``, interpolated."""
+        s = self.series
+        i = min(max(1, bisect.bisect_left(s, (t,))), len(s) - 1)
+        (t0, a0, b0), (t1, a1, b1) = s[i - 1], s[i]
+        f = 0.0 if t1 == t0 else min(1.0, max(0.0, (t - t0) / (t1 - t0)))
+        return a0 + f * (a1 - a0), b0 + f * (b1 - b0)
+
+
+class Processes:
+    """Every process this script starts, so that all of them stop on exit or Ctrl-C."""
+
+    def __init__(self) -> None:
+        self.popen: list[subprocess.Popen[Any]] = []
+
+    def start(self, cmd: Sequence[str], cpus: set[int] | None, **kw: Any) -> subprocess.Popen[Any]:
+        """``cmd`` in its own process group, pinned to ``cpus`` (by inheritance: this
+        thread's affinity at the fork, then restored)."""
+        mine = os.sched_getaffinity(0)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        try:
+            p = subprocess.Popen(list(cmd), process_group=0, **kw)
+        finally:
+            os.sched_setaffinity(0, mine)
+        self.popen.append(p)
+        return p
+
+    def stop(self, p: subprocess.Popen[Any]) -> None:
+        """Stop ``p``'s whole process group (SIGTERM, then SIGKILL after 10 s)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)  # (anything left in its group)
+        if p in self.popen:
+            self.popen.remove(p)
+
+    def stop_all(self) -> None:
+        for p in list(self.popen):
+            self.stop(p)
+
+
+PROCS = Processes()
+
+
+class Server:
+    """A server in a child process, pinned to ``cpus``: the mock (``sim=False``) or
+    ``inferlab sim serve``."""
+
+    def __init__(self, cpus: set[int] | None, sim: bool = False) -> None:
+        if sim:
+            cmd = [sys.executable, "-m", "inferlab", "sim", "serve", "--port", "0", "--announce"]
+        else:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "serve"]
+        self.proc = PROCS.start(cmd, cpus, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line:
+            raise RuntimeError("the server did not start")
+        self.url = line if sim else f"http://127.0.0.1:{int(line)}"
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=30) as r:  # loopback only
+            return str(r.read().decode())
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads(self.get("/mock/stats"))
+        return out
+
+    def close(self) -> None:
+        PROCS.stop(self.proc)
+
+
+@dataclass
+class Measured:
+    """One tool run against the mock: its return code, wall time, output, the server's
+    counts and the CPU samples."""
+
+    rc: int
+    wall_s: float
+    stdout: str
+    stderr: str
+    server: dict[str, Any]
+    sampler: Sampler
+
+    def steady(self) -> tuple[float, float, float, float]:
+        """Over the middle 80 % of the time chunks flowed: (chunks, seconds, tool CPU s,
+        server CPU s)."""
+        b = {int(k): int(v) for k, v in self.server["buckets"]}
+        lo, hi = min(b), max(b) + 1  # in 0.1 s
+        cut = max(1, (hi - lo) // 10)
+        a, z = lo + cut, hi - cut
+        if z <= a:
+            a, z = lo, hi
+        chunks = sum(v for k, v in b.items() if a <= k < z)
+        (ca, sa), (cz, sz) = self.sampler.at(a / 10), self.sampler.at(z / 10)
+        return chunks, (z - a) / 10, cz - ca, sz - sa
+
+
+def measure(cmd: Sequence[str], server: Server, cpus: set[int] | None, work: Path,
+            env: dict[str, str] | None = None) -> Measured:  # fmt: skip
+    """Run ``cmd`` pinned to ``cpus`` against the mock ``server``, sampling its CPU."""
+    server.get("/mock/reset")
+    t0 = time.monotonic()
+    with open(work / "stdout.txt", "w+") as out, open(work / "stderr.txt", "w+") as err:
+        p = PROCS.start(cmd, cpus, stdout=out, stderr=err, env=env, cwd=work)
+        sampler = Sampler(p.pid, server.proc.pid)
+        sampler.start()
+        try:
+            rc = p.wait(timeout=TOOL_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            rc = -1
+        finally:
+            sampler.stop()
+            PROCS.stop(p)
+        out.seek(0)
+        err.seek(0)
+        return Measured(rc, time.monotonic() - t0, out.read(), err.read(), server.stats(), sampler)
+
+
+# --- the tools -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Load:
+    concurrency: int
+    requests: int
+    chunks: int  # content chunks (output tokens) per request
+
+
+Command = Callable[[str, Load, Path], tuple[list[str], dict[str, str] | None]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    label: str
+    command: Command
+    venv: Path | None = None  # a peer's own environment
+    #: chunks per run in the cpu part (peers are ~50x slower: the same seconds)
+    chunks_per_run: int = 200_000
+
+
+def _inferlab(workers: int) -> Command:
+    def command(url: str, w: Load, work: Path) -> tuple[list[str], dict[str, str] | None]:
+        return [
+            sys.executable, "-m", "inferlab", "bench", "--url", url, "--model", MODEL,
+            "--concurrency", str(w.concurrency), "--num-requests", str(w.requests),
+            "--input-tokens", str(INPUT_TOKENS), "--output-tokens", str(w.chunks),
+            "--workers", str(workers), "--out", str(work / "out"), "--json",
+        ], None  # fmt: skip
+
+    return command
+
+
+def _peer_env(work: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_HUB_DISABLE_TELEMETRY="1", TMPDIR=str(work), NO_COLOR="1", TERM="dumb")
+    return env
+
+
+def _aiperf(url: str, w: Load, work: Path) -> tuple[list[str], dict[str, str] | None]:
+    return [
+        str(PEER_VENVS["aiperf"] / "bin" / "aiperf"), "profile", "--model", MODEL, "--url", url,
+        "--endpoint-type", "chat", "--streaming", "--tokenizer", str(TOKENIZER_DIR),
+        "--synthetic-input-tokens-mean", str(INPUT_TOKENS), "--synthetic-input-tokens-stddev", "0",
+        "--output-tokens-mean", str(w.chunks), "--output-tokens-stddev", "0",
+        "--concurrency", str(w.concurrency), "--request-count", str(w.requests),
+        "--use-server-token-count", "--random-seed", "0", "--ui-type", "none",
+        "--no-server-metrics", "--no-gpu-telemetry", "--no-auto-plot",
+        "--output-artifact-dir", str(work / "artifacts"),
+    ], _peer_env(work)  # fmt: skip
+
+
+def _guidellm(url: str, w: Load, work: Path) -> tuple[list[str], dict[str, str] | None]:
+    return [
+        str(PEER_VENVS["guidellm"] / "bin" / "guidellm"), "run",
+        "--backend", f"kind=openai_http,target={url},model={MODEL}",
+        "--profile", f"kind=concurrent,streams={w.concurrency}",
+        "--constraint", f"kind=max_requests,count={w.requests}",
+        "--data", f"kind=synthetic_text,prompt_tokens={INPUT_TOKENS},output_tokens={w.chunks}",
+        "--tokenizer", f"kind=huggingface_auto,model={TOKENIZER_DIR}",
+        "--output", f"kind=json,path={work / 'out.json'}", "--disable-console-interactive",
+    ], _peer_env(work)  # fmt: skip
+
+
+TOOLS = {
+    "inferlab-1": Tool("inferlab-1", "inferlab --workers 1", _inferlab(1)),
+    "inferlab-2": Tool("inferlab-2", "inferlab --workers 2", _inferlab(2)),
+    "aiperf": Tool("aiperf", "AIPerf", _aiperf, PEER_VENVS["aiperf"], 24_000),
+    "guidellm": Tool("guidellm", "GuideLLM", _guidellm, PEER_VENVS["guidellm"], 24_000),
+}
+
+
+def run_tool(tool: Tool, server: Server, w: Load, cpus: set[int] | None) -> Measured:
+    """One run of ``tool``; fails (with where its output was kept) unless every chunk
+    was sent."""
+    work = Path(tempfile.mkdtemp(prefix=f"client-scale-{tool.name}-"))
+    cmd, env = tool.command(server.url, w, work)
+    m = measure(cmd, server, cpus, work, env)
+    expected = w.requests * w.chunks
+    if m.rc != 0 or m.server["chunks"] < expected:
+        raise RuntimeError(
+            f"{tool.label} exited {m.rc} after {m.server['chunks']:,} of {expected:,} chunks; "
+            f"its output is in {work}: {m.stderr.strip()[-400:]}"
+        )
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+    return m
+
+
+# --- the parts -------------------------------------------------------------------------------
+
+
+def part_server(server: Server, cpus: set[int] | None, seconds: float) -> None:
+    """The mock's ceiling: chunks/s with a client that parses nothing."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "drain", "--url", server.url,
+           "--conns", "32", "--chunks", "2048", "--seconds", str(seconds)]  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="client-scale-drain-"))
+    m = measure(cmd, server, cpus, work)
+    if m.rc != 0:
+        raise RuntimeError(f"the byte-counting client failed: {m.stderr[-400:]}")
+    chunks, secs, cpu, srv = m.steady()
+    print(
+        f"\nmock server against a client that parses nothing (32 streams x 2,048 chunks, "
+        f"{seconds:g} s): {chunks / secs:,.0f} chunks/s, server core {100 * srv / secs:.0f} % "
+        f"busy, client core {100 * cpu / secs:.0f} %; server CPU {1e6 * srv / chunks:.1f} ms "
+        f"per 1,000 chunks, so at most ~{chunks / srv:,.0f} chunks/s on its core"
+    )
+
+
+@dataclass
+class CpuRow:
+    per_1k: dict[int, list[float]] = field(default_factory=dict)  # chunks/request -> ms
+    rate: dict[int, list[float]] = field(default_factory=dict)  # -> chunks/s
+    server_busy: dict[int, list[float]] = field(default_factory=dict)  # -> share of a core
+
+
+def part_cpu(server: Server, tools: list[Tool], cpus: set[int] | None, rounds: int,
+             scale: float) -> dict[str, float]:  # fmt: skip
+    """CPU per 1,000 chunks at 64 and 512 chunks per request, the marginal CPU and the
+    sustained chunks/s; returns the marginal ms per 1,000 chunks per tool."""
+    counts, conc = (64, 512), 32
+    print(
+        f"\nclient CPU per 1,000 chunks and chunks/s, {conc} streams, {counts[0]} and {counts[1]} "
+        f"chunks per request, over the steady middle 80 % of each run; {rounds} round(s), "
+        f"order rotating, medians"
+    )
+    rows = {t.name: CpuRow() for t in tools}
+    for r in range(rounds):
+        for tool in tools[r % len(tools) :] + tools[: r % len(tools)]:
+            for k in counts if r % 2 == 0 else counts[::-1]:
+                n = max(2 * conc, round(tool.chunks_per_run * scale / k / conc) * conc)
+                m = run_tool(tool, server, Load(conc, n, k), cpus)
+                chunks, secs, cpu, srv = m.steady()
+                row = rows[tool.name]
+                row.per_1k.setdefault(k, []).append(1e6 * cpu / chunks)
+                row.rate.setdefault(k, []).append(chunks / secs)
+                row.server_busy.setdefault(k, []).append(srv / secs)
+                print(
+                    f"  round {r + 1} {tool.label:21} {k:4} chunks x {n:5} requests: "
+                    f"{1e6 * cpu / chunks:7.1f} ms/1k, {chunks / secs:8,.0f} chunks/s, client core "
+                    f"{100 * cpu / secs:3.0f} %, server core {100 * srv / secs:3.0f} %, "
+                    f"{m.wall_s:5.1f} s wall",
+                    file=sys.stderr,
+                )
+    lo, hi = counts
+    head = (
+        f"{'tool':21} {f'ms/1k @{lo}':>10} {f'ms/1k @{hi}':>10} {'marginal':>9} "
+        f"{'per request':>11} {f'chunks/s @{lo}':>14} {f'chunks/s @{hi}':>14} {'server core':>11}"
+    )
+    print(head + "\n" + "-" * len(head))
+    marginal: dict[str, float] = {}
+    rate: dict[str, float] = {}
+    for tool in tools:
+        row = rows[tool.name]
+        c_lo, c_hi = statistics.median(row.per_1k[lo]), statistics.median(row.per_1k[hi])
+        a = (hi * c_hi - lo * c_lo) / (hi - lo)  # c(k) = a + b/k
+        b_ms = (c_lo - a) * lo / 1000  # ms per request
+        marginal[tool.name] = a
+        rate[tool.name] = statistics.median(row.rate[hi])
+        busy = max(statistics.median(v) for v in row.server_busy.values())
+        print(
+            f"{tool.label:21} {c_lo:10.1f} {c_hi:10.1f} {a:9.1f} {b_ms:8.2f} ms "
+            f"{statistics.median(row.rate[lo]):14,.0f} {rate[tool.name]:14,.0f} "
+            f"{100 * busy:9.0f} %"
+        )
+    print(
+        "(ms/1k: ms of the tool's process tree per 1,000 chunks, all its processes; marginal "
+        "and per request: from c(k) = marginal + per_request/k; server core: the busiest of "
+        "the server's core in that tool's runs: near 100 % means the server, not the tool, "
+        "set the chunks/s)"
+    )
+    base = marginal.get("inferlab-1")
+    if base:
+        print("ratios to inferlab --workers 1 (marginal CPU per chunk; higher is costlier):")
+        for tool in tools[1:] if tools[0].name == "inferlab-1" else tools:
+            print(f"  {tool.label:21} {marginal[tool.name] / base:7.2f}x")
+        print(
+            f"  vLLM's Rust client    {RUST_CLIENT_MS_PER_1K / base:7.2f}x  ({RUST_CLIENT_MS_PER_1K:g} ms "
+            "per 1,000 as quoted in issue #18: not measured in this run)"
+        )
+        print(f"ratios of chunks/s at {hi} chunks per request to inferlab --workers 1:")
+        for tool in tools:
+            if tool.name != "inferlab-1":
+                print(f"  {tool.label:21} {rate[tool.name] / rate['inferlab-1']:7.2f}x")
+    return marginal
+
+
+_LAG = re.compile(r'inferlab:token_emit_lag_seconds_bucket\{[^}]*le="([^"]+)"\} (\S+)')
+
+
+def _emit_lag(server: Server) -> dict[str, float]:
+    """The simulator's emit-lag histogram: upper bound -> steps at or under it."""
+    return {le: float(v) for le, v in _LAG.findall(server.get("/metrics"))}
+
+
+def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | None,
+              client_cpus: set[int] | None) -> list[dict[str, Any]]:  # fmt: skip
+    """Client TTFT minus the simulator's own at each concurrency and worker count."""
+    print(
+        "\nTTFT error: inferlab bench against inferlab sim serve (Qwen2.5-7B, H100, real time), "
+        "256 prompt / 64 output tokens; error = client TTFT - the server's own TTFT per "
+        "request (the summary's server_timeline); client = the summary's client block"
+    )
+    head = (
+        f"{'streams':>7} {'workers':>7} {'reqs':>5} {'server TTFT p50':>15} {'error p50':>9} "
+        f"{'error p99':>9} {'sim late ≤1ms/≤5ms':>18}  client block"
+    )
+    print(head + "\n" + "-" * (len(head) + 40))
+    rows = []
+    server = Server(server_cpus, sim=True)
+    try:
+        for c in levels:
+            for w in workers:
+                n = max(16, 2 * c)
+                work = Path(tempfile.mkdtemp(prefix="client-scale-ttft-"))
+                cmd = [sys.executable, "-m", "inferlab", "bench", "--url", server.url,
+                       "-c", str(c), "-n", str(n), "--input-tokens", "256",
+                       "--output-tokens", "64", "--workers", str(w), "--out", str(work)]  # fmt: skip
+                lag0 = _emit_lag(server)
+                p = PROCS.start(cmd, client_cpus, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+                try:
+                    _, err = p.communicate(timeout=TOOL_TIMEOUT_S)
+                finally:
+                    PROCS.stop(p)
+                if p.returncode != 0:
+                    raise RuntimeError(f"inferlab bench failed at c={c}: {err.strip()[-400:]}")
+                lag = {k: v - lag0.get(k, 0.0) for k, v in _emit_lag(server).items()}
+                s = json.loads((work / "summary.json").read_text())
+                subprocess.run(["rm", "-rf", str(work)], check=False)
+                e, cl = s["server_timeline"]["ttft_error_ms"], s["client"]
+                busiest = max(cl["processes"], key=lambda q: (q["loop_lag_ms"] or {}).get("p90", 0))
+                bl = busiest["loop_lag_ms"] or {}
+                verdict = "BOTTLENECK" if cl["bottleneck"] else "ok"
+                warned = "likely the bottleneck" in err
+                total = lag.get("+Inf", 0.0) or 1.0
+                late = f"{lag.get('0.001', 0) / total:.0%}/{lag.get('0.005', 0) / total:.0%}"
+                print(
+                    f"{c:7} {w:7} {n:5} {s['server_timeline']['server_ttft_ms']['p50']:12.1f} ms "
+                    f"{e['p50']:6.2f} ms {e['p99']:6.2f} ms {late:>18}  {verdict}: busiest "
+                    f"{busiest['role']} CPU {busiest['cpu_share']:.0%}, loop lag p90 "
+                    f"{bl.get('p90', 0):.1f} ms; inflation p50/p99 {cl['inflation_ms']['p50']:.1f}/"
+                    f"{cl['inflation_ms']['p99']:.1f} ms; console warning {'yes' if warned else 'no'}"
+                )
+                rows.append({"c": c, "workers": w, "error": e, "client": cl, "warned": warned})
+    finally:
+        server.close()
+    print(
+        "(sim late: share of the simulator's steps whose tokens left within 1 / 5 ms of their "
+        "simulated time; a late step is in the error too, not only the client)"
+    )
+    one = {r["c"]: r for r in rows if r["workers"] == 1}
+    if one:
+        lo, hi = one[min(one)], one[max(one)]
+        print(
+            f"bottleneck verdict, 1 worker: {hi['c']} streams -> {hi['client']['bottleneck']} "
+            f"(warned: {hi['warned']}), {lo['c']} stream(s) -> {lo['client']['bottleneck']} "
+            f"(warned: {lo['warned']})"
+        )
+    return rows
+
+
+def ks_exponential(times_ns: Sequence[int], rate_rps: float) -> tuple[float, float, int]:
+    """Kolmogorov-Smirnov distance of the gaps between sorted ``times_ns`` from the
+    exponential distribution of ``rate_rps``: (D, the 5 % critical value, gaps)."""
+    t = sorted(times_ns)
+    gaps = sorted((b - a) / 1e9 for a, b in zip(t, t[1:], strict=False))
+    n = len(gaps)
+    d = 0.0
+    for i, g in enumerate(gaps):
+        f = 1.0 - math.exp(-rate_rps * g)
+        d = max(d, (i + 1) / n - f, f - i / n)
+    return d, 1.358 / math.sqrt(n), n
+
+
+def part_poisson(server: Server, cpus: set[int] | None, rate: float, seconds: float) -> None:
+    """An open-loop Poisson run with 2 workers: count, merging and the arrival process."""
+    n = round(rate * seconds)
+    work = Path(tempfile.mkdtemp(prefix="client-scale-poisson-"))
+    cmd = [sys.executable, "-m", "inferlab", "bench", "--url", server.url, "--model", MODEL,
+           "--rate", f"{rate:g}", "--arrival", "poisson", "-n", str(n), "--seed", "7",
+           "--input-tokens", str(INPUT_TOKENS), "--output-tokens", "16", "--workers", "2",
+           "--out", str(work / "out")]  # fmt: skip
+    m = measure(cmd, server, cpus, work)
+    if m.rc != 0:
+        raise RuntimeError(f"the Poisson run failed: {m.stderr.strip()[-400:]}")
+    s = json.loads((work / "out" / "summary.json").read_text())
+    recs = [json.loads(line) for line in (work / "out" / "requests.jsonl").open()]
+    subprocess.run(["rm", "-rf", str(work)], check=False)
+    arrived = m.server["arrivals_ns"]
+    indexes = sorted(r["index"] for r in recs)
+    print(
+        f"\nopen loop, Poisson {rate:g} req/s, {n} requests, 16 chunks each, --workers 2 "
+        f"(resolved: {s['config']['resolved'].get('workers')}), client on {sorted(cpus or []) or 'any'}:"
+    )
+    print(
+        f"  count: server received {len(arrived)}, records {len(recs)} (indexes 0..{n - 1} each "
+        f"once: {indexes == list(range(n))}), summary completed {s['counts']['completed']}"
+    )
+    delay = s["queue_delay_ms"]
+    print(f"  send delay (sent - intended): p50 {delay['p50']:.2f} ms, p99 {delay['p99']:.2f} ms")
+    sources = [
+        ("schedule (intended send times)", [r["intended_send_ns"] for r in recs]),
+        ("client's send stamps", [r["send_ns"] for r in recs if r["send_ns"] is not None]),
+        ("server's arrival stamps", arrived),
+    ]
+    for label, times in sources:
+        d, crit, gaps = ks_exponential(times, rate)
+        span = (max(times) - min(times)) / 1e9
+        print(
+            f"  {label:31}: {gaps / span:7.1f} req/s over {span:.2f} s; KS D = {d:.4f} against "
+            f"exponential({rate:g}/s) ({'within' if d < crit else 'ABOVE'} the 5 % critical "
+            f"value {crit:.4f})"
+        )
+    cl = s["client"]
+    print(
+        f"  client block: bottleneck {cl['bottleneck']}, inflation p50/p99 "
+        f"{cl['inflation_ms']['p50']:.1f}/{cl['inflation_ms']['p99']:.1f} ms; "
+        + ", ".join(f"{p['role']} CPU {p['cpu_share']:.0%}" for p in cl["processes"])
+    )
+
+
+# --- setup and main ------------------------------------------------------------------------
+
+
+def setup() -> None:
+    """Create each peer's venv under /tmp from the package index (never inferlab's)."""
+    for name, venv in PEER_VENVS.items():
+        if (venv / "bin" / name).exists():
+            print(f"{name}: already in {venv}")
+            continue
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+        pkgs = list(PEER_PACKAGES[name])
+        cpu = sorted(TORCH_CPU_WHEELS.glob("torch-*+cpu-*.whl"))
+        if name == "guidellm" and cpu:
+            pkgs = [str(cpu[-1]), *pkgs]  # (else pip takes the index's default torch build)
+        print(f"{name}: pip install {' '.join(pkgs)} into {venv}")
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *pkgs], check=True, timeout=1800)
+
+
+def _versions() -> str:
+    from importlib.metadata import version
+
+    out = [f"python {sys.version.split()[0]}", f"aiohttp {version('aiohttp')}"]
+    for name, venv in PEER_VENVS.items():
+        if (venv / "bin" / "python").exists():
+            p = subprocess.run(
+                [str(venv / "bin" / "python"), "-c",
+                 f"import importlib.metadata as m; print(m.version('{name}'))"],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            out.append(f"{name} {p.stdout.strip() or '?'}")
+    return ", ".join(out)
+
+
+def _cpus(spec: str) -> set[int] | None:
+    return None if spec in ("", "any") else {int(c) for c in spec.split(",")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="mode")
+    s = sub.add_parser("serve", help="(internal) run the mock server")
+    s.add_argument("--port", type=int, default=0)
+    d = sub.add_parser("drain", help="(internal) the client that parses nothing")
+    d.add_argument("--url", required=True)
+    d.add_argument("--conns", type=int, default=32)
+    d.add_argument("--chunks", type=int, default=2048)
+    d.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--setup", action="store_true", help="create the peers' venvs, then run")
+    ap.add_argument("--quick", action="store_true", help="smaller runs, one round (~5 min)")
+    ap.add_argument("--parts", default="server,cpu,ttft,poisson")
+    ap.add_argument("--tools", default=",".join(TOOLS), help="of " + ", ".join(TOOLS))
+    ap.add_argument("--server-cpus", default="0", help="the server's cores ('any': not pinned)")
+    ap.add_argument("--client-cpus", default="1", help="the tools' cores ('any': not pinned)")
+    ap.add_argument("--rounds", type=int, help="cpu part: repetitions (default 2, quick 1)")
+    ap.add_argument("--rate", type=float, default=500.0, help="poisson part: requests/s")
+    args = ap.parse_args(argv)
+    if args.mode == "serve":
+        serve(args.port)
+        return 0
+    if args.mode == "drain":
+        drain(args.url, args.conns, args.chunks, args.seconds)
+        return 0
+
+    parts = args.parts.split(",")
+    if unknown := [p for p in parts if p not in ("server", "cpu", "ttft", "poisson")]:
+        ap.error(f"unknown parts: {', '.join(unknown)}")
+    if unknown := [n for n in args.tools.split(",") if n not in TOOLS]:
+        ap.error(f"unknown tools: {', '.join(unknown)}")
+    if args.setup:
+        setup()
+    tools = []
+    for name in args.tools.split(","):
+        tool = TOOLS[name]
+        if tool.venv is not None and not (tool.venv / "bin" / name).exists():
+            print(f"skipping {tool.label}: not in {tool.venv} (run with --setup)", file=sys.stderr)
+        else:
+            tools.append(tool)
+    server_cpus, client_cpus = _cpus(args.server_cpus), _cpus(args.client_cpus)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.monotonic()
+    print(
+        f"client_scale, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {os.cpu_count()} "
+        f"cores; server on {sorted(server_cpus or []) or 'any'}, tools on "
+        f"{sorted(client_cpus or []) or 'any'}; {_versions()}"
+    )
+    try:
+        if "cpu" in parts and any(t.venv for t in tools):
+            sys.path.insert(0, str(BENCH))
+            from peer_compare import train_tokenizer  # the tiny offline BPE peers insist on
+
+            train_tokenizer(next(t.venv for t in tools if t.venv), TOKENIZER_DIR)
+        if {"server", "cpu", "poisson"} & set(parts):
+            mock = Server(server_cpus)
+            try:
+                if "server" in parts:
+                    part_server(mock, client_cpus, 3.0 if args.quick else 6.0)
+                if "cpu" in parts:
+                    part_cpu(mock, tools, client_cpus, args.rounds or (1 if args.quick else 2),
+                             0.5 if args.quick else 1.0)  # fmt: skip
+                if "poisson" in parts:
+                    part_poisson(mock, client_cpus, args.rate, 2.0 if args.quick else 4.0)
+            finally:
+                mock.close()
+        if "ttft" in parts:
+            levels = [1, 64, 256] if args.quick else [1, 64, 256, 512]
+            part_ttft(levels, [1, 2], server_cpus, client_cpus)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    finally:
+        PROCS.stop_all()
+    print(f"\n({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
