@@ -43,11 +43,13 @@ import argparse
 import asyncio
 import bisect
 import contextlib
-import ctypes
+import functools
+import itertools
 import json
 import math
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -357,7 +359,7 @@ def drain(url: str, conns: int, chunks: int, seconds: float) -> None:
         waits = []
         for _ in range(conns):
             fut: asyncio.Future[None] = loop.create_future()
-            await loop.create_connection(lambda f=fut: Drain(deadline, f), host, int(port))
+            await loop.create_connection(functools.partial(Drain, deadline, fut), host, int(port))
             waits.append(fut)
         async with asyncio.timeout(seconds + 30):
             await asyncio.gather(*waits)
@@ -387,6 +389,20 @@ def _children(pid: int) -> list[int]:
             with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children") as f:
                 out += [int(c) for c in f.read().split()]
     return out
+
+
+def machine_load() -> str:
+    """How busy the machine is besides this run: the load average and the share of the
+    last 10 s in which some runnable task waited for a CPU (Linux PSI)."""
+    out = f"load average {os.getloadavg()[0]:.1f}"
+    with contextlib.suppress(OSError), open("/proc/pressure/cpu") as f:
+        out += f", CPU pressure {float(f.readline().split()[1].split('=')[1]):.0f} %"
+    return out
+
+
+def _reaped_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return float(ru.ru_utime + ru.ru_stime)
 
 
 class Sampler(threading.Thread):
@@ -510,6 +526,7 @@ class Measured:
     stderr: str
     server: dict[str, Any]
     sampler: Sampler
+    reaped_cpu_s: float  # getrusage(RUSAGE_CHILDREN) over the run
 
     def steady(self) -> tuple[float, float, float, float]:
         """Over the middle 80 % of the time chunks flowed: (chunks, seconds, tool CPU s,
@@ -524,12 +541,17 @@ class Measured:
         (ca, sa), (cz, sz) = self.sampler.at(a / 10), self.sampler.at(z / 10)
         return chunks, (z - a) / 10, cz - ca, sz - sa
 
+    def whole_cpu_s(self) -> float:
+        """The tool's CPU over the whole run, start-up and result files included (what
+        its reaped tree reported, or the last sample if more)."""
+        return max(self.reaped_cpu_s, self.sampler.series[-1][1] if self.sampler.series else 0.0)
+
 
 def measure(cmd: Sequence[str], server: Server, cpus: set[int] | None, work: Path,
             env: dict[str, str] | None = None) -> Measured:  # fmt: skip
     """Run ``cmd`` pinned to ``cpus`` against the mock ``server``, sampling its CPU."""
     server.get("/mock/reset")
-    t0 = time.monotonic()
+    t0, reaped0 = time.monotonic(), _reaped_cpu_s()
     with open(work / "stdout.txt", "w+") as out, open(work / "stderr.txt", "w+") as err:
         p = PROCS.start(cmd, cpus, stdout=out, stderr=err, env=env, cwd=work)
         sampler = Sampler(p.pid, server.proc.pid)
@@ -543,7 +565,8 @@ def measure(cmd: Sequence[str], server: Server, cpus: set[int] | None, work: Pat
             PROCS.stop(p)
         out.seek(0)
         err.seek(0)
-        return Measured(rc, time.monotonic() - t0, out.read(), err.read(), server.stats(), sampler)
+        wall, reaped = time.monotonic() - t0, _reaped_cpu_s() - reaped0
+        return Measured(rc, wall, out.read(), err.read(), server.stats(), sampler, reaped)
 
 
 # --- the tools -----------------------------------------------------------------------------
@@ -582,7 +605,9 @@ def _inferlab(workers: int) -> Command:
 
 
 def _peer_env(work: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
     env.update(HF_HUB_DISABLE_TELEMETRY="1", TMPDIR=str(work), NO_COLOR="1", TERM="dumb")
     return env
 
@@ -661,6 +686,7 @@ class CpuRow:
     per_1k: dict[int, list[float]] = field(default_factory=dict)  # chunks/request -> ms
     rate: dict[int, list[float]] = field(default_factory=dict)  # -> chunks/s
     server_busy: dict[int, list[float]] = field(default_factory=dict)  # -> share of a core
+    whole: dict[int, list[float]] = field(default_factory=dict)  # -> ms/1k, whole run
 
 
 def part_cpu(server: Server, tools: list[Tool], cpus: set[int] | None, rounds: int,
@@ -684,17 +710,19 @@ def part_cpu(server: Server, tools: list[Tool], cpus: set[int] | None, rounds: i
                 row.per_1k.setdefault(k, []).append(1e6 * cpu / chunks)
                 row.rate.setdefault(k, []).append(chunks / secs)
                 row.server_busy.setdefault(k, []).append(srv / secs)
+                row.whole.setdefault(k, []).append(1e6 * m.whole_cpu_s() / m.server["chunks"])
                 print(
                     f"  round {r + 1} {tool.label:21} {k:4} chunks x {n:5} requests: "
                     f"{1e6 * cpu / chunks:7.1f} ms/1k, {chunks / secs:8,.0f} chunks/s, client core "
                     f"{100 * cpu / secs:3.0f} %, server core {100 * srv / secs:3.0f} %, "
-                    f"{m.wall_s:5.1f} s wall",
+                    f"{m.wall_s:5.1f} s wall; {machine_load()}",
                     file=sys.stderr,
                 )
     lo, hi = counts
     head = (
         f"{'tool':21} {f'ms/1k @{lo}':>10} {f'ms/1k @{hi}':>10} {'marginal':>9} "
         f"{'per request':>11} {f'chunks/s @{lo}':>14} {f'chunks/s @{hi}':>14} {'server core':>11}"
+        f" {'whole run @' + str(lo) + '/' + str(hi):>17}"
     )
     print(head + "\n" + "-" * len(head))
     marginal: dict[str, float] = {}
@@ -710,13 +738,15 @@ def part_cpu(server: Server, tools: list[Tool], cpus: set[int] | None, rounds: i
         print(
             f"{tool.label:21} {c_lo:10.1f} {c_hi:10.1f} {a:9.1f} {b_ms:8.2f} ms "
             f"{statistics.median(row.rate[lo]):14,.0f} {rate[tool.name]:14,.0f} "
-            f"{100 * busy:9.0f} %"
+            f"{100 * busy:9.0f} % {statistics.median(row.whole[lo]):8.0f}/"
+            f"{statistics.median(row.whole[hi]):.0f}"
         )
     print(
         "(ms/1k: ms of the tool's process tree per 1,000 chunks, all its processes; marginal "
         "and per request: from c(k) = marginal + per_request/k; server core: the busiest of "
         "the server's core in that tool's runs: near 100 % means the server, not the tool, "
-        "set the chunks/s)"
+        "set the chunks/s; whole run: ms per 1,000 chunks of the whole run, start-up, "
+        "tokenizer loading and result files included)"
     )
     base = marginal.get("inferlab-1")
     if base:
@@ -781,7 +811,7 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
                 busiest = max(cl["processes"], key=lambda q: (q["loop_lag_ms"] or {}).get("p90", 0))
                 bl = busiest["loop_lag_ms"] or {}
                 verdict = "BOTTLENECK" if cl["bottleneck"] else "ok"
-                warned = "likely the bottleneck" in err
+                warned = any("client was likely the bottleneck" in w for w in s["warnings"])
                 total = lag.get("+Inf", 0.0) or 1.0
                 late = f"{lag.get('0.001', 0) / total:.0%}/{lag.get('0.005', 0) / total:.0%}"
                 print(
@@ -789,8 +819,9 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
                     f"{e['p50']:6.2f} ms {e['p99']:6.2f} ms {late:>18}  {verdict}: busiest "
                     f"{busiest['role']} CPU {busiest['cpu_share']:.0%}, loop lag p90 "
                     f"{bl.get('p90', 0):.1f} ms; inflation p50/p99 {cl['inflation_ms']['p50']:.1f}/"
-                    f"{cl['inflation_ms']['p99']:.1f} ms; console warning {'yes' if warned else 'no'}"
+                    f"{cl['inflation_ms']['p99']:.1f} ms; warning {'yes' if warned else 'no'}"
                 )
+                print(f"{'':16}({machine_load()})", file=sys.stderr)
                 rows.append({"c": c, "workers": w, "error": e, "client": cl, "warned": warned})
     finally:
         server.close()
@@ -813,7 +844,7 @@ def ks_exponential(times_ns: Sequence[int], rate_rps: float) -> tuple[float, flo
     """Kolmogorov-Smirnov distance of the gaps between sorted ``times_ns`` from the
     exponential distribution of ``rate_rps``: (D, the 5 % critical value, gaps)."""
     t = sorted(times_ns)
-    gaps = sorted((b - a) / 1e9 for a, b in zip(t, t[1:], strict=False))
+    gaps = sorted((b - a) / 1e9 for a, b in itertools.pairwise(t))
     n = len(gaps)
     d = 0.0
     for i, g in enumerate(gaps):
@@ -829,7 +860,7 @@ def part_poisson(server: Server, cpus: set[int] | None, rate: float, seconds: fl
     cmd = [sys.executable, "-m", "inferlab", "bench", "--url", server.url, "--model", MODEL,
            "--rate", f"{rate:g}", "--arrival", "poisson", "-n", str(n), "--seed", "7",
            "--input-tokens", str(INPUT_TOKENS), "--output-tokens", "16", "--workers", "2",
-           "--out", str(work / "out")]  # fmt: skip
+           "--no-preflight", "--out", str(work / "out")]  # fmt: skip
     m = measure(cmd, server, cpus, work)
     if m.rc != 0:
         raise RuntimeError(f"the Poisson run failed: {m.stderr.strip()[-400:]}")
@@ -884,7 +915,9 @@ def setup() -> None:
         if name == "guidellm" and cpu:
             pkgs = [str(cpu[-1]), *pkgs]  # (else pip takes the index's default torch build)
         print(f"{name}: pip install {' '.join(pkgs)} into {venv}")
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *pkgs], check=True, timeout=1800)
+        subprocess.run(
+            [str(venv / "bin" / "pip"), "install", "-q", *pkgs], check=True, timeout=1800
+        )
 
 
 def _versions() -> str:
@@ -907,7 +940,9 @@ def _cpus(spec: str) -> set[int] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="mode")
     s = sub.add_parser("serve", help="(internal) run the mock server")
     s.add_argument("--port", type=int, default=0)
@@ -952,7 +987,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"client_scale, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {os.cpu_count()} "
         f"cores; server on {sorted(server_cpus or []) or 'any'}, tools on "
-        f"{sorted(client_cpus or []) or 'any'}; {_versions()}"
+        f"{sorted(client_cpus or []) or 'any'}; {_versions()}; at the start: {machine_load()}"
     )
     try:
         if "cpu" in parts and any(t.venv for t in tools):
@@ -980,7 +1015,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         PROCS.stop_all()
-    print(f"\n({time.monotonic() - started:.0f} s)")
+    print(f"\n({time.monotonic() - started:.0f} s; at the end: {machine_load()})")
     return 0
 
 
