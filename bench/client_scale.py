@@ -958,7 +958,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-cpus", default="0", help="the server's cores ('any': not pinned)")
     ap.add_argument("--client-cpus", default="1", help="the tools' cores ('any': not pinned)")
     ap.add_argument("--rounds", type=int, help="cpu part: repetitions (default 2, quick 1)")
-    ap.add_argument("--rate", type=float, default=500.0, help="poisson part: requests/s")
+    ap.add_argument("--rates", default="200,500", help="poisson part: requests/s, comma-separated")
     args = ap.parse_args(argv)
     if args.mode == "serve":
         serve(args.port)
@@ -1004,7 +1004,8 @@ def main(argv: list[str] | None = None) -> int:
                     part_cpu(mock, tools, client_cpus, args.rounds or (1 if args.quick else 2),
                              0.5 if args.quick else 1.0)  # fmt: skip
                 if "poisson" in parts:
-                    part_poisson(mock, client_cpus, args.rate, 2.0 if args.quick else 4.0)
+                    for rate in (float(r) for r in args.rates.split(",")):
+                        part_poisson(mock, client_cpus, rate, 2.0 if args.quick else 4.0)
             finally:
                 mock.close()
         if "ttft" in parts:
