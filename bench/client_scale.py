@@ -6,29 +6,28 @@ Server and tools are pinned to different cores (``--server-cpus``, ``--client-cp
 Parts (``--parts``, all by default):
 
 - ``server``: the mock server's own ceiling, against a client that parses nothing.
-- ``cpu``: a fast mock server (raw asyncio, no simulated delay: each step writes one
-  content chunk of vLLM's chat format to every open stream, one write each). Each tool
+- ``cpu``: against the fast mock (``bench/mock_server.py``: no simulated delay; each
+  step writes one vLLM chat chunk to every open stream, one write each), each tool
   runs as a subprocess with the same closed loop (32 streams) at 64 and at 512 chunks
   per request. Its process tree's CPU is sampled from ``/proc`` every 0.1 s and the
   server counts chunks in 0.1 s buckets, so both are read over the same steady window
   (the middle 80 % of the stream; start-up, tokenizer loading and result writing fall
   outside it). Per chunk c(k) = a + b/k at k chunks per request: a is the marginal CPU
   per chunk, b the per-request CPU; two k give both. Sustained chunks/s is the server's
-  count over the same window (the client's core is busy throughout: the server never
-  waits, so that rate is the tool's ceiling on one core unless the server's core is
-  full, which is printed next to it).
+  count over the same window: the server never waits, so that is what the tool's core
+  allowed, unless the server's core was full (printed beside it).
 - ``ttft``: ``inferlab bench`` against ``inferlab sim serve`` (Qwen2.5-7B on H100, 256
   prompt tokens, 64 output tokens) at 1, 64, 256 and 512 streams with 1 and 2 workers:
   client TTFT minus the server's own TTFT per request (the summary's
   ``server_timeline``), the summary's ``client`` block (bottleneck verdict, busiest
   process, loop lag) and how late the simulator itself emitted tokens (its
   ``inferlab:token_emit_lag_seconds``).
-- ``poisson``: an open-loop Poisson run at a high rate with 2 workers against the mock,
+- ``poisson``: open-loop Poisson runs (``--rates``) with 2 workers against the mock,
   which stamps each request's arrival: the number that arrived, every record once, and
   the Kolmogorov-Smirnov distance of the inter-arrival gaps from the requested
   exponential (the schedule, the client's send stamps, the server's arrival stamps).
 
-    python bench/client_scale.py --quick     # about 5 minutes
+    python bench/client_scale.py --quick     # about 7 minutes on a busy 2-core machine
     python bench/client_scale.py             # about 15 minutes
     python bench/client_scale.py --parts cpu --tools inferlab-1,aiperf --rounds 3
     python bench/client_scale.py --setup     # first: the peers' venvs under /tmp
@@ -40,10 +39,8 @@ is stopped on exit or Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import bisect
 import contextlib
-import functools
 import itertools
 import json
 import math
@@ -64,7 +61,8 @@ from pathlib import Path
 from typing import Any
 
 BENCH = Path(__file__).resolve().parent
-MODEL = "inferlab/mock-8b"
+MOCK = BENCH / "mock_server.py"
+MODEL = "inferlab/mock-8b"  # (what the mock serves)
 INPUT_TOKENS = 16
 PEER_VENVS = {"aiperf": Path("/tmp/peer-venv"), "guidellm": Path("/tmp/guidellm-venv")}
 PEER_PACKAGES = {"aiperf": ["aiperf==0.13.0"], "guidellm": ["guidellm==0.8.1"]}
@@ -74,297 +72,6 @@ TOKENIZER_DIR = Path(tempfile.gettempdir()) / "client-scale-tokenizer"
 TOOL_TIMEOUT_S = 300.0
 #: vLLM's Rust client, as quoted by issue #18 (measured earlier, not in this run).
 RUST_CLIENT_MS_PER_1K = 35.0
-
-
-# --- the mock server (its own process) ------------------------------------------------------
-
-
-def _event(obj: dict[str, Any] | str) -> bytes:
-    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(", ", ": "))
-    return f"data: {data}\n\n".encode()
-
-
-def _frame(payload: bytes) -> bytes:
-    """One HTTP/1.1 chunk (chunked transfer encoding)."""
-    return b"%x\r\n%s\r\n" % (len(payload), payload)
-
-
-def _chat_chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    """A chat chunk as vLLM sends it (same keys, typical sizes)."""
-    return {
-        "id": "chatcmpl-0f3c8a4e5b2d4c7e9a1b6d2f8e0c4a17",
-        "object": "chat.completion.chunk",
-        "created": 1733000000,
-        "model": MODEL,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
-
-
-WORD = " lighthouse"
-END = b"0\r\n\r\n"
-STREAM_HEAD = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-    b"Transfer-Encoding: chunked\r\n\r\n"
-)
-HEAD = _frame(_event(_chat_chunk({"role": "assistant", "content": ""})))
-BODY = _frame(_event(_chat_chunk({"content": WORD})))
-
-
-def _usage(chunks: int, prompt: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": chunks, "total_tokens": prompt + chunks}
-
-
-def _tail(chunks: int, prompt: int) -> bytes:
-    final = {**_chat_chunk({}), "choices": [], "usage": _usage(chunks, prompt)}
-    return _frame(_event(_chat_chunk({}, "length")) + _event(final) + _event("[DONE]")) + END
-
-
-def _whole(chunks: int, prompt: int) -> bytes:
-    """A non-streamed answer."""
-    choice = {
-        "index": 0,
-        "message": {"role": "assistant", "content": WORD * chunks},
-        "finish_reason": "length",
-    }
-    obj = {"id": "chatcmpl-0", "object": "chat.completion", "created": 1733000000}
-    return json.dumps(
-        {**obj, "model": MODEL, "choices": [choice], "usage": _usage(chunks, prompt)}
-    ).encode()
-
-
-class _Stream:
-    __slots__ = ("conn", "left", "tail")
-
-    def __init__(self, conn: _Conn, left: int, tail: bytes) -> None:
-        self.conn, self.left, self.tail = conn, left, tail
-
-
-class _Pump:
-    """The 'engine' with no step time: each step writes one content chunk to every
-    stream whose socket can take it, finishes the streams that are done, and yields."""
-
-    def __init__(self) -> None:
-        self.active: list[_Stream] = []
-        self.incoming: list[_Stream] = []
-        self.wake = asyncio.Event()
-        self.reset()
-
-    def reset(self) -> None:
-        self.chunks = 0
-        self.arrivals_ns: list[int] = []  # each generation request, as it arrived
-        self.buckets: dict[int, int] = {}  # 0.1 s of the monotonic clock -> chunks written
-
-    def add(self, stream: _Stream) -> None:
-        self.incoming.append(stream)
-        self.wake.set()
-
-    async def run(self) -> None:
-        while True:
-            if self.incoming:
-                self.active += self.incoming
-                self.incoming = []
-            written = 0
-            keep = []
-            for s in self.active:
-                conn = s.conn
-                if conn.closed:
-                    continue
-                if conn.paused:
-                    keep.append(s)
-                elif s.left:
-                    conn.transport.write(BODY)
-                    s.left -= 1
-                    written += 1
-                    keep.append(s)
-                else:
-                    conn.transport.write(s.tail)
-                    conn.finished()
-            self.active = keep
-            if written:
-                self.chunks += written
-                b = time.monotonic_ns() // 100_000_000
-                self.buckets[b] = self.buckets.get(b, 0) + written
-                await asyncio.sleep(0)
-            elif not self.incoming:
-                self.wake.clear()
-                await self.wake.wait()
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "chunks": self.chunks,
-            "arrivals_ns": self.arrivals_ns,
-            "buckets": sorted(self.buckets.items()),
-        }
-
-
-class _Conn(asyncio.Protocol):
-    """One HTTP/1.1 keep-alive connection: reads a request, answers, reads the next."""
-
-    def __init__(self, pump: _Pump) -> None:
-        self.pump = pump
-        self.buf = b""
-        self.busy = self.paused = self.closed = self.close_after = False
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.pump.wake.set()
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        self.pump.wake.set()
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        if not self.busy:
-            self._next()
-
-    def finished(self) -> None:
-        """The response in progress is written."""
-        self.busy = False
-        if self.close_after:
-            self.transport.close()
-        elif self.buf:
-            self._next()
-
-    def _next(self) -> None:
-        while not self.busy and not self.closed:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buf[:end].decode("latin-1").split("\r\n")
-            method, target, version = [*head[0].split(" "), "", "", ""][:3]
-            headers = {}
-            for line in head[1:]:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-            length = int(headers.get("content-length", "0") or 0)
-            if len(self.buf) < end + 4 + length:
-                return
-            body = self.buf[end + 4 : end + 4 + length]
-            self.buf = self.buf[end + 4 + length :]
-            conn = headers.get("connection", "").lower()
-            self.close_after = conn == "close" or (version == "HTTP/1.0" and conn != "keep-alive")
-            if "chunked" in headers.get("transfer-encoding", "").lower():
-                self.close_after = True  # (no tool here sends a chunked body)
-                self._send(411, b'{"error": {"message": "length required"}}')
-                return
-            self._route(method, target.split("?", 1)[0], body)
-
-    def _send(self, status: int, body: bytes) -> None:
-        head = (
-            f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        )
-        if self.close_after:
-            head += "Connection: close\r\n"
-        self.transport.write(head.encode() + b"\r\n" + body)
-        if self.close_after:
-            self.transport.close()
-
-    def _route(self, method: str, path: str, body: bytes) -> None:
-        if path.endswith("/chat/completions") and method == "POST":
-            self._generate(body)
-        elif path.endswith("/models"):
-            model = {"id": MODEL, "object": "model", "created": 1733000000, "owned_by": "mock"}
-            self._send(200, json.dumps({"object": "list", "data": [model]}).encode())
-        elif path in ("/health", "/ping", "/v1/health"):
-            self._send(200, b"{}")
-        elif path == "/mock/stats":
-            self._send(200, json.dumps(self.pump.stats()).encode())
-        elif path == "/mock/reset":
-            self.pump.reset()
-            self._send(200, b"{}")
-        else:
-            self._send(404, b'{"error": {"message": "not found", "type": "NotFoundError"}}')
-
-    def _generate(self, body: bytes) -> None:
-        self.pump.arrivals_ns.append(time.monotonic_ns())
-        try:
-            req = json.loads(body)
-            chunks = max(1, int(req.get("max_completion_tokens") or req.get("max_tokens") or 16))
-        except (ValueError, TypeError, AttributeError):
-            self._send(400, b'{"error": {"message": "bad request", "type": "BadRequestError"}}')
-            return
-        prompt = 8 + body.count(b" ")  # about one token a word: grows with the prompt
-        if not req.get("stream"):
-            self._send(200, _whole(chunks, prompt))
-            return
-        self.busy = True
-        self.transport.write(STREAM_HEAD + HEAD)
-        self.pump.add(_Stream(self, chunks, _tail(chunks, prompt)))
-
-
-def serve(port: int) -> None:
-    """Run the mock server (prints its port on stdout)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the orchestrator stops it with SIGTERM)
-
-    async def main() -> None:
-        pump = _Pump()
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            lambda: _Conn(pump), "127.0.0.1", port, backlog=4096, reuse_address=True
-        )
-        print(server.sockets[0].getsockname()[1], flush=True)
-        await pump.run()
-
-    asyncio.run(main())
-
-
-def drain(url: str, conns: int, chunks: int, seconds: float) -> None:
-    """A client that parses nothing: keeps ``conns`` streams busy for ``seconds``,
-    searching each read only for the response's end."""
-    host, port = url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": chunks,
-         "stream": True}
-    ).encode()  # fmt: skip
-    request = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
-
-    class Drain(asyncio.Protocol):
-        def __init__(self, deadline: float, finished: asyncio.Future[None]) -> None:
-            self.deadline, self.finished, self.tail = deadline, finished, b""
-
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            assert isinstance(transport, asyncio.Transport)
-            self.transport = transport
-            transport.write(request)
-
-        def data_received(self, data: bytes) -> None:
-            self.tail = (self.tail + data[-len(END) :])[-len(END) :]
-            if self.tail == END:
-                self.tail = b""
-                if time.monotonic() < self.deadline:
-                    self.transport.write(request)
-                else:
-                    self.transport.close()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if not self.finished.done():
-                self.finished.set_result(None)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        deadline = time.monotonic() + seconds
-        waits = []
-        for _ in range(conns):
-            fut: asyncio.Future[None] = loop.create_future()
-            await loop.create_connection(functools.partial(Drain, deadline, fut), host, int(port))
-            waits.append(fut)
-        async with asyncio.timeout(seconds + 30):
-            await asyncio.gather(*waits)
-
-    asyncio.run(main())
 
 
 # --- processes and their CPU -----------------------------------------------------------------
@@ -495,7 +202,7 @@ class Server:
         if sim:
             cmd = [sys.executable, "-m", "inferlab", "sim", "serve", "--port", "0", "--announce"]
         else:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "serve"]
+            cmd = [sys.executable, str(MOCK), "serve"]
         self.proc = PROCS.start(cmd, cpus, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
@@ -672,7 +379,7 @@ def run_tool(tool: Tool, server: Server, w: Load, cpus: set[int] | None) -> Meas
 
 def part_server(server: Server, cpus: set[int] | None, seconds: float) -> None:
     """The mock's ceiling: chunks/s with a client that parses nothing."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "drain", "--url", server.url,
+    cmd = [sys.executable, str(MOCK), "drain", "--url", server.url,
            "--conns", "32", "--chunks", "2048", "--seconds", str(seconds)]  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="client-scale-drain-"))
     m = measure(cmd, server, cpus, work)
@@ -958,14 +665,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = ap.add_subparsers(dest="mode")
-    s = sub.add_parser("serve", help="(internal) run the mock server")
-    s.add_argument("--port", type=int, default=0)
-    d = sub.add_parser("drain", help="(internal) the client that parses nothing")
-    d.add_argument("--url", required=True)
-    d.add_argument("--conns", type=int, default=32)
-    d.add_argument("--chunks", type=int, default=2048)
-    d.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--setup", action="store_true", help="create the peers' venvs, then run")
     ap.add_argument("--quick", action="store_true", help="smaller runs, one round (~5 min)")
     ap.add_argument("--parts", default="server,cpu,ttft,poisson")
@@ -975,12 +674,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, help="cpu part: repetitions (default 2, quick 1)")
     ap.add_argument("--rates", default="200,500", help="poisson part: requests/s, comma-separated")
     args = ap.parse_args(argv)
-    if args.mode == "serve":
-        serve(args.port)
-        return 0
-    if args.mode == "drain":
-        drain(args.url, args.conns, args.chunks, args.seconds)
-        return 0
 
     parts = args.parts.split(",")
     if unknown := [p for p in parts if p not in ("server", "cpu", "ttft", "poisson")]:
