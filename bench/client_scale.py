@@ -301,7 +301,7 @@ class Tool:
     label: str
     command: Command
     venv: Path | None = None  # a peer's own environment
-    #: chunks per run in the cpu part (peers are ~50x slower: the same seconds)
+    #: chunks per run in the cpu part (fewer for the peers: their runs take as long)
     chunks_per_run: int = 200_000
 
 
@@ -318,6 +318,8 @@ def _inferlab(workers: int) -> Command:
 
 
 def _peer_env(work: Path) -> dict[str, str]:
+    # (as in peer_compare.py: aiperf 0.13 cannot load a local tokenizer directory under
+    # HF_HUB_OFFLINE; with a path nothing is fetched. TMPDIR: their caches go with `work`.)
     env = {
         k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     }
