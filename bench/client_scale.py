@@ -47,6 +47,7 @@ import math
 import os
 import re
 import resource
+import shutil
 import signal
 import statistics
 import subprocess
@@ -55,7 +56,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -360,20 +361,34 @@ TOOLS = {
 }
 
 
+@contextlib.contextmanager
+def scratch(name: str) -> Iterator[Path]:
+    """A scratch directory, removed afterwards, except after a RuntimeError (a tool
+    failed: its output stays there, and the error names the directory)."""
+    work = Path(tempfile.mkdtemp(prefix=f"client-scale-{name}-"))
+    try:
+        yield work
+    except RuntimeError:
+        raise
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def run_tool(tool: Tool, server: Server, w: Load, cpus: set[int] | None) -> Measured:
     """One run of ``tool``; fails (with where its output was kept) unless every chunk
     was sent."""
-    work = Path(tempfile.mkdtemp(prefix=f"client-scale-{tool.name}-"))
-    cmd, env = tool.command(server.url, w, work)
-    m = measure(cmd, server, cpus, work, env)
-    expected = w.requests * w.chunks
-    if m.rc != 0 or m.server["chunks"] < expected:
-        raise RuntimeError(
-            f"{tool.label} exited {m.rc} after {m.server['chunks']:,} of {expected:,} chunks; "
-            f"its output is in {work}: {m.stderr.strip()[-400:]}"
-        )
-    subprocess.run(["rm", "-rf", str(work)], check=False)
-    return m
+    with scratch(tool.name) as work:
+        cmd, env = tool.command(server.url, w, work)
+        m = measure(cmd, server, cpus, work, env)
+        expected = w.requests * w.chunks
+        if m.rc != 0 or m.server["chunks"] < expected:
+            raise RuntimeError(
+                f"{tool.label} exited {m.rc} after {m.server['chunks']:,} of {expected:,} "
+                f"chunks; its output is in {work}: {m.stderr.strip()[-400:]}"
+            )
+        return m
 
 
 # --- the parts -------------------------------------------------------------------------------
@@ -383,8 +398,8 @@ def part_server(server: Server, cpus: set[int] | None, seconds: float) -> None:
     """The mock's ceiling: chunks/s with a client that parses nothing."""
     cmd = [sys.executable, str(MOCK), "drain", "--url", server.url,
            "--conns", "32", "--chunks", "2048", "--seconds", str(seconds)]  # fmt: skip
-    work = Path(tempfile.mkdtemp(prefix="client-scale-drain-"))
-    m = measure(cmd, server, cpus, work)
+    with scratch("drain") as work:
+        m = measure(cmd, server, cpus, work)
     if m.rc != 0:
         raise RuntimeError(f"the byte-counting client failed: {m.stderr[-400:]}")
     chunks, secs, cpu, srv = m.steady()
@@ -512,22 +527,21 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
         for c in levels:
             for w in workers:
                 n = max(16, 2 * c)
-                work = Path(tempfile.mkdtemp(prefix="client-scale-ttft-"))
                 cmd = [sys.executable, "-m", "inferlab", "bench", "--url", server.url,
                        "-c", str(c), "-n", str(n), "--input-tokens", "256",
-                       "--output-tokens", "64", "--workers", str(w), "--out", str(work)]  # fmt: skip
+                       "--output-tokens", "64", "--workers", str(w)]  # fmt: skip
                 lag0 = _emit_lag(server)
-                p = PROCS.start(cmd, client_cpus, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)  # fmt: skip
-                try:
-                    _, err = p.communicate(timeout=TOOL_TIMEOUT_S)
-                finally:
-                    PROCS.stop(p)
-                if p.returncode != 0:
-                    raise RuntimeError(f"inferlab bench failed at c={c}: {err.strip()[-400:]}")
+                with scratch("ttft") as work:
+                    p = PROCS.start([*cmd, "--out", str(work)], client_cpus,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                    try:
+                        _, err = p.communicate(timeout=TOOL_TIMEOUT_S)
+                    finally:
+                        PROCS.stop(p)
+                    if p.returncode != 0:
+                        raise RuntimeError(f"inferlab bench failed at c={c}: {err.strip()[-400:]}")
+                    s = json.loads((work / "summary.json").read_text())
                 lag = {k: v - lag0.get(k, 0.0) for k, v in _emit_lag(server).items()}
-                s = json.loads((work / "summary.json").read_text())
-                subprocess.run(["rm", "-rf", str(work)], check=False)
                 e, cl = s["server_timeline"]["ttft_error_ms"], s["client"]
                 busiest = max(cl["processes"], key=lambda q: (q["loop_lag_ms"] or {}).get("p90", 0))
                 bl = busiest["loop_lag_ms"] or {}
@@ -580,17 +594,17 @@ def ks_exponential(times_ns: Sequence[int], rate_rps: float) -> tuple[float, flo
 def part_poisson(server: Server, cpus: set[int] | None, rate: float, seconds: float) -> None:
     """An open-loop Poisson run with 2 workers: count, merging and the arrival process."""
     n = round(rate * seconds)
-    work = Path(tempfile.mkdtemp(prefix="client-scale-poisson-"))
-    cmd = [sys.executable, "-m", "inferlab", "bench", "--url", server.url, "--model", MODEL,
-           "--rate", f"{rate:g}", "--arrival", "poisson", "-n", str(n), "--seed", "7",
-           "--input-tokens", str(INPUT_TOKENS), "--output-tokens", "16", "--workers", "2",
-           "--no-preflight", "--out", str(work / "out")]  # fmt: skip
-    m = measure(cmd, server, cpus, work)
-    if m.rc != 0:
-        raise RuntimeError(f"the Poisson run failed: {m.stderr.strip()[-400:]}")
-    s = json.loads((work / "out" / "summary.json").read_text())
-    recs = [json.loads(line) for line in (work / "out" / "requests.jsonl").open()]
-    subprocess.run(["rm", "-rf", str(work)], check=False)
+    with scratch("poisson") as work:
+        cmd = [sys.executable, "-m", "inferlab", "bench", "--url", server.url, "--model", MODEL,
+               "--rate", f"{rate:g}", "--arrival", "poisson", "-n", str(n), "--seed", "7",
+               "--input-tokens", str(INPUT_TOKENS), "--output-tokens", "16", "--workers", "2",
+               "--no-preflight", "--out", str(work / "out")]  # fmt: skip
+        m = measure(cmd, server, cpus, work)
+        if m.rc != 0:
+            raise RuntimeError(f"the Poisson run failed: {m.stderr.strip()[-400:]}")
+        s = json.loads((work / "out" / "summary.json").read_text())
+        with open(work / "out" / "requests.jsonl") as f:
+            recs = [json.loads(line) for line in f]
     arrived = m.server["arrivals_ns"]
     indexes = sorted(r["index"] for r in recs)
     print(
