@@ -567,6 +567,17 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
         "(sim late: share of the simulator's steps whose tokens left within 1 / 5 ms of their "
         "simulated time; a late step is in the error too, not only the client)"
     )
+    by = {(r["c"], r["workers"]): r["error"] for r in rows}
+    if len(workers) > 1:
+        w0, w1 = workers[0], workers[-1]
+        print(
+            f"error ratio, {w1} workers / {w0} (p50, p99): "
+            + "; ".join(
+                f"{c} streams {by[c, w1]['p50'] / by[c, w0]['p50']:.2f}, "
+                f"{by[c, w1]['p99'] / by[c, w0]['p99']:.2f}"
+                for c in levels
+            )
+        )
     one = {r["c"]: r for r in rows if r["workers"] == 1}
     if one:
         lo, hi = one[min(one)], one[max(one)]
