@@ -573,7 +573,7 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
         print(
             f"error ratio, {w1} workers / {w0} (p50, p99): "
             + "; ".join(
-                f"{c} streams {by[c, w1]['p50'] / by[c, w0]['p50']:.2f}, "
+                f"{c} stream{'s' * (c != 1)} {by[c, w1]['p50'] / by[c, w0]['p50']:.2f}, "
                 f"{by[c, w1]['p99'] / by[c, w0]['p99']:.2f}"
                 for c in levels
             )
