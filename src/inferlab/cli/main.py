@@ -31,6 +31,7 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.export import export
 from inferlab.cli.history import runs
+from inferlab.cli.report import compare_cmd
 from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
 from inferlab.load.run import BenchConfig, RunResult, bench_async
@@ -150,6 +151,7 @@ main.add_command(sim)
 main.add_command(export)
 main.add_command(tokens)
 main.add_command(runs)
+main.add_command(compare_cmd)
 
 def run() -> None:
     """The console script."""
