@@ -160,8 +160,9 @@ def estimate(m: Metric, runs: Sequence[Run]) -> Estimate:
     stat = m.stat or "p50"
     batch = batch_half_width(run.records, m.per_request, stat)
     if stat == "mean":
-        half = t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
-        halves = [h for h in (half, batch) if h is not None]
+        halves = [h for h in (batch,) if h is not None]
+        if len(xs) > 1:
+            halves.append(t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs)))
         if not halves:
             return Estimate(value, None, None, "per request")
         return Estimate(value, value - max(halves), value + max(halves), "batch means" if batch is not None else "per request")
