@@ -31,7 +31,7 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.export import export
 from inferlab.cli.history import runs
-from inferlab.cli.report import compare_cmd
+from inferlab.cli.report import compare_cmd, report_cmd
 from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
 from inferlab.load.run import BenchConfig, RunResult, bench_async
@@ -152,6 +152,7 @@ main.add_command(export)
 main.add_command(tokens)
 main.add_command(runs)
 main.add_command(compare_cmd)
+main.add_command(report_cmd)
 
 def run() -> None:
     """The console script."""

@@ -72,3 +72,52 @@ def _labels(args: tuple[str, ...]) -> list[str]:
             name, k = f"{base}({k})", k + 1
         out.append(name)
     return out
+
+
+@click.command("report")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("-o", "--output", "output", default="report.html", show_default=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
+@click.option("--png", "png_dir", type=click.Path(file_okay=False), help="Also write each plot as a PNG in this folder (drawn by headless Chromium: $INFERLAB_CHROMIUM, or chromium on PATH).")
+@click.option("--gpus", type=click.IntRange(min=1), help="GPUs behind the target, for tokens/s per GPU (default: the engine's tensor-parallel size when the run records it, else 1, and the report says so).")
+@click.option("--title", help="The report's title (default: from the sources).")
+@history_option
+def report_cmd(**kw: Any) -> None:
+    """One self-contained HTML file (no network fetch) of the plots of runs and sweeps:
+    RUN or SWEEP directories, or history ids. Several runs also get a comparison
+    against the first."""
+    sys.exit(run_guarded(lambda: _report(kw)))
+
+
+def _report(kw: dict[str, Any]) -> int:
+    from pathlib import Path
+
+    from inferlab.report.compare import build, side_of
+    from inferlab.report.html import Report, render
+    from inferlab.results.sources import Run, load
+
+    paths = resolve_runs(kw["sources"], kw["history"])
+    labels = _labels(kw["sources"])
+    sources = [load(p) for p in paths]
+    for src, label in zip(sources, labels, strict=True):
+        if isinstance(src, Run):
+            src.label = label
+    title = kw["title"] or "inferlab report: " + ", ".join(labels)
+    report = Report(title, sources, kw["gpus"])
+    if len(sources) >= 2 and all(isinstance(s, Run) for s in sources):
+        report.comparison = build([side_of(p, label) for p, label in zip(paths, labels, strict=True)])
+    html = render(report)
+    out = Path(kw["output"])
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(html, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot write {out}: {e.strerror or e}") from e
+    drawn = [f for f in report.figures if f.body]
+    click.echo(f"inferlab: report: {out} ({len(html) / 1024:,.0f} KiB, {len(drawn)} plots"
+               + (f"; nothing to draw for {', '.join(f.id for f in report.figures if not f.body)}" if len(drawn) < len(report.figures) else "") + ")", err=True)
+    if kw["png_dir"]:
+        from inferlab.report.browser import screenshot_figures
+
+        written = screenshot_figures(out, Path(kw["png_dir"]), [f.id for f in drawn])
+        click.echo(f"inferlab: {len(written)} PNGs in {kw['png_dir']}", err=True)
+    return 0

@@ -124,3 +124,30 @@ def render(console: Console, c: Comparison) -> None:
             console.print(f"Mann–Whitney, {s.label} vs {base.label} per request (p < 0.05: the distribution moved): " + ", ".join(parts))
     console.print("intervals: repeats (t over runs), else order statistics for percentiles, t over requests for means, "
                   "batch means for throughput; see docs/report.md", style="dim")
+
+
+def render_html_table(c: Comparison) -> str:
+    """The comparison as an HTML table (the report's section)."""
+    from html import escape
+
+    base = c.sides[0]
+    head = f"<th>metric</th><th>{escape(base.label)}</th>" + "".join(
+        f"<th>{escape(s.label)}</th><th>change</th><th>vs noise</th>" for s in c.sides[1:])
+    rows = []
+    for i, m in enumerate(METRICS):
+        cells = [f"<td>{escape(m.label)} ({m.unit})</td><td>{fmt(estimate(m, base.runs).value, m.unit)}</td>"]
+        for ds in c.deltas:
+            d = ds[i]
+            change = "—" if d.delta is None else (f"{d.rel * 100:+.1f}%" if d.rel is not None else f"{d.delta:+.3g}")
+            cls = "" if d.verdict != "beyond noise" else (' class="better"' if d.better else ' class="worse"')
+            ci = "" if d.lo is None or d.hi is None else f" (95% interval of the change {d.lo:+,.3g} to {d.hi:+,.3g})"
+            cells.append(f"<td>{fmt(d.b.value, m.unit)}</td><td{cls} title=\"{escape(ci)}\">{change}</td><td{cls}>{escape(verdict_words(d))}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    lines = "".join(f"<li>{escape(s.describe())}</li>" for s in c.sides)
+    tests = "".join(
+        f"<li>Mann–Whitney, {escape(s.label)} vs {escape(base.label)}: "
+        + ", ".join(f"{k.removesuffix('_ms').upper()} p={p:.3g}" for k, p in t.items() if p is not None) + "</li>"
+        for s, t in zip(c.sides[1:], c.tests, strict=True))
+    return (f"<ul>{lines}</ul><table class=\"compare\"><tr>{head}</tr>{''.join(rows)}</table>"
+            f"<ul>{tests}</ul><p class=\"what\">Each change against {escape(base.label)}; it exceeds noise when its 95% interval "
+            "excludes zero (repeats: t over runs; one run: batch means over the order requests ended).</p>")

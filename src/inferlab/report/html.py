@@ -1,0 +1,370 @@
+"""``inferlab report``: one self-contained HTML file (styles inline, no script, nothing
+fetched) of the plots people read a serving benchmark by.
+
+Sources are run directories and sweep directories (``results.sources``). Across runs or
+sweep points: latency against throughput and the Pareto front. For one run (the first
+given; for a sweep, its knee point, else its highest-throughput point): TTFT against
+prompt length with the fitted prefill line, output tokens/s and requests in flight
+over time, the request timeline and, when present, the client's self-monitoring. CDFs
+overlay every run. Each plot is a ``<figure class="plot" id=...>``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+from inferlab.report.compare import Comparison, fmt, render_html_table
+from inferlab.report.svg import (
+    PALETTE,
+    Bar,
+    Series,
+    color_scale,
+    fmt_tick,
+    timeline_chart,
+    xy_chart,
+)
+from inferlab.results.compare import METRICS, summary_value
+from inferlab.results.metrics import request_metrics
+from inferlab.results.sources import Run, Sweep
+
+#: Most requests the timeline draws (the first ones sent); the heading says when cut.
+TIMELINE_MAX = 400
+#: Points in a time series.
+TIME_BINS = 80
+LOAD_AXES = ("concurrency", "rate", "request_rate", "max_concurrency")
+RUNS_GROUP = "runs given"
+
+
+@dataclass
+class Figure:
+    id: str
+    title: str
+    body: str  # chart markup, or empty when there was nothing to draw
+    note: str = ""
+
+
+@dataclass
+class Point:
+    """A run as a point on the curves: its group (the sweep parameters other than load)."""
+
+    run: Run
+    group: str
+    load: float | None
+
+
+@dataclass
+class Report:
+    title: str
+    sources: list[Run | Sweep]
+    gpus: int | None = None  # --gpus: GPUs behind the target, when the config cannot say
+    figures: list[Figure] = field(default_factory=list)
+    comparison: Comparison | None = None
+
+
+def gpu_count(run: Run, override: int | None) -> tuple[int, str]:
+    """GPUs serving ``run`` and where that number came from."""
+    if override is not None:
+        return override, "--gpus"
+    engine = run.config.get("engine") if run.config.get("command") == "sim run" else (run.config.get("resolved") or {}).get("engine")
+    if isinstance(engine, dict) and isinstance(engine.get("tensor_parallel_size"), int):
+        pp = engine.get("pipeline_parallel_size") or 1
+        dp = engine.get("data_parallel_size") or 1
+        return int(engine["tensor_parallel_size"]) * int(pp) * int(dp), "the engine's tensor-parallel size"
+    return 1, "assumed 1 (the run does not say; give --gpus N)"
+
+
+def points_of(sources: Sequence[Run | Sweep]) -> list[Point]:
+    out = []
+    for src in sources:
+        if isinstance(src, Sweep):
+            for p in src.points:
+                if p.run is None or p.status not in ("done", "stopped"):
+                    continue
+                load = next((p.params[k] for k in LOAD_AXES if isinstance(p.params.get(k), (int, float))), None)
+                group = " ".join(f"{k}={v}" for k, v in p.params.items() if k not in LOAD_AXES) or src.path.name
+                out.append(Point(p.run, group, float(load) if load is not None else None))
+        else:
+            out.append(Point(src, RUNS_GROUP, None))
+    return out
+
+
+def focus_run(sources: Sequence[Run | Sweep]) -> tuple[Run | None, str]:
+    """The run the single-run plots show, and why that one."""
+    src = sources[0]
+    if isinstance(src, Run):
+        return src, src.label
+    runs = src.runs
+    if not runs:
+        return None, ""
+    for g in src.index.get("groups") or []:
+        knee = (g.get("stopped") or {}).get("knee") if isinstance(g, dict) else None
+        if knee is not None:
+            for p in src.points:
+                if p.run is not None and (p.dir == knee or p.params == knee or p.params.get("concurrency") == knee or p.params.get("rate") == knee):
+                    return p.run, f"{p.run.label} (the sweep's knee)"
+    best = max(runs, key=lambda r: _num(r.summary.get("output_token_throughput_tps")))
+    return best, f"{best.label} (the sweep's highest output throughput)"
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) else math.nan
+
+
+def _dist(run: Run, key: str, stat: str) -> float:
+    d = run.summary.get(key)
+    return _num(d.get(stat)) if isinstance(d, dict) else math.nan
+
+
+def curves(points: list[Point]) -> list[Figure]:
+    """Latency against throughput across points, one line per group (ordered by load)."""
+    groups: dict[str, list[Point]] = {}
+    for p in points:
+        groups.setdefault(p.group, []).append(p)
+    figs = []
+    for latency, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
+        for xkey, xlabel, xid in (("output_token_throughput_tps", "output tokens/s", "tok"), ("request_throughput_rps", "requests/s", "req")):
+            series = []
+            for g, ps in groups.items():
+                ps = sorted(ps, key=lambda p: _num(p.run.summary.get(xkey)) if p.load is None else p.load)
+                for stat in ("p50", "p99"):
+                    xy = [(_num(p.run.summary.get(xkey)), _dist(p.run, latency, stat)) for p in ps]
+                    titles = [f"{p.run.label}: {fmt_tick(x)} {xlabel}, {label} {stat} {y:,.1f} ms" for p, (x, y) in zip(ps, xy, strict=True)]
+                    name = f"{label} {stat}" + (f" ({g})" if len(groups) > 1 else "")
+                    # runs given one by one are not a curve: points, unjoined
+                    series.append(Series(name, xy, "points" if g == RUNS_GROUP else "line", titles=titles))
+            figs.append(Figure(f"{latency.split('_')[0]}_vs_{xid}", f"{label} (ms) against {xlabel}",
+                               xy_chart("", series, xlabel=xlabel, ylabel=f"{label} ms")))
+    return figs
+
+
+def pareto(points: list[Point], gpus: int | None) -> Figure:
+    """Tokens/s per user (1000 / median TPOT: the decode speed a user sees) against output
+    tokens/s per GPU; the front joins the points no other beats on both."""
+    xy, titles, assumed = [], [], set()
+    for p in points:
+        n, why = gpu_count(p.run, gpus)
+        assumed.add(f"{n} GPU{'s' if n > 1 else ''} ({why})")
+        tpot = _dist(p.run, "tpot_ms", "p50")
+        x = _num(p.run.summary.get("output_token_throughput_tps")) / n
+        y = 1000 / tpot if tpot > 0 else math.nan
+        xy.append((x, y))
+        titles.append(f"{p.run.label}: {x:,.0f} tok/s/GPU, {y:,.1f} tok/s/user")
+    front = sorted((x, y) for x, y in xy if not any(x2 >= x and y2 >= y and (x2, y2) != (x, y) for x2, y2 in xy))
+    body = xy_chart("", [Series("runs", xy, "points", titles=titles), Series("Pareto front", front, "line", color="#D55E00")],
+                    xlabel="output tokens/s per GPU", ylabel="tokens/s per user (1000 / TPOT p50)")
+    return Figure("pareto", "Pareto front: tokens/s per user against tokens/s per GPU", body,
+                  "GPUs: " + "; ".join(sorted(assumed)) + ". Per user: 1000 / median TPOT, the decode speed one stream sees.")
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | None:
+    """Least squares ``y = a + b·x``; None without two distinct x."""
+    if len(xs) < 2 or len(set(xs)) < 2:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return my - b * mx, b
+
+
+def ttft_vs_input(run: Run) -> Figure:
+    pts = []
+    for r in run.records:
+        m = request_metrics(r)
+        if r.ok and m.ttft_ms is not None and r.input_tokens is not None:
+            pts.append((float(r.input_tokens), m.ttft_ms))
+    note = ""
+    series = [Series("requests", pts, "points")]
+    fit = fit_line([x for x, _ in pts], [y for _, y in pts])
+    if fit is not None:
+        a, b = fit
+        lo, hi = min(x for x, _ in pts), max(x for x, _ in pts)
+        series.append(Series(f"fit: {a:,.1f} ms + {b * 1000:,.2f} ms per 1k tokens", [(lo, a + b * lo), (hi, a + b * hi)], "dash", color="#D55E00"))
+        rate = f", a prefill rate of about {1000 / b:,.0f} tokens/s" if b > 0 else ""
+        note = (f"Least-squares line: TTFT ≈ {a:,.1f} ms + {b * 1000:,.2f} ms per 1,000 prompt tokens{rate}. "
+                "Under load, TTFT above the line is queueing and interference, not prefill.")
+    else:
+        note = "Every prompt had the same length: no line to fit (vary --input-tokens to see prefill cost)."
+    return Figure("ttft_vs_input", f"TTFT against prompt length ({run.label})",
+                  xy_chart("", series, xlabel="input tokens", ylabel="TTFT ms") if pts else "", note)
+
+
+def cdfs(runs: Sequence[Run]) -> list[Figure]:
+    figs = []
+    for name, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+        series = []
+        for run in runs[:len(PALETTE)]:
+            xs = sorted(v for r in run.records if r.ok and (v := getattr(request_metrics(r), name)) is not None)
+            if xs:
+                step = max(1, len(xs) // 400)  # at most ~400 steps drawn
+                keep = [*range(0, len(xs), step), len(xs) - 1]
+                series.append(Series(run.label, [(xs[i], (i + 1) / len(xs)) for i in sorted(set(keep))], "step"))
+        cut = " (first 8 runs)" if len(runs) > len(PALETTE) else ""
+        figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}",
+                           xy_chart("", series, xlabel=f"{label} ms", ylabel="share of requests") if series else ""))
+    return figs
+
+
+def over_time(run: Run) -> list[Figure]:
+    done = [r for r in run.records if r.send_ns is not None]
+    if not done:
+        return [Figure("tokens_over_time", "Output tokens/s over time", ""), Figure("inflight_over_time", "Requests in flight over time", "")]
+    end = max((r.end_ns or r.send_ns or 0) for r in done)
+    start = min(r.send_ns or 0 for r in done)
+    width = max((end - start) / TIME_BINS, 1)
+    tokens = [0.0] * TIME_BINS
+    for r in done:
+        if r.content_ns:
+            per = (r.output_tokens or len(r.content_ns)) / len(r.content_ns)
+            for t in r.content_ns:
+                tokens[min(int((t - start) / width), TIME_BINS - 1)] += per
+    xs = [(start + (i + 0.5) * width) / 1e9 for i in range(TIME_BINS)]
+    tok = Series("output tokens/s", [(x, v / (width / 1e9)) for x, v in zip(xs, tokens, strict=True)], "path")
+    events = sorted([(r.send_ns or 0, 1) for r in done] + [(r.end_ns, -1) for r in done if r.end_ns is not None])
+    level, steps = 0, [(start / 1e9, 0.0)]
+    for t, d in events:
+        level += d
+        steps.append((t / 1e9, float(level)))
+    return [
+        Figure("tokens_over_time", f"Output tokens/s over time ({run.label})",
+               xy_chart("", [tok], xlabel="seconds since the first send", ylabel="output tokens/s")),
+        Figure("inflight_over_time", f"Requests in flight over time ({run.label})",
+               xy_chart("", [Series("in flight", steps, "step")], xlabel="seconds since the first send", ylabel="requests in flight")),
+    ]
+
+
+def timeline(run: Run) -> Figure:
+    recs = sorted((r for r in run.records if r.send_ns is not None), key=lambda r: (r.send_ns or 0, r.index))
+    cut = len(recs) > TIMELINE_MAX
+    recs = recs[:TIMELINE_MAX]
+    lengths = [r.input_tokens or r.requested_input_tokens or 0 for r in recs]
+    lo, hi = (min(lengths), max(lengths)) if lengths else (0, 0)
+    bars = []
+    for row, (r, n) in enumerate(zip(recs, lengths, strict=True)):
+        color = color_scale((n - lo) / (hi - lo) if hi > lo else 0.5)
+        send = (r.send_ns or 0) / 1e9
+        segs = []
+        if r.intended_send_ns is not None and (r.send_ns or 0) > r.intended_send_ns:
+            segs.append((r.intended_send_ns / 1e9, send, "#bbbbbb", "queued in the client"))
+        first = r.content_ns[0] / 1e9 if r.content_ns else None
+        end = r.end_ns / 1e9 if r.end_ns is not None else None
+        if first is not None:
+            segs.append((send, first, color, "waiting for the first token (queue + prefill)"))
+            if end is not None:
+                segs.append((first, end, color + "66", "decoding"))
+        elif end is not None:
+            segs.append((send, end, "#cc3333" if not r.ok else color, "failed" if not r.ok else "no streamed token"))
+        if segs:
+            bars.append(Bar(row, segs, f"request {r.index}, {n:,} prompt tokens"))
+    legend = ('<span class="key"><i style="background:#bbbbbb"></i>queued in the client</span>'
+              f'<span class="key"><i style="background:{color_scale(0.5)}"></i>send → first token (queue + prefill), solid</span>'
+              f'<span class="key"><i style="background:{color_scale(0.5)}66"></i>decoding, faint</span>'
+              f'<span class="key"><i style="background:linear-gradient(90deg,{color_scale(0)},{color_scale(1)})"></i>'
+              f"prompt length {lo:,} → {hi:,} tokens</span>")
+    title = f"Request timeline ({run.label}{f', first {TIMELINE_MAX} of {len(run.records)}' if cut else ''})"
+    return Figure("timeline", title, timeline_chart("", bars, xlabel="seconds since the first send", legend=legend) if bars else "",
+                  "One bar per request. A long solid part under load is waiting (queueing, or a large prefill ahead of it: head-of-line blocking).")
+
+
+def client_figure(run: Run) -> Figure | None:
+    client = run.summary.get("client")
+    if not isinstance(client, dict) or not client.get("processes"):
+        return None
+    lag, cpu = [], []
+    for p in client["processes"]:
+        tl = p.get("timeline") or []
+        name = str(p.get("role") or "process")
+        lag.append(Series(f"{name}: loop lag (ms)", [(float(i), _num(v[0])) for i, v in enumerate(tl)]))
+        cpu.append(Series(f"{name}: CPU share ×100", [(float(i), _num(v[1]) * 100) for i, v in enumerate(tl)]))
+    verdict = "the client was likely the bottleneck" if client.get("bottleneck") else "the client kept up"
+    return Figure("client", f"The client watching itself: event-loop lag and CPU per second ({verdict})",
+                  xy_chart("", [*lag, *cpu], xlabel="second of the run", ylabel="ms / % of a core"),
+                  "Loop lag is how late a 50 ms timer fired: what every timestamp taken then also waited. CPU share 100 = one core busy.")
+
+
+def summary_table(runs: Sequence[Run]) -> str:
+    head = "".join(f"<th>{escape(r.label)}{' (prediction)' if r.simulated else ''}</th>" for r in runs)
+    rows = []
+    counts = [r.summary.get("counts") or {} for r in runs]
+    rows.append("<tr><td>requests completed / failed</td>" + "".join(f"<td>{c.get('completed', '?')} / {c.get('failed', '?')}</td>" for c in counts) + "</tr>")
+    rows.append("<tr><td>duration (s)</td>" + "".join(f"<td>{_num(r.summary.get('duration_s')):,.2f}</td>" for r in runs) + "</tr>")
+    for m in METRICS:
+        rows.append(f"<tr><td>{escape(m.label)} ({m.unit})</td>" + "".join(f"<td>{fmt(summary_value(r.summary, m), m.unit)}</td>" for r in runs) + "</tr>")
+    for key, label, unit in (("itl_ms", "ITL p50", "ms"), ("queue_delay_ms", "client queue delay p99", "ms")):
+        stat = "p99" if "queue" in key else "p50"
+        rows.append(f"<tr><td>{label} ({unit})</td>" + "".join(f"<td>{fmt(_dist(r, key, stat), unit)}</td>" for r in runs) + "</tr>")
+    rows.append("<tr><td>output tokens/min (TPM)</td>" + "".join(f"<td>{_num(r.summary.get('output_tpm')):,.0f}</td>" for r in runs) + "</tr>")
+    return f'<table class="summary"><tr><th>metric (unit)</th>{head}</tr>{"".join(rows)}</table>'
+
+
+def render(report: Report) -> str:
+    points = points_of(report.sources)
+    runs = [p.run for p in points]
+    figs: list[Figure] = []
+    if len(points) >= 2:
+        figs += curves(points)
+    if points:
+        figs.append(pareto(points, report.gpus))
+    focus, why = focus_run(report.sources)
+    if focus is not None:
+        figs.append(ttft_vs_input(focus))
+    figs += cdfs(runs)
+    if focus is not None:
+        figs += over_time(focus)
+        figs.append(timeline(focus))
+        client = client_figure(focus)
+        if client is not None:
+            figs.append(client)
+    report.figures = figs
+    sections = []
+    for f in figs:
+        body = f.body or '<p class="empty">nothing to draw (no such values in this run)</p>'
+        note = f'<figcaption>{escape(f.note)}</figcaption>' if f.note else ""
+        sections.append(f'<figure class="plot{"" if f.body else " empty"}" id="{f.id}"><h3>{escape(f.title)}</h3>{body}{note}</figure>')
+    warnings = [w for r in runs[:8] for w in (r.summary.get("warnings") or [])]
+    simulated = any(r.simulated for r in runs)
+    parts = [
+        f"<h1>{escape(report.title)}</h1>",
+        f'<p class="what">{len(runs)} run{"s" if len(runs) != 1 else ""} from {", ".join(escape(str(getattr(s, "path", ""))) for s in report.sources)}'
+        + (". Simulated runs: every number is a <b>prediction</b> of the simulator, not a measurement." if simulated else ".")
+        + (f" Single-run plots show {escape(why)}." if focus is not None and len(runs) > 1 else "") + "</p>",
+        "<h2>Summary</h2>", summary_table(runs[:12]),
+        *([f"<p>Table: first 12 of {len(runs)} runs.</p>"] if len(runs) > 12 else []),
+    ]
+    if report.comparison is not None:
+        parts += ["<h2>Comparison</h2>", render_html_table(report.comparison)]
+    parts += ["<h2>Plots</h2>", '<div class="plots">', *sections, "</div>"]
+    if warnings:
+        parts += ["<h2>Warnings</h2>", "<ul>" + "".join(f"<li>{escape(str(w))}</li>" for w in dict.fromkeys(warnings)) + "</ul>"]
+    if focus is not None:
+        parts += [f"<h2>Configuration ({escape(focus.label)})</h2>",
+                  f"<pre>{escape(json.dumps(focus.config, indent=2, default=str))}</pre>"]
+    return DOC.format(title=escape(report.title), style=STYLE, body="\n".join(parts))
+
+
+STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:14px;margin:0 0 6px}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(600px,1fr));gap:18px}figure.plot{margin:0;padding:10px;border:1px solid #e3e3e3;border-radius:6px;background:#fff}
+figcaption{max-width:640px;color:#555;font-size:12px;margin-top:4px}
+svg{display:block;max-width:100%;height:auto}.grid{stroke:#eee}.axis{stroke:#888}.tick{font-size:11px;fill:#555}.label{font-size:12px;fill:#333}
+.legend{font-size:12px;max-width:640px}.key{margin-right:12px;white-space:nowrap}.key i{display:inline-block;width:18px;height:10px;margin-right:4px;vertical-align:middle}
+table{border-collapse:collapse;font-variant-numeric:tabular-nums}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
+.worse{color:#b00020}.better{color:#1b7f3b}pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:480px;font-size:12px}
+.empty{color:#888}.what{color:#444}
+"""
+
+DOC = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+<title>{title}</title><style>{style}</style></head>
+<body>
+{body}
+<p class="what">Made by inferlab report: one file, nothing fetched.</p>
+</body></html>
+"""
