@@ -103,8 +103,11 @@ def _report(kw: dict[str, Any]) -> int:
             src.label = label
     title = kw["title"] or "inferlab report: " + ", ".join(labels)
     report = Report(title, sources, kw["gpus"])
-    if len(sources) >= 2 and all(isinstance(s, Run) for s in sources):
-        report.comparison = build([side_of(p, label) for p, label in zip(paths, labels, strict=True)])
+    if len(sources) >= 2:
+        try:  # runs, or sweeps of repeats of one configuration
+            report.comparison = build([side_of(p, label) for p, label in zip(paths, labels, strict=True)])
+        except UsageError:
+            report.comparison = None  # a sweep over several configurations: its curves say it
     html = render(report)
     out = Path(kw["output"])
     try:

@@ -43,10 +43,25 @@ RUNS_GROUP = "runs given"
 
 @dataclass
 class Figure:
+    """One plot as data: ``series`` on x/y axes, or ``bars`` (the request timeline);
+    ``body`` draws it (empty when there is nothing to draw)."""
+
     id: str
     title: str
-    body: str  # chart markup, or empty when there was nothing to draw
+    series: list[Series]
+    xlabel: str = ""
+    ylabel: str = ""
     note: str = ""
+    bars: list[Bar] | None = None
+    legend: str = ""  # HTML, for bars
+
+    @property
+    def body(self) -> str:
+        if self.bars is not None:
+            return timeline_chart("", self.bars, xlabel=self.xlabel, legend=self.legend) if self.bars else ""
+        if not any(s.xy for s in self.series):
+            return ""
+        return xy_chart("", self.series, xlabel=self.xlabel, ylabel=self.ylabel)
 
 
 @dataclass
@@ -131,15 +146,19 @@ def curves(points: list[Point]) -> list[Figure]:
         for xkey, xlabel, xid in (("output_token_throughput_tps", "output tokens/s", "tok"), ("request_throughput_rps", "requests/s", "req")):
             series = []
             for g, ps in groups.items():
-                ps = sorted(ps, key=lambda p: _num(p.run.summary.get(xkey)) if p.load is None else p.load)
+                # repeats of one load level: one point, their mean
+                levels: dict[object, list[Run]] = {}
+                for p in ps:
+                    levels.setdefault(p.load if p.load is not None else id(p.run), []).append(p.run)
+                order = sorted(levels.values(), key=lambda rs: statistics.fmean(_num(r.summary.get(xkey)) for r in rs))
                 for stat in ("p50", "p99"):
-                    xy = [(_num(p.run.summary.get(xkey)), _dist(p.run, latency, stat)) for p in ps]
-                    titles = [f"{p.run.label}: {fmt_tick(x)} {xlabel}, {label} {stat} {y:,.1f} ms" for p, (x, y) in zip(ps, xy, strict=True)]
+                    xy = [(statistics.fmean(_num(r.summary.get(xkey)) for r in rs), statistics.fmean(_dist(r, latency, stat) for r in rs)) for rs in order]
+                    titles = [f"{rs[0].label}{f' (mean of {len(rs)} repeats)' if len(rs) > 1 else ''}: {x:,.1f} {xlabel}, {label} {stat} {y:,.1f} ms"
+                              for rs, (x, y) in zip(order, xy, strict=True)]
                     name = f"{label} {stat}" + (f" ({g})" if len(groups) > 1 else "")
                     # runs given one by one are not a curve: points, unjoined
                     series.append(Series(name, xy, "points" if g == RUNS_GROUP else "line", titles=titles))
-            figs.append(Figure(f"{latency.split('_')[0]}_vs_{xid}", f"{label} (ms) against {xlabel}",
-                               xy_chart("", series, xlabel=xlabel, ylabel=f"{label} ms")))
+            figs.append(Figure(f"{latency.split('_')[0]}_vs_{xid}", f"{label} (ms) against {xlabel}", series, xlabel, f"{label} ms"))
     return figs
 
 
@@ -156,9 +175,9 @@ def pareto(points: list[Point], gpus: int | None) -> Figure:
         xy.append((x, y))
         titles.append(f"{p.run.label}: {x:,.0f} tok/s/GPU, {y:,.1f} tok/s/user")
     front = sorted((x, y) for x, y in xy if not any(x2 >= x and y2 >= y and (x2, y2) != (x, y) for x2, y2 in xy))
-    body = xy_chart("", [Series("runs", xy, "points", titles=titles), Series("Pareto front", front, "line", color="#D55E00")],
-                    xlabel="output tokens/s per GPU", ylabel="tokens/s per user (1000 / TPOT p50)")
-    return Figure("pareto", "Pareto front: tokens/s per user against tokens/s per GPU", body,
+    series = [Series("runs", xy, "points", titles=titles), Series("Pareto front", front, "line", color="#D55E00")]
+    return Figure("pareto", "Pareto front: tokens/s per user against tokens/s per GPU", series,
+                  "output tokens/s per GPU", "tokens/s per user (1000 / TPOT p50)",
                   "GPUs: " + "; ".join(sorted(assumed)) + ". Per user: 1000 / median TPOT, the decode speed one stream sees.")
 
 
@@ -190,8 +209,7 @@ def ttft_vs_input(run: Run) -> Figure:
                 "Under load, TTFT above the line is queueing and interference, not prefill.")
     else:
         note = "Every prompt had the same length: no line to fit (vary --input-tokens to see prefill cost)."
-    return Figure("ttft_vs_input", f"TTFT against prompt length ({run.label})",
-                  xy_chart("", series, xlabel="input tokens", ylabel="TTFT ms") if pts else "", note)
+    return Figure("ttft_vs_input", f"TTFT against prompt length ({run.label})", series, "input tokens", "TTFT ms", note)
 
 
 def cdfs(runs: Sequence[Run]) -> list[Figure]:
@@ -205,15 +223,14 @@ def cdfs(runs: Sequence[Run]) -> list[Figure]:
                 keep = [*range(0, len(xs), step), len(xs) - 1]
                 series.append(Series(run.label, [(xs[i], (i + 1) / len(xs)) for i in sorted(set(keep))], "step"))
         cut = " (first 8 runs)" if len(runs) > len(PALETTE) else ""
-        figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}",
-                           xy_chart("", series, xlabel=f"{label} ms", ylabel="share of requests") if series else ""))
+        figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}", series, f"{label} ms", "share of requests"))
     return figs
 
 
 def over_time(run: Run) -> list[Figure]:
     done = [r for r in run.records if r.send_ns is not None]
     if not done:
-        return [Figure("tokens_over_time", "Output tokens/s over time", ""), Figure("inflight_over_time", "Requests in flight over time", "")]
+        return [Figure("tokens_over_time", "Output tokens/s over time", []), Figure("inflight_over_time", "Requests in flight over time", [])]
     end = max((r.end_ns or r.send_ns or 0) for r in done)
     start = min(r.send_ns or 0 for r in done)
     width = max((end - start) / TIME_BINS, 1)
@@ -231,10 +248,9 @@ def over_time(run: Run) -> list[Figure]:
         level += d
         steps.append((t / 1e9, float(level)))
     return [
-        Figure("tokens_over_time", f"Output tokens/s over time ({run.label})",
-               xy_chart("", [tok], xlabel="seconds since the first send", ylabel="output tokens/s")),
-        Figure("inflight_over_time", f"Requests in flight over time ({run.label})",
-               xy_chart("", [Series("in flight", steps, "step")], xlabel="seconds since the first send", ylabel="requests in flight")),
+        Figure("tokens_over_time", f"Output tokens/s over time ({run.label})", [tok], "seconds since the first send", "output tokens/s"),
+        Figure("inflight_over_time", f"Requests in flight over time ({run.label})", [Series("in flight", steps, "step")],
+               "seconds since the first send", "requests in flight"),
     ]
 
 
@@ -267,8 +283,8 @@ def timeline(run: Run) -> Figure:
               f'<span class="key"><i style="background:linear-gradient(90deg,{color_scale(0)},{color_scale(1)})"></i>'
               f"prompt length {lo:,} → {hi:,} tokens</span>")
     title = f"Request timeline ({run.label}{f', first {TIMELINE_MAX} of {len(run.records)}' if cut else ''})"
-    return Figure("timeline", title, timeline_chart("", bars, xlabel="seconds since the first send", legend=legend) if bars else "",
-                  "One bar per request. A long solid part under load is waiting (queueing, or a large prefill ahead of it: head-of-line blocking).")
+    return Figure("timeline", title, [], "seconds since the first send", "request (by send time)", bars=bars, legend=legend,
+                  note="One bar per request. A long solid part under load is waiting (queueing, or a large prefill ahead of it: head-of-line blocking).")
 
 
 def client_figure(run: Run) -> Figure | None:
@@ -283,7 +299,7 @@ def client_figure(run: Run) -> Figure | None:
         cpu.append(Series(f"{name}: CPU share ×100", [(float(i), _num(v[1]) * 100) for i, v in enumerate(tl)]))
     verdict = "the client was likely the bottleneck" if client.get("bottleneck") else "the client kept up"
     return Figure("client", f"The client watching itself: event-loop lag and CPU per second ({verdict})",
-                  xy_chart("", [*lag, *cpu], xlabel="second of the run", ylabel="ms / % of a core"),
+                  [*lag, *cpu], "second of the run", "ms / % of a core",
                   "Loop lag is how late a 50 ms timer fired: what every timestamp taken then also waited. CPU share 100 = one core busy.")
 
 
