@@ -25,7 +25,6 @@ from inferlab.report.svg import (
     Bar,
     Series,
     color_scale,
-    fmt_tick,
     timeline_chart,
     xy_chart,
 )
