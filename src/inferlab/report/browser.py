@@ -130,7 +130,7 @@ async def _drive(s: _Session, uri: str, expressions: Sequence[str], shoot: Seque
     timing = await s.call("Runtime.evaluate", {"expression": "(() => { const n = performance.getEntriesByType('navigation')[0]; return n ? n.loadEventStart - n.startTime : null })()", "returnByValue": True})
     out.load_ms = timing.get("result", {}).get("value")
     for e in expressions:
-        r = await s.call("Runtime.evaluate", {"expression": e, "returnByValue": True})
+        r = await s.call("Runtime.evaluate", {"expression": e, "returnByValue": True, "awaitPromise": True})
         out.values.append(r.get("result", {}).get("value"))
     for element_id in shoot:
         box = await s.call("Runtime.evaluate", {
@@ -156,7 +156,7 @@ async def _drive(s: _Session, uri: str, expressions: Sequence[str], shoot: Seque
 
 def open_page(page: Path, expressions: Sequence[str] = (), shoot: Sequence[str] = (), *, browser: str | None = None, width: int = 1400) -> PageLoad:
     """Open ``page`` (a local file) in headless Chromium, evaluate ``expressions`` once it
-    has loaded, and photograph the elements with the ids in ``shoot``. ``UsageError``
+    has loaded (a promise is awaited), and photograph the elements with the ids in ``shoot``. ``UsageError``
     when no Chromium is found; ``InferlabError`` when it fails."""
     chosen = browser or find_browser()
     if chosen is None:

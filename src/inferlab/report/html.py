@@ -126,6 +126,17 @@ def focus_run(sources: Sequence[Run | Sweep]) -> tuple[Run | None, str]:
     return best, f"{best.label} (the sweep's highest output throughput)"
 
 
+def _short(run: Run) -> str:
+    """A point's label on a curve: its load (c=16, 4 req/s), else the run's name."""
+    load = (run.config.get("load") or {}).get("schedule") or {}
+    if load.get("kind") == "ClosedLoop" and load.get("concurrency") is not None:
+        return f"c={load['concurrency']}"
+    rate = load.get("rate_rps")
+    if load.get("kind") == "OpenLoop" and rate is not None:
+        return f"{rate:g} req/s" if isinstance(rate, (int, float)) else f"{rate} req/s"
+    return run.label
+
+
 def _num(v: Any) -> float:
     return float(v) if isinstance(v, (int, float)) else math.nan
 
@@ -156,7 +167,8 @@ def curves(points: list[Point]) -> list[Figure]:
                               for rs, (x, y) in zip(order, xy, strict=True)]
                     name = f"{label} {stat}" + (f" ({g})" if len(groups) > 1 else "")
                     # runs given one by one are not a curve: points, unjoined
-                    series.append(Series(name, xy, "points" if g == RUNS_GROUP else "line", titles=titles))
+                    labels = [_short(rs[0]) for rs in order] if stat == "p99" else []
+                    series.append(Series(name, xy, "points" if g == RUNS_GROUP else "line", titles=titles, labels=labels))
             figs.append(Figure(f"{latency.split('_')[0]}_vs_{xid}", f"{label} (ms) against {xlabel}", series, xlabel, f"{label} ms"))
     return figs
 
@@ -164,7 +176,7 @@ def curves(points: list[Point]) -> list[Figure]:
 def pareto(points: list[Point], gpus: int | None) -> Figure:
     """Tokens/s per user (1000 / median TPOT: the decode speed a user sees) against output
     tokens/s per GPU; the front joins the points no other beats on both."""
-    xy, titles, assumed = [], [], set()
+    xy, titles, labels, assumed = [], [], [], set()
     for p in points:
         n, why = gpu_count(p.run, gpus)
         assumed.add(f"{n} GPU{'s' if n > 1 else ''} ({why})")
@@ -173,8 +185,9 @@ def pareto(points: list[Point], gpus: int | None) -> Figure:
         y = 1000 / tpot if tpot > 0 else math.nan
         xy.append((x, y))
         titles.append(f"{p.run.label}: {x:,.0f} tok/s/GPU, {y:,.1f} tok/s/user")
+        labels.append(_short(p.run))
     front = sorted((x, y) for x, y in xy if not any(x2 >= x and y2 >= y and (x2, y2) != (x, y) for x2, y2 in xy))
-    series = [Series("runs", xy, "points", titles=titles), Series("Pareto front", front, "line", color="#D55E00")]
+    series = [Series("runs", xy, "points", titles=titles, labels=labels), Series("Pareto front", front, "line", color="#D55E00")]
     return Figure("pareto", "Pareto front: tokens/s per user against tokens/s per GPU", series,
                   "output tokens/s per GPU", "tokens/s per user (1000 / TPOT p50)",
                   "GPUs: " + "; ".join(sorted(assumed)) + ". Per user: 1000 / median TPOT, the decode speed one stream sees.")

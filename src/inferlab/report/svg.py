@@ -32,6 +32,7 @@ class Series:
     kind: str = "line"
     color: str | None = None
     titles: list[str] = field(default_factory=list)  # one tooltip per point (optional)
+    labels: list[str] = field(default_factory=list)  # a short text beside each point (optional)
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -154,6 +155,11 @@ def xy_chart(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str, 
             for k, (x, y) in enumerate(pts):
                 tip = escape(s.titles[k]) if k < len(s.titles) else f"{name}: {fmt_tick(x)}, {fmt_tick(y)}"
                 body.append(f'<circle class="mark" cx="{f.x(x):.1f}" cy="{f.y(y):.1f}" r="{r}" fill="{color}" fill-opacity="{0.9 if s.kind == "line" else 0.55}"><title>{tip}</title></circle>')
+                if k < len(s.labels) and s.labels[k]:
+                    right = f.x(x) > f.w - MARGIN_R - 50  # near the right edge: the text ends at the point
+                    anchor = "end" if right else "start"
+                    body.append(f'<text class="tick" x="{f.x(x) + (-5 if right else 5):.1f}" y="{f.y(y) - 5:.1f}" '
+                                f'text-anchor="{anchor}">{escape(s.labels[k])}</text>')
     legend = "".join(
         f'<span class="key"><i style="background:{s.color or PALETTE[i % len(PALETTE)]}"></i>{escape(s.name)}</span>'
         for i, s in enumerate(series)
