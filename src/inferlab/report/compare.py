@@ -122,8 +122,8 @@ def render(console: Console, c: Comparison) -> None:
         parts = [f"{name.removesuffix('_ms').upper()} p={p:.3g}" for name, p in tests.items() if p is not None]
         if parts:
             console.print(f"Mann–Whitney, {s.label} vs {base.label} per request (p < 0.05: the distribution moved): " + ", ".join(parts))
-    console.print("intervals: repeats (t over runs), else order statistics for percentiles, t over requests for means, "
-                  "batch means for throughput; see docs/report.md", style="dim")
+    console.print("95% intervals: over repeats when given, else batch means over the order requests ended "
+                  "(docs/report.md); beyond noise = the change's interval excludes 0", style="dim")
 
 
 def render_html_table(c: Comparison) -> str:

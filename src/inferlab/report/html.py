@@ -58,7 +58,7 @@ class Figure:
     def body(self) -> str:
         if self.bars is not None:
             return timeline_chart("", self.bars, xlabel=self.xlabel, legend=self.legend) if self.bars else ""
-        if not any(s.xy for s in self.series):
+        if not any(math.isfinite(x) and math.isfinite(y) for s in self.series for x, y in s.xy):
             return ""
         return xy_chart("", self.series, xlabel=self.xlabel, ylabel=self.ylabel)
 

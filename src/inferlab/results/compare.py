@@ -93,8 +93,8 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Delta:
-    """B against A for one metric. ``verdict``: "beyond noise", "within noise" or
-    "noise unknown"; ``better`` whether B is better (None when equal or unknown)."""
+    """B against A for one metric. ``verdict``: "beyond noise", "within noise", "noise
+    unknown" or "no value" (a run has none: nothing completed); ``better`` whether B is better (None when equal or unknown)."""
 
     metric: Metric
     a: Estimate
@@ -238,7 +238,7 @@ def batch_rel_half_width(records: Sequence[RequestRecord], *, tokens: bool) -> f
 
 def compare_pair(m: Metric, a: Estimate, b: Estimate) -> Delta:
     if a.value is None or b.value is None:
-        return Delta(m, a, b, None, None, None, None, "noise unknown")
+        return Delta(m, a, b, None, None, None, None, "no value")
     d = b.value - a.value
     rel = d / a.value if a.value else None
     if None in (a.lo, a.hi, b.lo, b.hi):
