@@ -46,9 +46,11 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert p.wait(timeout=120) == 0
     points = [{"dir": f"c{c}", "params": {"concurrency": c}, "repeat": 0, "status": "done",
                "headline": headline(json.loads((d / f"c{c}" / "summary.json").read_text()))} for c in levels]
+    points.append({"dir": "c64", "params": {"concurrency": 64}, "repeat": 0, "status": "skipped", "headline": None})
     (d / "sweep.json").write_text(json.dumps({
-        "format": "inferlab.sweep/1", "command": "inferlab sweep -c 1,4,16", "axes": {"concurrency": list(levels)},
-        "points": points, "groups": [{"params": {}, "stopped": None}], "goodput_search": None, "complete": True,
+        "format": "inferlab.sweep/1", "command": "inferlab sweep -c 1,4,16,64", "axes": {"concurrency": [*levels, 64]},
+        "points": points, "groups": [{"params": {}, "stopped": {"reason": "throughput rose < 5%", "at": 16, "knee": 4}}],
+        "goodput_search": None, "complete": True,
     }))
     return d
 
@@ -71,7 +73,9 @@ def test_a_sweep_report_renders_offline_with_every_plot_drawn(sweep: Path, tmp_p
     assert all(n > 0 for n in plots.values()), plots
     assert plots["timeline"] >= 48  # a bar (at least one segment) per request of the focus run
     html = out.read_text()
-    assert "prediction" in html and "highest output throughput" in html
+    assert "prediction" in html and "concurrency=4 (the sweep&#x27;s knee)" in html
+    assert "stopped at 16 (throughput rose &lt; 5%); knee 4" in html
+    assert re.search(r"<td>c64</td><td>concurrency=64</td><td>0</td><td>skipped</td>", html)
 
 
 @needs_browser
@@ -154,3 +158,24 @@ def test_the_check_sees_requests_errors_and_missing_marks(tmp_path: Path) -> Non
     assert "http://example.invalid/x.png" in load.requests
     assert any("boom" in e for e in load.console_errors)
     assert dict(load.values[0]) == {"p": 0}
+
+
+def test_repeats_of_a_load_level_are_one_point_on_the_curves(tmp_path: Path) -> None:
+    d = tmp_path / "sweep"
+    runs = [(c, seed) for c in (1, 4) for seed in (1, 2)]
+    procs = [subprocess.Popen([*SIM, "-n", "24", "-c", str(c), "--seed", str(seed), "--input-tokens", "uniform:200:800",
+                               "-o", str(d / f"c{c}s{seed}")]) for c, seed in runs]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    points = [{"dir": f"c{c}s{seed}", "params": {"concurrency": c}, "repeat": seed - 1, "status": "done", "headline": None} for c, seed in runs]
+    (d / "sweep.json").write_text(json.dumps({"format": "inferlab.sweep/1", "command": "x", "axes": {"concurrency": [1, 4]},
+                                              "points": points, "groups": [], "goodput_search": None, "complete": False}))
+    out = tmp_path / "r.html"
+    assert inferlab("report", str(d), "-o", str(out)).returncode == 0
+    html = out.read_text()
+    figure = html.split('id="ttft_vs_tok"', 1)[1].split("</figure>", 1)[0]
+    assert figure.count("<circle") == 4  # p50 and p99, one point per load level, not per repeat
+    assert figure.count("mean of 2 repeats") == 4
+    pareto = html.split('id="pareto"', 1)[1].split("</figure>", 1)[0]
+    assert pareto.count("<circle") >= 4 + 1  # every run is a point; the front has at least one
+    assert "did not finish" in html

@@ -38,6 +38,8 @@ TIMELINE_MAX = 400
 TIME_BINS = 80
 LOAD_AXES = ("concurrency", "rate", "request_rate", "max_concurrency")
 RUNS_GROUP = "runs given"
+#: The timeline's colour for time in the server's queue (when the server says).
+SERVER_QUEUE = "#e8a0a0"
 
 
 @dataclass
@@ -281,7 +283,14 @@ def timeline(run: Run) -> Figure:
             segs.append((r.intended_send_ns / 1e9, send, "#bbbbbb", "queued in the client"))
         first = r.content_ns[0] / 1e9 if r.content_ns else None
         end = r.end_ns / 1e9 if r.end_ns is not None else None
-        if first is not None:
+        scheduled = (r.server_timeline or {}).get("scheduled_ms")
+        if first is not None and isinstance(scheduled, (int, float)) and send < send + scheduled / 1e3 < first:
+            # the simulated server said when the engine took the request up
+            segs.append((send, send + scheduled / 1e3, SERVER_QUEUE, "in the server's queue (and its API front end)"))
+            segs.append((send + scheduled / 1e3, first, color, "prefill"))
+            if end is not None:
+                segs.append((first, end, color + "66", "decoding"))
+        elif first is not None:
             segs.append((send, first, color, "waiting for the first token (queue + prefill)"))
             if end is not None:
                 segs.append((first, end, color + "66", "decoding"))
@@ -289,9 +298,12 @@ def timeline(run: Run) -> Figure:
             segs.append((send, end, "#cc3333" if not r.ok else color, "failed" if not r.ok else "no streamed token"))
         if segs:
             bars.append(Bar(row, segs, f"request {r.index}, {n:,} prompt tokens"))
+    split = any(isinstance((r.server_timeline or {}).get("scheduled_ms"), (int, float)) for r in recs)
     legend = ('<span class="key"><i style="background:#bbbbbb"></i>queued in the client</span>'
-              f'<span class="key"><i style="background:{color_scale(0.5)}"></i>send → first token (queue + prefill), solid</span>'
-              f'<span class="key"><i style="background:{color_scale(0.5)}66"></i>decoding, faint</span>'
+              + (f'<span class="key"><i style="background:{SERVER_QUEUE}"></i>in the server\'s queue (its own timeline)</span>'
+                 f'<span class="key"><i style="background:{color_scale(0.5)}"></i>prefill, solid</span>' if split else
+                 f'<span class="key"><i style="background:{color_scale(0.5)}"></i>send → first token (queue + prefill), solid</span>')
+              + f'<span class="key"><i style="background:{color_scale(0.5)}66"></i>decoding, faint</span>'
               f'<span class="key"><i style="background:linear-gradient(90deg,{color_scale(0)},{color_scale(1)})"></i>'
               f"prompt length {lo:,} → {hi:,} tokens</span>")
     title = f"Request timeline ({run.label}{f', first {TIMELINE_MAX} of {len(run.records)}' if cut else ''})"
@@ -330,6 +342,36 @@ def summary_table(runs: Sequence[Run]) -> str:
     return f'<table class="summary"><tr><th>metric (unit)</th>{head}</tr>{"".join(rows)}</table>'
 
 
+def sweep_section(sweep: Sweep) -> str:
+    """The sweep's index: every point with its status and headline, why each group
+    stopped, the goodput search."""
+    cols = (("output_tok_s", "out tok/s"), ("req_s", "req/s"), ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
+            ("tpot_p50_ms", "TPOT p50 ms"), ("tpot_p99_ms", "TPOT p99 ms"))
+    raw = {str(p.get("dir")): p for p in sweep.index.get("points") or [] if isinstance(p, dict)}
+    rows = []
+    for p in sweep.points:
+        h = raw.get(p.dir, {}).get("headline") or {}
+        cells = "".join(f"<td>{_num(h.get(k)):,.1f}</td>" if isinstance(h.get(k), (int, float)) else "<td>—</td>" for k, _ in cols)
+        params = escape(" ".join(f"{k}={v}" for k, v in p.params.items()))
+        rows.append(f"<tr><td>{escape(p.dir)}</td><td>{params}</td><td>{p.repeat}</td><td>{escape(p.status)}</td>{cells}</tr>")
+    head = "<tr><th>dir</th><th>parameters</th><th>repeat</th><th>status</th>" + "".join(f"<th>{label}</th>" for _, label in cols) + "</tr>"
+    notes = []
+    for g in sweep.index.get("groups") or []:
+        stopped = g.get("stopped") if isinstance(g, dict) else None
+        if isinstance(stopped, dict):
+            params = " ".join(f"{k}={v}" for k, v in (g.get("params") or {}).items()) or "the load axis"
+            notes.append(f"{params}: stopped at {stopped.get('at')} ({stopped.get('reason')}); knee {stopped.get('knee')}")
+    if sweep.index.get("complete") is False:
+        notes.append("the sweep did not finish (interrupted): the points above are those it ran")
+    search = sweep.index.get("goodput_search")
+    out = [f"<h2>Sweep: {escape(str(sweep.path))}</h2>", f'<table class="sweep">{head}{"".join(rows)}</table>']
+    if notes:
+        out.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
+    if search:
+        out.append(f"<details open><summary>goodput search</summary><pre>{escape(json.dumps(search, indent=2, default=str))}</pre></details>")
+    return "".join(out)
+
+
 def render(report: Report) -> str:
     points = points_of(report.sources)
     runs = [p.run for p in points]
@@ -364,6 +406,9 @@ def render(report: Report) -> str:
         "<h2>Summary</h2>", summary_table(runs[:12]),
         *([f"<p>Table: first 12 of {len(runs)} runs.</p>"] if len(runs) > 12 else []),
     ]
+    for src in report.sources:
+        if isinstance(src, Sweep):
+            parts.append(sweep_section(src))
     if report.comparison is not None:
         parts += ["<h2>Comparison</h2>", render_html_table(report.comparison)]
     parts += ["<h2>Plots</h2>", '<div class="plots">', *sections, "</div>"]
