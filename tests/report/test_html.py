@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from inferlab.report.browser import find_browser, open_page
-from inferlab.report.html import fit_line
+from inferlab.report.html import fit_line, gpu_count, pareto_front
 from inferlab.results.history import headline
+from inferlab.results.sources import Run
 
 SIM = [sys.executable, "-m", "inferlab", "sim", "run", "--no-history", "--output-tokens", "32"]
 #: Every plot a sweep's report has (the client plot needs a run against a server).
@@ -179,3 +180,14 @@ def test_repeats_of_a_load_level_are_one_point_on_the_curves(tmp_path: Path) -> 
     pareto = html.split('id="pareto"', 1)[1].split("</figure>", 1)[0]
     assert pareto.count("<circle") >= 4 + 1  # every run is a point; the front has at least one
     assert "did not finish" in html
+
+
+def test_pareto_front_and_gpus() -> None:
+    pts = [(1.0, 10.0), (2.0, 8.0), (1.5, 7.0), (3.0, 1.0), (0.5, 11.0), (float("nan"), 99.0)]
+    assert pareto_front(pts) == [(0.5, 11.0), (1.0, 10.0), (2.0, 8.0), (3.0, 1.0)]  # (1.5, 7) is beaten by (2, 8)
+    sim = Run(Path("x"), {}, [], {"command": "sim run", "engine": {"tensor_parallel_size": 4}})
+    served = Run(Path("y"), {}, [], {"command": "bench", "resolved": {"engine": {"tensor_parallel_size": 2, "data_parallel_size": 2}}})
+    other = Run(Path("z"), {}, [], {"command": "bench", "resolved": {"engine": None}})
+    assert gpu_count(sim, None)[0] == 4 and gpu_count(served, None)[0] == 4
+    assert gpu_count(other, None) == (1, "assumed 1 (the run does not say; give --gpus N)")
+    assert gpu_count(other, 8) == (8, "--gpus")

@@ -404,9 +404,9 @@ def history_options() -> list[Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def record_in_history(summary: dict[str, Any], path: str | None, kw: dict[str, Any]) -> int | None:
-    """Record a finished run in the history the flags choose; its id (said on stderr), or
-    None when the history is off. A history that cannot be written is a warning, not a
-    failed run: the run's own files are what matters."""
+    """Record a finished run in the history the flags choose, quietly (``inferlab runs``
+    lists the ids); its id, or None when the history is off. A history that cannot be
+    written is a warning, not a failed run: the run's own files are what matters."""
     where = history_path(kw.get("history"), disabled=bool(kw.get("no_history")))
     if where is None:
         return None
@@ -415,7 +415,6 @@ def record_in_history(summary: dict[str, Any], path: str | None, kw: dict[str, A
     except UsageError as e:
         click.echo(f"inferlab: warning: not recorded in the history: {e}", err=True)
         return None
-    click.echo(f"inferlab: history: run {run_id} ({where})", err=True)
     return run_id
 
 

@@ -176,23 +176,30 @@ def curves(points: list[Point]) -> list[Figure]:
 
 
 def pareto(points: list[Point], gpus: int | None) -> Figure:
-    """Tokens/s per user (1000 / median TPOT: the decode speed a user sees) against output
-    tokens/s per GPU; the front joins the points no other beats on both."""
+    """Output tokens/s per GPU (y) against tokens/s per user (x; 1000 / median TPOT: the
+    decode speed one stream sees), as vLLM's ``plot_pareto`` and InferenceMAX draw it;
+    the front joins the points no other beats on both."""
     xy, titles, labels, assumed = [], [], [], set()
     for p in points:
         n, why = gpu_count(p.run, gpus)
         assumed.add(f"{n} GPU{'s' if n > 1 else ''} ({why})")
         tpot = _dist(p.run, "tpot_ms", "p50")
-        x = _num(p.run.summary.get("output_token_throughput_tps")) / n
-        y = 1000 / tpot if tpot > 0 else math.nan
+        y = _num(p.run.summary.get("output_token_throughput_tps")) / n
+        x = 1000 / tpot if tpot > 0 else math.nan
         xy.append((x, y))
-        titles.append(f"{p.run.label}: {x:,.0f} tok/s/GPU, {y:,.1f} tok/s/user")
+        titles.append(f"{p.run.label}: {x:,.1f} tok/s/user, {y:,.0f} tok/s/GPU")
         labels.append(_short(p.run))
-    front = sorted((x, y) for x, y in xy if not any(x2 >= x and y2 >= y and (x2, y2) != (x, y) for x2, y2 in xy))
+    front = pareto_front(xy)
     series = [Series("runs", xy, "points", titles=titles, labels=labels), Series("Pareto front", front, "line", color="#D55E00")]
-    return Figure("pareto", "Pareto front: tokens/s per user against tokens/s per GPU", series,
-                  "output tokens/s per GPU", "tokens/s per user (1000 / TPOT p50)",
+    return Figure("pareto", "Pareto front: tokens/s per GPU against tokens/s per user", series,
+                  "tokens/s per user (1000 / TPOT p50)", "output tokens/s per GPU",
                   "GPUs: " + "; ".join(sorted(assumed)) + ". Per user: 1000 / median TPOT, the decode speed one stream sees.")
+
+
+def pareto_front(xy: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both coordinates (higher is better), by x."""
+    pts = [(x, y) for x, y in xy if math.isfinite(x) and math.isfinite(y)]
+    return sorted({(x, y) for x, y in pts if not any(x2 >= x and y2 >= y and (x2, y2) != (x, y) for x2, y2 in pts)})
 
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | None:

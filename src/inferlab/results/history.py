@@ -314,13 +314,16 @@ def record_run(summary: Mapping[str, Any], path: str | os.PathLike[str] | None, 
         return h.add(run_row(summary, path))
 
 
-def record_sweep(path: str | os.PathLike[str], history: str | os.PathLike[str] | None = None) -> int | None:
+def record_sweep(path: str | os.PathLike[str], history: str | os.PathLike[str] | None = None, *, disabled: bool = False) -> int | None:
     """Record a sweep directory (its ``sweep.json``) in the history: one row of kind
     ``sweep`` whose headline is the point with the highest output throughput, model and
-    target from that point's summary. ``history`` defaults to ``history_path()`` (the
-    environment, else the user's data directory); returns the row id, or None when the
-    history is off. For the sweep command to call once its index is final."""
-    target_file: str | os.PathLike[str] | None = history if history is not None else history_path()
+    target from that point's summary. Where, as for a run: ``history`` (``--history``),
+    else ``$INFERLAB_HISTORY``, else the user's data directory; nothing when
+    ``disabled`` (``--no-history``) or the variable says off. Returns the row id, or
+    None when nothing was recorded; ``UsageError`` for a sweep.json that cannot be read
+    or a history that cannot be written. For the sweep command to call once its index
+    is final: ``record_sweep(out, kw["history"], disabled=kw["no_history"])``."""
+    target_file = history_path(None if history is None else os.fspath(history), disabled=disabled)
     if target_file is None:
         return None
     sweep_dir = Path(path)
