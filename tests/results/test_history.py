@@ -197,3 +197,22 @@ def test_a_history_that_cannot_be_written_is_a_warning_not_a_failed_run(tmp_path
     p = sim(tmp_path, "a")
     assert p.returncode == 0, p.stderr
     assert "warning: not recorded in the history" in p.stderr and (tmp_path / "a" / "summary.json").exists()
+
+
+def test_a_tune_is_recorded_as_a_sweep_and_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hist = tmp_path / "h.sqlite"
+    monkeypatch.setenv("INFERLAB_HISTORY", str(hist))
+    out = tmp_path / "tune"
+    p = subprocess.run([sys.executable, "-m", "inferlab", "tune", "--param", "max-num-seqs=8,64", "-n", "16", "-c", "8",
+                        "--input-tokens", "200", "--output-tokens", "8", "--slo-ttft-ms", "500", "-o", str(out)], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    with History(hist) as h:
+        (entry,) = h.find()
+    assert entry.kind == "sweep" and entry.command == "tune" and entry.path == str(out.resolve())
+    r = subprocess.run([sys.executable, "-m", "inferlab", "report", str(entry.id), "-o", str(tmp_path / "r.html")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "the tune&#x27;s best" in (tmp_path / "r.html").read_text()
+    p = subprocess.run([sys.executable, "-m", "inferlab", "tune", "--param", "max-num-seqs=8,64", "-n", "4", "--slo-ttft-ms", "500", "--history", str(hist)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--out" in p.stderr

@@ -28,7 +28,7 @@ from inferlab.openai.request import check_extra_body
 from inferlab.report.console import TABLE_PERCENTILES
 from inferlab.results.export import VLLM_PERCENTILES, run_source, vllm_result, vllm_result_filename
 from inferlab.results.history import ENV as HISTORY_ENV
-from inferlab.results.history import history_path, record_run
+from inferlab.results.history import history_path, record_run, record_sweep
 from inferlab.results.metrics import SLO, extra_percentiles, percentile_key
 from inferlab.results.runfiles import dumps, write_summary
 from inferlab.results.summary import with_percentiles
@@ -444,6 +444,17 @@ def record_in_history(summary: dict[str, Any], path: str | None, kw: dict[str, A
         click.echo(f"inferlab: warning: not recorded in the history: {e}", err=True)
         return None
     return run_id
+
+
+def record_sweep_in_history(path: str, kw: dict[str, Any]) -> int | None:
+    """Record a sweep directory (its final sweep.json) in the history the flags choose
+    (``--history``/``--no-history``), quietly; a history that cannot be written is a
+    warning. The row id, or None."""
+    try:
+        return record_sweep(path, kw.get("history"), disabled=bool(kw.get("no_history")))
+    except UsageError as e:
+        click.echo(f"inferlab: warning: not recorded in the history: {e}", err=True)
+        return None
 
 
 def finish_run(result: RunResult, kw: dict[str, Any]) -> RunResult:

@@ -22,6 +22,7 @@ from inferlab.cli.common import (
     install_stop_signals,
     load_config,
     load_options,
+    record_sweep_in_history,
     run_guarded,
     slo_config,
     workload_config,
@@ -109,6 +110,8 @@ def _tune(kw: dict[str, Any]) -> int:
         _axes(kw["params"], kw), kw["search"], kw["objective"], kw["slo_share"], kw["max_trials"], kw["abort_hopeless"]
     )
     out = kw["out"]
+    if kw.get("history") and not out:
+        raise UsageError("--history records the tune's sweep.json in the history: give --out too")
     if out and os.path.exists(os.path.join(out, "sweep.json")) and not kw["overwrite"]:
         raise UsageError(f"{out} holds a sweep or tune already (sweep.json); give another --out, or --overwrite")
     run_config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), None, kw["overwrite"])
@@ -130,6 +133,8 @@ def _tune(kw: dict[str, Any]) -> int:
         return await tuner.search()
 
     result = asyncio.run(main_async())
+    if out:
+        record_sweep_in_history(out, kw)
     if kw["as_json"]:
         click.echo(json.dumps(_result_json(result, config), indent=2, allow_nan=False, default=lambda v: getattr(v, "value", str(v))))
     else:

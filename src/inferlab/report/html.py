@@ -124,6 +124,11 @@ def focus_run(sources: Sequence[Run | Sweep]) -> tuple[Run | None, str]:
             for p in src.points:
                 if p.run is not None and (p.dir == knee or p.params == knee or p.params.get("concurrency") == knee or p.params.get("rate") == knee):
                     return p.run, f"{p.run.label} (the sweep's knee)"
+    tuned = (src.index.get("tune") or {}).get("best") if isinstance(src.index.get("tune"), dict) else None
+    if isinstance(tuned, dict):
+        for p in src.points:
+            if p.run is not None and p.params == tuned.get("params"):
+                return p.run, f"{p.run.label} (the tune's best)"
     best = max(runs, key=lambda r: _num(r.summary.get("output_token_throughput_tps")))
     return best, f"{best.label} (the sweep's highest output throughput)"
 
@@ -137,6 +142,13 @@ def _short(run: Run) -> str:
     if load.get("kind") == "OpenLoop" and rate is not None:
         return f"{rate:g} req/s" if isinstance(rate, (int, float)) else f"{rate} req/s"
     return run.label
+
+
+def _values(run: Run) -> str:
+    """A short name for a run among others: a sweep point's values (32/2048), else its label."""
+    if "=" not in run.label:
+        return run.label
+    return "/".join(part.split("=", 1)[1] for part in run.label.split(" #")[0].split())
 
 
 def _num(v: Any) -> float:
@@ -153,6 +165,8 @@ def curves(points: list[Point]) -> list[Figure]:
     groups: dict[str, list[Point]] = {}
     for p in points:
         groups.setdefault(p.group, []).append(p)
+    if len(groups) > 1 and all(len({q.load for q in ps}) == 1 for ps in groups.values()):
+        groups = {RUNS_GROUP: points}  # no load axis (a tune over engine flags): points, unjoined
     figs = []
     for latency, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
         for xkey, xlabel, xid in (("output_token_throughput_tps", "output tokens/s", "tok"), ("request_throughput_rps", "requests/s", "req")):
@@ -169,7 +183,9 @@ def curves(points: list[Point]) -> list[Figure]:
                               for rs, (x, y) in zip(order, xy, strict=True)]
                     name = f"{label} {stat}" + (f" ({g})" if len(groups) > 1 else "")
                     # runs given one by one are not a curve: points, unjoined
-                    labels = [_short(rs[0]) for rs in order] if stat == "p99" else []
+                    # runs given one by one: their names while few enough to read (else in the tooltips)
+                    labels = ([_short(rs[0]) for rs in order] if g != RUNS_GROUP else
+                              [_values(rs[0]) for rs in order] if len(order) <= 6 else []) if stat == "p99" else []
                     series.append(Series(name, xy, "points" if g == RUNS_GROUP else "line", titles=titles, labels=labels))
             figs.append(Figure(f"{latency.split('_')[0]}_vs_{xid}", f"{label} (ms) against {xlabel}", series, xlabel, f"{label} ms"))
     return figs
@@ -370,12 +386,14 @@ def sweep_section(sweep: Sweep) -> str:
             notes.append(f"{params}: stopped at {stopped.get('at')} ({stopped.get('reason')}); knee {stopped.get('knee')}")
     if sweep.index.get("complete") is False:
         notes.append("the sweep did not finish (interrupted): the points above are those it ran")
-    search = sweep.index.get("goodput_search")
-    out = [f"<h2>Sweep: {escape(str(sweep.path))}</h2>", f'<table class="sweep">{head}{"".join(rows)}</table>']
+    out = [f"<h2>Sweep: {escape(str(sweep.path))} ({escape(str(sweep.index.get('command') or 'sweep'))})</h2>",
+           f'<table class="sweep">{head}{"".join(rows)}</table>']
     if notes:
         out.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
-    if search:
-        out.append(f"<details open><summary>goodput search</summary><pre>{escape(json.dumps(search, indent=2, default=str))}</pre></details>")
+    for key, label in (("goodput_search", "goodput search"), ("tune", "tune")):
+        block = sweep.index.get(key)
+        if block:
+            out.append(f"<details open><summary>{label}</summary><pre>{escape(json.dumps(block, indent=2, default=str))}</pre></details>")
     return "".join(out)
 
 

@@ -95,13 +95,14 @@ def load_sweep(path: str | os.PathLike[str]) -> Sweep:
         raise UsageError(f"{d / 'sweep.json'}: format {index.get('format')!r}, expected {SWEEP_FORMAT!r}")
     sweep = Sweep(d, index)
     for p in index.get("points") or []:
-        if not isinstance(p, Mapping) or not isinstance(p.get("dir"), str):
-            raise UsageError(f"{d / 'sweep.json'}: a point without a dir: {p!r}")
+        if not isinstance(p, Mapping):
+            raise UsageError(f"{d / 'sweep.json'}: a point that is not an object: {p!r}")
         params = dict(p.get("params") or {})
+        where: str = p["dir"] if isinstance(p.get("dir"), str) else ""  # none: it failed before it ran
         run = None
-        if (d / p["dir"] / "requests.jsonl").exists():
-            run = load_run(d / p["dir"], label=point_label(params, int(p.get("repeat") or 0)))
-        sweep.points.append(SweepPoint(params, int(p.get("repeat") or 0), str(p.get("status") or "?"), run, p["dir"]))
+        if where and (d / where / "requests.jsonl").exists():
+            run = load_run(d / where, label=point_label(params, int(p.get("repeat") or 0)))
+        sweep.points.append(SweepPoint(params, int(p.get("repeat") or 0), str(p.get("status") or "?"), run, where))
     return sweep
 
 
