@@ -191,3 +191,21 @@ def test_pareto_front_and_gpus() -> None:
     assert gpu_count(sim, None)[0] == 4 and gpu_count(served, None)[0] == 4
     assert gpu_count(other, None) == (1, "assumed 1 (the run does not say; give --gpus N)")
     assert gpu_count(other, 8) == (8, "--gpus")
+
+
+def test_requests_in_flight_keep_their_peak_when_thinned() -> None:
+    """1,000 requests sent 0.01 s apart, each in flight for 100 s: all 1,000 in flight from
+    10 s to 100 s with no event in between. Thinned to INFLIGHT_MAX steps, the peak and
+    the quiet plateau stay."""
+    from inferlab.report.html import INFLIGHT_MAX, over_time
+    from inferlab.results.records import RequestRecord
+
+    recs = [RequestRecord(index=i, intended_send_ns=i * 10**7, send_ns=i * 10**7, ttfb_ns=i * 10**7 + 10**6,
+                          content_ns=[i * 10**7 + 10**6], end_ns=i * 10**7 + 10**11, output_tokens=1) for i in range(1000)]
+    run = Run(Path("r"), {}, recs, {})
+    inflight = next(f for f in over_time(run) if f.id == "inflight_over_time")
+    (series,) = inflight.series
+    levels = [y for _, y in series.xy]
+    assert len(levels) <= INFLIGHT_MAX and max(levels) == 1000
+    plateau = [y for x, y in series.xy if 20 < x < 90]
+    assert plateau and min(plateau) == 1000  # slices without an event keep the level

@@ -34,6 +34,10 @@ from inferlab.results.sources import Run, Sweep
 
 #: Most requests the timeline draws (the first ones sent); the heading says when cut.
 TIMELINE_MAX = 400
+#: Most points the TTFT-against-prompt-length scatter draws (the fit uses all).
+SCATTER_MAX = 2000
+#: Most steps the requests-in-flight line draws.
+INFLIGHT_MAX = 800
 #: Points in a time series.
 TIME_BINS = 80
 LOAD_AXES = ("concurrency", "rate", "request_rate", "max_concurrency")
@@ -235,8 +239,9 @@ def ttft_vs_input(run: Run) -> Figure:
         if r.ok and m.ttft_ms is not None and r.input_tokens is not None:
             pts.append((float(r.input_tokens), m.ttft_ms))
     note = ""
-    series = [Series("requests", pts, "points")]
-    fit = fit_line([x for x, _ in pts], [y for _, y in pts])
+    step = -(-len(pts) // SCATTER_MAX)  # every request up to SCATTER_MAX, else every step-th
+    series = [Series("requests" if step == 1 else f"every {step}th of {len(pts):,} requests", pts[::step], "points")]
+    fit = fit_line([x for x, _ in pts], [y for _, y in pts])  # over all of them
     if fit is not None:
         a, b = fit
         lo, hi = min(x for x, _ in pts), max(x for x, _ in pts)
@@ -281,9 +286,23 @@ def over_time(run: Run) -> list[Figure]:
     tok = Series("output tokens/s", [(x, v / (width / 1e9)) for x, v in zip(xs, tokens, strict=True)], "path")
     events = sorted([(r.send_ns or 0, 1) for r in done] + [(r.end_ns, -1) for r in done if r.end_ns is not None])
     level, steps = 0, [(start / 1e9, 0.0)]
-    for t, d in events:
-        level += d
-        steps.append((t / 1e9, float(level)))
+    if len(events) <= INFLIGHT_MAX:  # every change
+        for t, d in events:
+            level += d
+            steps.append((t / 1e9, float(level)))
+    else:  # the most in flight in each of INFLIGHT_MAX / 2 slices (a peak is never hidden)
+        slices = INFLIGHT_MAX // 2
+        slice_ns = max((end - start) / slices, 1)
+        peaks = [0] * slices  # each slice starts at the level the one before ended with
+        k_now = 0
+        for t, d in events:
+            k = min(int((t - start) / slice_ns), slices - 1)
+            while k_now < k:
+                k_now += 1
+                peaks[k_now] = level
+            level += d
+            peaks[k] = max(peaks[k], level)
+        steps = [((start + k * slice_ns) / 1e9, float(v)) for k, v in enumerate(peaks)]
     return [
         Figure("tokens_over_time", f"Output tokens/s over time ({run.label})", [tok], "seconds since the first send", "output tokens/s"),
         Figure("inflight_over_time", f"Requests in flight over time ({run.label})", [Series("in flight", steps, "step")],
@@ -448,7 +467,7 @@ def render(report: Report) -> str:
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:14px;margin:0 0 6px}
-.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(600px,1fr));gap:18px}figure.plot{margin:0;padding:10px;border:1px solid #e3e3e3;border-radius:6px;background:#fff}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(600px,1fr));gap:18px;align-items:start}figure.plot{margin:0;padding:10px;border:1px solid #e3e3e3;border-radius:6px;background:#fff}
 figcaption{max-width:640px;color:#555;font-size:12px;margin-top:4px}
 svg{display:block;max-width:100%;height:auto}.grid{stroke:#eee}.axis{stroke:#888}.tick{font-size:11px;fill:#555}.label{font-size:12px;fill:#333}
 .legend{font-size:12px;max-width:640px}.key{margin-right:12px;white-space:nowrap}.key i{display:inline-block;width:18px;height:10px;margin-right:4px;vertical-align:middle}
