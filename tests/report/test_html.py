@@ -209,3 +209,26 @@ def test_requests_in_flight_keep_their_peak_when_thinned() -> None:
     assert len(levels) <= INFLIGHT_MAX and max(levels) == 1000
     plateau = [y for x, y in series.xy if 20 < x < 90]
     assert plateau and min(plateau) == 1000  # slices without an event keep the level
+
+
+def test_a_goodput_search_focuses_on_the_highest_rate_meeting_the_slos(tmp_path: Path) -> None:
+    """sweep.json as `inferlab sweep --find-max-rate` writes it: load_axis rate, the
+    probes under goodput_search."""
+    d = tmp_path / "search"
+    rates = (2.0, 8.0, 5.5)
+    procs = [subprocess.Popen([*SIM, "-n", "30", "--rate", str(r), "--input-tokens", "300", "-o", str(d / f"r{r}")]) for r in rates]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    probes = [{"rate": r, "share": 1.0 if r < 6 else 0.5, "meets": r < 6, "dir": f"r{r}"} for r in rates]
+    search = {"slo": {"ttft_ms": 100.0}, "share": 0.9, "groups": [{"params": {}, "max_rate": 5.5, "fails_at": 8.0, "note": None, "probes": probes}]}
+    points = [{"dir": f"r{r}", "params": {"rate": r}, "repeat": 0, "status": "done", "headline": None} for r in rates]
+    (d / "sweep.json").write_text(json.dumps({"format": "inferlab.sweep/1", "command": "x", "axes": {"rate": [2.0]}, "load_axis": "rate",
+                                              "points": points, "groups": [{"params": {}, "load_axis": "rate", "stopped": None}],
+                                              "goodput_search": search, "complete": True}))
+    out = tmp_path / "r.html"
+    p = inferlab("report", str(d), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    html = out.read_text()
+    assert "Single-run plots show rate=5.5 (the highest rate meeting the SLOs)" in html
+    assert "the highest rate meeting the SLOs 5.5 req/s (fails at 8 req/s), 3 probes" in html
+    assert "TTFT against prompt length (rate=5.5)" in html

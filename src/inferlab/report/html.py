@@ -103,11 +103,12 @@ def points_of(sources: Sequence[Run | Sweep]) -> list[Point]:
     out = []
     for src in sources:
         if isinstance(src, Sweep):
+            axes = (src.index["load_axis"],) if isinstance(src.index.get("load_axis"), str) else LOAD_AXES
             for p in src.points:
-                if p.run is None or p.status not in ("done", "stopped"):
+                if p.run is None or p.status != "done":  # (a stopped point was cut short)
                     continue
-                load = next((p.params[k] for k in LOAD_AXES if isinstance(p.params.get(k), (int, float))), None)
-                group = " ".join(f"{k}={v}" for k, v in p.params.items() if k not in LOAD_AXES) or src.path.name
+                load = next((p.params[k] for k in axes if isinstance(p.params.get(k), (int, float))), None)
+                group = " ".join(f"{k}={v}" for k, v in p.params.items() if k not in axes) or src.path.name
                 out.append(Point(p.run, group, float(load) if load is not None else None))
         else:
             out.append(Point(src, RUNS_GROUP, None))
@@ -124,10 +125,21 @@ def focus_run(sources: Sequence[Run | Sweep]) -> tuple[Run | None, str]:
         return None, ""
     for g in src.index.get("groups") or []:
         knee = (g.get("stopped") or {}).get("knee") if isinstance(g, dict) else None
-        if knee is not None:
-            for p in src.points:
-                if p.run is not None and (p.dir == knee or p.params == knee or p.params.get("concurrency") == knee or p.params.get("rate") == knee):
-                    return p.run, f"{p.run.label} (the sweep's knee)"
+        if knee is None:
+            continue
+        axis = g.get("load_axis") or src.index.get("load_axis")
+        fixed = g.get("params") or {}
+        for p in src.points:
+            if p.run is None or p.status != "done" or any(p.params.get(k) != v for k, v in fixed.items()):
+                continue
+            if p.dir == knee or (axis is not None and p.params.get(axis) == knee) or (axis is None and knee in p.params.values()):
+                return p.run, f"{p.run.label} (the sweep's knee)"
+    search = src.index.get("goodput_search")
+    for g in (search.get("groups") or []) if isinstance(search, dict) else []:
+        best_dir = next((pr.get("dir") for pr in g.get("probes") or [] if pr.get("meets") and pr.get("rate") == g.get("max_rate")), None)
+        for p in src.points:
+            if p.run is not None and best_dir and p.dir == best_dir:
+                return p.run, f"{p.run.label} (the highest rate meeting the SLOs)"
     tuned = (src.index.get("tune") or {}).get("best") if isinstance(src.index.get("tune"), dict) else None
     if isinstance(tuned, dict):
         for p in src.points:
@@ -144,7 +156,7 @@ def _short(run: Run) -> str:
         return f"c={load['concurrency']}"
     rate = load.get("rate_rps")
     if load.get("kind") == "OpenLoop" and rate is not None:
-        return f"{rate:g} req/s" if isinstance(rate, (int, float)) else f"{rate} req/s"
+        return f"{rate:.3g} req/s" if isinstance(rate, (int, float)) else f"{rate} req/s"
     return run.label
 
 
@@ -395,7 +407,9 @@ def sweep_section(sweep: Sweep) -> str:
         h = raw.get(p.dir, {}).get("headline") or {}
         cells = "".join(f"<td>{_num(h.get(k)):,.1f}</td>" if isinstance(h.get(k), (int, float)) else "<td>—</td>" for k, _ in cols)
         params = escape(" ".join(f"{k}={v}" for k, v in p.params.items()))
-        rows.append(f"<tr><td>{escape(p.dir)}</td><td>{params}</td><td>{p.repeat}</td><td>{escape(p.status)}</td>{cells}</tr>")
+        reason = raw.get(p.dir, {}).get("reason") if p.dir else None
+        status = f"{p.status} ({reason})" if reason else p.status
+        rows.append(f"<tr><td>{escape(p.dir or '—')}</td><td>{params}</td><td>{p.repeat}</td><td>{escape(status)}</td>{cells}</tr>")
     head = "<tr><th>dir</th><th>parameters</th><th>repeat</th><th>status</th>" + "".join(f"<th>{label}</th>" for _, label in cols) + "</tr>"
     notes = []
     for g in sweep.index.get("groups") or []:
@@ -403,6 +417,14 @@ def sweep_section(sweep: Sweep) -> str:
         if isinstance(stopped, dict):
             params = " ".join(f"{k}={v}" for k, v in (g.get("params") or {}).items()) or "the load axis"
             notes.append(f"{params}: stopped at {stopped.get('at')} ({stopped.get('reason')}); knee {stopped.get('knee')}")
+    search = sweep.index.get("goodput_search")
+    for g in (search.get("groups") or []) if isinstance(search, dict) else []:
+        params = " ".join(f"{k}={v}" for k, v in (g.get("params") or {}).items()) or "goodput search"
+        found = g.get("max_rate")
+        notes.append(f"{params}: the highest rate meeting the SLOs "
+                     + (f"{found:.3g} req/s" if isinstance(found, (int, float)) else "not found")
+                     + (f" (fails at {g['fails_at']:.3g} req/s)" if isinstance(g.get("fails_at"), (int, float)) else "")
+                     + f", {len(g.get('probes') or [])} probes" + (f"; {g['note']}" if g.get("note") else ""))
     if sweep.index.get("complete") is False:
         notes.append("the sweep did not finish (interrupted): the points above are those it ran")
     out = [f"<h2>Sweep: {escape(str(sweep.path))} ({escape(str(sweep.index.get('command') or 'sweep'))})</h2>",

@@ -115,7 +115,7 @@ def load(path: str | os.PathLike[str]) -> Run | Sweep:
 
 
 def point_label(params: Mapping[str, Any], repeat: int = 0) -> str:
-    text = " ".join(f"{k}={v}" for k, v in params.items()) or "point"
+    text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "point"
     return f"{text} #{repeat}" if repeat else text
 
 
