@@ -17,6 +17,7 @@ from rich.console import Console
 
 from inferlab._clock import WallClock
 from inferlab._errors import RunFailedError, UsageError
+from inferlab.cli.calibrate import calibrate_cmd
 from inferlab.cli.common import (
     entry,
     extra_body_option,
@@ -163,6 +164,7 @@ def _render(out: Console, summary: Summary, kw: dict[str, Any], config: BenchCon
 
 
 
+sim.add_command(calibrate_cmd)
 main.add_command(sim)
 main.add_command(export)
 main.add_command(tokens)
