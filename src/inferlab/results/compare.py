@@ -6,15 +6,17 @@ Every value comes with a 95 % confidence interval, from what the runs hold:
 - **repeats** (several runs of one configuration, a sweep point run ``--repeats N``):
   the mean over the repeats ± t·s/√n (Student's t, n − 1 degrees of freedom);
 - **one run**: *batch means*. The completed requests, in the order they ended, are cut
-  into up to 10 batches of at least 10; the metric is computed on each batch (a
-  percentile, a mean, or a throughput: the batch's tokens over the time since the
-  previous batch ended), and the interval is ± t·s/√k over the k batches. Requests
-  next to each other share the server's state (a batch, a queue) and are not
-  independent, which per-request statistics would ignore; batches are nearly so.
-  A percentile's interval is widened, where wider, to the distribution-free interval of
-  a quantile from order statistics (ranks n·q ∓ 1.96·√(n·q·(1−q))), a mean's to
-  ± t·s/√n over the requests. With fewer than 3 batches (under 30 requests) the noise
-  of a single run is unknown.
+  into up to 10 batches of at least 10 (for a percentile q, at least 10/(1−q): p99
+  needs 1,000 a batch); the metric is computed on each batch (a percentile, a mean, or
+  a throughput: the batch's tokens over the time since the previous batch ended), and
+  the interval is ± t·s/√k over the k batches (at least 3). Requests next to each
+  other share the server's state (a batch, a queue) and are not independent, which
+  per-request statistics would ignore; batches are nearly so. A percentile's interval
+  is widened, where wider, to the distribution-free interval of a quantile from order
+  statistics (ranks n·q ∓ 1.96·√(n·q·(1−q))); a side whose rank falls outside the data
+  is unbounded (p99 of under ~300 requests cannot be bounded above), so no change there
+  is beyond noise. A mean's interval is widened to ± t·s/√n over the requests. Without
+  3 batches a throughput's noise is unknown.
 
 The change B − A gets the interval of both errors combined (in quadrature, each side
 its own); it *exceeds noise* when that interval excludes zero. Mann–Whitney's U test on
@@ -166,28 +168,37 @@ def estimate(m: Metric, runs: Sequence[Run]) -> Estimate:
         if not halves:
             return Estimate(value, None, None, "per request")
         return Estimate(value, value - max(halves), value + max(halves), "batch means" if batch is not None else "per request")
+    if not xs:
+        return Estimate(value, None, None, "")
     lo, hi = quantile_interval(xs, float(stat[1:]) / 100)
+    # a side the data cannot bound (p99 of 200 requests: its upper rank is past the last)
+    # is unbounded: such a change is never beyond noise on that side
+    lo_f = -math.inf if lo is None else lo
+    hi_f = math.inf if hi is None else hi
     if batch is not None:  # the wider of the two on each side
-        lo = min(lo, value - batch) if lo is not None else value - batch
-        hi = max(hi, value + batch) if hi is not None else value + batch
-    return Estimate(value, lo, hi, "order statistics + batch means" if batch is not None else "order statistics")
+        lo_f, hi_f = min(lo_f, value - batch), max(hi_f, value + batch)
+    return Estimate(value, lo_f, hi_f, "order statistics + batch means" if batch is not None else "order statistics")
 
 
-def batches(records: Sequence[RequestRecord]) -> list[list[RequestRecord]]:
+def batches(records: Sequence[RequestRecord], min_batch: int = MIN_BATCH) -> list[list[RequestRecord]]:
     """The completed requests in the order they ended, cut into up to ``MAX_BATCHES``
-    batches of at least ``MIN_BATCH``: consecutive requests share the server's state
+    batches of at least ``min_batch``: consecutive requests share the server's state
     (a batch, a queue), so they are not independent, but batches far enough apart
-    nearly are (the method of batch means)."""
+    nearly are (the method of batch means). Empty with fewer than 3 batches."""
     done = sorted((r for r in records if r.ok and not r.warmup), key=lambda r: r.end_ns or 0)
-    k = min(MAX_BATCHES, len(done) // MIN_BATCH)
+    k = min(MAX_BATCHES, len(done) // min_batch)
     return [done[j * len(done) // k:(j + 1) * len(done) // k] for j in range(k)] if k >= 3 else []
 
 
 def batch_half_width(records: Sequence[RequestRecord], name: str, stat: str) -> float | None:
     """The 95 % half-width of a per-request statistic (``mean`` or ``pNN``) by batch
     means: the statistic of each batch, ± t·s/√k; None with fewer than 3 batches."""
+    # a batch must be large enough for its own percentile to mean the same thing as the
+    # run's: ten requests beyond it (p50: 20 a batch, p99: 1,000)
+    q = None if stat == "mean" else float(stat[1:]) / 100
+    min_batch = MIN_BATCH if q is None else max(MIN_BATCH, math.ceil(10 / min(q, 1 - q)))
     values = []
-    for batch in batches(records):
+    for batch in batches(records, min_batch):
         xs = sorted(v for r in batch if (v := getattr(request_metrics(r), name)) is not None)
         if xs:
             values.append(statistics.fmean(xs) if stat == "mean" else percentile(xs, float(stat[1:])))
