@@ -122,7 +122,7 @@ def render(console: Console, c: Comparison) -> None:
         parts = [f"{name.removesuffix('_ms').upper()} p={p:.3g}" for name, p in tests.items() if p is not None]
         if parts:
             console.print(f"Mann–Whitney, {s.label} vs {base.label} per request (p < 0.05: the distribution moved): " + ", ".join(parts))
-    console.print("95% intervals: over repeats when given, else batch means over the order requests ended "
+    console.print("95% intervals: over repeats when given, else batch means and a block bootstrap over the order requests ended "
                   "(docs/report.md); beyond noise = the change's interval excludes 0", style="dim")
 
 
@@ -150,4 +150,4 @@ def render_html_table(c: Comparison) -> str:
         for s, t in zip(c.sides[1:], c.tests, strict=True))
     return (f"<ul>{lines}</ul><table class=\"compare\"><tr>{head}</tr>{''.join(rows)}</table>"
             f"<ul>{tests}</ul><p class=\"what\">Each change against {escape(base.label)}; it exceeds noise when its 95% interval "
-            "excludes zero (repeats: t over runs; one run: batch means over the order requests ended).</p>")
+            "excludes zero (repeats: t over runs; one run: batch means and a block bootstrap over the order requests ended).</p>")

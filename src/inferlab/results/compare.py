@@ -15,8 +15,9 @@ Every value comes with a 95 % confidence interval, from what the runs hold:
   is widened, where wider, to the distribution-free interval of a quantile from order
   statistics (ranks n·q ∓ 1.96·√(n·q·(1−q))); a side whose rank falls outside the data
   is unbounded (p99 of under ~300 requests cannot be bounded above), so no change there
-  is beyond noise. A mean's interval is widened to ± t·s/√n over the requests. Without
-  3 batches a throughput's noise is unknown.
+  is beyond noise; and to a moving-block bootstrap (runs of √n consecutive requests),
+  so that a burst counts once. A mean's interval is widened to ± t·s/√n over the
+  requests. Without 3 batches a throughput's noise is unknown.
 
 The change B − A gets the interval of both errors combined (in quadrature, each side
 its own); it *exceeds noise* when that interval excludes zero. Mann–Whitney's U test on
@@ -27,6 +28,7 @@ whether the whole distribution moved, percentiles aside.
 from __future__ import annotations
 
 import math
+import random
 import re
 import statistics
 from collections.abc import Sequence
@@ -44,6 +46,7 @@ Z95 = 1.959963984540054
 _T95 = ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (6, 2.447), (7, 2.365), (8, 2.306),
         (9, 2.262), (10, 2.228), (12, 2.179), (15, 2.131), (20, 2.086), (30, 2.042), (60, 2.000), (120, 1.980))
 MAX_BATCHES = 10
+BOOTSTRAP_RESAMPLES = 200
 MIN_BATCH = 10
 
 
@@ -175,9 +178,39 @@ def estimate(m: Metric, runs: Sequence[Run]) -> Estimate:
     # is unbounded: such a change is never beyond noise on that side
     lo_f = -math.inf if lo is None else lo
     hi_f = math.inf if hi is None else hi
-    if batch is not None:  # the wider of the two on each side
+    if batch is not None:  # the widest of them on each side
         lo_f, hi_f = min(lo_f, value - batch), max(hi_f, value + batch)
-    return Estimate(value, lo_f, hi_f, "order statistics + batch means" if batch is not None else "order statistics")
+    boot = block_bootstrap_interval(in_end_order(run.records, m.per_request), float(stat[1:]))
+    if boot is not None:
+        lo_f, hi_f = min(lo_f, value - (boot[1] - boot[0]) / 2, boot[0]), max(hi_f, value + (boot[1] - boot[0]) / 2, boot[1])
+    return Estimate(value, lo_f, hi_f, "order statistics, batch means, block bootstrap")
+
+
+def in_end_order(records: Sequence[RequestRecord], name: str) -> list[float]:
+    """``name``'s per-request values, in the order the requests ended."""
+    done = sorted((r for r in records if r.ok and not r.warmup), key=lambda r: r.end_ns or 0)
+    return [v for r in done if (v := getattr(request_metrics(r), name)) is not None]
+
+
+def block_bootstrap_interval(xs: Sequence[float], q: float, resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
+    """The 95 % interval of the ``q``-th percentile (0–100) of ``xs`` (in the order the
+    requests ended) by the moving-block bootstrap: resamples made of runs of √n
+    consecutive values, so that bursts (requests that waited together) stay together;
+    seeded, so the same data gives the same interval. None under 30 values."""
+    n = len(xs)
+    if n < 30:
+        return None
+    block = max(5, round(math.sqrt(n)))
+    rng = random.Random(0)
+    stats = []
+    for _ in range(resamples):
+        sample: list[float] = []
+        while len(sample) < n:
+            start = rng.randrange(0, n - block + 1)
+            sample.extend(xs[start:start + block])
+        stats.append(percentile(sorted(sample[:n]), q))
+    stats.sort()
+    return stats[int(0.025 * resamples)], stats[min(resamples - 1, math.ceil(0.975 * resamples) - 1)]
 
 
 def batches(records: Sequence[RequestRecord], min_batch: int = MIN_BATCH) -> list[list[RequestRecord]]:
