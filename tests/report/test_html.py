@@ -232,3 +232,18 @@ def test_a_goodput_search_focuses_on_the_highest_rate_meeting_the_slos(tmp_path:
     assert "Single-run plots show rate=5.5 (the highest rate meeting the SLOs)" in html
     assert "the highest rate meeting the SLOs 5.5 req/s (fails at 8 req/s), 3 probes" in html
     assert "TTFT against prompt length (rate=5.5)" in html
+
+
+@needs_browser
+def test_the_report_of_an_inferlab_sweep_renders_with_every_plot_drawn(tmp_path: Path) -> None:
+    """The issue's check, end to end: `inferlab sweep` (simulator, virtual time, stops at
+    saturation by itself), then its report in Chromium."""
+    out = tmp_path / "sweep"
+    p = inferlab("sweep", "-c", "1,4,16,64", "-n", "32", "--input-tokens", "uniform:200:2000", "--output-tokens", "32", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    page = tmp_path / "report.html"
+    p = inferlab("report", str(out), "-o", str(page))
+    assert p.returncode == 0, p.stderr
+    plots = check_page(page)
+    assert set(plots) == SWEEP_PLOTS and all(n > 0 for n in plots.values()), plots
+    assert "<h2>Sweep:" in page.read_text()
