@@ -24,6 +24,7 @@ from inferlab.cli.common import (
     install_stop_signals,
     load_config,
     load_options,
+    record_sweep_in_history,
     run_guarded,
     slo_config,
     workload_config,
@@ -135,6 +136,8 @@ def _tune(kw: dict[str, Any]) -> int:
         kw["slo_share"], kw["max_trials"], kw["abort_hopeless"],
     )
     out = kw["out"]
+    if kw.get("history") and not out:
+        raise UsageError("--history records the tune's sweep.json in the history: give --out too")
     if out:
         check_sweep_dir(out, kw["overwrite"])
     run_config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), None, kw["overwrite"])
@@ -158,6 +161,8 @@ def _tune(kw: dict[str, Any]) -> int:
         return await tuner.search()
 
     result = asyncio.run(main_async())
+    if out:
+        record_sweep_in_history(out, kw)
     if kw["as_json"]:
         click.echo(json.dumps(_result_json(result, config, spec is None), indent=2, allow_nan=False, default=lambda v: getattr(v, "value", str(v))))
     else:
