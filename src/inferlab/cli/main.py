@@ -30,6 +30,7 @@ from inferlab.cli.common import (
     workload_config,
 )
 from inferlab.cli.export import export
+from inferlab.cli.gateway import gateway
 from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
 from inferlab.load.run import BenchConfig, RunResult, bench_async
@@ -148,6 +149,7 @@ def _render(out: Console, summary: Summary, kw: dict[str, Any], config: BenchCon
 main.add_command(sim)
 main.add_command(export)
 main.add_command(tokens)
+main.add_command(gateway)
 
 def run() -> None:
     """The console script."""
