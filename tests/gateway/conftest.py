@@ -11,14 +11,15 @@ from typing import Any
 
 import aiohttp
 
+from inferlab._clock import Clock
 from inferlab.gateway.app import Gateway, start
 from inferlab.gateway.config import GatewayConfig
 from inferlab.openai.sse import SSEParser
 
 
 @contextlib.asynccontextmanager
-async def serving(config: GatewayConfig) -> AsyncIterator[tuple[str, Gateway]]:
-    gw = Gateway(config)
+async def serving(config: GatewayConfig, clock: Clock | None = None) -> AsyncIterator[tuple[str, Gateway]]:
+    gw = Gateway(config, clock)
     runner, port = await start(gw, "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{port}", gw
@@ -67,3 +68,21 @@ async def post(session: aiohttp.ClientSession, url: str, body: Any, headers: dic
 def chat_body(model: str, text: str = "hello there", *, stream: bool = True, max_tokens: int = 8, **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
             "stream": stream, **extra}
+
+
+async def metrics(session: aiohttp.ClientSession, url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The gateway's /metrics as {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
