@@ -156,7 +156,7 @@ async def test_a_tpm_limit_under_64_concurrent_clients_admits_exactly_what_fits(
 
         reservation = prompt_tokens(probe, True, prompt_counter("estimate")) + 100
         cfg = config(up.url, CacheConfig(enabled=False), tpm=5 * reservation + reservation // 2)
-        async with serving(cfg) as (url, gw), aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        async with serving(cfg) as (url, _), aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
             answers = await asyncio.gather(*(post(s, url, probe, auth("alice")) for _ in range(64)))
         statuses = sorted(a.status for a in answers)
         assert statuses == [200] * 5 + [429] * 59

@@ -15,7 +15,13 @@ import pytest
 from conftest import serving
 
 from inferlab._clock import NS_PER_S, WallClock
-from inferlab.gateway.config import AdmissionConfig, AdmissionMode, CacheConfig, GatewayConfig, UpstreamConfig
+from inferlab.gateway.config import (
+    AdmissionConfig,
+    AdmissionMode,
+    CacheConfig,
+    GatewayConfig,
+    UpstreamConfig,
+)
 from inferlab.openai.sse import SSEParser
 from inferlab.sim.server.launch import ChildServer
 from inferlab.workload.prompts import words

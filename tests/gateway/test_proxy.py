@@ -12,7 +12,14 @@ import pytest
 from conftest import chat_body, post, serving
 from fakeupstream import TEXTS, USAGE, FakeUpstream
 
-from inferlab.gateway.config import AdmissionConfig, CacheConfig, GatewayConfig, KeyConfig, UpstreamConfig, hash_key
+from inferlab.gateway.config import (
+    AdmissionConfig,
+    CacheConfig,
+    GatewayConfig,
+    KeyConfig,
+    UpstreamConfig,
+    hash_key,
+)
 
 ALICE = "sk-alice-123"
 UPSTREAM_KEY = "upstream-secret-456"
@@ -179,24 +186,24 @@ async def test_models_are_merged_and_each_model_goes_only_where_it_is_served() -
 
 
 async def test_health_says_which_upstreams_answer() -> None:
-    async with FakeUpstream() as up, serving(config(up.url, "http://127.0.0.1:9")) as (url, _), aiohttp.ClientSession() as s:
-        async with s.get(url + "/health") as resp:
-            assert resp.status == 200
-            assert await resp.json() == {"upstreams": {f"127.0.0.1:{up.port}": True, "127.0.0.1:9": False}}
+    async with FakeUpstream() as up, serving(config(up.url, "http://127.0.0.1:9")) as (url, _), \
+            aiohttp.ClientSession() as s, s.get(url + "/health") as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"upstreams": {f"127.0.0.1:{up.port}": True, "127.0.0.1:9": False}}
     async with serving(config("http://127.0.0.1:9")) as (url, _), aiohttp.ClientSession() as s, s.get(url + "/health") as resp:
         assert resp.status == 503
 
 
-async def test_admission_off_and_a_full_queue_answers_503_with_retry_after() -> None:
+async def test_a_full_queue_answers_503_with_retry_after() -> None:
     adm = AdmissionConfig(mode="requests", max_requests_in_flight=1, queue_max=0)
-    async with FakeUpstream(long_chunks=50, gap_s=0.01) as up, serving(config(up.url, admission=adm)) as (url, gw):
-        async with aiohttp.ClientSession() as s:
-            first = asyncio.create_task(post(s, url, chat_body("long"), AUTH))
-            for _ in range(200):
-                if gw.admission.requests_in_flight == [1]:
-                    break
-                await asyncio.sleep(0.01)
-            second = await post(s, url, chat_body("ok"), AUTH)
-            assert second.status == 503 and second.headers["Retry-After"] == "1"
-            assert second.json()["error"]["type"] == "ServiceUnavailableError"
-            assert (await first).status == 200
+    async with FakeUpstream(long_chunks=50, gap_s=0.01) as up, serving(config(up.url, admission=adm)) as (url, gw), \
+            aiohttp.ClientSession() as s:
+        first = asyncio.create_task(post(s, url, chat_body("long"), AUTH))
+        for _ in range(200):
+            if gw.admission.requests_in_flight == [1]:
+                break
+            await asyncio.sleep(0.01)
+        second = await post(s, url, chat_body("ok"), AUTH)
+        assert second.status == 503 and second.headers["Retry-After"] == "1"
+        assert second.json()["error"]["type"] == "ServiceUnavailableError"
+        assert (await first).status == 200
