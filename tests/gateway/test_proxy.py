@@ -20,6 +20,7 @@ from inferlab.gateway.config import (
     UpstreamConfig,
     hash_key,
 )
+from inferlab.openai.sse import SSEParser
 
 ALICE = "sk-alice-123"
 UPSTREAM_KEY = "upstream-secret-456"
@@ -207,3 +208,22 @@ async def test_a_full_queue_answers_503_with_retry_after() -> None:
         assert second.status == 503 and second.headers["Retry-After"] == "1"
         assert second.json()["error"]["type"] == "ServiceUnavailableError"
         assert (await first).status == 200
+
+
+async def test_a_stream_longer_than_its_reservation_holds_more_room_until_it_ends() -> None:
+    async with FakeUpstream(long_chunks=60, gap_s=0.005) as up, serving(config(up.url)) as (url, gw), \
+            aiohttp.ClientSession() as s, s.post(url + "/v1/chat/completions", json=chat_body("long", max_tokens=5),
+                                                 headers=AUTH) as resp:
+        reserved = gw.admission.tokens_in_flight[0]
+        parser_events = 0
+        parser = SSEParser()
+        async for chunk in resp.content.iter_any():
+            parser_events += len(parser.feed(chunk))
+            if parser_events >= 30:
+                break
+        assert gw.admission.tokens_in_flight[0] >= reserved - 5 + 30
+    for _ in range(200):
+        if gw.admission.tokens_in_flight == [0]:
+            break
+        await asyncio.sleep(0.01)
+    assert gw.admission.tokens_in_flight == [0]

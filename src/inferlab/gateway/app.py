@@ -439,7 +439,8 @@ class Gateway:
                     out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
                     await out.prepare(request)
                     relay = StreamRelay(self.clock, obs, chat=req.api == "chat", drop_usage=not req.include_usage,
-                                        keep=keep, itl=m.itl.labels(*labels))
+                                        keep=keep, itl=m.itl.labels(*labels), reserved_output=req.output_tokens,
+                                        grow=lambda n: self.admission.resize(ticket, req.input_tokens + n))
                     try:
                         await relay.run(resp, out)
                     except (ConnectionError, asyncio.CancelledError):

@@ -17,6 +17,7 @@ an SSE error event and ``[DONE]``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,11 +117,13 @@ async def _error_text(resp: aiohttp.ClientResponse) -> str:
 
 class StreamRelay:
     """Relays one upstream stream to the client (module docstring). ``drop_usage``: the
-    client did not ask for the usage chunk; ``keep``: build a cache ``Entry``."""
+    client did not ask for the usage chunk; ``keep``: build a cache ``Entry``; ``itl``
+    observes each gap between content chunks; once content chunks pass
+    ``reserved_output``, ``grow`` is told their count (admission holds more room)."""
 
     def __init__(
         self, clock: Clock, observed: Observed, *, chat: bool, drop_usage: bool, keep: bool,
-        itl: Any = None,
+        itl: Any = None, reserved_output: int | None = None, grow: Callable[[int], None] | None = None,
     ) -> None:
         self.clock = clock
         self.obs = observed
@@ -128,6 +131,9 @@ class StreamRelay:
         self.drop_usage = drop_usage
         self.keep = keep
         self.itl = itl  # a histogram child (``observe(seconds)``), or None
+        # past ``reserved_output`` content arrivals, ``grow(arrivals)`` holds more room
+        self.reserved_output = reserved_output if grow is not None else None
+        self.grow = grow
         self.reader = ResponseReader([] if keep else None)
         self.parser = SSEParser()
         self.usage: dict[str, Any] = {}
@@ -195,6 +201,8 @@ class StreamRelay:
                 if content and self.itl is not None:
                     self.itl.observe((now - content[-1]) / NS_PER_S)
                 content.extend([now] * arrivals)
+                if self.reserved_output is not None and len(content) > self.reserved_output and self.grow:
+                    self.grow(len(content))
             if self.keep:
                 if self.first is None and data != "[DONE]":
                     try:
