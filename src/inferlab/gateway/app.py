@@ -337,7 +337,10 @@ class Gateway:
             entry = self.cache.get(key)
             pending = self.cache.pending(key) if entry is None else None
             if pending is not None:
-                entry = await asyncio.wait_for(asyncio.shield(pending), self.config.upstream_timeout_s)
+                try:
+                    entry = await asyncio.wait_for(asyncio.shield(pending), self.config.upstream_timeout_s)
+                except TimeoutError:
+                    entry = None  # the leader is too slow: go upstream, uncached
             if entry is not None:
                 m.cache_hits.labels(req.model, req.key_name).inc()
                 m.cache_tokens_saved.labels(req.model, req.key_name).inc(entry.answer.tokens)
