@@ -45,7 +45,7 @@ async def test_by_tokens_the_smallest_waiters_go_first_when_room_frees() -> None
     order: list[int] = []
     tasks = await waiting(a, [60, 30, 20], order)
     assert order == [] and a.queue_length == 3
-    a.release(big, first)
+    a.release(big)
     await settle()
     assert order == [20, 30]  # 60 more would be 110 > 100: it waits
     assert a.tokens_in_flight == [50]
@@ -58,7 +58,7 @@ async def test_by_requests_the_queue_is_served_in_arrival_order() -> None:
     held = await a.acquire(100, [0], first)
     order: list[int] = []
     tasks = await waiting(a, [60, 30, 20], order)
-    a.release(held, first)
+    a.release(held)
     await settle()
     assert order == [60]
     for t in tasks:
@@ -73,10 +73,10 @@ async def test_a_waiter_past_starvation_goes_first_and_room_is_held_for_it() -> 
     tasks = await waiting(a, [90], order)
     clock.advance_to_ns(2 * NS_PER_S)  # 90 has now waited 2 s
     tasks += await waiting(a, [10, 10], order)
-    a.release(held[0], first)  # 50 free: the two 10s would fit, but 90 is starving
+    a.release(held[0])  # 50 free: the two 10s would fit, but 90 is starving
     await settle()
     assert order == []
-    a.release(held[1], first)
+    a.release(held[1])
     await settle()
     assert order == [90, 10]
     for t in tasks:
@@ -89,7 +89,7 @@ async def test_a_request_over_the_whole_budget_goes_alone() -> None:
     order: list[int] = []
     tasks = await waiting(a, [500], order)
     assert order == []
-    a.release(small, first)
+    a.release(small)
     await settle()
     assert order == [500] and a.tokens_in_flight == [500]
     for t in tasks:
@@ -131,18 +131,18 @@ async def test_a_waiter_cancelled_holds_nothing_even_if_granted_as_it_left() -> 
     waiter.cancel()
     await settle()
     assert a.queue_length == 0
-    a.release(held, first)
+    a.release(held)
     assert a.tokens_in_flight == [0]
     # granted and cancelled in the same turn of the loop: the grant is given back
     held = await a.acquire(100, [0], first)
     waiter = asyncio.create_task(a.acquire(30, [0], first))
     await settle()
-    a.release(held, first)  # grants 30 to the waiter...
+    a.release(held)  # grants 30 to the waiter...
     waiter.cancel()  # ...which is cancelled before it runs
     (got,) = await asyncio.gather(waiter, return_exceptions=True)
     if isinstance(got, Ticket):  # the grant won (asyncio's wait_for returns a result it has): the caller holds it
         assert a.tokens_in_flight == [30]
-        a.release(got, first)
+        a.release(got)
     else:
         assert isinstance(got, asyncio.CancelledError)
     assert a.tokens_in_flight == [0] and a.requests_in_flight == [0]
@@ -153,6 +153,6 @@ async def test_release_is_idempotent_and_resize_moves_the_hold() -> None:
     t = await a.acquire(40, [0], first)
     a.resize(t, 70)
     assert a.tokens_in_flight == [70]
-    a.release(t, first)
-    a.release(t, first)
+    a.release(t)
+    a.release(t)
     assert a.tokens_in_flight == [0] and a.requests_in_flight == [0]

@@ -47,17 +47,18 @@ class Ticket:
     released: bool = False
 
 
+#: Picks one upstream among those with room (each index into the budgets).
+Chooser = Callable[[Sequence[int]], int]
+
+
 @dataclass
 class _Waiter:
     tokens: int
     candidates: Sequence[int]
     since_ns: int
     seq: int
+    choose: Chooser = field(repr=False)
     future: asyncio.Future[Ticket] = field(repr=False)
-
-
-#: Picks one upstream among those with room (each index into the budgets).
-Chooser = Callable[[Sequence[int]], int]
 
 
 class Admission:
@@ -105,16 +106,16 @@ class Admission:
                 return self._take(choose(room), tokens, 0)
         if len(self._waiting) >= self.queue_max:
             raise Rejected("queue_full", f"the gateway's queue is full ({self.queue_max} requests waiting)", 1.0)
-        waiter = _Waiter(tokens, candidates, now, next(self._seq), asyncio.get_running_loop().create_future())
+        waiter = _Waiter(tokens, candidates, now, next(self._seq), choose, asyncio.get_running_loop().create_future())
         self._waiting.append(waiter)
-        self._grant(choose)
+        self._grant()
         try:
             return await asyncio.wait_for(asyncio.shield(waiter.future), self.queue_timeout_s)
         except BaseException as e:  # timed out, or the caller was cancelled
             if waiter in self._waiting:
                 self._waiting.remove(waiter)
             elif waiter.future.done() and not waiter.future.cancelled():
-                self.release(waiter.future.result(), choose)  # granted just as the wait ended
+                self.release(waiter.future.result())  # granted just as the wait ended
             if isinstance(e, TimeoutError):
                 raise Rejected(
                     "queue_timeout", f"no upstream had room for this request within {self.queue_timeout_s:g} s",
@@ -131,7 +132,7 @@ class Admission:
         self.tokens_in_flight[ticket.upstream] += tokens - ticket.tokens
         ticket.tokens = tokens
 
-    def release(self, ticket: Ticket, choose: Chooser) -> None:
+    def release(self, ticket: Ticket) -> None:
         """Give ``ticket``'s room back (once; a second call does nothing), and let
         waiting requests in."""
         if ticket.released:
@@ -139,15 +140,16 @@ class Admission:
         ticket.released = True
         self.tokens_in_flight[ticket.upstream] -= ticket.tokens
         self.requests_in_flight[ticket.upstream] -= 1
-        self._grant(choose)
+        self._grant()
 
     def _take(self, upstream: int, tokens: int, queued_ns: int) -> Ticket:
         self.tokens_in_flight[upstream] += tokens
         self.requests_in_flight[upstream] += 1
         return Ticket(upstream, tokens, queued_ns)
 
-    def _grant(self, choose: Chooser) -> None:
-        """Let in every waiter that fits, in the queue's order (module docstring)."""
+    def _grant(self) -> None:
+        """Let in every waiter that fits, in the queue's order (module docstring), each
+        to the upstream its own chooser picks."""
         if not self._waiting:
             return
         now = self.clock.now_ns()
@@ -168,5 +170,5 @@ class Admission:
                     return
                 continue
             self._waiting.remove(w)
-            w.future.set_result(self._take(choose(room), w.tokens, now - w.since_ns))
+            w.future.set_result(self._take(w.choose(room), w.tokens, now - w.since_ns))
 

@@ -37,7 +37,7 @@ from inferlab.gateway.estimate import prompt_counter, prompt_tokens
 from inferlab.gateway.metrics import GatewayMetrics
 from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
 from inferlab.gateway.relay import Failure, Observed, StreamRelay, read_body, send
-from inferlab.gateway.routing import Health, LeastOutstanding
+from inferlab.gateway.routing import Health, ids_prefix, make_router, text_prefix
 from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
     PATHS,
@@ -50,6 +50,7 @@ from inferlab.openai.request import (
 )
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import RunWriter
+from inferlab.workload.tokenizers import chatml
 
 log = logging.getLogger("inferlab.gateway")
 
@@ -96,6 +97,7 @@ class _Request:
     include_usage: bool
     input_tokens: int  # estimated
     output_tokens: int  # reserved: max_tokens (or the default), times n
+    prefix: bytes  # the prompt's beginning, for prefix affinity
 
     @property
     def key_name(self) -> str:
@@ -121,7 +123,7 @@ class Gateway:
             queue_max=adm.queue_max, queue_timeout_s=adm.queue_timeout_s, starvation_s=adm.starvation_s,
             clock=self.clock,
         )
-        self.choose = LeastOutstanding(self.admission.tokens_in_flight, self.admission.requests_in_flight)
+        self.router = make_router(config.router, self.admission.tokens_in_flight, self.admission.requests_in_flight)
         self.health = Health(len(ups), self.clock)
         self.limiter = RateLimiter(self.clock)
         self.cache = ResponseCache(config.cache, self.clock) if config.cache.enabled else None
@@ -281,6 +283,7 @@ class Gateway:
             api=api, body=body, model=model, key=key, stream=params.stream, include_usage=params.include_usage,
             input_tokens=prompt_tokens(body, api == "chat", self._count),
             output_tokens=(params.max_tokens or adm.default_max_tokens) * params.n,
+            prefix=_prefix(body, api),
         )
 
     async def _generate(self, request: web.Request, api: Api) -> web.StreamResponse:
@@ -398,7 +401,8 @@ class Gateway:
         for _ in range(max(2, len(candidates))):
             left = [i for i in candidates if i not in tried] or candidates
             try:
-                ticket = await self.admission.acquire(tokens, self.health.healthy(left), self.choose)
+                ticket = await self.admission.acquire(
+                    tokens, self.health.healthy(left), lambda room: self.router(room, req.prefix))
             except Rejected as e:
                 self.metrics.rejections.labels(e.reason, req.key_name).inc()
                 obs.fail(ErrorKind.HTTP_STATUS, str(e))
@@ -415,7 +419,7 @@ class Gateway:
                 if not f.retry:
                     break
             finally:
-                self.admission.release(ticket, self.choose)
+                self.admission.release(ticket)
         assert failure is not None
         obs.fail(ErrorKind.HTTP_STATUS if failure.status else ErrorKind.CONNECT, str(failure))
         status = 503 if failure.status == 429 else 502
@@ -480,6 +484,16 @@ class Gateway:
             m.tokens.labels(*labels, "input").inc(r.input_tokens)
         if r.output_tokens is not None:
             m.tokens.labels(*labels, "output").inc(r.output_tokens)
+
+
+def _prefix(body: dict[str, Any], api: Api) -> bytes:
+    """A checked request's prompt prefix (routing by prefix affinity)."""
+    if api == "chat":
+        return text_prefix(chatml(body["messages"]))
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    return ids_prefix(prompt) if isinstance(prompt, list) else text_prefix(str(prompt))
 
 
 async def start(gateway: Gateway, host: str, port: int) -> tuple[web.AppRunner, int]:

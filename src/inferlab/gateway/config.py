@@ -11,6 +11,7 @@ the file or from an environment variable it names, and never leave the gateway.
 max_body_bytes = 4194304
 upstream_timeout_s = 600
 access_log = "gateway-log"     # a run directory: config.json + requests.jsonl
+router = "least-outstanding"   # or "prefix-affinity", "round-robin" (inferlab.gateway.routing)
 
 [admission]
 mode = "tokens"                # or "requests" (a request count per upstream), or "off"
@@ -54,6 +55,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from inferlab._errors import UsageError
+from inferlab.gateway.routing import ROUTERS
 
 AdmissionMode = Literal["tokens", "requests", "off"]
 TokenCount = Literal["total", "input", "output"]
@@ -135,6 +137,7 @@ class GatewayConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     upstream_timeout_s: float = 600.0
     access_log: str | None = None
+    router: str = "least-outstanding"
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -174,7 +177,7 @@ def load_config(
             raise UsageError(f"--config {path}: not valid TOML: {e}") from None
     _known(doc, {"gateway", "admission", "cache", "upstreams", "keys"}, "the config file")
     gw = _table(doc, "gateway")
-    _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log"}, "[gateway]")
+    _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log", "router"}, "[gateway]")
     adm = _table(doc, "admission")
     _known(adm, set(AdmissionConfig.__dataclass_fields__), "[admission]")
     cache = _table(doc, "cache")
@@ -236,6 +239,7 @@ def load_config(
         max_body_bytes=_int(gw, "max_body_bytes", 4 * 1024 * 1024, "[gateway]"),
         upstream_timeout_s=_float(gw, "upstream_timeout_s", 600.0, "[gateway]"),
         access_log=_str(gw, "access_log", None, "[gateway]"),
+        router=_choice(gw, "router", ROUTERS, "least-outstanding", "[gateway]"),
     )
 
 
