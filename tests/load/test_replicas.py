@@ -35,7 +35,7 @@ def test_replicas_run_in_parallel_and_round_robin_shares_the_requests_evenly() -
         sent = target.sent if n > 1 else [64]
         return sent, summarize(records).duration_s
 
-    one_sent, one_s = served(1)
+    _, one_s = served(1)
     four_sent, four_s = served(4)
     assert four_sent == [16, 16, 16, 16]
     assert one_s > 3 * four_s  # a batch of 8 at a time: four engines finish nearly 4x sooner
