@@ -50,6 +50,9 @@ async def _serve(config: Any, announce: bool) -> int:
              "off": "off"}[adm.mode]
     keys = f"{len(config.keys)} client keys" if config.keys else "no client keys: every request is let in"
     cache = "cache on" if config.cache.enabled else "cache off"
+    if config.redis is not None:
+        shared = [w for w, on in (("limits", config.redis.limits), ("cache", config.redis.cache)) if on]
+        cache += f"; shared through Redis: {', '.join(shared) or 'nothing'}"
     click.echo(f"inferlab gateway on {url} → {ups}; admission {adm.mode} ({limit} per upstream); {keys}; {cache}", err=True)
     stop = asyncio.Event()
     install_stop_signals(stop)

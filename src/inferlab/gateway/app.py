@@ -24,12 +24,13 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
+from inferlab._errors import RunFailedError
 from inferlab.gateway.admission import Admission, Rejected, Ticket
 from inferlab.gateway.cache import Entry, ResponseCache, cache_key, cacheable
 from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
@@ -38,6 +39,7 @@ from inferlab.gateway.metrics import GatewayMetrics
 from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
 from inferlab.gateway.relay import Failure, Observed, StreamRelay, read_body, send
 from inferlab.gateway.routing import Health, ids_prefix, make_router, text_prefix
+from inferlab.gateway.shared import SharedCache, SharedLimiter, connect
 from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
     PATHS,
@@ -55,6 +57,7 @@ from inferlab.workload.tokenizers import chatml
 log = logging.getLogger("inferlab.gateway")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_T = TypeVar("_T")
 
 #: How long ``/v1/models`` and ``/health`` wait for each upstream.
 _PROBE_TIMEOUT_S = 5.0
@@ -132,6 +135,10 @@ class Gateway:
         self._models_at_ns: int | None = None
         self._seq = itertools.count()
         self._session: aiohttp.ClientSession | None = None
+        self._redis: Any = None
+        self.shared_limiter: SharedLimiter | None = None
+        self.shared_cache: SharedCache | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self.log: RunWriter | None = None
         if config.access_log:
             self.log = RunWriter(config.access_log, {"gateway": {
@@ -152,9 +159,25 @@ class Gateway:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=False), auto_decompress=False,
         )
+        red = self.config.redis
+        if red is not None:
+            self._redis = connect(red.url)
+            try:
+                await self._redis.ping()
+            except Exception as e:  # (redis' own errors: connection, auth, protocol)
+                await self._redis.aclose()
+                raise RunFailedError(f"[redis] {red.url}: {type(e).__name__}: {e}") from None
+            if red.limits:
+                self.shared_limiter = SharedLimiter(self._redis, red.prefix)
+            if red.cache and self.cache is not None:
+                self.shared_cache = SharedCache(self._redis, red.prefix, self.config.cache.ttl_s, self.config.cache.max_bytes)
         await self._refresh_models()
 
     async def _stop(self, app: web.Application) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._redis is not None:
+            await self._redis.aclose()
         if self._session is not None:
             await self._session.close()
         if self.log is not None:
@@ -253,6 +276,29 @@ class Gateway:
             raise APIError(401, "Incorrect API key provided.", "AuthenticationError")
         return key
 
+    async def _shared(self, call: Awaitable[_T]) -> _T:
+        """A call to Redis; ``APIError`` 503 if Redis fails (the limits cannot be checked)."""
+        try:
+            return await call
+        except (Limited, asyncio.CancelledError):
+            raise
+        except Exception as e:  # (redis' own errors: connection, timeout, protocol)
+            log.warning("redis: %s: %s", type(e).__name__, e)
+            raise APIError(503, "the gateway's shared state (Redis) is unavailable", "ServiceUnavailableError") from None
+
+    def _later(self, call: Awaitable[None]) -> None:
+        """Run ``call`` in the background (kept until done; its failure is logged)."""
+
+        async def run() -> None:
+            try:
+                await call
+            except Exception as e:
+                log.warning("redis: %s: %s", type(e).__name__, e)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "chat")
 
@@ -294,18 +340,21 @@ class Gateway:
         record = RequestRecord(next(self._seq), send_ns=received - self.t0_ns,
                                requested_input_tokens=req.input_tokens, requested_output_tokens=req.output_tokens)
         obs = Observed(record, self.t0_ns, received)
-        charge: Charge | None = None
+        charge: Charge | str | None = None
         headers: dict[str, str] = {}
         if key is not None and (key.rpm is not None or key.tpm is not None):
             try:
-                charge = self.limiter.reserve(key, req.input_tokens, req.output_tokens)
+                if self.shared_limiter is not None:
+                    charge, headers = await self._shared(self.shared_limiter.reserve(key, req.input_tokens, req.output_tokens))
+                else:
+                    charge = self.limiter.reserve(key, req.input_tokens, req.output_tokens)
+                    headers = self.limiter.headers(key)
             except Limited as e:
                 self.metrics.rejections.labels("rate_limited", key.name).inc()
                 h = dict(e.headers)
                 if e.retry_after_s is not None:
                     h["Retry-After"] = retry_after(e.retry_after_s)
                 return error_response(429, str(e), "RateLimitError", h)
-            headers = self.limiter.headers(key)
         sent = False
         try:
             response, sent = await self._answer(request, req, candidates, obs, headers)
@@ -313,15 +362,20 @@ class Gateway:
         finally:
             self._finish(req, obs, charge, sent)
 
-    def _finish(self, req: _Request, obs: Observed, charge: Charge | None, sent: bool) -> None:
+    def _finish(self, req: _Request, obs: Observed, charge: Charge | str | None, sent: bool) -> None:
         """Every request ends here, however it ended: the key's charge corrected, metrics
         and the access log written."""
         r = obs.record
         if charge is not None and req.key is not None:
+            used: tuple[int, int] | None = None
             if r.input_tokens is not None and r.output_tokens is not None:
-                self.limiter.correct(req.key, charge, r.input_tokens, r.output_tokens)
+                used = (r.input_tokens, r.output_tokens)
             elif not sent:  # never reached an upstream: nothing was used
-                self.limiter.correct(req.key, charge, 0, 0)
+                used = (0, 0)
+            if used is not None and isinstance(charge, Charge):
+                self.limiter.correct(req.key, charge, *used)
+            elif used is not None and self.shared_limiter is not None:
+                self._later(self.shared_limiter.correct(req.key, str(charge), *used))
         if r.end_ns is None and r.error_kind is None:
             r.error_kind, r.error = ErrorKind.CANCELLED, "the client went away"
         if self.log is not None:
@@ -339,6 +393,11 @@ class Gateway:
             key = cache_key(req.body, req.api == "chat", scope)
             entry = self.cache.get(key)
             pending = self.cache.pending(key) if entry is None else None
+            if entry is None and pending is None and self.shared_cache is not None:
+                try:
+                    entry = await self.shared_cache.get(key)
+                except Exception as e:  # (redis' own errors): a miss
+                    log.warning("redis: %s: %s", type(e).__name__, e)
             if pending is not None:
                 try:
                     entry = await asyncio.wait_for(asyncio.shield(pending), self.config.upstream_timeout_s)
@@ -357,7 +416,9 @@ class Gateway:
             return await self._dispatch(request, req, candidates, obs, headers, keep=key is not None), True
         finally:
             if key is not None and self.cache is not None:
-                self.cache.finish(key, obs.entry)
+                self.cache.finish(key, obs.entry, store=self.shared_cache is None)
+                if obs.entry is not None and self.shared_cache is not None:
+                    self._later(self.shared_cache.put(key, obs.entry))
 
     async def _from_cache(
         self, request: web.Request, req: _Request, entry: Entry, obs: Observed, headers: dict[str, str],

@@ -175,9 +175,10 @@ class ResponseCache:
         leader must call ``finish`` however its request ends."""
         self._pending[key] = asyncio.get_running_loop().create_future()
 
-    def finish(self, key: str, entry: Entry | None) -> None:
-        """The leader is done: store ``entry`` (None: nothing to store) and wake the waiters."""
-        if entry is not None:
+    def finish(self, key: str, entry: Entry | None, store: bool = True) -> None:
+        """The leader is done: store ``entry`` (None: nothing to store; ``store`` False:
+        it is kept elsewhere) and hand it to the waiters."""
+        if entry is not None and store:
             self.put(key, entry)
         fut = self._pending.pop(key, None)
         if fut is not None and not fut.done():

@@ -30,6 +30,11 @@ max_entries = 1024
 max_bytes = 67108864
 shared_across_keys = false
 
+[redis]                        # optional: limits and cache shared by several instances
+url = "redis://127.0.0.1:6379/0"
+limits = true
+cache = true
+
 [[upstreams]]                  # added to --upstream
 url = "http://10.0.0.5:8000"
 api_key_env = "ENGINE_KEY"     # or api_key = "..."
@@ -125,6 +130,17 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class RedisConfig:
+    """State shared by several gateway instances (``inferlab.gateway.shared``): the
+    per-key limits and/or the response cache, in the Redis at ``url``."""
+
+    url: str
+    prefix: str = "inferlab:"
+    limits: bool = True
+    cache: bool = True
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     """The whole gateway. No ``keys``: every request is let in (the CLI says so)."""
 
@@ -138,6 +154,7 @@ class GatewayConfig:
     upstream_timeout_s: float = 600.0
     access_log: str | None = None
     router: str = "least-outstanding"
+    redis: RedisConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -175,7 +192,11 @@ def load_config(
             raise UsageError(f"--config {path}: {e.strerror or e}") from None
         except tomllib.TOMLDecodeError as e:
             raise UsageError(f"--config {path}: not valid TOML: {e}") from None
-    _known(doc, {"gateway", "admission", "cache", "upstreams", "keys"}, "the config file")
+    _known(doc, {"gateway", "admission", "cache", "upstreams", "keys", "redis"}, "the config file")
+    red = _table(doc, "redis")
+    _known(red, set(RedisConfig.__dataclass_fields__), "[redis]")
+    if red and "url" not in red:
+        raise UsageError("[redis] has no url")
     gw = _table(doc, "gateway")
     _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log", "router"}, "[gateway]")
     adm = _table(doc, "admission")
@@ -240,6 +261,12 @@ def load_config(
         upstream_timeout_s=_float(gw, "upstream_timeout_s", 600.0, "[gateway]"),
         access_log=_str(gw, "access_log", None, "[gateway]"),
         router=_choice(gw, "router", ROUTERS, "least-outstanding", "[gateway]"),
+        redis=RedisConfig(
+            url=_str(red, "url", "", "[redis]"),
+            prefix=_str(red, "prefix", "inferlab:", "[redis]"),
+            limits=_bool(red, "limits", True, "[redis]"),
+            cache=_bool(red, "cache", True, "[redis]"),
+        ) if red else None,
     )
 
 
