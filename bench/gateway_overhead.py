@@ -26,15 +26,62 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import statistics
 import subprocess
 import sys
 import urllib.request
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from inferlab.sim.server.launch import ChildServer
+
+#: The fast engine's answer: a role chunk, 64 content chunks ``--gap-ms`` apart, the
+#: finish chunk, the usage chunk if asked, [DONE] (vLLM's keys and sizes).
+CHUNKS = 64
+
+
+def _fast_engine(port_out: Any, gap_s: float) -> None:
+    import asyncio
+
+    from aiohttp import web
+
+    from inferlab.openai.response import Completion
+    from inferlab.openai.sse import DONE_EVENT, encode_json
+
+    c = Completion("chatcmpl-0f3c8a4e5b2d4c7e9a1b6d2f8e0c4a17", True, 1733000000, "fast")
+    head = encode_json(c.chunk([c.choice("", None, role=True)]))
+    token = encode_json(c.chunk([c.choice(" lighthouse", None)]))
+    tail = encode_json(c.chunk([c.choice("", "length")]))
+    usage = encode_json(c.chunk([], usage={"prompt_tokens": 128, "completion_tokens": CHUNKS, "total_tokens": 128 + CHUNKS}))
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = json.loads(await request.read())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(head)
+        for _ in range(CHUNKS):
+            await asyncio.sleep(gap_s)
+            await resp.write(token)
+        await resp.write(tail + (usage if (body.get("stream_options") or {}).get("include_usage") else b"") + DONE_EVENT)
+        return resp
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fast", "object": "model"}]})
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_get("/v1/models", models)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        port_out.put(runner.addresses[0][1])
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -58,71 +105,87 @@ def relayed_chunks(url: str) -> float:
     return n
 
 
-MODEL = "Qwen2.5-0.5B-Instruct"
-
-
-def bench(url: str, n: int, c: int) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", str(n), "-c", str(c),
-           "--input-tokens", "128", "--output-tokens", "64", "--no-preflight", "--json", "--workers", "1", "--model", MODEL]
+def bench(url: str, model: str, n: int, c: int) -> dict[str, float]:
+    """One ``inferlab bench`` run: TTFT p50 (ms), req/s, failures."""
+    cmd = [sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", str(n), "-c", str(c), "--model", model,
+           "--input-tokens", "128", "--output-tokens", str(CHUNKS), "--no-preflight", "--json", "--workers", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout
     s = json.loads(out)
-    return {"ttft_p50_ms": s["ttft_ms"]["p50"], "rps": s["request_throughput_rps"], "failed": s["counts"]["failed"]}
+    return {"ttft": s["ttft_ms"]["p50"], "rps": s["request_throughput_rps"], "failed": s["counts"]["failed"]}
+
+
+def start_engine(kind: str, sim_model: str, gap_ms: float) -> tuple[str, str, Any]:
+    """(its URL, the model to ask for, a close function)."""
+    if kind == "sim":
+        sim = ChildServer(["--model", sim_model, "--gpu", "H200"])
+        return sim.url, sim_model, sim.close
+    ctx = mp.get_context("spawn")
+    port_out = ctx.Queue()
+    proc = ctx.Process(target=_fast_engine, args=(port_out, gap_ms / 1e3), daemon=True)
+    proc.start()
+    return f"http://127.0.0.1:{port_out.get(timeout=30)}", "fast", proc.terminate
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="fewer requests and rounds")
+    ap.add_argument("--engine", choices=["fast", "sim"], default="fast",
+                    help="fast: a stub engine streaming 64 chunks --gap-ms apart (TTFT ~0: what is added is the "
+                         "gateway's); sim: inferlab sim serve")
+    ap.add_argument("--gap-ms", type=float, default=1.0, help="the fast engine's time between chunks")
+    ap.add_argument("--sim-model", default="Qwen2.5-0.5B-Instruct", help="sim: the simulated model (on an H200)")
     ap.add_argument("-c", "--concurrency", type=int, default=32)
-    ap.add_argument("-n", "--requests", type=int, default=None)
+    ap.add_argument("-n", "--requests", type=int, default=None, help="requests per phase at -c")
     ap.add_argument("--rounds", type=int, default=None)
-    ap.add_argument("--model", default="Qwen2.5-0.5B-Instruct", help="the simulated engine's model (small: a fast engine shows the gateway's own cost)")
     args = ap.parse_args()
     n = args.requests or (200 if args.quick else 600)
-    global MODEL
-    MODEL = args.model
+    n1 = max(n // 4, 20)  # at concurrency 1
     rounds = args.rounds or (2 if args.quick else 3)
-    engine = ChildServer(["--model", args.model, "--gpu", "H200"])
-    gw = subprocess.Popen([sys.executable, "-m", "inferlab", "gateway", "--upstream", engine.url, "--port", "0",
+    engine_url, model, close_engine = start_engine(args.engine, args.sim_model, args.gap_ms)
+    gw = subprocess.Popen([sys.executable, "-m", "inferlab", "gateway", "--upstream", engine_url, "--port", "0",
                            "--announce"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rows = []
     try:
         assert gw.stdout is not None
         gw_url = gw.stdout.readline().strip()
         if not gw_url.startswith("http://"):
             raise SystemExit(f"the gateway did not start: {gw.stderr.read() if gw.stderr else ''}")
-        rows = []
-        bench(engine.url, 50, args.concurrency)  # warm both paths (connections, caches)
-        bench(gw_url, 50, args.concurrency)
+        bench(engine_url, model, 50, args.concurrency)  # warm both paths (connections, caches)
+        bench(gw_url, model, 50, args.concurrency)
         for r in range(rounds):
-            direct = bench(engine.url, n, args.concurrency)
+            d1 = bench(engine_url, model, n1, 1)
+            g1 = bench(gw_url, model, n1, 1)
+            direct = bench(engine_url, model, n, args.concurrency)
             chunks0, cpu0 = relayed_chunks(gw_url), cpu_s(gw.pid)
-            via = bench(gw_url, n, args.concurrency)
+            via = bench(gw_url, model, n, args.concurrency)
             cpu1, chunks1 = cpu_s(gw.pid), relayed_chunks(gw_url)
             chunks = chunks1 - chunks0
-            rows.append({
-                "added_ttft_ms": via["ttft_p50_ms"] - direct["ttft_p50_ms"],
-                "cpu_ms_per_1k_chunks": (cpu1 - cpu0) * 1e3 / chunks * 1000 if chunks else float("nan"),
+            x = {
+                "added_c1": g1["ttft"] - d1["ttft"], "added_c": via["ttft"] - direct["ttft"],
+                "cpu": (cpu1 - cpu0) * 1e3 / chunks * 1000 if chunks else float("nan"),
                 "rps_direct": direct["rps"], "rps_gateway": via["rps"],
-                "ttft_direct": direct["ttft_p50_ms"], "ttft_gateway": via["ttft_p50_ms"],
-                "failed": direct["failed"] + via["failed"],
-            })
-            x = rows[-1]
-            print(f"round {r + 1}: TTFT p50 direct {x['ttft_direct']:.2f} ms, via gateway {x['ttft_gateway']:.2f} ms "
-                  f"(added {x['added_ttft_ms']:+.2f} ms); gateway CPU {x['cpu_ms_per_1k_chunks']:.0f} ms per 1,000 chunks "
-                  f"({chunks:.0f} chunks); req/s direct {x['rps_direct']:.0f}, via gateway {x['rps_gateway']:.0f}; "
-                  f"failed {x['failed']}", flush=True)
+                "failed": d1["failed"] + g1["failed"] + direct["failed"] + via["failed"],
+            }
+            rows.append(x)
+            print(f"round {r + 1}: TTFT p50 at c=1 direct {d1['ttft']:.2f} ms, via gateway {g1['ttft']:.2f} ms; "
+                  f"at c={args.concurrency} direct {direct['ttft']:.2f} ms, via gateway {via['ttft']:.2f} ms; "
+                  f"gateway CPU {x['cpu']:.0f} ms per 1,000 chunks ({chunks:.0f} chunks); "
+                  f"req/s direct {x['rps_direct']:.0f}, via gateway {x['rps_gateway']:.0f}; failed {x['failed']}", flush=True)
     finally:
         gw.terminate()
         gw.wait(timeout=10)
-        engine.close()
+        close_engine()
 
     def med(k: str) -> float:
-        return statistics.median(x[k] for x in rows)
+        return statistics.median(float(x[k]) for x in rows)
 
-    print(f"\nmedian of {rounds} rounds, c={args.concurrency}, {n} requests of 64 tokens a phase:")
-    print(f"  added TTFT p50     {med('added_ttft_ms'):+.2f} ms   (target < 1 ms)")
-    print(f"  gateway CPU        {med('cpu_ms_per_1k_chunks'):.0f} ms per 1,000 relayed chunks   (target <= 60)")
-    print(f"  req/s via gateway  {med('rps_gateway'):.0f}   direct {med('rps_direct'):.0f}   ratio {med('rps_gateway') / med('rps_direct'):.2f}"
-          "   (target >= 200 through the gateway; direct is the engine's own limit)")
+    what = f"a stub engine ({CHUNKS} chunks {args.gap_ms:g} ms apart)" if args.engine == "fast" else f"sim serve ({args.sim_model} on H200)"
+    print(f"\nmedian of {rounds} rounds against {what}, {CHUNKS}-token streams, {n} requests at c={args.concurrency}, {n1} at c=1:")
+    print(f"  added TTFT p50 at c=1            {med('added_c1'):+.2f} ms")
+    print(f"  added TTFT p50 at c={args.concurrency:<3}          {med('added_c'):+.2f} ms   (target < 1 ms at c=32)")
+    print(f"  gateway CPU per 1,000 chunks     {med('cpu'):.0f} ms   (target <= 60)")
+    print(f"  req/s via gateway / direct       {med('rps_gateway'):.0f} / {med('rps_direct'):.0f} = {med('rps_gateway') / med('rps_direct'):.2f}"
+          "   (target >= 200 via the gateway)")
     print("  LiteLLM: not measured (not installed here)")
 
 
