@@ -164,3 +164,21 @@ async def test_a_tpm_limit_under_64_concurrent_clients_admits_exactly_what_fits(
         assert int(refused.headers["Retry-After"]) >= 1
         assert refused.headers["x-ratelimit-limit-tokens"] == str(cfg.keys[0].tpm)
         assert refused.json()["error"]["type"] == "RateLimitError"
+
+
+async def test_a_client_that_leaves_mid_stream_keeps_its_charge_and_one_refused_before_dispatch_does_not() -> None:
+    async with FakeUpstream(long_chunks=500, gap_s=0.01) as up:
+        cfg = config(up.url, CacheConfig(enabled=False), tpm=10**6)
+        async with serving(cfg) as (url, gw):
+            async with aiohttp.ClientSession() as s, s.post(url + "/v1/chat/completions", json=chat_body("long"),
+                                                            headers=auth("alice")) as resp:
+                await resp.content.readany()
+            for _ in range(200):  # bounded: 2 s
+                if gw.admission.requests_in_flight == [0]:
+                    break
+                await asyncio.sleep(0.01)
+            window = gw.limiter._windows["alice"]
+            assert window.tokens > 0 and len(window.charges) == 1  # the estimate stays charged
+            async with aiohttp.ClientSession() as s:
+                unknown = await post(s, url, chat_body("no-such-model"), auth("bob"))
+            assert unknown.status == 404 and "bob" not in gw.limiter._windows  # refused before any charge

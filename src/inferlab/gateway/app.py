@@ -357,14 +357,12 @@ class Gateway:
                 if e.retry_after_s is not None:
                     h["Retry-After"] = retry_after(e.retry_after_s)
                 return error_response(429, str(e), "RateLimitError", h)
-        sent = False
         try:
-            response, sent = await self._answer(request, req, candidates, obs, headers)
-            return response
+            return await self._answer(request, req, candidates, obs, headers)
         finally:
-            self._finish(req, obs, charge, sent)
+            self._finish(req, obs, charge)
 
-    def _finish(self, req: _Request, obs: Observed, charge: Charge | str | None, sent: bool) -> None:
+    def _finish(self, req: _Request, obs: Observed, charge: Charge | str | None) -> None:
         """Every request ends here, however it ended: the key's charge corrected, metrics
         and the access log written."""
         r = obs.record
@@ -372,7 +370,7 @@ class Gateway:
             used: tuple[int, int] | None = None
             if r.input_tokens is not None and r.output_tokens is not None:
                 used = (r.input_tokens, r.output_tokens)
-            elif not sent:  # never reached an upstream: nothing was used
+            elif not obs.sent:  # never reached an upstream: nothing was used
                 used = (0, 0)
             if used is not None and isinstance(charge, Charge):
                 self.limiter.correct(req.key, charge, *used)
@@ -386,8 +384,7 @@ class Gateway:
 
     async def _answer(
         self, request: web.Request, req: _Request, candidates: list[int], obs: Observed, headers: dict[str, str],
-    ) -> tuple[web.StreamResponse, bool]:
-        """(the response, whether an upstream was sent the request)."""
+    ) -> web.StreamResponse:
         m = self.metrics
         key = None
         if self.cache is not None and cacheable(req.body):
@@ -396,10 +393,16 @@ class Gateway:
             entry = self.cache.get(key)
             pending = self.cache.pending(key) if entry is None else None
             if entry is None and pending is None and self.shared_cache is not None:
+                self.cache.lead(key)  # (before the await: identical requests wait for this one)
                 try:
                     entry = await self.shared_cache.get(key)
                 except Exception as e:  # (redis' own errors): a miss
                     log.warning("redis: %s: %s", type(e).__name__, e)
+                if entry is not None:
+                    self.cache.finish(key, entry, store=False)
+                else:
+                    m.cache_misses.labels(req.model, req.key_name).inc()
+                    return await self._upstream(request, req, candidates, obs, headers, key)
             if pending is not None:
                 try:
                     entry = await asyncio.wait_for(asyncio.shield(pending), self.config.upstream_timeout_s)
@@ -408,14 +411,21 @@ class Gateway:
             if entry is not None:
                 m.cache_hits.labels(req.model, req.key_name).inc()
                 m.cache_tokens_saved.labels(req.model, req.key_name).inc(entry.answer.tokens)
-                return await self._from_cache(request, req, entry, obs, headers), False
+                return await self._from_cache(request, req, entry, obs, headers)
             m.cache_misses.labels(req.model, req.key_name).inc()
             if pending is None:
                 self.cache.lead(key)
             else:
                 key = None  # the leader failed: go upstream, uncached
+        return await self._upstream(request, req, candidates, obs, headers, key)
+
+    async def _upstream(
+        self, request: web.Request, req: _Request, candidates: list[int], obs: Observed, headers: dict[str, str],
+        key: str | None,
+    ) -> web.StreamResponse:
+        """Dispatch; as the cache's leader for ``key`` (if given), hand the answer on."""
         try:
-            return await self._dispatch(request, req, candidates, obs, headers, keep=key is not None), True
+            return await self._dispatch(request, req, candidates, obs, headers, keep=key is not None)
         finally:
             if key is not None and self.cache is not None:
                 self.cache.finish(key, obs.entry, store=self.shared_cache is None)
@@ -499,6 +509,7 @@ class Gateway:
         m = self.metrics
         labels = (req.model, up.name, req.key_name)
         m.in_flight.labels(up.name).inc()
+        obs.sent = True
         try:
             resp = await send(self.session, up.url + "/v1" + PATHS[req.api], payload, self._upstream_headers(i),
                               self.config.upstream_timeout_s)

@@ -172,7 +172,10 @@ class ResponseCache:
 
     def lead(self, key: str) -> None:
         """Mark the caller as the leader for ``key``: identical misses wait for it. The
-        leader must call ``finish`` however its request ends."""
+        leader must call ``finish`` however its request ends. ``ValueError`` if ``key``
+        has a leader already."""
+        if key in self._pending:
+            raise ValueError("this request has a leader already")
         self._pending[key] = asyncio.get_running_loop().create_future()
 
     def finish(self, key: str, entry: Entry | None, store: bool = True) -> None:

@@ -57,7 +57,7 @@ class Observed:
     received_ns: int  # the client's request, received
     content_ns: list[int] = field(default_factory=list)  # absolute; the record's are relative
     entry: Entry | None = None  # the answer, ready to cache (complete and successful only)
-    client_gone: bool = False
+    sent: bool = False  # an upstream was sent the request (its tokens may have been used)
 
     def finish(self, reader: ResponseReader, now_ns: int) -> None:
         r = self.record
