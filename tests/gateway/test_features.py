@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import aiohttp
-from conftest import chat_body, metrics, post, serving, total
 from fakeupstream import TEXTS, USAGE, FakeUpstream
+from gateway_helpers import chat_body, metrics, post, serving, total
 
 from inferlab._clock import NS_PER_S, VirtualClock
 from inferlab.gateway.config import CacheConfig, GatewayConfig, KeyConfig, UpstreamConfig, hash_key

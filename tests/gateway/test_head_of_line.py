@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import serving
+from gateway_helpers import serving
 
 from inferlab._clock import NS_PER_S, WallClock
 from inferlab.gateway.config import (

@@ -9,8 +9,8 @@ import logging
 
 import aiohttp
 import pytest
-from conftest import chat_body, post, serving
 from fakeupstream import TEXTS, USAGE, FakeUpstream
+from gateway_helpers import chat_body, post, serving
 
 from inferlab.gateway.config import (
     AdmissionConfig,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
-from conftest import chat_body, post, serving
 from fakeupstream import FakeUpstream
+from gateway_helpers import chat_body, post, serving
 
 from inferlab._clock import NS_PER_S, VirtualClock
 from inferlab.gateway.config import CacheConfig, GatewayConfig, UpstreamConfig

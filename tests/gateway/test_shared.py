@@ -16,8 +16,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conftest import chat_body, post
 from fakeupstream import FakeUpstream
+from gateway_helpers import chat_body, post
 
 from inferlab.gateway.estimate import prompt_counter, prompt_tokens
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import serving
 from fakeupstream import FakeUpstream
+from gateway_helpers import serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
