@@ -126,6 +126,48 @@ def start_engine(kind: str, sim_model: str, gap_ms: float) -> tuple[str, str, An
     return f"http://127.0.0.1:{port_out.get(timeout=30)}", "fast", proc.terminate
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live children (LiteLLM's proxy may fork workers)."""
+    total = cpu_s(pid)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                total += (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+    return total
+
+
+def start_litellm(exe: str, engine_url: str, model: str, workdir: str) -> tuple[str, subprocess.Popen[str]]:
+    """LiteLLM's proxy (``exe``: the ``litellm`` command of a separate environment) in
+    front of the engine, on a free port."""
+    import socket
+    import time
+    import urllib.error
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cfg = os.path.join(workdir, "litellm.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"model_list:\n  - model_name: {model}\n    litellm_params:\n      model: openai/{model}\n"
+                f"      api_base: {engine_url}/v1\n      api_key: none\n")
+    proc = subprocess.Popen([exe, "--config", cfg, "--port", str(port), "--host", "127.0.0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(240):  # bounded: 120 s
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2):
+                return url, proc
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit("LiteLLM's proxy did not start")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests and rounds")
@@ -137,6 +179,7 @@ def main() -> None:
     ap.add_argument("-c", "--concurrency", type=int, default=32)
     ap.add_argument("-n", "--requests", type=int, default=None, help="requests per phase at -c")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--litellm", metavar="EXE", help="also LiteLLM's proxy: the litellm command of a separate environment")
     args = ap.parse_args()
     n = args.requests or (200 if args.quick else 600)
     n1 = max(n // 4, 20)  # at concurrency 1
@@ -145,7 +188,13 @@ def main() -> None:
     gw = subprocess.Popen([sys.executable, "-m", "inferlab", "gateway", "--upstream", engine_url, "--port", "0",
                            "--announce"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rows = []
+    lite: tuple[str, subprocess.Popen[str]] | None = None
     try:
+        if args.litellm:
+            import tempfile
+
+            lite = start_litellm(args.litellm, engine_url, model, tempfile.mkdtemp())
+            bench(lite[0], model, 50, args.concurrency)
         assert gw.stdout is not None
         gw_url = gw.stdout.readline().strip()
         if not gw_url.startswith("http://"):
@@ -166,6 +215,16 @@ def main() -> None:
                 "rps_direct": direct["rps"], "rps_gateway": via["rps"],
                 "failed": d1["failed"] + g1["failed"] + direct["failed"] + via["failed"],
             }
+            if lite is not None:
+                l1 = bench(lite[0], model, n1, 1)
+                lcpu0 = tree_cpu_s(lite[1].pid)
+                lv = bench(lite[0], model, n, args.concurrency)
+                lcpu1 = tree_cpu_s(lite[1].pid)
+                x |= {"lite_added_c1": l1["ttft"] - d1["ttft"], "lite_added_c": lv["ttft"] - direct["ttft"],
+                      "lite_cpu": (lcpu1 - lcpu0) * 1e3 / (n * CHUNKS) * 1000, "lite_rps": lv["rps"]}
+                print(f"  LiteLLM: TTFT p50 at c=1 {l1['ttft']:.2f} ms, at c={args.concurrency} {lv['ttft']:.2f} ms; "
+                      f"CPU {x['lite_cpu']:.0f} ms per 1,000 chunks (counted as sent); req/s {lv['rps']:.0f}; "
+                      f"failed {l1['failed'] + lv['failed']}", flush=True)
             rows.append(x)
             print(f"round {r + 1}: TTFT p50 at c=1 direct {d1['ttft']:.2f} ms, via gateway {g1['ttft']:.2f} ms; "
                   f"at c={args.concurrency} direct {direct['ttft']:.2f} ms, via gateway {via['ttft']:.2f} ms; "
@@ -174,6 +233,9 @@ def main() -> None:
     finally:
         gw.terminate()
         gw.wait(timeout=10)
+        if lite is not None:
+            lite[1].terminate()
+            lite[1].wait(timeout=10)
         close_engine()
 
     def med(k: str) -> float:
@@ -186,7 +248,12 @@ def main() -> None:
     print(f"  gateway CPU per 1,000 chunks     {med('cpu'):.0f} ms   (target <= 60)")
     print(f"  req/s via gateway / direct       {med('rps_gateway'):.0f} / {med('rps_direct'):.0f} = {med('rps_gateway') / med('rps_direct'):.2f}"
           "   (target >= 200 via the gateway)")
-    print("  LiteLLM: not measured (not installed here)")
+    if lite is None:
+        print("  LiteLLM: not measured (--litellm EXE)")
+    else:
+        print(f"  LiteLLM added TTFT p50 at c=1   {med('lite_added_c1'):+.2f} ms;  at c={args.concurrency}: {med('lite_added_c'):+.2f} ms")
+        print(f"  LiteLLM CPU per 1,000 chunks     {med('lite_cpu'):.0f} ms   (ratio to the gateway: {med('lite_cpu') / med('cpu'):.1f}x)")
+        print(f"  req/s via LiteLLM                {med('lite_rps'):.0f}")
 
 
 if __name__ == "__main__":
