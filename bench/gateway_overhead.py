@@ -86,11 +86,11 @@ def _fast_engine(port_out: Any, gap_s: float) -> None:
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
+def cpu_s(pid: int, part: slice = slice(11, 13)) -> float:
+    """CPU seconds of process ``pid`` so far: user + system (``part``: 11 user, 12 system)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S
+    return sum(int(v) for v in fields[part]) / TICKS_PER_S
 
 
 def relayed_chunks(url: str) -> float:
@@ -105,10 +105,16 @@ def relayed_chunks(url: str) -> float:
     return n
 
 
-def bench(url: str, model: str, n: int, c: int) -> dict[str, float]:
+#: LiteLLM's proxy refuses to start without a master key.
+LITELLM_KEY = "sk-inferlab-bench-0123456789abcdef"
+
+
+def bench(url: str, model: str, n: int, c: int, api_key: str | None = None) -> dict[str, float]:
     """One ``inferlab bench`` run: TTFT p50 (ms), req/s, failures."""
     cmd = [sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", str(n), "-c", str(c), "--model", model,
            "--input-tokens", "128", "--output-tokens", str(CHUNKS), "--no-preflight", "--json", "--workers", "1"]
+    if api_key:
+        cmd += ["--api-key", api_key]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout
     s = json.loads(out)
     return {"ttft": s["ttft_ms"]["p50"], "rps": s["request_throughput_rps"], "failed": s["counts"]["failed"]}
@@ -154,13 +160,15 @@ def start_litellm(exe: str, engine_url: str, model: str, workdir: str) -> tuple[
     cfg = os.path.join(workdir, "litellm.yaml")
     with open(cfg, "w") as f:
         f.write(f"model_list:\n  - model_name: {model}\n    litellm_params:\n      model: openai/{model}\n"
-                f"      api_base: {engine_url}/v1\n      api_key: none\n")
+                f"      api_base: {engine_url}/v1\n      api_key: none\n"
+                f"general_settings:\n  master_key: {LITELLM_KEY}\n")
     proc = subprocess.Popen([exe, "--config", cfg, "--port", str(port), "--host", "127.0.0.1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     url = f"http://127.0.0.1:{port}"
     for _ in range(240):  # bounded: 120 s
         try:
-            with urllib.request.urlopen(url + "/v1/models", timeout=2):
+            req = urllib.request.Request(url + "/v1/models", headers={"Authorization": f"Bearer {LITELLM_KEY}"})
+            with urllib.request.urlopen(req, timeout=2):
                 return url, proc
         except (urllib.error.URLError, OSError):
             time.sleep(0.5)
@@ -194,7 +202,7 @@ def main() -> None:
             import tempfile
 
             lite = start_litellm(args.litellm, engine_url, model, tempfile.mkdtemp())
-            bench(lite[0], model, 50, args.concurrency)
+            bench(lite[0], model, 50, args.concurrency, LITELLM_KEY)
         assert gw.stdout is not None
         gw_url = gw.stdout.readline().strip()
         if not gw_url.startswith("http://"):
@@ -205,31 +213,32 @@ def main() -> None:
             d1 = bench(engine_url, model, n1, 1)
             g1 = bench(gw_url, model, n1, 1)
             direct = bench(engine_url, model, n, args.concurrency)
-            chunks0, cpu0 = relayed_chunks(gw_url), cpu_s(gw.pid)
+            chunks0, cpu0, sys0 = relayed_chunks(gw_url), cpu_s(gw.pid), cpu_s(gw.pid, slice(12, 13))
             via = bench(gw_url, model, n, args.concurrency)
-            cpu1, chunks1 = cpu_s(gw.pid), relayed_chunks(gw_url)
+            cpu1, sys1, chunks1 = cpu_s(gw.pid), cpu_s(gw.pid, slice(12, 13)), relayed_chunks(gw_url)
             chunks = chunks1 - chunks0
             x = {
                 "added_c1": g1["ttft"] - d1["ttft"], "added_c": via["ttft"] - direct["ttft"],
                 "cpu": (cpu1 - cpu0) * 1e3 / chunks * 1000 if chunks else float("nan"),
+                "sys": (sys1 - sys0) * 1e3 / chunks * 1000 if chunks else float("nan"),
                 "rps_direct": direct["rps"], "rps_gateway": via["rps"],
                 "failed": d1["failed"] + g1["failed"] + direct["failed"] + via["failed"],
             }
+            rows.append(x)
+            print(f"round {r + 1}: TTFT p50 at c=1 direct {d1['ttft']:.2f} ms, via gateway {g1['ttft']:.2f} ms; "
+                  f"at c={args.concurrency} direct {direct['ttft']:.2f} ms, via gateway {via['ttft']:.2f} ms; "
+                  f"gateway CPU {x['cpu']:.0f} ms per 1,000 chunks (system {x['sys']:.0f}; {chunks:.0f} chunks); "
+                  f"req/s direct {x['rps_direct']:.0f}, via gateway {x['rps_gateway']:.0f}; failed {x['failed']}", flush=True)
             if lite is not None:
-                l1 = bench(lite[0], model, n1, 1)
+                l1 = bench(lite[0], model, n1, 1, LITELLM_KEY)
                 lcpu0 = tree_cpu_s(lite[1].pid)
-                lv = bench(lite[0], model, n, args.concurrency)
+                lv = bench(lite[0], model, n, args.concurrency, LITELLM_KEY)
                 lcpu1 = tree_cpu_s(lite[1].pid)
                 x |= {"lite_added_c1": l1["ttft"] - d1["ttft"], "lite_added_c": lv["ttft"] - direct["ttft"],
                       "lite_cpu": (lcpu1 - lcpu0) * 1e3 / (n * CHUNKS) * 1000, "lite_rps": lv["rps"]}
                 print(f"  LiteLLM: TTFT p50 at c=1 {l1['ttft']:.2f} ms, at c={args.concurrency} {lv['ttft']:.2f} ms; "
                       f"CPU {x['lite_cpu']:.0f} ms per 1,000 chunks (counted as sent); req/s {lv['rps']:.0f}; "
                       f"failed {l1['failed'] + lv['failed']}", flush=True)
-            rows.append(x)
-            print(f"round {r + 1}: TTFT p50 at c=1 direct {d1['ttft']:.2f} ms, via gateway {g1['ttft']:.2f} ms; "
-                  f"at c={args.concurrency} direct {direct['ttft']:.2f} ms, via gateway {via['ttft']:.2f} ms; "
-                  f"gateway CPU {x['cpu']:.0f} ms per 1,000 chunks ({chunks:.0f} chunks); "
-                  f"req/s direct {x['rps_direct']:.0f}, via gateway {x['rps_gateway']:.0f}; failed {x['failed']}", flush=True)
     finally:
         gw.terminate()
         gw.wait(timeout=10)
@@ -245,7 +254,7 @@ def main() -> None:
     print(f"\nmedian of {rounds} rounds against {what}, {CHUNKS}-token streams, {n} requests at c={args.concurrency}, {n1} at c=1:")
     print(f"  added TTFT p50 at c=1            {med('added_c1'):+.2f} ms")
     print(f"  added TTFT p50 at c={args.concurrency:<3}          {med('added_c'):+.2f} ms   (target < 1 ms at c=32)")
-    print(f"  gateway CPU per 1,000 chunks     {med('cpu'):.0f} ms   (target <= 60)")
+    print(f"  gateway CPU per 1,000 chunks     {med('cpu'):.0f} ms, of which system {med('sys'):.0f} ms   (target <= 60)")
     print(f"  req/s via gateway / direct       {med('rps_gateway'):.0f} / {med('rps_direct'):.0f} = {med('rps_gateway') / med('rps_direct'):.2f}"
           "   (target >= 200 via the gateway)")
     if lite is None:
