@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import json
 import math
 import os
 import re
@@ -23,6 +24,7 @@ import click
 from inferlab._errors import InferlabError, UsageError
 from inferlab.load.run import RunResult
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
+from inferlab.openai.request import check_extra_body
 from inferlab.report.console import TABLE_PERCENTILES
 from inferlab.results.export import VLLM_PERCENTILES, run_source, vllm_result, vllm_result_filename
 from inferlab.results.metrics import SLO, extra_percentiles, percentile_key
@@ -152,6 +154,36 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def http_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """How requests reach a server (``bench``, and ``sweep`` with ``--url``): streaming,
+    credentials, headers, timeouts, sending processes, the preflight probe."""
+    opts: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+        click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only)."),
+        click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY]."),
+        click.option("-H", "--header", "header", multiple=True, help="Extra request header 'Name: value' (repeatable)."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds."),
+        click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response."),
+        click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: workers_option(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone)."),
+        click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def workers_option(value: str) -> int | None:
+    """``--workers``: None for auto, else a count of at least 1."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not auto or a number", param_hint="--workers") from None
+    if n < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--workers")
+    return n
+
+
 #: vllm bench serve flags with no faithful meaning here: (takes a value, what to use).
 #: Refused with that pointer rather than accepted and ignored.
 VLLM_REFUSED: dict[str, tuple[bool, str]] = {
@@ -163,20 +195,46 @@ VLLM_REFUSED: dict[str, tuple[bool, str]] = {
     "--append-result": (False, "each run writes its own file: give --result-filename per run"),
     "--backend": (True, "use --api chat (openai-chat) or --api completions (openai, vllm)"),
     "--endpoint": (True, "use --api chat (/v1/chat/completions) or --api completions (/v1/completions)"),
-    # (a faithful meaning exists, but the request body has no way in from the flags yet)
-    "--extra-body": (True, "not supported yet: requests carry only the model, prompt, max_tokens, ignore_eos/min_tokens and stream fields"),
-    "--temperature": (True, "not supported yet: no sampling parameter is sent, so the server's default applies"),
 }
 
 
-def _refused_option(flag: str, takes_value: bool, why: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _refused_option(
+    flag: str, takes_value: bool, why: str, origin: str = "vllm bench serve"
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A hidden option that exits 2 with ``why`` when given."""
 
     def refuse(ctx: click.Context, param: click.Parameter, value: object) -> None:
         if value not in (None, False):
-            raise click.UsageError(f"{flag} (vllm bench serve): {why}", ctx)
+            raise click.UsageError(f"{flag} ({origin}): {why}", ctx)
 
     return click.option(flag, is_flag=not takes_value, hidden=True, expose_value=False, callback=refuse)
+
+
+def refused_option(flag: str, takes_value: bool, why: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A hidden option of this command that exits 2 with ``why`` when given."""
+    return _refused_option(flag, takes_value, why, "not here")
+
+
+def extra_body_option(ctx: click.Context, param: click.Parameter, value: str | None) -> dict[str, Any] | None:
+    """A click callback reading ``--extra-body`` (a JSON object, or @FILE holding one);
+    exit 2 for anything else, or for a field the run sets itself."""
+    if value is None:
+        return None
+    text = value
+    if value.startswith("@"):
+        try:
+            with open(value[1:], encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise click.BadParameter(f"{value[1:]}: {e.strerror or e}") from None
+    try:
+        parsed = json.loads(text)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON ({e}); give an object, e.g. '{{\"top_p\": 0.9}}'") from None
+    try:
+        return check_extra_body(parsed)
+    except ValueError as e:  # not an object, or a field the run sets
+        raise click.BadParameter(str(e)) from None
 
 
 def percentiles_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, ...] | None:
