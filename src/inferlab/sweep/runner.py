@@ -181,7 +181,7 @@ class _Sweep:
         self.index: dict[str, Any] = {
             "format": FORMAT,
             "command": config.command,
-            "target": _target_json(config.target),
+            "target": target_json(config.target),
             "prediction": isinstance(config.target, SimTarget),
             "axes": config.grid.to_json(),
             "load_axis": config.grid.load_axis,
@@ -336,7 +336,7 @@ class _Sweep:
                 })
 
 
-def _target_json(target: Target) -> dict[str, Any]:
+def target_json(target: Target) -> dict[str, Any]:
     if isinstance(target, SimTarget):
         return {"kind": "simulator", "virtual_time": True, "engine": plain_json(dataclasses.asdict(target.engine))}
     return {"kind": "server", "virtual_time": False, "url": target.url, "model": target.model}
