@@ -35,7 +35,8 @@ from typing import Any
 import aiohttp
 
 from inferlab._clock import WallClock
-from inferlab.client.http import Client, Endpoint, _StreamState, request_body, session_trace
+from inferlab.client.exchange import StreamState, request_body
+from inferlab.client.http import Client, Endpoint, session_trace
 from inferlab.openai.sse import SSEParser
 from inferlab.results.records import RequestRecord
 from inferlab.workload.spec import RequestSpec
@@ -141,7 +142,7 @@ async def httpx_raw(base_url: str) -> AsyncIterator[Request]:
 
         async def one() -> int:
             record = RequestRecord(index=0)
-            state, parser = _StreamState(record), SSEParser()
+            state, parser = StreamState(record), SSEParser()
             async with http.stream("POST", endpoint.url, content=body, headers=headers) as resp:
                 async for data in resp.aiter_raw():
                     t = clock.now_ns()
@@ -163,7 +164,7 @@ async def httpx_lines(base_url: str) -> AsyncIterator[Request]:
 
         async def one() -> int:
             record = RequestRecord(index=0)
-            state = _StreamState(record)
+            state = StreamState(record)
             async with http.stream("POST", endpoint.url, content=body, headers=headers) as resp:
                 async for line in resp.aiter_lines():
                     if line.startswith("data:"):
