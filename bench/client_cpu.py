@@ -260,17 +260,22 @@ BASELINE = "aiohttp@"
 
 
 def _use_json(name: str) -> None:
-    """Make inferlab's chunk reader decode JSON with ``name`` (``stdlib`` or ``orjson``),
-    whatever it would pick by itself."""
+    """Make inferlab's chunk reader decode JSON with ``name`` (``stdlib``: the standard
+    decoder, after the plain-chunk match where the revision has one; ``orjson``: orjson
+    alone), whatever it would pick by itself."""
+    import re
+
     import inferlab.openai.response as response
 
     if name == "orjson":
         import orjson
 
-        decode: Any = orjson.loads
+        response._decode_json = orjson.loads  # type: ignore[attr-defined]
+        response._plain_chunk = None  # type: ignore[attr-defined]
     else:
-        decode = json.JSONDecoder().decode
-    response._decode_json = decode  # type: ignore[attr-defined]
+        response._decode_json = json.JSONDecoder().decode  # type: ignore[attr-defined]
+        chunk = getattr(response, "_CHUNK", None)
+        response._plain_chunk = re.compile(chunk).fullmatch if chunk else None  # type: ignore[attr-defined]
 
 
 async def _fan_out(requests: int, concurrency: int, one: Request) -> int:

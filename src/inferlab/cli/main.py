@@ -17,6 +17,7 @@ from rich.console import Console
 
 from inferlab._clock import WallClock
 from inferlab._errors import RunFailedError, UsageError
+from inferlab._loop import run as run_loop
 from inferlab.cli.common import (
     entry,
     finish_run,
@@ -110,7 +111,7 @@ def _bench(kw: dict[str, Any]) -> int:
     try:
         total = (num + config.load.warmup) if num else None
         with Progress(err, WallClock(), total) as progress:
-            result = finish_run(asyncio.run(_bench_main(config, url, progress)), kw)
+            result = finish_run(run_loop(_bench_main(config, url, progress)), kw)
     except RunFailedError as e:  # every request failed: what they said is shown first
         if isinstance(e.result, RunResult):
             e.result = finish_run(e.result, kw)

@@ -18,7 +18,12 @@ from urllib.parse import urlsplit
 
 from inferlab.openai.errors import error_message, one_line
 from inferlab.openai.request import PATHS, Api, completion_request
-from inferlab.openai.response import ErrorInResponse, MalformedResponse, ResponseError, ResponseReader
+from inferlab.openai.response import (
+    ErrorInResponse,
+    MalformedResponse,
+    ResponseError,
+    ResponseReader,
+)
 from inferlab.openai.sse import SSEParser
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.workload.spec import RequestSpec
@@ -150,6 +155,7 @@ class StreamState:
             r.server_timeline = rd.timeline
 
     def _fail(self, e: ResponseError) -> bool:
+        """Fail the record for what the reader refused; False (stop reading)."""
         self.record.error_kind = _ERROR_KINDS[type(e)]
         self.record.error = str(e)[:MAX_ERROR_CHARS]
         return False
@@ -179,6 +185,7 @@ class StreamRecorder:
         self.record = record
         self._parser = SSEParser()
         self._state = StreamState(record, text_out)
+        self._reader = self._state.reader
         self.reading = True
         self._t_end = 0
 
@@ -188,13 +195,23 @@ class StreamRecorder:
         return self._state.done
 
     def read(self, data: bytes, t_ns: int) -> bool:
+        # The per-read hot path: ``StreamState.event`` inlined (bench/client_cpu.py).
         self._t_end = t_ns
         record = self.record
         if record.ttfb_ns is None:
             record.ttfb_ns = t_ns
-        state = self._state
+        reader = self._reader
         for event in self._parser.feed(data):
-            if not state.event(event, t_ns):
+            try:
+                arrivals = reader.event(event)
+            except ResponseError as e:
+                self.reading = False
+                return self._state._fail(e)
+            if arrivals:
+                record.content_ns.append(t_ns)
+                if arrivals > 1:  # several choices (a request with n > 1) in one chunk
+                    record.content_ns.extend(itertools.repeat(t_ns, arrivals - 1))
+            if reader.done:
                 self.reading = False
                 return False
         return True

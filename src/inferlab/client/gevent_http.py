@@ -77,6 +77,10 @@ class _ConnectError(Exception):
     """No connection could be opened."""
 
 
+class _DrainOver(Exception):
+    """The wait for the body's end after ``[DONE]`` is over."""
+
+
 class _TotalTimeout(Exception):
     """The whole request took longer than its endpoint's ``timeout_s``."""
 
@@ -318,10 +322,10 @@ class _Exchange:
         """Read what follows ``[DONE]`` (the body's end) so the connection can be reused;
         whatever happens, the record is final already."""
         try:
-            with gevent.Timeout(_DRAIN_S, False):
+            with gevent.Timeout(_DRAIN_S, _DrainOver()):
                 while not resp.message_complete:
                     self._recv(sock, resp)
-        except (_Closed, OSError, HTTPParseError):
+        except (_DrainOver, _Closed, OSError, HTTPParseError):
             pass
 
 

@@ -129,6 +129,7 @@ class Client:
         self.t0_ns = t0_ns
         self.resent = 0
         self._headers = endpoint.request_headers()
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_read=endpoint.idle_timeout_s)
 
     def _now(self) -> int:
         return self.clock.now_ns() - self.t0_ns
@@ -194,7 +195,7 @@ class Client:
             ep.url,
             data=body,
             headers=self._headers,
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=ep.idle_timeout_s),
+            timeout=self._timeout,
             trace_request_ctx=attempt,
         ) as resp:
             record.status = resp.status
@@ -213,9 +214,11 @@ class Client:
         self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None
     ) -> None:
         stream = StreamRecorder(record, text_out)
+        content, now = resp.content, self._now
         try:
-            async for data in resp.content.iter_any():
-                if not stream.read(data, self._now()):
+            # (readany, not iter_any: one await per network read, no iterator between)
+            while data := await content.readany():
+                if not stream.read(data, now()):
                     break
             if stream.reading:
                 stream.eof(self._now())
