@@ -31,6 +31,7 @@ from inferlab.cli.common import (
     workload_config,
 )
 from inferlab.cli.export import export
+from inferlab.cli.locust import locust_merge
 from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
 from inferlab.load.run import BenchConfig, RunResult, bench_async
@@ -148,6 +149,7 @@ def _render(out: Console, summary: Summary, kw: dict[str, Any], config: BenchCon
 
 main.add_command(sim)
 main.add_command(export)
+main.add_command(locust_merge)
 main.add_command(tokens)
 
 def run() -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import gevent
-import gevent.select
+import gevent.monkey
 import gevent.socket
 import gevent.ssl
 from geventhttpclient.response import HTTPParseError, HTTPResponse
@@ -126,11 +126,16 @@ class Connection:
             self._sock = None
 
 
+#: The standard library's own ``select`` (gevent's yields to other greenlets even with
+#: a zero timeout, and the request then waits for them).
+_select = gevent.monkey.get_original("select", "select")
+
+
 def _idle_and_open(sock: gevent.socket.socket) -> bool:
     """Whether a kept-alive connection can take the next request: nothing to read on it
     (readable between requests means the server closed it, or sent what nobody asked)."""
     try:
-        readable, _, _ = gevent.select.select([sock], [], [], 0)
+        readable, _, _ = _select([sock], [], [], 0)
     except (OSError, ValueError):
         return False
     return not readable
