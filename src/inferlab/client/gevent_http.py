@@ -8,7 +8,9 @@ takes the HTTP framing off (chunked or not) and every read's body bytes go to th
 shared ``client.exchange.StreamRecorder``, which fills the record exactly as the asyncio
 client does. Locust's own clients do not fit: ``FastHttpUser``'s ``iter_content`` and
 ``requests``' ``iter_content`` gather a fixed number of bytes (several chunks, one time)
-or split one read into several. A request never raises for a failure (it is recorded);
+or split one read into several. A request that a stale keep-alive connection failed
+before any answer came is sent again, once, on a new connection (``resent`` counts
+them), as ``client.http`` does. A request never raises for a failure (it is recorded);
 only ``GreenletExit`` (Locust stopping the user) propagates, the record marked
 ``cancelled``.
 """
@@ -101,6 +103,7 @@ class Connection:
         self.connect_timeout_s = connect_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self._sock: gevent.socket.socket | None = None
+        self.reused = False  # the last ``socket()`` was a kept-alive connection
 
     def socket(self) -> gevent.socket.socket:
         """The open connection, or a new one; ``_ConnectError`` if none can be opened."""
@@ -108,6 +111,7 @@ class Connection:
         if sock is not None and not _idle_and_open(sock):
             self.close()
             sock = None
+        self.reused = sock is not None
         if sock is None:
             try:
                 sock = gevent.socket.create_connection((self.host, self.port), timeout=self.connect_timeout_s)
@@ -150,6 +154,8 @@ class GeventClient:
         self.endpoint = endpoint
         self.now_ns = now_ns
         self.connection = Connection(endpoint.base_url, endpoint.idle_timeout_s, endpoint.idle_timeout_s)
+        #: requests sent a second time because a stale keep-alive connection failed them
+        self.resent = 0
         self.path = _path(endpoint.url)
         self.header_lines = _header_lines(
             {"Host": self.connection.host_header, **endpoint.request_headers(), "Accept-Encoding": "identity"}
@@ -165,19 +171,33 @@ class GeventClient:
         ep = self.endpoint
         exchange = _Exchange(self, record, text_out)
         record.send_ns = self.now_ns()  # (the moment the request goes out, once connected)
+        resent = False
         try:
             with gevent.Timeout(ep.timeout_s, _TotalTimeout()):
-                exchange.run(body)
+                try:
+                    exchange.run(body)
+                except (_Closed, OSError, HTTPParseError) as e:
+                    if not exchange.reused or record.status is not None or isinstance(e, TimeoutError):
+                        raise
+                    # a stale keep-alive connection, closed as the request went out
+                    # (client.http's docstring): once more, on a new connection
+                    self.connection.close()
+                    resent = True
+                    self.resent += 1
+                    exchange = _Exchange(self, record, text_out)
+                    exchange.run(body)
         except _TotalTimeout:
             fail(record, ErrorKind.TIMEOUT, f"request took over {ep.timeout_s:g} s")
         except _ConnectError as e:
             fail(record, ErrorKind.CONNECT, f"cannot connect to {ep.url}: {e}")
         except TimeoutError:
             fail(record, ErrorKind.IDLE_TIMEOUT, f"no data for {ep.idle_timeout_s:g} s")
-        except _Closed as e:
-            fail(record, ErrorKind.DISCONNECT, f"connection closed mid-response: {e}")
-        except (OSError, HTTPParseError) as e:
-            fail(record, ErrorKind.DISCONNECT, f"{type(e).__name__}: {e}")
+        except (_Closed, OSError, HTTPParseError) as e:
+            if record.status is not None:
+                fail(record, ErrorKind.DISCONNECT, f"connection closed mid-response: {e}")
+            else:
+                retry = " (also when sent again on a new connection)" if resent else ""
+                fail(record, ErrorKind.DISCONNECT, f"the server closed the connection before responding{retry}: {type(e).__name__}: {e}")
         except gevent.GreenletExit:
             fail(record, ErrorKind.CANCELLED, "run interrupted")
             raise
@@ -238,11 +258,13 @@ class _Exchange:
         self.record = record
         self.text_out = text_out
         self.reusable = False
+        self.reused = False  # sent on a kept-alive connection
         self.body_bytes = 0
 
     def run(self, body: bytes) -> None:
         client, record = self.client, self.record
         sock = client.connection.socket()
+        self.reused = client.connection.reused
         head = f"POST {client.path} HTTP/1.1\r\n{client.header_lines}Content-Length: {len(body)}\r\n\r\n"
         record.send_ns = client.now_ns()
         sock.sendall(head.encode("latin-1") + body)
