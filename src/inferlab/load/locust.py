@@ -277,6 +277,9 @@ def _on_init(environment: Environment, **_: Any) -> None:
     o = _opts(environment)
     if o is None or runner is None:
         return
+    # gevent's loop keeps the time of its last turn; importing inferlab blocked it for a
+    # while, and Locust's -t timer, set from that stale time, would end the run early
+    gevent.get_hub().loop.update_now()
     if isinstance(runner, WorkerRunner):
         runner.register_message(STOP_MESSAGE, _on_stop_message, concurrent=True)
         return
