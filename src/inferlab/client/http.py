@@ -129,7 +129,9 @@ class Client:
         self.t0_ns = t0_ns
         self.resent = 0
         self._headers = endpoint.request_headers()
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_read=endpoint.idle_timeout_s)
+        # no sock_read: the idle timeout is the client's own (``_IdleWatch``, and a timer
+        # on the wait for the response's head)
+        self._timeout = aiohttp.ClientTimeout(total=None)
 
     def _now(self) -> int:
         return self.clock.now_ns() - self.t0_ns
@@ -191,52 +193,93 @@ class Client:
         text_out: list[str] | None,
     ) -> None:
         ep = self.endpoint
-        async with session.post(
-            ep.url,
-            data=body,
-            headers=self._headers,
-            timeout=self._timeout,
-            trace_request_ctx=attempt,
-        ) as resp:
+        try:
+            async with asyncio.timeout(ep.idle_timeout_s):  # (the wait for the response's head)
+                resp = await session.post(
+                    ep.url, data=body, headers=self._headers, timeout=self._timeout, trace_request_ctx=attempt,
+                )
+        except TimeoutError:
+            raise aiohttp.ServerTimeoutError("no response") from None
+        async with resp:
             record.status = resp.status
-            if resp.status >= 400:
-                raw = b""
-                while len(raw) < MAX_ERROR_BODY and (data := await resp.content.read(MAX_ERROR_BODY - len(raw))):
-                    raw += data
-                record_http_error(record, resp.status, raw, resp.reason or "")
-                return
-            if ep.stream and resp.content_type == "text/event-stream":
-                await self._read_stream(resp, record, text_out)
-            else:
-                await self._read_body(resp, record, text_out)
+            idle = _IdleWatch(resp.content, ep.idle_timeout_s, self._now)
+            try:
+                if resp.status >= 400:
+                    raw = b""
+                    while len(raw) < MAX_ERROR_BODY and (data := await resp.content.read(MAX_ERROR_BODY - len(raw))):
+                        raw += data
+                        idle.last_ns = self._now()
+                    record_http_error(record, resp.status, raw, resp.reason or "")
+                    return
+                if ep.stream and resp.content_type == "text/event-stream":
+                    done = await self._read_stream(resp, record, text_out, idle)
+                else:
+                    await self._read_body(resp, record, text_out, idle)
+                    return
+            finally:
+                idle.cancel()
+            if done:
+                await _drain(resp)
 
     async def _read_stream(
-        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None
-    ) -> None:
+        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None, idle: _IdleWatch,
+    ) -> bool:
+        """Read a stream into ``record``; True if it ended with ``[DONE]``."""
         stream = StreamRecorder(record, text_out)
         content, now = resp.content, self._now
         try:
             # (readany, not iter_any: one await per network read, no iterator between)
             while data := await content.readany():
-                if not stream.read(data, now()):
+                t = idle.last_ns = now()
+                if not stream.read(data, t):
                     break
             if stream.reading:
                 stream.eof(self._now())
         finally:  # a failed or cancelled stream keeps what it said so far
             stream.flush()
         stream.finish()
-        if stream.done:
-            await _drain(resp)
+        return stream.done
 
     async def _read_body(
-        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None
+        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None, idle: _IdleWatch,
     ) -> None:
         chunks = []
-        async for data in resp.content.iter_any():
+        while data := await resp.content.readany():
+            t = idle.last_ns = self._now()
             if record.ttfb_ns is None:
-                record.ttfb_ns = self._now()
+                record.ttfb_ns = t
             chunks.append(data)
         record_body(record, b"".join(chunks), self._now(), text_out)
+
+
+class _IdleWatch:
+    """The idle timeout while a response's body is read, with one timer per idle period
+    rather than aiohttp's ``sock_read``, which cancels and sets a timer on every network
+    read (bench/client_cpu.py: a third of the client's CPU per chunk, paced). The
+    reader stamps ``last_ns`` (its clock, ns) at each read; when ``idle_s`` pass with
+    none, the body fails with ``ServerTimeoutError``, as ``sock_read`` would fail it."""
+
+    __slots__ = ("_content", "_handle", "_idle_ns", "_now", "last_ns")
+
+    def __init__(self, content: aiohttp.StreamReader, idle_s: float, now: Callable[[], int]) -> None:
+        self._content = content
+        self._now = now
+        self._idle_ns = int(idle_s * 1e9)
+        self.last_ns = now()
+        self._handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(idle_s, self._check)
+
+    def _check(self) -> None:
+        quiet_ns = self._now() - self.last_ns
+        if quiet_ns < self._idle_ns:
+            self._handle = asyncio.get_running_loop().call_later((self._idle_ns - quiet_ns) / 1e9, self._check)
+            return
+        self._handle = None
+        self._content.set_exception(aiohttp.ServerTimeoutError("Timeout on reading data from socket"))
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def discover_model(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> str:
