@@ -385,10 +385,13 @@ class LLMUser(User):
         """Called with each request's record as it ends (a hook for subclasses)."""
 
     def _report(self, record: RequestRecord) -> None:
-        """Locust's own statistics: the request's E2E time and output characters."""
+        """Locust's own statistics: the request's E2E time and output characters (not for
+        a request cut short by Locust stopping the user: it is neither)."""
+        if record.error_kind is ErrorKind.CANCELLED:
+            return
         start = record.send_ns if record.send_ns is not None else record.intended_send_ns or 0
         end = record.end_ns if record.end_ns is not None else self.sender.now_ns()
-        failed = record.error_kind is not None and record.error_kind is not ErrorKind.CANCELLED
+        failed = record.error_kind is not None
         self.environment.events.request.fire(
             request_type="POST", name=self.sender.endpoint.api, response_time=(end - start) / 1e6,
             response_length=record.output_chars, exception=Exception(record.error) if failed else None,
