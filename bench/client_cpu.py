@@ -299,18 +299,32 @@ class Regime:
     requests: dict[int, int]  # concurrency -> requests per cell
 
 
-def measure(spec: StackSpec, url: str, requests: int, concurrency: int) -> float:
-    """CPU µs of this process per content chunk for one cell. The client is created and
-    warmed up (one request per connection: connections, lazy imports, first-call
-    caches) untimed."""
+def measure(spec: StackSpec, url: str, requests: int, concurrency: int) -> tuple[float, float]:
+    """CPU µs of this process per content chunk for one cell, and the network reads per
+    chunk (aiohttp's stacks; 0 for the others). The client is created and warmed up
+    (one request per connection: connections, lazy imports, first-call caches) untimed.
 
-    async def cell() -> tuple[float, int]:
+    Reads per chunk: a client that keeps up reads each chunk as it comes (one read, one
+    wake-up each); one that falls behind finds several waiting and reads them at once,
+    which costs less per chunk and stamps them late. Compare CPU at like reads."""
+    from aiohttp.client_proto import ResponseHandler
+
+    reads = [0]
+    received = ResponseHandler.data_received
+
+    def counting(self: ResponseHandler, data: bytes) -> None:
+        if data:
+            reads[0] += 1
+        received(self, data)
+
+    async def cell() -> tuple[float, int, int]:
         async with spec.run(url) as one:
             await _fan_out(concurrency, concurrency, one)
             gc.collect()
+            reads[0] = 0
             cpu = time.process_time()
             chunks = await _fan_out(requests, concurrency, one)
-            return time.process_time() - cpu, chunks
+            return time.process_time() - cpu, chunks, reads[0]
 
     if spec.run is inferlab_aiohttp:
         _use_json(spec.json)
@@ -319,12 +333,16 @@ def measure(spec: StackSpec, url: str, requests: int, concurrency: int) -> float
         import uvloop
 
         loop_factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        cpu_s, chunks = runner.run(cell())
-    return cpu_s / chunks * 1e6
+    ResponseHandler.data_received = counting  # type: ignore[method-assign]
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            cpu_s, chunks, n_reads = runner.run(cell())
+    finally:
+        ResponseHandler.data_received = received  # type: ignore[method-assign]
+    return cpu_s / chunks * 1e6, n_reads / chunks
 
 
-def _cell(stack: str, url: str, requests: int, concurrency: int, baseline: Path | None) -> float:
+def _cell(stack: str, url: str, requests: int, concurrency: int, baseline: Path | None) -> tuple[float, float]:
     """One cell in a fresh child process (a baseline's from that revision's source)."""
     env = dict(os.environ)
     if stack.startswith(BASELINE):
@@ -338,7 +356,7 @@ def _cell(stack: str, url: str, requests: int, concurrency: int, baseline: Path 
     expected = str(baseline) if stack.startswith(BASELINE) else str(Path(__file__).resolve().parents[1])
     if not result["inferlab"].startswith(expected):
         raise SystemExit(f"cell {stack} ran inferlab from {result['inferlab']}, not {expected}")
-    return float(result["us_per_chunk"])
+    return float(result["us_per_chunk"]), float(result["reads_per_chunk"])
 
 
 def _run_cell(argv: list[str]) -> None:
@@ -347,8 +365,8 @@ def _run_cell(argv: list[str]) -> None:
 
     stack, url, requests, concurrency = argv[0], argv[1], int(argv[2]), int(argv[3])
     spec = STACKS["aiohttp"] if stack.startswith(BASELINE) else STACKS[stack]
-    us = measure(spec, url, requests, concurrency)
-    print(json.dumps({"us_per_chunk": us, "inferlab": str(Path(inferlab.__file__).resolve())}))
+    us, reads = measure(spec, url, requests, concurrency)
+    print(json.dumps({"us_per_chunk": us, "reads_per_chunk": reads, "inferlab": str(Path(inferlab.__file__).resolve())}))
 
 
 def _checkout(rev: str, into: Path) -> Path:
@@ -378,7 +396,7 @@ def run(regimes: list[Regime], stacks: list[str], rounds: int, baseline: Path | 
               f"{rounds} interleaved rounds, each cell a fresh process; ratio = stack / aiohttp, "
               f"lower is cheaper)")
         for regime in regimes:
-            results: dict[tuple[str, int], list[float]] = {}
+            results: dict[tuple[str, int], list[tuple[float, float]]] = {}
             for r in range(rounds):
                 for conc, n in regime.requests.items():
                     order = stacks[r % len(stacks):] + stacks[: r % len(stacks)]
@@ -393,22 +411,24 @@ def run(regimes: list[Regime], stacks: list[str], rounds: int, baseline: Path | 
         server.join()
 
 
-def _print_table(regime: Regime, stacks: list[str], results: dict[tuple[str, int], list[float]]) -> None:
+def _print_table(regime: Regime, stacks: list[str], results: dict[tuple[str, int], list[tuple[float, float]]]) -> None:
     concs = list(regime.requests)
     gap = f"{regime.gap_us} µs between chunks" if regime.gap_us else "no pause"
     print(f"\n{regime.name}: {regime.chunks} chunks/request, {gap}; requests per cell "
           + ", ".join(f"{n} at c={c}" for c, n in regime.requests.items()))
-    header = f"{'stack':<16}" + "".join(f"{f'c={c} µs/chunk':>17}{'ratio':>7}" for c in concs)
+    header = f"{'stack':<16}" + "".join(f"{f'c={c} µs/chunk':>17}{'ratio':>7}{'reads/chunk':>12}" for c in concs)
     print(header)
     print("-" * len(header))
-    base = {c: statistics.median(results[("aiohttp", c)]) for c in concs if ("aiohttp", c) in results}
+    base = {c: statistics.median(u for u, _ in results[("aiohttp", c)]) for c in concs if ("aiohttp", c) in results}
     for name in stacks:
         row = f"{name:<16}"
         for c in concs:
-            med = statistics.median(results[(name, c)])
-            spread = max(results[(name, c)]) - min(results[(name, c)])
+            us = [u for u, _ in results[(name, c)]]
+            med = statistics.median(us)
+            spread = max(us) - min(us)
             ratio = f"{med / base[c]:.2f}" if c in base else "-"
-            row += f"{med:>10.1f} ±{spread / 2:>4.1f}{ratio:>7}"
+            reads = statistics.median(r for _, r in results[(name, c)])
+            row += f"{med:>10.1f} ±{spread / 2:>4.1f}{ratio:>7}{reads:>12.2f}"
         print(row)
 
 
