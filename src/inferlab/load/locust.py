@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import secrets
 import sys
 from collections.abc import Iterator
@@ -289,6 +290,9 @@ def _on_init(environment: Environment, **_: Any) -> None:
         o.inferlab_prompt_salt = secrets.token_hex(4)
     try:
         _workload(o, 0)  # (bad workload flags fail here, before any worker starts)
+    except InferlabError as e:  # (its message names bench's flags: ours have a prefix)
+        _fail(re.sub(r"--(?!inferlab-)([a-z][a-z-]*)", r"--inferlab-\1", str(e)))
+    try:
         if environment.host:
             _endpoint(environment, "")
         out = Path(o.inferlab_out)
