@@ -148,8 +148,13 @@ class _Sender:
         epoch_ns, mono_ns = epoch_anchor_ns()
         self.t0_ns = self.clock.now_ns()
         self.t0_epoch_ns = epoch_ns + (self.t0_ns - mono_ns)
-        probe = _endpoint(environment, o.inferlab_model or "")
-        model = o.inferlab_model or GeventClient(probe, self.now_ns).discover_model()
+        model = o.inferlab_model
+        if not model:
+            probe = GeventClient(_endpoint(environment, ""), self.now_ns)
+            try:
+                model = probe.discover_model()
+            finally:
+                probe.close()
         self.endpoint = _endpoint(environment, model)
         self.workload = _workload(o, index)
         self.pending: list[dict[str, Any]] = []
