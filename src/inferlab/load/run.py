@@ -24,11 +24,13 @@ from typing import IO, Any
 
 from inferlab._clock import Clock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, UsageError
+from inferlab._loop import loop_name
 from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
 from inferlab.load.http import Outcome
 from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.openai.request import Api, check_extra_body
+from inferlab.openai.response import JSON_LIBRARY
 from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load
 from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
@@ -326,6 +328,8 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         # the simulated server says which engine it ran (a replay can run the same one);
         # other servers: null
         "engine": await _simulated_engine(base, endpoint.request_headers()),
+        # what the client ran on (the ``fast`` extra's uvloop and orjson, where installed)
+        "client_stack": {"loop": loop_name(), "json": JSON_LIBRARY},
     }
     config_json = {**http_config_json(config, target), "resolved": resolved}
 
