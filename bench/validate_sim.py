@@ -11,6 +11,7 @@ that could not be expressed with the reason.
     python bench/validate_sim.py --csv other.csv  # any file in the same format
     python bench/validate_sim.py --csv bench/data/published_extra.csv  # rows we gathered
     python bench/validate_sim.py --rows 1,46,141  # a subset
+    python bench/validate_sim.py --all --jobs 2   # every file in bench/data, fit vs held-out
 """
 
 from __future__ import annotations
@@ -21,15 +22,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from inferlab.sim.validation.scenario import OFFLINE, REGIMES, SPLITS
 from inferlab.sim.validation.validate import (
+    METRIC_CLASSES,
     TARGET_PCT,
     Comparison,
     error_medians,
+    group_medians,
     length_mismatches,
-    validate,
+    validate_files,
 )
 
-DEFAULT_CSV = Path(__file__).resolve().parent / "data" / "calibration.csv"
+DATA = Path(__file__).resolve().parent / "data"
+DEFAULT_CSV = DATA / "calibration.csv"
+ALL_CSVS = sorted(DATA.glob("*.csv"))
 
 
 def _fmt(x: float) -> str:
@@ -63,17 +69,40 @@ def _breakdown(title: str, comparisons: list[Comparison], key: Callable[[Compari
         print(f"  {group:<9} {cells}")
 
 
+def _split_table(title: str, comparisons: list[Comparison], groups: list[tuple[str, Callable[[Comparison], bool]]]) -> None:
+    """Fit against held-out rows per group, as a Markdown table (docs/validation.md)."""
+    print()
+    print(f"per {title}, fit against held-out (median over rows of |error| %, rows):")
+    print()
+    print(f"| {title} | split | " + " | ".join(METRIC_CLASSES) + " |")
+    print("|---|---|" + "---|" * len(METRIC_CLASSES))
+    for group, member in groups:
+        sub = [c for c in comparisons if member(c)]
+        if not sub:
+            continue
+        by_split = group_medians(sub, lambda c: c.scenario.split)
+        for split in SPLITS:
+            medians = by_split.get(split)
+            if not medians:
+                continue
+            cells = [f"{medians[cls][0]:.1f} % ({medians[cls][1]})" if cls in medians else "—" for cls in METRIC_CLASSES]
+            print(f"| {group} | {split} | " + " | ".join(cells) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="calibration CSV")
     ap.add_argument("--rows", help="comma-separated row ids (default: all)")
+    ap.add_argument("--all", action="store_true", help="every CSV in bench/data, with fit vs held-out tables")
+    ap.add_argument("--jobs", type=int, default=1, help="simulate rows in this many processes")
     args = ap.parse_args(argv)
-    if not args.csv.is_file():
+    paths = ALL_CSVS if args.all else [args.csv]
+    if not all(p.is_file() for p in paths):
         print(f"no such file: {args.csv}", file=sys.stderr)
         return 2
     started = time.perf_counter()
     rows = args.rows.split(",") if args.rows else None
-    report = validate(args.csv, rows)
+    report = validate_files(paths, rows, args.jobs)
     elapsed = time.perf_counter() - started
 
     _table(report.comparisons)
@@ -85,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {cls:<10} {median:6.1f}%  ({n_rows} rows, {n_cmp} values; {target}){ok}")
     _breakdown("per engine family", report.comparisons, lambda c: c.scenario.family)
     _breakdown("per scenario", report.comparisons, lambda c: c.scenario.kind)
+    _breakdown("per split", report.comparisons, lambda c: c.scenario.split)
+    families = sorted({str(c.scenario.family) for c in report.comparisons})
+    _split_table("family", report.comparisons, [
+        ("all", lambda c: True),
+        *((f, lambda c, f=f: c.scenario.family == f) for f in families),
+        ("vllm online", lambda c: c.scenario.family == "vllm" and c.scenario.regime != OFFLINE),
+    ])
+    _split_table("regime", report.comparisons, [(r, lambda c, r=r: c.scenario.regime == r) for r in REGIMES])
     assumed = {
         c.scenario.row_id: c.scenario.assumptions
         for c in report.comparisons

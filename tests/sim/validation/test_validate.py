@@ -27,6 +27,7 @@ from inferlab.sim.validation.validate import (
     error_medians,
     length_mismatches,
     validate,
+    validate_files,
     workload,
 )
 
@@ -478,3 +479,49 @@ def test_weighted_statistics_count_each_value_its_weight_in_times() -> None:
         expanded = [v for v, w in zip(values, weights, strict=True) for _ in range(w)]
         for stat in ("mean", "median", "p90", "p99"):
             assert _stat(values, stat, [float(w) for w in weights]) == pytest.approx(_stat(expanded, stat)), stat
+
+
+# --- the split by source ---------------------------------------------------------------------
+
+DATA = CSV.parent
+
+
+def test_every_row_names_its_source_and_every_source_is_on_one_side_of_the_split() -> None:
+    sides: dict[str, set[str]] = {}
+    for path in sorted(DATA.glob("*.csv")):
+        for r in load_rows(path):
+            assert r["source_id"].strip(), f"{path.name} row {r['row_id']}: no source_id"
+            assert r["split"] in ("fit", "holdout"), f"{path.name} row {r['row_id']}: split {r['split']!r}"
+            sides.setdefault(r["source_id"], set()).add(r["split"])
+    assert all(len(s) == 1 for s in sides.values()), {k: s for k, s in sides.items() if len(s) > 1}
+    # the reference set, which every constant has seen, is all in the fit set
+    assert {r["split"] for r in load_rows(CSV)} == {"fit"}
+    assert "holdout" in {s for v in sides.values() for s in v}
+
+
+def test_a_row_carries_its_split_and_regime_and_an_unknown_split_is_refused() -> None:
+    sc = parse_row(row(split="holdout", source_id="someone"))
+    assert (sc.split, sc.source_id, sc.regime) == ("holdout", "someone", "closed loop")
+    assert parse_row(row()).split == "fit"  # a row without the column: the fit set
+    assert parse_row(row(scenario="burst", batch_or_concurrency="", request_rate_rps="inf")).regime == "saturated"
+    assert parse_row(row(scenario="poisson", request_rate_rps="2", batch_or_concurrency="")).regime == "Poisson"
+    with pytest.raises(ScenarioError, match="split 'test'"):
+        parse_row(row(split="test"))
+
+
+def test_several_files_validate_together_and_in_processes_alike(tmp_path: Path) -> None:
+    paths = []
+    for name, rid in (("a.csv", "x1"), ("b.csv", "x3")):
+        path = tmp_path / name
+        r = row(row_id=rid) if rid == "x1" else row(row_id=rid, scenario="poisson", request_rate_rps="2", batch_or_concurrency="")
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=[*BASE_ROW, "request_rate_rps"])
+            w.writeheader()
+            w.writerow(r)
+        paths.append(path)
+    one = validate_files(paths)
+    two = validate_files(paths, jobs=2)
+    assert [(c.scenario.row_id, c.predicted) for c in one.comparisons] == [
+        (c.scenario.row_id, c.predicted) for c in two.comparisons
+    ]
+    assert {c.scenario.row_id for c in one.comparisons} == {"x1", "x3"}

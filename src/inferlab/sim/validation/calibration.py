@@ -20,8 +20,10 @@ from inferlab.sim.engine.dtypes import KVCacheDType, Quantization
 from inferlab.sim.engine.families import EngineFamily, family_for_engine
 from inferlab.sim.engine.hardware import gpu_from_text, resolve_model
 from inferlab.sim.validation.scenario import (
+    FIT,
     METRIC_CLASS,
     METRIC_COLUMNS,
+    SPLITS,
     Lengths,
     Measurement,
     Scenario,
@@ -345,6 +347,10 @@ def parse_row(row: dict[str, str]) -> Scenario:
         elif output_len.kind != "uniform":
             output_len = dataclasses.replace(output_len, a=output_len.a / (1 - empty_fraction))
 
+    split = row.get("split", "").strip() or FIT
+    if split not in SPLITS:
+        raise ScenarioError(f"split {split!r}: not one of {', '.join(SPLITS)}")
+
     stat_cell = row.get("metric_stat", "")
     measurements = []
     for col in METRIC_COLUMNS:
@@ -379,6 +385,8 @@ def parse_row(row: dict[str, str]) -> Scenario:
         or (kind == "closed" and not re.search(r"offline|python api", engine_cell.lower())),
         empty_fraction=empty_fraction,
         assumptions=tuple(assumptions),
+        source_id=row.get("source_id", "").strip(),
+        split=split,
     )
 
 

@@ -23,6 +23,25 @@ METRIC_CLASS = {
 }
 METRIC_COLUMNS = tuple(METRIC_CLASS)
 
+# The data's split by source (``bench/data/*.csv``'s ``split`` column): constants are
+# fitted on FIT rows only; HOLDOUT rows measure how far predictions carry.
+FIT, HOLDOUT = "fit", "holdout"
+SPLITS = (FIT, HOLDOUT)
+
+# Load regimes, by scenario kind: no API server (offline, static batches); N users each
+# waiting for their last answer (closed loop); arrivals at a rate (Poisson, constant);
+# every request at once (saturated: a burst).
+OFFLINE, CLOSED, POISSON, SATURATED = "offline", "closed loop", "Poisson", "saturated"
+REGIMES = (OFFLINE, CLOSED, POISSON, SATURATED)
+REGIME_OF_KIND = {
+    "offline": OFFLINE,
+    "static": OFFLINE,
+    "closed": CLOSED,
+    "poisson": POISSON,
+    "constant": POISSON,
+    "burst": SATURATED,
+}
+
 
 @dataclass(frozen=True)
 class Lengths:
@@ -82,6 +101,13 @@ class Scenario:
     via_server: bool
     empty_fraction: float = 0.0
     assumptions: tuple[str, ...] = ()
+    source_id: str = ""  # the publisher's document or dataset: the unit of the split
+    split: str = FIT  # FIT or HOLDOUT (``bench/data``'s ``split`` column)
+
+    @property
+    def regime(self) -> str:
+        """The load regime the error bands are kept for (``REGIMES``)."""
+        return REGIME_OF_KIND[self.kind]
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,13 @@ duration is extrapolated at the steady completion rate; latencies come from the 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import math
 import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -344,22 +345,32 @@ def predict_scenario(sc: Scenario) -> tuple[dict[str, float], int]:
     return {m.metric: predict(sc, run, m) for m in sc.measurements}, len(run.timelines)
 
 
-def validate(path: str | Path, row_ids: Iterable[str] | None = None) -> Report:
+def validate(path: str | Path, row_ids: Iterable[str] | None = None, jobs: int = 1) -> Report:
     """Parse and simulate every row of a calibration file (or only ``row_ids``)."""
-    rows = load_rows(path)
+    return validate_files([path], row_ids, jobs)
+
+
+def validate_files(
+    paths: Sequence[str | Path], row_ids: Iterable[str] | None = None, jobs: int = 1
+) -> Report:
+    """``validate`` over several files (row ids are unique across ``bench/data``), with
+    the rows simulated in ``jobs`` processes (the results do not depend on it)."""
+    rows = [r for path in paths for r in load_rows(path)]
     if row_ids is not None:
         wanted = {r.strip() for r in row_ids}
         rows = [r for r in rows if r.get("row_id", "").strip() in wanted]
     scenarios, skipped = parse_rows(rows)
     report = Report(skipped=skipped)
-    for sc in scenarios:
-        try:
-            predicted, simulated = predict_scenario(sc)
-        except (ValueError, ArithmeticError, LookupError, InferlabError) as e:
-            # (a ScenarioError says why the row cannot be expressed; the rest are the engine's)
-            reason = str(e) if isinstance(e, ScenarioError) else f"the simulated engine cannot run it: {e}"
-            report.skipped.append(Skipped(sc.row_id, sc.engine_label, sc.model, reason))
+    if jobs > 1 and len(scenarios) > 1:
+        with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+            outcomes = list(pool.map(_predict_or_reason, scenarios, chunksize=1))
+    else:
+        outcomes = [_predict_or_reason(sc) for sc in scenarios]
+    for sc, outcome in zip(scenarios, outcomes, strict=True):
+        if isinstance(outcome, str):
+            report.skipped.append(Skipped(sc.row_id, sc.engine_label, sc.model, outcome))
             continue
+        predicted, simulated = outcome
         if simulated < sc.num_requests:
             note = f"ran {simulated:,} of {sc.num_requests:,} requests, duration extrapolated"
             sc = dataclasses.replace(sc, assumptions=(*sc.assumptions, note))
@@ -368,6 +379,15 @@ def validate(path: str | Path, row_ids: Iterable[str] | None = None) -> Report:
                 Comparison(sc, m.metric, m.stat, m.value, predicted[m.metric])
             )
     return report
+
+
+def _predict_or_reason(sc: Scenario) -> tuple[dict[str, float], int] | str:
+    """``predict_scenario``, or the reason the row cannot run."""
+    try:
+        return predict_scenario(sc)
+    except (ValueError, ArithmeticError, LookupError, InferlabError) as e:
+        # (a ScenarioError says why the row cannot be expressed; the rest are the engine's)
+        return str(e) if isinstance(e, ScenarioError) else f"the simulated engine cannot run it: {e}"
 
 
 def length_mismatches(comparisons: Sequence[Comparison], tolerance_pct: float = 3.0) -> dict[str, str]:
@@ -408,3 +428,13 @@ def error_medians(comparisons: Sequence[Comparison]) -> dict[str, tuple[float, i
             median = statistics.median(statistics.fmean(v) for v in by_row.values())
             out[cls] = (median, len(by_row), sum(len(v) for v in by_row.values()))
     return out
+
+
+def group_medians(
+    comparisons: Sequence[Comparison], key: Callable[[Comparison], str]
+) -> dict[str, dict[str, tuple[float, int, int]]]:
+    """``error_medians`` per group of ``key`` (a family, a regime, a split ...)."""
+    groups: dict[str, list[Comparison]] = {}
+    for c in comparisons:
+        groups.setdefault(key(c), []).append(c)
+    return {g: error_medians(cs) for g, cs in sorted(groups.items())}
