@@ -8,6 +8,12 @@ with a single model name sends a fixed, countable mix. ``GET /v1/models`` lists
 
 Every stream that ends well carries the same reply (``TEXTS``, ``USAGE``), whatever
 the framing, so tests can assert the same record for all of them.
+
+Keep-alive, on every route: ``keepalive_s`` closes connections idle that long (aiohttp's
+own idle close: the client sees the close before it sends again), and
+``stale_after_s`` drops, unanswered, a request arriving on a connection that has been
+idle longer than that: what a client sees when its request crosses the server's idle
+close on the wire (llama.cpp and uvicorn close after 5 s). ``dropped`` counts those.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
@@ -287,11 +294,18 @@ class FaultServer:
     ``served`` counts the behaviours actually answered, in the order chosen.
     """
 
-    def __init__(self, *, stall_s: float = 1.0, slow_chunks: int = 200, slow_gap_s: float = 0.05) -> None:
+    def __init__(
+        self, *, stall_s: float = 1.0, slow_chunks: int = 200, slow_gap_s: float = 0.05,
+        keepalive_s: float | None = None, stale_after_s: float | None = None,
+    ) -> None:
         self.stall_s = stall_s
         self.slow_chunks = slow_chunks
         self.slow_gap_s = slow_gap_s
+        self.keepalive_s = keepalive_s
+        self.stale_after_s = stale_after_s
         self.served: Counter[str] = Counter()
+        self.dropped = 0
+        self._idle_since: dict[object, float] = {}  # peer address -> end of its last response
         self._cycles: dict[str, Iterator[str]] = {}
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -320,17 +334,32 @@ class FaultServer:
         self.served[name] += 1
         return await handler(self, request)
 
+    @web.middleware
+    async def _stale_connections(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+        assert request.transport is not None
+        peer = request.transport.get_extra_info("peername")
+        idle_since = self._idle_since.pop(peer, None)
+        if self.stale_after_s is not None and idle_since is not None and time.monotonic() - idle_since > self.stale_after_s:
+            self.dropped += 1
+            request.transport.close()
+            raise asyncio.CancelledError
+        try:
+            return await handler(request)
+        finally:
+            self._idle_since[peer] = time.monotonic()
+
     async def _models(self, request: web.Request) -> web.Response:
         data = [{"id": name, "object": "model", "owned_by": "faultserver"} for name in BEHAVIOURS]
         return web.json_response({"object": "list", "data": data})
 
     async def __aenter__(self) -> Self:
-        app = web.Application()
+        app = web.Application(middlewares=[self._stale_connections])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
+        keepalive = {} if self.keepalive_s is None else {"keepalive_timeout": self.keepalive_s}
         # handler_cancellation: a handler sleeping for a client that has gone away ends now.
         self._runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=0.1
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=0.1, **keepalive
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

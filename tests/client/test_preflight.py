@@ -4,6 +4,7 @@ server's /tokenize (or calibrate them from usage when it has none)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -122,4 +123,83 @@ async def test_against_the_sim_template_overhead_and_exact_lengths() -> None:
     assert s.input_length_source == EXACT_SERVER
     assert [r.input_tokens for r in result.records] == [100 + expected] * 4
     # no warning about lengths or the template (client timing depends on the machine's load)
-    assert [w for w in s.warnings if "fell behind" not in w] == []
+    assert [w for w in s.warnings if "fell behind" not in w and "client was likely the bottleneck" not in w] == []
+
+
+class LlamaLikeServer:
+    """What llama.cpp's ``llama-server`` does that the preflight must survive: its
+    ``/tokenize`` reads only ``{"content": ...}`` (any other body counts no tokens), and
+    it closes the connection after every streamed response while its headers say
+    keep-alive. Here the close is made deterministic: a request sent on a connection
+    that carried a stream is dropped unanswered (the client lost the race with the
+    server's close). Its tokenizer: one token per word."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.dropped = 0
+        self._streamed: set[object] = set()  # peers whose connection carried a stream
+
+    @web.middleware
+    async def close_after_stream(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        assert request.transport is not None
+        peer = request.transport.get_extra_info("peername")
+        if peer in self._streamed:
+            self._streamed.discard(peer)
+            self.dropped += 1
+            request.transport.close()
+            raise asyncio.CancelledError
+        resp: web.StreamResponse = await handler(request)
+        if resp.content_type == "text/event-stream":
+            self._streamed.add(peer)
+        return resp
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        words = str(body["content"]).split() if "content" in body else []
+        return web.json_response({"tokens": list(range(len(words)))})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        text = " ".join(str(m["content"]) for m in body["messages"])
+        usage = {"prompt_tokens": len(text.split()) + TEMPLATE_TOKENS, "completion_tokens": 2, "total_tokens": 0}
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Keep-Alive": "timeout=5, max=100"})
+        await resp.prepare(request)
+        for piece in ("a", "b"):
+            await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": piece}}]}).encode() + b"\n\n")
+        await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+@pytest.fixture
+async def llamalike() -> AsyncIterator[LlamaLikeServer]:
+    srv = LlamaLikeServer()
+    app = web.Application(middlewares=[srv.close_after_stream])
+    app.router.add_post("/v1/chat/completions", srv.chat)
+    app.router.add_post("/tokenize", srv.tokenize)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    srv.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    yield srv
+    await runner.cleanup()
+
+
+async def test_llama_cpp_s_tokenize_makes_lengths_exact_despite_its_closed_connections(
+    llamalike: LlamaLikeServer,
+) -> None:
+    """The probe's stream leaves a connection the server has closed in the pool; the
+    next /tokenize on it failed, and the preflight fell back to calibrated lengths (the
+    issue). Now the count is retried, and requests that hit such a connection are
+    resent: lengths are exact and no request fails."""
+    cfg = BenchConfig(load=LoadConfig(ClosedLoop(2), num_requests=6), model="m",
+                      workload=WorkloadConfig(input_tokens=40, output_tokens=2))
+    result = await bench_async(cfg, llamalike.url)
+    s = result.summary
+    assert llamalike.dropped > 0  # the fault happened
+    assert s.counts.completed == 6 and s.counts.failed == 0
+    assert s.input_length_source == EXACT_SERVER
+    assert s.prompt_overhead_tokens == TEMPLATE_TOKENS
+    assert [r.input_tokens for r in result.records] == [40 + TEMPLATE_TOKENS] * 6

@@ -59,6 +59,15 @@ async def test_the_same_salt_repeats_a_run_and_the_cache_hits_are_called_out(sim
     assert any("from its prefix cache, though this run's prompts share no prefix" in w for w in again.summary.warnings)
 
 
+async def test_the_same_prompt_every_request_is_called_out_as_measuring_the_cache(sim: EmbeddedServer) -> None:
+    long = " ".join(f"word{i}" for i in range(120))  # several cache blocks beyond the template
+    fixed = await bench_async(BenchConfig(LoadConfig(ClosedLoop(1), num_requests=4), WorkloadConfig(prompt=long)), sim.url)
+    assert fixed.summary.cached_tokens is not None and fixed.summary.cached_tokens > 0
+    assert any("every request sent the same prompt" in w for w in fixed.summary.warnings)
+    fresh = await bench_async(config(None), sim.url)
+    assert not any("prefix cache" in w for w in fresh.summary.warnings)
+
+
 async def test_a_replay_sends_the_lengths_it_replays_template_included(sim: EmbeddedServer, tmp_path: Path) -> None:
     await bench_async(config(None, tmp_path / "run"), sim.url)  # chat: the server counts the template too
     recorded = sorted(r.input_tokens for r in read_records(tmp_path / "run" / "requests.jsonl") if r.input_tokens)

@@ -141,6 +141,8 @@ def test_a_request_too_long_for_the_model_is_a_failed_record_and_the_run_goes_on
             assert r.input_tokens is not None and r.input_tokens + 8 > 1024
             assert (r.error_kind, r.status) == (ErrorKind.HTTP_STATUS, 400)
             assert r.error is not None and "maximum context length is 1024" in r.error
+            # no HTTP in virtual time: the kind and status bench would record, and words that say so
+            assert r.error.startswith("rejected by the engine (a server answers HTTP 400): ")
         assert all(r.output_tokens == 8 for r in records if r.ok)
         c = summarize(records).counts
         assert (c.completed, c.failed, c.errors) == (12 - len(failed), len(failed), {"http_status": len(failed)})

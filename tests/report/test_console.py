@@ -6,7 +6,7 @@ from rich.console import Console
 
 from inferlab.report.console import render_summary
 from inferlab.results.records import ErrorKind, RequestRecord
-from inferlab.results.summary import summarize
+from inferlab.results.summary import summarize, with_percentiles
 
 MS = 1_000_000
 
@@ -35,3 +35,18 @@ def test_duration_is_a_dash_when_nothing_completed() -> None:
     lines = rendered([r])
     assert row(lines, "duration").split() == ["duration", "—"]
     assert "0 completed, 1 failed (http_status 1)" in row(lines, "requests")
+
+
+def test_the_table_shows_the_chosen_percentiles() -> None:
+    records = [RequestRecord(i, send_ns=0, ttfb_ns=(10 + i) * MS, content_ns=[(10 + i) * MS, (20 + i) * MS],
+                             end_ns=(20 + i) * MS, input_tokens=5, output_tokens=2, usage_source="server")
+               for i in range(1000)]
+    header = next(x for x in rendered(records) if "metric" in x).split()
+    assert header == ["┃", "metric", "┃", "unit", "┃", "mean", "┃", "p50", "┃", "p90", "┃", "p99", "┃", "max", "┃"]
+    s = with_percentiles(summarize(records), records, [50, 99.9])
+    console = Console(record=True, width=160)
+    render_summary(console, s, "t", (50, 99.9))
+    lines = console.export_text().splitlines()
+    assert [c for c in next(x for x in lines if "metric" in x).split() if c != "┃"] == ["metric", "unit", "mean", "p50", "p99.9", "max"]
+    assert s.ttft_ms is not None
+    assert row(lines, "│ TTFT").split("│")[5].strip() == f"{s.ttft_ms.percentile(99.9):,.1f}"

@@ -5,10 +5,14 @@ import pytest
 from record_factory import MS, rec
 
 from inferlab.results.metrics import (
+    DISTRIBUTION_KEYS,
+    Distribution,
     counted_distribution,
     distribution,
     itl_ms_counts,
+    key_percentile,
     percentile,
+    percentile_key,
     request_metrics,
 )
 from inferlab.results.records import ErrorKind, RequestRecord
@@ -75,3 +79,27 @@ def test_record_json_round_trip() -> None:
     assert RequestRecord.from_json(r.to_json()) == r
     f = RequestRecord(index=1, error_kind=ErrorKind.IDLE_TIMEOUT, error="no data")
     assert RequestRecord.from_json(f.to_json()) == f
+
+
+def test_chosen_percentiles_are_added_after_the_fixed_keys() -> None:
+    xs = [float(x) for x in range(1, 1001)]
+    d = distribution(xs, [50, 99.9, 99, 0.5])
+    assert d is not None
+    assert d.extra == ((0.5, percentile(xs, 0.5)), (99.9, percentile(xs, 99.9)))  # fixed ones once
+    j = d.to_json()
+    assert list(j) == ["mean", "std", "min", "p50", "p90", "p95", "p99", "max", "p0_5", "p99_9"]
+    assert Distribution.from_json(j) == d
+    assert d.percentile(99.9) == j["p99_9"] and d.percentile(90) == d.p90
+    plain = distribution(xs)
+    assert plain is not None and list(plain.to_json()) == list(DISTRIBUTION_KEYS)  # the contract
+    counts: dict[float, int] = {1.0: 3, 2.5: 1, 7.0: 996}
+    listed = [x for x, k in counts.items() for _ in range(k)]
+    assert counted_distribution(counts, [99.9]) == distribution(listed, [99.9])
+
+
+def test_percentile_keys_are_plain_identifiers_that_read_back() -> None:
+    for q, key in ((99, "p99"), (99.9, "p99_9"), (0.5, "p0_5"), (99.99, "p99_99"), (100, "p100"), (0, "p0")):
+        assert percentile_key(q) == key and key_percentile(key) == q
+    assert key_percentile("mean") is None and key_percentile("p99.9") is None
+    with pytest.raises(ValueError, match="between 0 and 100"):
+        percentile_key(100.5)

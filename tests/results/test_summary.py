@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from record_factory import MS, rec
 
+from inferlab.results.clientload import ProcessLoad, client_load
 from inferlab.results.metrics import SLO
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.summary import (
@@ -18,6 +19,7 @@ from inferlab.results.summary import (
     TraceComparison,
     key_docs,
     summarize,
+    with_percentiles,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,6 +128,7 @@ def _full_summary() -> Summary:
     extras = SummaryExtras(
         trace_comparison=trace, prompt_overhead_tokens=None, input_length_source="exact (server /tokenize)",
         preflight={"accepts_exact_output": True, "warnings": []}, warnings_first=("first",), warnings_last=("last",),
+        client=client_load([ProcessLoad("client", [0.25, 0.5, 4.0], 0.5, 1.0, [(4.0, 0.5)])]),
     )
     return summarize(records, config={"load": {"schedule": {"kind": "OpenLoop"}}}, slo=SLO(ttft_ms=15), extras=extras)
 
@@ -197,3 +200,21 @@ def test_a_late_send_in_a_closed_loop_is_the_client_being_slow_not_a_schedule() 
     assert not any("fell behind" in w for w in closed)
     opened = summarize([late], config={"load": {"schedule": {"kind": "OpenLoop"}}}).warnings
     assert any("fell behind its schedule" in w for w in opened)
+
+
+def test_chosen_percentiles_reach_every_distribution_and_read_back() -> None:
+    records = [rec(i, i * 10, [i * 10 + 5 + i, i * 10 + 9 + 2 * i], i * 10 + 12 + 2 * i, out=2,
+                   intended_send_ns=i * 10 * MS, server_timeline={"first_token_ms": 4.0, "scheduled_ms": 1.0})
+               for i in range(50)]
+    plain = summarize(records)
+    s = summarize(records, percentiles=[99.9, 50])
+    assert s.ttft_ms is not None and s.server_timeline is not None and s.queue_delay_ms is not None
+    for d in (s.ttfb_ms, s.ttft_ms, s.e2e_ms, s.tpot_ms, s.itl_ms, s.decode_tps, s.queue_delay_ms,
+              s.server_timeline.ttft_error_ms):
+        assert d is not None and [q for q, _ in d.extra] == [99.9]
+    assert dataclasses.replace(s.ttft_ms, extra=()) == plain.ttft_ms  # the fixed values unchanged
+    d = json.loads(json.dumps(s.to_json()))
+    assert d["ttft_ms"]["p99_9"] == s.ttft_ms.percentile(99.9) and "p99_9" not in plain.to_json()["ttft_ms"]
+    assert Summary.from_json(d) == s
+    # added after the run (what --metric-percentiles does): the same summary
+    assert with_percentiles(plain, records, [50, 99.9]) == s

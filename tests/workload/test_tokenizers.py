@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -22,7 +23,7 @@ from inferlab.sim.engine.engine import EngineConfig  # noqa: E402
 from inferlab.sim.server.app import ServerConfig  # noqa: E402
 from inferlab.sim.server.launch import EmbeddedServer  # noqa: E402
 from inferlab.workload.prompts import PromptBuilder  # noqa: E402
-from inferlab.workload.tokenizers import load_tokenizer  # noqa: E402
+from inferlab.workload.tokenizers import hf_hub_cache, load_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +149,52 @@ async def test_a_local_tokenizer_that_is_not_the_servers_is_refused_before_the_r
                           workload=WorkloadConfig(input_tokens=200, output_tokens=2, tokenizer=tokenizer_path))
         with pytest.raises(UsageError, match=r"is not .*'s tokenizer: the probe text is \d+ tokens with it and \d+ with the server's /tokenize"):
             await bench_async(cfg, builtin.url)
+
+
+def _cached(hub: Path, model_id: str, snapshot: str, tokenizer_path: str) -> Path:
+    folder = hub / ("models--" + model_id.replace("/", "--")) / "snapshots" / snapshot
+    folder.mkdir(parents=True)
+    shutil.copy(tokenizer_path, folder / "tokenizer.json")
+    return folder / "tokenizer.json"
+
+
+def test_a_hugging_face_model_id_is_read_from_the_local_cache(
+    tokenizer_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub = tmp_path / "hub"
+    main_file = _cached(hub, "Org/Tiny-1B", "aaa", tokenizer_path)
+    newer = _cached(hub, "Org/Tiny-1B", "bbb", tokenizer_path)
+    os.utime(newer, (main_file.stat().st_mtime + 10,) * 2)
+    (hub / "models--Org--Tiny-1B" / "refs").mkdir()
+    (hub / "models--Org--Tiny-1B" / "refs" / "main").write_text("aaa\n")
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    assert load_tokenizer("Org/Tiny-1B").path == str(main_file)  # the snapshot refs/main names
+    (hub / "models--Org--Tiny-1B" / "refs" / "main").unlink()
+    assert load_tokenizer("Org/Tiny-1B").path == str(newer)  # else the newest
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # HF_HOME/hub
+    assert load_tokenizer("Org/Tiny-1B").path == str(newer)
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hf_hub_cache() == str(tmp_path / "xdg" / "huggingface" / "hub")
+    with pytest.raises(UsageError) as e:
+        load_tokenizer("Org/Tiny-1B")  # not in that cache: a message, no download
+    msg = str(e.value)
+    assert "models--Org--Tiny-1B" in msg and "does not download" in msg and "huggingface-cli download Org/Tiny-1B" in msg
+    with pytest.raises(UsageError, match="no such file"):
+        load_tokenizer("./nope/tokenizer.json")
+
+
+def test_cli_takes_a_model_id_for_tokenizer(tokenizer_path: str, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    _cached(tmp_path / "hub", "Org/Tiny-1B", "aaa", tokenizer_path)
+    args = ["sim", "run", "--tokenizer", "Org/Tiny-1B", "-n", "2", "--input-tokens", "40", "--output-tokens", "2", "--json"]
+    res = CliRunner().invoke(main, args, env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, args, env={"HF_HUB_CACHE": str(tmp_path / "empty")})
+    assert res.exit_code == 2 and "--tokenizer: Org/Tiny-1B: not a file, and not in the local Hugging Face cache" in res.output

@@ -4,6 +4,7 @@ and replay at the trace's times by bench (over HTTP) and sim run (virtual time).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -332,3 +333,53 @@ def test_vllm_result_arrivals_follow_the_seed_and_a_summary_only_result_is_refus
     summary_only.write_text(json.dumps({"completed": 10, "duration": 5.0, "request_throughput": 2.0}, indent=2))
     with pytest.raises(UsageError, match="--save-detailed"):
         read_rows(str(summary_only))
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\xff", "not a text file (it holds byte 0x89, which is not UTF-8): expected a trace"),
+        (b"\x1f\x8b\x08\x00\x00\x00", "the file is gzip-compressed: decompress it first"),
+        (b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,2\n\xff\xfe,1,1\n", "not a text file (it holds byte 0xff"),
+        (b"", "the file is empty: no requests to replay"),
+        (b"\n  \n\n", "the file is empty: no requests to replay"),
+    ],
+)
+def test_a_binary_or_empty_trace_is_named_in_one_line(tmp_path: Path, content: bytes, needle: str) -> None:
+    p = tmp_path / "t.trace"
+    p.write_bytes(content)
+    with pytest.raises(UsageError) as e:
+        read_rows(str(p))
+    assert str(e.value).startswith(f"{p}: ") and needle in str(e.value), str(e.value)
+    # the command line says the same, once (it reads the file for a vLLM result's cap first)
+    cmd = [sys.executable, "-m", "inferlab", "sim", "run", "--trace", str(p)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [f"inferlab: error: {e.value}"]
+
+
+def test_an_azure_trace_out_of_time_order_replays_in_time_order(tmp_path: Path) -> None:
+    # the second row is earliest: its time from the first row is negative (was refused)
+    p = tmp_path / "az.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,10,1\n"
+                 "2023-11-16 18:15:45.25,20,2\n2023-11-16 18:15:47.0,30,3\n")
+    rows = TraceConfig(str(p)).rows()
+    assert [(r.arrival_s, r.input_tokens) for r in rows] == [(0.0, 20), (1.25, 10), (1.75, 30)]
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"request_rate": -1}, "request_rate -1 must be a positive number or 'inf'"),
+        ({"request_rate": "abc"}, "request_rate 'abc' must be a positive number"),
+        ({"request_rate": 5, "burstiness": 0}, "burstiness 0 must be a positive number"),  # was read as 1
+        ({"request_rate": 5, "start_times": [0, "x"]}, "start_times must be numbers of seconds"),
+        ({"request_rate": 5, "start_times": [0]}, "one finite time per request (1 for 2)"),
+    ],
+)
+def test_a_vllm_result_with_a_bad_rate_says_which_and_why(tmp_path: Path, fields: dict[str, object], needle: str) -> None:
+    p = tmp_path / "v.json"
+    p.write_text(json.dumps({"input_lens": [10, 20], "output_lens": [4, 4], **fields}))
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        read_rows(str(p))
+    p.write_text(json.dumps({"input_lens": [10, 20], "output_lens": [4, 4], "request_rate": -1, "start_times": [0.0, 0.5]}))
+    assert [r.arrival_s for r in read_rows(str(p))] == [0.0, 0.5]  # its send times: the rate is not used

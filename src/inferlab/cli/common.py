@@ -7,18 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import datetime
 import math
+import os
+import re
 import signal
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import click
 
 from inferlab._errors import InferlabError, UsageError
+from inferlab.load.run import RunResult
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
-from inferlab.results.metrics import SLO
+from inferlab.report.console import TABLE_PERCENTILES
+from inferlab.results.export import VLLM_PERCENTILES, run_source, vllm_result, vllm_result_filename
+from inferlab.results.metrics import SLO, extra_percentiles, percentile_key
+from inferlab.results.runfiles import dumps, write_summary
+from inferlab.results.summary import with_percentiles
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetConfig
 from inferlab.workload.traces import FORMATS, TraceConfig, vllm_result_max_concurrency
@@ -37,7 +46,7 @@ def entry(group: click.Group) -> NoReturn:
     pipe (``| head``) quietly; the library's warnings as one line each."""
     warnings.formatwarning = _one_line_warning
     try:
-        code = group.main(standalone_mode=False)
+        code = group.main(args=expand_goodput(sys.argv[1:]), standalone_mode=False)
     except click.UsageError as e:
         fail(e.format_message().replace("\n", " "), 2)
     except (click.Abort, KeyboardInterrupt):
@@ -89,18 +98,18 @@ def parse_headers(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Load, workload and output flags shared by ``bench`` and ``sim run``."""
-    opts = [
+    opts: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.option("-c", "--concurrency", type=int, help=f"Closed loop: this many users. Default {DEFAULT_CONCURRENCY} unless --rate is given."),
-        click.option("-r", "--rate", help="Open loop: requests per second ('inf' sends all at once)."),
+        click.option("-r", "--rate", "--request-rate", "rate", help="Open loop: requests per second ('inf' sends all at once). --request-rate: vLLM's name."),
         click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), help="Open loop: how gaps are drawn. Default poisson; gamma when --burstiness is given."),
-        click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), help="Open loop: gamma shape, <1 burstier, 1 Poisson, >1 smoother (selects --arrival gamma, as in vLLM)."),
+        click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), help="Open loop: gamma shape, <1 burstier, 1 Poisson, >1 smoother, inf constant gaps (selects --arrival gamma, as in vLLM)."),
         click.option("--max-concurrency", type=click.IntRange(min=1), help="Cap on requests in flight (vLLM's meaning): with --rate or --trace later requests wait for a slot (queue delay); alone, a closed loop of this many users."),
-        click.option("-n", "--num-requests", type=int, help="Measured requests. Default 32 unless --duration is given."),
+        click.option("-n", "--num-requests", "--num-prompts", "num_requests", type=int, help="Measured requests. Default 32 unless --duration is given. --num-prompts: vLLM's name."),
         click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
-        click.option("--warmup", type=click.IntRange(min=0), default=0, show_default=True, help="Requests sent first and left out of the metrics."),
+        click.option("--warmup", "--num-warmups", "warmup", type=click.IntRange(min=0), default=0, show_default=True, help="Requests sent first and left out of the metrics. --num-warmups: vLLM's name."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seeds lengths and arrivals. Given, it also makes the prompts those of any earlier run with this seed (which a server's prefix cache may still hold); else each run's prompts are fresh."),
-        click.option("--input-tokens", help="Synthetic prompts of this many tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA or empirical:DATASET (its prompts' lengths in words)."),
-        click.option("--output-tokens", help="max_tokens per request (same forms as --input-tokens; empirical:DATASET draws its answers' lengths)."),
+        click.option("--input-tokens", "--random-input-len", "--input-len", "input_tokens", help="Synthetic prompts of this many tokens: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA or empirical:DATASET (its prompts' lengths in words). --random-input-len, --input-len: vLLM's names."),
+        click.option("--output-tokens", "--random-output-len", "--output-len", "output_tokens", help="max_tokens per request (same forms as --input-tokens; empirical:DATASET draws its answers' lengths). --random-output-len, --output-len: vLLM's names."),
         click.option("--prefix-groups", type=click.IntRange(min=1), help="Shared-prefix workload: this many groups (default 1 with --prefix-tokens)."),
         click.option("--prefix-tokens", type=click.IntRange(min=1), help="Shared-prefix workload: tokens in each group's prefix."),
         click.option("--suffix-tokens", help="Shared-prefix workload: each request's own tokens after the prefix (default 64)."),
@@ -120,20 +129,88 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--think-time-s", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
         click.option("--system-tokens", type=click.IntRange(min=0), default=0, show_default=True, help="Multi-turn: a system prompt of this many tokens, shared by all sessions."),
         click.option("--context-window-tokens", type=click.IntRange(min=1), help="Multi-turn: keep the system prompt and at most this many tokens of history (sliding window)."),
-        click.option("--tokenizer", type=click.Path(exists=False), help="Local tokenizer.json (or a directory with one): exact prompt lengths."),
+        click.option("--tokenizer", type=click.Path(exists=False), help="A tokenizer.json, a directory with one, or a Hugging Face model id found in the local HF cache (no downloads): exact prompt lengths."),
         click.option("--token-ids/--no-token-ids", default=True, show_default=True, help="With --tokenizer, send token-id prompts on the completions API."),
         click.option("--prompt", help="Send this prompt every time (default: 'Explain RAG in about 30 characters.')."),
-        click.option("--exact-output/--no-exact-output", default=True, show_default=True, help="Send ignore_eos and min_tokens so output length is exact."),
+        click.option("--exact-output/--no-exact-output", "--ignore-eos", "exact_output", default=True, show_default=True, help="Send ignore_eos and min_tokens so output length is exact (vLLM's --ignore-eos, which vllm bench serve also forces for random prompts). --no-exact-output sends neither: the server may stop at end-of-sequence, before max_tokens."),
         click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TTFT."),
         click.option("--slo-tpot-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TPOT."),
         click.option("--slo-e2e-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on E2E."),
+        click.option("--goodput", multiple=True, metavar="KEY:MS", help="Goodput SLOs as vllm bench serve takes them: ttft:MS, tpot:MS, e2el:MS (the --slo-*-ms flags), one or several after one --goodput."),
+        click.option("--metric-percentiles", callback=percentiles_option, metavar="P,P,...", help="Percentiles (0-100) the table shows and summary.json adds to every distribution beyond its fixed p50/p90/p95/p99 (99.9 as key p99_9), e.g. 50,90,99,99.9; also --save-result's (vLLM's default: 99)."),
+        click.option("--save-result", is_flag=True, help="Also write the run as vllm bench serve --save-result does: one JSON file with its keys, named as it names it, in --result-dir."),
+        click.option("--save-detailed", is_flag=True, help="With --save-result: add vLLM's per-request lists (input_lens, output_lens, ttfts, itls, ...)."),
+        click.option("--result-dir", type=click.Path(file_okay=False), help="With --save-result: the folder for the file (default: the current one)."),
+        click.option("--result-filename", help="With --save-result: the file's name instead of vLLM's {backend}-{rate}qps-{model}-{date}.json."),
         click.option("-o", "--out", type=click.Path(file_okay=False), help="Write summary.json, requests.jsonl and config.json here (a folder that holds no run yet)."),
-        click.option("--overwrite", is_flag=True, help="With --out: replace the run already there."),
+        click.option("--overwrite", is_flag=True, help="With --out: replace the run already there (with --result-filename: that file)."),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout."),
+        *(_refused_option(flag, takes_value, why) for flag, (takes_value, why) in VLLM_REFUSED.items()),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
+
+
+#: vllm bench serve flags with no faithful meaning here: (takes a value, what to use).
+#: Refused with that pointer rather than accepted and ignored.
+VLLM_REFUSED: dict[str, tuple[bool, str]] = {
+    "--dataset-name": (True, "inferlab has no dataset names: --input-tokens/--output-tokens for random prompts, --dataset FILE for ShareGPT/JSONL/CSV, --input-tokens empirical:sharegpt for ShareGPT's lengths"),
+    "--dataset-path": (True, "use --dataset FILE"),
+    "--random-range-ratio": (True, "give the range itself: --input-tokens uniform:LO:HI (vLLM draws from len x (1 - ratio) to len x (1 + ratio))"),
+    "--random-prefix-len": (True, "use --prefix-tokens N (shared-prefix groups: --prefix-groups)"),
+    "--percentile-metrics": (True, "summary.json has every metric; --metric-percentiles chooses the percentiles"),
+    "--append-result": (False, "each run writes its own file: give --result-filename per run"),
+    "--backend": (True, "use --api chat (openai-chat) or --api completions (openai, vllm)"),
+    "--endpoint": (True, "use --api chat (/v1/chat/completions) or --api completions (/v1/completions)"),
+    # (a faithful meaning exists, but the request body has no way in from the flags yet)
+    "--extra-body": (True, "not supported yet: requests carry only the model, prompt, max_tokens, ignore_eos/min_tokens and stream fields"),
+    "--temperature": (True, "not supported yet: no sampling parameter is sent, so the server's default applies"),
+}
+
+
+def _refused_option(flag: str, takes_value: bool, why: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A hidden option that exits 2 with ``why`` when given."""
+
+    def refuse(ctx: click.Context, param: click.Parameter, value: object) -> None:
+        if value not in (None, False):
+            raise click.UsageError(f"{flag} (vllm bench serve): {why}", ctx)
+
+    return click.option(flag, is_flag=not takes_value, hidden=True, expose_value=False, callback=refuse)
+
+
+def percentiles_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, ...] | None:
+    """A click callback reading ``--metric-percentiles`` as vLLM takes it
+    ("50,90,99.9"): sorted, once each; exit 2 for anything else."""
+    if value is None:
+        return None
+    try:
+        qs = sorted({float(v) for v in value.split(",") if v.strip()})
+        for q in qs:
+            percentile_key(q)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected percentiles from 0 to 100 separated by commas, e.g. 50,90,99,99.9") from None
+    if not qs:
+        raise click.BadParameter("no percentile given")
+    return tuple(qs)
+
+
+def expand_goodput(args: Sequence[str]) -> list[str]:
+    """vLLM's ``--goodput ttft:500 tpot:50`` (several values after one flag) as click
+    takes it: ``--goodput ttft:500 --goodput tpot:50``. Only the ``KEY:NUMBER`` words
+    right after ``--goodput`` are taken; every other word stays as it is."""
+    out: list[str] = []
+    taking = False  # the words so far since --goodput are all its values
+    for a in args:
+        pair = _GOODPUT_PAIR.fullmatch(a) is not None
+        if taking and pair and out[-1] != "--goodput":
+            out.append("--goodput")
+        out.append(a)
+        taking = a == "--goodput" or a.startswith("--goodput=") or (taking and pair)
+    return out
+
+
+_GOODPUT_PAIR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*:[-+0-9.eE]+")
 
 
 def given(name: str) -> bool:
@@ -165,15 +242,19 @@ _NEEDS: dict[str, tuple[str, str]] = {
     "suffix_tokens": ("prefix_tokens", "--prefix-tokens"),
     "prefix_popularity": ("prefix_tokens", "--prefix-tokens"),
     "token_ids": ("tokenizer", "--tokenizer"),
-    "overwrite": ("out", "--out"),
+    "save_detailed": ("save_result", "--save-result"),
+    "result_dir": ("save_result", "--save-result"),
+    "result_filename": ("save_result", "--save-result"),
 }
 
 
 def check_needs(kw: dict[str, Any]) -> None:
     """``UsageError`` for an option given without the one it acts on."""
     for name, (needed, flag) in _NEEDS.items():
-        if name in kw and given(name) and kw.get(needed) is None:
+        if name in kw and given(name) and kw.get(needed) in (None, False):
             raise UsageError(f"--{name.replace('_', '-')} needs {flag}")
+    if given("overwrite") and kw.get("out") is None and not kw.get("save_result"):
+        raise UsageError("--overwrite needs --out (or --save-result)")
 
 
 def load_config(kw: dict[str, Any]) -> LoadConfig:
@@ -181,15 +262,18 @@ def load_config(kw: dict[str, Any]) -> LoadConfig:
     vLLM (alone: a closed loop of that many users); ``--burstiness`` alone selects gamma
     arrivals, as in vLLM; flags that shape arrivals need ``--rate``."""
     check_needs(kw)
+    check_result_file(kw)
     if kw["concurrency"] is not None and kw["rate"] is not None:
         raise UsageError("--concurrency and --rate are exclusive (use --max-concurrency with --rate)")
     rate = parse_rate(kw["rate"])
     arrival, burstiness = kw["arrival"], kw["burstiness"]
     if burstiness is not None and arrival is None:
         arrival = "gamma"  # vLLM: --burstiness alone draws gamma gaps
+    if burstiness is not None and math.isinf(burstiness) and arrival in ("gamma", "constant"):
+        arrival, burstiness = "constant", None  # vLLM: burstiness inf is constant gaps (gamma's limit)
     if burstiness is not None and arrival != "gamma":
         raise UsageError(f"--burstiness shapes gamma arrivals, not {arrival}: drop it or use --arrival gamma")
-    shaping = [f for f, v in (("--arrival", kw["arrival"]), ("--burstiness", burstiness)) if v is not None]
+    shaping = [f for f, v in (("--arrival", kw["arrival"]), ("--burstiness", kw["burstiness"])) if v is not None]
     schedule: Schedule
     if kw["trace"]:
         if kw["concurrency"] is not None or rate is not None or shaping:
@@ -214,10 +298,32 @@ def load_config(kw: dict[str, Any]) -> LoadConfig:
     return LoadConfig(schedule, num, kw["duration"], kw["warmup"], kw["seed"])
 
 
+#: vLLM's ``--goodput`` metric names -> the ``--slo-*-ms`` option each sets.
+GOODPUT_KEYS = {"ttft": "slo_ttft_ms", "tpot": "slo_tpot_ms", "e2el": "slo_e2e_ms"}
+
+
 def slo_config(kw: dict[str, Any]) -> SLO | None:
-    if all(kw[k] is None for k in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")):
+    """The SLOs of ``--slo-*-ms`` and of vLLM's ``--goodput KEY:MS`` (``UsageError`` for
+    an unknown key, a limit that is not positive, or one given twice)."""
+    limits = {k: kw[k] for k in GOODPUT_KEYS.values()}
+    for pair in kw.get("goodput") or ():
+        for item in re.split(r"[\s,]+", pair.strip()):
+            key, sep, value = item.partition(":")
+            if key not in GOODPUT_KEYS or not sep:
+                raise UsageError(f"--goodput {item!r}: expected KEY:MS with KEY one of {', '.join(GOODPUT_KEYS)} (vLLM's names)")
+            try:
+                ms = float(value)
+            except ValueError:
+                ms = math.nan
+            if not ms > 0 or math.isinf(ms):
+                raise UsageError(f"--goodput {item!r}: the limit must be a positive number of ms")
+            name = GOODPUT_KEYS[key]
+            if limits[name] is not None:
+                raise UsageError(f"--goodput {key}: that SLO is given twice (--goodput or --{name.replace('_', '-')})")
+            limits[name] = ms
+    if all(v is None for v in limits.values()):
         return None
-    return SLO(kw["slo_ttft_ms"], kw["slo_tpot_ms"], kw["slo_e2e_ms"])
+    return SLO(limits["slo_ttft_ms"], limits["slo_tpot_ms"], limits["slo_e2e_ms"])
 
 
 def workload_config(kw: dict[str, Any]) -> WorkloadConfig:
@@ -267,3 +373,49 @@ def install_stop_signals(stop: asyncio.Event) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+
+
+def table_percentiles(kw: dict[str, Any]) -> tuple[float, ...]:
+    """The percentiles the console table shows: ``--metric-percentiles``, else p50/p90/p99."""
+    chosen: tuple[float, ...] | None = kw.get("metric_percentiles")
+    return chosen or TABLE_PERCENTILES
+
+
+def check_result_file(kw: dict[str, Any]) -> None:
+    """Before a run: ``UsageError`` if ``--result-filename`` names a file that exists
+    (without ``--overwrite``), so that a run does not end by replacing an earlier one."""
+    if kw.get("save_result") and kw.get("result_filename"):
+        path = os.path.join(kw.get("result_dir") or ".", kw["result_filename"])
+        if os.path.exists(path) and not kw.get("overwrite"):
+            raise UsageError(f"--result-filename {path} already exists: give another name, or --overwrite")
+
+
+def finish_run(result: RunResult, kw: dict[str, Any]) -> RunResult:
+    """What the flags ask of a run once it has ended: ``--metric-percentiles`` added to
+    every distribution (summary.json rewritten with them), and ``--save-result``'s vLLM
+    result file written (its path said on stderr)."""
+    chosen = kw.get("metric_percentiles")
+    if chosen and extra_percentiles(chosen):
+        summary = with_percentiles(result.summary, result.records, chosen)
+        if kw.get("out"):
+            write_summary(kw["out"], summary)
+        result = dataclasses.replace(result, summary=summary)
+    if kw.get("save_result"):
+        vllm = vllm_result(
+            result.summary, result.records,
+            # vLLM stamps its result with the local date and time the run ended: a label
+            # for the file, never a measurement (those all come from the one clock)
+            date=datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
+            percentiles=chosen or VLLM_PERCENTILES, detailed=kw.get("save_detailed", False),
+            source=run_source(result.summary),
+        )
+        folder = kw.get("result_dir") or "."
+        path = os.path.join(folder, kw.get("result_filename") or vllm_result_filename(vllm))
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(dumps(vllm, indent=None))
+        except OSError as e:
+            raise UsageError(f"cannot write the vLLM result {path}: {e.strerror or e}") from e
+        click.echo(f"inferlab: vLLM result: {path}", err=True)
+    return result

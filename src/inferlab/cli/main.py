@@ -19,14 +19,17 @@ from inferlab._clock import WallClock
 from inferlab._errors import RunFailedError, UsageError
 from inferlab.cli.common import (
     entry,
+    finish_run,
     install_stop_signals,
     load_config,
     load_options,
     parse_headers,
     run_guarded,
     slo_config,
+    table_percentiles,
     workload_config,
 )
+from inferlab.cli.export import export
 from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
 from inferlab.load.run import BenchConfig, RunResult, bench_async
@@ -43,7 +46,7 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--url", help="OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: the embedded simulated server.")
+@click.option("--url", "--base-url", "url", help="OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: the embedded simulated server. --base-url: vLLM's name.")
 @click.option("--model", help="Model name to request. Default: the first one the server lists. Without --url: the model the built-in simulator serves (a preset name or HF id).")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only).")
@@ -107,15 +110,18 @@ def _bench(kw: dict[str, Any]) -> int:
     try:
         total = (num + config.load.warmup) if num else None
         with Progress(err, WallClock(), total) as progress:
-            result = asyncio.run(_bench_main(config, url, progress))
+            result = finish_run(asyncio.run(_bench_main(config, url, progress)), kw)
     except RunFailedError as e:  # every request failed: what they said is shown first
+        if isinstance(e.result, RunResult):
+            e.result = finish_run(e.result, kw)
+            e.summary = e.result.summary
         if isinstance(e.summary, Summary):
-            _render(out, e.summary, kw["as_json"], config, url)
+            _render(out, e.summary, kw, config, url)
         raise
     finally:
         if embedded is not None:
             embedded.close()
-    _render(out, result.summary, kw["as_json"], config, url)
+    _render(out, result.summary, kw, config, url)
     if result.cause is not None:
         raise result.cause
     return 130 if result.interrupted else 0
@@ -127,12 +133,12 @@ async def _bench_main(config: BenchConfig, url: str, progress: Progress) -> RunR
     return await bench_async(config, url, on_record=progress.update, stop=stop)
 
 
-def _render(out: Console, summary: Summary, as_json: bool, config: BenchConfig, url: str) -> None:
-    if as_json:
+def _render(out: Console, summary: Summary, kw: dict[str, Any], config: BenchConfig, url: str) -> None:
+    if kw["as_json"]:
         click.echo(dumps(summary.to_json()))
         return
     model = summary.config.get("resolved", {}).get("model", "?")
-    render_summary(out, summary, f"{model} @ {url}")
+    render_summary(out, summary, f"{model} @ {url}", table_percentiles(kw))
     if config.out_dir:
         out.print(f"results: {config.out_dir}/summary.json, {config.out_dir}/requests.jsonl")
 
@@ -140,6 +146,7 @@ def _render(out: Console, summary: Summary, as_json: bool, config: BenchConfig, 
 
 
 main.add_command(sim)
+main.add_command(export)
 main.add_command(tokens)
 
 def run() -> None:

@@ -16,12 +16,14 @@ from rich.table import Table
 
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab.cli.common import (
+    finish_run,
     given,
     install_stop_signals,
     load_config,
     load_options,
     run_guarded,
     slo_config,
+    table_percentiles,
     workload_config,
 )
 from inferlab.load.run import RunResult
@@ -224,9 +226,11 @@ def _sim_run(kw: dict[str, Any]) -> int:
         return await run(config, target, stop=stop)
 
     try:
-        result = asyncio.run(main_async())
+        result = finish_run(asyncio.run(main_async()), kw)
     except RunFailedError as e:  # every request failed: what they said is shown first
         if isinstance(e.result, RunResult):
+            e.result = finish_run(e.result, kw)
+            e.summary = e.result.summary
             _render_sim_run(e.result, kw)
         raise
     _render_sim_run(result, kw)
@@ -243,7 +247,7 @@ def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     assert engine is not None
     out = Console()
     e = engine.config
-    render_summary(out, result.summary, f"{e.model} on {e.tensor_parallel_size}x {e.gpu}, virtual time")
+    render_summary(out, result.summary, f"{e.model} on {e.tensor_parallel_size}x {e.gpu}, virtual time", table_percentiles(kw))
     line = Table(show_header=False, box=None, pad_edge=False)
     line.add_column(style="bold", no_wrap=True, min_width=18)
     line.add_column()  # wraps under itself, not under the label

@@ -3,6 +3,13 @@
 It never raises for a failed request (only ``CancelledError`` propagates, after the
 record is marked cancelled). aiohttp is the HTTP stack: bench/client_cpu.py measures it
 against httpx per streamed chunk. All aiohttp errors are mapped here, at one boundary.
+
+Stale keep-alive connections: servers close connections that stay idle past their
+keep-alive timeout (llama.cpp and uvicorn, i.e. vLLM, after 5 s), and a request sent on a
+pooled connection just as the server closes it fails before the server has read it. Such
+a failure is the client's, not the server's: a request that failed on a reused
+connection before any response arrived is sent again, once, on a new connection
+(``Client.resent`` counts them). Any other failure is recorded as it happened.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -88,8 +96,22 @@ def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
     )
 
 
+class _Attempt:
+    """One attempt at a request, as the session's trace sees it: ``stamp`` is called
+    when its headers are written; ``reused`` is set if it went out on a pooled
+    keep-alive connection."""
+
+    __slots__ = ("reused", "stamp")
+
+    def __init__(self, stamp: Callable[[], None]) -> None:
+        self.stamp = stamp
+        self.reused = False
+
+
 def session_trace() -> aiohttp.TraceConfig:
-    """Stamps the moment a request's headers are written (its first byte)."""
+    """Stamps the moment a request's headers are written (its first byte), and notes
+    whether it was sent on a reused connection (what a resend after a stale keep-alive
+    connection needs to know). Give it to every session a ``Client`` sends over."""
 
     async def on_headers_sent(
         session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
@@ -98,8 +120,14 @@ def session_trace() -> aiohttp.TraceConfig:
         if stamp is not None:
             stamp()
 
+    async def on_reuse(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+        attempt = ctx.trace_request_ctx
+        if isinstance(attempt, _Attempt):
+            attempt.reused = True
+
     trace = aiohttp.TraceConfig()
     trace.on_request_headers_sent.append(on_headers_sent)
+    trace.on_connection_reuseconn.append(on_reuse)
     return trace
 
 
@@ -177,10 +205,34 @@ async def _drain(resp: aiohttp.ClientResponse) -> None:
                 pass
 
 
-class Client:
-    """Sends requests to one endpoint over a shared aiohttp session.
+def _stale(e: aiohttp.ClientError, record: RequestRecord, attempt: _Attempt) -> bool:
+    """Whether ``e`` is a stale keep-alive connection failing: the connection was
+    reused, it closed or reset, and no response (not even a status line) came back."""
+    return (
+        attempt.reused
+        and record.status is None
+        and isinstance(e, aiohttp.ClientConnectionError)
+        and not isinstance(e, TimeoutError)  # (a slow server on a live connection)
+    )
 
-    Times in records are ns relative to ``t0_ns`` on ``clock``.
+
+def _closed_message(e: aiohttp.ClientError, record: RequestRecord, resent: bool) -> str:
+    """What happened when the server closed or reset the connection: before it answered
+    (and whether this was already the resend), or in the middle of its response."""
+    if record.status is not None:
+        return f"connection closed mid-response: {e}"
+    when = "while the request was being sent" if isinstance(e, aiohttp.ClientOSError) else "before responding"
+    retry = " (also when sent again on a new connection)" if resent else ""
+    return f"the server closed the connection {when}{retry}: {type(e).__name__}: {e}"
+
+
+class Client:
+    """Sends requests to one endpoint over a shared aiohttp session (made with
+    ``session_trace()``: without it sends are stamped late and never resent).
+
+    Times in records are ns relative to ``t0_ns`` on ``clock``. ``resent`` counts the
+    requests sent a second time because a stale keep-alive connection failed them
+    before the server read them (see the module's docstring).
     """
 
     def __init__(
@@ -190,6 +242,7 @@ class Client:
         self.clock = clock
         self.session = session
         self.t0_ns = t0_ns
+        self.resent = 0
         self._headers = endpoint.request_headers()
 
     def _now(self) -> int:
@@ -210,22 +263,42 @@ class Client:
             record.send_ns = self._now()
 
         record.send_ns = self._now()
+        resent = False
         try:
             async with asyncio.timeout(self.endpoint.timeout_s):
-                await self._exchange(body, record, SimpleNamespace(stamp=stamp), text_out)
+                attempt = _Attempt(stamp)
+                try:
+                    await self._exchange(self.session, body, record, attempt, text_out)
+                except aiohttp.ClientError as e:
+                    if not _stale(e, record, attempt):
+                        raise
+                    resent = True
+                    self.resent += 1
+                    await self._resend(body, record, _Attempt(stamp), text_out)
         except aiohttp.ServerTimeoutError:
             self._fail(record, ErrorKind.IDLE_TIMEOUT, f"no data for {self.endpoint.idle_timeout_s:g} s")
         except TimeoutError:
             self._fail(record, ErrorKind.TIMEOUT, f"request took over {self.endpoint.timeout_s:g} s")
         except aiohttp.ClientConnectorError as e:
             self._fail(record, ErrorKind.CONNECT, f"cannot connect to {self.endpoint.url}: {e.os_error}")
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
-            self._fail(record, ErrorKind.DISCONNECT, f"connection closed mid-response: {e}")
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
+            self._fail(record, ErrorKind.DISCONNECT, _closed_message(e, record, resent))
         except aiohttp.ClientError as e:
             self._fail(record, ErrorKind.DISCONNECT, f"{type(e).__name__}: {e}")
         except asyncio.CancelledError:
             self._fail(record, ErrorKind.CANCELLED, "run interrupted")
             raise
+
+    async def _resend(
+        self, body: bytes, record: RequestRecord, attempt: _Attempt, text_out: list[str] | None
+    ) -> None:
+        """Send again on a connection of its own: the pool's other idle connections
+        have idled as long as the stale one, and may be just as stale."""
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(force_close=True), trace_configs=[session_trace()],
+            auto_decompress=self.session.auto_decompress,
+        ) as fresh:
+            await self._exchange(fresh, body, record, attempt, text_out)
 
     def _fail(self, record: RequestRecord, kind: ErrorKind, message: str) -> None:
         if record.error_kind is None and record.end_ns is not None:
@@ -236,15 +309,16 @@ class Client:
         record.end_ns = None
 
     async def _exchange(
-        self, body: bytes, record: RequestRecord, trace_ctx: object, text_out: list[str] | None
+        self, session: aiohttp.ClientSession, body: bytes, record: RequestRecord, attempt: _Attempt,
+        text_out: list[str] | None,
     ) -> None:
         ep = self.endpoint
-        async with self.session.post(
+        async with session.post(
             ep.url,
             data=body,
             headers=self._headers,
             timeout=aiohttp.ClientTimeout(total=None, sock_read=ep.idle_timeout_s),
-            trace_request_ctx=trace_ctx,
+            trace_request_ctx=attempt,
         ) as resp:
             record.status = resp.status
             if resp.status >= 400:

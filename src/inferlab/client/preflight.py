@@ -12,7 +12,6 @@ approximately, calibrated from two probes' ``usage.prompt_tokens``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -68,8 +67,10 @@ async def run_preflight(
     (HTTP 401, 403 or 404); any other failure is left for the run to record."""
     import aiohttp
 
+    from inferlab.client.http import session_trace
+
     text = " ".join(words("inferlab:probe", PROBE_WORDS))
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(trace_configs=[session_trace()]) as session:
         first = await _probe(session, endpoint, text, exact_output)
         _refuse_if_rejected(endpoint, first)
         accepts = True
@@ -166,7 +167,9 @@ def _fail_if_unusable(endpoint: Endpoint, r: RequestRecord) -> None:
 class _Tokenize:
     """The server's tokenize route, if it has one: ``POST /tokenize`` with ``prompt``
     (vLLM, SGLang, the simulator: ``count``/``tokens``) or ``content`` (llama.cpp:
-    ``tokens``). ``add_special_tokens`` false: counts are of the text alone."""
+    ``tokens``). ``add_special_tokens`` false: counts are of the text alone. A count of
+    zero for non-empty input is no answer (llama.cpp answers a body without
+    ``content`` with no tokens); once ``content`` has answered, it is sent directly."""
 
     def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint) -> None:
         self.session = session
@@ -175,29 +178,43 @@ class _Tokenize:
         self.urls = [root + "/tokenize", endpoint.base_url + "/tokenize"]
         self.available = True
         self._url: str | None = None
+        self._content_body = False  # llama.cpp's {"content": text}
         self._limit = asyncio.Semaphore(_TOKENIZE_CONCURRENCY)
 
     async def _post(self, url: str, body: dict[str, Any]) -> Any:
+        """The JSON answer, or None for an error status, a non-JSON answer or a failure.
+        A closed connection is tried once more: the pooled connection may be one the
+        server closed after the probe (llama.cpp closes the connection after every
+        streamed response, though it says keep-alive), and counting has no side effect."""
         import aiohttp
 
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-            async with self._limit, self.session.post(
-                url, data=json.dumps(body), headers=self.endpoint.request_headers(),
-                timeout=aiohttp.ClientTimeout(total=30),
-            ) as resp:
-                if resp.status < 400:
-                    return await resp.json(content_type=None)
+        for attempt in range(2):
+            try:
+                async with self._limit, self.session.post(
+                    url, data=json.dumps(body), headers=self.endpoint.request_headers(),
+                    timeout=aiohttp.ClientTimeout(total=30),
+                ) as resp:
+                    return await resp.json(content_type=None) if resp.status < 400 else None
+            except aiohttp.ClientConnectionError as e:
+                if attempt or isinstance(e, TimeoutError):
+                    return None
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                return None
         return None
 
     async def _count(self, body: dict[str, Any], text: str | None) -> int | None:
         if not self.available:
             return None
         for url in [self._url] if self._url else self.urls:
-            got = await self._post(url, body)
-            n = _token_count(got)
-            if n == 0 and text and isinstance(got, dict) and "count" not in got:
-                n = _token_count(await self._post(url, {"content": text}))  # llama.cpp
-            if n is not None and (n > 0 or not text):
+            if self._content_body and text is not None:
+                n = _token_count(await self._post(url, {"content": text}))
+            else:
+                got = await self._post(url, body)
+                n = _token_count(got)
+                if n == 0 and text and isinstance(got, dict) and "count" not in got:
+                    n = _token_count(await self._post(url, {"content": text}))  # llama.cpp
+                    self._content_body = bool(n)
+            if n is not None and (n > 0 or text == ""):
                 self._url = url
                 return n
         if self._url is None:

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from inferlab._clock import NS_PER_S, Clock
 from inferlab._errors import InferlabError
-from inferlab.load.monitor import LoopMonitor, ProcessLoad
+from inferlab.load.monitor import LoopMonitor
 from inferlab.load.policy import Answer, Policy, Send
+from inferlab.results.clientload import ProcessLoad
 from inferlab.results.records import RequestRecord
 
 if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes none)

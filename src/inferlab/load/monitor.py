@@ -14,42 +14,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
 
 from inferlab._clock import NS_PER_S, Clock
+from inferlab.results.clientload import ProcessLoad
 
 #: How often the loop-lag timer should fire.
 INTERVAL_S = 0.05
-
-
-@dataclass
-class ProcessLoad:
-    """One sending process over a run: ``loop_lag_ms`` one value per timer, ``cpu_s``
-    the CPU it used (user + system) over ``wall_s``."""
-
-    loop_lag_ms: list[float] = field(default_factory=list)
-    cpu_s: float = 0.0
-    wall_s: float = 0.0
-
-    @property
-    def cpu_share(self) -> float:
-        """CPU used over wall time: 1.0 is one core busy all the time."""
-        return self.cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+#: Timer ticks per second of the run's timeline (``ProcessLoad.seconds``).
+_PER_SECOND = round(1 / INTERVAL_S)
 
 
 class LoopMonitor:
-    """Samples this process's loop lag and CPU while running (``start``/``stop``)."""
+    """Samples this process's loop lag and CPU while running (``start``/``stop``), as
+    ``role`` (see ``ProcessLoad``)."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: Clock, role: str = "client") -> None:
         self.clock = clock
-        self.load = ProcessLoad()
+        self.load = ProcessLoad(role)
         self._task: asyncio.Task[None] | None = None
         self._t0_ns = 0
         self._cpu0 = 0.0
+        self._second: tuple[int, float, int] = (0, 0.0, 0)  # its start: clock ns, CPU s, lag index
 
     def start(self) -> None:
         self._t0_ns = self.clock.now_ns()
         self._cpu0 = time.process_time()
+        self._second = (self._t0_ns, self._cpu0, 0)
         self._task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
@@ -59,6 +49,17 @@ class LoopMonitor:
             due = self.clock.now_ns() + interval_ns
             await asyncio.sleep(INTERVAL_S)
             lags.append(max(0, self.clock.now_ns() - due) / 1e6)
+            if len(lags) - self._second[2] >= _PER_SECOND:
+                self._close_second()
+
+    def _close_second(self) -> None:
+        """Add the second since the last one to the timeline."""
+        t_ns, cpu, first = self._second
+        now_ns, now_cpu = self.clock.now_ns(), time.process_time()
+        lags = self.load.loop_lag_ms
+        if now_ns > t_ns and len(lags) > first:
+            self.load.seconds.append((max(lags[first:]), (now_cpu - cpu) / ((now_ns - t_ns) / NS_PER_S)))
+        self._second = (now_ns, now_cpu, len(lags))
 
     async def stop(self) -> ProcessLoad:
         """Stop sampling; what was seen."""
@@ -67,6 +68,7 @@ class LoopMonitor:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+            self._close_second()  # (the last, partial second)
         self.load.cpu_s = time.process_time() - self._cpu0
         self.load.wall_s = (self.clock.now_ns() - self._t0_ns) / NS_PER_S
         return self.load

@@ -18,7 +18,7 @@ import dataclasses
 import math
 import os
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -29,6 +29,7 @@ from inferlab.load.http import Outcome
 from inferlab.load.policy import Policy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.openai.request import Api
+from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load
 from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
@@ -169,6 +170,7 @@ async def run(
                 outcome.records, workload, config=prepared.config_json, slo=config.slo,
                 interrupted=outcome.interrupted,
                 preflight=prepared.preflight if isinstance(target, HttpTarget) else OMITTED, wcfg=wcfg,
+                client=outcome.client if isinstance(target, HttpTarget) else None,
             )
             if writer is not None:
                 writer.write_summary(summary)
@@ -454,19 +456,30 @@ def run_summary(
     interrupted: bool,
     preflight: Preflight | Omitted | None = OMITTED,
     wcfg: WorkloadConfig | None = None,
+    client: Sequence[ProcessLoad] | None = None,
 ) -> Summary:
     """The summary of a run of ``workload``, ``bench`` and ``sim run`` alike: the
     metrics, a replayed trace's own measurements compared, a dataset's caveats and, for
     a run against a server (``preflight`` given, None: no probe), what the probe learned
-    about ``wcfg``'s prompts."""
+    about ``wcfg``'s prompts and, from ``client``, whether the client kept up."""
     trace = compare_with_trace(records, workload.requests) if isinstance(workload, Trace) else OMITTED
     last = workload.warnings() if isinstance(workload, DatasetWorkload) else []
     overhead = preflight.prompt_overhead_tokens if isinstance(preflight, Preflight) else None
-    unintended = None if wcfg is None or wcfg.shares_prefixes else _unintended_cache_hits(records, overhead)
+    if wcfg is None or (wcfg.shares_prefixes and not wcfg.fixed_prompt):
+        unintended = None
+    else:
+        unintended = _unintended_cache_hits(records, overhead, wcfg.fixed_prompt)
     if unintended is not None:
         last.append(unintended)
+    load: ClientLoad | Omitted | None = OMITTED
+    if client is not None:
+        load = client_load(client)
+        workers = config.get("resolved", {}).get("workers") or 1
+        warning = None if load is None else bottleneck_warning(load, workers, os.cpu_count() or 1)
+        if warning is not None:
+            last.insert(0, warning)
     if preflight is OMITTED or wcfg is None:
-        extras = SummaryExtras(trace_comparison=trace, warnings_last=tuple(last))
+        extras = SummaryExtras(trace_comparison=trace, client=load, warnings_last=tuple(last))
     else:
         pre = preflight
         if not wcfg.synthetic:
@@ -482,6 +495,7 @@ def run_summary(
             prompt_overhead_tokens=None if pre is None else pre.prompt_overhead_tokens,
             input_length_source=source,
             preflight=None if pre is None else pre.to_json(),
+            client=load,
             warnings_first=() if pre is None else tuple(pre.warnings),
             warnings_last=tuple(last),
         )
@@ -493,20 +507,26 @@ def run_summary(
 UNINTENDED_CACHE_SHARE = 0.05
 
 
-def _unintended_cache_hits(records: list[RequestRecord], template_tokens: int | None) -> str | None:
-    """A warning when the server served much of a prefix-free workload's prompts from
-    its cache (beyond the chat template's tokens, which every prompt shares): an earlier
-    run with the same seed, or another client, left them there."""
+def _unintended_cache_hits(records: list[RequestRecord], template_tokens: int | None, fixed: bool = False) -> str | None:
+    """A warning when the server served much of the prompts from its cache (beyond the
+    chat template's tokens, which every prompt shares): for a prefix-free workload an
+    earlier run with the same seed, or another client, left them there; for a ``fixed``
+    prompt (the same every request) the run's own first request did."""
     done = [r for r in records if r.ok and not r.warmup and r.cached_tokens is not None]
     cached = sum(r.cached_tokens or 0 for r in done)
     prompt = sum(r.input_tokens or 0 for r in done)
     beyond = cached - len(done) * max(0, template_tokens or 0)
     if not prompt or beyond <= UNINTENDED_CACHE_SHARE * prompt:
         return None
+    served = f"the server served {cached:,} of {prompt:,} prompt tokens from its prefix cache"
+    if fixed:
+        return (
+            f"{served}: every request sent the same prompt (--prompt, or the default), so TTFT is that of "
+            "a cached prompt; --input-tokens N sends fresh prompts of N tokens"
+        )
     return (
-        f"the server served {cached:,} of {prompt:,} prompt tokens from its prefix cache, though this "
-        "run's prompts share no prefix: TTFT is lower than for fresh prompts (an earlier run with the "
-        "same --seed, or another client, sent the same text)"
+        f"{served}, though this run's prompts share no prefix: TTFT is lower than for fresh prompts (an "
+        "earlier run with the same --seed, or another client, sent the same text)"
     )
 
 

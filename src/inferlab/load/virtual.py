@@ -8,7 +8,9 @@ HTTP server would answer them (``sim run``); ``EngineTarget`` only queues reques
 leaves their timelines in the engine (validation, ``serve_timelines``).
 
 As over HTTP, a request the engine cannot serve (longer than ``max_model_len``, larger
-than the KV cache) is a failed record (HTTP 400) in ``sim run``, not the end of the run.
+than the KV cache) is a failed record in ``sim run``, not the end of the run: kind
+``http_status``, status 400, as bench records the simulated server's answer, its error
+saying the engine rejected it (``REJECTED_PREFIX``).
 A stop request (``stop()`` true, or Ctrl-C) ends the run between steps: in-flight
 requests become cancelled records and ``Interrupted`` carries everything recorded so far.
 """
@@ -32,6 +34,9 @@ from inferlab.workload.sessions import SessionWorkload
 from inferlab.workload.spec import RequestSpec, Trace
 from inferlab.workload.tokenizers import Tokenizer
 
+#: How a rejected request's error begins: no HTTP in virtual time, but the kind and
+#: status a server gives it (``http_status``, 400), for summaries comparable with bench's.
+REJECTED_PREFIX = "rejected by the engine (a server answers HTTP 400): "
 #: Time a rejected request takes at the least, so that a closed loop under ``duration_s``
 #: still advances when every request is rejected.
 _MIN_REJECT_S = 1e-6
@@ -177,9 +182,12 @@ class SimulatedServer:
             self.engine.add_request(str(send.index), ids, out, send.at_s)
         except ValueError as e:  # what the HTTP server answers with 400
             end_ns = _ns(send.at_s + max(self.engine.api_overhead_s, _MIN_REJECT_S))
+            # recorded as bench records the simulated server's answer (kind http_status,
+            # status 400), so that sim run and bench count failures alike; the text says
+            # no HTTP was involved
             record.status = 400
             record.error_kind = ErrorKind.HTTP_STATUS
-            record.error = f"HTTP 400: {e}"
+            record.error = f"{REJECTED_PREFIX}{e}"
             record.ttfb_ns = record.end_ns = end_ns
             record.usage_source = "none"
             self.finish(record)
@@ -284,7 +292,7 @@ def serve(server: SimulatedServer, policy: Policy, stop: Callable[[], bool] | No
     sorted by index.
 
     A request the engine rejects (too long for ``max_model_len`` or the KV cache) is a
-    failed record (``http_status``, 400). The server's ``on_record`` sees each record as
+    failed record (``http_status``, 400, ``REJECTED_PREFIX``). The server's ``on_record`` sees each record as
     it ends. ``stop`` is asked between steps; when it answers true, on
     ``KeyboardInterrupt``, or when drawing the next request raises an ``InferlabError``
     (its ``cause``), ``Interrupted`` is raised with the records so far."""

@@ -45,8 +45,9 @@ from inferlab.load.http import (
     dispatch,
     warm_up,
 )
-from inferlab.load.monitor import LoopMonitor, ProcessLoad
+from inferlab.load.monitor import LoopMonitor
 from inferlab.load.policy import Policy, Send
+from inferlab.results.clientload import ProcessLoad
 from inferlab.results.records import RequestRecord
 
 if TYPE_CHECKING:  # (the client, and aiohttp, load in the worker that sends)
@@ -94,7 +95,10 @@ async def run_workers(
         server = await asyncio.start_unix_server(pool.connected, path)
         context = multiprocessing.get_context("spawn")  # (no fork of a running event loop)
         warm_each = -(-min(warm_connections, MAX_WARM_CONNECTIONS) // workers)
-        procs = [context.Process(target=_worker_main, args=(path, endpoint, warm_each), daemon=True) for _ in range(workers)]
+        procs = [
+            context.Process(target=_worker_main, args=(path, endpoint, warm_each, n), daemon=True)
+            for n in range(1, workers + 1)
+        ]
         for p in procs:
             p.start()
         result = Outcome()
@@ -105,7 +109,7 @@ async def run_workers(
                 _write(conn.writer, ("t0", result.t0_ns))
             dispatcher = Dispatcher(policy, clock, result, on_record)
             pool.dispatcher = dispatcher
-            monitor = LoopMonitor(clock)  # (the parent's own: it dispatches every send)
+            monitor = LoopMonitor(clock, "parent")  # (it dispatches every send)
             monitor.start()
             try:
                 await dispatch(dispatcher, pool, stop)
@@ -113,7 +117,7 @@ async def run_workers(
                 result.client.append(await monitor.stop())
         finally:
             await pool.close()
-            result.client += pool.loads
+            result.client += sorted(pool.loads, key=lambda load: int(load.role.split()[-1]))
             server.close()
             for p in procs:
                 p.join(timeout=STOP_TIMEOUT_S)
@@ -223,15 +227,15 @@ class _Pool:
         await asyncio.gather(*self._readers, return_exceptions=True)
 
 
-def _worker_main(path: str, endpoint: Endpoint, warm: int) -> None:
-    """A worker process: sends what the parent says, reports each record back."""
+def _worker_main(path: str, endpoint: Endpoint, warm: int, number: int) -> None:
+    """Worker ``number`` (from 1): sends what the parent says, reports each record back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_worker(path, endpoint, warm))
+        asyncio.run(_worker(path, endpoint, warm, number))
     os._exit(0)  # (nothing left to flush: the parent has every record)
 
 
-async def _worker(path: str, endpoint: Endpoint, warm: int) -> None:
+async def _worker(path: str, endpoint: Endpoint, warm: int, number: int) -> None:
     from inferlab.client.http import Client
 
     reader, writer = await asyncio.open_unix_connection(path)
@@ -243,7 +247,7 @@ async def _worker(path: str, endpoint: Endpoint, warm: int) -> None:
         if first is None:
             return
         client = Client(endpoint, clock, session, first[1])
-        monitor = LoopMonitor(clock)
+        monitor = LoopMonitor(clock, f"worker {number}")
         monitor.start()
         tasks: set[asyncio.Task[None]] = set()
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Self
 
 from rich.console import Console
 from rich.table import Table
 
 from inferlab._clock import NS_PER_S, Clock
+from inferlab.results.clientload import ClientLoad
 from inferlab.results.metrics import Distribution
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.summary import OMITTED, Summary
@@ -75,17 +77,35 @@ def _cached(n: int | None) -> str:
     return f"{n:,} cached in"
 
 
-def render_summary(console: Console, s: Summary, title: str) -> None:
+def _client_line(load: ClientLoad) -> str:
+    """One line on the client's own load: its processes, the busiest's CPU and loop lag."""
+    n = len(load.processes)
+    hot = load.busiest
+    lag = hot.loop_lag_ms
+    who = "1 process" if n == 1 else f"{n} processes, busiest {hot.role}"
+    verdict = "[yellow]likely the bottleneck[/yellow]" if load.bottleneck else "kept up"
+    lags = "" if lag is None else f", loop lag p50 {_fmt(lag.p50, 2)} / p99 {_fmt(lag.p99, 2)} ms"
+    return f"{verdict} ({who}: CPU {hot.cpu_share:.0%} of a core{lags})"
+
+
+#: The percentiles the table shows unless others are chosen (``--metric-percentiles``).
+TABLE_PERCENTILES = (50.0, 90.0, 99.0)
+
+
+def render_summary(console: Console, s: Summary, title: str, percentiles: Sequence[float] = TABLE_PERCENTILES) -> None:
+    """The summary as a table of distributions (mean, ``percentiles``, max) and the
+    run's totals below it. Each of ``percentiles`` must be in the summary's
+    distributions (fixed, or added with ``with_percentiles``)."""
     c = s.counts
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("metric", no_wrap=True)
     table.add_column("unit", no_wrap=True)
-    for k in ("mean", "p50", "p90", "p99", "max"):
+    for k in ("mean", *(f"p{q:g}" for q in percentiles), "max"):
         table.add_column(k, justify="right", no_wrap=True)
     for label, key, unit in _ROWS:
         d: Distribution | None = getattr(s, key)
         if d:
-            cells = [d.mean, d.p50, d.p90, d.p99, d.max]
+            cells = [d.mean, *(d.percentile(q) for q in percentiles), d.max]
             digits = 0 if max(abs(v) for v in cells) >= 10_000 else 1
             table.add_row(label, unit, *(_fmt(v, digits) for v in cells))
     console.print(table)
@@ -119,6 +139,8 @@ def render_summary(console: Console, s: Summary, title: str) -> None:
             "client vs server TTFT",
             f"+{_fmt(err.p50, 2)} ms p50, +{_fmt(err.p99, 2)} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms)",
         ))
+    if isinstance(s.client, ClientLoad):
+        rows.append(("client", _client_line(s.client)))
     trace = s.trace_comparison if isinstance(s.trace_comparison, dict) else {}
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
         t = trace.get(key)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -93,10 +94,43 @@ def queue_delay_ms(r: RequestRecord) -> float | None:
     return max(0.0, (r.send_ns - r.intended_send_ns) / NS_PER_MS)
 
 
+#: The percentiles every distribution has, as its fields ``p50`` ... ``p99``.
+FIXED_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+
+
+def percentile_key(q: float) -> str:
+    """A percentile's key in a distribution's JSON: ``p`` and the number as written,
+    its decimal point as ``_`` (99 → ``p99``, 99.9 → ``p99_9``, 0.5 → ``p0_5``), so the
+    key is a plain identifier that jq, pandas and spreadsheets take as it is (vLLM's
+    ``p99.9_ttft_ms`` needs quoting in jq and splits in ``json_normalize``).
+    ``ValueError`` outside 0–100."""
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"a percentile is between 0 and 100 (got {q:g})")
+    text = f"{q:.6f}".rstrip("0").rstrip(".")
+    return "p" + text.replace(".", "_")
+
+
+_PERCENTILE_KEY = re.compile(r"p(\d+)(?:_(\d+))?")
+
+
+def key_percentile(key: str) -> float | None:
+    """The percentile a distribution key names (``p99_9`` → 99.9), or ``None`` for any
+    other key."""
+    m = _PERCENTILE_KEY.fullmatch(key)
+    if m is None:
+        return None
+    return float(m.group(1) + ("." + m.group(2) if m.group(2) else ""))
+
+
 @dataclass(frozen=True, slots=True)
 class Distribution:
     """A distribution's summary: mean, std (population), min, p50/p90/p95/p99 (linear
-    interpolation between ranks, numpy's default), max; in the unit of its values."""
+    interpolation between ranks, numpy's default), max; in the unit of its values.
+
+    ``extra`` holds the percentiles asked for beyond the fixed four
+    (``--metric-percentiles``) as ``(q, value)`` in ascending ``q``; in JSON each is one
+    more key after ``max`` (``percentile_key``: ``p99_9``), so readers of the fixed keys
+    see no change."""
 
     mean: float
     std: float
@@ -106,17 +140,46 @@ class Distribution:
     p95: float
     p99: float
     max: float
+    extra: tuple[tuple[float, float], ...] = ()
+
+    def percentile(self, q: float) -> float:
+        """The ``q``-th percentile, fixed or extra; ``KeyError`` if it was not computed."""
+        if q in FIXED_PERCENTILES:
+            return float(getattr(self, percentile_key(q)))
+        for p, v in self.extra:
+            if p == q:
+                return v
+        raise KeyError(percentile_key(q))
 
     def to_json(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in DISTRIBUTION_KEYS}
+        out = {k: getattr(self, k) for k in DISTRIBUTION_KEYS}
+        out.update((percentile_key(q), v) for q, v in self.extra)
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, float]) -> Distribution:
-        return cls(*(float(d[k]) for k in DISTRIBUTION_KEYS))
+        """Read back from ``to_json``'s form; keys other than the fixed ones and
+        percentile keys are ignored."""
+        extra = sorted(
+            (q, float(v)) for k, v in d.items()
+            if k not in DISTRIBUTION_KEYS and (q := key_percentile(k)) is not None
+        )
+        mean, std, lo, p50, p90, p95, p99, hi = (float(d[k]) for k in DISTRIBUTION_KEYS)
+        return cls(mean, std, lo, p50, p90, p95, p99, hi, tuple(extra))
 
 
-def distribution(values: Iterable[float]) -> Distribution | None:
-    """mean, std (population), min, p50/p90/p95/p99 (linear interpolation), max."""
+def extra_percentiles(percentiles: Iterable[float]) -> tuple[float, ...]:
+    """The percentiles of ``percentiles`` beyond the fixed four, once each, ascending;
+    ``ValueError`` for one outside 0–100."""
+    qs = {float(q) for q in percentiles}
+    for q in qs:
+        percentile_key(q)  # (checks the range)
+    return tuple(sorted(qs - set(FIXED_PERCENTILES)))
+
+
+def distribution(values: Iterable[float], percentiles: Sequence[float] = ()) -> Distribution | None:
+    """mean, std (population), min, p50/p90/p95/p99 (linear interpolation), max, and
+    ``percentiles`` beyond those (``extra_percentiles``) as ``extra``."""
     xs = sorted(values)
     n = len(xs)
     if n == 0:
@@ -124,10 +187,10 @@ def distribution(values: Iterable[float]) -> Distribution | None:
     mean = math.fsum(xs) / n
     # (in C, no intermediate list)
     std = math.sqrt(math.fsum(map(mul, map(sub, xs, repeat(mean)), map(sub, xs, repeat(mean)))) / n)
-    return _shape(mean, std, xs.__getitem__, n)
+    return _shape(mean, std, xs.__getitem__, n, percentiles)
 
 
-def counted_distribution(counts: Mapping[float, int]) -> Distribution | None:
+def counted_distribution(counts: Mapping[float, int], percentiles: Sequence[float] = ()) -> Distribution | None:
     """``distribution`` of the values ``counts`` holds with their multiplicities (finite
     values, positive counts; -0.0 counts as 0.0), exactly the same numbers without
     listing every value: for ITL, millions of values that take a few thousand distinct
@@ -144,14 +207,15 @@ def counted_distribution(counts: Mapping[float, int]) -> Distribution | None:
 
     mean = _repeated_fsum(xs, ns) / n
     std = math.sqrt(_repeated_fsum([(x - mean) * (x - mean) for x in xs], ns) / n)
-    return _shape(mean, std, at, n)
+    return _shape(mean, std, at, n, percentiles)
 
 
-def _shape(mean: float, std: float, at: Callable[[int], float], n: int) -> Distribution:
+def _shape(mean: float, std: float, at: Callable[[int], float], n: int, percentiles: Sequence[float] = ()) -> Distribution:
     """A distribution's summary from its moments and ``at(i)``, the i-th of its ``n``
-    sorted values."""
-    p50, p90, p95, p99 = (interpolate(at, n, q) for q in (50, 90, 95, 99))
-    return Distribution(mean, std, at(0), p50, p90, p95, p99, at(n - 1))
+    sorted values; ``percentiles`` beyond the fixed ones as ``extra``."""
+    p50, p90, p95, p99 = (interpolate(at, n, q) for q in FIXED_PERCENTILES)
+    extra = tuple((q, interpolate(at, n, q)) for q in extra_percentiles(percentiles))
+    return Distribution(mean, std, at(0), p50, p90, p95, p99, at(n - 1), extra)
 
 
 def _repeated_fsum(xs: Sequence[float], ns: Sequence[int]) -> float:

@@ -38,9 +38,7 @@ class RunWriter:
             self._requests.flush()
 
     def write_summary(self, summary: Summary) -> Path:
-        path = self.dir / "summary.json"
-        _write_json(path, summary.to_json())
-        return path
+        return write_summary(self.dir, summary)
 
     def close(self) -> None:
         if self._requests is not None:
@@ -94,6 +92,34 @@ def _write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def write_summary(run_dir: str | os.PathLike[str], summary: Summary) -> Path:
+    """Write (or replace) a run directory's ``summary.json``, atomically; its path."""
+    path = Path(run_dir) / "summary.json"
+    _write_json(path, summary.to_json())
+    return path
+
+
+#: The first bytes of compressed files people hand over instead of the text inside.
+_COMPRESSED = ((b"\x1f\x8b", "gzip-compressed"), (b"PK\x03\x04", "a zip archive"), (b"\x28\xb5\x2f\xfd", "zstd-compressed"), (b"BZh", "bzip2-compressed"))
+
+
+def not_text_error(path: str | os.PathLike[str], e: UnicodeDecodeError, expected: str) -> UsageError:
+    """The one-line error for a file that should be text (``expected``, e.g. "JSONL or
+    CSV") but is not UTF-8: a compressed file is named as such (decompress it first),
+    anything else by the undecodable byte met."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        head = b""
+    kind = next((name for magic, name in _COMPRESSED if head.startswith(magic)), None)
+    if kind is not None:
+        return UsageError(f"{path}: the file is {kind}: decompress it first (expected {expected})")
+    # (``e.start`` counts from the start of the chunk read, not of the file: not shown)
+    bad = e.object[e.start:e.start + 1].hex() if isinstance(e.object, bytes) else "?"
+    return UsageError(f"{path}: not a text file (it holds byte 0x{bad}, which is not UTF-8): expected {expected}")
+
+
 def read_records(path: str | os.PathLike[str]) -> Iterator[RequestRecord]:
     """Records from a ``requests.jsonl``, in file order; see ``numbered_records``."""
     return (r for _, r in numbered_records(path))
@@ -109,8 +135,10 @@ def numbered_records(path: str | os.PathLike[str]) -> Iterator[tuple[int, Reques
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.readlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path}: {getattr(e, 'strerror', None) or e}") from e
+    except UnicodeDecodeError as e:
+        raise not_text_error(path, e, "an inferlab requests.jsonl") from e
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from e
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

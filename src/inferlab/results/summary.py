@@ -18,8 +18,9 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
+from inferlab.results.clientload import ClientLoad
 from inferlab.results.metrics import (
     NS_PER_S,
     SLO,
@@ -157,6 +158,9 @@ class Summary:
     preflight: dict[str, Any] | Omitted | None = field(
         default=OMITTED, metadata=_doc("runs against a server only: what the probe before the run learned (null: no probe)")
     )
+    client: ClientLoad | Omitted | None = field(
+        default=OMITTED, metadata=_doc("runs against a server only: was the client the bottleneck? bottleneck (true: it likely inflated the latencies; a warning says by how much), inflation_ms (the busiest process's event-loop lag, p50 and p99: about what it added to each latency), processes (each sending process: role, cpu_share of one core, loop_lag_ms, timeline: [largest loop lag ms, CPU share] per second)")
+    )
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object (omitted keys left out), in field order."""
@@ -209,6 +213,7 @@ class Summary:
             prompt_overhead_tokens=d.get("prompt_overhead_tokens", OMITTED),
             input_length_source=d.get("input_length_source", OMITTED),
             preflight=d.get("preflight", OMITTED),
+            client=_client(d.get("client", OMITTED)),
         )
 
 
@@ -237,6 +242,10 @@ def _dist(d: Mapping[str, float] | None) -> Distribution | None:
     return None if d is None else Distribution.from_json(d)
 
 
+def _client(d: Mapping[str, Any] | Omitted | None) -> ClientLoad | Omitted | None:
+    return d if d is None or d is OMITTED else ClientLoad.from_json(d)
+
+
 @dataclass(frozen=True)
 class SummaryExtras:
     """What a run knows beyond its records: a replayed trace's comparison, what the
@@ -247,6 +256,7 @@ class SummaryExtras:
     prompt_overhead_tokens: int | Omitted | None = OMITTED
     input_length_source: str | Omitted = OMITTED
     preflight: dict[str, Any] | Omitted | None = OMITTED
+    client: ClientLoad | Omitted | None = OMITTED
     warnings_first: tuple[str, ...] = ()
     warnings_last: tuple[str, ...] = ()
 
@@ -262,14 +272,17 @@ def summarize(
     slo: SLO | None = None,
     interrupted: bool = False,
     extras: SummaryExtras = SummaryExtras(),
+    percentiles: Sequence[float] = (),
 ) -> Summary:
     """The run's summary (docs/design.md's results contract). Warm-up records are
-    excluded."""
+    excluded. Every distribution has the fixed percentiles and ``percentiles`` beyond
+    them (``Distribution.extra``)."""
     measured = [r for r in records if not r.warmup]
     done = [r for r in measured if r.ok]
     cancelled = [r for r in measured if r.error_kind is ErrorKind.CANCELLED]
     failed = [r for r in measured if not r.ok and r.error_kind is not ErrorKind.CANCELLED]
     per = [request_metrics(r) for r in done]
+    dists = _distributions(measured, done, per, percentiles)
 
     sends = [r.send_ns for r in measured if r.send_ns is not None]
     ends = [r.end_ns for r in done if r.end_ns is not None]
@@ -285,7 +298,7 @@ def summarize(
     total_tps = None if in_tokens is None else rate(out_tokens + in_tokens)
     completed_rps = rate(len(done))
     config = config or {}
-    queue_delay = distribution(_present(queue_delay_ms(r) for r in measured))
+    queue_delay = dists["queue_delay_ms"]
     token_source = _token_source(done)
     caveats = _warnings(
         config, completed_rps, queue_delay, token_source, done, measured, interrupted
@@ -313,21 +326,62 @@ def summarize(
         input_tokens=in_tokens,
         output_tokens=out_tokens,
         token_source=token_source,
-        ttfb_ms=distribution(_present(m.ttfb_ms for m in per)),
-        ttft_ms=distribution(_present(m.ttft_ms for m in per)),
-        e2e_ms=distribution(_present(m.e2e_ms for m in per)),
-        tpot_ms=distribution(_present(m.tpot_ms for m in per)),
-        itl_ms=counted_distribution(itl_ms_counts(done)),
-        decode_tps=distribution(_present(m.decode_tps for m in per)),
-        queue_delay_ms=queue_delay,
+        **dists,
         cached_tokens=_known_sum([r.cached_tokens for r in done]),
-        server_timeline=server_comparison(done, per),
+        server_timeline=server_comparison(done, per, percentiles),
         error_examples=_error_examples(failed),
         warnings=(*extras.warnings_first, *caveats, *extras.warnings_last),
         trace_comparison=extras.trace_comparison,
         prompt_overhead_tokens=extras.prompt_overhead_tokens,
         input_length_source=extras.input_length_source,
         preflight=extras.preflight,
+        client=extras.client,
+    )
+
+
+class _Distributions(TypedDict):
+    """The summary's distributions, by field name."""
+
+    ttfb_ms: Distribution | None
+    ttft_ms: Distribution | None
+    e2e_ms: Distribution | None
+    tpot_ms: Distribution | None
+    itl_ms: Distribution | None
+    decode_tps: Distribution | None
+    queue_delay_ms: Distribution | None
+
+
+def _distributions(
+    measured: Sequence[RequestRecord], done: Sequence[RequestRecord], per: Sequence[RequestMetrics],
+    percentiles: Sequence[float],
+) -> _Distributions:
+    """The summary's distributions by key, in its field order: ``done`` are the measured
+    requests that completed, ``per`` their metrics."""
+    def dist(values: Iterable[float | None]) -> Distribution | None:
+        return distribution(_present(values), percentiles)
+
+    return _Distributions(
+        ttfb_ms=dist(m.ttfb_ms for m in per),
+        ttft_ms=dist(m.ttft_ms for m in per),
+        e2e_ms=dist(m.e2e_ms for m in per),
+        tpot_ms=dist(m.tpot_ms for m in per),
+        itl_ms=counted_distribution(itl_ms_counts(done), percentiles),
+        decode_tps=dist(m.decode_tps for m in per),
+        queue_delay_ms=dist(queue_delay_ms(r) for r in measured),
+    )
+
+
+def with_percentiles(summary: Summary, records: Sequence[RequestRecord], percentiles: Sequence[float]) -> Summary:
+    """``summary`` with ``percentiles`` added to every distribution, computed from the
+    ``records`` it summarizes (the same records give the same fixed values, so only the
+    added percentiles are new). For a summary made without them, e.g. by ``run``, which
+    takes no percentiles: ``--metric-percentiles`` adds them after the run."""
+    measured = [r for r in records if not r.warmup]
+    done = [r for r in measured if r.ok]
+    per = [request_metrics(r) for r in done]
+    return dataclasses.replace(
+        summary, **_distributions(measured, done, per, percentiles),
+        server_timeline=server_comparison(done, per, percentiles),
     )
 
 
@@ -352,10 +406,11 @@ def _token_source(done: Sequence[RequestRecord]) -> str:
 
 
 def server_comparison(
-    done: Sequence[RequestRecord], metrics: Sequence[RequestMetrics] | None = None
+    done: Sequence[RequestRecord], metrics: Sequence[RequestMetrics] | None = None,
+    percentiles: Sequence[float] = (),
 ) -> ServerTimeline | None:
-    """Client TTFT against the server's own (from the sim's timeline extension);
-    ``None`` when the server sends no timeline."""
+    """Client TTFT against the server's own (from the sim's timeline extension), with
+    ``percentiles`` beyond the fixed ones; ``None`` when the server sends no timeline."""
     server_ttft: list[float] = []
     error: list[float] = []
     queued: list[float] = []
@@ -370,10 +425,10 @@ def server_comparison(
         error.append(m.ttft_ms - float(tl["first_token_ms"]))
         if tl.get("scheduled_ms") is not None:
             queued.append(float(tl["scheduled_ms"]))
-    server, err = distribution(server_ttft), distribution(error)
+    server, err = distribution(server_ttft, percentiles), distribution(error, percentiles)
     if server is None or err is None:
         return None
-    return ServerTimeline(len(server_ttft), server, err, distribution(queued))
+    return ServerTimeline(len(server_ttft), server, err, distribution(queued, percentiles))
 
 
 def _error_examples(failed: Sequence[RequestRecord]) -> dict[str, str]:

@@ -72,6 +72,13 @@ class WorkloadConfig:
                     and self.dataset is None and self.prefix_tokens is None)
 
     @property
+    def fixed_prompt(self) -> bool:
+        """Whether every request sends the same prompt (``--prompt``, or the default)."""
+        return not any(v is not None for v in (
+            self.input_tokens, self.sessions, self.trace, self.dataset, self.prefix_tokens, self.prefix_groups,
+        ))
+
+    @property
     def synthetic(self) -> bool:
         """Whether prompts are built to token lengths (rather than given as text)."""
         return self.prompt is None and self.dataset is None

@@ -511,3 +511,13 @@ def test_a_quantized_checkpoint_name_is_simulated_quantized() -> None:
     assert named.kv_capacity_tokens > plain.kv_capacity_tokens  # int4 weights leave more room
     explicit = Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct-AWQ", quantization="gptq", max_model_len=4096))
     assert explicit.config.quantization == "gptq"
+
+
+def test_a_gpu_file_that_is_not_there_is_called_missing_and_the_names_are_listed() -> None:
+    for name in ("nonexist.json", "gpus/h100.json"):
+        with pytest.raises(UsageError) as e:
+            resolve_gpu(name)
+        msg = str(e.value)
+        assert msg.startswith(f"unknown GPU {name!r}: no such file; a GPU is a JSON file with the preset keys, or one of: H100, H200,")
+    with pytest.raises(UsageError, match=r"^unknown GPU 'TPUv5'; known: H100"):  # a name stays a name
+        resolve_gpu("TPUv5")

@@ -521,7 +521,10 @@ def resolve_gpu(name: str) -> GpuSpec:
         if not isinstance(d, dict):
             raise UsageError(f"{path}: a GPU spec must be a JSON object")
         return _gpu_from_dict(str(d.get("name", path.stem)), d, str(path))
-    meant = None if name.lower().endswith(".json") or "/" in name else gpu_from_text(name)
+    a_path = name.lower().endswith(".json") or "/" in name
+    meant = None if a_path else gpu_from_text(name)
     if meant is not None:  # 'A100-SXM4-80GB', 'NVIDIA H100 80GB HBM3', 'H100 PCIe'
         return _gpu_from_dict(meant, gpus[meant])
+    if a_path:  # (a file name: say that the file is missing, not that the name is odd)
+        raise UsageError(f"unknown GPU {name!r}: no such file; a GPU is a JSON file with the preset keys, or one of: {', '.join(gpu_names())} (`inferlab sim presets` shows their specs)")
     raise UsageError(f"unknown GPU {name!r}; known: {', '.join(gpu_names())} (or a JSON file; `inferlab sim presets` shows their specs)")

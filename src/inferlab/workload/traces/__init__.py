@@ -40,9 +40,10 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import IO, Literal
 
 from inferlab._errors import UsageError
+from inferlab.results.runfiles import not_text_error
 from inferlab.workload.prompts import PromptBuilder, Segment
 from inferlab.workload.spec import RequestSpec, TimedSpec, Trace
 from inferlab.workload.traces.compare import compare_with_trace
@@ -175,26 +176,35 @@ def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow
         f = open(path, newline="")  # noqa: SIM115
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from e
-    with f:
-        first = f.readline()
-        f.seek(0)
-        result = vllm_result(path, f, fmt == "vllm") if fmt in (None, "vllm") and first.lstrip().startswith("{") else None
-        if fmt == "vllm" and result is None:
-            raise UsageError(f"{path}: not a vLLM benchmark result (a JSON object with input_lens/output_lens)")
-        if result is not None:
-            rows = read_vllm_result(path, result, seed)
-        else:
-            f.seek(0)
-            kind = fmt or _detect(path, first)
-            if kind == "requests":
-                rows = read_requests(path)
-            elif kind in ("inferlab", "mooncake"):
-                rows = list(read_jsonl(path, f, kind))
-            else:
-                rows = list(read_csv(path, f, kind))
+    try:
+        with f:
+            rows = _read_rows(path, f, fmt, seed)
+    except UnicodeDecodeError as e:  # (a binary or compressed file)
+        raise not_text_error(path, e, "a trace: JSONL, CSV or a vLLM result JSON") from e
     if not rows:
         raise UsageError(f"{path}: the trace has no requests")
     return rows
+
+
+def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> list[TraceRow]:
+    first = f.readline()
+    while first and not first.strip():  # (blank lines before the first row)
+        first = f.readline()
+    if not first:
+        raise UsageError(f"{path}: the file is empty: no requests to replay")
+    f.seek(0)
+    result = vllm_result(path, f, fmt == "vllm") if fmt in (None, "vllm") and first.lstrip().startswith("{") else None
+    if fmt == "vllm" and result is None:
+        raise UsageError(f"{path}: not a vLLM benchmark result (a JSON object with input_lens/output_lens)")
+    if result is not None:
+        return read_vllm_result(path, result, seed)
+    f.seek(0)
+    kind = fmt or _detect(path, first)
+    if kind == "requests":
+        return read_requests(path)
+    if kind in ("inferlab", "mooncake"):
+        return list(read_jsonl(path, f, kind))
+    return list(read_csv(path, f, kind))
 
 
 def _detect(path: str, first: str) -> str:

@@ -1,7 +1,7 @@
 """Two CSV trace formats: Azure's LLM inference traces (``TIMESTAMP`` as a date-time
 or seconds, ``ContextTokens``, ``GeneratedTokens``) and BurstGPT's (``Timestamp`` in s,
 ``Request tokens``, ``Response tokens``; rows with 0 response tokens, failed requests in
-BurstGPT, are skipped)."""
+BurstGPT, are skipped). Rows may come in any order; times are relative to the first row."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ def read_csv(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
         if kind == "burstgpt" and out == 0:
             continue
         r = TraceRow(t, inp, out)
-        check_row(path, n, r)
+        # times are from the first row: an earlier row (a file out of time order) is
+        # before it, and the replay puts rows in time order from the earliest
+        check_row(path, n, r, from_first_row=True)
         yield r
 
 

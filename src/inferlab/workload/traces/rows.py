@@ -43,8 +43,11 @@ def opt_str(v: object) -> str | None:
     return None if v is None else str(v)
 
 
-def check_row(path: str, n: int, r: TraceRow) -> None:
-    if r.arrival_s < 0 or not math.isfinite(r.arrival_s):
+def check_row(path: str, n: int, r: TraceRow, from_first_row: bool = False) -> None:
+    """``UsageError`` naming line ``n`` for a row no replay can send: a time that is not
+    finite, or negative (unless times count ``from_first_row``, where an earlier row is
+    before 0), or fewer than 1 token in or out."""
+    if not math.isfinite(r.arrival_s) or (r.arrival_s < 0 and not from_first_row):
         raise UsageError(f"{path}:{n}: the arrival time must be finite and >= 0")
     if r.input_tokens < 1 or r.output_tokens < 1:
         raise UsageError(f"{path}:{n}: token counts must be at least 1")

@@ -59,7 +59,7 @@ def _vllm_result_scalars(path: str, _mtime_ns: int, _size: int) -> dict[str, obj
                 return {}
             f.seek(0)
             obj = vllm_result(path, f)
-    except (OSError, UsageError):
+    except (OSError, UsageError, UnicodeDecodeError):  # (the trace reader says what is wrong)
         return {}
     return {k: v for k, v in (obj or {}).items() if not isinstance(v, (list, dict))}
 
@@ -78,6 +78,21 @@ def vllm_result_model(path: str) -> str | None:
     return value.strip() or None if isinstance(value, str) else None
 
 
+def _positive(path: str, key: str, raw: object) -> float:
+    """A result's ``request_rate`` or ``burstiness``: a positive number, or ``inf``
+    (``"inf"``, as vLLM writes an unlimited rate; a missing rate is unlimited too);
+    ``UsageError`` naming the key and the value otherwise."""
+    if raw is None or raw == "inf":
+        return math.inf
+    try:
+        value = float(raw) if isinstance(raw, (int, float, str)) and not isinstance(raw, bool) else math.nan
+    except ValueError:
+        value = math.nan
+    if not value > 0:
+        raise UsageError(f"{path}: {key} {raw!r} must be a positive number or 'inf' (the arrivals are drawn from it: the file has no start_times)")
+    return value
+
+
 def read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[TraceRow]:
     """Rows from vLLM's saved benchmark result (``--save-result --save-detailed``).
 
@@ -87,22 +102,26 @@ def read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[Trac
         ins, outs = list(obj["input_lens"]), list(obj["output_lens"])
         ttfts = list(obj.get("ttfts") or [None] * len(ins))
         itls = list(obj.get("itls") or [None] * len(ins))
-        raw_rate = obj.get("request_rate")
-        rate = math.inf if raw_rate in (None, "inf") else float(raw_rate)
-        burst = float(obj.get("burstiness") or 1.0)
-        # per-request send times when the client saved them (SGLang's bench_serving and
-        # some vLLM forks: seconds, absolute or from the start; rebased below)
+        # per-request send times when the client saved them (vLLM's start_times,
+        # SGLang's bench_serving: seconds, absolute or from the start; rebased later)
         starts = obj.get("start_times") or obj.get("start_timestamps")
-    except (ValueError, KeyError, TypeError) as e:
+    except (KeyError, TypeError) as e:
         raise UsageError(f"{path}: not a vLLM benchmark result with input_lens/output_lens ({why(e)})") from e
     if not (len(ins) == len(outs) == len(ttfts) == len(itls)):
         raise UsageError(f"{path}: input_lens, output_lens, ttfts and itls differ in length")
     if starts is not None:
-        arrivals = [float(t) for t in starts]
-    elif not (rate > 0 and burst > 0):
-        raise UsageError(f"{path}: request_rate ({rate:g}) and burstiness ({burst:g}) must be positive")
-    else:
-        arrivals = arrival_times_s(rate, "gamma", burst, seed, len(ins), None)
+        try:
+            arrivals = [float(t) for t in starts]
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"{path}: start_times must be numbers of seconds ({why(e)})") from e
+        if len(arrivals) != len(ins) or not all(math.isfinite(t) for t in arrivals):
+            raise UsageError(f"{path}: start_times must be one finite time per request ({len(arrivals)} for {len(ins)})")
+    else:  # no send times: drawn from the rate the run was asked for, as vLLM drew them
+        rate = _positive(path, "request_rate", obj.get("request_rate"))
+        raw_burst = obj.get("burstiness")
+        burst = _positive(path, "burstiness", 1.0 if raw_burst is None else raw_burst)
+        # vLLM's burstiness inf is constant gaps
+        arrivals = arrival_times_s(rate, "constant" if math.isinf(burst) else "gamma", burst, seed, len(ins), None)
     rows = []
     for i, (n_in, n_out, ttft, itl) in enumerate(zip(ins, outs, ttfts, itls, strict=True)):
         if not n_out or not n_in or (ttfts[i] is not None and not ttft):

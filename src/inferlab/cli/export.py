@@ -1,0 +1,64 @@
+"""``inferlab export``: a run directory in other tools' formats (``results.export``)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from inferlab._errors import UsageError
+from inferlab.cli.common import percentiles_option, run_guarded
+from inferlab.results.export import (
+    VLLM_PERCENTILES,
+    requests_csv,
+    run_source,
+    summary_csv,
+    vllm_result,
+)
+from inferlab.results.runfiles import dumps, read_records, read_summary
+
+FORMATS = ("vllm", "csv-summary", "csv-requests")
+
+
+@click.command("export")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="vllm: the JSON of vllm bench serve --save-result (--save-detailed); csv-summary: one row per metric; csv-requests: one row per request.")
+@click.option("-o", "--output", default="-", show_default=True, help="File to write ('-': stdout).")
+@click.option("--metric-percentiles", callback=percentiles_option, metavar="P,P,...", help="vllm: the percentiles of its summary keys (vLLM's --metric-percentiles; default 99).")
+@click.option("--detailed/--no-detailed", default=True, show_default=True, help="vllm: include the per-request lists (--save-detailed), which a replay needs.")
+def export(run_dir: str, fmt: str, output: str, metric_percentiles: tuple[float, ...] | None, detailed: bool) -> None:
+    """Write a run directory (bench or sim run --out) in another tool's format."""
+    sys.exit(run_guarded(lambda: _export(run_dir, fmt, output, metric_percentiles, detailed)))
+
+
+def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] | None, detailed: bool) -> int:
+    if fmt != "vllm" and (percentiles is not None or not detailed):
+        raise UsageError("--metric-percentiles and --no-detailed shape --format vllm only (csv-summary has the run's own percentiles)")
+    folder = Path(run_dir)
+    if not (folder / "summary.json").is_file():
+        raise UsageError(f"{run_dir}: no summary.json (not a run directory, or a run killed before it ended)")
+    summary = read_summary(folder / "summary.json")
+    if fmt == "csv-summary":
+        text = summary_csv(summary)
+    else:
+        records = list(read_records(folder / "requests.jsonl"))
+        if fmt == "csv-requests":
+            text = requests_csv(records)
+        else:
+            # vLLM's date is when its run ended: summary.json was written then
+            ended = datetime.datetime.fromtimestamp(os.stat(folder / "summary.json").st_mtime)
+            text = dumps(vllm_result(
+                summary, records, date=ended.strftime("%Y%m%d-%H%M%S"),
+                percentiles=percentiles or VLLM_PERCENTILES, detailed=detailed, source=run_source(summary),
+            ), indent=None) + "\n"
+    if output == "-":
+        click.echo(text, nl=False)
+        return 0
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
+    return 0

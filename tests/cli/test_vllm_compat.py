@@ -1,0 +1,166 @@
+"""At home for ``vllm bench serve`` users: its flag names run the same load as ours, the
+flags with no faithful meaning are refused with a pointer, ``--metric-percentiles``
+chooses the table's and summary.json's percentiles, ``--save-result`` and
+``inferlab export`` write vLLM's result file, which vLLM-result readers (our own
+``--trace`` reader) read back, and CSV. Virtual time: fast and exact."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from inferlab.cli.common import expand_goodput
+from inferlab.cli.main import main
+from inferlab.results.runfiles import read_records, read_summary
+from inferlab.workload.traces import read_rows
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    """Exit code, stdout and the last line of stderr (the one-line error)."""
+    res = CliRunner().invoke(main, expand_goodput(list(args)))
+    err = res.stderr.strip().splitlines()
+    return res.exit_code, res.stdout, err[-1] if err else ""
+
+
+def summary_of(*args: str) -> dict[str, Any]:
+    code, out, err = invoke("sim", "run", "--json", *args)
+    assert code == 0, err
+    return dict(json.loads(out))
+
+
+def test_vllm_flag_names_run_the_same_load_as_ours() -> None:
+    ours = summary_of("--rate", "8", "-n", "12", "--input-tokens", "64", "--output-tokens", "6", "--warmup", "2",
+                      "--slo-ttft-ms", "500", "--slo-tpot-ms", "50", "--slo-e2e-ms", "900")
+    vllm = summary_of("--request-rate", "8", "--num-prompts", "12", "--random-input-len", "64", "--random-output-len", "6",
+                      "--num-warmups", "2", "--ignore-eos", "--goodput", "ttft:500", "tpot:50", "e2el:900")
+    assert vllm == ours
+    general = summary_of("--request-rate", "8", "--num-prompts", "12", "--input-len", "64", "--output-len", "6",
+                         "--num-warmups", "2", "--goodput", "ttft:500,tpot:50", "--goodput", "e2el:900")
+    assert general == ours
+    assert ours["slo"] == {"ttft_ms": 500.0, "tpot_ms": 50.0, "e2e_ms": 900.0}
+    assert ours["config"]["workload"]["exact_output"] is True  # --ignore-eos is the default
+    assert summary_of("-n", "2", "--no-exact-output")["config"]["workload"]["exact_output"] is False
+
+
+def test_goodput_words_after_one_flag_are_taken_as_vllm_takes_them() -> None:
+    assert expand_goodput(["--goodput", "ttft:500", "tpot:50", "e2el:1e3", "-n", "3", "x:1"]) == [
+        "--goodput", "ttft:500", "--goodput", "tpot:50", "--goodput", "e2el:1e3", "-n", "3", "x:1"]
+    assert expand_goodput(["--prompt", "a:1", "b:2"]) == ["--prompt", "a:1", "b:2"]
+
+
+def test_the_console_script_takes_vllms_goodput_form() -> None:
+    cmd = [sys.executable, "-m", "inferlab", "sim", "run", "-n", "3", "--input-tokens", "20", "--output-tokens", "3",
+           "--json", "--goodput", "ttft:5000", "tpot:100"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["slo"] == {"ttft_ms": 5000.0, "tpot_ms": 100.0, "e2e_ms": None}
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--goodput", "itl:5"], "KEY one of ttft, tpot, e2el"),
+        (["--goodput", "ttft:0"], "positive number of ms"),
+        (["--goodput", "ttft:5", "--slo-ttft-ms", "5"], "given twice"),
+        (["--metric-percentiles", "50,101"], "from 0 to 100"),
+        (["--save-detailed"], "--save-detailed needs --save-result"),
+        (["--result-dir", "x"], "--result-dir needs --save-result"),
+        (["--dataset-name", "sharegpt"], "--dataset FILE"),
+        (["--random-range-ratio", "0.5"], "uniform:LO:HI"),
+        (["--random-prefix-len", "100"], "--prefix-tokens"),
+        (["--percentile-metrics", "ttft"], "--metric-percentiles"),
+        (["--append-result"], "--result-filename"),
+        (["--backend", "openai-chat"], "--api chat"),
+        (["--endpoint", "/v1/completions"], "--api completions"),
+        (["--temperature", "0"], "not supported yet"),
+        (["--extra-body", "{}"], "not supported yet"),
+    ],
+)
+def test_vllm_flags_without_a_faithful_meaning_are_refused_with_a_pointer(args: list[str], needle: str) -> None:
+    code, _, err = invoke("sim", "run", "-n", "2", *args)
+    assert code == 2 and needle in err, err
+
+
+def test_chosen_percentiles_in_the_table_and_in_summary_json(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    code, stdout, err = invoke("sim", "run", "-n", "40", "--rate", "20", "--input-tokens", "100", "--output-tokens", "8",
+                               "--metric-percentiles", "50,90,99,99.9", "--out", str(out))
+    assert code == 0, err
+    header = next(line for line in stdout.splitlines() if "metric" in line)
+    assert [c for c in header.replace("┃", " ").split()] == ["metric", "unit", "mean", "p50", "p90", "p99", "p99.9", "max"]
+    s = json.loads((out / "summary.json").read_text())
+    for key in ("ttfb_ms", "ttft_ms", "e2e_ms", "tpot_ms", "itl_ms", "decode_tps", "queue_delay_ms"):
+        assert list(s[key]) == ["mean", "std", "min", "p50", "p90", "p95", "p99", "max", "p99_9"], key
+    assert read_summary(out / "summary.json").ttft_ms.percentile(99.9) == s["ttft_ms"]["p99_9"]  # type: ignore[union-attr]
+    plain = summary_of("-n", "40", "--rate", "20", "--input-tokens", "100", "--output-tokens", "8")
+    assert "p99_9" not in plain["ttft_ms"]
+
+
+def test_save_result_writes_vllms_file_named_as_vllm_names_it(tmp_path: Path) -> None:
+    code, _, err = invoke("sim", "run", "--request-rate", "10", "--max-concurrency", "4", "--num-prompts", "6",
+                          "--random-input-len", "50", "--random-output-len", "4", "--save-result", "--result-dir", str(tmp_path))
+    assert code == 0, err
+    (path,) = tmp_path.glob("*.json")
+    assert path.name.startswith("openai-10.0qps-concurrency4-Qwen2.5-7B-Instruct-") and err == f"inferlab: vLLM result: {path}"
+    r = json.loads(path.read_text())
+    assert (r["num_prompts"], r["completed"], r["request_rate"], r["max_concurrency"]) == (6, 6, 10.0, 4)
+    assert "ttfts" not in r and "p99_ttft_ms" in r  # --save-detailed adds the lists
+    assert r["inferlab_source"].startswith("inferlab sim run (simulated")
+    named = tmp_path / "mine.json"
+    args = ("sim", "run", "-n", "3", "--save-result", "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "mine.json")
+    assert invoke(*args)[0] == 0
+    assert len(json.loads(named.read_text())["ttfts"]) == 3
+    code, _, err = invoke(*args)  # not replaced without --overwrite
+    assert code == 2 and "already exists" in err
+    assert invoke(*args, "--overwrite")[0] == 0
+
+
+def test_a_vllm_export_replays_as_the_run_it_came_from(tmp_path: Path) -> None:
+    """What a script reading vllm bench serve --save-result files sees, checked with our
+    own reader of such files: the export of a run replays in the simulator at the same
+    send times and lengths, and predicts exactly what the run measured."""
+    run = tmp_path / "run"
+    code, _, err = invoke("sim", "run", "--rate", "10", "-n", "30", "--input-tokens", "uniform:100:900",
+                          "--output-tokens", "uniform:5:60", "--out", str(run))
+    assert code == 0, err
+    export = tmp_path / "vllm.json"
+    code, _, err = invoke("export", str(run), "--format", "vllm", "-o", str(export))
+    assert code == 0, err
+    records = sorted(read_records(run / "requests.jsonl"), key=lambda r: r.index)
+    rows = read_rows(str(export))
+    assert [(r.input_tokens, r.output_tokens) for r in rows] == [(r.input_tokens, r.output_tokens) for r in records]
+    assert [r.arrival_s for r in rows] == pytest.approx([(r.send_ns or 0) / 1e9 for r in records])
+    replay = summary_of("--trace", str(export))
+    for metric in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        c = replay["trace_comparison"][metric]
+        assert c["requests"] == 30 and abs(c["error_pct"]) < 0.01, (metric, c)
+
+
+def test_export_csv_formats_and_errors(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert invoke("sim", "run", "-n", "5", "--input-tokens", "50", "--output-tokens", "3", "--out", str(run),
+                  "--metric-percentiles", "99.9")[0] == 0
+    code, out, _ = invoke("export", str(run), "--format", "csv-summary")
+    rows = {r["metric"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert code == 0 and rows["counts.completed"]["value"] == "5" and rows["ttft_ms"]["p99_9"] != ""
+    code, out, _ = invoke("export", str(run), "--format", "csv-requests")
+    assert code == 0 and len(list(csv.DictReader(io.StringIO(out)))) == 5
+    code, _, err = invoke("export", str(tmp_path), "--format", "vllm")
+    assert code == 2 and "no summary.json" in err
+    code, _, err = invoke("export", str(run), "--format", "csv-summary", "--no-detailed")
+    assert code == 2 and "--format vllm only" in err
+
+
+def test_burstiness_inf_is_constant_gaps_as_in_vllm() -> None:
+    s = summary_of("--rate", "5", "--burstiness", "inf", "-n", "4", "--input-tokens", "10", "--output-tokens", "2")
+    assert s["config"]["load"]["schedule"]["arrival"] == "constant"  # was a crash in random.gammavariate
+    code, _, err = invoke("sim", "run", "-n", "2", "--burstiness", "inf")
+    assert code == 2 and "give --rate too" in err

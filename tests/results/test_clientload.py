@@ -1,0 +1,76 @@
+"""Was the client the bottleneck: the verdict and warning from what each sending process
+measured of itself, and its JSON form."""
+
+from __future__ import annotations
+
+from inferlab.results.clientload import (
+    CPU_SATURATED,
+    LAG_P90_MS,
+    ClientLoad,
+    ProcessLoad,
+    bottleneck_warning,
+    client_load,
+)
+
+
+def process(role: str, lags: list[float], cpu_share: float) -> ProcessLoad:
+    wall = len(lags) * 0.05
+    return ProcessLoad(role, lags, cpu_share * wall, wall, [(max(lags), cpu_share)])
+
+
+def test_a_quiet_client_kept_up_and_says_nothing() -> None:
+    load = client_load([process("client", [0.1] * 95 + [30.0] * 5, 0.3)])  # a few late timers: a GC, say
+    assert load is not None and not load.bottleneck
+    assert bottleneck_warning(load, workers=1, cores=8) is None
+
+
+def test_a_loop_late_most_of_the_time_is_the_bottleneck_and_the_warning_says_by_how_much() -> None:
+    lags = [LAG_P90_MS * 3] * 50 + [LAG_P90_MS * 10] * 50
+    load = client_load([process("client", lags, 0.97)])
+    assert load is not None and load.bottleneck
+    p50, p99 = load.inflation_ms
+    assert LAG_P90_MS * 3 <= p50 <= p99 <= LAG_P90_MS * 10
+    w = bottleneck_warning(load, workers=1, cores=8)
+    assert w is not None and "97% of a core" in w and "--workers 2" in w and "TTFT" in w
+    # with every core already sending, more workers are no answer
+    w_all = bottleneck_warning(load, workers=7, cores=8)
+    assert w_all is not None and "--workers" not in w_all and "more cores" in w_all
+
+
+def test_a_saturated_cpu_alone_is_enough() -> None:
+    load = client_load([process("client", [0.2] * 100, CPU_SATURATED)])
+    assert load is not None and load.bottleneck
+
+
+def test_a_late_loop_that_used_little_cpu_waited_for_a_core() -> None:
+    load = client_load([process("client", [LAG_P90_MS * 5] * 100, 0.1)])
+    assert load is not None and load.bottleneck
+    w = bottleneck_warning(load, workers=1, cores=2)
+    assert w is not None and "only 10%" in w and "other processes" in w and "--workers" not in w
+
+
+def test_with_workers_the_worst_process_is_named_and_a_busy_parent_delays_sends() -> None:
+    ok = [0.1] * 100
+    late = [LAG_P90_MS * 4] * 100
+    load = client_load([process("parent", ok, 0.2), process("worker 1", ok, 0.4), process("worker 2", late, 0.95)])
+    assert load is not None and load.bottleneck and load.busiest.role == "worker 2"
+    w = bottleneck_warning(load, workers=2, cores=4)
+    assert w is not None and "worker 2" in w and "--workers 3" in w
+    parent = client_load([process("parent", late, 0.99), process("worker 1", ok, 0.3)])
+    assert parent is not None
+    wp = bottleneck_warning(parent, workers=1, cores=4)
+    assert wp is not None and "parent" in wp and "queue_delay_ms" in wp and "TTFT" not in wp
+
+
+def test_nothing_measured_is_no_verdict() -> None:
+    assert client_load([]) is None
+
+
+def test_the_json_form_reads_back() -> None:
+    load = client_load([process("parent", [0.5, 1.5, 9.0], 0.5), process("worker 1", [3.0, 4.0], 0.92)])
+    assert load is not None
+    again = ClientLoad.from_json(load.to_json())
+    assert again.bottleneck == load.bottleneck and [p.role for p in again.processes] == ["parent", "worker 1"]
+    assert again.processes[1].timeline == load.processes[1].timeline
+    assert again.processes[0].loop_lag_ms is not None and load.processes[0].loop_lag_ms is not None
+    assert again.processes[0].loop_lag_ms.max == load.processes[0].loop_lag_ms.max

@@ -1,0 +1,149 @@
+"""A run in vLLM's result format and as CSV: vLLM's keys, types, units and definitions
+(checked against ``vllm/benchmarks/serve.py``), and CSV rows that read back to the
+summary and the records."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from record_factory import MS, rec
+
+from inferlab.results.export import (
+    REQUEST_COLUMNS,
+    requests_csv,
+    summary_csv,
+    vllm_result,
+    vllm_result_filename,
+)
+from inferlab.results.metrics import SLO, request_metrics
+from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.summary import summarize, with_percentiles
+
+#: The keys ``vllm bench serve --save-result --save-detailed`` writes for a generation
+#: run, in its order (main_async's result_json, then benchmark()'s result, then
+#: process_one_metric for ttft, tpot, itl and e2el with the default --metric-percentiles 99).
+VLLM_KEYS = [
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+    "request_rate", "burstiness", "max_concurrency",
+    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+    "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
+    "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times",
+    "generated_texts", "errors", "max_output_tokens_per_s", "max_concurrent_requests", "rtfx",
+    *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "std", "p99")),
+]
+DETAILED = ["input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times", "generated_texts", "errors"]
+
+CONFIG = {
+    "load": {"schedule": {"kind": "OpenLoop", "rate_rps": 4.0, "arrival": "gamma", "burstiness": 0.5, "max_concurrency": 8}},
+    "workload": {"tokenizer": None}, "api": "chat", "resolved": {"model": "Qwen/Qwen2.5-7B-Instruct"},
+}
+
+
+def records() -> list[RequestRecord]:
+    return [
+        # sent at 0; chunks at 10, 20, 35 ms; the stream ends at 50 ms; 3 tokens
+        rec(0, 0, [10, 20, 35], 50, out=3, inp=100, intended_send_ns=0),
+        # sent at 100 (queued 5 ms); one chunk at 140; 1 token
+        rec(1, 100, [140], 141, out=1, inp=50, intended_send_ns=95 * MS),
+        RequestRecord(2, send_ns=200 * MS, end_ns=210 * MS, status=400, error_kind=ErrorKind.HTTP_STATUS,
+                      error="HTTP 400: too long", requested_input_tokens=9000),
+        rec(3, 0, [1, 2], 3, out=2, warmup=True),  # left out, as vLLM's warm-ups are
+    ]
+
+
+def result(**kw: object) -> dict[str, object]:
+    recs = records()
+    return vllm_result(summarize(recs, config=CONFIG, slo=SLO(ttft_ms=30, tpot_ms=20)), recs, date="20250101-120000", **kw)  # type: ignore[arg-type]
+
+
+def test_keys_and_types_are_vllms() -> None:
+    r = result()
+    assert list(r) == VLLM_KEYS
+    assert json.loads(json.dumps(r, allow_nan=False)) == r  # plain JSON
+    assert (r["backend"], r["endpoint_type"], r["model_id"], r["tokenizer_id"]) == ("openai-chat",) * 2 + ("Qwen/Qwen2.5-7B-Instruct",) * 2
+    assert (r["num_prompts"], r["completed"], r["failed"]) == (3, 2, 1)
+    assert (r["request_rate"], r["burstiness"], r["max_concurrency"]) == (4.0, 0.5, 8)
+    for key in ("input_lens", "output_lens"):
+        assert all(type(v) is int for v in r[key])  # type: ignore[attr-defined]
+    for key in ("ttfts", "latencies", "start_times", "queue_times"):
+        assert all(type(v) is float for v in r[key])  # type: ignore[attr-defined]
+    assert all(isinstance(v, list) for v in r["itls"])  # type: ignore[attr-defined]
+    assert all(isinstance(v, str) for key in ("generated_texts", "errors") for v in r[key])  # type: ignore[attr-defined]
+    without = result(detailed=False)
+    assert list(without) == [k for k in VLLM_KEYS if k not in DETAILED]  # what --save-result alone writes
+
+
+def test_units_and_definitions_are_vllms() -> None:
+    r = result()
+    # per request: seconds; ITL every chunk gap; E2EL (latency) to the last chunk, not the stream's end
+    assert r["ttfts"] == pytest.approx([0.010, 0.040, 0.0])
+    assert r["itls"] == [pytest.approx([0.010, 0.015]), [], []]
+    assert r["latencies"] == pytest.approx([0.035, 0.040, 0.0])
+    assert r["start_times"] == pytest.approx([0.0, 0.1, 0.2]) and r["queue_times"] == pytest.approx([0.0, 0.005, 0.0])
+    # a failed request: zeros, its requested length, its error (as vLLM leaves them)
+    assert (r["input_lens"], r["output_lens"]) == ([100, 50, 9000], [3, 1, 0])
+    assert r["errors"] == ["", "", "http_status: HTTP 400: too long"]
+    # the summary: ms; TPOT (E2EL − TTFT) / (out − 1) over requests of 2 or more tokens
+    assert r["mean_ttft_ms"] == pytest.approx(25.0) and r["median_ttft_ms"] == pytest.approx(25.0)
+    assert r["std_ttft_ms"] == pytest.approx(15.0)  # population
+    assert r["p99_ttft_ms"] == pytest.approx(10 + 0.99 * 30)
+    assert r["mean_tpot_ms"] == pytest.approx((35 - 10) / 2)
+    assert r["mean_itl_ms"] == pytest.approx(12.5) and r["mean_e2el_ms"] == pytest.approx(37.5)
+    # totals over completed requests, rates over inferlab's duration (first send → last end)
+    assert (r["total_input_tokens"], r["total_output_tokens"]) == (150, 4)
+    assert r["duration"] == pytest.approx(0.141)
+    assert r["request_throughput"] == pytest.approx(2 / 0.141)
+    assert r["total_token_throughput"] == pytest.approx(154 / 0.141)
+    # goodput as vLLM counts it: TTFT ≤ 30 ms and TPOT ≤ 20 ms, one token meeting any TPOT
+    assert r["request_goodput"] == pytest.approx(1 / 0.141)
+    assert (r["max_concurrent_requests"], r["max_output_tokens_per_s"]) == (1, 4.0)
+
+
+def test_chosen_percentiles_are_written_as_vllm_writes_them() -> None:
+    r = result(percentiles=(50, 99.9))
+    assert "p50_ttft_ms" in r and "p99.9_e2el_ms" in r and "p99_ttft_ms" not in r
+    assert r["p50_ttft_ms"] == r["median_ttft_ms"]
+
+
+def test_loads_as_vllm_flags_would_set_them() -> None:
+    def traffic(schedule: dict[str, object]) -> tuple[object, object, object]:
+        recs = records()
+        r = vllm_result(summarize(recs, config={**CONFIG, "load": {"schedule": schedule}}), recs, date="d")
+        return r["request_rate"], r["burstiness"], r["max_concurrency"]
+
+    assert traffic({"kind": "ClosedLoop", "concurrency": 16}) == ("inf", 1.0, 16)  # vLLM: rate inf, cap 16
+    assert traffic({"kind": "OpenLoop", "rate_rps": "inf", "arrival": "poisson", "burstiness": 1.0, "max_concurrency": None}) == ("inf", 1.0, None)
+    assert traffic({"kind": "OpenLoop", "rate_rps": 2.0, "arrival": "constant", "burstiness": 1.0, "max_concurrency": None}) == (2.0, "inf", None)
+    assert traffic({"kind": "Replay", "max_concurrency": 4}) == ("inf", 1.0, 4)
+
+
+def test_file_name_is_vllms() -> None:
+    assert vllm_result_filename(result()) == "openai-chat-4.0qps-concurrency8-Qwen2.5-7B-Instruct-20250101-120000.json"
+
+
+def test_summary_csv_has_one_row_per_metric_that_reads_back() -> None:
+    recs = records()
+    s = with_percentiles(summarize(recs, config=CONFIG), recs, [99.9])
+    rows = list(csv.DictReader(io.StringIO(summary_csv(s))))
+    by = {r["metric"]: r for r in rows}
+    assert len(by) == len(rows)
+    assert float(by["duration_s"]["value"]) == s.duration_s and by["goodput_rps"]["value"] == ""  # null: no SLO
+    assert int(by["counts.failed"]["value"]) == 1
+    assert s.ttft_ms is not None
+    assert {k: float(by["ttft_ms"][k]) for k in ("mean", "p50", "p99", "max", "p99_9")} == {
+        "mean": s.ttft_ms.mean, "p50": s.ttft_ms.p50, "p99": s.ttft_ms.p99, "max": s.ttft_ms.max, "p99_9": s.ttft_ms.percentile(99.9)}
+    assert by["ttft_ms"]["value"] == "" and by["ttft_ms"]["unit"] == "ms"
+
+
+def test_requests_csv_has_one_row_per_request_with_its_metrics() -> None:
+    recs = records()
+    rows = list(csv.DictReader(io.StringIO(requests_csv(reversed(recs)))))
+    assert [int(r["index"]) for r in rows] == [0, 1, 2, 3] and list(rows[0]) == list(REQUEST_COLUMNS)
+    m = request_metrics(recs[0])
+    assert float(rows[0]["tpot_ms"]) == m.tpot_ms and float(rows[0]["e2e_ms"]) == m.e2e_ms
+    assert (rows[0]["chunks"], float(rows[0]["itl_mean_ms"]), float(rows[0]["itl_max_ms"])) == ("3", 12.5, 15.0)
+    assert (rows[2]["ok"], rows[2]["error_kind"], rows[2]["ttft_ms"], rows[2]["input_tokens"]) == ("False", "http_status", "", "")
+    assert rows[3]["warmup"] == "True"
