@@ -83,6 +83,8 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--quantization", "-q", default=None, callback=_parsed(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype.value, show_default=True, callback=_parsed(KVCacheDType.parse), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice([f.value for f in EngineFamily]), default=d.engine_family.value, show_default=True, callback=_parsed(EngineFamily.parse), help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
+        click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); not for vllm-v0.5, whose API server is the engine's process."),
+        click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's constants were fitted on: 2.0 halves intake and streaming costs, 0.5 doubles them."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
 
@@ -335,7 +337,23 @@ def engine_line(engine: Engine) -> str:
         f"{lim.max_num_seqs:,} seqs",
         f"KV {engine.kv_capacity_tokens:,} tokens",
         "eager" if e.enforce_eager else "CUDA graphs",
-        "offline (no API server)" if e.offline else f"API {engine.api_overhead_s * 1e3:g} ms + per-token streaming",
+        "offline (no API server)" if e.offline else _front_end_words(engine),
         *([f"{e.engine_family} defaults and constants"] if e.engine_family is not EngineFamily.VLLM else []),
     ]
     return ", ".join(parts)
+
+
+def _front_end_words(engine: Engine) -> str:
+    """The API front end as modelled: latency, intake and streaming CPU, servers, host."""
+    fe, c = engine.front_end, engine.front_end.costs
+    words = f"API {c.latency_s * 1e3:g} ms"
+    if fe.costs.queues:
+        cpu = [f"intake {c.intake_s * 1e3:g} ms + {c.intake_per_token_s * 1e6:g} us/prompt token"] if c.intake_s or c.intake_per_token_s else []
+        cpu += [f"{c.stream_per_token_s * 1e6:g} us/streamed token"] if c.stream_per_token_s else []
+        words += f" + CPU queue ({', '.join(cpu)}"
+        words += f"; {fe.servers} API servers" if fe.servers > 1 else ""
+        words += f"; host speed {fe.host_speed:g}" if fe.host_speed != 1.0 else ""
+        words += ")"
+    if not c.stream_per_token_s:
+        words += " + per-token streaming in the engine step"
+    return words

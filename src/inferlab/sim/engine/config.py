@@ -70,6 +70,11 @@ class EngineConfig:
     # on by default since 0.4; vLLM's --async-scheduling): a request that arrives during
     # a step is seen one step later. None: the family's way (on for sglang)
     overlap_schedule: bool | None = None
+    # the API front end (``frontend``): how many API server processes share intake and
+    # streaming (vLLM's --api-server-count), and how fast this host's CPU is against the
+    # typical host the family's front-end constants were fitted on (2.0: twice as fast)
+    api_server_count: int = 1
+    host_speed: float = 1.0
 
     def __post_init__(self) -> None:
         # (frozen: the parsed members replace the strings a Python caller may have given)
@@ -109,6 +114,11 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     path = config.efficiencies_path
     eff = load_efficiencies(path, rules.efficiencies) if path else rules.efficiencies
     _validate_flags(config, model.max_position_embeddings)
+    if rules.front_end_in_process and config.api_server_count > 1:
+        raise ValueError(
+            f"api_server_count {config.api_server_count}: {rules.engine} runs its API server in the "
+            "engine's process (one only)"
+        )
     check_tensor_parallel(model, config.tensor_parallel_size)
     declared_len = config.max_model_len or model.max_position_embeddings
     config = _with_family_switches(config, rules, declared_len)
@@ -160,6 +170,10 @@ def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1")
+    if config.api_server_count < 1:
+        raise ValueError("api_server_count must be at least 1")
+    if not config.host_speed > 0:
+        raise ValueError("host_speed must be positive")
     if config.api_overhead_s is not None and config.api_overhead_s < 0:
         raise ValueError("api_overhead_s must not be negative")
     if config.max_model_len is not None and config.max_model_len > max_position_embeddings:

@@ -1,0 +1,72 @@
+"""Fit vLLM V1's front-end constants on the `fit` rows of bench/data only.
+
+Runs every vLLM V1 row that goes through the API server (not offline, not a static
+batch) and sits on the `fit` side of the split (docs/validation.md), for each point of a
+small grid of front-end constants (``Efficiencies.api_overhead_s``, ``api_intake_s``,
+``api_stream_s``), and prints the median absolute error per metric class and their mean,
+best first. Held-out rows are never read. The per-prompt-token intake cost is not fitted
+(the fit rows' prompts are too alike to separate it from the fixed cost): it is held at
+``api_intake_per_token_s`` of the family, a tokenizer's order of magnitude.
+
+    python bench/fit_front_end.py --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import statistics
+import sys
+from pathlib import Path
+
+from inferlab.sim.engine import families
+from inferlab.sim.engine.families import EngineFamily
+from inferlab.sim.validation.calibration import load_rows, parse_rows
+from inferlab.sim.validation.scenario import OFFLINE
+from inferlab.sim.validation.validate import error_medians, validate_files
+
+DATA = Path(__file__).resolve().parent / "data"
+LATENCY_S = (0.005, 0.010, 0.015, 0.020, 0.025, 0.030)
+INTAKE_S = (0.001, 0.003, 0.006)
+STREAM_S = (25e-6, 45e-6, 70e-6, 100e-6)
+
+
+def fit_rows() -> list[str]:
+    """Row ids of vLLM V1 rows on the fit side (read from the files, before any run)."""
+    rows = [r for path in sorted(DATA.glob("*.csv")) for r in load_rows(path) if r.get("split") == "fit"]
+    scenarios, _ = parse_rows(rows)
+    return [sc.row_id for sc in scenarios if sc.family == EngineFamily.VLLM and sc.regime != OFFLINE]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=1)
+    args = ap.parse_args(argv)
+    base = families.FAMILY_RULES[EngineFamily.VLLM]
+    ids = fit_rows()
+    results = []
+    for latency, intake, stream in itertools.product(LATENCY_S, INTAKE_S, STREAM_S):
+        eff = dataclasses.replace(base.efficiencies, api_overhead_s=latency, api_intake_s=intake, api_stream_s=stream)
+        families.FAMILY_RULES[EngineFamily.VLLM] = dataclasses.replace(base, efficiencies=eff)
+        report = validate_files(sorted(DATA.glob("*.csv")), ids, args.jobs)
+        online = [
+            c for c in report.comparisons
+            if c.scenario.family == EngineFamily.VLLM and c.scenario.regime != OFFLINE and c.scenario.split == "fit"
+        ]
+        medians = error_medians(online)
+        score = statistics.fmean(m for m, _, _ in medians.values())
+        results.append((score, latency, intake, stream, medians))
+        cells = ", ".join(f"{cls} {m:.1f}% ({n})" for cls, (m, n, _) in medians.items())
+        print(f"latency {latency * 1e3:4.0f} ms intake {intake * 1e3:3.0f} ms stream {stream * 1e6:3.0f} us: "
+              f"mean {score:5.1f}%  {cells}", flush=True)
+    families.FAMILY_RULES[EngineFamily.VLLM] = base
+    print()
+    print("best first:")
+    for score, latency, intake, stream, _ in sorted(results)[:5]:
+        print(f"  latency {latency * 1e3:.0f} ms, intake {intake * 1e3:.0f} ms, stream {stream * 1e6:.0f} us: {score:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
