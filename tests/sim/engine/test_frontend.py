@@ -2,6 +2,7 @@
 from the engine core (``sim.engine.frontend``)."""
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -16,7 +17,7 @@ def test_a_burst_queues_at_the_door_one_intake_after_another() -> None:
     fe = FrontEnd(COSTS)
     ready = [fe.admit(0.0, 100) for _ in range(5)]
     intake = 0.002 + 100 * 1e-5
-    gaps = [b - a for a, b in zip(ready, ready[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(ready)]
     assert ready[0] == pytest.approx(intake + 0.010)
     assert gaps == pytest.approx([intake] * 4)
 
@@ -42,7 +43,7 @@ def test_streaming_delays_delivery_only_when_the_front_end_falls_behind() -> Non
     assert fe.deliver(0.020, 10) == pytest.approx(0.021)
     # 500 tokens a step (50 ms of CPU) every 10 ms: each step's tokens arrive later and later
     late = [fe.deliver(0.030 + 0.010 * k, 500) - (0.030 + 0.010 * k) for k in range(4)]
-    assert all(b > a for a, b in zip(late, late[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(late))
 
 
 def test_bad_front_end_settings_are_refused() -> None:
