@@ -12,16 +12,19 @@ that could not be expressed with the reason.
     python bench/validate_sim.py --csv bench/data/published_extra.csv  # rows we gathered
     python bench/validate_sim.py --rows 1,46,141  # a subset
     python bench/validate_sim.py --all --jobs 2   # every file in bench/data, fit vs held-out
+    python bench/validate_sim.py --all --jobs 2 --write-bands  # and the error bands sim run shows
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from inferlab.sim.engine.bands import BANDS_FILE
 from inferlab.sim.validation.scenario import OFFLINE, REGIMES, SPLITS
 from inferlab.sim.validation.validate import (
     METRIC_CLASSES,
@@ -89,13 +92,42 @@ def _split_table(title: str, comparisons: list[Comparison], groups: list[tuple[s
             print(f"| {group} | {split} | " + " | ".join(cells) + " |")
 
 
+def write_bands(comparisons: list[Comparison], path: Path) -> int:
+    """The error bands ``sim run`` shows (``inferlab.sim.engine.bands``): per engine
+    family, regime (and all regimes) and split, each metric class's median over rows of
+    |error| and its row count. Returns how many bands were written."""
+    bands = []
+    families = sorted({str(c.scenario.family) for c in comparisons})
+    for family in families:
+        mine = [c for c in comparisons if c.scenario.family == family]
+        for regime in (*REGIMES, "all"):
+            sub = [c for c in mine if regime == "all" or c.scenario.regime == regime]
+            for split, medians in group_medians(sub, lambda c: c.scenario.split).items():
+                for cls, (median, rows, _) in medians.items():
+                    bands.append({
+                        "family": family, "regime": regime, "split": split, "metric": cls,
+                        "median_abs_pct": round(median, 2), "rows": rows,
+                    })
+    path.write_text(json.dumps({
+        "generated_by": "python bench/validate_sim.py --all --write-bands",
+        "what": "median over rows of each row's mean |predicted - measured| / measured, in %, per engine family, "
+        "load regime and side of the split (docs/validation.md)",
+        "bands": bands,
+    }, indent=1) + "\n")
+    return len(bands)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="calibration CSV")
     ap.add_argument("--rows", help="comma-separated row ids (default: all)")
     ap.add_argument("--all", action="store_true", help="every CSV in bench/data, with fit vs held-out tables")
     ap.add_argument("--jobs", type=int, default=1, help="simulate rows in this many processes")
+    ap.add_argument("--write-bands", action="store_true", help=f"with --all: write {BANDS_FILE.name} for sim run")
     args = ap.parse_args(argv)
+    if args.write_bands and (not args.all or args.rows):
+        print("--write-bands needs --all and every row", file=sys.stderr)
+        return 2
     paths = ALL_CSVS if args.all else [args.csv]
     if not all(p.is_file() for p in paths):
         print(f"no such file: {args.csv}", file=sys.stderr)
@@ -143,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"skipped ({len(report.skipped)}):")
     for sk in report.skipped:
         print(f"  row {sk.row_id}: {sk.model[:40]} - {sk.reason}")
+    if args.write_bands:
+        n = write_bands(report.comparisons, BANDS_FILE)
+        print()
+        print(f"wrote {n} error bands to {BANDS_FILE}")
     n_rows = len({c.scenario.row_id for c in report.comparisons})
     print()
     print(f"{n_rows} rows compared, {len(report.comparisons)} values, in {elapsed:.1f} s")

@@ -29,6 +29,7 @@ from inferlab.cli.common import (
 from inferlab.load.run import RunResult
 from inferlab.report.console import render_summary
 from inferlab.results.runfiles import dumps
+from inferlab.results.summary import Summary
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.families import EngineFamily
@@ -254,6 +255,8 @@ def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     line.add_column(style="bold", no_wrap=True, min_width=18)
     line.add_column()  # wraps under itself, not under the label
     line.add_row("engine", engine_line(engine))
+    for label, text in prediction_lines(result.summary):
+        line.add_row(label, text)
     out.print(line)
     if kw["out"]:
         out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
@@ -357,3 +360,25 @@ def _front_end_words(engine: Engine) -> str:
     if not c.stream_per_token_s:
         words += " + per-token streaming in the engine step"
     return words
+
+
+def prediction_lines(summary: Summary) -> list[tuple[str, str]]:
+    """Each headline metric beside the validation error of its engine family and regime
+    (summary.json's ``prediction``): '42.1 ms, ±25 % on 6 held-out vLLM V1 Poisson rows'."""
+    block = summary.prediction
+    if not isinstance(block, dict):
+        return []
+    bands = block["error_bands"]
+    rows: list[tuple[str, str]] = []
+    for key, label, unit in (
+        ("ttft_ms", "TTFT p50", "ms"), ("tpot_ms", "TPOT p50", "ms"), ("e2e_ms", "E2E p50", "ms"),
+        ("output_token_throughput_tps", "output tok/s", ""),
+    ):
+        value = getattr(summary, key)
+        if value is None:
+            continue
+        number = value if isinstance(value, float) else value.p50
+        band = bands.get(key)
+        how = band["text"] if band else f"not validated for {block['engine_family']} ({block['regime']})"
+        rows.append((f"{label} (prediction)", f"{number:,.1f}{' ' + unit if unit else ''}, {how}"))
+    return rows

@@ -26,6 +26,7 @@ from inferlab.sim.validation.validate import (
     _stat,
     error_medians,
     length_mismatches,
+    predict_scenario,
     validate,
     validate_files,
     workload,
@@ -525,3 +526,53 @@ def test_several_files_validate_together_and_in_processes_alike(tmp_path: Path) 
         (c.scenario.row_id, c.predicted) for c in two.comparisons
     ]
     assert {c.scenario.row_id for c in one.comparisons} == {"x1", "x3"}
+
+
+# --- prompts that share prefixes (the prefix_sharing column) ---------------------------------
+
+
+def test_prefix_sharing_is_stated_in_its_column_and_unstated_sharing_is_skipped() -> None:
+    from inferlab.sim.validation.calibration import prompt_sharing
+    from inferlab.sim.validation.scenario import PromptSharing
+
+    assert prompt_sharing("") is None
+    assert prompt_sharing("prefix=1000 groups=8") == PromptSharing(1000, 8, 1)
+    assert prompt_sharing("turns=5; prefix=200") == PromptSharing(200, 1, 5)
+    for bad in ("prefix=abc", "share=0.5", "prefix=0", "groups=0 prefix=10"):
+        with pytest.raises(ScenarioError, match="prefix_sharing"):
+            prompt_sharing(bad)
+    with pytest.raises(ScenarioError, match="not shorter"):
+        parse_row(row(prefix_sharing="prefix=512"))
+    sc = parse_row(row(prefix_sharing="prefix=400 groups=4"))
+    assert sc.sharing == PromptSharing(400, 4, 1) and any("shared prefixes" in a for a in sc.assumptions)
+    _, skipped = parse_rows([row(scenario="fixed concurrency, shared-prefix workload")])
+    assert "prefix_sharing column" in skipped[0].reason
+
+
+def test_shared_prefixes_and_turns_build_prompts_that_share_what_they_say() -> None:
+    from inferlab.sim.validation.scenario import PromptSharing
+    from inferlab.sim.validation.validate import prompts
+
+    jobs = [(100, 4)] * 6
+    alone = prompts(jobs)
+    assert len({p[0] for p in alone}) == 6 and all(len(p) == 100 for p in alone)
+    grouped = prompts(jobs, PromptSharing(60, 2, 1))
+    assert all(len(p) == 100 for p in grouped)
+    assert grouped[0][:60] == grouped[2][:60] != grouped[1][:60]  # requests 0, 2, 4 share one
+    assert grouped[0][60] != grouped[2][60]  # and part ways after it
+    chats = prompts([(50, 4), (80, 4), (120, 4), (50, 4)], PromptSharing(0, 1, 3))
+    assert chats[1][:50] == chats[0] and chats[2][:80] == chats[1]  # each turn holds the last
+    assert chats[3][0] != chats[0][0]  # the next conversation starts afresh
+
+
+def test_a_shared_system_prompt_lowers_ttft_through_the_prefix_cache() -> None:
+    """Same lengths, same load: with 3,000 of 3,200 prompt tokens shared, each prefill
+    is mostly cache hits and TTFT drops; without prefix caching it does not."""
+    base = row(batch_or_concurrency="16", num_requests="64", input_len="3200", output_len="64")
+    plain = predict_scenario(parse_row(base))[0]["ttft_ms"]
+    shared = predict_scenario(parse_row({**base, "prefix_sharing": "prefix=3000 groups=1"}))[0]["ttft_ms"]
+    uncached = predict_scenario(parse_row({
+        **base, "prefix_sharing": "prefix=3000 groups=1", "engine_config": "--no-enable-prefix-caching",
+    }))[0]["ttft_ms"]
+    assert shared < 0.7 * plain
+    assert uncached == pytest.approx(plain, rel=0.02)

@@ -61,6 +61,32 @@ class Lengths:
 
 
 @dataclass(frozen=True)
+class PromptSharing:
+    """How a row's prompts share prefixes (``bench/data``'s ``prefix_sharing`` column).
+
+    ``prefix_tokens`` > 0: every prompt begins with one of ``groups`` shared prefixes of
+    that many tokens (a system prompt or few-shot block per group, as inference-perf's
+    and SGLang's shared-prefix datasets build them), request k with prefix k mod groups;
+    the rest of each prompt is its own. ``turns`` > 1: requests come in conversations of
+    that many consecutive turns, and each turn's prompt is the conversation so far: the
+    earlier turns' prompts are its prefix (their answers are not: the simulated engine
+    caches prompt blocks only). The stated input lengths are whole prompts, prefix and
+    history included."""
+
+    prefix_tokens: int = 0
+    groups: int = 1
+    turns: int = 1
+
+    def describe(self) -> str:
+        parts = []
+        if self.prefix_tokens:
+            parts.append(f"{self.groups} shared prefix{'es' if self.groups > 1 else ''} of {self.prefix_tokens} tokens")
+        if self.turns > 1:
+            parts.append(f"conversations of {self.turns} turns, each turn's prompt the conversation so far")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One published number: ``metric`` is a CSV column; ``stat`` is aggregate (the
     throughputs), mean, median or pNN."""
@@ -103,6 +129,7 @@ class Scenario:
     assumptions: tuple[str, ...] = ()
     source_id: str = ""  # the publisher's document or dataset: the unit of the split
     split: str = FIT  # FIT or HOLDOUT (``bench/data``'s ``split`` column)
+    sharing: PromptSharing | None = None  # prompts that share prefixes (None: none do)
 
     @property
     def regime(self) -> str:

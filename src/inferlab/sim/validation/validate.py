@@ -43,6 +43,7 @@ from inferlab.sim.validation.scenario import (
     METRIC_CLASS,
     Lengths,
     Measurement,
+    PromptSharing,
     Scenario,
     ScenarioError,
     Skipped,
@@ -175,17 +176,51 @@ class _Run:
 _FIRST_ID = 1 << 20  # above every other prompt id
 
 
+_PREFIX_BASE = 1 << 24  # shared prefixes' ids: above every request's first id
+
+
+def prompts(jobs: Sequence[tuple[int, int]], sharing: PromptSharing | None = None) -> list[list[int]]:
+    """Each job's prompt ids. Without ``sharing`` no two prompts share a cached prefix
+    (each begins with an id of its own). With it, prompt k begins with shared prefix
+    k mod groups, and a conversation's turns (``turns`` consecutive jobs) are prefixes
+    of one token stream: each turn's prompt holds the earlier ones (``PromptSharing``)."""
+    out: list[list[int]] = []
+    turns = sharing.turns if sharing is not None else 1
+    p = sharing.prefix_tokens if sharing is not None else 0
+    groups = sharing.groups if sharing is not None else 1
+    for i, (n, _) in enumerate(jobs):
+        lead = i // turns  # the conversation (each request its own without turns)
+        prefix = [_PREFIX_BASE + (lead % groups) * p + j for j in range(p)] if p else []
+        stream = [*prefix, _FIRST_ID + lead, *range(1, max(0, n - len(prefix) - 1) + 1)]
+        out.append(stream[:n])
+    return out
+
+
+def _with_turns(jobs: list[tuple[int, int]], sharing: PromptSharing | None) -> list[tuple[int, int]]:
+    """``jobs`` with each conversation's prompt lengths in rising order (the history grows
+    turn by turn; the lengths drawn are kept, so their mean is)."""
+    if sharing is None or sharing.turns <= 1:
+        return jobs
+    t = sharing.turns
+    out: list[tuple[int, int]] = []
+    for start in range(0, len(jobs), t):
+        conv = jobs[start:start + t]
+        ins = sorted(i for i, _ in conv)
+        out.extend((i, o) for i, (_, o) in zip(ins, conv, strict=True))
+    return out
+
+
 def _serve(
     engine: Engine,
     jobs: Sequence[tuple[int, int]],
     arrivals_s: Sequence[float] | None,
     users: int,
+    sharing: PromptSharing | None = None,
 ) -> list[RequestTimeline]:
     """Serve ``jobs`` open loop at ``arrivals_s`` (in time order), or closed loop with
-    ``users`` (when ``arrivals_s`` is None), in virtual time; returns the timelines in
-    job order."""
-    # (a first id of its own: no two prompts share a cached prefix)
-    specs = (RequestSpec([_FIRST_ID + i, *range(1, n)], out) for i, (n, out) in enumerate(jobs))
+    ``users`` (when ``arrivals_s`` is None), in virtual time, with prompts that share
+    prefixes as ``sharing`` says (``prompts``); returns the timelines in job order."""
+    specs = (RequestSpec(ids, out) for ids, (_, out) in zip(prompts(jobs, sharing), jobs, strict=True))
     policy: Policy
     if arrivals_s is not None:
         if any(b < a for a, b in itertools.pairwise(arrivals_s)):
@@ -207,7 +242,7 @@ def _gaps_s(timelines: Iterable[RequestTimeline]) -> list[float]:
 
 
 def _run(sc: Scenario) -> _Run:
-    jobs = workload(sc)
+    jobs = _with_turns(workload(sc), sc.sharing)
     engine = build_engine(sc, max(i + o for i, o in jobs))
     n = len(jobs)
     if sc.kind in ("offline", "closed"):
@@ -228,7 +263,7 @@ def _run(sc: Scenario) -> _Run:
         arrivals = [0.0, *_cumsum(gaps[:-1])]
     else:
         arrivals = [0.0] * len(jobs)
-    timelines = _serve(engine, jobs, arrivals, sc.concurrency or 1)
+    timelines = _serve(engine, jobs, arrivals, sc.concurrency or 1, sc.sharing)
     empty = frozenset(k for k in _empty_indices(sc, n) if k < len(jobs))
     return _Run(timelines, _gaps_s(timelines), n, empty)
 
