@@ -94,12 +94,12 @@ def _split_table(title: str, comparisons: list[Comparison], groups: list[tuple[s
 
 def write_bands(comparisons: list[Comparison], path: Path) -> int:
     """The error bands ``sim run`` shows (``inferlab.sim.engine.bands``): per engine
-    family, regime (and all regimes) and split, each metric class's median over rows of
+    family (and all families), regime (and all regimes) and split, each metric class's median over rows of
     |error| and its row count. Returns how many bands were written."""
     bands = []
     families = sorted({str(c.scenario.family) for c in comparisons})
-    for family in families:
-        mine = [c for c in comparisons if c.scenario.family == family]
+    for family in (*families, "all"):
+        mine = [c for c in comparisons if family in ("all", c.scenario.family)]
         for regime in (*REGIMES, "all"):
             sub = [c for c in mine if regime == "all" or c.scenario.regime == regime]
             for split, medians in group_medians(sub, lambda c: c.scenario.split).items():

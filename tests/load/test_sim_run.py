@@ -448,3 +448,24 @@ def test_sim_run_loads_no_http_stack(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert p.stdout.splitlines()[-1] == "False"
     assert (tmp_path / "summary.json").exists()
+
+
+def test_sim_run_shows_each_headline_metric_with_its_validation_error(tmp_path: Path) -> None:
+    """Console and summary.json: the numbers are a prediction, each with the error band of
+    its engine family and regime (sim.engine.bands), from the shipped bands file."""
+    from inferlab.sim.engine.bands import error_band
+
+    p = sim_cli("--rate", "4", "-n", "12", "--input-tokens", "300", "--output-tokens", "20", "--out", str(tmp_path / "r"))
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    block = summary["prediction"]
+    assert block["label"].startswith("prediction") and (block["engine_family"], block["regime"]) == ("vllm", "Poisson")
+    band = error_band("vllm", "Poisson", "TTFT")
+    assert band is not None and block["error_bands"]["ttft_ms"]["text"] == band.describe()
+    words = " ".join(p.stdout.split())  # (the console wraps long lines)
+    assert "TTFT p50 (prediction)" in words and band.describe() in words
+    closed = sim_cli("-c", "2", "-n", "4", "--output-tokens", "8", "--json")
+    assert json.loads(closed.stdout)["prediction"]["regime"] == "closed loop"
+    offline = sim_cli("--rate", "inf", "-n", "4", "--output-tokens", "8", "--json", "--engine-family", "trtllm")
+    block = json.loads(offline.stdout)["prediction"]
+    assert (block["engine_family"], block["regime"]) == ("trtllm", "offline")

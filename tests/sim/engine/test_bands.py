@@ -67,3 +67,13 @@ def test_the_shipped_bands_were_generated_and_agree_with_validation() -> None:
 @pytest.mark.parametrize("family", ["vllm", "sglang", "trtllm"])
 def test_every_validated_family_has_a_band_for_offline_throughput_or_broader(family: str) -> None:
     assert error_band(family, "offline", "throughput") is not None
+
+
+def test_a_regime_the_family_lacks_borrows_every_engine_in_that_regime(tmp_path: Path) -> None:
+    path = write(tmp_path, [
+        ("vllm", "all", "holdout", "throughput", 38.0, 44),  # its bursts, not its offline rows
+        ("all", "offline", "holdout", "throughput", 6.0, 30),
+    ])
+    band = error_band("vllm", "offline", "throughput", path)
+    assert band is not None and band.pct == 6.0
+    assert band.describe() == "±6 % on 30 held-out offline rows of every engine"

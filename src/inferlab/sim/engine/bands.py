@@ -6,12 +6,13 @@ per engine family, regime (offline, closed loop, Poisson, saturated, and ``all``
 and side of the split (``holdout``, ``fit``), the median over rows of each row's absolute
 error per metric class (throughput, TTFT, TPOT/ITL, E2E) and how many rows it rests on.
 Nothing here is typed by hand. ``error_band`` picks, for one metric, the most specific
-band with enough rows, held-out before in-sample: the family in this regime, then the
-family over every regime; ``None`` when the family was never validated on that metric.
+band with at least ``MIN_ROWS`` rows, held-out before in-sample: the family in this
+regime, every family in this regime, the family over every regime, every row; ``None``
+when no row measured that metric.
 
-    >>> band = error_band("vllm", "Poisson", "TTFT")
-    >>> band.describe() if band else "not validated"
-    '±20 % on 6 held-out vLLM V1 Poisson rows'   # (whatever the file says)
+    band = error_band("vllm", "saturated", "TTFT")
+    band.describe() if band else "not validated"
+    # '±42 % on 36 held-out vLLM V1 saturated rows' (whatever the file says)
 
 ``sim run`` shows one band beside each headline metric (console and ``summary.json``'s
 ``prediction``); a sweep or the advisor can call ``error_band`` / ``prediction_block``
@@ -41,7 +42,8 @@ _SIDE_WORDS = {"holdout": "held-out", "fit": "in-sample (fit)"}
 @dataclass(frozen=True)
 class ErrorBand:
     """The median absolute error of ``metric`` over ``rows`` validation rows of
-    ``family`` in ``regime`` (``all``: every regime), on one side of the split."""
+    ``family`` in ``regime`` (``all``: every family, every regime), on one side of the
+    split."""
 
     metric: str
     pct: float
@@ -52,9 +54,12 @@ class ErrorBand:
 
     def describe(self) -> str:
         """'±25 % on 6 held-out vLLM V1 Poisson rows'."""
-        engine = EngineFamily.parse(self.family).rules.engine.split(" (")[0]
         regime = "" if self.regime == ALL else f" {self.regime}"
-        return f"±{self.pct:.0f} % on {self.rows} {_SIDE_WORDS[self.split]} {engine}{regime} rows"
+        side = _SIDE_WORDS[self.split]
+        if self.family == ALL:
+            return f"±{self.pct:.0f} % on {self.rows} {side}{regime} rows of every engine"
+        engine = EngineFamily.parse(self.family).rules.engine.split(" (")[0]
+        return f"±{self.pct:.0f} % on {self.rows} {side} {engine}{regime} rows"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,11 +86,13 @@ def error_band(family: EngineFamily | str, regime: str, metric: str, path: Path 
     ``family`` in ``regime`` (``REGIMES``); see the module docstring for the order."""
     fam = EngineFamily.parse(str(family)).value
     table = _bands(path)
-    for reg in (regime, ALL):
+    # the family in this regime; every family in it (the same model, other constants);
+    # the family over every regime; every row
+    for f, reg in ((fam, regime), (ALL, regime), (fam, ALL), (ALL, ALL)):
         for split in ("holdout", "fit"):
-            found = table.get((fam, reg, split, metric))
+            found = table.get((f, reg, split, metric))
             if found is not None and found[1] >= MIN_ROWS:
-                return ErrorBand(metric, found[0], found[1], split, fam, reg)
+                return ErrorBand(metric, found[0], found[1], split, f, reg)
     return None
 
 
