@@ -80,8 +80,8 @@ def test_the_console_script_takes_vllms_goodput_form() -> None:
         (["--append-result"], "--result-filename"),
         (["--backend", "openai-chat"], "--api chat"),
         (["--endpoint", "/v1/completions"], "--api completions"),
-        (["--temperature", "0"], "not supported yet"),
-        (["--extra-body", "{}"], "not supported yet"),
+        (["--temperature", "0"], "sim run simulates exact output lengths"),
+        (["--extra-body", "{}"], "sim run sends no request bodies"),
     ],
 )
 def test_vllm_flags_without_a_faithful_meaning_are_refused_with_a_pointer(args: list[str], needle: str) -> None:

@@ -35,3 +35,10 @@ def test_a_completions_spec_sends_its_prompt() -> None:
 def test_token_ids_cannot_go_to_the_chat_api() -> None:
     with pytest.raises(TypeError):
         request_body(CHAT, RequestSpec([1, 2]))
+
+
+def test_the_endpoints_fields_go_with_every_request_and_a_specs_own_win() -> None:
+    sampling = Endpoint(base_url="http://h/v1", model="m", api="completions", stream=False, extra_body={"temperature": 0.7, "top_p": 0.9})
+    assert request_body(sampling, RequestSpec("q")) == {"model": "m", "prompt": "q", "temperature": 0.7, "top_p": 0.9}
+    own = RequestSpec("q", extra_body={"temperature": 0.0})
+    assert request_body(sampling, own) == {"model": "m", "prompt": "q", "temperature": 0.0, "top_p": 0.9}

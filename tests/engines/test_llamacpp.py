@@ -81,15 +81,17 @@ def metrics(server: LlamaServer) -> dict[str, float]:
 
 @pytest.mark.parametrize("api", ["chat", "completions"])
 def test_usage_counts_match_what_was_asked_with_exact_lengths_from_tokenize(llama: LlamaServer, api: Api) -> None:
-    result = bench(llama, n=8, c=4, api=api, input_tokens=200, output_tokens=16)
+    """The trial that found the stale keep-alive bug: 1,024-token prompts at concurrency
+    4, all 16 complete, with exact lengths."""
+    result = bench(llama, n=16, c=4, api=api, input_tokens=1024, output_tokens=16)
     s = result.summary
-    assert s.counts.completed == 8 and s.counts.failed == 0
+    assert s.counts.completed == 16 and s.counts.failed == 0
     assert s.input_length_source == EXACT_SERVER  # (was: approximate, calibrated from usage)
     overhead = s.prompt_overhead_tokens
     assert overhead is not None and (overhead > 0) == (api == "chat")  # the chat template's tokens
     for r in result.records:
-        assert (r.requested_input_tokens, r.requested_output_tokens) == (200, 16)
-        assert r.input_tokens == 200 + overhead
+        assert (r.requested_input_tokens, r.requested_output_tokens) == (1024, 16)
+        assert r.input_tokens == 1024 + overhead
         assert r.output_tokens == 16 == len(r.content_ns)  # one printable token per chunk
         assert r.finish_reason == "length" and r.usage_source == "server"
 
@@ -165,27 +167,27 @@ def test_a_fixed_prompt_given_a_salt_is_cached_on_the_second_run(llama: LlamaSer
 
 def test_concurrent_streams_are_batched(llama: LlamaServer) -> None:
     """Four streams at once are decoded together: they overlap in time (each one's
-    first token comes before any one's last), none waits for another to finish before
-    its first token, and the engine needs about one decode call per step for all four
-    (its n_decode_total), not one per stream.
+    first token comes before any one's last, so none waited for another to finish),
+    and the engine needs about one decode call per step for all four (its
+    n_decode_total), not one per stream.
 
     (On one CPU thread a step of four sequences costs about four of one: the tiny model
     is compute-bound, so batching shows in the overlap and the decode calls, not in a
-    shorter total time.)"""
-    alone = bench(llama, n=1, c=1, input_tokens=16, output_tokens=128).records[0]
+    shorter total time.) Streams of 512 tokens last long enough that a late dispatch
+    on a busy machine does not undo the overlap."""
+    OUT = 512
     before = metrics(llama)
-    together = bench(llama, n=4, c=4, preflight=False, input_tokens=16, output_tokens=128).records
+    together = bench(llama, n=4, c=4, preflight=False, input_tokens=16, output_tokens=OUT).records
     after = metrics(llama)
-    assert all(r.ok and r.output_tokens == 128 for r in together)
+    assert all(r.ok and r.output_tokens == OUT for r in together)
     last_first_token = max(r.content_ns[0] for r in together)
     first_end = min(r.end_ns or 0 for r in together)
-    assert last_first_token < first_end  # all four were streaming at once
-    e2e_alone = request_metrics(alone).e2e_ms
-    assert e2e_alone is not None
-    assert max(ttft_ms(r) for r in together) < 0.5 * e2e_alone  # nobody queued behind a whole stream
+    # all four were streaming at once: nobody queued behind a whole stream (compared
+    # within one run, not with an earlier one, which a busy machine makes noisy)
+    assert last_first_token < first_end
     decodes = after["n_decode_total"] - before["n_decode_total"]
     predicted = after["tokens_predicted_total"] - before["tokens_predicted_total"]
-    assert predicted == 4 * 128
+    assert predicted == 4 * OUT
     assert decodes < predicted / 2, (decodes, predicted)  # unbatched: one call per token each
 
 

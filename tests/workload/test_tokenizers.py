@@ -5,12 +5,10 @@ a second), so nothing is downloaded."""
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,26 +22,6 @@ from inferlab.sim.server.app import ServerConfig  # noqa: E402
 from inferlab.sim.server.launch import EmbeddedServer  # noqa: E402
 from inferlab.workload.prompts import PromptBuilder  # noqa: E402
 from inferlab.workload.tokenizers import hf_hub_cache, load_tokenizer  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=6000,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        show_progress=False,
-    )
-    files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "*.py")))[:60]
-    tok.train(files, trainer)
-    out = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    tok.save(str(out))
-    return str(out)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import json
 import math
 import os
 import re
@@ -23,6 +24,7 @@ import click
 from inferlab._errors import InferlabError, UsageError
 from inferlab.load.run import RunResult
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
+from inferlab.openai.request import check_extra_body
 from inferlab.report.console import TABLE_PERCENTILES
 from inferlab.results.export import VLLM_PERCENTILES, run_source, vllm_result, vllm_result_filename
 from inferlab.results.metrics import SLO, extra_percentiles, percentile_key
@@ -163,20 +165,46 @@ VLLM_REFUSED: dict[str, tuple[bool, str]] = {
     "--append-result": (False, "each run writes its own file: give --result-filename per run"),
     "--backend": (True, "use --api chat (openai-chat) or --api completions (openai, vllm)"),
     "--endpoint": (True, "use --api chat (/v1/chat/completions) or --api completions (/v1/completions)"),
-    # (a faithful meaning exists, but the request body has no way in from the flags yet)
-    "--extra-body": (True, "not supported yet: requests carry only the model, prompt, max_tokens, ignore_eos/min_tokens and stream fields"),
-    "--temperature": (True, "not supported yet: no sampling parameter is sent, so the server's default applies"),
 }
 
 
-def _refused_option(flag: str, takes_value: bool, why: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _refused_option(
+    flag: str, takes_value: bool, why: str, origin: str = "vllm bench serve"
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """A hidden option that exits 2 with ``why`` when given."""
 
     def refuse(ctx: click.Context, param: click.Parameter, value: object) -> None:
         if value not in (None, False):
-            raise click.UsageError(f"{flag} (vllm bench serve): {why}", ctx)
+            raise click.UsageError(f"{flag} ({origin}): {why}", ctx)
 
     return click.option(flag, is_flag=not takes_value, hidden=True, expose_value=False, callback=refuse)
+
+
+def refused_option(flag: str, takes_value: bool, why: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A hidden option of this command that exits 2 with ``why`` when given."""
+    return _refused_option(flag, takes_value, why, "not here")
+
+
+def extra_body_option(ctx: click.Context, param: click.Parameter, value: str | None) -> dict[str, Any] | None:
+    """A click callback reading ``--extra-body`` (a JSON object, or @FILE holding one);
+    exit 2 for anything else, or for a field the run sets itself."""
+    if value is None:
+        return None
+    text = value
+    if value.startswith("@"):
+        try:
+            with open(value[1:], encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise click.BadParameter(f"{value[1:]}: {e.strerror or e}") from None
+    try:
+        parsed = json.loads(text)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON ({e}); give an object, e.g. '{{\"top_p\": 0.9}}'") from None
+    try:
+        return check_extra_body(parsed)
+    except ValueError as e:  # not an object, or a field the run sets
+        raise click.BadParameter(str(e)) from None
 
 
 def percentiles_option(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, ...] | None:

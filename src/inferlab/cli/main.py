@@ -17,8 +17,10 @@ from rich.console import Console
 
 from inferlab._clock import WallClock
 from inferlab._errors import RunFailedError, UsageError
+from inferlab.cli.calibrate import calibrate_cmd
 from inferlab.cli.common import (
     entry,
+    extra_body_option,
     finish_run,
     install_stop_signals,
     load_config,
@@ -32,6 +34,7 @@ from inferlab.cli.common import (
 from inferlab.cli.export import export
 from inferlab.cli.sim import sim
 from inferlab.cli.tokens import tokens
+from inferlab.cli.tune import tune
 from inferlab.load.run import BenchConfig, RunResult, bench_async
 from inferlab.report.console import Progress, render_summary
 from inferlab.results.runfiles import check_out_dir, dumps
@@ -56,6 +59,8 @@ def main() -> None:
 @click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response.")
 @click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: _workers(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone).")
 @click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths.")
+@click.option("--temperature", type=click.FloatRange(min=0), help="Sampling temperature sent with every request (default: none sent, the server's default applies). Output lengths stay exact unless --no-exact-output.")
+@click.option("--extra-body", callback=extra_body_option, metavar="JSON|@FILE", help="A JSON object merged into every request body, as vLLM's --extra-body (e.g. '{\"top_p\": 0.9, \"seed\": 1}'); fields the run sets itself (model, messages/prompt, max_tokens, min_tokens, ignore_eos, stream, n) are refused. Recorded in config.json.")
 @load_options
 def bench(**kw: Any) -> None:
     """Load an OpenAI-compatible endpoint and report TTFB, TTFT, TPOT, ITL, E2E, tokens/s, TPM."""
@@ -81,6 +86,7 @@ def _bench(kw: dict[str, Any]) -> int:
         preflight=kw["preflight"],
         overwrite=kw["overwrite"],
         workers=kw["workers"],
+        extra_body=_sampling(kw["temperature"], kw["extra_body"]),
     )
     if config.out_dir is not None:
         check_out_dir(config.out_dir, config.overwrite)  # before a server is started
@@ -127,6 +133,17 @@ def _bench(kw: dict[str, Any]) -> int:
     return 130 if result.interrupted else 0
 
 
+def _sampling(temperature: float | None, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """What every request carries beyond the run's own fields: ``--extra-body``, and
+    ``--temperature`` (given both ways: refused, rather than one silently winning)."""
+    body = dict(extra or {})
+    if temperature is not None:
+        if "temperature" in body:
+            raise UsageError("--temperature and --extra-body's \"temperature\" both given: give one")
+        body["temperature"] = temperature
+    return body
+
+
 async def _bench_main(config: BenchConfig, url: str, progress: Progress) -> RunResult:
     stop = asyncio.Event()
     install_stop_signals(stop)
@@ -145,9 +162,11 @@ def _render(out: Console, summary: Summary, kw: dict[str, Any], config: BenchCon
 
 
 
+sim.add_command(calibrate_cmd)
 main.add_command(sim)
 main.add_command(export)
 main.add_command(tokens)
+main.add_command(tune)
 
 def run() -> None:
     """The console script."""

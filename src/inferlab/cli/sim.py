@@ -21,6 +21,7 @@ from inferlab.cli.common import (
     install_stop_signals,
     load_config,
     load_options,
+    refused_option,
     run_guarded,
     slo_config,
     table_percentiles,
@@ -109,7 +110,7 @@ def engine_config(kw: dict[str, Any]) -> EngineConfig:
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--served-model-name", help="Name the API answers to (default: --model).")
 @click.option("--max-waiting-requests", type=int, default=4096, show_default=True, help="Queue length beyond which requests get HTTP 429.")
-@click.option("--tokenizer", type=click.Path(exists=False), help="Count tokens with this local tokenizer.json (or a directory with one).")
+@click.option("--tokenizer", type=click.Path(exists=False), help="Count tokens with this local tokenizer.json (or a directory with one, or a Hugging Face model id in the local cache); the chat template is the one in the tokenizer_config.json beside it, else ChatML.")
 @click.option("--announce", is_flag=True, hidden=True, help="Print the base URL on stdout once listening (for a parent process).")
 def serve(**kw: Any) -> None:
     """Serve the simulated engine over the OpenAI API, in real time."""
@@ -135,6 +136,8 @@ def _serve(kw: dict[str, Any]) -> int:
             f"serving http://{kw['host']}:{port}/v1 (Ctrl-C stops)",
             err=True,
         )
+        if kw["tokenizer"]:
+            click.echo(f"inferlab sim: tokenizer {kw['tokenizer']}, chat template: {server.tokenizer.template_source}", err=True)
         stop = asyncio.Event()
         install_stop_signals(stop)
         try:
@@ -152,6 +155,8 @@ def _serve(kw: dict[str, Any]) -> int:
 @sim.command("run")
 @engine_options(RUN_DEFAULTS)
 @load_options
+@refused_option("--temperature", True, "sim run simulates exact output lengths, which sampling does not change; bench sends it to a server (the simulated one too)")
+@refused_option("--extra-body", True, "sim run sends no request bodies; bench sends them to a server (the simulated one too)")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
 @click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
 @click.option("--offline/--served", "offline", default=None, help="Run as vLLM's offline LLM class (no API server costs, larger default budget) or behind its API server. Default: offline only with --rate inf and no --max-concurrency.")

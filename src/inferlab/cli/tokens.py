@@ -68,9 +68,11 @@ def _tokens(kw: dict[str, Any]) -> int:
         prefill, source = sim_prefill(kw["model"], kw["gpu"]), f"simulated {kw['model']} on {kw['gpu']}"
     cost = token_cost(specs, tok, prefill, source)
     approximate = not kw["tokenizer"]
+    template = tok.template_source
     if kw["as_json"]:
         click.echo(json.dumps({
             **cost.to_json(), "tokenizer": kw["tokenizer"] or "built-in (simulator)", "approximate": approximate,
+            "chat_template": template,
         }, indent=2))
         return 0
     from rich.table import Table
@@ -92,6 +94,7 @@ def _tokens(kw: dict[str, Any]) -> int:
             "knows only a few hundred words (others cost a token per byte); pass --tokenizer "
             "tokenizer.json (or its directory) for your model's exact counts"
         )
+    out.print(f"chat template: {template}")
     out.print(f"system + template share: {cost.overhead_share:.1%}")
     if cost.ttft_ms is not None and cost.ttft_user_only_ms is not None:
         out.print(

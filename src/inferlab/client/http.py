@@ -68,6 +68,9 @@ class Endpoint:
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 600.0
     idle_timeout_s: float = 60.0
+    # fields every request carries (``--temperature``, ``--extra-body``); a request's
+    # own ``RequestSpec.extra_body`` goes over them
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -92,7 +95,7 @@ def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
         max_tokens=spec.max_tokens,
         exact_output=spec.exact_output,
         stream=endpoint.stream,
-        extra=spec.extra_body,
+        extra={**endpoint.extra_body, **spec.extra_body} if endpoint.extra_body else spec.extra_body,
     )
 
 

@@ -157,6 +157,12 @@ def _fail_if_unusable(endpoint: Endpoint, r: RequestRecord) -> None:
     if r.ok:
         return
     kind = r.error_kind
+    if kind is ErrorKind.HTTP_STATUS and r.status in (400, 422) and endpoint.extra_body:
+        raise RunFailedError(
+            f"{endpoint.url} refused the probe request ({(r.error or f'HTTP {r.status}').strip()}); "
+            f"it carried {', '.join(sorted(endpoint.extra_body))} from --temperature/--extra-body: "
+            "check they are fields this server takes"
+        )
     if (kind is ErrorKind.HTTP_STATUS and r.status is not None and r.status not in _TRANSIENT) or kind is ErrorKind.MALFORMED:
         raise RunFailedError(
             f"{endpoint.url} does not answer like an OpenAI-compatible server: "

@@ -28,7 +28,7 @@ from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
 from inferlab.load.http import Outcome
 from inferlab.load.policy import Policy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
-from inferlab.openai.request import Api
+from inferlab.openai.request import Api, check_extra_body
 from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load
 from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
@@ -77,6 +77,8 @@ class HttpTarget:
     # worker processes that send the requests (None: as many as the load needs,
     # ``auto_workers``; 1: this process alone)
     workers: int | None = None
+    # fields merged into every request body (sampling parameters: ``check_extra_body``)
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -284,6 +286,10 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         base = api_base(target.url)
     except ValueError as e:
         raise UsageError(str(e)) from e
+    try:
+        extra_body = check_extra_body(target.extra_body)
+    except ValueError as e:
+        raise UsageError(f"extra_body: {e}") from None
     model = target.model or await discover_model(base, target.api_key)
     endpoint = Endpoint(
         base_url=base,
@@ -294,6 +300,7 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         headers=dict(target.headers),
         timeout_s=target.timeout_s,
         idle_timeout_s=target.idle_timeout_s,
+        extra_body=extra_body,
     )
     wcfg = config.workload
     pre = None
@@ -397,6 +404,7 @@ def http_config_json(config: RunConfig, target: HttpTarget) -> dict[str, Any]:
         "slo": None if config.slo is None else dataclasses.asdict(config.slo),
         "out_dir": config.out_dir,
         "preflight": target.preflight,
+        "extra_body": target.extra_body,
     }
     out: dict[str, Any] = plain_json(d)
     return out
@@ -432,6 +440,7 @@ class BenchConfig:
     preflight: bool = True  # probe the server first (not counted); see ``client.preflight``
     overwrite: bool = False
     workers: int | None = None  # see ``HttpTarget``
+    extra_body: dict[str, Any] = field(default_factory=dict)  # see ``HttpTarget``
 
     def run_config(self) -> RunConfig:
         return RunConfig(self.load, self.workload, self.api, self.slo, self.out_dir, self.overwrite)
@@ -439,7 +448,7 @@ class BenchConfig:
     def target(self, url: str) -> HttpTarget:
         return HttpTarget(
             url, self.model, self.stream, self.api_key, self.headers, self.timeout_s, self.idle_timeout_s,
-            self.preflight, embedded=self.url is None, workers=self.workers,
+            self.preflight, embedded=self.url is None, workers=self.workers, extra_body=self.extra_body,
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -85,6 +85,33 @@ def completion_request(
     return body
 
 
+#: Body fields a run sets from its own flags, with the flag: ``--extra-body`` may not set
+#: them, since a run's records and summary would then describe requests it did not send.
+RUN_FIELDS: dict[str, str] = {
+    "model": "--model",
+    "messages": "the workload (--prompt, --dataset, --input-tokens ...)",
+    "prompt": "the workload (--prompt, --dataset, --input-tokens ...)",
+    "max_tokens": "--output-tokens",
+    "max_completion_tokens": "--output-tokens",
+    "min_tokens": "--output-tokens (exact unless --no-exact-output)",
+    "ignore_eos": "--output-tokens (exact unless --no-exact-output)",
+    "stream": "--stream/--no-stream",
+    "stream_options": "--stream (a stream always asks for usage)",
+    "n": "nothing: a run sends one choice per request",
+}
+
+
+def check_extra_body(extra: object) -> dict[str, Any]:
+    """Fields to merge into every request body (vLLM's ``--extra-body``): a JSON object
+    that sets none of ``RUN_FIELDS``. ``ValueError`` saying which flag sets a field."""
+    if not isinstance(extra, dict):
+        raise ValueError(f"must be a JSON object, not {type(extra).__name__}")
+    taken = [k for k in extra if k in RUN_FIELDS]
+    if taken:
+        raise ValueError("; ".join(f"{k!r} is set by {RUN_FIELDS[k]}" for k in taken))
+    return dict(extra)
+
+
 def parse_body(raw: bytes, charset: str | None = None) -> dict[str, Any]:
     """A request's JSON object from its bytes, decoded as ``charset`` (UTF-8 if None).
     ``APIError`` 400 if the charset is not a text encoding Python knows, if the bytes are

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from inferlab.workload.text import PASSAGE, WORDS
+from inferlab.workload.tokenizers import chatml
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 _BYTE_BASE = len(SPECIAL_TOKENS)
@@ -86,13 +87,16 @@ class BuiltinTokenizer:
             out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
-        """ChatML, as Qwen2.5 uses it, with the assistant generation prompt appended."""
-        text = "".join(
-            f"<|im_start|>{m.get('role', 'user')}\n{_content_text(m.get('content'))}<|im_end|>\n"
-            for m in messages
-        )
-        return self.encode(text + "<|im_start|>assistant\n")
+    @property
+    def template_source(self) -> str:
+        return "ChatML (the built-in tokenizer's)"
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """ChatML, as Qwen2.5 uses it, with the assistant generation prompt appended
+        unless told not to."""
+        return self.encode(chatml(messages, add_generation_prompt))
 
     def output_token(self, index: int) -> int:
         """The ``index``-th generated token: the built-in passage, cycled."""
@@ -101,15 +105,3 @@ class BuiltinTokenizer:
     def output_piece(self, index: int) -> str:
         return self.decode([self.output_token(index)])
 
-
-def _content_text(content: object) -> str:
-    """Message content: a string, or the text parts of an OpenAI content-part list."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
-    raise ValueError("message content must be a string or a list of content parts")

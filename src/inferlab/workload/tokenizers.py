@@ -2,12 +2,15 @@
 ``tokenizer.json`` through the optional ``tokenizers`` package: a path, or a Hugging Face
 model id found in the local hub cache (no hub downloads).
 
-A chat template is ChatML (as Qwen uses it) for both: a bare ``tokenizer.json`` carries
-no template, and rendering Jinja templates would need another dependency.
+The chat template of a local tokenizer is the model's own when a
+``tokenizer_config.json`` beside its ``tokenizer.json`` has a ``chat_template`` (rendered
+with Jinja2, as ``transformers`` and vLLM render it); otherwise, and for the built-in
+tokenizer, ChatML (as Qwen uses it). ``HFTokenizer.template_source`` says which.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -22,38 +25,145 @@ class Tokenizer(Protocol):
     @property
     def vocab_size(self) -> int: ...
 
+    @property
+    def template_source(self) -> str:
+        """Which chat template ``apply_chat_template`` renders (a file, or ChatML)."""
+        ...
+
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Iterable[int]) -> str: ...
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, object]]) -> list[int]: ...
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+    ) -> list[int]: ...
 
     def output_token(self, index: int) -> int: ...
 
     def output_piece(self, index: int) -> str: ...
 
 
-def chatml(messages: Sequence[Mapping[str, object]]) -> str:
-    """ChatML text with the assistant generation prompt appended."""
-    parts = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            content = "".join(
-                str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
-            )
-        parts.append(f"<|im_start|>{m.get('role', 'user')}\n{content or ''}<|im_end|>\n")
-    return "".join(parts) + "<|im_start|>assistant\n"
+def content_text(content: object) -> str:
+    """Message content as text: a string, or the text parts of an OpenAI content-part
+    list joined (as vLLM does for text-only models). ``ValueError`` for anything else."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text")
+    raise ValueError("message content must be a string or a list of content parts")
+
+
+def chatml(messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True) -> str:
+    """ChatML text, with the assistant generation prompt appended unless told not to."""
+    parts = [f"<|im_start|>{m.get('role', 'user')}\n{content_text(m.get('content'))}<|im_end|>\n" for m in messages]
+    return "".join(parts) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+#: What ``template_source`` says when a tokenizer has no template of its own.
+CHATML = "ChatML (built in; the tokenizer has no chat_template)"
+
+
+class ChatTemplate:
+    """A model's Jinja chat template from its ``tokenizer_config.json``, rendered as
+    ``transformers`` renders it: a sandboxed environment with ``trim_blocks`` and
+    ``lstrip_blocks``, the special tokens the config names, ``raise_exception`` and
+    ``strftime_now``. Content-part lists are joined into text first."""
+
+    def __init__(self, source: str, tokens: Mapping[str, str], origin: str) -> None:
+        try:
+            from jinja2 import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError:
+            raise UsageError(
+                f"{origin} has a chat_template, which needs the 'jinja2' package to render: "
+                "pip install 'inferlab[tokenizers]'"
+            ) from None
+        self._error = TemplateError
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_template_error
+        env.globals["strftime_now"] = _strftime_now
+        try:
+            self._template = env.from_string(source)
+        except TemplateError as e:
+            raise UsageError(f"{origin}: its chat_template does not parse ({e})") from None
+        self._tokens = dict(tokens)
+        self.origin = origin
+
+    def render(self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True) -> str:
+        """The prompt text; ``ValueError`` when the template refuses the messages."""
+        plain = [{**m, "content": content_text(m.get("content"))} for m in messages]
+        try:
+            return str(self._template.render(messages=plain, add_generation_prompt=add_generation_prompt, **self._tokens))
+        except self._error as e:
+            raise ValueError(f"the chat template refused the messages: {e}") from None
+
+
+def _raise_template_error(message: str) -> None:
+    from jinja2 import TemplateError
+
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt: str) -> str:
+    import datetime
+
+    return datetime.datetime.now().strftime(fmt)
+
+
+def _special_token(value: object) -> str | None:
+    """A special token as ``tokenizer_config.json`` writes it: a string, or an
+    ``AddedToken`` object with its ``content``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def read_chat_template(tokenizer_file: str) -> ChatTemplate | None:
+    """The chat template in the ``tokenizer_config.json`` beside ``tokenizer_file``, or
+    ``None`` when there is no such file or it has no ``chat_template``. A list of named
+    templates (the newer form) gives the one named ``default``. ``UsageError`` for a
+    config that is not JSON or a template that does not parse."""
+    config_file = os.path.join(os.path.dirname(tokenizer_file), "tokenizer_config.json")
+    try:
+        with open(config_file, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None
+    try:
+        config = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{config_file}: not JSON ({e})") from None
+    source = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(source, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default")
+    if not isinstance(source, str):
+        return None
+    tokens = {
+        name: token
+        for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+        if (token := _special_token(config.get(name))) is not None
+    }
+    return ChatTemplate(source, tokens, config_file)
 
 
 class HFTokenizer:
     """A ``tokenizers.Tokenizer`` from a local ``tokenizer.json``. Encoding adds no
     special tokens (the server adds BOS itself where the model needs one)."""
 
-    def __init__(self, tok: Any, path: str) -> None:
+    def __init__(self, tok: Any, path: str, template: ChatTemplate | None = None) -> None:
         self._tok = tok
         self.path = path
+        self.template = template
         self._passage: list[int] = self.encode(PASSAGE) or [0]
+
+    @property
+    def template_source(self) -> str:
+        return self.template.origin if self.template else CHATML
 
     @property
     def vocab_size(self) -> int:
@@ -65,8 +175,12 @@ class HFTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=False))
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, object]]) -> list[int]:
-        return self.encode(chatml(messages))
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        if self.template is None:
+            return self.encode(chatml(messages, add_generation_prompt))
+        return self.encode(self.template.render(messages, add_generation_prompt))
 
     def output_token(self, index: int) -> int:
         return self._passage[index % len(self._passage)]
@@ -156,4 +270,4 @@ def load_tokenizer(path: str) -> HFTokenizer:
         tok = _Tok.from_file(file)
     except Exception as e:  # the library raises plain Exception subclasses for bad files
         raise UsageError(f"{file}: not a tokenizer.json ({str(e).splitlines()[0][:200]})") from e
-    return HFTokenizer(tok, file)
+    return HFTokenizer(tok, file, read_chat_template(file))

@@ -188,9 +188,6 @@ class SimServer:
         self._ids = itertools.count()
         self.output = OutputText(self.tokenizer)
         self.logprobs = LogprobTable(self.output, MAX_LOGPROBS)
-        # The chat template of no message is the generation prompt alone (ChatML's
-        # ``<|im_start|>assistant\n``): what ``add_generation_prompt: false`` leaves out.
-        self._generation_prompt = self.tokenizer.apply_chat_template([])
         self.requests = RequestHistograms(self.engine.limits.max_model_len)
         self.requests_ok = 0
         self.app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
@@ -304,13 +301,9 @@ class SimServer:
         if continue_final:
             raise APIError(400, "continue_final_message is not supported by the simulated server.", param="continue_final_message")
         try:
-            ids = self.tokenizer.apply_chat_template(messages)
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
         except ValueError as e:
             raise APIError(400, str(e)) from e
-        tail = self._generation_prompt
-        if not add_generation_prompt and tail and ids[-len(tail):] == tail:
-            del ids[-len(tail):]
-        return ids
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)

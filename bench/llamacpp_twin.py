@@ -1,0 +1,149 @@
+"""A digital twin of llama.cpp on this machine's CPU: calibrate the simulator on
+concurrency-1 runs, then predict concurrency 4 and 8 and compare with measurements.
+
+    python bench/llamacpp_twin.py [--out DIR] [--threads 1]
+
+What it does, all on loopback:
+
+1. measures the CPU as the simulator's "device": float32 matrix-multiply rate of one
+   thread (numpy) and copy bandwidth, written as a GPU file (``device.json``);
+2. writes the tiny generated model's shape as an HF ``config.json`` (the simulator's
+   model spec) and starts ``llama-server`` on it (built and cached as the test suite
+   does; 8 slots of 2,048 tokens, ``--threads`` compute threads);
+3. measures with ``bench`` (completions API, exact lengths): the **fit set** at
+   concurrency 1 (a ladder of prompt lengths) and the **held-out set** at concurrency 4
+   and 8;
+4. ``sim calibrate`` on the fit set only, then predicts the held-out runs and prints
+   measured against predicted TTFT p50, E2E p50, output tok/s (and TPOT p50) with the error.
+
+The numbers are this machine's at the time of the run: a busy machine moves them (the
+server and the client share its cores). Nothing is fitted on the held-out runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # (before numpy: one thread, as the server)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np
+
+from inferlab.engines.llamacpp import LlamaServer, build_llama_server
+from inferlab.engines.tinymodel import TinyLlamaConfig, tiny_model
+from inferlab.load.run import HttpTarget, RunConfig, run
+from inferlab.load.schedules import ClosedLoop, LoadConfig
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sim.validation.twin import (
+    METRICS,
+    REPORTED,
+    calibrate,
+    median_abs_error,
+    read_run,
+    write_efficiencies,
+)
+from inferlab.workload.config import WorkloadConfig
+
+SLOTS, SLOT_TOKENS = 8, 2048
+FIT = [(1, n_in, 32, 6) for n_in in (64, 256, 512, 1024, 1536)]  # (users, prompt, output, requests)
+HOLDOUT = [(4, 256, 64, 24), (8, 256, 64, 32), (4, 1024, 32, 16), (8, 512, 32, 32)]
+
+
+def measure_device(path: Path) -> dict[str, float]:
+    """One thread's float32 GEMM rate and the copy bandwidth, as a GPU file."""
+    a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
+    b = a.copy()
+    a @ b  # warm
+    reps, t0 = 8, time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    flops = reps * 2 * 1024**3 / (time.perf_counter() - t0)
+    src = np.ones(64 * 2**20 // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    reps, t0 = 10, time.perf_counter()
+    for _ in range(reps):
+        np.copyto(dst, src)
+    bandwidth = reps * 2 * src.nbytes / (time.perf_counter() - t0)  # read + write
+    spec = {"name": "cpu-thread", "bf16_dense_tflops": flops / 1e12, "hbm_gb": 8, "hbm_bw_tbs": bandwidth / 1e12,
+            "bus_bw_gbs": 10}
+    path.write_text(json.dumps(spec, indent=2) + "\n")
+    return {"gflops": flops / 1e9, "gb_s": bandwidth / 1e9}
+
+
+def model_config(path: Path, cfg: TinyLlamaConfig) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn,
+        "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads, "num_hidden_layers": cfg.layers,
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_tokens, "torch_dtype": "float16",
+    }, indent=2) + "\n")
+
+
+def measure(server: LlamaServer, out: Path, users: int, n_in: int, n_out: int, n: int) -> str:
+    folder = out / f"c{users}-in{n_in}-out{n_out}"
+    config = RunConfig(LoadConfig(ClosedLoop(users), num_requests=n, warmup=min(users, 4)),
+                       WorkloadConfig(input_tokens=n_in, output_tokens=n_out), "completions",
+                       out_dir=str(folder), overwrite=True)
+    result = asyncio.run(run(config, HttpTarget(server.url, timeout_s=120.0)))
+    s = result.summary
+    assert s.counts.failed == 0, s.error_examples
+    return str(folder)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="twin-llamacpp")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rates = measure_device(out / "device.json")
+    print(f"device: one thread {rates['gflops']:.1f} GFLOP/s (float32 GEMM), copy {rates['gb_s']:.1f} GB/s")
+    model = tiny_model()
+    model_config(out / "model", TinyLlamaConfig())
+    binary = build_llama_server(log=sys.stderr)
+    with LlamaServer(binary, model.gguf, ctx_tokens=SLOTS * SLOT_TOKENS, slots=SLOTS, threads=args.threads,
+                     log_path=out / "server.log") as server:
+        fit_dirs = [measure(server, out / "fit", *row) for row in FIT]
+        hold_dirs = [measure(server, out / "holdout", *row) for row in HOLDOUT]
+    engine = EngineConfig(
+        model=str(out / "model" / "config.json"), gpu=str(out / "device.json"), max_num_seqs=SLOTS,
+        max_model_len=SLOT_TOKENS, max_num_batched_tokens=2048, num_gpu_blocks_override=SLOTS * SLOT_TOKENS // 16,
+        enforce_eager=True,
+    )
+    fit = calibrate(engine, [read_run(d) for d in fit_dirs], [read_run(d) for d in hold_dirs])
+    write_efficiencies(str(out / "efficiencies.json"), engine, fit)
+    print(f"fitted on {len(fit_dirs)} concurrency-1 runs ({fit.evaluations} evaluations): "
+          + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items()))
+    print(f"\n{'run':<26} {'metric':<13} {'measured':>10} {'prediction':>11} {'error':>8}")
+    for label, rows in (("fit", fit.fit_runs), ("held out", fit.holdout_runs)):
+        for r in rows:
+            for m in (*METRICS, *REPORTED):
+                if m in r["measured"]:
+                    err = r["error"][m]
+                    pred = r["predicted"][m]
+                    print(f"{label + ' ' + Path(r['run']).name:<26} {m:<13} {r['measured'][m]:>10.2f} "
+                          f"{pred if pred is not None else float('nan'):>11.2f} {err if err is not None else float('nan'):>+8.1%}")
+    print()
+    for label, rows in (("fit", fit.fit_runs), ("held out", fit.holdout_runs)):
+        meds = {m: median_abs_error(rows, m) for m in (*METRICS, *REPORTED)}
+        print(f"median |error| {label}: " + ", ".join(f"{m} {v:.1%}" for m, v in meds.items() if v is not None))
+    (out / "twin.json").write_text(json.dumps({**fit.to_json(), "engine": dataclasses.asdict(engine), "device": rates},
+                                              indent=2, default=str) + "\n")
+    print(f"\nefficiencies: {out / 'efficiencies.json'}; report: {out / 'twin.json'}")
+    print(f"what-if with the twin: inferlab sim run --model {out}/model/config.json --gpu {out}/device.json "
+          f"--max-num-seqs {SLOTS} --max-model-len {SLOT_TOKENS} --max-num-batched-tokens 2048 "
+          f"--num-gpu-blocks-override {SLOTS * SLOT_TOKENS // 16} --enforce-eager --efficiencies {out}/efficiencies.json ...")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""Search engine flags for the best goodput on one workload: ``inferlab tune``.
+
+Each **trial** runs the same workload and load on the engine with one setting of the
+flags being searched, as a normal run directory under the tune directory; ``sweep.json``
+indexes them in the sweep format (``inferlab.sweep/1``, so reports read a tune like a
+sweep) with the search's own results under ``tune``.
+
+Two searches over the grid of the values given per flag:
+
+- ``grid``: every combination, in order (the exhaustive reference);
+- ``pattern`` (the default): a coordinate pattern search over the sorted values. It
+  starts at the middle of every axis and moves one step at a time along one axis
+  while that improves the objective, then tries the next axis, until a whole pass
+  over the axes improves nothing. On a simulator a trial is deterministic, so a point
+  is never run twice. It visits a few points per axis where the grid visits their
+  product; it finds the best of a landscape with one peak per axis, and may stop at a
+  local best on a rugged one (``grid`` is the check).
+
+The **objective** is goodput (requests completed within every SLO per second: the
+summary's ``goodput_rps``) or output tokens per second of a trial in which at least
+``slo_share`` of the requests met the SLOs (``throughput``; others score 0). Ties
+(several settings meeting every SLO at the offered rate, say) go to the lower TTFT p99.
+
+A trial is **aborted** when it can no longer win: the requests that missed an SLO (or
+failed) so far leave fewer than the best trial's count of requests that met them
+(``goodput``), or already exceed the share allowed (``throughput``). Its directory
+and summary are kept, marked ``aborted``.
+
+The **Pareto front** is the trials no other beats on both output tokens/s (higher) and
+TTFT p99 (lower).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from inferlab._errors import InferlabError, UsageError
+from inferlab.load.run import RunConfig, RunResult, SimTarget, run
+from inferlab.results.metrics import request_metrics
+from inferlab.results.records import RequestRecord
+from inferlab.results.summary import Summary
+
+Search = Literal["grid", "pattern"]
+Objective = Literal["goodput", "throughput"]
+
+#: sweep.json's format name (shared with ``inferlab sweep``).
+SWEEP_FORMAT = "inferlab.sweep/1"
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One engine flag searched: its ``EngineConfig`` field and the values to try
+    (in the order given; the pattern search sorts them)."""
+
+    name: str
+    values: tuple[Any, ...]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    axes: tuple[Axis, ...]
+    search: Search = "pattern"
+    objective: Objective = "goodput"
+    slo_share: float = 0.9  # ``throughput``: the share of requests that must meet the SLOs
+    max_trials: int | None = None  # None: as many as the search needs
+    abort_hopeless: bool = True
+
+
+@dataclass
+class Trial:
+    number: int
+    params: dict[str, Any]
+    dir: str | None
+    status: Literal["done", "aborted", "failed"] = "done"
+    reason: str | None = None
+    summary: Summary | None = None
+    met: int = 0  # measured requests that met every SLO
+    score: float = 0.0
+
+    def headline(self) -> dict[str, float | None]:
+        return headline(self.summary) if self.summary is not None else {}
+
+    def key(self) -> tuple[float, float]:
+        """Larger is better: the objective, then the lower TTFT p99."""
+        p99 = self.headline().get("ttft_p99_ms")
+        return (self.score, -(p99 if p99 is not None else math.inf))
+
+
+@dataclass
+class TuneResult:
+    trials: list[Trial]
+    best: Trial | None
+    pareto: list[Trial]
+    grid_size: int
+    interrupted: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def headline(s: Summary) -> dict[str, float | None]:
+    """The numbers a sweep or tune table shows for a run."""
+
+    def pick(d: Any, attr: str) -> float | None:
+        return None if d is None else getattr(d, attr)
+
+    return {
+        "req_s": s.request_throughput_rps,
+        "output_tok_s": s.output_token_throughput_tps,
+        "goodput_rps": s.goodput_rps,
+        "ttft_p50_ms": pick(s.ttft_ms, "p50"),
+        "ttft_p99_ms": pick(s.ttft_ms, "p99"),
+        "tpot_p50_ms": pick(s.tpot_ms, "p50"),
+        "tpot_p99_ms": pick(s.tpot_ms, "p99"),
+        "e2e_p50_ms": pick(s.e2e_ms, "p50"),
+        "completed": float(s.counts.completed),
+        "failed": float(s.counts.failed),
+    }
+
+
+def grid_points(axes: Sequence[Axis]) -> list[dict[str, Any]]:
+    return [dict(zip([a.name for a in axes], combo, strict=True)) for combo in itertools.product(*(a.values for a in axes))]
+
+
+def pareto_front(trials: Sequence[Trial]) -> list[Trial]:
+    """Trials that no other beats on both output tok/s (higher) and TTFT p99 (lower)."""
+    pts = [(t, t.headline().get("output_tok_s"), t.headline().get("ttft_p99_ms")) for t in trials if t.status == "done"]
+    pts = [(t, x, y) for t, x, y in pts if x is not None and y is not None]
+    front = [
+        t for t, x, y in pts
+        if not any((x2 >= x and y2 <= y) and (x2 > x or y2 < y) for _, x2, y2 in pts)  # type: ignore[operator]
+    ]
+    return sorted(front, key=lambda t: t.headline()["output_tok_s"] or 0.0)
+
+
+class Tuner:
+    """Runs trials of ``run_config`` on the simulated engine ``base`` with each
+    setting's flags replaced, writing each under ``out_dir`` (None: nowhere)."""
+
+    def __init__(
+        self,
+        run_config: RunConfig,
+        base: SimTarget,
+        config: TuneConfig,
+        out_dir: str | None,
+        on_trial: Callable[[Trial], None] = lambda t: None,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        if run_config.slo is None:
+            raise UsageError("tune needs at least one SLO (--slo-ttft-ms, --slo-tpot-ms, --slo-e2e-ms, or --goodput)")
+        if not config.axes:
+            raise UsageError("tune needs at least one flag to search (--param NAME=V1,V2,...)")
+        if not 0 < config.slo_share <= 1:
+            raise UsageError("--slo-share must be in (0, 1]")
+        if config.max_trials is not None and config.max_trials < 1:
+            raise UsageError("--max-trials must be at least 1")
+        fields = {f.name for f in dataclasses.fields(type(base.engine))}
+        for a in config.axes:
+            if a.name not in fields:
+                raise UsageError(f"{a.flag}: not an engine flag the simulator takes")
+            if not a.values:
+                raise UsageError(f"{a.flag}: no values")
+        self.run_config = run_config
+        self.base = base
+        self.config = config
+        self.out_dir = out_dir
+        self.on_trial = on_trial
+        self.stop = stop
+        self.trials: list[Trial] = []
+        self._seen: dict[tuple[Any, ...], Trial] = {}
+        self.grid_size = math.prod(len(a.values) for a in config.axes)
+        self.interrupted = False
+
+    # --- one trial ---------------------------------------------------------------------
+
+    def _best(self) -> Trial | None:
+        done = [t for t in self.trials if t.status == "done"]
+        return max(done, key=Trial.key) if done else None
+
+    async def trial(self, params: dict[str, Any]) -> Trial:
+        """The trial of ``params`` (run now, or the one already run)."""
+        key = tuple(params[a.name] for a in self.config.axes)
+        if key in self._seen:
+            return self._seen[key]
+        number = len(self.trials)
+        name = f"trial-{number:03d}-" + "-".join(f"{k.replace('_', '-')}={v}" for k, v in params.items())
+        out = None if self.out_dir is None else os.path.join(self.out_dir, name)
+        trial = Trial(number, dict(params), None if out is None else name)
+        result: RunResult | None
+        try:
+            engine = dataclasses.replace(self.base.engine, **params)
+            target = dataclasses.replace(self.base, engine=engine)
+            result = await self._run(dataclasses.replace(self.run_config, out_dir=out), target, trial)
+        except (UsageError, ValueError, InferlabError) as e:
+            trial.status, trial.reason = "failed", str(e).splitlines()[0]
+            partial = getattr(e, "result", None)  # every request failed: its summary is kept
+            result = partial if isinstance(partial, RunResult) else None
+        if result is not None:
+            trial.summary = result.summary
+            trial.score = self._score(result.summary, trial.met)
+            if result.interrupted and trial.status == "done":
+                if self.stop is not None and self.stop.is_set():
+                    self.interrupted = True
+                    trial.status, trial.reason = "aborted", "interrupted"
+                else:
+                    trial.status = "aborted"
+                    trial.score = 0.0
+        self.trials.append(trial)
+        self._seen[key] = trial
+        self.on_trial(trial)
+        self._write_index(complete=False)
+        return trial
+
+    async def _run(self, config: RunConfig, target: SimTarget, trial: Trial) -> RunResult:
+        slo = config.slo
+        assert slo is not None
+        planned = config.load.num_requests
+        best = self._best() if self.config.abort_hopeless else None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        missed = 0
+
+        def on_record(r: RequestRecord) -> None:
+            nonlocal missed
+            if r.warmup:
+                return
+            if r.ok and slo.met_by(request_metrics(r)):
+                trial.met += 1
+                return
+            missed += 1
+            if planned and best is not None and not stop.is_set():
+                why = self._hopeless(planned, missed, best)
+                if why:
+                    trial.reason = why
+                    loop.call_soon_threadsafe(stop.set)
+
+        async def watch_user_stop() -> None:
+            if self.stop is not None:
+                await self.stop.wait()
+                stop.set()
+
+        watcher = asyncio.ensure_future(watch_user_stop())
+        try:
+            return await run(config, target, on_record=on_record, stop=stop)
+        finally:
+            watcher.cancel()
+
+    def _hopeless(self, planned: int, missed: int, best: Trial) -> str | None:
+        if self.config.objective == "goodput":
+            if planned - missed < best.met:
+                return f"hopeless: {missed} of {planned} requests missed an SLO; trial {best.number} met {best.met}"
+            return None
+        allowed = (1 - self.config.slo_share) * planned
+        if missed > allowed:
+            return f"hopeless: {missed} of {planned} requests missed an SLO (at most {allowed:g} may, --slo-share {self.config.slo_share:g})"
+        return None
+
+    def _score(self, s: Summary, met: int) -> float:
+        if self.config.objective == "goodput":
+            return s.goodput_rps or 0.0
+        measured = s.counts.total
+        if not measured or met / measured < self.config.slo_share:
+            return 0.0
+        return s.output_token_throughput_tps or 0.0
+
+    # --- the searches ------------------------------------------------------------------
+
+    def _budget_left(self) -> bool:
+        if self.stop is not None and self.stop.is_set():
+            self.interrupted = True
+            return False
+        return self.config.max_trials is None or len(self.trials) < self.config.max_trials
+
+    async def grid(self) -> None:
+        for params in grid_points(self.config.axes):
+            if not self._budget_left():
+                return
+            await self.trial(params)
+
+    async def pattern(self) -> None:
+        axes = [dataclasses.replace(a, values=tuple(sorted(set(a.values)))) for a in self.config.axes]
+        at = [len(a.values) // 2 for a in axes]
+
+        def params(idx: Sequence[int]) -> dict[str, Any]:
+            return {a.name: a.values[i] for a, i in zip(axes, idx, strict=True)}
+
+        if not self._budget_left():
+            return
+        current = await self.trial(params(at))
+        improved = True
+        while improved:
+            improved = False
+            for k, axis in enumerate(axes):
+                for step in (+1, -1):
+                    while 0 <= at[k] + step < len(axis.values):
+                        if not self._budget_left():
+                            return
+                        nxt = list(at)
+                        nxt[k] += step
+                        t = await self.trial(params(nxt))
+                        if t.status != "done" or t.key() <= current.key():
+                            break
+                        at, current, improved = nxt, t, True
+
+    async def search(self) -> TuneResult:
+        if self.out_dir is not None:
+            os.makedirs(self.out_dir, exist_ok=True)
+        if self.config.search == "grid":
+            await self.grid()
+        else:
+            await self.pattern()
+        self._write_index(complete=not self.interrupted)
+        return TuneResult(self.trials, self._best(), pareto_front(self.trials), self.grid_size, self.interrupted)
+
+    # --- the index ---------------------------------------------------------------------
+
+    def _write_index(self, complete: bool) -> None:
+        if self.out_dir is None:
+            return
+        best = self._best()
+        index = {
+            "format": SWEEP_FORMAT,
+            "command": "tune",
+            "axes": {a.name: list(a.values) for a in self.config.axes},
+            "points": [
+                {
+                    "dir": t.dir, "params": t.params, "repeat": 0, "status": t.status,
+                    "reason": t.reason, "headline": t.headline(), "score": t.score, "met_slo": t.met,
+                }
+                for t in self.trials
+            ],
+            "groups": [],
+            "goodput_search": None,
+            "tune": {
+                "search": self.config.search,
+                "objective": self.config.objective,
+                "slo": None if self.run_config.slo is None else dataclasses.asdict(self.run_config.slo),
+                "slo_share": self.config.slo_share,
+                "grid_size": self.grid_size,
+                "trials": len(self.trials),
+                "best": None if best is None else {"trial": best.number, "params": best.params, "score": best.score},
+                "pareto": [t.number for t in pareto_front(self.trials)],
+                "simulated": True,
+            },
+            "complete": complete,
+        }
+        path = Path(self.out_dir) / "sweep.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(index, indent=2, allow_nan=False, default=_plain) + "\n")
+        os.replace(tmp, path)
+
+
+def _plain(value: object) -> object:
+    """Enum values (engine families, dtypes) as their names in sweep.json."""
+    return getattr(value, "value", str(value))

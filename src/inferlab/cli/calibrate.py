@@ -1,0 +1,78 @@
+"""``inferlab sim calibrate``: fit the simulator's step-time constants to measured runs
+of one server (``sim.validation.twin``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from inferlab._errors import UsageError
+from inferlab.cli.common import run_guarded
+from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
+
+
+@click.command("calibrate")
+@engine_options(RUN_DEFAULTS)
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--holdout", multiple=True, type=click.Path(exists=True, file_okay=False), help="A run directory predicted, not fitted on (repeatable): the error reported on it is the twin's.")
+@click.option("--fit", "fit_names", default=None, metavar="NAME,NAME,...", help="The step-time constants to fit (default: gemm_compute, weight_stream, attention_compute, cpu_step_s, api_overhead_s).")
+@click.option("--max-evaluations", type=click.IntRange(min=1), default=400, show_default=True, help="Simulated reruns of the fit set at most.")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The efficiencies file to write (for sim run --efficiencies, with the same engine flags).")
+@click.option("--report", type=click.Path(dir_okay=False), help="Also write the fit's report (constants, per-run measured and predicted) as JSON.")
+def calibrate_cmd(**kw: Any) -> None:
+    """Fit the simulator to measured runs of one server (bench run directories of
+    synthetic workloads): its step-time constants, for the engine the flags describe.
+    Reports the error on the fit runs and on --holdout runs; the result is a twin whose
+    numbers are predictions."""
+    sys.exit(run_guarded(lambda: _calibrate(kw)))
+
+
+def _calibrate(kw: dict[str, Any]) -> int:
+    from inferlab.sim.validation.twin import (
+        DEFAULT_FIT,
+        METRICS,
+        REPORTED,
+        calibrate,
+        median_abs_error,
+        read_run,
+        write_efficiencies,
+    )
+
+    names = DEFAULT_FIT if kw["fit_names"] is None else tuple(n.strip() for n in kw["fit_names"].split(",") if n.strip())
+    if not names:
+        raise UsageError("--fit names no constant")
+    fit_runs = [read_run(p) for p in kw["runs"]]
+    holdout = [read_run(p) for p in kw["holdout"]]
+    engine = engine_config(kw)
+    err = Console(stderr=True)
+    err.print(f"inferlab sim calibrate: fitting {', '.join(names)} on {len(fit_runs)} run(s), "
+              f"{len(holdout)} held out (each evaluation reruns the fit set in virtual time)")
+    fit = calibrate(engine, fit_runs, holdout, names, kw["max_evaluations"])
+    write_efficiencies(kw["out"], engine, fit)
+    if kw["report"]:
+        Path(kw["report"]).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
+    out = Console()
+    table = Table(title="inferlab sim calibrate: measured vs the twin's prediction", title_justify="left", header_style="bold")
+    for col in ("set", "run", "metric", "measured", "prediction", "error"):
+        table.add_column(col, justify="left" if col in ("set", "run", "metric") else "right")
+    for label, rows in (("fit", fit.fit_runs), ("held out", fit.holdout_runs)):
+        for r in rows:
+            for m in (*METRICS, *REPORTED):
+                if m in r["measured"]:
+                    pred, e = r["predicted"][m], r["error"][m]
+                    table.add_row(label, Path(r["run"]).name, m, f"{r['measured'][m]:,.2f}",
+                                  "—" if pred is None else f"{pred:,.2f}", "—" if e is None else f"{e:+.1%}")
+    out.print(table)
+    for label, rows in (("fit", fit.fit_runs), ("held out", fit.holdout_runs)):
+        if rows:
+            meds = {m: median_abs_error(rows, m) for m in (*METRICS, *REPORTED)}
+            out.print(f"median |error|, {label}: " + ", ".join(f"{m} {v:.1%}" for m, v in meds.items() if v is not None))
+    out.print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items()) + f" ({fit.evaluations} evaluations)")
+    out.print(f"efficiencies: {kw['out']} (sim run --efficiencies {kw['out']} with the same engine flags)")
+    return 0

@@ -1,0 +1,191 @@
+"""``inferlab tune``: search the simulated engine's flags for the best goodput on a
+workload (``analysis.tune``)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import types
+import typing
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from inferlab._errors import UsageError
+from inferlab.analysis.tune import Axis, Trial, TuneConfig, Tuner, TuneResult
+from inferlab.cli.common import (
+    install_stop_signals,
+    load_config,
+    load_options,
+    run_guarded,
+    slo_config,
+    workload_config,
+)
+from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
+from inferlab.load.run import RunConfig, SimTarget
+from inferlab.sim.engine.engine import EngineConfig
+
+#: load_options' flags that have no meaning for a search of many runs.
+_NOT_FOR_TUNE = {
+    "save_result": "--save-result", "save_detailed": "--save-detailed", "result_dir": "--result-dir",
+    "result_filename": "--result-filename", "metric_percentiles": "--metric-percentiles",
+}
+
+
+@click.command()
+@engine_options(RUN_DEFAULTS)
+@load_options
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
+@click.option("--param", "params", multiple=True, metavar="FLAG=V1,V2,...", help="An engine flag to search and its values, e.g. max-num-batched-tokens=512,2048,8192 (repeatable: the grid is their product).")
+@click.option("--search", type=click.Choice(["pattern", "grid"]), default="pattern", show_default=True, help="pattern: a coordinate search from the middle of every axis, one step at a time while it improves (few trials); grid: every combination.")
+@click.option("--objective", type=click.Choice(["goodput", "throughput"]), default="goodput", show_default=True, help="goodput: requests/s within every SLO; throughput: output tokens/s of trials where at least --slo-share of requests met the SLOs.")
+@click.option("--slo-share", type=float, default=0.9, show_default=True, help="With --objective throughput: the share of requests that must meet the SLOs.")
+@click.option("--max-trials", type=click.IntRange(min=1), help="Stop after this many trials (default: as many as the search needs).")
+@click.option("--abort-hopeless/--no-abort-hopeless", default=True, show_default=True, help="End a trial early once it can no longer beat the best one.")
+def tune(**kw: Any) -> None:
+    """Search engine flags for the best goodput on one workload, on the simulated engine
+    in virtual time (each trial a run directory; results are predictions)."""
+    sys.exit(run_guarded(lambda: _tune(kw)))
+
+
+def _flag_values(name: str, text: str) -> tuple[Any, ...]:
+    """``--param``'s values for engine field ``name``, read as the field's type."""
+    hints = typing.get_type_hints(EngineConfig)
+    kind = hints[name]
+    args = [a for a in typing.get_args(kind) if a is not type(None)] if isinstance(kind, types.UnionType) else [kind]
+    base = args[0] if args else kind
+    out: list[Any] = []
+    for raw in (v.strip() for v in text.split(",")):
+        if not raw:
+            continue
+        try:
+            if base is bool:
+                if raw.lower() not in ("on", "off", "true", "false"):
+                    raise ValueError(raw)
+                out.append(raw.lower() in ("on", "true"))
+            elif base is int:
+                out.append(int(raw))
+            elif base is float:
+                out.append(float(raw))
+            else:  # names (model, GPU) and enums, which EngineConfig reads itself
+                out.append(raw)
+        except ValueError:
+            what = "on or off" if base is bool else f"a {getattr(base, '__name__', 'value')}"
+            raise UsageError(f"--param {name.replace('_', '-')}: {raw!r} is not {what}") from None
+    if not out:
+        raise UsageError(f"--param {name.replace('_', '-')}: no values")
+    return tuple(dict.fromkeys(out))  # once each, in the order given
+
+
+def _axes(params: tuple[str, ...], kw: dict[str, Any]) -> tuple[Axis, ...]:
+    ctx = click.get_current_context()
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    axes: list[Axis] = []
+    for p in params:
+        flag, sep, values = p.partition("=")
+        name = flag.strip().lstrip("-").replace("-", "_")
+        if not sep or not name:
+            raise UsageError(f"--param {p!r}: expected FLAG=V1,V2,..., e.g. max-num-seqs=16,64,256")
+        if name not in fields or name in ("efficiencies_path", "offline"):
+            raise UsageError(f"--param {flag}: not an engine flag tune can search (e.g. max-num-batched-tokens, max-num-seqs, gpu, quantization, tensor-parallel-size)")
+        if any(a.name == name for a in axes):
+            raise UsageError(f"--param {flag} given twice")
+        if name in kw and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            raise UsageError(f"--{flag.lstrip('-')} is given as a flag and searched by --param: give one")
+        axes.append(Axis(name, _flag_values(name, values)))
+    return tuple(axes)
+
+
+def _tune(kw: dict[str, Any]) -> int:
+    for key, flag in _NOT_FOR_TUNE.items():
+        if kw.get(key):
+            raise UsageError(f"{flag} is for a single run, not for tune (each trial is a run directory under --out)")
+    config = TuneConfig(
+        _axes(kw["params"], kw), kw["search"], kw["objective"], kw["slo_share"], kw["max_trials"], kw["abort_hopeless"]
+    )
+    out = kw["out"]
+    if out and os.path.exists(os.path.join(out, "sweep.json")) and not kw["overwrite"]:
+        raise UsageError(f"{out} holds a sweep or tune already (sweep.json); give another --out, or --overwrite")
+    run_config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), None, kw["overwrite"])
+    target = SimTarget(engine_config(kw))
+    err = Console(stderr=True)
+
+    def on_trial(t: Trial) -> None:
+        if not kw["as_json"]:
+            err.print(_trial_line(t, config))
+
+    async def main_async() -> TuneResult:
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        tuner = Tuner(run_config, target, config, out, on_trial, stop)
+        grid = tuner.grid_size
+        if not kw["as_json"]:
+            err.print(f"inferlab tune: {config.search} search over {grid} settings of "
+                      + ", ".join(a.flag for a in config.axes) + " on the simulated engine (virtual time; predictions)")
+        return await tuner.search()
+
+    result = asyncio.run(main_async())
+    if kw["as_json"]:
+        click.echo(json.dumps(_result_json(result, config), indent=2, allow_nan=False, default=lambda v: getattr(v, "value", str(v))))
+    else:
+        _render(Console(), result, config, out)
+    if result.best is None:
+        raise UsageError("no trial completed: see the reasons above") if not result.interrupted else click.exceptions.Exit(130)
+    return 130 if result.interrupted else 0
+
+
+def _params(t: Trial, sep: str = " ") -> str:
+    return sep.join(f"{k.replace('_', '-')}={getattr(v, 'value', v)}" for k, v in t.params.items())
+
+
+def _fmt(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def _trial_line(t: Trial, config: TuneConfig) -> str:
+    h = t.headline()
+    what = f"{config.objective} {t.score:,.2f}" if t.status == "done" else t.status + (f" ({t.reason})" if t.reason else "")
+    return (f"trial {t.number}: {_params(t)}: {what}; {_fmt(h.get('output_tok_s'))} out tok/s, "
+            f"TTFT p99 {_fmt(h.get('ttft_p99_ms'))} ms, TPOT p99 {_fmt(h.get('tpot_p99_ms'), 2)} ms")
+
+
+def _render(out: Console, result: TuneResult, config: TuneConfig, folder: str | None) -> None:
+    table = Table(title="inferlab tune: the best and the Pareto front (output tok/s vs TTFT p99); prediction (simulated, virtual time)",
+                  title_justify="left", header_style="bold")
+    for col in ("trial", "flags", config.objective, "out tok/s", "TTFT p99 ms", "TPOT p99 ms"):
+        table.add_column(col, justify="left" if col == "flags" else "right", overflow="fold", no_wrap=col != "flags")
+    rows = list(result.pareto)
+    if result.best is not None and result.best not in rows:
+        rows.insert(0, result.best)  # (the best goodput need not be on that front)
+    for t in rows:
+        h = t.headline()
+        mark = " (best)" if result.best is t else ""
+        table.add_row(f"{t.number}{mark}", _params(t, "\n"), f"{t.score:,.2f}", _fmt(h["output_tok_s"]), _fmt(h["ttft_p99_ms"]), _fmt(h["tpot_p99_ms"], 2))
+    out.print(table)
+    done = sum(1 for t in result.trials if t.status == "done")
+    aborted = sum(1 for t in result.trials if t.status == "aborted")
+    failed = sum(1 for t in result.trials if t.status == "failed")
+    out.print(f"trials: {len(result.trials)} of a grid of {result.grid_size} ({done} done, {aborted} aborted as hopeless, {failed} refused by the engine)")
+    if result.best is not None:
+        b = result.best
+        out.print(f"best ({config.objective}, prediction): trial {b.number}: {_params(b)}: {b.score:,.2f} "
+                  + ("req/s within the SLOs" if config.objective == "goodput" else "output tok/s"))
+    if folder:
+        out.print(f"results: {folder}/sweep.json (each trial a run directory beside it)")
+
+
+def _result_json(result: TuneResult, config: TuneConfig) -> dict[str, Any]:
+    def trial(t: Trial) -> dict[str, Any]:
+        return {"trial": t.number, "params": t.params, "status": t.status, "reason": t.reason, "score": t.score,
+                "met_slo": t.met, "dir": t.dir, "headline": t.headline()}
+
+    return {
+        "search": config.search, "objective": config.objective, "grid_size": result.grid_size,
+        "trials": [trial(t) for t in result.trials], "best": None if result.best is None else trial(result.best),
+        "pareto": [t.number for t in result.pareto], "interrupted": result.interrupted, "simulated": True,
+    }

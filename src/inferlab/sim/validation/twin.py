@@ -1,0 +1,276 @@
+"""A simulator calibrated to one measured server (its "digital twin").
+
+``calibrate`` fits step-time constants (``Efficiencies`` fields) so that the simulated
+engine, running the same workloads and loads as measured run directories, reproduces
+their TTFT p50, E2E p50 and output tokens/s (TPOT p50 is reported); it then predicts run directories held
+out of the fit and reports the error on them. The constants are written as an
+efficiencies file, which ``sim run --efficiencies FILE`` (with the same engine flags)
+uses to answer what-ifs for *that* server: more users, longer prompts, another batch
+budget. Everything the twin says is a prediction.
+
+The fit: each run directory's load and workload (its ``config.json``) run through the
+simulated engine in virtual time; the loss is the sum over runs and metrics of the
+squared log ratio of predicted to measured. A coordinate search in log space moves one
+constant at a time by a factor (2, then √2, ... down to about 4 %), within bounds,
+keeping each move that lowers the loss. It is deterministic and needs no dependency;
+it finds a local best, which the held-out error checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferlab._errors import InferlabError, UsageError
+from inferlab.load.run import RunConfig, SimTarget, run
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
+from inferlab.results.runfiles import read_summary
+from inferlab.results.summary import Summary
+from inferlab.sim.engine.config import EngineConfig, resolve
+from inferlab.sim.engine.steptime import Efficiencies
+from inferlab.workload.config import WorkloadConfig
+
+#: The metrics a twin is fitted on and judged by. E2E rather than TPOT: a server that
+#: sends several tokens per chunk when it generates faster than it writes (llama.cpp
+#: with a tiny model) has a TPOT of chunk gaps, while E2E still holds the decode time.
+METRICS = ("ttft_p50_ms", "e2e_p50_ms", "output_tok_s")
+#: Reported beside them, not fitted.
+REPORTED = ("tpot_p50_ms",)
+
+#: The constants fitted by default: the compute rate (prefill, and decode where it is
+#: compute-bound), the weight-streaming rate (decode where memory-bound), attention,
+#: the host's cost per step and the fixed cost per request.
+DEFAULT_FIT = ("gemm_compute", "weight_stream", "attention_compute", "cpu_step_s", "api_overhead_s")
+
+#: Bounds per constant: a fraction of a peak may exceed 1 only where the device file's
+#: peak is itself a guess (a CPU's caches beat its measured memory bandwidth).
+BOUNDS: dict[str, tuple[float, float]] = {
+    "gemm_compute": (0.01, 4.0),
+    "gemm_compute_w8a8": (0.01, 4.0),
+    "weight_stream": (0.01, 20.0),
+    "attention_compute": (0.01, 4.0),
+    "kv_stream": (0.01, 20.0),
+    "activation_stream": (0.01, 20.0),
+    "cpu_step_s": (1e-6, 1.0),
+    "cpu_step_eager_s": (1e-6, 1.0),
+    "per_seq_s": (1e-8, 0.1),
+    "sampler_s": (1e-7, 0.1),
+    "elementwise_per_layer_s": (1e-8, 0.1),
+    "api_overhead_s": (1e-6, 5.0),
+    "api_per_seq_s": (1e-8, 0.1),
+}
+
+_STEPS = (2.0, 2**0.5, 2**0.25, 2**0.125, 2**0.0625)
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """A run directory: what ran (its load, workload and API) and what it measured."""
+
+    path: str
+    config: RunConfig
+    measured: dict[str, float]
+
+
+def headline(s: Summary) -> dict[str, float]:
+    """The fitted and reported metrics a summary has (those it lacks are left out)."""
+    out: dict[str, float] = {}
+    if s.ttft_ms is not None:
+        out["ttft_p50_ms"] = s.ttft_ms.p50
+    if s.e2e_ms is not None:
+        out["e2e_p50_ms"] = s.e2e_ms.p50
+    if s.tpot_ms is not None:
+        out["tpot_p50_ms"] = s.tpot_ms.p50
+    if s.output_token_throughput_tps:
+        out["output_tok_s"] = s.output_token_throughput_tps
+    return out
+
+
+def _schedule(d: dict[str, Any]) -> Schedule:
+    kind = d.get("kind")
+    if kind == "ClosedLoop":
+        return ClosedLoop(int(d["concurrency"]))
+    if kind == "OpenLoop":
+        rate = d["rate_rps"]
+        return OpenLoop(math.inf if rate == "inf" else float(rate), d.get("arrival", "poisson"),
+                        float(d.get("burstiness", 1.0)), d.get("max_concurrency"))
+    if kind == "Replay":
+        return Replay(d.get("max_concurrency"))
+    raise ValueError(f"unknown schedule {kind!r}")
+
+
+def read_run(path: str) -> MeasuredRun:
+    """A run directory written by ``bench`` (or ``sim run``), as the twin reruns it.
+    ``UsageError`` for a folder without a run, or a run of a trace or dataset (the twin
+    reruns synthetic workloads only: their prompts are rebuilt from the config)."""
+    folder = Path(path)
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path}: not a run directory ({e})") from None
+    summary = read_summary(folder / "summary.json")
+    try:
+        load = config["load"]
+        wl = dict(config["workload"])
+        if wl.get("trace") or wl.get("dataset"):
+            raise UsageError(f"{path}: a run of a trace or dataset; the twin reruns synthetic workloads (--input-tokens, --prefix-*, --sessions)")
+        workload = WorkloadConfig(**{k: v for k, v in wl.items() if k in {f.name for f in dataclasses.fields(WorkloadConfig)}})
+        load_config = LoadConfig(_schedule(load["schedule"]), load.get("num_requests"), load.get("duration_s"),
+                                 int(load.get("warmup", 0)), int(load.get("seed", 0)))
+        api = config.get("api", "chat")
+    except (KeyError, TypeError, ValueError) as e:
+        raise UsageError(f"{path}: config.json is not a run's ({e!r})") from None
+    measured = headline(summary)
+    if not measured:
+        raise UsageError(f"{path}: the run measured nothing to fit (no completed request)")
+    return MeasuredRun(str(folder), RunConfig(load_config, workload, api, None), measured)
+
+
+@dataclass
+class Fit:
+    """A calibration: the fitted constants, the loss, and each run's predictions."""
+
+    constants: dict[str, float]
+    loss: float
+    evaluations: int
+    fit_runs: list[dict[str, Any]] = field(default_factory=list)
+    holdout_runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"constants": self.constants, "loss": self.loss, "evaluations": self.evaluations,
+                "fit": self.fit_runs, "holdout": self.holdout_runs, "prediction": True}
+
+
+class Twin:
+    """Reruns measured runs on ``engine`` with candidate constants (written to a
+    scratch efficiencies file over ``engine``'s own)."""
+
+    def __init__(self, engine: EngineConfig, scratch: str) -> None:
+        self.engine = engine
+        self.base = resolve(engine).efficiencies
+        self.scratch = scratch
+        self._n = 0
+
+    def engine_with(self, constants: dict[str, float]) -> EngineConfig:
+        self._n += 1
+        path = os.path.join(self.scratch, f"eff-{self._n}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({**_overridden(self.engine), **constants}, f)
+        return dataclasses.replace(self.engine, efficiencies_path=path)
+
+    def predict(self, runs: Sequence[MeasuredRun], constants: dict[str, float]) -> list[dict[str, float]]:
+        engine = self.engine_with(constants)
+        return [headline(asyncio.run(run(r.config, SimTarget(engine))).summary) for r in runs]
+
+
+def _overridden(engine: EngineConfig) -> dict[str, float]:
+    """The constants ``engine``'s own efficiencies file sets (the fit starts from them)."""
+    if not engine.efficiencies_path:
+        return {}
+    data = json.loads(Path(engine.efficiencies_path).read_text())
+    return {k: float(v) for k, v in data.items()}
+
+
+def loss(predicted: Sequence[dict[str, float]], runs: Sequence[MeasuredRun]) -> float:
+    total = 0.0
+    for p, r in zip(predicted, runs, strict=True):
+        for m, v in r.measured.items():
+            if m not in METRICS:
+                continue
+            got = p.get(m)
+            if got is None or got <= 0 or v <= 0:
+                total += 25.0  # (a prediction missing a metric: as bad as 150x off)
+                continue
+            total += math.log(got / v) ** 2
+    return total
+
+
+def errors(predicted: Sequence[dict[str, float]], runs: Sequence[MeasuredRun]) -> list[dict[str, Any]]:
+    """Per run: measured, predicted and the signed relative error of each metric."""
+    out = []
+    for p, r in zip(predicted, runs, strict=True):
+        out.append({
+            "run": r.path,
+            "measured": r.measured,
+            "predicted": {m: p.get(m) for m in r.measured},
+            "error": {m: (p[m] / v - 1) if p.get(m) is not None and v else None for m, v in r.measured.items()},
+        })
+    return out
+
+
+def calibrate(
+    engine: EngineConfig,
+    fit_runs: Sequence[MeasuredRun],
+    holdout_runs: Sequence[MeasuredRun] = (),
+    names: Sequence[str] = DEFAULT_FIT,
+    max_evaluations: int = 400,
+    on_step: Callable[[int, float, dict[str, float]], None] = lambda n, loss, c: None,
+) -> Fit:
+    """Fit ``names`` (``Efficiencies`` fields) on ``fit_runs``; predict ``holdout_runs``."""
+    known = {f.name for f in dataclasses.fields(Efficiencies)}
+    for n in names:
+        if n not in known:
+            raise UsageError(f"--fit {n}: not a step-time constant; known: {', '.join(sorted(known))}")
+        if n not in BOUNDS:
+            raise UsageError(f"--fit {n}: not one the twin fits; fitted: {', '.join(BOUNDS)}")
+    if not fit_runs:
+        raise UsageError("give at least one run directory to fit on")
+    with tempfile.TemporaryDirectory(prefix="inferlab-twin-") as scratch:
+        twin = Twin(engine, scratch)
+        current = {n: float(getattr(twin.base, n)) for n in names}
+        try:
+            best = loss(twin.predict(fit_runs, current), fit_runs)
+        except InferlabError as e:
+            raise UsageError(f"the engine cannot run these workloads: {e}") from None
+        evaluations = 1
+        on_step(evaluations, best, current)
+        for factor in _STEPS:
+            improved = True
+            while improved and evaluations < max_evaluations:
+                improved = False
+                for n in names:
+                    lo, hi = BOUNDS[n]
+                    for f in (factor, 1 / factor):
+                        value = min(hi, max(lo, current[n] * f))
+                        if value == current[n] or evaluations >= max_evaluations:
+                            continue
+                        trial = {**current, n: value}
+                        evaluations += 1
+                        try:
+                            got = loss(twin.predict(fit_runs, trial), fit_runs)
+                        except InferlabError:  # (a constant the engine cannot run with)
+                            continue
+                        if got < best - 1e-12:
+                            best, current, improved = got, trial, True
+                            on_step(evaluations, best, current)
+                            break
+        fit = Fit(current, best, evaluations)
+        fit.fit_runs = errors(twin.predict(fit_runs, current), fit_runs)
+        if holdout_runs:
+            fit.holdout_runs = errors(twin.predict(holdout_runs, current), holdout_runs)
+    return fit
+
+
+def write_efficiencies(path: str, engine: EngineConfig, fit: Fit) -> None:
+    """The efficiencies file ``sim run --efficiencies`` reads: the engine's own file's
+    constants under the fitted ones."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({**_overridden(engine), **fit.constants}, f, indent=2)
+        f.write("\n")
+
+
+def median_abs_error(rows: Sequence[dict[str, Any]], metric: str) -> float | None:
+    values: list[float] = sorted(abs(float(r["error"][metric])) for r in rows if r["error"].get(metric) is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+

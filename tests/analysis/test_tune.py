@@ -1,0 +1,128 @@
+"""``inferlab tune`` on the simulated engine in virtual time: the pattern search against
+the exhaustive grid, hopeless trials, refused settings, the index it writes, and the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from inferlab.analysis.tune import Axis, TuneConfig, Tuner, TuneResult
+from inferlab.cli.main import main
+from inferlab.load.run import RunConfig, SimTarget
+from inferlab.load.schedules import LoadConfig, OpenLoop
+from inferlab.results.metrics import SLO
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.workload.config import WorkloadConfig
+
+# Long prompts at a steady rate: small budgets and few sequences queue prefills (TTFT),
+# many sequences slow every decode step (TPOT). The best is inside the grid.
+RUN = RunConfig(
+    LoadConfig(OpenLoop(12.0), num_requests=120, seed=1),
+    WorkloadConfig(input_tokens=2000, output_tokens=200),
+    "completions",
+    SLO(ttft_ms=300, tpot_ms=26),
+)
+AXES = (
+    Axis("max_num_batched_tokens", (256, 512, 1024, 2048, 4096, 8192)),
+    Axis("max_num_seqs", (8, 16, 32, 64, 128, 256)),
+)
+
+
+def search(config: TuneConfig, run: RunConfig = RUN, out: str | None = None, engine: EngineConfig | None = None) -> TuneResult:
+    return asyncio.run(Tuner(run, SimTarget(engine or EngineConfig()), config, out).search())
+
+
+def test_the_pattern_search_finds_the_grids_best_within_5_percent_in_fewer_trials() -> None:
+    grid = search(TuneConfig(AXES, "grid", abort_hopeless=False))
+    pattern = search(TuneConfig(AXES, "pattern"))
+    assert len(grid.trials) == 36 and grid.best is not None and pattern.best is not None
+    assert pattern.best.score >= 0.95 * grid.best.score
+    assert len(pattern.trials) < len(grid.trials) / 2
+    # the landscape is not flat: the grid's worst is far below its best
+    assert min(t.score for t in grid.trials) < 0.5 * grid.best.score
+    # and the best is no corner of it (the search had to turn)
+    assert grid.best.params["max_num_seqs"] not in (8, 256)
+
+
+def test_hopeless_trials_end_early_without_changing_the_answer() -> None:
+    good_first = (Axis("max_num_seqs", (64, 8, 16, 256, 32, 128)),)  # the grid keeps this order
+    full = search(TuneConfig(good_first, "grid", abort_hopeless=False))
+    early = search(TuneConfig(good_first, "grid"))
+    assert full.best is not None and early.best is not None
+    assert early.best.params == full.best.params and early.best.score == full.best.score
+    aborted = [t for t in early.trials if t.status == "aborted"]
+    assert aborted, "no trial was hopeless"
+    for t in aborted:
+        assert t.reason is not None and t.reason.startswith("hopeless")
+        assert t.summary is not None and t.summary.counts.completed < RUN.load.num_requests  # type: ignore[operator]
+    assert all(t.status == "done" for t in full.trials)
+
+
+def test_a_setting_the_engine_refuses_is_a_failed_trial_and_the_search_goes_on() -> None:
+    axes = (Axis("max_num_batched_tokens", (16, 4096)), Axis("max_num_seqs", (64,)))
+    result = search(TuneConfig(axes, "grid"))
+    refused, ok = result.trials
+    assert refused.status == "failed" and refused.reason and "max_num_seqs" in refused.reason.replace("-", "_")
+    assert ok.status == "done" and result.best is ok
+
+
+def test_the_throughput_objective_scores_only_trials_within_the_slo_share() -> None:
+    result = search(TuneConfig(AXES[1:], "grid", objective="throughput", slo_share=0.95, abort_hopeless=False))
+    for t in result.trials:
+        assert t.summary is not None
+        share = t.met / t.summary.counts.total
+        assert (t.score > 0) == (share >= 0.95)
+        if t.score:
+            assert t.score == t.summary.output_token_throughput_tps
+    assert any(t.score == 0 for t in result.trials) and any(t.score > 0 for t in result.trials)
+
+
+def test_the_index_is_a_sweep_of_run_directories(tmp_path: Path) -> None:
+    out = tmp_path / "tune"
+    result = search(TuneConfig(AXES[1:], "pattern"), out=str(out))
+    index = json.loads((out / "sweep.json").read_text())
+    assert index["format"] == "inferlab.sweep/1" and index["command"] == "tune" and index["complete"] is True
+    assert [p["params"]["max_num_seqs"] for p in index["points"]] == [t.params["max_num_seqs"] for t in result.trials]
+    for p in index["points"]:
+        run = out / p["dir"]
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["config"]["engine"]["max_num_seqs"] == p["params"]["max_num_seqs"]
+        assert p["headline"]["ttft_p99_ms"] == summary["ttft_ms"]["p99"]
+    assert result.best is not None and index["tune"]["best"]["trial"] == result.best.number
+    assert index["tune"]["simulated"] is True
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, ["tune", *args])
+    err = res.stderr.strip().splitlines()
+    return res.exit_code, res.stdout, err[-1] if err else ""
+
+
+COMMON = ("--rate", "12", "-n", "40", "--input-tokens", "2000", "--output-tokens", "50")
+
+
+def test_cli_json(tmp_path: Path) -> None:
+    code, out, err = invoke(*COMMON, "--slo-ttft-ms", "300", "--param", "max-num-seqs=8,32,128", "--search", "grid", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert [t["params"]["max_num_seqs"] for t in d["trials"]] == [8, 32, 128]
+    assert d["best"]["score"] == max(t["score"] for t in d["trials"])
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--param", "max-num-seqs=8,16"], "needs at least one SLO"),
+    (["--slo-ttft-ms", "300"], "at least one flag to search"),
+    (["--slo-ttft-ms", "300", "--param", "max-num-sequences=8"], "not an engine flag"),
+    (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8,lots"], "'lots' is not a int"),
+    (["--slo-ttft-ms", "300", "--param", "enable-prefix-caching=maybe"], "on or off"),
+    (["--slo-ttft-ms", "300", "--param", "max-num-seqs"], "expected FLAG=V1,V2"),
+    (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8", "--max-num-seqs", "16"], "given as a flag and searched"),
+    (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8", "--save-result"], "not for tune"),
+])
+def test_cli_refuses_what_it_would_not_honour(args: list[str], needle: str) -> None:
+    code, _, err = invoke(*COMMON, *args)
+    assert code == 2 and needle in err, err

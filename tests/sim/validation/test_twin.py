@@ -1,0 +1,92 @@
+"""``sim calibrate``: a twin fitted on concurrency-1 runs of a "server" whose constants
+are known (the simulator itself, run with other constants than the defaults the fit
+starts from) recovers them and predicts held-out runs at higher concurrency."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from inferlab.cli.main import main
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sim.validation.twin import calibrate, median_abs_error, read_run
+
+# the "server": another host cost per step, another compute efficiency and a slower API
+TRUTH = {"gemm_compute": 0.35, "cpu_step_s": 0.004, "api_overhead_s": 0.012}
+FIT = ("gemm_compute", "cpu_step_s", "api_overhead_s")
+ENGINE = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S", "--max-num-batched-tokens", "2048"]
+
+
+def sim_run(out: Path, *args: str) -> str:
+    res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "--api", "completions", "-o", str(out), *args])
+    assert res.exit_code == 0, res.stderr
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
+    d = tmp_path_factory.mktemp("server")
+    truth = d / "truth.json"
+    truth.write_text(json.dumps(TRUTH))
+    eff = ["--efficiencies", str(truth)]
+    fit = [sim_run(d / f"c1-in{n}", "-c", "1", "-n", "6", "--input-tokens", str(n), "--output-tokens", "32", *eff)
+           for n in (128, 1024, 3000)]
+    held = [sim_run(d / f"c{c}", "-c", str(c), "-n", str(4 * c), "--input-tokens", "1024", "--output-tokens", "64", *eff)
+            for c in (4, 16)]
+    return fit, held
+
+
+def engine() -> EngineConfig:
+    return EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", gpu="L40S", max_num_batched_tokens=2048)
+
+
+def test_the_fit_recovers_the_servers_constants_and_predicts_held_out_runs(measured: tuple[list[str], list[str]]) -> None:
+    fit_dirs, held_dirs = measured
+    fit = calibrate(engine(), [read_run(d) for d in fit_dirs], [read_run(d) for d in held_dirs], FIT)
+    for name, value in TRUTH.items():
+        assert fit.constants[name] == pytest.approx(value, rel=0.15), name
+    for metric in ("ttft_p50_ms", "e2e_p50_ms", "tpot_p50_ms", "output_tok_s"):
+        held = median_abs_error(fit.holdout_runs, metric)
+        assert held is not None and held < 0.05, (metric, held)
+    # the defaults it started from predict the held-out runs worse
+    start = calibrate(engine(), [read_run(d) for d in fit_dirs], [read_run(d) for d in held_dirs], FIT, max_evaluations=1)
+    assert median_abs_error(start.holdout_runs, "ttft_p50_ms") > 3 * (median_abs_error(fit.holdout_runs, "ttft_p50_ms") or 0)  # type: ignore[operator]
+
+
+def test_cli_writes_an_efficiencies_file_sim_run_takes(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
+    fit_dirs, held_dirs = measured
+    eff = tmp_path / "twin.json"
+    report = tmp_path / "report.json"
+    args = ["sim", "calibrate", *ENGINE, *fit_dirs, "--fit", ",".join(FIT), "-o", str(eff), "--report", str(report)]
+    for h in held_dirs:
+        args += ["--holdout", h]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.stderr
+    assert "held out" in res.stdout and "prediction" in res.stdout
+    constants = json.loads(eff.read_text())
+    assert set(constants) == set(FIT)
+    assert json.loads(report.read_text())["prediction"] is True
+    # the twin's what-if: sim run with the file predicts the held-out run it was not fitted on
+    held = json.loads((Path(held_dirs[0]) / "summary.json").read_text())
+    res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "--api", "completions", "-c", "4", "-n", "16",
+                                    "--input-tokens", "1024", "--output-tokens", "64", "--efficiencies", str(eff), "--json"])
+    assert res.exit_code == 0, res.stderr
+    what_if = json.loads(res.stdout)
+    assert what_if["ttft_ms"]["p50"] == pytest.approx(held["ttft_ms"]["p50"], rel=0.05)
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--fit", "warp_factor"], "not a step-time constant"),
+    (["--fit", "moe_gemm_factor"], "not one the twin fits"),
+])
+def test_cli_refuses_constants_it_cannot_fit(measured: tuple[list[str], list[str]], tmp_path: Path, args: list[str], needle: str) -> None:
+    res = CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, measured[0][0], "-o", str(tmp_path / "x.json"), *args])
+    assert res.exit_code == 2 and needle in res.stderr
+
+
+def test_a_folder_without_a_run_is_refused(tmp_path: Path) -> None:
+    res = CliRunner().invoke(main, ["sim", "calibrate", str(tmp_path), "-o", str(tmp_path / "x.json")])
+    assert res.exit_code == 2 and "not a run directory" in res.stderr
