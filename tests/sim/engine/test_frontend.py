@@ -76,7 +76,10 @@ def test_vllm_v1_burst_waits_at_the_api_server_and_more_servers_help() -> None:
     assert 0.4 < fast[-1] / one[-1] < 0.75
 
 
-def test_offline_runs_have_no_front_end() -> None:
-    offline = burst_ttfts(dataclasses.replace(BASE, offline=True, api_server_count=4, host_speed=0.5))
+def test_offline_runs_have_no_front_end_and_refuse_its_settings() -> None:
+    offline = burst_ttfts(dataclasses.replace(BASE, offline=True))
     served = burst_ttfts(BASE)
     assert offline[0] < served[0] and offline[-1] < served[-1]
+    for setting in ({"api_server_count": 2}, {"host_speed": 0.5}):
+        with pytest.raises(ValueError, match="offline run has none"):
+            Engine(dataclasses.replace(BASE, offline=True, **setting))  # type: ignore[arg-type]
