@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("inferlab.client", "inferlab.sim.engine"),
     ("inferlab.sim.server",),
     ("inferlab.load",),
-    ("inferlab.sim.validation", "inferlab.analysis", "inferlab.report", "inferlab.engines"),
+    ("inferlab.sim.validation", "inferlab.analysis", "inferlab.report", "inferlab.engines", "inferlab.sweep"),
     ("inferlab.cli",),
 ]
 #: The public faces: package ``__init__``s that gather names from below, and the entry point.

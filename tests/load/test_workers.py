@@ -90,3 +90,17 @@ def test_auto_workers_follow_the_load_and_the_cores() -> None:
     assert auto_workers(LoadConfig(ClosedLoop(512), 10), cores=2) == 1  # one core is the parent's
     assert auto_workers(LoadConfig(OpenLoop(1000.0), 10), cores=16) == 5
     assert auto_workers(LoadConfig(Replay(max_concurrency=300)), cores=8) == 3
+
+
+async def test_an_open_loop_over_two_workers_sends_nothing_early_and_each_request_once(sim: EmbeddedServer) -> None:
+    # The parent keeps the schedule and the workers send: a worker stamping on its own
+    # clock, or the parent handing a request over before its time, would show as a send
+    # before the intended time; a resend, as one request more at the server.
+    load = LoadConfig(OpenLoop(400.0), num_requests=120, seed=5)
+    cfg = BenchConfig(load, WorkloadConfig(input_tokens=20, output_tokens=2), workers=2, preflight=False)
+    before = sim.server.requests_ok
+    result = await bench_async(cfg, sim.url)
+    assert sim.server.requests_ok - before == 120  # what the server finished, each once
+    assert sorted(r.index for r in result.records) == list(range(120))
+    assert all(r.send_ns is not None and r.send_ns >= r.intended_send_ns for r in result.records)
+    assert result.summary.queue_delay_ms is not None and result.summary.queue_delay_ms.min >= 0

@@ -154,6 +154,36 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def http_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """How requests reach a server (``bench``, and ``sweep`` with ``--url``): streaming,
+    credentials, headers, timeouts, sending processes, the preflight probe."""
+    opts: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+        click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only)."),
+        click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY]."),
+        click.option("-H", "--header", "header", multiple=True, help="Extra request header 'Name: value' (repeatable)."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds."),
+        click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response."),
+        click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: workers_option(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone)."),
+        click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def workers_option(value: str) -> int | None:
+    """``--workers``: None for auto, else a count of at least 1."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not auto or a number", param_hint="--workers") from None
+    if n < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--workers")
+    return n
+
+
 #: vllm bench serve flags with no faithful meaning here: (takes a value, what to use).
 #: Refused with that pointer rather than accepted and ignored.
 VLLM_REFUSED: dict[str, tuple[bool, str]] = {

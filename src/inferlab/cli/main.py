@@ -22,6 +22,7 @@ from inferlab.cli.common import (
     entry,
     extra_body_option,
     finish_run,
+    http_options,
     install_stop_signals,
     load_config,
     load_options,
@@ -33,6 +34,7 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.export import export
 from inferlab.cli.sim import sim
+from inferlab.cli.sweep import sweep
 from inferlab.cli.tokens import tokens
 from inferlab.cli.tune import tune
 from inferlab.load.run import BenchConfig, RunResult, bench_async
@@ -52,13 +54,7 @@ def main() -> None:
 @click.option("--url", "--base-url", "url", help="OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: the embedded simulated server. --base-url: vLLM's name.")
 @click.option("--model", help="Model name to request. Default: the first one the server lists. Without --url: the model the built-in simulator serves (a preset name or HF id).")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
-@click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only).")
-@click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY].")
-@click.option("-H", "--header", "header", multiple=True, help="Extra request header 'Name: value' (repeatable).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds.")
-@click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response.")
-@click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: _workers(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone).")
-@click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths.")
+@http_options
 @click.option("--temperature", type=click.FloatRange(min=0), help="Sampling temperature sent with every request (default: none sent, the server's default applies). Output lengths stay exact unless --no-exact-output.")
 @click.option("--extra-body", callback=extra_body_option, metavar="JSON|@FILE", help="A JSON object merged into every request body, as vLLM's --extra-body (e.g. '{\"top_p\": 0.9, \"seed\": 1}'); fields the run sets itself (model, messages/prompt, max_tokens, min_tokens, ignore_eos, stream, n) are refused. Recorded in config.json.")
 @load_options
@@ -166,24 +162,12 @@ sim.add_command(calibrate_cmd)
 main.add_command(sim)
 main.add_command(export)
 main.add_command(tokens)
+main.add_command(sweep)
 main.add_command(tune)
 
 def run() -> None:
     """The console script."""
     entry(main)
-
-
-def _workers(value: str) -> int | None:
-    """``--workers``: None for auto, else a count of at least 1."""
-    if value.strip().lower() == "auto":
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not auto or a number", param_hint="--workers") from None
-    if n < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--workers")
-    return n
 
 
 def _embedded_tp(model: str, gpu: str, max_model_len: int) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import sys
 import types
 import typing
@@ -17,7 +16,6 @@ from rich.console import Console
 from rich.table import Table
 
 from inferlab._errors import UsageError
-from inferlab.analysis.tune import Axis, Trial, TuneConfig, Tuner, TuneResult
 from inferlab.cli.common import (
     install_stop_signals,
     load_config,
@@ -28,7 +26,9 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
 from inferlab.load.run import RunConfig, SimTarget
+from inferlab.results.sweepindex import check_sweep_dir
 from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sweep.tune import Axis, Trial, TuneConfig, Tuner, TuneResult
 
 #: load_options' flags that have no meaning for a search of many runs.
 _NOT_FOR_TUNE = {
@@ -109,8 +109,8 @@ def _tune(kw: dict[str, Any]) -> int:
         _axes(kw["params"], kw), kw["search"], kw["objective"], kw["slo_share"], kw["max_trials"], kw["abort_hopeless"]
     )
     out = kw["out"]
-    if out and os.path.exists(os.path.join(out, "sweep.json")) and not kw["overwrite"]:
-        raise UsageError(f"{out} holds a sweep or tune already (sweep.json); give another --out, or --overwrite")
+    if out:
+        check_sweep_dir(out, kw["overwrite"])
     run_config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), None, kw["overwrite"])
     target = SimTarget(engine_config(kw))
     err = Console(stderr=True)
@@ -168,9 +168,9 @@ def _render(out: Console, result: TuneResult, config: TuneConfig, folder: str | 
         table.add_row(f"{t.number}{mark}", _params(t, "\n"), f"{t.score:,.2f}", _fmt(h["output_tok_s"]), _fmt(h["ttft_p99_ms"]), _fmt(h["tpot_p99_ms"], 2))
     out.print(table)
     done = sum(1 for t in result.trials if t.status == "done")
-    aborted = sum(1 for t in result.trials if t.status == "aborted")
+    stopped = sum(1 for t in result.trials if t.status == "stopped")
     failed = sum(1 for t in result.trials if t.status == "failed")
-    out.print(f"trials: {len(result.trials)} of a grid of {result.grid_size} ({done} done, {aborted} aborted as hopeless, {failed} refused by the engine)")
+    out.print(f"trials: {len(result.trials)} of a grid of {result.grid_size} ({done} done, {stopped} stopped early as hopeless, {failed} refused by the engine)")
     if result.best is not None:
         b = result.best
         out.print(f"best ({config.objective}, prediction): trial {b.number}: {_params(b)}: {b.score:,.2f} "
@@ -187,5 +187,5 @@ def _result_json(result: TuneResult, config: TuneConfig) -> dict[str, Any]:
     return {
         "search": config.search, "objective": config.objective, "grid_size": result.grid_size,
         "trials": [trial(t) for t in result.trials], "best": None if result.best is None else trial(result.best),
-        "pareto": [t.number for t in result.pareto], "interrupted": result.interrupted, "simulated": True,
+        "pareto": [t.number for t in result.pareto], "interrupted": result.interrupted, "prediction": True,
     }

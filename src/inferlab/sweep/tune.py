@@ -21,10 +21,11 @@ summary's ``goodput_rps``) or output tokens per second of a trial in which at le
 ``slo_share`` of the requests met the SLOs (``throughput``; others score 0). Ties
 (several settings meeting every SLO at the offered rate, say) go to the lower TTFT p99.
 
-A trial is **aborted** when it can no longer win: the requests that missed an SLO (or
-failed) so far leave fewer than the best trial's count of requests that met them
+A trial is **stopped** early when it can no longer win: the requests that missed an SLO
+(or failed) so far leave fewer than the best trial's count of requests that met them
 (``goodput``), or already exceed the share allowed (``throughput``). Its directory
-and summary are kept, marked ``aborted``.
+and summary are kept, marked ``stopped`` with the reason (a sweep's status for a run
+that ended early).
 
 The **Pareto front** is the trials no other beats on both output tokens/s (higher) and
 TTFT p99 (lower).
@@ -35,25 +36,24 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
-import json
 import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 from inferlab._errors import InferlabError, UsageError
 from inferlab.load.run import RunConfig, RunResult, SimTarget, run
 from inferlab.results.metrics import request_metrics
 from inferlab.results.records import RequestRecord
+from inferlab.results.runfiles import plain_json
 from inferlab.results.summary import Summary
+from inferlab.results.sweepindex import FORMAT, headline, write_index
+from inferlab.sweep.runner import target_json
 
 Search = Literal["grid", "pattern"]
 Objective = Literal["goodput", "throughput"]
 
-#: sweep.json's format name (shared with ``inferlab sweep``).
-SWEEP_FORMAT = "inferlab.sweep/1"
 
 
 @dataclass(frozen=True)
@@ -84,14 +84,17 @@ class Trial:
     number: int
     params: dict[str, Any]
     dir: str | None
-    status: Literal["done", "aborted", "failed"] = "done"
+    status: Literal["done", "stopped", "failed"] = "done"
     reason: str | None = None
     summary: Summary | None = None
     met: int = 0  # measured requests that met every SLO
     score: float = 0.0
 
-    def headline(self) -> dict[str, float | None]:
-        return headline(self.summary) if self.summary is not None else {}
+    def headline(self) -> dict[str, Any]:
+        if self.summary is None:
+            return {}
+        tp = self.summary.config.get("engine", {}).get("tensor_parallel_size")
+        return headline(self.summary, tp if isinstance(tp, int) else None)
 
     def key(self) -> tuple[float, float]:
         """Larger is better: the objective, then the lower TTFT p99."""
@@ -107,26 +110,6 @@ class TuneResult:
     grid_size: int
     interrupted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def headline(s: Summary) -> dict[str, float | None]:
-    """The numbers a sweep or tune table shows for a run."""
-
-    def pick(d: Any, attr: str) -> float | None:
-        return None if d is None else getattr(d, attr)
-
-    return {
-        "req_s": s.request_throughput_rps,
-        "output_tok_s": s.output_token_throughput_tps,
-        "goodput_rps": s.goodput_rps,
-        "ttft_p50_ms": pick(s.ttft_ms, "p50"),
-        "ttft_p99_ms": pick(s.ttft_ms, "p99"),
-        "tpot_p50_ms": pick(s.tpot_ms, "p50"),
-        "tpot_p99_ms": pick(s.tpot_ms, "p99"),
-        "e2e_p50_ms": pick(s.e2e_ms, "p50"),
-        "completed": float(s.counts.completed),
-        "failed": float(s.counts.failed),
-    }
 
 
 def grid_points(axes: Sequence[Axis]) -> list[dict[str, Any]]:
@@ -212,9 +195,9 @@ class Tuner:
             if result.interrupted and trial.status == "done":
                 if self.stop is not None and self.stop.is_set():
                     self.interrupted = True
-                    trial.status, trial.reason = "aborted", "interrupted"
+                    trial.status, trial.reason = "stopped", "interrupted"
                 else:
-                    trial.status = "aborted"
+                    trial.status = "stopped"
                     trial.score = 0.0
         self.trials.append(trial)
         self._seen[key] = trial
@@ -329,18 +312,24 @@ class Tuner:
         if self.out_dir is None:
             return
         best = self._best()
-        index = {
-            "format": SWEEP_FORMAT,
+        write_index(self.out_dir, plain_json({
+            "format": FORMAT,
             "command": "tune",
+            "target": target_json(self.base),
+            "prediction": True,
             "axes": {a.name: list(a.values) for a in self.config.axes},
+            "load_axis": None,
+            "repeats": 1,
+            "saturation": None,
             "points": [
                 {
                     "dir": t.dir, "params": t.params, "repeat": 0, "status": t.status,
-                    "reason": t.reason, "headline": t.headline(), "score": t.score, "met_slo": t.met,
+                    "reason": t.reason, "headline": t.headline() or None, "score": t.score, "met_slo": t.met,
                 }
                 for t in self.trials
             ],
             "groups": [],
+            "aggregates": [],
             "goodput_search": None,
             "tune": {
                 "search": self.config.search,
@@ -351,16 +340,6 @@ class Tuner:
                 "trials": len(self.trials),
                 "best": None if best is None else {"trial": best.number, "params": best.params, "score": best.score},
                 "pareto": [t.number for t in pareto_front(self.trials)],
-                "simulated": True,
             },
             "complete": complete,
-        }
-        path = Path(self.out_dir) / "sweep.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(index, indent=2, allow_nan=False, default=_plain) + "\n")
-        os.replace(tmp, path)
-
-
-def _plain(value: object) -> object:
-    """Enum values (engine families, dtypes) as their names in sweep.json."""
-    return getattr(value, "value", str(value))
+        }))

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from inferlab.analysis.tune import Axis, TuneConfig, Tuner, TuneResult
 from inferlab.cli.main import main
 from inferlab.load.run import RunConfig, SimTarget
 from inferlab.load.schedules import LoadConfig, OpenLoop
 from inferlab.results.metrics import SLO
 from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sweep.tune import Axis, TuneConfig, Tuner, TuneResult
 from inferlab.workload.config import WorkloadConfig
 
 # Long prompts at a steady rate: small budgets and few sequences queue prefills (TTFT),
@@ -54,9 +54,9 @@ def test_hopeless_trials_end_early_without_changing_the_answer() -> None:
     early = search(TuneConfig(good_first, "grid"))
     assert full.best is not None and early.best is not None
     assert early.best.params == full.best.params and early.best.score == full.best.score
-    aborted = [t for t in early.trials if t.status == "aborted"]
-    assert aborted, "no trial was hopeless"
-    for t in aborted:
+    stopped = [t for t in early.trials if t.status == "stopped"]
+    assert stopped, "no trial was hopeless"
+    for t in stopped:
         assert t.reason is not None and t.reason.startswith("hopeless")
         assert t.summary is not None and t.summary.counts.completed < RUN.load.num_requests  # type: ignore[operator]
     assert all(t.status == "done" for t in full.trials)
@@ -93,7 +93,7 @@ def test_the_index_is_a_sweep_of_run_directories(tmp_path: Path) -> None:
         assert summary["config"]["engine"]["max_num_seqs"] == p["params"]["max_num_seqs"]
         assert p["headline"]["ttft_p99_ms"] == summary["ttft_ms"]["p99"]
     assert result.best is not None and index["tune"]["best"]["trial"] == result.best.number
-    assert index["tune"]["simulated"] is True
+    assert index["prediction"] is True and index["target"]["kind"] == "simulator"
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

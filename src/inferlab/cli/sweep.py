@@ -1,0 +1,360 @@
+"""``inferlab sweep``: many runs over a grid of load, workload and (against the simulator)
+engine settings; a saturation stop per load axis, a goodput search, repeats.
+
+Every ``bench``/``sim run`` flag works here; those that take a value and name a grid axis
+(the load, workload lengths and prefixes, every engine flag that takes a value) also take
+a comma list, e.g. ``-c 1,2,4,8`` or ``--gpu H100,L40S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.console import Console
+
+from inferlab._errors import UsageError
+from inferlab.cli.common import (
+    finish_run,
+    given,
+    http_options,
+    install_stop_signals,
+    load_config,
+    load_options,
+    parse_headers,
+    parse_rate,
+    run_guarded,
+    slo_config,
+    workload_config,
+)
+from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
+from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target
+from inferlab.openai.request import Api
+from inferlab.report.sweep import params_text, point_line, render_sweep
+from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.runfiles import dumps
+from inferlab.results.sweepindex import check_sweep_dir
+from inferlab.sweep.grid import Grid, is_ascending, parse_values
+from inferlab.sweep.runner import GoodputSearch, SweepConfig, SweepResult, check_points, run_sweep
+from inferlab.sweep.saturation import SaturationRules
+
+#: load and workload flags that take a comma list (a grid axis each)
+LOAD_AXES = ("concurrency", "rate")
+WORKLOAD_AXES = ("input_tokens", "output_tokens", "prefix_tokens", "prefix_groups", "suffix_tokens")
+#: the default load axis: users doubling up to 256, until saturation
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+#: flags that only mean something against a server
+_HTTP_ONLY = ("stream", "api_key", "header", "timeout", "idle_timeout", "workers", "preflight")
+#: flags a sweep refuses, with what to do instead
+_REFUSED = {
+    "trace": "a trace replays at its own times, with no load axis to sweep (run it with bench or sim run)",
+    "save_result": "each point is a run directory: write a vLLM result from one with `inferlab export DIR --format vllm`",
+}
+
+
+def record_history(path: str) -> None:
+    """HOOK for the run history (issue 19, item 4): called with each point's run
+    directory as it finishes and with the sweep directory at the end. A no-op until the
+    history store lands; wire it here (and honour --no-history there)."""
+
+
+def _params(decorate: Callable[[Callable[..., Any]], Callable[..., Any]]) -> list[click.Parameter]:
+    """The click parameters a decorator such as ``load_options`` adds, in order."""
+
+    def holder() -> None:
+        pass
+
+    decorate(holder)
+    return list(reversed(getattr(holder, "__click_params__", [])))
+
+
+def _listed(opt: click.Parameter, default: Any = None) -> click.Option:
+    """``opt`` taking a comma list: each value read as ``opt`` reads one (its type and
+    callback), into a tuple; ``default`` stands for not given."""
+    assert isinstance(opt, click.Option)
+
+    def read(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[Any, ...] | None:
+        if value is None:
+            return None
+        try:
+            words = parse_values(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+        out = []
+        for word in words:
+            v = opt.type.convert(word, opt, ctx)
+            if opt.callback is not None:
+                v = opt.callback(ctx, opt, v)
+            out.append(v)
+        return tuple(out)
+
+    shown = opt.default if opt.default is not None else opt.show_default
+    return click.Option(
+        [opt.name or "", *opt.opts], type=click.STRING, default=default, callback=read,
+        help=(opt.help or "") + " A comma list sweeps it.",
+        show_default=str(shown) if isinstance(shown, str | int | float) and not isinstance(shown, bool) else False,
+        metavar="V[,V...]",
+    )
+
+
+def _sweep_params() -> list[click.Parameter]:
+    params: list[click.Parameter] = []
+    for p in _params(load_options):
+        params.append(_listed(p) if p.name in LOAD_AXES + WORKLOAD_AXES else p)
+    for p in _params(engine_options(RUN_DEFAULTS)):
+        assert isinstance(p, click.Option)
+        params.append(p if p.is_flag else _listed(p))
+    return params + _params(http_options)
+
+
+#: engine flags: refused with --url
+ENGINE_FLAGS = tuple(p.name or "" for p in _params(engine_options(RUN_DEFAULTS)))
+
+
+def _sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    attached: list[click.Parameter] = getattr(fn, "__click_params__", [])
+    attached.extend(reversed(_sweep_params()))  # (as click.option attaches one: last first)
+    fn.__click_params__ = attached  # type: ignore[attr-defined]  # click's own attribute
+    return fn
+
+
+@click.command()
+@click.option("--url", "--base-url", "url", help="An OpenAI-compatible server: every point runs over HTTP on the wall clock. Default: the simulator in virtual time (seconds for a whole sweep; every number a prediction).")
+@click.option("--api", type=click.Choice(["chat", "completions"]), help="Default: chat against --url, completions in the simulator (as bench and sim run).")
+@click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Run every point this many times (the seed advanced each time) and report each headline metric's mean with a 95 % t confidence interval.")
+@click.option("--saturation-gain", type=click.FloatRange(min=0), default=0.05, show_default=True, help="Stop a load axis when output tok/s rose by less than this share over the previous load (0.05: 5 %).")
+@click.option("--ttft-growth", type=click.FloatRange(min=1, min_open=True), default=4.0, show_default=True, help="Stop a load axis when TTFT p50 grew more than this many times over the previous load's.")
+@click.option("--saturation-stop/--no-saturation-stop", default=True, show_default=True, help="Stop each load axis at saturation (throughput flat, errors, TTFT exploding); off: run every load.")
+@click.option("--find-max-rate", is_flag=True, help="Goodput search: the highest --rate (start: --rate R, default 1) at which --slo-share of the requests meet the --slo-*-ms limits, by bracketing then bisection to 10 %.")
+@click.option("--slo-share", type=click.FloatRange(min=0, max=1, min_open=True), default=0.9, show_default=True, help="With --find-max-rate: the share of requests that must meet every SLO.")
+@_sweep_options
+def sweep(**kw: Any) -> None:
+    """Run a grid of points (load x workload x engine) into one folder, each a run directory, indexed by sweep.json."""
+    sys.exit(run_guarded(lambda: _sweep(kw)))
+
+
+def _sweep(kw: dict[str, Any]) -> int:
+    config = sweep_config(kw)
+    check_sweep_dir(config.out_dir, config.overwrite)
+    check_points(config)  # (run_sweep checks again: a library call must too)
+    err, out = Console(stderr=True), Console()
+    watcher = _Watcher(err, config)
+    err.print(f"inferlab sweep: {_target_line(config)} → {config.out_dir}/sweep.json", soft_wrap=True, highlight=False)
+
+    def after_run(result: RunResult, path: str) -> RunResult:
+        result = finish_run(result, {**kw, "out": path, "save_result": False})
+        record_history(path)
+        return result
+
+    async def main_async() -> SweepResult:
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        return await run_sweep(config, listener=watcher, stop=stop, after_run=after_run)
+
+    with watcher:
+        result = asyncio.run(main_async())
+    record_history(config.out_dir)
+    if kw["as_json"]:
+        click.echo(dumps(result.index))
+    else:
+        render_sweep(out, result.index, _title(config))
+        out.print(f"sweep: {config.out_dir}/sweep.json ({sum(1 for p in result.index['points'] if p['dir'])} run directories)")
+    return 130 if result.interrupted else 0
+
+
+def sweep_config(kw: dict[str, Any]) -> SweepConfig:
+    """The sweep the flags ask for; ``UsageError`` for flags it cannot honour."""
+    for name, why in _REFUSED.items():
+        if kw.get(name):
+            raise UsageError(f"--{name.replace('_', '-')}: {why}")
+    if kw["out"] is None:
+        raise UsageError("a sweep needs -o/--out DIR: the folder its run directories and sweep.json go in")
+    url = kw["url"]
+    if url is not None:
+        engine = [n for n in ENGINE_FLAGS if n != "model" and given(n)]
+        if engine:
+            flags = ", ".join("--" + n.replace("_", "-") for n in engine)
+            raise UsageError(
+                f"{flags}: engine flags apply to the simulator (no --url), which the sweep runs in virtual time; "
+                "against --url the engine is the server's own (start it with those flags)"
+            )
+        if kw["model"] is not None and len(kw["model"]) > 1:
+            raise UsageError("--model: against --url a sweep requests one model (a list sweeps simulated models)")
+    else:
+        http = [n for n in _HTTP_ONLY if given(n)]
+        if http:
+            flags = ", ".join("--" + n.replace("_", "-") for n in http)
+            raise UsageError(f"{flags}: only for runs against --url (without it the sweep runs the simulator in virtual time)")
+    tuning = [f for f in ("saturation_gain", "ttft_growth") if given(f)]
+    if kw["find_max_rate"] and (tuning or given("saturation_stop")):
+        flags = ", ".join("--" + f.replace("_", "-") for f in tuning) or "--[no-]saturation-stop"
+        raise UsageError(f"{flags}: the saturation stop applies to a load axis, not to --find-max-rate")
+    if tuning and not kw["saturation_stop"]:
+        flags = ", ".join("--" + f.replace("_", "-") for f in tuning)
+        raise UsageError(f"{flags}: these tune the saturation stop, which --no-saturation-stop turns off")
+    if kw["find_max_rate"]:
+        load_axis, loads = _search_axis(kw)
+    else:
+        if given("slo_share"):
+            raise UsageError("--slo-share needs --find-max-rate")
+        load_axis, loads = _load_axis(kw)
+        if kw["saturation_stop"] and not is_ascending(loads):
+            raise UsageError(f"--{load_axis}: the saturation stop needs the loads in ascending order (or --no-saturation-stop)")
+    axes: list[tuple[str, tuple[Any, ...]]] = []
+    base = dict(kw)
+    for name in WORKLOAD_AXES + ENGINE_FLAGS:
+        values = kw.get(name)
+        if isinstance(values, tuple):  # a listed flag given: its first value, or an axis
+            base[name] = values[0]
+            if len(values) > 1:
+                axes.append((name, values))
+        elif values is None and name in ENGINE_FLAGS:
+            base.pop(name, None)  # not given: the engine's default
+    if url is not None:
+        axes = [(n, v) for n, v in axes if n != "model"]
+    base["concurrency"] = int(loads[0]) if load_axis == "concurrency" else None
+    base["rate"] = str(loads[0]) if load_axis == "rate" else None
+    load = load_config(base)  # every load flag checked as bench checks it
+    slo = slo_config(kw)
+    api: Api = kw["api"] or ("chat" if url is not None else "completions")
+    run = RunConfig(load, workload_config(base), api, slo)
+    target: Target
+    if url is None:
+        target = SimTarget(engine_config(base))
+    else:
+        target = HttpTarget(
+            url, base.get("model"), kw["stream"], kw["api_key"], parse_headers(kw["header"]), kw["timeout"],
+            kw["idle_timeout"], kw["preflight"], workers=kw["workers"],
+        )
+    goodput = None
+    if kw["find_max_rate"]:
+        if slo is None:
+            raise UsageError("--find-max-rate needs an SLO: --slo-ttft-ms, --slo-tpot-ms or --slo-e2e-ms")
+        if kw["repeats"] > 1:
+            raise UsageError("--repeats with --find-max-rate is not supported: each probe is one run")
+        goodput = GoodputSearch(slo, kw["slo_share"], loads[0])
+    rules = SaturationRules(kw["saturation_gain"], kw["ttft_growth"]) if kw["saturation_stop"] else None
+    auto = not (given("num_requests") or given("duration") or kw.get("sessions"))
+    try:
+        grid = Grid(load_axis, tuple(loads), tuple(axes))
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    return SweepConfig(
+        run, target, grid, kw["out"], kw["repeats"], rules, goodput, auto, kw["overwrite"], command=_command_line(),
+    )
+
+
+def _load_axis(kw: dict[str, Any]) -> tuple[str, list[float]]:
+    conc, rate = kw["concurrency"], kw["rate"]
+    if conc is not None and rate is not None:
+        raise UsageError("--concurrency and --rate are exclusive: a sweep has one load axis")
+    if rate is not None:
+        return "rate", [_rate(r) for r in rate]
+    if kw["max_concurrency"] is not None and conc is None:
+        raise UsageError("--max-concurrency caps an open loop: give --rate values, or sweep users with --concurrency")
+    return "concurrency", list(conc or DEFAULT_CONCURRENCY)
+
+
+def _search_axis(kw: dict[str, Any]) -> tuple[str, list[float]]:
+    if kw["concurrency"] is not None:
+        raise UsageError("--find-max-rate searches over --rate: give no --concurrency")
+    rates = [_rate(r) for r in (kw["rate"] or ("1",))]
+    if len(rates) > 1:
+        raise UsageError("--find-max-rate takes one --rate: where the search starts")
+    if rates[0] == float("inf"):
+        raise UsageError("--find-max-rate: the start --rate must be finite")
+    return "rate", rates
+
+
+def _rate(text: str) -> float:
+    rate = parse_rate(text)
+    assert rate is not None
+    if not rate > 0:
+        raise UsageError("--rate values must be positive")
+    return rate
+
+
+def _command_line() -> str:
+    """The command as run, secrets redacted (the value after --api-key, and headers)."""
+    words = list(sys.argv[1:])
+    for i, w in enumerate(words[:-1]):
+        if w in ("--api-key", "-H", "--header"):
+            words[i + 1] = "***"
+    return shlex.join(["inferlab", *(w if not w.startswith("--api-key=") else "--api-key=***" for w in words)])
+
+
+def _target_line(config: SweepConfig) -> str:
+    t = config.target
+    if isinstance(t, SimTarget):
+        return f"simulating {_engine_text(config)} in virtual time"
+    return f"measuring {t.url}"
+
+
+def _engine_text(config: SweepConfig) -> str:
+    """``model on TPx GPU``, an axis's values where it varies (``{1,4}x H100``)."""
+    assert isinstance(config.target, SimTarget)
+    e, axes = config.target.engine, dict(config.grid.axes)
+
+    def show(name: str, value: Any) -> str:
+        return "{" + ",".join(str(v) for v in axes[name]) + "}" if name in axes else str(value)
+
+    return f"{show('model', e.model)} on {show('tensor_parallel_size', e.tensor_parallel_size)}x {show('gpu', e.gpu)}"
+
+
+def _title(config: SweepConfig) -> str:
+    if isinstance(config.target, SimTarget):
+        return f"prediction (simulated, virtual time): {_engine_text(config)}"
+    return f"measured: {config.target.url}"
+
+
+class _Watcher:
+    """The sweep's progress on stderr: a live line (which point, its requests) and a row
+    per point as it finishes."""
+
+    def __init__(self, console: Console, config: SweepConfig) -> None:
+        self.console = console
+        self.config = config
+        self.label = ""
+        self.done = self.failed = 0
+        self.total: int | None = None
+        self._status = console.status("starting", spinner="dots") if console.is_terminal else None
+
+    def __enter__(self) -> _Watcher:
+        if self._status is not None:
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.__exit__(None, None, None)
+
+    def point_started(self, entry: dict[str, Any], number: int) -> None:
+        self.label = f"point {number}: {params_text(entry['params'])}" + (
+            f" rep {entry['repeat'] + 1}/{self.config.repeats}" if self.config.repeats > 1 else ""
+        )
+        self.done = self.failed = 0
+        self._show()
+
+    def record(self, r: RequestRecord) -> None:
+        if r.ok:
+            self.done += 1
+        elif r.error_kind is not ErrorKind.CANCELLED:
+            self.failed += 1
+        self._show()
+
+    def point_done(self, entry: dict[str, Any]) -> None:
+        self.console.print(f"  {point_line(entry)}", highlight=False, soft_wrap=True)
+
+    def group_done(self, group: dict[str, Any]) -> None:
+        s = group.get("stopped")
+        if s is not None:
+            knee = "none (no point before it)" if s.get("knee") is None else f"{group['load_axis']}={s['knee']:g}"
+            self.console.print(f"  → stopped: {str(s['reason']).rstrip('.')}; knee: {knee}", highlight=False, soft_wrap=True)
+
+    def _show(self) -> None:
+        if self._status is not None:
+            self._status.update(f"{self.label} · {self.done} done · {self.failed} failed")

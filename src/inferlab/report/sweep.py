@@ -1,0 +1,130 @@
+"""Formatting a sweep from its index (``sweep.json``'s dict): one line per finished
+point, and the final table. Formatting only: every number comes from the index."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+#: (column, headline key, digits) of the sweep's tables.
+COLUMNS = (
+    ("out tok/s", "output_tok_s", 0),
+    ("req/s", "req_s", 2),
+    ("TTFT p50", "ttft_p50_ms", 1),
+    ("TTFT p99", "ttft_p99_ms", 1),
+    ("TPOT p50", "tpot_p50_ms", 2),
+    ("TPOT p99", "tpot_p99_ms", 2),
+    ("E2E p50", "e2e_p50_ms", 0),
+)
+
+_SHORT = {"concurrency": "c", "input_tokens": "in", "output_tokens": "out", "tensor_parallel_size": "tp",
+          "max_num_batched_tokens": "mnbt", "max_num_seqs": "seqs", "quantization": "q"}
+
+
+def params_text(params: dict[str, Any]) -> str:
+    """``c=16 in=512 gpu=H100``."""
+    return " ".join(f"{_SHORT.get(k, k)}={_value(v)}" for k, v in params.items())
+
+
+def point_line(entry: dict[str, Any]) -> str:
+    """One finished point as a line: its values, status and headline (times in ms)."""
+    head = entry.get("headline") or {}
+    rep = f" rep {entry['repeat']}" if entry.get("repeat") else ""
+    parts = [f"{params_text(entry['params'])}{rep}", entry["status"]]
+    if head:
+        parts.append(
+            f"{_fmt(head.get('output_tok_s'), 0)} tok/s · {_fmt(head.get('req_s'), 2)} req/s · "
+            f"TTFT p50/p99 {_fmt(head.get('ttft_p50_ms'), 1)}/{_fmt(head.get('ttft_p99_ms'), 1)} ms · "
+            f"TPOT {_fmt(head.get('tpot_p50_ms'), 2)}/{_fmt(head.get('tpot_p99_ms'), 2)} ms"
+        )
+        if head.get("slo_share") is not None:
+            parts.append(f"SLO met by {head['slo_share']:.0%}")
+        if head.get("failed"):
+            parts.append(f"{head['failed']} failed")
+    if entry.get("reason"):
+        parts.append(str(entry["reason"]))
+    return "  ".join(parts)
+
+
+def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
+    """The final table (one row per load and group: the mean over repeats ± the 95 %
+    interval's half-width when repeats > 1), then why each load axis stopped and what
+    a goodput search found."""
+    repeated = index.get("repeats", 1) > 1
+    rows: list[tuple[dict[str, Any], str, dict[str, Any]]] = []
+    if repeated:
+        rows = [(a["params"], f"{a['repeats']} runs", a["headline"]) for a in index["aggregates"]]
+    else:
+        rows = [(p["params"], p["status"], p.get("headline") or {}) for p in index["points"]
+                if p["status"] in ("done", "failed", "stopped")]
+    names = list(rows[0][0]) if rows else []
+    t = Table(title=title + (" (mean ± 95 % CI half-width)" if repeated else ""), title_justify="left")
+    for n in names:
+        t.add_column(_SHORT.get(n, n), justify="right")
+    t.add_column("status" if not repeated else "repeats")
+    for name, _key, _d in COLUMNS:
+        t.add_column(name + ("" if name.startswith(("out", "req")) else " ms"), justify="right")
+    for params, status, head in rows:
+        cells = [_value(params.get(n)) for n in names] + [status]
+        for _name, key, d in COLUMNS:
+            v = head.get(key)
+            if repeated:
+                cells.append(_ci(v, d))
+            else:
+                cells.append(_fmt(v, d))
+        t.add_row(*cells)
+    out.print(t)
+    for g in index.get("groups", []):
+        label = params_text(g["params"]) or "load axis"
+        s = g.get("stopped")
+        if s is not None:
+            knee = "no point before it" if s.get("knee") is None else f"{_short(g['load_axis'])}={_value(s['knee'])}"
+            out.print(f"{label}: stopped at {_short(g['load_axis'])}={_value(s['at'])}: {str(s['reason']).rstrip('.')}; knee: {knee}",
+                      soft_wrap=True)
+        elif g.get("goodput") is not None:
+            out.print(f"{label}: {goodput_text(g['goodput'])}", soft_wrap=True)
+        elif not index.get("complete"):
+            out.print(f"{label}: interrupted")
+        else:
+            out.print(f"{label}: did not saturate (raise the top of the load axis to find the knee)")
+    skipped = sum(1 for p in index["points"] if p["status"] == "skipped")
+    if skipped:
+        out.print(f"{skipped} planned point(s) not run (past a stop, or after an interruption)")
+
+
+def goodput_text(g: dict[str, Any]) -> str:
+    probes = len(g.get("probes", []))
+    if g.get("max_rate") is None and not any(p.get("dir") for p in g.get("probes", [])):
+        return f"could not run: {g.get('note')}"
+    if g.get("max_rate") is None:
+        return f"no rate met the SLOs ({g.get('note')}; {probes} probes)"
+    text = f"max rate meeting the SLOs {g['max_rate']:.3g} req/s"
+    if g.get("fails_at") is not None:
+        text += f"; {g['fails_at']:.3g} req/s does not"
+    if g.get("note"):
+        text += f" ({g['note']})"
+    return text + f"; {probes} probes"
+
+
+def _short(axis: str) -> str:
+    return _SHORT.get(axis, axis)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "—" if v is None else str(v)
+
+
+def _fmt(v: float | None, digits: int) -> str:
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def _ci(v: dict[str, Any] | None, digits: int) -> str:
+    if not v:
+        return "—"
+    if v.get("ci95_high") is None:
+        return _fmt(v["mean"], digits)
+    return f"{v['mean']:,.{digits}f} ± {(v['ci95_high'] - v['ci95_low']) / 2:,.{digits}f}"

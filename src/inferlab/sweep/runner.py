@@ -1,0 +1,342 @@
+"""``run_sweep``: the points of a sweep, in order, each through ``load.run.run`` (the call
+behind ``bench`` and ``sim run``) into a run directory of its own; ``sweep.json``
+rewritten after every point, so that an interrupted sweep leaves a valid index of what
+finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from inferlab._errors import RunFailedError, UsageError
+from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target, run
+from inferlab.results.metrics import SLO
+from inferlab.results.records import RequestRecord
+from inferlab.results.runfiles import plain_json
+from inferlab.results.sweepindex import (
+    CI_METRICS,
+    FORMAT,
+    INDEX,
+    check_sweep_dir,
+    headline,
+    write_index,
+)
+from inferlab.sim.engine.engine import Engine
+from inferlab.sweep.goodput import Probe, SearchResult, find_max_rate, slo_share
+from inferlab.sweep.grid import Grid, point_configs, slug
+from inferlab.sweep.saturation import SaturationRules, check
+from inferlab.sweep.stats import t_interval
+
+
+@dataclass(frozen=True)
+class GoodputSearch:
+    """Find, per group, the highest rate at which ``share`` of the requests meet ``slo``,
+    from ``start_rps``, to within ``step`` (see ``sweep.goodput``)."""
+
+    slo: SLO
+    share: float = 0.9
+    start_rps: float = 1.0
+    step: float = 1.1
+    max_probes: int = 40
+
+    def __post_init__(self) -> None:
+        if not 0 < self.share <= 1:
+            raise UsageError("--slo-share is a share of requests, above 0 and at most 1")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A sweep: the base ``run`` (its ``out_dir`` unused) and ``target``, the ``grid``,
+    where to write it (``out_dir``), ``repeats`` of every point, the saturation rules
+    (None: run every load), and a goodput search instead of the load axis (its grid's
+    load axis is ``rate``). ``auto_requests``: size each point's request count to its
+    load (``grid.auto_num_requests``). ``command``: the command line, for the index."""
+
+    run: RunConfig
+    target: Target
+    grid: Grid
+    out_dir: str
+    repeats: int = 1
+    saturation: SaturationRules | None = field(default_factory=SaturationRules)
+    goodput: GoodputSearch | None = None
+    auto_requests: bool = True
+    overwrite: bool = False
+    command: str = ""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise UsageError("--repeats must be at least 1")
+        if self.goodput is not None and self.grid.load_axis != "rate":
+            raise UsageError("a goodput search varies the rate: give no --concurrency")
+        if isinstance(self.target, HttpTarget) and self.grid.engine_axes():
+            raise UsageError("engine settings are the server's own: a sweep against a URL cannot vary them")
+
+
+class Listener(Protocol):
+    """What a sweep tells its watcher (the CLI's progress)."""
+
+    def point_started(self, entry: dict[str, Any], number: int) -> None: ...
+    def record(self, r: RequestRecord) -> None: ...
+    def point_done(self, entry: dict[str, Any]) -> None: ...
+    def group_done(self, group: dict[str, Any]) -> None: ...
+
+
+class _Quiet:
+    def point_started(self, entry: dict[str, Any], number: int) -> None:
+        pass
+
+    def record(self, r: RequestRecord) -> None:
+        pass
+
+    def point_done(self, entry: dict[str, Any]) -> None:
+        pass
+
+    def group_done(self, group: dict[str, Any]) -> None:
+        pass
+
+
+#: After each run: (the result, its directory) -> the result to keep (e.g. with more
+#: percentiles added). The CLI also records the run in the history here.
+AfterRun = Callable[[RunResult, str], RunResult]
+
+
+@dataclass
+class SweepResult:
+    """The index as written (``sweep.json``), and whether the sweep was interrupted."""
+
+    index: dict[str, Any]
+    interrupted: bool
+
+
+async def run_sweep(
+    config: SweepConfig,
+    *,
+    listener: Listener | None = None,
+    stop: asyncio.Event | None = None,
+    after_run: AfterRun | None = None,
+) -> SweepResult:
+    """Run ``config``'s points in order into ``config.out_dir``; see the module. Setting
+    ``stop`` ends the point in flight (kept, status ``stopped``) and marks the points not
+    run ``skipped``. ``UsageError`` before anything runs if the folder holds a sweep
+    (without ``overwrite``); a server that stops answering ends the sweep with its error,
+    the index kept."""
+    existed = _prepare_dir(config)
+    sweep = _Sweep(config, listener or _Quiet(), stop or asyncio.Event(), after_run)
+    try:
+        return await sweep.run()
+    except BaseException:
+        if not sweep.index["points"]:  # nothing ran (no server there): leave no empty sweep behind
+            _remove_index(config.out_dir, existed)
+        raise
+
+
+def _prepare_dir(config: SweepConfig) -> bool:
+    """Check the folder and the points, make the folder; whether it existed."""
+    check_sweep_dir(config.out_dir, config.overwrite)
+    check_points(config)
+    existed = os.path.isdir(config.out_dir)
+    os.makedirs(config.out_dir, exist_ok=True)
+    return existed
+
+
+def _remove_index(out_dir: str, keep_dir: bool) -> None:
+    with contextlib.suppress(OSError):
+        (Path(out_dir) / INDEX).unlink()
+        if not keep_dir:
+            os.rmdir(out_dir)
+
+
+def check_points(config: SweepConfig) -> None:
+    """Fail fast, before anything runs, on settings no point can run with: each group's
+    workload is built and its simulated engine sized (``UsageError``: an unknown name, a
+    bad length). An engine that does not hold the model is no usage error: that point
+    runs and is recorded as failed, the other groups go on."""
+    grid = config.grid
+    for params in grid.groups():
+        run_cfg, target = point_configs(config.run, config.target, grid.load_axis, grid.load_values[0], params,
+                                        auto_requests=config.auto_requests)
+        run_cfg.workload.build(run_cfg.load.seed, run_cfg.api)
+        if isinstance(target, SimTarget):
+            with contextlib.suppress(ValueError):  # (not a usage error: see above)
+                Engine(target.engine)
+
+
+class _Sweep:
+    def __init__(self, config: SweepConfig, listener: Listener, stop: asyncio.Event, after_run: AfterRun | None) -> None:
+        self.config = config
+        self.listener = listener
+        self.stop = stop
+        self.after_run = after_run
+        self.count = 0
+        self.interrupted = False
+        g = config.goodput
+        self.index: dict[str, Any] = {
+            "format": FORMAT,
+            "command": config.command,
+            "target": target_json(config.target),
+            "prediction": isinstance(config.target, SimTarget),
+            "axes": config.grid.to_json(),
+            "load_axis": config.grid.load_axis,
+            "repeats": config.repeats,
+            "saturation": None if config.saturation is None else dataclasses.asdict(config.saturation),
+            "points": [],
+            "groups": [],
+            "aggregates": [],
+            "goodput_search": None if g is None else {
+                "slo": dataclasses.asdict(g.slo), "share": g.share, "start_rate": g.start_rps, "step": g.step,
+                "groups": [],
+            },
+            "complete": False,
+        }
+
+    def write(self) -> None:
+        write_index(self.config.out_dir, self.index)
+
+    async def run(self) -> SweepResult:
+        self.write()
+        for params in self.config.grid.groups():
+            group: dict[str, Any] = {"params": plain_json(params), "load_axis": self.config.grid.load_axis, "stopped": None}
+            self.index["groups"].append(group)
+            if self.interrupted or self.stop.is_set():
+                self.interrupted = True
+                self._skip(params, self.config.grid.load_values, "interrupted")
+            elif self.config.goodput is not None:
+                await self._search(params, group)
+            else:
+                await self._load_axis(params, group)
+            self.write()
+            self.listener.group_done(group)
+        self.index["complete"] = not self.interrupted
+        self.write()
+        return SweepResult(self.index, self.interrupted)
+
+    async def _load_axis(self, params: dict[str, Any], group: dict[str, Any]) -> None:
+        grid, rules = self.config.grid, self.config.saturation
+        prev: tuple[float, dict[str, Any]] | None = None
+        for i, load in enumerate(grid.load_values):
+            entries = []
+            for k in range(self.config.repeats):
+                if self.stop.is_set():
+                    self.interrupted = True
+                    break
+                entries.append(await self._point(params, load, k))
+                if entries[-1]["status"] == "stopped":
+                    self.interrupted = True
+                    break
+            if self.interrupted:
+                self._skip(params, grid.load_values[i + 1:], "interrupted", first_repeat={load: len(entries)})
+                return
+            head = self._aggregate(params, load, entries)
+            stop = None if rules is None else check(rules, grid.load_axis, prev, (load, head))
+            if stop is None and any(e["status"] == "failed" for e in entries):  # (also without rules)
+                stop_json: dict[str, Any] | None = {"rule": "failed", "reason": entries[-1].get("reason"), "at": load,
+                                                    "knee": None if prev is None else prev[0]}
+            else:
+                stop_json = None if stop is None else stop.to_json()
+            if stop_json is not None:
+                group["stopped"] = stop_json
+                self._skip(params, grid.load_values[i + 1:], f"past the stop at {grid.load_axis}={load:g} ({stop_json['rule']})")
+                return
+            prev = (load, head)
+
+    async def _search(self, params: dict[str, Any], group: dict[str, Any]) -> None:
+        g = self.config.goodput
+        assert g is not None
+
+        async def probe(rate: float) -> Probe:
+            entry = await self._point(params, rate, 0, with_slo=g)
+            share = entry["headline"].get("slo_share") if entry.get("headline") else None
+            stopped = entry["status"] == "stopped"
+            meets = not stopped and entry["status"] == "done" and share is not None and share >= g.share
+            error = entry.get("reason") if entry["status"] == "failed" and entry["headline"] is None else None
+            return Probe(rate, share, meets, entry["dir"], stopped, error)
+
+        result: SearchResult = await find_max_rate(probe, g.start_rps, step=g.step, max_probes=g.max_probes)
+        if result.note == "interrupted":
+            self.interrupted = True
+        found = {"params": plain_json(params), **result.to_json()}
+        group["goodput"] = found
+        self.index["goodput_search"]["groups"].append(found)
+
+    async def _point(self, params: dict[str, Any], load: float, repeat: int, with_slo: GoodputSearch | None = None) -> dict[str, Any]:
+        c = self.config
+        self.count += 1
+        full = {c.grid.load_axis: load, **params}
+        rel = f"{self.count:03d}_{slug(full, repeat if c.repeats > 1 else None)}"
+        path = str(Path(c.out_dir) / rel)
+        entry: dict[str, Any] = {"dir": rel, "params": plain_json(full), "repeat": repeat, "status": "running", "headline": None}
+        self.listener.point_started(entry, self.count)
+        result: RunResult | None = None
+        try:
+            run_cfg, target = point_configs(
+                c.run, c.target, c.grid.load_axis, load, params, repeat=repeat, auto_requests=c.auto_requests,
+            )
+            run_cfg = dataclasses.replace(run_cfg, out_dir=path, overwrite=c.overwrite)
+            result = await run(run_cfg, target, on_record=self.listener.record, stop=self.stop)
+            entry["status"] = "stopped" if result.interrupted and self.stop.is_set() else "done"
+            if result.cause is not None:
+                entry["reason"] = str(result.cause)
+        except RunFailedError as e:  # every request failed: its run directory is written
+            result = e.result if isinstance(e.result, RunResult) else None
+            entry.update(status="failed", reason=str(e))
+        except (UsageError, ValueError) as e:  # this point's settings (a model that does not fit)
+            entry.update(status="failed", reason=str(e))
+        if result is not None:
+            if self.after_run is not None:
+                result = self.after_run(result, path)
+            gpus = result.engine.config.tensor_parallel_size if result.engine is not None else None
+            entry["headline"] = headline(result.summary, gpus)
+            if with_slo is not None:
+                entry["headline"]["slo_share"] = slo_share(result.records, with_slo.slo)
+        else:
+            entry["dir"] = None  # the point's settings were refused before it ran: no run directory
+        self.index["points"].append(entry)
+        self.write()
+        self.listener.point_done(entry)
+        return entry
+
+    def _aggregate(self, params: dict[str, Any], load: float, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        """The repeats' mean headline (the saturation rules read it) and, in the index,
+        each headline metric's mean and 95 % t interval over the repeats."""
+        heads = [e["headline"] for e in entries if e.get("headline") is not None]
+        agg: dict[str, Any] = {}
+        mean: dict[str, Any] = {}
+        for key in CI_METRICS:
+            values = [h[key] for h in heads if h.get(key) is not None]
+            if values:
+                agg[key] = t_interval(values).to_json()
+                mean[key] = statistics.fmean(values)
+            else:
+                mean[key] = None
+        for key in ("total", "completed", "failed"):
+            mean[key] = sum(h.get(key) or 0 for h in heads)
+        self.index["aggregates"].append({
+            "params": plain_json({self.config.grid.load_axis: load, **params}),
+            "repeats": len(entries), "dirs": [e["dir"] for e in entries], "headline": agg,
+        })
+        return mean
+
+    def _skip(self, params: dict[str, Any], loads: tuple[float, ...], why: str,
+              first_repeat: dict[float, int] | None = None) -> None:
+        """Points planned but not run, listed as ``skipped`` with why."""
+        first_repeat = first_repeat or {}
+        for load, start in [*first_repeat.items(), *((v, 0) for v in loads)]:
+            for k in range(start, self.config.repeats):
+                self.index["points"].append({
+                    "dir": None, "params": plain_json({self.config.grid.load_axis: load, **params}), "repeat": k,
+                    "status": "skipped", "reason": why, "headline": None,
+                })
+
+
+def target_json(target: Target) -> dict[str, Any]:
+    if isinstance(target, SimTarget):
+        return {"kind": "simulator", "virtual_time": True, "engine": plain_json(dataclasses.asdict(target.engine))}
+    return {"kind": "server", "virtual_time": False, "url": target.url, "model": target.model}

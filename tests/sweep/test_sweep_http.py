@@ -1,0 +1,65 @@
+"""``inferlab sweep --url``: the same sweep over HTTP against ``sim serve`` agrees with
+the simulator in virtual time; engine flags against a URL are refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from inferlab.cli.main import main
+from inferlab.sim.server.launch import ChildServer
+
+#: `sim serve` sized to saturate early, on a GPU slow enough (~20 ms a decode step) that a
+#: busy machine's lateness in the real-time server is a small share of each step; the
+#: virtual sweep is given the same engine
+SERVE = ["--max-num-seqs", "16", "--gpu", "L40S"]
+SAME_ENGINE = [*SERVE, "--max-model-len", "4096", "--max-num-batched-tokens", "8192", "--enforce-eager"]
+WORKLOAD = ["--input-tokens", "256", "--output-tokens", "8", "--api", "completions"]
+
+
+def sweep(args: list[str]) -> Any:
+    return CliRunner().invoke(main, ["sweep", *args], catch_exceptions=False)
+
+
+def test_a_short_http_sweep_agrees_with_the_virtual_one_at_the_points_both_ran(tmp_path: Path) -> None:
+    virtual, http = tmp_path / "virtual", tmp_path / "http"
+    r = sweep(["-c", "1,2,4,8,16,32,64,128,256", *SAME_ENGINE, *WORKLOAD, "-o", str(virtual)])
+    assert r.exit_code == 0, r.output
+    with ChildServer(SERVE) as server:
+        r = sweep(["--url", server.url, "-c", "2,4", *WORKLOAD, "-o", str(http)])
+    assert r.exit_code == 0, r.output
+    assert "measured: " in r.output and "prediction" not in r.output
+    v = {p["params"]["concurrency"]: p["headline"] for p in json.loads((virtual / "sweep.json").read_text())["points"]
+         if p["status"] == "done"}
+    h = {p["params"]["concurrency"]: p["headline"] for p in json.loads((http / "sweep.json").read_text())["points"]}
+    assert set(h) == {2, 4} <= set(v)
+    for c in h:
+        for key in ("output_tok_s", "ttft_p50_ms"):
+            assert h[c][key] == pytest.approx(v[c][key], rel=0.15), (c, key, h[c][key], v[c][key])
+    # the server's engine was the one simulated
+    engine = json.loads((http / "001_c2" / "config.json").read_text())["resolved"]["engine"]
+    assert (engine["max_num_seqs"], engine["max_num_batched_tokens"], engine["enforce_eager"], engine["gpu"]) == (16, 8192, True, "L40S")
+
+
+@pytest.mark.parametrize("flags", [["--max-num-batched-tokens", "2048,8192"], ["--quantization", "fp8"],
+                                   ["--gpu", "L40S"], ["--tensor-parallel-size", "1,2"], ["--enforce-eager"]])
+def test_engine_flags_with_a_url_are_refused_before_anything_runs(tmp_path: Path, flags: list[str]) -> None:
+    r = sweep(["--url", "http://127.0.0.1:9", *flags, "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2
+    assert "engine flags apply to the simulator" in r.output and flags[0] in r.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_server_flags_without_a_url_are_refused(tmp_path: Path) -> None:
+    r = sweep(["--timeout", "5", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "only for runs against --url" in r.output
+
+
+def test_no_server_there_exits_1_and_leaves_no_empty_sweep(tmp_path: Path) -> None:
+    r = sweep(["--url", "http://127.0.0.1:9", "-c", "1", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 1 and "cannot reach" in r.output
+    assert not (tmp_path / "x").exists()

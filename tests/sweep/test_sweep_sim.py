@@ -1,0 +1,247 @@
+"""``inferlab sweep`` against the simulator in virtual time: the saturation stop, the
+goodput search, repeats, an interrupted sweep, and the index every point leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from inferlab.cli.main import main
+from inferlab.load.run import RunConfig, SimTarget, run
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
+from inferlab.results.metrics import SLO
+from inferlab.results.records import RequestRecord
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sweep.goodput import slo_share
+from inferlab.sweep.grid import Grid
+from inferlab.sweep.runner import SweepConfig, run_sweep
+from inferlab.workload.config import WorkloadConfig
+
+#: the engine `sim serve` starts (its defaults) with room for 16 sequences: it saturates early
+ENGINE_FLAGS = ["--max-num-seqs", "16", "--max-model-len", "4096", "--max-num-batched-tokens", "8192", "--enforce-eager"]
+WORKLOAD_FLAGS = ["--input-tokens", "512", "--output-tokens", "16", "--api", "completions"]
+
+
+def sweep(args: list[str]) -> Any:
+    return CliRunner().invoke(main, ["sweep", *args], catch_exceptions=False)
+
+
+def index(d: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((d / "sweep.json").read_text())
+    return data
+
+
+def test_a_concurrency_sweep_stops_by_itself_at_saturation_and_names_the_knee(tmp_path: Path) -> None:
+    out = tmp_path / "s"
+    r = sweep(["-c", "1,2,4,8,16,32,64,128,256", *ENGINE_FLAGS, *WORKLOAD_FLAGS, "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    ix = index(out)
+    assert ix["format"] == "inferlab.sweep/1" and ix["complete"] is True and ix["prediction"] is True
+    (group,) = ix["groups"]
+    stop = group["stopped"]
+    assert stop is not None and stop["knee"] is not None
+    # 16 sequences run at once: the knee is where that many are kept busy, not far past
+    assert 16 <= stop["knee"] <= 32 < stop["at"] < 256
+    skipped = [p["params"]["concurrency"] for p in ix["points"] if p["status"] == "skipped"]
+    assert 256 in skipped and all(c > stop["at"] for c in skipped)
+    assert f"knee: c={stop['knee']}" in r.output and "prediction (simulated, virtual time)" in r.output
+    # every point run is a normal run directory whose summary the headline is taken from
+    done = [p for p in ix["points"] if p["status"] == "done"]
+    for p in done:
+        s = json.loads((out / p["dir"] / "summary.json").read_text())
+        assert p["headline"]["output_tok_s"] == s["output_token_throughput_tps"]
+        assert (out / p["dir"] / "requests.jsonl").exists() and (out / p["dir"] / "config.json").exists()
+    # saturated indeed: the last load, never run by the sweep, buys no more throughput
+    knee = next(p for p in done if p["params"]["concurrency"] == stop["knee"])
+    far = asyncio.run(run(
+        RunConfig(LoadConfig(ClosedLoop(256), 1024), WorkloadConfig(512, 16), "completions"),
+        SimTarget(EngineConfig(max_num_seqs=16, max_model_len=4096, max_num_batched_tokens=8192, enforce_eager=True)),
+    ))
+    assert far.summary.output_token_throughput_tps is not None
+    assert far.summary.output_token_throughput_tps < 1.1 * knee["headline"]["output_tok_s"]
+
+
+def test_engine_flags_are_axes_in_the_simulator(tmp_path: Path) -> None:
+    out = tmp_path / "e"
+    r = sweep(["-c", "8", "--gpu", "H100,L40S", "--quantization", "none,fp8", "--input-tokens", "256",
+               "--output-tokens", "32", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    ix = index(out)
+    assert ix["axes"] == {"concurrency": [8], "gpu": ["H100", "L40S"], "quantization": ["none", "fp8"]}
+    engines = {(p["params"]["gpu"], p["params"]["quantization"]): json.loads((out / p["dir"] / "config.json").read_text())["engine"]
+               for p in ix["points"]}
+    assert set(engines) == {("H100", "none"), ("H100", "fp8"), ("L40S", "none"), ("L40S", "fp8")}
+    assert engines["L40S", "fp8"]["gpu"] == "L40S" and engines["L40S", "fp8"]["quantization"] == "fp8"
+    tps = {k: p["headline"]["output_tok_s"] for k, p in zip(engines, ix["points"], strict=True)}
+    assert tps["H100", "none"] > tps["L40S", "none"]  # the faster GPU is faster
+
+
+def test_goodput_search_returns_a_rate_that_meets_the_slos_and_ten_percent_more_that_does_not(tmp_path: Path) -> None:
+    out = tmp_path / "g"
+    r = sweep(["--find-max-rate", "--slo-ttft-ms", "200", "--slo-tpot-ms", "15", "--input-tokens", "512",
+               "--output-tokens", "64", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    (found,) = index(out)["goodput_search"]["groups"]
+    rate, above = found["max_rate"], found["fails_at"]
+    assert rate is not None and above == pytest.approx(1.1 * rate)
+    assert len(found["probes"]) >= 3 and all((out / p["dir"] / "summary.json").exists() for p in found["probes"])
+    # checked apart from the search: the same run at each rate, share of requests within both SLOs
+    slo = SLO(ttft_ms=200, tpot_ms=15)
+
+    def share(rps: float) -> float:
+        n = max(32, int(10 * rps + 0.999))  # the sweep's default: ten seconds of arrivals
+        res = asyncio.run(run(RunConfig(LoadConfig(OpenLoop(rps), n), WorkloadConfig(512, 64), "completions", slo), SimTarget()))
+        got = slo_share(res.records, slo)
+        assert got is not None
+        return got
+
+    assert share(rate) >= 0.9 > share(rate * 1.1)
+    assert "max rate meeting the SLOs" in r.output
+
+
+def test_repeats_give_each_headline_metric_an_interval_around_its_runs(tmp_path: Path) -> None:
+    out = tmp_path / "r"
+    r = sweep(["-r", "4,8", "--repeats", "3", "--no-saturation-stop", "--input-tokens", "256", "--output-tokens", "32",
+               "-n", "40", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    ix = index(out)
+    assert [p["repeat"] for p in ix["points"]] == [0, 1, 2, 0, 1, 2]
+    seeds = {json.loads((out / p["dir"] / "config.json").read_text())["load"]["seed"] for p in ix["points"][:3]}
+    assert seeds == {0, 1, 2}  # repeats draw anew
+    for agg in ix["aggregates"]:
+        runs = [p["headline"]["ttft_p50_ms"] for p in ix["points"] if p["dir"] in agg["dirs"]]
+        ci = agg["headline"]["ttft_p50_ms"]
+        assert ci["n"] == 3 and ci["ci95_low"] < ci["mean"] < ci["ci95_high"]
+        assert min(runs) < ci["mean"] < max(runs)
+    assert "±" in r.output
+
+
+class _StopAfter:
+    """A listener that sets ``stop`` after ``records`` requests of the third point."""
+
+    def __init__(self, stop: asyncio.Event, records: int) -> None:
+        self.stop, self.records, self.points, self.seen = stop, records, 0, 0
+
+    def point_started(self, entry: dict[str, Any], number: int) -> None:
+        self.points = number
+
+    def record(self, r: RequestRecord) -> None:
+        if self.points == 3:
+            self.seen += 1
+            if self.seen == self.records:
+                self.stop.set()
+
+    def point_done(self, entry: dict[str, Any]) -> None:
+        pass
+
+    def group_done(self, group: dict[str, Any]) -> None:
+        pass
+
+
+def test_a_sweep_stopped_mid_point_keeps_finished_points_and_a_valid_index(tmp_path: Path) -> None:
+    out = tmp_path / "x"
+    config = SweepConfig(
+        RunConfig(LoadConfig(ClosedLoop(1), 400), WorkloadConfig(128, 64), "completions"), SimTarget(),
+        Grid("concurrency", (1, 2, 4, 8, 16)), str(out), saturation=None, auto_requests=False,
+    )
+
+    async def go() -> Any:
+        stop = asyncio.Event()
+        return await run_sweep(config, listener=_StopAfter(stop, 5), stop=stop)
+
+    result = asyncio.run(go())
+    assert result.interrupted
+    ix = index(out)
+    assert ix == result.index and ix["complete"] is False
+    assert [p["status"] for p in ix["points"]] == ["done", "done", "stopped", "skipped", "skipped"]
+    for p in ix["points"][:2]:
+        s = json.loads((out / p["dir"] / "summary.json").read_text())
+        assert s["interrupted"] is False and s["counts"]["completed"] == 400
+    cut = json.loads((out / ix["points"][2]["dir"] / "summary.json").read_text())
+    assert cut["interrupted"] is True and 5 <= cut["counts"]["completed"] < 400
+
+
+def test_ctrl_c_mid_sweep_exits_130_with_the_index_valid(tmp_path: Path) -> None:
+    out = tmp_path / "c"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferlab", "sweep", "-c", "1,2,4,8,16,32,64", "--no-saturation-stop", "-n", "1000",
+         "--input-tokens", "128", "--output-tokens", "64", "-o", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120  # bounded wait for the first finished point
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (out / "sweep.json").exists() and index(out)["points"]:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    ix = index(out)
+    assert ix["complete"] is False
+    statuses = [p["status"] for p in ix["points"]]
+    assert statuses[0] == "done" and "skipped" in statuses and len(statuses) == 7
+    for p in ix["points"]:
+        if p["status"] in ("done", "stopped"):  # (a point stopped as it began may have none done)
+            s = json.loads((out / p["dir"] / "summary.json").read_text())
+            assert s["interrupted"] is (p["status"] == "stopped")
+            assert (s["counts"]["completed"] == 1000) is (p["status"] == "done")
+
+
+def test_a_sweep_does_not_replace_another(tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    assert sweep(["-c", "1", "-n", "2", "-o", str(out)]).exit_code == 0
+    r = sweep(["-c", "1", "-n", "2", "-o", str(out)])
+    assert r.exit_code == 2 and "holds a sweep already" in r.output
+
+
+@pytest.mark.parametrize("flags,needle", [(["--gpu", "H100,NOPE"], "unknown GPU 'NOPE'"),
+                                          (["--input-tokens", "128,lots"], "--input-tokens 'lots'"),
+                                          (["-c", "4,2"], "ascending"),
+                                          (["--trace", "x.jsonl"], "--trace"),
+                                          (["--no-saturation-stop", "--saturation-gain", "0.1"], "turns off"),
+                                          (["--find-max-rate", "--slo-ttft-ms", "100", "--ttft-growth", "3"], "not to --find-max-rate"),
+                                          (["--find-max-rate"], "needs an SLO"),
+                                          (["--slo-share", "0.5"], "needs --find-max-rate")])
+def test_settings_no_point_can_run_with_fail_before_anything_runs(tmp_path: Path, flags: list[str], needle: str) -> None:
+    r = sweep([*flags, "-n", "2", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and needle in r.output, r.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_engine_that_cannot_hold_the_model_fails_its_group_and_the_others_go_on(tmp_path: Path) -> None:
+    out = tmp_path / "tp"
+    r = sweep(["--model", "Llama-3.1-70B", "-tp", "1,4", "-c", "1,2", "-n", "4", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    ix = index(out)
+    by = {(p["params"]["tensor_parallel_size"], p["params"]["concurrency"]): p for p in ix["points"]}
+    assert by[1, 1]["status"] == "failed" and by[1, 1]["dir"] is None and "weights need" in by[1, 1]["reason"]
+    assert by[1, 2]["status"] == "skipped"
+    assert by[4, 1]["status"] == by[4, 2]["status"] == "done"
+    assert by[4, 1]["headline"]["output_tok_s_per_gpu"] == pytest.approx(by[4, 1]["headline"]["output_tok_s"] / 4)
+    assert ix["groups"][0]["stopped"]["rule"] == "failed" and ix["complete"] is True
+
+
+def test_each_finished_run_and_the_sweep_reach_the_history_hook_and_rows_show_as_points_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import inferlab.cli.sweep as cli_sweep
+
+    seen: list[str] = []
+    monkeypatch.setattr(cli_sweep, "record_history", seen.append)
+    out = tmp_path / "h"
+    r = sweep(["-c", "1,2,4", "-n", "4", "--no-saturation-stop", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    dirs = [str(out / p["dir"]) for p in index(out)["points"]]
+    assert seen == [*dirs, str(out)]
+    rows = [line.strip() for line in r.output.splitlines() if line.startswith("  c=")]
+    assert [row.split()[0] for row in rows] == ["c=1", "c=2", "c=4"] and all("done" in row for row in rows)
