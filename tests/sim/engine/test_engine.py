@@ -432,7 +432,9 @@ def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
     r = gone.step(50.0)
     assert r is not None and r.duration_s == pytest.approx(0.01 + 0.0025)
     # offline (no API server) there is no intake
-    offline = Engine(dataclasses.replace(SMALL, engine_family="vllm-v0.5", offline=True, api_overhead_s=0.0), FixedStep())
+    offline = Engine(
+        dataclasses.replace(SMALL, engine_family="vllm-v0.5", offline=True, api_overhead_s=0.0, host_speed=1.0), FixedStep()
+    )
     offline.add_request("a", prompt(32), 2, 0.0)
     r = offline.step(0.0)
     assert r is not None and r.duration_s == pytest.approx(0.01)

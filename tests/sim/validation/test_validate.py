@@ -2,6 +2,7 @@
 golden bound on the simulator's median errors over a fast subset of published rows."""
 
 import csv
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -359,8 +360,8 @@ class FixedStep:
 
 
 def test_closed_loop_keeps_each_user_busy_with_one_request() -> None:
-    engine = Engine(
-        EngineConfig(max_model_len=512, api_overhead_s=0.0), FixedStep(), record_token_times=True
+    engine = Engine(  # (an infinitely fast host: no front-end CPU)
+        EngineConfig(max_model_len=512, api_overhead_s=0.0, host_speed=math.inf), FixedStep(), record_token_times=True
     )
     jobs = [(32, 5)] * 7
     timelines = _serve(engine, jobs, None, users=3)
@@ -376,7 +377,7 @@ def test_closed_loop_keeps_each_user_busy_with_one_request() -> None:
 
 
 def test_open_loop_requests_arrive_on_schedule() -> None:
-    engine = Engine(EngineConfig(max_model_len=512, api_overhead_s=0.0), FixedStep())
+    engine = Engine(EngineConfig(max_model_len=512, api_overhead_s=0.0, host_speed=math.inf), FixedStep())
     timelines = _serve(engine, [(16, 2)] * 3, [0.0, 1.0, 2.5], users=1)
     assert [t.arrival_s for t in timelines] == [0.0, 1.0, 2.5]
     assert [t.first_token_s for t in timelines] == pytest.approx([0.01, 1.01, 2.51])
