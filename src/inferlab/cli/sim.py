@@ -80,6 +80,9 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=None, show_default="the family's: on, except vllm-v0/v0.5 (only above 32,768 tokens of context) and lmdeploy", help="Split long prompts over steps."),
         click.option("--num-scheduler-steps", type=int, default=1, show_default=True, help="vLLM 0.6 multi-step scheduling: a decode batch runs this many steps before the scheduler runs again; new requests wait for the group to end."),
         click.option("--overlap-schedule/--no-overlap-schedule", default=None, show_default="the family's: on for sglang", help="The host schedules the next step while the GPU runs this one (SGLang's overlap scheduler, vLLM's --async-scheduling): a request arriving mid-step waits one step more."),
+        click.option("--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl", default=None, show_default="the family's: on for vllm (as vLLM 0.32)", help="Admit a waiting or preempted request only when free KV blocks hold its whole current sequence, not just its first chunk (vLLM's flag)."),
+        click.option("--evict-unhashed-first/--no-evict-unhashed-first", default=None, show_default="the family's: on for vllm (as vLLM 0.24 on)", help="A freed KV block without a prefix hash (a partly filled tail) goes to the front of the free queue, reused before cached blocks; off: every freed block goes to the back."),
+        click.option("--num-gpu-blocks-override", type=click.IntRange(min=1), default=None, help="KV cache of exactly N blocks instead of what memory holds, as vLLM's flag: the vllm family keeps one as its null block (N - 1 hold tokens)."),
         click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
         click.option("--dtype", default=d.dtype.value, show_default=True, callback=_parsed(DType.parse), help="Activation and unquantized weight type: auto, bfloat16 (bf16), float16 (fp16, half)."),
         click.option("--quantization", "-q", default=None, callback=_parsed(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
@@ -328,6 +331,17 @@ def _tokens_short(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}"
 
 
+def _family_switches_changed(engine: Engine) -> list[str]:
+    """The KV admission and free-queue switches where they differ from the family's."""
+    e, rules = engine.config, engine.config.engine_family.rules
+    parts = []
+    if e.scheduler_reserve_full_isl != rules.reserve_full_sequence:
+        parts.append("full-sequence admission " + ("on" if e.scheduler_reserve_full_isl else "off"))
+    if e.evict_unhashed_first != rules.evict_unhashed_first and e.enable_prefix_caching:
+        parts.append("unhashed blocks reused first " + ("on" if e.evict_unhashed_first else "off"))
+    return parts
+
+
 def engine_line(engine: Engine) -> str:
     """The resolved engine sizes in one line, so defaults are never a guess."""
     e, lim = engine.config, engine.limits
@@ -342,8 +356,13 @@ def engine_line(engine: Engine) -> str:
         *([] if lim.mixed_batches else ["prefill and decode steps apart"]),
         *([f"{lim.num_scheduler_steps} decode steps per schedule"] if lim.num_scheduler_steps > 1 else []),
         *(["overlap scheduling"] if e.overlap_schedule else []),
+        *_family_switches_changed(engine),
         f"{lim.max_num_seqs:,} seqs",
-        f"KV {engine.kv_capacity_tokens:,} tokens",
+        f"KV {engine.kv_capacity_tokens:,} tokens" + (
+            f" ({engine.num_kv_blocks:,} blocks of {e.block_size}"
+            + (" + the null block" if e.engine_family.rules.null_block else "") + ")"
+            if e.num_gpu_blocks_override is not None else ""
+        ),
         "eager" if e.enforce_eager else "CUDA graphs",
         "offline (no API server)" if e.offline else _front_end_words(engine),
         *([f"{e.engine_family} defaults and constants"] if e.engine_family is not EngineFamily.VLLM else []),

@@ -258,6 +258,7 @@ class Client:
         generated text, if given). Never raises, except ``CancelledError`` (the record
         is then marked ``CANCELLED``)."""
         record.session, record.turn = spec.session, spec.turn
+        record.prefix_group, record.prefix_tokens = spec.prefix_group, spec.prefix_tokens
         record.requested_input_tokens = spec.input_tokens
         record.requested_output_tokens = spec.max_tokens
         body = json.dumps(request_body(self.endpoint, spec)).encode()

@@ -202,7 +202,8 @@ class Dispatcher:
     def _start(self, send: Send) -> None:
         assert self.launcher is not None
         record = RequestRecord(
-            index=send.index, warmup=send.warmup, intended_send_ns=round(send.intended_s * NS_PER_S)
+            index=send.index, warmup=send.warmup, intended_send_ns=round(send.intended_s * NS_PER_S),
+            user=send.user,
         )
         self.in_flight += 1
         self.launcher.launch(send, record, [] if self.policy.wants_answers else None)

@@ -13,6 +13,9 @@ policies, so ``bench`` and ``sim run`` send the same requests at the same moment
 - ``OpenLoopPolicy``: requests at given arrival times (a schedule's draws, a trace's
   timestamps); ``max_concurrency`` holds a request back until a slot frees, so the hold
   shows as queue delay.
+- ``UserReplayPolicy``: a recorded closed loop replayed as it ran: each user sends its
+  recorded requests in order, the first at its recorded time, each next one when the
+  previous one ends.
 - ``SessionPolicy``: multi-turn sessions; each turn is sent ``think_time_s`` after the
   previous answer, closed loop (users running sessions back to back) or with sessions
   arriving at given times.
@@ -43,13 +46,15 @@ Answer = tuple[str, int]
 class Send:
     """One request to send. ``index`` counts sends from 0 (warm-up ones first);
     ``intended_s`` is when the schedule meant it to go and ``at_s`` when it may go
-    (later when a concurrency cap held it back), both in seconds from the run's start."""
+    (later when a concurrency cap held it back), both in seconds from the run's start.
+    ``user``: the closed-loop user sending it (None: not a closed loop)."""
 
     index: int
     spec: RequestSpec
     intended_s: float
     at_s: float
     warmup: bool = False
+    user: int | None = None
 
 
 class Policy(Protocol):
@@ -90,7 +95,8 @@ class ClosedLoopPolicy:
     def __init__(
         self, users: int, specs: Iterator[RequestSpec], *, total: int | None, warmup: int, duration_s: float | None
     ) -> None:
-        self._ready = [0.0] * users  # when each idle user sends next (a heap)
+        self._ready = [(0.0, u) for u in range(users)]  # (when, user): each idle user's next send (a heap)
+        self._users: dict[int, int] = {}  # send index -> its user, while in flight
         self._specs = specs
         self._total = total
         self._warmup = warmup
@@ -103,7 +109,7 @@ class ClosedLoopPolicy:
 
     def due(self, now_s: float) -> Iterator[Send]:
         ready, total = self._ready, self._total
-        while ready and ready[0] <= now_s and (total is None or self._sent < total):
+        while ready and ready[0][0] <= now_s and (total is None or self._sent < total):
             first = self._first_measured_s
             if self._duration_s is not None and first is not None and now_s >= first + self._duration_s:
                 ready.clear()
@@ -112,20 +118,68 @@ class ClosedLoopPolicy:
             if spec is None:  # a dataset sampled without replacement ran out
                 ready.clear()
                 return
-            t = heapq.heappop(ready)
+            t, user = heapq.heappop(ready)
             i = self._sent
             if i == self._warmup:
                 self._first_measured_s = t
             self._sent = i + 1
-            yield Send(i, spec, t, t, i < self._warmup)
+            self._users[i] = user
+            yield Send(i, spec, t, t, i < self._warmup, user)
 
     def ended(self, index: int, end_s: float, answer: Answer | None) -> None:
-        heapq.heappush(self._ready, end_s)  # the user sends its next request
+        heapq.heappush(self._ready, (end_s, self._users.pop(index)))  # the user sends its next request
 
     def next_s(self) -> float | None:
         if not self._ready or (self._total is not None and self._sent >= self._total):
             return None
-        return self._ready[0]
+        return self._ready[0][0]
+
+
+class UserReplayPolicy:
+    """A recorded closed loop, replayed as it ran: ``requests`` are ``(arrival_s, user,
+    spec)`` in recorded order; each user sends its own in that order, the first at its
+    recorded time, each next one when its previous one ends (so a slower or faster
+    server changes the sends as it changed them in the run). The first ``warmup`` sends
+    are warm-up. ``trace_positions[i]`` is the position in ``requests`` of send ``i``
+    (sends need not go in recorded order)."""
+
+    wants_answers = False
+
+    def __init__(self, requests: Sequence[tuple[float, int, RequestSpec]], *, warmup: int) -> None:
+        self._queues: dict[int, list[tuple[float, RequestSpec, int]]] = {}
+        for pos, (t, user, spec) in enumerate(requests):
+            self._queues.setdefault(user, []).append((t, spec, pos))
+        self.trace_positions: list[int] = []
+        for q in self._queues.values():
+            q.reverse()  # (popped from the end)
+        # (when, user): each idle user's next send, from its first recorded time
+        self._ready = [(q[-1][0], u) for u, q in self._queues.items()]
+        heapq.heapify(self._ready)
+        self._users: dict[int, int] = {}  # send index -> its user, while in flight
+        self._warmup = warmup
+        self._sent = 0
+
+    def start_s(self) -> float:
+        return self._ready[0][0] if self._ready else 0.0
+
+    def due(self, now_s: float) -> Iterator[Send]:
+        ready = self._ready
+        while ready and ready[0][0] <= now_s:
+            t, user = heapq.heappop(ready)
+            _, spec, pos = self._queues[user].pop()
+            self.trace_positions.append(pos)
+            i = self._sent
+            self._sent = i + 1
+            self._users[i] = user
+            yield Send(i, spec, t, t, i < self._warmup, user)
+
+    def ended(self, index: int, end_s: float, answer: Answer | None) -> None:
+        user = self._users.pop(index)
+        if self._queues[user]:
+            heapq.heappush(self._ready, (end_s, user))
+
+    def next_s(self) -> float | None:
+        return self._ready[0][0] if self._ready else None
 
 
 class OpenLoopPolicy:
@@ -268,8 +322,19 @@ def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Trace | Sess
         raise UsageError("a trace (timed requests) goes with the replay schedule, and only with it")
     if isinstance(workload, Trace):
         times = replay_times_s(workload.requests, load)
-        timed = sorted(zip(times, (t.spec for t in workload), strict=False), key=_first)
         cap = None if isinstance(s, ClosedLoop) else s.max_concurrency
+        senders = [t.user for t in workload.requests[: len(times)]]
+        if times and all(u is not None for u in senders):  # a recorded closed loop
+            if cap is not None:
+                raise UsageError(
+                    "the trace is a closed loop (its requests.jsonl names each request's user): it replays "
+                    "with its own users; --max-concurrency does not apply"
+                )
+            return UserReplayPolicy(
+                [(t, u, ts.spec) for t, u, ts in zip(times, senders, workload.requests, strict=False) if u is not None],
+                warmup=load.warmup,
+            )
+        timed = sorted(zip(times, (t.spec for t in workload), strict=False), key=_first)
         return OpenLoopPolicy(iter(timed), max_concurrency=cap, warmup=load.warmup)
     if isinstance(s, ClosedLoop):
         return ClosedLoopPolicy(s.concurrency, workload, total=total, warmup=load.warmup, duration_s=load.duration_s)

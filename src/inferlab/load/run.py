@@ -26,7 +26,7 @@ from inferlab._clock import Clock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
 from inferlab.load.http import Outcome
-from inferlab.load.policy import Policy, make_policy
+from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.openai.request import Api, check_extra_body
 from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load
@@ -173,6 +173,7 @@ async def run(
                 outcome.records, workload, config=prepared.config_json, slo=config.slo,
                 interrupted=outcome.interrupted,
                 preflight=prepared.preflight if isinstance(target, HttpTarget) else OMITTED, wcfg=wcfg,
+                trace_positions=policy.trace_positions if isinstance(policy, UserReplayPolicy) else None,
                 client=outcome.client if isinstance(target, HttpTarget) else None,
             )
             if prepared.engine is not None:  # simulated: each headline metric's error band
@@ -482,12 +483,14 @@ def run_summary(
     preflight: Preflight | Omitted | None = OMITTED,
     wcfg: WorkloadConfig | None = None,
     client: Sequence[ProcessLoad] | None = None,
+    trace_positions: Sequence[int] | None = None,
 ) -> Summary:
     """The summary of a run of ``workload``, ``bench`` and ``sim run`` alike: the
     metrics, a replayed trace's own measurements compared, a dataset's caveats and, for
     a run against a server (``preflight`` given, None: no probe), what the probe learned
-    about ``wcfg``'s prompts and, from ``client``, whether the client kept up."""
-    trace = compare_with_trace(records, workload.requests) if isinstance(workload, Trace) else OMITTED
+    about ``wcfg``'s prompts and, from ``client``, whether the client kept up.
+    ``trace_positions``: each send's position in the trace, when not its index."""
+    trace = compare_with_trace(records, workload.requests, trace_positions) if isinstance(workload, Trace) else OMITTED
     last = workload.warnings() if isinstance(workload, DatasetWorkload) else []
     overhead = preflight.prompt_overhead_tokens if isinstance(preflight, Preflight) else None
     if wcfg is None or (wcfg.shares_prefixes and not wcfg.fixed_prompt):

@@ -179,6 +179,9 @@ class SimulatedServer:
             usage_source="engine",
             session=spec.session,
             turn=spec.turn,
+            user=send.user,
+            prefix_group=spec.prefix_group,
+            prefix_tokens=spec.prefix_tokens,
         )
         try:
             out = self.output_len(ids, spec)
@@ -243,6 +246,8 @@ class SimulatedServer:
             r.output_tokens = len(r.content_ns)
             r.cached_tokens = tl.cached_tokens
             r.finish_reason = "length"
+            # the engine's own view, as the simulated server reports it (received at arrival)
+            r.server_timeline = tl.to_json_ms(tl.arrival_s)
             self.finish(r)
             if answers is not None:
                 answers.append(self._answer(r.output_tokens))

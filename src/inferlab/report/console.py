@@ -133,11 +133,12 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
     if s.goodput_rps is not None:
         rows.append(("goodput", f"{_fmt(s.goodput_rps, 2)} req/s within SLO"))
     sv = s.server_timeline
-    if sv is not None:
+    # (in virtual time no client stands between: the two are the same, nothing to show)
+    if sv is not None and max(abs(sv.ttft_error_ms.min), abs(sv.ttft_error_ms.max)) >= 0.01:
         err = sv.ttft_error_ms
         rows.append((
             "client vs server TTFT",
-            f"+{_fmt(err.p50, 2)} ms p50, +{_fmt(err.p99, 2)} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms)",
+            f"{err.p50:+,.2f} ms p50, {err.p99:+,.2f} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms)",
         ))
     if isinstance(s.client, ClientLoad):
         rows.append(("client", _client_line(s.client)))

@@ -56,6 +56,12 @@ class RequestRecord:
     server_timeline: dict[str, Any] | None = None  # the sim's own view of this request
     session: int | None = None  # multi-turn workloads: which session, and which turn (from 0)
     turn: int | None = None
+    # what a replay needs to send the run again as it ran: the closed-loop user that sent
+    # it, and the workload's prefix group (prompts of a group share their first
+    # ``prefix_tokens`` tokens; None: the whole prompt)
+    user: int | None = None
+    prefix_group: str | None = None
+    prefix_tokens: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -24,6 +24,9 @@ class RequestSpec:
     ``context`` holds earlier ``(role, content)`` messages (a dataset's conversation, a
     session's previous turns) between the system prompt and ``prompt``, the new user
     message. ``session``/``turn`` identify a multi-turn session's request.
+    ``prefix_group`` names the prompts that start alike: those of a group share their
+    first ``prefix_tokens`` tokens (None: the whole prompt, the same every time); a run
+    records both, so that a replay shares what the run shared.
     """
 
     prompt: str | list[int]
@@ -35,6 +38,8 @@ class RequestSpec:
     context: tuple[tuple[str, str], ...] = ()
     session: int | None = None
     turn: int | None = None
+    prefix_group: str | None = None
+    prefix_tokens: int | None = None
 
     def messages(self) -> list[dict[str, str]]:
         if not isinstance(self.prompt, str):
@@ -63,11 +68,14 @@ class Measured:
 @dataclass(frozen=True)
 class TimedSpec:
     """A request with a fixed arrival time, in seconds from the run's start (traces);
-    ``measured`` holds the trace's own latencies for it, when the trace has them."""
+    ``measured`` holds the trace's own latencies for it, when the trace has them.
+    ``user``: the closed-loop user that sent it (a run's ``requests.jsonl``): a replay
+    sends a user's requests one after another, each when the previous one ends."""
 
     arrival_s: float
     spec: RequestSpec
     measured: Measured | None = None
+    user: int | None = None
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,10 @@ class SharedPrefixWorkload:
                 self.builder.segment(f"suffix:{self.seed}:{i}", s),
             ]
             prompt, n = self.builder.join(segs)
-            yield RequestSpec(prompt, out, self.exact_output and out is not None, n)
+            yield RequestSpec(
+                prompt, out, self.exact_output and out is not None, n,
+                prefix_group=str(g), prefix_tokens=self.prefix_tokens,
+            )
 
 
 @dataclass(frozen=True)
@@ -92,4 +95,4 @@ class FixedPromptWorkload:
         rng = random.Random(self.seed)
         while True:
             out = None if self.output_tokens is None else self.output_tokens.sample(rng)
-            yield RequestSpec(self.prompt, out, self.exact_output and out is not None)
+            yield RequestSpec(self.prompt, out, self.exact_output and out is not None, prefix_group="fixed")

@@ -18,6 +18,8 @@ class Req:
         self.block_hashes = hash_blocks(tokens, BS)
         self.num_cached_blocks = 0
         self.hash_salt = salt
+        self.num_computed_tokens = len(tokens)  # (as the scheduler has it when it frees)
+        self.num_preemptions = 0
 
     @property
     def num_tokens(self) -> int:
@@ -215,14 +217,17 @@ def test_random_workload_never_leaks_or_double_frees(manager: Manager) -> None:
     assert kv.num_free_blocks == kv.num_blocks and kv.usage == 0.0
 
 
-def test_fast_paths_match_the_reference_block_manager() -> None:
+@pytest.mark.parametrize("unhashed_first", [False, True])
+def test_fast_paths_match_the_reference_block_manager(unhashed_first: bool) -> None:
     # the same random operations on twin requests: every block id, hit, refusal and the
     # free queue's order must agree (bulk takes, one-block takes, frees with and without
-    # shared blocks, registration in bulk and one by one, salted generated blocks)
+    # shared blocks, registration in bulk and one by one, salted generated blocks; with
+    # unhashed blocks put at the front, partly filled tails freed)
     for seed in range(30):
         rng = random.Random(seed)
         num_blocks = rng.randint(8, 120)
-        kv, ref = KVCacheManager(num_blocks, BS), BlockManager(num_blocks, BS)
+        kv = KVCacheManager(num_blocks, BS, evict_unhashed_first=unhashed_first)
+        ref = BlockManager(num_blocks, BS, evict_unhashed_first=unhashed_first)
         prefixes = [toks(rng.randint(0, 100), 1000 * i) for i in range(rng.randint(1, 5))]
         live: list[tuple[Req, Req, int]] = []  # (fast, simple, tokens allocated)
         for salt in range(1, 1500):  # (long enough to prune stale hashes)
@@ -233,9 +238,11 @@ def test_fast_paths_match_the_reference_block_manager() -> None:
                 hits = kv.lookup(a)
                 assert hits == ref.lookup(b)
                 n = len(hits) * BS + rng.randint(1, a.num_tokens - len(hits) * BS)
+                assert kv.can_allocate(a, n, hits) == ref.can_allocate(b, n, hits)
                 ok = kv.allocate(a, n, hits)
                 assert ok == ref.allocate(b, n, hits)
                 if ok:
+                    a.num_computed_tokens = b.num_computed_tokens = n
                     live.append((a, b, n))
             elif op < 0.55 and live:
                 i = rng.randrange(len(live))
@@ -249,6 +256,7 @@ def test_fast_paths_match_the_reference_block_manager() -> None:
                     ok = kv.allocate(a, grown)
                     assert ok == ref.allocate(b, grown)
                 if ok:
+                    a.num_computed_tokens = b.num_computed_tokens = grown
                     live[i] = (a, b, grown)
             elif op < 0.65 and live:  # preempted: generated blocks registered, then freed
                 a, b, n = live.pop(rng.randrange(len(live)))
@@ -267,3 +275,49 @@ def test_fast_paths_match_the_reference_block_manager() -> None:
             assert {h: b for b, h in kv._block_hash.items() if h is not None} == ref.cached
             assert all(kv._holder(h) == b for h, b in ref.cached.items())
             kv.check_invariants()
+
+
+def test_unhashed_blocks_go_to_the_front_hashed_ones_to_the_back(manager: Manager) -> None:
+    # vLLM's free queue: a partly filled tail (no hash) is reused first, full blocks wait
+    # at the back (least recently freed first), so cached prefixes live longer
+    for unhashed_first in (True, False):
+        kv = manager(4, BS, evict_unhashed_first=unhashed_first)
+        c, a = Req(toks(16, 5000)), Req(toks(40))  # one full block; two and a tail of 8
+        assert kv.allocate(c, 16) and kv.allocate(a, 40)
+        kv.free(c)
+        kv.free(a)
+        tail = 3  # (c took block 0, a blocks 1 to 3)
+        if unhashed_first:
+            assert _free_order(kv) == [tail, 0, 2, 1]
+        else:
+            assert _free_order(kv) == [0, tail, 2, 1]
+        # the next block taken is the tail, or c's cached prefix
+        assert kv.allocate(Req(toks(16, 900)), 16)
+        assert len(kv.lookup(Req(toks(17, 5000)))) == (1 if unhashed_first else 0)
+
+
+def test_a_block_is_hashed_once_full_of_computed_tokens(manager: Manager) -> None:
+    # what decides the front: computed tokens, not the tokens the request will have
+    kv = manager(4, BS, evict_unhashed_first=True)
+    a = Req(toks(32))
+    assert kv.allocate(a, 32)
+    a.num_computed_tokens = 20  # preempted mid-prefill: block 1 is partly computed
+    first, second = a.block_ids
+    kv.free(a)
+    assert _free_order(kv) == [second, 2, 3, first]
+
+
+def test_a_re_admission_after_preemption_counts_apart(manager: Manager) -> None:
+    kv = manager(8, BS)
+    a = Req(toks(40))
+    assert kv.allocate(a, 40)
+    kv.free(a)
+    again = Req(toks(40))
+    again.num_preemptions = 1
+    assert kv.allocate(again, 40, kv.lookup(again))
+    assert (kv.prefix_queries_tokens, kv.prefix_hits_tokens) == (40, 0)
+    assert (kv.preempted_queries_tokens, kv.preempted_hits_tokens) == (40, 32)
+
+
+def _free_order(kv: KVCacheManager | BlockManager) -> list[int]:
+    return list(kv._free) if isinstance(kv, KVCacheManager) else list(kv.free_queue)

@@ -48,7 +48,8 @@ def test_vllm_gives_the_kv_cache_what_utilization_leaves_after_weights_and_activ
     assert sizes.weight_bytes == weight_bytes_per_rank(model, 1)
     assert sizes.reserve_bytes == activation_reserve_bytes(model, 1, 8192, 1024)  # H100 serving defaults
     block_bytes = kv_bytes_per_token(model, 1) * 16
-    assert sizes.num_kv_blocks == int((0.9 * gpu.hbm_bytes - sizes.weight_bytes - sizes.reserve_bytes) // block_bytes)
+    # less the null block vLLM V1 keeps out of what memory holds
+    assert sizes.num_kv_blocks == int((0.9 * gpu.hbm_bytes - sizes.weight_bytes - sizes.reserve_bytes) // block_bytes) - 1
     # the context is capped to what the cache holds; the served API cost is the family's
     assert sizes.max_model_len == min(model.max_position_embeddings, sizes.num_kv_blocks * 16)
     eff = resolved.efficiencies
@@ -89,7 +90,14 @@ def test_sizing_refuses_what_vllm_refuses() -> None:
         size_engine(resolve(dataclasses.replace(LLAMA8B, max_model_len=4096, num_gpu_blocks_override=100)))
     with pytest.raises(ValueError, match="must be greater than or equal to max_num_seqs"):
         size_engine(resolve(dataclasses.replace(LLAMA8B, max_num_batched_tokens=64, max_num_seqs=128)))
-    assert size_engine(resolve(dataclasses.replace(LLAMA8B, max_model_len=1600, num_gpu_blocks_override=100))).num_kv_blocks == 100
+    # vLLM's meaning of the override: N blocks, one of them the null block (vLLM V1 only)
+    assert size_engine(resolve(dataclasses.replace(LLAMA8B, max_model_len=1584, num_gpu_blocks_override=100))).num_kv_blocks == 99
+    with pytest.raises(ValueError, match="larger than the maximum number of tokens"):
+        size_engine(resolve(dataclasses.replace(LLAMA8B, max_model_len=1600, num_gpu_blocks_override=100)))
+    trtllm = dataclasses.replace(LLAMA8B, engine_family="trtllm", max_model_len=1600, num_gpu_blocks_override=100)
+    assert size_engine(resolve(trtllm)).num_kv_blocks == 100
+    with pytest.raises(ValueError, match=r"leaves no KV block for tokens \(one is the null block"):
+        size_engine(resolve(dataclasses.replace(LLAMA8B, max_model_len=16, num_gpu_blocks_override=1)))
 
 
 def test_resolve_refuses_flags_and_names_before_sizing() -> None:

@@ -123,9 +123,14 @@ def run_side_by_side(seed: int) -> Counter[str]:
     every call. Returns counts of what the steady scheduler met (``seen``)."""
     rng = random.Random(seed)
     config, bs, num_blocks, caching = random_config(rng)
+    # vLLM 0.32's admission and free-queue order, each on or off (drawn apart, so that the
+    # draws above stay those of each seed)
+    aux = random.Random(-1 - seed)
+    config = dataclasses.replace(config, reserve_full_sequence=aux.random() < 0.5)
+    unhashed_first = aux.random() < 0.5
     # the plain reference throughout against the engine's pair
-    ref = Scheduler(config, BlockManager(num_blocks, bs, caching))
-    fast = SteadyScheduler(config, KVCacheManager(num_blocks, bs, caching))
+    ref = Scheduler(config, BlockManager(num_blocks, bs, caching, unhashed_first))
+    fast = SteadyScheduler(config, KVCacheManager(num_blocks, bs, caching, unhashed_first))
     scheds: tuple[Scheduler, Scheduler] = (ref, fast)
     workload = random_workload(rng, config.max_model_len)
     lazy_off = rng.choice([0.0, 0.0, 0.05, 0.3, 1.0])
@@ -247,6 +252,11 @@ def _random_engine_run(seed: int, scheduler: str) -> tuple[Any, ...]:
         num_scheduler_steps=rng.choice([1, 1, 4]),
         overlap_schedule=rng.choice([None, True, False]),
         api_overhead_s=rng.choice([0.0, 0.003]),
+    )
+    aux = random.Random(-1 - seed)  # (drawn apart, so that the draws above stay those of each seed)
+    config = dataclasses.replace(
+        config, scheduler_reserve_full_isl=aux.choice([None, True, False]),
+        evict_unhashed_first=aux.choice([None, True, False]),
     )
     engine = Engine(config, record_token_times=True)
     engine.steady_decodes = scheduler == "steady"

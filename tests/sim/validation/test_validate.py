@@ -393,7 +393,7 @@ def test_prompts_share_no_prefix_but_a_preempted_request_finds_its_own_blocks() 
     # preempted, and when it runs again it finds its own blocks instead of computing them
     cached = Engine(EngineConfig(max_model_len=256, api_overhead_s=0.0, num_gpu_blocks_override=24), FixedStep())
     _serve(cached, [(64, 150)] * 2, [0.0] * 2, users=1)
-    assert cached.preemptions_total > 0 and cached.prefix_hits_tokens >= 64
+    assert cached.preemptions_total > 0 and cached.preempted_hits_tokens >= 64
     flags = parse_row(row(engine_config="python -m sglang.launch_server --disable-radix-cache")).engine_flags
     assert ("enable_prefix_caching", 0.0) in flags
     assert ("enable_prefix_caching", 1.0) in parse_row(row(engine_config="--enable-prefix-caching")).engine_flags

@@ -12,6 +12,14 @@ them, in token order. The policy:
   hash: until it is reused (least recently freed first, which evicts the hash) a later
   request with the same prefix can claim it again.
 - A request's blocks are freed tail first, so a prefix's head outlives its tail.
+- ``evict_unhashed_first`` (vLLM from 0.24 on, with prefix caching): a freed block that
+  is not full of computed tokens (a partly filled tail; vLLM gives it no hash) goes to
+  the *front* of the free queue instead, to be reused before any cached block. Full
+  blocks are the ones vLLM hashes, generated ones included (this manager registers
+  those only on preemption: the position in the queue is the same either way).
+- Prefix-cache counters (``prefix_queries_tokens``, ``prefix_hits_tokens``) count a
+  request's first allocation; a preempted request's re-admission counts apart
+  (``preempted_queries_tokens``, ``preempted_hits_tokens``), as vLLM's do.
 
 ``kvcache.KVCacheManager`` is the same manager with fast paths (the engine's); it is
 tested against this one operation by operation.
@@ -53,6 +61,8 @@ class KVRequest(Protocol):
     block_hashes: list[int]  # chained hashes of its full blocks known so far
     num_cached_blocks: int  # leading blocks already registered in the prefix cache
     hash_salt: int  # makes hashes of blocks holding generated tokens unique to the request
+    num_computed_tokens: int  # tokens whose KV is in its blocks (the rest: a partly filled tail)
+    num_preemptions: int  # times it was preempted (a re-admission's lookups count apart)
 
     @property
     def num_tokens(self) -> int:
@@ -65,18 +75,25 @@ class BlockManager:
 
     Every block is either free (count 0, in ``free_queue``) or in use (count > 0)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+        evict_unhashed_first: bool = False,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of one token ({num_blocks=}, {block_size=})")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # (without prefix caching no block is ever hit: the order is not observable)
+        self.evict_unhashed_first = evict_unhashed_first and enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks  # the prefix a block holds
         self.cached: dict[int, int] = {}  # prefix hash -> the block holding it
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.prefix_queries_tokens = 0
         self.prefix_hits_tokens = 0
+        self.preempted_queries_tokens = 0
+        self.preempted_hits_tokens = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -101,19 +118,30 @@ class BlockManager:
             hits.append(self.cached[h])
         return hits
 
+    def can_allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
+        """Whether ``allocate(req, num_tokens, cached)`` would succeed now: the new blocks,
+        plus the ``cached`` ones sitting in the free queue, are free."""
+        num_new = -(-num_tokens // self.block_size) - len(req.block_ids) - len(cached)
+        reclaimable = sum(1 for b in cached if self.ref_counts[b] == 0)  # cached but free
+        return num_new <= len(self.free_queue) - reclaimable
+
     def allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
         """Give ``req`` blocks for its first ``num_tokens`` tokens, claiming ``cached``
         (from ``lookup``) first when it has no blocks yet; register the prefix hashes of
         the blocks that are now full. Returns False and changes nothing when there are not
         enough free blocks. A request's first allocation counts a prefix-cache query of
-        ``req.num_tokens`` tokens with ``len(cached) * block_size`` hits."""
-        num_new = -(-num_tokens // self.block_size) - len(req.block_ids) - len(cached)
-        reclaimable = sum(1 for b in cached if self.ref_counts[b] == 0)  # cached but free
-        if num_new > len(self.free_queue) - reclaimable:
+        ``req.num_tokens`` tokens with ``len(cached) * block_size`` hits (after a
+        preemption: in the ``preempted_`` counters)."""
+        if not self.can_allocate(req, num_tokens, cached):
             return False
+        num_new = -(-num_tokens // self.block_size) - len(req.block_ids) - len(cached)
         if not req.block_ids and self.enable_prefix_caching:
-            self.prefix_queries_tokens += req.num_tokens
-            self.prefix_hits_tokens += len(cached) * self.block_size
+            if req.num_preemptions:
+                self.preempted_queries_tokens += req.num_tokens
+                self.preempted_hits_tokens += len(cached) * self.block_size
+            else:
+                self.prefix_queries_tokens += req.num_tokens
+                self.prefix_hits_tokens += len(cached) * self.block_size
         for b in cached:
             if self.ref_counts[b] == 0:
                 del self.free_queue[b]
@@ -169,14 +197,25 @@ class BlockManager:
         self._register(req, num_computed_tokens)
 
     def free(self, req: KVRequest) -> None:
-        """Release ``req``'s blocks, tail first; freed blocks keep their hash. Raises
-        ``RuntimeError`` on a double free."""
-        for b in reversed(req.block_ids):
+        """Release ``req``'s blocks, tail first; freed blocks keep their hash. With
+        ``evict_unhashed_first``, those not full of computed tokens go to the front of the
+        free queue (in that order), the others to the back. Raises ``RuntimeError`` on a
+        double free."""
+        full = req.num_computed_tokens // self.block_size
+        front: list[int] = []
+        for i in reversed(range(len(req.block_ids))):
+            b = req.block_ids[i]
             if self.ref_counts[b] <= 0:
                 raise RuntimeError(f"block {b} freed twice")
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
-                self.free_queue[b] = None
+                if self.evict_unhashed_first and i >= full:
+                    front.append(b)
+                else:
+                    self.free_queue[b] = None
+        for b in reversed(front):  # (the first freed ends up first)
+            self.free_queue[b] = None
+            self.free_queue.move_to_end(b, last=False)
         req.block_ids = []
         req.num_cached_blocks = 0
 

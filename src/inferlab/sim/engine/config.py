@@ -54,7 +54,9 @@ class EngineConfig:
     efficiencies_path: str | None = None
     engine_family: EngineFamily = EngineFamily.VLLM
     api_overhead_s: float | None = None  # per-request API cost before queueing; None: the family's
-    num_gpu_blocks_override: int | None = None  # fix the KV cache size (tests, what-ifs)
+    # fix the KV cache size (tests, what-ifs), in vLLM's meaning: blocks allocated, of
+    # which vLLM V1 keeps one as its null block (``FamilyRules.null_block``)
+    num_gpu_blocks_override: int | None = None
     # TRT-LLM / LMDeploy size the KV cache as this share of the memory left after weights
     # and activations (not gpu_memory_utilization of the GPU); None: the family's way
     kv_cache_free_fraction: float | None = None
@@ -70,6 +72,12 @@ class EngineConfig:
     # on by default since 0.4; vLLM's --async-scheduling): a request that arrives during
     # a step is seen one step later. None: the family's way (on for sglang)
     overlap_schedule: bool | None = None
+    # vLLM's --scheduler-reserve-full-isl: a waiting or preempted request is admitted only
+    # when free KV blocks hold its whole current sequence. None: the family's (on for vllm)
+    scheduler_reserve_full_isl: bool | None = None
+    # a freed KV block without a prefix hash (a partly filled tail) goes to the front of
+    # the free queue, reused before cached blocks (vLLM from 0.24). None: the family's
+    evict_unhashed_first: bool | None = None
     # the API front end (``frontend``): how many API server processes share intake and
     # streaming (vLLM's --api-server-count), and how fast this host's CPU is against the
     # typical host the family's front-end constants were fitted on (2.0: twice as fast)
@@ -144,7 +152,8 @@ def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> Eng
 
 def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len: int) -> EngineConfig:
     """``config`` with the on/off switches it leaves open (chunked prefill, prefix
-    caching, mixed batches, overlap scheduling) set to its engine family's defaults."""
+    caching, mixed batches, overlap scheduling, full-sequence admission, free-queue
+    order) set to its engine family's defaults."""
     chunked = _given_or(config.enable_chunked_prefill, rules.chunked_prefill_default(declared_len))
     return dataclasses.replace(
         config,
@@ -152,6 +161,8 @@ def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len
         enable_prefix_caching=_given_or(config.enable_prefix_caching, rules.prefix_caching),
         mixed_batches=_given_or(config.mixed_batches, rules.mixes_batches(chunked)),
         overlap_schedule=_given_or(config.overlap_schedule, rules.overlap_schedule),
+        scheduler_reserve_full_isl=_given_or(config.scheduler_reserve_full_isl, rules.reserve_full_sequence),
+        evict_unhashed_first=_given_or(config.evict_unhashed_first, rules.evict_unhashed_first),
     )
 
 
@@ -166,7 +177,8 @@ def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
         raise ValueError("tensor_parallel_size must be at least 1")
     if not 0.0 < config.gpu_memory_utilization <= 1.0:
         raise ValueError("gpu_memory_utilization must be in (0, 1]")
-    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size", "num_scheduler_steps"):
+    for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size", "num_scheduler_steps",
+                 "num_gpu_blocks_override"):
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1")

@@ -50,6 +50,22 @@ class RequestTimeline:
     output_tokens: int
     token_times_s: list[float] = field(default_factory=list)  # filled with record_token_times
 
+    def to_json_ms(self, received_s: float) -> dict[str, float | int | None]:
+        """The timeline as the simulated server reports it (``inferlab_timeline``): times
+        in ms since ``received_s``, when the server received the request (4 decimals)."""
+
+        def ms(t: float | None) -> float | None:
+            return None if t is None else round((t - received_s) * 1e3, 4)
+
+        return {
+            "queued_ms": ms(self.arrival_s),
+            "scheduled_ms": ms(self.scheduled_s),
+            "first_token_ms": ms(self.first_token_s),
+            "finished_ms": ms(self.finished_s),
+            "cached_tokens": self.cached_tokens,
+            "preemptions": self.preemptions,
+        }
+
 
 @dataclass(frozen=True)
 class TokenEvent:
@@ -62,7 +78,9 @@ class TokenEvent:
 
 @dataclass(frozen=True)
 class StepStats:
-    """One step: counts after it ran; ``preemptions`` and ``prefix_hit_tokens`` during it."""
+    """One step: counts after it ran; ``preemptions`` and the prefix-cache hits of the
+    requests it admitted, first admissions apart from re-admissions after a preemption
+    (which vLLM's prefix-cache counters leave out), during it."""
 
     start_s: float
     duration_s: float
@@ -72,7 +90,8 @@ class StepStats:
     decode_tokens: int
     kv_usage: float
     preemptions: int
-    prefix_hit_tokens: int
+    prefix_hit_tokens: int  # of requests admitted for the first time (vLLM's counters)
+    preempted_hit_tokens: int  # of requests re-admitted after a preemption
 
 
 @dataclass(frozen=True)
@@ -155,11 +174,13 @@ class Engine:
         self._last_end_s = -math.inf  # ... and end
         chunked, caching, mixed = config.enable_chunked_prefill, config.enable_prefix_caching, config.mixed_batches
         assert chunked is not None and caching is not None and mixed is not None  # (resolved)
-        self._kv = KVCacheManager(sizes.num_kv_blocks, config.block_size, caching)
+        reserve, unhashed_first = config.scheduler_reserve_full_isl, config.evict_unhashed_first
+        assert reserve is not None and unhashed_first is not None  # (resolved)
+        self._kv = KVCacheManager(sizes.num_kv_blocks, config.block_size, caching, unhashed_first)
         #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
         self.limits = SchedulerConfig(
             sizes.max_num_batched_tokens, sizes.max_num_seqs, sizes.max_model_len, chunked, mixed,
-            config.num_scheduler_steps,
+            config.num_scheduler_steps, reserve,
         )
         # the reference scheduler, with steady decodes kept as sums in virtual-time steps
         self._scheduler = SteadyScheduler(self.limits, self._kv)
@@ -328,6 +349,7 @@ class Engine:
             kv_usage=self._kv.usage,
             preemptions=preemptions,
             prefix_hit_tokens=batch.prefix_hit_tokens,
+            preempted_hit_tokens=batch.preempted_hit_tokens,
         )
 
     # --- gauges and counters (read-only, for /metrics) ------------------------------
@@ -359,5 +381,11 @@ class Engine:
 
     @property
     def prefix_hits_tokens(self) -> int:
+        """Prompt tokens found in the prefix cache at first admissions (vLLM's counter)."""
         return self._kv.prefix_hits_tokens
+
+    @property
+    def preempted_hits_tokens(self) -> int:
+        """Tokens found in the prefix cache by requests re-admitted after a preemption."""
+        return self._kv.preempted_hits_tokens
 

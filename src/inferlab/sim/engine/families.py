@@ -100,6 +100,15 @@ class FamilyRules:
     # the engine refuses to start, as vLLM does ("max_num_batched_tokens must be greater
     # than or equal to max_num_seqs"), until the cap is given too
     default_seqs_follow_budget: bool = True
+    # vLLM V1 keeps one block of the KV cache as its null block: of N blocks (memory's
+    # count, or --num-gpu-blocks-override N), N - 1 hold tokens
+    null_block: bool = False
+    # vLLM 0.32's --scheduler-reserve-full-isl default: a waiting or preempted request is
+    # admitted only when free blocks hold its whole current sequence
+    reserve_full_sequence: bool = False
+    # vLLM's free queue (0.24 on): a freed block without a hash (the partly filled tail)
+    # goes to the front, to be reused first; hashed ones to the back (LRU)
+    evict_unhashed_first: bool = False
 
     def chunked_prefill_default(self, max_model_len: int) -> bool:
         """Whether prefills are chunked when no flag says, for this (declared) context."""
@@ -160,7 +169,7 @@ _V1_FRONT_END = dataclasses.replace(
 )
 
 _VLLM_V1 = FamilyRules(
-    engine="vLLM V1 (0.8 on)",
+    engine="vLLM V1 (0.8 on; KV admission and free-queue order as in 0.32)",
     max_num_batched_tokens=None,  # by GPU: 8192 / 1024 on H100/H200, 2048 / 256 elsewhere
     max_num_seqs=None,
     whole_prompt_budget_floor=None,
@@ -178,6 +187,11 @@ _VLLM_V1 = FamilyRules(
     # (bench/fit_front_end.py; docs/validation.md)
     efficiencies=_V1_FRONT_END,
     default_seqs_follow_budget=False,  # vLLM's SchedulerConfig refuses a budget below the cap
+    null_block=True,
+    # checked step by step against vLLM 0.32's own scheduler (its CPU build): both
+    # needed for every step of a preempting 512-in/512-out burst to match
+    reserve_full_sequence=True,
+    evict_unhashed_first=True,
 )
 
 _VLLM_V0 = FamilyRules(

@@ -33,19 +33,23 @@ class FreeQueue:
     entry stays and is skipped when it reaches the front. A block's skipped entries are
     always older than its live one (it is claimed only while free, so all its entries
     are stale then; freeing it again appends the new live one), so a count of them per
-    block is all the bookkeeping needed."""
+    block is all the bookkeeping needed.
+
+    Blocks put at the front (``prepend``) wait in a stack of their own, ahead of the list."""
 
     def __init__(self, num_blocks: int) -> None:
         self._ids = list(range(num_blocks))
         self._head = 0  # the queue is self._ids[self._head:], less the stale entries
         self._stale = [0] * num_blocks  # per block: its entries to skip
         self._num_stale = 0
+        self._front: dict[int, None] = {}  # prepended blocks, the next to take last
 
     def __len__(self) -> int:
-        return len(self._ids) - self._head - self._num_stale
+        return len(self._ids) - self._head - self._num_stale + len(self._front)
 
     def __iter__(self) -> Iterator[int]:
         """The free blocks, front first."""
+        yield from reversed(self._front)
         stale = list(self._stale)
         for b in islice(self._ids, self._head, None):
             if stale[b]:
@@ -57,13 +61,24 @@ class FreeQueue:
         """``blocks`` (none in the queue) join at the back, in their order."""
         self._ids += blocks
 
+    def prepend(self, blocks: list[int]) -> None:
+        """``blocks`` (none in the queue) join at the front, in their order."""
+        self._front.update(dict.fromkeys(reversed(blocks)))
+
     def remove(self, block: int) -> None:
         """Take ``block`` (in the queue) out, wherever it is."""
+        if block in self._front:
+            del self._front[block]
+            return
         self._stale[block] += 1
         self._num_stale += 1
 
     def take(self, n: int) -> list[int]:
         """The ``n`` blocks at the front, out of the queue (``n <= len(self)``)."""
+        if self._front:
+            front = self._front
+            first = [front.popitem()[0] for _ in range(min(n, len(front)))]
+            return first + self.take(n - len(first)) if n > len(first) else first
         start = self._head
         taken = self._ids[start : start + n]
         if self._num_stale and any(map(self._stale.__getitem__, taken)):
@@ -78,6 +93,8 @@ class FreeQueue:
     def take_one(self) -> int | None:
         """The block at the front, out of the queue; None when the queue is empty.
         (``take(1)`` without the list: a decode takes ~16 single blocks per request.)"""
+        if self._front:
+            return self._front.popitem()[0]
         ids, stale, i = self._ids, self._stale, self._head
         while i < len(ids):
             b = ids[i]
@@ -114,13 +131,16 @@ class KVCacheManager:
     methods of ``BlockManager``, with the same contracts."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+        evict_unhashed_first: bool = False,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of one token ({num_blocks=}, {block_size=})")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # (without prefix caching no block is ever hit: the order is not observable)
+        self.evict_unhashed_first = evict_unhashed_first and enable_prefix_caching
         self._ref_counts = [0] * num_blocks
         # block id -> the prefix hash it holds (None or absent: none). Taking a block
         # for new content only clears this: ``_cached``'s entry for its old hash is left
@@ -131,6 +151,8 @@ class KVCacheManager:
         self._free = FreeQueue(num_blocks)
         self.prefix_queries_tokens = 0
         self.prefix_hits_tokens = 0
+        self.preempted_queries_tokens = 0
+        self.preempted_hits_tokens = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -165,13 +187,23 @@ class KVCacheManager:
             return None  # (never cached, or its block was taken since: evicted)
         return block
 
+    def can_allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
+        """Whether ``allocate(req, num_tokens, cached)`` would succeed now."""
+        num_new = -(-num_tokens // self.block_size) - len(req.block_ids) - len(cached)
+        if num_new <= 0 and not cached:
+            return True
+        ref = self._ref_counts
+        reclaimable = sum(1 for b in cached if ref[b] == 0)  # cached but sitting in free queue
+        return num_new <= len(self._free) - reclaimable
+
     def allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
         """Give ``req`` blocks for its first ``num_tokens`` tokens, claiming ``cached``
         (from ``lookup``) first when it has no blocks yet.
 
         Returns False and changes nothing when there are not enough free blocks. A
         request's first allocation counts a prefix-cache query of ``req.num_tokens``
-        tokens with ``len(cached) * block_size`` hits.
+        tokens with ``len(cached) * block_size`` hits (after a preemption: in the
+        ``preempted_`` counters).
         """
         block_ids = req.block_ids
         bs = self.block_size
@@ -185,8 +217,12 @@ class KVCacheManager:
         if num_new > len(self._free) - reclaimable:
             return False
         if not block_ids and self.enable_prefix_caching:
-            self.prefix_queries_tokens += req.num_tokens
-            self.prefix_hits_tokens += len(cached) * bs
+            if req.num_preemptions:
+                self.preempted_queries_tokens += req.num_tokens
+                self.preempted_hits_tokens += len(cached) * bs
+            else:
+                self.prefix_queries_tokens += req.num_tokens
+                self.prefix_hits_tokens += len(cached) * bs
         for b in cached:
             if ref[b] == 0:
                 self._free.remove(b)
@@ -257,8 +293,15 @@ class KVCacheManager:
     def free(self, req: KVRequest) -> None:
         """Release ``req``'s blocks, tail first so a prefix's head outlives its tail.
 
-        Freed blocks keep their hash. Raises ``RuntimeError`` on a double free.
+        Freed blocks keep their hash. With ``evict_unhashed_first`` those not full of
+        computed tokens go to the front of the free queue. Raises ``RuntimeError`` on a
+        double free.
         """
+        if self.evict_unhashed_first:
+            full = req.num_computed_tokens // self.block_size
+            if full < len(req.block_ids):
+                self._free_split(req, full)
+                return
         ref, freed = self._ref_counts, []
         blocks = req.block_ids[::-1]
         if list(map(ref.__getitem__, blocks)).count(1) == len(blocks):
@@ -279,6 +322,24 @@ class KVCacheManager:
                     freed.append(b)
         finally:
             self._free.extend(freed)
+        req.block_ids = []
+        req.num_cached_blocks = 0
+
+    def _free_split(self, req: KVRequest, full: int) -> None:
+        """``free`` with blocks from index ``full`` on (not full) to the front."""
+        ref, back, front = self._ref_counts, list[int](), list[int]()
+        blocks = req.block_ids
+        try:
+            for i in range(len(blocks) - 1, -1, -1):
+                b = blocks[i]
+                if ref[b] <= 0:
+                    raise RuntimeError(f"block {b} freed twice")
+                ref[b] -= 1
+                if ref[b] == 0:
+                    (front if i >= full else back).append(b)
+        finally:
+            self._free.prepend(front)
+            self._free.extend(back)
         req.block_ids = []
         req.num_cached_blocks = 0
 

@@ -12,7 +12,10 @@ The policy, step by step:
   budget) for a prefill.
 - Then waiting requests, in arrival order, while the budget, ``max_num_seqs`` and free KV
   blocks allow. A cached prefix is not recomputed. Without chunked prefill a prompt that
-  does not fit whole waits, and everything behind it.
+  does not fit whole waits, and everything behind it. With ``reserve_full_sequence``
+  (vLLM's ``--scheduler-reserve-full-isl``, on in 0.32) a waiting or preempted request is
+  admitted only when free blocks hold its whole current sequence (prompt and tokens
+  generated before a preemption), not just the chunk it computes first.
 - When a running request needs a block and none is free, the most recently admitted
   running request is preempted: its blocks are freed (its full blocks stay in the prefix
   cache) and it goes back to the front of the waiting queue, to be recomputed. A step
@@ -99,6 +102,7 @@ class KVCache(Protocol):
     block_size: int
 
     def lookup(self, req: Request) -> list[int]: ...
+    def can_allocate(self, req: Request, num_tokens: int, cached: Sequence[int] = ()) -> bool: ...
     def allocate(self, req: Request, num_tokens: int, cached: Sequence[int] = ()) -> bool: ...
     def append_block(self, req: Request) -> bool: ...  # (``SteadyScheduler``'s shortcut)
     def cache_generated(self, req: Request, num_computed_tokens: int) -> None: ...
@@ -115,6 +119,9 @@ class SchedulerConfig:
     # vLLM 0.5.5-0.7 multi-step scheduling: a decode-only batch runs this many steps
     # without rescheduling (nothing admitted meanwhile); steps with a prefill run alone
     num_scheduler_steps: int = 1
+    # vLLM's --scheduler-reserve-full-isl: admit a waiting (or preempted) request only when
+    # free blocks hold its whole current sequence, not just its first chunk
+    reserve_full_sequence: bool = False
 
 
 @dataclass
@@ -127,7 +134,8 @@ class Batch:
     prefill_tokens: int = 0
     decode_tokens: int = 0
     admitted: list[Request] = field(default_factory=list)  # moved from waiting this step
-    prefix_hit_tokens: int = 0  # cached tokens of the requests admitted this step
+    prefix_hit_tokens: int = 0  # cached tokens of the requests admitted this step for the first time
+    preempted_hit_tokens: int = 0  # ... and of those re-admitted after a preemption
     preempted: list[Request] = field(default_factory=list)  # sent back to waiting this step
     continuation: bool = False  # a later step of a multi-step group: nothing was admitted
     # ``steady.SteadyScheduler``'s decodes kept as sums, one token each and not in
@@ -275,6 +283,8 @@ class Scheduler:
             n = req.num_tokens - num_cached
             if not cfg.enable_chunked_prefill and n > budget:
                 break
+            if cfg.reserve_full_sequence and not kv.can_allocate(req, req.num_tokens, cached):
+                break  # its whole sequence does not fit in the free blocks
             n = min(n, budget)
             if not kv.allocate(req, num_cached + n, cached):
                 break
@@ -282,7 +292,10 @@ class Scheduler:
             running.append(req)
             req.num_computed_tokens = num_cached
             batch.admitted.append(req)
-            batch.prefix_hit_tokens += num_cached
+            if req.num_preemptions:
+                batch.preempted_hit_tokens += num_cached
+            else:
+                batch.prefix_hit_tokens += num_cached
             self._add_to_batch(batch, req, n)
             budget -= n
 

@@ -32,7 +32,7 @@ class EngineSizes:
 
     weight_bytes: float  # per TP rank
     reserve_bytes: float  # activations and fixed reserve kept out of the KV cache, per rank
-    num_kv_blocks: int
+    num_kv_blocks: int  # blocks that hold tokens (vLLM V1's null block left out)
     max_model_len: int
     max_num_batched_tokens: int
     max_num_seqs: int
@@ -97,6 +97,13 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
         num_blocks = max(0, int(free_fraction * (gpu.hbm_bytes - weights - reserve) // block_bytes))
     if config.num_gpu_blocks_override is not None:
         num_blocks = config.num_gpu_blocks_override
+    if resolved.rules.null_block:  # (vLLM V1: one block is the null block, holding no tokens)
+        num_blocks -= 1
+    if num_blocks < 1 and config.num_gpu_blocks_override is not None:
+        raise ValueError(
+            f"num_gpu_blocks_override={config.num_gpu_blocks_override} leaves no KV block for tokens"
+            + (" (one is the null block)" if resolved.rules.null_block else "")
+        )
     if num_blocks < 1:
         raise ValueError(
             f"No available memory for the cache blocks: {model.name} weights take "

@@ -64,19 +64,7 @@ class Generation:
         return usage_object(self.prompt_tokens, self.n_out, tl.cached_tokens)
 
     def timeline(self) -> dict[str, Any]:
-        tl = self.server.engine.timeline(self.rid)
-
-        def ms(t: float | None) -> float | None:
-            return None if t is None else round((t - self.received_s) * 1e3, 4)
-
-        return {
-            "queued_ms": ms(tl.arrival_s),
-            "scheduled_ms": ms(tl.scheduled_s),
-            "first_token_ms": ms(tl.first_token_s),
-            "finished_ms": ms(tl.finished_s),
-            "cached_tokens": tl.cached_tokens,
-            "preemptions": tl.preemptions,
-        }
+        return self.server.engine.timeline(self.rid).to_json_ms(self.received_s)
 
     def _observe(self) -> None:
         server = self.server

@@ -9,7 +9,8 @@ Formats (auto-detected from the JSON keys or CSV header, or named):
 - ``requests``: the ``requests.jsonl`` a ``bench`` (or ``sim run``) wrote: each successful
   request at its intended send time with its token counts and what it measured (warm-up
   requests are replayed but not compared), so a run against a real server can be replayed in the simulator and
-  compared (a closed loop's sends become fixed arrivals);
+  compared; its prefix groups share their prefixes again, and a closed loop's users send
+  again one request after another (``user``), each when the previous one ends;
 - ``azure`` CSV (Azure LLM inference traces): ``TIMESTAMP`` (date-time or seconds),
   ``ContextTokens``, ``GeneratedTokens``;
 - ``burstgpt`` CSV: ``Timestamp`` (s), ``Request tokens``, ``Response tokens``; rows
@@ -139,8 +140,10 @@ def to_specs(
         n = max(1, r.input_tokens - template_tokens)
         segs = _segments(dataclasses.replace(r, input_tokens=n), i, builder, seed, block_tokens)
         prompt, _ = builder.join(segs)
-        spec = RequestSpec(prompt, r.output_tokens, exact_output, n)
-        out.append(TimedSpec(r.arrival_s, spec, r.measured))
+        spec = RequestSpec(
+            prompt, r.output_tokens, exact_output, n, prefix_group=r.prefix_group, prefix_tokens=r.prefix_tokens,
+        )
+        out.append(TimedSpec(r.arrival_s, spec, r.measured, r.user))
     return out
 
 

@@ -11,15 +11,18 @@ from inferlab.results.summary import TraceComparison
 from inferlab.workload.spec import TimedSpec
 
 
-def compare_with_trace(records: list[RequestRecord], timed: Sequence[TimedSpec]) -> dict[str, TraceComparison] | None:
+def compare_with_trace(
+    records: list[RequestRecord], timed: Sequence[TimedSpec], positions: Sequence[int] | None = None,
+) -> dict[str, TraceComparison] | None:
     """Mean (and median) predicted against measured TTFT, TPOT and E2E over the requests the
-    trace has measurements for (``records[i].index`` is the trace position).
-    ``None`` when the trace measured nothing."""
+    trace has measurements for (``positions[r.index]`` is record ``r``'s trace position;
+    without ``positions``, ``r.index``). ``None`` when the trace measured nothing."""
     pairs: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
     for r in records:
-        if r.warmup or not r.ok or r.index >= len(timed):
+        pos = r.index if positions is None else (positions[r.index] if r.index < len(positions) else len(timed))
+        if r.warmup or not r.ok or pos >= len(timed):
             continue
-        m = timed[r.index].measured
+        m = timed[pos].measured
         if m is None:
             continue
         pm = request_metrics(r)

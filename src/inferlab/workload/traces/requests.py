@@ -1,6 +1,9 @@
 """The ``requests.jsonl`` of an earlier ``bench`` or ``sim run`` as a trace: each
 successful request at its intended send time, with its token counts and what it
-measured (warm-up requests are replayed but not compared)."""
+measured (warm-up requests are replayed but not compared), and what made the run: its
+prefix group (requests of a group share their first ``prefix_tokens`` tokens; a group
+without them, the whole prompt) and the closed-loop user that sent it (a replay sends a
+user's requests one after another, each when the previous one ends)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,11 @@ def read_requests(path: str) -> list[TraceRow]:
         m = request_metrics(rec)
         # warm-up requests loaded the server too: replayed, but not compared
         measured = None if rec.warmup else Measured(m.ttft_ms, m.tpot_ms, m.e2e_ms)
-        r = TraceRow(sent / 1e9, rec.input_tokens, rec.output_tokens, measured=measured)
+        prefix = rec.prefix_tokens if rec.prefix_tokens is not None else rec.input_tokens
+        r = TraceRow(
+            sent / 1e9, rec.input_tokens, rec.output_tokens, measured=measured, user=rec.user,
+            prefix_group=rec.prefix_group, prefix_tokens=prefix if rec.prefix_group is not None else None,
+        )
         check_row(path, n, r)
         rows.append(r)
     rows.sort(key=lambda r: r.arrival_s)

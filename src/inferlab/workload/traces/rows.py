@@ -20,6 +20,7 @@ class TraceRow:
     prefix_tokens: int | None = None
     hash_ids: tuple[int, ...] = ()
     measured: Measured | None = None
+    user: int | None = None  # the closed-loop user that sent it (a run's requests.jsonl)
 
 
 def measured_of(row: dict[str, Any]) -> Measured | None:

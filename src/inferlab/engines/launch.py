@@ -1,0 +1,344 @@
+"""``inferlab engine``: one engine configuration, each engine's own command line.
+
+An ``EngineSpec`` (a TOML or JSON file) names the engine kind and the serving settings
+people tune: model, tensor parallelism, context length, token budget per step, sequences
+at once, memory share, prefix caching, eager mode. ``command(spec)`` maps them onto the
+engine's own flags (and environment):
+
+==================  ==========================  ==============================  ======================  =============================  ==================
+setting             vLLM (``vllm serve``)       SGLang (``sglang.launch_server``) llama.cpp (``llama-server``) TGI (``text-generation-launcher``) Ollama (``ollama serve``)
+==================  ==========================  ==============================  ======================  =============================  ==================
+tensor parallel     --tensor-parallel-size      --tp-size                       (refused)               --num-shard                    (refused)
+max model length    --max-model-len             --context-length                -c (× slots: per slot)  --max-total-tokens             OLLAMA_CONTEXT_LENGTH
+token budget        --max-num-batched-tokens    --chunked-prefill-size          -b                      --max-batch-prefill-tokens     (refused)
+max sequences       --max-num-seqs              --max-running-requests          -np                     --max-concurrent-requests      OLLAMA_NUM_PARALLEL
+memory share        --gpu-memory-utilization    --mem-fraction-static           (refused)               --cuda-memory-fraction         (refused)
+prefix caching      --[no-]enable-prefix-caching --disable-radix-cache when off --cache-reuse 256 / --no-cache-prompt  PREFIX_CACHING=1/0 (env)  (refused)
+eager mode          --enforce-eager             --disable-cuda-graph            (refused)               --cuda-graphs 0                (refused)
+==================  ==========================  ==============================  ======================  =============================  ==================
+
+A setting an engine has no flag for is refused (``UsageError``), never dropped. The
+simulator is one more kind (``sim``: ``inferlab sim serve`` with vLLM's flag names).
+``EngineProcess`` starts the command in its own process group with its output in a log
+file, waits until the engine answers its readiness URL, and stops the whole group
+(SIGINT, then SIGTERM, then SIGKILL), also when the caller is interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import TracebackType
+
+from inferlab._errors import RunFailedError, UsageError
+
+KINDS = ("vllm", "sglang", "llamacpp", "tgi", "ollama", "sim")
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine to start. ``None``: the engine's own default. ``port`` 0: a free one.
+    ``executable``: the program (default: the engine's usual command; for llama.cpp the
+    binary ``python -m inferlab.engines.llamacpp`` builds). ``extra_args`` go last,
+    as given; ``env`` is added to the environment."""
+
+    engine: str
+    model: str
+    tensor_parallel_size: int | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float | None = None
+    enable_prefix_caching: bool | None = None
+    enforce_eager: bool | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    served_model_name: str | None = None
+    executable: str | None = None
+    extra_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    ready_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.engine not in KINDS:
+            raise UsageError(f"unknown engine {self.engine!r}; choose from {', '.join(KINDS)}")
+        for name in ("tensor_parallel_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise UsageError(f"{name} must be a whole number of at least 1, got {v!r}")
+        g = self.gpu_memory_utilization
+        if g is not None and not 0 < g <= 1:
+            raise UsageError(f"gpu_memory_utilization must be in (0, 1], got {g!r}")
+        if not 0 <= self.port <= 65535:
+            raise UsageError(f"port must be 0-65535, got {self.port}")
+
+
+_SPEC_FIELDS = {f.name for f in fields(EngineSpec)}
+
+
+def load_spec(path: str) -> EngineSpec:
+    """An ``EngineSpec`` from a TOML (``.toml``) or JSON file; ``UsageError`` naming the
+    file for a missing file, bad syntax, an unknown key or a bad value."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from None
+    try:
+        data = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: not valid {'TOML' if path.endswith('.toml') else 'JSON'}: {e}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a table of settings")
+    unknown = sorted(set(data) - _SPEC_FIELDS)
+    if unknown:
+        raise UsageError(f"{path}: unknown setting {unknown[0]!r}; known: {', '.join(sorted(_SPEC_FIELDS))}")
+    for key in ("engine", "model"):
+        if key not in data:
+            raise UsageError(f"{path}: {key!r} is required")
+    data["extra_args"] = tuple(str(a) for a in data.get("extra_args", ()))
+    data["env"] = tuple((str(k), str(v)) for k, v in dict(data.get("env", {})).items())
+    try:
+        return EngineSpec(**data)
+    except TypeError as e:
+        raise UsageError(f"{path}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Command:
+    """What starts an engine: ``argv``, ``env`` added, and the URL that answers 200 once
+    it is ready; ``api_url`` is the OpenAI-compatible root ``bench`` talks to."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    ready_url: str = ""
+    api_url: str = ""
+
+    def shell(self) -> str:
+        """The command as one shell line, environment first."""
+        env = [f"{k}={shlex.quote(v)}" for k, v in self.env.items()]
+        return " ".join([*env, *map(shlex.quote, self.argv)])
+
+
+def _refuse(spec: EngineSpec, engine: str, *names: str) -> None:
+    for name in names:
+        if getattr(spec, name) is not None:
+            raise UsageError(f"{engine} has no setting for {name} (given {getattr(spec, name)!r}); leave it out")
+
+
+def _flag(out: list[str], name: str, value: object) -> None:
+    if value is not None:
+        out += [name, str(value)]
+
+
+def _vllm(spec: EngineSpec, port: int) -> Command:
+    argv = [spec.executable or "vllm", "serve", spec.model, "--host", spec.host, "--port", str(port)]
+    _flag(argv, "--served-model-name", spec.served_model_name)
+    _flag(argv, "--tensor-parallel-size", spec.tensor_parallel_size)
+    _flag(argv, "--max-model-len", spec.max_model_len)
+    _flag(argv, "--max-num-batched-tokens", spec.max_num_batched_tokens)
+    _flag(argv, "--max-num-seqs", spec.max_num_seqs)
+    _flag(argv, "--gpu-memory-utilization", spec.gpu_memory_utilization)
+    if spec.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if spec.enable_prefix_caching else "--no-enable-prefix-caching")
+    if spec.enforce_eager:
+        argv.append("--enforce-eager")
+    return Command(argv, ready_url="/health")
+
+
+def _sglang(spec: EngineSpec, port: int) -> Command:
+    python = spec.executable or sys.executable
+    argv = [python, "-m", "sglang.launch_server", "--model-path", spec.model, "--host", spec.host, "--port", str(port)]
+    _flag(argv, "--served-model-name", spec.served_model_name)
+    _flag(argv, "--tp-size", spec.tensor_parallel_size)
+    _flag(argv, "--context-length", spec.max_model_len)
+    _flag(argv, "--chunked-prefill-size", spec.max_num_batched_tokens)
+    _flag(argv, "--max-running-requests", spec.max_num_seqs)
+    _flag(argv, "--mem-fraction-static", spec.gpu_memory_utilization)
+    if spec.enable_prefix_caching is False:
+        argv.append("--disable-radix-cache")
+    if spec.enforce_eager:
+        argv.append("--disable-cuda-graph")
+    return Command(argv, ready_url="/health")
+
+
+def _llamacpp(spec: EngineSpec, port: int) -> Command:
+    _refuse(spec, "llama.cpp", "tensor_parallel_size", "gpu_memory_utilization", "enforce_eager")
+    binary = spec.executable
+    if binary is None:
+        from inferlab.engines.llamacpp import server_path
+
+        binary = str(server_path())
+    slots = spec.max_num_seqs
+    argv = [binary, "-m", spec.model, "--host", spec.host, "--port", str(port), "--metrics", "--no-webui"]
+    _flag(argv, "-a", spec.served_model_name)
+    _flag(argv, "-np", slots)
+    if spec.max_model_len is not None:  # -c is the KV budget all slots share
+        argv += ["-c", str(spec.max_model_len * (slots or 1))]
+    _flag(argv, "-b", spec.max_num_batched_tokens)
+    if spec.enable_prefix_caching is not None:
+        argv += ["--cache-reuse", "256"] if spec.enable_prefix_caching else ["--no-cache-prompt"]
+    return Command(argv, ready_url="/health")
+
+
+def _tgi(spec: EngineSpec, port: int) -> Command:
+    argv = [spec.executable or "text-generation-launcher", "--model-id", spec.model, "--hostname", spec.host,
+            "--port", str(port)]
+    _flag(argv, "--num-shard", spec.tensor_parallel_size)
+    _flag(argv, "--max-total-tokens", spec.max_model_len)
+    if spec.max_model_len is not None:
+        argv += ["--max-input-tokens", str(spec.max_model_len - 1)]
+    _flag(argv, "--max-batch-prefill-tokens", spec.max_num_batched_tokens)
+    _flag(argv, "--max-concurrent-requests", spec.max_num_seqs)
+    _flag(argv, "--cuda-memory-fraction", spec.gpu_memory_utilization)
+    if spec.enforce_eager:
+        argv += ["--cuda-graphs", "0"]
+    env = {} if spec.enable_prefix_caching is None else {"PREFIX_CACHING": "1" if spec.enable_prefix_caching else "0"}
+    return Command(argv, env, ready_url="/health")
+
+
+def _ollama(spec: EngineSpec, port: int) -> Command:
+    _refuse(spec, "Ollama", "tensor_parallel_size", "max_num_batched_tokens", "gpu_memory_utilization",
+            "enable_prefix_caching", "enforce_eager")
+    env = {"OLLAMA_HOST": f"{spec.host}:{port}"}
+    if spec.max_num_seqs is not None:
+        env["OLLAMA_NUM_PARALLEL"] = str(spec.max_num_seqs)
+    if spec.max_model_len is not None:
+        env["OLLAMA_CONTEXT_LENGTH"] = str(spec.max_model_len)
+    # the model is pulled (or created) apart: ``ollama serve`` serves what it has
+    return Command([spec.executable or "ollama", "serve"], env, ready_url="/")
+
+
+def _sim(spec: EngineSpec, port: int) -> Command:
+    argv = [spec.executable or sys.executable, "-m", "inferlab", "sim", "serve", "--model", spec.model,
+            "--host", spec.host, "--port", str(port)]
+    _flag(argv, "--served-model-name", spec.served_model_name)
+    _flag(argv, "--tensor-parallel-size", spec.tensor_parallel_size)
+    _flag(argv, "--max-model-len", spec.max_model_len)
+    _flag(argv, "--max-num-batched-tokens", spec.max_num_batched_tokens)
+    _flag(argv, "--max-num-seqs", spec.max_num_seqs)
+    _flag(argv, "--gpu-memory-utilization", spec.gpu_memory_utilization)
+    if spec.enable_prefix_caching is not None:
+        argv.append("--enable-prefix-caching" if spec.enable_prefix_caching else "--no-enable-prefix-caching")
+    if spec.enforce_eager is not None:
+        argv.append("--enforce-eager" if spec.enforce_eager else "--no-enforce-eager")
+    return Command(argv, ready_url="/health")
+
+
+_BUILDERS: dict[str, Callable[[EngineSpec, int], Command]] = {
+    "vllm": _vllm, "sglang": _sglang, "llamacpp": _llamacpp, "tgi": _tgi, "ollama": _ollama, "sim": _sim,
+}
+
+
+def command(spec: EngineSpec, port: int | None = None) -> Command:
+    """The engine's command line for ``spec`` on ``port`` (default ``spec.port``; 0 is
+    written as 0: the dry run of a free port). ``UsageError`` for a setting the engine
+    has no flag for."""
+    p = spec.port if port is None else port
+    cmd = _BUILDERS[spec.engine](spec, p)
+    base = f"http://{spec.host}:{p}"
+    return Command([*cmd.argv, *spec.extra_args], {**cmd.env, **dict(spec.env)}, base + cmd.ready_url, base)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class EngineProcess:
+    """A started engine; a context manager. ``start`` runs its command in a new process
+    group (output appended to ``log_path``) and waits until its readiness URL answers
+    200; ``RunFailedError`` if it exits first or is not ready in time (the log's last
+    lines say why). ``stop`` ends the whole group."""
+
+    def __init__(self, spec: EngineSpec, log_path: Path) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.port = spec.port or free_port(spec.host)
+        self.command = command(spec, self.port)
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return self.command.api_url
+
+    def start(self, *, on_wait: Callable[[float], None] | None = None) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            try:
+                self._proc = subprocess.Popen(
+                    self.command.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env={**os.environ, **self.command.env}, start_new_session=True,
+                )
+            except OSError as e:
+                raise RunFailedError(f"cannot start {self.command.argv[0]}: {e.strerror or e}") from None
+        t0 = time.monotonic()
+        while True:
+            waited = time.monotonic() - t0
+            if self._proc.poll() is not None:
+                raise RunFailedError(f"{self.spec.engine} exited ({self._proc.returncode}) before it was ready: {self.log_tail()}")
+            if self._ready():
+                return
+            if waited > self.spec.ready_timeout_s:
+                self.stop()
+                raise RunFailedError(f"{self.spec.engine} was not ready after {waited:.0f} s: {self.log_tail()}")
+            if on_wait is not None:
+                on_wait(waited)
+            time.sleep(0.25)
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.command.ready_url, timeout=2) as r:
+                return bool(r.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def log_tail(self, lines: int = 3) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return f"(no log at {self.log_path})"
+        tail = [x for x in text.splitlines() if x.strip()][-lines:]
+        return " | ".join(tail) + f" (log: {self.log_path})" if tail else f"(empty log: {self.log_path})"
+
+    def stop(self, grace_s: float = 20.0) -> int | None:
+        """End the process group: SIGINT, SIGTERM after ``grace_s``, SIGKILL after as
+        long again. Returns the engine's exit status (None if it was not running)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            if proc.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace_s)
+        # whatever the leader left in its group goes too (no orphans)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+    def __enter__(self) -> EngineProcess:
+        self.start()
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,290 @@
+"""The simulator's scheduler against vLLM's, step by step: three workloads that force
+preemption in a small KV cache, the engine flags both sides run with, and the per-step
+records compared.
+
+The setup is the one checked against vLLM 0.32's CPU build: 24 KV blocks of 128 tokens
+(``--num-gpu-blocks-override 24``: 23 hold tokens, one is vLLM's null block), a
+512-token budget per step, 16 sequences, prefix caching on. The workloads (``SCENARIOS``):
+
+- ``closed-loop``: 8 users, 32 requests of 384 tokens in and 384 out: their sequences
+  outgrow the cache, running requests are preempted;
+- ``shared-prefix-burst``: 16 requests at once sharing a 1,024-token prefix (each with
+  its own 128 tokens, 256 out): prefix-cache hits, and preemptions;
+- ``burst-512``: 16 requests at once of 512 tokens in and 512 out, where vLLM 0.32's
+  full-sequence admission and free-queue order decide when preempted requests come back.
+
+Two runs of the simulator are compared on ``StepKey``: tokens scheduled (prefill and
+decode), the running and waiting counts after it, preemptions in it, and the prefix-cache
+hits of first admissions (vLLM's counters leave out what a re-admission finds). vLLM
+logs less per step (``--enable-logging-iteration-details``: context and generation
+requests and tokens, where a request counts as generation once it has an output token,
+also while it recomputes after a preemption): the simulator is compared with it on the
+tokens scheduled in every step (``TokenStep``), and on the totals of vLLM's
+``/metrics`` (preemptions, prefix-cache hits).
+
+``python -m inferlab.engines.vllm_steps [SCENARIO ...]`` runs the check on a real vLLM
+(``engines.vllm``: its CPU build, installed once per machine, serving the tiny model):
+for each workload a fresh server, ``bench`` against it, then the simulator on the same
+requests (a replay of the bench run's requests.jsonl), step by step; it prints what
+matched and writes every file under ``--out``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
+from inferlab.sim.engine.config import EngineConfig
+from inferlab.workload.config import WorkloadConfig
+
+#: vLLM's CPU KV block size, and the cache of the check: 24 blocks, 23 usable
+BLOCK_SIZE = 128
+NUM_GPU_BLOCKS = 24
+MAX_NUM_BATCHED_TOKENS = 512
+MAX_NUM_SEQS = 16
+MAX_MODEL_LEN = 2048
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One workload of the check: what ``sim run`` or ``bench`` sends, and how."""
+
+    name: str
+    load: LoadConfig
+    workload: WorkloadConfig
+    about: str
+
+    def cli_flags(self) -> list[str]:
+        """The same workload as ``inferlab sim run`` / ``bench`` flags."""
+        s, w = self.load.schedule, self.workload
+        flags = ["-n", str(self.load.num_requests)]
+        if isinstance(s, ClosedLoop):
+            flags += ["-c", str(s.concurrency)]
+        else:
+            flags += ["--rate", "inf"]
+        if w.prefix_tokens is not None:
+            flags += ["--prefix-groups", str(w.prefix_groups or 1), "--prefix-tokens", str(w.prefix_tokens),
+                      "--suffix-tokens", str(w.suffix_tokens)]
+        else:
+            flags += ["--input-tokens", str(w.input_tokens)]
+        return [*flags, "--output-tokens", str(w.output_tokens)]
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("closed-loop", LoadConfig(ClosedLoop(8), num_requests=32),
+                 WorkloadConfig(input_tokens=384, output_tokens=384),
+                 "8 users, 384 in / 384 out: running sequences outgrow the cache"),
+        Scenario("shared-prefix-burst", LoadConfig(OpenLoop(float("inf")), num_requests=16),
+                 WorkloadConfig(output_tokens=256, prefix_groups=1, prefix_tokens=1024, suffix_tokens=128),
+                 "16 at once sharing a 1,024-token prefix: cache hits and preemptions"),
+        Scenario("burst-512", LoadConfig(OpenLoop(float("inf")), num_requests=16),
+                 WorkloadConfig(input_tokens=512, output_tokens=512),
+                 "16 at once, 512 in / 512 out: re-admissions decided by full-sequence admission"),
+    )
+}
+
+
+def engine_config(model: str = "Llama-3.2-1B", **flags: Any) -> EngineConfig:
+    """The simulated engine of the check (vLLM V1 rules, vLLM 0.32's switches unless
+    ``flags`` say otherwise); no API cost, so that a request is schedulable when sent."""
+    base: dict[str, Any] = {
+        "model": model, "block_size": BLOCK_SIZE, "num_gpu_blocks_override": NUM_GPU_BLOCKS,
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
+        "max_model_len": MAX_MODEL_LEN, "enable_prefix_caching": True, "api_overhead_s": 0.0,
+    }
+    return EngineConfig(**{**base, **flags})
+
+
+@dataclass(frozen=True)
+class StepKey:
+    """What a step is compared on."""
+
+    prefill_tokens: int
+    decode_tokens: int
+    num_running: int
+    num_waiting: int
+    preemptions: int
+    prefix_hit_tokens: int
+
+
+def sim_steps(lines: Iterable[Mapping[str, Any]]) -> list[StepKey]:
+    """``sim run --step-log`` lines as compared steps (idle steps, with no tokens, left out)."""
+    keys = []
+    for d in lines:
+        if d["prefill_tokens"] + d["decode_tokens"] == 0:
+            continue
+        keys.append(StepKey(d["prefill_tokens"], d["decode_tokens"], d["num_running"], d["num_waiting"],
+                            d["preemptions"], d["prefix_hit_tokens"]))
+    return keys
+
+
+_K = TypeVar("_K")
+
+
+def first_difference(a: Sequence[_K], b: Sequence[_K]) -> int | None:
+    """The index of the first step where ``a`` and ``b`` differ (a length counts); None
+    when they are the same."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """A step as both sides log it: the tokens it scheduled."""
+
+    tokens: int
+
+
+_ITERATION = re.compile(
+    r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
+    r"(\d+) generation tokens"
+)
+
+
+def vllm_iterations(log_text: str) -> list[TokenStep]:
+    """The steps of vLLM's ``--enable-logging-iteration-details`` lines in a server log,
+    in order (steps with no tokens left out, as in ``sim_token_steps``)."""
+    steps = []
+    for m in _ITERATION.finditer(log_text):
+        n = int(m.group(3)) + int(m.group(5))
+        if n:
+            steps.append(TokenStep(n))
+    return steps
+
+
+def sim_token_steps(lines: Iterable[Mapping[str, Any]]) -> list[TokenStep]:
+    """``sim run --step-log`` lines as vLLM logs steps."""
+    return [TokenStep(d["prefill_tokens"] + d["decode_tokens"]) for d in lines
+            if d["prefill_tokens"] + d["decode_tokens"]]
+
+
+def prometheus_value(text: str, name: str) -> float | None:
+    """The sum of a Prometheus metric's samples (any labels) in ``/metrics`` text; None
+    when it is not there."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {"):
+            total += float(line.rsplit(" ", 1)[1])
+            seen = True
+    return total if seen else None
+
+
+# --- the check against a real vLLM ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One workload on vLLM and on the simulator (a replay of vLLM's run)."""
+
+    scenario: str
+    vllm_steps: list[TokenStep]
+    sim_steps: list[TokenStep]
+    vllm_preemptions: float | None
+    sim_preemptions: int
+    vllm_prefix_hits: float | None
+    sim_prefix_hits: int
+    completed: int
+
+    @property
+    def first_difference(self) -> int | None:
+        return first_difference(self.vllm_steps, self.sim_steps)
+
+    def line(self) -> str:
+        d = self.first_difference
+        steps = (f"all {len(self.vllm_steps):,} steps match" if d is None else
+                 f"steps differ from step {d:,} (vLLM {len(self.vllm_steps):,} steps, simulator {len(self.sim_steps):,})")
+        return (f"{self.scenario}: {self.completed} requests; {steps}; preemptions vLLM {_n(self.vllm_preemptions)} / "
+                f"simulator {self.sim_preemptions}; prefix-cache hits vLLM {_n(self.vllm_prefix_hits)} / "
+                f"simulator {self.sim_prefix_hits} tokens")
+
+
+def _n(v: float | None) -> str:
+    return "?" if v is None else f"{v:,.0f}"
+
+
+def vllm_flags() -> list[str]:
+    """vLLM's flags for the check's engine (``engine_config``'s sizes)."""
+    return ["--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS),
+            "--block-size", str(BLOCK_SIZE), "--enable-prefix-caching", "--enable-prompt-tokens-details",
+            "--enable-logging-iteration-details", "--dtype", "bfloat16"]
+
+
+def check(name: str, out_dir: str, python: str | None = None) -> CheckResult:
+    """Run workload ``name`` on a fresh vLLM server (its log, the bench run and the
+    simulator's replay under ``out_dir``/``name``) and compare. ``EngineUnavailable``
+    where vLLM cannot be installed or started."""
+    import asyncio
+    import json
+    from pathlib import Path
+
+    from inferlab.engines.tinymodel import tiny_model
+    from inferlab.engines.vllm import VllmServer, hf_model, install_vllm
+    from inferlab.load.run import HttpTarget, RunConfig, SimTarget, run
+    from inferlab.load.schedules import Replay
+    from inferlab.workload.traces import TraceConfig
+
+    sc = SCENARIOS[name]
+    out = Path(out_dir) / name
+    out.mkdir(parents=True, exist_ok=True)
+    py = Path(python) if python else install_vllm()
+    tiny = tiny_model()
+    model = hf_model(tiny)
+    log = out / "vllm.log"
+    workload = dataclasses.replace(sc.workload, tokenizer=str(tiny.tokenizer))
+    with VllmServer(py, model, name="tiny", flags=vllm_flags(), log_path=log) as server:
+        start = log.stat().st_size
+        bench = asyncio.run(run(RunConfig(sc.load, workload, "completions", out_dir=str(out / "bench"), overwrite=True),
+                                HttpTarget(server.url, "tiny", preflight=False, workers=1)))
+        metrics = server.metrics()
+    text = log.read_text(errors="replace")[start:]
+    steps_path = out / "sim-steps.jsonl"
+    trace = WorkloadConfig(trace=TraceConfig(str(out / "bench" / "requests.jsonl")))
+    asyncio.run(run(RunConfig(LoadConfig(Replay()), trace, "completions", out_dir=str(out / "sim"), overwrite=True),
+                    SimTarget(engine_config(), step_log=str(steps_path))))
+    lines = [json.loads(x) for x in steps_path.read_text().splitlines()]
+    return CheckResult(
+        name, vllm_iterations(text), sim_token_steps(lines),
+        prometheus_value(metrics, "vllm:num_preemptions_total"), sum(d["preemptions"] for d in lines),
+        prometheus_value(metrics, "vllm:prefix_cache_hits_total"), sum(d["prefix_hit_tokens"] for d in lines),
+        bench.summary.counts.completed,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m inferlab.engines.vllm_steps``: the check on a real vLLM."""
+    import argparse
+    import sys
+
+    from inferlab.engines.llamacpp import EngineUnavailable
+
+    p = argparse.ArgumentParser(description="Compare the simulator's scheduler with vLLM's, step by step, on three preempting workloads.")
+    p.add_argument("scenarios", nargs="*", metavar="SCENARIO", help=f"of {', '.join(SCENARIOS)} (default: all three)")
+    p.add_argument("--out", default="vllm-check", help="folder for vLLM's logs, the bench runs and the replays")
+    p.add_argument("--python", help="the python of an environment with vLLM (default: install its CPU build once)")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.scenarios if n not in SCENARIOS]
+    if unknown:
+        p.error(f"unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    failed = False
+    for name in args.scenarios or list(SCENARIOS):
+        try:
+            result = check(name, args.out, args.python)
+        except EngineUnavailable as e:
+            print(f"inferlab: {e}", file=sys.stderr)
+            return 1
+        print(result.line(), flush=True)
+        failed |= result.first_difference is not None
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""``inferlab engine``: one configuration mapped to each engine's flags, refused where an
+engine has no such setting; the simulator and llama.cpp started, ready, stopped."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from inferlab._errors import RunFailedError, UsageError
+from inferlab.engines.launch import EngineProcess, EngineSpec, command, load_spec
+
+FULL = {"model": "org/Model-7B", "tensor_parallel_size": 2, "max_model_len": 4096, "max_num_batched_tokens": 2048,
+        "max_num_seqs": 64, "gpu_memory_utilization": 0.85, "enable_prefix_caching": False, "enforce_eager": True,
+        "port": 8123}
+
+
+def argv(engine: str, **settings: object) -> list[str]:
+    return command(EngineSpec(engine, **{**FULL, **settings})).argv  # type: ignore[arg-type]
+
+
+def pairs(args: list[str]) -> dict[str, str]:
+    return {a: b for a, b in itertools.pairwise(args) if a.startswith("-")}
+
+
+def test_one_configuration_becomes_each_engines_own_flags() -> None:
+    v = argv("vllm")
+    assert v[:3] == ["vllm", "serve", "org/Model-7B"]
+    want = {"--tensor-parallel-size": "2", "--max-model-len": "4096", "--max-num-batched-tokens": "2048",
+            "--max-num-seqs": "64", "--gpu-memory-utilization": "0.85", "--port": "8123"}
+    assert {k: pairs(v).get(k) for k in want} == want
+    assert {"--no-enable-prefix-caching", "--enforce-eager"} <= set(v)
+    s = pairs(argv("sglang"))
+    assert (s["--model-path"], s["--tp-size"], s["--context-length"], s["--chunked-prefill-size"],
+            s["--max-running-requests"], s["--mem-fraction-static"]) == ("org/Model-7B", "2", "4096", "2048", "64", "0.85")
+    assert {"--disable-radix-cache", "--disable-cuda-graph"} <= set(argv("sglang"))
+    t = command(EngineSpec("tgi", **FULL))  # type: ignore[arg-type]
+    tp = pairs(t.argv)
+    assert (tp["--model-id"], tp["--num-shard"], tp["--max-total-tokens"], tp["--max-batch-prefill-tokens"],
+            tp["--max-concurrent-requests"], tp["--cuda-memory-fraction"], tp["--cuda-graphs"]) == (
+        "org/Model-7B", "2", "4096", "2048", "64", "0.85", "0")
+    assert t.env == {"PREFIX_CACHING": "0"}
+    sim = pairs(argv("sim"))
+    assert sim["--tensor-parallel-size"] == "2" and sim["--max-num-seqs"] == "64" and "--no-enable-prefix-caching" in argv("sim")
+
+
+def test_llamacpp_and_ollama_take_what_they_have_and_refuse_the_rest() -> None:
+    ll = command(EngineSpec("llamacpp", "m.gguf", max_model_len=2048, max_num_seqs=4, max_num_batched_tokens=512,
+                            enable_prefix_caching=True, executable="/bin/llama-server"))
+    p = pairs(ll.argv)
+    # -c is the KV budget the slots share: 4 slots of 2,048 tokens
+    assert (ll.argv[0], p["-m"], p["-np"], p["-c"], p["-b"], p["--cache-reuse"]) == ("/bin/llama-server", "m.gguf", "4", "8192", "512", "256")
+    o = command(EngineSpec("ollama", "llama3", max_model_len=8192, max_num_seqs=4, port=11500))
+    assert o.argv == ["ollama", "serve"]
+    assert o.env == {"OLLAMA_HOST": "127.0.0.1:11500", "OLLAMA_NUM_PARALLEL": "4", "OLLAMA_CONTEXT_LENGTH": "8192"}
+    for engine, setting in [("llamacpp", "tensor_parallel_size"), ("llamacpp", "gpu_memory_utilization"),
+                            ("llamacpp", "enforce_eager"), ("ollama", "max_num_batched_tokens"),
+                            ("ollama", "enable_prefix_caching")]:
+        with pytest.raises(UsageError, match=f"no setting for {setting}"):
+            command(EngineSpec(engine, "m", **{setting: FULL[setting]}))  # type: ignore[arg-type]
+
+
+def test_the_configuration_file_is_checked(tmp_path: Path) -> None:
+    good = tmp_path / "e.toml"
+    good.write_text('engine = "vllm"\nmodel = "m"\nmax_num_seqs = 8\nextra_args = ["--seed", "1"]\n[env]\nVLLM_X = "1"\n')
+    spec = load_spec(str(good))
+    cmd = command(spec)
+    assert cmd.argv[-2:] == ["--seed", "1"] and cmd.env == {"VLLM_X": "1"}
+    assert cmd.shell().startswith("VLLM_X=1 vllm serve m")
+    js = tmp_path / "e.json"
+    js.write_text(json.dumps({"engine": "sim", "model": "Llama-3.2-1B"}))
+    assert load_spec(str(js)).engine == "sim"
+    for text, needle in [('engine = "vllm"\n', "'model' is required"), ('engine = "x"\nmodel = "m"\n', "unknown engine 'x'"),
+                         ('engine = "vllm"\nmodel = "m"\nmax_seqs = 1\n', "unknown setting 'max_seqs'"),
+                         ('engine = "vllm"\nmodel = "m"\nmax_num_seqs = 0\n', "max_num_seqs must be"),
+                         ('engine = "vllm"\nmodel = \n', "not valid TOML")]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(text)
+        with pytest.raises(UsageError, match=needle):
+            load_spec(str(bad))
+    with pytest.raises(UsageError, match="No such file"):
+        load_spec(str(tmp_path / "missing.toml"))
+
+
+def _gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_the_simulator_starts_answers_and_stops_with_its_whole_group(tmp_path: Path) -> None:
+    spec = EngineSpec("sim", "Llama-3.2-1B", max_model_len=2048, max_num_seqs=8, ready_timeout_s=120)
+    proc = EngineProcess(spec, tmp_path / "engine.log")
+    with proc:
+        with urllib.request.urlopen(proc.url + "/v1/models", timeout=10) as r:
+            assert r.status == 200 and "Llama-3.2-1B" in r.read().decode()
+        assert proc._proc is not None
+        pgid = proc._proc.pid
+    assert _gone(pgid) and not proc.running()
+
+
+def test_an_engine_that_exits_says_why(tmp_path: Path) -> None:
+    spec = EngineSpec("sim", "no-such-model", ready_timeout_s=60)
+    with pytest.raises(RunFailedError, match=r"exited .* before it was ready: .*no-such-model"):
+        EngineProcess(spec, tmp_path / "engine.log").start()
+    missing = EngineSpec("vllm", "m", executable=str(tmp_path / "nope"))
+    with pytest.raises(RunFailedError, match="cannot start"):
+        EngineProcess(missing, tmp_path / "engine.log").start()
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "inferlab", *args], capture_output=True, text=True, timeout=180,
+                          check=False, cwd=cwd)
+
+
+def test_bench_engine_starts_measures_and_stops_the_engine(tmp_path: Path) -> None:
+    cfg = tmp_path / "sim.toml"
+    cfg.write_text('engine = "sim"\nmodel = "Llama-3.2-1B"\nmax_model_len = 2048\nmax_num_seqs = 4\n')
+    dry = _cli("engine", "start", str(cfg), "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0 and "-m inferlab sim serve --model Llama-3.2-1B" in dry.stdout
+    p = _cli("bench", "--engine", str(cfg), "-n", "6", "-c", "2", "--input-tokens", "64", "--output-tokens", "4",
+             "--json", "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["counts"]["completed"] == 6
+    assert "inferlab: starting sim:" in p.stderr and "ready at http://127.0.0.1:" in p.stderr
+    assert (tmp_path / "run" / "engine.log").exists()
+    both = _cli("bench", "--engine", str(cfg), "--url", "http://127.0.0.1:1", "-n", "1", cwd=tmp_path)
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_engine_start_runs_until_interrupted(tmp_path: Path) -> None:
+    cfg = tmp_path / "sim.toml"
+    cfg.write_text('engine = "sim"\nmodel = "Llama-3.2-1B"\nmax_model_len = 2048\n')
+    proc = subprocess.Popen([sys.executable, "-m", "inferlab", "engine", "start", str(cfg), "--log", str(tmp_path / "e.log")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()  # printed once ready
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
