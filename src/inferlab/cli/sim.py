@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,7 @@ from inferlab.cli.common import (
     workload_config,
 )
 from inferlab.load.run import RunResult
+from inferlab.load.schedules import OpenLoop
 from inferlab.report.console import render_summary
 from inferlab.results.runfiles import dumps
 from inferlab.results.summary import Summary
@@ -230,6 +232,15 @@ def _sim_run(kw: dict[str, Any]) -> int:
     _engine_from_trace_run(kw)
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"])
+    s = config.load.schedule
+    offline = kw["offline"] if kw["offline"] is not None else (
+        isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
+    )
+    if offline and (target.engine.api_server_count != 1 or target.engine.host_speed != 1.0):
+        raise UsageError(
+            "--api-server-count and --host-speed set the API front end, and an offline run has none "
+            "(drop them, or serve the run: --served)"
+        )
 
     async def main_async() -> RunResult:
         stop = asyncio.Event()

@@ -76,10 +76,13 @@ def test_vllm_v1_burst_waits_at_the_api_server_and_more_servers_help() -> None:
     assert 0.4 < fast[-1] / one[-1] < 0.75
 
 
-def test_offline_runs_have_no_front_end_and_refuse_its_settings() -> None:
-    offline = burst_ttfts(dataclasses.replace(BASE, offline=True))
+def test_offline_runs_have_no_front_end_and_sim_run_refuses_its_settings() -> None:
+    import subprocess
+    import sys
+
+    offline = burst_ttfts(dataclasses.replace(BASE, offline=True, host_speed=0.5))
     served = burst_ttfts(BASE)
     assert offline[0] < served[0] and offline[-1] < served[-1]
-    for setting in ({"api_server_count": 2}, {"host_speed": 0.5}):
-        with pytest.raises(ValueError, match="offline run has none"):
-            Engine(dataclasses.replace(BASE, offline=True, **setting))  # type: ignore[arg-type]
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--rate", "inf", "-n", "2", "--host-speed", "2"],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 2 and "offline run has none" in p.stderr

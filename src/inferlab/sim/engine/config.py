@@ -186,11 +186,6 @@ def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
         raise ValueError("api_server_count must be at least 1")
     if not config.host_speed > 0:
         raise ValueError("host_speed must be positive")
-    if config.offline and (config.api_server_count != 1 or config.host_speed != 1.0):
-        raise ValueError(
-            "api_server_count and host_speed set the API front end, and an offline run has none "
-            "(drop them, or serve the run: --served)"
-        )
     if config.api_overhead_s is not None and config.api_overhead_s < 0:
         raise ValueError("api_overhead_s must not be negative")
     if config.max_model_len is not None and config.max_model_len > max_position_embeddings:
