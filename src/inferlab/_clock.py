@@ -68,3 +68,9 @@ class VirtualClock:
 
     async def sleep_until_ns(self, deadline_ns: int) -> None:
         self._now_ns = max(self._now_ns, deadline_ns)
+
+
+def wall_time_s() -> float:
+    """Seconds since the Unix epoch (UTC): a label saying when something happened, such
+    as a run recorded in the history; never a measurement (those use a ``Clock``)."""
+    return time.time()

@@ -231,17 +231,19 @@ def test_an_engine_that_cannot_hold_the_model_fails_its_group_and_the_others_go_
     assert ix["groups"][0]["stopped"]["rule"] == "failed" and ix["complete"] is True
 
 
-def test_each_finished_run_and_the_sweep_reach_the_history_hook_and_rows_show_as_points_finish(
+def test_each_finished_run_and_the_sweep_reach_the_history_and_rows_show_as_points_finish(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import inferlab.cli.sweep as cli_sweep
+    from inferlab.results.history import History
 
-    seen: list[str] = []
-    monkeypatch.setattr(cli_sweep, "record_history", seen.append)
+    hist = tmp_path / "history.sqlite"
+    monkeypatch.setenv("INFERLAB_HISTORY", str(hist))
     out = tmp_path / "h"
     r = sweep(["-c", "1,2,4", "-n", "4", "--no-saturation-stop", "-o", str(out)])
     assert r.exit_code == 0, r.output
-    dirs = [str(out / p["dir"]) for p in index(out)["points"]]
-    assert seen == [*dirs, str(out)]
+    dirs = [str((out / p["dir"]).resolve()) for p in index(out)["points"]]
+    with History(hist) as h:
+        rows_in_history = list(reversed(h.find()))  # oldest first
+    assert [(e.kind, e.path) for e in rows_in_history] == [*(("run", d) for d in dirs), ("sweep", str(out.resolve()))]
     rows = [line.strip() for line in r.output.splitlines() if line.startswith("  c=")]
     assert [row.split()[0] for row in rows] == ["c=1", "c=2", "c=4"] and all("done" in row for row in rows)

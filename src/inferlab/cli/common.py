@@ -27,6 +27,8 @@ from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Sc
 from inferlab.openai.request import check_extra_body
 from inferlab.report.console import TABLE_PERCENTILES
 from inferlab.results.export import VLLM_PERCENTILES, run_source, vllm_result, vllm_result_filename
+from inferlab.results.history import ENV as HISTORY_ENV
+from inferlab.results.history import history_path, record_run, record_sweep
 from inferlab.results.metrics import SLO, extra_percentiles, percentile_key
 from inferlab.results.runfiles import dumps, write_summary
 from inferlab.results.summary import with_percentiles
@@ -147,6 +149,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-o", "--out", type=click.Path(file_okay=False), help="Write summary.json, requests.jsonl and config.json here (a folder that holds no run yet)."),
         click.option("--overwrite", is_flag=True, help="With --out: replace the run already there (with --result-filename: that file)."),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout."),
+        *history_options(),
         *(_refused_option(flag, takes_value, why) for flag, (takes_value, why) in VLLM_REFUSED.items()),
     ]
     for opt in reversed(opts):
@@ -311,6 +314,8 @@ def check_needs(kw: dict[str, Any]) -> None:
     for name, (needed, flag) in _NEEDS.items():
         if name in kw and given(name) and kw.get(needed) in (None, False):
             raise UsageError(f"--{name.replace('_', '-')} needs {flag}")
+    if kw.get("no_history") and kw.get("history"):
+        raise UsageError("--history and --no-history: give one")
     if given("overwrite") and kw.get("out") is None and not kw.get("save_result"):
         raise UsageError("--overwrite needs --out (or --save-result)")
 
@@ -448,10 +453,45 @@ def check_result_file(kw: dict[str, Any]) -> None:
             raise UsageError(f"--result-filename {path} already exists: give another name, or --overwrite")
 
 
+def history_options() -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """``--history PATH`` and ``--no-history``: where the run history is (results.history)."""
+    return [
+        click.option("--history", "history", metavar="PATH", help=f"The run-history database to record in (default: ${HISTORY_ENV}, else history.sqlite in the user's data directory; {HISTORY_ENV}=off records nothing)."),
+        click.option("--no-history", is_flag=True, help="Record nothing in the run history."),
+    ]
+
+
+def record_in_history(summary: dict[str, Any], path: str | None, kw: dict[str, Any]) -> int | None:
+    """Record a finished run in the history the flags choose, quietly (``inferlab runs``
+    lists the ids); its id, or None when the history is off. A history that cannot be
+    written is a warning, not a failed run: the run's own files are what matters."""
+    where = history_path(kw.get("history"), disabled=bool(kw.get("no_history")))
+    if where is None:
+        return None
+    try:
+        run_id = record_run(summary, path, where)
+    except UsageError as e:
+        click.echo(f"inferlab: warning: not recorded in the history: {e}", err=True)
+        return None
+    return run_id
+
+
+def record_sweep_in_history(path: str, kw: dict[str, Any]) -> int | None:
+    """Record a sweep directory (its final sweep.json) in the history the flags choose
+    (``--history``/``--no-history``), quietly; a history that cannot be written is a
+    warning. The row id, or None."""
+    try:
+        return record_sweep(path, kw.get("history"), disabled=bool(kw.get("no_history")))
+    except UsageError as e:
+        click.echo(f"inferlab: warning: not recorded in the history: {e}", err=True)
+        return None
+
+
 def finish_run(result: RunResult, kw: dict[str, Any]) -> RunResult:
     """What the flags ask of a run once it has ended: ``--metric-percentiles`` added to
-    every distribution (summary.json rewritten with them), and ``--save-result``'s vLLM
-    result file written (its path said on stderr)."""
+    every distribution (summary.json rewritten with them), ``--save-result``'s vLLM
+    result file written (its path said on stderr), and the run recorded in the history
+    (``--history``/``--no-history``)."""
     chosen = kw.get("metric_percentiles")
     if chosen and extra_percentiles(chosen):
         summary = with_percentiles(result.summary, result.records, chosen)
@@ -476,4 +516,5 @@ def finish_run(result: RunResult, kw: dict[str, Any]) -> RunResult:
         except OSError as e:
             raise UsageError(f"cannot write the vLLM result {path}: {e.strerror or e}") from e
         click.echo(f"inferlab: vLLM result: {path}", err=True)
+    record_in_history(result.summary.to_json(), kw.get("out"), kw)
     return result

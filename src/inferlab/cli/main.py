@@ -34,6 +34,9 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.engine import engine
 from inferlab.cli.export import export
+from inferlab.cli.gateway import gateway
+from inferlab.cli.history import runs
+from inferlab.cli.report import compare_cmd, report_cmd
 from inferlab.cli.sim import sim
 from inferlab.cli.sweep import sweep
 from inferlab.cli.tokens import tokens
@@ -178,6 +181,10 @@ main.add_command(export)
 main.add_command(tokens)
 main.add_command(sweep)
 main.add_command(tune)
+main.add_command(runs)
+main.add_command(compare_cmd)
+main.add_command(report_cmd)
+main.add_command(gateway)
 
 def run() -> None:
     """The console script."""

@@ -165,6 +165,8 @@ def _serve(kw: dict[str, Any]) -> int:
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
 @click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
 @click.option("--offline/--served", "offline", default=None, help="Run as vLLM's offline LLM class (no API server costs, larger default budget) or behind its API server. Default: offline only with --rate inf and no --max-concurrency.")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True, help="Engines of this config, in parallel, each with its own KV and prefix cache, behind --router.")
+@click.option("--router", type=click.Choice(["round-robin", "least-outstanding", "prefix-affinity"]), default="round-robin", show_default=True, help="How --replicas share the requests: inferlab gateway's routing policies, the same code.")
 def run_cmd(**kw: Any) -> None:
     """Run a workload through the simulated engine in virtual time (no HTTP)."""
     sys.exit(run_guarded(lambda: _sim_run(kw)))
@@ -231,7 +233,9 @@ def _sim_run(kw: dict[str, Any]) -> int:
     _model_from_trace(kw)
     _engine_from_trace_run(kw)
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
-    target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"])
+    if kw["replicas"] == 1 and given("router"):
+        raise UsageError("--router chooses among --replicas: give --replicas N (2 or more)")
+    target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"], kw["replicas"], kw["router"])
     s = config.load.schedule
     offline = kw["offline"] if kw["offline"] is not None else (
         isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
@@ -269,7 +273,11 @@ def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     assert engine is not None
     out = Console()
     e = engine.config
-    render_summary(out, result.summary, f"{e.model} on {e.tensor_parallel_size}x {e.gpu}, virtual time", table_percentiles(kw))
+    replicas = result.summary.config.get("replicas")
+    where = f"{e.tensor_parallel_size}x {e.gpu}"
+    if replicas:
+        where = f"{replicas['count']} replicas of {where} (router {replicas['router']})"
+    render_summary(out, result.summary, f"{e.model} on {where}, virtual time", table_percentiles(kw))
     line = Table(show_header=False, box=None, pad_edge=False)
     line.add_column(style="bold", no_wrap=True, min_width=18)
     line.add_column()  # wraps under itself, not under the label

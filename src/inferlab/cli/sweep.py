@@ -27,6 +27,7 @@ from inferlab.cli.common import (
     load_options,
     parse_headers,
     parse_rate,
+    record_sweep_in_history,
     run_guarded,
     slo_config,
     workload_config,
@@ -54,12 +55,6 @@ _REFUSED = {
     "trace": "a trace replays at its own times, with no load axis to sweep (run it with bench or sim run)",
     "save_result": "each point is a run directory: write a vLLM result from one with `inferlab export DIR --format vllm`",
 }
-
-
-def record_history(path: str) -> None:
-    """HOOK for the run history (issue 19, item 4): called with each point's run
-    directory as it finishes and with the sweep directory at the end. A no-op until the
-    history store lands; wire it here (and honour --no-history there)."""
 
 
 def _params(decorate: Callable[[Callable[..., Any]], Callable[..., Any]]) -> list[click.Parameter]:
@@ -146,9 +141,8 @@ def _sweep(kw: dict[str, Any]) -> int:
     err.print(f"inferlab sweep: {_target_line(config)} → {config.out_dir}/sweep.json", soft_wrap=True, highlight=False)
 
     def after_run(result: RunResult, path: str) -> RunResult:
-        result = finish_run(result, {**kw, "out": path, "save_result": False})
-        record_history(path)
-        return result
+        # (finish_run also records the point in the run history, as any run)
+        return finish_run(result, {**kw, "out": path, "save_result": False})
 
     async def main_async() -> SweepResult:
         stop = asyncio.Event()
@@ -157,7 +151,7 @@ def _sweep(kw: dict[str, Any]) -> int:
 
     with watcher:
         result = asyncio.run(main_async())
-    record_history(config.out_dir)
+    record_sweep_in_history(config.out_dir, kw)
     if kw["as_json"]:
         click.echo(dumps(result.index))
     else:

@@ -4,11 +4,15 @@ workload (``analysis.tune``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import sys
+import tempfile
 import types
 import typing
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import click
@@ -20,15 +24,23 @@ from inferlab.cli.common import (
     install_stop_signals,
     load_config,
     load_options,
+    record_sweep_in_history,
     run_guarded,
     slo_config,
     workload_config,
 )
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
-from inferlab.load.run import RunConfig, SimTarget
+from inferlab.load.run import HttpTarget, RunConfig, SimTarget
+from inferlab.results.runfiles import plain_json
 from inferlab.results.sweepindex import check_sweep_dir
 from inferlab.sim.engine.engine import EngineConfig
-from inferlab.sweep.tune import Axis, Trial, TuneConfig, Tuner, TuneResult
+from inferlab.sweep.tune import Axis, Trial, Trials, TuneConfig, Tuner, TuneResult
+
+#: Settings no search moves: where the engine is, and how it is run.
+_NOT_SEARCHED = frozenset({"efficiencies_path", "offline", "engine", "model", "host", "port", "executable",
+                           "extra_args", "env", "ready_timeout_s", "served_model_name"})
+#: The simulated engine's flags (engine_options): meaningless with --engine.
+_SIM_FLAGS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
 
 #: load_options' flags that have no meaning for a search of many runs.
 _NOT_FOR_TUNE = {
@@ -46,6 +58,7 @@ _NOT_FOR_TUNE = {
 @click.option("--objective", type=click.Choice(["goodput", "throughput"]), default="goodput", show_default=True, help="goodput: requests/s within every SLO; throughput: output tokens/s of trials where at least --slo-share of requests met the SLOs.")
 @click.option("--slo-share", type=float, default=0.9, show_default=True, help="With --objective throughput: the share of requests that must meet the SLOs.")
 @click.option("--max-trials", type=click.IntRange(min=1), help="Stop after this many trials (default: as many as the search needs).")
+@click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Tune a real engine: this config (TOML/JSON, as for inferlab engine start) with each setting put in, started for each trial and stopped after it; --param then names its settings (max-num-seqs, max-num-batched-tokens, max-model-len, enable-prefix-caching, ...).")
 @click.option("--abort-hopeless/--no-abort-hopeless", default=True, show_default=True, help="End a trial early once it can no longer beat the best one.")
 def tune(**kw: Any) -> None:
     """Search engine flags for the best goodput on one workload, on the simulated engine
@@ -53,9 +66,10 @@ def tune(**kw: Any) -> None:
     sys.exit(run_guarded(lambda: _tune(kw)))
 
 
-def _flag_values(name: str, text: str) -> tuple[Any, ...]:
-    """``--param``'s values for engine field ``name``, read as the field's type."""
-    hints = typing.get_type_hints(EngineConfig)
+def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tuple[Any, ...]:
+    """``--param``'s values for field ``name`` of ``config_type`` (the simulator's
+    ``EngineConfig``, or an ``EngineSpec``), read as the field's type."""
+    hints = typing.get_type_hints(config_type)
     kind = hints[name]
     args = [a for a in typing.get_args(kind) if a is not type(None)] if isinstance(kind, types.UnionType) else [kind]
     base = args[0] if args else kind
@@ -82,22 +96,24 @@ def _flag_values(name: str, text: str) -> tuple[Any, ...]:
     return tuple(dict.fromkeys(out))  # once each, in the order given
 
 
-def _axes(params: tuple[str, ...], kw: dict[str, Any]) -> tuple[Axis, ...]:
+def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = EngineConfig) -> tuple[Axis, ...]:
     ctx = click.get_current_context()
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    fields = {f.name for f in dataclasses.fields(config_type)} - _NOT_SEARCHED
     axes: list[Axis] = []
     for p in params:
         flag, sep, values = p.partition("=")
         name = flag.strip().lstrip("-").replace("-", "_")
         if not sep or not name:
             raise UsageError(f"--param {p!r}: expected FLAG=V1,V2,..., e.g. max-num-seqs=16,64,256")
-        if name not in fields or name in ("efficiencies_path", "offline"):
-            raise UsageError(f"--param {flag}: not an engine flag tune can search (e.g. max-num-batched-tokens, max-num-seqs, gpu, quantization, tensor-parallel-size)")
+        if name not in fields:
+            where = "the engine config" if config_type is not EngineConfig else "the simulator"
+            raise UsageError(f"--param {flag}: not an engine flag tune can search on {where}; these are: "
+                             + ", ".join(sorted(f.replace("_", "-") for f in fields)))
         if any(a.name == name for a in axes):
             raise UsageError(f"--param {flag} given twice")
         if name in kw and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise UsageError(f"--{flag.lstrip('-')} is given as a flag and searched by --param: give one")
-        axes.append(Axis(name, _flag_values(name, values)))
+        axes.append(Axis(name, _flag_values(name, values, config_type)))
     return tuple(axes)
 
 
@@ -105,15 +121,30 @@ def _tune(kw: dict[str, Any]) -> int:
     for key, flag in _NOT_FOR_TUNE.items():
         if kw.get(key):
             raise UsageError(f"{flag} is for a single run, not for tune (each trial is a run directory under --out)")
+    spec = None
+    if kw["engine_config"]:
+        from inferlab.engines.launch import EngineSpec, load_spec
+
+        ctx = click.get_current_context()
+        given = [p.opts[-1] for p in ctx.command.params if p.name in _SIM_FLAGS
+                 and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise UsageError(f"{given[0]} is a flag of the simulated engine; with --engine the config file sets the engine (search its settings with --param)")
+        spec = load_spec(kw["engine_config"])
     config = TuneConfig(
-        _axes(kw["params"], kw), kw["search"], kw["objective"], kw["slo_share"], kw["max_trials"], kw["abort_hopeless"]
+        _axes(kw["params"], kw, EngineConfig if spec is None else EngineSpec), kw["search"], kw["objective"],
+        kw["slo_share"], kw["max_trials"], kw["abort_hopeless"],
     )
     out = kw["out"]
+    if kw.get("history") and not out:
+        raise UsageError("--history records the tune's sweep.json in the history: give --out too")
     if out:
         check_sweep_dir(out, kw["overwrite"])
     run_config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), None, kw["overwrite"])
-    target = SimTarget(engine_config(kw))
     err = Console(stderr=True)
+    target: SimTarget | Trials = SimTarget(engine_config(kw)) if spec is None else EngineTrials(spec, out, err)
+    where = ("on the simulated engine (virtual time; predictions)" if spec is None
+             else f"on {spec.engine}, started for each trial (measured)")
 
     def on_trial(t: Trial) -> None:
         if not kw["as_json"]:
@@ -126,17 +157,49 @@ def _tune(kw: dict[str, Any]) -> int:
         grid = tuner.grid_size
         if not kw["as_json"]:
             err.print(f"inferlab tune: {config.search} search over {grid} settings of "
-                      + ", ".join(a.flag for a in config.axes) + " on the simulated engine (virtual time; predictions)")
+                      + ", ".join(a.flag for a in config.axes) + " " + where)
         return await tuner.search()
 
     result = asyncio.run(main_async())
+    if out:
+        record_sweep_in_history(out, kw)
     if kw["as_json"]:
-        click.echo(json.dumps(_result_json(result, config), indent=2, allow_nan=False, default=lambda v: getattr(v, "value", str(v))))
+        click.echo(json.dumps(_result_json(result, config, spec is None), indent=2, allow_nan=False, default=lambda v: getattr(v, "value", str(v))))
     else:
-        _render(Console(), result, config, out)
+        _render(Console(), result, config, out, spec is None)
     if result.best is None:
         raise UsageError("no trial completed: see the reasons above") if not result.interrupted else click.exceptions.Exit(130)
     return 130 if result.interrupted else 0
+
+
+class EngineTrials:
+    """Trials on a real engine: ``spec`` with each setting put in, started for the
+    trial (its log in the trial's directory) and stopped after it."""
+
+    prediction = False
+
+    def __init__(self, spec: Any, out: str | None, err: Console) -> None:
+        self.spec = spec
+        self.out = out
+        self.err = err
+        self.fields = frozenset(f.name for f in dataclasses.fields(spec)) - _NOT_SEARCHED
+
+    def target_json(self) -> dict[str, Any]:
+        return {"kind": "server", "virtual_time": False, "engine": plain_json(dataclasses.asdict(self.spec))}
+
+    @contextlib.asynccontextmanager
+    async def open(self, params: dict[str, Any], trial_dir: str | None) -> AsyncIterator[HttpTarget]:
+        from inferlab.engines.launch import EngineProcess
+
+        spec = dataclasses.replace(self.spec, **params)
+        folder = Path(trial_dir) if trial_dir else Path(tempfile.mkdtemp(prefix="inferlab-tune-"))
+        proc = EngineProcess(spec, folder.parent / f"{folder.name}.engine.log")
+        self.err.print(f"inferlab tune: starting {spec.engine}: {proc.command.shell()}")
+        await asyncio.to_thread(proc.start)
+        try:
+            yield HttpTarget(proc.url, timeout_s=600.0)
+        finally:
+            await asyncio.to_thread(proc.stop)
 
 
 def _params(t: Trial, sep: str = " ") -> str:
@@ -154,8 +217,9 @@ def _trial_line(t: Trial, config: TuneConfig) -> str:
             f"TTFT p99 {_fmt(h.get('ttft_p99_ms'))} ms, TPOT p99 {_fmt(h.get('tpot_p99_ms'), 2)} ms")
 
 
-def _render(out: Console, result: TuneResult, config: TuneConfig, folder: str | None) -> None:
-    table = Table(title="inferlab tune: the best and the Pareto front (output tok/s vs TTFT p99); prediction (simulated, virtual time)",
+def _render(out: Console, result: TuneResult, config: TuneConfig, folder: str | None, prediction: bool) -> None:
+    what = "prediction (simulated, virtual time)" if prediction else "measured"
+    table = Table(title=f"inferlab tune: the best and the Pareto front (output tok/s vs TTFT p99); {what}",
                   title_justify="left", header_style="bold")
     for col in ("trial", "flags", config.objective, "out tok/s", "TTFT p99 ms", "TPOT p99 ms"):
         table.add_column(col, justify="left" if col == "flags" else "right", overflow="fold", no_wrap=col != "flags")
@@ -170,16 +234,16 @@ def _render(out: Console, result: TuneResult, config: TuneConfig, folder: str | 
     done = sum(1 for t in result.trials if t.status == "done")
     stopped = sum(1 for t in result.trials if t.status == "stopped")
     failed = sum(1 for t in result.trials if t.status == "failed")
-    out.print(f"trials: {len(result.trials)} of a grid of {result.grid_size} ({done} done, {stopped} stopped early as hopeless, {failed} refused by the engine)")
+    out.print(f"trials: {len(result.trials)} of a grid of {result.grid_size} ({done} done, {stopped} stopped early as hopeless, {failed} failed: refused or not started)")
     if result.best is not None:
         b = result.best
-        out.print(f"best ({config.objective}, prediction): trial {b.number}: {_params(b)}: {b.score:,.2f} "
+        out.print(f"best ({config.objective}, {'prediction' if prediction else 'measured'}): trial {b.number}: {_params(b)}: {b.score:,.2f} "
                   + ("req/s within the SLOs" if config.objective == "goodput" else "output tok/s"))
     if folder:
         out.print(f"results: {folder}/sweep.json (each trial a run directory beside it)")
 
 
-def _result_json(result: TuneResult, config: TuneConfig) -> dict[str, Any]:
+def _result_json(result: TuneResult, config: TuneConfig, prediction: bool) -> dict[str, Any]:
     def trial(t: Trial) -> dict[str, Any]:
         return {"trial": t.number, "params": t.params, "status": t.status, "reason": t.reason, "score": t.score,
                 "met_slo": t.met, "dir": t.dir, "headline": t.headline()}
@@ -187,5 +251,5 @@ def _result_json(result: TuneResult, config: TuneConfig) -> dict[str, Any]:
     return {
         "search": config.search, "objective": config.objective, "grid_size": result.grid_size,
         "trials": [trial(t) for t in result.trials], "best": None if result.best is None else trial(result.best),
-        "pareto": [t.number for t in result.pareto], "interrupted": result.interrupted, "prediction": True,
+        "pareto": [t.number for t in result.pareto], "interrupted": result.interrupted, "prediction": prediction,
     }

@@ -85,11 +85,14 @@ class HttpTarget:
 class SimTarget:
     """The simulated engine in virtual time. ``offline`` None: as vLLM's offline ``LLM``
     class only for ``--rate inf`` without a concurrency cap, else behind its API server.
-    ``step_log``: a file to write one JSON line per engine step to."""
+    ``step_log``: a file to write one JSON line per engine step to. ``replicas`` engines
+    of this config run in parallel behind the router ``router``."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     offline: bool | None = None
     step_log: str | None = None
+    replicas: int = 1  # engines behind a router (``inferlab.load.replicas``)
+    router: str = "round-robin"  # one of ``inferlab.gateway.routing.ROUTERS``
 
 
 Target = HttpTarget | SimTarget
@@ -208,7 +211,8 @@ def _prediction(engine: Engine, load: LoadConfig) -> dict[str, Any]:
 
 
 def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
-    from inferlab.load.virtual import Interrupted, SimulatedServer, serve
+    from inferlab.load.replicas import Replicas
+    from inferlab.load.virtual import Interrupted, Served, SimulatedServer, serve
     from inferlab.workload.builtin_prompts import SimPromptBuilder
     from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 
@@ -238,6 +242,14 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         "trace": wcfg.trace.path if wcfg.trace is not None else None,
     }
     config_json["engine"]["gpu_preset"] = engine.gpu.name  # what a free-text --gpu ran as
+    if target.replicas > 1:
+        from inferlab.gateway.routing import ROUTERS
+
+        if target.router not in ROUTERS:
+            raise UsageError(f"--router {target.router}: use one of {', '.join(ROUTERS)}")
+        if target.step_log:
+            raise UsageError("--step-log records one engine: it cannot be used with --replicas")
+        config_json["replicas"] = {"count": target.replicas, "router": target.router}
     config_json = plain_json(config_json)
     step_log = _open_step_log(target.step_log)
 
@@ -245,10 +257,15 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         # (in a worker thread: the event loop stays free to take Ctrl-C and set ``stop``)
         def go() -> Outcome:
             try:
-                server = SimulatedServer(
-                    engine, chat=config.api == "chat", step_log=step_log, tokenizer=tokenizer,
-                    on_record=on_record, answers=policy.wants_answers,
-                )
+                engines = [engine] + [Engine(engine.config) for _ in range(target.replicas - 1)]
+                servers = [
+                    SimulatedServer(
+                        e, chat=config.api == "chat", step_log=step_log, tokenizer=tokenizer,
+                        on_record=on_record, answers=policy.wants_answers,
+                    )
+                    for e in engines
+                ]
+                server: Served = servers[0] if len(servers) == 1 else Replicas(servers, target.router)
                 records = serve(server, policy, None if stop is None else stop.is_set)
             except Interrupted as e:  # what was measured is kept
                 return Outcome(e.records, True, e.cause)

@@ -296,7 +296,17 @@ def simulate(
     return serve(server, policy, stop)
 
 
-def serve(server: SimulatedServer, policy: Policy, stop: Callable[[], bool] | None = None) -> list[RequestRecord]:
+class Served(Target, Protocol):
+    """A target that makes records: ``SimulatedServer``, or several behind a router
+    (``inferlab.load.replicas.Replicas``)."""
+
+    @property
+    def done(self) -> list[RequestRecord]: ...
+
+    def interrupted(self, cause: InferlabError | None = None) -> Interrupted: ...
+
+
+def serve(server: Served, policy: Policy, stop: Callable[[], bool] | None = None) -> list[RequestRecord]:
     """Serve what ``policy`` sends through ``server`` in virtual time; the records,
     sorted by index.
 

@@ -34,16 +34,17 @@ TTFT p99 (lower).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from inferlab._errors import InferlabError, UsageError
-from inferlab.load.run import RunConfig, RunResult, SimTarget, run
+from inferlab.load.run import RunConfig, RunResult, SimTarget, Target, run
 from inferlab.results.metrics import request_metrics
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import plain_json
@@ -127,14 +128,46 @@ def pareto_front(trials: Sequence[Trial]) -> list[Trial]:
     return sorted(front, key=lambda t: t.headline()["output_tok_s"] or 0.0)
 
 
+class Trials(Protocol):
+    """Where trials run: the settings it takes (``fields``), what ``sweep.json`` says
+    of it, whether its numbers are predictions, and the target of one setting, for the
+    trial's duration (an engine started for it is stopped after)."""
+
+    fields: frozenset[str]
+    prediction: bool
+
+    def target_json(self) -> dict[str, Any]: ...
+
+    def open(self, params: dict[str, Any], trial_dir: str | None) -> contextlib.AbstractAsyncContextManager[Target]: ...
+
+
+class SimTrials:
+    """Trials on the simulated engine in virtual time: ``base`` with each setting's
+    engine flags replaced."""
+
+    prediction = True
+
+    def __init__(self, base: SimTarget) -> None:
+        self.base = base
+        self.fields = frozenset(f.name for f in dataclasses.fields(type(base.engine))) - {"efficiencies_path", "offline"}
+
+    def target_json(self) -> dict[str, Any]:
+        return target_json(self.base)
+
+    @contextlib.asynccontextmanager
+    async def open(self, params: dict[str, Any], trial_dir: str | None) -> AsyncIterator[Target]:
+        yield dataclasses.replace(self.base, engine=dataclasses.replace(self.base.engine, **params))
+
+
 class Tuner:
-    """Runs trials of ``run_config`` on the simulated engine ``base`` with each
-    setting's flags replaced, writing each under ``out_dir`` (None: nowhere)."""
+    """Runs trials of ``run_config`` on ``trials`` (the simulated engine, a
+    ``SimTarget``, or an engine started per trial), writing each under ``out_dir``
+    (None: nowhere)."""
 
     def __init__(
         self,
         run_config: RunConfig,
-        base: SimTarget,
+        base: SimTarget | Trials,
         config: TuneConfig,
         out_dir: str | None,
         on_trial: Callable[[Trial], None] = lambda t: None,
@@ -148,14 +181,14 @@ class Tuner:
             raise UsageError("--slo-share must be in (0, 1]")
         if config.max_trials is not None and config.max_trials < 1:
             raise UsageError("--max-trials must be at least 1")
-        fields = {f.name for f in dataclasses.fields(type(base.engine))}
+        self.trials_at: Trials = SimTrials(base) if isinstance(base, SimTarget) else base
         for a in config.axes:
-            if a.name not in fields:
-                raise UsageError(f"{a.flag}: not an engine flag the simulator takes")
+            if a.name not in self.trials_at.fields:
+                what = "the simulator" if self.trials_at.prediction else "the engine config"
+                raise UsageError(f"{a.flag}: not an engine flag {what} takes")
             if not a.values:
                 raise UsageError(f"{a.flag}: no values")
         self.run_config = run_config
-        self.base = base
         self.config = config
         self.out_dir = out_dir
         self.on_trial = on_trial
@@ -182,9 +215,8 @@ class Tuner:
         trial = Trial(number, dict(params), None if out is None else name)
         result: RunResult | None
         try:
-            engine = dataclasses.replace(self.base.engine, **params)
-            target = dataclasses.replace(self.base, engine=engine)
-            result = await self._run(dataclasses.replace(self.run_config, out_dir=out), target, trial)
+            async with self.trials_at.open(params, out) as target:
+                result = await self._run(dataclasses.replace(self.run_config, out_dir=out), target, trial)
         except (UsageError, ValueError, InferlabError) as e:
             trial.status, trial.reason = "failed", str(e).splitlines()[0]
             partial = getattr(e, "result", None)  # every request failed: its summary is kept
@@ -205,7 +237,7 @@ class Tuner:
         self._write_index(complete=False)
         return trial
 
-    async def _run(self, config: RunConfig, target: SimTarget, trial: Trial) -> RunResult:
+    async def _run(self, config: RunConfig, target: Target, trial: Trial) -> RunResult:
         slo = config.slo
         assert slo is not None
         planned = config.load.num_requests
@@ -315,8 +347,8 @@ class Tuner:
         write_index(self.out_dir, plain_json({
             "format": FORMAT,
             "command": "tune",
-            "target": target_json(self.base),
-            "prediction": True,
+            "target": self.trials_at.target_json(),
+            "prediction": self.trials_at.prediction,
             "axes": {a.name: list(a.values) for a in self.config.axes},
             "load_axis": None,
             "repeats": 1,

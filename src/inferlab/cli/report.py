@@ -1,0 +1,126 @@
+"""``inferlab compare`` (runs side by side, changes against noise, a CI exit status) and
+``inferlab report`` (one self-contained HTML file of plots)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+
+from inferlab._errors import UsageError
+from inferlab.cli.common import run_guarded
+from inferlab.cli.history import history_option, resolve_runs
+from inferlab.results.compare import parse_fail_if
+from inferlab.results.runfiles import dumps
+
+#: ``compare``'s exit status when a ``--fail-if`` condition holds (2 is a usage error,
+#: 1 a failure to compare at all).
+FAIL_IF_EXIT = 3
+
+
+@click.command("compare")
+@click.argument("runs", nargs=-1, required=True)
+@click.option("--fail-if", "fail_if", multiple=True, metavar="COND",
+              help=f"Exit {FAIL_IF_EXIT} when a run's change against the first passes this and is not within noise: "
+                   "METRIC>LIMIT or METRIC<LIMIT, e.g. 'ttft_p99>+10%', 'output_tok_s<-5%', 'tpot_p50>+2' (ms). Repeatable.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@history_option
+def compare_cmd(**kw: Any) -> None:
+    """Compare runs side by side against the first: RUN directories, sweeps of repeats,
+    or history ids (inferlab runs)."""
+    sys.exit(run_guarded(lambda: _compare(kw)))
+
+
+def _compare(kw: dict[str, Any]) -> int:
+    from inferlab.report.compare import build, render, side_of
+
+    conditions = [parse_fail_if(c) for c in kw["fail_if"]]
+    paths = resolve_runs(kw["runs"], kw["history"])
+    if len(paths) < 2:
+        raise UsageError("compare needs two runs or more (the first is the baseline)")
+    labels = _labels(kw["runs"])
+    comparison = build([side_of(p, label) for p, label in zip(paths, labels, strict=True)])
+    if kw["as_json"]:
+        click.echo(dumps(comparison.to_json()))
+    else:
+        render(Console(), comparison)
+    tripped = []
+    for side, deltas in zip(comparison.sides[1:], comparison.deltas, strict=True):
+        for cond in conditions:
+            d = next(d for d in deltas if d.metric is cond.metric)
+            if cond.trips(d):
+                change = f"{d.rel * 100:+.1f}%" if cond.percent and d.rel is not None else f"{d.delta:+.3g}"
+                tripped.append(f"{side.label}: {cond.text} ({cond.metric.label} {change}, {d.verdict})")
+    for line in tripped:
+        click.echo(f"inferlab: --fail-if: {line}", err=True)
+    return FAIL_IF_EXIT if tripped else 0
+
+
+def _labels(args: tuple[str, ...]) -> list[str]:
+    """Short names for the columns: the argument as given (a path's last part), made
+    unique."""
+    out: list[str] = []
+    for a in args:
+        name = a.rstrip("/").rsplit("/", 1)[-1] or a
+        if a.lstrip("#").isdigit() and not os.path.exists(a):
+            name = f"#{a.lstrip('#')}"
+        base, k = name, 2
+        while name in out:
+            name, k = f"{base}({k})", k + 1
+        out.append(name)
+    return out
+
+
+@click.command("report")
+@click.argument("sources", nargs=-1, required=True)
+@click.option("-o", "--output", "output", default="report.html", show_default=True, type=click.Path(dir_okay=False), help="The HTML file to write.")
+@click.option("--png", "png_dir", type=click.Path(file_okay=False), help="Also write each plot as a PNG in this folder (drawn by headless Chromium: $INFERLAB_CHROMIUM, or chromium on PATH).")
+@click.option("--gpus", type=click.IntRange(min=1), help="GPUs behind the target, for tokens/s per GPU (default: the engine's tensor-parallel size when the run records it, else 1, and the report says so).")
+@click.option("--title", help="The report's title (default: from the sources).")
+@history_option
+def report_cmd(**kw: Any) -> None:
+    """One self-contained HTML file (no network fetch) of the plots of runs and sweeps:
+    RUN or SWEEP directories, or history ids. Several runs also get a comparison
+    against the first."""
+    sys.exit(run_guarded(lambda: _report(kw)))
+
+
+def _report(kw: dict[str, Any]) -> int:
+    from pathlib import Path
+
+    from inferlab.report.compare import build, side_of
+    from inferlab.report.html import Report, render
+    from inferlab.results.sources import Run, load
+
+    paths = resolve_runs(kw["sources"], kw["history"])
+    labels = _labels(kw["sources"])
+    sources = [load(p) for p in paths]
+    for src, label in zip(sources, labels, strict=True):
+        if isinstance(src, Run):
+            src.label = label
+    title = kw["title"] or "inferlab report: " + ", ".join(labels)
+    report = Report(title, sources, kw["gpus"])
+    if len(sources) >= 2:
+        try:  # runs, or sweeps of repeats of one configuration
+            report.comparison = build([side_of(p, label) for p, label in zip(paths, labels, strict=True)])
+        except UsageError:
+            report.comparison = None  # a sweep over several configurations: its curves say it
+    html = render(report)
+    out = Path(kw["output"])
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(html, encoding="utf-8")
+    except OSError as e:
+        raise UsageError(f"cannot write {out}: {e.strerror or e}") from e
+    drawn = [f for f in report.figures if f.body]
+    click.echo(f"inferlab: report: {out} ({len(html) / 1024:,.0f} KiB, {len(drawn)} plots"
+               + (f"; nothing to draw for {', '.join(f.id for f in report.figures if not f.body)}" if len(drawn) < len(report.figures) else "") + ")", err=True)
+    if kw["png_dir"]:
+        from inferlab.report.browser import screenshot_figures
+
+        written = screenshot_figures(out, Path(kw["png_dir"]), [f.id for f in drawn])
+        click.echo(f"inferlab: {len(written)} PNGs in {kw['png_dir']}", err=True)
+    return 0

@@ -1,0 +1,153 @@
+"""``inferlab compare`` as a console table and as JSON: the runs side by side, each
+metric's change against the first run and whether it exceeds run-to-run noise
+(``inferlab.results.compare``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from inferlab._errors import UsageError
+from inferlab.results.compare import (
+    METRICS,
+    Delta,
+    compare,
+    distribution_tests,
+    estimate,
+    verdict_words,
+)
+from inferlab.results.sources import Run, Sweep, load
+
+
+@dataclass
+class Side:
+    """One thing compared: a run, or the repeats of one sweep point."""
+
+    label: str
+    runs: list[Run]
+
+    @property
+    def simulated(self) -> bool:
+        return any(r.simulated for r in self.runs)
+
+    def describe(self) -> str:
+        run = self.runs[0]
+        cfg = run.config
+        resolved = cfg.get("resolved") or {}
+        engine = cfg.get("engine") if cfg.get("command") == "sim run" else resolved.get("engine")
+        model = (engine or {}).get("model") or resolved.get("model") or "?"
+        where = "simulator, virtual time" if cfg.get("command") == "sim run" else (resolved.get("url") or "?")
+        reps = f", {len(self.runs)} repeats" if len(self.runs) > 1 else ""
+        kind = " (prediction)" if self.simulated else ""
+        return f"{self.label}: {model} @ {where}{reps}, {len(run.records)} requests{kind}"
+
+
+@dataclass
+class Comparison:
+    sides: list[Side]
+    deltas: list[list[Delta]] = field(default_factory=list)  # per side after the first
+    tests: list[dict[str, float | None]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "baseline": self.sides[0].label,
+            "runs": [{"label": s.label, "paths": [str(r.path) for r in s.runs], "simulated": s.simulated} for s in self.sides],
+            "comparisons": [
+                {"run": s.label, "metrics": [d.to_json() for d in ds], "mann_whitney_p": t}
+                for s, ds, t in zip(self.sides[1:], self.deltas, self.tests, strict=True)
+            ],
+        }
+
+
+def side_of(path: str, label: str | None = None) -> Side:
+    """A run directory, or a sweep whose points are repeats of one configuration."""
+    src = load(path)
+    name = label or os.path.basename(os.path.normpath(path)) or path
+    if isinstance(src, Sweep):
+        runs = [p.run for p in src.points if p.run is not None and p.status == "done"]
+        params = {tuple(sorted((k, str(v)) for k, v in p.params.items())) for p in src.points if p.run is not None and p.status == "done"}
+        if not runs:
+            raise UsageError(f"{path}: a sweep with no finished point")
+        if len(params) > 1:
+            raise UsageError(f"{path}: a sweep over {len(params)} configurations; compare its point directories (or use inferlab report)")
+        return Side(name, runs)
+    return Side(name, [src])
+
+
+def build(sides: Sequence[Side]) -> Comparison:
+    if len(sides) < 2:
+        raise UsageError("compare needs two runs or more")
+    c = Comparison(list(sides))
+    for s in sides[1:]:
+        c.deltas.append(compare(sides[0].runs, s.runs))
+        c.tests.append(distribution_tests(sides[0].runs, s.runs))
+    return c
+
+
+def fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "—"
+    if unit in ("tok/s",):
+        return f"{v:,.0f}"
+    return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.1f}"
+
+
+def render(console: Console, c: Comparison) -> None:
+    base = c.sides[0]
+    for s in c.sides:
+        console.print(s.describe())
+    t = Table(title=f"each run against {base.label}: change, its 95% interval, and whether it exceeds run-to-run noise",
+              title_justify="left")
+    t.add_column("metric", no_wrap=True)
+    t.add_column(base.label, justify="right")
+    for s in c.sides[1:]:
+        t.add_column(s.label, justify="right")
+        t.add_column("change", justify="right")
+        t.add_column("vs noise")
+    for i, m in enumerate(METRICS):
+        row = [f"{m.label} ({m.unit})", fmt(estimate(m, base.runs).value, m.unit)]
+        for ds in c.deltas:
+            d = ds[i]
+            change = "—" if d.delta is None else (f"{d.rel * 100:+.1f}%" if d.rel is not None else f"{d.delta:+.3g}")
+            style = "" if d.verdict != "beyond noise" else ("green" if d.better else "red")
+            row += [fmt(d.b.value, m.unit), change, f"[{style}]{verdict_words(d)}[/]" if style else verdict_words(d)]
+        t.add_row(*row)
+    console.print(t)
+    for s, tests in zip(c.sides[1:], c.tests, strict=True):
+        parts = [f"{name.removesuffix('_ms').upper()} p={p:.3g}" for name, p in tests.items() if p is not None]
+        if parts:
+            console.print(f"Mann–Whitney, {s.label} vs {base.label} per request (p < 0.05: the distribution moved): " + ", ".join(parts))
+    console.print("95% intervals: over repeats when given, else batch means and a block bootstrap over the order requests ended "
+                  "(docs/report.md); beyond noise = the change's interval excludes 0", style="dim")
+
+
+def render_html_table(c: Comparison) -> str:
+    """The comparison as an HTML table (the report's section)."""
+    from html import escape
+
+    base = c.sides[0]
+    head = f"<th>metric</th><th>{escape(base.label)}</th>" + "".join(
+        f"<th>{escape(s.label)}</th><th>change</th><th>vs noise</th>" for s in c.sides[1:])
+    rows = []
+    for i, m in enumerate(METRICS):
+        cells = [f"<td>{escape(m.label)} ({m.unit})</td><td>{fmt(estimate(m, base.runs).value, m.unit)}</td>"]
+        for ds in c.deltas:
+            d = ds[i]
+            change = "—" if d.delta is None else (f"{d.rel * 100:+.1f}%" if d.rel is not None else f"{d.delta:+.3g}")
+            cls = "" if d.verdict != "beyond noise" else (' class="better"' if d.better else ' class="worse"')
+            ci = "" if d.lo is None or d.hi is None else f" (95% interval of the change {d.lo:+,.3g} to {d.hi:+,.3g})"
+            cells.append(f"<td>{fmt(d.b.value, m.unit)}</td><td{cls} title=\"{escape(ci)}\">{change}</td><td{cls}>{escape(verdict_words(d))}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    lines = "".join(f"<li>{escape(s.describe())}</li>" for s in c.sides)
+    tests = "".join(
+        f"<li>Mann–Whitney, {escape(s.label)} vs {escape(base.label)}: "
+        + ", ".join(f"{k.removesuffix('_ms').upper()} p={p:.3g}" for k, p in t.items() if p is not None) + "</li>"
+        for s, t in zip(c.sides[1:], c.tests, strict=True))
+    return (f"<ul>{lines}</ul><table class=\"compare\"><tr>{head}</tr>{''.join(rows)}</table>"
+            f"<ul>{tests}</ul><p class=\"what\">Each change against {escape(base.label)}; it exceeds noise when its 95% interval "
+            "excludes zero (repeats: t over runs; one run: batch means and a block bootstrap over the order requests ended).</p>")

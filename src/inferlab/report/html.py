@@ -1,0 +1,509 @@
+"""``inferlab report``: one self-contained HTML file (styles inline, no script, nothing
+fetched) of the plots people read a serving benchmark by.
+
+Sources are run directories and sweep directories (``results.sources``). Across runs or
+sweep points: latency against throughput and the Pareto front. For one run (the first
+given; for a sweep, its knee point, else its highest-throughput point): TTFT against
+prompt length with the fitted prefill line, output tokens/s and requests in flight
+over time, the request timeline and, when present, the client's self-monitoring. CDFs
+overlay every run. Each plot is a ``<figure class="plot" id=...>``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+from inferlab.report.compare import Comparison, fmt, render_html_table
+from inferlab.report.svg import (
+    PALETTE,
+    Bar,
+    Series,
+    color_scale,
+    timeline_chart,
+    xy_chart,
+)
+from inferlab.results.compare import METRICS, summary_value
+from inferlab.results.metrics import request_metrics
+from inferlab.results.sources import Run, Sweep
+
+#: Most requests the timeline draws (the first ones sent); the heading says when cut.
+TIMELINE_MAX = 400
+#: Most points the TTFT-against-prompt-length scatter draws (the fit uses all).
+SCATTER_MAX = 2000
+#: Most steps the requests-in-flight line draws.
+INFLIGHT_MAX = 800
+#: Points in a time series.
+TIME_BINS = 80
+LOAD_AXES = ("concurrency", "rate", "request_rate", "max_concurrency")
+RUNS_GROUP = "runs given"
+#: The timeline's colour for time in the server's queue (when the server says).
+SERVER_QUEUE = "#e8a0a0"
+
+
+@dataclass
+class Figure:
+    """One plot as data: ``series`` on x/y axes, or ``bars`` (the request timeline);
+    ``body`` draws it (empty when there is nothing to draw)."""
+
+    id: str
+    title: str
+    series: list[Series]
+    xlabel: str = ""
+    ylabel: str = ""
+    note: str = ""
+    bars: list[Bar] | None = None
+    legend: str = ""  # HTML, for bars
+
+    @property
+    def body(self) -> str:
+        if self.bars is not None:
+            return timeline_chart("", self.bars, xlabel=self.xlabel, legend=self.legend) if self.bars else ""
+        if not any(math.isfinite(x) and math.isfinite(y) for s in self.series for x, y in s.xy):
+            return ""
+        return xy_chart("", self.series, xlabel=self.xlabel, ylabel=self.ylabel)
+
+
+@dataclass
+class Point:
+    """A run as a point on the curves: its group (the sweep parameters other than load)."""
+
+    run: Run
+    group: str
+    load: float | None
+
+
+@dataclass
+class Report:
+    title: str
+    sources: list[Run | Sweep]
+    gpus: int | None = None  # --gpus: GPUs behind the target, when the config cannot say
+    figures: list[Figure] = field(default_factory=list)
+    comparison: Comparison | None = None
+
+
+def gpu_count(run: Run, override: int | None) -> tuple[int, str]:
+    """GPUs serving ``run`` and where that number came from."""
+    if override is not None:
+        return override, "--gpus"
+    engine = run.config.get("engine") if run.config.get("command") == "sim run" else (run.config.get("resolved") or {}).get("engine")
+    if isinstance(engine, dict) and isinstance(engine.get("tensor_parallel_size"), int):
+        pp = engine.get("pipeline_parallel_size") or 1
+        dp = engine.get("data_parallel_size") or 1
+        return int(engine["tensor_parallel_size"]) * int(pp) * int(dp), "the engine's tensor-parallel size"
+    return 1, "assumed 1 (the run does not say; give --gpus N)"
+
+
+def points_of(sources: Sequence[Run | Sweep]) -> list[Point]:
+    out = []
+    for src in sources:
+        if isinstance(src, Sweep):
+            axes = (src.index["load_axis"],) if isinstance(src.index.get("load_axis"), str) else LOAD_AXES
+            for p in src.points:
+                if p.run is None or p.status != "done":  # (a stopped point was cut short)
+                    continue
+                load = next((p.params[k] for k in axes if isinstance(p.params.get(k), (int, float))), None)
+                group = " ".join(f"{k}={v}" for k, v in p.params.items() if k not in axes) or src.path.name
+                out.append(Point(p.run, group, float(load) if load is not None else None))
+        else:
+            out.append(Point(src, RUNS_GROUP, None))
+    return out
+
+
+def focus_run(sources: Sequence[Run | Sweep]) -> tuple[Run | None, str]:
+    """The run the single-run plots show, and why that one."""
+    src = sources[0]
+    if isinstance(src, Run):
+        return src, src.label
+    runs = src.runs
+    if not runs:
+        return None, ""
+    for g in src.index.get("groups") or []:
+        knee = (g.get("stopped") or {}).get("knee") if isinstance(g, dict) else None
+        if knee is None:
+            continue
+        axis = g.get("load_axis") or src.index.get("load_axis")
+        fixed = g.get("params") or {}
+        for p in src.points:
+            if p.run is None or p.status != "done" or any(p.params.get(k) != v for k, v in fixed.items()):
+                continue
+            if p.dir == knee or (axis is not None and p.params.get(axis) == knee) or (axis is None and knee in p.params.values()):
+                return p.run, f"{p.run.label} (the sweep's knee)"
+    search = src.index.get("goodput_search")
+    for g in (search.get("groups") or []) if isinstance(search, dict) else []:
+        best_dir = next((pr.get("dir") for pr in g.get("probes") or [] if pr.get("meets") and pr.get("rate") == g.get("max_rate")), None)
+        for p in src.points:
+            if p.run is not None and best_dir and p.dir == best_dir:
+                return p.run, f"{p.run.label} (the highest rate meeting the SLOs)"
+    tuned = (src.index.get("tune") or {}).get("best") if isinstance(src.index.get("tune"), dict) else None
+    if isinstance(tuned, dict):
+        for p in src.points:
+            if p.run is not None and p.params == tuned.get("params"):
+                return p.run, f"{p.run.label} (the tune's best)"
+    best = max(runs, key=lambda r: _num(r.summary.get("output_token_throughput_tps")))
+    return best, f"{best.label} (the sweep's highest output throughput)"
+
+
+def _short(run: Run) -> str:
+    """A point's label on a curve: its load (c=16, 4 req/s), else the run's name."""
+    load = (run.config.get("load") or {}).get("schedule") or {}
+    if load.get("kind") == "ClosedLoop" and load.get("concurrency") is not None:
+        return f"c={load['concurrency']}"
+    rate = load.get("rate_rps")
+    if load.get("kind") == "OpenLoop" and rate is not None:
+        return f"{rate:.3g} req/s" if isinstance(rate, (int, float)) else f"{rate} req/s"
+    return run.label
+
+
+def _values(run: Run) -> str:
+    """A short name for a run among others: a sweep point's values (32/2048), else its label."""
+    if "=" not in run.label:
+        return run.label
+    return "/".join(part.split("=", 1)[1] for part in run.label.split(" #")[0].split())
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) else math.nan
+
+
+def _dist(run: Run, key: str, stat: str) -> float:
+    d = run.summary.get(key)
+    return _num(d.get(stat)) if isinstance(d, dict) else math.nan
+
+
+def curves(points: list[Point]) -> list[Figure]:
+    """Latency against throughput across points, one line per group (ordered by load)."""
+    groups: dict[str, list[Point]] = {}
+    for p in points:
+        groups.setdefault(p.group, []).append(p)
+    if len(groups) > 1 and all(len({q.load for q in ps}) == 1 for ps in groups.values()):
+        groups = {RUNS_GROUP: points}  # no load axis (a tune over engine flags): points, unjoined
+    figs = []
+    for latency, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
+        for xkey, xlabel, xid in (("output_token_throughput_tps", "output tokens/s", "tok"), ("request_throughput_rps", "requests/s", "req")):
+            series = []
+            for g, ps in groups.items():
+                # repeats of one load level: one point, their mean
+                levels: dict[object, list[Run]] = {}
+                for p in ps:
+                    levels.setdefault(p.load if p.load is not None else id(p.run), []).append(p.run)
+                order = sorted(levels.values(), key=lambda rs: statistics.fmean(_num(r.summary.get(xkey)) for r in rs))
+                for stat in ("p50", "p99"):
+                    xy = [(statistics.fmean(_num(r.summary.get(xkey)) for r in rs), statistics.fmean(_dist(r, latency, stat) for r in rs)) for rs in order]
+                    titles = [f"{rs[0].label}{f' (mean of {len(rs)} repeats)' if len(rs) > 1 else ''}: {x:,.1f} {xlabel}, {label} {stat} {y:,.1f} ms"
+                              for rs, (x, y) in zip(order, xy, strict=True)]
+                    name = f"{label} {stat}" + (f" ({g})" if len(groups) > 1 else "")
+                    # runs given one by one are not a curve: points, unjoined
+                    # runs given one by one: their names while few enough to read (else in the tooltips)
+                    labels = ([_short(rs[0]) for rs in order] if g != RUNS_GROUP else
+                              [_values(rs[0]) for rs in order] if len(order) <= 6 else []) if stat == "p99" else []
+                    series.append(Series(name, xy, "points" if g == RUNS_GROUP else "line", titles=titles, labels=labels))
+            figs.append(Figure(f"{latency.split('_')[0]}_vs_{xid}", f"{label} (ms) against {xlabel}", series, xlabel, f"{label} ms"))
+    return figs
+
+
+def pareto(points: list[Point], gpus: int | None) -> Figure:
+    """Output tokens/s per GPU (y) against tokens/s per user (x; 1000 / median TPOT: the
+    decode speed one stream sees), as vLLM's ``plot_pareto`` and InferenceMAX draw it;
+    the front joins the points no other beats on both."""
+    xy, titles, labels, assumed = [], [], [], set()
+    for p in points:
+        n, why = gpu_count(p.run, gpus)
+        assumed.add(f"{n} GPU{'s' if n > 1 else ''} ({why})")
+        tpot = _dist(p.run, "tpot_ms", "p50")
+        y = _num(p.run.summary.get("output_token_throughput_tps")) / n
+        x = 1000 / tpot if tpot > 0 else math.nan
+        xy.append((x, y))
+        titles.append(f"{p.run.label}: {x:,.1f} tok/s/user, {y:,.0f} tok/s/GPU")
+        labels.append(_short(p.run))
+    front = pareto_front(xy)
+    series = [Series("runs", xy, "points", titles=titles, labels=labels), Series("Pareto front", front, "line", color="#D55E00")]
+    return Figure("pareto", "Pareto front: tokens/s per GPU against tokens/s per user", series,
+                  "tokens/s per user (1000 / TPOT p50)", "output tokens/s per GPU",
+                  "GPUs: " + "; ".join(sorted(assumed)) + ". Per user: 1000 / median TPOT, the decode speed one stream sees.")
+
+
+def pareto_front(xy: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both coordinates (higher is better), by x."""
+    pts = [(x, y) for x, y in xy if math.isfinite(x) and math.isfinite(y)]
+    return sorted({(x, y) for x, y in pts if not any(x2 >= x and y2 >= y and (x2, y2) != (x, y) for x2, y2 in pts)})
+
+
+def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | None:
+    """Least squares ``y = a + b·x``; None without two distinct x."""
+    if len(xs) < 2 or len(set(xs)) < 2:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    return my - b * mx, b
+
+
+def ttft_vs_input(run: Run) -> Figure:
+    pts = []
+    for r in run.records:
+        m = request_metrics(r)
+        if r.ok and m.ttft_ms is not None and r.input_tokens is not None:
+            pts.append((float(r.input_tokens), m.ttft_ms))
+    note = ""
+    step = -(-len(pts) // SCATTER_MAX)  # every request up to SCATTER_MAX, else every step-th
+    series = [Series("requests" if step == 1 else f"every {step}th of {len(pts):,} requests", pts[::step], "points")]
+    fit = fit_line([x for x, _ in pts], [y for _, y in pts])  # over all of them
+    if fit is not None:
+        a, b = fit
+        lo, hi = min(x for x, _ in pts), max(x for x, _ in pts)
+        series.append(Series(f"fit: {a:,.1f} ms + {b * 1000:,.2f} ms per 1k tokens", [(lo, a + b * lo), (hi, a + b * hi)], "dash", color="#D55E00"))
+        rate = f", a prefill rate of about {1000 / b:,.0f} tokens/s" if b > 0 else ""
+        note = (f"Least-squares line: TTFT ≈ {a:,.1f} ms + {b * 1000:,.2f} ms per 1,000 prompt tokens{rate}. "
+                "Under load, TTFT above the line is queueing and interference, not prefill.")
+    else:
+        note = "Every prompt had the same length: no line to fit (vary --input-tokens to see prefill cost)."
+    return Figure("ttft_vs_input", f"TTFT against prompt length ({run.label})", series, "input tokens", "TTFT ms", note)
+
+
+def cdfs(runs: Sequence[Run]) -> list[Figure]:
+    figs = []
+    for name, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+        series = []
+        for run in runs[:len(PALETTE)]:
+            xs = sorted(v for r in run.records if r.ok and (v := getattr(request_metrics(r), name)) is not None)
+            if xs:
+                step = max(1, len(xs) // 400)  # at most ~400 steps drawn
+                keep = [*range(0, len(xs), step), len(xs) - 1]
+                series.append(Series(run.label, [(xs[i], (i + 1) / len(xs)) for i in sorted(set(keep))], "step"))
+        cut = " (first 8 runs)" if len(runs) > len(PALETTE) else ""
+        figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}", series, f"{label} ms", "share of requests"))
+    return figs
+
+
+def over_time(run: Run) -> list[Figure]:
+    done = [r for r in run.records if r.send_ns is not None]
+    if not done:
+        return [Figure("tokens_over_time", "Output tokens/s over time", []), Figure("inflight_over_time", "Requests in flight over time", [])]
+    end = max((r.end_ns or r.send_ns or 0) for r in done)
+    start = min(r.send_ns or 0 for r in done)
+    width = max((end - start) / TIME_BINS, 1)
+    tokens = [0.0] * TIME_BINS
+    for r in done:
+        if r.content_ns:
+            per = (r.output_tokens or len(r.content_ns)) / len(r.content_ns)
+            for t in r.content_ns:
+                tokens[min(int((t - start) / width), TIME_BINS - 1)] += per
+    xs = [(start + (i + 0.5) * width) / 1e9 for i in range(TIME_BINS)]
+    tok = Series("output tokens/s", [(x, v / (width / 1e9)) for x, v in zip(xs, tokens, strict=True)], "path")
+    events = sorted([(r.send_ns or 0, 1) for r in done] + [(r.end_ns, -1) for r in done if r.end_ns is not None])
+    level, steps = 0, [(start / 1e9, 0.0)]
+    if len(events) <= INFLIGHT_MAX:  # every change
+        for t, d in events:
+            level += d
+            steps.append((t / 1e9, float(level)))
+    else:  # the most in flight in each of INFLIGHT_MAX / 2 slices (a peak is never hidden)
+        slices = INFLIGHT_MAX // 2
+        slice_ns = max((end - start) / slices, 1)
+        peaks = [0] * slices  # each slice starts at the level the one before ended with
+        k_now = 0
+        for t, d in events:
+            k = min(int((t - start) / slice_ns), slices - 1)
+            while k_now < k:
+                k_now += 1
+                peaks[k_now] = level
+            level += d
+            peaks[k] = max(peaks[k], level)
+        steps = [((start + k * slice_ns) / 1e9, float(v)) for k, v in enumerate(peaks)]
+    return [
+        Figure("tokens_over_time", f"Output tokens/s over time ({run.label})", [tok], "seconds since the first send", "output tokens/s"),
+        Figure("inflight_over_time", f"Requests in flight over time ({run.label})", [Series("in flight", steps, "step")],
+               "seconds since the first send", "requests in flight"),
+    ]
+
+
+def timeline(run: Run) -> Figure:
+    recs = sorted((r for r in run.records if r.send_ns is not None), key=lambda r: (r.send_ns or 0, r.index))
+    cut = len(recs) > TIMELINE_MAX
+    recs = recs[:TIMELINE_MAX]
+    lengths = [r.input_tokens or r.requested_input_tokens or 0 for r in recs]
+    lo, hi = (min(lengths), max(lengths)) if lengths else (0, 0)
+    bars = []
+    for row, (r, n) in enumerate(zip(recs, lengths, strict=True)):
+        color = color_scale((n - lo) / (hi - lo) if hi > lo else 0.5)
+        send = (r.send_ns or 0) / 1e9
+        segs = []
+        if r.intended_send_ns is not None and (r.send_ns or 0) > r.intended_send_ns:
+            segs.append((r.intended_send_ns / 1e9, send, "#bbbbbb", "queued in the client"))
+        first = r.content_ns[0] / 1e9 if r.content_ns else None
+        end = r.end_ns / 1e9 if r.end_ns is not None else None
+        scheduled = (r.server_timeline or {}).get("scheduled_ms")
+        if first is not None and isinstance(scheduled, (int, float)) and send < send + scheduled / 1e3 < first:
+            # the simulated server said when the engine took the request up
+            segs.append((send, send + scheduled / 1e3, SERVER_QUEUE, "in the server's queue (and its API front end)"))
+            segs.append((send + scheduled / 1e3, first, color, "prefill"))
+            if end is not None:
+                segs.append((first, end, color + "66", "decoding"))
+        elif first is not None:
+            segs.append((send, first, color, "waiting for the first token (queue + prefill)"))
+            if end is not None:
+                segs.append((first, end, color + "66", "decoding"))
+        elif end is not None:
+            segs.append((send, end, "#cc3333" if not r.ok else color, "failed" if not r.ok else "no streamed token"))
+        if segs:
+            bars.append(Bar(row, segs, f"request {r.index}, {n:,} prompt tokens"))
+    split = any(isinstance((r.server_timeline or {}).get("scheduled_ms"), (int, float)) for r in recs)
+    legend = ('<span class="key"><i style="background:#bbbbbb"></i>queued in the client</span>'
+              + (f'<span class="key"><i style="background:{SERVER_QUEUE}"></i>in the server\'s queue (its own timeline)</span>'
+                 f'<span class="key"><i style="background:{color_scale(0.5)}"></i>prefill, solid</span>' if split else
+                 f'<span class="key"><i style="background:{color_scale(0.5)}"></i>send → first token (queue + prefill), solid</span>')
+              + f'<span class="key"><i style="background:{color_scale(0.5)}66"></i>decoding, faint</span>'
+              f'<span class="key"><i style="background:linear-gradient(90deg,{color_scale(0)},{color_scale(1)})"></i>'
+              f"prompt length {lo:,} → {hi:,} tokens</span>")
+    title = f"Request timeline ({run.label}{f', first {TIMELINE_MAX} of {len(run.records)}' if cut else ''})"
+    return Figure("timeline", title, [], "seconds since the first send", "request (by send time)", bars=bars, legend=legend,
+                  note="One bar per request. A long solid part under load is waiting (queueing, or a large prefill ahead of it: head-of-line blocking).")
+
+
+def client_figure(run: Run) -> Figure | None:
+    client = run.summary.get("client")
+    if not isinstance(client, dict) or not client.get("processes"):
+        return None
+    lag, cpu = [], []
+    for p in client["processes"]:
+        tl = p.get("timeline") or []
+        name = str(p.get("role") or "process")
+        lag.append(Series(f"{name}: loop lag (ms)", [(float(i), _num(v[0])) for i, v in enumerate(tl)]))
+        cpu.append(Series(f"{name}: CPU share ×100", [(float(i), _num(v[1]) * 100) for i, v in enumerate(tl)]))
+    verdict = "the client was likely the bottleneck" if client.get("bottleneck") else "the client kept up"
+    return Figure("client", f"The client watching itself: event-loop lag and CPU per second ({verdict})",
+                  [*lag, *cpu], "second of the run", "ms / % of a core",
+                  "Loop lag is how late a 50 ms timer fired: what every timestamp taken then also waited. CPU share 100 = one core busy.")
+
+
+def summary_table(runs: Sequence[Run]) -> str:
+    head = "".join(f"<th>{escape(r.label)}{' (prediction)' if r.simulated else ''}</th>" for r in runs)
+    rows = []
+    counts = [r.summary.get("counts") or {} for r in runs]
+    rows.append("<tr><td>requests completed / failed</td>" + "".join(f"<td>{c.get('completed', '?')} / {c.get('failed', '?')}</td>" for c in counts) + "</tr>")
+    rows.append("<tr><td>duration (s)</td>" + "".join(f"<td>{_num(r.summary.get('duration_s')):,.2f}</td>" for r in runs) + "</tr>")
+    for m in METRICS:
+        rows.append(f"<tr><td>{escape(m.label)} ({m.unit})</td>" + "".join(f"<td>{fmt(summary_value(r.summary, m), m.unit)}</td>" for r in runs) + "</tr>")
+    for key, label, unit in (("itl_ms", "ITL p50", "ms"), ("queue_delay_ms", "client queue delay p99", "ms")):
+        stat = "p99" if "queue" in key else "p50"
+        rows.append(f"<tr><td>{label} ({unit})</td>" + "".join(f"<td>{fmt(_dist(r, key, stat), unit)}</td>" for r in runs) + "</tr>")
+    rows.append("<tr><td>output tokens/min (TPM)</td>" + "".join(f"<td>{_num(r.summary.get('output_tpm')):,.0f}</td>" for r in runs) + "</tr>")
+    return f'<table class="summary"><tr><th>metric (unit)</th>{head}</tr>{"".join(rows)}</table>'
+
+
+def sweep_section(sweep: Sweep) -> str:
+    """The sweep's index: every point with its status and headline, why each group
+    stopped, the goodput search."""
+    cols = (("output_tok_s", "out tok/s"), ("req_s", "req/s"), ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
+            ("tpot_p50_ms", "TPOT p50 ms"), ("tpot_p99_ms", "TPOT p99 ms"))
+    raw = {str(p.get("dir")): p for p in sweep.index.get("points") or [] if isinstance(p, dict)}
+    rows = []
+    for p in sweep.points:
+        h = raw.get(p.dir, {}).get("headline") or {}
+        cells = "".join(f"<td>{_num(h.get(k)):,.1f}</td>" if isinstance(h.get(k), (int, float)) else "<td>—</td>" for k, _ in cols)
+        params = escape(" ".join(f"{k}={v}" for k, v in p.params.items()))
+        reason = raw.get(p.dir, {}).get("reason") if p.dir else None
+        status = f"{p.status} ({reason})" if reason else p.status
+        rows.append(f"<tr><td>{escape(p.dir or '—')}</td><td>{params}</td><td>{p.repeat}</td><td>{escape(status)}</td>{cells}</tr>")
+    head = "<tr><th>dir</th><th>parameters</th><th>repeat</th><th>status</th>" + "".join(f"<th>{label}</th>" for _, label in cols) + "</tr>"
+    notes = []
+    for g in sweep.index.get("groups") or []:
+        stopped = g.get("stopped") if isinstance(g, dict) else None
+        if isinstance(stopped, dict):
+            params = " ".join(f"{k}={v}" for k, v in (g.get("params") or {}).items()) or "the load axis"
+            notes.append(f"{params}: stopped at {stopped.get('at')} ({stopped.get('reason')}); knee {stopped.get('knee')}")
+    search = sweep.index.get("goodput_search")
+    for g in (search.get("groups") or []) if isinstance(search, dict) else []:
+        params = " ".join(f"{k}={v}" for k, v in (g.get("params") or {}).items()) or "goodput search"
+        found = g.get("max_rate")
+        notes.append(f"{params}: the highest rate meeting the SLOs "
+                     + (f"{found:.3g} req/s" if isinstance(found, (int, float)) else "not found")
+                     + (f" (fails at {g['fails_at']:.3g} req/s)" if isinstance(g.get("fails_at"), (int, float)) else "")
+                     + f", {len(g.get('probes') or [])} probes" + (f"; {g['note']}" if g.get("note") else ""))
+    if sweep.index.get("complete") is False:
+        notes.append("the sweep did not finish (interrupted): the points above are those it ran")
+    out = [f"<h2>Sweep: {escape(str(sweep.path))} ({escape(str(sweep.index.get('command') or 'sweep'))})</h2>",
+           f'<table class="sweep">{head}{"".join(rows)}</table>']
+    if notes:
+        out.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
+    for key, label in (("goodput_search", "goodput search"), ("tune", "tune")):
+        block = sweep.index.get(key)
+        if block:
+            out.append(f"<details open><summary>{label}</summary><pre>{escape(json.dumps(block, indent=2, default=str))}</pre></details>")
+    return "".join(out)
+
+
+def render(report: Report) -> str:
+    points = points_of(report.sources)
+    runs = [p.run for p in points]
+    figs: list[Figure] = []
+    if len(points) >= 2:
+        figs += curves(points)
+    if points:
+        figs.append(pareto(points, report.gpus))
+    focus, why = focus_run(report.sources)
+    if focus is not None:
+        figs.append(ttft_vs_input(focus))
+    figs += cdfs(runs)
+    if focus is not None:
+        figs += over_time(focus)
+        figs.append(timeline(focus))
+        client = client_figure(focus)
+        if client is not None:
+            figs.append(client)
+    report.figures = figs
+    sections = []
+    for f in figs:
+        body = f.body or '<p class="empty">nothing to draw (no such values in this run)</p>'
+        note = f'<figcaption>{escape(f.note)}</figcaption>' if f.note else ""
+        sections.append(f'<figure class="plot{"" if f.body else " empty"}" id="{f.id}"><h3>{escape(f.title)}</h3>{body}{note}</figure>')
+    warnings = [w for r in runs[:8] for w in (r.summary.get("warnings") or [])]
+    simulated = any(r.simulated for r in runs)
+    parts = [
+        f"<h1>{escape(report.title)}</h1>",
+        f'<p class="what">{len(runs)} run{"s" if len(runs) != 1 else ""} from {", ".join(escape(str(getattr(s, "path", ""))) for s in report.sources)}'
+        + (". Simulated runs: every number is a <b>prediction</b> of the simulator, not a measurement." if simulated else ".")
+        + (f" Single-run plots show {escape(why)}." if focus is not None and len(runs) > 1 else "") + "</p>",
+        "<h2>Summary</h2>", summary_table(runs[:12]),
+        *([f"<p>Table: first 12 of {len(runs)} runs.</p>"] if len(runs) > 12 else []),
+    ]
+    for src in report.sources:
+        if isinstance(src, Sweep):
+            parts.append(sweep_section(src))
+    if report.comparison is not None:
+        parts += ["<h2>Comparison</h2>", render_html_table(report.comparison)]
+    parts += ["<h2>Plots</h2>", '<div class="plots">', *sections, "</div>"]
+    if warnings:
+        parts += ["<h2>Warnings</h2>", "<ul>" + "".join(f"<li>{escape(str(w))}</li>" for w in dict.fromkeys(warnings)) + "</ul>"]
+    if focus is not None:
+        parts += [f"<h2>Configuration ({escape(focus.label)})</h2>",
+                  f"<pre>{escape(json.dumps(focus.config, indent=2, default=str))}</pre>"]
+    return DOC.format(title=escape(report.title), style=STYLE, body="\n".join(parts))
+
+
+STYLE = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:14px;margin:0 0 6px}
+.plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(600px,1fr));gap:18px;align-items:start}figure.plot{margin:0;padding:10px;border:1px solid #e3e3e3;border-radius:6px;background:#fff}
+figcaption{max-width:640px;color:#555;font-size:12px;margin-top:4px}
+svg{display:block;max-width:100%;height:auto}.grid{stroke:#eee}.axis{stroke:#888}.tick{font-size:11px;fill:#555}.label{font-size:12px;fill:#333}
+.legend{font-size:12px;max-width:640px}.key{margin-right:12px;white-space:nowrap}.key i{display:inline-block;width:18px;height:10px;margin-right:4px;vertical-align:middle}
+table{border-collapse:collapse;font-variant-numeric:tabular-nums}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
+.worse{color:#b00020}.better{color:#1b7f3b}pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:480px;font-size:12px}
+.empty{color:#888}.what{color:#444}
+"""
+
+DOC = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
+<title>{title}</title><style>{style}</style></head>
+<body>
+{body}
+<p class="what">Made by inferlab report: one file, nothing fetched.</p>
+</body></html>
+"""

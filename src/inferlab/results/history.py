@@ -1,0 +1,351 @@
+"""The run history: every run and sweep, one row each, in a local SQLite database.
+
+Where it lives: ``--history PATH``, else ``$INFERLAB_HISTORY``, else the user's data
+directory (``$XDG_DATA_HOME/inferlab/history.sqlite``, by default
+``~/.local/share/inferlab/history.sqlite``; on macOS ``~/Library/Application
+Support/inferlab``). ``INFERLAB_HISTORY=off`` (or ``--no-history``) records nothing.
+
+The schema carries its version in SQLite's ``user_version``; ``MIGRATIONS`` brings an
+older file up to date, each step in one transaction, and a file newer than this code
+is refused rather than written. Several processes may record at once: the database is
+in WAL mode, writers wait (``busy_timeout``) instead of failing, and each insert is one
+``BEGIN IMMEDIATE`` transaction.
+
+What a row holds: ``id``, ``time`` (UTC, ISO 8601), ``kind`` (``run`` or ``sweep``),
+``command``, ``target`` (the URL, or the simulator), ``model``, ``engine`` (the engine
+and its flags as JSON, when known), ``workload`` (the load and the workload as JSON),
+the headline metrics (``HEADLINE``), ``completed``, ``failed``, ``simulated`` and
+``path`` (the run or sweep directory; null for a run written nowhere).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sqlite3
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferlab._clock import wall_time_s
+from inferlab._errors import UsageError
+
+ENV = "INFERLAB_HISTORY"
+#: Values of ``$INFERLAB_HISTORY`` that turn the history off.
+OFF = ("off", "none", "0", "no", "false")
+#: How long a writer waits for another process's transaction, ms.
+BUSY_TIMEOUT_MS = 10_000
+
+#: The headline metrics a row keeps: column name -> (summary key, distribution key or None).
+HEADLINE: dict[str, tuple[str, str | None]] = {
+    "output_tok_s": ("output_token_throughput_tps", None),
+    "req_s": ("request_throughput_rps", None),
+    "ttft_p50_ms": ("ttft_ms", "p50"),
+    "ttft_p99_ms": ("ttft_ms", "p99"),
+    "tpot_p50_ms": ("tpot_ms", "p50"),
+    "tpot_p99_ms": ("tpot_ms", "p99"),
+    "e2e_p50_ms": ("e2e_ms", "p50"),
+    "e2e_p99_ms": ("e2e_ms", "p99"),
+}
+
+#: Schema steps: ``MIGRATIONS[i]`` takes a database from version i to i + 1.
+MIGRATIONS: tuple[str, ...] = (
+    f"""
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('run', 'sweep')),
+        command TEXT,
+        target TEXT,
+        model TEXT,
+        engine TEXT,
+        workload TEXT,
+        {", ".join(f"{name} REAL" for name in HEADLINE)},
+        completed INTEGER,
+        failed INTEGER,
+        simulated INTEGER NOT NULL DEFAULT 0,
+        path TEXT
+    );
+    CREATE INDEX runs_time ON runs (time);
+    CREATE INDEX runs_model ON runs (model);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+COLUMNS = ("id", "time", "kind", "command", "target", "model", "engine", "workload", *HEADLINE, "completed", "failed", "simulated", "path")
+
+
+def default_path() -> Path:
+    """The history file in the user's data directory (the platform's convention)."""
+    if sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    elif sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "inferlab" / "history.sqlite"
+
+
+def history_path(option: str | None = None, *, disabled: bool = False) -> Path | None:
+    """Where to record: ``option`` (``--history``), else ``$INFERLAB_HISTORY``, else
+    ``default_path()``; ``None`` when ``disabled`` (``--no-history``) or the variable
+    says off."""
+    if disabled:
+        return None
+    chosen = option or os.environ.get(ENV) or None
+    if chosen is not None and chosen.strip().lower() in OFF:
+        return None
+    return Path(chosen).expanduser() if chosen else default_path()
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row of the history."""
+
+    id: int
+    time: str
+    kind: str
+    command: str | None
+    target: str | None
+    model: str | None
+    engine: dict[str, Any] | None
+    workload: dict[str, Any] | None
+    headline: dict[str, float | None]
+    completed: int | None
+    failed: int | None
+    simulated: bool
+    path: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "time": self.time, "kind": self.kind, "command": self.command,
+            "target": self.target, "model": self.model, "engine": self.engine, "workload": self.workload,
+            **self.headline, "completed": self.completed, "failed": self.failed,
+            "simulated": self.simulated, "path": self.path,
+        }
+
+
+class History:
+    """The history database at ``path`` (created, and migrated, on first use).
+    ``UsageError`` for a file that is not an inferlab history, or is newer than this
+    code."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise UsageError(f"history {self.path}: {e} (move it away, or give --history another file)") from e
+        except OSError as e:
+            raise UsageError(f"history {self.path}: {e.strerror or e}") from e
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taking the write lock at its start (so two processes
+        never both read a version and then both migrate)."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        if self.version() == SCHEMA_VERSION:
+            return
+        with self._write() as db:
+            version = self.version()  # again, under the lock: another process may have migrated
+            if version > SCHEMA_VERSION:
+                raise UsageError(
+                    f"history {self.path} has schema version {version}, newer than this inferlab "
+                    f"knows ({SCHEMA_VERSION}): upgrade inferlab, or give --history another file"
+                )
+            for step in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def add(self, row: Mapping[str, Any]) -> int:
+        """Insert one row (keys from ``COLUMNS`` but ``id``; ``time`` defaults to now);
+        its id."""
+        values = dict(row)
+        values.setdefault("time", _iso_now())
+        for key in ("engine", "workload"):
+            if values.get(key) is not None:
+                values[key] = json.dumps(values[key], sort_keys=True, default=str)
+        unknown = set(values) - set(COLUMNS[1:])
+        if unknown:
+            raise ValueError(f"not history columns: {sorted(unknown)}")
+        names = sorted(values)
+        with self._write() as db:
+            cur = db.execute(
+                f"INSERT INTO runs ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})",
+                [values[n] for n in names],
+            )
+            return int(cur.lastrowid or 0)
+
+    def get(self, run_id: int) -> Entry | None:
+        row = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return _entry(row) if row else None
+
+    def find(self, *, model: str | None = None, since: str | None = None, url: str | None = None,
+             kind: str | None = None, limit: int | None = None) -> list[Entry]:
+        """Rows newest first: ``model`` and ``url`` match as substrings (case-insensitive),
+        ``since`` is an ISO date or time (UTC) rows are at or after."""
+        where, args = [], []
+        if model:
+            where.append("LOWER(model) LIKE ?")
+            args.append(f"%{model.lower()}%")
+        if url:
+            where.append("LOWER(target) LIKE ?")
+            args.append(f"%{url.lower()}%")
+        if since:
+            where.append("time >= ?")
+            args.append(since)
+        if kind:
+            where.append("kind = ?")
+            args.append(kind)
+        sql = f"SELECT {', '.join(COLUMNS)} FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [_entry(r) for r in self._db.execute(sql, args)]
+
+
+def _iso_now() -> str:
+    return datetime.datetime.fromtimestamp(wall_time_s(), datetime.UTC).isoformat(timespec="seconds")
+
+
+def _entry(row: tuple[Any, ...]) -> Entry:
+    d = dict(zip(COLUMNS, row, strict=True))
+    return Entry(
+        id=d["id"], time=d["time"], kind=d["kind"], command=d["command"], target=d["target"],
+        model=d["model"], engine=json.loads(d["engine"]) if d["engine"] else None,
+        workload=json.loads(d["workload"]) if d["workload"] else None,
+        headline={k: d[k] for k in HEADLINE}, completed=d["completed"], failed=d["failed"],
+        simulated=bool(d["simulated"]), path=d["path"],
+    )
+
+
+def parse_since(text: str) -> str:
+    """``--since``: an ISO date or date-time (UTC unless it says), or a span back from now
+    (``7d``, ``12h``, ``30m``); the ISO UTC time rows are compared with. ``UsageError``
+    for anything else."""
+    t = text.strip()
+    units = {"d": 86400, "h": 3600, "m": 60}
+    if t[-1:].lower() in units and t[:-1].replace(".", "", 1).isdigit():
+        seconds = float(t[:-1]) * units[t[-1].lower()]
+        when = datetime.datetime.fromtimestamp(wall_time_s() - seconds, datetime.UTC)
+        return when.isoformat(timespec="seconds")
+    try:
+        when = datetime.datetime.fromisoformat(t)
+    except ValueError:
+        raise UsageError(f"--since {text!r}: expected a date (2026-01-31), a date-time, or a span such as 7d, 12h, 30m") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.astimezone(datetime.UTC).isoformat(timespec="seconds")
+
+
+def headline(summary: Mapping[str, Any]) -> dict[str, float | None]:
+    """The headline metrics of a ``summary.json`` (``HEADLINE``'s names; None when absent)."""
+    out: dict[str, float | None] = {}
+    for name, (key, sub) in HEADLINE.items():
+        value = summary.get(key)
+        if sub is not None:
+            value = value.get(sub) if isinstance(value, Mapping) else None
+        out[name] = float(value) if isinstance(value, (int, float)) else None
+    return out
+
+
+def run_row(summary: Mapping[str, Any], path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """The history row of a run, from its ``summary.json`` (whose ``config`` says what ran)
+    and its directory (None: written nowhere)."""
+    config = summary.get("config") or {}
+    resolved = config.get("resolved") or {}
+    command = config.get("command") or "bench"
+    simulated = command == "sim run" or bool(resolved.get("engine"))
+    engine = config.get("engine") if command == "sim run" else resolved.get("engine")
+    target: str | None
+    if command == "sim run":
+        target = "simulator (virtual time)"
+        model = (engine or {}).get("model")
+    else:
+        target = resolved.get("api_root") or resolved.get("url") or config.get("url")
+        model = resolved.get("model") or config.get("model")
+    counts = summary.get("counts") or {}
+    return {
+        "kind": "run", "command": command, "target": target, "model": model, "engine": engine,
+        "workload": {k: config.get(k) for k in ("load", "workload", "api", "trace") if k in config},
+        **headline(summary), "completed": counts.get("completed"), "failed": counts.get("failed"),
+        "simulated": int(simulated), "path": str(Path(path).resolve()) if path is not None else None,
+    }
+
+
+def record_run(summary: Mapping[str, Any], path: str | os.PathLike[str] | None, history: str | os.PathLike[str] | None) -> int | None:
+    """Record a finished run (its ``summary.json`` as a dict) in ``history`` (a path, or
+    None for none); the new row's id."""
+    if history is None:
+        return None
+    with History(history) as h:
+        return h.add(run_row(summary, path))
+
+
+def record_sweep(path: str | os.PathLike[str], history: str | os.PathLike[str] | None = None, *, disabled: bool = False) -> int | None:
+    """Record a sweep directory (its ``sweep.json``) in the history: one row of kind
+    ``sweep`` whose headline is the point with the highest output throughput, model and
+    target from that point's summary. Where, as for a run: ``history`` (``--history``),
+    else ``$INFERLAB_HISTORY``, else the user's data directory; nothing when
+    ``disabled`` (``--no-history``) or the variable says off. Returns the row id, or
+    None when nothing was recorded; ``UsageError`` for a sweep.json that cannot be read
+    or a history that cannot be written. For the sweep command to call once its index
+    is final: ``record_sweep(out, kw["history"], disabled=kw["no_history"])``."""
+    target_file = history_path(None if history is None else os.fspath(history), disabled=disabled)
+    if target_file is None:
+        return None
+    sweep_dir = Path(path)
+    try:
+        index = json.loads((sweep_dir / "sweep.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{sweep_dir}: no readable sweep.json ({e})") from e
+    points = [p for p in index.get("points") or [] if isinstance(p, Mapping)]
+    done = [p for p in points if p.get("status") == "done" and isinstance(p.get("headline"), Mapping)]
+    best = max(done, key=lambda p: p["headline"].get("output_tok_s") or 0.0, default=None)
+    command = index.get("command")
+    if isinstance(command, list):
+        command = " ".join(str(c) for c in command)
+    row: dict[str, Any] = {"kind": "sweep", "command": command if isinstance(command, str) else "sweep",
+                           "path": str(sweep_dir.resolve()),
+                           "workload": {"axes": index.get("axes"), "points": len(points), "done": len(done)}}
+    if best is not None:
+        row.update({k: best["headline"].get(k) for k in HEADLINE})
+        try:
+            point = run_row(json.loads((sweep_dir / best["dir"] / "summary.json").read_text()), None)
+        except (OSError, ValueError, TypeError, KeyError):
+            point = {}
+        row.update({k: point.get(k) for k in ("target", "model", "engine", "simulated") if point.get(k) is not None})
+    with History(target_file) as h:
+        return h.add(row)

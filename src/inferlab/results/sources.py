@@ -1,0 +1,131 @@
+"""What ``report`` and ``compare`` read: a run directory, or a sweep directory of them.
+
+A *run* is any folder with a ``requests.jsonl`` (a bench run, a ``sim run``, or anything
+that writes the same records); its ``summary.json`` and ``config.json`` are read when
+present, and the summary is computed from the records when it is missing. A *sweep* is
+a folder with a ``sweep.json`` (``format`` ``inferlab.sweep/1``): its points, each a run
+directory relative to it, with the parameters that point ran with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferlab._errors import UsageError
+from inferlab.results.records import RequestRecord
+from inferlab.results.runfiles import read_records
+from inferlab.results.summary import summarize
+
+SWEEP_FORMAT = "inferlab.sweep/1"
+
+
+@dataclass
+class Run:
+    """One run directory, read: ``summary`` as the JSON object, ``records`` measured
+    (warm-up ones left out), ``config`` (config.json, else the summary's)."""
+
+    path: Path
+    summary: dict[str, Any]
+    records: list[RequestRecord]
+    config: dict[str, Any]
+    summary_computed: bool = False  # no summary.json: computed here from the records
+    label: str = ""
+
+    @property
+    def simulated(self) -> bool:
+        return self.config.get("command") == "sim run" or bool((self.config.get("resolved") or {}).get("engine"))
+
+
+@dataclass
+class SweepPoint:
+    params: dict[str, Any]
+    repeat: int
+    status: str
+    run: Run | None  # None: the point has no readable run directory (failed, skipped)
+    dir: str
+
+
+@dataclass
+class Sweep:
+    path: Path
+    index: dict[str, Any]
+    points: list[SweepPoint] = field(default_factory=list)
+
+    @property
+    def runs(self) -> list[Run]:
+        return [p.run for p in self.points if p.run is not None]
+
+    @property
+    def axes(self) -> dict[str, Any]:
+        axes = self.index.get("axes")
+        return dict(axes) if isinstance(axes, Mapping) else {}
+
+
+def load_run(path: str | os.PathLike[str], label: str | None = None) -> Run:
+    """Read a run directory; ``UsageError`` naming what is missing or broken."""
+    d = Path(path)
+    if not d.is_dir():
+        raise UsageError(f"{d}: not a directory")
+    requests = d / "requests.jsonl"
+    if not requests.exists():
+        raise UsageError(f"{d}: no requests.jsonl (not a run directory; a sweep has a sweep.json)")
+    records = [r for r in read_records(requests) if not r.warmup]
+    config = _read_json(d / "config.json") if (d / "config.json").exists() else None
+    computed = False
+    if (d / "summary.json").exists():
+        summary = _read_json(d / "summary.json")
+    else:
+        summary = summarize(records, config=config or {}).to_json()
+        computed = True
+    if config is None:
+        config = summary.get("config") or {}
+    return Run(d, summary, records, config, computed, label if label is not None else d.name)
+
+
+def load_sweep(path: str | os.PathLike[str]) -> Sweep:
+    """Read a sweep directory and every point's run that is there."""
+    d = Path(path)
+    index = _read_json(d / "sweep.json")
+    if index.get("format") != SWEEP_FORMAT:
+        raise UsageError(f"{d / 'sweep.json'}: format {index.get('format')!r}, expected {SWEEP_FORMAT!r}")
+    sweep = Sweep(d, index)
+    for p in index.get("points") or []:
+        if not isinstance(p, Mapping):
+            raise UsageError(f"{d / 'sweep.json'}: a point that is not an object: {p!r}")
+        params = dict(p.get("params") or {})
+        where: str = p["dir"] if isinstance(p.get("dir"), str) else ""  # none: it failed before it ran
+        run = None
+        if where and (d / where / "requests.jsonl").exists():
+            run = load_run(d / where, label=point_label(params, int(p.get("repeat") or 0)))
+        sweep.points.append(SweepPoint(params, int(p.get("repeat") or 0), str(p.get("status") or "?"), run, where))
+    return sweep
+
+
+def load(path: str | os.PathLike[str]) -> Run | Sweep:
+    """A run or a sweep directory, whichever ``path`` is."""
+    d = Path(path)
+    if (d / "sweep.json").exists():
+        return load_sweep(d)
+    return load_run(d)
+
+
+def point_label(params: Mapping[str, Any], repeat: int = 0) -> str:
+    text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "point"
+    return f"{text} #{repeat}" if repeat else text
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from e
+    except ValueError as e:
+        raise UsageError(f"{path}: not JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a JSON object")
+    return data

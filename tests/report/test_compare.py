@@ -1,0 +1,128 @@
+"""``inferlab compare``: same configuration, different seeds, is within noise; a small
+token budget on long prompts is flagged on TTFT; --fail-if sets the exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferlab._errors import UsageError
+from inferlab.results.compare import mann_whitney_p, parse_fail_if, quantile_interval
+
+SIM = [sys.executable, "-m", "inferlab", "sim", "run", "-n", "200", "-c", "16", "--output-tokens", "64", "--no-history"]
+
+
+def inferlab(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "inferlab", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("runs")
+    procs = [
+        subprocess.Popen([*SIM, "--input-tokens", "uniform:500:1500", "--seed", "1", "-o", str(d / "seed1")]),
+        subprocess.Popen([*SIM, "--input-tokens", "uniform:500:1500", "--seed", "2", "-o", str(d / "seed2")]),
+    ]
+    long = [*SIM, "--input-tokens", "6000", "--max-num-seqs", "256"]
+    procs += [
+        subprocess.Popen([*long, "--max-num-batched-tokens", "8192", "-o", str(d / "b8192")]),
+        subprocess.Popen([*long, "--max-num-batched-tokens", "512", "-o", str(d / "b512")]),
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    return d
+
+
+def verdicts(out: str) -> dict[str, str]:
+    data = json.loads(out)
+    (comparison,) = data["comparisons"]
+    return {m["metric"]: m["verdict"] for m in comparison["metrics"]}
+
+
+def test_same_configuration_different_seeds_is_within_noise(runs: Path) -> None:
+    p = inferlab("compare", str(runs / "seed1"), str(runs / "seed2"), "--json")
+    assert p.returncode == 0, p.stderr
+    assert set(verdicts(p.stdout).values()) == {"within noise"}
+    p = inferlab("compare", str(runs / "seed1"), str(runs / "seed2"))
+    rows = [line for line in p.stdout.splitlines() if "(ms)" in line or "(tok/s)" in line or "(req/s)" in line]
+    assert len(rows) == 9 and all("within noise" in row for row in rows)
+    assert "prediction" in p.stdout
+
+
+def test_a_small_token_budget_on_long_prompts_is_flagged_on_ttft(runs: Path) -> None:
+    p = inferlab("compare", str(runs / "b8192"), str(runs / "b512"), "--json")
+    assert p.returncode == 0, p.stderr
+    v = verdicts(p.stdout)
+    assert v["ttft_p50"] == v["ttft_mean"] == "beyond noise"
+    ttft = next(m for m in json.loads(p.stdout)["comparisons"][0]["metrics"] if m["metric"] == "ttft_p50")
+    assert ttft["better"] is False and ttft["rel"] > 0.1
+    assert json.loads(p.stdout)["comparisons"][0]["mann_whitney_p"]["ttft_ms"] < 0.001
+
+
+def test_fail_if_sets_the_exit_status_only_beyond_noise(runs: Path) -> None:
+    b8192, b512, s1, s2 = (str(runs / n) for n in ("b8192", "b512", "seed1", "seed2"))
+    p = inferlab("compare", b8192, b512, "--fail-if", "ttft_p50>+10%")
+    assert p.returncode == 3 and "ttft_p50>+10%" in p.stderr
+    assert inferlab("compare", b8192, b512, "--fail-if", "ttft_p50>+500%").returncode == 0  # not that much
+    assert inferlab("compare", b8192, b512, "--fail-if", "ttft_p50<-10%").returncode == 0  # other direction
+    # within noise never trips, however small the limit
+    assert inferlab("compare", s1, s2, "--fail-if", "e2e_p50>+0.1%", "--fail-if", "e2e_p50<-0.1%").returncode == 0
+    p = inferlab("compare", s1, s2, "--fail-if", "latency>5")
+    assert p.returncode == 2 and "unknown metric" in p.stderr
+
+
+def test_history_ids_are_accepted(runs: Path, tmp_path: Path) -> None:
+    from inferlab.results.history import History, run_row
+
+    hist = tmp_path / "h.sqlite"
+    with History(hist) as h:
+        ids = [h.add(run_row(json.loads((runs / n / "summary.json").read_text()), runs / n)) for n in ("b8192", "b512")]
+    p = inferlab("compare", str(ids[0]), f"#{ids[1]}", "--history", str(hist), "--json")
+    assert p.returncode == 0, p.stderr
+    assert [r["label"] for r in json.loads(p.stdout)["runs"]] == [f"#{ids[0]}", f"#{ids[1]}"]
+    p = inferlab("compare", "999", str(runs / "b512"), "--history", str(hist))
+    assert p.returncode == 2 and "no run 999" in p.stderr
+
+
+def test_quantile_interval_brackets_the_quantile_of_most_samples() -> None:
+    """Of 200 samples of 100 uniform values, the true median (0.5) falls outside the
+    95 % interval in about 5 %: between 1 and 25 of them."""
+    rng = random.Random(7)
+    misses = 0
+    for _ in range(200):
+        xs = sorted(rng.random() for _ in range(100))
+        lo, hi = quantile_interval(xs, 0.5)
+        assert lo is not None and hi is not None
+        misses += not lo <= 0.5 <= hi
+    assert 1 <= misses <= 25
+    assert quantile_interval(sorted(range(50)), 0.99)[1] is None  # too few values to bound a p99
+
+
+def test_mann_whitney() -> None:
+    rng = random.Random(3)
+    xs = [rng.gauss(0, 1) for _ in range(100)]
+    ys = [rng.gauss(0, 1) for _ in range(100)]
+    shifted = [y + 1 for y in ys]
+    p_same, p_shift = mann_whitney_p(xs, ys), mann_whitney_p(xs, shifted)
+    assert p_same is not None and p_shift is not None
+    assert p_same > 0.05 and p_shift < 1e-6
+    assert mann_whitney_p(xs, shifted) == mann_whitney_p(shifted, xs)
+    assert mann_whitney_p([1.0] * 10, [1.0] * 10) == 1.0
+    assert mann_whitney_p(xs[:3], ys) is None
+
+
+def test_parse_fail_if() -> None:
+    c = parse_fail_if("ttft_p99_ms > +10%")
+    assert (c.metric.name, c.op, c.limit, c.percent) == ("ttft_p99", ">", 10.0, True)
+    c = parse_fail_if("output_tok_s<-5")
+    assert (c.op, c.limit, c.percent) == ("<", -5.0, False)
+    for bad in ("ttft_p99", "ttft_p99>>1", "ttft_p99>ten"):
+        with pytest.raises(UsageError):
+            parse_fail_if(bad)

@@ -1,0 +1,249 @@
+"""``inferlab report``: the HTML renders offline in headless Chromium with every plot
+drawn, no console error and no request but the file itself; on sweeps, on runs, and on
+a folder holding only a requests.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferlab.report.browser import find_browser, open_page
+from inferlab.report.html import fit_line, gpu_count, pareto_front
+from inferlab.results.history import headline
+from inferlab.results.sources import Run
+
+SIM = [sys.executable, "-m", "inferlab", "sim", "run", "--no-history", "--output-tokens", "32"]
+#: Every plot a sweep's report has (the client plot needs a run against a server).
+SWEEP_PLOTS = {"ttft_vs_tok", "ttft_vs_req", "tpot_vs_tok", "tpot_vs_req", "pareto", "ttft_vs_input",
+               "cdf_ttft", "cdf_tpot", "cdf_e2e", "tokens_over_time", "inflight_over_time", "timeline"}
+#: What the test asks the page: each plot's id and how many data marks it drew.
+PLOTS_JS = "Array.from(document.querySelectorAll('figure.plot')).map(f => [f.id, f.querySelectorAll('.mark').length])"
+
+browser = find_browser()
+needs_browser = pytest.mark.skipif(
+    browser is None, reason="no Chromium on this machine (Debian: apt-get install -y chromium; or set $INFERLAB_CHROMIUM)"
+)
+
+
+def inferlab(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "inferlab", *args], capture_output=True, text=True, timeout=180)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A concurrency sweep as the sweep command leaves it: one run directory per point
+    and a sweep.json by its contract (inferlab.sweep/1)."""
+    d = tmp_path_factory.mktemp("sweep")
+    levels = (1, 4, 16)
+    procs = [subprocess.Popen([*SIM, "-n", "48", "-c", str(c), "--input-tokens", "uniform:200:3000", "-o", str(d / f"c{c}")]) for c in levels]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    points = [{"dir": f"c{c}", "params": {"concurrency": c}, "repeat": 0, "status": "done",
+               "headline": headline(json.loads((d / f"c{c}" / "summary.json").read_text()))} for c in levels]
+    points.append({"dir": "c64", "params": {"concurrency": 64}, "repeat": 0, "status": "skipped", "headline": None})
+    (d / "sweep.json").write_text(json.dumps({
+        "format": "inferlab.sweep/1", "command": "inferlab sweep -c 1,4,16,64", "axes": {"concurrency": [*levels, 64]},
+        "points": points, "groups": [{"params": {}, "stopped": {"reason": "throughput rose < 5%", "at": 16, "knee": 4}}],
+        "goodput_search": None, "complete": True,
+    }))
+    return d
+
+
+def check_page(page: Path) -> dict[str, int]:
+    """Open ``page``; assert it fetched nothing and logged no error; each plot's marks."""
+    load = open_page(page, [PLOTS_JS], browser=browser)
+    assert load.requests == [page.resolve().as_uri()]
+    assert load.console_errors == [] and load.exceptions == []
+    return dict(load.values[0])
+
+
+@needs_browser
+def test_a_sweep_report_renders_offline_with_every_plot_drawn(sweep: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    p = inferlab("report", str(sweep), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    plots = check_page(out)
+    assert set(plots) == SWEEP_PLOTS
+    assert all(n > 0 for n in plots.values()), plots
+    assert plots["timeline"] >= 48  # a bar (at least one segment) per request of the focus run
+    html = out.read_text()
+    assert "prediction" in html and "concurrency=4 (the sweep&#x27;s knee)" in html
+    assert "stopped at 16 (throughput rose &lt; 5%); knee 4" in html
+    assert re.search(r"<td>c64</td><td>concurrency=64</td><td>0</td><td>skipped</td>", html)
+
+
+@needs_browser
+def test_a_bench_run_also_shows_the_client_and_two_runs_a_comparison(tmp_path: Path) -> None:
+    run = tmp_path / "bench"
+    p = inferlab("bench", "--no-history", "-n", "24", "-c", "4", "--input-tokens", "uniform:100:600", "--output-tokens", "16", "-o", str(run))
+    assert p.returncode == 0, p.stderr
+    other = tmp_path / "sim"
+    assert subprocess.run([*SIM, "-n", "24", "-c", "4", "--input-tokens", "uniform:100:600", "-o", str(other)]).returncode == 0
+    out = tmp_path / "r.html"
+    p = inferlab("report", str(run), str(other), "-o", str(out), "--png", str(tmp_path / "png"))
+    assert p.returncode == 0, p.stderr
+    plots = check_page(out)
+    assert plots["client"] > 0 and all(n > 0 for n in plots.values()), plots
+    html = out.read_text()
+    assert "<h2>Comparison</h2>" in html and ("within noise" in html or "beyond noise" in html)
+    pngs = sorted(f.stem for f in (tmp_path / "png").iterdir())
+    assert pngs == sorted(plots)
+    assert all((tmp_path / "png" / f"{n}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in pngs)
+
+
+def test_the_file_is_self_contained(sweep: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.html"
+    assert inferlab("report", str(sweep), "-o", str(out)).returncode == 0
+    html = out.read_text()
+    assert "<script" not in html.lower()
+    assert not re.search(r"""(src|href)\s*=|@import|url\(""", html, re.I)
+    # the only URL is SVG's namespace, an identifier no browser fetches
+    assert set(re.findall(r"https?://[^\s\"'<]+", html)) == {"http://www.w3.org/2000/svg"}
+
+
+@needs_browser
+def test_a_folder_with_only_requests_jsonl_is_a_run(sweep: Path, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(sweep / "c4" / "requests.jsonl", bare / "requests.jsonl")
+    out = tmp_path / "bare.html"
+    p = inferlab("report", str(bare), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    plots = check_page(out)
+    assert plots["cdf_ttft"] > 0 and plots["timeline"] > 0
+    # one GPU is assumed when nothing says, and the report says so
+    assert "assumed 1" in out.read_text()
+
+
+def test_bad_sources_are_one_line_errors(tmp_path: Path) -> None:
+    p = inferlab("report", str(tmp_path / "nope"), "-o", str(tmp_path / "x.html"))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "nope" in p.stderr
+    (tmp_path / "empty").mkdir()
+    p = inferlab("report", str(tmp_path / "empty"), "-o", str(tmp_path / "x.html"))
+    assert p.returncode == 2 and "requests.jsonl" in p.stderr
+    (tmp_path / "badsweep").mkdir()
+    (tmp_path / "badsweep" / "sweep.json").write_text('{"format": "other/9"}')
+    p = inferlab("report", str(tmp_path / "badsweep"), "-o", str(tmp_path / "x.html"))
+    assert p.returncode == 2 and "inferlab.sweep/1" in p.stderr
+
+
+def test_png_without_a_browser_says_how_to_get_one(sweep: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "INFERLAB_CHROMIUM": str(tmp_path / "no-such-browser")}
+    p = subprocess.run([sys.executable, "-m", "inferlab", "report", str(sweep / "c1"), "-o", str(tmp_path / "x.html"), "--png", str(tmp_path / "png")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2 and "chromium" in p.stderr.lower()
+
+
+def test_fit_line() -> None:
+    xs = [100.0, 200.0, 400.0, 800.0]
+    a, b = fit_line(xs, [5 + 0.02 * x for x in xs]) or (0.0, 0.0)
+    assert a == pytest.approx(5) and b == pytest.approx(0.02)
+    assert fit_line([3.0, 3.0], [1.0, 2.0]) is None
+
+
+@needs_browser
+def test_the_check_sees_requests_errors_and_missing_marks(tmp_path: Path) -> None:
+    """The harness itself: a page that fetches, logs an error and draws nothing is seen
+    doing all three."""
+    page = tmp_path / "bad.html"
+    page.write_text('<html><body><img src="http://example.invalid/x.png"><script>console.error("boom")</script>'
+                    '<figure class="plot" id="p"><svg></svg></figure></body></html>')
+    load = open_page(page, [PLOTS_JS], browser=browser)
+    assert "http://example.invalid/x.png" in load.requests
+    assert any("boom" in e for e in load.console_errors)
+    assert dict(load.values[0]) == {"p": 0}
+
+
+def test_repeats_of_a_load_level_are_one_point_on_the_curves(tmp_path: Path) -> None:
+    d = tmp_path / "sweep"
+    runs = [(c, seed) for c in (1, 4) for seed in (1, 2)]
+    procs = [subprocess.Popen([*SIM, "-n", "24", "-c", str(c), "--seed", str(seed), "--input-tokens", "uniform:200:800",
+                               "-o", str(d / f"c{c}s{seed}")]) for c, seed in runs]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    points = [{"dir": f"c{c}s{seed}", "params": {"concurrency": c}, "repeat": seed - 1, "status": "done", "headline": None} for c, seed in runs]
+    (d / "sweep.json").write_text(json.dumps({"format": "inferlab.sweep/1", "command": "x", "axes": {"concurrency": [1, 4]},
+                                              "points": points, "groups": [], "goodput_search": None, "complete": False}))
+    out = tmp_path / "r.html"
+    assert inferlab("report", str(d), "-o", str(out)).returncode == 0
+    html = out.read_text()
+    figure = html.split('id="ttft_vs_tok"', 1)[1].split("</figure>", 1)[0]
+    assert figure.count("<circle") == 4  # p50 and p99, one point per load level, not per repeat
+    assert figure.count("mean of 2 repeats") == 4
+    pareto = html.split('id="pareto"', 1)[1].split("</figure>", 1)[0]
+    assert pareto.count("<circle") >= 4 + 1  # every run is a point; the front has at least one
+    assert "did not finish" in html
+
+
+def test_pareto_front_and_gpus() -> None:
+    pts = [(1.0, 10.0), (2.0, 8.0), (1.5, 7.0), (3.0, 1.0), (0.5, 11.0), (float("nan"), 99.0)]
+    assert pareto_front(pts) == [(0.5, 11.0), (1.0, 10.0), (2.0, 8.0), (3.0, 1.0)]  # (1.5, 7) is beaten by (2, 8)
+    sim = Run(Path("x"), {}, [], {"command": "sim run", "engine": {"tensor_parallel_size": 4}})
+    served = Run(Path("y"), {}, [], {"command": "bench", "resolved": {"engine": {"tensor_parallel_size": 2, "data_parallel_size": 2}}})
+    other = Run(Path("z"), {}, [], {"command": "bench", "resolved": {"engine": None}})
+    assert gpu_count(sim, None)[0] == 4 and gpu_count(served, None)[0] == 4
+    assert gpu_count(other, None) == (1, "assumed 1 (the run does not say; give --gpus N)")
+    assert gpu_count(other, 8) == (8, "--gpus")
+
+
+def test_requests_in_flight_keep_their_peak_when_thinned() -> None:
+    """1,000 requests sent 0.01 s apart, each in flight for 100 s: all 1,000 in flight from
+    10 s to 100 s with no event in between. Thinned to INFLIGHT_MAX steps, the peak and
+    the quiet plateau stay."""
+    from inferlab.report.html import INFLIGHT_MAX, over_time
+    from inferlab.results.records import RequestRecord
+
+    recs = [RequestRecord(index=i, intended_send_ns=i * 10**7, send_ns=i * 10**7, ttfb_ns=i * 10**7 + 10**6,
+                          content_ns=[i * 10**7 + 10**6], end_ns=i * 10**7 + 10**11, output_tokens=1) for i in range(1000)]
+    run = Run(Path("r"), {}, recs, {})
+    inflight = next(f for f in over_time(run) if f.id == "inflight_over_time")
+    (series,) = inflight.series
+    levels = [y for _, y in series.xy]
+    assert len(levels) <= INFLIGHT_MAX and max(levels) == 1000
+    plateau = [y for x, y in series.xy if 20 < x < 90]
+    assert plateau and min(plateau) == 1000  # slices without an event keep the level
+
+
+def test_a_goodput_search_focuses_on_the_highest_rate_meeting_the_slos(tmp_path: Path) -> None:
+    """sweep.json as `inferlab sweep --find-max-rate` writes it: load_axis rate, the
+    probes under goodput_search."""
+    d = tmp_path / "search"
+    rates = (2.0, 8.0, 5.5)
+    procs = [subprocess.Popen([*SIM, "-n", "30", "--rate", str(r), "--input-tokens", "300", "-o", str(d / f"r{r}")]) for r in rates]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    probes = [{"rate": r, "share": 1.0 if r < 6 else 0.5, "meets": r < 6, "dir": f"r{r}"} for r in rates]
+    search = {"slo": {"ttft_ms": 100.0}, "share": 0.9, "groups": [{"params": {}, "max_rate": 5.5, "fails_at": 8.0, "note": None, "probes": probes}]}
+    points = [{"dir": f"r{r}", "params": {"rate": r}, "repeat": 0, "status": "done", "headline": None} for r in rates]
+    (d / "sweep.json").write_text(json.dumps({"format": "inferlab.sweep/1", "command": "x", "axes": {"rate": [2.0]}, "load_axis": "rate",
+                                              "points": points, "groups": [{"params": {}, "load_axis": "rate", "stopped": None}],
+                                              "goodput_search": search, "complete": True}))
+    out = tmp_path / "r.html"
+    p = inferlab("report", str(d), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    html = out.read_text()
+    assert "Single-run plots show rate=5.5 (the highest rate meeting the SLOs)" in html
+    assert "the highest rate meeting the SLOs 5.5 req/s (fails at 8 req/s), 3 probes" in html
+    assert "TTFT against prompt length (rate=5.5)" in html
+
+
+@needs_browser
+def test_the_report_of_an_inferlab_sweep_renders_with_every_plot_drawn(tmp_path: Path) -> None:
+    """The issue's check, end to end: `inferlab sweep` (simulator, virtual time, stops at
+    saturation by itself), then its report in Chromium."""
+    out = tmp_path / "sweep"
+    p = inferlab("sweep", "-c", "1,4,16,64", "-n", "32", "--input-tokens", "uniform:200:2000", "--output-tokens", "32", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    page = tmp_path / "report.html"
+    p = inferlab("report", str(out), "-o", str(page))
+    assert p.returncode == 0, p.stderr
+    plots = check_page(page)
+    assert set(plots) == SWEEP_PLOTS and all(n > 0 for n in plots.values()), plots
+    assert "<h2>Sweep:" in page.read_text()
