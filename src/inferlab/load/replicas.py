@@ -32,7 +32,8 @@ class Replicas:
         self.router = make_router(router, self.tokens, self.requests)
         self.sent = [0] * n  # requests each replica took
         self._held: dict[int, tuple[int, int]] = {}  # send index → (replica, tokens)
-        self._pending: list[tuple[float, list[int], list[Answer] | None] | None] = [None] * n
+        # each replica's step under way: (end, when its tokens were seen, finished, answers)
+        self._pending: list[tuple[float, float, list[int], list[Answer] | None] | None] = [None] * n
         self._free_s = [0.0] * n  # when each replica's current step ends
 
     @property
@@ -54,7 +55,7 @@ class Replicas:
     def has_work(self) -> bool:
         return any(p is not None for p in self._pending) or any(s.has_work() for s in self.servers)
 
-    def step(self, now_s: float) -> tuple[float, list[int], list[Answer] | None]:
+    def step(self, now_s: float) -> tuple[float, float, list[int], list[Answer] | None]:
         for i, server in enumerate(self.servers):
             if self._pending[i] is None and server.has_work():
                 start_s = max(self._free_s[i], now_s)
@@ -65,7 +66,7 @@ class Replicas:
         result = self._pending[i]
         assert result is not None
         self._pending[i] = None
-        for index in result[1]:
+        for index in result[2]:
             replica, held = self._held.pop(index)
             self.tokens[replica] -= held
             self.requests[replica] -= 1

@@ -36,6 +36,7 @@ from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import OMITTED, Omitted, Summary, SummaryExtras, summarize
+from inferlab.sim.engine.bands import prediction_block, regime_of
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetWorkload
@@ -180,6 +181,8 @@ async def run(
                 trace_positions=policy.trace_positions if isinstance(policy, UserReplayPolicy) else None,
                 client=outcome.client if isinstance(target, HttpTarget) else None,
             )
+            if prepared.engine is not None:  # simulated: each headline metric's error band
+                summary = dataclasses.replace(summary, prediction=_prediction(prepared.engine, config.load))
             if writer is not None:
                 writer.write_summary(summary)
         finally:
@@ -194,6 +197,19 @@ async def run(
 
 
 # --- the simulated engine -----------------------------------------------------------------
+
+
+def _prediction(engine: Engine, load: LoadConfig) -> dict[str, Any]:
+    """``summary.json``'s ``prediction``: the validation error of the engine family in
+    the run's regime, per headline metric (``sim.engine.bands``)."""
+    s = load.schedule
+    regime = regime_of(
+        offline=bool(engine.config.offline),
+        # (every request at once under a concurrency cap: users in a closed loop)
+        closed_loop=isinstance(s, ClosedLoop) or (isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and bool(s.max_concurrency)),
+        burst=isinstance(s, OpenLoop) and math.isinf(s.rate_rps),
+    )
+    return prediction_block(engine.config.engine_family, regime)
 
 
 def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:

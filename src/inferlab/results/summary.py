@@ -162,6 +162,10 @@ class Summary:
         default=OMITTED, metadata=_doc("runs against a server only: was the client the bottleneck? bottleneck (true: it likely inflated the latencies; a warning says by how much), inflation_ms (the busiest process's event-loop lag, p50 and p99: about what it added to each latency), processes (each sending process: role, cpu_share of one core, loop_lag_ms, timeline: [largest loop lag ms, CPU share] per second)")
     )
 
+    prediction: dict[str, Any] | Omitted = field(
+        default=OMITTED, metadata=_doc("sim run only: the numbers are simulated, not measured; engine_family, regime (offline, closed loop, Poisson, saturated) and, per headline metric, error_bands: the validation error of that family in that regime (pct: median |error| % over rows of published measurements, rows, split: holdout or fit, text), null where it was never validated; see docs/validation.md")
+    )
+
     def to_json(self) -> dict[str, Any]:
         """The JSON object (omitted keys left out), in field order."""
         out: dict[str, Any] = {}
@@ -214,6 +218,7 @@ class Summary:
             input_length_source=d.get("input_length_source", OMITTED),
             preflight=d.get("preflight", OMITTED),
             client=_client(d.get("client", OMITTED)),
+            prediction=d.get("prediction", OMITTED),
         )
 
 
