@@ -11,25 +11,34 @@ that could not be expressed with the reason.
     python bench/validate_sim.py --csv other.csv  # any file in the same format
     python bench/validate_sim.py --csv bench/data/published_extra.csv  # rows we gathered
     python bench/validate_sim.py --rows 1,46,141  # a subset
+    python bench/validate_sim.py --all --jobs 2   # every file in bench/data, fit vs held-out
+    python bench/validate_sim.py --all --jobs 2 --write-bands  # and the error bands sim run shows
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from inferlab.sim.engine.bands import BANDS_FILE
+from inferlab.sim.validation.scenario import OFFLINE, REGIMES, SPLITS
 from inferlab.sim.validation.validate import (
+    METRIC_CLASSES,
     TARGET_PCT,
     Comparison,
     error_medians,
+    group_medians,
     length_mismatches,
-    validate,
+    validate_files,
 )
 
-DEFAULT_CSV = Path(__file__).resolve().parent / "data" / "calibration.csv"
+DATA = Path(__file__).resolve().parent / "data"
+DEFAULT_CSV = DATA / "calibration.csv"
+ALL_CSVS = sorted(DATA.glob("*.csv"))
 
 
 def _fmt(x: float) -> str:
@@ -63,17 +72,69 @@ def _breakdown(title: str, comparisons: list[Comparison], key: Callable[[Compari
         print(f"  {group:<9} {cells}")
 
 
+def _split_table(title: str, comparisons: list[Comparison], groups: list[tuple[str, Callable[[Comparison], bool]]]) -> None:
+    """Fit against held-out rows per group, as a Markdown table (docs/validation.md)."""
+    print()
+    print(f"per {title}, fit against held-out (median over rows of |error| %, rows):")
+    print()
+    print(f"| {title} | split | " + " | ".join(METRIC_CLASSES) + " |")
+    print("|---|---|" + "---|" * len(METRIC_CLASSES))
+    for group, member in groups:
+        sub = [c for c in comparisons if member(c)]
+        if not sub:
+            continue
+        by_split = group_medians(sub, lambda c: c.scenario.split)
+        for split in SPLITS:
+            medians = by_split.get(split)
+            if not medians:
+                continue
+            cells = [f"{medians[cls][0]:.1f} % ({medians[cls][1]})" if cls in medians else "—" for cls in METRIC_CLASSES]
+            print(f"| {group} | {split} | " + " | ".join(cells) + " |")
+
+
+def write_bands(comparisons: list[Comparison], path: Path) -> int:
+    """The error bands ``sim run`` shows (``inferlab.sim.engine.bands``): per engine
+    family (and all families), regime (and all regimes) and split, each metric class's median over rows of
+    |error| and its row count. Returns how many bands were written."""
+    bands = []
+    families = sorted({str(c.scenario.family) for c in comparisons})
+    for family in (*families, "all"):
+        mine = [c for c in comparisons if family in ("all", c.scenario.family)]
+        for regime in (*REGIMES, "all"):
+            sub = [c for c in mine if regime == "all" or c.scenario.regime == regime]
+            for split, medians in group_medians(sub, lambda c: c.scenario.split).items():
+                for cls, (median, rows, _) in medians.items():
+                    bands.append({
+                        "family": family, "regime": regime, "split": split, "metric": cls,
+                        "median_abs_pct": round(median, 2), "rows": rows,
+                    })
+    path.write_text(json.dumps({
+        "generated_by": "python bench/validate_sim.py --all --write-bands",
+        "what": "median over rows of each row's mean |predicted - measured| / measured, in %, per engine family, "
+        "load regime and side of the split (docs/validation.md)",
+        "bands": bands,
+    }, indent=1) + "\n")
+    return len(bands)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="calibration CSV")
     ap.add_argument("--rows", help="comma-separated row ids (default: all)")
+    ap.add_argument("--all", action="store_true", help="every CSV in bench/data, with fit vs held-out tables")
+    ap.add_argument("--jobs", type=int, default=1, help="simulate rows in this many processes")
+    ap.add_argument("--write-bands", action="store_true", help=f"with --all: write {BANDS_FILE.name} for sim run")
     args = ap.parse_args(argv)
-    if not args.csv.is_file():
+    if args.write_bands and (not args.all or args.rows):
+        print("--write-bands needs --all and every row", file=sys.stderr)
+        return 2
+    paths = ALL_CSVS if args.all else [args.csv]
+    if not all(p.is_file() for p in paths):
         print(f"no such file: {args.csv}", file=sys.stderr)
         return 2
     started = time.perf_counter()
     rows = args.rows.split(",") if args.rows else None
-    report = validate(args.csv, rows)
+    report = validate_files(paths, rows, args.jobs)
     elapsed = time.perf_counter() - started
 
     _table(report.comparisons)
@@ -85,6 +146,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {cls:<10} {median:6.1f}%  ({n_rows} rows, {n_cmp} values; {target}){ok}")
     _breakdown("per engine family", report.comparisons, lambda c: c.scenario.family)
     _breakdown("per scenario", report.comparisons, lambda c: c.scenario.kind)
+    _breakdown("per split", report.comparisons, lambda c: c.scenario.split)
+    families = sorted({str(c.scenario.family) for c in report.comparisons})
+    _split_table("family", report.comparisons, [
+        ("all", lambda c: True),
+        *((f, lambda c, f=f: c.scenario.family == f) for f in families),
+        ("vllm online", lambda c: c.scenario.family == "vllm" and c.scenario.regime != OFFLINE),
+    ])
+    _split_table("regime", report.comparisons, [(r, lambda c, r=r: c.scenario.regime == r) for r in REGIMES])
     assumed = {
         c.scenario.row_id: c.scenario.assumptions
         for c in report.comparisons
@@ -106,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"skipped ({len(report.skipped)}):")
     for sk in report.skipped:
         print(f"  row {sk.row_id}: {sk.model[:40]} - {sk.reason}")
+    if args.write_bands:
+        n = write_bands(report.comparisons, BANDS_FILE)
+        print()
+        print(f"wrote {n} error bands to {BANDS_FILE}")
     n_rows = len({c.scenario.row_id for c in report.comparisons})
     print()
     print(f"{n_rows} rows compared, {len(report.comparisons)} values, in {elapsed:.1f} s")

@@ -15,12 +15,12 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: Bottom first. Packages in one layer are peers: they may not import each other.
 LAYERS: list[tuple[str, ...]] = [
-    ("inferlab._clock", "inferlab._errors"),
+    ("inferlab._clock", "inferlab._errors", "inferlab._loop"),
     ("inferlab.openai",),
     ("inferlab.results",),
     ("inferlab.workload",),
     ("inferlab.client", "inferlab.sim.engine"),
-    ("inferlab.sim.server",),
+    ("inferlab.sim.server", "inferlab.gateway"),
     ("inferlab.load",),
     ("inferlab.sim.validation", "inferlab.analysis", "inferlab.report", "inferlab.engines", "inferlab.sweep"),
     ("inferlab.cli",),
@@ -101,7 +101,8 @@ def test_imports_point_down() -> None:
         ("inferlab.workload.spec", "if TYPE_CHECKING:\n    import inferlab.cli.main", "a higher layer"),
         ("inferlab.sim.engine.kvcache", "from ..server import app", "relative import"),
         ("inferlab.load.run", "from inferlab import bench_async", "not below it"),
-        ("inferlab.gateway.proxy", "import json", "no layer"),
+        ("inferlab.foo.proxy", "import json", "no layer"),
+        ("inferlab.gateway.app", "from inferlab.sim.server.app import SimServer", "a peer"),
     ],
 )
 def test_the_check_catches_a_wrong_import(name: str, source: str, why: str) -> None:

@@ -21,6 +21,14 @@ def _sleep_until_ns(deadline_ns: int) -> None:
         time.sleep(delay_ns / NS_PER_S)
 
 
+def epoch_anchor_ns() -> tuple[int, int]:
+    """``(Unix time, monotonic time)`` in ns, read back to back: places this machine's
+    monotonic timeline on the wall clock that machines share (as far as NTP keeps them
+    together), for runs whose requests are sent from several machines (Locust's
+    workers). Differences of monotonic times stay exact whatever the wall clock does."""
+    return time.time_ns(), time.monotonic_ns()
+
+
 class Clock(Protocol):
     """What every time-aware component is given."""
 

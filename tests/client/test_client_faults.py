@@ -194,6 +194,27 @@ def test_a_stall_past_the_idle_timeout_is_an_idle_timeout() -> None:
     assert r.error == f"no data for {IDLE_S:g} s"
 
 
+@pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 99\r\n\r\n{"])
+def test_silence_before_the_head_or_inside_a_body_is_an_idle_timeout(answer: bytes) -> None:
+    """A server that reads the request, then says nothing (or a piece of a whole body)."""
+
+    async def main() -> RequestRecord:
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer)
+            await asyncio.sleep(STALL_S)
+            writer.close()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            return await send_to(f"http://127.0.0.1:{port}/v1", "m")
+
+    r = asyncio.run(main())
+    assert r.error_kind is ErrorKind.IDLE_TIMEOUT and r.error == f"no data for {IDLE_S:g} s"
+    assert r.status == (200 if answer else None) and r.end_ns is None
+
+
 def test_a_stream_longer_than_the_total_timeout_is_a_timeout() -> None:
     # The stream never goes quiet (a chunk every 20 ms), so only the total timeout can end it.
     r = with_server(

@@ -322,13 +322,22 @@ def test_cuda_graphs_decode_faster_than_eager_mode() -> None:
 
 
 def test_an_api_server_costs_per_streamed_token_and_offline_runs_have_none() -> None:
-    """Serving streams every token through the API server (more time per step the more
-    streams run); vLLM's offline LLM class has no server: no front-end delay either."""
-    load = LoadConfig(ClosedLoop(64), num_requests=128)
-    common = {"max_num_batched_tokens": 8192, "max_num_seqs": 256}
-    served = run(load, inp=200, out=64, **common)
-    offline = run(load, inp=200, out=64, offline=True, **common)
-    assert served.tpot_ms.mean > offline.tpot_ms.mean * 1.2
+    """vLLM V1 streams every token through its API server, a CPU of its own that also
+    accepts requests: with few streams it keeps up (TPOT is the engine's); with hundreds
+    of users it sets the pace, requests wait at its door (TTFT) and throughput is what
+    it can stream; more API servers share the work. vLLM's offline LLM class has no
+    server: no front-end delay either."""
+    common = {"model": "Qwen/Qwen2.5-0.5B-Instruct", "max_num_batched_tokens": 8192, "max_num_seqs": 1024}
+    few = LoadConfig(ClosedLoop(8), num_requests=16)
+    assert run(few, out=64, **common).tpot_ms.mean < 1.1 * run(few, out=64, offline=True, **common).tpot_ms.mean
+    many = LoadConfig(ClosedLoop(512), num_requests=1024)
+    served = run(many, out=64, **common)
+    offline = run(many, out=64, offline=True, **common)
+    four = run(many, out=64, api_server_count=4, **common)
+    assert served.output_token_throughput_tps < offline.output_token_throughput_tps / 2
+    assert served.ttft_ms.mean > 2 * offline.ttft_ms.mean
+    assert served.output_token_throughput_tps < four.output_token_throughput_tps
+    assert four.ttft_ms.mean < served.ttft_ms.mean
     single_served = run(LoadConfig(ClosedLoop(1), num_requests=2), inp=200, out=8)
     single_offline = run(LoadConfig(ClosedLoop(1), num_requests=2), inp=200, out=8, offline=True)
     assert single_served.ttft_ms.mean - single_offline.ttft_ms.mean > 10  # the API path
@@ -439,3 +448,24 @@ def test_sim_run_loads_no_http_stack(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert p.stdout.splitlines()[-1] == "False"
     assert (tmp_path / "summary.json").exists()
+
+
+def test_sim_run_shows_each_headline_metric_with_its_validation_error(tmp_path: Path) -> None:
+    """Console and summary.json: the numbers are a prediction, each with the error band of
+    its engine family and regime (sim.engine.bands), from the shipped bands file."""
+    from inferlab.sim.engine.bands import error_band
+
+    p = sim_cli("--rate", "4", "-n", "12", "--input-tokens", "300", "--output-tokens", "20", "--out", str(tmp_path / "r"))
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    block = summary["prediction"]
+    assert block["label"].startswith("prediction") and (block["engine_family"], block["regime"]) == ("vllm", "Poisson")
+    band = error_band("vllm", "Poisson", "TTFT")
+    assert band is not None and block["error_bands"]["ttft_ms"]["text"] == band.describe()
+    words = " ".join(p.stdout.split())  # (the console wraps long lines)
+    assert "TTFT p50 (prediction)" in words and band.describe() in words
+    closed = sim_cli("-c", "2", "-n", "4", "--output-tokens", "8", "--json")
+    assert json.loads(closed.stdout)["prediction"]["regime"] == "closed loop"
+    offline = sim_cli("--rate", "inf", "-n", "4", "--output-tokens", "8", "--json", "--engine-family", "trtllm")
+    block = json.loads(offline.stdout)["prediction"]
+    assert (block["engine_family"], block["regime"]) == ("trtllm", "offline")

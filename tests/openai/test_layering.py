@@ -1,6 +1,7 @@
 """``inferlab.openai`` sits at the bottom of the layers (docs/architecture.md): of inferlab it imports
-only ``inferlab._errors``, and nothing outside the standard library, so the client, the
-simulated server and the gateway can all share it."""
+only ``inferlab._errors``, and nothing outside the standard library (but orjson, the
+``fast`` extra's decoder, where it is installed), so the client, the simulated server and
+the gateway can all share it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from pathlib import Path
 import inferlab.openai
 
 PACKAGE = Path(inferlab.openai.__file__).parent
+#: Imported only inside ``try: ... except ImportError`` (an optional extra).
+OPTIONAL = ("orjson",)
 
 
 def imported_modules(path: Path) -> list[str]:
@@ -34,7 +37,7 @@ def test_openai_imports_only_errors_and_the_standard_library() -> None:
             if top == "inferlab":
                 assert name == "inferlab._errors" or name.startswith("inferlab.openai."), f"{path.name} imports {name}"
             else:
-                assert top in sys.stdlib_module_names or top == "__future__", f"{path.name} imports {name}"
+                assert top in sys.stdlib_module_names or top in ("__future__", *OPTIONAL), f"{path.name} imports {name}"
 
 
 def test_the_layering_check_sees_imports() -> None:

@@ -136,7 +136,10 @@ def _full_summary() -> Summary:
             histograms={"ttft_ms": HistogramDelta(2, 12.5, 10.0, 20.0, None)}, missing=("prompt_seconds",),
         ),
     )
-    return summarize(records, config={"load": {"schedule": {"kind": "OpenLoop"}}}, slo=SLO(ttft_ms=15), extras=extras)
+    summary = summarize(records, config={"load": {"schedule": {"kind": "OpenLoop"}}}, slo=SLO(ttft_ms=15), extras=extras)
+    # (sim run adds its prediction block after summarizing)
+    band = {"pct": 25.0, "rows": 6, "split": "holdout", "family": "vllm", "regime": "Poisson", "text": "±25 %"}
+    return dataclasses.replace(summary, prediction={"label": "prediction", "error_bands": {"ttft_ms": band, "e2e_ms": None}})
 
 
 def test_the_json_form_reads_back_into_the_same_summary() -> None:

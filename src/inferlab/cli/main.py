@@ -17,6 +17,7 @@ from rich.console import Console
 
 from inferlab._clock import WallClock
 from inferlab._errors import RunFailedError, UsageError
+from inferlab._loop import run as run_loop
 from inferlab.cli.advise import advise_command
 from inferlab.cli.calibrate import calibrate_cmd
 from inferlab.cli.common import (
@@ -35,7 +36,9 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.engine import engine
 from inferlab.cli.export import export
+from inferlab.cli.gateway import gateway
 from inferlab.cli.history import runs
+from inferlab.cli.locust import locust_merge
 from inferlab.cli.profile import profile_command
 from inferlab.cli.report import compare_cmd, report_cmd
 from inferlab.cli.sim import sim
@@ -129,7 +132,7 @@ def _bench(kw: dict[str, Any]) -> int:
     try:
         total = (num + config.load.warmup) if num else None
         with Progress(err, WallClock(), total) as progress:
-            result = finish_run(asyncio.run(_bench_main(config, url, progress)), kw)
+            result = finish_run(run_loop(_bench_main(config, url, progress)), kw)
     except RunFailedError as e:  # every request failed: what they said is shown first
         if isinstance(e.result, RunResult):
             e.result = finish_run(e.result, kw)
@@ -181,6 +184,7 @@ sim.add_command(calibrate_cmd)
 main.add_command(engine)
 main.add_command(sim)
 main.add_command(export)
+main.add_command(locust_merge)
 main.add_command(tokens)
 main.add_command(sweep)
 main.add_command(tune)
@@ -189,6 +193,7 @@ main.add_command(advise_command)
 main.add_command(runs)
 main.add_command(compare_cmd)
 main.add_command(report_cmd)
+main.add_command(gateway)
 
 def run() -> None:
     """The console script."""

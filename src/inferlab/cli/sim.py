@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +29,10 @@ from inferlab.cli.common import (
     workload_config,
 )
 from inferlab.load.run import RunResult
+from inferlab.load.schedules import OpenLoop
 from inferlab.report.console import render_summary
 from inferlab.results.runfiles import dumps
+from inferlab.results.summary import Summary
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.families import EngineFamily
@@ -87,6 +90,8 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--quantization", "-q", default=None, callback=_parsed(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype.value, show_default=True, callback=_parsed(KVCacheDType.parse), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice([f.value for f in EngineFamily]), default=d.engine_family.value, show_default=True, callback=_parsed(EngineFamily.parse), help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
+        click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); not for vllm-v0.5, whose API server is the engine's process."),
+        click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's constants were fitted on: 2.0 halves intake and streaming costs, 0.5 doubles them."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
 
@@ -160,6 +165,8 @@ def _serve(kw: dict[str, Any]) -> int:
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
 @click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
 @click.option("--offline/--served", "offline", default=None, help="Run as vLLM's offline LLM class (no API server costs, larger default budget) or behind its API server. Default: offline only with --rate inf and no --max-concurrency.")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True, help="Engines of this config, in parallel, each with its own KV and prefix cache, behind --router.")
+@click.option("--router", type=click.Choice(["round-robin", "least-outstanding", "prefix-affinity"]), default="round-robin", show_default=True, help="How --replicas share the requests: inferlab gateway's routing policies, the same code.")
 def run_cmd(**kw: Any) -> None:
     """Run a workload through the simulated engine in virtual time (no HTTP)."""
     sys.exit(run_guarded(lambda: _sim_run(kw)))
@@ -226,7 +233,18 @@ def _sim_run(kw: dict[str, Any]) -> int:
     _model_from_trace(kw)
     _engine_from_trace_run(kw)
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
-    target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"])
+    if kw["replicas"] == 1 and given("router"):
+        raise UsageError("--router chooses among --replicas: give --replicas N (2 or more)")
+    target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"], kw["replicas"], kw["router"])
+    s = config.load.schedule
+    offline = kw["offline"] if kw["offline"] is not None else (
+        isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
+    )
+    if offline and (target.engine.api_server_count != 1 or target.engine.host_speed != 1.0):
+        raise UsageError(
+            "--api-server-count and --host-speed set the API front end, and an offline run has none "
+            "(drop them, or serve the run: --served)"
+        )
 
     async def main_async() -> RunResult:
         stop = asyncio.Event()
@@ -255,11 +273,17 @@ def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     assert engine is not None
     out = Console()
     e = engine.config
-    render_summary(out, result.summary, f"{e.model} on {e.tensor_parallel_size}x {e.gpu}, virtual time", table_percentiles(kw))
+    replicas = result.summary.config.get("replicas")
+    where = f"{e.tensor_parallel_size}x {e.gpu}"
+    if replicas:
+        where = f"{replicas['count']} replicas of {where} (router {replicas['router']})"
+    render_summary(out, result.summary, f"{e.model} on {where}, virtual time", table_percentiles(kw))
     line = Table(show_header=False, box=None, pad_edge=False)
     line.add_column(style="bold", no_wrap=True, min_width=18)
     line.add_column()  # wraps under itself, not under the label
     line.add_row("engine", engine_line(engine))
+    for label, text in prediction_lines(result.summary):
+        line.add_row(label, text)
     out.print(line)
     if kw["out"]:
         out.print(f"results: {kw['out']}/summary.json, {kw['out']}/requests.jsonl")
@@ -359,7 +383,45 @@ def engine_line(engine: Engine) -> str:
             if e.num_gpu_blocks_override is not None else ""
         ),
         "eager" if e.enforce_eager else "CUDA graphs",
-        "offline (no API server)" if e.offline else f"API {engine.api_overhead_s * 1e3:g} ms + per-token streaming",
+        "offline (no API server)" if e.offline else _front_end_words(engine),
         *([f"{e.engine_family} defaults and constants"] if e.engine_family is not EngineFamily.VLLM else []),
     ]
     return ", ".join(parts)
+
+
+def _front_end_words(engine: Engine) -> str:
+    """The API front end as modelled: latency, intake and streaming CPU, servers, host."""
+    fe, c = engine.front_end, engine.front_end.costs
+    words = f"API {c.latency_s * 1e3:g} ms"
+    if fe.costs.queues:
+        cpu = [f"intake {c.intake_s * 1e3:g} ms + {c.intake_per_token_s * 1e6:g} us/prompt token"] if c.intake_s or c.intake_per_token_s else []
+        cpu += [f"{c.stream_per_token_s * 1e6:g} us/streamed token"] if c.stream_per_token_s else []
+        words += f" + CPU queue ({', '.join(cpu)}"
+        words += f"; {fe.servers} API servers" if fe.servers > 1 else ""
+        words += f"; host speed {fe.host_speed:g}" if fe.host_speed != 1.0 else ""
+        words += ")"
+    if not c.stream_per_token_s:
+        words += " + per-token streaming in the engine step"
+    return words
+
+
+def prediction_lines(summary: Summary) -> list[tuple[str, str]]:
+    """Each headline metric beside the validation error of its engine family and regime
+    (summary.json's ``prediction``): '42.1 ms, ±25 % on 6 held-out vLLM V1 Poisson rows'."""
+    block = summary.prediction
+    if not isinstance(block, dict):
+        return []
+    bands = block["error_bands"]
+    rows: list[tuple[str, str]] = []
+    for key, label, unit in (
+        ("ttft_ms", "TTFT p50", "ms"), ("tpot_ms", "TPOT p50", "ms"), ("e2e_ms", "E2E p50", "ms"),
+        ("output_token_throughput_tps", "output tok/s", ""),
+    ):
+        value = getattr(summary, key)
+        if value is None:
+            continue
+        number = value if isinstance(value, float) else value.p50
+        band = bands.get(key)
+        how = band["text"] if band else f"not validated for {block['engine_family']} ({block['regime']})"
+        rows.append((f"{label} (prediction)", f"{number:,.1f}{' ' + unit if unit else ''}, {how}"))
+    return rows

@@ -16,87 +16,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 
 from inferlab._clock import Clock
 from inferlab._errors import InferlabError, ServerUnreachableError, UsageError
-from inferlab.openai.errors import error_message, one_line
-from inferlab.openai.request import PATHS, Api, completion_request
-from inferlab.openai.response import (
-    ErrorInResponse,
-    MalformedResponse,
-    ResponseError,
-    ResponseReader,
+from inferlab.client.exchange import (
+    MAX_ERROR_BODY,
+    Endpoint,
+    StreamRecorder,
+    api_base,
+    fail,
+    record_body,
+    record_http_error,
+    request_body,
 )
-from inferlab.openai.sse import SSEParser
+from inferlab.openai.errors import one_line
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.workload.spec import RequestSpec
 
 __all__ = [
     "Client", "Endpoint", "api_base", "discover_model", "one_line", "request_body", "session_trace",
 ]
-
-_MAX_ERROR_CHARS = 300  # of a record's error message
-
-
-def api_base(url: str) -> str:
-    """``http://h:p`` → ``http://h:p/v1``; a URL with a path is used as given."""
-    url = url.rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"not an http(s) URL: {url!r}")
-    return url if parts.path not in ("", "/") else url + "/v1"
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to send. ``base_url`` is the API root (ending in ``/v1`` usually)."""
-
-    base_url: str
-    model: str
-    api: Api = "chat"
-    stream: bool = True
-    api_key: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 600.0
-    idle_timeout_s: float = 60.0
-    # fields every request carries (``--temperature``, ``--extra-body``); a request's
-    # own ``RequestSpec.extra_body`` goes over them
-    extra_body: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return self.base_url + PATHS[self.api]
-
-    def request_headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/json", **self.headers}
-        if self.api_key:
-            h.setdefault("Authorization", f"Bearer {self.api_key}")
-        return h
-
-
-def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
-    """The JSON body that sends ``spec`` to ``endpoint``. ``TypeError`` for a token-id
-    prompt on the chat API."""
-    chat = endpoint.api == "chat"
-    return completion_request(
-        endpoint.model,
-        endpoint.api,
-        messages=spec.messages() if chat else None,
-        prompt=None if chat else spec.completion_prompt(),
-        max_tokens=spec.max_tokens,
-        exact_output=spec.exact_output,
-        stream=endpoint.stream,
-        extra={**endpoint.extra_body, **spec.extra_body} if endpoint.extra_body else spec.extra_body,
-    )
 
 
 class _Attempt:
@@ -132,68 +76,6 @@ def session_trace() -> aiohttp.TraceConfig:
     trace.on_request_headers_sent.append(on_headers_sent)
     trace.on_connection_reuseconn.append(on_reuse)
     return trace
-
-
-class _StreamState:
-    """One response's reader, and the record it fills: arrival times as chunks come
-    (``event``), everything else once at the end (``flush``)."""
-
-    def __init__(self, record: RequestRecord, text_out: list[str] | None = None) -> None:
-        self.record = record
-        self.reader = ResponseReader(text_out)
-
-    @property
-    def done(self) -> bool:
-        """The stream ended with ``[DONE]``."""
-        return self.reader.done
-
-    def event(self, data: str, t_ns: int) -> bool:
-        """Apply one SSE ``data`` payload received at ``t_ns``; False = stop reading."""
-        try:
-            arrivals = self.reader.event(data)
-        except ResponseError as e:
-            return self._fail(e)
-        if arrivals:
-            content_ns = self.record.content_ns
-            content_ns.append(t_ns)
-            if arrivals > 1:  # several choices (a request with n > 1) in one chunk
-                content_ns.extend(itertools.repeat(t_ns, arrivals - 1))
-        return not self.reader.done
-
-    def body(self, raw: bytes) -> bool:
-        """Apply a whole (non-streamed) response body; False if it failed the record."""
-        try:
-            self.reader.body(raw)
-        except ResponseError as e:
-            return self._fail(e)
-        return True
-
-    def flush(self) -> None:
-        """Copy what the response said into the record (once, whatever way it ended)."""
-        r, rd = self.record, self.reader
-        r.output_chars += rd.output_chars
-        if rd.finish_reason is not None:
-            r.finish_reason = rd.finish_reason
-        if rd.usage_seen:
-            r.input_tokens = rd.prompt_tokens
-            r.output_tokens = rd.completion_tokens
-            r.usage_source = "server"
-        if rd.cached_seen:
-            r.cached_tokens = rd.cached_tokens
-        if rd.timeline is not None:
-            r.server_timeline = rd.timeline
-
-    def _fail(self, e: ResponseError) -> bool:
-        self.record.error_kind = _ERROR_KINDS[type(e)]
-        self.record.error = str(e)[:_MAX_ERROR_CHARS]
-        return False
-
-
-#: How a response the reader refuses is recorded.
-_ERROR_KINDS: dict[type[ResponseError], ErrorKind] = {
-    MalformedResponse: ErrorKind.MALFORMED,
-    ErrorInResponse: ErrorKind.STREAM_ERROR,
-}
 
 
 #: After ``[DONE]``, how long to wait for the body's end (so the connection can be
@@ -247,6 +129,9 @@ class Client:
         self.t0_ns = t0_ns
         self.resent = 0
         self._headers = endpoint.request_headers()
+        # no sock_read: the idle timeout is the client's own (``_IdleWatch``, and a timer
+        # on the wait for the response's head)
+        self._timeout = aiohttp.ClientTimeout(total=None)
 
     def _now(self) -> int:
         return self.clock.now_ns() - self.t0_ns
@@ -280,17 +165,17 @@ class Client:
                     self.resent += 1
                     await self._resend(body, record, _Attempt(stamp), text_out)
         except aiohttp.ServerTimeoutError:
-            self._fail(record, ErrorKind.IDLE_TIMEOUT, f"no data for {self.endpoint.idle_timeout_s:g} s")
+            fail(record, ErrorKind.IDLE_TIMEOUT, f"no data for {self.endpoint.idle_timeout_s:g} s")
         except TimeoutError:
-            self._fail(record, ErrorKind.TIMEOUT, f"request took over {self.endpoint.timeout_s:g} s")
+            fail(record, ErrorKind.TIMEOUT, f"request took over {self.endpoint.timeout_s:g} s")
         except aiohttp.ClientConnectorError as e:
-            self._fail(record, ErrorKind.CONNECT, f"cannot connect to {self.endpoint.url}: {e.os_error}")
+            fail(record, ErrorKind.CONNECT, f"cannot connect to {self.endpoint.url}: {e.os_error}")
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-            self._fail(record, ErrorKind.DISCONNECT, _closed_message(e, record, resent))
+            fail(record, ErrorKind.DISCONNECT, _closed_message(e, record, resent))
         except aiohttp.ClientError as e:
-            self._fail(record, ErrorKind.DISCONNECT, f"{type(e).__name__}: {e}")
+            fail(record, ErrorKind.DISCONNECT, f"{type(e).__name__}: {e}")
         except asyncio.CancelledError:
-            self._fail(record, ErrorKind.CANCELLED, "run interrupted")
+            fail(record, ErrorKind.CANCELLED, "run interrupted")
             raise
 
     async def _resend(
@@ -304,86 +189,98 @@ class Client:
         ) as fresh:
             await self._exchange(fresh, body, record, attempt, text_out)
 
-    def _fail(self, record: RequestRecord, kind: ErrorKind, message: str) -> None:
-        if record.error_kind is None and record.end_ns is not None:
-            return  # finished already (e.g. a timeout while draining after [DONE])
-        if record.error_kind is None:
-            record.error_kind = kind
-            record.error = message[:_MAX_ERROR_CHARS]
-        record.end_ns = None
-
     async def _exchange(
         self, session: aiohttp.ClientSession, body: bytes, record: RequestRecord, attempt: _Attempt,
         text_out: list[str] | None,
     ) -> None:
         ep = self.endpoint
-        async with session.post(
-            ep.url,
-            data=body,
-            headers=self._headers,
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=ep.idle_timeout_s),
-            trace_request_ctx=attempt,
-        ) as resp:
+        try:
+            async with asyncio.timeout(ep.idle_timeout_s):  # (the wait for the response's head)
+                resp = await session.post(
+                    ep.url, data=body, headers=self._headers, timeout=self._timeout, trace_request_ctx=attempt,
+                )
+        except TimeoutError:
+            raise aiohttp.ServerTimeoutError("no response") from None
+        async with resp:
             record.status = resp.status
-            if resp.status >= 400:
-                raw = b""
-                while len(raw) < 65536 and (data := await resp.content.read(65536 - len(raw))):
-                    raw += data
-                try:
-                    message = error_message(json.loads(raw))
-                except ValueError:
-                    message = one_line(raw.decode("utf-8", "replace")) or (resp.reason or "")
-                self._fail(record, ErrorKind.HTTP_STATUS, f"HTTP {resp.status}: {message}")
-                return
-            if ep.stream and resp.content_type == "text/event-stream":
-                await self._read_stream(resp, record, text_out)
-            else:
-                await self._read_body(resp, record, text_out)
+            idle = _IdleWatch(resp.content, ep.idle_timeout_s, self._now)
+            try:
+                if resp.status >= 400:
+                    raw = b""
+                    while len(raw) < MAX_ERROR_BODY and (data := await resp.content.read(MAX_ERROR_BODY - len(raw))):
+                        raw += data
+                        idle.last_ns = self._now()
+                    record_http_error(record, resp.status, raw, resp.reason or "")
+                    return
+                if ep.stream and resp.content_type == "text/event-stream":
+                    done = await self._read_stream(resp, record, text_out, idle)
+                else:
+                    await self._read_body(resp, record, text_out, idle)
+                    return
+            finally:
+                idle.cancel()
+            if done:
+                await _drain(resp)
 
     async def _read_stream(
-        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None
-    ) -> None:
-        parser = SSEParser()
-        state = _StreamState(record, text_out)
-        reading = True
-        t_end = 0
+        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None, idle: _IdleWatch,
+    ) -> bool:
+        """Read a stream into ``record``; True if it ended with ``[DONE]``."""
+        stream = StreamRecorder(record, text_out)
+        content, now = resp.content, self._now
         try:
-            async for data in resp.content.iter_any():
-                t_end = self._now()
-                if record.ttfb_ns is None:
-                    record.ttfb_ns = t_end
-                for event in parser.feed(data):
-                    if not state.event(event, t_end):
-                        reading = False
-                        break
-                if not reading:
+            # (readany, not iter_any: one await per network read, no iterator between)
+            while data := await content.readany():
+                t = idle.last_ns = now()
+                if not stream.read(data, t):
                     break
-            if not state.done and reading:
-                t_end = self._now()
-                for event in parser.close():
-                    if not state.event(event, t_end):
-                        break
+            if stream.reading:
+                stream.eof(self._now())
         finally:  # a failed or cancelled stream keeps what it said so far
-            state.flush()
-        record.stream_done = state.done
-        if record.error_kind is None:
-            record.end_ns = t_end
-        if state.done:
-            await _drain(resp)
+            stream.flush()
+        stream.finish()
+        return stream.done
 
     async def _read_body(
-        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None
+        self, resp: aiohttp.ClientResponse, record: RequestRecord, text_out: list[str] | None, idle: _IdleWatch,
     ) -> None:
         chunks = []
-        async for data in resp.content.iter_any():
+        while data := await resp.content.readany():
+            t = idle.last_ns = self._now()
             if record.ttfb_ns is None:
-                record.ttfb_ns = self._now()
+                record.ttfb_ns = t
             chunks.append(data)
-        t_end = self._now()
-        state = _StreamState(record, text_out)
-        if state.body(b"".join(chunks)):
-            state.flush()
-            record.end_ns = t_end
+        record_body(record, b"".join(chunks), self._now(), text_out)
+
+
+class _IdleWatch:
+    """The idle timeout while a response's body is read, with one timer per idle period
+    rather than aiohttp's ``sock_read``, which cancels and sets a timer on every network
+    read (bench/client_cpu.py: a third of the client's CPU per chunk, paced). The
+    reader stamps ``last_ns`` (its clock, ns) at each read; when ``idle_s`` pass with
+    none, the body fails with ``ServerTimeoutError``, as ``sock_read`` would fail it."""
+
+    __slots__ = ("_content", "_handle", "_idle_ns", "_now", "last_ns")
+
+    def __init__(self, content: aiohttp.StreamReader, idle_s: float, now: Callable[[], int]) -> None:
+        self._content = content
+        self._now = now
+        self._idle_ns = int(idle_s * 1e9)
+        self.last_ns = now()
+        self._handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(idle_s, self._check)
+
+    def _check(self) -> None:
+        quiet_ns = self._now() - self.last_ns
+        if quiet_ns < self._idle_ns:
+            self._handle = asyncio.get_running_loop().call_later((self._idle_ns - quiet_ns) / 1e9, self._check)
+            return
+        self._handle = None
+        self._content.set_exception(aiohttp.ServerTimeoutError("Timeout on reading data from socket"))
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 async def discover_model(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> str:

@@ -89,15 +89,25 @@ async def run_http(
     return result
 
 
+#: Bytes a response may buffer before aiohttp stops reading its socket (its default is
+#: 64 KiB): a burst of chunks is taken in as few reads as the socket gives.
+READ_BUFFER_BYTES = 1 << 20
+
+
 def client_session() -> aiohttp.ClientSession:
     """The aiohttp session every executor sends with: no connection limit (the load
-    policy bounds concurrency), the client's header-sent stamp, decompression."""
+    policy bounds concurrency, and the pool keeps as many keep-alive connections as
+    were in flight at once), the client's header-sent stamp, decompression, large
+    read buffers."""
     import aiohttp
 
     from inferlab.client.http import session_trace
 
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    return aiohttp.ClientSession(connector=connector, trace_configs=[session_trace()], auto_decompress=True)
+    return aiohttp.ClientSession(
+        connector=connector, trace_configs=[session_trace()], auto_decompress=True,
+        read_bufsize=READ_BUFFER_BYTES,
+    )
 
 
 async def dispatch(dispatcher: Dispatcher, launcher: Launcher, stop: asyncio.Event | None) -> None:

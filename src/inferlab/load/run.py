@@ -24,17 +24,20 @@ from typing import IO, Any
 
 from inferlab._clock import Clock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, UsageError
+from inferlab._loop import loop_name
 from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
 from inferlab.load.http import Outcome
 from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.openai.request import Api, check_extra_body
+from inferlab.openai.response import JSON_LIBRARY
 from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load
 from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import OMITTED, Omitted, Summary, SummaryExtras, summarize
 from inferlab.results.telemetry import SERVER_METRICS_FILE, ServerMetrics
+from inferlab.sim.engine.bands import prediction_block, regime_of
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetWorkload
@@ -88,11 +91,14 @@ class HttpTarget:
 class SimTarget:
     """The simulated engine in virtual time. ``offline`` None: as vLLM's offline ``LLM``
     class only for ``--rate inf`` without a concurrency cap, else behind its API server.
-    ``step_log``: a file to write one JSON line per engine step to."""
+    ``step_log``: a file to write one JSON line per engine step to. ``replicas`` engines
+    of this config run in parallel behind the router ``router``."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     offline: bool | None = None
     step_log: str | None = None
+    replicas: int = 1  # engines behind a router (``inferlab.load.replicas``)
+    router: str = "round-robin"  # one of ``inferlab.gateway.routing.ROUTERS``
 
 
 Target = HttpTarget | SimTarget
@@ -189,6 +195,8 @@ async def run(
                 client=outcome.client if isinstance(target, HttpTarget) else None,
                 server_metrics=None if prepared.telemetry is None else prepared.telemetry.metrics,
             )
+            if prepared.engine is not None:  # simulated: each headline metric's error band
+                summary = dataclasses.replace(summary, prediction=_prediction(prepared.engine, config.load))
             if writer is not None:
                 if prepared.telemetry is not None and prepared.telemetry.series:
                     writer.write_jsonl(SERVER_METRICS_FILE, prepared.telemetry.series)
@@ -207,8 +215,22 @@ async def run(
 # --- the simulated engine -----------------------------------------------------------------
 
 
+def _prediction(engine: Engine, load: LoadConfig) -> dict[str, Any]:
+    """``summary.json``'s ``prediction``: the validation error of the engine family in
+    the run's regime, per headline metric (``sim.engine.bands``)."""
+    s = load.schedule
+    regime = regime_of(
+        offline=bool(engine.config.offline),
+        # (every request at once under a concurrency cap: users in a closed loop)
+        closed_loop=isinstance(s, ClosedLoop) or (isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and bool(s.max_concurrency)),
+        burst=isinstance(s, OpenLoop) and math.isinf(s.rate_rps),
+    )
+    return prediction_block(engine.config.engine_family, regime)
+
+
 def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
-    from inferlab.load.virtual import Interrupted, SimulatedServer, serve
+    from inferlab.load.replicas import Replicas
+    from inferlab.load.virtual import Interrupted, Served, SimulatedServer, serve
     from inferlab.workload.builtin_prompts import SimPromptBuilder
     from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 
@@ -238,6 +260,14 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         "trace": wcfg.trace.path if wcfg.trace is not None else None,
     }
     config_json["engine"]["gpu_preset"] = engine.gpu.name  # what a free-text --gpu ran as
+    if target.replicas > 1:
+        from inferlab.gateway.routing import ROUTERS
+
+        if target.router not in ROUTERS:
+            raise UsageError(f"--router {target.router}: use one of {', '.join(ROUTERS)}")
+        if target.step_log:
+            raise UsageError("--step-log records one engine: it cannot be used with --replicas")
+        config_json["replicas"] = {"count": target.replicas, "router": target.router}
     config_json = plain_json(config_json)
     step_log = _open_step_log(target.step_log)
 
@@ -245,10 +275,15 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         # (in a worker thread: the event loop stays free to take Ctrl-C and set ``stop``)
         def go() -> Outcome:
             try:
-                server = SimulatedServer(
-                    engine, chat=config.api == "chat", step_log=step_log, tokenizer=tokenizer,
-                    on_record=on_record, answers=policy.wants_answers,
-                )
+                engines = [engine] + [Engine(engine.config) for _ in range(target.replicas - 1)]
+                servers = [
+                    SimulatedServer(
+                        e, chat=config.api == "chat", step_log=step_log, tokenizer=tokenizer,
+                        on_record=on_record, answers=policy.wants_answers,
+                    )
+                    for e in engines
+                ]
+                server: Served = servers[0] if len(servers) == 1 else Replicas(servers, target.router)
                 records = serve(server, policy, None if stop is None else stop.is_set)
             except Interrupted as e:  # what was measured is kept
                 return Outcome(e.records, True, e.cause)
@@ -325,6 +360,8 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         # the simulated server says which engine it ran (a replay can run the same one);
         # other servers: null
         "engine": await _simulated_engine(base, endpoint.request_headers()),
+        # what the client ran on (the ``fast`` extra's uvloop and orjson, where installed)
+        "client_stack": {"loop": loop_name(), "json": JSON_LIBRARY},
     }
     config_json = {**http_config_json(config, target), "resolved": resolved}
 

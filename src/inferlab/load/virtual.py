@@ -56,9 +56,11 @@ class Target(Protocol):
 
     def has_work(self) -> bool: ...
 
-    def step(self, now_s: float) -> tuple[float, list[int], list[Answer] | None]:
-        """One engine step from ``now_s``: its end, the indexes of the sends that
-        completed in it, and their answers (``None`` when the target gives none)."""
+    def step(self, now_s: float) -> tuple[float, float, list[int], list[Answer] | None]:
+        """One engine step from ``now_s``: its end, when its clients saw its tokens (the
+        end, or later when streaming queued at the API front end), the indexes of the
+        sends that completed in it, and their answers (``None`` when the target gives
+        none)."""
         ...
 
 
@@ -98,13 +100,14 @@ def drive(policy: Policy, target: Target, stop: Callable[[], bool] | None = None
                 return
             now_s = max(now_s, t)
             continue
-        now_s, finished, answers = target.step(now_s)
+        now_s, seen_s, finished, answers = target.step(now_s)
+        # a user sees its request end when the front end has delivered its last token
         if answers is None:
             for index in finished:
-                policy.ended(index, now_s, None)
+                policy.ended(index, seen_s, None)
         else:
             for index, answer in zip(finished, answers, strict=True):
-                policy.ended(index, now_s, answer)
+                policy.ended(index, seen_s, answer)
 
 
 def _ns(t_s: float) -> int:
@@ -220,10 +223,11 @@ class SimulatedServer:
     def has_work(self) -> bool:
         return self.engine.has_work()
 
-    def step(self, now_s: float) -> tuple[float, list[int], list[Answer] | None]:
+    def step(self, now_s: float) -> tuple[float, float, list[int], list[Answer] | None]:
         result = self.engine.step(now_s, token_events=False)
         assert result is not None
         end_s = now_s + result.duration_s
+        seen_s = end_s if result.delivered_s is None else result.delivered_s
         if self.step_log is not None:
             self.step_log.write(json.dumps(_stats_json(result.stats)) + "\n")
         finished: list[int] = []
@@ -247,7 +251,7 @@ class SimulatedServer:
             self.finish(r)
             if answers is not None:
                 answers.append(self._answer(r.output_tokens))
-        return end_s, finished, answers
+        return end_s, seen_s, finished, answers
 
     def _answer(self, n: int) -> Answer:
         """The reply the simulated model gave in ``n`` tokens: the built-in passage."""
@@ -292,7 +296,17 @@ def simulate(
     return serve(server, policy, stop)
 
 
-def serve(server: SimulatedServer, policy: Policy, stop: Callable[[], bool] | None = None) -> list[RequestRecord]:
+class Served(Target, Protocol):
+    """A target that makes records: ``SimulatedServer``, or several behind a router
+    (``inferlab.load.replicas.Replicas``)."""
+
+    @property
+    def done(self) -> list[RequestRecord]: ...
+
+    def interrupted(self, cause: InferlabError | None = None) -> Interrupted: ...
+
+
+def serve(server: Served, policy: Policy, stop: Callable[[], bool] | None = None) -> list[RequestRecord]:
     """Serve what ``policy`` sends through ``server`` in virtual time; the records,
     sorted by index.
 
@@ -333,10 +347,12 @@ class EngineTarget:
     def has_work(self) -> bool:
         return self.engine.has_work()
 
-    def step(self, now_s: float) -> tuple[float, list[int], list[Answer] | None]:
+    def step(self, now_s: float) -> tuple[float, float, list[int], list[Answer] | None]:
         result = self.engine.step(now_s, token_events=False)
         assert result is not None  # has_work() was True
-        return now_s + result.duration_s, [self._in_flight.pop(rid) for rid in result.finished], None
+        end_s = now_s + result.duration_s
+        seen_s = end_s if result.delivered_s is None else result.delivered_s
+        return end_s, seen_s, [self._in_flight.pop(rid) for rid in result.finished], None
 
 
 def serve_timelines(

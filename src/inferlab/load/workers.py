@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferlab._clock import Clock, WallClock
 from inferlab._errors import InferlabError
+from inferlab._loop import run as run_loop
 from inferlab.load.http import (
     MAX_WARM_CONNECTIONS,
     Dispatcher,
@@ -231,7 +232,7 @@ def _worker_main(path: str, endpoint: Endpoint, warm: int, number: int) -> None:
     """Worker ``number`` (from 1): sends what the parent says, reports each record back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_worker(path, endpoint, warm, number))
+        run_loop(_worker(path, endpoint, warm, number))
     os._exit(0)  # (nothing left to flush: the parent has every record)
 
 

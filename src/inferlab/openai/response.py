@@ -13,6 +13,8 @@ server's own view of the request, in the last chunk or the body.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,10 +176,11 @@ class ResponseReader:
     if one is given (multi-turn sessions resend it).
     """
 
-    # ``event`` is the client's per-chunk hot path (bench/client_cpu.py): it makes no
-    # object but what the JSON decoder makes, and its calls are the ones the client made
-    # before this moved here. Counts and values accumulate here; the client copies them
-    # into its record once, at the end of the response.
+    # ``event`` is the client's per-chunk hot path (bench/client_cpu.py). A chunk of the
+    # common shape is read without building it (``_plain_chunk``: a strict match that
+    # finds content, text and finish reason); any other is decoded whole and walked.
+    # Counts and values accumulate here; the client copies them into its record once,
+    # at the end of the response.
 
     def __init__(self, text_out: list[str] | None = None) -> None:
         self.text_out = text_out
@@ -199,6 +202,9 @@ class ResponseReader:
         if data == DONE:
             self.done = True
             return 0
+        plain = _plain_chunk(data) if _plain_chunk is not None else None
+        if plain is not None:
+            return self._read_plain(*plain.group("content", "text", "finish"))
         try:
             obj = _decode_json(data)
         except ValueError:
@@ -221,6 +227,23 @@ class ResponseReader:
         if "error" in obj:
             raise ErrorInResponse(error_message(obj))
         self._read(obj, "message")
+
+    def _read_plain(self, content: str | None, text: str | None, finish: str | None) -> int:
+        """``_read`` of a chunk ``_plain_chunk`` matched: one choice whose content, text
+        and finish reason are these JSON values as written (quoted strings without
+        escapes, or ``null``), or None when absent."""
+        # (each is a quoted string or null: a string of more than its quotes is not empty)
+        out = content[1:-1] if content is not None and content[0] == '"' else ""
+        if text is not None and len(text) > 2 and text[0] == '"':
+            out += text[1:-1]
+        if finish is not None and len(finish) > 2 and finish[0] == '"':
+            self.finish_reason = finish[1:-1]
+        if not out:
+            return 0
+        self.output_chars += len(out)
+        if self.text_out is not None:
+            self.text_out.append(out)
+        return 1
 
     def _read(self, obj: dict[str, Any], part_key: str) -> int:
         """Accumulate one chunk or body whose choices carry their output under
@@ -265,9 +288,64 @@ class ResponseReader:
         return arrivals
 
 
-#: ``json.loads`` on text is a wrapper around this very method of its default decoder;
-#: calling it directly saves the client a call per streamed chunk.
-_decode_json = json.JSONDecoder().decode
+def _orjson_loads() -> Callable[[str], Any] | None:
+    try:
+        import orjson
+    except ImportError:
+        return None
+    return orjson.loads
+
+
+#: The decoder of a chunk or body: orjson's ``loads`` where it is installed (the ``fast``
+#: extra), else the standard decoder's ``decode`` (what ``json.loads`` wraps; calling it
+#: directly saves a call per chunk).
+JSON_LIBRARY = "orjson" if _orjson_loads() is not None else "json"
+_decode_json: Callable[[str], Any] = _orjson_loads() or json.JSONDecoder().decode
+
+# The common chunk, matched whole instead of decoded: an object of scalar members and
+# one ``choices`` list holding one choice, whose members are scalars, ``logprobs`` null
+# and at most a ``delta`` object of scalar members; strings without escapes or control
+# characters; no ``error``, no ``usage`` object, no ``inferlab_timeline``; reasoning and
+# tool calls only as null. ``content`` (in the delta), ``text`` and ``finish_reason``
+# (in the choice) are captured as written. JSON's optional spaces after ``:`` and ``,``
+# (Python's default) are allowed. Anything else goes through the decoder: this only
+# ever answers for input the decoder would read the same way (tests/openai: both on
+# many generated chunks). Per chunk it costs about half of the standard decoder and the
+# walk over its result, and more than orjson's decoder and the walk (bench/README.md),
+# so it is used only where orjson is not installed.
+_STR = r'"[^"\\\x00-\x1f]*"'
+_VALUE = rf'(?:{_STR}|-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?|null|true|false)'
+
+
+def _member(but: tuple[str, ...]) -> str:
+    """A member with a scalar value and any name but ``but``'s."""
+    return rf'"(?!(?:{"|".join(but)})")[^"\\\x00-\x1f]*": ?{_VALUE}'
+
+
+def _object(members: str, empty: bool) -> str:
+    """An object of ``members`` (one alternation, used once, so its groups are named
+    once), comma-separated."""
+    return rf'\{{(?:(?:{members})(?:, ?(?!\}})|(?=\}})))' + ("*" if empty else "+") + r"\}"
+
+
+_REASONING = ("content", "reasoning_content", "reasoning", "tool_calls")
+_DELTA = _object(
+    rf'"content": ?(?P<content>{_STR}|null)|"(?:reasoning_content|reasoning|tool_calls)": ?null'
+    rf"|{_member(_REASONING)}",
+    empty=True,
+)
+_CHOICE = _object(
+    rf'"delta": ?{_DELTA}|"text": ?(?P<text>{_STR}|null)|"finish_reason": ?(?P<finish>{_STR}|null)'
+    rf'|"logprobs": ?null|{_member(("delta", "text", "finish_reason", "logprobs", "message"))}',
+    empty=False,
+)
+_CHUNK = _object(
+    rf'"choices": ?\[{_CHOICE}\]|"usage": ?null|{_member(("choices", "usage", "error", "inferlab_timeline"))}',
+    empty=False,
+)
+_plain_chunk: Callable[[str], re.Match[str] | None] | None = (
+    None if JSON_LIBRARY == "orjson" else re.compile(_CHUNK).fullmatch
+)
 
 
 def _int_or_none(v: object) -> int | None:

@@ -52,6 +52,18 @@ class SSEParser:
 
     def feed(self, chunk: bytes) -> list[str]:
         """Consume ``chunk``; return the data of each event it completed, in order."""
+        if not self._buffer and not self._data and not self._pending_cr and chunk.endswith(b"\n\n"):
+            # The common read: whole events of one ``data: `` line each, ``\n`` endings
+            # (one per read from a server streaming token by token). Anything else in
+            # it (a comment, a CR, another field, a blank line too many) takes the
+            # general path below, from this read's start.
+            whole: list[str] = []
+            for part in chunk[:-2].split(b"\n\n"):
+                if part[:6] != b"data: " or b"\n" in part or b"\r" in part:
+                    break
+                whole.append(part[6:].decode("utf-8", "replace"))
+            else:
+                return whole
         if self._pending_cr and chunk.startswith(b"\n"):
             chunk = chunk[1:]  # the \n of a \r\n that was split across reads
         self._pending_cr = False

@@ -168,6 +168,10 @@ class Summary:
         default=OMITTED, metadata=_doc("runs against a server only: what its own Prometheus /metrics said (results.telemetry; vLLM's, SGLang's, llama.cpp's and the simulator's names in one vocabulary), read before, every second during and after the run: available (false: no such page, reason says why), server (whose names), samples, counters (after − before: prompt_tokens, generation_tokens, prefix_cache_queries_tokens, prefix_cache_hits_tokens, preemptions, requests_finished, prompt_seconds, generation_seconds; null after a restart), prefix_cache_hit_rate, gauges (running, waiting, kv_usage, prefix_cache_hit_rate: mean and max over the pages), histograms (ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms, prefill_ms, decode_ms: the server's own observations during the run: count, mean_ms, and p50_ms, p90_ms, p99_ms as upper bounds: the bucket bound that share of them fell at or below), missing (names it does not expose); the pages themselves are in server_metrics.jsonl")
     )
 
+    prediction: dict[str, Any] | Omitted = field(
+        default=OMITTED, metadata=_doc("sim run only: the numbers are simulated, not measured; engine_family, regime (offline, closed loop, Poisson, saturated) and, per headline metric, error_bands: the validation error of that family in that regime (pct: median |error| % over rows of published measurements, rows, split: holdout or fit, text), null where it was never validated; see docs/validation.md")
+    )
+
     def to_json(self) -> dict[str, Any]:
         """The JSON object (omitted keys left out), in field order."""
         out: dict[str, Any] = {}
@@ -222,6 +226,7 @@ class Summary:
             preflight=d.get("preflight", OMITTED),
             client=_client(d.get("client", OMITTED)),
             server_metrics=_server_metrics(d.get("server_metrics", OMITTED)),
+            prediction=d.get("prediction", OMITTED),
         )
 
 

@@ -1,4 +1,5 @@
 import dataclasses
+import math
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -9,7 +10,10 @@ from inferlab._errors import UsageError
 from inferlab.load.virtual import serve_timelines
 from inferlab.sim import Engine, EngineConfig, RequestTimeline, StepResult
 
-SMALL = EngineConfig(max_model_len=2048, max_num_batched_tokens=2048, max_num_seqs=16, api_overhead_s=0.002)
+# (an infinitely fast host: the API front end is its fixed latency alone, no CPU queue)
+SMALL = EngineConfig(
+    max_model_len=2048, max_num_batched_tokens=2048, max_num_seqs=16, api_overhead_s=0.002, host_speed=math.inf
+)
 
 
 def drain(engine: Engine, now_s: float = 0.0) -> tuple[float, list[StepResult]]:
@@ -365,7 +369,7 @@ def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
     engine's process (vLLM <= 0.5) accepting requests stalls the engine loop instead."""
     f = tmp_path / "eff.json"
     f.write_text('{"api_intake_s": 0.004}')
-    queued = Engine(dataclasses.replace(SMALL, api_overhead_s=0.0, efficiencies_path=str(f)), FixedStep())
+    queued = Engine(dataclasses.replace(SMALL, api_overhead_s=0.0, host_speed=1.0, efficiencies_path=str(f)), FixedStep())
     for i in range(10):
         queued.add_request(str(i), prompt(32, 100 * i), 2, 0.0)
     drain(queued)
@@ -373,7 +377,7 @@ def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
     assert all(s is not None and s >= 0.004 * (i + 1) - 1e-9 for i, s in enumerate(scheduled))
     assert scheduled[9] > scheduled[0] + 0.03  # not all at once
     in_process = Engine(
-        dataclasses.replace(SMALL, api_overhead_s=0.0, engine_family="vllm-v0.5", max_num_batched_tokens=4096),
+        dataclasses.replace(SMALL, api_overhead_s=0.0, engine_family="vllm-v0.5", max_num_batched_tokens=4096, host_speed=1.0),
         FixedStep(),
     )
     for i in range(100):
@@ -384,7 +388,7 @@ def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
     # that can schedule it; a step already running when the requests arrive is not charged
     for n, first_step_s in ((4, 0.01 + 4 * 0.0025), (100, 0.01 + 100 * 0.0025)):
         eng = Engine(
-            dataclasses.replace(SMALL, api_overhead_s=0.025, engine_family="vllm-v0.5", max_num_batched_tokens=4096),
+            dataclasses.replace(SMALL, api_overhead_s=0.025, engine_family="vllm-v0.5", max_num_batched_tokens=4096, host_speed=1.0),
             FixedStep(),
         )
         for i in range(n):
@@ -394,7 +398,7 @@ def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
         r = eng.step(0.025)
         assert r is not None and r.duration_s == pytest.approx(first_step_s)
     busy = Engine(
-        dataclasses.replace(SMALL, api_overhead_s=0.025, engine_family="vllm-v0.5", max_num_batched_tokens=4096),
+        dataclasses.replace(SMALL, api_overhead_s=0.025, engine_family="vllm-v0.5", max_num_batched_tokens=4096, host_speed=1.0),
         FixedStep(),
     )
     busy.add_request("running", prompt(32), 50, 0.0)
@@ -417,7 +421,7 @@ def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
     # a request aborted before the engine accepted it costs the engine nothing, even
     # when the engine sat idle in between
     gone = Engine(
-        dataclasses.replace(SMALL, api_overhead_s=0.0, engine_family="vllm-v0.5", max_num_batched_tokens=4096),
+        dataclasses.replace(SMALL, api_overhead_s=0.0, engine_family="vllm-v0.5", max_num_batched_tokens=4096, host_speed=1.0),
         FixedStep(),
     )
     for i in range(100):
@@ -428,7 +432,9 @@ def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:
     r = gone.step(50.0)
     assert r is not None and r.duration_s == pytest.approx(0.01 + 0.0025)
     # offline (no API server) there is no intake
-    offline = Engine(dataclasses.replace(SMALL, engine_family="vllm-v0.5", offline=True, api_overhead_s=0.0), FixedStep())
+    offline = Engine(
+        dataclasses.replace(SMALL, engine_family="vllm-v0.5", offline=True, api_overhead_s=0.0, host_speed=1.0), FixedStep()
+    )
     offline.add_request("a", prompt(32), 2, 0.0)
     r = offline.step(0.0)
     assert r is not None and r.duration_s == pytest.approx(0.01)

@@ -38,7 +38,12 @@ def test_the_table_says_what_each_family_changes() -> None:
     """The documented differences, read off the table (a change to a row shows here)."""
     v1, v0, v05 = EngineFamily.VLLM.rules, EngineFamily.VLLM_V0.rules, EngineFamily.VLLM_V05.rules
     sglang, trt, lmd = EngineFamily.SGLANG.rules, EngineFamily.TRTLLM.rules, EngineFamily.LMDEPLOY.rules
-    assert v1.efficiencies == DEFAULT_EFFICIENCIES and EngineFamily.GENERIC.rules.efficiencies == DEFAULT_EFFICIENCIES
+    # vLLM V1 is the defaults but for its API front end, its own resource (``frontend``)
+    front_end = {"api_overhead_s", "api_intake_s", "api_intake_per_token_s", "api_stream_s", "api_per_seq_s"}
+    changed = {f.name for f in dataclasses.fields(Efficiencies) if getattr(v1.efficiencies, f.name) != getattr(DEFAULT_EFFICIENCIES, f.name)}
+    assert changed <= front_end and v1.efficiencies.api_stream_s > 0 and v1.efficiencies.api_per_seq_s == 0
+    assert EngineFamily.GENERIC.rules.efficiencies == v1.efficiencies
+    assert all(f.rules.efficiencies.api_stream_s == 0 for f in EngineFamily if f not in (EngineFamily.VLLM, EngineFamily.GENERIC))
     assert [f for f in FIELDS if getattr(v1, f) != getattr(EngineFamily.GENERIC.rules, f)] == ["engine"]
     # vLLM <= 0.5 is V0 with the front end in the engine's process, and its intake cost
     assert [f for f in FIELDS if getattr(v0, f) != getattr(v05, f)] == ["engine", "front_end_in_process", "efficiencies"]

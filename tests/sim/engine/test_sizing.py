@@ -52,9 +52,12 @@ def test_vllm_gives_the_kv_cache_what_utilization_leaves_after_weights_and_activ
     assert sizes.num_kv_blocks == int((0.9 * gpu.hbm_bytes - sizes.weight_bytes - sizes.reserve_bytes) // block_bytes) - 1
     # the context is capped to what the cache holds; the served API cost is the family's
     assert sizes.max_model_len == min(model.max_position_embeddings, sizes.num_kv_blocks * 16)
-    assert sizes.api_overhead_s == resolved.efficiencies.api_overhead_s and sizes.api_intake_s == 0.0
+    eff = resolved.efficiencies
+    assert sizes.api_overhead_s == sizes.front_end.latency_s == eff.api_overhead_s
+    assert (sizes.front_end.intake_s, sizes.front_end.stream_per_token_s) == (eff.api_intake_s, eff.api_stream_s)
     offline = size_engine(resolve(dataclasses.replace(LLAMA8B, offline=True)))
     assert offline.api_overhead_s == 0.0 and offline.max_num_batched_tokens == 16384
+    assert not offline.front_end.queues and offline.front_end.latency_s == 0.0  # no API server
 
 
 def test_trtllm_gives_it_a_share_of_what_weights_and_a_profile_run_leave() -> None:

@@ -2,6 +2,7 @@
 golden bound on the simulator's median errors over a fast subset of published rows."""
 
 import csv
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +27,9 @@ from inferlab.sim.validation.validate import (
     _stat,
     error_medians,
     length_mismatches,
+    predict_scenario,
     validate,
+    validate_files,
     workload,
 )
 
@@ -357,8 +360,8 @@ class FixedStep:
 
 
 def test_closed_loop_keeps_each_user_busy_with_one_request() -> None:
-    engine = Engine(
-        EngineConfig(max_model_len=512, api_overhead_s=0.0), FixedStep(), record_token_times=True
+    engine = Engine(  # (an infinitely fast host: no front-end CPU)
+        EngineConfig(max_model_len=512, api_overhead_s=0.0, host_speed=math.inf), FixedStep(), record_token_times=True
     )
     jobs = [(32, 5)] * 7
     timelines = _serve(engine, jobs, None, users=3)
@@ -374,7 +377,7 @@ def test_closed_loop_keeps_each_user_busy_with_one_request() -> None:
 
 
 def test_open_loop_requests_arrive_on_schedule() -> None:
-    engine = Engine(EngineConfig(max_model_len=512, api_overhead_s=0.0), FixedStep())
+    engine = Engine(EngineConfig(max_model_len=512, api_overhead_s=0.0, host_speed=math.inf), FixedStep())
     timelines = _serve(engine, [(16, 2)] * 3, [0.0, 1.0, 2.5], users=1)
     assert [t.arrival_s for t in timelines] == [0.0, 1.0, 2.5]
     assert [t.first_token_s for t in timelines] == pytest.approx([0.01, 1.01, 2.51])
@@ -478,3 +481,99 @@ def test_weighted_statistics_count_each_value_its_weight_in_times() -> None:
         expanded = [v for v, w in zip(values, weights, strict=True) for _ in range(w)]
         for stat in ("mean", "median", "p90", "p99"):
             assert _stat(values, stat, [float(w) for w in weights]) == pytest.approx(_stat(expanded, stat)), stat
+
+
+# --- the split by source ---------------------------------------------------------------------
+
+DATA = CSV.parent
+
+
+def test_every_row_names_its_source_and_every_source_is_on_one_side_of_the_split() -> None:
+    sides: dict[str, set[str]] = {}
+    for path in sorted(DATA.glob("*.csv")):
+        for r in load_rows(path):
+            assert r["source_id"].strip(), f"{path.name} row {r['row_id']}: no source_id"
+            assert r["split"] in ("fit", "holdout"), f"{path.name} row {r['row_id']}: split {r['split']!r}"
+            sides.setdefault(r["source_id"], set()).add(r["split"])
+    assert all(len(s) == 1 for s in sides.values()), {k: s for k, s in sides.items() if len(s) > 1}
+    # the reference set, which every constant has seen, is all in the fit set
+    assert {r["split"] for r in load_rows(CSV)} == {"fit"}
+    assert "holdout" in {s for v in sides.values() for s in v}
+
+
+def test_a_row_carries_its_split_and_regime_and_an_unknown_split_is_refused() -> None:
+    sc = parse_row(row(split="holdout", source_id="someone"))
+    assert (sc.split, sc.source_id, sc.regime) == ("holdout", "someone", "closed loop")
+    assert parse_row(row()).split == "fit"  # a row without the column: the fit set
+    assert parse_row(row(scenario="burst", batch_or_concurrency="", request_rate_rps="inf")).regime == "saturated"
+    assert parse_row(row(scenario="poisson", request_rate_rps="2", batch_or_concurrency="")).regime == "Poisson"
+    with pytest.raises(ScenarioError, match="split 'test'"):
+        parse_row(row(split="test"))
+
+
+def test_several_files_validate_together_and_in_processes_alike(tmp_path: Path) -> None:
+    paths = []
+    for name, rid in (("a.csv", "x1"), ("b.csv", "x3")):
+        path = tmp_path / name
+        r = row(row_id=rid) if rid == "x1" else row(row_id=rid, scenario="poisson", request_rate_rps="2", batch_or_concurrency="")
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=[*BASE_ROW, "request_rate_rps"])
+            w.writeheader()
+            w.writerow(r)
+        paths.append(path)
+    one = validate_files(paths)
+    two = validate_files(paths, jobs=2)
+    assert [(c.scenario.row_id, c.predicted) for c in one.comparisons] == [
+        (c.scenario.row_id, c.predicted) for c in two.comparisons
+    ]
+    assert {c.scenario.row_id for c in one.comparisons} == {"x1", "x3"}
+
+
+# --- prompts that share prefixes (the prefix_sharing column) ---------------------------------
+
+
+def test_prefix_sharing_is_stated_in_its_column_and_unstated_sharing_is_skipped() -> None:
+    from inferlab.sim.validation.calibration import prompt_sharing
+    from inferlab.sim.validation.scenario import PromptSharing
+
+    assert prompt_sharing("") is None
+    assert prompt_sharing("prefix=1000 groups=8") == PromptSharing(1000, 8, 1)
+    assert prompt_sharing("turns=5; prefix=200") == PromptSharing(200, 1, 5)
+    for bad in ("prefix=abc", "share=0.5", "prefix=0", "groups=0 prefix=10"):
+        with pytest.raises(ScenarioError, match="prefix_sharing"):
+            prompt_sharing(bad)
+    with pytest.raises(ScenarioError, match="not shorter"):
+        parse_row(row(prefix_sharing="prefix=512"))
+    sc = parse_row(row(prefix_sharing="prefix=400 groups=4"))
+    assert sc.sharing == PromptSharing(400, 4, 1) and any("shared prefixes" in a for a in sc.assumptions)
+    _, skipped = parse_rows([row(scenario="fixed concurrency, shared-prefix workload")])
+    assert "prefix_sharing column" in skipped[0].reason
+
+
+def test_shared_prefixes_and_turns_build_prompts_that_share_what_they_say() -> None:
+    from inferlab.sim.validation.scenario import PromptSharing
+    from inferlab.sim.validation.validate import prompts
+
+    jobs = [(100, 4)] * 6
+    alone = prompts(jobs)
+    assert len({p[0] for p in alone}) == 6 and all(len(p) == 100 for p in alone)
+    grouped = prompts(jobs, PromptSharing(60, 2, 1))
+    assert all(len(p) == 100 for p in grouped)
+    assert grouped[0][:60] == grouped[2][:60] != grouped[1][:60]  # requests 0, 2, 4 share one
+    assert grouped[0][60] != grouped[2][60]  # and part ways after it
+    chats = prompts([(50, 4), (80, 4), (120, 4), (50, 4)], PromptSharing(0, 1, 3))
+    assert chats[1][:50] == chats[0] and chats[2][:80] == chats[1]  # each turn holds the last
+    assert chats[3][0] != chats[0][0]  # the next conversation starts afresh
+
+
+def test_a_shared_system_prompt_lowers_ttft_through_the_prefix_cache() -> None:
+    """Same lengths, same load: with 3,000 of 3,200 prompt tokens shared, each prefill
+    is mostly cache hits and TTFT drops; without prefix caching it does not."""
+    base = row(batch_or_concurrency="16", num_requests="64", input_len="3200", output_len="64")
+    plain = predict_scenario(parse_row(base))[0]["ttft_ms"]
+    shared = predict_scenario(parse_row({**base, "prefix_sharing": "prefix=3000 groups=1"}))[0]["ttft_ms"]
+    uncached = predict_scenario(parse_row({
+        **base, "prefix_sharing": "prefix=3000 groups=1", "engine_config": "--no-enable-prefix-caching",
+    }))[0]["ttft_ms"]
+    assert shared < 0.7 * plain
+    assert uncached == pytest.approx(plain, rel=0.02)

@@ -78,6 +78,11 @@ class EngineConfig:
     # a freed KV block without a prefix hash (a partly filled tail) goes to the front of
     # the free queue, reused before cached blocks (vLLM from 0.24). None: the family's
     evict_unhashed_first: bool | None = None
+    # the API front end (``frontend``): how many API server processes share intake and
+    # streaming (vLLM's --api-server-count), and how fast this host's CPU is against the
+    # typical host the family's front-end constants were fitted on (2.0: twice as fast)
+    api_server_count: int = 1
+    host_speed: float = 1.0
 
     def __post_init__(self) -> None:
         # (frozen: the parsed members replace the strings a Python caller may have given)
@@ -117,6 +122,11 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     path = config.efficiencies_path
     eff = load_efficiencies(path, rules.efficiencies) if path else rules.efficiencies
     _validate_flags(config, model.max_position_embeddings)
+    if rules.front_end_in_process and config.api_server_count > 1:
+        raise ValueError(
+            f"api_server_count {config.api_server_count}: {rules.engine} runs its API server in the "
+            "engine's process (one only)"
+        )
     check_tensor_parallel(model, config.tensor_parallel_size)
     declared_len = config.max_model_len or model.max_position_embeddings
     config = _with_family_switches(config, rules, declared_len)
@@ -172,6 +182,10 @@ def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
         value = getattr(config, name)
         if value is not None and value < 1:
             raise ValueError(f"{name} must be at least 1")
+    if config.api_server_count < 1:
+        raise ValueError("api_server_count must be at least 1")
+    if not config.host_speed > 0:
+        raise ValueError("host_speed must be positive")
     if config.api_overhead_s is not None and config.api_overhead_s < 0:
         raise ValueError("api_overhead_s must not be negative")
     if config.max_model_len is not None and config.max_model_len > max_position_embeddings:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inferlab.sim.engine.config import EngineConfig, resolve
+from inferlab.sim.engine.frontend import FrontEnd
 from inferlab.sim.engine.hardware import GpuSpec
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
 from inferlab.sim.engine.scheduler import Batch, Request, SchedulerConfig
@@ -33,7 +34,9 @@ class RequestTimeline:
     """The engine's own view of one request, in seconds on the caller's timeline.
 
     ``scheduled_s`` is the start of the first step that ran it; ``first_token_s`` and
-    ``finished_s`` the ends of the steps that emitted its first and last tokens.
+    ``finished_s`` when the API front end delivered its first and last tokens (the ends
+    of the steps that emitted them, unless streaming queued at the front end; the same
+    for ``token_times_s``).
     ``cached_tokens`` are prefix-cache hits at first scheduling. ``None``: not yet.
     """
 
@@ -99,6 +102,9 @@ class StepResult:
     events: list[TokenEvent]
     stats: StepStats
     finished: list[str] = field(default_factory=list)  # ids of the requests that ended
+    # when the API front end has streamed the step's tokens to their clients (the step's
+    # end, or later when streaming queues at the front end); None: an idle step
+    delivered_s: float | None = None
 
 
 class Engine:
@@ -151,9 +157,12 @@ class Engine:
         config = sizes.applied_to(config)
         self.config = config
         self.api_overhead_s = sizes.api_overhead_s
-        self._intake_s = sizes.api_intake_s
         self._intake_stalls_engine = resolved.rules.front_end_in_process
-        self._front_free_s = 0.0  # when the front end has accepted every request so far
+        # in the engine's process (vLLM <= 0.5) intake stalls the engine loop; otherwise
+        # the API server is its own resource (``frontend``): intake and streaming queue there
+        self._intake_s = sizes.api_intake_s / config.host_speed if self._intake_stalls_engine else 0.0
+        #: the API front end: when requests reach the engine and tokens reach the client
+        self.front_end = FrontEnd(sizes.front_end, config.api_server_count, config.host_speed)
         # (ready time, intake cost, id) of requests the engine still has to accept, when
         # the front end runs in the engine's process: vLLM <= 0.5 tokenized and registered
         # new requests inside its engine loop, in the step that can first schedule them.
@@ -211,13 +220,9 @@ class Engine:
         bs = self.config.block_size
         hashes = hash_blocks(prompt_ids, bs) if self.config.enable_prefix_caching else []
         timeline = RequestTimeline(now_s, None, None, None, 0, 0, len(prompt_ids), 0)
-        ready_s = now_s + self.api_overhead_s
-        if self._intake_s:
-            if self._intake_stalls_engine:  # the engine loop waits while it is accepted
-                self._intake_queue.append((ready_s, self._intake_s, request_id))
-            else:  # a burst queues at the front end
-                self._front_free_s = max(self._front_free_s, now_s) + self._intake_s
-                ready_s = max(ready_s, self._front_free_s)
+        ready_s = self.front_end.admit(now_s, len(prompt_ids))
+        if self._intake_s:  # the engine loop waits while it is accepted
+            self._intake_queue.append((ready_s, self._intake_s, request_id))
         req = Request(request_id, len(prompt_ids), output_len, hashes, self._num_added, ready_s)
         if self._record_token_times:
             req.token_times = timeline.token_times_s
@@ -306,15 +311,17 @@ class Engine:
                 duration_s += cost
         end_s = now_s + duration_s
         self._last_start_s, self._last_end_s = now_s, end_s
+        # the client sees this step's tokens when the front end has streamed them
+        seen_at_s = self.front_end.deliver(end_s, batch.emitting)
         for req in batch.admitted:
             tl = timelines[req.request_id]
             if tl.scheduled_s is None:
                 tl.scheduled_s = now_s
                 tl.cached_tokens = req.num_computed_tokens
         emitted: list[Request] | None = [] if events is not None else None
-        first, finished = sched.finish_step(batch, end_s, emitted)
+        first, finished = sched.finish_step(batch, seen_at_s, emitted)
         for req in first:
-            timelines[req.request_id].first_token_s = end_s
+            timelines[req.request_id].first_token_s = seen_at_s
             self.prompt_tokens_total += req.num_prompt_tokens
         if events is not None and emitted is not None:
             for req in emitted:
@@ -322,14 +329,14 @@ class Engine:
                 events.append(TokenEvent(req.request_id, req.num_output_tokens - 1, done))
         for req in finished:
             tl = timelines[req.request_id]
-            tl.finished_s = end_s
+            tl.finished_s = seen_at_s
             tl.output_tokens = req.num_output_tokens
             del self._active[req.request_id]
         self.generation_tokens_total += batch.emitting
         self.preemptions_total += len(preempted)
         stats = self._stats(now_s, duration_s, batch, len(preempted))
         ids = [req.request_id for req in finished]
-        return StepResult(duration_s, events if events is not None else [], stats, ids)
+        return StepResult(duration_s, events if events is not None else [], stats, ids, seen_at_s)
 
     def _stats(self, now_s: float, duration_s: float, batch: Batch, preemptions: int) -> StepStats:
         return StepStats(

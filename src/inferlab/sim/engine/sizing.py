@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from inferlab.sim.engine.config import EngineConfig, ResolvedConfig
+from inferlab.sim.engine.frontend import NO_FRONT_END, FrontEndCosts
 from inferlab.sim.engine.steptime import (
     activation_reserve_bytes,
     kv_bytes_per_token,
@@ -37,6 +38,9 @@ class EngineSizes:
     max_num_seqs: int
     api_overhead_s: float  # per request, before it can be scheduled (0 offline)
     api_intake_s: float  # front-end CPU per request, one at a time (0 offline or not modelled)
+    # the API server as its own resource (``frontend``): its latency and CPU costs at host
+    # speed 1.0 (all 0 offline; no intake when the front end runs in the engine's process)
+    front_end: FrontEndCosts = NO_FRONT_END
 
     def applied_to(self, config: EngineConfig) -> EngineConfig:
         """``config`` with every size and the API cost it left open filled in."""
@@ -115,6 +119,14 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
         api_s = 0.0 if config.offline else eff.api_overhead_s
     # the API front end accepts requests one at a time (offline: there is none)
     intake_s = 0.0 if config.offline else eff.api_intake_s
+    serving = not config.offline
+    in_process = resolved.rules.front_end_in_process
+    front_end = FrontEndCosts(
+        latency_s=api_s,
+        intake_s=intake_s if serving and not in_process else 0.0,
+        intake_per_token_s=eff.api_intake_per_token_s if serving and not in_process else 0.0,
+        stream_per_token_s=eff.api_stream_s if serving else 0.0,
+    )
     _validate_sizes(batched, seqs, max_len, chunked)
     if num_blocks * config.block_size < max_len:
         raise ValueError(
@@ -123,7 +135,7 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
             f"({num_blocks * config.block_size}). Try increasing gpu_memory_utilization "
             "or decreasing max_model_len when initializing the engine."
         )
-    return EngineSizes(weights, reserve, num_blocks, max_len, batched, seqs, api_s, intake_s)
+    return EngineSizes(weights, reserve, num_blocks, max_len, batched, seqs, api_s, intake_s, front_end)
 
 
 def _validate_sizes(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, chunked: bool) -> None:

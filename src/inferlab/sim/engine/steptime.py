@@ -79,6 +79,12 @@ class Efficiencies:
     # (the front-end processes of vLLM >= 0.6, SGLang, TRT-LLM keep up with the rates
     # measured); vLLM <= 0.5 ran it in the engine's own process, see ``vllm-v0.5``.
     api_intake_s: float = 0.0
+    # The same front end's CPU per prompt token (tokenization) and per streamed token
+    # (detokenization, SSE framing) when it runs as its own resource (``frontend``):
+    # 0 for families whose streaming cost is charged to the engine step instead
+    # (``api_per_seq_s``). Fitted for vLLM V1 in ``families``.
+    api_intake_per_token_s: float = 0.0
+    api_stream_s: float = 0.0
 
 
 DEFAULT_EFFICIENCIES = Efficiencies()  # vLLM V1's

@@ -17,6 +17,7 @@ import importlib.metadata
 import itertools
 import json
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,6 +111,9 @@ class EngineLoop:
         self._wake = asyncio.Event()
         self.lag = Histogram((0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5))
         self.iteration_tokens = Histogram(ITERATION_TOKEN_BUCKETS)
+        # tokens waiting on the simulated API front end: (delivery time, events), in order
+        self._late: deque[tuple[float, list[TokenEvent]]] = deque()
+        self._courier: asyncio.Future[None] | None = None
 
     def now_s(self) -> float:
         return (self.clock.now_ns() - self.t0_ns) / NS_PER_S
@@ -148,10 +152,29 @@ class EngineLoop:
             due_ns = self.t0_ns + int(busy_until_s * NS_PER_S)
             await self.clock.sleep_until_ns(due_ns)
             self.lag.observe(max(0.0, (self.clock.now_ns() - due_ns) / NS_PER_S))
-            for ev in result.events:
-                q = self.queues.get(ev.request_id)
-                if q is not None:
-                    q.put_nowait(ev)
+            delivered_s = result.delivered_s
+            if self._late or (delivered_s is not None and delivered_s > busy_until_s):
+                # streaming queued at the simulated API front end: the tokens reach their
+                # clients later, in order, while the engine steps on
+                self._late.append((delivered_s or busy_until_s, result.events))
+                if self._courier is None or self._courier.done():
+                    self._courier = asyncio.ensure_future(self._deliver_late())
+            else:
+                self._put(result.events)
+
+    def _put(self, events: list[TokenEvent]) -> None:
+        for ev in events:
+            q = self.queues.get(ev.request_id)
+            if q is not None:
+                q.put_nowait(ev)
+
+    async def _deliver_late(self) -> None:
+        """Hand out late tokens at their delivery times, oldest first."""
+        while self._late:
+            at_s, events = self._late[0]
+            await self.clock.sleep_until_ns(self.t0_ns + int(at_s * NS_PER_S))
+            self._late.popleft()
+            self._put(events)
 
 
 class SimServer:
@@ -192,6 +215,8 @@ class SimServer:
 
     async def _stop_engine(self, app: web.Application) -> None:
         self._task.cancel()
+        if self.loop is not None and self.loop._courier is not None:
+            self.loop._courier.cancel()
 
     # -- plain routes ---------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:

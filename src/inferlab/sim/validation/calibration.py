@@ -20,10 +20,13 @@ from inferlab.sim.engine.dtypes import KVCacheDType, Quantization
 from inferlab.sim.engine.families import EngineFamily, family_for_engine
 from inferlab.sim.engine.hardware import gpu_from_text, resolve_model
 from inferlab.sim.validation.scenario import (
+    FIT,
     METRIC_CLASS,
     METRIC_COLUMNS,
+    SPLITS,
     Lengths,
     Measurement,
+    PromptSharing,
     Scenario,
     ScenarioError,
     Skipped,
@@ -283,9 +286,29 @@ def _unsupported_feature(row: dict[str, str]) -> str | None:
         text,
     ):
         return "disaggregated / pipeline / expert-parallel / attention-data-parallel serving is not simulated"
-    if re.search(r"lora|prefix[_ -]shar|shared[_ -]prefix|multi-?turn", text):
-        return "LoRA / shared-prefix / multi-turn workloads are not simulated"
+    if re.search(r"lora", text):
+        return "LoRA workloads are not simulated"
+    if re.search(r"prefix[_ -]shar|shared[_ -]prefix|multi-?turn", text) and not row.get("prefix_sharing", "").strip():
+        return "shared-prefix / multi-turn workload whose sharing the prefix_sharing column does not state"
     return None
+
+
+def prompt_sharing(cell: str) -> PromptSharing | None:
+    """The ``prefix_sharing`` cell: ``prefix=P groups=G`` and/or ``turns=T`` (separated by
+    spaces, commas or semicolons); empty: None. ``ScenarioError`` for anything else."""
+    cell = cell.strip()
+    if not cell:
+        return None
+    values: dict[str, int] = {}
+    for part in re.split(r"[\s,;]+", cell):
+        m = re.fullmatch(r"(prefix|groups|turns)=(\d+)", part)
+        if m is None:
+            raise ScenarioError(f"prefix_sharing {cell!r}: expected prefix=TOKENS groups=N and/or turns=N")
+        values[m.group(1)] = int(m.group(2))
+    sharing = PromptSharing(values.get("prefix", 0), values.get("groups", 1), values.get("turns", 1))
+    if sharing.groups < 1 or sharing.turns < 1 or (not sharing.prefix_tokens and sharing.turns == 1):
+        raise ScenarioError(f"prefix_sharing {cell!r}: shares nothing (prefix=0 and turns=1) or counts below 1")
+    return sharing
 
 
 def parse_row(row: dict[str, str]) -> Scenario:
@@ -345,6 +368,16 @@ def parse_row(row: dict[str, str]) -> Scenario:
         elif output_len.kind != "uniform":
             output_len = dataclasses.replace(output_len, a=output_len.a / (1 - empty_fraction))
 
+    split = row.get("split", "").strip() or FIT
+    if split not in SPLITS:
+        raise ScenarioError(f"split {split!r}: not one of {', '.join(SPLITS)}")
+
+    sharing = prompt_sharing(row.get("prefix_sharing", ""))
+    if sharing is not None:
+        if sharing.prefix_tokens and sharing.prefix_tokens >= _min_len(input_len):
+            raise ScenarioError(f"shared prefix of {sharing.prefix_tokens} tokens: not shorter than every prompt")
+        assumptions.append(sharing.describe())
+
     stat_cell = row.get("metric_stat", "")
     measurements = []
     for col in METRIC_COLUMNS:
@@ -379,7 +412,17 @@ def parse_row(row: dict[str, str]) -> Scenario:
         or (kind == "closed" and not re.search(r"offline|python api", engine_cell.lower())),
         empty_fraction=empty_fraction,
         assumptions=tuple(assumptions),
+        source_id=row.get("source_id", "").strip(),
+        split=split,
+        sharing=sharing,
     )
+
+
+def _min_len(lengths: Lengths) -> float:
+    """The shortest prompt a length spec allows (ShareGPT: a handful of tokens)."""
+    if lengths.kind == "uniform":
+        return lengths.a
+    return 4.0 if lengths.kind == "sharegpt" else lengths.a
 
 
 def metric_skip_reason(row: dict[str, str], metric: str) -> str | None:

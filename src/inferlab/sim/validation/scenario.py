@@ -23,6 +23,25 @@ METRIC_CLASS = {
 }
 METRIC_COLUMNS = tuple(METRIC_CLASS)
 
+# The data's split by source (``bench/data/*.csv``'s ``split`` column): constants are
+# fitted on FIT rows only; HOLDOUT rows measure how far predictions carry.
+FIT, HOLDOUT = "fit", "holdout"
+SPLITS = (FIT, HOLDOUT)
+
+# Load regimes, by scenario kind: no API server (offline, static batches); N users each
+# waiting for their last answer (closed loop); arrivals at a rate (Poisson, constant);
+# every request at once (saturated: a burst).
+OFFLINE, CLOSED, POISSON, SATURATED = "offline", "closed loop", "Poisson", "saturated"
+REGIMES = (OFFLINE, CLOSED, POISSON, SATURATED)
+REGIME_OF_KIND = {
+    "offline": OFFLINE,
+    "static": OFFLINE,
+    "closed": CLOSED,
+    "poisson": POISSON,
+    "constant": POISSON,
+    "burst": SATURATED,
+}
+
 
 @dataclass(frozen=True)
 class Lengths:
@@ -39,6 +58,32 @@ class Lengths:
         if self.measured is not None:
             return self.measured
         return (self.a + self.b) / 2 if self.kind == "uniform" else self.a
+
+
+@dataclass(frozen=True)
+class PromptSharing:
+    """How a row's prompts share prefixes (``bench/data``'s ``prefix_sharing`` column).
+
+    ``prefix_tokens`` > 0: every prompt begins with one of ``groups`` shared prefixes of
+    that many tokens (a system prompt or few-shot block per group, as inference-perf's
+    and SGLang's shared-prefix datasets build them), request k with prefix k mod groups;
+    the rest of each prompt is its own. ``turns`` > 1: requests come in conversations of
+    that many consecutive turns, and each turn's prompt is the conversation so far: the
+    earlier turns' prompts are its prefix (their answers are not: the simulated engine
+    caches prompt blocks only). The stated input lengths are whole prompts, prefix and
+    history included."""
+
+    prefix_tokens: int = 0
+    groups: int = 1
+    turns: int = 1
+
+    def describe(self) -> str:
+        parts = []
+        if self.prefix_tokens:
+            parts.append(f"{self.groups} shared prefix{'es' if self.groups > 1 else ''} of {self.prefix_tokens} tokens")
+        if self.turns > 1:
+            parts.append(f"conversations of {self.turns} turns, each turn's prompt the conversation so far")
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -82,6 +127,14 @@ class Scenario:
     via_server: bool
     empty_fraction: float = 0.0
     assumptions: tuple[str, ...] = ()
+    source_id: str = ""  # the publisher's document or dataset: the unit of the split
+    split: str = FIT  # FIT or HOLDOUT (``bench/data``'s ``split`` column)
+    sharing: PromptSharing | None = None  # prompts that share prefixes (None: none do)
+
+    @property
+    def regime(self) -> str:
+        """The load regime the error bands are kept for (``REGIMES``)."""
+        return REGIME_OF_KIND[self.kind]
 
 
 @dataclass(frozen=True)

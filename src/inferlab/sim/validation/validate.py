@@ -22,12 +22,13 @@ duration is extrapolated at the steady completion rate; latencies come from the 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import math
 import random
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from inferlab.sim.validation.scenario import (
     METRIC_CLASS,
     Lengths,
     Measurement,
+    PromptSharing,
     Scenario,
     ScenarioError,
     Skipped,
@@ -174,17 +176,51 @@ class _Run:
 _FIRST_ID = 1 << 20  # above every other prompt id
 
 
+_PREFIX_BASE = 1 << 24  # shared prefixes' ids: above every request's first id
+
+
+def prompts(jobs: Sequence[tuple[int, int]], sharing: PromptSharing | None = None) -> list[list[int]]:
+    """Each job's prompt ids. Without ``sharing`` no two prompts share a cached prefix
+    (each begins with an id of its own). With it, prompt k begins with shared prefix
+    k mod groups, and a conversation's turns (``turns`` consecutive jobs) are prefixes
+    of one token stream: each turn's prompt holds the earlier ones (``PromptSharing``)."""
+    out: list[list[int]] = []
+    turns = sharing.turns if sharing is not None else 1
+    p = sharing.prefix_tokens if sharing is not None else 0
+    groups = sharing.groups if sharing is not None else 1
+    for i, (n, _) in enumerate(jobs):
+        lead = i // turns  # the conversation (each request its own without turns)
+        prefix = [_PREFIX_BASE + (lead % groups) * p + j for j in range(p)] if p else []
+        stream = [*prefix, _FIRST_ID + lead, *range(1, max(0, n - len(prefix) - 1) + 1)]
+        out.append(stream[:n])
+    return out
+
+
+def _with_turns(jobs: list[tuple[int, int]], sharing: PromptSharing | None) -> list[tuple[int, int]]:
+    """``jobs`` with each conversation's prompt lengths in rising order (the history grows
+    turn by turn; the lengths drawn are kept, so their mean is)."""
+    if sharing is None or sharing.turns <= 1:
+        return jobs
+    t = sharing.turns
+    out: list[tuple[int, int]] = []
+    for start in range(0, len(jobs), t):
+        conv = jobs[start:start + t]
+        ins = sorted(i for i, _ in conv)
+        out.extend((i, o) for i, (_, o) in zip(ins, conv, strict=True))
+    return out
+
+
 def _serve(
     engine: Engine,
     jobs: Sequence[tuple[int, int]],
     arrivals_s: Sequence[float] | None,
     users: int,
+    sharing: PromptSharing | None = None,
 ) -> list[RequestTimeline]:
     """Serve ``jobs`` open loop at ``arrivals_s`` (in time order), or closed loop with
-    ``users`` (when ``arrivals_s`` is None), in virtual time; returns the timelines in
-    job order."""
-    # (a first id of its own: no two prompts share a cached prefix)
-    specs = (RequestSpec([_FIRST_ID + i, *range(1, n)], out) for i, (n, out) in enumerate(jobs))
+    ``users`` (when ``arrivals_s`` is None), in virtual time, with prompts that share
+    prefixes as ``sharing`` says (``prompts``); returns the timelines in job order."""
+    specs = (RequestSpec(ids, out) for ids, (_, out) in zip(prompts(jobs, sharing), jobs, strict=True))
     policy: Policy
     if arrivals_s is not None:
         if any(b < a for a, b in itertools.pairwise(arrivals_s)):
@@ -206,7 +242,7 @@ def _gaps_s(timelines: Iterable[RequestTimeline]) -> list[float]:
 
 
 def _run(sc: Scenario) -> _Run:
-    jobs = workload(sc)
+    jobs = _with_turns(workload(sc), sc.sharing)
     engine = build_engine(sc, max(i + o for i, o in jobs))
     n = len(jobs)
     if sc.kind in ("offline", "closed"):
@@ -227,7 +263,7 @@ def _run(sc: Scenario) -> _Run:
         arrivals = [0.0, *_cumsum(gaps[:-1])]
     else:
         arrivals = [0.0] * len(jobs)
-    timelines = _serve(engine, jobs, arrivals, sc.concurrency or 1)
+    timelines = _serve(engine, jobs, arrivals, sc.concurrency or 1, sc.sharing)
     empty = frozenset(k for k in _empty_indices(sc, n) if k < len(jobs))
     return _Run(timelines, _gaps_s(timelines), n, empty)
 
@@ -344,22 +380,32 @@ def predict_scenario(sc: Scenario) -> tuple[dict[str, float], int]:
     return {m.metric: predict(sc, run, m) for m in sc.measurements}, len(run.timelines)
 
 
-def validate(path: str | Path, row_ids: Iterable[str] | None = None) -> Report:
+def validate(path: str | Path, row_ids: Iterable[str] | None = None, jobs: int = 1) -> Report:
     """Parse and simulate every row of a calibration file (or only ``row_ids``)."""
-    rows = load_rows(path)
+    return validate_files([path], row_ids, jobs)
+
+
+def validate_files(
+    paths: Sequence[str | Path], row_ids: Iterable[str] | None = None, jobs: int = 1
+) -> Report:
+    """``validate`` over several files (row ids are unique across ``bench/data``), with
+    the rows simulated in ``jobs`` processes (the results do not depend on it)."""
+    rows = [r for path in paths for r in load_rows(path)]
     if row_ids is not None:
         wanted = {r.strip() for r in row_ids}
         rows = [r for r in rows if r.get("row_id", "").strip() in wanted]
     scenarios, skipped = parse_rows(rows)
     report = Report(skipped=skipped)
-    for sc in scenarios:
-        try:
-            predicted, simulated = predict_scenario(sc)
-        except (ValueError, ArithmeticError, LookupError, InferlabError) as e:
-            # (a ScenarioError says why the row cannot be expressed; the rest are the engine's)
-            reason = str(e) if isinstance(e, ScenarioError) else f"the simulated engine cannot run it: {e}"
-            report.skipped.append(Skipped(sc.row_id, sc.engine_label, sc.model, reason))
+    if jobs > 1 and len(scenarios) > 1:
+        with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+            outcomes = list(pool.map(_predict_or_reason, scenarios, chunksize=1))
+    else:
+        outcomes = [_predict_or_reason(sc) for sc in scenarios]
+    for sc, outcome in zip(scenarios, outcomes, strict=True):
+        if isinstance(outcome, str):
+            report.skipped.append(Skipped(sc.row_id, sc.engine_label, sc.model, outcome))
             continue
+        predicted, simulated = outcome
         if simulated < sc.num_requests:
             note = f"ran {simulated:,} of {sc.num_requests:,} requests, duration extrapolated"
             sc = dataclasses.replace(sc, assumptions=(*sc.assumptions, note))
@@ -368,6 +414,15 @@ def validate(path: str | Path, row_ids: Iterable[str] | None = None) -> Report:
                 Comparison(sc, m.metric, m.stat, m.value, predicted[m.metric])
             )
     return report
+
+
+def _predict_or_reason(sc: Scenario) -> tuple[dict[str, float], int] | str:
+    """``predict_scenario``, or the reason the row cannot run."""
+    try:
+        return predict_scenario(sc)
+    except (ValueError, ArithmeticError, LookupError, InferlabError) as e:
+        # (a ScenarioError says why the row cannot be expressed; the rest are the engine's)
+        return str(e) if isinstance(e, ScenarioError) else f"the simulated engine cannot run it: {e}"
 
 
 def length_mismatches(comparisons: Sequence[Comparison], tolerance_pct: float = 3.0) -> dict[str, str]:
@@ -408,3 +463,13 @@ def error_medians(comparisons: Sequence[Comparison]) -> dict[str, tuple[float, i
             median = statistics.median(statistics.fmean(v) for v in by_row.values())
             out[cls] = (median, len(by_row), sum(len(v) for v in by_row.values()))
     return out
+
+
+def group_medians(
+    comparisons: Sequence[Comparison], key: Callable[[Comparison], str]
+) -> dict[str, dict[str, tuple[float, int, int]]]:
+    """``error_medians`` per group of ``key`` (a family, a regime, a split ...)."""
+    groups: dict[str, list[Comparison]] = {}
+    for c in comparisons:
+        groups.setdefault(key(c), []).append(c)
+    return {g: error_medians(cs) for g, cs in sorted(groups.items())}

@@ -1,0 +1,63 @@
+"""``inferlab gateway``: the token-aware proxy, in the foreground until interrupted."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import click
+
+from inferlab.cli.common import install_stop_signals, run_guarded
+
+
+@click.command()
+@click.option("--upstream", "upstreams", multiple=True, help="An engine's root URL (http://host:port); repeatable. More, with their keys and limits: [[upstreams]] in --config.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port to listen on (0: a free one, printed).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file: client keys and limits, admission, cache, more upstreams (docs/gateway.md).")
+@click.option("--announce", is_flag=True, hidden=True, help="Print the gateway's URL on stdout once it listens (for a parent process).")
+def gateway(**kw: Any) -> None:
+    """An OpenAI-compatible gateway in front of one or more engines: streaming
+    pass-through, Prometheus /metrics (TTFT, TPOT, ITL, tokens), admission by tokens in
+    flight, per-key RPM/TPM limits, a response cache for deterministic requests."""
+    sys.exit(run_guarded(lambda: _gateway(kw)))
+
+
+def _gateway(kw: dict[str, Any]) -> int:
+    from inferlab.gateway.config import load_config
+
+    config = load_config(kw["upstreams"], host=kw["host"], port=kw["port"], path=kw["config_path"])
+    return asyncio.run(_serve(config, kw["announce"]))
+
+
+async def _serve(config: Any, announce: bool) -> int:
+    from inferlab.gateway.app import Gateway, start
+
+    gw = Gateway(config)
+    try:
+        runner, port = await start(gw, config.host, config.port)
+    except OSError as e:
+        from inferlab._errors import UsageError
+
+        raise UsageError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}") from None
+    url = f"http://{config.host}:{port}"
+    if announce:
+        print(url, flush=True)
+    ups = ", ".join(u.name for u in config.upstreams)
+    adm = config.admission
+    limit = {"tokens": f"{adm.max_tokens_in_flight} tokens", "requests": f"{adm.max_requests_in_flight} requests",
+             "off": "off"}[adm.mode]
+    keys = f"{len(config.keys)} client keys" if config.keys else "no client keys: every request is let in"
+    cache = "cache on" if config.cache.enabled else "cache off"
+    if config.redis is not None:
+        shared = [w for w, on in (("limits", config.redis.limits), ("cache", config.redis.cache)) if on]
+        cache += f"; shared through Redis: {', '.join(shared) or 'nothing'}"
+    click.echo(f"inferlab gateway on {url} → {ups}; admission {adm.mode} ({limit} per upstream); {keys}; {cache}", err=True)
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+    return 0

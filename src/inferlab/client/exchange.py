@@ -1,0 +1,245 @@
+"""What every HTTP stack of the client shares, with no HTTP stack of its own: where to send
+(``Endpoint``), what to send (``request_body``), and how one response's bytes fill a
+``RequestRecord`` (``StreamRecorder`` for a stream, ``record_body`` for a whole body,
+``record_http_error`` for an error status, ``fail``).
+
+The asyncio client (``client.http``, aiohttp) and the gevent one (``client.gevent_http``,
+Locust's workers) read the network their own way and hand each read's bytes here with
+one clock reading, so both fill the same fields with the same meanings.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from inferlab.openai.errors import error_message, one_line
+from inferlab.openai.request import PATHS, Api, completion_request
+from inferlab.openai.response import (
+    ErrorInResponse,
+    MalformedResponse,
+    ResponseError,
+    ResponseReader,
+)
+from inferlab.openai.sse import SSEParser
+from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.workload.spec import RequestSpec
+
+#: How much of a record's error message is kept (characters).
+MAX_ERROR_CHARS = 300
+#: How much of an error response's body is read for its message (bytes).
+MAX_ERROR_BODY = 65536
+
+
+def api_base(url: str) -> str:
+    """``http://h:p`` → ``http://h:p/v1``; a URL with a path is used as given."""
+    url = url.rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    return url if parts.path not in ("", "/") else url + "/v1"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to send. ``base_url`` is the API root (ending in ``/v1`` usually)."""
+
+    base_url: str
+    model: str
+    api: Api = "chat"
+    stream: bool = True
+    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    idle_timeout_s: float = 60.0
+    # fields every request carries (``--temperature``, ``--extra-body``); a request's
+    # own ``RequestSpec.extra_body`` goes over them
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.base_url + PATHS[self.api]
+
+    def request_headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json", **self.headers}
+        if self.api_key:
+            h.setdefault("Authorization", f"Bearer {self.api_key}")
+        return h
+
+
+def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:
+    """The JSON body that sends ``spec`` to ``endpoint``. ``TypeError`` for a token-id
+    prompt on the chat API."""
+    chat = endpoint.api == "chat"
+    return completion_request(
+        endpoint.model,
+        endpoint.api,
+        messages=spec.messages() if chat else None,
+        prompt=None if chat else spec.completion_prompt(),
+        max_tokens=spec.max_tokens,
+        exact_output=spec.exact_output,
+        stream=endpoint.stream,
+        extra={**endpoint.extra_body, **spec.extra_body} if endpoint.extra_body else spec.extra_body,
+    )
+
+
+def fail(record: RequestRecord, kind: ErrorKind, message: str) -> None:
+    """Mark ``record`` failed with ``kind`` (the first failure wins) and no end. A record
+    that had ended cleanly already (a timeout while draining after ``[DONE]``) stays as
+    it was."""
+    if record.error_kind is None and record.end_ns is not None:
+        return
+    if record.error_kind is None:
+        record.error_kind = kind
+        record.error = message[:MAX_ERROR_CHARS]
+    record.end_ns = None
+
+
+def record_http_error(record: RequestRecord, status: int, raw: bytes, reason: str) -> None:
+    """Fail ``record`` for an error ``status``: the message from the body ``raw`` (OpenAI's
+    error object, or the body as one line, or the status's ``reason``)."""
+    try:
+        message = error_message(json.loads(raw))
+    except ValueError:
+        message = one_line(raw.decode("utf-8", "replace")) or reason
+    fail(record, ErrorKind.HTTP_STATUS, f"HTTP {status}: {message}")
+
+
+class StreamState:
+    """One response's reader, and the record it fills: arrival times as chunks come
+    (``event``), everything else once at the end (``flush``)."""
+
+    def __init__(self, record: RequestRecord, text_out: list[str] | None = None) -> None:
+        self.record = record
+        self.reader = ResponseReader(text_out)
+
+    @property
+    def done(self) -> bool:
+        """The stream ended with ``[DONE]``."""
+        return self.reader.done
+
+    def event(self, data: str, t_ns: int) -> bool:
+        """Apply one SSE ``data`` payload received at ``t_ns``; False = stop reading."""
+        try:
+            arrivals = self.reader.event(data)
+        except ResponseError as e:
+            return self._fail(e)
+        if arrivals:
+            content_ns = self.record.content_ns
+            content_ns.append(t_ns)
+            if arrivals > 1:  # several choices (a request with n > 1) in one chunk
+                content_ns.extend(itertools.repeat(t_ns, arrivals - 1))
+        return not self.reader.done
+
+    def body(self, raw: bytes) -> bool:
+        """Apply a whole (non-streamed) response body; False if it failed the record."""
+        try:
+            self.reader.body(raw)
+        except ResponseError as e:
+            return self._fail(e)
+        return True
+
+    def flush(self) -> None:
+        """Copy what the response said into the record (once, whatever way it ended)."""
+        r, rd = self.record, self.reader
+        r.output_chars += rd.output_chars
+        if rd.finish_reason is not None:
+            r.finish_reason = rd.finish_reason
+        if rd.usage_seen:
+            r.input_tokens = rd.prompt_tokens
+            r.output_tokens = rd.completion_tokens
+            r.usage_source = "server"
+        if rd.cached_seen:
+            r.cached_tokens = rd.cached_tokens
+        if rd.timeline is not None:
+            r.server_timeline = rd.timeline
+
+    def _fail(self, e: ResponseError) -> bool:
+        """Fail the record for what the reader refused; False (stop reading)."""
+        self.record.error_kind = _ERROR_KINDS[type(e)]
+        self.record.error = str(e)[:MAX_ERROR_CHARS]
+        return False
+
+
+#: How a response the reader refuses is recorded.
+_ERROR_KINDS: dict[type[ResponseError], ErrorKind] = {
+    MalformedResponse: ErrorKind.MALFORMED,
+    ErrorInResponse: ErrorKind.STREAM_ERROR,
+}
+
+
+class StreamRecorder:
+    """A streamed (SSE) response body into its record, one network read at a time.
+
+    The caller reads the body and calls ``read(data, t_ns)`` with each read's bytes and
+    the one clock reading taken when it returned: the first sets ``ttfb_ns``, every
+    event carrying content appends ``t_ns`` to ``content_ns``, the last read's time is
+    the end. ``read`` returning False means stop reading (``[DONE]``, or an event that
+    failed the record). When the body ends while still ``reading``, ``eof(t_ns)``
+    dispatches an event left without its blank line. ``flush`` (always, also after a
+    failure or a cancellation) copies what the response said; ``finish`` (only when
+    the body was read to its end without an error of the connection) sets
+    ``stream_done`` and ``end_ns``."""
+
+    def __init__(self, record: RequestRecord, text_out: list[str] | None = None) -> None:
+        self.record = record
+        self._parser = SSEParser()
+        self._state = StreamState(record, text_out)
+        self._reader = self._state.reader
+        self.reading = True
+        self._t_end = 0
+
+    @property
+    def done(self) -> bool:
+        """The stream ended with ``[DONE]``."""
+        return self._state.done
+
+    def read(self, data: bytes, t_ns: int) -> bool:
+        # The per-read hot path: ``StreamState.event`` inlined (bench/client_cpu.py).
+        self._t_end = t_ns
+        record = self.record
+        if record.ttfb_ns is None:
+            record.ttfb_ns = t_ns
+        reader = self._reader
+        for event in self._parser.feed(data):
+            try:
+                arrivals = reader.event(event)
+            except ResponseError as e:
+                self.reading = False
+                return self._state._fail(e)
+            if arrivals:
+                record.content_ns.append(t_ns)
+                if arrivals > 1:  # several choices (a request with n > 1) in one chunk
+                    record.content_ns.extend(itertools.repeat(t_ns, arrivals - 1))
+            if reader.done:
+                self.reading = False
+                return False
+        return True
+
+    def eof(self, t_ns: int) -> None:
+        """The body ended at ``t_ns`` before anything stopped the reading."""
+        self._t_end = t_ns
+        for event in self._parser.close():
+            if not self._state.event(event, t_ns):
+                break
+
+    def flush(self) -> None:
+        self._state.flush()
+
+    def finish(self) -> None:
+        record = self.record
+        record.stream_done = self._state.done
+        if record.error_kind is None:
+            record.end_ns = self._t_end
+
+
+def record_body(record: RequestRecord, raw: bytes, t_end_ns: int, text_out: list[str] | None = None) -> None:
+    """A whole (non-streamed) response body ``raw``, ended at ``t_end_ns``, into
+    ``record`` (``ttfb_ns`` is the caller's: its first read of the body)."""
+    state = StreamState(record, text_out)
+    if state.body(raw):
+        state.flush()
+        record.end_ns = t_end_ns

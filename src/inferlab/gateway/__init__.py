@@ -1,0 +1,11 @@
+"""``inferlab gateway``: a token-aware OpenAI-compatible proxy in front of one or more
+engines. Streams relayed as they arrive, Prometheus metrics (TTFT, TPOT, ITL, tokens),
+admission by tokens in flight, per-key RPM/TPM limits charged before dispatch, a
+response cache for deterministic requests.
+
+- ``config``: ``GatewayConfig`` and ``load_config`` (flags + a TOML file).
+- ``app``: ``Gateway`` (the aiohttp app) and ``start``.
+- ``relay``: one request to one upstream, its answer relayed and observed.
+- ``admission``, ``ratelimit``, ``cache``, ``routing``, ``estimate``, ``metrics``: the
+  policies, each plain bookkeeping.
+"""

@@ -1,0 +1,600 @@
+"""The gateway's HTTP server (aiohttp): OpenAI-compatible routes in front of the
+configured upstreams.
+
+Routes: ``/v1/chat/completions`` and ``/v1/completions`` (streamed or not),
+``/v1/models`` (the upstreams' lists merged), ``/health``, ``/metrics``. A generation
+request goes through, in order: the client key (401 without a valid one, when keys are
+configured), the body (413 over the size limit, 400 for bad JSON or fields, checked as
+vLLM checks them), the model (404 if no upstream serves it), the key's RPM/TPM limits
+(429), the response cache, admission (503 when the queue is full or the wait too long),
+then the upstream, tried on another one if it fails before answering.
+
+No request can reach an address that is not a configured upstream: the path and the
+headers the client sends choose nothing; only the body is forwarded, with the
+upstream's own key. Every refusal is OpenAI's error body with a 4xx (or 503 for
+overload), never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.log import server_logger
+
+from inferlab._clock import NS_PER_S, Clock, WallClock
+from inferlab._errors import RunFailedError
+from inferlab.gateway.admission import Admission, Rejected, Ticket
+from inferlab.gateway.cache import Entry, ResponseCache, cache_key, cacheable
+from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
+from inferlab.gateway.estimate import prompt_counter, prompt_tokens
+from inferlab.gateway.metrics import GatewayMetrics
+from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
+from inferlab.gateway.relay import Failure, Observed, StreamRelay, read_body, send
+from inferlab.gateway.routing import Health, ids_prefix, make_router, text_prefix
+from inferlab.gateway.shared import SharedCache, SharedLimiter, connect
+from inferlab.openai.errors import APIError, error_body
+from inferlab.openai.request import (
+    PATHS,
+    Api,
+    parse_body,
+    read_messages,
+    read_model,
+    read_params,
+    read_prompt,
+)
+from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.runfiles import RunWriter
+from inferlab.workload.tokenizers import chatml
+
+log = logging.getLogger("inferlab.gateway")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_T = TypeVar("_T")
+
+#: How long ``/v1/models`` and ``/health`` wait for each upstream.
+_PROBE_TIMEOUT_S = 5.0
+#: The least time between two refreshes of the model list for an unknown model.
+_MODELS_REFRESH_S = 2.0
+
+
+def error_response(status: int, message: str, error_type: str, headers: dict[str, str] | None = None) -> web.Response:
+    """An OpenAI error answer."""
+    return web.json_response(error_body(status, message, error_type), status=status, headers=headers)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except APIError as e:
+        return web.json_response(e.body(), status=e.status)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        kind = {404: "NotFoundError", 405: "BadRequestError", 413: "BadRequestError"}.get(e.status, "BadRequestError")
+        return error_response(e.status, f"{e.reason}: {request.method} {request.path}", kind)
+    except (asyncio.CancelledError, ConnectionError):
+        raise  # the client went away: nothing to answer
+    except Exception as e:  # a bug: still answer in the API's error format
+        log.exception("internal error")
+        return error_response(500, f"internal error: {type(e).__name__}", "InternalServerError")
+
+
+@dataclass
+class _Request:
+    """One generation request, as the gateway reads it."""
+
+    api: Api
+    body: dict[str, Any]
+    model: str
+    key: KeyConfig | None
+    stream: bool
+    include_usage: bool
+    input_tokens: int  # estimated
+    output_tokens: int  # reserved: max_tokens (or the default), times n
+    prefix: bytes  # the prompt's beginning, for prefix affinity
+
+    @property
+    def key_name(self) -> str:
+        return self.key.name if self.key else ""
+
+
+class Gateway:
+    """The gateway: ``app`` to serve. Upstream sessions open with the app and close with it."""
+
+    def __init__(self, config: GatewayConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or WallClock()
+        self.t0_ns = self.clock.now_ns()
+        self.metrics = GatewayMetrics()
+        self._keys = {k.sha256: k for k in config.keys}
+        self._count = prompt_counter(config.admission.tokenizer)
+        adm = config.admission
+        ups = config.upstreams
+        self.admission = Admission(
+            adm.mode,
+            [u.max_tokens_in_flight or adm.max_tokens_in_flight for u in ups],
+            [u.max_requests_in_flight or adm.max_requests_in_flight for u in ups],
+            queue_max=adm.queue_max, queue_timeout_s=adm.queue_timeout_s, starvation_s=adm.starvation_s,
+            clock=self.clock,
+        )
+        self.router = make_router(config.router, self.admission.tokens_in_flight, self.admission.requests_in_flight)
+        self.health = Health(len(ups), self.clock)
+        self.limiter = RateLimiter(self.clock)
+        self.cache = ResponseCache(config.cache, self.clock) if config.cache.enabled else None
+        self._models: dict[str, set[int]] = {}  # model id → the upstreams that list it
+        self._model_objects: dict[str, dict[str, Any]] = {}
+        self._models_at_ns: int | None = None
+        self._seq = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+        self._redis: Any = None
+        self.shared_limiter: SharedLimiter | None = None
+        self.shared_cache: SharedCache | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self.log: RunWriter | None = None
+        if config.access_log:
+            self.log = RunWriter(config.access_log, {"gateway": {
+                "upstreams": [u.name for u in ups], "admission": adm.mode, "keys": [k.name for k in config.keys],
+            }})
+        self.app = web.Application(middlewares=[_errors], client_max_size=config.max_body_bytes)
+        self.app.router.add_post("/v1" + PATHS["chat"], self._chat)
+        self.app.router.add_post("/v1" + PATHS["completions"], self._completions)
+        self.app.router.add_get("/v1/models", self._list_models)
+        self.app.router.add_get("/health", self._health)
+        self.app.router.add_get("/metrics", self._metrics)
+        self.app.on_startup.append(self._start)
+        self.app.on_cleanup.append(self._stop)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def _start(self, app: web.Application) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=False), auto_decompress=False,
+        )
+        red = self.config.redis
+        if red is not None:
+            self._redis = connect(red.url)
+            try:
+                await self._redis.ping()
+            except Exception as e:  # (redis' own errors: connection, auth, protocol)
+                await self._redis.aclose()
+                raise RunFailedError(f"[redis] {red.url}: {type(e).__name__}: {e}") from None
+            if red.limits:
+                self.shared_limiter = SharedLimiter(self._redis, red.prefix)
+            if red.cache and self.cache is not None:
+                self.shared_cache = SharedCache(self._redis, red.prefix, self.config.cache.ttl_s, self.config.cache.max_bytes)
+        await self._refresh_models()
+
+    async def _stop(self, app: web.Application) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        if self._redis is not None:
+            await self._redis.aclose()
+        if self._session is not None:
+            await self._session.close()
+        if self.log is not None:
+            self.log.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "the gateway's app is not started"
+        return self._session
+
+    def _upstream_headers(self, i: int, json_body: bool = True) -> dict[str, str]:
+        h = {"Content-Type": "application/json"} if json_body else {}
+        key = self.config.upstreams[i].api_key
+        if key:
+            h["Authorization"] = f"Bearer {key}"
+        return h
+
+    # --- simple routes -----------------------------------------------------------------
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        self._gauges()
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8",
+                            headers={"X-Content-Type-Options": "nosniff"})
+
+    def _gauges(self) -> None:
+        m, a = self.metrics, self.admission
+        for i, u in enumerate(self.config.upstreams):
+            m.in_flight.labels(u.name).set(a.requests_in_flight[i])
+            m.tokens_in_flight.labels(u.name).set(a.tokens_in_flight[i])
+        m.queue_length.set(a.queue_length)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        """200 if at least one upstream's ``/health`` answers 200, else 503."""
+        results = await asyncio.gather(*(self._probe(i, "/health") for i in range(len(self.config.upstreams))))
+        upstreams = {u.name: ok is not None for u, ok in zip(self.config.upstreams, results, strict=True)}
+        return web.json_response({"upstreams": upstreams}, status=200 if any(upstreams.values()) else 503)
+
+    async def _probe(self, i: int, path: str) -> bytes | None:
+        """GET ``path`` on upstream ``i``: its body if it answered 200, else None."""
+        try:
+            async with asyncio.timeout(_PROBE_TIMEOUT_S), self.session.get(
+                self.config.upstreams[i].url + path, headers=self._upstream_headers(i, False)
+            ) as resp:
+                return await resp.read() if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
+    async def _list_models(self, request: web.Request) -> web.Response:
+        self._authenticate(request)
+        await self._refresh_models()
+        return web.json_response({"object": "list", "data": list(self._model_objects.values())})
+
+    async def _refresh_models(self) -> None:
+        """Ask every upstream for its models; an upstream that does not answer keeps what
+        it listed before."""
+        self._models_at_ns = self.clock.now_ns()
+        lists = await asyncio.gather(*(self._probe(i, "/v1/models") for i in range(len(self.config.upstreams))))
+        for i, raw in enumerate(lists):
+            if raw is None:
+                continue
+            try:
+                data = json.loads(raw).get("data")
+            except (ValueError, AttributeError):
+                continue
+            for obj in data if isinstance(data, list) else []:
+                if isinstance(obj, dict) and isinstance(obj.get("id"), str):
+                    self._models.setdefault(obj["id"], set()).add(i)
+                    self._model_objects.setdefault(obj["id"], obj)
+
+    async def _candidates(self, model: str) -> list[int]:
+        """The upstreams serving ``model``; ``APIError`` 404 if none does."""
+        found = self._models.get(model)
+        if not found and (self._models_at_ns is None or self.clock.now_ns() - self._models_at_ns > _MODELS_REFRESH_S * NS_PER_S):
+            await self._refresh_models()
+            found = self._models.get(model)
+        if not found:
+            raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model")
+        return sorted(found)
+
+    # --- generation ----------------------------------------------------------------------
+
+    def _authenticate(self, request: web.Request) -> KeyConfig | None:
+        """The caller's key (None when no keys are configured); ``APIError`` 401 without
+        a valid one. Keys are compared as SHA-256 digests and never logged."""
+        if not self._keys:
+            return None
+        auth = request.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            self.metrics.rejections.labels("unauthenticated", "").inc()
+            raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'.", "AuthenticationError")
+        digest = hash_key(token.strip())
+        key = self._keys.get(digest)
+        if key is None or not hmac.compare_digest(key.sha256, digest):
+            self.metrics.rejections.labels("unauthenticated", "").inc()
+            raise APIError(401, "Incorrect API key provided.", "AuthenticationError")
+        return key
+
+    async def _shared(self, call: Awaitable[_T]) -> _T:
+        """A call to Redis; ``APIError`` 503 if Redis fails (the limits cannot be checked)."""
+        try:
+            return await call
+        except (Limited, asyncio.CancelledError):
+            raise
+        except Exception as e:  # (redis' own errors: connection, timeout, protocol)
+            log.warning("redis: %s: %s", type(e).__name__, e)
+            raise APIError(503, "the gateway's shared state (Redis) is unavailable", "ServiceUnavailableError") from None
+
+    def _later(self, call: Awaitable[None]) -> None:
+        """Run ``call`` in the background (kept until done; its failure is logged)."""
+
+        async def run() -> None:
+            try:
+                await call
+            except Exception as e:
+                log.warning("redis: %s: %s", type(e).__name__, e)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completions")
+
+    async def _read(self, request: web.Request, api: Api, key: KeyConfig | None) -> _Request:
+        limit = self.config.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise APIError(413, f"request body is over the gateway's limit of {limit} bytes")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise APIError(413, f"request body is over the gateway's limit of {limit} bytes") from None
+        except (aiohttp.ClientPayloadError, web.RequestPayloadError) as e:
+            raise APIError(400, f"request body could not be read: {e}") from None
+        body = parse_body(raw, request.charset)
+        params = read_params(body, api)
+        if api == "chat":
+            read_messages(body)
+        else:
+            read_prompt(body)
+        model = read_model(body)
+        if model is None:
+            raise APIError(400, "'model' is required", param="model")
+        adm = self.config.admission
+        return _Request(
+            api=api, body=body, model=model, key=key, stream=params.stream, include_usage=params.include_usage,
+            input_tokens=prompt_tokens(body, api == "chat", self._count),
+            output_tokens=(params.max_tokens or adm.default_max_tokens) * params.n,
+            prefix=_prefix(body, api),
+        )
+
+    async def _generate(self, request: web.Request, api: Api) -> web.StreamResponse:
+        received = self.clock.now_ns()
+        key = self._authenticate(request)
+        req = await self._read(request, api, key)
+        candidates = await self._candidates(req.model)
+        record = RequestRecord(next(self._seq), send_ns=received - self.t0_ns,
+                               requested_input_tokens=req.input_tokens, requested_output_tokens=req.output_tokens)
+        obs = Observed(record, self.t0_ns, received)
+        charge: Charge | str | None = None
+        headers: dict[str, str] = {}
+        if key is not None and (key.rpm is not None or key.tpm is not None):
+            try:
+                if self.shared_limiter is not None:
+                    charge, headers = await self._shared(self.shared_limiter.reserve(key, req.input_tokens, req.output_tokens))
+                else:
+                    charge = self.limiter.reserve(key, req.input_tokens, req.output_tokens)
+                    headers = self.limiter.headers(key)
+            except Limited as e:
+                self.metrics.rejections.labels("rate_limited", key.name).inc()
+                h = dict(e.headers)
+                if e.retry_after_s is not None:
+                    h["Retry-After"] = retry_after(e.retry_after_s)
+                return error_response(429, str(e), "RateLimitError", h)
+        try:
+            return await self._answer(request, req, candidates, obs, headers)
+        finally:
+            self._finish(req, obs, charge)
+
+    def _finish(self, req: _Request, obs: Observed, charge: Charge | str | None) -> None:
+        """Every request ends here, however it ended: the key's charge corrected, metrics
+        and the access log written."""
+        r = obs.record
+        if charge is not None and req.key is not None:
+            used: tuple[int, int] | None = None
+            if r.input_tokens is not None and r.output_tokens is not None:
+                used = (r.input_tokens, r.output_tokens)
+            elif not obs.sent:  # never reached an upstream: nothing was used
+                used = (0, 0)
+            if used is not None and isinstance(charge, Charge):
+                self.limiter.correct(req.key, charge, *used)
+            elif used is not None and self.shared_limiter is not None:
+                self._later(self.shared_limiter.correct(req.key, str(charge), *used))
+        if r.end_ns is None and r.error_kind is None:
+            r.error_kind, r.error = ErrorKind.CANCELLED, "the client went away"
+        if self.log is not None:
+            r.content_ns = [t - self.t0_ns for t in obs.content_ns]
+            self.log.append(r)
+
+    async def _answer(
+        self, request: web.Request, req: _Request, candidates: list[int], obs: Observed, headers: dict[str, str],
+    ) -> web.StreamResponse:
+        m = self.metrics
+        key = None
+        if self.cache is not None and cacheable(req.body):
+            scope = "" if self.config.cache.shared_across_keys else req.key_name
+            key = cache_key(req.body, req.api == "chat", scope)
+            entry = self.cache.get(key)
+            pending = self.cache.pending(key) if entry is None else None
+            if entry is None and pending is None and self.shared_cache is not None:
+                self.cache.lead(key)  # (before the await: identical requests wait for this one)
+                try:
+                    entry = await self.shared_cache.get(key)
+                except Exception as e:  # (redis' own errors): a miss
+                    log.warning("redis: %s: %s", type(e).__name__, e)
+                if entry is not None:
+                    self.cache.finish(key, entry, store=False)
+                else:
+                    m.cache_misses.labels(req.model, req.key_name).inc()
+                    return await self._upstream(request, req, candidates, obs, headers, key)
+            if pending is not None:
+                try:
+                    entry = await asyncio.wait_for(asyncio.shield(pending), self.config.upstream_timeout_s)
+                except TimeoutError:
+                    entry = None  # the leader is too slow: go upstream, uncached
+            if entry is not None:
+                m.cache_hits.labels(req.model, req.key_name).inc()
+                m.cache_tokens_saved.labels(req.model, req.key_name).inc(entry.answer.tokens)
+                return await self._from_cache(request, req, entry, obs, headers)
+            m.cache_misses.labels(req.model, req.key_name).inc()
+            if pending is None:
+                self.cache.lead(key)
+            else:
+                key = None  # the leader failed: go upstream, uncached
+        return await self._upstream(request, req, candidates, obs, headers, key)
+
+    async def _upstream(
+        self, request: web.Request, req: _Request, candidates: list[int], obs: Observed, headers: dict[str, str],
+        key: str | None,
+    ) -> web.StreamResponse:
+        """Dispatch; as the cache's leader for ``key`` (if given), hand the answer on."""
+        try:
+            return await self._dispatch(request, req, candidates, obs, headers, keep=key is not None)
+        finally:
+            if key is not None and self.cache is not None:
+                self.cache.finish(key, obs.entry, store=self.shared_cache is None)
+                if obs.entry is not None and self.shared_cache is not None:
+                    self._later(self.shared_cache.put(key, obs.entry))
+
+    async def _from_cache(
+        self, request: web.Request, req: _Request, entry: Entry, obs: Observed, headers: dict[str, str],
+    ) -> web.StreamResponse:
+        r = obs.record
+        r.status = 200
+        a = entry.answer.usage
+        r.input_tokens, r.output_tokens = a.get("prompt_tokens"), a.get("completion_tokens")
+        r.usage_source, r.finish_reason = "server", entry.answer.finish_reason
+        if not req.stream:
+            resp = web.Response(body=entry.whole(), content_type="application/json", headers=headers)
+            r.ttfb_ns = r.end_ns = self.clock.now_ns() - self.t0_ns
+            return resp
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
+        await out.prepare(request)
+        for i, data in enumerate(entry.stream(req.include_usage)):
+            await out.write(data)
+            if i == 0:
+                now = self.clock.now_ns()
+                r.ttfb_ns = now - self.t0_ns
+                obs.content_ns.append(now)
+                self.metrics.ttft.labels(req.model, "cache", req.key_name).observe((now - obs.received_ns) / NS_PER_S)
+        await out.write_eof()
+        r.end_ns = self.clock.now_ns() - self.t0_ns
+        r.stream_done = True
+        return out
+
+    async def _dispatch(
+        self, request: web.Request, req: _Request, candidates: list[int], obs: Observed, headers: dict[str, str],
+        keep: bool,
+    ) -> web.StreamResponse:
+        """Send to an upstream with room; on a failure before the first byte, to another
+        (the same one once more, if it is the only one)."""
+        body = req.body
+        if req.stream and not req.include_usage:
+            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+        payload = json.dumps(body).encode()
+        tokens = req.input_tokens + req.output_tokens
+        tried: list[int] = []
+        failure: Failure | None = None
+        for _ in range(max(2, len(candidates))):
+            left = [i for i in candidates if i not in tried] or candidates
+            try:
+                ticket = await self.admission.acquire(
+                    tokens, self.health.healthy(left), lambda room: self.router(room, req.prefix))
+            except Rejected as e:
+                self.metrics.rejections.labels(e.reason, req.key_name).inc()
+                obs.fail(ErrorKind.HTTP_STATUS, str(e))
+                obs.record.status = 503
+                return error_response(503, str(e), "ServiceUnavailableError", {**headers, "Retry-After": retry_after(e.retry_after_s)})
+            self.metrics.queue_wait.labels(req.model, req.key_name).observe(ticket.queued_ns / NS_PER_S)
+            tried.append(ticket.upstream)
+            try:
+                return await self._exchange(request, req, ticket, payload, obs, headers, keep)
+            except Failure as f:
+                failure = f
+                self.metrics.upstream_errors.labels(self.config.upstreams[ticket.upstream].name, f.kind).inc()
+                self.health.failed(ticket.upstream)
+                if not f.retry:
+                    break
+            finally:
+                self.admission.release(ticket)
+        assert failure is not None
+        obs.fail(ErrorKind.HTTP_STATUS if failure.status else ErrorKind.CONNECT, str(failure))
+        status = 503 if failure.status == 429 else 502
+        obs.record.status = status
+        return error_response(status, str(failure), "ServiceUnavailableError" if status == 503 else "InternalServerError",
+                              {**headers, "Retry-After": "1"} if status == 503 else headers)
+
+    async def _exchange(
+        self, request: web.Request, req: _Request, ticket: Ticket, payload: bytes, obs: Observed,
+        headers: dict[str, str], keep: bool,
+    ) -> web.StreamResponse:
+        i = ticket.upstream
+        up = self.config.upstreams[i]
+        m = self.metrics
+        labels = (req.model, up.name, req.key_name)
+        m.in_flight.labels(up.name).inc()
+        obs.sent = True
+        try:
+            resp = await send(self.session, up.url + "/v1" + PATHS[req.api], payload, self._upstream_headers(i),
+                              self.config.upstream_timeout_s)
+            try:
+                self.health.succeeded(i)
+                obs.record.status = resp.status
+                if req.stream and resp.status == 200 and resp.content_type == "text/event-stream":
+                    out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
+                    await out.prepare(request)
+                    relay = StreamRelay(self.clock, obs, chat=req.api == "chat", drop_usage=not req.include_usage,
+                                        keep=keep, itl=m.itl.labels(*labels), reserved_output=req.output_tokens,
+                                        grow=lambda n: self.admission.resize(ticket, req.input_tokens + n))
+                    try:
+                        await relay.run(resp, out)
+                    except (ConnectionError, asyncio.CancelledError):
+                        obs.fail(ErrorKind.CANCELLED, "the client went away")
+                        raise
+                    self._observe(req, obs, labels, ticket)
+                    await out.write_eof()
+                    return out
+                raw = await read_body(self.clock, obs, resp, chat=req.api == "chat", keep=keep and resp.status == 200)
+                if resp.status >= 400:
+                    obs.fail(ErrorKind.HTTP_STATUS, f"HTTP {resp.status}")
+                self._observe(req, obs, labels, ticket)
+                return web.Response(body=raw, status=resp.status, content_type=resp.content_type or "application/json",
+                                    headers=headers)
+            except BaseException:
+                resp.close()  # mid-answer: drop the upstream's connection, which aborts its request
+                raise
+            finally:
+                resp.release()
+        finally:
+            m.in_flight.labels(up.name).dec()
+
+    def _observe(self, req: _Request, obs: Observed, labels: tuple[str, str, str], ticket: Ticket) -> None:
+        """Metrics of a request an upstream answered."""
+        m, r = self.metrics, obs.record
+        end_ns = self.clock.now_ns()
+        m.duration.labels(*labels, r.error_kind.value if r.error_kind else "").observe((end_ns - obs.received_ns) / NS_PER_S)
+        content = obs.content_ns
+        if content:
+            m.ttft.labels(*labels).observe((content[0] - obs.received_ns) / NS_PER_S)
+            if r.output_tokens and r.output_tokens > 1:
+                m.tpot.labels(*labels).observe((content[-1] - content[0]) / (r.output_tokens - 1) / NS_PER_S)
+        if r.input_tokens is not None:
+            m.tokens.labels(*labels, "input").inc(r.input_tokens)
+        if r.output_tokens is not None:
+            m.tokens.labels(*labels, "output").inc(r.output_tokens)
+
+
+def _prefix(body: dict[str, Any], api: Api) -> bytes:
+    """A checked request's prompt prefix (routing by prefix affinity)."""
+    if api == "chat":
+        return text_prefix(chatml(body["messages"]))
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    return ids_prefix(prompt) if isinstance(prompt, list) else text_prefix(str(prompt))
+
+
+class _ClientFaultLogger(logging.Logger):
+    """aiohttp's server logger, less the tracebacks of requests it cannot parse (bad
+    framing, a bad Content-Length or chunk): the client's fault, answered with a 400, and
+    logged here as one WARNING line (as ``sim serve`` does)."""
+
+    def __init__(self, inner: logging.Logger) -> None:
+        super().__init__(inner.name)
+        self.parent = inner
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, (HttpProcessingError, web.RequestPayloadError)):
+            self.warning("%s: %s: %s", str(msg) % args, type(exc_info).__name__, " ".join(str(exc_info).split()))
+        else:
+            super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+async def start(gateway: Gateway, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``gateway`` on ``host:port`` (0: a free port); the runner and the bound port.
+    A client that disconnects cancels its request, and so the upstream's. The body is
+    read as sent (no decompression: a compressed body is not JSON, so a 400)."""
+    runner = web.AppRunner(gateway.app, access_log=None, handle_signals=False, handler_cancellation=True,
+                           auto_decompress=False, logger=_ClientFaultLogger(server_logger))
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    addresses = runner.addresses
+    return runner, int(addresses[0][1]) if addresses else port
+

@@ -1,0 +1,204 @@
+"""The response cache: answers a deterministic request (temperature 0, or a fixed
+``seed``) again without an upstream.
+
+The key is a digest of the request body (stream fields left out, keys sorted: the same
+request whatever its JSON spelling), the API and the caller's key scope (the key's
+name; one scope for all keys only when configured). An entry keeps the answer as it
+came: a stream as its events, grouped as the upstream's reads delivered them (replayed
+with that chunking), or a whole body; the other form is built from the same answer when
+asked for (a stored body streamed as SSE, a stored stream answered as one body). Entries
+expire after ``ttl_s``; past ``max_entries`` or ``max_bytes`` the least recently used go.
+
+Identical misses coalesce: the first one (the leader) goes upstream; the others wait for
+its entry and are answered from it (or go upstream themselves if it failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from inferlab._clock import NS_PER_S, Clock
+from inferlab.gateway.config import CacheConfig
+from inferlab.openai.response import Completion
+from inferlab.openai.sse import DONE_EVENT, encode_event, encode_json
+
+#: Body fields that change only how the answer is delivered, not what it is.
+_DELIVERY_FIELDS = ("stream", "stream_options")
+
+
+def cacheable(body: dict[str, Any]) -> bool:
+    """Whether a checked request's answer is deterministic enough to cache: temperature 0
+    or an integer ``seed``, one choice, no log-probabilities (a body built from a stream
+    would lose them)."""
+    deterministic = body.get("temperature") == 0 or type(body.get("seed")) is int
+    one = body.get("n") in (None, 1)
+    no_logprobs = not body.get("logprobs") and not body.get("top_logprobs") and body.get("prompt_logprobs") is None
+    return deterministic and one and no_logprobs
+
+
+def cache_key(body: dict[str, Any], chat: bool, scope: str) -> str:
+    """The digest a request is cached under (module docstring)."""
+    kept = {k: v for k, v in body.items() if k not in _DELIVERY_FIELDS}
+    text = json.dumps([chat, scope, kept], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one answer said, whatever form it came in: enough to build the other form."""
+
+    id: str
+    created: int
+    model: str
+    text: str
+    finish_reason: str
+    usage: dict[str, Any]
+
+    @property
+    def tokens(self) -> int:
+        """Input plus output tokens, as the upstream counted them (0 if it did not)."""
+        u = self.usage
+        return sum(v for v in (u.get("prompt_tokens"), u.get("completion_tokens")) if isinstance(v, int))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cached answer: ``reads`` (a stream: each upstream read's events as (data, is
+    the usage-only chunk)) or ``body`` (a whole JSON body), and its ``answer``."""
+
+    chat: bool
+    answer: Answer
+    reads: tuple[tuple[tuple[str, bool], ...], ...] | None = None
+    body: bytes | None = None
+
+    @property
+    def size_bytes(self) -> int:
+        if self.reads is not None:
+            return sum(len(d) for read in self.reads for d, _ in read) + len(self.answer.text)
+        return len(self.body or b"") + len(self.answer.text)
+
+    def stream(self, include_usage: bool) -> list[bytes]:
+        """The answer as SSE, one bytes per write: a stored stream with its chunking
+        (without its usage chunk unless ``include_usage``), else built from the body."""
+        if self.reads is not None:
+            out = []
+            for read in self.reads:
+                data = b"".join(encode_event(d) for d, usage_only in read if include_usage or not usage_only)
+                if data:
+                    out.append(data)
+            return out
+        a = self.answer
+        c = Completion(a.id, self.chat, a.created, a.model)
+        events = [encode_json(c.chunk([c.choice(a.text, None, role=True)])),
+                  encode_json(c.chunk([c.choice("", a.finish_reason)]))]
+        if include_usage:
+            events.append(encode_json(c.chunk([], usage=a.usage)))
+        return [*events, DONE_EVENT]
+
+    def whole(self) -> bytes:
+        """The answer as one JSON body: a stored body as it came, else built from the
+        stream."""
+        if self.body is not None:
+            return self.body
+        a = self.answer
+        c = Completion(a.id, self.chat, a.created, a.model)
+        return json.dumps(c.body(a.text, a.finish_reason, a.usage)).encode()
+
+
+def answer_of_stream(first_chunk: dict[str, Any], text: str, finish_reason: str | None, usage: dict[str, Any]) -> Answer:
+    """The ``Answer`` of a stream, from its first chunk's ids and what it carried."""
+    return Answer(str(first_chunk.get("id", "")), _int(first_chunk.get("created")), str(first_chunk.get("model", "")),
+                  text, finish_reason or "stop", usage)
+
+
+def answer_of_body(body: dict[str, Any], chat: bool) -> Answer | None:
+    """The ``Answer`` of a whole response body; None if it has no single choice to read."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    if chat:
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else None
+    else:
+        text = choice.get("text")
+    usage = body.get("usage")
+    if not isinstance(text, str) or not isinstance(usage, dict):
+        return None
+    return Answer(str(body.get("id", "")), _int(body.get("created")), str(body.get("model", "")),
+                  text, str(choice.get("finish_reason") or "stop"), usage)
+
+
+def _int(v: object) -> int:
+    return v if isinstance(v, int) else 0
+
+
+class ResponseCache:
+    """The in-memory cache (module docstring). One event loop; not thread-safe."""
+
+    def __init__(self, config: CacheConfig, clock: Clock) -> None:
+        self.config = config
+        self.clock = clock
+        self._entries: OrderedDict[str, tuple[int, Entry]] = OrderedDict()  # key → (expiry ns, entry)
+        self._bytes = 0
+        self._pending: dict[str, asyncio.Future[Entry | None]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def get(self, key: str) -> Entry | None:
+        """The live entry under ``key``, if any (and it becomes the most recently used)."""
+        hit = self._entries.get(key)
+        if hit is None:
+            return None
+        if hit[0] <= self.clock.now_ns():
+            self._drop(key)
+            return None
+        self._entries.move_to_end(key)
+        return hit[1]
+
+    def pending(self, key: str) -> asyncio.Future[Entry | None] | None:
+        """The leader's future for ``key`` if an identical request is on its way."""
+        return self._pending.get(key)
+
+    def lead(self, key: str) -> None:
+        """Mark the caller as the leader for ``key``: identical misses wait for it. The
+        leader must call ``finish`` however its request ends. ``ValueError`` if ``key``
+        has a leader already."""
+        if key in self._pending:
+            raise ValueError("this request has a leader already")
+        self._pending[key] = asyncio.get_running_loop().create_future()
+
+    def finish(self, key: str, entry: Entry | None, store: bool = True) -> None:
+        """The leader is done: store ``entry`` (None: nothing to store; ``store`` False:
+        it is kept elsewhere) and hand it to the waiters."""
+        if entry is not None and store:
+            self.put(key, entry)
+        fut = self._pending.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(entry)
+
+    def put(self, key: str, entry: Entry) -> None:
+        size = entry.size_bytes
+        if size > self.config.max_bytes:
+            return
+        if key in self._entries:
+            self._drop(key)
+        self._entries[key] = (self.clock.now_ns() + int(self.config.ttl_s * NS_PER_S), entry)
+        self._bytes += size
+        while len(self._entries) > self.config.max_entries or self._bytes > self.config.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: str) -> None:
+        _, entry = self._entries.pop(key)
+        self._bytes -= entry.size_bytes
+

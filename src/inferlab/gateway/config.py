@@ -1,0 +1,342 @@
+"""The gateway's configuration: frozen dataclasses, read once from flags and a TOML file.
+
+The file (``inferlab gateway --config gateway.toml``) holds what flags do not: client
+keys and their limits, admission, the cache. Every table and key is checked: an unknown
+one is a ``UsageError``, never silently ignored. Client keys are kept as their SHA-256
+digest only (the file may give the key itself, or its digest); upstream keys come from
+the file or from an environment variable it names, and never leave the gateway.
+
+```toml
+[gateway]                      # all optional
+max_body_bytes = 4194304
+upstream_timeout_s = 600
+access_log = "gateway-log"     # a run directory: config.json + requests.jsonl
+router = "least-outstanding"   # or "prefix-affinity", "round-robin" (inferlab.gateway.routing)
+
+[admission]
+mode = "tokens"                # or "requests" (a request count per upstream), or "off"
+max_tokens_in_flight = 65536   # per upstream (mode tokens)
+max_requests_in_flight = 64    # per upstream (mode requests)
+queue_max = 256
+queue_timeout_s = 30
+starvation_s = 5               # a waiter older than this goes first (size-aware queue)
+default_max_tokens = 256       # reserved for a request that gives no max_tokens
+tokenizer = "estimate"         # 4 characters a token; "builtin" (the simulator's); or a tokenizer.json
+
+[cache]
+enabled = true
+ttl_s = 300
+max_entries = 1024
+max_bytes = 67108864
+shared_across_keys = false
+
+[redis]                        # optional: limits and cache shared by several instances
+url = "redis://127.0.0.1:6379/0"
+limits = true
+cache = true
+
+[[upstreams]]                  # added to --upstream
+url = "http://10.0.0.5:8000"
+api_key_env = "ENGINE_KEY"     # or api_key = "..."
+max_tokens_in_flight = 32768   # overrides [admission]
+
+[[keys]]
+name = "team-a"                # what metrics and logs show; never the key
+sha256 = "9f86d0…"             # or key = "sk-…" (hashed when read)
+rpm = 600
+tpm = 200000
+tpm_counts = "total"           # or "input", "output"
+```
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from inferlab._errors import UsageError
+from inferlab.gateway.routing import ROUTERS
+
+AdmissionMode = Literal["tokens", "requests", "off"]
+TokenCount = Literal["total", "input", "output"]
+
+
+def hash_key(key: str) -> str:
+    """The hex SHA-256 digest a client key is stored and looked up as."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class UpstreamConfig:
+    """One engine behind the gateway. ``url`` is its root (``http://host:port``): the API
+    is under ``/v1``, its health check at ``/health``. Limits of None take
+    ``AdmissionConfig``'s."""
+
+    url: str
+    api_key: str | None = field(default=None, repr=False)
+    max_tokens_in_flight: int | None = None
+    max_requests_in_flight: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The label metrics and logs use: ``host:port``."""
+        return urlsplit(self.url).netloc
+
+
+@dataclass(frozen=True)
+class KeyConfig:
+    """A client key: its ``name`` (the label metrics and logs show), its SHA-256 digest,
+    and its limits per sliding minute (None: none). ``tpm_counts`` says which tokens
+    the TPM limit counts."""
+
+    name: str
+    sha256: str = field(repr=False)
+    rpm: int | None = None
+    tpm: int | None = None
+    tpm_counts: TokenCount = "total"
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """How requests are let through to an upstream: by tokens in flight (estimated prompt
+    plus ``max_tokens``, or ``default_max_tokens``), by a request count, or not at all;
+    how many may wait, for how long, and after how long a waiter is served before
+    smaller ones (``starvation_s``)."""
+
+    mode: AdmissionMode = "tokens"
+    max_tokens_in_flight: int = 65536
+    max_requests_in_flight: int = 64
+    queue_max: int = 256
+    queue_timeout_s: float = 30.0
+    starvation_s: float = 5.0
+    default_max_tokens: int = 256
+    tokenizer: str = "estimate"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The response cache for deterministic requests (temperature 0 or a fixed seed)."""
+
+    enabled: bool = True
+    ttl_s: float = 300.0
+    max_entries: int = 1024
+    max_bytes: int = 64 * 1024 * 1024
+    shared_across_keys: bool = False
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """State shared by several gateway instances (``inferlab.gateway.shared``): the
+    per-key limits and/or the response cache, in the Redis at ``url``."""
+
+    url: str
+    prefix: str = "inferlab:"
+    limits: bool = True
+    cache: bool = True
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """The whole gateway. No ``keys``: every request is let in (the CLI says so)."""
+
+    upstreams: tuple[UpstreamConfig, ...]
+    host: str = "127.0.0.1"
+    port: int = 8080
+    keys: tuple[KeyConfig, ...] = ()
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    max_body_bytes: int = 4 * 1024 * 1024
+    upstream_timeout_s: float = 600.0
+    access_log: str | None = None
+    router: str = "least-outstanding"
+    redis: RedisConfig | None = None
+
+    def __post_init__(self) -> None:
+        if not self.upstreams:
+            raise UsageError("the gateway needs at least one upstream (--upstream URL)")
+        names = [u.name for u in self.upstreams]
+        if len(set(names)) != len(names):
+            raise UsageError(f"an upstream is given twice: {', '.join(names)}")
+
+
+def upstream_url(url: str) -> str:
+    """An upstream's root URL from what a user gives (``http://h:p`` or ``http://h:p/v1``).
+    ``UsageError`` for anything but an http(s) URL with a host."""
+    parts = urlsplit(url.strip().rstrip("/"))
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"upstream {url!r} is not an http(s) URL")
+    path = parts.path.removesuffix("/v1")
+    if path or parts.query or parts.fragment:
+        raise UsageError(f"upstream {url!r}: give the server's root (http://host:port), without a path")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def load_config(
+    upstreams: Sequence[str], *, host: str, port: int, path: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> GatewayConfig:
+    """The configuration from ``--upstream`` URLs and the TOML file at ``path``.
+    ``UsageError`` for an unreadable file, an unknown table or key, a value of the wrong
+    type or range."""
+    doc: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except OSError as e:
+            raise UsageError(f"--config {path}: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise UsageError(f"--config {path}: not valid TOML: {e}") from None
+    _known(doc, {"gateway", "admission", "cache", "upstreams", "keys", "redis"}, "the config file")
+    red = _table(doc, "redis")
+    _known(red, set(RedisConfig.__dataclass_fields__), "[redis]")
+    if red and "url" not in red:
+        raise UsageError("[redis] has no url")
+    gw = _table(doc, "gateway")
+    _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log", "router"}, "[gateway]")
+    adm = _table(doc, "admission")
+    _known(adm, set(AdmissionConfig.__dataclass_fields__), "[admission]")
+    cache = _table(doc, "cache")
+    _known(cache, set(CacheConfig.__dataclass_fields__), "[cache]")
+
+    admission = AdmissionConfig(
+        mode=_choice(adm, "mode", ("tokens", "requests", "off"), "tokens", "[admission]"),  # type: ignore[arg-type]
+        max_tokens_in_flight=_int(adm, "max_tokens_in_flight", 65536, "[admission]"),
+        max_requests_in_flight=_int(adm, "max_requests_in_flight", 64, "[admission]"),
+        queue_max=_int(adm, "queue_max", 256, "[admission]", minimum=0),
+        queue_timeout_s=_float(adm, "queue_timeout_s", 30.0, "[admission]"),
+        starvation_s=_float(adm, "starvation_s", 5.0, "[admission]"),
+        default_max_tokens=_int(adm, "default_max_tokens", 256, "[admission]"),
+        tokenizer=_str(adm, "tokenizer", "estimate", "[admission]"),
+    )
+    ups = [UpstreamConfig(upstream_url(u)) for u in upstreams]
+    for i, u in enumerate(_array(doc, "upstreams")):
+        where = f"[[upstreams]] #{i + 1}"
+        _known(u, {"url", "api_key", "api_key_env", "max_tokens_in_flight", "max_requests_in_flight"}, where)
+        if "url" not in u:
+            raise UsageError(f"{where} has no url")
+        ups.append(UpstreamConfig(
+            upstream_url(_str(u, "url", "", where)),
+            api_key=_secret(u, where, "api_key", environ),
+            max_tokens_in_flight=_int(u, "max_tokens_in_flight", None, where),
+            max_requests_in_flight=_int(u, "max_requests_in_flight", None, where),
+        ))
+    keys = []
+    for i, k in enumerate(_array(doc, "keys")):
+        where = f"[[keys]] #{i + 1}"
+        _known(k, {"name", "key", "sha256", "rpm", "tpm", "tpm_counts"}, where)
+        if ("key" in k) == ("sha256" in k):
+            raise UsageError(f"{where}: give either key or sha256")
+        digest = hash_key(_str(k, "key", "", where)) if "key" in k else _str(k, "sha256", "", where).lower()
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise UsageError(f"{where}: sha256 must be 64 hex digits")
+        keys.append(KeyConfig(
+            name=_str(k, "name", f"key{i + 1}", where),
+            sha256=digest,
+            rpm=_int(k, "rpm", None, where),
+            tpm=_int(k, "tpm", None, where),
+            tpm_counts=_choice(k, "tpm_counts", ("total", "input", "output"), "total", where),  # type: ignore[arg-type]
+        ))
+    if len({k.name for k in keys}) != len(keys) or len({k.sha256 for k in keys}) != len(keys):
+        raise UsageError("[[keys]]: every key needs a name and a key of its own")
+    return GatewayConfig(
+        upstreams=tuple(ups),
+        host=host,
+        port=port,
+        keys=tuple(keys),
+        admission=admission,
+        cache=CacheConfig(
+            enabled=_bool(cache, "enabled", True, "[cache]"),
+            ttl_s=_float(cache, "ttl_s", 300.0, "[cache]"),
+            max_entries=_int(cache, "max_entries", 1024, "[cache]"),
+            max_bytes=_int(cache, "max_bytes", 64 * 1024 * 1024, "[cache]"),
+            shared_across_keys=_bool(cache, "shared_across_keys", False, "[cache]"),
+        ),
+        max_body_bytes=_int(gw, "max_body_bytes", 4 * 1024 * 1024, "[gateway]"),
+        upstream_timeout_s=_float(gw, "upstream_timeout_s", 600.0, "[gateway]"),
+        access_log=_str(gw, "access_log", None, "[gateway]"),
+        router=_choice(gw, "router", ROUTERS, "least-outstanding", "[gateway]"),
+        redis=RedisConfig(
+            url=_str(red, "url", "", "[redis]"),
+            prefix=_str(red, "prefix", "inferlab:", "[redis]"),
+            limits=_bool(red, "limits", True, "[redis]"),
+            cache=_bool(red, "cache", True, "[redis]"),
+        ) if red else None,
+    )
+
+
+# --- checked reads -----------------------------------------------------------------------
+
+
+def _known(table: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise UsageError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(allowed))})")
+
+
+def _table(doc: Mapping[str, Any], name: str) -> dict[str, Any]:
+    value = doc.get(name, {})
+    if not isinstance(value, dict):
+        raise UsageError(f"[{name}] must be a table")
+    return value
+
+
+def _array(doc: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
+    value = doc.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise UsageError(f"[[{name}]] must be an array of tables")
+    return value
+
+
+def _int(t: Mapping[str, Any], name: str, default: Any, where: str, minimum: int = 1) -> Any:
+    v = t.get(name, default)
+    if v is default:
+        return v
+    if type(v) is not int or v < minimum:
+        raise UsageError(f"{where} {name} must be an integer of at least {minimum}, got {v!r}")
+    return v
+
+
+def _float(t: Mapping[str, Any], name: str, default: float, where: str) -> float:
+    v = t.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise UsageError(f"{where} {name} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _bool(t: Mapping[str, Any], name: str, default: bool, where: str) -> bool:
+    v = t.get(name, default)
+    if not isinstance(v, bool):
+        raise UsageError(f"{where} {name} must be true or false, got {v!r}")
+    return v
+
+
+def _str(t: Mapping[str, Any], name: str, default: Any, where: str) -> Any:
+    v = t.get(name, default)
+    if v is not default and (not isinstance(v, str) or not v):
+        raise UsageError(f"{where} {name} must be a non-empty string")
+    return v
+
+
+def _choice(t: Mapping[str, Any], name: str, options: tuple[str, ...], default: str, where: str) -> str:
+    v = t.get(name, default)
+    if v not in options:
+        raise UsageError(f"{where} {name} must be one of {', '.join(options)}, got {v!r}")
+    return str(v)
+
+
+def _secret(t: Mapping[str, Any], where: str, name: str, environ: Mapping[str, str]) -> str | None:
+    if name in t and f"{name}_env" in t:
+        raise UsageError(f"{where}: give either {name} or {name}_env")
+    if f"{name}_env" in t:
+        var = _str(t, f"{name}_env", "", where)
+        if var not in environ:
+            raise UsageError(f"{where}: environment variable {var} is not set")
+        return environ[var]
+    value: str | None = _str(t, name, None, where)
+    return value

@@ -1,0 +1,83 @@
+"""The gateway's Prometheus metrics (``/metrics``), on a registry of its own.
+
+Names follow the OpenTelemetry GenAI semantic conventions in Prometheus form (dots
+become underscores, the unit a suffix): ``gen_ai_server_request_duration_seconds``,
+``gen_ai_server_time_to_first_token_seconds``,
+``gen_ai_server_time_per_output_token_seconds`` and ``gen_ai_client_token_usage``
+(the gateway is the engine's client: a counter here, by ``gen_ai_token_type`` input or
+output, so TPM is ``rate(...[1m]) * 60``). Their labels: ``gen_ai_request_model``,
+``server_address`` (the upstream, ``host:port``) and ``key`` (the client key's name
+from the config). ``gen_ai_server_inter_token_latency_seconds`` and the
+``inferlab_gateway_*`` metrics (in flight, queue, rejections, cache) are the gateway's
+own. Latency buckets start at 0.5 ms, so per-token latencies under 10 ms resolve.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LABELS = ("gen_ai_request_model", "server_address", "key")
+
+#: Per-token latencies (TPOT, ITL): sub-10 ms resolved, up to 2.5 s.
+TOKEN_BUCKETS_S = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+    0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+)
+#: TTFT: the OpenTelemetry GenAI buckets, with finer steps below 10 ms.
+TTFT_BUCKETS_S = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+    5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)
+#: Request duration and queue wait.
+DURATION_BUCKETS_S = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+    40.96, 81.92,
+)
+
+
+class GatewayMetrics:
+    """Every metric the gateway exports; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.duration = Histogram(
+            "gen_ai_server_request_duration_seconds", "Time from the gateway receiving a request to its last byte.",
+            (*LABELS, "error_type"), registry=r, buckets=DURATION_BUCKETS_S)
+        self.ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds", "Time from the gateway receiving a request to the first generated token, queue included.",
+            LABELS, registry=r, buckets=TTFT_BUCKETS_S)
+        self.tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds", "Per request: (last token - first token) / (output tokens - 1).",
+            LABELS, registry=r, buckets=TOKEN_BUCKETS_S)
+        self.itl = Histogram(
+            "gen_ai_server_inter_token_latency_seconds", "Time between consecutive streamed chunks that carry generated content.",
+            LABELS, registry=r, buckets=TOKEN_BUCKETS_S)
+        self.tokens = Counter(
+            "gen_ai_client_token_usage", "Tokens the upstreams counted (usage), by gen_ai_token_type: input or output.",
+            (*LABELS, "gen_ai_token_type"), registry=r)
+        self.in_flight = Gauge(
+            "inferlab_gateway_requests_in_flight", "Requests sent to an upstream and not yet finished.",
+            ("server_address",), registry=r)
+        self.tokens_in_flight = Gauge(
+            "inferlab_gateway_tokens_in_flight", "Tokens reserved on an upstream by the requests in flight.",
+            ("server_address",), registry=r)
+        self.queue_length = Gauge(
+            "inferlab_gateway_queue_length", "Requests waiting for room on an upstream.", registry=r)
+        self.queue_wait = Histogram(
+            "inferlab_gateway_queue_wait_seconds", "Time a request waited for room on an upstream.",
+            ("gen_ai_request_model", "key"), registry=r, buckets=(0.0, *DURATION_BUCKETS_S))
+        self.rejections = Counter(
+            "inferlab_gateway_rejections", "Requests refused, by reason.", ("reason", "key"), registry=r)
+        self.cache_hits = Counter(
+            "inferlab_gateway_cache_hits", "Requests answered from the response cache.", ("gen_ai_request_model", "key"), registry=r)
+        self.cache_misses = Counter(
+            "inferlab_gateway_cache_misses", "Cacheable requests the cache could not answer.", ("gen_ai_request_model", "key"), registry=r)
+        self.cache_tokens_saved = Counter(
+            "inferlab_gateway_cache_tokens_saved", "Input plus output tokens the cache answered without an upstream.",
+            ("gen_ai_request_model", "key"), registry=r)
+        self.upstream_errors = Counter(
+            "inferlab_gateway_upstream_errors", "Upstream failures, by kind (connect, status, disconnect, timeout).",
+            ("server_address", "kind"), registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,145 @@
+"""Which upstream a request goes to, among those with room, and which are healthy.
+
+Plain bookkeeping, no I/O and no clock of its own, so that the gateway (over HTTP) and
+``sim run --replicas N --router POLICY`` (over simulated engines in virtual time) run the
+same code. A router is called with the upstreams that have room and the request's prompt
+prefix, and reads the load it is given (tokens and requests outstanding per upstream,
+lists its owner keeps up to date):
+
+- ``round-robin``: each upstream in turn;
+- ``least-outstanding``: the fewest tokens outstanding, then the fewest requests, then
+  the one picked least recently;
+- ``prefix-affinity``: requests whose prompts begin alike go to the same upstream (the
+  highest rendezvous hash of the prefix), where the engine likely holds that prefix in
+  its cache; unless that upstream is overloaded (``OVERLOAD_SLACK_TOKENS`` more
+  outstanding than the least loaded one), then least-outstanding.
+
+``Health`` ejects an upstream after consecutive failures, for a backoff that doubles
+with each ejection in a row (1 s, 2 s, 4 s … 30 s), and lets it back on its first
+success.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Protocol
+
+from inferlab._clock import NS_PER_S, Clock
+
+#: Consecutive failures that eject an upstream.
+EJECT_AFTER = 3
+BACKOFF_FIRST_S = 1.0
+BACKOFF_MAX_S = 30.0
+
+#: How much a prefix's home upstream may hold beyond the least loaded one before a
+#: request for it goes elsewhere (tokens outstanding).
+OVERLOAD_SLACK_TOKENS = 16384
+#: How much of a prompt makes its prefix: characters of text, or token ids.
+PREFIX_LENGTH = 256
+
+ROUTERS = ("round-robin", "least-outstanding", "prefix-affinity")
+
+
+class Router(Protocol):
+    def __call__(self, room: Sequence[int], prefix: bytes) -> int:
+        """The upstream (one of ``room``, never empty) for a request whose prompt
+        begins with ``prefix``."""
+        ...
+
+
+class RoundRobin:
+    def __init__(self, count: int) -> None:
+        self._next = 0
+        self._count = count
+
+    def __call__(self, room: Sequence[int], prefix: bytes) -> int:
+        for k in range(self._count):
+            i = (self._next + k) % self._count
+            if i in room:
+                self._next = i + 1
+                return i
+        return room[0]
+
+
+class LeastOutstanding:
+    """Least outstanding tokens, then requests, then least recently picked."""
+
+    def __init__(self, tokens: list[int], requests: list[int]) -> None:
+        self.tokens = tokens
+        self.requests = requests
+        self._last_pick = [0] * len(tokens)
+        self._picks = 0
+
+    def __call__(self, room: Sequence[int], prefix: bytes = b"") -> int:
+        best = min(room, key=lambda i: (self.tokens[i], self.requests[i], self._last_pick[i]))
+        self._picks += 1
+        self._last_pick[best] = self._picks
+        return best
+
+
+class PrefixAffinity:
+    """Rendezvous hashing on the prompt's prefix, least-outstanding when overloaded."""
+
+    def __init__(self, tokens: list[int], requests: list[int], slack_tokens: int = OVERLOAD_SLACK_TOKENS) -> None:
+        self.tokens = tokens
+        self.slack_tokens = slack_tokens
+        self.fallback = LeastOutstanding(tokens, requests)
+
+    def __call__(self, room: Sequence[int], prefix: bytes) -> int:
+        home = max(room, key=lambda i: hashlib.blake2b(prefix, digest_size=8, salt=i.to_bytes(8, "little")).digest())
+        if self.tokens[home] > min(self.tokens[i] for i in room) + self.slack_tokens:
+            return self.fallback(room, prefix)
+        return home
+
+
+def make_router(name: str, tokens: list[int], requests: list[int]) -> Router:
+    """The router called ``name`` (one of ``ROUTERS``) over these load lists (one entry
+    per upstream, kept up to date by the caller). ``ValueError`` for another name."""
+    if name == "round-robin":
+        return RoundRobin(len(tokens))
+    if name == "least-outstanding":
+        return LeastOutstanding(tokens, requests)
+    if name == "prefix-affinity":
+        return PrefixAffinity(tokens, requests)
+    raise ValueError(f"unknown router {name!r}: use one of {', '.join(ROUTERS)}")
+
+
+def text_prefix(text: str) -> bytes:
+    """The prefix key of a prompt given as text."""
+    return text[:PREFIX_LENGTH].encode("utf-8", "surrogatepass")
+
+
+def ids_prefix(ids: Sequence[int]) -> bytes:
+    """The prefix key of a prompt given as token ids."""
+    return b"".join(t.to_bytes(4, "little", signed=True) for t in ids[:PREFIX_LENGTH] if -(2**31) <= t < 2**31)
+
+
+class Health:
+    """Ejection of failing upstreams (module docstring)."""
+
+    def __init__(self, count: int, clock: Clock) -> None:
+        self.clock = clock
+        self.failures = [0] * count
+        self.ejections = [0] * count
+        self.ejected_until_ns = [0] * count
+
+    def healthy(self, candidates: Sequence[int]) -> list[int]:
+        """The candidates not ejected now; all of them if every one is (a request is
+        better tried than refused)."""
+        now = self.clock.now_ns()
+        ok = [i for i in candidates if self.ejected_until_ns[i] <= now]
+        return ok or list(candidates)
+
+    def failed(self, upstream: int) -> None:
+        self.failures[upstream] += 1
+        if self.failures[upstream] >= EJECT_AFTER:
+            backoff_s = min(BACKOFF_FIRST_S * 2 ** self.ejections[upstream], BACKOFF_MAX_S)
+            self.ejections[upstream] += 1
+            self.failures[upstream] = 0
+            self.ejected_until_ns[upstream] = self.clock.now_ns() + int(backoff_s * NS_PER_S)
+
+    def succeeded(self, upstream: int) -> None:
+        self.failures[upstream] = 0
+        self.ejections[upstream] = 0
+        self.ejected_until_ns[upstream] = 0

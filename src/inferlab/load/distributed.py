@@ -1,0 +1,198 @@
+"""Records measured on other machines, merged into one run: what Locust's workers send to
+their master (``load.locust``), and what ``inferlab locust-merge`` reads back.
+
+A worker sends its records in batches as they end, each batch tagged with the worker's
+name and ``t0_epoch_ns``: the Unix time of the worker's own t0, the zero of its
+records' monotonic times. The master appends every batch, as received, to the run
+directory's ``locust-records.jsonl`` (so a master that dies keeps what it got), and
+at the end turns them into the usual run directory. Merging moves each worker's records
+by its t0's distance from the earliest worker's: every difference within a record
+(TTFT, TPOT, ITL, E2E) stays exactly as measured; times across workers are as close as
+the machines' clocks (one machine: the same clock). Records are numbered again in the
+order they were sent; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inferlab._errors import UsageError
+from inferlab.results.records import RequestRecord
+from inferlab.results.runfiles import RunWriter, plain_json
+from inferlab.results.summary import Summary
+
+#: The raw batches, in the run directory, as the master received them.
+RAW_FILE = "locust-records.jsonl"
+#: What the master keeps of the run's configuration until the end (config.json's form).
+CONFIG_FILE = "locust-config.json"
+#: A record's times on the run's clock, each moved by its worker's offset.
+_TIME_FIELDS = ("intended_send_ns", "send_ns", "ttfb_ns", "end_ns")
+
+
+@dataclass
+class Batch:
+    """Records from one worker: ``records`` in ``RequestRecord.to_json`` form, their times
+    relative to the worker's t0, which was ``t0_epoch_ns`` in Unix time. ``final``: the
+    worker's last batch of the run. ``model``: the model it sent to."""
+
+    worker: str
+    t0_epoch_ns: int
+    records: list[dict[str, Any]] = field(default_factory=list)
+    final: bool = False
+    model: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker, "t0_epoch_ns": self.t0_epoch_ns, "final": self.final,
+            "model": self.model, "records": self.records,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Batch:
+        """``ValueError`` if ``d`` is not a batch."""
+        try:
+            return cls(
+                str(d["worker"]), int(d["t0_epoch_ns"]), list(d["records"]), bool(d.get("final")),
+                d.get("model"),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a batch of records: {e}") from None
+
+
+def append_batch(path: str | os.PathLike[str], batch: Batch) -> None:
+    """Append ``batch`` to the raw file at ``path`` (one line, flushed)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(batch.to_json(), separators=(",", ":")) + "\n")
+
+
+def read_batches(path: str | os.PathLike[str]) -> list[Batch]:
+    """Every batch in the raw file at ``path``; ``UsageError`` if it is missing or a line
+    is not a batch (a last line cut short, by a master that died writing it, is skipped)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from e
+    out = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Batch.from_json(json.loads(line)))
+        except ValueError as e:
+            if n == len(lines):
+                break
+            raise UsageError(f"{path}:{n}: {e}") from None
+    return out
+
+
+@dataclass
+class Merged:
+    """Every worker's records on one clock, numbered in the order they were sent;
+    ``workers``: each worker's name and how many records it sent; ``unfinished``: the
+    workers whose last batch never came (their last records may be missing)."""
+
+    records: list[RequestRecord]
+    workers: dict[str, int]
+    unfinished: list[str]
+    model: str | None = None
+
+
+def merge(batches: Iterable[Batch]) -> Merged:
+    """The records of ``batches`` on one clock (see the module's docstring)."""
+    batches = list(batches)
+    t0: dict[str, int] = {}
+    for b in batches:  # (a worker keeps one t0 for the run; the earliest is kept if not)
+        t0[b.worker] = min(b.t0_epoch_ns, t0.get(b.worker, b.t0_epoch_ns))
+    run_t0 = min(t0.values(), default=0)
+    records: list[tuple[RequestRecord, str, int]] = []
+    counts: dict[str, int] = {w: 0 for w in t0}
+    finished = {b.worker for b in batches if b.final}
+    for b in batches:
+        shift = b.t0_epoch_ns - run_t0
+        for d in b.records:
+            r = RequestRecord.from_json(d)
+            for name in _TIME_FIELDS:
+                v = getattr(r, name)
+                if v is not None:
+                    setattr(r, name, v + shift)
+            r.content_ns = [t + shift for t in r.content_ns]
+            records.append((r, b.worker, counts[b.worker]))
+            counts[b.worker] += 1
+
+    def order(item: tuple[RequestRecord, str, int]) -> tuple[int, str, int]:
+        r = item[0]
+        sent = r.send_ns if r.send_ns is not None else r.intended_send_ns
+        return (sent if sent is not None else 0, item[1], item[2])
+
+    ordered = [r for r, _, _ in sorted(records, key=order)]
+    for i, r in enumerate(ordered):
+        r.index = i
+    models = [b.model for b in batches if b.model]
+    return Merged(ordered, counts, sorted(set(t0) - finished), models[0] if models else None)
+
+
+def write_run(out_dir: str | os.PathLike[str], config: dict[str, Any], merged: Merged, summary: Summary) -> None:
+    """Write ``config.json``, ``requests.jsonl`` and ``summary.json`` into ``out_dir``
+    (replacing what a previous merge of the same raw file wrote)."""
+    writer = RunWriter(out_dir, plain_json(config), overwrite=True)
+    try:
+        for r in merged.records:
+            writer.append(r)
+        writer.write_summary(summary)
+    finally:
+        writer.close()
+
+
+def merge_warnings(merged: Merged) -> list[str]:
+    """What the summary should say about how the records came in."""
+    out = []
+    if merged.unfinished:
+        out.append(
+            f"no last batch came from worker(s) {', '.join(merged.unfinished)}: records of requests that "
+            "ended after their previous batch are missing"
+        )
+    return out
+
+
+def describe(merged: Merged) -> str:
+    """One line: how many records from how many workers."""
+    parts = ", ".join(f"{w}: {n}" for w, n in sorted(merged.workers.items()))
+    return f"{len(merged.records)} records from {len(merged.workers)} worker(s) ({parts})"
+
+
+def finish_run(out_dir: str | os.PathLike[str]) -> tuple[Summary, Merged]:
+    """Turn the run directory ``out_dir`` of a Locust master (its ``locust-config.json``
+    and ``locust-records.jsonl``) into the usual run: ``config.json``,
+    ``requests.jsonl`` and ``summary.json``, the summary computed as ``bench``'s is.
+    Again and again if need be: the raw files are never changed. ``UsageError`` if they
+    are missing or unreadable."""
+    from inferlab.load.run import run_summary
+    from inferlab.workload.config import WorkloadConfig
+
+    d = Path(out_dir)
+    try:
+        config = json.loads((d / CONFIG_FILE).read_text())
+    except OSError as e:
+        raise UsageError(f"{d} holds no Locust run ({CONFIG_FILE}: {e.strerror or e})") from e
+    except ValueError as e:
+        raise UsageError(f"{d / CONFIG_FILE} is not JSON: {e}") from e
+    merged = merge(read_batches(d / RAW_FILE))
+    config.setdefault("resolved", {})["workers"] = dict(sorted(merged.workers.items()))
+    if config.get("model") is None:
+        config["resolved"]["model"] = merged.model
+    try:
+        wcfg = WorkloadConfig(**config["workload"])
+    except (KeyError, TypeError) as e:
+        raise UsageError(f"{d / CONFIG_FILE}: no workload it can read ({e})") from e
+    summary = run_summary(
+        merged.records, None, config=config, slo=None, interrupted=False, preflight=None, wcfg=wcfg,
+    )
+    summary = dataclasses.replace(summary, warnings=(*summary.warnings, *merge_warnings(merged)))
+    write_run(d, config, merged, summary)
+    return summary, merged

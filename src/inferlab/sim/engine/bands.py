@@ -1,0 +1,133 @@
+"""How far to trust a simulated number: the validation error of its engine family in its
+load regime, from the published rows in ``bench/data`` (docs/validation.md).
+
+``python bench/validate_sim.py --all --write-bands`` writes ``sim/data/error_bands.json``:
+per engine family, regime (offline, closed loop, Poisson, saturated, and ``all`` of them)
+and side of the split (``holdout``, ``fit``), the median over rows of each row's absolute
+error per metric class (throughput, TTFT, TPOT/ITL, E2E) and how many rows it rests on.
+Nothing here is typed by hand. ``error_band`` picks, for one metric, the most specific
+band with at least ``MIN_ROWS`` rows, held-out before in-sample: the family in this
+regime, every family in this regime, the family over every regime, every row; ``None``
+when no row measured that metric.
+
+    band = error_band("vllm", "saturated", "TTFT")
+    band.describe() if band else "not validated"
+    # '±42 % on 36 held-out vLLM V1 saturated rows' (whatever the file says)
+
+``sim run`` shows one band beside each headline metric (console and ``summary.json``'s
+``prediction``); a sweep or the advisor can call ``error_band`` / ``prediction_block``
+the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferlab.sim.engine.families import EngineFamily
+
+BANDS_FILE = Path(__file__).resolve().parents[1] / "data" / "error_bands.json"
+# the load regimes validation keeps apart (``sim.validation.scenario.REGIMES``), and all
+OFFLINE, CLOSED, POISSON, SATURATED, ALL = "offline", "closed loop", "Poisson", "saturated", "all"
+REGIMES = (OFFLINE, CLOSED, POISSON, SATURATED)
+METRIC_CLASSES = ("throughput", "TTFT", "TPOT/ITL", "E2E")
+# a band resting on fewer rows than this gives way to a broader one
+MIN_ROWS = 3
+_SIDE_WORDS = {"holdout": "held-out", "fit": "in-sample (fit)"}
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """The median absolute error of ``metric`` over ``rows`` validation rows of
+    ``family`` in ``regime`` (``all``: every family, every regime), on one side of the
+    split."""
+
+    metric: str
+    pct: float
+    rows: int
+    split: str  # "holdout" or "fit"
+    family: str
+    regime: str
+
+    def describe(self) -> str:
+        """'±25 % on 6 held-out vLLM V1 Poisson rows'."""
+        regime = "" if self.regime == ALL else f" {self.regime}"
+        side = _SIDE_WORDS[self.split]
+        if self.family == ALL:
+            return f"±{self.pct:.0f} % on {self.rows} {side}{regime} rows of every engine"
+        engine = EngineFamily.parse(self.family).rules.engine.split(" (")[0]
+        return f"±{self.pct:.0f} % on {self.rows} {side} {engine}{regime} rows"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pct": round(self.pct, 1), "rows": self.rows, "split": self.split, "family": self.family,
+            "regime": self.regime, "text": self.describe(),
+        }
+
+
+@functools.cache
+def _bands(path: Path = BANDS_FILE) -> dict[tuple[str, str, str, str], tuple[float, int]]:
+    """(family, regime, split, metric) -> (median |error| %, rows), as the file says."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return {
+        (b["family"], b["regime"], b["split"], b["metric"]): (float(b["median_abs_pct"]), int(b["rows"]))
+        for b in data.get("bands", [])
+    }
+
+
+def error_band(family: EngineFamily | str, regime: str, metric: str, path: Path = BANDS_FILE) -> ErrorBand | None:
+    """The band for one ``metric`` class (``METRIC_CLASSES``) of a prediction made as
+    ``family`` in ``regime`` (``REGIMES``); see the module docstring for the order."""
+    fam = EngineFamily.parse(str(family)).value
+    table = _bands(path)
+    # the family in this regime; every family in it (the same model, other constants);
+    # the family over every regime; every row
+    for f, reg in ((fam, regime), (ALL, regime), (fam, ALL), (ALL, ALL)):
+        for split in ("holdout", "fit"):
+            found = table.get((f, reg, split, metric))
+            if found is not None and found[1] >= MIN_ROWS:
+                return ErrorBand(metric, found[0], found[1], split, f, reg)
+    return None
+
+
+def regime_of(*, offline: bool, closed_loop: bool, burst: bool) -> str:
+    """The regime a run falls in: no API server (offline), N users in a closed loop, every
+    request at once (saturated), or arrivals at a rate (Poisson, constant, replay)."""
+    if offline:
+        return OFFLINE
+    if closed_loop:
+        return CLOSED
+    return SATURATED if burst else POISSON
+
+
+# summary metric -> metric class
+SUMMARY_METRICS = {
+    "ttft_ms": "TTFT",
+    "tpot_ms": "TPOT/ITL",
+    "itl_ms": "TPOT/ITL",
+    "e2e_ms": "E2E",
+    "output_token_throughput_tps": "throughput",
+}
+
+
+def prediction_block(family: EngineFamily | str, regime: str, path: Path = BANDS_FILE) -> dict[str, Any]:
+    """What ``summary.json``'s ``prediction`` holds: that the numbers are simulated, the
+    family and regime, and each headline metric's band (null: not validated)."""
+    fam = EngineFamily.parse(str(family))
+    bands: dict[str, Any] = {}
+    for key, cls in SUMMARY_METRICS.items():
+        band = error_band(fam, regime, cls, path)
+        bands[key] = None if band is None else band.to_json()
+    return {
+        "label": "prediction: simulated, not measured",
+        "engine_family": fam.value,
+        "regime": regime,
+        "error_bands": bands,
+        "source": "bench/data via `python bench/validate_sim.py --all --write-bands` (docs/validation.md)",
+    }

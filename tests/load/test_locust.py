@@ -1,0 +1,130 @@
+"""Distributed load on Locust, for real: a Locust master and two workers as local
+processes against ``sim serve`` on loopback. What the master wrote (the run directory)
+must hold exactly the records the workers' users measured: same count, and each record
+the same but for its number and one offset per worker (its clock's zero on the run's).
+
+Skipped where the ``locust`` extra is not installed. Locust is never imported here: it
+patches the standard library for gevent, which the asyncio tests must not get."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferlab.sim.server.launch import ChildServer
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="the locust extra is not installed")
+
+LOCUSTFILE = '''
+import json, os
+import inferlab.load.locust as il
+
+
+class SentUser(il.LLMUser):
+    """LLMUser, also writing each record it measured to this process's own file."""
+
+    def on_record(self, record):
+        path = os.path.join(os.environ["SENT_DIR"], f"{os.getpid()}.jsonl")
+        with open(path, "a") as f:
+            f.write(json.dumps(record.to_json()) + "\\n")
+'''
+TIMES = ("intended_send_ns", "send_ns", "ttfb_ns", "end_ns")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def locust(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "locust", "-f", "locustfile.py", *args]
+    return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def relative(r: dict[str, Any]) -> tuple[Any, ...]:
+    """A record without its number, its times relative to its own send."""
+    send = r["send_ns"]
+    rest = {k: v for k, v in r.items() if k not in (*TIMES, "index", "content_ns")}
+    times = [None if r[k] is None else r[k] - send for k in TIMES]
+    return (json.dumps(rest, sort_keys=True), *times, tuple(t - send for t in r["content_ns"]))
+
+
+@pytest.fixture(scope="module")
+def server() -> Any:
+    with ChildServer() as s:
+        yield s
+
+
+def test_a_master_and_two_workers_write_exactly_what_the_workers_measured(server: ChildServer, tmp_path: Path) -> None:
+    (tmp_path / "locustfile.py").write_text(LOCUSTFILE)
+    sent_dir = tmp_path / "sent"
+    sent_dir.mkdir()
+    out = tmp_path / "run"
+    env = {**os.environ, "SENT_DIR": str(sent_dir)}
+    port = free_port()
+    master = locust(
+        "--master", "--headless", "-u", "4", "-r", "4", "-t", "3s", "--expect-workers", "2",
+        "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port), "--stop-timeout", "20",
+        "--host", server.url, "--inferlab-out", str(out), "--inferlab-input-tokens", "32",
+        "--inferlab-output-tokens", "8", "--only-summary", cwd=tmp_path, env=env,
+    )
+    workers = [
+        locust("--worker", "--master-host", "127.0.0.1", "--master-port", str(port), cwd=tmp_path, env=env)
+        for _ in range(2)
+    ]
+    try:
+        master_log, _ = master.communicate(timeout=150)
+        logs = [w.communicate(timeout=30)[0] for w in workers]
+    finally:
+        for p in (master, *workers):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert master.returncode == 0, master_log[-3000:]
+    assert all(w.returncode == 0 for w in workers), logs
+
+    sent_files = sorted(sent_dir.glob("*.jsonl"))
+    assert len(sent_files) == 2  # both workers measured requests
+    sent = {f.stem: [json.loads(line) for line in f.read_text().splitlines()] for f in sent_files}
+    assert all(sent.values())
+    merged = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+
+    # the same records: as many, each the same but for its number and absolute times
+    assert len(merged) == sum(map(len, sent.values()))
+    assert Counter(map(relative, merged)) == Counter(relative(r) for rs in sent.values() for r in rs)
+    # numbered 0..n-1 in the order they were sent
+    assert [r["index"] for r in merged] == list(range(len(merged)))
+    assert [r["send_ns"] for r in merged] == sorted(r["send_ns"] for r in merged)
+    # one offset per worker (its t0 on the run's clock), the earliest worker's is zero
+    by_key = {relative(r): r for r in merged}
+    offsets = []
+    for rs in sent.values():
+        shifts = {by_key[relative(r)]["send_ns"] - r["send_ns"] for r in rs}
+        assert len(shifts) == 1
+        offsets.append(shifts.pop())
+    assert min(offsets) == 0 and max(offsets) >= 0
+
+    summary = json.loads((out / "summary.json").read_text())
+    config = json.loads((out / "config.json").read_text())
+    assert summary["counts"]["total"] == len(merged)
+    assert summary["counts"]["completed"] == sum(r["error_kind"] is None for r in merged) > 0
+    assert sorted(config["resolved"]["workers"].values()) == sorted(map(len, sent.values()))
+    assert config["load"]["executor"] == "locust" and config["load"]["locust"]["users"] == 4
+    assert "inferlab: " in master_log and f"{len(merged)} records from 2 worker(s)" in master_log
+
+    # inferlab locust-merge rebuilds the same run from what the master received
+    before = {name: (out / name).read_bytes() for name in ("requests.jsonl", "summary.json", "config.json")}
+    p = subprocess.run([sys.executable, "-m", "inferlab", "locust-merge", str(out)], capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert f"{len(merged)} records from 2 worker(s)" in p.stderr

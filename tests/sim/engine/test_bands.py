@@ -1,0 +1,79 @@
+"""Error bands: the validation error shown beside every simulated headline metric."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from inferlab.sim.engine import bands
+from inferlab.sim.engine.bands import BANDS_FILE, error_band, prediction_block, regime_of
+
+
+def write(tmp_path: Path, rows: list[tuple[str, str, str, str, float, int]]) -> Path:
+    path = tmp_path / "bands.json"
+    keys = ("family", "regime", "split", "metric", "median_abs_pct", "rows")
+    path.write_text(json.dumps({"bands": [dict(zip(keys, r, strict=True)) for r in rows]}))
+    return path
+
+
+def test_held_out_rows_in_the_regime_come_first_then_fit_then_every_regime(tmp_path: Path) -> None:
+    path = write(tmp_path, [
+        ("vllm", "Poisson", "holdout", "TTFT", 25.0, 6),
+        ("vllm", "Poisson", "fit", "TTFT", 10.0, 9),
+        ("vllm", "closed loop", "holdout", "TTFT", 40.0, 2),  # too few rows
+        ("vllm", "closed loop", "fit", "TTFT", 12.0, 5),
+        ("vllm", "all", "holdout", "E2E", 30.0, 4),
+    ])
+    poisson = error_band("vllm", "Poisson", "TTFT", path)
+    assert poisson is not None and (poisson.pct, poisson.split) == (25.0, "holdout")
+    assert poisson.describe() == "±25 % on 6 held-out vLLM V1 Poisson rows"
+    closed = error_band("vllm", "closed loop", "TTFT", path)
+    assert closed is not None and (closed.pct, closed.split) == (12.0, "fit")
+    assert "in-sample" in closed.describe()
+    e2e = error_band("vllm", "saturated", "E2E", path)
+    assert e2e is not None and e2e.regime == "all" and "saturated" not in e2e.describe()
+    assert error_band("sglang", "Poisson", "TTFT", path) is None  # never validated
+
+
+def test_the_prediction_block_names_every_headline_metric(tmp_path: Path) -> None:
+    path = write(tmp_path, [("trtllm", "offline", "holdout", "throughput", 5.7, 30)])
+    block = prediction_block("trtllm", "offline", path)
+    assert block["label"].startswith("prediction")
+    assert block["error_bands"]["output_token_throughput_tps"]["pct"] == 5.7
+    assert block["error_bands"]["ttft_ms"] is None
+
+
+def test_regimes() -> None:
+    assert regime_of(offline=True, closed_loop=True, burst=False) == "offline"
+    assert regime_of(offline=False, closed_loop=True, burst=False) == "closed loop"
+    assert regime_of(offline=False, closed_loop=False, burst=True) == "saturated"
+    assert regime_of(offline=False, closed_loop=False, burst=False) == "Poisson"
+
+
+def test_the_shipped_bands_were_generated_and_agree_with_validation() -> None:
+    """The file comes from the validation script (its command is in it), its regimes are
+    validation's, and vLLM V1, the default, has held-out bands."""
+    from inferlab.sim.validation.scenario import REGIMES
+
+    assert bands.REGIMES == REGIMES
+    data = json.loads(BANDS_FILE.read_text())
+    assert data["generated_by"] == "python bench/validate_sim.py --all --write-bands"
+    assert {b["regime"] for b in data["bands"]} <= {*REGIMES, "all"}
+    assert any(b["family"] == "vllm" and b["split"] == "holdout" for b in data["bands"])
+    band = error_band("vllm", "saturated", "TTFT")
+    assert band is not None and band.pct > 0
+
+
+@pytest.mark.parametrize("family", ["vllm", "sglang", "trtllm"])
+def test_every_validated_family_has_a_band_for_offline_throughput_or_broader(family: str) -> None:
+    assert error_band(family, "offline", "throughput") is not None
+
+
+def test_a_regime_the_family_lacks_borrows_every_engine_in_that_regime(tmp_path: Path) -> None:
+    path = write(tmp_path, [
+        ("vllm", "all", "holdout", "throughput", 38.0, 44),  # its bursts, not its offline rows
+        ("all", "offline", "holdout", "throughput", 6.0, 30),
+    ])
+    band = error_band("vllm", "offline", "throughput", path)
+    assert band is not None and band.pct == 6.0
+    assert band.describe() == "±6 % on 30 held-out offline rows of every engine"

@@ -1,0 +1,88 @@
+"""The API front end as its own CPU resource: intake and streaming queue on it, apart
+from the engine core (``sim.engine.frontend``)."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from inferlab.load.virtual import serve_timelines
+from inferlab.sim import Engine, EngineConfig
+from inferlab.sim.engine.frontend import FrontEnd, FrontEndCosts
+
+COSTS = FrontEndCosts(latency_s=0.010, intake_s=0.002, intake_per_token_s=1e-5, stream_per_token_s=1e-4)
+
+
+def test_a_burst_queues_at_the_door_one_intake_after_another() -> None:
+    fe = FrontEnd(COSTS)
+    ready = [fe.admit(0.0, 100) for _ in range(5)]
+    intake = 0.002 + 100 * 1e-5
+    gaps = [b - a for a, b in itertools.pairwise(ready)]
+    assert ready[0] == pytest.approx(intake + 0.010)
+    assert gaps == pytest.approx([intake] * 4)
+
+
+def test_intake_grows_with_the_prompt() -> None:
+    short, long = FrontEnd(COSTS).admit(0.0, 10), FrontEnd(COSTS).admit(0.0, 10_000)
+    assert long - short == pytest.approx((10_000 - 10) * 1e-5)
+
+
+def test_more_api_servers_and_a_faster_host_shorten_the_queue() -> None:
+    def last_ready(fe: FrontEnd) -> float:
+        return max(fe.admit(0.0, 100) for _ in range(8)) - COSTS.latency_s
+
+    one = last_ready(FrontEnd(COSTS))
+    assert last_ready(FrontEnd(COSTS, servers=2)) == pytest.approx(one / 2)
+    assert last_ready(FrontEnd(COSTS, host_speed=4.0)) == pytest.approx(one / 4)
+
+
+def test_streaming_delays_delivery_only_when_the_front_end_falls_behind() -> None:
+    fe = FrontEnd(COSTS)
+    # 10 tokens a step, 1 ms of CPU, every 10 ms: delivered as the step ends (+ the CPU)
+    assert fe.deliver(0.010, 10) == pytest.approx(0.011)
+    assert fe.deliver(0.020, 10) == pytest.approx(0.021)
+    # 500 tokens a step (50 ms of CPU) every 10 ms: each step's tokens arrive later and later
+    late = [fe.deliver(0.030 + 0.010 * k, 500) - (0.030 + 0.010 * k) for k in range(4)]
+    assert all(b > a for a, b in itertools.pairwise(late))
+
+
+def test_bad_front_end_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="api_server_count"):
+        Engine(EngineConfig(api_server_count=0))
+    with pytest.raises(ValueError, match="host_speed"):
+        Engine(EngineConfig(host_speed=0.0))
+    with pytest.raises(ValueError, match="engine's process"):
+        Engine(EngineConfig(engine_family="vllm-v0.5", api_server_count=2))
+
+
+BASE = EngineConfig(model="Qwen/Qwen2.5-0.5B-Instruct", gpu="H100", max_model_len=2048)
+
+
+def burst_ttfts(config: EngineConfig, n: int = 200) -> list[float]:
+    arrivals = [(0.0, str(i), [10_000 + i, *range(1, 512)], 16) for i in range(n)]
+    tls = serve_timelines(Engine(config), arrivals)
+    return sorted((t.first_token_s or 0.0) - t.arrival_s for t in tls.values())
+
+
+def test_vllm_v1_burst_waits_at_the_api_server_and_more_servers_help() -> None:
+    """A burst of small requests on a fast GPU: the front end, not the GPU, sets when the
+    last one starts; two API servers take about half as long, a host twice as fast too."""
+    one = burst_ttfts(BASE)
+    two = burst_ttfts(dataclasses.replace(BASE, api_server_count=2))
+    fast = burst_ttfts(dataclasses.replace(BASE, host_speed=2.0))
+    intake = Engine(BASE).front_end.intake_cost_s(512)
+    assert one[-1] > 200 * intake  # the last waited at the door for every intake before it
+    assert 0.4 < two[-1] / one[-1] < 0.75
+    assert 0.4 < fast[-1] / one[-1] < 0.75
+
+
+def test_offline_runs_have_no_front_end_and_sim_run_refuses_its_settings() -> None:
+    import subprocess
+    import sys
+
+    offline = burst_ttfts(dataclasses.replace(BASE, offline=True, host_speed=0.5))
+    served = burst_ttfts(BASE)
+    assert offline[0] < served[0] and offline[-1] < served[-1]
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--rate", "inf", "-n", "2", "--host-speed", "2"],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 2 and "offline run has none" in p.stderr
