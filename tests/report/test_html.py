@@ -91,7 +91,9 @@ def test_a_bench_run_also_shows_the_client_and_two_runs_a_comparison(tmp_path: P
     assert p.returncode == 0, p.stderr
     plots = check_page(out)
     assert plots["client"] > 0 and all(n > 0 for n in plots.values()), plots
+    assert plots["server_metrics"] > 0  # the server's own gauges, from its /metrics
     html = out.read_text()
+    assert "Where the time went (bench)" in html and "server queue" in html
     assert "<h2>Comparison</h2>" in html and ("within noise" in html or "beyond noise" in html)
     pngs = sorted(f.stem for f in (tmp_path / "png").iterdir())
     assert pngs == sorted(plots)
@@ -247,3 +249,22 @@ def test_the_report_of_an_inferlab_sweep_renders_with_every_plot_drawn(tmp_path:
     plots = check_page(page)
     assert set(plots) == SWEEP_PLOTS and all(n > 0 for n in plots.values()), plots
     assert "<h2>Sweep:" in page.read_text()
+
+
+@needs_browser
+def test_a_profile_shows_its_factor_table_and_its_runs(tmp_path: Path) -> None:
+    prof = tmp_path / "profile"
+    p = inferlab("profile", "--budget", "30s", "--factors", "prefill,decode", "-o", str(prof))
+    assert p.returncode == 0, p.stderr
+    factors = json.loads((prof / "profile.json").read_text())["factors"]
+    out = tmp_path / "p.html"
+    p = inferlab("report", str(prof), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    plots = check_page(out)
+    assert plots["cdf_ttft"] > 0 and plots["timeline"] > 0
+    html = out.read_text()
+    assert f"<h2>Profile: {prof}</h2>" in html
+    for f in factors:  # each factor's row: its title and its cost, as profile.json says
+        assert f"<td>{f['title']}</td>" in html.replace("&#x27;", "'")
+    runs = sum(len(f["runs"]) for f in factors)
+    assert runs > 0 and html.count("(prediction)</th>") == min(runs, 12)

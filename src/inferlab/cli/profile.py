@@ -29,7 +29,7 @@ from inferlab.results.runfiles import dumps
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY].")
 @click.option("--budget", default=f"{DEFAULT_BUDGET_S / 60:g}m", show_default=True, help="Wall time the whole profile may take: seconds, or 90s, 5m, 1h. Sizes shrink with it; a measurement still going at the end of its share is stopped.")
-@click.option("--out", "out_dir", default="inferlab-profile", show_default=True, type=click.Path(file_okay=False), help="Folder for profile.json and one run directory per measurement.")
+@click.option("-o", "--out", "out_dir", default="inferlab-profile", show_default=True, type=click.Path(file_okay=False), help="Folder for profile.json and one run directory per measurement.")
 @click.option("--overwrite", is_flag=True, help="Replace a profile already in --out.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=64, show_default=True, help="The highest concurrency the decode ladder tries (1, 2, 4, ...).")
 @click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), default=2000.0, show_default=True, help="Goodput SLO on TTFT (which concurrency serves the most requests within the SLOs).")

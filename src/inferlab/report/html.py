@@ -381,6 +381,63 @@ def client_figure(run: Run) -> Figure | None:
                   "Loop lag is how late a 50 ms timer fired: what every timestamp taken then also waited. CPU share 100 = one core busy.")
 
 
+def server_figure(run: Run) -> Figure | None:
+    """The server's own gauges over the run, from its ``/metrics`` sampled each second
+    (``server_metrics.jsonl``): requests running and waiting, KV-cache usage."""
+    rows = run.server_series
+    if not rows:
+        return None
+    series = []
+    for key, label, scale in (("running", "running requests", 1.0), ("waiting", "waiting requests", 1.0),
+                              ("kv_usage", "KV cache used (%)", 100.0)):
+        xy = [(_num(r.get("t_s")), _num(r.get(key)) * scale) for r in rows if isinstance(r.get(key), (int, float))]
+        if xy:
+            series.append(Series(label, xy, "path"))
+    return Figure("server_metrics", f"The server's own gauges over time ({run.label}; its /metrics, sampled each second)",
+                  series, "seconds since the run started", "requests / % of the KV cache",
+                  "What the server said of itself while the run went on: a waiting queue that grows, or a KV cache near 100 %, is where latency comes from.")
+
+
+#: The parts of a request's latency ``summary.json``'s ``latency_breakdown`` splits it into.
+BREAKDOWN_PARTS = (("client_queue_ms", "client queue (sent late)"), ("server_queue_ms", "server queue"),
+                   ("prefill_ms", "prefill"), ("decode_ms", "decode"), ("other_ms", "the rest (network, API)"))
+
+
+def breakdown_table(run: Run) -> str:
+    """Where a request's time went (``latency_breakdown``), or nothing without one."""
+    b = run.summary.get("latency_breakdown")
+    if not isinstance(b, dict):
+        return ""
+    rows = []
+    for key, label in BREAKDOWN_PARTS:
+        d = b.get(key)
+        if isinstance(d, dict):
+            cells = "".join(f"<td>{fmt(d.get(stat), 'ms')}</td>" for stat in ("mean", "p50", "p90"))
+            rows.append(f"<tr><td>{escape(label)}</td>{cells}</tr>")
+    if not rows:
+        return ""
+    return (f"<h2>Where the time went ({escape(run.label)})</h2><p>From {escape(str(b.get('source') or '?'))}.</p>"
+            f'<table class="summary"><tr><th>part (ms)</th><th>mean</th><th>p50</th><th>p90</th></tr>{"".join(rows)}</table>')
+
+
+def profile_section(sweep: Sweep) -> str:
+    """A profile's table: each factor, what it costs on this server, and the evidence."""
+    data = sweep.index.get("profile") or {}
+    rows = []
+    for f in data.get("factors") or []:
+        if not isinstance(f, dict):
+            continue
+        cost = str(f.get("cost") or "")
+        if not f.get("measured", True) and not cost.startswith("not measured"):
+            cost = f"not measured: {cost}"
+        rows.append(f"<tr><td>{escape(str(f.get('title') or f.get('name')))}</td><td>{escape(cost)}</td>"
+                    f"<td>{escape(str(f.get('evidence') or ''))}</td></tr>")
+    where = data.get("url") or "the embedded simulated server (every number a prediction)"
+    return (f"<h2>Profile: {escape(str(sweep.path))}</h2><p>Server: {escape(str(where))}; model {escape(str(data.get('model')))}; "
+            f"{_num(data.get('elapsed_s')):,.0f} s of a {_num(data.get('budget_s')):,.0f} s budget.</p>"
+            f'<table class="profile"><tr><th>factor</th><th>measured cost here</th><th>evidence</th></tr>{"".join(rows)}</table>')
+
+
 def summary_table(runs: Sequence[Run]) -> str:
     head = "".join(f"<th>{escape(r.label)}{' (prediction)' if r.simulated else ''}</th>" for r in runs)
     rows = []
@@ -456,6 +513,9 @@ def render(report: Report) -> str:
         client = client_figure(focus)
         if client is not None:
             figs.append(client)
+        server = server_figure(focus)
+        if server is not None:
+            figs.append(server)
     report.figures = figs
     sections = []
     for f in figs:
@@ -474,7 +534,9 @@ def render(report: Report) -> str:
     ]
     for src in report.sources:
         if isinstance(src, Sweep):
-            parts.append(sweep_section(src))
+            parts.append(profile_section(src) if "profile" in src.index else sweep_section(src))
+    if focus is not None:
+        parts.append(breakdown_table(focus))
     if report.comparison is not None:
         parts += ["<h2>Comparison</h2>", render_html_table(report.comparison)]
     parts += ["<h2>Plots</h2>", '<div class="plots">', *sections, "</div>"]
@@ -494,6 +556,7 @@ figcaption{max-width:640px;color:#555;font-size:12px;margin-top:4px}
 svg{display:block;max-width:100%;height:auto}.grid{stroke:#eee}.axis{stroke:#888}.tick{font-size:11px;fill:#555}.label{font-size:12px;fill:#333}
 .legend{font-size:12px;max-width:640px}.key{margin-right:12px;white-space:nowrap}.key i{display:inline-block;width:18px;height:10px;margin-right:4px;vertical-align:middle}
 table{border-collapse:collapse;font-variant-numeric:tabular-nums}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
+table.profile td,table.profile th{text-align:left;vertical-align:top;max-width:560px}
 .worse{color:#b00020}.better{color:#1b7f3b}pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:480px;font-size:12px}
 .empty{color:#888}.what{color:#444}
 """

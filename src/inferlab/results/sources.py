@@ -20,8 +20,11 @@ from inferlab._errors import UsageError
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import read_records
 from inferlab.results.summary import summarize
+from inferlab.results.telemetry import SERVER_METRICS_FILE
 
 SWEEP_FORMAT = "inferlab.sweep/1"
+#: A profile folder's index (``inferlab profile``).
+PROFILE_FILE = "profile.json"
 
 
 @dataclass
@@ -35,6 +38,8 @@ class Run:
     config: dict[str, Any]
     summary_computed: bool = False  # no summary.json: computed here from the records
     label: str = ""
+    # the server's /metrics sampled during the run (server_metrics.jsonl), oldest first
+    server_series: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def simulated(self) -> bool:
@@ -84,7 +89,26 @@ def load_run(path: str | os.PathLike[str], label: str | None = None) -> Run:
         computed = True
     if config is None:
         config = summary.get("config") or {}
-    return Run(d, summary, records, config, computed, label if label is not None else d.name)
+    series = _read_jsonl(d / SERVER_METRICS_FILE) if (d / SERVER_METRICS_FILE).exists() else []
+    return Run(d, summary, records, config, computed, label if label is not None else d.name, series)
+
+
+def load_profile(path: str | os.PathLike[str]) -> Sweep:
+    """A profile folder (``inferlab profile``: ``profile.json`` and a run directory per
+    measurement) read as a sweep whose points are its measurements (``factor``, ``run``
+    as parameters); ``index["profile"]`` holds ``profile.json``."""
+    d = Path(path)
+    data = _read_json(d / PROFILE_FILE)
+    sweep = Sweep(d, {"command": "profile", "points": [], "profile": data})
+    for factor in data.get("factors") or []:
+        if not isinstance(factor, dict):
+            continue
+        for rel in factor.get("runs") or []:
+            run_dir = d / str(rel)
+            run = load_run(run_dir, str(rel)) if (run_dir / "requests.jsonl").exists() else None
+            params = {"factor": factor.get("name"), "run": str(rel)}
+            sweep.points.append(SweepPoint(params, 0, "done" if run is not None else "missing", run, str(rel)))
+    return sweep
 
 
 def load_sweep(path: str | os.PathLike[str]) -> Sweep:
@@ -111,12 +135,33 @@ def load(path: str | os.PathLike[str]) -> Run | Sweep:
     d = Path(path)
     if (d / "sweep.json").exists():
         return load_sweep(d)
+    if (d / PROFILE_FILE).exists():
+        return load_profile(d)
     return load_run(d)
 
 
 def point_label(params: Mapping[str, Any], repeat: int = 0) -> str:
     text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "point"
     return f"{text} #{repeat}" if repeat else text
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines file's objects; ``UsageError`` naming the line that is not one."""
+    out = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from e
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise UsageError(f"{path}:{n}: not JSON ({e})") from e
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
 
 
 def _read_json(path: Path) -> dict[str, Any]:
