@@ -38,7 +38,8 @@ async def test_the_simulated_servers_counters_match_the_runs_usage(tmp_path: Pat
     assert m.counters["requests_finished"] == len(every) == 12 + len(warm)
     assert m.counters["prefix_cache_hits_tokens"] == sum(r.cached_tokens or 0 for r in every) > 0
     assert m.histograms["ttft_ms"].count == len(every)
-    assert m.gauges["running"].max <= 4
+    # gauges only from pages read during the run (a run shorter than the first has none)
+    assert m.gauges["running"].max <= 4 if m.samples else m.gauges == {}
     # where the time went, per request, from the simulated server's own timeline
     b = result.summary.latency_breakdown
     assert b is not None and b.source.startswith("the server's timeline") and b.requests == 12

@@ -73,8 +73,12 @@ def test_deltas_gauges_and_histograms_over_a_run() -> None:
     assert m.counters["prompt_tokens"] == 2000 and m.counters["generation_tokens"] == 400
     assert m.counters["preemptions"] == 0
     assert m.prefix_cache_hit_rate == pytest.approx(1500 / 2000)
-    assert m.gauges["running"].max == 8 and m.gauges["waiting"].max == 4
-    assert m.gauges["kv_usage"].mean == pytest.approx((0.5 + 0.9 + 0.5) / 3)
+    # gauges from the pages sampled during the run only (before and after: an idle server)
+    page = during[0].values
+    assert m.gauges["running"].max == page["running"] and m.gauges["waiting"].max == page["waiting"] == 4
+    assert m.gauges["kv_usage"].mean == pytest.approx(0.9)
+    short = server_metrics(before, [], after)
+    assert short.samples == 0 and short.gauges == {} and short.counters == m.counters
     h = m.histograms["ttft_ms"]
     assert h.count == 10 and h.mean_ms == pytest.approx(300.0)
     assert (h.p50_ms, h.p90_ms, h.p99_ms) == (100.0, 1000.0, None)  # bounds; p99 is in +Inf

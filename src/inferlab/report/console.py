@@ -105,6 +105,8 @@ def server_metrics_line(m: ServerMetrics) -> str:
         parts.append(f"prefix-cache hits {m.prefix_cache_hit_rate:.0%}")
     if c.get("preemptions") is not None:
         parts.append(f"{_int(c.get('preemptions'))} preemptions")
+    if not m.samples:
+        parts.append("gauges not sampled (the run ended before the first sample, at 1 s)")
     for key, label in (("running", "running"), ("waiting", "waiting")):
         if key in g:
             parts.append(f"{label} max {g[key].max:g}")

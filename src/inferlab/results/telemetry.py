@@ -265,17 +265,17 @@ def not_available(reason: str) -> ServerMetrics:
 
 def server_metrics(before: Snapshot, during: Sequence[Snapshot], after: Snapshot) -> ServerMetrics:
     """The run's telemetry from the page before it, the pages sampled during it and the
-    page after: counter deltas, the gauges over every page from before to after, the
-    histograms' observations in between."""
+    page after: counter deltas, the gauges over the pages sampled during the run (none
+    when it ended before the first sample: the pages before and after show an idle
+    server, not the run), the histograms' observations in between."""
     counters: dict[str, float | None] = {}
     for name in COUNTERS:
         if name in before.values and name in after.values:
             d = after.values[name] - before.values[name]
             counters[name] = d if d >= 0 else None
-    pages = [before, *during, after]
     gauges: dict[str, GaugeStats] = {}
     for name in GAUGES:
-        vals = [p.values[name] for p in pages if name in p.values and math.isfinite(p.values[name])]
+        vals = [p.values[name] for p in during if name in p.values and math.isfinite(p.values[name])]
         if vals:
             gauges[name] = GaugeStats(math.fsum(vals) / len(vals), max(vals))
     hists: dict[str, HistogramDelta] = {}
@@ -288,7 +288,7 @@ def server_metrics(before: Snapshot, during: Sequence[Snapshot], after: Snapshot
             hists[name + "_ms"] = delta
     queries, hits = counters.get("prefix_cache_queries_tokens"), counters.get("prefix_cache_hits_tokens")
     hit_rate = hits / queries if queries and hits is not None else None
-    if hit_rate is None and "prefix_cache_hit_rate" in gauges:
+    if hit_rate is None:  # (the server's own cumulative rate, where it has no counters)
         hit_rate = after.values.get("prefix_cache_hit_rate")
     missing = tuple(n for n in VOCABULARY if n not in after.values and n not in after.histograms)
     return ServerMetrics(
