@@ -90,3 +90,9 @@ def test_cli_refuses_constants_it_cannot_fit(measured: tuple[list[str], list[str
 def test_a_folder_without_a_run_is_refused(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["sim", "calibrate", str(tmp_path), "-o", str(tmp_path / "x.json")])
     assert res.exit_code == 2 and "not a run directory" in res.stderr
+
+
+def test_an_eager_engine_fits_the_eager_step_cost(measured: tuple[list[str], list[str]]) -> None:
+    eager = EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", gpu="L40S", max_num_batched_tokens=2048, enforce_eager=True)
+    fit = calibrate(eager, [read_run(measured[0][0])], (), FIT, max_evaluations=1)
+    assert set(fit.constants) == {"gemm_compute", "cpu_step_eager_s", "api_overhead_s"}

@@ -214,7 +214,11 @@ def calibrate(
     max_evaluations: int = 400,
     on_step: Callable[[int, float, dict[str, float]], None] = lambda n, loss, c: None,
 ) -> Fit:
-    """Fit ``names`` (``Efficiencies`` fields) on ``fit_runs``; predict ``holdout_runs``."""
+    """Fit ``names`` (``Efficiencies`` fields) on ``fit_runs``; predict ``holdout_runs``.
+    An engine in eager mode pays ``cpu_step_eager_s`` per step, not ``cpu_step_s``: that
+    one is fitted in its place."""
+    if engine.enforce_eager:
+        names = tuple(dict.fromkeys("cpu_step_eager_s" if n == "cpu_step_s" else n for n in names))
     known = {f.name for f in dataclasses.fields(Efficiencies)}
     for n in names:
         if n not in known:
