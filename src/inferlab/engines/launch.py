@@ -142,8 +142,8 @@ def _flag(out: list[str], name: str, value: object) -> None:
         out += [name, str(value)]
 
 
-def _vllm(spec: EngineSpec, port: int) -> Command:
-    argv = [spec.executable or "vllm", "serve", spec.model, "--host", spec.host, "--port", str(port)]
+def _vllm_flags(argv: list[str], spec: EngineSpec) -> None:
+    """The settings under vLLM's flag names (``vllm serve`` and ``inferlab sim serve``)."""
     _flag(argv, "--served-model-name", spec.served_model_name)
     _flag(argv, "--tensor-parallel-size", spec.tensor_parallel_size)
     _flag(argv, "--max-model-len", spec.max_model_len)
@@ -152,6 +152,11 @@ def _vllm(spec: EngineSpec, port: int) -> Command:
     _flag(argv, "--gpu-memory-utilization", spec.gpu_memory_utilization)
     if spec.enable_prefix_caching is not None:
         argv.append("--enable-prefix-caching" if spec.enable_prefix_caching else "--no-enable-prefix-caching")
+
+
+def _vllm(spec: EngineSpec, port: int) -> Command:
+    argv = [spec.executable or "vllm", "serve", spec.model, "--host", spec.host, "--port", str(port)]
+    _vllm_flags(argv, spec)
     if spec.enforce_eager:
         argv.append("--enforce-eager")
     return Command(argv, ready_url="/health")
@@ -223,15 +228,8 @@ def _ollama(spec: EngineSpec, port: int) -> Command:
 def _sim(spec: EngineSpec, port: int) -> Command:
     argv = [spec.executable or sys.executable, "-m", "inferlab", "sim", "serve", "--model", spec.model,
             "--host", spec.host, "--port", str(port)]
-    _flag(argv, "--served-model-name", spec.served_model_name)
-    _flag(argv, "--tensor-parallel-size", spec.tensor_parallel_size)
-    _flag(argv, "--max-model-len", spec.max_model_len)
-    _flag(argv, "--max-num-batched-tokens", spec.max_num_batched_tokens)
-    _flag(argv, "--max-num-seqs", spec.max_num_seqs)
-    _flag(argv, "--gpu-memory-utilization", spec.gpu_memory_utilization)
-    if spec.enable_prefix_caching is not None:
-        argv.append("--enable-prefix-caching" if spec.enable_prefix_caching else "--no-enable-prefix-caching")
-    if spec.enforce_eager is not None:
+    _vllm_flags(argv, spec)
+    if spec.enforce_eager is not None:  # (sim serve's default is eager: say either way)
         argv.append("--enforce-eager" if spec.enforce_eager else "--no-enforce-eager")
     return Command(argv, ready_url="/health")
 

@@ -51,7 +51,7 @@ def test_parameter_counts_match_the_presets() -> None:
     )["models"]
     for name, cfg in presets.items():
         if "params_per_layer" not in cfg:
-            continue  # presets inferlab added carry shapes only; shared/data's carry counts
+            continue  # some presets carry shapes only; the others also carry their published counts
         spec = resolve_model(name)
         assert spec.params_per_layer == cfg["params_per_layer"], name
         assert spec.params_total == cfg["params_total"], name
