@@ -34,6 +34,7 @@ from inferlab.load.run import RunConfig, SimTarget, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
 from inferlab.results.runfiles import read_summary
 from inferlab.results.summary import Summary
+from inferlab.results.sweepindex import headline as sweep_headline
 from inferlab.sim.engine.config import EngineConfig, resolve
 from inferlab.sim.engine.steptime import Efficiencies
 from inferlab.workload.config import WorkloadConfig
@@ -81,17 +82,10 @@ class MeasuredRun:
 
 
 def headline(s: Summary) -> dict[str, float]:
-    """The fitted and reported metrics a summary has (those it lacks are left out)."""
-    out: dict[str, float] = {}
-    if s.ttft_ms is not None:
-        out["ttft_p50_ms"] = s.ttft_ms.p50
-    if s.e2e_ms is not None:
-        out["e2e_p50_ms"] = s.e2e_ms.p50
-    if s.tpot_ms is not None:
-        out["tpot_p50_ms"] = s.tpot_ms.p50
-    if s.output_token_throughput_tps:
-        out["output_tok_s"] = s.output_token_throughput_tps
-    return out
+    """The fitted and reported metrics a summary has (those it lacks are left out), as
+    sweeps name them (``results.sweepindex.headline``)."""
+    h = sweep_headline(s, None)
+    return {m: float(h[m]) for m in (*METRICS, *REPORTED) if h.get(m)}
 
 
 def _schedule(d: dict[str, Any]) -> Schedule:
