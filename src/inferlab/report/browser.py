@@ -163,7 +163,7 @@ def open_page(page: Path, expressions: Sequence[str] = (), shoot: Sequence[str] 
         raise UsageError("no Chromium found (set $INFERLAB_CHROMIUM, or install one: apt-get install chromium)")
     import aiohttp
 
-    with tempfile.TemporaryDirectory(prefix="inferlab-chromium-") as profile:
+    with tempfile.TemporaryDirectory(prefix="inferlab-chromium-", ignore_cleanup_errors=True) as profile:
         proc = _start(chosen, profile, width)
         try:
             return asyncio.run(_connect(proc, Path(profile) / "DevToolsActivePort", page.resolve().as_uri(), expressions, shoot))
