@@ -1,20 +1,34 @@
 """A digital twin of llama.cpp on this machine's CPU: calibrate the simulator on
-concurrency-1 runs, then predict concurrency 4 and 8 and compare with measurements.
+concurrency-1 runs (and one at concurrency 2), then predict concurrency 4 and 8 and
+compare with measurements.
 
     python bench/llamacpp_twin.py [--out DIR] [--threads 1]
 
 What it does, all on loopback:
 
 1. measures the CPU as the simulator's "device": float32 matrix-multiply rate of one
-   thread (numpy) and copy bandwidth, written as a GPU file (``device.json``);
+   thread (numpy) and the rate it copies a buffer the size of the model's weights
+   (they are re-read every step: from the cache when they fit in it), written as a GPU
+   file (``device.json``);
 2. writes the tiny generated model's shape as an HF ``config.json`` (the simulator's
    model spec) and starts ``llama-server`` on it (built and cached as the test suite
    does; 8 slots of 2,048 tokens, ``--threads`` compute threads);
 3. measures with ``bench`` (completions API, exact lengths): the **fit set** at
-   concurrency 1 (a ladder of prompt lengths) and the **held-out set** at concurrency 4
-   and 8;
+   concurrency 1 (a ladder of prompt lengths) plus one decode run at concurrency 2, and
+   the **held-out set** at concurrency 4 and 8;
 4. ``sim calibrate`` on the fit set only, then predicts the held-out runs and prints
-   measured against predicted TTFT p50, E2E p50, output tok/s (and TPOT p50) with the error.
+   measured against predicted TTFT p50, E2E p50, output tok/s (and TPOT p50) with the
+   error; then the same with the concurrency-1 runs alone, to show what they cannot tell.
+
+Why one run at concurrency 2: at one sequence a cost paid once per step and a cost paid
+per sequence in the step look the same, so runs at concurrency 1 cannot say how a batch
+shares the work (on one CPU thread llama.cpp's decode shares almost nothing: a batch of
+eight costs eight times one). The CPU device also has none of a GPU's fixed per-step
+costs (kernel launches, a sampler's device sync, elementwise kernels' floor): they are
+set to zero, and the weights' streaming time is the measured one (``weight_stream`` 1),
+so the fit is left with the compute rates (``gemm_compute`` for prompt rows,
+``decode_compute`` for one-token rows), attention, the host's cost per step and the
+fixed cost per request.
 
 The numbers are this machine's at the time of the run: a busy machine moves them (the
 server and the client share its cores). Nothing is fitted on the held-out runs.
@@ -44,6 +58,7 @@ from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.validation.twin import (
     METRICS,
     REPORTED,
+    Fit,
     calibrate,
     median_abs_error,
     read_run,
@@ -53,11 +68,18 @@ from inferlab.workload.config import WorkloadConfig
 
 SLOTS, SLOT_TOKENS = 8, 2048
 FIT = [(1, n_in, 32, 6) for n_in in (64, 256, 512, 1024, 1536)]  # (users, prompt, output, requests)
+FIT_BATCH = [(2, 16, 128, 8)]  # one decode run at concurrency 2 (see the docstring)
 HOLDOUT = [(4, 256, 64, 24), (8, 256, 64, 32), (4, 1024, 32, 16), (8, 512, 32, 32)]
 
 
-def measure_device(path: Path) -> dict[str, float]:
-    """One thread's float32 GEMM rate and the copy bandwidth, as a GPU file."""
+#: The CPU has no GPU's fixed per-step costs; its weight reads are measured (see above).
+CPU_BASE = {"eager_launch_per_layer_s": 0.0, "sampler_s": 0.0, "elementwise_per_layer_s": 0.0, "weight_stream": 1.0}
+FIT_NAMES = ("gemm_compute", "decode_compute", "attention_compute", "cpu_step_eager_s", "api_overhead_s")
+
+
+def measure_device(path: Path, weight_bytes: int) -> dict[str, float]:
+    """One thread's float32 GEMM rate and the rate it copies ``weight_bytes`` (read +
+    write), as a GPU file."""
     a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
     b = a.copy()
     a @ b  # warm
@@ -65,10 +87,10 @@ def measure_device(path: Path) -> dict[str, float]:
     for _ in range(reps):
         a @ b
     flops = reps * 2 * 1024**3 / (time.perf_counter() - t0)
-    src = np.ones(64 * 2**20 // 4, dtype=np.float32)
+    src = np.ones(weight_bytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
-    reps, t0 = 10, time.perf_counter()
+    reps, t0 = 200, time.perf_counter()
     for _ in range(reps):
         np.copyto(dst, src)
     bandwidth = reps * 2 * src.nbytes / (time.perf_counter() - t0)  # read + write
@@ -98,32 +120,16 @@ def measure(server: LlamaServer, out: Path, users: int, n_in: int, n_out: int, n
     return str(folder)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="twin-llamacpp")
-    p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rates = measure_device(out / "device.json")
-    print(f"device: one thread {rates['gflops']:.1f} GFLOP/s (float32 GEMM), copy {rates['gb_s']:.1f} GB/s")
-    model = tiny_model()
-    model_config(out / "model", TinyLlamaConfig())
-    binary = build_llama_server(log=sys.stderr)
-    with LlamaServer(binary, model.gguf, ctx_tokens=SLOTS * SLOT_TOKENS, slots=SLOTS, threads=args.threads,
-                     log_path=out / "server.log") as server:
-        fit_dirs = [measure(server, out / "fit", *row) for row in FIT]
-        hold_dirs = [measure(server, out / "holdout", *row) for row in HOLDOUT]
-    engine = EngineConfig(
-        model=str(out / "model" / "config.json"), gpu=str(out / "device.json"), max_num_seqs=SLOTS,
-        max_model_len=SLOT_TOKENS, max_num_batched_tokens=2048, num_gpu_blocks_override=SLOTS * SLOT_TOKENS // 16,
-        enforce_eager=True,
-    )
-    fit = calibrate(engine, [read_run(d) for d in fit_dirs], [read_run(d) for d in hold_dirs])
-    write_efficiencies(str(out / "efficiencies.json"), engine, fit)
-    print(f"fitted on {len(fit_dirs)} concurrency-1 runs ({fit.evaluations} evaluations): "
-          + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items()))
-    print(f"\n{'run':<26} {'metric':<13} {'measured':>10} {'prediction':>11} {'error':>8}")
+def weight_bytes(cfg: TinyLlamaConfig) -> int:
+    """F16 bytes a decode step reads: every layer's matrices and the LM head."""
+    hd = cfg.hidden // cfg.heads
+    per_layer = cfg.hidden * (2 * cfg.heads * hd + 2 * cfg.kv_heads * hd) + 3 * cfg.hidden * cfg.ffn
+    return 2 * (cfg.layers * per_layer + cfg.hidden * cfg.vocab_size)
+
+
+def report(fit: Fit, title: str) -> dict[str, dict[str, float | None]]:
+    print(f"\n{title}: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items()) + f" ({fit.evaluations} evaluations)")
+    print(f"{'run':<26} {'metric':<13} {'measured':>10} {'prediction':>11} {'error':>8}")
     for label, rows in (("fit", fit.fit_runs), ("held out", fit.holdout_runs)):
         for r in rows:
             for m in (*METRICS, *REPORTED):
@@ -132,12 +138,48 @@ def main() -> int:
                     pred = r["predicted"][m]
                     print(f"{label + ' ' + Path(r['run']).name:<26} {m:<13} {r['measured'][m]:>10.2f} "
                           f"{pred if pred is not None else float('nan'):>11.2f} {err if err is not None else float('nan'):>+8.1%}")
-    print()
+    medians = {}
     for label, rows in (("fit", fit.fit_runs), ("held out", fit.holdout_runs)):
-        meds = {m: median_abs_error(rows, m) for m in (*METRICS, *REPORTED)}
-        print(f"median |error| {label}: " + ", ".join(f"{m} {v:.1%}" for m, v in meds.items() if v is not None))
-    (out / "twin.json").write_text(json.dumps({**fit.to_json(), "engine": dataclasses.asdict(engine), "device": rates},
-                                              indent=2, default=str) + "\n")
+        medians[label] = {m: median_abs_error(rows, m) for m in (*METRICS, *REPORTED)}
+        print(f"median |error| {label}: " + ", ".join(f"{m} {v:.1%}" for m, v in medians[label].items() if v is not None))
+    return medians
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="twin-llamacpp")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shape = TinyLlamaConfig()
+    rates = measure_device(out / "device.json", weight_bytes(shape))
+    print(f"device: one thread {rates['gflops']:.1f} GFLOP/s (float32 GEMM), copy of the weights' "
+          f"{weight_bytes(shape) / 2**20:.1f} MiB {rates['gb_s']:.1f} GB/s")
+    model = tiny_model()
+    model_config(out / "model", shape)
+    binary = build_llama_server(log=sys.stderr)
+    with LlamaServer(binary, model.gguf, ctx_tokens=SLOTS * SLOT_TOKENS, slots=SLOTS, threads=args.threads,
+                     log_path=out / "server.log") as server:
+        fit_dirs = [measure(server, out / "fit", *row) for row in FIT]
+        batch_dirs = [measure(server, out / "fit", *row) for row in FIT_BATCH]
+        hold_dirs = [measure(server, out / "holdout", *row) for row in HOLDOUT]
+    (out / "cpu.json").write_text(json.dumps(CPU_BASE, indent=2) + "\n")
+    engine = EngineConfig(
+        model=str(out / "model" / "config.json"), gpu=str(out / "device.json"), max_num_seqs=SLOTS,
+        max_model_len=SLOT_TOKENS, max_num_batched_tokens=2048, num_gpu_blocks_override=SLOTS * SLOT_TOKENS // 16,
+        enforce_eager=True, efficiencies_path=str(out / "cpu.json"),
+    )
+    held = [read_run(d) for d in hold_dirs]
+    fit = calibrate(engine, [read_run(d) for d in fit_dirs + batch_dirs], held, FIT_NAMES)
+    write_efficiencies(str(out / "efficiencies.json"), engine, fit)
+    medians = report(fit, f"fitted on {len(fit_dirs)} concurrency-1 runs and {len(batch_dirs)} at concurrency 2")
+    alone = calibrate(engine, [read_run(d) for d in fit_dirs], held, FIT_NAMES)
+    medians_alone = report(alone, f"for comparison, fitted on the {len(fit_dirs)} concurrency-1 runs alone")
+    (out / "twin.json").write_text(json.dumps({
+        **fit.to_json(), "engine": dataclasses.asdict(engine), "device": rates, "medians": medians,
+        "concurrency_1_alone": {**alone.to_json(), "medians": medians_alone},
+    }, indent=2, default=str) + "\n")
     print(f"\nefficiencies: {out / 'efficiencies.json'}; report: {out / 'twin.json'}")
     print(f"what-if with the twin: inferlab sim run --model {out}/model/config.json --gpu {out}/device.json "
           f"--max-num-seqs {SLOTS} --max-model-len {SLOT_TOKENS} --max-num-batched-tokens 2048 "

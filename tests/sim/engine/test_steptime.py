@@ -521,3 +521,19 @@ def test_a_gpu_file_that_is_not_there_is_called_missing_and_the_names_are_listed
         assert msg.startswith(f"unknown GPU {name!r}: no such file; a GPU is a JSON file with the preset keys, or one of: H100, H200,")
     with pytest.raises(UsageError, match=r"^unknown GPU 'TPUv5'; known: H100"):  # a name stays a name
         resolve_gpu("TPUv5")
+
+
+def test_decode_compute_makes_each_decode_row_pay_its_own_gemm_work() -> None:
+    # llama.cpp on one CPU thread: a batch of eight decodes costs about eight times one.
+    # With decode_compute low, a one-token row costs its FLOPs at that rate, unshared;
+    # left at 0 (GPUs), a batch of decodes shares the weight reads and costs little more.
+    shared = roofline(LLAMA8B, "H100")
+    rowwise = roofline(LLAMA8B, "H100", efficiencies=dataclasses.replace(DEFAULT_EFFICIENCIES, decode_compute=0.001))
+    def batch(st: RooflineStepTime, b: int) -> float:
+        return st.step_time_s([(1, 200)] * b, b)
+    assert batch(shared, 8) < 1.5 * batch(shared, 1)
+    assert batch(rowwise, 8) > 6 * batch(rowwise, 1)
+    # the same rows given as sums (the steady path) cost the same
+    assert rowwise.step_time_s([], 8, decodes=8, decode_context=8 * 200) == pytest.approx(batch(rowwise, 8))
+    # prompt rows keep the GEMM rate: a 2,048-token prefill that emits nothing is unchanged
+    assert rowwise.step_time_s([(2048, 0)], 0) == pytest.approx(shared.step_time_s([(2048, 0)], 0))

@@ -45,6 +45,12 @@ class Efficiencies:
     gemm_compute_w8a8: float = 0.65  # fp8/int8 W8A8 GEMMs: 0.6–0.8 of their (2x) peak
     int4_compute_factor: float = 0.80  # Marlin int4 at large batch: 0.7–0.9 of bf16 GEMM rate
     weight_stream: float = 0.75  # GEMV weight streaming: 0.7–0.9 of HBM bandwidth (vLLM CI fit)
+    # A one-token row's GEMM work (a decode, and every row of the LM head) as a fraction
+    # of the layer GEMMs' peak, where the kernels for a few rows reuse nothing across a
+    # batch: llama.cpp on one CPU thread pays each decode in a batch of 8 as much as one
+    # alone. 0: such rows run at ``gemm_compute`` (GPUs, where they are bound by weight
+    # streaming instead and a batch shares the weights).
+    decode_compute: float = 0.0
     int4_stream_factor: float = 0.70  # int4 dequant kernels stream at ~0.7 of bf16's efficiency
     w8_stream_factor: float = 0.85  # fp8/int8 small-batch GEMMs stream at ~0.85 of bf16's
     attention_compute: float = 0.60  # flash-attention prefill: 0.55–0.75 of bf16 peak
@@ -277,7 +283,13 @@ class RooflineStepTime:
         flops = p.gemm_flops_per_s * p.gemm_compute
         stream = bw * p.weight_stream
         moe = eff.moe_gemm_factor
-        self._gemm_s_per_token = 2 * (dense + routed / moe * model.experts_per_token / max(1, model.num_experts)) / tp / flops
+        gemm_flops_per_token = 2 * (dense + routed / moe * model.experts_per_token / max(1, model.num_experts)) / tp
+        self._gemm_s_per_token = gemm_flops_per_token / flops
+        # one-token rows (q = 1) at ``decode_compute``: the extra over a GEMM row
+        self._single_extra_s = (
+            gemm_flops_per_token / (p.gemm_flops_per_s * eff.decode_compute) - self._gemm_s_per_token
+            if eff.decode_compute else 0.0
+        )
         self._weights_s = dense * p.bytes_per_weight / tp / stream
         self._experts_s = routed * p.bytes_per_weight / tp / (stream * moe)
         self._expert_missed = 1 - model.experts_per_token / model.num_experts if model.num_experts else 1.0
@@ -298,7 +310,7 @@ class RooflineStepTime:
         self._ar_s_per_token = ring * _ACT_BYTES * h / (gpu.bus_bytes_per_s * eff.allreduce_bus)
         # LM head (bf16 whatever the quantization) and sampler over fp32 logits.
         vocab = model.vocab_size
-        self._lm_s_per_seq = 2 * h * vocab / tp / (gpu.bf16_flops_per_s * eff.gemm_compute)
+        self._lm_s_per_seq = 2 * h * vocab / tp / (gpu.bf16_flops_per_s * (eff.decode_compute or eff.gemm_compute))
         self._lm_weights_s = h * vocab * _ACT_BYTES / tp / (bw * eff.weight_stream)
         self._sampler_s_per_seq = 3 * vocab * 4 / act_bw
         self._host_step_s = eff.cpu_step_eager_s if enforce_eager else eff.cpu_step_s
@@ -328,7 +340,10 @@ class RooflineStepTime:
         weights = self._weights_s
         if self._experts_s:
             weights += self._experts_s * (1 - self._expert_missed**tokens)
-        gemm = _knee(tokens * self._gemm_s_per_token, weights + tokens * self._gemm_act_s_per_token)
+        compute = tokens * self._gemm_s_per_token
+        if self._single_extra_s:
+            compute += (qs.count(1) + decodes) * self._single_extra_s
+        gemm = _knee(compute, weights + tokens * self._gemm_act_s_per_token)
         # KV read for cached context plus the new tokens' K/V written and attended to.
         attention = _knee(
             attn_units * self._attn_s_per_unit, (context + tokens) * self._kv_s_per_token

@@ -57,6 +57,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "gemm_compute": (0.01, 4.0),
     "gemm_compute_w8a8": (0.01, 4.0),
     "weight_stream": (0.01, 20.0),
+    "decode_compute": (0.001, 4.0),
     "attention_compute": (0.01, 4.0),
     "kv_stream": (0.01, 20.0),
     "activation_stream": (0.01, 20.0),
@@ -224,6 +225,8 @@ def calibrate(
     with tempfile.TemporaryDirectory(prefix="inferlab-twin-") as scratch:
         twin = Twin(engine, scratch)
         current = {n: float(getattr(twin.base, n)) for n in names}
+        if current.get("decode_compute") == 0.0:  # (off: the fit starts where a GEMM row is)
+            current["decode_compute"] = float(current.get("gemm_compute", twin.base.gemm_compute))
         try:
             best = loss(twin.predict(fit_runs, current), fit_runs)
         except InferlabError as e:
