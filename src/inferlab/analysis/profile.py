@@ -556,10 +556,16 @@ class _Profiler:
     async def response_cache(self) -> Factor:
         n = self.n(4)
         prompt = "Explain briefly how a prefix cache speeds up a language model server. " * 8
-        repeat = await self.measure("response/repeat", 1, n, WorkloadConfig(prompt=prompt, output_tokens=32), warmup=1)
+        # temperature 0 both ways: a response cache answers only requests whose answer
+        # is deterministic (the gateway's, and most others), so a sampled repeat would
+        # miss every cache and read as "none detected"
+        greedy = {"temperature": 0}
+        repeat = await self.measure("response/repeat", 1, n, WorkloadConfig(prompt=prompt, output_tokens=32), warmup=1,
+                                    extra_body=greedy)
         tokens = repeat.input_tokens()
         fresh_len = max(16, round(tokens - self.overhead_tokens) if tokens else 100)
-        fresh = await self.measure("response/fresh", 1, n, WorkloadConfig(input_tokens=fresh_len, output_tokens=32))
+        fresh = await self.measure("response/fresh", 1, n, WorkloadConfig(input_tokens=fresh_len, output_tokens=32),
+                                   extra_body=greedy)
         runs = ["response/repeat", "response/fresh"]
         a, b = repeat.median("e2e_ms"), fresh.median("e2e_ms")
         da, db = _decode_ms(repeat), _decode_ms(fresh)
@@ -573,7 +579,7 @@ class _Profiler:
         verdict = "detected" if detected else "none detected"
         cost = f"{verdict}: a repeated request took {ratio:.0%} of a fresh one's E2E and {decode_ratio:.0%} of its generation time"
         evidence = (
-            f"median at concurrency 1, 32 output tokens: the same request repeated E2E {a:,.1f} ms (first token → last "
+            f"median at concurrency 1, 32 output tokens, temperature 0: the same request repeated E2E {a:,.1f} ms (first token → last "
             f"{da:,.1f} ms) vs fresh prompts of its length {b:,.1f} ms ({db:,.1f} ms)"
         )
         return Factor("response_cache", "response cache (identical requests)", cost, evidence,
