@@ -19,7 +19,9 @@ Two searches over the grid of the values given per flag:
 The **objective** is goodput (requests completed within every SLO per second: the
 summary's ``goodput_rps``) or output tokens per second of a trial in which at least
 ``slo_share`` of the requests met the SLOs (``throughput``; others score 0). Ties
-(several settings meeting every SLO at the offered rate, say) go to the lower TTFT p99.
+(several settings meeting every SLO at the offered rate, say) go to the lower TTFT p99,
+and so do scores within ``TIE_SHARE`` of the best: goodput at an offered rate differs
+by a run's duration noise (0.6 % picked a 4× larger batching budget with a worse TTFT p99).
 
 A trial is **stopped** early when it can no longer win: the requests that missed an SLO
 (or failed) so far leave fewer than the best trial's count of requests that met them
@@ -54,6 +56,8 @@ from inferlab.sweep.runner import target_json
 
 Search = Literal["grid", "pattern"]
 Objective = Literal["goodput", "throughput"]
+#: Trials scoring within this share of the best are tied; the lower TTFT p99 wins.
+TIE_SHARE = 0.02
 
 
 
@@ -202,7 +206,11 @@ class Tuner:
 
     def _best(self) -> Trial | None:
         done = [t for t in self.trials if t.status == "done"]
-        return max(done, key=Trial.key) if done else None
+        if not done:
+            return None
+        top = max(t.score for t in done)
+        tied = [t for t in done if t.score >= top * (1 - TIE_SHARE)]
+        return max(tied, key=lambda t: (t.key()[1], t.score))
 
     async def trial(self, params: dict[str, Any]) -> Trial:
         """The trial of ``params`` (run now, or the one already run)."""
