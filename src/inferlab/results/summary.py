@@ -169,7 +169,7 @@ class Summary:
     )
 
     prediction: dict[str, Any] | Omitted = field(
-        default=OMITTED, metadata=_doc("sim run only: the numbers are simulated, not measured; engine_family, regime (offline, closed loop, Poisson, saturated) and, per headline metric, error_bands: the validation error of that family in that regime (pct: median |error| % over rows of published measurements, rows, split: holdout or fit, text), null where it was never validated; see docs/validation.md")
+        default=OMITTED, metadata=_doc("virtual-time runs only (sim run, a simulated sweep point, a what-if): the numbers are simulated, not measured; engine_family, regime (offline, closed loop, Poisson, saturated) and, per headline metric, error_bands: the validation error of that family in that regime (pct: median |error| % over rows of published measurements, rows, split: holdout or fit, text), null where it was never validated; see docs/validation.md")
     )
 
     def to_json(self) -> dict[str, Any]:
