@@ -94,6 +94,29 @@ def test_shared_prefixes_with_caching_off_get_it_turned_on_with_a_predicted_ttft
     assert rec.gains[0].after < 0.8 * rec.gains[0].before  # a 2,000-token prefix of 2,100 tokens
 
 
+def test_each_predicted_gain_names_the_validation_error_of_its_metric(tmp_path: Path) -> None:
+    """A what-if reruns the run's closed loop of 4 users on vLLM V1: its TTFT gain shows
+    the TTFT band validation holds for vLLM V1 closed loops, in the JSON and on the console;
+    a gain that is no prediction has none."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+    from inferlab.sim.engine.bands import error_band
+
+    sim_run(tmp_path / "off", EngineConfig(enable_prefix_caching=False))
+    d = json.loads(CliRunner().invoke(main, ["advise", str(tmp_path / "off"), "--json"]).output)
+    gains = [g for r in d["recommendations"] for g in r["gains"]]
+    cache = next(r for r in d["recommendations"] if r["rule"] == "prefix_caching")
+    band = error_band("vllm", "closed loop", "TTFT")
+    assert band is not None
+    for g in cache["gains"]:
+        assert g["metric_class"] == "TTFT" and g["error_band"] == band.to_json()
+    for g in gains:
+        assert (g["error_band"] is not None) == g["kind"].startswith("prediction"), g
+    console = " ".join(CliRunner().invoke(main, ["advise", str(tmp_path / "off")]).output.split())
+    assert f"(prediction; TTFT {band.describe()})" in console
+
+
 def test_shared_prefixes_served_from_cache_get_no_such_advice(tmp_path: Path) -> None:
     sim_run(tmp_path / "on", EngineConfig(enable_prefix_caching=True))
     summary = json.loads((tmp_path / "on" / "summary.json").read_text())

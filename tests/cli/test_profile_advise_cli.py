@@ -9,6 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from inferlab.cli.main import main
+from inferlab.sim.engine.bands import error_band
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -51,5 +52,7 @@ def test_a_sweep_past_its_knee_gets_a_concurrency_cap(tmp_path: Path) -> None:
     assert "--max-num-seqs 128" in cap["change"]  # 128 → 512 quadrupled latency for little more throughput
     e2e = cap["gains"][0]
     assert e2e["after"] < e2e["before"] and e2e["kind"].startswith("prediction")  # (sim runs: simulated)
+    band = error_band("vllm", "closed loop", "E2E")  # (the runs' family and regime: the validation error)
+    assert band is not None and (e2e["metric_class"], e2e["error_band"]) == ("E2E", band.to_json())
     code, out = invoke("advise", str(tmp_path))
     assert code == 0 and "Past the knee" in out

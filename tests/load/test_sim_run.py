@@ -15,6 +15,7 @@ import pytest
 from inferlab._errors import InferlabError
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Schedule
 from inferlab.load.virtual import simulate
+from inferlab.results.metrics import request_metrics
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.summary import Summary, summarize
 from inferlab.sim.engine.engine import Engine, EngineConfig
@@ -469,3 +470,53 @@ def test_sim_run_shows_each_headline_metric_with_its_validation_error(tmp_path: 
     offline = sim_cli("--rate", "inf", "-n", "4", "--output-tokens", "8", "--json", "--engine-family", "trtllm")
     block = json.loads(offline.stdout)["prediction"]
     assert (block["engine_family"], block["regime"]) == ("trtllm", "offline")
+
+
+def _burst(n: int, inp: int, *, max_num_seqs: int = 8) -> tuple[Summary, list[RequestRecord]]:
+    """``n`` requests of ``inp`` prompt tokens at once, served (an API front end), on an
+    engine that runs ``max_num_seqs`` at a time: a saturated run."""
+    import asyncio
+
+    from inferlab.load.run import RunConfig, SimTarget
+    from inferlab.load.run import run as run_config
+
+    cfg = RunConfig(LoadConfig(OpenLoop(math.inf), num_requests=n), WorkloadConfig(inp, 16), "completions")
+    result = asyncio.run(run_config(cfg, SimTarget(EngineConfig(max_num_seqs=max_num_seqs), offline=False)))
+    return result.summary, [r for r in result.records if r.ok and not r.warmup]
+
+
+def test_a_saturated_sim_run_breaks_each_requests_latency_down_from_the_engines_timeline(tmp_path: Path) -> None:
+    """Where the time went, exactly: the engine's timeline of each request and the
+    record's own timestamps are two recordings of one run, so the server's parts add up
+    to the request's E2E with nothing left for a network, and its first token is its
+    TTFT. More requests at once queue longer; longer prompts prefill longer."""
+    from inferlab.report.html import breakdown_table
+    from inferlab.results.breakdown import VIRTUAL, request_parts
+    from inferlab.results.sources import load_run
+
+    light, light_records = _burst(8, 512)
+    heavy, heavy_records = _burst(64, 512)
+    long, _ = _burst(8, 4096)
+    for s, records in ((light, light_records), (heavy, heavy_records)):
+        b = s.latency_breakdown
+        assert b is not None and b.source == VIRTUAL and b.requests == len(records) == s.counts.completed
+        for r in records:
+            parts = request_parts(r)
+            m = request_metrics(r)
+            assert parts is not None and m.e2e_ms is not None and m.ttft_ms is not None
+            assert min(parts.server_queue, parts.prefill, parts.decode) >= 0 and parts.other < 1e-3
+            assert parts.server_queue + parts.prefill + parts.decode == pytest.approx(m.e2e_ms, abs=1e-3)
+            assert parts.server_queue + parts.prefill == pytest.approx(m.ttft_ms, abs=1e-3)
+        assert b.server_queue_ms is not None and b.prefill_ms is not None and b.decode_ms is not None and b.other_ms is not None
+        total = b.server_queue_ms.mean + b.prefill_ms.mean + b.decode_ms.mean + b.other_ms.mean
+        assert s.e2e_ms is not None and total == pytest.approx(s.e2e_ms.mean, abs=1e-3)
+    # 64 at once on 8 sequences wait for seats; 8 at once do not
+    assert heavy.latency_breakdown.server_queue_ms.mean > 2 * light.latency_breakdown.server_queue_ms.mean  # type: ignore[union-attr]
+    assert long.latency_breakdown.prefill_ms.mean > 2 * light.latency_breakdown.prefill_ms.mean  # type: ignore[union-attr]
+    # shown as bench shows it: a console line, and the report's table, each naming the source
+    p = sim_cli("--rate", "inf", "--served", "-n", "16", "--max-num-seqs", "8", "--input-tokens", "512",
+                "--output-tokens", "16", "--out", str(tmp_path / "r"))
+    assert p.returncode == 0, p.stderr
+    words = " ".join(p.stdout.split())
+    assert "latency breakdown client queue 0.0, server queue" in words and f"(mean; from {VIRTUAL})" in words
+    assert "virtual time: exact; a prediction" in breakdown_table(load_run(tmp_path / "r"))

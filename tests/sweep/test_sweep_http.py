@@ -32,7 +32,10 @@ def test_a_short_http_sweep_agrees_with_the_virtual_one_at_the_points_both_ran(t
     with ChildServer(SERVE) as server:
         r = sweep(["--url", server.url, "-c", "2,4", *WORKLOAD, "-o", str(http)])
     assert r.exit_code == 0, r.output
-    assert "measured: " in r.output and "prediction" not in r.output
+    assert "measured: " in r.output and "prediction" not in r.output and "±" not in r.output
+    # sim serve over HTTP is measured: no point carries an error band
+    assert all(p["prediction"] is None for p in json.loads((http / "sweep.json").read_text())["points"])
+    assert json.loads((http / "sweep.json").read_text())["prediction"] is False
     v = {p["params"]["concurrency"]: p["headline"] for p in json.loads((virtual / "sweep.json").read_text())["points"]
          if p["status"] == "done"}
     h = {p["params"]["concurrency"]: p["headline"] for p in json.loads((http / "sweep.json").read_text())["points"]}

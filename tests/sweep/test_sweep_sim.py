@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +248,49 @@ def test_each_finished_run_and_the_sweep_reach_the_history_and_rows_show_as_poin
     assert [(e.kind, e.path) for e in rows_in_history] == [*(("run", d) for d in dirs), ("sweep", str(out.resolve()))]
     rows = [line.strip() for line in r.output.splitlines() if line.startswith("  c=")]
     assert [row.split()[0] for row in rows] == ["c=1", "c=2", "c=4"] and all("done" in row for row in rows)
+
+
+def test_each_simulated_point_carries_the_error_bands_of_its_family_and_load_regime(tmp_path: Path) -> None:
+    """The regime follows each point's load (arrivals at a rate: Poisson; --rate inf:
+    offline, no API server; users: closed loop), the family its engine; each headline
+    metric's band is the one validation holds for them, the same one the point's own
+    summary.json shows, and the console and the report name it."""
+    from inferlab.report.html import sweep_section
+    from inferlab.results.sources import load_sweep
+    from inferlab.sim.engine.bands import HEADLINE_METRICS, error_band
+
+    rates, users = tmp_path / "rates", tmp_path / "users"
+    r = sweep(["--rate", "4,inf", "--no-saturation-stop", "-n", "12", "--input-tokens", "256", "--output-tokens", "16",
+               "-o", str(rates)])
+    assert r.exit_code == 0, r.output
+    r2 = sweep(["-c", "2", "-n", "8", "--engine-family", "sglang", "--input-tokens", "256", "--output-tokens", "16",
+                "-o", str(users)])
+    assert r2.exit_code == 0, r2.output
+    expected = {(rates, 4.0): ("vllm", "Poisson"), (rates, "inf"): ("vllm", "offline"), (users, 2): ("sglang", "closed loop")}
+    for (where, load), (family, regime) in expected.items():
+        point = next(p for p in index(where)["points"] if str(p["params"].get("rate", p["params"].get("concurrency"))) == str(load))
+        pred = point["prediction"]
+        assert (pred["engine_family"], pred["regime"]) == (family, regime), point["params"]
+        assert set(pred["error_bands"]) == set(HEADLINE_METRICS) and set(HEADLINE_METRICS) <= set(point["headline"])
+        for key, cls in HEADLINE_METRICS.items():
+            band = error_band(family, regime, cls)
+            assert pred["error_bands"][key] == (None if band is None else band.to_json()), key
+        own = json.loads((where / point["dir"] / "summary.json").read_text())["prediction"]
+        assert pred["error_bands"]["ttft_p50_ms"] == own["error_bands"]["ttft_ms"]
+        assert pred["error_bands"]["output_tok_s"] == own["error_bands"]["output_token_throughput_tps"]
+        # the console: the row's point line, and the band in full under the table
+        out = r.output if where == rates else r2.output
+        ttft = pred["error_bands"]["ttft_p50_ms"]
+        assert f"TTFT ±{ttft['pct']:.0f} %" in out and f"TTFT {ttft['text']}" in out
+        assert f"{family}, {regime}" in out
+        html = sweep_section(load_sweep(where))
+        assert "(prediction)</h2>" in html and escape(ttft["text"]) in html
+    assert "prediction (simulated, virtual time)" in r.output and "error bands (every number above is a prediction" in r.output
+    # a measured sweep (sweep.json as --url leaves it) shows none
+    measured = json.loads((users / "sweep.json").read_text())
+    measured.update(prediction=False, target={"kind": "server", "virtual_time": False, "url": "http://x", "model": None})
+    for p in measured["points"]:
+        p["prediction"] = None
+    (users / "sweep.json").write_text(json.dumps(measured))
+    html = sweep_section(load_sweep(users))
+    assert "prediction" not in html and "±" not in html

@@ -25,12 +25,13 @@ from typing import Any, Literal
 from inferlab._errors import InferlabError, UsageError
 from inferlab.analysis.fits import KNEE_GAIN
 from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile
-from inferlab.analysis.whatif import WhatIf
+from inferlab.analysis.whatif import Simulated, WhatIf
 from inferlab.results.metrics import request_metrics
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
 from inferlab.results.summary import Summary
 from inferlab.results.telemetry import ServerMetrics
+from inferlab.sim.engine.bands import band_of
 
 Goal = Literal["throughput", "latency", "consistency"]
 GOALS: tuple[Goal, ...] = ("throughput", "latency", "consistency")
@@ -71,12 +72,17 @@ PRIORITY: dict[str, dict[Goal, int]] = {
 @dataclass
 class Gain:
     """What a change should do to one metric: ``before`` → ``after``; ``kind`` says
-    whether it is a simulator prediction or bounded from a measurement."""
+    whether it is a simulator prediction or bounded from a measurement. A prediction
+    names its metric class (``sim.engine.bands.METRIC_CLASSES``) and carries the
+    simulator's validation error for it (``error_band``: its engine family in its load
+    regime; None: never validated there)."""
 
     metric: str
     before: float
     after: float
     kind: str  # "prediction (simulator: ...)" or "estimate (from ...)"
+    metric_class: str | None = None  # predictions only: TTFT, TPOT/ITL, E2E, throughput
+    error_band: dict[str, Any] | None = None  # ``ErrorBand.to_json``
 
     @property
     def delta(self) -> float:
@@ -86,9 +92,19 @@ class Gain:
     def delta_pct(self) -> float | None:
         return None if self.before == 0 else 100 * (self.after - self.before) / self.before
 
+    def band_text(self) -> str:
+        """'prediction; TTFT ±32 % on 8 held-out vLLM V1 closed loop rows' (empty: no prediction)."""
+        if self.metric_class is None:
+            return ""
+        if self.error_band is None:
+            return f"prediction; {self.metric_class} not validated for this engine family and load regime"
+        return f"prediction; {self.metric_class} {self.error_band['text']}"
+
     def text(self) -> str:
         pct = self.delta_pct
-        return f"{self.metric} {self.before:,.1f} → {self.after:,.1f}" + ("" if pct is None else f" ({pct:+.0f}%)") + f" [{self.kind}]"
+        band = self.band_text()
+        return (f"{self.metric} {self.before:,.1f} → {self.after:,.1f}" + ("" if pct is None else f" ({pct:+.0f}%)")
+                + (f" ({band})" if band else "") + f" [{self.kind}]")
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "delta": self.delta, "delta_pct": self.delta_pct}
@@ -217,6 +233,21 @@ def _prediction(w: WhatIf, what: str) -> str:
     return f"prediction: simulator, {w.describe_engine()}, {w.method}, {what}"
 
 
+def _predicted(metric: str, cls: str, before: float, after: float, kind: str, prediction: Any) -> Gain:
+    """A gain the simulator predicted, with the validation error of its metric class
+    ``cls`` for the simulated run whose summary's ``prediction`` is given (its engine
+    family and load regime; none for a summary written before it had one)."""
+    if not isinstance(prediction, dict):
+        return Gain(metric, before, after, kind)
+    band = band_of(prediction, cls)
+    return Gain(metric, before, after, kind, cls, None if band is None else band.to_json())
+
+
+def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim: Simulated) -> Gain:
+    """``_predicted`` for a what-if: the band of the run simulated with the change."""
+    return _predicted(metric, cls, before, after, kind, sim.result.summary.prediction)
+
+
 # --- rules on one run ---------------------------------------------------------------------
 
 
@@ -310,13 +341,13 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         return None
     kind = _prediction(w, f"--max-num-batched-tokens {candidate} against {budget}")
     gains = [
-        Gain("short requests' p99 inter-token gap ms", before, after, kind),
-        Gain("short requests' mean TPOT ms", _mean_tpot(base.records, short), _mean_tpot(sim.records, short), kind),
-        Gain("short requests' p90 TTFT ms", _p(base_ttft, 0.9), _p(_ttfts(sim.records, short), 0.9), kind),
+        _sim_gain("short requests' p99 inter-token gap ms", "TPOT/ITL", before, after, kind, sim),
+        _sim_gain("short requests' mean TPOT ms", "TPOT/ITL", _mean_tpot(base.records, short), _mean_tpot(sim.records, short), kind, sim),
+        _sim_gain("short requests' p90 TTFT ms", "TTFT", _p(base_ttft, 0.9), _p(_ttfts(sim.records, short), 0.9), kind, sim),
     ]
     long_before, long_after = _ttfts(base.records, long), _ttfts(sim.records, long)
     if long_before and long_after:
-        gains.append(Gain("long requests' mean TTFT ms", statistics.fmean(long_before), statistics.fmean(long_after), kind))
+        gains.append(_sim_gain("long requests' mean TTFT ms", "TTFT", statistics.fmean(long_before), statistics.fmean(long_after), kind, sim))
     seq_note = f"; with --max-num-seqs {candidate} (vLLM: no more sequences than budget tokens)" if candidate < seqs else ""
     return Recommendation(
         "head_of_line", title, evidence, change.format(budget=candidate, seqs=seq_note), gains,
@@ -378,7 +409,8 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     kind = _prediction(w, "--enable-prefix-caching")
     return Recommendation(
         "prefix_caching", title, evidence, change,
-        [Gain("mean TTFT ms", statistics.fmean(b), statistics.fmean(a), kind), Gain("p90 TTFT ms", _p(b, 0.9), _p(a, 0.9), kind)],
+        [_sim_gain("mean TTFT ms", "TTFT", statistics.fmean(b), statistics.fmean(a), kind, on),
+         _sim_gain("p90 TTFT ms", "TTFT", _p(b, 0.9), _p(a, 0.9), kind, on)],
     )
 
 
@@ -411,10 +443,10 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         e2e_b = [request_metrics(r).e2e_ms or 0 for r in base.records]
         e2e_a = [request_metrics(r).e2e_ms or 0 for r in fp8.records]
         if e2e_b and e2e_a:
-            rec.gains.append(Gain("p90 E2E ms", _p(e2e_b, 0.9), _p(e2e_a, 0.9), kind))
+            rec.gains.append(_sim_gain("p90 E2E ms", "E2E", _p(e2e_b, 0.9), _p(e2e_a, 0.9), kind, fp8))
         tb, ta = base.result.summary.output_token_throughput_tps, fp8.result.summary.output_token_throughput_tps
         if tb and ta:
-            rec.gains.append(Gain("output tokens/s", tb, ta, kind))
+            rec.gains.append(_sim_gain("output tokens/s", "throughput", tb, ta, kind, fp8))
     return rec
 
 
@@ -438,7 +470,8 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
         base, short = w.simulate(), w.simulate(workload={"system_tokens": cut})
         b, a = _ttfts(base.records, lambda r: True), _ttfts(short.records, lambda r: True)
         if b and a:
-            rec.gains.append(Gain("mean TTFT ms", statistics.fmean(b), statistics.fmean(a), _prediction(w, f"a {cut}-token system prompt instead of {system}")))
+            rec.gains.append(_sim_gain("mean TTFT ms", "TTFT", statistics.fmean(b), statistics.fmean(a),
+                                       _prediction(w, f"a {cut}-token system prompt instead of {system}"), short))
     return rec
 
 
@@ -461,7 +494,8 @@ def _context_growth(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         base, win = w.simulate(), w.simulate(workload={"context_window_tokens": window})
         b, a = _ttfts(base.records, lambda r: True), _ttfts(win.records, lambda r: True)
         if b and a:
-            rec.gains.append(Gain("mean TTFT ms", statistics.fmean(b), statistics.fmean(a), _prediction(w, f"--context-window-tokens {window}")))
+            rec.gains.append(_sim_gain("mean TTFT ms", "TTFT", statistics.fmean(b), statistics.fmean(a),
+                                       _prediction(w, f"--context-window-tokens {window}"), win))
     return rec
 
 
@@ -485,7 +519,7 @@ def _quantization(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     return Recommendation(
         "quantization", "Decode speed: fp8 weights (or a smaller model) for a latency target", why,
         f"serve an fp8 checkpoint of {engine.get('model')} (vLLM --quantization fp8), or a smaller model",
-        [Gain("TPOT p50 ms", tb.p50, ta.p50, kind)], "check quality on your own evaluation first",
+        [_sim_gain("TPOT p50 ms", "TPOT/ITL", tb.p50, ta.p50, kind, fp8)], "check quality on your own evaluation first",
     )
 
 
@@ -558,7 +592,8 @@ def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list
                     b, a = w.simulate(), w.simulate({"enable_prefix_caching": True})
                     tb, ta = _ttfts(b.records, lambda r: True), _ttfts(a.records, lambda r: True)
                     if tb and ta:
-                        rec.gains.append(Gain("median TTFT ms of the shared-prefix prompts", statistics.median(tb), statistics.median(ta), _prediction(w, "--enable-prefix-caching")))
+                        rec.gains.append(_sim_gain("median TTFT ms of the shared-prefix prompts", "TTFT", statistics.median(tb),
+                                                   statistics.median(ta), _prediction(w, "--enable-prefix-caching"), a))
         out.append(rec)
     dec = p.factor("decode")
     if dec is not None and dec.measured and dec.data.get("knee_concurrency"):
@@ -614,8 +649,10 @@ def _sweep_rules(runs: list[_Run], goal: Goal) -> tuple[list[Recommendation], li
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
                 f"cap requests in flight at about {ca:g}: a gateway's max concurrency, or vLLM --max-num-seqs {ca:g}",
-                [Gain("E2E p50 ms", lb.p50, la.p50, source),
-                 Gain("output tokens/s", tb, ta, f"{source}: the throughput given up")],
+                [_predicted("E2E p50 ms", "E2E", lb.p50, la.p50, source, a.summary.prediction),
+                 _predicted("output tokens/s", "throughput", tb, ta, f"{source}: the throughput given up", a.summary.prediction)]
+                if simulated else
+                [Gain("E2E p50 ms", lb.p50, la.p50, source), Gain("output tokens/s", tb, ta, f"{source}: the throughput given up")],
             ))
             break
     heaviest = max(runs, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))

@@ -28,6 +28,7 @@ from inferlab.report.svg import (
     timeline_chart,
     xy_chart,
 )
+from inferlab.report.sweep import band_lines, bands_short
 from inferlab.results.compare import METRICS, summary_value
 from inferlab.results.metrics import request_metrics
 from inferlab.results.sources import Run, Sweep
@@ -459,15 +460,21 @@ def sweep_section(sweep: Sweep) -> str:
     cols = (("output_tok_s", "out tok/s"), ("req_s", "req/s"), ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
             ("tpot_p50_ms", "TPOT p50 ms"), ("tpot_p99_ms", "TPOT p99 ms"))
     raw = {str(p.get("dir")): p for p in sweep.index.get("points") or [] if isinstance(p, dict)}
+    # simulated: every number a prediction, each point with its validation error
+    predicted = bool(sweep.index.get("prediction"))
     rows = []
     for p in sweep.points:
         h = raw.get(p.dir, {}).get("headline") or {}
         cells = "".join(f"<td>{_num(h.get(k)):,.1f}</td>" if isinstance(h.get(k), (int, float)) else "<td>—</td>" for k, _ in cols)
+        if predicted:
+            pred = raw.get(p.dir, {}).get("prediction")
+            cells += f"<td>{escape(bands_short(pred)) if isinstance(pred, dict) and h else '—'}</td>"
         params = escape(" ".join(f"{k}={v}" for k, v in p.params.items()))
         reason = raw.get(p.dir, {}).get("reason") if p.dir else None
         status = f"{p.status} ({reason})" if reason else p.status
         rows.append(f"<tr><td>{escape(p.dir or '—')}</td><td>{params}</td><td>{p.repeat}</td><td>{escape(status)}</td>{cells}</tr>")
-    head = "<tr><th>dir</th><th>parameters</th><th>repeat</th><th>status</th>" + "".join(f"<th>{label}</th>" for _, label in cols) + "</tr>"
+    head = ("<tr><th>dir</th><th>parameters</th><th>repeat</th><th>status</th>" + "".join(f"<th>{label}</th>" for _, label in cols)
+            + ("<th>prediction: validation error</th>" if predicted else "") + "</tr>")
     notes = []
     for g in sweep.index.get("groups") or []:
         stopped = g.get("stopped") if isinstance(g, dict) else None
@@ -484,8 +491,15 @@ def sweep_section(sweep: Sweep) -> str:
                      + f", {len(g.get('probes') or [])} probes" + (f"; {g['note']}" if g.get("note") else ""))
     if sweep.index.get("complete") is False:
         notes.append("the sweep did not finish (interrupted): the points above are those it ran")
-    out = [f"<h2>Sweep: {escape(str(sweep.path))} ({escape(str(sweep.index.get('command') or 'sweep'))})</h2>",
-           f'<table class="sweep">{head}{"".join(rows)}</table>']
+    out = [f"<h2>Sweep: {escape(str(sweep.path))} ({escape(str(sweep.index.get('command') or 'sweep'))})"
+           + (" (prediction)" if predicted else "") + "</h2>"]
+    if predicted:
+        out.append("<p>Simulated in virtual time: every number in this sweep is a <b>prediction</b> of the simulator, "
+                   "not a measurement. Error bands: the simulator's validation error for the engine family in each point's "
+                   "load regime (median |error| over published measurements; docs/validation.md):</p>")
+        lines = band_lines(sweep.index) or ["none recorded (a sweep.json written before points carried them)"]
+        out.append("<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>")
+    out.append(f'<table class="sweep">{head}{"".join(rows)}</table>')
     if notes:
         out.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")
     for key, label in (("goodput_search", "goodput search"), ("tune", "tune")):

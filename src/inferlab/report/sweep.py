@@ -43,6 +43,8 @@ def point_line(entry: dict[str, Any]) -> str:
             parts.append(f"SLO met by {head['slo_share']:.0%}")
         if head.get("failed"):
             parts.append(f"{head['failed']} failed")
+        if entry.get("prediction"):
+            parts.append(f"prediction: {bands_short(entry['prediction'])}")
     if entry.get("reason"):
         parts.append(str(entry["reason"]))
     return "  ".join(parts)
@@ -92,6 +94,57 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
     skipped = sum(1 for p in index["points"] if p["status"] == "skipped")
     if skipped:
         out.print(f"{skipped} planned point(s) not run (past a stop, or after an interruption)")
+    lines = band_lines(index)
+    if lines:
+        out.print("error bands (every number above is a prediction; the simulator's validation error for its engine "
+                  "family in the point's load regime, docs/validation.md):", soft_wrap=True)
+        for line in lines:
+            out.print(f"  {line}", soft_wrap=True, highlight=False)
+
+
+#: (label, the headline keys it covers): a band per metric class, as the table shows them
+_BAND_GROUPS = (
+    ("TTFT", ("ttft_p50_ms", "ttft_p99_ms")),
+    ("TPOT", ("tpot_p50_ms", "tpot_p99_ms")),
+    ("E2E", ("e2e_p50_ms", "e2e_p99_ms")),
+    ("out tok/s and req/s", ("output_tok_s", "req_s")),
+)
+
+
+def _band(pred: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any] | None:
+    band = (pred.get("error_bands") or {}).get(keys[0])
+    return band if isinstance(band, dict) else None
+
+
+def bands_short(pred: dict[str, Any]) -> str:
+    """A point's bands in a few words: 'TTFT ±32 %, TPOT ±4 %, … (vllm, closed loop)'."""
+    words = []
+    for label, keys in _BAND_GROUPS:
+        band = _band(pred, keys)
+        words.append(f"{label.split(' and ')[0]} " + (f"±{band['pct']:.0f} %" if band else "not validated"))
+    return ", ".join(words) + f" ({pred.get('engine_family')}, {pred.get('regime')})"
+
+
+def band_lines(index: dict[str, Any]) -> list[str]:
+    """One line per engine family and load regime among the simulated points: which points
+    (all, or their values) and each metric class's band in full; none for a measured sweep."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    ran = [p for p in index.get("points") or [] if p.get("headline")]
+    for p in ran:
+        pred = p.get("prediction")
+        if isinstance(pred, dict):
+            groups.setdefault((str(pred.get("engine_family")), str(pred.get("regime"))), []).append(p)
+    lines = []
+    for (family, regime), points in groups.items():
+        which = "every point" if len(points) == len(ran) else ", ".join(
+            dict.fromkeys(params_text(p["params"]) for p in points))
+        pred = points[0]["prediction"]
+        texts = []
+        for label, keys in _BAND_GROUPS:
+            band = _band(pred, keys)
+            texts.append(f"{label} " + (band["text"] if band else f"not validated for {family} ({regime})"))
+        lines.append(f"{family}, {regime} ({which}): " + "; ".join(texts))
+    return lines
 
 
 def goodput_text(g: dict[str, Any]) -> str:

@@ -3,8 +3,10 @@ rest (network, HTTP, streaming), from the best source a run has.
 
 Per request, from the server's own timeline (the simulated server's
 ``inferlab_timeline``: when it received the request, first scheduled it, emitted the
-first token and finished, in ms since receiving it); else, for the run as a whole, from
-the server's ``/metrics`` histograms (vLLM's queue, prefill and decode time: means only).
+first token and finished, in ms since receiving it; a virtual-time run's records carry
+the engine's own, received at the send, so there its parts are exact and add up to each
+request's E2E, nothing left for a network); else, for the run as a whole, from the
+server's ``/metrics`` histograms (vLLM's queue, prefill and decode time: means only).
 The client's queue (its send against the intended time) is always its own measurement.
 Pure: records and telemetry in, a typed breakdown out.
 """
@@ -21,6 +23,7 @@ from inferlab.results.records import RequestRecord
 from inferlab.results.telemetry import ServerMetrics
 
 PER_REQUEST = "the server's timeline, per request"
+VIRTUAL = "the simulated engine's timeline, per request (virtual time: exact; a prediction)"
 AGGREGATE = "the server's /metrics histograms (means over the run; the rest is E2E's mean less the parts)"
 
 
@@ -38,6 +41,31 @@ class Part:
             return None
         q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else [values[0]] * 9
         return cls(statistics.fmean(values), statistics.median(values), q[8])
+
+
+@dataclass(frozen=True)
+class RequestParts:
+    """One request's latency in parts, ms: ``server_queue`` + ``prefill`` + ``decode`` +
+    ``other`` is its E2E (``other`` at least 0); ``client_queue`` came before its send."""
+
+    client_queue: float
+    server_queue: float
+    prefill: float
+    decode: float
+    other: float
+
+
+def request_parts(r: RequestRecord) -> RequestParts | None:
+    """The parts of one completed request from its ``server_timeline``; None without one."""
+    tl = r.server_timeline or {}
+    sched, first, fin = tl.get("scheduled_ms"), tl.get("first_token_ms"), tl.get("finished_ms")
+    e2e = request_metrics(r).e2e_ms
+    if sched is None or first is None or fin is None or e2e is None:
+        return None
+    return RequestParts(
+        queue_delay_ms(r) or 0.0, float(sched), float(first) - float(sched), float(fin) - float(first),
+        max(0.0, e2e - float(fin)),
+    )
 
 
 @dataclass(frozen=True)
@@ -77,35 +105,31 @@ class LatencyBreakdown:
         )
 
 
-def latency_breakdown(done: Sequence[RequestRecord], telemetry: ServerMetrics | None = None) -> LatencyBreakdown | None:
+def latency_breakdown(
+    done: Sequence[RequestRecord], telemetry: ServerMetrics | None = None, *, virtual: bool = False,
+) -> LatencyBreakdown | None:
     """The breakdown of the completed measured requests ``done``; None when neither the
-    server's timeline nor its histograms are there."""
-    queue, prefill, decode, other, client = [], [], [], [], []
-    for r in done:
-        tl = r.server_timeline or {}
-        sched, first, fin = tl.get("scheduled_ms"), tl.get("first_token_ms"), tl.get("finished_ms")
-        e2e = request_metrics(r).e2e_ms
-        if sched is None or first is None or fin is None or e2e is None:
-            continue
-        queue.append(float(sched))
-        prefill.append(float(first) - float(sched))
-        decode.append(float(fin) - float(first))
-        other.append(max(0.0, e2e - float(fin)))
-        client.append(queue_delay_ms(r) or 0.0)
-    if queue:
-        return LatencyBreakdown(PER_REQUEST, len(queue), Part.of(client), Part.of(queue), Part.of(prefill), Part.of(decode), Part.of(other))
+    server's timeline nor its histograms are there. ``virtual``: the records are a
+    virtual-time run's (``sim run``), their timeline the simulated engine's own."""
+    parts = [p for p in map(request_parts, done) if p is not None]
+    if parts:
+        return LatencyBreakdown(
+            VIRTUAL if virtual else PER_REQUEST, len(parts), Part.of([p.client_queue for p in parts]),
+            Part.of([p.server_queue for p in parts]), Part.of([p.prefill for p in parts]),
+            Part.of([p.decode for p in parts]), Part.of([p.other for p in parts]),
+        )
     if telemetry is None or not telemetry.available:
         return None
     h = telemetry.histograms
-    parts = {k: h[k].mean_ms for k in ("queue_ms", "prefill_ms", "decode_ms") if k in h and h[k].count}
-    if len(parts) < 3:
+    means = {k: h[k].mean_ms for k in ("queue_ms", "prefill_ms", "decode_ms") if k in h and h[k].count}
+    if len(means) < 3:
         return None
     e2es = [m for m in (request_metrics(r).e2e_ms for r in done) if m is not None]
     if not e2es:
         return None
-    rest = statistics.fmean(e2es) - sum(parts.values())
+    rest = statistics.fmean(e2es) - sum(means.values())
     client_q = [queue_delay_ms(r) or 0.0 for r in done]
     return LatencyBreakdown(
-        AGGREGATE, len(e2es), Part.of(client_q), Part(parts["queue_ms"]), Part(parts["prefill_ms"]),
-        Part(parts["decode_ms"]), Part(max(0.0, rest)),
+        AGGREGATE, len(e2es), Part.of(client_q), Part(means["queue_ms"]), Part(means["prefill_ms"]),
+        Part(means["decode_ms"]), Part(max(0.0, rest)),
     )

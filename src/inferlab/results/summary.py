@@ -146,7 +146,7 @@ class Summary:
     queue_delay_ms: Distribution | None = field(metadata=_doc("actual send − intended send, per measured request (the client falling behind its schedule, or a concurrency cap)"))
     cached_tokens: int | None = field(metadata=_doc("prompt tokens the server reported served from its prefix cache (null: it did not say; vLLM says with --enable-prompt-tokens-details)"))
     server_timeline: ServerTimeline | None = field(metadata=_doc("client TTFT against the simulated server's own (null against other servers)"))
-    latency_breakdown: LatencyBreakdown | None = field(metadata=_doc("where the time went, in ms (mean, p50, p90): client_queue_ms (send − intended send), server_queue_ms (server received → first scheduled), prefill_ms (→ first token), decode_ms (→ last token), other_ms (E2E less the server's part: network, HTTP); source: the server's timeline per request (the simulated server), else its /metrics histograms (means only); requests; null without either"))
+    latency_breakdown: LatencyBreakdown | None = field(metadata=_doc("where the time went, in ms (mean, p50, p90): client_queue_ms (send − intended send), server_queue_ms (server received → first scheduled), prefill_ms (→ first token), decode_ms (→ last token), other_ms (E2E less the server's part: network, HTTP); source: the server's timeline per request (the simulated server), the simulated engine's own in virtual time (sim run: exact, the parts add up to each request's E2E; a prediction), else its /metrics histograms (means only); requests; null without either"))
     error_examples: dict[str, str] = field(metadata=_doc("the first message of each error kind"))
     warnings: tuple[str, ...] = field(metadata=_doc("plain-language caveats about how far the numbers can be trusted"))
     trace_comparison: dict[str, TraceComparison] | Omitted | None = field(
@@ -169,7 +169,7 @@ class Summary:
     )
 
     prediction: dict[str, Any] | Omitted = field(
-        default=OMITTED, metadata=_doc("sim run only: the numbers are simulated, not measured; engine_family, regime (offline, closed loop, Poisson, saturated) and, per headline metric, error_bands: the validation error of that family in that regime (pct: median |error| % over rows of published measurements, rows, split: holdout or fit, text), null where it was never validated; see docs/validation.md")
+        default=OMITTED, metadata=_doc("virtual-time runs only (sim run, a simulated sweep point, a what-if): the numbers are simulated, not measured; engine_family, regime (offline, closed loop, Poisson, saturated) and, per headline metric, error_bands: the validation error of that family in that regime (pct: median |error| % over rows of published measurements, rows, split: holdout or fit, text), null where it was never validated; see docs/validation.md")
     )
 
     def to_json(self) -> dict[str, Any]:
@@ -347,7 +347,10 @@ def summarize(
         **dists,
         cached_tokens=_known_sum([r.cached_tokens for r in done]),
         server_timeline=server_comparison(done, per, percentiles),
-        latency_breakdown=latency_breakdown(done, extras.server_metrics if isinstance(extras.server_metrics, ServerMetrics) else None),
+        latency_breakdown=latency_breakdown(
+            done, extras.server_metrics if isinstance(extras.server_metrics, ServerMetrics) else None,
+            virtual=config.get("command") == "sim run",
+        ),
         error_examples=_error_examples(failed),
         warnings=(*extras.warnings_first, *caveats, *extras.warnings_last),
         trace_comparison=extras.trace_comparison,

@@ -29,6 +29,7 @@ from inferlab.results.sweepindex import (
     headline,
     write_index,
 )
+from inferlab.sim.engine.bands import headline_prediction
 from inferlab.sim.engine.engine import Engine
 from inferlab.sweep.goodput import Probe, SearchResult, find_max_rate, slo_share
 from inferlab.sweep.grid import Grid, point_configs, slug
@@ -272,7 +273,9 @@ class _Sweep:
         full = {c.grid.load_axis: load, **params}
         rel = f"{self.count:03d}_{slug(full, repeat if c.repeats > 1 else None)}"
         path = str(Path(c.out_dir) / rel)
-        entry: dict[str, Any] = {"dir": rel, "params": plain_json(full), "repeat": repeat, "status": "running", "headline": None}
+        entry: dict[str, Any] = {
+            "dir": rel, "params": plain_json(full), "repeat": repeat, "status": "running", "headline": None, "prediction": None,
+        }
         self.listener.point_started(entry, self.count)
         result: RunResult | None = None
         try:
@@ -294,6 +297,9 @@ class _Sweep:
                 result = self.after_run(result, path)
             gpus = result.engine.config.tensor_parallel_size if result.engine is not None else None
             entry["headline"] = headline(result.summary, gpus)
+            # simulated: each headline metric's validation error in this point's regime
+            # (closed loop, Poisson, offline: the load decides); measured: none
+            entry["prediction"] = headline_prediction(result.summary.prediction)
             if with_slo is not None:
                 entry["headline"]["slo_share"] = slo_share(result.records, with_slo.slo)
         else:
@@ -332,7 +338,7 @@ class _Sweep:
             for k in range(start, self.config.repeats):
                 self.index["points"].append({
                     "dir": None, "params": plain_json({self.config.grid.load_axis: load, **params}), "repeat": k,
-                    "status": "skipped", "reason": why, "headline": None,
+                    "status": "skipped", "reason": why, "headline": None, "prediction": None,
                 })
 
 

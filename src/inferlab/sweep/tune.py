@@ -52,6 +52,7 @@ from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import plain_json
 from inferlab.results.summary import Summary
 from inferlab.results.sweepindex import FORMAT, headline, write_index
+from inferlab.sim.engine.bands import headline_prediction
 from inferlab.sweep.runner import target_json
 
 Search = Literal["grid", "pattern"]
@@ -365,6 +366,7 @@ class Tuner:
                 {
                     "dir": t.dir, "params": t.params, "repeat": 0, "status": t.status,
                     "reason": t.reason, "headline": t.headline() or None, "score": t.score, "met_slo": t.met,
+                    "prediction": None if t.summary is None else headline_prediction(t.summary.prediction),
                 }
                 for t in self.trials
             ],

@@ -15,8 +15,9 @@ when no row measured that metric.
     # '±42 % on 36 held-out vLLM V1 saturated rows' (whatever the file says)
 
 ``sim run`` shows one band beside each headline metric (console and ``summary.json``'s
-``prediction``); a sweep or the advisor can call ``error_band`` / ``prediction_block``
-the same way.
+``prediction``); a sweep gives each simulated point's headline its bands
+(``headline_prediction``, from that run's ``prediction``), and the advisor each predicted
+gain the band of its metric class (``band_of``).
 """
 
 from __future__ import annotations
@@ -114,6 +115,43 @@ SUMMARY_METRICS = {
     "e2e_ms": "E2E",
     "output_token_throughput_tps": "throughput",
 }
+
+
+#: a sweep's headline metric (``results.sweepindex.headline``) -> metric class; the others
+#: (decode tok/s per user, goodput, counts) were never validated and get no band
+HEADLINE_METRICS = {
+    "output_tok_s": "throughput",
+    "req_s": "throughput",
+    "output_tok_s_per_gpu": "throughput",  # (output tok/s over a constant: the same relative error)
+    "ttft_p50_ms": "TTFT",
+    "ttft_p99_ms": "TTFT",
+    "tpot_p50_ms": "TPOT/ITL",
+    "tpot_p99_ms": "TPOT/ITL",
+    "e2e_p50_ms": "E2E",
+    "e2e_p99_ms": "E2E",
+}
+
+
+def band_of(prediction: Any, metric: str, path: Path = BANDS_FILE) -> ErrorBand | None:
+    """The band of one ``metric`` class for a run whose summary's ``prediction`` is
+    ``prediction`` (its family and regime); None for a measured run (no such block) or a
+    metric never validated."""
+    if not isinstance(prediction, dict):
+        return None
+    return error_band(prediction["engine_family"], prediction["regime"], metric, path)
+
+
+def headline_prediction(prediction: Any, path: Path = BANDS_FILE) -> dict[str, Any] | None:
+    """A sweep point's ``prediction`` from its run's summary's: the family, the regime and
+    each headline metric's band (``HEADLINE_METRICS``; null: not validated); None for a
+    measured run."""
+    if not isinstance(prediction, dict):
+        return None
+    bands: dict[str, Any] = {}
+    for key, cls in HEADLINE_METRICS.items():
+        band = band_of(prediction, cls, path)
+        bands[key] = None if band is None else band.to_json()
+    return {"engine_family": prediction["engine_family"], "regime": prediction["regime"], "error_bands": bands}
 
 
 def prediction_block(family: EngineFamily | str, regime: str, path: Path = BANDS_FILE) -> dict[str, Any]:
