@@ -64,11 +64,15 @@ def _point_urls(out: Path, index: dict[str, Any]) -> list[str]:
 
 def test_sweep_starts_the_engine_once_measures_it_over_http_and_stops_it(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
-    r = invoke("sweep", "--engine", _config(tmp_path), "-c", "1,2", "--no-saturation-stop", *SHORT, "-o", str(out))
+    # (one value of a config's setting, and a setting's switch: put in the config)
+    r = invoke("sweep", "--engine", _config(tmp_path), "-c", "1,2", "--no-saturation-stop", "--max-num-batched-tokens",
+               "2048", "--no-enable-prefix-caching", *SHORT, "-o", str(out))
     assert r.exit_code == 0, r.output
     index = json.loads((out / "sweep.json").read_text())
     assert index["prediction"] is False and index["target"]["kind"] == "server"
-    assert index["target"]["engine"]["engine"] == "sim" and index["target"]["engine"]["max_num_seqs"] == 4
+    spec = index["target"]["engine"]
+    assert (spec["engine"], spec["max_num_seqs"], spec["max_num_batched_tokens"], spec["enable_prefix_caching"]) == (
+        "sim", 4, 2048, False)
     assert [p["status"] for p in index["points"]] == ["done", "done"]
     urls = _point_urls(out, index)
     assert len(set(urls)) == 1 and urls[0].startswith("http://127.0.0.1:")  # one engine, measured over HTTP
@@ -76,7 +80,8 @@ def test_sweep_starts_the_engine_once_measures_it_over_http_and_stops_it(tmp_pat
         run = out / p["dir"]
         assert json.loads((run / "summary.json").read_text())["counts"]["completed"] == 2
         # the server measured is the one the config describes (the simulator says its engine)
-        assert json.loads((run / "config.json").read_text())["resolved"]["engine"]["max_num_seqs"] == 4
+        engine = json.loads((run / "config.json").read_text())["resolved"]["engine"]
+        assert (engine["max_num_seqs"], engine["max_num_batched_tokens"], engine["enable_prefix_caching"]) == (4, 2048, False)
     assert "serving http://127.0.0.1:" in (out / "engine.log").read_text()
     assert_stopped(urls[0])
 
