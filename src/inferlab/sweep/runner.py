@@ -304,7 +304,8 @@ class _Sweep:
             loads = self.config.grid.load_values
             full = {self.config.grid.load_axis: loads[0], **params}
             self.index["points"].append({"dir": None, "params": plain_json(full), "repeat": 0, "status": "failed",
-                                         "reason": f"the engine did not start: {why}", "headline": None})
+                                         "reason": f"the engine did not start: {why}", "headline": None,
+                                         "prediction": None})
             self.listener.point_done(self.index["points"][-1])
             group["stopped"] = {"rule": "failed", "reason": why, "at": loads[0], "knee": None}
             self._skip(params, loads[1:], "the engine did not start", first_repeat={loads[0]: 1})
