@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -133,6 +134,8 @@ def test_bench_engine_starts_measures_and_stops_the_engine(tmp_path: Path) -> No
     assert json.loads(p.stdout)["counts"]["completed"] == 6
     assert "inferlab: starting sim:" in p.stderr and "ready at http://127.0.0.1:" in p.stderr
     assert (tmp_path / "run" / "engine.log").exists()
+    url = re.search(r"ready at (http://\S+)", p.stderr)
+    assert url is not None and json.loads((tmp_path / "run" / "config.json").read_text())["url"] == url.group(1)
     both = _cli("bench", "--engine", str(cfg), "--url", "http://127.0.0.1:1", "-n", "1", cwd=tmp_path)
     assert both.returncode == 2 and "not both" in both.stderr
 

@@ -84,6 +84,9 @@ class ProfileConfig:
     seed: int = 0
     overwrite: bool = False
     embedded: bool = False  # the simulated server the CLI started
+    # the engine config the CLI started the server from (``--engine``; profile.json's
+    # ``engine_config``)
+    engine_config: dict[str, Any] | None = None
     factors: tuple[str, ...] = ()  # measure only these (``FACTORS``); empty: all
     # False: let the model stop on its own, and measure temperature's effect on length
     exact_output: bool = True
@@ -127,6 +130,7 @@ class Profile:
     elapsed_s: float
     slo: SLO
     factors: list[Factor]
+    engine_config: dict[str, Any] | None = None  # the engine config it was started from (``--engine``)
 
     def factor(self, name: str) -> Factor | None:
         return next((f for f in self.factors if f.name == name), None)
@@ -137,6 +141,7 @@ class Profile:
             "url": self.url,
             "model": self.model,
             "engine": self.engine,
+            "engine_config": self.engine_config,
             "max_model_len": self.max_model_len,
             "max_model_len_source": self.max_model_len_source,
             "budget_s": self.budget_s,
@@ -153,7 +158,7 @@ class Profile:
         return cls(
             d.get("url"), d.get("model"), d.get("engine"), int(d["max_model_len"]), str(d["max_model_len_source"]),
             float(d["budget_s"]), float(d["elapsed_s"]), SLO(slo.get("ttft_ms"), slo.get("tpot_ms"), slo.get("e2e_ms")),
-            [Factor(**f) for f in d["factors"]],
+            [Factor(**f) for f in d["factors"]], d.get("engine_config"),
         )
 
 
@@ -177,14 +182,16 @@ async def profile(config: ProfileConfig, url: str, *, clock: Clock | None = None
     """Measure every factor against the server at ``url`` (see the module); write each
     run and ``profile.json`` under ``config.out_dir``. ``UsageError`` when the folder
     holds a profile already (without ``overwrite``)."""
-    out = _prepare_out(config)
+    out = prepare_out(config)
     p = _Profiler(config, url, clock or WallClock(), on_step or (lambda _: None))
     result = await p.go()
     (out / PROFILE_FILE).write_text(dumps(result.to_json()) + "\n")
     return result
 
 
-def _prepare_out(config: ProfileConfig) -> Path:
+def prepare_out(config: ProfileConfig) -> Path:
+    """The profile's folder, made; ``UsageError`` if it is a file, cannot be made, or
+    holds a profile already (without ``overwrite``)."""
     out = Path(config.out_dir)
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: not a directory")
@@ -301,6 +308,7 @@ class _Profiler:
         return Profile(
             self.url if not self.config.embedded else None, self.model, self.engine, self.max_model_len,
             self.max_len_source, self.config.budget_s, round(self.elapsed_s(), 2), self.config.slo, factors,
+            self.config.engine_config,
         )
 
     # --- the server ---------------------------------------------------------------------

@@ -1,17 +1,32 @@
 """``inferlab engine``: start a real engine (or the simulator) from one configuration
-file, mapped to the engine's own flags (``inferlab.engines.launch``)."""
+file, mapped to the engine's own flags (``inferlab.engines.launch``); and the engine
+that ``bench``, ``profile``, ``sweep`` and ``tune`` start with ``--engine`` to measure."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import click
+from rich.console import Console
 
 from inferlab._errors import RunFailedError
 from inferlab.cli.common import run_guarded
-from inferlab.engines.launch import EngineProcess, command, load_spec
+from inferlab.engines.launch import EngineProcess, EngineSpec, command, load_spec
+from inferlab.load.run import HttpTarget
+from inferlab.results.runfiles import plain_json
+
+#: Settings of an engine config that no trial or sweep varies: which engine, where it
+#: is, how it is run.
+FIXED_SETTINGS = frozenset({"engine", "model", "host", "port", "executable", "extra_args", "env", "ready_timeout_s",
+                            "served_model_name"})
 
 
 @click.group()
@@ -53,10 +68,61 @@ def start_engine(config: str, log_path: str | None = None) -> EngineProcess:
     proc = EngineProcess(spec, Path(log_path or f"engine-{spec.engine}.log"))
     click.echo(f"inferlab: starting {spec.engine}: {proc.command.shell()} (log: {proc.log_path})", err=True)
     t0 = time.monotonic()
-    try:
-        proc.start()
-    except KeyboardInterrupt:
-        proc.stop()
-        raise
+    start_ready(proc)
     click.echo(f"inferlab: {spec.engine} ready at {proc.url} after {time.monotonic() - t0:.1f} s", err=True)
     return proc
+
+
+def start_ready(proc: EngineProcess, stop: asyncio.Event | None = None) -> None:
+    """``proc`` started and ready; on any failure (it exited, it was not ready in time,
+    Ctrl-C, ``stop`` set meanwhile) its whole process group is ended first."""
+
+    def on_wait(_: float) -> None:
+        if stop is not None and stop.is_set():
+            raise RunFailedError(f"interrupted while {proc.spec.engine} was starting")
+
+    try:
+        proc.start(on_wait=on_wait)
+    except BaseException:
+        proc.stop()
+        raise
+
+
+class EngineTrials:
+    """An engine started from ``spec`` with a setting put in (``open``), ready before its
+    target is handed out and stopped after: ``tune``'s trials (one start each) and
+    ``sweep``'s settings (one start each, or one for the whole sweep). ``base``: the
+    HTTP target's other settings (its URL is the engine's)."""
+
+    prediction = False
+
+    def __init__(self, spec: EngineSpec, err: Console, base: HttpTarget | None = None, who: str = "inferlab") -> None:
+        self.spec = spec
+        self.err = err
+        self.base = base if base is not None else HttpTarget("", timeout_s=600.0)
+        self.who = who
+        self.fields = frozenset(f.name for f in dataclasses.fields(spec)) - FIXED_SETTINGS
+
+    def target_json(self) -> dict[str, Any]:
+        return {"kind": "server", "virtual_time": False, "engine": plain_json(dataclasses.asdict(self.spec))}
+
+    def setting(self, params: dict[str, Any]) -> EngineSpec:
+        """The config with ``params`` put in; ``UsageError`` for a value it does not take
+        or a setting the engine has no flag for (before anything starts)."""
+        spec = dataclasses.replace(self.spec, **params)
+        command(spec)
+        return spec
+
+    @contextlib.asynccontextmanager
+    async def open(self, params: dict[str, Any], log_path: str | None,
+                   stop: asyncio.Event | None = None) -> AsyncIterator[HttpTarget]:
+        spec = self.setting(params)
+        log = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="inferlab-engine-")) / "engine.log"
+        proc = EngineProcess(spec, log)
+        self.err.print(f"{self.who}: starting {spec.engine}: {proc.command.shell()} (log: {log})", markup=False,
+                       highlight=False, soft_wrap=True)
+        await asyncio.to_thread(start_ready, proc, stop)
+        try:
+            yield dataclasses.replace(self.base, url=proc.url)
+        finally:
+            await asyncio.to_thread(proc.stop)

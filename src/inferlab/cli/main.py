@@ -8,6 +8,7 @@ flags win over them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -110,6 +111,7 @@ def _bench(kw: dict[str, Any]) -> int:
         config.workload.build(config.load.seed, config.api)  # bad flags or files: fail before starting
         started = start_engine(kw["engine_config"], f"{config.out_dir}/engine.log" if config.out_dir else None)
         url = started.url
+        config = dataclasses.replace(config, url=url)  # (config.json's url: the engine's; null is the embedded simulator)
     elif url is None:
         from inferlab.cli.sim import SERVE_DEFAULTS
         from inferlab.sim.engine.hardware import resolve_model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from typing import Any
 
@@ -10,21 +11,25 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from inferlab._errors import UsageError
 from inferlab.analysis.profile import (
     DEFAULT_BUDGET_S,
     FACTORS,
     Profile,
     ProfileConfig,
     parse_budget,
+    prepare_out,
     profile,
 )
 from inferlab.cli.common import run_guarded
+from inferlab.engines.launch import command, load_spec
 from inferlab.results.metrics import SLO
-from inferlab.results.runfiles import dumps
+from inferlab.results.runfiles import dumps, plain_json
 
 
 @click.command("profile")
 @click.option("--url", help="OpenAI-compatible server. Default: the embedded simulated server (started for the profile, stopped after).")
+@click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Start this engine first (a TOML/JSON file, as for inferlab engine start), profile it, stop it; its output goes to --out's engine.log, its config into profile.json.")
 @click.option("--model", help="Model name to request (default: the first the server lists; without --url: the model the simulator serves).")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY].")
@@ -46,17 +51,31 @@ def profile_command(**kw: Any) -> None:
 
 
 def _profile(kw: dict[str, Any]) -> int:
+    spec = None
+    if kw["engine_config"]:
+        if kw["url"] is not None:
+            raise UsageError("--engine starts the server to profile: give --engine or --url, not both")
+        spec = load_spec(kw["engine_config"])
+        command(spec)  # a setting the engine has no flag for: refused before anything starts
     config = ProfileConfig(
         out_dir=kw["out_dir"], budget_s=parse_budget(kw["budget"]), model=kw["model"], api=kw["api"],
         api_key=kw["api_key"], slo=SLO(ttft_ms=kw["slo_ttft_ms"], tpot_ms=kw["slo_tpot_ms"]),
-        max_concurrency=kw["max_concurrency"], seed=kw["seed"], overwrite=kw["overwrite"], embedded=kw["url"] is None,
-        exact_output=kw["exact_output"],
+        max_concurrency=kw["max_concurrency"], seed=kw["seed"], overwrite=kw["overwrite"],
+        embedded=kw["url"] is None and spec is None, exact_output=kw["exact_output"],
         factors=() if kw["factors"].strip() == "all" else tuple(f.strip() for f in kw["factors"].split(",") if f.strip()),
+        engine_config=None if spec is None else plain_json(dataclasses.asdict(spec)),
     )
     err = Console(stderr=True)
     embedded = None
+    started = None
     url = kw["url"]
-    if url is None:
+    if spec is not None:
+        from inferlab.cli.engine import start_engine
+
+        out = prepare_out(config)  # (a folder holding a profile: refused before the engine starts)
+        started = start_engine(kw["engine_config"], str(out / "engine.log"))
+        url = started.url
+    elif url is None:
         from inferlab.sim.server.launch import ChildServer
 
         embedded = ChildServer(["--model", kw["model"]] if kw["model"] else [])
@@ -67,6 +86,8 @@ def _profile(kw: dict[str, Any]) -> int:
     finally:
         if embedded is not None:
             embedded.close()
+        if started is not None:
+            started.stop()
     if kw["as_json"]:
         click.echo(dumps(result.to_json()))
     else:
@@ -77,6 +98,8 @@ def _profile(kw: dict[str, Any]) -> int:
 def render_profile(console: Console, p: Profile, out_dir: str) -> None:
     """The table: factor · measured cost here · evidence."""
     where = p.url or "the embedded simulated server (prediction)"
+    if p.engine_config is not None:
+        where = f"{p.engine_config.get('engine')} at {p.url} (started from its config)"
     table = Table(title=f"profile of {p.model} @ {where} ({p.elapsed_s:,.0f} s of a {p.budget_s:,.0f} s budget)", title_justify="left", header_style="bold")
     table.add_column("factor", no_wrap=True)
     table.add_column("measured cost here")

@@ -4,11 +4,17 @@ engine settings; a saturation stop per load axis, a goodput search, repeats.
 Every ``bench``/``sim run`` flag works here; those that take a value and name a grid axis
 (the load, workload lengths and prefixes, every engine flag that takes a value) also take
 a comma list, e.g. ``-c 1,2,4,8`` or ``--gpu H100,L40S``.
+
+``--engine CONFIG`` starts a real engine (``inferlab engine start``'s config) and
+measures it over HTTP: once for the whole sweep, or once per value of an engine flag
+that names one of the config's settings (``--max-num-seqs 4,16``: the engine restarted
+with each); the simulator's other flags are refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shlex
 import sys
 from collections.abc import Callable
@@ -32,7 +38,9 @@ from inferlab.cli.common import (
     slo_config,
     workload_config,
 )
+from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
+from inferlab.engines.launch import EngineSpec, load_spec
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target
 from inferlab.openai.request import Api
 from inferlab.report.sweep import params_text, point_line, render_sweep
@@ -40,7 +48,14 @@ from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import dumps
 from inferlab.results.sweepindex import check_sweep_dir
 from inferlab.sweep.grid import Grid, is_ascending, parse_values
-from inferlab.sweep.runner import GoodputSearch, SweepConfig, SweepResult, check_points, run_sweep
+from inferlab.sweep.runner import (
+    GoodputSearch,
+    SweepConfig,
+    SweepResult,
+    Trials,
+    check_points,
+    run_sweep,
+)
 from inferlab.sweep.saturation import SaturationRules
 
 #: load and workload flags that take a comma list (a grid axis each)
@@ -108,6 +123,9 @@ def _sweep_params() -> list[click.Parameter]:
 
 #: engine flags: refused with --url
 ENGINE_FLAGS = tuple(p.name or "" for p in _params(engine_options(RUN_DEFAULTS)))
+#: engine flags that name a setting of an engine config: with --engine they set it (a
+#: comma list: an axis, the engine restarted per value); the others are refused
+SPEC_FLAGS = tuple(n for n in ENGINE_FLAGS if n in {f.name for f in dataclasses.fields(EngineSpec)} - FIXED_SETTINGS)
 
 
 def _sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -119,7 +137,8 @@ def _sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.command()
 @click.option("--url", "--base-url", "url", help="An OpenAI-compatible server: every point runs over HTTP on the wall clock. Default: the simulator in virtual time (seconds for a whole sweep; every number a prediction).")
-@click.option("--api", type=click.Choice(["chat", "completions"]), help="Default: chat against --url, completions in the simulator (as bench and sim run).")
+@click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Start this engine (a TOML/JSON file, as for inferlab engine start) and measure it over HTTP, stopping it after: once for the whole sweep, or once per value of --max-num-seqs, --max-num-batched-tokens, --max-model-len, --tensor-parallel-size or --gpu-memory-utilization given as a comma list (a single value, and --[no-]enable-prefix-caching, --[no-]enforce-eager, replace the config's setting). The simulator's other engine flags are refused.")
+@click.option("--api", type=click.Choice(["chat", "completions"]), help="Default: chat against --url or --engine, completions in the simulator (as bench and sim run).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Run every point this many times (the seed advanced each time) and report each headline metric's mean with a 95 % t confidence interval.")
 @click.option("--saturation-gain", type=click.FloatRange(min=0), default=0.05, show_default=True, help="Stop a load axis when output tok/s rose by less than this share over the previous load (0.05: 5 %).")
 @click.option("--ttft-growth", type=click.FloatRange(min=1, min_open=True), default=4.0, show_default=True, help="Stop a load axis when TTFT p50 grew more than this many times over the previous load's.")
@@ -136,7 +155,9 @@ def _sweep(kw: dict[str, Any]) -> int:
     config = sweep_config(kw)
     check_sweep_dir(config.out_dir, config.overwrite)
     check_points(config)  # (run_sweep checks again: a library call must too)
-    err, out = Console(stderr=True), Console()
+    # (an engine the sweep starts says so on the console the progress is on)
+    err = config.target.err if isinstance(config.target, EngineTrials) else Console(stderr=True)
+    out = Console()
     watcher = _Watcher(err, config)
     err.print(f"inferlab sweep: {_target_line(config)} → {config.out_dir}/sweep.json", soft_wrap=True, highlight=False)
 
@@ -168,7 +189,17 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
     if kw["out"] is None:
         raise UsageError("a sweep needs -o/--out DIR: the folder its run directories and sweep.json go in")
     url = kw["url"]
-    if url is not None:
+    if kw["engine_config"] is not None:
+        if url is not None:
+            raise UsageError("--engine starts the server to measure: give --engine or --url, not both")
+        refused = [n for n in ENGINE_FLAGS if n != "model" and n not in SPEC_FLAGS and given(n)]
+        if refused:
+            flags = ", ".join("--" + n.replace("_", "-") for n in refused)
+            raise UsageError(f"{flags}: flags of the simulated engine; with --engine the config file sets the engine "
+                             "(here only its settings: " + ", ".join("--" + n.replace("_", "-") for n in SPEC_FLAGS) + ")")
+        if kw["model"] is not None and len(kw["model"]) > 1:
+            raise UsageError("--model: with --engine the config names the model and a sweep requests one (the model name)")
+    elif url is not None:
         engine = [n for n in ENGINE_FLAGS if n != "model" and given(n)]
         if engine:
             flags = ", ".join("--" + n.replace("_", "-") for n in engine)
@@ -208,7 +239,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
                 axes.append((name, values))
         elif values is None and name in ENGINE_FLAGS:
             base.pop(name, None)  # not given: the engine's default
-    if url is not None:
+    if url is not None or kw["engine_config"] is not None:
         axes = [(n, v) for n, v in axes if n != "model"]
     base["concurrency"] = int(loads[0]) if load_axis == "concurrency" else None
     base["rate"] = str(loads[0]) if load_axis == "rate" else None
@@ -216,14 +247,17 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
     slo = slo_config(kw)
     api: Api = kw["api"] or ("chat" if url is not None else "completions")
     run = RunConfig(load, workload_config(base), api, slo)
-    target: Target
-    if url is None:
+    target: Target | Trials
+    if url is None and kw["engine_config"] is None:
         target = SimTarget(engine_config(base))
     else:
         target = HttpTarget(
-            url, base.get("model"), kw["stream"], kw["api_key"], parse_headers(kw["header"]), kw["timeout"],
+            url or "", base.get("model"), kw["stream"], kw["api_key"], parse_headers(kw["header"]), kw["timeout"],
             kw["idle_timeout"], kw["preflight"], workers=kw["workers"],
         )
+        if kw["engine_config"] is not None:
+            target = _engine_target(kw["engine_config"], base, axes, target)
+            axes.sort(key=lambda a: a[0] not in SPEC_FLAGS)  # its settings slowest: each started once
     goodput = None
     if kw["find_max_rate"]:
         if slo is None:
@@ -240,6 +274,22 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
     return SweepConfig(
         run, target, grid, kw["out"], kw["repeats"], rules, goodput, auto, kw["overwrite"], command=_command_line(),
     )
+
+
+def _engine_target(path: str, base: dict[str, Any], axes: list[tuple[str, tuple[Any, ...]]],
+                   http: HttpTarget) -> EngineTrials:
+    """The engine of ``path``, the settings given as flags put in (an axis's values
+    each checked, before anything starts), measured over HTTP as ``http`` says."""
+    swept = {n for n, _ in axes}
+    trials = EngineTrials(load_spec(path), Console(stderr=True), http, who="inferlab sweep")
+    trials.spec = trials.setting({n: base[n] for n in SPEC_FLAGS if n not in swept and given(n)})
+    for name, values in axes:
+        for v in values if name in SPEC_FLAGS else ():
+            try:
+                trials.setting({name: v})
+            except UsageError as e:
+                raise UsageError(f"--{name.replace('_', '-')} {v}: {e}") from None
+    return trials
 
 
 def _load_axis(kw: dict[str, Any]) -> tuple[str, list[float]]:
@@ -285,7 +335,16 @@ def _target_line(config: SweepConfig) -> str:
     t = config.target
     if isinstance(t, SimTarget):
         return f"simulating {_engine_text(config)} in virtual time"
+    if isinstance(t, EngineTrials):
+        return f"measuring {_started(t, config)}"
+    assert isinstance(t, HttpTarget)
     return f"measuring {t.url}"
+
+
+def _started(t: EngineTrials, config: SweepConfig) -> str:
+    varied = [n for n, _ in config.grid.axes if n in t.fields]
+    each = f", started for each {', '.join('--' + n.replace('_', '-') for n in varied)}" if varied else ", started for the sweep"
+    return f"{t.spec.engine} serving {t.spec.model}{each}"
 
 
 def _engine_text(config: SweepConfig) -> str:
@@ -300,9 +359,13 @@ def _engine_text(config: SweepConfig) -> str:
 
 
 def _title(config: SweepConfig) -> str:
-    if isinstance(config.target, SimTarget):
+    t = config.target
+    if isinstance(t, SimTarget):
         return f"prediction (simulated, virtual time): {_engine_text(config)}"
-    return f"measured: {config.target.url}"
+    if isinstance(t, EngineTrials):
+        return f"measured: {_started(t, config)}"
+    assert isinstance(t, HttpTarget)
+    return f"measured: {t.url}"
 
 
 class _Watcher:

@@ -4,15 +4,11 @@ workload (``analysis.tune``)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import sys
-import tempfile
 import types
 import typing
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import click
@@ -29,16 +25,16 @@ from inferlab.cli.common import (
     slo_config,
     workload_config,
 )
+from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
-from inferlab.load.run import HttpTarget, RunConfig, SimTarget
-from inferlab.results.runfiles import plain_json
+from inferlab.load.run import RunConfig, SimTarget
 from inferlab.results.sweepindex import check_sweep_dir
 from inferlab.sim.engine.engine import EngineConfig
-from inferlab.sweep.tune import Axis, Trial, Trials, TuneConfig, Tuner, TuneResult
+from inferlab.sweep.runner import Trials
+from inferlab.sweep.tune import Axis, Trial, TuneConfig, Tuner, TuneResult
 
 #: Settings no search moves: where the engine is, and how it is run.
-_NOT_SEARCHED = frozenset({"efficiencies_path", "offline", "engine", "model", "host", "port", "executable",
-                           "extra_args", "env", "ready_timeout_s", "served_model_name"})
+_NOT_SEARCHED = FIXED_SETTINGS | {"efficiencies_path", "offline"}
 #: The simulated engine's flags (engine_options): meaningless with --engine.
 _SIM_FLAGS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
 
@@ -142,7 +138,7 @@ def _tune(kw: dict[str, Any]) -> int:
         check_sweep_dir(out, kw["overwrite"])
     run_config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), None, kw["overwrite"])
     err = Console(stderr=True)
-    target: SimTarget | Trials = SimTarget(engine_config(kw)) if spec is None else EngineTrials(spec, out, err)
+    target: SimTarget | Trials = SimTarget(engine_config(kw)) if spec is None else EngineTrials(spec, err, who="inferlab tune")
     where = ("on the simulated engine (virtual time; predictions)" if spec is None
              else f"on {spec.engine}, started for each trial (measured)")
 
@@ -170,36 +166,6 @@ def _tune(kw: dict[str, Any]) -> int:
     if result.best is None:
         raise UsageError("no trial completed: see the reasons above") if not result.interrupted else click.exceptions.Exit(130)
     return 130 if result.interrupted else 0
-
-
-class EngineTrials:
-    """Trials on a real engine: ``spec`` with each setting put in, started for the
-    trial (its log in the trial's directory) and stopped after it."""
-
-    prediction = False
-
-    def __init__(self, spec: Any, out: str | None, err: Console) -> None:
-        self.spec = spec
-        self.out = out
-        self.err = err
-        self.fields = frozenset(f.name for f in dataclasses.fields(spec)) - _NOT_SEARCHED
-
-    def target_json(self) -> dict[str, Any]:
-        return {"kind": "server", "virtual_time": False, "engine": plain_json(dataclasses.asdict(self.spec))}
-
-    @contextlib.asynccontextmanager
-    async def open(self, params: dict[str, Any], trial_dir: str | None) -> AsyncIterator[HttpTarget]:
-        from inferlab.engines.launch import EngineProcess
-
-        spec = dataclasses.replace(self.spec, **params)
-        folder = Path(trial_dir) if trial_dir else Path(tempfile.mkdtemp(prefix="inferlab-tune-"))
-        proc = EngineProcess(spec, folder.parent / f"{folder.name}.engine.log")
-        self.err.print(f"inferlab tune: starting {spec.engine}: {proc.command.shell()}")
-        await asyncio.to_thread(proc.start)
-        try:
-            yield HttpTarget(proc.url, timeout_s=600.0)
-        finally:
-            await asyncio.to_thread(proc.stop)
 
 
 def _params(t: Trial, sep: str = " ") -> str:

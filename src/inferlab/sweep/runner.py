@@ -2,6 +2,11 @@
 behind ``bench`` and ``sim run``) into a run directory of its own; ``sweep.json``
 rewritten after every point, so that an interrupted sweep leaves a valid index of what
 finished.
+
+The target is the simulator, a server, or ``Trials``: an engine the sweep starts itself
+(``inferlab sweep --engine``), once for the whole sweep, or once per setting of its
+engine axes (the axes that vary it run slowest, so each setting starts once), and stops
+after.
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ import dataclasses
 import os
 import statistics
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from inferlab._errors import RunFailedError, UsageError
+from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target, run
 from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
@@ -32,9 +38,25 @@ from inferlab.results.sweepindex import (
 from inferlab.sim.engine.bands import headline_prediction
 from inferlab.sim.engine.engine import Engine
 from inferlab.sweep.goodput import Probe, SearchResult, find_max_rate, slo_share
-from inferlab.sweep.grid import Grid, point_configs, slug
+from inferlab.sweep.grid import WORKLOAD_FIELDS, Grid, point_configs, slug
 from inferlab.sweep.saturation import SaturationRules, check
 from inferlab.sweep.stats import t_interval
+
+
+class Trials(Protocol):
+    """Targets started on demand (an engine launched from a config): the settings it
+    takes (``fields``), what ``sweep.json`` says of it, whether its numbers are
+    predictions, and the target of one setting for as long as the context lasts (an
+    engine started for it, its output in ``log_path``, is stopped after; ``stop`` set
+    while it starts: it gives up, ``InferlabError``)."""
+
+    fields: frozenset[str]
+    prediction: bool
+
+    def target_json(self) -> dict[str, Any]: ...
+
+    def open(self, params: dict[str, Any], log_path: str | None,
+             stop: asyncio.Event | None = None) -> AbstractAsyncContextManager[Target]: ...
 
 
 @dataclass(frozen=True)
@@ -59,10 +81,12 @@ class SweepConfig:
     where to write it (``out_dir``), ``repeats`` of every point, the saturation rules
     (None: run every load), and a goodput search instead of the load axis (its grid's
     load axis is ``rate``). ``auto_requests``: size each point's request count to its
-    load (``grid.auto_num_requests``). ``command``: the command line, for the index."""
+    load (``grid.auto_num_requests``). ``command``: the command line, for the index.
+    ``target`` a ``Trials``: an engine the sweep starts (per setting of the grid's axes
+    in its ``fields``)."""
 
     run: RunConfig
-    target: Target
+    target: Target | Trials
     grid: Grid
     out_dir: str
     repeats: int = 1
@@ -79,6 +103,20 @@ class SweepConfig:
             raise UsageError("a goodput search varies the rate: give no --concurrency")
         if isinstance(self.target, HttpTarget) and self.grid.engine_axes():
             raise UsageError("engine settings are the server's own: a sweep against a URL cannot vary them")
+        if not isinstance(self.target, HttpTarget | SimTarget):
+            others = [n for n in self.grid.engine_axes() if n not in self.target.fields]
+            if others:
+                raise UsageError(f"{', '.join(others)}: not a setting of the engine the sweep starts")
+
+
+def launch_params(config: SweepConfig, params: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A group's ``params`` split: (the settings an engine the sweep starts takes, the
+    rest); against the simulator or a server, nothing is started."""
+    t = config.target
+    if isinstance(t, HttpTarget | SimTarget):
+        return {}, params
+    mine = {k: v for k, v in params.items() if k in t.fields and k not in WORKLOAD_FIELDS}
+    return mine, {k: v for k, v in params.items() if k not in mine}
 
 
 class Listener(Protocol):
@@ -162,7 +200,10 @@ def check_points(config: SweepConfig) -> None:
     runs and is recorded as failed, the other groups go on."""
     grid = config.grid
     for params in grid.groups():
-        run_cfg, target = point_configs(config.run, config.target, grid.load_axis, grid.load_values[0], params,
+        # (an engine the sweep starts is checked by its own: here, the workload)
+        rest = launch_params(config, params)[1]
+        base = config.target if isinstance(config.target, HttpTarget | SimTarget) else HttpTarget("")
+        run_cfg, target = point_configs(config.run, base, grid.load_axis, grid.load_values[0], rest,
                                         auto_requests=config.auto_requests)
         run_cfg.workload.build(run_cfg.load.seed, run_cfg.api)
         if isinstance(target, SimTarget):
@@ -178,11 +219,17 @@ class _Sweep:
         self.after_run = after_run
         self.count = 0
         self.interrupted = False
+        # the target points run against: a started engine's, while its setting lasts
+        self.target: Target | None = config.target if isinstance(config.target, HttpTarget | SimTarget) else None
+        self.engines = contextlib.AsyncExitStack()  # the engine started, stopped on the way out
+        self.launched: dict[str, Any] | None = None  # its setting
+        self.refused: list[tuple[dict[str, Any], str]] = []  # settings it did not start with, and why
         g = config.goodput
         self.index: dict[str, Any] = {
             "format": FORMAT,
             "command": config.command,
-            "target": target_json(config.target),
+            "target": target_json(config.target) if isinstance(config.target, HttpTarget | SimTarget)
+            else config.target.target_json(),
             "prediction": isinstance(config.target, SimTarget),
             "axes": config.grid.to_json(),
             "load_axis": config.grid.load_axis,
@@ -202,6 +249,10 @@ class _Sweep:
         write_index(self.config.out_dir, self.index)
 
     async def run(self) -> SweepResult:
+        async with self.engines:  # (an engine still running stops here, whatever ended the sweep)
+            return await self._run()
+
+    async def _run(self) -> SweepResult:
         self.write()
         for params in self.config.grid.groups():
             group: dict[str, Any] = {"params": plain_json(params), "load_axis": self.config.grid.load_axis, "stopped": None}
@@ -209,6 +260,8 @@ class _Sweep:
             if self.interrupted or self.stop.is_set():
                 self.interrupted = True
                 self._skip(params, self.config.grid.load_values, "interrupted")
+            elif not await self._launch(params, group):
+                pass  # the engine did not start: said in the group
             elif self.config.goodput is not None:
                 await self._search(params, group)
             else:
@@ -218,6 +271,47 @@ class _Sweep:
         self.index["complete"] = not self.interrupted
         self.write()
         return SweepResult(self.index, self.interrupted)
+
+    async def _launch(self, params: dict[str, Any], group: dict[str, Any]) -> bool:
+        """Start the engine of this group's setting, unless it runs already (the
+        previous setting's stopped first); whether there is one to measure. An engine
+        that does not start fails its group (its first point says why, the rest are
+        skipped), or, with no axis of its settings, the whole sweep."""
+        trials = self.config.target
+        if isinstance(trials, HttpTarget | SimTarget):
+            return True
+        setting = launch_params(self.config, params)[0]
+        if setting == self.launched:
+            return True
+        await self.engines.aclose()  # (AsyncExitStack: usable again once closed)
+        self.launched = self.target = None
+        why = next((w for s, w in self.refused if s == setting), None)  # (not started twice)
+        if why is None:
+            name = "engine.log" if not setting else f"engine_{slug(setting)}.log"
+            try:
+                self.target = await self.engines.enter_async_context(
+                    trials.open(setting, str(Path(self.config.out_dir) / name), self.stop))
+            except InferlabError as e:
+                if self.stop.is_set():
+                    self.interrupted = True
+                    self._skip(params, self.config.grid.load_values, "interrupted")
+                    return False
+                if not setting:
+                    raise
+                why = str(e)
+                self.refused.append((setting, why))
+        if why is not None:
+            loads = self.config.grid.load_values
+            full = {self.config.grid.load_axis: loads[0], **params}
+            self.index["points"].append({"dir": None, "params": plain_json(full), "repeat": 0, "status": "failed",
+                                         "reason": f"the engine did not start: {why}", "headline": None,
+                                         "prediction": None})
+            self.listener.point_done(self.index["points"][-1])
+            group["stopped"] = {"rule": "failed", "reason": why, "at": loads[0], "knee": None}
+            self._skip(params, loads[1:], "the engine did not start", first_repeat={loads[0]: 1})
+            return False
+        self.launched = setting
+        return True
 
     async def _load_axis(self, params: dict[str, Any], group: dict[str, Any]) -> None:
         grid, rules = self.config.grid, self.config.saturation
@@ -278,9 +372,11 @@ class _Sweep:
         }
         self.listener.point_started(entry, self.count)
         result: RunResult | None = None
+        assert self.target is not None  # (started by ``_launch``)
         try:
             run_cfg, target = point_configs(
-                c.run, c.target, c.grid.load_axis, load, params, repeat=repeat, auto_requests=c.auto_requests,
+                c.run, self.target, c.grid.load_axis, load, launch_params(c, params)[1], repeat=repeat,
+                auto_requests=c.auto_requests,
             )
             run_cfg = dataclasses.replace(run_cfg, out_dir=path, overwrite=c.overwrite)
             result = await run(run_cfg, target, on_record=self.listener.record, stop=self.stop)

@@ -43,7 +43,7 @@ import math
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from inferlab._errors import InferlabError, UsageError
 from inferlab.load.run import RunConfig, RunResult, SimTarget, Target, run
@@ -53,7 +53,7 @@ from inferlab.results.runfiles import plain_json
 from inferlab.results.summary import Summary
 from inferlab.results.sweepindex import FORMAT, headline, write_index
 from inferlab.sim.engine.bands import headline_prediction
-from inferlab.sweep.runner import target_json
+from inferlab.sweep.runner import Trials, target_json
 
 Search = Literal["grid", "pattern"]
 Objective = Literal["goodput", "throughput"]
@@ -133,19 +133,6 @@ def pareto_front(trials: Sequence[Trial]) -> list[Trial]:
     return sorted(front, key=lambda t: t.headline()["output_tok_s"] or 0.0)
 
 
-class Trials(Protocol):
-    """Where trials run: the settings it takes (``fields``), what ``sweep.json`` says
-    of it, whether its numbers are predictions, and the target of one setting, for the
-    trial's duration (an engine started for it is stopped after)."""
-
-    fields: frozenset[str]
-    prediction: bool
-
-    def target_json(self) -> dict[str, Any]: ...
-
-    def open(self, params: dict[str, Any], trial_dir: str | None) -> contextlib.AbstractAsyncContextManager[Target]: ...
-
-
 class SimTrials:
     """Trials on the simulated engine in virtual time: ``base`` with each setting's
     engine flags replaced."""
@@ -160,7 +147,8 @@ class SimTrials:
         return target_json(self.base)
 
     @contextlib.asynccontextmanager
-    async def open(self, params: dict[str, Any], trial_dir: str | None) -> AsyncIterator[Target]:
+    async def open(self, params: dict[str, Any], log_path: str | None,
+                   stop: asyncio.Event | None = None) -> AsyncIterator[Target]:
         yield dataclasses.replace(self.base, engine=dataclasses.replace(self.base.engine, **params))
 
 
@@ -224,7 +212,7 @@ class Tuner:
         trial = Trial(number, dict(params), None if out is None else name)
         result: RunResult | None
         try:
-            async with self.trials_at.open(params, out) as target:
+            async with self.trials_at.open(params, None if out is None else f"{out}.engine.log", self.stop) as target:
                 result = await self._run(dataclasses.replace(self.run_config, out_dir=out), target, trial)
         except (UsageError, ValueError, InferlabError) as e:
             trial.status, trial.reason = "failed", str(e).splitlines()[0]
