@@ -101,6 +101,15 @@ class KeyConfig:
     tpm_counts: TokenCount = "total"
 
 
+#: The ``[admission]`` keys each mode acts on, beside ``mode`` and the gateway's
+#: ``tokenizer`` (``sim run --admission`` takes these as flags, and refuses the others).
+ADMISSION_KEYS: dict[str, tuple[str, ...]] = {
+    "tokens": ("max_tokens_in_flight", "queue_max", "queue_timeout_s", "starvation_s", "default_max_tokens"),
+    "requests": ("max_requests_in_flight", "queue_max", "queue_timeout_s"),
+    "off": (),
+}
+
+
 @dataclass(frozen=True)
 class AdmissionConfig:
     """How requests are let through to an upstream: by tokens in flight (estimated prompt

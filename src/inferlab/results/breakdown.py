@@ -1,4 +1,4 @@
-"""Where a request's time went: client queue, server queue, prefill, decode, and the
+"""Where a request's time went: client queue, gateway queue, server queue, prefill, decode, and the
 rest (network, HTTP, streaming), from the best source a run has.
 
 Per request, from the server's own timeline (the simulated server's
@@ -42,8 +42,10 @@ class Part:
 
 @dataclass(frozen=True)
 class LatencyBreakdown:
-    """The parts of E2E: ``client_queue_ms`` (send − intended send), ``server_queue_ms``
-    (received → first scheduled: the front end and the engine's queue), ``prefill_ms``
+    """The parts of E2E: ``client_queue_ms`` (send − intended send),
+    ``gateway_queue_ms`` (a gateway's admission queue: received → sent on to the engine;
+    None without a gateway), ``server_queue_ms`` (the engine received it → first
+    scheduled: the front end and the engine's queue), ``prefill_ms``
     (first scheduled → first token), ``decode_ms`` (first token → last), ``other_ms``
     (E2E less the server's part: network, HTTP, streaming); ``source`` says where they
     come from, ``requests`` how many requests they cover."""
@@ -55,14 +57,16 @@ class LatencyBreakdown:
     prefill_ms: Part | None
     decode_ms: Part | None
     other_ms: Part | None
+    gateway_queue_ms: Part | None = None
 
     def to_json(self) -> dict[str, Any]:
         def part(p: Part | None) -> dict[str, float | None] | None:
             return None if p is None else {"mean": p.mean, "p50": p.p50, "p90": p.p90}
 
+        gateway = {} if self.gateway_queue_ms is None else {"gateway_queue_ms": part(self.gateway_queue_ms)}
         return {
-            "source": self.source, "requests": self.requests,
-            "client_queue_ms": part(self.client_queue_ms), "server_queue_ms": part(self.server_queue_ms),
+            "source": self.source, "requests": self.requests, "client_queue_ms": part(self.client_queue_ms),
+            **gateway, "server_queue_ms": part(self.server_queue_ms),
             "prefill_ms": part(self.prefill_ms), "decode_ms": part(self.decode_ms), "other_ms": part(self.other_ms),
         }
 
@@ -74,26 +78,34 @@ class LatencyBreakdown:
         return cls(
             str(d["source"]), int(d["requests"]), part(d.get("client_queue_ms")), part(d.get("server_queue_ms")),
             part(d.get("prefill_ms")), part(d.get("decode_ms")), part(d.get("other_ms")),
+            part(d.get("gateway_queue_ms")),
         )
 
 
 def latency_breakdown(done: Sequence[RequestRecord], telemetry: ServerMetrics | None = None) -> LatencyBreakdown | None:
     """The breakdown of the completed measured requests ``done``; None when neither the
     server's timeline nor its histograms are there."""
-    queue, prefill, decode, other, client = [], [], [], [], []
+    queue, prefill, decode, other, client, gateway = [], [], [], [], [], []
     for r in done:
         tl = r.server_timeline or {}
         sched, first, fin = tl.get("scheduled_ms"), tl.get("first_token_ms"), tl.get("finished_ms")
         e2e = request_metrics(r).e2e_ms
         if sched is None or first is None or fin is None or e2e is None:
             continue
-        queue.append(float(sched))
+        # through a gateway (sim run --admission) the times count from the gateway's receipt
+        waited = tl.get("gateway_queue_ms")
+        if waited is not None:
+            gateway.append(float(waited))
+        queue.append(float(sched) - float(waited or 0.0))
         prefill.append(float(first) - float(sched))
         decode.append(float(fin) - float(first))
         other.append(max(0.0, e2e - float(fin)))
         client.append(queue_delay_ms(r) or 0.0)
     if queue:
-        return LatencyBreakdown(PER_REQUEST, len(queue), Part.of(client), Part.of(queue), Part.of(prefill), Part.of(decode), Part.of(other))
+        return LatencyBreakdown(
+            PER_REQUEST, len(queue), Part.of(client), Part.of(queue), Part.of(prefill), Part.of(decode), Part.of(other),
+            Part.of(gateway),
+        )
     if telemetry is None or not telemetry.available:
         return None
     h = telemetry.histograms
