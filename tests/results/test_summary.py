@@ -121,7 +121,7 @@ def test_a_wait_for_a_concurrency_slot_is_not_called_falling_behind() -> None:
 
 def _full_summary() -> Summary:
     records = [
-        rec(0, 0, [12, 20, 31], 40, out=3, server_timeline={"first_token_ms": 10.0, "scheduled_ms": 1.0}),
+        rec(0, 0, [12, 20, 31], 40, out=3, server_timeline={"first_token_ms": 10.0, "scheduled_ms": 1.0, "gateway_queue_ms": 0.5}),
         rec(1, 50, [60, 71], 80, out=2, intended_send_ns=0),  # 50 ms late
         RequestRecord(index=2, send_ns=7 * MS, status=429, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 429: slow down"),
     ]
@@ -136,7 +136,8 @@ def _full_summary() -> Summary:
             histograms={"ttft_ms": HistogramDelta(2, 12.5, 10.0, 20.0, None)}, missing=("prompt_seconds",),
         ),
     )
-    summary = summarize(records, config={"load": {"schedule": {"kind": "OpenLoop"}}}, slo=SLO(ttft_ms=15), extras=extras)
+    config = {"load": {"schedule": {"kind": "OpenLoop"}}, "admission": {"mode": "tokens"}}  # (sim run --admission)
+    summary = summarize(records, config=config, slo=SLO(ttft_ms=15), extras=extras)
     # (sim run adds its prediction block after summarizing)
     band = {"pct": 25.0, "rows": 6, "split": "holdout", "family": "vllm", "regime": "Poisson", "text": "±25 %"}
     return dataclasses.replace(summary, prediction={"label": "prediction", "error_bands": {"ttft_ms": band, "e2e_ms": None}})

@@ -15,7 +15,7 @@ from inferlab.cli.common import install_stop_signals, run_guarded
 @click.option("--upstream", "upstreams", multiple=True, help="An engine's root URL (http://host:port); repeatable. More, with their keys and limits: [[upstreams]] in --config.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port to listen on (0: a free one, printed).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file: client keys and limits, admission, cache, more upstreams (docs/gateway.md).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file (or YAML: .yaml, .yml): client keys and limits, admission, cache, more upstreams (docs/gateway.md).")
 @click.option("--announce", is_flag=True, hidden=True, help="Print the gateway's URL on stdout once it listens (for a parent process).")
 def gateway(**kw: Any) -> None:
     """An OpenAI-compatible gateway in front of one or more engines: streaming

@@ -28,6 +28,7 @@ from inferlab.cli.common import (
     table_percentiles,
     workload_config,
 )
+from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.run import RunResult
 from inferlab.load.schedules import OpenLoop
 from inferlab.report.console import render_summary
@@ -62,6 +63,22 @@ def _parsed(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Param
             raise click.BadParameter(str(e)) from None
 
     return read
+
+
+_ADMISSION = AdmissionConfig()
+
+
+def admission_config(kw: dict[str, Any]) -> AdmissionConfig | None:
+    """The gateway's admission ``sim run`` puts in front of its engines (None: none).
+    ``UsageError`` for an admission flag that has no effect in the mode given."""
+    mode = kw["admission"]
+    for name in ADMISSION_KEYS["tokens"] + ADMISSION_KEYS["requests"]:
+        if given(name) and (mode is None or name not in ADMISSION_KEYS[mode]):
+            modes = " or ".join(m for m, keys in ADMISSION_KEYS.items() if name in keys)
+            raise UsageError(f"--{name.replace('_', '-')} acts with --admission {modes} (given: {mode or 'none'})")
+    if mode is None:
+        return None
+    return AdmissionConfig(mode=mode, **{name: kw[name] for name in {*ADMISSION_KEYS["tokens"], *ADMISSION_KEYS["requests"]}})
 
 
 def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -167,6 +184,13 @@ def _serve(kw: dict[str, Any]) -> int:
 @click.option("--offline/--served", "offline", default=None, help="Run as vLLM's offline LLM class (no API server costs, larger default budget) or behind its API server. Default: offline only with --rate inf and no --max-concurrency.")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True, help="Engines of this config, in parallel, each with its own KV and prefix cache, behind --router.")
 @click.option("--router", type=click.Choice(["round-robin", "least-outstanding", "prefix-affinity"]), default="round-robin", show_default=True, help="How --replicas share the requests: inferlab gateway's routing policies, the same code.")
+@click.option("--admission", type=click.Choice(["tokens", "requests", "off"]), default=None, help="Put inferlab gateway's admission in front of the engine(s), the same code ([admission] mode): by tokens in flight (smallest waiters first), by requests in flight (arrival order), or off. Default: no gateway.")
+@click.option("--max-tokens-in-flight", type=click.IntRange(min=1), default=_ADMISSION.max_tokens_in_flight, show_default=True, help="--admission tokens: prompt + max_tokens held per engine.")
+@click.option("--max-requests-in-flight", type=click.IntRange(min=1), default=_ADMISSION.max_requests_in_flight, show_default=True, help="--admission requests: requests per engine.")
+@click.option("--queue-max", type=click.IntRange(min=0), default=_ADMISSION.queue_max, show_default=True, help="--admission: requests that may wait in the gateway's queue; more get 503.")
+@click.option("--queue-timeout-s", type=click.FloatRange(min=0.0, min_open=True), default=_ADMISSION.queue_timeout_s, show_default=True, help="--admission: the longest wait in the gateway's queue; longer gets 503.")
+@click.option("--starvation-s", type=click.FloatRange(min=0.0, min_open=True), default=_ADMISSION.starvation_s, show_default=True, help="--admission tokens: a request waiting this long goes before smaller ones.")
+@click.option("--default-max-tokens", type=click.IntRange(min=1), default=_ADMISSION.default_max_tokens, show_default=True, help="--admission tokens: output tokens held for a request without max_tokens.")
 def run_cmd(**kw: Any) -> None:
     """Run a workload through the simulated engine in virtual time (no HTTP)."""
     sys.exit(run_guarded(lambda: _sim_run(kw)))
@@ -235,7 +259,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     if kw["replicas"] == 1 and given("router"):
         raise UsageError("--router chooses among --replicas: give --replicas N (2 or more)")
-    target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"], kw["replicas"], kw["router"])
+    target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"], kw["replicas"], kw["router"], admission_config(kw))
     s = config.load.schedule
     offline = kw["offline"] if kw["offline"] is not None else (
         isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
@@ -277,6 +301,8 @@ def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     where = f"{e.tensor_parallel_size}x {e.gpu}"
     if replicas:
         where = f"{replicas['count']} replicas of {where} (router {replicas['router']})"
+    if result.summary.config.get("admission"):
+        where += ", behind the gateway's admission"
     render_summary(out, result.summary, f"{e.model} on {where}, virtual time", table_percentiles(kw))
     line = Table(show_header=False, box=None, pad_edge=False)
     line.add_column(style="bold", no_wrap=True, min_width=18)

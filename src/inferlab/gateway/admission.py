@@ -11,9 +11,13 @@ waited ``starvation_s`` goes before every newer one (and room is held for it), s
 prompts are not starved either. Mode ``requests`` serves the queue in arrival order. A
 request larger than a whole budget goes alone, to an upstream with nothing in flight.
 
-Plain bookkeeping on one event loop: nothing awaits between a check and its charge,
-so no two requests can take the same room. The caller must ``release`` every
-``Ticket`` it was given, however its request ends.
+Plain bookkeeping, with no timer and no clock but the one it is given: ``offer`` lets
+a request in or queues it, ``release`` lets waiters in, ``expire`` ends the waits past
+``queue_timeout_s``. The gateway drives it on its event loop (``acquire``: nothing
+awaits between a check and its charge, so no two requests can take the same room);
+``sim run --admission`` drives the same code in virtual time, in front of simulated
+engines (``inferlab.load.admitted``). The caller must ``release`` every ``Ticket`` it was
+given, however its request ends.
 """
 
 from __future__ import annotations
@@ -51,14 +55,20 @@ class Ticket:
 Chooser = Callable[[Sequence[int]], int]
 
 
+#: Told the ticket when a waiting request is let in (from inside ``release`` or ``offer``).
+Granted = Callable[[Ticket], None]
+
+
 @dataclass
-class _Waiter:
+class Waiter:
+    """A request waiting in the queue, since ``since_ns`` on the admission's clock."""
+
     tokens: int
     candidates: Sequence[int]
     since_ns: int
     seq: int
     choose: Chooser = field(repr=False)
-    future: asyncio.Future[Ticket] = field(repr=False)
+    granted: Granted = field(repr=False)
 
 
 class Admission:
@@ -76,9 +86,10 @@ class Admission:
         self.requests_in_flight = [0] * len(max_tokens)
         self.queue_max = queue_max
         self.queue_timeout_s = queue_timeout_s
+        self.queue_timeout_ns = int(queue_timeout_s * NS_PER_S)
         self.starvation_ns = int(starvation_s * NS_PER_S)
         self.clock = clock
-        self._waiting: list[_Waiter] = []
+        self._waiting: list[Waiter] = []
         self._seq = itertools.count()
 
     @property
@@ -94,11 +105,14 @@ class Admission:
             return self.requests_in_flight[upstream] < self.max_requests[upstream]
         return True
 
-    async def acquire(self, tokens: int, candidates: Sequence[int], choose: Chooser) -> Ticket:
+    def offer(self, tokens: int, candidates: Sequence[int], choose: Chooser, granted: Granted) -> Ticket | Waiter:
         """Room for a request of ``tokens`` on one of ``candidates`` (picked by ``choose``
-        among those with room), waiting in the queue if none has any. ``Rejected`` if
-        the queue is full or the wait times out. If the caller is cancelled while
-        waiting, nothing stays held."""
+        among those with room) now, as a ``Ticket``; else a place in the queue, a
+        ``Waiter``: ``granted(ticket)`` is called when room is given (it must not call
+        back into this object: it runs mid-way through a grant). ``Rejected`` if the
+        queue is full. The waiter's owner ends its wait at ``queue_timeout_s`` (``expire``
+        or ``withdraw``): this class sets no timer, so the same bookkeeping runs on the
+        event loop (``acquire``) and in virtual time (``inferlab.load.admitted``)."""
         now = self.clock.now_ns()
         if not self._waiting:
             room = [i for i in candidates if self.fits(i, tokens)]
@@ -106,21 +120,56 @@ class Admission:
                 return self._take(choose(room), tokens, 0)
         if len(self._waiting) >= self.queue_max:
             raise Rejected("queue_full", f"the gateway's queue is full ({self.queue_max} requests waiting)", 1.0)
-        waiter = _Waiter(tokens, candidates, now, next(self._seq), choose, asyncio.get_running_loop().create_future())
+        waiter = Waiter(tokens, candidates, now, next(self._seq), choose, granted)
         self._waiting.append(waiter)
         self._grant()
+        return waiter
+
+    def withdraw(self, waiter: Waiter) -> bool:
+        """Take ``waiter`` out of the queue; False if it was no longer there (granted)."""
+        if waiter in self._waiting:
+            self._waiting.remove(waiter)
+            return True
+        return False
+
+    @property
+    def next_deadline_ns(self) -> int | None:
+        """When the longest waiter's wait reaches ``queue_timeout_s``; None: none waits."""
+        if not self._waiting:
+            return None
+        return min(w.since_ns for w in self._waiting) + self.queue_timeout_ns
+
+    def expire(self) -> list[Waiter]:
+        """Take out of the queue every waiter that has waited ``queue_timeout_s`` by the
+        clock, and return them (each to be refused with ``timed_out()``)."""
+        now = self.clock.now_ns()
+        late = [w for w in self._waiting if now - w.since_ns >= self.queue_timeout_ns]
+        for w in late:
+            self._waiting.remove(w)
+        return late
+
+    def timed_out(self) -> Rejected:
+        """What a request that waited ``queue_timeout_s`` in vain is refused with."""
+        return Rejected(
+            "queue_timeout", f"no upstream had room for this request within {self.queue_timeout_s:g} s",
+            self.queue_timeout_s,
+        )
+
+    async def acquire(self, tokens: int, candidates: Sequence[int], choose: Chooser) -> Ticket:
+        """``offer`` on the event loop: the ``Ticket``, once room is given, waiting at
+        most ``queue_timeout_s``. ``Rejected`` if the queue is full or the wait times
+        out. If the caller is cancelled while waiting, nothing stays held."""
+        future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
+        got = self.offer(tokens, candidates, choose, future.set_result)
+        if isinstance(got, Ticket):
+            return got
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter.future), self.queue_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(future), self.queue_timeout_s)
         except BaseException as e:  # timed out, or the caller was cancelled
-            if waiter in self._waiting:
-                self._waiting.remove(waiter)
-            elif waiter.future.done() and not waiter.future.cancelled():
-                self.release(waiter.future.result())  # granted just as the wait ended
+            if not self.withdraw(got) and future.done():
+                self.release(future.result())  # granted just as the wait ended
             if isinstance(e, TimeoutError):
-                raise Rejected(
-                    "queue_timeout", f"no upstream had room for this request within {self.queue_timeout_s:g} s",
-                    self.queue_timeout_s,
-                ) from None
+                raise self.timed_out() from None
             raise
 
     def resize(self, ticket: Ticket, tokens: int) -> None:
@@ -162,13 +211,11 @@ class Admission:
             order = sorted(self._waiting, key=lambda w: w.seq)
             hold = len(order)  # arrival order: the first that does not fit stops the line
         for n, w in enumerate(order):
-            if w.future.done():  # (cancelled: its acquire is leaving)
-                continue
             room = [i for i in w.candidates if self.fits(i, w.tokens)]
             if not room:
                 if n < hold:
                     return
                 continue
             self._waiting.remove(w)
-            w.future.set_result(self._take(w.choose(room), w.tokens, now - w.since_ns))
+            w.granted(self._take(w.choose(room), w.tokens, now - w.since_ns))
 

@@ -1,4 +1,5 @@
-"""The gateway's configuration: frozen dataclasses, read once from flags and a TOML file.
+"""The gateway's configuration: frozen dataclasses, read once from flags and a TOML file
+(or a YAML one with the same tables: ``gateway.yaml``, ``gateway.yml``).
 
 The file (``inferlab gateway --config gateway.toml``) holds what flags do not: client
 keys and their limits, admission, the cache. Every table and key is checked: an unknown
@@ -52,6 +53,7 @@ tpm_counts = "total"           # or "input", "output"
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -99,6 +101,15 @@ class KeyConfig:
     rpm: int | None = None
     tpm: int | None = None
     tpm_counts: TokenCount = "total"
+
+
+#: The ``[admission]`` keys each mode acts on, beside ``mode`` and the gateway's
+#: ``tokenizer`` (``sim run --admission`` takes these as flags, and refuses the others).
+ADMISSION_KEYS: dict[str, tuple[str, ...]] = {
+    "tokens": ("max_tokens_in_flight", "queue_max", "queue_timeout_s", "starvation_s", "default_max_tokens"),
+    "requests": ("max_requests_in_flight", "queue_max", "queue_timeout_s"),
+    "off": (),
+}
 
 
 @dataclass(frozen=True)
@@ -180,18 +191,11 @@ def load_config(
     upstreams: Sequence[str], *, host: str, port: int, path: str | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> GatewayConfig:
-    """The configuration from ``--upstream`` URLs and the TOML file at ``path``.
+    """The configuration from ``--upstream`` URLs and the file at ``path`` (TOML, or
+    YAML with the same tables: ``read_document``).
     ``UsageError`` for an unreadable file, an unknown table or key, a value of the wrong
     type or range."""
-    doc: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                doc = tomllib.load(f)
-        except OSError as e:
-            raise UsageError(f"--config {path}: {e.strerror or e}") from None
-        except tomllib.TOMLDecodeError as e:
-            raise UsageError(f"--config {path}: not valid TOML: {e}") from None
+    doc = read_document(path) if path is not None else {}
     _known(doc, {"gateway", "admission", "cache", "upstreams", "keys", "redis"}, "the config file")
     red = _table(doc, "redis")
     _known(red, set(RedisConfig.__dataclass_fields__), "[redis]")
@@ -268,6 +272,37 @@ def load_config(
             cache=_bool(red, "cache", True, "[redis]"),
         ) if red else None,
     )
+
+
+def read_document(path: str) -> dict[str, Any]:
+    """The config file at ``path`` as tables: YAML for a name ending ``.yaml`` or
+    ``.yml`` (``yaml.safe_load``; PyYAML is the ``yaml`` extra), else TOML. One checker
+    reads both, so both refuse the same unknown keys and wrong values. ``UsageError``
+    for a file that cannot be read or parsed."""
+    if not path.lower().endswith((".yaml", ".yml")):
+        try:
+            with open(path, "rb") as f:
+                return tomllib.load(f)
+        except OSError as e:
+            raise UsageError(f"--config {path}: {e.strerror or e}") from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise UsageError(f"--config {path}: not valid TOML: {e}") from None
+    try:
+        yaml: Any = importlib.import_module("yaml")
+    except ImportError:
+        raise UsageError(f"--config {path}: a YAML config needs PyYAML: pip install 'inferlab[yaml]' (or write it as TOML)") from None
+    try:
+        with open(path, "rb") as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise UsageError(f"--config {path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise UsageError(f"--config {path}: not valid YAML: {' '.join(str(e).split())}") from None
+    if doc is None:  # (an empty file)
+        return {}
+    if not isinstance(doc, dict) or not all(isinstance(k, str) for k in doc):
+        raise UsageError(f"--config {path}: the YAML document must be a mapping of tables (gateway:, admission:, ...)")
+    return doc
 
 
 # --- checked reads -----------------------------------------------------------------------

@@ -40,11 +40,14 @@ class Replicas:
     def done(self) -> list[RequestRecord]:
         return list(itertools.chain.from_iterable(s.done for s in self.servers))
 
-    def add(self, send: Send) -> float | None:
+    def add(self, send: Send, at_s: float | None = None, replica: int | None = None) -> float | None:
+        """Send ``send`` to the replica the router picks, or to ``replica`` (a gateway's
+        admission chose it, with this router: ``inferlab.load.admitted``), arriving at
+        ``at_s`` if not when it was sent (``SimulatedServer.add``)."""
         ids = self.servers[0].prompt_ids(send.spec)
-        i = self.router(range(len(self.servers)), ids_prefix(ids))
+        i = self.router(range(len(self.servers)), ids_prefix(ids)) if replica is None else replica
         self.sent[i] += 1
-        end_s = self.servers[i].add(send)
+        end_s = self.servers[i].add(send, at_s)
         if end_s is None:
             held = len(ids) + (send.spec.max_tokens or 0)
             self._held[send.index] = (i, held)

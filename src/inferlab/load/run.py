@@ -26,6 +26,7 @@ from inferlab._clock import Clock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab._loop import loop_name
 from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
+from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.http import Outcome
 from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
@@ -92,13 +93,15 @@ class SimTarget:
     """The simulated engine in virtual time. ``offline`` None: as vLLM's offline ``LLM``
     class only for ``--rate inf`` without a concurrency cap, else behind its API server.
     ``step_log``: a file to write one JSON line per engine step to. ``replicas`` engines
-    of this config run in parallel behind the router ``router``."""
+    of this config run in parallel behind the router ``router``. ``admission``: the
+    gateway's admission in front of them (``inferlab.load.admitted``; None: no gateway)."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     offline: bool | None = None
     step_log: str | None = None
     replicas: int = 1  # engines behind a router (``inferlab.load.replicas``)
     router: str = "round-robin"  # one of ``inferlab.gateway.routing.ROUTERS``
+    admission: AdmissionConfig | None = None
 
 
 Target = HttpTarget | SimTarget
@@ -268,6 +271,10 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         if target.step_log:
             raise UsageError("--step-log records one engine: it cannot be used with --replicas")
         config_json["replicas"] = {"count": target.replicas, "router": target.router}
+    adm = target.admission
+    if adm is not None:
+        # the settings that act in its mode (prompts are counted exactly: no tokenizer)
+        config_json["admission"] = {"mode": adm.mode, **{k: getattr(adm, k) for k in ADMISSION_KEYS[adm.mode]}}
     config_json = plain_json(config_json)
     step_log = _open_step_log(target.step_log)
 
@@ -284,6 +291,8 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
                     for e in engines
                 ]
                 server: Served = servers[0] if len(servers) == 1 else Replicas(servers, target.router)
+                if adm is not None:
+                    server = _admitted(server, adm, len(servers))
                 records = serve(server, policy, None if stop is None else stop.is_set)
             except Interrupted as e:  # what was measured is kept
                 return Outcome(e.records, True, e.cause)
@@ -295,6 +304,20 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         builder, config_json, execute, wcfg, template_tokens, counter, engine=engine,
         close=(lambda: None) if step_log is None else step_log.close,
     )
+
+
+def _admitted(engines: Any, adm: AdmissionConfig, count: int) -> Any:
+    """``engines`` behind the gateway's admission ``adm``, in virtual time."""
+    from inferlab._clock import VirtualClock
+    from inferlab.gateway.admission import Admission
+    from inferlab.load.admitted import Admitted
+
+    clock = VirtualClock()
+    admission = Admission(
+        adm.mode, [adm.max_tokens_in_flight] * count, [adm.max_requests_in_flight] * count,
+        queue_max=adm.queue_max, queue_timeout_s=adm.queue_timeout_s, starvation_s=adm.starvation_s, clock=clock,
+    )
+    return Admitted(engines, admission, clock, default_max_tokens=adm.default_max_tokens)
 
 
 def _open_step_log(path: str | None) -> IO[str] | None:

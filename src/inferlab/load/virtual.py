@@ -151,6 +151,7 @@ class SimulatedServer:
         self.on_record = on_record
         self.answers = answers
         self.in_flight: dict[str, RequestRecord] = {}  # by request id
+        self._received_s: dict[str, float] = {}  # by request id: sent earlier than it arrived (a gateway)
         self.done: list[RequestRecord] = []
         self.token_ns = _TokenNs()
 
@@ -163,15 +164,14 @@ class SimulatedServer:
             return self.tok.apply_chat_template(spec.messages())
         return self.tok.encode(str(spec.completion_prompt()))
 
-    def add(self, send: Send) -> float | None:
+    def record(self, send: Send, ids: list[int]) -> RequestRecord:
+        """The record of ``send`` (prompt ``ids``) as sent, nothing answered yet."""
         spec = send.spec
-        ids = self.prompt_ids(spec)
-        t = _ns(send.at_s)
-        record = RequestRecord(
+        return RequestRecord(
             index=send.index,
             warmup=send.warmup,
             intended_send_ns=_ns(send.intended_s),
-            send_ns=t,
+            send_ns=_ns(send.at_s),
             status=200,
             input_tokens=len(ids),
             requested_input_tokens=spec.input_tokens,
@@ -183,11 +183,19 @@ class SimulatedServer:
             prefix_group=spec.prefix_group,
             prefix_tokens=spec.prefix_tokens,
         )
+
+    def add(self, send: Send, at_s: float | None = None) -> float | None:
+        """Queue ``send``; ``at_s``: when it reaches the engine, if not when it was sent
+        (a gateway in front held it: the record's ``server_timeline`` is then measured
+        from the send, with the wait as ``gateway_queue_ms``)."""
+        ids = self.prompt_ids(send.spec)
+        record = self.record(send, ids)
+        arrive_s = send.at_s if at_s is None else at_s
         try:
-            out = self.output_len(ids, spec)
-            self.engine.add_request(str(send.index), ids, out, send.at_s)
+            out = self.output_len(ids, send.spec)
+            self.engine.add_request(str(send.index), ids, out, arrive_s)
         except ValueError as e:  # what the HTTP server answers with 400
-            end_ns = _ns(send.at_s + max(self.engine.api_overhead_s, _MIN_REJECT_S))
+            end_ns = _ns(arrive_s + max(self.engine.api_overhead_s, _MIN_REJECT_S))
             # recorded as bench records the simulated server's answer (kind http_status,
             # status 400), so that sim run and bench count failures alike; the text says
             # no HTTP was involved
@@ -196,9 +204,13 @@ class SimulatedServer:
             record.error = f"{REJECTED_PREFIX}{e}"
             record.ttfb_ns = record.end_ns = end_ns
             record.usage_source = "none"
+            if at_s is not None:
+                record.server_timeline = {"gateway_queue_ms": _wait_ms(send.at_s, at_s)}
             self.finish(record)
             return end_ns / NS_PER_S
         self.in_flight[str(send.index)] = record
+        if at_s is not None:
+            self._received_s[str(send.index)] = send.at_s
         return None
 
     def output_len(self, ids: list[int], spec: RequestSpec) -> int:
@@ -246,8 +258,13 @@ class SimulatedServer:
             r.output_tokens = len(r.content_ns)
             r.cached_tokens = tl.cached_tokens
             r.finish_reason = "length"
-            # the engine's own view, as the simulated server reports it (received at arrival)
-            r.server_timeline = tl.to_json_ms(tl.arrival_s)
+            # the engine's own view, as the simulated server reports it (received at
+            # arrival; through a gateway, received when sent, the wait apart)
+            received_s = self._received_s.pop(rid, None)
+            if received_s is None:
+                r.server_timeline = tl.to_json_ms(tl.arrival_s)
+            else:
+                r.server_timeline = {**tl.to_json_ms(received_s), "gateway_queue_ms": _wait_ms(received_s, tl.arrival_s)}
             self.finish(r)
             if answers is not None:
                 answers.append(self._answer(r.output_tokens))
@@ -266,7 +283,13 @@ class SimulatedServer:
             r.status = None
             self.finish(r)
         self.in_flight.clear()
+        self._received_s.clear()
         return Interrupted(sorted(self.done, key=lambda r: r.index), cause)
+
+
+def _wait_ms(sent_s: float, arrived_s: float) -> float:
+    """A gateway's wait in ms, as the server timeline writes times (4 decimals)."""
+    return round((arrived_s - sent_s) * 1e3, 4)
 
 
 def _stats_json(s: StepStats) -> dict[str, float | int]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Self
+from typing import Any, Self
 
 from rich.console import Console
 from rich.table import Table
@@ -119,6 +119,18 @@ def _int(v: float | None) -> int | None:
     return None if v is None else round(v)
 
 
+def _gateway_line(g: dict[str, Any]) -> str:
+    """The summary's ``gateway`` in words: admitted, refused, the queue's wait."""
+    refused = g["refused"]
+    how = "admission off" if g["mode"] == "off" else f"admission by {g['mode']}"
+    line = (f"{how}: {g['admitted']:,} admitted, {refused.get('queue_full', 0):,} refused with the queue "
+            f"full, {refused.get('queue_timeout', 0):,} after waiting too long (503)")
+    w = g.get("queue_wait_ms")
+    if w:
+        line += f"; queue wait p50 {_fmt(w['p50'])}, p99 {_fmt(w['p99'])}, max {_fmt(w['max'])} ms"
+    return line
+
+
 def render_summary(console: Console, s: Summary, title: str, percentiles: Sequence[float] = TABLE_PERCENTILES) -> None:
     """The summary as a table of distributions (mean, ``percentiles``, max) and the
     run's totals below it. Each of ``percentiles`` must be in the summary's
@@ -171,9 +183,11 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
         rows.append(("client", _client_line(s.client)))
     if isinstance(s.server_metrics, ServerMetrics):
         rows.append(("server /metrics", server_metrics_line(s.server_metrics)))
+    if isinstance(s.gateway, dict):
+        rows.append(("gateway (simulated)", _gateway_line(s.gateway)))
     b = s.latency_breakdown
     if b is not None:
-        parts = [("client queue", b.client_queue_ms), ("server queue", b.server_queue_ms), ("prefill", b.prefill_ms), ("decode", b.decode_ms), ("other", b.other_ms)]
+        parts = [("client queue", b.client_queue_ms), ("gateway queue", b.gateway_queue_ms), ("server queue", b.server_queue_ms), ("prefill", b.prefill_ms), ("decode", b.decode_ms), ("other", b.other_ms)]
         rows.append(("latency breakdown", ", ".join(f"{k} {_fmt(v.mean)}" for k, v in parts if v is not None) + f" ms (mean; from {b.source})"))
     trace = s.trace_comparison if isinstance(s.trace_comparison, dict) else {}
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):

@@ -1,4 +1,4 @@
-"""Where a request's time went: client queue, server queue, prefill, decode, and the
+"""Where a request's time went: client queue, gateway queue, server queue, prefill, decode, and the
 rest (network, HTTP, streaming), from the best source a run has.
 
 Per request, from the server's own timeline (the simulated server's
@@ -45,14 +45,16 @@ class Part:
 
 @dataclass(frozen=True)
 class RequestParts:
-    """One request's latency in parts, ms: ``server_queue`` + ``prefill`` + ``decode`` +
-    ``other`` is its E2E (``other`` at least 0); ``client_queue`` came before its send."""
+    """One request's latency in parts, ms: ``gateway_queue`` (None: no gateway) +
+    ``server_queue`` + ``prefill`` + ``decode`` + ``other`` is its E2E (``other`` at
+    least 0); ``client_queue`` came before its send."""
 
     client_queue: float
     server_queue: float
     prefill: float
     decode: float
     other: float
+    gateway_queue: float | None = None
 
 
 def request_parts(r: RequestRecord) -> RequestParts | None:
@@ -62,16 +64,20 @@ def request_parts(r: RequestRecord) -> RequestParts | None:
     e2e = request_metrics(r).e2e_ms
     if sched is None or first is None or fin is None or e2e is None:
         return None
+    # through a gateway (sim run --admission) the times count from the gateway's receipt
+    waited = tl.get("gateway_queue_ms")
     return RequestParts(
-        queue_delay_ms(r) or 0.0, float(sched), float(first) - float(sched), float(fin) - float(first),
-        max(0.0, e2e - float(fin)),
+        queue_delay_ms(r) or 0.0, float(sched) - float(waited or 0.0), float(first) - float(sched),
+        float(fin) - float(first), max(0.0, e2e - float(fin)), None if waited is None else float(waited),
     )
 
 
 @dataclass(frozen=True)
 class LatencyBreakdown:
-    """The parts of E2E: ``client_queue_ms`` (send − intended send), ``server_queue_ms``
-    (received → first scheduled: the front end and the engine's queue), ``prefill_ms``
+    """The parts of E2E: ``client_queue_ms`` (send − intended send),
+    ``gateway_queue_ms`` (a gateway's admission queue: received → sent on to the engine;
+    None without a gateway), ``server_queue_ms`` (the engine received it → first
+    scheduled: the front end and the engine's queue), ``prefill_ms``
     (first scheduled → first token), ``decode_ms`` (first token → last), ``other_ms``
     (E2E less the server's part: network, HTTP, streaming); ``source`` says where they
     come from, ``requests`` how many requests they cover."""
@@ -83,14 +89,16 @@ class LatencyBreakdown:
     prefill_ms: Part | None
     decode_ms: Part | None
     other_ms: Part | None
+    gateway_queue_ms: Part | None = None
 
     def to_json(self) -> dict[str, Any]:
         def part(p: Part | None) -> dict[str, float | None] | None:
             return None if p is None else {"mean": p.mean, "p50": p.p50, "p90": p.p90}
 
+        gateway = {} if self.gateway_queue_ms is None else {"gateway_queue_ms": part(self.gateway_queue_ms)}
         return {
-            "source": self.source, "requests": self.requests,
-            "client_queue_ms": part(self.client_queue_ms), "server_queue_ms": part(self.server_queue_ms),
+            "source": self.source, "requests": self.requests, "client_queue_ms": part(self.client_queue_ms),
+            **gateway, "server_queue_ms": part(self.server_queue_ms),
             "prefill_ms": part(self.prefill_ms), "decode_ms": part(self.decode_ms), "other_ms": part(self.other_ms),
         }
 
@@ -102,6 +110,7 @@ class LatencyBreakdown:
         return cls(
             str(d["source"]), int(d["requests"]), part(d.get("client_queue_ms")), part(d.get("server_queue_ms")),
             part(d.get("prefill_ms")), part(d.get("decode_ms")), part(d.get("other_ms")),
+            part(d.get("gateway_queue_ms")),
         )
 
 
@@ -113,10 +122,11 @@ def latency_breakdown(
     virtual-time run's (``sim run``), their timeline the simulated engine's own."""
     parts = [p for p in map(request_parts, done) if p is not None]
     if parts:
+        gateway = [p.gateway_queue for p in parts if p.gateway_queue is not None]
         return LatencyBreakdown(
             VIRTUAL if virtual else PER_REQUEST, len(parts), Part.of([p.client_queue for p in parts]),
             Part.of([p.server_queue for p in parts]), Part.of([p.prefill for p in parts]),
-            Part.of([p.decode for p in parts]), Part.of([p.other for p in parts]),
+            Part.of([p.decode for p in parts]), Part.of([p.other for p in parts]), Part.of(gateway),
         )
     if telemetry is None or not telemetry.available:
         return None

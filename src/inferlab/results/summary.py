@@ -146,7 +146,7 @@ class Summary:
     queue_delay_ms: Distribution | None = field(metadata=_doc("actual send − intended send, per measured request (the client falling behind its schedule, or a concurrency cap)"))
     cached_tokens: int | None = field(metadata=_doc("prompt tokens the server reported served from its prefix cache (null: it did not say; vLLM says with --enable-prompt-tokens-details)"))
     server_timeline: ServerTimeline | None = field(metadata=_doc("client TTFT against the simulated server's own (null against other servers)"))
-    latency_breakdown: LatencyBreakdown | None = field(metadata=_doc("where the time went, in ms (mean, p50, p90): client_queue_ms (send − intended send), server_queue_ms (server received → first scheduled), prefill_ms (→ first token), decode_ms (→ last token), other_ms (E2E less the server's part: network, HTTP); source: the server's timeline per request (the simulated server), the simulated engine's own in virtual time (sim run: exact, the parts add up to each request's E2E; a prediction), else its /metrics histograms (means only); requests; null without either"))
+    latency_breakdown: LatencyBreakdown | None = field(metadata=_doc("where the time went, in ms (mean, p50, p90): client_queue_ms (send − intended send), gateway_queue_ms (sim run --admission only: the wait in the simulated gateway's queue), server_queue_ms (server received → first scheduled; behind a gateway, the engine received), prefill_ms (→ first token), decode_ms (→ last token), other_ms (E2E less the server's part: network, HTTP); source: the server's timeline per request (the simulated server), the simulated engine's own in virtual time (sim run: exact, the parts add up to each request's E2E; a prediction), else its /metrics histograms (means only); requests; null without either"))
     error_examples: dict[str, str] = field(metadata=_doc("the first message of each error kind"))
     warnings: tuple[str, ...] = field(metadata=_doc("plain-language caveats about how far the numbers can be trusted"))
     trace_comparison: dict[str, TraceComparison] | Omitted | None = field(
@@ -168,6 +168,9 @@ class Summary:
         default=OMITTED, metadata=_doc("runs against a server only: what its own Prometheus /metrics said (results.telemetry; vLLM's, SGLang's, llama.cpp's and the simulator's names in one vocabulary), read before, every second during and after the run: available (false: no such page, reason says why), server (whose names), samples, counters (after − before: prompt_tokens, generation_tokens, prefix_cache_queries_tokens, prefix_cache_hits_tokens, preemptions, requests_finished, prompt_seconds, generation_seconds; null after a restart), prefix_cache_hit_rate, gauges (running, waiting, kv_usage, prefix_cache_hit_rate: mean and max over the pages read during the run; none if it ended before the first, at 1 s), histograms (ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms, prefill_ms, decode_ms: the server's own observations during the run: count, mean_ms, and p50_ms, p90_ms, p99_ms as upper bounds: the bucket bound that share of them fell at or below), missing (names it does not expose); the pages themselves are in server_metrics.jsonl")
     )
 
+    gateway: dict[str, Any] | Omitted = field(
+        default=OMITTED, metadata=_doc("sim run --admission only: the simulated gateway's admission in front of the engines (inferlab gateway's own code): mode; admitted (measured requests it sent on to an engine); refused (by reason: queue_full, queue_timeout; answered 503, counted among the failed as http_status); queue_wait_ms (the wait in its queue of each admitted request, a distribution)")
+    )
     prediction: dict[str, Any] | Omitted = field(
         default=OMITTED, metadata=_doc("virtual-time runs only (sim run, a simulated sweep point, a what-if): the numbers are simulated, not measured; engine_family, regime (offline, closed loop, Poisson, saturated) and, per headline metric, error_bands: the validation error of that family in that regime (pct: median |error| % over rows of published measurements, rows, split: holdout or fit, text), null where it was never validated; see docs/validation.md")
     )
@@ -226,6 +229,7 @@ class Summary:
             preflight=d.get("preflight", OMITTED),
             client=_client(d.get("client", OMITTED)),
             server_metrics=_server_metrics(d.get("server_metrics", OMITTED)),
+            gateway=d.get("gateway", OMITTED),
             prediction=d.get("prediction", OMITTED),
         )
 
@@ -359,7 +363,30 @@ def summarize(
         preflight=extras.preflight,
         client=extras.client,
         server_metrics=extras.server_metrics,
+        gateway=gateway_block(measured, config, percentiles),
     )
+
+
+def gateway_block(measured: Sequence[RequestRecord], config: Mapping[str, Any], percentiles: Sequence[float] = ()) -> dict[str, Any] | Omitted:
+    """The summary's ``gateway``: what the simulated gateway's admission did to the
+    ``measured`` requests (their ``server_timeline``'s ``gateway_queue_ms`` and
+    ``gateway_refused``); omitted for a run without one (``config`` has no ``admission``)."""
+    admission = config.get("admission")
+    if not isinstance(admission, Mapping):
+        return OMITTED
+    waits: list[float] = []
+    refused = {"queue_full": 0, "queue_timeout": 0}
+    for r in measured:
+        tl = r.server_timeline or {}
+        reason = tl.get("gateway_refused")
+        if reason is not None:
+            refused[str(reason)] = refused.get(str(reason), 0) + 1
+        elif tl.get("gateway_queue_ms") is not None:
+            waits.append(float(tl["gateway_queue_ms"]))
+    return {
+        "mode": admission.get("mode"), "admitted": len(waits), "refused": refused,
+        "queue_wait_ms": _dist_json(distribution(waits, percentiles)),
+    }
 
 
 class _Distributions(TypedDict):
@@ -405,6 +432,7 @@ def with_percentiles(summary: Summary, records: Sequence[RequestRecord], percent
     return dataclasses.replace(
         summary, **_distributions(measured, done, per, percentiles),
         server_timeline=server_comparison(done, per, percentiles),
+        gateway=gateway_block(measured, summary.config, percentiles),
     )
 
 
@@ -446,8 +474,8 @@ def server_comparison(
             continue
         server_ttft.append(float(tl["first_token_ms"]))
         error.append(m.ttft_ms - float(tl["first_token_ms"]))
-        if tl.get("scheduled_ms") is not None:
-            queued.append(float(tl["scheduled_ms"]))
+        if tl.get("scheduled_ms") is not None:  # (the engine's: a gateway's wait apart)
+            queued.append(float(tl["scheduled_ms"]) - float(tl.get("gateway_queue_ms") or 0.0))
     server, err = distribution(server_ttft, percentiles), distribution(error, percentiles)
     if server is None or err is None:
         return None

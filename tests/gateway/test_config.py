@@ -1,0 +1,116 @@
+"""The gateway's config file, as TOML or YAML: one checker reads both."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from inferlab._errors import UsageError
+from inferlab.cli.main import main
+from inferlab.gateway.config import GatewayConfig, hash_key, load_config
+
+TOML = """
+[gateway]
+router = "prefix-affinity"
+access_log = "gw-log"
+
+[admission]
+mode = "requests"
+max_requests_in_flight = 8
+queue_timeout_s = 2.5
+
+[cache]
+enabled = false
+
+[[upstreams]]
+url = "http://10.0.0.5:8000/v1"
+api_key_env = "ENGINE_KEY"
+max_tokens_in_flight = 32768
+
+[[keys]]
+name = "team-a"
+key = "sk-a"
+rpm = 600
+tpm_counts = "output"
+"""
+
+YAML = """
+gateway:
+  router: prefix-affinity
+  access_log: gw-log
+admission:
+  mode: requests
+  max_requests_in_flight: 8
+  queue_timeout_s: 2.5
+cache:
+  enabled: false
+upstreams:
+  - url: http://10.0.0.5:8000/v1
+    api_key_env: ENGINE_KEY
+    max_tokens_in_flight: 32768
+keys:
+  - name: team-a
+    key: sk-a
+    rpm: 600
+    tpm_counts: output
+"""
+
+
+def read(tmp_path: Path, name: str, text: str) -> GatewayConfig:
+    path = tmp_path / name
+    path.write_text(text)
+    return load_config(["http://127.0.0.1:8001"], host="127.0.0.1", port=8080, path=str(path),
+                       environ={"ENGINE_KEY": "secret"})
+
+
+def test_a_yaml_config_reads_as_the_same_toml_does(tmp_path: Path) -> None:
+    from_toml = read(tmp_path, "gw.toml", TOML)
+    for name in ("gw.yaml", "gw.YML"):
+        assert read(tmp_path, name, YAML) == from_toml
+    cfg = read(tmp_path, "gw.yaml", YAML)
+    assert cfg.router == "prefix-affinity" and cfg.admission.mode == "requests"
+    assert cfg.admission.max_requests_in_flight == 8 and not cfg.cache.enabled
+    up = cfg.upstreams[1]
+    assert up.url == "http://10.0.0.5:8000" and up.api_key == "secret" and up.max_tokens_in_flight == 32768
+    assert cfg.keys[0].sha256 == hash_key("sk-a") and cfg.keys[0].tpm_counts == "output"
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("admission:\n  mode: tokens\n  max_token_in_flight: 5\n", "[admission]: unknown key 'max_token_in_flight'"),
+    ("gatway:\n  router: round-robin\n", "the config file: unknown key 'gatway'"),
+    ("admission:\n  max_tokens_in_flight: lots\n", "max_tokens_in_flight must be an integer"),
+    ("admission:\n  mode: tokenz\n", "mode must be one of tokens, requests, off"),
+    ("keys:\n  - name: a\n    sha256: 1234\n", "sha256 must be a non-empty string"),
+    ("admission: [1, 2]\n", "[admission] must be a table"),
+    ("- gateway\n- admission\n", "must be a mapping of tables"),
+    ("admission:\n  mode: [tokens\n", "not valid YAML"),
+])
+def test_a_yaml_config_is_checked_as_strictly_as_toml(tmp_path: Path, text: str, words: str) -> None:
+    with pytest.raises(UsageError) as e:
+        read(tmp_path, "gw.yaml", text)
+    assert words in str(e.value)
+
+
+def test_an_empty_yaml_file_is_no_settings_and_the_same_unknown_key_in_toml_is_refused_alike(tmp_path: Path) -> None:
+    assert read(tmp_path, "empty.yml", "") == read(tmp_path, "empty.toml", "")
+    with pytest.raises(UsageError) as e:
+        read(tmp_path, "gw.toml", "[admission]\nmax_token_in_flight = 5\n")
+    assert "[admission]: unknown key 'max_token_in_flight'" in str(e.value)
+
+
+def test_without_pyyaml_a_yaml_config_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "yaml", None)  # (import yaml now raises ImportError)
+    with pytest.raises(UsageError) as e:
+        read(tmp_path, "gw.yaml", YAML)
+    assert "pip install 'inferlab[yaml]'" in str(e.value)
+    assert read(tmp_path, "gw.toml", TOML) is not None  # TOML needs nothing more
+
+
+def test_the_cli_refuses_a_bad_yaml_config_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_text("cache:\n  ttl: 5\n")
+    r = CliRunner().invoke(main, ["gateway", "--upstream", "http://127.0.0.1:8001", "--config", str(path)])
+    assert r.exit_code == 2 and "[cache]: unknown key 'ttl'" in r.output and "Traceback" not in r.output
