@@ -138,3 +138,60 @@ def test_something_that_is_not_a_run_is_refused(tmp_path: Path) -> None:
         advise(tmp_path)
     with pytest.raises(UsageError, match="no such file"):
         advise(tmp_path / "missing")
+
+
+def flood_trace(path: Path, clients: int = 12, each: int = 4, shorts: int = 16) -> None:
+    """8,000-token prompts from ``clients`` closed-loop users, ``each`` one after another,
+    and short chats arriving among them, 0.1 s apart from 1 s on (a requests.jsonl)."""
+    lines = []
+    for c in range(clients):
+        for i in range(each):
+            lines.append(RequestRecord(len(lines), intended_send_ns=i, send_ns=i, end_ns=i + 1, content_ns=[i + 1],
+                                       input_tokens=8000, output_tokens=16, user=c))
+    for k in range(shorts):
+        t = int((1.0 + 0.1 * k) * 1e9)
+        lines.append(RequestRecord(len(lines), intended_send_ns=t, send_ns=t, end_ns=t + 1, content_ns=[t + 1],
+                                   input_tokens=50, output_tokens=8, user=clients + k))
+    path.write_text("".join(json.dumps(r.to_json()) + "\n" for r in lines))
+
+
+def short_ttft_p99(records: list[RequestRecord]) -> float:
+    values = sorted(request_metrics(r).ttft_ms or 0.0 for r in records if r.ok and not r.warmup and (r.input_tokens or 0) <= SHORT_MAX)
+    k = (len(values) - 1) * 0.99
+    lo = int(k)
+    return values[lo] + (values[min(lo + 1, len(values) - 1)] - values[lo]) * (k - lo)
+
+
+def test_a_flood_of_long_prompts_gets_token_admission_whose_predicted_gain_the_real_gateway_delivers(tmp_path: Path) -> None:
+    from inferlab.gateway.app import Gateway, start
+    from inferlab.gateway.config import AdmissionConfig, CacheConfig, GatewayConfig, UpstreamConfig
+
+    trace = tmp_path / "flood.jsonl"
+    flood_trace(trace)
+    serve = ["--max-model-len", "16384", "--enforce-eager", "--max-num-batched-tokens", "8192"]
+    with ChildServer(serve) as server:
+        observed = bench(server.url, trace, tmp_path / "observed")
+        a = advise(tmp_path / "observed", "latency")
+        rec = next((r for r in a.recommendations if r.rule == "token_admission"), None)
+        assert rec is not None, [(r.rule, r.title) for r in a.recommendations]
+        budget = int(rec.change.split("max_tokens_in_flight = ")[1].split()[0].replace(",", ""))
+        gain = rec.gains[0]
+        assert gain.metric == "short requests' p99 TTFT ms" and "prediction" in gain.kind and gain.error_band is not None
+        # the change, made: the real gateway, admitting by tokens with that budget, in front
+        # of the same server, the same flood through it
+        async def through_gateway() -> RunResult:
+            adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=budget, queue_max=1000, queue_timeout_s=120.0)
+            gw = Gateway(GatewayConfig((UpstreamConfig(server.url),), admission=adm, cache=CacheConfig(enabled=False)))
+            runner, port = await start(gw, "127.0.0.1", 0)
+            try:
+                cfg = RunConfig(LoadConfig(Replay()), WorkloadConfig(trace=TraceConfig(str(trace))))
+                async with asyncio.timeout(LIMIT_S):
+                    return await run(cfg, HttpTarget(f"http://127.0.0.1:{port}"))
+            finally:
+                await runner.cleanup()
+
+        changed = asyncio.run(through_gateway())
+    assert all(r.ok for r in changed.records)
+    measured = short_ttft_p99(changed.records) - short_ttft_p99(observed.records)
+    assert measured < 0 and gain.delta < 0  # the same sign: the short chats get through
+    assert gain.delta == pytest.approx(measured, rel=0.30)

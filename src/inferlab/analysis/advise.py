@@ -26,6 +26,7 @@ from inferlab._errors import InferlabError, UsageError
 from inferlab.analysis.fits import KNEE_GAIN
 from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile
 from inferlab.analysis.whatif import Simulated, WhatIf
+from inferlab.gateway.config import AdmissionConfig
 from inferlab.results.metrics import request_metrics
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
@@ -54,10 +55,13 @@ CONTEXT_GROWTH = 3.0
 LONG_OUTPUT_TOKENS = 1024
 #: Head-of-line inflation (profile) past this: blocking.
 HOL_INFLATION = 1.5
+#: Token admission may cost at most this share of output tokens/s, per goal.
+ADMISSION_THROUGHPUT_SLACK: dict[Goal, float] = {"latency": 0.25, "consistency": 0.15, "throughput": 0.05}
 
 #: Each rule's rank per goal (lower first).
 PRIORITY: dict[str, dict[Goal, int]] = {
     "head_of_line": {"latency": 1, "consistency": 1, "throughput": 8},
+    "token_admission": {"latency": 2, "consistency": 2, "throughput": 10},
     "prefix_caching": {"latency": 2, "consistency": 4, "throughput": 2},
     "kv_pressure": {"latency": 5, "consistency": 2, "throughput": 1},
     "concurrency_cap": {"latency": 4, "consistency": 3, "throughput": 3},
@@ -254,7 +258,7 @@ def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim
 def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
     w = WhatIf(run.dir, run.config)
     rules: list[Callable[[_Run, WhatIf, Goal], Recommendation | None]] = [
-        _head_of_line, _prefix_caching, _kv_pressure, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
+        _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
     ]
     out = []
     for rule in rules:
@@ -275,32 +279,52 @@ def _itls(records: Sequence[RequestRecord], keep: Callable[[RequestRecord], bool
 HOL_TTFT_SLACK = 0.10
 
 
+@dataclass(frozen=True)
+class _Mixed:
+    """A run whose prompts mix long ones with short: which are which."""
+
+    threshold: float  # tokens: a prompt this long is long
+    median: float
+    long_n: int
+    total: int
+
+    def short(self, r: RequestRecord) -> bool:
+        return bool(r.input_tokens) and (r.input_tokens or 0) <= self.threshold / 4
+
+    def long(self, r: RequestRecord) -> bool:
+        return (r.input_tokens or 0) >= self.threshold
+
+
+def _mixed(run: _Run) -> _Mixed | None:
+    """Long prompts (``LONG_PROMPT_TOKENS`` and ``LONG_PROMPT_RATIO`` × the shortest
+    tenth's) beside short ones; None when the run has not both. (The shortest tenth, not
+    the median: in a flood of long prompts the long ones are most of the requests.)"""
+    inputs = _inputs(run.records)
+    if len(inputs) < 4:
+        return None
+    median = statistics.median(inputs)
+    shortest = statistics.quantiles(inputs, n=10, method="inclusive")[0]
+    threshold = max(LONG_PROMPT_TOKENS, LONG_PROMPT_RATIO * shortest)
+    long_n = sum(1 for x in inputs if x >= threshold)
+    if long_n == 0 or long_n == len(inputs):
+        return None
+    return _Mixed(threshold, median, long_n, len(inputs))
+
+
 def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     """Long prompts beside short ones: each long prefill is one long engine step that
     stalls every running stream (and delays the next arrivals). A smaller per-step budget
     splits it into chunks: shorter stalls. Chosen: the smallest candidate budget that
     keeps the short requests' TTFT p90 within ``HOL_TTFT_SLACK`` of the current one."""
-    inputs = _inputs(run.records)
-    if len(inputs) < 4:
+    mix = _mixed(run)
+    if mix is None:
         return None
-    median = statistics.median(inputs)
-    threshold = max(LONG_PROMPT_TOKENS, LONG_PROMPT_RATIO * median)
-    long_n = sum(1 for x in inputs if x >= threshold)
-    if long_n == 0 or long_n == len(inputs):
-        return None
-    short_max = threshold / 4
-
-    def short(r: RequestRecord) -> bool:
-        return bool(r.input_tokens) and (r.input_tokens or 0) <= short_max
-
-    def long(r: RequestRecord) -> bool:
-        return (r.input_tokens or 0) >= threshold
-
+    short, long = mix.short, mix.long
     ttft, itl = _ttfts(run.records, short), _itls(run.records, short)
     if len(ttft) < 2 or len(itl) < 2:
         return None
     evidence = (
-        f"{long_n} of {len(inputs)} prompts are {threshold:,.0f}+ tokens (median {median:,.0f}); the short ones' "
+        f"{mix.long_n} of {mix.total} prompts are {mix.threshold:,.0f}+ tokens (median {mix.median:,.0f}); the short ones' "
         f"streams stall: inter-token gap p99 {_p(itl, 0.99):,.0f} ms against a median of {statistics.median(itl):,.1f} ms; "
         f"their TTFT p90 {_p(ttft, 0.9):,.0f} ms against a p50 of {statistics.median(ttft):,.0f} ms"
     )
@@ -353,6 +377,61 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         "head_of_line", title, evidence, change.format(budget=candidate, seqs=seq_note), gains,
         f"the smallest budget tried (4096, 2048, 1024, 512) that keeps the short requests' TTFT p90 within {HOL_TTFT_SLACK:.0%}; "
         "long prompts take more, smaller steps, so their own TTFT grows",
+    )
+
+
+def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """Long prompts beside short ones, the short ones' TTFT up: a gateway that admits by
+    tokens in flight (``inferlab gateway``, its own admission code run in virtual time)
+    holds the long prompts back while short requests pass, which a smaller engine budget
+    cannot do (the engine serves its queue first come, first served). Tried: a budget of
+    2, 3 or 4 of the largest request's reservation (prompt + output tokens) per engine;
+    chosen: the lowest short-request TTFT p99 that keeps output tokens/s within the
+    goal's ``ADMISSION_THROUGHPUT_SLACK`` of the run's and refuses nothing."""
+    mix = _mixed(run)
+    if mix is None or not w.available:
+        return None
+    base = w.simulate()
+    before = _ttfts(base.records, mix.short)
+    base_tps = base.result.summary.output_token_throughput_tps
+    if len(before) < 2 or not base_tps:
+        return None
+    largest = max((r.input_tokens or 0) + (r.output_tokens or 0) for r in base.records)
+    best: tuple[float, int, Simulated] | None = None
+    for k in (2, 3, 4):
+        budget = k * largest
+        adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=budget, queue_max=100_000, queue_timeout_s=3600.0)
+        sim = w.simulate(admission=adm)
+        after = _ttfts(sim.records, mix.short)
+        tps = sim.result.summary.output_token_throughput_tps
+        if sim.result.summary.counts.failed or not after or not tps or tps < (1 - ADMISSION_THROUGHPUT_SLACK[goal]) * base_tps:
+            continue
+        if best is None or _p(after, 0.99) < best[0]:
+            best = (_p(after, 0.99), budget, sim)
+    if best is None:
+        return None
+    p99_after, budget, sim = best
+    p99_before = _p(before, 0.99)
+    if (p99_before - p99_after) / p99_before < MIN_GAIN:
+        return None
+    kind = _prediction(w, f"inferlab gateway admitting by tokens, {budget:,} in flight per engine")
+    gains = [
+        _sim_gain("short requests' p99 TTFT ms", "TTFT", p99_before, p99_after, kind, sim),
+        _sim_gain("output tok/s", "throughput", base_tps, sim.result.summary.output_token_throughput_tps or 0.0, kind, sim),
+    ]
+    long_before, long_after = _ttfts(base.records, mix.long), _ttfts(sim.records, mix.long)
+    if long_before and long_after:
+        gains.append(_sim_gain("long requests' mean TTFT ms", "TTFT", statistics.fmean(long_before), statistics.fmean(long_after), kind, sim))
+    return Recommendation(
+        "token_admission", "Let short requests past long prompts: admit by tokens in flight at a gateway",
+        f"{mix.long_n} of {mix.total} prompts are {mix.threshold:,.0f}+ tokens; the short requests' TTFT p99 "
+        f"{_p(_ttfts(run.records, mix.short), 0.99):,.0f} ms against a p50 of {statistics.median(_ttfts(run.records, mix.short)):,.0f} ms",
+        f"inferlab gateway --upstream URL --config gateway.toml with [admission] mode = \"tokens\", "
+        f"max_tokens_in_flight = {budget:,} (per engine; {budget // largest} of the largest requests at once)",
+        gains,
+        f"long prompts wait at the gateway while short ones pass (a size-aware queue; a waiter older than starvation_s goes first), "
+        f"so their own TTFT grows, and throughput may fall (allowed for the {goal} goal: {ADMISSION_THROUGHPUT_SLACK[goal]:.0%}); "
+        "predicted with the gateway's own admission code in front of the simulated engine",
     )
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from inferlab._errors import InferlabError
+from inferlab.gateway.config import AdmissionConfig
 from inferlab.load.run import RunConfig, RunResult, SimTarget, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
 from inferlab.results.records import RequestRecord
@@ -121,12 +122,16 @@ class WhatIf:
         e = self.engine
         return "none" if e is None else f"{e.model} on {e.tensor_parallel_size}x {e.gpu}"
 
-    def simulate(self, engine: Mapping[str, Any] | None = None, workload: Mapping[str, Any] | None = None) -> Simulated:
-        """The workload in virtual time with ``engine`` and ``workload`` fields changed;
+    def simulate(
+        self, engine: Mapping[str, Any] | None = None, workload: Mapping[str, Any] | None = None,
+        admission: AdmissionConfig | None = None,
+    ) -> Simulated:
+        """The workload in virtual time with ``engine`` and ``workload`` fields changed,
+        and ``admission`` (``inferlab gateway``'s, its own code) in front of the engine;
         ``InferlabError`` when the run's engine is unknown or the change is refused."""
         if self.engine is None:
             raise InferlabError("the run's engine is unknown (not the simulated server)")
-        key = (tuple(sorted((engine or {}).items())), tuple(sorted((workload or {}).items())))
+        key = (tuple(sorted((engine or {}).items())), tuple(sorted((workload or {}).items())), admission)
         if key not in self._cache:
             try:
                 e = dataclasses.replace(self.engine, **dict(engine or {}))
@@ -136,7 +141,7 @@ class WhatIf:
             except (TypeError, ValueError) as err:
                 raise InferlabError(f"cannot simulate that change: {err}") from err
             try:
-                result = asyncio.run(run(cfg, SimTarget(e)))
+                result = asyncio.run(run(cfg, SimTarget(e, admission=admission)))
             except ValueError as err:
                 raise InferlabError(f"the simulator refused the change: {err}") from err
             self._cache[key] = Simulated([r for r in result.records if not r.warmup], result)
