@@ -28,11 +28,10 @@ from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.log import server_logger
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
 from inferlab._errors import RunFailedError
+from inferlab._serverlog import quiet_server_logger
 from inferlab.gateway.admission import Admission, Rejected, Ticket
 from inferlab.gateway.cache import Entry, ResponseCache, cache_key, cacheable
 from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
@@ -570,28 +569,12 @@ def _prefix(body: dict[str, Any], api: Api) -> bytes:
     return ids_prefix(prompt) if isinstance(prompt, list) else text_prefix(str(prompt))
 
 
-class _ClientFaultLogger(logging.Logger):
-    """aiohttp's server logger, less the tracebacks of requests it cannot parse (bad
-    framing, a bad Content-Length or chunk): the client's fault, answered with a 400, and
-    logged here as one WARNING line (as ``sim serve`` does)."""
-
-    def __init__(self, inner: logging.Logger) -> None:
-        super().__init__(inner.name)
-        self.parent = inner
-
-    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
-        if isinstance(exc_info, (HttpProcessingError, web.RequestPayloadError)):
-            self.warning("%s: %s: %s", str(msg) % args, type(exc_info).__name__, " ".join(str(exc_info).split()))
-        else:
-            super().exception(msg, *args, exc_info=exc_info, **kwargs)
-
-
 async def start(gateway: Gateway, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve ``gateway`` on ``host:port`` (0: a free port); the runner and the bound port.
     A client that disconnects cancels its request, and so the upstream's. The body is
     read as sent (no decompression: a compressed body is not JSON, so a 400)."""
     runner = web.AppRunner(gateway.app, access_log=None, handle_signals=False, handler_cancellation=True,
-                           auto_decompress=False, logger=_ClientFaultLogger(server_logger))
+                           auto_decompress=False, logger=quiet_server_logger())
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
     await site.start()
