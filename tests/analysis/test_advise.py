@@ -47,11 +47,15 @@ def bench(url: str, trace: Path, out: Path | None) -> RunResult:
     return asyncio.run(go())
 
 
-def short_itl_p99(records: list[RequestRecord]) -> float:
-    gaps = sorted(g for r in records if r.ok and not r.warmup and (r.input_tokens or 0) <= SHORT_MAX for g in request_metrics(r).itl_ms)
-    k = (len(gaps) - 1) * 0.99
+def p99(values: list[float]) -> float:
+    values = sorted(values)
+    k = (len(values) - 1) * 0.99
     lo = int(k)
-    return gaps[lo] + (gaps[min(lo + 1, len(gaps) - 1)] - gaps[lo]) * (k - lo)
+    return values[lo] + (values[min(lo + 1, len(values) - 1)] - values[lo]) * (k - lo)
+
+
+def short_itl_p99(records: list[RequestRecord]) -> float:
+    return p99([g for r in records if r.ok and not r.warmup and (r.input_tokens or 0) <= SHORT_MAX for g in request_metrics(r).itl_ms])
 
 
 def test_head_of_line_blocking_is_flagged_and_its_predicted_gain_matches_the_change_made(tmp_path: Path) -> None:
@@ -156,10 +160,7 @@ def flood_trace(path: Path, clients: int = 12, each: int = 4, shorts: int = 16) 
 
 
 def short_ttft_p99(records: list[RequestRecord]) -> float:
-    values = sorted(request_metrics(r).ttft_ms or 0.0 for r in records if r.ok and not r.warmup and (r.input_tokens or 0) <= SHORT_MAX)
-    k = (len(values) - 1) * 0.99
-    lo = int(k)
-    return values[lo] + (values[min(lo + 1, len(values) - 1)] - values[lo]) * (k - lo)
+    return p99([request_metrics(r).ttft_ms or 0.0 for r in records if r.ok and not r.warmup and (r.input_tokens or 0) <= SHORT_MAX])
 
 
 def test_a_flood_of_long_prompts_gets_token_admission_whose_predicted_gain_the_real_gateway_delivers(tmp_path: Path) -> None:
