@@ -243,3 +243,20 @@ def record_body(record: RequestRecord, raw: bytes, t_end_ns: int, text_out: list
     if state.body(raw):
         state.flush()
         record.end_ns = t_end_ns
+
+
+def request_path(url: str) -> str:
+    """The path (and query) of ``url``, as a request line names it."""
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def header_lines(headers: dict[str, str]) -> str:
+    """``Name: value\\r\\n`` per header; ``ValueError`` for a line break in one (it would
+    end the header early, or smuggle another)."""
+    out = []
+    for name, value in headers.items():
+        if any(c in name + value for c in "\r\n\0") or not name or ":" in name:
+            raise ValueError(f"header {name!r} cannot be sent as given")
+        out.append(f"{name}: {value}\r\n")
+    return "".join(out)
