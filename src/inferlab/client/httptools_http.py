@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from types import TracebackType
-from typing import Self
+from typing import Self, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -118,8 +118,7 @@ class _Connection(asyncio.Protocol):
     # --- the pool's side -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # (uvloop's is not asyncio's class)
         self.open = True
 
     def start(
