@@ -108,7 +108,6 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.pieces: list[bytes] = []
         self.stream: StreamRecorder | None = None
-        self.first_ns: int | None = None
         self.t_ns = 0
         self.watch: _IdleWatch | None = None
         self._stream_wanted = True
@@ -241,8 +240,9 @@ class _Connection(asyncio.Protocol):
                 self.mode = _AFTER
                 self._wake()
         elif mode == _BODY:
-            if self.first_ns is None:
-                self.first_ns = self.t_ns
+            record = self._record
+            if record is not None and record.ttfb_ns is None:
+                record.ttfb_ns = self.t_ns
             self.pieces.append(body)
         elif mode == _ERROR:
             self.pieces.append(body)
@@ -400,7 +400,6 @@ class HttptoolsClient(Sender):
         elif conn.mode == _AFTER:  # a compressed body
             fail(record, ErrorKind.MALFORMED, f"the response is compressed ({conn.encoding}), though identity was asked for")
         else:
-            record.ttfb_ns = conn.first_ns
             record_body(record, b"".join(conn.pieces), conn.t_ns, text_out)
         return conn.complete
 
