@@ -3,9 +3,11 @@
 ``RequestRecord`` (``StreamRecorder`` for a stream, ``record_body`` for a whole body,
 ``record_http_error`` for an error status, ``fail``).
 
-The asyncio client (``client.http``, aiohttp) and the gevent one (``client.gevent_http``,
-Locust's workers) read the network their own way and hand each read's bytes here with
-one clock reading, so both fill the same fields with the same meanings.
+The asyncio clients (``client.http``, aiohttp; ``client.httptools_http``) and the gevent
+one (``client.gevent_http``, Locust's workers) read the network their own way and hand
+each read's bytes here with one clock reading, so all fill the same fields with the same
+meanings. ``request_path`` and ``header_lines`` write a request's head for the clients
+that write their own.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """The client: sends one request, parses the response, fills a ``RequestRecord``.
 
 It never raises for a failed request (only ``CancelledError`` propagates, after the
-record is marked cancelled). aiohttp is the HTTP stack: bench/client_cpu.py measures it
-against httpx per streamed chunk. All aiohttp errors are mapped here, at one boundary.
+record is marked cancelled). ``Sender`` holds the rules every asyncio HTTP stack shares
+(below, and the mapping of aiohttp's exceptions to error records, at one boundary);
+``Client`` is aiohttp's (bench/client_cpu.py measures it against httpx per streamed
+chunk), ``client.httptools_http.HttptoolsClient`` the leaner one for plain http, which
+raises aiohttp's exceptions for the same failures.
 
 Stale keep-alive connections: servers close connections that stay idle past their
 keep-alive timeout (llama.cpp and uvicorn, i.e. vLLM, after 5 s), and a request sent on a

@@ -86,7 +86,8 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
-        self.now: Callable[[], int] = _never
+        self.clock_ns: Callable[[], int] = _never  # the client's clock, and its t0 (``start``)
+        self.t0_ns = 0
         self.transport: asyncio.Transport | None = None
         self.open = False
         self.busy = False
@@ -121,15 +122,15 @@ class _Connection(asyncio.Protocol):
         self.open = True
 
     def start(
-        self, record: RequestRecord, text_out: list[str] | None, stream: bool, watch: _IdleWatch,
-        now: Callable[[], int],
+        self, record: RequestRecord, text_out: list[str] | None, stream: bool, clock_ns: Callable[[], int],
+        t0_ns: int,
     ) -> asyncio.Future[None]:
         """Arm the connection for one request's response; the future ``waiter``."""
         self._reset()
         self.busy = True
-        self.now = now
+        self.clock_ns, self.t0_ns = clock_ns, t0_ns
         self.parser = httptools.HttpResponseParser(self)
-        self._record, self._text_out, self._stream_wanted, self.watch = record, text_out, stream, watch
+        self._record, self._text_out, self._stream_wanted = record, text_out, stream
         self.waiter = asyncio.get_running_loop().create_future()
         return self.waiter
 
@@ -158,7 +159,7 @@ class _Connection(asyncio.Protocol):
         if parser is None or not self.busy:  # bytes nobody asked for: not reusable
             self.abort()
             return
-        self.t_ns = t = self.now()
+        self.t_ns = t = self.clock_ns() - self.t0_ns  # (``Sender._now``, inlined: once per read)
         if self.watch is not None:
             self.watch.last_ns = t
         try:
@@ -364,8 +365,10 @@ class HttptoolsClient(Sender):
             except TimeoutError:
                 raise aiohttp.ServerTimeoutError("no response") from None
         assert conn.transport is not None
-        watch = _IdleWatch(conn.fail, ep.idle_timeout_s, self._now, since_ns=start)
-        waiter = conn.start(record, text_out, ep.stream, watch, self._now)
+        waiter = conn.start(record, text_out, ep.stream, self.clock.now_ns, self.t0_ns)
+        # (from the attempt's start: the connect, the request and the wait for the head
+        # count, as aiohttp's client counts them)
+        conn.watch = watch = _IdleWatch(conn.fail, ep.idle_timeout_s, self._now, since_ns=start)
         reusable = False
         try:
             attempt.stamp()
