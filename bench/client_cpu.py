@@ -130,13 +130,25 @@ def _spec() -> Any:
     return RequestSpec(prompt=PROMPT, max_tokens=MAX_TOKENS)
 
 
+def _requests(client: Any, spec: Any) -> Request:
+    """One request of an inferlab client (``send`` of a fresh record) as a ``Request``."""
+    from inferlab.results.records import RequestRecord
+
+    async def one() -> int:
+        record = RequestRecord(index=0)
+        await client.send(spec, record)
+        assert record.ok, record.error
+        return len(record.content_ns)
+
+    return one
+
+
 @asynccontextmanager
 async def inferlab_aiohttp(base_url: str) -> AsyncIterator[Request]:
     """inferlab's ``Client`` over the session its executors send with (the revision's
     own ``client_session`` where it has one)."""
     from inferlab._clock import WallClock
     from inferlab.client.http import Client, Endpoint, session_trace
-    from inferlab.results.records import RequestRecord
 
     try:
         from inferlab.load.http import client_session
@@ -151,13 +163,7 @@ async def inferlab_aiohttp(base_url: str) -> AsyncIterator[Request]:
     async with client_session() as s:
         client = Client(endpoint, clock, s, clock.now_ns())
 
-        async def one() -> int:
-            record = RequestRecord(index=0)
-            await client.send(spec, record)
-            assert record.ok, record.error
-            return len(record.content_ns)
-
-        yield one
+        yield _requests(client, spec)
 
 
 @asynccontextmanager
@@ -167,7 +173,6 @@ async def inferlab_httptools(base_url: str) -> AsyncIterator[Request]:
     from inferlab._clock import WallClock
     from inferlab.client.http import Endpoint
     from inferlab.client.httptools_http import HttptoolsClient, Pool
-    from inferlab.results.records import RequestRecord
 
     clock = WallClock()
     endpoint = Endpoint(base_url=base_url, model=MODEL)
@@ -175,13 +180,7 @@ async def inferlab_httptools(base_url: str) -> AsyncIterator[Request]:
     async with Pool(endpoint.base_url) as pool:
         client = HttptoolsClient(endpoint, clock, pool, clock.now_ns())
 
-        async def one() -> int:
-            record = RequestRecord(index=0)
-            await client.send(spec, record)
-            assert record.ok, record.error
-            return len(record.content_ns)
-
-        yield one
+        yield _requests(client, spec)
 
 
 def _httpx_client() -> Any:
