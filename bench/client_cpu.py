@@ -11,9 +11,13 @@ the content chunks received: µs per chunk, which is also ms per 1,000 chunks.
 Stacks: ``aiohttp`` is inferlab's ``Client`` itself (aiohttp + ``SSEParser`` + the
 chunk reader), on asyncio's loop with the standard library's JSON; ``+uvloop``,
 ``+orjson`` and ``+fast`` (both) are the same client with uvloop's event loop and/or
-orjson as the JSON decoder (the ``fast`` extra); ``aiohttp@REV`` (with ``--baseline
-REV``) is the ``Client`` of another git revision of this repository, run from its
-source (``git archive``), to compare a change of the hot path before and after.
+orjson as the JSON decoder; ``httptools`` is inferlab's ``HttptoolsClient`` (its own
+asyncio connections, httptools' parser, the same chunk reader: ``--http-client
+httptools``) on asyncio's loop and the standard library's JSON, and ``httptools+fast``
+the same on uvloop with orjson (all of the ``fast`` extra: what ``bench`` runs where it
+is installed); ``aiohttp@REV`` (with ``--baseline REV``) is the ``Client`` of another
+git revision of this repository, run from its source (``git archive``), to compare a
+change of the hot path before and after.
 ``httpx-raw`` reads ``aiter_raw`` into the same parser; ``httpx-lines`` uses
 ``aiter_lines``; ``openai`` is the official SDK's streaming. All but ``openai`` apply
 each event exactly as the client does (one clock read per network read). Rounds are
@@ -24,6 +28,7 @@ is cheaper).
     python bench/client_cpu.py --quick                  # fewer requests and rounds
     python bench/client_cpu.py --baseline 5f00c30       # ... and the client of 5f00c30
     python bench/client_cpu.py --stacks aiohttp,httpx-raw,httpx-lines,openai
+    python bench/client_cpu.py --quick --stacks aiohttp,+fast,httptools,httptools+fast
 """
 
 from __future__ import annotations
@@ -125,13 +130,25 @@ def _spec() -> Any:
     return RequestSpec(prompt=PROMPT, max_tokens=MAX_TOKENS)
 
 
+def _requests(client: Any, spec: Any) -> Request:
+    """One request of an inferlab client (``send`` of a fresh record) as a ``Request``."""
+    from inferlab.results.records import RequestRecord
+
+    async def one() -> int:
+        record = RequestRecord(index=0)
+        await client.send(spec, record)
+        assert record.ok, record.error
+        return len(record.content_ns)
+
+    return one
+
+
 @asynccontextmanager
 async def inferlab_aiohttp(base_url: str) -> AsyncIterator[Request]:
     """inferlab's ``Client`` over the session its executors send with (the revision's
     own ``client_session`` where it has one)."""
     from inferlab._clock import WallClock
     from inferlab.client.http import Client, Endpoint, session_trace
-    from inferlab.results.records import RequestRecord
 
     try:
         from inferlab.load.http import client_session
@@ -146,13 +163,24 @@ async def inferlab_aiohttp(base_url: str) -> AsyncIterator[Request]:
     async with client_session() as s:
         client = Client(endpoint, clock, s, clock.now_ns())
 
-        async def one() -> int:
-            record = RequestRecord(index=0)
-            await client.send(spec, record)
-            assert record.ok, record.error
-            return len(record.content_ns)
+        yield _requests(client, spec)
 
-        yield one
+
+@asynccontextmanager
+async def inferlab_httptools(base_url: str) -> AsyncIterator[Request]:
+    """inferlab's ``HttptoolsClient`` over a pool of its own (as ``bench --http-client
+    httptools`` sends)."""
+    from inferlab._clock import WallClock
+    from inferlab.client.http import Endpoint
+    from inferlab.client.httptools_http import HttptoolsClient, Pool
+
+    clock = WallClock()
+    endpoint = Endpoint(base_url=base_url, model=MODEL)
+    spec = _spec()
+    async with Pool(endpoint.base_url) as pool:
+        client = HttptoolsClient(endpoint, clock, pool, clock.now_ns())
+
+        yield _requests(client, spec)
 
 
 def _httpx_client() -> Any:
@@ -250,11 +278,13 @@ STACKS: dict[str, StackSpec] = {
     "+uvloop": StackSpec(inferlab_aiohttp, uvloop=True),
     "+orjson": StackSpec(inferlab_aiohttp, json="orjson"),
     "+fast": StackSpec(inferlab_aiohttp, uvloop=True, json="orjson"),
+    "httptools": StackSpec(inferlab_httptools),
+    "httptools+fast": StackSpec(inferlab_httptools, uvloop=True, json="orjson"),
     "httpx-raw": StackSpec(httpx_raw),
     "httpx-lines": StackSpec(httpx_lines),
     "openai": StackSpec(openai_sdk),
 }
-DEFAULT_STACKS = ["aiohttp", "+uvloop", "+orjson", "+fast"]
+DEFAULT_STACKS = ["aiohttp", "+uvloop", "+orjson", "+fast", "httptools", "httptools+fast"]
 #: The stack name of the baseline revision's client: ``aiohttp@REV``.
 BASELINE = "aiohttp@"
 
@@ -301,7 +331,7 @@ class Regime:
 
 def measure(spec: StackSpec, url: str, requests: int, concurrency: int) -> tuple[float, float]:
     """CPU µs of this process per content chunk for one cell, and the network reads per
-    chunk (aiohttp's stacks; 0 for the others). The client is created and warmed up
+    chunk (inferlab's stacks; 0 for the others). The client is created and warmed up
     (one request per connection: connections, lazy imports, first-call caches) untimed.
 
     Reads per chunk: a client that keeps up reads each chunk as it comes (one read, one
@@ -309,10 +339,15 @@ def measure(spec: StackSpec, url: str, requests: int, concurrency: int) -> tuple
     which costs less per chunk and stamps them late. Compare CPU at like reads."""
     from aiohttp.client_proto import ResponseHandler
 
-    reads = [0]
-    received = ResponseHandler.data_received
+    protocol: Any = ResponseHandler
+    if spec.run is inferlab_httptools:
+        from inferlab.client.httptools_http import _Connection
 
-    def counting(self: ResponseHandler, data: bytes) -> None:
+        protocol = _Connection
+    reads = [0]
+    received = protocol.data_received
+
+    def counting(self: Any, data: bytes) -> None:
         if data:
             reads[0] += 1
         received(self, data)
@@ -326,19 +361,19 @@ def measure(spec: StackSpec, url: str, requests: int, concurrency: int) -> tuple
             chunks = await _fan_out(requests, concurrency, one)
             return time.process_time() - cpu, chunks, reads[0]
 
-    if spec.run is inferlab_aiohttp:
+    if spec.run in (inferlab_aiohttp, inferlab_httptools):
         _use_json(spec.json)
     loop_factory = None
     if spec.uvloop:
         import uvloop
 
         loop_factory = uvloop.new_event_loop
-    ResponseHandler.data_received = counting  # type: ignore[method-assign]
+    protocol.data_received = counting
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             cpu_s, chunks, n_reads = runner.run(cell())
     finally:
-        ResponseHandler.data_received = received  # type: ignore[method-assign]
+        protocol.data_received = received
     return cpu_s / chunks * 1e6, n_reads / chunks
 
 
@@ -474,7 +509,7 @@ def main(argv: list[str] | None = None) -> None:
             stacks.append(BASELINE + args.baseline)
         run(regimes, stacks, args.rounds or (3 if args.quick else 5), baseline)
     versions = [f"python {sys.version.split()[0]}", f"aiohttp {aiohttp.__version__}"]
-    for name in ("uvloop", "orjson"):
+    for name in ("uvloop", "orjson", "httptools"):
         with suppress(ImportError):
             versions.append(f"{name} {__import__(name).__version__}")
     print(f"\n({time.monotonic() - started:.0f} s; {', '.join(versions)})")

@@ -15,7 +15,9 @@ Parts (``--parts``, all by default):
   outside it). Per chunk c(k) = a + b/k at k chunks per request: a is the marginal CPU
   per chunk, b the per-request CPU; two k give both. Sustained chunks/s is the server's
   count over the same window: the server never waits, so that is what the tool's core
-  allowed, unless the server's core was full (printed beside it).
+  allowed, unless the server's core was full (printed beside it). ``inferlab-1`` sends
+  with the stack ``bench`` picks (httptools where the ``fast`` extra installed it),
+  ``inferlab-1-aiohttp`` with ``--http-client aiohttp``.
 - ``ttft``: ``inferlab bench`` against ``inferlab sim serve`` (Qwen2.5-7B on H100, 256
   prompt tokens, 64 output tokens) at 1, 64, 256 and 512 streams with 1 and 2 workers:
   client TTFT minus the server's own TTFT per request (the summary's
@@ -30,6 +32,7 @@ Parts (``--parts``, all by default):
     python bench/client_scale.py --quick     # about 7 minutes on a busy 2-core machine
     python bench/client_scale.py             # about 15 minutes
     python bench/client_scale.py --parts cpu --tools inferlab-1,aiperf --rounds 3
+    python bench/client_scale.py --parts cpu --tools inferlab-1,inferlab-1-aiohttp --rounds 3
     python bench/client_scale.py --setup     # first: the peers' venvs under /tmp
 
 Loopback only; every load is bounded in requests and time; every process started here
@@ -306,13 +309,13 @@ class Tool:
     chunks_per_run: int = 200_000
 
 
-def _inferlab(workers: int) -> Command:
+def _inferlab(workers: int, http_client: str = "auto") -> Command:
     def command(url: str, w: Load, work: Path) -> tuple[list[str], dict[str, str] | None]:
         return [
             sys.executable, "-m", "inferlab", "bench", "--url", url, "--model", MODEL,
             "--concurrency", str(w.concurrency), "--num-requests", str(w.requests),
             "--input-tokens", str(INPUT_TOKENS), "--output-tokens", str(w.chunks),
-            "--workers", str(workers), "--out", str(work / "out"), "--json",
+            "--workers", str(workers), "--http-client", http_client, "--out", str(work / "out"), "--json",
         ], None  # fmt: skip
 
     return command
@@ -356,6 +359,8 @@ def _guidellm(url: str, w: Load, work: Path) -> tuple[list[str], dict[str, str] 
 TOOLS = {
     "inferlab-1": Tool("inferlab-1", "inferlab --workers 1", _inferlab(1)),
     "inferlab-2": Tool("inferlab-2", "inferlab --workers 2", _inferlab(2)),
+    # (``inferlab-1`` sends with httptools where the ``fast`` extra installed it)
+    "inferlab-1-aiohttp": Tool("inferlab-1-aiohttp", "inferlab --workers 1 --http-client aiohttp", _inferlab(1, "aiohttp")),
     "aiperf": Tool("aiperf", "AIPerf", _aiperf, PEER_VENVS["aiperf"], 24_000),
     "guidellm": Tool("guidellm", "GuideLLM", _guidellm, PEER_VENVS["guidellm"], 24_000),
 }

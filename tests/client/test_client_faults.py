@@ -3,7 +3,9 @@
 Each behaviour is one real HTTP exchange, and the record must say exactly what
 happened: error kind and message, status, which timestamps exist and their order,
 content chunks, usage. Then whole runs over a mix of faults, an interrupted run and an
-unreachable server, through ``bench_async`` and its results directory.
+unreachable server, through ``bench_async`` and its results directory. Every test runs
+on each HTTP stack (``load.http.HTTP_CLIENTS``: aiohttp and httptools): both must
+record every fault alike.
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 import pytest
 from faultserver import ERROR_MESSAGE, OUTPUT_CHARS, TEXTS, USAGE, FaultServer
 
@@ -32,7 +34,8 @@ from inferlab import (
     bench_async,
     request_metrics,
 )
-from inferlab.client.http import Client, Endpoint, session_trace
+from inferlab.client.http import Endpoint
+from inferlab.load.http import open_client
 from inferlab.workload.spec import RequestSpec
 
 IDLE_S = 0.2  # the client's idle timeout; the server stalls for STALL_S, well past it
@@ -40,6 +43,15 @@ STALL_S = 1.0
 SPEC = RequestSpec(prompt="hi", max_tokens=5)
 
 T = TypeVar("T")
+
+#: The HTTP stack under test (``_stack`` sets it for each test).
+STACK = "aiohttp"
+
+
+@pytest.fixture(autouse=True, params=["aiohttp", "httptools"])
+def _stack(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(sys.modules[__name__], "STACK", request.param)
+    return str(request.param)
 
 
 def with_server(body: Callable[[FaultServer], Awaitable[T]], **server_kw: Any) -> T:
@@ -54,13 +66,14 @@ def with_server(body: Callable[[FaultServer], Awaitable[T]], **server_kw: Any) -
 
 async def send_to(base_url: str, model: str, record: RequestRecord | None = None,
                   **endpoint_kw: Any) -> RequestRecord:
-    """One request through the real ``Client``, as the runner sends it."""
+    """One request through the real client of ``STACK``, as the runner sends it."""
     endpoint_kw.setdefault("idle_timeout_s", IDLE_S)
     endpoint = Endpoint(base_url=base_url, model=model, **endpoint_kw)
     clock = WallClock()
     record = record or RequestRecord(index=0)
-    async with aiohttp.ClientSession(trace_configs=[session_trace()]) as session:
-        await Client(endpoint, clock, session, clock.now_ns()).send(SPEC, record)
+    async with open_client(endpoint, clock, STACK, 0) as client:
+        client.t0_ns = clock.now_ns()
+        await client.send(SPEC, record)
     return record
 
 
@@ -303,6 +316,7 @@ def bench_config(model: str | None, out_dir: Path, num_requests: int, concurrenc
         timeout_s=10.0,
         out_dir=str(out_dir),
         preflight=False,  # the fault mix counts every request; the probe is tested elsewhere
+        http_client=STACK,
     )
 
 
@@ -328,6 +342,8 @@ def test_a_run_over_every_fault_accounts_for_every_request(tmp_path: Path) -> No
 
     result, served = with_server(body)
     assert served == Counter({b: rounds for b in mix})
+    assert result.summary.config["resolved"]["client_stack"]["http"] == STACK
+    assert result.summary.config["http_client"] == STACK
 
     counts = result.summary.counts
     assert counts.total == total

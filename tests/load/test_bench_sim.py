@@ -143,6 +143,7 @@ def test_cli_bench_serves_a_short_context_model_within_its_context() -> None:
         (["bench", "-c", "2", "--rate", "3"], 2, "exclusive"),
         (["bench", "--url", "http://127.0.0.1:9", "-n", "2"], 1, "cannot reach"),
         (["bench", "--url", "ftp://x"], 2, "not an http"),
+        (["bench", "--url", "https://127.0.0.1:9", "--http-client", "httptools", "-n", "1"], 2, "plain http:// only"),
         (["sim", "serve", "--model", "no-such-model"], 2, "no-such-model"),
         (["sim", "serve", "--port", "99999"], 2, "--port"),
         (["bench", "--timeout", "-1"], 2, "--timeout"),

@@ -47,11 +47,16 @@ async def test_open_loop_with_two_workers_is_exactly_the_arrival_process(sim: Em
     assert result.summary.config["resolved"]["workers"] == 2
 
 
-async def test_a_closed_loop_over_workers_keeps_its_users(sim: EmbeddedServer) -> None:
-    cfg = BenchConfig(LoadConfig(ClosedLoop(6), num_requests=30), WorkloadConfig(input_tokens=50, output_tokens=8), workers=2)
+@pytest.mark.parametrize("http_client", ["aiohttp", "httptools"])
+async def test_a_closed_loop_over_workers_keeps_its_users(sim: EmbeddedServer, http_client: str) -> None:
+    cfg = BenchConfig(
+        LoadConfig(ClosedLoop(6), num_requests=30), WorkloadConfig(input_tokens=50, output_tokens=8), workers=2,
+        http_client=http_client,
+    )
     result = await bench_async(cfg, sim.url)
     assert result.summary.counts.completed == 30
     assert peak_in_flight(result.records) <= 6
+    assert result.summary.config["resolved"]["client_stack"]["http"] == http_client
 
 
 async def test_sessions_over_workers_keep_their_turns_in_order(sim: EmbeddedServer) -> None:

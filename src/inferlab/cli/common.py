@@ -167,6 +167,7 @@ def http_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds."),
         click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response."),
         click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: workers_option(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone)."),
+        click.option("--http-client", type=click.Choice(["auto", "aiohttp", "httptools"]), default="auto", show_default=True, help="The HTTP stack that sends: httptools (the fast extra; plain http:// only) reads each streamed chunk for less CPU; auto: httptools where installed and the URL is http://, else aiohttp. Recorded in config.json."),
         click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths."),
     ]
     for opt in reversed(opts):

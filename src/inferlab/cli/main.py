@@ -94,6 +94,7 @@ def _bench(kw: dict[str, Any]) -> int:
         overwrite=kw["overwrite"],
         workers=kw["workers"],
         server_metrics=kw["server_metrics"],
+        http_client=kw["http_client"],
         extra_body=_sampling(kw["temperature"], kw["extra_body"]),
     )
     if config.out_dir is not None:

@@ -64,7 +64,7 @@ WORKLOAD_AXES = ("input_tokens", "output_tokens", "prefix_tokens", "prefix_group
 #: the default load axis: users doubling up to 256, until saturation
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: flags that only mean something against a server
-_HTTP_ONLY = ("stream", "api_key", "header", "timeout", "idle_timeout", "workers", "preflight")
+_HTTP_ONLY = ("stream", "api_key", "header", "timeout", "idle_timeout", "workers", "http_client", "preflight")
 #: flags a sweep refuses, with what to do instead
 _REFUSED = {
     "trace": "a trace replays at its own times, with no load axis to sweep (run it with bench or sim run)",
@@ -253,7 +253,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
     else:
         target = HttpTarget(
             url or "", base.get("model"), kw["stream"], kw["api_key"], parse_headers(kw["header"]), kw["timeout"],
-            kw["idle_timeout"], kw["preflight"], workers=kw["workers"],
+            kw["idle_timeout"], kw["preflight"], workers=kw["workers"], http_client=kw["http_client"],
         )
         if kw["engine_config"] is not None:
             target = _engine_target(kw["engine_config"], base, axes, target)

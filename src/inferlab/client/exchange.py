@@ -3,9 +3,11 @@
 ``RequestRecord`` (``StreamRecorder`` for a stream, ``record_body`` for a whole body,
 ``record_http_error`` for an error status, ``fail``).
 
-The asyncio client (``client.http``, aiohttp) and the gevent one (``client.gevent_http``,
-Locust's workers) read the network their own way and hand each read's bytes here with
-one clock reading, so both fill the same fields with the same meanings.
+The asyncio clients (``client.http``, aiohttp; ``client.httptools_http``) and the gevent
+one (``client.gevent_http``, Locust's workers) read the network their own way and hand
+each read's bytes here with one clock reading, so all fill the same fields with the same
+meanings. ``request_path`` and ``header_lines`` write a request's head for the clients
+that write their own.
 """
 
 from __future__ import annotations
@@ -243,3 +245,20 @@ def record_body(record: RequestRecord, raw: bytes, t_end_ns: int, text_out: list
     if state.body(raw):
         state.flush()
         record.end_ns = t_end_ns
+
+
+def request_path(url: str) -> str:
+    """The path (and query) of ``url``, as a request line names it."""
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def header_lines(headers: dict[str, str]) -> str:
+    """``Name: value\\r\\n`` per header; ``ValueError`` for a line break in one (it would
+    end the header early, or smuggle another)."""
+    out = []
+    for name, value in headers.items():
+        if any(c in name + value for c in "\r\n\0") or not name or ":" in name:
+            raise ValueError(f"header {name!r} cannot be sent as given")
+        out.append(f"{name}: {value}\r\n")
+    return "".join(out)

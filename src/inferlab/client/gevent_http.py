@@ -33,8 +33,10 @@ from inferlab.client.exchange import (
     Endpoint,
     StreamRecorder,
     fail,
+    header_lines,
     record_body,
     record_http_error,
+    request_path,
 )
 from inferlab.openai.errors import one_line
 from inferlab.results.records import ErrorKind, RequestRecord
@@ -156,8 +158,8 @@ class GeventClient:
         self.connection = Connection(endpoint.base_url, endpoint.idle_timeout_s, endpoint.idle_timeout_s)
         #: requests sent a second time because a stale keep-alive connection failed them
         self.resent = 0
-        self.path = _path(endpoint.url)
-        self.header_lines = _header_lines(
+        self.path = request_path(endpoint.url)
+        self.header_lines = header_lines(
             {"Host": self.connection.host_header, **endpoint.request_headers(), "Accept-Encoding": "identity"}
         )
 
@@ -210,7 +212,7 @@ class GeventClient:
         """``GET`` the endpoint's ``base_url`` + ``path`` over this connection: the status
         and the body. ``ServerUnreachableError`` if no whole answer comes."""
         url = self.endpoint.base_url + path
-        request = (f"GET {_path(url)} HTTP/1.1\r\n" + self.header_lines + "\r\n").encode("latin-1")
+        request = (f"GET {request_path(url)} HTTP/1.1\r\n" + self.header_lines + "\r\n").encode("latin-1")
         reusable = False
         try:
             with gevent.Timeout(timeout_s, _TotalTimeout()):
@@ -382,19 +384,3 @@ def _read_whole(sock: gevent.socket.socket, resp: _Response, limit: int | None) 
         size += len(piece)
     raw = b"".join(pieces)
     return raw if limit is None else raw[:limit]
-
-
-def _path(url: str) -> str:
-    parts = urlsplit(url)
-    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-
-
-def _header_lines(headers: dict[str, str]) -> str:
-    """``Name: value\\r\\n`` per header; ``ValueError`` for a line break in one (it would
-    end the header early, or smuggle another)."""
-    out = []
-    for name, value in headers.items():
-        if any(c in name + value for c in "\r\n\0") or not name or ":" in name:
-            raise ValueError(f"header {name!r} cannot be sent as given")
-        out.append(f"{name}: {value}\r\n")
-    return "".join(out)

@@ -1,8 +1,11 @@
 """The client: sends one request, parses the response, fills a ``RequestRecord``.
 
 It never raises for a failed request (only ``CancelledError`` propagates, after the
-record is marked cancelled). aiohttp is the HTTP stack: bench/client_cpu.py measures it
-against httpx per streamed chunk. All aiohttp errors are mapped here, at one boundary.
+record is marked cancelled). ``Sender`` holds the rules every asyncio HTTP stack shares
+(below, and the mapping of aiohttp's exceptions to error records, at one boundary);
+``Client`` is aiohttp's (bench/client_cpu.py measures it against httpx per streamed
+chunk), ``client.httptools_http.HttptoolsClient`` the leaner one for plain http, which
+raises aiohttp's exceptions for the same failures.
 
 Stale keep-alive connections: servers close connections that stay idle past their
 keep-alive timeout (llama.cpp and uvicorn, i.e. vLLM, after 5 s), and a request sent on a
@@ -39,7 +42,8 @@ from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.workload.spec import RequestSpec
 
 __all__ = [
-    "Client", "Endpoint", "api_base", "discover_model", "one_line", "request_body", "session_trace",
+    "Client", "ConnectError", "Endpoint", "Sender", "api_base", "discover_model", "one_line", "request_body",
+    "session_trace",
 ]
 
 
@@ -111,27 +115,35 @@ def _closed_message(e: aiohttp.ClientError, record: RequestRecord, resent: bool)
     return f"the server closed the connection {when}{retry}: {type(e).__name__}: {e}"
 
 
-class Client:
-    """Sends requests to one endpoint over a shared aiohttp session (made with
-    ``session_trace()``: without it sends are stamped late and never resent).
+class ConnectError(aiohttp.ClientConnectionError):
+    """No connection could be opened (a transport's own; aiohttp's is
+    ``ClientConnectorError``): recorded as ``connect``, with ``os_error``."""
+
+    def __init__(self, os_error: OSError) -> None:
+        super().__init__(str(os_error))
+        self.os_error = os_error
+
+
+class Sender:
+    """What every asyncio client shares: the record's request fields, the send stamp,
+    the total timeout, the resend of a request a stale keep-alive connection failed,
+    and how a failure is recorded (aiohttp's exceptions, which every transport raises).
+    A transport gives ``_exchange``: one attempt, on a pooled connection or, for the
+    resend (``fresh``), on a connection of its own, closed after it.
 
     Times in records are ns relative to ``t0_ns`` on ``clock``. ``resent`` counts the
     requests sent a second time because a stale keep-alive connection failed them
     before the server read them (see the module's docstring).
     """
 
-    def __init__(
-        self, endpoint: Endpoint, clock: Clock, session: aiohttp.ClientSession, t0_ns: int
-    ) -> None:
+    #: the HTTP stack, as config.json's ``resolved.client_stack.http`` names it
+    stack = ""
+
+    def __init__(self, endpoint: Endpoint, clock: Clock, t0_ns: int) -> None:
         self.endpoint = endpoint
         self.clock = clock
-        self.session = session
         self.t0_ns = t0_ns
         self.resent = 0
-        self._headers = endpoint.request_headers()
-        # no sock_read: the idle timeout is the client's own (``_IdleWatch``, and a timer
-        # on the wait for the response's head)
-        self._timeout = aiohttp.ClientTimeout(total=None)
 
     def _now(self) -> int:
         return self.clock.now_ns() - self.t0_ns
@@ -157,18 +169,18 @@ class Client:
             async with asyncio.timeout(self.endpoint.timeout_s):
                 attempt = _Attempt(stamp)
                 try:
-                    await self._exchange(self.session, body, record, attempt, text_out)
+                    await self._exchange(False, body, record, attempt, text_out)
                 except aiohttp.ClientError as e:
                     if not _stale(e, record, attempt):
                         raise
                     resent = True
                     self.resent += 1
-                    await self._resend(body, record, _Attempt(stamp), text_out)
+                    await self._exchange(True, body, record, _Attempt(stamp), text_out)
         except aiohttp.ServerTimeoutError:
             fail(record, ErrorKind.IDLE_TIMEOUT, f"no data for {self.endpoint.idle_timeout_s:g} s")
         except TimeoutError:
             fail(record, ErrorKind.TIMEOUT, f"request took over {self.endpoint.timeout_s:g} s")
-        except aiohttp.ClientConnectorError as e:
+        except (aiohttp.ClientConnectorError, ConnectError) as e:
             fail(record, ErrorKind.CONNECT, f"cannot connect to {self.endpoint.url}: {e.os_error}")
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
             fail(record, ErrorKind.DISCONNECT, _closed_message(e, record, resent))
@@ -177,6 +189,39 @@ class Client:
         except asyncio.CancelledError:
             fail(record, ErrorKind.CANCELLED, "run interrupted")
             raise
+
+    async def _exchange(
+        self, fresh: bool, body: bytes, record: RequestRecord, attempt: _Attempt, text_out: list[str] | None,
+    ) -> None:
+        """One attempt: ``attempt.stamp()`` as its first byte goes out, ``attempt.reused``
+        set if it went out on a pooled connection; fills ``record``; raises aiohttp's
+        exceptions for what failed."""
+        raise NotImplementedError
+
+
+class Client(Sender):
+    """Sends requests to one endpoint over a shared aiohttp session (made with
+    ``session_trace()``: without it sends are stamped late and never resent)."""
+
+    stack = "aiohttp"
+
+    def __init__(
+        self, endpoint: Endpoint, clock: Clock, session: aiohttp.ClientSession, t0_ns: int
+    ) -> None:
+        super().__init__(endpoint, clock, t0_ns)
+        self.session = session
+        self._headers = endpoint.request_headers()
+        # no sock_read: the idle timeout is the client's own (``_IdleWatch``, and a timer
+        # on the wait for the response's head)
+        self._timeout = aiohttp.ClientTimeout(total=None)
+
+    async def _exchange(
+        self, fresh: bool, body: bytes, record: RequestRecord, attempt: _Attempt, text_out: list[str] | None,
+    ) -> None:
+        if fresh:
+            await self._resend(body, record, attempt, text_out)
+        else:
+            await self._post(self.session, body, record, attempt, text_out)
 
     async def _resend(
         self, body: bytes, record: RequestRecord, attempt: _Attempt, text_out: list[str] | None
@@ -187,9 +232,9 @@ class Client:
             connector=aiohttp.TCPConnector(force_close=True), trace_configs=[session_trace()],
             auto_decompress=self.session.auto_decompress,
         ) as fresh:
-            await self._exchange(fresh, body, record, attempt, text_out)
+            await self._post(fresh, body, record, attempt, text_out)
 
-    async def _exchange(
+    async def _post(
         self, session: aiohttp.ClientSession, body: bytes, record: RequestRecord, attempt: _Attempt,
         text_out: list[str] | None,
     ) -> None:
@@ -203,7 +248,7 @@ class Client:
             raise aiohttp.ServerTimeoutError("no response") from None
         async with resp:
             record.status = resp.status
-            idle = _IdleWatch(resp.content, ep.idle_timeout_s, self._now)
+            idle = _IdleWatch(resp.content.set_exception, ep.idle_timeout_s, self._now)
             try:
                 if resp.status >= 400:
                     raw = b""
@@ -258,16 +303,21 @@ class _IdleWatch:
     rather than aiohttp's ``sock_read``, which cancels and sets a timer on every network
     read (bench/client_cpu.py: a third of the client's CPU per chunk, paced). The
     reader stamps ``last_ns`` (its clock, ns) at each read; when ``idle_s`` pass with
-    none, the body fails with ``ServerTimeoutError``, as ``sock_read`` would fail it."""
+    none (counted from ``since_ns``, default now), ``on_idle`` gets a
+    ``ServerTimeoutError`` to fail the body with, as ``sock_read`` would fail it."""
 
-    __slots__ = ("_content", "_handle", "_idle_ns", "_now", "last_ns")
+    __slots__ = ("_handle", "_idle_ns", "_now", "_on_idle", "last_ns")
 
-    def __init__(self, content: aiohttp.StreamReader, idle_s: float, now: Callable[[], int]) -> None:
-        self._content = content
+    def __init__(
+        self, on_idle: Callable[[BaseException], object], idle_s: float, now: Callable[[], int],
+        since_ns: int | None = None,
+    ) -> None:
+        self._on_idle = on_idle
         self._now = now
         self._idle_ns = int(idle_s * 1e9)
-        self.last_ns = now()
-        self._handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(idle_s, self._check)
+        self.last_ns = now() if since_ns is None else since_ns
+        self._handle: asyncio.TimerHandle | None = None
+        self._check()
 
     def _check(self) -> None:
         quiet_ns = self._now() - self.last_ns
@@ -275,7 +325,7 @@ class _IdleWatch:
             self._handle = asyncio.get_running_loop().call_later((self._idle_ns - quiet_ns) / 1e9, self._check)
             return
         self._handle = None
-        self._content.set_exception(aiohttp.ServerTimeoutError("Timeout on reading data from socket"))
+        self._on_idle(aiohttp.ServerTimeoutError("Timeout on reading data from socket"))
 
     def cancel(self) -> None:
         if self._handle is not None:

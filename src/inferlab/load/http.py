@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import importlib.util
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,7 +30,7 @@ from inferlab.results.records import RequestRecord
 if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes none)
     import aiohttp
 
-    from inferlab.client.http import Client, Endpoint
+    from inferlab.client.http import Endpoint, Sender
 
 #: Keep-alive connections opened before the clock starts, at most.
 MAX_WARM_CONNECTIONS = 256
@@ -68,18 +69,17 @@ async def run_http(
     warm_connections: int = 1,
     on_record: OnRecord | None = None,
     stop: asyncio.Event | None = None,
+    http_client: str = "aiohttp",
 ) -> Outcome:
     """Run ``policy`` against ``endpoint`` from this process; return every record.
     ``warm_connections`` keep-alive connections are opened first (capped at
-    ``MAX_WARM_CONNECTIONS``), so TCP set-up is not charged to the first requests."""
-    from inferlab.client.http import Client
-
+    ``MAX_WARM_CONNECTIONS``), so TCP set-up is not charged to the first requests.
+    ``http_client``: the HTTP stack (resolved: ``resolve_http_client``)."""
     result = Outcome(t0_ns=clock.now_ns())
-    async with client_session() as session:
-        await warm_up(session, endpoint, min(warm_connections, MAX_WARM_CONNECTIONS))
-        result.t0_ns = clock.now_ns()
+    async with open_client(endpoint, clock, http_client, min(warm_connections, MAX_WARM_CONNECTIONS)) as client:
+        result.t0_ns = client.t0_ns = clock.now_ns()
         dispatcher = Dispatcher(policy, clock, result, on_record)
-        launcher = _Tasks(Client(endpoint, clock, session, result.t0_ns), dispatcher)
+        launcher = _Tasks(client, dispatcher)
         monitor = LoopMonitor(clock)
         monitor.start()
         try:
@@ -92,6 +92,47 @@ async def run_http(
 #: Bytes a response may buffer before aiohttp stops reading its socket (its default is
 #: 64 KiB): a burst of chunks is taken in as few reads as the socket gives.
 READ_BUFFER_BYTES = 1 << 20
+
+
+#: The HTTP stacks a run can send with (``bench --http-client``). ``auto``: httptools
+#: where it is installed (the ``fast`` extra) and the URL is plain http, else aiohttp.
+HTTP_CLIENTS = ("auto", "aiohttp", "httptools")
+
+
+def resolve_http_client(choice: str, url: str) -> str:
+    """The HTTP stack ``choice`` means for ``url``: ``aiohttp`` or ``httptools``;
+    ``ValueError`` for one that cannot send there."""
+    if choice not in HTTP_CLIENTS:
+        raise ValueError(f"unknown HTTP client {choice!r} (known: {', '.join(HTTP_CLIENTS)})")
+    if choice == "aiohttp":
+        return choice
+    installed = importlib.util.find_spec("httptools") is not None
+    plain = url.lower().startswith("http://")
+    if choice == "httptools":
+        if not installed:
+            raise ValueError("--http-client httptools: httptools is not installed (pip install 'inferlab[fast]')")
+        if not plain:
+            raise ValueError(f"--http-client httptools speaks plain http:// only, not {url} (use aiohttp)")
+        return choice
+    return "httptools" if installed and plain else "aiohttp"
+
+
+@contextlib.asynccontextmanager
+async def open_client(endpoint: Endpoint, clock: Clock, http_client: str, warm: int) -> AsyncIterator[Sender]:
+    """A client for ``endpoint`` on the stack ``http_client`` (resolved), over a pool of
+    its own with ``warm`` connections opened; the caller sets its ``t0_ns``."""
+    if http_client == "httptools":
+        from inferlab.client.httptools_http import HttptoolsClient, Pool
+
+        async with Pool(endpoint.base_url) as pool:
+            await pool.warm(warm)
+            yield HttptoolsClient(endpoint, clock, pool, 0)
+        return
+    from inferlab.client.http import Client
+
+    async with client_session() as session:
+        await warm_up(session, endpoint, warm)
+        yield Client(endpoint, clock, session, 0)
 
 
 def client_session() -> aiohttp.ClientSession:
@@ -243,7 +284,7 @@ class Dispatcher:
 class _Tasks:
     """Runs each request as a task of this process."""
 
-    def __init__(self, client: Client, dispatcher: Dispatcher) -> None:
+    def __init__(self, client: Sender, dispatcher: Dispatcher) -> None:
         self.client = client
         self.dispatcher = dispatcher
         self.tasks: set[asyncio.Task[None]] = set()

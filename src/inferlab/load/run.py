@@ -86,6 +86,9 @@ class HttpTarget:
     server_metrics: bool = True
     # fields merged into every request body (sampling parameters: ``check_extra_body``)
     extra_body: dict[str, Any] = field(default_factory=dict)
+    # the HTTP stack (``load.http.HTTP_CLIENTS``; ``auto``: httptools where the ``fast``
+    # extra installed it and the URL is plain http, else aiohttp)
+    http_client: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -339,10 +342,11 @@ def _load_json(load: LoadConfig) -> dict[str, Any]:
 
 async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> _Prepared:
     from inferlab.client.http import Endpoint, api_base, discover_model
-    from inferlab.load.http import run_http
+    from inferlab.load.http import resolve_http_client, run_http
 
     try:
         base = api_base(target.url)
+        http_client = resolve_http_client(target.http_client, base)
     except ValueError as e:
         raise UsageError(str(e)) from e
     try:
@@ -383,8 +387,9 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         # the simulated server says which engine it ran (a replay can run the same one);
         # other servers: null
         "engine": await _simulated_engine(base, endpoint.request_headers()),
-        # what the client ran on (the ``fast`` extra's uvloop and orjson, where installed)
-        "client_stack": {"loop": loop_name(), "json": JSON_LIBRARY},
+        # what the client ran on (the ``fast`` extra's uvloop, orjson and httptools, where
+        # installed)
+        "client_stack": {"loop": loop_name(), "json": JSON_LIBRARY, "http": http_client},
     }
     config_json = {**http_config_json(config, target), "resolved": resolved}
 
@@ -403,9 +408,12 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
                 from inferlab.load.workers import run_workers
 
                 return await run_workers(
-                    endpoint, policy, clock, workers=workers, warm_connections=warm, on_record=on_record, stop=stop
+                    endpoint, policy, clock, workers=workers, warm_connections=warm, on_record=on_record, stop=stop,
+                    http_client=http_client,
                 )
-            return await run_http(endpoint, policy, clock, warm_connections=warm, on_record=on_record, stop=stop)
+            return await run_http(
+                endpoint, policy, clock, warm_connections=warm, on_record=on_record, stop=stop, http_client=http_client,
+            )
         finally:
             if sampler is not None and telemetry is not None:
                 telemetry.metrics = await sampler.stop()
@@ -481,6 +489,7 @@ def http_config_json(config: RunConfig, target: HttpTarget) -> dict[str, Any]:
         "out_dir": config.out_dir,
         "preflight": target.preflight,
         "extra_body": target.extra_body,
+        "http_client": target.http_client,
     }
     out: dict[str, Any] = plain_json(d)
     return out
@@ -518,6 +527,7 @@ class BenchConfig:
     workers: int | None = None  # see ``HttpTarget``
     server_metrics: bool = True  # see ``HttpTarget``
     extra_body: dict[str, Any] = field(default_factory=dict)  # see ``HttpTarget``
+    http_client: str = "auto"  # see ``HttpTarget``
 
     def run_config(self) -> RunConfig:
         return RunConfig(self.load, self.workload, self.api, self.slo, self.out_dir, self.overwrite)
@@ -526,7 +536,7 @@ class BenchConfig:
         return HttpTarget(
             url, self.model, self.stream, self.api_key, self.headers, self.timeout_s, self.idle_timeout_s,
             self.preflight, embedded=self.url is None, workers=self.workers, server_metrics=self.server_metrics,
-            extra_body=self.extra_body,
+            extra_body=self.extra_body, http_client=self.http_client,
         )
 
     def to_json(self) -> dict[str, Any]:

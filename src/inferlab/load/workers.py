@@ -42,9 +42,8 @@ from inferlab.load.http import (
     Dispatcher,
     OnRecord,
     Outcome,
-    client_session,
     dispatch,
-    warm_up,
+    open_client,
 )
 from inferlab.load.monitor import LoopMonitor
 from inferlab.load.policy import Policy, Send
@@ -84,10 +83,11 @@ async def run_workers(
     warm_connections: int = 1,
     on_record: OnRecord | None = None,
     stop: asyncio.Event | None = None,
+    http_client: str = "aiohttp",
 ) -> Outcome:
     """Run ``policy`` against ``endpoint`` with ``workers`` worker processes; return
-    every record, as ``load.http.run_http`` does. ``InferlabError`` if the workers
-    cannot be started."""
+    every record, as ``load.http.run_http`` does (each worker sends with the HTTP stack
+    ``http_client``). ``InferlabError`` if the workers cannot be started."""
     if workers < 1:
         raise ValueError("workers must be at least 1")
     with tempfile.TemporaryDirectory(prefix="inferlab-") as tmp:
@@ -97,7 +97,7 @@ async def run_workers(
         context = multiprocessing.get_context("spawn")  # (no fork of a running event loop)
         warm_each = -(-min(warm_connections, MAX_WARM_CONNECTIONS) // workers)
         procs = [
-            context.Process(target=_worker_main, args=(path, endpoint, warm_each, n), daemon=True)
+            context.Process(target=_worker_main, args=(path, endpoint, warm_each, n, http_client), daemon=True)
             for n in range(1, workers + 1)
         ]
         for p in procs:
@@ -228,26 +228,23 @@ class _Pool:
         await asyncio.gather(*self._readers, return_exceptions=True)
 
 
-def _worker_main(path: str, endpoint: Endpoint, warm: int, number: int) -> None:
+def _worker_main(path: str, endpoint: Endpoint, warm: int, number: int, http_client: str) -> None:
     """Worker ``number`` (from 1): sends what the parent says, reports each record back."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers
     with contextlib.suppress(KeyboardInterrupt):
-        run_loop(_worker(path, endpoint, warm, number))
+        run_loop(_worker(path, endpoint, warm, number, http_client))
     os._exit(0)  # (nothing left to flush: the parent has every record)
 
 
-async def _worker(path: str, endpoint: Endpoint, warm: int, number: int) -> None:
-    from inferlab.client.http import Client
-
+async def _worker(path: str, endpoint: Endpoint, warm: int, number: int, http_client: str) -> None:
     reader, writer = await asyncio.open_unix_connection(path)
     clock = WallClock()
-    async with client_session() as session:
-        await warm_up(session, endpoint, warm)
+    async with open_client(endpoint, clock, http_client, warm) as client:
         _write(writer, ("ready",))
         first = await _read(reader)
         if first is None:
             return
-        client = Client(endpoint, clock, session, first[1])
+        client.t0_ns = first[1]
         monitor = LoopMonitor(clock, f"worker {number}")
         monitor.start()
         tasks: set[asyncio.Task[None]] = set()
