@@ -6,6 +6,9 @@ headers, body) and answers by the request's ``model``:
 - ``e500``: HTTP 500 before any byte;
 - ``long``: ``long_chunks`` events ``gap_s`` apart; ``cancelled`` counts those the
   client (the gateway) abandoned.
+
+``/metrics`` answers ``metrics_page`` (a Prometheus page, or any text) when it is set,
+else 404.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class FakeUpstream:
         self.gap_s = gap_s
         self.seen: list[dict[str, Any]] = []  # {"path", "headers", "body"} per request
         self.cancelled = 0
+        self.metrics_page: str | None = None
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -47,6 +51,8 @@ class FakeUpstream:
             return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]})
         if request.path == "/health":
             return web.Response(text="ok")
+        if request.path == "/metrics" and self.metrics_page is not None:
+            return web.Response(text=self.metrics_page)
         if request.path not in ("/v1/chat/completions", "/v1/completions"):
             return web.json_response(error_body(404, "no such route", "NotFoundError"), status=404)
         body = json.loads(raw)

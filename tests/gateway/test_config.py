@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from inferlab._errors import UsageError
 from inferlab.cli.main import main
-from inferlab.gateway.config import GatewayConfig, hash_key, load_config
+from inferlab.gateway.config import METRICS_REFRESH_S, GatewayConfig, hash_key, load_config
 
 TOML = """
 [gateway]
@@ -114,3 +114,32 @@ def test_the_cli_refuses_a_bad_yaml_config_in_one_line(tmp_path: Path) -> None:
     path.write_text("cache:\n  ttl: 5\n")
     r = CliRunner().invoke(main, ["gateway", "--upstream", "http://127.0.0.1:8001", "--config", str(path)])
     assert r.exit_code == 2 and "[cache]: unknown key 'ttl'" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(("toml", "yaml", "seconds"), [
+    ("", "", METRICS_REFRESH_S),
+    ("metrics_refresh_s = 0", "metrics_refresh_s: 0", 0.0),
+    ("metrics_refresh_s = 0.5", "metrics_refresh_s: 0.5", 0.5),
+    ("metrics_refresh_s = 5", "metrics_refresh_s: 5", 5.0),
+])
+def test_the_engines_metrics_refresh_reads_alike_from_toml_and_yaml(
+    tmp_path: Path, toml: str, yaml: str, seconds: float,
+) -> None:
+    from_toml = read(tmp_path, "gw.toml", f"[gateway]\n{toml}\n")
+    assert from_toml.metrics_refresh_s == seconds
+    assert read(tmp_path, "gw.yaml", f"gateway:\n  {yaml}\n" if yaml else "") == from_toml
+
+
+@pytest.mark.parametrize(("toml", "yaml"), [
+    ("-1", "-1"),
+    ("0.01", "0.01"),  # more often than the engines should be asked
+    ("inf", ".inf"),
+    ("nan", ".nan"),
+    ('"2"', '"2"'),
+    ("true", "true"),
+])
+def test_a_bad_metrics_refresh_is_refused_in_toml_and_yaml_alike(tmp_path: Path, toml: str, yaml: str) -> None:
+    for name, text in (("gw.toml", f"[gateway]\nmetrics_refresh_s = {toml}\n"), ("gw.yaml", f"gateway:\n  metrics_refresh_s: {yaml}\n")):
+        with pytest.raises(UsageError) as e:
+            read(tmp_path, name, text)
+        assert "[gateway] metrics_refresh_s must be 0 (off) or a number of seconds of at least 0.1" in str(e.value)

@@ -13,6 +13,7 @@ from inferlab.results.telemetry import (
     parse_prometheus,
     quantile_bound,
     server_metrics,
+    server_names,
     snapshot,
 )
 
@@ -61,6 +62,19 @@ def test_vllm_names_map_to_ours_summing_label_sets() -> None:
     assert snap.values["running"] == 4  # two engines: 3 + 1
     assert snap.values["prefix_cache_hits_tokens"] == 200
     assert "ttft" in snap.histograms and snap.histograms["ttft"].bounds == (0.1, 1.0, math.inf)
+
+
+def test_reading_only_some_names_gives_the_same_values_for_them_and_nothing_else() -> None:
+    ours = ("running", "waiting", "kv_usage")
+    for page in (vllm_page(running=3, waiting=2, kv=0.75),
+                 'sglang:num_running_reqs 5\nsglang:num_queue_reqs 2\nsglang:token_usage 0.25\nsglang:prompt_tokens_total 9\n',
+                 "llamacpp:requests_processing 2\nllamacpp:requests_deferred 1\nllamacpp:tokens_predicted_total 64\n"):
+        whole = snapshot(parse_prometheus(page))
+        some = snapshot(parse_prometheus(page, server_names(ours)))
+        assert some.values == {k: v for k, v in whole.values.items() if k in ours}
+        assert some.values and not some.histograms
+    assert "vllm:time_to_first_token_seconds" in server_names(["ttft"])
+    assert snapshot(parse_prometheus(vllm_page(b3=4), server_names(["ttft"]))).histograms["ttft"].count == 4
 
 
 def test_deltas_gauges_and_histograms_over_a_run() -> None:

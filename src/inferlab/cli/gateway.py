@@ -53,7 +53,10 @@ async def _serve(config: Any, announce: bool) -> int:
     if config.redis is not None:
         shared = [w for w, on in (("limits", config.redis.limits), ("cache", config.redis.cache)) if on]
         cache += f"; shared through Redis: {', '.join(shared) or 'nothing'}"
-    click.echo(f"inferlab gateway on {url} → {ups}; admission {adm.mode} ({limit} per upstream); {keys}; {cache}", err=True)
+    refresh = (f"engines' /metrics read every {config.metrics_refresh_s:g} s" if config.metrics_refresh_s > 0
+               else "engines' /metrics not read")
+    click.echo(f"inferlab gateway on {url} → {ups}; {config.router} routing, {refresh}; admission {adm.mode} "
+               f"({limit} per upstream); {keys}; {cache}", err=True)
     stop = asyncio.Event()
     install_stop_signals(stop)
     try:

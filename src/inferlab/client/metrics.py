@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from inferlab._clock import NS_PER_S, Clock
@@ -21,6 +22,7 @@ from inferlab.results.telemetry import (
     not_available,
     parse_prometheus,
     server_metrics,
+    server_names,
     snapshot,
 )
 
@@ -38,19 +40,25 @@ def metrics_url(api_base: str) -> str:
     return api_base.rstrip("/").removesuffix("/v1") + "/metrics"
 
 
-async def scrape(session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None) -> Snapshot | str:
-    """One page in our names, or why there is none (a one-line reason)."""
+async def scrape(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None, timeout_s: float = TIMEOUT_S,
+    only: Sequence[str] = (),
+) -> Snapshot | str:
+    """One page in our names, or why there is none (a one-line reason). ``only``: the
+    names of ours to read (default: every one); the rest of the page is skipped unread."""
     import aiohttp
 
     try:
-        async with session.get(url, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as resp:
+        async with session.get(url, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
                 return f"GET {url}: HTTP {resp.status}"
             text = await resp.text(errors="replace")
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
         return f"GET {url}: {type(e).__name__}: {e}".strip().rstrip(":")
-    snap = snapshot(parse_prometheus(text))
+    snap = snapshot(parse_prometheus(text, server_names(only)))
     if not snap.values and not snap.histograms:
+        if only:
+            return f"GET {url}: no {', '.join(only)} (by vLLM's, SGLang's or llama.cpp's names)"
         return f"GET {url}: no metric inferlab knows (not vLLM's, SGLang's or llama.cpp's names)"
     return snap
 

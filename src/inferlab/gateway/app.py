@@ -9,6 +9,12 @@ vLLM checks them), the model (404 if no upstream serves it), the key's RPM/TPM l
 (429), the response cache, admission (503 when the queue is full or the wait too long),
 then the upstream, tried on another one if it fails before answering.
 
+Beside the requests, a task per upstream reads its engine's ``/metrics`` every
+``metrics_refresh_s`` (``_watch_engine``): the running and waiting requests it reports
+go to the router, which counts the ones the gateway did not send
+(``inferlab.gateway.routing``). A read never holds a request up: its own task, its own
+session, a timeout; an engine without the page routes by the gateway's counts alone.
+
 No request can reach an address that is not a configured upstream: the path and the
 headers the client sends choose nothing; only the body is forwarded, with the
 upstream's own key. Every refusal is OpenAI's error body with a 4xx (or 503 for
@@ -22,6 +28,7 @@ import hmac
 import itertools
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,6 +39,8 @@ from aiohttp import web
 from inferlab._clock import NS_PER_S, Clock, WallClock
 from inferlab._errors import RunFailedError
 from inferlab._serverlog import quiet_server_logger
+from inferlab.client.metrics import TIMEOUT_S as METRICS_TIMEOUT_S
+from inferlab.client.metrics import scrape
 from inferlab.gateway.admission import Admission, Rejected, Ticket
 from inferlab.gateway.cache import Entry, ResponseCache, cache_key, cacheable
 from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
@@ -39,7 +48,7 @@ from inferlab.gateway.estimate import prompt_counter, prompt_tokens
 from inferlab.gateway.metrics import GatewayMetrics
 from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
 from inferlab.gateway.relay import Failure, Observed, StreamRelay, read_body, send
-from inferlab.gateway.routing import Health, ids_prefix, make_router, text_prefix
+from inferlab.gateway.routing import EngineLoad, Health, ids_prefix, make_router, text_prefix
 from inferlab.gateway.shared import SharedCache, SharedLimiter, connect
 from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
@@ -53,6 +62,7 @@ from inferlab.openai.request import (
 )
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import RunWriter
+from inferlab.results.telemetry import Snapshot
 from inferlab.workload.tokenizers import chatml
 
 log = logging.getLogger("inferlab.gateway")
@@ -64,6 +74,10 @@ _T = TypeVar("_T")
 _PROBE_TIMEOUT_S = 5.0
 #: The least time between two refreshes of the model list for an unknown model.
 _MODELS_REFRESH_S = 2.0
+#: An engine's report of its load counts for this many refresh intervals, then is dropped.
+STALE_INTERVALS = 3
+#: What routing reads off an engine's ``/metrics`` (``results.telemetry``'s names).
+ENGINE_LOAD = ("running", "waiting", "kv_usage")
 
 
 def error_response(status: int, message: str, error_type: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -127,7 +141,11 @@ class Gateway:
             queue_max=adm.queue_max, queue_timeout_s=adm.queue_timeout_s, starvation_s=adm.starvation_s,
             clock=self.clock,
         )
-        self.router = make_router(config.router, self.admission.tokens_in_flight, self.admission.requests_in_flight)
+        self.engines: EngineLoad | None = None
+        if config.metrics_refresh_s > 0:
+            self.engines = EngineLoad(len(ups), self.clock, STALE_INTERVALS * config.metrics_refresh_s)
+        self.router = make_router(config.router, self.admission.tokens_in_flight, self.admission.requests_in_flight,
+                                  self.engines)
         self.health = Health(len(ups), self.clock)
         self.limiter = RateLimiter(self.clock)
         self.cache = ResponseCache(config.cache, self.clock) if config.cache.enabled else None
@@ -140,6 +158,8 @@ class Gateway:
         self.shared_limiter: SharedLimiter | None = None
         self.shared_cache: SharedCache | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._watchers: list[asyncio.Task[None]] = []
+        self._watch_session: aiohttp.ClientSession | None = None
         self.log: RunWriter | None = None
         if config.access_log:
             self.log = RunWriter(config.access_log, {"gateway": {
@@ -173,8 +193,19 @@ class Gateway:
             if red.cache and self.cache is not None:
                 self.shared_cache = SharedCache(self._redis, red.prefix, self.config.cache.ttl_s, self.config.cache.max_bytes)
         await self._refresh_models()
+        if self.engines is not None:
+            # a session of its own: it decompresses (a /metrics page may come gzipped),
+            # and its reads share no connection with the requests
+            self._watch_session = aiohttp.ClientSession()
+            self._watchers = [asyncio.create_task(self._watch_engine(i)) for i in range(len(self.config.upstreams))]
 
     async def _stop(self, app: web.Application) -> None:
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        self._watchers = []
+        if self._watch_session is not None:
+            await self._watch_session.close()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._redis is not None:
@@ -183,6 +214,37 @@ class Gateway:
             await self._session.close()
         if self.log is not None:
             self.log.close()
+
+    async def _watch_engine(self, i: int) -> None:
+        """Read upstream ``i``'s ``/metrics`` now and every ``metrics_refresh_s``; report
+        its running and waiting requests (and KV usage) to ``self.engines``. Without
+        them (no page, not Prometheus text, no such names, no answer) the last report
+        ages out and the router counts the gateway's own requests only; the log says so
+        once, and once more when the page reads again."""
+        assert self.engines is not None and self._watch_session is not None
+        up = self.config.upstreams[i]
+        url = up.url + "/metrics"
+        interval = self.config.metrics_refresh_s
+        timeout = min(METRICS_TIMEOUT_S, (STALE_INTERVALS - 1) * interval)
+        own = self.admission.requests_in_flight
+        lost = False
+        while True:
+            before = own[i]
+            try:
+                snap = await scrape(self._watch_session, url, self._upstream_headers(i, False), timeout, ENGINE_LOAD)
+                why = snap if isinstance(snap, str) else _load(snap)
+            except Exception as e:  # (a failure scrape does not foresee: the task goes on, the log says it)
+                why = f"GET {url}: {type(e).__name__}: {e}"
+            if isinstance(why, tuple):
+                self.engines.report(i, *why, own=max(before, own[i]))
+                if lost:
+                    log.warning("upstream %s: its /metrics reads again; routing counts the load it reports", up.name)
+                lost = False
+            elif not lost:
+                log.warning("upstream %s: no load from its /metrics (%s); routing counts only the requests the "
+                            "gateway sent it", up.name, why)
+                lost = True
+            await asyncio.sleep(interval)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -208,6 +270,19 @@ class Gateway:
         for i, u in enumerate(self.config.upstreams):
             m.in_flight.labels(u.name).set(a.requests_in_flight[i])
             m.tokens_in_flight.labels(u.name).set(a.tokens_in_flight[i])
+            r = self.engines.reading(i) if self.engines is not None else None
+            if r is None:  # no current report: no value, rather than an old one
+                for state in ("running", "waiting"):
+                    m.engine_requests.remove(u.name, state)
+                m.engine_foreign.remove(u.name)
+            else:
+                m.engine_requests.labels(u.name, "running").set(r.running)
+                m.engine_requests.labels(u.name, "waiting").set(r.waiting)
+                m.engine_foreign.labels(u.name).set(r.foreign)
+            if r is None or r.kv_usage is None:
+                m.engine_kv_usage.remove(u.name)
+            else:
+                m.engine_kv_usage.labels(u.name).set(r.kv_usage)
         m.queue_length.set(a.queue_length)
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -557,6 +632,18 @@ class Gateway:
             m.tokens.labels(*labels, "input").inc(r.input_tokens)
         if r.output_tokens is not None:
             m.tokens.labels(*labels, "output").inc(r.output_tokens)
+
+
+def _load(snap: Snapshot) -> tuple[float, float, float | None] | str:
+    """(running, waiting, KV usage or None) from an engine's page, or why not."""
+    running, waiting = snap.values.get("running"), snap.values.get("waiting")
+    if running is None and waiting is None:
+        return "it counts no running or waiting requests"
+    vals = (running or 0.0, waiting or 0.0)
+    if not all(math.isfinite(v) and v >= 0 for v in vals):
+        return f"running {running}, waiting {waiting}: not counts"
+    kv = snap.values.get("kv_usage")
+    return (*vals, kv if kv is not None and math.isfinite(kv) else None)
 
 
 def _prefix(body: dict[str, Any], api: Api) -> bytes:

@@ -13,6 +13,7 @@ max_body_bytes = 4194304
 upstream_timeout_s = 600
 access_log = "gateway-log"     # a run directory: config.json + requests.jsonl
 router = "least-outstanding"   # or "prefix-affinity", "round-robin" (inferlab.gateway.routing)
+metrics_refresh_s = 2          # read each engine's /metrics this often, for routing; 0: never
 
 [admission]
 mode = "tokens"                # or "requests" (a request count per upstream), or "off"
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -65,6 +67,11 @@ from inferlab._errors import UsageError
 from inferlab.gateway.routing import ROUTERS
 
 AdmissionMode = Literal["tokens", "requests", "off"]
+
+#: Seconds between two reads of each engine's ``/metrics`` (0: none), and the shortest
+#: interval allowed (more often would load the engines for nothing).
+METRICS_REFRESH_S = 2.0
+METRICS_REFRESH_MIN_S = 0.1
 TokenCount = Literal["total", "input", "output"]
 
 
@@ -165,6 +172,7 @@ class GatewayConfig:
     upstream_timeout_s: float = 600.0
     access_log: str | None = None
     router: str = "least-outstanding"
+    metrics_refresh_s: float = METRICS_REFRESH_S
     redis: RedisConfig | None = None
 
     def __post_init__(self) -> None:
@@ -202,7 +210,7 @@ def load_config(
     if red and "url" not in red:
         raise UsageError("[redis] has no url")
     gw = _table(doc, "gateway")
-    _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log", "router"}, "[gateway]")
+    _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log", "router", "metrics_refresh_s"}, "[gateway]")
     adm = _table(doc, "admission")
     _known(adm, set(AdmissionConfig.__dataclass_fields__), "[admission]")
     cache = _table(doc, "cache")
@@ -265,6 +273,7 @@ def load_config(
         upstream_timeout_s=_float(gw, "upstream_timeout_s", 600.0, "[gateway]"),
         access_log=_str(gw, "access_log", None, "[gateway]"),
         router=_choice(gw, "router", ROUTERS, "least-outstanding", "[gateway]"),
+        metrics_refresh_s=_interval(gw, "metrics_refresh_s", METRICS_REFRESH_S, METRICS_REFRESH_MIN_S, "[gateway]"),
         redis=RedisConfig(
             url=_str(red, "url", "", "[redis]"),
             prefix=_str(red, "prefix", "inferlab:", "[redis]"),
@@ -341,6 +350,14 @@ def _float(t: Mapping[str, Any], name: str, default: float, where: str) -> float
     v = t.get(name, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
         raise UsageError(f"{where} {name} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _interval(t: Mapping[str, Any], name: str, default: float, minimum: float, where: str) -> float:
+    """Seconds between two runs of something: 0 (never), or a finite number of at least ``minimum``."""
+    v = t.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v == 0 or minimum <= v < math.inf):
+        raise UsageError(f"{where} {name} must be 0 (off) or a number of seconds of at least {minimum:g}, got {v!r}")
     return float(v)
 
 

@@ -8,8 +8,8 @@ become underscores, the unit a suffix): ``gen_ai_server_request_duration_seconds
 output, so TPM is ``rate(...[1m]) * 60``). Their labels: ``gen_ai_request_model``,
 ``server_address`` (the upstream, ``host:port``) and ``key`` (the client key's name
 from the config). ``gen_ai_server_inter_token_latency_seconds`` and the
-``inferlab_gateway_*`` metrics (in flight, queue, rejections, cache) are the gateway's
-own. Latency buckets start at 0.5 ms, so per-token latencies under 10 ms resolve.
+``inferlab_gateway_*`` metrics (in flight, queue, rejections, cache, and the load each
+engine reported on its own ``/metrics``) are the gateway's own. Latency buckets start at 0.5 ms, so per-token latencies under 10 ms resolve.
 """
 
 from __future__ import annotations
@@ -60,6 +60,19 @@ class GatewayMetrics:
             ("server_address",), registry=r)
         self.tokens_in_flight = Gauge(
             "inferlab_gateway_tokens_in_flight", "Tokens reserved on an upstream by the requests in flight.",
+            ("server_address",), registry=r)
+        self.engine_requests = Gauge(
+            "inferlab_gateway_upstream_reported_requests",
+            "Requests the upstream's engine reported on its own /metrics, by state: running or waiting; "
+            "absent without a current report.",
+            ("server_address", "state"), registry=r)
+        self.engine_foreign = Gauge(
+            "inferlab_gateway_upstream_foreign_requests",
+            "Requests the engine reported that this gateway did not send: what routing adds to its own count.",
+            ("server_address",), registry=r)
+        self.engine_kv_usage = Gauge(
+            "inferlab_gateway_upstream_reported_kv_usage",
+            "KV-cache usage (0 to 1) the upstream's engine reported, where it does.",
             ("server_address",), registry=r)
         self.queue_length = Gauge(
             "inferlab_gateway_queue_length", "Requests waiting for room on an upstream.", registry=r)

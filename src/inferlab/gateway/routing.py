@@ -8,11 +8,21 @@ lists its owner keeps up to date):
 
 - ``round-robin``: each upstream in turn;
 - ``least-outstanding``: the fewest tokens outstanding, then the fewest requests, then
-  the one picked least recently;
+  the most free KV cache the engine reported, then the one picked least recently;
 - ``prefix-affinity``: requests whose prompts begin alike go to the same upstream (the
   highest rendezvous hash of the prefix), where the engine likely holds that prefix in
   its cache; unless that upstream is overloaded (``OVERLOAD_SLACK_TOKENS`` more
   outstanding than the least loaded one), then least-outstanding.
+
+What is outstanding is counted locally, plus, where the engines report their own load
+(``EngineLoad``: running and waiting requests read from their ``/metrics``), the
+requests an engine holds that this owner did not send: ``foreign = running + waiting −
+own in flight``, floored at 0, each counted as large as the owner's own requests in
+flight are on average. Local counts are exact and current, a report is seconds old: so
+the owner's own work always comes from its counts, and only the work it cannot see from
+the report (``max(local, reported)`` would keep counting its own requests that have
+ended since the report, and miss the ones sent since). A report older than
+``max_age_s`` is dropped.
 
 ``Health`` ejects an upstream after consecutive failures, for a backoff that doubles
 with each ejection in a row (1 s, 2 s, 4 s … 30 s), and lets it back on its first
@@ -23,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from inferlab._clock import NS_PER_S, Clock
@@ -62,17 +73,78 @@ class RoundRobin:
         return room[0]
 
 
-class LeastOutstanding:
-    """Least outstanding tokens, then requests, then least recently picked."""
+@dataclass(frozen=True)
+class Reported:
+    """An engine's own report of its load, read at ``at_ns``: requests running and
+    waiting, KV-cache usage (0–1; None: not reported), and ``foreign``: the requests
+    among them the reader did not send (running + waiting − its own in flight there,
+    floored at 0)."""
 
-    def __init__(self, tokens: list[int], requests: list[int]) -> None:
+    at_ns: int
+    running: int
+    waiting: int
+    kv_usage: float | None
+    foreign: int
+
+
+class EngineLoad:
+    """The latest report of each upstream's engine (module docstring); one older than
+    ``max_age_s`` by ``clock`` is dropped."""
+
+    def __init__(self, count: int, clock: Clock, max_age_s: float) -> None:
+        self.clock = clock
+        self.max_age_ns = int(max_age_s * NS_PER_S)
+        self._latest: list[Reported | None] = [None] * count
+
+    def report(self, upstream: int, running: float, waiting: float, kv_usage: float | None, own: int) -> Reported:
+        """Record what ``upstream``'s engine reported, with ``own``: the requests the
+        reader had in flight there as it read (the most of those counted before and
+        after the read: an own request is never taken for a foreign one)."""
+        running_n, waiting_n = max(round(running), 0), max(round(waiting), 0)
+        r = Reported(self.clock.now_ns(), running_n, waiting_n, kv_usage, max(running_n + waiting_n - own, 0))
+        self._latest[upstream] = r
+        return r
+
+    def reading(self, upstream: int) -> Reported | None:
+        """``upstream``'s latest report, or None: none yet, or too old."""
+        r = self._latest[upstream]
+        if r is None or self.clock.now_ns() - r.at_ns > self.max_age_ns:
+            return None
+        return r
+
+
+class LeastOutstanding:
+    """Least outstanding tokens, then requests, then the engine's KV usage (reported),
+    then least recently picked. With ``engines``, each upstream's outstanding work adds
+    the requests its engine reported that the caller did not send (module docstring)."""
+
+    def __init__(self, tokens: list[int], requests: list[int], engines: EngineLoad | None = None) -> None:
         self.tokens = tokens
         self.requests = requests
+        self.engines = engines
         self._last_pick = [0] * len(tokens)
         self._picks = 0
 
+    def outstanding(self, room: Sequence[int]) -> dict[int, tuple[float, int, float]]:
+        """(tokens, requests, KV usage) outstanding on each of ``room``, as routing sees them."""
+        if self.engines is None:
+            return {i: (self.tokens[i], self.requests[i], 0.0) for i in room}
+        own = sum(self.requests)
+        # a foreign request counts as large as the caller's own are on average (with none
+        # in flight, every local count is 0 and any size orders the same)
+        size = sum(self.tokens) / own if own else 1.0
+        out: dict[int, tuple[float, int, float]] = {}
+        for i in room:
+            r = self.engines.reading(i)
+            if r is None:
+                out[i] = (self.tokens[i], self.requests[i], 0.0)
+            else:
+                out[i] = (self.tokens[i] + r.foreign * size, self.requests[i] + r.foreign, r.kv_usage or 0.0)
+        return out
+
     def __call__(self, room: Sequence[int], prefix: bytes = b"") -> int:
-        best = min(room, key=lambda i: (self.tokens[i], self.requests[i], self._last_pick[i]))
+        load = self.outstanding(room)
+        best = min(room, key=lambda i: (*load[i], self._last_pick[i]))
         self._picks += 1
         self._last_pick[best] = self._picks
         return best
@@ -81,27 +153,31 @@ class LeastOutstanding:
 class PrefixAffinity:
     """Rendezvous hashing on the prompt's prefix, least-outstanding when overloaded."""
 
-    def __init__(self, tokens: list[int], requests: list[int], slack_tokens: int = OVERLOAD_SLACK_TOKENS) -> None:
-        self.tokens = tokens
+    def __init__(
+        self, tokens: list[int], requests: list[int], slack_tokens: int = OVERLOAD_SLACK_TOKENS,
+        engines: EngineLoad | None = None,
+    ) -> None:
         self.slack_tokens = slack_tokens
-        self.fallback = LeastOutstanding(tokens, requests)
+        self.fallback = LeastOutstanding(tokens, requests, engines)
 
     def __call__(self, room: Sequence[int], prefix: bytes) -> int:
         home = max(room, key=lambda i: hashlib.blake2b(prefix, digest_size=8, salt=i.to_bytes(8, "little")).digest())
-        if self.tokens[home] > min(self.tokens[i] for i in room) + self.slack_tokens:
+        tokens = {i: t for i, (t, _, _) in self.fallback.outstanding(room).items()}
+        if tokens[home] > min(tokens.values()) + self.slack_tokens:
             return self.fallback(room, prefix)
         return home
 
 
-def make_router(name: str, tokens: list[int], requests: list[int]) -> Router:
+def make_router(name: str, tokens: list[int], requests: list[int], engines: EngineLoad | None = None) -> Router:
     """The router called ``name`` (one of ``ROUTERS``) over these load lists (one entry
-    per upstream, kept up to date by the caller). ``ValueError`` for another name."""
+    per upstream, kept up to date by the caller) and the engines' own reports, if
+    given (round-robin reads neither). ``ValueError`` for another name."""
     if name == "round-robin":
         return RoundRobin(len(tokens))
     if name == "least-outstanding":
-        return LeastOutstanding(tokens, requests)
+        return LeastOutstanding(tokens, requests, engines)
     if name == "prefix-affinity":
-        return PrefixAffinity(tokens, requests)
+        return PrefixAffinity(tokens, requests, engines=engines)
     raise ValueError(f"unknown router {name!r}: use one of {', '.join(ROUTERS)}")
 
 
