@@ -13,18 +13,23 @@ that could not be expressed with the reason.
     python bench/validate_sim.py --rows 1,46,141  # a subset
     python bench/validate_sim.py --all --jobs 2   # every file in bench/data, fit vs held-out
     python bench/validate_sim.py --all --jobs 2 --write-bands  # and the error bands sim run shows
+    python bench/validate_sim.py --all --set vllm.api_per_seq_s=15e-6  # a sensitivity check
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from inferlab.sim.engine import families
 from inferlab.sim.engine.bands import BANDS_FILE
+from inferlab.sim.engine.families import EngineFamily
+from inferlab.sim.engine.steptime import Efficiencies
 from inferlab.sim.validation.scenario import OFFLINE, REGIMES, SPLITS
 from inferlab.sim.validation.validate import (
     METRIC_CLASSES,
@@ -117,6 +122,25 @@ def write_bands(comparisons: list[Comparison], path: Path) -> int:
     return len(bands)
 
 
+def apply_overrides(settings: list[str]) -> None:
+    """Change one efficiency constant of one engine family per ``FAMILY.NAME=VALUE``, for
+    this process: a sensitivity check that leaves the shipped constants as they are.
+
+    Raises ``ValueError`` for an unknown family or constant or a value that is no number."""
+    known = {f.name for f in dataclasses.fields(Efficiencies)}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        family_name, dot, name = key.strip().partition(".")
+        if not sep or not dot:
+            raise ValueError(f"--set {setting!r}: expected FAMILY.NAME=VALUE")
+        family = EngineFamily(family_name)
+        if name not in known:
+            raise ValueError(f"--set {setting!r}: no constant {name!r}; known: {sorted(known)}")
+        rules = families.FAMILY_RULES[family]
+        eff = dataclasses.replace(rules.efficiencies, **{name: float(value)})
+        families.FAMILY_RULES[family] = dataclasses.replace(rules, efficiencies=eff)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=DEFAULT_CSV, help="calibration CSV")
@@ -124,10 +148,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="every CSV in bench/data, with fit vs held-out tables")
     ap.add_argument("--jobs", type=int, default=1, help="simulate rows in this many processes")
     ap.add_argument("--write-bands", action="store_true", help=f"with --all: write {BANDS_FILE.name} for sim run")
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="FAMILY.NAME=VALUE",
+        help="run with one efficiency constant of one engine family changed (e.g. "
+        "vllm.api_per_seq_s=15e-6; repeatable): a sensitivity check, in one process, never "
+        "with --write-bands",
+    )
     args = ap.parse_args(argv)
-    if args.write_bands and (not args.all or args.rows):
-        print("--write-bands needs --all and every row", file=sys.stderr)
+    if args.write_bands and (not args.all or args.rows or args.set):
+        print("--write-bands needs --all and every row, with the shipped constants", file=sys.stderr)
         return 2
+    try:
+        apply_overrides(args.set)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.set:
+        args.jobs = 1  # worker processes would not see the changed constants
+        print(f"constants changed for this run: {', '.join(args.set)}")
     paths = ALL_CSVS if args.all else [args.csv]
     if not all(p.is_file() for p in paths):
         print(f"no such file: {args.csv}", file=sys.stderr)

@@ -577,3 +577,28 @@ def test_a_shared_system_prompt_lowers_ttft_through_the_prefix_cache() -> None:
     }))[0]["ttft_ms"]
     assert shared < 0.7 * plain
     assert uncached == pytest.approx(plain, rel=0.02)
+
+
+def test_validate_sim_set_changes_one_constant_of_one_family_for_a_sensitivity_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``validate_sim.py --set FAMILY.NAME=VALUE`` changes that constant of that family
+    only, refuses what it cannot read, and never writes error bands from changed constants."""
+    import runpy
+
+    from inferlab.sim.engine import families
+    from inferlab.sim.engine.families import EngineFamily
+
+    script = runpy.run_path(str(Path(__file__).resolve().parents[3] / "bench" / "validate_sim.py"))
+    monkeypatch.setattr(families, "FAMILY_RULES", dict(families.FAMILY_RULES))
+    before = dict(families.FAMILY_RULES)
+    shipped = before[EngineFamily.VLLM].efficiencies
+    script["apply_overrides"](["vllm.api_per_seq_s=15e-6"])
+    changed = families.FAMILY_RULES[EngineFamily.VLLM].efficiencies
+    assert changed.api_per_seq_s == 15e-6 != shipped.api_per_seq_s
+    assert changed.cpu_step_s == shipped.cpu_step_s
+    assert all(families.FAMILY_RULES[f] is before[f] for f in before if f != EngineFamily.VLLM)
+    for bad in ("vllm.no_such_constant=1", "no-such-engine.api_per_seq_s=1", "vllm.api_per_seq_s", "vllm.cpu_step_s=fast"):
+        with pytest.raises(ValueError):
+            script["apply_overrides"]([bad])
+    assert script["main"](["--all", "--write-bands", "--set", "vllm.api_per_seq_s=1e-6"]) == 2
