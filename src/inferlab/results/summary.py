@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,10 @@ from inferlab.results.telemetry import ServerMetrics
 SCHEMA = "inferlab.summary/1"
 #: A request whose actual send lagged its intended time by more than this is "late".
 LATE_THRESHOLD_MS = 10.0
+#: In a closed loop a late send only stretches the time between a user's requests: it
+#: is worth a warning past this share of the E2E p50 (a burst of streams ending in one
+#: engine step is read one after another, a few ms at 256 streams, beside E2Es of a second).
+CLOSED_LOOP_LATE_SHARE = 0.05
 #: An open-loop run whose completion rate is below this share of the offered rate, while
 #: latency grew, was more than the server could take.
 KEEP_UP_RATIO = 0.8
@@ -512,11 +517,15 @@ def _warnings(
         qd = queue_delay
         if schedule.get("kind") == "ClosedLoop" or any(r.session is not None for r in measured):
             # no schedule to fall behind: a user's next request is due when it is free
-            out.append(
-                f"the client was slow to send: requests left p99 {qd.p99:.1f} ms (max "
-                f"{qd.max:.1f} ms) after their user was ready; the client may be the "
-                "bottleneck, and its delay is in no latency above"
-            )
+            e2es = [m for m in (request_metrics(r).e2e_ms for r in done) if m is not None]
+            e2e = statistics.median(e2es) if e2es else 0.0
+            if not e2e or qd.p99 > CLOSED_LOOP_LATE_SHARE * e2e:
+                share = f" ({qd.p99 / e2e:.0%} of the E2E p50)" if e2e else ""
+                out.append(
+                    f"the client was slow to send: requests left p99 {qd.p99:.1f} ms{share} (max "
+                    f"{qd.max:.1f} ms) after their user was ready; the client may be the "
+                    "bottleneck, and its delay is in no latency above"
+                )
         elif cap:
             out.append(
                 f"requests waited for one of the {cap} --max-concurrency slots: p99 queue delay "
