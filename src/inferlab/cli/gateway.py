@@ -28,7 +28,9 @@ def _gateway(kw: dict[str, Any]) -> int:
     from inferlab.gateway.config import load_config
 
     config = load_config(kw["upstreams"], host=kw["host"], port=kw["port"], path=kw["config_path"])
-    return asyncio.run(_serve(config, kw["announce"]))
+    from inferlab._loop import run
+
+    return run(_serve(config, kw["announce"]))  # (uvloop's loop where the fast extra installed it)
 
 
 async def _serve(config: Any, announce: bool) -> int:
