@@ -181,7 +181,7 @@ def test_a_flood_of_long_prompts_gets_token_admission_whose_predicted_gain_the_r
         # the change, made: the real gateway, admitting by tokens with that budget, in front
         # of the same server, the same flood through it
         async def through_gateway() -> RunResult:
-            adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=budget, queue_max=1000, queue_timeout_s=120.0)
+            adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=budget)  # (as recommended: the rest default)
             gw = Gateway(GatewayConfig((UpstreamConfig(server.url),), admission=adm, cache=CacheConfig(enabled=False)))
             runner, port = await start(gw, "127.0.0.1", 0)
             try:

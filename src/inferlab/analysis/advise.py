@@ -387,7 +387,8 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     cannot do (the engine serves its queue first come, first served). Tried: a budget of
     2, 3 or 4 of the largest request's reservation (prompt + output tokens) per engine;
     chosen: the lowest short-request TTFT p99 that keeps output tokens/s within the
-    goal's ``ADMISSION_THROUGHPUT_SLACK`` of the run's and refuses nothing."""
+    goal's ``ADMISSION_THROUGHPUT_SLACK`` of the run's and refuses nothing with the
+    gateway's default queue bound and timeout."""
     mix = _mixed(run)
     if mix is None or not w.available:
         return None
@@ -400,7 +401,9 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     best: tuple[float, int, Simulated] | None = None
     for k in (2, 3, 4):
         budget = k * largest
-        adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=budget, queue_max=100_000, queue_timeout_s=3600.0)
+        # the gateway's own defaults for the rest (queue bound and timeout): the setting
+        # recommended is the setting simulated, refusals included
+        adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=budget)
         sim = w.simulate(admission=adm)
         after = _ttfts(sim.records, mix.short)
         tps = sim.result.summary.output_token_throughput_tps
