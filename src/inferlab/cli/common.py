@@ -439,6 +439,16 @@ def install_stop_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
 
 
+async def serve_until_stopped(runner: Any) -> None:
+    """Serve until SIGINT/SIGTERM, then clean ``runner`` (an aiohttp ``AppRunner``) up."""
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
 def table_percentiles(kw: dict[str, Any]) -> tuple[float, ...]:
     """The percentiles the console table shows: ``--metric-percentiles``, else p50/p90/p99."""
     chosen: tuple[float, ...] | None = kw.get("metric_percentiles")

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from typing import Any
 
 import click
 
-from inferlab.cli.common import install_stop_signals, run_guarded
+from inferlab.cli.common import run_guarded, serve_until_stopped
 
 
 @click.command()
@@ -59,10 +58,5 @@ async def _serve(config: Any, announce: bool) -> int:
                else "engines' /metrics not read")
     click.echo(f"inferlab gateway on {url} → {ups}; {config.router} routing, {refresh}; admission {adm.mode} "
                f"({limit} per upstream); {keys}; {cache}", err=True)
-    stop = asyncio.Event()
-    install_stop_signals(stop)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+    await serve_until_stopped(runner)
     return 0

@@ -24,6 +24,7 @@ from inferlab.cli.common import (
     load_options,
     refused_option,
     run_guarded,
+    serve_until_stopped,
     slo_config,
     table_percentiles,
     workload_config,
@@ -160,12 +161,7 @@ def _serve(kw: dict[str, Any]) -> int:
         )
         if kw["tokenizer"]:
             click.echo(f"inferlab sim: tokenizer {kw['tokenizer']}, chat template: {server.tokenizer.template_source}", err=True)
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        try:
-            await stop.wait()
-        finally:
-            await runner.cleanup()
+        await serve_until_stopped(runner)
 
     try:
         asyncio.run(main_async())

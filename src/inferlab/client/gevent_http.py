@@ -291,15 +291,7 @@ class _Exchange:
         The end of the connection ends a body without length, else raises ``_Closed``."""
         data = sock.recv(_READ)
         t_ns = self.client.now_ns()
-        if data:
-            resp.feed(data)
-        else:
-            try:
-                resp.feed(b"")
-            except HTTPParseError:
-                raise _Closed("the server closed the connection") from None
-            if not resp.message_complete:
-                raise _Closed("the server closed the connection")
+        _feed(resp, data)
         body = resp.take()
         self.body_bytes += len(body)
         return body, t_ns
@@ -358,6 +350,20 @@ class _Exchange:
             pass
 
 
+def _feed(resp: _Response, data: bytes) -> None:
+    """One read into the parser; an empty one (the server closed) ends a body without
+    length, else raises ``_Closed``."""
+    if data:
+        resp.feed(data)
+        return
+    try:
+        resp.feed(b"")
+    except HTTPParseError:
+        raise _Closed("the server closed the connection") from None
+    if not resp.message_complete:
+        raise _Closed("the server closed the connection")
+
+
 def _read_whole(sock: gevent.socket.socket, resp: _Response, limit: int | None) -> bytes:
     """The rest of a response's body (at most ``limit`` bytes: past it the connection is
     left unusable), headers first if they have not come yet."""
@@ -369,16 +375,7 @@ def _read_whole(sock: gevent.socket.socket, resp: _Response, limit: int | None) 
     pieces = [resp.take()]
     size = len(pieces[0])
     while not resp.message_complete and (limit is None or size < limit):
-        data = sock.recv(_READ)
-        if not data:
-            try:
-                resp.feed(b"")
-            except HTTPParseError:
-                raise _Closed("the server closed the connection") from None
-            if not resp.message_complete:
-                raise _Closed("the server closed the connection")
-        else:
-            resp.feed(data)
+        _feed(resp, sock.recv(_READ))
         piece = resp.take()
         pieces.append(piece)
         size += len(piece)
