@@ -196,3 +196,25 @@ def test_a_flood_of_long_prompts_gets_token_admission_whose_predicted_gain_the_r
     measured = short_ttft_p99(changed.records) - short_ttft_p99(observed.records)
     assert measured < 0 and gain.delta < 0  # the same sign: the short chats get through
     assert gain.delta == pytest.approx(measured, rel=0.30)
+
+
+def test_a_what_if_keeps_the_runs_replicas_router_and_admission(tmp_path: Path) -> None:
+    from inferlab.analysis.whatif import WhatIf
+    from inferlab.gateway.config import AdmissionConfig
+    from inferlab.results.runfiles import read_summary
+
+    cfg = RunConfig(LoadConfig(ClosedLoop(24), num_requests=96),
+                    WorkloadConfig(input_tokens=3000, output_tokens=64), out_dir=str(tmp_path / "run"))
+    adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=20000)
+    asyncio.run(run(cfg, SimTarget(EngineConfig(), replicas=2, router="least-outstanding", admission=adm)))
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    w = WhatIf(tmp_path / "run", config)
+    assert (w.replicas, w.router, w.admission) == (2, "least-outstanding", adm)
+    # unchanged, the what-if is the run again (virtual time: the same numbers)
+    base = w.simulate().result.summary
+    ran = read_summary(tmp_path / "run" / "summary.json")
+    assert base.ttft_ms is not None and ran.ttft_ms is not None
+    assert base.ttft_ms.p50 == pytest.approx(ran.ttft_ms.p50) and base.e2e_ms.p50 == pytest.approx(ran.e2e_ms.p50)  # type: ignore[union-attr]
+    # and one engine with no gateway is not that run
+    one = WhatIf(tmp_path / "run", {**config, "replicas": None, "admission": None}).simulate().result.summary
+    assert one.ttft_ms is not None and one.ttft_ms.p50 != pytest.approx(ran.ttft_ms.p50)

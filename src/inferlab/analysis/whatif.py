@@ -50,6 +50,19 @@ def engine_of(config: Mapping[str, Any]) -> EngineConfig | None:
         return None
 
 
+def admission_of(config: Mapping[str, Any]) -> AdmissionConfig | None:
+    """The gateway admission a ``sim run`` ran behind (its config.json's ``admission``:
+    the settings that act in its mode; the rest default); None without one."""
+    adm = config.get("admission")
+    if not isinstance(adm, dict) or adm.get("mode") in (None, "off"):
+        return None
+    fields = {f.name for f in dataclasses.fields(AdmissionConfig)}
+    try:
+        return AdmissionConfig(**{k: v for k, v in adm.items() if k in fields})
+    except (TypeError, ValueError):
+        return None
+
+
 def _schedule(d: Mapping[str, Any]) -> Schedule:
     kind = d.get("kind")
     fields = {k: v for k, v in d.items() if k != "kind"}
@@ -106,6 +119,12 @@ class WhatIf:
     def __init__(self, run_dir: Path, config: Mapping[str, Any]) -> None:
         self.run_dir = run_dir
         self.engine = engine_of(config)
+        # a sim run over several engines behind a router, or behind the gateway's
+        # admission: the what-if keeps them (a change is made to that setup, not to one engine)
+        replicas = config.get("replicas") if config.get("command") == "sim run" else None
+        self.replicas = int(replicas["count"]) if isinstance(replicas, dict) else 1
+        self.router = str(replicas["router"]) if isinstance(replicas, dict) else "round-robin"
+        self.admission = admission_of(config) if config.get("command") == "sim run" else None
         try:
             self.base: RunConfig = rerun_config(config)
             self.method = "the run's workload and load, rerun"
@@ -120,14 +139,22 @@ class WhatIf:
 
     def describe_engine(self) -> str:
         e = self.engine
-        return "none" if e is None else f"{e.model} on {e.tensor_parallel_size}x {e.gpu}"
+        if e is None:
+            return "none"
+        where = f"{e.model} on {e.tensor_parallel_size}x {e.gpu}"
+        if self.replicas > 1:
+            where = f"{self.replicas} replicas of {where} (router {self.router})"
+        if self.admission is not None:
+            where += f", behind the gateway's admission by {self.admission.mode}"
+        return where
 
     def simulate(
         self, engine: Mapping[str, Any] | None = None, workload: Mapping[str, Any] | None = None,
         admission: AdmissionConfig | None = None,
     ) -> Simulated:
         """The workload in virtual time with ``engine`` and ``workload`` fields changed,
-        and ``admission`` (``inferlab gateway``'s, its own code) in front of the engine;
+        and ``admission`` (``inferlab gateway``'s, its own code; None: the run's own, if
+        it had one) in front of the engine(s);
         ``InferlabError`` when the run's engine is unknown or the change is refused."""
         if self.engine is None:
             raise InferlabError("the run's engine is unknown (not the simulated server)")
@@ -141,7 +168,9 @@ class WhatIf:
             except (TypeError, ValueError) as err:
                 raise InferlabError(f"cannot simulate that change: {err}") from err
             try:
-                result = asyncio.run(run(cfg, SimTarget(e, admission=admission)))
+                target = SimTarget(e, replicas=self.replicas, router=self.router,
+                                   admission=admission if admission is not None else self.admission)
+                result = asyncio.run(run(cfg, target))
             except ValueError as err:
                 raise InferlabError(f"the simulator refused the change: {err}") from err
             self._cache[key] = Simulated([r for r in result.records if not r.warmup], result)
