@@ -654,7 +654,11 @@ def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list
         out.append(Recommendation(
             "head_of_line", "Long prompts hold up short ones (head-of-line blocking)",
             f"short requests' TTFT × {d['inflation']:.2f} beside {d['long_tokens']:,}-token prompts ({d['short_alone_ttft_ms']:,.0f} → {d['short_with_long_ttft_ms']:,.0f} ms)",
-            "vLLM --max-num-batched-tokens 2048 (or smaller) with --enable-chunked-prefill; SGLang --chunked-prefill-size 2048; or token-based admission at a gateway",
+            "for the short requests' TTFT: admission by tokens in flight at a gateway (inferlab gateway, [admission] "
+            "mode = \"tokens\"), so long prompts wait apart (an engine serves its queue first come, first served, so "
+            "a smaller batching budget alone does not let them pass); for the stalls long prefills put in running "
+            "streams: vLLM --max-num-batched-tokens 2048 (or smaller) with --enable-chunked-prefill, SGLang "
+            "--chunked-prefill-size 2048",
             [Gain("short requests' TTFT ms (beside long prompts)", d["short_with_long_ttft_ms"], d["short_alone_ttft_ms"], "bound: at best, TTFT as measured alone")],
         ))
     pc = p.factor("prefix_cache")
