@@ -30,7 +30,7 @@ the same requests twice. The check: each request placed at the step where vLLM r
 it (when a request reaches the engine is input to the scheduler, set by HTTP and the API
 server, which the simulator does not time), every step and both totals equal. Reported
 beside it: a replay of the bench run's requests.jsonl as it was sent (a closed loop's
-users again), which has no record of those arrival steps. It prints what matched and
+users again; ``replay_engine_config``), which has no record of those arrival steps. It prints what matched and
 writes every file under ``--out``.
 """
 
@@ -241,9 +241,9 @@ class CheckResult:
         return (f"{self.scenario}: {self.completed} requests; at vLLM's arrival steps "
                 f"{_steps(self.first_difference, self.vllm_steps, self.sim_steps)}; preemptions vLLM "
                 f"{_n(self.vllm_preemptions)} / simulator {self.sim_preemptions}; prefix-cache hits vLLM "
-                f"{_n(self.vllm_prefix_hits)} / simulator {self.sim_prefix_hits} tokens. "
+                f"{_n(self.vllm_prefix_hits)} / simulator {self.sim_prefix_hits:,} tokens. "
                 f"Replay of requests.jsonl: {_steps(self.replay_first_difference, self.vllm_steps, self.replay_steps)}, "
-                f"{self.replay_preemptions} preemptions, {self.replay_prefix_hits} prefix-cache hit tokens")
+                f"{self.replay_preemptions} preemptions, {self.replay_prefix_hits:,} prefix-cache hit tokens")
 
 
 def _steps(d: int | None, vllm: Sequence[TokenStep], sim: Sequence[TokenStep]) -> str:
@@ -267,7 +267,8 @@ def check(name: str, out_dir: str, python: str | None = None) -> CheckResult:
     """Run workload ``name`` on a fresh vLLM server that logs when its scheduler received
     each request (``vllm_arrivals``), then the simulator twice on the bench run's
     requests: placed at those steps, and replayed from its requests.jsonl; compare. Its
-    log, the bench run, the arrivals and both step logs go under ``out_dir``/``name``.
+    log, the bench run, the arrivals, both step logs and the result line (check.txt) go
+    under ``out_dir``/``name``.
     ``EngineUnavailable`` where vLLM cannot be installed or started."""
     import asyncio
     import json
@@ -314,13 +315,15 @@ def check(name: str, out_dir: str, python: str | None = None) -> CheckResult:
     asyncio.run(run(RunConfig(LoadConfig(Replay()), trace, "completions", out_dir=str(out / "sim"), overwrite=True),
                     SimTarget(replay_engine_config(), step_log=str(steps_path))))
     replayed = [json.loads(x) for x in steps_path.read_text().splitlines()]
-    return CheckResult(
+    result = CheckResult(
         name, vllm_iterations(text), sim_token_steps(placed),
         prometheus_value(metrics, "vllm:num_preemptions_total"), sum(d["preemptions"] for d in placed),
         prometheus_value(metrics, "vllm:prefix_cache_hits_total"), sum(d["prefix_hit_tokens"] for d in placed),
         bench.summary.counts.completed,
         sim_token_steps(replayed), sum(d["preemptions"] for d in replayed), sum(d["prefix_hit_tokens"] for d in replayed),
     )
+    (out / "check.txt").write_text(result.line() + "\n")
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
