@@ -7,6 +7,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,7 @@ def test_two_runs_started_at_once_both_land(tmp_path: Path, monkeypatch: pytest.
     for p in procs:
         _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
+        assert "not recorded" not in err, err
     assert sorted(r[1] for r in rows(hist)) == sorted(str((tmp_path / n).resolve()) for n in ("x", "y"))  # type: ignore[type-var]
 
 
@@ -216,3 +218,27 @@ def test_a_tune_is_recorded_as_a_sweep_and_reports(tmp_path: Path, monkeypatch: 
     p = subprocess.run([sys.executable, "-m", "inferlab", "tune", "--param", "max-num-seqs=8,64", "-n", "4", "--slo-ttft-ms", "500", "--history", str(hist)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--out" in p.stderr
+
+
+_OPEN_AT_ONCE = """
+import sys, time
+from inferlab.results.history import History
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+with History(sys.argv[1]) as h:
+    h.add({"kind": "run", "path": sys.argv[3]})
+"""
+
+
+def test_many_processes_opening_a_new_history_at_once_all_record(tmp_path: Path) -> None:
+    # SQLite refuses the WAL pragma at once ("database is locked", no busy wait) while
+    # another process is creating the same file; each opener must wait its turn.
+    for round_ in range(6):
+        hist = tmp_path / f"h{round_}.sqlite"
+        start = time.time() + 1.0
+        procs = [subprocess.Popen([sys.executable, "-c", _OPEN_AT_ONCE, str(hist), repr(start), f"p{i}"],
+                                  stderr=subprocess.PIPE, text=True) for i in range(4)]
+        for p in procs:
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+        assert sorted(r[1] for r in rows(hist)) == [f"p{i}" for i in range(4)]  # type: ignore[type-var]

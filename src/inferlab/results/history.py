@@ -25,13 +25,14 @@ import json
 import os
 import sqlite3
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferlab._clock import wall_time_s
+from inferlab._clock import WallClock, wall_time_s
 from inferlab._errors import UsageError
 
 ENV = "INFERLAB_HISTORY"
@@ -140,7 +141,7 @@ class History:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._db.execute("PRAGMA journal_mode = WAL")
+            self._use_wal()
             self._migrate()
         except sqlite3.DatabaseError as e:
             raise UsageError(f"history {self.path}: {e} (move it away, or give --history another file)") from e
@@ -149,6 +150,25 @@ class History:
 
     def close(self) -> None:
         self._db.close()
+
+    def _use_wal(self) -> None:
+        """Put the file in WAL mode. SQLite answers "database is locked" to that pragma
+        at once, without waiting on ``busy_timeout``, while another process is creating
+        or converting the same file (two runs started together on a new history), so
+        it is retried here for as long as a writer would wait."""
+        clock = WallClock()
+        deadline_ns = clock.now_ns() + BUSY_TIMEOUT_MS * 1_000_000
+        pause_s = 0.005
+        while True:
+            try:
+                if str(self._db.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                    self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if ("locked" not in str(e) and "busy" not in str(e)) or clock.now_ns() >= deadline_ns:
+                    raise
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, 0.2)
 
     def __enter__(self) -> History:
         return self
