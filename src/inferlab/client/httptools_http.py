@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Self, cast
 from urllib.parse import urlsplit
@@ -46,10 +46,10 @@ from inferlab.client.exchange import (
     record_http_error,
     request_path,
 )
-from inferlab.client.http import ConnectError, Sender, _Attempt, _IdleWatch
+from inferlab.client.http import ConnectError, Sender, _Attempt, _IdleWatch, stale
 from inferlab.results.records import ErrorKind, RequestRecord
 
-__all__ = ["HttptoolsClient", "InvalidResponse", "Pool", "check_url"]
+__all__ = ["HttptoolsClient", "InvalidResponse", "Pool", "Response", "check_url"]
 
 #: After ``[DONE]``, how long to wait for the body's end so the connection can be
 #: reused (as ``client.http``); never affects the record.
@@ -71,8 +71,10 @@ def _never() -> int:
     raise AssertionError("a connection read before its exchange started")
 
 
-# what the connection is reading (``_Connection.mode``)
-_HEAD, _STREAM, _BODY, _ERROR, _AFTER = range(5)
+# what the connection is reading (``_Connection.mode``); ``_HELD``: the head came, and
+# the body is kept until ``Response`` says how to read it; ``_RELAY``: each read's body
+# bytes go to ``on_read`` (``Response.relay``)
+_HEAD, _STREAM, _BODY, _ERROR, _AFTER, _HELD, _RELAY = range(7)
 
 
 class _Connection(asyncio.Protocol):
@@ -82,6 +84,9 @@ class _Connection(asyncio.Protocol):
     response arrives, and ``waiter`` is set when the request's task has something to do:
     the response ended (``complete``), a stream stopped reading (``[DONE]``, or an
     event that failed the record), the error body is read, or it failed (an exception).
+    Started without a record, it wakes the task when the head came and holds the body
+    for ``Response`` (its caller reads the body its own way); ``arm`` makes the next
+    waiter.
     """
 
     def __init__(self, pool: Pool) -> None:
@@ -114,6 +119,9 @@ class _Connection(asyncio.Protocol):
         self._stream_wanted = True
         self._record: RequestRecord | None = None
         self._text_out: list[str] | None = None
+        self.error: BaseException | None = None  # what failed the exchange (``fail``)
+        self.on_read: Callable[[bytes, int], bool] | None = None  # (``_RELAY``)
+        self.paused = False  # reading paused for ``on_read``'s consumer (``hold``)
 
     # --- the pool's side -------------------------------------------------------------
 
@@ -122,10 +130,11 @@ class _Connection(asyncio.Protocol):
         self.open = True
 
     def start(
-        self, record: RequestRecord, text_out: list[str] | None, stream: bool, clock_ns: Callable[[], int],
+        self, record: RequestRecord | None, text_out: list[str] | None, stream: bool, clock_ns: Callable[[], int],
         t0_ns: int,
     ) -> asyncio.Future[None]:
-        """Arm the connection for one request's response; the future ``waiter``."""
+        """Arm the connection for one request's response; the future ``waiter``. Without
+        a ``record``, the waiter is set when the head came (``Response``)."""
         self._reset()
         self.busy = True
         self.clock_ns, self.t0_ns = clock_ns, t0_ns
@@ -142,6 +151,8 @@ class _Connection(asyncio.Protocol):
     def fail(self, exc: BaseException) -> None:
         """End the exchange with ``exc`` (the idle watch's, or the connection's)."""
         self.busy = False  # (nothing more of this exchange is read)
+        if self.error is None:
+            self.error = exc
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
@@ -151,6 +162,29 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def arm(self) -> asyncio.Future[None]:
+        """A new ``waiter``, for the task's next wait; done at once if the exchange ended,
+        failed (its exception) or was held (``hold``) since the last one."""
+        waiter = self.waiter = asyncio.get_running_loop().create_future()
+        if self.error is not None:
+            waiter.set_exception(self.error)
+        elif self.complete or self.paused:
+            waiter.set_result(None)
+        return waiter
+
+    def hold(self) -> None:
+        """Stop reading until ``unhold`` (``on_read``'s consumer is full); wake the task."""
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def unhold(self) -> None:
+        if self.paused:
+            self.paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     # --- asyncio's side ------------------------------------------------------------------
 
@@ -214,12 +248,17 @@ class _Connection(asyncio.Protocol):
             self.encoding = value.decode("latin-1").strip().lower()
 
     def on_headers_complete(self) -> None:
-        assert self.parser is not None and self._record is not None
+        assert self.parser is not None
         status = self.parser.get_status_code()
         if status < 200:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
             self.interim = True
             return
-        self.status = self._record.status = status
+        self.status = status
+        if self._record is None:
+            self.mode = _HELD
+            self._wake()
+            return
+        self._record.status = status
         if status >= 400:
             self.mode = _ERROR
         elif self.encoding not in (None, "identity"):
@@ -240,10 +279,16 @@ class _Connection(asyncio.Protocol):
             if not self.stream.read(body, self.t_ns):
                 self.mode = _AFTER
                 self._wake()
+        elif mode == _RELAY:
+            assert self.on_read is not None
+            if not self.on_read(body, self.t_ns):
+                self.hold()
         elif mode == _BODY:
             record = self._record
             if record is not None and record.ttfb_ns is None:
                 record.ttfb_ns = self.t_ns
+            self.pieces.append(body)
+        elif mode == _HELD:
             self.pieces.append(body)
         elif mode == _ERROR:
             self.pieces.append(body)
@@ -304,12 +349,58 @@ class Pool:
         if conn.open and conn.keep_alive and conn.complete:
             conn.busy = False
             conn.parser = None
+            conn.on_read = None
+            conn.unhold()
             self._idle.append(conn)
         else:
             conn.abort()
 
     def _lost(self, conn: _Connection) -> None:
         self._all.discard(conn)
+
+    def post_head(self, url: str, headers: dict[str, str]) -> bytes:
+        """The head of a POST to ``url`` (on this pool's server) with ``headers``, up to
+        ``Content-Length: `` (the length and the body follow). The body is asked for as
+        sent (``identity``). ``ValueError`` for a URL this client cannot send to, or a
+        header that cannot be sent as given."""
+        check_url(url)
+        lines = header_lines({"Host": self.host_header, **headers, "Accept-Encoding": "identity"})
+        return f"POST {request_path(url)} HTTP/1.1\r\n{lines}Content-Length: ".encode("latin-1")
+
+    async def send(
+        self, head: bytes, body: bytes, clock_ns: Callable[[], int], timeout_s: float, connect_timeout_s: float,
+    ) -> Response:
+        """Send a request (``head`` from ``post_head``, then ``body``) on an idle
+        connection or a new one; its ``Response`` once the head came, for the caller to
+        read the body. ``timeout_s`` bounds the whole exchange, the body included
+        (``TimeoutError``), ``connect_timeout_s`` the opening of a connection. A request a
+        reused connection failed before any answer (a stale keep-alive connection,
+        ``client.http.stale``) is sent again, once, on a new connection. Failures are
+        aiohttp's exceptions, as for ``HttptoolsClient``: ``ConnectError``,
+        ``ServerDisconnectedError``, ``ClientOSError``, ``InvalidResponse``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        data = b"%s%d\r\n\r\n%s" % (head, len(body), body)
+        conn = self.take()
+        while True:
+            reused = conn is not None
+            if conn is None:
+                async with asyncio.timeout_at(min(deadline, loop.time() + connect_timeout_s)):
+                    conn = await self.connect()
+            assert conn.transport is not None
+            waiter = conn.start(None, None, False, clock_ns, 0)
+            response = Response(self, conn, loop.call_at(deadline, _expire, conn, timeout_s))
+            try:
+                conn.transport.write(data)
+                await waiter
+            except BaseException as e:
+                response.abort()
+                if not stale(e, reused, conn.status is not None):
+                    raise
+                conn = None
+                continue
+            response.head()
+            return response
 
     async def warm(self, n: int) -> None:
         """Open ``n`` connections into the pool (best effort: a failure is ignored)."""
@@ -338,6 +429,94 @@ class Pool:
         await self.close()
 
 
+def _expire(conn: _Connection, timeout_s: float) -> None:
+    if not conn.complete:
+        conn.fail(TimeoutError(f"the exchange took over {timeout_s:g} s"))
+
+
+class Response:
+    """A response ``Pool.send`` has the head of (``status``, ``reason``, ``media_type``,
+    ``encoding``, or None for identity), whose body the caller reads: whole (``read``),
+    up to ``MAX_ERROR_BODY`` (``read_error``), or read by read as it arrives, inside
+    the connection's callback (``relay``: no task is woken per read). ``release`` ends
+    it: the connection goes back to the pool if the body was read to its end, else it
+    is closed, as by ``abort`` (a server sees its request abandoned)."""
+
+    def __init__(self, pool: Pool, conn: _Connection, timer: asyncio.TimerHandle) -> None:
+        self._pool = pool
+        self._conn = conn
+        self._timer = timer
+        self._over = False
+        self.status = 0
+        self.reason = ""
+        self.media_type = ""
+        self.encoding: str | None = None
+
+    def head(self) -> None:
+        conn = self._conn
+        assert conn.status is not None
+        self.status, self.reason, self.media_type, self.encoding = conn.status, conn.reason, conn.media_type, conn.encoding
+
+    @property
+    def content_type(self) -> str:
+        """The media type, or ``application/octet-stream`` when none is given (as aiohttp's)."""
+        return self.media_type or "application/octet-stream"
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        conn = self._conn
+        conn.mode = _BODY
+        while not conn.complete:
+            await conn.arm()
+        return b"".join(conn.pieces)
+
+    async def read_error(self) -> bytes:
+        """The body's first ``MAX_ERROR_BODY`` bytes (an error's message); the rest is not read."""
+        conn = self._conn
+        conn.mode = _ERROR
+        while not conn.complete and conn.received < MAX_ERROR_BODY:
+            await conn.arm()
+        return b"".join(conn.pieces)[:MAX_ERROR_BODY]
+
+    async def relay(self, on_read: Callable[[bytes, int], bool], drained: Callable[[], Awaitable[None]]) -> None:
+        """Hand each read of the body to ``on_read(data, t_ns)`` as it arrives (``t_ns``:
+        the clock's reading then), until the body ends. ``on_read`` returning False
+        pauses the reading until ``drained()`` returns (its consumer is full:
+        backpressure). What ``on_read`` raises fails the exchange and is raised here, as
+        are the connection's failures."""
+        conn = self._conn
+        held, conn.pieces = conn.pieces, []
+        conn.on_read = on_read
+        conn.mode = _RELAY
+        if held:  # (what came with the head, or before this call)
+            t_ns = conn.clock_ns() - conn.t0_ns
+            for data in held:
+                if not on_read(data, t_ns):
+                    conn.hold()
+        while not conn.complete:
+            if conn.paused:
+                await drained()
+                conn.unhold()
+            else:
+                await conn.arm()
+
+    def release(self) -> None:
+        if self._over:
+            return
+        self._over = True
+        self._timer.cancel()
+        conn = self._conn
+        if conn.complete and conn.error is None:
+            self._pool.give_back(conn)
+        else:
+            conn.abort()
+
+    def abort(self) -> None:
+        self._over = True
+        self._timer.cancel()
+        self._conn.abort()
+
+
 class HttptoolsClient(Sender):
     """Sends requests to one plain-http endpoint over ``pool`` (its connections); see the
     module's docstring. Times in records are ns relative to ``t0_ns`` on ``clock``."""
@@ -348,8 +527,7 @@ class HttptoolsClient(Sender):
         check_url(endpoint.url)
         super().__init__(endpoint, clock, t0_ns)
         self.pool = pool
-        head = header_lines({"Host": pool.host_header, **endpoint.request_headers(), "Accept-Encoding": "identity"})
-        self._head = f"POST {request_path(endpoint.url)} HTTP/1.1\r\n{head}Content-Length: ".encode("latin-1")
+        self._head = pool.post_head(endpoint.url, endpoint.request_headers())
 
     async def _exchange(
         self, fresh: bool, body: bytes, record: RequestRecord, attempt: _Attempt, text_out: list[str] | None,
@@ -409,7 +587,7 @@ class HttptoolsClient(Sender):
     async def _drain(self, conn: _Connection) -> bool:
         """After ``[DONE]``: wait for the body's end (so the connection can be reused);
         whatever happens, the record is final already."""
-        waiter = conn.waiter = asyncio.get_running_loop().create_future()
+        waiter = conn.arm()
         if conn.complete:
             return True
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):

@@ -47,9 +47,10 @@ from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
 from inferlab.gateway.estimate import prompt_counter, prompt_tokens
 from inferlab.gateway.metrics import GatewayMetrics
 from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
-from inferlab.gateway.relay import Failure, Observed, StreamRelay, read_body, send
+from inferlab.gateway.relay import ClientStream, Observed, StreamRelay, read_body
 from inferlab.gateway.routing import EngineLoad, Health, ids_prefix, make_router, text_prefix
 from inferlab.gateway.shared import SharedCache, SharedLimiter, connect
+from inferlab.gateway.upstream import Failure, Upstreams
 from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
     PATHS,
@@ -153,7 +154,7 @@ class Gateway:
         self._model_objects: dict[str, dict[str, Any]] = {}
         self._models_at_ns: int | None = None
         self._seq = itertools.count()
-        self._session: aiohttp.ClientSession | None = None
+        self.upstreams = Upstreams(config, self.clock)
         self._redis: Any = None
         self.shared_limiter: SharedLimiter | None = None
         self.shared_cache: SharedCache | None = None
@@ -177,9 +178,7 @@ class Gateway:
     # --- lifecycle ---------------------------------------------------------------------
 
     async def _start(self, app: web.Application) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=False), auto_decompress=False,
-        )
+        await self.upstreams.open()
         red = self.config.redis
         if red is not None:
             self._redis = connect(red.url)
@@ -210,8 +209,7 @@ class Gateway:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._redis is not None:
             await self._redis.aclose()
-        if self._session is not None:
-            await self._session.close()
+        await self.upstreams.close()
         if self.log is not None:
             self.log.close()
 
@@ -248,15 +246,10 @@ class Gateway:
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        assert self._session is not None, "the gateway's app is not started"
-        return self._session
+        return self.upstreams.session
 
     def _upstream_headers(self, i: int, json_body: bool = True) -> dict[str, str]:
-        h = {"Content-Type": "application/json"} if json_body else {}
-        key = self.config.upstreams[i].api_key
-        if key:
-            h["Authorization"] = f"Bearer {key}"
-        return h
+        return self.upstreams.headers(i, json_body)
 
     # --- simple routes -----------------------------------------------------------------
 
@@ -585,19 +578,18 @@ class Gateway:
         m.in_flight.labels(up.name).inc()
         obs.sent = True
         try:
-            resp = await send(self.session, up.url + "/v1" + PATHS[req.api], payload, self._upstream_headers(i),
-                              self.config.upstream_timeout_s)
+            resp = await self.upstreams.send(i, req.api, payload)
             try:
                 self.health.succeeded(i)
                 obs.record.status = resp.status
                 if req.stream and resp.status == 200 and resp.content_type == "text/event-stream":
                     out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
-                    await out.prepare(request)
+                    client = ClientStream(await out.prepare(request))
                     relay = StreamRelay(self.clock, obs, chat=req.api == "chat", drop_usage=not req.include_usage,
                                         keep=keep, itl=m.itl.labels(*labels), reserved_output=req.output_tokens,
                                         grow=lambda n: self.admission.resize(ticket, req.input_tokens + n))
                     try:
-                        await relay.run(resp, out)
+                        await relay.run(resp, client)
                     except (ConnectionError, asyncio.CancelledError):
                         obs.fail(ErrorKind.CANCELLED, "the client went away")
                         raise
@@ -611,7 +603,7 @@ class Gateway:
                 return web.Response(body=raw, status=resp.status, content_type=resp.content_type or "application/json",
                                     headers=headers)
             except BaseException:
-                resp.close()  # mid-answer: drop the upstream's connection, which aborts its request
+                resp.abort()  # mid-answer: drop the upstream's connection, which aborts its request
                 raise
             finally:
                 resp.release()
