@@ -73,7 +73,7 @@ def _never() -> int:
 
 # what the connection is reading (``_Connection.mode``); ``_HELD``: the head came, and
 # the body is kept until ``Response`` says how to read it; ``_RELAY``: each read's body
-# bytes go to ``on_read`` (``Response.relay``)
+# bytes go to ``on_read`` in one piece (``Response.relay``)
 _HEAD, _STREAM, _BODY, _ERROR, _AFTER, _HELD, _RELAY = range(7)
 
 
@@ -200,8 +200,18 @@ class _Connection(asyncio.Protocol):
             parser.feed_data(data)
         except httptools.HttpParserCallbackError as e:  # (a bug of ours, in a callback)
             self.fail(e.__context__ or e)
+            return
         except httptools.HttpParserError as e:
             self.fail(InvalidResponse(f"invalid HTTP response: {e}"))
+            return
+        if self.mode == _RELAY and self.pieces:  # the read's body, in one piece however it was chunked
+            pieces, self.pieces = self.pieces, []
+            assert self.on_read is not None
+            try:
+                if not self.on_read(pieces[0] if len(pieces) == 1 else b"".join(pieces), t):
+                    self.hold()
+            except Exception as e:  # (the consumer's: its client went away, say)
+                self.fail(e)
 
     def eof_received(self) -> bool:
         return False  # (the transport closes itself: ``connection_lost``)
@@ -279,16 +289,12 @@ class _Connection(asyncio.Protocol):
             if not self.stream.read(body, self.t_ns):
                 self.mode = _AFTER
                 self._wake()
-        elif mode == _RELAY:
-            assert self.on_read is not None
-            if not self.on_read(body, self.t_ns):
-                self.hold()
+        elif mode in (_RELAY, _HELD):  # (a read's pieces go on when it is parsed)
+            self.pieces.append(body)
         elif mode == _BODY:
             record = self._record
             if record is not None and record.ttfb_ns is None:
                 record.ttfb_ns = self.t_ns
-            self.pieces.append(body)
-        elif mode == _HELD:
             self.pieces.append(body)
         elif mode == _ERROR:
             self.pieces.append(body)
@@ -488,17 +494,16 @@ class Response:
         held, conn.pieces = conn.pieces, []
         conn.on_read = on_read
         conn.mode = _RELAY
-        if held:  # (what came with the head, or before this call)
-            t_ns = conn.clock_ns() - conn.t0_ns
-            for data in held:
-                if not on_read(data, t_ns):
-                    conn.hold()
+        if held and not on_read(b"".join(held), conn.clock_ns() - conn.t0_ns):  # (what came with the head)
+            conn.hold()
         while not conn.complete:
             if conn.paused:
                 await drained()
                 conn.unhold()
             else:
                 await conn.arm()
+        if conn.error is not None:  # (``on_read`` failed on the read that ended the body)
+            raise conn.error
 
     def release(self) -> None:
         if self._over:

@@ -98,10 +98,27 @@ class Bins:
         self.sum += value
 
 
+class Series:
+    """The children of one (model, upstream, key) that every answered request observes,
+    looked up once (``GatewayMetrics.series``) rather than by ``labels`` at each use."""
+
+    __slots__ = ("duration", "input_tokens", "itl", "labels", "output_tokens", "tpot", "ttft")
+
+    def __init__(self, m: GatewayMetrics, labels: tuple[str, str, str]) -> None:
+        self.labels = labels
+        self.duration = m.duration.labels(*labels, "")  # (no error_type: a success)
+        self.ttft = m.ttft.labels(*labels)
+        self.tpot = m.tpot.labels(*labels)
+        self.itl = m.itl.labels(*labels)
+        self.input_tokens = m.tokens.labels(*labels, "input")
+        self.output_tokens = m.tokens.labels(*labels, "output")
+
+
 class GatewayMetrics:
     """Every metric the gateway exports; ``render()`` is the ``/metrics`` body."""
 
     def __init__(self) -> None:
+        self._series: dict[tuple[str, str, str], Series] = {}
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.duration = Histogram(
             "gen_ai_server_request_duration_seconds", "Time from the gateway receiving a request to its last byte.",
@@ -154,6 +171,13 @@ class GatewayMetrics:
         self.upstream_errors = Counter(
             "inferlab_gateway_upstream_errors", "Upstream failures, by kind (connect, status, disconnect, timeout).",
             ("server_address", "kind"), registry=r)
+
+    def series(self, model: str, upstream: str, key: str) -> Series:
+        labels = (model, upstream, key)
+        found = self._series.get(labels)
+        if found is None:
+            found = self._series[labels] = Series(self, labels)
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
