@@ -58,7 +58,8 @@ async def _serve(config: Any, announce: bool) -> int:
         cache += f"; shared through Redis: {', '.join(shared) or 'nothing'}"
     refresh = (f"engines' /metrics read every {config.metrics_refresh_s:g} s" if config.metrics_refresh_s > 0
                else "engines' /metrics not read")
-    click.echo(f"inferlab gateway on {url} → {ups}; {config.router} routing, {refresh}; admission {adm.mode} "
-               f"({limit} per upstream); {keys}; {cache}", err=True)
+    stacks = ", ".join(dict.fromkeys(gw.upstreams.stacks))
+    click.echo(f"inferlab gateway on {url} → {ups} (over {stacks}); {config.router} routing, {refresh}; admission "
+               f"{adm.mode} ({limit} per upstream); {keys}; {cache}", err=True)
     await serve_until_stopped(runner)
     return 0

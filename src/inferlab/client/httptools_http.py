@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from types import TracebackType
 from typing import Self, cast
 from urllib.parse import urlsplit
@@ -46,10 +46,10 @@ from inferlab.client.exchange import (
     record_http_error,
     request_path,
 )
-from inferlab.client.http import ConnectError, Sender, _Attempt, _IdleWatch, stale
+from inferlab.client.http import ConnectError, Sender, _Attempt, _IdleWatch
 from inferlab.results.records import ErrorKind, RequestRecord
 
-__all__ = ["HttptoolsClient", "InvalidResponse", "Pool", "Response", "check_url"]
+__all__ = ["HttptoolsClient", "InvalidResponse", "Pool", "check_url"]
 
 #: After ``[DONE]``, how long to wait for the body's end so the connection can be
 #: reused (as ``client.http``); never affects the record.
@@ -72,8 +72,8 @@ def _never() -> int:
 
 
 # what the connection is reading (``_Connection.mode``); ``_HELD``: the head came, and
-# the body is kept until ``Response`` says how to read it; ``_RELAY``: each read's body
-# bytes go to ``on_read`` in one piece (``Response.relay``)
+# the body is kept until ``httptools_relay.Response`` says how to read it; ``_RELAY``:
+# each read's body bytes go to ``on_read`` in one piece (``Response.relay``)
 _HEAD, _STREAM, _BODY, _ERROR, _AFTER, _HELD, _RELAY = range(7)
 
 
@@ -85,8 +85,8 @@ class _Connection(asyncio.Protocol):
     the response ended (``complete``), a stream stopped reading (``[DONE]``, or an
     event that failed the record), the error body is read, or it failed (an exception).
     Started without a record, it wakes the task when the head came and holds the body
-    for ``Response`` (its caller reads the body its own way); ``arm`` makes the next
-    waiter.
+    for ``client.httptools_relay.Response`` (its caller reads the body its own way);
+    ``arm`` makes the next waiter.
     """
 
     def __init__(self, pool: Pool) -> None:
@@ -134,7 +134,7 @@ class _Connection(asyncio.Protocol):
         t0_ns: int,
     ) -> asyncio.Future[None]:
         """Arm the connection for one request's response; the future ``waiter``. Without
-        a ``record``, the waiter is set when the head came (``Response``)."""
+        a ``record``, the waiter is set when the head came (``httptools_relay``)."""
         self._reset()
         self.busy = True
         self.clock_ns, self.t0_ns = clock_ns, t0_ns
@@ -366,47 +366,12 @@ class Pool:
 
     def post_head(self, url: str, headers: dict[str, str]) -> bytes:
         """The head of a POST to ``url`` (on this pool's server) with ``headers``, up to
-        ``Content-Length: `` (the length and the body follow). The body is asked for as
+        ``Content-Length: `` (the length and the body follow: ``httptools_relay.send``). The body is asked for as
         sent (``identity``). ``ValueError`` for a URL this client cannot send to, or a
         header that cannot be sent as given."""
         check_url(url)
         lines = header_lines({"Host": self.host_header, **headers, "Accept-Encoding": "identity"})
         return f"POST {request_path(url)} HTTP/1.1\r\n{lines}Content-Length: ".encode("latin-1")
-
-    async def send(
-        self, head: bytes, body: bytes, clock_ns: Callable[[], int], timeout_s: float, connect_timeout_s: float,
-    ) -> Response:
-        """Send a request (``head`` from ``post_head``, then ``body``) on an idle
-        connection or a new one; its ``Response`` once the head came, for the caller to
-        read the body. ``timeout_s`` bounds the whole exchange, the body included
-        (``TimeoutError``), ``connect_timeout_s`` the opening of a connection. A request a
-        reused connection failed before any answer (a stale keep-alive connection,
-        ``client.http.stale``) is sent again, once, on a new connection. Failures are
-        aiohttp's exceptions, as for ``HttptoolsClient``: ``ConnectError``,
-        ``ServerDisconnectedError``, ``ClientOSError``, ``InvalidResponse``."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        data = b"%s%d\r\n\r\n%s" % (head, len(body), body)
-        conn = self.take()
-        while True:
-            reused = conn is not None
-            if conn is None:
-                async with asyncio.timeout_at(min(deadline, loop.time() + connect_timeout_s)):
-                    conn = await self.connect()
-            assert conn.transport is not None
-            waiter = conn.start(None, None, False, clock_ns, 0)
-            response = Response(self, conn, loop.call_at(deadline, _expire, conn, timeout_s))
-            try:
-                conn.transport.write(data)
-                await waiter
-            except BaseException as e:
-                response.abort()
-                if not stale(e, reused, conn.status is not None):
-                    raise
-                conn = None
-                continue
-            response.head()
-            return response
 
     async def warm(self, n: int) -> None:
         """Open ``n`` connections into the pool (best effort: a failure is ignored)."""
@@ -433,93 +398,6 @@ class Pool:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
-
-
-def _expire(conn: _Connection, timeout_s: float) -> None:
-    if not conn.complete:
-        conn.fail(TimeoutError(f"the exchange took over {timeout_s:g} s"))
-
-
-class Response:
-    """A response ``Pool.send`` has the head of (``status``, ``reason``, ``media_type``,
-    ``encoding``, or None for identity), whose body the caller reads: whole (``read``),
-    up to ``MAX_ERROR_BODY`` (``read_error``), or read by read as it arrives, inside
-    the connection's callback (``relay``: no task is woken per read). ``release`` ends
-    it: the connection goes back to the pool if the body was read to its end, else it
-    is closed, as by ``abort`` (a server sees its request abandoned)."""
-
-    def __init__(self, pool: Pool, conn: _Connection, timer: asyncio.TimerHandle) -> None:
-        self._pool = pool
-        self._conn = conn
-        self._timer = timer
-        self._over = False
-        self.status = 0
-        self.reason = ""
-        self.media_type = ""
-        self.encoding: str | None = None
-
-    def head(self) -> None:
-        conn = self._conn
-        assert conn.status is not None
-        self.status, self.reason, self.media_type, self.encoding = conn.status, conn.reason, conn.media_type, conn.encoding
-
-    @property
-    def content_type(self) -> str:
-        """The media type, or ``application/octet-stream`` when none is given (as aiohttp's)."""
-        return self.media_type or "application/octet-stream"
-
-    async def read(self) -> bytes:
-        """The whole body."""
-        conn = self._conn
-        conn.mode = _BODY
-        while not conn.complete:
-            await conn.arm()
-        return b"".join(conn.pieces)
-
-    async def read_error(self) -> bytes:
-        """The body's first ``MAX_ERROR_BODY`` bytes (an error's message); the rest is not read."""
-        conn = self._conn
-        conn.mode = _ERROR
-        while not conn.complete and conn.received < MAX_ERROR_BODY:
-            await conn.arm()
-        return b"".join(conn.pieces)[:MAX_ERROR_BODY]
-
-    async def relay(self, on_read: Callable[[bytes, int], bool], drained: Callable[[], Awaitable[None]]) -> None:
-        """Hand each read of the body to ``on_read(data, t_ns)`` as it arrives (``t_ns``:
-        the clock's reading then), until the body ends. ``on_read`` returning False
-        pauses the reading until ``drained()`` returns (its consumer is full:
-        backpressure). What ``on_read`` raises fails the exchange and is raised here, as
-        are the connection's failures."""
-        conn = self._conn
-        held, conn.pieces = conn.pieces, []
-        conn.on_read = on_read
-        conn.mode = _RELAY
-        if held and not on_read(b"".join(held), conn.clock_ns() - conn.t0_ns):  # (what came with the head)
-            conn.hold()
-        while not conn.complete:
-            if conn.paused:
-                await drained()
-                conn.unhold()
-            else:
-                await conn.arm()
-        if conn.error is not None:  # (``on_read`` failed on the read that ended the body)
-            raise conn.error
-
-    def release(self) -> None:
-        if self._over:
-            return
-        self._over = True
-        self._timer.cancel()
-        conn = self._conn
-        if conn.complete and conn.error is None:
-            self._pool.give_back(conn)
-        else:
-            conn.abort()
-
-    def abort(self) -> None:
-        self._over = True
-        self._timer.cancel()
-        self._conn.abort()
 
 
 class HttptoolsClient(Sender):

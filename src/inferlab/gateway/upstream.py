@@ -36,6 +36,9 @@ from inferlab.openai.request import PATHS, Api
 
 if TYPE_CHECKING:  # (imported where a pool is made: httptools is the fast extra's)
     from inferlab.client.httptools_http import Pool
+    from inferlab.client.httptools_relay import Response
+
+    Send = Callable[[Pool, bytes, bytes, Callable[[], int], float, float], Awaitable[Response]]
 
 #: Most bytes of an upstream's error body read to quote it.
 _ERROR_BODY_BYTES = 65536
@@ -125,6 +128,7 @@ class Upstreams:
         self._session: aiohttp.ClientSession | None = None
         self._pools: list[Pool | None] = []
         self._heads: list[dict[Api, bytes]] = []
+        self._send: Send | None = None  # ``client.httptools_relay.send``, where a pool is made
 
     async def open(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -135,7 +139,9 @@ class Upstreams:
             heads: dict[Api, bytes] = {}
             if stack == "httptools":
                 from inferlab.client.httptools_http import Pool
+                from inferlab.client.httptools_relay import send
 
+                self._send = send
                 pool = Pool(up.url)
                 heads = {api: pool.post_head(up.url + "/v1" + path, self.headers(i)) for api, path in PATHS.items()}
             self._pools.append(pool)
@@ -171,7 +177,9 @@ class Upstreams:
         reply: Reply
         try:
             if pool is not None:
-                reply = await pool.send(self._heads[i][api], payload, self.clock.now_ns, timeout_s, CONNECT_TIMEOUT_S)
+                assert self._send is not None
+                reply = await self._send(pool, self._heads[i][api], payload, self.clock.now_ns, timeout_s,
+                                         CONNECT_TIMEOUT_S)
             else:
                 url = self.config.upstreams[i].url + "/v1" + PATHS[api]
                 timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
