@@ -63,6 +63,10 @@ class SSEParser:
             # general path below, from this read's start.
             whole: list[str] = []
             try:
+                if chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2 and chunk.find(b"\r") < 0:
+                    whole.append(chunk[6:-2].decode("utf-8"))  # (one event: most reads)
+                    self.plain = True
+                    return whole
                 for part in chunk[:-2].split(b"\n\n"):
                     if part[:6] != b"data: " or b"\n" in part or b"\r" in part:
                         break
