@@ -11,7 +11,7 @@ Left out of every other run, whatever ``-m`` says, unless ``-m`` names ``vllm``
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from inferlab.client.preflight import EXACT_SERVER
 from inferlab.engines.llamacpp import EngineUnavailable
 from inferlab.engines.tinymodel import TinyModel
 from inferlab.engines.vllm import VllmServer, hf_model, install_vllm
-from inferlab.engines.vllm_steps import SCENARIOS, check, prometheus_value, vllm_flags
+from inferlab.engines.vllm_steps import SCENARIOS, CheckResult, check, prometheus_value, vllm_flags
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig
 from inferlab.openai.request import Api
@@ -37,8 +37,9 @@ def vllm_python() -> Path:
         pytest.skip(f"vLLM's CPU build cannot be installed here: {e}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def vllm(vllm_python: Path, tiny: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    # (class-scoped: stopped before the step checks start their own servers, one at a time)
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     with VllmServer(vllm_python, hf_model(tiny), name="tiny", flags=vllm_flags(), log_path=log) as server:
         yield server
@@ -54,38 +55,64 @@ def bench(server: VllmServer, api: Api, **workload: object) -> RunResult:
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("api", ["chat", "completions"])
-def test_bench_against_vllm_has_usage_and_exact_lengths_from_tokenize(vllm: VllmServer, api: Api) -> None:
-    result = bench(vllm, api, input_tokens=300, output_tokens=16)
-    s = result.summary
-    assert s.counts.completed == 8 and s.counts.failed == 0
-    assert s.input_length_source == EXACT_SERVER
-    overhead = s.prompt_overhead_tokens
-    assert overhead is not None and (overhead > 0) == (api == "chat")
-    for r in result.records:
-        assert r.input_tokens == 300 + overhead and r.output_tokens == 16 == len(r.content_ns)
-        assert r.usage_source == "server" and r.cached_tokens is not None  # --enable-prompt-tokens-details
-    text = vllm.metrics()
-    for name in ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc"):
-        assert prometheus_value(text, name) is not None, name
+class TestBench:
+    @pytest.mark.parametrize("api", ["chat", "completions"])
+    def test_bench_against_vllm_has_usage_and_exact_lengths_from_tokenize(self, vllm: VllmServer, api: Api) -> None:
+        result = bench(vllm, api, input_tokens=300, output_tokens=16)
+        s = result.summary
+        assert s.counts.completed == 8 and s.counts.failed == 0
+        assert s.input_length_source == EXACT_SERVER
+        overhead = s.prompt_overhead_tokens
+        assert overhead is not None and (overhead > 0) == (api == "chat")
+        for r in result.records:
+            assert r.input_tokens == 300 + overhead and r.output_tokens == 16 == len(r.content_ns)
+            assert r.usage_source == "server" and r.cached_tokens is not None  # --enable-prompt-tokens-details
+        text = vllm.metrics()
+        for name in ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc"):
+            assert prometheus_value(text, name) is not None, name
 
 
-# A closed loop's next request reaches vLLM through its HTTP server while the engine keeps
-# stepping: on vLLM 0.32's CPU build the first requests arrived a step apart and 12 of
-# 3,075 steps differed from the replay (which sends each user's next request the moment
-# the previous one ends), with 20 preemptions against 22. The bursts match on every step.
-_ARRIVAL_TIMING = pytest.mark.xfail(
-    reason="request arrival over HTTP, not scheduling: a closed-loop user's next request can reach vLLM a step later",
-    strict=False,
-)
+@pytest.fixture(scope="module")
+def checked(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], CheckResult]:
+    """Each workload's check, run once (a vLLM server each, one at a time)."""
+    results: dict[str, CheckResult] = {}
+
+    def get(name: str) -> CheckResult:
+        if name not in results:
+            results[name] = check(name, str(tmp_path_factory.mktemp(name)), str(vllm_python))
+        return results[name]
+
+    return get
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_ARRIVAL_TIMING) if n == "closed-loop" else n for n in sorted(SCENARIOS)])
-def test_the_simulator_schedules_every_step_as_vllm(name: str, vllm_python: Path, tmp_path: Path) -> None:
-    result = check(name, str(tmp_path), str(vllm_python))
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_the_simulator_schedules_every_step_as_vllm(name: str, checked: Callable[[str], CheckResult]) -> None:
+    # each request placed at the step where vLLM's scheduler received it (input: when a
+    # request gets through HTTP and the API server is not the scheduler's doing)
+    result = checked(name)
     assert result.completed == SCENARIOS[name].load.num_requests
     assert result.vllm_steps, "vLLM logged no iterations (--enable-logging-iteration-details)"
     assert result.first_difference is None, result.line()
     assert result.vllm_preemptions == result.sim_preemptions, result.line()
     assert result.vllm_prefix_hits == result.sim_prefix_hits, result.line()
+
+
+# Over HTTP on this machine (2 shared cores: the client, vLLM's API server, engine core and
+# worker, and other work) a closed loop's next request reached vLLM's scheduler one step
+# after its predecessor's last when the client kept up, and up to 521 steps after when it
+# did not (it sent some up to 2 s late): vLLM preempted 21 times in four runs of
+# this workload, 20 and 18 in two others. A replay re-creates the loop (each next request
+# one step after its predecessor's last: 21) and has no record of late sends.
+_CLIENT_TIMING = pytest.mark.xfail(
+    reason="a closed loop's preemptions follow when each next request reached vLLM; a client late to send "
+    "(a loaded machine) changes them, and requests.jsonl's replay re-creates the loop without the delay",
+    strict=False,
+)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_CLIENT_TIMING) if n == "closed-loop" else n for n in sorted(SCENARIOS)])
+def test_a_replay_of_requests_jsonl_reproduces_preemptions_and_cache_hits(name: str, checked: Callable[[str], CheckResult]) -> None:
+    result = checked(name)
+    assert result.vllm_prefix_hits == result.replay_prefix_hits, result.line()
+    assert result.vllm_preemptions == result.replay_preemptions, result.line()

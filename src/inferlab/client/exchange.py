@@ -37,6 +37,25 @@ MAX_ERROR_CHARS = 300
 MAX_ERROR_BODY = 65536
 
 
+#: Response headers by which a cache in front of the engine says it answered a request
+#: (lower case): ``inferlab gateway``'s own, the generic ``X-Cache`` of HTTP caches and
+#: CDNs, Cloudflare's, Helicone's and Portkey's. A value beginning "hit" is a hit, any
+#: other a miss.
+CACHE_HEADERS = frozenset({"x-inferlab-cache", "x-cache", "cf-cache-status", "helicone-cache", "x-portkey-cache-status"})
+
+
+def cache_hit(value: str) -> bool:
+    """Whether a ``CACHE_HEADERS`` value says the answer came from the cache."""
+    return value.strip().lower().startswith("hit")
+
+
+def note_cache_header(record: RequestRecord, name: str, value: str) -> None:
+    """Set ``record.response_cache_hit`` from one response header, if it is a cache's
+    (``CACHE_HEADERS``; a hit from any of them stands)."""
+    if name.lower() in CACHE_HEADERS:
+        record.response_cache_hit = bool(record.response_cache_hit) or cache_hit(value)
+
+
 def api_base(url: str) -> str:
     """``http://h:p`` → ``http://h:p/v1``; a URL with a path is used as given."""
     url = url.rstrip("/")
@@ -157,7 +176,7 @@ class StreamState:
             r.usage_source = "server"
         if rd.cached_seen:
             r.cached_tokens = rd.cached_tokens
-        if rd.timeline is not None:
+        if rd.timeline is not None and not r.response_cache_hit:  # (a cache's is another request's)
             r.server_timeline = rd.timeline
 
     def _fail(self, e: ResponseError) -> bool:

@@ -29,11 +29,13 @@ from geventhttpclient.response import HTTPParseError, HTTPResponse
 
 from inferlab._errors import InferlabError, ServerUnreachableError
 from inferlab.client.exchange import (
+    CACHE_HEADERS,
     MAX_ERROR_BODY,
     Endpoint,
     StreamRecorder,
     fail,
     header_lines,
+    note_cache_header,
     record_body,
     record_http_error,
     request_path,
@@ -273,6 +275,9 @@ class _Exchange:
         resp = _Response()
         t_ns = self._read_headers(sock, resp)
         record.status = status = resp.status_code
+        for name in CACHE_HEADERS:
+            if (value := resp.get(name)) is not None:
+                note_cache_header(record, name, value if isinstance(value, str) else value[0])
         if status >= 400:
             record_http_error(record, status, _read_whole(sock, resp, MAX_ERROR_BODY), resp.status_message or "")
         else:

@@ -28,11 +28,13 @@ import aiohttp
 from inferlab._clock import Clock
 from inferlab._errors import InferlabError, ServerUnreachableError, UsageError
 from inferlab.client.exchange import (
+    CACHE_HEADERS,
     MAX_ERROR_BODY,
     Endpoint,
     StreamRecorder,
     api_base,
     fail,
+    note_cache_header,
     record_body,
     record_http_error,
     request_body,
@@ -249,6 +251,9 @@ class Client(Sender):
             raise aiohttp.ServerTimeoutError("no response") from None
         async with resp:
             record.status = resp.status
+            for name in CACHE_HEADERS:
+                if (value := resp.headers.get(name)) is not None:
+                    note_cache_header(record, name, value)
             idle = _IdleWatch(resp.content.set_exception, ep.idle_timeout_s, self._now)
             try:
                 if resp.status >= 400:

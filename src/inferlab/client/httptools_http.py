@@ -37,11 +37,13 @@ import httptools
 
 from inferlab._clock import Clock
 from inferlab.client.exchange import (
+    CACHE_HEADERS,
     MAX_ERROR_BODY,
     Endpoint,
     StreamRecorder,
     fail,
     header_lines,
+    note_cache_header,
     record_body,
     record_http_error,
     request_path,
@@ -256,6 +258,8 @@ class _Connection(asyncio.Protocol):
             self.chunked = b"chunked" in value.lower()
         elif key == b"content-encoding":
             self.encoding = value.decode("latin-1").strip().lower()
+        elif key.decode("latin-1") in CACHE_HEADERS and self._record is not None:
+            note_cache_header(self._record, key.decode("latin-1"), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
         assert self.parser is not None

@@ -207,16 +207,17 @@ class VllmServer:
     """vLLM's OpenAI server on loopback, in its own process group; a context manager.
 
     ``flags`` are vLLM's (``--max-num-seqs 16`` ...), after the model, name, host and
-    port; ``kv_cache_gib`` is ``VLLM_CPU_KVCACHE_SPACE``. ``url`` is the API root
-    (``http://127.0.0.1:PORT``); the log goes to ``log_path``.
+    port; ``kv_cache_gib`` is ``VLLM_CPU_KVCACHE_SPACE``; ``pythonpath``: folders put
+    first on its ``PYTHONPATH`` (a ``--scheduler-cls`` of one's own). ``url`` is the API
+    root (``http://127.0.0.1:PORT``); the log goes to ``log_path``.
     """
 
     def __init__(
         self, python: Path, model_dir: Path, *, name: str = "tiny", flags: Sequence[str] = (),
-        log_path: Path, kv_cache_gib: int = 1, ready_timeout_s: float = 600.0,
+        log_path: Path, kv_cache_gib: int = 1, ready_timeout_s: float = 600.0, pythonpath: Sequence[Path] = (),
     ) -> None:
         self.python, self.model_dir, self.name = python, model_dir, name
-        self.flags, self.log_path = list(flags), log_path
+        self.flags, self.log_path, self.pythonpath = list(flags), log_path, list(pythonpath)
         self.kv_cache_gib, self.ready_timeout_s = kv_cache_gib, ready_timeout_s
         self.port = 0
         self._proc: subprocess.Popen[bytes] | None = None
@@ -233,6 +234,8 @@ class VllmServer:
         self.port = free_port()
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_TARGET_DEVICE": "cpu",
                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        if self.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join([*map(str, self.pythonpath), *filter(None, [env.get("PYTHONPATH")])])
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                           start_new_session=True)

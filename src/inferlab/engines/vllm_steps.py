@@ -18,15 +18,20 @@ decode), the running and waiting counts after it, preemptions in it, and the pre
 hits of first admissions (vLLM's counters leave out what a re-admission finds). vLLM
 logs less per step (``--enable-logging-iteration-details``: context and generation
 requests and tokens, where a request counts as generation once it has an output token,
-also while it recomputes after a preemption): the simulator is compared with it on the
-tokens scheduled in every step (``TokenStep``), and on the totals of vLLM's
-``/metrics`` (preemptions, prefix-cache hits).
+also while it recomputes after a preemption, and KV usage): the simulator is compared
+with it on the tokens scheduled and the KV usage after every step (``TokenStep``), and
+on the totals of vLLM's ``/metrics`` (preemptions, prefix-cache hits).
 
 ``python -m inferlab.engines.vllm_steps [SCENARIO ...]`` runs the check on a real vLLM
 (``engines.vllm``: its CPU build, installed once per machine, serving the tiny model):
-for each workload a fresh server, ``bench`` against it, then the simulator on the same
-requests (a replay of the bench run's requests.jsonl), step by step; it prints what
-matched and writes every file under ``--out``.
+for each workload a fresh server whose scheduler logs the step at which it received
+each request (``engines.vllm_arrivals``), ``bench`` against it, then the simulator on
+the same requests twice. The check: each request placed at the step where vLLM received
+it (when a request reaches the engine is input to the scheduler, set by HTTP and the API
+server, which the simulator does not time), every step and both totals equal. Reported
+beside it: a replay of the bench run's requests.jsonl as it was sent (a closed loop's
+users again; ``replay_engine_config``), which has no record of those arrival steps. It prints what matched and
+writes every file under ``--out``.
 """
 
 from __future__ import annotations
@@ -90,6 +95,11 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
+#: The host of ``replay_engine_config``: a thousand times the typical one, so that the API
+#: front end's CPU costs take microseconds, short of any step, and still come in order.
+REPLAY_HOST_SPEED = 1e3
+
+
 def engine_config(model: str = "Llama-3.2-1B", **flags: Any) -> EngineConfig:
     """The simulated engine of the check (vLLM V1 rules, vLLM 0.32's switches unless
     ``flags`` say otherwise); no API cost (no latency, and an infinitely fast host: no
@@ -101,6 +111,16 @@ def engine_config(model: str = "Llama-3.2-1B", **flags: Any) -> EngineConfig:
         "host_speed": float("inf"),
     }
     return EngineConfig(**{**base, **flags})
+
+
+def replay_engine_config(**flags: Any) -> EngineConfig:
+    """``engine_config`` for replaying a bench run's requests.jsonl as it was sent: with
+    the API front end's costs in their order but negligible (``REPLAY_HOST_SPEED``), as
+    vLLM's API server hands requests to the engine core one at a time (requests sent
+    together: an idle engine starts its first step on the first alone) and streams a
+    step's tokens after the step (a closed loop's next request arrives while the next
+    step runs, and is seen by the one after)."""
+    return engine_config(**{"host_speed": REPLAY_HOST_SPEED, **flags})
 
 
 @dataclass(frozen=True)
@@ -140,14 +160,16 @@ def first_difference(a: Sequence[_K], b: Sequence[_K]) -> int | None:
 
 @dataclass(frozen=True)
 class TokenStep:
-    """A step as both sides log it: the tokens it scheduled."""
+    """A step as both sides log it: the tokens it scheduled, and the share of KV blocks
+    held after it, in percent to one decimal as vLLM prints it."""
 
     tokens: int
+    kv_usage_pct: float
 
 
 _ITERATION = re.compile(
     r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
-    r"(\d+) generation tokens"
+    r"(\d+) generation tokens, .*?KV cache usage: ([\d.]+)%"
 )
 
 
@@ -158,13 +180,13 @@ def vllm_iterations(log_text: str) -> list[TokenStep]:
     for m in _ITERATION.finditer(log_text):
         n = int(m.group(3)) + int(m.group(5))
         if n:
-            steps.append(TokenStep(n))
+            steps.append(TokenStep(n, float(m.group(6))))
     return steps
 
 
 def sim_token_steps(lines: Iterable[Mapping[str, Any]]) -> list[TokenStep]:
     """``sim run --step-log`` lines as vLLM logs steps."""
-    return [TokenStep(d["prefill_tokens"] + d["decode_tokens"]) for d in lines
+    return [TokenStep(d["prefill_tokens"] + d["decode_tokens"], float(f"{d['kv_usage'] * 100:.1f}")) for d in lines
             if d["prefill_tokens"] + d["decode_tokens"]]
 
 
@@ -184,7 +206,10 @@ def prometheus_value(text: str, name: str) -> float | None:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One workload on vLLM and on the simulator (a replay of vLLM's run)."""
+    """One workload on vLLM and on the simulator, twice: ``sim_*`` with every request
+    arriving at the step where vLLM's scheduler received it (``vllm_arrivals``: the
+    strict comparison), ``replay_*`` replaying the bench run's requests.jsonl as it was
+    sent (a closed loop's users again, each request the moment its predecessor ends)."""
 
     scenario: str
     vllm_steps: list[TokenStep]
@@ -194,18 +219,36 @@ class CheckResult:
     vllm_prefix_hits: float | None
     sim_prefix_hits: int
     completed: int
+    replay_steps: list[TokenStep] = dataclasses.field(default_factory=list)
+    replay_preemptions: int = 0
+    replay_prefix_hits: int = 0
 
     @property
     def first_difference(self) -> int | None:
         return first_difference(self.vllm_steps, self.sim_steps)
 
+    @property
+    def matches(self) -> bool:
+        """Every step and both totals equal, each request arriving at vLLM's step."""
+        return (self.first_difference is None and self.vllm_preemptions == self.sim_preemptions
+                and self.vllm_prefix_hits == self.sim_prefix_hits)
+
+    @property
+    def replay_first_difference(self) -> int | None:
+        return first_difference(self.vllm_steps, self.replay_steps)
+
     def line(self) -> str:
-        d = self.first_difference
-        steps = (f"all {len(self.vllm_steps):,} steps match" if d is None else
-                 f"steps differ from step {d:,} (vLLM {len(self.vllm_steps):,} steps, simulator {len(self.sim_steps):,})")
-        return (f"{self.scenario}: {self.completed} requests; {steps}; preemptions vLLM {_n(self.vllm_preemptions)} / "
-                f"simulator {self.sim_preemptions}; prefix-cache hits vLLM {_n(self.vllm_prefix_hits)} / "
-                f"simulator {self.sim_prefix_hits} tokens")
+        return (f"{self.scenario}: {self.completed} requests; at vLLM's arrival steps "
+                f"{_steps(self.first_difference, self.vllm_steps, self.sim_steps)}; preemptions vLLM "
+                f"{_n(self.vllm_preemptions)} / simulator {self.sim_preemptions}; prefix-cache hits vLLM "
+                f"{_n(self.vllm_prefix_hits)} / simulator {self.sim_prefix_hits:,} tokens. "
+                f"Replay of requests.jsonl: {_steps(self.replay_first_difference, self.vllm_steps, self.replay_steps)}, "
+                f"{self.replay_preemptions} preemptions, {self.replay_prefix_hits:,} prefix-cache hit tokens")
+
+
+def _steps(d: int | None, vllm: Sequence[TokenStep], sim: Sequence[TokenStep]) -> str:
+    return (f"all {len(vllm):,} steps match" if d is None else
+            f"steps differ from step {d:,} (vLLM {len(vllm):,} steps, simulator {len(sim):,})")
 
 
 def _n(v: float | None) -> str:
@@ -221,18 +264,29 @@ def vllm_flags() -> list[str]:
 
 
 def check(name: str, out_dir: str, python: str | None = None) -> CheckResult:
-    """Run workload ``name`` on a fresh vLLM server (its log, the bench run and the
-    simulator's replay under ``out_dir``/``name``) and compare. ``EngineUnavailable``
-    where vLLM cannot be installed or started."""
+    """Run workload ``name`` on a fresh vLLM server that logs when its scheduler received
+    each request (``vllm_arrivals``), then the simulator twice on the bench run's
+    requests: placed at those steps, and replayed from its requests.jsonl; compare. Its
+    log, the bench run, the arrivals, both step logs and the result line (check.txt) go
+    under ``out_dir``/``name``.
+    ``EngineUnavailable`` where vLLM cannot be installed or started."""
     import asyncio
     import json
     from pathlib import Path
 
     from inferlab.engines.tinymodel import tiny_model
     from inferlab.engines.vllm import VllmServer, hf_model, install_vllm
+    from inferlab.engines.vllm_arrivals import (
+        PLUGIN_DIR,
+        arrival_flags,
+        placed_rows,
+        replay_placed,
+        vllm_arrivals,
+    )
     from inferlab.load.run import HttpTarget, RunConfig, SimTarget, run
     from inferlab.load.schedules import Replay
     from inferlab.workload.traces import TraceConfig
+    from inferlab.workload.traces.requests import read_requests
 
     sc = SCENARIOS[name]
     out = Path(out_dir) / name
@@ -242,23 +296,34 @@ def check(name: str, out_dir: str, python: str | None = None) -> CheckResult:
     model = hf_model(tiny)
     log = out / "vllm.log"
     workload = dataclasses.replace(sc.workload, tokenizer=str(tiny.tokenizer))
-    with VllmServer(py, model, name="tiny", flags=vllm_flags(), log_path=log) as server:
+    with VllmServer(py, model, name="tiny", flags=[*vllm_flags(), *arrival_flags()], log_path=log,
+                    pythonpath=[PLUGIN_DIR]) as server:
         start = log.stat().st_size
         bench = asyncio.run(run(RunConfig(sc.load, workload, "completions", out_dir=str(out / "bench"), overwrite=True),
                                 HttpTarget(server.url, "tiny", preflight=False, workers=1)))
         metrics = server.metrics()
     text = log.read_text(errors="replace")[start:]
+    requests = out / "bench" / "requests.jsonl"
+    arrivals = vllm_arrivals(text)
+    (out / "arrivals.jsonl").write_text("".join(json.dumps(dataclasses.asdict(a)) + "\n" for a in arrivals))
+    placed_path = out / "sim-placed-steps.jsonl"
+    with open(placed_path, "w") as f:
+        replay_placed(placed_rows(read_requests(str(requests)), arrivals), engine_config(), f)
+    placed = [json.loads(x) for x in placed_path.read_text().splitlines()]
     steps_path = out / "sim-steps.jsonl"
-    trace = WorkloadConfig(trace=TraceConfig(str(out / "bench" / "requests.jsonl")))
+    trace = WorkloadConfig(trace=TraceConfig(str(requests)))
     asyncio.run(run(RunConfig(LoadConfig(Replay()), trace, "completions", out_dir=str(out / "sim"), overwrite=True),
-                    SimTarget(engine_config(), step_log=str(steps_path))))
-    lines = [json.loads(x) for x in steps_path.read_text().splitlines()]
-    return CheckResult(
-        name, vllm_iterations(text), sim_token_steps(lines),
-        prometheus_value(metrics, "vllm:num_preemptions_total"), sum(d["preemptions"] for d in lines),
-        prometheus_value(metrics, "vllm:prefix_cache_hits_total"), sum(d["prefix_hit_tokens"] for d in lines),
+                    SimTarget(replay_engine_config(), step_log=str(steps_path))))
+    replayed = [json.loads(x) for x in steps_path.read_text().splitlines()]
+    result = CheckResult(
+        name, vllm_iterations(text), sim_token_steps(placed),
+        prometheus_value(metrics, "vllm:num_preemptions_total"), sum(d["preemptions"] for d in placed),
+        prometheus_value(metrics, "vllm:prefix_cache_hits_total"), sum(d["prefix_hit_tokens"] for d in placed),
         bench.summary.counts.completed,
+        sim_token_steps(replayed), sum(d["preemptions"] for d in replayed), sum(d["prefix_hit_tokens"] for d in replayed),
     )
+    (out / "check.txt").write_text(result.line() + "\n")
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inferlab: {e}", file=sys.stderr)
             return 1
         print(result.line(), flush=True)
-        failed |= result.first_difference is not None
+        failed |= not result.matches
     return 1 if failed else 0
 
 

@@ -42,7 +42,7 @@ from inferlab._serverlog import quiet_server_logger
 from inferlab.client.metrics import TIMEOUT_S as METRICS_TIMEOUT_S
 from inferlab.client.metrics import scrape
 from inferlab.gateway.admission import Admission, Rejected, Ticket
-from inferlab.gateway.cache import Entry, ResponseCache, cache_key, cacheable
+from inferlab.gateway.cache import CACHE_HEADER, Entry, ResponseCache, cache_key, cacheable
 from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
 from inferlab.gateway.estimate import count_prompt, prompt_counter, prompt_of
 from inferlab.gateway.metrics import GatewayMetrics, Series
@@ -464,6 +464,7 @@ class Gateway:
         m = self.metrics
         key = None
         if self.cache is not None and cacheable(req.body):
+            headers = {**headers, CACHE_HEADER: "miss"}
             scope = "" if self.config.cache.shared_across_keys else req.key_name
             key = cache_key(req.body, req.api == "chat", scope)
             entry = self.cache.get(key)
@@ -487,7 +488,7 @@ class Gateway:
             if entry is not None:
                 m.cache_hits.labels(req.model, req.key_name).inc()
                 m.cache_tokens_saved.labels(req.model, req.key_name).inc(entry.answer.tokens)
-                return await self._from_cache(request, req, entry, obs, headers)
+                return await self._from_cache(request, req, entry, obs, {**headers, CACHE_HEADER: "hit"})
             m.cache_misses.labels(req.model, req.key_name).inc()
             if pending is None:
                 self.cache.lead(key)

@@ -88,7 +88,7 @@ class Entry:
         if self.reads is not None:
             out = []
             for read in self.reads:
-                data = b"".join(encode_event(d) for d, usage_only in read if include_usage or not usage_only)
+                data = b"".join(encode_event(_untimed(d)) for d, usage_only in read if include_usage or not usage_only)
                 if data:
                     out.append(data)
             return out
@@ -104,10 +104,32 @@ class Entry:
         """The answer as one JSON body: a stored body as it came, else built from the
         stream."""
         if self.body is not None:
-            return self.body
+            return self.body if _TIMELINE.encode() not in self.body else _untimed(self.body.decode()).encode()
         a = self.answer
         c = Completion(a.id, self.chat, a.created, a.model)
         return json.dumps(c.body(a.text, a.finish_reason, a.usage)).encode()
+
+
+#: The response header that says whether the cache answered (``hit``) or the request
+#: went upstream (``miss``); only on requests the cache could answer. ``bench`` reads it.
+CACHE_HEADER = "x-inferlab-cache"
+
+#: The simulated server's account of one request (``inferlab_timeline``): a stored
+#: answer's is the first request's, never a cache hit's, so it is left out of replays.
+_TIMELINE = "inferlab_timeline"
+
+
+def _untimed(data: str) -> str:
+    """An event's or body's JSON without ``inferlab_timeline``; other text as it is."""
+    if _TIMELINE not in data:
+        return data
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return data
+    if isinstance(obj, dict):
+        obj.pop(_TIMELINE, None)
+    return json.dumps(obj)
 
 
 def answer_of_stream(first_chunk: dict[str, Any], text: str, finish_reason: str | None, usage: dict[str, Any]) -> Answer:

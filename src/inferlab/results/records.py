@@ -54,6 +54,9 @@ class RequestRecord:
     finish_reason: str | None = None
     stream_done: bool | None = None  # the stream ended with ``data: [DONE]``
     server_timeline: dict[str, Any] | None = None  # the sim's own view of this request
+    # a cache in front of the engine answered it (its response header said so: see
+    # ``client.exchange.CACHE_HEADERS``); None: no such header came
+    response_cache_hit: bool | None = None
     session: int | None = None  # multi-turn workloads: which session, and which turn (from 0)
     turn: int | None = None
     # what a replay needs to send the run again as it ran: the closed-loop user that sent

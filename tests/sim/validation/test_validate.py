@@ -501,6 +501,13 @@ def test_every_row_names_its_source_and_every_source_is_on_one_side_of_the_split
     assert "holdout" in {s for v in sides.values() for s in v}
 
 
+def test_rows_gathered_after_the_split_are_held_out_and_row_ids_are_unique_across_files() -> None:
+    # a source added after the split goes in as holdout (docs/validation.md, rule 3)
+    assert {r["split"] for r in load_rows(DATA / "published_v1.csv")} == {"holdout"}
+    ids = [r["row_id"] for path in sorted(DATA.glob("*.csv")) for r in load_rows(path)]
+    assert len(ids) == len(set(ids)), sorted(i for i in set(ids) if ids.count(i) > 1)
+
+
 def test_a_row_carries_its_split_and_regime_and_an_unknown_split_is_refused() -> None:
     sc = parse_row(row(split="holdout", source_id="someone"))
     assert (sc.split, sc.source_id, sc.regime) == ("holdout", "someone", "closed loop")
