@@ -370,9 +370,9 @@ class Pool:
 
     def post_head(self, url: str, headers: dict[str, str]) -> bytes:
         """The head of a POST to ``url`` (on this pool's server) with ``headers``, up to
-        ``Content-Length: `` (the length and the body follow: ``httptools_relay.send``). The body is asked for as
-        sent (``identity``). ``ValueError`` for a URL this client cannot send to, or a
-        header that cannot be sent as given."""
+        ``Content-Length: `` (the length and the body follow; ``httptools_relay.send``).
+        The body is asked for as sent (``identity``). ``ValueError`` for a URL this
+        client cannot send to, or a header that cannot be sent as given."""
         check_url(url)
         lines = header_lines({"Host": self.host_header, **headers, "Accept-Encoding": "identity"})
         return f"POST {request_path(url)} HTTP/1.1\r\n{lines}Content-Length: ".encode("latin-1")
@@ -474,7 +474,7 @@ class HttptoolsClient(Sender):
     async def _drain(self, conn: _Connection) -> bool:
         """After ``[DONE]``: wait for the body's end (so the connection can be reused);
         whatever happens, the record is final already."""
-        waiter = conn.arm()
+        waiter = conn.waiter = asyncio.get_running_loop().create_future()
         if conn.complete:
             return True
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):

@@ -48,7 +48,7 @@ DURATION_BUCKETS_S = (
 class ChunkHistogram:
     """A Prometheus histogram by labels for what is observed per streamed chunk:
     ``labels(*values).observe(seconds)`` is a bisection and two additions, without
-    prometheus_client's lock, checks and walk over the buckets (0.15 against 0.75 us on
+    prometheus_client's lock, checks and walk over the buckets (0.2 against 1.1 µs on
     the dev machine). The event loop's one thread both observes and renders ``/metrics``,
     so nothing needs a lock. Exported as prometheus_client's ``Histogram`` exports one
     (``_bucket`` by ``le``, ``_count``, ``_sum``; no ``_created``)."""
