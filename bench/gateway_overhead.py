@@ -14,12 +14,20 @@ the engine and through the gateway, ``--rounds`` times each; medians are reporte
   ``/metrics``: one TTFT sample plus one ITL sample per content chunk);
 - req/s through the gateway and direct, and their ratio.
 
+``--gateway`` (repeatable) runs several gateways side by side, each in a process of its
+own, in the same rounds (the order of the paths turning each round): ``auto``,
+``httptools`` or ``aiohttp`` (this checkout's gateway with that ``--http-client`` to the
+engine), or ``git:REV`` (the gateway of revision REV of this repository, from ``git
+archive``, as it ran then). Each is printed with its medians, then each against the
+first: CPU per chunk and req/s as ratios, added TTFT as both values.
+
 The issue's targets (added TTFT p50 < 1 ms at concurrency 32; CPU <= 60 ms per 1,000
 relayed chunks; >= 200 req/s of 64-token streams) are printed beside the numbers. The
 machine is shared: read the ratios and the spread between rounds, not one number.
 
     python bench/gateway_overhead.py            # c=32, 600 requests a phase, 3 rounds
     python bench/gateway_overhead.py --quick    # 200 requests a phase, 2 rounds
+    python bench/gateway_overhead.py --gateway httptools --gateway aiohttp --gateway git:main
 """
 
 from __future__ import annotations
@@ -28,10 +36,14 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -176,6 +188,36 @@ def start_litellm(exe: str, engine_url: str, model: str, workdir: str) -> tuple[
     raise SystemExit("LiteLLM's proxy did not start")
 
 
+def checkout(rev: str, into: Path) -> Path:
+    """``src/`` of revision ``rev`` of this repository, extracted under ``into``."""
+    root = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", rev, "src"], capture_output=True,
+                             check=False)
+    if archive.returncode != 0:
+        raise SystemExit(f"--gateway git:{rev}: {archive.stderr.decode().strip()}")
+    (into / "src.tar").write_bytes(archive.stdout)
+    with tarfile.open(into / "src.tar") as tar:
+        tar.extractall(into, filter="data")
+    return (into / "src").resolve()
+
+
+def start_gateway(spec: str, engine_url: str, workdir: str) -> tuple[str, subprocess.Popen[str]]:
+    """The gateway ``spec`` names (``--gateway``) in front of the engine: (its URL, its process)."""
+    cmd = [sys.executable, "-m", "inferlab", "gateway", "--upstream", engine_url, "--port", "0", "--announce"]
+    env = dict(os.environ)
+    if spec.startswith("git:"):
+        src = checkout(spec[4:], Path(tempfile.mkdtemp(dir=workdir)))
+        env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
+    else:
+        cmd += ["--http-client", spec]
+    gw = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert gw.stdout is not None
+    url = gw.stdout.readline().strip()
+    if not url.startswith("http://"):
+        raise SystemExit(f"gateway {spec} did not start: {gw.stderr.read() if gw.stderr else ''}")
+    return url, gw
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests and rounds")
@@ -187,82 +229,110 @@ def main() -> None:
     ap.add_argument("-c", "--concurrency", type=int, default=32)
     ap.add_argument("-n", "--requests", type=int, default=None, help="requests per phase at -c")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--gateway", action="append", metavar="auto|httptools|aiohttp|git:REV",
+                    help="a gateway to measure (repeatable; default auto): this checkout's with that --http-client "
+                         "to the engine, or revision REV's")
     ap.add_argument("--litellm", metavar="EXE", help="also LiteLLM's proxy: the litellm command of a separate environment")
     args = ap.parse_args()
+    specs: list[str] = args.gateway or ["auto"]
+    for spec in specs:
+        if spec not in ("auto", "httptools", "aiohttp") and not spec.startswith("git:"):
+            ap.error(f"--gateway {spec}: auto, httptools, aiohttp or git:REV")
+    if len(set(specs)) != len(specs):
+        ap.error("a --gateway is given twice")
     n = args.requests or (200 if args.quick else 600)
     n1 = max(n // 4, 20)  # at concurrency 1
     rounds = args.rounds or (2 if args.quick else 3)
+    c = args.concurrency
+    workdir = tempfile.mkdtemp()
     engine_url, model, close_engine = start_engine(args.engine, args.sim_model, args.gap_ms)
-    gw = subprocess.Popen([sys.executable, "-m", "inferlab", "gateway", "--upstream", engine_url, "--port", "0",
-                           "--announce"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    rows = []
+    gateways: list[tuple[str, str, subprocess.Popen[str]]] = []
+    rows: list[dict[str, dict[str, float]]] = []
     lite: tuple[str, subprocess.Popen[str]] | None = None
     try:
+        for spec in specs:
+            gateways.append((spec, *start_gateway(spec, engine_url, workdir)))
         if args.litellm:
-            import tempfile
-
-            lite = start_litellm(args.litellm, engine_url, model, tempfile.mkdtemp())
-            bench(lite[0], model, 50, args.concurrency, LITELLM_KEY)
-        assert gw.stdout is not None
-        gw_url = gw.stdout.readline().strip()
-        if not gw_url.startswith("http://"):
-            raise SystemExit(f"the gateway did not start: {gw.stderr.read() if gw.stderr else ''}")
-        bench(engine_url, model, 50, args.concurrency)  # warm both paths (connections, caches)
-        bench(gw_url, model, 50, args.concurrency)
+            lite = start_litellm(args.litellm, engine_url, model, workdir)
+            bench(lite[0], model, 50, c, LITELLM_KEY)
+        bench(engine_url, model, 50, c)  # warm every path (connections, caches)
+        for _, url, _ in gateways:
+            bench(url, model, 50, c)
+        paths: list[tuple[str, str, subprocess.Popen[str] | None]] = [("direct", engine_url, None), *gateways]
         for r in range(rounds):
-            d1 = bench(engine_url, model, n1, 1)
-            g1 = bench(gw_url, model, n1, 1)
-            direct = bench(engine_url, model, n, args.concurrency)
-            chunks0, cpu0, sys0 = relayed_chunks(gw_url), cpu_s(gw.pid), cpu_s(gw.pid, slice(12, 13))
-            via = bench(gw_url, model, n, args.concurrency)
-            cpu1, sys1, chunks1 = cpu_s(gw.pid), cpu_s(gw.pid, slice(12, 13)), relayed_chunks(gw_url)
-            chunks = chunks1 - chunks0
-            x = {
-                "added_c1": g1["ttft"] - d1["ttft"], "added_c": via["ttft"] - direct["ttft"],
-                "cpu": (cpu1 - cpu0) * 1e3 / chunks * 1000 if chunks else float("nan"),
-                "sys": (sys1 - sys0) * 1e3 / chunks * 1000 if chunks else float("nan"),
-                "rps_direct": direct["rps"], "rps_gateway": via["rps"],
-                "failed": d1["failed"] + g1["failed"] + direct["failed"] + via["failed"],
-            }
-            rows.append(x)
-            print(f"round {r + 1}: TTFT p50 at c=1 direct {d1['ttft']:.2f} ms, via gateway {g1['ttft']:.2f} ms; "
-                  f"at c={args.concurrency} direct {direct['ttft']:.2f} ms, via gateway {via['ttft']:.2f} ms; "
-                  f"gateway CPU {x['cpu']:.0f} ms per 1,000 chunks (system {x['sys']:.0f}; {chunks:.0f} chunks); "
-                  f"req/s direct {x['rps_direct']:.0f}, via gateway {x['rps_gateway']:.0f}; failed {x['failed']}", flush=True)
+            turn = paths[r % len(paths):] + paths[:r % len(paths)]
+            row: dict[str, dict[str, float]] = {}
+            for name, url, _ in turn:
+                row[name] = bench(url, model, n1, 1)
+            for name, url, proc in turn:
+                if proc is None:
+                    row[name] |= {f"{k}_c": v for k, v in bench(url, model, n, c).items()}
+                    continue
+                chunks0, cpu0, sys0 = relayed_chunks(url), cpu_s(proc.pid), cpu_s(proc.pid, slice(12, 13))
+                via = bench(url, model, n, c)
+                cpu1, sys1, chunks1 = cpu_s(proc.pid), cpu_s(proc.pid, slice(12, 13)), relayed_chunks(url)
+                chunks = chunks1 - chunks0
+                row[name] |= {f"{k}_c": v for k, v in via.items()} | {
+                    "cpu": (cpu1 - cpu0) * 1e6 / chunks if chunks else float("nan"),
+                    "sys": (sys1 - sys0) * 1e6 / chunks if chunks else float("nan"),
+                }
+            d = row["direct"]
+            for name, _, _ in gateways:
+                x = row[name]
+                x["added_c1"], x["added_c"] = x["ttft"] - d["ttft"], x["ttft_c"] - d["ttft_c"]
+            rows.append(row)
+            failed = sum(x["failed"] + x["failed_c"] for x in row.values())
+            print(f"round {r + 1}: direct TTFT p50 {d['ttft']:.2f} ms at c=1, {d['ttft_c']:.2f} ms at c={c}, "
+                  f"{d['rps_c']:.0f} req/s; failed {failed:.0f}", flush=True)
+            for name, _, _ in gateways:
+                x = row[name]
+                print(f"  via {name:<14} TTFT p50 {x['ttft']:.2f} ms at c=1 ({x['added_c1']:+.2f}), {x['ttft_c']:.2f} ms "
+                      f"at c={c} ({x['added_c']:+.2f}); CPU {x['cpu']:.1f} ms per 1,000 chunks (system {x['sys']:.1f}); "
+                      f"{x['rps_c']:.0f} req/s", flush=True)
             if lite is not None:
                 l1 = bench(lite[0], model, n1, 1, LITELLM_KEY)
                 lcpu0 = tree_cpu_s(lite[1].pid)
-                lv = bench(lite[0], model, n, args.concurrency, LITELLM_KEY)
+                lv = bench(lite[0], model, n, c, LITELLM_KEY)
                 lcpu1 = tree_cpu_s(lite[1].pid)
-                x |= {"lite_added_c1": l1["ttft"] - d1["ttft"], "lite_added_c": lv["ttft"] - direct["ttft"],
-                      "lite_cpu": (lcpu1 - lcpu0) * 1e3 / (n * CHUNKS) * 1000, "lite_rps": lv["rps"]}
-                print(f"  LiteLLM: TTFT p50 at c=1 {l1['ttft']:.2f} ms, at c={args.concurrency} {lv['ttft']:.2f} ms; "
-                      f"CPU {x['lite_cpu']:.0f} ms per 1,000 chunks (counted as sent); req/s {lv['rps']:.0f}; "
+                row["litellm"] = {"added_c1": l1["ttft"] - d["ttft"], "added_c": lv["ttft"] - d["ttft_c"],
+                                  "cpu": (lcpu1 - lcpu0) * 1e3 / (n * CHUNKS) * 1000, "rps_c": lv["rps"]}
+                print(f"  LiteLLM: TTFT p50 at c=1 {l1['ttft']:.2f} ms, at c={c} {lv['ttft']:.2f} ms; "
+                      f"CPU {row['litellm']['cpu']:.0f} ms per 1,000 chunks (counted as sent); req/s {lv['rps']:.0f}; "
                       f"failed {l1['failed'] + lv['failed']}", flush=True)
     finally:
-        gw.terminate()
-        gw.wait(timeout=10)
+        for _, _, proc in gateways:
+            proc.terminate()
+            proc.wait(timeout=10)
         if lite is not None:
             lite[1].terminate()
             lite[1].wait(timeout=10)
         close_engine()
+        shutil.rmtree(workdir, ignore_errors=True)
 
-    def med(k: str) -> float:
-        return statistics.median(float(x[k]) for x in rows)
+    def med(path: str, k: str) -> float:
+        return statistics.median(float(row[path][k]) for row in rows)
 
     what = f"a stub engine ({CHUNKS} chunks {args.gap_ms:g} ms apart)" if args.engine == "fast" else f"sim serve ({args.sim_model} on H200)"
-    print(f"\nmedian of {rounds} rounds against {what}, {CHUNKS}-token streams, {n} requests at c={args.concurrency}, {n1} at c=1:")
-    print(f"  added TTFT p50 at c=1            {med('added_c1'):+.2f} ms")
-    print(f"  added TTFT p50 at c={args.concurrency:<3}          {med('added_c'):+.2f} ms   (target < 1 ms at c=32)")
-    print(f"  gateway CPU per 1,000 chunks     {med('cpu'):.0f} ms, of which system {med('sys'):.0f} ms   (target <= 60)")
-    print(f"  req/s via gateway / direct       {med('rps_gateway'):.0f} / {med('rps_direct'):.0f} = {med('rps_gateway') / med('rps_direct'):.2f}"
-          "   (target >= 200 via the gateway)")
+    print(f"\nmedian of {rounds} rounds against {what}, {CHUNKS}-token streams, {n} requests at c={c}, {n1} at c=1 "
+          f"(direct: {med('direct', 'rps_c'):.0f} req/s at c={c}):")
+    print(f"  {'gateway':<16} {'added TTFT p50 c=1':>18} {f'c={c}':>9} {'CPU/1k chunks':>14} {'(system)':>9} {'req/s':>6}")
+    for name, _, _ in gateways:
+        print(f"  {name:<16} {med(name, 'added_c1'):>+15.2f} ms {med(name, 'added_c'):>+6.2f} ms {med(name, 'cpu'):>11.1f} ms "
+              f"{med(name, 'sys'):>9.1f} {med(name, 'rps_c'):>6.0f}")
+    first = gateways[0][0]
+    for name, _, _ in gateways[1:]:
+        print(f"  {first} against {name}: CPU per chunk {med(first, 'cpu') / med(name, 'cpu'):.2f}x, "
+              f"req/s {med(first, 'rps_c') / med(name, 'rps_c'):.2f}x; added TTFT p50 at c=1 {med(first, 'added_c1'):+.2f} "
+              f"against {med(name, 'added_c1'):+.2f} ms, at c={c} {med(first, 'added_c'):+.2f} against "
+              f"{med(name, 'added_c'):+.2f} ms")
+    print(f"  targets ({first}): added TTFT p50 < 1 ms at c=32; CPU <= 60 ms per 1,000 chunks; >= 200 req/s")
     if lite is None:
         print("  LiteLLM: not measured (--litellm EXE)")
     else:
-        print(f"  LiteLLM added TTFT p50 at c=1   {med('lite_added_c1'):+.2f} ms;  at c={args.concurrency}: {med('lite_added_c'):+.2f} ms")
-        print(f"  LiteLLM CPU per 1,000 chunks     {med('lite_cpu'):.0f} ms   (ratio to the gateway: {med('lite_cpu') / med('cpu'):.1f}x)")
-        print(f"  req/s via LiteLLM                {med('lite_rps'):.0f}")
+        print(f"  LiteLLM added TTFT p50 at c=1   {med('litellm', 'added_c1'):+.2f} ms;  at c={c}: {med('litellm', 'added_c'):+.2f} ms")
+        print(f"  LiteLLM CPU per 1,000 chunks     {med('litellm', 'cpu'):.0f} ms   (ratio to {first}: "
+              f"{med('litellm', 'cpu') / med(first, 'cpu'):.1f}x)")
+        print(f"  req/s via LiteLLM                {med('litellm', 'rps_c'):.0f}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Each behaviour is one real HTTP exchange, and the record must say exactly what
 happened: error kind and message, status, which timestamps exist and their order,
 content chunks, usage. Then whole runs over a mix of faults, an interrupted run and an
 unreachable server, through ``bench_async`` and its results directory. Every test runs
-on each HTTP stack (``load.http.HTTP_CLIENTS``: aiohttp and httptools): both must
+on each HTTP stack (``client.exchange.HTTP_CLIENTS``: aiohttp and httptools): both must
 record every fault alike.
 """
 

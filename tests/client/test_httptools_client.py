@@ -24,9 +24,10 @@ from inferlab import (
     WallClock,
     bench_async,
 )
+from inferlab.client.exchange import resolve_http_client
 from inferlab.client.http import Endpoint
 from inferlab.client.httptools_http import HttptoolsClient, Pool
-from inferlab.load.http import open_client, resolve_http_client
+from inferlab.load.http import open_client
 from inferlab.results.records import ErrorKind
 from inferlab.workload.spec import RequestSpec
 

@@ -125,10 +125,11 @@ async def test_the_path_and_host_the_client_sends_choose_no_destination() -> Non
         assert all(r["path"] in ("/v1/models", "/v1/chat/completions", "/health", "/metrics") for r in up.seen)
 
 
-async def test_a_failure_before_the_first_byte_is_retried_on_another_upstream() -> None:
+@pytest.mark.parametrize("stack", ["httptools", "aiohttp"])
+async def test_a_failure_before_the_first_byte_is_retried_on_another_upstream(stack: str) -> None:
     async with FakeUpstream(models=("ok",)) as up:
         closed = "http://127.0.0.1:9"  # discard port: nothing listens, the connection is refused
-        cfg = config(closed, up.url)
+        cfg = config(closed, up.url, http_client=stack)
         async with serving(cfg) as (url, gw), aiohttp.ClientSession() as s:
             gw._models = {"ok": {0, 1}}  # as if the closed one had listed it before it went down
             gw._models_at_ns = gw.clock.now_ns()
@@ -139,8 +140,9 @@ async def test_a_failure_before_the_first_byte_is_retried_on_another_upstream() 
             assert gw.admission.tokens_in_flight == [0, 0] and gw.admission.requests_in_flight == [0, 0]
 
 
-async def test_an_upstream_5xx_on_every_upstream_is_a_502_in_openai_format() -> None:
-    async with FakeUpstream() as up, serving(config(up.url)) as (url, gw), aiohttp.ClientSession() as s:
+@pytest.mark.parametrize("stack", ["httptools", "aiohttp"])
+async def test_an_upstream_5xx_on_every_upstream_is_a_502_in_openai_format(stack: str) -> None:
+    async with FakeUpstream() as up, serving(config(up.url, http_client=stack)) as (url, gw), aiohttp.ClientSession() as s:
         ans = await post(s, url, chat_body("e500"), AUTH)
         assert ans.status == 502
         assert "engine fell over" in ans.json()["error"]["message"]
@@ -159,8 +161,9 @@ async def test_a_failure_mid_stream_ends_the_stream_with_an_error_event() -> Non
         assert gw.admission.tokens_in_flight == [0]
 
 
-async def test_a_client_that_goes_away_cancels_the_upstream_request_and_frees_its_room() -> None:
-    async with FakeUpstream(long_chunks=1000, gap_s=0.01) as up, serving(config(up.url)) as (url, gw):
+@pytest.mark.parametrize("stack", ["httptools", "aiohttp"])
+async def test_a_client_that_goes_away_cancels_the_upstream_request_and_frees_its_room(stack: str) -> None:
+    async with FakeUpstream(long_chunks=1000, gap_s=0.01) as up, serving(config(up.url, http_client=stack)) as (url, gw):
         async with aiohttp.ClientSession() as s, s.post(url + "/v1/chat/completions", json=chat_body("long"), headers=AUTH) as resp:
             await resp.content.readany()
             assert gw.admission.requests_in_flight == [1]

@@ -120,3 +120,35 @@ def test_encode_json_is_compact_and_round_trips() -> None:
 
 def test_done_event_is_openais() -> None:
     assert DONE_EVENT == b"data: [DONE]\n\n"
+
+
+def test_plain_says_when_a_reads_bytes_are_exactly_its_events_encoded() -> None:
+    # every read of this stream, split anywhere, either is plain (and then is its events,
+    # re-encoded, byte for byte: what a relay may pass on as it came) or is not
+    stream = b"".join(encode_event(d) for d in ['{"a": 1}', "x y", "", "é ✓", "[DONE]"])
+    rng = random.Random(4)
+    for _ in range(300):
+        parser = SSEParser()
+        for piece in random_splits(stream, rng, cuts=4):
+            events = parser.feed(piece)
+            if parser.plain:
+                assert b"".join(encode_event(e) for e in events) == piece
+    cases = {
+        b'data: {"a": 1}\n\n': True,
+        b'data: {"a": 1}\n\ndata: [DONE]\n\n': True,
+        b"data:x\n\n": False,  # (no space: re-encoded with one)
+        b": ping\n\ndata: x\n\n": False,
+        b"data: x\r\n\r\n": False,
+        b"event: message\ndata: x\n\n": False,
+        b"data: a\ndata: b\n\n": False,
+        b"data: \xff\n\n": False,  # (not UTF-8: read with a replacement character)
+        b"data: x\n\n\n\n": False,
+    }
+    for read, plain in cases.items():
+        parser = SSEParser()
+        events = parser.feed(read)
+        assert parser.plain is plain, read
+        assert events == feed_all(SSEParser(), [read])  # (the same events either way)
+    parser = SSEParser()
+    parser.feed(b"data: x")  # (an event left open: the next read completes it, not plain)
+    assert parser.feed(b"\n\n") == ["x"] and not parser.plain

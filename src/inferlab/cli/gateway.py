@@ -15,6 +15,7 @@ from inferlab.cli.common import run_guarded, serve_until_stopped
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port to listen on (0: a free one, printed).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML file (or YAML: .yaml, .yml): client keys and limits, admission, cache, more upstreams (docs/gateway.md).")
+@click.option("--http-client", type=click.Choice(["auto", "aiohttp", "httptools"]), default=None, help="The HTTP stack to the upstreams ([gateway] http_client; default auto: httptools for http:// upstreams where the fast extra installed it, else aiohttp).")
 @click.option("--announce", is_flag=True, hidden=True, help="Print the gateway's URL on stdout once it listens (for a parent process).")
 def gateway(**kw: Any) -> None:
     """An OpenAI-compatible gateway in front of one or more engines: streaming
@@ -26,7 +27,8 @@ def gateway(**kw: Any) -> None:
 def _gateway(kw: dict[str, Any]) -> int:
     from inferlab.gateway.config import load_config
 
-    config = load_config(kw["upstreams"], host=kw["host"], port=kw["port"], path=kw["config_path"])
+    config = load_config(kw["upstreams"], host=kw["host"], port=kw["port"], path=kw["config_path"],
+                         http_client=kw["http_client"])
     from inferlab._loop import run
 
     return run(_serve(config, kw["announce"]))  # (uvloop's loop where the fast extra installed it)
@@ -56,7 +58,8 @@ async def _serve(config: Any, announce: bool) -> int:
         cache += f"; shared through Redis: {', '.join(shared) or 'nothing'}"
     refresh = (f"engines' /metrics read every {config.metrics_refresh_s:g} s" if config.metrics_refresh_s > 0
                else "engines' /metrics not read")
-    click.echo(f"inferlab gateway on {url} → {ups}; {config.router} routing, {refresh}; admission {adm.mode} "
-               f"({limit} per upstream); {keys}; {cache}", err=True)
+    stacks = ", ".join(dict.fromkeys(gw.upstreams.stacks))
+    click.echo(f"inferlab gateway on {url} → {ups} (over {stacks}); {config.router} routing, {refresh}; admission "
+               f"{adm.mode} ({limit} per upstream); {keys}; {cache}", err=True)
     await serve_until_stopped(runner)
     return 0

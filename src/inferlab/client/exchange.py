@@ -12,6 +12,7 @@ that write their own.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -264,6 +265,30 @@ def record_body(record: RequestRecord, raw: bytes, t_end_ns: int, text_out: list
     if state.body(raw):
         state.flush()
         record.end_ns = t_end_ns
+
+
+#: The HTTP stacks a client can send with (``bench --http-client``, the gateway's
+#: ``http_client``). ``auto``: httptools
+#: where it is installed (the ``fast`` extra) and the URL is plain http, else aiohttp.
+HTTP_CLIENTS = ("auto", "aiohttp", "httptools")
+
+
+def resolve_http_client(choice: str, url: str) -> str:
+    """The HTTP stack ``choice`` means for ``url``: ``aiohttp`` or ``httptools``;
+    ``ValueError`` for one that cannot send there."""
+    if choice not in HTTP_CLIENTS:
+        raise ValueError(f"unknown HTTP client {choice!r} (known: {', '.join(HTTP_CLIENTS)})")
+    if choice == "aiohttp":
+        return choice
+    installed = importlib.util.find_spec("httptools") is not None
+    plain = url.lower().startswith("http://")
+    if choice == "httptools":
+        if not installed:
+            raise ValueError("--http-client httptools: httptools is not installed (pip install 'inferlab[fast]')")
+        if not plain:
+            raise ValueError(f"--http-client httptools speaks plain http:// only, not {url} (use aiohttp)")
+        return choice
+    return "httptools" if installed and plain else "aiohttp"
 
 
 def request_path(url: str) -> str:

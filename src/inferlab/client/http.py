@@ -45,7 +45,7 @@ from inferlab.workload.spec import RequestSpec
 
 __all__ = [
     "Client", "ConnectError", "Endpoint", "Sender", "api_base", "discover_model", "one_line", "request_body",
-    "session_trace",
+    "session_trace", "stale",
 ]
 
 
@@ -96,12 +96,13 @@ async def _drain(resp: aiohttp.ClientResponse) -> None:
                 pass
 
 
-def _stale(e: aiohttp.ClientError, record: RequestRecord, attempt: _Attempt) -> bool:
+def stale(e: BaseException, reused: bool, answered: bool) -> bool:
     """Whether ``e`` is a stale keep-alive connection failing: the connection was
-    reused, it closed or reset, and no response (not even a status line) came back."""
+    ``reused``, it closed or reset, and no response (not even a status line) came back
+    (not ``answered``): the request may be sent again on a new connection."""
     return (
-        attempt.reused
-        and record.status is None
+        reused
+        and not answered
         and isinstance(e, aiohttp.ClientConnectionError)
         and not isinstance(e, TimeoutError)  # (a slow server on a live connection)
     )
@@ -173,7 +174,7 @@ class Sender:
                 try:
                     await self._exchange(False, body, record, attempt, text_out)
                 except aiohttp.ClientError as e:
-                    if not _stale(e, record, attempt):
+                    if not stale(e, attempt.reused, record.status is not None):
                         raise
                     resent = True
                     self.resent += 1

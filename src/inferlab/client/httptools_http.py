@@ -73,8 +73,10 @@ def _never() -> int:
     raise AssertionError("a connection read before its exchange started")
 
 
-# what the connection is reading (``_Connection.mode``)
-_HEAD, _STREAM, _BODY, _ERROR, _AFTER = range(5)
+# what the connection is reading (``_Connection.mode``); ``_HELD``: the head came, and
+# the body is kept until ``httptools_relay.Response`` says how to read it; ``_RELAY``:
+# each read's body bytes go to ``on_read`` in one piece (``Response.relay``)
+_HEAD, _STREAM, _BODY, _ERROR, _AFTER, _HELD, _RELAY = range(7)
 
 
 class _Connection(asyncio.Protocol):
@@ -84,6 +86,9 @@ class _Connection(asyncio.Protocol):
     response arrives, and ``waiter`` is set when the request's task has something to do:
     the response ended (``complete``), a stream stopped reading (``[DONE]``, or an
     event that failed the record), the error body is read, or it failed (an exception).
+    Started without a record, it wakes the task when the head came and holds the body
+    for ``client.httptools_relay.Response`` (its caller reads the body its own way);
+    ``arm`` makes the next waiter.
     """
 
     def __init__(self, pool: Pool) -> None:
@@ -116,6 +121,9 @@ class _Connection(asyncio.Protocol):
         self._stream_wanted = True
         self._record: RequestRecord | None = None
         self._text_out: list[str] | None = None
+        self.error: BaseException | None = None  # what failed the exchange (``fail``)
+        self.on_read: Callable[[bytes, int], bool] | None = None  # (``_RELAY``)
+        self.paused = False  # reading paused for ``on_read``'s consumer (``hold``)
 
     # --- the pool's side -------------------------------------------------------------
 
@@ -124,10 +132,11 @@ class _Connection(asyncio.Protocol):
         self.open = True
 
     def start(
-        self, record: RequestRecord, text_out: list[str] | None, stream: bool, clock_ns: Callable[[], int],
+        self, record: RequestRecord | None, text_out: list[str] | None, stream: bool, clock_ns: Callable[[], int],
         t0_ns: int,
     ) -> asyncio.Future[None]:
-        """Arm the connection for one request's response; the future ``waiter``."""
+        """Arm the connection for one request's response; the future ``waiter``. Without
+        a ``record``, the waiter is set when the head came (``httptools_relay``)."""
         self._reset()
         self.busy = True
         self.clock_ns, self.t0_ns = clock_ns, t0_ns
@@ -144,6 +153,8 @@ class _Connection(asyncio.Protocol):
     def fail(self, exc: BaseException) -> None:
         """End the exchange with ``exc`` (the idle watch's, or the connection's)."""
         self.busy = False  # (nothing more of this exchange is read)
+        if self.error is None:
+            self.error = exc
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
@@ -153,6 +164,29 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def arm(self) -> asyncio.Future[None]:
+        """A new ``waiter``, for the task's next wait; done at once if the exchange ended,
+        failed (its exception) or was held (``hold``) since the last one."""
+        waiter = self.waiter = asyncio.get_running_loop().create_future()
+        if self.error is not None:
+            waiter.set_exception(self.error)
+        elif self.complete or self.paused:
+            waiter.set_result(None)
+        return waiter
+
+    def hold(self) -> None:
+        """Stop reading until ``unhold`` (``on_read``'s consumer is full); wake the task."""
+        if not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def unhold(self) -> None:
+        if self.paused:
+            self.paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     # --- asyncio's side ------------------------------------------------------------------
 
@@ -168,8 +202,18 @@ class _Connection(asyncio.Protocol):
             parser.feed_data(data)
         except httptools.HttpParserCallbackError as e:  # (a bug of ours, in a callback)
             self.fail(e.__context__ or e)
+            return
         except httptools.HttpParserError as e:
             self.fail(InvalidResponse(f"invalid HTTP response: {e}"))
+            return
+        if self.mode == _RELAY and self.pieces:  # the read's body, in one piece however it was chunked
+            pieces, self.pieces = self.pieces, []
+            assert self.on_read is not None
+            try:
+                if not self.on_read(pieces[0] if len(pieces) == 1 else b"".join(pieces), t):
+                    self.hold()
+            except Exception as e:  # (the consumer's: its client went away, say)
+                self.fail(e)
 
     def eof_received(self) -> bool:
         return False  # (the transport closes itself: ``connection_lost``)
@@ -218,12 +262,17 @@ class _Connection(asyncio.Protocol):
             note_cache_header(self._record, key.decode("latin-1"), value.decode("latin-1"))
 
     def on_headers_complete(self) -> None:
-        assert self.parser is not None and self._record is not None
+        assert self.parser is not None
         status = self.parser.get_status_code()
         if status < 200:  # an interim answer (100 Continue, 103 Early Hints): the real one follows
             self.interim = True
             return
-        self.status = self._record.status = status
+        self.status = status
+        if self._record is None:
+            self.mode = _HELD
+            self._wake()
+            return
+        self._record.status = status
         if status >= 400:
             self.mode = _ERROR
         elif self.encoding not in (None, "identity"):
@@ -244,6 +293,8 @@ class _Connection(asyncio.Protocol):
             if not self.stream.read(body, self.t_ns):
                 self.mode = _AFTER
                 self._wake()
+        elif mode in (_RELAY, _HELD):  # (a read's pieces go on when it is parsed)
+            self.pieces.append(body)
         elif mode == _BODY:
             record = self._record
             if record is not None and record.ttfb_ns is None:
@@ -308,12 +359,23 @@ class Pool:
         if conn.open and conn.keep_alive and conn.complete:
             conn.busy = False
             conn.parser = None
+            conn.on_read = None
+            conn.unhold()
             self._idle.append(conn)
         else:
             conn.abort()
 
     def _lost(self, conn: _Connection) -> None:
         self._all.discard(conn)
+
+    def post_head(self, url: str, headers: dict[str, str]) -> bytes:
+        """The head of a POST to ``url`` (on this pool's server) with ``headers``, up to
+        ``Content-Length: `` (the length and the body follow; ``httptools_relay.send``).
+        The body is asked for as sent (``identity``). ``ValueError`` for a URL this
+        client cannot send to, or a header that cannot be sent as given."""
+        check_url(url)
+        lines = header_lines({"Host": self.host_header, **headers, "Accept-Encoding": "identity"})
+        return f"POST {request_path(url)} HTTP/1.1\r\n{lines}Content-Length: ".encode("latin-1")
 
     async def warm(self, n: int) -> None:
         """Open ``n`` connections into the pool (best effort: a failure is ignored)."""
@@ -352,8 +414,7 @@ class HttptoolsClient(Sender):
         check_url(endpoint.url)
         super().__init__(endpoint, clock, t0_ns)
         self.pool = pool
-        head = header_lines({"Host": pool.host_header, **endpoint.request_headers(), "Accept-Encoding": "identity"})
-        self._head = f"POST {request_path(endpoint.url)} HTTP/1.1\r\n{head}Content-Length: ".encode("latin-1")
+        self._head = pool.post_head(endpoint.url, endpoint.request_headers())
 
     async def _exchange(
         self, fresh: bool, body: bytes, record: RequestRecord, attempt: _Attempt, text_out: list[str] | None,

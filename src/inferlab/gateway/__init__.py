@@ -5,7 +5,8 @@ response cache for deterministic requests.
 
 - ``config``: ``GatewayConfig`` and ``load_config`` (flags + a TOML file).
 - ``app``: ``Gateway`` (the aiohttp app) and ``start``.
-- ``relay``: one request to one upstream, its answer relayed and observed.
+- ``upstream``: sending to an upstream, on the project's httptools client or aiohttp's.
+- ``relay``: an upstream's answer relayed to the client and observed.
 - ``admission``, ``ratelimit``, ``cache``, ``routing``, ``estimate``, ``metrics``: the
   policies, each plain bookkeeping.
 """

@@ -44,12 +44,13 @@ from inferlab.client.metrics import scrape
 from inferlab.gateway.admission import Admission, Rejected, Ticket
 from inferlab.gateway.cache import CACHE_HEADER, Entry, ResponseCache, cache_key, cacheable
 from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
-from inferlab.gateway.estimate import prompt_counter, prompt_tokens
-from inferlab.gateway.metrics import GatewayMetrics
+from inferlab.gateway.estimate import count_prompt, prompt_counter, prompt_of
+from inferlab.gateway.metrics import GatewayMetrics, Series
 from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
-from inferlab.gateway.relay import Failure, Observed, StreamRelay, read_body, send
+from inferlab.gateway.relay import ClientStream, Observed, StreamRelay, read_body
 from inferlab.gateway.routing import EngineLoad, Health, ids_prefix, make_router, text_prefix
 from inferlab.gateway.shared import SharedCache, SharedLimiter, connect
+from inferlab.gateway.upstream import Failure, Upstreams
 from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
     PATHS,
@@ -63,7 +64,6 @@ from inferlab.openai.request import (
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import RunWriter
 from inferlab.results.telemetry import Snapshot
-from inferlab.workload.tokenizers import chatml
 
 log = logging.getLogger("inferlab.gateway")
 
@@ -108,7 +108,8 @@ class _Request:
     """One generation request, as the gateway reads it."""
 
     api: Api
-    body: dict[str, Any]
+    body: dict[str, Any]  # as the client sent it (the cache's key)
+    payload: bytes  # what goes upstream: the body, asking for usage when it streams
     model: str
     key: KeyConfig | None
     stream: bool
@@ -153,7 +154,7 @@ class Gateway:
         self._model_objects: dict[str, dict[str, Any]] = {}
         self._models_at_ns: int | None = None
         self._seq = itertools.count()
-        self._session: aiohttp.ClientSession | None = None
+        self.upstreams = Upstreams(config, self.clock)
         self._redis: Any = None
         self.shared_limiter: SharedLimiter | None = None
         self.shared_cache: SharedCache | None = None
@@ -177,9 +178,7 @@ class Gateway:
     # --- lifecycle ---------------------------------------------------------------------
 
     async def _start(self, app: web.Application) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=False), auto_decompress=False,
-        )
+        await self.upstreams.open()
         red = self.config.redis
         if red is not None:
             self._redis = connect(red.url)
@@ -210,8 +209,7 @@ class Gateway:
             await asyncio.gather(*self._background, return_exceptions=True)
         if self._redis is not None:
             await self._redis.aclose()
-        if self._session is not None:
-            await self._session.close()
+        await self.upstreams.close()
         if self.log is not None:
             self.log.close()
 
@@ -248,15 +246,10 @@ class Gateway:
 
     @property
     def session(self) -> aiohttp.ClientSession:
-        assert self._session is not None, "the gateway's app is not started"
-        return self._session
+        return self.upstreams.session
 
     def _upstream_headers(self, i: int, json_body: bool = True) -> dict[str, str]:
-        h = {"Content-Type": "application/json"} if json_body else {}
-        key = self.config.upstreams[i].api_key
-        if key:
-            h["Authorization"] = f"Bearer {key}"
-        return h
+        return self.upstreams.headers(i, json_body)
 
     # --- simple routes -----------------------------------------------------------------
 
@@ -401,11 +394,20 @@ class Gateway:
         if model is None:
             raise APIError(400, "'model' is required", param="model")
         adm = self.config.admission
+        prompt = prompt_of(body, api == "chat")
+        stream, include_usage = params.stream, params.include_usage
+        if stream and not include_usage:  # the gateway asks for usage (docs: Streams)
+            sent = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+            payload = json.dumps(sent).encode()
+        elif (request.charset or "utf-8").lower() in ("utf-8", "utf8"):
+            payload = raw  # (nothing to change: forwarded as the client wrote it)
+        else:
+            payload = json.dumps(body).encode()
         return _Request(
-            api=api, body=body, model=model, key=key, stream=params.stream, include_usage=params.include_usage,
-            input_tokens=prompt_tokens(body, api == "chat", self._count),
+            api=api, body=body, payload=payload, model=model, key=key, stream=stream, include_usage=include_usage,
+            input_tokens=count_prompt(prompt, self._count),
             output_tokens=(params.max_tokens or adm.default_max_tokens) * params.n,
-            prefix=_prefix(body, api),
+            prefix=ids_prefix(prompt) if isinstance(prompt, list) else text_prefix(prompt),
         )
 
     async def _generate(self, request: web.Request, api: Api) -> web.StreamResponse:
@@ -539,10 +541,7 @@ class Gateway:
     ) -> web.StreamResponse:
         """Send to an upstream with room; on a failure before the first byte, to another
         (the same one once more, if it is the only one)."""
-        body = req.body
-        if req.stream and not req.include_usage:
-            body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
-        payload = json.dumps(body).encode()
+        payload = req.payload
         tokens = req.input_tokens + req.output_tokens
         tried: list[int] = []
         failure: Failure | None = None
@@ -580,59 +579,55 @@ class Gateway:
         headers: dict[str, str], keep: bool,
     ) -> web.StreamResponse:
         i = ticket.upstream
-        up = self.config.upstreams[i]
-        m = self.metrics
-        labels = (req.model, up.name, req.key_name)
-        m.in_flight.labels(up.name).inc()
-        obs.sent = True
+        series = self.metrics.series(req.model, self.config.upstreams[i].name, req.key_name)
+        obs.sent = True  # (the in-flight gauges are admission's counts, set when /metrics is read)
+        resp = await self.upstreams.send(i, req.api, payload)
         try:
-            resp = await send(self.session, up.url + "/v1" + PATHS[req.api], payload, self._upstream_headers(i),
-                              self.config.upstream_timeout_s)
-            try:
-                self.health.succeeded(i)
-                obs.record.status = resp.status
-                if req.stream and resp.status == 200 and resp.content_type == "text/event-stream":
-                    out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
-                    await out.prepare(request)
-                    relay = StreamRelay(self.clock, obs, chat=req.api == "chat", drop_usage=not req.include_usage,
-                                        keep=keep, itl=m.itl.labels(*labels), reserved_output=req.output_tokens,
-                                        grow=lambda n: self.admission.resize(ticket, req.input_tokens + n))
-                    try:
-                        await relay.run(resp, out)
-                    except (ConnectionError, asyncio.CancelledError):
-                        obs.fail(ErrorKind.CANCELLED, "the client went away")
-                        raise
-                    self._observe(req, obs, labels, ticket)
-                    await out.write_eof()
-                    return out
-                raw = await read_body(self.clock, obs, resp, chat=req.api == "chat", keep=keep and resp.status == 200)
-                if resp.status >= 400:
-                    obs.fail(ErrorKind.HTTP_STATUS, f"HTTP {resp.status}")
-                self._observe(req, obs, labels, ticket)
-                return web.Response(body=raw, status=resp.status, content_type=resp.content_type or "application/json",
-                                    headers=headers)
-            except BaseException:
-                resp.close()  # mid-answer: drop the upstream's connection, which aborts its request
-                raise
-            finally:
-                resp.release()
+            self.health.succeeded(i)
+            obs.record.status = resp.status
+            if req.stream and resp.status == 200 and resp.content_type == "text/event-stream":
+                out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
+                client = ClientStream(await out.prepare(request))
+                relay = StreamRelay(self.clock, obs, chat=req.api == "chat", drop_usage=not req.include_usage,
+                                    keep=keep, itl=series.itl, reserved_output=req.output_tokens,
+                                    grow=lambda n: self.admission.resize(ticket, req.input_tokens + n))
+                try:
+                    await relay.run(resp, client)
+                except (ConnectionError, asyncio.CancelledError):
+                    obs.fail(ErrorKind.CANCELLED, "the client went away")
+                    raise
+                self._observe(obs, series)
+                await out.write_eof()
+                return out
+            raw = await read_body(self.clock, obs, resp, chat=req.api == "chat", keep=keep and resp.status == 200)
+            if resp.status >= 400:
+                obs.fail(ErrorKind.HTTP_STATUS, f"HTTP {resp.status}")
+            self._observe(obs, series)
+            return web.Response(body=raw, status=resp.status, content_type=resp.content_type or "application/json",
+                                headers=headers)
+        except BaseException:
+            resp.abort()  # mid-answer: drop the upstream's connection, which aborts its request
+            raise
         finally:
-            m.in_flight.labels(up.name).dec()
+            resp.release()
 
-    def _observe(self, req: _Request, obs: Observed, labels: tuple[str, str, str], ticket: Ticket) -> None:
+    def _observe(self, obs: Observed, series: Series) -> None:
         """Metrics of a request an upstream answered."""
-        m, r = self.metrics, obs.record
-        end_ns = self.clock.now_ns()
-        m.duration.labels(*labels, r.error_kind.value if r.error_kind else "").observe((end_ns - obs.received_ns) / NS_PER_S)
+        r = obs.record
+        seconds = (self.clock.now_ns() - obs.received_ns) / NS_PER_S
+        if r.error_kind is None:
+            series.duration.observe(seconds)
+        else:
+            self.metrics.duration.labels(*series.labels, r.error_kind.value).observe(seconds)
         content = obs.content_ns
         if content:
-            m.ttft.labels(*labels).observe((content[0] - obs.received_ns) / NS_PER_S)
+            series.ttft.observe((content[0] - obs.received_ns) / NS_PER_S)
             if r.output_tokens and r.output_tokens > 1:
-                m.tpot.labels(*labels).observe((content[-1] - content[0]) / (r.output_tokens - 1) / NS_PER_S)
+                series.tpot.observe((content[-1] - content[0]) / (r.output_tokens - 1) / NS_PER_S)
         if r.input_tokens is not None:
-            m.tokens.labels(*labels, "input").inc(r.input_tokens)
+            series.input_tokens.inc(r.input_tokens)
         if r.output_tokens is not None:
-            m.tokens.labels(*labels, "output").inc(r.output_tokens)
+            series.output_tokens.inc(r.output_tokens)
 
 
 def _load(snap: Snapshot) -> tuple[float, float, float | None] | str:
@@ -645,16 +640,6 @@ def _load(snap: Snapshot) -> tuple[float, float, float | None] | str:
         return f"running {running}, waiting {waiting}: not counts"
     kv = snap.values.get("kv_usage")
     return (*vals, kv if kv is not None and math.isfinite(kv) else None)
-
-
-def _prefix(body: dict[str, Any], api: Api) -> bytes:
-    """A checked request's prompt prefix (routing by prefix affinity)."""
-    if api == "chat":
-        return text_prefix(chatml(body["messages"]))
-    prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    return ids_prefix(prompt) if isinstance(prompt, list) else text_prefix(str(prompt))
 
 
 async def start(gateway: Gateway, host: str, port: int) -> tuple[web.AppRunner, int]:

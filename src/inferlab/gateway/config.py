@@ -14,6 +14,7 @@ upstream_timeout_s = 600
 access_log = "gateway-log"     # a run directory: config.json + requests.jsonl
 router = "least-outstanding"   # or "prefix-affinity", "round-robin" (inferlab.gateway.routing)
 metrics_refresh_s = 2          # read each engine's /metrics this often, for routing; 0: never
+http_client = "auto"           # to the upstreams: "httptools" (http:// only), "aiohttp"; auto: httptools where installed
 
 [admission]
 mode = "tokens"                # or "requests" (a request count per upstream), or "off"
@@ -64,6 +65,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from inferlab._errors import UsageError
+from inferlab.client.exchange import HTTP_CLIENTS, resolve_http_client
 from inferlab.gateway.routing import ROUTERS
 
 AdmissionMode = Literal["tokens", "requests", "off"]
@@ -174,10 +176,18 @@ class GatewayConfig:
     router: str = "least-outstanding"
     metrics_refresh_s: float = METRICS_REFRESH_S
     redis: RedisConfig | None = None
+    # the HTTP stack to the upstreams: ``client.exchange.HTTP_CLIENTS``, resolved per
+    # upstream (``auto``: httptools for http:// where it is installed, else aiohttp)
+    http_client: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.upstreams:
             raise UsageError("the gateway needs at least one upstream (--upstream URL)")
+        for u in self.upstreams:
+            try:
+                resolve_http_client(self.http_client, u.url)
+            except ValueError as e:
+                raise UsageError(f"http_client: {e}") from None
         names = [u.name for u in self.upstreams]
         if len(set(names)) != len(names):
             raise UsageError(f"an upstream is given twice: {', '.join(names)}")
@@ -197,10 +207,11 @@ def upstream_url(url: str) -> str:
 
 def load_config(
     upstreams: Sequence[str], *, host: str, port: int, path: str | None = None,
-    environ: Mapping[str, str] = os.environ,
+    environ: Mapping[str, str] = os.environ, http_client: str | None = None,
 ) -> GatewayConfig:
     """The configuration from ``--upstream`` URLs and the file at ``path`` (TOML, or
-    YAML with the same tables: ``read_document``).
+    YAML with the same tables: ``read_document``); ``http_client`` (a flag) goes over
+    the file's.
     ``UsageError`` for an unreadable file, an unknown table or key, a value of the wrong
     type or range."""
     doc = read_document(path) if path is not None else {}
@@ -210,7 +221,8 @@ def load_config(
     if red and "url" not in red:
         raise UsageError("[redis] has no url")
     gw = _table(doc, "gateway")
-    _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log", "router", "metrics_refresh_s"}, "[gateway]")
+    _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log", "router", "metrics_refresh_s", "http_client"},
+           "[gateway]")
     adm = _table(doc, "admission")
     _known(adm, set(AdmissionConfig.__dataclass_fields__), "[admission]")
     cache = _table(doc, "cache")
@@ -274,6 +286,7 @@ def load_config(
         access_log=_str(gw, "access_log", None, "[gateway]"),
         router=_choice(gw, "router", ROUTERS, "least-outstanding", "[gateway]"),
         metrics_refresh_s=_interval(gw, "metrics_refresh_s", METRICS_REFRESH_S, METRICS_REFRESH_MIN_S, "[gateway]"),
+        http_client=http_client or _choice(gw, "http_client", HTTP_CLIENTS, "auto", "[gateway]"),
         redis=RedisConfig(
             url=_str(red, "url", "", "[redis]"),
             prefix=_str(red, "prefix", "inferlab:", "[redis]"),

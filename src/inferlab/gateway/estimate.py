@@ -39,13 +39,23 @@ def prompt_counter(tokenizer: str) -> Counter:
     return lambda text: len(hf.encode(text))
 
 
-def prompt_tokens(body: dict[str, Any], chat: bool, count: Counter) -> int:
-    """A checked request's prompt tokens: a chat request's messages as ChatML text (so
-    the template's tokens count too), a completions prompt's text, by ``count``; a
-    prompt of token ids as given."""
+def prompt_of(body: dict[str, Any], chat: bool) -> str | list[Any]:
+    """A checked request's prompt as its engine will read it: a chat request's messages
+    as ChatML text (so the template's tokens count too), a completions prompt's text, or
+    its token ids."""
     if chat:
-        return count(chatml(body["messages"]))
+        return chatml(body["messages"])
     prompt = body["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
-    return len(prompt) if isinstance(prompt, list) else count(str(prompt))
+    return prompt if isinstance(prompt, list) else str(prompt)
+
+
+def count_prompt(prompt: str | list[Any], count: Counter) -> int:
+    """The tokens of a ``prompt_of``: text by ``count``, token ids as given."""
+    return len(prompt) if isinstance(prompt, list) else count(prompt)
+
+
+def prompt_tokens(body: dict[str, Any], chat: bool, count: Counter) -> int:
+    """A checked request's prompt tokens (``prompt_of``, counted by ``count``)."""
+    return count_prompt(prompt_of(body, chat), count)

@@ -10,11 +10,21 @@ output, so TPM is ``rate(...[1m]) * 60``). Their labels: ``gen_ai_request_model`
 from the config). ``gen_ai_server_inter_token_latency_seconds`` and the
 ``inferlab_gateway_*`` metrics (in flight, queue, rejections, cache, and the load each
 engine reported on its own ``/metrics``) are the gateway's own. Latency buckets start at 0.5 ms, so per-token latencies under 10 ms resolve.
+
+The inter-token gaps are observed once per streamed chunk, so their histogram is
+``ChunkHistogram``, exported in the same form at a fraction of the cost.
 """
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
+from collections.abc import Sequence
+from itertools import accumulate
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
 LABELS = ("gen_ai_request_model", "server_address", "key")
 
@@ -35,10 +45,80 @@ DURATION_BUCKETS_S = (
 )
 
 
+class ChunkHistogram:
+    """A Prometheus histogram by labels for what is observed per streamed chunk:
+    ``labels(*values).observe(seconds)`` is a bisection and two additions, without
+    prometheus_client's lock, checks and walk over the buckets (0.2 against 1.1 µs on
+    the dev machine). The event loop's one thread both observes and renders ``/metrics``,
+    so nothing needs a lock. Exported as prometheus_client's ``Histogram`` exports one
+    (``_bucket`` by ``le``, ``_count``, ``_sum``; no ``_created``)."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = tuple(labelnames)
+        self._bounds = (*buckets, math.inf)
+        # (prometheus_client's own formatting of ``le``, so the labels are Histogram's)
+        self._les = [floatToGoString(b) for b in self._bounds]  # type: ignore[no-untyped-call]
+        self._children: dict[tuple[str, ...], Bins] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> Bins:
+        """The histogram of these label values (made at its first use)."""
+        assert len(values) == len(self.labelnames)
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = Bins(self._bounds)
+        return child
+
+    def collect(self) -> list[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        for values, child in self._children.items():
+            counts = [(le, float(n)) for le, n in zip(self._les, accumulate(child.counts), strict=True)]
+            family.add_metric(list(values), counts, child.sum)
+        return [family]
+
+
+class Bins:
+    """One labelled histogram of a ``ChunkHistogram``: a count per bucket, as observed
+    (``counts[i]``: values in (``bounds[i-1]``, ``bounds[i]``]), and their sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+
+class Series:
+    """The children of one (model, upstream, key) that every answered request observes,
+    looked up once (``GatewayMetrics.series``) rather than by ``labels`` at each use."""
+
+    __slots__ = ("duration", "input_tokens", "itl", "labels", "output_tokens", "tpot", "ttft")
+
+    def __init__(self, m: GatewayMetrics, labels: tuple[str, str, str]) -> None:
+        self.labels = labels
+        self.duration = m.duration.labels(*labels, "")  # (no error_type: a success)
+        self.ttft = m.ttft.labels(*labels)
+        self.tpot = m.tpot.labels(*labels)
+        self.itl = m.itl.labels(*labels)
+        self.input_tokens = m.tokens.labels(*labels, "input")
+        self.output_tokens = m.tokens.labels(*labels, "output")
+
+
 class GatewayMetrics:
     """Every metric the gateway exports; ``render()`` is the ``/metrics`` body."""
 
     def __init__(self) -> None:
+        self._series: dict[tuple[str, str, str], Series] = {}
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.duration = Histogram(
             "gen_ai_server_request_duration_seconds", "Time from the gateway receiving a request to its last byte.",
@@ -49,9 +129,9 @@ class GatewayMetrics:
         self.tpot = Histogram(
             "gen_ai_server_time_per_output_token_seconds", "Per request: (last token - first token) / (output tokens - 1).",
             LABELS, registry=r, buckets=TOKEN_BUCKETS_S)
-        self.itl = Histogram(
+        self.itl = ChunkHistogram(
             "gen_ai_server_inter_token_latency_seconds", "Time between consecutive streamed chunks that carry generated content.",
-            LABELS, registry=r, buckets=TOKEN_BUCKETS_S)
+            LABELS, TOKEN_BUCKETS_S, r)
         self.tokens = Counter(
             "gen_ai_client_token_usage", "Tokens the upstreams counted (usage), by gen_ai_token_type: input or output.",
             (*LABELS, "gen_ai_token_type"), registry=r)
@@ -91,6 +171,13 @@ class GatewayMetrics:
         self.upstream_errors = Counter(
             "inferlab_gateway_upstream_errors", "Upstream failures, by kind (connect, status, disconnect, timeout).",
             ("server_address", "kind"), registry=r)
+
+    def series(self, model: str, upstream: str, key: str) -> Series:
+        labels = (model, upstream, key)
+        found = self._series.get(labels)
+        if found is None:
+            found = self._series[labels] = Series(self, labels)
+        return found
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

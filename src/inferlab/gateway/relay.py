@@ -1,17 +1,21 @@
-"""One request sent to one upstream, its answer relayed to the client as it arrives.
+"""One upstream answer relayed to the client as it arrives, and observed.
 
 A stream is parsed with the project's SSE parser and response reader as it passes
 (``inferlab.openai``): each event is written to the client as soon as the upstream's
 read completes it, one write per read (so the upstream's chunking is kept and the
-client's backpressure reaches the upstream: a write waits until the client takes it).
-What passes is observed for metrics, the access log and the cache: arrival times of
-content, usage, the finish reason. The usage chunk the gateway asked for on the
-client's behalf (``stream_options.include_usage``) is dropped again if the client did
-not ask for it.
+client's backpressure reaches the upstream: its reading pauses while the client's
+buffer is full). A read of whole, plain events passes on as its bytes came; one the
+gateway changes or that the parser had to piece together is written as its events,
+re-encoded. What passes is observed for metrics, the access log and the cache: arrival
+times of content, usage, the finish reason. The usage chunk the gateway asked for on
+the client's behalf (``stream_options.include_usage``) is dropped again if the client
+did not ask for it.
 
-``Failure`` is raised for an upstream that failed before the client got a byte (the
-caller may try another upstream); after that, a failure ends the client's stream with
-an SSE error event and ``[DONE]``.
+The relay runs inside the upstream connection's read callback where the upstream is on
+the httptools client (``gateway.upstream``), in the request's task on aiohttp's; either
+way it writes to the client's connection directly (``ClientStream``). A failure after
+the client got its first byte ends the client's stream with an SSE error event and
+``[DONE]``.
 """
 
 from __future__ import annotations
@@ -22,29 +26,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http_writer import StreamWriter
 
 from inferlab._clock import NS_PER_S, Clock
 from inferlab.gateway.cache import Answer, Entry, answer_of_body, answer_of_stream
-from inferlab.openai.errors import error_body, error_message, one_line
+from inferlab.gateway.metrics import Bins
+from inferlab.gateway.upstream import Failure, Reply
+from inferlab.openai.errors import error_body
 from inferlab.openai.response import ErrorInResponse, MalformedResponse, ResponseReader
 from inferlab.openai.sse import DONE_EVENT, SSEParser, encode_event, encode_json
 from inferlab.results.records import ErrorKind, RequestRecord
-
-#: Most bytes of an upstream's error body read to quote it.
-_ERROR_BODY_BYTES = 65536
-
-
-class Failure(Exception):
-    """The upstream failed before the client got anything: ``kind`` (``connect``,
-    ``status``, ``timeout``, ``disconnect``), a one-line message, the upstream's status
-    if it answered, and whether another upstream may do better (``retry``)."""
-
-    def __init__(self, kind: str, message: str, status: int | None = None, retry: bool = True) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.status = status
-        self.retry = retry
 
 
 @dataclass
@@ -81,38 +73,33 @@ def error_event(status: int, message: str) -> bytes:
     return encode_json(error_body(status, message, "InternalServerError" if status >= 500 else "BadRequestError"))
 
 
-async def send(
-    session: aiohttp.ClientSession, url: str, payload: bytes, headers: dict[str, str], timeout_s: float,
-) -> aiohttp.ClientResponse:
-    """POST ``payload`` to the upstream; the response once its status and headers came.
-    ``Failure`` if it cannot be reached, or answers with a status another upstream
-    might not (429, 5xx; also 401/403: the gateway's own key was refused)."""
-    try:
-        resp = await session.post(url, data=payload, headers=headers,
-                                  timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=10))
-    except aiohttp.ClientConnectorError as e:
-        raise Failure("connect", f"cannot connect to the upstream: {e.os_error}") from None
-    except TimeoutError:
-        raise Failure("timeout", f"the upstream did not answer within {timeout_s:g} s") from None
-    except aiohttp.ClientError as e:
-        raise Failure("disconnect", f"the upstream closed the connection: {type(e).__name__}: {e}") from None
-    if resp.status >= 500 or resp.status in (401, 403, 429):
-        message = await _error_text(resp)
-        resp.release()
-        raise Failure("status", f"the upstream answered HTTP {resp.status}: {message}", resp.status,
-                      retry=resp.status not in (401, 403))
-    return resp
+class ClientStream:
+    """The client's side of a relayed stream, once its response is prepared: each write
+    goes straight to its connection's transport, framed as aiohttp's writer frames it
+    (an HTTP/1.1 chunk; as it is for HTTP/1.0), so a read can be relayed from inside the
+    upstream connection's callback (aiohttp's ``StreamResponse.write`` is an await, and
+    three buffers per write). ``write`` returns False when the client's buffer is full
+    (then ``drained`` waits until it has taken it); it raises ``ConnectionResetError``
+    once the client has gone. The response is ended by aiohttp as ever
+    (``write_eof``)."""
 
+    def __init__(self, writer: AbstractStreamWriter | None) -> None:
+        # (the server's writer: aiohttp's class, not compressing, headers sent at prepare)
+        assert isinstance(writer, StreamWriter)
+        self._writer = writer
+        self._protocol = writer.protocol
+        self._chunked = writer.chunked
 
-async def _error_text(resp: aiohttp.ClientResponse) -> str:
-    try:
-        raw = await resp.content.read(_ERROR_BODY_BYTES)
-    except (aiohttp.ClientError, TimeoutError):
-        return resp.reason or ""
-    try:
-        return error_message(json.loads(raw))
-    except ValueError:
-        return one_line(raw.decode("utf-8", "replace")) or (resp.reason or "")
+    def write(self, data: bytes) -> bool:
+        protocol = self._protocol
+        transport = protocol.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client went away")
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        return not protocol.writing_paused
+
+    async def drained(self) -> None:
+        await self._writer.drain()
 
 
 class StreamRelay:
@@ -123,14 +110,14 @@ class StreamRelay:
 
     def __init__(
         self, clock: Clock, observed: Observed, *, chat: bool, drop_usage: bool, keep: bool,
-        itl: Any = None, reserved_output: int | None = None, grow: Callable[[int], None] | None = None,
+        itl: Bins | None = None, reserved_output: int | None = None, grow: Callable[[int], None] | None = None,
     ) -> None:
         self.clock = clock
         self.obs = observed
         self.chat = chat
         self.drop_usage = drop_usage
         self.keep = keep
-        self.itl = itl  # a histogram child (``observe(seconds)``), or None
+        self.itl = itl
         # past ``reserved_output`` content arrivals, ``grow(arrivals)`` holds more room
         self.reserved_output = reserved_output if grow is not None else None
         self.grow = grow
@@ -141,29 +128,29 @@ class StreamRelay:
         self.reads: list[tuple[tuple[str, bool], ...]] = []
         self.failed = False
 
-    async def run(self, upstream: aiohttp.ClientResponse, client: web.StreamResponse) -> None:
-        """Relay until the upstream's stream ends, fails, or the client goes away."""
+    async def run(self, upstream: Reply, client: ClientStream) -> None:
+        """Relay until the upstream's stream ends, fails, or the client goes away
+        (``ConnectionResetError``, or the task's cancellation)."""
         obs, record = self.obs, self.obs.record
+        write = client.write
+
+        def on_read(data: bytes, now: int) -> bool:
+            out = self.feed(data, now)
+            return write(out) if out else True
+
         try:
-            async for data in upstream.content.iter_any():
-                now = self.clock.now_ns()
-                if record.ttfb_ns is None:
-                    record.ttfb_ns = now - obs.t0_ns
-                out = self._events(self.parser.feed(data), now)
-                if out:
-                    await client.write(out)
-            out = self._events(self.parser.close(), self.clock.now_ns())
-            if out:
-                await client.write(out)
+            await upstream.relay(on_read, client.drained)
+            out = self._events(self.parser.close(), self.clock.now_ns(), None)
             if not self.reader.done and not self.failed:
                 obs.fail(ErrorKind.DISCONNECT, "the upstream ended the stream without [DONE]")
-                await client.write(error_event(502, "the upstream ended the stream early"))
-                await client.write(DONE_EVENT)
+                out += error_event(502, "the upstream ended the stream early") + DONE_EVENT
+            if out:
+                write(out)
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
             kind = ErrorKind.TIMEOUT if isinstance(e, TimeoutError) else ErrorKind.DISCONNECT
             why = "timed out" if isinstance(e, TimeoutError) else f"failed: {type(e).__name__}"
             obs.fail(kind, f"the upstream stream {why}")
-            await client.write(error_event(502, f"the upstream stream {why}") + DONE_EVENT)
+            write(error_event(502, f"the upstream stream {why}") + DONE_EVENT)
         obs.finish(self.reader, self.clock.now_ns())
         record.stream_done = self.reader.done
         if self.keep and self.reader.done and not self.failed and record.error_kind is None and self.first is not None:
@@ -171,11 +158,23 @@ class StreamRelay:
             answer: Answer = answer_of_stream(self.first, text, self.reader.finish_reason, self.usage)
             obs.entry = Entry(self.chat, answer, reads=tuple(self.reads))
 
-    def _events(self, events: list[str], now: int) -> bytes:
-        """The bytes to write for ``events`` (completed by one read at ``now``)."""
+    def feed(self, data: bytes, now: int) -> bytes:
+        """The bytes to write to the client for one read of the upstream's body, at
+        ``now`` (ns on the gateway's clock)."""
+        record = self.obs.record
+        if record.ttfb_ns is None:
+            record.ttfb_ns = now - self.obs.t0_ns
+        parser = self.parser
+        events = parser.feed(data)
+        return self._events(events, now, data if parser.plain else None) if events else b""
+
+    def _events(self, events: list[str], now: int, raw: bytes | None) -> bytes:
+        """The bytes to write for ``events`` (completed by one read at ``now``): ``raw``,
+        the read's own bytes, if given and every event passes unchanged."""
         if not events:
             return b""
-        out = []
+        kept = []
+        changed = False
         group = []
         reader = self.reader
         for data in events:
@@ -194,6 +193,7 @@ class StreamRelay:
                     if self.drop_usage:  # usage riding on a chunk with content: strip it
                         del obj["usage"]
                         data = json.dumps(obj, separators=(",", ":"))
+                        changed = True
                 else:
                     usage_only = True
             if arrivals:
@@ -211,16 +211,18 @@ class StreamRelay:
                     except ValueError:
                         pass
                 group.append((data, usage_only))
-            if not (usage_only and self.drop_usage):
-                out.append(encode_event(data))
+            if usage_only and self.drop_usage:
+                changed = True
+            else:
+                kept.append(data)
         if self.keep and group:
             self.reads.append(tuple(group))
-        return b"".join(out)
+        if raw is not None and not changed:
+            return raw
+        return b"".join(map(encode_event, kept))
 
 
-async def read_body(
-    clock: Clock, observed: Observed, upstream: aiohttp.ClientResponse, *, chat: bool, keep: bool,
-) -> bytes:
+async def read_body(clock: Clock, observed: Observed, upstream: Reply, *, chat: bool, keep: bool) -> bytes:
     """A whole (non-streamed) answer, read and observed; ``Failure`` if the upstream
     fails while sending it (the client has had nothing yet)."""
     obs = observed

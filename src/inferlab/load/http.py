@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -92,29 +91,6 @@ async def run_http(
 #: Bytes a response may buffer before aiohttp stops reading its socket (its default is
 #: 64 KiB): a burst of chunks is taken in as few reads as the socket gives.
 READ_BUFFER_BYTES = 1 << 20
-
-
-#: The HTTP stacks a run can send with (``bench --http-client``). ``auto``: httptools
-#: where it is installed (the ``fast`` extra) and the URL is plain http, else aiohttp.
-HTTP_CLIENTS = ("auto", "aiohttp", "httptools")
-
-
-def resolve_http_client(choice: str, url: str) -> str:
-    """The HTTP stack ``choice`` means for ``url``: ``aiohttp`` or ``httptools``;
-    ``ValueError`` for one that cannot send there."""
-    if choice not in HTTP_CLIENTS:
-        raise ValueError(f"unknown HTTP client {choice!r} (known: {', '.join(HTTP_CLIENTS)})")
-    if choice == "aiohttp":
-        return choice
-    installed = importlib.util.find_spec("httptools") is not None
-    plain = url.lower().startswith("http://")
-    if choice == "httptools":
-        if not installed:
-            raise ValueError("--http-client httptools: httptools is not installed (pip install 'inferlab[fast]')")
-        if not plain:
-            raise ValueError(f"--http-client httptools speaks plain http:// only, not {url} (use aiohttp)")
-        return choice
-    return "httptools" if installed and plain else "aiohttp"
 
 
 @contextlib.asynccontextmanager

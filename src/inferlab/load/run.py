@@ -86,7 +86,7 @@ class HttpTarget:
     server_metrics: bool = True
     # fields merged into every request body (sampling parameters: ``check_extra_body``)
     extra_body: dict[str, Any] = field(default_factory=dict)
-    # the HTTP stack (``load.http.HTTP_CLIENTS``; ``auto``: httptools where the ``fast``
+    # the HTTP stack (``client.exchange.HTTP_CLIENTS``; ``auto``: httptools where the ``fast``
     # extra installed it and the URL is plain http, else aiohttp)
     http_client: str = "auto"
 
@@ -341,8 +341,9 @@ def _load_json(load: LoadConfig) -> dict[str, Any]:
 
 
 async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> _Prepared:
+    from inferlab.client.exchange import resolve_http_client
     from inferlab.client.http import Endpoint, api_base, discover_model
-    from inferlab.load.http import resolve_http_client, run_http
+    from inferlab.load.http import run_http
 
     try:
         base = api_base(target.url)

@@ -43,12 +43,16 @@ DONE_EVENT = encode_event(DONE)
 
 
 class SSEParser:
-    """Bytes in, completed events' ``data`` out; one parser per stream."""
+    """Bytes in, completed events' ``data`` out; one parser per stream. After a ``feed``,
+    ``plain`` says whether its bytes were exactly its events as ``encode_event`` writes
+    them (whole events, each one ``data: `` line of valid UTF-8, ``\n`` endings, nothing
+    else, nothing left over): a relay may then pass the bytes on as they came."""
 
     def __init__(self) -> None:
         self._buffer = b""
         self._data: list[str] = []
         self._pending_cr = False
+        self.plain = False
 
     def feed(self, chunk: bytes) -> list[str]:
         """Consume ``chunk``; return the data of each event it completed, in order."""
@@ -58,12 +62,21 @@ class SSEParser:
             # it (a comment, a CR, another field, a blank line too many) takes the
             # general path below, from this read's start.
             whole: list[str] = []
-            for part in chunk[:-2].split(b"\n\n"):
-                if part[:6] != b"data: " or b"\n" in part or b"\r" in part:
-                    break
-                whole.append(part[6:].decode("utf-8", "replace"))
-            else:
-                return whole
+            try:
+                if chunk.startswith(b"data: ") and chunk.find(b"\n") == len(chunk) - 2 and chunk.find(b"\r") < 0:
+                    whole.append(chunk[6:-2].decode("utf-8"))  # (one event: most reads)
+                    self.plain = True
+                    return whole
+                for part in chunk[:-2].split(b"\n\n"):
+                    if part[:6] != b"data: " or b"\n" in part or b"\r" in part:
+                        break
+                    whole.append(part[6:].decode("utf-8"))
+                else:
+                    self.plain = True
+                    return whole
+            except UnicodeDecodeError:  # (the general path reads it, with replacement characters)
+                pass
+        self.plain = False
         if self._pending_cr and chunk.startswith(b"\n"):
             chunk = chunk[1:]  # the \n of a \r\n that was split across reads
         self._pending_cr = False
