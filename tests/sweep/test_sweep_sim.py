@@ -219,6 +219,17 @@ def test_settings_no_point_can_run_with_fail_before_anything_runs(tmp_path: Path
     assert not (tmp_path / "x").exists()
 
 
+def test_no_exact_output_lets_every_simulated_point_stop_at_the_models_end(tmp_path: Path) -> None:
+    out = tmp_path / "free"
+    r = sweep(["-c", "2,4", "-n", "8", "--input-tokens", "100", "--output-tokens", "300", "--no-exact-output",
+               "--no-saturation-stop", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    for p in index(out)["points"]:
+        summary = json.loads((out / p["dir"] / "summary.json").read_text())
+        assert summary["config"]["workload"]["exact_output"] is False
+        assert summary["counts"]["completed"] == 8 and summary["output_tokens"] < 8 * 300
+
+
 def test_an_engine_that_cannot_hold_the_model_fails_its_group_and_the_others_go_on(tmp_path: Path) -> None:
     out = tmp_path / "tp"
     r = sweep(["--model", "Llama-3.1-70B", "-tp", "1,4", "-c", "1,2", "-n", "4", "-o", str(out)])

@@ -136,7 +136,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--tokenizer", type=click.Path(exists=False), help="A tokenizer.json, a directory with one, or a Hugging Face model id found in the local HF cache (no downloads): exact prompt lengths."),
         click.option("--token-ids/--no-token-ids", default=True, show_default=True, help="With --tokenizer, send token-id prompts on the completions API."),
         click.option("--prompt", help="Send this prompt every time (default: 'Explain RAG in about 30 characters.')."),
-        click.option("--exact-output/--no-exact-output", "--ignore-eos", "exact_output", default=True, show_default=True, help="Send ignore_eos and min_tokens so output length is exact (vLLM's --ignore-eos, which vllm bench serve also forces for random prompts). --no-exact-output sends neither: the server may stop at end-of-sequence, before max_tokens."),
+        click.option("--exact-output/--no-exact-output", "--ignore-eos", "exact_output", default=True, show_default=True, help="Send ignore_eos and min_tokens so output length is exact (vLLM's --ignore-eos, which vllm bench serve also forces for random prompts). --no-exact-output sends neither: the server may stop at end-of-sequence, before max_tokens (the simulator, in sim run, sweep and tune, too: at the simulated model's end-of-sequence, as sim serve's)."),
         click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TTFT."),
         click.option("--slo-tpot-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TPOT."),
         click.option("--slo-e2e-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on E2E."),
