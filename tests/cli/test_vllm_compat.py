@@ -50,6 +50,22 @@ def test_vllm_flag_names_run_the_same_load_as_ours() -> None:
     assert summary_of("-n", "2", "--no-exact-output")["config"]["workload"]["exact_output"] is False
 
 
+def test_no_exact_output_is_simulated_and_recorded_as_it_ran(tmp_path: Path) -> None:
+    args = ("-n", "12", "-c", "4", "--input-tokens", "100", "--output-tokens", "300")
+    exact = summary_of(*args)
+    assert exact["output_tokens"] == 12 * 300 and exact["config"]["workload"]["exact_output"] is True
+    code, _, err = invoke("sim", "run", *args, "--no-exact-output", "-o", str(tmp_path / "run"))
+    assert code == 0, err
+    free = read_summary(tmp_path / "run" / "summary.json")
+    records = list(read_records(tmp_path / "run" / "requests.jsonl"))
+    assert free.config["workload"]["exact_output"] is False
+    # the simulated model stopped on its own before max_tokens (finish reason stop), as
+    # sim serve's does; the summary counts what was generated and does not warn of it
+    assert free.output_tokens == sum(r.output_tokens or 0 for r in records) < 12 * 300
+    assert {r.finish_reason for r in records if (r.output_tokens or 0) < 300} == {"stop"}
+    assert not any("did not generate exactly" in w for w in free.warnings)
+
+
 def test_goodput_words_after_one_flag_are_taken_as_vllm_takes_them() -> None:
     assert expand_goodput(["--goodput", "ttft:500", "tpot:50", "e2el:1e3", "-n", "3", "x:1"]) == [
         "--goodput", "ttft:500", "--goodput", "tpot:50", "--goodput", "e2el:1e3", "-n", "3", "x:1"]
@@ -80,7 +96,7 @@ def test_the_console_script_takes_vllms_goodput_form() -> None:
         (["--append-result"], "--result-filename"),
         (["--backend", "openai-chat"], "--api chat"),
         (["--endpoint", "/v1/completions"], "--api completions"),
-        (["--temperature", "0"], "sim run simulates exact output lengths"),
+        (["--temperature", "0"], "sim run's simulated model does not sample"),
         (["--extra-body", "{}"], "sim run sends no request bodies"),
     ],
 )

@@ -90,6 +90,48 @@ def test_the_configuration_file_is_checked(tmp_path: Path) -> None:
         load_spec(str(tmp_path / "missing.toml"))
 
 
+@pytest.mark.parametrize(("setting", "needle"), [
+    ('enforce_eager = "no"', "enforce_eager must be true or false, got 'no'"),
+    ("enable_prefix_caching = 1", "enable_prefix_caching must be true or false, got 1"),
+    ('extra_args = "--foo"', "extra_args must be a list of strings, got '--foo'"),
+    ('extra_args = ["--seed", 1]', "extra_args must be a list of strings: 1 is not one"),
+    ("env = [1, 2]", "env must be a table of variable names to string values, got [1, 2]"),
+    ('env = "A=1"', "env must be a table of variable names to string values, got 'A=1'"),
+    ("env = {A = 1}", "env A must be a string (quote it), got 1"),
+    ('ready_timeout_s = "soon"', "ready_timeout_s must be a positive number of seconds, got 'soon'"),
+    ("ready_timeout_s = -5", "ready_timeout_s must be a positive number of seconds, got -5"),
+    ('port = "80"', "port must be a whole number 0-65535, got '80'"),
+    ('gpu_memory_utilization = "0.9"', "gpu_memory_utilization must be a number in (0, 1], got '0.9'"),
+    ("max_num_seqs = true", "max_num_seqs must be a whole number of at least 1, got True"),
+    ('executable = ""', "executable must be a non-empty string"),
+])
+def test_every_setting_is_type_checked_when_the_file_is_read(tmp_path: Path, setting: str, needle: str) -> None:
+    """A value of the wrong type or range is refused as the file is read, in one line
+    naming the file and the setting (exit 2): never a wrong command line (a truthy
+    string taken as on, a string split into characters) nor a traceback at start."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    cfg = tmp_path / "e.toml"
+    cfg.write_text(f'engine = "sim"\nmodel = "Llama-3.2-1B"\n{setting}\n')
+    with pytest.raises(UsageError) as e:
+        load_spec(str(cfg))
+    assert str(e.value).startswith(f"{cfg}: ") and needle in str(e.value)
+    res = CliRunner().invoke(main, ["engine", "start", str(cfg), "--dry-run"])
+    assert res.exit_code == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [f"inferlab: error: {e.value}"]
+
+
+def test_a_spec_made_in_python_or_by_a_flag_is_checked_too() -> None:
+    with pytest.raises(UsageError, match="enforce_eager must be true or false"):
+        EngineSpec("vllm", "m", enforce_eager="yes")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="ready_timeout_s must be a positive number"):
+        EngineSpec("sim", "m", ready_timeout_s=float("nan"))
+    spec = EngineSpec("vllm", "m", extra_args=("--seed", "1"), env=(("A", "1"),), ready_timeout_s=5)
+    assert command(spec).argv[-2:] == ["--seed", "1"] and command(spec).env == {"A": "1"}
+
+
 def _gone(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

@@ -76,6 +76,32 @@ def test_offline_rate_inf_sends_all_at_time_zero() -> None:
     assert all(r.output_tokens == 5 and r.input_tokens == 100 for r in records)
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_output_lengths_and_finish_reasons_are_the_simulated_servers(exact: bool) -> None:
+    """Without an exact length asked (--no-exact-output) the simulated model stops at its
+    own end-of-sequence, cut by max_tokens: the answer sim serve plans for the body the
+    client sends, token for token and reason for reason."""
+    from inferlab.openai.request import completion_request, read_params
+    from inferlab.sim.server.app import ServerConfig, SimServer
+
+    config = EngineConfig(max_model_len=4096)
+    server = SimServer(ServerConfig(config))
+    specs = [RequestSpec(list(range(7 * k, 7 * k + 100)), (40, 150, 400)[k % 3], exact) for k in range(24)]
+    records = simulate(Engine(config), LoadConfig(ClosedLoop(4), num_requests=len(specs)), iter(specs))
+    got, planned = [], []
+    for spec, r in zip(specs, records, strict=True):
+        assert isinstance(spec.prompt, list)
+        body = completion_request("m", "completions", prompt=spec.prompt, max_tokens=spec.max_tokens, exact_output=exact)
+        plan = server._plan(read_params(body, "completions"), spec.prompt)
+        got.append((r.output_tokens, r.finish_reason))
+        planned.append((plan.tokens, plan.finish_reason))
+    assert got == planned
+    if exact:
+        assert got == [(s.max_tokens, "length") for s in specs]
+    else:  # (the prompts are chosen so that some answers end early and some are cut)
+        assert {reason for _, reason in got} == {"stop", "length"}
+
+
 def test_cli_sim_run_writes_the_same_files_as_bench(tmp_path: Path) -> None:
     out = tmp_path / "r"
     steps = tmp_path / "steps.jsonl"

@@ -219,6 +219,43 @@ def test_settings_no_point_can_run_with_fail_before_anything_runs(tmp_path: Path
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("flags", [["--rate", "8", "--max-num-batched-tokens", "512"],
+                                   ["-c", "1,2", "--model", "Mixtral-8x7B"],
+                                   ["-c", "1", "--model", "Mixtral-8x7B", "--input-tokens", "64,128"]])
+def test_fixed_engine_flags_no_point_can_run_with_are_refused_as_sim_run_refuses_them(
+    tmp_path: Path, flags: list[str]
+) -> None:
+    """Not a sweep of failed points that exits 0: exit 2 before anything runs, with the
+    one-line reason sim run gives for the same flags."""
+    single = [f.split(",")[0] for f in flags]
+    sim = CliRunner().invoke(main, ["sim", "run", *single, "-n", "20"])
+    assert sim.exit_code == 2
+    (reason,) = sim.stderr.strip().splitlines()
+    r = CliRunner().invoke(main, ["sweep", *flags, "-n", "20", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [reason]
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_sweep_whose_every_engine_setting_cannot_run_is_refused_naming_one(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["sweep", "-c", "1", "-n", "4", "--model", "Mixtral-8x7B",
+                                  "--gpu-memory-utilization", "0.5,0.6", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and not (tmp_path / "x").exists()
+    (line,) = r.stderr.strip().splitlines()
+    assert "no engine setting of the sweep can run; with --gpu-memory-utilization 0.5: Mixtral-8x7B weights need" in line
+
+
+def test_no_exact_output_lets_every_simulated_point_stop_at_the_models_end(tmp_path: Path) -> None:
+    out = tmp_path / "free"
+    r = sweep(["-c", "2,4", "-n", "8", "--input-tokens", "100", "--output-tokens", "300", "--no-exact-output",
+               "--no-saturation-stop", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    for p in index(out)["points"]:
+        summary = json.loads((out / p["dir"] / "summary.json").read_text())
+        assert summary["config"]["workload"]["exact_output"] is False
+        assert summary["counts"]["completed"] == 8 and summary["output_tokens"] < 8 * 300
+
+
 def test_an_engine_that_cannot_hold_the_model_fails_its_group_and_the_others_go_on(tmp_path: Path) -> None:
     out = tmp_path / "tp"
     r = sweep(["--model", "Llama-3.1-70B", "-tp", "1,4", "-c", "1,2", "-n", "4", "-o", str(out)])

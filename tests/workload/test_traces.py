@@ -118,6 +118,31 @@ def test_bad_trace_names_file_line_and_problem(tmp_path: Path, content: str, whe
     assert str(e.value).startswith(str(p) + where) and why in str(e.value)
 
 
+def test_the_window_counts_seconds_after_the_first_request_and_says_so(tmp_path: Path) -> None:
+    """A trace whose own clock starts at 10 s: the window is measured from its first
+    request (1–3 keeps the requests at 11–12.8 s), and an empty window says the span in
+    those terms; --help says the same."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    p = tmp_path / "late.jsonl"
+    p.write_text("".join(json.dumps({"arrival_s": round(10 + 0.2 * i, 1), "input_tokens": 50, "output_tokens": 5}) + "\n"
+                         for i in range(20)))
+    rows = TraceConfig(str(p), start_s=1, end_s=3).rows()
+    assert len(rows) == 10 and rows[0].arrival_s == 0 and rows[-1].arrival_s == pytest.approx(1.8)
+    with pytest.raises(UsageError) as e:
+        TraceConfig(str(p), start_s=11, end_s=13).rows()
+    assert str(e.value) == (f"{p}: no requests in the time window (11–13 s after the trace's first request): "
+                            "the trace spans 0–3.8 s from its first request")
+    with pytest.raises(UsageError, match=r"\(from 4 s after the trace's first request\): the trace spans 0–3.8 s"):
+        TraceConfig(str(p), start_s=4).rows()
+    helped = " ".join(CliRunner().invoke(main, ["sim", "run", "--help"]).stdout.split())
+    assert "--trace-start FLOAT Replay from this many seconds after the trace's first request" in helped
+    assert "--trace-end FLOAT Replay up to (not including) this many seconds after the trace's first request" in helped
+    assert "into the trace" not in helped
+
+
 def test_empty_window_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="no requests in the time window"):
         TraceConfig(str(azure_csv(tmp_path / "az.csv")), start_s=10).rows()

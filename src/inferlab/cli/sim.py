@@ -173,7 +173,7 @@ def _serve(kw: dict[str, Any]) -> int:
 @sim.command("run")
 @engine_options(RUN_DEFAULTS)
 @load_options
-@refused_option("--temperature", True, "sim run simulates exact output lengths, which sampling does not change; bench sends it to a server (the simulated one too)")
+@refused_option("--temperature", True, "sim run's simulated model does not sample (an answer's length is fixed by --output-tokens, or by its prompt with --no-exact-output), so temperature changes nothing; bench sends it to a server (the simulated one too)")
 @refused_option("--extra-body", True, "sim run sends no request bodies; bench sends them to a server (the simulated one too)")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
 @click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")

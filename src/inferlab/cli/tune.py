@@ -31,7 +31,16 @@ from inferlab.load.run import RunConfig, SimTarget
 from inferlab.results.sweepindex import check_sweep_dir
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sweep.runner import Trials
-from inferlab.sweep.tune import Axis, Trial, TuneConfig, Tuner, TuneResult
+from inferlab.sweep.tune import (
+    TIE_RULE,
+    Axis,
+    Trial,
+    TuneConfig,
+    Tuner,
+    TuneResult,
+    best_json,
+    best_note,
+)
 
 #: Settings no search moves: where the engine is, and how it is run.
 _NOT_SEARCHED = FIXED_SETTINGS | {"efficiencies_path", "offline"}
@@ -45,7 +54,14 @@ _NOT_FOR_TUNE = {
 }
 
 
-@click.command()
+_HELP = f"""Search engine flags for the best goodput on one workload, on the simulated engine
+in virtual time (each trial a run directory; results are predictions).
+
+The best trial is, {TIE_RULE}: it may score a little below the highest (a run's noise is
+no difference), and the line naming it then says so."""
+
+
+@click.command(help=_HELP)
 @engine_options(RUN_DEFAULTS)
 @load_options
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
@@ -57,8 +73,7 @@ _NOT_FOR_TUNE = {
 @click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Tune a real engine: this config (TOML/JSON, as for inferlab engine start) with each setting put in, started for each trial and stopped after it; --param then names its settings (max-num-seqs, max-num-batched-tokens, max-model-len, enable-prefix-caching, ...).")
 @click.option("--abort-hopeless/--no-abort-hopeless", default=True, show_default=True, help="End a trial early once it can no longer beat the best one.")
 def tune(**kw: Any) -> None:
-    """Search engine flags for the best goodput on one workload, on the simulated engine
-    in virtual time (each trial a run directory; results are predictions)."""
+    """``inferlab tune`` (its help: ``_HELP``)."""
     sys.exit(run_guarded(lambda: _tune(kw)))
 
 
@@ -203,8 +218,10 @@ def _render(out: Console, result: TuneResult, config: TuneConfig, folder: str | 
     out.print(f"trials: {len(result.trials)} of a grid of {result.grid_size} ({done} done, {stopped} stopped early as hopeless, {failed} failed: refused or not started)")
     if result.best is not None:
         b = result.best
+        note = best_note(result.trials, b)
         out.print(f"best ({config.objective}, {'prediction' if prediction else 'measured'}): trial {b.number}: {_params(b)}: {b.score:,.2f} "
-                  + ("req/s within the SLOs" if config.objective == "goodput" else "output tok/s"))
+                  + ("req/s within the SLOs" if config.objective == "goodput" else "output tok/s")
+                  + ("" if note is None else f" ({note})"))
     if folder:
         out.print(f"results: {folder}/sweep.json (each trial a run directory beside it)")
 
@@ -216,6 +233,7 @@ def _result_json(result: TuneResult, config: TuneConfig, prediction: bool) -> di
 
     return {
         "search": config.search, "objective": config.objective, "grid_size": result.grid_size,
-        "trials": [trial(t) for t in result.trials], "best": None if result.best is None else trial(result.best),
+        "trials": [trial(t) for t in result.trials],
+        "best": None if result.best is None else {**trial(result.best), **best_json(result.trials, result.best)},
         "pareto": [t.number for t in result.pareto], "interrupted": result.interrupted, "prediction": prediction,
     }

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shlex
 import signal
@@ -41,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import TracebackType
+from typing import TypeGuard
 
 from inferlab._errors import RunFailedError, UsageError
 
@@ -72,17 +74,56 @@ class EngineSpec:
     ready_timeout_s: float = 600.0
 
     def __post_init__(self) -> None:
-        if self.engine not in KINDS:
+        """``UsageError`` naming the setting for a value of the wrong type or out of range
+        (checked here, so that every way a spec is made is checked: a file, a flag, a
+        trial's setting)."""
+        if not isinstance(self.engine, str) or self.engine not in KINDS:
             raise UsageError(f"unknown engine {self.engine!r}; choose from {', '.join(KINDS)}")
+        for name in ("model", "host"):
+            _text(name, getattr(self, name))
+        for name in ("served_model_name", "executable"):
+            if getattr(self, name) is not None:
+                _text(name, getattr(self, name))
         for name in ("tensor_parallel_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise UsageError(f"{name} must be a whole number of at least 1, got {v!r}")
         g = self.gpu_memory_utilization
-        if g is not None and not 0 < g <= 1:
-            raise UsageError(f"gpu_memory_utilization must be in (0, 1], got {g!r}")
-        if not 0 <= self.port <= 65535:
-            raise UsageError(f"port must be 0-65535, got {self.port}")
+        if g is not None and (not _is_number(g) or not 0 < g <= 1):
+            raise UsageError(f"gpu_memory_utilization must be a number in (0, 1], got {g!r}")
+        for name in ("enable_prefix_caching", "enforce_eager"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, bool):
+                raise UsageError(f"{name} must be true or false, got {v!r}")
+        if not isinstance(self.port, int) or isinstance(self.port, bool) or not 0 <= self.port <= 65535:
+            raise UsageError(f"port must be a whole number 0-65535, got {self.port!r}")
+        if not isinstance(self.extra_args, tuple | list):
+            raise UsageError(f"extra_args must be a list of strings, got {self.extra_args!r}")
+        for a in self.extra_args:
+            if not isinstance(a, str):
+                raise UsageError(f"extra_args must be a list of strings: {a!r} is not one (quote it)")
+        if not isinstance(self.env, tuple | list) or not all(
+            isinstance(kv, tuple | list) and len(kv) == 2 for kv in self.env
+        ):
+            raise UsageError(f"env must be a table of variable names to string values, got {self.env!r}")
+        for k, v in self.env:
+            if not isinstance(k, str) or not k or "=" in k:
+                raise UsageError(f"env: {k!r} is not an environment variable name")
+            if not isinstance(v, str):
+                raise UsageError(f"env {k} must be a string (quote it), got {v!r}")
+        t = self.ready_timeout_s
+        if not _is_number(t) or not 0 < t < math.inf:
+            raise UsageError(f"ready_timeout_s must be a positive number of seconds, got {t!r}")
+
+
+def _is_number(v: object) -> TypeGuard[int | float]:
+    """An int or float (not a bool, which Python counts as an int), not NaN."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v
+
+
+def _text(name: str, v: object) -> None:
+    if not isinstance(v, str) or not v.strip():
+        raise UsageError(f"{name} must be a non-empty string, got {v!r}")
 
 
 _SPEC_FIELDS = {f.name for f in fields(EngineSpec)}
@@ -90,7 +131,10 @@ _SPEC_FIELDS = {f.name for f in fields(EngineSpec)}
 
 def load_spec(path: str) -> EngineSpec:
     """An ``EngineSpec`` from a TOML (``.toml``) or JSON file; ``UsageError`` naming the
-    file for a missing file, bad syntax, an unknown key or a bad value."""
+    file for a missing file, bad syntax, an unknown key, or a value of the wrong type or
+    out of range (naming the key too): true/false for the switches, whole numbers for the
+    sizes, a list of strings for ``extra_args``, a table of strings for ``env``, a
+    positive number of seconds for ``ready_timeout_s``."""
     try:
         raw = Path(path).read_bytes()
     except OSError as e:
@@ -107,11 +151,17 @@ def load_spec(path: str) -> EngineSpec:
     for key in ("engine", "model"):
         if key not in data:
             raise UsageError(f"{path}: {key!r} is required")
-    data["extra_args"] = tuple(str(a) for a in data.get("extra_args", ()))
-    data["env"] = tuple((str(k), str(v)) for k, v in dict(data.get("env", {})).items())
+    if "extra_args" in data:
+        if not isinstance(data["extra_args"], list):
+            raise UsageError(f"{path}: extra_args must be a list of strings, got {data['extra_args']!r}")
+        data["extra_args"] = tuple(data["extra_args"])
+    if "env" in data:
+        if not isinstance(data["env"], dict):
+            raise UsageError(f"{path}: env must be a table of variable names to string values, got {data['env']!r}")
+        data["env"] = tuple(data["env"].items())
     try:
         return EngineSpec(**data)
-    except TypeError as e:
+    except (UsageError, TypeError) as e:
         raise UsageError(f"{path}: {e}") from None
 
 

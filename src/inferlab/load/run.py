@@ -234,17 +234,24 @@ def _prediction(engine: Engine, load: LoadConfig) -> dict[str, Any]:
     return prediction_block(engine.config.engine_family, regime)
 
 
+def sim_engine_config(load: LoadConfig, target: SimTarget) -> EngineConfig:
+    """The engine a run of ``load`` on ``target`` simulates: ``target.engine`` with
+    ``offline`` decided (None: offline for ``--rate inf`` without a concurrency cap, the
+    offline-throughput case)."""
+    offline = target.offline
+    if offline is None:
+        s = load.schedule
+        offline = isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
+    return dataclasses.replace(target.engine, offline=offline)
+
+
 def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
     from inferlab.load.replicas import Replicas
     from inferlab.load.virtual import Interrupted, Served, SimulatedServer, serve
     from inferlab.workload.builtin_prompts import SimPromptBuilder
     from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 
-    s = config.load.schedule
-    offline = target.offline
-    if offline is None:  # --rate inf is the offline-throughput case
-        offline = isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
-    engine = Engine(dataclasses.replace(target.engine, offline=offline))
+    engine = Engine(sim_engine_config(config.load, target))
     wcfg = config.workload
     tokenizer: Tokenizer | None = load_tokenizer(wcfg.tokenizer) if wcfg.tokenizer else None
     # no salt by default: the simulated engine starts each run with an empty cache

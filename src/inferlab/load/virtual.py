@@ -127,8 +127,9 @@ class _TokenNs(dict[float, int]):
 class SimulatedServer:
     """The engine as ``sim run`` serves it: each send becomes a ``RequestRecord`` as the
     HTTP server would answer it (prompt counted with the chat template on the chat API,
-    ``max_tokens`` or the simulated model's natural length, a 400 for what the engine
-    rejects), finished with every token's time. ``answers``: completed sends report
+    exactly ``max_tokens`` when the request asks for an exact length, else the simulated
+    model's natural length within ``max_tokens`` (``output_len``), a 400 for what the
+    engine rejects), finished with every token's time. ``answers``: completed sends report
     their reply (the built-in passage's tokens, decoded) for multi-turn sessions."""
 
     def __init__(
@@ -152,6 +153,7 @@ class SimulatedServer:
         self.answers = answers
         self.in_flight: dict[str, RequestRecord] = {}  # by request id
         self._received_s: dict[str, float] = {}  # by request id: sent earlier than it arrived (a gateway)
+        self._finish: dict[str, str] = {}  # by request id: its finish reason ("length" or "stop")
         self.done: list[RequestRecord] = []
         self.token_ns = _TokenNs()
 
@@ -192,7 +194,7 @@ class SimulatedServer:
         record = self.record(send, ids)
         arrive_s = send.at_s if at_s is None else at_s
         try:
-            out = self.output_len(ids, send.spec)
+            out, finish = self.output_len(ids, send.spec)
             self.engine.add_request(str(send.index), ids, out, arrive_s)
         except ValueError as e:  # what the HTTP server answers with 400
             end_ns = _ns(arrive_s + max(self.engine.api_overhead_s, _MIN_REJECT_S))
@@ -209,23 +211,40 @@ class SimulatedServer:
             self.finish(record)
             return end_ns / NS_PER_S
         self.in_flight[str(send.index)] = record
+        self._finish[str(send.index)] = finish
         if at_s is not None:
             self._received_s[str(send.index)] = send.at_s
         return None
 
-    def output_len(self, ids: list[int], spec: RequestSpec) -> int:
-        """``max_tokens`` if given, else the natural length within the context that is left;
-        ``ValueError`` if the prompt leaves no room for one output token."""
-        if spec.max_tokens is not None:
-            return spec.max_tokens
+    def output_len(self, ids: list[int], spec: RequestSpec) -> tuple[int, str]:
+        """How many tokens the answer has and its finish reason, by the simulated HTTP
+        server's rule: exactly ``max_tokens`` when the request asks for an exact length
+        (``spec.exact_output``: ``ignore_eos``/``min_tokens``); else the simulated model's
+        natural length (``natural_output_len``, its end-of-sequence), cut at
+        ``max_tokens`` or, without one, at the context that is left (``length`` when cut,
+        ``stop`` when the model ended first). ``ValueError`` (the server's 400) if
+        ``max_tokens`` does not fit in the context, or the prompt leaves no room for one
+        output token."""
         limit = self.engine.limits.max_model_len
-        room = limit - len(ids)
-        if room < 1:
-            raise ValueError(
-                f"the prompt ({len(ids)} tokens) does not fit in --max-model-len {limit} "
-                "with room for one output token"
-            )
-        return min(room, natural_output_len(ids, self.natural_median_tokens))
+        if spec.max_tokens is not None:
+            if spec.exact_output:
+                return spec.max_tokens, "length"  # (the engine checks the context itself)
+            if len(ids) + spec.max_tokens > limit:
+                raise ValueError(
+                    f"This model's maximum context length is {limit} tokens. However, you requested "
+                    f"{len(ids) + spec.max_tokens} tokens ({len(ids)} in the messages, {spec.max_tokens} in "
+                    "the completion). Please reduce the length of the messages or completion."
+                )
+            cap = spec.max_tokens
+        else:
+            cap = limit - len(ids)
+            if cap < 1:
+                raise ValueError(
+                    f"the prompt ({len(ids)} tokens) does not fit in --max-model-len {limit} "
+                    "with room for one output token"
+                )
+        natural = natural_output_len(ids, self.natural_median_tokens)
+        return (cap, "length") if natural >= cap else (natural, "stop")
 
     def finish(self, record: RequestRecord) -> None:
         self.done.append(record)
@@ -257,7 +276,7 @@ class SimulatedServer:
             r.end_ns = r.content_ns[-1]
             r.output_tokens = len(r.content_ns)
             r.cached_tokens = tl.cached_tokens
-            r.finish_reason = "length"
+            r.finish_reason = self._finish.pop(rid)
             # the engine's own view, as the simulated server reports it (received at
             # arrival; through a gateway, received when sent, the wait apart)
             received_s = self._received_s.pop(rid, None)
@@ -284,6 +303,7 @@ class SimulatedServer:
             self.finish(r)
         self.in_flight.clear()
         self._received_s.clear()
+        self._finish.clear()
         return Interrupted(sorted(self.done, key=lambda r: r.index), cause)
 
 

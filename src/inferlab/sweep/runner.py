@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from inferlab._errors import InferlabError, RunFailedError, UsageError
-from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target, run
+from inferlab.load.run import (
+    HttpTarget,
+    RunConfig,
+    RunResult,
+    SimTarget,
+    Target,
+    run,
+    sim_engine_config,
+)
 from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import plain_json
@@ -195,20 +203,52 @@ def _remove_index(out_dir: str, keep_dir: bool) -> None:
 
 def check_points(config: SweepConfig) -> None:
     """Fail fast, before anything runs, on settings no point can run with: each group's
-    workload is built and its simulated engine sized (``UsageError``: an unknown name, a
-    bad length). An engine that does not hold the model is no usage error: that point
-    runs and is recorded as failed, the other groups go on."""
+    workload is built and its simulated engine sized at each load (``UsageError``: an
+    unknown name, a bad length). A simulated engine that cannot run (one that does not
+    hold the model, a token budget below its sequences) fails only the points of its
+    setting when an engine axis has other settings that run: those points are recorded
+    as failed and the other groups go on. When no point's engine can run (the fixed
+    engine flags are at fault, or every setting of the engine axes), ``UsageError`` with
+    the engine's reason, as ``sim run`` gives it."""
     grid = config.grid
+    refused: list[tuple[dict[str, Any], str]] = []  # (group, why its engine cannot run)
+    runs = not isinstance(config.target, SimTarget)
     for params in grid.groups():
         # (an engine the sweep starts is checked by its own: here, the workload)
         rest = launch_params(config, params)[1]
         base = config.target if isinstance(config.target, HttpTarget | SimTarget) else HttpTarget("")
-        run_cfg, target = point_configs(config.run, base, grid.load_axis, grid.load_values[0], rest,
-                                        auto_requests=config.auto_requests)
+        run_cfg = point_configs(config.run, base, grid.load_axis, grid.load_values[0], rest,
+                                auto_requests=config.auto_requests)[0]
         run_cfg.workload.build(run_cfg.load.seed, run_cfg.api)
-        if isinstance(target, SimTarget):
-            with contextlib.suppress(ValueError):  # (not a usage error: see above)
-                Engine(target.engine)
+        if isinstance(base, SimTarget):
+            why = _engine_refusal(config, base, rest)
+            if why is None:
+                runs = True
+            else:
+                refused.append((params, why))
+    if not runs and refused:
+        params, why = refused[0]
+        if all(w == why for _, w in refused):
+            raise UsageError(why)  # (whatever the axes: the flags every point shares)
+        setting = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in params.items() if k in grid.engine_axes())
+        raise UsageError(f"no engine setting of the sweep can run; with {setting}: {why}")
+
+
+def _engine_refusal(config: SweepConfig, base: SimTarget, params: dict[str, Any]) -> str | None:
+    """Why the simulated engine of a group (``params`` put in ``base``) cannot run at any
+    load of the sweep (sized as each point's run sizes it: offline at ``--rate inf``),
+    or None."""
+    grid, reasons = config.grid, []
+    for load in dict.fromkeys(grid.load_values):
+        run_cfg, target = point_configs(config.run, base, grid.load_axis, load, params)
+        assert isinstance(target, SimTarget)
+        try:
+            Engine(sim_engine_config(run_cfg.load, target))
+        except ValueError as e:
+            reasons.append(str(e))
+        else:
+            return None
+    return reasons[0]
 
 
 class _Sweep:

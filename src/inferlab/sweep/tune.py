@@ -20,8 +20,10 @@ The **objective** is goodput (requests completed within every SLO per second: th
 summary's ``goodput_rps``) or output tokens per second of a trial in which at least
 ``slo_share`` of the requests met the SLOs (``throughput``; others score 0). Ties
 (several settings meeting every SLO at the offered rate, say) go to the lower TTFT p99,
-and so do scores within ``TIE_SHARE`` of the best: goodput at an offered rate differs
-by a run's duration noise (0.6 % picked a 4× larger batching budget with a worse TTFT p99).
+and so do scores within ``TIE_SHARE`` (2 %) of the best: goodput at an offered rate
+differs by a run's duration noise (0.6 % picked a 4× larger batching budget with a worse
+TTFT p99). The best may so score a little below the highest; the console line naming it
+says so (``best_note``), and tune's JSON gives the highest score and why (``best_json``).
 
 A trial is **stopped** early when it can no longer win: the requests that missed an SLO
 (or failed) so far leave fewer than the best trial's count of requests that met them
@@ -59,7 +61,9 @@ Search = Literal["grid", "pattern"]
 Objective = Literal["goodput", "throughput"]
 #: Trials scoring within this share of the best are tied; the lower TTFT p99 wins.
 TIE_SHARE = 0.02
-
+#: The tie rule in words, for ``--help``, the console and the docs.
+TIE_RULE = (f"of the trials scoring within {TIE_SHARE:.0%} of the highest score, the one with the lowest "
+            "TTFT p99").replace("%", " %")
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,34 @@ class TuneResult:
     grid_size: int
     interrupted: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def best_trial(trials: Sequence[Trial]) -> Trial | None:
+    """The best of the trials that ran to the end (None: none did): of those scoring
+    within ``TIE_SHARE`` of the highest score, the lowest TTFT p99 (then the higher
+    score). It may score a little below the highest (``best_note`` says so)."""
+    done = [t for t in trials if t.status == "done"]
+    if not done:
+        return None
+    top = max(t.score for t in done)
+    tied = [t for t in done if t.score >= top * (1 - TIE_SHARE)]
+    return max(tied, key=lambda t: (t.key()[1], t.score))
+
+
+def best_json(trials: Sequence[Trial], best: Trial) -> dict[str, Any]:
+    """How ``best`` (``best_trial`` of ``trials``) was chosen, for tune's JSON: the
+    highest score of any trial, the tie share, and ``why`` in words."""
+    top = max(t.score for t in trials if t.status == "done")
+    return {"highest_score": top, "tie_share": TIE_SHARE, "why": best_note(trials, best) or "the highest score"}
+
+
+def best_note(trials: Sequence[Trial], best: Trial) -> str | None:
+    """Why ``best`` wins although another trial scored higher ("within 2 % of the
+    highest, 9.59, and lower TTFT p99"); None when it scored the highest."""
+    top = max(t.score for t in trials if t.status == "done")
+    if best.score >= top:
+        return None
+    return f"within {TIE_SHARE:.0%} of the highest, {top:,.2f}, and lower TTFT p99".replace("%", " %")
 
 
 def grid_points(axes: Sequence[Axis]) -> list[dict[str, Any]]:
@@ -194,12 +226,7 @@ class Tuner:
     # --- one trial ---------------------------------------------------------------------
 
     def _best(self) -> Trial | None:
-        done = [t for t in self.trials if t.status == "done"]
-        if not done:
-            return None
-        top = max(t.score for t in done)
-        tied = [t for t in done if t.score >= top * (1 - TIE_SHARE)]
-        return max(tied, key=lambda t: (t.key()[1], t.score))
+        return best_trial(self.trials)
 
     async def trial(self, params: dict[str, Any]) -> Trial:
         """The trial of ``params`` (run now, or the one already run)."""
@@ -368,7 +395,9 @@ class Tuner:
                 "slo_share": self.config.slo_share,
                 "grid_size": self.grid_size,
                 "trials": len(self.trials),
-                "best": None if best is None else {"trial": best.number, "params": best.params, "score": best.score},
+                "best": None if best is None else {
+                    "trial": best.number, "params": best.params, "score": best.score, **best_json(self.trials, best),
+                },
                 "pareto": [t.number for t in pareto_front(self.trials)],
             },
             "complete": complete,

@@ -29,9 +29,11 @@ Our JSONL may also carry what each request measured (``ttft_ms``, ``tpot_ms``,
 ``e2e_ms``), as the vLLM result does; ``sim run`` then compares its predictions with
 them (``traces.compare``).
 
-Times are rebased so the first kept request is at 0, sliced to ``[start_s, end_s)`` of
-the original trace time, then divided by ``speedup``. A bad row raises ``UsageError``
-naming the file, line and problem.
+The window ``[start_s, end_s)`` (``--trace-start``/``--trace-end``) counts seconds after
+the trace's first request, at the trace's own pace (not its own clock: in a trace whose
+``arrival_s`` runs from 10 to 14, ``start_s`` 1 keeps the requests from 11 on). The kept
+requests are rebased so the first kept one is at 0, then their times divided by
+``speedup``. A bad row raises ``UsageError`` naming the file, line and problem.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ MOONCAKE_BLOCK_TOKENS = 512
 
 @dataclass(frozen=True)
 class TraceConfig:
-    """Which trace to replay and how: ``speedup`` > 1 compresses time; the window is in
-    seconds of original trace time from its first request."""
+    """Which trace to replay and how: ``speedup`` > 1 compresses time; the window
+    ``[start_s, end_s)`` is in seconds after the trace's first request, at the trace's
+    own pace (before ``speedup``)."""
 
     path: str
     format: TraceFormat | None = None
@@ -110,7 +113,11 @@ class TraceConfig:
         hi = self.end_s if self.end_s is not None else math.inf
         kept = [r for r in rows if lo <= r.arrival_s - t0 < hi]
         if not kept:
-            raise UsageError(f"{self.path}: no requests in the time window")
+            window = f"from {_seconds(lo)} s" if self.end_s is None else f"{_seconds(lo)}–{_seconds(hi)} s"
+            raise UsageError(
+                f"{self.path}: no requests in the time window ({window} after the trace's first request): "
+                f"the trace spans 0–{_seconds(rows[-1].arrival_s - t0)} s from its first request"
+            )
         k0 = kept[0].arrival_s
         return [_with_time(r, (r.arrival_s - k0) / self.speedup) for r in kept]
 
@@ -123,6 +130,11 @@ class TraceConfig:
         adds, so the target sees the recorded length."""
         rows = self.rows(seed)
         return Trace(tuple(to_specs(rows, builder, seed, exact_output, self.block_tokens, template_tokens)))
+
+
+def _seconds(t: float) -> str:
+    """Seconds as the window error writes them: 3.8, 600, 86,399.5."""
+    return f"{t:,.3f}".rstrip("0").rstrip(".")
 
 
 def _with_time(r: TraceRow, t: float) -> TraceRow:
