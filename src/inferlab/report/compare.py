@@ -21,6 +21,7 @@ from inferlab.results.compare import (
     estimate,
     verdict_words,
 )
+from inferlab.results.provenance import PREDICTION, simulated_engine
 from inferlab.results.sources import Run, Sweep, load
 
 
@@ -38,13 +39,10 @@ class Side:
     def describe(self) -> str:
         run = self.runs[0]
         cfg = run.config
-        resolved = cfg.get("resolved") or {}
-        engine = cfg.get("engine") if cfg.get("command") == "sim run" else resolved.get("engine")
-        model = (engine or {}).get("model") or resolved.get("model") or "?"
-        where = "simulator, virtual time" if cfg.get("command") == "sim run" else (resolved.get("url") or "?")
+        model = (simulated_engine(cfg) or {}).get("model") or (cfg.get("resolved") or {}).get("model") or "?"
         reps = f", {len(self.runs)} repeats" if len(self.runs) > 1 else ""
-        kind = " (prediction)" if self.simulated else ""
-        return f"{self.label}: {model} @ {where}{reps}, {len(run.records)} requests{kind}"
+        kind = f" {PREDICTION}" if self.simulated else ""
+        return f"{self.label}: {model} @ {run.server.where}{reps}, {len(run.records)} requests{kind}"
 
 
 @dataclass
