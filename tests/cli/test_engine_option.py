@@ -69,7 +69,9 @@ def test_sweep_starts_the_engine_once_measures_it_over_http_and_stops_it(tmp_pat
                "2048", "--no-enable-prefix-caching", *SHORT, "-o", str(out))
     assert r.exit_code == 0, r.output
     index = json.loads((out / "sweep.json").read_text())
-    assert index["prediction"] is False and index["target"]["kind"] == "server"
+    # (an engine config of kind sim is inferlab's simulator: its numbers are predictions)
+    assert index["prediction"] is True and index["target"]["kind"] == "server"
+    assert "prediction: sim serving" in r.output and "measured" not in r.output
     spec = index["target"]["engine"]
     assert (spec["engine"], spec["max_num_seqs"], spec["max_num_batched_tokens"], spec["enable_prefix_caching"]) == (
         "sim", 4, 2048, False)

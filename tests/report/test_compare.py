@@ -54,6 +54,10 @@ def test_same_configuration_different_seeds_is_within_noise(runs: Path) -> None:
     rows = [line for line in p.stdout.splitlines() if "(ms)" in line or "(tok/s)" in line or "(req/s)" in line]
     assert len(rows) == 9 and all("within noise" in row for row in rows)
     assert "prediction" in p.stdout
+    # (seeds differ, and nothing else: no warning)
+    assert "differs from" not in p.stdout
+    p = inferlab("compare", str(runs / "seed1"), str(runs / "seed2"), "--json")
+    assert json.loads(p.stdout)["comparisons"][0]["workload_differences"] == [] and p.stderr == ""
 
 
 def test_a_small_token_budget_on_long_prompts_is_flagged_on_ttft(runs: Path) -> None:
@@ -76,6 +80,61 @@ def test_fail_if_sets_the_exit_status_only_beyond_noise(runs: Path) -> None:
     assert inferlab("compare", s1, s2, "--fail-if", "e2e_p50>+0.1%", "--fail-if", "e2e_p50<-0.1%").returncode == 0
     p = inferlab("compare", s1, s2, "--fail-if", "latency>5")
     assert p.returncode == 2 and "unknown metric" in p.stderr
+
+
+@pytest.fixture(scope="module")
+def workloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two runs of one server and load on different workloads (the review's u1 and b1)."""
+    d = tmp_path_factory.mktemp("workloads")
+    base = [sys.executable, "-m", "inferlab", "sim", "run", "-n", "60", "-c", "4", "--no-history"]
+    procs = [
+        subprocess.Popen([*base, "--input-tokens", "300", "--output-tokens", "40", "-o", str(d / "u1")]),
+        subprocess.Popen([*base, "--input-tokens", "200", "--output-tokens", "50", "-o", str(d / "b1")]),
+        subprocess.Popen([*base, "--input-tokens", "300", "--output-tokens", "40", "-c", "8", "--seed", "3", "-o", str(d / "c8")]),
+    ]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    return d
+
+
+def test_runs_of_different_workloads_are_said_to_differ_above_the_verdicts(workloads: Path) -> None:
+    u1, b1, c8 = (str(workloads / n) for n in ("u1", "b1", "c8"))
+    p = inferlab("compare", u1, b1, c8)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    warned = [i for i, line in enumerate(lines) if line.startswith("warning: ")]
+    table = next(i for i, line in enumerate(lines) if "E2E p50" in line)
+    assert len(warned) == 2 and max(warned) < table  # one per run that differs, above the verdicts
+    assert ("b1 differs from u1 in load or workload: prompt lengths (--input-tokens) 300 vs 200; "
+            "output lengths, max tokens (--output-tokens) 40 vs 50") in lines[warned[0]]
+    assert lines[warned[1]].startswith("warning: c8 differs from u1 in load or workload: load closed loop of 4 users vs "
+                                       "closed loop of 8 users:")  # (its seed differs too: not a workload setting)
+    p = inferlab("compare", u1, b1, "--json")
+    (comparison,) = json.loads(p.stdout)["comparisons"]
+    assert [(d["setting"], d["a"], d["b"]) for d in comparison["workload_differences"]] == [
+        ("workload.input_tokens", "300", "200"), ("workload.output_tokens", "40", "50")]
+    assert "b1 differs from u1" in p.stderr
+
+
+def test_fail_if_refuses_runs_of_different_workloads_unless_allowed(workloads: Path) -> None:
+    u1, b1 = str(workloads / "u1"), str(workloads / "b1")
+    p = inferlab("compare", u1, b1, "--fail-if", "e2e_p50>+1%")
+    assert p.returncode == 2 and p.stdout == ""
+    (line,) = p.stderr.splitlines()
+    assert "--fail-if on runs of different workloads" in line and "prompt lengths (--input-tokens) 300 vs 200" in line
+    assert "--allow-different-workloads" in line
+    p = inferlab("compare", u1, b1, "--fail-if", "e2e_p50>+1%", "--allow-different-workloads")
+    assert p.returncode == 3 and "e2e_p50>+1%" in p.stderr and "differs from u1" in p.stdout
+    p = inferlab("compare", u1, b1, "--allow-different-workloads")
+    assert p.returncode == 2 and "give --fail-if too" in p.stderr
+
+
+def test_the_report_says_runs_of_different_workloads_differ(workloads: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    p = inferlab("report", str(workloads / "u1"), str(workloads / "b1"), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    comparison = out.read_text().split("<h2>Comparison</h2>", 1)[1].split("<table", 1)[0]
+    assert "warning: b1 differs from u1 in load or workload: prompt lengths (--input-tokens) 300 vs 200" in comparison
 
 
 def test_history_ids_are_accepted(runs: Path, tmp_path: Path) -> None:

@@ -328,6 +328,11 @@ def test_each_simulated_point_carries_the_error_bands_of_its_family_and_load_reg
     measured.update(prediction=False, target={"kind": "server", "virtual_time": False, "url": "http://x", "model": None})
     for p in measured["points"]:
         p["prediction"] = None
+        if p["dir"]:  # (and its runs' config.json as a run against that server leaves it)
+            config = json.loads((users / p["dir"] / "config.json").read_text())
+            config = {k: v for k, v in config.items() if k not in ("command", "engine")}
+            config.update(url="http://x", resolved={"url": "http://x/v1", "model": "m", "engine": None})
+            (users / p["dir"] / "config.json").write_text(json.dumps(config))
     (users / "sweep.json").write_text(json.dumps(measured))
     html = sweep_section(load_sweep(users))
     assert "prediction" not in html and "±" not in html

@@ -28,6 +28,7 @@ from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile
 from inferlab.analysis.whatif import Simulated, WhatIf
 from inferlab.gateway.config import AdmissionConfig
 from inferlab.results.metrics import request_metrics
+from inferlab.results.provenance import VIRTUAL, server_info, simulated_engine
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
 from inferlab.results.summary import Summary
@@ -202,8 +203,7 @@ class _Run:
         return w if isinstance(w, dict) else {}
 
     def engine(self) -> dict[str, Any] | None:
-        e = self.config.get("engine") if self.config.get("command") == "sim run" else (self.config.get("resolved") or {}).get("engine")
-        return e if isinstance(e, dict) else None
+        return simulated_engine(self.config)
 
     def concurrency(self) -> float | None:
         s = (self.config.get("load") or {}).get("schedule") or {}
@@ -729,8 +729,11 @@ def _sweep_rules(runs: list[_Run], goal: Goal) -> tuple[list[Recommendation], li
         ca, cb = a.concurrency() or 1, b.concurrency() or 1
         need = KNEE_GAIN ** math.log2(cb / ca) if cb > ca else 1.0  # (the profile's knee: per doubling)
         if ta and tb / ta < need and la is not None and lb is not None and lb.p50 > 1.2 * la.p50:
-            simulated = a.config.get("command") == "sim run"
-            source = "prediction (the sweep's runs, simulated in virtual time)" if simulated else "measured (the sweep's runs)"
+            server = server_info(a.config)
+            simulated = server.kind == VIRTUAL  # (error bands: virtual time only)
+            source = ("prediction (the sweep's runs, simulated in virtual time)" if simulated
+                      else f"prediction (the sweep's runs against {server.where})" if server.simulated
+                      else "measured (the sweep's runs)")
             out.append(Recommendation(
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",

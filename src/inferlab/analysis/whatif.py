@@ -24,6 +24,7 @@ from inferlab._errors import InferlabError
 from inferlab.gateway.config import AdmissionConfig
 from inferlab.load.run import RunConfig, RunResult, SimTarget, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
+from inferlab.results.provenance import simulated_engine
 from inferlab.results.records import RequestRecord
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.workload.config import WorkloadConfig
@@ -38,8 +39,8 @@ _NOT_REPLAYED = frozenset({"offline", "gpu", "gpu_preset"})
 def engine_of(config: Mapping[str, Any]) -> EngineConfig | None:
     """The engine a run ran on: a ``sim run``'s ``engine``, or the simulated server's
     ``resolved.engine`` a ``bench`` recorded; None for any other server."""
-    engine = config.get("engine") if config.get("command") == "sim run" else (config.get("resolved") or {}).get("engine")
-    if not isinstance(engine, dict):
+    engine = simulated_engine(config)
+    if engine is None:
         return None
     fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_REPLAYED
     kw = {k: v for k, v in engine.items() if k in fields}

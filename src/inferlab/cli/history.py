@@ -14,6 +14,7 @@ from rich.table import Table
 from inferlab._errors import UsageError
 from inferlab.cli.common import run_guarded
 from inferlab.results.history import ENV, History, history_path, parse_since
+from inferlab.results.provenance import PREDICTION
 from inferlab.results.runfiles import dumps
 
 
@@ -91,6 +92,8 @@ def _runs(kw: dict[str, Any]) -> int:
     for e in entries:
         h = e.headline
         target = e.target or "?"
+        if e.simulated:
+            target = f"{target} {PREDICTION}"
         if e.kind == "sweep":
             target = f"sweep: {target}"
         t.add_row(

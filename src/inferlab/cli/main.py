@@ -131,7 +131,7 @@ def _bench(kw: dict[str, Any]) -> int:
             args += ["--model", model, "--tensor-parallel-size", str(tp), "--max-model-len", str(max_len)]
         embedded = ChildServer(args)
         url = embedded.url
-        click.echo(f"inferlab: no --url, simulating {model} on {tp}x {gpu} at {url}", err=True)
+        click.echo(f"inferlab: no --url, simulating {model} on {tp}x {gpu} at {url} (numbers are a prediction)", err=True)
     try:
         total = (num + config.load.warmup) if num else None
         with Progress(err, WallClock(), total) as progress:
@@ -176,7 +176,9 @@ def _render(out: Console, summary: Summary, kw: dict[str, Any], config: BenchCon
         click.echo(dumps(summary.to_json()))
         return
     model = summary.config.get("resolved", {}).get("model", "?")
-    render_summary(out, summary, f"{model} @ {url}", table_percentiles(kw))
+    # a simulated server by name, its numbers labelled (the embedded one's port is a throwaway)
+    where = summary.server.label if summary.server.simulated else url
+    render_summary(out, summary, f"{model} @ {where}", table_percentiles(kw))
     if config.out_dir:
         out.print(f"results: {config.out_dir}/summary.json, {config.out_dir}/requests.jsonl")
 

@@ -26,6 +26,9 @@ FAIL_IF_EXIT = 3
 @click.option("--fail-if", "fail_if", multiple=True, metavar="COND",
               help=f"Exit {FAIL_IF_EXIT} when a run's change against the first passes this and is not within noise: "
                    "METRIC>LIMIT or METRIC<LIMIT, e.g. 'ttft_p99>+10%', 'output_tok_s<-5%', 'tpot_p50>+2' (ms). Repeatable.")
+@click.option("--allow-different-workloads", is_flag=True,
+              help="With --fail-if: act on runs whose load or workload differ (prompt or output lengths, dataset, "
+                   "concurrency or rate, model, ...), which is refused otherwise; the differences are still said.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @history_option
 def compare_cmd(**kw: Any) -> None:
@@ -38,12 +41,21 @@ def _compare(kw: dict[str, Any]) -> int:
     from inferlab.report.compare import build, render, side_of
 
     conditions = [parse_fail_if(c) for c in kw["fail_if"]]
+    if kw["allow_different_workloads"] and not conditions:
+        raise UsageError("--allow-different-workloads lets --fail-if act on runs of different workloads: give --fail-if too")
     paths = resolve_runs(kw["runs"], kw["history"])
     if len(paths) < 2:
         raise UsageError("compare needs two runs or more (the first is the baseline)")
     labels = _labels(kw["runs"])
     comparison = build([side_of(p, label) for p, label in zip(paths, labels, strict=True)])
+    differ = comparison.difference_lines()
+    if conditions and differ and not kw["allow_different_workloads"]:
+        # (a build must not fail on a change the workload made rather than the server)
+        raise UsageError(f"--fail-if on runs of different workloads: {'; '.join(differ)}; "
+                         "give --allow-different-workloads to act on them anyway")
     if kw["as_json"]:
+        for line in differ:  # (the JSON has them too: workload_differences)
+            click.echo(f"inferlab: warning: {line}", err=True)
         click.echo(dumps(comparison.to_json()))
     else:
         render(Console(), comparison)

@@ -33,6 +33,7 @@ from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.run import RunResult
 from inferlab.load.schedules import OpenLoop
 from inferlab.report.console import render_summary
+from inferlab.results.provenance import PREDICTION, simulated_engine
 from inferlab.results.runfiles import dumps
 from inferlab.results.summary import Summary
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
@@ -231,8 +232,8 @@ def _engine_from_trace_run(kw: dict[str, Any]) -> None:
         config = json.loads(path.read_text())
     except (OSError, ValueError):
         return
-    engine = config.get("engine") if config.get("command") == "sim run" else (config.get("resolved") or {}).get("engine")
-    if not isinstance(engine, dict):
+    engine = simulated_engine(config)
+    if engine is None:
         return
     fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_REPLAYED
     taken = [name for name in sorted(fields & set(engine)) if not given(name)]
@@ -299,7 +300,7 @@ def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
         where = f"{replicas['count']} replicas of {where} (router {replicas['router']})"
     if result.summary.config.get("admission"):
         where += ", behind the gateway's admission"
-    render_summary(out, result.summary, f"{e.model} on {where}, virtual time", table_percentiles(kw))
+    render_summary(out, result.summary, f"{e.model} on {where}, virtual time {PREDICTION}", table_percentiles(kw))
     line = Table(show_header=False, box=None, pad_edge=False)
     line.add_column(style="bold", no_wrap=True, min_width=18)
     line.add_column()  # wraps under itself, not under the label

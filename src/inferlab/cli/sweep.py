@@ -176,7 +176,7 @@ def _sweep(kw: dict[str, Any]) -> int:
     if kw["as_json"]:
         click.echo(dumps(result.index))
     else:
-        render_sweep(out, result.index, _title(config))
+        render_sweep(out, result.index, _title(config, result.index))
         out.print(f"sweep: {config.out_dir}/sweep.json ({sum(1 for p in result.index['points'] if p['dir'])} run directories)")
     return 130 if result.interrupted else 0
 
@@ -332,13 +332,14 @@ def _command_line() -> str:
 
 
 def _target_line(config: SweepConfig) -> str:
+    # (over HTTP, whether the server is inferlab's simulator is known once a point ran)
     t = config.target
     if isinstance(t, SimTarget):
         return f"simulating {_engine_text(config)} in virtual time"
     if isinstance(t, EngineTrials):
-        return f"measuring {_started(t, config)}"
+        return f"running against {_started(t, config)}"
     assert isinstance(t, HttpTarget)
-    return f"measuring {t.url}"
+    return f"running against {t.url}"
 
 
 def _started(t: EngineTrials, config: SweepConfig) -> str:
@@ -358,14 +359,18 @@ def _engine_text(config: SweepConfig) -> str:
     return f"{show('model', e.model)} on {show('tensor_parallel_size', e.tensor_parallel_size)}x {show('gpu', e.gpu)}"
 
 
-def _title(config: SweepConfig) -> str:
+def _title(config: SweepConfig, index: dict[str, Any]) -> str:
+    """What the table shows: a prediction in virtual time, a prediction over HTTP (its
+    points ran against a server that identified itself as inferlab's simulator:
+    ``results.provenance``; sweep.json's ``prediction``), or a measurement."""
     t = config.target
     if isinstance(t, SimTarget):
         return f"prediction (simulated, virtual time): {_engine_text(config)}"
+    simulated = bool(index.get("prediction"))
     if isinstance(t, EngineTrials):
-        return f"measured: {_started(t, config)}"
+        return f"{'prediction' if simulated else 'measured'}: {_started(t, config)}" + (" (inferlab's simulator, over HTTP)" if simulated else "")
     assert isinstance(t, HttpTarget)
-    return f"measured: {t.url}"
+    return f"prediction (inferlab sim serve at {t.url}, over HTTP)" if simulated else f"measured: {t.url}"
 
 
 class _Watcher:

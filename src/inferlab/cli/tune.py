@@ -155,7 +155,7 @@ def _tune(kw: dict[str, Any]) -> int:
     err = Console(stderr=True)
     target: SimTarget | Trials = SimTarget(engine_config(kw)) if spec is None else EngineTrials(spec, err, who="inferlab tune")
     where = ("on the simulated engine (virtual time; predictions)" if spec is None
-             else f"on {spec.engine}, started for each trial (measured)")
+             else f"on {spec.engine}, started for each trial")
 
     def on_trial(t: Trial) -> None:
         if not kw["as_json"]:
@@ -174,10 +174,13 @@ def _tune(kw: dict[str, Any]) -> int:
     result = asyncio.run(main_async())
     if out:
         record_sweep_in_history(out, kw)
+    # an engine started from a config can be inferlab's simulator too (kind sim): its
+    # trials' servers say so (results.provenance)
+    simulated = spec is None or any(t.summary is not None and t.summary.server.simulated for t in result.trials)
     if kw["as_json"]:
-        click.echo(json.dumps(_result_json(result, config, spec is None), indent=2, allow_nan=False, default=lambda v: getattr(v, "value", str(v))))
+        click.echo(json.dumps(_result_json(result, config, simulated), indent=2, allow_nan=False, default=lambda v: getattr(v, "value", str(v))))
     else:
-        _render(Console(), result, config, out, spec is None)
+        _render(Console(), result, config, out, simulated, virtual=spec is None)
     if result.best is None:
         raise UsageError("no trial completed: see the reasons above") if not result.interrupted else click.exceptions.Exit(130)
     return 130 if result.interrupted else 0
@@ -198,8 +201,9 @@ def _trial_line(t: Trial, config: TuneConfig) -> str:
             f"TTFT p99 {_fmt(h.get('ttft_p99_ms'))} ms, TPOT p99 {_fmt(h.get('tpot_p99_ms'), 2)} ms")
 
 
-def _render(out: Console, result: TuneResult, config: TuneConfig, folder: str | None, prediction: bool) -> None:
-    what = "prediction (simulated, virtual time)" if prediction else "measured"
+def _render(out: Console, result: TuneResult, config: TuneConfig, folder: str | None, prediction: bool, *, virtual: bool) -> None:
+    what = ("measured" if not prediction else "prediction (simulated, virtual time)" if virtual
+            else "prediction (inferlab's simulator, over HTTP)")
     table = Table(title=f"inferlab tune: the best and the Pareto front (output tok/s vs TTFT p99); {what}",
                   title_justify="left", header_style="bold")
     for col in ("trial", "flags", config.objective, "out tok/s", "TTFT p99 ms", "TPOT p99 ms"):

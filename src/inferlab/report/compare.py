@@ -21,6 +21,8 @@ from inferlab.results.compare import (
     estimate,
     verdict_words,
 )
+from inferlab.results.loaddiff import Difference, load_differences
+from inferlab.results.provenance import PREDICTION, simulated_engine
 from inferlab.results.sources import Run, Sweep, load
 
 
@@ -38,13 +40,10 @@ class Side:
     def describe(self) -> str:
         run = self.runs[0]
         cfg = run.config
-        resolved = cfg.get("resolved") or {}
-        engine = cfg.get("engine") if cfg.get("command") == "sim run" else resolved.get("engine")
-        model = (engine or {}).get("model") or resolved.get("model") or "?"
-        where = "simulator, virtual time" if cfg.get("command") == "sim run" else (resolved.get("url") or "?")
+        model = (simulated_engine(cfg) or {}).get("model") or (cfg.get("resolved") or {}).get("model") or "?"
         reps = f", {len(self.runs)} repeats" if len(self.runs) > 1 else ""
-        kind = " (prediction)" if self.simulated else ""
-        return f"{self.label}: {model} @ {where}{reps}, {len(run.records)} requests{kind}"
+        kind = f" {PREDICTION}" if self.simulated else ""
+        return f"{self.label}: {model} @ {run.server.where}{reps}, {len(run.records)} requests{kind}"
 
 
 @dataclass
@@ -52,16 +51,26 @@ class Comparison:
     sides: list[Side]
     deltas: list[list[Delta]] = field(default_factory=list)  # per side after the first
     tests: list[dict[str, float | None]] = field(default_factory=list)
+    # per side after the first: its load and workload settings that differ from the first's
+    differences: list[list[Difference]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "baseline": self.sides[0].label,
             "runs": [{"label": s.label, "paths": [str(r.path) for r in s.runs], "simulated": s.simulated} for s in self.sides],
             "comparisons": [
-                {"run": s.label, "metrics": [d.to_json() for d in ds], "mann_whitney_p": t}
-                for s, ds, t in zip(self.sides[1:], self.deltas, self.tests, strict=True)
+                {"run": s.label, "workload_differences": [d.to_json() for d in diff],
+                 "metrics": [d.to_json() for d in ds], "mann_whitney_p": t}
+                for s, ds, t, diff in zip(self.sides[1:], self.deltas, self.tests, self.differences, strict=True)
             ],
         }
+
+    def difference_lines(self) -> list[str]:
+        """One line per run whose load or workload differs from the baseline's, naming
+        the settings (empty when every run asked the same of its server)."""
+        base = self.sides[0].label
+        return [f"{s.label} differs from {base} in load or workload: {'; '.join(d.text for d in diff)}"
+                for s, diff in zip(self.sides[1:], self.differences, strict=True) if diff]
 
 
 def side_of(path: str, label: str | None = None) -> Side:
@@ -86,6 +95,7 @@ def build(sides: Sequence[Side]) -> Comparison:
     for s in sides[1:]:
         c.deltas.append(compare(sides[0].runs, s.runs))
         c.tests.append(distribution_tests(sides[0].runs, s.runs))
+        c.differences.append(load_differences(sides[0].runs[0].config, s.runs[0].config))
     return c
 
 
@@ -101,6 +111,9 @@ def render(console: Console, c: Comparison) -> None:
     base = c.sides[0]
     for s in c.sides:
         console.print(s.describe())
+    for line in c.difference_lines():  # (above the verdicts: they may come from it)
+        console.print(f"[yellow]warning:[/yellow] {line}: a change below may come from that, not from the server",
+                      highlight=False, soft_wrap=True)
     t = Table(title=f"each run against {base.label}: change, its 95% interval, and whether it exceeds run-to-run noise",
               title_justify="left")
     t.add_column("metric", no_wrap=True)
@@ -144,6 +157,8 @@ def render_html_table(c: Comparison) -> str:
             cells.append(f"<td>{fmt(d.b.value, m.unit)}</td><td{cls} title=\"{escape(ci)}\">{change}</td><td{cls}>{escape(verdict_words(d))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     lines = "".join(f"<li>{escape(s.describe())}</li>" for s in c.sides)
+    lines += "".join(f'<li class="worse">warning: {escape(line)}: a change below may come from that, not from the server</li>'
+                     for line in c.difference_lines())
     tests = "".join(
         f"<li>Mann–Whitney, {escape(s.label)} vs {escape(base.label)}: "
         + ", ".join(f"{k.removesuffix('_ms').upper()} p={p:.3g}" for k, p in t.items() if p is not None) + "</li>"

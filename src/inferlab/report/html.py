@@ -31,6 +31,7 @@ from inferlab.report.svg import (
 from inferlab.report.sweep import band_lines, bands_short
 from inferlab.results.compare import METRICS, summary_value
 from inferlab.results.metrics import request_metrics
+from inferlab.results.provenance import http_server_info, simulated_engine
 from inferlab.results.sources import Run, Sweep
 
 #: Most requests the timeline draws (the first ones sent); the heading says when cut.
@@ -92,8 +93,8 @@ def gpu_count(run: Run, override: int | None) -> tuple[int, str]:
     """GPUs serving ``run`` and where that number came from."""
     if override is not None:
         return override, "--gpus"
-    engine = run.config.get("engine") if run.config.get("command") == "sim run" else (run.config.get("resolved") or {}).get("engine")
-    if isinstance(engine, dict) and isinstance(engine.get("tensor_parallel_size"), int):
+    engine = simulated_engine(run.config)
+    if engine is not None and isinstance(engine.get("tensor_parallel_size"), int):
         pp = engine.get("pipeline_parallel_size") or 1
         dp = engine.get("data_parallel_size") or 1
         return int(engine["tensor_parallel_size"]) * int(pp) * int(dp), "the engine's tensor-parallel size"
@@ -433,7 +434,8 @@ def profile_section(sweep: Sweep) -> str:
             cost = f"not measured: {cost}"
         rows.append(f"<tr><td>{escape(str(f.get('title') or f.get('name')))}</td><td>{escape(cost)}</td>"
                     f"<td>{escape(str(f.get('evidence') or ''))}</td></tr>")
-    where = data.get("url") or "the embedded simulated server (every number a prediction)"
+    url, engine = data.get("url"), data.get("engine")
+    where = http_server_info(None if url is None else str(url), engine if isinstance(engine, dict) else None).label
     return (f"<h2>Profile: {escape(str(sweep.path))}</h2><p>Server: {escape(str(where))}; model {escape(str(data.get('model')))}; "
             f"{_num(data.get('elapsed_s')):,.0f} s of a {_num(data.get('budget_s')):,.0f} s budget.</p>"
             f'<table class="profile"><tr><th>factor</th><th>measured cost here</th><th>evidence</th></tr>{"".join(rows)}</table>')
@@ -460,8 +462,12 @@ def sweep_section(sweep: Sweep) -> str:
     cols = (("output_tok_s", "out tok/s"), ("req_s", "req/s"), ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
             ("tpot_p50_ms", "TPOT p50 ms"), ("tpot_p99_ms", "TPOT p99 ms"))
     raw = {str(p.get("dir")): p for p in sweep.index.get("points") or [] if isinstance(p, dict)}
-    # simulated: every number a prediction, each point with its validation error
-    predicted = bool(sweep.index.get("prediction"))
+    # simulated: every number a prediction; in virtual time each point with its
+    # validation error (over HTTP against the simulated server: none)
+    target = sweep.index.get("target")
+    virtual = isinstance(target, dict) and bool(target.get("virtual_time"))
+    simulated = bool(sweep.index.get("prediction")) or any(r.simulated for r in sweep.runs)
+    predicted = simulated and virtual
     rows = []
     for p in sweep.points:
         h = raw.get(p.dir, {}).get("headline") or {}
@@ -492,7 +498,11 @@ def sweep_section(sweep: Sweep) -> str:
     if sweep.index.get("complete") is False:
         notes.append("the sweep did not finish (interrupted): the points above are those it ran")
     out = [f"<h2>Sweep: {escape(str(sweep.path))} ({escape(str(sweep.index.get('command') or 'sweep'))})"
-           + (" (prediction)" if predicted else "") + "</h2>"]
+           + (" (prediction)" if simulated else "") + "</h2>"]
+    if simulated and not virtual:
+        out.append("<p>Run over HTTP against inferlab's simulated server: every number in this sweep is a "
+                   "<b>prediction</b> of the simulator, not a measurement. No error bands: those are the simulator's "
+                   "validation error in virtual time, and the real-time server adds a lateness of its own.</p>")
     if predicted:
         out.append("<p>Simulated in virtual time: every number in this sweep is a <b>prediction</b> of the simulator, "
                    "not a measurement. Error bands: the simulator's validation error for the engine family in each point's "

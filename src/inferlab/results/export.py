@@ -32,6 +32,7 @@ from inferlab.results.metrics import (
     queue_delay_ms,
     request_metrics,
 )
+from inferlab.results.provenance import VIRTUAL
 from inferlab.results.records import RequestRecord
 from inferlab.results.summary import Summary
 
@@ -253,10 +254,14 @@ def _vllm_peaks(ok: Sequence[_VllmRequest]) -> tuple[float, int]:
 
 
 def run_source(summary: Summary) -> str:
-    """What made the run, for ``vllm_result``'s ``source``: a measurement (``bench``) or
-    a prediction (``sim run``)."""
-    if summary.config.get("command") == "sim run":
+    """What made the run, for ``vllm_result``'s ``source``: a measurement (``inferlab
+    bench``) or a prediction (``sim run``, or ``bench`` against inferlab's simulated
+    server: ``results.provenance``)."""
+    server = summary.server
+    if server.kind == VIRTUAL:
         return "inferlab sim run (simulated in virtual time, not measured)"
+    if server.simulated:
+        return f"inferlab bench against {server.where} (simulated, not measured)"
     return "inferlab bench"
 
 

@@ -12,10 +12,12 @@ in WAL mode, writers wait (``busy_timeout``) instead of failing, and each insert
 ``BEGIN IMMEDIATE`` transaction.
 
 What a row holds: ``id``, ``time`` (UTC, ISO 8601), ``kind`` (``run`` or ``sweep``),
-``command``, ``target`` (the URL, or the simulator), ``model``, ``engine`` (the engine
-and its flags as JSON, when known), ``workload`` (the load and the workload as JSON),
-the headline metrics (``HEADLINE``), ``completed``, ``failed``, ``simulated`` and
-``path`` (the run or sweep directory; null for a run written nowhere).
+``command``, ``target`` (the URL; for a simulated run the simulator in words, as
+``results.provenance`` names it: the embedded simulated server, inferlab sim serve at
+URL, the simulator in virtual time), ``model``, ``engine`` (the engine and its flags as
+JSON, when known), ``workload`` (the load and the workload as JSON), the headline
+metrics (``HEADLINE``), ``completed``, ``failed``, ``simulated`` (1: its numbers are
+predictions) and ``path`` (the run or sweep directory; null for a run written nowhere).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 
 from inferlab._clock import WallClock, wall_time_s
 from inferlab._errors import UsageError
+from inferlab.results.provenance import VIRTUAL, server_info, simulated_engine
 
 ENV = "INFERLAB_HISTORY"
 #: Values of ``$INFERLAB_HISTORY`` that turn the history off.
@@ -307,21 +310,22 @@ def run_row(summary: Mapping[str, Any], path: str | os.PathLike[str] | None) -> 
     config = summary.get("config") or {}
     resolved = config.get("resolved") or {}
     command = config.get("command") or "bench"
-    simulated = command == "sim run" or bool(resolved.get("engine"))
-    engine = config.get("engine") if command == "sim run" else resolved.get("engine")
+    server = server_info(config)
+    engine = simulated_engine(config)
     target: str | None
-    if command == "sim run":
+    if server.kind == VIRTUAL:
         target = "simulator (virtual time)"
         model = (engine or {}).get("model")
     else:
-        target = resolved.get("api_root") or resolved.get("url") or config.get("url")
+        # a simulated server in words (the embedded one's URL was a throwaway port)
+        target = server.where if server.simulated else resolved.get("api_root") or resolved.get("url") or config.get("url")
         model = resolved.get("model") or config.get("model")
     counts = summary.get("counts") or {}
     return {
         "kind": "run", "command": command, "target": target, "model": model, "engine": engine,
         "workload": {k: config.get(k) for k in ("load", "workload", "api", "trace") if k in config},
         **headline(summary), "completed": counts.get("completed"), "failed": counts.get("failed"),
-        "simulated": int(simulated), "path": str(Path(path).resolve()) if path is not None else None,
+        "simulated": int(server.simulated), "path": str(Path(path).resolve()) if path is not None else None,
     }
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from inferlab._errors import UsageError
+from inferlab.results.provenance import ServerInfo, server_info
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import read_records
 from inferlab.results.summary import summarize
@@ -42,8 +43,14 @@ class Run:
     server_series: list[dict[str, Any]] = field(default_factory=list)
 
     @property
+    def server(self) -> ServerInfo:
+        """Where its numbers come from (``results.provenance``)."""
+        return server_info(self.config)
+
+    @property
     def simulated(self) -> bool:
-        return self.config.get("command") == "sim run" or bool((self.config.get("resolved") or {}).get("engine"))
+        """Its numbers are predictions of the simulator."""
+        return self.server.simulated
 
 
 @dataclass

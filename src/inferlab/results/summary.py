@@ -34,6 +34,7 @@ from inferlab.results.metrics import (
     queue_delay_ms,
     request_metrics,
 )
+from inferlab.results.provenance import VIRTUAL, ServerInfo, server_info
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.telemetry import ServerMetrics
 
@@ -129,6 +130,7 @@ class Summary:
 
     schema: str = field(metadata=_doc(f"the format's version, {SCHEMA!r}"))
     config: dict[str, Any] = field(metadata=_doc("the run's whole configuration as resolved (as in config.json)"))
+    server: ServerInfo = field(metadata=_doc("where the numbers come from (results.provenance): simulated (true: inferlab's simulator made them, every number is a prediction), kind (virtual time: sim run, a simulated sweep point, a what-if; embedded: the simulated server bench or profile started without --url; sim serve: a server that answered /inferlab/engine, i.e. inferlab sim serve; server: any other, measured), url (the API root; null in virtual time and for the embedded server), engine_family (the simulated engine's; null for other servers)"))
     interrupted: bool = field(metadata=_doc("the run ended early (Ctrl-C, or a workload that could not make its next request)"))
     counts: Counts = field(metadata=_doc("measured requests: total, completed, failed, cancelled (in flight at an interruption), warmup (left out of everything), errors (failed ones by error kind)"))
     duration_s: float = field(metadata=_doc("first send → last completion of the measured requests (0 when none completed)"))
@@ -203,6 +205,8 @@ class Summary:
         return cls(
             schema=d["schema"],
             config=dict(d["config"]),
+            # (a summary written before the key: the same rule on its config)
+            server=ServerInfo.from_json(d["server"]) if "server" in d else server_info(d["config"]),
             interrupted=bool(d["interrupted"]),
             counts=Counts(c["total"], c["completed"], c["failed"], c["cancelled"], c["warmup"], dict(c["errors"])),
             duration_s=float(d["duration_s"]),
@@ -330,9 +334,11 @@ def summarize(
     caveats = _warnings(
         config, completed_rps, queue_delay, token_source, done, measured, interrupted
     )
+    server = server_info(config)
     return Summary(
         schema=SCHEMA,
         config=config,
+        server=server,
         interrupted=interrupted,
         counts=Counts(
             total=len(measured),
@@ -358,7 +364,7 @@ def summarize(
         server_timeline=server_comparison(done, per, percentiles),
         latency_breakdown=latency_breakdown(
             done, extras.server_metrics if isinstance(extras.server_metrics, ServerMetrics) else None,
-            virtual=config.get("command") == "sim run",
+            virtual=server.kind == VIRTUAL,
         ),
         error_examples=_error_examples(failed),
         warnings=(*extras.warnings_first, *caveats, *extras.warnings_last),

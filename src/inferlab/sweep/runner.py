@@ -436,6 +436,10 @@ class _Sweep:
             # simulated: each headline metric's validation error in this point's regime
             # (closed loop, Poisson, offline: the load decides); measured: none
             entry["prediction"] = headline_prediction(result.summary.prediction)
+            if result.summary.server.simulated:
+                # (over HTTP too: a server that identified itself as inferlab's simulator
+                # made every number; only virtual-time points carry error bands)
+                self.index["prediction"] = True
             if with_slo is not None:
                 entry["headline"]["slo_share"] = slo_share(result.records, with_slo.slo)
         else:

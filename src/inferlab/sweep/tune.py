@@ -372,7 +372,8 @@ class Tuner:
             "format": FORMAT,
             "command": "tune",
             "target": self.trials_at.target_json(),
-            "prediction": self.trials_at.prediction,
+            # (an engine started from a config may be inferlab's simulator: its trials say)
+            "prediction": self.trials_at.prediction or any(t.summary is not None and t.summary.server.simulated for t in self.trials),
             "axes": {a.name: list(a.values) for a in self.config.axes},
             "load_axis": None,
             "repeats": 1,

@@ -1,0 +1,145 @@
+"""What differs between two runs' load and workload, read from their ``config.json``:
+``compare`` and ``report`` say it before any verdict, since a change between runs that
+asked different things of the server is not the server's alone.
+
+Compared: the model, the API and streaming, the load (closed or open loop, its users or
+rate, arrivals, cap), the number of requests, duration and warm-up, and the workload
+(prompt and output lengths, exact output, a fixed prompt, a dataset or trace, shared
+prefixes, sessions) and the extra request fields (sampling). Left out, as what
+legitimately differs between runs of one workload: seeds and prompt salts, output
+folders, timeouts, credentials and headers, the client's own settings (workers, HTTP
+stack, preflight, tokenizer), SLOs (goodput is not compared), and the server itself (its
+URL, its engine flags: what a comparison is for). A setting is compared only where both
+runs record its part of the config (``sim run`` records no ``stream``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One setting whose value differs: ``setting`` (where in config.json), ``label``
+    (in words), the baseline's value ``a`` and the other run's ``b``, as recorded."""
+
+    setting: str
+    label: str
+    a: Any
+    b: Any
+
+    @property
+    def text(self) -> str:
+        return f"{self.label} {_show(self.a)} vs {_show(self.b)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"setting": self.setting, "label": self.label, "a": self.a, "b": self.b}
+
+
+def _model(config: Mapping[str, Any]) -> Any:
+    if config.get("command") == "sim run":
+        return (config.get("engine") or {}).get("model")
+    return (config.get("resolved") or {}).get("model") or config.get("model")
+
+
+def _load(config: Mapping[str, Any]) -> Any:
+    schedule = (config.get("load") or {}).get("schedule")
+    return _schedule_text(schedule) if isinstance(schedule, Mapping) else None
+
+
+def _at(path: str) -> Callable[[Mapping[str, Any]], Any]:
+    def read(config: Mapping[str, Any]) -> Any:
+        value: Any = config
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        return value
+
+    return read
+
+
+#: (setting, words, the part of config.json both runs must record, how to read it).
+_SETTINGS: tuple[tuple[str, str, str, Callable[[Mapping[str, Any]], Any]], ...] = (
+    ("model", "model", "", _model),
+    ("api", "API", "api", _at("api")),
+    ("stream", "streaming", "stream", _at("stream")),
+    ("load.schedule", "load", "load", _load),
+    ("load.num_requests", "requests (-n)", "load", _at("load.num_requests")),
+    ("load.duration_s", "duration s (--duration)", "load", _at("load.duration_s")),
+    ("load.warmup", "warm-up requests", "load", _at("load.warmup")),
+    ("workload.input_tokens", "prompt lengths (--input-tokens)", "workload", _at("workload.input_tokens")),
+    ("workload.output_tokens", "output lengths, max tokens (--output-tokens)", "workload", _at("workload.output_tokens")),
+    ("workload.exact_output", "exact output lengths", "workload", _at("workload.exact_output")),
+    ("workload.prompt", "prompt (--prompt)", "workload", _at("workload.prompt")),
+    ("workload.dataset", "dataset", "workload", _at("workload.dataset")),
+    ("workload.trace", "trace", "workload", _at("workload.trace")),
+    ("workload.prefix_groups", "prefix groups", "workload", _at("workload.prefix_groups")),
+    ("workload.prefix_tokens", "prefix tokens", "workload", _at("workload.prefix_tokens")),
+    ("workload.suffix_tokens", "suffix tokens", "workload", _at("workload.suffix_tokens")),
+    ("workload.prefix_popularity", "prefix popularity", "workload", _at("workload.prefix_popularity")),
+    ("workload.sessions", "sessions", "workload", _at("workload.sessions")),
+    ("workload.turns", "turns", "workload", _at("workload.turns")),
+    ("workload.think_time_s", "think time s", "workload", _at("workload.think_time_s")),
+    ("workload.system_tokens", "system prompt tokens", "workload", _at("workload.system_tokens")),
+    ("workload.context_window_tokens", "context window tokens", "workload", _at("workload.context_window_tokens")),
+    ("extra_body", "extra request fields (--extra-body, --temperature)", "extra_body", _at("extra_body")),
+)
+
+
+def load_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
+    """The load and workload settings of two runs' configs (``config.json`` as dicts) that
+    differ, in a fixed order; empty when they asked the same of the server."""
+    out = []
+    for setting, label, part, read in _SETTINGS:
+        if part and (part not in a or part not in b):
+            continue
+        va, vb = read(a), read(b)
+        if part == "" and (va is None or vb is None):
+            continue  # (a folder of records alone does not say)
+        if _norm(va) != _norm(vb):
+            out.append(Difference(setting, label, va, vb))
+    return out
+
+
+def _schedule_text(s: Mapping[str, Any]) -> str:
+    """A load schedule in words: 'closed loop of 4 users', 'open loop at 8 req/s (poisson)'."""
+    kind = s.get("kind")
+    if kind == "ClosedLoop":
+        return f"closed loop of {s.get('concurrency')} users"
+    cap = f", at most {s['max_concurrency']} in flight" if s.get("max_concurrency") else ""
+    if kind == "OpenLoop":
+        rate = s.get("rate_rps")
+        arrival = s.get("arrival") or "poisson"
+        shape = f"{arrival}, burstiness {_show(s.get('burstiness'))}" if arrival == "gamma" else arrival
+        return f"open loop at {_show(rate)} req/s ({shape}){cap}"
+    if kind == "Replay":
+        return f"the trace's own times{cap}"
+    return json.dumps(dict(s), sort_keys=True, default=str)
+
+
+def _norm(v: Any) -> Any:
+    """Values as compared: a number as a float (4 and 4.0 are one setting)."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, Mapping):
+        return {k: _norm(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_norm(x) for x in v]
+    return v
+
+
+def _show(v: Any) -> str:
+    if v is None:
+        return "none"
+    if isinstance(v, float):
+        return "inf" if math.isinf(v) else f"{v:g}"
+    if isinstance(v, Mapping):
+        return json.dumps({k: x for k, x in v.items() if x is not None}, default=str)
+    if isinstance(v, str) and v == "":
+        return '""'
+    return str(v)

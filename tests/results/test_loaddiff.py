@@ -1,0 +1,68 @@
+"""Which load and workload settings differ between two runs' configs
+(``results.loaddiff``), and which legitimately differing ones are left out."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from inferlab.results.loaddiff import load_differences
+
+
+def bench(**changes: Any) -> dict[str, Any]:
+    """A bench run's config.json (the fields that matter here)."""
+    config: dict[str, Any] = {
+        "load": {"schedule": {"kind": "ClosedLoop", "concurrency": 4}, "num_requests": 40, "duration_s": None, "warmup": 0, "seed": 0},
+        "workload": {"input_tokens": "300", "output_tokens": "40", "prompt": None, "exact_output": True, "dataset": None,
+                     "trace": None, "prefix_groups": None, "prefix_tokens": None, "suffix_tokens": None,
+                     "prefix_popularity": "uniform", "sessions": None, "turns": 4, "think_time_s": 0.0, "system_tokens": 0,
+                     "context_window_tokens": None, "tokenizer": None, "token_ids": True, "prompt_salt": None},
+        "url": "http://a:8000", "model": None, "api": "chat", "stream": True, "api_key": None, "headers": {},
+        "timeout_s": 600.0, "idle_timeout_s": 60.0, "slo": None, "out_dir": "runs/a", "preflight": True,
+        "extra_body": {}, "http_client": "auto",
+        "resolved": {"url": "http://a:8000/v1", "model": "m", "prompt_salt": "1a2b3c4d", "workers": 1, "engine": None},
+    }
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        node = config
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return config
+
+
+def texts(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    return [d.text for d in load_differences(a, b)]
+
+
+def test_the_same_workload_on_another_day_another_server_differs_in_nothing() -> None:
+    b = bench(load__seed=7, out_dir="runs/b", url="http://b:9000", timeout_s=30.0, slo={"ttft_ms": 100},
+              resolved={"url": "http://b:9000/v1", "model": "m", "prompt_salt": "ffff0000", "workers": 4,
+                        "engine": {"max_num_batched_tokens": 512}},
+              workload__prompt_salt="", workload__tokenizer="tok.json", api_key="***", http_client="httptools")
+    assert load_differences(bench(), b) == []
+    assert load_differences(bench(), copy.deepcopy(bench(load__num_requests=40.0))) == []  # (4 and 4.0 are one setting)
+
+
+def test_each_differing_setting_is_named_with_both_values() -> None:
+    a = bench()
+    assert texts(a, bench(workload__input_tokens="200", workload__output_tokens="50")) == [
+        "prompt lengths (--input-tokens) 300 vs 200", "output lengths, max tokens (--output-tokens) 40 vs 50"]
+    assert texts(a, bench(load__schedule={"kind": "OpenLoop", "rate_rps": 8.0, "arrival": "poisson", "burstiness": 1.0,
+                                          "max_concurrency": None})) == [
+        "load closed loop of 4 users vs open loop at 8 req/s (poisson)"]
+    assert texts(a, bench(resolved={"url": "http://a:8000/v1", "model": "other", "engine": None})) == ["model m vs other"]
+    assert texts(a, bench(workload__dataset={"path": "sharegpt.json", "format": None}, load__num_requests=100)) == [
+        "requests (-n) 40 vs 100", 'dataset none vs {"path": "sharegpt.json"}']
+    assert texts(a, bench(extra_body={"temperature": 1.0}, stream=False, api="completions")) == [
+        "API chat vs completions", "streaming True vs False",
+        'extra request fields (--extra-body, --temperature) {} vs {"temperature": 1.0}']
+
+
+def test_a_sim_run_is_compared_on_what_it_records() -> None:
+    """``sim run`` records no ``stream`` or ``extra_body`` and names its model in its engine."""
+    sim = {"command": "sim run", "engine": {"model": "m", "max_num_seqs": 8}, "load": bench()["load"],
+           "workload": bench()["workload"], "api": "chat", "trace": None}
+    assert load_differences(sim, bench()) == []
+    other = {**sim, "engine": {"model": "Llama-3.1-8B"}}
+    assert texts(bench(), other) == ["model m vs Llama-3.1-8B"]

@@ -1,0 +1,62 @@
+"""One rule for where a run's numbers come from (``results.provenance``): the simulator in
+virtual time, the embedded simulated server, ``sim serve`` (it answers
+``/inferlab/engine``), or a server measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inferlab.results.history import run_row
+from inferlab.results.provenance import (
+    EMBEDDED,
+    SERVER,
+    SIM_SERVE,
+    VIRTUAL,
+    ServerInfo,
+    server_info,
+    simulated_engine,
+)
+from inferlab.results.summary import Summary, summarize
+
+ENGINE = {"model": "Qwen/Qwen2.5-7B-Instruct", "engine_family": "vllm", "tensor_parallel_size": 1}
+
+
+@pytest.mark.parametrize(("config", "expected", "where"), [
+    ({"command": "sim run", "engine": {**ENGINE, "engine_family": "sglang"}},
+     ServerInfo(True, VIRTUAL, None, "sglang"), "the simulator (virtual time)"),
+    # bench without --url: config.json's url is null, whatever the probe found
+    ({"url": None, "resolved": {"url": "http://127.0.0.1:40001/v1", "engine": ENGINE}},
+     ServerInfo(True, EMBEDDED, None, "vllm"), "the embedded simulated server"),
+    ({"url": None, "resolved": {"url": "http://127.0.0.1:40001/v1", "engine": None}},
+     ServerInfo(True, EMBEDDED, None, None), "the embedded simulated server"),
+    ({"url": "http://h:8000", "resolved": {"url": "http://h:8000/v1", "engine": ENGINE}},
+     ServerInfo(True, SIM_SERVE, "http://h:8000/v1", "vllm"), "inferlab sim serve at http://h:8000/v1"),
+    ({"url": "http://h:8000", "resolved": {"url": "http://h:8000/v1", "engine": None}},
+     ServerInfo(False, SERVER, "http://h:8000/v1", None), "http://h:8000/v1"),
+    ({}, ServerInfo(False, SERVER, None, None), "an unknown server"),  # (a folder of records alone)
+])
+def test_the_rule(config: dict[str, Any], expected: ServerInfo, where: str) -> None:
+    info = server_info(config)
+    assert info == expected and info.where == where
+    assert info.label == (f"{where} (prediction)" if expected.simulated else where)
+    assert ServerInfo.from_json(info.to_json()) == info
+    assert (simulated_engine(config) is not None) == (expected.engine_family is not None)
+
+
+def test_the_summary_carries_it_and_an_older_summary_gets_it_from_its_config() -> None:
+    config = {"url": None, "resolved": {"url": "http://127.0.0.1:40001/v1", "engine": ENGINE}}
+    d = summarize([], config=config).to_json()
+    assert d["server"] == {"simulated": True, "kind": "embedded", "url": None, "engine_family": "vllm"}
+    older = {k: v for k, v in d.items() if k != "server"}
+    assert Summary.from_json(older).server == ServerInfo(True, EMBEDDED, None, "vllm")
+
+
+def test_the_history_names_a_simulated_server_not_its_port() -> None:
+    embedded = run_row(summarize([], config={"url": None, "resolved": {"url": "http://127.0.0.1:40001/v1", "engine": ENGINE}}).to_json(), None)
+    assert (embedded["target"], embedded["simulated"]) == ("the embedded simulated server", 1)
+    served = run_row(summarize([], config={"url": "http://h:8000", "resolved": {"url": "http://h:8000/v1", "engine": ENGINE}}).to_json(), None)
+    assert (served["target"], served["simulated"]) == ("inferlab sim serve at http://h:8000/v1", 1)
+    measured = run_row(summarize([], config={"url": "http://h:8000", "resolved": {"url": "http://h:8000/v1", "engine": None}}).to_json(), None)
+    assert (measured["target"], measured["simulated"]) == ("http://h:8000/v1", 0)
