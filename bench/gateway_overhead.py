@@ -55,7 +55,7 @@ from inferlab.sim.server.launch import ChildServer
 CHUNKS = 64
 
 
-def _fast_engine(port_out: Any, gap_s: float) -> None:
+def _fast_engine(port_out: Any, gap_s: float, lockstep: bool = False) -> None:
     import asyncio
 
     from aiohttp import web
@@ -74,8 +74,10 @@ def _fast_engine(port_out: Any, gap_s: float) -> None:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         await resp.write(head)
+        loop = asyncio.get_running_loop()
         for _ in range(CHUNKS):
-            await asyncio.sleep(gap_s)
+            # lockstep: every stream's chunk on one shared tick, as an engine's step ends
+            await asyncio.sleep(gap_s - loop.time() % gap_s if lockstep else gap_s)
             await resp.write(token)
         await resp.write(tail + (usage if (body.get("stream_options") or {}).get("include_usage") else b"") + DONE_EVENT)
         return resp
@@ -139,7 +141,7 @@ def start_engine(kind: str, sim_model: str, gap_ms: float) -> tuple[str, str, An
         return sim.url, sim_model, sim.close
     ctx = mp.get_context("spawn")
     port_out = ctx.Queue()
-    proc = ctx.Process(target=_fast_engine, args=(port_out, gap_ms / 1e3), daemon=True)
+    proc = ctx.Process(target=_fast_engine, args=(port_out, gap_ms / 1e3, kind == "lockstep"), daemon=True)
     proc.start()
     return f"http://127.0.0.1:{port_out.get(timeout=30)}", "fast", proc.terminate
 
@@ -221,9 +223,10 @@ def start_gateway(spec: str, engine_url: str, workdir: str) -> tuple[str, subpro
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests and rounds")
-    ap.add_argument("--engine", choices=["fast", "sim"], default="fast",
+    ap.add_argument("--engine", choices=["fast", "lockstep", "sim"], default="fast",
                     help="fast: a stub engine streaming 64 chunks --gap-ms apart (TTFT ~0: what is added is the "
-                         "gateway's); sim: inferlab sim serve")
+                         "gateway's); lockstep: the same stub writing every stream's chunk on one shared tick "
+                         "(--gap-ms), as an engine's step ends; sim: inferlab sim serve")
     ap.add_argument("--gap-ms", type=float, default=1.0, help="the fast engine's time between chunks")
     ap.add_argument("--sim-model", default="Qwen2.5-0.5B-Instruct", help="sim: the simulated model (on an H200)")
     ap.add_argument("-c", "--concurrency", type=int, default=32)
@@ -312,7 +315,7 @@ def main() -> None:
     def med(path: str, k: str) -> float:
         return statistics.median(float(row[path][k]) for row in rows)
 
-    what = f"a stub engine ({CHUNKS} chunks {args.gap_ms:g} ms apart)" if args.engine == "fast" else f"sim serve ({args.sim_model} on H200)"
+    what = f"a stub engine ({CHUNKS} chunks {args.gap_ms:g} ms apart{', in lockstep' if args.engine == 'lockstep' else ''})" if args.engine != "sim" else f"sim serve ({args.sim_model} on H200)"
     print(f"\nmedian of {rounds} rounds against {what}, {CHUNKS}-token streams, {n} requests at c={c}, {n1} at c=1 "
           f"(direct: {med('direct', 'rps_c'):.0f} req/s at c={c}):")
     print(f"  {'gateway':<16} {'added TTFT p50 c=1':>18} {f'c={c}':>9} {'CPU/1k chunks':>14} {'(system)':>9} {'req/s':>6}")
