@@ -124,26 +124,42 @@ LITELLM_KEY = "sk-inferlab-bench-0123456789abcdef"
 
 
 def bench(url: str, model: str, n: int, c: int, api_key: str | None = None) -> dict[str, float]:
-    """One ``inferlab bench`` run: TTFT p50 (ms), req/s, failures."""
-    cmd = [sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", str(n), "-c", str(c), "--model", model,
-           "--input-tokens", "128", "--output-tokens", str(CHUNKS), "--no-preflight", "--json", "--workers", "1"]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout
-    s = json.loads(out)
-    return {"ttft": s["ttft_ms"]["p50"], "rps": s["request_throughput_rps"], "failed": s["counts"]["failed"]}
+    """One ``inferlab bench`` run: TTFT p50 (ms), req/s, failures; and ``engine_ttft``, the
+    p50 of the engine's own receipt-to-first-token time (``server_timeline``, which
+    ``sim serve`` sends; NaN from an engine that does not), so that what the gateway adds
+    in transport can be told from a change in what the engine did."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", str(n), "-c", str(c), "--model", model,
+               "--input-tokens", "128", "--output-tokens", str(CHUNKS), "--no-preflight", "--json", "--workers", "1",
+               "--no-history", "-o", str(Path(out) / "run")]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        s = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout)
+        with open(Path(out) / "run" / "requests.jsonl") as f:
+            own = [float(tl["first_token_ms"]) for r in map(json.loads, f)
+                   if (tl := r.get("server_timeline")) and tl.get("first_token_ms") is not None]
+    return {"ttft": s["ttft_ms"]["p50"], "rps": s["request_throughput_rps"], "failed": s["counts"]["failed"],
+            "engine_ttft": statistics.median(own) if own else float("nan")}
 
 
-def start_engine(kind: str, sim_model: str, gap_ms: float) -> tuple[str, str, Any]:
-    """(its URL, the model to ask for, a close function)."""
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cores``."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(task), cores)
+
+
+def start_engine(kind: str, sim_model: str, gap_ms: float) -> tuple[str, str, Any, int]:
+    """(its URL, the model to ask for, a close function, its process id)."""
     if kind == "sim":
         sim = ChildServer(["--model", sim_model, "--gpu", "H200"])
-        return sim.url, sim_model, sim.close
+        return sim.url, sim_model, sim.close, sim.pid
     ctx = mp.get_context("spawn")
     port_out = ctx.Queue()
     proc = ctx.Process(target=_fast_engine, args=(port_out, gap_ms / 1e3, kind == "lockstep"), daemon=True)
     proc.start()
-    return f"http://127.0.0.1:{port_out.get(timeout=30)}", "fast", proc.terminate
+    url = f"http://127.0.0.1:{port_out.get(timeout=30)}"
+    assert proc.pid is not None
+    return url, "fast", proc.terminate, proc.pid
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -235,6 +251,9 @@ def main() -> None:
     ap.add_argument("--gateway", action="append", metavar="auto|httptools|aiohttp|git:REV",
                     help="a gateway to measure (repeatable; default auto): this checkout's with that --http-client "
                          "to the engine, or revision REV's")
+    ap.add_argument("--pin-gateway", action="store_true",
+                    help="the gateways on the last core, the engine and the load on the others (is the gateway "
+                         "waiting for a core?)")
     ap.add_argument("--litellm", metavar="EXE", help="also LiteLLM's proxy: the litellm command of a separate environment")
     args = ap.parse_args()
     specs: list[str] = args.gateway or ["auto"]
@@ -248,13 +267,21 @@ def main() -> None:
     rounds = args.rounds or (2 if args.quick else 3)
     c = args.concurrency
     workdir = tempfile.mkdtemp()
-    engine_url, model, close_engine = start_engine(args.engine, args.sim_model, args.gap_ms)
+    engine_url, model, close_engine, engine_pid = start_engine(args.engine, args.sim_model, args.gap_ms)
     gateways: list[tuple[str, str, subprocess.Popen[str]]] = []
     rows: list[dict[str, dict[str, float]]] = []
     lite: tuple[str, subprocess.Popen[str]] | None = None
     try:
         for spec in specs:
             gateways.append((spec, *start_gateway(spec, engine_url, workdir)))
+        if args.pin_gateway:
+            cores = sorted(os.sched_getaffinity(0))
+            if len(cores) < 2:
+                ap.error("--pin-gateway needs two cores")
+            for _, _, gw_proc in gateways:
+                pin(gw_proc.pid, {cores[-1]})
+            pin(os.getpid(), set(cores[:-1]))  # (the bench processes inherit it)
+            pin(engine_pid, set(cores[:-1]))
         if args.litellm:
             lite = start_litellm(args.litellm, engine_url, model, workdir)
             bench(lite[0], model, 50, c, LITELLM_KEY)
@@ -285,12 +312,14 @@ def main() -> None:
                 x["added_c1"], x["added_c"] = x["ttft"] - d["ttft"], x["ttft_c"] - d["ttft_c"]
             rows.append(row)
             failed = sum(x["failed"] + x["failed_c"] for x in row.values())
-            print(f"round {r + 1}: direct TTFT p50 {d['ttft']:.2f} ms at c=1, {d['ttft_c']:.2f} ms at c={c}, "
+            own = f" (the engine's own {d['engine_ttft_c']:.2f})" if d["engine_ttft_c"] == d["engine_ttft_c"] else ""
+            print(f"round {r + 1}: direct TTFT p50 {d['ttft']:.2f} ms at c=1, {d['ttft_c']:.2f} ms at c={c}{own}, "
                   f"{d['rps_c']:.0f} req/s; failed {failed:.0f}", flush=True)
             for name, _, _ in gateways:
                 x = row[name]
+                own = f" (the engine's own {x['engine_ttft_c']:.2f})" if x["engine_ttft_c"] == x["engine_ttft_c"] else ""
                 print(f"  via {name:<14} TTFT p50 {x['ttft']:.2f} ms at c=1 ({x['added_c1']:+.2f}), {x['ttft_c']:.2f} ms "
-                      f"at c={c} ({x['added_c']:+.2f}); CPU {x['cpu']:.1f} ms per 1,000 chunks (system {x['sys']:.1f}); "
+                      f"at c={c}{own} ({x['added_c']:+.2f}); CPU {x['cpu']:.1f} ms per 1,000 chunks (system {x['sys']:.1f}); "
                       f"{x['rps_c']:.0f} req/s", flush=True)
             if lite is not None:
                 l1 = bench(lite[0], model, n1, 1, LITELLM_KEY)

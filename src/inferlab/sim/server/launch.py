@@ -59,6 +59,11 @@ class ChildServer:
             raise InferlabError(f"the simulated server did not start: {reason}")
         self.url = line.strip()
 
+    @property
+    def pid(self) -> int:
+        """The server process's id."""
+        return self._proc.pid
+
     def close(self) -> None:
         if self._proc.poll() is None:
             self._proc.terminate()
