@@ -1,5 +1,6 @@
 """One rule for where a run's numbers come from (``results.provenance``): the simulator in
-virtual time, the embedded simulated server, ``sim serve`` (it answers
+virtual time, the embedded simulated server, the gateway in front of ``sim serve`` (it
+answers ``/inferlab/engine`` for its upstreams), ``sim serve`` (it answers
 ``/inferlab/engine``), or a server measured."""
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ import pytest
 from inferlab.results.history import run_row
 from inferlab.results.provenance import (
     EMBEDDED,
+    GATEWAY,
     SERVER,
     SIM_SERVE,
     VIRTUAL,
     ServerInfo,
+    gateway_answer,
+    http_server_info,
     server_info,
     simulated_engine,
 )
@@ -35,6 +39,15 @@ ENGINE = {"model": "Qwen/Qwen2.5-7B-Instruct", "engine_family": "vllm", "tensor_
      ServerInfo(True, SIM_SERVE, "http://h:8000/v1", "vllm"), "inferlab sim serve at http://h:8000/v1"),
     ({"url": "http://h:8000", "resolved": {"url": "http://h:8000/v1", "engine": None}},
      ServerInfo(False, SERVER, "http://h:8000/v1", None), "http://h:8000/v1"),
+    # the gateway in front of sim serve: simulated, its upstreams' family when they share one
+    ({"url": "http://g:8080", "resolved": {"url": "http://g:8080/v1", "engine": gateway_answer([ENGINE, ENGINE])}},
+     ServerInfo(True, GATEWAY, "http://g:8080/v1", "vllm"), "inferlab gateway at http://g:8080/v1 in front of inferlab sim serve"),
+    ({"url": "http://g:8080", "resolved": {"url": "http://g:8080/v1",
+                                           "engine": gateway_answer([ENGINE, {**ENGINE, "engine_family": "sglang"}])}},
+     ServerInfo(True, GATEWAY, "http://g:8080/v1", None), "inferlab gateway at http://g:8080/v1 in front of inferlab sim serve"),
+    # (a gateway in front of a gateway in front of sim serve)
+    ({"url": "http://g:8080", "resolved": {"url": "http://g:8080/v1", "engine": gateway_answer([gateway_answer([ENGINE])])}},
+     ServerInfo(True, GATEWAY, "http://g:8080/v1", "vllm"), "inferlab gateway at http://g:8080/v1 in front of inferlab sim serve"),
     ({}, ServerInfo(False, SERVER, None, None), "an unknown server"),  # (a folder of records alone)
 ])
 def test_the_rule(config: dict[str, Any], expected: ServerInfo, where: str) -> None:
@@ -42,7 +55,14 @@ def test_the_rule(config: dict[str, Any], expected: ServerInfo, where: str) -> N
     assert info == expected and info.where == where
     assert info.label == (f"{where} (prediction)" if expected.simulated else where)
     assert ServerInfo.from_json(info.to_json()) == info
-    assert (simulated_engine(config) is not None) == (expected.engine_family is not None)
+    # an engine to rerun in virtual time: never the gateway's (its cache, admission and routing ran too)
+    assert (simulated_engine(config) is not None) == (expected.engine_family is not None and expected.kind != GATEWAY)
+
+
+def test_a_profile_through_the_gateway_is_named_by_the_same_rule() -> None:
+    info = http_server_info("http://g:8080/v1", gateway_answer([ENGINE]))
+    assert info == ServerInfo(True, GATEWAY, "http://g:8080/v1", "vllm")
+    assert info.label == "inferlab gateway at http://g:8080/v1 in front of inferlab sim serve (prediction)"
 
 
 def test_the_summary_carries_it_and_an_older_summary_gets_it_from_its_config() -> None:
@@ -58,5 +78,7 @@ def test_the_history_names_a_simulated_server_not_its_port() -> None:
     assert (embedded["target"], embedded["simulated"]) == ("the embedded simulated server", 1)
     served = run_row(summarize([], config={"url": "http://h:8000", "resolved": {"url": "http://h:8000/v1", "engine": ENGINE}}).to_json(), None)
     assert (served["target"], served["simulated"]) == ("inferlab sim serve at http://h:8000/v1", 1)
+    gateway = run_row(summarize([], config={"url": "http://g:8080", "resolved": {"url": "http://g:8080/v1", "engine": gateway_answer([ENGINE])}}).to_json(), None)
+    assert (gateway["target"], gateway["simulated"], gateway["engine"]) == ("inferlab gateway at http://g:8080/v1 in front of inferlab sim serve", 1, None)
     measured = run_row(summarize([], config={"url": "http://h:8000", "resolved": {"url": "http://h:8000/v1", "engine": None}}).to_json(), None)
     assert (measured["target"], measured["simulated"]) == ("http://h:8000/v1", 0)

@@ -340,7 +340,7 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
             return None
         return Recommendation(
             "head_of_line", title, evidence, change.format(budget=2048, seqs=""),
-            note="no prediction: the run's engine is unknown (profile it, or run the workload against `inferlab sim serve`)",
+            note=f"no prediction: {w.why_not}",
         )
     budget = int(engine.get("max_num_batched_tokens") or 8192)
     seqs = int(engine.get("max_num_seqs") or 256)
@@ -483,7 +483,7 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
                   "timestamps before it), and route a session or prefix to the same replica at the gateway")
         title = "Prompts share prefixes but the cache is not hit"
     if not w.available or not caching_off:
-        return Recommendation("prefix_caching", title, evidence, change, note="" if w.available else "no prediction: the run's engine is unknown")
+        return Recommendation("prefix_caching", title, evidence, change, note="" if w.available else f"no prediction: {w.why_not}")
     base, on = w.simulate(), w.simulate({"enable_prefix_caching": True})
     b, a = _ttfts(base.records, lambda r: True), _ttfts(on.records, lambda r: True)
     if not b or not a:

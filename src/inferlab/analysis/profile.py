@@ -319,7 +319,7 @@ class _Profiler:
         import aiohttp
 
         from inferlab.client.http import api_base
-        from inferlab.sim.server.app import ENGINE_ROUTE
+        from inferlab.results.provenance import ENGINE_ROUTE
 
         try:
             base = api_base(self.url)

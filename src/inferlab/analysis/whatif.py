@@ -6,8 +6,10 @@ flags and seed: prefixes shared as they were, sessions as they were); where that
 be rebuilt, its ``requests.jsonl`` is replayed (each request at its intended time with
 its lengths; shared prefixes are then lost). The engine is the one a run against the
 simulated server recorded (``resolved.engine``) or a ``sim run`` ran; for any other
-server there is none, and no prediction is made. Both sides of a comparison are
-simulated: the delta is a prediction, never mixed with the measured numbers.
+server there is none, and no prediction is made. Nor through ``inferlab gateway`` in
+front of simulated servers: its cache, admission and routing ran too, and a rerun on one
+bare engine would be another setup (``results.provenance``). Both sides of a comparison
+are simulated: the delta is a prediction, never mixed with the measured numbers.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from inferlab._errors import InferlabError
 from inferlab.gateway.config import AdmissionConfig
 from inferlab.load.run import RunConfig, RunResult, SimTarget, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
-from inferlab.results.provenance import simulated_engine
+from inferlab.results.provenance import GATEWAY, server_info, simulated_engine
 from inferlab.results.records import RequestRecord
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.workload.config import WorkloadConfig
@@ -120,6 +122,13 @@ class WhatIf:
     def __init__(self, run_dir: Path, config: Mapping[str, Any]) -> None:
         self.run_dir = run_dir
         self.engine = engine_of(config)
+        #: why there is no what-if, and what would give one ('' when there is one)
+        self.why_not = ""
+        if self.engine is None and server_info(config).kind == GATEWAY:
+            self.why_not = ("the run went through inferlab gateway, whose cache, admission and routing a rerun on one "
+                            "engine would leave out (run the workload against `inferlab sim serve` itself)")
+        elif self.engine is None:
+            self.why_not = "the run's engine is unknown (profile it, or run the workload against `inferlab sim serve`)"
         # a sim run over several engines behind a router, or behind the gateway's
         # admission: the what-if keeps them (a change is made to that setup, not to one engine)
         replicas = config.get("replicas") if config.get("command") == "sim run" else None
@@ -158,7 +167,7 @@ class WhatIf:
         it had one) in front of the engine(s);
         ``InferlabError`` when the run's engine is unknown or the change is refused."""
         if self.engine is None:
-            raise InferlabError("the run's engine is unknown (not the simulated server)")
+            raise InferlabError(self.why_not)
         key = (tuple(sorted((engine or {}).items())), tuple(sorted((workload or {}).items())), admission)
         if key not in self._cache:
             try:

@@ -33,7 +33,7 @@ from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.run import RunResult
 from inferlab.load.schedules import OpenLoop
 from inferlab.report.console import render_summary
-from inferlab.results.provenance import PREDICTION, simulated_engine
+from inferlab.results.provenance import GATEWAY, PREDICTION, server_info, simulated_engine
 from inferlab.results.runfiles import dumps
 from inferlab.results.summary import Summary
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
@@ -223,7 +223,8 @@ def _engine_from_trace_run(kw: dict[str, Any]) -> None:
     """Replaying a run's ``requests.jsonl``: the engine that run simulated, from the
     ``config.json`` beside it (a ``sim run``'s ``engine``, or a ``bench`` against the
     simulated server's ``resolved.engine``), for every engine flag not given here; say
-    so. Nothing for other traces, or runs against other servers."""
+    so. Nothing for other traces, or runs against other servers; through ``inferlab
+    gateway`` nothing either (its setup is not one engine's), and say so."""
     trace = kw.get("trace")
     if not trace:
         return
@@ -234,6 +235,9 @@ def _engine_from_trace_run(kw: dict[str, Any]) -> None:
         return
     engine = simulated_engine(config)
     if engine is None:
+        if server_info(config).kind == GATEWAY:
+            click.echo(f"inferlab: the run went through inferlab gateway ({path}): replaying on the engine flags given "
+                       "here, not on its upstreams' (the gateway's cache, admission and routing are not replayed)", err=True)
         return
     fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_REPLAYED
     taken = [name for name in sorted(fields & set(engine)) if not given(name)]

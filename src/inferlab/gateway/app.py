@@ -2,7 +2,10 @@
 configured upstreams.
 
 Routes: ``/v1/chat/completions`` and ``/v1/completions`` (streamed or not),
-``/v1/models`` (the upstreams' lists merged), ``/health``, ``/metrics``. A generation
+``/v1/models`` (the upstreams' lists merged), ``/health``, ``/metrics``, and
+``/inferlab/engine``: the upstreams' answers there when every upstream is ``inferlab sim
+serve``, so that a run through the gateway is labelled a prediction (else 404, as for
+any route the gateway does not have: a run through it is measured). A generation
 request goes through, in order: the client key (401 without a valid one, when keys are
 configured), the body (413 over the size limit, 400 for bad JSON or fields, checked as
 vLLM checks them), the model (404 if no upstream serves it), the key's RPM/TPM limits
@@ -61,6 +64,7 @@ from inferlab.openai.request import (
     read_params,
     read_prompt,
 )
+from inferlab.results.provenance import ENGINE_ROUTE, gateway_answer
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import RunWriter
 from inferlab.results.telemetry import Snapshot
@@ -72,6 +76,9 @@ _T = TypeVar("_T")
 
 #: How long ``/v1/models`` and ``/health`` wait for each upstream.
 _PROBE_TIMEOUT_S = 5.0
+#: How long ``/inferlab/engine`` waits for each upstream: less than a client asking it
+#: waits for the gateway (``load.run``: 5 s), so that the client gets the answer.
+_ENGINE_TIMEOUT_S = 2.0
 #: The least time between two refreshes of the model list for an unknown model.
 _MODELS_REFRESH_S = 2.0
 #: An engine's report of its load counts for this many refresh intervals, then is dropped.
@@ -172,6 +179,7 @@ class Gateway:
         self.app.router.add_get("/v1/models", self._list_models)
         self.app.router.add_get("/health", self._health)
         self.app.router.add_get("/metrics", self._metrics)
+        self.app.router.add_get(ENGINE_ROUTE, self._engine)
         self.app.on_startup.append(self._start)
         self.app.on_cleanup.append(self._stop)
 
@@ -284,10 +292,29 @@ class Gateway:
         upstreams = {u.name: ok is not None for u, ok in zip(self.config.upstreams, results, strict=True)}
         return web.json_response({"upstreams": upstreams}, status=200 if any(upstreams.values()) else 503)
 
-    async def _probe(self, i: int, path: str) -> bytes | None:
+    async def _engine(self, request: web.Request) -> web.Response:
+        """Every upstream's ``/inferlab/engine`` answer (``results.provenance.gateway_answer``)
+        if each one answered 200 with a JSON object, i.e. each is ``inferlab sim serve``;
+        else 404, naming the first upstream that did not."""
+        self._authenticate(request)
+        ups = self.config.upstreams
+        bodies = await asyncio.gather(*(self._probe(i, ENGINE_ROUTE, _ENGINE_TIMEOUT_S) for i in range(len(ups))))
+        engines = []
+        for up, raw in zip(ups, bodies, strict=True):
+            try:
+                engine = json.loads(raw) if raw is not None else None
+            except ValueError:
+                engine = None
+            if not isinstance(engine, dict):
+                return error_response(404, f"Not Found: {request.method} {request.path} (upstream {up.name} did not "
+                                      "answer it: not every upstream is inferlab sim serve)", "NotFoundError")
+            engines.append(engine)
+        return web.json_response(gateway_answer(engines))
+
+    async def _probe(self, i: int, path: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bytes | None:
         """GET ``path`` on upstream ``i``: its body if it answered 200, else None."""
         try:
-            async with asyncio.timeout(_PROBE_TIMEOUT_S), self.session.get(
+            async with asyncio.timeout(timeout_s), self.session.get(
                 self.config.upstreams[i].url + path, headers=self._upstream_headers(i, False)
             ) as resp:
                 return await resp.read() if resp.status == 200 else None

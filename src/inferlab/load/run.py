@@ -392,8 +392,8 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         raise UsageError("--workers must be at least 1")
     resolved = {
         "url": base, "model": model, "prompt_salt": salt, "workers": workers,
-        # the simulated server says which engine it ran (a replay can run the same one);
-        # other servers: null
+        # the simulated server says which engine it ran (a replay can run the same one),
+        # the gateway in front of it that all its upstreams are one; other servers: null
         "engine": await _simulated_engine(base, endpoint.request_headers()),
         # what the client ran on (the ``fast`` extra's uvloop, orjson and httptools, where
         # installed)
@@ -433,11 +433,12 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
 
 
 async def _simulated_engine(base: str, headers: dict[str, str]) -> dict[str, Any] | None:
-    """The engine configuration a simulated server reports (``sim serve``'s
-    ``/inferlab/engine``); ``None`` from any other server. Best effort, never raises."""
+    """What a simulated server answers at ``/inferlab/engine`` (``sim serve``: its engine
+    configuration; the gateway in front of it: ``results.provenance.gateway_answer``);
+    ``None`` from any other server. Best effort, never raises."""
     import aiohttp
 
-    from inferlab.sim.server.app import ENGINE_ROUTE
+    from inferlab.results.provenance import ENGINE_ROUTE
 
     with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
         async with aiohttp.ClientSession() as session, session.get(

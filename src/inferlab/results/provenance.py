@@ -5,37 +5,51 @@ simulator. One rule, read from what every reader has (a run's ``config.json``):
   the simulator in virtual time;
 - a run over HTTP whose ``url`` is null: the embedded simulated server that ``bench``
   or ``profile`` started without ``--url``;
+- a run over HTTP whose server answered ``/inferlab/engine`` with the gateway's answer
+  (``gateway_answer``): ``inferlab gateway`` at that URL, every upstream of which is
+  ``inferlab sim serve`` (the gateway answers only when each of them does);
 - a run over HTTP whose server answered ``/inferlab/engine`` (recorded as
   ``resolved.engine``): ``inferlab sim serve`` at that URL (also an engine config of
   kind ``sim``);
 - any other run: a server, measured.
 
-The first three are *simulated*: every number they hold is a prediction of the
+The first four are *simulated*: every number they hold is a prediction of the
 simulator, and whatever shows one says "(prediction)" beside it. Only virtual-time runs
 carry error bands (``summary.json``'s ``prediction``); over HTTP the real-time server
 adds its own lateness, and nothing validated measures that.
+
+A run through the gateway has no engine to rerun in virtual time (``simulated_engine``
+is None): its cache, admission and routing over several upstreams are part of what ran,
+and a what-if on one bare engine would be another setup.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 VIRTUAL = "virtual time"
 EMBEDDED = "embedded"
+GATEWAY = "gateway to sim serve"
 SIM_SERVE = "sim serve"
 SERVER = "server"
+#: Where ``sim serve`` says which engine it simulates, and ``inferlab gateway`` that
+#: every upstream is such a server (not an OpenAI route).
+ENGINE_ROUTE = "/inferlab/engine"
+#: The one key of the gateway's answer at ``ENGINE_ROUTE`` (``gateway_answer``).
+GATEWAY_KEY = "inferlab_gateway"
 #: The word beside every simulated number.
 PREDICTION = "(prediction)"
 
 
 @dataclass(frozen=True)
 class ServerInfo:
-    """``summary.json``'s ``server``. ``kind``: ``VIRTUAL``, ``EMBEDDED``, ``SIM_SERVE``
-    or ``SERVER``; ``url``: the API root it ran against (None in virtual time and for
-    the embedded server, whose port was thrown away); ``engine_family``: the simulated
-    engine's (None for any other server)."""
+    """``summary.json``'s ``server``. ``kind``: ``VIRTUAL``, ``EMBEDDED``, ``GATEWAY``,
+    ``SIM_SERVE`` or ``SERVER``; ``url``: the API root it ran against (None in virtual
+    time and for the embedded server, whose port was thrown away); ``engine_family``: the
+    simulated engine's (behind a gateway: its upstreams', when they all share one; None
+    for any other server)."""
 
     simulated: bool
     kind: str
@@ -49,6 +63,8 @@ class ServerInfo:
             return "the simulator (virtual time)"
         if self.kind == EMBEDDED:
             return "the embedded simulated server"
+        if self.kind == GATEWAY:
+            return "inferlab gateway" + (f" at {self.url}" if self.url else "") + " in front of inferlab sim serve"
         if self.kind == SIM_SERVE:
             return "inferlab sim serve" + (f" at {self.url}" if self.url else "")
         return self.url or "an unknown server"
@@ -67,16 +83,20 @@ class ServerInfo:
         return cls(bool(d["simulated"]), str(d["kind"]), d.get("url"), None if family is None else str(family))
 
 
+def gateway_answer(engines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What ``inferlab gateway`` answers at ``ENGINE_ROUTE`` when every upstream answered
+    it: ``{"inferlab_gateway": {"upstreams": N, "engines": [each upstream's answer, in
+    the configured order]}}``. Not an engine's flags: nothing reruns it."""
+    return {GATEWAY_KEY: {"upstreams": len(engines), "engines": [dict(e) for e in engines]}}
+
+
 def http_server_info(url: str | None, engine: Mapping[str, Any] | None) -> ServerInfo:
     """A server reached over HTTP: ``url`` None for the embedded simulated server;
     ``engine`` what it answered at ``/inferlab/engine`` (None: it did not, so it is not
     inferlab's simulator)."""
-    family = _family(engine)
     if url is None:
-        return ServerInfo(True, EMBEDDED, None, family)
-    if engine is not None:
-        return ServerInfo(True, SIM_SERVE, url, family)
-    return ServerInfo(False, SERVER, url, None)
+        return ServerInfo(True, EMBEDDED, None, _family(engine))
+    return _served(url, engine)
 
 
 def server_info(config: Mapping[str, Any]) -> ServerInfo:
@@ -91,20 +111,40 @@ def server_info(config: Mapping[str, Any]) -> ServerInfo:
     if "url" in config and config["url"] is None:
         return http_server_info(None, engine)
     url = resolved.get("url") or config.get("url")
-    url = None if url is None else str(url)
-    if engine is not None:
-        return ServerInfo(True, SIM_SERVE, url, _family(engine))
-    return ServerInfo(False, SERVER, url, None)
+    return _served(None if url is None else str(url), engine)
 
 
 def simulated_engine(config: Mapping[str, Any]) -> dict[str, Any] | None:
     """The simulated engine a run ran on (its resolved flags): ``sim run``'s ``engine``,
     or what the simulated server reported (``resolved.engine``); None for any other
-    server."""
+    server, and through the gateway (its setup is not one engine's)."""
     engine = config.get("engine") if config.get("command") == "sim run" else (config.get("resolved") or {}).get("engine")
-    return dict(engine) if isinstance(engine, Mapping) else None
+    return dict(engine) if isinstance(engine, Mapping) and _behind_gateway(engine) is None else None
+
+
+def _served(url: str | None, engine: Mapping[str, Any] | None) -> ServerInfo:
+    """A server at ``url`` that answered ``engine`` at ``ENGINE_ROUTE`` (None: it did not)."""
+    if engine is None:
+        return ServerInfo(False, SERVER, url, None)
+    return ServerInfo(True, GATEWAY if _behind_gateway(engine) is not None else SIM_SERVE, url, _family(engine))
+
+
+def _behind_gateway(engine: Mapping[str, Any]) -> list[Any] | None:
+    """The upstreams' answers if ``engine`` is the gateway's answer, else None."""
+    if GATEWAY_KEY not in engine:
+        return None
+    gateway = engine[GATEWAY_KEY]
+    engines = gateway.get("engines") if isinstance(gateway, Mapping) else None
+    return list(engines) if isinstance(engines, list) else []
 
 
 def _family(engine: Any) -> str | None:
-    family = engine.get("engine_family") if isinstance(engine, Mapping) else None
+    """The engine's family; behind a gateway, its upstreams' when they all share one."""
+    if not isinstance(engine, Mapping):
+        return None
+    upstreams = _behind_gateway(engine)
+    if upstreams is not None:
+        families = {_family(e) for e in upstreams}
+        return families.pop() if len(families) == 1 else None
+    family = engine.get("engine_family")
     return None if family is None else str(family)

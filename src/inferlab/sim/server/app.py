@@ -40,6 +40,7 @@ from inferlab.openai.request import (
     read_params,
     read_prompt,
 )
+from inferlab.results.provenance import ENGINE_ROUTE
 from inferlab.sim.engine.engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim.engine.outputs import natural_output_len
 from inferlab.sim.server.generation import Generation, OutputPlan
@@ -56,9 +57,6 @@ from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
 #: How far the engine may run behind the wall clock before it skips ahead (an overloaded
 #: host): beyond this, simulated time is pulled forward and the lag shows in /metrics.
 _MAX_CATCH_UP_S = 0.05
-
-#: Where the simulated server says which engine it simulates (not an OpenAI route).
-ENGINE_ROUTE = "/inferlab/engine"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
