@@ -546,3 +546,17 @@ def test_a_saturated_sim_run_breaks_each_requests_latency_down_from_the_engines_
     words = " ".join(p.stdout.split())
     assert "latency breakdown client queue 0.0, server queue" in words and f"(mean; from {VIRTUAL})" in words
     assert "virtual time: exact; a prediction" in breakdown_table(load_run(tmp_path / "r"))
+
+
+def test_an_open_loop_past_capacity_is_banded_as_saturated_not_poisson() -> None:
+    """Arrivals at a rate the engine cannot serve: the queue grows all run and TTFT is the
+    queue's, which no in-capacity Poisson row measured; the same engine at a rate it keeps
+    up with stays Poisson."""
+    engine = ("--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S", "--max-model-len", "8192",
+              "--input-tokens", "4000", "--output-tokens", "100", "--json")
+    over = json.loads(sim_cli("--rate", "20", "-n", "120", *engine).stdout)
+    assert any(w.startswith("the server could not keep up") for w in over["warnings"]), over["warnings"]
+    assert over["prediction"]["regime"] == "saturated"
+    under = json.loads(sim_cli("--rate", "0.5", "-n", "12", *engine).stdout)
+    assert not any(w.startswith("the server could not keep up") for w in under["warnings"])
+    assert under["prediction"]["regime"] == "Poisson"

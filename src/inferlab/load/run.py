@@ -36,7 +36,7 @@ from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warn
 from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
-from inferlab.results.summary import OMITTED, Omitted, Summary, SummaryExtras, summarize
+from inferlab.results.summary import OMITTED, OVERLOAD, Omitted, Summary, SummaryExtras, summarize
 from inferlab.results.telemetry import SERVER_METRICS_FILE, ServerMetrics
 from inferlab.sim.engine.bands import prediction_block, regime_of
 from inferlab.sim.engine.engine import Engine, EngineConfig
@@ -202,7 +202,8 @@ async def run(
                 server_metrics=None if prepared.telemetry is None else prepared.telemetry.metrics,
             )
             if prepared.engine is not None:  # simulated: each headline metric's error band
-                summary = dataclasses.replace(summary, prediction=_prediction(prepared.engine, config.load))
+                summary = dataclasses.replace(summary, prediction=_prediction(
+                    prepared.engine, config.load, overloaded=any(w.startswith(OVERLOAD) for w in summary.warnings)))
             if writer is not None:
                 if prepared.telemetry is not None and prepared.telemetry.series:
                     writer.write_jsonl(SERVER_METRICS_FILE, prepared.telemetry.series)
@@ -221,15 +222,17 @@ async def run(
 # --- the simulated engine -----------------------------------------------------------------
 
 
-def _prediction(engine: Engine, load: LoadConfig) -> dict[str, Any]:
+def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool) -> dict[str, Any]:
     """``summary.json``'s ``prediction``: the validation error of the engine family in
-    the run's regime, per headline metric (``sim.engine.bands``)."""
+    the run's regime, per headline metric (``sim.engine.bands``); ``overloaded``: an open
+    loop whose queues grew through the run (the summary's warning), banded as saturated."""
     s = load.schedule
     regime = regime_of(
         offline=bool(engine.config.offline),
         # (every request at once under a concurrency cap: users in a closed loop)
         closed_loop=isinstance(s, ClosedLoop) or (isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and bool(s.max_concurrency)),
         burst=isinstance(s, OpenLoop) and math.isinf(s.rate_rps),
+        overloaded=overloaded,
     )
     return prediction_block(engine.config.engine_family, regime)
 

@@ -179,7 +179,7 @@ class Summary:
         default=OMITTED, metadata=_doc("sim run --admission only: the simulated gateway's admission in front of the engines (inferlab gateway's own code): mode; admitted (measured requests it sent on to an engine); refused (by reason: queue_full, queue_timeout; answered 503, counted among the failed as http_status); queue_wait_ms (the wait in its queue of each admitted request, a distribution)")
     )
     prediction: dict[str, Any] | Omitted = field(
-        default=OMITTED, metadata=_doc("virtual-time runs only (sim run, a simulated sweep point, a what-if): the numbers are simulated, not measured; engine_family, regime (offline, closed loop, Poisson, saturated) and, per headline metric, error_bands: the validation error of that family in that regime (pct: median |error| % over rows of published measurements, rows, split: holdout or fit, text), null where it was never validated; see docs/validation.md")
+        default=OMITTED, metadata=_doc("virtual-time runs only (sim run, a simulated sweep point, a what-if): the numbers are simulated, not measured; engine_family, regime (offline, closed loop, Poisson, saturated; an open loop whose queues grew through the run is saturated) and, per headline metric, error_bands: the validation error of that family in that regime (pct: median |error| % over rows of published measurements, rows, split: holdout or fit, text), null where it was never validated; see docs/validation.md")
     )
 
     def to_json(self) -> dict[str, Any]:
@@ -568,6 +568,10 @@ def _warnings(
     return out
 
 
+#: How the warning of an open loop that outran the server begins.
+OVERLOAD = "the server could not keep up"
+
+
 def overload_warning(
     config: dict[str, Any],
     completed_rps: float | None,
@@ -606,7 +610,7 @@ def overload_warning(
     if last < LATENCY_GROWTH * first:
         return None
     return (
-        f"the server could not keep up: offered {offered_rps:.1f} req/s, completed "
+        f"{OVERLOAD}: offered {offered_rps:.1f} req/s, completed "
         f"{completed_rps:.1f} req/s; queues grew through the run ({label} rose from "
         f"{first:,.0f} ms in the first tenth to {last:,.0f} ms in the last)"
     )

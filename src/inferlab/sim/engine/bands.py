@@ -97,14 +97,16 @@ def error_band(family: EngineFamily | str, regime: str, metric: str, path: Path 
     return None
 
 
-def regime_of(*, offline: bool, closed_loop: bool, burst: bool) -> str:
+def regime_of(*, offline: bool, closed_loop: bool, burst: bool, overloaded: bool = False) -> str:
     """The regime a run falls in: no API server (offline), N users in a closed loop, every
-    request at once (saturated), or arrivals at a rate (Poisson, constant, replay)."""
+    request at once (saturated), or arrivals at a rate (Poisson, constant, replay). Arrivals
+    at a rate past the engine's capacity (``overloaded``: queues grew through the run) are
+    saturated too: their latency is the queue's, which no in-capacity Poisson row measured."""
     if offline:
         return OFFLINE
     if closed_loop:
         return CLOSED
-    return SATURATED if burst else POISSON
+    return SATURATED if burst or overloaded else POISSON
 
 
 # summary metric -> metric class
