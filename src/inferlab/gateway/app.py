@@ -512,15 +512,15 @@ class Gateway:
                     entry = await asyncio.wait_for(asyncio.shield(pending), self.config.upstream_timeout_s)
                 except TimeoutError:
                     entry = None  # the leader is too slow: go upstream, uncached
-            if entry is not None:
+            if entry is not None and entry.serves(req.stream):
                 m.cache_hits.labels(req.model, req.key_name).inc()
                 m.cache_tokens_saved.labels(req.model, req.key_name).inc(entry.answer.tokens)
                 return await self._from_cache(request, req, entry, obs, {**headers, CACHE_HEADER: "hit"})
             m.cache_misses.labels(req.model, req.key_name).inc()
-            if pending is None:
+            if entry is None and pending is None:
                 self.cache.lead(key)
-            else:
-                key = None  # the leader failed: go upstream, uncached
+            else:  # the leader failed, or the answer is in the other form and not plain text
+                key = None  # (go upstream, uncached: the entry stays as it is)
         return await self._upstream(request, req, candidates, obs, headers, key)
 
     async def _upstream(

@@ -30,7 +30,7 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_writer import StreamWriter
 
 from inferlab._clock import NS_PER_S, Clock
-from inferlab.gateway.cache import Answer, Entry, answer_of_body, answer_of_stream
+from inferlab.gateway.cache import Answer, Entry, answer_of_body, answer_of_stream, plain_event
 from inferlab.gateway.metrics import Bins
 from inferlab.gateway.upstream import Failure, Reply
 from inferlab.openai.errors import error_body
@@ -126,6 +126,7 @@ class StreamRelay:
         self.usage: dict[str, Any] = {}
         self.first: dict[str, Any] | None = None
         self.reads: list[tuple[tuple[str, bool], ...]] = []
+        self.plain = True  # (kept: no event carried more than text)
         self.failed = False
 
     async def run(self, upstream: Reply, client: ClientStream) -> None:
@@ -155,7 +156,7 @@ class StreamRelay:
         record.stream_done = self.reader.done
         if self.keep and self.reader.done and not self.failed and record.error_kind is None and self.first is not None:
             text = "".join(self.reader.text_out or [])
-            answer: Answer = answer_of_stream(self.first, text, self.reader.finish_reason, self.usage)
+            answer: Answer = answer_of_stream(self.first, text, self.reader.finish_reason, self.usage, self.plain)
             obs.entry = Entry(self.chat, answer, reads=tuple(self.reads))
 
     def feed(self, data: bytes, now: int) -> bytes:
@@ -210,6 +211,8 @@ class StreamRelay:
                         self.first = first if isinstance(first, dict) else None
                     except ValueError:
                         pass
+                if self.plain and not plain_event(data):
+                    self.plain = False
                 group.append((data, usage_only))
             if usage_only and self.drop_usage:
                 changed = True
