@@ -1,0 +1,86 @@
+"""What the gateway makes of upstream answers the fake upstreams elsewhere do not give:
+compressed bodies, timeouts and disconnects (as the access log and metrics record them),
+upstreams without a model list."""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.web import ContentCoding
+from gateway_helpers import chat_body, post, serving
+
+from inferlab.gateway.config import CacheConfig, GatewayConfig, UpstreamConfig
+from inferlab.openai.response import Completion
+from inferlab.openai.sse import DONE_EVENT, encode_json
+
+STACKS = ("httptools", "aiohttp")
+TEXT = "compressible " * 40
+
+
+def config(*urls: str, stack: str = "auto", **kw: Any) -> GatewayConfig:
+    return GatewayConfig(upstreams=tuple(UpstreamConfig(u) for u in urls), cache=CacheConfig(enabled=False),
+                         metrics_refresh_s=0, http_client=stack, **kw)
+
+
+class Compressing:
+    """Compresses its answers where the request allows it (model ``polite``) or always,
+    gzip (model ``gzip``); ``encodings`` lists each request's Accept-Encoding."""
+
+    def __init__(self) -> None:
+        self.encodings: list[str | None] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.encodings.append(request.headers.get("Accept-Encoding"))
+        force = ContentCoding.gzip if body["model"] == "gzip" else None
+        c = Completion("cmpl-z", True, 0, body["model"])
+        if not body.get("stream"):
+            resp = web.json_response(c.body(TEXT, "stop", {"prompt_tokens": 3, "completion_tokens": 40, "total_tokens": 43}))
+            resp.enable_compression(force)
+            return resp
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        out.enable_compression(force)
+        await out.prepare(request)
+        await out.write(encode_json(c.chunk([c.choice(TEXT, None, role=True)])))
+        await out.write(encode_json(c.chunk([c.choice("", "stop")])))
+        await out.write(DONE_EVENT)
+        return out
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in ("polite", "gzip")]})
+
+    async def __aenter__(self) -> Self:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_gateway_asks_for_an_uncompressed_answer_and_never_relabels_a_compressed_one(stack: str, stream: bool) -> None:
+    async with Compressing() as up, serving(config(up.url, stack=stack)) as (url, _), aiohttp.ClientSession() as s:
+        polite = await post(s, url, chat_body("polite", stream=stream))
+        assert up.encodings == ["identity"]
+        assert polite.status == 200 and "Content-Encoding" not in polite.headers
+        assert (polite.text() if stream else polite.json()["choices"][0]["message"]["content"]) == TEXT
+        forced = await post(s, url, chat_body("gzip", stream=stream))  # compressed though identity was asked for
+        if stack == "aiohttp":  # decompressed on the way
+            assert forced.status == 200 and "Content-Encoding" not in forced.headers
+            assert (forced.text() if stream else forced.json()["choices"][0]["message"]["content"]) == TEXT
+        else:  # refused, in one line
+            assert forced.status == 502
+            assert forced.json()["error"]["message"] == "the upstream's answer is compressed (gzip), though identity was asked for"
