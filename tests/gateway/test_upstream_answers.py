@@ -4,17 +4,21 @@ upstreams without a model list."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any, Self
 
 import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.web import ContentCoding
-from gateway_helpers import chat_body, post, serving
+from faultserver import FaultServer
+from gateway_helpers import chat_body, metrics, post, serving, total
 
 from inferlab.gateway.config import CacheConfig, GatewayConfig, UpstreamConfig
 from inferlab.openai.response import Completion
 from inferlab.openai.sse import DONE_EVENT, encode_json
+from inferlab.results.runfiles import read_records
 
 STACKS = ("httptools", "aiohttp")
 TEXT = "compressible " * 40
@@ -84,3 +88,58 @@ async def test_the_gateway_asks_for_an_uncompressed_answer_and_never_relabels_a_
         else:  # refused, in one line
             assert forced.status == 502
             assert forced.json()["error"]["message"] == "the upstream's answer is compressed (gzip), though identity was asked for"
+
+
+class Silent:
+    """Lists ``silent`` and never answers it (within ``wait_s``)."""
+
+    def __init__(self, wait_s: float = 5.0) -> None:
+        self.wait_s = wait_s
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(self.wait_s)
+        return web.json_response({})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "silent", "object": "model"}]})
+
+    async def __aenter__(self) -> Self:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+async def test_an_upstream_timeout_is_a_504_and_recorded_as_a_timeout(stack: str, tmp_path: Path) -> None:
+    async with Silent() as up, serving(config(up.url, stack=stack, upstream_timeout_s=0.2,
+                                              access_log=str(tmp_path / "log"))) as (url, _), \
+            aiohttp.ClientSession() as s:
+        ans = await post(s, url, chat_body("silent", stream=False))
+        assert ans.status == 504 and ans.json()["error"]["message"] == "the upstream did not answer within 0.2 s"
+        m = await metrics(s, url)
+        assert total(m, "gen_ai_server_request_duration_seconds_count", error_type="timeout") == 1
+    [record] = read_records(tmp_path / "log" / "requests.jsonl")
+    assert record.error_kind is not None and record.error_kind.value == "timeout" and record.status == 504
+
+
+@pytest.mark.parametrize("stack", STACKS)
+async def test_an_upstream_that_hangs_up_before_answering_is_recorded_as_a_disconnect(stack: str, tmp_path: Path) -> None:
+    async with FaultServer() as up, serving(config(up.url, stack=stack, access_log=str(tmp_path / "log"))) as (url, _), \
+            aiohttp.ClientSession() as s:
+        ans = await post(s, url, chat_body("hangup", stream=False))
+        assert ans.status == 502
+        m = await metrics(s, url)
+        assert total(m, "gen_ai_server_request_duration_seconds_count", error_type="disconnect") == 1
+    [record] = read_records(tmp_path / "log" / "requests.jsonl")
+    assert record.error_kind is not None and record.error_kind.value == "disconnect"

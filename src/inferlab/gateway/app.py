@@ -85,6 +85,9 @@ _MODELS_REFRESH_S = 2.0
 STALE_INTERVALS = 3
 #: What routing reads off an engine's ``/metrics`` (``results.telemetry``'s names).
 ENGINE_LOAD = ("running", "waiting", "kv_usage")
+#: A ``Failure``'s kind, as the access log and metrics record it.
+_FAILURE_KINDS = {"connect": ErrorKind.CONNECT, "status": ErrorKind.HTTP_STATUS, "timeout": ErrorKind.TIMEOUT,
+                  "disconnect": ErrorKind.DISCONNECT, "malformed": ErrorKind.MALFORMED}
 
 
 def error_response(status: int, message: str, error_type: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -595,9 +598,13 @@ class Gateway:
             finally:
                 self.admission.release(ticket)
         assert failure is not None
-        obs.fail(ErrorKind.HTTP_STATUS if failure.status else ErrorKind.CONNECT, str(failure))
-        status = 503 if failure.status == 429 else 502
+        kind = _FAILURE_KINDS[failure.kind]
+        obs.fail(kind, str(failure))
+        status = 503 if failure.status == 429 else 504 if kind == ErrorKind.TIMEOUT else 502
         obs.record.status = status
+        up = self.config.upstreams[tried[-1]].name
+        self.metrics.duration.labels(req.model, up, req.key_name, kind.value).observe(
+            (self.clock.now_ns() - obs.received_ns) / NS_PER_S)
         return error_response(status, str(failure), "ServiceUnavailableError" if status == 503 else "InternalServerError",
                               {**headers, "Retry-After": "1"} if status == 503 else headers)
 

@@ -151,7 +151,7 @@ class StreamRelay:
             kind = ErrorKind.TIMEOUT if isinstance(e, TimeoutError) else ErrorKind.DISCONNECT
             why = "timed out" if isinstance(e, TimeoutError) else f"failed: {type(e).__name__}"
             obs.fail(kind, f"the upstream stream {why}")
-            write(error_event(502, f"the upstream stream {why}") + DONE_EVENT)
+            write(error_event(504 if kind == ErrorKind.TIMEOUT else 502, f"the upstream stream {why}") + DONE_EVENT)
         obs.finish(self.reader, self.clock.now_ns())
         record.stream_done = self.reader.done
         if self.keep and self.reader.done and not self.failed and record.error_kind is None and self.first is not None:
@@ -231,7 +231,9 @@ async def read_body(clock: Clock, observed: Observed, upstream: Reply, *, chat: 
     obs = observed
     try:
         raw = await upstream.read()
-    except (aiohttp.ClientError, TimeoutError) as e:
+    except TimeoutError:
+        raise Failure("timeout", "the upstream did not finish its answer in time") from None
+    except aiohttp.ClientError as e:
         raise Failure("disconnect", f"the upstream failed while answering: {type(e).__name__}") from None
     now = clock.now_ns()
     obs.record.ttfb_ns = now - obs.t0_ns
