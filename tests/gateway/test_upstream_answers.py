@@ -5,6 +5,7 @@ upstreams without a model list."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 from typing import Any, Self
 
@@ -143,3 +144,58 @@ async def test_an_upstream_that_hangs_up_before_answering_is_recorded_as_a_disco
         assert total(m, "gen_ai_server_request_duration_seconds_count", error_type="disconnect") == 1
     [record] = read_records(tmp_path / "log" / "requests.jsonl")
     assert record.error_kind is not None and record.error_kind.value == "disconnect"
+
+
+class Unlisted:
+    """Serves chat completions (a plain body) but has no ``/v1/models``."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        c = Completion("cmpl-u", True, 0, body["model"])
+        return web.json_response(c.body("hi", "stop", {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}))
+
+    async def __aenter__(self) -> Self:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_without_any_model_list_a_request_is_a_503_not_an_unknown_model() -> None:
+    async with Unlisted() as up:
+        for urls in ([f"http://127.0.0.1:{_closed_port()}"], [up.url]):
+            async with serving(config(*urls)) as (url, _), aiohttp.ClientSession() as s:
+                ans = await post(s, url, chat_body("m", stream=False))
+                assert ans.status == 503 and int(ans.headers["Retry-After"]) >= 1
+                error = ans.json()["error"]
+                assert error["type"] == "ServiceUnavailableError"
+                assert error["message"] == "no upstream answered /v1/models: cannot tell which one serves `m`"
+
+
+async def test_a_model_that_only_an_unlisted_upstream_might_serve_is_a_503_and_one_none_lists_a_404() -> None:
+    async with Compressing() as listed, Unlisted() as unlisted:
+        async with serving(config(listed.url, unlisted.url)) as (url, _), aiohttp.ClientSession() as s:
+            ans = await post(s, url, chat_body("m", stream=False))
+            assert ans.status == 503
+            assert ans.json()["error"]["message"] == (f"no upstream that answered /v1/models lists `m`, and "
+                                                      f"{unlisted.url.removeprefix('http://')} did not answer it")
+        async with serving(config(listed.url)) as (url, _), aiohttp.ClientSession() as s:
+            ans = await post(s, url, chat_body("m", stream=False))
+            assert ans.status == 404 and ans.json()["error"]["message"] == "The model `m` does not exist."

@@ -8,9 +8,10 @@ serve``, so that a run through the gateway is labelled a prediction (else 404, a
 any route the gateway does not have: a run through it is measured). A generation
 request goes through, in order: the client key (401 without a valid one, when keys are
 configured), the body (413 over the size limit, 400 for bad JSON or fields, checked as
-vLLM checks them), the model (404 if no upstream serves it), the key's RPM/TPM limits
-(429), the response cache, admission (503 when the queue is full or the wait too long),
-then the upstream, tried on another one if it fails before answering.
+vLLM checks them), the model (404 if no upstream lists it; 503 if one that did not
+answer ``/v1/models`` might serve it), the key's RPM/TPM limits (429), the response
+cache, admission (503 when the queue is full or the wait too long), then the upstream,
+tried on another one if it fails before answering.
 
 Beside the requests, a task per upstream reads its engine's ``/metrics`` every
 ``metrics_refresh_s`` (``_watch_engine``): the running and waiting requests it reports
@@ -95,10 +96,20 @@ def error_response(status: int, message: str, error_type: str, headers: dict[str
     return web.json_response(error_body(status, message, error_type), status=status, headers=headers)
 
 
+class _Unavailable(APIError):
+    """503: the gateway cannot answer now; a client may try again after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(503, message, "ServiceUnavailableError")
+        self.retry_after_s = retry_after_s
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except _Unavailable as e:
+        return web.json_response(e.body(), status=e.status, headers={"Retry-After": retry_after(e.retry_after_s)})
     except APIError as e:
         return web.json_response(e.body(), status=e.status)
     except web.HTTPException as e:
@@ -161,6 +172,7 @@ class Gateway:
         self.limiter = RateLimiter(self.clock)
         self.cache = ResponseCache(config.cache, self.clock) if config.cache.enabled else None
         self._models: dict[str, set[int]] = {}  # model id → the upstreams that list it
+        self._listed: set[int] = set()  # the upstreams that ever answered /v1/models with a list
         self._model_objects: dict[str, dict[str, Any]] = {}
         self._models_at_ns: int | None = None
         self._seq = itertools.count()
@@ -341,20 +353,30 @@ class Gateway:
                 data = json.loads(raw).get("data")
             except (ValueError, AttributeError):
                 continue
-            for obj in data if isinstance(data, list) else []:
+            if not isinstance(data, list):
+                continue
+            self._listed.add(i)
+            for obj in data:
                 if isinstance(obj, dict) and isinstance(obj.get("id"), str):
                     self._models.setdefault(obj["id"], set()).add(i)
                     self._model_objects.setdefault(obj["id"], obj)
 
     async def _candidates(self, model: str) -> list[int]:
-        """The upstreams serving ``model``; ``APIError`` 404 if none does."""
+        """The upstreams serving ``model``; ``APIError`` 404 if every upstream listed its
+        models and none lists it, 503 if one that did not list them might serve it."""
         found = self._models.get(model)
         if not found and (self._models_at_ns is None or self.clock.now_ns() - self._models_at_ns > _MODELS_REFRESH_S * NS_PER_S):
             await self._refresh_models()
             found = self._models.get(model)
-        if not found:
+        if found:
+            return sorted(found)
+        unlisted = [u.name for i, u in enumerate(self.config.upstreams) if i not in self._listed]
+        if not unlisted:
             raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model")
-        return sorted(found)
+        if len(unlisted) == len(self.config.upstreams):
+            raise _Unavailable(f"no upstream answered /v1/models: cannot tell which one serves `{model}`", _MODELS_REFRESH_S)
+        raise _Unavailable(f"no upstream that answered /v1/models lists `{model}`, and {', '.join(unlisted)} did not "
+                           "answer it", _MODELS_REFRESH_S)
 
     # --- generation ----------------------------------------------------------------------
 
