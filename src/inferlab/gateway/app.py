@@ -67,7 +67,7 @@ from inferlab.openai.request import (
 )
 from inferlab.results.provenance import ENGINE_ROUTE, gateway_answer
 from inferlab.results.records import ErrorKind, RequestRecord
-from inferlab.results.runfiles import RunWriter
+from inferlab.results.runfiles import RunWriter, check_out_dir
 from inferlab.results.telemetry import Snapshot
 
 log = logging.getLogger("inferlab.gateway")
@@ -183,11 +183,10 @@ class Gateway:
         self._background: set[asyncio.Task[None]] = set()
         self._watchers: list[asyncio.Task[None]] = []
         self._watch_session: aiohttp.ClientSession | None = None
-        self.log: RunWriter | None = None
+        self.log: RunWriter | None = None  # (opened once the gateway listens: ``open_log``)
         if config.access_log:
-            self.log = RunWriter(config.access_log, {"gateway": {
-                "upstreams": [u.name for u in ups], "admission": adm.mode, "keys": [k.name for k in config.keys],
-            }})
+            check_out_dir(config.access_log, setting="[gateway] access_log",
+                          remedy="give another folder, or move that run away")
         self.app = web.Application(middlewares=[_errors], client_max_size=config.max_body_bytes)
         self.app.router.add_post("/v1" + PATHS["chat"], self._chat)
         self.app.router.add_post("/v1" + PATHS["completions"], self._completions)
@@ -199,6 +198,15 @@ class Gateway:
         self.app.on_cleanup.append(self._stop)
 
     # --- lifecycle ---------------------------------------------------------------------
+
+    def open_log(self) -> None:
+        """Start the access log (``config.access_log``), if one is configured."""
+        c = self.config
+        if c.access_log and self.log is None:
+            self.log = RunWriter(c.access_log, {"gateway": {
+                "upstreams": [u.name for u in c.upstreams], "admission": c.admission.mode,
+                "keys": [k.name for k in c.keys],
+            }}, overwrite=True)  # (checked when the gateway was made)
 
     async def _start(self, app: web.Application) -> None:
         await self.upstreams.open()
@@ -701,12 +709,19 @@ def _load(snap: Snapshot) -> tuple[float, float, float | None] | str:
 async def start(gateway: Gateway, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve ``gateway`` on ``host:port`` (0: a free port); the runner and the bound port.
     A client that disconnects cancels its request, and so the upstream's. The body is
-    read as sent (no decompression: a compressed body is not JSON, so a 400)."""
+    read as sent (no decompression: a compressed body is not JSON, so a 400). If it
+    cannot listen (``OSError``), what the start opened is closed again and no access log
+    is written."""
     runner = web.AppRunner(gateway.app, access_log=None, handle_signals=False, handler_cancellation=True,
                            auto_decompress=False, logger=quiet_server_logger())
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    gateway.open_log()  # (before the loop runs again: no request is answered without it)
     addresses = runner.addresses
     return runner, int(addresses[0][1]) if addresses else port
 
