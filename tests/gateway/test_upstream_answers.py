@@ -5,6 +5,7 @@ upstreams without a model list."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from pathlib import Path
 from typing import Any, Self
@@ -13,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.web import ContentCoding
-from faultserver import FaultServer
+from faultserver import FaultServer, reply_events
 from gateway_helpers import chat_body, metrics, post, serving, total
 
 from inferlab.gateway.config import CacheConfig, GatewayConfig, UpstreamConfig
@@ -199,3 +200,92 @@ async def test_a_model_that_only_an_unlisted_upstream_might_serve_is_a_503_and_o
         async with serving(config(listed.url)) as (url, _), aiohttp.ClientSession() as s:
             ans = await post(s, url, chat_body("m", stream=False))
             assert ans.status == 404 and ans.json()["error"]["message"] == "The model `m` does not exist."
+
+
+@pytest.mark.parametrize("stack", STACKS)
+async def test_keep_alive_comments_reach_the_client(stack: str) -> None:
+    async with FaultServer() as up, serving(config(up.url, stack=stack)) as (url, _), aiohttp.ClientSession() as s:
+        ans = await post(s, url, chat_body("comments"))
+        assert ans.status == 200 and ans.events[-1] == "[DONE]"
+        # (each read's comments come before its events: a read here may hold several)
+        assert ans.body.startswith(b": keep-alive\n") and ans.body.count(b": ping\n") == 8
+        assert b": bye\n" in ans.body and ans.objects() == reply_events(usage=False)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+async def test_a_finished_stream_without_done_gets_done_and_no_error(stack: str, tmp_path: Path) -> None:
+    async with FaultServer() as up, serving(config(up.url, stack=stack, access_log=str(tmp_path / "log"))) as (url, _), \
+            aiohttp.ClientSession() as s:
+        ans = await post(s, url, chat_body("no_done"))
+        assert ans.status == 200 and ans.events[-1] == "[DONE]"
+        assert not any("error" in o for o in ans.objects())
+        assert ans.objects()[-1]["choices"][0]["finish_reason"] == "stop"
+    [record] = read_records(tmp_path / "log" / "requests.jsonl")
+    assert record.ok and record.stream_done is False  # (the upstream's stream had no [DONE]: the log says so)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+async def test_a_stream_that_ends_without_a_finish_reason_gets_an_error_event(stack: str) -> None:
+    async with Timed() as up, serving(config(up.url, stack=stack)) as (url, _), aiohttp.ClientSession() as s:
+        ans = await post(s, url, chat_body("cut"))
+        assert ans.events[-1] == "[DONE]" and "early" in json.loads(ans.events[-2])["error"]["message"]
+
+
+TIMELINE = {"arrival_ms": 1.0, "first_scheduled_ms": 2.0, "first_token_ms": 3.0}
+
+
+class Timed:
+    """Streams as ``inferlab sim serve`` does: ``inferlab_timeline`` on the usage chunk
+    when usage was asked for, else on the finish chunk; model ``cut``: one chunk, then
+    the stream ends cleanly, with no finish reason and no ``[DONE]``."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        usage = (body.get("stream_options") or {}).get("include_usage")
+        c = Completion("cmpl-t", True, 0, body["model"])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        out = encode_json(c.chunk([c.choice("hi", None, role=True)]))
+        if body["model"] == "cut":
+            await resp.write(out)
+            return resp
+        out += encode_json(c.chunk([c.choice("", "stop")], **({} if usage else {"inferlab_timeline": TIMELINE})))
+        if usage:
+            out += encode_json(c.chunk([], usage={"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                                       inferlab_timeline=TIMELINE))
+        await resp.write(out + DONE_EVENT)
+        return resp
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in ("sim", "cut")]})
+
+    async def __aenter__(self) -> Self:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+async def test_the_simulated_servers_timeline_survives_the_dropped_usage_chunk(stack: str) -> None:
+    from inferlab.openai.response import ResponseReader
+
+    async with Timed() as up, serving(config(up.url, stack=stack)) as (url, _), aiohttp.ClientSession() as s:
+        ans = await post(s, url, chat_body("sim"))
+        assert ans.events[-1] == "[DONE]" and not any("usage" in o for o in ans.objects())
+        reader = ResponseReader()
+        for e in ans.events:
+            reader.event(e)
+        assert reader.timeline == TIMELINE and ans.text() == "hi"

@@ -117,7 +117,7 @@ class Entry:
         """The answer as one JSON body: a stored body as it came, else built from the
         stream."""
         if self.body is not None:
-            return self.body if _TIMELINE.encode() not in self.body else _untimed(self.body.decode()).encode()
+            return self.body if TIMELINE.encode() not in self.body else _untimed(self.body.decode()).encode()
         a = self.answer
         c = Completion(a.id, self.chat, a.created, a.model)
         return json.dumps(c.body(a.text, a.finish_reason, a.usage)).encode()
@@ -129,19 +129,19 @@ CACHE_HEADER = "x-inferlab-cache"
 
 #: The simulated server's account of one request (``inferlab_timeline``): a stored
 #: answer's is the first request's, never a cache hit's, so it is left out of replays.
-_TIMELINE = "inferlab_timeline"
+TIMELINE = "inferlab_timeline"
 
 
 def _untimed(data: str) -> str:
     """An event's or body's JSON without ``inferlab_timeline``; other text as it is."""
-    if _TIMELINE not in data:
+    if TIMELINE not in data:
         return data
     try:
         obj = json.loads(data)
     except ValueError:
         return data
     if isinstance(obj, dict):
-        obj.pop(_TIMELINE, None)
+        obj.pop(TIMELINE, None)
     return json.dumps(obj)
 
 
