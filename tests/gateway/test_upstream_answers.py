@@ -289,3 +289,39 @@ async def test_the_simulated_servers_timeline_survives_the_dropped_usage_chunk(s
         for e in ans.events:
             reader.event(e)
         assert reader.timeline == TIMELINE and ans.text() == "hi"
+
+
+async def _raw_upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Lists ``halfhead`` and ``garbage``; answers them with half a head, or not HTTP."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+    body = await reader.readexactly(length)
+    if head.startswith(b"GET /v1/models"):
+        data = json.dumps({"data": [{"id": "halfhead"}, {"id": "garbage"}]}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(data), data))
+    elif json.loads(body)["model"] == "halfhead":
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Ty")
+    else:
+        writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+    await writer.drain()
+    writer.close()
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("model", ["halfhead", "garbage"])
+async def test_an_upstream_that_breaks_http_gets_a_one_line_error(stack: str, model: str, tmp_path: Path) -> None:
+    server = await asyncio.start_server(_raw_upstream, "127.0.0.1", 0)
+    up = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    try:
+        async with serving(config(up, stack=stack, access_log=str(tmp_path / "log"))) as (url, _), \
+                aiohttp.ClientSession() as s:
+            ans = await post(s, url, chat_body(model, stream=False))
+    finally:
+        server.close()
+    assert ans.status == 502
+    message = ans.json()["error"]["message"]
+    assert "\n" not in message and "\\n" not in message and "RawResponseMessage" not in message, message
+    assert len(message) <= 200, message
+    [record] = read_records(tmp_path / "log" / "requests.jsonl")
+    assert record.error is not None and "\n" not in record.error

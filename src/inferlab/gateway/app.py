@@ -54,7 +54,7 @@ from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
 from inferlab.gateway.relay import ClientStream, Observed, StreamRelay, read_body
 from inferlab.gateway.routing import EngineLoad, Health, ids_prefix, make_router, text_prefix
 from inferlab.gateway.shared import SharedCache, SharedLimiter, connect
-from inferlab.gateway.upstream import Failure, Upstreams
+from inferlab.gateway.upstream import Failure, Upstreams, describe
 from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
     PATHS,
@@ -217,7 +217,7 @@ class Gateway:
                 await self._redis.ping()
             except Exception as e:  # (redis' own errors: connection, auth, protocol)
                 await self._redis.aclose()
-                raise RunFailedError(f"[redis] {red.url}: {type(e).__name__}: {e}") from None
+                raise RunFailedError(f"[redis] {red.url}: {describe(e)}") from None
             if red.limits:
                 self.shared_limiter = SharedLimiter(self._redis, red.prefix)
             if red.cache and self.cache is not None:
@@ -263,7 +263,7 @@ class Gateway:
                 snap = await scrape(self._watch_session, url, self._upstream_headers(i, False), timeout, ENGINE_LOAD)
                 why = snap if isinstance(snap, str) else _load(snap)
             except Exception as e:  # (a failure scrape does not foresee: the task goes on, the log says it)
-                why = f"GET {url}: {type(e).__name__}: {e}"
+                why = f"GET {url}: {describe(e)}"
             if isinstance(why, tuple):
                 self.engines.report(i, *why, own=max(before, own[i]))
                 if lost:
@@ -443,7 +443,7 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             raise APIError(413, f"request body is over the gateway's limit of {limit} bytes") from None
         except (aiohttp.ClientPayloadError, web.RequestPayloadError) as e:
-            raise APIError(400, f"request body could not be read: {e}") from None
+            raise APIError(400, f"request body could not be read: {describe(e)}") from None
         body = parse_body(raw, request.charset)
         params = read_params(body, api)
         if api == "chat":

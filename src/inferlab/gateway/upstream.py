@@ -200,7 +200,7 @@ class Upstreams:
         except TimeoutError:
             raise Failure("timeout", f"the upstream did not answer within {timeout_s:g} s") from None
         except aiohttp.ClientError as e:
-            raise Failure("disconnect", f"the upstream closed the connection: {type(e).__name__}: {e}") from None
+            raise Failure("disconnect", f"the upstream closed the connection: {describe(e)}") from None
         if reply.encoding not in (None, "identity"):
             reply.abort()
             raise Failure("malformed", f"the upstream's answer is compressed ({reply.encoding}), though identity was "
@@ -211,6 +211,16 @@ class Upstreams:
             raise Failure("status", f"the upstream answered HTTP {reply.status}: {message}", reply.status,
                           retry=reply.status not in (401, 403))
         return reply
+
+
+def describe(e: BaseException) -> str:
+    """A client failure in one short line: its class and message, never the repr of a
+    half-parsed head (aiohttp's ``ServerDisconnectedError`` carries one) nor a parser's
+    multi-line message."""
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return f"{type(e).__name__}: it disconnected before a whole answer"
+    message = e.message if isinstance(e, aiohttp.ClientResponseError) else str(e)
+    return one_line(f"{type(e).__name__}: {message}")
 
 
 async def _error_text(reply: Reply) -> str:
