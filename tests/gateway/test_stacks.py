@@ -47,8 +47,7 @@ async def test_every_framing_reaches_the_client_as_the_same_events(stack: str, b
 
 
 @pytest.mark.parametrize("stack", STACKS)
-@pytest.mark.parametrize(("behaviour", "kind"), [("disconnect", "failed"), ("no_done", "early"),
-                                                 ("stream_error", None), ("malformed", None)])
+@pytest.mark.parametrize(("behaviour", "kind"), [("disconnect", "failed"), ("stream_error", None), ("malformed", None)])
 async def test_a_stream_that_goes_wrong_reaches_the_client_as_it_went(stack: str, behaviour: str, kind: str | None) -> None:
     async with FaultServer() as up, serving(config(up.url, stack=stack)) as (url, gw), aiohttp.ClientSession() as s:
         ans = await post(s, url, chat_body(behaviour))

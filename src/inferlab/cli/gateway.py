@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -40,10 +41,11 @@ async def _serve(config: Any, announce: bool) -> int:
     gw = Gateway(config)
     try:
         runner, port = await start(gw, config.host, config.port)
-    except OSError as e:
-        from inferlab._errors import UsageError
+    except OSError as e:  # (a runtime failure, as sim serve's: exit 1)
+        from inferlab._errors import RunFailedError
 
-        raise UsageError(f"cannot listen on {config.host}:{config.port}: {e.strerror or e}") from None
+        why = os.strerror(e.errno) if e.errno else str(e)  # (asyncio's strerror repeats the address)
+        raise RunFailedError(f"cannot listen on {config.host}:{config.port}: {why}") from None
     url = f"http://{config.host}:{port}"
     if announce:
         print(url, flush=True)

@@ -39,14 +39,27 @@ MAX_ERROR_BODY = 65536
 
 #: Response headers by which a cache in front of the engine says it answered a request
 #: (lower case): ``inferlab gateway``'s own, the generic ``X-Cache`` of HTTP caches and
-#: CDNs, Cloudflare's, Helicone's and Portkey's. A value beginning "hit" is a hit, any
-#: other a miss.
+#: CDNs, Cloudflare's, Helicone's and Portkey's.
 CACHE_HEADERS = frozenset({"x-inferlab-cache", "x-cache", "cf-cache-status", "helicone-cache", "x-portkey-cache-status"})
+#: An entry's first word (lower case; after Portkey's "semantic") that says a cache
+#: answered: a hit (``hit``, ``hit-...``, CloudFront's ``RefreshHit``, Squid's
+#: ``TCP_HIT``), or Cloudflare's statuses served from its cache (``stale``, ``updating``,
+#: ``revalidated``; ``miss``, ``expired``, ``bypass``, ``dynamic`` are not).
+_SERVED = ("hit", "refreshhit", "tcp_hit", "stale", "updating", "revalidated")
 
 
 def cache_hit(value: str) -> bool:
-    """Whether a ``CACHE_HEADERS`` value says the answer came from the cache."""
-    return value.strip().lower().startswith("hit")
+    """Whether a ``CACHE_HEADERS`` value says the answer came from a cache. A list (Fastly
+    with shielding: one entry per cache passed, "MISS, HIT") is a hit if any entry is:
+    per Fastly's X-Cache reference, any entry but MISS means the request was answered
+    from a cache, not sent to the origin."""
+    for entry in value.lower().split(","):
+        words = entry.split()
+        if words and words[0] == "semantic":  # (Portkey: SEMANTIC HIT, SEMANTIC MISS)
+            words = words[1:]
+        if words and (words[0] in _SERVED or words[0].startswith("hit-")):
+            return True
+    return False
 
 
 def note_cache_header(record: RequestRecord, name: str, value: str) -> None:

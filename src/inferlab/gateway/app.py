@@ -8,9 +8,10 @@ serve``, so that a run through the gateway is labelled a prediction (else 404, a
 any route the gateway does not have: a run through it is measured). A generation
 request goes through, in order: the client key (401 without a valid one, when keys are
 configured), the body (413 over the size limit, 400 for bad JSON or fields, checked as
-vLLM checks them), the model (404 if no upstream serves it), the key's RPM/TPM limits
-(429), the response cache, admission (503 when the queue is full or the wait too long),
-then the upstream, tried on another one if it fails before answering.
+vLLM checks them), the model (404 if no upstream lists it; 503 if one that did not
+answer ``/v1/models`` might serve it), the key's RPM/TPM limits (429), the response
+cache, admission (503 when the queue is full or the wait too long), then the upstream,
+tried on another one if it fails before answering.
 
 Beside the requests, a task per upstream reads its engine's ``/metrics`` every
 ``metrics_refresh_s`` (``_watch_engine``): the running and waiting requests it reports
@@ -53,7 +54,7 @@ from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
 from inferlab.gateway.relay import ClientStream, Observed, StreamRelay, read_body
 from inferlab.gateway.routing import EngineLoad, Health, ids_prefix, make_router, text_prefix
 from inferlab.gateway.shared import SharedCache, SharedLimiter, connect
-from inferlab.gateway.upstream import Failure, Upstreams
+from inferlab.gateway.upstream import Failure, Upstreams, describe
 from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
     PATHS,
@@ -66,7 +67,7 @@ from inferlab.openai.request import (
 )
 from inferlab.results.provenance import ENGINE_ROUTE, gateway_answer
 from inferlab.results.records import ErrorKind, RequestRecord
-from inferlab.results.runfiles import RunWriter
+from inferlab.results.runfiles import RunWriter, check_out_dir
 from inferlab.results.telemetry import Snapshot
 
 log = logging.getLogger("inferlab.gateway")
@@ -85,6 +86,9 @@ _MODELS_REFRESH_S = 2.0
 STALE_INTERVALS = 3
 #: What routing reads off an engine's ``/metrics`` (``results.telemetry``'s names).
 ENGINE_LOAD = ("running", "waiting", "kv_usage")
+#: A ``Failure``'s kind, as the access log and metrics record it.
+_FAILURE_KINDS = {"connect": ErrorKind.CONNECT, "status": ErrorKind.HTTP_STATUS, "timeout": ErrorKind.TIMEOUT,
+                  "disconnect": ErrorKind.DISCONNECT, "malformed": ErrorKind.MALFORMED}
 
 
 def error_response(status: int, message: str, error_type: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -92,10 +96,20 @@ def error_response(status: int, message: str, error_type: str, headers: dict[str
     return web.json_response(error_body(status, message, error_type), status=status, headers=headers)
 
 
+class _Unavailable(APIError):
+    """503: the gateway cannot answer now; a client may try again after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(503, message, "ServiceUnavailableError")
+        self.retry_after_s = retry_after_s
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except _Unavailable as e:
+        return web.json_response(e.body(), status=e.status, headers={"Retry-After": retry_after(e.retry_after_s)})
     except APIError as e:
         return web.json_response(e.body(), status=e.status)
     except web.HTTPException as e:
@@ -158,6 +172,7 @@ class Gateway:
         self.limiter = RateLimiter(self.clock)
         self.cache = ResponseCache(config.cache, self.clock) if config.cache.enabled else None
         self._models: dict[str, set[int]] = {}  # model id → the upstreams that list it
+        self._listed: set[int] = set()  # the upstreams that ever answered /v1/models with a list
         self._model_objects: dict[str, dict[str, Any]] = {}
         self._models_at_ns: int | None = None
         self._seq = itertools.count()
@@ -168,11 +183,10 @@ class Gateway:
         self._background: set[asyncio.Task[None]] = set()
         self._watchers: list[asyncio.Task[None]] = []
         self._watch_session: aiohttp.ClientSession | None = None
-        self.log: RunWriter | None = None
+        self.log: RunWriter | None = None  # (opened once the gateway listens: ``open_log``)
         if config.access_log:
-            self.log = RunWriter(config.access_log, {"gateway": {
-                "upstreams": [u.name for u in ups], "admission": adm.mode, "keys": [k.name for k in config.keys],
-            }})
+            check_out_dir(config.access_log, setting="[gateway] access_log",
+                          remedy="give another folder, or move that run away")
         self.app = web.Application(middlewares=[_errors], client_max_size=config.max_body_bytes)
         self.app.router.add_post("/v1" + PATHS["chat"], self._chat)
         self.app.router.add_post("/v1" + PATHS["completions"], self._completions)
@@ -185,6 +199,15 @@ class Gateway:
 
     # --- lifecycle ---------------------------------------------------------------------
 
+    def open_log(self) -> None:
+        """Start the access log (``config.access_log``), if one is configured."""
+        c = self.config
+        if c.access_log and self.log is None:
+            self.log = RunWriter(c.access_log, {"gateway": {
+                "upstreams": [u.name for u in c.upstreams], "admission": c.admission.mode,
+                "keys": [k.name for k in c.keys],
+            }}, overwrite=True)  # (checked when the gateway was made)
+
     async def _start(self, app: web.Application) -> None:
         await self.upstreams.open()
         red = self.config.redis
@@ -194,7 +217,7 @@ class Gateway:
                 await self._redis.ping()
             except Exception as e:  # (redis' own errors: connection, auth, protocol)
                 await self._redis.aclose()
-                raise RunFailedError(f"[redis] {red.url}: {type(e).__name__}: {e}") from None
+                raise RunFailedError(f"[redis] {red.url}: {describe(e)}") from None
             if red.limits:
                 self.shared_limiter = SharedLimiter(self._redis, red.prefix)
             if red.cache and self.cache is not None:
@@ -240,7 +263,7 @@ class Gateway:
                 snap = await scrape(self._watch_session, url, self._upstream_headers(i, False), timeout, ENGINE_LOAD)
                 why = snap if isinstance(snap, str) else _load(snap)
             except Exception as e:  # (a failure scrape does not foresee: the task goes on, the log says it)
-                why = f"GET {url}: {type(e).__name__}: {e}"
+                why = f"GET {url}: {describe(e)}"
             if isinstance(why, tuple):
                 self.engines.report(i, *why, own=max(before, own[i]))
                 if lost:
@@ -338,20 +361,30 @@ class Gateway:
                 data = json.loads(raw).get("data")
             except (ValueError, AttributeError):
                 continue
-            for obj in data if isinstance(data, list) else []:
+            if not isinstance(data, list):
+                continue
+            self._listed.add(i)
+            for obj in data:
                 if isinstance(obj, dict) and isinstance(obj.get("id"), str):
                     self._models.setdefault(obj["id"], set()).add(i)
                     self._model_objects.setdefault(obj["id"], obj)
 
     async def _candidates(self, model: str) -> list[int]:
-        """The upstreams serving ``model``; ``APIError`` 404 if none does."""
+        """The upstreams serving ``model``; ``APIError`` 404 if every upstream listed its
+        models and none lists it, 503 if one that did not list them might serve it."""
         found = self._models.get(model)
         if not found and (self._models_at_ns is None or self.clock.now_ns() - self._models_at_ns > _MODELS_REFRESH_S * NS_PER_S):
             await self._refresh_models()
             found = self._models.get(model)
-        if not found:
+        if found:
+            return sorted(found)
+        unlisted = [u.name for i, u in enumerate(self.config.upstreams) if i not in self._listed]
+        if not unlisted:
             raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model")
-        return sorted(found)
+        if len(unlisted) == len(self.config.upstreams):
+            raise _Unavailable(f"no upstream answered /v1/models: cannot tell which one serves `{model}`", _MODELS_REFRESH_S)
+        raise _Unavailable(f"no upstream that answered /v1/models lists `{model}`, and {', '.join(unlisted)} did not "
+                           "answer it", _MODELS_REFRESH_S)
 
     # --- generation ----------------------------------------------------------------------
 
@@ -410,7 +443,7 @@ class Gateway:
         except web.HTTPRequestEntityTooLarge:
             raise APIError(413, f"request body is over the gateway's limit of {limit} bytes") from None
         except (aiohttp.ClientPayloadError, web.RequestPayloadError) as e:
-            raise APIError(400, f"request body could not be read: {e}") from None
+            raise APIError(400, f"request body could not be read: {describe(e)}") from None
         body = parse_body(raw, request.charset)
         params = read_params(body, api)
         if api == "chat":
@@ -512,15 +545,15 @@ class Gateway:
                     entry = await asyncio.wait_for(asyncio.shield(pending), self.config.upstream_timeout_s)
                 except TimeoutError:
                     entry = None  # the leader is too slow: go upstream, uncached
-            if entry is not None:
+            if entry is not None and entry.serves(req.stream):
                 m.cache_hits.labels(req.model, req.key_name).inc()
                 m.cache_tokens_saved.labels(req.model, req.key_name).inc(entry.answer.tokens)
                 return await self._from_cache(request, req, entry, obs, {**headers, CACHE_HEADER: "hit"})
             m.cache_misses.labels(req.model, req.key_name).inc()
-            if pending is None:
+            if entry is None and pending is None:
                 self.cache.lead(key)
-            else:
-                key = None  # the leader failed: go upstream, uncached
+            else:  # the leader failed, or the answer is in the other form and not plain text
+                key = None  # (go upstream, uncached: the entry stays as it is)
         return await self._upstream(request, req, candidates, obs, headers, key)
 
     async def _upstream(
@@ -595,9 +628,13 @@ class Gateway:
             finally:
                 self.admission.release(ticket)
         assert failure is not None
-        obs.fail(ErrorKind.HTTP_STATUS if failure.status else ErrorKind.CONNECT, str(failure))
-        status = 503 if failure.status == 429 else 502
+        kind = _FAILURE_KINDS[failure.kind]
+        obs.fail(kind, str(failure))
+        status = 503 if failure.status == 429 else 504 if kind == ErrorKind.TIMEOUT else 502
         obs.record.status = status
+        up = self.config.upstreams[tried[-1]].name
+        self.metrics.duration.labels(req.model, up, req.key_name, kind.value).observe(
+            (self.clock.now_ns() - obs.received_ns) / NS_PER_S)
         return error_response(status, str(failure), "ServiceUnavailableError" if status == 503 else "InternalServerError",
                               {**headers, "Retry-After": "1"} if status == 503 else headers)
 
@@ -672,12 +709,19 @@ def _load(snap: Snapshot) -> tuple[float, float, float | None] | str:
 async def start(gateway: Gateway, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve ``gateway`` on ``host:port`` (0: a free port); the runner and the bound port.
     A client that disconnects cancels its request, and so the upstream's. The body is
-    read as sent (no decompression: a compressed body is not JSON, so a 400)."""
+    read as sent (no decompression: a compressed body is not JSON, so a 400). If it
+    cannot listen (``OSError``), what the start opened is closed again and no access log
+    is written."""
     runner = web.AppRunner(gateway.app, access_log=None, handle_signals=False, handler_cancellation=True,
                            auto_decompress=False, logger=quiet_server_logger())
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    gateway.open_log()  # (before the loop runs again: no request is answered without it)
     addresses = runner.addresses
     return runner, int(addresses[0][1]) if addresses else port
 

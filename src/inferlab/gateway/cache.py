@@ -5,9 +5,12 @@ The key is a digest of the request body (stream fields left out, keys sorted: th
 request whatever its JSON spelling), the API and the caller's key scope (the key's
 name; one scope for all keys only when configured). An entry keeps the answer as it
 came: a stream as its events, grouped as the upstream's reads delivered them (replayed
-with that chunking), or a whole body; the other form is built from the same answer when
-asked for (a stored body streamed as SSE, a stored stream answered as one body). Entries
-expire after ``ttl_s``; past ``max_entries`` or ``max_bytes`` the least recently used go.
+with that chunking), or a whole body. The other form is built from the same answer when
+asked for (a stored body streamed as SSE, a stored stream answered as one body) only
+when that is exact: a plain text answer (``Answer.plain``). An answer with tool calls,
+reasoning, a refusal, audio or annotations answers its own form only; the other form is
+a miss (``Entry.serves``). Entries expire after ``ttl_s``; past ``max_entries`` or
+``max_bytes`` the least recently used go.
 
 Identical misses coalesce: the first one (the leader) goes upstream; the others wait for
 its entry and are answered from it (or go upstream themselves if it failed).
@@ -29,6 +32,9 @@ from inferlab.openai.sse import DONE_EVENT, encode_event, encode_json
 
 #: Body fields that change only how the answer is delivered, not what it is.
 _DELIVERY_FIELDS = ("stream", "stream_options")
+#: A delta's or message's members that carry an answer beside its text: an answer with
+#: any of them (not null or empty) is not plain.
+_BESIDE_TEXT = ("tool_calls", "function_call", "reasoning_content", "reasoning", "refusal", "audio", "annotations")
 
 
 def cacheable(body: dict[str, Any]) -> bool:
@@ -50,7 +56,8 @@ def cache_key(body: dict[str, Any], chat: bool, scope: str) -> str:
 
 @dataclass(frozen=True)
 class Answer:
-    """What one answer said, whatever form it came in: enough to build the other form."""
+    """What one answer said, whatever form it came in: enough to build the other form
+    when ``plain`` (its text is all it said: no member of ``_BESIDE_TEXT``)."""
 
     id: str
     created: int
@@ -58,6 +65,7 @@ class Answer:
     text: str
     finish_reason: str
     usage: dict[str, Any]
+    plain: bool = True
 
     @property
     def tokens(self) -> int:
@@ -75,6 +83,11 @@ class Entry:
     answer: Answer
     reads: tuple[tuple[tuple[str, bool], ...], ...] | None = None
     body: bytes | None = None
+
+    def serves(self, stream: bool) -> bool:
+        """Whether this entry answers a request for ``stream`` exactly: its own form, or
+        the other one built from a plain answer."""
+        return self.answer.plain or stream == (self.reads is not None)
 
     @property
     def size_bytes(self) -> int:
@@ -104,7 +117,7 @@ class Entry:
         """The answer as one JSON body: a stored body as it came, else built from the
         stream."""
         if self.body is not None:
-            return self.body if _TIMELINE.encode() not in self.body else _untimed(self.body.decode()).encode()
+            return self.body if TIMELINE.encode() not in self.body else _untimed(self.body.decode()).encode()
         a = self.answer
         c = Completion(a.id, self.chat, a.created, a.model)
         return json.dumps(c.body(a.text, a.finish_reason, a.usage)).encode()
@@ -116,26 +129,47 @@ CACHE_HEADER = "x-inferlab-cache"
 
 #: The simulated server's account of one request (``inferlab_timeline``): a stored
 #: answer's is the first request's, never a cache hit's, so it is left out of replays.
-_TIMELINE = "inferlab_timeline"
+TIMELINE = "inferlab_timeline"
 
 
 def _untimed(data: str) -> str:
     """An event's or body's JSON without ``inferlab_timeline``; other text as it is."""
-    if _TIMELINE not in data:
+    if TIMELINE not in data:
         return data
     try:
         obj = json.loads(data)
     except ValueError:
         return data
     if isinstance(obj, dict):
-        obj.pop(_TIMELINE, None)
+        obj.pop(TIMELINE, None)
     return json.dumps(obj)
 
 
-def answer_of_stream(first_chunk: dict[str, Any], text: str, finish_reason: str | None, usage: dict[str, Any]) -> Answer:
+def plain_event(data: str) -> bool:
+    """Whether a stream's event carries text alone (or nothing): no choice's delta has a
+    member of ``_BESIDE_TEXT``. (Decoded only when one of their names is in it.)"""
+    if not any(name in data for name in _BESIDE_TEXT):
+        return True
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return True  # (not an answer's chunk: the reader failed the stream)
+    return not isinstance(obj, dict) or _plain_choices(obj.get("choices"), "delta")
+
+
+def _plain_choices(choices: object, part_key: str) -> bool:
+    for choice in choices if isinstance(choices, list) else []:
+        part = choice.get(part_key) if isinstance(choice, dict) else None
+        if isinstance(part, dict) and any(part.get(name) for name in _BESIDE_TEXT):
+            return False
+    return True
+
+
+def answer_of_stream(first_chunk: dict[str, Any], text: str, finish_reason: str | None, usage: dict[str, Any],
+                     plain: bool) -> Answer:
     """The ``Answer`` of a stream, from its first chunk's ids and what it carried."""
     return Answer(str(first_chunk.get("id", "")), _int(first_chunk.get("created")), str(first_chunk.get("model", "")),
-                  text, finish_reason or "stop", usage)
+                  text, finish_reason or "stop", usage, plain)
 
 
 def answer_of_body(body: dict[str, Any], chat: bool) -> Answer | None:
@@ -144,16 +178,19 @@ def answer_of_body(body: dict[str, Any], chat: bool) -> Answer | None:
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         return None
     choice = choices[0]
+    plain = _plain_choices(choices, "message")
     if chat:
         message = choice.get("message")
         text = message.get("content") if isinstance(message, dict) else None
+        if text is None and not plain:  # (tool calls without text: served as this body only)
+            text = ""
     else:
         text = choice.get("text")
     usage = body.get("usage")
     if not isinstance(text, str) or not isinstance(usage, dict):
         return None
     return Answer(str(body.get("id", "")), _int(body.get("created")), str(body.get("model", "")),
-                  text, str(choice.get("finish_reason") or "stop"), usage)
+                  text, str(choice.get("finish_reason") or "stop"), usage, plain)
 
 
 def _int(v: object) -> int:

@@ -169,7 +169,7 @@ class GatewayMetrics:
             "inferlab_gateway_cache_tokens_saved", "Input plus output tokens the cache answered without an upstream.",
             ("gen_ai_request_model", "key"), registry=r)
         self.upstream_errors = Counter(
-            "inferlab_gateway_upstream_errors", "Upstream failures, by kind (connect, status, disconnect, timeout).",
+            "inferlab_gateway_upstream_errors", "Upstream failures, by kind (connect, status, disconnect, timeout, malformed).",
             ("server_address", "kind"), registry=r)
 
     def series(self, model: str, upstream: str, key: str) -> Series:

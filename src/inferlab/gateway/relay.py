@@ -6,16 +6,20 @@ read completes it, one write per read (so the upstream's chunking is kept and th
 client's backpressure reaches the upstream: its reading pauses while the client's
 buffer is full). A read of whole, plain events passes on as its bytes came; one the
 gateway changes or that the parser had to piece together is written as its events,
-re-encoded. What passes is observed for metrics, the access log and the cache: arrival
+re-encoded, after the read's comment lines (keep-alives, passed on so that a client's
+idle timeout sees them). What passes is observed for metrics, the access log and the cache: arrival
 times of content, usage, the finish reason. The usage chunk the gateway asked for on
 the client's behalf (``stream_options.include_usage``) is dropped again if the client
-did not ask for it.
+did not ask for it; the simulated server's ``inferlab_timeline`` on it is kept, on a
+chunk of its own (``choices`` empty, no ``usage``).
 
 The relay runs inside the upstream connection's read callback where the upstream is on
 the httptools client (``gateway.upstream``), in the request's task on aiohttp's; either
 way it writes to the client's connection directly (``ClientStream``). A failure after
 the client got its first byte ends the client's stream with an SSE error event and
-``[DONE]``.
+``[DONE]``; so does a stream that ends without ``[DONE]`` before any finish reason. One
+that ends without it after a finish reason (the answer is whole) gets ``[DONE]`` alone,
+and its record says the upstream sent none (``stream_done`` False).
 """
 
 from __future__ import annotations
@@ -30,7 +34,14 @@ from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http_writer import StreamWriter
 
 from inferlab._clock import NS_PER_S, Clock
-from inferlab.gateway.cache import Answer, Entry, answer_of_body, answer_of_stream
+from inferlab.gateway.cache import (
+    TIMELINE,
+    Answer,
+    Entry,
+    answer_of_body,
+    answer_of_stream,
+    plain_event,
+)
 from inferlab.gateway.metrics import Bins
 from inferlab.gateway.upstream import Failure, Reply
 from inferlab.openai.errors import error_body
@@ -122,10 +133,11 @@ class StreamRelay:
         self.reserved_output = reserved_output if grow is not None else None
         self.grow = grow
         self.reader = ResponseReader([] if keep else None)
-        self.parser = SSEParser()
+        self.parser = SSEParser(keep_comments=True)
         self.usage: dict[str, Any] = {}
         self.first: dict[str, Any] | None = None
         self.reads: list[tuple[tuple[str, bool], ...]] = []
+        self.plain = True  # (kept: no event carried more than text)
         self.failed = False
 
     async def run(self, upstream: Reply, client: ClientStream) -> None:
@@ -142,20 +154,22 @@ class StreamRelay:
             await upstream.relay(on_read, client.drained)
             out = self._events(self.parser.close(), self.clock.now_ns(), None)
             if not self.reader.done and not self.failed:
-                obs.fail(ErrorKind.DISCONNECT, "the upstream ended the stream without [DONE]")
-                out += error_event(502, "the upstream ended the stream early") + DONE_EVENT
+                if self.reader.finish_reason is None:
+                    obs.fail(ErrorKind.DISCONNECT, "the upstream ended the stream without [DONE]")
+                    out += error_event(502, "the upstream ended the stream early")
+                out += DONE_EVENT
             if out:
                 write(out)
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, TimeoutError) as e:
             kind = ErrorKind.TIMEOUT if isinstance(e, TimeoutError) else ErrorKind.DISCONNECT
             why = "timed out" if isinstance(e, TimeoutError) else f"failed: {type(e).__name__}"
             obs.fail(kind, f"the upstream stream {why}")
-            write(error_event(502, f"the upstream stream {why}") + DONE_EVENT)
+            write(error_event(504 if kind == ErrorKind.TIMEOUT else 502, f"the upstream stream {why}") + DONE_EVENT)
         obs.finish(self.reader, self.clock.now_ns())
         record.stream_done = self.reader.done
         if self.keep and self.reader.done and not self.failed and record.error_kind is None and self.first is not None:
             text = "".join(self.reader.text_out or [])
-            answer: Answer = answer_of_stream(self.first, text, self.reader.finish_reason, self.usage)
+            answer: Answer = answer_of_stream(self.first, text, self.reader.finish_reason, self.usage, self.plain)
             obs.entry = Entry(self.chat, answer, reads=tuple(self.reads))
 
     def feed(self, data: bytes, now: int) -> bytes:
@@ -166,6 +180,11 @@ class StreamRelay:
             record.ttfb_ns = now - self.obs.t0_ns
         parser = self.parser
         events = parser.feed(data)
+        comments = parser.comments
+        if comments:  # (so the read is not plain: its events are written re-encoded)
+            out = b"".join(c + b"\n" for c in comments) + b"\n"
+            comments.clear()
+            return out + self._events(events, now, None)
         return self._events(events, now, data if parser.plain else None) if events else b""
 
     def _events(self, events: list[str], now: int, raw: bytes | None) -> bytes:
@@ -186,6 +205,7 @@ class StreamRelay:
                 self.obs.fail(ErrorKind.STREAM_ERROR if isinstance(e, ErrorInResponse) else ErrorKind.MALFORMED, str(e))
                 arrivals = 0
             usage_only = False
+            timeline = None  # the usage-only chunk's timeline, when that chunk is dropped
             if reader.usage_seen and not had_usage:
                 obj = json.loads(data)
                 self.usage = obj["usage"]
@@ -196,6 +216,9 @@ class StreamRelay:
                         changed = True
                 else:
                     usage_only = True
+                    if self.drop_usage and TIMELINE in obj:  # (kept without the usage)
+                        del obj["usage"]
+                        timeline = json.dumps(obj, separators=(",", ":"))
             if arrivals:
                 content = self.obs.content_ns
                 if content and self.itl is not None:
@@ -210,9 +233,13 @@ class StreamRelay:
                         self.first = first if isinstance(first, dict) else None
                     except ValueError:
                         pass
+                if self.plain and not plain_event(data):
+                    self.plain = False
                 group.append((data, usage_only))
             if usage_only and self.drop_usage:
                 changed = True
+                if timeline is not None:
+                    kept.append(timeline)
             else:
                 kept.append(data)
         if self.keep and group:
@@ -228,7 +255,9 @@ async def read_body(clock: Clock, observed: Observed, upstream: Reply, *, chat: 
     obs = observed
     try:
         raw = await upstream.read()
-    except (aiohttp.ClientError, TimeoutError) as e:
+    except TimeoutError:
+        raise Failure("timeout", "the upstream did not finish its answer in time") from None
+    except aiohttp.ClientError as e:
         raise Failure("disconnect", f"the upstream failed while answering: {type(e).__name__}") from None
     now = clock.now_ns()
     obs.record.ttfb_ns = now - obs.t0_ns

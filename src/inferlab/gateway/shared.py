@@ -154,17 +154,17 @@ def _encode(e: Entry) -> dict[str, Any]:
     a = e.answer
     return {
         "chat": e.chat,
-        "answer": [a.id, a.created, a.model, a.text, a.finish_reason, a.usage],
+        "answer": [a.id, a.created, a.model, a.text, a.finish_reason, a.usage, a.plain],
         "reads": None if e.reads is None else [[[d, u] for d, u in read] for read in e.reads],
         "body": None if e.body is None else base64.b64encode(e.body).decode(),
     }
 
 
 def _decode(d: dict[str, Any]) -> Entry:
-    i, created, model, text, finish, usage = d["answer"]
+    i, created, model, text, finish, usage, plain = d["answer"]
     reads = None if d["reads"] is None else tuple(tuple((str(x), bool(u)) for x, u in read) for read in d["reads"])
     body = None if d["body"] is None else base64.b64decode(d["body"])
-    return Entry(bool(d["chat"]), Answer(str(i), int(created), str(model), str(text), str(finish), dict(usage)), reads, body)
+    return Entry(bool(d["chat"]), Answer(str(i), int(created), str(model), str(text), str(finish), dict(usage), bool(plain)), reads, body)
 
 
 def connect(url: str) -> Any:

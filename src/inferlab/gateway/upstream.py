@@ -12,11 +12,16 @@ error's message, or read by read to a consumer) and raise aiohttp's exceptions f
 same failures. ``Upstreams.send`` turns a failure before the answer into ``Failure``:
 the caller may try another upstream.
 
-The two differ in what the caller does not see: the httptools client asks for an
-uncompressed body (aiohttp's session asks for gzip or deflate, and the gateway does not
-decompress), and sends a request a stale keep-alive connection failed before any answer
-once more on a new connection (aiohttp's session reports it, so the gateway counts an
-upstream error and tries again: on another upstream when there is one).
+Both ask for an uncompressed answer (``Accept-Encoding: identity``): the gateway relays
+the body as it reads it, and says nothing of an encoding to its client. An upstream
+that compresses anyway is decompressed by aiohttp's session (gzip, deflate; br and zstd
+where their libraries are installed); an answer still encoded (the httptools client
+decodes nothing) is a ``Failure``, never relayed as plain JSON.
+
+The two differ in what the caller does not see: the httptools client sends a request a
+stale keep-alive connection failed before any answer once more on a new connection
+(aiohttp's session reports it, so the gateway counts an upstream error and tries again:
+on another upstream when there is one).
 """
 
 from __future__ import annotations
@@ -44,11 +49,13 @@ if TYPE_CHECKING:  # (imported where a pool is made: httptools is the fast extra
 _ERROR_BODY_BYTES = 65536
 #: The longest wait for a new connection to an upstream.
 CONNECT_TIMEOUT_S = 10.0
+#: Content codings an aiohttp response reads decoded (its parser's; "" and identity: none).
+_DECODED = ("", "identity", "gzip", "deflate", "br", "zstd")
 
 
 class Failure(Exception):
     """The upstream failed before the client got anything: ``kind`` (``connect``,
-    ``status``, ``timeout``, ``disconnect``), a one-line message, the upstream's status
+    ``status``, ``timeout``, ``disconnect``, ``malformed``), a one-line message, the upstream's status
     if it answered, and whether another upstream may do better (``retry``)."""
 
     def __init__(self, kind: str, message: str, status: int | None = None, retry: bool = True) -> None:
@@ -60,7 +67,8 @@ class Failure(Exception):
 
 class Reply(Protocol):
     """An upstream's answer, from its head on. ``content_type``: the media type,
-    lowercased (``application/octet-stream`` when none is given). ``relay`` hands each
+    lowercased (``application/octet-stream`` when none is given); ``encoding``: the
+    body's content coding as it is read (None: identity). ``relay`` hands each
     read of the body to ``on_read(data, t_ns)`` (``t_ns`` on the gateway's clock) until
     the body ends; ``on_read`` returning False pauses reading until ``drained()``.
     ``release`` ends the exchange (the connection is kept if the body was read to its
@@ -68,6 +76,7 @@ class Reply(Protocol):
 
     status: int
     reason: str
+    encoding: str | None
 
     @property
     def content_type(self) -> str: ...
@@ -91,6 +100,8 @@ class _AiohttpReply:
         self._clock = clock
         self.status = resp.status
         self.reason = resp.reason or ""
+        coding = resp.headers.get("Content-Encoding", "").strip().lower()
+        self.encoding = None if coding in _DECODED else coding
 
     @property
     def content_type(self) -> str:
@@ -131,9 +142,7 @@ class Upstreams:
         self._send: Send | None = None  # ``client.httptools_relay.send``, where a pool is made
 
     async def open(self) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=False), auto_decompress=False,
-        )
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=False))
         for i, (up, stack) in enumerate(zip(self.config.upstreams, self.stacks, strict=True)):
             pool = None
             heads: dict[Api, bytes] = {}
@@ -183,20 +192,35 @@ class Upstreams:
             else:
                 url = self.config.upstreams[i].url + "/v1" + PATHS[api]
                 timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S)
-                reply = _AiohttpReply(await self.session.post(url, data=payload, headers=self.headers(i), timeout=timeout),
+                headers = {**self.headers(i), "Accept-Encoding": "identity"}
+                reply = _AiohttpReply(await self.session.post(url, data=payload, headers=headers, timeout=timeout),
                                       self.clock)
         except (aiohttp.ClientConnectorError, ConnectError) as e:
             raise Failure("connect", f"cannot connect to the upstream: {e.os_error}") from None
         except TimeoutError:
             raise Failure("timeout", f"the upstream did not answer within {timeout_s:g} s") from None
         except aiohttp.ClientError as e:
-            raise Failure("disconnect", f"the upstream closed the connection: {type(e).__name__}: {e}") from None
+            raise Failure("disconnect", f"the upstream closed the connection: {describe(e)}") from None
+        if reply.encoding not in (None, "identity"):
+            reply.abort()
+            raise Failure("malformed", f"the upstream's answer is compressed ({reply.encoding}), though identity was "
+                          "asked for")
         if reply.status >= 500 or reply.status in (401, 403, 429):
             message = await _error_text(reply)
             reply.release()
             raise Failure("status", f"the upstream answered HTTP {reply.status}: {message}", reply.status,
                           retry=reply.status not in (401, 403))
         return reply
+
+
+def describe(e: BaseException) -> str:
+    """A client failure in one short line: its class and message, never the repr of a
+    half-parsed head (aiohttp's ``ServerDisconnectedError`` carries one) nor a parser's
+    multi-line message."""
+    if isinstance(e, aiohttp.ServerDisconnectedError):
+        return f"{type(e).__name__}: it disconnected before a whole answer"
+    message = e.message if isinstance(e, aiohttp.ClientResponseError) else str(e)
+    return one_line(f"{type(e).__name__}: {message}")
 
 
 async def _error_text(reply: Reply) -> str:

@@ -46,13 +46,16 @@ class SSEParser:
     """Bytes in, completed events' ``data`` out; one parser per stream. After a ``feed``,
     ``plain`` says whether its bytes were exactly its events as ``encode_event`` writes
     them (whole events, each one ``data: `` line of valid UTF-8, ``\n`` endings, nothing
-    else, nothing left over): a relay may then pass the bytes on as they came."""
+    else, nothing left over): a relay may then pass the bytes on as they came. With
+    ``keep_comments``, each comment line read (``:`` and what follows, without its line
+    end) is appended to ``comments`` (a relay passes keep-alives on)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_comments: bool = False) -> None:
         self._buffer = b""
         self._data: list[str] = []
         self._pending_cr = False
         self.plain = False
+        self.comments: list[bytes] | None = [] if keep_comments else None
 
     def feed(self, chunk: bytes) -> list[str]:
         """Consume ``chunk``; return the data of each event it completed, in order."""
@@ -121,6 +124,8 @@ class SSEParser:
                 self._data = []
             return
         if raw.startswith(b":"):
+            if self.comments is not None:
+                self.comments.append(raw)
             return
         name, sep, value = raw.partition(b":")
         if not sep:

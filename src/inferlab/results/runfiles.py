@@ -59,16 +59,18 @@ class RunWriter:
 RUN_FILES = ("config.json", "requests.jsonl", "summary.json")
 
 
-def check_out_dir(out_dir: str | os.PathLike[str], overwrite: bool = False) -> None:
+def check_out_dir(out_dir: str | os.PathLike[str], overwrite: bool = False, *, setting: str = "--out",
+                  remedy: str = "give another folder, or --overwrite") -> None:
     """``UsageError`` if ``out_dir`` is a file, or holds a run already (one of
     ``RUN_FILES``) and ``overwrite`` is off: a second run must not replace a first one
-    silently."""
+    silently. The message names the folder as ``setting`` and ends with ``remedy``
+    (a command's own flags)."""
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
-        raise UsageError(f"--out {d}: not a directory")
+        raise UsageError(f"{setting} {d}: not a directory")
     held = [f for f in RUN_FILES if (d / f).exists()]
     if held and not overwrite:
-        raise UsageError(f"--out {d} already holds a run ({', '.join(held)}): give another folder, or --overwrite")
+        raise UsageError(f"{setting} {d} already holds a run ({', '.join(held)}): {remedy}")
 
 
 def plain_json(obj: Any) -> Any:

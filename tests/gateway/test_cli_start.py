@@ -1,0 +1,43 @@
+"""``inferlab gateway`` failing to start says why in one line, with the exit code of a
+runtime failure, and leaves nothing behind: a port in use, an access log folder that
+holds a run."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def gateway(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "inferlab", "gateway", "--upstream", "http://127.0.0.1:9",
+                           *args], capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
+
+
+def test_a_port_in_use_is_one_line_and_exit_1_and_leaves_no_access_log(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    config = tmp_path / "gw.toml"
+    config.write_text(f'[gateway]\naccess_log = "{log}"\n')
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = gateway("--port", str(port), "--config", str(config))
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [f"inferlab: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    assert not log.exists()  # (a second try with a free port is not refused for a run it never wrote)
+
+
+def test_an_access_log_folder_with_a_run_names_the_setting(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    log.mkdir()
+    (log / "requests.jsonl").write_text("")
+    config = tmp_path / "gw.toml"
+    config.write_text(f'[gateway]\naccess_log = "{log}"\n')
+    p = gateway("--port", "0", "--config", str(config))
+    assert p.returncode == 2
+    [line] = p.stderr.strip().splitlines()
+    assert line == (f"inferlab: error: [gateway] access_log {log} already holds a run (requests.jsonl): give another "
+                    "folder, or move that run away")
