@@ -124,6 +124,33 @@ def test_a_folder_with_only_requests_jsonl_is_a_run(sweep: Path, tmp_path: Path)
     assert "assumed 1" in out.read_text()
 
 
+def failed_copy(run: Path, to: Path, config: dict[str, object] | None = None) -> Path:
+    """``run``'s requests as if every one had failed (HTTP 500 before any token)."""
+    to.mkdir()
+    with (to / "requests.jsonl").open("w") as out:
+        for line in (run / "requests.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            r.update(ttfb_ns=None, content_ns=[], end_ns=r["send_ns"] + 10**6, status=500, error_kind="http_status",
+                     error="boom", input_tokens=None, output_tokens=None, finish_reason=None, server_timeline=None)
+            out.write(json.dumps(r) + "\n")
+    if config is not None:
+        (to / "config.json").write_text(json.dumps(config))
+    return to
+
+
+def test_runs_with_no_successful_request_still_make_a_report(sweep: Path, tmp_path: Path) -> None:
+    failed = failed_copy(sweep / "c4", tmp_path / "failed")
+    # a gateway's access log (config.json with "gateway") where every request failed
+    log = failed_copy(sweep / "c4", tmp_path / "gwlog", {"gateway": {"upstreams": ["http://127.0.0.1:1"], "keys": ["alice"]}})
+    for sources in ([failed], [log], [failed, sweep / "c1"]):
+        out = tmp_path / "r.html"
+        p = inferlab("report", *map(str, sources), "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        assert "nothing to draw for" in p.stderr and "ttft_vs_input" in p.stderr
+        if browser is not None:
+            check_page(out)
+
+
 def test_bad_sources_are_one_line_errors(tmp_path: Path) -> None:
     p = inferlab("report", str(tmp_path / "nope"), "-o", str(tmp_path / "x.html"))
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "nope" in p.stderr

@@ -253,7 +253,7 @@ def ttft_vs_input(run: Run) -> Figure:
         if r.ok and m.ttft_ms is not None and r.input_tokens is not None:
             pts.append((float(r.input_tokens), m.ttft_ms))
     note = ""
-    step = -(-len(pts) // SCATTER_MAX)  # every request up to SCATTER_MAX, else every step-th
+    step = max(1, -(-len(pts) // SCATTER_MAX))  # every request up to SCATTER_MAX, else every step-th
     series = [Series("requests" if step == 1 else f"every {step}th of {len(pts):,} requests", pts[::step], "points")]
     fit = fit_line([x for x, _ in pts], [y for _, y in pts])  # over all of them
     if fit is not None:
