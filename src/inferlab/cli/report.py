@@ -54,7 +54,7 @@ def _compare(kw: dict[str, Any]) -> int:
         raise UsageError(f"--fail-if on runs of different workloads: {'; '.join(differ)}; "
                          "give --allow-different-workloads to act on them anyway")
     if kw["as_json"]:
-        for line in differ:  # (the JSON has them too: workload_differences)
+        for line in [*differ, *comparison.cache_lines()]:  # (the JSON has them too)
             click.echo(f"inferlab: warning: {line}", err=True)
         click.echo(dumps(comparison.to_json()))
     else:
