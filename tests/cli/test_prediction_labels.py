@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import subprocess
@@ -126,3 +128,7 @@ def test_export_says_a_run_against_a_simulated_server_was_simulated(runs: tuple[
     assert sources["emb"] == "inferlab bench against the embedded simulated server (simulated, not measured)"
     assert sources["serve"] == f"inferlab bench against inferlab sim serve at {url}/v1 (simulated, not measured)"
     assert sources["sim"] == "inferlab sim run (simulated in virtual time, not measured)"
+    for fmt in ("csv-summary", "csv-requests"):  # the CSVs say it on every row
+        p = inferlab("export", str(d / "serve"), "--format", fmt)
+        assert p.returncode == 0, p.stderr
+        assert {r["inferlab_source"] for r in csv.DictReader(io.StringIO(p.stdout))} == {sources["serve"]}

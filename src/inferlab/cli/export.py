@@ -46,7 +46,7 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
     else:
         records = list(read_records(folder / "requests.jsonl"))
         if fmt == "csv-requests":
-            text = requests_csv(records)
+            text = requests_csv(records, run_source(summary))
         else:
             # vLLM's date is when its run ended: summary.json was written then
             ended = datetime.datetime.fromtimestamp(os.stat(folder / "summary.json").st_mtime)
