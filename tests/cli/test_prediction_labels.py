@@ -76,7 +76,11 @@ def test_bench_against_sim_serve_names_it_and_says_prediction(runs: tuple[Path, 
 
 def test_a_sweep_against_sim_serve_is_a_prediction_without_bands(runs: tuple[Path, dict[str, str], str]) -> None:
     d, out, url = runs
-    assert f"prediction (inferlab sim serve at {url}, over HTTP)" in out["sweep"]
+    assert f"prediction (inferlab sim serve at {url}/v1, over HTTP)" in out["sweep"]
+    # the progress says so too, once the first point found the server to be the simulator
+    assert f"the server is inferlab sim serve at {url}/v1: every number is a prediction" in out["sweep"]
+    points = [line for line in out["sweep"].splitlines() if line.startswith("  c=")]
+    assert len(points) == 2 and all(line.endswith(" (prediction)") for line in points)
     assert "measured" not in out["sweep"] and "±" not in out["sweep"]
     index = json.loads((d / "sweep" / "sweep.json").read_text())
     assert index["prediction"] is True and all(p["prediction"] is None for p in index["points"])
