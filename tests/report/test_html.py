@@ -291,6 +291,7 @@ def test_a_profile_shows_its_factor_table_and_its_runs(tmp_path: Path) -> None:
     assert plots["cdf_ttft"] > 0 and plots["timeline"] > 0
     html = out.read_text()
     assert f"<h2>Profile: {prof}</h2>" in html
+    assert "<th>predicted cost here</th>" in html and "measured cost here" not in html
     for f in factors:  # each factor's row: its title and its cost, as profile.json says
         assert f"<td>{f['title']}</td>" in html.replace("&#x27;", "'")
     runs = sum(len(f["runs"]) for f in factors)

@@ -435,10 +435,11 @@ def profile_section(sweep: Sweep) -> str:
         rows.append(f"<tr><td>{escape(str(f.get('title') or f.get('name')))}</td><td>{escape(cost)}</td>"
                     f"<td>{escape(str(f.get('evidence') or ''))}</td></tr>")
     url, engine = data.get("url"), data.get("engine")
-    where = http_server_info(None if url is None else str(url), engine if isinstance(engine, dict) else None).label
+    server = http_server_info(None if url is None else str(url), engine if isinstance(engine, dict) else None)
+    where, cost = server.label, "predicted cost here" if server.simulated else "measured cost here"
     return (f"<h2>Profile: {escape(str(sweep.path))}</h2><p>Server: {escape(str(where))}; model {escape(str(data.get('model')))}; "
             f"{_num(data.get('elapsed_s')):,.0f} s of a {_num(data.get('budget_s')):,.0f} s budget.</p>"
-            f'<table class="profile"><tr><th>factor</th><th>measured cost here</th><th>evidence</th></tr>{"".join(rows)}</table>')
+            f'<table class="profile"><tr><th>factor</th><th>{cost}</th><th>evidence</th></tr>{"".join(rows)}</table>')
 
 
 def summary_table(runs: Sequence[Run]) -> str:
