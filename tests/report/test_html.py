@@ -163,6 +163,15 @@ def test_bad_sources_are_one_line_errors(tmp_path: Path) -> None:
     assert p.returncode == 2 and "inferlab.sweep/1" in p.stderr
 
 
+def test_an_output_in_a_folder_that_does_not_exist_is_refused_as_export_refuses(sweep: Path, tmp_path: Path) -> None:
+    out = tmp_path / "nonexistent" / "x.html"
+    for args in (["report", str(sweep / "c1"), "-o", str(out)], ["export", str(sweep / "c1"), "--format", "csv-summary", "-o", str(out)]):
+        p = inferlab(*args)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, (args, p.stderr)
+        assert f"cannot write {out}: no folder {out.parent}" in p.stderr
+        assert not out.parent.exists()
+
+
 def test_png_without_a_browser_says_how_to_get_one(sweep: Path, tmp_path: Path) -> None:
     env = {**os.environ, "INFERLAB_CHROMIUM": str(tmp_path / "no-such-browser")}
     p = subprocess.run([sys.executable, "-m", "inferlab", "report", str(sweep / "c1"), "-o", str(tmp_path / "x.html"), "--png", str(tmp_path / "png")],

@@ -19,6 +19,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -463,6 +464,13 @@ def table_percentiles(kw: dict[str, Any]) -> tuple[float, ...]:
     """The percentiles the console table shows: ``--metric-percentiles``, else p50/p90/p99."""
     chosen: tuple[float, ...] | None = kw.get("metric_percentiles")
     return chosen or TABLE_PERCENTILES
+
+
+def check_output_folder(path: Path) -> None:
+    """``UsageError`` when the folder of an output file the user named does not exist:
+    it is not made (a typo in the path would otherwise write somewhere unexpected)."""
+    if not path.parent.is_dir():
+        raise UsageError(f"cannot write {path}: no folder {path.parent} (make it first, or give another path)")
 
 
 def check_result_file(kw: dict[str, Any]) -> None:

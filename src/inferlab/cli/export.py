@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from inferlab._errors import UsageError
-from inferlab.cli.common import percentiles_option, run_guarded
+from inferlab.cli.common import check_output_folder, percentiles_option, run_guarded
 from inferlab.results.export import (
     VLLM_PERCENTILES,
     requests_csv,
@@ -37,6 +37,8 @@ def export(run_dir: str, fmt: str, output: str, metric_percentiles: tuple[float,
 def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] | None, detailed: bool) -> int:
     if fmt != "vllm" and (percentiles is not None or not detailed):
         raise UsageError("--metric-percentiles and --no-detailed shape --format vllm only (csv-summary has the run's own percentiles)")
+    if output != "-":
+        check_output_folder(Path(output))
     folder = Path(run_dir)
     if not (folder / "summary.json").is_file():
         raise UsageError(f"{run_dir}: no summary.json (not a run directory, or a run killed before it ended)")
