@@ -17,6 +17,12 @@ class UsageError(InferlabError):
     """The user asked for something that cannot be done (bad flag, bad file): CLI exit 2."""
 
 
+class ConfigError(UsageError, ValueError):
+    """Settings that cannot work together (engine flags vLLM would refuse at start-up, a
+    model that does not fit its GPU): a usage error (exit 2), and a ``ValueError`` to
+    library callers that check settings by catching that."""
+
+
 class ServerUnreachableError(InferlabError):
     """The target server could not be reached at all before the run: CLI exit 1."""
 

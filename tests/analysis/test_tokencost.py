@@ -44,9 +44,11 @@ def test_cli_over_a_dataset_with_a_system_prompt_file(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     c = json.loads(p.stdout)
     assert c["prompts"] == 2 and c["system_tokens"] == 4 and c["user_tokens"] == 2.5
-    assert c["ttft_saved_ms"] > 0 and c["prefill_source"].startswith("simulated")
+    assert c["ttft_saved_ms"] > 0 and c["prefill_source"].endswith(" (prediction)")
     p = run("--prompt", "hi", "--system", "be brief", "--prefill-tps", "2000")
     assert p.returncode == 0 and "chat template" in p.stdout and "system + template share" in p.stdout
+    p = run("--prompt", "hi", "--system", "be brief")  # the simulator's prefill: a prediction, said as everywhere
+    assert p.returncode == 0 and "(prediction)):" in p.stdout and "simulated" not in p.stdout
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -136,6 +136,9 @@ def test_profile_starts_the_engine_profiles_it_records_its_config_and_stops_it(t
     assert p["url"] is not None and p["url"].startswith("http://127.0.0.1:")
     assert p["engine_config"]["engine"] == "sim" and p["engine_config"]["max_num_seqs"] == 4
     assert p["engine"]["max_num_seqs"] == 4  # what the server profiled says it runs
+    # inferlab's simulator: predictions, said in profile.json as in summary.json, and in the table
+    assert p["server"] == {"simulated": True, "kind": "sim serve", "url": p["url"], "engine_family": "vllm"}
+    assert "predicted cost here" in r.output and "measured cost here" not in r.output
     assert p["max_model_len"] == 8192 and p["factors"][0]["name"] == "prefill" and p["factors"][0]["measured"]
     run = out / p["factors"][0]["runs"][0]
     assert json.loads((run / "config.json").read_text())["url"] == p["url"]

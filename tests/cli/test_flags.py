@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from inferlab.cli.common import entry
 from inferlab.cli.main import main
 
 
@@ -111,3 +113,31 @@ def test_dataset_length_limits_count_tokens_never_words(tmp_path: Path) -> None:
     assert s["counts"]["completed"] == 2 and s["input_tokens"] == 2 * 2  # only "short one" is kept: 2 tokens
     res = CliRunner().invoke(main, ["bench", "-n", "2", "--dataset", str(data), "--max-input-tokens", "10"])
     assert res.exit_code == 2 and "count tokens: give --tokenizer" in res.output
+
+
+def test_an_unexpected_exception_is_an_internal_error_not_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # (a ValueError from a bug, such as report's "slice step cannot be zero", once exited 2)
+    def bug(kw: dict[str, Any]) -> int:
+        raise ValueError("slice step cannot be zero\nsecond line")
+
+    monkeypatch.setattr("inferlab.cli.report._report", bug)
+    monkeypatch.setattr(sys, "argv", ["inferlab", "report", str(tmp_path)])
+    monkeypatch.delenv("INFERLAB_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as e:
+        entry(main)
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("inferlab: error: internal error, a bug in inferlab (ValueError: slice step")
+    assert "INFERLAB_DEBUG=1" in err
+    monkeypatch.setenv("INFERLAB_DEBUG", "1")
+    with pytest.raises(ValueError, match="slice step"):
+        entry(main)
+
+
+def test_engine_settings_vllm_refuses_stay_usage_errors() -> None:
+    code, out, _ = sim_run("--max-num-batched-tokens", "512")
+    assert code == 2 and "max_num_batched_tokens (512) must be greater than or equal to max_num_seqs" in out
+    code, out, _ = sim_run("--tensor-parallel-size", "3")
+    assert code == 2 and "must be divisible by tensor parallel size (3)" in out

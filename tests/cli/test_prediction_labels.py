@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import subprocess
@@ -74,7 +76,11 @@ def test_bench_against_sim_serve_names_it_and_says_prediction(runs: tuple[Path, 
 
 def test_a_sweep_against_sim_serve_is_a_prediction_without_bands(runs: tuple[Path, dict[str, str], str]) -> None:
     d, out, url = runs
-    assert f"prediction (inferlab sim serve at {url}, over HTTP)" in out["sweep"]
+    assert f"prediction (inferlab sim serve at {url}/v1, over HTTP)" in out["sweep"]
+    # the progress says so too, once the first point found the server to be the simulator
+    assert f"the server is inferlab sim serve at {url}/v1: every number is a prediction" in out["sweep"]
+    points = [line for line in out["sweep"].splitlines() if line.startswith("  c=")]
+    assert len(points) == 2 and all(line.endswith(" (prediction)") for line in points)
     assert "measured" not in out["sweep"] and "±" not in out["sweep"]
     index = json.loads((d / "sweep" / "sweep.json").read_text())
     assert index["prediction"] is True and all(p["prediction"] is None for p in index["points"])
@@ -126,3 +132,7 @@ def test_export_says_a_run_against_a_simulated_server_was_simulated(runs: tuple[
     assert sources["emb"] == "inferlab bench against the embedded simulated server (simulated, not measured)"
     assert sources["serve"] == f"inferlab bench against inferlab sim serve at {url}/v1 (simulated, not measured)"
     assert sources["sim"] == "inferlab sim run (simulated in virtual time, not measured)"
+    for fmt in ("csv-summary", "csv-requests"):  # the CSVs say it on every row
+        p = inferlab("export", str(d / "serve"), "--format", fmt)
+        assert p.returncode == 0, p.stderr
+        assert {r["inferlab_source"] for r in csv.DictReader(io.StringIO(p.stdout))} == {sources["serve"]}

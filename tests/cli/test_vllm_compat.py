@@ -167,8 +167,12 @@ def test_export_csv_formats_and_errors(tmp_path: Path) -> None:
     code, out, _ = invoke("export", str(run), "--format", "csv-summary")
     rows = {r["metric"]: r for r in csv.DictReader(io.StringIO(out))}
     assert code == 0 and rows["counts.completed"]["value"] == "5" and rows["ttft_ms"]["p99_9"] != ""
+    # a prediction says so on every row, as the vllm format's inferlab_source does
+    simulated = "inferlab sim run (simulated in virtual time, not measured)"
+    assert {r["inferlab_source"] for r in rows.values()} == {simulated}
     code, out, _ = invoke("export", str(run), "--format", "csv-requests")
-    assert code == 0 and len(list(csv.DictReader(io.StringIO(out)))) == 5
+    requests = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and len(requests) == 5 and {r["inferlab_source"] for r in requests} == {simulated}
     code, _, err = invoke("export", str(tmp_path), "--format", "vllm")
     assert code == 2 and "no summary.json" in err
     code, _, err = invoke("export", str(run), "--format", "csv-summary", "--no-detailed")

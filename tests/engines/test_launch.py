@@ -123,6 +123,21 @@ def test_every_setting_is_type_checked_when_the_file_is_read(tmp_path: Path, set
     assert res.stderr.strip().splitlines() == [f"inferlab: error: {e.value}"]
 
 
+def test_a_dry_run_says_that_port_0_is_a_free_port_picked_at_start(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    cfg = tmp_path / "e.toml"
+    cfg.write_text('engine = "sim"\nmodel = "Llama-3.2-1B"\n')
+    res = CliRunner().invoke(main, ["engine", "start", str(cfg), "--dry-run"])
+    assert res.exit_code == 0 and "--port 0" in res.stdout
+    assert "port 0 above stands for a free port on 127.0.0.1, picked when the engine starts" in res.stderr
+    cfg.write_text('engine = "sim"\nmodel = "Llama-3.2-1B"\nport = 8123\n')
+    res = CliRunner().invoke(main, ["engine", "start", str(cfg), "--dry-run"])
+    assert res.exit_code == 0 and "--port 8123" in res.stdout and res.stderr == ""
+
+
 def test_a_spec_made_in_python_or_by_a_flag_is_checked_too() -> None:
     with pytest.raises(UsageError, match="enforce_eager must be true or false"):
         EngineSpec("vllm", "m", enforce_eager="yes")  # type: ignore[arg-type]

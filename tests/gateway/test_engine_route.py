@@ -100,6 +100,20 @@ def test_bench_through_a_gateway_to_sim_serve_is_a_prediction(sim: ChildServer, 
     assert recorded == {"inferlab_gateway": {"upstreams": 1, "engines": [engine]}}
 
 
+def test_a_sweep_through_a_gateway_to_sim_serve_names_the_gateway(sim: ChildServer, tmp_path: Path) -> None:
+    gw = GatewayProcess(sim.url)
+    try:
+        p = inferlab("sweep", "--url", gw.url, "-c", "1,2", "-n", "4", "--input-tokens", "64", "--output-tokens", "4",
+                     "--api", "completions", "--no-history", "-o", str(tmp_path / "sweep"))
+    finally:
+        gw.close()
+    assert p.returncode == 0, p.stderr
+    assert f"prediction (inferlab gateway at {gw.url}/v1 in front of inferlab sim serve, over HTTP)" in " ".join(p.stdout.split())
+    assert f"the server is inferlab gateway at {gw.url}/v1 in front of inferlab sim serve: every number is a prediction" in p.stderr
+    points = [line for line in p.stderr.splitlines() if line.startswith("  c=")]
+    assert len(points) == 2 and all(line.endswith(" (prediction)") for line in points)
+
+
 def _twin(run_dir: Path, to: Path, engine: dict[str, Any] | None) -> Path:
     """The run, as if its server had answered ``engine`` at ``/inferlab/engine``."""
     shutil.copytree(run_dir, to)

@@ -137,6 +137,28 @@ def test_the_report_says_runs_of_different_workloads_differ(workloads: Path, tmp
     assert "warning: b1 differs from u1 in load or workload: prompt lengths (--input-tokens) 300 vs 200" in comparison
 
 
+def test_a_run_a_response_cache_answered_is_said_so(runs: Path, tmp_path: Path) -> None:
+    cached = tmp_path / "cached"
+    cached.mkdir()
+    lines = (runs / "seed2" / "requests.jsonl").read_text().splitlines()
+    # (as bench records a response header saying hit; the summary is recomputed from them)
+    (cached / "requests.jsonl").write_text("".join(json.dumps({**json.loads(line), "response_cache_hit": i % 2 == 0}) + "\n"
+                                                   for i, line in enumerate(lines)))
+    p = inferlab("compare", str(runs / "seed1"), str(cached))
+    assert p.returncode == 0, p.stderr
+    warned = [line for line in p.stdout.splitlines() if line.startswith("warning: ")]
+    assert warned == ["warning: cached: 100 of 200 completed requests were answered by a response cache in front of the engine: "
+                      "its latency and tokens/s are partly the cache's, not the server's"]
+    p = inferlab("compare", str(runs / "seed1"), str(cached), "--json")
+    assert [r["response_cache_hits"] for r in json.loads(p.stdout)["runs"]] == [0, 100]
+    assert "cached: 100 of 200 completed requests were answered by a response cache" in p.stderr
+    out = tmp_path / "r.html"
+    assert inferlab("report", str(runs / "seed1"), str(cached), "-o", str(out)).returncode == 0
+    html = out.read_text()
+    assert "warning: cached: 100 of 200 completed requests were answered by a response cache" in html.split("<h2>Comparison</h2>", 1)[1]
+    assert "100 of 200 completed requests were answered by a response cache in front of the engine (a response header" in html
+
+
 def test_history_ids_are_accepted(runs: Path, tmp_path: Path) -> None:
     from inferlab.results.history import History, run_row
 

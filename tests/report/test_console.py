@@ -50,3 +50,25 @@ def test_the_table_shows_the_chosen_percentiles() -> None:
     assert [c for c in next(x for x in lines if "metric" in x).split() if c != "┃"] == ["metric", "unit", "mean", "p50", "p99.9", "max"]
     assert s.ttft_ms is not None
     assert row(lines, "│ TTFT").split("│")[5].strip() == f"{s.ttft_ms.percentile(99.9):,.1f}"
+
+
+def test_the_sweep_table_never_cuts_a_number_on_a_narrow_console() -> None:
+    """Headers wrap first; past that the table is printed wider than the console (a pipe
+    is 80 columns): "17,974…" once stood for 17,974.3."""
+    import io
+
+    from rich.console import Console
+
+    from inferlab.report.sweep import render_sweep
+
+    head = {"output_tok_s": 17974.3, "req_s": 100.25, "ttft_p50_ms": 12345.6, "ttft_p99_ms": 118912.4,
+            "tpot_p50_ms": 1022.32, "tpot_p99_ms": 2026.37, "e2e_p50_ms": 1234567.0}
+    points = [{"dir": f"p{i}", "params": {"concurrency": c, "max_num_seqs": s, "max_num_batched_tokens": 16384},
+               "repeat": 0, "status": "done", "headline": head} for i, (c, s) in enumerate([(64, 256), (1024, 512)])]
+    for width in (80, 40):
+        buf = io.StringIO()
+        render_sweep(Console(file=buf, width=width), {"points": points, "groups": [], "complete": True}, "prediction: a title")
+        text = buf.getvalue()
+        assert "…" not in text
+        for cell in ("17,974", "100.25", "118,912.4", "2,026.37", "1,234,567"):
+            assert cell in text, (width, cell, text)

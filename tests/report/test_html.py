@@ -124,6 +124,33 @@ def test_a_folder_with_only_requests_jsonl_is_a_run(sweep: Path, tmp_path: Path)
     assert "assumed 1" in out.read_text()
 
 
+def failed_copy(run: Path, to: Path, config: dict[str, object] | None = None) -> Path:
+    """``run``'s requests as if every one had failed (HTTP 500 before any token)."""
+    to.mkdir()
+    with (to / "requests.jsonl").open("w") as out:
+        for line in (run / "requests.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            r.update(ttfb_ns=None, content_ns=[], end_ns=r["send_ns"] + 10**6, status=500, error_kind="http_status",
+                     error="boom", input_tokens=None, output_tokens=None, finish_reason=None, server_timeline=None)
+            out.write(json.dumps(r) + "\n")
+    if config is not None:
+        (to / "config.json").write_text(json.dumps(config))
+    return to
+
+
+def test_runs_with_no_successful_request_still_make_a_report(sweep: Path, tmp_path: Path) -> None:
+    failed = failed_copy(sweep / "c4", tmp_path / "failed")
+    # a gateway's access log (config.json with "gateway") where every request failed
+    log = failed_copy(sweep / "c4", tmp_path / "gwlog", {"gateway": {"upstreams": ["http://127.0.0.1:1"], "keys": ["alice"]}})
+    for sources in ([failed], [log], [failed, sweep / "c1"]):
+        out = tmp_path / "r.html"
+        p = inferlab("report", *map(str, sources), "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        assert "nothing to draw for" in p.stderr and "ttft_vs_input" in p.stderr
+        if browser is not None:
+            check_page(out)
+
+
 def test_bad_sources_are_one_line_errors(tmp_path: Path) -> None:
     p = inferlab("report", str(tmp_path / "nope"), "-o", str(tmp_path / "x.html"))
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "nope" in p.stderr
@@ -134,6 +161,15 @@ def test_bad_sources_are_one_line_errors(tmp_path: Path) -> None:
     (tmp_path / "badsweep" / "sweep.json").write_text('{"format": "other/9"}')
     p = inferlab("report", str(tmp_path / "badsweep"), "-o", str(tmp_path / "x.html"))
     assert p.returncode == 2 and "inferlab.sweep/1" in p.stderr
+
+
+def test_an_output_in_a_folder_that_does_not_exist_is_refused_as_export_refuses(sweep: Path, tmp_path: Path) -> None:
+    out = tmp_path / "nonexistent" / "x.html"
+    for args in (["report", str(sweep / "c1"), "-o", str(out)], ["export", str(sweep / "c1"), "--format", "csv-summary", "-o", str(out)]):
+        p = inferlab(*args)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, (args, p.stderr)
+        assert f"cannot write {out}: no folder {out.parent}" in p.stderr
+        assert not out.parent.exists()
 
 
 def test_png_without_a_browser_says_how_to_get_one(sweep: Path, tmp_path: Path) -> None:
@@ -264,6 +300,7 @@ def test_a_profile_shows_its_factor_table_and_its_runs(tmp_path: Path) -> None:
     assert plots["cdf_ttft"] > 0 and plots["timeline"] > 0
     html = out.read_text()
     assert f"<h2>Profile: {prof}</h2>" in html
+    assert "<th>predicted cost here</th>" in html and "measured cost here" not in html
     for f in factors:  # each factor's row: its title and its cost, as profile.json says
         assert f"<td>{f['title']}</td>" in html.replace("&#x27;", "'")
     runs = sum(len(f["runs"]) for f in factors)

@@ -14,6 +14,7 @@ from record_factory import MS, rec
 from inferlab.results.export import (
     REQUEST_COLUMNS,
     requests_csv,
+    run_source,
     summary_csv,
     vllm_result,
     vllm_result_filename,
@@ -136,14 +137,15 @@ def test_summary_csv_has_one_row_per_metric_that_reads_back() -> None:
     assert {k: float(by["ttft_ms"][k]) for k in ("mean", "p50", "p99", "max", "p99_9")} == {
         "mean": s.ttft_ms.mean, "p50": s.ttft_ms.p50, "p99": s.ttft_ms.p99, "max": s.ttft_ms.max, "p99_9": s.ttft_ms.percentile(99.9)}
     assert by["ttft_ms"]["value"] == "" and by["ttft_ms"]["unit"] == "ms"
+    assert {r["inferlab_source"] for r in rows} == {run_source(s)}
 
 
 def test_requests_csv_has_one_row_per_request_with_its_metrics() -> None:
     recs = records()
-    rows = list(csv.DictReader(io.StringIO(requests_csv(reversed(recs)))))
+    rows = list(csv.DictReader(io.StringIO(requests_csv(reversed(recs), "inferlab bench"))))
     assert [int(r["index"]) for r in rows] == [0, 1, 2, 3] and list(rows[0]) == list(REQUEST_COLUMNS)
     m = request_metrics(recs[0])
     assert float(rows[0]["tpot_ms"]) == m.tpot_ms and float(rows[0]["e2e_ms"]) == m.e2e_ms
     assert (rows[0]["chunks"], float(rows[0]["itl_mean_ms"]), float(rows[0]["itl_max_ms"])) == ("3", 12.5, 15.0)
     assert (rows[2]["ok"], rows[2]["error_kind"], rows[2]["ttft_ms"], rows[2]["input_tokens"]) == ("False", "http_status", "", "")
-    assert rows[3]["warmup"] == "True"
+    assert rows[3]["warmup"] == "True" and {r["inferlab_source"] for r in rows} == {"inferlab bench"}

@@ -22,6 +22,7 @@ from inferlab.results.history import (
     headline,
     history_path,
     parse_since,
+    record_run,
     record_sweep,
 )
 
@@ -190,6 +191,25 @@ def test_runs_lists_and_filters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert json.loads(line)["model"] == "org/alpha-7b"
     r = CliRunner().invoke(main, ["runs", "--url", "http://b", "--json"])
     assert [json.loads(x)["id"] for x in r.output.splitlines()] == [2]
+
+
+def test_runs_say_when_a_response_cache_answered_requests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    hist = tmp_path / "h.sqlite"
+    with sqlite3.connect(hist) as db:  # a history from before the count: migrated, its rows unknown
+        db.executescript(MIGRATIONS[0])
+        db.execute("PRAGMA user_version = 1")
+        db.execute("INSERT INTO runs (time, kind, model, completed, failed) VALUES ('2026-01-01T00:00:00+00:00', 'run', 'org/old', 20, 0)")
+    monkeypatch.setenv("INFERLAB_HISTORY", str(hist))
+    assert sim(tmp_path, "a").returncode == 0
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    summary["counts"]["response_cache_hits"] = 8  # (as a bench through a caching gateway records it)
+    record_run(summary, tmp_path / "a", hist)
+    r = CliRunner().invoke(main, ["runs", "--json"])
+    assert [json.loads(x)["response_cache_hits"] for x in r.output.splitlines()] == [8, 0, None]
+    r = CliRunner().invoke(main, ["runs"])
+    assert r.exit_code == 0, r.output
+    assert "8/0, 8 cached" in r.output and "answered by a response cache" in r.output
+    assert "8/0," not in r.output.replace("8/0, 8 cached", "") and "20/0," not in r.output  # (the others: no hits, or unknown)
 
 
 def test_a_history_that_cannot_be_written_is_a_warning_not_a_failed_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

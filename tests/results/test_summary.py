@@ -51,6 +51,19 @@ def test_aggregates_exclude_warmup_and_count_failures() -> None:
         assert set(s.to_json()[key]) == {"mean", "std", "min", "p50", "p90", "p95", "p99", "max"}
 
 
+def test_requests_a_response_cache_answered_are_counted_and_warned_of() -> None:
+    records = [rec(i, 0, [5, 6], 7, out=2, response_cache_hit=hit) for i, hit in enumerate((True, True, False, None))]
+    s = summarize([*records, rec(4, 0, [5, 6], 7, out=2, warmup=True, response_cache_hit=True)])
+    assert s.counts.response_cache_hits == 2
+    assert any(w.startswith("2 of 4 completed requests were answered by a response cache") for w in s.warnings)
+    assert Summary.from_json(json.loads(json.dumps(s.to_json()))).counts.response_cache_hits == 2
+    old = s.to_json()
+    del old["counts"]["response_cache_hits"]  # (a summary.json from before the count)
+    assert Summary.from_json(old).counts.response_cache_hits == 0
+    assert summarize(records[2:]).counts.response_cache_hits == 0
+    assert not any("response cache" in w for w in summarize(records[2:]).warnings)
+
+
 def test_goodput_counts_only_requests_meeting_every_slo() -> None:
     fast = rec(0, 0, [50, 60], 70, out=2)
     slow_decode = rec(1, 0, [50, 400], 410, out=2)

@@ -34,7 +34,7 @@ def test_a_short_http_sweep_agrees_with_the_virtual_one_at_the_points_both_ran(t
     assert r.exit_code == 0, r.output
     # sim serve's numbers are predictions, made in real time: labelled so, with no error band
     # (bands are the simulator's validation error in virtual time)
-    assert f"prediction (inferlab sim serve at {server.url}, over HTTP)" in r.output
+    assert f"prediction (inferlab sim serve at {server.url}/v1, over HTTP)" in r.output
     assert "measured" not in r.output and "±" not in r.output
     assert all(p["prediction"] is None for p in json.loads((http / "sweep.json").read_text())["points"])
     assert json.loads((http / "sweep.json").read_text())["prediction"] is True

@@ -285,6 +285,9 @@ def test_each_finished_run_and_the_sweep_reach_the_history_and_rows_show_as_poin
     assert [(e.kind, e.path) for e in rows_in_history] == [*(("run", d) for d in dirs), ("sweep", str(out.resolve()))]
     rows = [line.strip() for line in r.output.splitlines() if line.startswith("  c=")]
     assert [row.split()[0] for row in rows] == ["c=1", "c=2", "c=4"] and all("done" in row for row in rows)
+    # a prediction, said on the start line and on each point's, as in the table's title
+    assert all(row.endswith("(prediction)") for row in rows)
+    assert "in virtual time (prediction) →" in r.output
 
 
 def test_each_simulated_point_carries_the_error_bands_of_its_family_and_load_regime(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from inferlab.load.run import RunConfig, SimTarget
 from inferlab.load.schedules import LoadConfig, OpenLoop
 from inferlab.results.metrics import SLO
 from inferlab.sim.engine.engine import EngineConfig
-from inferlab.sweep.tune import Axis, TuneConfig, Tuner, TuneResult
+from inferlab.sweep.tune import Axis, Trial, TuneConfig, Tuner, TuneResult, best_note
 from inferlab.workload.config import WorkloadConfig
 
 # Long prompts at a steady rate: small budgets and few sequences queue prefills (TTFT),
@@ -145,6 +145,15 @@ def test_near_ties_go_to_the_lower_ttft_p99() -> None:
     assert result.best.score < max(scores)
 
 
+def test_the_best_notes_gap_to_the_highest_shows_where_rounding_would_hide_it() -> None:
+    # (10.0213 and 10.0196 both print as 10.02: the note once read "10.02 ... the highest, 10.02")
+    top, best = Trial(0, {}, None, score=10.0213), Trial(1, {}, None, score=10.0196)
+    assert best_note([top, best], best) == "0.017 % below the highest, 10.021 (within 2 %), and lower TTFT p99"
+    top, best = Trial(0, {}, None, score=9.59), Trial(1, {}, None, score=9.45)
+    assert best_note([top, best], best) == "1.5 % below the highest, 9.59 (within 2 %), and lower TTFT p99"
+    assert best_note([top, best], top) is None
+
+
 def test_a_best_below_the_highest_score_says_why_where_users_read(tmp_path: Path) -> None:
     """The README's tune: the best trial scores within 2 % under the highest, with a
     lower TTFT p99. --help states the rule; the console line, sweep.json's and --json's
@@ -158,7 +167,7 @@ def test_a_best_below_the_highest_score_says_why_where_users_read(tmp_path: Path
     best = index["tune"]["best"]
     top = max(p["score"] for p in index["points"] if p["status"] == "done")
     assert top * 0.98 <= best["score"] < top  # (the premise: a near tie decided by TTFT p99)
-    why = f"within 2 % of the highest, {top:,.2f}, and lower TTFT p99"
+    why = best_note([Trial(0, {}, None, score=top)], Trial(1, {}, None, score=best["score"]))
     assert (best["highest_score"], best["tie_share"], best["why"]) == (top, 0.02, why)
     console = " ".join(res.stdout.split())
     assert f"trial {best['trial']}: " in console and f"{best['score']:,.2f} req/s within the SLOs ({why})" in console

@@ -137,6 +137,12 @@ def test_the_window_counts_seconds_after_the_first_request_and_says_so(tmp_path:
                             "the trace spans 0–3.8 s from its first request")
     with pytest.raises(UsageError, match=r"\(from 4 s after the trace's first request\): the trace spans 0–3.8 s"):
         TraceConfig(str(p), start_s=4).rows()
+    # an open start, in words ("-inf–0 s" once)
+    with pytest.raises(UsageError, match=r"--trace-end 0 keeps no request"):
+        TraceConfig(str(p), end_s=0).rows()
+    assert len(TraceConfig(str(p), end_s=0.1).rows()) == 1
+    helped = CliRunner().invoke(main, ["sim", "run", "--trace", str(p), "--trace-end", "0"])
+    assert helped.exit_code == 2 and "-inf" not in helped.output and "--trace-end 0 keeps no request" in helped.output
     helped = " ".join(CliRunner().invoke(main, ["sim", "run", "--help"]).stdout.split())
     assert "--trace-start FLOAT Replay from this many seconds after the trace's first request" in helped
     assert "--trace-end FLOAT Replay up to (not including) this many seconds after the trace's first request" in helped

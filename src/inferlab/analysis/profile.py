@@ -41,6 +41,7 @@ from inferlab.load.run import HttpTarget, RunConfig, RunResult, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig
 from inferlab.openai.request import Api
 from inferlab.results.metrics import SLO, request_metrics
+from inferlab.results.provenance import ServerInfo, http_server_info
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import dumps
 from inferlab.workload.config import WorkloadConfig
@@ -132,12 +133,19 @@ class Profile:
     factors: list[Factor]
     engine_config: dict[str, Any] | None = None  # the engine config it was started from (``--engine``)
 
+    @property
+    def server(self) -> ServerInfo:
+        """The server profiled, as ``results.provenance`` names it (inferlab's simulator: a prediction)."""
+        return http_server_info(self.url, self.engine)
+
     def factor(self, name: str) -> Factor | None:
         return next((f for f in self.factors if f.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
+            # (as summary.json's: whether the numbers are predictions, from one rule)
+            "server": self.server.to_json(),
             "url": self.url,
             "model": self.model,
             "engine": self.engine,

@@ -1,6 +1,8 @@
 """What the ``inferlab`` commands share: error handling and the load/workload flags.
 
-Usage errors exit 2 with one line; runtime failures exit 1 with one line.
+Usage errors exit 2 with one line; runtime failures exit 1 with one line; anything
+else is a bug in inferlab: exit 1, one line saying so (``$INFERLAB_DEBUG`` set: the
+traceback).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -37,6 +40,8 @@ from inferlab.workload.datasets import DatasetConfig
 from inferlab.workload.traces import FORMATS, TraceConfig, vllm_result_max_concurrency
 
 DEFAULT_CONCURRENCY = 32
+#: Set (to anything but 0), an internal error shows its traceback instead of one line.
+DEBUG_ENV = "INFERLAB_DEBUG"
 
 
 def fail(message: str, code: int) -> NoReturn:
@@ -47,7 +52,8 @@ def fail(message: str, code: int) -> NoReturn:
 def entry(group: click.Group) -> NoReturn:
     """Run the command group the way every inferlab command ends: click's usage errors
     as one line (exit 2), an interrupt before a run starts as exit 130, a closed stdout
-    pipe (``| head``) quietly; the library's warnings as one line each."""
+    pipe (``| head``) quietly, an exception no one meant (a bug) as one line saying so
+    (exit 1); the library's warnings as one line each."""
     warnings.formatwarning = _one_line_warning
     try:
         code = group.main(args=expand_goodput(sys.argv[1:]), standalone_mode=False)
@@ -61,6 +67,11 @@ def entry(group: click.Group) -> NoReturn:
         sys.exit(0)
     except click.ClickException as e:
         fail(e.format_message(), e.exit_code)
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV, "0") not in ("", "0"):
+            raise
+        what = f"{type(e).__name__}: {e}".replace("\n", " ")
+        fail(f"internal error, a bug in inferlab ({what}); rerun with {DEBUG_ENV}=1 for the traceback, and please report it", 1)
     sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -69,14 +80,14 @@ def _one_line_warning(message: Warning | str, *_: object, **__: object) -> str:
 
 
 def run_guarded(fn: Callable[[], int]) -> int:
+    """``fn``'s exit status; inferlab's own errors as one line: ``UsageError`` exit 2,
+    the others exit 1 (anything else is a bug: ``entry`` says so)."""
     try:
         return fn()
     except UsageError as e:
         fail(str(e), 2)
     except InferlabError as e:
         fail(str(e), 1)
-    except ValueError as e:  # engine/config validation
-        fail(str(e), 2)
 
 
 def parse_rate(value: str | None) -> float | None:
@@ -453,6 +464,13 @@ def table_percentiles(kw: dict[str, Any]) -> tuple[float, ...]:
     """The percentiles the console table shows: ``--metric-percentiles``, else p50/p90/p99."""
     chosen: tuple[float, ...] | None = kw.get("metric_percentiles")
     return chosen or TABLE_PERCENTILES
+
+
+def check_output_folder(path: Path) -> None:
+    """``UsageError`` when the folder of an output file the user named does not exist:
+    it is not made (a typo in the path would otherwise write somewhere unexpected)."""
+    if not path.parent.is_dir():
+        raise UsageError(f"cannot write {path}: no folder {path.parent} (make it first, or give another path)")
 
 
 def check_result_file(kw: dict[str, Any]) -> None:

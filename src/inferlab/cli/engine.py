@@ -48,6 +48,9 @@ def _start(config: str, dry_run: bool, log_path: str | None) -> int:
     spec = load_spec(config)
     if dry_run:
         click.echo(command(spec).shell())
+        if spec.port == 0:  # (the real start binds a free port first, then passes it)
+            click.echo(f"inferlab: port 0 above stands for a free port on {spec.host}, picked when the engine starts "
+                       "(set port in the config for a fixed one)", err=True)
         return 0
     proc = start_engine(config, log_path)
     click.echo(proc.url, err=False)

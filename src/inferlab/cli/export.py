@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from inferlab._errors import UsageError
-from inferlab.cli.common import percentiles_option, run_guarded
+from inferlab.cli.common import check_output_folder, percentiles_option, run_guarded
 from inferlab.results.export import (
     VLLM_PERCENTILES,
     requests_csv,
@@ -37,6 +37,8 @@ def export(run_dir: str, fmt: str, output: str, metric_percentiles: tuple[float,
 def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] | None, detailed: bool) -> int:
     if fmt != "vllm" and (percentiles is not None or not detailed):
         raise UsageError("--metric-percentiles and --no-detailed shape --format vllm only (csv-summary has the run's own percentiles)")
+    if output != "-":
+        check_output_folder(Path(output))
     folder = Path(run_dir)
     if not (folder / "summary.json").is_file():
         raise UsageError(f"{run_dir}: no summary.json (not a run directory, or a run killed before it ended)")
@@ -46,7 +48,7 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
     else:
         records = list(read_records(folder / "requests.jsonl"))
         if fmt == "csv-requests":
-            text = requests_csv(records)
+            text = requests_csv(records, run_source(summary))
         else:
             # vLLM's date is when its run ended: summary.json was written then
             ended = datetime.datetime.fromtimestamp(os.stat(folder / "summary.json").st_mtime)

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from inferlab._errors import UsageError
 from inferlab.cli.common import run_guarded
-from inferlab.results.history import ENV, History, history_path, parse_since
+from inferlab.results.history import ENV, Entry, History, history_path, parse_since
 from inferlab.results.provenance import PREDICTION
 from inferlab.results.runfiles import dumps
 
@@ -99,13 +99,22 @@ def _runs(kw: dict[str, Any]) -> int:
         t.add_row(
             str(e.id), e.time.replace("+00:00", "").replace("T", " "), target, (e.model or "?").split("/")[-1],
             _num(h["output_tok_s"], 0), _num(h["req_s"], 2), _num(h["ttft_p50_ms"], 1), _num(h["ttft_p99_ms"], 1),
-            _num(h["tpot_p50_ms"], 2), f"{_count(e.completed)}/{_count(e.failed)}", e.path or "(not written)",
+            _num(h["tpot_p50_ms"], 2), _outcomes(e), e.path or "(not written)",
         )
     # a pipe gets whole lines (for grep), a terminal its own width
     console = Console() if sys.stdout.isatty() else Console(width=240)
     console.print("latencies in ms, throughput per second", style="dim")
     console.print(t)
+    if any(e.response_cache_hits for e in entries):
+        console.print("ok/fail \"N cached\": N of the completed requests were answered by a response cache in front of "
+                      "the engine; the run's latency and tokens/s are partly the cache's", style="yellow")
     return 0
+
+
+def _outcomes(e: Entry) -> str:
+    """Completed/failed, and how many a response cache answered when any did."""
+    cached = f", {e.response_cache_hits:,} cached" if e.response_cache_hits else ""
+    return f"{_count(e.completed)}/{_count(e.failed)}{cached}"
 
 
 def _count(n: int | None) -> str:

@@ -24,7 +24,7 @@ from inferlab.analysis.profile import (
 from inferlab.cli.common import run_guarded
 from inferlab.engines.launch import command, load_spec
 from inferlab.results.metrics import SLO
-from inferlab.results.provenance import PREDICTION, http_server_info
+from inferlab.results.provenance import PREDICTION
 from inferlab.results.runfiles import dumps, plain_json
 
 
@@ -97,14 +97,14 @@ def _profile(kw: dict[str, Any]) -> int:
 
 
 def render_profile(console: Console, p: Profile, out_dir: str) -> None:
-    """The table: factor · measured cost here · evidence."""
-    server = http_server_info(p.url, p.engine)  # (the simulated server: its numbers are predictions)
+    """The table: factor · measured (or, on inferlab's simulator, predicted) cost here · evidence."""
+    server = p.server  # (the simulated server: its numbers are predictions)
     where = server.label
     if p.engine_config is not None:
         where = f"{p.engine_config.get('engine')} at {p.url} (started from its config)" + (f" {PREDICTION}" if server.simulated else "")
     table = Table(title=f"profile of {p.model} @ {where} ({p.elapsed_s:,.0f} s of a {p.budget_s:,.0f} s budget)", title_justify="left", header_style="bold")
     table.add_column("factor", no_wrap=True)
-    table.add_column("measured cost here")
+    table.add_column("predicted cost here" if server.simulated else "measured cost here")
     table.add_column("evidence")
     for f in p.factors:
         table.add_row(f.title, f.cost if f.measured else f"[dim]{f.cost}[/dim]", f.evidence)

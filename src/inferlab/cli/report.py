@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from inferlab._errors import UsageError
-from inferlab.cli.common import run_guarded
+from inferlab.cli.common import check_output_folder, run_guarded
 from inferlab.cli.history import history_option, resolve_runs
 from inferlab.results.compare import parse_fail_if
 from inferlab.results.runfiles import dumps
@@ -54,7 +54,7 @@ def _compare(kw: dict[str, Any]) -> int:
         raise UsageError(f"--fail-if on runs of different workloads: {'; '.join(differ)}; "
                          "give --allow-different-workloads to act on them anyway")
     if kw["as_json"]:
-        for line in differ:  # (the JSON has them too: workload_differences)
+        for line in [*differ, *comparison.cache_lines()]:  # (the JSON has them too)
             click.echo(f"inferlab: warning: {line}", err=True)
         click.echo(dumps(comparison.to_json()))
     else:
@@ -107,6 +107,8 @@ def _report(kw: dict[str, Any]) -> int:
     from inferlab.report.html import Report, render
     from inferlab.results.sources import Run, load
 
+    out = Path(kw["output"])
+    check_output_folder(out)
     paths = resolve_runs(kw["sources"], kw["history"])
     labels = _labels(kw["sources"])
     sources = [load(p) for p in paths]
@@ -121,9 +123,7 @@ def _report(kw: dict[str, Any]) -> int:
         except UsageError:
             report.comparison = None  # a sweep over several configurations: its curves say it
     html = render(report)
-    out = Path(kw["output"])
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(html, encoding="utf-8")
     except OSError as e:
         raise UsageError(f"cannot write {out}: {e.strerror or e}") from e

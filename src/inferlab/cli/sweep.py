@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import shlex
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -44,6 +46,7 @@ from inferlab.engines.launch import EngineSpec, load_spec
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target
 from inferlab.openai.request import Api
 from inferlab.report.sweep import params_text, point_line, render_sweep
+from inferlab.results.provenance import PREDICTION, ServerInfo
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import dumps
 from inferlab.results.sweepindex import check_sweep_dir
@@ -335,7 +338,7 @@ def _target_line(config: SweepConfig) -> str:
     # (over HTTP, whether the server is inferlab's simulator is known once a point ran)
     t = config.target
     if isinstance(t, SimTarget):
-        return f"simulating {_engine_text(config)} in virtual time"
+        return f"simulating {_engine_text(config)} in virtual time {PREDICTION}"
     if isinstance(t, EngineTrials):
         return f"running against {_started(t, config)}"
     assert isinstance(t, HttpTarget)
@@ -370,7 +373,22 @@ def _title(config: SweepConfig, index: dict[str, Any]) -> str:
     if isinstance(t, EngineTrials):
         return f"{'prediction' if simulated else 'measured'}: {_started(t, config)}" + (" (inferlab's simulator, over HTTP)" if simulated else "")
     assert isinstance(t, HttpTarget)
-    return f"prediction (inferlab sim serve at {t.url}, over HTTP)" if simulated else f"measured: {t.url}"
+    if not simulated:
+        return f"measured: {t.url}"
+    server = next((info for p in index["points"] if (info := _point_server(config, p)) is not None and info.simulated), None)
+    return f"prediction ({server.where if server is not None else t.url}, over HTTP)"
+
+
+def _point_server(config: SweepConfig, entry: dict[str, Any]) -> ServerInfo | None:
+    """The server a point ran against, as its summary.json names it (``results.provenance``:
+    sim serve, the gateway in front of it, another server); None without one."""
+    if not entry.get("dir"):
+        return None
+    try:
+        server = json.loads((Path(config.out_dir) / entry["dir"] / "summary.json").read_text()).get("server")
+    except (OSError, ValueError):
+        return None
+    return ServerInfo.from_json(server) if isinstance(server, dict) else None
 
 
 class _Watcher:
@@ -383,6 +401,7 @@ class _Watcher:
         self.label = ""
         self.done = self.failed = 0
         self.total: int | None = None
+        self.announced = False  # over HTTP: said that the server is inferlab's simulator
         self._status = console.status("starting", spinner="dots") if console.is_terminal else None
 
     def __enter__(self) -> _Watcher:
@@ -409,7 +428,14 @@ class _Watcher:
         self._show()
 
     def point_done(self, entry: dict[str, Any]) -> None:
-        self.console.print(f"  {point_line(entry)}", highlight=False, soft_wrap=True)
+        virtual = isinstance(self.config.target, SimTarget)
+        server = None if virtual else _point_server(self.config, entry)
+        over_http = server is not None and server.simulated
+        if server is not None and over_http and not self.announced:  # (over HTTP, known once a point ran)
+            self.console.print(f"  the server is {server.where}: every number is a prediction", highlight=False, soft_wrap=True)
+            self.announced = True
+        mark = f" {PREDICTION}" if virtual or over_http else ""
+        self.console.print(f"  {point_line(entry)}{mark}", highlight=False, soft_wrap=True)
 
     def group_done(self, group: dict[str, Any]) -> None:
         s = group.get("stopped")

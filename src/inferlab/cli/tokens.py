@@ -12,6 +12,7 @@ from rich.console import Console
 
 from inferlab._errors import UsageError
 from inferlab.cli.common import run_guarded
+from inferlab.results.provenance import PREDICTION
 from inferlab.sim.engine.engine import EngineConfig
 
 
@@ -65,7 +66,7 @@ def _tokens(kw: dict[str, Any]) -> int:
             raise UsageError("--prefill-tps must be positive")
         prefill, source = rate_prefill(kw["prefill_tps"]), f"{kw['prefill_tps']:g} tokens/s"
     else:
-        prefill, source = sim_prefill(kw["model"], kw["gpu"]), f"simulated {kw['model']} on {kw['gpu']}"
+        prefill, source = sim_prefill(kw["model"], kw["gpu"]), f"{kw['model']} on {kw['gpu']} {PREDICTION}"
     cost = token_cost(specs, tok, prefill, source)
     approximate = not kw["tokenizer"]
     template = tok.template_source

@@ -599,8 +599,6 @@ def run_summary(
         unintended = _unintended_cache_hits(records, overhead, wcfg.fixed_prompt)
     if unintended is not None:
         last.append(unintended)
-    if (answered := _response_cache_hits(records)) is not None:
-        last.append(answered)
     load: ClientLoad | Omitted | None = OMITTED
     if client is not None:
         load = client_load(client)
@@ -659,21 +657,6 @@ def _unintended_cache_hits(records: list[RequestRecord], template_tokens: int | 
     return (
         f"{served}, though this run's prompts share no prefix: TTFT is lower than for fresh prompts (an "
         "earlier run with the same --seed, or another client, sent the same text)"
-    )
-
-
-def _response_cache_hits(records: list[RequestRecord]) -> str | None:
-    """A warning when a cache in front of the engine answered some of the requests (a
-    response header said so: ``client.exchange.CACHE_HEADERS``)."""
-    done = [r for r in records if r.ok and not r.warmup]
-    hits = sum(1 for r in done if r.response_cache_hit)
-    if not hits:
-        return None
-    return (
-        f"{hits:,} of {len(done):,} completed requests were answered by a response cache in front of the engine "
-        "(a response header said hit): their TTFT, E2E and tokens/s are the cache's, not the engine's; identical "
-        "deterministic requests hit it (temperature 0 or a fixed seed, with the same prompt: --seed reuses a "
-        "run's prompts)"
     )
 
 

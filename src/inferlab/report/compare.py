@@ -24,6 +24,7 @@ from inferlab.results.compare import (
 from inferlab.results.loaddiff import Difference, load_differences
 from inferlab.results.provenance import PREDICTION, simulated_engine
 from inferlab.results.sources import Run, Sweep, load
+from inferlab.results.summary import response_cache_share
 
 
 @dataclass
@@ -36,6 +37,13 @@ class Side:
     @property
     def simulated(self) -> bool:
         return any(r.simulated for r in self.runs)
+
+    @property
+    def cache_hits(self) -> tuple[int, int]:
+        """(completed requests a response cache answered, completed requests), over its
+        runs, warm-up left out: the cache's latency is not the server's."""
+        done = [r for run in self.runs for r in run.records if r.ok and not r.warmup]
+        return sum(1 for r in done if r.response_cache_hit), len(done)
 
     def describe(self) -> str:
         run = self.runs[0]
@@ -57,7 +65,8 @@ class Comparison:
     def to_json(self) -> dict[str, Any]:
         return {
             "baseline": self.sides[0].label,
-            "runs": [{"label": s.label, "paths": [str(r.path) for r in s.runs], "simulated": s.simulated} for s in self.sides],
+            "runs": [{"label": s.label, "paths": [str(r.path) for r in s.runs], "simulated": s.simulated,
+                      "response_cache_hits": s.cache_hits[0]} for s in self.sides],
             "comparisons": [
                 {"run": s.label, "workload_differences": [d.to_json() for d in diff],
                  "metrics": [d.to_json() for d in ds], "mann_whitney_p": t}
@@ -71,6 +80,17 @@ class Comparison:
         base = self.sides[0].label
         return [f"{s.label} differs from {base} in load or workload: {'; '.join(d.text for d in diff)}"
                 for s, diff in zip(self.sides[1:], self.differences, strict=True) if diff]
+
+    def cache_lines(self) -> list[str]:
+        """One line per run a response cache answered requests of (empty when none)."""
+        return [f"{s.label}: {response_cache_share(hits, done)}: its latency and tokens/s are partly the cache's, not the server's"
+                for s in self.sides for hits, done in [s.cache_hits] if hits]
+
+    def warning_lines(self) -> list[str]:
+        """What may explain a change better than the server: different workloads, a
+        response cache."""
+        return [*(f"{line}: a change below may come from that, not from the server" for line in self.difference_lines()),
+                *self.cache_lines()]
 
 
 def side_of(path: str, label: str | None = None) -> Side:
@@ -111,9 +131,8 @@ def render(console: Console, c: Comparison) -> None:
     base = c.sides[0]
     for s in c.sides:
         console.print(s.describe())
-    for line in c.difference_lines():  # (above the verdicts: they may come from it)
-        console.print(f"[yellow]warning:[/yellow] {line}: a change below may come from that, not from the server",
-                      highlight=False, soft_wrap=True)
+    for line in c.warning_lines():  # (above the verdicts: they may come from it)
+        console.print(f"[yellow]warning:[/yellow] {line}", highlight=False, soft_wrap=True)
     t = Table(title=f"each run against {base.label}: change, its 95% interval, and whether it exceeds run-to-run noise",
               title_justify="left")
     t.add_column("metric", no_wrap=True)
@@ -157,8 +176,7 @@ def render_html_table(c: Comparison) -> str:
             cells.append(f"<td>{fmt(d.b.value, m.unit)}</td><td{cls} title=\"{escape(ci)}\">{change}</td><td{cls}>{escape(verdict_words(d))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     lines = "".join(f"<li>{escape(s.describe())}</li>" for s in c.sides)
-    lines += "".join(f'<li class="worse">warning: {escape(line)}: a change below may come from that, not from the server</li>'
-                     for line in c.difference_lines())
+    lines += "".join(f'<li class="worse">warning: {escape(line)}</li>' for line in c.warning_lines())
     tests = "".join(
         f"<li>Mann–Whitney, {escape(s.label)} vs {escape(base.label)}: "
         + ", ".join(f"{k.removesuffix('_ms').upper()} p={p:.3g}" for k, p in t.items() if p is not None) + "</li>"

@@ -253,7 +253,7 @@ def ttft_vs_input(run: Run) -> Figure:
         if r.ok and m.ttft_ms is not None and r.input_tokens is not None:
             pts.append((float(r.input_tokens), m.ttft_ms))
     note = ""
-    step = -(-len(pts) // SCATTER_MAX)  # every request up to SCATTER_MAX, else every step-th
+    step = max(1, -(-len(pts) // SCATTER_MAX))  # every request up to SCATTER_MAX, else every step-th
     series = [Series("requests" if step == 1 else f"every {step}th of {len(pts):,} requests", pts[::step], "points")]
     fit = fit_line([x for x, _ in pts], [y for _, y in pts])  # over all of them
     if fit is not None:
@@ -435,10 +435,11 @@ def profile_section(sweep: Sweep) -> str:
         rows.append(f"<tr><td>{escape(str(f.get('title') or f.get('name')))}</td><td>{escape(cost)}</td>"
                     f"<td>{escape(str(f.get('evidence') or ''))}</td></tr>")
     url, engine = data.get("url"), data.get("engine")
-    where = http_server_info(None if url is None else str(url), engine if isinstance(engine, dict) else None).label
+    server = http_server_info(None if url is None else str(url), engine if isinstance(engine, dict) else None)
+    where, cost = server.label, "predicted cost here" if server.simulated else "measured cost here"
     return (f"<h2>Profile: {escape(str(sweep.path))}</h2><p>Server: {escape(str(where))}; model {escape(str(data.get('model')))}; "
             f"{_num(data.get('elapsed_s')):,.0f} s of a {_num(data.get('budget_s')):,.0f} s budget.</p>"
-            f'<table class="profile"><tr><th>factor</th><th>measured cost here</th><th>evidence</th></tr>{"".join(rows)}</table>')
+            f'<table class="profile"><tr><th>factor</th><th>{cost}</th><th>evidence</th></tr>{"".join(rows)}</table>')
 
 
 def summary_table(runs: Sequence[Run]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 #: (column, headline key, digits) of the sweep's tables.
@@ -63,11 +64,13 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
                 if p["status"] in ("done", "failed", "stopped")]
     names = list(rows[0][0]) if rows else []
     t = Table(title=title + (" (mean ± 95 % CI half-width)" if repeated else ""), title_justify="left")
+    # (no column wraps or is cut: the headers take two lines, and a table still wider
+    # than the console is printed at its own width, below)
     for n in names:
-        t.add_column(_SHORT.get(n, n), justify="right")
-    t.add_column("status" if not repeated else "repeats")
+        t.add_column(_SHORT.get(n, n), justify="right", no_wrap=True)
+    t.add_column("status" if not repeated else "repeats", no_wrap=True)
     for name, _key, _d in COLUMNS:
-        t.add_column(name + ("" if name.startswith(("out", "req")) else " ms"), justify="right")
+        t.add_column((name + ("" if name.startswith(("out", "req")) else " ms")).replace(" ", "\n", 1), justify="right", no_wrap=True)
     for params, status, head in rows:
         cells = [_value(params.get(n)) for n in names] + [status]
         for _name, key, d in COLUMNS:
@@ -77,7 +80,15 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
             else:
                 cells.append(_fmt(v, d))
         t.add_row(*cells)
-    out.print(t)
+    # a number is never cut ("17,974…"): a table wider than the console (a pipe's is 80
+    # columns) is printed at its own width
+    needed = Measurement.get(out, out.options.update_width(10_000), t).maximum  # (unclamped by the console's width)
+    width = out.width
+    out.width = max(width, needed)
+    try:
+        out.print(t)
+    finally:
+        out.width = width
     for g in index.get("groups", []):
         label = params_text(g["params"]) or "load axis"
         s = g.get("stopped")

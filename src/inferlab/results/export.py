@@ -312,7 +312,8 @@ def summary_csv(summary: Summary) -> str:
     """The summary as CSV, one row per metric: ``metric`` (its key in summary.json, a
     dotted path when nested), ``unit``, then ``value`` for a single number, or ``mean std
     min p50 p90 p95 p99 max`` and any added percentile (``p99_9``) for a distribution.
-    An empty cell is unknown (null in the JSON)."""
+    An empty cell is unknown (null in the JSON). Every row ends with ``inferlab_source``
+    (``run_source``: measured, or a prediction), as the vllm format carries it."""
     dists: list[tuple[str, str, Distribution | None]] = [
         (key, unit, getattr(summary, key)) for key, unit in _DISTRIBUTIONS
     ]
@@ -327,14 +328,15 @@ def summary_csv(summary: Summary) -> str:
     stat_keys = [*DISTRIBUTION_KEYS, *(percentile_key(q) for q in extra)]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["metric", "unit", "value", *stat_keys])
+    w.writerow(["metric", "unit", "value", *stat_keys, "inferlab_source"])
+    source = run_source(summary)
     counts = summary.counts
     for key, unit in _SCALARS:
         value = getattr(counts, key.split(".", 1)[1]) if key.startswith("counts.") else getattr(summary, key)
-        w.writerow([key, unit, _cell(value), *([""] * len(stat_keys))])
+        w.writerow([key, unit, _cell(value), *([""] * len(stat_keys)), source])
     for key, unit, d in dists:
         stats = d.to_json() if d is not None else {}
-        w.writerow([key, unit, "", *(_cell(stats.get(k)) for k in stat_keys)])
+        w.writerow([key, unit, "", *(_cell(stats.get(k)) for k in stat_keys), source])
     return buf.getvalue()
 
 
@@ -345,17 +347,18 @@ REQUEST_COLUMNS = (
     "ttfb_ms", "ttft_ms", "tpot_ms", "e2e_ms", "decode_tps", "queue_delay_ms",
     "chunks", "itl_mean_ms", "itl_max_ms",
     "input_tokens", "output_tokens", "cached_tokens", "requested_input_tokens", "requested_output_tokens",
-    "usage_source", "finish_reason", "output_chars",
+    "usage_source", "finish_reason", "output_chars", "inferlab_source",
 )
 
 
-def requests_csv(records: Iterable[RequestRecord]) -> str:
+def requests_csv(records: Iterable[RequestRecord], source: str) -> str:
     """The records as CSV, one row per request (warm-up ones too, marked), in send
     order: the raw times in ms from the run's start (``intended_send_ms``, ``send_ms``,
     ``end_ms``), the derived metrics of docs/design.md (``ttfb_ms`` ... ``queue_delay_ms``),
     the content chunks and their gaps (``itl_mean_ms``, ``itl_max_ms``), and the token
-    counts. ``output_tokens`` is the server's count, else the number of content chunks.
-    An empty cell is unknown or undefined."""
+    counts. ``output_tokens`` is the server's count, else the number of content chunks;
+    ``inferlab_source`` is ``source`` (``run_source``: measured, or a prediction) on every
+    row. An empty cell is unknown or undefined."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(REQUEST_COLUMNS)
@@ -378,6 +381,7 @@ def requests_csv(records: Iterable[RequestRecord]) -> str:
             "input_tokens": r.input_tokens, "output_tokens": m.output_tokens, "cached_tokens": r.cached_tokens,
             "requested_input_tokens": r.requested_input_tokens, "requested_output_tokens": r.requested_output_tokens,
             "usage_source": r.usage_source, "finish_reason": r.finish_reason, "output_chars": r.output_chars,
+            "inferlab_source": source,
         }
         w.writerow([_cell(row[c]) for c in REQUEST_COLUMNS])
     return buf.getvalue()

@@ -17,7 +17,9 @@ What a row holds: ``id``, ``time`` (UTC, ISO 8601), ``kind`` (``run`` or ``sweep
 URL, the simulator in virtual time), ``model``, ``engine`` (the engine and its flags as
 JSON, when known), ``workload`` (the load and the workload as JSON), the headline
 metrics (``HEADLINE``), ``completed``, ``failed``, ``simulated`` (1: its numbers are
-predictions) and ``path`` (the run or sweep directory; null for a run written nowhere).
+predictions), ``path`` (the run or sweep directory; null for a run written nowhere) and
+``response_cache_hits`` (completed requests a response cache in front of the engine
+answered; null for rows recorded before inferlab counted them).
 """
 
 from __future__ import annotations
@@ -77,10 +79,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX runs_time ON runs (time);
     CREATE INDEX runs_model ON runs (model);
     """,
+    "ALTER TABLE runs ADD COLUMN response_cache_hits INTEGER",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
-COLUMNS = ("id", "time", "kind", "command", "target", "model", "engine", "workload", *HEADLINE, "completed", "failed", "simulated", "path")
+COLUMNS = ("id", "time", "kind", "command", "target", "model", "engine", "workload", *HEADLINE, "completed", "failed", "simulated", "path",
+           "response_cache_hits")
 
 
 def default_path() -> Path:
@@ -123,13 +127,14 @@ class Entry:
     failed: int | None
     simulated: bool
     path: str | None
+    response_cache_hits: int | None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id, "time": self.time, "kind": self.kind, "command": self.command,
             "target": self.target, "model": self.model, "engine": self.engine, "workload": self.workload,
             **self.headline, "completed": self.completed, "failed": self.failed,
-            "simulated": self.simulated, "path": self.path,
+            "simulated": self.simulated, "path": self.path, "response_cache_hits": self.response_cache_hits,
         }
 
 
@@ -270,7 +275,7 @@ def _entry(row: tuple[Any, ...]) -> Entry:
         model=d["model"], engine=json.loads(d["engine"]) if d["engine"] else None,
         workload=json.loads(d["workload"]) if d["workload"] else None,
         headline={k: d[k] for k in HEADLINE}, completed=d["completed"], failed=d["failed"],
-        simulated=bool(d["simulated"]), path=d["path"],
+        simulated=bool(d["simulated"]), path=d["path"], response_cache_hits=d["response_cache_hits"],
     )
 
 
@@ -326,6 +331,7 @@ def run_row(summary: Mapping[str, Any], path: str | os.PathLike[str] | None) -> 
         "workload": {k: config.get(k) for k in ("load", "workload", "api", "trace") if k in config},
         **headline(summary), "completed": counts.get("completed"), "failed": counts.get("failed"),
         "simulated": int(server.simulated), "path": str(Path(path).resolve()) if path is not None else None,
+        "response_cache_hits": counts.get("response_cache_hits"),
     }
 
 
@@ -340,8 +346,8 @@ def record_run(summary: Mapping[str, Any], path: str | os.PathLike[str] | None, 
 
 def record_sweep(path: str | os.PathLike[str], history: str | os.PathLike[str] | None = None, *, disabled: bool = False) -> int | None:
     """Record a sweep directory (its ``sweep.json``) in the history: one row of kind
-    ``sweep`` whose headline is the point with the highest output throughput, model and
-    target from that point's summary. Where, as for a run: ``history`` (``--history``),
+    ``sweep`` whose headline is the point with the highest output throughput, model,
+    target and response-cache hits from that point's summary. Where, as for a run: ``history`` (``--history``),
     else ``$INFERLAB_HISTORY``, else the user's data directory; nothing when
     ``disabled`` (``--no-history``) or the variable says off. Returns the row id, or
     None when nothing was recorded; ``UsageError`` for a sweep.json that cannot be read
@@ -370,6 +376,7 @@ def record_sweep(path: str | os.PathLike[str], history: str | os.PathLike[str] |
             point = run_row(json.loads((sweep_dir / best["dir"] / "summary.json").read_text()), None)
         except (OSError, ValueError, TypeError, KeyError):
             point = {}
-        row.update({k: point.get(k) for k in ("target", "model", "engine", "simulated") if point.get(k) is not None})
+        row.update({k: point.get(k) for k in ("target", "model", "engine", "simulated", "response_cache_hits")
+                    if point.get(k) is not None})
     with History(target_file) as h:
         return h.add(row)

@@ -75,6 +75,9 @@ class Counts:
     cancelled: int
     warmup: int
     errors: dict[str, int]  # failed requests by error kind
+    #: completed requests a response cache in front of the engine answered (a response
+    #: header said hit): their latency is the cache's, not the engine's
+    response_cache_hits: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "errors": dict(self.errors)}
@@ -132,7 +135,7 @@ class Summary:
     config: dict[str, Any] = field(metadata=_doc("the run's whole configuration as resolved (as in config.json)"))
     server: ServerInfo = field(metadata=_doc("where the numbers come from (results.provenance): simulated (true: inferlab's simulator made them, every number is a prediction), kind (virtual time: sim run, a simulated sweep point, a what-if; embedded: the simulated server bench or profile started without --url; gateway to sim serve: inferlab gateway, every upstream of which is inferlab sim serve (it answered /inferlab/engine for them all); sim serve: a server that answered /inferlab/engine, i.e. inferlab sim serve; server: any other, measured, a gateway with any other upstream included), url (the API root; null in virtual time and for the embedded server), engine_family (the simulated engine's; behind a gateway its upstreams' when they all share one, else null; null for other servers)"))
     interrupted: bool = field(metadata=_doc("the run ended early (Ctrl-C, or a workload that could not make its next request)"))
-    counts: Counts = field(metadata=_doc("measured requests: total, completed, failed, cancelled (in flight at an interruption), warmup (left out of everything), errors (failed ones by error kind)"))
+    counts: Counts = field(metadata=_doc("measured requests: total, completed, failed, cancelled (in flight at an interruption), warmup (left out of everything), errors (failed ones by error kind), response_cache_hits (completed ones a response cache in front of the engine answered)"))
     duration_s: float = field(metadata=_doc("first send → last completion of the measured requests (0 when none completed)"))
     request_throughput_rps: float | None = field(metadata=_doc("completed requests / duration"))
     output_token_throughput_tps: float | None = field(metadata=_doc("output tokens of completed requests / duration"))
@@ -208,7 +211,8 @@ class Summary:
             # (a summary written before the key: the same rule on its config)
             server=ServerInfo.from_json(d["server"]) if "server" in d else server_info(d["config"]),
             interrupted=bool(d["interrupted"]),
-            counts=Counts(c["total"], c["completed"], c["failed"], c["cancelled"], c["warmup"], dict(c["errors"])),
+            counts=Counts(c["total"], c["completed"], c["failed"], c["cancelled"], c["warmup"], dict(c["errors"]),
+                          int(c.get("response_cache_hits") or 0)),
             duration_s=float(d["duration_s"]),
             request_throughput_rps=d["request_throughput_rps"],
             output_token_throughput_tps=d["output_token_throughput_tps"],
@@ -347,6 +351,7 @@ def summarize(
             cancelled=len(cancelled),
             warmup=len(records) - len(measured),
             errors=dict(Counter(r.error_kind.value for r in failed if r.error_kind)),
+            response_cache_hits=sum(1 for r in done if r.response_cache_hit),
         ),
         duration_s=duration_s,
         request_throughput_rps=completed_rps,
@@ -563,6 +568,13 @@ def _warnings(
             f"{len(short)} of {len(done)} requests did not generate exactly the requested "
             "output tokens (the server may ignore ignore_eos/min_tokens)"
         )
+    hits = sum(1 for r in done if r.response_cache_hit)
+    if hits:
+        out.append(
+            f"{response_cache_share(hits, len(done))} (a response header said hit): their TTFT, E2E and tokens/s are "
+            "the cache's, not the engine's; identical deterministic requests hit it (temperature 0 or a fixed seed, "
+            "with the same prompt: --seed reuses a run's prompts)"
+        )
     if interrupted:
         out.append("the run was interrupted: the summary covers what completed")
     return out
@@ -570,6 +582,12 @@ def _warnings(
 
 #: How the warning of an open loop that outran the server begins.
 OVERLOAD = "the server could not keep up"
+
+
+def response_cache_share(hits: int, completed: int) -> str:
+    """How many completed requests a response cache in front of the engine answered, in
+    words (the summary's warning, and compare's and runs' note of it)."""
+    return f"{hits:,} of {completed:,} completed requests were answered by a response cache in front of the engine"
 
 
 def overload_warning(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from inferlab._errors import UsageError
+from inferlab._errors import ConfigError, UsageError
 from inferlab.sim.engine.dtypes import SIMULATED_QUANTIZATIONS, DType, KVCacheDType, Quantization
 from inferlab.sim.engine.families import EngineFamily, FamilyRules
 from inferlab.sim.engine.hardware import (
@@ -113,7 +113,7 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
 
     Raises ``UsageError`` for an unknown model or GPU, a checkpoint quantized a way that
     is not simulated (unless ``quantization`` says how to model it), or an unusable
-    efficiencies file; ``ValueError`` for flags vLLM rejects at start-up.
+    efficiencies file; ``ConfigError`` for flags vLLM rejects at start-up.
     """
     model = resolve_model(config.model)
     config = _with_checkpoint_quantization(config, model)
@@ -123,7 +123,7 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     eff = load_efficiencies(path, rules.efficiencies) if path else rules.efficiencies
     _validate_flags(config, model.max_position_embeddings)
     if rules.front_end_in_process and config.api_server_count > 1:
-        raise ValueError(
+        raise ConfigError(
             f"api_server_count {config.api_server_count}: {rules.engine} runs its API server in the "
             "engine's process (one only)"
         )
@@ -172,27 +172,27 @@ def _given_or(flag: bool | None, default: bool) -> bool:
 
 
 def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
-    """Raise ``ValueError`` for flags vLLM rejects at start-up (before sizes are resolved)."""
+    """Raise ``ConfigError`` for flags vLLM rejects at start-up (before sizes are resolved)."""
     if config.tensor_parallel_size < 1:
-        raise ValueError("tensor_parallel_size must be at least 1")
+        raise ConfigError("tensor_parallel_size must be at least 1")
     if not 0.0 < config.gpu_memory_utilization <= 1.0:
-        raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        raise ConfigError("gpu_memory_utilization must be in (0, 1]")
     for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "block_size", "num_scheduler_steps",
                  "num_gpu_blocks_override"):
         value = getattr(config, name)
         if value is not None and value < 1:
-            raise ValueError(f"{name} must be at least 1")
+            raise ConfigError(f"{name} must be at least 1")
     if config.api_server_count < 1:
-        raise ValueError("api_server_count must be at least 1")
+        raise ConfigError("api_server_count must be at least 1")
     if not config.host_speed > 0:
-        raise ValueError("host_speed must be positive")
+        raise ConfigError("host_speed must be positive")
     if config.api_overhead_s is not None and config.api_overhead_s < 0:
-        raise ValueError("api_overhead_s must not be negative")
+        raise ConfigError("api_overhead_s must not be negative")
     if config.max_model_len is not None and config.max_model_len > max_position_embeddings:
-        raise ValueError(
+        raise ConfigError(
             f"User-specified max_model_len ({config.max_model_len}) is greater than the "
             f"derived max_model_len (max_position_embeddings={max_position_embeddings} in "
             "model's config.json)."
         )
     if config.block_size not in (1, 8, 16, 32, 64, 128):
-        raise ValueError(f"block_size ({config.block_size}) must be one of 1, 8, 16, 32, 64, 128")
+        raise ConfigError(f"block_size ({config.block_size}) must be one of 1, 8, 16, 32, 64, 128")

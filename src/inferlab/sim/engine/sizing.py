@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from inferlab._errors import ConfigError
 from inferlab.sim.engine.config import EngineConfig, ResolvedConfig
 from inferlab.sim.engine.frontend import NO_FRONT_END, FrontEndCosts
 from inferlab.sim.engine.steptime import (
@@ -54,7 +55,7 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
     """Size the engine ``resolved`` describes: flags given win; the rest from its family's
     defaults and what memory holds.
 
-    Raises ``ValueError`` as vLLM refuses to start: weights that do not fit, no room for
+    Raises ``ConfigError`` as vLLM refuses to start: weights that do not fit, no room for
     one KV block, sizes that contradict each other, or a ``max_model_len`` the KV cache
     cannot hold.
     """
@@ -71,7 +72,7 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
     elif resolved.rules.default_seqs_follow_budget:
         seqs = min(seqs, batched)
     elif batched < seqs:  # vLLM keeps its default cap and refuses the budget
-        raise ValueError(
+        raise ConfigError(
             f"max_num_batched_tokens ({batched}) must be greater than or equal to max_num_seqs "
             f"({seqs}, {config.engine_family}'s default on {gpu.name}): give --max-num-seqs too"
         )
@@ -79,7 +80,7 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
     usable = config.gpu_memory_utilization * gpu.hbm_bytes
     weights = weight_bytes_per_rank(model, tp, config.quantization)
     if weights >= usable:
-        raise ValueError(
+        raise ConfigError(
             f"{model.name} weights need {weights / _GIB:.1f} GiB per GPU but "
             f"gpu_memory_utilization={config.gpu_memory_utilization} of {gpu.name} gives "
             f"{usable / _GIB:.1f} GiB; use a larger tensor_parallel_size, quantization "
@@ -100,12 +101,12 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
     if resolved.rules.null_block:  # (vLLM V1: one block is the null block, holding no tokens)
         num_blocks -= 1
     if num_blocks < 1 and config.num_gpu_blocks_override is not None:
-        raise ValueError(
+        raise ConfigError(
             f"num_gpu_blocks_override={config.num_gpu_blocks_override} leaves no KV block for tokens"
             + (" (one is the null block)" if resolved.rules.null_block else "")
         )
     if num_blocks < 1:
-        raise ValueError(
+        raise ConfigError(
             f"No available memory for the cache blocks: {model.name} weights take "
             f"{weights / _GIB:.1f} GiB and activations {reserve / _GIB:.1f} GiB of the "
             f"{usable / _GIB:.1f} GiB gpu_memory_utilization allows on {gpu.name}."
@@ -129,7 +130,7 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
     )
     _validate_sizes(batched, seqs, max_len, chunked)
     if num_blocks * config.block_size < max_len:
-        raise ValueError(
+        raise ConfigError(
             f"The model's max seq len ({max_len}) is larger than the maximum "
             f"number of tokens that can be stored in KV cache "
             f"({num_blocks * config.block_size}). Try increasing gpu_memory_utilization "
@@ -139,14 +140,14 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
 
 
 def _validate_sizes(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, chunked: bool) -> None:
-    """Raise ``ValueError`` for resolved scheduler sizes vLLM rejects."""
+    """Raise ``ConfigError`` for resolved scheduler sizes vLLM rejects."""
     if max_num_batched_tokens < max_num_seqs:
-        raise ValueError(
+        raise ConfigError(
             f"max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or "
             f"equal to max_num_seqs ({max_num_seqs})."
         )
     if not chunked and max_num_batched_tokens < max_model_len:
-        raise ValueError(
+        raise ConfigError(
             f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than "
             f"max_model_len ({max_model_len}). This effectively limits the maximum "
             "sequence length to max_num_batched_tokens and makes vLLM reject longer "

@@ -24,7 +24,7 @@ from operator import mul
 from pathlib import Path
 from typing import Protocol
 
-from inferlab._errors import UsageError
+from inferlab._errors import ConfigError, UsageError
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
 from inferlab.sim.engine.hardware import GpuSpec, ModelSpec
 
@@ -220,9 +220,9 @@ def activation_reserve_bytes(
 
 
 def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
-    """Raise ``ValueError`` unless ``tp`` splits the attention heads evenly."""
+    """Raise ``ConfigError`` unless ``tp`` splits the attention heads evenly."""
     if tp < 1 or model.num_heads % tp:
-        raise ValueError(
+        raise ConfigError(
             f"Total number of attention heads ({model.num_heads}) must be divisible "
             f"by tensor parallel size ({tp})."
         )
@@ -235,7 +235,7 @@ def _knee(t_compute_s: float, t_memory_s: float) -> float:
 class RooflineStepTime:
     """``StepTimeModel`` from model shapes, GPU peaks and ``Efficiencies`` (see module doc).
 
-    ``tp`` must divide the attention heads (``ValueError``, as vLLM says it).
+    ``tp`` must divide the attention heads (``ConfigError``, as vLLM says it).
     """
 
     def __init__(

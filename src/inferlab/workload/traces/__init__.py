@@ -101,6 +101,8 @@ class TraceConfig:
                 raise UsageError(f"{name} must be a finite number of seconds, 0 or more (got {value:g})")
         if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
             raise UsageError("--trace-end must be after --trace-start")
+        if self.end_s == 0:
+            raise UsageError("--trace-end 0 keeps no request (the window ends before the trace's first request): give more than 0 s")
         if self.block_tokens < 1:
             raise UsageError("the hash block size must be at least 1 token")
 
@@ -113,6 +115,7 @@ class TraceConfig:
         hi = self.end_s if self.end_s is not None else math.inf
         kept = [r for r in rows if lo <= r.arrival_s - t0 < hi]
         if not kept:
+            # (a start is given: with none the first request is at 0 s, and --trace-end is above 0)
             window = f"from {_seconds(lo)} s" if self.end_s is None else f"{_seconds(lo)}–{_seconds(hi)} s"
             raise UsageError(
                 f"{self.path}: no requests in the time window ({window} after the trace's first request): "
