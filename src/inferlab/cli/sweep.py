@@ -434,7 +434,8 @@ class _Watcher:
         if server is not None and over_http and not self.announced:  # (over HTTP, known once a point ran)
             self.console.print(f"  the server is {server.where}: every number is a prediction", highlight=False, soft_wrap=True)
             self.announced = True
-        mark = f" {PREDICTION}" if virtual or over_http else ""
+        # (a point with error bands already says "prediction: ...")
+        mark = f" {PREDICTION}" if (virtual or over_http) and not entry.get("prediction") else ""
         self.console.print(f"  {point_line(entry)}{mark}", highlight=False, soft_wrap=True)
 
     def group_done(self, group: dict[str, Any]) -> None:
