@@ -328,7 +328,10 @@ def test_each_simulated_point_carries_the_error_bands_of_its_family_and_load_reg
     assert "prediction (simulated, virtual time)" in r.output and "error bands (every number above is a prediction" in r.output
     # a measured sweep (sweep.json as --url leaves it) shows none
     measured = json.loads((users / "sweep.json").read_text())
-    measured.update(prediction=False, target={"kind": "server", "virtual_time": False, "url": "http://x", "model": None})
+    # (the command as a sweep against a URL records it: under CliRunner it is pytest's own
+    # command line, which names test files such as test_prediction_labels.py)
+    measured.update(prediction=False, target={"kind": "server", "virtual_time": False, "url": "http://x", "model": None},
+                    command="inferlab sweep --url http://x")
     for p in measured["points"]:
         p["prediction"] = None
         if p["dir"]:  # (and its runs' config.json as a run against that server leaves it)
