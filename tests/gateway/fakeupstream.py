@@ -99,3 +99,35 @@ class FakeUpstream:
     async def __aexit__(self, *exc: object) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+
+class ChatUpstream:
+    """A one-purpose fake upstream: a subclass answers ``/v1/chat/completions`` in
+    ``_chat`` and lists ``models`` at ``/v1/models`` (``None``: no such route)."""
+
+    models: tuple[str, ...] | None = ()
+
+    def __init__(self) -> None:
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in self.models or ()]})
+
+    async def __aenter__(self) -> Self:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._chat)
+        if self.models is not None:
+            app.router.add_get("/v1/models", self._models)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

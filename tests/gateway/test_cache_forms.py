@@ -5,11 +5,12 @@ other form goes upstream. A plain text answer still answers both forms."""
 from __future__ import annotations
 
 import json
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
+from fakeupstream import ChatUpstream
 from gateway_helpers import chat_body, metrics, post, serving, total
 
 from inferlab.gateway.config import CacheConfig, GatewayConfig, UpstreamConfig
@@ -40,13 +41,14 @@ ASSEMBLED = {"tools": {"tool_calls": [CALL]}, "think": {"reasoning_content": "th
 FINISH = {"tools": "tool_calls", "think": "stop", "plain": "stop"}
 
 
-class ToolUpstream:
+class ToolUpstream(ChatUpstream):
     """Answers ``DELTAS`` / ``MESSAGES`` by model; ``posts`` counts generation requests."""
 
+    models = tuple(DELTAS)
+
     def __init__(self) -> None:
+        super().__init__()
         self.posts = 0
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -66,23 +68,6 @@ class ToolUpstream:
             await resp.write(encode_json({**chunk, "choices": [], "usage": USAGE}))
         await resp.write(DONE_EVENT)
         return resp
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in DELTAS]})
-
-    async def __aenter__(self) -> Self:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 def config(url: str) -> GatewayConfig:

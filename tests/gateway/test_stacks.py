@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from fakeupstream import ChatUpstream
 from faultserver import TEXTS, USAGE, FaultServer, reply_events
 from gateway_helpers import chat_body, metrics, post, serving, total
 
@@ -89,14 +90,15 @@ async def test_an_upstream_that_does_not_answer_in_time_is_a_timeout(stack: str)
 EVENTS, EVENT_CHARS = 400, 65536
 
 
-class BigUpstream:
+class BigUpstream(ChatUpstream):
     """Streams ``EVENTS`` large events as fast as its client takes them; ``written``
     counts those its writes have handed on."""
 
+    models = ("big",)
+
     def __init__(self) -> None:
+        super().__init__()
         self.written = 0
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         await request.read()
@@ -109,23 +111,6 @@ class BigUpstream:
             self.written += 1
         await resp.write(DONE_EVENT)
         return resp
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "big", "object": "model"}]})
-
-    async def __aenter__(self) -> BigUpstream:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 @pytest.mark.parametrize("stack", STACKS)

@@ -8,12 +8,13 @@ import asyncio
 import json
 import socket
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.web import ContentCoding
+from fakeupstream import ChatUpstream
 from faultserver import FaultServer, reply_events
 from gateway_helpers import chat_body, metrics, post, serving, total
 
@@ -31,14 +32,15 @@ def config(*urls: str, stack: str = "auto", **kw: Any) -> GatewayConfig:
                          metrics_refresh_s=0, http_client=stack, **kw)
 
 
-class Compressing:
+class Compressing(ChatUpstream):
     """Compresses its answers where the request allows it (model ``polite``) or always,
     gzip (model ``gzip``); ``encodings`` lists each request's Accept-Encoding."""
 
+    models = ("polite", "gzip")
+
     def __init__(self) -> None:
+        super().__init__()
         self.encodings: list[str | None] = []
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -56,23 +58,6 @@ class Compressing:
         await out.write(encode_json(c.chunk([c.choice("", "stop")])))
         await out.write(DONE_EVENT)
         return out
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in ("polite", "gzip")]})
-
-    async def __aenter__(self) -> Self:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -92,13 +77,14 @@ async def test_the_gateway_asks_for_an_uncompressed_answer_and_never_relabels_a_
             assert forced.json()["error"]["message"] == "the upstream's answer is compressed (gzip), though identity was asked for"
 
 
-class Silent:
+class Silent(ChatUpstream):
     """Lists ``silent`` and never answers it (within ``wait_s``)."""
 
+    models = ("silent",)
+
     def __init__(self, wait_s: float = 5.0) -> None:
+        super().__init__()
         self.wait_s = wait_s
-        self.url = ""
-        self._runner: web.AppRunner | None = None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(self.wait_s)
@@ -106,20 +92,6 @@ class Silent:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "silent", "object": "model"}]})
-
-    async def __aenter__(self) -> Self:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1, handler_cancellation=True)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -147,30 +119,18 @@ async def test_an_upstream_that_hangs_up_before_answering_is_recorded_as_a_disco
     assert record.error_kind is not None and record.error_kind.value == "disconnect"
 
 
-class Unlisted:
+class Unlisted(ChatUpstream):
     """Serves chat completions (a plain body) but has no ``/v1/models``."""
 
+    models = None
+
     def __init__(self) -> None:
-        self.url = ""
-        self._runner: web.AppRunner | None = None
+        super().__init__()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         c = Completion("cmpl-u", True, 0, body["model"])
         return web.json_response(c.body("hi", "stop", {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}))
-
-    async def __aenter__(self) -> Self:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 def _closed_port() -> int:
@@ -234,14 +194,15 @@ async def test_a_stream_that_ends_without_a_finish_reason_gets_an_error_event(st
 TIMELINE = {"arrival_ms": 1.0, "first_scheduled_ms": 2.0, "first_token_ms": 3.0}
 
 
-class Timed:
+class Timed(ChatUpstream):
     """Streams as ``inferlab sim serve`` does: ``inferlab_timeline`` on the usage chunk
     when usage was asked for, else on the finish chunk; model ``cut``: one chunk, then
     the stream ends cleanly, with no finish reason and no ``[DONE]``."""
 
+    models = ("sim", "cut")
+
     def __init__(self) -> None:
-        self.url = ""
-        self._runner: web.AppRunner | None = None
+        super().__init__()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -259,23 +220,6 @@ class Timed:
                                        inferlab_timeline=TIMELINE))
         await resp.write(out + DONE_EVENT)
         return resp
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in ("sim", "cut")]})
-
-    async def __aenter__(self) -> Self:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
 
 
 @pytest.mark.parametrize("stack", STACKS)
