@@ -59,6 +59,14 @@ def test_engine_flags_with_a_url_are_refused_before_anything_runs(tmp_path: Path
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("url", ["ftp://x", "127.0.0.1:8000", "http://"])
+def test_a_url_bench_would_refuse_is_refused_before_any_point_runs(tmp_path: Path, url: str) -> None:
+    # (it ran every point into the same error and exited 0)
+    r = sweep(["--url", url, "-c", "1,2", "-n", "2", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--url: not an http(s) URL" in r.output
+    assert not (tmp_path / "x").exists()
+
+
 def test_server_flags_without_a_url_are_refused(tmp_path: Path) -> None:
     r = sweep(["--timeout", "5", "-o", str(tmp_path / "x")])
     assert r.exit_code == 2 and "only for runs against --url" in r.output

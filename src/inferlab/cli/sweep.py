@@ -42,6 +42,7 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
+from inferlab.client.exchange import api_base
 from inferlab.engines.launch import EngineSpec, load_spec
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target
 from inferlab.openai.request import Api
@@ -203,6 +204,10 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
         if kw["model"] is not None and len(kw["model"]) > 1:
             raise UsageError("--model: with --engine the config names the model and a sweep requests one (the model name)")
     elif url is not None:
+        try:
+            api_base(url)
+        except ValueError as e:  # (refused before any point runs, as bench refuses it)
+            raise UsageError(f"--url: {e}") from None
         engine = [n for n in ENGINE_FLAGS if n != "model" and given(n)]
         if engine:
             flags = ", ".join("--" + n.replace("_", "-") for n in engine)
