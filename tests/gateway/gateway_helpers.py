@@ -44,6 +44,13 @@ class Answer:
     def objects(self) -> list[dict[str, Any]]:
         return [json.loads(e) for e in self.events if e != "[DONE]"]
 
+    def replays(self, first: Answer) -> bool:
+        """Whether this stream is ``first``'s replayed (from the cache) under an id of its
+        own: one id through it, not ``first``'s, and every event as ``first``'s otherwise."""
+        (rid,) = {o["id"] for o in self.objects()}
+        (old,) = {o["id"] for o in first.objects()}
+        return rid != old and [e.replace(rid, old) for e in self.events] == first.events
+
     def text(self) -> str:
         out = []
         for o in self.objects():

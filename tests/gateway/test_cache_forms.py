@@ -106,8 +106,8 @@ async def test_a_streamed_answer_with_tool_calls_or_reasoning_is_not_rebuilt_as_
         choice = whole.json()["choices"][0]
         assert choice["message"] == MESSAGES[model] and choice["finish_reason"] == FINISH[model]
         assert message(first.objects()) == ASSEMBLED[model]
-        again = await post(s, url, body)  # the same form: replayed as it came
-        assert again.headers["x-inferlab-cache"] == "hit" and again.events == first.events and up.posts == 2
+        again = await post(s, url, body)  # the same form: replayed as it came, under an id of its own
+        assert again.headers["x-inferlab-cache"] == "hit" and again.replays(first) and up.posts == 2
         m = await metrics(s, url)
         assert total(m, "inferlab_gateway_cache_hits_total") == 1
         assert total(m, "inferlab_gateway_cache_misses_total") == 2
@@ -138,6 +138,28 @@ async def test_a_plain_text_answer_still_answers_both_forms() -> None:
         stream = await post(s, url, {**body, "stream": True})
         assert stream.headers["x-inferlab-cache"] == "hit" and up.posts == 1
         assert json.loads(stream.events[0])["choices"][0]["delta"]["content"] == "42"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_each_answer_from_the_cache_has_an_id_of_its_own(stream: bool) -> None:
+    """An upstream gives every response its own id; two cache hits are two responses, so
+    neither reuses the stored answer's id (a client that keys on ids sees them apart),
+    in either form, and the rest of the answer is as stored."""
+    async with ToolUpstream() as up, serving(config(up.url)) as (url, _), aiohttp.ClientSession() as s:
+        body = chat_body("plain", temperature=0, stream=stream)
+        answers = [await post(s, url, body) for _ in range(3)]
+        assert [a.headers["x-inferlab-cache"] for a in answers] == ["miss", "hit", "hit"] and up.posts == 1
+        if stream:
+            ids = [{json.loads(e)["id"] for e in a.events[:-1]} for a in answers]
+            assert all(len(i) == 1 for i in ids)  # (one id through each stream)
+            ids_flat = [i.pop() for i in ids]
+            texts = [message(a.objects()) for a in answers]
+        else:
+            ids_flat = [a.json()["id"] for a in answers]
+            texts = [a.json()["choices"][0]["message"] for a in answers]
+        assert ids_flat[0] == "chatcmpl-t" and len(set(ids_flat)) == 3
+        assert all(i.startswith("chatcmpl-") for i in ids_flat)
+        assert texts[1] == texts[2] == texts[0]
 
 
 def test_an_event_is_plain_unless_a_member_beside_its_text_has_a_value() -> None:

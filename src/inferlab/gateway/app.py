@@ -577,13 +577,14 @@ class Gateway:
         a = entry.answer.usage
         r.input_tokens, r.output_tokens = a.get("prompt_tokens"), a.get("completion_tokens")
         r.usage_source, r.finish_reason = "server", entry.answer.finish_reason
+        rid = entry.fresh_id()  # (each answer an id of its own, as from an upstream)
         if not req.stream:
-            resp = web.Response(body=entry.whole(), content_type="application/json", headers=headers)
+            resp = web.Response(body=entry.whole(rid), content_type="application/json", headers=headers)
             r.ttfb_ns = r.end_ns = self.clock.now_ns() - self.t0_ns
             return resp
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
         await out.prepare(request)
-        for i, data in enumerate(entry.stream(req.include_usage)):
+        for i, data in enumerate(entry.stream(req.include_usage, rid)):
             await out.write(data)
             if i == 0:
                 now = self.clock.now_ns()

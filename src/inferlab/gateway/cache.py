@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -95,32 +96,46 @@ class Entry:
             return sum(len(d) for read in self.reads for d, _ in read) + len(self.answer.text)
         return len(self.body or b"") + len(self.answer.text)
 
-    def stream(self, include_usage: bool) -> list[bytes]:
+    def stream(self, include_usage: bool, rid: str | None = None) -> list[bytes]:
         """The answer as SSE, one bytes per write: a stored stream with its chunking
-        (without its usage chunk unless ``include_usage``), else built from the body."""
+        (without its usage chunk unless ``include_usage``), else built from the body.
+        ``rid``: the id this answer goes out under (``fresh_id``; default the stored
+        one)."""
+        a = self.answer
+        rid = a.id if rid is None else rid
         if self.reads is not None:
             out = []
             for read in self.reads:
-                data = b"".join(encode_event(_untimed(d)) for d, usage_only in read if include_usage or not usage_only)
+                data = b"".join(encode_event(_replayed(d, a.id, rid))
+                                for d, usage_only in read if include_usage or not usage_only)
                 if data:
                     out.append(data)
             return out
-        a = self.answer
-        c = Completion(a.id, self.chat, a.created, a.model)
+        c = Completion(rid, self.chat, a.created, a.model)
         events = [encode_json(c.chunk([c.choice(a.text, None, role=True)])),
                   encode_json(c.chunk([c.choice("", a.finish_reason)]))]
         if include_usage:
             events.append(encode_json(c.chunk([], usage=a.usage)))
         return [*events, DONE_EVENT]
 
-    def whole(self) -> bytes:
-        """The answer as one JSON body: a stored body as it came, else built from the
-        stream."""
-        if self.body is not None:
-            return self.body if TIMELINE.encode() not in self.body else _untimed(self.body.decode()).encode()
+    def whole(self, rid: str | None = None) -> bytes:
+        """The answer as one JSON body (``rid`` as in ``stream``): a stored body as it
+        came, else built from the stream."""
         a = self.answer
-        c = Completion(a.id, self.chat, a.created, a.model)
+        rid = a.id if rid is None else rid
+        if self.body is not None:
+            text = self.body.decode()
+            replayed = _replayed(text, a.id, rid)
+            return self.body if replayed is text else replayed.encode()
+        c = Completion(rid, self.chat, a.created, a.model)
         return json.dumps(c.body(a.text, a.finish_reason, a.usage)).encode()
+
+    def fresh_id(self) -> str:
+        """A new id for one replay of this answer, in the stored id's form (its prefix,
+        ``chatcmpl-``, ``cmpl-``...; a new random part): each response has an id of its
+        own, as an upstream gives it, so that clients that key on ids see two answers."""
+        prefix, sep, _ = self.answer.id.rpartition("-")
+        return f"{prefix}{sep}{uuid.uuid4().hex}" if sep else f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
 
 
 #: The response header that says whether the cache answered (``hit``) or the request
@@ -132,16 +147,29 @@ CACHE_HEADER = "x-inferlab-cache"
 TIMELINE = "inferlab_timeline"
 
 
-def _untimed(data: str) -> str:
-    """An event's or body's JSON without ``inferlab_timeline``; other text as it is."""
-    if TIMELINE not in data:
+def _replayed(data: str, old_id: str, rid: str) -> str:
+    """An event's or body's JSON as a replay sends it: without ``inferlab_timeline``, its
+    ``id`` ``rid`` where it was ``old_id`` (the rest of its text as it came, when only the
+    id changes); other text, and JSON with neither, as it is (the same object)."""
+    renamed = old_id != rid and f'"{old_id}"' in data
+    if TIMELINE not in data and not renamed:
         return data
     try:
         obj = json.loads(data)
     except ValueError:
         return data
-    if isinstance(obj, dict):
-        obj.pop(TIMELINE, None)
+    if not isinstance(obj, dict):
+        return data
+    renamed = renamed and obj.get("id") == old_id
+    if TIMELINE not in obj:
+        if not renamed:
+            return data
+        out = data.replace(f'"{old_id}"', f'"{rid}"', 1)
+        if json.loads(out).get("id") == rid:  # (the first such string was the id)
+            return out
+    obj.pop(TIMELINE, None)
+    if renamed:
+        obj["id"] = rid
     return json.dumps(obj)
 
 
