@@ -218,3 +218,36 @@ def test_a_what_if_keeps_the_runs_replicas_router_and_admission(tmp_path: Path) 
     # and one engine with no gateway is not that run
     one = WhatIf(tmp_path / "run", {**config, "replicas": None, "admission": None}).simulate().result.summary
     assert one.ttft_ms is not None and one.ttft_ms.p50 != pytest.approx(ran.ttft_ms.p50)
+
+
+def test_a_gateways_access_log_is_advised_on_from_its_records(tmp_path: Path) -> None:
+    """Production traffic: the gateway's access log (no summary.json, no workload) gets
+    the rules that read the records, without predictions (the engine behind it is not
+    known), and nothing the records cannot show (whether the prompts were identical)."""
+    from inferlab.gateway.app import Gateway, start
+    from inferlab.gateway.config import CacheConfig, GatewayConfig, UpstreamConfig
+
+    trace = tmp_path / "mixed.jsonl"
+    mixed_trace(trace)
+    serve = ["--max-model-len", "16384", "--enforce-eager", "--max-num-batched-tokens", "8192"]
+    with ChildServer(serve) as server:
+        async def through_gateway() -> RunResult:
+            gw = Gateway(GatewayConfig((UpstreamConfig(server.url),), cache=CacheConfig(enabled=False),
+                                       access_log=str(tmp_path / "log"), metrics_refresh_s=0))
+            runner, port = await start(gw, "127.0.0.1", 0)
+            try:
+                cfg = RunConfig(LoadConfig(Replay()), WorkloadConfig(trace=TraceConfig(str(trace))))
+                async with asyncio.timeout(LIMIT_S):
+                    return await run(cfg, HttpTarget(f"http://127.0.0.1:{port}"))
+            finally:
+                await runner.cleanup()  # (closes the access log)
+
+        sent = asyncio.run(through_gateway())
+    assert all(r.ok for r in sent.records) and not (tmp_path / "log" / "summary.json").exists()
+    a = advise(tmp_path / "log", "latency")
+    assert a.kind.startswith("gateway access log")
+    rules = {r.rule: r for r in a.recommendations}
+    assert "head_of_line" in rules and "response_cache" not in rules, list(rules)
+    hol = rules["head_of_line"]
+    assert hol.evidence.startswith("10 of ")  # (every fourth of the 40 is 8,000 tokens; the log has the preflight too)
+    assert not hol.gains and hol.note.startswith("no prediction: a gateway's access log")

@@ -4,7 +4,9 @@ application), and what it should gain: predicted with the simulator where one ap
 (``analysis.whatif``: the observed workload rerun in virtual time with the change; said
 to be a prediction), else bounded from the measurement itself.
 
-Sources: a run directory (config.json, requests.jsonl, summary.json), a profile folder
+Sources: a run directory (config.json, requests.jsonl, summary.json; without a
+summary.json, as a gateway's access log is, the summary is computed from the records as
+``report`` computes it), a profile folder
 (``profile.json``, ``analysis.profile``) or a folder of runs (a sweep: the knee across
 them, and the rules on its heaviest run). ``--goal`` reorders the list: throughput,
 latency (the default) or consistency (the tail).
@@ -31,7 +33,7 @@ from inferlab.results.metrics import request_metrics
 from inferlab.results.provenance import VIRTUAL, server_info, simulated_engine
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
-from inferlab.results.summary import Summary
+from inferlab.results.summary import Summary, summarize
 from inferlab.results.telemetry import ServerMetrics
 from inferlab.sim.engine.bands import band_of
 
@@ -161,13 +163,15 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
     if (p / PROFILE_FILE).exists():
         recs, checked = _profile_rules(read_profile(p), p)
         kind = "profile"
-    elif (p / "summary.json").exists():
-        recs, checked = _run_rules(_Run.read(p), goal)
-        kind = "run"
+    elif (p / "summary.json").exists() or (p / "requests.jsonl").exists():
+        run = _Run.read(p)
+        recs, checked = _run_rules(run, goal)
+        kind = "run" if (p / "summary.json").exists() else (
+            "gateway access log" if "gateway" in run.config else "run without summary.json") + ": summary from its records"
     else:
         runs = sorted(d.parent for d in p.rglob("summary.json"))
         if not runs:
-            raise UsageError(f"{p}: not a run directory (no summary.json), a profile (no {PROFILE_FILE}) or a folder of runs")
+            raise UsageError(f"{p}: not a run directory (no requests.jsonl), a profile (no {PROFILE_FILE}) or a folder of runs")
         recs, checked = _sweep_rules([_Run.read(d) for d in runs], goal)
         kind = "sweep"
     recs.sort(key=lambda r: (PRIORITY.get(r.rule, {}).get(goal, 99), -_size(r)))
@@ -190,12 +194,17 @@ class _Run:
 
     @classmethod
     def read(cls, d: Path) -> _Run:
+        """A run directory; without a summary.json (a gateway's access log) its summary
+        computed from the records."""
         try:
             config = json.loads((d / "config.json").read_text())
         except (OSError, ValueError) as e:
             raise UsageError(f"{d}/config.json: cannot read it ({e})") from e
-        summary = read_summary(d / "summary.json")
-        records = [r for r in read_records(d / "requests.jsonl") if r.ok and not r.warmup]
+        if not isinstance(config, dict):
+            raise UsageError(f"{d}/config.json: not a JSON object")
+        everything = list(read_records(d / "requests.jsonl"))
+        summary = read_summary(d / "summary.json") if (d / "summary.json").exists() else summarize(everything, config=config)
+        records = [r for r in everything if r.ok and not r.warmup]
         return cls(d, config, summary, records)
 
     def workload(self) -> dict[str, Any]:
@@ -606,6 +615,8 @@ def _quantization(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
 
 
 def _response_cache(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    if "workload" not in run.config:  # (a gateway's access log: what the prompts were is not known)
+        return None
     wl = run.workload()
     if not wl.get("prompt") and (wl.get("input_tokens") or wl.get("trace") or wl.get("dataset") or wl.get("sessions") or wl.get("prefix_groups")):
         return None

@@ -127,6 +127,9 @@ class WhatIf:
         if self.engine is None and server_info(config).kind == GATEWAY:
             self.why_not = ("the run went through inferlab gateway, whose cache, admission and routing a rerun on one "
                             "engine would leave out (run the workload against `inferlab sim serve` itself)")
+        elif self.engine is None and "gateway" in config and "command" not in config:
+            self.why_not = ("a gateway's access log does not say which engine answered (replay its requests.jsonl "
+                            "with `inferlab sim run --trace` and the engine's model, GPU and flags for predictions)")
         elif self.engine is None:
             self.why_not = "the run's engine is unknown (profile it, or run the workload against `inferlab sim serve`)"
         # a sim run over several engines behind a router, or behind the gateway's
