@@ -45,9 +45,14 @@ def test_one_configuration_becomes_each_engines_own_flags() -> None:
     t = command(EngineSpec("tgi", **FULL))  # type: ignore[arg-type]
     tp = pairs(t.argv)
     assert (tp["--model-id"], tp["--num-shard"], tp["--max-total-tokens"], tp["--max-batch-prefill-tokens"],
-            tp["--max-concurrent-requests"], tp["--cuda-memory-fraction"], tp["--cuda-graphs"]) == (
+            tp["--max-batch-size"], tp["--cuda-memory-fraction"], tp["--cuda-graphs"]) == (
         "org/Model-7B", "2", "4096", "2048", "64", "0.85", "0")
     assert t.env == {"PREFIX_CACHING": "0"}
+    # TGI's --max-concurrent-requests refuses (429) past it, where --max-num-seqs queues:
+    # left at TGI's default (128) under it, raised to it above
+    assert "--max-concurrent-requests" not in tp
+    big = pairs(command(EngineSpec("tgi", **{**FULL, "max_num_seqs": 512})).argv)  # type: ignore[arg-type]
+    assert (big["--max-batch-size"], big["--max-concurrent-requests"]) == ("512", "512")
     sim = pairs(argv("sim"))
     assert sim["--tensor-parallel-size"] == "2" and sim["--max-num-seqs"] == "64" and "--no-enable-prefix-caching" in argv("sim")
 

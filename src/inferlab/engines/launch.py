@@ -11,11 +11,16 @@ setting             vLLM (``vllm serve``)       SGLang (``sglang.launch_server``
 tensor parallel     --tensor-parallel-size      --tp-size                       (refused)               --num-shard                    (refused)
 max model length    --max-model-len             --context-length                -c (× slots: per slot)  --max-total-tokens             OLLAMA_CONTEXT_LENGTH
 token budget        --max-num-batched-tokens    --chunked-prefill-size          -b                      --max-batch-prefill-tokens     (refused)
-max sequences       --max-num-seqs              --max-running-requests          -np                     --max-concurrent-requests      OLLAMA_NUM_PARALLEL
+max sequences       --max-num-seqs              --max-running-requests          -np                     --max-batch-size (*)           OLLAMA_NUM_PARALLEL
 memory share        --gpu-memory-utilization    --mem-fraction-static           (refused)               --cuda-memory-fraction         (refused)
 prefix caching      --[no-]enable-prefix-caching --disable-radix-cache when off --cache-reuse 256 / --no-cache-prompt  PREFIX_CACHING=1/0 (env)  (refused)
 eager mode          --enforce-eager             --disable-cuda-graph            (refused)               --cuda-graphs 0                (refused)
 ==================  ==========================  ==============================  ======================  =============================  ==================
+
+(*) TGI's router caps its running batch at ``--max-batch-size`` and queues the rest, as
+vLLM's ``--max-num-seqs`` does; its ``--max-concurrent-requests`` (default 128) refuses
+requests past it instead (429), so it is raised to the same number when that is higher,
+never lowered.
 
 A setting an engine has no flag for is refused (``UsageError``), never dropped. The
 simulator is one more kind (``sim``: ``inferlab sim serve`` with vLLM's flag names).
@@ -247,6 +252,10 @@ def _llamacpp(spec: EngineSpec, port: int) -> Command:
     return Command(argv, ready_url="/health")
 
 
+#: TGI's default ``--max-concurrent-requests``: requests past it are refused (429).
+TGI_MAX_CONCURRENT_REQUESTS = 128
+
+
 def _tgi(spec: EngineSpec, port: int) -> Command:
     argv = [spec.executable or "text-generation-launcher", "--model-id", spec.model, "--hostname", spec.host,
             "--port", str(port)]
@@ -255,7 +264,9 @@ def _tgi(spec: EngineSpec, port: int) -> Command:
     if spec.max_model_len is not None:
         argv += ["--max-input-tokens", str(spec.max_model_len - 1)]
     _flag(argv, "--max-batch-prefill-tokens", spec.max_num_batched_tokens)
-    _flag(argv, "--max-concurrent-requests", spec.max_num_seqs)
+    _flag(argv, "--max-batch-size", spec.max_num_seqs)  # (a queue beyond it, as vLLM's)
+    if spec.max_num_seqs is not None and spec.max_num_seqs > TGI_MAX_CONCURRENT_REQUESTS:
+        argv += ["--max-concurrent-requests", str(spec.max_num_seqs)]
     _flag(argv, "--cuda-memory-fraction", spec.gpu_memory_utilization)
     if spec.enforce_eager:
         argv += ["--cuda-graphs", "0"]
