@@ -8,6 +8,7 @@ import asyncio
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +44,23 @@ def bench(url: str, trace: Path, out: Path | None) -> RunResult:
     async def go() -> RunResult:
         async with asyncio.timeout(LIMIT_S):
             return await run(cfg, HttpTarget(url))
+
+    return asyncio.run(go())
+
+
+def through_gateway(config: Any, trace: Path) -> RunResult:
+    """The trace replayed through the real gateway with ``config`` (a ``GatewayConfig``)
+    on a free port, stopped again after (which closes its access log, if it has one)."""
+    from inferlab.gateway.app import Gateway, start
+
+    async def go() -> RunResult:
+        runner, port = await start(Gateway(config), "127.0.0.1", 0)
+        try:
+            cfg = RunConfig(LoadConfig(Replay()), WorkloadConfig(trace=TraceConfig(str(trace))))
+            async with asyncio.timeout(LIMIT_S):
+                return await run(cfg, HttpTarget(f"http://127.0.0.1:{port}"))
+        finally:
+            await runner.cleanup()
 
     return asyncio.run(go())
 
@@ -164,7 +182,6 @@ def short_ttft_p99(records: list[RequestRecord]) -> float:
 
 
 def test_a_flood_of_long_prompts_gets_token_admission_whose_predicted_gain_the_real_gateway_delivers(tmp_path: Path) -> None:
-    from inferlab.gateway.app import Gateway, start
     from inferlab.gateway.config import AdmissionConfig, CacheConfig, GatewayConfig, UpstreamConfig
 
     trace = tmp_path / "flood.jsonl"
@@ -180,18 +197,9 @@ def test_a_flood_of_long_prompts_gets_token_admission_whose_predicted_gain_the_r
         assert gain.metric == "short requests' p99 TTFT ms" and "prediction" in gain.kind and gain.error_band is not None
         # the change, made: the real gateway, admitting by tokens with that budget, in front
         # of the same server, the same flood through it
-        async def through_gateway() -> RunResult:
-            adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=budget)  # (as recommended: the rest default)
-            gw = Gateway(GatewayConfig((UpstreamConfig(server.url),), admission=adm, cache=CacheConfig(enabled=False)))
-            runner, port = await start(gw, "127.0.0.1", 0)
-            try:
-                cfg = RunConfig(LoadConfig(Replay()), WorkloadConfig(trace=TraceConfig(str(trace))))
-                async with asyncio.timeout(LIMIT_S):
-                    return await run(cfg, HttpTarget(f"http://127.0.0.1:{port}"))
-            finally:
-                await runner.cleanup()
-
-        changed = asyncio.run(through_gateway())
+        adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=budget)  # (as recommended: the rest default)
+        changed = through_gateway(GatewayConfig((UpstreamConfig(server.url),), admission=adm, cache=CacheConfig(enabled=False)),
+                                  trace)
     assert all(r.ok for r in changed.records)
     measured = short_ttft_p99(changed.records) - short_ttft_p99(observed.records)
     assert measured < 0 and gain.delta < 0  # the same sign: the short chats get through
@@ -224,25 +232,14 @@ def test_a_gateways_access_log_is_advised_on_from_its_records(tmp_path: Path) ->
     """Production traffic: the gateway's access log (no summary.json, no workload) gets
     the rules that read the records, without predictions (the engine behind it is not
     known), and nothing the records cannot show (whether the prompts were identical)."""
-    from inferlab.gateway.app import Gateway, start
     from inferlab.gateway.config import CacheConfig, GatewayConfig, UpstreamConfig
 
     trace = tmp_path / "mixed.jsonl"
     mixed_trace(trace)
     serve = ["--max-model-len", "16384", "--enforce-eager", "--max-num-batched-tokens", "8192"]
     with ChildServer(serve) as server:
-        async def through_gateway() -> RunResult:
-            gw = Gateway(GatewayConfig((UpstreamConfig(server.url),), cache=CacheConfig(enabled=False),
-                                       access_log=str(tmp_path / "log"), metrics_refresh_s=0))
-            runner, port = await start(gw, "127.0.0.1", 0)
-            try:
-                cfg = RunConfig(LoadConfig(Replay()), WorkloadConfig(trace=TraceConfig(str(trace))))
-                async with asyncio.timeout(LIMIT_S):
-                    return await run(cfg, HttpTarget(f"http://127.0.0.1:{port}"))
-            finally:
-                await runner.cleanup()  # (closes the access log)
-
-        sent = asyncio.run(through_gateway())
+        sent = through_gateway(GatewayConfig((UpstreamConfig(server.url),), cache=CacheConfig(enabled=False),
+                                             access_log=str(tmp_path / "log"), metrics_refresh_s=0), trace)
     assert all(r.ok for r in sent.records) and not (tmp_path / "log" / "summary.json").exists()
     a = advise(tmp_path / "log", "latency")
     assert a.kind.startswith("gateway access log")
