@@ -105,6 +105,8 @@ def test_mooncake_equal_hash_ids_give_identical_blocks(tmp_path: Path) -> None:
         ('{"arrival_s": 0, "input_tokens": 0, "output_tokens": 1}\n', ":1:", "at least 1"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,2\nyesterday,10,2\n", ":3:", "bad timestamp"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,ten,2\n", ":2:", "azure"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10.0,2\n2023-11-16 18:15:47.1,10.7,2\n", ":3:", "'10.7'"),
+        ('{"arrival_s": 0, "input_tokens": "10.7", "output_tokens": 1}\n', ":1:", "'10.7'"),
         ("a,b,c\n1,2,3\n", ":1:", "unknown trace header"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": 3}\n', ":1:", "hash_ids"),
         ("{not json\n", ":1:", "JSON"),
