@@ -107,3 +107,14 @@ def test_sim_run_sessions_write_the_step_log(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     assert steps and sum(s["prefill_tokens"] for s in steps) >= 4 * 50
+
+
+def test_sessions_send_at_most_the_requests_asked_for_warmup_first() -> None:
+    """-n caps the turns sent (it was ignored: every turn of every session went) and
+    --warmup marks the first ones, closed and open loop."""
+    for schedule in (ClosedLoop(3), OpenLoop(2.0, "constant")):
+        wl = WorkloadConfig(sessions=3, turns=5, input_tokens=50, output_tokens=5).build(0)
+        assert isinstance(wl, SessionWorkload)
+        records = simulate(Engine(EngineConfig()), LoadConfig(schedule, num_requests=4, warmup=2), wl)
+        assert len(records) == 6
+        assert sorted(r.index for r in records if r.warmup) == [0, 1]
