@@ -9,7 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inferlab import BenchConfig, ClosedLoop, LoadConfig, OpenLoop, WorkloadConfig, bench_async
+import pytest
+
+from inferlab import (
+    BenchConfig,
+    ClosedLoop,
+    LoadConfig,
+    OpenLoop,
+    UsageError,
+    WorkloadConfig,
+    bench_async,
+)
 from inferlab.load.virtual import simulate
 from inferlab.results.records import RequestRecord
 from inferlab.sim.engine.engine import Engine, EngineConfig
@@ -118,3 +128,10 @@ def test_sessions_send_at_most_the_requests_asked_for_warmup_first() -> None:
         records = simulate(Engine(EngineConfig()), LoadConfig(schedule, num_requests=4, warmup=2), wl)
         assert len(records) == 6
         assert sorted(r.index for r in records if r.warmup) == [0, 1]
+
+
+def test_sessions_at_a_rate_refuse_a_concurrency_cap_they_would_not_heed() -> None:
+    wl = WorkloadConfig(sessions=6, turns=2, input_tokens=50, output_tokens=5).build(0)
+    assert isinstance(wl, SessionWorkload)
+    with pytest.raises(UsageError, match="--max-concurrency does not cap sessions"):
+        simulate(Engine(EngineConfig()), LoadConfig(OpenLoop(100.0, max_concurrency=1), num_requests=12), wl)

@@ -321,6 +321,11 @@ def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Trace | Sess
     total = None if load.num_requests is None else load.num_requests + load.warmup
     if isinstance(workload, SessionWorkload):
         if isinstance(s, OpenLoop):
+            if s.max_concurrency is not None:  # (the sessions would not heed it)
+                raise UsageError(
+                    "--max-concurrency does not cap sessions arriving at --rate: drop it, or run the sessions "
+                    "closed loop with -c N (N users)"
+                )
             times = s.arrival_times_s(load.seed, workload.config.sessions, None)
             return SessionPolicy(workload, arrivals_s=times, duration_s=load.duration_s, total=total, warmup=load.warmup)
         users = s.concurrency if isinstance(s, ClosedLoop) else 1
