@@ -172,3 +172,14 @@ def test_line_breaks_inside_a_prompt_stay_in_it(tmp_path: Path) -> None:
     assert [(r.messages[0][1], r.max_tokens) for r in rows] == [
         ("first\nsecond\r\nthird", 5), ("form\x0cfeed", 6), ("plain", 7),
     ]
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_column(tmp_path: Path) -> None:
+    """Spreadsheets save CSV with a UTF-8 byte-order mark: the header is still 'prompt'
+    (and a JSONL file starting with one still parses)."""
+    table = tmp_path / "d.csv"
+    table.write_bytes(b"\xef\xbb\xbfprompt,max_tokens\nhello there,5\n")
+    assert [(r.messages, r.max_tokens) for r in read_dataset(str(table))] == [((("user", "hello there"),), 5)]
+    lines = tmp_path / "d.jsonl"
+    lines.write_bytes(b'\xef\xbb\xbf{"prompt": "hi"}\n')
+    assert [r.messages for r in read_dataset(str(lines))] == [(("user", "hi"),)]

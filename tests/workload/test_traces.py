@@ -42,6 +42,14 @@ def test_azure_csv_rows_are_exact_offsets(tmp_path: Path) -> None:
     assert [(r.input_tokens, r.output_tokens) for r in rows] == [(40 + i, 3 + i) for i in range(6)]
 
 
+def test_a_byte_order_mark_is_no_part_of_the_header(tmp_path: Path) -> None:
+    """A trace saved from a spreadsheet starts with a UTF-8 byte-order mark: still Azure's."""
+    plain = azure_csv(tmp_path / "az.csv")
+    marked = tmp_path / "bom.csv"
+    marked.write_bytes(b"\xef\xbb\xbf" + Path(plain).read_bytes())
+    assert TraceConfig(str(marked)).rows() == TraceConfig(str(plain)).rows()
+
+
 def test_window_and_speedup(tmp_path: Path) -> None:
     path = str(azure_csv(tmp_path / "az.csv"))
     rows = TraceConfig(path, speedup=2.0, start_s=0.1, end_s=0.5).rows()

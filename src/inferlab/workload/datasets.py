@@ -167,7 +167,7 @@ def read_dataset(path: str, fmt: str | None = None, tokenizer: Tokenizer | None 
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown dataset format {fmt!r} (expected one of {', '.join(FORMATS)})")
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # (a spreadsheet's BOM is no text)
             text = f.read()
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from e

@@ -190,8 +190,8 @@ def _segments(r: TraceRow, i: int, b: PromptBuilder, seed: int, block: int) -> l
 def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow]:
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown trace format {fmt!r} (expected one of {', '.join(FORMATS)})")
-    try:
-        f = open(path, newline="")  # noqa: SIM115
+    try:  # (utf-8-sig: the byte-order mark a spreadsheet may write is no part of the header)
+        f = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from e
     try:
