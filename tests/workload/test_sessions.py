@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -135,3 +136,10 @@ def test_sessions_at_a_rate_refuse_a_concurrency_cap_they_would_not_heed() -> No
     assert isinstance(wl, SessionWorkload)
     with pytest.raises(UsageError, match="--max-concurrency does not cap sessions"):
         simulate(Engine(EngineConfig()), LoadConfig(OpenLoop(100.0, max_concurrency=1), num_requests=12), wl)
+
+
+@pytest.mark.parametrize("think", [math.inf, math.nan, -1.0])
+def test_a_think_time_that_is_no_number_of_seconds_is_a_usage_error(think: float) -> None:
+    """inf crashed the run as an internal error and nan hung it (no turn was ever due)."""
+    with pytest.raises(UsageError, match="--think-time-s must be a finite number"):
+        WorkloadConfig(sessions=2, turns=2, input_tokens=20, output_tokens=3, think_time_s=think).build(0)
