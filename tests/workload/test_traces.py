@@ -428,3 +428,20 @@ def test_a_vllm_result_with_a_bad_rate_says_which_and_why(tmp_path: Path, fields
         read_rows(str(p))
     p.write_text(json.dumps({"input_lens": [10, 20], "output_lens": [4, 4], "request_rate": -1, "start_times": [0.0, 0.5]}))
     assert [r.arrival_s for r in read_rows(str(p))] == [0.0, 0.5]  # its send times: the rate is not used
+
+
+def test_a_sessions_runs_requests_jsonl_replays_its_growing_contexts(tmp_path: Path) -> None:
+    """A multi-turn run replayed from its requests.jsonl: each turn's prompt starts with the
+    session's previous one, so the prefix cache serves the replay as it served the run
+    (the turns were replayed as unrelated prompts: nothing cached)."""
+    first = tmp_path / "first"
+    run = [sys.executable, "-m", "inferlab", "sim", "run", "--no-history", "--json"]
+    p = subprocess.run([*run, "--sessions", "4", "--turns", "4", "--input-tokens", "200", "--output-tokens", "50",
+                        "--out", str(first)], capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    q = subprocess.run([*run, "--trace", str(first / "requests.jsonl")], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert q.returncode == 0, q.stderr
+    ran, replayed = json.loads(p.stdout), json.loads(q.stdout)
+    assert replayed["input_tokens"] == ran["input_tokens"]
+    assert ran["cached_tokens"] > 0 and replayed["cached_tokens"] >= ran["cached_tokens"] // 2
