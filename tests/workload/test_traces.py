@@ -4,9 +4,11 @@ and replay at the trace's times by bench (over HTTP) and sim run (virtual time).
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -445,3 +447,24 @@ def test_a_sessions_runs_requests_jsonl_replays_its_growing_contexts(tmp_path: P
     ran, replayed = json.loads(p.stdout), json.loads(q.stdout)
     assert replayed["input_tokens"] == ran["input_tokens"]
     assert ran["cached_tokens"] > 0 and replayed["cached_tokens"] >= ran["cached_tokens"] // 2
+
+
+def test_azure_times_do_not_depend_on_this_machines_time_zone(tmp_path: Path) -> None:
+    """Azure's TIMESTAMP has no zone: rows across a daylight-saving change of the local
+    zone are still one hour apart (in New York's local time, where clocks went back at
+    2:00, the third row was 3 h after the first)."""
+    p = tmp_path / "az.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-05 00:30:00.0,10,2\n2023-11-05 01:30:00.0,10,2\n"
+                 "2023-11-05 02:30:00.0,10,2\n")
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "America/New_York"
+    time.tzset()
+    try:
+        rows = TraceConfig(str(p)).rows()
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+    assert [r.arrival_s for r in rows] == [0.0, 3600.0, 7200.0]
