@@ -157,3 +157,29 @@ def test_cli_dataset_errors_and_exhaustion(tmp_path: Path) -> None:
     assert s["counts"]["completed"] == 3 and any("ran out" in w for w in s["warnings"])
     p = run("--min-input-tokens", "3", "-n", "2")
     assert p.returncode == 2 and "--min-input-tokens needs --dataset" in p.stderr
+
+
+def test_line_breaks_inside_a_prompt_stay_in_it(tmp_path: Path) -> None:
+    """A JSONL line ends at \\n only (JSON strings may hold U+2028 as it is), and a CSV row
+    at a line break outside quotes: a quoted prompt keeps its line breaks, and a \\x0c
+    in it does not split the row."""
+    lines = tmp_path / "d.jsonl"
+    lines.write_text(json.dumps({"prompt": "one\u2028two"}, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert [r.messages for r in read_dataset(str(lines))] == [(("user", "one\u2028two"),)]
+    table = tmp_path / "d.csv"
+    table.write_text('prompt,max_tokens\r\n"first\nsecond\r\nthird",5\r\n"form\x0cfeed",6\r\nplain,7\r\n', encoding="utf-8", newline="")
+    rows = read_dataset(str(table))
+    assert [(r.messages[0][1], r.max_tokens) for r in rows] == [
+        ("first\nsecond\r\nthird", 5), ("form\x0cfeed", 6), ("plain", 7),
+    ]
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_column(tmp_path: Path) -> None:
+    """Spreadsheets save CSV with a UTF-8 byte-order mark: the header is still 'prompt'
+    (and a JSONL file starting with one still parses)."""
+    table = tmp_path / "d.csv"
+    table.write_bytes(b"\xef\xbb\xbfprompt,max_tokens\nhello there,5\n")
+    assert [(r.messages, r.max_tokens) for r in read_dataset(str(table))] == [((("user", "hello there"),), 5)]
+    lines = tmp_path / "d.jsonl"
+    lines.write_bytes(b'\xef\xbb\xbf{"prompt": "hi"}\n')
+    assert [r.messages for r in read_dataset(str(lines))] == [(("user", "hi"),)]

@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
-from inferlab import BenchConfig, ClosedLoop, LoadConfig, OpenLoop, WorkloadConfig, bench_async
+import pytest
+
+from inferlab import (
+    BenchConfig,
+    ClosedLoop,
+    LoadConfig,
+    OpenLoop,
+    UsageError,
+    WorkloadConfig,
+    bench_async,
+)
 from inferlab.load.virtual import simulate
 from inferlab.results.records import RequestRecord
 from inferlab.sim.engine.engine import Engine, EngineConfig
@@ -107,3 +118,28 @@ def test_sim_run_sessions_write_the_step_log(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     steps = [json.loads(line) for line in log.read_text().splitlines()]
     assert steps and sum(s["prefill_tokens"] for s in steps) >= 4 * 50
+
+
+def test_sessions_send_at_most_the_requests_asked_for_warmup_first() -> None:
+    """-n caps the turns sent (it was ignored: every turn of every session went) and
+    --warmup marks the first ones, closed and open loop."""
+    for schedule in (ClosedLoop(3), OpenLoop(2.0, "constant")):
+        wl = WorkloadConfig(sessions=3, turns=5, input_tokens=50, output_tokens=5).build(0)
+        assert isinstance(wl, SessionWorkload)
+        records = simulate(Engine(EngineConfig()), LoadConfig(schedule, num_requests=4, warmup=2), wl)
+        assert len(records) == 6
+        assert sorted(r.index for r in records if r.warmup) == [0, 1]
+
+
+def test_sessions_at_a_rate_refuse_a_concurrency_cap_they_would_not_heed() -> None:
+    wl = WorkloadConfig(sessions=6, turns=2, input_tokens=50, output_tokens=5).build(0)
+    assert isinstance(wl, SessionWorkload)
+    with pytest.raises(UsageError, match="--max-concurrency does not cap sessions"):
+        simulate(Engine(EngineConfig()), LoadConfig(OpenLoop(100.0, max_concurrency=1), num_requests=12), wl)
+
+
+@pytest.mark.parametrize("think", [math.inf, math.nan, -1.0])
+def test_a_think_time_that_is_no_number_of_seconds_is_a_usage_error(think: float) -> None:
+    """inf crashed the run as an internal error and nan hung it (no turn was ever due)."""
+    with pytest.raises(UsageError, match="--think-time-s must be a finite number"):
+        WorkloadConfig(sessions=2, turns=2, input_tokens=20, output_tokens=3, think_time_s=think).build(0)

@@ -4,9 +4,11 @@ and replay at the trace's times by bench (over HTTP) and sim run (virtual time).
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,14 @@ def test_azure_csv_rows_are_exact_offsets(tmp_path: Path) -> None:
     rows = TraceConfig(str(azure_csv(tmp_path / "az.csv"))).rows()
     assert [r.arrival_s for r in rows] == pytest.approx(AZURE_GAPS_S, abs=1e-9)
     assert [(r.input_tokens, r.output_tokens) for r in rows] == [(40 + i, 3 + i) for i in range(6)]
+
+
+def test_a_byte_order_mark_is_no_part_of_the_header(tmp_path: Path) -> None:
+    """A trace saved from a spreadsheet starts with a UTF-8 byte-order mark: still Azure's."""
+    plain = azure_csv(tmp_path / "az.csv")
+    marked = tmp_path / "bom.csv"
+    marked.write_bytes(b"\xef\xbb\xbf" + Path(plain).read_bytes())
+    assert TraceConfig(str(marked)).rows() == TraceConfig(str(plain)).rows()
 
 
 def test_window_and_speedup(tmp_path: Path) -> None:
@@ -105,6 +115,8 @@ def test_mooncake_equal_hash_ids_give_identical_blocks(tmp_path: Path) -> None:
         ('{"arrival_s": 0, "input_tokens": 0, "output_tokens": 1}\n', ":1:", "at least 1"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10,2\nyesterday,10,2\n", ":3:", "bad timestamp"),
         ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,ten,2\n", ":2:", "azure"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,10.0,2\n2023-11-16 18:15:47.1,10.7,2\n", ":3:", "'10.7'"),
+        ('{"arrival_s": 0, "input_tokens": "10.7", "output_tokens": 1}\n', ":1:", "'10.7'"),
         ("a,b,c\n1,2,3\n", ":1:", "unknown trace header"),
         ('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": 3}\n', ":1:", "hash_ids"),
         ("{not json\n", ":1:", "JSON"),
@@ -418,3 +430,41 @@ def test_a_vllm_result_with_a_bad_rate_says_which_and_why(tmp_path: Path, fields
         read_rows(str(p))
     p.write_text(json.dumps({"input_lens": [10, 20], "output_lens": [4, 4], "request_rate": -1, "start_times": [0.0, 0.5]}))
     assert [r.arrival_s for r in read_rows(str(p))] == [0.0, 0.5]  # its send times: the rate is not used
+
+
+def test_a_sessions_runs_requests_jsonl_replays_its_growing_contexts(tmp_path: Path) -> None:
+    """A multi-turn run replayed from its requests.jsonl: each turn's prompt starts with the
+    session's previous one, so the prefix cache serves the replay as it served the run
+    (the turns were replayed as unrelated prompts: nothing cached)."""
+    first = tmp_path / "first"
+    run = [sys.executable, "-m", "inferlab", "sim", "run", "--no-history", "--json"]
+    p = subprocess.run([*run, "--sessions", "4", "--turns", "4", "--input-tokens", "200", "--output-tokens", "50",
+                        "--out", str(first)], capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    q = subprocess.run([*run, "--trace", str(first / "requests.jsonl")], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert q.returncode == 0, q.stderr
+    ran, replayed = json.loads(p.stdout), json.loads(q.stdout)
+    assert replayed["input_tokens"] == ran["input_tokens"]
+    assert ran["cached_tokens"] > 0 and replayed["cached_tokens"] >= ran["cached_tokens"] // 2
+
+
+def test_azure_times_do_not_depend_on_this_machines_time_zone(tmp_path: Path) -> None:
+    """Azure's TIMESTAMP has no zone: rows across a daylight-saving change of the local
+    zone are still one hour apart (in New York's local time, where clocks went back at
+    2:00, the third row was 3 h after the first)."""
+    p = tmp_path / "az.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-05 00:30:00.0,10,2\n2023-11-05 01:30:00.0,10,2\n"
+                 "2023-11-05 02:30:00.0,10,2\n")
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "America/New_York"
+    time.tzset()
+    try:
+        rows = TraceConfig(str(p)).rows()
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
+    assert [r.arrival_s for r in rows] == [0.0, 3600.0, 7200.0]

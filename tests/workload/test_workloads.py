@@ -45,7 +45,8 @@ def test_length_distributions() -> None:
     assert draws("lognormal:500:0.6", 50, seed=7) != draws("lognormal:500:0.6", 50, seed=8)
 
 
-@pytest.mark.parametrize("spec", ["0", "-3", "abc", "uniform:900:100", "uniform:1.5:3", "normal:500", "poisson:3:4", "lognormal:0:1", "normal:x:1"])
+@pytest.mark.parametrize("spec", ["0", "-3", "abc", "uniform:900:100", "uniform:1.5:3", "normal:500", "poisson:3:4", "lognormal:0:1", "normal:x:1",
+                                  "lognormal:inf:0.6", "normal:1e400:1", "normal:800:inf", "lognormal:nan:1"])
 def test_bad_length_specs(spec: str) -> None:
     with pytest.raises(UsageError, match="--input-tokens"):
         parse_length(spec)

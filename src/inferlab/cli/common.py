@@ -119,7 +119,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), help="Open loop: how gaps are drawn. Default poisson; gamma when --burstiness is given."),
         click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), help="Open loop: gamma shape, <1 burstier, 1 Poisson, >1 smoother, inf constant gaps (selects --arrival gamma, as in vLLM)."),
         click.option("--max-concurrency", type=click.IntRange(min=1), help="Cap on requests in flight (vLLM's meaning): with --rate or --trace later requests wait for a slot (queue delay); alone, a closed loop of this many users."),
-        click.option("-n", "--num-requests", "--num-prompts", "num_requests", type=int, help="Measured requests. Default 32 unless --duration is given. --num-prompts: vLLM's name."),
+        click.option("-n", "--num-requests", "--num-prompts", "num_requests", type=int, help="Measured requests. Default 32 unless --duration is given (with --sessions: every turn of every session). --num-prompts: vLLM's name."),
         click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
         click.option("--warmup", "--num-warmups", "warmup", type=click.IntRange(min=0), default=0, show_default=True, help="Requests sent first and left out of the metrics. --num-warmups: vLLM's name."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seeds lengths and arrivals. Given, it also makes the prompts those of any earlier run with this seed (which a server's prefix cache may still hold); else each run's prompts are fresh."),

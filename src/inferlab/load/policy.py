@@ -238,7 +238,8 @@ class SessionPolicy:
     """Multi-turn sessions: ``users`` users running sessions back to back (closed loop),
     or sessions starting at ``arrivals_s``. A session's next turn goes ``think_time_s``
     after its previous answer; a failed turn ends its session (its context is unknown);
-    no turn starts at or after ``duration_s``."""
+    no turn starts at or after ``duration_s``; at most ``total`` turns are sent (None: no
+    limit), the first ``warmup`` of them warm-up."""
 
     wants_answers = True
 
@@ -249,12 +250,16 @@ class SessionPolicy:
         users: int | None = None,
         arrivals_s: Sequence[float] | None = None,
         duration_s: float | None = None,
+        total: int | None = None,
+        warmup: int = 0,
     ) -> None:
         if (users is None) == (arrivals_s is None):
             raise ValueError("give users (closed loop) or arrivals_s (open loop)")
         self._workload = workload
         self._think_s = workload.config.think_time_s
         self._duration_s = duration_s
+        self._total = total
+        self._warmup = warmup
         self._closed = users is not None
         self._seq = itertools.count()  # tie-break between sessions due at the same time
         self._ready: list[tuple[float, int, Session]] = []  # (send time, tie-break, session)
@@ -273,8 +278,8 @@ class SessionPolicy:
         return 0.0
 
     def due(self, now_s: float) -> Iterator[Send]:
-        ready = self._ready
-        while ready and ready[0][0] <= now_s:
+        ready, total = self._ready, self._total
+        while ready and ready[0][0] <= now_s and (total is None or self._sent < total):
             t, _, s = heapq.heappop(ready)
             if self._duration_s is not None and t >= self._duration_s:
                 continue
@@ -282,7 +287,7 @@ class SessionPolicy:
             i = self._sent
             self._sent = i + 1
             self._in_flight[i] = s
-            yield Send(i, spec, t, t)
+            yield Send(i, spec, t, t, i < self._warmup)
 
     def ended(self, index: int, end_s: float, answer: Answer | None) -> None:
         s = self._in_flight.pop(index)
@@ -302,7 +307,9 @@ class SessionPolicy:
                 heapq.heappush(self._ready, (t, next(self._seq), self._workload.session(nxt)))
 
     def next_s(self) -> float | None:
-        return self._ready[0][0] if self._ready else None
+        if not self._ready or (self._total is not None and self._sent >= self._total):
+            return None
+        return self._ready[0][0]
 
 
 def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Trace | SessionWorkload) -> Policy:
@@ -314,10 +321,15 @@ def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Trace | Sess
     total = None if load.num_requests is None else load.num_requests + load.warmup
     if isinstance(workload, SessionWorkload):
         if isinstance(s, OpenLoop):
+            if s.max_concurrency is not None:  # (the sessions would not heed it)
+                raise UsageError(
+                    "--max-concurrency does not cap sessions arriving at --rate: drop it, or run the sessions "
+                    "closed loop with -c N (N users)"
+                )
             times = s.arrival_times_s(load.seed, workload.config.sessions, None)
-            return SessionPolicy(workload, arrivals_s=times, duration_s=load.duration_s)
+            return SessionPolicy(workload, arrivals_s=times, duration_s=load.duration_s, total=total, warmup=load.warmup)
         users = s.concurrency if isinstance(s, ClosedLoop) else 1
-        return SessionPolicy(workload, users=users, duration_s=load.duration_s)
+        return SessionPolicy(workload, users=users, duration_s=load.duration_s, total=total, warmup=load.warmup)
     if isinstance(s, Replay) != isinstance(workload, Trace):
         raise UsageError("a trace (timed requests) goes with the replay schedule, and only with it")
     if isinstance(workload, Trace):

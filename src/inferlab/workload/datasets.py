@@ -19,6 +19,7 @@ problem.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import random
 from collections.abc import Iterator
@@ -166,7 +167,7 @@ def read_dataset(path: str, fmt: str | None = None, tokenizer: Tokenizer | None 
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown dataset format {fmt!r} (expected one of {', '.join(FORMATS)})")
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # (a spreadsheet's BOM is no text)
             text = f.read()
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from e
@@ -181,7 +182,9 @@ def read_dataset(path: str, fmt: str | None = None, tokenizer: Tokenizer | None 
 
 def _jsonl(path: str, text: str) -> list[DatasetRow]:
     rows = []
-    for n, line in enumerate(text.splitlines(), 1):
+    # lines end at \n only: str.splitlines also splits at U+2028, \x0c, ..., which JSON
+    # strings may hold as they are
+    for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         where = f"{path}:{n}"
@@ -257,7 +260,9 @@ def _sharegpt(path: str, text: str, tokenizer: Tokenizer | None) -> list[Dataset
 
 
 def _csv(path: str, text: str) -> list[DatasetRow]:
-    reader = csv.DictReader(text.splitlines())
+    # the text as a file (read with newline=""): a quoted field keeps its line breaks,
+    # and a \x0c or U+2028 inside one does not end the row
+    reader = csv.DictReader(io.StringIO(text))
     if "prompt" not in (reader.fieldnames or []):
         raise UsageError(f"{path}:1: a CSV dataset needs a 'prompt' column")
     rows = []

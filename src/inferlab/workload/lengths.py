@@ -93,6 +93,8 @@ def parse_length(spec: int | str | LengthDist, flag: str = "--input-tokens") -> 
         nums = [float(p) for p in parts]
     except ValueError:
         raise UsageError(f"{flag} {spec!r}: parameters must be numbers ({_USAGE})") from None
+    if not all(math.isfinite(n) for n in nums):  # inf, nan, 1e400: no length to draw
+        raise UsageError(f"{flag} {spec!r}: parameters must be finite numbers ({_USAGE})")
     if kind not in ("uniform", "normal", "lognormal") or len(nums) != 2:
         raise UsageError(f"{flag} {spec!r}: {_USAGE}")
     a, b = nums

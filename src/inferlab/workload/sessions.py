@@ -11,6 +11,7 @@ measured. ``bench`` answers with the server's text; ``sim run`` with simulated t
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -40,8 +41,8 @@ class SessionConfig:
     def __post_init__(self) -> None:
         if self.sessions < 1 or self.turns < 1:
             raise UsageError("--sessions and --turns must be at least 1")
-        if self.think_time_s < 0:
-            raise UsageError("--think-time-s cannot be negative")
+        if not (self.think_time_s >= 0 and math.isfinite(self.think_time_s)):  # (nan: no turn is ever due)
+            raise UsageError(f"--think-time-s must be a finite number of seconds, 0 or more (got {self.think_time_s:g})")
         if self.system_tokens < 0:
             raise UsageError("--system-tokens cannot be negative")
         if self.context_window_tokens is not None and self.context_window_tokens < 0:

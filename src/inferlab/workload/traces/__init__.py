@@ -9,7 +9,8 @@ Formats (auto-detected from the JSON keys or CSV header, or named):
 - ``requests``: the ``requests.jsonl`` a ``bench`` (or ``sim run``) wrote: each successful
   request at its intended send time with its token counts and what it measured (warm-up
   requests are replayed but not compared), so a run against a real server can be replayed in the simulator and
-  compared; its prefix groups share their prefixes again, and a closed loop's users send
+  compared; its prefix groups share their prefixes again, a multi-turn session's turns
+  their growing context (as ``session`` does here), and a closed loop's users send
   again one request after another (``user``), each when the previous one ends;
 - ``azure`` CSV (Azure LLM inference traces): ``TIMESTAMP`` (date-time or seconds),
   ``ContextTokens``, ``GeneratedTokens``;
@@ -190,8 +191,8 @@ def _segments(r: TraceRow, i: int, b: PromptBuilder, seed: int, block: int) -> l
 def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow]:
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown trace format {fmt!r} (expected one of {', '.join(FORMATS)})")
-    try:
-        f = open(path, newline="")  # noqa: SIM115
+    try:  # (utf-8-sig: the byte-order mark a spreadsheet may write is no part of the header)
+        f = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from e
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from inferlab._errors import UsageError
@@ -61,4 +61,6 @@ def _timestamp(v: str | None) -> tuple[int, float]:
         base = datetime.fromisoformat(whole)
     except ValueError:
         raise ValueError(f"bad timestamp {v!r}") from None
+    if base.tzinfo is None:  # a clock with no zone: as UTC, not this machine's (whose DST would move rows)
+        base = base.replace(tzinfo=UTC)
     return int(base.timestamp()), float("0." + frac) if frac else 0.0

@@ -2,8 +2,9 @@
 successful request at its intended send time, with its token counts and what it
 measured (warm-up requests are replayed but not compared), and what made the run: its
 prefix group (requests of a group share their first ``prefix_tokens`` tokens; a group
-without them, the whole prompt) and the closed-loop user that sent it (a replay sends a
-user's requests one after another, each when the previous one ends)."""
+without them, the whole prompt), its multi-turn session (each turn's prompt starts with
+the session's previous one, as its context grew) and the closed-loop user that sent it
+(a replay sends a user's requests one after another, each when the previous one ends)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def read_requests(path: str) -> list[TraceRow]:
         r = TraceRow(
             sent / 1e9, rec.input_tokens, rec.output_tokens, measured=measured, user=rec.user,
             prefix_group=rec.prefix_group, prefix_tokens=prefix if rec.prefix_group is not None else None,
+            session=None if rec.session is None else str(rec.session),
         )
         check_row(path, n, r)
         rows.append(r)

@@ -34,7 +34,12 @@ def as_int(v: object) -> int:
     if isinstance(v, float) and v.is_integer():
         return int(v)
     if isinstance(v, str):
-        return int(float(v)) if v.strip().replace(".", "", 1).isdigit() else int(v)
+        if v.strip().replace(".", "", 1).isdigit():  # "12.0" as some CSV writers write 12
+            x = float(v)
+            if not x.is_integer():  # (not truncated: 12.7 tokens is no count)
+                raise ValueError(f"expected an integer, got {v!r}")
+            return int(x)
+        return int(v)
     if not isinstance(v, int):
         raise TypeError(f"expected an integer, got {v!r}")
     return v
