@@ -119,6 +119,16 @@ def test_an_engine_setting_on_an_axis_starts_the_engine_once_per_value(tmp_path:
         assert_stopped(next(iter(u)))
 
 
+def test_a_sweep_over_an_engine_asks_the_chat_api_by_default_as_its_help_says(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    r = invoke("sweep", "--engine", _config(tmp_path), "-c", "1", "-n", "2", "--input-tokens", "64", "--output-tokens", "4",
+               "-o", str(out))
+    assert r.exit_code == 0, r.output
+    index = json.loads((out / "sweep.json").read_text())
+    (point,) = index["points"]
+    assert json.loads((out / point["dir"] / "config.json").read_text())["api"] == "chat"
+
+
 def test_an_engine_that_does_not_start_ends_a_sweep_without_axes_exit_1(tmp_path: Path) -> None:
     bad = _config(tmp_path, SIM.replace("8192", "10000000"))
     out = tmp_path / "sweep"

@@ -70,6 +70,20 @@ def test_a_flag_without_what_it_acts_on_is_refused(args: list[str], needle: str)
     assert code == 2 and needle in err, err
 
 
+@pytest.mark.parametrize("flag", ["--token-ids", "--no-token-ids"])
+def test_token_ids_on_the_chat_api_is_refused(tmp_path: Path, flag: str) -> None:
+    """The chat API's messages are text: the flag would be accepted and ignored."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["a small corpus for a small tokenizer"] * 20, trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    code, err, _ = sim_run("-n", "2", "--tokenizer", str(tmp_path / "tokenizer.json"), "--api", "chat", flag)
+    assert code == 2 and f"{flag} chooses the prompt form of --api completions" in err, err
+    assert sim_run("-n", "2", "--tokenizer", str(tmp_path / "tokenizer.json"), "--api", "completions", flag)[0] == 0
+
+
 @pytest.mark.parametrize("flag", ["--trace-start", "--trace-end"])
 def test_a_negative_trace_window_is_refused(tmp_path: Path, flag: str) -> None:
     trace = tmp_path / "t.jsonl"

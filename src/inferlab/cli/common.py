@@ -326,6 +326,10 @@ def check_needs(kw: dict[str, Any]) -> None:
     for name, (needed, flag) in _NEEDS.items():
         if name in kw and given(name) and kw.get(needed) in (None, False):
             raise UsageError(f"--{name.replace('_', '-')} needs {flag}")
+    if "token_ids" in kw and given("token_ids") and kw.get("api", "chat") != "completions":
+        # (the chat API's messages are text: the flag would be accepted and ignored)
+        flag = "--token-ids" if kw["token_ids"] else "--no-token-ids"
+        raise UsageError(f"{flag} chooses the prompt form of --api completions; chat messages are sent as text")
     if kw.get("no_history") and kw.get("history"):
         raise UsageError("--history and --no-history: give one")
     if given("overwrite") and kw.get("out") is None and not kw.get("save_result"):

@@ -251,9 +251,10 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
         axes = [(n, v) for n, v in axes if n != "model"]
     base["concurrency"] = int(loads[0]) if load_axis == "concurrency" else None
     base["rate"] = str(loads[0]) if load_axis == "rate" else None
+    api: Api = kw["api"] or ("chat" if url is not None or kw["engine_config"] is not None else "completions")
+    base["api"] = api
     load = load_config(base)  # every load flag checked as bench checks it
     slo = slo_config(kw)
-    api: Api = kw["api"] or ("chat" if url is not None else "completions")
     run = RunConfig(load, workload_config(base), api, slo)
     target: Target | Trials
     if url is None and kw["engine_config"] is None:
