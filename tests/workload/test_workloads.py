@@ -52,6 +52,19 @@ def test_bad_length_specs(spec: str) -> None:
         parse_length(spec)
 
 
+@pytest.mark.parametrize("spec", ["lognormal:800:1e9", "uniform:1:1e30", "normal:800:1e9", "20000000", "lognormal:800:6"])
+def test_lengths_past_every_context_are_refused_not_drawn(spec: str) -> None:
+    """A spread no model takes (its 99.9th percentile past 10M tokens) is a usage error;
+    it was accepted, and the first draw crashed (overflow) or built a prompt of gigabytes."""
+    with pytest.raises(UsageError, match="10,000,000 tokens"):
+        parse_length(spec)
+
+
+def test_a_wide_spread_within_the_limit_draws_and_no_draw_passes_it() -> None:
+    d = draws("lognormal:800:2.5", 2000)  # (p99.9: 800 * e^7.7, 1.8M tokens)
+    assert max(d) <= 10_000_000 and statistics.median(d) < 2000
+
+
 def test_popularity() -> None:
     assert parse_popularity("uniform") == 0.0
     assert parse_popularity("zipf") == 1.0

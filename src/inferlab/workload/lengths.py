@@ -22,6 +22,12 @@ Kind = Literal["fixed", "uniform", "normal", "lognormal", "empirical"]
 
 _USAGE = "expected N, uniform:LO:HI, normal:MEAN:STD or lognormal:MEDIAN:SIGMA"
 
+#: The longest length a spec may ask for (at its 99.9th percentile): past every model's
+#: context, and a prompt of it is gigabytes of text to build. A larger one is refused, not
+#: drawn; the rare draw of a spec within it that lands beyond is cut to it.
+MAX_LENGTH_TOKENS = 10_000_000
+_Z999 = 3.09  # the standard normal's 99.9th percentile
+
 
 @dataclass(frozen=True)
 class LengthDist:
@@ -40,9 +46,9 @@ class LengthDist:
         if self.kind == "uniform":
             return rng.randint(int(self.a), int(self.b))
         if self.kind == "normal":
-            return max(1, round(rng.gauss(self.a, self.b)))
+            return min(MAX_LENGTH_TOKENS, max(1, round(rng.gauss(self.a, self.b))))
         if self.kind == "lognormal":
-            return max(1, round(rng.lognormvariate(math.log(self.a), self.b)))
+            return min(MAX_LENGTH_TOKENS, max(1, round(rng.lognormvariate(math.log(self.a), self.b))))
         return rng.choice(self.values)
 
     def __str__(self) -> str:
@@ -66,6 +72,8 @@ def parse_length(spec: int | str | LengthDist, flag: str = "--input-tokens") -> 
     if isinstance(spec, int):
         if spec < 1:
             raise UsageError(f"{flag} must be at least 1")
+        if spec > MAX_LENGTH_TOKENS:
+            raise UsageError(f"{flag} {spec}: at most {MAX_LENGTH_TOKENS:,} tokens")
         return LengthDist("fixed", float(spec))
     if spec.strip().lower().startswith("empirical:"):
         source = spec.strip()[len("empirical:"):]
@@ -104,4 +112,8 @@ def parse_length(spec: int | str | LengthDist, flag: str = "--input-tokens") -> 
         raise UsageError(f"{flag} {spec!r}: normal needs MEAN >= 1 and STD >= 0")
     if kind == "lognormal" and not (a >= 1 and b >= 0):
         raise UsageError(f"{flag} {spec!r}: lognormal needs MEDIAN >= 1 and SIGMA >= 0")
+    p999 = {"uniform": b, "normal": a + _Z999 * b, "lognormal": a * math.exp(min(_Z999 * b, 700.0))}[kind]
+    if p999 > MAX_LENGTH_TOKENS:
+        raise UsageError(f"{flag} {spec!r}: asks for lengths past {MAX_LENGTH_TOKENS:,} tokens "
+                         f"(its 99.9th percentile is {p999:,.3g}); no model takes them")
     return LengthDist(kind, a, b)  # type: ignore[arg-type]  # kind checked just above
