@@ -116,8 +116,25 @@ def test_empirical_sharegpt_is_the_shipped_table_of_a_published_run() -> None:
     assert sum(out.values) == 233412 and 0 not in out.values  # requests with no text dropped
     assert max(inp.values) <= 1024  # vLLM's sampler caps prompts at 1,024 tokens
     specs = WorkloadConfig(input_tokens="empirical:sharegpt", output_tokens="empirical:sharegpt").build(0)
-    drawn = [next(specs) for _ in range(20)]  # type: ignore[call-overload]
+    drawn = [next(specs) for _ in range(200)]  # type: ignore[call-overload]
     assert all(s.input_tokens in inp.values and s.max_tokens in out.values for s in drawn)
+    # each request's two lengths are one row's, as vLLM's sampler picks a prompt with its
+    # own answer (drawn apart, most pairs would be no row's)
+    rows = set(inp.pairs)
+    assert len(rows) > 1000 and all((s.input_tokens, s.max_tokens) in rows for s in drawn)
+    assert len({(s.input_tokens, s.max_tokens) for s in drawn}) > 150  # (not one row over and over)
+
+
+def test_empirical_lengths_of_two_sources_or_one_side_are_drawn_apart(tmp_path: Path) -> None:
+    path = sharegpt(tmp_path / "sg.json")
+    from inferlab.workload.lengths import sample_pair
+
+    rng = __import__("random").Random(0)
+    inp, out = parse_length(f"empirical:{path}", "--input-tokens"), parse_length(f"empirical:{path}", "--output-tokens")
+    assert {sample_pair(inp, out, rng) for _ in range(100)} == set(inp.pairs)  # one source: its rows
+    other = parse_length("empirical:sharegpt", "--output-tokens")
+    mixed = {sample_pair(inp, other, rng) for _ in range(100)}
+    assert {i for i, _ in mixed} == {3, 4} and {o for _, o in mixed} <= set(other.values) and len(mixed) > 10
 
 
 def test_sim_run_stops_when_the_dataset_runs_out(tmp_path: Path) -> None:

@@ -140,11 +140,15 @@ class DatasetWorkload:
                 "replacement): fewer requests were sent than asked"]
 
 
-def dataset_lengths(path: str, tokenizer: Tokenizer | None = None) -> tuple[list[int], list[int]]:
-    """Input lengths of every row, and output lengths of the rows that give one."""
+def dataset_lengths(
+    path: str, tokenizer: Tokenizer | None = None,
+) -> tuple[list[int], list[int], tuple[tuple[int, int], ...]]:
+    """Input lengths of every row, output lengths of the rows that give one, and the
+    (input, output) pairs of those rows."""
     rows = read_dataset(path, None, tokenizer)
+    ins = [max(1, count(r.text(), tokenizer)) for r in rows]
     outs = [r.output_length or r.max_tokens for r in rows]
-    return [max(1, count(r.text(), tokenizer)) for r in rows], [o for o in outs if o]
+    return ins, [o for o in outs if o], tuple((i, o) for i, o in zip(ins, outs, strict=True) if o)
 
 
 # -- reading ------------------------------------------------------------------------

@@ -39,6 +39,11 @@ class LengthDist:
     a: float = 0.0
     b: float = 0.0
     values: tuple[int, ...] = ()
+    # an empirical one's source (``empirical:SOURCE``) and its rows' (input, output)
+    # lengths where both are known: an input and an output distribution of one source
+    # draw a request's two lengths from one row (``sample_pair``), as vLLM's sampler does
+    source: str = ""
+    pairs: tuple[tuple[int, int], ...] = ()
 
     def sample(self, rng: random.Random) -> int:
         if self.kind == "fixed":
@@ -59,10 +64,20 @@ class LengthDist:
         return f"{self.kind}:{self.a:g}:{self.b:g}"
 
 
-def empirical(values: list[int], flag: str = "lengths") -> LengthDist:
+def empirical(values: list[int], flag: str = "lengths", source: str = "",
+              pairs: tuple[tuple[int, int], ...] = ()) -> LengthDist:
     if not values:
         raise UsageError(f"{flag}: no lengths to draw from")
-    return LengthDist("empirical", values=tuple(values))
+    return LengthDist("empirical", values=tuple(values), source=source, pairs=pairs)
+
+
+def sample_pair(inputs: LengthDist, outputs: LengthDist | None, rng: random.Random) -> tuple[int, int | None]:
+    """A request's input and output lengths: from one row of their source when both are
+    ``empirical:`` of the same one (its prompt with its own answer's length), else each
+    drawn on its own."""
+    if outputs is not None and inputs.pairs and inputs.source == outputs.source and inputs.kind == outputs.kind == "empirical":
+        return rng.choice(inputs.pairs)
+    return inputs.sample(rng), None if outputs is None else outputs.sample(rng)
 
 
 def parse_length(spec: int | str | LengthDist, flag: str = "--input-tokens") -> LengthDist:
@@ -80,15 +95,17 @@ def parse_length(spec: int | str | LengthDist, flag: str = "--input-tokens") -> 
         if source.lower() == "sharegpt":  # the shipped table (a file: ./sharegpt)
             from inferlab.workload.sharegpt import sharegpt_lengths
 
-            inputs, outputs = (list(x) for x in sharegpt_lengths())
-            outputs = [o for o in outputs if o > 0]
+            ins, outs = sharegpt_lengths()
+            pairs = tuple((i, o) for i, o in zip(ins, outs, strict=True) if o > 0)
+            inputs, outputs = list(ins), [o for o in outs if o > 0]
         else:
             from inferlab.workload.datasets import (
                 dataset_lengths,  # lazy: datasets import this module
             )
 
-            inputs, outputs = dataset_lengths(source)
-        return empirical(outputs if "output" in flag else inputs, f"{flag} {spec}")
+            inputs, outputs, pairs = dataset_lengths(source)
+        key = "sharegpt" if source.lower() == "sharegpt" else source
+        return empirical(outputs if "output" in flag else inputs, f"{flag} {spec}", key, pairs)
     text = spec.strip().lower()
     kind, _, rest = text.partition(":")
     if not rest:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from inferlab._errors import UsageError
-from inferlab.workload.lengths import LengthDist
+from inferlab.workload.lengths import LengthDist, sample_pair
 from inferlab.workload.prompts import PromptBuilder
 from inferlab.workload.spec import RequestSpec
 
@@ -81,8 +81,7 @@ class Session:
 
     def next_spec(self) -> RequestSpec:
         w, cfg = self.workload, self.workload.config
-        n = cfg.input_tokens.sample(self._rng)
-        out = None if cfg.output_tokens is None else cfg.output_tokens.sample(self._rng)
+        n, out = sample_pair(cfg.input_tokens, cfg.output_tokens, self._rng)
         text = w.builder.segment(f"session:{w.seed}:{self.index}:{self.turn}", n).text
         system = w.builder.segment(f"system:{w.seed}", cfg.system_tokens).text if cfg.system_tokens else None
         self._pending = (text, n)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from inferlab._errors import UsageError
-from inferlab.workload.lengths import LengthDist
+from inferlab.workload.lengths import LengthDist, sample_pair
 from inferlab.workload.prompts import PromptBuilder
 from inferlab.workload.spec import DEFAULT_PROMPT, RequestSpec
 
@@ -29,8 +29,7 @@ class SyntheticWorkload:
     def __iter__(self) -> Iterator[RequestSpec]:
         rng = random.Random(self.seed)
         for i in itertools.count():
-            n = self.input_tokens.sample(rng)
-            out = None if self.output_tokens is None else self.output_tokens.sample(rng)
+            n, out = sample_pair(self.input_tokens, self.output_tokens, rng)
             prompt, _ = self.builder.prompt(f"synthetic:{self.seed}:{i}", n)
             yield RequestSpec(prompt, out, self.exact_output and out is not None, n)
 
