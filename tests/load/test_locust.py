@@ -146,3 +146,18 @@ def test_a_folder_holding_a_run_is_refused_with_locusts_own_flag_names(tmp_path:
     assert "--inferlab-out" in line and "--inferlab-overwrite" in line
     assert " --out" not in line and " --overwrite" not in line
     assert (out / "summary.json").read_text() == "{}"  # the run already there is untouched
+
+
+def test_a_sender_that_cannot_reach_the_server_exits_1(tmp_path: Path) -> None:
+    # no model to discover, so nothing is sent: Locust alone would exit 0 (no request failed)
+    (tmp_path / "locustfile.py").write_text(LOCUSTFILE)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    p = locust(
+        "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", f"http://127.0.0.1:{closed}",
+        "--inferlab-out", str(tmp_path / "run"), cwd=tmp_path, env={**os.environ, "SENT_DIR": str(tmp_path)},
+    )
+    log, _ = p.communicate(timeout=120)
+    assert p.returncode == 1, log[-3000:]
+    assert "inferlab: cannot reach" in log

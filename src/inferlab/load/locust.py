@@ -325,6 +325,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         _sender = _Sender(environment)
     except InferlabError as e:
         log.error("inferlab: %s", e)
+        environment.process_exit_code = 1  # (Locust's own would be 0: no request failed, none was sent)
         if environment.runner is not None:
             environment.runner.quit()
 
