@@ -155,3 +155,14 @@ def test_engine_settings_vllm_refuses_stay_usage_errors() -> None:
     assert code == 2 and "max_num_batched_tokens (512) must be greater than or equal to max_num_seqs" in out
     code, out, _ = sim_run("--tensor-parallel-size", "3")
     assert code == 2 and "must be divisible by tensor parallel size (3)" in out
+
+
+@pytest.mark.parametrize("slo", [["--slo-ttft-ms", "100"], ["--goodput", "tpot:50"]])
+def test_a_ttft_or_tpot_slo_without_streaming_is_refused(slo: list[str]) -> None:
+    # --no-stream measures no TTFT or TPOT: goodput was 0 whatever the server did
+    args = ["bench", "--url", "http://127.0.0.1:9", "-n", "2", "--no-stream", "--no-history"]
+    res = CliRunner().invoke(main, [*args, *slo])
+    assert res.exit_code == 2 and "needs streaming" in res.output.strip().splitlines()[-1]
+    # an E2E SLO is measured without streaming: accepted (the closed port fails the run)
+    res = CliRunner().invoke(main, [*args, "--slo-e2e-ms", "100"])
+    assert res.exit_code == 1 and "needs streaming" not in res.output

@@ -236,3 +236,18 @@ def test_sim_serve_starts_as_the_common_vllm_example() -> None:
     finally:
         server.close()
     assert card["max_model_len"] == 4096
+
+
+async def test_overwriting_a_run_leaves_none_of_its_server_metrics(sim: EmbeddedServer, tmp_path: Path) -> None:
+    # (the report reads server_metrics.jsonl: the replaced run's pages showed as this run's)
+    def cfg(server_metrics: bool) -> BenchConfig:
+        return BenchConfig(
+            load=LoadConfig(ClosedLoop(2), num_requests=2), workload=WorkloadConfig(input_tokens=8, output_tokens=2),
+            out_dir=str(tmp_path), overwrite=True, server_metrics=server_metrics, preflight=False,
+        )
+
+    await bench_async(cfg(True), sim.url)
+    assert (tmp_path / "server_metrics.jsonl").exists()
+    await bench_async(cfg(False), sim.url)
+    assert not (tmp_path / "server_metrics.jsonl").exists()
+    assert len(list(read_records(tmp_path / "requests.jsonl"))) == 2

@@ -128,3 +128,36 @@ def test_a_master_and_two_workers_write_exactly_what_the_workers_measured(server
     assert p.returncode == 0, p.stderr
     assert {name: (out / name).read_bytes() for name in before} == before
     assert f"{len(merged)} records from 2 worker(s)" in p.stderr
+
+
+def test_a_folder_holding_a_run_is_refused_with_locusts_own_flag_names(tmp_path: Path) -> None:
+    # (bench's check, whose message named bench's --out and --overwrite: no flags of Locust's)
+    (tmp_path / "locustfile.py").write_text(LOCUSTFILE)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    p = locust(
+        "--headless", "-u", "1", "-r", "1", "-t", "1s", "--host", "http://127.0.0.1:9",
+        "--inferlab-out", str(out), cwd=tmp_path, env={**os.environ, "SENT_DIR": str(tmp_path)},
+    )
+    log, _ = p.communicate(timeout=120)
+    assert p.returncode == 2, log[-3000:]
+    line = next(x for x in log.splitlines() if x.startswith("inferlab: error:"))
+    assert "--inferlab-out" in line and "--inferlab-overwrite" in line
+    assert " --out" not in line and " --overwrite" not in line
+    assert (out / "summary.json").read_text() == "{}"  # the run already there is untouched
+
+
+def test_a_sender_that_cannot_reach_the_server_exits_1(tmp_path: Path) -> None:
+    # no model to discover, so nothing is sent: Locust alone would exit 0 (no request failed)
+    (tmp_path / "locustfile.py").write_text(LOCUSTFILE)
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    p = locust(
+        "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", f"http://127.0.0.1:{closed}",
+        "--inferlab-out", str(tmp_path / "run"), cwd=tmp_path, env={**os.environ, "SENT_DIR": str(tmp_path)},
+    )
+    log, _ = p.communicate(timeout=120)
+    assert p.returncode == 1, log[-3000:]
+    assert "inferlab: cannot reach" in log

@@ -62,6 +62,15 @@ def test_with_workers_the_worst_process_is_named_and_a_busy_parent_delays_sends(
     assert wp is not None and "parent" in wp and "queue_delay_ms" in wp and "TTFT" not in wp
 
 
+def test_a_process_too_short_for_one_loop_timer_is_no_bottleneck() -> None:
+    # every request refused at once: the run lasted a few ms, all of it the client's own
+    # start-up at ~100% CPU, and no loop-lag timer fired; that is no sign of a slow client
+    short = ProcessLoad("client", [], 0.0019, 0.002)
+    load = client_load([short])
+    assert load is not None and not load.bottleneck
+    assert bottleneck_warning(load, workers=1, cores=2) is None
+
+
 def test_nothing_measured_is_no_verdict() -> None:
     assert client_load([]) is None
 

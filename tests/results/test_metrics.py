@@ -6,6 +6,7 @@ from record_factory import MS, rec
 
 from inferlab.results.metrics import (
     DISTRIBUTION_KEYS,
+    SLO,
     Distribution,
     counted_distribution,
     distribution,
@@ -37,6 +38,16 @@ def test_tpot_undefined_for_one_token_and_fallback_to_chunk_count() -> None:
     no_usage = request_metrics(rec(0, 0, [10, 20, 30], 31, out=None))
     assert no_usage.output_tokens == 3
     assert no_usage.tpot_ms == pytest.approx(21 / 2)
+
+
+def test_a_one_token_answer_meets_any_tpot_slo_as_vllms_goodput_counts_it() -> None:
+    # (it has no TPOT; goodput counted it as missing every TPOT limit, while --save-result's
+    # vLLM goodput, from the same records, counted it as meeting it)
+    one = request_metrics(rec(0, 0, [10], 12, out=1))
+    assert SLO(tpot_ms=1.0).met_by(one)
+    assert SLO(ttft_ms=20.0, tpot_ms=1.0).met_by(one) and not SLO(ttft_ms=5.0, tpot_ms=1.0).met_by(one)
+    slow = request_metrics(rec(0, 0, [10, 30], 31, out=2))
+    assert not SLO(tpot_ms=1.0).met_by(slow)
 
 
 def test_percentiles_interpolate_like_numpy() -> None:

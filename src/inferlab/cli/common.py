@@ -400,6 +400,9 @@ def slo_config(kw: dict[str, Any]) -> SLO | None:
             if limits[name] is not None:
                 raise UsageError(f"--goodput {key}: that SLO is given twice (--goodput or --{name.replace('_', '-')})")
             limits[name] = ms
+    if kw.get("stream") is False and (limits["slo_ttft_ms"] is not None or limits["slo_tpot_ms"] is not None):
+        # (no request would have a TTFT or TPOT: goodput 0 whatever the server did)
+        raise UsageError("a TTFT or TPOT SLO needs streaming: --no-stream measures E2E only (use --slo-e2e-ms, --goodput e2el:MS)")
     if all(v is None for v in limits.values()):
         return None
     return SLO(limits["slo_ttft_ms"], limits["slo_tpot_ms"], limits["slo_e2e_ms"])

@@ -301,7 +301,8 @@ def _on_init(environment: Environment, **_: Any) -> None:
         if environment.host:
             _endpoint(environment, "")
         out = Path(o.inferlab_out)
-        check_out_dir(out, o.inferlab_overwrite)
+        check_out_dir(out, o.inferlab_overwrite, setting="--inferlab-out",
+                      remedy="give another folder, or --inferlab-overwrite")
         out.mkdir(parents=True, exist_ok=True)
         if (out / RAW_FILE).exists() and not o.inferlab_overwrite:
             raise UsageError(f"--inferlab-out {out}: holds a Locust run already (add --inferlab-overwrite)")
@@ -324,6 +325,7 @@ def _on_test_start(environment: Environment, **_: Any) -> None:
         _sender = _Sender(environment)
     except InferlabError as e:
         log.error("inferlab: %s", e)
+        environment.process_exit_code = 1  # (Locust's own would be 0: no request failed, none was sent)
         if environment.runner is not None:
             environment.runner.quit()
 

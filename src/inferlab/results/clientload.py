@@ -113,7 +113,11 @@ def _p(process: ClientProcess, key: str) -> float:
 
 
 def saturated(process: ClientProcess) -> bool:
-    """Whether this process likely delayed what it measured."""
+    """Whether this process likely delayed what it measured. One whose loop timer never
+    fired (it ran for less than one interval: every request refused at once, say) is no
+    verdict: its CPU share is that of its few milliseconds of start-up."""
+    if process.loop_lag_ms is None:
+        return False
     return process.cpu_share >= CPU_SATURATED or _p(process, "p90") > LAG_P90_MS
 
 

@@ -32,7 +32,10 @@ class SLO:
     e2e_ms: float | None = None
 
     def met_by(self, m: RequestMetrics) -> bool:
-        checks = ((self.ttft_ms, m.ttft_ms), (self.tpot_ms, m.tpot_ms), (self.e2e_ms, m.e2e_ms))
+        """Whether ``m`` is within every limit; a request of one output token meets any
+        TPOT limit (it has no time between tokens: vLLM's ``--goodput`` counts TPOT 0)."""
+        tpot = 0.0 if m.tpot_ms is None and m.output_tokens == 1 else m.tpot_ms
+        checks = ((self.ttft_ms, m.ttft_ms), (self.tpot_ms, tpot), (self.e2e_ms, m.e2e_ms))
         return all(limit is None or (v is not None and v <= limit) for limit, v in checks)
 
 

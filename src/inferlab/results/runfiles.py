@@ -14,6 +14,7 @@ from typing import IO, Any
 from inferlab._errors import UsageError
 from inferlab.results.records import RequestRecord
 from inferlab.results.summary import Summary
+from inferlab.results.telemetry import SERVER_METRICS_FILE
 
 
 class RunWriter:
@@ -27,6 +28,8 @@ class RunWriter:
         check_out_dir(self.dir, overwrite)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
+            if overwrite:  # the replaced run's server pages: this run writes its own, or none
+                (self.dir / SERVER_METRICS_FILE).unlink(missing_ok=True)
             _write_json(self.dir / "config.json", config)
             self._requests: IO[str] | None = open(self.dir / "requests.jsonl", "w")  # noqa: SIM115
         except OSError as e:
