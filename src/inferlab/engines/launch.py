@@ -17,7 +17,8 @@ prefix caching      --[no-]enable-prefix-caching --disable-radix-cache when off 
 eager mode          --enforce-eager             --disable-cuda-graph            (refused)               --cuda-graphs 0                (refused)
 ==================  ==========================  ==============================  ======================  =============================  ==================
 
-A setting an engine has no flag for is refused (``UsageError``), never dropped. The
+A setting an engine has no flag for is refused (``UsageError``), never dropped (also
+``served_model_name`` for TGI and Ollama, which answer to the model they load). The
 simulator is one more kind (``sim``: ``inferlab sim serve`` with vLLM's flag names).
 ``EngineProcess`` starts the command in its own process group with its output in a log
 file, waits until the engine answers its readiness URL, and stops the whole group
@@ -248,6 +249,7 @@ def _llamacpp(spec: EngineSpec, port: int) -> Command:
 
 
 def _tgi(spec: EngineSpec, port: int) -> Command:
+    _refuse(spec, "TGI", "served_model_name")
     argv = [spec.executable or "text-generation-launcher", "--model-id", spec.model, "--hostname", spec.host,
             "--port", str(port)]
     _flag(argv, "--num-shard", spec.tensor_parallel_size)
@@ -265,7 +267,7 @@ def _tgi(spec: EngineSpec, port: int) -> Command:
 
 def _ollama(spec: EngineSpec, port: int) -> Command:
     _refuse(spec, "Ollama", "tensor_parallel_size", "max_num_batched_tokens", "gpu_memory_utilization",
-            "enable_prefix_caching", "enforce_eager")
+            "enable_prefix_caching", "enforce_eager", "served_model_name")
     env = {"OLLAMA_HOST": f"{spec.host}:{port}"}
     if spec.max_num_seqs is not None:
         env["OLLAMA_NUM_PARALLEL"] = str(spec.max_num_seqs)
