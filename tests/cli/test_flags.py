@@ -141,3 +141,13 @@ def test_engine_settings_vllm_refuses_stay_usage_errors() -> None:
     assert code == 2 and "max_num_batched_tokens (512) must be greater than or equal to max_num_seqs" in out
     code, out, _ = sim_run("--tensor-parallel-size", "3")
     assert code == 2 and "must be divisible by tensor parallel size (3)" in out
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_sim_serve_refuses_a_waiting_queue_that_refuses_every_request(value: str) -> None:
+    # (with 0 or less every request got HTTP 429: none is ever waiting fewer than 0)
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "serve", "--port", "0", "--max-waiting-requests", value],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 2 and "--max-waiting-requests" in p.stderr, p.stderr
