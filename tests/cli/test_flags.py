@@ -166,3 +166,13 @@ def test_a_ttft_or_tpot_slo_without_streaming_is_refused(slo: list[str]) -> None
     # an E2E SLO is measured without streaming: accepted (the closed port fails the run)
     res = CliRunner().invoke(main, [*args, "--slo-e2e-ms", "100"])
     assert res.exit_code == 1 and "needs streaming" not in res.output
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_sim_serve_refuses_a_waiting_queue_that_refuses_every_request(value: str) -> None:
+    # (with 0 or less every request got HTTP 429: none is ever waiting fewer than 0)
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "serve", "--port", "0", "--max-waiting-requests", value],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert p.returncode == 2 and "--max-waiting-requests" in p.stderr, p.stderr

@@ -22,6 +22,9 @@ def test_bad_profile_flags_are_usage_errors(tmp_path: Path) -> None:
     assert code == 2 and "--budget 'soon'" in out and "Traceback" not in out
     code, out = invoke("profile", "--factors", "prefill,vibes", "--out", str(tmp_path / "p"), "--url", "http://127.0.0.1:9")
     assert code == 2 and "unknown vibes" in out
+    for empty in ("", " , "):  # (it profiled every factor: an empty list reads as all)
+        code, out = invoke("profile", "--factors", empty, "--out", str(tmp_path / "p"), "--url", "http://127.0.0.1:9")
+        assert code == 2 and "--factors names no factor" in out, out
     code, out = invoke("profile", "--budget", "0", "--out", str(tmp_path / "p"), "--url", "http://127.0.0.1:9")
     assert code == 2 and "positive" in out
 

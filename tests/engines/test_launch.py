@@ -73,6 +73,16 @@ def test_llamacpp_and_ollama_take_what_they_have_and_refuse_the_rest() -> None:
             command(EngineSpec(engine, "m", **{setting: FULL[setting]}))  # type: ignore[arg-type]
 
 
+def test_served_model_name_is_refused_where_the_engine_has_no_flag_for_it() -> None:
+    # TGI and Ollama answer to the model they load: the name was dropped, and bench then
+    # asked for a model the engine does not serve
+    for engine in ("tgi", "ollama"):
+        with pytest.raises(UsageError, match="no setting for served_model_name"):
+            command(EngineSpec(engine, "m", served_model_name="alias"))
+    for engine in ("vllm", "sglang", "llamacpp", "sim"):
+        assert "alias" in command(EngineSpec(engine, "m", served_model_name="alias", executable="x")).argv
+
+
 def test_the_configuration_file_is_checked(tmp_path: Path) -> None:
     good = tmp_path / "e.toml"
     good.write_text('engine = "vllm"\nmodel = "m"\nmax_num_seqs = 8\nextra_args = ["--seed", "1"]\n[env]\nVLLM_X = "1"\n')

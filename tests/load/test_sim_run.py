@@ -560,3 +560,13 @@ def test_an_open_loop_past_capacity_is_banded_as_saturated_not_poisson() -> None
     under = json.loads(sim_cli("--rate", "0.5", "-n", "12", *engine).stdout)
     assert not any(w.startswith("the server could not keep up") for w in under["warnings"])
     assert under["prediction"]["regime"] == "Poisson"
+
+
+def test_a_recorded_closed_loop_replayed_with_its_users_is_banded_as_a_closed_loop(tmp_path: Path) -> None:
+    """A requests.jsonl of a closed loop replays with its users (a closed loop again): its
+    error bands are the closed loop's, not the Poisson rows' of a timed replay."""
+    ran = sim_cli("-c", "3", "-n", "9", "--input-tokens", "64", "--output-tokens", "8", "--out", str(tmp_path / "r"))
+    assert ran.returncode == 0, ran.stderr
+    replay = sim_cli("--trace", str(tmp_path / "r" / "requests.jsonl"), "--json")
+    assert replay.returncode == 0, replay.stderr
+    assert json.loads(replay.stdout)["prediction"]["regime"] == "closed loop"

@@ -123,6 +123,7 @@ def test_cli_json(tmp_path: Path) -> None:
     (["--slo-ttft-ms", "300", "--param", "max-num-seqs"], "expected FLAG=V1,V2"),
     (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8", "--max-num-seqs", "16"], "given as a flag and searched"),
     (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8", "--save-result"], "not for tune"),
+    (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8", "--slo-share", "0.5"], "--slo-share acts with --objective throughput"),
 ])
 def test_cli_refuses_what_it_would_not_honour(args: list[str], needle: str) -> None:
     code, _, err = invoke(*COMMON, *args)

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from inferlab._errors import UsageError
-from inferlab.cli.common import run_guarded
+from inferlab.cli.common import check_output_folder, run_guarded
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
 
 
@@ -47,6 +47,9 @@ def _calibrate(kw: dict[str, Any]) -> int:
     names = DEFAULT_FIT if kw["fit_names"] is None else tuple(n.strip() for n in kw["fit_names"].split(",") if n.strip())
     if not names:
         raise UsageError("--fit names no constant")
+    for path in (kw["out"], kw["report"]):  # (before the fit, which takes a while)
+        if path:
+            check_output_folder(Path(path))
     fit_runs = [read_run(p) for p in kw["runs"]]
     holdout = [read_run(p) for p in kw["holdout"]]
     engine = engine_config(kw)

@@ -58,12 +58,15 @@ def _profile(kw: dict[str, Any]) -> int:
             raise UsageError("--engine starts the server to profile: give --engine or --url, not both")
         spec = load_spec(kw["engine_config"])
         command(spec)  # a setting the engine has no flag for: refused before anything starts
+    factors = () if kw["factors"].strip() == "all" else tuple(f.strip() for f in kw["factors"].split(",") if f.strip())
+    if not factors and kw["factors"].strip() != "all":  # (an empty tuple is every factor)
+        raise UsageError("--factors names no factor (give 'all' for every one)")
     config = ProfileConfig(
         out_dir=kw["out_dir"], budget_s=parse_budget(kw["budget"]), model=kw["model"], api=kw["api"],
         api_key=kw["api_key"], slo=SLO(ttft_ms=kw["slo_ttft_ms"], tpot_ms=kw["slo_tpot_ms"]),
         max_concurrency=kw["max_concurrency"], seed=kw["seed"], overwrite=kw["overwrite"],
         embedded=kw["url"] is None and spec is None, exact_output=kw["exact_output"],
-        factors=() if kw["factors"].strip() == "all" else tuple(f.strip() for f in kw["factors"].split(",") if f.strip()),
+        factors=factors,
         engine_config=None if spec is None else plain_json(dataclasses.asdict(spec)),
     )
     err = Console(stderr=True)

@@ -109,8 +109,8 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--quantization", "-q", default=None, callback=_parsed(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype.value, show_default=True, callback=_parsed(KVCacheDType.parse), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice([f.value for f in EngineFamily]), default=d.engine_family.value, show_default=True, callback=_parsed(EngineFamily.parse), help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
-        click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); not for vllm-v0.5, whose API server is the engine's process."),
-        click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's constants were fitted on: 2.0 halves intake and streaming costs, 0.5 doubles them."),
+        click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
+        click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's constants were fitted on: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
 
@@ -133,7 +133,8 @@ def engine_config(kw: dict[str, Any]) -> EngineConfig:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--served-model-name", help="Name the API answers to (default: --model).")
-@click.option("--max-waiting-requests", type=int, default=4096, show_default=True, help="Queue length beyond which requests get HTTP 429.")
+@click.option("--max-waiting-requests", type=click.IntRange(min=1), default=4096, show_default=True,
+              help="Queue length beyond which requests get HTTP 429.")
 @click.option("--tokenizer", type=click.Path(exists=False), help="Count tokens with this local tokenizer.json (or a directory with one, or a Hugging Face model id in the local cache); the chat template is the one in the tokenizer_config.json beside it, else ChatML.")
 @click.option("--announce", is_flag=True, hidden=True, help="Print the base URL on stdout once listening (for a parent process).")
 def serve(**kw: Any) -> None:

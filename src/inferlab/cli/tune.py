@@ -132,6 +132,9 @@ def _tune(kw: dict[str, Any]) -> int:
     for key, flag in _NOT_FOR_TUNE.items():
         if kw.get(key):
             raise UsageError(f"{flag} is for a single run, not for tune (each trial is a run directory under --out)")
+    if (click.get_current_context().get_parameter_source("slo_share") == click.core.ParameterSource.COMMANDLINE
+            and kw["objective"] != "throughput"):
+        raise UsageError(f"--slo-share acts with --objective throughput (given: {kw['objective']})")
     spec = None
     if kw["engine_config"]:
         from inferlab.engines.launch import EngineSpec, load_spec

@@ -22,7 +22,8 @@ vLLM's ``--max-num-seqs`` does; its ``--max-concurrent-requests`` (default 128) 
 requests past it instead (429), so it is raised to the same number when that is higher,
 never lowered.
 
-A setting an engine has no flag for is refused (``UsageError``), never dropped. The
+A setting an engine has no flag for is refused (``UsageError``), never dropped (also
+``served_model_name`` for TGI and Ollama, which answer to the model they load). The
 simulator is one more kind (``sim``: ``inferlab sim serve`` with vLLM's flag names).
 ``EngineProcess`` starts the command in its own process group with its output in a log
 file, waits until the engine answers its readiness URL, and stops the whole group
@@ -257,6 +258,7 @@ TGI_MAX_CONCURRENT_REQUESTS = 128
 
 
 def _tgi(spec: EngineSpec, port: int) -> Command:
+    _refuse(spec, "TGI", "served_model_name")
     argv = [spec.executable or "text-generation-launcher", "--model-id", spec.model, "--hostname", spec.host,
             "--port", str(port)]
     _flag(argv, "--num-shard", spec.tensor_parallel_size)
@@ -276,7 +278,7 @@ def _tgi(spec: EngineSpec, port: int) -> Command:
 
 def _ollama(spec: EngineSpec, port: int) -> Command:
     _refuse(spec, "Ollama", "tensor_parallel_size", "max_num_batched_tokens", "gpu_memory_utilization",
-            "enable_prefix_caching", "enforce_eager")
+            "enable_prefix_caching", "enforce_eager", "served_model_name")
     env = {"OLLAMA_HOST": f"{spec.host}:{port}"}
     if spec.max_num_seqs is not None:
         env["OLLAMA_NUM_PARALLEL"] = str(spec.max_num_seqs)

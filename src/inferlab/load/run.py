@@ -203,7 +203,8 @@ async def run(
             )
             if prepared.engine is not None:  # simulated: each headline metric's error band
                 summary = dataclasses.replace(summary, prediction=_prediction(
-                    prepared.engine, config.load, overloaded=any(w.startswith(OVERLOAD) for w in summary.warnings)))
+                    prepared.engine, config.load, overloaded=any(w.startswith(OVERLOAD) for w in summary.warnings),
+                    user_replay=isinstance(policy, UserReplayPolicy)))
             if writer is not None:
                 if prepared.telemetry is not None and prepared.telemetry.series:
                     writer.write_jsonl(SERVER_METRICS_FILE, prepared.telemetry.series)
@@ -222,15 +223,17 @@ async def run(
 # --- the simulated engine -----------------------------------------------------------------
 
 
-def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool) -> dict[str, Any]:
+def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool, user_replay: bool = False) -> dict[str, Any]:
     """``summary.json``'s ``prediction``: the validation error of the engine family in
     the run's regime, per headline metric (``sim.engine.bands``); ``overloaded``: an open
-    loop whose queues grew through the run (the summary's warning), banded as saturated."""
+    loop whose queues grew through the run (the summary's warning), banded as saturated;
+    ``user_replay``: a recorded closed loop replayed with its users, banded as one."""
     s = load.schedule
     regime = regime_of(
         offline=bool(engine.config.offline),
         # (every request at once under a concurrency cap: users in a closed loop)
-        closed_loop=isinstance(s, ClosedLoop) or (isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and bool(s.max_concurrency)),
+        closed_loop=user_replay or isinstance(s, ClosedLoop)
+        or (isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and bool(s.max_concurrency)),
         burst=isinstance(s, OpenLoop) and math.isinf(s.rate_rps),
         overloaded=overloaded,
     )

@@ -55,6 +55,17 @@ def test_bad_front_end_settings_are_refused() -> None:
         Engine(EngineConfig(engine_family="vllm-v0.5", api_server_count=2))
 
 
+@pytest.mark.parametrize("family", ["vllm-v0", "sglang", "trtllm", "lmdeploy"])
+@pytest.mark.parametrize("setting", [{"api_server_count": 4}, {"host_speed": 2.0}])
+def test_front_end_settings_are_refused_where_the_family_has_no_cpu_queue(family: str, setting: dict[str, float]) -> None:
+    # (they scale the CPU queue's costs, which these families model as none: accepted, they
+    # changed nothing); vllm and vllm-v0.5 (an in-process intake) take them
+    with pytest.raises(ValueError, match="without a CPU queue"):
+        Engine(EngineConfig(engine_family=family, **setting))  # type: ignore[arg-type]
+    Engine(EngineConfig(engine_family="vllm", **setting))  # type: ignore[arg-type]
+    Engine(EngineConfig(engine_family="vllm-v0.5", host_speed=2.0))
+
+
 BASE = EngineConfig(model="Qwen/Qwen2.5-0.5B-Instruct", gpu="H100", max_model_len=2048)
 
 

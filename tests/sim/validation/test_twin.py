@@ -92,6 +92,17 @@ def test_a_folder_without_a_run_is_refused(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "not a run directory" in res.stderr
 
 
+@pytest.mark.parametrize("flag", ["-o", "--report"])
+def test_an_output_in_a_missing_folder_is_refused_before_the_fit(
+    measured: tuple[list[str], list[str]], tmp_path: Path, flag: str
+) -> None:
+    # (it was an internal error after the whole fit had run)
+    files = {"-o": str(tmp_path / "x.json"), flag: str(tmp_path / "no" / "x.json")}
+    res = CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, measured[0][0], *(a for kv in files.items() for a in kv)])
+    assert res.exit_code == 2 and "no folder" in res.stderr, res.stderr
+    assert "fitting" not in res.stderr
+
+
 def test_an_eager_engine_fits_the_eager_step_cost(measured: tuple[list[str], list[str]]) -> None:
     eager = EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", gpu="L40S", max_num_batched_tokens=2048, enforce_eager=True)
     fit = calibrate(eager, [read_run(measured[0][0])], (), FIT, max_evaluations=1)
