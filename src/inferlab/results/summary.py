@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,8 +47,14 @@ CLOSED_LOOP_LATE_SHARE = 0.05
 #: An open-loop run whose completion rate is below this share of the offered rate, while
 #: latency grew, was more than the server could take.
 KEEP_UP_RATIO = 0.8
-#: ... and "latency grew" means the last tenth's mean is at least this many times the first's.
+#: ... and "latency grew" means the last requests' median is at least this many times the first's.
 LATENCY_GROWTH = 2.0
+#: The fewest requests at each end of an open loop whose median latency says whether
+#: queues grew (a tenth of the run when that is more): two were one burst's luck.
+OVERLOAD_PART = 3
+#: ... and the latencies must rise through the run, not jump in one burst: their rank
+#: correlation with the send order at least this (a queue that keeps growing is near 1).
+OVERLOAD_TREND = 0.6
 
 
 class Omitted(enum.Enum):
@@ -584,6 +589,24 @@ def _warnings(
 OVERLOAD = "the server could not keep up"
 
 
+def _trend(values: Sequence[float]) -> float:
+    """How steadily ``values`` rise in their order: the rank correlation (Spearman's,
+    ties at their mean rank) of each value with its position, from −1 to 1."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    if len(set(ranks)) < 2:
+        return 0.0
+    return statistics.correlation(ranks, [float(x) for x in range(len(values))])
+
+
 def response_cache_share(hits: int, completed: int) -> str:
     """How many completed requests a response cache in front of the engine answered, in
     words (the summary's warning, and compare's and runs' note of it)."""
@@ -602,8 +625,10 @@ def overload_warning(
     (the intended times must be spread out); completion rate: ``completed_rps``. A short
     run understates the latter (its last requests' latency counts in the duration), hence
     the second condition. A warning when completions < ``KEEP_UP_RATIO`` × offered and
-    the mean TTFT (E2E if there is no TTFT) of the last tenth of ``done``, by send time,
-    is at least ``LATENCY_GROWTH`` times the first tenth's. ``None`` for closed loops and
+    the median TTFT (E2E if there is no TTFT) of the last requests by send time (a tenth
+    of them, at least ``OVERLOAD_PART``) is at least ``LATENCY_GROWTH`` times that of as
+    many first ones, rising through the run (``_trend`` at least ``OVERLOAD_TREND``: one
+    burst near the end of a short run is no growing queue). ``None`` for closed loops and
     sessions (each send follows a completion there, so they cannot outrun the server)."""
     load = config.get("load") or {}
     if (load.get("schedule") or {}).get("kind") == "ClosedLoop" or any(r.session is not None for r in measured):
@@ -620,15 +645,15 @@ def overload_warning(
     if any(v is None for v in lat):
         label, lat = "E2E", [m.e2e_ms for m in per]
     values = _present(lat)
-    if len(values) < 2:
+    part = max(OVERLOAD_PART, len(values) // 10)
+    if len(values) < 2 * part:
         return None
-    tenth = max(1, len(values) // 10)
-    first = math.fsum(values[:tenth]) / tenth
-    last = math.fsum(values[-tenth:]) / tenth
-    if last < LATENCY_GROWTH * first:
+    first = statistics.median(values[:part])
+    last = statistics.median(values[-part:])
+    if last < LATENCY_GROWTH * first or _trend(values) < OVERLOAD_TREND:
         return None
     return (
         f"{OVERLOAD}: offered {offered_rps:.1f} req/s, completed "
-        f"{completed_rps:.1f} req/s; queues grew through the run ({label} rose from "
-        f"{first:,.0f} ms in the first tenth to {last:,.0f} ms in the last)"
+        f"{completed_rps:.1f} req/s; queues grew through the run ({label} median "
+        f"{first:,.0f} ms over the first {part} requests, {last:,.0f} ms over the last {part})"
     )
