@@ -70,6 +70,17 @@ def test_a_flag_without_what_it_acts_on_is_refused(args: list[str], needle: str)
     assert code == 2 and needle in err, err
 
 
+def test_a_closed_loop_of_more_users_than_requests_is_refused_or_runs_the_users_it_has() -> None:
+    """-c 32 -n 16 would run 16 users labelled 32: refused; the default 32 users with
+    -n 4 run 4 users, and config.json says 4."""
+    code, err, _ = sim_run("-c", "32", "-n", "16")
+    assert code == 2 and "-n 16 sends fewer requests than the closed loop's 32 users" in err, err
+    assert sim_run("-c", "32", "-n", "16", "--warmup", "16")[0] == 0  # (32 sent: every user runs)
+    assert schedule("-n", "4") == {"kind": "ClosedLoop", "concurrency": 4}
+    code, _, s = sim_run("-c", "64")  # (no -n: a request per user at least)
+    assert code == 0 and s is not None and s["counts"]["completed"] == 64
+
+
 @pytest.mark.parametrize("flag", ["--token-ids", "--no-token-ids"])
 def test_token_ids_on_the_chat_api_is_refused(tmp_path: Path, flag: str) -> None:
     """The chat API's messages are text: the flag would be accepted and ignored."""

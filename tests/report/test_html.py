@@ -277,7 +277,7 @@ def test_the_report_of_an_inferlab_sweep_renders_with_every_plot_drawn(tmp_path:
     """The issue's check, end to end: `inferlab sweep` (simulator, virtual time, stops at
     saturation by itself), then its report in Chromium."""
     out = tmp_path / "sweep"
-    p = inferlab("sweep", "-c", "1,4,16,64", "-n", "32", "--input-tokens", "uniform:200:2000", "--output-tokens", "32", "-o", str(out))
+    p = inferlab("sweep", "-c", "1,4,16,64", "-n", "64", "--input-tokens", "uniform:200:2000", "--output-tokens", "32", "-o", str(out))
     assert p.returncode == 0, p.stderr
     page = tmp_path / "report.html"
     p = inferlab("report", str(out), "-o", str(page))

@@ -205,6 +205,15 @@ def test_a_sweep_does_not_replace_another(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "holds a sweep already" in r.output
 
 
+def test_a_point_of_more_users_than_requests_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    """A closed loop of 32 users sending 16 requests runs 16 at once: such a point would
+    repeat the one below it under another label (and end the sweep at a false knee)."""
+    r = sweep(["-c", "1,8,32", "-n", "16", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "-n 16 sends fewer requests than the closed loop's 32 users" in r.output, r.output
+    assert not (tmp_path / "x").exists()
+    assert sweep(["-c", "1,8,32", "-n", "16", "--warmup", "16", "--output-tokens", "8", "-o", str(tmp_path / "y")]).exit_code == 0
+
+
 @pytest.mark.parametrize("flags,needle", [(["--gpu", "H100,NOPE"], "unknown GPU 'NOPE'"),
                                           (["--input-tokens", "128,lots"], "--input-tokens 'lots'"),
                                           (["-c", "4,2"], "ascending"),
@@ -214,7 +223,7 @@ def test_a_sweep_does_not_replace_another(tmp_path: Path) -> None:
                                           (["--find-max-rate"], "needs an SLO"),
                                           (["--slo-share", "0.5"], "needs --find-max-rate")])
 def test_settings_no_point_can_run_with_fail_before_anything_runs(tmp_path: Path, flags: list[str], needle: str) -> None:
-    r = sweep([*flags, "-n", "2", "-o", str(tmp_path / "x")])
+    r = sweep([*flags, "-n", "256", "-o", str(tmp_path / "x")])  # (a request per user of the default axis)
     assert r.exit_code == 2 and needle in r.output, r.output
     assert not (tmp_path / "x").exists()
 

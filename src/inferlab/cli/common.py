@@ -119,7 +119,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), help="Open loop: how gaps are drawn. Default poisson; gamma when --burstiness is given."),
         click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), help="Open loop: gamma shape, <1 burstier, 1 Poisson, >1 smoother, inf constant gaps (selects --arrival gamma, as in vLLM)."),
         click.option("--max-concurrency", type=click.IntRange(min=1), help="Cap on requests in flight (vLLM's meaning): with --rate or --trace later requests wait for a slot (queue delay); alone, a closed loop of this many users."),
-        click.option("-n", "--num-requests", "--num-prompts", "num_requests", type=int, help="Measured requests. Default 32 unless --duration is given (with --sessions: every turn of every session). --num-prompts: vLLM's name."),
+        click.option("-n", "--num-requests", "--num-prompts", "num_requests", type=int, help="Measured requests. Default 32 (a closed loop: one per user at least; fewer than the default 32 users run as many users) unless --duration is given (with --sessions: every turn of every session). --num-prompts: vLLM's name."),
         click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
         click.option("--warmup", "--num-warmups", "warmup", type=click.IntRange(min=0), default=0, show_default=True, help="Requests sent first and left out of the metrics. --num-warmups: vLLM's name."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seeds lengths and arrivals. Given, it also makes the prompts those of any earlier run with this seed (which a server's prefix cache may still hold); else each run's prompts are fresh."),
@@ -372,9 +372,25 @@ def load_config(kw: dict[str, Any]) -> LoadConfig:
     num = kw["num_requests"]
     if kw["sessions"] is not None and num is None:
         num = kw["sessions"] * kw["turns"]
+    users = schedule.concurrency if isinstance(schedule, ClosedLoop) and kw["sessions"] is None else None
     if num is None and kw["duration"] is None:
-        num = 32
+        num = 32 if users is None else max(32, users)  # (a request per user at least)
+    if users is not None and num is not None and num + kw["warmup"] < users:
+        if kw["concurrency"] is None and kw["max_concurrency"] is None:
+            schedule = ClosedLoop(num + kw["warmup"])  # the default users, as many as run (config.json says so)
+        else:
+            check_users_have_requests(users, num, kw["warmup"])
     return LoadConfig(schedule, num, kw["duration"], kw["warmup"], kw["seed"])
+
+
+def check_users_have_requests(users: int, num: int, warmup: int) -> None:
+    """``UsageError`` for a closed loop of more users than requests to send: only as many
+    users as requests would ever run, and the run would be labelled with the rest."""
+    if num + warmup < users:
+        raise UsageError(
+            f"-n {num}{f' with --warmup {warmup}' if warmup else ''} sends fewer requests than the closed loop's "
+            f"{users} users: only {num + warmup} would ever run at once; give -n {users - warmup} or more, or --duration"
+        )
 
 
 #: vLLM's ``--goodput`` metric names -> the ``--slo-*-ms`` option each sets.

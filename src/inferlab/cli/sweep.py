@@ -27,6 +27,7 @@ from rich.console import Console
 
 from inferlab._errors import UsageError
 from inferlab.cli.common import (
+    check_users_have_requests,
     finish_run,
     given,
     http_options,
@@ -276,6 +277,9 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
         goodput = GoodputSearch(slo, kw["slo_share"], loads[0])
     rules = SaturationRules(kw["saturation_gain"], kw["ttft_growth"]) if kw["saturation_stop"] else None
     auto = not (given("num_requests") or given("duration") or kw.get("sessions"))
+    if load_axis == "concurrency" and not auto and load.num_requests is not None and not kw.get("sessions"):
+        # (a point of more users than requests would run fewer: the largest decides)
+        check_users_have_requests(int(max(loads)), load.num_requests, load.warmup)
     try:
         grid = Grid(load_axis, tuple(loads), tuple(axes))
     except ValueError as e:
