@@ -160,6 +160,20 @@ def test_a_vllm_export_replays_as_the_run_it_came_from(tmp_path: Path) -> None:
         assert c["requests"] == 30 and abs(c["error_pct"]) < 0.01, (metric, c)
 
 
+def test_a_vllm_result_replay_says_the_engine_flags_are_the_simulators_defaults(tmp_path: Path) -> None:
+    """A vLLM result records no server flags: the replay says what it assumed (a server run
+    with --enforce-eager replayed 23 % faster on TPOT without a word), and that a result
+    of inferlab's simulated server is itself a prediction."""
+    code, _, err = invoke("sim", "run", "-n", "4", "--input-tokens", "50", "--output-tokens", "4", "--save-result",
+                          "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "r.json")
+    assert code == 0, err
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", str(tmp_path / "r.json")])
+    assert res.exit_code == 0 and "a vLLM result records no server flags" in res.stderr, res.stderr
+    assert "the result is itself a prediction" in res.stderr
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", str(tmp_path / "r.json"), "--enforce-eager"])
+    assert res.exit_code == 0 and "records no server flags" not in res.stderr  # (a flag given: the user chose)
+
+
 def test_export_csv_formats_and_errors(tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert invoke("sim", "run", "-n", "5", "--input-tokens", "50", "--output-tokens", "3", "--out", str(run),

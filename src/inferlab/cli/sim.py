@@ -215,6 +215,26 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
     click.echo(f"inferlab: simulating the trace's model, {traced}", err=True)
 
 
+def _say_result_engine(kw: dict[str, Any]) -> None:
+    """Replaying a vLLM benchmark result: it records no server flags, so say that the
+    engine flags not given here are the simulator's defaults (a server run with other
+    flags, --enforce-eager say, replays at other speeds without a word otherwise), and
+    when the result is itself one of inferlab's predictions (its ``inferlab_source``)."""
+    from inferlab.workload.traces.vllm import vllm_result_field
+
+    trace = kw.get("trace")
+    if not trace or vllm_result_field(trace, "model_id") is None:
+        return
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "gpu"}
+    if not any(given(name) for name in fields if name in kw):
+        click.echo("inferlab: a vLLM result records no server flags: every engine flag is the simulator's default "
+                   "(CUDA graphs on, its context length and token budget); give the server's (--enforce-eager, "
+                   "--max-model-len, --max-num-batched-tokens, ...) to replay that server", err=True)
+    source = vllm_result_field(trace, "inferlab_source")
+    if isinstance(source, str) and "simulated" in source:
+        click.echo(f"inferlab: the result is itself a prediction ({source})", err=True)
+
+
 #: Recorded engine settings a replay does not take: whether it runs offline follows its
 #: own schedule, and the GPU is taken as the preset it resolved to.
 _NOT_REPLAYED = frozenset({"offline", "gpu", "gpu_preset"})
@@ -257,6 +277,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     from inferlab.load.run import RunConfig, SimTarget, run
 
     _model_from_trace(kw)
+    _say_result_engine(kw)
     _engine_from_trace_run(kw)
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     if kw["replicas"] == 1 and given("router"):

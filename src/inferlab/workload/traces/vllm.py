@@ -39,7 +39,7 @@ def vllm_result(path: str, f: Any, required: bool = False) -> dict[str, Any] | N
     return None
 
 
-def _vllm_result_field(path: str, key: str) -> object:
+def vllm_result_field(path: str, key: str) -> object:
     """One top-level field of a vLLM benchmark result; ``None`` for other trace files
     (the trace reader reports unreadable files with their line)."""
     try:
@@ -68,13 +68,13 @@ def vllm_result_max_concurrency(path: str) -> int | None:
     """The ``max_concurrency`` a vLLM benchmark result was measured under (its
     ``--max-concurrency``), so a replay caps requests in flight the same way; ``None``
     for other trace files or an uncapped run."""
-    value = _vllm_result_field(path, "max_concurrency")
+    value = vllm_result_field(path, "max_concurrency")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def vllm_result_model(path: str) -> str | None:
     """The model a vLLM benchmark result measured (its ``model_id``), or ``None``."""
-    value = _vllm_result_field(path, "model_id")
+    value = vllm_result_field(path, "model_id")
     return value.strip() or None if isinstance(value, str) else None
 
 
