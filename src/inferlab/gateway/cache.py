@@ -124,9 +124,7 @@ class Entry:
         a = self.answer
         rid = a.id if rid is None else rid
         if self.body is not None:
-            text = self.body.decode()
-            replayed = _replayed(text, a.id, rid)
-            return self.body if replayed is text else replayed.encode()
+            return _replayed(self.body.decode(), a.id, rid).encode()
         c = Completion(rid, self.chat, a.created, a.model)
         return json.dumps(c.body(a.text, a.finish_reason, a.usage)).encode()
 
@@ -148,29 +146,21 @@ TIMELINE = "inferlab_timeline"
 
 
 def _replayed(data: str, old_id: str, rid: str) -> str:
-    """An event's or body's JSON as a replay sends it: without ``inferlab_timeline``, its
-    ``id`` ``rid`` where it was ``old_id`` (the rest of its text as it came, when only the
-    id changes); other text, and JSON with neither, as it is (the same object)."""
-    renamed = old_id != rid and f'"{old_id}"' in data
-    if TIMELINE not in data and not renamed:
-        return data
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        return data
-    if not isinstance(obj, dict):
-        return data
-    renamed = renamed and obj.get("id") == old_id
-    if TIMELINE not in obj:
-        if not renamed:
-            return data
-        out = data.replace(f'"{old_id}"', f'"{rid}"', 1)
-        if json.loads(out).get("id") == rid:  # (the first such string was the id)
-            return out
-    obj.pop(TIMELINE, None)
-    if renamed:
-        obj["id"] = rid
-    return json.dumps(obj)
+    """An event's or body's text as a replay sends it: without ``inferlab_timeline`` (its
+    JSON re-encoded then), and with the JSON string equal to the stored id ``old_id`` as
+    ``rid`` (a string replace, no decoding: a random id is no other string in an answer,
+    and a cached stream's every chunk carries it)."""
+    if TIMELINE in data:
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict):
+            obj.pop(TIMELINE, None)
+            data = json.dumps(obj)
+    if old_id and old_id != rid:
+        data = data.replace(f'"{old_id}"', f'"{rid}"')
+    return data
 
 
 def plain_event(data: str) -> bool:
