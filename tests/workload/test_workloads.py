@@ -61,8 +61,17 @@ def test_lengths_past_every_context_are_refused_not_drawn(spec: str) -> None:
 
 
 def test_a_wide_spread_within_the_limit_draws_and_no_draw_passes_it() -> None:
-    d = draws("lognormal:800:2.5", 2000)  # (p99.9: 800 * e^7.7, 1.8M tokens)
-    assert max(d) <= 10_000_000 and statistics.median(d) < 2000
+    d = draws("lognormal:800:2.5", 2000)  # (p99.9: 800 * e^7.7, 1.8M tokens: accepted)
+    assert statistics.median(d) < 2000
+    # a draw past the limit is cut to it (a distribution made directly, not parsed: the
+    # parser refuses this one; a fifth of its draws pass 10M tokens)
+    import random
+
+    from inferlab.workload.lengths import MAX_LENGTH_TOKENS, LengthDist
+
+    rng = random.Random(0)
+    wide = [LengthDist("lognormal", 800.0, 8.0).sample(rng) for _ in range(500)]
+    assert max(wide) == MAX_LENGTH_TOKENS and min(wide) >= 1
 
 
 def test_popularity() -> None:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from inferlab._errors import UsageError
 from inferlab.cli.common import (
+    given,
     install_stop_signals,
     load_config,
     load_options,
@@ -132,18 +133,17 @@ def _tune(kw: dict[str, Any]) -> int:
     for key, flag in _NOT_FOR_TUNE.items():
         if kw.get(key):
             raise UsageError(f"{flag} is for a single run, not for tune (each trial is a run directory under --out)")
-    if (click.get_current_context().get_parameter_source("slo_share") == click.core.ParameterSource.COMMANDLINE
-            and kw["objective"] != "throughput"):
+    if given("slo_share") and kw["objective"] != "throughput":
         raise UsageError(f"--slo-share acts with --objective throughput (given: {kw['objective']})")
     spec = None
     if kw["engine_config"]:
         from inferlab.engines.launch import EngineSpec, load_spec
 
         ctx = click.get_current_context()
-        given = [p.opts[-1] for p in ctx.command.params if p.name in _SIM_FLAGS
+        sim_flags = [p.opts[-1] for p in ctx.command.params if p.name in _SIM_FLAGS
                  and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
-        if given:
-            raise UsageError(f"{given[0]} is a flag of the simulated engine; with --engine the config file sets the engine (search its settings with --param)")
+        if sim_flags:
+            raise UsageError(f"{sim_flags[0]} is a flag of the simulated engine; with --engine the config file sets the engine (search its settings with --param)")
         spec = load_spec(kw["engine_config"])
     config = TuneConfig(
         _axes(kw["params"], kw, EngineConfig if spec is None else EngineSpec), kw["search"], kw["objective"],
