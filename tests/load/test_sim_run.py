@@ -570,3 +570,21 @@ def test_a_recorded_closed_loop_replayed_with_its_users_is_banded_as_a_closed_lo
     replay = sim_cli("--trace", str(tmp_path / "r" / "requests.jsonl"), "--json")
     assert replay.returncode == 0, replay.stderr
     assert json.loads(replay.stdout)["prediction"]["regime"] == "closed loop"
+
+
+@pytest.mark.parametrize("load", [("-c", "3"), ("--rate", "20")], ids=["closed-loop", "open-loop"])
+def test_a_replayed_run_keeps_its_warm_ups_out_of_the_metrics(tmp_path: Path, load: tuple[str, str]) -> None:
+    """The recorded run's warm-ups are warm-ups again in its replay (they load the server,
+    they are not counted); -n counts measured requests after them, as in the run."""
+    ran = sim_cli(*load, "-n", "9", "--warmup", "4", "--input-tokens", "64", "--output-tokens", "8",
+                  "--out", str(tmp_path / "r"))
+    assert ran.returncode == 0, ran.stderr
+    trace = str(tmp_path / "r" / "requests.jsonl")
+    recorded = [json.loads(x) for x in Path(trace).read_text().splitlines()]
+    assert sum(r["warmup"] for r in recorded) == 4 and len(recorded) == 13
+    whole = json.loads(sim_cli("--trace", trace, "--json").stdout)
+    assert (whole["counts"]["completed"], whole["counts"]["warmup"]) == (9, 4)
+    part = json.loads(sim_cli("--trace", trace, "-n", "5", "--json").stdout)
+    assert (part["counts"]["completed"], part["counts"]["warmup"]) == (5, 4)
+    more = json.loads(sim_cli("--trace", trace, "--warmup", "2", "--json").stdout)
+    assert (more["counts"]["completed"], more["counts"]["warmup"]) == (7, 6)

@@ -471,6 +471,11 @@ def prediction_lines(summary: Summary) -> list[tuple[str, str]]:
             continue
         number = value if isinstance(value, float) else value.p50
         band = bands.get(key)
-        how = band["text"] if band else f"not validated for {block['engine_family']} ({block['regime']})"
+        if band:
+            how = band["text"]
+        elif block.get("efficiencies"):  # (the stock bands are for the stock constants)
+            how = f"not validated: constants from {Path(block['efficiencies']).name}, no calibration recorded for this metric"
+        else:
+            how = f"not validated for {block['engine_family']} ({block['regime']})"
         rows.append((f"{label} (prediction)", f"{number:,.1f}{' ' + unit if unit else ''}, {how}"))
     return rows

@@ -27,6 +27,7 @@ dataset that runs out ends the run there, and an ``InferlabError`` raised while 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections.abc import Iterator, Sequence
@@ -139,8 +140,8 @@ class UserReplayPolicy:
     """A recorded closed loop, replayed as it ran: ``requests`` are ``(arrival_s, user,
     spec)`` in recorded order; each user sends its own in that order, the first at its
     recorded time, each next one when its previous one ends (so a slower or faster
-    server changes the sends as it changed them in the run). The first ``warmup`` sends
-    are warm-up. ``trace_positions[i]`` is the position in ``requests`` of send ``i``
+    server changes the sends as it changed them in the run). The first ``warmup``
+    requests of the trace are warm-up. ``trace_positions[i]`` is the position in ``requests`` of send ``i``
     (sends need not go in recorded order)."""
 
     wants_answers = False
@@ -171,7 +172,7 @@ class UserReplayPolicy:
             i = self._sent
             self._sent = i + 1
             self._users[i] = user
-            yield Send(i, spec, t, t, i < self._warmup, user)
+            yield Send(i, spec, t, t, pos < self._warmup, user)  # (a recorded warm-up is one again)
 
     def ended(self, index: int, end_s: float, answer: Answer | None) -> None:
         user = self._users.pop(index)
@@ -333,6 +334,11 @@ def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Trace | Sess
     if isinstance(s, Replay) != isinstance(workload, Trace):
         raise UsageError("a trace (timed requests) goes with the replay schedule, and only with it")
     if isinstance(workload, Trace):
+        # a run's requests.jsonl marks its warm-ups (first in time): warm-ups again, and
+        # ``-n``/``--warmup`` count on from them
+        recorded = sum(t.warmup for t in workload.requests)
+        if recorded:
+            load = dataclasses.replace(load, warmup=load.warmup + recorded)
         times = replay_times_s(workload.requests, load)
         cap = None if isinstance(s, ClosedLoop) else s.max_concurrency
         senders = [t.user for t in workload.requests[: len(times)]]

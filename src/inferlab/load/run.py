@@ -237,7 +237,7 @@ def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool, user_repl
         burst=isinstance(s, OpenLoop) and math.isinf(s.rate_rps),
         overloaded=overloaded,
     )
-    return prediction_block(engine.config.engine_family, regime)
+    return prediction_block(engine.config.engine_family, regime, efficiencies=engine.config.efficiencies_path)
 
 
 def sim_engine_config(load: LoadConfig, target: SimTarget) -> EngineConfig:

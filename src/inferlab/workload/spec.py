@@ -70,12 +70,14 @@ class TimedSpec:
     """A request with a fixed arrival time, in seconds from the run's start (traces);
     ``measured`` holds the trace's own latencies for it, when the trace has them.
     ``user``: the closed-loop user that sent it (a run's ``requests.jsonl``): a replay
-    sends a user's requests one after another, each when the previous one ends."""
+    sends a user's requests one after another, each when the previous one ends.
+    ``warmup``: a warm-up request of the recorded run (replayed as a warm-up)."""
 
     arrival_s: float
     spec: RequestSpec
     measured: Measured | None = None
     user: int | None = None
+    warmup: bool = False
 
 
 @dataclass(frozen=True)

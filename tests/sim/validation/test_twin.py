@@ -66,9 +66,10 @@ def test_cli_writes_an_efficiencies_file_sim_run_takes(measured: tuple[list[str]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.stderr
     assert "held out" in res.stdout and "prediction" in res.stdout
-    constants = json.loads(eff.read_text())
-    assert set(constants) == set(FIT)
-    assert json.loads(report.read_text())["prediction"] is True
+    written = json.loads(eff.read_text())
+    assert set(written) == {*FIT, "calibration"}
+    reported = json.loads(report.read_text())
+    assert reported["prediction"] is True
     # the twin's what-if: sim run with the file predicts the held-out run it was not fitted on
     held = json.loads((Path(held_dirs[0]) / "summary.json").read_text())
     res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "--api", "completions", "-c", "4", "-n", "16",
@@ -76,6 +77,33 @@ def test_cli_writes_an_efficiencies_file_sim_run_takes(measured: tuple[list[str]
     assert res.exit_code == 0, res.stderr
     what_if = json.loads(res.stdout)
     assert what_if["ttft_ms"]["p50"] == pytest.approx(held["ttft_ms"]["p50"], rel=0.05)
+    # its error bands are the twin's own held-out error (the stock constants' bands say
+    # nothing about other constants), read from the report's held-out runs here
+    errors = sorted(abs(r["error"]["ttft_p50_ms"]) for r in reported["holdout"])
+    band = what_if["prediction"]["error_bands"]["ttft_ms"]
+    assert (band["split"], band["rows"], band["twin"]) == ("holdout", 2, str(eff))
+    assert band["pct"] == pytest.approx(100 * (errors[0] + errors[1]) / 2, abs=0.06)
+    assert "on 2 held-out runs of the calibration in twin.json" in band["text"]
+    shown = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "4", "-n", "8", "--efficiencies", str(eff)])
+    assert "held-out runs of the calibration in twin.json" in " ".join(shown.stdout.split())
+    # a later calibration starts from this file's constants (its record set aside)
+    from inferlab.sim.validation.twin import _overridden
+    assert set(_overridden(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", efficiencies_path=str(eff)))) == set(FIT)
+
+
+def test_constants_no_calibration_validated_get_no_stock_bands(tmp_path: Path) -> None:
+    edited = tmp_path / "edited.json"
+    edited.write_text(json.dumps({"gemm_compute": 0.3}))
+    runs = {}
+    for name, extra in (("stock", []), ("edited", ["--efficiencies", str(edited)])):
+        res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "4", "-n", "8", "--json", *extra])
+        assert res.exit_code == 0, res.stderr
+        runs[name] = json.loads(res.stdout)["prediction"]
+    assert runs["stock"]["error_bands"]["ttft_ms"] is not None and "efficiencies" not in runs["stock"]
+    assert runs["edited"]["efficiencies"] == str(edited)
+    assert all(v is None for v in runs["edited"]["error_bands"].values())
+    shown = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "4", "-n", "8", "--efficiencies", str(edited)])
+    assert "not validated: constants from edited.json" in " ".join(shown.stdout.split())
 
 
 @pytest.mark.parametrize(("args", "needle"), [

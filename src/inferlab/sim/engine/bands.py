@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from inferlab.sim.engine.families import EngineFamily
+from inferlab.sim.engine.steptime import CALIBRATION_KEY, efficiencies_json
 
 BANDS_FILE = Path(__file__).resolve().parents[1] / "data" / "error_bands.json"
 # the load regimes validation keeps apart (``sim.validation.scenario.REGIMES``), and all
@@ -52,21 +53,45 @@ class ErrorBand:
     split: str  # "holdout" or "fit"
     family: str
     regime: str
+    # a calibrated twin's own error: the efficiencies file it is in (rows: its runs)
+    twin: str | None = None
 
     def describe(self) -> str:
-        """'±25 % on 6 held-out vLLM V1 Poisson rows'."""
+        """'±25 % on 6 held-out vLLM V1 Poisson rows'; a twin's: '±12 % on 4 held-out
+        runs of the calibration in twin.json' (the file's name; ``twin`` has its path)."""
         regime = "" if self.regime == ALL else f" {self.regime}"
         side = _SIDE_WORDS[self.split]
+        if self.twin is not None:  # (a twin may fit its own runs to under 1 %)
+            pct = f"{self.pct:.1f}" if self.pct < 10 else f"{self.pct:.0f}"
+            return f"±{pct} % on {self.rows} {side} runs of the calibration in {Path(self.twin).name}"
         if self.family == ALL:
             return f"±{self.pct:.0f} % on {self.rows} {side}{regime} rows of every engine"
         engine = EngineFamily.parse(self.family).rules.engine.split(" (")[0]
         return f"±{self.pct:.0f} % on {self.rows} {side} {engine}{regime} rows"
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "pct": round(self.pct, 1), "rows": self.rows, "split": self.split, "family": self.family,
             "regime": self.regime, "text": self.describe(),
         }
+        return out if self.twin is None else {**out, "twin": self.twin}
+
+
+def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str) -> dict[str, ErrorBand]:
+    """A calibrated twin's bands, per metric class: ``sim calibrate``'s record in the
+    efficiencies file (its held-out runs' median error, else its fit runs'); empty for a
+    file without one (constants edited by hand: nothing validated them). The stock
+    bands do not apply to other constants."""
+    record = efficiencies_json(efficiencies).get(CALIBRATION_KEY)
+    if not isinstance(record, dict) or not isinstance(record.get("errors"), dict):
+        return {}
+    split = "holdout" if record.get("split") == "holdout" else "fit"
+    fam = EngineFamily.parse(str(family)).value
+    return {
+        cls: ErrorBand(cls, float(e["median_abs_pct"]), int(e["runs"]), split, fam, regime, efficiencies)
+        for cls, e in record["errors"].items()
+        if cls in METRIC_CLASSES and isinstance(e, dict)
+    }
 
 
 @functools.cache
@@ -140,6 +165,11 @@ def band_of(prediction: Any, metric: str, path: Path = BANDS_FILE) -> ErrorBand 
     metric never validated."""
     if not isinstance(prediction, dict):
         return None
+    twin = prediction.get("efficiencies")
+    if twin:  # (a calibrated twin: its own error, or none)
+        band = prediction.get("twin_bands", {}).get(metric)
+        return None if band is None else ErrorBand(
+            metric, band["pct"], band["rows"], band["split"], band["family"], band["regime"], twin)
     return error_band(prediction["engine_family"], prediction["regime"], metric, path)
 
 
@@ -153,21 +183,33 @@ def headline_prediction(prediction: Any, path: Path = BANDS_FILE) -> dict[str, A
     for key, cls in HEADLINE_METRICS.items():
         band = band_of(prediction, cls, path)
         bands[key] = None if band is None else band.to_json()
-    return {"engine_family": prediction["engine_family"], "regime": prediction["regime"], "error_bands": bands}
+    out = {"engine_family": prediction["engine_family"], "regime": prediction["regime"], "error_bands": bands}
+    return out if not prediction.get("efficiencies") else {**out, "efficiencies": prediction["efficiencies"]}
 
 
-def prediction_block(family: EngineFamily | str, regime: str, path: Path = BANDS_FILE) -> dict[str, Any]:
+def prediction_block(
+    family: EngineFamily | str, regime: str, path: Path = BANDS_FILE, *, efficiencies: str | None = None
+) -> dict[str, Any]:
     """What ``summary.json``'s ``prediction`` holds: that the numbers are simulated, the
-    family and regime, and each headline metric's band (null: not validated)."""
+    family and regime, and each headline metric's band (null: not validated). With
+    ``efficiencies`` (step-time constants from a file: a calibrated twin, or edited) the
+    bands are the file's own calibration's (``calibrated_bands``), never the stock ones."""
     fam = EngineFamily.parse(str(family))
+    twin = calibrated_bands(efficiencies, fam, regime) if efficiencies else None
     bands: dict[str, Any] = {}
     for key, cls in SUMMARY_METRICS.items():
-        band = error_band(fam, regime, cls, path)
+        band = error_band(fam, regime, cls, path) if twin is None else twin.get(cls)
         bands[key] = None if band is None else band.to_json()
-    return {
+    block = {
         "label": "prediction: simulated, not measured",
         "engine_family": fam.value,
         "regime": regime,
         "error_bands": bands,
         "source": "bench/data via `python bench/validate_sim.py --all --write-bands` (docs/validation.md)",
     }
+    if twin is not None:
+        block["efficiencies"] = efficiencies
+        block["twin_bands"] = {cls: b.to_json() for cls, b in twin.items()}
+        block["source"] = (f"the calibration recorded in {efficiencies} (sim calibrate)" if twin else
+                           f"none: the step-time constants come from {efficiencies}, which records no calibration")
+    return block

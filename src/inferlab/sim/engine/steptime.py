@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import mul
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from inferlab._errors import ConfigError, UsageError
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
@@ -95,18 +95,30 @@ class Efficiencies:
 
 DEFAULT_EFFICIENCIES = Efficiencies()  # vLLM V1's
 
+#: The key of an efficiencies file that is no constant: ``sim calibrate``'s record of how
+#: well the constants predicted (``sim.engine.bands.calibrated_bands`` reads it).
+CALIBRATION_KEY = "calibration"
 
-def load_efficiencies(path: str | Path, base: Efficiencies = DEFAULT_EFFICIENCIES) -> Efficiencies:
-    """``base`` (the defaults) overridden by a JSON object of ``{field: number}``.
 
-    Raises ``UsageError`` for an unreadable file, an unknown field or a non-number.
-    """
+def efficiencies_json(path: str | Path) -> dict[str, Any]:
+    """An efficiencies file as written: ``{field: number}``, and a ``calibration``
+    record where ``sim calibrate`` wrote it."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"cannot read efficiencies file {path}: {e}") from e
     if not isinstance(data, dict):
         raise UsageError(f"{path}: efficiencies must be a JSON object")
+    return data
+
+
+def load_efficiencies(path: str | Path, base: Efficiencies = DEFAULT_EFFICIENCIES) -> Efficiencies:
+    """``base`` (the defaults) overridden by a JSON object of ``{field: number}`` (its
+    ``calibration`` record, if any, set aside).
+
+    Raises ``UsageError`` for an unreadable file, an unknown field or a non-number.
+    """
+    data = {k: v for k, v in efficiencies_json(path).items() if k != CALIBRATION_KEY}
     known = {f.name for f in dataclasses.fields(Efficiencies)}
     unknown = sorted(set(data) - known)
     if unknown:

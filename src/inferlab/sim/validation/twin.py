@@ -36,7 +36,7 @@ from inferlab.results.runfiles import read_summary
 from inferlab.results.summary import Summary
 from inferlab.results.sweepindex import headline as sweep_headline
 from inferlab.sim.engine.config import EngineConfig, resolve
-from inferlab.sim.engine.steptime import Efficiencies
+from inferlab.sim.engine.steptime import CALIBRATION_KEY, Efficiencies, efficiencies_json
 from inferlab.workload.config import WorkloadConfig
 
 #: The metrics a twin is fitted on and judged by. E2E rather than TPOT: a server that
@@ -167,11 +167,12 @@ class Twin:
 
 
 def _overridden(engine: EngineConfig) -> dict[str, float]:
-    """The constants ``engine``'s own efficiencies file sets (the fit starts from them)."""
+    """The constants ``engine``'s own efficiencies file sets (the fit starts from them;
+    an earlier calibration's record is not carried over)."""
     if not engine.efficiencies_path:
         return {}
-    data = json.loads(Path(engine.efficiencies_path).read_text())
-    return {k: float(v) for k, v in data.items()}
+    data = efficiencies_json(engine.efficiencies_path)
+    return {k: float(v) for k, v in data.items() if k != CALIBRATION_KEY}
 
 
 def loss(predicted: Sequence[dict[str, float]], runs: Sequence[MeasuredRun]) -> float:
@@ -262,10 +263,29 @@ def calibrate(
 
 def write_efficiencies(path: str, engine: EngineConfig, fit: Fit) -> None:
     """The efficiencies file ``sim run --efficiencies`` reads: the engine's own file's
-    constants under the fitted ones."""
+    constants under the fitted ones, and the calibration's error (``calibration_record``)
+    for ``sim run`` to show beside what the twin predicts."""
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({**_overridden(engine), **fit.constants}, f, indent=2)
+        json.dump({**_overridden(engine), **fit.constants, CALIBRATION_KEY: calibration_record(fit)}, f, indent=2)
         f.write("\n")
+
+
+#: the twin's metrics -> the error band's metric classes (``sim.engine.bands``)
+_BAND_CLASSES = {"ttft_p50_ms": "TTFT", "tpot_p50_ms": "TPOT/ITL", "e2e_p50_ms": "E2E", "output_tok_s": "throughput"}
+
+
+def calibration_record(fit: Fit) -> dict[str, Any]:
+    """How well the fitted constants predicted: per metric class, the median absolute
+    error (%) over the held-out runs and how many there were, or, with none held out,
+    over the fit runs (in sample: what the fit was made to match)."""
+    split, rows = ("holdout", fit.holdout_runs) if fit.holdout_runs else ("fit", fit.fit_runs)
+    errors: dict[str, dict[str, float]] = {}
+    for metric, cls in _BAND_CLASSES.items():
+        err = median_abs_error(rows, metric)
+        if err is not None:
+            n = sum(r["error"].get(metric) is not None for r in rows)
+            errors[cls] = {"median_abs_pct": round(100 * err, 1), "runs": n}
+    return {"split": split, "runs": len(rows), "errors": errors}
 
 
 def median_abs_error(rows: Sequence[dict[str, Any]], metric: str) -> float | None:

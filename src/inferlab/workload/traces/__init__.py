@@ -159,7 +159,7 @@ def to_specs(
         spec = RequestSpec(
             prompt, r.output_tokens, exact_output, n, prefix_group=r.prefix_group, prefix_tokens=r.prefix_tokens,
         )
-        out.append(TimedSpec(r.arrival_s, spec, r.measured, r.user))
+        out.append(TimedSpec(r.arrival_s, spec, r.measured, r.user, r.warmup))
     return out
 
 

@@ -1,7 +1,7 @@
 """The ``requests.jsonl`` of an earlier ``bench`` or ``sim run`` as a trace: each
 successful request at its intended send time, with its token counts and what it
-measured (warm-up requests are replayed but not compared), and what made the run: its
-prefix group (requests of a group share their first ``prefix_tokens`` tokens; a group
+measured (its warm-up requests are replayed as warm-ups: sent, then left out of the
+metrics and the comparison), and what made the run: its prefix group (requests of a group share their first ``prefix_tokens`` tokens; a group
 without them, the whole prompt), its multi-turn session (each turn's prompt starts with
 the session's previous one, as its context grew) and the closed-loop user that sent it
 (a replay sends a user's requests one after another, each when the previous one ends)."""
@@ -30,9 +30,9 @@ def read_requests(path: str) -> list[TraceRow]:
         r = TraceRow(
             sent / 1e9, rec.input_tokens, rec.output_tokens, measured=measured, user=rec.user,
             prefix_group=rec.prefix_group, prefix_tokens=prefix if rec.prefix_group is not None else None,
-            session=None if rec.session is None else str(rec.session),
+            session=None if rec.session is None else str(rec.session), warmup=rec.warmup,
         )
         check_row(path, n, r)
         rows.append(r)
-    rows.sort(key=lambda r: r.arrival_s)
+    rows.sort(key=lambda r: (r.arrival_s, not r.warmup))  # (warm-ups first among sends at one instant)
     return rows

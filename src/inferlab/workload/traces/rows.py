@@ -21,6 +21,7 @@ class TraceRow:
     hash_ids: tuple[int, ...] = ()
     measured: Measured | None = None
     user: int | None = None  # the closed-loop user that sent it (a run's requests.jsonl)
+    warmup: bool = False  # a warm-up request of the recorded run (a run's requests.jsonl)
 
 
 def measured_of(row: dict[str, Any]) -> Measured | None:
