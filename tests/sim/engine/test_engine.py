@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from inferlab._errors import UsageError
+from inferlab._errors import ConfigError, UsageError
 from inferlab.load.virtual import serve_timelines
 from inferlab.sim import Engine, EngineConfig, RequestTimeline, StepResult
 
@@ -327,7 +327,7 @@ def test_multi_step_scheduling_runs_decode_groups_and_new_requests_wait_for_the_
     scheduling cost."""
 
     def run(steps: int) -> tuple[list[float], int]:
-        engine = Engine(dataclasses.replace(SMALL, num_scheduler_steps=steps, api_overhead_s=0.0))
+        engine = Engine(dataclasses.replace(SMALL, num_scheduler_steps=steps, api_overhead_s=0.0, engine_family="vllm-v0", host_speed=1.0))
         engine.add_request("a", prompt(64), 40, 0.0)
         durations, t = [], 0.0
         for _ in range(3):  # the prefill, then decodes
@@ -355,12 +355,18 @@ def test_multi_step_scheduling_runs_decode_groups_and_new_requests_wait_for_the_
 
 
 def test_multi_step_group_ends_when_its_last_request_finishes() -> None:
-    engine = Engine(dataclasses.replace(SMALL, num_scheduler_steps=16, api_overhead_s=0.0))
+    engine = Engine(dataclasses.replace(SMALL, num_scheduler_steps=16, api_overhead_s=0.0, engine_family="vllm-v0", host_speed=1.0))
     engine.add_request("a", prompt(64), 3, 0.0)
     t, _ = drain(engine)
     engine.add_request("b", prompt(64, 5000), 2, t)
     r = engine.step(t)
     assert r is not None and r.stats.prefill_tokens == 64  # no leftover group holds b back
+
+
+def test_multi_step_is_refused_where_the_engine_has_none() -> None:
+    for family in ("vllm", "sglang", "trtllm", "lmdeploy"):
+        with pytest.raises(ConfigError, match="no multi-step scheduling"):
+            Engine(dataclasses.replace(SMALL, num_scheduler_steps=8, engine_family=family))
 
 
 def test_a_front_end_accepts_requests_one_at_a_time(tmp_path: Any) -> None:

@@ -249,7 +249,8 @@ def _random_engine_run(seed: int, scheduler: str) -> tuple[Any, ...]:
         enable_chunked_prefill=chunked,
         max_num_batched_tokens=None if chunked is not True else rng.choice([64, 512, None]),
         max_num_seqs=rng.choice([4, 16, None]),
-        num_scheduler_steps=rng.choice([1, 1, 4]),
+        # (drawn for every family, as before; only vLLM V0 has multi-step scheduling)
+        num_scheduler_steps=min(rng.choice([1, 1, 4]), 4 if family in ("vllm-v0", "vllm-v0.5") else 1),
         overlap_schedule=rng.choice([None, True, False]),
         api_overhead_s=rng.choice([0.0, 0.003]),
     )

@@ -122,6 +122,11 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     path = config.efficiencies_path
     eff = load_efficiencies(path, rules.efficiencies) if path else rules.efficiencies
     _validate_flags(config, model.max_position_embeddings)
+    if config.num_scheduler_steps > 1 and not rules.multi_step:  # (accepted, it would change nothing)
+        raise ConfigError(
+            f"num_scheduler_steps {config.num_scheduler_steps}: {rules.engine} has no multi-step scheduling "
+            "(vLLM 0.5.5-0.7 had it: --engine-family vllm-v0); leave it out"
+        )
     if rules.front_end_in_process and config.api_server_count > 1:
         raise ConfigError(
             f"api_server_count {config.api_server_count}: {rules.engine} runs its API server in the "

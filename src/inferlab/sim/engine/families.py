@@ -109,6 +109,8 @@ class FamilyRules:
     # vLLM's free queue (0.24 on): a freed block without a hash (the partly filled tail)
     # goes to the front, to be reused first; hashed ones to the back (LRU)
     evict_unhashed_first: bool = False
+    # vLLM 0.5.5-0.7's multi-step scheduling (--num-scheduler-steps); V1 dropped the flag
+    multi_step: bool = False
 
     def chunked_prefill_default(self, max_model_len: int) -> bool:
         """Whether prefills are chunked when no flag says, for this (declared) context."""
@@ -218,6 +220,7 @@ _VLLM_V0 = FamilyRules(
     # in relative error is 28.3 ms).
     efficiencies=Efficiencies(cpu_step_s=1.5e-3, api_overhead_s=0.028),
     default_seqs_follow_budget=False,  # vLLM's SchedulerConfig refuses a budget below the cap
+    multi_step=True,
 )
 
 FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
