@@ -187,3 +187,35 @@ def test_sim_serve_refuses_a_waiting_queue_that_refuses_every_request(value: str
     p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "serve", "--port", "0", "--max-waiting-requests", value],
                        capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 2 and "--max-waiting-requests" in p.stderr, p.stderr
+
+
+def test_headers_from_the_environment_are_one_per_line_and_keep_their_spaces() -> None:
+    """INFERLAB_BENCH_HEADER (as -H): one header per line; click splits other lists at
+    every space, which cut 'X-Team: search infra' into three bad headers."""
+    import http.server
+    import threading
+
+    seen: list[tuple[str | None, str | None]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            seen.append((self.headers.get("X-Team"), self.headers.get("X-Other")))
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        res = CliRunner().invoke(
+            main, ["bench", "--url", f"http://127.0.0.1:{server.server_port}", "--model", "m", "-n", "1", "-c", "1",
+                   "--no-preflight"],
+            env={"INFERLAB_BENCH_HEADER": "X-Team: search infra\nX-Other: a b c\n"},
+        )
+    finally:
+        server.shutdown()
+    assert res.exit_code == 1 and "HTTP 500" in res.output  # (the request went, with its headers)
+    assert seen == [("search infra", "a b c")]

@@ -101,6 +101,20 @@ def parse_rate(value: str | None) -> float | None:
         raise click.BadParameter(f"{value!r} is not a number or 'inf'") from None
 
 
+class LineParam(click.ParamType):
+    """A repeatable option's value that may hold spaces (a header 'Name: value', a
+    condition): from the environment (``INFERLAB_BENCH_HEADER``) one value per line, not
+    per word as click splits other lists."""
+
+    name = "text"
+
+    def split_envvar_value(self, rv: str) -> Sequence[str]:
+        return [line for line in rv.splitlines() if line.strip()]
+
+
+LINE = LineParam()
+
+
 def parse_headers(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     out = []
     for h in values:
@@ -174,7 +188,7 @@ def http_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     opts: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only)."),
         click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY]."),
-        click.option("-H", "--header", "header", multiple=True, help="Extra request header 'Name: value' (repeatable)."),
+        click.option("-H", "--header", "header", multiple=True, type=LINE, help="Extra request header 'Name: value' (repeatable; from the environment, one per line)."),
         click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds."),
         click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response."),
         click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: workers_option(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone)."),

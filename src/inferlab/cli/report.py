@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 
 from inferlab._errors import UsageError
-from inferlab.cli.common import check_output_folder, run_guarded
+from inferlab.cli.common import LINE, check_output_folder, run_guarded
 from inferlab.cli.history import history_option, resolve_runs
 from inferlab.results.compare import parse_fail_if
 from inferlab.results.runfiles import dumps
@@ -23,7 +23,7 @@ FAIL_IF_EXIT = 3
 
 @click.command("compare")
 @click.argument("runs", nargs=-1, required=True)
-@click.option("--fail-if", "fail_if", multiple=True, metavar="COND",
+@click.option("--fail-if", "fail_if", multiple=True, metavar="COND", type=LINE,
               help=f"Exit {FAIL_IF_EXIT} when a run's change against the first passes this and is not within noise: "
                    "METRIC>LIMIT or METRIC<LIMIT, e.g. 'ttft_p99>+10%', 'output_tok_s<-5%', 'tpot_p50>+2' (ms). Repeatable.")
 @click.option("--allow-different-workloads", is_flag=True,
