@@ -188,7 +188,18 @@ def test_export_csv_formats_and_errors(tmp_path: Path) -> None:
     requests = list(csv.DictReader(io.StringIO(out)))
     assert code == 0 and len(requests) == 5 and {r["inferlab_source"] for r in requests} == {simulated}
     code, _, err = invoke("export", str(tmp_path), "--format", "vllm")
-    assert code == 2 and "no summary.json" in err
+    assert code == 2 and "neither summary.json nor requests.jsonl" in err
+    # a run killed before its summary (or a gateway's access log): computed from its records
+    cut = tmp_path / "cut"
+    assert invoke("sim", "run", "-n", "6", "--warmup", "2", "--input-tokens", "50", "--output-tokens", "3",
+                  "--out", str(cut))[0] == 0
+    whole = invoke("export", str(cut), "--format", "csv-summary")[1]
+    (cut / "summary.json").unlink()
+    code, out, err = invoke("export", str(cut), "--format", "csv-summary")
+    assert code == 0 and "computed from its requests.jsonl (8 records)" in err
+    assert out == whole
+    code, out, _ = invoke("export", str(cut), "--format", "vllm")
+    assert code == 0 and json.loads(out)["completed"] == 6
     code, _, err = invoke("export", str(run), "--format", "csv-summary", "--no-detailed")
     assert code == 2 and "--format vllm only" in err
 

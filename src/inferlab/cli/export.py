@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -19,6 +21,7 @@ from inferlab.results.export import (
     vllm_result,
 )
 from inferlab.results.runfiles import dumps, read_records, read_summary
+from inferlab.results.summary import summarize
 
 FORMATS = ("vllm", "csv-summary", "csv-requests")
 
@@ -40,18 +43,30 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
     if output != "-":
         check_output_folder(Path(output))
     folder = Path(run_dir)
-    if not (folder / "summary.json").is_file():
-        raise UsageError(f"{run_dir}: no summary.json (not a run directory, or a run killed before it ended)")
-    summary = read_summary(folder / "summary.json")
+    summary_path = folder / "summary.json"
+    if summary_path.is_file():
+        summary = read_summary(summary_path)
+        records = None
+    elif (folder / "requests.jsonl").is_file():
+        # a run killed before it ended, or a gateway's access log: what it measured is
+        # all in its records (the summary is computed from them as at a run's end)
+        records = list(read_records(folder / "requests.jsonl"))
+        summary = summarize(records, config=_config(folder))
+        summary_path = folder / "requests.jsonl"
+        click.echo(f"inferlab export: {run_dir} has no summary.json: the summary is computed from its "
+                   f"requests.jsonl ({len(records)} records)", err=True)
+    else:
+        raise UsageError(f"{run_dir}: neither summary.json nor requests.jsonl (not a run directory)")
     if fmt == "csv-summary":
         text = summary_csv(summary)
     else:
-        records = list(read_records(folder / "requests.jsonl"))
+        if records is None:
+            records = list(read_records(folder / "requests.jsonl"))
         if fmt == "csv-requests":
             text = requests_csv(records, run_source(summary))
         else:
-            # vLLM's date is when its run ended: summary.json was written then
-            ended = datetime.datetime.fromtimestamp(os.stat(folder / "summary.json").st_mtime)
+            # vLLM's date is when its run ended: summary.json (else its last record) was written then
+            ended = datetime.datetime.fromtimestamp(os.stat(summary_path).st_mtime)
             text = dumps(vllm_result(
                 summary, records, date=ended.strftime("%Y%m%d-%H%M%S"),
                 percentiles=percentiles or VLLM_PERCENTILES, detailed=detailed, source=run_source(summary),
@@ -64,3 +79,12 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
     except OSError as e:
         raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
     return 0
+
+
+def _config(folder: Path) -> dict[str, Any] | None:
+    """The run's config.json, where it has a readable one (a summary needs none)."""
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
