@@ -74,7 +74,7 @@ HOLDOUT = [(4, 256, 64, 24), (8, 256, 64, 32), (4, 1024, 32, 16), (8, 512, 32, 3
 
 #: The CPU has no GPU's fixed per-step costs; its weight reads are measured (see above).
 CPU_BASE = {"eager_launch_per_layer_s": 0.0, "sampler_s": 0.0, "elementwise_per_layer_s": 0.0, "weight_stream": 1.0}
-FIT_NAMES = ("gemm_compute", "decode_compute", "attention_compute", "cpu_step_eager_s", "api_overhead_s")
+FIT_NAMES = ("gemm_compute", "decode_compute", "attention_compute", "kv_stream", "cpu_step_eager_s", "api_overhead_s")
 
 
 def measure_device(path: Path, weight_bytes: int) -> dict[str, float]:
