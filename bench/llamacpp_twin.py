@@ -27,8 +27,9 @@ eight costs eight times one). The CPU device also has none of a GPU's fixed per-
 costs (kernel launches, a sampler's device sync, elementwise kernels' floor): they are
 set to zero, and the weights' streaming time is the measured one (``weight_stream`` 1),
 so the fit is left with the compute rates (``gemm_compute`` for prompt rows,
-``decode_compute`` for one-token rows), attention, the host's cost per step and the
-fixed cost per request.
+``decode_compute`` for one-token rows), attention (``attention_compute`` in prefill,
+``kv_stream`` for a decode's read of its context), the host's cost per step and the
+fixed cost per request (``inferlab.engines.cpu_twin``).
 
 The numbers are this machine's at the time of the run: a busy machine moves them (the
 server and the client share its cores). Nothing is fitted on the held-out runs.
@@ -42,19 +43,16 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # (before numpy: one thread, as the server)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import numpy as np
-
+from inferlab.engines.cpu_twin import CPU_FIT, twin_engine, weight_bytes
 from inferlab.engines.llamacpp import LlamaServer, build_llama_server
 from inferlab.engines.tinymodel import TinyLlamaConfig, tiny_model
 from inferlab.load.run import HttpTarget, RunConfig, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig
-from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.validation.twin import (
     METRICS,
     REPORTED,
@@ -72,43 +70,6 @@ FIT_BATCH = [(2, 16, 128, 8)]  # one decode run at concurrency 2 (see the docstr
 HOLDOUT = [(4, 256, 64, 24), (8, 256, 64, 32), (4, 1024, 32, 16), (8, 512, 32, 32)]
 
 
-#: The CPU has no GPU's fixed per-step costs; its weight reads are measured (see above).
-CPU_BASE = {"eager_launch_per_layer_s": 0.0, "sampler_s": 0.0, "elementwise_per_layer_s": 0.0, "weight_stream": 1.0}
-FIT_NAMES = ("gemm_compute", "decode_compute", "attention_compute", "kv_stream", "cpu_step_eager_s", "api_overhead_s")
-
-
-def measure_device(path: Path, weight_bytes: int) -> dict[str, float]:
-    """One thread's float32 GEMM rate and the rate it copies ``weight_bytes`` (read +
-    write), as a GPU file."""
-    a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
-    b = a.copy()
-    a @ b  # warm
-    reps, t0 = 8, time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    flops = reps * 2 * 1024**3 / (time.perf_counter() - t0)
-    src = np.ones(weight_bytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    reps, t0 = 200, time.perf_counter()
-    for _ in range(reps):
-        np.copyto(dst, src)
-    bandwidth = reps * 2 * src.nbytes / (time.perf_counter() - t0)  # read + write
-    spec = {"name": "cpu-thread", "bf16_dense_tflops": flops / 1e12, "hbm_gb": 8, "hbm_bw_tbs": bandwidth / 1e12,
-            "bus_bw_gbs": 10}
-    path.write_text(json.dumps(spec, indent=2) + "\n")
-    return {"gflops": flops / 1e9, "gb_s": bandwidth / 1e9}
-
-
-def model_config(path: Path, cfg: TinyLlamaConfig) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn,
-        "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads, "num_hidden_layers": cfg.layers,
-        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_tokens, "torch_dtype": "float16",
-    }, indent=2) + "\n")
-
-
 def measure(server: LlamaServer, out: Path, users: int, n_in: int, n_out: int, n: int) -> str:
     folder = out / f"c{users}-in{n_in}-out{n_out}"
     config = RunConfig(LoadConfig(ClosedLoop(users), num_requests=n, warmup=min(users, 4)),
@@ -118,13 +79,6 @@ def measure(server: LlamaServer, out: Path, users: int, n_in: int, n_out: int, n
     s = result.summary
     assert s.counts.failed == 0, s.error_examples
     return str(folder)
-
-
-def weight_bytes(cfg: TinyLlamaConfig) -> int:
-    """F16 bytes a decode step reads: every layer's matrices and the LM head."""
-    hd = cfg.hidden // cfg.heads
-    per_layer = cfg.hidden * (2 * cfg.heads * hd + 2 * cfg.kv_heads * hd) + 3 * cfg.hidden * cfg.ffn
-    return 2 * (cfg.layers * per_layer + cfg.hidden * cfg.vocab_size)
 
 
 def report(fit: Fit, title: str) -> dict[str, dict[str, float | None]]:
@@ -153,28 +107,21 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shape = TinyLlamaConfig()
-    rates = measure_device(out / "device.json", weight_bytes(shape))
+    engine, rates = twin_engine(out, shape, slots=SLOTS, slot_tokens=SLOT_TOKENS)
     print(f"device: one thread {rates['gflops']:.1f} GFLOP/s (float32 GEMM), copy of the weights' "
           f"{weight_bytes(shape) / 2**20:.1f} MiB {rates['gb_s']:.1f} GB/s")
     model = tiny_model()
-    model_config(out / "model", shape)
     binary = build_llama_server(log=sys.stderr)
     with LlamaServer(binary, model.gguf, ctx_tokens=SLOTS * SLOT_TOKENS, slots=SLOTS, threads=args.threads,
                      log_path=out / "server.log") as server:
         fit_dirs = [measure(server, out / "fit", *row) for row in FIT]
         batch_dirs = [measure(server, out / "fit", *row) for row in FIT_BATCH]
         hold_dirs = [measure(server, out / "holdout", *row) for row in HOLDOUT]
-    (out / "cpu.json").write_text(json.dumps(CPU_BASE, indent=2) + "\n")
-    engine = EngineConfig(
-        model=str(out / "model" / "config.json"), gpu=str(out / "device.json"), max_num_seqs=SLOTS,
-        max_model_len=SLOT_TOKENS, max_num_batched_tokens=2048, num_gpu_blocks_override=SLOTS * SLOT_TOKENS // 16,
-        enforce_eager=True, efficiencies_path=str(out / "cpu.json"),
-    )
     held = [read_run(d) for d in hold_dirs]
-    fit = calibrate(engine, [read_run(d) for d in fit_dirs + batch_dirs], held, FIT_NAMES)
+    fit = calibrate(engine, [read_run(d) for d in fit_dirs + batch_dirs], held, CPU_FIT)
     write_efficiencies(str(out / "efficiencies.json"), engine, fit)
     medians = report(fit, f"fitted on {len(fit_dirs)} concurrency-1 runs and {len(batch_dirs)} at concurrency 2")
-    alone = calibrate(engine, [read_run(d) for d in fit_dirs], held, FIT_NAMES)
+    alone = calibrate(engine, [read_run(d) for d in fit_dirs], held, CPU_FIT)
     medians_alone = report(alone, f"for comparison, fitted on the {len(fit_dirs)} concurrency-1 runs alone")
     (out / "twin.json").write_text(json.dumps({
         **fit.to_json(), "engine": dataclasses.asdict(engine), "device": rates, "medians": medians,

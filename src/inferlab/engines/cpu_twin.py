@@ -1,0 +1,89 @@
+"""The pieces of a simulator twin of llama.cpp on this machine's CPU (``sim calibrate``
+on runs against it; ``bench/llamacpp_twin.py``): the CPU as the simulator's device, the
+tiny model's shape as the simulator's model, and the engine both make.
+
+The CPU device has none of a GPU's fixed per-step costs (kernel launches, a sampler's
+device sync, elementwise kernels' floor): ``CPU_BASE`` sets them to zero and streams the
+weights at the measured rate (``weight_stream`` 1), so a fit is left with ``CPU_FIT``:
+the compute rates (``gemm_compute`` for prompt rows, ``decode_compute`` for one-token
+rows, which a batch does not share on one thread), attention (``attention_compute`` for
+prefill, ``kv_stream`` for a decode's read of its cached context: on one CPU thread a
+token at 1,536 tokens of context costs about three times one at 64), the host's cost per
+step and the fixed cost per request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from inferlab.engines.tinymodel import TinyLlamaConfig
+from inferlab.sim.engine.engine import EngineConfig
+
+#: The CPU has no GPU's fixed per-step costs; its weight reads are measured.
+CPU_BASE = {"eager_launch_per_layer_s": 0.0, "sampler_s": 0.0, "elementwise_per_layer_s": 0.0, "weight_stream": 1.0}
+#: The constants a twin of llama.cpp on a CPU fits (see the module docstring).
+CPU_FIT = ("gemm_compute", "decode_compute", "attention_compute", "kv_stream", "cpu_step_eager_s", "api_overhead_s")
+
+
+def weight_bytes(cfg: TinyLlamaConfig) -> int:
+    """F16 bytes a decode step reads: every layer's matrices and the LM head."""
+    hd = cfg.hidden // cfg.heads
+    per_layer = cfg.hidden * (2 * cfg.heads * hd + 2 * cfg.kv_heads * hd) + 3 * cfg.hidden * cfg.ffn
+    return 2 * (cfg.layers * per_layer + cfg.hidden * cfg.vocab_size)
+
+
+def measure_device(path: Path, weight_bytes: int) -> dict[str, float]:
+    """One thread's float32 GEMM rate and the rate it copies ``weight_bytes`` (read +
+    write), written to ``path`` as a GPU file (set ``OPENBLAS_NUM_THREADS=1`` before
+    numpy is imported, for one thread as the server's)."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
+    b = a.copy()
+    a @ b  # warm
+    reps, t0 = 8, time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    flops = reps * 2 * 1024**3 / (time.perf_counter() - t0)
+    src = np.ones(weight_bytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    reps, t0 = 200, time.perf_counter()
+    for _ in range(reps):
+        np.copyto(dst, src)
+    bandwidth = reps * 2 * src.nbytes / (time.perf_counter() - t0)  # read + write
+    spec = {"name": "cpu-thread", "bf16_dense_tflops": flops / 1e12, "hbm_gb": 8, "hbm_bw_tbs": bandwidth / 1e12,
+            "bus_bw_gbs": 10}
+    path.write_text(json.dumps(spec, indent=2) + "\n")
+    return {"gflops": flops / 1e9, "gb_s": bandwidth / 1e9}
+
+
+def model_config(folder: Path, cfg: TinyLlamaConfig) -> Path:
+    """The tiny model's shape as an HF ``config.json`` in ``folder`` (the simulator's
+    model spec); its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
+    path.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.hidden, "intermediate_size": cfg.ffn,
+        "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads, "num_hidden_layers": cfg.layers,
+        "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.context_tokens, "torch_dtype": "float16",
+    }, indent=2) + "\n")
+    return path
+
+
+def twin_engine(folder: Path, cfg: TinyLlamaConfig, *, slots: int, slot_tokens: int) -> tuple[EngineConfig, dict[str, float]]:
+    """The simulated engine for llama-server with ``slots`` slots of ``slot_tokens``
+    (eager: no CUDA graphs on a CPU), and the device's rates as measured now: the
+    device, the model's shape and ``CPU_BASE`` are written to ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rates = measure_device(folder / "device.json", weight_bytes(cfg))
+    model = model_config(folder / "model", cfg)
+    (folder / "cpu.json").write_text(json.dumps(CPU_BASE, indent=2) + "\n")
+    engine = EngineConfig(
+        model=str(model), gpu=str(folder / "device.json"), max_num_seqs=slots, max_model_len=slot_tokens,
+        max_num_batched_tokens=2048, num_gpu_blocks_override=slots * slot_tokens // 16, enforce_eager=True,
+        efficiencies_path=str(folder / "cpu.json"),
+    )
+    return engine, rates

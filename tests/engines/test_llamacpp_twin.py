@@ -1,0 +1,59 @@
+"""``sim calibrate`` on llama.cpp: a twin fitted on runs at one and two users predicts
+runs at four and eight it never saw better than the simulator it started from, and
+fitting decode attention's cost per context token (``kv_stream``) is what lets it follow
+llama.cpp's decode (``inferlab.engines.cpu_twin``; ``bench/llamacpp_twin.py`` prints the
+errors). Orderings only: the machine's speed is in every number."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from inferlab.engines.cpu_twin import CPU_FIT, twin_engine
+from inferlab.engines.llamacpp import LlamaServer
+from inferlab.engines.tinymodel import TinyLlamaConfig
+from inferlab.load.run import HttpTarget, RunConfig, run
+from inferlab.load.schedules import ClosedLoop, LoadConfig
+from inferlab.sim.validation.twin import calibrate, median_abs_error, read_run
+from inferlab.workload.config import WorkloadConfig
+
+pytestmark = [pytest.mark.engines, pytest.mark.slow]
+
+SLOTS, SLOT_TOKENS = 8, 2048  # (the ``llama`` fixture's server: conftest's CTX_TOKENS over its slots)
+
+FIT = [(1, 64, 32, 6), (1, 256, 32, 6), (1, 512, 32, 6), (1, 1024, 32, 6), (1, 1536, 32, 6), (2, 16, 128, 8)]  # (users, prompt, output, requests)
+HOLDOUT = [(4, 256, 64, 24), (8, 512, 32, 32)]
+
+
+def measure(server: LlamaServer, out: Path, users: int, n_in: int, n_out: int, n: int) -> str:
+    folder = out / f"c{users}-in{n_in}-out{n_out}"
+    config = RunConfig(LoadConfig(ClosedLoop(users), num_requests=n, warmup=min(users, 4)),
+                       WorkloadConfig(input_tokens=n_in, output_tokens=n_out), "completions", out_dir=str(folder))
+    result = asyncio.run(run(config, HttpTarget(server.url, timeout_s=120.0)))
+    assert result.summary.counts.failed == 0, result.summary.error_examples
+    return str(folder)
+
+
+def test_a_twin_fitted_at_one_and_two_users_predicts_four_and_eight(llama: LlamaServer, tmp_path: Path) -> None:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # (numpy's GEMM rate on one thread, as the server's)
+    engine, _ = twin_engine(tmp_path / "twin", TinyLlamaConfig(), slots=SLOTS, slot_tokens=SLOT_TOKENS)
+    fit_runs = [read_run(measure(llama, tmp_path / "fit", *row)) for row in FIT]
+    held = [read_run(measure(llama, tmp_path / "held", *row)) for row in HOLDOUT]
+    twin = calibrate(engine, fit_runs, held, CPU_FIT, max_evaluations=400)
+    start = calibrate(engine, fit_runs, held, CPU_FIT, max_evaluations=1)  # (the constants it starts from)
+    without = calibrate(engine, fit_runs, held, tuple(n for n in CPU_FIT if n != "kv_stream"), max_evaluations=400)
+
+    def err(fit: object, side: str, metric: str) -> float:
+        value = median_abs_error(getattr(fit, side), metric)
+        assert value is not None, metric
+        return value
+
+    for metric in ("ttft_p50_ms", "output_tok_s"):
+        assert err(twin, "holdout_runs", metric) < err(start, "holdout_runs", metric), metric
+    # llama.cpp's TPOT at one user grows with the context (a decode reads all of it):
+    # without kv_stream the fit cannot follow it, in sample or held out
+    assert err(twin, "fit_runs", "tpot_p50_ms") < err(without, "fit_runs", "tpot_p50_ms")
+    assert err(twin, "holdout_runs", "output_tok_s") < err(without, "holdout_runs", "output_tok_s")
