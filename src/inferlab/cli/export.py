@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -21,7 +19,8 @@ from inferlab.results.export import (
     vllm_result,
 )
 from inferlab.results.runfiles import dumps, read_records, read_summary
-from inferlab.results.summary import summarize
+from inferlab.results.sources import load_run
+from inferlab.results.summary import Summary
 
 FORMATS = ("vllm", "csv-summary", "csv-requests")
 
@@ -51,7 +50,7 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
         # a run killed before it ended, or a gateway's access log: what it measured is
         # all in its records (the summary is computed from them as at a run's end)
         records = list(read_records(folder / "requests.jsonl"))
-        summary = summarize(records, config=_config(folder))
+        summary = Summary.from_json(load_run(folder).summary)  # (as report computes it)
         summary_path = folder / "requests.jsonl"
         click.echo(f"inferlab export: {run_dir} has no summary.json: the summary is computed from its "
                    f"requests.jsonl ({len(records)} records)", err=True)
@@ -80,11 +79,3 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
         raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
     return 0
 
-
-def _config(folder: Path) -> dict[str, Any] | None:
-    """The run's config.json, where it has a readable one (a summary needs none)."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None

@@ -86,13 +86,14 @@ def load_run(path: str | os.PathLike[str], label: str | None = None) -> Run:
     requests = d / "requests.jsonl"
     if not requests.exists():
         raise UsageError(f"{d}: no requests.jsonl (not a run directory; a sweep has a sweep.json)")
-    records = [r for r in read_records(requests) if not r.warmup]
+    everything = list(read_records(requests))
+    records = [r for r in everything if not r.warmup]
     config = _read_json(d / "config.json") if (d / "config.json").exists() else None
     computed = False
     if (d / "summary.json").exists():
         summary = _read_json(d / "summary.json")
-    else:
-        summary = summarize(records, config=config or {}).to_json()
+    else:  # (from every record: the summary counts the warm-ups it leaves out)
+        summary = summarize(everything, config=config or {}).to_json()
         computed = True
     if config is None:
         config = summary.get("config") or {}
