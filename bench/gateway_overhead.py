@@ -8,7 +8,12 @@ goes upstream). The load is ``inferlab bench`` itself (closed loop, ``-c`` users
 64-token answers, fresh 128-token prompts, no preflight), run alternately straight at
 the engine and through the gateway, ``--rounds`` times each; medians are reported.
 
-- added TTFT: TTFT p50 through the gateway minus TTFT p50 direct (ms), per round;
+- added TTFT: TTFT p50 through the gateway minus TTFT p50 direct (ms), per round; with
+  an engine that reports its own timeline (``sim serve``), how much of it is transport
+  (each request's client TTFT less the engine's own first-token time) and how much the
+  engine's own time moved (a closed loop's requests reach the engine at one point of
+  its step cycle, and the gateway's delay moves that point; ``--rate R`` loads with
+  Poisson arrivals instead, at random points of it);
 - CPU per 1,000 relayed chunks: the gateway process's user + system CPU time
   (``/proc/PID/stat``) over its phase, divided by the content chunks it relayed (its own
   ``/metrics``: one TTFT sample plus one ITL sample per content chunk);
@@ -27,6 +32,7 @@ machine is shared: read the ratios and the spread between rounds, not one number
 
     python bench/gateway_overhead.py            # c=32, 600 requests a phase, 3 rounds
     python bench/gateway_overhead.py --quick    # 200 requests a phase, 2 rounds
+    python bench/gateway_overhead.py --engine sim --rate 100   # Poisson arrivals at 100 req/s
     python bench/gateway_overhead.py --gateway httptools --gateway aiohttp --gateway git:main
 """
 
@@ -48,6 +54,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from inferlab.results.metrics import request_metrics
+from inferlab.results.runfiles import read_records
 from inferlab.sim.server.launch import ChildServer
 
 #: The fast engine's answer: a role chunk, 64 content chunks ``--gap-ms`` apart, the
@@ -123,23 +131,32 @@ def relayed_chunks(url: str) -> float:
 LITELLM_KEY = "sk-inferlab-bench-0123456789abcdef"
 
 
-def bench(url: str, model: str, n: int, c: int, api_key: str | None = None) -> dict[str, float]:
+def bench(url: str, model: str, n: int, c: int, api_key: str | None = None, rate: float | None = None) -> dict[str, float]:
     """One ``inferlab bench`` run: TTFT p50 (ms), req/s, failures; and ``engine_ttft``, the
     p50 of the engine's own receipt-to-first-token time (``server_timeline``, which
-    ``sim serve`` sends; NaN from an engine that does not), so that what the gateway adds
-    in transport can be told from a change in what the engine did."""
+    ``sim serve`` sends; NaN from an engine that does not), and ``transport``, the p50
+    over requests of each one's client TTFT less the engine's own for it: what the
+    gateway adds in transport, told apart from a change in what the engine did (a closed
+    loop's requests reaching the engine at another point of its step cycle)."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", str(n), "-c", str(c), "--model", model,
+        load = ["--rate", f"{rate:g}", "--seed", "1"] if rate else ["-c", str(c)]  # (the same arrivals both ways)
+        cmd = [sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", str(n), *load, "--model", model,
                "--input-tokens", "128", "--output-tokens", str(CHUNKS), "--no-preflight", "--json", "--workers", "1",
                "--no-history", "-o", str(Path(out) / "run")]
         if api_key:
             cmd += ["--api-key", api_key]
         s = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout)
-        with open(Path(out) / "run" / "requests.jsonl") as f:
-            own = [float(tl["first_token_ms"]) for r in map(json.loads, f)
-                   if (tl := r.get("server_timeline")) and tl.get("first_token_ms") is not None]
+        own, transport = [], []
+        for rec in read_records(Path(out) / "run" / "requests.jsonl"):
+            tl, ttft = rec.server_timeline, request_metrics(rec).ttft_ms
+            if rec.warmup or not tl or tl.get("first_token_ms") is None or ttft is None:
+                continue
+            own.append(float(tl["first_token_ms"]))
+            transport.append(ttft - float(tl["first_token_ms"]))  # (the same request's: no engine in it)
+    nan = float("nan")
     return {"ttft": s["ttft_ms"]["p50"], "rps": s["request_throughput_rps"], "failed": s["counts"]["failed"],
-            "engine_ttft": statistics.median(own) if own else float("nan")}
+            "engine_ttft": statistics.median(own) if own else nan,
+            "transport": statistics.median(transport) if transport else nan}
 
 
 def pin(pid: int, cores: set[int]) -> None:
@@ -248,6 +265,10 @@ def main() -> None:
     ap.add_argument("-c", "--concurrency", type=int, default=32)
     ap.add_argument("-n", "--requests", type=int, default=None, help="requests per phase at -c")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--rate", type=float, default=None,
+                    help="the loaded phase as Poisson arrivals at this rate (req/s, the same seed both ways) instead of "
+                         "a closed loop of -c users: arrivals at random points of the engine's step cycle, where a "
+                         "closed loop keeps its users' requests at one point of it")
     ap.add_argument("--gateway", action="append", metavar="auto|httptools|aiohttp|git:REV",
                     help="a gateway to measure (repeatable; default auto): this checkout's with that --http-client "
                          "to the engine, or revision REV's")
@@ -266,6 +287,7 @@ def main() -> None:
     n1 = max(n // 4, 20)  # at concurrency 1
     rounds = args.rounds or (2 if args.quick else 3)
     c = args.concurrency
+    loaded = f"Poisson {args.rate:g} req/s" if args.rate else f"c={c}"  # (the loaded phase)
     workdir = tempfile.mkdtemp()
     engine_url, model, close_engine, engine_pid = start_engine(args.engine, args.sim_model, args.gap_ms)
     gateways: list[tuple[str, str, subprocess.Popen[str]]] = []
@@ -296,10 +318,10 @@ def main() -> None:
                 row[name] = bench(url, model, n1, 1)
             for name, url, proc in turn:
                 if proc is None:
-                    row[name] |= {f"{k}_c": v for k, v in bench(url, model, n, c).items()}
+                    row[name] |= {f"{k}_c": v for k, v in bench(url, model, n, c, rate=args.rate).items()}
                     continue
                 chunks0, cpu0, sys0 = relayed_chunks(url), cpu_s(proc.pid), cpu_s(proc.pid, slice(12, 13))
-                via = bench(url, model, n, c)
+                via = bench(url, model, n, c, rate=args.rate)
                 cpu1, sys1, chunks1 = cpu_s(proc.pid), cpu_s(proc.pid, slice(12, 13)), relayed_chunks(url)
                 chunks = chunks1 - chunks0
                 row[name] |= {f"{k}_c": v for k, v in via.items()} | {
@@ -310,25 +332,27 @@ def main() -> None:
             for name, _, _ in gateways:
                 x = row[name]
                 x["added_c1"], x["added_c"] = x["ttft"] - d["ttft"], x["ttft_c"] - d["ttft_c"]
+                x["added_transport_c"] = x["transport_c"] - d["transport_c"]
             rows.append(row)
             failed = sum(x["failed"] + x["failed_c"] for x in row.values())
             own = f" (the engine's own {d['engine_ttft_c']:.2f})" if d["engine_ttft_c"] == d["engine_ttft_c"] else ""
-            print(f"round {r + 1}: direct TTFT p50 {d['ttft']:.2f} ms at c=1, {d['ttft_c']:.2f} ms at c={c}{own}, "
+            print(f"round {r + 1}: direct TTFT p50 {d['ttft']:.2f} ms at c=1, {d['ttft_c']:.2f} ms at {loaded}{own}, "
                   f"{d['rps_c']:.0f} req/s; failed {failed:.0f}", flush=True)
             for name, _, _ in gateways:
                 x = row[name]
-                own = f" (the engine's own {x['engine_ttft_c']:.2f})" if x["engine_ttft_c"] == x["engine_ttft_c"] else ""
+                own = (f" (the engine's own {x['engine_ttft_c']:.2f}; in transport {x['added_transport_c']:+.2f})"
+                       if x["engine_ttft_c"] == x["engine_ttft_c"] else "")
                 print(f"  via {name:<14} TTFT p50 {x['ttft']:.2f} ms at c=1 ({x['added_c1']:+.2f}), {x['ttft_c']:.2f} ms "
-                      f"at c={c}{own} ({x['added_c']:+.2f}); CPU {x['cpu']:.1f} ms per 1,000 chunks (system {x['sys']:.1f}); "
+                      f"at {loaded}{own} ({x['added_c']:+.2f}); CPU {x['cpu']:.1f} ms per 1,000 chunks (system {x['sys']:.1f}); "
                       f"{x['rps_c']:.0f} req/s", flush=True)
             if lite is not None:
                 l1 = bench(lite[0], model, n1, 1, LITELLM_KEY)
                 lcpu0 = tree_cpu_s(lite[1].pid)
-                lv = bench(lite[0], model, n, c, LITELLM_KEY)
+                lv = bench(lite[0], model, n, c, LITELLM_KEY, rate=args.rate)
                 lcpu1 = tree_cpu_s(lite[1].pid)
                 row["litellm"] = {"added_c1": l1["ttft"] - d["ttft"], "added_c": lv["ttft"] - d["ttft_c"],
                                   "cpu": (lcpu1 - lcpu0) * 1e3 / (n * CHUNKS) * 1000, "rps_c": lv["rps"]}
-                print(f"  LiteLLM: TTFT p50 at c=1 {l1['ttft']:.2f} ms, at c={c} {lv['ttft']:.2f} ms; "
+                print(f"  LiteLLM: TTFT p50 at c=1 {l1['ttft']:.2f} ms, at {loaded} {lv['ttft']:.2f} ms; "
                       f"CPU {row['litellm']['cpu']:.0f} ms per 1,000 chunks (counted as sent); req/s {lv['rps']:.0f}; "
                       f"failed {l1['failed'] + lv['failed']}", flush=True)
     finally:
@@ -345,9 +369,9 @@ def main() -> None:
         return statistics.median(float(row[path][k]) for row in rows)
 
     what = f"a stub engine ({CHUNKS} chunks {args.gap_ms:g} ms apart{', in lockstep' if args.engine == 'lockstep' else ''})" if args.engine != "sim" else f"sim serve ({args.sim_model} on H200)"
-    print(f"\nmedian of {rounds} rounds against {what}, {CHUNKS}-token streams, {n} requests at c={c}, {n1} at c=1 "
-          f"(direct: {med('direct', 'rps_c'):.0f} req/s at c={c}):")
-    print(f"  {'gateway':<16} {'added TTFT p50 c=1':>18} {f'c={c}':>9} {'CPU/1k chunks':>14} {'(system)':>9} {'req/s':>6}")
+    print(f"\nmedian of {rounds} rounds against {what}, {CHUNKS}-token streams, {n} requests at {loaded}, {n1} at c=1 "
+          f"(direct: {med('direct', 'rps_c'):.0f} req/s at {loaded}):")
+    print(f"  {'gateway':<16} {'added TTFT p50 c=1':>18} {f'{loaded}':>9} {'CPU/1k chunks':>14} {'(system)':>9} {'req/s':>6}")
     for name, _, _ in gateways:
         print(f"  {name:<16} {med(name, 'added_c1'):>+15.2f} ms {med(name, 'added_c'):>+6.2f} ms {med(name, 'cpu'):>11.1f} ms "
               f"{med(name, 'sys'):>9.1f} {med(name, 'rps_c'):>6.0f}")
@@ -355,13 +379,16 @@ def main() -> None:
     for name, _, _ in gateways[1:]:
         print(f"  {first} against {name}: CPU per chunk {med(first, 'cpu') / med(name, 'cpu'):.2f}x, "
               f"req/s {med(first, 'rps_c') / med(name, 'rps_c'):.2f}x; added TTFT p50 at c=1 {med(first, 'added_c1'):+.2f} "
-              f"against {med(name, 'added_c1'):+.2f} ms, at c={c} {med(first, 'added_c'):+.2f} against "
+              f"against {med(name, 'added_c1'):+.2f} ms, at {loaded} {med(first, 'added_c'):+.2f} against "
               f"{med(name, 'added_c'):+.2f} ms")
+    if med("direct", "transport_c") == med("direct", "transport_c"):  # (an engine with its own timeline)
+        print(f"  of the added TTFT at {loaded}, in transport (each request's client TTFT less the engine's own, "
+              "p50, against direct): " + ", ".join(f"{name} {med(name, 'added_transport_c'):+.2f} ms" for name, _, _ in gateways))
     print(f"  targets ({first}): added TTFT p50 < 1 ms at c=32; CPU <= 60 ms per 1,000 chunks; >= 200 req/s")
     if lite is None:
         print("  LiteLLM: not measured (--litellm EXE)")
     else:
-        print(f"  LiteLLM added TTFT p50 at c=1   {med('litellm', 'added_c1'):+.2f} ms;  at c={c}: {med('litellm', 'added_c'):+.2f} ms")
+        print(f"  LiteLLM added TTFT p50 at c=1   {med('litellm', 'added_c1'):+.2f} ms;  at {loaded}: {med('litellm', 'added_c'):+.2f} ms")
         print(f"  LiteLLM CPU per 1,000 chunks     {med('litellm', 'cpu'):.0f} ms   (ratio to {first}: "
               f"{med('litellm', 'cpu') / med(first, 'cpu'):.1f}x)")
         print(f"  req/s via LiteLLM                {med('litellm', 'rps_c'):.0f}")
