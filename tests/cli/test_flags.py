@@ -198,7 +198,7 @@ def test_headers_from_the_environment_are_one_per_line_and_keep_their_spaces() -
     seen: list[tuple[str | None, str | None]] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             seen.append((self.headers.get("X-Team"), self.headers.get("X-Other")))
             self.send_response(500)
             self.send_header("Content-Length", "0")

@@ -358,7 +358,8 @@ def test_a_runs_requests_jsonl_replays_as_a_trace_and_is_compared(tmp_path: Path
         return json.loads(q.stdout)  # type: ignore[no-any-return]
 
     same = replay()
-    assert same["counts"]["completed"] == 18  # warm-ups are replayed as load, not compared
+    # the run's warm-ups are replayed as warm-ups: load, neither counted nor compared
+    assert (same["counts"]["completed"], same["counts"]["warmup"]) == (16, 2)
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
         c = same["trace_comparison"][key]
         assert c["requests"] == 16 and abs(c["error_pct"]) < 0.01, key

@@ -101,7 +101,7 @@ def parse_rate(value: str | None) -> float | None:
         raise click.BadParameter(f"{value!r} is not a number or 'inf'") from None
 
 
-class LineParam(click.ParamType):
+class LineParam(click.types.StringParamType):
     """A repeatable option's value that may hold spaces (a header 'Name: value', a
     condition): from the environment (``INFERLAB_BENCH_HEADER``) one value per line, not
     per word as click splits other lists."""

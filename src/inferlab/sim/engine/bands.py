@@ -200,7 +200,7 @@ def prediction_block(
     for key, cls in SUMMARY_METRICS.items():
         band = error_band(fam, regime, cls, path) if twin is None else twin.get(cls)
         bands[key] = None if band is None else band.to_json()
-    block = {
+    block: dict[str, Any] = {
         "label": "prediction: simulated, not measured",
         "engine_family": fam.value,
         "regime": regime,
