@@ -196,7 +196,7 @@ def test_export_csv_formats_and_errors(tmp_path: Path) -> None:
     whole = invoke("export", str(cut), "--format", "csv-summary")[1]
     (cut / "summary.json").unlink()
     code, out, err = invoke("export", str(cut), "--format", "csv-summary")
-    assert code == 0 and "computed from its requests.jsonl (8 records)" in err
+    assert code == 0 and "computed from its requests.jsonl" in err
     assert out == whole
     code, out, _ = invoke("export", str(cut), "--format", "vllm")
     assert code == 0 and json.loads(out)["completed"] == 6

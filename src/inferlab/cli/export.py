@@ -45,22 +45,19 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
     summary_path = folder / "summary.json"
     if summary_path.is_file():
         summary = read_summary(summary_path)
-        records = None
     elif (folder / "requests.jsonl").is_file():
         # a run killed before it ended, or a gateway's access log: what it measured is
-        # all in its records (the summary is computed from them as at a run's end)
-        records = list(read_records(folder / "requests.jsonl"))
-        summary = Summary.from_json(load_run(folder).summary)  # (as report computes it)
+        # all in its records (the summary computed from them as report computes it)
+        summary = Summary.from_json(load_run(folder).summary)
         summary_path = folder / "requests.jsonl"
         click.echo(f"inferlab export: {run_dir} has no summary.json: the summary is computed from its "
-                   f"requests.jsonl ({len(records)} records)", err=True)
+                   "requests.jsonl", err=True)
     else:
         raise UsageError(f"{run_dir}: neither summary.json nor requests.jsonl (not a run directory)")
     if fmt == "csv-summary":
         text = summary_csv(summary)
     else:
-        if records is None:
-            records = list(read_records(folder / "requests.jsonl"))
+        records = list(read_records(folder / "requests.jsonl"))
         if fmt == "csv-requests":
             text = requests_csv(records, run_source(summary))
         else:
@@ -78,4 +75,3 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
     except OSError as e:
         raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
     return 0
-

@@ -141,8 +141,8 @@ class UserReplayPolicy:
     spec)`` in recorded order; each user sends its own in that order, the first at its
     recorded time, each next one when its previous one ends (so a slower or faster
     server changes the sends as it changed them in the run). The first ``warmup``
-    requests of the trace are warm-up. ``trace_positions[i]`` is the position in ``requests`` of send ``i``
-    (sends need not go in recorded order)."""
+    requests of the trace are warm-up. ``trace_positions[i]`` is the position in
+    ``requests`` of send ``i`` (sends need not go in recorded order)."""
 
     wants_answers = False
 

@@ -122,7 +122,7 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     path = config.efficiencies_path
     eff = load_efficiencies(path, rules.efficiencies) if path else rules.efficiencies
     _validate_flags(config, model.max_position_embeddings)
-    if config.num_scheduler_steps > 1 and not rules.multi_step:  # (accepted, it would change nothing)
+    if config.num_scheduler_steps > 1 and not rules.multi_step:  # (it would simulate groups the engine has not)
         raise ConfigError(
             f"num_scheduler_steps {config.num_scheduler_steps}: {rules.engine} has no multi-step scheduling "
             "(vLLM 0.5.5-0.7 had it: --engine-family vllm-v0); leave it out"
