@@ -17,7 +17,8 @@ Parts (``--parts``, all by default):
   count over the same window: the server never waits, so that is what the tool's core
   allowed, unless the server's core was full (printed beside it). ``inferlab-1`` sends
   with the stack ``bench`` picks (httptools where the ``fast`` extra installed it),
-  ``inferlab-1-aiohttp`` with ``--http-client aiohttp``.
+  ``inferlab-1-aiohttp`` with ``--http-client aiohttp``, ``inferlab-1@REV`` is
+  ``inferlab-1`` as git revision REV of this repository had it (its ``src/``).
 - ``ttft``: ``inferlab bench`` against ``inferlab sim serve`` (Qwen2.5-7B on H100, 256
   prompt tokens, 64 output tokens) at 1, 64, 256 and 512 streams with 1 and 2 workers:
   client TTFT minus the server's own TTFT per request (the summary's
@@ -33,6 +34,7 @@ Parts (``--parts``, all by default):
     python bench/client_scale.py             # about 15 minutes
     python bench/client_scale.py --parts cpu --tools inferlab-1,aiperf --rounds 3
     python bench/client_scale.py --parts cpu --tools inferlab-1,inferlab-1-aiohttp --rounds 3
+    python bench/client_scale.py --parts cpu --tools inferlab-1,inferlab-1@main --rounds 3
     python bench/client_scale.py --setup     # first: the peers' venvs under /tmp
 
 Loopback only; every load is bounded in requests and time; every process started here
@@ -63,6 +65,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gateway_overhead import checkout
 
 BENCH = Path(__file__).resolve().parent
 MOCK = BENCH / "mock_server.py"
@@ -309,14 +313,23 @@ class Tool:
     chunks_per_run: int = 200_000
 
 
-def _inferlab(workers: int, http_client: str = "auto") -> Command:
+def _inferlab(workers: int, http_client: str = "auto", rev: str | None = None) -> Command:
+    """``inferlab bench``; of this checkout, or of git revision ``rev`` (its ``src/``
+    first on the path: the same interpreter and installed libraries)."""
+    src: list[Path] = []
+
     def command(url: str, w: Load, work: Path) -> tuple[list[str], dict[str, str] | None]:
+        env = None
+        if rev is not None:
+            if not src:
+                src.append(checkout(rev, Path(tempfile.mkdtemp(prefix="client-scale-rev-"))))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(src[0]), os.environ.get("PYTHONPATH", "")]))
         return [
             sys.executable, "-m", "inferlab", "bench", "--url", url, "--model", MODEL,
             "--concurrency", str(w.concurrency), "--num-requests", str(w.requests),
             "--input-tokens", str(INPUT_TOKENS), "--output-tokens", str(w.chunks),
             "--workers", str(workers), "--http-client", http_client, "--out", str(work / "out"), "--json",
-        ], None  # fmt: skip
+        ], env  # fmt: skip
 
     return command
 
@@ -710,6 +723,9 @@ def main(argv: list[str] | None = None) -> int:
     parts = args.parts.split(",")
     if unknown := [p for p in parts if p not in ("server", "cpu", "ttft", "poisson")]:
         ap.error(f"unknown parts: {', '.join(unknown)}")
+    for name in args.tools.split(","):
+        if name.startswith("inferlab-1@"):  # (this tool at another revision)
+            TOOLS[name] = Tool(name, f"inferlab --workers 1 at {name[11:]}", _inferlab(1, rev=name[11:]))
     if unknown := [n for n in args.tools.split(",") if n not in TOOLS]:
         ap.error(f"unknown tools: {', '.join(unknown)}")
     if args.setup:

@@ -239,6 +239,12 @@ class StreamRecorder:
         if record.ttfb_ns is None:
             record.ttfb_ns = t_ns
         reader = self._reader
+        if reader.wire_template is not None and self._parser.idle:
+            arrivals = reader.wire_event(data)  # (the stream's usual chunk: most reads)
+            if arrivals is not None:
+                if arrivals:
+                    record.content_ns.append(t_ns)
+                return True
         for event in self._parser.feed(data):
             try:
                 arrivals = reader.event(event)

@@ -179,6 +179,12 @@ class StreamRelay:
         if record.ttfb_ns is None:
             record.ttfb_ns = now - self.obs.t0_ns
         parser = self.parser
+        if not self.keep and self.reader.wire_template is not None and parser.idle:
+            arrivals = self.reader.wire_event(data)  # (the stream's usual chunk: passed on)
+            if arrivals is not None:
+                if arrivals:
+                    self._arrived(arrivals, now)
+                return data
         events = parser.feed(data)
         comments = parser.comments
         if comments:  # (so the read is not plain: its events are written re-encoded)
@@ -186,6 +192,15 @@ class StreamRelay:
             comments.clear()
             return out + self._events(events, now, None)
         return self._events(events, now, data if parser.plain else None) if events else b""
+
+    def _arrived(self, arrivals: int, now: int) -> None:
+        """``arrivals`` content chunks (choices) came at ``now``."""
+        content = self.obs.content_ns
+        if content and self.itl is not None:
+            self.itl.observe((now - content[-1]) / NS_PER_S)
+        content.extend([now] * arrivals)
+        if self.reserved_output is not None and len(content) > self.reserved_output and self.grow:
+            self.grow(len(content))
 
     def _events(self, events: list[str], now: int, raw: bytes | None) -> bytes:
         """The bytes to write for ``events`` (completed by one read at ``now``): ``raw``,
@@ -220,12 +235,7 @@ class StreamRelay:
                         del obj["usage"]
                         timeline = json.dumps(obj, separators=(",", ":"))
             if arrivals:
-                content = self.obs.content_ns
-                if content and self.itl is not None:
-                    self.itl.observe((now - content[-1]) / NS_PER_S)
-                content.extend([now] * arrivals)
-                if self.reserved_output is not None and len(content) > self.reserved_output and self.grow:
-                    self.grow(len(content))
+                self._arrived(arrivals, now)
             if self.keep:
                 if self.first is None and data != "[DONE]":
                     try:

@@ -193,27 +193,118 @@ class ResponseReader:
         self.cached_seen = False
         self.cached_tokens: int | None = None
         self.timeline: dict[str, Any] | None = None
+        # (``_learn``: the stream's own chunk with its text cut out, and how many more
+        # chunks may be decoded to find it)
+        self._template: tuple[str, str, int, int] | None = None
+        self._learn_left = _LEARN_TRIES
+        #: the template as an SSE event on the wire (``data: `` + head, tail + blank line,
+        #: their lengths), for a client that reads events straight from the bytes; None
+        #: while there is no template, or where its head or tail holds a line break
+        self.wire_template: tuple[bytes, bytes, int, int] | None = None
 
     def event(self, data: str) -> int:
         """Read one SSE ``data`` payload of a stream; return how many of its choices
         carried generated content (text, reasoning or a tool call): one arrival each.
         ``[DONE]`` sets ``done`` and returns 0. ``MalformedResponse`` if the payload is
         not a JSON object, ``ErrorInResponse`` if it is an error."""
+        template = self._template
+        if template is not None:
+            head, tail, start, cut = template
+            end = len(data) - cut
+            if end >= start and data.startswith(head) and data.endswith(tail):
+                text = data[start:end]
+                if _unsafe_in_string(text) is None:  # (this stream's chunk, with ``text``)
+                    if not text:
+                        return 0
+                    self.output_chars += len(text)
+                    if self.text_out is not None:
+                        self.text_out.append(text)
+                    return 1
         if data == DONE:
             self.done = True
             return 0
         plain = _plain_chunk(data) if _plain_chunk is not None else None
         if plain is not None:
-            return self._read_plain(*plain.group("content", "text", "finish"))
+            arrivals = self._read_plain(*plain.group("content", "text", "finish"))
+        else:
+            try:
+                obj = _decode_json(data)
+            except ValueError:
+                raise MalformedResponse(f"event is not JSON: {data[:80]!r}") from None
+            if not isinstance(obj, dict):
+                raise MalformedResponse(f"event is not a JSON object: {data[:80]!r}")
+            if "error" in obj:
+                raise ErrorInResponse(error_message(obj))
+            arrivals = self._read(obj, "delta")
+        if arrivals == 1 and self._learn_left:
+            self._learn(data)
+        return arrivals
+
+    def wire_event(self, data: bytes) -> int | None:
+        """Read ``data``, one read of a stream's bytes, if it is exactly one SSE event
+        that is this stream's template but for its text (``wire_template``; the caller
+        holds nothing of an earlier read): return its arrivals, as ``event`` would; None
+        if it is not such an event (then nothing was read: parse it as usual)."""
+        wire = self.wire_template
+        if wire is None:
+            return None
+        head, tail, start, cut = wire
+        end = len(data) - cut
+        if end < start or not data.startswith(head) or not data.endswith(tail):
+            return None
+        raw = data[start:end]
+        if unsafe_in_wire_text(raw) is not None:
+            return None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # (the parser reads it, with replacement characters)
+        if not text:
+            return 0
+        self.output_chars += len(text)
+        if self.text_out is not None:
+            self.text_out.append(text)
+        return 1
+
+    def _learn(self, data: str) -> None:
+        """Take ``data``, a chunk that carried one piece of text and nothing else this
+        reader keeps, as the stream's template: the chunk with its text cut out, so that
+        a later chunk that is the same but for that text is read by comparing its head
+        and tail and taking what is between. Kept only if proven: the chunk decoded again
+        with a probe string in the text's place must equal the chunk decoded with the
+        probe put there, and the text is a JSON string's whole body as written (no
+        quote, backslash or control character, occurring once in the chunk). A string
+        body with none of those decodes to itself and cannot end the string or change
+        how the rest is read, so any chunk of head + such a body + tail decodes as the
+        template does, with that body as its text: what the decoder and ``_read``
+        would have returned."""
+        self._learn_left -= 1
         try:
             obj = _decode_json(data)
         except ValueError:
-            raise MalformedResponse(f"event is not JSON: {data[:80]!r}") from None
-        if not isinstance(obj, dict):
-            raise MalformedResponse(f"event is not a JSON object: {data[:80]!r}")
-        if "error" in obj:
-            raise ErrorInResponse(error_message(obj))
-        return self._read(obj, "delta")
+            return
+        slot = _text_slot(obj)
+        if slot is None:
+            return
+        box, key = slot
+        text = box[key]
+        quoted = f'"{text}"'
+        if _unsafe_in_string(text) is not None or data.count(quoted) != 1:
+            return
+        start = data.index(quoted) + 1
+        head, tail = data[:start], data[start + len(text):]
+        try:
+            probe = _decode_json(head + _PROBE + tail)
+        except ValueError:
+            return
+        box[key] = _PROBE
+        if probe == obj:
+            self._template = (head, tail, len(head), len(tail))
+            wire = None
+            if not any(c in head or c in tail for c in "\r\n"):
+                whead, wtail = b"data: " + head.encode(), tail.encode() + b"\n\n"
+                wire = (whead, wtail, len(whead), len(wtail))
+            self.wire_template = wire
 
     def body(self, raw: bytes) -> None:
         """Read a whole (non-streamed) response body. ``MalformedResponse`` if it is not a
@@ -346,6 +437,44 @@ _CHUNK = _object(
 _plain_chunk: Callable[[str], re.Match[str] | None] | None = (
     None if JSON_LIBRARY == "orjson" else re.compile(_CHUNK).fullmatch
 )
+
+
+#: ``ResponseReader._learn``: chunks decoded in search of a template, per stream (a
+#: stream that changes its chunk's shape, such as reasoning then content, learns again).
+_LEARN_TRIES = 4
+_PROBE = "inferlab template probe"
+#: A character a JSON string cannot hold as written: what ends it, escapes, control.
+_unsafe_in_string = re.compile(r'["\\\x00-\x1f]').search
+#: The same in a text's UTF-8 bytes (``ResponseReader.wire_event``).
+unsafe_in_wire_text = re.compile(rb'["\\\x00-\x1f]').search
+
+
+def _text_slot(obj: Any) -> tuple[dict[str, Any], str] | None:
+    """Where the one piece of text of a chunk is (its container and key), if reading the
+    chunk does nothing but take that text (one arrival): one choice, no finish reason,
+    no tool call, exactly one non-empty text (content, reasoning or ``text``), no error,
+    no usage, no timeline; else None."""
+    if not isinstance(obj, dict) or "error" in obj:
+        return None
+    if isinstance(obj.get("usage"), dict) or isinstance(obj.get("inferlab_timeline"), dict):
+        return None
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    if choice.get("finish_reason"):
+        return None
+    found: list[tuple[dict[str, Any], str]] = []
+    part = choice.get("delta")
+    if isinstance(part, dict):
+        if part.get("tool_calls"):
+            return None
+        found += [(part, key) for key in ("content", "reasoning_content", "reasoning") if part.get(key)]
+    if choice.get("text"):
+        found.append((choice, "text"))
+    if len(found) != 1 or not isinstance(found[0][0][found[0][1]], str):
+        return None
+    return found[0]
 
 
 def _int_or_none(v: object) -> int | None:

@@ -57,6 +57,11 @@ class SSEParser:
         self.plain = False
         self.comments: list[bytes] | None = [] if keep_comments else None
 
+    @property
+    def idle(self) -> bool:
+        """Nothing is held from earlier reads: the next read starts an event."""
+        return not self._buffer and not self._data and not self._pending_cr
+
     def feed(self, chunk: bytes) -> list[str]:
         """Consume ``chunk``; return the data of each event it completed, in order."""
         if not self._buffer and not self._data and not self._pending_cr and chunk.endswith(b"\n\n"):
