@@ -1,6 +1,6 @@
 """A fast mock OpenAI server for client benchmarks, and a client that parses nothing.
 
-The server (raw asyncio, HTTP/1.1 keep-alive, chunked transfer encoding) streams vLLM's
+The server (raw asyncio protocols, on uvloop where installed; HTTP/1.1 keep-alive, chunked transfer encoding) streams vLLM's
 chat chunks with no simulated delay: ``max_tokens`` content chunks per request, then a
 finish chunk, a usage chunk and ``[DONE]``. Like an engine with no step time, each step
 writes one content chunk to every stream whose socket can take it (one write each) and
@@ -155,8 +155,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # (uvloop's is no asyncio.Transport subclass)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -263,7 +262,12 @@ def serve(port: int) -> None:
         print(server.sockets[0].getsockname()[1], flush=True)
         await pump.run()
 
-    asyncio.run(main())
+    try:  # (uvloop where installed: a higher ceiling, so that the client sets the pace)
+        import uvloop
+    except ImportError:
+        asyncio.run(main())
+    else:
+        uvloop.run(main())
 
 
 def drain(url: str, conns: int, chunks: int, seconds: float) -> None:
