@@ -83,7 +83,7 @@ async def run_preflight(
         _fail_if_unusable(endpoint, first)
         if not first.ok:
             return Preflight(accepts_exact_output=accepts, warnings=notes)
-        tok = _Tokenize(session, endpoint)
+        tok = TokenizeRoute(session, endpoint)
         if tokenizer is not None:
             raw: int | None = len(tokenizer.encode(text))
             _refuse_a_foreign_tokenizer(tokenizer, len(tokenizer.encode(text)), await tok.count(text), first.input_tokens, endpoint)
@@ -170,41 +170,52 @@ def _fail_if_unusable(endpoint: Endpoint, r: RequestRecord) -> None:
         )
 
 
-class _Tokenize:
+class TokenizeRoute:
     """The server's tokenize route, if it has one: ``POST /tokenize`` with ``prompt``
     (vLLM, SGLang, the simulator: ``count``/``tokens``) or ``content`` (llama.cpp:
     ``tokens``). ``add_special_tokens`` false: counts are of the text alone. A count of
     zero for non-empty input is no answer (llama.cpp answers a body without
-    ``content`` with no tokens); once ``content`` has answered, it is sent directly."""
+    ``content`` with no tokens); once ``content`` has answered, it is sent directly.
+    ``available`` turns False once the server has answered without a count at every
+    URL before any count came; a request that got no answer at all (a timeout, a
+    refused connection) leaves it as it was. ``timeout_s`` bounds each request."""
 
-    def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint) -> None:
+    def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint, timeout_s: float = 30.0) -> None:
         self.session = session
         self.endpoint = endpoint
+        self.timeout_s = timeout_s
         root = endpoint.base_url.removesuffix("/v1")
         self.urls = [root + "/tokenize", endpoint.base_url + "/tokenize"]
         self.available = True
         self._url: str | None = None
         self._content_body = False  # llama.cpp's {"content": text}
         self._limit = asyncio.Semaphore(_TOKENIZE_CONCURRENCY)
+        self._unanswered = False  # (the last ``_post`` got no answer at all)
 
     async def _post(self, url: str, body: dict[str, Any]) -> Any:
-        """The JSON answer, or None for an error status, a non-JSON answer or a failure.
-        A closed connection is tried once more: the pooled connection may be one the
-        server closed after the probe (llama.cpp closes the connection after every
-        streamed response, though it says keep-alive), and counting has no side effect."""
+        """The JSON answer, or None for an error status, a non-JSON answer or a failure
+        (``_unanswered`` says which). A closed connection is tried once more: the pooled
+        connection may be one the server closed after the probe (llama.cpp closes the
+        connection after every streamed response, though it says keep-alive), and
+        counting has no side effect."""
         import aiohttp
 
+        self._unanswered = False
         for attempt in range(2):
             try:
                 async with self._limit, self.session.post(
                     url, data=json.dumps(body), headers=self.endpoint.request_headers(),
-                    timeout=aiohttp.ClientTimeout(total=30),
+                    timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 ) as resp:
                     return await resp.json(content_type=None) if resp.status < 400 else None
             except aiohttp.ClientConnectionError as e:
                 if attempt or isinstance(e, TimeoutError):
+                    self._unanswered = True
                     return None
-            except (aiohttp.ClientError, TimeoutError, ValueError):
+            except TimeoutError:
+                self._unanswered = True
+                return None
+            except (aiohttp.ClientError, ValueError):
                 return None
         return None
 
@@ -223,6 +234,8 @@ class _Tokenize:
             if n is not None and (n > 0 or text == ""):
                 self._url = url
                 return n
+            if self._unanswered:
+                return None  # (no answer: nothing learnt of the route)
         if self._url is None:
             self.available = False
         return None

@@ -48,7 +48,13 @@ from inferlab.client.metrics import scrape
 from inferlab.gateway.admission import Admission, Rejected, Ticket
 from inferlab.gateway.cache import CACHE_HEADER, Entry, ResponseCache, cache_key, cacheable
 from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
-from inferlab.gateway.estimate import count_prompt, prompt_counter, prompt_of
+from inferlab.gateway.estimate import (
+    UPSTREAM,
+    UpstreamTokens,
+    count_prompt,
+    prompt_counter,
+    prompt_of,
+)
 from inferlab.gateway.metrics import GatewayMetrics, Series
 from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
 from inferlab.gateway.relay import ClientStream, Observed, StreamRelay, read_body
@@ -135,7 +141,7 @@ class _Request:
     key: KeyConfig | None
     stream: bool
     include_usage: bool
-    input_tokens: int  # estimated
+    input_tokens: int  # counted ([admission] tokenizer) or estimated
     output_tokens: int  # reserved: max_tokens (or the default), times n
     prefix: bytes  # the prompt's beginning, for prefix affinity
 
@@ -154,6 +160,10 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self._keys = {k.sha256: k for k in config.keys}
         self._count = prompt_counter(config.admission.tokenizer)
+        # ``tokenizer = "upstream"``: per upstream, its /tokenize (made with the sessions)
+        self._tokenize: list[UpstreamTokens] | None = None
+        tokenizer = config.admission.tokenizer
+        self._count_source = tokenizer if tokenizer in ("estimate", "builtin") else "tokenizer"
         adm = config.admission
         ups = config.upstreams
         self.admission = Admission(
@@ -210,6 +220,9 @@ class Gateway:
 
     async def _start(self, app: web.Application) -> None:
         await self.upstreams.open()
+        if self.config.admission.tokenizer == UPSTREAM:
+            self._tokenize = [UpstreamTokens(self.session, u.url, u.api_key, u.name, self._count)
+                              for u in self.config.upstreams]
         red = self.config.redis
         if red is not None:
             self._redis = connect(red.url)
@@ -475,6 +488,12 @@ class Gateway:
         key = self._authenticate(request)
         req = await self._read(request, api, key)
         candidates = await self._candidates(req.model)
+        if self._tokenize is not None:  # (the first upstream that may take it counts)
+            counter = self._tokenize[(self.health.healthy(candidates) or candidates)[0]]
+            req.input_tokens, source = await counter.count(req.body, api == "chat", req.model)
+            self.metrics.prompt_counts.labels(source).inc()
+        else:
+            self.metrics.prompt_counts.labels(self._count_source).inc()
         record = RequestRecord(next(self._seq), send_ns=received - self.t0_ns,
                                requested_input_tokens=req.input_tokens, requested_output_tokens=req.output_tokens)
         obs = Observed(record, self.t0_ns, received)

@@ -24,7 +24,7 @@ queue_max = 256
 queue_timeout_s = 30
 starvation_s = 5               # a waiter older than this goes first (size-aware queue)
 default_max_tokens = 256       # reserved for a request that gives no max_tokens
-tokenizer = "estimate"         # 4 characters a token; "builtin" (the simulator's); or a tokenizer.json
+tokenizer = "estimate"         # 4 characters a token; "builtin" (the simulator's); "upstream" (its /tokenize); or a tokenizer.json
 
 [cache]
 enabled = true

@@ -5,11 +5,14 @@ count (``usage``) when the request ends."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from inferlab._errors import UsageError
 from inferlab.workload.tokenizers import chatml
+
+log = logging.getLogger("inferlab.gateway")
 
 #: Characters per token of English text with common BPE vocabularies (a rough, usually
 #: high, estimate: it reserves a little more than a request will use).
@@ -18,12 +21,21 @@ CHARS_PER_TOKEN = 4
 Counter = Callable[[str], int]
 
 
+#: ``[admission] tokenizer = "upstream"``: each upstream's own ``/tokenize`` counts
+#: (``UpstreamTokens``); 4 characters a token where it cannot.
+UPSTREAM = "upstream"
+#: The longest wait for an upstream's ``/tokenize`` before a request is counted by the
+#: estimate instead.
+TOKENIZE_TIMEOUT_S = 5.0
+
+
 def prompt_counter(tokenizer: str) -> Counter:
     """A function from prompt text to its token count: ``estimate`` (one token per
     ``CHARS_PER_TOKEN`` characters), ``builtin`` (the simulator's tokenizer, exact for
-    ``sim serve``) or the path of a tokenizer.json (needs the ``tokenizers`` extra).
+    ``sim serve``) or the path of a tokenizer.json (needs the ``tokenizers`` extra);
+    for ``upstream``, the estimate (what ``UpstreamTokens`` falls back on).
     ``UsageError`` if the tokenizer cannot be loaded."""
-    if tokenizer == "estimate":
+    if tokenizer in ("estimate", UPSTREAM):
         return lambda text: -(-len(text) // CHARS_PER_TOKEN)
     if tokenizer == "builtin":
         from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
@@ -59,3 +71,52 @@ def count_prompt(prompt: str | list[Any], count: Counter) -> int:
 def prompt_tokens(body: dict[str, Any], chat: bool, count: Counter) -> int:
     """A checked request's prompt tokens (``prompt_of``, counted by ``count``)."""
     return count_prompt(prompt_of(body, chat), count)
+
+
+class UpstreamTokens:
+    """Prompt tokens by one upstream's own ``/tokenize`` (``tokenizer = "upstream"``):
+    a chat request's messages as the engine's chat template renders them, where its
+    route takes messages (vLLM, SGLang, ``sim serve``), else their ChatML text (llama.cpp's
+    takes text only); a completions prompt's text; token ids as given. Where the
+    upstream has no such route, or gives no count within ``TOKENIZE_TIMEOUT_S``, the
+    request is counted by ``fallback`` (``counted_by`` says which counted the last one;
+    the log says once that an upstream has no route)."""
+
+    def __init__(self, session: Any, base_url: str, api_key: str | None, name: str, fallback: Counter) -> None:
+        self.session = session
+        self.base_url = base_url
+        self.api_key = api_key
+        self.name = name
+        self.fallback = fallback
+        self._routes: dict[tuple[str, bool], Any] = {}  # (model, messages?) → TokenizeRoute
+        self._said = False
+
+    def _route(self, model: str, messages: bool) -> Any:
+        from inferlab.client.exchange import Endpoint
+        from inferlab.client.preflight import TokenizeRoute
+
+        route = self._routes.get((model, messages))
+        if route is None:
+            endpoint = Endpoint(self.base_url + "/v1", model, api_key=self.api_key)
+            route = self._routes[(model, messages)] = TokenizeRoute(self.session, endpoint, TOKENIZE_TIMEOUT_S)
+        return route
+
+    async def count(self, body: dict[str, Any], chat: bool, model: str) -> tuple[int, str]:
+        """The prompt tokens of a checked request, and what counted them: ``upstream``
+        or ``estimate``."""
+        prompt = prompt_of(body, chat)
+        if isinstance(prompt, list):
+            return len(prompt), UPSTREAM
+        n = None
+        if chat:
+            n = await self._route(model, True).count_messages(body["messages"])
+        if n is None:
+            text = self._route(model, False)
+            n = await text.count(prompt)
+            if n is None and not text.available and not self._said:
+                self._said = True
+                log.warning("upstream %s has no /tokenize that counts: prompt tokens estimated (%d characters a token)",
+                            self.name, CHARS_PER_TOKEN)
+        if n is None:
+            return count_prompt(prompt, self.fallback), "estimate"
+        return n, UPSTREAM

@@ -161,6 +161,9 @@ class GatewayMetrics:
             ("gen_ai_request_model", "key"), registry=r, buckets=(0.0, *DURATION_BUCKETS_S))
         self.rejections = Counter(
             "inferlab_gateway_rejections", "Requests refused, by reason.", ("reason", "key"), registry=r)
+        self.prompt_counts = Counter(
+            "inferlab_gateway_prompt_counts", "Requests whose prompt tokens were counted, by what counted them "
+            "([admission] tokenizer: a tokenizer, the upstream's /tokenize, or the estimate).", ("source",), registry=r)
         self.cache_hits = Counter(
             "inferlab_gateway_cache_hits", "Requests answered from the response cache.", ("gen_ai_request_model", "key"), registry=r)
         self.cache_misses = Counter(
