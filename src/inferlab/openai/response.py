@@ -214,12 +214,7 @@ class ResponseReader:
             if end >= start and data.startswith(head) and data.endswith(tail):
                 text = data[start:end]
                 if _unsafe_in_string(text) is None:  # (this stream's chunk, with ``text``)
-                    if not text:
-                        return 0
-                    self.output_chars += len(text)
-                    if self.text_out is not None:
-                        self.text_out.append(text)
-                    return 1
+                    return self._take(text)
         if data == DONE:
             self.done = True
             return 0
@@ -259,6 +254,10 @@ class ResponseReader:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             return None  # (the parser reads it, with replacement characters)
+        return self._take(text)
+
+    def _take(self, text: str) -> int:
+        """One choice's generated ``text`` of a chunk (or none): its arrivals."""
         if not text:
             return 0
         self.output_chars += len(text)
@@ -329,12 +328,7 @@ class ResponseReader:
             out += text[1:-1]
         if finish is not None and len(finish) > 2 and finish[0] == '"':
             self.finish_reason = finish[1:-1]
-        if not out:
-            return 0
-        self.output_chars += len(out)
-        if self.text_out is not None:
-            self.text_out.append(out)
-        return 1
+        return self._take(out)
 
     def _read(self, obj: dict[str, Any], part_key: str) -> int:
         """Accumulate one chunk or body whose choices carry their output under
