@@ -173,17 +173,20 @@ def _fail_if_unusable(endpoint: Endpoint, r: RequestRecord) -> None:
 class TokenizeRoute:
     """The server's tokenize route, if it has one: ``POST /tokenize`` with ``prompt``
     (vLLM, SGLang, the simulator: ``count``/``tokens``) or ``content`` (llama.cpp:
-    ``tokens``). ``add_special_tokens`` false: counts are of the text alone. A count of
+    ``tokens``). ``add_special_tokens`` false (``special``: true, so the count is of the
+    prompt the engine will run, a BOS token included): counts are of the text alone. A count of
     zero for non-empty input is no answer (llama.cpp answers a body without
     ``content`` with no tokens); once ``content`` has answered, it is sent directly.
     ``available`` turns False once the server has answered without a count at every
     URL before any count came; a request that got no answer at all (a timeout, a
     refused connection) leaves it as it was. ``timeout_s`` bounds each request."""
 
-    def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint, timeout_s: float = 30.0) -> None:
+    def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint, timeout_s: float = 30.0,
+                 special: bool = False) -> None:
         self.session = session
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.special = special
         root = endpoint.base_url.removesuffix("/v1")
         self.urls = [root + "/tokenize", endpoint.base_url + "/tokenize"]
         self.available = True
@@ -224,12 +227,12 @@ class TokenizeRoute:
             return None
         for url in [self._url] if self._url else self.urls:
             if self._content_body and text is not None:
-                n = _token_count(await self._post(url, {"content": text}))
+                n = _token_count(await self._post(url, {"content": text, "add_special": self.special}))
             else:
                 got = await self._post(url, body)
                 n = _token_count(got)
                 if n == 0 and text and isinstance(got, dict) and "count" not in got:
-                    n = _token_count(await self._post(url, {"content": text}))  # llama.cpp
+                    n = _token_count(await self._post(url, {"content": text, "add_special": self.special}))  # llama.cpp
                     self._content_body = bool(n)
             if n is not None and (n > 0 or text == ""):
                 self._url = url
@@ -241,7 +244,7 @@ class TokenizeRoute:
         return None
 
     async def count(self, text: str) -> int | None:
-        body = {"model": self.endpoint.model, "prompt": text, "add_special_tokens": False}
+        body = {"model": self.endpoint.model, "prompt": text, "add_special_tokens": self.special}
         return await self._count(body, text)
 
     async def count_messages(self, messages: list[dict[str, str]]) -> int | None:

@@ -98,7 +98,8 @@ class UpstreamTokens:
         route = self._routes.get((model, messages))
         if route is None:
             endpoint = Endpoint(self.base_url + "/v1", model, api_key=self.api_key)
-            route = self._routes[(model, messages)] = TokenizeRoute(self.session, endpoint, TOKENIZE_TIMEOUT_S)
+            # (special tokens counted: the engine runs the prompt with them)
+            route = self._routes[(model, messages)] = TokenizeRoute(self.session, endpoint, TOKENIZE_TIMEOUT_S, True)
         return route
 
     async def count(self, body: dict[str, Any], chat: bool, model: str) -> tuple[int, str]:
