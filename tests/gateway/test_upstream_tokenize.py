@@ -6,15 +6,19 @@ a child process (its ``/tokenize`` is vLLM's), the fake upstream (no ``/tokenize
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 from fakeupstream import FakeUpstream
 from gateway_helpers import chat_body, metrics, post, serving, total
 
+from inferlab.gateway import estimate
 from inferlab.gateway.config import AdmissionConfig, CacheConfig, GatewayConfig, UpstreamConfig
+from inferlab.gateway.estimate import UpstreamTokens
 from inferlab.results.runfiles import read_records
 from inferlab.sim.server.launch import ChildServer
 
@@ -72,3 +76,60 @@ async def test_an_upstream_without_tokenize_is_estimated_and_says_so(tmp_path: P
     from inferlab.gateway.estimate import prompt_counter, prompt_tokens
 
     assert reserved == [prompt_tokens(chat_body("ok", t), True, prompt_counter("estimate")) for t in ("ok", "ok again")]
+
+
+class TokenizingUpstream(FakeUpstream):
+    """The fake upstream with a ``/tokenize`` that answers each call as ``answers`` says
+    (the last one again once they run out): ``count`` (7 tokens), ``503``, ``hang``, or
+    ``deep`` (JSON nested too deep to decode)."""
+
+    def __init__(self, *answers: str) -> None:
+        super().__init__()
+        self.answers = answers
+        self.calls = 0
+
+    async def _any(self, request: web.Request) -> web.StreamResponse:
+        if request.path != "/tokenize":
+            return await super()._any(request)
+        await request.read()
+        how = self.answers[min(self.calls, len(self.answers) - 1)]
+        self.calls += 1
+        if how == "503":
+            return web.json_response({"error": {"message": "loading"}}, status=503)
+        if how == "hang":
+            await asyncio.sleep(60)
+        if how == "deep":
+            return web.Response(text="[" * 100_000, content_type="application/json")
+        return web.json_response({"count": 7, "tokens": list(range(7))})
+
+
+async def counted(up: TokenizingUpstream, requests: int, log: Path) -> tuple[list[Any], dict[Any, float]]:
+    async with serving(gateway(up.url, "upstream", log)) as (url, _), aiohttp.ClientSession() as s:
+        for i in range(requests):
+            assert (await post(s, url, chat_body("ok", f"request {i}"))).status == 200
+        m = await metrics(s, url)
+    return [r.requested_input_tokens for r in read_records(log / "requests.jsonl")], m
+
+
+async def test_an_error_status_does_not_retire_the_route(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """(Found in review: one 503 while the engine loaded turned the route off for good.)"""
+    monkeypatch.setattr(UpstreamTokens, "BACKOFF_S", 0.0)
+    async with TokenizingUpstream("503", "count") as up:
+        reserved, m = await counted(up, 3, tmp_path / "log")
+    assert total(m, "inferlab_gateway_prompt_counts_total", source="estimate") == 1
+    assert total(m, "inferlab_gateway_prompt_counts_total", source="upstream") == 2
+    assert reserved[1:] == [7, 7]
+
+
+async def test_a_route_that_hangs_costs_one_request_its_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(estimate, "TOKENIZE_TIMEOUT_S", 0.3)
+    async with TokenizingUpstream("hang") as up:
+        _, m = await counted(up, 4, tmp_path / "log")
+        assert up.calls == 1  # (the rest were not asked: the route rests after no answer)
+    assert total(m, "inferlab_gateway_prompt_counts_total", source="estimate") == 4
+
+
+async def test_an_answer_too_deep_to_decode_is_no_count_not_an_error(tmp_path: Path) -> None:
+    async with TokenizingUpstream("deep") as up:
+        _, m = await counted(up, 2, tmp_path / "log")  # (each answered 200: counted() checks)
+    assert total(m, "inferlab_gateway_prompt_counts_total", source="estimate") == 2

@@ -160,3 +160,13 @@ def test_generated_streams_read_the_same_with_and_without_templates(stream: list
             mp.setattr(response, "_plain_chunk", re.compile(response._CHUNK).fullmatch)
             mp.setattr(response, "_decode_json", json.JSONDecoder().decode)
         assert read(stream, True, mp) == read(stream, False, mp)
+
+
+def test_a_text_that_is_the_probe_proves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """(Found in review.) The chunk's text is the probe string, written with an escape, and
+    the probe is also written plainly elsewhere in the chunk: no template is learned from it."""
+    probe = response._PROBE
+    first = '{"x":"' + probe + '","choices":[{"delta":{"content":"\\u0069' + probe[1:] + '"}}]}'
+    second = first.replace(f'"x":"{probe}"', '"x":"abc"')
+    assert json.loads(first)["choices"][0]["delta"]["content"] == probe
+    assert read([first, second], True, monkeypatch) == read([first, second], False, monkeypatch)

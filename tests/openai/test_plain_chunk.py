@@ -90,6 +90,20 @@ NOT_PLAIN = [
     "not json",
 ]
 
+#: Chunks the match takes whole but that repeat a key it reads: a decoder keeps the last
+#: value, the match its first.
+REPEATED = [
+    '{"choices":[{"delta":{"content":"a"},"delta":{}}]}',
+    '{"choices":[{"finish_reason":"stop"}],"choices":[{"delta":{}}]}',
+    '{"choices":[{"delta":{"content":"a","content":"b"}}]}',
+]
+
+
+@pytest.mark.parametrize("data", REPEATED)
+def test_a_repeated_key_is_left_to_the_decoder(data: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert PLAIN(data) is not None  # (the match alone would read it)
+    assert read([data], True, monkeypatch) == read([data], False, monkeypatch)
+
 
 @pytest.mark.parametrize("data", NOT_PLAIN)
 def test_anything_else_is_left_to_the_decoder(data: str, monkeypatch: pytest.MonkeyPatch) -> None:

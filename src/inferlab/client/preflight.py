@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes no
 PROBE_WORDS = 64
 _MIN_VOCAB = 32  # fewer one-token words than this: fall back to calibration
 _TOKENIZE_CONCURRENCY = 16
+#: Statuses that say a server has no tokenize route at that URL.
+_NO_ROUTE = (404, 405, 501)
 EXACT_LOCAL = "exact (local tokenizer)"
 EXACT_SERVER = "exact (server /tokenize)"
 APPROX_USAGE = "approximate (calibrated from usage)"
@@ -174,57 +176,64 @@ class TokenizeRoute:
     """The server's tokenize route, if it has one: ``POST /tokenize`` with ``prompt``
     (vLLM, SGLang, the simulator: ``count``/``tokens``) or ``content`` (llama.cpp:
     ``tokens``). ``add_special_tokens`` false (``special``: true, so the count is of the
-    prompt the engine will run, a BOS token included): counts are of the text alone. A count of
-    zero for non-empty input is no answer (llama.cpp answers a body without
+    prompt the engine will run, a BOS token included): counts are of the text alone. A
+    count of zero for non-empty input is no answer (llama.cpp answers a body without
     ``content`` with no tokens); once ``content`` has answered, it is sent directly.
-    ``available`` turns False once the server has answered without a count at every
-    URL before any count came; a request that got no answer at all (a timeout, a
-    refused connection) leaves it as it was. ``timeout_s`` bounds each request."""
+    ``available`` turns False once every URL failed before any count came. ``patient``
+    (a long-lived caller: the gateway): only an answer that says there is no such route
+    (404, 405, 501, or a success without a count) counts as failing; a request that got
+    no answer (a timeout, a refused connection) or another error status (a server still
+    loading, one odd request) says nothing of the route, and ``unanswered`` is set.
+    ``timeout_s`` bounds each request; at most ``concurrency`` are in flight."""
 
     def __init__(self, session: aiohttp.ClientSession, endpoint: Endpoint, timeout_s: float = 30.0,
-                 special: bool = False) -> None:
+                 special: bool = False, patient: bool = False, concurrency: int = _TOKENIZE_CONCURRENCY) -> None:
         self.session = session
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.special = special
+        self.patient = patient
         root = endpoint.base_url.removesuffix("/v1")
         self.urls = [root + "/tokenize", endpoint.base_url + "/tokenize"]
         self.available = True
+        self.unanswered = False  # (patient: the last count got no answer that says anything)
         self._url: str | None = None
         self._content_body = False  # llama.cpp's {"content": text}
-        self._limit = asyncio.Semaphore(_TOKENIZE_CONCURRENCY)
-        self._unanswered = False  # (the last ``_post`` got no answer at all)
+        self._limit = asyncio.Semaphore(concurrency)
 
     async def _post(self, url: str, body: dict[str, Any]) -> Any:
         """The JSON answer, or None for an error status, a non-JSON answer or a failure
-        (``_unanswered`` says which). A closed connection is tried once more: the pooled
-        connection may be one the server closed after the probe (llama.cpp closes the
-        connection after every streamed response, though it says keep-alive), and
-        counting has no side effect."""
+        (patient: ``unanswered`` set where it says nothing of the route). A closed
+        connection is tried once more: the pooled connection may be one the server
+        closed after the probe (llama.cpp closes the connection after every streamed
+        response, though it says keep-alive), and counting has no side effect."""
         import aiohttp
 
-        self._unanswered = False
         for attempt in range(2):
             try:
                 async with self._limit, self.session.post(
                     url, data=json.dumps(body), headers=self.endpoint.request_headers(),
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 ) as resp:
-                    return await resp.json(content_type=None) if resp.status < 400 else None
+                    if resp.status < 400:
+                        return await resp.json(content_type=None)
+                    self.unanswered = resp.status not in _NO_ROUTE
+                    return None
             except aiohttp.ClientConnectionError as e:
                 if attempt or isinstance(e, TimeoutError):
-                    self._unanswered = True
+                    self.unanswered = True
                     return None
             except TimeoutError:
-                self._unanswered = True
+                self.unanswered = True
                 return None
-            except (aiohttp.ClientError, ValueError):
+            except (aiohttp.ClientError, ValueError, RecursionError):  # (a body too deep to decode)
                 return None
         return None
 
     async def _count(self, body: dict[str, Any], text: str | None) -> int | None:
         if not self.available:
             return None
+        self.unanswered = False
         for url in [self._url] if self._url else self.urls:
             if self._content_body and text is not None:
                 n = _token_count(await self._post(url, {"content": text, "add_special": self.special}))
@@ -237,8 +246,8 @@ class TokenizeRoute:
             if n is not None and (n > 0 or text == ""):
                 self._url = url
                 return n
-            if self._unanswered:
-                return None  # (no answer: nothing learnt of the route)
+            if self.patient and self.unanswered:
+                return None  # (nothing learnt of the route)
         if self._url is None:
             self.available = False
         return None
@@ -247,8 +256,11 @@ class TokenizeRoute:
         body = {"model": self.endpoint.model, "prompt": text, "add_special_tokens": self.special}
         return await self._count(body, text)
 
-    async def count_messages(self, messages: list[dict[str, str]]) -> int | None:
-        return await self._count({"model": self.endpoint.model, "messages": messages}, None)
+    async def count_messages(self, messages: list[dict[str, str]], tools: Any = None) -> int | None:
+        body = {"model": self.endpoint.model, "messages": messages}
+        if tools is not None:
+            body["tools"] = tools
+        return await self._count(body, None)
 
     async def one_token_words(self, vocab: tuple[str, ...]) -> tuple[str, ...]:
         """The words that are one token both bare and after a space ("w w" → 2). One
@@ -270,7 +282,7 @@ class TokenizeRoute:
 def _token_count(obj: object) -> int | None:
     if not isinstance(obj, dict):
         return None
-    if isinstance(obj.get("count"), int):
+    if type(obj.get("count")) is int:  # (not a bool)
         return int(obj["count"])
     tokens = obj.get("tokens")
     return len(tokens) if isinstance(tokens, list) else None

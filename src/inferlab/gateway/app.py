@@ -221,7 +221,7 @@ class Gateway:
     async def _start(self, app: web.Application) -> None:
         await self.upstreams.open()
         if self.config.admission.tokenizer == UPSTREAM:
-            self._tokenize = [UpstreamTokens(self.session, u.url, u.api_key, u.name, self._count)
+            self._tokenize = [UpstreamTokens(self.session, u.url, u.api_key, u.name, self._count, self.clock)
                               for u in self.config.upstreams]
         red = self.config.redis
         if red is not None:

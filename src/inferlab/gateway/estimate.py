@@ -5,10 +5,12 @@ count (``usage``) when the request ends."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
 
+from inferlab._clock import NS_PER_S, Clock
 from inferlab._errors import UsageError
 from inferlab.workload.tokenizers import chatml
 
@@ -75,21 +77,30 @@ def prompt_tokens(body: dict[str, Any], chat: bool, count: Counter) -> int:
 
 class UpstreamTokens:
     """Prompt tokens by one upstream's own ``/tokenize`` (``tokenizer = "upstream"``):
-    a chat request's messages as the engine's chat template renders them, where its
-    route takes messages (vLLM, SGLang, ``sim serve``), else their ChatML text (llama.cpp's
-    takes text only); a completions prompt's text; token ids as given. Where the
-    upstream has no such route, or gives no count within ``TOKENIZE_TIMEOUT_S``, the
-    request is counted by ``fallback`` (``counted_by`` says which counted the last one;
-    the log says once that an upstream has no route)."""
+    a chat request's messages (and tools) as the engine's chat template renders them,
+    where its route takes messages (vLLM, SGLang, ``sim serve``), else their ChatML text
+    (llama.cpp's takes text only); a completions prompt's text; token ids as given.
+    The count is given ``TOKENIZE_TIMEOUT_S`` in all; a request it does not count in
+    time, or whose upstream has no such route, is counted by ``fallback``. After a count
+    that got no answer (a timeout, a refused connection, an error status) the upstream
+    is not asked again for ``BACKOFF_S``: a slow or failing route costs one request its
+    wait, not every request. The log says once that an upstream has no route, and once
+    each time its route stops answering."""
 
-    def __init__(self, session: Any, base_url: str, api_key: str | None, name: str, fallback: Counter) -> None:
+    #: How long an upstream whose ``/tokenize`` did not answer is left unasked.
+    BACKOFF_S = 30.0
+
+    def __init__(self, session: Any, base_url: str, api_key: str | None, name: str, fallback: Counter,
+                 clock: Clock) -> None:
         self.session = session
         self.base_url = base_url
         self.api_key = api_key
         self.name = name
         self.fallback = fallback
+        self.clock = clock
         self._routes: dict[tuple[str, bool], Any] = {}  # (model, messages?) → TokenizeRoute
         self._said = False
+        self._resting_until_ns = 0
 
     def _route(self, model: str, messages: bool) -> Any:
         from inferlab.client.exchange import Endpoint
@@ -99,25 +110,48 @@ class UpstreamTokens:
         if route is None:
             endpoint = Endpoint(self.base_url + "/v1", model, api_key=self.api_key)
             # (special tokens counted: the engine runs the prompt with them)
-            route = self._routes[(model, messages)] = TokenizeRoute(self.session, endpoint, TOKENIZE_TIMEOUT_S, True)
+            route = self._routes[(model, messages)] = TokenizeRoute(
+                self.session, endpoint, TOKENIZE_TIMEOUT_S, special=True, patient=True, concurrency=256)
         return route
 
     async def count(self, body: dict[str, Any], chat: bool, model: str) -> tuple[int, str]:
-        """The prompt tokens of a checked request, and what counted them: ``upstream``
-        or ``estimate``."""
+        """The prompt tokens of a checked request, and what counted them: ``upstream``,
+        ``token_ids`` (a prompt of ids: their number) or ``estimate``."""
         prompt = prompt_of(body, chat)
         if isinstance(prompt, list):
-            return len(prompt), UPSTREAM
+            return len(prompt), "token_ids"
         n = None
-        if chat:
-            n = await self._route(model, True).count_messages(body["messages"])
-        if n is None:
-            text = self._route(model, False)
-            n = await text.count(prompt)
-            if n is None and not text.available and not self._said:
-                self._said = True
-                log.warning("upstream %s has no /tokenize that counts: prompt tokens estimated (%d characters a token)",
-                            self.name, CHARS_PER_TOKEN)
+        if self.clock.now_ns() >= self._resting_until_ns:
+            try:
+                async with asyncio.timeout(TOKENIZE_TIMEOUT_S):
+                    n = await self._ask(body, chat, model, prompt)
+            except TimeoutError:
+                self._rest(f"took over {TOKENIZE_TIMEOUT_S:.0f} s")
         if n is None:
             return count_prompt(prompt, self.fallback), "estimate"
         return n, UPSTREAM
+
+    async def _ask(self, body: dict[str, Any], chat: bool, model: str, prompt: str) -> int | None:
+        n = None
+        if chat:
+            route = self._route(model, True)
+            n = await route.count_messages(body["messages"], body.get("tools"))
+            if route.unanswered:
+                self._rest("did not answer")
+                return None
+        if n is None:
+            text = self._route(model, False)
+            n = await text.count(prompt)
+            if text.unanswered:
+                self._rest("did not answer")
+            elif n is None and not text.available and not self._said:
+                self._said = True
+                log.warning("upstream %s has no /tokenize that counts: prompt tokens estimated (%d characters a token)",
+                            self.name, CHARS_PER_TOKEN)
+        return n
+
+    def _rest(self, why: str) -> None:
+        if self.clock.now_ns() >= self._resting_until_ns:
+            log.warning("upstream %s: /tokenize %s; prompt tokens estimated for the next %.0f s",
+                        self.name, why, self.BACKOFF_S)
+        self._resting_until_ns = self.clock.now_ns() + int(self.BACKOFF_S * NS_PER_S)

@@ -219,6 +219,8 @@ class ResponseReader:
             self.done = True
             return 0
         plain = _plain_chunk(data) if _plain_chunk is not None else None
+        if plain is not None and any(data.count(k) > 1 for k in _READ_KEYS):
+            plain = None  # (a repeated key: the match took its first value, a decoder takes the last)
         if plain is not None:
             arrivals = self._read_plain(*plain.group("content", "text", "finish"))
         else:
@@ -288,8 +290,8 @@ class ResponseReader:
         box, key = slot
         text = box[key]
         quoted = f'"{text}"'
-        if _unsafe_in_string(text) is not None or data.count(quoted) != 1:
-            return
+        if _unsafe_in_string(text) is not None or data.count(quoted) != 1 or text == _PROBE:
+            return  # (a text that is the probe would prove nothing)
         start = data.index(quoted) + 1
         head, tail = data[:start], data[start + len(text):]
         try:
@@ -428,6 +430,9 @@ _CHUNK = _object(
     rf'"choices": ?\[{_CHOICE}\]|"usage": ?null|{_member(("choices", "usage", "error", "inferlab_timeline"))}',
     empty=False,
 )
+#: The keys whose values the match reads (or whose place it takes), quoted: a chunk that
+#: writes one twice goes to the decoder.
+_READ_KEYS = ('"choices"', '"delta"', '"content"', '"text"', '"finish_reason"')
 _plain_chunk: Callable[[str], re.Match[str] | None] | None = (
     None if JSON_LIBRARY == "orjson" else re.compile(_CHUNK).fullmatch
 )
