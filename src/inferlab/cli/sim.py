@@ -473,6 +473,8 @@ def prediction_lines(summary: Summary) -> list[tuple[str, str]]:
         band = bands.get(key)
         if band:
             how = band["text"]
+        elif block.get("mismatch"):  # (a twin's bands hold for the server it was calibrated on)
+            how = f"not validated: {Path(block['efficiencies']).name} was calibrated on another server ({block['mismatch']})"
         elif block.get("efficiencies"):  # (the stock bands are for the stock constants)
             how = f"not validated: constants from {Path(block['efficiencies']).name}, no calibration recorded for this metric"
         else:

@@ -38,7 +38,7 @@ from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import OMITTED, OVERLOAD, Omitted, Summary, SummaryExtras, summarize
 from inferlab.results.telemetry import SERVER_METRICS_FILE, ServerMetrics
-from inferlab.sim.engine.bands import prediction_block, regime_of
+from inferlab.sim.engine.bands import prediction_block, regime_of, served_by
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetWorkload
@@ -237,7 +237,9 @@ def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool, user_repl
         burst=isinstance(s, OpenLoop) and math.isinf(s.rate_rps),
         overloaded=overloaded,
     )
-    return prediction_block(engine.config.engine_family, regime, efficiencies=engine.config.efficiencies_path)
+    served = served_by(engine.config) if engine.config.efficiencies_path else None
+    return prediction_block(engine.config.engine_family, regime, efficiencies=engine.config.efficiencies_path,
+                            served=served)
 
 
 def sim_engine_config(load: LoadConfig, target: SimTarget) -> EngineConfig:

@@ -86,6 +86,19 @@ def test_cli_writes_an_efficiencies_file_sim_run_takes(measured: tuple[list[str]
     assert "on 2 held-out runs of the calibration in twin.json" in band["text"]
     shown = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "4", "-n", "8", "--efficiencies", str(eff)])
     assert "held-out runs of the calibration in twin.json" in " ".join(shown.stdout.split())
+    # the bands hold for the server it was calibrated on: a flag asked about keeps them,
+    # another GPU or model is another server and gets none (with the reason)
+    on = written["calibration"]["served_by"]
+    assert "L40S" in on["gpu"] and "Qwen2.5-7B" in on["model"] and on["tensor_parallel_size"] == 1
+    for other, kept in ((["--max-num-batched-tokens", "4096"], True), (["--gpu", "H100"], False),
+                        (["--model", "meta-llama/Llama-3.1-8B-Instruct"], False), (["--tensor-parallel-size", "2"], False)):
+        res = CliRunner().invoke(main, ["sim", "run", *ENGINE, *other, "-c", "4", "-n", "8", "--efficiencies", str(eff), "--json"])
+        assert res.exit_code == 0, res.stderr
+        block = json.loads(res.stdout)["prediction"]
+        assert (block["error_bands"]["ttft_ms"] is not None) == kept, other
+        assert ("mismatch" in block) != kept, other
+    shown = CliRunner().invoke(main, ["sim", "run", *ENGINE, "--gpu", "H100", "-c", "4", "-n", "8", "--efficiencies", str(eff)])
+    assert "twin.json was calibrated on another server (gpu" in " ".join(shown.stdout.split())
     # a later calibration starts from this file's constants (its record set aside)
     from inferlab.sim.validation.twin import _overridden
     assert set(_overridden(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", efficiencies_path=str(eff)))) == set(FIT)

@@ -26,10 +26,13 @@ import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferlab.sim.engine.families import EngineFamily
 from inferlab.sim.engine.steptime import CALIBRATION_KEY, efficiencies_json
+
+if TYPE_CHECKING:
+    from inferlab.sim.engine.config import EngineConfig
 
 BANDS_FILE = Path(__file__).resolve().parents[1] / "data" / "error_bands.json"
 # the load regimes validation keeps apart (``sim.validation.scenario.REGIMES``), and all
@@ -75,6 +78,37 @@ class ErrorBand:
             "regime": self.regime, "text": self.describe(),
         }
         return out if self.twin is None else {**out, "twin": self.twin}
+
+
+def served_by(config: EngineConfig) -> dict[str, Any]:
+    """What a calibration's bands hold for: the engine family, the model and device (by
+    their resolved names), the tensor-parallel degree and the precision. A run that
+    changes any of them is another server (flags such as the batch budget are what a
+    twin is asked about, and keep its bands)."""
+    from inferlab.sim.engine.config import resolve
+
+    r = resolve(config)
+    c = r.config
+    return {
+        "engine_family": c.engine_family.value, "model": r.model.name, "gpu": r.gpu.name,
+        "tensor_parallel_size": c.tensor_parallel_size, "dtype": str(c.dtype.value),
+        "quantization": None if c.quantization is None else str(c.quantization.value),
+        "kv_cache_dtype": str(c.kv_cache_dtype.value),
+    }
+
+
+def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | None:
+    """Why ``sim calibrate``'s record in ``efficiencies`` does not hold for a run of the
+    server ``served`` (``served_by``), in words; None if it holds, or if the record does
+    not say what it was calibrated on (a file written before it did)."""
+    record = efficiencies_json(efficiencies).get(CALIBRATION_KEY)
+    on = record.get("served_by") if isinstance(record, dict) else None
+    if not isinstance(on, dict):
+        return None
+    differ = [k for k in served if k in on and on[k] != served[k]]
+    if not differ:
+        return None
+    return "; ".join(f"{k.replace('_', ' ')} {served[k]}, calibrated on {on[k]}" for k in differ)
 
 
 def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str) -> dict[str, ErrorBand]:
@@ -188,14 +222,18 @@ def headline_prediction(prediction: Any, path: Path = BANDS_FILE) -> dict[str, A
 
 
 def prediction_block(
-    family: EngineFamily | str, regime: str, path: Path = BANDS_FILE, *, efficiencies: str | None = None
+    family: EngineFamily | str, regime: str, path: Path = BANDS_FILE, *, efficiencies: str | None = None,
+    served: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What ``summary.json``'s ``prediction`` holds: that the numbers are simulated, the
     family and regime, and each headline metric's band (null: not validated). With
     ``efficiencies`` (step-time constants from a file: a calibrated twin, or edited) the
-    bands are the file's own calibration's (``calibrated_bands``), never the stock ones."""
+    bands are the file's own calibration's (``calibrated_bands``), never the stock ones,
+    and none where the run's server (``served``: ``served_by``) is not the one the file
+    was calibrated on (``mismatch`` says how)."""
     fam = EngineFamily.parse(str(family))
-    twin = calibrated_bands(efficiencies, fam, regime) if efficiencies else None
+    mismatch = calibration_mismatch(efficiencies, served) if efficiencies and served is not None else None
+    twin = ({} if mismatch else calibrated_bands(efficiencies, fam, regime)) if efficiencies else None
     bands: dict[str, Any] = {}
     for key, cls in SUMMARY_METRICS.items():
         band = error_band(fam, regime, cls, path) if twin is None else twin.get(cls)
@@ -210,6 +248,10 @@ def prediction_block(
     if twin is not None:
         block["efficiencies"] = efficiencies
         block["twin_bands"] = {cls: b.to_json() for cls, b in twin.items()}
-        block["source"] = (f"the calibration recorded in {efficiencies} (sim calibrate)" if twin else
-                           f"none: the step-time constants come from {efficiencies}, which records no calibration")
+        if mismatch:
+            block["mismatch"] = mismatch
+            block["source"] = f"none: {efficiencies} was calibrated on another server ({mismatch})"
+        else:
+            block["source"] = (f"the calibration recorded in {efficiencies} (sim calibrate)" if twin else
+                               f"none: the step-time constants come from {efficiencies}, which records no calibration")
     return block

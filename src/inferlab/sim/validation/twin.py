@@ -35,6 +35,7 @@ from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Sc
 from inferlab.results.runfiles import read_summary
 from inferlab.results.summary import Summary
 from inferlab.results.sweepindex import headline as sweep_headline
+from inferlab.sim.engine.bands import served_by
 from inferlab.sim.engine.config import EngineConfig, resolve
 from inferlab.sim.engine.steptime import CALIBRATION_KEY, Efficiencies, efficiencies_json
 from inferlab.workload.config import WorkloadConfig
@@ -264,9 +265,11 @@ def calibrate(
 def write_efficiencies(path: str, engine: EngineConfig, fit: Fit) -> None:
     """The efficiencies file ``sim run --efficiencies`` reads: the engine's own file's
     constants under the fitted ones, and the calibration's error (``calibration_record``)
-    for ``sim run`` to show beside what the twin predicts."""
+    and the server it holds for (``served_by``) for ``sim run`` to show beside what the
+    twin predicts, on that server only."""
     with open(path, "w", encoding="utf-8") as f:
-        json.dump({**_overridden(engine), **fit.constants, CALIBRATION_KEY: calibration_record(fit)}, f, indent=2)
+        record = {**calibration_record(fit), "served_by": served_by(engine)}
+        json.dump({**_overridden(engine), **fit.constants, CALIBRATION_KEY: record}, f, indent=2)
         f.write("\n")
 
 
