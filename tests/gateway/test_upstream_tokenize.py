@@ -80,8 +80,9 @@ async def test_an_upstream_without_tokenize_is_estimated_and_says_so(tmp_path: P
 
 class TokenizingUpstream(FakeUpstream):
     """The fake upstream with a ``/tokenize`` that answers each call as ``answers`` says
-    (the last one again once they run out): ``count`` (7 tokens), ``503``, ``hang``, or
-    ``deep`` (JSON nested too deep to decode)."""
+    (the last one again once they run out): ``count`` (7 tokens), ``503``, ``hang``,
+    ``deep`` (JSON nested too deep to decode), or ``400-messages`` (400 to a body of
+    messages, a count to text)."""
 
     def __init__(self, *answers: str) -> None:
         super().__init__()
@@ -91,9 +92,13 @@ class TokenizingUpstream(FakeUpstream):
     async def _any(self, request: web.Request) -> web.StreamResponse:
         if request.path != "/tokenize":
             return await super()._any(request)
-        await request.read()
+        raw = await request.read()
         how = self.answers[min(self.calls, len(self.answers) - 1)]
         self.calls += 1
+        if how == "400-messages":  # (refuses a body of messages, counts text)
+            how = "400" if b'"messages"' in raw else "count"
+        if how == "400":
+            return web.json_response({"error": {"message": "bad messages"}}, status=400)
         if how == "503":
             return web.json_response({"error": {"message": "loading"}}, status=503)
         if how == "hang":
@@ -133,3 +138,13 @@ async def test_an_answer_too_deep_to_decode_is_no_count_not_an_error(tmp_path: P
     async with TokenizingUpstream("deep") as up:
         _, m = await counted(up, 2, tmp_path / "log")  # (each answered 200: counted() checks)
     assert total(m, "inferlab_gateway_prompt_counts_total", source="estimate") == 2
+
+
+async def test_a_route_that_refuses_one_body_is_asked_again(tmp_path: Path) -> None:
+    """A 400 to a chat request's messages says nothing of the route: its ChatML text is
+    counted instead, and the next request is counted too (no rest)."""
+    async with TokenizingUpstream("400-messages") as up:
+        reserved, m = await counted(up, 3, tmp_path / "log")
+        assert up.calls == 6  # (messages, then text, for each request)
+    assert total(m, "inferlab_gateway_prompt_counts_total", source="upstream") == 3
+    assert reserved == [7, 7, 7]

@@ -197,6 +197,7 @@ class TokenizeRoute:
         self.urls = [root + "/tokenize", endpoint.base_url + "/tokenize"]
         self.available = True
         self.unanswered = False  # (patient: the last count got no answer that says anything)
+        self.last_status: int | None = None  # the last answer's HTTP status (None: no answer)
         self._url: str | None = None
         self._content_body = False  # llama.cpp's {"content": text}
         self._limit = asyncio.Semaphore(concurrency)
@@ -215,6 +216,7 @@ class TokenizeRoute:
                     url, data=json.dumps(body), headers=self.endpoint.request_headers(),
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 ) as resp:
+                    self.last_status = resp.status
                     if resp.status < 400:
                         return await resp.json(content_type=None)
                     self.unanswered = resp.status not in _NO_ROUTE
@@ -234,6 +236,7 @@ class TokenizeRoute:
         if not self.available:
             return None
         self.unanswered = False
+        self.last_status = None
         for url in [self._url] if self._url else self.urls:
             if self._content_body and text is not None:
                 n = _token_count(await self._post(url, {"content": text, "add_special": self.special}))

@@ -75,6 +75,11 @@ def prompt_tokens(body: dict[str, Any], chat: bool, count: Counter) -> int:
     return count_prompt(prompt_of(body, chat), count)
 
 
+#: Statuses that refuse one request's body (its messages, say), not the route: that
+#: request is counted otherwise, and the route is asked again for the next.
+_REFUSED = (400, 413, 422)
+
+
 class UpstreamTokens:
     """Prompt tokens by one upstream's own ``/tokenize`` (``tokenizer = "upstream"``):
     a chat request's messages (and tools) as the engine's chat template renders them,
@@ -82,9 +87,10 @@ class UpstreamTokens:
     (llama.cpp's takes text only); a completions prompt's text; token ids as given.
     The count is given ``TOKENIZE_TIMEOUT_S`` in all; a request it does not count in
     time, or whose upstream has no such route, is counted by ``fallback``. After a count
-    that got no answer (a timeout, a refused connection, an error status) the upstream
+    that got no answer (a timeout, a refused connection, a server error) the upstream
     is not asked again for ``BACKOFF_S``: a slow or failing route costs one request its
-    wait, not every request. The log says once that an upstream has no route, and once
+    wait, not every request; a route that refuses one request's body (400, 413, 422) is
+    asked again for the next (a chat request then tries its ChatML text). The log says once that an upstream has no route, and once
     each time its route stops answering."""
 
     #: How long an upstream whose ``/tokenize`` did not answer is left unasked.
@@ -136,13 +142,13 @@ class UpstreamTokens:
         if chat:
             route = self._route(model, True)
             n = await route.count_messages(body["messages"], body.get("tools"))
-            if route.unanswered:
+            if route.unanswered and route.last_status not in _REFUSED:
                 self._rest("did not answer")
                 return None
         if n is None:
             text = self._route(model, False)
             n = await text.count(prompt)
-            if text.unanswered:
+            if text.unanswered and text.last_status not in _REFUSED:
                 self._rest("did not answer")
             elif n is None and not text.available and not self._said:
                 self._said = True
