@@ -53,9 +53,9 @@ def test_a_twin_fitted_at_one_and_two_users_predicts_four_and_eight(llama: Llama
 
     # Held out, throughput alone, and TTFT and throughput together: a closed loop of 24-32
     # requests at 4-8 users has few waves, so llama.cpp's own TTFT p50 there moves by up
-    # to 1.5x between runs (bench/README.md), and once in seven runs on 2026-12-04 the
+    # to 1.5x between runs (bench/README.md), and once in nine runs on 2026-12-04 the
     # constants it starts from happened to be within 10 % of it (0.098 against the
-    # twin's 0.176; in the six others 0.15-0.30 against 0.04-0.13).
+    # twin's 0.176; in three others printed, 0.15-0.30 against 0.04-0.13).
     assert err(twin, "holdout_runs", "output_tok_s") < err(start, "holdout_runs", "output_tok_s")
     both = ("ttft_p50_ms", "output_tok_s")
     assert sum(err(twin, "holdout_runs", m) for m in both) < sum(err(start, "holdout_runs", m) for m in both)
