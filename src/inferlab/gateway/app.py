@@ -141,6 +141,7 @@ class _Request:
     key: KeyConfig | None
     stream: bool
     include_usage: bool
+    prompt: str | list[Any]  # as its engine will read it (``estimate.prompt_of``)
     input_tokens: int  # counted ([admission] tokenizer) or estimated
     output_tokens: int  # reserved: max_tokens (or the default), times n
     prefix: bytes  # the prompt's beginning, for prefix affinity
@@ -478,7 +479,7 @@ class Gateway:
             payload = json.dumps(body).encode()
         return _Request(
             api=api, body=body, payload=payload, model=model, key=key, stream=stream, include_usage=include_usage,
-            input_tokens=count_prompt(prompt, self._count),
+            prompt=prompt, input_tokens=count_prompt(prompt, self._count),
             output_tokens=(params.max_tokens or adm.default_max_tokens) * params.n,
             prefix=ids_prefix(prompt) if isinstance(prompt, list) else text_prefix(prompt),
         )
@@ -490,7 +491,7 @@ class Gateway:
         candidates = await self._candidates(req.model)
         if self._tokenize is not None:  # (the first upstream that may take it counts)
             counter = self._tokenize[(self.health.healthy(candidates) or candidates)[0]]
-            req.input_tokens, source = await counter.count(req.body, api == "chat", req.model)
+            req.input_tokens, source = await counter.count(req.body, req.prompt, api == "chat", req.model)
             self.metrics.prompt_counts.labels(source).inc()
         else:
             self.metrics.prompt_counts.labels(self._count_source).inc()

@@ -90,8 +90,8 @@ class UpstreamTokens:
     that got no answer (a timeout, a refused connection, a server error) the upstream
     is not asked again for ``BACKOFF_S``: a slow or failing route costs one request its
     wait, not every request; a route that refuses one request's body (400, 413, 422) is
-    asked again for the next (a chat request then tries its ChatML text). The log says once that an upstream has no route, and once
-    each time its route stops answering."""
+    asked again for the next (a chat request then tries its ChatML text). The log says
+    once that an upstream has no route, and once each time its route stops answering."""
 
     #: How long an upstream whose ``/tokenize`` did not answer is left unasked.
     BACKOFF_S = 30.0
@@ -120,10 +120,10 @@ class UpstreamTokens:
                 self.session, endpoint, TOKENIZE_TIMEOUT_S, special=True, patient=True, concurrency=256)
         return route
 
-    async def count(self, body: dict[str, Any], chat: bool, model: str) -> tuple[int, str]:
-        """The prompt tokens of a checked request, and what counted them: ``upstream``,
-        ``token_ids`` (a prompt of ids: their number) or ``estimate``."""
-        prompt = prompt_of(body, chat)
+    async def count(self, body: dict[str, Any], prompt: str | list[Any], chat: bool, model: str) -> tuple[int, str]:
+        """The prompt tokens of a checked request (``prompt``: its ``prompt_of``), and
+        what counted them: ``upstream``, ``token_ids`` (a prompt of ids: their number) or
+        ``estimate``."""
         if isinstance(prompt, list):
             return len(prompt), "token_ids"
         n = None
