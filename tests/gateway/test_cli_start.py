@@ -41,3 +41,27 @@ def test_an_access_log_folder_with_a_run_names_the_setting(tmp_path: Path) -> No
     [line] = p.stderr.strip().splitlines()
     assert line == (f"inferlab: error: [gateway] access_log {log} already holds a run (requests.jsonl): give another "
                     "folder, or move that run away")
+
+
+def test_the_start_line_says_how_prompts_are_counted(tmp_path: Path) -> None:
+    for tokenizer, said in (("upstream", "prompts counted by each upstream's /tokenize"),
+                            ("estimate", "prompts counted by 4 characters a token")):
+        config = tmp_path / f"{tokenizer}.toml"
+        config.write_text(f'[admission]\ntokenizer = "{tokenizer}"\n')
+        p = subprocess.Popen([sys.executable, "-m", "inferlab", "gateway", "--upstream", "http://127.0.0.1:9",
+                              "--port", "0", "--announce", "--config", str(config)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert p.stdout is not None and p.stderr is not None
+            assert p.stdout.readline().startswith("http://127.0.0.1:")
+            # (the line after any warning the start logged: the upstream does not answer)
+            # (it follows the announced URL at once; a gateway that died ends the pipe: "")
+            line = ""
+            while not line.startswith("inferlab gateway on"):
+                line = p.stderr.readline()
+                if not line:
+                    break
+        finally:
+            p.terminate()
+            p.wait(timeout=30)
+        assert said in line, line

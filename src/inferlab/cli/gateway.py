@@ -37,6 +37,7 @@ def _gateway(kw: dict[str, Any]) -> int:
 
 async def _serve(config: Any, announce: bool) -> int:
     from inferlab.gateway.app import Gateway, start
+    from inferlab.gateway.estimate import CHARS_PER_TOKEN, UPSTREAM
 
     gw = Gateway(config)
     try:
@@ -53,6 +54,8 @@ async def _serve(config: Any, announce: bool) -> int:
     adm = config.admission
     limit = {"tokens": f"{adm.max_tokens_in_flight} tokens", "requests": f"{adm.max_requests_in_flight} requests",
              "off": "off"}[adm.mode]
+    counted = {"estimate": f"{CHARS_PER_TOKEN} characters a token", "builtin": "the simulator's tokenizer",
+               UPSTREAM: "each upstream's /tokenize"}.get(adm.tokenizer, adm.tokenizer)
     keys = f"{len(config.keys)} client keys" if config.keys else "no client keys: every request is let in"
     cache = "cache on" if config.cache.enabled else "cache off"
     if config.redis is not None:
@@ -62,6 +65,6 @@ async def _serve(config: Any, announce: bool) -> int:
                else "engines' /metrics not read")
     stacks = ", ".join(dict.fromkeys(gw.upstreams.stacks))
     click.echo(f"inferlab gateway on {url} → {ups} (over {stacks}); {config.router} routing, {refresh}; admission "
-               f"{adm.mode} ({limit} per upstream); {keys}; {cache}", err=True)
+               f"{adm.mode} ({limit} per upstream; prompts counted by {counted}); {keys}; {cache}", err=True)
     await serve_until_stopped(runner)
     return 0
