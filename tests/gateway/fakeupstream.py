@@ -35,6 +35,8 @@ class FakeUpstream:
         self.gap_s = gap_s
         self.seen: list[dict[str, Any]] = []  # {"path", "headers", "body"} per request
         self.cancelled = 0
+        self.in_flight = 0  # generation requests being answered now
+        self.peak = 0  # the most at once
         self.metrics_page: str | None = None
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -55,7 +57,14 @@ class FakeUpstream:
             return web.Response(text=self.metrics_page)
         if request.path not in ("/v1/chat/completions", "/v1/completions"):
             return web.json_response(error_body(404, "no such route", "NotFoundError"), status=404)
-        body = json.loads(raw)
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        try:
+            return await self._generate(request, json.loads(raw))
+        finally:
+            self.in_flight -= 1
+
+    async def _generate(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         model = body.get("model")
         c = Completion("cmpl-1", request.path.endswith("chat/completions"), 0, str(model))
         if model == "e500":

@@ -156,3 +156,85 @@ async def test_release_is_idempotent_and_resize_moves_the_hold() -> None:
     a.release(t)
     a.release(t)
     assert a.tokens_in_flight == [0] and a.requests_in_flight == [0]
+
+
+class OtherInstance:
+    """``SharedBudgets`` for one upstream, with another gateway instance holding ``held``
+    tokens there: takes check the true total, as the Redis script does."""
+
+    def __init__(self, a: Admission, held: int) -> None:
+        self.a = a
+        self.held = held  # the other instance's tokens
+        self.mine = 0
+        self.gives: list[tuple[int, int, int]] = []
+        self.woken = 0
+
+    async def take(self, ticket: Ticket) -> bool:
+        await asyncio.sleep(0)  # (a round trip)
+        self.a.others_tokens[0] = self.held
+        total = self.held + self.mine
+        if total and total + ticket.tokens > self.a.max_tokens[0]:
+            return False
+        self.mine += ticket.tokens
+        return True
+
+    def give(self, upstream: int, tokens: int, requests: int) -> None:
+        self.gives.append((upstream, tokens, requests))
+        self.mine += tokens
+
+    def wake(self) -> None:
+        self.woken += 1
+
+    def other_releases(self) -> None:
+        self.held = 0
+        self.a.others_tokens[0] = 0
+        self.a.regrant()
+
+
+async def test_a_request_another_instance_took_the_room_of_waits_again_in_its_place() -> None:
+    a = admission(tokens=100)
+    other = OtherInstance(a, held=80)  # this instance has not heard of it yet
+    a.shared = other
+    order: list[str] = []
+
+    async def one(name: str) -> Ticket:
+        t = await a.acquire(50, [0], first)
+        order.append(name)
+        return t
+
+    early = asyncio.create_task(one("early"))
+    await settle()
+    assert not early.done() and a.queue_length == 1 and other.woken == 1
+    assert a.tokens_in_flight == [0] and other.mine == 0  # the refused take left nothing held
+    late = asyncio.create_task(one("late"))
+    await settle()
+    other.held = 50  # the other instance gives back 30: room for one of the two
+    a.others_tokens[0] = 50
+    a.regrant()
+    await settle()
+    assert order == ["early"]  # the refused request kept its place ahead of the later one
+    ticket = early.result()
+    assert ticket.shared and a.tokens_in_flight == [50] and other.mine == 50
+    a.resize(ticket, 70)
+    assert other.gives == [(0, 20, 0)]
+    other.other_releases()
+    a.release(ticket)
+    await settle()
+    assert order == ["early", "late"] and other.gives[1] == (0, -70, -1)
+    a.release(late.result())
+    assert a.tokens_in_flight == [0] and other.mine == 0
+
+
+async def test_a_request_refused_by_the_shared_count_keeps_its_queue_timeout() -> None:
+    clock = VirtualClock()
+    a = admission(tokens=100, clock=clock, timeout_s=5.0)
+
+    class Slow(OtherInstance):
+        async def take(self, ticket: Ticket) -> bool:
+            clock.advance_to_ns(clock.now_ns() + 5 * NS_PER_S)  # the round trip took the whole wait
+            return await super().take(ticket)
+
+    a.shared = Slow(a, held=80)
+    with pytest.raises(Rejected) as e:  # at once: the wait counts from the first offer, not the retry
+        await asyncio.wait_for(a.acquire(50, [0], first), 1.0)
+    assert e.value.reason == "queue_timeout" and a.queue_length == 0 and a.tokens_in_flight == [0]

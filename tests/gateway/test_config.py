@@ -143,3 +143,17 @@ def test_a_bad_metrics_refresh_is_refused_in_toml_and_yaml_alike(tmp_path: Path,
         with pytest.raises(UsageError) as e:
             read(tmp_path, name, text)
         assert "[gateway] metrics_refresh_s must be 0 (off) or a number of seconds of at least 0.1" in str(e.value)
+
+
+@pytest.mark.parametrize("lease", ["0", "0.1", "inf", "nan", '"10"', "true"])
+def test_a_bad_redis_lease_is_refused(tmp_path: Path, lease: str) -> None:
+    with pytest.raises(UsageError) as e:
+        read(tmp_path, "gw.toml", f'[redis]\nurl = "redis://127.0.0.1:1/0"\nlease_s = {lease}\n')
+    assert "[redis] lease_s must be a number of seconds of at least 0.5" in str(e.value)
+
+
+def test_redis_shares_admission_unless_told_not_to(tmp_path: Path) -> None:
+    on = read(tmp_path, "gw.toml", '[redis]\nurl = "redis://127.0.0.1:1/0"\n').redis
+    off = read(tmp_path, "gw.toml", '[redis]\nurl = "redis://127.0.0.1:1/0"\nadmission = false\nlease_s = 2\n').redis
+    assert on is not None and on.admission and on.lease_s == 10.0
+    assert off is not None and not off.admission and off.lease_s == 2.0

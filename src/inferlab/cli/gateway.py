@@ -59,7 +59,10 @@ async def _serve(config: Any, announce: bool) -> int:
     keys = f"{len(config.keys)} client keys" if config.keys else "no client keys: every request is let in"
     cache = "cache on" if config.cache.enabled else "cache off"
     if config.redis is not None:
-        shared = [w for w, on in (("limits", config.redis.limits), ("cache", config.redis.cache)) if on]
+        red = config.redis
+        shared = [w for w, on in (("limits", red.limits), ("cache", red.cache and config.cache.enabled),
+                                  (f"admission budgets (lease {red.lease_s:g} s)", red.admission and adm.mode != "off"))
+                  if on]
         cache += f"; shared through Redis: {', '.join(shared) or 'nothing'}"
     refresh = (f"engines' /metrics read every {config.metrics_refresh_s:g} s" if config.metrics_refresh_s > 0
                else "engines' /metrics not read")

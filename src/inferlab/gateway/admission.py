@@ -18,6 +18,13 @@ awaits between a check and its charge, so no two requests can take the same room
 ``sim run --admission`` drives the same code in virtual time, in front of simulated
 engines (``inferlab.load.admitted``). The caller must ``release`` every ``Ticket`` it was
 given, however its request ends.
+
+Several gateway instances can hold one set of budgets (``[redis] admission``): then
+``shared`` (``inferlab.gateway.shared.SharedAdmission``) holds the count in Redis, and
+``others_tokens`` / ``others_requests`` are what the other instances held when Redis
+last said. The local decision uses them; ``acquire`` then asks Redis to take the room
+atomically across instances, and a request Redis refuses (the view was stale) goes back
+to its place in the queue.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from inferlab._clock import NS_PER_S, Clock
 from inferlab.gateway.config import AdmissionMode
@@ -49,6 +57,25 @@ class Ticket:
     tokens: int
     queued_ns: int = 0  # how long the request waited for it
     released: bool = False
+    shared: bool = False  # also held in the instances' shared count (``SharedBudgets``)
+
+
+class SharedBudgets(Protocol):
+    """The budgets' count across gateway instances (``inferlab.gateway.shared``)."""
+
+    async def take(self, ticket: Ticket) -> bool:
+        """Charge ``ticket`` to the shared count if it fits there (atomically across
+        instances); False, and nothing charged, if it does not."""
+        ...
+
+    def give(self, upstream: int, tokens: int, requests: int) -> None:
+        """Add ``tokens`` and ``requests`` (negative: give back) to this instance's share
+        of ``upstream``'s count; sent in the background."""
+        ...
+
+    def wake(self) -> None:
+        """A request is waiting: read the other instances' counts soon."""
+        ...
 
 
 #: Picks one upstream among those with room (each index into the budgets).
@@ -84,6 +111,10 @@ class Admission:
         self.max_requests = list(max_requests)
         self.tokens_in_flight = [0] * len(max_tokens)
         self.requests_in_flight = [0] * len(max_tokens)
+        # what other gateway instances hold, as Redis last said (``shared``; else zeros)
+        self.others_tokens = [0] * len(max_tokens)
+        self.others_requests = [0] * len(max_tokens)
+        self.shared: SharedBudgets | None = None
         self.queue_max = queue_max
         self.queue_timeout_s = queue_timeout_s
         self.queue_timeout_ns = int(queue_timeout_s * NS_PER_S)
@@ -99,28 +130,33 @@ class Admission:
     def fits(self, upstream: int, tokens: int) -> bool:
         """Whether ``upstream`` has room for a request of ``tokens`` now."""
         if self.mode == "tokens":
-            held = self.tokens_in_flight[upstream]
+            held = self.tokens_in_flight[upstream] + self.others_tokens[upstream]
             return held == 0 or held + tokens <= self.max_tokens[upstream]
         if self.mode == "requests":
-            return self.requests_in_flight[upstream] < self.max_requests[upstream]
+            return self.requests_in_flight[upstream] + self.others_requests[upstream] < self.max_requests[upstream]
         return True
 
-    def offer(self, tokens: int, candidates: Sequence[int], choose: Chooser, granted: Granted) -> Ticket | Waiter:
+    def offer(
+        self, tokens: int, candidates: Sequence[int], choose: Chooser, granted: Granted, *,
+        since_ns: int | None = None, seq: int | None = None,
+    ) -> Ticket | Waiter:
         """Room for a request of ``tokens`` on one of ``candidates`` (picked by ``choose``
         among those with room) now, as a ``Ticket``; else a place in the queue, a
         ``Waiter``: ``granted(ticket)`` is called when room is given (it must not call
         back into this object: it runs mid-way through a grant). ``Rejected`` if the
         queue is full. The waiter's owner ends its wait at ``queue_timeout_s`` (``expire``
         or ``withdraw``): this class sets no timer, so the same bookkeeping runs on the
-        event loop (``acquire``) and in virtual time (``inferlab.load.admitted``)."""
+        event loop (``acquire``) and in virtual time (``inferlab.load.admitted``).
+        ``since_ns`` and ``seq``: a request offered again keeps its wait and its place."""
         now = self.clock.now_ns()
+        since = now if since_ns is None else since_ns
         if not self._waiting:
             room = [i for i in candidates if self.fits(i, tokens)]
             if room:
-                return self._take(choose(room), tokens, 0)
+                return self._take(choose(room), tokens, now - since)
         if len(self._waiting) >= self.queue_max:
             raise Rejected("queue_full", f"the gateway's queue is full ({self.queue_max} requests waiting)", 1.0)
-        waiter = Waiter(tokens, candidates, now, next(self._seq), choose, granted)
+        waiter = Waiter(tokens, candidates, since, next(self._seq) if seq is None else seq, choose, granted)
         self._waiting.append(waiter)
         self._grant()
         return waiter
@@ -158,13 +194,34 @@ class Admission:
     async def acquire(self, tokens: int, candidates: Sequence[int], choose: Chooser) -> Ticket:
         """``offer`` on the event loop: the ``Ticket``, once room is given, waiting at
         most ``queue_timeout_s``. ``Rejected`` if the queue is full or the wait times
-        out. If the caller is cancelled while waiting, nothing stays held."""
+        out. If the caller is cancelled while waiting, nothing stays held. With
+        ``shared``, the room is then taken in the shared count too; where that refuses,
+        the request waits again in its place, within the same ``queue_timeout_s``."""
+        since, seq = self.clock.now_ns(), next(self._seq)
+        while True:
+            ticket = await self._wait(tokens, candidates, choose, since, seq)
+            if self.shared is None or self.mode == "off":
+                return ticket
+            try:
+                taken = await self.shared.take(ticket)
+            except BaseException:
+                self.release(ticket)  # (not yet shared: only the local room)
+                raise
+            if taken:
+                ticket.shared = True
+                return ticket
+            self.release(ticket)  # another instance took the room first: wait again
+
+    async def _wait(self, tokens: int, candidates: Sequence[int], choose: Chooser, since: int, seq: int) -> Ticket:
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
-        got = self.offer(tokens, candidates, choose, future.set_result)
+        got = self.offer(tokens, candidates, choose, future.set_result, since_ns=since, seq=seq)
         if isinstance(got, Ticket):
             return got
+        if self.shared is not None:
+            self.shared.wake()
+        left = self.queue_timeout_s - (self.clock.now_ns() - since) / NS_PER_S
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.queue_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(future), max(left, 0.0))
         except BaseException as e:  # timed out, or the caller was cancelled
             if not self.withdraw(got) and future.done():
                 self.release(future.result())  # granted just as the wait ended
@@ -179,6 +236,8 @@ class Admission:
             return
         tokens = max(tokens, 0)
         self.tokens_in_flight[ticket.upstream] += tokens - ticket.tokens
+        if ticket.shared and self.shared is not None and tokens != ticket.tokens:
+            self.shared.give(ticket.upstream, tokens - ticket.tokens, 0)
         ticket.tokens = tokens
 
     def release(self, ticket: Ticket) -> None:
@@ -189,6 +248,12 @@ class Admission:
         ticket.released = True
         self.tokens_in_flight[ticket.upstream] -= ticket.tokens
         self.requests_in_flight[ticket.upstream] -= 1
+        if ticket.shared and self.shared is not None:
+            self.shared.give(ticket.upstream, -ticket.tokens, -1)
+        self._grant()
+
+    def regrant(self) -> None:
+        """Let waiters in after ``others_tokens`` / ``others_requests`` changed."""
         self._grant()
 
     def _take(self, upstream: int, tokens: int, queued_ns: int) -> Ticket:

@@ -59,7 +59,7 @@ from inferlab.gateway.metrics import GatewayMetrics, Series
 from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
 from inferlab.gateway.relay import ClientStream, Observed, StreamRelay, read_body
 from inferlab.gateway.routing import EngineLoad, Health, ids_prefix, make_router, text_prefix
-from inferlab.gateway.shared import SharedCache, SharedLimiter, connect
+from inferlab.gateway.shared import SharedAdmission, SharedCache, SharedLimiter, connect
 from inferlab.gateway.upstream import Failure, Upstreams, describe
 from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
@@ -191,6 +191,7 @@ class Gateway:
         self._redis: Any = None
         self.shared_limiter: SharedLimiter | None = None
         self.shared_cache: SharedCache | None = None
+        self.shared_admission: SharedAdmission | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._watchers: list[asyncio.Task[None]] = []
         self._watch_session: aiohttp.ClientSession | None = None
@@ -236,6 +237,14 @@ class Gateway:
                 self.shared_limiter = SharedLimiter(self._redis, red.prefix)
             if red.cache and self.cache is not None:
                 self.shared_cache = SharedCache(self._redis, red.prefix, self.config.cache.ttl_s, self.config.cache.max_bytes)
+            if red.admission and self.config.admission.mode != "off":
+                self.shared_admission = SharedAdmission(self._redis, red.prefix, self.admission,
+                                                        [u.url for u in self.config.upstreams], red.lease_s)
+                try:
+                    await self.shared_admission.start()
+                except Exception as e:  # (redis' own errors)
+                    await self._redis.aclose()
+                    raise RunFailedError(f"[redis] {red.url}: {describe(e)}") from None
         await self._refresh_models()
         if self.engines is not None:
             # a session of its own: it decompresses (a /metrics page may come gzipped),
@@ -252,6 +261,8 @@ class Gateway:
             await self._watch_session.close()
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
+        if self.shared_admission is not None:
+            await self.shared_admission.stop()
         if self._redis is not None:
             await self._redis.aclose()
         await self.upstreams.close()
@@ -423,7 +434,7 @@ class Gateway:
         """A call to Redis; ``APIError`` 503 if Redis fails (the limits cannot be checked)."""
         try:
             return await call
-        except (Limited, asyncio.CancelledError):
+        except (Limited, Rejected, asyncio.CancelledError):
             raise
         except Exception as e:  # (redis' own errors: connection, timeout, protocol)
             log.warning("redis: %s: %s", type(e).__name__, e)
@@ -629,13 +640,17 @@ class Gateway:
         for _ in range(max(2, len(candidates))):
             left = [i for i in candidates if i not in tried] or candidates
             try:
-                ticket = await self.admission.acquire(
-                    tokens, self.health.healthy(left), lambda room: self.router(room, req.prefix))
+                ticket = await self._shared(self.admission.acquire(
+                    tokens, self.health.healthy(left), lambda room: self.router(room, req.prefix)))
             except Rejected as e:
                 self.metrics.rejections.labels(e.reason, req.key_name).inc()
                 obs.fail(ErrorKind.HTTP_STATUS, str(e))
                 obs.record.status = 503
                 return error_response(503, str(e), "ServiceUnavailableError", {**headers, "Retry-After": retry_after(e.retry_after_s)})
+            except APIError as e:  # the shared budgets (Redis) could not be read
+                obs.fail(ErrorKind.HTTP_STATUS, e.message)
+                obs.record.status = e.status
+                return error_response(e.status, e.message, e.error_type, {**headers, "Retry-After": "1"})
             self.metrics.queue_wait.labels(req.model, req.key_name).observe(ticket.queued_ns / NS_PER_S)
             tried.append(ticket.upstream)
             try:

@@ -33,10 +33,12 @@ max_entries = 1024
 max_bytes = 67108864
 shared_across_keys = false
 
-[redis]                        # optional: limits and cache shared by several instances
+[redis]                        # optional: limits, cache and admission shared by several instances
 url = "redis://127.0.0.1:6379/0"
 limits = true
 cache = true
+admission = true               # the upstreams' budgets counted across instances
+lease_s = 10                   # a dead instance's share of them lapses after this
 
 [[upstreams]]                  # added to --upstream
 url = "http://10.0.0.5:8000"
@@ -74,6 +76,8 @@ AdmissionMode = Literal["tokens", "requests", "off"]
 #: interval allowed (more often would load the engines for nothing).
 METRICS_REFRESH_S = 2.0
 METRICS_REFRESH_MIN_S = 0.1
+#: The shortest lease of an instance's share of the shared admission budgets ([redis] lease_s).
+LEASE_MIN_S = 0.5
 TokenCount = Literal["total", "input", "output"]
 
 
@@ -152,12 +156,16 @@ class CacheConfig:
 @dataclass(frozen=True)
 class RedisConfig:
     """State shared by several gateway instances (``inferlab.gateway.shared``): the
-    per-key limits and/or the response cache, in the Redis at ``url``."""
+    per-key limits, the response cache and/or admission's budgets (each upstream's
+    tokens or requests in flight, counted across instances; an instance's share lapses
+    ``lease_s`` after it stops renewing it), in the Redis at ``url``."""
 
     url: str
     prefix: str = "inferlab:"
     limits: bool = True
     cache: bool = True
+    admission: bool = True
+    lease_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -292,6 +300,8 @@ def load_config(
             prefix=_str(red, "prefix", "inferlab:", "[redis]"),
             limits=_bool(red, "limits", True, "[redis]"),
             cache=_bool(red, "cache", True, "[redis]"),
+            admission=_bool(red, "admission", True, "[redis]"),
+            lease_s=_seconds(red, "lease_s", 10.0, LEASE_MIN_S, "[redis]"),
         ) if red else None,
     )
 
@@ -371,6 +381,13 @@ def _interval(t: Mapping[str, Any], name: str, default: float, minimum: float, w
     v = t.get(name, default)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v == 0 or minimum <= v < math.inf):
         raise UsageError(f"{where} {name} must be 0 (off) or a number of seconds of at least {minimum:g}, got {v!r}")
+    return float(v)
+
+
+def _seconds(t: Mapping[str, Any], name: str, default: float, minimum: float, where: str) -> float:
+    v = t.get(name, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not minimum <= v < math.inf:
+        raise UsageError(f"{where} {name} must be a number of seconds of at least {minimum:g}, got {v!r}")
     return float(v)
 
 
