@@ -22,7 +22,9 @@ the engine and through the gateway, ``--rounds`` times each; medians are reporte
 ``--gateway`` (repeatable) runs several gateways side by side, each in a process of its
 own, in the same rounds (the order of the paths turning each round): ``auto``,
 ``httptools`` or ``aiohttp`` (this checkout's gateway with that ``--http-client`` to the
-engine), or ``git:REV`` (the gateway of revision REV of this repository, from ``git
+engine), ``redis`` (this checkout's, its admission budget kept in a Redis server it
+starts, ``[redis] admission``: what sharing the budget across instances costs a
+request), or ``git:REV`` (the gateway of revision REV of this repository, from ``git
 archive``, as it ran then). Each is printed with its medians, then each against the
 first: CPU per chunk and req/s as ratios, added TTFT as both values.
 
@@ -34,6 +36,7 @@ machine is shared: read the ratios and the spread between rounds, not one number
     python bench/gateway_overhead.py --quick    # 200 requests a phase, 2 rounds
     python bench/gateway_overhead.py --engine sim --rate 100   # Poisson arrivals at 100 req/s
     python bench/gateway_overhead.py --gateway httptools --gateway aiohttp --gateway git:main
+    python bench/gateway_overhead.py --gateway auto --gateway redis   # the shared budget's cost
 """
 
 from __future__ import annotations
@@ -236,13 +239,40 @@ def checkout(rev: str, into: Path) -> Path:
     return (into / "src").resolve()
 
 
-def start_gateway(spec: str, engine_url: str, workdir: str) -> tuple[str, subprocess.Popen[str]]:
+def start_redis(workdir: str) -> tuple[str, subprocess.Popen[bytes]]:
+    """A Redis server on a free loopback port (Debian's ``redis-server``): (its URL, its process)."""
+    import socket
+    import time
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("--gateway redis needs a Redis server: apt-get install redis-server")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", workdir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):  # bounded: 5 s
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                return f"redis://127.0.0.1:{port}/0", proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("the Redis server did not start")
+
+
+def start_gateway(spec: str, engine_url: str, workdir: str, redis_url: str | None = None) -> tuple[str, subprocess.Popen[str]]:
     """The gateway ``spec`` names (``--gateway``) in front of the engine: (its URL, its process)."""
     cmd = [sys.executable, "-m", "inferlab", "gateway", "--upstream", engine_url, "--port", "0", "--announce"]
     env = dict(os.environ)
     if spec.startswith("git:"):
         src = checkout(spec[4:], Path(tempfile.mkdtemp(dir=workdir)))
         env["PYTHONPATH"] = os.pathsep.join([str(src), env.get("PYTHONPATH", "")])
+    elif spec == "redis":
+        config = Path(workdir) / "gateway-redis.toml"
+        config.write_text(f'[redis]\nurl = "{redis_url}"\nlimits = false\ncache = false\nadmission = true\n')
+        cmd += ["--config", str(config)]
     else:
         cmd += ["--http-client", spec]
     gw = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -269,9 +299,10 @@ def main() -> None:
                     help="the loaded phase as Poisson arrivals at this rate (req/s, the same seed both ways) instead of "
                          "a closed loop of -c users: arrivals at random points of the engine's step cycle, where a "
                          "closed loop keeps its users' requests at one point of it")
-    ap.add_argument("--gateway", action="append", metavar="auto|httptools|aiohttp|git:REV",
+    ap.add_argument("--gateway", action="append", metavar="auto|httptools|aiohttp|redis|git:REV",
                     help="a gateway to measure (repeatable; default auto): this checkout's with that --http-client "
-                         "to the engine, or revision REV's")
+                         "to the engine, this checkout's with its admission budget in Redis (redis), or revision "
+                         "REV's")
     ap.add_argument("--pin-gateway", action="store_true",
                     help="the gateways on the last core, the engine and the load on the others (is the gateway "
                          "waiting for a core?)")
@@ -279,8 +310,8 @@ def main() -> None:
     args = ap.parse_args()
     specs: list[str] = args.gateway or ["auto"]
     for spec in specs:
-        if spec not in ("auto", "httptools", "aiohttp") and not spec.startswith("git:"):
-            ap.error(f"--gateway {spec}: auto, httptools, aiohttp or git:REV")
+        if spec not in ("auto", "httptools", "aiohttp", "redis") and not spec.startswith("git:"):
+            ap.error(f"--gateway {spec}: auto, httptools, aiohttp, redis or git:REV")
     if len(set(specs)) != len(specs):
         ap.error("a --gateway is given twice")
     n = args.requests or (200 if args.quick else 600)
@@ -293,9 +324,12 @@ def main() -> None:
     gateways: list[tuple[str, str, subprocess.Popen[str]]] = []
     rows: list[dict[str, dict[str, float]]] = []
     lite: tuple[str, subprocess.Popen[str]] | None = None
+    redis: tuple[str, subprocess.Popen[bytes]] | None = None
     try:
+        if "redis" in specs:
+            redis = start_redis(workdir)
         for spec in specs:
-            gateways.append((spec, *start_gateway(spec, engine_url, workdir)))
+            gateways.append((spec, *start_gateway(spec, engine_url, workdir, redis[0] if redis else None)))
         if args.pin_gateway:
             cores = sorted(os.sched_getaffinity(0))
             if len(cores) < 2:
@@ -363,6 +397,9 @@ def main() -> None:
             lite[1].terminate()
             lite[1].wait(timeout=10)
         close_engine()
+        if redis is not None:
+            redis[1].terminate()
+            redis[1].wait(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
 
     def med(path: str, k: str) -> float:

@@ -15,16 +15,16 @@ policy bounds the total. Identical misses coalesce within an instance, not acros
 Admission (``SharedAdmission``): each upstream's tokens and requests in flight, as two
 hashes of one field per instance (what that instance holds there), keyed by the
 upstream's URL, so every instance with the same upstream counts against one budget.
-Taking room is one Lua script that sums the other instances' fields and charges this
-one's only if the request fits (the rule of ``Admission.fits``): no two instances can
-take the same room. Giving back is an increment, so the instance's calls need no order.
-An instance is alive while its lease key is (renewed every third of ``lease_s``); a
-script that finds a field whose instance has no lease deletes it, so an instance that
-dies mid-stream holds its room at most ``lease_s`` longer. Each give back publishes on
-a channel; an instance with requests waiting reads the others' counts when told (and
-every ``POLL_S`` while any wait), and lets in what now fits. If a call's outcome is
-unknown (Redis failed, or the request was cancelled during it), this instance's fields
-are written again from its own count, with no call of its in flight.
+An instance's calls (take room, give it back, renew) go in batches, one Lua script a
+batch and one batch at a time: a take sums the other instances' fields and charges this
+one's only if the request fits (the rule of ``Admission.fits``), so no two instances
+can take the same room. An instance is alive while its lease key is (renewed every
+third of ``lease_s``); a script that finds a field whose instance has no lease deletes
+it, so an instance that dies mid-stream holds its room at most ``lease_s`` longer. A
+batch that gives room back publishes on a channel; an instance with requests waiting
+reads the others' counts when told (and every ``POLL_S`` while any wait), and lets in
+what now fits. If a batch's outcome is unknown (Redis failed), the next one writes this
+instance's fields whole from its own count.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from inferlab._errors import UsageError
 from inferlab.gateway.admission import Admission, Ticket
@@ -45,7 +45,6 @@ from inferlab.gateway.config import KeyConfig
 from inferlab.gateway.ratelimit import Limited
 
 log = logging.getLogger("inferlab.gateway")
-_T = TypeVar("_T")
 
 #: Keys are ``{prefix}{kind}:{name}``; ``prefix`` defaults to ``inferlab:``.
 _RESERVE = """
@@ -189,10 +188,19 @@ def _decode(d: dict[str, Any]) -> Entry:
     return Entry(bool(d["chat"]), Answer(str(i), int(created), str(model), str(text), str(finish), dict(usage), bool(plain)), reads, body)
 
 
-# Admission. KEYS: per upstream its tokens hash and its requests hash. ARGV[1] this
-# instance's id, ARGV[2] the lease keys' prefix (+ an id).
-_OTHERS = """
-local function others(key, me, pre)
+# Admission: one script applies a batch of this instance's calls in order. KEYS: per
+# upstream its tokens hash and its requests hash. ARGV: [1] this instance's id, [2] the
+# lease keys' prefix (+ an id), [3] the lease (ms), [4] '1': write this instance's fields
+# from [6..] first, [5] the mode, [6..5+2n] this instance's tokens and requests per
+# upstream before the batch, then the number of calls and five values each: kind (1 take,
+# 2 give, 0 none), upstream (1-based), then for a take the tokens needed, the token
+# budget, the request budget; for a give the tokens and requests to add.
+# Returns: lapsed (1: the lease had lapsed, the fields were written), one result per call
+# (take: 1 taken, 0 refused), then the other instances' tokens and requests per upstream.
+_SYNC = """
+local me, pre = ARGV[1], ARGV[2]
+local n = #KEYS / 2
+local function others(key)
   local f = redis.call('HGETALL', key)
   local sum = 0
   for i = 1, #f, 2 do
@@ -203,68 +211,52 @@ local function others(key, me, pre)
   end
   return sum
 end
-"""
-
-# ARGV[3] lease ms, [4] mode, [5] tokens needed, [6] the token budget, [7] the request
-# budget, [8] [9] this instance's tokens and requests there (if its lease had lapsed)
-_TAKE = _OTHERS + """
-local me, pre = ARGV[1], ARGV[2]
 local live = pre .. me
 local lapsed = redis.call('EXISTS', live) == 0
-if lapsed then
-  redis.call('HSET', KEYS[1], me, ARGV[8])
-  redis.call('HSET', KEYS[2], me, ARGV[9])
-end
 redis.call('SET', live, '1', 'PX', ARGV[3])
-local ot, orq = others(KEYS[1], me, pre), others(KEYS[2], me, pre)
-local mt = tonumber(redis.call('HGET', KEYS[1], me) or '0')
-local mr = tonumber(redis.call('HGET', KEYS[2], me) or '0')
-local need = tonumber(ARGV[5])
-local ok
-if ARGV[4] == 'tokens' then
-  local held = ot + mt
-  ok = held == 0 or held + need <= tonumber(ARGV[6])
-else
-  ok = orq + mr < tonumber(ARGV[7])
+local mode = ARGV[5]
+local ot, orq, mt, mr = {}, {}, {}, {}
+for u = 1, n do
+  if lapsed or ARGV[4] == '1' then
+    mt[u], mr[u] = tonumber(ARGV[4 + 2 * u]), tonumber(ARGV[5 + 2 * u])
+  else
+    mt[u] = tonumber(redis.call('HGET', KEYS[2 * u - 1], me) or '0')
+    mr[u] = tonumber(redis.call('HGET', KEYS[2 * u], me) or '0')
+  end
+  ot[u], orq[u] = others(KEYS[2 * u - 1]), others(KEYS[2 * u])
 end
-if ok then
-  redis.call('HINCRBY', KEYS[1], me, need)
-  redis.call('HINCRBY', KEYS[2], me, 1)
+local i = 6 + 2 * n
+local calls = tonumber(ARGV[i])
+i = i + 1
+local out = {lapsed and 1 or 0}
+local given = false
+for k = 1, calls do
+  local kind, u = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+  local a, b, c = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])
+  i = i + 5
+  local r = 1
+  if kind == 1 then
+    local ok
+    if mode == 'tokens' then
+      local held = ot[u] + mt[u]
+      ok = held == 0 or held + a <= b
+    else
+      ok = orq[u] + mr[u] < c
+    end
+    if ok then mt[u], mr[u] = mt[u] + a, mr[u] + 1 else r = 0 end
+  elseif kind == 2 then
+    mt[u], mr[u] = mt[u] + a, mr[u] + b
+    if a < 0 or b < 0 then given = true end
+  end
+  out[#out + 1] = r
 end
-return {ok and 1 or 0, ot, orq, lapsed and 1 or 0}
-"""
-
-# ARGV[3] lease ms, [4] [5] tokens and requests to add, [6] [7] this instance's counts
-# after them (if its lease had lapsed), [8] the channel told of room given back
-_GIVE = """
-local me, pre = ARGV[1], ARGV[2]
-local live = pre .. me
-local lapsed = 0
-if redis.call('EXISTS', live) == 0 then
-  redis.call('HSET', KEYS[1], me, ARGV[6])
-  redis.call('HSET', KEYS[2], me, ARGV[7])
-  redis.call('SET', live, '1', 'PX', ARGV[3])
-  lapsed = 1
-else
-  redis.call('HINCRBY', KEYS[1], me, ARGV[4])
-  redis.call('HINCRBY', KEYS[2], me, ARGV[5])
+for u = 1, n do
+  redis.call('HSET', KEYS[2 * u - 1], me, mt[u])
+  redis.call('HSET', KEYS[2 * u], me, mr[u])
+  out[#out + 1] = ot[u]
+  out[#out + 1] = orq[u]
 end
-if tonumber(ARGV[4]) < 0 or tonumber(ARGV[5]) < 0 then redis.call('PUBLISH', ARGV[8], KEYS[1]) end
-return lapsed
-"""
-
-# Renew the lease; ARGV[4] == '1' (or a lapsed lease): write this instance's counts,
-# ARGV[5..] two per upstream, in KEYS' order. Returns the others' counts, two per upstream.
-_BEAT = _OTHERS + """
-local me, pre = ARGV[1], ARGV[2]
-local live = pre .. me
-local write = ARGV[4] == '1' or redis.call('EXISTS', live) == 0
-redis.call('SET', live, '1', 'PX', ARGV[3])
-local out = {}
-for i = 1, #KEYS do
-  if write then redis.call('HSET', KEYS[i], me, ARGV[4 + i]) end
-  out[i] = others(KEYS[i], me, pre)
-end
+if given then redis.call('PUBLISH', ARGV[7 + 2 * n + 5 * calls], 'given') end
 return out
 """
 
@@ -283,11 +275,17 @@ STOP_WAIT_S = 2.0
 #: was told (a lease that lapsed publishes nothing).
 POLL_S = 0.25
 
+_NONE, _TAKE, _GIVE = 0, 1, 2
+
 
 class SharedAdmission:
     """``admission``'s budgets counted across every instance that shares the Redis
     (module docstring): ``admission.shared`` while ``start``-ed. ``upstreams``: each
-    upstream's URL, in the admission's order."""
+    upstream's URL, in the admission's order.
+
+    This instance's calls go to Redis one batch at a time, in the order they were made
+    (one script a batch: ``_SYNC``), so its fields are always written whole, never
+    raced by another call of its own; calls made while a batch is out go in the next."""
 
     def __init__(self, client: Any, prefix: str, admission: Admission, upstreams: Sequence[str],
                  lease_s: float = 10.0) -> None:
@@ -297,121 +295,96 @@ class SharedAdmission:
         self.lease_ms = max(int(lease_s * 1000), 1)
         self._live = f"{prefix}admission:live:"
         self._channel = f"{prefix}admission:released"
-        self._keys = [[f"{prefix}admission:{url}:tokens", f"{prefix}admission:{url}:requests"] for url in upstreams]
-        self._take = client.register_script(_TAKE)
-        self._give = client.register_script(_GIVE)
-        self._beat = client.register_script(_BEAT)
+        self._keys = [k for url in upstreams for k in (f"{prefix}admission:{url}:tokens", f"{prefix}admission:{url}:requests")]
+        self._sync = client.register_script(_SYNC)
         self._leave = client.register_script(_LEAVE)
         n = len(upstreams)
-        # what this instance holds in the shared count, by the calls Redis applied
+        # what this instance holds in the shared count: takes Redis granted, gives sent
         self.tokens = [0] * n
         self.requests = [0] * n
-        self._calls = 0  # calls to Redis in flight
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._open = asyncio.Event()  # cleared while this instance's fields are written again
-        self._open.set()
-        self._unsure = False  # a call's outcome is unknown: write the fields again
-        self._beating = asyncio.Lock()  # one beat at a time (a rewrite must not overlap a read)
+        self._calls: list[tuple[int, int, int, int, asyncio.Future[bool] | None]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._unsure = False  # a batch's outcome is unknown: the next one writes the fields whole
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._pending: set[asyncio.Task[None]] = set()
         self._pubsub: Any = None
 
-    @property
-    def _base(self) -> list[Any]:
-        return [self.id, self._live, self.lease_ms]
+    def _send(self, kind: int, upstream: int, a: int, b: int, answer: bool) -> asyncio.Future[bool] | None:
+        fut: asyncio.Future[bool] | None = asyncio.get_running_loop().create_future() if answer else None
+        self._calls.append((kind, upstream, a, b, fut))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        return fut
 
-    async def _call(self, call: Callable[[], Awaitable[_T]], applied: Callable[[_T], None] | None = None) -> _T:
-        """One call to Redis, counted in flight; ``applied(result)`` right after it
-        returns (nothing awaits between). A call that fails or is cancelled leaves
-        this instance's fields unsure."""
-        await self._open.wait()
-        self._calls += 1
-        self._idle.clear()
-        try:
-            out = await call()
-            if applied is not None:
-                applied(out)
-            return out
-        except BaseException:
-            self._unsure = True
-            raise
-        finally:
-            self._calls -= 1
-            if not self._calls:
-                self._idle.set()
+    async def _flush(self) -> None:
+        a = self.admission
+        while self._calls:
+            calls, self._calls = self._calls, []
+            write, self._unsure = self._unsure, False
+            mine = [v for i in range(len(self.tokens)) for v in (self.tokens[i], self.requests[i])]
+            args: list[Any] = [self.id, self._live, self.lease_ms, "1" if write else "0", a.mode, *mine, len(calls)]
+            for kind, u, x, y, _ in calls:
+                if kind == _TAKE:
+                    args += [kind, u + 1, x, a.max_tokens[u], a.max_requests[u]]
+                else:
+                    args += [kind, u + 1, x, y, 0]
+                if kind == _GIVE:  # (counted as sent: if the batch fails, the next writes the fields whole)
+                    self.tokens[u] += x
+                    self.requests[u] += y
+            args.append(self._channel)
+            try:
+                out = [int(v) for v in await self._sync(keys=self._keys, args=args)]
+            except BaseException as e:
+                self._unsure = True
+                for *_, fut in calls:
+                    if fut is not None and not fut.done():
+                        fut.set_exception(e if isinstance(e, Exception) else ConnectionError("the gateway is stopping"))
+                if not isinstance(e, Exception):
+                    raise
+                log.warning("redis: %s: %s", type(e).__name__, e)
+                continue
+            for (kind, u, x, _, fut), ok in zip(calls, out[1:1 + len(calls)], strict=True):
+                if kind == _TAKE and ok:
+                    self.tokens[u] += x
+                    self.requests[u] += 1
+                if fut is not None and not fut.done():
+                    fut.set_result(bool(ok))
+            rest = out[1 + len(calls):]
+            for i in range(len(self.tokens)):
+                a.others_tokens[i], a.others_requests[i] = rest[2 * i], rest[2 * i + 1]
+            a.regrant()
 
     async def take(self, ticket: Ticket) -> bool:
-        a, i = self.admission, ticket.upstream
-        need = ticket.tokens
+        u, need = ticket.upstream, ticket.tokens
+        fut = self._send(_TAKE, u, need, 0, True)
+        assert fut is not None
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:  # (the batch goes on: what it takes is given back)
+            def back(f: asyncio.Future[bool]) -> None:
+                if not f.cancelled() and f.exception() is None and f.result():
+                    self.give(u, -need, -1)
 
-        def applied(out: Any) -> None:
-            ok, others_tokens, others_requests, lapsed = (int(x) for x in out)
-            a.others_tokens[i], a.others_requests[i] = others_tokens, others_requests
-            if lapsed:  # (its other upstreams' fields may be gone too: the next beat writes them)
-                self._unsure = True
-            if ok:
-                self.tokens[i] += need
-                self.requests[i] += 1
-
-        ok, *_ = await self._call(lambda: self._take(keys=self._keys[i], args=[
-            *self._base, a.mode, need, a.max_tokens[i], a.max_requests[i], self.tokens[i], self.requests[i]]),
-            applied)
-        return bool(int(ok))
+            fut.add_done_callback(back)
+            raise
 
     def give(self, upstream: int, tokens: int, requests: int) -> None:
-        async def send() -> None:
-            def args() -> list[Any]:  # (read when the call goes: the counts after it)
-                self.tokens[upstream] += tokens
-                self.requests[upstream] += requests
-                return [*self._base, tokens, requests, self.tokens[upstream], self.requests[upstream],
-                        self._channel]
-
-            try:
-                if int(await self._call(lambda: self._give(keys=self._keys[upstream], args=args()))):
-                    self._unsure = True  # its lease had lapsed: the next beat writes every field
-            except Exception as e:  # (redis' own errors): the fields are written again at the next beat
-                log.warning("redis: %s: %s", type(e).__name__, e)
-
-        task = asyncio.create_task(send())
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        self._send(_GIVE, upstream, tokens, requests, False)
 
     def wake(self) -> None:
         self._wakeup.set()
 
     async def beat(self) -> None:
-        """Renew the lease; read the others' counts into the admission, and let in what
-        fits. Where unsure, first write this instance's fields again, with no call of
-        its in flight and none starting."""
-        keys = [k for pair in self._keys for k in pair]
-        async with self._beating:
-            if self._unsure:
-                self._open.clear()
-                try:
-                    await self._idle.wait()
-                    self._unsure = False
-                    await self._read(keys, True)
-                except BaseException:
-                    self._unsure = True
-                    raise
-                finally:
-                    self._open.set()
-            else:
-                await self._call(lambda: self._read(keys, False))
-        self.admission.regrant()
-
-    async def _read(self, keys: list[str], write: bool) -> None:
-        mine = [v for i in range(len(self._keys)) for v in (self.tokens[i], self.requests[i])]
-        out = await self._beat(keys=keys, args=[*self._base, "1" if write else "0", *mine])
-        a = self.admission
-        for i in range(len(self._keys)):
-            a.others_tokens[i], a.others_requests[i] = int(out[2 * i]), int(out[2 * i + 1])
+        """Renew the lease and read the others' counts (letting in what now fits), in
+        the next batch; ``Exception`` if Redis fails."""
+        fut = self._send(_NONE, 0, 0, 0, True)
+        assert fut is not None
+        await asyncio.shield(fut)
 
     async def start(self) -> None:
         """Join: write this instance's (empty) fields and lease; then keep the lease and
         watch for room given back, until ``stop``."""
+        self._unsure = True  # (written whole: a field left by an instance of the same id cannot be)
         await self.beat()
         self._pubsub = self.client.pubsub()
         await self._pubsub.subscribe(self._channel)
@@ -420,16 +393,16 @@ class SharedAdmission:
         self.admission.shared = self
 
     async def stop(self) -> None:
-        """Leave: stop the tasks, wait for the give-backs, take this instance's fields out."""
+        """Leave: stop the tasks, send what is left, take this instance's fields out."""
         self.admission.shared = None
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._pending:
-            await asyncio.wait(self._pending, timeout=STOP_WAIT_S)
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.wait([self._flusher], timeout=STOP_WAIT_S)
+            self._flusher.cancel()
         with contextlib.suppress(Exception):  # (what is not left here lapses with the lease)
-            await asyncio.wait_for(self._leave(keys=[k for pair in self._keys for k in pair],
-                                               args=[self.id, self._live, self._channel]), STOP_WAIT_S)
+            await asyncio.wait_for(self._leave(keys=self._keys, args=[self.id, self._live, self._channel]), STOP_WAIT_S)
         with contextlib.suppress(Exception):
             if self._pubsub is not None:
                 await asyncio.wait_for(self._pubsub.aclose(), STOP_WAIT_S)
@@ -437,10 +410,8 @@ class SharedAdmission:
     async def _keep(self) -> None:
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
-            try:
+            with contextlib.suppress(Exception):  # (logged by the batch; the lease lapses if Redis stays away)
                 await self.beat()
-            except Exception as e:  # (redis' own errors): the lease lapses if Redis stays away
-                log.warning("redis: %s: %s", type(e).__name__, e)
 
     async def _listen(self) -> None:
         failing = False
@@ -463,10 +434,8 @@ class SharedAdmission:
                 await asyncio.wait_for(self._wakeup.wait(), POLL_S)
             self._wakeup.clear()
             if self.admission.queue_length:
-                try:
+                with contextlib.suppress(Exception):  # (logged by the batch): again at the next poll
                     await self.beat()
-                except Exception as e:  # (redis' own errors): try again at the next poll
-                    log.warning("redis: %s: %s", type(e).__name__, e)
 
 
 def connect(url: str) -> Any:
