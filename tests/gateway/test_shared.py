@@ -254,3 +254,35 @@ async def test_the_start_line_says_what_is_shared(tmp_path: Path, redis_url: str
     finally:
         gw.close()
     assert said in lines[-1], lines
+
+
+async def test_a_take_cancelled_in_flight_gives_back_what_its_batch_took(redis_url: str) -> None:
+    import redis.asyncio
+
+    from inferlab._clock import WallClock
+    from inferlab.gateway.admission import Admission
+    from inferlab.gateway.shared import SharedAdmission
+
+    client = redis.asyncio.Redis.from_url(redis_url)
+    a = Admission("tokens", [1000], [100], queue_max=100, queue_timeout_s=5, starvation_s=5, clock=WallClock())
+    shared = SharedAdmission(client, "t:", a, ["http://engine"])
+    await shared.start()
+    try:
+        tasks = [asyncio.create_task(a.acquire(10, [0], lambda room: room[0])) for _ in range(20)]
+        await asyncio.sleep(0)  # every take is queued for the next batch
+        for t in tasks[::2]:
+            t.cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        tickets = [t for t in done if not isinstance(t, BaseException)]
+        assert len(tickets) == 10 and all(t.shared for t in tickets)
+        await shared.beat()  # (after the give-backs' batch)
+        held = await client.hget("t:admission:http://engine:tokens", shared.id)
+        assert int(held) == 100 == shared.tokens[0] == a.tokens_in_flight[0]  # the ten cancelled hold nothing
+        for t in tickets:
+            a.release(t)
+        await shared.beat()
+        assert int(await client.hget("t:admission:http://engine:tokens", shared.id)) == 0
+        assert int(await client.hget("t:admission:http://engine:requests", shared.id)) == 0
+    finally:
+        await shared.stop()
+        await client.aclose()
