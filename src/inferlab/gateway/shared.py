@@ -307,6 +307,7 @@ class SharedAdmission:
         self._unsure = False  # a batch's outcome is unknown: the next one writes the fields whole
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self._pubsub: Any = None
 
     def _send(self, kind: int, upstream: int, a: int, b: int, answer: bool) -> asyncio.Future[bool] | None:
@@ -395,9 +396,13 @@ class SharedAdmission:
     async def stop(self) -> None:
         """Leave: stop the tasks, send what is left, take this instance's fields out."""
         self.admission.shared = None
+        # The loops also end by the flag: on Python 3.11 a cancellation that races a
+        # timeout (wait_for, get_message's) can be lost, and the loop would go on.
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=STOP_WAIT_S)
         if self._flusher is not None and not self._flusher.done():
             await asyncio.wait([self._flusher], timeout=STOP_WAIT_S)
             self._flusher.cancel()
@@ -408,14 +413,14 @@ class SharedAdmission:
                 await asyncio.wait_for(self._pubsub.aclose(), STOP_WAIT_S)
 
     async def _keep(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.lease_ms / 3000)
             with contextlib.suppress(Exception):  # (logged by the batch; the lease lapses if Redis stays away)
                 await self.beat()
 
     async def _listen(self) -> None:
         failing = False
-        while True:
+        while not self._stopping:
             try:
                 message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_S)
             except Exception as e:  # (redis' own errors): said once; wait, then listen again (polls go on)
@@ -429,7 +434,7 @@ class SharedAdmission:
                 self._wakeup.set()
 
     async def _watch(self) -> None:
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), POLL_S)
             self._wakeup.clear()
