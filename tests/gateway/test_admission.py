@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from inferlab._clock import NS_PER_S, VirtualClock
-from inferlab.gateway.admission import Admission, Rejected, Ticket
+from inferlab.gateway.admission import SHARED_GROW_STEP, Admission, Rejected, Ticket
 from inferlab.gateway.config import AdmissionMode
 
 
@@ -215,12 +215,13 @@ async def test_a_request_another_instance_took_the_room_of_waits_again_in_its_pl
     assert order == ["early"]  # the refused request kept its place ahead of the later one
     ticket = early.result()
     assert ticket.shared and a.tokens_in_flight == [50] and other.mine == 50
-    a.resize(ticket, 70)
-    assert other.gives == [(0, 20, 0)]
+    a.resize(ticket, 70)  # outgrown: charged a step ahead, not a call per token
+    a.resize(ticket, 71)
+    assert other.gives == [(0, 70 + SHARED_GROW_STEP - 50, 0)] and a.tokens_in_flight == [71]
     other.other_releases()
     a.release(ticket)
     await settle()
-    assert order == ["early", "late"] and other.gives[1] == (0, -70, -1)
+    assert order == ["early", "late"] and other.gives[1] == (0, -(70 + SHARED_GROW_STEP), -1)
     a.release(late.result())
     assert a.tokens_in_flight == [0] and other.mine == 0
 

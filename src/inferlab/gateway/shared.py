@@ -189,17 +189,34 @@ def _decode(d: dict[str, Any]) -> Entry:
 
 
 # Admission: one script applies a batch of this instance's calls in order. KEYS: per
-# upstream its tokens hash and its requests hash. ARGV: [1] this instance's id, [2] the
-# lease keys' prefix (+ an id), [3] the lease (ms), [4] '1': write this instance's fields
-# from [6..] first, [5] the mode, [6..5+2n] this instance's tokens and requests per
-# upstream before the batch, then the number of calls and five values each: kind (1 take,
-# 2 give, 0 none), upstream (1-based), then for a take the tokens needed, the token
-# budget, the request budget; for a give the tokens and requests to add.
-# Returns: lapsed (1: the lease had lapsed, the fields were written), one result per call
-# (take: 1 taken, 0 refused), then the other instances' tokens and requests per upstream.
+# upstream its tokens hash, its requests hash and its waiting hash (when each instance's
+# oldest request waiting for that upstream began, by Redis's clock), then the epoch key
+# and the resync key. ARGV: [1] this instance's id, [2] the lease keys' prefix (+ an id),
+# [3] the lease (ms), [4] '1': this instance has seen the epoch key before, [5] the
+# mode, [6] starvation (ms), then per upstream three values: this instance's tokens and
+# requests there before the batch, and how long its oldest request waiting for it has
+# waited (ms; -1: none); then the number of calls and five values each: kind (1 take,
+# 2 give, 0 none), upstream (1-based), then for a take the tokens needed, how long its
+# request has waited (ms), and the budget (tokens or requests, by the mode); for a give
+# the tokens and the requests to add; then the channel told of room given back.
+# Returns one result per call (take: 1 taken, 0 refused), then per upstream the other
+# instances' tokens and requests and whether its room is held (1: for another instance's
+# request that has waited longer than starvation, or while the counts are rebuilt).
 _SYNC = """
 local me, pre = ARGV[1], ARGV[2]
-local n = #KEYS / 2
+local n = (#KEYS - 2) / 3
+local epoch, resync = KEYS[3 * n + 1], KEYS[3 * n + 2]
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[3])
+if redis.call('EXISTS', epoch) == 0 then
+  redis.call('SET', epoch, '1')
+  -- the counts were lost (a Redis restarted empty): hold all room until every live
+  -- instance has written its own again (each renews every third of its lease)
+  if ARGV[4] == '1' then redis.call('SET', resync, '1', 'PX', math.floor(lease / 2)) end
+end
+local rebuilding = redis.call('EXISTS', resync) == 1
+redis.call('SET', pre .. me, '1', 'PX', lease)
 local function others(key)
   local f = redis.call('HGETALL', key)
   local sum = 0
@@ -211,24 +228,34 @@ local function others(key)
   end
   return sum
 end
-local live = pre .. me
-local lapsed = redis.call('EXISTS', live) == 0
-redis.call('SET', live, '1', 'PX', ARGV[3])
-local mode = ARGV[5]
-local ot, orq, mt, mr = {}, {}, {}, {}
-for u = 1, n do
-  if lapsed or ARGV[4] == '1' then
-    mt[u], mr[u] = tonumber(ARGV[4 + 2 * u]), tonumber(ARGV[5 + 2 * u])
-  else
-    mt[u] = tonumber(redis.call('HGET', KEYS[2 * u - 1], me) or '0')
-    mr[u] = tonumber(redis.call('HGET', KEYS[2 * u], me) or '0')
+local function oldest(key)
+  local f = redis.call('HGETALL', key)
+  local first = nil
+  for i = 1, #f, 2 do
+    if f[i] ~= me then
+      if redis.call('EXISTS', pre .. f[i]) == 1 then
+        local since = tonumber(f[i + 1])
+        if first == nil or since < first then first = since end
+      else redis.call('HDEL', key, f[i]) end
+    end
   end
-  ot[u], orq[u] = others(KEYS[2 * u - 1]), others(KEYS[2 * u])
+  return first
 end
-local i = 6 + 2 * n
+local starvation = tonumber(ARGV[6])
+local mt, mr, ot, orq, starved = {}, {}, {}, {}, {}
+for u = 1, n do
+  local tk, rk, wk = KEYS[3 * u - 2], KEYS[3 * u - 1], KEYS[3 * u]
+  mt[u], mr[u] = tonumber(ARGV[4 + 3 * u]), tonumber(ARGV[5 + 3 * u])
+  local waited = tonumber(ARGV[6 + 3 * u])
+  if waited >= 0 then redis.call('HSET', wk, me, now - waited) else redis.call('HDEL', wk, me) end
+  ot[u], orq[u] = others(tk), others(rk)
+  local first = oldest(wk)
+  if first ~= nil and now - first >= starvation then starved[u] = first end
+end
+local i = 7 + 3 * n
 local calls = tonumber(ARGV[i])
 i = i + 1
-local out = {lapsed and 1 or 0}
+local out = {}
 local given = false
 for k = 1, calls do
   local kind, u = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
@@ -237,9 +264,11 @@ for k = 1, calls do
   local r = 1
   if kind == 1 then
     local ok
-    if mode == 'tokens' then
+    if rebuilding or (starved[u] ~= nil and now - b > starved[u]) then
+      ok = false
+    elseif ARGV[5] == 'tokens' then
       local held = ot[u] + mt[u]
-      ok = held == 0 or held + a <= b
+      ok = held == 0 or held + a <= c
     else
       ok = orq[u] + mr[u] < c
     end
@@ -251,12 +280,15 @@ for k = 1, calls do
   out[#out + 1] = r
 end
 for u = 1, n do
-  redis.call('HSET', KEYS[2 * u - 1], me, mt[u])
-  redis.call('HSET', KEYS[2 * u], me, mr[u])
+  redis.call('HSET', KEYS[3 * u - 2], me, mt[u])
+  redis.call('HSET', KEYS[3 * u - 1], me, mr[u])
   out[#out + 1] = ot[u]
   out[#out + 1] = orq[u]
+  local mine = tonumber(ARGV[6 + 3 * u])
+  local held = rebuilding or (starved[u] ~= nil and (mine < 0 or now - mine > starved[u]))
+  out[#out + 1] = held and 1 or 0
 end
-if given then redis.call('PUBLISH', ARGV[7 + 2 * n + 5 * calls], 'given') end
+if given then redis.call('PUBLISH', ARGV[i], 'given') end
 return out
 """
 
@@ -284,8 +316,9 @@ class SharedAdmission:
     upstream's URL, in the admission's order.
 
     This instance's calls go to Redis one batch at a time, in the order they were made
-    (one script a batch: ``_SYNC``), so its fields are always written whole, never
-    raced by another call of its own; calls made while a batch is out go in the next."""
+    (one script a batch: ``_SYNC``), and each batch writes this instance's counts whole
+    from its own: nothing of its own races it, and a count Redis lost or got wrong is
+    right again after the next batch. Calls made while a batch is out go in the next."""
 
     def __init__(self, client: Any, prefix: str, admission: Admission, upstreams: Sequence[str],
                  lease_s: float = 10.0) -> None:
@@ -295,16 +328,19 @@ class SharedAdmission:
         self.lease_ms = max(int(lease_s * 1000), 1)
         self._live = f"{prefix}admission:live:"
         self._channel = f"{prefix}admission:released"
-        self._keys = [k for url in upstreams for k in (f"{prefix}admission:{url}:tokens", f"{prefix}admission:{url}:requests")]
+        self._keys = [k for url in upstreams for k in (
+            f"{prefix}admission:{url}:tokens", f"{prefix}admission:{url}:requests", f"{prefix}admission:{url}:waiting")]
         self._sync = client.register_script(_SYNC)
         self._leave = client.register_script(_LEAVE)
+        self._batch_keys = [*self._keys, f"{prefix}admission:epoch", f"{prefix}admission:resync"]
         n = len(upstreams)
         # what this instance holds in the shared count: takes Redis granted, gives sent
         self.tokens = [0] * n
         self.requests = [0] * n
         self._calls: list[tuple[int, int, int, int, asyncio.Future[bool] | None]] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._unsure = False  # a batch's outcome is unknown: the next one writes the fields whole
+        self._seen_epoch = False  # (a batch found the epoch key: its loss means Redis lost the counts)
+        self._waiting = False  # the last batch said a request of this instance waits
         self._wakeup = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -317,26 +353,36 @@ class SharedAdmission:
             self._flusher = asyncio.create_task(self._flush())
         return fut
 
+    def _args(self, calls: list[tuple[int, int, int, int, asyncio.Future[bool] | None]]) -> list[Any]:
+        """The batch's ARGV (``_SYNC``); counts the gives in it as sent."""
+        a = self.admission
+        now = a.clock.now_ns()
+        args: list[Any] = [self.id, self._live, self.lease_ms, int(self._seen_epoch), a.mode,
+                           int(a.starvation_ns // 1_000_000)]
+        self._waiting = False
+        for u in range(len(self.tokens)):
+            since = a.oldest_waiting_ns(u)
+            self._waiting |= since is not None
+            args += [self.tokens[u], self.requests[u], -1 if since is None else (now - since) // 1_000_000]
+        args.append(len(calls))
+        for kind, u, x, y, _ in calls:
+            if kind == _TAKE:
+                args += [kind, u + 1, x, y, a.max_tokens[u] if a.mode == "tokens" else a.max_requests[u]]
+            else:
+                args += [kind, u + 1, x, y, 0]
+            if kind == _GIVE:  # (counted as sent: the next batch writes the counts whole anyway)
+                self.tokens[u] += x
+                self.requests[u] += y
+        args.append(self._channel)
+        return args
+
     async def _flush(self) -> None:
         a = self.admission
         while self._calls:
             calls, self._calls = self._calls, []
-            write, self._unsure = self._unsure, False
-            mine = [v for i in range(len(self.tokens)) for v in (self.tokens[i], self.requests[i])]
-            args: list[Any] = [self.id, self._live, self.lease_ms, "1" if write else "0", a.mode, *mine, len(calls)]
-            for kind, u, x, y, _ in calls:
-                if kind == _TAKE:
-                    args += [kind, u + 1, x, a.max_tokens[u], a.max_requests[u]]
-                else:
-                    args += [kind, u + 1, x, y, 0]
-                if kind == _GIVE:  # (counted as sent: if the batch fails, the next writes the fields whole)
-                    self.tokens[u] += x
-                    self.requests[u] += y
-            args.append(self._channel)
             try:
-                out = [int(v) for v in await self._sync(keys=self._keys, args=args)]
+                out = [int(v) for v in await self._sync(keys=self._batch_keys, args=self._args(calls))]
             except BaseException as e:
-                self._unsure = True
                 for *_, fut in calls:
                     if fut is not None and not fut.done():
                         fut.set_exception(e if isinstance(e, Exception) else ConnectionError("the gateway is stopping"))
@@ -344,20 +390,22 @@ class SharedAdmission:
                     raise
                 log.warning("redis: %s: %s", type(e).__name__, e)
                 continue
-            for (kind, u, x, _, fut), ok in zip(calls, out[1:1 + len(calls)], strict=True):
+            self._seen_epoch = True
+            for (kind, u, x, _, fut), ok in zip(calls, out[:len(calls)], strict=True):
                 if kind == _TAKE and ok:
                     self.tokens[u] += x
                     self.requests[u] += 1
                 if fut is not None and not fut.done():
                     fut.set_result(bool(ok))
-            rest = out[1 + len(calls):]
+            rest = out[len(calls):]
             for i in range(len(self.tokens)):
-                a.others_tokens[i], a.others_requests[i] = rest[2 * i], rest[2 * i + 1]
+                a.others_tokens[i], a.others_requests[i], held = rest[3 * i:3 * i + 3]
+                a.held[i] = bool(held)
             a.regrant()
 
     async def take(self, ticket: Ticket) -> bool:
         u, need = ticket.upstream, ticket.tokens
-        fut = self._send(_TAKE, u, need, 0, True)
+        fut = self._send(_TAKE, u, need, ticket.queued_ns // 1_000_000, True)
         assert fut is not None
         try:
             return await asyncio.shield(fut)
@@ -376,16 +424,16 @@ class SharedAdmission:
         self._wakeup.set()
 
     async def beat(self) -> None:
-        """Renew the lease and read the others' counts (letting in what now fits), in
-        the next batch; ``Exception`` if Redis fails."""
+        """Renew the lease, say how long this instance's requests have waited, and read
+        the others' counts (letting in what now fits), in the next batch; ``Exception``
+        if Redis fails."""
         fut = self._send(_NONE, 0, 0, 0, True)
         assert fut is not None
         await asyncio.shield(fut)
 
     async def start(self) -> None:
-        """Join: write this instance's (empty) fields and lease; then keep the lease and
+        """Join: write this instance's (empty) counts and lease; then keep the lease and
         watch for room given back, until ``stop``."""
-        self._unsure = True  # (written whole: a field left by an instance of the same id cannot be)
         await self.beat()
         self._pubsub = self.client.pubsub()
         await self._pubsub.subscribe(self._channel)
@@ -438,7 +486,8 @@ class SharedAdmission:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), POLL_S)
             self._wakeup.clear()
-            if self.admission.queue_length:
+            # while requests wait, and once more after (to say none waits any more)
+            if self.admission.queue_length or self._waiting:
                 with contextlib.suppress(Exception):  # (logged by the batch): again at the next poll
                     await self.beat()
 
