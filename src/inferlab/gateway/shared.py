@@ -12,19 +12,25 @@ estimate instead of being corrected to usage).
 Cache: each entry is one Redis string with the entry's TTL; Redis's own ``maxmemory``
 policy bounds the total. Identical misses coalesce within an instance, not across.
 
-Admission (``SharedAdmission``): each upstream's tokens and requests in flight, as two
+Admission (``SharedAdmission``): each upstream's tokens and requests in flight, as
 hashes of one field per instance (what that instance holds there), keyed by the
 upstream's URL, so every instance with the same upstream counts against one budget.
 An instance's calls (take room, give it back, renew) go in batches, one Lua script a
-batch and one batch at a time: a take sums the other instances' fields and charges this
-one's only if the request fits (the rule of ``Admission.fits``), so no two instances
-can take the same room. An instance is alive while its lease key is (renewed every
-third of ``lease_s``); a script that finds a field whose instance has no lease deletes
-it, so an instance that dies mid-stream holds its room at most ``lease_s`` longer. A
-batch that gives room back publishes on a channel; an instance with requests waiting
-reads the others' counts when told (and every ``POLL_S`` while any wait), and lets in
-what now fits. If a batch's outcome is unknown (Redis failed), the next one writes this
-instance's fields whole from its own count.
+batch and one batch at a time, and each batch writes the instance's fields whole from
+its own count (nothing it sends races its own fields; one lost or late is right again
+after the next). A take sums the other instances' fields and charges this one's only if
+the request fits (the rule of ``Admission.fits``), so no two instances can take the
+same room; and not while another instance's request has waited past starvation and
+longer than this one (each batch says in Redis since when this instance's oldest
+request waits), so room is held for it as within one instance. An instance is alive
+while its lease key is (renewed every third of ``lease_s``); a script that finds a
+field whose instance has no lease deletes it, so an instance that dies mid-stream holds
+its room at most ``lease_s`` longer. A batch that gives room back publishes on a
+channel; an instance with requests waiting reads the others' counts when told (and
+every ``POLL_S`` while any wait), and lets in what now fits. An epoch key tells a Redis
+that lost its data (restarted empty): the first script to find it gone, for an instance
+that had seen it, holds all room for ``lease_s / 2``, while every live instance writes
+its fields again.
 """
 
 from __future__ import annotations
