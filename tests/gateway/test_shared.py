@@ -202,6 +202,11 @@ async def test_a_dead_instance_s_room_lapses_with_its_lease(tmp_path: Path, redi
                 waiting = asyncio.create_task(post(s, url_b, chat_body("ok", max_tokens=100)))
                 await asyncio.sleep(1.0)
                 assert not waiting.done()  # the room is the other instance's
+                async with s.get(url_b + "/metrics") as resp:
+                    page = await resp.text()
+                name = up.url.removeprefix("http://")
+                assert f'inferlab_gateway_other_instances_tokens_in_flight{{server_address="{name}"}} {reservation}.0' in page
+                assert f'inferlab_gateway_other_instances_requests_in_flight{{server_address="{name}"}} 1.0' in page
                 a.proc.kill()  # dies mid-stream: nothing released
                 answer = await asyncio.wait_for(waiting, 30)
                 holding.cancel()

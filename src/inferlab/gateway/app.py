@@ -319,6 +319,9 @@ class Gateway:
         for i, u in enumerate(self.config.upstreams):
             m.in_flight.labels(u.name).set(a.requests_in_flight[i])
             m.tokens_in_flight.labels(u.name).set(a.tokens_in_flight[i])
+            if self.shared_admission is not None:
+                m.others_in_flight.labels(u.name).set(a.others_requests[i])
+                m.others_tokens_in_flight.labels(u.name).set(a.others_tokens[i])
             r = self.engines.reading(i) if self.engines is not None else None
             if r is None:  # no current report: no value, rather than an old one
                 for state in ("running", "waiting"):

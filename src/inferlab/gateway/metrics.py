@@ -141,6 +141,16 @@ class GatewayMetrics:
         self.tokens_in_flight = Gauge(
             "inferlab_gateway_tokens_in_flight", "Tokens reserved on an upstream by the requests in flight.",
             ("server_address",), registry=r)
+        self.others_in_flight = Gauge(
+            "inferlab_gateway_other_instances_requests_in_flight",
+            "Requests the other gateway instances sharing the admission budget through Redis had in flight on an "
+            "upstream, when Redis last said; absent without [redis] admission.",
+            ("server_address",), registry=r)
+        self.others_tokens_in_flight = Gauge(
+            "inferlab_gateway_other_instances_tokens_in_flight",
+            "Tokens the other gateway instances sharing the admission budget through Redis held on an upstream, "
+            "when Redis last said; absent without [redis] admission.",
+            ("server_address",), registry=r)
         self.engine_requests = Gauge(
             "inferlab_gateway_upstream_reported_requests",
             "Requests the upstream's engine reported on its own /metrics, by state: running or waiting; "
