@@ -37,6 +37,7 @@ machine is shared: read the ratios and the spread between rounds, not one number
     python bench/gateway_overhead.py --engine sim --rate 100   # Poisson arrivals at 100 req/s
     python bench/gateway_overhead.py --gateway httptools --gateway aiohttp --gateway git:main
     python bench/gateway_overhead.py --gateway auto --gateway redis   # the shared budget's cost
+    python bench/gateway_overhead.py --engine sim --engines 2   # issue 21's check: two sim serve upstreams
 """
 
 from __future__ import annotations
@@ -134,30 +135,53 @@ def relayed_chunks(url: str) -> float:
 LITELLM_KEY = "sk-inferlab-bench-0123456789abcdef"
 
 
-def bench(url: str, model: str, n: int, c: int, api_key: str | None = None, rate: float | None = None) -> dict[str, float]:
+def bench(urls: str | list[str], model: str, n: int, c: int, api_key: str | None = None,
+          rate: float | None = None) -> dict[str, float]:
     """One ``inferlab bench`` run: TTFT p50 (ms), req/s, failures; and ``engine_ttft``, the
     p50 of the engine's own receipt-to-first-token time (``server_timeline``, which
     ``sim serve`` sends; NaN from an engine that does not), and ``transport``, the p50
     over requests of each one's client TTFT less the engine's own for it: what the
     gateway adds in transport, told apart from a change in what the engine did (a closed
-    loop's requests reaching the engine at another point of its step cycle)."""
+    loop's requests reaching the engine at another point of its step cycle).
+
+    Several ``urls`` (straight at several engines): one ``inferlab bench`` per URL at the
+    same time, the load split evenly (``c``, ``n`` and ``rate`` divided among them: a
+    client that spreads its users over the engines as the gateway's routing would), and
+    the numbers taken over all their requests together (req/s summed)."""
+    urls = [urls] if isinstance(urls, str) else urls
+    k = len(urls)
     with tempfile.TemporaryDirectory() as out:
-        load = ["--rate", f"{rate:g}", "--seed", "1"] if rate else ["-c", str(c)]  # (the same arrivals both ways)
-        cmd = [sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", str(n), *load, "--model", model,
-               "--input-tokens", "128", "--output-tokens", str(CHUNKS), "--no-preflight", "--json", "--workers", "1",
-               "--no-history", "-o", str(Path(out) / "run")]
-        if api_key:
-            cmd += ["--api-key", api_key]
-        s = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True).stdout)
-        own, transport = [], []
-        for rec in read_records(Path(out) / "run" / "requests.jsonl"):
-            tl, ttft = rec.server_timeline, request_metrics(rec).ttft_ms
-            if rec.warmup or not tl or tl.get("first_token_ms") is None or ttft is None:
-                continue
-            own.append(float(tl["first_token_ms"]))
-            transport.append(ttft - float(tl["first_token_ms"]))  # (the same request's: no engine in it)
+        procs = []
+        for i, url in enumerate(urls):
+            load = (["--rate", f"{rate / k:g}", "--seed", str(1 + i)] if rate  # (the same arrivals both ways)
+                    else ["-c", str(max(c // k, 1))])
+            cmd = [sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", str(max(n // k, 1)), *load,
+                   "--model", model, "--input-tokens", "128", "--output-tokens", str(CHUNKS), "--no-preflight",
+                   "--json", "--workers", "1", "--no-history", "-o", str(Path(out) / f"run{i}")]
+            if api_key:
+                cmd += ["--api-key", api_key]
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        summaries = []
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=600)
+            if proc.returncode != 0:
+                raise SystemExit(f"inferlab bench failed ({proc.returncode}): {stderr.strip()[-2000:]}")
+            summaries.append(json.loads(stdout))
+        ttfts, own, transport = [], [], []
+        for i in range(k):
+            for rec in read_records(Path(out) / f"run{i}" / "requests.jsonl"):
+                ttft = request_metrics(rec).ttft_ms
+                if rec.warmup or ttft is None:
+                    continue
+                ttfts.append(ttft)
+                tl = rec.server_timeline
+                if tl and tl.get("first_token_ms") is not None:
+                    own.append(float(tl["first_token_ms"]))
+                    transport.append(ttft - float(tl["first_token_ms"]))  # (the same request's: no engine in it)
     nan = float("nan")
-    return {"ttft": s["ttft_ms"]["p50"], "rps": s["request_throughput_rps"], "failed": s["counts"]["failed"],
+    return {"ttft": statistics.median(ttfts) if ttfts else nan,
+            "rps": sum(x["request_throughput_rps"] for x in summaries),
+            "failed": sum(x["counts"]["failed"] for x in summaries),
             "engine_ttft": statistics.median(own) if own else nan,
             "transport": statistics.median(transport) if transport else nan}
 
@@ -262,9 +286,11 @@ def start_redis(workdir: str) -> tuple[str, subprocess.Popen[bytes]]:
     raise SystemExit("the Redis server did not start")
 
 
-def start_gateway(spec: str, engine_url: str, workdir: str, redis_url: str | None = None) -> tuple[str, subprocess.Popen[str]]:
-    """The gateway ``spec`` names (``--gateway``) in front of the engine: (its URL, its process)."""
-    cmd = [sys.executable, "-m", "inferlab", "gateway", "--upstream", engine_url, "--port", "0", "--announce"]
+def start_gateway(spec: str, engine_urls: list[str], workdir: str,
+                  redis_url: str | None = None) -> tuple[str, subprocess.Popen[str]]:
+    """The gateway ``spec`` names (``--gateway``) in front of the engines: (its URL, its process)."""
+    ups = [x for url in engine_urls for x in ("--upstream", url)]
+    cmd = [sys.executable, "-m", "inferlab", "gateway", *ups, "--port", "0", "--announce"]
     env = dict(os.environ)
     if spec.startswith("git:"):
         src = checkout(spec[4:], Path(tempfile.mkdtemp(dir=workdir)))
@@ -292,6 +318,9 @@ def main() -> None:
                          "(--gap-ms), as an engine's step ends; sim: inferlab sim serve")
     ap.add_argument("--gap-ms", type=float, default=1.0, help="the fast engine's time between chunks")
     ap.add_argument("--sim-model", default="Qwen2.5-0.5B-Instruct", help="sim: the simulated model (on an H200)")
+    ap.add_argument("--engines", type=int, choices=[1, 2], default=1,
+                    help="engines behind each gateway (2: its least-outstanding routing over two; direct, the load "
+                         "split evenly over them, each half a bench process of its own)")
     ap.add_argument("-c", "--concurrency", type=int, default=32)
     ap.add_argument("-n", "--requests", type=int, default=None, help="requests per phase at -c")
     ap.add_argument("--rounds", type=int, default=None)
@@ -314,13 +343,17 @@ def main() -> None:
             ap.error(f"--gateway {spec}: auto, httptools, aiohttp, redis or git:REV")
     if len(set(specs)) != len(specs):
         ap.error("a --gateway is given twice")
+    if args.engines > 1 and args.litellm:
+        ap.error("--litellm runs in front of one engine: leave out --engines")
     n = args.requests or (200 if args.quick else 600)
     n1 = max(n // 4, 20)  # at concurrency 1
     rounds = args.rounds or (2 if args.quick else 3)
     c = args.concurrency
     loaded = f"Poisson {args.rate:g} req/s" if args.rate else f"c={c}"  # (the loaded phase)
     workdir = tempfile.mkdtemp()
-    engine_url, model, close_engine, engine_pid = start_engine(args.engine, args.sim_model, args.gap_ms)
+    engines = [start_engine(args.engine, args.sim_model, args.gap_ms) for _ in range(args.engines)]
+    engine_urls, model = [e[0] for e in engines], engines[0][1]
+    engine_url, engine_pids = engine_urls[0], [e[3] for e in engines]
     gateways: list[tuple[str, str, subprocess.Popen[str]]] = []
     rows: list[dict[str, dict[str, float]]] = []
     lite: tuple[str, subprocess.Popen[str]] | None = None
@@ -329,7 +362,7 @@ def main() -> None:
         if "redis" in specs:
             redis = start_redis(workdir)
         for spec in specs:
-            gateways.append((spec, *start_gateway(spec, engine_url, workdir, redis[0] if redis else None)))
+            gateways.append((spec, *start_gateway(spec, engine_urls, workdir, redis[0] if redis else None)))
         if args.pin_gateway:
             cores = sorted(os.sched_getaffinity(0))
             if len(cores) < 2:
@@ -337,11 +370,12 @@ def main() -> None:
             for _, _, gw_proc in gateways:
                 pin(gw_proc.pid, {cores[-1]})
             pin(os.getpid(), set(cores[:-1]))  # (the bench processes inherit it)
-            pin(engine_pid, set(cores[:-1]))
+            for pid in engine_pids:
+                pin(pid, set(cores[:-1]))
         if args.litellm:
             lite = start_litellm(args.litellm, engine_url, model, workdir)
             bench(lite[0], model, 50, c, LITELLM_KEY)
-        bench(engine_url, model, 50, c)  # warm every path (connections, caches)
+        bench(engine_urls, model, 50, c)  # warm every path (connections, caches)
         for _, url, _ in gateways:
             bench(url, model, 50, c)
         paths: list[tuple[str, str, subprocess.Popen[str] | None]] = [("direct", engine_url, None), *gateways]
@@ -351,8 +385,8 @@ def main() -> None:
             for name, url, _ in turn:
                 row[name] = bench(url, model, n1, 1)
             for name, url, proc in turn:
-                if proc is None:
-                    row[name] |= {f"{k}_c": v for k, v in bench(url, model, n, c, rate=args.rate).items()}
+                if proc is None:  # (straight at the engines: the load split over them)
+                    row[name] |= {f"{k}_c": v for k, v in bench(engine_urls, model, n, c, rate=args.rate).items()}
                     continue
                 chunks0, cpu0, sys0 = relayed_chunks(url), cpu_s(proc.pid), cpu_s(proc.pid, slice(12, 13))
                 via = bench(url, model, n, c, rate=args.rate)
@@ -396,7 +430,8 @@ def main() -> None:
         if lite is not None:
             lite[1].terminate()
             lite[1].wait(timeout=10)
-        close_engine()
+        for engine in engines:
+            engine[2]()
         if redis is not None:
             redis[1].terminate()
             redis[1].wait(timeout=10)
@@ -406,6 +441,8 @@ def main() -> None:
         return statistics.median(float(row[path][k]) for row in rows)
 
     what = f"a stub engine ({CHUNKS} chunks {args.gap_ms:g} ms apart{', in lockstep' if args.engine == 'lockstep' else ''})" if args.engine != "sim" else f"sim serve ({args.sim_model} on H200)"
+    if args.engines > 1:
+        what = f"{args.engines} engines, each {what} (direct: the load split evenly over them)"
     print(f"\nmedian of {rounds} rounds against {what}, {CHUNKS}-token streams, {n} requests at {loaded}, {n1} at c=1 "
           f"(direct: {med('direct', 'rps_c'):.0f} req/s at {loaded}):")
     print(f"  {'gateway':<16} {'added TTFT p50 c=1':>18} {f'{loaded}':>9} {'CPU/1k chunks':>14} {'(system)':>9} {'req/s':>6}")
