@@ -83,6 +83,30 @@ async def test_a_waiter_past_starvation_goes_first_and_room_is_held_for_it() -> 
         t.cancel()
 
 
+async def test_a_starved_waiter_holds_room_on_its_own_upstreams_only() -> None:
+    clock = VirtualClock()
+    a = admission(clock=clock, starvation_s=1.0, upstreams=2)
+    held = [await a.acquire(80, [0], first), await a.acquire(80, [1], first)]
+    order: list[str] = []
+
+    async def one(name: str, tokens: int, upstreams: list[int]) -> None:
+        await a.acquire(tokens, upstreams, first)
+        order.append(name)
+
+    starving = asyncio.create_task(one("90 on 0", 90, [0]))
+    await settle()
+    clock.advance_to_ns(2 * NS_PER_S)  # it has now waited 2 s: room on 0 is held for it
+    others = [asyncio.create_task(one("10 on 0", 10, [0])), asyncio.create_task(one("10 on 1", 10, [1]))]
+    await settle()
+    a.release(held[1])  # room on 1: the 10 for 1 goes in; the 10 for 0 still waits behind the 90
+    await settle()
+    assert order == ["10 on 1"]
+    a.release(held[0])
+    await settle()
+    assert order == ["10 on 1", "90 on 0", "10 on 0"]
+    await asyncio.gather(starving, *others)
+
+
 async def test_a_request_over_the_whole_budget_goes_alone() -> None:
     a = admission(tokens=100)
     small = await a.acquire(10, [0], first)
@@ -172,6 +196,7 @@ class OtherInstance:
     async def take(self, ticket: Ticket) -> bool:
         await asyncio.sleep(0)  # (a round trip)
         self.a.others_tokens[0] = self.held
+        self.a.batches += 1  # (the answer of a batch)
         total = self.held + self.mine
         if total and total + ticket.tokens > self.a.max_tokens[0]:
             return False
@@ -185,9 +210,10 @@ class OtherInstance:
     def wake(self) -> None:
         self.woken += 1
 
-    def other_releases(self) -> None:
+    def other_releases(self) -> None:  # (and a batch tells this instance)
         self.held = 0
         self.a.others_tokens[0] = 0
+        self.a.batches += 1
         self.a.regrant()
 
 
@@ -208,8 +234,9 @@ async def test_a_request_another_instance_took_the_room_of_waits_again_in_its_pl
     assert a.tokens_in_flight == [0] and other.mine == 0  # the refused take left nothing held
     late = asyncio.create_task(one("late"))
     await settle()
-    other.held = 50  # the other instance gives back 30: room for one of the two
+    other.held = 50  # the other instance gives back 30 (a batch says so): room for one of the two
     a.others_tokens[0] = 50
+    a.batches += 1
     a.regrant()
     await settle()
     assert order == ["early"]  # the refused request kept its place ahead of the later one

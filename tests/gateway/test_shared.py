@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -404,4 +405,72 @@ async def test_room_is_held_for_another_instance_s_request_past_starvation(redis
     finally:
         for s in shared:
             await s.stop()
+        await client.aclose()
+
+
+async def test_a_request_waiting_behind_an_outgrown_one_does_not_ask_redis_again_and_again(redis_url: str) -> None:
+    import redis.asyncio
+
+    from inferlab._clock import WallClock
+    from inferlab.gateway.admission import Admission
+    from inferlab.gateway.shared import SharedAdmission
+
+    client = redis.asyncio.Redis.from_url(redis_url)
+    a = Admission("tokens", [100], [10], queue_max=10, queue_timeout_s=20, starvation_s=5, clock=WallClock())
+    shared = SharedAdmission(client, "sp:", a, ["http://engine"])
+    await shared.start()
+    takes = 0
+    take = shared.take
+
+    async def counted(ticket: Any) -> bool:
+        nonlocal takes
+        takes += 1
+        return await take(ticket)
+
+    shared.take = counted  # type: ignore[method-assign]
+    first = lambda room: room[0]  # noqa: E731
+    try:
+        growing = await a.acquire(50, [0], first)
+        a.resize(growing, 60)  # outgrew its estimate: charged to Redis a step ahead (124)
+        waiting = asyncio.create_task(a.acquire(40, [0], first))  # 60 + 40 fit what it holds, not what it is charged
+        await asyncio.sleep(0.5)
+        assert not waiting.done() and takes <= 2  # it waits; it does not ask Redis in a loop
+        a.release(growing)
+        assert (await asyncio.wait_for(waiting, 10)).shared
+    finally:
+        await shared.stop()
+        await client.aclose()
+
+
+async def test_a_dead_instance_s_starved_request_stops_holding_room_long_before_its_lease(redis_url: str) -> None:
+    import redis.asyncio
+
+    from inferlab._clock import WallClock
+    from inferlab.gateway.admission import Admission
+    from inferlab.gateway.shared import SharedAdmission
+
+    client = redis.asyncio.Redis.from_url(redis_url)
+    one, two = (Admission("tokens", [100], [10], queue_max=10, queue_timeout_s=60, starvation_s=0.05, clock=WallClock())
+                for _ in range(2))
+    shared = [SharedAdmission(client, "dw:", a, ["http://engine"], lease_s=60) for a in (one, two)]
+    for s in shared:
+        await s.start()
+    first = lambda room: room[0]  # noqa: E731
+    try:
+        whole = await two.acquire(100, [0], first)
+        starving = asyncio.create_task(one.acquire(60, [0], first))
+        for _ in range(100):  # bounded: 5 s, until instance one has said in Redis that it starves
+            await asyncio.sleep(0.05)
+            await shared[0].beat()
+            if one.queue_length == 1 and not starving.done():
+                break
+        shared[0]._stopping = True  # instance one dies: no more batches, its lease (60 s) stays
+        for task in shared[0]._tasks:
+            task.cancel()
+        two.release(whole)
+        # held for one's request while its word is fresh, then no longer: well before 60 s
+        assert (await asyncio.wait_for(two.acquire(60, [0], first), 10)).shared
+        starving.cancel()
+    finally:
+        await shared[1].stop()
         await client.aclose()

@@ -104,6 +104,7 @@ class Waiter:
     seq: int
     choose: Chooser = field(repr=False)
     granted: Granted = field(repr=False)
+    not_before: int = 0  # not let in before the shared count's batch of this number (``batches``)
 
 
 class Admission:
@@ -125,6 +126,10 @@ class Admission:
         # room held by the shared count: for another instance's request that has waited
         # longer than starvation_s, or while Redis's counts are rebuilt
         self.held = [False] * len(max_tokens)
+        # tokens charged to the shared count ahead of what requests hold (their growth
+        # is charged in steps), counted as held here too
+        self.charged_ahead = [0] * len(max_tokens)
+        self.batches = 0  # the shared count's answers so far (each lets waiters in again)
         self.shared: SharedBudgets | None = None
         self.queue_max = queue_max
         self.queue_timeout_s = queue_timeout_s
@@ -143,7 +148,7 @@ class Admission:
         if self.held[upstream]:
             return False
         if self.mode == "tokens":
-            held = self.tokens_in_flight[upstream] + self.others_tokens[upstream]
+            held = self.tokens_in_flight[upstream] + self.charged_ahead[upstream] + self.others_tokens[upstream]
             return held == 0 or held + tokens <= self.max_tokens[upstream]
         if self.mode == "requests":
             return self.requests_in_flight[upstream] + self.others_requests[upstream] < self.max_requests[upstream]
@@ -151,7 +156,7 @@ class Admission:
 
     def offer(
         self, tokens: int, candidates: Sequence[int], choose: Chooser, granted: Granted, *,
-        since_ns: int | None = None, seq: int | None = None,
+        since_ns: int | None = None, seq: int | None = None, not_before: int = 0,
     ) -> Ticket | Waiter:
         """Room for a request of ``tokens`` on one of ``candidates`` (picked by ``choose``
         among those with room) now, as a ``Ticket``; else a place in the queue, a
@@ -160,16 +165,19 @@ class Admission:
         queue is full. The waiter's owner ends its wait at ``queue_timeout_s`` (``expire``
         or ``withdraw``): this class sets no timer, so the same bookkeeping runs on the
         event loop (``acquire``) and in virtual time (``inferlab.load.admitted``).
-        ``since_ns`` and ``seq``: a request offered again keeps its wait and its place."""
+        ``since_ns`` and ``seq``: a request offered again keeps its wait and its place (and
+        is not refused for a full queue: it had its place); ``not_before``: it waits at
+        least until the shared count's batch of that number has answered."""
         now = self.clock.now_ns()
         since = now if since_ns is None else since_ns
-        if not self._waiting:
+        if not self._waiting and self.batches >= not_before:
             room = [i for i in candidates if self.fits(i, tokens)]
             if room:
                 return self._take(choose(room), tokens, now - since)
-        if len(self._waiting) >= self.queue_max:
+        if seq is None and len(self._waiting) >= self.queue_max:
             raise Rejected("queue_full", f"the gateway's queue is full ({self.queue_max} requests waiting)", 1.0)
-        waiter = Waiter(tokens, candidates, since, next(self._seq) if seq is None else seq, choose, granted)
+        waiter = Waiter(tokens, candidates, since, next(self._seq) if seq is None else seq, choose, granted,
+                        not_before)
         self._waiting.append(waiter)
         self._grant()
         return waiter
@@ -215,9 +223,9 @@ class Admission:
         out. If the caller is cancelled while waiting, nothing stays held. With
         ``shared``, the room is then taken in the shared count too; where that refuses,
         the request waits again in its place, within the same ``queue_timeout_s``."""
-        since, seq = self.clock.now_ns(), next(self._seq)
+        since, seq, not_before = self.clock.now_ns(), next(self._seq), 0
         while True:
-            ticket = await self._wait(tokens, candidates, choose, since, seq)
+            ticket = await self._wait(tokens, candidates, choose, since, seq, not_before)
             if self.shared is None or self.mode == "off":
                 return ticket
             try:
@@ -229,13 +237,18 @@ class Admission:
                 ticket.shared = True
                 ticket.charged = ticket.tokens
                 return ticket
-            self.release(ticket)  # another instance took the room first: wait again
+            # another instance took the room first: wait again, for the counts of a later
+            # batch at least (this one's said there was room: asking again now would spin)
+            not_before = self.batches + 1
+            self.release(ticket)
             if self.clock.now_ns() - since >= self.queue_timeout_ns:
                 raise self.timed_out()
 
-    async def _wait(self, tokens: int, candidates: Sequence[int], choose: Chooser, since: int, seq: int) -> Ticket:
+    async def _wait(self, tokens: int, candidates: Sequence[int], choose: Chooser, since: int, seq: int,
+                    not_before: int) -> Ticket:
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
-        got = self.offer(tokens, candidates, choose, future.set_result, since_ns=since, seq=seq)
+        got = self.offer(tokens, candidates, choose, future.set_result, since_ns=since,
+                         seq=seq if not_before else None, not_before=not_before)
         if isinstance(got, Ticket):
             return got
         if self.shared is not None:
@@ -256,11 +269,15 @@ class Admission:
         if ticket.released or self.mode == "off":
             return
         tokens = max(tokens, 0)
-        self.tokens_in_flight[ticket.upstream] += tokens - ticket.tokens
-        if ticket.shared and self.shared is not None and tokens > ticket.charged:
-            more = tokens + SHARED_GROW_STEP - ticket.charged
-            self.shared.give(ticket.upstream, more, 0)
-            ticket.charged += more
+        u = ticket.upstream
+        self.tokens_in_flight[u] += tokens - ticket.tokens
+        if ticket.shared and self.shared is not None and self.mode == "tokens":
+            ahead = ticket.charged - ticket.tokens
+            if tokens > ticket.charged:
+                more = tokens + SHARED_GROW_STEP - ticket.charged
+                self.shared.give(u, more, 0)
+                ticket.charged += more
+            self.charged_ahead[u] += ticket.charged - tokens - ahead
         ticket.tokens = tokens
 
     def release(self, ticket: Ticket) -> None:
@@ -272,6 +289,7 @@ class Admission:
         self.tokens_in_flight[ticket.upstream] -= ticket.tokens
         self.requests_in_flight[ticket.upstream] -= 1
         if ticket.shared and self.shared is not None:
+            self.charged_ahead[ticket.upstream] -= ticket.charged - ticket.tokens
             self.shared.give(ticket.upstream, -ticket.charged, -1)
         self._grant()
 
@@ -298,11 +316,13 @@ class Admission:
         else:
             order = sorted(self._waiting, key=lambda w: w.seq)
             hold = len(order)  # arrival order: the first that does not fit stops the line
+        blocked: set[int] = set()  # upstreams whose line is stopped (by a waiter ahead)
         for n, w in enumerate(order):
-            room = [i for i in w.candidates if self.fits(i, w.tokens)]
+            room = [] if self.batches < w.not_before else [
+                i for i in w.candidates if i not in blocked and self.fits(i, w.tokens)]
             if not room:
                 if n < hold:
-                    return
+                    blocked.update(w.candidates)  # it stops the line on its own upstreams only
                 continue
             self._waiting.remove(w)
             w.granted(self._take(w.choose(room), w.tokens, now - w.since_ns))

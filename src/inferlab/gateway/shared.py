@@ -239,8 +239,10 @@ local function oldest(key)
   local first = nil
   for i = 1, #f, 2 do
     if f[i] ~= me then
-      if redis.call('EXISTS', pre .. f[i]) == 1 then
-        local since = tonumber(f[i + 1])
+      local since, written = string.match(f[i + 1], '(-?%d+),(%d+)')
+      -- an entry not written again lately: its instance stopped saying (died, or lost Redis)
+      if since and now - tonumber(written) <= WAITING_FRESH_MS and redis.call('EXISTS', pre .. f[i]) == 1 then
+        since = tonumber(since)
         if first == nil or since < first then first = since end
       else redis.call('HDEL', key, f[i]) end
     end
@@ -253,7 +255,7 @@ for u = 1, n do
   local tk, rk, wk = KEYS[3 * u - 2], KEYS[3 * u - 1], KEYS[3 * u]
   mt[u], mr[u] = tonumber(ARGV[4 + 3 * u]), tonumber(ARGV[5 + 3 * u])
   local waited = tonumber(ARGV[6 + 3 * u])
-  if waited >= 0 then redis.call('HSET', wk, me, now - waited) else redis.call('HDEL', wk, me) end
+  if waited >= 0 then redis.call('HSET', wk, me, (now - waited) .. ',' .. now) else redis.call('HDEL', wk, me) end
   ot[u], orq[u] = others(tk), others(rk)
   local first = oldest(wk)
   if first ~= nil and now - first >= starvation then starved[u] = first end
@@ -297,6 +299,11 @@ end
 if given then redis.call('PUBLISH', ARGV[i], 'given') end
 return out
 """
+
+#: How long an instance's word that a request of its waits counts without being said
+#: again (an instance with requests waiting says it every ``POLL_S``).
+WAITING_FRESH_MS = 1000
+_SYNC = _SYNC.replace("WAITING_FRESH_MS", str(WAITING_FRESH_MS))
 
 # Leave: this instance's fields and lease go; the others are told.
 _LEAVE = """
@@ -407,6 +414,7 @@ class SharedAdmission:
             for i in range(len(self.tokens)):
                 a.others_tokens[i], a.others_requests[i], held = rest[3 * i:3 * i + 3]
                 a.held[i] = bool(held)
+            a.batches += 1
             a.regrant()
 
     async def take(self, ticket: Ticket) -> bool:
