@@ -7,8 +7,10 @@ one bounded queue, at most ``queue_timeout_s``.
 
 The queue is size-aware in mode ``tokens``: when room frees, the smallest waiting
 requests go first, so short chats are not stuck behind huge prompts; a request that has
-waited ``starvation_s`` goes before every newer one (and room is held for it), so huge
-prompts are not starved either. Mode ``requests`` serves the queue in arrival order. A
+waited ``starvation_s`` goes before every newer one (and room is held for it on the
+upstreams it may go to), so huge prompts are not starved either. Mode ``requests``
+serves the queue in arrival order (a waiter that does not fit holds up those behind it
+on its own upstreams). A
 request larger than a whole budget goes alone, to an upstream with nothing in flight.
 
 Plain bookkeeping, with no timer and no clock but the one it is given: ``offer`` lets
