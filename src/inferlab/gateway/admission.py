@@ -291,7 +291,8 @@ class Admission:
         self.tokens_in_flight[ticket.upstream] -= ticket.tokens
         self.requests_in_flight[ticket.upstream] -= 1
         if ticket.shared and self.shared is not None:
-            self.charged_ahead[ticket.upstream] -= ticket.charged - ticket.tokens
+            if self.mode == "tokens":  # (where resize charges ahead)
+                self.charged_ahead[ticket.upstream] -= ticket.charged - ticket.tokens
             self.shared.give(ticket.upstream, -ticket.charged, -1)
         self._grant()
 
