@@ -153,8 +153,9 @@ def bench(urls: str | list[str], model: str, n: int, c: int, api_key: str | None
     with tempfile.TemporaryDirectory() as out:
         procs = []
         for i, url in enumerate(urls):
-            load = (["--rate", f"{rate / k:g}", "--seed", str(1 + i)] if rate  # (the same arrivals both ways)
-                    else ["-c", str(max(c // k, 1))])
+            # one URL: the same arrivals both ways (seed 1); several: each a Poisson process of
+            # its share of the rate, together one of the whole rate (other arrivals, same law)
+            load = (["--rate", f"{rate / k:g}", "--seed", str(1 + i)] if rate else ["-c", str(max(c // k, 1))])
             cmd = [sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", str(max(n // k, 1)), *load,
                    "--model", model, "--input-tokens", "128", "--output-tokens", str(CHUNKS), "--no-preflight",
                    "--json", "--workers", "1", "--no-history", "-o", str(Path(out) / f"run{i}")]

@@ -154,6 +154,18 @@ def test_a_bad_redis_lease_is_refused(tmp_path: Path, lease: str) -> None:
 
 def test_redis_shares_admission_unless_told_not_to(tmp_path: Path) -> None:
     on = read(tmp_path, "gw.toml", '[redis]\nurl = "redis://127.0.0.1:1/0"\n').redis
-    off = read(tmp_path, "gw.toml", '[redis]\nurl = "redis://127.0.0.1:1/0"\nadmission = false\nlease_s = 2\n').redis
+    leased = read(tmp_path, "gw.toml", '[redis]\nurl = "redis://127.0.0.1:1/0"\nlease_s = 2\n').redis
+    off = read(tmp_path, "gw.toml", '[redis]\nurl = "redis://127.0.0.1:1/0"\nadmission = false\n').redis
     assert on is not None and on.admission and on.lease_s == 10.0
-    assert off is not None and not off.admission and off.lease_s == 2.0
+    assert leased is not None and leased.admission and leased.lease_s == 2.0
+    assert off is not None and not off.admission
+
+
+@pytest.mark.parametrize("other", ["[redis]\nadmission = false", '[admission]\nmode = "off"'])
+def test_a_lease_for_budgets_nothing_shares_is_refused(tmp_path: Path, other: str) -> None:
+    table, line = other.split("\n")
+    text = '[redis]\nurl = "redis://127.0.0.1:1/0"\nlease_s = 2\n'
+    text = text.replace("[redis]\n", f"[redis]\n{line}\n") if table == "[redis]" else f"{other}\n{text}"
+    with pytest.raises(UsageError) as e:
+        read(tmp_path, "gw.toml", text)
+    assert "lease_s" in str(e.value) and "nothing shares them" in str(e.value)

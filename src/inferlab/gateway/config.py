@@ -276,7 +276,7 @@ def load_config(
         ))
     if len({k.name for k in keys}) != len(keys) or len({k.sha256 for k in keys}) != len(keys):
         raise UsageError("[[keys]]: every key needs a name and a key of its own")
-    return GatewayConfig(
+    config = GatewayConfig(
         upstreams=tuple(ups),
         host=host,
         port=port,
@@ -304,6 +304,11 @@ def load_config(
             lease_s=_seconds(red, "lease_s", 10.0, LEASE_MIN_S, "[redis]"),
         ) if red else None,
     )
+    if config.redis is not None and "lease_s" in red and (not config.redis.admission or config.admission.mode == "off"):
+        why = "[redis] admission = false" if not config.redis.admission else '[admission] mode = "off"'
+        raise UsageError(f"[redis] lease_s is the lease of an instance's share of the admission budgets, "
+                         f"and nothing shares them ({why}): leave it out")
+    return config
 
 
 def read_document(path: str) -> dict[str, Any]:
