@@ -167,7 +167,7 @@ queue_timeout_s = {queue_timeout_s}
 [redis]
 url = "{redis_url}"
 admission = {"true" if shared else "false"}
-lease_s = {lease_s}
+{f"lease_s = {lease_s}" if shared else ""}
 [[upstreams]]
 url = "{upstream}"
 """)
