@@ -178,6 +178,10 @@ def test_the_simulator_starts_answers_and_stops_with_its_whole_group(tmp_path: P
             assert r.status == 200 and "Llama-3.2-1B" in r.read().decode()
         assert proc._proc is not None
         pgid = proc._proc.pid
+        # a group of its own (killpg stops it all), in the client's session: with Linux's
+        # autogroup scheduling a session of its own let a busy engine starve the client
+        assert os.getpgid(pgid) == pgid != os.getpgid(0)
+        assert os.getsid(pgid) == os.getsid(0)
     assert _gone(pgid) and not proc.running()
 
 

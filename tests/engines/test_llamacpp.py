@@ -12,6 +12,7 @@ bounded in requests and time.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import statistics
 import time
@@ -74,6 +75,15 @@ def metrics(server: LlamaServer) -> dict[str, float]:
     with urllib.request.urlopen(server.url + "/metrics", timeout=10) as resp:
         text = resp.read().decode()
     return {m[1]: float(m[2]) for m in re.finditer(r"^llamacpp:(\w+) (\S+)$", text, re.M)}
+
+
+def test_the_server_runs_in_a_group_of_its_own_in_the_clients_session(llama: LlamaServer) -> None:
+    # killpg stops it all; a session of its own let Linux's autogroup scheduling keep a
+    # busy engine's session on the CPU and the measuring client off it for seconds
+    assert llama._proc is not None
+    pid = llama._proc.pid
+    assert os.getpgid(pid) == pid != os.getpgid(0)
+    assert os.getsid(pid) == os.getsid(0)
 
 
 # --- counts and lengths ---------------------------------------------------------------------

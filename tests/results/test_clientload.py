@@ -6,6 +6,7 @@ from __future__ import annotations
 from inferlab.results.clientload import (
     CPU_SATURATED,
     LAG_P90_MS,
+    LATE_SHARE,
     ClientLoad,
     ProcessLoad,
     bottleneck_warning,
@@ -71,6 +72,31 @@ def test_a_process_too_short_for_one_loop_timer_is_no_bottleneck() -> None:
     assert bottleneck_warning(load, workers=1, cores=2) is None
 
 
+def timed(role: str, lags: list[float], cpu_share: float) -> ProcessLoad:
+    """A process whose wall time is what its timers took: each 50 ms plus its lag."""
+    wall = sum(0.05 + lag / 1e3 for lag in lags)
+    return ProcessLoad(role, lags, cpu_share * wall, wall, [(max(lags), cpu_share)])
+
+
+def test_a_loop_that_stood_still_for_seconds_is_the_bottleneck_though_few_timers_were_late() -> None:
+    # vLLM's CPU build in its own session on 2 cores: the client's loop stood still for
+    # ~2 s four times in a run; 4 late timers among 200, so its p90 lag looked quiet
+    lags = [0.3] * 200 + [2000.0, 1500.0, 2400.0, 900.0]
+    stood = client_load([timed("client", lags, 0.02)])
+    assert stood is not None
+    assert stood.processes[0].loop_lag_ms is not None and stood.processes[0].loop_lag_ms.p90 < LAG_P90_MS
+    assert stood.processes[0].late_share is not None and stood.processes[0].late_share > 0.35 and stood.bottleneck
+    w = bottleneck_warning(stood, workers=1, cores=2)
+    assert w is not None and "late for 40% of the run" in w and "longest 2,400 ms" in w and "other processes" in w
+    assert "autogroup" not in w
+    wa = bottleneck_warning(stood, workers=1, cores=2, autogroup=True)
+    assert wa is not None and "kernel.sched_autogroup_enabled" in wa and "another session" in wa
+    # the same stalls in a run ten times as long are under a tenth of it: no verdict from them
+    long_run = client_load([timed("client", [0.3] * 4000 + [2000.0, 1500.0, 2400.0, 900.0], 0.02)])
+    assert long_run is not None and not long_run.bottleneck
+    assert 0 < (long_run.processes[0].late_share or 0) < LATE_SHARE
+
+
 def test_nothing_measured_is_no_verdict() -> None:
     assert client_load([]) is None
 
@@ -83,3 +109,9 @@ def test_the_json_form_reads_back() -> None:
     assert again.processes[1].timeline == load.processes[1].timeline
     assert again.processes[0].loop_lag_ms is not None and load.processes[0].loop_lag_ms is not None
     assert again.processes[0].loop_lag_ms.max == load.processes[0].loop_lag_ms.max
+    assert again.processes[1].late_share == load.processes[1].late_share and load.processes[1].late_share
+    # a summary written before late_share was measured reads back without one
+    old = load.to_json()
+    for p in old["processes"]:
+        del p["late_share"]
+    assert all(p.late_share is None for p in ClientLoad.from_json(old).processes)

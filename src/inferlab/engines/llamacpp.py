@@ -219,7 +219,7 @@ class LlamaServer:
         try:
             self._proc = subprocess.Popen(
                 self.args(), stdin=subprocess.DEVNULL, stdout=self._log or subprocess.DEVNULL,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                stderr=subprocess.STDOUT, process_group=0,  # not a session: see launch.EngineProcess.start
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
             self._wait_ready()

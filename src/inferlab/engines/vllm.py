@@ -238,7 +238,7 @@ class VllmServer:
             env["PYTHONPATH"] = os.pathsep.join([*map(str, self.pythonpath), *filter(None, [env.get("PYTHONPATH")])])
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          start_new_session=True)
+                                          process_group=0)  # not a session: see launch.EngineProcess.start
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:

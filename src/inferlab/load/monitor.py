@@ -24,6 +24,16 @@ INTERVAL_S = 0.05
 _PER_SECOND = round(1 / INTERVAL_S)
 
 
+def autogroup_enabled() -> bool:
+    """Whether Linux's autogroup scheduling is on (it shares the CPU between sessions
+    first: a busy server started in another session can starve this one)."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
 class LoopMonitor:
     """Samples this process's loop lag and CPU while running (``start``/``stop``), as
     ``role`` (see ``ProcessLoad``)."""

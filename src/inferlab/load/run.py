@@ -28,6 +28,7 @@ from inferlab._loop import loop_name
 from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
 from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.http import Outcome
+from inferlab.load.monitor import autogroup_enabled
 from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.openai.request import Api, check_extra_body
@@ -608,7 +609,7 @@ def run_summary(
     if client is not None:
         load = client_load(client)
         workers = config.get("resolved", {}).get("workers") or 1
-        warning = None if load is None else bottleneck_warning(load, workers, os.cpu_count() or 1)
+        warning = None if load is None else bottleneck_warning(load, workers, os.cpu_count() or 1, autogroup_enabled())
         if warning is not None:
             last.insert(0, warning)
     metrics: ServerMetrics | Omitted = OMITTED if server_metrics is None else server_metrics

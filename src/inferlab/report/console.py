@@ -86,6 +86,8 @@ def _client_line(load: ClientLoad) -> str:
     who = "1 process" if n == 1 else f"{n} processes, busiest {hot.role}"
     verdict = "[yellow]likely the bottleneck[/yellow]" if load.bottleneck else "kept up"
     lags = "" if lag is None else f", loop lag p50 {_fmt(lag.p50, 2)} / p99 {_fmt(lag.p99, 2)} ms"
+    if hot.late_share is not None and hot.late_share >= 0.01:
+        lags += f", late {hot.late_share:.0%} of the run"
     return f"{verdict} ({who}: CPU {hot.cpu_share:.0%} of a core{lags})"
 
 
