@@ -237,8 +237,10 @@ class VllmServer:
         if self.pythonpath:
             env["PYTHONPATH"] = os.pathsep.join([*map(str, self.pythonpath), *filter(None, [env.get("PYTHONPATH")])])
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                          process_group=0)  # not a session: see launch.EngineProcess.start
+            # a group of its own, not a session (see launch.EngineProcess.start); in a
+            # background group, so nothing read from the terminal
+            self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          env=env, process_group=0)
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
