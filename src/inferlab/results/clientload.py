@@ -13,7 +13,7 @@ per stall, however long. A loop that stood still for 2 s at a time, four times i
 run, has 4 late timers among 200 on time: its p90 lag looks quiet while most of the run's
 reads waited. Counted in time instead (a timer ``L`` ms late means anything that became
 readable in the first ``L - LAG_P90_MS`` ms of that wait waited longer than
-``LAG_P90_MS``), that run was late 80 % of the time.
+``LAG_P90_MS``), that run was late about 60 % of the time.
 """
 
 from __future__ import annotations
