@@ -250,6 +250,13 @@ class Gateway:
             # a session of its own: it decompresses (a /metrics page may come gzipped),
             # and its reads share no connection with the requests
             self._watch_session = aiohttp.ClientSession()
+
+    def listening(self) -> None:
+        """What begins once the gateway listens (``start``): the access log, and reading
+        the engines' /metrics (begun before, a first failed read could log a warning
+        ahead of the one line that says the port was in use)."""
+        self.open_log()
+        if self._watch_session is not None and not self._watchers:
             self._watchers = [asyncio.create_task(self._watch_engine(i)) for i in range(len(self.config.upstreams))]
 
     async def _stop(self, app: web.Application) -> None:
@@ -760,7 +767,7 @@ async def start(gateway: Gateway, host: str, port: int) -> tuple[web.AppRunner, 
     except BaseException:
         await runner.cleanup()
         raise
-    gateway.open_log()  # (before the loop runs again: no request is answered without it)
+    gateway.listening()  # (before the loop runs again: no request is answered without the log)
     addresses = runner.addresses
     return runner, int(addresses[0][1]) if addresses else port
 
