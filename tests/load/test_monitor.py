@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,30 @@ async def test_a_virtual_time_run_has_no_client_block() -> None:
 
     result = await run(RunConfig(LoadConfig(ClosedLoop(2), num_requests=4)), SimTarget())
     assert "client" not in result.summary.to_json()
+
+
+@pytest.mark.parametrize(("sysctl", "cgroup", "applies"), [
+    ("1\n", "0::/\n", True),  # cgroup v2, the root cgroup
+    ("1\n", "12:cpu,cpuacct:/\n0::/\n", True),  # hybrid, cpu at the root
+    ("0\n", "0::/\n", False),  # autogroup off
+    ("1\n", "0::/system.slice/docker-abc.scope\n", False),  # a container's cgroup: autogroups do not divide it
+    ("1\n", "12:cpu,cpuacct:/kubepods/pod1\n0::/\n", False),
+])
+def test_autogroup_is_said_to_apply_only_where_it_divides_the_cpu(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sysctl: str, cgroup: str, applies: bool,
+) -> None:
+    import builtins
+
+    from inferlab.load import monitor
+
+    files = {"/proc/sys/kernel/sched_autogroup_enabled": sysctl, "/proc/self/cgroup": cgroup}
+    real_open = builtins.open
+
+    def fake_open(path: str, *args: object, **kwargs: object) -> object:
+        if path in files:
+            (tmp_path / "f").write_text(files[path])
+            return real_open(tmp_path / "f")
+        return real_open(path, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    assert monitor.autogroup_enabled() is applies

@@ -3,6 +3,8 @@ measured of itself, and its JSON form."""
 
 from __future__ import annotations
 
+import re
+
 from inferlab.results.clientload import (
     CPU_SATURATED,
     LAG_P90_MS,
@@ -95,6 +97,26 @@ def test_a_loop_that_stood_still_for_seconds_is_the_bottleneck_though_few_timers
     long_run = client_load([timed("client", [0.3] * 4000 + [2000.0, 1500.0, 2400.0, 900.0], 0.02)])
     assert long_run is not None and not long_run.bottleneck
     assert 0 < (long_run.processes[0].late_share or 0) < LATE_SHARE
+
+
+def test_what_a_stalled_client_added_is_counted_in_time_and_no_stalled_process_goes_unnamed() -> None:
+    # a minute with eight stalls of 2 s: the timers' p99 is 0.3 ms, the reads' is seconds
+    stalls = timed("client", [0.3] * 1100 + [2000.0] * 8, 0.05)
+    load = client_load([stalls])
+    assert load is not None and load.bottleneck
+    p50, p99 = load.inflation_ms
+    lag = load.processes[0].loop_lag_ms
+    assert lag is not None and lag.p99 < 1 and p50 < 1 and 1500 < p99 <= 2000
+    w = bottleneck_warning(load, workers=1, cores=2)
+    assert w is not None and re.search(r"ran late by 0\.3 ms at p50, 1,[5-9]\d\d\.\d ms at p99", w), w
+    # with workers: a parent that stood still and a worker near a full core are both named,
+    # the one that added more first
+    parent = timed("parent", [0.3] * 200 + [2000.0, 1500.0, 2400.0, 900.0], 0.05)
+    busy = timed("worker 1", [1.5] * 204, 0.95)
+    two = client_load([parent, busy])
+    assert two is not None and two.bottleneck and two.busiest.role == "parent"
+    w2 = bottleneck_warning(two, workers=1, cores=4)
+    assert w2 is not None and "the client's parent process" in w2 and "so was the worker 1 process (95% of a core" in w2
 
 
 def test_nothing_measured_is_no_verdict() -> None:

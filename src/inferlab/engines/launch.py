@@ -343,7 +343,7 @@ class EngineProcess:
         # (``kernel.sched_autogroup_enabled``, on by default) shares the CPU between
         # sessions first, and on a small machine an engine busy on every core in its own
         # session left the measuring client unscheduled for seconds (vLLM's CPU build on
-        # 2 cores: event-loop stalls of 0.4-2.8 s, none in one session).
+        # 2 cores: the client's event loop stood still 0.4-4 s at a time; none in one session).
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             try:

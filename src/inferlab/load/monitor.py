@@ -25,13 +25,23 @@ _PER_SECOND = round(1 / INTERVAL_S)
 
 
 def autogroup_enabled() -> bool:
-    """Whether Linux's autogroup scheduling is on (it shares the CPU between sessions
-    first: a busy server started in another session can starve this one)."""
+    """Whether Linux's autogroup scheduling applies to this process (it shares the CPU
+    between sessions first: a busy server started in another session can starve this
+    one): on (``kernel.sched_autogroup_enabled``), and this process in the root CPU
+    cgroup, the only one autogroups divide (a container's or a service's cgroup is not)."""
     try:
         with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
-            return f.read().strip() == "1"
+            if f.read().strip() != "1":
+                return False
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
     except OSError:
         return False
+    for line in lines:  # "ID:CONTROLLERS:PATH"; cgroup v2's one line has no controllers
+        _, controllers, path = line.split(":", 2)
+        if (controllers == "" or "cpu" in controllers.split(",")) and path != "/":
+            return False
+    return True
 
 
 class LoopMonitor:
