@@ -216,7 +216,10 @@ def test_bench_engine_starts_measures_and_stops_the_engine(tmp_path: Path) -> No
     assert both.returncode == 2 and "not both" in both.stderr
 
 
-def test_engine_start_runs_until_interrupted(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_engine_start_runs_until_interrupted(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    # Ctrl-C, and SIGTERM (docker stop, systemd) or SIGHUP (the terminal closed), which
+    # by default ended inferlab and left the engine running
     cfg = tmp_path / "sim.toml"
     cfg.write_text('engine = "sim"\nmodel = "Llama-3.2-1B"\nmax_model_len = 2048\n')
     proc = subprocess.Popen([sys.executable, "-m", "inferlab", "engine", "start", str(cfg), "--log", str(tmp_path / "e.log")],
@@ -226,8 +229,8 @@ def test_engine_start_runs_until_interrupted(tmp_path: Path) -> None:
         url = proc.stdout.readline().strip()  # printed once ready
         with urllib.request.urlopen(url + "/health", timeout=10) as r:
             assert r.status == 200
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+        proc.send_signal(sig)
+        assert proc.wait(timeout=60) == code
         with pytest.raises(OSError):
             urllib.request.urlopen(url + "/health", timeout=2)
     finally:

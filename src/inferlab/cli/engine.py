@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import signal
 import sys
 import tempfile
 import time
@@ -54,15 +55,34 @@ def _start(config: str, dry_run: bool, log_path: str | None) -> int:
         return 0
     proc = start_engine(config, log_path)
     click.echo(proc.url, err=False)
+    # SIGTERM (docker stop, systemd, timeout) and SIGHUP (the terminal closed) stop the
+    # engine as Ctrl-C does: by default they would end inferlab and leave it running
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop_signal)
     try:
         while proc.running():
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        click.echo("inferlab: stopping the engine", err=True)
+    except (KeyboardInterrupt, _Stopped) as e:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # (a second one must not cut the stop short)
+            signal.signal(sig, signal.SIG_IGN)
+        with contextlib.suppress(OSError):  # (a terminal that hung up takes no more lines)
+            click.echo("inferlab: stopping the engine", err=True)
         proc.stop()
-        return 130
+        return 128 + e.signum if isinstance(e, _Stopped) else 130
     status = proc.stop()
     raise RunFailedError(f"{spec.engine} exited ({status}): {proc.log_tail()}")
+
+
+class _Stopped(Exception):
+    """A signal that ends ``engine start`` (its number in ``signum``)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_signal(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
 
 
 def start_engine(config: str, log_path: str | None = None) -> EngineProcess:
