@@ -87,26 +87,29 @@ def part_seconds(raw: Path, parts: tuple[str, ...]) -> dict[str, float]:
     return dict(out)
 
 
-def processes() -> dict[str, int]:
-    """vLLM's engine-core and worker processes, by the names vLLM gives them."""
+def processes(pgid: int) -> dict[str, int]:
+    """This server's engine-core and worker processes (of its process group ``pgid``), by
+    the names vLLM gives them."""
     names = {"VLLM::EngineCor": "core", "VLLM::Worker": "worker"}
-    listing = subprocess.run(["ps", "-eo", "pid,comm"], capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(["ps", "-eo", "pid,pgid,comm"], capture_output=True, text=True, check=True).stdout
     found = {}
     for line in listing.splitlines()[1:]:
-        pid, _, comm = line.strip().partition(" ")
-        if comm.strip() in names:
+        pid, group, comm = line.split(None, 2)
+        if comm.strip() in names and int(group) == pgid:
             found[names[comm.strip()]] = int(pid)
     return found
 
 
 def measure(server: VllmServer, spy: str, log: Path, out: Path, n: int, output_tokens: int, tokenizer: str) -> Run:
-    pids = processes()
+    assert server.pid is not None
+    pids = processes(server.pid)  # (the server leads its process group)
     if set(pids) != {"core", "worker"}:
         raise SystemExit(f"vLLM's engine core and worker processes not found (found {pids})")
     start = log.stat().st_size
     spies = [subprocess.Popen([spy, "record", "-p", str(pid), "-r", str(RATE_HZ), "-d", "600", "-f", "raw",
                                "-o", str(out / f"spy-{name}-{n}.txt")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for name, pid in pids.items()]
+    t0 = time.monotonic()
     time.sleep(1.5)  # py-spy attached
     workload = WorkloadConfig(input_tokens=16, output_tokens=output_tokens, tokenizer=tokenizer)
     result = asyncio.run(run(RunConfig(LoadConfig(OpenLoop(float("inf")), num_requests=n), workload, "completions",
@@ -114,12 +117,30 @@ def measure(server: VllmServer, spy: str, log: Path, out: Path, n: int, output_t
                              HttpTarget(server.url, "tiny", preflight=False, workers=1)))
     for s in spies:
         s.send_signal(signal.SIGINT)
+    spied_s = time.monotonic() - t0
     for s in spies:
         s.wait(60)
     steps = [(int(c), int(g)) for c, g in _ITERATION.findall(log.read_text(errors="replace")[start:])]
-    return Run(n, result.summary.counts.completed, len(steps), sum(c + g for c, g in steps),
+    run_ = Run(n, result.summary.counts.completed, len(steps), sum(c + g for c, g in steps),
                part_seconds(out / f"spy-core-{n}.txt", PARTS["core"]),
                part_seconds(out / f"spy-worker-{n}.txt", PARTS["worker"]))
+    if "Scheduler.schedule" not in run_.core:
+        raise SystemExit("py-spy's frames name no Scheduler.schedule: this py-spy does not print qualified names "
+                         "(class.method); install a newer one")
+    # a sampler that fell behind counts every part short; each process's main thread is
+    # never idle (it spins while it waits for the other), so a full count is at least
+    # one sample a tick
+    for name in pids:
+        kept = samples(out / f"spy-{name}-{n}.txt") / (RATE_HZ * spied_s)
+        if kept < 0.9:
+            print(f"warning: py-spy kept {kept:.0%} of its samples of the {name} at {n} sequences: "
+                  "its parts are that much short", file=sys.stderr)
+    return run_
+
+
+def samples(raw: Path) -> int:
+    """The samples in a py-spy raw file, every thread of the process together."""
+    return sum(int(line.rpartition(" ")[2]) for line in raw.read_text().splitlines())
 
 
 def line_through(runs: list[Run], process: str) -> tuple[float, float]:

@@ -226,6 +226,11 @@ class VllmServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process (the leader of its process group), while it runs."""
+        return None if self._proc is None else self._proc.pid
+
     def command(self) -> list[str]:
         return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
                 "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(self.port), *self.flags]
