@@ -222,6 +222,9 @@ class CheckResult:
     replay_steps: list[TokenStep] = dataclasses.field(default_factory=list)
     replay_preemptions: int = 0
     replay_prefix_hits: int = 0
+    #: the bench run's own verdict (``summary.client``): a client late to send moves the
+    #: steps at which a closed loop's requests arrive, which the replay cannot know
+    client_bottleneck: bool = False
 
     @property
     def first_difference(self) -> int | None:
@@ -285,6 +288,7 @@ def check(name: str, out_dir: str, python: str | None = None) -> CheckResult:
     )
     from inferlab.load.run import HttpTarget, RunConfig, SimTarget, run
     from inferlab.load.schedules import Replay
+    from inferlab.results.clientload import ClientLoad
     from inferlab.workload.traces import TraceConfig
     from inferlab.workload.traces.requests import read_requests
 
@@ -321,6 +325,7 @@ def check(name: str, out_dir: str, python: str | None = None) -> CheckResult:
         prometheus_value(metrics, "vllm:prefix_cache_hits_total"), sum(d["prefix_hit_tokens"] for d in placed),
         bench.summary.counts.completed,
         sim_token_steps(replayed), sum(d["preemptions"] for d in replayed), sum(d["prefix_hit_tokens"] for d in replayed),
+        isinstance(bench.summary.client, ClientLoad) and bench.summary.client.bottleneck,
     )
     (out / "check.txt").write_text(result.line() + "\n")
     return result
