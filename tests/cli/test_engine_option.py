@@ -261,3 +261,42 @@ def test_ctrl_c_during_a_profile_stops_the_engine(tmp_path: Path) -> None:
     assert _interrupt(proc) == 130
     assert "Traceback" not in err.read_text()
     assert_stopped(at)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGHUP to a child process")
+def test_a_hangup_ends_bench_gracefully_and_stops_the_engine_unless_nohup_ignores_it(tmp_path: Path) -> None:
+    """The terminal closed (SIGHUP): bench keeps what completed and stops its engine, as
+    on Ctrl-C (by default SIGHUP ended bench and left the engine running); under nohup
+    (SIGHUP ignored) the run goes on."""
+    args = ["bench", "--engine", _config(tmp_path), "-c", "1", "-n", "400", "--input-tokens", "16",
+            "--output-tokens", "64", "--api", "completions", "--no-history"]
+
+    def ready(err: Path) -> str | None:
+        m = re.search(r"ready at (http://\S+)", err.read_text())
+        return m.group(1) if m else None
+
+    for nohup in (False, True):
+        run_dir = tmp_path / f"run-{nohup}"
+        err = tmp_path / f"stderr-{nohup}.txt"
+        with open(err, "wb") as f:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "inferlab", *args, "-o", str(run_dir)], stdout=subprocess.DEVNULL, stderr=f,
+                cwd=tmp_path, preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None,
+            )
+        try:
+            url = _wait_for(lambda e=err: ready(e), proc, "the engine")  # type: ignore[misc]
+            time.sleep(1.0)  # some requests complete
+            proc.send_signal(signal.SIGHUP)
+            if nohup:
+                time.sleep(2.0)
+                assert proc.poll() is None, err.read_text()[-2000:]  # still measuring
+                proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+            assert "Traceback" not in err.read_text()
+            summary = json.loads((run_dir / "summary.json").read_text())
+            assert 0 < summary["counts"]["completed"] < 400
+            assert_stopped(url)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

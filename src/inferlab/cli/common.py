@@ -479,10 +479,15 @@ def workload_config(kw: dict[str, Any]) -> WorkloadConfig:
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
-    """SIGINT/SIGTERM end the run gracefully: in-flight requests are cancelled and the
-    summary of what completed is still written."""
+    """SIGINT/SIGTERM, and SIGHUP (the terminal closed), end the run gracefully:
+    in-flight requests are cancelled, the summary of what completed is still written and
+    an engine started with ``--engine`` is stopped (SIGHUP's default ended the process
+    and left the engine running). A SIGHUP already ignored (``nohup``) stays ignored."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    hup = getattr(signal, "SIGHUP", None)
+    for sig in (signal.SIGINT, signal.SIGTERM, hup):
+        if sig is None or (sig == hup and signal.getsignal(sig) == signal.SIG_IGN):
+            continue
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
