@@ -281,11 +281,13 @@ def test_a_hangup_ends_bench_gracefully_and_stops_the_engine_unless_nohup_ignore
         with open(err, "wb") as f:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "inferlab", *args, "-o", str(run_dir)], stdout=subprocess.DEVNULL, stderr=f,
-                cwd=tmp_path, preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None,
+                # (SIGHUP's disposition set either way: a test run under nohup hands its ignore down)
+                cwd=tmp_path, preexec_fn=lambda n=nohup: signal.signal(signal.SIGHUP, signal.SIG_IGN if n else signal.SIG_DFL),
             )
         try:
             url = _wait_for(lambda e=err: ready(e), proc, "the engine")  # type: ignore[misc]
-            time.sleep(1.0)  # some requests complete
+            records = run_dir / "requests.jsonl"  # (written as requests complete: the run, and its handlers, are on)
+            _wait_for(lambda r=records: r.exists() and r.read_text().count("\n") >= 2, proc, "a completed request")  # type: ignore[misc]
             proc.send_signal(signal.SIGHUP)
             if nohup:
                 time.sleep(2.0)
