@@ -116,8 +116,9 @@ def test_a_replay_of_requests_jsonl_reproduces_cache_hits(name: str, checked: Ca
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_a_replay_of_requests_jsonl_reproduces_preemptions(name: str, checked: Callable[[str], CheckResult]) -> None:
     result = checked(name)
-    # (a client starved of the CPU sends late, and the run is then not the one replayed:
-    # say so rather than report a scheduler difference)
-    assert not result.client_bottleneck, f"the bench client was the bottleneck (see its summary): {result.line()}"
+    if result.replay_first_difference is not None or result.vllm_preemptions != result.replay_preemptions:
+        # (a client starved of the CPU sends late, and the run is then not the one
+        # replayed: say so rather than report a scheduler difference)
+        assert not result.client_bottleneck, f"the bench client was the bottleneck (see its summary): {result.line()}"
     assert result.vllm_preemptions == result.replay_preemptions, result.line()
     assert result.replay_first_difference is None, result.line()

@@ -214,7 +214,7 @@ def bottleneck_warning(load: ClientLoad, workers: int, cores: int, autogroup: bo
     if worst.cpu_share < CPU_BUSY:  # late, yet mostly idle: it waited for a core
         cause = f"used only {worst.cpu_share:.0%} of a core, yet its event loop ran late"
         fix = "other processes on this machine held the CPU (a local server competes for it too): leave the client a core"
-        if autogroup:
+        if autogroup and _stalled(worst):  # (seconds at a time: its mark)
             fix += ("; with Linux's autogroup scheduling on (kernel.sched_autogroup_enabled = 1), a server started "
                     "in another session (another terminal, setsid) can keep this one off the CPU for seconds: "
                     "start it from the client's session, or set kernel.sched_autogroup_enabled = 0")
