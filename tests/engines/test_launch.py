@@ -223,7 +223,9 @@ def test_engine_start_runs_until_interrupted(tmp_path: Path, sig: signal.Signals
     cfg = tmp_path / "sim.toml"
     cfg.write_text('engine = "sim"\nmodel = "Llama-3.2-1B"\nmax_model_len = 2048\n')
     proc = subprocess.Popen([sys.executable, "-m", "inferlab", "engine", "start", str(cfg), "--log", str(tmp_path / "e.log")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            # (SIGHUP as a terminal leaves it: a test run under nohup hands its ignore down)
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()  # printed once ready

@@ -54,12 +54,15 @@ def _start(config: str, dry_run: bool, log_path: str | None) -> int:
                        "(set port in the config for a fixed one)", err=True)
         return 0
     proc = start_engine(config, log_path)
-    click.echo(proc.url, err=False)
     # SIGTERM (docker stop, systemd, timeout) and SIGHUP (the terminal closed) stop the
-    # engine as Ctrl-C does: by default they would end inferlab and leave it running
+    # engine as Ctrl-C does: by default they would end inferlab and leave it running (a
+    # SIGHUP already ignored, under nohup, stays ignored); in place before the URL is
+    # printed, which tells a caller the engine is up
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _stop_signal)
+        if sig == signal.SIGTERM or signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, _stop_signal)
     try:
+        click.echo(proc.url, err=False)
         while proc.running():
             time.sleep(0.5)
     except (KeyboardInterrupt, _Stopped) as e:
@@ -69,6 +72,9 @@ def _start(config: str, dry_run: bool, log_path: str | None) -> int:
             click.echo("inferlab: stopping the engine", err=True)
         proc.stop()
         return 128 + e.signum if isinstance(e, _Stopped) else 130
+    except BaseException:  # (its URL could not be printed, say: the engine goes too)
+        proc.stop()
+        raise
     status = proc.stop()
     raise RunFailedError(f"{spec.engine} exited ({status}): {proc.log_tail()}")
 
