@@ -75,14 +75,20 @@ class ProcessLoad:
         """The ``q``-quantile (0-1) of the wait a read met at a moment drawn uniformly from
         the run: 0 outside the timers' late spells; in a spell ``L`` ms long, anything
         readable at its start waited ``L``, at its end nothing."""
-        wall_ms = self.wall_s * 1e3
-        if wall_ms <= 0 or not self.loop_lag_ms or self._late_ms(0.0) <= (1 - q) * wall_ms:
+        target = (1 - q) * self.wall_s * 1e3  # the time in which the wait is longer than the answer
+        if self.wall_s <= 0 or not self.loop_lag_ms or self._late_ms(0.0) <= target:
             return 0.0
-        lo, hi = 0.0, max(self.loop_lag_ms)  # the late time falls as the wait asked for grows
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if self._late_ms(mid) > (1 - q) * wall_ms else (lo, mid)
-        return hi
+        # the late time over x, sum(L - x for L > x), falls linearly between lags: with
+        # the k longest lags (sum S) over x it is S - k x, so x = (S - target) / k
+        lags = sorted(self.loop_lag_ms, reverse=True)
+        total = 0.0
+        for k, lag in enumerate(lags, 1):
+            total += lag
+            below = lags[k] if k < len(lags) else 0.0
+            x = (total - target) / k
+            if x >= below:
+                return x
+        return 0.0  # (not reached: the late time over 0 is above the target)
 
 
 @dataclass(frozen=True)
@@ -123,8 +129,8 @@ class ClientProcess:
 @dataclass(frozen=True)
 class ClientLoad:
     """The client's own load over a run: every sending process, and whether the client
-    was likely the bottleneck (``bottleneck``), with the loop lag that may be in its
-    latencies (``inflation_ms``: the busiest process's loop lag p50 and p99)."""
+    was likely the bottleneck (``bottleneck``), with what it may have added to its
+    latencies (``inflation_ms``: the busiest process's, p50 and p99, ``ClientProcess``)."""
 
     processes: tuple[ClientProcess, ...]
     bottleneck: bool
