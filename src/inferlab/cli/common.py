@@ -478,16 +478,21 @@ def workload_config(kw: dict[str, Any]) -> WorkloadConfig:
     )
 
 
-def install_stop_signals(stop: asyncio.Event) -> None:
-    """SIGINT/SIGTERM, and SIGHUP (the terminal closed), end the run gracefully:
-    in-flight requests are cancelled, the summary of what completed is still written and
-    an engine started with ``--engine`` is stopped (SIGHUP's default ended the process
-    and left the engine running). A SIGHUP already ignored (``nohup``) stays ignored."""
-    loop = asyncio.get_running_loop()
+def stop_signals() -> list[signal.Signals]:
+    """The signals that end a run, or a started engine, gracefully: SIGINT, SIGTERM, and
+    SIGHUP (the terminal closed; its default ended the process and left an engine
+    running) unless it is already ignored (``nohup``), which it stays."""
     hup = getattr(signal, "SIGHUP", None)
-    for sig in (signal.SIGINT, signal.SIGTERM, hup):
-        if sig is None or (sig == hup and signal.getsignal(sig) == signal.SIG_IGN):
-            continue
+    keep_hup = hup is not None and signal.getsignal(hup) != signal.SIG_IGN
+    return [signal.SIGINT, signal.SIGTERM, *([hup] if keep_hup and hup is not None else [])]
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """``stop_signals`` end the run gracefully: in-flight requests are cancelled, the
+    summary of what completed is still written and an engine started with ``--engine``
+    is stopped."""
+    loop = asyncio.get_running_loop()
+    for sig in stop_signals():
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 

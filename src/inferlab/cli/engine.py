@@ -19,7 +19,7 @@ import click
 from rich.console import Console
 
 from inferlab._errors import RunFailedError
-from inferlab.cli.common import run_guarded
+from inferlab.cli.common import run_guarded, stop_signals
 from inferlab.engines.launch import EngineProcess, EngineSpec, command, load_spec
 from inferlab.load.run import HttpTarget
 from inferlab.results.runfiles import plain_json
@@ -55,18 +55,18 @@ def _start(config: str, dry_run: bool, log_path: str | None) -> int:
         return 0
     proc = start_engine(config, log_path)
     # SIGTERM (docker stop, systemd, timeout) and SIGHUP (the terminal closed) stop the
-    # engine as Ctrl-C does: by default they would end inferlab and leave it running (a
-    # SIGHUP already ignored, under nohup, stays ignored); in place before the URL is
-    # printed, which tells a caller the engine is up
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if sig == signal.SIGTERM or signal.getsignal(sig) != signal.SIG_IGN:
+    # engine as Ctrl-C does (``stop_signals``): by default they would end inferlab and
+    # leave it running; in place before the URL is printed, which tells a caller the
+    # engine is up
+    for sig in stop_signals():
+        if sig != signal.SIGINT:  # (Ctrl-C: KeyboardInterrupt already)
             signal.signal(sig, _stop_signal)
     try:
         click.echo(proc.url, err=False)
         while proc.running():
             time.sleep(0.5)
     except (KeyboardInterrupt, _Stopped) as e:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # (a second one must not cut the stop short)
+        for sig in stop_signals():  # (a second one must not cut the stop short)
             signal.signal(sig, signal.SIG_IGN)
         with contextlib.suppress(OSError):  # (a terminal that hung up takes no more lines)
             click.echo("inferlab: stopping the engine", err=True)
