@@ -213,11 +213,11 @@ class Server:
     """A server in a child process, pinned to ``cpus``: the mock (``sim=False``) or
     ``inferlab sim serve``."""
 
-    def __init__(self, cpus: set[int] | None, sim: bool = False) -> None:
+    def __init__(self, cpus: set[int] | None, sim: bool = False, batch: int = 1) -> None:
         if sim:
             cmd = [sys.executable, "-m", "inferlab", "sim", "serve", "--port", "0", "--announce"]
         else:
-            cmd = [sys.executable, str(MOCK), "serve"]
+            cmd = [sys.executable, str(MOCK), "serve", "--batch", str(batch)]
         self.proc = PROCS.start(cmd, cpus, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().strip()
@@ -316,8 +316,9 @@ class Tool:
     label: str
     command: Command
     venv: Path | None = None  # a peer's own environment
-    #: chunks per run in the cpu part (fewer for the peers: their runs take as long)
-    chunks_per_run: int = 200_000
+    #: chunks per run in the cpu part (fewer for the peers: their runs take as long; a run
+    #: of a few seconds, so that its steady window is seconds long)
+    chunks_per_run: int = 1_000_000  # (inferlab: runs of 3-4 s, a steady window of seconds)
 
 
 def _inferlab(workers: int, http_client: str = "auto", rev: str | None = None) -> Command:
@@ -381,8 +382,8 @@ TOOLS = {
     "inferlab-2": Tool("inferlab-2", "inferlab --workers 2", _inferlab(2)),
     # (``inferlab-1`` sends with httptools where the ``fast`` extra installed it)
     "inferlab-1-aiohttp": Tool("inferlab-1-aiohttp", "inferlab --workers 1 --http-client aiohttp", _inferlab(1, "aiohttp")),
-    "aiperf": Tool("aiperf", "AIPerf", _aiperf, PEER_VENVS["aiperf"], 24_000),
-    "guidellm": Tool("guidellm", "GuideLLM", _guidellm, PEER_VENVS["guidellm"], 24_000),
+    "aiperf": Tool("aiperf", "AIPerf", _aiperf, PEER_VENVS["aiperf"], 96_000),
+    "guidellm": Tool("guidellm", "GuideLLM", _guidellm, PEER_VENVS["guidellm"], 96_000),
 }
 
 
@@ -774,6 +775,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client-cpus", default="1", help="the tools' cores ('any': not pinned)")
     ap.add_argument("--rounds", type=int, help="cpu part: repetitions (default 2, quick 1)")
     ap.add_argument("--rates", default="200,500", help="poisson part: requests/s, comma-separated")
+    ap.add_argument("--mock-batch", type=int, default=1,
+                    help="content chunks the mock writes to a stream at a time (each its own HTTP chunk): "
+                    "a server that costs little per chunk, for the tools' scaling")  # fmt: skip
     ap.add_argument("--hogs", type=int, default=3,
                     help="ttft part: busy loops on the client's cores for a last, starved run (0: none)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -810,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
 
             train_tokenizer(next(t.venv for t in tools if t.venv), TOKENIZER_DIR)
         if {"server", "cpu", "poisson"} & set(parts):
-            mock = Server(server_cpus)
+            mock = Server(server_cpus, batch=args.mock_batch)
             try:
                 if "server" in parts:
                     part_server(mock, client_cpus, 3.0 if args.quick else 6.0)

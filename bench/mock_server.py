@@ -7,7 +7,7 @@ writes one content chunk to every stream whose socket can take it (one write eac
 yields. It stamps each generation request's arrival and counts chunks per 0.1 s of the
 monotonic clock (``GET /mock/stats``; ``GET /mock/reset`` clears both). Loopback only.
 
-    python bench/mock_server.py serve [--port 0]      # prints its port
+    python bench/mock_server.py serve [--port 0] [--batch 1]   # prints its port
     python bench/mock_server.py drain --url URL [--conns 32 --chunks 2048 --seconds 5]
 
 ``bench/client_scale.py`` runs both in their own processes.
@@ -89,9 +89,11 @@ class _Stream:
 
 class _Pump:
     """The 'engine' with no step time: each step writes one content chunk to every
-    stream whose socket can take it, finishes the streams that are done, and yields."""
+    stream whose socket can take it (``batch`` of them in one write, as a server that
+    streams several tokens at a time), finishes the streams that are done, and yields."""
 
-    def __init__(self) -> None:
+    def __init__(self, batch: int = 1) -> None:
+        self.batch = batch
         self.active: list[_Stream] = []
         self.incoming: list[_Stream] = []
         self.wake = asyncio.Event()
@@ -120,9 +122,10 @@ class _Pump:
                 if conn.paused:
                     keep.append(s)
                 elif s.left:
-                    conn.transport.write(BODY)
-                    s.left -= 1
-                    written += 1
+                    k = min(s.left, self.batch)
+                    conn.transport.write(BODY if k == 1 else BODY * k)
+                    s.left -= k
+                    written += k
                     keep.append(s)
                 else:
                     conn.transport.write(s.tail)
@@ -249,12 +252,13 @@ class _Conn(asyncio.Protocol):
         self.pump.add(_Stream(self, chunks, _tail(chunks, prompt)))
 
 
-def serve(port: int) -> None:
-    """Run the mock server (prints its port on stdout)."""
+def serve(port: int, batch: int = 1) -> None:
+    """Run the mock server (prints its port on stdout); ``batch`` content chunks to a
+    stream per write."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the orchestrator stops it with SIGTERM)
 
     async def main() -> None:
-        pump = _Pump()
+        pump = _Pump(batch)
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
             lambda: _Conn(pump), "127.0.0.1", port, backlog=4096, reuse_address=True
@@ -326,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="mode", required=True)
     s = sub.add_parser("serve", help="run the mock server")
     s.add_argument("--port", type=int, default=0)
+    s.add_argument("--batch", type=int, default=1,
+                   help="content chunks a stream gets per write (each its own HTTP chunk)")  # fmt: skip
     d = sub.add_parser("drain", help="keep streams busy, parsing nothing")
     d.add_argument("--url", required=True)
     d.add_argument("--conns", type=int, default=32)
@@ -333,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--seconds", type=float, default=5.0)
     args = ap.parse_args(argv)
     if args.mode == "serve":
-        serve(args.port)
+        serve(args.port, max(1, args.batch))
     else:
         drain(args.url, args.conns, args.chunks, args.seconds)
     return 0
