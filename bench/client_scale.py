@@ -41,6 +41,8 @@ Parts (``--parts``, all by default):
     python bench/client_scale.py --parts cpu --tools inferlab-1,inferlab-1-aiohttp --rounds 3
     python bench/client_scale.py --parts cpu --tools inferlab-1,inferlab-1@main --rounds 3
     python bench/client_scale.py --setup     # first: the peers' venvs under /tmp
+    python bench/client_scale.py --parts cpu --tools inferlab-1,inferlab-2 --server-cpus any \
+        --client-cpus any --mock-batch 32     # workers where the server costs little per chunk
 
 Loopback only; every load is bounded in requests and time; every process started here
 is stopped on exit or Ctrl-C.
