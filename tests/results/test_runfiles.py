@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from inferlab._errors import UsageError
-from inferlab.results import runfiles
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import RunWriter, numbered_records, read_records, read_summary
 from inferlab.results.summary import summarize
@@ -68,30 +67,3 @@ def test_a_missing_file_or_a_non_summary_is_a_usage_error(tmp_path: Path) -> Non
     (tmp_path / "s.json").write_text('{"schema": "other"}')
     with pytest.raises(UsageError, match="not an inferlab summary"):
         read_summary(tmp_path / "s.json")
-
-
-@pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize(
-    "record",
-    [
-        RequestRecord(index=3, send_ns=17, ttfb_ns=1_000_003, content_ns=list(range(1_000_003, 9_000_000, 15_625)),
-                      end_ns=9_000_000, output_tokens=512, server_timeline={"first_token_ms": 1e-05, "x": [1.5, None]}),
-        RequestRecord(index=4, content_ns=[], error_kind=ErrorKind.CONNECT, error="refused"),
-        # a later field that holds the placeholder's text, and token times past 64 bits
-        RequestRecord(index=5, content_ns=[1, 2], error="\0content_ns\0", session="\0content_ns\0"),
-        RequestRecord(index=6, content_ns=[1, 2**70], end_ns=2**70),
-    ],
-    ids=["long", "none", "placeholder", "huge"],
-)
-def test_a_records_line_is_the_standard_librarys_json_of_it(
-    record: RequestRecord, fast: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With orjson writing the token times (the ``fast`` extra) or without, the line is
-    exactly what ``json.dumps`` writes, and reads back as the record."""
-    if fast and runfiles._FAST_DUMPS is None:
-        pytest.skip("orjson is not installed")
-    if not fast:
-        monkeypatch.setattr(runfiles, "_FAST_DUMPS", None)
-    line = runfiles.record_line(record)
-    assert line == json.dumps(record.to_json(), separators=(",", ":"))
-    assert RequestRecord.from_json(json.loads(line)) == record

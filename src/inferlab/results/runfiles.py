@@ -7,7 +7,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -15,39 +15,6 @@ from inferlab._errors import UsageError
 from inferlab.results.records import RequestRecord
 from inferlab.results.summary import Summary
 from inferlab.results.telemetry import SERVER_METRICS_FILE
-
-
-def _orjson_dumps() -> Callable[[Any], bytes] | None:
-    try:
-        import orjson
-    except ImportError:
-        return None
-    return orjson.dumps
-
-
-_FAST_DUMPS = _orjson_dumps()
-#: Where a record's token times go in its line until they are spliced in (``record_line``):
-#: a string no other field can hold first (the fields before them are numbers)
-_SPLICE = "\0content_ns\0"
-_SPLICED = json.dumps(_SPLICE)
-
-
-def record_line(record: RequestRecord) -> str:
-    """``record`` as its line of ``requests.jsonl`` (compact JSON, no line end). Its token
-    times, most of the line, are written by orjson where the ``fast`` extra installed it
-    (a list of integers is spelled alike by both: the same text, about 15 times faster
-    for a 512-token answer; bench/README.md), the rest by the standard library."""
-    d = record.to_json()
-    content = d["content_ns"]
-    if _FAST_DUMPS is not None and content:
-        d["content_ns"] = _SPLICE
-        try:
-            times = _FAST_DUMPS(content).decode()
-        except TypeError:  # (an integer beyond 64 bits)
-            d["content_ns"] = content
-        else:
-            return json.dumps(d, separators=(",", ":")).replace(_SPLICED, times, 1)
-    return json.dumps(d, separators=(",", ":"))
 
 
 class RunWriter:
@@ -70,7 +37,7 @@ class RunWriter:
 
     def append(self, record: RequestRecord) -> None:
         if self._requests is not None:
-            self._requests.write(record_line(record) + "\n")
+            self._requests.write(json.dumps(record.to_json(), separators=(",", ":")) + "\n")
             self._requests.flush()
 
     def write_summary(self, summary: Summary) -> Path:
