@@ -611,10 +611,13 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
             late = f"{lag.get('0.001', 0) / total:.0%}/{lag.get('0.005', 0) / total:.0%}"
             split = mine = side = "-"
             if wire is not None:
-                d, before = wire["delay_ms"], wire["server_side_ms"]
+                d, before = wire["delay_ms"], wire["server_side_ms"] or [math.nan]
                 mine = f"{wire_capture.quantile(d, 0.5):.3f}/{wire_capture.quantile(d, 0.99):.3f} ms"
                 side = f"{wire_capture.quantile(before, 0.5):.2f}/{wire_capture.quantile(before, 0.99):.2f} ms"
                 split = f"{wire['joined']} of {wire['records']} records joined to their packets"
+                if wire["joined"] < wire["records"]:  # (the split is of a subset: say so in the row)
+                    mine += f" ({wire['joined']}/{wire['records']})"
+                    split += f" (not joined: index, responses alike, nearest gap ms: {wire['unjoined']})"
             if n_hogs:
                 print(f"  starved: {n_hogs} busy loops on the client's core{'s' * (len(client_cpus or ()) > 1)}:")
             print(
@@ -830,6 +833,8 @@ def main(argv: list[str] | None = None) -> int:
                 mock.close()
         if "ttft" in parts:
             levels = [1, 64, 256] if args.quick else [1, 64, 256, 512]
+            if args.hogs and not client_cpus:
+                print("(no starved run: --hogs needs the client pinned, --client-cpus)")
             part_ttft(levels, [1, 2], server_cpus, client_cpus, args.hogs if client_cpus else 0)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)

@@ -3,27 +3,34 @@ receive timestamps, for measuring what the client itself adds to TTFT.
 
 ``client_scale.py``'s ``ttft`` part compares the client's TTFT with the simulator's own
 timeline; that difference holds the server's lateness too (``sim serve`` is one Python
-process writing every stream's chunk in turn). With the packets, it splits in two: from
-the simulator's stamp to the first token's packet arriving on loopback (the server's
-side: what any client on this machine would see), and from that arrival to the
-client's own stamp (what the client adds: its measurement error proper).
+process writing every stream's chunk in turn). With the packets, it splits in two: the
+client's own part, from the first token's packet arriving on loopback to the client's
+stamp (what the client adds: its measurement error proper), and the rest, from the
+request's send to that arrival less the simulator's own first-token time (the server's
+lateness, and the request's way there: the client's write, loopback, the server's read).
 
 How: a capture process (``python bench/wire_capture.py capture --port P --out F``; it
-needs root, or CAP_NET_RAW, for an ``AF_PACKET`` socket) reads every TCP packet to and
-from port P on ``lo`` (a socket filter drops the rest in the kernel) with its receive
-time (``SO_TIMESTAMPNS``, the wall clock) and keeps those with a payload. Afterwards,
-``match`` rebuilds each connection's two byte streams, parses the responses with
-httptools and inferlab's own reader (the first event with generated content, and the
-``inferlab_timeline`` of the last), pairs each with the request before it on its
-connection, and joins them to the run's records by the server's timeline (scheduled,
-first-token and finished times, to 0.1 µs). The records' times count from the run's
-start on the monotonic clock; that start is placed on the packets' clock by the
+needs root, or CAP_NET_RAW, for an ``AF_PACKET`` socket) reads the packets to and from
+port P that ``lo`` receives (a socket filter drops the rest in the kernel, the copies
+loopback shows as sent among them) with the kernel's receive time (``SO_TIMESTAMPNS``,
+the wall clock) and keeps those with a TCP payload; it exits 1 if the kernel dropped a
+packet or one was left unread. Afterwards, ``match`` rebuilds each connection's two byte
+streams, parses the responses with httptools and inferlab's own reader (the packet that
+completed the first event with generated content, and the ``inferlab_timeline`` of the
+last), pairs each with the request before it on its connection, and joins them to the
+run's records (warm-ups left out, as the summary leaves them) by the server's timeline
+(scheduled, first-token and finished times, to 0.1 µs). The records' times count from the
+run's start on the monotonic clock; that start is placed on the packets' clock by the
 requests: each record's send stamp is taken just before its request is written, so the
-smallest gap between a request's packet and its record's send stamp is the offset (to
-within that smallest write, a few µs; it errs toward a larger client delay).
+right (request packet - send stamp) gaps bunch within µs, one per record, and pairing a
+record with another request alike to the server (one stream: every timeline the same)
+bunches fewer records; the start is the smallest gap of the millisecond holding the most
+records (so the client's delay errs large by at most that write, µs). A stamp that still
+comes before its packet by more than 20 µs means the join is wrong: ``match`` refuses.
 
-Loopback only; the capture stops on SIGTERM or SIGINT and reports the packets the
-kernel dropped (none may be, or ``match`` refuses).
+Limits: loopback and plain HTTP only; the records must carry the simulated server's
+timeline (the mock and real engines send none); and the capture must be of the run it is
+matched with (another run of the same workload against a fresh server looks the same).
 """
 
 from __future__ import annotations
@@ -66,32 +73,55 @@ def available() -> str | None:
 
 def _filter(port: int) -> bytes:
     """Classic BPF: received (not outgoing) IPv4 TCP packets with ``port`` at either end
-    (IP header of 20 bytes, as loopback's are)."""
-    ld_pkttype = (0x20, 0, 0, 0xFFFFF004)  # ld #pkttype (SKF_AD_OFF + SKF_AD_PKTTYPE)
+    (IP header of 20 bytes, as loopback's are). A jump skips ``jt``/``jf`` instructions
+    after its own."""
+    accept, drop = 10, 11
     prog = [
-        ld_pkttype,
-        (0x15, 0, 8, PACKET_HOST),  # jeq #HOST, next, drop
-        (0x28, 0, 0, 12),  # ldh [12]: ethertype
-        (0x15, 0, 6, 0x0800),  # jeq #IPv4
-        (0x30, 0, 0, 23),  # ldb [23]: protocol
-        (0x15, 0, 4, 6),  # jeq #TCP
-        (0x28, 0, 0, 34),  # ldh [34]: source port
-        (0x15, 2, 0, port),  # jeq #port -> accept
-        (0x28, 0, 0, 36),  # ldh [36]: destination port
-        (0x15, 0, 1, port),  # jeq #port -> accept, else drop
-        (0x06, 0, 0, 0x40000),  # accept
-        (0x06, 0, 0, 0),  # drop
+        (0x20, 0, 0, 0xFFFFF004),  # 0: ld #pkttype (SKF_AD_OFF + SKF_AD_PKTTYPE)
+        (0x15, 0, drop - 2, PACKET_HOST),  # 1: jeq #HOST, else drop
+        (0x28, 0, 0, 12),  # 2: ldh [12]: ethertype
+        (0x15, 0, drop - 4, 0x0800),  # 3: jeq #IPv4, else drop
+        (0x30, 0, 0, 23),  # 4: ldb [23]: protocol
+        (0x15, 0, drop - 6, 6),  # 5: jeq #TCP, else drop
+        (0x28, 0, 0, 34),  # 6: ldh [34]: source port
+        (0x15, accept - 8, 0, port),  # 7: jeq #port -> accept
+        (0x28, 0, 0, 36),  # 8: ldh [36]: destination port
+        (0x15, accept - 10, drop - 10, port),  # 9: jeq #port -> accept, else drop
+        (0x06, 0, 0, 0x40000),  # 10: accept
+        (0x06, 0, 0, 0),  # 11: drop
     ]
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
+def _packet(
+    data: bytes, anc: list[tuple[int, int, bytes]]
+) -> tuple[int, int, int, int, bytes] | None:
+    """(kernel ns, source port, destination port, sequence number, payload) of one
+    captured frame; None for one with no TCP payload (an ACK, SYN or FIN)."""
+    if len(data) < 14 + 20 + 20 or data[12:14] != b"\x08\x00" or data[23] != 6:
+        return None  # (the filter passes nothing else; checked all the same)
+    tcp = 14 + (data[14] & 15) * 4
+    off = tcp + (data[tcp + 12] >> 4) * 4
+    if off >= len(data):
+        return None
+    sport, dport, seq = struct.unpack_from("!HHI", data, tcp)
+    ns = 0
+    for _, kind, raw in anc:
+        if kind == SO_TIMESTAMPNS:
+            sec, nsec = struct.unpack("qq", raw[:16])
+            ns = sec * 1_000_000_000 + nsec
+    return ns, sport, dport, seq, data[off:]
+
+
 def capture(port: int, out: Path) -> int:
     """Capture until SIGTERM/SIGINT, then write ``out``: the packets and the kernel's
-    counts (a pickle of a dict)."""
+    counts (a pickle of a dict). Exit status 1 if a packet was lost (the kernel dropped
+    it, or it was not read)."""
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
-    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    # protocol 0 until bound: nothing is queued before the filter is in place
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
     code = _filter(port)
     buf = ctypes.create_string_buffer(code)
     fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(buf))
@@ -101,36 +131,39 @@ def capture(port: int, out: Path) -> int:
         s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 256 << 20)
     except OSError:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
-    s.bind(("lo", 0))
+    s.bind(("lo", ETH_P_ALL))  # (Python puts the protocol in network order itself)
     s.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)  # (reading resets the counts)
     s.settimeout(0.2)
     print("capturing", flush=True)
     packets: list[tuple[int, int, int, int, bytes]] = []  # (ns, sport, dport, seq, payload)
+    frames = 0  # every frame read, with a payload or not
     while not stop:
         try:
             data, anc, _, _ = s.recvmsg(1 << 17, 64)
-        except TimeoutError:
+        except (TimeoutError, InterruptedError):
             continue
+        frames += 1
+        if (pkt := _packet(data, anc)) is not None:
+            packets.append(pkt)
+    seen, dropped = struct.unpack("II", s.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+    s.setblocking(False)
+    while True:  # what is still queued: every frame the kernel counted must be read
+        try:
+            data, anc, _, _ = s.recvmsg(1 << 17, 64)
+        except BlockingIOError:
+            break
         except InterruptedError:
             continue
-        ihl = (data[14] & 15) * 4
-        tcp = 14 + ihl
-        off = tcp + (data[tcp + 12] >> 4) * 4
-        if off >= len(data):
-            continue  # (no payload: an ACK, SYN or FIN)
-        sport, dport, seq = struct.unpack_from("!HHI", data, tcp)
-        ns = 0
-        for _, kind, raw in anc:
-            if kind == SO_TIMESTAMPNS:
-                sec, nsec = struct.unpack("qq", raw[:16])
-                ns = sec * 1_000_000_000 + nsec
-        packets.append((ns, sport, dport, seq, data[off:]))
-    seen, dropped = struct.unpack("II", s.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+        frames += 1
+        if (pkt := _packet(data, anc)) is not None:
+            packets.append(pkt)
     with open(out, "wb") as f:
         pickle.dump(
-            {"port": port, "packets": packets, "kernel_seen": seen, "kernel_dropped": dropped}, f
-        )
-    return 0
+            {"port": port, "packets": packets, "kernel_seen": seen, "kernel_dropped": dropped,
+             "frames_read": frames},
+            f,
+        )  # fmt: skip
+    return 1 if dropped or frames < seen - dropped else 0
 
 
 class Capture:
@@ -164,10 +197,15 @@ class Capture:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(timeout=120)
+            rc = self.proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+            raise RuntimeError("the packet capture did not stop") from None
+        if rc != 0 and exc[0] is None:
+            raise RuntimeError(
+                f"the packet capture failed (exit {rc}): a packet was lost, or it crashed"
+            )
 
 
 @dataclass
@@ -182,21 +220,44 @@ class _Side:
     packets: list[tuple[int, int, bytes]] = field(default_factory=list)  # (seq, ns, payload)
 
     def ordered(self) -> list[tuple[int, bytes]]:
-        """(ns, payload) in sequence order, each byte once (a retransmission's overlap
-        dropped); ``ValueError`` at a gap (a packet the capture missed)."""
-        out = []
-        nxt: int | None = None
-        for seq, ns, payload in sorted(self.packets, key=lambda p: (p[0], p[1])):
-            if nxt is not None:
-                skip = (nxt - seq) % (1 << 32)
-                if skip >= len(payload) and skip < (1 << 31):
+        """(ns, payload) in sequence order, each byte once, from the copy that came first
+        (a retransmission adds only what was missing), counted from the first packet to
+        arrive (sequence numbers wrap at 2**32); a piece's time is never before an
+        earlier piece's (bytes that came early were readable only once the gap before
+        them filled); ``ValueError`` at a gap (a packet the capture missed)."""
+        if not self.packets:
+            return []
+        # (any packet within 2**30 of the first to arrive, either side, orders right)
+        base = min(self.packets, key=lambda p: p[1])[0] - (1 << 30)
+        starts: list[int] = []  # the bytes had so far: disjoint [start, end) ranges, sorted
+        ends: list[int] = []
+        pieces: list[tuple[int, int, bytes]] = []  # (offset, ns, bytes)
+        for ns, seq, payload in sorted((ns, seq, payload) for seq, ns, payload in self.packets):
+            lo = (seq - base) % (1 << 32)
+            hi = lo + len(payload)
+            at = lo
+            i = max(0, bisect.bisect_right(starts, lo) - 1)
+            while at < hi:  # the parts of [lo, hi) not had yet
+                if i < len(starts) and starts[i] <= at:
+                    at = max(at, ends[i])
+                    i += 1
                     continue
-                if skip >= 1 << 31:
-                    raise ValueError("a gap in a captured byte stream")
-                payload = payload[skip:]
-                seq = nxt
-            out.append((ns, payload))
-            nxt = (seq + len(payload)) % (1 << 32)
+                upto = min(hi, starts[i]) if i < len(starts) else hi
+                if upto > at:
+                    pieces.append((at, ns, payload[at - lo : upto - lo]))
+                    starts.insert(i, at)
+                    ends.insert(i, upto)
+                    i += 1
+                at = upto
+        pieces.sort()
+        out: list[tuple[int, bytes]] = []
+        nxt, latest = pieces[0][0], 0
+        for off, ns, piece in pieces:
+            if off != nxt:
+                raise ValueError("a gap in a captured byte stream")
+            latest = max(latest, ns)
+            out.append((latest, piece))
+            nxt = off + len(piece)
         return out
 
 
@@ -243,8 +304,15 @@ def _responses(client: list[tuple[int, bytes]], server: list[tuple[int, bytes]])
 _KEY = ("scheduled_ms", "first_token_ms", "finished_ms")
 #: How far after its send stamp a request's packet may be and still be its own
 _WINDOW_NS = 1_000_000
-#: Responses with one server timeline looked at per record (requests alike, in a row)
-_MAX_ALIKE = 64
+#: How long after its send stamp a request's packet may come and still be its own: a
+#: client starved of its core may stamp, then wait for the core to write (one stream
+#: apart, requests alike to the server come tens of ms apart: a TTFT each)
+_JOIN_NS = 10_000_000
+#: (request, record) pairs with one server timeline weighed to place the run's start
+_MAX_PAIRS = 4_000_000
+#: How far before its packet a stamp may seem to be (the start's placement errs the
+#: other way, by a write: µs) before the join is called wrong
+_EARLY_MS = 0.02
 
 
 def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -276,22 +344,36 @@ def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
         rec
         for rec in records
         if rec.get("server_timeline") and rec.get("content_ns") and rec.get("send_ns") is not None
-    ]
+        and not rec.get("warmup")
+    ]  # fmt: skip
     # The run's start on the packets' clock: a request's packet follows its record's send
     # stamp by the time its write took, so the right pairs' gaps (packet - stamp) bunch
-    # within a few µs while wrong ones (the same server timeline twice: requests alike)
-    # scatter; the start is the smallest gap of the densest millisecond of gaps.
-    gaps = sorted(
-        request - rec["send_ns"]
-        for rec in wanted
-        for request, _ in by_key.get(tuple(rec["server_timeline"].get(k) for k in _KEY), [])[
-            :_MAX_ALIKE
-        ]
-    )
+    # within a few µs, one per record, while wrong ones (the same server timeline on
+    # several requests: requests alike, one after another) pair a record with another's
+    # request, for fewer records the further off. The start is the smallest gap of the
+    # millisecond of gaps that holds the most records.
+    gaps = []
+    for i, rec in enumerate(wanted):
+        for request, _ in by_key.get(tuple(rec["server_timeline"].get(k) for k in _KEY), []):
+            gaps.append((request - rec["send_ns"], i))
+        if len(gaps) > _MAX_PAIRS:
+            raise RuntimeError("too many requests alike to the server to place the run's start")
     if not gaps:
         raise RuntimeError("no record has a captured response with its server timeline")
-    best = max(range(len(gaps)), key=lambda i: bisect.bisect_right(gaps, gaps[i] + _WINDOW_NS) - i)
-    t0 = gaps[best]
+    gaps.sort()
+    inside: dict[int, int] = defaultdict(int)  # record -> its gaps in the window
+    best, best_at, lo = -1, 0, 0
+    for g, i in gaps:
+        inside[i] += 1
+        while gaps[lo][0] < g - _WINDOW_NS:
+            j = gaps[lo][1]
+            inside[j] -= 1
+            if not inside[j]:
+                del inside[j]
+            lo += 1
+        if len(inside) > best:
+            best, best_at = len(inside), lo
+    t0 = gaps[best_at][0]
     pairs = []
     used: set[tuple[int, int]] = set()
     for rec in wanted:
@@ -299,7 +381,7 @@ def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
         near = [
             (request - t0 - rec["send_ns"], (request, first))
             for request, first in alike
-            if (request, first) not in used and 0 <= request - t0 - rec["send_ns"] <= _WINDOW_NS
+            if (request, first) not in used and 0 <= request - t0 - rec["send_ns"] <= _JOIN_NS
         ]
         if near:
             request, first = min(near)[1]
@@ -307,8 +389,19 @@ def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
             pairs.append((request - rec["send_ns"], rec["content_ns"][0], first, rec))
     if not pairs:
         raise RuntimeError("no record joined a captured response")
+    joined = {id(rec) for _, _, _, rec in pairs}
+    unjoined = []  # (index, responses alike, the gap nearest the start's, ms), a few
+    for rec in wanted:
+        if id(rec) not in joined and len(unjoined) < 5:
+            alike = by_key.get(tuple(rec["server_timeline"].get(k) for k in _KEY), [])
+            gap = min((abs(request - t0 - rec["send_ns"]) for request, _ in alike), default=None)
+            unjoined.append((rec["index"], len(alike), None if gap is None else gap / 1e6))
     offsets = sorted(p[0] for p in pairs)
     delays = [(c + t0 - first) / 1e6 for _, c, first, _ in pairs]
+    if min(delays) < -_EARLY_MS:  # (a stamp before its bytes came: the join is wrong)
+        raise RuntimeError(
+            f"a record's first token was stamped {-min(delays):.3f} ms before its packet came"
+        )
     # the rest of the error against the simulator's timeline: from its first-token stamp
     # (ms since it received the request) to the packet's arrival (ms since the send)
     before = [
@@ -318,13 +411,14 @@ def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
     ]
     return {
         "joined": len(pairs),
-        "records": sum(1 for r in records if r.get("content_ns")),
+        "records": len(wanted),
         "responses": responses,
         "packets": len(cap["packets"]),
         "offset_spread_ms": {
             "p50": (offsets[len(offsets) // 2] - t0) / 1e6,
             "max": (offsets[-1] - t0) / 1e6,
         },
+        "unjoined": unjoined,
         "delay_ms": delays,
         "server_side_ms": before,
     }

@@ -6,6 +6,8 @@ process may not open a packet socket (it needs root or CAP_NET_RAW)."""
 from __future__ import annotations
 
 import json
+import pickle
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -39,16 +41,19 @@ def run_captured(
     return records, wire_capture.match(tmp_path / "packets.pickle", records)
 
 
-@pytest.mark.parametrize("concurrency", [1, 8])
+@pytest.mark.parametrize(("concurrency", "n"), [(1, 80), (8, 12)])
 def test_every_request_is_joined_to_its_packets_and_the_client_stamps_after_they_came(
-    tmp_path: Path, concurrency: int
+    tmp_path: Path, concurrency: int, n: int
 ) -> None:
     """At one stream every request looks alike to the server (the same timeline, request
-    after request): the join must still pair each record with its own packets."""
-    records, got = run_captured(tmp_path, concurrency, 12)
-    assert got["joined"] == got["records"] == len(records) == 12
+    after request, many of them): the join must still pair each record with its own
+    packets, not its neighbour's (their gaps would then differ by a whole request)."""
+    records, got = run_captured(tmp_path, concurrency, n, output_tokens=8 if concurrency > 1 else 2)
+    assert got["joined"] == got["records"] == len(records) == n
+    spread = got["offset_spread_ms"]
+    assert isinstance(spread, dict) and spread["max"] < 1.0
     delays = got["delay_ms"]
-    assert isinstance(delays, list) and len(delays) == 12
+    assert isinstance(delays, list) and len(delays) == n
     # the client cannot have read a token before its packet arrived (the start's
     # placement errs toward a later client, by its smallest write: never earlier)
     assert min(delays) >= 0
@@ -64,3 +69,52 @@ def test_packets_of_other_requests_are_not_taken_for_the_runs(tmp_path: Path) ->
     run_captured(tmp_path / "b", 2, 4, output_tokens=9)
     with pytest.raises(RuntimeError, match="no record"):
         wire_capture.match(tmp_path / "b" / "packets.pickle", records)
+
+
+def test_the_capture_keeps_each_received_tcp_packet_of_its_port_once(tmp_path: Path) -> None:
+    """Loopback shows every packet twice (sent, received) and carries other traffic: the
+    capture keeps the received copy of its port's TCP packets only, and a datagram too
+    short to be TCP does not stop it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    with wire_capture.Capture(port, tmp_path / "p.pickle", None):
+        client = socket.create_connection(("127.0.0.1", port))
+        peer, _ = listener.accept()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.sendto(b"", ("127.0.0.1", 9))
+            udp.sendto(b"x" * 40, ("127.0.0.1", port))
+        for i in range(20):
+            client.sendall(b"ping %d" % i)
+            assert peer.recv(100) == b"ping %d" % i
+            peer.sendall(b"pong %d" % i)
+            assert client.recv(100) == b"pong %d" % i
+        client.close()
+        peer.close()
+    listener.close()
+    with open(tmp_path / "p.pickle", "rb") as f:
+        cap = pickle.load(f)
+    payloads = sorted(pkt[4] for pkt in cap["packets"])
+    assert payloads == sorted([b"ping %d" % i for i in range(20)] + [b"pong %d" % i for i in range(20)])
+    assert cap["kernel_dropped"] == 0 and cap["frames_read"] >= cap["kernel_seen"]
+
+
+def side(*packets: tuple[int, int, bytes]) -> wire_capture._Side:
+    return wire_capture._Side(list(packets))
+
+
+def test_a_byte_stream_is_rebuilt_in_sequence_order_across_the_wrap() -> None:
+    top = 2**32
+    s = side((top - 4, 10, b"HTTP"), (3, 30, b"11"), (0, 20, b"/1."))  # (seq, ns, payload)
+    assert s.ordered() == [(10, b"HTTP"), (20, b"/1."), (30, b"11")]
+
+
+def test_a_retransmission_is_read_once_and_early_bytes_wait_for_the_gap_before_them() -> None:
+    # bytes 4-7 arrived (ns 5) before bytes 0-3 (ns 9): readable only at 9; a resend of
+    # 2-5 adds nothing
+    s = side((100, 9, b"abcd"), (104, 5, b"efgh"), (102, 12, b"cdef"), (108, 14, b"ij"))
+    assert s.ordered() == [(9, b"abcd"), (9, b"efgh"), (14, b"ij")]
+
+
+def test_a_missing_packet_is_an_error_not_a_shorter_stream() -> None:
+    with pytest.raises(ValueError, match="gap"):
+        side((0, 1, b"ab"), (4, 2, b"ef")).ordered()
