@@ -549,14 +549,14 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
     print(
         "the error split at the first token's packet arriving on loopback (kernel receive time, "
         "bench/wire_capture.py, the capture on the server's cores): client's own = its stamp "
-        "minus that arrival (what the client adds); server's side = that arrival minus the "
-        "simulator's stamp"
+        "minus that arrival (what the client adds); the rest = that arrival, from the send, "
+        "less the simulator's own TTFT (the server's lateness, and the request's way to it)"
         if no_wire is None
         else f"(the error is not split at the wire: {no_wire})"
     )
     head = (
         f"{'streams':>7} {'workers':>7} {'reqs':>5} {'server TTFT p50':>15} {'error p50':>9} "
-        f"{'error p99':>9} {'client own p50/p99':>18} {'server side p50/p99':>19} "
+        f"{'error p99':>9} {'client own p50/p99':>18} {'the rest p50/p99':>19} "
         f"{'sim late ≤1ms/≤5ms':>18}  client block"
     )
     print(head + "\n" + "-" * (len(head) + 40))
