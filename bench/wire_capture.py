@@ -10,21 +10,22 @@ request's send to that arrival less the simulator's own first-token time (the se
 lateness, and the request's way there: the client's write, loopback, the server's read).
 
 How: a capture process (``python bench/wire_capture.py capture --port P --out F``; it
-needs root, or CAP_NET_RAW, for an ``AF_PACKET`` socket) reads the packets to and from
-port P that ``lo`` receives (a socket filter drops the rest in the kernel, the copies
-loopback shows as sent among them) with the kernel's receive time (``SO_TIMESTAMPNS``,
-the wall clock) and keeps those with a TCP payload; it exits 1 if the kernel dropped a
-packet or one was left unread. Afterwards, ``match`` rebuilds each connection's two byte
-streams, parses the responses with httptools and inferlab's own reader (the packet that
-completed the first event with generated content, and the ``inferlab_timeline`` of the
-last), pairs each with the request before it on its connection, and joins them to the
-run's records (warm-ups left out, as the summary leaves them) by the server's timeline
-(scheduled, first-token and finished times, to 0.1 µs). The records' times count from the
-run's start on the monotonic clock; that start is placed on the packets' clock by the
+needs root: an ``AF_PACKET`` socket, and a receive buffer past ``rmem_max``) reads the
+packets to and from port P that ``lo`` receives (a socket filter drops the rest in the
+kernel, the copies loopback shows as sent among them) with the kernel's receive time
+(``SO_TIMESTAMPNS``, the wall clock) and keeps those with a TCP payload, reading what is
+still queued when told to stop; it exits 1 if the kernel dropped a packet or one was cut
+short. Afterwards, ``match`` rebuilds each connection's two byte streams, parses the
+responses with httptools and inferlab's own reader (the packet that completed the first
+event with generated content, and the ``inferlab_timeline`` of the last), pairs each
+with the request before it on its connection, and joins them to the run's records
+(warm-ups left out, as the summary leaves them) by the server's timeline (scheduled,
+first-token and finished times, to 0.1 µs). The records' times count from the run's
+start on the monotonic clock; that start is placed on the packets' clock by the
 requests: each record's send stamp is taken just before its request is written, so the
 right (request packet - send stamp) gaps bunch within µs, one per record, and pairing a
 record with another request alike to the server (one stream: every timeline the same)
-bunches fewer records; the start is the smallest gap of the millisecond holding the most
+bunches fewer records; the start is the smallest gap of the 100 µs holding the most
 records (so the client's delay errs large by at most that write, µs). A stamp that still
 comes before its packet by more than 20 µs means the join is wrong: ``match`` refuses.
 
@@ -67,7 +68,7 @@ def available() -> str | None:
     try:
         socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL)).close()
     except (PermissionError, OSError) as e:
-        return f"no AF_PACKET socket ({e.strerror or e}); run as root or with CAP_NET_RAW"
+        return f"no AF_PACKET socket ({e.strerror or e}); run as root"
     return None
 
 
@@ -105,18 +106,17 @@ def _packet(
     if off >= len(data):
         return None
     sport, dport, seq = struct.unpack_from("!HHI", data, tcp)
-    ns = 0
     for _, kind, raw in anc:
         if kind == SO_TIMESTAMPNS:
             sec, nsec = struct.unpack("qq", raw[:16])
-            ns = sec * 1_000_000_000 + nsec
-    return ns, sport, dport, seq, data[off:]
+            return sec * 1_000_000_000 + nsec, sport, dport, seq, data[off:]
+    raise RuntimeError("a captured packet came without the kernel's timestamp")
 
 
 def capture(port: int, out: Path) -> int:
     """Capture until SIGTERM/SIGINT, then write ``out``: the packets and the kernel's
     counts (a pickle of a dict). Exit status 1 if a packet was lost (the kernel dropped
-    it, or it was not read)."""
+    it) or cut short (longer than the read)."""
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
@@ -136,34 +136,34 @@ def capture(port: int, out: Path) -> int:
     s.settimeout(0.2)
     print("capturing", flush=True)
     packets: list[tuple[int, int, int, int, bytes]] = []  # (ns, sport, dport, seq, payload)
-    frames = 0  # every frame read, with a payload or not
+    truncated = 0  # frames longer than the read (the filter passes up to 256 KiB)
     while not stop:
         try:
-            data, anc, _, _ = s.recvmsg(1 << 17, 64)
+            data, anc, flags, _ = s.recvmsg(1 << 18, 64)
         except (TimeoutError, InterruptedError):
             continue
-        frames += 1
+        truncated += bool(flags & socket.MSG_TRUNC)
         if (pkt := _packet(data, anc)) is not None:
             packets.append(pkt)
     seen, dropped = struct.unpack("II", s.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
     s.setblocking(False)
-    while True:  # what is still queued: every frame the kernel counted must be read
+    while True:  # what is still queued (counted by the kernel, not dropped): read it too
         try:
-            data, anc, _, _ = s.recvmsg(1 << 17, 64)
+            data, anc, flags, _ = s.recvmsg(1 << 18, 64)
         except BlockingIOError:
             break
         except InterruptedError:
             continue
-        frames += 1
+        truncated += bool(flags & socket.MSG_TRUNC)
         if (pkt := _packet(data, anc)) is not None:
             packets.append(pkt)
     with open(out, "wb") as f:
         pickle.dump(
             {"port": port, "packets": packets, "kernel_seen": seen, "kernel_dropped": dropped,
-             "frames_read": frames},
+             "truncated": truncated},
             f,
         )  # fmt: skip
-    return 1 if dropped or frames < seen - dropped else 0
+    return 1 if dropped or truncated else 0
 
 
 class Capture:
@@ -302,8 +302,13 @@ def _responses(client: list[tuple[int, bytes]], server: list[tuple[int, bytes]])
 
 
 _KEY = ("scheduled_ms", "first_token_ms", "finished_ms")
-#: How far after its send stamp a request's packet may be and still be its own
-_WINDOW_NS = 1_000_000
+#: The width of the bunch of (request packet - send stamp) gaps that places the run's
+#: start: about a write's time, so that another request alike sent within a ms does
+#: not fall in it (the right gaps spread 1-10 µs at p50)
+_WINDOW_NS = 100_000
+#: Records weighed to place the run's start (evenly spaced in send order): at one
+#: stream every record pairs with every request alike, n squared gaps
+_PLACE_RECORDS = 300
 #: How long after its send stamp a request's packet may come and still be its own: a
 #: client starved of its core may stamp, then wait for the core to write (one stream
 #: apart, requests alike to the server come tens of ms apart: a TTFT each)
@@ -340,20 +345,20 @@ def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
                 continue
             by_key[tuple(r.timeline.get(k) for k in _KEY)].append((r.request_ns, r.first_ns))
             responses += 1
-    wanted = [
-        rec
-        for rec in records
-        if rec.get("server_timeline") and rec.get("content_ns") and rec.get("send_ns") is not None
-        and not rec.get("warmup")
-    ]  # fmt: skip
+    wanted = sorted(
+        (rec for rec in records
+         if rec.get("server_timeline") and rec.get("content_ns") and rec.get("send_ns") is not None
+         and not rec.get("warmup")),
+        key=lambda rec: rec["send_ns"],
+    )  # fmt: skip
     # The run's start on the packets' clock: a request's packet follows its record's send
     # stamp by the time its write took, so the right pairs' gaps (packet - stamp) bunch
     # within a few µs, one per record, while wrong ones (the same server timeline on
     # several requests: requests alike, one after another) pair a record with another's
     # request, for fewer records the further off. The start is the smallest gap of the
-    # millisecond of gaps that holds the most records.
+    # ``_WINDOW_NS`` of gaps that holds the most records (of a sample of them).
     gaps = []
-    for i, rec in enumerate(wanted):
+    for i, rec in enumerate(wanted[:: max(1, len(wanted) // _PLACE_RECORDS)]):
         for request, _ in by_key.get(tuple(rec["server_timeline"].get(k) for k in _KEY), []):
             gaps.append((request - rec["send_ns"], i))
         if len(gaps) > _MAX_PAIRS:
@@ -374,14 +379,20 @@ def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
         if len(inside) > best:
             best, best_at = len(inside), lo
     t0 = gaps[best_at][0]
+    # Each record, in send order, takes the nearest request alike after its send whose
+    # first token did not come after the record's stamp of it (a swap with a neighbour
+    # whose write stalled would): one response each.
     pairs = []
     used: set[tuple[int, int]] = set()
+    early_ns = _EARLY_MS * 1e6
     for rec in wanted:
         alike = by_key.get(tuple(rec["server_timeline"].get(k) for k in _KEY), [])
         near = [
             (request - t0 - rec["send_ns"], (request, first))
             for request, first in alike
-            if (request, first) not in used and 0 <= request - t0 - rec["send_ns"] <= _JOIN_NS
+            if (request, first) not in used
+            and 0 <= request - t0 - rec["send_ns"] <= _JOIN_NS
+            and rec["content_ns"][0] + t0 - first >= -early_ns
         ]
         if near:
             request, first = min(near)[1]
@@ -453,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(got))
     if before:
         print(
-            f"server's side ms (its first-token stamp to the packet): p50 {quantile(before, 0.5):.3f} "
+            f"the rest, ms (the arrival, from the send, less the simulator's TTFT): p50 {quantile(before, 0.5):.3f} "
             f"p99 {quantile(before, 0.99):.3f}"
         )
     print(
