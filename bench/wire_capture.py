@@ -379,19 +379,20 @@ def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
         if len(inside) > best:
             best, best_at = len(inside), lo
     t0 = gaps[best_at][0]
-    # Each record, in send order, takes the nearest request alike after its send whose
-    # first token did not come after the record's stamp of it (a swap with a neighbour
-    # whose write stalled would): one response each.
+    # Each record, in send order, takes the request alike nearest the start's gap (a
+    # write may be faster than the sample's fastest: from 100 µs before it) whose first
+    # token did not come after the record's stamp of it (a swap with a neighbour whose
+    # write stalled would): one response each.
     pairs = []
     used: set[tuple[int, int]] = set()
     early_ns = _EARLY_MS * 1e6
     for rec in wanted:
         alike = by_key.get(tuple(rec["server_timeline"].get(k) for k in _KEY), [])
         near = [
-            (request - t0 - rec["send_ns"], (request, first))
+            (abs(request - t0 - rec["send_ns"]), (request, first))
             for request, first in alike
             if (request, first) not in used
-            and 0 <= request - t0 - rec["send_ns"] <= _JOIN_NS
+            and -_WINDOW_NS <= request - t0 - rec["send_ns"] <= _JOIN_NS
             and rec["content_ns"][0] + t0 - first >= -early_ns
         ]
         if near:
@@ -408,6 +409,7 @@ def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
             gap = min((abs(request - t0 - rec["send_ns"]) for request, _ in alike), default=None)
             unjoined.append((rec["index"], len(alike), None if gap is None else gap / 1e6))
     offsets = sorted(p[0] for p in pairs)
+    t0 = offsets[0]  # (the fastest write of all the joined, not only of the sample)
     delays = [(c + t0 - first) / 1e6 for _, c, first, _ in pairs]
     if min(delays) < -_EARLY_MS:  # (a stamp before its bytes came: the join is wrong)
         raise RuntimeError(
