@@ -24,10 +24,10 @@ Parts (``--parts``, all by default):
   client TTFT minus the server's own TTFT per request (the summary's
   ``server_timeline``), the summary's ``client`` block (bottleneck verdict, busiest
   process, loop lag) and how late the simulator itself emitted tokens (its
-  ``inferlab:token_emit_lag_seconds``). Where this process may open a packet socket
-  (root or CAP_NET_RAW), the error is split at the first token's packet arriving on
-  loopback (``bench/wire_capture.py``): the client's own part, from that arrival to its
-  stamp, and the server's. A last run (``--hogs``, 3 by default) repeats the largest
+  ``inferlab:token_emit_lag_seconds``). Run as root, the error is split at the first
+  token's packet arriving on loopback (``bench/wire_capture.py``): the client's own
+  part, from that arrival to its stamp, and the rest (the server's lateness and the
+  request's way to it). A last run (``--hogs``, 3 by default) repeats the largest
   level on one worker with busy loops on the client's core: a starved client, for the
   bottleneck verdict beside what the client was measured to add.
 - ``poisson``: open-loop Poisson runs (``--rates``) with 2 workers against the mock,
@@ -76,6 +76,8 @@ from typing import Any
 
 import wire_capture
 from gateway_overhead import checkout
+
+from inferlab.results.clientload import CPU_BUSY, ClientLoad
 
 BENCH = Path(__file__).resolve().parent
 MOCK = BENCH / "mock_server.py"
@@ -600,18 +602,18 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
                     wire = wire_capture.match(work / "packets.pickle", [json.loads(x) for x in lines if x])
             lag = {k: v - lag0.get(k, 0.0) for k, v in _emit_lag(server).items()}
             e, cl = s["server_timeline"]["ttft_error_ms"], s["client"]
-            busiest = max(cl["processes"], key=lambda q: (q["loop_lag_ms"] or {}).get("p90", 0))
-            bl = busiest["loop_lag_ms"] or {}
+            busiest = ClientLoad.from_json(cl).busiest  # (the summary's own choice)
+            bl = busiest.loop_lag_ms
             verdict = "ok"
             if cl["bottleneck"]:  # (as the warning words it: its own CPU, or a wait for one)
-                own = busiest["cpu_share"] >= 0.5
+                own = busiest.cpu_share >= CPU_BUSY
                 verdict = "BOTTLENECK, " + ("its own CPU" if own else "waited for a core")
             warned = any("client was likely the bottleneck" in w for w in s["warnings"])
             total = lag.get("+Inf", 0.0) or 1.0
             late = f"{lag.get('0.001', 0) / total:.0%}/{lag.get('0.005', 0) / total:.0%}"
             split = mine = side = "-"
             if wire is not None:
-                d, before = wire["delay_ms"], wire["server_side_ms"] or [math.nan]
+                d, before = wire["delay_ms"], wire["rest_ms"] or [math.nan]
                 mine = f"{wire_capture.quantile(d, 0.5):.3f}/{wire_capture.quantile(d, 0.99):.3f} ms"
                 side = f"{wire_capture.quantile(before, 0.5):.2f}/{wire_capture.quantile(before, 0.99):.2f} ms"
                 split = f"{wire['joined']} of {wire['records']} records joined to their packets"
@@ -623,8 +625,8 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
             print(
                 f"{c:7} {w:7} {n:5} {s['server_timeline']['server_ttft_ms']['p50']:12.1f} ms "
                 f"{e['p50']:6.2f} ms {e['p99']:6.2f} ms {mine:>18} {side:>19} {late:>18}  {verdict}: busiest "
-                f"{busiest['role']} CPU {busiest['cpu_share']:.0%}, loop lag p90 "
-                f"{bl.get('p90', 0):.1f} ms; inflation p50/p99 {cl['inflation_ms']['p50']:.1f}/"
+                f"{busiest.role} CPU {busiest.cpu_share:.0%}, loop lag p90 "
+                f"{0.0 if bl is None else bl.p90:.1f} ms; inflation p50/p99 {cl['inflation_ms']['p50']:.1f}/"
                 f"{cl['inflation_ms']['p99']:.1f} ms; warning {'yes' if warned else 'no'}"
             )
             print(f"{'':16}({split}; {machine_load()})", file=sys.stderr)
@@ -764,6 +766,18 @@ def _versions() -> str:
     return ", ".join(out)
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low``."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, not {value}")
+        return value
+
+    return parse
+
+
 def _cpus(spec: str) -> set[int] | None:
     return None if spec in ("", "any") else {int(c) for c in spec.split(",")}
 
@@ -780,10 +794,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client-cpus", default="1", help="the tools' cores ('any': not pinned)")
     ap.add_argument("--rounds", type=int, help="cpu part: repetitions (default 2, quick 1)")
     ap.add_argument("--rates", default="200,500", help="poisson part: requests/s, comma-separated")
-    ap.add_argument("--mock-batch", type=int, default=1,
+    ap.add_argument("--mock-batch", type=_at_least(1), default=1,
                     help="content chunks the mock writes to a stream at a time (each its own HTTP chunk): "
                     "a server that costs little per chunk, for the tools' scaling")  # fmt: skip
-    ap.add_argument("--hogs", type=int, default=3,
+    ap.add_argument("--hogs", type=_at_least(0), default=3,
                     help="ttft part: busy loops on the client's cores for a last, starved run (0: none)")  # fmt: skip
     args = ap.parse_args(argv)
 

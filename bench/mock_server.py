@@ -323,6 +323,13 @@ def drain(url: str, conns: int, chunks: int, seconds: float) -> None:
     asyncio.run(main())
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -330,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="mode", required=True)
     s = sub.add_parser("serve", help="run the mock server")
     s.add_argument("--port", type=int, default=0)
-    s.add_argument("--batch", type=int, default=1,
+    s.add_argument("--batch", type=_positive, default=1,
                    help="content chunks a stream gets per write (each its own HTTP chunk)")  # fmt: skip
     d = sub.add_parser("drain", help="keep streams busy, parsing nothing")
     d.add_argument("--url", required=True)
@@ -339,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--seconds", type=float, default=5.0)
     args = ap.parse_args(argv)
     if args.mode == "serve":
-        serve(args.port, max(1, args.batch))
+        serve(args.port, args.batch)
     else:
         drain(args.url, args.conns, args.chunks, args.seconds)
     return 0

@@ -265,7 +265,7 @@ def _responses(client: list[tuple[int, bytes]], server: list[tuple[int, bytes]])
     """One connection's responses, in order, each with its request's packet time."""
     import httptools
 
-    from inferlab.openai.response import ResponseReader
+    from inferlab.openai.response import ResponseError, ResponseReader
     from inferlab.openai.sse import SSEParser
 
     starts = [ns for ns, payload in client if payload.startswith((b"POST ", b"GET "))]
@@ -286,7 +286,7 @@ def _responses(client: list[tuple[int, bytes]], server: list[tuple[int, bytes]])
             for event in self.sse.feed(body):
                 try:
                     arrivals = self.reader.event(event)
-                except ValueError:
+                except ResponseError:  # (the client records it as failed: it joins nothing)
                     continue
                 if arrivals and out[-1].first_ns is None:
                     out[-1].first_ns = self.now
@@ -434,7 +434,7 @@ def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "unjoined": unjoined,
         "delay_ms": delays,
-        "server_side_ms": before,
+        "rest_ms": before,
     }
 
 
@@ -457,23 +457,29 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("capture", type=Path)
     m.add_argument("run", type=Path)
     args = ap.parse_args(argv)
-    if args.mode == "capture":
-        return capture(args.port, args.out)
-    records = [
-        json.loads(line) for line in (args.run / "requests.jsonl").read_text().splitlines() if line
-    ]
-    got = match(args.capture, records)
-    d, before = got.pop("delay_ms"), got.pop("server_side_ms")
+    if args.mode == "capture" and (why := available()) is not None:
+        print(f"wire_capture: {why}", file=sys.stderr)
+        return 2
+    try:
+        if args.mode == "capture":
+            return capture(args.port, args.out)
+        lines = (args.run / "requests.jsonl").read_text().splitlines()
+        got = match(args.capture, [json.loads(line) for line in lines if line])
+    except (OSError, ValueError, RuntimeError) as e:  # (a missing file, a gap, no join)
+        print(f"wire_capture: {e}", file=sys.stderr)
+        return 1
+    d, rest = got.pop("delay_ms"), got.pop("rest_ms")
     print(json.dumps(got))
-    if before:
-        print(
-            f"the rest, ms (the arrival, from the send, less the simulator's TTFT): p50 {quantile(before, 0.5):.3f} "
-            f"p99 {quantile(before, 0.99):.3f}"
-        )
     print(
-        f"client delay ms: p50 {quantile(d, 0.5):.3f} p99 {quantile(d, 0.99):.3f} max {max(d):.3f} "
+        f"client's own delay, ms (its first-token stamp less the packet's arrival): "
+        f"p50 {quantile(d, 0.5):.3f} p99 {quantile(d, 0.99):.3f} max {max(d):.3f} "
         f"min {min(d):.3f} mean {statistics.fmean(d):.3f}"
     )
+    if rest:
+        print(
+            f"the rest, ms (the arrival, from the send, less the simulator's TTFT): "
+            f"p50 {quantile(rest, 0.5):.3f} p99 {quantile(rest, 0.99):.3f}"
+        )
     return 0
 
 

@@ -1,7 +1,7 @@
 """``bench/wire_capture.py``: the loopback capture that splits the client's TTFT error into
 what the server took to put the first token on the wire and what the client added after
 it arrived. A real ``sim serve``, real packets, a real ``bench`` run; skipped where this
-process may not open a packet socket (it needs root or CAP_NET_RAW)."""
+process may not open a packet socket (it needs root)."""
 
 from __future__ import annotations
 

@@ -137,8 +137,14 @@ def test_the_json_form_reads_back() -> None:
     assert again.processes[0].loop_lag_ms is not None and load.processes[0].loop_lag_ms is not None
     assert again.processes[0].loop_lag_ms.max == load.processes[0].loop_lag_ms.max
     assert again.processes[1].late_share == load.processes[1].late_share and load.processes[1].late_share
-    # a summary written before late_share was measured reads back without one
+    # each process's inflation reads back, so a read-back summary names the same busiest
+    assert [p.inflation_ms for p in again.processes] == [p.inflation_ms for p in load.processes]
+    assert all(p.inflation_ms is not None for p in again.processes)
+    assert again.busiest.role == load.busiest.role
+    # a summary written before late_share and the processes' inflation were kept reads
+    # back without them
     old = load.to_json()
     for p in old["processes"]:
-        del p["late_share"]
-    assert all(p.late_share is None for p in ClientLoad.from_json(old).processes)
+        del p["late_share"], p["inflation_ms"]
+    back = ClientLoad.from_json(old).processes
+    assert all(p.late_share is None and p.inflation_ms is None for p in back)

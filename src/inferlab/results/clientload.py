@@ -104,8 +104,8 @@ class ClientProcess:
     timeline: tuple[tuple[float, float], ...]
     late_share: float | None = None
     #: about what the process added to the latencies it measured, p50 and p99: the larger
-    #: of its timers' lag and the wait counted in time (``ProcessLoad.wait_ms``); not in
-    #: the JSON (the summary keeps the busiest's as ``inflation_ms``), None when read back
+    #: of its timers' lag and the wait counted in time (``ProcessLoad.wait_ms``); None in
+    #: summaries written before it was kept (``inflation`` then falls back to the lag)
     inflation_ms: tuple[float, float] | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -114,15 +114,17 @@ class ClientProcess:
             "cpu_share": self.cpu_share,
             "loop_lag_ms": None if self.loop_lag_ms is None else self.loop_lag_ms.to_json(),
             "late_share": self.late_share,
+            "inflation_ms": None if self.inflation_ms is None else {"p50": self.inflation_ms[0], "p99": self.inflation_ms[1]},
             "timeline": [[lag, cpu] for lag, cpu in self.timeline],
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ClientProcess:
-        lag, late = d["loop_lag_ms"], d.get("late_share")
+        lag, late, added = d["loop_lag_ms"], d.get("late_share"), d.get("inflation_ms")
         return cls(
             str(d["role"]), float(d["cpu_share"]), None if lag is None else Distribution.from_json(lag),
             tuple((float(a), float(b)) for a, b in d["timeline"]), None if late is None else float(late),
+            None if added is None else (float(added["p50"]), float(added["p99"])),
         )
 
 
@@ -138,9 +140,8 @@ class ClientLoad:
 
     @property
     def busiest(self) -> ClientProcess:
-        """The process that likely added most to what it measured: a likely bottleneck
-        before others, then by what it added at p99 (``inflation``), at p90, and CPU."""
-        return max(self.processes, key=lambda p: (saturated(p), inflation(p)[1], _p(p, "p90"), p.cpu_share))
+        """The process that likely added most to what it measured (``busiest``)."""
+        return busiest(self.processes)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -161,6 +162,12 @@ class ClientLoad:
 def _p(process: ClientProcess, key: str) -> float:
     lag = process.loop_lag_ms
     return 0.0 if lag is None else float(getattr(lag, key))
+
+
+def busiest(processes: Sequence[ClientProcess]) -> ClientProcess:
+    """The process that likely added most to what it measured: a likely bottleneck before
+    others, then by what it added at p99 (``inflation``), at p90, and CPU."""
+    return max(processes, key=lambda p: (saturated(p), inflation(p)[1], _p(p, "p90"), p.cpu_share))
 
 
 def inflation(process: ClientProcess) -> tuple[float, float]:
@@ -192,8 +199,7 @@ def client_load(loads: Sequence[ProcessLoad]) -> ClientLoad | None:
         ticks = (0.0, 0.0) if lag is None else (float(lag.p50), float(lag.p99))
         added = (max(ticks[0], p.wait_ms(0.5)), max(ticks[1], p.wait_ms(0.99)))
         processes.append(ClientProcess(p.role, p.cpu_share, lag, tuple(p.seconds), p.late_share, added))
-    load = ClientLoad(tuple(processes), False, (0.0, 0.0))
-    return ClientLoad(load.processes, any(saturated(p) for p in processes), inflation(load.busiest))
+    return ClientLoad(tuple(processes), any(saturated(p) for p in processes), inflation(busiest(processes)))
 
 
 def bottleneck_warning(load: ClientLoad, workers: int, cores: int, autogroup: bool = False) -> str | None:
