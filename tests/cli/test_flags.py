@@ -219,3 +219,20 @@ def test_headers_from_the_environment_are_one_per_line_and_keep_their_spaces() -
         server.shutdown()
     assert res.exit_code == 1 and "HTTP 500" in res.output  # (the request went, with its headers)
     assert seen == [("search infra", "a b c")]
+
+
+def test_api_latency_states_the_hosts_front_end_latency() -> None:
+    """``--api-latency-ms`` replaces the family's fixed latency (in ms, kept in seconds):
+    at a low rate every TTFT moves by the difference; config.json says what ran; an
+    offline run (no API server) and a negative latency are refused."""
+    code, err, low = sim_run("-n", "20", "--rate", "1", "--api-latency-ms", "3")
+    assert code == 0 and low is not None, err
+    code, err, stock = sim_run("-n", "20", "--rate", "1")
+    assert code == 0 and stock is not None, err
+    stock_s = stock["config"]["engine"]["api_overhead_s"]
+    assert low["config"]["engine"]["api_overhead_s"] == pytest.approx(0.003) and stock_s > 0.003
+    assert stock["ttft_ms"]["p50"] - low["ttft_ms"]["p50"] == pytest.approx(stock_s * 1e3 - 3, abs=0.5)
+    code, err, _ = sim_run("-n", "2", "--rate", "inf", "--api-latency-ms", "3")
+    assert code == 2 and "offline run has none" in err
+    code, _, _ = sim_run("-n", "2", "--rate", "1", "--api-latency-ms", "-1")
+    assert code == 2

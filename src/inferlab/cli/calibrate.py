@@ -47,6 +47,8 @@ def _calibrate(kw: dict[str, Any]) -> int:
     names = DEFAULT_FIT if kw["fit_names"] is None else tuple(n.strip() for n in kw["fit_names"].split(",") if n.strip())
     if not names:
         raise UsageError("--fit names no constant")
+    if kw["api_overhead_s"] is not None and "api_overhead_s" in names:
+        raise UsageError("--api-latency-ms sets api_overhead_s, which --fit would fit: drop one of them")
     for path in (kw["out"], kw["report"]):  # (before the fit, which takes a while)
         if path:
             check_output_folder(Path(path))

@@ -52,6 +52,11 @@ SERVE_DEFAULTS: dict[str, Any] = {"max_model_len": 4096, "max_num_batched_tokens
 RUN_DEFAULTS: dict[str, Any] = {"max_model_len": None, "max_num_batched_tokens": None, "enforce_eager": False}
 
 
+def _ms_to_s(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """A click callback: a value given in ms, kept in seconds (None stays None)."""
+    return None if value is None else value / 1e3
+
+
 def _parsed(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, str | None], Any]:
     """A click callback reading a flag value with ``parse`` (an enum's, over its alias
     table); exit 2 with the accepted names for any other."""
@@ -111,6 +116,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--engine-family", type=click.Choice([f.value for f in EngineFamily]), default=d.engine_family.value, show_default=True, callback=_parsed(EngineFamily.parse), help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
         click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's constants were fitted on: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
+        click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 27.5 for vllm (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
 
@@ -287,9 +293,11 @@ def _sim_run(kw: dict[str, Any]) -> int:
     offline = kw["offline"] if kw["offline"] is not None else (
         isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
     )
-    if offline and (target.engine.api_server_count != 1 or target.engine.host_speed != 1.0):
+    if offline and (
+        target.engine.api_server_count != 1 or target.engine.host_speed != 1.0 or target.engine.api_overhead_s is not None
+    ):
         raise UsageError(
-            "--api-server-count and --host-speed set the API front end, and an offline run has none "
+            "--api-server-count, --host-speed and --api-latency-ms set the API front end, and an offline run has none "
             "(drop them, or serve the run: --served)"
         )
 
@@ -445,6 +453,7 @@ def _front_end_words(engine: Engine) -> str:
     if fe.costs.queues:
         cpu = [f"intake {c.intake_s * 1e3:g} ms + {c.intake_per_token_s * 1e6:g} us/prompt token"] if c.intake_s or c.intake_per_token_s else []
         cpu += [f"{c.stream_per_token_s * 1e6:g} us/streamed token"] if c.stream_per_token_s else []
+        cpu += [f"{c.stream_per_step_s * 1e6:g} us/step streamed"] if c.stream_per_step_s else []
         words += f" + CPU queue ({', '.join(cpu)}"
         words += f"; {fe.servers} API servers" if fe.servers > 1 else ""
         words += f"; host speed {fe.host_speed:g}" if fe.host_speed != 1.0 else ""

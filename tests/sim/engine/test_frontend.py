@@ -46,6 +46,37 @@ def test_streaming_delays_delivery_only_when_the_front_end_falls_behind() -> Non
     assert all(b > a for a, b in itertools.pairwise(late))
 
 
+def test_a_step_costs_the_api_server_once_whatever_its_tokens() -> None:
+    """The same 64 tokens in one step or in 64 steps of one: the 63 more steps each cost
+    the per-step CPU; with two API servers each pays it (its own streams' outputs)."""
+    costs = dataclasses.replace(COSTS, stream_per_step_s=3e-4)
+    one_step, many_steps = FrontEnd(costs), FrontEnd(costs)
+    one_step.deliver(0.0, 64)
+    for _ in range(64):
+        many_steps.deliver(0.0, 1)
+    assert many_steps.busy_s - one_step.busy_s == pytest.approx(63 * 3e-4)
+    two = FrontEnd(costs, servers=2)
+    two.deliver(0.0, 64)
+    assert two.busy_s - one_step.busy_s == pytest.approx(3e-4)
+    # a step with nothing streamed costs nothing
+    idle = FrontEnd(costs)
+    assert idle.deliver(0.5, 0) == 0.5 and idle.busy_s == 0.0
+
+
+def test_many_streams_cost_less_per_token_than_few() -> None:
+    """At a step a token per stream, the per-step cost spreads over the streams: 4 streams
+    pay more per token than 32 (what bench/vllm_front_end_cost.py measures on vLLM)."""
+    costs = dataclasses.replace(COSTS, stream_per_step_s=3e-4)
+
+    def per_token(streams: int) -> float:
+        fe = FrontEnd(costs)
+        for k in range(100):
+            fe.deliver(k * 1.0, streams)
+        return fe.busy_s / (100 * streams)
+
+    assert per_token(4) > per_token(32) > costs.stream_per_token_s
+
+
 def test_bad_front_end_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="api_server_count"):
         Engine(EngineConfig(api_server_count=0))

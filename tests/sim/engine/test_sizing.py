@@ -55,6 +55,7 @@ def test_vllm_gives_the_kv_cache_what_utilization_leaves_after_weights_and_activ
     eff = resolved.efficiencies
     assert sizes.api_overhead_s == sizes.front_end.latency_s == eff.api_overhead_s
     assert (sizes.front_end.intake_s, sizes.front_end.stream_per_token_s) == (eff.api_intake_s, eff.api_stream_s)
+    assert sizes.front_end.stream_per_step_s == eff.api_stream_per_step_s > 0
     offline = size_engine(resolve(dataclasses.replace(LLAMA8B, offline=True)))
     assert offline.api_overhead_s == 0.0 and offline.max_num_batched_tokens == 16384
     assert not offline.front_end.queues and offline.front_end.latency_s == 0.0  # no API server

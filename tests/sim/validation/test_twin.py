@@ -122,6 +122,8 @@ def test_constants_no_calibration_validated_get_no_stock_bands(tmp_path: Path) -
 @pytest.mark.parametrize(("args", "needle"), [
     (["--fit", "warp_factor"], "not a step-time constant"),
     (["--fit", "moe_gemm_factor"], "not one the twin fits"),
+    # a stated latency would replace the fitted one in every evaluation: the fit moot
+    (["--api-latency-ms", "3"], "--api-latency-ms sets api_overhead_s"),
 ])
 def test_cli_refuses_constants_it_cannot_fit(measured: tuple[list[str], list[str]], tmp_path: Path, args: list[str], needle: str) -> None:
     res = CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, measured[0][0], "-o", str(tmp_path / "x.json"), *args])

@@ -132,7 +132,9 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
             f"api_server_count {config.api_server_count}: {rules.engine} runs its API server in the "
             "engine's process (one only)"
         )
-    if not rules.front_end_in_process and not (eff.api_intake_s or eff.api_intake_per_token_s or eff.api_stream_s):
+    if not rules.front_end_in_process and not (
+        eff.api_intake_s or eff.api_intake_per_token_s or eff.api_stream_s or eff.api_stream_per_step_s
+    ):
         moot = [n for n, on in (("api_server_count", config.api_server_count != 1), ("host_speed", config.host_speed != 1.0)) if on]
         if moot:  # (they scale the front end's CPU queue, and this one has none: accepted, they changed nothing)
             raise ConfigError(

@@ -152,21 +152,27 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
 
 
 # vLLM V1's API server (``AsyncLLM`` in its own process): see ``_VLLM_V1``
-# Fitted on the `fit` rows of bench/data only, the vLLM V1 online rows of kvcached (H100),
-# Musgrave (A100), IOG (RTX 4090), llm-d and ai.wmx.dev (L4): five hosts. Objective: the
-# mean of the median errors of throughput, TTFT and TPOT/ITL over those rows. A first
-# pass over latency 5-30 ms x intake 1-6 ms x streaming 25-100 us
-# (docs/validation.md) put the latency at 25 ms (30 ms tied, 7.8 against 7.9 %: the lower
-# is kept, the typical host, not the slowest); `python bench/fit_front_end.py --jobs 2`
-# then fits intake x streaming x the engine core's per-sequence cost at 25 ms: 8.0 %.
-# The per-prompt-token cost is not fitted (the fit rows' prompts are too alike to
-# separate it from the fixed cost): ~1 us a token, a fast tokenizer's order of magnitude.
+# Its CPU costs are measured on vLLM's own API server (0.32, its CPU build serving the
+# tiny generated model; ``python bench/vllm_front_end_cost.py``, three rounds, medians,
+# this repository's 2-core dev VM taken as the typical host): intake 1.15 ms a request
+# through the completions API and 0.35 ms more through the chat API's template (the
+# chat API's 1.5 ms is kept: the common way in), 1.5 us a prompt token (tokenization,
+# 1.4-1.6 measured), 38 us a streamed token (detokenization, SSE chunk; 31-47) and 0.3
+# ms an engine step that streams any (the step's outputs taken as one message and
+# counted in the metrics; 0.28-0.33). The fixed latency is what requests wait for
+# outside the engine core on the fit hosts beyond that CPU (vLLM's own server on
+# loopback here: 2.3 ms at one stream, CPU included): fitted on the `fit` rows of
+# bench/data only, the vLLM V1 online rows of kvcached (H100), Musgrave (A100), IOG (RTX
+# 4090), llm-d and ai.wmx.dev (L4), five hosts (`python bench/fit_front_end.py --jobs 2`;
+# docs/validation.md, "The front end's fit"). The engine core's per-sequence output cost
+# stays 0 (the earlier grid over 0-45 us found none).
 _V1_FRONT_END = dataclasses.replace(
     DEFAULT_EFFICIENCIES,
-    api_overhead_s=0.025,  # latency off the CPU queue (HTTP, ZMQ round trips)
-    api_intake_s=2e-3,  # CPU per request: HTTP, validation, chat template
-    api_intake_per_token_s=1e-6,  # CPU per prompt token: tokenization
-    api_stream_s=70e-6,  # CPU per streamed token: detokenize, SSE chunk
+    api_overhead_s=0.0275,  # latency off the CPU queue, fitted (see above)
+    api_intake_s=1.5e-3,  # CPU per request: HTTP, validation, chat template (measured)
+    api_intake_per_token_s=1.5e-6,  # CPU per prompt token: tokenization (measured)
+    api_stream_s=38e-6,  # CPU per streamed token: detokenize, SSE chunk (measured)
+    api_stream_per_step_s=0.3e-3,  # CPU per engine step streamed: its outputs as one message (measured)
     api_per_seq_s=0.0,  # the engine core's per-sequence output cost: the fit found none
 )
 

@@ -3,11 +3,12 @@
 A serving engine's API server (vLLM V1's ``AsyncLLM`` process, SGLang's tokenizer and
 detokenizer managers) does two kinds of CPU work on one event loop: **intake** (HTTP,
 validation, chat template, tokenization: a fixed cost plus a cost per prompt token) and
-**streaming** (detokenizing every generated token and writing its SSE chunk: a cost per
-streamed token). Both queue for the same CPU, first come first served, so a burst waits
+**streaming** (taking each engine step's outputs, then detokenizing every generated
+token and writing its SSE chunk: a cost per step plus a cost per streamed token). Both queue for the same CPU, first come first served, so a burst waits
 at the door and many streams slow every stream's delivery, while the engine core keeps
 stepping at GPU speed. ``--api-server-count N`` runs N such servers; requests go to the
-first free one and streaming work is shared evenly. ``--host-speed F`` divides every CPU
+first free one and streaming work is shared evenly (the per-step cost is every server's:
+each takes the step's outputs for its own streams). ``--host-speed F`` divides every CPU
 cost by F (1.0: the typical host the family's constants were fitted on; 2.0: a host
 twice as fast). A fixed latency per request (``api_overhead_s``: IPC and HTTP round
 trips, not CPU on this queue) comes on top.
@@ -30,11 +31,14 @@ class FrontEndCosts:
     intake_s: float  # CPU per request accepted (HTTP parse, validation, chat template)
     intake_per_token_s: float  # CPU per prompt token (tokenization)
     stream_per_token_s: float  # CPU per streamed token (detokenize, SSE chunk); 0: on the engine step
+    # CPU per engine step that emits tokens, on every API server that streams some of them
+    # (it takes the step's outputs as one message before streaming any)
+    stream_per_step_s: float = 0.0
 
     @property
     def queues(self) -> bool:
         """Whether any cost takes CPU on the front end's queue."""
-        return bool(self.intake_s or self.intake_per_token_s or self.stream_per_token_s)
+        return bool(self.intake_s or self.intake_per_token_s or self.stream_per_token_s or self.stream_per_step_s)
 
 
 NO_FRONT_END = FrontEndCosts(0.0, 0.0, 0.0, 0.0)  # offline: no API server
@@ -72,10 +76,11 @@ class FrontEnd:
 
     def deliver(self, end_s: float, tokens: int) -> float:
         """When the ``tokens`` a step emitted at ``end_s`` have all reached their clients."""
-        per_token = self.costs.stream_per_token_s
-        if not per_token or tokens <= 0:
+        per_token, per_step = self.costs.stream_per_token_s, self.costs.stream_per_step_s
+        if not (per_token or per_step) or tokens <= 0:
             return end_s
-        share = tokens * per_token / self.host_speed / self.servers
+        # the tokens shared evenly; each server takes the step's outputs for its streams
+        share = (tokens * per_token / self.servers + per_step) / self.host_speed
         free = self._free_s
         for k in range(self.servers):
             free[k] = max(free[k], end_s) + share

@@ -127,6 +127,7 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
         intake_s=intake_s if serving and not in_process else 0.0,
         intake_per_token_s=eff.api_intake_per_token_s if serving and not in_process else 0.0,
         stream_per_token_s=eff.api_stream_s if serving else 0.0,
+        stream_per_step_s=eff.api_stream_per_step_s if serving else 0.0,
     )
     _validate_sizes(batched, seqs, max_len, chunked)
     if num_blocks * config.block_size < max_len:

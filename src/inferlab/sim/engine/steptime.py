@@ -91,6 +91,10 @@ class Efficiencies:
     # (``api_per_seq_s``). Fitted for vLLM V1 in ``families``.
     api_intake_per_token_s: float = 0.0
     api_stream_s: float = 0.0
+    # ... and per engine step that emits tokens, whatever their number (the API server
+    # takes each step's outputs as one message: receives, decodes and counts them in its
+    # metrics before it streams any; ``bench/vllm_front_end_cost.py``)
+    api_stream_per_step_s: float = 0.0
 
 
 DEFAULT_EFFICIENCIES = Efficiencies()  # vLLM V1's
