@@ -4,24 +4,29 @@ measured on vLLM's own code: its CPU build (installed once per machine, as the o
 
     python bench/vllm_front_end_cost.py [--rounds 2] [--requests 300] [--out DIR]
 
-The simulator's vLLM V1 front end (``sim/engine/frontend.py``) is a CPU queue with three
+The simulator's vLLM V1 front end (``sim/engine/frontend.py``) is a CPU queue with four
 costs: ``api_intake_s`` per request (HTTP, validation, chat template),
-``api_intake_per_token_s`` per prompt token (tokenization) and ``api_stream_s`` per
-streamed token (detokenization, the SSE chunk). This script measures the same three on
+``api_intake_per_token_s`` per prompt token (tokenization), ``api_stream_s`` per
+streamed token (detokenization, the SSE chunk) and ``api_stream_per_step_s`` per engine
+step that streams any (its outputs taken as one message). This script measures them on
 the API server process of ``vllm serve`` (api-server-count 1: the process that answers
 HTTP; the engine core and the worker are processes of their own): its CPU time, user
-and system, every thread (``/proc/PID/stat``), over runs that differ in one thing each:
+and system, every thread, ended ones too (the process's CPU-time clock, to the
+nanosecond), over runs that differ in one thing each:
 
 - ``short``: prompts of 16 tokens, 1 token out (completions API);
 - ``long``: prompts of ``--long-tokens`` tokens, 1 token out;
 - ``stream``: prompts of 16 tokens, ``--stream-tokens`` tokens out, streamed;
-- ``chat``: as ``short``, through the chat API (its template).
+- ``chat``: as ``short``, through the chat API (its template);
+- ``stream-wide``: as ``stream``, at 32 streams instead of 4.
 
 Every request is streamed, as in the validation rows. The server's CPU while idle (its
 timers) is measured for a few seconds before each round and taken off each run's count
 (per wall second). Per request, the CPU is ``a + b * prompt tokens + c * streamed
 tokens``; ``short``, ``long`` and ``stream`` give ``a``, ``b`` and ``c`` (three equations),
-``chat`` the template's cost on top of ``a``. The prompts are text the client made of
+``chat`` the template's cost on top of ``a``; ``stream`` and ``stream-wide`` split ``c``
+into a cost per token and one per engine step, each step emitting a token per stream
+(the closed loops run whole waves: every request count is a multiple of its streams). The prompts are text the client made of
 exactly that many tokens of the tiny model's tokenizer (a byte-level BPE of 8,192
 tokens, trained as real ones are), so tokenization does the work it does for real text.
 
@@ -36,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import re
 import statistics
 import sys
@@ -53,15 +57,15 @@ from inferlab.sim.engine.families import FAMILY_RULES, EngineFamily
 from inferlab.workload.config import WorkloadConfig
 
 FLAGS = ["--max-model-len", "2048", "--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--dtype", "bfloat16"]
-_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 IDLE_S = 4.0
 WIDE = 32  # the streams of the second streaming run
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid``, all its threads (ended ones too)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) * _TICK_S  # utime, stime (fields 14, 15)
+    """CPU seconds of process ``pid``, every thread, ended ones too: its CPU-time clock
+    (Linux's ``clock_getcpuclockid``: ``~pid << 3 | CPUCLOCK_SCHED``), to the nanosecond,
+    where ``/proc/PID/stat`` counts 10 ms ticks."""
+    return time.clock_gettime((~pid << 3) | 2)
 
 
 @dataclass(frozen=True)
@@ -168,10 +172,17 @@ def main() -> int:
              Case("stream", "completions", 16, args.stream_tokens), Case("chat", "chat", 16, 1),
              Case("stream-wide", "completions", 16, args.stream_tokens, WIDE)]
     # the long and stream runs' requests each take the engine longer: fewer of them
+    def waves(n: int, streams: int) -> int:  # whole waves of a closed loop
+        return max(streams, n // streams * streams)
+
     counts = {"short": args.requests, "chat": args.requests, "long": max(20, args.requests // 5),
-              "stream": max(20, args.requests // 8), "stream-wide": max(WIDE, args.requests // 2)}
+              "stream": waves(args.requests // 8, 4), "stream-wide": waves(args.requests // 2, WIDE)}
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"bench/vllm_front_end_cost.py: cannot make --out {out}: {e.strerror or e}", file=sys.stderr)
+        return 1
     tiny = tiny_model()
     rounds: list[dict[str, Measured]] = []
     latency: list[tuple[float, float]] = []
@@ -201,13 +212,14 @@ def main() -> int:
         k, w = got["stream"].case.concurrency, wide.case.concurrency
         per_step = (c - c_wide) / (1 / k - 1 / w)
         results.append({"intake_s": a, "intake_per_token_s": b, "stream_per_token_s": c, "chat_template_s": template,
+                        "chat_intake_s": a + template,
                         f"stream_per_token_at_{w}_s": c_wide, "stream_token_only_s": c_wide - per_step / w,
                         "stream_per_step_s": per_step})
     (out / "runs.json").write_text(json.dumps({"rounds": [{k: asdict(m) for k, m in got.items()} for got in rounds],
                                                "fits": results, "one_stream_ttft_and_outside_ms": latency},
                                               indent=2) + "\n")
     eff = FAMILY_RULES[EngineFamily.VLLM].efficiencies
-    shown = (("intake per request (completions)", "intake_s", 1e3, "ms", eff.api_intake_s),
+    shown = (("intake per request (completions)", "intake_s", 1e3, "ms", None),
              ("intake per prompt token", "intake_per_token_s", 1e6, "us", eff.api_intake_per_token_s),
              # (the simulator's at k streams: a token's cost and a k-th of a step's)
              ("streaming per token, 4 streams", "stream_per_token_s", 1e6, "us",
@@ -216,7 +228,8 @@ def main() -> int:
               eff.api_stream_s + eff.api_stream_per_step_s / WIDE),
              ("  of which per token", "stream_token_only_s", 1e6, "us", eff.api_stream_s),
              ("  and per engine step", "stream_per_step_s", 1e6, "us", eff.api_stream_per_step_s),
-             ("chat template, on top of intake", "chat_template_s", 1e3, "ms", None))
+             ("chat template, on top of intake", "chat_template_s", 1e3, "ms", None),
+             ("intake per request (chat)", "chat_intake_s", 1e3, "ms", eff.api_intake_s))
     print(f"vLLM's API server, this host ({len(rounds)} rounds; median, range):")
     for label, key, scale, unit, sim in shown:
         vals = [r[key] * scale for r in results]

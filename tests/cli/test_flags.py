@@ -234,5 +234,24 @@ def test_api_latency_states_the_hosts_front_end_latency() -> None:
     assert stock["ttft_ms"]["p50"] - low["ttft_ms"]["p50"] == pytest.approx(stock_s * 1e3 - 3, abs=0.5)
     code, err, _ = sim_run("-n", "2", "--rate", "inf", "--api-latency-ms", "3")
     assert code == 2 and "offline run has none" in err
-    code, _, _ = sim_run("-n", "2", "--rate", "1", "--api-latency-ms", "-1")
-    assert code == 2
+    for bad in ("-1", "inf", "nan"):
+        code, _, _ = sim_run("-n", "2", "--rate", "1", "--api-latency-ms", bad)
+        assert code == 2, bad
+
+
+def test_a_replay_served_where_the_run_was_offline_takes_no_recorded_front_end(tmp_path: Path) -> None:
+    """An offline run records latency 0 (it had no API server): replayed ``--served`` it
+    gets the family's front end, and a served run replayed ``--offline`` is not refused
+    for the latency it recorded."""
+    runs = {}
+    for name, load in (("offline", ["--rate", "inf"]), ("served", ["--rate", "4"])):
+        res = CliRunner().invoke(main, ["sim", "run", "-n", "6", "--input-tokens", "32", "--output-tokens", "4",
+                                        *load, "-o", str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+        runs[name] = json.loads((tmp_path / name / "config.json").read_text())["engine"]
+    assert runs["offline"]["api_overhead_s"] == 0.0 and runs["served"]["api_overhead_s"] > 0
+    for name, flag in (("offline", "--served"), ("served", "--offline")):
+        res = CliRunner().invoke(main, ["sim", "run", "--trace", str(tmp_path / name / "requests.jsonl"), flag, "--json"])
+        assert res.exit_code == 0, res.output
+        ran = json.loads(res.stdout)["config"]["engine"]["api_overhead_s"]
+        assert (ran > 0) == (flag == "--served"), (name, ran)

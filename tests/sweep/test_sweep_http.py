@@ -51,7 +51,9 @@ def test_a_short_http_sweep_agrees_with_the_virtual_one_at_the_points_both_ran(t
 
 
 @pytest.mark.parametrize("flags", [["--max-num-batched-tokens", "2048,8192"], ["--quantization", "fp8"],
-                                   ["--gpu", "L40S"], ["--tensor-parallel-size", "1,2"], ["--enforce-eager"]])
+                                   ["--gpu", "L40S"], ["--tensor-parallel-size", "1,2"], ["--enforce-eager"],
+                                   # (flags whose setting has another name: named as given)
+                                   ["--api-latency-ms", "3"], ["--efficiencies", "x.json"]])
 def test_engine_flags_with_a_url_are_refused_before_anything_runs(tmp_path: Path, flags: list[str]) -> None:
     r = sweep(["--url", "http://127.0.0.1:9", *flags, "-o", str(tmp_path / "x")])
     assert r.exit_code == 2

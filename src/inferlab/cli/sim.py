@@ -115,8 +115,8 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype.value, show_default=True, callback=_parsed(KVCacheDType.parse), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice([f.value for f in EngineFamily]), default=d.engine_family.value, show_default=True, callback=_parsed(EngineFamily.parse), help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
-        click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's constants were fitted on: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
-        click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 27.5 for vllm (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
+        click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
+        click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 27.5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
     ]
 
@@ -244,6 +244,9 @@ def _say_result_engine(kw: dict[str, Any]) -> None:
 #: Recorded engine settings a replay does not take: whether it runs offline follows its
 #: own schedule, and the GPU is taken as the preset it resolved to.
 _NOT_REPLAYED = frozenset({"offline", "gpu", "gpu_preset"})
+#: The API front end's settings: a replay served where the run was offline, or the
+#: reverse, does not take them (offline there is none; its recorded latency is 0)
+_FRONT_END_SETTINGS = frozenset({"api_overhead_s", "api_server_count", "host_speed"})
 
 
 def _engine_from_trace_run(kw: dict[str, Any]) -> None:
@@ -267,6 +270,9 @@ def _engine_from_trace_run(kw: dict[str, Any]) -> None:
                        "here, not on its upstreams' (the gateway's cache, admission and routing are not replayed)", err=True)
         return
     fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_REPLAYED
+    if bool(engine.get("offline")) != bool(kw.get("offline")):
+        # the recorded front end (none offline: latency 0) is not this replay's: the family's
+        fields -= _FRONT_END_SETTINGS
     taken = [name for name in sorted(fields & set(engine)) if not given(name)]
     for name in taken:
         kw[name] = engine[name]
@@ -294,7 +300,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
         isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
     )
     if offline and (
-        target.engine.api_server_count != 1 or target.engine.host_speed != 1.0 or target.engine.api_overhead_s is not None
+        target.engine.api_server_count != 1 or target.engine.host_speed != 1.0 or target.engine.api_overhead_s
     ):
         raise UsageError(
             "--api-server-count, --host-speed and --api-latency-ms set the API front end, and an offline run has none "

@@ -128,6 +128,12 @@ def _sweep_params() -> list[click.Parameter]:
 
 #: engine flags: refused with --url
 ENGINE_FLAGS = tuple(p.name or "" for p in _params(engine_options(RUN_DEFAULTS)))
+#: an engine flag's name on the command line (``api_overhead_s`` is ``--api-latency-ms``)
+_FLAG_OF = {p.name or "": p.opts[0] for p in _params(engine_options(RUN_DEFAULTS))}
+
+
+def _flag(name: str) -> str:
+    return _FLAG_OF.get(name) or "--" + name.replace("_", "-")
 #: engine flags that name a setting of an engine config: with --engine they set it (a
 #: comma list: an axis, the engine restarted per value); the others are refused
 SPEC_FLAGS = tuple(n for n in ENGINE_FLAGS if n in {f.name for f in dataclasses.fields(EngineSpec)} - FIXED_SETTINGS)
@@ -199,9 +205,9 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
             raise UsageError("--engine starts the server to measure: give --engine or --url, not both")
         refused = [n for n in ENGINE_FLAGS if n != "model" and n not in SPEC_FLAGS and given(n)]
         if refused:
-            flags = ", ".join("--" + n.replace("_", "-") for n in refused)
+            flags = ", ".join(map(_flag, refused))
             raise UsageError(f"{flags}: flags of the simulated engine; with --engine the config file sets the engine "
-                             "(here only its settings: " + ", ".join("--" + n.replace("_", "-") for n in SPEC_FLAGS) + ")")
+                             "(here only its settings: " + ", ".join(map(_flag, SPEC_FLAGS)) + ")")
         if kw["model"] is not None and len(kw["model"]) > 1:
             raise UsageError("--model: with --engine the config names the model and a sweep requests one (the model name)")
     elif url is not None:
@@ -211,7 +217,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
             raise UsageError(f"--url: {e}") from None
         engine = [n for n in ENGINE_FLAGS if n != "model" and given(n)]
         if engine:
-            flags = ", ".join("--" + n.replace("_", "-") for n in engine)
+            flags = ", ".join(map(_flag, engine))
             raise UsageError(
                 f"{flags}: engine flags apply to the simulator (no --url), which the sweep runs in virtual time; "
                 "against --url the engine is the server's own (start it with those flags)"

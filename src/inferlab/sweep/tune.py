@@ -43,6 +43,7 @@ import dataclasses
 import itertools
 import math
 import os
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -64,6 +65,26 @@ TIE_SHARE = 0.02
 #: The tie rule in words, for ``--help``, the console and the docs.
 TIE_RULE = (f"of the trials scoring within {TIE_SHARE:.0%} of the highest score, the one with the lowest "
             "TTFT p99").replace("%", " %")
+
+
+class _AnyThreadStop(asyncio.Event):
+    """A trial's stop, set from the thread that sees its records: a run in virtual time
+    simulates in a worker thread and asks ``is_set`` between steps, which must answer
+    true at once (a ``call_soon_threadsafe`` alone lands when the event loop next runs,
+    and on a busy machine the run could finish first); waiters on the loop are woken
+    there."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self._loop = loop
+        self._flag = threading.Event()
+
+    def is_set(self) -> bool:
+        return self._flag.is_set() or super().is_set()
+
+    def set_from_any_thread(self) -> None:
+        self._flag.set()
+        self._loop.call_soon_threadsafe(self.set)
 
 
 @dataclass(frozen=True)
@@ -269,8 +290,8 @@ class Tuner:
         assert slo is not None
         planned = config.load.num_requests
         best = self._best() if self.config.abort_hopeless else None
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        stop = _AnyThreadStop(loop)
         missed = 0
 
         def on_record(r: RequestRecord) -> None:
@@ -285,7 +306,7 @@ class Tuner:
                 why = self._hopeless(planned, missed, best)
                 if why:
                     trial.reason = why
-                    loop.call_soon_threadsafe(stop.set)
+                    stop.set_from_any_thread()
 
         async def watch_user_stop() -> None:
             if self.stop is not None:

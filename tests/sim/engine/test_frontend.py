@@ -58,6 +58,11 @@ def test_a_step_costs_the_api_server_once_whatever_its_tokens() -> None:
     two = FrontEnd(costs, servers=2)
     two.deliver(0.0, 64)
     assert two.busy_s - one_step.busy_s == pytest.approx(3e-4)
+    # a step of one token reaches one of four servers: one per-step cost, not four
+    four, one = FrontEnd(costs, servers=4), FrontEnd(costs)
+    four.deliver(0.0, 1)
+    one.deliver(0.0, 1)
+    assert four.busy_s == pytest.approx(one.busy_s)
     # a step with nothing streamed costs nothing
     idle = FrontEnd(costs)
     assert idle.deliver(0.5, 0) == 0.5 and idle.busy_s == 0.0
@@ -122,9 +127,15 @@ def test_offline_runs_have_no_front_end_and_sim_run_refuses_its_settings() -> No
     import subprocess
     import sys
 
-    offline = burst_ttfts(dataclasses.replace(BASE, offline=True, host_speed=0.5))
+    offline = burst_ttfts(dataclasses.replace(BASE, offline=True))
     served = burst_ttfts(BASE)
     assert offline[0] < served[0] and offline[-1] < served[-1]
+    # front-end settings on an offline engine would change nothing: refused, whoever builds it
+    # (sweep, tune and calibrate as well as sim run)
+    for setting in ({"host_speed": 0.5}, {"api_server_count": 2}, {"api_overhead_s": 0.003}):
+        with pytest.raises(ValueError, match="offline run has none"):
+            Engine(dataclasses.replace(BASE, offline=True, **setting))  # type: ignore[arg-type]
+    Engine(dataclasses.replace(BASE, offline=True, api_overhead_s=0.0))  # (what an offline run records)
     p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--rate", "inf", "-n", "2", "--host-speed", "2"],
                        capture_output=True, text=True, timeout=120, check=False)
     assert p.returncode == 2 and "offline run has none" in p.stderr

@@ -150,3 +150,24 @@ def test_an_eager_engine_fits_the_eager_step_cost(measured: tuple[list[str], lis
     eager = EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", gpu="L40S", max_num_batched_tokens=2048, enforce_eager=True)
     fit = calibrate(eager, [read_run(measured[0][0])], (), FIT, max_evaluations=1)
     assert set(fit.constants) == {"gemm_compute", "cpu_step_eager_s", "api_overhead_s"}
+
+
+def test_a_stated_latency_goes_into_the_twin_and_a_different_one_is_refused_with_it(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """``--api-latency-ms`` with a fit that leaves the latency out: the twin file keeps
+    it, so ``sim run --efficiencies`` predicts what the fit saw; stating another latency
+    beside a file that sets one is refused (its band measured the file's)."""
+    fit_dirs, _ = measured
+    eff = tmp_path / "twin.json"
+    res = CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, *fit_dirs, "--fit", "gemm_compute,cpu_step_s",
+                                    "--api-latency-ms", "12", "--max-evaluations", "60", "-o", str(eff)])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(eff.read_text())["api_overhead_s"] == pytest.approx(0.012)
+    run = ["sim", "run", *ENGINE, "-c", "1", "-n", "4", "--input-tokens", "128", "--output-tokens", "8", "--json"]
+    with_file = CliRunner().invoke(main, [*run, "--efficiencies", str(eff)])
+    stated = CliRunner().invoke(main, [*run, "--efficiencies", str(eff), "--api-latency-ms", "12"])
+    assert with_file.exit_code == 0 and stated.exit_code == 0, with_file.stderr + stated.stderr
+    assert json.loads(with_file.stdout)["config"]["engine"]["api_overhead_s"] == pytest.approx(0.012)
+    other = CliRunner().invoke(main, [*run, "--efficiencies", str(eff), "--api-latency-ms", "3"])
+    assert other.exit_code == 2 and "sets it" in other.stderr

@@ -7,6 +7,7 @@ and fills the switches left to the engine family. Sizes are resolved after, from
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from inferlab._errors import ConfigError, UsageError
@@ -19,7 +20,12 @@ from inferlab.sim.engine.hardware import (
     resolve_gpu,
     resolve_model,
 )
-from inferlab.sim.engine.steptime import Efficiencies, check_tensor_parallel, load_efficiencies
+from inferlab.sim.engine.steptime import (
+    Efficiencies,
+    check_tensor_parallel,
+    efficiencies_json,
+    load_efficiencies,
+)
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,12 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     path = config.efficiencies_path
     eff = load_efficiencies(path, rules.efficiencies) if path else rules.efficiencies
     _validate_flags(config, model.max_position_embeddings)
+    file_latency = efficiencies_json(path).get("api_overhead_s") if path else None
+    if file_latency is not None and config.api_overhead_s is not None and float(file_latency) != config.api_overhead_s:
+        raise ConfigError(
+            f"api_overhead_s: the efficiencies file {path} sets it (a calibrated twin's is part of what its error band "
+            "measured); drop --api-latency-ms, or edit the file"
+        )
     if config.num_scheduler_steps > 1 and not rules.multi_step:  # (it would simulate groups the engine has not)
         raise ConfigError(
             f"num_scheduler_steps {config.num_scheduler_steps}: {rules.engine} has no multi-step scheduling "
@@ -198,10 +210,19 @@ def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
             raise ConfigError(f"{name} must be at least 1")
     if config.api_server_count < 1:
         raise ConfigError("api_server_count must be at least 1")
-    if not config.host_speed > 0:
+    if not config.host_speed > 0:  # (inf: a front end whose CPU costs nothing; nan refused)
         raise ConfigError("host_speed must be positive")
-    if config.api_overhead_s is not None and config.api_overhead_s < 0:
-        raise ConfigError("api_overhead_s must not be negative")
+    if config.api_overhead_s is not None and not 0 <= config.api_overhead_s < math.inf:
+        raise ConfigError("api_overhead_s (--api-latency-ms) must be a number, 0 or more")
+    # an offline run (vLLM's LLM class) has no API server: its settings would change nothing
+    # (but none: no latency, an infinitely fast front end, which is what offline is)
+    if config.offline and (
+        config.api_server_count != 1 or config.host_speed not in (1.0, math.inf) or config.api_overhead_s
+    ):
+        raise ConfigError(
+            "api_server_count, host_speed and api_overhead_s (--api-server-count, --host-speed, --api-latency-ms) "
+            "set the API front end, and an offline run has none (drop them, or serve the run: --served)"
+        )
     if config.max_model_len is not None and config.max_model_len > max_position_embeddings:
         raise ConfigError(
             f"User-specified max_model_len ({config.max_model_len}) is greater than the "

@@ -7,8 +7,9 @@ validation, chat template, tokenization: a fixed cost plus a cost per prompt tok
 token and writing its SSE chunk: a cost per step plus a cost per streamed token). Both queue for the same CPU, first come first served, so a burst waits
 at the door and many streams slow every stream's delivery, while the engine core keeps
 stepping at GPU speed. ``--api-server-count N`` runs N such servers; requests go to the
-first free one and streaming work is shared evenly (the per-step cost is every server's:
-each takes the step's outputs for its own streams). ``--host-speed F`` divides every CPU
+first free one and streaming work is shared evenly (the per-step cost is paid by each
+server that streams some of the step's tokens: every server, unless a step emits fewer
+tokens than there are servers). ``--host-speed F`` divides every CPU
 cost by F (1.0: the typical host the family's constants were fitted on; 2.0: a host
 twice as fast). A fixed latency per request (``api_overhead_s``: IPC and HTTP round
 trips, not CPU on this queue) comes on top.
@@ -79,8 +80,10 @@ class FrontEnd:
         per_token, per_step = self.costs.stream_per_token_s, self.costs.stream_per_step_s
         if not (per_token or per_step) or tokens <= 0:
             return end_s
-        # the tokens shared evenly; each server takes the step's outputs for its streams
-        share = (tokens * per_token / self.servers + per_step) / self.host_speed
+        # the tokens shared evenly; each server with a stream among them takes the step's
+        # outputs for its streams (vLLM sends a step's outputs only to those): with fewer
+        # tokens than servers, that many servers' per-step cost, shared evenly too
+        share = (tokens * per_token + min(tokens, self.servers) * per_step) / self.servers / self.host_speed
         free = self._free_s
         for k in range(self.servers):
             free[k] = max(free[k], end_s) + share

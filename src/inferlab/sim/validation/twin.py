@@ -269,7 +269,9 @@ def write_efficiencies(path: str, engine: EngineConfig, fit: Fit) -> None:
     twin predicts, on that server only."""
     with open(path, "w", encoding="utf-8") as f:
         record = {**calibration_record(fit), "served_by": served_by(engine)}
-        json.dump({**_overridden(engine), **fit.constants, CALIBRATION_KEY: record}, f, indent=2)
+        # a latency stated with --api-latency-ms (not fitted) is part of the twin too
+        stated = {} if engine.api_overhead_s is None else {"api_overhead_s": engine.api_overhead_s}
+        json.dump({**_overridden(engine), **stated, **fit.constants, CALIBRATION_KEY: record}, f, indent=2)
         f.write("\n")
 
 
