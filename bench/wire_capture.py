@@ -13,7 +13,8 @@ How: a capture process (``python bench/wire_capture.py capture --port P --out F`
 needs root: an ``AF_PACKET`` socket, and a receive buffer past ``rmem_max``) reads the
 packets to and from port P that ``lo`` receives (a socket filter drops the rest in the
 kernel, the copies loopback shows as sent among them) with the kernel's receive time
-(``SO_TIMESTAMPNS``, the wall clock) and keeps those with a TCP payload, reading what is
+(``SO_TIMESTAMPNS``, the wall clock, put on the monotonic clock as it reads each) and
+keeps those with a TCP payload, reading what is
 still queued when told to stop; it exits 1 if the kernel dropped a packet or one was cut
 short. Afterwards, ``match`` rebuilds each connection's two byte streams, parses the
 responses with httptools and inferlab's own reader (the packet that completed the first
@@ -47,6 +48,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,11 +96,40 @@ def _filter(port: int) -> bytes:
     return b"".join(struct.pack("HBBI", *ins) for ins in prog)
 
 
+class _WallToMonotonic:
+    """The wall clock's lead over the monotonic clock, measured again every 100 ms: the
+    kernel stamps packets on the wall clock, the records are on the monotonic one, and a
+    step of the wall clock during a run (the host setting the time) would otherwise move
+    every packet after it against every record. Each measurement is the best of a few
+    bracketed reads (wall between two monotonic reads, the closest pair): a read preempted
+    between its two calls, tens of µs here, would move every packet until the next."""
+
+    def __init__(self) -> None:
+        self._at = -(10**18)
+        self.lead_ns = 0
+
+    def now(self) -> int:
+        mono = time.monotonic_ns()
+        if mono - self._at > 100_000_000:
+            best = None
+            for _ in range(5):
+                m1 = time.monotonic_ns()
+                wall = time.time_ns()
+                m2 = time.monotonic_ns()
+                if best is None or m2 - m1 < best[0]:
+                    best = (m2 - m1, wall - (m1 + m2) // 2)
+            assert best is not None
+            self._at, self.lead_ns = mono, best[1]
+        return self.lead_ns
+
+
 def _packet(
-    data: bytes, anc: list[tuple[int, int, bytes]]
+    data: bytes, anc: list[tuple[int, int, bytes]], lead_ns: int = 0
 ) -> tuple[int, int, int, int, bytes] | None:
-    """(kernel ns, source port, destination port, sequence number, payload) of one
-    captured frame; None for one with no TCP payload (an ACK, SYN or FIN)."""
+    """(kernel ns, on the monotonic clock, source port, destination port, sequence number,
+    payload) of one captured frame; None for one with no TCP payload (an ACK, SYN or FIN).
+    The kernel stamps on the wall clock; ``lead_ns`` (``_WallToMonotonic``) puts it on
+    the monotonic clock the records use."""
     if len(data) < 14 + 20 + 20 or data[12:14] != b"\x08\x00" or data[23] != 6:
         return None  # (the filter passes nothing else; checked all the same)
     tcp = 14 + (data[14] & 15) * 4
@@ -109,7 +140,7 @@ def _packet(
     for _, kind, raw in anc:
         if kind == SO_TIMESTAMPNS:
             sec, nsec = struct.unpack("qq", raw[:16])
-            return sec * 1_000_000_000 + nsec, sport, dport, seq, data[off:]
+            return sec * 1_000_000_000 + nsec - lead_ns, sport, dport, seq, data[off:]
     raise RuntimeError("a captured packet came without the kernel's timestamp")
 
 
@@ -136,6 +167,7 @@ def capture(port: int, out: Path) -> int:
     s.settimeout(0.2)
     print("capturing", flush=True)
     packets: list[tuple[int, int, int, int, bytes]] = []  # (ns, sport, dport, seq, payload)
+    clocks = _WallToMonotonic()
     truncated = 0  # frames longer than the read (the filter passes up to 256 KiB)
     while not stop:
         try:
@@ -143,7 +175,7 @@ def capture(port: int, out: Path) -> int:
         except (TimeoutError, InterruptedError):
             continue
         truncated += bool(flags & socket.MSG_TRUNC)
-        if (pkt := _packet(data, anc)) is not None:
+        if (pkt := _packet(data, anc, clocks.now())) is not None:
             packets.append(pkt)
     seen, dropped = struct.unpack("II", s.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
     s.setblocking(False)
@@ -155,7 +187,7 @@ def capture(port: int, out: Path) -> int:
         except InterruptedError:
             continue
         truncated += bool(flags & socket.MSG_TRUNC)
-        if (pkt := _packet(data, anc)) is not None:
+        if (pkt := _packet(data, anc, clocks.now())) is not None:
             packets.append(pkt)
     with open(out, "wb") as f:
         pickle.dump(
