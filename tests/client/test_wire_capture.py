@@ -50,7 +50,7 @@ def test_every_request_is_joined_to_its_packets_and_the_client_stamps_after_they
     packets, not its neighbour's (their gaps would then differ by a whole request)."""
     records, got = run_captured(tmp_path, concurrency, n, output_tokens=8 if concurrency > 1 else 2)
     # (what the join saw, should it fail: one clean-clone run of 11 joined 14 of 80 at one
-    # stream, not reproduced since in 45 runs, 25 of them beside three busy loops)
+    # stream, not reproduced since in 50 runs, 33 of them beside two or three busy loops)
     seen = {k: got[k] for k in ("joined", "records", "responses", "packets", "offset_spread_ms", "unjoined")}
     assert got["joined"] == got["records"] == len(records) == n, seen
     spread = got["offset_spread_ms"]
