@@ -171,3 +171,11 @@ def test_a_stated_latency_goes_into_the_twin_and_a_different_one_is_refused_with
     assert json.loads(with_file.stdout)["config"]["engine"]["api_overhead_s"] == pytest.approx(0.012)
     other = CliRunner().invoke(main, [*run, "--efficiencies", str(eff), "--api-latency-ms", "3"])
     assert other.exit_code == 2 and "sets it" in other.stderr
+    # an offline run of the twin records latency 0 (no API server): its replay takes the
+    # file and that 0 without a conflict
+    off = tmp_path / "offline"
+    res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-n", "4", "--rate", "inf", "--input-tokens", "128",
+                                    "--output-tokens", "8", "--efficiencies", str(eff), "-o", str(off)])
+    assert res.exit_code == 0, res.stderr
+    again = CliRunner().invoke(main, ["sim", "run", "--trace", str(off / "requests.jsonl"), "--offline", "--json"])
+    assert again.exit_code == 0, again.stderr

@@ -128,7 +128,8 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     path = config.efficiencies_path
     eff = load_efficiencies(path, rules.efficiencies) if path else rules.efficiencies
     _validate_flags(config, model.max_position_embeddings)
-    file_latency = efficiencies_json(path).get("api_overhead_s") if path else None
+    # (offline there is no latency to speak of: an offline run records 0, whatever the file)
+    file_latency = efficiencies_json(path).get("api_overhead_s") if path and not config.offline else None
     if file_latency is not None and config.api_overhead_s is not None and float(file_latency) != config.api_overhead_s:
         raise ConfigError(
             f"api_overhead_s: the efficiencies file {path} sets it (a calibrated twin's is part of what its error band "
