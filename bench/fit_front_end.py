@@ -68,6 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         results.append((score, latency))
         cells = ", ".join(f"{cls} {m:.1f}% ({n})" for cls, (m, n, _) in medians.items())
         print(f"latency {latency * 1e3:5.1f} ms: mean {score:5.1f}%  {cells}", flush=True)
+        # the hosts apart: each source's TTFT, signed (median over its rows)
+        by_source: dict[str, dict[str, list[float]]] = {}
+        for c in online:
+            if c.metric_class == "TTFT":
+                by_source.setdefault(c.scenario.source_id, {}).setdefault(c.scenario.row_id, []).append(c.error_pct)
+        hosts = ", ".join(f"{s} {statistics.median(statistics.fmean(v) for v in rows.values()):+.0f}%"
+                          for s, rows in sorted(by_source.items()))
+        print(f"{'':20}TTFT per source, signed: {hosts}", flush=True)
     e = base.efficiencies
     print(f"\nCPU costs held (measured): intake {e.api_intake_s * 1e3:g} ms + {e.api_intake_per_token_s * 1e6:g} us "
           f"a prompt token, streaming {e.api_stream_s * 1e6:g} us a token + {e.api_stream_per_step_s * 1e6:g} us a step")
