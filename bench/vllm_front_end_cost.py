@@ -1,5 +1,5 @@
-"""vLLM V1's API server CPU per request, per prompt token and per streamed token,
-measured on vLLM's own code: its CPU build (installed once per machine, as the opt-in
+"""vLLM V1's API server CPU per request, per prompt token, per streamed token and per
+engine step, and what it adds to TTFT outside the engine core, measured on vLLM's own code: its CPU build (installed once per machine, as the opt-in
 ``-m vllm`` tests do) serving the tiny generated model.
 
     python bench/vllm_front_end_cost.py [--rounds 2] [--requests 300] [--out DIR]
@@ -26,14 +26,18 @@ timers) is measured for a few seconds before each round and taken off each run's
 tokens``; ``short``, ``long`` and ``stream`` give ``a``, ``b`` and ``c`` (three equations),
 ``chat`` the template's cost on top of ``a``; ``stream`` and ``stream-wide`` split ``c``
 into a cost per token and one per engine step, each step emitting a token per stream
-(the closed loops run whole waves: every request count is a multiple of its streams). The prompts are text the client made of
-exactly that many tokens of the tiny model's tokenizer (a byte-level BPE of 8,192
-tokens, trained as real ones are), so tokenization does the work it does for real text.
+(the streaming runs go in whole waves: their request counts are multiples of their
+streams). The prompts are text the client made of exactly that many tokens of the tiny
+model's tokenizer (a byte-level BPE of 8,192 tokens, trained as real ones are), so
+tokenization does the work it does for real text. Last in each round, one stream of
+16-token prompts and one token out: the client's mean TTFT less vLLM's own queue +
+prefill time (its ``/metrics`` histograms, from the engine core's timestamps) is what a
+request spends outside the engine core.
 
 What it cannot say: this machine (a shared 2-core VM; the engine's CPU worker spins on
 a core) is not a GPU server's host, so the numbers are this host's. The ratios between
-the three costs, and their size against the simulator's fitted constants, are what
-carry; `--host-speed` in ``sim run`` scales all three together.
+the costs, and their size against the simulator's, are what carry; ``--host-speed`` in
+``sim run`` scales all four together.
 """
 
 from __future__ import annotations
@@ -158,7 +162,7 @@ def solve(short: Measured, long: Measured, stream: Measured) -> tuple[float, flo
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rounds", type=int, default=2, help="rounds of the four runs (default 2)")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of the six runs (default 2)")
     p.add_argument("--requests", type=int, default=300, help="requests per run without long output (default 300)")
     p.add_argument("--long-tokens", type=int, default=1024, help="prompt tokens of the long run (default 1024)")
     p.add_argument("--stream-tokens", type=int, default=256, help="streamed tokens of the stream run (default 256)")

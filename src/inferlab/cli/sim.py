@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,6 @@ from inferlab.cli.common import (
 )
 from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.run import RunResult
-from inferlab.load.schedules import OpenLoop
 from inferlab.report.console import render_summary
 from inferlab.results.provenance import GATEWAY, PREDICTION, server_info, simulated_engine
 from inferlab.results.runfiles import dumps
@@ -295,17 +293,8 @@ def _sim_run(kw: dict[str, Any]) -> int:
     if kw["replicas"] == 1 and given("router"):
         raise UsageError("--router chooses among --replicas: give --replicas N (2 or more)")
     target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"], kw["replicas"], kw["router"], admission_config(kw))
-    s = config.load.schedule
-    offline = kw["offline"] if kw["offline"] is not None else (
-        isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
-    )
-    if offline and (
-        target.engine.api_server_count != 1 or target.engine.host_speed != 1.0 or target.engine.api_overhead_s
-    ):
-        raise UsageError(
-            "--api-server-count, --host-speed and --api-latency-ms set the API front end, and an offline run has none "
-            "(drop them, or serve the run: --served)"
-        )
+    # (front-end settings on an offline run are refused where every engine is checked:
+    # ``sim.engine.config``, for sweep, tune and calibrate alike)
 
     async def main_async() -> RunResult:
         stop = asyncio.Event()

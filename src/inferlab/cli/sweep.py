@@ -126,14 +126,17 @@ def _sweep_params() -> list[click.Parameter]:
     return params + _params(http_options)
 
 
+_ENGINE_PARAMS = _params(engine_options(RUN_DEFAULTS))
 #: engine flags: refused with --url
-ENGINE_FLAGS = tuple(p.name or "" for p in _params(engine_options(RUN_DEFAULTS)))
+ENGINE_FLAGS = tuple(p.name or "" for p in _ENGINE_PARAMS)
 #: an engine flag's name on the command line (``api_overhead_s`` is ``--api-latency-ms``)
-_FLAG_OF = {p.name or "": p.opts[0] for p in _params(engine_options(RUN_DEFAULTS))}
+_FLAG_OF = {p.name or "": p.opts[0] for p in _ENGINE_PARAMS}
 
 
 def _flag(name: str) -> str:
     return _FLAG_OF.get(name) or "--" + name.replace("_", "-")
+
+
 #: engine flags that name a setting of an engine config: with --engine they set it (a
 #: comma list: an axis, the engine restarted per value); the others are refused
 SPEC_FLAGS = tuple(n for n in ENGINE_FLAGS if n in {f.name for f in dataclasses.fields(EngineSpec)} - FIXED_SETTINGS)

@@ -4,14 +4,13 @@ A serving engine's API server (vLLM V1's ``AsyncLLM`` process, SGLang's tokenize
 detokenizer managers) does two kinds of CPU work on one event loop: **intake** (HTTP,
 validation, chat template, tokenization: a fixed cost plus a cost per prompt token) and
 **streaming** (taking each engine step's outputs, then detokenizing every generated
-token and writing its SSE chunk: a cost per step plus a cost per streamed token). Both queue for the same CPU, first come first served, so a burst waits
-at the door and many streams slow every stream's delivery, while the engine core keeps
-stepping at GPU speed. ``--api-server-count N`` runs N such servers; requests go to the
+token and writing its SSE chunk: a cost per step plus a cost per streamed token). Both
+queue for the same CPU, first come first served, so a burst waits at the door and many
+streams slow every stream's delivery, while the engine core keeps stepping at GPU speed. ``--api-server-count N`` runs N such servers; requests go to the
 first free one and streaming work is shared evenly (the per-step cost is paid by each
 server that streams some of the step's tokens: every server, unless a step emits fewer
 tokens than there are servers). ``--host-speed F`` divides every CPU
-cost by F (1.0: the typical host the family's constants were fitted on; 2.0: a host
-twice as fast). A fixed latency per request (``api_overhead_s``: IPC and HTTP round
+cost by F (1.0: the typical host the family's costs are for; 2.0: a host twice as fast). A fixed latency per request (``api_overhead_s``: IPC and HTTP round
 trips, not CPU on this queue) comes on top.
 
 ``FrontEnd`` is a clock, not a process: ``admit`` says when a request arriving at
