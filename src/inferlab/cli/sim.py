@@ -105,6 +105,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--num-scheduler-steps", type=int, default=1, show_default=True, help="vLLM 0.6 multi-step scheduling (--engine-family vllm-v0 or vllm-v0.5; refused for the others): a decode batch runs this many steps before the scheduler runs again; new requests wait for the group to end."),
         click.option("--overlap-schedule/--no-overlap-schedule", default=None, show_default="the family's: on for sglang", help="The host schedules the next step while the GPU runs this one (SGLang's overlap scheduler, vLLM's --async-scheduling): a request arriving mid-step waits one step more."),
         click.option("--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl", default=None, show_default="the family's: on for vllm (as vLLM 0.32)", help="Admit a waiting or preempted request only when free KV blocks hold its whole current sequence, not just its first chunk (vLLM's flag)."),
+        click.option("--reserve-outputs/--no-reserve-outputs", default=None, show_default="the family's: on for sglang", help="SGLang's admission: a waiting request is admitted only while free KV blocks hold its prompt and its whole output (up to 4,096 tokens) beyond what the running requests are estimated to generate (SGLang's new_token_ratio, which falls with each decode step and rises after a preemption); off: the prompt alone, as vLLM."),
         click.option("--evict-unhashed-first/--no-evict-unhashed-first", default=None, show_default="the family's: on for vllm (as vLLM 0.24 on)", help="A freed KV block without a prefix hash (a partly filled tail) goes to the front of the free queue, reused before cached blocks; off: every freed block goes to the back."),
         click.option("--num-gpu-blocks-override", type=click.IntRange(min=1), default=None, help="KV cache of exactly N blocks instead of what memory holds, as vLLM's flag: the vllm family keeps one as its null block (N - 1 hold tokens)."),
         click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
@@ -427,6 +428,7 @@ def engine_line(engine: Engine) -> str:
         *([] if lim.mixed_batches else ["prefill and decode steps apart"]),
         *([f"{lim.num_scheduler_steps} decode steps per schedule"] if lim.num_scheduler_steps > 1 else []),
         *(["overlap scheduling"] if e.overlap_schedule else []),
+        *(["outputs reserved at admission"] if e.reserve_outputs else []),
         *_family_switches_changed(engine),
         f"{lim.max_num_seqs:,} seqs",
         f"KV {engine.kv_capacity_tokens:,} tokens" + (

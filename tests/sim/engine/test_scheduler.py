@@ -217,3 +217,96 @@ def test_multi_step_groups_run_decodes_only_and_admit_nothing(cls: type[Schedule
         seen.append(([r.request_id for r in batch.requests], batch.continuation))
     # b, ready, waits for the group's end
     assert seen == [(["a"], True), (["a"], True), (["a", "b"], False)]
+
+
+# --- SGLang's admission (``reserve_outputs``) -------------------------------------------
+
+
+def sglang(cls: type[Scheduler], num_tokens: int) -> Scheduler:
+    """SGLang's way: prefill and decode steps apart, outputs reserved at admission; a
+    KV cache of ``num_tokens`` one-token blocks (no prefix caching)."""
+    config = SchedulerConfig(8192, 4096, 20_000, mixed_batches=False, reserve_outputs=True)
+    return cls(config, KVCacheManager(num_tokens, 1, False))
+
+
+def plain(rid: str, n_in: int, n_out: int, ready_s: float = 0.0) -> Request:
+    return Request(rid, n_in, n_out, [], 0, ready_s)
+
+
+def test_sglang_admission_reserves_a_new_requests_whole_output(cls: type[Scheduler]) -> None:
+    s = sglang(cls, 100)
+    s.add(plain("a", 10, 50))
+    s.add(plain("b", 10, 50))
+    batch, _, _ = step(s)
+    # a: 10 + 50 of 100 tokens; b would need 60 of the 40 left
+    assert [r.request_id for r in batch.admitted] == ["a"]
+    # vLLM's admission looks at the prompt alone: both
+    vllm = cls(SchedulerConfig(8192, 4096, 20_000, mixed_batches=False), KVCacheManager(100, 1, False))
+    vllm.add(plain("a", 10, 50))
+    vllm.add(plain("b", 10, 50))
+    assert [r.request_id for r in step(vllm)[0].admitted] == ["a", "b"]
+
+
+def test_sglang_admission_waits_for_a_running_request_to_leave(cls: type[Scheduler]) -> None:
+    """Once a request does not fit, none is admitted until one finishes, even when the
+    falling estimate would make room (SGLang's ``batch_is_full``)."""
+    s = sglang(cls, 3000)
+    s.add(plain("a", 10, 2000))
+    s.add(plain("b", 10, 1000))
+    ratios = []
+    for k in range(1, 2002):
+        batch, _, finished = step(s, now_s=k)
+        ratios.append(s.new_token_ratio)
+        if k == 1:
+            assert [r.request_id for r in batch.admitted] == ["a"]  # b: 1,010 of 990 left
+        elif k <= 2000:
+            # from step 601 on the estimate is at its floor: 3,000 - 610 free less 0.098
+            # of a's 1,400 left holds b's 1,010, and b still waits
+            assert batch.admitted == [] and batch.decode_tokens == 1, k
+        else:
+            assert [r.request_id for r in batch.admitted] == ["b"]
+        if k == 2000:
+            assert [r.request_id for r in finished] == ["a"]
+    # a prefill step leaves the estimate; each decode step lowers it by a 600th of the
+    # way from 0.7 to 0.098, where it stays
+    assert ratios[0] == 0.7 and abs(ratios[300] - (0.7 - 300 * 0.602 / 600)) < 1e-9
+    assert ratios[599] > ratios[600] == ratios[1998] == pytest.approx(0.098)
+
+
+def test_sglang_preemption_sets_the_estimate_from_progress(cls: type[Scheduler]) -> None:
+    """b is admitted on an estimate that has fallen to 0.2 of a's tokens left; a outgrows
+    it and b is preempted; the estimate becomes a's progress, (790 generated + 20) of
+    1,000 (+1), on which b (301 tokens to recompute, 109 to generate) waits for a."""
+    s = sglang(cls, 1100)
+    s.add(plain("a", 10, 1000))
+    s.add(plain("b", 10, 400, ready_s=500))
+    preempted_at = a_done = b_back = None
+    for k in range(1, 1200):
+        batch, _, finished = step(s, now_s=k)
+        if k == 500:  # 1,100 - 508 free less 0.2 of a's 501 left: room for b's 410
+            assert [r.request_id for r in batch.admitted] == ["b"]
+            assert s.new_token_ratio == pytest.approx(0.7 - 498 * 0.602 / 600)
+        if batch.preempted:
+            assert preempted_at is None and [r.request_id for r in batch.preempted] == ["b"]
+            preempted_at = k
+            assert s.new_token_ratio == pytest.approx(810 / 1001)
+        if [r.request_id for r in finished] == ["a"]:
+            a_done = k
+        if k > 500 and batch.admitted:
+            assert b_back is None and [r.request_id for r in batch.admitted] == ["b"]
+            b_back = k
+    # after step 791 a holds 508 + 291 tokens and b 301, the whole cache: a's next one
+    # preempts b
+    assert preempted_at == 792
+    assert a_done is not None and b_back == a_done + 1
+    assert not s.has_work()
+
+
+def test_sglang_estimate_resets_when_the_engine_is_idle(cls: type[Scheduler]) -> None:
+    s = sglang(cls, 1000)
+    s.add(plain("a", 10, 20))
+    for _ in range(20):
+        step(s)
+    assert not s.has_work() and s.new_token_ratio < 0.7
+    batch, _, _ = step(s)
+    assert batch.num_seqs == 0 and s.new_token_ratio == 0.7

@@ -117,7 +117,7 @@ def random_workload(rng: random.Random, max_len: int) -> list[tuple[float, list[
     return out
 
 
-def run_side_by_side(seed: int) -> Counter[str]:
+def run_side_by_side(seed: int, reserve_outputs: bool | None = None) -> Counter[str]:
     """One random workload through the reference and the steady scheduler in lock step
     (``lazy`` set at random per step, as the engine sets it); asserts they agree after
     every call. Returns counts of what the steady scheduler met (``seen``)."""
@@ -128,6 +128,10 @@ def run_side_by_side(seed: int) -> Counter[str]:
     aux = random.Random(-1 - seed)
     config = dataclasses.replace(config, reserve_full_sequence=aux.random() < 0.5)
     unhashed_first = aux.random() < 0.5
+    # SGLang's output-reserving admission, on or off (drawn apart again)
+    if reserve_outputs is None:
+        reserve_outputs = random.Random(-100_000 - seed).random() < 0.5
+    config = dataclasses.replace(config, reserve_outputs=reserve_outputs)
     # the plain reference throughout against the engine's pair
     ref = Scheduler(config, BlockManager(num_blocks, bs, caching, unhashed_first))
     fast = SteadyScheduler(config, KVCacheManager(num_blocks, bs, caching, unhashed_first))
@@ -164,6 +168,8 @@ def run_side_by_side(seed: int) -> Counter[str]:
         batches = [s.schedule(now) for s in scheds]
         seen["steady"] += batches[1].steady
         seen["steady_preempted"] += sum(r in blocks for r in batches[1].preempted)
+        seen["preempted"] += len(batches[1].preempted)
+        assert fast.new_token_ratio == ref.new_token_ratio, (seed, steps)
         seen["steady_new_block"] += sum(r.steady_tick >= 0 and len(r.block_ids) > blocks[r] for r in blocks)
         got = [full_batch(s, b) for s, b in zip(scheds, batches, strict=True)]
         assert got[1] == got[0], (seed, steps)
@@ -214,7 +220,22 @@ def test_steady_scheduler_runs_the_reference_steps(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(SteadyScheduler, "wake_all", counted_wake_all)
     for seed in range(150):
         seen += run_side_by_side(seed)
-    assert len(seen) == 4 and min(seen.values()) > 20, seen
+    assert len(seen) == 5 and min(seen.values()) > 20, seen
+
+
+def test_steady_scheduler_runs_the_reference_steps_reserving_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's admission (``reserve_outputs``) with an estimate that falls fast and low,
+    so that requests outgrow it and are preempted: the same steps, estimate included,
+    with steady decodes read from their sums."""
+    import inferlab.sim.engine.scheduler as scheduler
+
+    monkeypatch.setattr(scheduler, "NEW_TOKEN_RATIO_INIT", 0.1)
+    monkeypatch.setattr(scheduler, "NEW_TOKEN_RATIO_MIN", 0.0)
+    monkeypatch.setattr(scheduler, "NEW_TOKEN_RATIO_DECAY", 0.02)
+    seen: Counter[str] = Counter()
+    for seed in range(150):
+        seen += run_side_by_side(seed, reserve_outputs=True)
+    assert seen["preempted"] > 30 and seen["steady_preempted"] > 20 and seen["steady"] > 1000, seen
 
 
 class _Plain(Scheduler):
@@ -258,6 +279,7 @@ def _random_engine_run(seed: int, scheduler: str) -> tuple[Any, ...]:
     config = dataclasses.replace(
         config, scheduler_reserve_full_isl=aux.choice([None, True, False]),
         evict_unhashed_first=aux.choice([None, True, False]),
+        reserve_outputs=random.Random(-100_000 - seed).choice([None, True, False]),
     )
     engine = Engine(config, record_token_times=True)
     engine.steady_decodes = scheduler == "steady"

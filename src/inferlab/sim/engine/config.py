@@ -81,6 +81,10 @@ class EngineConfig:
     # vLLM's --scheduler-reserve-full-isl: a waiting or preempted request is admitted only
     # when free KV blocks hold its whole current sequence. None: the family's (on for vllm)
     scheduler_reserve_full_isl: bool | None = None
+    # SGLang's admission: a waiting request is admitted only while free KV blocks hold its
+    # prompt and output beyond the running requests' estimated outputs (its
+    # new_token_ratio). None: the family's (on for sglang)
+    reserve_outputs: bool | None = None
     # a freed KV block without a prefix hash (a partly filled tail) goes to the front of
     # the free queue, reused before cached blocks (vLLM from 0.24). None: the family's
     evict_unhashed_first: bool | None = None
@@ -179,8 +183,8 @@ def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> Eng
 
 def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len: int) -> EngineConfig:
     """``config`` with the on/off switches it leaves open (chunked prefill, prefix
-    caching, mixed batches, overlap scheduling, full-sequence admission, free-queue
-    order) set to its engine family's defaults."""
+    caching, mixed batches, overlap scheduling, full-sequence admission, output-reserving admission,
+    free-queue order) set to its engine family's defaults."""
     chunked = _given_or(config.enable_chunked_prefill, rules.chunked_prefill_default(declared_len))
     return dataclasses.replace(
         config,
@@ -189,6 +193,7 @@ def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len
         mixed_batches=_given_or(config.mixed_batches, rules.mixes_batches(chunked)),
         overlap_schedule=_given_or(config.overlap_schedule, rules.overlap_schedule),
         scheduler_reserve_full_isl=_given_or(config.scheduler_reserve_full_isl, rules.reserve_full_sequence),
+        reserve_outputs=_given_or(config.reserve_outputs, rules.reserve_outputs),
         evict_unhashed_first=_given_or(config.evict_unhashed_first, rules.evict_unhashed_first),
     )
 

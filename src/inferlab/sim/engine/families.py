@@ -106,6 +106,11 @@ class FamilyRules:
     # vLLM 0.32's --scheduler-reserve-full-isl default: a waiting or preempted request is
     # admitted only when free blocks hold its whole current sequence
     reserve_full_sequence: bool = False
+    # SGLang's admission (``scheduler.SchedulerConfig.reserve_outputs``): a waiting
+    # request is admitted only while free blocks hold its prompt and output beyond the
+    # running requests' estimated outputs (``new_token_ratio``), and a retraction raises
+    # the estimate
+    reserve_outputs: bool = False
     # vLLM's free queue (0.24 on): a freed block without a hash (the partly filled tail)
     # goes to the front, to be reused first; hashed ones to the back (LRU)
     evict_unhashed_first: bool = False
@@ -258,6 +263,7 @@ FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
         # step is seen one step later
         overlap_schedule=True,
         overlap_schedule_since=(0, 4),
+        reserve_outputs=True,
         front_end_in_process=False,
         kv_free_fraction=None,
         # The overlap scheduler hides most host work behind the GPU step; low-load TTFTs

@@ -24,6 +24,18 @@ The policy, step by step:
   prefills or decodes. Whenever a prompt (or its next chunk) can be scheduled, the step
   runs prefill work only (unfinished prompts first, then waiting requests) and every
   running decode waits for it.
+- ``reserve_outputs`` (SGLang): a waiting request is admitted only while the free
+  blocks hold more than its prompt and its whole output (at most ``CLIP_NEW_TOKENS``)
+  beyond an estimate of what the running requests will still generate: each one's
+  tokens left (clipped the same way) times ``new_token_ratio``. The ratio starts at
+  0.7, falls by a 600th of the way to 0.098 each decode step, and after a preemption is
+  set to the running requests' progress, (tokens generated + 20 each) / their output
+  lengths; an idle engine resets it. A request that does not fit stops admission until
+  a running request finishes or leaves (SGLang's ``batch_is_full``). What is left out:
+  SGLang picks the request with the fewest tokens generated to retract (here, as
+  for vLLM, the most recently admitted: the same one under first come first served)
+  and retracts until 20 steps of decodes fit; a prompt being chunked counts here as
+  running, where SGLang reserves nothing for its output until its last chunk.
 - ``num_scheduler_steps > 1`` (vLLM 0.5.5-0.7 multi-step): a decode-only batch is followed
   by that many steps less one over the running requests without admitting anyone.
 
@@ -34,11 +46,21 @@ step for step against this class.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 _READY_SLACK_S = 1e-9  # absorbs float rounding when a clock lands exactly on a ready time
+
+# SGLang's output estimate (``SchedulerConfig.reserve_outputs``), its defaults from 0.4
+# on (``SGLANG_INIT_NEW_TOKEN_RATIO``, ``..._MIN_NEW_TOKEN_RATIO_FACTOR``,
+# ``..._NEW_TOKEN_RATIO_DECAY_STEPS``, ``..._CLIP_MAX_NEW_TOKENS_ESTIMATION``,
+# ``..._RETRACT_DECODE_STEPS``; ``--schedule-conservativeness`` 1)
+NEW_TOKEN_RATIO_INIT = 0.7
+NEW_TOKEN_RATIO_MIN = NEW_TOKEN_RATIO_INIT * 0.14
+NEW_TOKEN_RATIO_DECAY = (NEW_TOKEN_RATIO_INIT - NEW_TOKEN_RATIO_MIN) / 600
+CLIP_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20
 
 
 class Request:
@@ -101,6 +123,8 @@ class KVCache(Protocol):
     num_blocks: int
     block_size: int
 
+    @property
+    def num_free_blocks(self) -> int: ...  # (cached ones not held by a request included)
     def lookup(self, req: Request) -> list[int]: ...
     def can_allocate(self, req: Request, num_tokens: int, cached: Sequence[int] = ()) -> bool: ...
     def allocate(self, req: Request, num_tokens: int, cached: Sequence[int] = ()) -> bool: ...
@@ -122,6 +146,9 @@ class SchedulerConfig:
     # vLLM's --scheduler-reserve-full-isl: admit a waiting (or preempted) request only when
     # free blocks hold its whole current sequence, not just its first chunk
     reserve_full_sequence: bool = False
+    # SGLang's admission: free blocks must hold a waiting request's prompt and output
+    # beyond the running requests' estimated outputs (the module doc)
+    reserve_outputs: bool = False
 
 
 @dataclass
@@ -160,6 +187,10 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._group_steps_left = 0  # steps left in the current multi-step decode group
+        # ``reserve_outputs``: the share of their tokens left that running requests are
+        # expected to generate, and whether admission waits for one to leave
+        self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+        self._batch_full = False
 
     def check_fits(self, num_prompt_tokens: int, max_output_tokens: int) -> None:
         """Raise ``ValueError`` for a request this engine can never serve."""
@@ -218,9 +249,31 @@ class Scheduler:
             if batch.requests:
                 return batch  # a prefill step (it starts no multi-step group)
             self._schedule_running(batch, budget)  # no prompt to work on: a decode step
+        if cfg.reserve_outputs:
+            self._update_ratio(batch)
         if cfg.num_scheduler_steps > 1 and batch.decode_tokens and not batch.prefill_tokens:
             self._group_steps_left = cfg.num_scheduler_steps - 1
         return batch
+
+    def _update_ratio(self, batch: Batch) -> None:
+        """``reserve_outputs``' estimate after scheduling ``batch`` (not a prefill step):
+        set from the running requests' progress after a preemption, lowered after a
+        decode step, reset when the engine is idle."""
+        if batch.preempted:
+            _, left, total = self._outputs_left()
+            generated = total - left
+            ratio = (generated + RETRACT_DECODE_STEPS * len(self.running)) / (total + 1)
+            self.new_token_ratio = min(1.0, ratio)
+            self._batch_full = False
+        elif batch.decode_tokens and not batch.prefill_tokens:
+            self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN)
+        elif not batch.num_seqs and not self.running:
+            self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+
+    def _outputs_left(self) -> tuple[int, int, int]:
+        """Over the running requests: (tokens left to generate, each clipped at
+        ``CLIP_NEW_TOKENS``; the same unclipped; their output lengths), summed."""
+        return _sum_outputs_left(self.running)
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
         """Each running request, in admission order, gets its remaining tokens up to the
@@ -274,6 +327,13 @@ class Scheduler:
         the budget, ``max_num_seqs`` and free blocks allow."""
         cfg, kv, running = self.config, self.kv, self.running
         waiting = self.waiting
+        reserve = cfg.reserve_outputs
+        room = 0.0  # (``reserve_outputs``: free tokens beyond the outputs reserved so far)
+        if reserve and waiting:
+            if self._batch_full:
+                return
+            clipped, _, _ = self._outputs_left()
+            room = kv.num_free_blocks * kv.block_size - clipped * self.new_token_ratio
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
             if req.ready_s > now_s + _READY_SLACK_S:
@@ -285,8 +345,14 @@ class Scheduler:
                 break
             if cfg.reserve_full_sequence and not kv.can_allocate(req, req.num_tokens, cached):
                 break  # its whole sequence does not fit in the free blocks
+            out_left = min(req.max_output_tokens - req.num_output_tokens, CLIP_NEW_TOKENS)
+            if reserve and n + out_left >= room and running:
+                self._batch_full = True  # (alone, a request the cache holds is admitted)
+                break
+            whole = n <= budget
             n = min(n, budget)
             if not kv.allocate(req, num_cached + n, cached):
+                self._batch_full = reserve
                 break
             waiting.popleft()
             running.append(req)
@@ -298,6 +364,11 @@ class Scheduler:
                 batch.prefix_hit_tokens += num_cached
             self._add_to_batch(batch, req, n)
             budget -= n
+            if reserve:  # (a chunk reserves no output: its prompt's last chunk will)
+                room -= n + (out_left if whole else 0)
+                if room <= 0:
+                    self._batch_full = True
+                    break
 
     def _add_to_batch(self, batch: Batch, req: Request, n: int) -> None:
         """``req`` computes ``n`` more tokens this step: a decode when it is one token
@@ -359,6 +430,8 @@ class Scheduler:
         for req in finished:
             self.kv.free(req)
             self.running.remove(req)
+        if finished:
+            self._batch_full = False
         return first, finished
 
     def abort(self, req: Request) -> None:
@@ -366,5 +439,18 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
             self.kv.free(req)
+            self._batch_full = False
         elif req in self.waiting:
             self.waiting.remove(req)
+
+
+def _sum_outputs_left(reqs: Iterable[Request]) -> tuple[int, int, int]:
+    """Over ``reqs``: (tokens left to generate, each clipped at ``CLIP_NEW_TOKENS``; the
+    same unclipped; their output lengths), summed."""
+    clipped = left = total = 0
+    for req in reqs:
+        n = req.max_output_tokens - req.num_output_tokens
+        clipped += min(n, CLIP_NEW_TOKENS)
+        left += n
+        total += req.max_output_tokens
+    return clipped, left, total

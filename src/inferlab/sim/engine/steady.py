@@ -30,7 +30,15 @@ token times once woken. ``tests/sim/engine/test_steady.py`` checks this step by 
 
 from __future__ import annotations
 
-from inferlab.sim.engine.scheduler import Batch, KVCache, Request, Scheduler, SchedulerConfig
+from inferlab.sim.engine.scheduler import (
+    CLIP_NEW_TOKENS,
+    Batch,
+    KVCache,
+    Request,
+    Scheduler,
+    SchedulerConfig,
+    _sum_outputs_left,
+)
 
 
 def _by_seq(req: Request) -> int:
@@ -56,6 +64,10 @@ class SteadyScheduler(Scheduler):
         # their ``steady_tick``, their context at tick t is this + _steady_n · t
         self._steady_c0 = 0
         self._due: dict[int, list[Request]] = {}  # tick -> requests whose steadiness ends
+        # Σ (max_output_tokens - num_output_tokens + steady_tick) and Σ max_output_tokens
+        # over them: their tokens left at tick t are the first less _steady_n · t
+        self._steady_l0 = 0
+        self._steady_max = 0
 
     # --- the reference's steps, with steady decodes -----------------------------------
 
@@ -136,6 +148,12 @@ class SteadyScheduler(Scheduler):
     def _may_prefill(self) -> list[Request]:
         return self._busy_in_order()  # (steady requests are decodes)
 
+    def _outputs_left(self) -> tuple[int, int, int]:
+        clipped, left, total = _sum_outputs_left(self._busy)
+        # (a steady request has at most ``CLIP_NEW_TOKENS`` left under ``reserve_outputs``)
+        steady_left = self._steady_l0 - self._steady_n * self.tick
+        return clipped + steady_left, left + steady_left, total + self._steady_max
+
     def _preempt(self, req: Request) -> None:
         if req.steady_tick >= 0:
             self._wake(req)
@@ -192,10 +210,13 @@ class SteadyScheduler(Scheduler):
         in its blocks and more than one token to go: until the tick of its next block or
         its last token, whichever comes first."""
         tick, busy, due = self.tick, self._busy, self._due
+        clip = CLIP_NEW_TOKENS if self.config.reserve_outputs else None
         for req in reqs:
             computed = req.num_computed_tokens
             if req.num_tokens - computed != 1 or not req.num_output_tokens or req not in busy:
                 continue
+            if clip is not None and req.max_output_tokens - req.num_output_tokens > clip:
+                continue  # (its estimate is clipped: it stays busy, its counters read)
             steps = self._steady_steps(req)
             if steps < 1:
                 continue
@@ -204,6 +225,8 @@ class SteadyScheduler(Scheduler):
             req.steady_exit = tick + steps
             self._steady_n += 1
             self._steady_c0 += computed - tick
+            self._steady_l0 += req.max_output_tokens - req.num_output_tokens + tick
+            self._steady_max += req.max_output_tokens
             due.setdefault(tick + steps, []).append(req)
 
     def _steady_steps(self, req: Request) -> int:
@@ -239,6 +262,8 @@ class SteadyScheduler(Scheduler):
         ordinary running request again."""
         t0, t = req.steady_tick, self.tick
         self._steady_c0 -= req.num_computed_tokens - t0
+        self._steady_l0 -= req.max_output_tokens - req.num_output_tokens + t0
+        self._steady_max -= req.max_output_tokens
         if t > t0:
             n = t - t0
             req.num_computed_tokens += n
