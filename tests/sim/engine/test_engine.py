@@ -483,3 +483,28 @@ def test_token_times_recorded_for_requests_queued_before_recording_was_switched_
     tl = engine.timeline("a")
     assert len(tl.token_times_s) == 5 and tl.token_times_s[-1] == pytest.approx(end)
     assert tl.token_times_s[0] == tl.first_token_s and tl.output_tokens == 5
+
+
+def test_sglang_admission_reserves_outputs_and_preempts_less() -> None:
+    """A burst of long generations on a small cache: SGLang's admission (the sglang
+    family's) runs three at a time, as many as the cache holds with their whole outputs
+    (2,240 tokens, 600 each), and never preempts; admitting on the prompt alone (as vLLM)
+    starts more and recomputes some."""
+    base = EngineConfig(engine_family="sglang", max_model_len=2048, num_gpu_blocks_override=140, api_overhead_s=0.0)
+    runs = {}
+    for reserve in (None, True, False):
+        engine = Engine(dataclasses.replace(base, reserve_outputs=reserve))
+        for i in range(8):
+            engine.add_request(f"r{i}", prompt(200, 1000 * i), 400, now_s=0.0)
+        drain(engine)
+        timelines = [engine.timeline(f"r{i}") for i in range(8)]
+        assert all(t.output_tokens == 400 and t.finished_s is not None for t in timelines)
+        runs[reserve] = (engine.preemptions_total, timelines)
+    assert runs[None] == runs[True]  # (the family's default)
+    preemptions, timelines = runs[True]
+    first_done = min(t.finished_s or 0.0 for t in timelines)
+    assert preemptions == 0
+    assert sum((t.first_token_s or 0.0) < first_done for t in timelines) == 3
+    preemptions, timelines = runs[False]
+    first_done = min(t.finished_s or 0.0 for t in timelines)
+    assert preemptions > 0 and sum((t.first_token_s or 0.0) < first_done for t in timelines) > 3
