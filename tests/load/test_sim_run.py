@@ -7,7 +7,7 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -588,3 +588,27 @@ def test_a_replayed_run_keeps_its_warm_ups_out_of_the_metrics(tmp_path: Path, lo
     assert (part["counts"]["completed"], part["counts"]["warmup"]) == (5, 4)
     more = json.loads(sim_cli("--trace", trace, "--warmup", "2", "--json").stdout)
     assert (more["counts"]["completed"], more["counts"]["warmup"]) == (7, 6)
+
+
+def test_a_requests_own_limit_reaches_the_engine() -> None:
+    """The engine learns each request's max_tokens beside the length it will generate
+    (SGLang's admission estimates outputs from the first): equal with an exact length
+    asked; without one (--no-exact-output) the limit stays where answers end sooner."""
+    seen: list[tuple[int, int | None]] = []
+
+    class Recording(Engine):
+        def add_request(
+            self, request_id: str, prompt_ids: Sequence[int], output_len: int, now_s: float,
+            max_tokens: int | None = None,
+        ) -> None:
+            seen.append((output_len, max_tokens))
+            super().add_request(request_id, prompt_ids, output_len, now_s, max_tokens)
+
+    config = EngineConfig(engine_family="sglang", max_model_len=4096)
+    for exact in (True, False):
+        seen.clear()
+        specs = [RequestSpec(list(range(7 * k, 7 * k + 100)), 400, exact) for k in range(12)]
+        simulate(Recording(config), LoadConfig(ClosedLoop(4), num_requests=len(specs)), iter(specs))
+        assert len(seen) == 12 and all(limit == 400 for _, limit in seen)
+        lengths = {out for out, _ in seen}
+        assert lengths == {400} if exact else min(lengths) < 400

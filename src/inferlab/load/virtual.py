@@ -195,7 +195,10 @@ class SimulatedServer:
         arrive_s = send.at_s if at_s is None else at_s
         try:
             out, finish = self.output_len(ids, send.spec)
-            self.engine.add_request(str(send.index), ids, out, arrive_s)
+            # (the request's own limit, which SGLang's admission estimates its output from)
+            asked = send.spec.max_tokens
+            limit = asked if asked is not None else self.engine.limits.max_model_len - len(ids)
+            self.engine.add_request(str(send.index), ids, out, arrive_s, max(limit, out))
         except ValueError as e:  # what the HTTP server answers with 400
             end_ns = _ns(arrive_s + max(self.engine.api_overhead_s, _MIN_REJECT_S))
             # recorded as bench records the simulated server's answer (kind http_status,

@@ -310,3 +310,14 @@ def test_sglang_estimate_resets_when_the_engine_is_idle(cls: type[Scheduler]) ->
     assert not s.has_work() and s.new_token_ratio < 0.7
     batch, _, _ = step(s)
     assert batch.num_seqs == 0 and s.new_token_ratio == 0.7
+
+
+def test_sglang_admission_estimates_from_a_requests_own_limit(cls: type[Scheduler]) -> None:
+    """A request that will stop at 20 tokens but may go to 80 (its max_tokens) reserves
+    80, as SGLang does (it cannot know the answer's length)."""
+    for limit, admitted in ((80, ["a"]), (20, ["a", "b"])):
+        s = sglang(cls, 100)
+        s.add(Request("a", 10, 20, [], 0, 0.0, max_new_tokens=limit))
+        s.add(plain("b", 10, 20))
+        # a: 10 + 80 of 100, b's 30 does not fit in the 10 left; a: 10 + 20, it does
+        assert [r.request_id for r in step(s)[0].admitted] == admitted

@@ -117,7 +117,7 @@ def random_workload(rng: random.Random, max_len: int) -> list[tuple[float, list[
     return out
 
 
-def run_side_by_side(seed: int, reserve_outputs: bool | None = None) -> Counter[str]:
+def run_side_by_side(seed: int, reserve_outputs: bool | None = None, own_limits: bool = True) -> Counter[str]:
     """One random workload through the reference and the steady scheduler in lock step
     (``lazy`` set at random per step, as the engine sets it); asserts they agree after
     every call. Returns counts of what the steady scheduler met (``seen``)."""
@@ -129,6 +129,7 @@ def run_side_by_side(seed: int, reserve_outputs: bool | None = None) -> Counter[
     config = dataclasses.replace(config, reserve_full_sequence=aux.random() < 0.5)
     unhashed_first = aux.random() < 0.5
     # SGLang's output-reserving admission, on or off (drawn apart again)
+    limits = random.Random(-200_000 - seed)  # (a request's own limit beyond its length)
     if reserve_outputs is None:
         reserve_outputs = random.Random(-100_000 - seed).random() < 0.5
     config = dataclasses.replace(config, reserve_outputs=reserve_outputs)
@@ -147,7 +148,9 @@ def run_side_by_side(seed: int, reserve_outputs: bool | None = None) -> Counter[
         while i < len(workload) and workload[i][0] <= now:
             arrival, prompt, n_out = workload[i]
             hashes = hash_blocks(prompt, bs) if caching else []
-            pair = tuple(Request(f"r{i}", len(prompt), n_out, list(hashes), i, arrival + api_s) for _ in scheds)
+            # (its own limit beyond its length: what SGLang's admission estimates from)
+            limit = n_out + (limits.choice([0, 0, 0, 3, 300]) if own_limits else 0)
+            pair = tuple(Request(f"r{i}", len(prompt), n_out, list(hashes), i, arrival + api_s, limit) for _ in scheds)
             for s, r in zip(scheds, pair, strict=True):
                 s.check_fits(len(prompt), n_out)
                 r.token_times = []
@@ -234,7 +237,7 @@ def test_steady_scheduler_runs_the_reference_steps_reserving_outputs(monkeypatch
     monkeypatch.setattr(scheduler, "NEW_TOKEN_RATIO_DECAY", 0.02)
     seen: Counter[str] = Counter()
     for seed in range(150):
-        seen += run_side_by_side(seed, reserve_outputs=True)
+        seen += run_side_by_side(seed, reserve_outputs=True, own_limits=False)
     assert seen["preempted"] > 30 and seen["steady_preempted"] > 20 and seen["steady"] > 1000, seen
 
 

@@ -207,10 +207,14 @@ class Engine:
     # --- requests -------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt_ids: Sequence[int], output_len: int, now_s: float
+        self, request_id: str, prompt_ids: Sequence[int], output_len: int, now_s: float,
+        max_tokens: int | None = None,
     ) -> None:
         """Queue a request arriving at ``now_s``; it becomes schedulable after the API cost.
-        ``prompt_ids`` are read (length, block hashes), not kept.
+        ``prompt_ids`` are read (length, block hashes), not kept. It generates
+        ``output_len`` tokens; ``max_tokens``, its own limit where it ends sooner (at its
+        end-of-sequence; None: ``output_len``), is what SGLang's admission estimates its
+        output from (``reserve_outputs``).
 
         Raises ``ValueError`` if it exceeds ``max_model_len``, can never fit in the KV
         cache, is empty, or reuses the id of an unfinished request.
@@ -224,7 +228,9 @@ class Engine:
         ready_s = self.front_end.admit(now_s, len(prompt_ids))
         if self._intake_s:  # the engine loop waits while it is accepted
             self._intake_queue.append((ready_s, self._intake_s, request_id))
-        req = Request(request_id, len(prompt_ids), output_len, hashes, self._num_added, ready_s)
+        if max_tokens is not None and max_tokens < output_len:
+            raise ValueError(f"max_tokens {max_tokens} is below the output length {output_len}")
+        req = Request(request_id, len(prompt_ids), output_len, hashes, self._num_added, ready_s, max_tokens)
         if self._record_token_times:
             req.token_times = timeline.token_times_s
         self._num_added += 1

@@ -27,7 +27,9 @@ The policy, step by step:
 - ``reserve_outputs`` (SGLang): a waiting request is admitted only while the free
   blocks hold more than its prompt and its whole output (at most ``CLIP_NEW_TOKENS``)
   beyond an estimate of what the running requests will still generate: each one's
-  tokens left (clipped the same way) times ``new_token_ratio``. The ratio starts at
+  tokens left (clipped the same way) times ``new_token_ratio``. Outputs are counted to
+  ``Request.max_new_tokens``, the request's own limit, which may exceed the length it
+  generates (it ends at its end-of-sequence). The ratio starts at
   0.7, falls by a 600th of the way to 0.098 each decode step, and after a preemption is
   set to the running requests' progress, (tokens generated + 20 each) / their output
   lengths; an idle engine resets it. A request that does not fit stops admission until
@@ -72,6 +74,7 @@ class Request:
         "block_hashes",
         "block_ids",
         "hash_salt",
+        "max_new_tokens",
         "max_output_tokens",
         "num_cached_blocks",
         "num_computed_tokens",
@@ -95,10 +98,14 @@ class Request:
         block_hashes: list[int],
         hash_salt: int,
         ready_s: float,
+        max_new_tokens: int | None = None,
     ) -> None:
         self.request_id = request_id
         self.num_prompt_tokens = num_prompt_tokens
         self.max_output_tokens = max_output_tokens
+        # the request's own limit, where it ends sooner (its end-of-sequence): what
+        # SGLang's admission estimates its output from (``reserve_outputs``)
+        self.max_new_tokens = max_output_tokens if max_new_tokens is None else max_new_tokens
         self.num_output_tokens = 0
         self.num_tokens = num_prompt_tokens
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
@@ -271,8 +278,7 @@ class Scheduler:
             self.new_token_ratio = NEW_TOKEN_RATIO_INIT
 
     def _outputs_left(self) -> tuple[int, int, int]:
-        """Over the running requests: (tokens left to generate, each clipped at
-        ``CLIP_NEW_TOKENS``; the same unclipped; their output lengths), summed."""
+        """``_sum_outputs_left`` over the running requests."""
         return _sum_outputs_left(self.running)
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
@@ -345,7 +351,7 @@ class Scheduler:
                 break
             if cfg.reserve_full_sequence and not kv.can_allocate(req, req.num_tokens, cached):
                 break  # its whole sequence does not fit in the free blocks
-            out_left = min(req.max_output_tokens - req.num_output_tokens, CLIP_NEW_TOKENS)
+            out_left = min(req.max_new_tokens - req.num_output_tokens, CLIP_NEW_TOKENS)
             if reserve and n + out_left >= room and running:
                 self._batch_full = True  # (alone, a request the cache holds is admitted)
                 break
@@ -445,12 +451,13 @@ class Scheduler:
 
 
 def _sum_outputs_left(reqs: Iterable[Request]) -> tuple[int, int, int]:
-    """Over ``reqs``: (tokens left to generate, each clipped at ``CLIP_NEW_TOKENS``; the
-    same unclipped; their output lengths), summed."""
+    """Over ``reqs``: (tokens they may still generate, ``max_new_tokens`` less what they
+    did, each clipped at ``CLIP_NEW_TOKENS``; the same unclipped; their
+    ``max_new_tokens``), summed."""
     clipped = left = total = 0
     for req in reqs:
-        n = req.max_output_tokens - req.num_output_tokens
+        n = req.max_new_tokens - req.num_output_tokens
         clipped += min(n, CLIP_NEW_TOKENS)
         left += n
-        total += req.max_output_tokens
+        total += req.max_new_tokens
     return clipped, left, total

@@ -64,8 +64,8 @@ class SteadyScheduler(Scheduler):
         # their ``steady_tick``, their context at tick t is this + _steady_n · t
         self._steady_c0 = 0
         self._due: dict[int, list[Request]] = {}  # tick -> requests whose steadiness ends
-        # Σ (max_output_tokens - num_output_tokens + steady_tick) and Σ max_output_tokens
-        # over them: their tokens left at tick t are the first less _steady_n · t
+        # Σ (max_new_tokens - num_output_tokens + steady_tick) and Σ max_new_tokens over
+        # them: the tokens they may still generate at tick t are the first less _steady_n · t
         self._steady_l0 = 0
         self._steady_max = 0
 
@@ -215,7 +215,7 @@ class SteadyScheduler(Scheduler):
             computed = req.num_computed_tokens
             if req.num_tokens - computed != 1 or not req.num_output_tokens or req not in busy:
                 continue
-            if clip is not None and req.max_output_tokens - req.num_output_tokens > clip:
+            if clip is not None and req.max_new_tokens - req.num_output_tokens > clip:
                 continue  # (its estimate is clipped: it stays busy, its counters read)
             steps = self._steady_steps(req)
             if steps < 1:
@@ -225,8 +225,8 @@ class SteadyScheduler(Scheduler):
             req.steady_exit = tick + steps
             self._steady_n += 1
             self._steady_c0 += computed - tick
-            self._steady_l0 += req.max_output_tokens - req.num_output_tokens + tick
-            self._steady_max += req.max_output_tokens
+            self._steady_l0 += req.max_new_tokens - req.num_output_tokens + tick
+            self._steady_max += req.max_new_tokens
             due.setdefault(tick + steps, []).append(req)
 
     def _steady_steps(self, req: Request) -> int:
@@ -262,8 +262,8 @@ class SteadyScheduler(Scheduler):
         ordinary running request again."""
         t0, t = req.steady_tick, self.tick
         self._steady_c0 -= req.num_computed_tokens - t0
-        self._steady_l0 -= req.max_output_tokens - req.num_output_tokens + t0
-        self._steady_max -= req.max_output_tokens
+        self._steady_l0 -= req.max_new_tokens - req.num_output_tokens + t0
+        self._steady_max -= req.max_new_tokens
         if t > t0:
             n = t - t0
             req.num_computed_tokens += n

@@ -116,11 +116,17 @@ class EngineLoop:
     def now_s(self) -> float:
         return (self.clock.now_ns() - self.t0_ns) / NS_PER_S
 
-    def submit(self, request_id: str, prompt_ids: list[int], output_len: int, arrival_s: float | None = None) -> asyncio.Queue[TokenEvent]:
+    def submit(
+        self, request_id: str, prompt_ids: list[int], output_len: int, arrival_s: float | None = None,
+        max_tokens: int | None = None,
+    ) -> asyncio.Queue[TokenEvent]:
         """Queue a request that arrived at ``arrival_s`` (None: now; never later than
-        now), ``ValueError`` if the engine rejects it."""
+        now), ``ValueError`` if the engine rejects it. ``max_tokens``: its own limit
+        (``Engine.add_request``)."""
         now = self.now_s()
-        self.engine.add_request(request_id, prompt_ids, output_len, now if arrival_s is None else min(arrival_s, now))
+        self.engine.add_request(
+            request_id, prompt_ids, output_len, now if arrival_s is None else min(arrival_s, now), max_tokens
+        )
         q: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.queues[request_id] = q
         self._wake.set()
@@ -386,7 +392,8 @@ class SimServer:
             raise APIError(429, "The server is overloaded: too many requests are waiting.", "RateLimitError")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
         try:
-            queue = self.loop.submit(rid, prompt_ids, plan.tokens, received_s)
+            limit = plan.max_tokens if plan.max_tokens is not None else self.engine.limits.max_model_len - len(prompt_ids)
+            queue = self.loop.submit(rid, prompt_ids, plan.tokens, received_s, max(limit, plan.tokens))
         except ValueError as e:
             raise APIError(400, str(e)) from e
         gen = Generation(self, rid, chat, received_s, len(prompt_ids), plan)
