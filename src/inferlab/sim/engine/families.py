@@ -114,6 +114,10 @@ class FamilyRules:
     # vLLM's free queue (0.24 on): a freed block without a hash (the partly filled tail)
     # goes to the front, to be reused first; hashed ones to the back (LRU)
     evict_unhashed_first: bool = False
+    # the first releases with those two on by default (None: every release), for
+    # validation rows that state their release
+    reserve_full_sequence_since: tuple[int, int] | None = None
+    evict_unhashed_first_since: tuple[int, int] | None = None
     # vLLM 0.5.5-0.7's multi-step scheduling (--num-scheduler-steps); V1 dropped the flag
     multi_step: bool = False
 
@@ -127,6 +131,14 @@ class FamilyRules:
         if self.mixed_batches is BatchMixing.WHEN_CHUNKED:
             return chunked_prefill
         return self.mixed_batches is BatchMixing.ALWAYS
+
+    def reserve_full_sequence_in(self, version: tuple[int, int] | None) -> bool:
+        """Whether release ``version`` (None: a current one) admits on the whole sequence."""
+        return _on_in(self.reserve_full_sequence, self.reserve_full_sequence_since, version)
+
+    def evict_unhashed_first_in(self, version: tuple[int, int] | None) -> bool:
+        """Whether release ``version`` (None: a current one) reuses unhashed blocks first."""
+        return _on_in(self.evict_unhashed_first, self.evict_unhashed_first_since, version)
 
     def overlap_schedule_in(self, version: tuple[int, int] | None) -> bool:
         """Whether release ``version`` (None: a current one) overlaps scheduling by default."""
@@ -144,6 +156,12 @@ class FamilyRules:
         if floor is not None and not chunked_prefill:
             return max(max_model_len, floor), self.max_num_seqs
         return self.max_num_batched_tokens, self.max_num_seqs
+
+
+def _on_in(on: bool, since: tuple[int, int] | None, version: tuple[int, int] | None) -> bool:
+    """A default that is ``on`` from release ``since`` (None: always), in ``version``
+    (None: a current release)."""
+    return on and (version is None or since is None or version >= since)
 
 
 def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
@@ -205,6 +223,11 @@ _VLLM_V1 = FamilyRules(
     # needed for every step of a preempting 512-in/512-out burst to match
     reserve_full_sequence=True,
     evict_unhashed_first=True,
+    # --scheduler-reserve-full-isl came as an option, off, in March 2026 (vLLM PR #37307)
+    # and is on in 0.32, the release checked (bench/data has no V1 row between 0.19 and
+    # 0.32); the free queue's order changed in 0.24
+    reserve_full_sequence_since=(0, 32),
+    evict_unhashed_first_since=(0, 24),
 )
 
 _VLLM_V0 = FamilyRules(
