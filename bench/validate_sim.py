@@ -202,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     _split_table("source, vllm", report.comparisons, [
         *((s, lambda c, s=s: c.scenario.family == "vllm" and c.scenario.source_id == s) for s in sources), *largest,
     ])
+    sglang = sorted({c.scenario.source_id for c in report.comparisons if c.scenario.family == "sglang"})
+    _split_table("source, sglang", report.comparisons, [
+        (s, lambda c, s=s: c.scenario.family == "sglang" and c.scenario.source_id == s) for s in sglang
+    ])
     assumed = {
         c.scenario.row_id: c.scenario.assumptions
         for c in report.comparisons

@@ -305,11 +305,28 @@ def test_sglang_preemption_sets_the_estimate_from_progress(cls: type[Scheduler])
 def test_sglang_estimate_resets_when_the_engine_is_idle(cls: type[Scheduler]) -> None:
     s = sglang(cls, 1000)
     s.add(plain("a", 10, 20))
-    for _ in range(20):
+    for _ in range(19):
         step(s)
-    assert not s.has_work() and s.new_token_ratio < 0.7
-    batch, _, _ = step(s)
-    assert batch.num_seqs == 0 and s.new_token_ratio == 0.7
+    assert s.has_work() and s.new_token_ratio < 0.7
+    step(s)  # a's last token: nothing runs or waits, the scheduler idles
+    assert not s.has_work() and s.new_token_ratio == 0.7
+
+
+def test_sglang_admission_opens_at_the_decode_step_after_a_request_leaves(cls: type[Scheduler]) -> None:
+    """SGLang drops finished requests from its batch when it next decodes, and only then
+    tries waiting requests again: c waits one step more than the room a left."""
+    s = sglang(cls, 100)
+    s.add(plain("a", 10, 5))  # 15 of 100
+    s.add(plain("b", 10, 60))  # 70 of the 85 left
+    s.add(plain("c", 10, 20))  # 30: not in the 15 left
+    admitted = []
+    for k in range(1, 8):
+        batch, _, finished = step(s, now_s=k)
+        admitted.append([r.request_id for r in batch.admitted])
+        if finished:
+            assert k == 5 and [r.request_id for r in finished] == ["a"]
+    # step 6 decodes b alone (a dropped), step 7 admits c: 84 free less 0.7 of b's 54
+    assert admitted == [["a", "b"], [], [], [], [], [], ["c"]]
 
 
 def test_sglang_admission_estimates_from_a_requests_own_limit(cls: type[Scheduler]) -> None:
@@ -321,3 +338,35 @@ def test_sglang_admission_estimates_from_a_requests_own_limit(cls: type[Schedule
         s.add(plain("b", 10, 20))
         # a: 10 + 80 of 100, b's 30 does not fit in the 10 left; a: 10 + 20, it does
         assert [r.request_id for r in step(s)[0].admitted] == admitted
+
+
+def test_sglang_admission_does_not_count_a_requests_own_cached_prefix_as_room(cls: type[Scheduler]) -> None:
+    """SGLang pins a request's cached prefix before it checks the room: 40 free tokens
+    that b would reuse are not room for b's 5 new tokens and 20 to come."""
+    config = SchedulerConfig(8192, 4096, 20_000, mixed_batches=False, reserve_outputs=True)
+    s = cls(config, KVCacheManager(100, 1, True))
+    shared = list(range(40))
+
+    def cached_req(rid: str, ids: list[int], out: int) -> Request:
+        return Request(rid, len(ids), out, hash_blocks(ids, 1), 0, 0.0)
+
+    s.add(cached_req("a", shared, 2))
+    while s.has_work():
+        step(s)  # a leaves its 40 prompt tokens cached, in the free queue
+    s.add(cached_req("x", list(range(1000, 1020)), 30))
+    assert [r.request_id for r in step(s)[0].admitted] == ["x"]
+    s.add(cached_req("b", [*shared, 7, 8, 9, 10, 11], 20))
+    # 80 free less 0.7 of x's 29 left is 60 tokens, but 40 of them are b's own prefix
+    batch, _, _ = step(s)
+    assert batch.admitted == [] and [r.request_id for r in s.waiting] == ["b"]
+
+
+@pytest.mark.parametrize(("b_out", "admitted"), [(40, ["a"]), (39, ["a", "b"])])
+def test_sglang_admission_refuses_a_request_that_would_fill_the_room_exactly(
+    cls: type[Scheduler], b_out: int, admitted: list[str]
+) -> None:
+    # a takes 10 + 40 of 100 tokens; b's 10 + 40 is the 50 left: refused (SGLang's >=)
+    s = sglang(cls, 100)
+    s.add(plain("a", 10, 40))
+    s.add(plain("b", 10, b_out))
+    assert [r.request_id for r in step(s)[0].admitted] == admitted

@@ -226,19 +226,28 @@ def test_steady_scheduler_runs_the_reference_steps(monkeypatch: pytest.MonkeyPat
     assert len(seen) == 5 and min(seen.values()) > 20, seen
 
 
-def test_steady_scheduler_runs_the_reference_steps_reserving_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("clip", "at_least"), [(4096, (30, 15)), (8, (60, 5))])
+def test_steady_scheduler_runs_the_reference_steps_reserving_outputs(
+    monkeypatch: pytest.MonkeyPatch, clip: int, at_least: tuple[int, int]
+) -> None:
     """SGLang's admission (``reserve_outputs``) with an estimate that falls fast and low,
     so that requests outgrow it and are preempted: the same steps, estimate included,
-    with steady decodes read from their sums."""
+    with steady decodes read from their sums. With outputs clipped at 8 tokens the
+    estimate is smaller still, and requests with more left stay out of the sums."""
     import inferlab.sim.engine.scheduler as scheduler
+    import inferlab.sim.engine.steady as steady
 
     monkeypatch.setattr(scheduler, "NEW_TOKEN_RATIO_INIT", 0.1)
     monkeypatch.setattr(scheduler, "NEW_TOKEN_RATIO_MIN", 0.0)
     monkeypatch.setattr(scheduler, "NEW_TOKEN_RATIO_DECAY", 0.02)
+    monkeypatch.setattr(scheduler, "CLIP_NEW_TOKENS", clip)
+    monkeypatch.setattr(steady, "CLIP_NEW_TOKENS", clip)
     seen: Counter[str] = Counter()
     for seed in range(150):
-        seen += run_side_by_side(seed, reserve_outputs=True, own_limits=False)
-    assert seen["preempted"] > 30 and seen["steady_preempted"] > 20 and seen["steady"] > 1000, seen
+        seen += run_side_by_side(seed, reserve_outputs=True, own_limits=clip < 100)
+    preempted, steady_preempted = at_least
+    assert seen["preempted"] > preempted and seen["steady_preempted"] > steady_preempted, seen
+    assert seen["steady"] > 1000, seen
 
 
 class _Plain(Scheduler):

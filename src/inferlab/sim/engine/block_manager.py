@@ -118,6 +118,10 @@ class BlockManager:
             hits.append(self.cached[h])
         return hits
 
+    def num_free_among(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` (cached ones, from ``lookup``) sit in the free queue."""
+        return sum(1 for b in blocks if self.ref_counts[b] == 0)
+
     def can_allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
         """Whether ``allocate(req, num_tokens, cached)`` would succeed now: the new blocks,
         plus the ``cached`` ones sitting in the free queue, are free."""

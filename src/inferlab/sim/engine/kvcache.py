@@ -187,6 +187,11 @@ class KVCacheManager:
             return None  # (never cached, or its block was taken since: evicted)
         return block
 
+    def num_free_among(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` (cached ones, from ``lookup``) sit in the free queue."""
+        ref = self._ref_counts
+        return sum(1 for b in blocks if ref[b] == 0)
+
     def can_allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
         """Whether ``allocate(req, num_tokens, cached)`` would succeed now."""
         num_new = -(-num_tokens // self.block_size) - len(req.block_ids) - len(cached)

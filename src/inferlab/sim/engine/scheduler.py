@@ -25,19 +25,22 @@ The policy, step by step:
   runs prefill work only (unfinished prompts first, then waiting requests) and every
   running decode waits for it.
 - ``reserve_outputs`` (SGLang): a waiting request is admitted only while the free
-  blocks hold more than its prompt and its whole output (at most ``CLIP_NEW_TOKENS``)
-  beyond an estimate of what the running requests will still generate: each one's
-  tokens left (clipped the same way) times ``new_token_ratio``. Outputs are counted to
-  ``Request.max_new_tokens``, the request's own limit, which may exceed the length it
-  generates (it ends at its end-of-sequence). The ratio starts at
-  0.7, falls by a 600th of the way to 0.098 each decode step, and after a preemption is
-  set to the running requests' progress, (tokens generated + 20 each) / their output
-  lengths; an idle engine resets it. A request that does not fit stops admission until
-  a running request finishes or leaves (SGLang's ``batch_is_full``). What is left out:
-  SGLang picks the request with the fewest tokens generated to retract (here, as
-  for vLLM, the most recently admitted: the same one under first come first served)
-  and retracts until 20 steps of decodes fit; a prompt being chunked counts here as
-  running, where SGLang reserves nothing for its output until its last chunk.
+  blocks (its own cached prefix not counted: SGLang locks it first) hold more than its
+  prompt and its whole output (at most ``CLIP_NEW_TOKENS``) beyond an estimate of what
+  the running requests will still generate: each one's tokens left (clipped the same
+  way) times ``new_token_ratio``. Outputs are counted to ``Request.max_new_tokens``, the
+  request's own limit, which may exceed the length it generates (it ends at its
+  end-of-sequence). The ratio starts at 0.7, falls by a 600th of the way to 0.098 each
+  decode step, and after a preemption is set to the running requests' progress,
+  (tokens generated + 20 each) / (their output lengths + 1); an idle scheduler resets
+  it. A request that does not fit stops admission until a running request has left
+  and a decode step has run (SGLang's ``batch_is_full``, cleared where it drops finished
+  requests from its batch), or a preemption. What is left out: SGLang picks the request
+  with the fewest tokens generated to retract (here, as for vLLM, the most recently
+  admitted: the same one under first come first served) and retracts until 20 steps of
+  decodes fit; a prompt being chunked counts here as running, where SGLang reserves
+  nothing for its output until its last chunk, and closed admission waits for it,
+  where SGLang goes on trying waiting requests beside it.
 - ``num_scheduler_steps > 1`` (vLLM 0.5.5-0.7 multi-step): a decode-only batch is followed
   by that many steps less one over the running requests without admitting anyone.
 
@@ -132,6 +135,7 @@ class KVCache(Protocol):
 
     @property
     def num_free_blocks(self) -> int: ...  # (cached ones not held by a request included)
+    def num_free_among(self, blocks: Sequence[int]) -> int: ...
     def lookup(self, req: Request) -> list[int]: ...
     def can_allocate(self, req: Request, num_tokens: int, cached: Sequence[int] = ()) -> bool: ...
     def allocate(self, req: Request, num_tokens: int, cached: Sequence[int] = ()) -> bool: ...
@@ -198,6 +202,7 @@ class Scheduler:
         # expected to generate, and whether admission waits for one to leave
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
         self._batch_full = False
+        self._shrunk = False  # a running request left since the last decode step
 
     def check_fits(self, num_prompt_tokens: int, max_output_tokens: int) -> None:
         """Raise ``ValueError`` for a request this engine can never serve."""
@@ -244,6 +249,8 @@ class Scheduler:
             self._group_steps_left -= 1
             batch = Batch(continuation=True)
             self._schedule_running(batch, budget)
+            if cfg.reserve_outputs:
+                self._update_ratio(batch)
             return batch
         self._group_steps_left = 0  # (a group ends early when its last request does)
         batch = Batch()
@@ -265,17 +272,33 @@ class Scheduler:
     def _update_ratio(self, batch: Batch) -> None:
         """``reserve_outputs``' estimate after scheduling ``batch`` (not a prefill step):
         set from the running requests' progress after a preemption, lowered after a
-        decode step, reset when the engine is idle."""
+        decode step, reset when the engine is idle. Admission, closed when a request did
+        not fit, opens at the first decode step after a running request left (SGLang
+        drops finished requests from its batch there, ``update_running_batch``)."""
         if batch.preempted:
             _, left, total = self._outputs_left()
             generated = total - left
             ratio = (generated + RETRACT_DECODE_STEPS * len(self.running)) / (total + 1)
             self.new_token_ratio = min(1.0, ratio)
-            self._batch_full = False
+            self._batch_full = self._shrunk = False
         elif batch.decode_tokens and not batch.prefill_tokens:
             self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, NEW_TOKEN_RATIO_MIN)
+            if self._shrunk:
+                self._batch_full = self._shrunk = False
         elif not batch.num_seqs and not self.running:
             self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+
+    def _left_running(self) -> None:
+        """``reserve_outputs``: running requests finished or were aborted. With some still
+        running, admission stays as it is until the next decode step; with none, SGLang's
+        batch is empty: admission opens, and the estimate goes back to its start when the
+        scheduler idles (nothing waits, or the request that did not fit waited)."""
+        if self.running:
+            self._shrunk = True
+            return
+        if self._batch_full or not self.waiting:
+            self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+        self._batch_full = self._shrunk = False
 
     def _outputs_left(self) -> tuple[int, int, int]:
         """``_sum_outputs_left`` over the running requests."""
@@ -352,7 +375,10 @@ class Scheduler:
             if cfg.reserve_full_sequence and not kv.can_allocate(req, req.num_tokens, cached):
                 break  # its whole sequence does not fit in the free blocks
             out_left = min(req.max_new_tokens - req.num_output_tokens, CLIP_NEW_TOKENS)
-            if reserve and n + out_left >= room and running:
+            # (SGLang locks a request's cached prefix before it checks: those blocks are
+            # no longer room for it, if they sat free)
+            pinned = kv.num_free_among(cached) * kv.block_size if reserve and cached else 0
+            if reserve and n + out_left >= room - pinned and running:
                 self._batch_full = True  # (alone, a request the cache holds is admitted)
                 break
             whole = n <= budget
@@ -371,7 +397,7 @@ class Scheduler:
             self._add_to_batch(batch, req, n)
             budget -= n
             if reserve:  # (a chunk reserves no output: its prompt's last chunk will)
-                room -= n + (out_left if whole else 0)
+                room -= pinned + n + (out_left if whole else 0)
                 if room <= 0:
                     self._batch_full = True
                     break
@@ -436,8 +462,8 @@ class Scheduler:
         for req in finished:
             self.kv.free(req)
             self.running.remove(req)
-        if finished:
-            self._batch_full = False
+        if finished and self.config.reserve_outputs:
+            self._left_running()
         return first, finished
 
     def abort(self, req: Request) -> None:
@@ -445,7 +471,8 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
             self.kv.free(req)
-            self._batch_full = False
+            if self.config.reserve_outputs:
+                self._left_running()
         elif req in self.waiting:
             self.waiting.remove(req)
 
