@@ -152,21 +152,21 @@ def test_sglang_overlap_scheduling_follows_the_version_and_the_stated_flags() ->
     assert build_engine(parse_row(row()), 768).config.overlap_schedule is False  # vLLM
 
 
-# vLLM V1 before 0.24 and 0.32: sim run as a user of that release states it
-_V1_BEFORE_0_24 = {"scheduler_reserve_full_isl": False, "evict_unhashed_first": False}
+# vLLM V1 before 0.19 and 0.24: sim run as a user of that release states it
+_V1_BEFORE_0_19 = {"scheduler_reserve_full_isl": False, "evict_unhashed_first": False}
 
 
 @pytest.mark.parametrize(
     ("engine", "version", "flags"),
-    [("vLLM", "0.9.2", _V1_BEFORE_0_24), ("vLLM", "0.25.0", {"scheduler_reserve_full_isl": False}),
-     ("vLLM", "0.32.0", {}), ("vLLM", "0.6.3", {}), ("vLLM", "0.5.4", {}), ("SGLang", "0.4.1", {}),
+    [("vLLM", "0.9.2", _V1_BEFORE_0_19), ("vLLM", "0.18.1", _V1_BEFORE_0_19),
+     ("vLLM", "0.23.0", {"evict_unhashed_first": False}), ("vLLM", "0.24.0", {}), ("vLLM", "0.32.0", {}), ("vLLM", "0.6.3", {}), ("vLLM", "0.5.4", {}), ("SGLang", "0.4.1", {}),
      ("LMDeploy", "0.2.0", {}), ("TGI", "2.0", {})],
 )
 def test_a_row_runs_on_the_engine_sim_run_builds_for_its_family(engine: str, version: str, flags: dict[str, bool]) -> None:
     """``inferlab sim run --engine-family F`` and the validation run the same rules: a row
     that states no flag (and whose harness adds none) gets exactly that engine, with
-    the KV admission and free-queue order of its release (vLLM V1's changed in 0.24 and
-    0.32: ``sim run --no-scheduler-reserve-full-isl --no-evict-unhashed-first``)."""
+    the KV admission and free-queue order of its release (vLLM V1's changed in 0.19 and
+    0.24: ``sim run --no-scheduler-reserve-full-isl --no-evict-unhashed-first``)."""
     sc = parse_row(row(engine=engine, engine_version=version))
     assert sc.via_server and sc.kind == "closed"
     sim_run = EngineConfig(model=sc.model, gpu=sc.gpu, engine_family=sc.family, **flags)

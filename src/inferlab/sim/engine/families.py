@@ -103,8 +103,8 @@ class FamilyRules:
     # vLLM V1 keeps one block of the KV cache as its null block: of N blocks (memory's
     # count, or --num-gpu-blocks-override N), N - 1 hold tokens
     null_block: bool = False
-    # vLLM 0.32's --scheduler-reserve-full-isl default: a waiting or preempted request is
-    # admitted only when free blocks hold its whole current sequence
+    # vLLM's --scheduler-reserve-full-isl default (0.19 on): a waiting or preempted
+    # request is admitted only when free blocks hold its whole current sequence
     reserve_full_sequence: bool = False
     # SGLang's admission (``scheduler.SchedulerConfig.reserve_outputs``): a waiting
     # request is admitted only while free blocks hold its prompt and output beyond the
@@ -223,10 +223,11 @@ _VLLM_V1 = FamilyRules(
     # needed for every step of a preempting 512-in/512-out burst to match
     reserve_full_sequence=True,
     evict_unhashed_first=True,
-    # --scheduler-reserve-full-isl came as an option, off, in March 2026 (vLLM PR #37307)
-    # and is on in 0.32, the release checked (bench/data has no V1 row between 0.19 and
-    # 0.32); the free queue's order changed in 0.24
-    reserve_full_sequence_since=(0, 32),
+    # --scheduler-reserve-full-isl came with vLLM PR #37307 (March 2026), first released in
+    # 0.19 and on by default there (0.18 has no such option; 0.19.0's SchedulerConfig:
+    # scheduler_reserve_full_isl = True); the free queue's order changed in 0.24 (0.23
+    # appends every freed block)
+    reserve_full_sequence_since=(0, 19),
     evict_unhashed_first_since=(0, 24),
 )
 

@@ -10,7 +10,7 @@ the validation sets only what the row states and what its benchmark harness does
   tokens``, ``--max-model-len``, ``--gpu-memory-utilization``, the KV share or block
   count, chunked prefill, prefix caching, eager mode, scheduler steps, overlap); its
   release (``families.family_for_engine``; SGLang before 0.4 ran without its overlap
-  scheduler; vLLM V1 before 0.32 admitted on a request's first chunk, not its whole
+  scheduler; vLLM V1 before 0.19 admitted on a request's first chunk, not its whole
   sequence, and before 0.24 reused freed blocks in LRU order only); offline (``--offline``) when the benchmark drives the engine without its
   API server; a ``max_model_len`` that holds the row's longest request where the source
   declared a shorter context than the model's.
@@ -91,7 +91,7 @@ def engine_config(sc: Scenario, max_total_len: int) -> EngineConfig:
         enforce_eager=bool(flags.get("enforce_eager", 0.0)),
         num_scheduler_steps=flag("num_scheduler_steps") or 1,
         overlap_schedule=overlap,
-        # the release's KV admission and free-queue order (vLLM V1's changed in 0.24, 0.32)
+        # the release's KV admission and free-queue order (vLLM V1's changed in 0.19, 0.24)
         scheduler_reserve_full_isl=sc.family.rules.reserve_full_sequence_in(sc.version),
         evict_unhashed_first=sc.family.rules.evict_unhashed_first_in(sc.version),
         quantization=sc.quantization,
