@@ -18,6 +18,10 @@ per-step passes while ``lazy`` is set (virtual time: no per-token events wanted)
   so is a steady request that is preempted, aborted, or read (``steady_since``).
 - A step whose budget cannot hold every running request's tokens, or any step while
   ``lazy`` is off, wakes them all (``wake_all``) and visits every request in turn.
+- Under ``reserve_outputs`` (SGLang's admission) the tokens steady requests may still
+  generate are kept as sums too (``_outputs_left``); one with more than
+  ``CLIP_NEW_TOKENS`` left counts as that many, and is woken at the tick its tokens left
+  come down to it.
 
 The engine always schedules with this class; in real time (per-token events wanted)
 ``lazy`` is off, and what remains of the fast path is the common decode handled inline.
@@ -68,6 +72,11 @@ class SteadyScheduler(Scheduler):
         # them: the tokens they may still generate at tick t are the first less _steady_n · t
         self._steady_l0 = 0
         self._steady_max = 0
+        # ``reserve_outputs``: the steady requests with more than ``CLIP_NEW_TOKENS`` left
+        # (each counts as that many in the clipped sum until the tick its tokens left come
+        # down to it, when it is woken), and the first sum over the others
+        self._steady_n_clipped = 0
+        self._steady_l0_unclipped = 0
 
     # --- the reference's steps, with steady decodes -----------------------------------
 
@@ -150,9 +159,15 @@ class SteadyScheduler(Scheduler):
 
     def _outputs_left(self) -> tuple[int, int, int]:
         clipped, left, total = _sum_outputs_left(self._busy)
-        # (a steady request has at most ``CLIP_NEW_TOKENS`` left under ``reserve_outputs``)
-        steady_left = self._steady_l0 - self._steady_n * self.tick
-        return clipped + steady_left, left + steady_left, total + self._steady_max
+        t, n_clipped = self.tick, self._steady_n_clipped
+        steady_left = self._steady_l0 - self._steady_n * t
+        below = self._steady_l0_unclipped - (self._steady_n - n_clipped) * t
+        return clipped + below + n_clipped * CLIP_NEW_TOKENS, left + steady_left, total + self._steady_max
+
+    def _clipped(self, req: Request) -> bool:
+        """Whether steady ``req`` (its counters as at its ``steady_tick``) has more tokens
+        left than ``reserve_outputs`` counts."""
+        return self.config.reserve_outputs and req.max_new_tokens - req.num_output_tokens > CLIP_NEW_TOKENS
 
     def _preempt(self, req: Request) -> None:
         if req.steady_tick >= 0:
@@ -210,13 +225,10 @@ class SteadyScheduler(Scheduler):
         in its blocks and more than one token to go: until the tick of its next block or
         its last token, whichever comes first."""
         tick, busy, due = self.tick, self._busy, self._due
-        clip = CLIP_NEW_TOKENS if self.config.reserve_outputs else None
         for req in reqs:
             computed = req.num_computed_tokens
             if req.num_tokens - computed != 1 or not req.num_output_tokens or req not in busy:
                 continue
-            if clip is not None and req.max_new_tokens - req.num_output_tokens > clip:
-                continue  # (its estimate is clipped: it stays busy, its counters read)
             steps = self._steady_steps(req)
             if steps < 1:
                 continue
@@ -225,15 +237,24 @@ class SteadyScheduler(Scheduler):
             req.steady_exit = tick + steps
             self._steady_n += 1
             self._steady_c0 += computed - tick
-            self._steady_l0 += req.max_new_tokens - req.num_output_tokens + tick
+            l0 = req.max_new_tokens - req.num_output_tokens + tick
+            self._steady_l0 += l0
             self._steady_max += req.max_new_tokens
+            if self._clipped(req):
+                self._steady_n_clipped += 1
+            else:
+                self._steady_l0_unclipped += l0
             due.setdefault(tick + steps, []).append(req)
 
     def _steady_steps(self, req: Request) -> int:
         """Decode steps from ``req``'s counters to its next block or its last token,
-        whichever comes first."""
+        whichever comes first, or (``reserve_outputs``) to where its tokens left come
+        down to ``CLIP_NEW_TOKENS``."""
         room = len(req.block_ids) * self.kv.block_size - req.num_computed_tokens
-        return min(room, req.max_output_tokens - req.num_output_tokens - 1)
+        steps = min(room, req.max_output_tokens - req.num_output_tokens - 1)
+        if self._clipped(req):
+            steps = min(steps, req.max_new_tokens - req.num_output_tokens - CLIP_NEW_TOKENS)
+        return steps
 
     def _file_exit(self, req: Request) -> None:
         """File steady ``req`` (counters still those of its ``steady_tick``) under the
@@ -243,15 +264,17 @@ class SteadyScheduler(Scheduler):
 
     def _take_due(self) -> list[Request]:
         """The steady requests whose steadiness ends at this tick: those whose next token
-        is their last are woken; those whose next token starts a block come back, still
-        steady (``_schedule_running`` gives them the block in the pass, in order)."""
+        is their last, or whose tokens left came down to ``CLIP_NEW_TOKENS``, are woken;
+        those whose next token starts a block come back, still steady
+        (``_schedule_running`` gives them the block in the pass, in order)."""
         at_boundary: list[Request] = []
         tick = self.tick
         # (once each: one woken and made steady again until the same tick is listed twice)
         for req in dict.fromkeys(self._due.pop(tick, ())):
             if req.steady_tick < 0 or req.steady_exit != tick:
                 continue  # woken since (and maybe steady again, until another tick)
-            if req.num_output_tokens + (tick - req.steady_tick) + 1 == req.max_output_tokens:
+            out = req.num_output_tokens + (tick - req.steady_tick)
+            if out + 1 == req.max_output_tokens or (self._clipped(req) and req.max_new_tokens - out <= CLIP_NEW_TOKENS):
                 self._wake(req)
             else:
                 at_boundary.append(req)
@@ -262,8 +285,13 @@ class SteadyScheduler(Scheduler):
         ordinary running request again."""
         t0, t = req.steady_tick, self.tick
         self._steady_c0 -= req.num_computed_tokens - t0
-        self._steady_l0 -= req.max_new_tokens - req.num_output_tokens + t0
+        l0 = req.max_new_tokens - req.num_output_tokens + t0
+        self._steady_l0 -= l0
         self._steady_max -= req.max_new_tokens
+        if self._clipped(req):  # (its counters still those of its steady_tick)
+            self._steady_n_clipped -= 1
+        else:
+            self._steady_l0_unclipped -= l0
         if t > t0:
             n = t - t0
             req.num_computed_tokens += n
