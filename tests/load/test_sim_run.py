@@ -93,6 +93,7 @@ def test_output_lengths_and_finish_reasons_are_the_simulated_servers(exact: bool
         assert isinstance(spec.prompt, list)
         body = completion_request("m", "completions", prompt=spec.prompt, max_tokens=spec.max_tokens, exact_output=exact)
         plan = server._plan(read_params(body, "completions"), spec.prompt)
+        assert plan.limit == spec.max_tokens  # (what sim serve tells the engine beside the length)
         got.append((r.output_tokens, r.finish_reason))
         planned.append((plan.tokens, plan.finish_reason))
     assert got == planned

@@ -404,11 +404,14 @@ def _tokens_short(n: int) -> str:
 
 
 def _family_switches_changed(engine: Engine) -> list[str]:
-    """The KV admission and free-queue switches where they differ from the family's."""
+    """The KV admission and free-queue switches where they differ from the family's
+    (output reservation when on is named by ``engine_line`` whatever the family)."""
     e, rules = engine.config, engine.config.engine_family.rules
     parts = []
     if e.scheduler_reserve_full_isl != rules.reserve_full_sequence:
         parts.append("full-sequence admission " + ("on" if e.scheduler_reserve_full_isl else "off"))
+    if e.reserve_outputs != rules.reserve_outputs and not e.reserve_outputs:  # (on: named below)
+        parts.append("outputs not reserved at admission")
     if e.evict_unhashed_first != rules.evict_unhashed_first and e.enable_prefix_caching:
         parts.append("unhashed blocks reused first " + ("on" if e.evict_unhashed_first else "off"))
     return parts

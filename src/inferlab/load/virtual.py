@@ -194,11 +194,8 @@ class SimulatedServer:
         record = self.record(send, ids)
         arrive_s = send.at_s if at_s is None else at_s
         try:
-            out, finish = self.output_len(ids, send.spec)
-            # (the request's own limit, which SGLang's admission estimates its output from)
-            asked = send.spec.max_tokens
-            limit = asked if asked is not None else self.engine.limits.max_model_len - len(ids)
-            self.engine.add_request(str(send.index), ids, out, arrive_s, max(limit, out))
+            out, finish, limit = self.output_len(ids, send.spec)
+            self.engine.add_request(str(send.index), ids, out, arrive_s, limit)
         except ValueError as e:  # what the HTTP server answers with 400
             end_ns = _ns(arrive_s + max(self.engine.api_overhead_s, _MIN_REJECT_S))
             # recorded as bench records the simulated server's answer (kind http_status,
@@ -219,9 +216,10 @@ class SimulatedServer:
             self._received_s[str(send.index)] = send.at_s
         return None
 
-    def output_len(self, ids: list[int], spec: RequestSpec) -> tuple[int, str]:
-        """How many tokens the answer has and its finish reason, by the simulated HTTP
-        server's rule: exactly ``max_tokens`` when the request asks for an exact length
+    def output_len(self, ids: list[int], spec: RequestSpec) -> tuple[int, str, int]:
+        """How many tokens the answer has, its finish reason and the request's own limit
+        (``max_tokens``, else the context left: what SGLang's admission estimates its
+        output from), by the simulated HTTP server's rule: exactly ``max_tokens`` when the request asks for an exact length
         (``spec.exact_output``: ``ignore_eos``/``min_tokens``); else the simulated model's
         natural length (``natural_output_len``, its end-of-sequence), cut at
         ``max_tokens`` or, without one, at the context that is left (``length`` when cut,
@@ -231,7 +229,7 @@ class SimulatedServer:
         limit = self.engine.limits.max_model_len
         if spec.max_tokens is not None:
             if spec.exact_output:
-                return spec.max_tokens, "length"  # (the engine checks the context itself)
+                return spec.max_tokens, "length", spec.max_tokens  # (the engine checks the context)
             if len(ids) + spec.max_tokens > limit:
                 raise ValueError(
                     f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -247,7 +245,7 @@ class SimulatedServer:
                     "with room for one output token"
                 )
         natural = natural_output_len(ids, self.natural_median_tokens)
-        return (cap, "length") if natural >= cap else (natural, "stop")
+        return (cap, "length", cap) if natural >= cap else (natural, "stop", cap)
 
     def finish(self, record: RequestRecord) -> None:
         self.done.append(record)

@@ -126,8 +126,7 @@ class BlockManager:
         """Whether ``allocate(req, num_tokens, cached)`` would succeed now: the new blocks,
         plus the ``cached`` ones sitting in the free queue, are free."""
         num_new = -(-num_tokens // self.block_size) - len(req.block_ids) - len(cached)
-        reclaimable = sum(1 for b in cached if self.ref_counts[b] == 0)  # cached but free
-        return num_new <= len(self.free_queue) - reclaimable
+        return num_new <= len(self.free_queue) - self.num_free_among(cached)  # (cached but free)
 
     def allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
         """Give ``req`` blocks for its first ``num_tokens`` tokens, claiming ``cached``

@@ -197,9 +197,7 @@ class KVCacheManager:
         num_new = -(-num_tokens // self.block_size) - len(req.block_ids) - len(cached)
         if num_new <= 0 and not cached:
             return True
-        ref = self._ref_counts
-        reclaimable = sum(1 for b in cached if ref[b] == 0)  # cached but sitting in free queue
-        return num_new <= len(self._free) - reclaimable
+        return num_new <= len(self._free) - self.num_free_among(cached)  # (cached but free)
 
     def allocate(self, req: KVRequest, num_tokens: int, cached: Sequence[int] = ()) -> bool:
         """Give ``req`` blocks for its first ``num_tokens`` tokens, claiming ``cached``

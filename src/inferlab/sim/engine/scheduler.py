@@ -374,13 +374,15 @@ class Scheduler:
                 break
             if cfg.reserve_full_sequence and not kv.can_allocate(req, req.num_tokens, cached):
                 break  # its whole sequence does not fit in the free blocks
-            out_left = min(req.max_new_tokens - req.num_output_tokens, CLIP_NEW_TOKENS)
-            # (SGLang locks a request's cached prefix before it checks: those blocks are
-            # no longer room for it, if they sat free)
-            pinned = kv.num_free_among(cached) * kv.block_size if reserve and cached else 0
-            if reserve and n + out_left >= room - pinned and running:
-                self._batch_full = True  # (alone, a request the cache holds is admitted)
-                break
+            out_left = pinned = 0
+            if reserve:
+                out_left = min(req.max_new_tokens - req.num_output_tokens, CLIP_NEW_TOKENS)
+                # (SGLang locks a request's cached prefix before it checks: those blocks
+                # are no longer room for it, if they sat free)
+                pinned = kv.num_free_among(cached) * kv.block_size if cached else 0
+                if n + out_left >= room - pinned and running:
+                    self._batch_full = True  # (alone, a request the cache holds is admitted)
+                    break
             whole = n <= budget
             n = min(n, budget)
             if not kv.allocate(req, num_cached + n, cached):

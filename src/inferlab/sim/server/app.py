@@ -374,8 +374,8 @@ class SimServer:
         if params.stop or params.stop_token_ids:
             stop = self.output.stop(params.stop, params.stop_token_ids, params.min_tokens)
         if stop is not None and stop.tokens <= tokens:
-            return OutputPlan(stop.tokens, "stop", stop.reason, stop.text_chars, hold, params.logprobs, max_tokens)
-        return OutputPlan(tokens, reason, None, None, hold, params.logprobs, max_tokens)
+            return OutputPlan(stop.tokens, "stop", stop.reason, stop.text_chars, hold, params.logprobs, max_tokens, limit)
+        return OutputPlan(tokens, reason, None, None, hold, params.logprobs, max_tokens, limit)
 
     async def _generate(
         self, request: web.Request, body: dict[str, Any], prompt_ids: list[int], *, chat: bool, received_s: float
@@ -392,8 +392,7 @@ class SimServer:
             raise APIError(429, "The server is overloaded: too many requests are waiting.", "RateLimitError")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
         try:
-            limit = plan.max_tokens if plan.max_tokens is not None else self.engine.limits.max_model_len - len(prompt_ids)
-            queue = self.loop.submit(rid, prompt_ids, plan.tokens, received_s, max(limit, plan.tokens))
+            queue = self.loop.submit(rid, prompt_ids, plan.tokens, received_s, plan.limit or None)
         except ValueError as e:
             raise APIError(400, str(e)) from e
         gen = Generation(self, rid, chat, received_s, len(prompt_ids), plan)

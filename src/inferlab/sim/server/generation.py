@@ -28,7 +28,9 @@ class OutputPlan:
     ``text_chars``: where the text ends when a stop cuts it (None: after the last
     token). ``hold_chars``: characters a stream holds back until no stop string can
     start in them (vLLM: the longest stop string's length less one). ``logprobs``:
-    alternatives per token's log-probability, None for none. ``max_tokens``: as asked."""
+    alternatives per token's log-probability, None for none. ``max_tokens``: as asked;
+    ``limit``: the request's own limit, ``max_tokens`` or else the context left (what
+    SGLang's admission estimates its output from; 0: ``tokens``)."""
 
     tokens: int
     finish_reason: str
@@ -37,6 +39,7 @@ class OutputPlan:
     hold_chars: int = 0
     logprobs: int | None = None
     max_tokens: int | None = None
+    limit: int = 0
 
     @property
     def plain(self) -> bool:
