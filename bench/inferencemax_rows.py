@@ -126,6 +126,12 @@ def row(row_id: int, setting: str, rec: dict[str, float | str], isl: int, osl: i
         "confidence": "medium",
         "source_id": "inferencemax",
         "split": "holdout",
+        "distribution": (
+            f"ttft_ms median={ms(f['median_ttft'])} p99={ms(f['p99_ttft'])}; "
+            f"tpot_ms median={ms(f['median_tpot'])} p99={ms(f['p99_tpot'])}; "
+            f"itl_ms median={ms(f['median_itl'])} p99={ms(f['p99_itl'])}; "
+            f"e2e_latency_ms median={ms(f['median_e2el'])} p99={ms(f['p99_e2el'])}"
+        ),
     }
 
 

@@ -36,6 +36,7 @@ from inferlab.sim.validation.validate import (
     METRIC_CLASSES,
     TARGET_PCT,
     Comparison,
+    distribution_medians,
     error_medians,
     group_medians,
     length_mismatches,
@@ -96,6 +97,23 @@ def _split_table(title: str, comparisons: list[Comparison], groups: list[tuple[s
                 continue
             cells = [f"{medians[cls][0]:.1f} % ({medians[cls][1]})" if cls in medians else "—" for cls in METRIC_CLASSES]
             print(f"| {group} | {split} | " + " | ".join(cells) + " |")
+
+
+def _distribution_table(comparisons: list[Comparison], groups: list[tuple[str, Callable[[Comparison], bool]]]) -> None:
+    """The rows' other latency statistics (their ``distribution`` cells), compared apart
+    from the headline: per group, split, metric and statistic, as a Markdown table."""
+    print()
+    print("distributions: the rows' other statistics of the same runs (bench/data's distribution")
+    print("column), never in the medians above (median over rows of |error| %, median signed")
+    print("error %, rows):")
+    print()
+    print("| family | split | metric | statistic | \\|error\\| | signed | rows |")
+    print("|---|---|---|---|---|---|---|")
+    for group, member in groups:
+        for split in SPLITS:
+            sub = [c for c in comparisons if member(c) and c.scenario.split == split]
+            for (metric, stat), (abs_med, signed, n) in distribution_medians(sub).items():
+                print(f"| {group} | {split} | {metric} | {stat} | {abs_med:.1f} % | {signed:+.1f} % | {n} |")
 
 
 def write_bands(comparisons: list[Comparison], path: Path) -> int:
@@ -206,6 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     _split_table("source, sglang", report.comparisons, [
         (s, lambda c, s=s: c.scenario.family == "sglang" and c.scenario.source_id == s) for s in sglang
     ])
+    if report.distribution:
+        print()
+        _table(report.distribution)
+        v1_sources = sorted({c.scenario.source_id for c in report.distribution if c.scenario.family == "vllm"})
+        _distribution_table(report.distribution, [
+            ("all", lambda c: True),
+            *((f, lambda c, f=f: c.scenario.family == f) for f in families),
+            *((f"vllm, {s}", lambda c, s=s: c.scenario.family == "vllm" and c.scenario.source_id == s) for s in v1_sources),
+        ])
     assumed = {
         c.scenario.row_id: c.scenario.assumptions
         for c in report.comparisons

@@ -14,6 +14,7 @@ from inferlab.sim.validation.calibration import (
     _lengths,
     _number,
     _stat_for,
+    distribution_cell,
     load_rows,
     parse_row,
     parse_rows,
@@ -25,6 +26,7 @@ from inferlab.sim.validation.validate import (
     _gaps_s,
     _serve,
     _stat,
+    distribution_medians,
     error_medians,
     length_mismatches,
     predict_scenario,
@@ -618,3 +620,81 @@ def test_validate_sim_set_changes_one_constant_of_one_family_for_a_sensitivity_c
         with pytest.raises(ValueError):
             script["apply_overrides"]([bad])
     assert script["main"](["--all", "--write-bands", "--set", "vllm.api_per_seq_s=1e-6"]) == 2
+
+
+# --- distributions: the other statistics of a row's run ------------------------------------
+
+
+def test_a_distribution_cell_reads_stats_per_metric_and_refuses_what_it_cannot_compare() -> None:
+    spread = parse_row(row(metric_stat="mean", distribution="ttft_ms p50=70 p99=250; tpot_ms mean=9.5 p90=11")).distribution
+    assert [(m.metric, m.stat, m.value) for m in spread] == [
+        ("ttft_ms", "median", 70.0), ("ttft_ms", "p99", 250.0), ("tpot_ms", "mean", 9.5), ("tpot_ms", "p90", 11.0),
+    ]
+    assert parse_row(row()).distribution == ()
+    for cell, reason in (
+        ("ttft_ms median=80", "given twice"),  # the row's own TTFT column is its median
+        ("ttft_ms p99=250 p99=260", "given twice"),
+        ("tokens p99=3", "expected one of"),
+        ("ttft_ms", "expected one of"),
+        ("ttft_ms p99:250", "not STAT=VALUE"),
+        ("ttft_ms p99=0", "not STAT=VALUE"),
+        ("ttft_ms max=900", "not STAT=VALUE"),
+    ):
+        with pytest.raises(ScenarioError, match=reason):
+            parse_row(row(distribution=cell))
+    with pytest.raises(ScenarioError, match="no per-request latencies"):
+        distribution_cell("ttft_ms p99=250", "static")
+
+
+def test_distribution_statistics_come_from_the_same_run_and_stay_out_of_the_headline(tmp_path: Path) -> None:
+    """A closed loop of 32 users who start at once: their prefills queue behind each
+    other, so the simulated TTFT p99 is well above the median; the headline is the same
+    with or without the cell, and an ITL the row may not compare is left out of both."""
+    plain = row(row_id="d1", ttft_ms="80", metric_stat="mean", itl_ms="12")
+    spread = {**plain, "row_id": "d2", "distribution": "ttft_ms median=70 p99=900; itl_ms p99=40"}
+    chunked = {**spread, "row_id": "d3", "notes": "stream chunks carry several tokens"}
+    path = tmp_path / "rows.csv"
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(chunked))
+        writer.writeheader()
+        writer.writerows([{**plain, "distribution": "", "notes": ""}, {**spread, "notes": ""}, chunked])
+    report = validate(path)
+    by_row = {(c.scenario.row_id, c.metric, c.stat): c.predicted for c in report.distribution}
+    assert set(by_row) == {("d2", "ttft_ms", "median"), ("d2", "ttft_ms", "p99"), ("d2", "itl_ms", "p99"),
+                           ("d3", "ttft_ms", "median"), ("d3", "ttft_ms", "p99")}
+    assert by_row["d2", "ttft_ms", "p99"] > 1.3 * by_row["d2", "ttft_ms", "median"]
+    headline = {(c.scenario.row_id, c.metric): c.predicted for c in report.comparisons}
+    assert headline["d1", "ttft_ms"] == headline["d2", "ttft_ms"] == headline["d3", "ttft_ms"]
+    assert ("d3", "itl_ms") not in headline
+    assert [s.reason.split(":")[0] for s in report.skipped] == ["itl_ms"]  # said once, for d3
+    # the mean lies between the median and the tail of the same run
+    assert by_row["d2", "ttft_ms", "median"] < headline["d2", "ttft_ms"] < by_row["d2", "ttft_ms", "p99"]
+
+
+def test_distribution_medians_are_per_metric_and_statistic_with_their_sign() -> None:
+    sc = parse_row(row())
+    comps = [Comparison(sc, "ttft_ms", "p99", 100.0, p) for p in (110.0, 80.0, 130.0)]
+    comps += [Comparison(sc, "ttft_ms", "median", 50.0, 45.0), Comparison(sc, "tpot_ms", "median", 10.0, 12.0)]
+    medians = distribution_medians(comps)
+    assert list(medians) == [("ttft_ms", "median"), ("ttft_ms", "p99"), ("tpot_ms", "median")]
+    assert medians["ttft_ms", "p99"] == pytest.approx((20.0, 10.0, 3))  # |err| 10, 20, 30; signed +10, -20, +30
+    assert medians["ttft_ms", "median"] == pytest.approx((10.0, -10.0, 1))
+
+
+def test_shipped_distribution_cells_are_what_the_rows_notes_quote() -> None:
+    """Every value in a ``distribution`` cell is a number the row's notes quote (in ms,
+    or in seconds), and ``bench/distribution_cells.py --check`` finds nothing to change."""
+    import re
+    import runpy
+
+    bench = Path(__file__).resolve().parents[3] / "bench"
+    filled = 0
+    for path in sorted((bench / "data").glob("*.csv")):
+        for r in load_rows(path):
+            quoted = {float(x) for x in re.findall(r"\d+(?:\.\d+)?", r.get("notes", ""))}
+            for value in re.findall(r"=(\d+(?:\.\d+)?)", r.get("distribution", "")):
+                filled += 1
+                v = float(value)
+                assert v in quoted or any(math.isclose(v / 1000, q) for q in quoted), (path.name, r["row_id"], value)
+    assert filled > 500
+    assert runpy.run_path(str(bench / "distribution_cells.py"))["main"](["--check"]) == 0

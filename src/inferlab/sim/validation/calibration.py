@@ -387,6 +387,7 @@ def parse_row(row: dict[str, str]) -> Scenario:
             measurements.append(Measurement(col, stat, value))
     if not measurements:
         raise ScenarioError("no measured metric")
+    distribution = distribution_cell(row.get("distribution", ""), kind, measurements)
     engine_cell = row.get("engine", "")
     return Scenario(
         row_id=row.get("row_id", "?").strip(),
@@ -415,7 +416,43 @@ def parse_row(row: dict[str, str]) -> Scenario:
         source_id=row.get("source_id", "").strip(),
         split=split,
         sharing=sharing,
+        distribution=distribution,
     )
+
+
+_LATENCY_COLUMNS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms")
+
+
+def distribution_cell(cell: str, kind: str, headline: Iterable[Measurement] = ()) -> tuple[Measurement, ...]:
+    """The ``distribution`` cell: more statistics of the run's latencies, as
+    ``METRIC STAT=VALUE ...`` groups separated by semicolons (``ttft_ms median=107.96
+    p99=269.46; tpot_ms median=17.44``), STAT one of mean, median, p50 (read as median)
+    or pNN, in the latency columns' unit (ms). ``ScenarioError`` for anything else, for a
+    statistic the row's own column already holds (``headline``) and for a batch or an
+    offline run (one latency per batch, or none per request)."""
+    cell = cell.strip()
+    if not cell:
+        return ()
+    if kind in ("static", "offline"):
+        raise ScenarioError(f"distribution {cell!r}: a {kind} row has no per-request latencies")
+    taken = {(m.metric, m.stat) for m in headline}
+    out: list[Measurement] = []
+    for group in filter(None, (g.strip() for g in cell.split(";"))):
+        metric, *pairs = group.split()
+        if metric not in _LATENCY_COLUMNS or not pairs:
+            raise ScenarioError(
+                f"distribution {group!r}: expected one of {', '.join(_LATENCY_COLUMNS)} and STAT=VALUE pairs"
+            )
+        for pair in pairs:
+            m = re.fullmatch(r"(mean|median|p\d{2})=(\d+(?:\.\d+)?)", pair)
+            if m is None or float(m.group(2)) <= 0:
+                raise ScenarioError(f"distribution {group!r}: {pair!r} is not STAT=VALUE (mean, median, pNN; ms > 0)")
+            stat = "median" if m.group(1) in ("median", "p50") else m.group(1)
+            if (metric, stat) in taken:
+                raise ScenarioError(f"distribution {group!r}: {metric} {stat} is given twice (or is the row's own column)")
+            taken.add((metric, stat))
+            out.append(Measurement(metric, stat, float(m.group(2))))
+    return tuple(out)
 
 
 def _min_len(lengths: Lengths) -> float:
@@ -464,6 +501,17 @@ def parse_rows(rows: Iterable[dict[str, str]]) -> tuple[list[Scenario], list[Ski
                 skipped.append(Skipped(rid, eng, mdl, f"{m.metric}: {reason}"))
             else:
                 kept.append(m)
+        # a column left out is left out of the distribution too (said once, above, when
+        # the row's own column has it)
+        said = {m.metric for m in sc.measurements}
+        spread = []
+        for m in sc.distribution:
+            reason = metric_skip_reason(row, m.metric)
+            if not reason:
+                spread.append(m)
+            elif m.metric not in said:
+                said.add(m.metric)
+                skipped.append(Skipped(rid, eng, mdl, f"{m.metric} (distribution): {reason}"))
         if kept:
-            scenarios.append(dataclasses.replace(sc, measurements=tuple(kept)))
+            scenarios.append(dataclasses.replace(sc, measurements=tuple(kept), distribution=tuple(spread)))
     return scenarios, skipped

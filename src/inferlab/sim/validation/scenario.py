@@ -130,6 +130,10 @@ class Scenario:
     source_id: str = ""  # the publisher's document or dataset: the unit of the split
     split: str = FIT  # FIT or HOLDOUT (``bench/data``'s ``split`` column)
     sharing: PromptSharing | None = None  # prompts that share prefixes (None: none do)
+    # more statistics of the same run's latencies (``bench/data``'s ``distribution``
+    # column: medians and tails beside a mean, ...): compared apart from
+    # ``measurements``, never in the headline medians or the error bands
+    distribution: tuple[Measurement, ...] = ()
 
     @property
     def regime(self) -> str:

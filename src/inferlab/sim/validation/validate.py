@@ -88,6 +88,9 @@ class Comparison:
 class Report:
     comparisons: list[Comparison] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    # the rows' other latency statistics (``Scenario.distribution``), kept apart:
+    # ``error_medians`` of ``comparisons`` are the headline, these never enter it
+    distribution: list[Comparison] = field(default_factory=list)
 
 
 # --- the workload ---------------------------------------------------------------------------
@@ -376,8 +379,16 @@ def predict_scenario(sc: Scenario) -> tuple[dict[str, float], int]:
     """Predicted value per measured metric, and how many of the row's requests were
     simulated (fewer when the duration was extrapolated); ``ValueError`` if the engine
     cannot run the scenario."""
+    predicted, _, simulated = _predict_all(sc)
+    return predicted, simulated
+
+
+def _predict_all(sc: Scenario) -> tuple[dict[str, float], dict[tuple[str, str], float], int]:
+    """``predict_scenario``, and from the same run the row's distribution statistics by
+    ``(metric, stat)``."""
     run = _run(sc)
-    return {m.metric: predict(sc, run, m) for m in sc.measurements}, len(run.timelines)
+    spread = {(m.metric, m.stat): predict(sc, run, m) for m in sc.distribution}
+    return {m.metric: predict(sc, run, m) for m in sc.measurements}, spread, len(run.timelines)
 
 
 def validate(path: str | Path, row_ids: Iterable[str] | None = None, jobs: int = 1) -> Report:
@@ -405,7 +416,7 @@ def validate_files(
         if isinstance(outcome, str):
             report.skipped.append(Skipped(sc.row_id, sc.engine_label, sc.model, outcome))
             continue
-        predicted, simulated = outcome
+        predicted, spread, simulated = outcome
         if simulated < sc.num_requests:
             note = f"ran {simulated:,} of {sc.num_requests:,} requests, duration extrapolated"
             sc = dataclasses.replace(sc, assumptions=(*sc.assumptions, note))
@@ -413,13 +424,19 @@ def validate_files(
             report.comparisons.append(
                 Comparison(sc, m.metric, m.stat, m.value, predicted[m.metric])
             )
+        for m in sc.distribution:
+            report.distribution.append(
+                Comparison(sc, m.metric, m.stat, m.value, spread[m.metric, m.stat])
+            )
     return report
 
 
-def _predict_or_reason(sc: Scenario) -> tuple[dict[str, float], int] | str:
-    """``predict_scenario``, or the reason the row cannot run."""
+def _predict_or_reason(
+    sc: Scenario,
+) -> tuple[dict[str, float], dict[tuple[str, str], float], int] | str:
+    """``_predict_all``, or the reason the row cannot run."""
     try:
-        return predict_scenario(sc)
+        return _predict_all(sc)
     except (ValueError, ArithmeticError, LookupError, InferlabError) as e:
         # (a ScenarioError says why the row cannot be expressed; the rest are the engine's)
         return str(e) if isinstance(e, ScenarioError) else f"the simulated engine cannot run it: {e}"
@@ -473,3 +490,22 @@ def group_medians(
     for c in comparisons:
         groups.setdefault(key(c), []).append(c)
     return {g: error_medians(cs) for g, cs in sorted(groups.items())}
+
+
+def _stat_order(stat: str) -> tuple[int, int]:
+    """mean first, then percentiles upwards (the median is p50)."""
+    return (0, 0) if stat == "mean" else (1, 50 if stat == "median" else int(stat[1:]))
+
+
+def distribution_medians(comparisons: Sequence[Comparison]) -> dict[tuple[str, str], tuple[float, float, int]]:
+    """Per ``(metric, stat)`` (a latency column and one of its statistics, each row once):
+    (median |error| %, median signed error %, rows), the statistics of each metric from
+    the mean up to the highest percentile."""
+    by: dict[tuple[str, str], list[float]] = {}
+    for c in comparisons:
+        by.setdefault((c.metric, c.stat), []).append(c.error_pct)
+    order = {m: k for k, m in enumerate(("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"))}
+    return {
+        key: (statistics.median(abs(e) for e in errs), statistics.median(errs), len(errs))
+        for key, errs in sorted(by.items(), key=lambda kv: (order[kv[0][0]], _stat_order(kv[0][1])))
+    }
