@@ -698,3 +698,31 @@ def test_shipped_distribution_cells_are_what_the_rows_notes_quote() -> None:
                 assert v in quoted or any(math.isclose(v / 1000, q) for q in quoted), (path.name, r["row_id"], value)
     assert filled > 500
     assert runpy.run_path(str(bench / "distribution_cells.py"))["main"](["--check"]) == 0
+
+
+# --- answers that stop at EOS -----------------------------------------------------------------
+
+
+def test_outputs_that_stop_at_eos_differ_in_length_up_to_the_clients_limit() -> None:
+    sc = parse_row(row(output_len="100.5 mean (EOS; max_tokens 128)", num_requests="300"))
+    assert (sc.output_len.kind, sc.output_len.a, sc.output_len.b) == ("eos", 100.5, 128.0)
+    assert any("stop at EOS" in a for a in sc.assumptions)
+    outs = [o for _, o in workload(sc)]
+    assert statistics.fmean(outs) == pytest.approx(100.5, rel=0.01)
+    assert max(outs) == 128 and min(outs) < 50 and len(set(outs)) > 20
+    assert workload(sc) == workload(sc)  # deterministic
+    for cell in ("130 mean (EOS; max_tokens 128)", "128 mean (EOS; max_tokens 128)"):
+        with pytest.raises(ScenarioError, match="below max_tokens"):
+            parse_row(row(output_len=cell))
+    # without EOS stated, a mean stays one length for every request
+    assert parse_row(row(output_len="100.5 mean", length_distribution="fixed")).output_len.kind == "fixed"
+
+
+def test_a_closed_loop_whose_answers_stop_at_eos_drifts_out_of_lockstep() -> None:
+    """Eight users with answers of one length stay in step: every wave's prefills run
+    together and every user waits for all of them. Answers of different lengths (the
+    same mean) spread the users out, and the median request meets fewer prefills."""
+    base = row(batch_or_concurrency="8", num_requests="400", input_len="2000", metric_stat="median")
+    fixed = predict_scenario(parse_row({**base, "output_len": "100"}))[0]["ttft_ms"]
+    spread = predict_scenario(parse_row({**base, "output_len": "100 mean (EOS; max_tokens 128)"}))[0]["ttft_ms"]
+    assert spread < 0.6 * fixed

@@ -189,6 +189,16 @@ def _lengths(cell: str, dist: str, which: str) -> tuple[Lengths, str | None]:
     if m:
         return Lengths("uniform", float(m.group(1)), float(m.group(2))), None
     value = _number(c)
+    # answers that stop at end of sequence below the limit the client set ('100.5 mean
+    # (EOS; max_tokens 128)'): lengths that differ, at most that limit (``workload``)
+    cap = re.search(r"\beos\b.*\bmax_tokens\s*(\d+)", c)
+    if cap and which == "output" and value is not None and "mean" in c:
+        limit = float(cap.group(1))
+        if not 1 <= value < limit:
+            raise ScenarioError(f"{which} length {cell!r}: a mean stopped at EOS is below max_tokens")
+        return Lengths("eos", value, limit), (
+            f"outputs stop at EOS: ShareGPT's answer lengths scaled to mean {value:g}, at most {limit:g}"
+        )
     # a measured mean of lengths drawn from a range the row states ('lengths uniform in
     # [1,1024]'; sglang.bench_serving's random_range_ratio 0): that range, keeping the
     # mean measured, when it is near the range's middle (within 10 %)

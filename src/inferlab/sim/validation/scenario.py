@@ -45,8 +45,10 @@ REGIME_OF_KIND = {
 
 @dataclass(frozen=True)
 class Lengths:
-    """Token lengths: ``fixed`` (a), ``uniform`` [a, b], or ``sharegpt`` with mean a. A
-    uniform range may carry the mean its source measured (``measured``)."""
+    """Token lengths: ``fixed`` (a), ``uniform`` [a, b], ``sharegpt`` with mean a, or
+    ``eos`` (outputs only): answers that stop at end of sequence with mean a, each at
+    most the client's limit b. A uniform range may carry the mean its source measured
+    (``measured``)."""
 
     kind: str
     a: float

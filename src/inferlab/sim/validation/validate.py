@@ -6,7 +6,8 @@ builds for it and computes the statistics the source reports; ``validate`` does 
 a file and ``error_medians`` takes the median error per metric class. Nothing is tuned per row:
 
 - workload: fixed lengths; ``U[a,b]`` uniform (scaled to the mean the source measured,
-  when the row gives one); ShareGPT rows the token lengths of a published run of vLLM's
+  when the row gives one); answers that stop at EOS below the client's max_tokens
+  ShareGPT's answer lengths scaled to their mean, at most that limit; ShareGPT rows the token lengths of a published run of vLLM's
   ShareGPT sampler (``sharegpt_lengths``) in order, scaled to the row's means; requests
   the source counted as empty (no text) are that share, one output token each, and the
   others carry the row's mean over them; no two prompts share a prefix;
@@ -141,6 +142,12 @@ def workload(sc: Scenario) -> list[tuple[int, int]]:
     if out.kind == "sharegpt":
         caps = [max(1, _SHAREGPT_MAX_TOTAL - ins[k]) for k in keep]
         kept = _scaled([pairs[k][1] for k in keep], out.a * adjust, caps)
+    elif out.kind == "eos":
+        # answers that end at EOS: how long a model chooses to answer (ShareGPT's answers,
+        # in order) scaled to the measured mean, each at most the client's max_tokens;
+        # where that limit cuts the longest, the rest are scaled up further. Lengths that
+        # differ let a closed loop's users drift apart, as real ones do
+        kept = _scaled([pairs[k][1] for k in keep], out.a * adjust, [int(out.b)] * len(keep))
     else:
         measured = None if out.measured is None else out.measured * adjust
         kept = _draws(dataclasses.replace(out, measured=measured), rng, len(keep))
