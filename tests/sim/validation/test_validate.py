@@ -726,3 +726,20 @@ def test_a_closed_loop_whose_answers_stop_at_eos_drifts_out_of_lockstep() -> Non
     fixed = predict_scenario(parse_row({**base, "output_len": "100"}))[0]["ttft_ms"]
     spread = predict_scenario(parse_row({**base, "output_len": "100 mean (EOS; max_tokens 128)"}))[0]["ttft_ms"]
     assert spread < 0.6 * fixed
+
+
+def test_validate_sim_prints_a_rows_distribution_apart_from_its_headline(capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+    import runpy
+
+    bench = Path(__file__).resolve().parents[3] / "bench"
+    script = runpy.run_path(str(bench / "validate_sim.py"))
+    assert script["main"](["--csv", str(bench / "data" / "published_v1.csv"), "--rows", "4001"]) == 0
+    out = capsys.readouterr().out
+    headline, _, spread = out.partition("distributions:")
+    table, _, rest = headline.partition("median over rows of |error| per metric class")
+    assert "ttft_ms/mea" in table and "ttft_ms/p99" not in table  # the headline: the row's own columns
+    assert "ttft_ms/p99" in rest and "tpot_ms/med" in rest  # then each distribution value
+    assert "| vllm | holdout | ttft_ms | p99 |" in spread and "| vllm, vllm-benchmark-simon-mo | holdout | tpot_ms | median |" in spread
+    # the headline medians count the row's one TTFT (its mean), not its median and p99
+    assert re.search(r"TTFT +[\d.]+%  \(1 rows, 1 values", rest)
