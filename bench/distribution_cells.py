@@ -73,8 +73,14 @@ def read_notes(row: dict[str, str]) -> dict[str, dict[str, str]]:
             put("ttft_ms", "mean", m.group(1))
             put("ttft_ms", "median", m.group(2))
             put("ttft_ms", "p99", m.group(3))
-    # 'TTFT  p50 0.051s  p95 0.052s  p99 0.508s  mean 0.060s' / 'TOTAL p50 1.486s ...' (seconds)
-    for m in re.finditer(r"'(TTFT|TOTAL)\s+((?:(?:p\d{2}|mean) [\d.]+s\s*)+)'", notes):
+    # 'Medians: TTFT 43.50, TPOT 19.45, ITL 19.24[, E2E 10637 ms]'
+    m = re.search(r"Medians: ((?:(?:TTFT|TPOT|ITL|E2E) [\d.]+(?:, )?)+)", notes)
+    if m:
+        for name, value in re.findall(r"(TTFT|TPOT|ITL|E2E) (\d+(?:\.\d+)?)", m.group(1)):
+            put(METRICS[name], "median", value)
+    # 'TTFT  p50 0.051s  p95 0.052s  p99 0.508s  mean 0.060s' / 'TOTAL p50 1.486s ...' /
+    # 'per-req latency p50 1.741s ...' (seconds; TOTAL and per-request latency are E2E)
+    for m in re.finditer(r"'(TTFT|TOTAL|per-req latency)\s+((?:(?:p\d{2}|mean) [\d.]+s\s*)+)'", notes):
         metric = "ttft_ms" if m.group(1) == "TTFT" else "e2e_latency_ms"
         for stat, seconds in re.findall(r"(p\d{2}|mean) ([\d.]+)s", m.group(2)):
             put(metric, "median" if stat == "p50" else stat, f"{float(seconds) * 1000:g}")
@@ -83,7 +89,7 @@ def read_notes(row: dict[str, str]) -> dict[str, dict[str, str]]:
         put(f"{m.group(1)}_ms", "mean", m.group(2))
         put(f"{m.group(1)}_ms", "median", m.group(3))
     # LMDeploy's profiler: 'per-token latency p75/p95/p99 = 21/22/25 ms' (its ITL)
-    m = re.search(r"per-token latency p75/p95/p99 = " + NUM + "/" + NUM + "/" + NUM + " ms", notes)
+    m = re.search(r"per-token latency p75/p95/p99 = " + NUM + "/" + NUM + "/" + NUM + " ms", notes, re.IGNORECASE)
     if m:
         for stat, value in zip(("p75", "p95", "p99"), m.groups(), strict=True):
             put("itl_ms", stat, value)

@@ -714,6 +714,13 @@ def test_outputs_that_stop_at_eos_differ_in_length_up_to_the_clients_limit() -> 
     for cell in ("130 mean (EOS; max_tokens 128)", "128 mean (EOS; max_tokens 128)"):
         with pytest.raises(ScenarioError, match="below max_tokens"):
             parse_row(row(output_len=cell))
+    # one form only: anything else that names the limit or EOS is refused, not guessed
+    for cell in ("100.5 mean (EOS; max_tokens=128)", "100.5 (EOS; max_tokens 128)", "100.5 mean (EOS; max tokens 128)",
+                 "100.5 mean (EOS; max_tokens 2,048)", "120 mean (ignore-eos; max_tokens 128)", "100 mean (stops at EOS)"):
+        with pytest.raises(ScenarioError, match="written 'MEAN mean"):
+            parse_row(row(output_len=cell))
+    # (an input length is never read so, and a client's --ignore-eos is no EOS)
+    assert parse_row(row(output_len="128 (--ignore-eos)")).output_len.kind == "fixed"
     # without EOS stated, a mean stays one length for every request
     assert parse_row(row(output_len="100.5 mean", length_distribution="fixed")).output_len.kind == "fixed"
 
@@ -743,3 +750,59 @@ def test_validate_sim_prints_a_rows_distribution_apart_from_its_headline(capsys:
     assert "| vllm | holdout | ttft_ms | p99 |" in spread and "| vllm, vllm-benchmark-simon-mo | holdout | tpot_ms | median |" in spread
     # the headline medians count the row's one TTFT (its mean), not its median and p99
     assert re.search(r"TTFT +[\d.]+%  \(1 rows, 1 values", rest)
+
+
+def _distribution_script() -> dict:
+    import runpy
+
+    return runpy.run_path(str(Path(__file__).resolve().parents[3] / "bench" / "distribution_cells.py"))
+
+
+@pytest.mark.parametrize(("notes", "expected"), [
+    ("duration 18.11 s; median TTFT 23.69, p99 66.39; median TPOT 6.97, p99 7.05; median ITL 7.09, p99 12.71",
+     {"ttft_ms": {"median": "23.69", "p99": "66.39"}, "tpot_ms": {"median": "6.97", "p99": "7.05"},
+      "itl_ms": {"median": "7.09", "p99": "12.71"}}),
+    ("median TTFT 58.6838 ms, p99 TTFT 117.731; median ITL 15.9126, p99 ITL 57.2564",
+     {"ttft_ms": {"median": "58.6838", "p99": "117.731"}, "itl_ms": {"median": "15.9126", "p99": "57.2564"}}),
+    ("median TTFT 9088.74, p99 24363.57; median TPOT 107.16; median ITL 0.12 (multi-token chunks)",
+     {"ttft_ms": {"median": "9088.74", "p99": "24363.57"}, "tpot_ms": {"median": "107.16"}}),
+    ("TTFT mean/median/p99 16383.88/16164.27/19975.18 ms; TPOT mean/median/p99 134.47/105.53/276.78 ms",
+     {"ttft_ms": {"mean": "16383.88", "median": "16164.27", "p99": "19975.18"},
+      "tpot_ms": {"mean": "134.47", "median": "105.53", "p99": "276.78"}}),
+    ("Quote (table 'Max Concurrency | Req/s | Output Tok/s | Mean TTFT (ms) | Median TTFT (ms) | P99 TTFT (ms)'): "
+     "'16 | 6.44 | 644 | 155 | 97 | 503'.",
+     {"ttft_ms": {"mean": "155", "median": "97", "p99": "503"}}),
+    ("'TTFT  p50 0.051s  p95 0.052s  p99 0.508s  mean 0.060s' / 'TOTAL p50 1.486s  p95 1.487s  p99 1.953s  mean 1.495s'",
+     {"ttft_ms": {"median": "51", "p95": "52", "p99": "508", "mean": "60"},
+      "e2e_latency_ms": {"median": "1486", "p95": "1487", "p99": "1953", "mean": "1495"}}),
+    ("'per-req latency p50 1.741s p95 1.763s mean 1.735s'", {"e2e_latency_ms": {"median": "1741", "p95": "1763", "mean": "1735"}}),
+    ("mean_ttft_ms 137.06 (median 109.60), mean_tpot_ms 54.29 (median 58.04), mean_itl_ms 54.80 (median 57.77)",
+     {"ttft_ms": {"mean": "137.06", "median": "109.60"}, "tpot_ms": {"mean": "54.29", "median": "58.04"},
+      "itl_ms": {"mean": "54.80", "median": "57.77"}}),
+    ("FTL(min/max) = 143/3576 ms; Per-token latency p75/p95/p99 = 21/22/25 ms.", {"itl_ms": {"p75": "21", "p95": "22", "p99": "25"}}),
+    ("Medians: TTFT 3697, TPOT 40.9, ITL 261, E2E 10637 ms. JSON also holds",
+     {"ttft_ms": {"median": "3697"}, "tpot_ms": {"median": "40.9"}, "itl_ms": {"median": "261"}, "e2e_latency_ms": {"median": "10637"}}),
+    ("mean E2E 7840.62 ms; duration 298.37 s", {"e2e_latency_ms": {"mean": "7840.62"}}),
+    ("Std TTFT 100.847 ms, Std ITL 8.11108 ms", {}),
+])
+def test_each_form_of_quote_reads_as_its_metric_and_statistic(notes: str, expected: dict) -> None:
+    assert _distribution_script()["read_notes"]({"notes": notes}) == expected
+
+
+def test_every_row_whose_notes_hold_its_other_statistics_has_a_distribution_cell() -> None:
+    import re
+
+    data = Path(__file__).resolve().parents[3] / "bench" / "data"
+    missing = [
+        r["row_id"] for path in sorted(data.glob("*.csv")) for r in load_rows(path)
+        if re.search(r"(median|p\d\d)[^)]*in notes", r.get("metric_stat", ""), re.IGNORECASE)
+        and "static" not in r.get("scenario", "") and not r.get("distribution")
+    ]
+    assert missing == []
+
+
+def test_a_distribution_cell_that_cannot_be_read_leaves_the_rows_headline_in() -> None:
+    scenarios, skipped = parse_rows([row(distribution="ttft_ms p99=250."), row(row_id="x2", distribution="ttft_ms p99=250")])
+    assert [sc.row_id for sc in scenarios] == ["x1", "x2"]
+    assert scenarios[0].distribution == ()
+    assert [(s.row_id, s.reason.split(":")[0]) for s in skipped] == [("x1", "distribution")]

@@ -190,14 +190,19 @@ def _lengths(cell: str, dist: str, which: str) -> tuple[Lengths, str | None]:
         return Lengths("uniform", float(m.group(1)), float(m.group(2))), None
     value = _number(c)
     # answers that stop at end of sequence below the limit the client set ('100.5 mean
-    # (EOS; max_tokens 128)'): lengths that differ, at most that limit (``workload``)
-    cap = re.search(r"\beos\b.*\bmax_tokens\s*(\d+)", c)
-    if cap and which == "output" and value is not None and "mean" in c:
-        limit = float(cap.group(1))
-        if not 1 <= value < limit:
-            raise ScenarioError(f"{which} length {cell!r}: a mean stopped at EOS is below max_tokens")
-        return Lengths("eos", value, limit), (
-            f"outputs stop at EOS: ShareGPT's answer lengths scaled to mean {value:g}, at most {limit:g}"
+    # (EOS; max_tokens 128)'): lengths that differ, at most that limit (``workload``).
+    # One form only: a cell that names the limit or EOS otherwise is refused, not guessed
+    if which == "output" and re.search(r"max[_ -]?tokens|(?<![_-])\beos\b", c):
+        eos = re.fullmatch(r"(\d+(?:\.\d+)?) mean \(eos; max_tokens (\d+)\)", c)
+        if eos is None:
+            raise ScenarioError(
+                f"{which} length {cell!r}: answers that stop at EOS are written 'MEAN mean (EOS; max_tokens N)'"
+            )
+        mean, limit = float(eos.group(1)), float(eos.group(2))
+        if not 1 <= mean < limit:
+            raise ScenarioError(f"{which} length {cell!r}: the mean of answers stopped at EOS must be below max_tokens")
+        return Lengths("eos", mean, limit), (
+            f"outputs stop at EOS: ShareGPT's answer lengths scaled to mean {mean:g}, at most {limit:g}"
         )
     # a measured mean of lengths drawn from a range the row states ('lengths uniform in
     # [1,1024]'; sglang.bench_serving's random_range_ratio 0): that range, keeping the
@@ -475,7 +480,7 @@ def _min_len(lengths: Lengths) -> float:
 def metric_skip_reason(row: dict[str, str], metric: str) -> str | None:
     """Why one measured metric of an expressible row is not comparable, or None."""
     notes = row.get("notes", "").lower()
-    if metric == "itl_ms" and re.search(r"chunks? carry several tokens|itl \(chunk gap\)", notes):
+    if metric == "itl_ms" and re.search(r"chunks? carry several tokens|itl \(chunk gap\)|\(multi-token chunks\)", notes):
         return "ITL is a gap between multi-token stream chunks; the simulator streams tokens"
     if metric == "itl_ms" and dict(_engine_flags(row.get("engine_config", ""))).get("num_scheduler_steps", 1) > 1:
         return "ITL is a gap between multi-step output chunks; the simulator streams tokens"
@@ -497,7 +502,8 @@ def parse_rows(rows: Iterable[dict[str, str]]) -> tuple[list[Scenario], list[Ski
     for row in rows:
         rid, eng, mdl = row.get("row_id", "?"), row.get("engine", ""), row.get("model", "")
         try:
-            sc = parse_row(row)
+            # the distribution apart: a cell it cannot read leaves the row's headline in
+            sc = parse_row({**row, "distribution": ""})
         except ScenarioError as e:
             skipped.append(Skipped(rid, eng, mdl, str(e)))
             continue
@@ -511,11 +517,16 @@ def parse_rows(rows: Iterable[dict[str, str]]) -> tuple[list[Scenario], list[Ski
                 skipped.append(Skipped(rid, eng, mdl, f"{m.metric}: {reason}"))
             else:
                 kept.append(m)
+        try:
+            cell = distribution_cell(row.get("distribution", ""), sc.kind, sc.measurements)
+        except ScenarioError as e:
+            skipped.append(Skipped(rid, eng, mdl, f"distribution: {e}"))
+            cell = ()
         # a column left out is left out of the distribution too (said once, above, when
         # the row's own column has it)
         said = {m.metric for m in sc.measurements}
         spread = []
-        for m in sc.distribution:
+        for m in cell:
             reason = metric_skip_reason(row, m.metric)
             if not reason:
                 spread.append(m)

@@ -143,6 +143,8 @@ def workload(sc: Scenario) -> list[tuple[int, int]]:
         caps = [max(1, _SHAREGPT_MAX_TOTAL - ins[k]) for k in keep]
         kept = _scaled([pairs[k][1] for k in keep], out.a * adjust, caps)
     elif out.kind == "eos":
+        if out.a * adjust >= out.b:  # (every answer at the limit would be lockstep again)
+            raise ScenarioError(f"answers stopped at EOS average {out.a * adjust:g} over the non-empty requests: not below max_tokens {out.b:g}")
         # answers that end at EOS: how long a model chooses to answer (ShareGPT's answers,
         # in order) scaled to the measured mean, each at most the client's max_tokens;
         # where that limit cuts the longest, the rest are scaled up further. Lengths that
@@ -394,8 +396,14 @@ def _predict_all(sc: Scenario) -> tuple[dict[str, float], dict[tuple[str, str], 
     """``predict_scenario``, and from the same run the row's distribution statistics by
     ``(metric, stat)``."""
     run = _run(sc)
-    spread = {(m.metric, m.stat): predict(sc, run, m) for m in sc.distribution}
-    return {m.metric: predict(sc, run, m) for m in sc.measurements}, spread, len(run.timelines)
+    headline = {m.metric: predict(sc, run, m) for m in sc.measurements}
+    spread: dict[tuple[str, str], float] = {}
+    for m in sc.distribution:  # one the run cannot give is left out (``validate_files`` says so)
+        try:
+            spread[m.metric, m.stat] = predict(sc, run, m)
+        except (ValueError, ArithmeticError):
+            continue
+    return headline, spread, len(run.timelines)
 
 
 def validate(path: str | Path, row_ids: Iterable[str] | None = None, jobs: int = 1) -> Report:
@@ -432,6 +440,10 @@ def validate_files(
                 Comparison(sc, m.metric, m.stat, m.value, predicted[m.metric])
             )
         for m in sc.distribution:
+            if (m.metric, m.stat) not in spread:
+                reason = f"{m.metric} {m.stat} (distribution): the simulated run gives no such value"
+                report.skipped.append(Skipped(sc.row_id, sc.engine_label, sc.model, reason))
+                continue
             report.distribution.append(
                 Comparison(sc, m.metric, m.stat, m.value, spread[m.metric, m.stat])
             )
