@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inferlab.sim.engine import families
-from inferlab.sim.engine.bands import BANDS_FILE
+from inferlab.sim.engine.bands import BANDS_FILE, STATS
 from inferlab.sim.engine.families import EngineFamily
 from inferlab.sim.engine.steptime import Efficiencies
 from inferlab.sim.validation.scenario import OFFLINE, REGIMES, SPLITS
@@ -116,26 +116,31 @@ def _distribution_table(comparisons: list[Comparison], groups: list[tuple[str, C
                 print(f"| {group} | {split} | {metric} | {stat} | {abs_med:.1f} % | {signed:+.1f} % | {n} |")
 
 
-def write_bands(comparisons: list[Comparison], path: Path) -> int:
+def write_bands(comparisons: list[Comparison], path: Path, distribution: list[Comparison] | None = None) -> int:
     """The error bands ``sim run`` shows (``inferlab.sim.engine.bands``): per engine
     family (and all families), regime (and all regimes) and split, each metric class's median over rows of
-    |error| and its row count. Returns how many bands were written."""
+    |error| and its row count; then the same for each of ``STATS`` alone (``stat``), over
+    the rows that reported it, as their headline or in their distribution. Returns how
+    many bands were written."""
     bands = []
     families = sorted({str(c.scenario.family) for c in comparisons})
-    for family in (*families, "all"):
-        mine = [c for c in comparisons if family in ("all", c.scenario.family)]
-        for regime in (*REGIMES, "all"):
-            sub = [c for c in mine if regime == "all" or c.scenario.regime == regime]
-            for split, medians in group_medians(sub, lambda c: c.scenario.split).items():
-                for cls, (median, rows, _) in medians.items():
-                    bands.append({
-                        "family": family, "regime": regime, "split": split, "metric": cls,
-                        "median_abs_pct": round(median, 2), "rows": rows,
-                    })
+    everything = [*comparisons, *(distribution or [])]
+    for stat in ("", *STATS):
+        pool = comparisons if not stat else [c for c in everything if c.stat == stat]
+        for family in (*families, "all"):
+            mine = [c for c in pool if family in ("all", c.scenario.family)]
+            for regime in (*REGIMES, "all"):
+                sub = [c for c in mine if regime == "all" or c.scenario.regime == regime]
+                for split, medians in group_medians(sub, lambda c: c.scenario.split).items():
+                    for cls, (median, rows, _) in medians.items():
+                        bands.append({
+                            "family": family, "regime": regime, "split": split, "metric": cls,
+                            "median_abs_pct": round(median, 2), "rows": rows, **({"stat": stat} if stat else {}),
+                        })
     path.write_text(json.dumps({
         "generated_by": "python bench/validate_sim.py --all --write-bands",
         "what": "median over rows of each row's mean |predicted - measured| / measured, in %, per engine family, "
-        "load regime and side of the split (docs/validation.md)",
+        "load regime and side of the split (docs/validation.md); with a stat, over the rows' medians or p99s alone",
         "bands": bands,
     }, indent=1) + "\n")
     return len(bands)
@@ -255,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     for sk in report.skipped:
         print(f"  row {sk.row_id}: {sk.model[:40]} - {sk.reason}")
     if args.write_bands:
-        n = write_bands(report.comparisons, BANDS_FILE)
+        n = write_bands(report.comparisons, BANDS_FILE, report.distribution)
         print()
         print(f"wrote {n} error bands to {BANDS_FILE}")
     n_rows = len({c.scenario.row_id for c in report.comparisons})

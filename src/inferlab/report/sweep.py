@@ -122,17 +122,27 @@ _BAND_GROUPS = (
 )
 
 
-def _band(pred: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any] | None:
-    band = (pred.get("error_bands") or {}).get(keys[0])
+def _band(pred: dict[str, Any], key: str) -> dict[str, Any] | None:
+    band = (pred.get("error_bands") or {}).get(key)
     return band if isinstance(band, dict) else None
 
 
+def _group_bands(pred: dict[str, Any], label: str, keys: tuple[str, ...]) -> list[tuple[str, dict[str, Any] | None]]:
+    """A metric class's bands under their labels: one for the group where its columns
+    share it (throughputs; bands from a file without per-statistic ones), else one per
+    column ('TTFT p50', 'TTFT p99': validation measured each statistic apart)."""
+    bands = [_band(pred, k) for k in keys]
+    if all(b == bands[0] for b in bands):
+        return [(label, bands[0])]
+    return [(f"{label} {k.split('_')[-2]}", b) for k, b in zip(keys, bands, strict=True)]
+
+
 def bands_short(pred: dict[str, Any]) -> str:
-    """A point's bands in a few words: 'TTFT ±32 %, TPOT ±4 %, … (vllm, closed loop)'."""
+    """A point's bands in a few words: 'TTFT p50 ±23 %, TTFT p99 ±9 %, … (vllm, closed loop)'."""
     words = []
     for label, keys in _BAND_GROUPS:
-        band = _band(pred, keys)
-        words.append(f"{label.split(' and ')[0]} " + (f"±{band['pct']:.0f} %" if band else "not validated"))
+        for name, band in _group_bands(pred, label.split(" and ")[0], keys):
+            words.append(f"{name} " + (f"±{band['pct']:.0f} %" if band else "not validated"))
     return ", ".join(words) + f" ({pred.get('engine_family')}, {pred.get('regime')})"
 
 
@@ -152,8 +162,8 @@ def band_lines(index: dict[str, Any]) -> list[str]:
         pred = points[0]["prediction"]
         texts = []
         for label, keys in _BAND_GROUPS:
-            band = _band(pred, keys)
-            texts.append(f"{label} " + (band["text"] if band else f"not validated for {family} ({regime})"))
+            for name, band in _group_bands(pred, label, keys):
+                texts.append(f"{name} " + (band["text"] if band else f"not validated for {family} ({regime})"))
         lines.append(f"{family}, {regime} ({which}): " + "; ".join(texts))
     return lines
 

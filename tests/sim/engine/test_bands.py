@@ -77,3 +77,36 @@ def test_a_regime_the_family_lacks_borrows_every_engine_in_that_regime(tmp_path:
     band = error_band("vllm", "offline", "throughput", path)
     assert band is not None and band.pct == 6.0
     assert band.describe() == "±6 % on 30 held-out offline rows of every engine"
+
+
+def test_a_statistic_takes_its_own_band_before_the_headlines_at_each_level(tmp_path: Path) -> None:
+    path = tmp_path / "bands.json"
+    bands_ = [
+        {"family": "vllm", "regime": "Poisson", "split": "holdout", "metric": "TTFT", "median_abs_pct": 28.0, "rows": 16},
+        {"family": "vllm", "regime": "Poisson", "split": "holdout", "metric": "TTFT", "median_abs_pct": 34.0, "rows": 16,
+         "stat": "median"},
+        {"family": "vllm", "regime": "Poisson", "split": "holdout", "metric": "TTFT", "median_abs_pct": 24.0, "rows": 2,
+         "stat": "p99"},  # too few rows: the headline band of the same level, not a broader p99 one
+        {"family": "all", "regime": "Poisson", "split": "holdout", "metric": "TTFT", "median_abs_pct": 9.0, "rows": 40,
+         "stat": "p99"},
+    ]
+    path.write_text(json.dumps({"bands": bands_}))
+    median = error_band("vllm", "Poisson", "TTFT", path, stat="median")
+    assert median is not None and (median.pct, median.stat) == (34.0, "median")
+    assert median.describe() == "±34 % on the medians of 16 held-out vLLM V1 Poisson rows"
+    assert median.to_json()["stat"] == "median"
+    p99 = error_band("vllm", "Poisson", "TTFT", path, stat="p99")
+    assert p99 is not None and (p99.pct, p99.stat) == (28.0, "")
+    headline = error_band("vllm", "Poisson", "TTFT", path)
+    assert headline is not None and headline.pct == 28.0 and "stat" not in headline.to_json()
+    assert error_band("sglang", "Poisson", "TTFT", path, stat="p99").describe() == (
+        "±9 % on the p99s of 40 held-out Poisson rows of every engine")
+
+
+def test_the_shipped_bands_hold_medians_and_p99s_apart_and_sim_run_shows_the_p50s() -> None:
+    data = json.loads(BANDS_FILE.read_text())
+    stats = {b.get("stat") for b in data["bands"]}
+    assert stats == {None, "median", "p99"}
+    block = prediction_block("vllm", "Poisson")
+    assert block["error_bands"]["ttft_ms"]["stat"] == "median"
+    assert "stat" not in block["error_bands"]["output_token_throughput_tps"]

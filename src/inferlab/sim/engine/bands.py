@@ -4,15 +4,20 @@ load regime, from the published rows in ``bench/data`` (docs/validation.md).
 ``python bench/validate_sim.py --all --write-bands`` writes ``sim/data/error_bands.json``:
 per engine family, regime (offline, closed loop, Poisson, saturated, and ``all`` of them)
 and side of the split (``holdout``, ``fit``), the median over rows of each row's absolute
-error per metric class (throughput, TTFT, TPOT/ITL, E2E) and how many rows it rests on.
-Nothing here is typed by hand. ``error_band`` picks, for one metric, the most specific
-band with at least ``MIN_ROWS`` rows, held-out before in-sample: the family in this
-regime, every family in this regime, the family over every regime, every row; ``None``
-when no row measured that metric.
+error per metric class (throughput, TTFT, TPOT/ITL, E2E) and how many rows it rests on;
+and the same for the rows' medians and p99s alone (``stat``: the rows that reported
+that statistic, as their headline or in their ``distribution`` column), so a p50 or a
+p99 is shown with the error validation found for that statistic. Nothing here is typed
+by hand. ``error_band`` picks, for one metric, the most specific band with at least
+``MIN_ROWS`` rows, held-out before in-sample: the family in this regime, every family in
+this regime, the family over every regime, every row; at each of these, the statistic's
+own band before the headline one; ``None`` when no row measured that metric.
 
     band = error_band("vllm", "saturated", "TTFT")
     band.describe() if band else "not validated"
     # '±42 % on 36 held-out vLLM V1 saturated rows' (whatever the file says)
+    error_band("vllm", "Poisson", "TTFT", stat="median").describe()
+    # '±34 % on the medians of 16 held-out vLLM V1 Poisson rows'
 
 ``sim run`` shows one band beside each headline metric (console and ``summary.json``'s
 ``prediction``); a sweep gives each simulated point's headline its bands
@@ -41,6 +46,9 @@ REGIMES = (OFFLINE, CLOSED, POISSON, SATURATED)
 METRIC_CLASSES = ("throughput", "TTFT", "TPOT/ITL", "E2E")
 # a band resting on fewer rows than this gives way to a broader one
 MIN_ROWS = 3
+# the statistics with bands of their own (beside the headline: each row's own statistic)
+STATS = ("median", "p99")
+_STAT_WORDS = {"median": "the medians of", "p99": "the p99s of"}
 _SIDE_WORDS = {"holdout": "held-out", "fit": "in-sample (fit)"}
 
 
@@ -58,6 +66,8 @@ class ErrorBand:
     regime: str
     # a calibrated twin's own error: the efficiencies file it is in (rows: its runs)
     twin: str | None = None
+    # the statistic the error was measured on ("median", "p99"); "": each row's headline
+    stat: str = ""
 
     def describe(self) -> str:
         """'±25 % on 6 held-out vLLM V1 Poisson rows'; a twin's: '±12 % on 4 held-out
@@ -67,16 +77,19 @@ class ErrorBand:
         if self.twin is not None:  # (a twin may fit its own runs to under 1 %)
             pct = f"{self.pct:.1f}" if self.pct < 10 else f"{self.pct:.0f}"
             return f"±{pct} % on {self.rows} {side} runs of the calibration in {Path(self.twin).name}"
+        of = f"{_STAT_WORDS[self.stat]} " if self.stat else ""
         if self.family == ALL:
-            return f"±{self.pct:.0f} % on {self.rows} {side}{regime} rows of every engine"
+            return f"±{self.pct:.0f} % on {of}{self.rows} {side}{regime} rows of every engine"
         engine = EngineFamily.parse(self.family).rules.engine.split(" (")[0]
-        return f"±{self.pct:.0f} % on {self.rows} {side} {engine}{regime} rows"
+        return f"±{self.pct:.0f} % on {of}{self.rows} {side} {engine}{regime} rows"
 
     def to_json(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "pct": round(self.pct, 1), "rows": self.rows, "split": self.split, "family": self.family,
             "regime": self.regime, "text": self.describe(),
         }
+        if self.stat:
+            out["stat"] = self.stat
         return out if self.twin is None else {**out, "twin": self.twin}
 
 
@@ -129,30 +142,37 @@ def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str)
 
 
 @functools.cache
-def _bands(path: Path = BANDS_FILE) -> dict[tuple[str, str, str, str], tuple[float, int]]:
-    """(family, regime, split, metric) -> (median |error| %, rows), as the file says."""
+def _bands(path: Path = BANDS_FILE) -> dict[tuple[str, str, str, str, str], tuple[float, int]]:
+    """(family, regime, split, metric, stat) -> (median |error| %, rows), as the file
+    says; stat "" for the headline bands (a file written before there were others has
+    only those)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
     return {
-        (b["family"], b["regime"], b["split"], b["metric"]): (float(b["median_abs_pct"]), int(b["rows"]))
+        (b["family"], b["regime"], b["split"], b["metric"], b.get("stat", "")): (float(b["median_abs_pct"]), int(b["rows"]))
         for b in data.get("bands", [])
     }
 
 
-def error_band(family: EngineFamily | str, regime: str, metric: str, path: Path = BANDS_FILE) -> ErrorBand | None:
+def error_band(
+    family: EngineFamily | str, regime: str, metric: str, path: Path = BANDS_FILE, *, stat: str | None = None,
+) -> ErrorBand | None:
     """The band for one ``metric`` class (``METRIC_CLASSES``) of a prediction made as
-    ``family`` in ``regime`` (``REGIMES``); see the module docstring for the order."""
+    ``family`` in ``regime`` (``REGIMES``), for its ``stat`` (``STATS``; None: the
+    headline's); see the module docstring for the order."""
     fam = EngineFamily.parse(str(family)).value
     table = _bands(path)
+    stats = ("", ) if stat is None else (stat, "")
     # the family in this regime; every family in it (the same model, other constants);
     # the family over every regime; every row
     for f, reg in ((fam, regime), (ALL, regime), (fam, ALL), (ALL, ALL)):
-        for split in ("holdout", "fit"):
-            found = table.get((f, reg, split, metric))
-            if found is not None and found[1] >= MIN_ROWS:
-                return ErrorBand(metric, found[0], found[1], split, f, reg)
+        for st in stats:
+            for split in ("holdout", "fit"):
+                found = table.get((f, reg, split, metric, st))
+                if found is not None and found[1] >= MIN_ROWS:
+                    return ErrorBand(metric, found[0], found[1], split, f, reg, stat=st)
     return None
 
 
@@ -168,35 +188,36 @@ def regime_of(*, offline: bool, closed_loop: bool, burst: bool, overloaded: bool
     return SATURATED if burst or overloaded else POISSON
 
 
-# summary metric -> metric class
-SUMMARY_METRICS = {
-    "ttft_ms": "TTFT",
-    "tpot_ms": "TPOT/ITL",
-    "itl_ms": "TPOT/ITL",
-    "e2e_ms": "E2E",
-    "output_token_throughput_tps": "throughput",
+# summary metric -> metric class and the statistic shown (the p50s the headline shows)
+SUMMARY_METRICS: dict[str, tuple[str, str | None]] = {
+    "ttft_ms": ("TTFT", "median"),
+    "tpot_ms": ("TPOT/ITL", "median"),
+    "itl_ms": ("TPOT/ITL", "median"),
+    "e2e_ms": ("E2E", "median"),
+    "output_token_throughput_tps": ("throughput", None),
 }
 
 
 #: a sweep's headline metric (``results.sweepindex.headline``) -> metric class; the others
 #: (decode tok/s per user, goodput, counts) were never validated and get no band
-HEADLINE_METRICS = {
-    "output_tok_s": "throughput",
-    "req_s": "throughput",
-    "output_tok_s_per_gpu": "throughput",  # (output tok/s over a constant: the same relative error)
-    "ttft_p50_ms": "TTFT",
-    "ttft_p99_ms": "TTFT",
-    "tpot_p50_ms": "TPOT/ITL",
-    "tpot_p99_ms": "TPOT/ITL",
-    "e2e_p50_ms": "E2E",
-    "e2e_p99_ms": "E2E",
+HEADLINE_METRICS: dict[str, tuple[str, str | None]] = {
+    "output_tok_s": ("throughput", None),
+    "req_s": ("throughput", None),
+    "output_tok_s_per_gpu": ("throughput", None),  # (output tok/s over a constant: the same relative error)
+    "ttft_p50_ms": ("TTFT", "median"),
+    "ttft_p99_ms": ("TTFT", "p99"),
+    "tpot_p50_ms": ("TPOT/ITL", "median"),
+    "tpot_p99_ms": ("TPOT/ITL", "p99"),
+    "e2e_p50_ms": ("E2E", "median"),
+    "e2e_p99_ms": ("E2E", "p99"),
 }
 
 
-def band_of(prediction: Any, metric: str, path: Path = BANDS_FILE) -> ErrorBand | None:
-    """The band of one ``metric`` class for a run whose summary's ``prediction`` is
-    ``prediction`` (its family and regime); None for a measured run (no such block) or a
-    metric never validated."""
+def band_of(prediction: Any, metric: str, path: Path = BANDS_FILE, *, stat: str | None = None) -> ErrorBand | None:
+    """The band of one ``metric`` class (for its ``stat``, as ``error_band``) for a run
+    whose summary's ``prediction`` is ``prediction`` (its family and regime); None for a
+    measured run (no such block) or a metric never validated. A calibrated twin's bands
+    are its own runs', whatever the statistic."""
     if not isinstance(prediction, dict):
         return None
     twin = prediction.get("efficiencies")
@@ -204,7 +225,7 @@ def band_of(prediction: Any, metric: str, path: Path = BANDS_FILE) -> ErrorBand 
         band = prediction.get("twin_bands", {}).get(metric)
         return None if band is None else ErrorBand(
             metric, band["pct"], band["rows"], band["split"], band["family"], band["regime"], twin)
-    return error_band(prediction["engine_family"], prediction["regime"], metric, path)
+    return error_band(prediction["engine_family"], prediction["regime"], metric, path, stat=stat)
 
 
 def headline_prediction(prediction: Any, path: Path = BANDS_FILE) -> dict[str, Any] | None:
@@ -214,8 +235,8 @@ def headline_prediction(prediction: Any, path: Path = BANDS_FILE) -> dict[str, A
     if not isinstance(prediction, dict):
         return None
     bands: dict[str, Any] = {}
-    for key, cls in HEADLINE_METRICS.items():
-        band = band_of(prediction, cls, path)
+    for key, (cls, stat) in HEADLINE_METRICS.items():
+        band = band_of(prediction, cls, path, stat=stat)
         bands[key] = None if band is None else band.to_json()
     out = {"engine_family": prediction["engine_family"], "regime": prediction["regime"], "error_bands": bands}
     return out if not prediction.get("efficiencies") else {**out, "efficiencies": prediction["efficiencies"]}
@@ -235,8 +256,8 @@ def prediction_block(
     mismatch = calibration_mismatch(efficiencies, served) if efficiencies and served is not None else None
     twin = ({} if mismatch else calibrated_bands(efficiencies, fam, regime)) if efficiencies else None
     bands: dict[str, Any] = {}
-    for key, cls in SUMMARY_METRICS.items():
-        band = error_band(fam, regime, cls, path) if twin is None else twin.get(cls)
+    for key, (cls, stat) in SUMMARY_METRICS.items():
+        band = error_band(fam, regime, cls, path, stat=stat) if twin is None else twin.get(cls)
         bands[key] = None if band is None else band.to_json()
     block: dict[str, Any] = {
         "label": "prediction: simulated, not measured",
