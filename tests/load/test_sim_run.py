@@ -488,7 +488,7 @@ def test_sim_run_shows_each_headline_metric_with_its_validation_error(tmp_path: 
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     block = summary["prediction"]
     assert block["label"].startswith("prediction") and (block["engine_family"], block["regime"]) == ("vllm", "Poisson")
-    band = error_band("vllm", "Poisson", "TTFT")
+    band = error_band("vllm", "Poisson", "TTFT", stat="median")  # (the p50 shown: its medians' band)
     assert band is not None and block["error_bands"]["ttft_ms"]["text"] == band.describe()
     words = " ".join(p.stdout.split())  # (the console wraps long lines)
     assert "TTFT p50 (prediction)" in words and band.describe() in words

@@ -252,8 +252,18 @@ def _predicted(metric: str, cls: str, before: float, after: float, kind: str, pr
     family and load regime; none for a summary written before it had one)."""
     if not isinstance(prediction, dict):
         return Gain(metric, before, after, kind)
-    band = band_of(prediction, cls)
+    band = band_of(prediction, cls, stat=_band_stat(metric))
     return Gain(metric, before, after, kind, cls, None if band is None else band.to_json())
+
+
+def _band_stat(metric: str) -> str | None:
+    """The statistic a gain's metric is ("TPOT p50 ms", "short requests' p99 TTFT ms"),
+    for its error band: median or p99, each of which validation measured apart; None for
+    a mean, a p90 or a throughput (the headline band)."""
+    words = metric.split()
+    if "p50" in words or "median" in words:
+        return "median"
+    return "p99" if "p99" in words else None
 
 
 def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim: Simulated) -> Gain:

@@ -110,3 +110,72 @@ def test_the_shipped_bands_hold_medians_and_p99s_apart_and_sim_run_shows_the_p50
     block = prediction_block("vllm", "Poisson")
     assert block["error_bands"]["ttft_ms"]["stat"] == "median"
     assert "stat" not in block["error_bands"]["output_token_throughput_tps"]
+
+
+def test_a_statistic_reported_by_few_of_the_rows_does_not_speak_for_the_rest(tmp_path: Path) -> None:
+    """TensorRT-LLM's 15 held-out TTFT rows, 6 of which reported medians: those 6 are
+    another population (one lab's bursts), so the p50 keeps the band of all 15; and a
+    held-out headline band comes before an in-sample statistic's."""
+    path = tmp_path / "bands.json"
+    path.write_text(json.dumps({"bands": [
+        {"family": "trtllm", "regime": "all", "split": "holdout", "metric": "TTFT", "median_abs_pct": 21.0, "rows": 15},
+        {"family": "trtllm", "regime": "all", "split": "holdout", "metric": "TTFT", "median_abs_pct": 39.0, "rows": 6,
+         "stat": "median"},
+        {"family": "vllm", "regime": "all", "split": "holdout", "metric": "E2E", "median_abs_pct": 11.0, "rows": 10},
+        {"family": "vllm", "regime": "all", "split": "fit", "metric": "E2E", "median_abs_pct": 3.0, "rows": 10, "stat": "p99"},
+    ]}))
+    band = error_band("trtllm", "saturated", "TTFT", path, stat="median")
+    assert band is not None and (band.pct, band.rows, band.stat) == (21.0, 15, "")
+    e2e = error_band("vllm", "closed loop", "E2E", path, stat="p99")
+    assert e2e is not None and (e2e.pct, e2e.split, e2e.stat) == (11.0, "holdout", "")
+
+
+def test_each_shown_statistic_gets_its_band_and_a_twins_p50_errors_never_stand_for_a_p99(tmp_path: Path) -> None:
+    from inferlab.sim.engine.bands import band_of, headline_prediction
+
+    block = prediction_block("vllm", "closed loop")
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):  # sim run shows p50s
+        assert block["error_bands"][key]["stat"] == "median", key
+    sweep = headline_prediction(block)
+    assert sweep is not None
+    for key in ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms"):
+        assert sweep["error_bands"][key]["stat"] == "p99", key
+    assert sweep["error_bands"]["ttft_p50_ms"] == block["error_bands"]["ttft_ms"]
+    assert "stat" not in sweep["error_bands"]["req_s"]
+    # a calibrated twin measured p50s and throughput on its own runs: no p99 band
+    twin = tmp_path / "twin.json"
+    twin.write_text(json.dumps({"cpu_step_s": 0.001, "calibration": {
+        "split": "holdout", "runs": 4, "errors": {"TTFT": {"median_abs_pct": 5.0, "runs": 4}}}}))
+    twin_block = prediction_block("vllm", "closed loop", efficiencies=str(twin))
+    assert twin_block["error_bands"]["ttft_ms"]["stat"] == "median"
+    assert band_of(twin_block, "TTFT", stat="median") is not None
+    assert band_of(twin_block, "TTFT", stat="p99") is None
+    assert (headline_prediction(twin_block) or {})["error_bands"]["ttft_p99_ms"] is None
+
+
+def test_write_bands_counts_each_row_once_per_statistic(tmp_path: Path) -> None:
+    """validate_sim.py --write-bands: a row's headline median counts among the medians; a
+    row with a TPOT and an ITL median counts once in TPOT/ITL; means never enter them."""
+    import runpy
+
+    from inferlab.sim.validation.calibration import parse_row
+    from inferlab.sim.validation.validate import Comparison
+
+    script = runpy.run_path(str(Path(__file__).resolve().parents[3] / "bench" / "validate_sim.py"))
+    base = {"row_id": "a", "engine": "vLLM", "engine_version": "0.9.2", "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "gpu": "H100-SXM-80GB", "tp": "1", "scenario": "poisson", "request_rate_rps": "2", "num_requests": "10",
+            "input_len": "100", "output_len": "10", "ttft_ms": "50", "metric_stat": "median", "split": "holdout"}
+    a = parse_row(base)
+    b = parse_row({**base, "row_id": "b", "metric_stat": "mean"})
+    headline = [Comparison(a, "ttft_ms", "median", 100.0, 110.0), Comparison(b, "ttft_ms", "mean", 100.0, 150.0)]
+    spread = [Comparison(b, "ttft_ms", "median", 100.0, 130.0), Comparison(b, "tpot_ms", "median", 10.0, 12.0),
+              Comparison(b, "itl_ms", "median", 10.0, 14.0), Comparison(b, "ttft_ms", "p99", 100.0, 90.0)]
+    path = tmp_path / "bands.json"
+    script["write_bands"](headline, path, spread)
+    got = {(x["family"], x["regime"], x["metric"], x.get("stat")): (x["median_abs_pct"], x["rows"])
+           for x in json.loads(path.read_text())["bands"] if x["split"] == "holdout"}
+    assert got["vllm", "Poisson", "TTFT", None] == (30.0, 2)  # |+10|, |+50|: their median
+    assert got["vllm", "Poisson", "TTFT", "median"] == (20.0, 2)  # a's headline 10, b's distribution 30
+    assert got["vllm", "Poisson", "TPOT/ITL", "median"] == (30.0, 1)  # b's 20 and 40, one row
+    assert got["vllm", "Poisson", "TTFT", "p99"] == (10.0, 1)
+    assert ("vllm", "Poisson", "TPOT/ITL", None) not in got

@@ -11,7 +11,9 @@ p99 is shown with the error validation found for that statistic. Nothing here is
 by hand. ``error_band`` picks, for one metric, the most specific band with at least
 ``MIN_ROWS`` rows, held-out before in-sample: the family in this regime, every family in
 this regime, the family over every regime, every row; at each of these, the statistic's
-own band before the headline one; ``None`` when no row measured that metric.
+own band before the headline one where at least half the headline's rows reported the
+statistic (``COVERAGE``: else the few that did would stand for the rest); ``None`` when
+no row measured that metric.
 
     band = error_band("vllm", "saturated", "TTFT")
     band.describe() if band else "not validated"
@@ -48,6 +50,9 @@ METRIC_CLASSES = ("throughput", "TTFT", "TPOT/ITL", "E2E")
 MIN_ROWS = 3
 # the statistics with bands of their own (beside the headline: each row's own statistic)
 STATS = ("median", "p99")
+# ... taken over the headline's band of the same rows only where as many as this share of
+# its rows reported the statistic
+COVERAGE = 0.5
 _STAT_WORDS = {"median": "the medians of", "p99": "the p99s of"}
 _SIDE_WORDS = {"holdout": "held-out", "fit": "in-sample (fit)"}
 
@@ -134,8 +139,10 @@ def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str)
         return {}
     split = "holdout" if record.get("split") == "holdout" else "fit"
     fam = EngineFamily.parse(str(family)).value
+    # (the calibration compares p50s and throughput: its latency bands are medians')
     return {
-        cls: ErrorBand(cls, float(e["median_abs_pct"]), int(e["runs"]), split, fam, regime, efficiencies)
+        cls: ErrorBand(cls, float(e["median_abs_pct"]), int(e["runs"]), split, fam, regime, efficiencies,
+                       stat="" if cls == "throughput" else "median")
         for cls, e in record["errors"].items()
         if cls in METRIC_CLASSES and isinstance(e, dict)
     }
@@ -164,15 +171,18 @@ def error_band(
     headline's); see the module docstring for the order."""
     fam = EngineFamily.parse(str(family)).value
     table = _bands(path)
-    stats = ("", ) if stat is None else (stat, "")
     # the family in this regime; every family in it (the same model, other constants);
-    # the family over every regime; every row
+    # the family over every regime; every row; held-out rows before in-sample ones
     for f, reg in ((fam, regime), (ALL, regime), (fam, ALL), (ALL, ALL)):
-        for st in stats:
-            for split in ("holdout", "fit"):
-                found = table.get((f, reg, split, metric, st))
-                if found is not None and found[1] >= MIN_ROWS:
-                    return ErrorBand(metric, found[0], found[1], split, f, reg, stat=st)
+        for split in ("holdout", "fit"):
+            headline = table.get((f, reg, split, metric, ""))
+            own = table.get((f, reg, split, metric, stat)) if stat else None
+            # the statistic's own band where it rests on most of the same rows: a few
+            # rows that reported it would speak for another population than the rest
+            if own is not None and own[1] >= MIN_ROWS and (headline is None or own[1] >= COVERAGE * headline[1]):
+                return ErrorBand(metric, own[0], own[1], split, f, reg, stat=stat or "")
+            if headline is not None and headline[1] >= MIN_ROWS:
+                return ErrorBand(metric, headline[0], headline[1], split, f, reg)
     return None
 
 
@@ -221,10 +231,12 @@ def band_of(prediction: Any, metric: str, path: Path = BANDS_FILE, *, stat: str 
     if not isinstance(prediction, dict):
         return None
     twin = prediction.get("efficiencies")
-    if twin:  # (a calibrated twin: its own error, or none)
+    if twin:  # (a calibrated twin: its own error, or none; it measured p50s, never p99s)
         band = prediction.get("twin_bands", {}).get(metric)
-        return None if band is None else ErrorBand(
-            metric, band["pct"], band["rows"], band["split"], band["family"], band["regime"], twin)
+        if band is None or stat == "p99":
+            return None
+        return ErrorBand(metric, band["pct"], band["rows"], band["split"], band["family"], band["regime"], twin,
+                         stat=band.get("stat", ""))
     return error_band(prediction["engine_family"], prediction["regime"], metric, path, stat=stat)
 
 
