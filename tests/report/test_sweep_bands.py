@@ -22,7 +22,7 @@ def test_columns_sharing_a_band_show_it_once_and_columns_measured_apart_show_eac
                     "ttft_p99_ms": _band(9.0, "±9 % on the p99s of 9 rows")})
     line = band_lines(apart)[0]
     assert "TTFT p50 ±23 % on the medians of 9 rows; TTFT p99 ±9 % on the p99s of 9 rows" in line
-    assert bands_short(apart["points"][0]["prediction"]).startswith("TTFT p50 ±23 %, TTFT p99 ±9 %")
+    assert bands_short(apart["points"][0]["prediction"]).startswith("TTFT ±23/9 % (p50/p99), TPOT not validated")
     assert "TPOT not validated" in line  # (no band for it in this index)
 
 

@@ -138,11 +138,19 @@ def _group_bands(pred: dict[str, Any], label: str, keys: tuple[str, ...]) -> lis
 
 
 def bands_short(pred: dict[str, Any]) -> str:
-    """A point's bands in a few words: 'TTFT p50 ±23 %, TTFT p99 ±9 %, … (vllm, closed loop)'."""
+    """A point's bands in a few words: 'TTFT ±23/9 % (p50/p99), TPOT ±11 %, … (vllm,
+    closed loop)': one figure where a class's columns share a band, else each column's."""
     words = []
     for label, keys in _BAND_GROUPS:
-        for name, band in _group_bands(pred, label.split(" and ")[0], keys):
-            words.append(f"{name} " + (f"±{band['pct']:.0f} %" if band else "not validated"))
+        label = label.split(" and ")[0]
+        bands = _group_bands(pred, label, keys)
+        if len(bands) == 1:
+            band = bands[0][1]
+            words.append(f"{label} " + (f"±{band['pct']:.0f} %" if band else "not validated"))
+            continue
+        pcts = "/".join(f"{b['pct']:.0f}" if b else "–" for _, b in bands)
+        stats = "/".join(name.rsplit(" ", 1)[1] for name, _ in bands)
+        words.append(f"{label} ±{pcts} % ({stats})")
     return ", ".join(words) + f" ({pred.get('engine_family')}, {pred.get('regime')})"
 
 
