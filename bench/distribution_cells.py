@@ -26,15 +26,12 @@ import re
 import sys
 from pathlib import Path
 
+from inferlab.sim.validation.scenario import LATENCY_COLUMNS, stat_order
+
 DATA = Path(__file__).resolve().parent / "data"
 COLUMN = "distribution"
 METRICS = {"TTFT": "ttft_ms", "TPOT": "tpot_ms", "ITL": "itl_ms", "E2E": "e2e_latency_ms"}
-ORDER = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms")
 NUM = r"(\d+(?:\.\d+)?)"
-
-
-def _stat_key(stat: str) -> tuple[int, int]:
-    return (0, 0) if stat == "mean" else (1, 50 if stat == "median" else int(stat[1:]))
 
 
 def _headline_stat(row: dict[str, str], metric: str) -> str:
@@ -113,9 +110,9 @@ def cell(row: dict[str, str]) -> str:
     if kind in ("static", "offline"):
         return ""
     groups = []
-    for metric, stats in sorted(read_notes(row).items(), key=lambda kv: ORDER.index(kv[0])):
+    for metric, stats in sorted(read_notes(row).items(), key=lambda kv: LATENCY_COLUMNS.index(kv[0])):
         own = _headline_stat(row, metric) if row.get(metric, "").strip() else None
-        pairs = [f"{s}={v}" for s, v in sorted(stats.items(), key=lambda kv: _stat_key(kv[0])) if s != own]
+        pairs = [f"{s}={v}" for s, v in sorted(stats.items(), key=lambda kv: stat_order(kv[0])) if s != own]
         if pairs:
             groups.append(" ".join([metric, *pairs]))
     return "; ".join(groups)

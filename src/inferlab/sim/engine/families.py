@@ -142,8 +142,7 @@ class FamilyRules:
 
     def overlap_schedule_in(self, version: tuple[int, int] | None) -> bool:
         """Whether release ``version`` (None: a current one) overlaps scheduling by default."""
-        since = self.overlap_schedule_since
-        return self.overlap_schedule and (version is None or since is None or version >= since)
+        return _on_in(self.overlap_schedule, self.overlap_schedule_since, version)
 
     def batch_defaults(
         self, gpu: GpuSpec, *, offline: bool, chunked_prefill: bool, max_model_len: int

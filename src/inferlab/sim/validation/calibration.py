@@ -21,6 +21,7 @@ from inferlab.sim.engine.families import EngineFamily, family_for_engine
 from inferlab.sim.engine.hardware import gpu_from_text, resolve_model
 from inferlab.sim.validation.scenario import (
     FIT,
+    LATENCY_COLUMNS,
     METRIC_CLASS,
     METRIC_COLUMNS,
     SPLITS,
@@ -435,9 +436,6 @@ def parse_row(row: dict[str, str]) -> Scenario:
     )
 
 
-_LATENCY_COLUMNS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms")
-
-
 def distribution_cell(cell: str, kind: str, headline: Iterable[Measurement] = ()) -> tuple[Measurement, ...]:
     """The ``distribution`` cell: more statistics of the run's latencies, as
     ``METRIC STAT=VALUE ...`` groups separated by semicolons (``ttft_ms median=107.96
@@ -454,9 +452,9 @@ def distribution_cell(cell: str, kind: str, headline: Iterable[Measurement] = ()
     out: list[Measurement] = []
     for group in filter(None, (g.strip() for g in cell.split(";"))):
         metric, *pairs = group.split()
-        if metric not in _LATENCY_COLUMNS or not pairs:
+        if metric not in LATENCY_COLUMNS or not pairs:
             raise ScenarioError(
-                f"distribution {group!r}: expected one of {', '.join(_LATENCY_COLUMNS)} and STAT=VALUE pairs"
+                f"distribution {group!r}: expected one of {', '.join(LATENCY_COLUMNS)} and STAT=VALUE pairs"
             )
         for pair in pairs:
             m = re.fullmatch(r"(mean|median|p\d{2})=(\d+(?:\.\d+)?)", pair)

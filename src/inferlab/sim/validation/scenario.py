@@ -22,6 +22,14 @@ METRIC_CLASS = {
     "req_per_s": "throughput",
 }
 METRIC_COLUMNS = tuple(METRIC_CLASS)
+# the latency columns, in the order tables list them (a ``distribution`` cell's metrics)
+LATENCY_COLUMNS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms")
+
+
+def stat_order(stat: str) -> tuple[int, int]:
+    """A sort key for a latency statistic: mean first, then percentiles upwards (the
+    median is p50)."""
+    return (0, 0) if stat == "mean" else (1, 50 if stat == "median" else int(stat[1:]))
 
 # The data's split by source (``bench/data/*.csv``'s ``split`` column): constants are
 # fitted on FIT rows only; HOLDOUT rows measure how far predictions carry.

@@ -41,6 +41,7 @@ from inferlab.sim.engine.engine import Engine, RequestTimeline
 from inferlab.sim.validation.calibration import load_rows, parse_rows
 from inferlab.sim.validation.engines import build_engine
 from inferlab.sim.validation.scenario import (
+    LATENCY_COLUMNS,
     METRIC_CLASS,
     Lengths,
     Measurement,
@@ -48,6 +49,7 @@ from inferlab.sim.validation.scenario import (
     Scenario,
     ScenarioError,
     Skipped,
+    stat_order,
 )
 from inferlab.workload.sharegpt import sharegpt_lengths
 from inferlab.workload.spec import RequestSpec
@@ -511,11 +513,6 @@ def group_medians(
     return {g: error_medians(cs) for g, cs in sorted(groups.items())}
 
 
-def _stat_order(stat: str) -> tuple[int, int]:
-    """mean first, then percentiles upwards (the median is p50)."""
-    return (0, 0) if stat == "mean" else (1, 50 if stat == "median" else int(stat[1:]))
-
-
 def distribution_medians(comparisons: Sequence[Comparison]) -> dict[tuple[str, str], tuple[float, float, int]]:
     """Per ``(metric, stat)`` (a latency column and one of its statistics, each row once):
     (median |error| %, median signed error %, rows), the statistics of each metric from
@@ -523,8 +520,8 @@ def distribution_medians(comparisons: Sequence[Comparison]) -> dict[tuple[str, s
     by: dict[tuple[str, str], list[float]] = {}
     for c in comparisons:
         by.setdefault((c.metric, c.stat), []).append(c.error_pct)
-    order = {m: k for k, m in enumerate(("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"))}
+    order = {m: k for k, m in enumerate(LATENCY_COLUMNS)}
     return {
         key: (statistics.median(abs(e) for e in errs), statistics.median(errs), len(errs))
-        for key, errs in sorted(by.items(), key=lambda kv: (order[kv[0][0]], _stat_order(kv[0][1])))
+        for key, errs in sorted(by.items(), key=lambda kv: (order[kv[0][0]], stat_order(kv[0][1])))
     }
