@@ -90,6 +90,16 @@ def read_notes(row: dict[str, str]) -> dict[str, dict[str, str]]:
     if m:
         for stat, value in zip(("p75", "p95", "p99"), m.groups(), strict=True):
             put("itl_ms", stat, value)
+    # a lab's table of percentiles: 'TTFT p50/p95/p99 275.24/8213.88/8222.99 ms, TPOT p99
+    # 12.42 ms, E2E p99 11032.65 ms'
+    m = re.search(
+        r"TTFT p50/p95/p99 " + NUM + "/" + NUM + "/" + NUM + " ms, TPOT p99 " + NUM + " ms, E2E p99 " + NUM + " ms", notes
+    )
+    if m:
+        for stat, value in zip(("median", "p95", "p99"), m.groups()[:3], strict=True):
+            put("ttft_ms", stat, value)
+        put("tpot_ms", "p99", m.group(4))
+        put("e2e_latency_ms", "p99", m.group(5))
     # 'mean E2E 7840.62 ms' beside a median headline
     m = re.search(r"mean E2E " + NUM + " ms", notes)
     if m:

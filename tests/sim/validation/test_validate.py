@@ -24,6 +24,7 @@ from inferlab.sim.validation.scenario import Lengths, ScenarioError
 from inferlab.sim.validation.validate import (
     Comparison,
     _gaps_s,
+    _run,
     _serve,
     _stat,
     distribution_medians,
@@ -121,6 +122,17 @@ def test_vllm_v0_serving_row_keeps_its_stated_flags_and_drops_chunk_itl() -> Non
     scenarios, skipped = parse_rows([rows["141"]])
     assert "itl_ms" not in {m.metric for m in scenarios[0].measurements}
     assert any(s.reason.startswith("itl_ms:") for s in skipped)
+
+
+def test_a_pipeline_of_one_stage_runs_and_a_real_pipeline_or_speculation_is_refused() -> None:
+    for flags in ("vllm serve m --tensor-parallel-size 2 --pipeline-parallel-size 1", "TP=2, PP=1",
+                  "--pipeline_parallel_size=1 --seed 0"):
+        assert parse_row(row(engine_config=flags)).tp == 1, flags
+    for flags, reason in (("--pipeline-parallel-size 2", "pipeline"), ("--pipeline-parallel-size 16", "pipeline"),
+                          ("pipeline parallel across nodes", "pipeline"), ("PP=4", "pipeline"),
+                          ("--speculative-config '{\"method\": \"eagle\"}'", "speculative")):
+        with pytest.raises(ScenarioError, match=reason):
+            parse_row(row(engine_config=flags))
 
 
 def test_vllm_versions_choose_v0_or_v1_scheduler_defaults() -> None:
@@ -513,7 +525,7 @@ def test_every_row_names_its_source_and_every_source_is_on_one_side_of_the_split
 
 def test_rows_gathered_after_the_split_are_held_out_and_row_ids_are_unique_across_files() -> None:
     # a source added after the split goes in as holdout (docs/validation.md, rule 3)
-    for name in ("published_v1.csv", "published_inferencemax.csv"):
+    for name in ("published_v1.csv", "published_inferencemax.csv", "published_v1_more.csv"):
         assert {r["split"] for r in load_rows(DATA / name)} == {"holdout"}, name
     ids = [r["row_id"] for path in sorted(DATA.glob("*.csv")) for r in load_rows(path)]
     assert len(ids) == len(set(ids)), sorted(i for i in set(ids) if ids.count(i) > 1)
@@ -595,6 +607,37 @@ def test_a_shared_system_prompt_lowers_ttft_through_the_prefix_cache() -> None:
     }))[0]["ttft_ms"]
     assert shared < 0.7 * plain
     assert uncached == pytest.approx(plain, rel=0.02)
+
+
+def test_a_rerun_is_stated_in_the_sharing_column_and_refused_where_no_server_keeps_a_cache() -> None:
+    from inferlab.sim.validation.calibration import prompt_sharing
+    from inferlab.sim.validation.scenario import PromptSharing
+
+    assert prompt_sharing("rerun=2") == PromptSharing(0, 1, 1, 2)
+    assert prompt_sharing("prefix=100 rerun=1") == PromptSharing(100, 1, 1, 1)
+    for bad in ("rerun=0", "rerun=1 rerun=2", "rerun", "rerun=yes"):
+        with pytest.raises(ScenarioError, match="prefix_sharing"):
+            prompt_sharing(bad)
+    sc = parse_row(row(prefix_sharing="rerun=1"))
+    assert any("sent once before" in a for a in sc.assumptions)
+    with pytest.raises(ScenarioError, match="rerun"):
+        parse_row(row(scenario="offline", batch_or_concurrency="", prefix_sharing="rerun=1"))
+
+
+def test_a_rerun_finds_its_prompts_in_the_cache_and_only_its_own_pass_is_measured() -> None:
+    """The same prompts sent once before on one engine: the measured pass's prompts are
+    mostly cache hits, its TTFT drops and its timelines are its own (they start after the
+    first pass ended); without prefix caching the rerun changes nothing."""
+    base = row(batch_or_concurrency="8", num_requests="64", input_len="2048", output_len="64")
+    cold, warm = parse_row(base), parse_row({**base, "prefix_sharing": "rerun=1"})
+    run = _run(warm)
+    assert all(t.cached_tokens >= 2048 - 16 for t in run.timelines)
+    assert min(t.arrival_s for t in run.timelines) > 0  # after the first pass
+    assert all(t.cached_tokens == 0 for t in _run(cold).timelines)
+    assert predict_scenario(warm)[0]["ttft_ms"] < 0.5 * predict_scenario(cold)[0]["ttft_ms"]
+    off = {**base, "engine_config": "--no-enable-prefix-caching"}
+    uncached = predict_scenario(parse_row({**off, "prefix_sharing": "rerun=1"}))[0]
+    assert uncached["ttft_ms"] == pytest.approx(predict_scenario(parse_row(off))[0]["ttft_ms"], rel=0.02)
 
 
 def test_validate_sim_set_changes_one_constant_of_one_family_for_a_sensitivity_check(
@@ -783,6 +826,9 @@ def _distribution_script() -> dict:
     ("Medians: TTFT 3697, TPOT 40.9, ITL 261, E2E 10637 ms. JSON also holds",
      {"ttft_ms": {"median": "3697"}, "tpot_ms": {"median": "40.9"}, "itl_ms": {"median": "261"}, "e2e_latency_ms": {"median": "10637"}}),
     ("mean E2E 7840.62 ms; duration 298.37 s", {"e2e_latency_ms": {"mean": "7840.62"}}),
+    ("Published: req/s 2.63, TTFT p50/p95/p99 68.74/108.45/134.84 ms, TPOT p99 11.33 ms, E2E p99 2977.45 ms.",
+     {"ttft_ms": {"median": "68.74", "p95": "108.45", "p99": "134.84"}, "tpot_ms": {"p99": "11.33"},
+      "e2e_latency_ms": {"p99": "2977.45"}}),
     ("Std TTFT 100.847 ms, Std ITL 8.11108 ms", {}),
 ])
 def test_each_form_of_quote_reads_as_its_metric_and_statistic(notes: str, expected: dict) -> None:

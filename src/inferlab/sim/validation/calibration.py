@@ -297,7 +297,8 @@ def _unsupported_feature(row: dict[str, str]) -> str | None:
     ):
         return "speculative decoding is not simulated"
     if re.search(
-        r"disaggregat|pipeline[_ -]parallel|\bpp\s*=?\s*[2-9]|expert[_ -]parallel"
+        # (a pipeline of one stage is no pipeline: `--pipeline-parallel-size 1`, `PP=1`)
+        r"disaggregat|pipeline[_ -]parallel(?![_ -]size\s*[=:]?\s*1\b)|\bpp\s*=?\s*[2-9]|expert[_ -]parallel"
         r"|\bep(?:[_-]size)?\b\s*[=:]?\s*(?:[2-9]|\d{2,}|\$)|\bep\d|attention[_ -]?dp(?![\"']?\s*[=:]\s*(?:false|0)\b)|dp[_ -]attention",
         text,
     ):
@@ -310,20 +311,29 @@ def _unsupported_feature(row: dict[str, str]) -> str | None:
 
 
 def prompt_sharing(cell: str) -> PromptSharing | None:
-    """The ``prefix_sharing`` cell: ``prefix=P groups=G`` and/or ``turns=T`` (separated by
-    spaces, commas or semicolons); empty: None. ``ScenarioError`` for anything else."""
+    """The ``prefix_sharing`` cell: ``prefix=P groups=G``, ``turns=T`` and/or ``rerun=R``
+    (separated by spaces, commas or semicolons); empty: None. ``ScenarioError`` for
+    anything else."""
     cell = cell.strip()
     if not cell:
         return None
     values: dict[str, int] = {}
     for part in re.split(r"[\s,;]+", cell):
-        m = re.fullmatch(r"(prefix|groups|turns)=(\d+)", part)
-        if m is None:
-            raise ScenarioError(f"prefix_sharing {cell!r}: expected prefix=TOKENS groups=N and/or turns=N")
+        m = re.fullmatch(r"(prefix|groups|turns|rerun)=(\d+)", part)
+        if m is None or m.group(1) in values:
+            raise ScenarioError(
+                f"prefix_sharing {cell!r}: expected prefix=TOKENS groups=N, turns=N and/or rerun=N, each once"
+            )
         values[m.group(1)] = int(m.group(2))
-    sharing = PromptSharing(values.get("prefix", 0), values.get("groups", 1), values.get("turns", 1))
-    if sharing.groups < 1 or sharing.turns < 1 or (not sharing.prefix_tokens and sharing.turns == 1):
-        raise ScenarioError(f"prefix_sharing {cell!r}: shares nothing (prefix=0 and turns=1) or counts below 1")
+    sharing = PromptSharing(
+        values.get("prefix", 0), values.get("groups", 1), values.get("turns", 1), values.get("rerun", 0)
+    )
+    if sharing.groups < 1 or sharing.turns < 1 or (
+        not sharing.prefix_tokens and sharing.turns == 1 and not sharing.reruns
+    ):
+        raise ScenarioError(
+            f"prefix_sharing {cell!r}: shares nothing (prefix=0, turns=1 and rerun=0) or counts below 1"
+        )
     return sharing
 
 
@@ -392,6 +402,8 @@ def parse_row(row: dict[str, str]) -> Scenario:
     if sharing is not None:
         if sharing.prefix_tokens and sharing.prefix_tokens >= _min_len(input_len):
             raise ScenarioError(f"shared prefix of {sharing.prefix_tokens} tokens: not shorter than every prompt")
+        if sharing.reruns and kind in ("offline", "static"):
+            raise ScenarioError("prefix_sharing rerun=N: only for rows served through the API (not offline or static)")
         assumptions.append(sharing.describe())
 
     stat_cell = row.get("metric_stat", "")

@@ -81,11 +81,15 @@ class PromptSharing:
     that many consecutive turns, and each turn's prompt is the conversation so far: the
     earlier turns' prompts are its prefix (their answers are not: the simulated engine
     caches prompt blocks only). The stated input lengths are whole prompts, prefix and
-    history included."""
+    history included. ``reruns`` > 0: the same prompts, in the same order, were sent
+    that many times before on the same server, each pass ended before the next began
+    (a benchmark repeated with one seed against a server with prefix caching on): the
+    measured pass finds in the cache what the earlier ones left there."""
 
     prefix_tokens: int = 0
     groups: int = 1
     turns: int = 1
+    reruns: int = 0
 
     def describe(self) -> str:
         parts = []
@@ -93,6 +97,9 @@ class PromptSharing:
             parts.append(f"{self.groups} shared prefix{'es' if self.groups > 1 else ''} of {self.prefix_tokens} tokens")
         if self.turns > 1:
             parts.append(f"conversations of {self.turns} turns, each turn's prompt the conversation so far")
+        if self.reruns:
+            times = "once" if self.reruns == 1 else f"{self.reruns} times"
+            parts.append(f"the same prompts sent {times} before on the same server (its prefix cache warm)")
         return "; ".join(parts)
 
 
