@@ -89,14 +89,17 @@ class ClosedLoopPolicy:
 
     At most ``total`` sends (None: no limit); the first ``warmup`` are warm-up; no send
     starts ``duration_s`` or more after the first measured one. A spec iterator that runs
-    out ends the run."""
+    out ends the run. Every user sends its first request at ``start_s`` (0: the run's
+    start; later for a run that follows another on one engine in virtual time)."""
 
     wants_answers = False
 
     def __init__(
-        self, users: int, specs: Iterator[RequestSpec], *, total: int | None, warmup: int, duration_s: float | None
+        self, users: int, specs: Iterator[RequestSpec], *, total: int | None, warmup: int, duration_s: float | None,
+        start_s: float = 0.0,
     ) -> None:
-        self._ready = [(0.0, u) for u in range(users)]  # (when, user): each idle user's next send (a heap)
+        self._start_s = start_s
+        self._ready = [(start_s, u) for u in range(users)]  # (when, user): each idle user's next send (a heap)
         self._users: dict[int, int] = {}  # send index -> its user, while in flight
         self._specs = specs
         self._total = total
@@ -106,7 +109,7 @@ class ClosedLoopPolicy:
         self._first_measured_s: float | None = None
 
     def start_s(self) -> float:
-        return 0.0
+        return self._start_s
 
     def due(self, now_s: float) -> Iterator[Send]:
         ready, total = self._ready, self._total

@@ -2,6 +2,7 @@
 golden bound on the simulator's median errors over a fast subset of published rows."""
 
 import csv
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from inferlab.sim.validation.scenario import Lengths, ScenarioError
 from inferlab.sim.validation.validate import (
     Comparison,
     _gaps_s,
+    _predict_or_reason,
     _run,
     _serve,
     _stat,
@@ -626,18 +628,47 @@ def test_a_rerun_is_stated_in_the_sharing_column_and_refused_where_no_server_kee
 
 def test_a_rerun_finds_its_prompts_in_the_cache_and_only_its_own_pass_is_measured() -> None:
     """The same prompts sent once before on one engine: the measured pass's prompts are
-    mostly cache hits, its TTFT drops and its timelines are its own (they start after the
-    first pass ended); without prefix caching the rerun changes nothing."""
-    base = row(batch_or_concurrency="8", num_requests="64", input_len="2048", output_len="64")
+    mostly cache hits, its TTFT drops, its timelines are its own (they start after the
+    first pass ended) and its duration is its own pass's (its throughput at least the
+    cold run's, not diluted by the pass before)."""
+    base = row(batch_or_concurrency="8", num_requests="64", input_len="2048", output_len="64", req_per_s="5")
     cold, warm = parse_row(base), parse_row({**base, "prefix_sharing": "rerun=1"})
     run = _run(warm)
     assert all(t.cached_tokens >= 2048 - 16 for t in run.timelines)
-    assert min(t.arrival_s for t in run.timelines) > 0  # after the first pass
+    assert min(t.arrival_s for t in run.timelines) > max(t.finished_s or 0 for t in _run(cold).timelines) / 2
     assert all(t.cached_tokens == 0 for t in _run(cold).timelines)
-    assert predict_scenario(warm)[0]["ttft_ms"] < 0.5 * predict_scenario(cold)[0]["ttft_ms"]
-    off = {**base, "engine_config": "--no-enable-prefix-caching"}
-    uncached = predict_scenario(parse_row({**off, "prefix_sharing": "rerun=1"}))[0]
-    assert uncached["ttft_ms"] == pytest.approx(predict_scenario(parse_row(off))[0]["ttft_ms"], rel=0.02)
+    hot, plain = predict_scenario(warm)[0], predict_scenario(cold)[0]
+    assert hot["ttft_ms"] < 0.5 * plain["ttft_ms"]
+    assert plain["req_per_s"] <= hot["req_per_s"] < 3 * plain["req_per_s"]
+
+
+def test_an_open_loop_rerun_runs_its_passes_in_turn_and_a_rerun_without_a_cache_is_refused() -> None:
+    """Poisson arrivals at a low rate, the engine idle between requests: both passes run
+    to the end (each at its own arrival times, the second after the first), and the
+    measured pass hits the cache. Where the engine caches no prefixes a rerun would
+    change nothing, and the row is refused rather than run as if it did."""
+    import signal
+
+    def hung(*_: object) -> None:
+        raise TimeoutError("the rerun's passes never ended")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(120)
+    try:
+        base = row(scenario="poisson", batch_or_concurrency="", request_rate_rps="0.1", num_requests="20",
+                   input_len="2048", output_len="16", prefix_sharing="rerun=1")
+        run = _run(parse_row(base))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert len(run.timelines) == 20 and all(t.cached_tokens >= 2048 - 16 for t in run.timelines)
+    gaps = [b.arrival_s - a.arrival_s for a, b in itertools.pairwise(run.timelines)]
+    assert min(t.arrival_s for t in run.timelines) > 20 and statistics.fmean(gaps) > 5  # ~10 s apart
+    off = row(batch_or_concurrency="8", num_requests="64", prefix_sharing="rerun=1",
+              engine_config="--no-enable-prefix-caching")
+    with pytest.raises(ScenarioError, match="caches no prefixes"):
+        predict_scenario(parse_row(off))
+    assert "caches no prefixes" in str(_predict_or_reason(parse_row(off)))  # validation skips it, saying why
 
 
 def test_validate_sim_set_changes_one_constant_of_one_family_for_a_sensitivity_check(

@@ -29,12 +29,12 @@ import itertools
 import math
 import random
 import statistics
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from inferlab._errors import InferlabError
-from inferlab.load.policy import Answer, ClosedLoopPolicy, OpenLoopPolicy, Policy, Send
+from inferlab.load.policy import ClosedLoopPolicy, OpenLoopPolicy, Policy
 from inferlab.load.virtual import EngineTarget, drive
 from inferlab.results.metrics import interpolate, percentile
 from inferlab.sim.engine.engine import Engine, RequestTimeline
@@ -224,29 +224,6 @@ def _with_turns(jobs: list[tuple[int, int]], sharing: PromptSharing | None) -> l
     return out
 
 
-class _Later:
-    """``policy`` started ``offset_s`` later: a pass that follows another on one engine."""
-
-    def __init__(self, policy: Policy, offset_s: float) -> None:
-        self._policy, self._offset_s = policy, offset_s
-        self.wants_answers = policy.wants_answers
-
-    def start_s(self) -> float:
-        return self._policy.start_s() + self._offset_s
-
-    def due(self, now_s: float) -> Iterator[Send]:
-        off = self._offset_s
-        for send in self._policy.due(now_s - off):
-            yield dataclasses.replace(send, intended_s=send.intended_s + off, at_s=send.at_s + off)
-
-    def ended(self, index: int, end_s: float, answer: Answer | None) -> None:
-        self._policy.ended(index, end_s - self._offset_s, answer)
-
-    def next_s(self) -> float | None:
-        t = self._policy.next_s()
-        return None if t is None else t + self._offset_s
-
-
 # between two passes of one benchmark on one server (a rerun): enough for the last
 # pass's streams to drain; nothing in the engine depends on its length
 _BETWEEN_PASSES_S = 1.0
@@ -267,20 +244,26 @@ def _serve(
     if arrivals_s is not None and any(b < a for a, b in itertools.pairwise(arrivals_s)):
         raise ValueError("arrivals must be in time order")
     ids = prompts(jobs, sharing)
-    offset_s = 0.0
+    start_s = 0.0  # each pass in the engine's one clock, after the one before has ended
     reruns = sharing.reruns if sharing is not None else 0
+    if reruns and not engine.config.enable_prefix_caching:
+        raise ScenarioError(
+            f"prefix_sharing rerun={reruns}: this engine caches no prefixes (prefix caching off), "
+            "so an earlier pass leaves nothing for the measured one: state the row without rerun"
+        )
     for rerun in range(reruns + 1):
         specs = (RequestSpec(p, out) for p, (_, out) in zip(ids, jobs, strict=True))
         policy: Policy
         if arrivals_s is not None:
-            policy = OpenLoopPolicy(zip(arrivals_s, specs, strict=True), max_concurrency=None, warmup=0)
+            at = [start_s + a for a in arrivals_s]
+            policy = OpenLoopPolicy(zip(at, specs, strict=True), max_concurrency=None, warmup=0)
         else:
-            policy = ClosedLoopPolicy(users, specs, total=len(jobs), warmup=0, duration_s=None)
+            policy = ClosedLoopPolicy(users, specs, total=len(jobs), warmup=0, duration_s=None, start_s=start_s)
         names = [str(i) if rerun == reruns else f"pass{rerun}-{i}" for i in range(len(jobs))]
-        drive(_Later(policy, offset_s) if offset_s else policy, EngineTarget(engine, names))
+        drive(policy, EngineTarget(engine, names))
         if rerun < reruns:  # an earlier pass: only what it left in the cache matters
             done = [engine.forget(name) for name in names]
-            offset_s = max(_finished(t) for t in done if t is not None) + _BETWEEN_PASSES_S
+            start_s = max(_finished(t) for t in done if t is not None) + _BETWEEN_PASSES_S
     return [engine.timeline(str(i)) for i in range(len(jobs))]
 
 
