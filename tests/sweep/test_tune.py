@@ -161,7 +161,7 @@ def test_a_best_below_the_highest_score_says_why_where_users_read(tmp_path: Path
     best block say so for this trial, with the highest score."""
     args = ["--param", "max-num-batched-tokens=256,512,1024,2048,4096,8192", "--param", "max-num-seqs=8,16,32,64,128,256",
             "--rate", "12", "-n", "150", "--input-tokens", "2000", "--output-tokens", "200",
-            "--slo-ttft-ms", "300", "--slo-tpot-ms", "26"]
+            "--slo-ttft-ms", "400", "--slo-tpot-ms", "26"]
     res = CliRunner().invoke(main, ["tune", *args, "-o", str(tmp_path / "t")])
     assert res.exit_code == 0, res.output
     index = json.loads((tmp_path / "t" / "sweep.json").read_text())

@@ -741,8 +741,9 @@ def test_distribution_statistics_come_from_the_same_run_and_stay_out_of_the_head
     assert headline["d1", "ttft_ms"] == headline["d2", "ttft_ms"] == headline["d3", "ttft_ms"]
     assert ("d3", "itl_ms") not in headline
     assert [s.reason.split(":")[0] for s in report.skipped] == ["itl_ms"]  # said once, for d3
-    # the mean lies between the median and the tail of the same run
-    assert by_row["d2", "ttft_ms", "median"] < headline["d2", "ttft_ms"] < by_row["d2", "ttft_ms", "p99"]
+    # the tail of the same run lies above its typical request and its mean (in lockstep
+    # waves the mean may fall on either side of the median)
+    assert max(by_row["d2", "ttft_ms", "median"], headline["d2", "ttft_ms"]) < by_row["d2", "ttft_ms", "p99"]
 
 
 def test_distribution_medians_are_per_metric_and_statistic_with_their_sign() -> None:

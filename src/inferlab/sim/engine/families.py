@@ -184,13 +184,14 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
 # counted in the metrics; 0.28-0.33). The fixed latency is what requests wait for
 # outside the engine core on the fit hosts beyond that CPU (vLLM's own server on
 # loopback here: 2.3 ms at one stream, CPU included): fitted on the `fit` rows of
-# bench/data only, the vLLM V1 online rows of kvcached (H100), Musgrave (A100), IOG (RTX
-# 4090), llm-d and ai.wmx.dev (L4), five hosts (`python bench/fit_front_end.py --jobs 2`;
-# docs/validation.md, "The front end's fit"). The engine core's per-sequence output cost
-# stays 0 (the earlier grid over 0-45 us found none).
+# bench/data only, the vLLM V1 online rows of IOG (H100 PCIe and RTX 4090 nodes, 130
+# rows), kvcached (H100), Musgrave (A100), llm-d and ai.wmx.dev (L4)
+# (`python bench/fit_front_end.py --jobs 2`; docs/validation.md, "The front end's fit":
+# 5 ms since IOG's whole published sweep came in; 27.5 ms on the first 15 rows). The
+# engine core's per-sequence output cost stays 0 (the earlier grid over 0-45 us found none).
 _V1_FRONT_END = dataclasses.replace(
     DEFAULT_EFFICIENCIES,
-    api_overhead_s=0.0275,  # latency off the CPU queue, fitted (see above)
+    api_overhead_s=0.005,  # latency off the CPU queue, fitted (see above)
     api_intake_s=1.5e-3,  # CPU per request: HTTP, validation, chat template (measured)
     api_intake_per_token_s=1.5e-6,  # CPU per prompt token: tokenization (measured)
     api_stream_s=38e-6,  # CPU per streamed token: detokenize, SSE chunk (measured)
