@@ -99,7 +99,7 @@ class PromptSharing:
             parts.append(f"conversations of {self.turns} turns, each turn's prompt the conversation so far")
         if self.reruns:
             times = "once" if self.reruns == 1 else f"{self.reruns} times"
-            parts.append(f"the same prompts sent {times} before on the same server (its prefix cache warm)")
+            parts.append(f"the same prompts sent {times} before on the same server (its prefix cache holds what it had room for)")
         return "; ".join(parts)
 
 
