@@ -19,7 +19,7 @@ no row measured that metric.
     band.describe() if band else "not validated"
     # '±42 % on 36 held-out vLLM V1 saturated rows' (whatever the file says)
     error_band("vllm", "Poisson", "TTFT", stat="median").describe()
-    # '±34 % on the medians of 16 held-out vLLM V1 Poisson rows'
+    # '±29 % on the medians of 16 held-out vLLM V1 Poisson rows'
 
 ``sim run`` shows one band beside each headline metric (console and ``summary.json``'s
 ``prediction``); a sweep gives each simulated point's headline its bands
