@@ -50,8 +50,9 @@ def test_a_concurrency_sweep_stops_by_itself_at_saturation_and_names_the_knee(tm
     (group,) = ix["groups"]
     stop = group["stopped"]
     assert stop is not None and stop["knee"] is not None
-    # 16 sequences run at once: the knee is where that many are kept busy, not far past
-    assert 16 <= stop["knee"] <= 32 < stop["at"] < 256
+    # 16 sequences run at once: the knee is where that many are kept busy, not far past,
+    # and the sweep stops within a doubling or two of it
+    assert 16 <= stop["knee"] <= 32 and stop["knee"] < stop["at"] <= 64
     skipped = [p["params"]["concurrency"] for p in ix["points"] if p["status"] == "skipped"]
     assert 256 in skipped and all(c > stop["at"] for c in skipped)
     assert f"knee: c={stop['knee']}" in r.output and "prediction (simulated, virtual time)" in r.output

@@ -133,7 +133,7 @@ def test_cli_refuses_what_it_would_not_honour(args: list[str], needle: str) -> N
 def test_near_ties_go_to_the_lower_ttft_p99() -> None:
     # a light load every setting serves within the SLOs: goodput is the offered rate give
     # or take the run's duration, so the settings tie and the lower TTFT p99 must win
-    light = RunConfig(LoadConfig(OpenLoop(4.0), num_requests=60, seed=2), WorkloadConfig(input_tokens=3000, output_tokens=64),
+    light = RunConfig(LoadConfig(OpenLoop(4.0), num_requests=60, seed=3), WorkloadConfig(input_tokens=3000, output_tokens=64),
                       "completions", SLO(ttft_ms=2000, tpot_ms=200))
     result = search(TuneConfig((Axis("max_num_batched_tokens", (2048, 4096, 8192)),), "grid", abort_hopeless=False), light)
     assert result.best is not None

@@ -46,6 +46,42 @@ def test_streaming_delays_delivery_only_when_the_front_end_falls_behind() -> Non
     assert all(b > a for a, b in itertools.pairwise(late))
 
 
+def test_a_request_arriving_during_a_step_is_not_queued_behind_that_steps_streaming() -> None:
+    """A step's streaming is booked when the step starts, for when it ends; a request that
+    arrives while the step runs finds the server idle and is taken in at once. Work that
+    does not fit before a booked piece waits for it, and nothing moves what was booked."""
+    fe = FrontEnd(COSTS)
+    assert fe.deliver(0.010, 10) == pytest.approx(0.011)  # streaming from 10 ms to 11 ms
+    intake = 0.002 + 100 * 1e-5  # 3 ms
+    assert fe.admit(0.002, 100) == pytest.approx(0.002 + intake + 0.010)  # idle at 2 ms: 2-5 ms
+    assert fe.admit(0.008, 100) == pytest.approx(0.011 + intake + 0.010)  # 8-11 ms is taken: after it
+    assert fe.deliver(0.020, 10) == pytest.approx(0.021)  # the server is idle again by 20 ms
+    fe.forget_before(0.030)  # nothing later can be released before 30 ms
+    assert fe.admit(0.025, 100) == pytest.approx(0.030 + intake + 0.010)
+
+
+def test_an_arrival_during_a_decode_step_starts_at_the_next_step() -> None:
+    """On vLLM V1 with the front end's CPU queue, one request decoding: a second one that
+    arrives just after a step began, with time for its intake, joins the very next step
+    (it used to queue behind the streaming booked for that step's end, and miss it)."""
+    config = EngineConfig(model="Llama-3.1-8B", gpu="H100", max_model_len=2048, api_overhead_s=0.0)
+    first = (0.0, "a", [7, *range(1, 64)], 400)
+    solo = Engine(config)
+    solo.record_token_times = True
+    times = serve_timelines(solo, [first])["a"].token_times_s
+    step_s = times[101] - times[100]
+    assert Engine(config).front_end.intake_cost_s(64) < step_s / 2  # room for it within a step
+    # the step that emits token 101 runs from times[100] to times[101] (no API delay
+    # after the step: one stream's tokens are delivered as its step ends, and nothing
+    # queues); arrive 1 % into it
+    arrive = times[100] + 0.01 * step_s
+    tls = serve_timelines(Engine(config), [first, (arrive, "b", [9, *range(1, 64)], 4)])
+    b = tls["b"]
+    assert b.scheduled_s is not None
+    assert b.scheduled_s - arrive < step_s  # the next step, not the one after
+    assert b.scheduled_s >= arrive
+
+
 def test_a_step_costs_the_api_server_once_whatever_its_tokens() -> None:
     """The same 64 tokens in one step or in 64 steps of one: the 63 more steps each cost
     the per-step CPU; with two API servers each pays it (its own streams' outputs)."""

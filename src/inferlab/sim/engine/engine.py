@@ -281,6 +281,8 @@ class Engine:
         sched = self._scheduler
         if not sched.has_work():
             return None
+        # every request that arrives from now on arrives at ``now_s`` or later
+        self.front_end.forget_before(now_s)
         # without per-token events, decodes with nothing to do may stay steady
         sched.lazy = events is None and self.steady_decodes and self._roofline is not None
         # the time up to which arrivals are seen: with overlap scheduling, a step that

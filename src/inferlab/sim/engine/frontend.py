@@ -15,11 +15,21 @@ trips, not CPU on this queue) comes on top.
 
 ``FrontEnd`` is a clock, not a process: ``admit`` says when a request arriving at
 ``now_s`` reaches the engine, ``deliver`` when the tokens a step emits at ``end_s``
-reach the client. Calls come in time order (the engine's steps and arrivals).
+reach the client. Each server's CPU is a list of busy intervals, and each piece of work
+takes the first idle stretch long enough for it from the time it is released: the calls
+do not come in time order (a step's streaming is booked when the step starts, for when
+it ends, before the requests that arrive while it runs), and a request that arrives
+while a step runs is taken in at once when the server is idle then, not after the
+streaming booked for the step's end. No piece of work moves one booked before it.
+``forget_before(t)`` drops what ended before ``t``, the earliest time any later call can
+name (the engine calls it with each step's start); work released earlier than that is
+taken as released then.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass
 
 
@@ -55,7 +65,7 @@ class FrontEnd:
         self.costs = costs
         self.servers = servers
         self.host_speed = host_speed
-        self._free_s = [0.0] * servers  # when each server has done all its work so far
+        self._cpus = [_BusyIntervals() for _ in range(servers)]
         self.busy_s = 0.0  # CPU seconds of work taken so far, all servers together
 
     def intake_cost_s(self, prompt_tokens: int) -> float:
@@ -66,12 +76,10 @@ class FrontEnd:
         """When a request of ``prompt_tokens`` arriving at ``now_s`` can be scheduled."""
         cost = self.intake_cost_s(prompt_tokens)
         if cost:
-            free = self._free_s
-            k = min(range(self.servers), key=free.__getitem__)
-            done = max(free[k], now_s) + cost
-            free[k] = done
+            # the server that is done with it first (the first of those, on a tie)
+            cpu = min(self._cpus, key=lambda c: c.start_s(now_s, cost))
+            now_s = cpu.book(now_s, cost)
             self.busy_s += cost
-            now_s = done
         return now_s + self.costs.latency_s
 
     def deliver(self, end_s: float, tokens: int) -> float:
@@ -83,8 +91,64 @@ class FrontEnd:
         # outputs for its streams (vLLM sends a step's outputs only to those): with fewer
         # tokens than servers, that many servers' per-step cost, shared evenly too
         share = (tokens * per_token + min(tokens, self.servers) * per_step) / self.servers / self.host_speed
-        free = self._free_s
-        for k in range(self.servers):
-            free[k] = max(free[k], end_s) + share
         self.busy_s += share * self.servers
-        return max(free)
+        return max(cpu.book(end_s, share) for cpu in self._cpus)
+
+    def forget_before(self, t_s: float) -> None:
+        """Drop the work that ended before ``t_s``: no later call names an earlier time."""
+        for cpu in self._cpus:
+            cpu.forget_before(t_s)
+
+
+class _BusyIntervals:
+    """One API server's CPU: the work booked on it as disjoint, time-ordered intervals
+    (touching ones merged), and a horizon before which nothing is known any more."""
+
+    def __init__(self) -> None:
+        self._starts: list[float] = []
+        self._ends: list[float] = []
+        self._horizon_s = -math.inf
+
+    def start_s(self, release_s: float, cost_s: float) -> float:
+        """When work of ``cost_s`` released at ``release_s`` would start: at the first idle
+        stretch of at least ``cost_s`` from then on."""
+        return self._fit(release_s, cost_s)[0]
+
+    def book(self, release_s: float, cost_s: float) -> float:
+        """Book work of ``cost_s`` released at ``release_s``; returns when it is done."""
+        start, i = self._fit(release_s, cost_s)
+        end = start + cost_s
+        starts, ends = self._starts, self._ends
+        joins_before = i > 0 and ends[i - 1] >= start - _TOUCH_S
+        joins_after = i < len(starts) and starts[i] <= end + _TOUCH_S
+        if joins_before and joins_after:  # fills a gap exactly: one interval of three
+            ends[i - 1] = ends[i]
+            del starts[i], ends[i]
+        elif joins_before:
+            ends[i - 1] = end
+        elif joins_after:
+            starts[i] = start
+        else:
+            starts.insert(i, start)
+            ends.insert(i, end)
+        return end
+
+    def _fit(self, release_s: float, cost_s: float) -> tuple[float, int]:
+        """The start of the first idle stretch of ``cost_s`` from ``release_s`` on, and the
+        index of the first interval after it."""
+        start = max(release_s, self._horizon_s)
+        starts, ends = self._starts, self._ends
+        i = bisect.bisect_right(ends, start)  # the first interval still busy after ``start``
+        while i < len(starts) and starts[i] < start + cost_s:
+            start = max(start, ends[i])
+            i += 1
+        return start, i
+
+    def forget_before(self, t_s: float) -> None:
+        k = bisect.bisect_left(self._ends, t_s)
+        if k:
+            del self._starts[:k], self._ends[:k]
+        self._horizon_s = max(self._horizon_s, t_s)
+
+
+_TOUCH_S = 1e-12  # intervals this close are one
