@@ -132,18 +132,23 @@ def test_cli_refuses_what_it_would_not_honour(args: list[str], needle: str) -> N
 
 def test_near_ties_go_to_the_lower_ttft_p99() -> None:
     # a light load every setting serves within the SLOs: goodput is the offered rate give
-    # or take the run's duration, so the settings tie and the lower TTFT p99 must win
-    light = RunConfig(LoadConfig(OpenLoop(4.0), num_requests=60, seed=3), WorkloadConfig(input_tokens=3000, output_tokens=64),
-                      "completions", SLO(ttft_ms=2000, tpot_ms=200))
-    result = search(TuneConfig((Axis("max_num_batched_tokens", (2048, 4096, 8192)),), "grid", abort_hopeless=False), light)
-    assert result.best is not None
-    scores = [t.score for t in result.trials]
-    assert min(scores) > 0.98 * max(scores)  # (the premise: a tie within the tolerance)
-    p99 = {t.params["max_num_batched_tokens"]: t.headline()["ttft_p99_ms"] for t in result.trials}
-    assert len(set(p99.values())) == 3  # the settings do differ in TTFT
-    assert result.best.headline()["ttft_p99_ms"] == min(p99.values())
-    # (and the lowest TTFT p99 is not the highest score here: the tolerance decides)
-    assert result.best.score < max(scores)
+    # or take the run's duration, so the settings tie and the lower TTFT p99 must win;
+    # over a few seeds, so that the case where the tolerance decides (the lowest TTFT p99
+    # is not the highest score) comes up whatever the seeds' small differences are
+    decided = 0
+    for seed in (1, 2, 3, 4, 5):
+        light = RunConfig(LoadConfig(OpenLoop(4.0), num_requests=60, seed=seed),
+                          WorkloadConfig(input_tokens=3000, output_tokens=64), "completions",
+                          SLO(ttft_ms=2000, tpot_ms=200))
+        result = search(TuneConfig((Axis("max_num_batched_tokens", (2048, 4096, 8192)),), "grid", abort_hopeless=False), light)
+        assert result.best is not None
+        scores = [t.score for t in result.trials]
+        assert min(scores) > 0.98 * max(scores)  # (the premise: a tie within the tolerance)
+        p99 = {t.params["max_num_batched_tokens"]: t.headline()["ttft_p99_ms"] for t in result.trials}
+        assert len(set(p99.values())) == 3  # the settings do differ in TTFT
+        assert result.best.headline()["ttft_p99_ms"] == min(p99.values())
+        decided += result.best.score < max(scores)
+    assert decided >= 1  # (the lowest TTFT p99 was not the highest score: the tolerance decided)
 
 
 def test_the_best_notes_gap_to_the_highest_shows_where_rounding_would_hide_it() -> None:

@@ -48,38 +48,55 @@ def test_streaming_delays_delivery_only_when_the_front_end_falls_behind() -> Non
 
 def test_a_request_arriving_during_a_step_is_not_queued_behind_that_steps_streaming() -> None:
     """A step's streaming is booked when the step starts, for when it ends; a request that
-    arrives while the step runs finds the server idle and is taken in at once. Work that
-    does not fit before a booked piece waits for it, and nothing moves what was booked."""
+    arrives while the step runs is taken in at once, around that streaming, which keeps
+    its time (its delivery was already reported)."""
     fe = FrontEnd(COSTS)
     assert fe.deliver(0.010, 10) == pytest.approx(0.011)  # streaming from 10 ms to 11 ms
     intake = 0.002 + 100 * 1e-5  # 3 ms
     assert fe.admit(0.002, 100) == pytest.approx(0.002 + intake + 0.010)  # idle at 2 ms: 2-5 ms
-    assert fe.admit(0.008, 100) == pytest.approx(0.011 + intake + 0.010)  # 8-11 ms is taken: after it
+    # 8-10 ms, then the streaming's 10-11 ms, then 11-12 ms: 3 ms of intake done at 12 ms
+    assert fe.admit(0.008, 100) == pytest.approx(0.012 + 0.010)
     assert fe.deliver(0.020, 10) == pytest.approx(0.021)  # the server is idle again by 20 ms
     fe.forget_before(0.030)  # nothing later can be released before 30 ms
     assert fe.admit(0.025, 100) == pytest.approx(0.030 + intake + 0.010)
 
 
+def test_the_front_end_never_idles_while_released_work_waits_and_nothing_overtakes() -> None:
+    """A long intake released at 1 ms and a short one at 2 ms, with a step's streaming
+    booked for 10-11 ms: the CPU works from 1 ms on without a gap, the long intake first
+    (it was there first), and the short one after it, not in a gap it left idle."""
+    costs = dataclasses.replace(COSTS, latency_s=0.0)
+    fe = FrontEnd(costs)
+    fe.deliver(0.010, 10)  # 10-11 ms
+    long_cost, short_cost = fe.intake_cost_s(900), fe.intake_cost_s(10)  # 11 ms and 2.1 ms
+    long_ready, short_ready = fe.admit(0.001, 900), fe.admit(0.002, 10)
+    assert long_ready == pytest.approx(0.001 + long_cost + 0.001)  # around the streaming
+    assert short_ready == pytest.approx(long_ready + short_cost)  # right after, no idle gap
+    assert fe.busy_s == pytest.approx(0.001 + long_cost + short_cost)
+
+
 def test_an_arrival_during_a_decode_step_starts_at_the_next_step() -> None:
     """On vLLM V1 with the front end's CPU queue, one request decoding: a second one that
     arrives just after a step began, with time for its intake, joins the very next step
-    (it used to queue behind the streaming booked for that step's end, and miss it)."""
-    config = EngineConfig(model="Llama-3.1-8B", gpu="H100", max_model_len=2048, api_overhead_s=0.0)
+    (it used to queue behind the streaming booked for that step's end, and miss it); one
+    whose intake is a little longer than a step joins the step after, not the third."""
+    config = EngineConfig(model="Llama-3.1-8B", gpu="H100", max_model_len=8192, api_overhead_s=0.0)
     first = (0.0, "a", [7, *range(1, 64)], 400)
     solo = Engine(config)
     solo.record_token_times = True
     times = serve_timelines(solo, [first])["a"].token_times_s
+    # token times are when each token reached the client: the end of its step plus the
+    # (short) streaming of one token; a step lasts as long as the gap between two
     step_s = times[101] - times[100]
-    assert Engine(config).front_end.intake_cost_s(64) < step_s / 2  # room for it within a step
-    # the step that emits token 101 runs from times[100] to times[101] (no API delay
-    # after the step: one stream's tokens are delivered as its step ends, and nothing
-    # queues); arrive 1 % into it
-    arrive = times[100] + 0.01 * step_s
-    tls = serve_timelines(Engine(config), [first, (arrive, "b", [9, *range(1, 64)], 4)])
-    b = tls["b"]
-    assert b.scheduled_s is not None
-    assert b.scheduled_s - arrive < step_s  # the next step, not the one after
-    assert b.scheduled_s >= arrive
+    short, long = [9, *range(1, 64)], [9, *range(1, 4001)]
+    fe = Engine(config).front_end
+    assert fe.intake_cost_s(len(short)) < step_s / 2 < step_s < fe.intake_cost_s(len(long)) < 1.5 * step_s
+    arrive = times[100] + 0.02 * step_s  # just after the step that emits token 101 began
+    for prompt, most in ((short, step_s), (long, 2.5 * step_s)):
+        tls = serve_timelines(Engine(config), [first, (arrive, "b", prompt, 4)])
+        scheduled = tls["b"].scheduled_s
+        assert scheduled is not None
+        assert arrive <= scheduled < arrive + most  # the first step after its intake
 
 
 def test_a_step_costs_the_api_server_once_whatever_its_tokens() -> None:

@@ -189,8 +189,14 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
 # (`python bench/fit_front_end.py --jobs 2`; docs/validation.md, "The front end's fit":
 # 5 ms since IOG's whole published sweep came in; 27.5 ms on the first 15 rows). The
 # engine core's per-sequence output cost stays 0 (the earlier grid over 0-45 us found none).
+# Its host cost per scheduled sequence (scheduling, input preparation, output processing)
+# is 20 us: fitted with the latency on the same rows once the front end's queue took
+# arrivals in time order (`bench/fit_front_end.py --per-seq-us 5,10,15,20,25,30`: 5 ms and
+# 20 us by the grid's rule; docs/validation.md, "A request that arrived during a step"),
+# beside the 22-28 us measured on vLLM's own engine core (`bench/vllm_host_cost.py`).
 _V1_FRONT_END = dataclasses.replace(
     DEFAULT_EFFICIENCIES,
+    per_seq_s=20e-6,  # the engine core's host cost per scheduled sequence, fitted (see above)
     api_overhead_s=0.005,  # latency off the CPU queue, fitted (see above)
     api_intake_s=1.5e-3,  # CPU per request: HTTP, validation, chat template (measured)
     api_intake_per_token_s=1.5e-6,  # CPU per prompt token: tokenization (measured)

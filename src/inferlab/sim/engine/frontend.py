@@ -5,25 +5,28 @@ detokenizer managers) does two kinds of CPU work on one event loop: **intake** (
 validation, chat template, tokenization: a fixed cost plus a cost per prompt token) and
 **streaming** (taking each engine step's outputs, then detokenizing every generated
 token and writing its SSE chunk: a cost per step plus a cost per streamed token). Both
-queue for the same CPU, first come first served, so a burst waits at the door and many
-streams slow every stream's delivery, while the engine core keeps stepping at GPU speed. ``--api-server-count N`` runs N such servers; requests go to the
-first free one and streaming work is shared evenly (the per-step cost is paid by each
-server that streams some of the step's tokens: every server, unless a step emits fewer
-tokens than there are servers). ``--host-speed F`` divides every CPU
-cost by F (1.0: the typical host the family's costs are for; 2.0: a host twice as fast). A fixed latency per request (``api_overhead_s``: IPC and HTTP round
-trips, not CPU on this queue) comes on top.
+share the same CPU, so a burst waits at the door and many streams slow every stream's
+delivery, while the engine core keeps stepping at GPU speed. ``--api-server-count N``
+runs N such servers; a request goes to the one that would be done with it first, and
+streaming work is shared evenly (the per-step cost is paid by each server that streams
+some of the step's tokens: every server, unless a step emits fewer tokens than there
+are servers). ``--host-speed F`` divides every CPU cost by F (1.0: the typical host the
+family's costs are for; 2.0: a host twice as fast). A fixed latency per request
+(``api_overhead_s``: IPC and HTTP round trips, not CPU on this queue) comes on top.
 
 ``FrontEnd`` is a clock, not a process: ``admit`` says when a request arriving at
 ``now_s`` reaches the engine, ``deliver`` when the tokens a step emits at ``end_s``
-reach the client. Each server's CPU is a list of busy intervals, and each piece of work
-takes the first idle stretch long enough for it from the time it is released: the calls
-do not come in time order (a step's streaming is booked when the step starts, for when
-it ends, before the requests that arrive while it runs), and a request that arrives
-while a step runs is taken in at once when the server is idle then, not after the
-streaming booked for the step's end. No piece of work moves one booked before it.
-``forget_before(t)`` drops what ended before ``t``, the earliest time any later call can
-name (the engine calls it with each step's start); work released earlier than that is
-taken as released then.
+reach the client. The calls do not come in time order: a step's streaming is booked
+when the step starts, for when it ends, before the requests that arrive while it runs.
+So each server's CPU is a list of busy intervals, and each piece of work runs in every
+idle stretch from its release on until its CPU time is spent, around what was booked
+before it (an event loop interleaves a request's intake, which awaits between its
+parts, with a step's streaming): a request that arrives while a step runs is taken in
+at once, not after the streaming booked for the step's end, and the CPU never idles
+while released work waits. What was booked first keeps its times: its tokens' delivery
+was already reported. ``forget_before(t)`` drops what ended before ``t``, the earliest
+time any later call can name (the engine calls it with each step's start); work
+released earlier than that is taken as released then.
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ class FrontEnd:
         cost = self.intake_cost_s(prompt_tokens)
         if cost:
             # the server that is done with it first (the first of those, on a tie)
-            cpu = min(self._cpus, key=lambda c: c.start_s(now_s, cost))
+            cpu = min(self._cpus, key=lambda c: c.finish_s(now_s, cost))
             now_s = cpu.book(now_s, cost)
             self.busy_s += cost
         return now_s + self.costs.latency_s
@@ -102,47 +105,72 @@ class FrontEnd:
 
 class _BusyIntervals:
     """One API server's CPU: the work booked on it as disjoint, time-ordered intervals
-    (touching ones merged), and a horizon before which nothing is known any more."""
+    (touching ones merged), and a horizon before which nothing is known any more. Work
+    runs in every idle stretch from its release on until its CPU time is spent, around
+    the work booked before it: an event loop interleaving a request's intake with a
+    step's streaming, which awaits between its parts."""
 
     def __init__(self) -> None:
         self._starts: list[float] = []
         self._ends: list[float] = []
         self._horizon_s = -math.inf
 
-    def start_s(self, release_s: float, cost_s: float) -> float:
-        """When work of ``cost_s`` released at ``release_s`` would start: at the first idle
-        stretch of at least ``cost_s`` from then on."""
-        return self._fit(release_s, cost_s)[0]
+    def finish_s(self, release_s: float, cost_s: float) -> float:
+        """When work of ``cost_s`` released at ``release_s`` would be done."""
+        t = max(release_s, self._horizon_s)
+        if not self._ends or t >= self._ends[-1]:  # after everything booked: at once
+            return t + cost_s
+        return self._pieces(release_s, cost_s)[0]
 
     def book(self, release_s: float, cost_s: float) -> float:
         """Book work of ``cost_s`` released at ``release_s``; returns when it is done."""
-        start, i = self._fit(release_s, cost_s)
-        end = start + cost_s
         starts, ends = self._starts, self._ends
-        joins_before = i > 0 and ends[i - 1] >= start - _TOUCH_S
-        joins_after = i < len(starts) and starts[i] <= end + _TOUCH_S
-        if joins_before and joins_after:  # fills a gap exactly: one interval of three
-            ends[i - 1] = ends[i]
-            del starts[i], ends[i]
-        elif joins_before:
-            ends[i - 1] = end
-        elif joins_after:
-            starts[i] = start
-        else:
-            starts.insert(i, start)
-            ends.insert(i, end)
+        t = max(release_s, self._horizon_s)
+        if not ends or t >= ends[-1]:  # after everything booked (the common case)
+            if ends and t <= ends[-1] + _TOUCH_S:
+                ends[-1] = t + cost_s
+            else:
+                starts.append(t)
+                ends.append(t + cost_s)
+            return t + cost_s
+        end, first, last, pieces = self._pieces(release_s, cost_s)
+        # the pieces and the intervals between them, with a touching neighbour each side,
+        # merged into one run of intervals in place of those they cover
+        lo, hi = first, last
+        if lo > 0 and pieces and ends[lo - 1] >= pieces[0][0] - _TOUCH_S:
+            lo -= 1
+        if hi < len(starts) and pieces and starts[hi] <= pieces[-1][1] + _TOUCH_S:
+            hi += 1
+        spans = sorted([*zip(starts[lo:hi], ends[lo:hi], strict=True), *pieces])
+        merged: list[list[float]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1] + _TOUCH_S:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        starts[lo:hi] = [a for a, _ in merged]
+        ends[lo:hi] = [b for _, b in merged]
         return end
 
-    def _fit(self, release_s: float, cost_s: float) -> tuple[float, int]:
-        """The start of the first idle stretch of ``cost_s`` from ``release_s`` on, and the
-        index of the first interval after it."""
-        start = max(release_s, self._horizon_s)
+    def _pieces(self, release_s: float, cost_s: float) -> tuple[float, int, int, list[tuple[float, float]]]:
+        """Where work of ``cost_s`` released at ``release_s`` runs: (its end, the index of
+        the first interval after its release, the index of the first after its end, the
+        idle stretches it takes)."""
+        t = max(release_s, self._horizon_s)
         starts, ends = self._starts, self._ends
-        i = bisect.bisect_right(ends, start)  # the first interval still busy after ``start``
-        while i < len(starts) and starts[i] < start + cost_s:
-            start = max(start, ends[i])
-            i += 1
-        return start, i
+        first = k = bisect.bisect_right(ends, t)  # the first interval still busy after ``t``
+        pieces: list[tuple[float, float]] = []
+        left = cost_s
+        while left > 0:
+            if k < len(starts) and starts[k] <= t + _TOUCH_S:  # busy: wait for it
+                t = max(t, ends[k])
+                k += 1
+                continue
+            use = min(left, (starts[k] if k < len(starts) else math.inf) - t)
+            pieces.append((t, t + use))
+            left -= use
+            t += use
+        return t, first, k, pieces
 
     def forget_before(self, t_s: float) -> None:
         k = bisect.bisect_left(self._ends, t_s)
