@@ -75,6 +75,18 @@ def test_the_front_end_never_idles_while_released_work_waits_and_nothing_overtak
     assert fe.busy_s == pytest.approx(0.001 + long_cost + short_cost)
 
 
+def test_work_that_fills_a_gap_exactly_ends_where_the_gap_does() -> None:
+    """0.1 s of work released at 0.5 s before work booked at 0.6 s: done at 0.6 s, not
+    after the later work because 0.6 - 0.5 rounds a few ulps short of 0.1."""
+    from inferlab.sim.engine.frontend import _BusyIntervals
+
+    for later, cost_later, release, cost in ((0.6, 0.12, 0.5, 0.1), (6.0, 1.2, 5.7, 0.3)):
+        cpu = _BusyIntervals()
+        cpu.book(later, cost_later)
+        assert cpu.finish_s(release, cost) == pytest.approx(later)
+        assert cpu.book(release, cost) == pytest.approx(later)
+
+
 def test_an_arrival_during_a_decode_step_starts_at_the_next_step() -> None:
     """On vLLM V1 with the front end's CPU queue, one request decoding: a second one that
     arrives just after a step began, with time for its intake, joins the very next step

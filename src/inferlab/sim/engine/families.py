@@ -193,7 +193,8 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
 # is 20 us: fitted with the latency on the same rows once the front end's queue took
 # arrivals in time order (`bench/fit_front_end.py --per-seq-us 5,10,15,20,25,30`: 5 ms and
 # 20 us by the grid's rule; docs/validation.md, "A request that arrived during a step"),
-# beside the 22-28 us measured on vLLM's own engine core (`bench/vllm_host_cost.py`).
+# on a grid bounded by the 22-28 us of host time a sequence measured on vLLM's own engine
+# core and worker (`bench/vllm_host_cost.py`); past 30 us the fit rows would take more.
 _V1_FRONT_END = dataclasses.replace(
     DEFAULT_EFFICIENCIES,
     per_seq_s=20e-6,  # the engine core's host cost per scheduled sequence, fitted (see above)

@@ -63,7 +63,7 @@ class Efficiencies:
     cpu_step_s: float = 0.7e-3  # vLLM V1 host cost per step with CUDA graphs: 0.5–1 ms
     cpu_step_eager_s: float = 2.0e-3  # the same without CUDA graphs / older engines: ~2 ms
     eager_launch_per_layer_s: float = 30e-6  # eager launch gaps: ~10 kernels x 3 µs per layer
-    per_seq_s: float = 5e-6  # host cost per scheduled sequence (inputs, outputs): 1–10 µs
+    per_seq_s: float = 5e-6  # host cost per scheduled sequence (inputs, outputs): 1–10 µs (vLLM V1: 20, ``families``)
     # Mixture of experts: the fused expert GEMMs (one grouped kernel over every expert a
     # step's tokens chose) run at this fraction of the dense GEMMs' rate, computing and
     # streaming weights alike; routing (top-k softmax, sorting tokens by expert) and the
@@ -97,7 +97,7 @@ class Efficiencies:
     api_stream_per_step_s: float = 0.0
 
 
-DEFAULT_EFFICIENCIES = Efficiencies()  # vLLM V1's
+DEFAULT_EFFICIENCIES = Efficiencies()  # the defaults; vLLM V1 replaces its front end and per_seq_s (``families``)
 
 #: The key of an efficiencies file that is no constant: ``sim calibrate``'s record of how
 #: well the constants predicted (``sim.engine.bands.calibrated_bands`` reads it).
