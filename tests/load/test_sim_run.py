@@ -618,3 +618,29 @@ def test_a_requests_own_limit_reaches_the_engine() -> None:
         assert len(seen) == 12 and all(limit == 400 for _, limit in seen)
         lengths = {out for out, _ in seen}
         assert lengths == {400} if exact else min(lengths) < 400
+
+
+def test_the_engine_line_names_the_host_costs_the_step_time_charges() -> None:
+    """The summary's engine line says what the engine core's host costs a step and a
+    sequence: the family's own, eager's larger per-step cost, and nothing where the
+    step time is another model's (a fitted twin's carries its own)."""
+    from inferlab.cli.sim import engine_line
+    from inferlab.sim.engine.families import FAMILY_RULES, EngineFamily
+
+    def host_words(engine: Engine) -> str:
+        return next((p for p in engine_line(engine).split(", ") if p.startswith("host ")), "")
+
+    v1 = FAMILY_RULES[EngineFamily.VLLM].efficiencies
+    graphs, eager = Engine(EngineConfig()), Engine(EngineConfig(enforce_eager=True))
+    assert host_words(graphs) == f"host {v1.cpu_step_s * 1e3:g} ms/step + {v1.per_seq_s * 1e6:g} us/scheduled sequence"
+    assert host_words(eager).startswith(f"host {v1.cpu_step_eager_s * 1e3:g} ms/step")
+    assert host_words(graphs) != host_words(eager)
+    sglang = Engine(EngineConfig(engine_family=EngineFamily.SGLANG))
+    assert host_words(sglang) != host_words(graphs)
+
+    class Flat:
+        def step_time_s(self, seqs: Sequence[tuple[int, int]], emitting: int) -> float:
+            return 0.01
+
+    assert Engine(EngineConfig(), step_time=Flat()).host_costs is None
+    assert host_words(Engine(EngineConfig(), step_time=Flat())) == ""

@@ -440,10 +440,21 @@ def engine_line(engine: Engine) -> str:
             if e.num_gpu_blocks_override is not None else ""
         ),
         "eager" if e.enforce_eager else "CUDA graphs",
+        *_host_words(engine),
         "offline (no API server)" if e.offline else _front_end_words(engine),
         *([f"{e.engine_family} defaults and constants"] if e.engine_family is not EngineFamily.VLLM else []),
     ]
     return ", ".join(parts)
+
+
+def _host_words(engine: Engine) -> list[str]:
+    """The engine core's host time per step and per scheduled sequence, when the roofline
+    is the step time (a fitted twin's step-time model carries its own)."""
+    costs = engine.host_costs
+    if costs is None:
+        return []
+    step_s, seq_s = costs
+    return [f"host {step_s * 1e3:g} ms/step + {seq_s * 1e6:g} us/scheduled sequence"]
 
 
 def _front_end_words(engine: Engine) -> str:

@@ -361,6 +361,12 @@ class Engine:
             preempted_hit_tokens=batch.preempted_hit_tokens,
         )
 
+    @property
+    def host_costs(self) -> tuple[float, float] | None:
+        """The engine core's host seconds per step and per scheduled sequence when the
+        roofline is the step time; None when another step-time model was given."""
+        return self._roofline.host_costs if self._roofline is not None else None
+
     # --- gauges and counters (read-only, for /metrics) ------------------------------
 
     @property

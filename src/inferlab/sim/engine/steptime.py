@@ -333,6 +333,12 @@ class RooflineStepTime:
         self._eager_layer_s = eff.eager_launch_per_layer_s if enforce_eager else 0.0
         self._stream_s_per_seq = eff.api_per_seq_s if serving else 0.0
 
+    @property
+    def host_costs(self) -> tuple[float, float]:
+        """The engine core's host time per step and per scheduled sequence, in seconds
+        (CUDA graphs or eager as configured): what ``scheduling_s`` charges."""
+        return self._host_step_s, self.eff.per_seq_s
+
     def scheduling_s(self, num_seqs: int) -> float:
         """The host part of a step that multi-step scheduling pays once per group
         (scheduling and input preparation): the per-step and per-sequence host costs."""
