@@ -696,6 +696,29 @@ def test_validate_sim_set_changes_one_constant_of_one_family_for_a_sensitivity_c
     assert script["main"](["--all", "--write-bands", "--set", "vllm.api_per_seq_s=1e-6"]) == 2
 
 
+def test_fit_gpu_stream_runs_fit_rows_of_that_gpu_only_and_its_rule_prefers_the_least_change() -> None:
+    """bench/fit_gpu_stream.py: the rows it fits on are `fit` rows of the named card and
+    no other (held-out rows never run); of factors within 0.2 of the best it takes the
+    one closest to 1.0; bad arguments are usage errors."""
+    import runpy
+
+    from inferlab.sim.validation.calibration import load_rows
+
+    script = runpy.run_path(str(Path(__file__).resolve().parents[3] / "bench" / "fit_gpu_stream.py"))
+    ids = script["fit_rows"]("H200-SXM-141GB")
+    rows = {r["row_id"]: r for path in sorted(CSV.parent.glob("*.csv")) for r in load_rows(path)}
+    assert ids and all(rows[i]["split"] == "fit" and "H200" in rows[i]["gpu"] for i in ids)
+    held_h200 = [i for i, r in rows.items() if r["split"] == "holdout" and "H200" in r["gpu"]]
+    assert held_h200 and not set(held_h200) & set(ids)
+    choose = script["choose"]
+    assert choose({0.90: 6.92, 0.92: 6.68, 0.94: 7.12}) == 0.92  # 0.90 is 0.24 away
+    assert choose({0.90: 6.70, 0.92: 6.68, 0.94: 6.85}) == 0.94  # all within 0.2: the least change
+    assert choose({0.98: 8.0, 1.0: 8.1, 1.02: 8.0}) == 1.0
+    assert script["main"](["--gpu", "no-such-gpu"]) == 2
+    assert script["main"](["--grid", "fast"]) == 2
+    assert script["main"](["--grid", "3"]) == 2
+
+
 # --- distributions: the other statistics of a row's run ------------------------------------
 
 

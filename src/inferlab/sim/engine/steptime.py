@@ -274,7 +274,7 @@ class RooflineStepTime:
         h, inter, hd = model.hidden_size, model.mlp_width_per_token, model.head_dim
         heads, kv_heads = model.num_heads // tp, kv_heads_per_rank(model, tp)
         bw = gpu.hbm_bytes_per_s
-        if gpu.stream_factor != 1.0:  # GDDR cards: each streaming share scaled, below the copy ceiling
+        if gpu.stream_factor != 1.0:  # GDDR cards and H200: each streaming share scaled, below the copy ceiling
             f = gpu.stream_factor
 
             def scaled(share: float) -> float:
