@@ -4,7 +4,7 @@ A GPU preset's ``stream_factor`` (``sim/engine/hardware.py``) scales every strea
 efficiency of the step-time model (weights, KV cache, activations) on that card: the
 share of its datasheet bandwidth it reaches relative to the H100 the efficiencies were
 fit on. GDDR cards have 1.12; H200 has 0.92, from this script. It runs every `fit` row
-whose GPU is the one named (any engine family; held-out rows are never read) with each
+whose GPU is the one named (any engine family; held-out rows are never run) with each
 factor of a grid and prints, per factor, the median |error| over the rows in each metric
 class and the objective: the mean of the throughput, TPOT/ITL and E2E medians (what
 bandwidth moves; TTFT is printed but left out, the front end dominates it). The rule,
@@ -12,7 +12,7 @@ written before the H200 grid was run: the best point; of the points within 0.2 o
 the one closest to 1.0 (the least change).
 
     python bench/fit_gpu_stream.py --jobs 2                              # H200, the grid its 0.92 came from
-    python bench/fit_gpu_stream.py --jobs 2 --gpu H100-SXM-80GB --grid 0.92,0.96,1  # the control: H100 keeps 1.0
+    python bench/fit_gpu_stream.py --jobs 2 --gpu H100 --grid 0.88,0.92,0.96,1  # the control: H100 keeps 1.0
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from inferlab._errors import UsageError
 from inferlab.sim.engine import hardware
 from inferlab.sim.validation.calibration import load_rows, parse_rows
 from inferlab.sim.validation.validate import error_medians, validate_files
@@ -48,13 +49,18 @@ def choose(objectives: dict[float, float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpu", default="H200-SXM-141GB", help="a preset name (default: H200-SXM-141GB)")
+    ap.add_argument("--gpu", default="H200-SXM-141GB", help="a preset or its short name (default: H200-SXM-141GB)")
     ap.add_argument("--grid", help="comma-separated factors (default: 0.86 to 1.00 by 0.02)")
     ap.add_argument("--jobs", type=int, default=1)
     args = ap.parse_args(argv)
     presets = hardware._presets()["gpus"]
+    try:
+        args.gpu = hardware.resolve_gpu(args.gpu).name  # (H200 -> H200-SXM-141GB)
+    except UsageError as e:  # (its message lists the names)
+        print(f"--gpu: {e}", file=sys.stderr)
+        return 2
     if args.gpu not in presets:
-        print(f"no GPU preset {args.gpu!r}; presets: {', '.join(sorted(presets))}", file=sys.stderr)
+        print(f"--gpu: {args.gpu!r} is not a preset; presets: {', '.join(sorted(presets))}", file=sys.stderr)
         return 2
     try:
         grid = [float(x) for x in args.grid.split(",")] if args.grid else list(GRID)

@@ -635,6 +635,9 @@ def test_the_engine_line_names_the_host_costs_the_step_time_charges() -> None:
     assert host_words(graphs) == f"host {v1.cpu_step_s * 1e3:g} ms/step + {v1.per_seq_s * 1e6:g} us/scheduled sequence"
     assert host_words(eager).startswith(f"host {v1.cpu_step_eager_s * 1e3:g} ms/step")
     assert host_words(graphs) != host_words(eager)
+    # vLLM 0.6's multi-step scheduling pays the host cost once per group of steps
+    grouped = Engine(EngineConfig(engine_family=EngineFamily.VLLM_V0, num_scheduler_steps=8))
+    assert "ms/8-step schedule + " in host_words(grouped)
     sglang = Engine(EngineConfig(engine_family=EngineFamily.SGLANG))
     assert host_words(sglang) != host_words(graphs)
 

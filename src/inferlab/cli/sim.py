@@ -454,7 +454,9 @@ def _host_words(engine: Engine) -> list[str]:
     if costs is None:
         return []
     step_s, seq_s = costs
-    return [f"host {step_s * 1e3:g} ms/step + {seq_s * 1e6:g} us/scheduled sequence"]
+    steps = engine.limits.num_scheduler_steps
+    per = f"{steps}-step schedule" if steps > 1 else "step"  # multi-step: paid once per group
+    return [f"host {step_s * 1e3:g} ms/{per} + {seq_s * 1e6:g} us/scheduled sequence"]
 
 
 def _front_end_words(engine: Engine) -> str:
