@@ -7,7 +7,7 @@ errors). Orderings only: the machine's speed is in every number."""
 from __future__ import annotations
 
 import asyncio
-import os
+import json
 from pathlib import Path
 
 import pytest
@@ -38,7 +38,6 @@ def measure(server: LlamaServer, out: Path, users: int, n_in: int, n_out: int, n
 
 
 def test_a_twin_fitted_at_one_and_two_users_predicts_four_and_eight(llama: LlamaServer, tmp_path: Path) -> None:
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # (numpy's GEMM rate on one thread, as the server's)
     engine, _ = twin_engine(tmp_path / "twin", TinyLlamaConfig(), slots=SLOTS, slot_tokens=SLOT_TOKENS)
     fit_runs = [read_run(measure(llama, tmp_path / "fit", *row)) for row in FIT]
     held = [read_run(measure(llama, tmp_path / "held", *row)) for row in HOLDOUT]
@@ -63,3 +62,29 @@ def test_a_twin_fitted_at_one_and_two_users_predicts_four_and_eight(llama: Llama
     # without kv_stream the fit cannot follow it, in sample or held out
     assert err(twin, "fit_runs", "tpot_p50_ms") < err(without, "fit_runs", "tpot_p50_ms")
     assert err(twin, "holdout_runs", "output_tok_s") < err(without, "holdout_runs", "output_tok_s")
+
+
+def test_the_device_is_measured_on_one_blas_thread_whatever_this_process_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server computes on one thread, so the device's GEMM rate is one thread's: the
+    measurement runs in a fresh interpreter with its BLAS held to one thread (numpy reads
+    the thread count once, at import, so setting it in a process that imported numpy
+    already does nothing), and its rates are what the GPU file says."""
+    import subprocess
+
+    import inferlab.engines.cpu_twin as cpu_twin
+
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    seen: dict[str, str] = {}
+
+    def run(cmd: list[str], *, env: dict[str, str], **kw: object) -> subprocess.CompletedProcess[str]:
+        seen.update(env)
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"flops": 1.25e11, "bandwidth": 4.0e10}\n', stderr="")
+
+    monkeypatch.setattr(cpu_twin.subprocess, "run", run)
+    rates = cpu_twin.measure_device(tmp_path / "device.json", 10 * 2**20)
+    assert all(seen[k] == "1" for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"))
+    spec = json.loads((tmp_path / "device.json").read_text())
+    assert spec["bf16_dense_tflops"] == pytest.approx(0.125) and spec["hbm_bw_tbs"] == pytest.approx(0.04)
+    assert rates == {"gflops": pytest.approx(125.0), "gb_s": pytest.approx(40.0)}

@@ -15,7 +15,9 @@ step and the fixed cost per request.
 from __future__ import annotations
 
 import json
-import time
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from inferlab.engines.tinymodel import TinyLlamaConfig
@@ -34,26 +36,40 @@ def weight_bytes(cfg: TinyLlamaConfig) -> int:
     return 2 * (cfg.layers * per_layer + cfg.hidden * cfg.vocab_size)
 
 
+# One thread's float32 GEMM rate and copy rate, measured in a fresh interpreter whose
+# BLAS is held to one thread (a BLAS reads its thread count once, when numpy is first
+# imported: setting it later in this process does nothing).
+_MEASURE = """
+import json, sys, time
+import numpy as np
+a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
+b = a.copy()
+a @ b  # warm
+reps, t0 = 8, time.perf_counter()
+for _ in range(reps):
+    a @ b
+flops = reps * 2 * 1024**3 / (time.perf_counter() - t0)
+src = np.ones(int(sys.argv[1]) // 4, dtype=np.float32)
+dst = np.empty_like(src)
+np.copyto(dst, src)
+reps, t0 = 200, time.perf_counter()
+for _ in range(reps):
+    np.copyto(dst, src)
+print(json.dumps({"flops": flops, "bandwidth": reps * 2 * src.nbytes / (time.perf_counter() - t0)}))
+"""
+_ONE_THREAD = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+
+
 def measure_device(path: Path, weight_bytes: int) -> dict[str, float]:
     """One thread's float32 GEMM rate and the rate it copies ``weight_bytes`` (read +
-    write), written to ``path`` as a GPU file (set ``OPENBLAS_NUM_THREADS=1`` before
-    numpy is imported, for one thread as the server's)."""
-    import numpy as np
-
-    a = np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32)
-    b = a.copy()
-    a @ b  # warm
-    reps, t0 = 8, time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    flops = reps * 2 * 1024**3 / (time.perf_counter() - t0)
-    src = np.ones(weight_bytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    reps, t0 = 200, time.perf_counter()
-    for _ in range(reps):
-        np.copyto(dst, src)
-    bandwidth = reps * 2 * src.nbytes / (time.perf_counter() - t0)  # read + write
+    write), as the one-thread server computes: measured in a subprocess with its BLAS
+    held to one thread, whatever this process imported before; written to ``path`` as a
+    GPU file."""
+    env = {**os.environ, **dict.fromkeys(_ONE_THREAD, "1")}
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(weight_bytes)], env=env, capture_output=True,
+                         text=True, timeout=300, check=True)
+    rates = json.loads(out.stdout)
+    flops, bandwidth = rates["flops"], rates["bandwidth"]
     spec = {"name": "cpu-thread", "bf16_dense_tflops": flops / 1e12, "hbm_gb": 8, "hbm_bw_tbs": bandwidth / 1e12,
             "bus_bw_gbs": 10}
     path.write_text(json.dumps(spec, indent=2) + "\n")
