@@ -4,7 +4,9 @@ tiny model's shape as the simulator's model, and the engine both make.
 
 The CPU device has none of a GPU's fixed per-step costs (kernel launches, a sampler's
 device sync, elementwise kernels' floor): ``CPU_BASE`` sets them to zero and streams the
-weights at the measured rate (``weight_stream`` 1), so a fit is left with ``CPU_FIT``:
+weights at the measured rate (``weight_stream`` 1); llama-server's C++ HTTP threads have
+none of vLLM V1's API-server CPU, which ``CPU_BASE`` sets to zero too. A fit is left with
+``CPU_FIT``:
 the compute rates (``gemm_compute`` for prompt rows, ``decode_compute`` for one-token
 rows, which a batch does not share on one thread), attention (``attention_compute`` for
 prefill, ``kv_stream`` for a decode's read of its cached context: on one CPU thread a
@@ -23,8 +25,14 @@ from pathlib import Path
 from inferlab.engines.tinymodel import TinyLlamaConfig
 from inferlab.sim.engine.engine import EngineConfig
 
-#: The CPU has no GPU's fixed per-step costs; its weight reads are measured.
-CPU_BASE = {"eager_launch_per_layer_s": 0.0, "sampler_s": 0.0, "elementwise_per_layer_s": 0.0, "weight_stream": 1.0}
+#: The CPU has no GPU's fixed per-step costs; its weight reads are measured. llama-server
+#: answers HTTP in C++ threads beside its compute thread: none of vLLM V1's Python API
+#: server's CPU (intake, tokenization, per-token and per-step streaming) is charged; its
+#: fixed cost per request is fitted (``api_overhead_s``).
+CPU_BASE = {
+    "eager_launch_per_layer_s": 0.0, "sampler_s": 0.0, "elementwise_per_layer_s": 0.0, "weight_stream": 1.0,
+    "api_intake_s": 0.0, "api_intake_per_token_s": 0.0, "api_stream_s": 0.0, "api_stream_per_step_s": 0.0,
+}
 #: The constants a twin of llama.cpp on a CPU fits (see the module docstring).
 CPU_FIT = ("gemm_compute", "decode_compute", "attention_compute", "kv_stream", "cpu_step_eager_s", "api_overhead_s")
 
