@@ -92,3 +92,20 @@ def test_the_device_is_measured_on_one_blas_thread_whatever_this_process_set(
     spec = json.loads((tmp_path / "device.json").read_text())
     assert spec["bf16_dense_tflops"] == pytest.approx(0.125) and spec["hbm_bw_tbs"] == pytest.approx(0.04)
     assert rates == {"gflops": pytest.approx(125.0), "gb_s": pytest.approx(40.0)}
+
+
+def test_a_device_measurement_that_fails_says_why_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A measuring subprocess that dies (numpy missing, killed) is a runtime failure with
+    its last line of stderr, not a traceback from deep inside subprocess."""
+    import subprocess
+
+    import inferlab.engines.cpu_twin as cpu_twin
+    from inferlab._errors import RunFailedError
+
+    def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        raise subprocess.CalledProcessError(1, cmd, output="", stderr="Traceback ...\nModuleNotFoundError: No module named 'numpy'\n")
+
+    monkeypatch.setattr(cpu_twin.subprocess, "run", run)
+    with pytest.raises(RunFailedError, match="No module named 'numpy'"):
+        cpu_twin.measure_device(tmp_path / "device.json", 1024)
+    assert not (tmp_path / "device.json").exists()

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from inferlab._errors import RunFailedError
 from inferlab.engines.tinymodel import TinyLlamaConfig
 from inferlab.sim.engine.engine import EngineConfig
 
@@ -74,9 +75,13 @@ def measure_device(path: Path, weight_bytes: int) -> dict[str, float]:
     held to one thread, whatever this process imported before; written to ``path`` as a
     GPU file."""
     env = {**os.environ, **dict.fromkeys(_ONE_THREAD, "1")}
-    out = subprocess.run([sys.executable, "-c", _MEASURE, str(weight_bytes)], env=env, capture_output=True,
-                         text=True, timeout=300, check=True)
-    rates = json.loads(out.stdout)
+    try:
+        out = subprocess.run([sys.executable, "-c", _MEASURE, str(weight_bytes)], env=env, capture_output=True,
+                             text=True, timeout=300, check=True)
+        rates = json.loads(out.stdout)
+    except (subprocess.SubprocessError, OSError, ValueError) as e:
+        detail = getattr(e, "stderr", None) or str(e)
+        raise RunFailedError(f"measuring this CPU's GEMM and copy rates failed: {detail.strip().splitlines()[-1]}") from e
     flops, bandwidth = rates["flops"], rates["bandwidth"]
     spec = {"name": "cpu-thread", "bf16_dense_tflops": flops / 1e12, "hbm_gb": 8, "hbm_bw_tbs": bandwidth / 1e12,
             "bus_bw_gbs": 10}
