@@ -29,7 +29,8 @@ from inferlab.sim.engine.engine import EngineConfig
 #: The CPU has no GPU's fixed per-step costs; its weight reads are measured. llama-server
 #: answers HTTP in C++ threads beside its compute thread: none of vLLM V1's Python API
 #: server's CPU (intake, tokenization, per-token and per-step streaming) is charged; its
-#: fixed cost per request is fitted (``api_overhead_s``).
+#: fixed cost per request is fitted (``api_overhead_s``). Still vLLM V1's, not fitted:
+#: the host cost per scheduled sequence (``per_seq_s``, 20 us; 0.16 ms a step at 8 users).
 CPU_BASE = {
     "eager_launch_per_layer_s": 0.0, "sampler_s": 0.0, "elementwise_per_layer_s": 0.0, "weight_stream": 1.0,
     "api_intake_s": 0.0, "api_intake_per_token_s": 0.0, "api_stream_s": 0.0, "api_stream_per_step_s": 0.0,
@@ -75,14 +76,19 @@ def measure_device(path: Path, weight_bytes: int) -> dict[str, float]:
     held to one thread, whatever this process imported before; written to ``path`` as a
     GPU file."""
     env = {**os.environ, **dict.fromkeys(_ONE_THREAD, "1")}
+    what = "measuring this CPU's GEMM and copy rates"
     try:
-        out = subprocess.run([sys.executable, "-c", _MEASURE, str(weight_bytes)], env=env, capture_output=True,
+        out = subprocess.run([sys.executable, "-I", "-c", _MEASURE, str(weight_bytes)], env=env, capture_output=True,
                              text=True, timeout=300, check=True)
         rates = json.loads(out.stdout)
-    except (subprocess.SubprocessError, OSError, ValueError) as e:
-        detail = getattr(e, "stderr", None) or str(e)
-        raise RunFailedError(f"measuring this CPU's GEMM and copy rates failed: {detail.strip().splitlines()[-1]}") from e
-    flops, bandwidth = rates["flops"], rates["bandwidth"]
+        flops, bandwidth = float(rates["flops"]), float(rates["bandwidth"])
+    except subprocess.TimeoutExpired as e:
+        raise RunFailedError(f"{what} took longer than {e.timeout:g} s") from e
+    except subprocess.CalledProcessError as e:
+        last = (e.stderr or "").strip().splitlines()
+        raise RunFailedError(f"{what} failed (exit {e.returncode}): {last[-1] if last else 'no message'}") from e
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RunFailedError(f"{what} failed: {e}") from e
     spec = {"name": "cpu-thread", "bf16_dense_tflops": flops / 1e12, "hbm_gb": 8, "hbm_bw_tbs": bandwidth / 1e12,
             "bus_bw_gbs": 10}
     path.write_text(json.dumps(spec, indent=2) + "\n")
