@@ -555,3 +555,15 @@ def test_h200_decodes_faster_than_h100_by_less_than_its_datasheet_bandwidth(tmp_
     plain = resolve_gpu(str(tmp_path / "h200.json"))
     assert plain.stream_factor == 1.0
     assert RooflineStepTime(model, plain).step_time_s(decode, 32) < t200
+
+
+@pytest.mark.parametrize("factor", [0, -1.0, "fast"])
+def test_a_gpu_spec_stating_an_unusable_stream_factor_is_refused(tmp_path: Path, factor: object) -> None:
+    """A stated factor is used as stated (1.0 included, on any card), and one at or below
+    zero, or not a number, is a usage error rather than the card's default."""
+    spec = {"bf16_dense_tflops": 989.4, "hbm_gb": 141, "hbm_bw_tbs": 4.8}
+    (tmp_path / "as_is.json").write_text(json.dumps({**spec, "stream_factor": 1}))
+    assert resolve_gpu(str(tmp_path / "as_is.json")).stream_factor == 1.0
+    (tmp_path / "bad.json").write_text(json.dumps({**spec, "stream_factor": factor}))
+    with pytest.raises(UsageError, match="stream_factor"):
+        resolve_gpu(str(tmp_path / "bad.json"))

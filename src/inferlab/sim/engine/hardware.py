@@ -53,14 +53,16 @@ _DEFAULT_BUS_GBS = 25.0
 # L4, Qwen2.5-0.5B at 1-32 users and Qwen3-0.6B; three sources, bench/data/
 # published_holdout.csv): 1.12, a little under their median.
 _GDDR_STREAM_FACTOR = 1.12
-_GDDR_CARDS = frozenset({"L40S-48GB", "RTX-4090-24GB", "L4-24GB", "A10-24GB"})
 # The same factor for HBM cards that differ from the H100 the efficiencies were fit on.
 # H200: HBM3e at 4.8 TB/s on the H100's SMs and L2, a larger bandwidth-latency product to
 # fill; fitted on the 26 `fit` rows on H200 (TensorRT-LLM's v1.0 overview, vLLM's CI,
 # DataCrunch's SGLang runs) by a rule written before the grid 0.86-1.00 was run: 0.92
 # (mean of the throughput, TPOT-ITL and E2E medians 8.61 -> 6.68 %; the same grid on the
-# H100 rows picks 1.00). docs/validation.md, "H200's bandwidth".
-_HBM_STREAM_FACTORS: dict[str, float] = {"H200-SXM-141GB": 0.92}
+# H100 rows picks 1.00). docs/validation.md, "H200's bandwidth". Every other card: 1.0.
+_STREAM_FACTORS: dict[str, float] = {
+    **dict.fromkeys(("L40S-48GB", "RTX-4090-24GB", "L4-24GB", "A10-24GB"), _GDDR_STREAM_FACTOR),
+    "H200-SXM-141GB": 0.92,
+}
 
 _GPU_ALIASES: dict[str, str] = {
     "h100": "H100-SXM-80GB",
@@ -173,8 +175,8 @@ class GpuSpec:
     hbm_bytes_per_s: float
     bus_bytes_per_s: float  # per-direction link bandwidth seen by all-reduce
     # achieved share of ``hbm_bytes_per_s`` relative to the HBM cards the efficiencies
-    # were fit on: 1.0 for HBM (H200: ``_HBM_STREAM_FACTORS``), ``_GDDR_STREAM_FACTOR``
-    # for GDDR cards
+    # were fit on: ``_STREAM_FACTORS`` (1.0 for HBM but H200's 0.92, ``_GDDR_STREAM_FACTOR``
+    # for GDDR cards), or what a spec file states
     stream_factor: float = 1.0
 
 
@@ -430,6 +432,17 @@ def resolve_model(name: str) -> ModelSpec:
     )
 
 
+def _positive(key: str, value: object) -> float:
+    """``value`` as a number above 0; ValueError naming ``key`` otherwise."""
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        x = float("nan")
+    if not x > 0:
+        raise ValueError(f"{key} must be a number above 0, not {value!r}")
+    return x
+
+
 def _gpu_from_dict(name: str, d: dict[str, Any], source: str | None = None) -> GpuSpec:
     """``source``: the file ``d`` came from, named in the ``UsageError`` if it is unusable."""
     try:
@@ -445,10 +458,7 @@ def _gpu_from_dict(name: str, d: dict[str, Any], source: str | None = None) -> G
             hbm_bytes_per_s=float(d["hbm_bw_tbs"]) * 1e12,
             bus_bytes_per_s=float(d.get("bus_bw_gbs") or _BUS_GBS.get(name, _DEFAULT_BUS_GBS))
             * 1e9,
-            stream_factor=float(
-                d.get("stream_factor")
-                or (_GDDR_STREAM_FACTOR if name in _GDDR_CARDS else _HBM_STREAM_FACTORS.get(name, 1.0))
-            ),
+            stream_factor=_positive("stream_factor", d["stream_factor"] if "stream_factor" in d else _STREAM_FACTORS.get(name, 1.0)),
         )
     except KeyError as e:
         raise UsageError(f"{source or name}: not a usable GPU spec ({e.args[0]!r} missing)") from e
