@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import multiprocessing
 import statistics
 import sys
 from pathlib import Path
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-seq-us", help="comma-separated engine-core costs per scheduled sequence to scan "
                     "with each latency (default: the shipped one only)")
     args = ap.parse_args(argv)
+    if args.jobs > 1 and multiprocessing.get_start_method() != "fork":
+        args.jobs = 1  # workers that do not fork would not see the constant changed here
     try:
         latencies = [float(x) / 1e3 for x in args.latency_ms.split(",")] if args.latency_ms else list(LATENCY_S)
         base = families.FAMILY_RULES[EngineFamily.VLLM]

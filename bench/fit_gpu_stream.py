@@ -18,6 +18,7 @@ the one closest to 1.0 (the least change).
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sys
 from pathlib import Path
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grid", help="comma-separated factors (default: 0.86 to 1.00 by 0.02)")
     ap.add_argument("--jobs", type=int, default=1)
     args = ap.parse_args(argv)
+    if args.jobs > 1 and multiprocessing.get_start_method() != "fork":
+        args.jobs = 1  # workers that do not fork would not see the constant changed here
     presets = hardware._presets()["gpus"]
     try:
         args.gpu = hardware.resolve_gpu(args.gpu).name  # (H200 -> H200-SXM-141GB)
