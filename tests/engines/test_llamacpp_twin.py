@@ -59,7 +59,7 @@ def test_a_twin_fitted_at_one_and_two_users_predicts_four_and_eight(llama: Llama
     # twin measured its device on two BLAS threads and charged vLLM's API-server CPU, and
     # in 2 of 11 since both were fixed (0.40 against 0.36 in one), where the simulated
     # closed loop keeps its users' prefills together and llama.cpp's come apart
-    # (docs/validation.md, "Known misses"); on TTFT the twin was far ahead in every run.
+    # (docs/validation.md, "Known misses"); on TTFT the twin was far ahead in every run printed.
     both = ("ttft_p50_ms", "output_tok_s")
     assert sum(err(twin, "holdout_runs", m) for m in both) < sum(err(start, "holdout_runs", m) for m in both)
     # llama.cpp's TPOT at one user grows with the context (a decode reads all of it):
