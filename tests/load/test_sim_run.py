@@ -646,4 +646,8 @@ def test_the_engine_line_names_the_host_costs_the_step_time_charges() -> None:
             return 0.01
 
     assert Engine(EngineConfig(), step_time=Flat()).host_costs is None
+    # and the card's bandwidth factor where it is not 1 (H200, GDDR cards), nowhere else
+    parts = {g: engine_line(Engine(EngineConfig(gpu=g))).split(", ") for g in ("H100", "H200", "L40S")}
+    assert "bandwidth factor 0.92" in parts["H200"] and "bandwidth factor 1.12" in parts["L40S"]
+    assert not any(p.startswith("bandwidth factor") for p in parts["H100"])
     assert host_words(Engine(EngineConfig(), step_time=Flat())) == ""

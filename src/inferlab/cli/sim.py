@@ -423,6 +423,8 @@ def engine_line(engine: Engine) -> str:
     gpu = engine.gpu.name  # the preset a free-text name was read as
     parts = [
         *([gpu] if gpu != e.gpu else []),
+        # the card's share of its datasheet bandwidth against the H100 the constants were fit on
+        *([f"bandwidth factor {engine.gpu.stream_factor:g}"] if engine.gpu.stream_factor != 1.0 else []),
         e.quantization if e.quantization not in (None, Quantization.NONE) else ("fp16" if e.dtype is DType.FLOAT16 else "bf16"),
         *(["fp8 KV"] if e.kv_cache_dtype is KVCacheDType.FP8 else []),
         f"max-model-len {lim.max_model_len:,}",
