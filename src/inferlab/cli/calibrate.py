@@ -37,7 +37,6 @@ def _calibrate(kw: dict[str, Any]) -> int:
     from inferlab.sim.validation.twin import (
         DEFAULT_FIT,
         METRICS,
-        REPORTED,
         calibrate,
         median_abs_error,
         read_run,
@@ -68,7 +67,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
         table.add_column(col, justify="left" if col in ("set", "run", "metric") else "right")
     for label, rows in (("fit", fit.fit_runs), ("held out", fit.holdout_runs)):
         for r in rows:
-            for m in (*METRICS, *REPORTED):
+            for m in METRICS:
                 if m in r["measured"]:
                     pred, e = r["predicted"][m], r["error"][m]
                     table.add_row(label, Path(r["run"]).name, m, f"{r['measured'][m]:,.2f}",
@@ -76,7 +75,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
     out.print(table)
     for label, rows in (("fit", fit.fit_runs), ("held out", fit.holdout_runs)):
         if rows:
-            meds = {m: median_abs_error(rows, m) for m in (*METRICS, *REPORTED)}
+            meds = {m: median_abs_error(rows, m) for m in METRICS}
             out.print(f"median |error|, {label}: " + ", ".join(f"{m} {v:.1%}" for m, v in meds.items() if v is not None))
     out.print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items()) + f" ({fit.evaluations} evaluations)")
     out.print(f"efficiencies: {kw['out']} (sim run --efficiencies {kw['out']} with the same engine flags)")

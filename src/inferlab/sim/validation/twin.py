@@ -2,7 +2,7 @@
 
 ``calibrate`` fits step-time constants (``Efficiencies`` fields) so that the simulated
 engine, running the same workloads and loads as measured run directories, reproduces
-their TTFT p50, E2E p50 and output tokens/s (TPOT p50 is reported); it then predicts run directories held
+their TTFT p50, TPOT p50, E2E p50 and output tokens/s; it then predicts run directories held
 out of the fit and reports the error on them. The constants are written as an
 efficiencies file, which ``sim run --efficiencies FILE`` (with the same engine flags)
 uses to answer what-ifs for *that* server: more users, longer prompts, another batch
@@ -40,12 +40,13 @@ from inferlab.sim.engine.config import EngineConfig, resolve
 from inferlab.sim.engine.steptime import CALIBRATION_KEY, Efficiencies, efficiencies_json
 from inferlab.workload.config import WorkloadConfig
 
-#: The metrics a twin is fitted on and judged by. E2E rather than TPOT: a server that
-#: sends several tokens per chunk when it generates faster than it writes (llama.cpp
-#: with a tiny model) has a TPOT of chunk gaps, while E2E still holds the decode time.
-METRICS = ("ttft_p50_ms", "e2e_p50_ms", "output_tok_s")
-#: Reported beside them, not fitted.
-REPORTED = ("tpot_p50_ms",)
+#: The metrics a twin is fitted on and judged by. TPOT as well as E2E: where a run's E2E
+#: is mostly prefill (a long prompt, a short output), E2E alone hardly constrains the
+#: decode, and a fit of the decode's cost per context token (``kv_stream``) came out
+#: anywhere in a range of 220x over runs of one server (docs/validation.md, "Known misses"). TPOT is
+#: (E2E − TTFT) / (output tokens − 1): the decode's rate however the server chunks its
+#: stream.
+METRICS = ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tok_s")
 
 #: The constants fitted by default: the compute rate (prefill, and decode where it is
 #: compute-bound), the weight-streaming rate (decode where memory-bound), attention,
@@ -84,10 +85,10 @@ class MeasuredRun:
 
 
 def headline(s: Summary) -> dict[str, float]:
-    """The fitted and reported metrics a summary has (those it lacks are left out), as
-    sweeps name them (``results.sweepindex.headline``)."""
+    """The fitted metrics a summary has (those it lacks are left out: a TPOT where every
+    request had one output token), as sweeps name them (``results.sweepindex.headline``)."""
     h = sweep_headline(s, None)
-    return {m: float(h[m]) for m in (*METRICS, *REPORTED) if h.get(m)}
+    return {m: float(h[m]) for m in METRICS if h.get(m)}
 
 
 def _schedule(d: dict[str, Any]) -> Schedule:
