@@ -10,7 +10,7 @@ none of vLLM V1's API-server CPU, which ``CPU_BASE`` sets to zero too. A fit is 
 the compute rates (``gemm_compute`` for prompt rows, ``decode_compute`` for one-token
 rows, which a batch does not share on one thread), attention (``attention_compute`` for
 prefill, ``kv_stream`` for a decode's read of its cached context: on one CPU thread a
-token at 1,536 tokens of context costs about three times one at 64), the host's cost per
+token at 1,536 tokens of context costs two to three times one at 64), the host's cost per
 step and the fixed cost per request.
 """
 

@@ -179,3 +179,31 @@ def test_a_stated_latency_goes_into_the_twin_and_a_different_one_is_refused_with
     assert res.exit_code == 0, res.stderr
     again = CliRunner().invoke(main, ["sim", "run", "--trace", str(off / "requests.jsonl"), "--offline", "--json"])
     assert again.exit_code == 0, again.stderr
+
+
+def test_the_fit_is_judged_on_tpot_where_the_run_measured_one(tmp_path: Path) -> None:
+    """TPOT is fitted, not only reported: a prediction off on TPOT alone costs the fit,
+    as much as one off on TTFT by the same factor; a run whose requests had one output
+    token each measured no TPOT, and whatever the twin predicts for it costs nothing."""
+    from inferlab.sim.validation.twin import MeasuredRun, loss
+
+    measured = {"ttft_p50_ms": 40.0, "tpot_p50_ms": 12.0, "e2e_p50_ms": 800.0, "output_tok_s": 900.0}
+    run = MeasuredRun("r", None, measured)  # type: ignore[arg-type]  # (the loss reads what was measured only)
+    assert loss([dict(measured)], [run]) == 0.0
+    slow_decode = loss([{**measured, "tpot_p50_ms": 24.0}], [run])
+    assert slow_decode > 0.0 and slow_decode == pytest.approx(loss([{**measured, "ttft_p50_ms": 80.0}], [run]))
+    one_token = MeasuredRun("r1", None, {m: v for m, v in measured.items() if m != "tpot_p50_ms"})  # type: ignore[arg-type]
+    assert loss([{**measured, "tpot_p50_ms": 24.0}], [one_token]) == 0.0
+
+
+def test_runs_of_one_output_token_calibrate_without_a_tpot(tmp_path: Path) -> None:
+    """Runs that measured no TPOT (one output token a request) still calibrate, and the
+    twin's record names no TPOT error it never had."""
+    runs = [read_run(sim_run(tmp_path / f"c1-in{n}", "-c", "1", "-n", "4", "--input-tokens", str(n), "--output-tokens", "1"))
+            for n in (256, 2048)]
+    assert all("tpot_p50_ms" not in r.measured for r in runs)
+    fit = calibrate(engine(), runs, [], ("gemm_compute", "api_overhead_s"), max_evaluations=8)
+    from inferlab.sim.validation.twin import calibration_record
+
+    record = calibration_record(fit)
+    assert "TTFT" in record["errors"] and "TPOT/ITL" not in record["errors"]

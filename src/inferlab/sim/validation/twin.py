@@ -43,9 +43,9 @@ from inferlab.workload.config import WorkloadConfig
 #: The metrics a twin is fitted on and judged by. TPOT as well as E2E: where a run's E2E
 #: is mostly prefill (a long prompt, a short output), E2E alone hardly constrains the
 #: decode, and a fit of the decode's cost per context token (``kv_stream``) came out
-#: anywhere in a range of 220x over runs of one server (docs/validation.md, "Known misses"). TPOT is
-#: (E2E − TTFT) / (output tokens − 1): the decode's rate however the server chunks its
-#: stream.
+#: anywhere in a range of 220x over runs of one server (docs/validation.md, "Known misses").
+#: TPOT is (E2E − TTFT) / (output tokens − 1): the decode's rate however the server chunks
+#: its stream, where it reports usage (without it, the tokens counted are its chunks).
 METRICS = ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tok_s")
 
 #: The constants fitted by default: the compute rate (prefill, and decode where it is
