@@ -16,6 +16,9 @@ from inferlab._errors import UsageError
 from inferlab.cli.common import check_output_folder, run_guarded
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
 
+#: how the header names the metrics the fit matches (``twin.METRICS``)
+_METRIC_NAMES = {"ttft_p50_ms": "TTFT p50", "tpot_p50_ms": "TPOT p50", "e2e_p50_ms": "E2E p50", "output_tok_s": "output tok/s"}
+
 
 @click.command("calibrate")
 @engine_options(RUN_DEFAULTS)
@@ -27,9 +30,10 @@ from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the fit's report (constants, per-run measured and predicted) as JSON.")
 def calibrate_cmd(**kw: Any) -> None:
     """Fit the simulator to measured runs of one server (bench run directories of
-    synthetic workloads): its step-time constants, for the engine the flags describe.
-    Reports the error on the fit runs and on --holdout runs; the result is a twin whose
-    numbers are predictions."""
+    synthetic workloads): its step-time constants, for the engine the flags describe,
+    so that it reproduces their TTFT p50, TPOT p50, E2E p50 and output tok/s. Reports
+    the error on the fit runs and on --holdout runs; the result is a twin whose numbers
+    are predictions."""
     sys.exit(run_guarded(lambda: _calibrate(kw)))
 
 
@@ -55,7 +59,8 @@ def _calibrate(kw: dict[str, Any]) -> int:
     holdout = [read_run(p) for p in kw["holdout"]]
     engine = engine_config(kw)
     err = Console(stderr=True)
-    err.print(f"inferlab sim calibrate: fitting {', '.join(names)} on {len(fit_runs)} run(s), "
+    against = ", ".join(_METRIC_NAMES[m] for m in METRICS)
+    err.print(f"inferlab sim calibrate: fitting {', '.join(names)} to {against} of {len(fit_runs)} run(s), "
               f"{len(holdout)} held out (each evaluation reruns the fit set in virtual time)")
     fit = calibrate(engine, fit_runs, holdout, names, kw["max_evaluations"])
     write_efficiencies(kw["out"], engine, fit)

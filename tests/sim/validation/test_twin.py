@@ -66,6 +66,9 @@ def test_cli_writes_an_efficiencies_file_sim_run_takes(measured: tuple[list[str]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.stderr
     assert "held out" in res.stdout and "prediction" in res.stdout
+    # (the header says what the fit matched, TPOT among them)
+    said = " ".join(res.stderr.split())  # (the console wraps long lines)
+    assert all(m in said for m in ("TTFT p50", "TPOT p50", "E2E p50", "output tok/s")), res.stderr
     written = json.loads(eff.read_text())
     assert set(written) == {*FIT, "calibration"}
     reported = json.loads(report.read_text())
