@@ -16,9 +16,6 @@ from inferlab._errors import UsageError
 from inferlab.cli.common import check_output_folder, run_guarded
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
 
-#: how the header names the metrics the fit matches (``twin.METRICS``)
-_METRIC_NAMES = {"ttft_p50_ms": "TTFT p50", "tpot_p50_ms": "TPOT p50", "e2e_p50_ms": "E2E p50", "output_tok_s": "output tok/s"}
-
 
 @click.command("calibrate")
 @engine_options(RUN_DEFAULTS)
@@ -38,6 +35,7 @@ def calibrate_cmd(**kw: Any) -> None:
 
 
 def _calibrate(kw: dict[str, Any]) -> int:
+    from inferlab.report.sweep import COLUMNS
     from inferlab.sim.validation.twin import (
         DEFAULT_FIT,
         METRICS,
@@ -59,7 +57,8 @@ def _calibrate(kw: dict[str, Any]) -> int:
     holdout = [read_run(p) for p in kw["holdout"]]
     engine = engine_config(kw)
     err = Console(stderr=True)
-    against = ", ".join(_METRIC_NAMES[m] for m in METRICS)
+    labels = {key: label for label, key, _ in COLUMNS}  # (the twin's metrics are sweep headline keys)
+    against = ", ".join(labels[m] for m in METRICS)
     err.print(f"inferlab sim calibrate: fitting {', '.join(names)} to {against} of {len(fit_runs)} run(s), "
               f"{len(holdout)} held out (each evaluation reruns the fit set in virtual time)")
     fit = calibrate(engine, fit_runs, holdout, names, kw["max_evaluations"])

@@ -179,3 +179,11 @@ def test_write_bands_counts_each_row_once_per_statistic(tmp_path: Path) -> None:
     assert got["vllm", "Poisson", "TPOT/ITL", "median"] == (30.0, 1)  # b's 20 and 40, one row
     assert got["vllm", "Poisson", "TTFT", "p99"] == (10.0, 1)
     assert ("vllm", "Poisson", "TPOT/ITL", None) not in got
+
+
+def test_a_twin_band_counts_its_runs_in_words() -> None:
+    """A calibration with one held-out run says "1 held-out run", not "runs"."""
+    one = bands.ErrorBand("TTFT", 0.7, 1, "holdout", "vllm", "all", "/x/twin.json")
+    two = bands.ErrorBand("TTFT", 0.7, 2, "holdout", "vllm", "all", "/x/twin.json")
+    assert one.describe() == "±0.7 % on 1 held-out run of the calibration in twin.json"
+    assert two.describe() == "±0.7 % on 2 held-out runs of the calibration in twin.json"

@@ -68,7 +68,7 @@ def test_cli_writes_an_efficiencies_file_sim_run_takes(measured: tuple[list[str]
     assert "held out" in res.stdout and "prediction" in res.stdout
     # (the header says what the fit matched, TPOT among them)
     said = " ".join(res.stderr.split())  # (the console wraps long lines)
-    assert all(m in said for m in ("TTFT p50", "TPOT p50", "E2E p50", "output tok/s")), res.stderr
+    assert all(m in said for m in ("TTFT p50", "TPOT p50", "E2E p50", "out tok/s")), res.stderr
     written = json.loads(eff.read_text())
     assert set(written) == {*FIT, "calibration"}
     reported = json.loads(report.read_text())
@@ -184,7 +184,7 @@ def test_a_stated_latency_goes_into_the_twin_and_a_different_one_is_refused_with
     assert again.exit_code == 0, again.stderr
 
 
-def test_the_fit_is_judged_on_tpot_where_the_run_measured_one(tmp_path: Path) -> None:
+def test_the_fit_is_judged_on_tpot_where_the_run_measured_one() -> None:
     """TPOT is fitted, not only reported: a prediction off on TPOT alone costs the fit,
     as much as one off on TTFT by the same factor; a run whose requests had one output
     token each measured no TPOT, and whatever the twin predicts for it costs nothing."""

@@ -81,7 +81,8 @@ class ErrorBand:
         side = _SIDE_WORDS[self.split]
         if self.twin is not None:  # (a twin may fit its own runs to under 1 %)
             pct = f"{self.pct:.1f}" if self.pct < 10 else f"{self.pct:.0f}"
-            return f"±{pct} % on {self.rows} {side} runs of the calibration in {Path(self.twin).name}"
+            runs = "run" if self.rows == 1 else "runs"
+            return f"±{pct} % on {self.rows} {side} {runs} of the calibration in {Path(self.twin).name}"
         of = f"{_STAT_WORDS[self.stat]} " if self.stat else ""
         if self.family == ALL:
             return f"±{self.pct:.0f} % on {of}{self.rows} {side}{regime} rows of every engine"
