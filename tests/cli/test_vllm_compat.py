@@ -50,6 +50,22 @@ def test_vllm_flag_names_run_the_same_load_as_ours() -> None:
     assert summary_of("-n", "2", "--no-exact-output")["config"]["workload"]["exact_output"] is False
 
 
+def test_vllms_async_scheduling_flag_is_overlap_scheduling_and_on_by_default_for_vllm() -> None:
+    """vLLM's --async-scheduling (on by default from 0.14) is the simulator's overlap
+    scheduling: the default vllm run has it, --no-async-scheduling turns it off as
+    --no-overlap-schedule does, and an arrival during a step then no longer waits a step."""
+    load = ("--rate", "20", "-n", "40", "--input-tokens", "400", "--output-tokens", "40", "--seed", "3")
+    default = summary_of(*load)
+    assert default["config"]["engine"]["overlap_schedule"] is True
+    assert summary_of(*load, "--async-scheduling")["ttft_ms"] == default["ttft_ms"]
+    off = summary_of(*load, "--no-async-scheduling")
+    assert off["config"]["engine"]["overlap_schedule"] is False
+    assert off["ttft_ms"] == summary_of(*load, "--no-overlap-schedule")["ttft_ms"]
+    assert off["ttft_ms"]["p50"] < default["ttft_ms"]["p50"]
+    generic = summary_of(*load, "--engine-family", "generic")  # vLLM's own, not another engine's
+    assert generic["config"]["engine"]["overlap_schedule"] is False
+
+
 def test_no_exact_output_is_simulated_and_recorded_as_it_ran(tmp_path: Path) -> None:
     args = ("-n", "12", "-c", "4", "--input-tokens", "100", "--output-tokens", "300")
     exact = summary_of(*args)

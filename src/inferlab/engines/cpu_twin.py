@@ -119,6 +119,7 @@ def twin_engine(folder: Path, cfg: TinyLlamaConfig, *, slots: int, slot_tokens: 
     engine = EngineConfig(
         model=str(model), gpu=str(folder / "device.json"), max_num_seqs=slots, max_model_len=slot_tokens,
         max_num_batched_tokens=2048, num_gpu_blocks_override=slots * slot_tokens // 16, enforce_eager=True,
+        overlap_schedule=False,  # llama-server computes a batch, then schedules the next
         efficiencies_path=str(folder / "cpu.json"),
     )
     return engine, rates

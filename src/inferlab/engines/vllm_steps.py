@@ -102,13 +102,14 @@ REPLAY_HOST_SPEED = 1e3
 
 def engine_config(model: str = "Llama-3.2-1B", **flags: Any) -> EngineConfig:
     """The simulated engine of the check (vLLM V1 rules, vLLM 0.32's switches unless
-    ``flags`` say otherwise); no API cost (no latency, and an infinitely fast host: no
+    ``flags`` say otherwise, but no async scheduling: vLLM's CPU build schedules each step
+    after the previous one ended); no API cost (no latency, and an infinitely fast host: no
     front-end CPU queue), so that a request is schedulable when sent."""
     base: dict[str, Any] = {
         "model": model, "block_size": BLOCK_SIZE, "num_gpu_blocks_override": NUM_GPU_BLOCKS,
         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_num_seqs": MAX_NUM_SEQS,
         "max_model_len": MAX_MODEL_LEN, "enable_prefix_caching": True, "api_overhead_s": 0.0,
-        "host_speed": float("inf"),
+        "host_speed": float("inf"), "overlap_schedule": False,
     }
     return EngineConfig(**{**base, **flags})
 

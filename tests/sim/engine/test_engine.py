@@ -472,7 +472,8 @@ def test_overlap_scheduling_sees_a_mid_step_arrival_one_step_later() -> None:
     assert scheduled_at(True, running=True) == pytest.approx(0.07)  # one step later
     assert scheduled_at(True, running=False) == pytest.approx(0.053)  # idle: at once
     assert Engine(EngineConfig(engine_family="sglang")).config.overlap_schedule is True
-    assert Engine(EngineConfig()).config.overlap_schedule is False
+    assert Engine(EngineConfig()).config.overlap_schedule is True  # vLLM's async scheduling (0.14 on)
+    assert Engine(EngineConfig(engine_family="generic")).config.overlap_schedule is False
 
 
 def test_token_times_recorded_for_requests_queued_before_recording_was_switched_on() -> None:

@@ -45,14 +45,16 @@ def test_the_table_says_what_each_family_changes() -> None:
     assert changed <= front_end | {"per_seq_s"} and v1.efficiencies.api_stream_s > 0 and v1.efficiencies.api_per_seq_s == 0
     assert EngineFamily.GENERIC.rules.efficiencies == v1.efficiencies
     assert all(f.rules.efficiencies.api_stream_s == 0 for f in EngineFamily if f not in (EngineFamily.VLLM, EngineFamily.GENERIC))
-    assert [f for f in FIELDS if getattr(v1, f) != getattr(EngineFamily.GENERIC.rules, f)] == ["engine"]
+    # another engine takes V1's rules but not vLLM's asynchronous scheduler
+    assert [f for f in FIELDS if getattr(v1, f) != getattr(EngineFamily.GENERIC.rules, f)] == [
+        "engine", "overlap_schedule", "overlap_schedule_since"]
     # vLLM <= 0.5 is V0 with the front end in the engine's process, and its intake cost
     assert [f for f in FIELDS if getattr(v0, f) != getattr(v05, f)] == ["engine", "front_end_in_process", "efficiencies"]
     assert dataclasses.replace(v05.efficiencies, api_intake_s=0.0) == v0.efficiencies
     assert v05.efficiencies.api_intake_s > 0 and v05.front_end_in_process
     assert not v0.prefix_caching and not lmd.prefix_caching and sglang.prefix_caching and trt.prefix_caching
     assert sglang.mixed_batches is BatchMixing.NEVER and v0.mixed_batches is BatchMixing.WHEN_CHUNKED
-    assert [f for f in EngineFamily if f.rules.overlap_schedule] == [EngineFamily.SGLANG]
+    assert [f for f in EngineFamily if f.rules.overlap_schedule] == [EngineFamily.VLLM, EngineFamily.SGLANG]
     assert (trt.kv_free_fraction, lmd.kv_free_fraction) == (0.9, 0.8)
     assert [f for f in EngineFamily if f.rules.kv_free_fraction is not None] == [EngineFamily.TRTLLM, EngineFamily.LMDEPLOY]
 
@@ -67,6 +69,10 @@ def test_rule_methods() -> None:
     assert sglang.overlap_schedule_in(None) and sglang.overlap_schedule_in((0, 4))
     assert not sglang.overlap_schedule_in((0, 3))
     assert not EngineFamily.VLLM.rules.overlap_schedule_in((0, 9))
+    # vLLM's --async-scheduling: on by default from 0.14, and in a current release
+    v1 = EngineFamily.VLLM.rules
+    assert not v1.overlap_schedule_in((0, 13)) and v1.overlap_schedule_in((0, 14)) and v1.overlap_schedule_in(None)
+    assert not EngineFamily.GENERIC.rules.overlap_schedule_in(None)  # TGI and others: vLLM's rules, not its scheduler
     h100, a100 = resolve_gpu("H100"), resolve_gpu("A100")
     # vLLM V0: a whole prompt a step unchunked (at least 2048 tokens), 512 chunked
     assert v0.batch_defaults(h100, offline=False, chunked_prefill=False, max_model_len=8192) == (8192, 256)

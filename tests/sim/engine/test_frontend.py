@@ -91,8 +91,10 @@ def test_an_arrival_during_a_decode_step_starts_at_the_next_step() -> None:
     """On vLLM V1 with the front end's CPU queue, one request decoding: a second one that
     arrives just after a step began, with time for its intake, joins the very next step
     (it used to queue behind the streaming booked for that step's end, and miss it); one
-    whose intake is a little longer than a step joins the step after, not the third."""
-    config = EngineConfig(model="Llama-3.1-8B", gpu="H100", max_model_len=8192, api_overhead_s=0.0)
+    whose intake is a little longer than a step joins the step after, not the third.
+    Without async scheduling: with it, any arrival during a step waits one step more
+    (``test_engine``'s overlap test)."""
+    config = EngineConfig(model="Llama-3.1-8B", gpu="H100", max_model_len=8192, api_overhead_s=0.0, overlap_schedule=False)
     first = (0.0, "a", [7, *range(1, 64)], 400)
     solo = Engine(config)
     solo.record_token_times = True

@@ -165,24 +165,38 @@ def test_sglang_overlap_scheduling_follows_the_version_and_the_stated_flags() ->
     assert overlap(engine_version="0.3.6", engine_config="--enable-overlap-schedule") is True
     assert overlap(engine_version="0.4.1", engine_config="disable_overlap_schedule=false") is True
     assert overlap(engine_version="0.4.1", engine_config="async_scheduling=False") is False
-    assert build_engine(parse_row(row()), 768).config.overlap_schedule is False  # vLLM
+    assert build_engine(parse_row(row()), 768).config.overlap_schedule is False  # vLLM 0.9
 
 
-# vLLM V1 before 0.19 and 0.24: sim run as a user of that release states it
+def test_vllm_async_scheduling_follows_the_release_and_the_stated_flags() -> None:
+    def overlap(**changes: str) -> bool | None:
+        return build_engine(parse_row(row(**changes)), 768).config.overlap_schedule
+
+    assert overlap(engine_version="0.13.0") is False  # opt-in before 0.14
+    assert overlap(engine_version="0.14.1") is True  # the default from 0.14
+    assert overlap(engine_version="not stated") is True  # no release named: a current one
+    assert overlap(engine_version="0.19.0", engine_config="vllm serve M --no-async-scheduling") is False
+    assert overlap(engine_version="0.10.2", engine_config="async-scheduling: true") is True
+    assert overlap(engine="TGI", engine_version="not stated") is False  # generic: not vLLM's scheduler
+
+
+# vLLM V1 before 0.14, 0.19 and 0.24: sim run as a user of that release states it
 _V1_BEFORE_0_19 = {"scheduler_reserve_full_isl": False, "evict_unhashed_first": False}
+_V1_BEFORE_0_14 = {**_V1_BEFORE_0_19, "overlap_schedule": False}
 
 
 @pytest.mark.parametrize(
     ("engine", "version", "flags"),
-    [("vLLM", "0.9.2", _V1_BEFORE_0_19), ("vLLM", "0.18.1", _V1_BEFORE_0_19),
+    [("vLLM", "0.9.2", _V1_BEFORE_0_14), ("vLLM", "0.13.0", _V1_BEFORE_0_14), ("vLLM", "0.18.1", _V1_BEFORE_0_19),
      ("vLLM", "0.23.0", {"evict_unhashed_first": False}), ("vLLM", "0.24.0", {}), ("vLLM", "0.32.0", {}), ("vLLM", "0.6.3", {}), ("vLLM", "0.5.4", {}), ("SGLang", "0.4.1", {}),
      ("LMDeploy", "0.2.0", {}), ("TGI", "2.0", {})],
 )
 def test_a_row_runs_on_the_engine_sim_run_builds_for_its_family(engine: str, version: str, flags: dict[str, bool]) -> None:
     """``inferlab sim run --engine-family F`` and the validation run the same rules: a row
     that states no flag (and whose harness adds none) gets exactly that engine, with
-    the KV admission and free-queue order of its release (vLLM V1's changed in 0.19 and
-    0.24: ``sim run --no-scheduler-reserve-full-isl --no-evict-unhashed-first``)."""
+    the KV admission, free-queue order and scheduling of its release (vLLM V1's changed
+    in 0.14, 0.19 and 0.24: ``sim run --no-async-scheduling --no-scheduler-reserve-full-isl
+    --no-evict-unhashed-first``)."""
     sc = parse_row(row(engine=engine, engine_version=version))
     assert sc.via_server and sc.kind == "closed"
     sim_run = EngineConfig(model=sc.model, gpu=sc.gpu, engine_family=sc.family, **flags)

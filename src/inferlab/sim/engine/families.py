@@ -207,7 +207,7 @@ _V1_FRONT_END = dataclasses.replace(
 )
 
 _VLLM_V1 = FamilyRules(
-    engine="vLLM V1 (0.8 on; KV admission and free-queue order as in 0.32)",
+    engine="vLLM V1 (0.8 on; async scheduling, KV admission and free-queue order as in 0.32)",
     max_num_batched_tokens=None,  # by GPU: 8192 / 1024 on H100/H200, 2048 / 256 elsewhere
     max_num_seqs=None,
     whole_prompt_budget_floor=None,
@@ -215,8 +215,13 @@ _VLLM_V1 = FamilyRules(
     chunked_prefill_above_len=None,
     prefix_caching=True,
     mixed_batches=BatchMixing.ALWAYS,
-    overlap_schedule=False,  # (--async-scheduling is opt-in)
-    overlap_schedule_since=None,
+    # --async-scheduling: opt-in since it came (PR #19970, 0.10), on by default since vLLM
+    # PR #27614 (the async-scheduling plan, issue #27679; SchedulerConfig.async_scheduling
+    # None, which VllmConfig turns on unless a feature in use is incompatible), first
+    # released in 0.14: vLLM-Gaudi adapted to the new default after 0.13.0 was out (its
+    # PR #768), and 0.11.2 still needed the flag (GPUStack issue #3836)
+    overlap_schedule=True,
+    overlap_schedule_since=(0, 14),
     front_end_in_process=False,
     kv_free_fraction=None,
     # CUDA graphs, ~0.7 ms host cost per step: the defaults of ``Efficiencies``; the API
@@ -354,7 +359,10 @@ FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
         ),
     ),
     # a named engine without rules of its own: vLLM V1's, untuned
-    EngineFamily.GENERIC: dataclasses.replace(_VLLM_V1, engine="another engine (TGI, nano-vllm, ...)"),
+    # (but no asynchronous scheduling: that is vLLM's own)
+    EngineFamily.GENERIC: dataclasses.replace(
+        _VLLM_V1, engine="another engine (TGI, nano-vllm, ...)", overlap_schedule=False, overlap_schedule_since=None
+    ),
 }
 
 
