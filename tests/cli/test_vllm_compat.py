@@ -66,6 +66,22 @@ def test_vllms_async_scheduling_flag_is_overlap_scheduling_and_on_by_default_for
     assert generic["config"]["engine"]["overlap_schedule"] is False
 
 
+def test_an_engine_version_runs_that_releases_defaults_and_says_so() -> None:
+    """--engine-version 0.13: vLLM before async scheduling, recorded and named on the
+    engine line; a release the rules cannot follow exits 2 with one line."""
+    load = ("--rate", "20", "-n", "40", "--input-tokens", "400", "--output-tokens", "40", "--seed", "3")
+    old = summary_of(*load, "--engine-version", "0.13")
+    assert old["config"]["engine"]["engine_version"] == "0.13"
+    assert old["config"]["engine"]["overlap_schedule"] is False
+    assert old["config"]["engine"]["scheduler_reserve_full_isl"] is False
+    assert old["ttft_ms"] == summary_of(*load, "--no-async-scheduling", "--no-scheduler-reserve-full-isl",
+                                        "--no-evict-unhashed-first")["ttft_ms"]
+    code, out, _ = invoke("sim", "run", *load, "--engine-version", "0.15")
+    assert code == 0 and "release 0.15" in " ".join(out.split())
+    code, _, err = invoke("sim", "run", *load, "--engine-version", "0.6")
+    assert code == 2 and "vllm-v0" in err
+
+
 def test_no_exact_output_is_simulated_and_recorded_as_it_ran(tmp_path: Path) -> None:
     args = ("-n", "12", "-c", "4", "--input-tokens", "100", "--output-tokens", "300")
     exact = summary_of(*args)

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from inferlab._errors import UsageError
+from inferlab._errors import ConfigError, UsageError
 from inferlab.sim import Engine, EngineConfig
 from inferlab.sim.engine.config import resolve
 from inferlab.sim.engine.families import EngineFamily
@@ -108,3 +108,36 @@ def test_resolve_refuses_flags_and_names_before_sizing() -> None:
         resolve(dataclasses.replace(LLAMA8B, block_size=12))
     with pytest.raises(UsageError, match="unknown GPU"):
         resolve(dataclasses.replace(LLAMA8B, gpu="TPUv5", block_size=12))  # names first, as vLLM
+
+
+def test_an_engine_version_sets_the_defaults_that_release_had() -> None:
+    """--engine-version: the switches a release turned on (vLLM's async scheduling 0.14,
+    full-sequence admission 0.19, unhashed blocks first 0.24; SGLang's overlap scheduler
+    0.4) follow it where no flag is given; a flag given wins."""
+
+    def switches(**changes: object) -> tuple[bool | None, bool | None, bool | None]:
+        cfg = resolve(dataclasses.replace(LLAMA8B, **changes)).config  # type: ignore[arg-type]
+        return cfg.overlap_schedule, cfg.scheduler_reserve_full_isl, cfg.evict_unhashed_first
+
+    assert switches() == (True, True, True)  # a current vLLM
+    assert switches(engine_version="0.13.0") == (False, False, False)
+    assert switches(engine_version="v0.14") == (True, False, False)
+    assert switches(engine_version="0.19.1") == (True, True, False)
+    assert switches(engine_version="0.24.0rc1") == switches(engine_version="0.32") == (True, True, True)
+    assert switches(engine_version="0.13", overlap_schedule=True, evict_unhashed_first=True) == (True, False, True)
+    sglang = {"engine_family": EngineFamily.SGLANG}
+    assert switches(**sglang, engine_version="0.3.6")[0] is False and switches(**sglang, engine_version="0.4.0")[0] is True
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"engine_version": "latest"}, "expected a release such as 0.15"),
+        ({"engine_version": "0.6.3"}, "vLLM before 0.8 ran its V0 engine: --engine-family vllm-v0"),
+        ({"engine_version": "1.0", "engine_family": EngineFamily.TRTLLM}, "no release-dated defaults"),
+        ({"engine_version": "2.0", "engine_family": EngineFamily.GENERIC}, "no release-dated defaults"),
+    ],
+)
+def test_an_engine_version_the_rules_cannot_follow_is_refused(changes: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        resolve(dataclasses.replace(LLAMA8B, **changes))  # type: ignore[arg-type]

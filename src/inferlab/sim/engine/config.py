@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 
 from inferlab._errors import ConfigError, UsageError
@@ -88,6 +89,11 @@ class EngineConfig:
     # a freed KV block without a prefix hash (a partly filled tail) goes to the front of
     # the free queue, reused before cached blocks (vLLM from 0.24). None: the family's
     evict_unhashed_first: bool | None = None
+    # the engine's release ("0.15", "v0.4.3"): the switches above that a release turned on
+    # (``FamilyRules.*_since``: vLLM's async scheduling 0.14, full-sequence admission 0.19,
+    # unhashed blocks first 0.24; SGLang's overlap scheduler 0.4) follow it where not
+    # given. None: a current release
+    engine_version: str | None = None
     # the API front end (``frontend``): how many API server processes share intake and
     # streaming (vLLM's --api-server-count), and how fast this host's CPU is against the
     # typical host the family's front-end constants were fitted on (2.0: twice as fast)
@@ -184,18 +190,49 @@ def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> Eng
 def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len: int) -> EngineConfig:
     """``config`` with the on/off switches it leaves open (chunked prefill, prefix
     caching, mixed batches, overlap scheduling, full-sequence admission, output-reserving admission,
-    free-queue order) set to its engine family's defaults."""
+    free-queue order) set to its engine family's defaults, in its release where it names one."""
     chunked = _given_or(config.enable_chunked_prefill, rules.chunked_prefill_default(declared_len))
+    release = engine_release(config)
     return dataclasses.replace(
         config,
         enable_chunked_prefill=chunked,
         enable_prefix_caching=_given_or(config.enable_prefix_caching, rules.prefix_caching),
         mixed_batches=_given_or(config.mixed_batches, rules.mixes_batches(chunked)),
-        overlap_schedule=_given_or(config.overlap_schedule, rules.overlap_schedule),
-        scheduler_reserve_full_isl=_given_or(config.scheduler_reserve_full_isl, rules.reserve_full_sequence),
+        overlap_schedule=_given_or(config.overlap_schedule, rules.overlap_schedule_in(release)),
+        scheduler_reserve_full_isl=_given_or(config.scheduler_reserve_full_isl, rules.reserve_full_sequence_in(release)),
         reserve_outputs=_given_or(config.reserve_outputs, rules.reserve_outputs),
-        evict_unhashed_first=_given_or(config.evict_unhashed_first, rules.evict_unhashed_first),
+        evict_unhashed_first=_given_or(config.evict_unhashed_first, rules.evict_unhashed_first_in(release)),
     )
+
+
+#: The releases each family's rules can be stated for: (first, why not earlier), None:
+#: no release-dated default to follow (a release would change nothing, so it is refused).
+_RELEASES: dict[EngineFamily, tuple[tuple[int, int], str] | None] = {
+    EngineFamily.VLLM: ((0, 8), "vLLM before 0.8 ran its V0 engine: --engine-family vllm-v0 (0.6-0.7) or vllm-v0.5"),
+    EngineFamily.SGLANG: ((0, 1), ""),
+}
+
+
+def engine_release(config: EngineConfig) -> tuple[int, int] | None:
+    """``config.engine_version`` as (major, minor), None when not given; ``ConfigError``
+    for a text that is not a release, or a release the family's rules do not cover."""
+    text = config.engine_version
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?[0-9A-Za-z][0-9A-Za-z.+-]*)?\s*", text)
+    if m is None:
+        raise ConfigError(f"engine_version {text!r}: expected a release such as 0.15 or 0.15.1")
+    release = (int(m.group(1)), int(m.group(2)))
+    span = _RELEASES.get(config.engine_family)
+    if span is None:
+        raise ConfigError(
+            f"engine_version {text}: the {config.engine_family} family has no release-dated defaults, "
+            "so a release would change nothing; leave it out"
+        )
+    first, why = span
+    if release < first:
+        raise ConfigError(f"engine_version {text}: {why}")
+    return release
 
 
 def _given_or(flag: bool | None, default: bool) -> bool:
