@@ -114,6 +114,15 @@ def test_cli_json(tmp_path: Path) -> None:
     assert d["best"]["why"] == "the highest score"
 
 
+def test_vllms_name_for_async_scheduling_searches_the_same_axis() -> None:
+    runs = []
+    for flag in ("async-scheduling", "overlap-schedule"):
+        code, out, err = invoke(*COMMON, "--slo-ttft-ms", "300", "--param", f"{flag}=on,off", "--search", "grid", "--json")
+        assert code == 0, err
+        runs.append([(t["params"], t["score"]) for t in json.loads(out)["trials"]])
+    assert runs[0] == runs[1] and [p for p, _ in runs[0]] == [{"overlap_schedule": True}, {"overlap_schedule": False}]
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--param", "max-num-seqs=8,16"], "needs at least one SLO"),
     (["--slo-ttft-ms", "300"], "at least one flag to search"),

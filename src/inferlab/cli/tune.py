@@ -108,6 +108,10 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
     return tuple(dict.fromkeys(out))  # once each, in the order given
 
 
+#: the simulator's flags by their other names (``sim run`` takes both)
+_PARAM_ALIASES = {"async_scheduling": "overlap_schedule"}
+
+
 def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = EngineConfig) -> tuple[Axis, ...]:
     ctx = click.get_current_context()
     fields = {f.name for f in dataclasses.fields(config_type)} - _NOT_SEARCHED
@@ -115,6 +119,7 @@ def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = Engin
     for p in params:
         flag, sep, values = p.partition("=")
         name = flag.strip().lstrip("-").replace("-", "_")
+        name = _PARAM_ALIASES.get(name, name) if config_type is EngineConfig else name
         if not sep or not name:
             raise UsageError(f"--param {p!r}: expected FLAG=V1,V2,..., e.g. max-num-seqs=16,64,256")
         if name not in fields:

@@ -187,3 +187,23 @@ def test_a_twin_band_counts_its_runs_in_words() -> None:
     two = bands.ErrorBand("TTFT", 0.7, 2, "holdout", "vllm", "all", "/x/twin.json")
     assert one.describe() == "±0.7 % on 1 held-out run of the calibration in twin.json"
     assert two.describe() == "±0.7 % on 2 held-out runs of the calibration in twin.json"
+
+
+def test_a_twin_calibrated_before_overlap_scheduling_was_recorded_keeps_its_families_old_default(tmp_path: Path) -> None:
+    """A twin file whose record does not say whether the host scheduled ahead was
+    calibrated with its family's default then: off for vLLM V1 (before async scheduling
+    was its default), on for SGLang. A run that differs is another server."""
+    from inferlab.sim.engine.config import EngineConfig
+
+    def twin(family: str) -> str:
+        path = tmp_path / f"{family}.json"
+        on = {k: v for k, v in bands.served_by(EngineConfig(engine_family=family)).items() if k != "overlap_schedule"}
+        path.write_text(json.dumps({"calibration": {"split": "fit", "runs": 2, "errors": {}, "served_by": on}}))
+        return str(path)
+
+    vllm, sglang = twin("vllm"), twin("sglang")
+    current = bands.served_by(EngineConfig())
+    assert current["overlap_schedule"] is True
+    assert bands.calibration_mismatch(vllm, current) == "overlap schedule on, calibrated off"
+    assert bands.calibration_mismatch(vllm, bands.served_by(EngineConfig(overlap_schedule=False))) is None
+    assert bands.calibration_mismatch(sglang, bands.served_by(EngineConfig(engine_family="sglang"))) is None

@@ -101,9 +101,10 @@ class ErrorBand:
 
 def served_by(config: EngineConfig) -> dict[str, Any]:
     """What a calibration's bands hold for: the engine family, the model and device (by
-    their resolved names), the tensor-parallel degree and the precision. A run that
-    changes any of them is another server (flags such as the batch budget are what a
-    twin is asked about, and keep its bands)."""
+    their resolved names), the tensor-parallel degree, the precision and whether the
+    host schedules ahead (async/overlap scheduling: a release's or a server's way of
+    running, not a size). A run that changes any of them is another server (flags such
+    as the batch budget are what a twin is asked about, and keep its bands)."""
     from inferlab.sim.engine.config import resolve
 
     r = resolve(config)
@@ -112,8 +113,14 @@ def served_by(config: EngineConfig) -> dict[str, Any]:
         "engine_family": c.engine_family.value, "model": r.model.name, "gpu": r.gpu.name,
         "tensor_parallel_size": c.tensor_parallel_size, "dtype": str(c.dtype.value),
         "quantization": None if c.quantization is None else str(c.quantization.value),
-        "kv_cache_dtype": str(c.kv_cache_dtype.value),
+        "kv_cache_dtype": str(c.kv_cache_dtype.value), "overlap_schedule": bool(c.overlap_schedule),
     }
+
+
+#: Overlap scheduling as a twin calibrated before ``served_by`` recorded it ran, unless its
+#: author said otherwise: the family's default then (vLLM V1's was off until its async
+#: scheduling was made the default, as vLLM 0.14 made it)
+_OVERLAP_BEFORE_RECORDED = {EngineFamily.SGLANG.value: True}
 
 
 def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | None:
@@ -124,10 +131,17 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
     on = record.get("served_by") if isinstance(record, dict) else None
     if not isinstance(on, dict):
         return None
+    if "overlap_schedule" not in on:  # (written before it was recorded)
+        on = {**on, "overlap_schedule": _OVERLAP_BEFORE_RECORDED.get(str(on.get("engine_family")), False)}
     differ = [k for k in served if k in on and on[k] != served[k]]
     if not differ:
         return None
-    return "; ".join(f"{k.replace('_', ' ')} {served[k]}, calibrated on {on[k]}" for k in differ)
+    def said(value: object) -> object:
+        return ("on" if value else "off") if isinstance(value, bool) else value
+
+    return "; ".join(f"{k.replace('_', ' ')} {said(served[k])}, calibrated {said(on[k])}"
+                     if isinstance(served[k], bool) else f"{k.replace('_', ' ')} {served[k]}, calibrated on {on[k]}"
+                     for k in differ)
 
 
 def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str) -> dict[str, ErrorBand]:

@@ -76,8 +76,9 @@ class EngineConfig:
     # family's way
     mixed_batches: bool | None = None
     # the host schedules step k+1 while the GPU runs step k (SGLang's overlap scheduler,
-    # on by default since 0.4; vLLM's --async-scheduling): a request that arrives during
-    # a step is seen one step later. None: the family's way (on for sglang)
+    # on by default since 0.4; vLLM's --async-scheduling, since 0.14): a request that
+    # arrives during a step is seen one step later. None: the family's way in its release
+    # (on for sglang and vllm)
     overlap_schedule: bool | None = None
     # vLLM's --scheduler-reserve-full-isl: a waiting or preempted request is admitted only
     # when free KV blocks hold its whole current sequence. None: the family's (on for vllm)

@@ -218,8 +218,8 @@ _VLLM_V1 = FamilyRules(
     # --async-scheduling: opt-in since it came (PR #19970, 0.10), on by default since vLLM
     # PR #27614 (the async-scheduling plan, issue #27679; SchedulerConfig.async_scheduling
     # None, which VllmConfig turns on unless a feature in use is incompatible), first
-    # released in 0.14: vLLM-Gaudi adapted to the new default after 0.13.0 was out (its
-    # PR #768), and 0.11.2 still needed the flag (GPUStack issue #3836)
+    # released in 0.14 (its release notes: "Async scheduling is now enabled by default",
+    # not with pipeline parallelism or the CPU backend; 0.13.0 had it off)
     overlap_schedule=True,
     overlap_schedule_since=(0, 14),
     front_end_in_process=False,
