@@ -82,6 +82,27 @@ def test_an_engine_version_runs_that_releases_defaults_and_says_so() -> None:
     assert code == 2 and "vllm-v0" in err
 
 
+def test_a_replay_given_another_release_or_family_takes_its_switches_from_it(tmp_path: Path) -> None:
+    """Replaying a run (--trace requests.jsonl) takes its engine as it ran, but a release
+    given takes the release-dated switches from that release, and another family its own."""
+    base = ("-n", "12", "--rate", "20", "--input-tokens", "200", "--output-tokens", "8")
+    code, _, err = invoke("sim", "run", *base, "--engine-version", "0.13", "-o", str(tmp_path / "old"))
+    assert code == 0, err
+    trace = str(tmp_path / "old" / "requests.jsonl")
+
+    def engine(*args: str) -> dict[str, Any]:
+        code, out, err = invoke("sim", "run", "--trace", trace, "--json", *args)
+        assert code == 0, err
+        return dict(json.loads(out)["config"]["engine"])
+
+    switches = ("engine_version", "overlap_schedule", "scheduler_reserve_full_isl", "evict_unhashed_first")
+    assert [engine()[k] for k in switches] == ["0.13", False, False, False]  # as it ran
+    assert [engine("--engine-version", "0.24")[k] for k in switches] == ["0.24", True, True, True]
+    assert [engine("--engine-version", "0.19")[k] for k in switches] == ["0.19", True, True, False]
+    trt = engine("--engine-family", "trtllm")  # not vLLM's release, nor its switches
+    assert trt["engine_version"] is None and trt["overlap_schedule"] is False and trt["mixed_batches"] is True
+
+
 def test_no_exact_output_is_simulated_and_recorded_as_it_ran(tmp_path: Path) -> None:
     args = ("-n", "12", "-c", "4", "--input-tokens", "100", "--output-tokens", "300")
     exact = summary_of(*args)

@@ -247,6 +247,11 @@ _NOT_REPLAYED = frozenset({"offline", "gpu", "gpu_preset"})
 #: The API front end's settings: a replay served where the run was offline, or the
 #: reverse, does not take them (offline there is none; its recorded latency is 0)
 _FRONT_END_SETTINGS = frozenset({"api_overhead_s", "api_server_count", "host_speed"})
+#: What a release decides (``FamilyRules.*_since``): a replay given another release (or
+#: family) takes them from it, not from the record
+_RELEASE_SETTINGS = frozenset({"engine_version", "overlap_schedule", "scheduler_reserve_full_isl", "evict_unhashed_first"})
+#: ... and what a family decides, for a replay given another family
+_FAMILY_SETTINGS = _RELEASE_SETTINGS | {"enable_chunked_prefill", "enable_prefix_caching", "mixed_batches", "reserve_outputs"}
 
 
 def _engine_from_trace_run(kw: dict[str, Any]) -> None:
@@ -273,6 +278,10 @@ def _engine_from_trace_run(kw: dict[str, Any]) -> None:
     if bool(engine.get("offline")) != bool(kw.get("offline")):
         # the recorded front end (none offline: latency 0) is not this replay's: the family's
         fields -= _FRONT_END_SETTINGS
+    if given("engine_family") and str(kw.get("engine_family")) != str(engine.get("engine_family")):
+        fields -= _FAMILY_SETTINGS | _FRONT_END_SETTINGS  # (the recorded ones were another family's)
+    elif given("engine_version"):
+        fields -= _RELEASE_SETTINGS  # (the recorded ones were the recorded release's)
     taken = [name for name in sorted(fields & set(engine)) if not given(name)]
     for name in taken:
         kw[name] = engine[name]

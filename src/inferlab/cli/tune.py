@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from inferlab._errors import UsageError
+from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import (
     given,
     install_stop_signals,
@@ -30,6 +30,7 @@ from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
 from inferlab.load.run import RunConfig, SimTarget
 from inferlab.results.sweepindex import check_sweep_dir
+from inferlab.sim.engine.config import engine_release
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sweep.runner import Trials
 from inferlab.sweep.tune import (
@@ -154,6 +155,13 @@ def _tune(kw: dict[str, Any]) -> int:
         _axes(kw["params"], kw, EngineConfig if spec is None else EngineSpec), kw["search"], kw["objective"],
         kw["slo_share"], kw["max_trials"], kw["abort_hopeless"],
     )
+    if spec is None:  # a release the rules cannot follow fails every trial alike: refuse it now
+        searched = next((a.values for a in config.axes if a.name == "engine_version"), None)
+        for release in searched or [kw.get("engine_version")]:
+            try:
+                engine_release(dataclasses.replace(engine_config(kw), engine_version=release))
+            except ConfigError as e:
+                raise UsageError(str(e)) from None
     out = kw["out"]
     if kw.get("history") and not out:
         raise UsageError("--history records the tune's sweep.json in the history: give --out too")

@@ -95,7 +95,8 @@ def test_cli_writes_an_efficiencies_file_sim_run_takes(measured: tuple[list[str]
     assert "L40S" in on["gpu"] and "Qwen2.5-7B" in on["model"] and on["tensor_parallel_size"] == 1
     for other, kept in ((["--max-num-batched-tokens", "4096"], True), (["--gpu", "H100"], False),
                         (["--model", "meta-llama/Llama-3.1-8B-Instruct"], False), (["--tensor-parallel-size", "2"], False),
-                        (["--no-async-scheduling"], False)):  # (calibrated with it on: a vLLM of 0.14 on)
+                        (["--no-async-scheduling"], False),  # (calibrated with it on: a vLLM of 0.14 on)
+                        (["--engine-version", "0.18"], False)):  # (0.19's admission, 0.24's free queue)
         res = CliRunner().invoke(main, ["sim", "run", *ENGINE, *other, "-c", "4", "-n", "8", "--efficiencies", str(eff), "--json"])
         assert res.exit_code == 0, res.stderr
         block = json.loads(res.stdout)["prediction"]

@@ -101,10 +101,11 @@ class ErrorBand:
 
 def served_by(config: EngineConfig) -> dict[str, Any]:
     """What a calibration's bands hold for: the engine family, the model and device (by
-    their resolved names), the tensor-parallel degree, the precision and whether the
-    host schedules ahead (async/overlap scheduling: a release's or a server's way of
-    running, not a size). A run that changes any of them is another server (flags such
-    as the batch budget are what a twin is asked about, and keep its bands)."""
+    their resolved names), the tensor-parallel degree, the precision, and the switches a
+    release decides (async/overlap scheduling, full-sequence admission, the free queue's
+    order: a release's way of running, not a size). A run that changes any of them is
+    another server (flags such as the batch budget are what a twin is asked about, and
+    keep its bands)."""
     from inferlab.sim.engine.config import resolve
 
     r = resolve(config)
@@ -114,6 +115,7 @@ def served_by(config: EngineConfig) -> dict[str, Any]:
         "tensor_parallel_size": c.tensor_parallel_size, "dtype": str(c.dtype.value),
         "quantization": None if c.quantization is None else str(c.quantization.value),
         "kv_cache_dtype": str(c.kv_cache_dtype.value), "overlap_schedule": bool(c.overlap_schedule),
+        "scheduler_reserve_full_isl": bool(c.scheduler_reserve_full_isl), "evict_unhashed_first": bool(c.evict_unhashed_first),
     }
 
 
@@ -126,7 +128,9 @@ _OVERLAP_BEFORE_RECORDED = {EngineFamily.SGLANG.value: True}
 def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | None:
     """Why ``sim calibrate``'s record in ``efficiencies`` does not hold for a run of the
     server ``served`` (``served_by``), in words; None if it holds, or if the record does
-    not say what it was calibrated on (a file written before it did)."""
+    not say what it was calibrated on (a file written before it did; of the release's
+    switches, one written before they were recorded is held to overlap scheduling only,
+    at its family's default then)."""
     record = efficiencies_json(efficiencies).get(CALIBRATION_KEY)
     on = record.get("served_by") if isinstance(record, dict) else None
     if not isinstance(on, dict):

@@ -107,6 +107,8 @@ class EngineConfig:
         set_field(self, "engine_family", EngineFamily.parse(self.engine_family))
         set_field(self, "dtype", DType.parse(self.dtype))
         set_field(self, "kv_cache_dtype", KVCacheDType.parse(self.kv_cache_dtype))
+        if isinstance(self.engine_version, str):
+            set_field(self, "engine_version", self.engine_version.strip())
         if self.quantization is not None:
             set_field(self, "quantization", Quantization.parse(self.quantization))
 
@@ -210,7 +212,7 @@ def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len
 #: no release-dated default to follow (a release would change nothing, so it is refused).
 _RELEASES: dict[EngineFamily, tuple[tuple[int, int], str] | None] = {
     EngineFamily.VLLM: ((0, 8), "vLLM before 0.8 ran its V0 engine: --engine-family vllm-v0 (0.6-0.7) or vllm-v0.5"),
-    EngineFamily.SGLANG: ((0, 1), ""),
+    EngineFamily.SGLANG: ((0, 1), "SGLang's first release was 0.1"),
 }
 
 
@@ -220,7 +222,8 @@ def engine_release(config: EngineConfig) -> tuple[int, int] | None:
     text = config.engine_version
     if text is None:
         return None
-    m = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?[0-9A-Za-z][0-9A-Za-z.+-]*)?\s*", text)
+    # (PEP 440's shapes vLLM and SGLang use: 0.15, v0.15.1, 0.14.0rc1, 0.4.3.post1, 0.13.0+cu128)
+    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)*(?:\.?(?:rc|post|dev|a|b)\d*)?(?:\+[0-9A-Za-z.]+)?", text.strip())
     if m is None:
         raise ConfigError(f"engine_version {text!r}: expected a release such as 0.15 or 0.15.1")
     release = (int(m.group(1)), int(m.group(2)))
