@@ -134,7 +134,7 @@ def test_vllms_name_for_async_scheduling_searches_the_same_axis() -> None:
     (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8", "--save-result"], "not for tune"),
     (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8", "--slo-share", "0.5"], "--slo-share acts with --objective throughput"),
     # a release the rules cannot follow would fail every trial: refused before any runs
-    (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8", "--engine-version", "0.6"], "vLLM before 0.8"),
+    (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8", "--engine-version", "0.6"], "the vllm-v0 family"),
     (["--slo-ttft-ms", "300", "--param", "engine-version=0.13,latest"], "expected a release"),
 ])
 def test_cli_refuses_what_it_would_not_honour(args: list[str], needle: str) -> None:

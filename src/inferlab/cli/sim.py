@@ -442,8 +442,9 @@ def engine_line(engine: Engine) -> str:
         + ("" if lim.enable_chunked_prefill else " (prompts whole)"),
         *([] if lim.mixed_batches else ["prefill and decode steps apart"]),
         *([f"{lim.num_scheduler_steps} decode steps per schedule"] if lim.num_scheduler_steps > 1 else []),
-        *([f"release {e.engine_version.strip()}"] if e.engine_version else []),
-        *(["overlap scheduling"] if e.overlap_schedule else []),
+        *([f"release {e.engine_version}"] if e.engine_version else []),
+        # (vLLM calls it async scheduling)
+        *([("async" if e.engine_family is EngineFamily.VLLM else "overlap") + " scheduling"] if e.overlap_schedule else []),
         *(["outputs reserved at admission"] if e.reserve_outputs else []),
         *_family_switches_changed(engine),
         f"{lim.max_num_seqs:,} seqs",

@@ -45,9 +45,11 @@ def test_the_table_says_what_each_family_changes() -> None:
     assert changed <= front_end | {"per_seq_s"} and v1.efficiencies.api_stream_s > 0 and v1.efficiencies.api_per_seq_s == 0
     assert EngineFamily.GENERIC.rules.efficiencies == v1.efficiencies
     assert all(f.rules.efficiencies.api_stream_s == 0 for f in EngineFamily if f not in (EngineFamily.VLLM, EngineFamily.GENERIC))
-    # another engine takes V1's rules but not vLLM's asynchronous scheduler
+    # another engine takes V1's rules but not vLLM's asynchronous scheduler, nor vLLM's releases
     assert [f for f in FIELDS if getattr(v1, f) != getattr(EngineFamily.GENERIC.rules, f)] == [
-        "engine", "overlap_schedule", "overlap_schedule_since"]
+        "engine", "overlap_schedule", "overlap_schedule_since", "reserve_full_sequence_since", "evict_unhashed_first_since"]
+    assert v1.release_dated and EngineFamily.SGLANG.rules.release_dated
+    assert not any(f.rules.release_dated for f in EngineFamily if f not in (EngineFamily.VLLM, EngineFamily.SGLANG))
     # vLLM <= 0.5 is V0 with the front end in the engine's process, and its intake cost
     assert [f for f in FIELDS if getattr(v0, f) != getattr(v05, f)] == ["engine", "front_end_in_process", "efficiencies"]
     assert dataclasses.replace(v05.efficiencies, api_intake_s=0.0) == v0.efficiencies

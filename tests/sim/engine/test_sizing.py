@@ -133,12 +133,12 @@ def test_an_engine_version_sets_the_defaults_that_release_had() -> None:
     ("changes", "needle"),
     [
         ({"engine_version": "latest"}, "expected a release such as 0.15"),
-        ({"engine_version": "0.6.3"}, "vLLM before 0.8 ran its V0 engine: --engine-family vllm-v0"),
+        ({"engine_version": "0.6.3"}, "that release is the vllm-v0 family: --engine-family vllm-v0"),
+        ({"engine_version": "0.5.4"}, "--engine-family vllm-v0.5"),
         ({"engine_version": "1.0", "engine_family": EngineFamily.TRTLLM}, "no release-dated defaults"),
         ({"engine_version": "2.0", "engine_family": EngineFamily.GENERIC}, "no release-dated defaults"),
         ({"engine_version": "0.6.3", "engine_family": EngineFamily.VLLM_V0}, "no release-dated defaults"),
         ({"engine_version": "0.10", "engine_family": EngineFamily.LMDEPLOY}, "no release-dated defaults"),
-        ({"engine_version": "0.0.9", "engine_family": EngineFamily.SGLANG}, "SGLang's first release was 0.1"),
         ({"engine_version": "0.13.x"}, "expected a release"),
     ],
 )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from inferlab._errors import ConfigError, UsageError
 from inferlab.sim.engine.dtypes import SIMULATED_QUANTIZATIONS, DType, KVCacheDType, Quantization
-from inferlab.sim.engine.families import EngineFamily, FamilyRules
+from inferlab.sim.engine.families import EngineFamily, FamilyRules, family_for_engine
 from inferlab.sim.engine.hardware import (
     GpuSpec,
     ModelSpec,
@@ -208,14 +208,6 @@ def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len
     )
 
 
-#: The releases each family's rules can be stated for: (first, why not earlier), None:
-#: no release-dated default to follow (a release would change nothing, so it is refused).
-_RELEASES: dict[EngineFamily, tuple[tuple[int, int], str] | None] = {
-    EngineFamily.VLLM: ((0, 8), "vLLM before 0.8 ran its V0 engine: --engine-family vllm-v0 (0.6-0.7) or vllm-v0.5"),
-    EngineFamily.SGLANG: ((0, 1), "SGLang's first release was 0.1"),
-}
-
-
 def engine_release(config: EngineConfig) -> tuple[int, int] | None:
     """``config.engine_version`` as (major, minor), None when not given; ``ConfigError``
     for a text that is not a release, or a release the family's rules do not cover."""
@@ -227,15 +219,15 @@ def engine_release(config: EngineConfig) -> tuple[int, int] | None:
     if m is None:
         raise ConfigError(f"engine_version {text!r}: expected a release such as 0.15 or 0.15.1")
     release = (int(m.group(1)), int(m.group(2)))
-    span = _RELEASES.get(config.engine_family)
-    if span is None:
+    family = config.engine_family
+    if not family.rules.release_dated:
         raise ConfigError(
-            f"engine_version {text}: the {config.engine_family} family has no release-dated defaults, "
+            f"engine_version {text}: the {family} family has no release-dated defaults, "
             "so a release would change nothing; leave it out"
         )
-    first, why = span
-    if release < first:
-        raise ConfigError(f"engine_version {text}: {why}")
+    belongs = family_for_engine(family.value, release)  # (vLLM before 0.8 is V0's families)
+    if belongs is not family:
+        raise ConfigError(f"engine_version {text}: that release is the {belongs} family: --engine-family {belongs}")
     return release
 
 

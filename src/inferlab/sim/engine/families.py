@@ -140,6 +140,13 @@ class FamilyRules:
         """Whether release ``version`` (None: a current one) reuses unhashed blocks first."""
         return _on_in(self.evict_unhashed_first, self.evict_unhashed_first_since, version)
 
+    @property
+    def release_dated(self) -> bool:
+        """Whether a default here changed with a release (``*_since``), so that stating a
+        release (``--engine-version``) changes something."""
+        return any(s is not None for s in (self.overlap_schedule_since, self.reserve_full_sequence_since,
+                                           self.evict_unhashed_first_since))
+
     def overlap_schedule_in(self, version: tuple[int, int] | None) -> bool:
         """Whether release ``version`` (None: a current one) overlaps scheduling by default."""
         return _on_in(self.overlap_schedule, self.overlap_schedule_since, version)
@@ -215,7 +222,7 @@ _VLLM_V1 = FamilyRules(
     chunked_prefill_above_len=None,
     prefix_caching=True,
     mixed_batches=BatchMixing.ALWAYS,
-    # --async-scheduling: opt-in since it came (PR #19970, 0.10), on by default since vLLM
+    # --async-scheduling: opt-in since it came (PR #19970, June 2025), on by default since vLLM
     # PR #27614 (the async-scheduling plan, issue #27679; SchedulerConfig.async_scheduling
     # None, which VllmConfig turns on unless a feature in use is incompatible), first
     # released in 0.14 (its release notes: "Async scheduling is now enabled by default",
@@ -359,9 +366,10 @@ FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
         ),
     ),
     # a named engine without rules of its own: vLLM V1's, untuned
-    # (but no asynchronous scheduling: that is vLLM's own)
+    # (but no asynchronous scheduling, and no vLLM releases: its version numbers are another engine's)
     EngineFamily.GENERIC: dataclasses.replace(
-        _VLLM_V1, engine="another engine (TGI, nano-vllm, ...)", overlap_schedule=False, overlap_schedule_since=None
+        _VLLM_V1, engine="another engine (TGI, nano-vllm, ...)", overlap_schedule=False, overlap_schedule_since=None,
+        reserve_full_sequence_since=None, evict_unhashed_first_since=None,
     ),
 }
 

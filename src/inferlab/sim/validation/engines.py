@@ -72,9 +72,10 @@ def engine_config(sc: Scenario, max_total_len: int) -> EngineConfig:
             "(the source extends it with rope scaling such as YaRN, which is not modelled)"
         )
     max_model_len = min(max(max_total_len, declared), context) if declared < context else None
-    overlap = switch("overlap_schedule")
-    if overlap is None:  # the release's default (SGLang's overlap scheduler from 0.4)
-        overlap = sc.family.rules.overlap_schedule_in(sc.version)
+    # the release's defaults where the family has any (SGLang's overlap scheduler from 0.4;
+    # vLLM V1's async scheduling, KV admission and free-queue order from 0.14, 0.19, 0.24),
+    # as ``sim run --engine-version`` sets them
+    release = f"{sc.version[0]}.{sc.version[1]}" if sc.version and sc.family.rules.release_dated else None
     config = EngineConfig(
         model=sc.model,
         engine_family=sc.family,
@@ -90,10 +91,8 @@ def engine_config(sc: Scenario, max_total_len: int) -> EngineConfig:
         enable_chunked_prefill=switch("enable_chunked_prefill"),
         enforce_eager=bool(flags.get("enforce_eager", 0.0)),
         num_scheduler_steps=flag("num_scheduler_steps") or 1,
-        overlap_schedule=overlap,
-        # the release's KV admission and free-queue order (vLLM V1's changed in 0.19, 0.24)
-        scheduler_reserve_full_isl=sc.family.rules.reserve_full_sequence_in(sc.version),
-        evict_unhashed_first=sc.family.rules.evict_unhashed_first_in(sc.version),
+        overlap_schedule=switch("overlap_schedule"),
+        engine_version=release,
         quantization=sc.quantization,
         kv_cache_dtype=sc.kv_cache_dtype,
         offline=not sc.via_server,  # offline: no API server costs
