@@ -104,6 +104,11 @@ def test_usage_counts_match_what_was_asked_with_exact_lengths_from_tokenize(llam
         assert r.input_tokens == 1024 + overhead
         assert r.output_tokens == 16 == len(r.content_ns)  # one printable token per chunk
         assert r.finish_reason == "length" and r.usage_source == "server"
+    # the run records the server as llama.cpp, with its /props build_info as its release
+    # (a build from the PyPI sdist has no git: llama.cpp writes b0-unknown)
+    said = s.config["resolved"]["server_software"]
+    assert (said["name"], said["source"]) == ("llama.cpp", "GET /props") and said["version"]
+    assert s.server.software == f"llama.cpp {said['version']}" and not s.server.simulated
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])

@@ -11,6 +11,7 @@ Left out of every other run, whatever ``-m`` says, unless ``-m`` names ``vllm``
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -45,6 +46,13 @@ def vllm(vllm_python: Path, tiny: TinyModel, tmp_path_factory: pytest.TempPathFa
         yield server
 
 
+def installed_vllm_version() -> str:
+    """The release vLLM's own package says it is, asked of its environment."""
+    out = subprocess.run([str(install_vllm()), "-c", "import vllm; print(vllm.__version__)"],
+                         capture_output=True, text=True, check=True, timeout=300)
+    return out.stdout.strip().splitlines()[-1]
+
+
 def bench(server: VllmServer, api: Api, **workload: object) -> RunResult:
     config = RunConfig(LoadConfig(ClosedLoop(4), num_requests=8), WorkloadConfig(**workload), api)  # type: ignore[arg-type]
 
@@ -67,6 +75,10 @@ class TestBench:
         for r in result.records:
             assert r.input_tokens == 300 + overhead and r.output_tokens == 16 == len(r.content_ns)
             assert r.usage_source == "server" and r.cached_tokens is not None  # --enable-prompt-tokens-details
+        # the run records what the server is, and its release as vLLM reports it
+        said = result.summary.config["resolved"]["server_software"]
+        assert said["name"] == "vLLM" and said["source"] == "GET /version"
+        assert said["version"] == installed_vllm_version() and s.server.software == f"vLLM {said['version']}"
         text = vllm.metrics()
         for name in ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
                      "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc"):

@@ -3,18 +3,25 @@ of one server (``sim.validation.twin``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from inferlab._errors import UsageError
-from inferlab.cli.common import check_output_folder, run_guarded
+from inferlab._errors import ConfigError, UsageError
+from inferlab.cli.common import check_output_folder, given, run_guarded
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
+from inferlab.client.serverid import FAMILY_OF_SOFTWARE
+from inferlab.sim.engine.config import engine_release
+from inferlab.sim.engine.families import EngineFamily
+
+if TYPE_CHECKING:
+    from inferlab.sim.validation.twin import MeasuredRun
 
 
 @click.command("calibrate")
@@ -32,6 +39,45 @@ def calibrate_cmd(**kw: Any) -> None:
     the error on the fit runs and on --holdout runs; the result is a twin whose numbers
     are predictions."""
     sys.exit(run_guarded(lambda: _calibrate(kw)))
+
+
+def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) -> None:
+    """What the runs' server said it is (``bench`` records it), where no flag says:
+    the release of a family whose defaults follow releases (``--engine-version``: vLLM,
+    SGLang), and no async scheduling for llama.cpp, which computes a batch before it
+    schedules the next. Said on stderr. ``UsageError`` for runs of different servers or
+    releases: a twin is of one."""
+    said = [r.software for r in runs if r.software]
+    if not said:
+        return
+    names = sorted({str(s.get("name")) for s in said})
+    if len(names) > 1:
+        raise UsageError(f"the runs were measured on different servers ({', '.join(names)}): a twin is of one server")
+    name, family = names[0], EngineFamily.parse(str(kw["engine_family"]))
+    releases = sorted({str(s["version"]) for s in said if s.get("version")})
+    of = f"{len(said)} of {len(runs)} runs" if len(said) < len(runs) else "the runs"
+    if FAMILY_OF_SOFTWARE.get(name) == family.value and releases:
+        if given("engine_version"):
+            if releases != [kw["engine_version"]]:
+                err.print(f"inferlab sim calibrate: {of}' server said {name} {', '.join(releases)}; "
+                          f"calibrating as release {kw['engine_version']}, as --engine-version says", highlight=False)
+            return
+        if len(releases) > 1:
+            raise UsageError(f"the runs were measured on different releases of {name} ({', '.join(releases)}): "
+                             "a twin is of one; calibrate each apart, or say which with --engine-version")
+        try:
+            engine_release(dataclasses.replace(engine_config(kw), engine_version=releases[0]))
+        except ConfigError as e:
+            err.print(f"inferlab sim calibrate: {of}' server said {name} {releases[0]}, which the simulator cannot "
+                      f"follow ({e}); calibrating as its current release", highlight=False)
+            return
+        kw["engine_version"] = releases[0]
+        err.print(f"inferlab sim calibrate: release {releases[0]}, as {of}' server said ({said[0].get('source')}); "
+                  "--engine-version says otherwise", highlight=False)
+    elif name == "llama.cpp" and not given("overlap_schedule") and family.rules.overlap_schedule:
+        kw["overlap_schedule"] = False
+        err.print(f"inferlab sim calibrate: {of}' server is llama.cpp, which schedules no step ahead: calibrating "
+                  "without async scheduling (--async-scheduling says otherwise)", highlight=False)
 
 
 def _calibrate(kw: dict[str, Any]) -> int:
@@ -55,8 +101,9 @@ def _calibrate(kw: dict[str, Any]) -> int:
             check_output_folder(Path(path))
     fit_runs = [read_run(p) for p in kw["runs"]]
     holdout = [read_run(p) for p in kw["holdout"]]
-    engine = engine_config(kw)
     err = Console(stderr=True)
+    _as_the_server_said(kw, fit_runs + holdout, err)
+    engine = engine_config(kw)
     labels = {key: label for label, key, _ in COLUMNS}  # (the twin's metrics are sweep headline keys)
     against = ", ".join(labels[m] for m in METRICS)
     err.print(f"inferlab sim calibrate: fitting {', '.join(names)} to {against} of {len(fit_runs)} run(s), "

@@ -152,6 +152,7 @@ def _serve(kw: dict[str, Any]) -> int:
     from inferlab.sim.server.app import ServerConfig, SimServer
     from inferlab.sim.server.launch import start_site
 
+    kw["engine_version"] = release_from_twin(kw) or kw.get("engine_version")
     config = ServerConfig(
         engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"], tokenizer=kw["tokenizer"]
     )
@@ -294,12 +295,31 @@ def _engine_from_trace_run(kw: dict[str, Any]) -> None:
     )
 
 
+def release_from_twin(kw: dict[str, Any]) -> str | None:
+    """The release a calibrated twin (``--efficiencies``, with its ``sim calibrate``
+    record) was fitted as, when no release is given (nor taken from a replayed run) and
+    the family is the twin's; said on stderr. Without it a twin of, say, vLLM 0.13 would
+    run with a current release's switches and lose its bands."""
+    path = kw.get("efficiencies_path")
+    if not path or kw.get("engine_version") is not None or given("engine_version"):
+        return None
+    from inferlab.sim.engine.bands import calibrated_release
+
+    found = calibrated_release(path)
+    if found is None or found[0] != EngineFamily.parse(str(kw.get("engine_family") or "vllm")).value:
+        return None
+    click.echo(f"inferlab: release {found[1]}, the one {Path(path).name} was calibrated as "
+               "(--engine-version says otherwise)", err=True)
+    return found[1]
+
+
 def _sim_run(kw: dict[str, Any]) -> int:
     from inferlab.load.run import RunConfig, SimTarget, run
 
     _model_from_trace(kw)
     _say_result_engine(kw)
     _engine_from_trace_run(kw)
+    kw["engine_version"] = release_from_twin(kw) or kw.get("engine_version")
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     if kw["replicas"] == 1 and given("router"):
         raise UsageError("--router chooses among --replicas: give --replicas N (2 or more)")

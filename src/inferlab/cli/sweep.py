@@ -42,7 +42,7 @@ from inferlab.cli.common import (
     workload_config,
 )
 from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
-from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
+from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, release_from_twin
 from inferlab.client.exchange import api_base
 from inferlab.engines.launch import EngineSpec, load_spec
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target
@@ -195,6 +195,17 @@ def _sweep(kw: dict[str, Any]) -> int:
     return 130 if result.interrupted else 0
 
 
+def _release_from_twin(kw: dict[str, Any], url: str | None) -> None:
+    """One calibrated twin (``--efficiencies``) of one family, no release given: the
+    twin's release, as ``sim run`` takes it (``cli.sim.release_from_twin``)."""
+    twin, family = kw.get("efficiencies_path"), kw.get("engine_family") or ("vllm",)
+    if url is None and kw.get("engine_config") is None and isinstance(twin, tuple) and len(twin) == 1 \
+            and isinstance(family, tuple) and len(family) == 1:
+        release = release_from_twin({**kw, "efficiencies_path": twin[0], "engine_family": family[0]})
+        if release is not None:
+            kw["engine_version"] = (release,)
+
+
 def sweep_config(kw: dict[str, Any]) -> SweepConfig:
     """The sweep the flags ask for; ``UsageError`` for flags it cannot honour."""
     for name, why in _REFUSED.items():
@@ -247,6 +258,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
         load_axis, loads = _load_axis(kw)
         if kw["saturation_stop"] and not is_ascending(loads):
             raise UsageError(f"--{load_axis}: the saturation stop needs the loads in ascending order (or --no-saturation-stop)")
+    _release_from_twin(kw, url)
     axes: list[tuple[str, tuple[Any, ...]]] = []
     base = dict(kw)
     for name in WORKLOAD_AXES + ENGINE_FLAGS:

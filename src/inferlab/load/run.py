@@ -26,6 +26,7 @@ from inferlab._clock import Clock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab._loop import loop_name
 from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
+from inferlab.client.serverid import identify_server
 from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.http import Outcome
 from inferlab.load.monitor import autogroup_enabled
@@ -399,11 +400,15 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
     workers = target.workers if target.workers is not None else auto_workers(config.load)
     if workers < 1:
         raise UsageError("--workers must be at least 1")
+    # the simulated server says which engine it ran (a replay can run the same one), the
+    # gateway in front of it that all its upstreams are one; other servers: null
+    simulated = await _simulated_engine(base, endpoint.request_headers())
     resolved = {
         "url": base, "model": model, "prompt_salt": salt, "workers": workers,
-        # the simulated server says which engine it ran (a replay can run the same one),
-        # the gateway in front of it that all its upstreams are one; other servers: null
-        "engine": await _simulated_engine(base, endpoint.request_headers()),
+        "engine": simulated,
+        # what a measured server says it is, and its release (vLLM, SGLang, llama.cpp;
+        # null for any other): sim calibrate takes a twin's release from it
+        "server_software": None if simulated is not None else await identify_server(base, endpoint.request_headers()),
         # what the client ran on (the ``fast`` extra's uvloop, orjson and httptools, where
         # installed)
         "client_stack": {"loop": loop_name(), "json": JSON_LIBRARY, "http": http_client},

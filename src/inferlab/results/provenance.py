@@ -49,12 +49,15 @@ class ServerInfo:
     ``SIM_SERVE`` or ``SERVER``; ``url``: the API root it ran against (None in virtual
     time and for the embedded server, whose port was thrown away); ``engine_family``: the
     simulated engine's (behind a gateway: its upstreams', when they all share one; None
-    for any other server)."""
+    for any other server); ``software``: what a measured server said it is, in words
+    ("vLLM 0.11.0": ``client.serverid``; None when it named nothing inferlab knows, and
+    for simulated servers)."""
 
     simulated: bool
     kind: str
     url: str | None
     engine_family: str | None
+    software: str | None = None
 
     @property
     def where(self) -> str:
@@ -67,7 +70,8 @@ class ServerInfo:
             return "inferlab gateway" + (f" at {self.url}" if self.url else "") + " in front of inferlab sim serve"
         if self.kind == SIM_SERVE:
             return "inferlab sim serve" + (f" at {self.url}" if self.url else "")
-        return self.url or "an unknown server"
+        where = self.url or "an unknown server"
+        return f"{where} ({self.software})" if self.software else where
 
     @property
     def label(self) -> str:
@@ -75,12 +79,26 @@ class ServerInfo:
         return f"{self.where} {PREDICTION}" if self.simulated else self.where
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["software"] is None:  # (only a measured server that named itself has one)
+            del d["software"]
+        return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ServerInfo:
-        family = d.get("engine_family")
-        return cls(bool(d["simulated"]), str(d["kind"]), d.get("url"), None if family is None else str(family))
+        family, software = d.get("engine_family"), d.get("software")
+        return cls(bool(d["simulated"]), str(d["kind"]), d.get("url"), None if family is None else str(family),
+                   software if isinstance(software, str) else None)
+
+
+def describe_software(software: object) -> str | None:
+    """``config.json``'s ``resolved.server_software`` (what a measured server said it
+    is: ``client.serverid``) in words: "vLLM 0.11.0", "llama.cpp" (release not said);
+    None when nothing was recognised."""
+    if not isinstance(software, Mapping) or not isinstance(software.get("name"), str):
+        return None
+    version = software.get("version")
+    return f"{software['name']} {version}" if isinstance(version, str) and version else str(software["name"])
 
 
 def gateway_answer(engines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -90,13 +108,13 @@ def gateway_answer(engines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {GATEWAY_KEY: {"upstreams": len(engines), "engines": [dict(e) for e in engines]}}
 
 
-def http_server_info(url: str | None, engine: Mapping[str, Any] | None) -> ServerInfo:
+def http_server_info(url: str | None, engine: Mapping[str, Any] | None, software: str | None = None) -> ServerInfo:
     """A server reached over HTTP: ``url`` None for the embedded simulated server;
     ``engine`` what it answered at ``/inferlab/engine`` (None: it did not, so it is not
-    inferlab's simulator)."""
+    inferlab's simulator); ``software`` what it said it is, in words."""
     if url is None:
         return ServerInfo(True, EMBEDDED, None, _family(engine))
-    return _served(url, engine)
+    return _served(url, engine, software)
 
 
 def server_info(config: Mapping[str, Any]) -> ServerInfo:
@@ -111,7 +129,7 @@ def server_info(config: Mapping[str, Any]) -> ServerInfo:
     if "url" in config and config["url"] is None:
         return http_server_info(None, engine)
     url = resolved.get("url") or config.get("url")
-    return _served(None if url is None else str(url), engine)
+    return _served(None if url is None else str(url), engine, describe_software(resolved.get("server_software")))
 
 
 def simulated_engine(config: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -122,10 +140,11 @@ def simulated_engine(config: Mapping[str, Any]) -> dict[str, Any] | None:
     return dict(engine) if isinstance(engine, Mapping) and _behind_gateway(engine) is None else None
 
 
-def _served(url: str | None, engine: Mapping[str, Any] | None) -> ServerInfo:
-    """A server at ``url`` that answered ``engine`` at ``ENGINE_ROUTE`` (None: it did not)."""
+def _served(url: str | None, engine: Mapping[str, Any] | None, software: str | None = None) -> ServerInfo:
+    """A server at ``url`` that answered ``engine`` at ``ENGINE_ROUTE`` (None: it did
+    not), and said it is ``software``."""
     if engine is None:
-        return ServerInfo(False, SERVER, url, None)
+        return ServerInfo(False, SERVER, url, None, software)
     return ServerInfo(True, GATEWAY if _behind_gateway(engine) is not None else SIM_SERVE, url, _family(engine))
 
 

@@ -5,7 +5,9 @@ starts from) recovers them and predicts held-out runs at higher concurrency."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -212,3 +214,113 @@ def test_runs_of_one_output_token_calibrate_without_a_tpot(tmp_path: Path) -> No
 
     record = calibration_record(fit)
     assert "TTFT" in record["errors"] and "TPOT/ITL" not in record["errors"]
+
+
+def said(runs: list[str], into: Path, *software: dict[str, Any] | None) -> list[str]:
+    """Copies of ``runs`` whose config.json records that their server said ``software``
+    (one each, as bench records it; None: it said nothing inferlab knows)."""
+    out = []
+    for run, sw in zip(runs, software, strict=True):
+        copy = into / Path(run).name
+        shutil.copytree(run, copy)
+        config = json.loads((copy / "config.json").read_text())
+        config["resolved"] = {**(config.get("resolved") or {}), "server_software": sw}
+        (copy / "config.json").write_text(json.dumps(config))
+        out.append(str(copy))
+    return out
+
+
+def vllm(version: str) -> dict[str, Any]:
+    return {"name": "vLLM", "version": version, "source": "GET /version"}
+
+
+def calibrate_cli(runs: list[str], out: Path, *flags: str) -> Any:
+    return CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, *flags, *runs, "--fit", "gemm_compute",
+                                     "--max-evaluations", "3", "-o", str(out)])
+
+
+def test_the_twin_takes_the_release_the_runs_server_said_and_sim_run_takes_it_from_the_twin(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    runs = said(measured[0], tmp_path, vllm("0.13.0"), vllm("0.13.0"), None)  # (one run from before the record)
+    twin = tmp_path / "twin.json"
+    res = calibrate_cli(runs, twin)
+    assert res.exit_code == 0, res.stderr
+    assert "release 0.13.0, as 2 of 3 runs' server said (GET /version)" in " ".join(res.stderr.split())
+    record = json.loads(twin.read_text())["calibration"]
+    # 0.13: before async scheduling (0.14), full-sequence admission (0.19) and the free queue's order (0.24)
+    assert record["engine_version"] == "0.13.0"
+    assert (record["served_by"]["overlap_schedule"], record["served_by"]["scheduler_reserve_full_isl"],
+            record["served_by"]["evict_unhashed_first"]) == (False, False, False)
+    # sim run with the twin and no release: the twin's, said, and its bands hold
+    run = ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "--efficiencies", str(twin)]
+    res = CliRunner().invoke(main, [*run, "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert "release 0.13.0, the one twin.json was calibrated as" in " ".join(res.stderr.split())
+    block = json.loads(res.stdout)["prediction"]
+    assert "mismatch" not in block and block["error_bands"]["ttft_ms"] is not None
+    assert json.loads(res.stdout)["config"]["engine"]["engine_version"] == "0.13.0"
+    # a release given wins, and is another server (no bands, the reason said)
+    res = CliRunner().invoke(main, [*run, "--engine-version", "0.19", "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert "calibrated as" not in res.stderr and "mismatch" in json.loads(res.stdout)["prediction"]
+    # so does another family (the twin's release is not taken for it)
+    res = CliRunner().invoke(main, [*run, "--engine-family", "sglang", "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert "calibrated as" not in res.stderr
+    # a sweep with the twin takes it too
+    res = CliRunner().invoke(main, ["sweep", *ENGINE, "--concurrency", "1,2", "-n", "4", "--efficiencies", str(twin),
+                                    "-o", str(tmp_path / "sweep")])
+    assert res.exit_code == 0, res.stderr
+    assert "release 0.13.0, the one twin.json was calibrated as" in " ".join(res.stderr.split())
+    # ...and so does tune's search on it
+    res = CliRunner().invoke(main, ["tune", *ENGINE, "--param", "max-num-seqs=2,4", "-c", "2", "-n", "4",
+                                    "--efficiencies", str(twin), "--max-trials", "2", "--slo-ttft-ms", "500"])
+    assert res.exit_code == 0, res.stderr
+    assert "release 0.13.0, the one twin.json was calibrated as" in " ".join(res.stderr.split())
+
+
+def test_a_release_given_to_calibrate_wins_over_the_servers_with_a_word(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    runs = said(measured[0], tmp_path, vllm("0.13.0"), vllm("0.13.0"), vllm("0.13.0"))
+    res = calibrate_cli(runs, tmp_path / "twin.json", "--engine-version", "0.19")
+    assert res.exit_code == 0, res.stderr
+    assert "the runs' server said vLLM 0.13.0; calibrating as release 0.19" in " ".join(res.stderr.split())
+    assert json.loads((tmp_path / "twin.json").read_text())["calibration"]["engine_version"] == "0.19"
+
+
+@pytest.mark.parametrize(("software", "needle"), [
+    ((vllm("0.13.0"), vllm("0.15.1"), vllm("0.13.0")), "different releases of vLLM (0.13.0, 0.15.1)"),
+    ((vllm("0.13.0"), {"name": "llama.cpp", "version": "b1", "source": "GET /props"}, None),
+     "different servers (llama.cpp, vLLM)"),
+])
+def test_runs_of_two_servers_or_releases_are_refused(
+    measured: tuple[list[str], list[str]], tmp_path: Path, software: tuple[dict[str, Any] | None, ...], needle: str
+) -> None:
+    res = calibrate_cli(said(measured[0], tmp_path, *software), tmp_path / "twin.json")
+    assert res.exit_code == 2 and needle in " ".join(res.stderr.split()), res.stderr
+    assert not (tmp_path / "twin.json").exists()
+
+
+def test_a_release_the_simulator_cannot_follow_is_said_and_left_out(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    # vLLM 0.7 is V0, another family: the twin is calibrated as the family's current release
+    res = calibrate_cli(said(measured[0], tmp_path, vllm("0.7.3"), vllm("0.7.3"), vllm("0.7.3")), tmp_path / "twin.json")
+    assert res.exit_code == 0, res.stderr
+    assert "said vLLM 0.7.3, which the simulator cannot follow" in " ".join(res.stderr.split())
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    assert record["engine_version"] is None and record["served_by"]["overlap_schedule"] is True
+
+
+@pytest.mark.parametrize(("flags", "overlap"), [((), False), (("--async-scheduling",), True)])
+def test_a_twin_of_llama_cpp_is_calibrated_without_async_scheduling_unless_told(
+    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], overlap: bool
+) -> None:
+    llama = {"name": "llama.cpp", "version": "b0-unknown", "source": "GET /props"}
+    res = calibrate_cli(said(measured[0], tmp_path, llama, llama, llama), tmp_path / "twin.json", *flags)
+    assert res.exit_code == 0, res.stderr
+    assert ("schedules no step ahead" in " ".join(res.stderr.split())) == (not overlap)
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    assert record["served_by"]["overlap_schedule"] is overlap and record["engine_version"] is None

@@ -148,6 +148,18 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
                      for k in differ)
 
 
+def calibrated_release(efficiencies: str) -> tuple[str, str] | None:
+    """(engine family, release) a ``sim calibrate`` record in ``efficiencies`` was fitted
+    as (its ``engine_version``: given to calibrate, or the one its runs' server
+    reported); None for a file without one."""
+    record = efficiencies_json(efficiencies).get(CALIBRATION_KEY)
+    on = record.get("served_by") if isinstance(record, dict) else None
+    release = record.get("engine_version") if isinstance(record, dict) else None
+    if not isinstance(on, dict) or not isinstance(release, str) or not release:
+        return None
+    return str(on.get("engine_family")), release
+
+
 def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str) -> dict[str, ErrorBand]:
     """A calibrated twin's bands, per metric class: ``sim calibrate``'s record in the
     efficiencies file (its held-out runs' median error, else its fit runs'); empty for a

@@ -214,8 +214,9 @@ def engine_release(config: EngineConfig) -> tuple[int, int] | None:
     text = config.engine_version
     if text is None:
         return None
-    # (PEP 440's shapes vLLM and SGLang use: 0.15, v0.15.1, 0.14.0rc1, 0.4.3.post1, 0.13.0+cu128)
-    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)*(?:\.?(?:rc|post|dev|a|b)\d*)?(?:\+[0-9A-Za-z.]+)?", text.strip())
+    # (PEP 440's shapes vLLM and SGLang use: 0.15, v0.15.1, 0.14.0rc1, 0.4.3.post1, 0.13.0+cu128,
+    # 0.10.2rc2.dev123+g1a2b3c4.cpu)
+    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)*(?:\.?(?:rc|post|dev|a|b)\d*)*(?:\+[0-9A-Za-z.]+)?", text.strip())
     if m is None:
         raise ConfigError(f"engine_version {text!r}: expected a release such as 0.15 or 0.15.1")
     release = (int(m.group(1)), int(m.group(2)))

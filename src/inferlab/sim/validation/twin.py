@@ -77,11 +77,15 @@ _STEPS = (2.0, 2**0.5, 2**0.25, 2**0.125, 2**0.0625)
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """A run directory: what ran (its load, workload and API) and what it measured."""
+    """A run directory: what ran (its load, workload and API) and what it measured;
+    ``software``: what its server said it is (``config.json``'s
+    ``resolved.server_software``: name, version, source), None where it said nothing
+    inferlab knows or the run predates the record."""
 
     path: str
     config: RunConfig
     measured: dict[str, float]
+    software: dict[str, Any] | None = None
 
 
 def headline(s: Summary) -> dict[str, float]:
@@ -128,7 +132,9 @@ def read_run(path: str) -> MeasuredRun:
     measured = headline(summary)
     if not measured:
         raise UsageError(f"{path}: the run measured nothing to fit (no completed request)")
-    return MeasuredRun(str(folder), RunConfig(load_config, workload, api, None), measured)
+    software = (config.get("resolved") or {}).get("server_software") if isinstance(config.get("resolved"), dict) else None
+    return MeasuredRun(str(folder), RunConfig(load_config, workload, api, None), measured,
+                       software if isinstance(software, dict) else None)
 
 
 @dataclass
@@ -266,10 +272,11 @@ def calibrate(
 def write_efficiencies(path: str, engine: EngineConfig, fit: Fit) -> None:
     """The efficiencies file ``sim run --efficiencies`` reads: the engine's own file's
     constants under the fitted ones, and the calibration's error (``calibration_record``)
-    and the server it holds for (``served_by``) for ``sim run`` to show beside what the
-    twin predicts, on that server only."""
+    and the server it holds for (``served_by``, and the release it was fitted as) for
+    ``sim run`` to show beside what the twin predicts, on that server only."""
     with open(path, "w", encoding="utf-8") as f:
-        record = {**calibration_record(fit), "served_by": served_by(engine)}
+        # (the release too: sim run with this file and no --engine-version runs it)
+        record = {**calibration_record(fit), "served_by": served_by(engine), "engine_version": engine.engine_version}
         # a latency stated with --api-latency-ms (not fitted) is part of the twin too
         stated = {} if engine.api_overhead_s is None else {"api_overhead_s": engine.api_overhead_s}
         json.dump({**_overridden(engine), **stated, **fit.constants, CALIBRATION_KEY: record}, f, indent=2)

@@ -1,0 +1,78 @@
+"""Which server software a run measured, and its release, as the server says them.
+
+Each engine names itself in ``GET /v1/models`` (a model card's ``owned_by``: ``vllm``,
+``sglang``, ``llamacpp``) and its release at a route of its own: vLLM's ``/version``
+(``{"version": "0.11.0"}``), SGLang's ``/server_info`` (``/get_server_info`` before
+0.5; its ``version`` key), llama.cpp's ``/props`` (``build_info``, ``b6000-1a2b3c4``).
+A run records what it found (``config.json``'s ``resolved.server_software``), the
+summary names it beside the URL, and ``sim calibrate`` takes the release from it for a
+twin of that server.
+
+Only those three are named: another server answers none of this, or answers it for
+something else (``inferlab sim serve``'s ``/version`` is inferlab's own release, and
+its cards are ``owned_by: inferlab-sim``), and is recorded as unknown (None). Best
+effort: nothing here raises, and the probes give up after a few seconds in all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+#: ``owned_by`` -> the software's name as the summary writes it
+_OWNERS = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp"}
+#: the software's name -> the routes that give its release, in order, and the key
+_RELEASE_ROUTES: dict[str, tuple[tuple[str, str], ...]] = {
+    "vLLM": (("/version", "version"),),
+    "SGLang": (("/server_info", "version"), ("/get_server_info", "version")),
+    "llama.cpp": (("/props", "build_info"),),
+}
+#: ``inferlab`` engine families a software's releases are numbered for (``--engine-version``)
+FAMILY_OF_SOFTWARE = {"vLLM": "vllm", "SGLang": "sglang"}
+_TIMEOUT_S = 5.0
+
+
+def software_name(owned_by: object) -> str | None:
+    """The software a model card's ``owned_by`` names; None for any other."""
+    return _OWNERS.get(owned_by) if isinstance(owned_by, str) else None
+
+
+async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, Any] | None:
+    """What the server at API root ``base`` (``.../v1``) says it is: ``{"name":
+    "vLLM", "version": "0.11.0", "source": "GET /version"}`` (``version`` and ``source``
+    None where the release route did not answer); None for a server that names none of
+    the software above. Gives up after ``_TIMEOUT_S`` in all."""
+    import aiohttp
+
+    root = base.removesuffix("/")
+    host = root.removesuffix("/v1")
+    found: dict[str, Any] | None = None
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(_TIMEOUT_S), aiohttp.ClientSession() as session:
+            cards = await _get_json(session, root + "/models", headers)
+            data = cards.get("data") if isinstance(cards, dict) else None
+            owners = {software_name(c.get("owned_by")) for c in data if isinstance(c, dict)} if isinstance(data, list) else set()
+            owners.discard(None)
+            if len(owners) != 1:  # (none recognised, or cards of two kinds: a router in front)
+                return None
+            name = str(owners.pop())
+            found = {"name": name, "version": None, "source": None}
+            for route, key in _RELEASE_ROUTES[name]:
+                answer = await _get_json(session, host + route, headers)
+                version = answer.get(key) if isinstance(answer, dict) else None
+                if isinstance(version, str) and version.strip():
+                    return {"name": name, "version": version.strip(), "source": f"GET {route}"}
+    return found
+
+
+async def _get_json(session: Any, url: str, headers: Mapping[str, str]) -> Any:
+    """``url``'s JSON body when it answers 200, else None; never raises."""
+    import aiohttp
+
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError):
+        async with session.get(url, headers=dict(headers)) as resp:
+            if resp.status == 200:
+                return await resp.json(content_type=None)
+    return None

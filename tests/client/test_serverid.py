@@ -1,0 +1,149 @@
+"""``client.serverid``: what a measured server says it is, and its release, over real
+HTTP on loopback; and what a ``bench`` run records and shows of it. Servers here answer
+as each engine's own routes do (vLLM's ``/version``, SGLang's ``/server_info`` and
+``/get_server_info``, llama.cpp's ``/props``); the real ones are checked in
+``tests/engines`` (llama-server always, vLLM with ``-m vllm``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from inferlab import BenchConfig, ClosedLoop, LoadConfig, WorkloadConfig, bench_async
+from inferlab.client.serverid import identify_server
+from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sim.server.app import ServerConfig
+from inferlab.sim.server.launch import EmbeddedServer
+
+Routes = dict[str, Any]  # path -> JSON body (200), an int (that status, no body), a float (seconds to wait)
+Serve = Callable[[Routes], Awaitable[str]]
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Serve]:
+    """Start a server answering ``routes`` on loopback; its API root (``.../v1``). It
+    also streams a two-token answer at /v1/chat/completions, so bench can run on it."""
+    runners: list[web.AppRunner] = []
+
+    async def start(routes: Routes) -> str:
+        app = web.Application()
+        for path, answer in routes.items():
+            async def handler(request: web.Request, answer: Any = answer) -> web.Response:
+                if isinstance(answer, float):  # (a server that takes that long to answer)
+                    await asyncio.sleep(answer)
+                    return web.json_response({"version": "0.11.0"})
+                if isinstance(answer, int):
+                    return web.Response(status=answer)
+                return web.json_response(answer)
+            app.router.add_get(path, handler)
+        app.router.add_post("/v1/chat/completions", _chat)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+
+    yield start
+    for r in runners:
+        await r.cleanup()
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for piece in ("a", "b"):
+        await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": piece}}]}).encode() + b"\n\n")
+    await resp.write(b"data: [DONE]\n\n")
+    return resp
+
+
+def cards(*owners: str) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": f"m{i}", "object": "model", "owned_by": o} for i, o in enumerate(owners)]}
+
+
+@pytest.mark.parametrize(("routes", "expected"), [
+    ({"/v1/models": cards("vllm"), "/version": {"version": "0.11.0"}},
+     {"name": "vLLM", "version": "0.11.0", "source": "GET /version"}),
+    # SGLang 0.5's route, and the one before it
+    ({"/v1/models": cards("sglang"), "/server_info": {"version": "0.5.2", "tp_size": 1}},
+     {"name": "SGLang", "version": "0.5.2", "source": "GET /server_info"}),
+    ({"/v1/models": cards("sglang"), "/server_info": 404, "/get_server_info": {"version": "0.4.6.post1"}},
+     {"name": "SGLang", "version": "0.4.6.post1", "source": "GET /get_server_info"}),
+    ({"/v1/models": cards("llamacpp"), "/props": {"build_info": "b6000-1a2b3c4", "total_slots": 4}},
+     {"name": "llama.cpp", "version": "b6000-1a2b3c4", "source": "GET /props"}),
+    # named, but its release route does not answer (a proxy passing the cards on): the name alone
+    ({"/v1/models": cards("vllm"), "/version": 404}, {"name": "vLLM", "version": None, "source": None}),
+    ({"/v1/models": cards("vllm"), "/version": {"version": ""}}, {"name": "vLLM", "version": None, "source": None}),
+    # not one of them: unknown, whatever else it answers
+    ({"/v1/models": cards("openai"), "/version": {"version": "1.2.3"}}, None),
+    ({"/v1/models": {"data": [{"id": "m"}]}, "/version": {"version": "0.11.0"}}, None),
+    ({"/v1/models": 500}, None),
+    ({"/v1/models": ["not", "an", "object"]}, None),
+    # cards of two engines (a router in front of both): neither is "the" server
+    ({"/v1/models": cards("vllm", "sglang"), "/version": {"version": "0.11.0"}}, None),
+])
+async def test_the_server_is_named_as_its_cards_and_release_route_say(
+    serve: Serve, routes: Routes, expected: dict[str, Any] | None
+) -> None:
+    assert await identify_server(await serve(routes), {}) == expected
+
+
+async def test_nothing_answering_is_unknown_not_an_error() -> None:
+    # (a port nothing listens on: the probe gives up quietly)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert await identify_server(f"http://127.0.0.1:{port}/v1", {}) is None
+
+
+async def test_a_release_route_that_does_not_answer_in_time_leaves_the_name_alone(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from inferlab.client import serverid
+
+    monkeypatch.setattr(serverid, "_TIMEOUT_S", 0.3)  # (the probes' time in all)
+    url = await serve({"/v1/models": cards("vllm"), "/version": 2.0})
+    assert await identify_server(url, {}) == {"name": "vLLM", "version": None, "source": None}
+    url = await serve({"/v1/models": 2.0})
+    assert await identify_server(url, {}) is None
+
+
+async def test_the_simulated_server_is_not_taken_for_vllm() -> None:
+    # sim serve answers /version with inferlab's own release; its cards name inferlab
+    with EmbeddedServer(ServerConfig(EngineConfig())) as sim:
+        assert await identify_server(sim.url + "/v1", {}) is None
+        s = (await bench_async(BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2),
+                                           workload=WorkloadConfig(input_tokens=20, output_tokens=2)), sim.url)).summary
+    assert s.config["resolved"]["server_software"] is None and s.server.software is None and s.server.simulated
+
+
+async def test_a_bench_run_records_what_the_server_said_and_names_it(serve: Serve) -> None:
+    url = await serve({"/v1/models": cards("vllm"), "/version": {"version": "0.13.0"}})
+    cfg = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2), workload=WorkloadConfig(input_tokens=10),
+                      url=url.removesuffix("/v1"), model="m0", preflight=False)
+    s = (await bench_async(cfg, url.removesuffix("/v1"))).summary
+    assert s.config["resolved"]["server_software"] == {"name": "vLLM", "version": "0.13.0", "source": "GET /version"}
+    assert s.server.software == "vLLM 0.13.0" and not s.server.simulated
+    assert s.server.where == f"{url} (vLLM 0.13.0)"
+    # summary.json keeps it, and a summary read back says the same
+    from inferlab.results.summary import Summary
+
+    back = Summary.from_json(json.loads(json.dumps(s.to_json())))
+    assert back.server == s.server
+
+
+async def test_a_server_that_names_nothing_is_recorded_as_unknown(serve: Serve) -> None:
+    url = await serve({"/v1/models": {"data": [{"id": "m"}]}})
+    cfg = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2), workload=WorkloadConfig(input_tokens=10),
+                      url=url.removesuffix("/v1"), model="m", preflight=False)
+    s = (await bench_async(cfg, url.removesuffix("/v1"))).summary
+    assert s.config["resolved"]["server_software"] is None and s.server.software is None
+    assert s.server.where == url
