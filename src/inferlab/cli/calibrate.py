@@ -66,14 +66,18 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
             raise UsageError(f"the runs were measured on different releases of {name} ({', '.join(releases)}): "
                              "a twin is of one; calibrate each apart, or say which with --engine-version")
         try:
-            engine_release(dataclasses.replace(engine_config(kw), engine_version=releases[0]))
+            release = engine_release(dataclasses.replace(engine_config(kw), engine_version=releases[0]))
         except ConfigError as e:
             err.print(f"inferlab sim calibrate: {of}' server said {name} {releases[0]}, which the simulator cannot "
                       f"follow ({e}); calibrating as its current release", highlight=False)
             return
         kw["engine_version"] = releases[0]
+        # (vLLM's CPU backend keeps async scheduling off whatever its release: its /version does not say which it is)
+        cpu = (" It schedules ahead as that release does on a GPU; vLLM's CPU backend does not: "
+               "add --no-async-scheduling for a twin of one." if family is EngineFamily.VLLM
+               and not given("overlap_schedule") and family.rules.overlap_schedule_in(release) else "")
         err.print(f"inferlab sim calibrate: release {releases[0]}, as {of}' server said ({said[0].get('source')}); "
-                  "--engine-version says otherwise", highlight=False)
+                  f"--engine-version says otherwise.{cpu}", highlight=False)
     elif name == "llama.cpp" and not given("overlap_schedule") and family.rules.overlap_schedule:
         kw["overlap_schedule"] = False
         err.print(f"inferlab sim calibrate: {of}' server is llama.cpp, which schedules no step ahead: calibrating "

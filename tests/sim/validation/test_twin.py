@@ -324,3 +324,17 @@ def test_a_twin_of_llama_cpp_is_calibrated_without_async_scheduling_unless_told(
     assert ("schedules no step ahead" in " ".join(res.stderr.split())) == (not overlap)
     record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
     assert record["served_by"]["overlap_schedule"] is overlap and record["engine_version"] is None
+
+
+@pytest.mark.parametrize(("release", "flags", "warned"), [
+    ("0.15.0", (), True), ("0.15.0", ("--no-async-scheduling",), False), ("0.13.0", (), False)])
+def test_a_twin_of_a_release_that_schedules_ahead_says_vllms_cpu_backend_does_not(
+    measured: tuple[list[str], list[str]], tmp_path: Path, release: str, flags: tuple[str, ...], warned: bool
+) -> None:
+    # (its /version does not say CPU or GPU: the user is told, the release's GPU default kept)
+    runs = said(measured[0], tmp_path, vllm(release), vllm(release), vllm(release))
+    res = calibrate_cli(runs, tmp_path / "twin.json", *flags)
+    assert res.exit_code == 0, res.stderr
+    assert ("vLLM's CPU backend does not: add --no-async-scheduling" in " ".join(res.stderr.split())) == warned
+    on = json.loads((tmp_path / "twin.json").read_text())["calibration"]["served_by"]
+    assert on["overlap_schedule"] is (release == "0.15.0" and not flags)
