@@ -32,6 +32,8 @@ def test_profile_starts_llamacpp_from_its_config_and_stops_it(llama_server_binar
     assert p["engine_config"]["engine"] == "llamacpp" and p["url"].startswith("http://127.0.0.1:")
     # the context each of the config's 2 slots got (-c 2048), as the started server says
     assert (p["max_model_len"], p["max_model_len_source"]) == (1024, "the server's /props (llama.cpp: one slot's context)")
+    # what the server said it is, in profile.json and beside its URL
+    assert p["server_software"]["name"] == "llama.cpp" and p["server"]["software"].startswith("llama.cpp")
     prefill = p["factors"][0]
     assert prefill["name"] == "prefill" and prefill["measured"], prefill
     assert "n_slots = 2," in (out / "engine.log").read_text()

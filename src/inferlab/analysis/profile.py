@@ -37,11 +37,12 @@ from typing import Any
 from inferlab._clock import NS_PER_S, Clock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, ServerUnreachableError, UsageError
 from inferlab.analysis.fits import PrefillFit, knee, prefill_fit
+from inferlab.client.serverid import identify_server
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig
 from inferlab.openai.request import Api
 from inferlab.results.metrics import SLO, request_metrics
-from inferlab.results.provenance import ServerInfo, http_server_info
+from inferlab.results.provenance import ServerInfo, describe_software, http_server_info
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import dumps
 from inferlab.workload.config import WorkloadConfig
@@ -132,11 +133,13 @@ class Profile:
     slo: SLO
     factors: list[Factor]
     engine_config: dict[str, Any] | None = None  # the engine config it was started from (``--engine``)
+    # what a measured server said it is (``client.serverid``: name, version, source; null otherwise)
+    server_software: dict[str, Any] | None = None
 
     @property
     def server(self) -> ServerInfo:
         """The server profiled, as ``results.provenance`` names it (inferlab's simulator: a prediction)."""
-        return http_server_info(self.url, self.engine)
+        return http_server_info(self.url, self.engine, describe_software(self.server_software))
 
     def factor(self, name: str) -> Factor | None:
         return next((f for f in self.factors if f.name == name), None)
@@ -150,6 +153,7 @@ class Profile:
             "model": self.model,
             "engine": self.engine,
             "engine_config": self.engine_config,
+            "server_software": self.server_software,
             "max_model_len": self.max_model_len,
             "max_model_len_source": self.max_model_len_source,
             "budget_s": self.budget_s,
@@ -166,7 +170,7 @@ class Profile:
         return cls(
             d.get("url"), d.get("model"), d.get("engine"), int(d["max_model_len"]), str(d["max_model_len_source"]),
             float(d["budget_s"]), float(d["elapsed_s"]), SLO(slo.get("ttft_ms"), slo.get("tpot_ms"), slo.get("e2e_ms")),
-            [Factor(**f) for f in d["factors"]], d.get("engine_config"),
+            [Factor(**f) for f in d["factors"]], d.get("engine_config"), d.get("server_software"),
         )
 
 
@@ -245,6 +249,7 @@ class _Profiler:
         self.max_model_len = ASSUMED_MAX_MODEL_LEN
         self.max_len_source = f"assumed {ASSUMED_MAX_MODEL_LEN} (the server does not say)"
         self.engine: dict[str, Any] | None = None
+        self.server_software: dict[str, Any] | None = None
         self.model = config.model
         self.overhead_tokens = 0
         self.deadline_s = config.budget_s
@@ -316,7 +321,7 @@ class _Profiler:
         return Profile(
             self.url if not self.config.embedded else None, self.model, self.engine, self.max_model_len,
             self.max_len_source, self.config.budget_s, round(self.elapsed_s(), 2), self.config.slo, factors,
-            self.config.engine_config,
+            self.config.engine_config, self.server_software,
         )
 
     # --- the server ---------------------------------------------------------------------
@@ -365,6 +370,8 @@ class _Profiler:
                     if resp.status == 200:
                         engine = await resp.json(content_type=None)
                         self.engine = engine if isinstance(engine, dict) else None
+        if self.engine is None:  # (a measured server: what it says it is, as bench records it)
+            self.server_software = await identify_server(base, headers)
 
     def longest_prompt(self, output_tokens: int) -> int:
         """The longest user content that fits the context with the template and the output."""
