@@ -3,7 +3,6 @@ of one server (``sim.validation.twin``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -17,8 +16,8 @@ from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import check_output_folder, given, run_guarded
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
-from inferlab.sim.engine.config import engine_release
-from inferlab.sim.engine.families import EngineFamily
+from inferlab.sim.engine.config import parse_release, release_local_label
+from inferlab.sim.engine.families import EngineFamily, family_for_engine
 
 if TYPE_CHECKING:
     from inferlab.sim.validation.twin import MeasuredRun
@@ -42,46 +41,80 @@ def calibrate_cmd(**kw: Any) -> None:
 
 
 def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) -> None:
-    """What the runs' server said it is (``bench`` records it), where no flag says:
-    the release of a family whose defaults follow releases (``--engine-version``: vLLM,
-    SGLang), and no async scheduling for llama.cpp, which computes a batch before it
-    schedules the next. Said on stderr. ``UsageError`` for runs of different servers or
-    releases: a twin is of one."""
+    """What the runs' server said it is (``bench`` records it: ``client.serverid``), where
+    no flag says otherwise, each said on stderr:
+
+    - vLLM or SGLang: the family that models that release (vLLM before 0.8 is ``vllm-v0``)
+      and the release (``--engine-version``), so the twin runs its defaults; vLLM's CPU
+      build (a ``+cpu`` release) without async scheduling, which it does not run;
+    - llama.cpp: no async scheduling (it computes a batch, then schedules the next).
+
+    A flag given wins, with a word where it contradicts the server. ``UsageError`` for
+    runs of different servers or releases: a twin is of one."""
     said = [r.software for r in runs if r.software]
     if not said:
         return
     names = sorted({str(s.get("name")) for s in said})
     if len(names) > 1:
         raise UsageError(f"the runs were measured on different servers ({', '.join(names)}): a twin is of one server")
-    name, family = names[0], EngineFamily.parse(str(kw["engine_family"]))
-    releases = sorted({str(s["version"]) for s in said if s.get("version")})
-    of = f"{len(said)} of {len(runs)} runs" if len(said) < len(runs) else "the runs"
-    if FAMILY_OF_SOFTWARE.get(name) == family.value and releases:
-        if given("engine_version"):
-            if releases != [kw["engine_version"]]:
-                err.print(f"inferlab sim calibrate: {of}' server said {name} {', '.join(releases)}; "
-                          f"calibrating as release {kw['engine_version']}, as --engine-version says", highlight=False)
-            return
-        if len(releases) > 1:
-            raise UsageError(f"the runs were measured on different releases of {name} ({', '.join(releases)}): "
-                             "a twin is of one; calibrate each apart, or say which with --engine-version")
+    name, of = names[0], (f"{len(said)} of {len(runs)} runs'" if len(said) < len(runs) else "the runs'")
+
+    def say(text: str) -> None:
+        err.print(f"inferlab sim calibrate: {text}", highlight=False)
+
+    def no_overlap(why: str) -> None:
+        if not given("overlap_schedule") and EngineFamily.parse(str(kw["engine_family"])).rules.overlap_schedule:
+            kw["overlap_schedule"] = False
+            say(f"{why}: calibrating without async scheduling (give --async-scheduling to say otherwise)")
+
+    if name == "llama.cpp":
+        no_overlap(f"{of} server is llama.cpp, which schedules no step ahead")
+        return
+    if name not in FAMILY_OF_SOFTWARE:
+        return
+    texts = sorted({str(s["version"]) for s in said if s.get("version")})
+    releases: dict[tuple[int, int], str] = {}
+    for t in texts:
         try:
-            release = engine_release(dataclasses.replace(engine_config(kw), engine_version=releases[0]))
-        except ConfigError as e:
-            err.print(f"inferlab sim calibrate: {of}' server said {name} {releases[0]}, which the simulator cannot "
-                      f"follow ({e}); calibrating as its current release", highlight=False)
+            releases.setdefault(parse_release(t), t)
+        except ConfigError:
+            say(f"{of} server said {name} {t}, which is not a release inferlab can read: calibrating as a "
+                "current release (give --engine-version to say which)")
             return
-        kw["engine_version"] = releases[0]
-        # (vLLM's CPU backend keeps async scheduling off whatever its release: its /version does not say which it is)
-        cpu = (" It schedules ahead as that release does on a GPU; vLLM's CPU backend does not: "
-               "add --no-async-scheduling for a twin of one." if family is EngineFamily.VLLM
-               and not given("overlap_schedule") and family.rules.overlap_schedule_in(release) else "")
-        err.print(f"inferlab sim calibrate: release {releases[0]}, as {of}' server said ({said[0].get('source')}); "
-                  f"--engine-version says otherwise.{cpu}", highlight=False)
-    elif name == "llama.cpp" and not given("overlap_schedule") and family.rules.overlap_schedule:
-        kw["overlap_schedule"] = False
-        err.print(f"inferlab sim calibrate: {of}' server is llama.cpp, which schedules no step ahead: calibrating "
-                  "without async scheduling (--async-scheduling says otherwise)", highlight=False)
+    if len(releases) > 1:
+        raise UsageError(f"the runs were measured on different releases of {name} ({', '.join(texts)}): "
+                         "a twin is of one; calibrate each apart, or say which with --engine-version")
+    release, text = next(iter(releases.items())) if releases else (None, None)
+    server = f"{name} {text}" if text else name
+    belongs = family_for_engine(FAMILY_OF_SOFTWARE[name], release)
+    stated = EngineFamily.parse(str(kw["engine_family"]))
+    if belongs is not stated:
+        if given("engine_family"):
+            say(f"{of} server said {server}, which the {belongs} family models; calibrating as the {stated} "
+                "family, as --engine-family says, at its current release")
+            return
+        kw["engine_family"] = stated = belongs
+        say(f"the {belongs} family, as {of} server said {server} (give --engine-family to say otherwise)")
+    if given("engine_version"):
+        if release is not None and release != parse_release(str(kw["engine_version"])):
+            say(f"{of} server said {server}; calibrating as release {kw['engine_version']}, as --engine-version says")
+        return
+    if text is None:
+        say(f"{of} server said {name} but not its release: calibrating as a current release "
+            "(give --engine-version to say which)")
+        return
+    if not stated.rules.release_dated:
+        return
+    kw["engine_version"] = text
+    say(f"release {text}, as {of} server said ({said[0].get('source')}); give --engine-version to say otherwise")
+    if stated is not EngineFamily.VLLM:
+        return
+    if "cpu" in release_local_label(text).split("."):
+        no_overlap(f"{server} is vLLM's CPU build, which keeps async scheduling off")
+    elif not given("overlap_schedule") and stated.rules.overlap_schedule_in(release):
+        # (a build that does not say "+cpu" cannot be told from a GPU one by its /version)
+        say("it schedules ahead as that release does on a GPU; vLLM's CPU backend does not: "
+            "add --no-async-scheduling for a twin of one")
 
 
 def _calibrate(kw: dict[str, Any]) -> int:

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from inferlab.report.console import render_summary
 from inferlab.results.provenance import GATEWAY, PREDICTION, server_info, simulated_engine
 from inferlab.results.runfiles import dumps
 from inferlab.results.summary import Summary
+from inferlab.sim.engine.bands import RELEASE_SWITCHES, calibrated_as
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.families import EngineFamily
@@ -117,7 +118,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
         click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
         click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
-        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants."),
+        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives the release and its switches (async scheduling, admission, free-queue order) it was calibrated with, where no flag sets them."),
     ]
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -152,7 +153,7 @@ def _serve(kw: dict[str, Any]) -> int:
     from inferlab.sim.server.app import ServerConfig, SimServer
     from inferlab.sim.server.launch import start_site
 
-    kw["engine_version"] = release_from_twin(kw) or kw.get("engine_version")
+    kw.update(as_the_twin_was(kw))
     config = ServerConfig(
         engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"], tokenizer=kw["tokenizer"]
     )
@@ -295,22 +296,39 @@ def _engine_from_trace_run(kw: dict[str, Any]) -> None:
     )
 
 
-def release_from_twin(kw: dict[str, Any]) -> str | None:
-    """The release a calibrated twin (``--efficiencies``, with its ``sim calibrate``
-    record) was fitted as, when no release is given (nor taken from a replayed run) and
-    the family is the twin's; said on stderr. Without it a twin of, say, vLLM 0.13 would
-    run with a current release's switches and lose its bands."""
-    path = kw.get("efficiencies_path")
-    if not path or kw.get("engine_version") is not None or given("engine_version"):
-        return None
-    from inferlab.sim.engine.bands import calibrated_release
+#: What a release decides, in words (``sim.engine.bands.RELEASE_SWITCHES``)
+_SWITCH_WORDS = {"scheduler_reserve_full_isl": "full-sequence admission", "evict_unhashed_first": "unhashed blocks reused first"}
 
-    found = calibrated_release(path)
-    if found is None or found[0] != EngineFamily.parse(str(kw.get("engine_family") or "vllm")).value:
-        return None
-    click.echo(f"inferlab: release {found[1]}, the one {Path(path).name} was calibrated as "
-               "(--engine-version says otherwise)", err=True)
-    return found[1]
+
+def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[str, Any]:
+    """What a calibrated twin (``--efficiencies`` with its ``sim calibrate`` record) ran
+    as and a release decides: its release and its async (overlap) scheduling, admission
+    and free-queue order, for a run that sets none of them (no flag, no replayed run, not
+    ``searched`` by a tune) of the twin's family; said on stderr. Without it a twin of
+    vLLM 0.13 or of llama-server (neither schedules ahead) would run as a current vLLM
+    and lose its bands. {} otherwise."""
+    path = kw.get("efficiencies_path")
+    release_settings = ("engine_version", *RELEASE_SWITCHES)
+    if not path or any(kw.get(k) is not None or given(k) for k in release_settings):
+        return {}
+    family = EngineFamily.parse(str(kw.get("engine_family") or "vllm"))
+    found = calibrated_as(path)
+    if found is None or found[0] != family.value or not found[1]:
+        return {}
+    if set(searched) & {*release_settings, "engine_family"}:
+        click.echo(f"inferlab: the search sets the engine's family, release or its switches per trial: they are not "
+                   f"taken from {Path(path).name}", err=True)
+        return {}
+    settings = found[1]
+
+    def word(key: str, on: bool) -> str:
+        what = _SWITCH_WORDS.get(key) or ("async" if family is EngineFamily.VLLM else "overlap") + " scheduling"
+        return f"{what} {'on' if on else 'off'}"
+
+    parts = [f"release {settings['engine_version']}"] if "engine_version" in settings else []
+    parts += [word(k, v) for k, v in settings.items() if k != "engine_version"]
+    click.echo(f"inferlab: as {Path(path).name} was calibrated: {', '.join(parts)} (flags say otherwise)", err=True)
+    return settings
 
 
 def _sim_run(kw: dict[str, Any]) -> int:
@@ -319,7 +337,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     _model_from_trace(kw)
     _say_result_engine(kw)
     _engine_from_trace_run(kw)
-    kw["engine_version"] = release_from_twin(kw) or kw.get("engine_version")
+    kw.update(as_the_twin_was(kw))
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     if kw["replicas"] == 1 and given("router"):
         raise UsageError("--router chooses among --replicas: give --replicas N (2 or more)")

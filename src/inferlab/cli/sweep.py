@@ -42,7 +42,7 @@ from inferlab.cli.common import (
     workload_config,
 )
 from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
-from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, release_from_twin
+from inferlab.cli.sim import RUN_DEFAULTS, as_the_twin_was, engine_config, engine_options
 from inferlab.client.exchange import api_base
 from inferlab.engines.launch import EngineSpec, load_spec
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target
@@ -195,15 +195,22 @@ def _sweep(kw: dict[str, Any]) -> int:
     return 130 if result.interrupted else 0
 
 
-def _release_from_twin(kw: dict[str, Any], url: str | None) -> None:
-    """One calibrated twin (``--efficiencies``) of one family, no release given: the
-    twin's release, as ``sim run`` takes it (``cli.sim.release_from_twin``)."""
+def _as_the_twin_was(kw: dict[str, Any], url: str | None) -> None:
+    """One calibrated twin (``--efficiencies``) of one family, and no release or switch
+    given: every point runs as the twin was calibrated, as ``sim run`` does
+    (``cli.sim.as_the_twin_was``); with several twins or families, each point runs its
+    flags' release, and that is said."""
     twin, family = kw.get("efficiencies_path"), kw.get("engine_family") or ("vllm",)
-    if url is None and kw.get("engine_config") is None and isinstance(twin, tuple) and len(twin) == 1 \
-            and isinstance(family, tuple) and len(family) == 1:
-        release = release_from_twin({**kw, "efficiencies_path": twin[0], "engine_family": family[0]})
-        if release is not None:
-            kw["engine_version"] = (release,)
+    if url is not None or kw.get("engine_config") is not None or not isinstance(twin, tuple) or not twin:
+        return
+    if len(twin) > 1 or not isinstance(family, tuple) or len(family) > 1:
+        click.echo("inferlab: --efficiencies or --engine-family is a list: each point runs the release its flags "
+                   "say (a twin's own release and switches are taken by a sweep of one twin and one family)", err=True)
+        return
+    settings = as_the_twin_was({**kw, "efficiencies_path": twin[0], "engine_family": family[0],
+                                "engine_version": None if kw.get("engine_version") is None else kw["engine_version"][0]})
+    for key, value in settings.items():
+        kw[key] = (value,) if key == "engine_version" else value
 
 
 def sweep_config(kw: dict[str, Any]) -> SweepConfig:
@@ -258,7 +265,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
         load_axis, loads = _load_axis(kw)
         if kw["saturation_stop"] and not is_ascending(loads):
             raise UsageError(f"--{load_axis}: the saturation stop needs the loads in ascending order (or --no-saturation-stop)")
-    _release_from_twin(kw, url)
+    _as_the_twin_was(kw, url)
     axes: list[tuple[str, tuple[Any, ...]]] = []
     base = dict(kw)
     for name in WORKLOAD_AXES + ENGINE_FLAGS:

@@ -27,7 +27,7 @@ from inferlab.cli.common import (
     workload_config,
 )
 from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
-from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, release_from_twin
+from inferlab.cli.sim import RUN_DEFAULTS, as_the_twin_was, engine_config, engine_options
 from inferlab.load.run import RunConfig, SimTarget
 from inferlab.results.sweepindex import check_sweep_dir
 from inferlab.sim.engine.config import engine_release
@@ -157,8 +157,8 @@ def _tune(kw: dict[str, Any]) -> int:
     )
     if spec is None:  # a release the rules cannot follow fails every trial alike: refuse it now
         searched = next((a.values for a in config.axes if a.name == "engine_version"), None)
-        if searched is None:  # (a calibrated twin's own release, as sim run takes it)
-            kw["engine_version"] = release_from_twin(kw) or kw.get("engine_version")
+        # (a calibrated twin's release and its switches, as sim run takes them)
+        kw.update(as_the_twin_was(kw, searched=[a.name for a in config.axes]))
         for release in searched or [kw.get("engine_version")]:
             try:
                 engine_release(dataclasses.replace(engine_config(kw), engine_version=release))

@@ -6,7 +6,7 @@ import pytest
 
 from inferlab._errors import ConfigError, UsageError
 from inferlab.sim import Engine, EngineConfig
-from inferlab.sim.engine.config import resolve
+from inferlab.sim.engine.config import parse_release, release_local_label, resolve
 from inferlab.sim.engine.families import EngineFamily
 from inferlab.sim.engine.sizing import size_engine
 from inferlab.sim.engine.steptime import (
@@ -145,3 +145,19 @@ def test_an_engine_version_sets_the_defaults_that_release_had() -> None:
 def test_an_engine_version_the_rules_cannot_follow_is_refused(changes: dict[str, object], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         resolve(dataclasses.replace(LLAMA8B, **changes))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("text", "release", "local"), [
+    ("0.15", (0, 15), ""), ("v0.15.1", (0, 15), ""), ("0.14.0rc1", (0, 14), ""), ("0.4.3.post1", (0, 4), ""),
+    ("0.13.0+cu128", (0, 13), "cu128"), ("0.11.0+CPU", (0, 11), "cpu"),
+    # a dev build of main, as vLLM's /version reports one
+    ("0.10.2rc2.dev123+g1a2b3c4.cpu", (0, 10), "g1a2b3c4.cpu"), ("0.14.0.dev50", (0, 14), ""),
+])
+def test_a_release_is_read_in_the_shapes_pep_440_gives_it(text: str, release: tuple[int, int], local: str) -> None:
+    assert (parse_release(text), release_local_label(text)) == (release, local)
+
+
+@pytest.mark.parametrize("text", ["0.13.x", "0.13-foo", "0.13rc1rc2", "0.13.0ab", "0.13.0.dev.dev", "13", "latest", ""])
+def test_text_that_is_not_a_release_is_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="expected a release"):
+        parse_release(text)

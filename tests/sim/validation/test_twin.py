@@ -239,55 +239,124 @@ def calibrate_cli(runs: list[str], out: Path, *flags: str) -> Any:
                                      "--max-evaluations", "3", "-o", str(out)])
 
 
-def test_the_twin_takes_the_release_the_runs_server_said_and_sim_run_takes_it_from_the_twin(
+def words(text: str) -> str:
+    return " ".join(text.split())  # (the console wraps long lines)
+
+
+def engine_of(run_dir: Path) -> dict[str, Any]:
+    engine: dict[str, Any] = json.loads((run_dir / "config.json").read_text())["engine"]
+    return engine
+
+
+SWITCHES = ("overlap_schedule", "scheduler_reserve_full_isl", "evict_unhashed_first")
+
+
+def test_the_twin_takes_the_release_the_runs_server_said_and_runs_of_it_run_as_it_was_calibrated(
     measured: tuple[list[str], list[str]], tmp_path: Path
 ) -> None:
     runs = said(measured[0], tmp_path, vllm("0.13.0"), vllm("0.13.0"), None)  # (one run from before the record)
     twin = tmp_path / "twin.json"
     res = calibrate_cli(runs, twin)
     assert res.exit_code == 0, res.stderr
-    assert "release 0.13.0, as 2 of 3 runs' server said (GET /version)" in " ".join(res.stderr.split())
+    assert "release 0.13.0, as 2 of 3 runs' server said (GET /version)" in words(res.stderr)
     record = json.loads(twin.read_text())["calibration"]
     # 0.13: before async scheduling (0.14), full-sequence admission (0.19) and the free queue's order (0.24)
     assert record["engine_version"] == "0.13.0"
-    assert (record["served_by"]["overlap_schedule"], record["served_by"]["scheduler_reserve_full_isl"],
-            record["served_by"]["evict_unhashed_first"]) == (False, False, False)
+    assert tuple(record["served_by"][k] for k in SWITCHES) == (False, False, False)
     # sim run with the twin and no release: the twin's, said, and its bands hold
     run = ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "--efficiencies", str(twin)]
-    res = CliRunner().invoke(main, [*run, "--json"])
+    res = CliRunner().invoke(main, [*run, "--json", "-o", str(tmp_path / "r")])
     assert res.exit_code == 0, res.stderr
-    assert "release 0.13.0, the one twin.json was calibrated as" in " ".join(res.stderr.split())
+    assert "as twin.json was calibrated: release 0.13.0, async scheduling off" in words(res.stderr)
     block = json.loads(res.stdout)["prediction"]
     assert "mismatch" not in block and block["error_bands"]["ttft_ms"] is not None
-    assert json.loads(res.stdout)["config"]["engine"]["engine_version"] == "0.13.0"
-    # a release given wins, and is another server (no bands, the reason said)
-    res = CliRunner().invoke(main, [*run, "--engine-version", "0.19", "--json"])
-    assert res.exit_code == 0, res.stderr
-    assert "calibrated as" not in res.stderr and "mismatch" in json.loads(res.stdout)["prediction"]
+    ran = engine_of(tmp_path / "r")
+    assert ran["engine_version"] == "0.13.0" and tuple(ran[k] for k in SWITCHES) == (False, False, False)
+    # a release or a switch given wins, and is another server (no bands, the reason said)
+    for flags in (["--engine-version", "0.19"], ["--async-scheduling"]):
+        res = CliRunner().invoke(main, [*run, *flags, "--json"])
+        assert res.exit_code == 0, res.stderr
+        assert "calibrated:" not in res.stderr and "mismatch" in json.loads(res.stdout)["prediction"], flags
     # so does another family (the twin's release is not taken for it)
     res = CliRunner().invoke(main, [*run, "--engine-family", "sglang", "--json"])
     assert res.exit_code == 0, res.stderr
-    assert "calibrated as" not in res.stderr
-    # a sweep with the twin takes it too
+    assert "calibrated:" not in res.stderr
+    # a sweep of the twin runs every point as it was calibrated
     res = CliRunner().invoke(main, ["sweep", *ENGINE, "--concurrency", "1,2", "-n", "4", "--efficiencies", str(twin),
                                     "-o", str(tmp_path / "sweep")])
     assert res.exit_code == 0, res.stderr
-    assert "release 0.13.0, the one twin.json was calibrated as" in " ".join(res.stderr.split())
-    # ...and so does tune's search on it
+    assert "as twin.json was calibrated: release 0.13.0" in words(res.stderr)
+    points = [p.parent for p in (tmp_path / "sweep").rglob("config.json")]
+    assert len(points) == 2
+    for point in points:
+        ran = engine_of(point)
+        assert ran["engine_version"] == "0.13.0" and tuple(ran[k] for k in SWITCHES) == (False, False, False), point
+    # ...and so does tune's search, unless it searches the release itself
     res = CliRunner().invoke(main, ["tune", *ENGINE, "--param", "max-num-seqs=2,4", "-c", "2", "-n", "4",
-                                    "--efficiencies", str(twin), "--max-trials", "2", "--slo-ttft-ms", "500"])
+                                    "--efficiencies", str(twin), "--max-trials", "2", "--slo-ttft-ms", "500",
+                                    "-o", str(tmp_path / "tune")])
     assert res.exit_code == 0, res.stderr
-    assert "release 0.13.0, the one twin.json was calibrated as" in " ".join(res.stderr.split())
+    trials = [p.parent for p in (tmp_path / "tune").rglob("config.json")]
+    assert trials and all(engine_of(t)["engine_version"] == "0.13.0" for t in trials)
+    assert all(engine_of(t)["overlap_schedule"] is False for t in trials)
+    res = CliRunner().invoke(main, ["tune", *ENGINE, "--param", "engine-family=vllm,sglang", "-c", "2", "-n", "4",
+                                    "--efficiencies", str(twin), "--max-trials", "2", "--slo-ttft-ms", "500",
+                                    "-o", str(tmp_path / "tune2")])
+    assert res.exit_code == 0, res.stderr
+    assert "they are not taken from twin.json" in words(res.stderr)
+    trials = [p.parent for p in (tmp_path / "tune2").rglob("config.json")]
+    assert trials and all(engine_of(t)["engine_version"] is None for t in trials)
 
 
-def test_a_release_given_to_calibrate_wins_over_the_servers_with_a_word(
-    measured: tuple[list[str], list[str]], tmp_path: Path
+def test_a_replay_runs_as_its_run_ran_not_as_the_twin_was(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
+    twin = tmp_path / "twin.json"
+    assert calibrate_cli(said(measured[0], tmp_path, *[vllm("0.13.0")] * 3), twin).exit_code == 0
+    recorded = tmp_path / "recorded"
+    assert CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "-o", str(recorded)]).exit_code == 0
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", str(recorded / "requests.jsonl"), "--efficiencies", str(twin),
+                                    "-o", str(tmp_path / "replay"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert "calibrated:" not in res.stderr
+    ran = engine_of(tmp_path / "replay")
+    assert ran["engine_version"] is None and ran["overlap_schedule"] is True  # (the recorded run's, a current vLLM)
+    assert "mismatch" in json.loads(res.stdout)["prediction"]  # (so the 0.13 twin's bands do not hold)
+
+
+@pytest.mark.parametrize(("flags", "overlap"), [((), False), (("--async-scheduling",), True)])
+def test_a_twin_of_llama_cpp_is_calibrated_and_run_without_async_scheduling_unless_told(
+    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], overlap: bool
 ) -> None:
-    runs = said(measured[0], tmp_path, vllm("0.13.0"), vllm("0.13.0"), vllm("0.13.0"))
-    res = calibrate_cli(runs, tmp_path / "twin.json", "--engine-version", "0.19")
+    llama = {"name": "llama.cpp", "version": "b0-unknown", "source": "GET /props"}
+    twin = tmp_path / "twin.json"
+    res = calibrate_cli(said(measured[0], tmp_path, llama, llama, llama), twin, *flags)
     assert res.exit_code == 0, res.stderr
-    assert "the runs' server said vLLM 0.13.0; calibrating as release 0.19" in " ".join(res.stderr.split())
-    assert json.loads((tmp_path / "twin.json").read_text())["calibration"]["engine_version"] == "0.19"
+    assert ("schedules no step ahead" in words(res.stderr)) == (not overlap)
+    record = json.loads(twin.read_text())["calibration"]
+    assert record["served_by"]["overlap_schedule"] is overlap and record["engine_version"] is None
+    # a run of the twin runs as it was calibrated, and keeps its bands
+    res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "--efficiencies", str(twin), "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert f"as twin.json was calibrated: async scheduling {'on' if overlap else 'off'}" in words(res.stderr)
+    assert json.loads(res.stdout)["config"]["engine"]["overlap_schedule"] is overlap
+    assert "mismatch" not in json.loads(res.stdout)["prediction"]
+
+
+@pytest.mark.parametrize(("given", "server", "said_line"), [
+    ((), "0.13.0", None),
+    (("--engine-version", "0.13"), "0.13.0", None),  # (the same release, written otherwise)
+    (("--engine-version", "0.19"), "0.13.0", "the runs' server said vLLM 0.13.0; calibrating as release 0.19"),
+])
+def test_a_release_given_to_calibrate_wins_over_the_servers_with_a_word_where_they_differ(
+    measured: tuple[list[str], list[str]], tmp_path: Path, given: tuple[str, ...], server: str, said_line: str | None
+) -> None:
+    runs = said(measured[0], tmp_path, *[vllm(server)] * 3)
+    res = calibrate_cli(runs, tmp_path / "twin.json", *given)
+    assert res.exit_code == 0, res.stderr
+    assert ("calibrating as release" in words(res.stderr)) == (said_line is not None)
+    if said_line:
+        assert said_line in words(res.stderr)
+    expected = given[1] if given else server
+    assert json.loads((tmp_path / "twin.json").read_text())["calibration"]["engine_version"] == expected
 
 
 @pytest.mark.parametrize(("software", "needle"), [
@@ -299,42 +368,62 @@ def test_runs_of_two_servers_or_releases_are_refused(
     measured: tuple[list[str], list[str]], tmp_path: Path, software: tuple[dict[str, Any] | None, ...], needle: str
 ) -> None:
     res = calibrate_cli(said(measured[0], tmp_path, *software), tmp_path / "twin.json")
-    assert res.exit_code == 2 and needle in " ".join(res.stderr.split()), res.stderr
+    assert res.exit_code == 2 and needle in words(res.stderr), res.stderr
     assert not (tmp_path / "twin.json").exists()
 
 
-def test_a_release_the_simulator_cannot_follow_is_said_and_left_out(
-    measured: tuple[list[str], list[str]], tmp_path: Path
-) -> None:
-    # vLLM 0.7 is V0, another family: the twin is calibrated as the family's current release
-    res = calibrate_cli(said(measured[0], tmp_path, vllm("0.7.3"), vllm("0.7.3"), vllm("0.7.3")), tmp_path / "twin.json")
+def test_two_builds_of_one_release_are_one_release(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
+    runs = said(measured[0], tmp_path, vllm("0.13.0"), vllm("0.13.0+cu128"), vllm("0.13.1"))
+    res = calibrate_cli(runs, tmp_path / "twin.json")
     assert res.exit_code == 0, res.stderr
-    assert "said vLLM 0.7.3, which the simulator cannot follow" in " ".join(res.stderr.split())
+    assert json.loads((tmp_path / "twin.json").read_text())["calibration"]["engine_version"] == "0.13.0"
+
+
+@pytest.mark.parametrize(("software", "flags", "family", "release", "needle"), [
+    # the family the server's release is: vLLM before 0.8 is V0's, SGLang its own
+    # (V0 chunks prompts only when told: the runs' 3,000-token prompts need it under a 2,048 budget)
+    (vllm("0.7.3"), ("--enable-chunked-prefill",), "vllm-v0", None, "the vllm-v0 family, as the runs' server said vLLM 0.7.3"),
+    ({"name": "SGLang", "version": "0.5.2", "source": "GET /server_info"}, (), "sglang", "0.5.2",
+     "the sglang family, as the runs' server said SGLang 0.5.2"),
+    # a family given wins, with a word, at its current release
+    (vllm("0.7.3"), ("--engine-family", "vllm"), "vllm", None,
+     "said vLLM 0.7.3, which the vllm-v0 family models; calibrating as the vllm family, as --engine-family says"),
+    # named without a release (a proxy passing its cards on): said, the current release
+    ({"name": "vLLM", "version": None, "source": None}, (), "vllm", None, "said vLLM but not its release"),
+])
+def test_the_family_is_the_one_the_servers_release_is_unless_given(
+    measured: tuple[list[str], list[str]], tmp_path: Path, software: dict[str, Any], flags: tuple[str, ...],
+    family: str, release: str | None, needle: str
+) -> None:
+    res = calibrate_cli(said(measured[0], tmp_path, *[software] * 3), tmp_path / "twin.json", *flags)
+    assert res.exit_code == 0, res.stderr
+    assert needle in words(res.stderr), res.stderr
     record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
-    assert record["engine_version"] is None and record["served_by"]["overlap_schedule"] is True
+    assert (record["served_by"]["engine_family"], record["engine_version"]) == (family, release)
 
 
-@pytest.mark.parametrize(("flags", "overlap"), [((), False), (("--async-scheduling",), True)])
-def test_a_twin_of_llama_cpp_is_calibrated_without_async_scheduling_unless_told(
-    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], overlap: bool
+@pytest.mark.parametrize(("release", "flags", "overlap", "needle"), [
+    ("0.15.0", (), True, "vLLM's CPU backend does not: add --no-async-scheduling"),
+    ("0.15.0", ("--no-async-scheduling",), False, None),
+    ("0.13.0", (), False, None),
+    # a build that says it is vLLM's CPU build runs without async scheduling
+    ("0.15.0+cpu", (), False, "vLLM 0.15.0+cpu is vLLM's CPU build, which keeps async scheduling off"),
+    ("0.15.0+cpu", ("--async-scheduling",), True, None),
+])
+def test_vllms_cpu_build_schedules_no_step_ahead(
+    measured: tuple[list[str], list[str]], tmp_path: Path, release: str, flags: tuple[str, ...], overlap: bool,
+    needle: str | None
 ) -> None:
-    llama = {"name": "llama.cpp", "version": "b0-unknown", "source": "GET /props"}
-    res = calibrate_cli(said(measured[0], tmp_path, llama, llama, llama), tmp_path / "twin.json", *flags)
+    res = calibrate_cli(said(measured[0], tmp_path, *[vllm(release)] * 3), tmp_path / "twin.json", *flags)
     assert res.exit_code == 0, res.stderr
-    assert ("schedules no step ahead" in " ".join(res.stderr.split())) == (not overlap)
-    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
-    assert record["served_by"]["overlap_schedule"] is overlap and record["engine_version"] is None
+    assert ("CPU" in words(res.stderr)) == (needle is not None)
+    if needle:
+        assert needle in words(res.stderr)
+    assert json.loads((tmp_path / "twin.json").read_text())["calibration"]["served_by"]["overlap_schedule"] is overlap
 
 
-@pytest.mark.parametrize(("release", "flags", "warned"), [
-    ("0.15.0", (), True), ("0.15.0", ("--no-async-scheduling",), False), ("0.13.0", (), False)])
-def test_a_twin_of_a_release_that_schedules_ahead_says_vllms_cpu_backend_does_not(
-    measured: tuple[list[str], list[str]], tmp_path: Path, release: str, flags: tuple[str, ...], warned: bool
-) -> None:
-    # (its /version does not say CPU or GPU: the user is told, the release's GPU default kept)
-    runs = said(measured[0], tmp_path, vllm(release), vllm(release), vllm(release))
-    res = calibrate_cli(runs, tmp_path / "twin.json", *flags)
+def test_a_release_that_cannot_be_read_is_said_and_left_out(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
+    res = calibrate_cli(said(measured[0], tmp_path, *[vllm("nightly-2026")] * 3), tmp_path / "twin.json")
     assert res.exit_code == 0, res.stderr
-    assert ("vLLM's CPU backend does not: add --no-async-scheduling" in " ".join(res.stderr.split())) == warned
-    on = json.loads((tmp_path / "twin.json").read_text())["calibration"]["served_by"]
-    assert on["overlap_schedule"] is (release == "0.15.0" and not flags)
+    assert "said vLLM nightly-2026, which is not a release inferlab can read" in words(res.stderr)
+    assert json.loads((tmp_path / "twin.json").read_text())["calibration"]["engine_version"] is None

@@ -148,16 +148,24 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
                      for k in differ)
 
 
-def calibrated_release(efficiencies: str) -> tuple[str, str] | None:
-    """(engine family, release) a ``sim calibrate`` record in ``efficiencies`` was fitted
-    as (its ``engine_version``: given to calibrate, or the one its runs' server
-    reported); None for a file without one."""
+#: The settings a release decides, as ``served_by`` records them
+RELEASE_SWITCHES = ("overlap_schedule", "scheduler_reserve_full_isl", "evict_unhashed_first")
+
+
+def calibrated_as(efficiencies: str) -> tuple[str, dict[str, Any]] | None:
+    """The engine family a ``sim calibrate`` record in ``efficiencies`` was fitted as,
+    and what a release decides as the fit ran it: ``engine_version`` (when calibrate had
+    one: given, or its runs' server said it) and the switches ``served_by`` records
+    (those it records: a file written before it recorded them has fewer); None for a
+    file without a record."""
     record = efficiencies_json(efficiencies).get(CALIBRATION_KEY)
     on = record.get("served_by") if isinstance(record, dict) else None
-    release = record.get("engine_version") if isinstance(record, dict) else None
-    if not isinstance(on, dict) or not isinstance(release, str) or not release:
+    if not isinstance(record, dict) or not isinstance(on, dict) or not isinstance(on.get("engine_family"), str):
         return None
-    return str(on.get("engine_family")), release
+    settings: dict[str, Any] = {k: on[k] for k in RELEASE_SWITCHES if isinstance(on.get(k), bool)}
+    if isinstance(record.get("engine_version"), str) and record["engine_version"]:
+        settings["engine_version"] = record["engine_version"]
+    return str(on["engine_family"]), settings
 
 
 def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str) -> dict[str, ErrorBand]:

@@ -208,18 +208,37 @@ def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len
     )
 
 
+#: PEP 440's shapes vLLM and SGLang use: 0.15, v0.15.1, 0.14.0rc1, 0.4.3.post1, 0.13.0+cu128,
+#: 0.10.2rc2.dev123+g1a2b3c4.cpu (a pre-release, then a post-release, then a dev segment,
+#: each at most once; a local label after "+")
+_RELEASE = re.compile(r"v?(\d+)\.(\d+)(?:\.\d+)*(?:\.?(?:a|b|rc)\d*)?(?:\.?post\d*)?(?:\.?dev\d*)?(?:\+([0-9A-Za-z.]+))?")
+
+
+def parse_release(text: str) -> tuple[int, int]:
+    """A release's text as (major, minor); ``ConfigError`` for a text that is not one.
+    Only major and minor decide a default, so a dev or pre-release build of 0.14 is read
+    as 0.14 (PEP 440 orders it before 0.14.0; a build of main then mostly has what 0.14
+    shipped)."""
+    m = _RELEASE.fullmatch(text.strip())
+    if m is None:
+        raise ConfigError(f"engine_version {text!r}: expected a release such as 0.15 or 0.15.1")
+    return int(m.group(1)), int(m.group(2))
+
+
+def release_local_label(text: str) -> str:
+    """What follows "+" in a release's text ("cpu" in 0.11.0+cpu, "cu128"), lower case;
+    "" when none."""
+    m = _RELEASE.fullmatch(text.strip())
+    return (m.group(3) or "").lower() if m else ""
+
+
 def engine_release(config: EngineConfig) -> tuple[int, int] | None:
     """``config.engine_version`` as (major, minor), None when not given; ``ConfigError``
     for a text that is not a release, or a release the family's rules do not cover."""
     text = config.engine_version
     if text is None:
         return None
-    # (PEP 440's shapes vLLM and SGLang use: 0.15, v0.15.1, 0.14.0rc1, 0.4.3.post1, 0.13.0+cu128,
-    # 0.10.2rc2.dev123+g1a2b3c4.cpu)
-    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)*(?:\.?(?:rc|post|dev|a|b)\d*)*(?:\+[0-9A-Za-z.]+)?", text.strip())
-    if m is None:
-        raise ConfigError(f"engine_version {text!r}: expected a release such as 0.15 or 0.15.1")
-    release = (int(m.group(1)), int(m.group(2)))
+    release = parse_release(text)
     family = config.engine_family
     if not family.rules.release_dated:
         raise ConfigError(
