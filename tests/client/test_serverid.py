@@ -20,7 +20,7 @@ from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.server.app import ServerConfig
 from inferlab.sim.server.launch import EmbeddedServer
 
-Routes = dict[str, Any]  # path -> JSON body (200), an int (that status, no body), a float (seconds to wait)
+Routes = dict[str, Any]  # path -> JSON body (200), an int (that status, no body), a float (seconds to wait), a str (text)
 Serve = Callable[[Routes], Awaitable[str]]
 
 
@@ -39,6 +39,8 @@ async def serve() -> AsyncIterator[Serve]:
                     return web.json_response({"version": "0.11.0"})
                 if isinstance(answer, int):
                     return web.Response(status=answer)
+                if isinstance(answer, str):  # (a text page: /metrics)
+                    return web.Response(text=answer)
                 return web.json_response(answer)
             app.router.add_get(path, handler)
         app.router.add_post("/v1/chat/completions", _chat)
@@ -147,3 +149,37 @@ async def test_a_server_that_names_nothing_is_recorded_as_unknown(serve: Serve) 
     s = (await bench_async(cfg, url.removesuffix("/v1"))).summary
     assert s.config["resolved"]["server_software"] is None and s.server.software is None
     assert s.server.where == url
+
+
+#: A page as vLLM 0.32's /metrics writes its cache config (labels trimmed)
+CACHE_INFO = (
+    '# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+    '# TYPE vllm:cache_config_info gauge\n'
+    'vllm:cache_config_info{block_size="128",cache_dtype="fp8_e4m3",enable_prefix_caching="False",engine="0",'
+    'gpu_memory_utilization="0.92",num_cpu_blocks="None",num_gpu_blocks="24",num_gpu_blocks_override="24"} 1.0\n'
+    'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0\n'
+)
+
+
+@pytest.mark.parametrize(("metrics", "card", "expected"), [
+    (CACHE_INFO, {"max_model_len": 2048},
+     {"block_size": 128, "num_gpu_blocks_override": 24, "enable_prefix_caching": False, "kv_cache_dtype": "fp8_e4m3",
+      "max_model_len": 2048}),
+    # a label it writes otherwise, or leaves out, is left out; so is a card without a length
+    (CACHE_INFO.replace('num_gpu_blocks="24"', 'num_gpu_blocks="None"').replace('block_size="128",', ""), {},
+     {"num_gpu_blocks_override": None, "enable_prefix_caching": False, "kv_cache_dtype": "fp8_e4m3"}),
+    ("vllm:num_requests_running 0\n", {"max_model_len": 4096}, {"max_model_len": 4096}),
+])
+async def test_a_vllm_server_states_its_kv_cache_and_context(
+    serve: Serve, metrics: str, card: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    cards_ = {"data": [{"id": "tiny", "owned_by": "vllm", **card}]}
+    said = await identify_server(await serve({"/v1/models": cards_, "/version": {"version": "0.32.0"}, "/metrics": metrics}), {})
+    assert said is not None and (said["name"], said["version"]) == ("vLLM", "0.32.0")
+    expected = {k: v for k, v in expected.items() if v is not None}
+    assert said.get("settings", {}) == expected
+
+
+async def test_settings_are_vllms_only(serve: Serve) -> None:
+    url = await serve({"/v1/models": cards("sglang"), "/server_info": {"version": "0.5.2"}, "/metrics": CACHE_INFO})
+    assert "settings" not in (await identify_server(url, {}) or {})

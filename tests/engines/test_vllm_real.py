@@ -79,6 +79,9 @@ class TestBench:
         said = result.summary.config["resolved"]["server_software"]
         assert said["name"] == "vLLM" and said["source"] == "GET /version"
         assert said["version"] == installed_vllm_version() and s.server.software == f"vLLM {said['version']}"
+        # ...and the engine flags it was started with that it states (vllm_steps.vllm_flags)
+        assert said["settings"] == {"block_size": 128, "num_gpu_blocks_override": 24, "enable_prefix_caching": True,
+                                    "kv_cache_dtype": "auto", "max_model_len": 2048}
         text = vllm.metrics()
         for name in ("vllm:num_preemptions_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
                      "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:kv_cache_usage_perc"):

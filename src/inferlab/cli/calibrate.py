@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from inferlab.cli.common import check_output_folder, given, run_guarded
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.sim.engine.config import parse_release, release_local_label
+from inferlab.sim.engine.dtypes import KVCacheDType
 from inferlab.sim.engine.families import EngineFamily, family_for_engine
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ def calibrate_cmd(**kw: Any) -> None:
     sys.exit(run_guarded(lambda: _calibrate(kw)))
 
 
-def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) -> None:
+def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) -> dict[str, Any]:
     """What the runs' server said it is (``bench`` records it: ``client.serverid``), where
     no flag says otherwise, each said on stderr:
 
@@ -49,11 +51,15 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
       build (a ``+cpu`` release) without async scheduling, which it does not run;
     - llama.cpp: no async scheduling (it computes a batch, then schedules the next).
 
+    - vLLM: the settings it states (``client.serverid.vllm_settings``: its KV cache's
+      block size, blocks, dtype and prefix caching, its context length), returned (the
+      twin records them, and runs of it take them).
+
     A flag given wins, with a word where it contradicts the server. ``UsageError`` for
     runs of different servers or releases: a twin is of one."""
     said = [r.software for r in runs if r.software]
     if not said:
-        return
+        return {}
     names = sorted({str(s.get("name")) for s in said})
     if len(names) > 1:
         raise UsageError(f"the runs were measured on different servers ({', '.join(names)}): a twin is of one server")
@@ -69,9 +75,60 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
 
     if name == "llama.cpp":
         no_overlap(f"{of} server is llama.cpp, which schedules no step ahead")
-        return
+        return {}
     if name not in FAMILY_OF_SOFTWARE:
-        return
+        return {}
+    taken = _served_settings(kw, said, say)
+    _as_the_release_said(kw, name, said, of, say, no_overlap)
+    return taken
+
+
+def _served_settings(kw: dict[str, Any], said: list[dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:
+    """The engine flags the runs' server stated (each run's ``settings``), where no flag
+    is given and every run that stated one stated the same; put in ``kw`` and said. The
+    number of KV blocks is not taken where a flag given sizes the cache otherwise (memory
+    share, block size, cache dtype): the user asks about another cache."""
+    stated = [s["settings"] for s in said if isinstance(s.get("settings"), dict)]
+    if not stated:
+        return {}
+    taken: dict[str, Any] = {}
+    differ: list[str] = []
+    for key in sorted(set().union(*stated)):
+        values = [st.get(key) for st in stated]
+        if any(v != values[0] for v in values):
+            differ.append(key)
+            continue
+        value = values[0]
+        if given(key) or (key == "num_gpu_blocks_override" and any(given(k) for k in _CACHE_SIZING)):
+            continue
+        if key == "kv_cache_dtype":
+            try:
+                value = KVCacheDType.parse(str(value))
+            except UsageError:
+                continue
+        kw[key] = taken[key] = value
+    if taken:
+        shown = ", ".join(f"{_FLAG_WORDS.get(k, k)} {v.value if isinstance(v, KVCacheDType) else v}" for k, v in taken.items())
+        say(f"as the runs' server states its engine: {shown} (flags given say otherwise)")
+    if differ:
+        say(f"the runs' server stated {', '.join(_FLAG_WORDS.get(k, k) for k in differ)} differently from run to run: "
+            "not taken (a twin is of one server; give the flags)")
+    return {k: v.value if isinstance(v, KVCacheDType) else v for k, v in taken.items()}
+
+
+#: Flags that size the KV cache otherwise than by its number of blocks
+_CACHE_SIZING = ("gpu_memory_utilization", "block_size", "kv_cache_dtype")
+#: A stated setting in the words of its flag
+_FLAG_WORDS = {"block_size": "--block-size", "num_gpu_blocks_override": "--num-gpu-blocks-override",
+               "enable_prefix_caching": "--enable-prefix-caching", "kv_cache_dtype": "--kv-cache-dtype",
+               "max_model_len": "--max-model-len"}
+
+
+def _as_the_release_said(
+    kw: dict[str, Any], name: str, said: list[dict[str, Any]], of: str, say: Callable[[str], None],
+    no_overlap: Callable[[str], None],
+) -> None:
+    """The family and release the runs' server said (``_as_the_server_said``)."""
     texts = sorted({str(s["version"]) for s in said if s.get("version")})
     releases: dict[tuple[int, int], str] = {}
     for t in texts:
@@ -139,14 +196,14 @@ def _calibrate(kw: dict[str, Any]) -> int:
     fit_runs = [read_run(p) for p in kw["runs"]]
     holdout = [read_run(p) for p in kw["holdout"]]
     err = Console(stderr=True)
-    _as_the_server_said(kw, fit_runs + holdout, err)
+    stated = _as_the_server_said(kw, fit_runs + holdout, err)
     engine = engine_config(kw)
     labels = {key: label for label, key, _ in COLUMNS}  # (the twin's metrics are sweep headline keys)
     against = ", ".join(labels[m] for m in METRICS)
     err.print(f"inferlab sim calibrate: fitting {', '.join(names)} to {against} of {len(fit_runs)} run(s), "
               f"{len(holdout)} held out (each evaluation reruns the fit set in virtual time)")
     fit = calibrate(engine, fit_runs, holdout, names, kw["max_evaluations"])
-    write_efficiencies(kw["out"], engine, fit)
+    write_efficiencies(kw["out"], engine, fit, stated)
     if kw["report"]:
         Path(kw["report"]).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
     out = Console()

@@ -34,7 +34,12 @@ from inferlab.report.console import render_summary
 from inferlab.results.provenance import GATEWAY, PREDICTION, server_info, simulated_engine
 from inferlab.results.runfiles import dumps
 from inferlab.results.summary import Summary
-from inferlab.sim.engine.bands import RELEASE_SWITCHES, calibrated_as
+from inferlab.sim.engine.bands import (
+    RELEASE_SWITCHES,
+    calibrated_as,
+    calibration_mismatch,
+    served_by,
+)
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.families import EngineFamily
@@ -118,7 +123,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
         click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
         click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
-        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives the release and its switches (async scheduling, admission, free-queue order) it was calibrated with, where no flag sets them."),
+        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: the release and its switches (async scheduling, admission, free-queue order), and the KV cache and context length its vLLM server stated."),
     ]
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -287,6 +292,7 @@ def _engine_from_trace_run(kw: dict[str, Any]) -> None:
     taken = [name for name in sorted(fields & set(engine)) if not given(name)]
     for name in taken:
         kw[name] = engine[name]
+    kw["_engine_replayed"] = True  # (a twin's settings do not replace the run's: ``as_the_twin_was``)
     if "gpu_preset" in engine and not given("gpu"):
         kw["gpu"] = engine["gpu_preset"]
     click.echo(
@@ -302,33 +308,83 @@ _SWITCH_WORDS = {"scheduler_reserve_full_isl": "full-sequence admission", "evict
 
 def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[str, Any]:
     """What a calibrated twin (``--efficiencies`` with its ``sim calibrate`` record) ran
-    as and a release decides: its release and its async (overlap) scheduling, admission
-    and free-queue order, for a run that sets none of them (no flag, no replayed run, not
-    ``searched`` by a tune) of the twin's family; said on stderr. Without it a twin of
-    vLLM 0.13 or of llama-server (neither schedules ahead) would run as a current vLLM
-    and lose its bands. {} otherwise."""
+    as, for a run of the twin's family that does not say it otherwise (no flag, no
+    replayed run's engine, not ``searched`` by a tune); said on stderr; {} otherwise.
+
+    - What a release decides: its release and its async (overlap) scheduling, admission
+      and free-queue order, all or none (a run that sets one of them sets its release).
+      Without them a twin of vLLM 0.13 or of llama-server (neither schedules ahead)
+      would run as a current vLLM and lose its bands.
+    - The engine flags its server stated (vLLM's KV cache and context length), each
+      where not given; the number of KV blocks not where a flag sizes the cache
+      otherwise (memory share, block size, cache dtype), or the model, GPU, precision or
+      tensor-parallel degree differ from the twin's: that is another cache."""
     path = kw.get("efficiencies_path")
-    release_settings = ("engine_version", *RELEASE_SWITCHES)
-    if not path or any(kw.get(k) is not None or given(k) for k in release_settings):
-        return {}
+    found = calibrated_as(path) if path else None
     family = EngineFamily.parse(str(kw.get("engine_family") or "vllm"))
-    found = calibrated_as(path)
-    if found is None or found[0] != family.value or not found[1]:
+    if found is None or found[0] != family.value or kw.get("_engine_replayed"):
         return {}
-    if set(searched) & {*release_settings, "engine_family"}:
-        click.echo(f"inferlab: the search sets the engine's family, release or its switches per trial: they are not "
-                   f"taken from {Path(path).name}", err=True)
-        return {}
-    settings = found[1]
+    release, stated, name = found[1], found[2], Path(str(path)).name
+    searched = set(searched)
+    release_settings = ("engine_version", *RELEASE_SWITCHES)
+    taken: dict[str, Any] = {}
+    if release and not any(kw.get(k) is not None or given(k) for k in release_settings):
+        if searched & {*release_settings, "engine_family"}:
+            click.echo(f"inferlab: the search sets the engine's family, release or its switches per trial: they are not "
+                       f"taken from {name}", err=True)
+        else:
+            taken.update(release)
+    other_cache = [k for k in _OTHER_CACHE if given(k) or k in searched]
+    if "num_gpu_blocks_override" in stated and not other_cache and _another_server(kw, str(path)):
+        other_cache = ["the model, GPU, precision or tensor-parallel degree"]
+    for key, value in stated.items():
+        if given(key) or key in searched or (key == "num_gpu_blocks_override" and other_cache):
+            continue
+        taken[key] = value
 
-    def word(key: str, on: bool) -> str:
-        what = _SWITCH_WORDS.get(key) or ("async" if family is EngineFamily.VLLM else "overlap") + " scheduling"
-        return f"{what} {'on' if on else 'off'}"
+    def word(key: str, value: Any) -> str:
+        if key == "engine_version":
+            return f"release {value}"
+        if key in RELEASE_SWITCHES:
+            what = _SWITCH_WORDS.get(key) or ("async" if family is EngineFamily.VLLM else "overlap") + " scheduling"
+            return f"{what} {'on' if value else 'off'}"
+        return f"--{key.replace('_', '-')} {value}"
 
-    parts = [f"release {settings['engine_version']}"] if "engine_version" in settings else []
-    parts += [word(k, v) for k, v in settings.items() if k != "engine_version"]
-    click.echo(f"inferlab: as {Path(path).name} was calibrated: {', '.join(parts)} (flags say otherwise)", err=True)
-    return settings
+    if taken:
+        click.echo(f"inferlab: as {name} was calibrated: {', '.join(word(k, v) for k, v in taken.items())} "
+                   "(flags say otherwise)", err=True)
+    if "num_gpu_blocks_override" in stated and other_cache:
+        flags = ", ".join(k if " " in k else "--" + k.replace("_", "-") for k in other_cache)
+        click.echo(f"inferlab: {flags} not the twin's: the KV cache is sized from the flags, not from the "
+                   f"{stated['num_gpu_blocks_override']} blocks {name}'s server had", err=True)
+    return taken
+
+
+#: Flags that size the KV cache otherwise than the twin server's blocks (they are not taken)
+_OTHER_CACHE = ("gpu_memory_utilization", "block_size", "kv_cache_dtype", "num_gpu_blocks_override")
+#: What makes a run another server than a twin's (``served_by``), its cache another cache
+_IDENTITY = ("engine_family", "model", "gpu", "tensor_parallel_size", "dtype", "quantization", "kv_cache_dtype")
+
+
+def _another_server(kw: dict[str, Any], efficiencies: str) -> bool:
+    """Whether the engine ``kw`` describes is not the server ``efficiencies`` was
+    calibrated on (its model, GPU, precision or tensor-parallel degree differ), or
+    cannot be told (a listed flag with several values, flags the engine refuses)."""
+    one: dict[str, Any] = {}
+    for key, value in kw.items():
+        if isinstance(value, tuple):
+            if len(value) != 1:
+                if key in _IDENTITY or key in ("model", "gpu"):
+                    return True
+                continue
+            value = value[0]
+        if value is not None:  # (a sweep's flag not given: the engine's default)
+            one[key] = value
+    try:
+        served = served_by(engine_config(one))
+    except (UsageError, ValueError, TypeError):
+        return True
+    return calibration_mismatch(efficiencies, {k: served[k] for k in _IDENTITY if k in served}) is not None
 
 
 def _sim_run(kw: dict[str, Any]) -> int:

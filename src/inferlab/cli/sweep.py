@@ -129,6 +129,8 @@ def _sweep_params() -> list[click.Parameter]:
 _ENGINE_PARAMS = _params(engine_options(RUN_DEFAULTS))
 #: engine flags: refused with --url
 ENGINE_FLAGS = tuple(p.name or "" for p in _ENGINE_PARAMS)
+#: the engine's on/off flags: one value each, not a list
+_ENGINE_SWITCHES = frozenset(p.name for p in _ENGINE_PARAMS if isinstance(p, click.Option) and p.is_flag)
 #: an engine flag's name on the command line (``api_overhead_s`` is ``--api-latency-ms``)
 _FLAG_OF = {p.name or "": p.opts[0] for p in _ENGINE_PARAMS}
 
@@ -196,21 +198,21 @@ def _sweep(kw: dict[str, Any]) -> int:
 
 
 def _as_the_twin_was(kw: dict[str, Any], url: str | None) -> None:
-    """One calibrated twin (``--efficiencies``) of one family, and no release or switch
-    given: every point runs as the twin was calibrated, as ``sim run`` does
-    (``cli.sim.as_the_twin_was``); with several twins or families, each point runs its
-    flags' release, and that is said."""
+    """One calibrated twin (``--efficiencies``) of one family: every point runs as the
+    twin was calibrated where its flags do not say otherwise, as ``sim run`` does
+    (``cli.sim.as_the_twin_was``); with several twins or families, each point runs as
+    its flags say, and that is said."""
     twin, family = kw.get("efficiencies_path"), kw.get("engine_family") or ("vllm",)
     if url is not None or kw.get("engine_config") is not None or not isinstance(twin, tuple) or not twin:
         return
     if len(twin) > 1 or not isinstance(family, tuple) or len(family) > 1:
-        click.echo("inferlab: --efficiencies or --engine-family is a list: each point runs the release its flags "
-                   "say (a twin's own release and switches are taken by a sweep of one twin and one family)", err=True)
+        click.echo("inferlab: --efficiencies or --engine-family is a list: each point runs as its flags say (a twin's "
+                   "own release, switches and server settings are taken by a sweep of one twin and one family)", err=True)
         return
     settings = as_the_twin_was({**kw, "efficiencies_path": twin[0], "engine_family": family[0],
                                 "engine_version": None if kw.get("engine_version") is None else kw["engine_version"][0]})
-    for key, value in settings.items():
-        kw[key] = (value,) if key == "engine_version" else value
+    for key, value in settings.items():  # (a listed flag's value is a tuple here)
+        kw[key] = value if key in _ENGINE_SWITCHES else (value,)
 
 
 def sweep_config(kw: dict[str, Any]) -> SweepConfig:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: ``owned_by`` -> the software's name as the summary writes it
@@ -42,8 +42,9 @@ def software_name(owned_by: object) -> str | None:
 async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, Any] | None:
     """What the server at API root ``base`` (``.../v1``) says it is: ``{"name":
     "vLLM", "version": "0.11.0", "source": "GET /version"}`` (``version`` and ``source``
-    None where the release route did not answer); None for a server that names none of
-    the software above. Gives up after ``_TIMEOUT_S`` in all."""
+    None where the release route did not answer), and for vLLM ``settings``: the engine
+    flags it states (``vllm_settings``); None for a server that names none of the
+    software above. Gives up after ``_TIMEOUT_S`` in all."""
     import aiohttp
 
     root = base.removesuffix("/")
@@ -59,12 +60,60 @@ async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, An
                 return None
             name = str(owners.pop())
             found = {"name": name, "version": None, "source": None}
+            if name == "vLLM":  # (before the release: what a twin is sized by matters as much)
+                settings = vllm_settings(await _get_text(session, host + "/metrics", headers), data)
+                if settings:
+                    found["settings"] = settings
             for route, key in _RELEASE_ROUTES[name]:
                 answer = await _get_json(session, host + route, headers)
                 version = answer.get(key) if isinstance(answer, dict) else None
                 if isinstance(version, str) and version.strip():
-                    return {"name": name, "version": version.strip(), "source": f"GET {route}"}
+                    found.update(version=version.strip(), source=f"GET {route}")
+                    break
     return found
+
+
+#: vLLM's ``vllm:cache_config_info`` labels a twin takes -> (the engine flag's field, a reader)
+_CACHE_LABELS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "block_size": ("block_size", int),
+    "num_gpu_blocks": ("num_gpu_blocks_override", int),
+    "enable_prefix_caching": ("enable_prefix_caching", lambda v: {"true": True, "false": False}[v.lower()]),
+    "cache_dtype": ("kv_cache_dtype", str),
+}
+
+
+def vllm_settings(metrics: str | None, cards: object) -> dict[str, Any]:
+    """The engine flags a vLLM server says it runs with, by ``EngineConfig``'s field
+    names: from ``/metrics``' ``vllm:cache_config_info`` labels its KV cache (block size,
+    the number of blocks it allocated, prefix caching, the cache's dtype), and from its
+    one model card ``max_model_len``. Only what it states; a label it leaves out or
+    writes otherwise (``None``) is left out here."""
+    from inferlab.results.telemetry import parse_prometheus
+
+    out: dict[str, Any] = {}
+    samples = parse_prometheus(metrics, only=("vllm:cache_config_info",)).get("vllm:cache_config_info") if metrics else None
+    if samples:
+        labels = samples[0][0]
+        for label, (field, read) in _CACHE_LABELS.items():
+            with contextlib.suppress(KeyError, ValueError):
+                out[field] = read(labels[label])
+    if isinstance(cards, list) and len(cards) == 1 and isinstance(cards[0], dict):
+        length = cards[0].get("max_model_len")
+        if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+            out["max_model_len"] = length
+    return out
+
+
+async def _get_text(session: Any, url: str, headers: Mapping[str, str]) -> str | None:
+    """``url``'s body as text when it answers 200, else None; never raises."""
+    import aiohttp
+
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError):
+        async with session.get(url, headers=dict(headers)) as resp:
+            if resp.status == 200:
+                text: str = await resp.text()
+                return text
+    return None
 
 
 async def _get_json(session: Any, url: str, headers: Mapping[str, str]) -> Any:

@@ -427,3 +427,55 @@ def test_a_release_that_cannot_be_read_is_said_and_left_out(measured: tuple[list
     assert res.exit_code == 0, res.stderr
     assert "said vLLM nightly-2026, which is not a release inferlab can read" in words(res.stderr)
     assert json.loads((tmp_path / "twin.json").read_text())["calibration"]["engine_version"] is None
+
+
+def stating(version: str, **settings: Any) -> dict[str, Any]:
+    return {**vllm(version), "settings": settings}
+
+
+KV = {"block_size": 32, "num_gpu_blocks_override": 900, "enable_prefix_caching": False, "kv_cache_dtype": "auto",
+      "max_model_len": 8192}
+
+
+def test_the_twin_takes_the_engine_its_server_states_and_runs_of_it_run_that_engine(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    twin = tmp_path / "twin.json"
+    res = calibrate_cli(said(measured[0], tmp_path, *[stating("0.19.0", **KV)] * 3), twin)
+    assert res.exit_code == 0, res.stderr
+    assert ("as the runs' server states its engine: --block-size 32, --enable-prefix-caching False, --kv-cache-dtype "
+            "auto, --max-model-len 8192, --num-gpu-blocks-override 900") in words(res.stderr)
+    record = json.loads(twin.read_text())["calibration"]
+    assert record["server_settings"] == KV
+    # a run of the twin runs it, and keeps its bands
+    res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "--efficiencies", str(twin),
+                                    "-o", str(tmp_path / "r"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    ran = engine_of(tmp_path / "r")
+    assert {k: ran[k] for k in KV} == KV and "mismatch" not in json.loads(res.stdout)["prediction"]
+    assert "--num-gpu-blocks-override 900" in words(res.stderr)
+    # a flag that sizes the cache otherwise: the blocks are not taken, and that is said
+    res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "--efficiencies", str(twin),
+                                    "--gpu-memory-utilization", "0.8", "-o", str(tmp_path / "r2")])
+    assert res.exit_code == 0, res.stderr
+    ran = engine_of(tmp_path / "r2")
+    assert ran["num_gpu_blocks_override"] is None and ran["block_size"] == 32
+    assert "--gpu-memory-utilization not the twin's: the KV cache is sized from the flags, not from the 900 blocks" in words(res.stderr)
+    # a sweep point runs it too
+    res = CliRunner().invoke(main, ["sweep", *ENGINE, "--concurrency", "2", "-n", "4", "--efficiencies", str(twin),
+                                    "-o", str(tmp_path / "sweep")])
+    assert res.exit_code == 0, res.stderr
+    (point,) = [p.parent for p in (tmp_path / "sweep").rglob("config.json")]
+    assert {k: engine_of(point)[k] for k in KV} == KV
+
+
+def test_settings_a_flag_gives_or_the_runs_disagree_on_are_not_taken(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    other = {**KV, "num_gpu_blocks_override": 700}
+    runs = said(measured[0], tmp_path, stating("0.19.0", **KV), stating("0.19.0", **other), stating("0.19.0", **KV))
+    res = calibrate_cli(runs, tmp_path / "twin.json", "--block-size", "16")
+    assert res.exit_code == 0, res.stderr
+    assert "stated --num-gpu-blocks-override differently from run to run: not taken" in words(res.stderr)
+    stated = json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
+    assert "block_size" not in stated and "num_gpu_blocks_override" not in stated and stated["max_model_len"] == 8192

@@ -152,20 +152,23 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
 RELEASE_SWITCHES = ("overlap_schedule", "scheduler_reserve_full_isl", "evict_unhashed_first")
 
 
-def calibrated_as(efficiencies: str) -> tuple[str, dict[str, Any]] | None:
-    """The engine family a ``sim calibrate`` record in ``efficiencies`` was fitted as,
-    and what a release decides as the fit ran it: ``engine_version`` (when calibrate had
-    one: given, or its runs' server said it) and the switches ``served_by`` records
-    (those it records: a file written before it recorded them has fewer); None for a
-    file without a record."""
+def calibrated_as(efficiencies: str) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """The engine family a ``sim calibrate`` record in ``efficiencies`` was fitted as;
+    what a release decides as the fit ran it: ``engine_version`` (when calibrate had one:
+    given, or its runs' server said it) and the switches ``served_by`` records (those it
+    records: a file written before it recorded them has fewer); and the engine flags the
+    server stated that the fit took (``server_settings``: its KV cache, its context
+    length). None for a file without a record."""
     record = efficiencies_json(efficiencies).get(CALIBRATION_KEY)
     on = record.get("served_by") if isinstance(record, dict) else None
     if not isinstance(record, dict) or not isinstance(on, dict) or not isinstance(on.get("engine_family"), str):
         return None
-    settings: dict[str, Any] = {k: on[k] for k in RELEASE_SWITCHES if isinstance(on.get(k), bool)}
+    release: dict[str, Any] = {}
     if isinstance(record.get("engine_version"), str) and record["engine_version"]:
-        settings["engine_version"] = record["engine_version"]
-    return str(on["engine_family"]), settings
+        release["engine_version"] = record["engine_version"]
+    release.update({k: on[k] for k in RELEASE_SWITCHES if isinstance(on.get(k), bool)})
+    stated = record.get("server_settings")
+    return str(on["engine_family"]), release, dict(stated) if isinstance(stated, dict) else {}
 
 
 def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str) -> dict[str, ErrorBand]:

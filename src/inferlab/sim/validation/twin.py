@@ -269,14 +269,17 @@ def calibrate(
     return fit
 
 
-def write_efficiencies(path: str, engine: EngineConfig, fit: Fit) -> None:
+def write_efficiencies(path: str, engine: EngineConfig, fit: Fit, stated: dict[str, Any] | None = None) -> None:
     """The efficiencies file ``sim run --efficiencies`` reads: the engine's own file's
     constants under the fitted ones, and the calibration's error (``calibration_record``)
     and the server it holds for (``served_by``, and the release it was fitted as) for
-    ``sim run`` to show beside what the twin predicts, on that server only."""
+    ``sim run`` to show beside what the twin predicts, on that server only; ``stated``:
+    the engine flags the runs' server stated that the fit took (``server_settings``)."""
     with open(path, "w", encoding="utf-8") as f:
         # (the release too: sim run with this file and no --engine-version runs it)
-        record = {**calibration_record(fit), "served_by": served_by(engine), "engine_version": engine.engine_version}
+        record = {**calibration_record(fit), "served_by": served_by(engine), "engine_version": engine.engine_version,
+                  # (the engine flags the server stated and the fit took: runs of the twin take them too)
+                  "server_settings": dict(stated or {})}
         # a latency stated with --api-latency-ms (not fitted) is part of the twin too
         stated = {} if engine.api_overhead_s is None else {"api_overhead_s": engine.api_overhead_s}
         json.dump({**_overridden(engine), **stated, **fit.constants, CALIBRATION_KEY: record}, f, indent=2)
