@@ -78,16 +78,16 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
         return {}
     if name not in FAMILY_OF_SOFTWARE:
         return {}
-    taken = _served_settings(kw, said, say)
     _as_the_release_said(kw, name, said, of, say, no_overlap)
-    return taken
+    return _served_settings(kw, said, say)
 
 
 def _served_settings(kw: dict[str, Any], said: list[dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:
     """The engine flags the runs' server stated (each run's ``settings``), where no flag
-    is given and every run that stated one stated the same; put in ``kw`` and said. The
-    number of KV blocks is not taken where a flag given sizes the cache otherwise (memory
-    share, block size, cache dtype): the user asks about another cache."""
+    gives another value and every run that stated one stated the same; put in ``kw`` and
+    said. The number of KV blocks (vLLM's own count, its null block included) is taken
+    for the vLLM families only, and not where a flag given sizes the cache otherwise
+    (a memory share; a block size or cache dtype other than the server's)."""
     stated = [s["settings"] for s in said if isinstance(s.get("settings"), dict)]
     if not stated:
         return {}
@@ -99,25 +99,67 @@ def _served_settings(kw: dict[str, Any], said: list[dict[str, Any]], say: Callab
             differ.append(key)
             continue
         value = values[0]
-        if given(key) or (key == "num_gpu_blocks_override" and any(given(k) for k in _CACHE_SIZING)):
-            continue
         if key == "kv_cache_dtype":
             try:
-                value = KVCacheDType.parse(str(value))
+                value = KVCacheDType.parse(str(value)).value
             except UsageError:
                 continue
-        kw[key] = taken[key] = value
+        if not given(key):
+            taken[key] = value
+    blocks = taken.pop("num_gpu_blocks_override", None)
+    if blocks is not None:
+        family = EngineFamily.parse(str(kw["engine_family"]))
+        # (a block size or dtype given as the server's own is the same cache)
+        sized = [f"--{k.replace('_', '-')}" for k in ("block_size", "kv_cache_dtype")
+                 if given(k) and _flag_value(kw, k) != _stated_value(stated[0], k)]
+        sized += ["--gpu-memory-utilization"] if given("gpu_memory_utilization") else []
+        if family not in (EngineFamily.VLLM, EngineFamily.VLLM_V0, EngineFamily.VLLM_V05):
+            say(f"the {blocks} KV blocks the runs' server states are vLLM's count; the {family} family sizes its "
+                "cache from memory")
+        elif sized:
+            say(f"{', '.join(sized)} given: the KV cache is sized from the flags, not from the {blocks} blocks the "
+                "runs' server states")
+        else:
+            taken["num_gpu_blocks_override"] = blocks
+    for key, value in taken.items():
+        kw[key] = KVCacheDType.parse(value) if key == "kv_cache_dtype" else value
     if taken:
-        shown = ", ".join(f"{_FLAG_WORDS.get(k, k)} {v.value if isinstance(v, KVCacheDType) else v}" for k, v in taken.items())
-        say(f"as the runs' server states its engine: {shown} (flags given say otherwise)")
+        say(f"as the runs' server states its engine: {', '.join(_flag_words(k, v) for k, v in taken.items())} "
+            "(unless flags say otherwise)")
     if differ:
-        say(f"the runs' server stated {', '.join(_FLAG_WORDS.get(k, k) for k in differ)} differently from run to run: "
+        say(f"the runs' server stated {', '.join(_flag_words(k, None) for k in differ)} differently from run to run: "
             "not taken (a twin is of one server; give the flags)")
-    return {k: v.value if isinstance(v, KVCacheDType) else v for k, v in taken.items()}
+    return taken
 
 
-#: Flags that size the KV cache otherwise than by its number of blocks
-_CACHE_SIZING = ("gpu_memory_utilization", "block_size", "kv_cache_dtype")
+def _stated_value(stated: dict[str, Any], key: str) -> str | None:
+    """A stated setting as text, a cache dtype by its canonical name."""
+    value = stated.get(key)
+    if value is None:
+        return None
+    if key == "kv_cache_dtype":
+        try:
+            return KVCacheDType.parse(str(value)).value
+        except UsageError:
+            return str(value)
+    return str(value)
+
+
+def _flag_value(kw: dict[str, Any], key: str) -> str:
+    value = kw.get(key)
+    return value.value if isinstance(value, KVCacheDType) else str(value)
+
+
+def _flag_words(key: str, value: Any) -> str:
+    """A setting as its flag would say it: --block-size 32, --no-enable-prefix-caching."""
+    flag = _FLAG_WORDS.get(key, "--" + key.replace("_", "-"))
+    if value is None:
+        return flag
+    if isinstance(value, bool):
+        return flag if value else flag.replace("--", "--no-", 1)
+    return f"{flag} {value}"
+
+
 #: A stated setting in the words of its flag
 _FLAG_WORDS = {"block_size": "--block-size", "num_gpu_blocks_override": "--num-gpu-blocks-override",
                "enable_prefix_caching": "--enable-prefix-caching", "kv_cache_dtype": "--kv-cache-dtype",

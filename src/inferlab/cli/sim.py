@@ -36,6 +36,8 @@ from inferlab.results.runfiles import dumps
 from inferlab.results.summary import Summary
 from inferlab.sim.engine.bands import (
     RELEASE_SWITCHES,
+    SIZED_WITH,
+    CalibratedAs,
     calibrated_as,
     calibration_mismatch,
     served_by,
@@ -123,7 +125,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
         click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
         click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
-        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: the release and its switches (async scheduling, admission, free-queue order), and the KV cache and context length its vLLM server stated."),
+        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: the release and its switches (async scheduling, admission, free-queue order), and the KV cache and context length its vLLM server stated (none of these for another model, GPU, precision or TP degree; the block count only with the twin's budget, sequence cap, memory share, eager mode, block size and dtype)."),
     ]
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -316,31 +318,42 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
       Without them a twin of vLLM 0.13 or of llama-server (neither schedules ahead)
       would run as a current vLLM and lose its bands.
     - The engine flags its server stated (vLLM's KV cache and context length), each
-      where not given; the number of KV blocks not where a flag sizes the cache
-      otherwise (memory share, block size, cache dtype), or the model, GPU, precision or
-      tensor-parallel degree differ from the twin's: that is another cache."""
+      where not given, and none for a run of another model, GPU, precision or
+      tensor-parallel degree (another server). The number of KV blocks is the server's
+      only while what sizes the cache is as the twin's was (``SIZED_WITH``, the block
+      size, the cache's dtype): another budget or memory share would have left vLLM
+      another number, so the run sizes its cache from memory, and says so."""
     path = kw.get("efficiencies_path")
     found = calibrated_as(path) if path else None
     family = EngineFamily.parse(str(kw.get("engine_family") or "vllm"))
-    if found is None or found[0] != family.value or kw.get("_engine_replayed"):
+    if found is None or found.family != family.value or kw.get("_engine_replayed"):
         return {}
-    release, stated, name = found[1], found[2], Path(str(path)).name
-    searched = set(searched)
+    name, searched = Path(str(path)).name, set(searched)
+
+    def say(text: str) -> None:
+        click.echo(f"inferlab: {text}", err=True)
+
     release_settings = ("engine_version", *RELEASE_SWITCHES)
     taken: dict[str, Any] = {}
-    if release and not any(kw.get(k) is not None or given(k) for k in release_settings):
+    if found.release and not any(kw.get(k) is not None or given(k) for k in release_settings):
         if searched & {*release_settings, "engine_family"}:
-            click.echo(f"inferlab: the search sets the engine's family, release or its switches per trial: they are not "
-                       f"taken from {name}", err=True)
+            say(f"the search sets the engine's family, release or its switches per trial: they are not taken from {name}")
         else:
-            taken.update(release)
-    other_cache = [k for k in _OTHER_CACHE if given(k) or k in searched]
-    if "num_gpu_blocks_override" in stated and not other_cache and _another_server(kw, str(path)):
-        other_cache = ["the model, GPU, precision or tensor-parallel degree"]
-    for key, value in stated.items():
-        if given(key) or key in searched or (key == "num_gpu_blocks_override" and other_cache):
-            continue
-        taken[key] = value
+            taken.update(found.release)
+    stated = {k: v for k, v in found.stated.items() if not given(k) and k not in searched}
+    if stated and _another_server({**kw, **stated}, str(path)):
+        say(f"the run is of another model, GPU, precision or tensor-parallel degree than {name}'s: the engine its "
+            "server stated (KV cache, context length) is not taken")
+        stated = {}
+    blocks = stated.pop("num_gpu_blocks_override", None)
+    if blocks is not None:
+        other = _other_cache({**kw, **stated}, found, searched)
+        if other:
+            say(f"{', '.join(other)} not as {name} was calibrated: the KV cache is sized from memory, not from the "
+                f"{blocks} blocks its server had")
+        else:
+            stated["num_gpu_blocks_override"] = blocks
+    taken.update(stated)
 
     def word(key: str, value: Any) -> str:
         if key == "engine_version":
@@ -348,43 +361,69 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
         if key in RELEASE_SWITCHES:
             what = _SWITCH_WORDS.get(key) or ("async" if family is EngineFamily.VLLM else "overlap") + " scheduling"
             return f"{what} {'on' if value else 'off'}"
-        return f"--{key.replace('_', '-')} {value}"
+        flag = "--" + key.replace("_", "-")
+        return (flag if value else flag.replace("--", "--no-", 1)) if isinstance(value, bool) else f"{flag} {value}"
 
     if taken:
-        click.echo(f"inferlab: as {name} was calibrated: {', '.join(word(k, v) for k, v in taken.items())} "
-                   "(flags say otherwise)", err=True)
-    if "num_gpu_blocks_override" in stated and other_cache:
-        flags = ", ".join(k if " " in k else "--" + k.replace("_", "-") for k in other_cache)
-        click.echo(f"inferlab: {flags} not the twin's: the KV cache is sized from the flags, not from the "
-                   f"{stated['num_gpu_blocks_override']} blocks {name}'s server had", err=True)
+        say(f"as {name} was calibrated: {', '.join(word(k, v) for k, v in taken.items())} (unless flags say otherwise)")
     return taken
 
 
-#: Flags that size the KV cache otherwise than the twin server's blocks (they are not taken)
-_OTHER_CACHE = ("gpu_memory_utilization", "block_size", "kv_cache_dtype", "num_gpu_blocks_override")
-#: What makes a run another server than a twin's (``served_by``), its cache another cache
+#: What makes a run another server than a twin's (``served_by``)
 _IDENTITY = ("engine_family", "model", "gpu", "tensor_parallel_size", "dtype", "quantization", "kv_cache_dtype")
+
+
+def _scalar(kw: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    """``kw`` with a sweep's one-value lists read as their value and unset flags left out;
+    and the keys listed with several values (a sweep's axes)."""
+    one: dict[str, Any] = {}
+    several: set[str] = set()
+    for key, value in kw.items():
+        if isinstance(value, tuple):
+            if len(value) != 1:
+                several.add(key)
+                continue
+            value = value[0]
+        if value is not None:  # (a sweep's flag not given: the engine's default)
+            one[key] = value
+    return one, several
 
 
 def _another_server(kw: dict[str, Any], efficiencies: str) -> bool:
     """Whether the engine ``kw`` describes is not the server ``efficiencies`` was
     calibrated on (its model, GPU, precision or tensor-parallel degree differ), or
-    cannot be told (a listed flag with several values, flags the engine refuses)."""
-    one: dict[str, Any] = {}
-    for key, value in kw.items():
-        if isinstance(value, tuple):
-            if len(value) != 1:
-                if key in _IDENTITY or key in ("model", "gpu"):
-                    return True
-                continue
-            value = value[0]
-        if value is not None:  # (a sweep's flag not given: the engine's default)
-            one[key] = value
+    cannot be told (a sweep's list of them, flags the engine refuses)."""
+    one, several = _scalar(kw)
+    if several & {*_IDENTITY, "model", "gpu"}:
+        return True
     try:
         served = served_by(engine_config(one))
     except (UsageError, ValueError, TypeError):
         return True
     return calibration_mismatch(efficiencies, {k: served[k] for k in _IDENTITY if k in served}) is not None
+
+
+def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str]) -> list[str]:
+    """The flags (as words) by which the run's cache would be sized otherwise than the
+    twin's was: ``SIZED_WITH`` unlike the record's, the block size or dtype unlike the
+    server's, any of them searched or swept over several values. A record without
+    ``sized_with`` (written before it) is taken as sized with the flags' defaults."""
+    one, several = _scalar(kw)
+    defaults = EngineConfig()
+    out = []
+    for key in (*SIZED_WITH, "block_size", "kv_cache_dtype"):
+        if key in searched or key in several:
+            out.append("--" + key.replace("_", "-"))
+            continue
+        was = found.stated.get(key) if key in ("block_size", "kv_cache_dtype") else found.sized_with.get(key, getattr(defaults, key))
+        now = one.get(key, getattr(defaults, key))
+        if key in ("block_size", "kv_cache_dtype") and key not in found.stated:
+            continue  # (the server did not say: nothing to hold it to)
+        if key == "kv_cache_dtype":
+            was, now = str(KVCacheDType.parse(str(was)).value), str(KVCacheDType.parse(str(now)).value)
+        if was != now:
+            out.append("--" + key.replace("_", "-"))
+    return out
 
 
 def _sim_run(kw: dict[str, Any]) -> int:

@@ -60,16 +60,16 @@ async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, An
                 return None
             name = str(owners.pop())
             found = {"name": name, "version": None, "source": None}
-            if name == "vLLM":  # (before the release: what a twin is sized by matters as much)
-                settings = vllm_settings(await _get_text(session, host + "/metrics", headers), data)
-                if settings:
-                    found["settings"] = settings
             for route, key in _RELEASE_ROUTES[name]:
                 answer = await _get_json(session, host + route, headers)
                 version = answer.get(key) if isinstance(answer, dict) else None
                 if isinstance(version, str) and version.strip():
                     found.update(version=version.strip(), source=f"GET {route}")
                     break
+            if name == "vLLM":  # (after the release: a large /metrics page must not cost it)
+                settings = vllm_settings(await _get_text(session, host + "/metrics", headers), data)
+                if settings:
+                    found["settings"] = settings
     return found
 
 

@@ -433,49 +433,141 @@ def stating(version: str, **settings: Any) -> dict[str, Any]:
     return {**vllm(version), "settings": settings}
 
 
-KV = {"block_size": 32, "num_gpu_blocks_override": 900, "enable_prefix_caching": False, "kv_cache_dtype": "auto",
-      "max_model_len": 8192}
+KV = {"block_size": 32, "enable_prefix_caching": False, "kv_cache_dtype": "auto", "max_model_len": 8192,
+      "num_gpu_blocks_override": 900}
+FP8 = {**KV, "kv_cache_dtype": "fp8"}
 
 
+@pytest.fixture(scope="module")
+def twins(measured: tuple[list[str], list[str]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Twins of a vLLM 0.19 server that stated its cache: 900 blocks of 32 tokens, bf16 or fp8."""
+    out: dict[str, Any] = {}
+    for name, kv in (("auto", KV), ("fp8", FP8)):
+        d = tmp_path_factory.mktemp(f"twin-{name}")
+        res = calibrate_cli(said(measured[0], d, *[stating("0.19.0", **kv)] * 3), d / "twin.json")
+        assert res.exit_code == 0, res.stderr
+        out[name] = d / "twin.json"
+        out[name + "-stderr"] = words(res.stderr)
+    return out
+
+
+def run_twin(twin: Path, out: Path, *flags: str) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """``sim run`` of the twin (ENGINE's flags, then ``flags``): the engine it ran, its
+    stderr, its prediction block."""
+    res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "--efficiencies", str(twin),
+                                    *flags, "-o", str(out), "--json"])
+    assert res.exit_code == 0, res.stderr
+    return engine_of(out), words(res.stderr), json.loads(res.stdout)["prediction"]
+
+
+@pytest.mark.parametrize(("kind", "kv"), [("auto", KV), ("fp8", FP8)])
 def test_the_twin_takes_the_engine_its_server_states_and_runs_of_it_run_that_engine(
-    measured: tuple[list[str], list[str]], tmp_path: Path
+    twins: dict[str, Any], tmp_path: Path, kind: str, kv: dict[str, Any]
 ) -> None:
-    twin = tmp_path / "twin.json"
-    res = calibrate_cli(said(measured[0], tmp_path, *[stating("0.19.0", **KV)] * 3), twin)
-    assert res.exit_code == 0, res.stderr
-    assert ("as the runs' server states its engine: --block-size 32, --enable-prefix-caching False, --kv-cache-dtype "
-            "auto, --max-model-len 8192, --num-gpu-blocks-override 900") in words(res.stderr)
-    record = json.loads(twin.read_text())["calibration"]
-    assert record["server_settings"] == KV
-    # a run of the twin runs it, and keeps its bands
-    res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "--efficiencies", str(twin),
-                                    "-o", str(tmp_path / "r"), "--json"])
-    assert res.exit_code == 0, res.stderr
-    ran = engine_of(tmp_path / "r")
-    assert {k: ran[k] for k in KV} == KV and "mismatch" not in json.loads(res.stdout)["prediction"]
-    assert "--num-gpu-blocks-override 900" in words(res.stderr)
-    # a flag that sizes the cache otherwise: the blocks are not taken, and that is said
-    res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "--efficiencies", str(twin),
-                                    "--gpu-memory-utilization", "0.8", "-o", str(tmp_path / "r2")])
-    assert res.exit_code == 0, res.stderr
-    ran = engine_of(tmp_path / "r2")
-    assert ran["num_gpu_blocks_override"] is None and ran["block_size"] == 32
-    assert "--gpu-memory-utilization not the twin's: the KV cache is sized from the flags, not from the 900 blocks" in words(res.stderr)
-    # a sweep point runs it too
-    res = CliRunner().invoke(main, ["sweep", *ENGINE, "--concurrency", "2", "-n", "4", "--efficiencies", str(twin),
-                                    "-o", str(tmp_path / "sweep")])
-    assert res.exit_code == 0, res.stderr
-    (point,) = [p.parent for p in (tmp_path / "sweep").rglob("config.json")]
-    assert {k: engine_of(point)[k] for k in KV} == KV
+    said_ = twins[kind + "-stderr"]
+    assert (f"as the runs' server states its engine: --block-size 32, --no-enable-prefix-caching, --kv-cache-dtype "
+            f"{kv['kv_cache_dtype']}, --max-model-len 8192, --num-gpu-blocks-override 900") in said_
+    record = json.loads(twins[kind].read_text())["calibration"]
+    assert record["server_settings"] == kv
+    assert record["sized_with"]["max_num_batched_tokens"] == 2048
+    # a run of the twin runs that engine, and keeps its bands
+    ran, err, prediction = run_twin(twins[kind], tmp_path / "r")
+    assert {k: ran[k] for k in kv} == kv and "mismatch" not in prediction
+    assert "--num-gpu-blocks-override 900" in err and "--no-enable-prefix-caching" in err
+    # a flag given as the twin's own is the same cache
+    ran, err, _ = run_twin(twins[kind], tmp_path / "r2", "--block-size", "32", "--kv-cache-dtype", kv["kv_cache_dtype"])
+    assert ran["num_gpu_blocks_override"] == 900 and "sized from memory" not in err
 
 
-def test_settings_a_flag_gives_or_the_runs_disagree_on_are_not_taken(
-    measured: tuple[list[str], list[str]], tmp_path: Path
+@pytest.mark.parametrize(("flags", "what"), [
+    (("--gpu-memory-utilization", "0.8"), "--gpu-memory-utilization"),
+    (("--max-num-batched-tokens", "8192"), "--max-num-batched-tokens"),  # (another activation reserve)
+    (("--max-num-seqs", "64"), "--max-num-seqs"),
+    (("--enforce-eager",), "--enforce-eager"),
+    (("--block-size", "16"), "--block-size"),
+])
+def test_a_run_sized_otherwise_sizes_its_cache_from_memory_and_says_so(
+    twins: dict[str, Any], tmp_path: Path, flags: tuple[str, ...], what: str
 ) -> None:
+    ran, err, _ = run_twin(twins["auto"], tmp_path / "r", *flags)
+    assert ran["num_gpu_blocks_override"] is None
+    assert f"{what} not as twin.json was calibrated: the KV cache is sized from memory, not from the 900 blocks" in err
+    assert ran["max_model_len"] == 8192  # (the rest of what the server stated is still taken)
+
+
+@pytest.mark.parametrize("flags", [("--model", "meta-llama/Llama-2-7b-hf"), ("--gpu", "H100"), ("-tp", "2")])
+def test_a_run_of_another_server_takes_none_of_what_the_twins_server_stated(
+    twins: dict[str, Any], tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    # (Llama-2's context is 4,096 tokens: the twin's 8,192 would be refused, a what-if that ran before)
+    ran, err, prediction = run_twin(twins["auto"], tmp_path / "r", *flags)
+    assert ran["num_gpu_blocks_override"] is None and ran["max_model_len"] != 8192 and ran["block_size"] == 16
+    assert "the run is of another model, GPU, precision or tensor-parallel degree than twin.json's" in err
+    assert "mismatch" in prediction
+
+
+def test_a_replay_keeps_its_runs_engine_whatever_the_twins_server_stated(
+    twins: dict[str, Any], tmp_path: Path
+) -> None:
+    recorded = tmp_path / "recorded"
+    assert CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "-o", str(recorded)]).exit_code == 0
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", str(recorded / "requests.jsonl"), "--efficiencies",
+                                    str(twins["auto"]), "-o", str(tmp_path / "replay")])
+    assert res.exit_code == 0, res.stderr
+    ran = engine_of(tmp_path / "replay")
+    assert (ran["num_gpu_blocks_override"], ran["block_size"], ran["enable_prefix_caching"]) == (None, 16, True)
+    assert "calibrated:" not in res.stderr
+
+
+def test_sweeps_and_tunes_of_the_twin_run_its_engine_unless_they_vary_what_sizes_it(
+    twins: dict[str, Any], tmp_path: Path
+) -> None:
+    def points(folder: Path) -> list[dict[str, Any]]:
+        return [engine_of(p.parent) for p in folder.rglob("config.json")]
+
+    base = ["--efficiencies", str(twins["auto"]), "-n", "4"]
+    res = CliRunner().invoke(main, ["sweep", *ENGINE, "--concurrency", "1,2", *base, "-o", str(tmp_path / "s1")])
+    assert res.exit_code == 0, res.stderr
+    assert [p["num_gpu_blocks_override"] for p in points(tmp_path / "s1")] == [900, 900]
+    # a sweep over the budget: each point's cache from memory (the server's count held at one budget only)
+    res = CliRunner().invoke(main, ["sweep", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S",
+                                    "--max-num-batched-tokens", "2048,8192", "--concurrency", "2", *base,
+                                    "-o", str(tmp_path / "s2")])
+    assert res.exit_code == 0, res.stderr
+    ran = points(tmp_path / "s2")
+    assert len(ran) == 2 and all(p["num_gpu_blocks_override"] is None and p["block_size"] == 32 for p in ran)
+    assert "--max-num-batched-tokens not as twin.json was calibrated" in words(res.stderr)
+    # a tune searching the sequence cap: the same
+    res = CliRunner().invoke(main, ["tune", *ENGINE, "--param", "max-num-seqs=2,4", "-c", "2", *base,
+                                    "--max-trials", "2", "--slo-ttft-ms", "500", "-o", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.stderr
+    ran = points(tmp_path / "t")
+    assert ran and all(p["num_gpu_blocks_override"] is None and p["max_model_len"] == 8192 for p in ran)
+
+
+@pytest.mark.parametrize(("flags", "blocks", "needle"), [
+    ((), 900, None),
+    (("--block-size", "32"), 900, None),  # (the server's own block size)
+    (("--block-size", "16"), None, "--block-size given: the KV cache is sized from the flags, not from the 900 blocks"),
+    (("--gpu-memory-utilization", "0.85"), None, "--gpu-memory-utilization given"),
+    (("--engine-family", "sglang"), None, "the 900 KV blocks the runs' server states are vLLM's count"),
+])
+def test_calibrate_takes_the_servers_blocks_unless_a_flag_sizes_the_cache_otherwise(
+    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], blocks: int | None, needle: str | None
+) -> None:
+    res = calibrate_cli(said(measured[0], tmp_path, *[stating("0.19.0", **KV)] * 3), tmp_path / "twin.json", *flags)
+    assert res.exit_code == 0, res.stderr
+    stated = json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
+    assert stated.get("num_gpu_blocks_override") == blocks and stated["max_model_len"] == 8192
+    if needle:
+        assert needle in words(res.stderr)
+
+
+def test_settings_the_runs_disagree_on_are_not_taken(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
     other = {**KV, "num_gpu_blocks_override": 700}
     runs = said(measured[0], tmp_path, stating("0.19.0", **KV), stating("0.19.0", **other), stating("0.19.0", **KV))
-    res = calibrate_cli(runs, tmp_path / "twin.json", "--block-size", "16")
+    res = calibrate_cli(runs, tmp_path / "twin.json")
     assert res.exit_code == 0, res.stderr
     assert "stated --num-gpu-blocks-override differently from run to run: not taken" in words(res.stderr)
     stated = json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
-    assert "block_size" not in stated and "num_gpu_blocks_override" not in stated and stated["max_model_len"] == 8192
+    assert "num_gpu_blocks_override" not in stated and stated["block_size"] == 32

@@ -152,13 +152,29 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
 RELEASE_SWITCHES = ("overlap_schedule", "scheduler_reserve_full_isl", "evict_unhashed_first")
 
 
-def calibrated_as(efficiencies: str) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+#: What sizes a KV cache by memory beside the model and device (the activation reserve
+#: follows the batch budget, the sequence cap and CUDA graphs): a twin records the values
+#: it was calibrated with, so that a run can tell whether its server's block count holds
+SIZED_WITH = ("gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "enforce_eager")
+
+
+@dataclass(frozen=True)
+class CalibratedAs:
+    """What a ``sim calibrate`` record says its fit ran as (``calibrated_as``)."""
+
+    family: str
+    release: dict[str, Any]  # engine_version (when it had one) and the switches served_by records
+    stated: dict[str, Any]  # the engine flags its server stated that the fit took (server_settings)
+    sized_with: dict[str, Any]  # SIZED_WITH as the fit's engine had them (a file from before: empty)
+
+
+def calibrated_as(efficiencies: str) -> CalibratedAs | None:
     """The engine family a ``sim calibrate`` record in ``efficiencies`` was fitted as;
     what a release decides as the fit ran it: ``engine_version`` (when calibrate had one:
     given, or its runs' server said it) and the switches ``served_by`` records (those it
-    records: a file written before it recorded them has fewer); and the engine flags the
+    records: a file written before it recorded them has fewer); the engine flags the
     server stated that the fit took (``server_settings``: its KV cache, its context
-    length). None for a file without a record."""
+    length); and what sized its cache (``SIZED_WITH``). None for a file without a record."""
     record = efficiencies_json(efficiencies).get(CALIBRATION_KEY)
     on = record.get("served_by") if isinstance(record, dict) else None
     if not isinstance(record, dict) or not isinstance(on, dict) or not isinstance(on.get("engine_family"), str):
@@ -167,8 +183,9 @@ def calibrated_as(efficiencies: str) -> tuple[str, dict[str, Any], dict[str, Any
     if isinstance(record.get("engine_version"), str) and record["engine_version"]:
         release["engine_version"] = record["engine_version"]
     release.update({k: on[k] for k in RELEASE_SWITCHES if isinstance(on.get(k), bool)})
-    stated = record.get("server_settings")
-    return str(on["engine_family"]), release, dict(stated) if isinstance(stated, dict) else {}
+    stated, sized = record.get("server_settings"), record.get("sized_with")
+    return CalibratedAs(str(on["engine_family"]), release, dict(stated) if isinstance(stated, dict) else {},
+                        dict(sized) if isinstance(sized, dict) else {})
 
 
 def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str) -> dict[str, ErrorBand]:
