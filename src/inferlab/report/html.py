@@ -31,7 +31,7 @@ from inferlab.report.svg import (
 from inferlab.report.sweep import band_lines, bands_short
 from inferlab.results.compare import METRICS, summary_value
 from inferlab.results.metrics import request_metrics
-from inferlab.results.provenance import http_server_info, simulated_engine
+from inferlab.results.provenance import describe_software, http_server_info, simulated_engine
 from inferlab.results.sources import Run, Sweep
 
 #: Most requests the timeline draws (the first ones sent); the heading says when cut.
@@ -435,7 +435,8 @@ def profile_section(sweep: Sweep) -> str:
         rows.append(f"<tr><td>{escape(str(f.get('title') or f.get('name')))}</td><td>{escape(cost)}</td>"
                     f"<td>{escape(str(f.get('evidence') or ''))}</td></tr>")
     url, engine = data.get("url"), data.get("engine")
-    server = http_server_info(None if url is None else str(url), engine if isinstance(engine, dict) else None)
+    server = http_server_info(None if url is None else str(url), engine if isinstance(engine, dict) else None,
+                              describe_software(data.get("server_software")))
     where, cost = server.label, "predicted cost here" if server.simulated else "measured cost here"
     return (f"<h2>Profile: {escape(str(sweep.path))}</h2><p>Server: {escape(str(where))}; model {escape(str(data.get('model')))}; "
             f"{_num(data.get('elapsed_s')):,.0f} s of a {_num(data.get('budget_s')):,.0f} s budget.</p>"
