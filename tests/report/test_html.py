@@ -305,3 +305,16 @@ def test_a_profile_shows_its_factor_table_and_its_runs(tmp_path: Path) -> None:
         assert f"<td>{f['title']}</td>" in html.replace("&#x27;", "'")
     runs = sum(len(f["runs"]) for f in factors)
     assert runs > 0 and html.count("(prediction)</th>") == min(runs, 12)
+
+
+def test_a_profiles_measured_server_is_named_with_what_it_said_it_is(tmp_path: Path) -> None:
+    from inferlab.report.html import profile_section
+    from inferlab.results.sources import Sweep
+
+    data = {"schema": "inferlab.profile/1", "url": "http://gpu-box:8000/v1", "model": "m", "engine": None,
+            "server_software": {"name": "vLLM", "version": "0.11.0", "source": "GET /version"},
+            "elapsed_s": 10, "budget_s": 60, "factors": []}
+    assert "Server: http://gpu-box:8000/v1 (vLLM 0.11.0); model m" in profile_section(Sweep(tmp_path, {"profile": data}))
+    # a profile from before the record, or of a server that said nothing: the URL alone
+    data.pop("server_software")
+    assert "Server: http://gpu-box:8000/v1; model m" in profile_section(Sweep(tmp_path, {"profile": data}))
