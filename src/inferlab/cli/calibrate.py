@@ -49,8 +49,7 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
     - vLLM or SGLang: the family that models that release (vLLM before 0.8 is ``vllm-v0``)
       and the release (``--engine-version``), so the twin runs its defaults; vLLM's CPU
       build (a ``+cpu`` release) without async scheduling, which it does not run;
-    - llama.cpp: no async scheduling (it computes a batch, then schedules the next).
-
+    - llama.cpp: no async scheduling (it computes a batch, then schedules the next);
     - vLLM: the settings it states (``client.serverid.vllm_settings``: its KV cache's
       block size, blocks, dtype and prefix caching, its context length), returned (the
       twin records them, and runs of it take them).
