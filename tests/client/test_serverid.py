@@ -169,6 +169,10 @@ CACHE_INFO = (
     (CACHE_INFO.replace('num_gpu_blocks="24"', 'num_gpu_blocks="None"').replace('block_size="128",', ""), {},
      {"num_gpu_blocks_override": None, "enable_prefix_caching": False, "kv_cache_dtype": "fp8_e4m3"}),
     ("vllm:num_requests_running 0\n", {"max_model_len": 4096}, {"max_model_len": 4096}),
+    # two engine cores (data parallelism) that differ on a label: that one is left out
+    (CACHE_INFO + CACHE_INFO.splitlines()[2].replace('engine="0"', 'engine="1"').replace('num_gpu_blocks="24"',
+                                                                                           'num_gpu_blocks="30"') + "\n",
+     {}, {"block_size": 128, "enable_prefix_caching": False, "kv_cache_dtype": "fp8_e4m3"}),
 ])
 async def test_a_vllm_server_states_its_kv_cache_and_context(
     serve: Serve, metrics: str, card: dict[str, Any], expected: dict[str, Any]

@@ -86,17 +86,19 @@ def vllm_settings(metrics: str | None, cards: object) -> dict[str, Any]:
     """The engine flags a vLLM server says it runs with, by ``EngineConfig``'s field
     names: from ``/metrics``' ``vllm:cache_config_info`` labels its KV cache (block size,
     the number of blocks it allocated, prefix caching, the cache's dtype), and from its
-    one model card ``max_model_len``. Only what it states; a label it leaves out or
-    writes otherwise (``None``) is left out here."""
+    one model card ``max_model_len``. Only what it states; a label it leaves out, writes
+    otherwise (``None``) or states differently for two engine cores (data parallelism)
+    is left out here."""
     from inferlab.results.telemetry import parse_prometheus
 
     out: dict[str, Any] = {}
     samples = parse_prometheus(metrics, only=("vllm:cache_config_info",)).get("vllm:cache_config_info") if metrics else None
-    if samples:
-        labels = samples[0][0]
+    if samples:  # (one per engine core; with data parallelism several: a label they differ on is left out)
         for label, (field, read) in _CACHE_LABELS.items():
-            with contextlib.suppress(KeyError, ValueError):
-                out[field] = read(labels[label])
+            values = {labels.get(label) for labels, _ in samples}
+            if len(values) == 1:
+                with contextlib.suppress(KeyError, ValueError, TypeError, AttributeError):
+                    out[field] = read(values.pop())  # type: ignore[arg-type]
     if isinstance(cards, list) and len(cards) == 1 and isinstance(cards[0], dict):
         length = cards[0].get("max_model_len")
         if isinstance(length, int) and not isinstance(length, bool) and length > 0:
