@@ -3,6 +3,7 @@ of one server (``sim.validation.twin``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from rich.table import Table
 
 from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import check_output_folder, given, run_guarded
-from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options
+from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, flag_words
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.sim.engine.config import parse_release, release_local_label
 from inferlab.sim.engine.dtypes import KVCacheDType
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 @click.option("--holdout", multiple=True, type=click.Path(exists=True, file_okay=False), help="A run directory predicted, not fitted on (repeatable): the error reported on it is the twin's.")
 @click.option("--fit", "fit_names", default=None, metavar="NAME,NAME,...", help="The step-time constants to fit (default: gemm_compute, weight_stream, attention_compute, cpu_step_s, api_overhead_s).")
 @click.option("--max-evaluations", type=click.IntRange(min=1), default=400, show_default=True, help="Simulated reruns of the fit set at most.")
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The efficiencies file to write (for sim run --efficiencies, with the same engine flags).")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The efficiencies file to write (for sim run --efficiencies, with the same model, GPU and engine flags: the release and what the server stated come from the file).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the fit's report (constants, per-run measured and predicted) as JSON.")
 def calibrate_cmd(**kw: Any) -> None:
     """Fit the simulator to measured runs of one server (bench run directories of
@@ -90,28 +91,24 @@ def _served_settings(kw: dict[str, Any], said: list[dict[str, Any]], say: Callab
     stated = [s["settings"] for s in said if isinstance(s.get("settings"), dict)]
     if not stated:
         return {}
-    taken: dict[str, Any] = {}
+    agreed: dict[str, Any] = {}  # (a cache dtype by its canonical name)
     differ: list[str] = []
     for key in sorted(set().union(*stated)):
         values = [st.get(key) for st in stated]
         if any(v != values[0] for v in values):
             differ.append(key)
-            continue
-        value = values[0]
-        if key == "kv_cache_dtype":
-            try:
-                value = KVCacheDType.parse(str(value)).value
-            except UsageError:
-                continue
-        if not given(key):
-            taken[key] = value
+        elif key != "kv_cache_dtype":
+            agreed[key] = values[0]
+        else:
+            with contextlib.suppress(UsageError):  # (a dtype inferlab does not know: not taken)
+                agreed[key] = KVCacheDType.parse(str(values[0])).value
+    taken = {k: v for k, v in agreed.items() if not given(k)}
     blocks = taken.pop("num_gpu_blocks_override", None)
     if blocks is not None:
         family = EngineFamily.parse(str(kw["engine_family"]))
         # (a block size or dtype given as the server's own is the same cache)
-        sized = [f"--{k.replace('_', '-')}" for k in ("block_size", "kv_cache_dtype")
-                 if given(k) and _flag_value(kw, k) != _stated_value(stated[0], k)]
-        sized += ["--gpu-memory-utilization"] if given("gpu_memory_utilization") else []
+        sized = [flag_words(k) for k in ("block_size", "kv_cache_dtype") if given(k) and _flag_value(kw, k) != str(agreed.get(k))]
+        sized += [flag_words("gpu_memory_utilization")] if given("gpu_memory_utilization") else []
         if family not in (EngineFamily.VLLM, EngineFamily.VLLM_V0, EngineFamily.VLLM_V05):
             say(f"the {blocks} KV blocks the runs' server states are vLLM's count; the {family} family sizes its "
                 "cache from memory")
@@ -123,46 +120,18 @@ def _served_settings(kw: dict[str, Any], said: list[dict[str, Any]], say: Callab
     for key, value in taken.items():
         kw[key] = KVCacheDType.parse(value) if key == "kv_cache_dtype" else value
     if taken:
-        say(f"as the runs' server states its engine: {', '.join(_flag_words(k, v) for k, v in taken.items())} "
+        say(f"as the runs' server states its engine: {', '.join(flag_words(k, v) for k, v in taken.items())} "
             "(unless flags say otherwise)")
     if differ:
-        say(f"the runs' server stated {', '.join(_flag_words(k, None) for k in differ)} differently from run to run: "
+        say(f"the runs' server stated {', '.join(map(flag_words, differ))} differently from run to run: "
             "not taken (a twin is of one server; give the flags)")
     return taken
 
 
-def _stated_value(stated: dict[str, Any], key: str) -> str | None:
-    """A stated setting as text, a cache dtype by its canonical name."""
-    value = stated.get(key)
-    if value is None:
-        return None
-    if key == "kv_cache_dtype":
-        try:
-            return KVCacheDType.parse(str(value)).value
-        except UsageError:
-            return str(value)
-    return str(value)
-
-
 def _flag_value(kw: dict[str, Any], key: str) -> str:
+    """A flag's value as text, a cache dtype by its canonical name."""
     value = kw.get(key)
-    return value.value if isinstance(value, KVCacheDType) else str(value)
-
-
-def _flag_words(key: str, value: Any) -> str:
-    """A setting as its flag would say it: --block-size 32, --no-enable-prefix-caching."""
-    flag = _FLAG_WORDS.get(key, "--" + key.replace("_", "-"))
-    if value is None:
-        return flag
-    if isinstance(value, bool):
-        return flag if value else flag.replace("--", "--no-", 1)
-    return f"{flag} {value}"
-
-
-#: A stated setting in the words of its flag
-_FLAG_WORDS = {"block_size": "--block-size", "num_gpu_blocks_override": "--num-gpu-blocks-override",
-               "enable_prefix_caching": "--enable-prefix-caching", "kv_cache_dtype": "--kv-cache-dtype",
-               "max_model_len": "--max-model-len"}
+    return KVCacheDType.parse(str(value)).value if key == "kv_cache_dtype" else str(value)
 
 
 def _as_the_release_said(
@@ -264,5 +233,6 @@ def _calibrate(kw: dict[str, Any]) -> int:
             meds = {m: median_abs_error(rows, m) for m in METRICS}
             out.print(f"median |error|, {label}: " + ", ".join(f"{m} {v:.1%}" for m, v in meds.items() if v is not None))
     out.print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items()) + f" ({fit.evaluations} evaluations)")
-    out.print(f"efficiencies: {kw['out']} (sim run --efficiencies {kw['out']} with the same engine flags)")
+    out.print(f"efficiencies: {kw['out']} (sim run --efficiencies {kw['out']} with the same model, GPU and engine "
+              "flags; the release and what the server stated come from the file)")
     return 0

@@ -258,7 +258,7 @@ _NOT_REPLAYED = frozenset({"offline", "gpu", "gpu_preset"})
 _FRONT_END_SETTINGS = frozenset({"api_overhead_s", "api_server_count", "host_speed"})
 #: What a release decides (``FamilyRules.*_since``): a replay given another release (or
 #: family) takes them from it, not from the record
-_RELEASE_SETTINGS = frozenset({"engine_version", "overlap_schedule", "scheduler_reserve_full_isl", "evict_unhashed_first"})
+_RELEASE_SETTINGS = frozenset({"engine_version", *RELEASE_SWITCHES})
 #: ... and what a family decides, for a replay given another family
 _FAMILY_SETTINGS = _RELEASE_SETTINGS | {"enable_chunked_prefill", "enable_prefix_caching", "mixed_batches", "reserve_outputs"}
 
@@ -333,10 +333,9 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     def say(text: str) -> None:
         click.echo(f"inferlab: {text}", err=True)
 
-    release_settings = ("engine_version", *RELEASE_SWITCHES)
     taken: dict[str, Any] = {}
-    if found.release and not any(kw.get(k) is not None or given(k) for k in release_settings):
-        if searched & {*release_settings, "engine_family"}:
+    if found.release and not any(kw.get(k) is not None or given(k) for k in _RELEASE_SETTINGS):
+        if searched & {*_RELEASE_SETTINGS, "engine_family"}:
             say(f"the search sets the engine's family, release or its switches per trial: they are not taken from {name}")
         else:
             taken.update(found.release)
@@ -361,12 +360,20 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
         if key in RELEASE_SWITCHES:
             what = _SWITCH_WORDS.get(key) or ("async" if family is EngineFamily.VLLM else "overlap") + " scheduling"
             return f"{what} {'on' if value else 'off'}"
-        flag = "--" + key.replace("_", "-")
-        return (flag if value else flag.replace("--", "--no-", 1)) if isinstance(value, bool) else f"{flag} {value}"
+        return flag_words(key, value)
 
     if taken:
         say(f"as {name} was calibrated: {', '.join(word(k, v) for k, v in taken.items())} (unless flags say otherwise)")
     return taken
+
+
+def flag_words(key: str, value: Any = None) -> str:
+    """An engine setting as its flag says it: --block-size 32, --no-enable-prefix-caching
+    (the flag alone for ``value`` None)."""
+    flag = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else flag.replace("--", "--no-", 1)
+    return flag if value is None else f"{flag} {value}"
 
 
 #: What makes a run another server than a twin's (``served_by``)
@@ -413,7 +420,7 @@ def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str]) ->
     out = []
     for key in (*SIZED_WITH, "block_size", "kv_cache_dtype"):
         if key in searched or key in several:
-            out.append("--" + key.replace("_", "-"))
+            out.append(flag_words(key))
             continue
         was = found.stated.get(key) if key in ("block_size", "kv_cache_dtype") else found.sized_with.get(key, getattr(defaults, key))
         now = one.get(key, getattr(defaults, key))
@@ -422,7 +429,7 @@ def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str]) ->
         if key == "kv_cache_dtype":
             was, now = str(KVCacheDType.parse(str(was)).value), str(KVCacheDType.parse(str(now)).value)
         if was != now:
-            out.append("--" + key.replace("_", "-"))
+            out.append(flag_words(key))
     return out
 
 

@@ -52,7 +52,7 @@ async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, An
     found: dict[str, Any] | None = None
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(_TIMEOUT_S), aiohttp.ClientSession() as session:
-            cards = await _get_json(session, root + "/models", headers)
+            cards = await _get(session, root + "/models", headers)
             data = cards.get("data") if isinstance(cards, dict) else None
             owners = {software_name(c.get("owned_by")) for c in data if isinstance(c, dict)} if isinstance(data, list) else set()
             owners.discard(None)
@@ -61,13 +61,13 @@ async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, An
             name = str(owners.pop())
             found = {"name": name, "version": None, "source": None}
             for route, key in _RELEASE_ROUTES[name]:
-                answer = await _get_json(session, host + route, headers)
+                answer = await _get(session, host + route, headers)
                 version = answer.get(key) if isinstance(answer, dict) else None
                 if isinstance(version, str) and version.strip():
                     found.update(version=version.strip(), source=f"GET {route}")
                     break
             if name == "vLLM":  # (after the release: a large /metrics page must not cost it)
-                settings = vllm_settings(await _get_text(session, host + "/metrics", headers), data)
+                settings = vllm_settings(await _get(session, host + "/metrics", headers, text=True), data)
                 if settings:
                     found["settings"] = settings
     return found
@@ -106,24 +106,13 @@ def vllm_settings(metrics: str | None, cards: object) -> dict[str, Any]:
     return out
 
 
-async def _get_text(session: Any, url: str, headers: Mapping[str, str]) -> str | None:
-    """``url``'s body as text when it answers 200, else None; never raises."""
+async def _get(session: Any, url: str, headers: Mapping[str, str], *, text: bool = False) -> Any:
+    """``url``'s body when it answers 200, as JSON (``text``: as text), else None; never
+    raises."""
     import aiohttp
 
     with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError):
         async with session.get(url, headers=dict(headers)) as resp:
             if resp.status == 200:
-                text: str = await resp.text()
-                return text
-    return None
-
-
-async def _get_json(session: Any, url: str, headers: Mapping[str, str]) -> Any:
-    """``url``'s JSON body when it answers 200, else None; never raises."""
-    import aiohttp
-
-    with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, UnicodeDecodeError):
-        async with session.get(url, headers=dict(headers)) as resp:
-            if resp.status == 200:
-                return await resp.json(content_type=None)
+                return await resp.text() if text else await resp.json(content_type=None)
     return None

@@ -99,6 +99,10 @@ class ErrorBand:
         return out if self.twin is None else {**out, "twin": self.twin}
 
 
+#: The settings a release decides, as ``served_by`` records them
+RELEASE_SWITCHES = ("overlap_schedule", "scheduler_reserve_full_isl", "evict_unhashed_first")
+
+
 def served_by(config: EngineConfig) -> dict[str, Any]:
     """What a calibration's bands hold for: the engine family, the model and device (by
     their resolved names), the tensor-parallel degree, the precision, and the switches a
@@ -114,8 +118,7 @@ def served_by(config: EngineConfig) -> dict[str, Any]:
         "engine_family": c.engine_family.value, "model": r.model.name, "gpu": r.gpu.name,
         "tensor_parallel_size": c.tensor_parallel_size, "dtype": str(c.dtype.value),
         "quantization": None if c.quantization is None else str(c.quantization.value),
-        "kv_cache_dtype": str(c.kv_cache_dtype.value), "overlap_schedule": bool(c.overlap_schedule),
-        "scheduler_reserve_full_isl": bool(c.scheduler_reserve_full_isl), "evict_unhashed_first": bool(c.evict_unhashed_first),
+        "kv_cache_dtype": str(c.kv_cache_dtype.value), **{k: bool(getattr(c, k)) for k in RELEASE_SWITCHES},
     }
 
 
@@ -146,10 +149,6 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
     return "; ".join(f"{k.replace('_', ' ')} {said(served[k])}, calibrated {said(on[k])}"
                      if isinstance(served[k], bool) else f"{k.replace('_', ' ')} {served[k]}, calibrated on {on[k]}"
                      for k in differ)
-
-
-#: The settings a release decides, as ``served_by`` records them
-RELEASE_SWITCHES = ("overlap_schedule", "scheduler_reserve_full_isl", "evict_unhashed_first")
 
 
 #: What sizes a KV cache by memory beside the model and device (the activation reserve

@@ -132,7 +132,8 @@ def read_run(path: str) -> MeasuredRun:
     measured = headline(summary)
     if not measured:
         raise UsageError(f"{path}: the run measured nothing to fit (no completed request)")
-    software = (config.get("resolved") or {}).get("server_software") if isinstance(config.get("resolved"), dict) else None
+    resolved = config.get("resolved")
+    software = resolved.get("server_software") if isinstance(resolved, dict) else None
     return MeasuredRun(str(folder), RunConfig(load_config, workload, api, None), measured,
                        software if isinstance(software, dict) else None)
 
@@ -269,17 +270,17 @@ def calibrate(
     return fit
 
 
-def write_efficiencies(path: str, engine: EngineConfig, fit: Fit, stated: dict[str, Any] | None = None) -> None:
+def write_efficiencies(path: str, engine: EngineConfig, fit: Fit, server_settings: dict[str, Any] | None = None) -> None:
     """The efficiencies file ``sim run --efficiencies`` reads: the engine's own file's
     constants under the fitted ones, and the calibration's error (``calibration_record``)
     and the server it holds for (``served_by``, and the release it was fitted as) for
-    ``sim run`` to show beside what the twin predicts, on that server only; ``stated``:
-    the engine flags the runs' server stated that the fit took (``server_settings``)."""
+    ``sim run`` to show beside what the twin predicts, on that server only; and
+    ``server_settings``, the engine flags the runs' server stated that the fit took."""
     with open(path, "w", encoding="utf-8") as f:
         # (the release too: sim run with this file and no --engine-version runs it)
         record = {**calibration_record(fit), "served_by": served_by(engine), "engine_version": engine.engine_version,
                   # (the engine flags the server stated and the fit took: runs of the twin take them too)
-                  "server_settings": dict(stated or {}),
+                  "server_settings": dict(server_settings or {}),
                   # (what sized its cache: a run with others does not take the server's block count)
                   "sized_with": {k: getattr(engine, k) for k in SIZED_WITH}}
         # a latency stated with --api-latency-ms (not fitted) is part of the twin too
