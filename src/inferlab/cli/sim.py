@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -42,9 +43,11 @@ from inferlab.sim.engine.bands import (
     calibration_mismatch,
     served_by,
 )
+from inferlab.sim.engine.config import resolve
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.families import EngineFamily
+from inferlab.sim.engine.sizing import size_engine
 
 
 @click.group()
@@ -346,7 +349,7 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
         stated = {}
     blocks = stated.pop("num_gpu_blocks_override", None)
     if blocks is not None:
-        other = _other_cache({**kw, **stated}, found, searched)
+        other = _other_cache({**kw, **taken, **stated}, found, searched, blocks)
         if other:
             say(f"{', '.join(other)} not as {name} was calibrated: the KV cache is sized from memory, not from the "
                 f"{blocks} blocks its server had")
@@ -410,17 +413,23 @@ def _another_server(kw: dict[str, Any], efficiencies: str) -> bool:
     return calibration_mismatch(efficiencies, {k: served[k] for k in _IDENTITY if k in served}) is not None
 
 
-def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str]) -> list[str]:
+def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str], blocks: int) -> list[str]:
     """The flags (as words) by which the run's cache would be sized otherwise than the
     twin's was: ``SIZED_WITH`` unlike the record's, the block size or dtype unlike the
-    server's, any of them searched or swept over several values. A record without
-    ``sized_with`` (written before it) is taken as sized with the flags' defaults."""
+    server's, any of them searched or swept over several values. The batch budget and
+    sequence cap are compared as the engine resolves them (``blocks`` held), offline
+    too where the run may be offline: vLLM's offline class has a larger default budget,
+    so a twin of a server keeps its count only at the budget the server had. A record
+    without ``sized_with`` (written before it) is taken as sized with the flags' defaults."""
     one, several = _scalar(kw)
     defaults = EngineConfig()
     out = []
+    sizes = ("max_num_batched_tokens", "max_num_seqs")  # (compared as resolved, below)
     for key in (*SIZED_WITH, "block_size", "kv_cache_dtype"):
         if key in searched or key in several:
             out.append(flag_words(key))
+            continue
+        if key in sizes:
             continue
         was = found.stated.get(key) if key in ("block_size", "kv_cache_dtype") else found.sized_with.get(key, getattr(defaults, key))
         now = one.get(key, getattr(defaults, key))
@@ -430,7 +439,46 @@ def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str]) ->
             was, now = str(KVCacheDType.parse(str(was)).value), str(KVCacheDType.parse(str(now)).value)
         if was != now:
             out.append(flag_words(key))
-    return out
+    if out:
+        return out
+    calibrated = _batch_sizes({**one, **{k: found.sized_with.get(k) for k in sizes}}, False, blocks)
+    for offline in sorted(_offline_ness(kw)):
+        now = _batch_sizes(one, offline, blocks)
+        if now is None or calibrated is None:  # (the run refuses its engine: that error comes next)
+            return ["the engine's sizes"]
+        out += [flag_words(key) if key in one else f"the {'offline ' if offline else ''}default {flag_words(key, n)} "
+                f"({w} on its server)" for key, w, n in zip(sizes, calibrated, now, strict=True) if w != n]
+    return list(dict.fromkeys(out))  # (a flag given: said once for a sweep's offline and served points)
+
+
+def _batch_sizes(one: dict[str, Any], offline: bool, blocks: int) -> tuple[int, int] | None:
+    """The batch budget and sequence cap the engine ``one`` describes resolves to,
+    offline or served, with ``blocks`` KV blocks; None where it refuses the flags."""
+    try:
+        config = dataclasses.replace(engine_config(one), offline=offline, num_gpu_blocks_override=blocks)
+        sizes = size_engine(resolve(config))
+    except (InferlabError, ValueError, TypeError):
+        return None
+    return sizes.max_num_batched_tokens, sizes.max_num_seqs
+
+
+def _offline_ness(kw: dict[str, Any]) -> set[bool]:
+    """Whether the run's engines run offline (vLLM's LLM class): as ``--offline/--served``
+    says, else offline for ``--rate inf`` without a concurrency cap (``load.run``); a
+    sweep's rates may give both."""
+    if kw.get("offline") is not None:
+        return {bool(kw["offline"])}
+    rates = kw.get("rate")
+    rates = rates if isinstance(rates, (tuple, list)) else (rates,)
+    capped = kw.get("max_concurrency") is not None or kw.get("trace")
+    return {not capped and _infinite(r) for r in rates} or {False}
+
+
+def _infinite(rate: Any) -> bool:
+    try:
+        return rate is not None and math.isinf(float(rate))
+    except (TypeError, ValueError):
+        return False
 
 
 def _sim_run(kw: dict[str, Any]) -> int:

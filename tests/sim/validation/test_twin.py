@@ -495,6 +495,38 @@ def test_a_run_sized_otherwise_sizes_its_cache_from_memory_and_says_so(
     assert ran["max_model_len"] == 8192  # (the rest of what the server stated is still taken)
 
 
+@pytest.mark.parametrize(("flags", "blocks"), [
+    (("--rate", "inf"), None),  # offline: vLLM's LLM class has a larger default budget
+    (("--rate", "inf", "--served"), 900),
+    (("--rate", "inf", "--max-concurrency", "2"), 900),  # (capped: served)
+    (("--offline",), None),
+    (("--max-num-batched-tokens", "2048"), 900),  # (given as the server's default resolved it)
+    (("--max-num-batched-tokens", "4096"), None),
+])
+def test_an_offline_run_of_a_served_twin_sizes_its_cache_from_memory(
+    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], blocks: int | None
+) -> None:
+    # a twin calibrated at the served default budget (no --max-num-batched-tokens)
+    engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S"]
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *said(measured[0], tmp_path, *[stating("0.19.0", **KV)] * 3),
+                                    "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "twin.json")])
+    assert res.exit_code == 0, res.stderr
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "-n", "4", "--efficiencies", str(tmp_path / "twin.json"),
+                                    *flags, "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.stderr
+    ran = engine_of(tmp_path / "r")
+    assert ran["num_gpu_blocks_override"] == blocks
+    if blocks is None and "--max-num-batched-tokens" in flags:
+        assert "--max-num-batched-tokens not as twin.json was calibrated" in words(res.stderr)
+    elif blocks is None:
+        served = json.loads((tmp_path / "twin.json").read_text())["calibration"]["sized_with"]
+        assert served["max_num_batched_tokens"] is None and ran["max_num_batched_tokens"] > 2048
+        assert (f"the offline default --max-num-batched-tokens {ran['max_num_batched_tokens']} (2048 on its server) "
+                "not as twin.json was calibrated: the KV cache is sized from memory") in words(res.stderr)
+    else:
+        assert ran["max_num_batched_tokens"] == 2048 and "sized from memory" not in res.stderr
+
+
 @pytest.mark.parametrize("flags", [("--model", "meta-llama/Llama-2-7b-hf"), ("--gpu", "H100"), ("-tp", "2")])
 def test_a_run_of_another_server_takes_none_of_what_the_twins_server_stated(
     twins: dict[str, Any], tmp_path: Path, flags: tuple[str, ...]
@@ -537,6 +569,13 @@ def test_sweeps_and_tunes_of_the_twin_run_its_engine_unless_they_vary_what_sizes
     ran = points(tmp_path / "s2")
     assert len(ran) == 2 and all(p["num_gpu_blocks_override"] is None and p["block_size"] == 32 for p in ran)
     assert "--max-num-batched-tokens not as twin.json was calibrated" in words(res.stderr)
+    # a sweep of rates up to inf: its offline point would size the cache otherwise
+    res = CliRunner().invoke(main, ["sweep", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S", "--rate", "1,inf",
+                                    *base, "-o", str(tmp_path / "s3")])
+    assert res.exit_code == 0, res.stderr
+    ran = points(tmp_path / "s3")
+    assert len(ran) == 2 and all(p["num_gpu_blocks_override"] is None for p in ran)
+    assert "the offline default --max-num-batched-tokens" in words(res.stderr)
     # a tune searching the sequence cap: the same
     res = CliRunner().invoke(main, ["tune", *ENGINE, "--param", "max-num-seqs=2,4", "-c", "2", *base,
                                     "--max-trials", "2", "--slo-ttft-ms", "500", "-o", str(tmp_path / "t")])
