@@ -74,7 +74,7 @@ def cards(*owners: str) -> dict[str, Any]:
      {"name": "vLLM", "version": "0.11.0", "source": "GET /version"}),
     # SGLang 0.5's route, and the one before it
     ({"/v1/models": cards("sglang"), "/server_info": {"version": "0.5.2", "tp_size": 1}},
-     {"name": "SGLang", "version": "0.5.2", "source": "GET /server_info"}),
+     {"name": "SGLang", "version": "0.5.2", "source": "GET /server_info", "settings": {"tensor_parallel_size": 1}}),
     ({"/v1/models": cards("sglang"), "/server_info": 404, "/get_server_info": {"version": "0.4.6.post1"}},
      {"name": "SGLang", "version": "0.4.6.post1", "source": "GET /get_server_info"}),
     ({"/v1/models": cards("llamacpp"), "/props": {"build_info": "b6000-1a2b3c4", "total_slots": 4}},
@@ -184,6 +184,48 @@ async def test_a_vllm_server_states_its_kv_cache_and_context(
     assert said.get("settings", {}) == expected
 
 
-async def test_settings_are_vllms_only(serve: Serve) -> None:
+async def test_an_sglang_servers_settings_come_from_its_server_info_not_vllms_metrics(serve: Serve) -> None:
     url = await serve({"/v1/models": cards("sglang"), "/server_info": {"version": "0.5.2"}, "/metrics": CACHE_INFO})
     assert "settings" not in (await identify_server(url, {}) or {})
+
+
+#: ``/server_info`` as SGLang writes it: its server arguments (a few of its ~300), its
+#: scheduler's start-up info, each data-parallel rank's state, its release
+SERVER_INFO: dict[str, Any] = {
+    "model_path": "Qwen/Qwen2.5-7B-Instruct", "tp_size": 2, "dp_size": 1, "pp_size": 1, "page_size": 1,
+    "chunked_prefill_size": 8192, "max_prefill_tokens": 16384, "max_running_requests": None,
+    "mem_fraction_static": 0.871, "disable_radix_cache": False, "disable_overlap_schedule": True,
+    "enable_mixed_chunk": False, "kv_cache_dtype": "auto", "context_length": None, "schedule_policy": "fcfs",
+    "status": "ready", "max_total_num_tokens": 1_234_567, "max_req_input_len": 32762,
+    "internal_states": [{"attention_backend": "fa3", "last_gen_throughput": 0.0}], "version": "0.5.2",
+}
+
+
+@pytest.mark.parametrize(("changes", "card", "expected"), [
+    ({}, {"max_model_len": 32768},
+     {"tensor_parallel_size": 2, "enable_prefix_caching": True, "overlap_schedule": False,
+      "max_num_batched_tokens": 8192, "kv_cache_dtype": "auto", "block_size": 1,
+      "num_gpu_blocks_override": 1_234_567, "max_model_len": 32768}),
+    # pages of 64 tokens, a sequence cap and a context given, chunking off, no radix cache
+    ({"page_size": 64, "max_running_requests": 256, "context_length": 8192, "chunked_prefill_size": -1,
+      "disable_radix_cache": True, "disable_overlap_schedule": False}, {},
+     {"tensor_parallel_size": 2, "enable_prefix_caching": False, "overlap_schedule": True,
+      "enable_chunked_prefill": False, "max_num_seqs": 256, "kv_cache_dtype": "auto", "block_size": 64,
+      "num_gpu_blocks_override": 1_234_567 // 64, "max_model_len": 8192}),
+    # several schedulers (data or pipeline parallelism), each its own pool and queue: nothing
+    ({"dp_size": 2}, {"max_model_len": 32768}, {}),
+    ({"pp_size": 2}, {}, {}),
+    # a release before paging, and one that writes a value otherwise: what it states only
+    ({"page_size": None, "tp_size": "2", "disable_radix_cache": "no"}, {},
+     {"overlap_schedule": False, "max_num_batched_tokens": 8192, "kv_cache_dtype": "auto", "block_size": 1,
+      "num_gpu_blocks_override": 1_234_567}),
+])
+async def test_an_sglang_server_states_its_arguments_and_kv_pool(
+    serve: Serve, changes: dict[str, Any], card: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    cards_ = {"data": [{"id": "qwen", "owned_by": "sglang", **card}]}
+    # (SGLang before 0.5 answers /get_server_info only)
+    said = await identify_server(await serve({"/v1/models": cards_, "/server_info": 404,
+                                              "/get_server_info": {**SERVER_INFO, **changes}}), {})
+    assert said is not None and (said["name"], said["version"], said["source"]) == ("SGLang", "0.5.2", "GET /get_server_info")
+    assert said.get("settings", {}) == expected

@@ -20,6 +20,7 @@ from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, flag_w
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.sim.engine.config import parse_release, release_local_label
 from inferlab.sim.engine.dtypes import KVCacheDType
+from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.engine.families import EngineFamily, family_for_engine
 
 if TYPE_CHECKING:
@@ -51,9 +52,9 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
       and the release (``--engine-version``), so the twin runs its defaults; vLLM's CPU
       build (a ``+cpu`` release) without async scheduling, which it does not run;
     - llama.cpp: no async scheduling (it computes a batch, then schedules the next);
-    - vLLM: the settings it states (``client.serverid.vllm_settings``: its KV cache's
-      block size, blocks, dtype and prefix caching, its context length), returned (the
-      twin records them, and runs of it take them).
+    - vLLM and SGLang: the settings it states (``client.serverid``: vLLM's KV cache's
+      block size, blocks, dtype and prefix caching and its context length; SGLang's
+      arguments and KV pool), returned (the twin records them, and runs of it take them).
 
     A flag given wins, with a word where it contradicts the server. ``UsageError`` for
     runs of different servers or releases: a twin is of one."""
@@ -79,15 +80,26 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
     if name not in FAMILY_OF_SOFTWARE:
         return {}
     _as_the_release_said(kw, name, said, of, say, no_overlap)
-    return _served_settings(kw, said, say)
+    return _served_settings(kw, name, said, say)
 
 
-def _served_settings(kw: dict[str, Any], said: list[dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:
-    """The engine flags the runs' server stated (each run's ``settings``), where no flag
-    gives another value and every run that stated one stated the same; put in ``kw`` and
-    said. The number of KV blocks (vLLM's own count, its null block included) is taken
-    for the vLLM families only, and not where a flag given sizes the cache otherwise
-    (a memory share; a block size or cache dtype other than the server's)."""
+#: The families whose KV block count means what a server's own count does (vLLM's, its
+#: null block included; SGLang's token pool in its pages)
+_COUNTED_AS = {
+    "vLLM": (EngineFamily.VLLM, EngineFamily.VLLM_V0, EngineFamily.VLLM_V05),
+    "SGLang": (EngineFamily.SGLANG,),
+}
+
+
+def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:
+    """The engine flags the runs' server (``name``) stated (each run's ``settings``),
+    where no flag gives another value and every run that stated one stated the same;
+    put in ``kw`` and said, and a flag given that contradicts one said too. Its overlap
+    (async) scheduling goes with the release (``served_by`` records it), not with these.
+    The number of KV blocks is taken for the families that count them as that server
+    does only, and not where a flag given sizes the cache otherwise (a memory share; a
+    block size or cache dtype other than the server's). A cache paged a token at a time
+    (SGLang's default) is simulated in blocks of the default size, its pool the same."""
     stated = [s["settings"] for s in said if isinstance(s.get("settings"), dict)]
     if not stated:
         return {}
@@ -102,6 +114,23 @@ def _served_settings(kw: dict[str, Any], said: list[dict[str, Any]], say: Callab
         else:
             with contextlib.suppress(UsageError):  # (a dtype inferlab does not know: not taken)
                 agreed[key] = KVCacheDType.parse(str(values[0])).value
+    size = int(kw.get("block_size") or EngineConfig().block_size)
+    if agreed.get("block_size") == 1 and size != 1:  # (a block a token: slow to simulate; in blocks, the same pool)
+        agreed["block_size"] = size
+        if "num_gpu_blocks_override" in agreed:
+            tokens = agreed["num_gpu_blocks_override"]
+            agreed["num_gpu_blocks_override"] = tokens // size
+            say(f"the runs' server pages its KV cache a token at a time: its {tokens:,} tokens are simulated as "
+                f"{tokens // size:,} blocks of {size}")
+    contradicted = [k for k in agreed if k != "num_gpu_blocks_override" and given(k) and _flag_value(kw, k) != str(agreed[k])]
+    if contradicted:
+        say(f"the runs' server states {', '.join(flag_words(k, agreed[k]) for k in contradicted)}: calibrating with "
+            "the flags given instead")
+    overlap = agreed.pop("overlap_schedule", None)
+    if overlap is not None and not given("overlap_schedule"):
+        kw["overlap_schedule"] = overlap
+        say(f"{'with' if overlap else 'without'} overlap scheduling, as the runs' server states (give "
+            f"--{'no-' if overlap else ''}overlap-schedule to say otherwise)")
     taken = {k: v for k, v in agreed.items() if not given(k)}
     blocks = taken.pop("num_gpu_blocks_override", None)
     if blocks is not None:
@@ -109,8 +138,8 @@ def _served_settings(kw: dict[str, Any], said: list[dict[str, Any]], say: Callab
         # (a block size or dtype given as the server's own is the same cache)
         sized = [flag_words(k) for k in ("block_size", "kv_cache_dtype") if given(k) and _flag_value(kw, k) != str(agreed.get(k))]
         sized += [flag_words("gpu_memory_utilization")] if given("gpu_memory_utilization") else []
-        if family not in (EngineFamily.VLLM, EngineFamily.VLLM_V0, EngineFamily.VLLM_V05):
-            say(f"the {blocks} KV blocks the runs' server states are vLLM's count; the {family} family sizes its "
+        if family not in _COUNTED_AS.get(name, ()):
+            say(f"the {blocks} KV blocks the runs' server states are {name}'s count; the {family} family sizes its "
                 "cache from memory")
         elif sized:
             say(f"{', '.join(sized)} given: the KV cache is sized from the flags, not from the {blocks} blocks the "

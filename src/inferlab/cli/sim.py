@@ -128,7 +128,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
         click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
         click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
-        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: the release and its switches (async scheduling, admission, free-queue order), and the KV cache and context length its vLLM server stated (none of these for another model, GPU, precision or TP degree; the block count only with the twin's budget, sequence cap, memory share, eager mode, block size and dtype)."),
+        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: its engine family, the release and its switches (async scheduling, admission, free-queue order), and the engine its vLLM or SGLang server stated (KV cache, context length; SGLang's TP degree, caps and budget too) (none of these for another model, GPU, precision or TP degree; the block count only with the twin's budget, sequence cap, memory share, eager mode, block size and dtype)."),
     ]
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -313,9 +313,11 @@ _SWITCH_WORDS = {"scheduler_reserve_full_isl": "full-sequence admission", "evict
 
 def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[str, Any]:
     """What a calibrated twin (``--efficiencies`` with its ``sim calibrate`` record) ran
-    as, for a run of the twin's family that does not say it otherwise (no flag, no
-    replayed run's engine, not ``searched`` by a tune); said on stderr; {} otherwise.
+    as, for a run that does not say it otherwise (no flag, no replayed run's engine, not
+    ``searched`` by a tune; of the twin's family, or of none given); said on stderr; {}
+    otherwise.
 
+    - Its engine family, where none is given (a twin of SGLang runs as ``sglang``).
     - What a release decides: its release and its async (overlap) scheduling, admission
       and free-queue order, all or none (a run that sets one of them sets its release).
       Without them a twin of vLLM 0.13 or of llama-server (neither schedules ahead)
@@ -329,14 +331,20 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     path = kw.get("efficiencies_path")
     found = calibrated_as(path) if path else None
     family = EngineFamily.parse(str(kw.get("engine_family") or "vllm"))
-    if found is None or found.family != family.value or kw.get("_engine_replayed"):
-        return {}
     name, searched = Path(str(path)).name, set(searched)
+    if found is None or kw.get("_engine_replayed"):
+        return {}
+    taken: dict[str, Any] = {}
+    if found.family != family.value:  # (the twin's family where none is given: an SGLang twin runs as sglang)
+        if given("engine_family") or "engine_family" in searched:
+            return {}
+        family = EngineFamily.parse(found.family)
+        taken["engine_family"] = family.value
+        kw = {**kw, "engine_family": family.value}
 
     def say(text: str) -> None:
         click.echo(f"inferlab: {text}", err=True)
 
-    taken: dict[str, Any] = {}
     if found.release and not any(kw.get(k) is not None or given(k) for k in _RELEASE_SETTINGS):
         if searched & {*_RELEASE_SETTINGS, "engine_family"}:
             say(f"the search sets the engine's family, release or its switches per trial: they are not taken from {name}")
@@ -358,6 +366,8 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     taken.update(stated)
 
     def word(key: str, value: Any) -> str:
+        if key == "engine_family":
+            return f"the {value} family"
         if key == "engine_version":
             return f"release {value}"
         if key in RELEASE_SWITCHES:

@@ -42,8 +42,8 @@ def software_name(owned_by: object) -> str | None:
 async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, Any] | None:
     """What the server at API root ``base`` (``.../v1``) says it is: ``{"name":
     "vLLM", "version": "0.11.0", "source": "GET /version"}`` (``version`` and ``source``
-    None where the release route did not answer), and for vLLM ``settings``: the engine
-    flags it states (``vllm_settings``); None for a server that names none of the
+    None where the release route did not answer), and for vLLM and SGLang ``settings``:
+    the engine flags it states (``vllm_settings``, ``sglang_settings``); None for a server that names none of the
     software above. Gives up after ``_TIMEOUT_S`` in all."""
     import aiohttp
 
@@ -60,16 +60,20 @@ async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, An
                 return None
             name = str(owners.pop())
             found = {"name": name, "version": None, "source": None}
+            answer: Any = None
             for route, key in _RELEASE_ROUTES[name]:
                 answer = await _get(session, host + route, headers)
                 version = answer.get(key) if isinstance(answer, dict) else None
                 if isinstance(version, str) and version.strip():
                     found.update(version=version.strip(), source=f"GET {route}")
                     break
+            settings: dict[str, Any] = {}
             if name == "vLLM":  # (after the release: a large /metrics page must not cost it)
                 settings = vllm_settings(await _get(session, host + "/metrics", headers, text=True), data)
-                if settings:
-                    found["settings"] = settings
+            elif name == "SGLang":  # (its server_info is its arguments, beside the release)
+                settings = sglang_settings(answer, data)
+            if settings:
+                found["settings"] = settings
     return found
 
 
@@ -99,10 +103,67 @@ def vllm_settings(metrics: str | None, cards: object) -> dict[str, Any]:
             if len(values) == 1:
                 with contextlib.suppress(KeyError, ValueError, TypeError, AttributeError):
                     out[field] = read(values.pop())  # type: ignore[arg-type]
+    length = _card_length(cards)
+    if length is not None:
+        out["max_model_len"] = length
+    return out
+
+
+def _card_length(cards: object) -> int | None:
+    """The context length the server's one model card states (``max_model_len``)."""
     if isinstance(cards, list) and len(cards) == 1 and isinstance(cards[0], dict):
-        length = cards[0].get("max_model_len")
-        if isinstance(length, int) and not isinstance(length, bool) and length > 0:
-            out["max_model_len"] = length
+        return _count(cards[0], "max_model_len")
+    return None
+
+
+def _count(info: Mapping[str, Any], key: str) -> int | None:
+    """``info[key]`` where it is a whole number of at least 1."""
+    value = info.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def sglang_settings(info: object, cards: object) -> dict[str, Any]:
+    """The engine flags an SGLang server says it runs with, by ``EngineConfig``'s field
+    names, from its ``/server_info`` (``/get_server_info``): its server arguments as
+    resolved at start-up, and its scheduler's KV pool.
+
+    - ``tp_size`` is the tensor-parallel degree;
+    - ``disable_radix_cache`` turns prefix caching off;
+    - ``disable_overlap_schedule`` turns the overlap scheduler off (``overlap_schedule``);
+    - ``chunked_prefill_size`` is the batch budget the ``sglang`` family models
+      (``max_num_batched_tokens``); -1 turns chunking off;
+    - ``max_running_requests`` is the sequence cap (None there: SGLang derives it);
+    - ``kv_cache_dtype`` is the cache's dtype;
+    - ``max_total_num_tokens`` (the scheduler's token pool) in pages of ``page_size``
+      tokens (1 where it has none: releases before paging) is the cache
+      (``block_size``, ``num_gpu_blocks_override``);
+    - ``context_length`` (else its one model card's ``max_model_len``) is the context.
+
+    Nothing for a server of several schedulers (``dp_size`` or ``pp_size`` above 1): each
+    has its own pool and queue, and the simulator runs one. Only what it states."""
+    if not isinstance(info, dict) or (_count(info, "dp_size") or 1) > 1 or (_count(info, "pp_size") or 1) > 1:
+        return {}
+    out: dict[str, Any] = {}
+    tp = _count(info, "tp_size")
+    if tp is not None:
+        out["tensor_parallel_size"] = tp
+    for key, field in (("disable_radix_cache", "enable_prefix_caching"), ("disable_overlap_schedule", "overlap_schedule")):
+        if isinstance(info.get(key), bool):
+            out[field] = not info[key]
+    chunk = info.get("chunked_prefill_size")
+    if isinstance(chunk, int) and not isinstance(chunk, bool):
+        out.update({"max_num_batched_tokens": chunk} if chunk > 0 else {"enable_chunked_prefill": False})
+    seqs = _count(info, "max_running_requests")
+    if seqs is not None:
+        out["max_num_seqs"] = seqs
+    if isinstance(info.get("kv_cache_dtype"), str):
+        out["kv_cache_dtype"] = info["kv_cache_dtype"]
+    tokens, page = _count(info, "max_total_num_tokens"), _count(info, "page_size") or 1
+    if tokens is not None:
+        out.update(block_size=page, num_gpu_blocks_override=tokens // page)
+    length = _count(info, "context_length") or _card_length(cards)
+    if length is not None:
+        out["max_model_len"] = length
     return out
 
 

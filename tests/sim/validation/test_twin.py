@@ -610,3 +610,89 @@ def test_settings_the_runs_disagree_on_are_not_taken(measured: tuple[list[str], 
     assert "stated --num-gpu-blocks-override differently from run to run: not taken" in words(res.stderr)
     stated = json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
     assert "num_gpu_blocks_override" not in stated and stated["block_size"] == 32
+
+
+#: What ``client.serverid.sglang_settings`` reads from an SGLang server's /server_info
+SGLANG = {"tensor_parallel_size": 1, "enable_prefix_caching": False, "overlap_schedule": False,
+          "max_num_batched_tokens": 4096, "max_num_seqs": 128, "kv_cache_dtype": "auto", "block_size": 1,
+          "num_gpu_blocks_override": 50_000, "max_model_len": 8192}
+
+
+def sglang(**settings: Any) -> dict[str, Any]:
+    return {"name": "SGLang", "version": "0.5.2", "source": "GET /server_info", "settings": settings}
+
+
+@pytest.mark.parametrize(("flags", "blocks", "block_size"), [
+    ((), 50_000 // 16, 16),  # (a token a page, simulated in blocks of the default size: the same pool)
+    (("--block-size", "1"), 50_000, 1),
+    (("--block-size", "32"), 50_000 // 32, 32),
+])
+def test_a_twin_of_sglang_takes_its_arguments_and_pool_and_runs_of_it_run_them(
+    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], blocks: int, block_size: int
+) -> None:
+    engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S"]
+    runs = said(measured[0], tmp_path, *[sglang(**SGLANG)] * 3)
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *flags, *runs, "--fit", "gemm_compute",
+                                    "--max-evaluations", "3", "-o", str(tmp_path / "twin.json")])
+    assert res.exit_code == 0, res.stderr
+    err = words(res.stderr)
+    assert "the sglang family, as the runs' server said SGLang 0.5.2" in err
+    assert "without overlap scheduling, as the runs' server states" in err
+    assert ("a token at a time" in err) == (block_size != 1)
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    assert (record["served_by"]["engine_family"], record["served_by"]["overlap_schedule"]) == ("sglang", False)
+    stated = {k: v for k, v in SGLANG.items() if k != "overlap_schedule"}  # (it goes with the release)
+    stated.update(block_size=block_size, num_gpu_blocks_override=blocks)
+    if flags:  # (given, the block size is the flag's: not recorded as what the server stated)
+        del stated["block_size"]
+    assert record["server_settings"] == stated
+    # a run of the twin runs that engine: its pool, caps and switches
+    # (no --engine-family: the twin's)
+    res = CliRunner().invoke(main, ["sim", "run", *engine, *flags, "-c", "2", "-n", "4",
+                                    "--efficiencies", str(tmp_path / "twin.json"), "-o", str(tmp_path / "r"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    ran, err, prediction = engine_of(tmp_path / "r"), words(res.stderr), json.loads(res.stdout)["prediction"]
+    assert {k: ran[k] for k in ("num_gpu_blocks_override", "block_size", "max_num_batched_tokens", "max_num_seqs",
+                                "enable_prefix_caching", "overlap_schedule", "max_model_len")} == {
+        "num_gpu_blocks_override": blocks, "block_size": block_size, "max_num_batched_tokens": 4096,
+        "max_num_seqs": 128, "enable_prefix_caching": False, "overlap_schedule": False, "max_model_len": 8192}
+    assert ran["engine_family"] == "sglang" and "as twin.json was calibrated: the sglang family, release 0.5.2" in err
+    assert "mismatch" not in prediction and "sized from memory" not in err
+    if not flags:  # a sweep of the twin: each point the same
+        res = CliRunner().invoke(main, ["sweep", *engine, "--concurrency", "1,2", "-n", "4", "--efficiencies",
+                                        str(tmp_path / "twin.json"), "-o", str(tmp_path / "s")])
+        assert res.exit_code == 0, res.stderr
+        points = [engine_of(p.parent) for p in (tmp_path / "s").rglob("config.json")]
+        assert len(points) == 2 and all((p["engine_family"], p["num_gpu_blocks_override"], p["max_num_seqs"]) ==
+                                        ("sglang", blocks, 128) for p in points)
+    # another family given: a what-if of another engine, nothing of the twin's taken
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "--engine-family", "vllm", "-c", "2", "-n", "4",
+                                    "--efficiencies", str(tmp_path / "twin.json"), "-o", str(tmp_path / "v"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    ran = engine_of(tmp_path / "v")
+    assert (ran["engine_family"], ran["num_gpu_blocks_override"]) == ("vllm", None) and ran["max_num_seqs"] != 128
+    assert "mismatch" in json.loads(res.stdout)["prediction"]
+
+
+def test_flags_that_contradict_what_an_sglang_server_states_are_said_and_win(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    runs = said(measured[0], tmp_path, *[sglang(**SGLANG)] * 3)
+    # (ENGINE gives --max-num-batched-tokens 2048)
+    res = calibrate_cli(runs, tmp_path / "twin.json", "--engine-family", "sglang", "--overlap-schedule", "-tp", "2",
+                        "--gpu", "H100")
+    assert res.exit_code == 0, res.stderr
+    assert ("the runs' server states --max-num-batched-tokens 4096, --no-overlap-schedule, --tensor-parallel-size 1: "
+            "calibrating with the flags given instead") in words(res.stderr)
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    served = record["served_by"]
+    assert (served["tensor_parallel_size"], served["overlap_schedule"]) == (2, True)
+    assert "tensor_parallel_size" not in record["server_settings"] and "max_num_batched_tokens" not in record["server_settings"]
+
+
+def test_an_sglang_pool_is_not_taken_as_vllms_blocks(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
+    runs = said(measured[0], tmp_path, *[sglang(**SGLANG)] * 3)
+    res = calibrate_cli(runs, tmp_path / "twin.json", "--engine-family", "vllm")
+    assert res.exit_code == 0, res.stderr
+    assert "KV blocks the runs' server states are SGLang's count; the vllm family sizes its cache from memory" in words(res.stderr)
+    assert "num_gpu_blocks_override" not in json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
