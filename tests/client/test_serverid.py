@@ -194,7 +194,7 @@ async def test_an_sglang_servers_settings_come_from_its_server_info_not_vllms_me
 SERVER_INFO: dict[str, Any] = {
     "model_path": "Qwen/Qwen2.5-7B-Instruct", "tp_size": 2, "dp_size": 1, "pp_size": 1, "page_size": 1,
     "chunked_prefill_size": 8192, "max_prefill_tokens": 16384, "max_running_requests": None,
-    "mem_fraction_static": 0.871, "disable_radix_cache": False, "disable_overlap_schedule": True,
+    "mem_fraction_static": 0.871, "disable_radix_cache": False, "disable_overlap_schedule": True, "disable_cuda_graph": False,
     "enable_mixed_chunk": False, "kv_cache_dtype": "auto", "context_length": None, "schedule_policy": "fcfs",
     "status": "ready", "max_total_num_tokens": 1_234_567, "max_req_input_len": 32762,
     "internal_states": [{"attention_backend": "fa3", "last_gen_throughput": 0.0}], "version": "0.5.2",
@@ -203,13 +203,13 @@ SERVER_INFO: dict[str, Any] = {
 
 @pytest.mark.parametrize(("changes", "card", "expected"), [
     ({}, {"max_model_len": 32768},
-     {"tensor_parallel_size": 2, "enable_prefix_caching": True, "overlap_schedule": False,
+     {"tensor_parallel_size": 2, "enable_prefix_caching": True, "overlap_schedule": False, "enforce_eager": False,
       "max_num_batched_tokens": 8192, "kv_cache_dtype": "auto", "block_size": 1,
       "num_gpu_blocks_override": 1_234_567, "max_model_len": 32768}),
     # pages of 64 tokens, a sequence cap and a context given, chunking off, no radix cache
     ({"page_size": 64, "max_running_requests": 256, "context_length": 8192, "chunked_prefill_size": -1,
-      "disable_radix_cache": True, "disable_overlap_schedule": False}, {},
-     {"tensor_parallel_size": 2, "enable_prefix_caching": False, "overlap_schedule": True,
+      "disable_radix_cache": True, "disable_overlap_schedule": False, "disable_cuda_graph": True}, {},
+     {"tensor_parallel_size": 2, "enable_prefix_caching": False, "overlap_schedule": True, "enforce_eager": True,
       "enable_chunked_prefill": False, "max_num_seqs": 256, "kv_cache_dtype": "auto", "block_size": 64,
       "num_gpu_blocks_override": 1_234_567 // 64, "max_model_len": 8192}),
     # several schedulers (data or pipeline parallelism), each its own pool and queue: nothing
@@ -217,7 +217,7 @@ SERVER_INFO: dict[str, Any] = {
     ({"pp_size": 2}, {}, {}),
     # a release before paging, and one that writes a value otherwise: what it states only
     ({"page_size": None, "tp_size": "2", "disable_radix_cache": "no"}, {},
-     {"overlap_schedule": False, "max_num_batched_tokens": 8192, "kv_cache_dtype": "auto", "block_size": 1,
+     {"overlap_schedule": False, "enforce_eager": False, "max_num_batched_tokens": 8192, "kv_cache_dtype": "auto", "block_size": 1,
       "num_gpu_blocks_override": 1_234_567}),
 ])
 async def test_an_sglang_server_states_its_arguments_and_kv_pool(

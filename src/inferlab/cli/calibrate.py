@@ -89,6 +89,16 @@ _COUNTED_AS = {
     "vLLM": (EngineFamily.VLLM, EngineFamily.VLLM_V0, EngineFamily.VLLM_V05),
     "SGLang": (EngineFamily.SGLANG,),
 }
+#: What a server states that means something else in another family than its own: SGLang's
+#: chunked prefill size is the ``sglang`` family's batch budget, its overlap scheduler
+#: that family's; and a server's KV pool is counted its own way (``_COUNTED_AS``)
+_OWN_FAMILYS = {"SGLang": ("max_num_batched_tokens", "enable_chunked_prefill", "overlap_schedule")}
+#: Block sizes the simulator takes (``sim.engine.config``)
+_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+#: Flags by which calibrate's engine would hold another pool than the server's: its
+#: tensor-parallel degree (another share of each GPU), budget and sequence cap (another
+#: activation reserve), block size, dtype and memory share
+_SIZES_THE_POOL = ("tensor_parallel_size", "max_num_batched_tokens", "max_num_seqs", "block_size", "kv_cache_dtype")
 
 
 def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:
@@ -96,10 +106,15 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
     where no flag gives another value and every run that stated one stated the same;
     put in ``kw`` and said, and a flag given that contradicts one said too. Its overlap
     (async) scheduling goes with the release (``served_by`` records it), not with these.
-    The number of KV blocks is taken for the families that count them as that server
-    does only, and not where a flag given sizes the cache otherwise (a memory share; a
-    block size or cache dtype other than the server's). A cache paged a token at a time
-    (SGLang's default) is simulated in blocks of the default size, its pool the same."""
+
+    Its KV pool (``num_gpu_blocks_override``) is taken only by the families that count
+    it as that server does, and not where a flag given sizes the cache otherwise (a
+    memory share, or another value than the server's of ``_SIZES_THE_POOL``); taken, it
+    goes with the block size it is counted in. A pool paged a token at a time (SGLang's
+    default: slow to simulate) or in pages the simulator does not take is simulated in
+    blocks of the run's block size, the same tokens; what the fit took (``server_settings``)
+    then holds that block size and count. What means otherwise in another family than
+    the server's own (``_OWN_FAMILYS``) is not taken for another family."""
     stated = [s["settings"] for s in said if isinstance(s.get("settings"), dict)]
     if not stated:
         return {}
@@ -114,14 +129,23 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
         else:
             with contextlib.suppress(UsageError):  # (a dtype inferlab does not know: not taken)
                 agreed[key] = KVCacheDType.parse(str(values[0])).value
-    size = int(kw.get("block_size") or EngineConfig().block_size)
-    if agreed.get("block_size") == 1 and size != 1:  # (a block a token: slow to simulate; in blocks, the same pool)
-        agreed["block_size"] = size
-        if "num_gpu_blocks_override" in agreed:
-            tokens = agreed["num_gpu_blocks_override"]
-            agreed["num_gpu_blocks_override"] = tokens // size
-            say(f"the runs' server pages its KV cache a token at a time: its {tokens:,} tokens are simulated as "
-                f"{tokens // size:,} blocks of {size}")
+    family = EngineFamily.parse(str(kw["engine_family"]))
+    if family not in _COUNTED_AS.get(name, ()):
+        other = [k for k in ("num_gpu_blocks_override", *_OWN_FAMILYS.get(name, ())) if k in agreed]
+        if other:
+            say(f"calibrating as the {family} family, not {name}'s: what the runs' server states of "
+                f"{', '.join(map(flag_words, other))} is {name}'s, not taken")
+            for key in other:
+                del agreed[key]
+    size, page = int(kw.get("block_size") or EngineConfig().block_size), agreed.get("block_size")
+    converted: dict[str, Any] = {}
+    if isinstance(page, int) and (page == 1 or page not in _BLOCK_SIZES) and page != size:
+        del agreed["block_size"]
+        if "num_gpu_blocks_override" in agreed and not given("num_gpu_blocks_override"):  # (the same tokens)
+            tokens = agreed.pop("num_gpu_blocks_override") * page
+            converted = {"block_size": size, "num_gpu_blocks_override": tokens // size}
+            say(f"the runs' server pages its KV cache {'a token' if page == 1 else f'{page} tokens'} at a time: its "
+                f"{tokens:,} tokens are simulated as {tokens // size:,} blocks of {size}")
     contradicted = [k for k in agreed if k != "num_gpu_blocks_override" and given(k) and _flag_value(kw, k) != str(agreed[k])]
     if contradicted:
         say(f"the runs' server states {', '.join(flag_words(k, agreed[k]) for k in contradicted)}: calibrating with "
@@ -132,25 +156,22 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
         say(f"{'with' if overlap else 'without'} overlap scheduling, as the runs' server states (give "
             f"--{'no-' if overlap else ''}overlap-schedule to say otherwise)")
     taken = {k: v for k, v in agreed.items() if not given(k)}
-    blocks = taken.pop("num_gpu_blocks_override", None)
+    blocks = taken.pop("num_gpu_blocks_override", None) or converted.get("num_gpu_blocks_override")
     if blocks is not None:
-        family = EngineFamily.parse(str(kw["engine_family"]))
-        # (a block size or dtype given as the server's own is the same cache)
-        sized = [flag_words(k) for k in ("block_size", "kv_cache_dtype") if given(k) and _flag_value(kw, k) != str(agreed.get(k))]
+        sized = [flag_words(k) for k in _SIZES_THE_POOL if k in contradicted]
         sized += [flag_words("gpu_memory_utilization")] if given("gpu_memory_utilization") else []
-        if family not in _COUNTED_AS.get(name, ()):
-            say(f"the {blocks} KV blocks the runs' server states are {name}'s count; the {family} family sizes its "
-                "cache from memory")
-        elif sized:
+        if sized:
             say(f"{', '.join(sized)} given: the KV cache is sized from the flags, not from the {blocks} blocks the "
                 "runs' server states")
-        else:
-            taken["num_gpu_blocks_override"] = blocks
-    for key, value in taken.items():
-        kw[key] = KVCacheDType.parse(value) if key == "kv_cache_dtype" else value
+            converted = {}
+        elif not converted:  # (with the block size they are counted in, given or not)
+            taken.update(num_gpu_blocks_override=blocks, block_size=int(agreed.get("block_size", size)))
     if taken:
         say(f"as the runs' server states its engine: {', '.join(flag_words(k, v) for k, v in taken.items())} "
             "(unless flags say otherwise)")
+    taken.update(converted)
+    for key, value in taken.items():
+        kw[key] = KVCacheDType.parse(value) if key == "kv_cache_dtype" else value
     if differ:
         say(f"the runs' server stated {', '.join(map(flag_words, differ))} differently from run to run: "
             "not taken (a twin is of one server; give the flags)")

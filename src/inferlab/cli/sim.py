@@ -128,7 +128,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
         click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
         click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
-        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: its engine family, the release and its switches (async scheduling, admission, free-queue order), and the engine its vLLM or SGLang server stated (KV cache, context length; SGLang's TP degree, caps and budget too) (none of these for another model, GPU, precision or TP degree; the block count only with the twin's budget, sequence cap, memory share, eager mode, block size and dtype)."),
+        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: its engine family, the release and its switches (async scheduling, admission, free-queue order), the engine its vLLM or SGLang server stated (KV cache, context length; SGLang's TP degree, caps and budget too) and the sizes it was calibrated with (budget, sequence cap, memory share, eager mode) (neither for another model, GPU, precision or TP degree, nor for a search over one; the block count only while the budget and sequence cap resolve as the twin's did, offline runs included, and the memory share, eager mode, block size and dtype are the twin's)."),
     ]
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -322,9 +322,12 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
       and free-queue order, all or none (a run that sets one of them sets its release).
       Without them a twin of vLLM 0.13 or of llama-server (neither schedules ahead)
       would run as a current vLLM and lose its bands.
-    - The engine flags its server stated (vLLM's KV cache and context length), each
-      where not given, and none for a run of another model, GPU, precision or
-      tensor-parallel degree (another server). The number of KV blocks is the server's
+    - The engine flags its server stated (vLLM's KV cache and context length; SGLang's
+      too, its TP degree, caps and budget: not its chunk size as a budget for a run
+      without chunked prefill), and the sizes calibrate ran with (``SIZED_WITH``: memory
+      share, budget, sequence cap, eager mode), each where not given, and none for a run
+      of another model, GPU, precision or tensor-parallel degree (another server), or a
+      search over any of them. The number of KV blocks is the server's
       only while what sizes the cache is as the twin's was (``SIZED_WITH``, the block
       size, the cache's dtype): another budget or memory share would have left vLLM
       another number, so the run sizes its cache from memory, and says so."""
@@ -335,26 +338,38 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     if found is None or kw.get("_engine_replayed"):
         return {}
     taken: dict[str, Any] = {}
+
+    def say(text: str) -> None:
+        click.echo(f"inferlab: {text}", err=True)
+
     if found.family != family.value:  # (the twin's family where none is given: an SGLang twin runs as sglang)
+        if "engine_family" in searched:
+            say(f"the search sets the engine's family per trial: nothing of {name} (a twin of the {found.family} "
+                "family) is taken")
         if given("engine_family") or "engine_family" in searched:
             return {}
         family = EngineFamily.parse(found.family)
         taken["engine_family"] = family.value
         kw = {**kw, "engine_family": family.value}
-
-    def say(text: str) -> None:
-        click.echo(f"inferlab: {text}", err=True)
-
     if found.release and not any(kw.get(k) is not None or given(k) for k in _RELEASE_SETTINGS):
         if searched & {*_RELEASE_SETTINGS, "engine_family"}:
             say(f"the search sets the engine's family, release or its switches per trial: they are not taken from {name}")
         else:
             taken.update(found.release)
     stated = {k: v for k, v in found.stated.items() if not given(k) and k not in searched}
-    if stated and _another_server({**kw, **stated}, str(path)):
-        say(f"the run is of another model, GPU, precision or tensor-parallel degree than {name}'s: the engine its "
-            "server stated (KV cache, context length) is not taken")
-        stated = {}
+    if kw.get("enable_chunked_prefill") is False:  # (unchunked, a budget stated for chunks is not this engine's)
+        stated.pop("max_num_batched_tokens", None)
+    # (the sizes calibrate's engine ran with, where not given: sim serve's own defaults are not the twin's)
+    sizes = {k: v for k, v in found.sized_with.items()
+             if k in SIZED_WITH and k not in stated and not given(k) and k not in searched and kw.get(k) != v}
+    identity = searched & set(_IDENTITY)
+    if (stated or sizes) and (identity or _another_server({**kw, **sizes, **stated}, str(path))):
+        what = f"the search sets {', '.join(map(flag_words, sorted(identity)))} per trial" if identity else (
+            f"the run is of another model, GPU, precision or tensor-parallel degree than {name}'s")
+        say(f"{what}: the engine its server stated (KV cache, context length) and the sizes it was calibrated with "
+            "are not taken")
+        stated, sizes = {}, {}
+    taken.update(sizes)
     blocks = stated.pop("num_gpu_blocks_override", None)
     if blocks is not None:
         other = _other_cache({**kw, **taken, **stated}, found, searched, blocks)
@@ -366,6 +381,8 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     taken.update(stated)
 
     def word(key: str, value: Any) -> str:
+        if value is None:  # (a size calibrate left to the family)
+            return f"the family's default {flag_words(key)}"
         if key == "engine_family":
             return f"the {value} family"
         if key == "engine_version":
@@ -375,8 +392,10 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
             return f"{what} {'on' if value else 'off'}"
         return flag_words(key, value)
 
-    if taken:
-        say(f"as {name} was calibrated: {', '.join(word(k, v) for k, v in taken.items())} (unless flags say otherwise)")
+    # (vLLM's admission and free-queue switches go unsaid for another family: it has neither)
+    shown = {k: v for k, v in taken.items() if family is EngineFamily.VLLM or k not in _SWITCH_WORDS}
+    if shown:
+        say(f"as {name} was calibrated: {', '.join(word(k, v) for k, v in shown.items())} (unless flags say otherwise)")
     return taken
 
 

@@ -130,6 +130,7 @@ def sglang_settings(info: object, cards: object) -> dict[str, Any]:
     - ``tp_size`` is the tensor-parallel degree;
     - ``disable_radix_cache`` turns prefix caching off;
     - ``disable_overlap_schedule`` turns the overlap scheduler off (``overlap_schedule``);
+    - ``disable_cuda_graph`` runs it eagerly (``enforce_eager``);
     - ``chunked_prefill_size`` is the batch budget the ``sglang`` family models
       (``max_num_batched_tokens``); -1 turns chunking off;
     - ``max_running_requests`` is the sequence cap (None there: SGLang derives it);
@@ -147,9 +148,11 @@ def sglang_settings(info: object, cards: object) -> dict[str, Any]:
     tp = _count(info, "tp_size")
     if tp is not None:
         out["tensor_parallel_size"] = tp
-    for key, field in (("disable_radix_cache", "enable_prefix_caching"), ("disable_overlap_schedule", "overlap_schedule")):
+    for key, field, invert in (("disable_radix_cache", "enable_prefix_caching", True),
+                               ("disable_overlap_schedule", "overlap_schedule", True),
+                               ("disable_cuda_graph", "enforce_eager", False)):
         if isinstance(info.get(key), bool):
-            out[field] = not info[key]
+            out[field] = info[key] != invert
     chunk = info.get("chunked_prefill_size")
     if isinstance(chunk, int) and not isinstance(chunk, bool):
         out.update({"max_num_batched_tokens": chunk} if chunk > 0 else {"enable_chunked_prefill": False})

@@ -495,6 +495,27 @@ def test_a_run_sized_otherwise_sizes_its_cache_from_memory_and_says_so(
     assert ran["max_model_len"] == 8192  # (the rest of what the server stated is still taken)
 
 
+def served_twin(measured: tuple[list[str], list[str]], tmp_path: Path) -> list[str]:
+    """A twin (tmp_path/twin.json) of a vLLM server that stated its cache, calibrated at
+    the served default budget (no --max-num-batched-tokens); the engine flags it has."""
+    engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S"]
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *said(measured[0], tmp_path, *[stating("0.19.0", **KV)] * 3),
+                                    "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "twin.json")])
+    assert res.exit_code == 0, res.stderr
+    return engine
+
+
+def test_a_sweep_of_rates_up_to_inf_sizes_its_cache_from_memory(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
+    # (its offline point would size the cache otherwise: vLLM's offline class has a larger budget)
+    engine = served_twin(measured, tmp_path)
+    res = CliRunner().invoke(main, ["sweep", *engine, "--rate", "1,inf", "-n", "4", "--efficiencies",
+                                    str(tmp_path / "twin.json"), "-o", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.stderr
+    ran = [engine_of(p.parent) for p in (tmp_path / "s").rglob("config.json")]
+    assert len(ran) == 2 and all(p["num_gpu_blocks_override"] is None and p["block_size"] == 32 for p in ran)
+    assert "the offline default --max-num-batched-tokens" in words(res.stderr)
+
+
 @pytest.mark.parametrize(("flags", "blocks"), [
     (("--rate", "inf"), None),  # offline: vLLM's LLM class has a larger default budget
     (("--rate", "inf", "--served"), 900),
@@ -506,11 +527,7 @@ def test_a_run_sized_otherwise_sizes_its_cache_from_memory_and_says_so(
 def test_an_offline_run_of_a_served_twin_sizes_its_cache_from_memory(
     measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], blocks: int | None
 ) -> None:
-    # a twin calibrated at the served default budget (no --max-num-batched-tokens)
-    engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S"]
-    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *said(measured[0], tmp_path, *[stating("0.19.0", **KV)] * 3),
-                                    "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "twin.json")])
-    assert res.exit_code == 0, res.stderr
+    engine = served_twin(measured, tmp_path)
     res = CliRunner().invoke(main, ["sim", "run", *engine, "-n", "4", "--efficiencies", str(tmp_path / "twin.json"),
                                     *flags, "-o", str(tmp_path / "r")])
     assert res.exit_code == 0, res.stderr
@@ -569,13 +586,6 @@ def test_sweeps_and_tunes_of_the_twin_run_its_engine_unless_they_vary_what_sizes
     ran = points(tmp_path / "s2")
     assert len(ran) == 2 and all(p["num_gpu_blocks_override"] is None and p["block_size"] == 32 for p in ran)
     assert "--max-num-batched-tokens not as twin.json was calibrated" in words(res.stderr)
-    # a sweep of rates up to inf: its offline point would size the cache otherwise
-    res = CliRunner().invoke(main, ["sweep", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S", "--rate", "1,inf",
-                                    *base, "-o", str(tmp_path / "s3")])
-    assert res.exit_code == 0, res.stderr
-    ran = points(tmp_path / "s3")
-    assert len(ran) == 2 and all(p["num_gpu_blocks_override"] is None for p in ran)
-    assert "the offline default --max-num-batched-tokens" in words(res.stderr)
     # a tune searching the sequence cap: the same
     res = CliRunner().invoke(main, ["tune", *ENGINE, "--param", "max-num-seqs=2,4", "-c", "2", *base,
                                     "--max-trials", "2", "--slo-ttft-ms", "500", "-o", str(tmp_path / "t")])
@@ -589,7 +599,8 @@ def test_sweeps_and_tunes_of_the_twin_run_its_engine_unless_they_vary_what_sizes
     (("--block-size", "32"), 900, None),  # (the server's own block size)
     (("--block-size", "16"), None, "--block-size given: the KV cache is sized from the flags, not from the 900 blocks"),
     (("--gpu-memory-utilization", "0.85"), None, "--gpu-memory-utilization given"),
-    (("--engine-family", "sglang"), None, "the 900 KV blocks the runs' server states are vLLM's count"),
+    (("--engine-family", "sglang"), None, "calibrating as the sglang family, not vLLM's: what the runs' server states "
+                                          "of --num-gpu-blocks-override is vLLM's, not taken"),
 ])
 def test_calibrate_takes_the_servers_blocks_unless_a_flag_sizes_the_cache_otherwise(
     measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], blocks: int | None, needle: str | None
@@ -598,6 +609,8 @@ def test_calibrate_takes_the_servers_blocks_unless_a_flag_sizes_the_cache_otherw
     assert res.exit_code == 0, res.stderr
     stated = json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
     assert stated.get("num_gpu_blocks_override") == blocks and stated["max_model_len"] == 8192
+    if blocks:  # (with the size they are counted in, given or not)
+        assert stated["block_size"] == 32
     if needle:
         assert needle in words(res.stderr)
 
@@ -643,12 +656,11 @@ def test_a_twin_of_sglang_takes_its_arguments_and_pool_and_runs_of_it_run_them(
     assert (record["served_by"]["engine_family"], record["served_by"]["overlap_schedule"]) == ("sglang", False)
     stated = {k: v for k, v in SGLANG.items() if k != "overlap_schedule"}  # (it goes with the release)
     stated.update(block_size=block_size, num_gpu_blocks_override=blocks)
-    if flags:  # (given, the block size is the flag's: not recorded as what the server stated)
-        del stated["block_size"]
+    # (given or not, the block size the blocks are counted in is recorded with them)
     assert record["server_settings"] == stated
     # a run of the twin runs that engine: its pool, caps and switches
-    # (no --engine-family: the twin's)
-    res = CliRunner().invoke(main, ["sim", "run", *engine, *flags, "-c", "2", "-n", "4",
+    # (no --engine-family: the twin's; no --block-size: the twin's blocks are of its own)
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "-c", "2", "-n", "4",
                                     "--efficiencies", str(tmp_path / "twin.json"), "-o", str(tmp_path / "r"), "--json"])
     assert res.exit_code == 0, res.stderr
     ran, err, prediction = engine_of(tmp_path / "r"), words(res.stderr), json.loads(res.stdout)["prediction"]
@@ -657,6 +669,7 @@ def test_a_twin_of_sglang_takes_its_arguments_and_pool_and_runs_of_it_run_them(
         "num_gpu_blocks_override": blocks, "block_size": block_size, "max_num_batched_tokens": 4096,
         "max_num_seqs": 128, "enable_prefix_caching": False, "overlap_schedule": False, "max_model_len": 8192}
     assert ran["engine_family"] == "sglang" and "as twin.json was calibrated: the sglang family, release 0.5.2" in err
+    assert "full-sequence admission" not in err  # (vLLM's switch: unsaid for SGLang)
     assert "mismatch" not in prediction and "sized from memory" not in err
     if not flags:  # a sweep of the twin: each point the same
         res = CliRunner().invoke(main, ["sweep", *engine, "--concurrency", "1,2", "-n", "4", "--efficiencies",
@@ -687,12 +700,99 @@ def test_flags_that_contradict_what_an_sglang_server_states_are_said_and_win(
     record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
     served = record["served_by"]
     assert (served["tensor_parallel_size"], served["overlap_schedule"]) == (2, True)
-    assert "tensor_parallel_size" not in record["server_settings"] and "max_num_batched_tokens" not in record["server_settings"]
+    # (the server's pool was of one GPU and its budget: not this engine's)
+    assert ("--tensor-parallel-size, --max-num-batched-tokens given: the KV cache is sized from the flags, not from "
+            "the 3125 blocks") in words(res.stderr)
+    assert not {"tensor_parallel_size", "max_num_batched_tokens", "num_gpu_blocks_override"} & set(record["server_settings"])
 
 
 def test_an_sglang_pool_is_not_taken_as_vllms_blocks(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
     runs = said(measured[0], tmp_path, *[sglang(**SGLANG)] * 3)
     res = calibrate_cli(runs, tmp_path / "twin.json", "--engine-family", "vllm")
     assert res.exit_code == 0, res.stderr
-    assert "KV blocks the runs' server states are SGLang's count; the vllm family sizes its cache from memory" in words(res.stderr)
-    assert "num_gpu_blocks_override" not in json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
+    err = words(res.stderr)
+    assert ("calibrating as the vllm family, not SGLang's: what the runs' server states of --num-gpu-blocks-override, "
+            "--max-num-batched-tokens, --overlap-schedule is SGLang's, not taken") in err
+    assert "a token at a time" not in err
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    stated = record["server_settings"]
+    assert not {"num_gpu_blocks_override", "block_size", "max_num_batched_tokens"} & set(stated)
+    assert stated["max_num_seqs"] == 128 and record["served_by"]["overlap_schedule"] is True  # (the family's own)
+
+
+def test_an_sglang_pool_in_pages_the_simulator_does_not_take_is_simulated_in_blocks_of_the_runs_size(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    runs = said(measured[0], tmp_path, *[sglang(**{**SGLANG, "block_size": 256, "num_gpu_blocks_override": 200})] * 3)
+    res = CliRunner().invoke(main, ["sim", "calibrate", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S", *runs,
+                                    "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "twin.json")])
+    assert res.exit_code == 0, res.stderr
+    assert "pages its KV cache 256 tokens at a time: its 51,200 tokens are simulated as 3,200 blocks of 16" in words(res.stderr)
+    stated = json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
+    assert (stated["block_size"], stated["num_gpu_blocks_override"]) == (16, 3200)
+
+
+def test_runs_of_a_twin_take_the_sizes_it_was_calibrated_with_sim_serves_defaults_included(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    import urllib.request
+
+    from inferlab.sim.server.launch import ChildServer
+
+    engine = served_twin(measured, tmp_path)  # (eager off, the family's budget: not sim serve's defaults)
+    twin = str(tmp_path / "twin.json")
+    with ChildServer([*engine, "--efficiencies", twin]) as server, urllib.request.urlopen(server.url + "/inferlab/engine") as resp:
+        served = json.load(resp)
+    assert (served["enforce_eager"], served["max_num_batched_tokens"], served["num_gpu_blocks_override"]) == (False, 2048, 900)
+    # a twin calibrated with --enforce-eager and --max-num-seqs 8: runs without them take them
+    (tmp_path / "e").mkdir()
+    runs = said(measured[0], tmp_path / "e", *[stating("0.19.0", **KV)] * 3)
+    res = calibrate_cli(runs, tmp_path / "eager.json", "--enforce-eager", "--max-num-seqs", "8")
+    assert res.exit_code == 0, res.stderr
+    ran, err, _ = run_twin(tmp_path / "eager.json", tmp_path / "r")
+    assert (ran["enforce_eager"], ran["max_num_seqs"], ran["num_gpu_blocks_override"]) == (True, 8, 900)
+    assert "--max-num-seqs 8, --enforce-eager" in err
+    # given otherwise: the flag's, and the cache from memory
+    ran, err, _ = run_twin(tmp_path / "eager.json", tmp_path / "r2", "--no-enforce-eager")
+    assert (ran["enforce_eager"], ran["num_gpu_blocks_override"]) == (False, None)
+
+
+@pytest.mark.parametrize(("param", "needle"), [
+    ("tensor-parallel-size=1,2", "the search sets --tensor-parallel-size per trial: the engine its server stated"),
+    ("engine-family=vllm,sglang", "the search sets --engine-family per trial: the engine its server stated"),
+])
+def test_a_tune_over_what_makes_another_server_takes_nothing_the_twins_server_stated(
+    twins: dict[str, Any], tmp_path: Path, param: str, needle: str
+) -> None:
+    res = CliRunner().invoke(main, ["tune", *ENGINE, "--param", param, "-c", "2", "-n", "4", "--efficiencies",
+                                    str(twins["auto"]), "--max-trials", "2", "--slo-ttft-ms", "500", "-o", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.stderr
+    assert needle in words(res.stderr)
+    ran = [engine_of(p.parent) for p in (tmp_path / "t").rglob("config.json")]
+    assert len(ran) == 2 and all(p["num_gpu_blocks_override"] is None and p["block_size"] == 16 for p in ran)
+
+
+def test_a_tune_over_the_family_with_a_twin_of_another_family_says_it_takes_nothing(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    runs = said(measured[0], tmp_path, *[sglang(**SGLANG)] * 3)
+    res = calibrate_cli(runs, tmp_path / "twin.json")
+    assert res.exit_code == 0, res.stderr
+    res = CliRunner().invoke(main, ["tune", *ENGINE, "--param", "engine-family=vllm,sglang", "-c", "2", "-n", "4",
+                                    "--efficiencies", str(tmp_path / "twin.json"), "--max-trials", "2", "--slo-ttft-ms",
+                                    "500", "-o", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.stderr
+    assert "the search sets the engine's family per trial: nothing of twin.json (a twin of the sglang family) is taken" in words(res.stderr)
+
+
+def test_a_run_measured_at_rate_inf_is_rerun_as_the_server_it_was_measured_on(tmp_path: Path) -> None:
+    from inferlab.sim.validation.twin import Twin
+
+    truth = tmp_path / "truth.json"
+    truth.write_text(json.dumps(TRUTH))
+    # (a server measured with every request at once: served, with its API costs, not vLLM's offline class)
+    run = read_run(sim_run(tmp_path / "inf", "--rate", "inf", "--served", "-n", "8", "--input-tokens", "1024",
+                           "--output-tokens", "32", "--efficiencies", str(truth)))
+    (tmp_path / "scratch").mkdir()
+    got = Twin(engine(), str(tmp_path / "scratch")).predict([run], TRUTH)[0]
+    assert run.measured and all(got[m] == pytest.approx(v, rel=1e-9) for m, v in run.measured.items()), (got, run.measured)

@@ -172,7 +172,8 @@ class Twin:
 
     def predict(self, runs: Sequence[MeasuredRun], constants: dict[str, float]) -> list[dict[str, float]]:
         engine = self.engine_with(constants)
-        return [headline(asyncio.run(run(r.config, SimTarget(engine))).summary) for r in runs]
+        # (served: a measured run was of a server, at --rate inf too, not of vLLM's offline class)
+        return [headline(asyncio.run(run(r.config, SimTarget(engine, offline=False))).summary) for r in runs]
 
 
 def _overridden(engine: EngineConfig) -> dict[str, float]:
