@@ -794,5 +794,11 @@ def test_a_run_measured_at_rate_inf_is_rerun_as_the_server_it_was_measured_on(tm
     run = read_run(sim_run(tmp_path / "inf", "--rate", "inf", "--served", "-n", "8", "--input-tokens", "1024",
                            "--output-tokens", "32", "--efficiencies", str(truth)))
     (tmp_path / "scratch").mkdir()
-    got = Twin(engine(), str(tmp_path / "scratch")).predict([run], TRUTH)[0]
+    twin = Twin(engine(), str(tmp_path / "scratch"))
+    got = twin.predict([run], TRUTH)[0]
     assert run.measured and all(got[m] == pytest.approx(v, rel=1e-9) for m, v in run.measured.items()), (got, run.measured)
+    # and sim run's own offline run (its engine says so) as that
+    off = read_run(sim_run(tmp_path / "off", "--rate", "inf", "-n", "8", "--input-tokens", "1024", "--output-tokens", "32",
+                           "--efficiencies", str(truth)))
+    got = twin.predict([off], TRUTH)[0]
+    assert off.offline and all(got[m] == pytest.approx(v, rel=1e-9) for m, v in off.measured.items()), (got, off.measured)

@@ -80,12 +80,15 @@ class MeasuredRun:
     """A run directory: what ran (its load, workload and API) and what it measured;
     ``software``: what its server said it is (``config.json``'s
     ``resolved.server_software``: name, version, source), None where it said nothing
-    inferlab knows or the run predates the record."""
+    inferlab knows or the run predates the record; ``offline``: the run was ``sim run``'s
+    of vLLM's offline class (its engine says so); a server's runs are served, at
+    ``--rate inf`` too."""
 
     path: str
     config: RunConfig
     measured: dict[str, float]
     software: dict[str, Any] | None = None
+    offline: bool = False
 
 
 def headline(s: Summary) -> dict[str, float]:
@@ -134,8 +137,10 @@ def read_run(path: str) -> MeasuredRun:
         raise UsageError(f"{path}: the run measured nothing to fit (no completed request)")
     resolved = config.get("resolved")
     software = resolved.get("server_software") if isinstance(resolved, dict) else None
+    engine = config.get("engine")
     return MeasuredRun(str(folder), RunConfig(load_config, workload, api, None), measured,
-                       software if isinstance(software, dict) else None)
+                       software if isinstance(software, dict) else None,
+                       isinstance(engine, dict) and engine.get("offline") is True)
 
 
 @dataclass
@@ -172,8 +177,8 @@ class Twin:
 
     def predict(self, runs: Sequence[MeasuredRun], constants: dict[str, float]) -> list[dict[str, float]]:
         engine = self.engine_with(constants)
-        # (served: a measured run was of a server, at --rate inf too, not of vLLM's offline class)
-        return [headline(asyncio.run(run(r.config, SimTarget(engine, offline=False))).summary) for r in runs]
+        # (as the run was: a server's served, at --rate inf too, not as vLLM's offline class)
+        return [headline(asyncio.run(run(r.config, SimTarget(engine, offline=r.offline))).summary) for r in runs]
 
 
 def _overridden(engine: EngineConfig) -> dict[str, float]:
