@@ -96,9 +96,10 @@ _OWN_FAMILYS = {"SGLang": ("max_num_batched_tokens", "enable_chunked_prefill", "
 #: Block sizes the simulator takes (``sim.engine.config``)
 _BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 #: Flags by which calibrate's engine would hold another pool than the server's: its
-#: tensor-parallel degree (another share of each GPU), budget and sequence cap (another
-#: activation reserve), block size, dtype and memory share
-_SIZES_THE_POOL = ("tensor_parallel_size", "max_num_batched_tokens", "max_num_seqs", "block_size", "kv_cache_dtype")
+#: tensor-parallel degree (another share of each GPU), budget, sequence cap and CUDA graphs
+#: (another activation reserve: ``SIZED_WITH``), block size, dtype and memory share
+_SIZES_THE_POOL = ("tensor_parallel_size", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "block_size",
+                   "kv_cache_dtype")
 
 
 def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:
@@ -139,13 +140,15 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
                 del agreed[key]
     size, page = int(kw.get("block_size") or EngineConfig().block_size), agreed.get("block_size")
     converted: dict[str, Any] = {}
+    pool, paged = "", ""  # (the server's pool as it stated it; its conversion, said where taken)
     if isinstance(page, int) and (page == 1 or page not in _BLOCK_SIZES) and page != size:
         del agreed["block_size"]
         if "num_gpu_blocks_override" in agreed and not given("num_gpu_blocks_override"):  # (the same tokens)
             tokens = agreed.pop("num_gpu_blocks_override") * page
             converted = {"block_size": size, "num_gpu_blocks_override": tokens // size}
-            say(f"the runs' server pages its KV cache {'a token' if page == 1 else f'{page} tokens'} at a time: its "
-                f"{tokens:,} tokens are simulated as {tokens // size:,} blocks of {size}")
+            pool = f"{tokens:,}-token pool"
+            paged = (f"the runs' server pages its KV cache {'a token' if page == 1 else f'{page} tokens'} at a time: "
+                     f"its {tokens:,} tokens are simulated as {tokens // size:,} blocks of {size}")
     contradicted = [k for k in agreed if k != "num_gpu_blocks_override" and given(k) and _flag_value(kw, k) != str(agreed[k])]
     if contradicted:
         say(f"the runs' server states {', '.join(flag_words(k, agreed[k]) for k in contradicted)}: calibrating with "
@@ -161,10 +164,12 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
         sized = [flag_words(k) for k in _SIZES_THE_POOL if k in contradicted]
         sized += [flag_words("gpu_memory_utilization")] if given("gpu_memory_utilization") else []
         if sized:
-            say(f"{', '.join(sized)} given: the KV cache is sized from the flags, not from the {blocks} blocks the "
-                "runs' server states")
+            say(f"{', '.join(sized)} given: the KV cache is sized from the flags, not from the "
+                f"{pool or f'{blocks} blocks'} the runs' server states")
             converted = {}
-        elif not converted:  # (with the block size they are counted in, given or not)
+        elif converted:
+            say(paged)
+        else:  # (with the block size they are counted in, given or not)
             taken.update(num_gpu_blocks_override=blocks, block_size=int(agreed.get("block_size", size)))
     if taken:
         say(f"as the runs' server states its engine: {', '.join(flag_words(k, v) for k, v in taken.items())} "
@@ -195,6 +200,10 @@ def _as_the_release_said(
         try:
             releases.setdefault(parse_release(t), t)
         except ConfigError:
+            belongs = family_for_engine(FAMILY_OF_SOFTWARE[name], None)
+            if not given("engine_family") and belongs is not EngineFamily.parse(str(kw["engine_family"])):
+                kw["engine_family"] = belongs
+                say(f"the {belongs} family, as {of} server said {name} (give --engine-family to say otherwise)")
             say(f"{of} server said {name} {t}, which is not a release inferlab can read: calibrating as a "
                 "current release (give --engine-version to say which)")
             return

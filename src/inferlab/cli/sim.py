@@ -197,7 +197,7 @@ def _serve(kw: dict[str, Any]) -> int:
 @refused_option("--extra-body", True, "sim run sends no request bodies; bench sends them to a server (the simulated one too)")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
 @click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
-@click.option("--offline/--served", "offline", default=None, help="Run as vLLM's offline LLM class (no API server costs, larger default budget) or behind its API server. Default: offline only with --rate inf and no --max-concurrency.")
+@click.option("--offline/--served", "offline", default=None, help="Run as vLLM's offline LLM class (no API server costs, larger default budget) or behind its API server. Default: offline only with --rate inf and no --max-concurrency, and not for a calibrated twin (a server's: served).")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True, help="Engines of this config, in parallel, each with its own KV and prefix cache, behind --router.")
 @click.option("--router", type=click.Choice(["round-robin", "least-outstanding", "prefix-affinity"]), default="round-robin", show_default=True, help="How --replicas share the requests: inferlab gateway's routing policies, the same code.")
 @click.option("--admission", type=click.Choice(["tokens", "requests", "off"]), default=None, help="Put inferlab gateway's admission in front of the engine(s), the same code ([admission] mode): by tokens in flight (smallest waiters first), by requests in flight (arrival order), or off. Default: no gateway.")
@@ -357,11 +357,16 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
         else:
             taken.update(found.release)
     stated = {k: v for k, v in found.stated.items() if not given(k) and k not in searched}
-    if kw.get("enable_chunked_prefill") is False:  # (unchunked, a budget stated for chunks is not this engine's)
+    # (unchunked, or chunking searched: a budget for chunks, stated or sized, is not this engine's)
+    unchunked = kw.get("enable_chunked_prefill") is False or "enable_chunked_prefill" in searched
+    if unchunked:
         stated.pop("max_num_batched_tokens", None)
-    # (the sizes calibrate's engine ran with, where not given: sim serve's own defaults are not the twin's)
+    # (the sizes calibrate's engine ran with, where not given: sim serve's own defaults are not the twin's;
+    # None only where it means the family's default)
+    defaults = EngineConfig()
     sizes = {k: v for k, v in found.sized_with.items()
-             if k in SIZED_WITH and k not in stated and not given(k) and k not in searched and kw.get(k) != v}
+             if k in SIZED_WITH and k not in stated and not given(k) and k not in searched and kw.get(k) != v
+             and not (unchunked and k == "max_num_batched_tokens") and (v is not None or getattr(defaults, k) is None)}
     identity = searched & set(_IDENTITY)
     if (stated or sizes) and (identity or _another_server({**kw, **sizes, **stated}, str(path))):
         what = f"the search sets {', '.join(map(flag_words, sorted(identity)))} per trial" if identity else (
@@ -392,6 +397,8 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
             return f"{what} {'on' if value else 'off'}"
         return flag_words(key, value)
 
+    if _bursts_uncapped(kw):
+        say(f"--rate inf runs served, as {name}'s server was (--offline for vLLM's offline class)")
     # (vLLM's admission and free-queue switches go unsaid for another family: it has neither)
     shown = {k: v for k, v in taken.items() if family is EngineFamily.VLLM or k not in _SWITCH_WORDS}
     if shown:
@@ -446,15 +453,20 @@ def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str], bl
     """The flags (as words) by which the run's cache would be sized otherwise than the
     twin's was: ``SIZED_WITH`` unlike the record's, the block size or dtype unlike the
     server's, any of them searched or swept over several values. The batch budget and
-    sequence cap are compared as the engine resolves them (``blocks`` held), offline
-    too where the run may be offline: vLLM's offline class has a larger default budget,
-    so a twin of a server keeps its count only at the budget the server had. A record
-    without ``sized_with`` (written before it) is taken as sized with the flags' defaults."""
+    sequence cap are compared as the engine resolves them (``blocks`` held; the twin's
+    with its own chunking and context), offline for ``--offline`` (a twin's runs are
+    otherwise served): vLLM's offline class has a larger default budget, so a twin of a
+    server keeps its count only at the budget the server had. A record without
+    ``sized_with`` (written before it) is taken as sized with the flags' defaults."""
     one, several = _scalar(kw)
     defaults = EngineConfig()
     out = []
     sizes = ("max_num_batched_tokens", "max_num_seqs")  # (compared as resolved, below)
-    for key in (*SIZED_WITH, "block_size", "kv_cache_dtype"):
+    for key in (*SIZED_WITH, "block_size", "kv_cache_dtype", "enable_chunked_prefill"):
+        if key == "enable_chunked_prefill":  # (it resolves the budget: below, unless searched)
+            if key in searched:
+                out.append(flag_words(key))
+            continue
         if key in searched or key in several:
             out.append(flag_words(key))
             continue
@@ -470,14 +482,17 @@ def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str], bl
             out.append(flag_words(key))
     if out:
         return out
-    calibrated = _batch_sizes({**one, **{k: found.sized_with.get(k) for k in sizes}}, False, blocks)
-    for offline in sorted(_offline_ness(kw)):
-        now = _batch_sizes(one, offline, blocks)
-        if now is None or calibrated is None:  # (the run refuses its engine: that error comes next)
-            return ["the engine's sizes"]
-        out += [flag_words(key) if key in one else f"the {'offline ' if offline else ''}default {flag_words(key, n)} "
-                f"({w} on its server)" for key, w, n in zip(sizes, calibrated, now, strict=True) if w != n]
-    return list(dict.fromkeys(out))  # (a flag given: said once for a sweep's offline and served points)
+    # (the twin's engine: its chunking and context as it was calibrated, not the run's)
+    twin = {k: v for k, v in one.items() if k not in ("enable_chunked_prefill", "max_model_len")}
+    twin.update({k: found.stated[k] for k in ("enable_chunked_prefill", "max_model_len") if k in found.stated})
+    calibrated = _batch_sizes({**twin, **{k: found.sized_with.get(k) for k in sizes}}, False, blocks)
+    # (a twin's runs are served, at --rate inf too (``load.run.sim_engine_config``): offline only with --offline)
+    offline = bool(kw.get("offline"))
+    now = _batch_sizes(one, offline, blocks)
+    if now is None or calibrated is None:  # (the run refuses its engine: that error comes next)
+        return ["the engine's sizes"]
+    return [flag_words(key) if key in one else f"the {'offline ' if offline else ''}default {flag_words(key, n)} "
+            f"({w} on its server)" for key, w, n in zip(sizes, calibrated, now, strict=True) if w != n]
 
 
 def _batch_sizes(one: dict[str, Any], offline: bool, blocks: int) -> tuple[int, int] | None:
@@ -491,16 +506,13 @@ def _batch_sizes(one: dict[str, Any], offline: bool, blocks: int) -> tuple[int, 
     return sizes.max_num_batched_tokens, sizes.max_num_seqs
 
 
-def _offline_ness(kw: dict[str, Any]) -> set[bool]:
-    """Whether the run's engines run offline (vLLM's LLM class): as ``--offline/--served``
-    says, else offline for ``--rate inf`` without a concurrency cap (``load.run``); a
-    sweep's rates may give both."""
-    if kw.get("offline") is not None:
-        return {bool(kw["offline"])}
+def _bursts_uncapped(kw: dict[str, Any]) -> bool:
+    """Whether the run (or a sweep's point) sends every request at once with no cap
+    and no ``--offline/--served``: vLLM's offline class but for a twin (``load.run``)."""
     rates = kw.get("rate")
     rates = rates if isinstance(rates, (tuple, list)) else (rates,)
-    capped = kw.get("max_concurrency") is not None or kw.get("trace")
-    return {not capped and _infinite(r) for r in rates} or {False}
+    capped = kw.get("max_concurrency") is not None or kw.get("trace") or kw.get("offline") is not None
+    return not capped and any(_infinite(r) for r in rates)
 
 
 def _infinite(rate: Any) -> bool:

@@ -31,7 +31,7 @@ from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.http import Outcome
 from inferlab.load.monitor import autogroup_enabled
 from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
-from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Schedule
 from inferlab.openai.request import Api, check_extra_body
 from inferlab.openai.response import JSON_LIBRARY
 from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load
@@ -40,7 +40,7 @@ from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import OMITTED, OVERLOAD, Omitted, Summary, SummaryExtras, summarize
 from inferlab.results.telemetry import SERVER_METRICS_FILE, ServerMetrics
-from inferlab.sim.engine.bands import prediction_block, regime_of, served_by
+from inferlab.sim.engine.bands import calibrated_as, prediction_block, regime_of, served_by
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetWorkload
@@ -247,12 +247,21 @@ def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool, user_repl
 def sim_engine_config(load: LoadConfig, target: SimTarget) -> EngineConfig:
     """The engine a run of ``load`` on ``target`` simulates: ``target.engine`` with
     ``offline`` decided (None: offline for ``--rate inf`` without a concurrency cap, the
-    offline-throughput case)."""
+    offline-throughput case, but for a calibrated twin: a server's, served)."""
     offline = target.offline
     if offline is None:
-        s = load.schedule
-        offline = isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and not s.max_concurrency
+        offline = rate_inf_uncapped(load.schedule) and not is_twin(target.engine)
     return dataclasses.replace(target.engine, offline=offline)
+
+
+def rate_inf_uncapped(schedule: Schedule) -> bool:
+    """Every request at once with no cap: vLLM's offline-throughput case."""
+    return isinstance(schedule, OpenLoop) and math.isinf(schedule.rate_rps) and not schedule.max_concurrency
+
+
+def is_twin(engine: EngineConfig) -> bool:
+    """Whether ``engine`` runs a calibrated twin (``sim calibrate``'s efficiencies: a server)."""
+    return engine.efficiencies_path is not None and calibrated_as(engine.efficiencies_path) is not None
 
 
 def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:

@@ -505,22 +505,32 @@ def served_twin(measured: tuple[list[str], list[str]], tmp_path: Path) -> list[s
     return engine
 
 
-def test_a_sweep_of_rates_up_to_inf_sizes_its_cache_from_memory(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
-    # (its offline point would size the cache otherwise: vLLM's offline class has a larger budget)
+def test_a_twin_at_rate_inf_runs_served_as_its_server_did(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
+    # (a sweep's --rate inf point too: the twin is of a server, not of vLLM's offline class)
     engine = served_twin(measured, tmp_path)
     res = CliRunner().invoke(main, ["sweep", *engine, "--rate", "1,inf", "-n", "4", "--efficiencies",
                                     str(tmp_path / "twin.json"), "-o", str(tmp_path / "s")])
     assert res.exit_code == 0, res.stderr
     ran = [engine_of(p.parent) for p in (tmp_path / "s").rglob("config.json")]
-    assert len(ran) == 2 and all(p["num_gpu_blocks_override"] is None and p["block_size"] == 32 for p in ran)
-    assert "the offline default --max-num-batched-tokens" in words(res.stderr)
+    assert len(ran) == 2 and all((p["offline"], p["num_gpu_blocks_override"], p["max_num_batched_tokens"]) ==
+                                 (False, 900, 2048) for p in ran)
+    assert "--rate inf runs served, as twin.json's server was (--offline for vLLM's offline class)" in words(res.stderr)
+    # without a twin's record (the constants alone), --rate inf is vLLM's offline class as before
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({k: v for k, v in json.loads((tmp_path / "twin.json").read_text()).items()
+                                 if k != "calibration"}))
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "--rate", "inf", "-n", "4", "--efficiencies", str(plain),
+                                    "-o", str(tmp_path / "p")])
+    assert res.exit_code == 0, res.stderr
+    assert engine_of(tmp_path / "p")["offline"] is True
 
 
 @pytest.mark.parametrize(("flags", "blocks"), [
-    (("--rate", "inf"), None),  # offline: vLLM's LLM class has a larger default budget
+    (("--rate", "inf"), 900),  # (a twin's burst is served, as its server's was)
     (("--rate", "inf", "--served"), 900),
     (("--rate", "inf", "--max-concurrency", "2"), 900),  # (capped: served)
-    (("--offline",), None),
+    (("--offline",), None),  # vLLM's offline class: a larger default budget
+    (("--rate", "inf", "--offline"), None),
     (("--max-num-batched-tokens", "2048"), 900),  # (given as the server's default resolved it)
     (("--max-num-batched-tokens", "4096"), None),
 ])
@@ -702,7 +712,8 @@ def test_flags_that_contradict_what_an_sglang_server_states_are_said_and_win(
     assert (served["tensor_parallel_size"], served["overlap_schedule"]) == (2, True)
     # (the server's pool was of one GPU and its budget: not this engine's)
     assert ("--tensor-parallel-size, --max-num-batched-tokens given: the KV cache is sized from the flags, not from "
-            "the 3125 blocks") in words(res.stderr)
+            "the 50,000-token pool") in words(res.stderr)
+    assert "simulated as 3,125 blocks" not in words(res.stderr)  # (not said where it is not taken)
     assert not {"tensor_parallel_size", "max_num_batched_tokens", "num_gpu_blocks_override"} & set(record["server_settings"])
 
 
@@ -802,3 +813,45 @@ def test_a_run_measured_at_rate_inf_is_rerun_as_the_server_it_was_measured_on(tm
                            "--efficiencies", str(truth)))
     got = twin.predict([off], TRUTH)[0]
     assert off.offline and all(got[m] == pytest.approx(v, rel=1e-9) for m, v in off.measured.items()), (got, off.measured)
+
+
+def test_an_unchunked_run_of_a_twin_takes_no_budget_and_keeps_no_blocks_sized_at_another(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S"]
+    (tmp_path / "s").mkdir()
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *said(measured[0], tmp_path / "s", *[sglang(**SGLANG)] * 3),
+                                    "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "sg.json")])
+    assert res.exit_code == 0, res.stderr
+    # (the server's chunk size, stated and sized with, is no budget for an unchunked engine)
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "-n", "4", "--efficiencies", str(tmp_path / "sg.json"),
+                                    "--no-enable-chunked-prefill", "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.stderr
+    ran, err = engine_of(tmp_path / "r"), words(res.stderr)
+    assert ran["max_num_batched_tokens"] >= ran["max_model_len"] and ran["num_gpu_blocks_override"] is None
+    assert "--max-num-batched-tokens 4096" not in err and "sized from memory" in err
+    # a vLLM twin: unchunked, the budget resolves otherwise than its server's, so its blocks are not kept
+    engine = served_twin(measured, tmp_path)
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "-n", "4", "--efficiencies", str(tmp_path / "twin.json"),
+                                    "--no-enable-chunked-prefill", "-o", str(tmp_path / "u")])
+    assert res.exit_code == 0, res.stderr
+    assert engine_of(tmp_path / "u")["num_gpu_blocks_override"] is None and "sized from memory" in words(res.stderr)
+
+
+def test_eager_mode_given_against_the_servers_keeps_calibrate_from_taking_its_pool(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    runs = said(measured[0], tmp_path, *[sglang(**{**SGLANG, "enforce_eager": False})] * 3)
+    res = calibrate_cli(runs, tmp_path / "twin.json", "--enforce-eager", "--max-num-batched-tokens", "4096")
+    assert res.exit_code == 0, res.stderr
+    assert "--enforce-eager given: the KV cache is sized from the flags" in words(res.stderr)
+    assert "num_gpu_blocks_override" not in json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
+
+
+def test_an_sglang_release_inferlab_cannot_read_is_still_the_sglang_family(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    res = calibrate_cli(said(measured[0], tmp_path, *[sglang(**SGLANG) | {"version": "main"}] * 3), tmp_path / "twin.json")
+    assert res.exit_code == 0, res.stderr
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    assert record["served_by"]["engine_family"] == "sglang" and record["server_settings"]["max_num_seqs"] == 128
