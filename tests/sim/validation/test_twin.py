@@ -855,3 +855,35 @@ def test_an_sglang_release_inferlab_cannot_read_is_still_the_sglang_family(
     assert res.exit_code == 0, res.stderr
     record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
     assert record["served_by"]["engine_family"] == "sglang" and record["server_settings"]["max_num_seqs"] == 128
+
+
+@pytest.mark.parametrize(("flags", "said_"), [
+    (("--max-num-seqs", "64"), "--max-num-seqs given: the KV cache is sized from the flags, not from the 50,000-token pool"),
+    (("--kv-cache-dtype", "fp8"), "--kv-cache-dtype given: the KV cache is sized from the flags"),
+    # the user's own count is not overwritten by the server's pool
+    (("--num-gpu-blocks-override", "777"), None),
+])
+def test_flags_that_size_calibrates_cache_otherwise_keep_it_from_the_sglang_pool(
+    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], said_: str | None
+) -> None:
+    runs = said(measured[0], tmp_path, *[sglang(**SGLANG)] * 3)
+    res = CliRunner().invoke(main, ["sim", "calibrate", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S", *flags,
+                                    *runs, "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "t.json")])
+    assert res.exit_code == 0, res.stderr
+    err = words(res.stderr)
+    if said_:
+        assert said_ in err
+    assert "simulated as 3,125 blocks" not in err
+    record = json.loads((tmp_path / "t.json").read_text())["calibration"]
+    assert "num_gpu_blocks_override" not in record["server_settings"]
+
+
+def test_chunking_as_sglang_states_it_is_not_taken_by_another_family(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    runs = said(measured[0], tmp_path, *[sglang(**{k: v for k, v in SGLANG.items() if k != "max_num_batched_tokens"},
+                                                enable_chunked_prefill=False)] * 3)
+    res = calibrate_cli(runs, tmp_path / "twin.json", "--engine-family", "vllm")
+    assert res.exit_code == 0, res.stderr
+    assert "--enable-chunked-prefill" in words(res.stderr) and "is SGLang's, not taken" in words(res.stderr)
+    assert "enable_chunked_prefill" not in json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
