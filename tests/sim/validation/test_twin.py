@@ -887,3 +887,15 @@ def test_chunking_as_sglang_states_it_is_not_taken_by_another_family(
     assert res.exit_code == 0, res.stderr
     assert "--enable-chunked-prefill" in words(res.stderr) and "is SGLang's, not taken" in words(res.stderr)
     assert "enable_chunked_prefill" not in json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
+
+
+def test_a_block_size_calibrate_was_given_is_the_twins_though_the_servers_blocks_are_not_taken(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    runs = said(measured[0], tmp_path, *[stating("0.19.0", **{**KV, "block_size": 16})] * 3)
+    res = calibrate_cli(runs, tmp_path / "twin.json", "--block-size", "32")
+    assert res.exit_code == 0, res.stderr
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    assert "num_gpu_blocks_override" not in record["server_settings"] and record["sized_with"]["block_size"] == 32
+    ran, err, _ = run_twin(tmp_path / "twin.json", tmp_path / "r")  # (no --block-size: the twin's)
+    assert ran["block_size"] == 32 and "--block-size 32" in err

@@ -152,9 +152,10 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
 
 
 #: What sizes a KV cache by memory beside the model and device (the activation reserve
-#: follows the batch budget, the sequence cap and CUDA graphs): a twin records the values
-#: it was calibrated with, so that a run can tell whether its server's block count holds
-SIZED_WITH = ("gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "enforce_eager")
+#: follows the batch budget, the sequence cap and CUDA graphs; a block's bytes its size):
+#: a twin records the values it was calibrated with, so that a run can tell whether its
+#: server's block count holds, and runs of the twin take them where not given
+SIZED_WITH = ("gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "block_size")
 
 
 @dataclass(frozen=True)
