@@ -92,7 +92,7 @@ _COUNTED_AS = {
 #: What a server states that means something else in another family than its own: SGLang's
 #: chunked prefill size is the ``sglang`` family's batch budget, its overlap scheduler
 #: that family's; and a server's KV pool is counted its own way (``_COUNTED_AS``)
-_OWN_FAMILYS = {"SGLang": ("max_num_batched_tokens", "enable_chunked_prefill", "overlap_schedule")}
+_OWN_FAMILY_ONLY = {"SGLang": ("max_num_batched_tokens", "enable_chunked_prefill", "overlap_schedule")}
 #: Block sizes the simulator takes (``sim.engine.config``)
 _BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 #: Flags by which calibrate's engine would hold another pool than the server's: its
@@ -115,7 +115,7 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
     default: slow to simulate) or in pages the simulator does not take is simulated in
     blocks of the run's block size, the same tokens; what the fit took (``server_settings``)
     then holds that block size and count. What means otherwise in another family than
-    the server's own (``_OWN_FAMILYS``) is not taken for another family."""
+    the server's own (``_OWN_FAMILY_ONLY``) is not taken for another family."""
     stated = [s["settings"] for s in said if isinstance(s.get("settings"), dict)]
     if not stated:
         return {}
@@ -132,7 +132,7 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
                 agreed[key] = KVCacheDType.parse(str(values[0])).value
     family = EngineFamily.parse(str(kw["engine_family"]))
     if family not in _COUNTED_AS.get(name, ()):
-        other = [k for k in ("num_gpu_blocks_override", *_OWN_FAMILYS.get(name, ())) if k in agreed]
+        other = [k for k in ("num_gpu_blocks_override", *_OWN_FAMILY_ONLY.get(name, ())) if k in agreed]
         if other:
             say(f"calibrating as the {family} family, not {name}'s: what the runs' server states of "
                 f"{', '.join(map(flag_words, other))} is {name}'s, not taken")
