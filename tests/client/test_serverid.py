@@ -78,7 +78,12 @@ def cards(*owners: str) -> dict[str, Any]:
     ({"/v1/models": cards("sglang"), "/server_info": 404, "/get_server_info": {"version": "0.4.6.post1"}},
      {"name": "SGLang", "version": "0.4.6.post1", "source": "GET /get_server_info"}),
     ({"/v1/models": cards("llamacpp"), "/props": {"build_info": "b6000-1a2b3c4", "total_slots": 4}},
-     {"name": "llama.cpp", "version": "b6000-1a2b3c4", "source": "GET /props"}),
+     {"name": "llama.cpp", "version": "b6000-1a2b3c4", "source": "GET /props", "settings": {"max_num_seqs": 4}}),
+    # its slots and a slot's context, as llama-server's /props states them
+    ({"/v1/models": cards("llamacpp"), "/props": {"build_info": "b6000-1a2b3c4", "total_slots": 8,
+                                                  "default_generation_settings": {"n_ctx": 2048, "params": {}}}},
+     {"name": "llama.cpp", "version": "b6000-1a2b3c4", "source": "GET /props",
+      "settings": {"max_num_seqs": 8, "max_model_len": 2048}}),
     # named, but its release route does not answer (a proxy passing the cards on): the name alone
     ({"/v1/models": cards("vllm"), "/version": 404}, {"name": "vLLM", "version": None, "source": None}),
     ({"/v1/models": cards("vllm"), "/version": {"version": ""}}, {"name": "vLLM", "version": None, "source": None}),

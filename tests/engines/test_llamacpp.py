@@ -108,6 +108,8 @@ def test_usage_counts_match_what_was_asked_with_exact_lengths_from_tokenize(llam
     # (a build from the PyPI sdist has no git: llama.cpp writes b0-unknown)
     said = s.config["resolved"]["server_software"]
     assert (said["name"], said["source"]) == ("llama.cpp", "GET /props") and said["version"]
+    # and its slots and a slot's context, as it was started (-np 8, -c 16384 shared by them)
+    assert said["settings"] == {"max_num_seqs": llama.slots, "max_model_len": llama.ctx_tokens // llama.slots}
     assert s.server.software == f"llama.cpp {said['version']}" and not s.server.simulated
 
 

@@ -52,9 +52,10 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
       and the release (``--engine-version``), so the twin runs its defaults; vLLM's CPU
       build (a ``+cpu`` release) without async scheduling, which it does not run;
     - llama.cpp: no async scheduling (it computes a batch, then schedules the next);
-    - vLLM and SGLang: the settings it states (``client.serverid``: vLLM's KV cache's
-      block size, blocks, dtype and prefix caching and its context length; SGLang's
-      arguments and KV pool), returned (the twin records them, and runs of it take them).
+    - the settings it states (``client.serverid``: vLLM's KV cache's block size, blocks,
+      dtype and prefix caching and its context length; SGLang's arguments and KV pool;
+      llama.cpp's slots and a slot's context), returned (the twin records them, and runs
+      of it take them).
 
     A flag given wins, with a word where it contradicts the server. ``UsageError`` for
     runs of different servers or releases: a twin is of one."""
@@ -76,7 +77,7 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
 
     if name == "llama.cpp":
         no_overlap(f"{of} server is llama.cpp, which schedules no step ahead")
-        return {}
+        return _served_settings(kw, name, said, say)
     if name not in FAMILY_OF_SOFTWARE:
         return {}
     _as_the_release_said(kw, name, said, of, say, no_overlap)

@@ -42,8 +42,8 @@ def software_name(owned_by: object) -> str | None:
 async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, Any] | None:
     """What the server at API root ``base`` (``.../v1``) says it is: ``{"name":
     "vLLM", "version": "0.11.0", "source": "GET /version"}`` (``version`` and ``source``
-    None where the release route did not answer), and for vLLM and SGLang ``settings``:
-    the engine flags it states (``vllm_settings``, ``sglang_settings``); None for a server that names none of the
+    None where the release route did not answer), and ``settings``: the engine flags it
+    states (``vllm_settings``, ``sglang_settings``, ``llamacpp_settings``); None for a server that names none of the
     software above. Gives up after ``_TIMEOUT_S`` in all."""
     import aiohttp
 
@@ -72,6 +72,8 @@ async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, An
                 settings = vllm_settings(await _get(session, host + "/metrics", headers, text=True), data)
             elif name == "SGLang":  # (its server_info is its arguments, beside the release)
                 settings = sglang_settings(answer, data)
+            elif name == "llama.cpp":  # (its /props, beside the release)
+                settings = llamacpp_settings(answer)
             if settings:
                 found["settings"] = settings
     return found
@@ -120,6 +122,27 @@ def _count(info: Mapping[str, Any], key: str) -> int | None:
     """``info[key]`` where it is a whole number of at least 1."""
     value = info.get(key)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def llamacpp_settings(props: object) -> dict[str, Any]:
+    """The engine flags a llama-server says it runs with, by ``EngineConfig``'s field
+    names, from its ``/props``: its parallel slots (``total_slots``, its ``-np``) are the
+    sequence cap (``max_num_seqs``), and a slot's context
+    (``default_generation_settings.n_ctx``: ``-c`` shared by the slots, or all of it with
+    a unified KV cache) is the context a request has (``max_model_len``). Its KV cache as
+    a whole is not taken: /props does not say whether the slots share it. Only what it
+    states."""
+    if not isinstance(props, dict):
+        return {}
+    out: dict[str, Any] = {}
+    slots = _count(props, "total_slots")
+    if slots is not None:
+        out["max_num_seqs"] = slots
+    generation = props.get("default_generation_settings")
+    context = _count(generation, "n_ctx") if isinstance(generation, dict) else None
+    if context is not None:
+        out["max_model_len"] = context
+    return out
 
 
 def sglang_settings(info: object, cards: object) -> dict[str, Any]:

@@ -326,18 +326,23 @@ def test_a_replay_runs_as_its_run_ran_not_as_the_twin_was(measured: tuple[list[s
 def test_a_twin_of_llama_cpp_is_calibrated_and_run_without_async_scheduling_unless_told(
     measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], overlap: bool
 ) -> None:
-    llama = {"name": "llama.cpp", "version": "b0-unknown", "source": "GET /props"}
+    # (its slots and a slot's context, as llama-server's /props states them)
+    llama = {"name": "llama.cpp", "version": "b0-unknown", "source": "GET /props",
+             "settings": {"max_num_seqs": 4, "max_model_len": 4096}}
     twin = tmp_path / "twin.json"
     res = calibrate_cli(said(measured[0], tmp_path, llama, llama, llama), twin, *flags)
     assert res.exit_code == 0, res.stderr
     assert ("schedules no step ahead" in words(res.stderr)) == (not overlap)
+    assert "as the runs' server states its engine: --max-model-len 4096, --max-num-seqs 4" in words(res.stderr)
     record = json.loads(twin.read_text())["calibration"]
     assert record["served_by"]["overlap_schedule"] is overlap and record["engine_version"] is None
+    assert record["server_settings"] == {"max_num_seqs": 4, "max_model_len": 4096}
     # a run of the twin runs as it was calibrated, and keeps its bands
     res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "--efficiencies", str(twin), "--json"])
     assert res.exit_code == 0, res.stderr
     assert f"as twin.json was calibrated: async scheduling {'on' if overlap else 'off'}" in words(res.stderr)
-    assert json.loads(res.stdout)["config"]["engine"]["overlap_schedule"] is overlap
+    ran = json.loads(res.stdout)["config"]["engine"]
+    assert (ran["overlap_schedule"], ran["max_num_seqs"], ran["max_model_len"]) == (overlap, 4, 4096)
     assert "mismatch" not in json.loads(res.stdout)["prediction"]
 
 
