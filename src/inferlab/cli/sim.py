@@ -324,13 +324,16 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
       would run as a current vLLM and lose its bands.
     - The engine flags its server stated (vLLM's KV cache and context length; SGLang's
       too, its TP degree, caps and budget: not its chunk size as a budget for a run
-      without chunked prefill), and the sizes calibrate ran with (``SIZED_WITH``: memory
-      share, budget, sequence cap, eager mode, block size), each where not given, and none for a run
-      of another model, GPU, precision or tensor-parallel degree (another server), or a
-      search over any of them. The number of KV blocks is the server's
-      only while what sizes the cache is as the twin's was (``SIZED_WITH``, the block
-      size, the cache's dtype): another budget or memory share would have left vLLM
-      another number, so the run sizes its cache from memory, and says so."""
+      without chunked prefill; llama.cpp's slots and context), and the sizes calibrate
+      ran with (``SIZED_WITH``: memory share, budget, sequence cap, eager mode, block
+      size), each where not given, and none for a run of another model, GPU, precision
+      or tensor-parallel degree (another server), or a search over any of them. The
+      number of KV blocks is the server's only while what sizes the cache is as the
+      twin's was (``SIZED_WITH``, the cache's dtype): another budget or memory share
+      would have left vLLM another number, so the run sizes its cache from memory, and
+      says so.
+
+    A twin's ``--rate inf`` runs are served, as its server was (``load.run``): said here."""
     path = kw.get("efficiencies_path")
     found = calibrated_as(path) if path else None
     family = EngineFamily.parse(str(kw.get("engine_family") or "vllm"))
@@ -342,6 +345,8 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     def say(text: str) -> None:
         click.echo(f"inferlab: {text}", err=True)
 
+    if _bursts_uncapped(kw):  # (``load.run.sim_engine_config``: whatever else is taken)
+        say(f"--rate inf runs served, as {name}'s server was (--offline for vLLM's offline class)")
     if found.family != family.value:  # (the twin's family where none is given: an SGLang twin runs as sglang)
         if "engine_family" in searched:
             say(f"the search sets the engine's family per trial: nothing of {name} (a twin of the {found.family} "
@@ -397,8 +402,6 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
             return f"{what} {'on' if value else 'off'}"
         return flag_words(key, value)
 
-    if _bursts_uncapped(kw):
-        say(f"--rate inf runs served, as {name}'s server was (--offline for vLLM's offline class)")
     # (vLLM's admission and free-queue switches go unsaid for another family: it has neither)
     shown = {k: v for k, v in taken.items() if family is EngineFamily.VLLM or k not in _SWITCH_WORDS}
     if shown:

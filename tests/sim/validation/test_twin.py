@@ -520,6 +520,11 @@ def test_a_twin_at_rate_inf_runs_served_as_its_server_did(measured: tuple[list[s
     assert len(ran) == 2 and all((p["offline"], p["num_gpu_blocks_override"], p["max_num_batched_tokens"]) ==
                                  (False, 900, 2048) for p in ran)
     assert "--rate inf runs served, as twin.json's server was (--offline for vLLM's offline class)" in words(res.stderr)
+    # a what-if of another family with the twin's constants: served too, and said
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "--engine-family", "sglang", "--rate", "inf", "-n", "4",
+                                    "--efficiencies", str(tmp_path / "twin.json"), "-o", str(tmp_path / "f")])
+    assert res.exit_code == 0, res.stderr
+    assert engine_of(tmp_path / "f")["offline"] is False and "--rate inf runs served" in words(res.stderr)
     # without a twin's record (the constants alone), --rate inf is vLLM's offline class as before
     plain = tmp_path / "plain.json"
     plain.write_text(json.dumps({k: v for k, v in json.loads((tmp_path / "twin.json").read_text()).items()
