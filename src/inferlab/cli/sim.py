@@ -36,6 +36,7 @@ from inferlab.results.provenance import GATEWAY, PREDICTION, server_info, simula
 from inferlab.results.runfiles import dumps
 from inferlab.results.summary import Summary
 from inferlab.sim.engine.bands import (
+    CALIBRATED_WITH,
     RELEASE_SWITCHES,
     SIZED_WITH,
     CalibratedAs,
@@ -128,7 +129,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
         click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
         click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
-        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: its engine family, the release and its switches (async scheduling, admission, free-queue order), the engine its vLLM or SGLang server stated (KV cache, context length; SGLang's TP degree, caps and budget too) and the sizes it was calibrated with (budget, sequence cap, memory share, eager mode, block size) (neither for another model, GPU, precision or TP degree, nor for a search over one; the block count only while the budget and sequence cap resolve as the twin's did, offline runs included, and the memory share, eager mode, block size and dtype are the twin's)."),
+        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: its engine family, the release and its switches (async scheduling, admission, free-queue order), the engine its vLLM, SGLang or llama.cpp server stated (KV cache, context length; SGLang's TP degree, caps and budget; llama.cpp's slots) and the sizes and context it was calibrated with (budget, sequence cap, memory share, eager mode, block size, max model len) (neither for another model, GPU, precision or TP degree, nor for a search over one; the block count only while the budget and sequence cap resolve as the twin's did, offline runs included, and the memory share, eager mode, block size and dtype are the twin's)."),
     ]
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -351,6 +352,9 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
         if "engine_family" in searched:
             say(f"the search sets the engine's family per trial: nothing of {name} (a twin of the {found.family} "
                 "family) is taken")
+        elif given("engine_family"):
+            say(f"--engine-family {family.value}: a what-if of another engine than {name}'s ({found.family}): its "
+                "release, what its server stated and the sizes it was calibrated with are not taken")
         if given("engine_family") or "engine_family" in searched:
             return {}
         family = EngineFamily.parse(found.family)
@@ -370,7 +374,7 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     # None only where it means the family's default)
     defaults = EngineConfig()
     sizes = {k: v for k, v in found.sized_with.items()
-             if k in SIZED_WITH and k not in stated and not given(k) and k not in searched and kw.get(k) != v
+             if k in CALIBRATED_WITH and k not in stated and not given(k) and k not in searched and kw.get(k) != v
              and not (unchunked and k == "max_num_batched_tokens") and (v is not None or getattr(defaults, k) is None)}
     identity = searched & set(_IDENTITY)
     if (stated or sizes) and (identity or _another_server({**kw, **sizes, **stated}, str(path))):
@@ -391,8 +395,8 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     taken.update(stated)
 
     def word(key: str, value: Any) -> str:
-        if value is None:  # (a size calibrate left to the family)
-            return f"the family's default {flag_words(key)}"
+        if value is None:  # (a size calibrate left to the family, or the model's context)
+            return "the model's context (--max-model-len)" if key == "max_model_len" else f"the family's default {flag_words(key)}"
         if key == "engine_family":
             return f"the {value} family"
         if key == "engine_version":
@@ -487,7 +491,8 @@ def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str], bl
         return out
     # (the twin's engine: its chunking and context as it was calibrated, not the run's)
     twin = {k: v for k, v in one.items() if k not in ("enable_chunked_prefill", "max_model_len")}
-    twin.update({k: found.stated[k] for k in ("enable_chunked_prefill", "max_model_len") if k in found.stated})
+    twin.update({k: found.stated.get(k, found.sized_with.get(k)) for k in ("enable_chunked_prefill", "max_model_len")
+                 if k in found.stated or found.sized_with.get(k) is not None})
     calibrated = _batch_sizes({**twin, **{k: found.sized_with.get(k) for k in sizes}}, False, blocks)
     # (a twin's runs are served, at --rate inf too (``load.run.sim_engine_config``): offline only with --offline)
     offline = bool(kw.get("offline"))

@@ -909,3 +909,42 @@ def test_a_block_size_calibrate_was_given_is_the_twins_though_the_servers_blocks
     assert "num_gpu_blocks_override" not in record["server_settings"] and record["sized_with"]["block_size"] == 32
     ran, err, _ = run_twin(tmp_path / "twin.json", tmp_path / "r")  # (no --block-size: the twin's)
     assert ran["block_size"] == 32 and "--block-size 32" in err
+
+
+def test_the_same_model_by_another_path_is_the_same_server(
+    measured: tuple[list[str], list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+             "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+             "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
+    (tmp_path / "my-model").mkdir()
+    (tmp_path / "my-model" / "config.json").write_text(json.dumps(model))
+    monkeypatch.chdir(tmp_path)  # (calibrated by a relative path...)
+    res = CliRunner().invoke(main, ["sim", "calibrate", "--model", "my-model/config.json", "--gpu", "L40S",
+                                    *said(measured[0], tmp_path, *[stating("0.19.0", **KV)] * 3),
+                                    "--fit", "gemm_compute", "--max-evaluations", "3", "-o", "twin.json"])
+    assert res.exit_code == 0, res.stderr
+    monkeypatch.chdir(tmp_path / "my-model")  # (...run from elsewhere by an absolute one)
+    res = CliRunner().invoke(main, ["sim", "run", "--model", str(tmp_path / "my-model" / "config.json"), "--gpu", "L40S",
+                                    "-c", "2", "-n", "4", "--efficiencies", str(tmp_path / "twin.json"),
+                                    "-o", str(tmp_path / "r"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert "another model" not in words(res.stderr) and "mismatch" not in json.loads(res.stdout)["prediction"]
+    assert engine_of(tmp_path / "r")["num_gpu_blocks_override"] == 900
+
+
+def test_a_context_and_eager_mode_calibrate_ran_with_are_the_twins(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    runs = said(measured[0], tmp_path, *[stating("0.19.0", **KV)] * 3)
+    res = calibrate_cli(runs, tmp_path / "twin.json", "--max-model-len", "4096")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads((tmp_path / "twin.json").read_text())["calibration"]["sized_with"]["max_model_len"] == 4096
+    ran, err, prediction = run_twin(tmp_path / "twin.json", tmp_path / "r")
+    assert ran["max_model_len"] == 4096 and "--max-model-len 4096" in err and "mismatch" not in prediction
+    # another eager mode runs on a host cost the twin did not fit: not validated
+    _, _, prediction = run_twin(tmp_path / "twin.json", tmp_path / "e", "--enforce-eager")
+    assert "mismatch" in prediction and "enforce eager" in json.dumps(prediction)
+    # another family given: said, and nothing of the twin's taken
+    _, err, _ = run_twin(tmp_path / "twin.json", tmp_path / "f", "--engine-family", "sglang")
+    assert "--engine-family sglang: a what-if of another engine than twin.json's (vllm)" in err

@@ -115,11 +115,21 @@ def served_by(config: EngineConfig) -> dict[str, Any]:
     r = resolve(config)
     c = r.config
     return {
-        "engine_family": c.engine_family.value, "model": r.model.name, "gpu": r.gpu.name,
+        "engine_family": c.engine_family.value, "model": _file_or_name(config.model, r.model.name),
+        "gpu": _file_or_name(config.gpu, r.gpu.name),
         "tensor_parallel_size": c.tensor_parallel_size, "dtype": str(c.dtype.value),
         "quantization": None if c.quantization is None else str(c.quantization.value),
         "kv_cache_dtype": str(c.kv_cache_dtype.value), **{k: bool(getattr(c, k)) for k in RELEASE_SWITCHES},
+        # (an eager engine runs on a host cost of its own, cpu_step_eager_s, fitted or not)
+        "enforce_eager": bool(c.enforce_eager),
     }
+
+
+def _file_or_name(given: str, name: str) -> str:
+    """A model or device by a file (or folder) of its own: its absolute path, the same
+    from any folder a run starts in; else its resolved name."""
+    path = Path(given)
+    return str(path.resolve()) if path.exists() else name
 
 
 #: Overlap scheduling as a twin calibrated before ``served_by`` recorded it ran, unless its
@@ -156,6 +166,9 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
 #: a twin records the values it was calibrated with, so that a run can tell whether its
 #: server's block count holds, and runs of the twin take them where not given
 SIZED_WITH = ("gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "block_size")
+#: What a twin records it was calibrated with, and its runs take where not given: what
+#: sized its cache, and the context a request had (which does not size vLLM's cache)
+CALIBRATED_WITH = (*SIZED_WITH, "max_model_len")
 
 
 @dataclass(frozen=True)

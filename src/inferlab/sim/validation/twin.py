@@ -35,7 +35,7 @@ from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Sc
 from inferlab.results.runfiles import read_summary
 from inferlab.results.summary import Summary
 from inferlab.results.sweepindex import headline as sweep_headline
-from inferlab.sim.engine.bands import SIZED_WITH, served_by
+from inferlab.sim.engine.bands import CALIBRATED_WITH, served_by
 from inferlab.sim.engine.config import EngineConfig, resolve
 from inferlab.sim.engine.steptime import CALIBRATION_KEY, Efficiencies, efficiencies_json
 from inferlab.workload.config import WorkloadConfig
@@ -288,7 +288,7 @@ def write_efficiencies(path: str, engine: EngineConfig, fit: Fit, server_setting
                   # (the engine flags the server stated and the fit took: runs of the twin take them too)
                   "server_settings": dict(server_settings or {}),
                   # (what sized its cache: a run with others does not take the server's block count)
-                  "sized_with": {k: getattr(engine, k) for k in SIZED_WITH}}
+                  "sized_with": {k: getattr(engine, k) for k in CALIBRATED_WITH}}
         # a latency stated with --api-latency-ms (not fitted) is part of the twin too
         stated = {} if engine.api_overhead_s is None else {"api_overhead_s": engine.api_overhead_s}
         json.dump({**_overridden(engine), **stated, **fit.constants, CALIBRATION_KEY: record}, f, indent=2)
