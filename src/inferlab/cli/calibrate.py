@@ -249,6 +249,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
     from inferlab.sim.validation.twin import (
         DEFAULT_FIT,
         METRICS,
+        at_bounds,
         calibrate,
         median_abs_error,
         read_run,
@@ -293,6 +294,10 @@ def _calibrate(kw: dict[str, Any]) -> int:
             meds = {m: median_abs_error(rows, m) for m in METRICS}
             out.print(f"median |error|, {label}: " + ", ".join(f"{m} {v:.1%}" for m, v in meds.items() if v is not None))
     out.print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items()) + f" ({fit.evaluations} evaluations)")
+    for name, side in at_bounds(fit.constants).items():
+        err.print(f"inferlab sim calibrate: {name} ended at its {side} bound ({fit.constants[name]:.4g}): the engine as "
+                  "stated (model, device, flags) cannot explain the runs with it, and the other constants made up for "
+                  "it; check those, or fit other constants (bench/llamacpp_twin.py shows a CPU server's)", highlight=False)
     out.print(f"efficiencies: {kw['out']} (sim run --efficiencies {kw['out']} with the same model, GPU and engine "
               "flags; the release and what the server stated come from the file)")
     return 0

@@ -948,3 +948,24 @@ def test_a_context_and_eager_mode_calibrate_ran_with_are_the_twins(
     # another family given: said, and nothing of the twin's taken
     _, err, _ = run_twin(tmp_path / "twin.json", tmp_path / "f", "--engine-family", "sglang")
     assert "--engine-family sglang: a what-if of another engine than twin.json's (vllm)" in err
+
+
+def test_a_constant_that_ends_at_its_bound_is_said(tmp_path: Path) -> None:
+    from inferlab.sim.validation.twin import at_bounds
+
+    # a server with no API latency at all: fitting the latency alone drives it down to its bound
+    truth = tmp_path / "truth.json"
+    truth.write_text(json.dumps({"api_overhead_s": 0.0}))  # (the family's constants otherwise)
+    runs = [sim_run(tmp_path / f"c1-in{n}", "-c", "1", "-n", "4", "--input-tokens", str(n), "--output-tokens", "8",
+                    "--efficiencies", str(truth)) for n in (128, 1024)]
+    res = CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, *runs, "--fit", "api_overhead_s", "--max-evaluations",
+                                    "60", "-o", str(tmp_path / "twin.json"), "--report", str(tmp_path / "fit.json")])
+    assert res.exit_code == 0, res.stderr
+    report = json.loads((tmp_path / "fit.json").read_text())
+    assert report["at_bounds"] == {"api_overhead_s": "lower"} == at_bounds(report["constants"])
+    assert "api_overhead_s ended at its lower bound (1e-06)" in words(res.stderr)
+    # a fit that ends inside its bounds says nothing of them
+    res = CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, *runs, "--fit", "gemm_compute", "--max-evaluations",
+                                    "3", "-o", str(tmp_path / "t2.json"), "--report", str(tmp_path / "f2.json")])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads((tmp_path / "f2.json").read_text())["at_bounds"] == {} and "bound" not in res.stderr

@@ -143,6 +143,20 @@ def read_run(path: str) -> MeasuredRun:
                        isinstance(engine, dict) and engine.get("offline") is True)
 
 
+def at_bounds(constants: dict[str, float]) -> dict[str, str]:
+    """The fitted constants that ended at a bound of theirs (``BOUNDS``), and which
+    ("lower", "upper"): the fit wanted to go further, so the engine as stated (model,
+    device, flags) cannot explain the runs with that constant, and the others made up for it."""
+    out = {}
+    for name, value in constants.items():
+        lo, hi = BOUNDS.get(name, (None, None))
+        if lo is not None and value <= lo * (1 + 1e-9):
+            out[name] = "lower"
+        elif hi is not None and value >= hi * (1 - 1e-9):
+            out[name] = "upper"
+    return out
+
+
 @dataclass
 class Fit:
     """A calibration: the fitted constants, the loss, and each run's predictions."""
@@ -154,8 +168,8 @@ class Fit:
     holdout_runs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"constants": self.constants, "loss": self.loss, "evaluations": self.evaluations,
-                "fit": self.fit_runs, "holdout": self.holdout_runs, "prediction": True}
+        return {"constants": self.constants, "at_bounds": at_bounds(self.constants), "loss": self.loss,
+                "evaluations": self.evaluations, "fit": self.fit_runs, "holdout": self.holdout_runs, "prediction": True}
 
 
 class Twin:
