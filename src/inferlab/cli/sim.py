@@ -129,7 +129,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
         click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
         click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
-        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: its engine family, the release and its switches (async scheduling, admission, free-queue order), the engine its vLLM, SGLang or llama.cpp server stated (KV cache, context length; SGLang's TP degree, caps and budget; llama.cpp's slots) and the sizes and context it was calibrated with (budget, sequence cap, memory share, eager mode, block size, max model len) (neither for another model, GPU, precision or TP degree, nor for a search over one; the block count only while the budget and sequence cap resolve as the twin's did, offline runs included, and the memory share, eager mode, block size and dtype are the twin's)."),
+        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: its engine family, the release and its switches (async scheduling, admission, free-queue order), the engine its vLLM, SGLang or llama.cpp server stated (KV cache, context length; SGLang's TP degree, caps and budget; llama.cpp's slots) and the sizes and context it was calibrated with (budget, sequence cap, memory share, eager mode, block size, max model len) (neither for another model, GPU, precision or TP degree, nor for a search over one; the block count only while the budget and sequence cap resolve as the twin's did and the memory share, eager mode, block size and dtype are the twin's; --rate inf runs served, as its server was, unless --offline)."),
     ]
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -325,9 +325,8 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
       would run as a current vLLM and lose its bands.
     - The engine flags its server stated (vLLM's KV cache and context length; SGLang's
       too, its TP degree, caps and budget: not its chunk size as a budget for a run
-      without chunked prefill; llama.cpp's slots and context), and the sizes calibrate
-      ran with (``SIZED_WITH``: memory share, budget, sequence cap, eager mode, block
-      size), each where not given, and none for a run of another model, GPU, precision
+      without chunked prefill; llama.cpp's slots and context), and the sizes and context
+      calibrate ran with (``CALIBRATED_WITH``), each where not given, and none for a run of another model, GPU, precision
       or tensor-parallel degree (another server), or a search over any of them. The
       number of KV blocks is the server's only while what sizes the cache is as the
       twin's was (``SIZED_WITH``, the cache's dtype): another budget or memory share
@@ -447,7 +446,7 @@ def _another_server(kw: dict[str, Any], efficiencies: str) -> bool:
     calibrated on (its model, GPU, precision or tensor-parallel degree differ), or
     cannot be told (a sweep's list of them, flags the engine refuses)."""
     one, several = _scalar(kw)
-    if several & {*_IDENTITY, "model", "gpu"}:
+    if several & set(_IDENTITY):
         return True
     try:
         served = served_by(engine_config(one))
@@ -469,7 +468,7 @@ def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str], bl
     defaults = EngineConfig()
     out = []
     sizes = ("max_num_batched_tokens", "max_num_seqs")  # (compared as resolved, below)
-    for key in dict.fromkeys((*SIZED_WITH, "block_size", "kv_cache_dtype", "enable_chunked_prefill")):
+    for key in (*SIZED_WITH, "kv_cache_dtype", "enable_chunked_prefill"):
         if key == "enable_chunked_prefill":  # (it resolves the budget: below, unless searched)
             if key in searched:
                 out.append(flag_words(key))
