@@ -28,7 +28,9 @@ right (request packet - send stamp) gaps bunch within µs, one per record, and p
 record with another request alike to the server (one stream: every timeline the same)
 bunches fewer records; the start is the smallest gap of the 100 µs holding the most
 records (so the client's delay errs large by at most that write, µs). A stamp that still
-comes before its packet by more than 20 µs means the join is wrong: ``match`` refuses.
+comes before its packet by more than 20 µs means the join is wrong: ``match`` refuses,
+as it refuses a capture during which the wall clock was set (its lead over the monotonic
+clock, measured every 10 ms, moved by more than 5 µs).
 
 Limits: loopback and plain HTTP only; the records must carry the simulated server's
 timeline (the mock and real engines send none); and the capture must be of the run it is
@@ -97,20 +99,22 @@ def _filter(port: int) -> bytes:
 
 
 class _WallToMonotonic:
-    """The wall clock's lead over the monotonic clock, measured again every 100 ms: the
-    kernel stamps packets on the wall clock, the records are on the monotonic one, and a
-    step of the wall clock during a run (the host setting the time) would otherwise move
-    every packet after it against every record. Each measurement is the best of a few
-    bracketed reads (wall between two monotonic reads, the closest pair): a read preempted
-    between its two calls, tens of µs here, would move every packet until the next."""
+    """The wall clock's lead over the monotonic clock, measured again every 10 ms: the
+    kernel stamps packets on the wall clock, the records are on the monotonic one. Each
+    measurement is the best of a few bracketed reads (wall between two monotonic reads,
+    the closest pair): a read preempted between its two calls, tens of µs here, would move
+    every packet until the next. ``history`` keeps each measurement (monotonic ns, lead
+    ns): a step of the wall clock during the capture (the host setting the time) moves
+    the packets around it against the records, and ``match`` refuses such a capture."""
 
     def __init__(self) -> None:
         self._at = -(10**18)
         self.lead_ns = 0
+        self.history: list[tuple[int, int]] = []
 
     def now(self) -> int:
         mono = time.monotonic_ns()
-        if mono - self._at > 100_000_000:
+        if mono - self._at > 10_000_000:
             best = None
             for _ in range(5):
                 m1 = time.monotonic_ns()
@@ -120,6 +124,7 @@ class _WallToMonotonic:
                     best = (m2 - m1, wall - (m1 + m2) // 2)
             assert best is not None
             self._at, self.lead_ns = mono, best[1]
+            self.history.append((mono, best[1]))
         return self.lead_ns
 
 
@@ -192,7 +197,7 @@ def capture(port: int, out: Path) -> int:
     with open(out, "wb") as f:
         pickle.dump(
             {"port": port, "packets": packets, "kernel_seen": seen, "kernel_dropped": dropped,
-             "truncated": truncated},
+             "truncated": truncated, "clock": clocks.history},
             f,
         )  # fmt: skip
     return 1 if dropped or truncated else 0
@@ -348,6 +353,10 @@ _PLACE_RECORDS = 300
 _JOIN_NS = 50_000_000
 #: (request, record) pairs with one server timeline weighed to place the run's start
 _MAX_PAIRS = 4_000_000
+#: How far the wall clock's lead over the monotonic clock may move during a capture
+#: (measurement noise: tens of ns here) before ``match`` refuses it: a packet's time on
+#: the records' clock would be off by that much, past what the join tolerates
+_CLOCK_MOVED_NS = 5_000
 #: How far before its packet a stamp may seem to be (the start's placement errs the
 #: other way, by a write: µs) before the join is called wrong
 _EARLY_MS = 0.02
@@ -362,6 +371,13 @@ def match(path: Path, records: list[dict[str, Any]]) -> dict[str, Any]:
     if cap["kernel_dropped"]:
         raise RuntimeError(
             f"the kernel dropped {cap['kernel_dropped']:,} of {cap['kernel_seen']:,} captured packets"
+        )
+    leads = [lead for _, lead in cap.get("clock", [])]
+    if leads and max(leads) - min(leads) > _CLOCK_MOVED_NS:
+        raise RuntimeError(
+            f"the wall clock moved {(max(leads) - min(leads)) / 1e3:,.1f} µs against the monotonic "
+            "clock during the capture (the time was set): its packets cannot be put on the "
+            "records' clock to the µs the join needs; capture again"
         )
     port = cap["port"]
     conns: dict[int, tuple[_Side, _Side]] = defaultdict(lambda: (_Side(), _Side()))

@@ -38,7 +38,19 @@ def run_captured(
             )  # fmt: skip
             assert p.returncode == 0, p.stderr
     records = [json.loads(x) for x in (tmp_path / "run" / "requests.jsonl").read_text().splitlines() if x]
-    return records, wire_capture.match(tmp_path / "packets.pickle", records)
+    return records, match(tmp_path / "packets.pickle", records)
+
+
+def match(path: Path, records: list[dict[str, object]]) -> dict[str, object]:
+    """``wire_capture.match``; the test skipped where the host set the clock during the
+    capture (a CI machine did, once: every join after the step failed), which ``match``
+    refuses and ``test_a_capture_during_which_the_clock_was_set_is_refused`` checks."""
+    try:
+        return wire_capture.match(path, records)
+    except RuntimeError as e:
+        if "wall clock moved" in str(e):
+            pytest.skip(str(e))
+        raise
 
 
 @pytest.mark.parametrize(("concurrency", "n"), [(1, 80), (8, 12)])
@@ -49,10 +61,11 @@ def test_every_request_is_joined_to_its_packets_and_the_client_stamps_after_they
     after request, many of them): the join must still pair each record with its own
     packets, not its neighbour's (their gaps would then differ by a whole request)."""
     records, got = run_captured(tmp_path, concurrency, n, output_tokens=8 if concurrency > 1 else 2)
-    # (what the join saw, should it fail: one clean-clone run of 11 joined 14 of 80 at one
-    # stream, not reproduced since in 50 runs, 33 of them beside two or three busy loops)
+    # (what the join saw, should it fail, in full: one clean-clone run joined 14 of 80 at
+    # one stream, and a CI run 42 of 80, 11 of 12 and 0 of 4 in the next test; not
+    # reproduced in 68 runs since, 51 of them beside two to four busy loops)
     seen = {k: got[k] for k in ("joined", "records", "responses", "packets", "offset_spread_ms", "unjoined")}
-    assert got["joined"] == got["records"] == len(records) == n, seen
+    assert got["joined"] == got["records"] == len(records) == n, json.dumps(seen)
     spread = got["offset_spread_ms"]
     assert isinstance(spread, dict) and spread["max"] < 1.0
     delays = got["delay_ms"]
@@ -71,7 +84,19 @@ def test_packets_of_other_requests_are_not_taken_for_the_runs(tmp_path: Path) ->
     records, _ = run_captured(tmp_path / "a", 2, 4)
     run_captured(tmp_path / "b", 2, 4, output_tokens=9)
     with pytest.raises(RuntimeError, match="no record"):
-        wire_capture.match(tmp_path / "b" / "packets.pickle", records)
+        match(tmp_path / "b" / "packets.pickle", records)
+
+
+def test_a_capture_during_which_the_clock_was_set_is_refused(tmp_path: Path) -> None:
+    """Packets are stamped on the wall clock and put on the records' monotonic clock by the
+    lead the capture measured as it read them: a capture whose lead moved past a few µs
+    (the time set mid-run) is refused before any join, one within that goes on."""
+    cap = {"port": 1, "packets": [], "kernel_seen": 0, "kernel_dropped": 0, "truncated": 0}
+    for moved, error in ((40_000, "wall clock moved 40.0 µs"), (1_000, "no record has")):
+        cap["clock"] = [(0, 7_000), (10_000_000, 7_000 + moved), (20_000_000, 7_000 + moved)]
+        (tmp_path / "p.pickle").write_bytes(pickle.dumps(cap))
+        with pytest.raises(RuntimeError, match=error):
+            wire_capture.match(tmp_path / "p.pickle", [])
 
 
 def test_the_capture_keeps_each_received_tcp_packet_of_its_port_once(tmp_path: Path) -> None:
@@ -99,6 +124,7 @@ def test_the_capture_keeps_each_received_tcp_packet_of_its_port_once(tmp_path: P
     payloads = sorted(pkt[4] for pkt in cap["packets"])
     assert payloads == sorted([b"ping %d" % i for i in range(20)] + [b"pong %d" % i for i in range(20)])
     assert cap["kernel_dropped"] == 0 and cap["truncated"] == 0
+    assert cap["clock"], "the capture measured the wall clock's lead at least once"
 
 
 def test_the_kernel_passes_the_capture_nothing_of_other_traffic(tmp_path: Path) -> None:
