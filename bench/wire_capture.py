@@ -112,9 +112,9 @@ class _WallToMonotonic:
         self.lead_ns = 0
         self.history: list[tuple[int, int]] = []
 
-    def now(self) -> int:
+    def now(self, measure: bool = False) -> int:
         mono = time.monotonic_ns()
-        if mono - self._at > 10_000_000:
+        if measure or mono - self._at > 10_000_000:
             best = None
             for _ in range(5):
                 m1 = time.monotonic_ns()
@@ -178,6 +178,7 @@ def capture(port: int, out: Path) -> int:
         try:
             data, anc, flags, _ = s.recvmsg(1 << 18, 64)
         except (TimeoutError, InterruptedError):
+            clocks.now()  # (a step after the last packet read shows in the history too)
             continue
         truncated += bool(flags & socket.MSG_TRUNC)
         if (pkt := _packet(data, anc, clocks.now())) is not None:
@@ -194,6 +195,7 @@ def capture(port: int, out: Path) -> int:
         truncated += bool(flags & socket.MSG_TRUNC)
         if (pkt := _packet(data, anc, clocks.now())) is not None:
             packets.append(pkt)
+    clocks.now(measure=True)  # (and one last: a step after the last packet shows)
     with open(out, "wb") as f:
         pickle.dump(
             {"port": port, "packets": packets, "kernel_seen": seen, "kernel_dropped": dropped,
