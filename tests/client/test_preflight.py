@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from inferlab import BenchConfig, ClosedLoop, LoadConfig, UsageError, WorkloadConfig, bench_async
+from inferlab.client.exchange import Endpoint
 from inferlab.client.preflight import APPROX_USAGE, EXACT_SERVER, NO_FORCE_WARNING
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.server.app import ServerConfig
@@ -185,6 +186,47 @@ async def llamalike() -> AsyncIterator[LlamaLikeServer]:
     srv.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     yield srv
     await runner.cleanup()
+
+
+async def test_a_count_survives_several_pooled_connections_the_server_closed() -> None:
+    """llama-server closes idle keep-alive connections (after 5 s) too: after counts made
+    16 at a time the pool can hold many it closed, and a count that met two of them in a
+    row was lost (a CI run's lengths fell back to approximate). Here the server drops the
+    next five requests unanswered, as such connections do: the count still comes, and
+    a server that answers none gives up with no count."""
+    import aiohttp
+
+    from inferlab.client.preflight import TokenizeRoute
+
+    drops = [5]
+
+    @web.middleware
+    async def drop(request: web.Request, handler: Any) -> web.StreamResponse:
+        if drops[0]:
+            drops[0] -= 1
+            assert request.transport is not None
+            request.transport.close()
+            raise asyncio.CancelledError
+        return await handler(request)
+
+    async def tokenize(request: web.Request) -> web.Response:
+        return web.json_response({"tokens": str((await request.json())["prompt"]).split()})
+
+    app = web.Application(middlewares=[drop])
+    app.router.add_post("/tokenize", tokenize)
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        endpoint = Endpoint(f"http://127.0.0.1:{runner.addresses[0][1]}", "m", "completions")
+        async with aiohttp.ClientSession() as session:
+            route = TokenizeRoute(session, endpoint, concurrency=4)
+            assert await route.count("three words here") == 3 and drops == [0]
+            drops[0] = 1000
+            assert await route.count("three words here") is None and drops[0] == 1000 - 6
+    finally:
+        await runner.cleanup()
 
 
 async def test_llama_cpp_s_tokenize_makes_lengths_exact_despite_its_closed_connections(

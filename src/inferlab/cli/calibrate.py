@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 @click.option("--holdout", multiple=True, type=click.Path(exists=True, file_okay=False), help="A run directory predicted, not fitted on (repeatable): the error reported on it is the twin's.")
 @click.option("--fit", "fit_names", default=None, metavar="NAME,NAME,...", help="The step-time constants to fit (default: gemm_compute, weight_stream, attention_compute, cpu_step_s, api_overhead_s).")
 @click.option("--max-evaluations", type=click.IntRange(min=1), default=400, show_default=True, help="Simulated reruns of the fit set at most.")
-@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The efficiencies file to write (for sim run --efficiencies, with the same model and GPU: the family, release, what the server stated and the sizes, context and eager mode calibrate ran with come from the file; other engine flags as calibrate had them).")
+@click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The efficiencies file to write (for sim run --efficiencies, with the same model and GPU: the family, release, what the server stated and the engine flags calibrate ran with come from the file, where a run's flags do not say otherwise).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the fit's report (constants, per-run measured and predicted) as JSON.")
 def calibrate_cmd(**kw: Any) -> None:
     """Fit the simulator to measured runs of one server (bench run directories of
@@ -299,6 +299,6 @@ def _calibrate(kw: dict[str, Any]) -> int:
                   "stated (model, device, flags) cannot explain the runs with it, and the other constants made up for "
                   "it; check those, or fit other constants (bench/llamacpp_twin.py shows a CPU server's)", highlight=False)
     out.print(f"efficiencies: {kw['out']} (sim run --efficiencies {kw['out']} with the same model and GPU; the "
-              "family, release, what the server stated and the sizes, context and eager mode calibrate ran with come "
-              "from the file; other engine flags as calibrate had them)")
+              "family, release, what the server stated and the engine flags calibrate ran with come from the file, "
+              "where a run's flags do not say otherwise)")
     return 0

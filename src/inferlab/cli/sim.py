@@ -129,7 +129,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
         click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
         click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
-        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: its engine family, the release and its switches (async scheduling, admission, free-queue order), the engine its vLLM, SGLang or llama.cpp server stated (KV cache, context length; SGLang's TP degree, caps and budget; llama.cpp's slots) and the sizes and context it was calibrated with (budget, sequence cap, memory share, eager mode, block size, max model len) (neither for another model, GPU, precision or TP degree, nor for a search over one; the block count only while the budget and sequence cap resolve as the twin's did and the memory share, eager mode, block size and dtype are the twin's; --rate inf runs served, as its server was, unless --offline)."),
+        click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: its engine family, the release and its switches (async scheduling, admission, free-queue order), the engine its vLLM, SGLang or llama.cpp server stated (KV cache, context length; SGLang's TP degree, caps and budget; llama.cpp's slots) and the other engine flags it was calibrated with (budget, sequence cap, memory share, eager mode, block size, max model len, prefix caching, chunked prefill, scheduler steps, output reservation, API server count, host speed) (neither for another model, GPU, precision or TP degree, nor for a search over one; the block count only while the budget and sequence cap resolve as the twin's did and the memory share, eager mode, block size and dtype are the twin's; --rate inf runs served, as its server was, unless --offline)."),
     ]
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -325,8 +325,9 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
       would run as a current vLLM and lose its bands.
     - The engine flags its server stated (vLLM's KV cache and context length; SGLang's
       too, its TP degree, caps and budget: not its chunk size as a budget for a run
-      without chunked prefill; llama.cpp's slots and context), and the sizes and context
-      calibrate ran with (``CALIBRATED_WITH``), each where not given, and none for a run of another model, GPU, precision
+      without chunked prefill; llama.cpp's slots and context), and the engine flags
+      calibrate ran with (``CALIBRATED_WITH``: sizes, context, eager mode, prefix caching,
+      chunking, front end), each where not given, and none for a run of another model, GPU, precision
       or tensor-parallel degree (another server), or a search over any of them. The
       number of KV blocks is the server's only while what sizes the cache is as the
       twin's was (``SIZED_WITH``, the cache's dtype): another budget or memory share
@@ -353,7 +354,7 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
                 "family) is taken")
         elif given("engine_family"):
             say(f"--engine-family {family.value}: a what-if of another engine than {name}'s ({found.family}): its "
-                "release, what its server stated and the sizes it was calibrated with are not taken")
+                "release, what its server stated and the flags it was calibrated with are not taken")
         if given("engine_family") or "engine_family" in searched:
             return {}
         family = EngineFamily.parse(found.family)
@@ -379,7 +380,7 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     if (stated or sizes) and (identity or _another_server({**kw, **sizes, **stated}, str(path))):
         what = f"the search sets {', '.join(map(flag_words, sorted(identity)))} per trial" if identity else (
             f"the run is of another model, GPU, precision or tensor-parallel degree than {name}'s")
-        say(f"{what}: the engine its server stated (KV cache, context length) and the sizes it was calibrated with "
+        say(f"{what}: the engine its server stated (KV cache, context length) and the flags it was calibrated with "
             "are not taken")
         stated, sizes = {}, {}
     taken.update(sizes)

@@ -201,16 +201,21 @@ class TokenizeRoute:
         self._url: str | None = None
         self._content_body = False  # llama.cpp's {"content": text}
         self._limit = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
 
     async def _post(self, url: str, body: dict[str, Any]) -> Any:
         """The JSON answer, or None for an error status, a non-JSON answer or a failure
         (patient: ``unanswered`` set where it says nothing of the route). A closed
-        connection is tried once more: the pooled connection may be one the server
-        closed after the probe (llama.cpp closes the connection after every streamed
-        response, though it says keep-alive), and counting has no side effect."""
+        connection is tried again, on each pooled connection in turn and a new one
+        last: the pooled connection may be one the server closed (llama.cpp closes the
+        connection after every streamed response, though it says keep-alive, and idle
+        ones after 5 s: after counts ``concurrency`` at a time the pool can hold that
+        many it closed, two in a row lost a count; at most 32 more tries), and counting
+        has no side effect."""
         import aiohttp
 
-        for attempt in range(2):
+        last = min(self._concurrency, 32) + 1
+        for attempt in range(last + 1):
             try:
                 async with self._limit, self.session.post(
                     url, data=json.dumps(body), headers=self.endpoint.request_headers(),
@@ -222,7 +227,7 @@ class TokenizeRoute:
                     self.unanswered = resp.status not in _NO_ROUTE
                     return None
             except aiohttp.ClientConnectionError as e:
-                if attempt or isinstance(e, TimeoutError):
+                if attempt == last or isinstance(e, TimeoutError):
                     self.unanswered = True
                     return None
             except TimeoutError:

@@ -778,6 +778,45 @@ def test_runs_of_a_twin_take_the_sizes_it_was_calibrated_with_sim_serves_default
     assert (ran["enforce_eager"], ran["num_gpu_blocks_override"]) == (False, None)
 
 
+def test_runs_of_a_twin_take_the_other_engine_flags_it_was_calibrated_with(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """Prefix caching, chunked prefill and the front end (API servers, the host's speed)
+    change what a step holds and what a request costs: a run of a twin calibrated without
+    prefix caching or chunking, on two API servers of a host twice as fast, that says
+    none of it runs that engine, not the family's defaults under the fit's bands."""
+    engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S"]
+    runs = said(measured[0], tmp_path, None, None, None)  # (a server that stated nothing of itself)
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *runs, "--no-enable-prefix-caching",
+                                    "--no-enable-chunked-prefill", "--max-num-batched-tokens", "4096", "--max-model-len",
+                                    "4096", "--api-server-count", "2", "--host-speed", "2", "--fit", "gemm_compute",
+                                    "--max-evaluations", "3", "-o", str(tmp_path / "twin.json")])
+    assert res.exit_code == 0, res.stderr
+    keys = ("enable_prefix_caching", "enable_chunked_prefill", "max_num_batched_tokens", "api_server_count", "host_speed")
+
+    def run(twin: str, out: str, *flags: str) -> tuple[list[Any], str]:
+        res = CliRunner().invoke(main, ["sim", "run", *engine, "-c", "2", "-n", "4", "--efficiencies",
+                                        str(tmp_path / twin), *flags, "-o", str(tmp_path / out)])
+        assert res.exit_code == 0, res.stderr
+        ran = engine_of(tmp_path / out)
+        return [ran[k] for k in keys], words(res.stderr)
+
+    ran, err = run("twin.json", "r")
+    assert ran == [False, False, 4096, 2, 2.0]
+    said_ = err.split("as twin.json was calibrated: ")[1].split(" (unless")[0].split(", ")
+    assert {"--max-model-len 4096", "--max-num-batched-tokens 4096", "--no-enable-prefix-caching",
+            "--no-enable-chunked-prefill", "--api-server-count 2", "--host-speed 2.0"} <= set(said_), err
+    # flags given win
+    assert run("twin.json", "r2", "--enable-prefix-caching", "--host-speed", "1")[0] == [True, False, 4096, 2, 1.0]
+    # a twin from before the record: its runs take the family's defaults, as they did
+    old = json.loads((tmp_path / "twin.json").read_text())
+    old["calibration"]["sized_with"] = {k: v for k, v in old["calibration"]["sized_with"].items()
+                                        if k not in ("enable_prefix_caching", "enable_chunked_prefill",
+                                                     "api_server_count", "host_speed")}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert run("old.json", "r3")[0] == [True, True, 4096, 1, 1.0]
+
+
 @pytest.mark.parametrize(("param", "needle"), [
     ("tensor-parallel-size=1,2", "the search sets --tensor-parallel-size per trial: the engine its server stated"),
     ("engine-family=vllm,sglang", "the search sets --engine-family per trial: the engine its server stated"),

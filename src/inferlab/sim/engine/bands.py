@@ -166,9 +166,17 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
 #: a twin records the values it was calibrated with, so that a run can tell whether its
 #: server's block count holds, and runs of the twin take them where not given
 SIZED_WITH = ("gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "block_size")
+#: The other engine flags a twin records it was calibrated with, and its runs take where
+#: not given: the switches that change how it schedules and what its steps hold (prefix
+#: caching, chunked prefill, multi-step decoding, SGLang's admission) and its front end
+#: (API servers, the host's speed). A run without them would be another engine than the
+#: one fitted, shown under the fit's bands.
+RAN_WITH = ("enable_prefix_caching", "enable_chunked_prefill", "num_scheduler_steps", "reserve_outputs",
+            "api_server_count", "host_speed")
 #: What a twin records it was calibrated with, and its runs take where not given: what
-#: sized its cache, and the context a request had (which does not size vLLM's cache)
-CALIBRATED_WITH = (*SIZED_WITH, "max_model_len")
+#: sized its cache, the context a request had (which does not size vLLM's cache), and
+#: ``RAN_WITH``
+CALIBRATED_WITH = (*SIZED_WITH, "max_model_len", *RAN_WITH)
 
 
 @dataclass(frozen=True)
@@ -178,7 +186,7 @@ class CalibratedAs:
     family: str
     release: dict[str, Any]  # engine_version (when it had one) and the switches served_by records
     stated: dict[str, Any]  # the engine flags its server stated that the fit took (server_settings)
-    sized_with: dict[str, Any]  # SIZED_WITH as the fit's engine had them (a file from before: empty)
+    sized_with: dict[str, Any]  # CALIBRATED_WITH as the fit's engine had them (a file from before: fewer)
 
 
 def calibrated_as(efficiencies: str) -> CalibratedAs | None:
