@@ -16,7 +16,7 @@ from rich.table import Table
 
 from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import check_output_folder, given, run_guarded
-from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, flag_words
+from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, flag_words, setting_text
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.sim.engine.config import parse_release, release_local_label
 from inferlab.sim.engine.dtypes import KVCacheDType
@@ -150,7 +150,7 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
             pool = f"{tokens:,}-token pool"
             paged = (f"the runs' server pages its KV cache {'a token' if page == 1 else f'{page} tokens'} at a time: "
                      f"its {tokens:,} tokens are simulated as {tokens // size:,} blocks of {size}")
-    contradicted = [k for k in agreed if k != "num_gpu_blocks_override" and given(k) and _flag_value(kw, k) != str(agreed[k])]
+    contradicted = [k for k in agreed if k != "num_gpu_blocks_override" and given(k) and setting_text(k, kw.get(k)) != setting_text(k, agreed[k])]
     if contradicted:
         say(f"the runs' server states {', '.join(flag_words(k, agreed[k]) for k in contradicted)}: calibrating with "
             "the flags given instead")
@@ -182,12 +182,6 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
         say(f"the runs' server stated {', '.join(map(flag_words, differ))} differently from run to run: "
             "not taken (a twin is of one server; give the flags)")
     return taken
-
-
-def _flag_value(kw: dict[str, Any], key: str) -> str:
-    """A flag's value as text, a cache dtype by its canonical name."""
-    value = kw.get(key)
-    return KVCacheDType.parse(str(value)).value if key == "kv_cache_dtype" else str(value)
 
 
 def _as_the_release_said(

@@ -377,12 +377,19 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
              if k in CALIBRATED_WITH and k not in stated and not given(k) and k not in searched and kw.get(k) != v
              and not (unchunked and k == "max_num_batched_tokens") and (v is not None or getattr(defaults, k) is None)}
     identity = searched & set(_IDENTITY)
-    if (stated or sizes) and (identity or _another_server({**kw, **sizes, **stated}, str(path))):
+    # (flags given otherwise than the twin's server stated: a what-if of that server, said)
+    one, _ = _scalar(kw)
+    contradicted = [k for k, v in found.stated.items() if given(k) and k not in searched and k in one
+                    and setting_text(k, one[k]) != setting_text(k, v)]
+    if (stated or sizes or contradicted) and (identity or _another_server({**kw, **sizes, **stated}, str(path))):
         what = f"the search sets {', '.join(map(flag_words, sorted(identity)))} per trial" if identity else (
             f"the run is of another model, GPU, precision or tensor-parallel degree than {name}'s")
         say(f"{what}: the engine its server stated (KV cache, context length) and the flags it was calibrated with "
             "are not taken")
-        stated, sizes = {}, {}
+        stated, sizes, contradicted = {}, {}, []
+    if contradicted:
+        say(f"{', '.join(flag_words(k, one[k]) for k in contradicted)}: a what-if of {name}'s server, which stated "
+            f"{', '.join(flag_words(k, found.stated[k]) for k in contradicted)}")
     taken.update(sizes)
     blocks = stated.pop("num_gpu_blocks_override", None)
     if blocks is not None:
@@ -411,6 +418,11 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     if shown:
         say(f"as {name} was calibrated: {', '.join(word(k, v) for k, v in shown.items())} (unless flags say otherwise)")
     return taken
+
+
+def setting_text(key: str, value: Any) -> str:
+    """An engine setting's value as text, a cache dtype by its canonical name."""
+    return str(KVCacheDType.parse(str(value)).value) if key == "kv_cache_dtype" else str(value)
 
 
 def flag_words(key: str, value: Any = None) -> str:

@@ -778,6 +778,21 @@ def test_runs_of_a_twin_take_the_sizes_it_was_calibrated_with_sim_serves_default
     assert (ran["enforce_eager"], ran["num_gpu_blocks_override"]) == (False, None)
 
 
+def test_a_run_of_a_twin_given_flags_its_server_stated_otherwise_says_it_is_a_what_if(
+    twins: dict[str, Any], tmp_path: Path
+) -> None:
+    """The flag given runs (a what-if), and the run says what the server stated; the same
+    value given, or another server's run, says nothing of it."""
+    ran, err, _ = run_twin(twins["auto"], tmp_path / "r", "--max-model-len", "4096", "--enable-prefix-caching")
+    assert (ran["max_model_len"], ran["enable_prefix_caching"]) == (4096, True)
+    assert ("--enable-prefix-caching, --max-model-len 4096: a what-if of twin.json's server, which stated "
+            "--no-enable-prefix-caching, --max-model-len 8192") in err
+    _, err, _ = run_twin(twins["auto"], tmp_path / "r2", "--max-model-len", "8192", "--kv-cache-dtype", "auto")
+    assert "what-if" not in err
+    _, err, _ = run_twin(twins["auto"], tmp_path / "r3", "--max-model-len", "4096", "--gpu", "A100")
+    assert "what-if" not in err and "another model, GPU" in err
+
+
 def test_runs_of_a_twin_take_the_other_engine_flags_it_was_calibrated_with(
     measured: tuple[list[str], list[str]], tmp_path: Path
 ) -> None:
