@@ -30,7 +30,7 @@ bunches fewer records; the start is the smallest gap of the 100 µs holding the 
 records (so the client's delay errs large by at most that write, µs). A stamp that still
 comes before its packet by more than 20 µs means the join is wrong: ``match`` refuses,
 as it refuses a capture during which the wall clock was set (its lead over the monotonic
-clock, measured every 10 ms, moved by more than 5 µs).
+clock, measured as packets come, 10 ms apart at most, moved by more than 5 µs).
 
 Limits: loopback and plain HTTP only; the records must carry the simulated server's
 timeline (the mock and real engines send none); and the capture must be of the run it is
@@ -99,8 +99,10 @@ def _filter(port: int) -> bytes:
 
 
 class _WallToMonotonic:
-    """The wall clock's lead over the monotonic clock, measured again every 10 ms: the
-    kernel stamps packets on the wall clock, the records are on the monotonic one. Each
+    """The wall clock's lead over the monotonic clock, measured again for a packet read
+    10 ms or more after the last measurement, on each idle read (every 200 ms) and at
+    the end: the kernel stamps packets on the wall clock, the records are on the
+    monotonic one. Each
     measurement is the best of a few bracketed reads (wall between two monotonic reads,
     the closest pair): a read preempted between its two calls, tens of µs here, would move
     every packet until the next. ``history`` keeps each measurement (monotonic ns, lead

@@ -190,29 +190,34 @@ async def llamalike() -> AsyncIterator[LlamaLikeServer]:
 
 async def test_a_count_survives_several_pooled_connections_the_server_closed() -> None:
     """llama-server closes idle keep-alive connections (after 5 s) too: after counts made
-    16 at a time the pool can hold many it closed, and a count that met two of them in a
-    row was lost (a CI run's lengths fell back to approximate). Here the server drops the
-    next five requests unanswered, as such connections do: the count still comes, and
-    a server that answers none gives up with no count."""
+    several at a time the pool holds several it closed, and a count that met two of them
+    in a row was lost (a CI run's lengths fell back to approximate). Here every request on
+    a connection that already carried one is dropped unanswered, as on such a connection:
+    the count is tried again on a new connection and comes; a server that answers nothing
+    gets two tries, not one per pooled connection."""
     import aiohttp
 
     from inferlab.client.preflight import TokenizeRoute
 
-    drops = [5]
+    served: set[object] = set()  # connections that carried an answer: "closed" by the server
+    dropped = [0]
+    drop_all = [False]
 
     @web.middleware
-    async def drop(request: web.Request, handler: Any) -> web.StreamResponse:
-        if drops[0]:
-            drops[0] -= 1
-            assert request.transport is not None
+    async def stale(request: web.Request, handler: Any) -> web.StreamResponse:
+        assert request.transport is not None
+        if request.transport in served or drop_all[0]:
+            dropped[0] += 1
             request.transport.close()
             raise asyncio.CancelledError
+        served.add(request.transport)
         return await handler(request)
 
     async def tokenize(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.05)  # (the four counts below overlap: four connections in the pool)
         return web.json_response({"tokens": str((await request.json())["prompt"]).split()})
 
-    app = web.Application(middlewares=[drop])
+    app = web.Application(middlewares=[stale])
     app.router.add_post("/tokenize", tokenize)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
@@ -222,9 +227,13 @@ async def test_a_count_survives_several_pooled_connections_the_server_closed() -
         endpoint = Endpoint(f"http://127.0.0.1:{runner.addresses[0][1]}", "m", "completions")
         async with aiohttp.ClientSession() as session:
             route = TokenizeRoute(session, endpoint, concurrency=4)
-            assert await route.count("three words here") == 3 and drops == [0]
-            drops[0] = 1000
-            assert await route.count("three words here") is None and drops[0] == 1000 - 6
+            assert await asyncio.gather(*(route.count(f"w{i} x") for i in range(4))) == [2] * 4
+            assert dropped == [0]
+            for _ in range(3):  # (each meets a pooled connection the server closed, then a new one)
+                assert await route.count("three words here") == 3
+            assert dropped[0] >= 1
+            drop_all[0], before = True, dropped[0]
+            assert await route.count("three words here") is None and dropped[0] - before == 2
     finally:
         await runner.cleanup()
 

@@ -124,7 +124,10 @@ def test_the_capture_keeps_each_received_tcp_packet_of_its_port_once(tmp_path: P
     payloads = sorted(pkt[4] for pkt in cap["packets"])
     assert payloads == sorted([b"ping %d" % i for i in range(20)] + [b"pong %d" % i for i in range(20)])
     assert cap["kernel_dropped"] == 0 and cap["truncated"] == 0
-    assert cap["clock"], "the capture measured the wall clock's lead at least once"
+    # the lead was measured, and its measurements agree (a noisy one would make match
+    # refuse every capture, and the join tests skip)
+    leads = [lead for _, lead in cap["clock"]]
+    assert leads and max(leads) - min(leads) < wire_capture._CLOCK_MOVED_NS, leads
 
 
 def test_the_kernel_passes_the_capture_nothing_of_other_traffic(tmp_path: Path) -> None:

@@ -372,14 +372,28 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
         stated.pop("max_num_batched_tokens", None)
     # (the sizes calibrate's engine ran with, where not given: sim serve's own defaults are not the twin's;
     # None only where it means the family's default)
-    defaults = EngineConfig()
+    # (a sweep's one-value lists as their value; offline there is no front end to take)
+    defaults, (one, _) = EngineConfig(), _scalar(kw)
     sizes = {k: v for k, v in found.sized_with.items()
-             if k in CALIBRATED_WITH and k not in stated and not given(k) and k not in searched and kw.get(k) != v
-             and not (unchunked and k == "max_num_batched_tokens") and (v is not None or getattr(defaults, k) is None)}
+             if k in CALIBRATED_WITH and k not in stated and not given(k) and k not in searched and one.get(k) != v
+             and not (unchunked and k == "max_num_batched_tokens") and (v is not None or getattr(defaults, k) is None)
+             and not (kw.get("offline") and k in _FRONT_END_SETTINGS)}
+    # (an unchunked engine runs a whole prompt in a step: a budget below the context given is not the twin's
+    # engine with another context, but one vLLM refuses to start)
+    chunked = one.get("enable_chunked_prefill") if given("enable_chunked_prefill") else stated.get(
+        "enable_chunked_prefill", sizes.get("enable_chunked_prefill"))
+    budget = stated.get("max_num_batched_tokens", sizes.get("max_num_batched_tokens"))
+    context = one.get("max_model_len") if given("max_model_len") else None
+    if chunked is False and isinstance(budget, int) and isinstance(context, int) and context > budget:
+        stated.pop("max_num_batched_tokens", None)
+        sizes.pop("max_num_batched_tokens", None)
+        say(f"--max-model-len {context} without chunked prefill: {name}'s --max-num-batched-tokens {budget} is below "
+            "it and not taken (the family's budget for that context is)")
     identity = searched & set(_IDENTITY)
-    # (flags given otherwise than the twin's server stated: a what-if of that server, said)
-    one, _ = _scalar(kw)
+    # (flags given otherwise than the twin's server stated: a what-if of that server, said; not the
+    # cache's pages and pool, which calibrate may have converted to the run's block size)
     contradicted = [k for k, v in found.stated.items() if given(k) and k not in searched and k in one
+                    and k not in ("block_size", "num_gpu_blocks_override")
                     and setting_text(k, one[k]) != setting_text(k, v)]
     if (stated or sizes or contradicted) and (identity or _another_server({**kw, **sizes, **stated}, str(path))):
         what = f"the search sets {', '.join(map(flag_words, sorted(identity)))} per trial" if identity else (

@@ -201,41 +201,43 @@ class TokenizeRoute:
         self._url: str | None = None
         self._content_body = False  # llama.cpp's {"content": text}
         self._limit = asyncio.Semaphore(concurrency)
-        self._concurrency = concurrency
 
     async def _post(self, url: str, body: dict[str, Any]) -> Any:
         """The JSON answer, or None for an error status, a non-JSON answer or a failure
-        (patient: ``unanswered`` set where it says nothing of the route). A closed
-        connection is tried again, on each pooled connection in turn and a new one
-        last: the pooled connection may be one the server closed (llama.cpp closes the
-        connection after every streamed response, though it says keep-alive, and idle
-        ones after 5 s: after counts ``concurrency`` at a time the pool can hold that
-        many it closed, two in a row lost a count; at most 32 more tries), and counting
-        has no side effect."""
+        (patient: ``unanswered`` set where it says nothing of the route). A connection
+        that broke before the answer (the server closed it: a reset, a write that
+        failed, a disconnect) is tried once more on a new connection of its own: the
+        pooled one may be one the server closed (llama.cpp closes the connection after
+        every streamed response, though it says keep-alive, and idle ones after 5 s;
+        after counts ``concurrency`` at a time the pool can hold many it closed, and a
+        second pooled one lost the count), and counting has no side effect. A refused
+        connection or a timeout is not tried again."""
         import aiohttp
 
-        last = min(self._concurrency, 32) + 1
-        for attempt in range(last + 1):
+        async def post(session: aiohttp.ClientSession) -> Any:
+            async with self._limit, session.post(
+                url, data=json.dumps(body), headers=self.endpoint.request_headers(),
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            ) as resp:
+                self.last_status = resp.status
+                if resp.status < 400:
+                    return await resp.json(content_type=None)
+                self.unanswered = resp.status not in _NO_ROUTE
+                return None
+
+        try:
             try:
-                async with self._limit, self.session.post(
-                    url, data=json.dumps(body), headers=self.endpoint.request_headers(),
-                    timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                ) as resp:
-                    self.last_status = resp.status
-                    if resp.status < 400:
-                        return await resp.json(content_type=None)
-                    self.unanswered = resp.status not in _NO_ROUTE
-                    return None
-            except aiohttp.ClientConnectionError as e:
-                if attempt == last or isinstance(e, TimeoutError):
-                    self.unanswered = True
-                    return None
-            except TimeoutError:
-                self.unanswered = True
-                return None
-            except (aiohttp.ClientError, ValueError, RecursionError):  # (a body too deep to decode)
-                return None
-        return None
+                return await post(self.session)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                if isinstance(e, (aiohttp.ClientConnectorError, TimeoutError)):
+                    raise
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as fresh:
+                return await post(fresh)
+        except (aiohttp.ClientConnectionError, TimeoutError):
+            self.unanswered = True
+            return None
+        except (aiohttp.ClientError, ValueError, RecursionError):  # (a body too deep to decode)
+            return None
 
     async def _count(self, body: dict[str, Any], text: str | None) -> int | None:
         if not self.available:

@@ -741,6 +741,27 @@ def test_an_sglang_pool_is_not_taken_as_vllms_blocks(measured: tuple[list[str], 
     assert stated["max_num_seqs"] == 128 and record["served_by"]["overlap_schedule"] is True  # (the family's own)
 
 
+def test_a_run_given_the_page_size_an_sglang_server_stated_is_no_what_if(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """calibrate records SGLang's token pages as blocks of 16: a run given --block-size 1,
+    the page the server stated, is not called a what-if of a server that stated 16."""
+    runs = said(measured[0], tmp_path, *[sglang(**SGLANG)] * 3)
+    engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S"]
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *runs, "--fit", "gemm_compute", "--max-evaluations",
+                                    "3", "-o", str(tmp_path / "twin.json")])
+    assert res.exit_code == 0, res.stderr
+    stated = json.loads((tmp_path / "twin.json").read_text())["calibration"]["server_settings"]
+    assert (stated["block_size"], stated["num_gpu_blocks_override"]) == (16, 50_000 // 16)
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "-c", "2", "-n", "4", "--efficiencies",
+                                    str(tmp_path / "twin.json"), "--block-size", "1", "--max-num-seqs", "64",
+                                    "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.stderr
+    err = words(res.stderr)
+    assert "--max-num-seqs 64: a what-if of twin.json's server, which stated --max-num-seqs 128" in err
+    assert "--block-size" not in err.split("what-if")[1].split("inferlab:")[0]
+
+
 def test_an_sglang_pool_in_pages_the_simulator_does_not_take_is_simulated_in_blocks_of_the_runs_size(
     measured: tuple[list[str], list[str]], tmp_path: Path
 ) -> None:
@@ -823,6 +844,13 @@ def test_runs_of_a_twin_take_the_other_engine_flags_it_was_calibrated_with(
             "--no-enable-chunked-prefill", "--api-server-count 2", "--host-speed 2.0"} <= set(said_), err
     # flags given win
     assert run("twin.json", "r2", "--enable-prefix-caching", "--host-speed", "1")[0] == [True, False, 4096, 2, 1.0]
+    # offline there is no front end to take (it was taken as another server's, and nothing was)
+    ran, err = run("twin.json", "r4", "--offline")
+    assert ran == [False, False, 4096, 1, 1.0] and "another model" not in err
+    # a longer context for the unchunked engine: the twin's budget, below it, is not taken (vLLM would refuse it)
+    ran, err = run("twin.json", "r5", "--max-model-len", "8192")
+    assert ran[:2] == [False, False] and ran[2] != 4096
+    assert "--max-model-len 8192 without chunked prefill: twin.json's --max-num-batched-tokens 4096 is below it" in err
     # a twin from before the record: its runs take the family's defaults, as they did
     old = json.loads((tmp_path / "twin.json").read_text())
     old["calibration"]["sized_with"] = {k: v for k, v in old["calibration"]["sized_with"].items()
