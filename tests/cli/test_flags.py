@@ -255,3 +255,22 @@ def test_a_replay_served_where_the_run_was_offline_takes_no_recorded_front_end(t
         assert res.exit_code == 0, res.output
         ran = json.loads(res.stdout)["config"]["engine"]["api_overhead_s"]
         assert (ran > 0) == (flag == "--served"), (name, ran)
+
+
+def test_mixed_batches_put_decodes_beside_prefill_chunks_sglangs_enable_mixed_chunk_too() -> None:
+    """SGLang runs prefill steps and decode steps apart unless --enable-mixed-chunk: with
+    it, running requests decode in the steps that prefill long prompts, so they wait less
+    between tokens; ``--mixed-batches`` is the same flag, and config.json says what ran."""
+    load = ("--engine-family", "sglang", "-n", "40", "--rate", "20", "--input-tokens", "2000", "--output-tokens", "100")
+    def run(*args: str) -> dict[str, Any]:
+        code, err, s = sim_run(*args)
+        assert code == 0 and s is not None, err
+        return s
+
+    apart, mixed, alias = (run(*load, *flag) for flag in ((), ("--enable-mixed-chunk",), ("--mixed-batches",)))
+    assert (apart["config"]["engine"]["mixed_batches"], mixed["config"]["engine"]["mixed_batches"]) == (False, True)
+    assert mixed["tpot_ms"]["p50"] < apart["tpot_ms"]["p50"]
+    assert alias["tpot_ms"] == mixed["tpot_ms"]
+    # and vLLM V1, which always mixes, apart when told
+    v1, v1_apart = run(*load[2:]), run(*load[2:], "--no-mixed-batches")
+    assert v1_apart["tpot_ms"]["p50"] > v1["tpot_ms"]["p50"]

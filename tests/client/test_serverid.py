@@ -209,20 +209,22 @@ SERVER_INFO: dict[str, Any] = {
 @pytest.mark.parametrize(("changes", "card", "expected"), [
     ({}, {"max_model_len": 32768},
      {"tensor_parallel_size": 2, "enable_prefix_caching": True, "overlap_schedule": False, "enforce_eager": False,
-      "max_num_batched_tokens": 8192, "kv_cache_dtype": "auto", "block_size": 1,
+      "mixed_batches": False, "max_num_batched_tokens": 8192, "kv_cache_dtype": "auto", "block_size": 1,
       "num_gpu_blocks_override": 1_234_567, "max_model_len": 32768}),
     # pages of 64 tokens, a sequence cap and a context given, chunking off, no radix cache
     ({"page_size": 64, "max_running_requests": 256, "context_length": 8192, "chunked_prefill_size": -1,
-      "disable_radix_cache": True, "disable_overlap_schedule": False, "disable_cuda_graph": True}, {},
+      "disable_radix_cache": True, "disable_overlap_schedule": False, "disable_cuda_graph": True,
+      "enable_mixed_chunk": True}, {},
      {"tensor_parallel_size": 2, "enable_prefix_caching": False, "overlap_schedule": True, "enforce_eager": True,
-      "enable_chunked_prefill": False, "max_num_seqs": 256, "kv_cache_dtype": "auto", "block_size": 64,
+      "mixed_batches": True, "enable_chunked_prefill": False, "max_num_seqs": 256, "kv_cache_dtype": "auto", "block_size": 64,
       "num_gpu_blocks_override": 1_234_567 // 64, "max_model_len": 8192}),
     # several schedulers (data or pipeline parallelism), each its own pool and queue: nothing
     ({"dp_size": 2}, {"max_model_len": 32768}, {}),
     ({"pp_size": 2}, {}, {}),
     # a release before paging, and one that writes a value otherwise: what it states only
     ({"page_size": None, "tp_size": "2", "disable_radix_cache": "no"}, {},
-     {"overlap_schedule": False, "enforce_eager": False, "max_num_batched_tokens": 8192, "kv_cache_dtype": "auto", "block_size": 1,
+     {"overlap_schedule": False, "enforce_eager": False, "mixed_batches": False, "max_num_batched_tokens": 8192,
+      "kv_cache_dtype": "auto", "block_size": 1,
       "num_gpu_blocks_override": 1_234_567}),
 ])
 async def test_an_sglang_server_states_its_arguments_and_kv_pool(

@@ -93,7 +93,7 @@ _COUNTED_AS = {
 #: What a server states that means something else in another family than its own: SGLang's
 #: chunked prefill size is the ``sglang`` family's batch budget, its overlap scheduler
 #: that family's; and a server's KV pool is counted its own way (``_COUNTED_AS``)
-_OWN_FAMILY_ONLY = {"SGLang": ("max_num_batched_tokens", "enable_chunked_prefill", "overlap_schedule")}
+_OWN_FAMILY_ONLY = {"SGLang": ("max_num_batched_tokens", "enable_chunked_prefill", "overlap_schedule", "mixed_batches")}
 #: Block sizes the simulator takes (``sim.engine.config``)
 _BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 #: Flags by which calibrate's engine would hold another pool than the server's: its

@@ -154,6 +154,7 @@ def sglang_settings(info: object, cards: object) -> dict[str, Any]:
     - ``disable_radix_cache`` turns prefix caching off;
     - ``disable_overlap_schedule`` turns the overlap scheduler off (``overlap_schedule``);
     - ``disable_cuda_graph`` runs it eagerly (``enforce_eager``);
+    - ``enable_mixed_chunk`` mixes decodes with a prefill chunk in a step (``mixed_batches``);
     - ``chunked_prefill_size`` is the batch budget the ``sglang`` family models
       (``max_num_batched_tokens``); -1 turns chunking off;
     - ``max_running_requests`` is the sequence cap (None there: SGLang derives it);
@@ -173,7 +174,8 @@ def sglang_settings(info: object, cards: object) -> dict[str, Any]:
         out["tensor_parallel_size"] = tp
     for key, field, invert in (("disable_radix_cache", "enable_prefix_caching", True),
                                ("disable_overlap_schedule", "overlap_schedule", True),
-                               ("disable_cuda_graph", "enforce_eager", False)):
+                               ("disable_cuda_graph", "enforce_eager", False),
+                               ("enable_mixed_chunk", "mixed_batches", False)):
         if isinstance(info.get(key), bool):
             out[field] = info[key] != invert
     chunk = info.get("chunked_prefill_size")

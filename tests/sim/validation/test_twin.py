@@ -646,7 +646,7 @@ def test_settings_the_runs_disagree_on_are_not_taken(measured: tuple[list[str], 
 
 
 #: What ``client.serverid.sglang_settings`` reads from an SGLang server's /server_info
-SGLANG = {"tensor_parallel_size": 1, "enable_prefix_caching": False, "overlap_schedule": False,
+SGLANG = {"tensor_parallel_size": 1, "enable_prefix_caching": False, "overlap_schedule": False, "mixed_batches": True,
           "max_num_batched_tokens": 4096, "max_num_seqs": 128, "kv_cache_dtype": "auto", "block_size": 1,
           "num_gpu_blocks_override": 50_000, "max_model_len": 8192}
 
@@ -685,9 +685,10 @@ def test_a_twin_of_sglang_takes_its_arguments_and_pool_and_runs_of_it_run_them(
     assert res.exit_code == 0, res.stderr
     ran, err, prediction = engine_of(tmp_path / "r"), words(res.stderr), json.loads(res.stdout)["prediction"]
     assert {k: ran[k] for k in ("num_gpu_blocks_override", "block_size", "max_num_batched_tokens", "max_num_seqs",
-                                "enable_prefix_caching", "overlap_schedule", "max_model_len")} == {
+                                "enable_prefix_caching", "overlap_schedule", "mixed_batches", "max_model_len")} == {
         "num_gpu_blocks_override": blocks, "block_size": block_size, "max_num_batched_tokens": 4096,
-        "max_num_seqs": 128, "enable_prefix_caching": False, "overlap_schedule": False, "max_model_len": 8192}
+        "max_num_seqs": 128, "enable_prefix_caching": False, "overlap_schedule": False, "mixed_batches": True,
+        "max_model_len": 8192}
     assert ran["engine_family"] == "sglang" and "as twin.json was calibrated: the sglang family, release 0.5.2" in err
     assert "full-sequence admission" not in err  # (vLLM's switch: unsaid for SGLang)
     assert "mismatch" not in prediction and "sized from memory" not in err
@@ -733,11 +734,11 @@ def test_an_sglang_pool_is_not_taken_as_vllms_blocks(measured: tuple[list[str], 
     assert res.exit_code == 0, res.stderr
     err = words(res.stderr)
     assert ("calibrating as the vllm family, not SGLang's: what the runs' server states of --num-gpu-blocks-override, "
-            "--max-num-batched-tokens, --overlap-schedule is SGLang's, not taken") in err
+            "--max-num-batched-tokens, --overlap-schedule, --mixed-batches is SGLang's, not taken") in err
     assert "a token at a time" not in err
     record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
     stated = record["server_settings"]
-    assert not {"num_gpu_blocks_override", "block_size", "max_num_batched_tokens"} & set(stated)
+    assert not {"num_gpu_blocks_override", "block_size", "max_num_batched_tokens", "mixed_batches"} & set(stated)
     assert stated["max_num_seqs"] == 128 and record["served_by"]["overlap_schedule"] is True  # (the family's own)
 
 

@@ -168,11 +168,11 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
 SIZED_WITH = ("gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "block_size")
 #: The other engine flags a twin records it was calibrated with, and its runs take where
 #: not given: the switches that change how it schedules and what its steps hold (prefix
-#: caching, chunked prefill, multi-step decoding, SGLang's admission) and its front end
+#: caching, chunked prefill, mixed batches, multi-step decoding, SGLang's admission) and its front end
 #: (API servers, the host's speed). A run without them would be another engine than the
 #: one fitted, shown under the fit's bands.
-RAN_WITH = ("enable_prefix_caching", "enable_chunked_prefill", "num_scheduler_steps", "reserve_outputs",
-            "api_server_count", "host_speed")
+RAN_WITH = ("enable_prefix_caching", "enable_chunked_prefill", "mixed_batches", "num_scheduler_steps",
+            "reserve_outputs", "api_server_count", "host_speed")
 #: What a twin records it was calibrated with, and its runs take where not given: what
 #: sized its cache, the context a request had (which does not size vLLM's cache), and
 #: ``RAN_WITH``
