@@ -18,6 +18,7 @@ from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import check_output_folder, given, run_guarded
 from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, flag_words, setting_text
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
+from inferlab.sim.engine.bands import SIZED_WITH
 from inferlab.sim.engine.config import parse_release, release_local_label
 from inferlab.sim.engine.dtypes import KVCacheDType
 from inferlab.sim.engine.engine import EngineConfig
@@ -97,10 +98,10 @@ _OWN_FAMILY_ONLY = {"SGLang": ("max_num_batched_tokens", "enable_chunked_prefill
 #: Block sizes the simulator takes (``sim.engine.config``)
 _BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 #: Flags by which calibrate's engine would hold another pool than the server's: its
-#: tensor-parallel degree (another share of each GPU), budget, sequence cap and CUDA graphs
-#: (another activation reserve: ``SIZED_WITH``), block size, dtype and memory share
-_SIZES_THE_POOL = ("tensor_parallel_size", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "block_size",
-                   "kv_cache_dtype")
+#: tensor-parallel degree (another share of each GPU), what sizes a cache (``SIZED_WITH``:
+#: budget, sequence cap and CUDA graphs for the activation reserve, block size, memory
+#: share, which no server states: given at all, it sizes the cache) and its dtype
+_SIZES_THE_POOL = ("tensor_parallel_size", *SIZED_WITH, "kv_cache_dtype")
 
 
 def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], say: Callable[[str], None]) -> dict[str, Any]:

@@ -720,9 +720,18 @@ def engine_line(engine: Engine) -> str:
         "eager" if e.enforce_eager else "CUDA graphs",
         *_host_words(engine),
         "offline (no API server)" if e.offline else _front_end_words(engine),
-        *([f"{e.engine_family} defaults and constants"] if e.engine_family is not EngineFamily.VLLM else []),
+        *_constants_words(e),
     ]
     return ", ".join(parts)
+
+
+def _constants_words(e: EngineConfig) -> list[str]:
+    """Whose defaults and step-time constants ran: another family's than vLLM's, and an
+    efficiencies file's (a twin's: its fit's) over the family's."""
+    name = Path(e.efficiencies_path).name if e.efficiencies_path else None
+    if e.engine_family is not EngineFamily.VLLM:
+        return [f"{e.engine_family} defaults and constants" + (f", {name}'s over them" if name else "")]
+    return [f"{name}'s constants over vllm's"] if name else []
 
 
 def _host_words(engine: Engine) -> list[str]:
