@@ -761,6 +761,8 @@ def test_a_run_given_the_page_size_an_sglang_server_stated_is_no_what_if(
     err = words(res.stderr)
     assert "--max-num-seqs 64: a what-if of twin.json's server, which stated --max-num-seqs 128" in err
     assert "--block-size" not in err.split("what-if")[1].split("inferlab:")[0]
+    # the engine line says whose step-time constants ran: the twin's, over the family's
+    assert "sglang defaults and constants, twin.json's over them" in words(res.stdout)
 
 
 def test_an_sglang_pool_in_pages_the_simulator_does_not_take_is_simulated_in_blocks_of_the_runs_size(
