@@ -144,6 +144,7 @@ def test_the_console_script_takes_vllms_goodput_form() -> None:
         (["--result-dir", "x"], "--result-dir needs --save-result"),
         (["--dataset-name", "sharegpt"], "--dataset FILE"),
         (["--random-range-ratio", "0.5"], "uniform:LO:HI"),
+        (["--random-range-ratio", "0"], "sglang.bench_serving from len x ratio to len"),
         (["--random-prefix-len", "100"], "--prefix-tokens"),
         (["--percentile-metrics", "ttft"], "--metric-percentiles"),
         (["--append-result"], "--result-filename"),

@@ -218,7 +218,7 @@ def workers_option(value: str) -> int | None:
 VLLM_REFUSED: dict[str, tuple[bool, str]] = {
     "--dataset-name": (True, "inferlab has no dataset names: --input-tokens/--output-tokens for random prompts, --dataset FILE for ShareGPT/JSONL/CSV, --input-tokens empirical:sharegpt for ShareGPT's lengths"),
     "--dataset-path": (True, "use --dataset FILE"),
-    "--random-range-ratio": (True, "give the range itself: --input-tokens uniform:LO:HI (vLLM draws from len x (1 - ratio) to len x (1 + ratio))"),
+    "--random-range-ratio": (True, "give the range itself: --input-tokens uniform:LO:HI (vLLM draws from len x (1 - ratio) to len x (1 + ratio), sglang.bench_serving from len x ratio to len)"),
     "--random-prefix-len": (True, "use --prefix-tokens N (shared-prefix groups: --prefix-groups)"),
     "--percentile-metrics": (True, "summary.json has every metric; --metric-percentiles chooses the percentiles"),
     "--append-result": (False, "each run writes its own file: give --result-filename per run"),
