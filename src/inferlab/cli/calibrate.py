@@ -78,11 +78,34 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
 
     if name == "llama.cpp":
         no_overlap(f"{of} server is llama.cpp, which schedules no step ahead")
-        return _served_settings(kw, name, said, say)
+        taken = _served_settings(kw, name, said, say)
+        _slots_pool(kw, taken, say)
+        return taken
     if name not in FAMILY_OF_SOFTWARE:
         return {}
     _as_the_release_said(kw, name, said, of, say, no_overlap)
     return _served_settings(kw, name, said, say)
+
+
+def _slots_pool(kw: dict[str, Any], taken: dict[str, Any], say: Callable[[str], None]) -> None:
+    """A llama-server's KV cache, from its slots: each of its ``max_num_seqs`` slots holds
+    up to ``max_model_len`` tokens, so its cache holds at most their product (all of
+    ``-c`` without ``--kv-unified``, where /props states a slot's share of it; fewer where
+    the slots share one cache). /props states no pool, so calibrate would otherwise size
+    one from the device's memory, millions of tokens on a CPU. Put in ``kw`` and ``taken``
+    where both are known and no flag sizes the cache."""
+    slots, context = kw.get("max_num_seqs"), kw.get("max_model_len")
+    if not slots or not context or any(given(k) for k in ("num_gpu_blocks_override", "gpu_memory_utilization")):
+        return
+    size = int(kw.get("block_size") or EngineConfig().block_size)
+    tokens = int(slots) * int(context)
+    null = 1 if EngineFamily.parse(str(kw["engine_family"])).rules.null_block else 0
+    blocks = -(-tokens // size) + null
+    kw["num_gpu_blocks_override"] = taken["num_gpu_blocks_override"] = blocks
+    taken["block_size"] = size
+    say(f"llama.cpp keeps a request in one of its {slots} slots of {context:,} tokens: the KV cache is simulated "
+        f"as {tokens:,} tokens ({slots} x {context:,}; fewer where its slots share one cache, --kv-unified), "
+        "not sized from memory")
 
 
 #: The families whose KV block count means what a server's own count does (vLLM's, its

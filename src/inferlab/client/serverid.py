@@ -130,8 +130,8 @@ def llamacpp_settings(props: object) -> dict[str, Any]:
     sequence cap (``max_num_seqs``), and a slot's context
     (``default_generation_settings.n_ctx``: ``-c`` shared by the slots, or all of it with
     a unified KV cache) is the context a request has (``max_model_len``). Its KV cache as
-    a whole is not taken: /props does not say whether the slots share it. Only what it
-    states."""
+    a whole is not stated: /props does not say whether the slots share it (calibrate
+    simulates it as slots x context, the most it can be). Only what it states."""
     if not isinstance(props, dict):
         return {}
     out: dict[str, Any] = {}

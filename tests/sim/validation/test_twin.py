@@ -336,14 +336,30 @@ def test_a_twin_of_llama_cpp_is_calibrated_and_run_without_async_scheduling_unle
     assert "as the runs' server states its engine: --max-model-len 4096, --max-num-seqs 4" in words(res.stderr)
     record = json.loads(twin.read_text())["calibration"]
     assert record["served_by"]["overlap_schedule"] is overlap and record["engine_version"] is None
-    assert record["server_settings"] == {"max_num_seqs": 4, "max_model_len": 4096}
+    # its KV cache from its slots (4 x 4,096 tokens in blocks of 16, and vLLM's null block), not from memory
+    assert "the KV cache is simulated as 16,384 tokens (4 x 4,096;" in words(res.stderr)
+    assert record["server_settings"] == {"max_num_seqs": 4, "max_model_len": 4096,
+                                         "num_gpu_blocks_override": 1025, "block_size": 16}
     # a run of the twin runs as it was calibrated, and keeps its bands
     res = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "2", "-n", "4", "--efficiencies", str(twin), "--json"])
     assert res.exit_code == 0, res.stderr
     assert f"as twin.json was calibrated: async scheduling {'on' if overlap else 'off'}" in words(res.stderr)
     ran = json.loads(res.stdout)["config"]["engine"]
     assert (ran["overlap_schedule"], ran["max_num_seqs"], ran["max_model_len"]) == (overlap, 4, 4096)
+    assert ran["num_gpu_blocks_override"] == 1025
     assert "mismatch" not in json.loads(res.stdout)["prediction"]
+
+
+def test_a_llama_cpp_pool_is_not_derived_where_a_flag_sizes_the_cache(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    llama = {"name": "llama.cpp", "version": "b0-unknown", "source": "GET /props",
+             "settings": {"max_num_seqs": 4, "max_model_len": 4096}}
+    twin = tmp_path / "twin.json"
+    res = calibrate_cli(said(measured[0], tmp_path, llama, llama, llama), twin, "--gpu-memory-utilization", "0.5")
+    assert res.exit_code == 0, res.stderr
+    assert "simulated as" not in words(res.stderr)
+    assert "num_gpu_blocks_override" not in json.loads(twin.read_text())["calibration"]["server_settings"]
 
 
 @pytest.mark.parametrize(("given", "server", "said_line"), [
