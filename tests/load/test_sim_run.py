@@ -651,3 +651,14 @@ def test_the_engine_line_names_the_host_costs_the_step_time_charges() -> None:
     assert "bandwidth factor 0.92" in parts["H200"] and "bandwidth factor 1.12" in parts["L40S"]
     assert not any(p.startswith("bandwidth factor") for p in parts["H100"])
     assert host_words(Engine(EngineConfig(), step_time=Flat())) == ""
+
+
+def test_the_engine_line_names_tensorrt_llms_admission() -> None:
+    from inferlab.cli.sim import engine_line
+    from inferlab.sim.engine.engine import Engine, EngineConfig
+    from inferlab.sim.engine.families import EngineFamily
+
+    said = "admitted only with room to the output limit (no eviction)"
+    for family in EngineFamily:
+        parts = engine_line(Engine(EngineConfig(engine_family=family))).split(", ")
+        assert (said in parts) == (family is EngineFamily.TRTLLM), family

@@ -710,6 +710,7 @@ def engine_line(engine: Engine) -> str:
         # (vLLM calls it async scheduling)
         *([("async" if e.engine_family is EngineFamily.VLLM else "overlap") + " scheduling"] if e.overlap_schedule else []),
         *(["outputs reserved at admission"] if e.reserve_outputs else []),
+        *(["admitted only with room to the output limit (no eviction)"] if lim.no_evict else []),
         *_family_switches_changed(engine),
         f"{lim.max_num_seqs:,} seqs",
         f"KV {engine.kv_capacity_tokens:,} tokens" + (

@@ -370,3 +370,36 @@ def test_sglang_admission_refuses_a_request_that_would_fill_the_room_exactly(
     s.add(plain("a", 10, 40))
     s.add(plain("b", 10, b_out))
     assert [r.request_id for r in step(s)[0].admitted] == admitted
+
+
+# --- TensorRT-LLM's admission (``no_evict``) ---------------------------------------------
+
+
+def test_no_evict_admission_reserves_every_requests_way_to_its_limit(cls: type[Scheduler]) -> None:
+    """A cache of 10 blocks of 16: each request needs 16 + 48 tokens (4 blocks) to its
+    limit, so two run and the third waits until one has left; none is preempted. vLLM's
+    admission takes all three on their prompts and preempts when decodes outgrow it."""
+    config = SchedulerConfig(8192, 4096, 20_000, no_evict=True)
+    s = cls(config, KVCacheManager(10, 16, False))
+    for rid in "abc":
+        s.add(plain(rid, 16, 48))
+    admitted, preempted, finished_at = [], 0, {}
+    for k in range(1, 200):
+        batch, _, finished = step(s, now_s=k)
+        admitted += [(r.request_id, k) for r in batch.admitted]
+        preempted += len(batch.preempted)
+        finished_at.update({r.request_id: k for r in finished})
+        if len(finished_at) == 3:
+            break
+    assert [rid for rid, _ in admitted] == ["a", "b", "c"] and preempted == 0
+    assert dict(admitted)["c"] > finished_at["a"]  # (waited for a's blocks)
+    vllm = cls(SchedulerConfig(8192, 4096, 20_000), KVCacheManager(10, 16, False))
+    for rid in "abc":
+        vllm.add(plain(rid, 16, 48))
+    vllm_preempted = 0
+    for k in range(1, 400):
+        batch, _, _ = step(vllm, now_s=k)
+        vllm_preempted += len(batch.preempted)
+        if not vllm.has_work():
+            break
+    assert vllm_preempted > 0

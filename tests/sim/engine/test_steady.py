@@ -117,7 +117,9 @@ def random_workload(rng: random.Random, max_len: int) -> list[tuple[float, list[
     return out
 
 
-def run_side_by_side(seed: int, reserve_outputs: bool | None = None, own_limits: bool = True) -> Counter[str]:
+def run_side_by_side(
+    seed: int, reserve_outputs: bool | None = None, own_limits: bool = True, no_evict: bool = False
+) -> Counter[str]:
     """One random workload through the reference and the steady scheduler in lock step
     (``lazy`` set at random per step, as the engine sets it); asserts they agree after
     every call. Returns counts of what the steady scheduler met (``seen``)."""
@@ -132,7 +134,7 @@ def run_side_by_side(seed: int, reserve_outputs: bool | None = None, own_limits:
     limits = random.Random(-200_000 - seed)  # (a request's own limit beyond its length)
     if reserve_outputs is None:
         reserve_outputs = random.Random(-100_000 - seed).random() < 0.5
-    config = dataclasses.replace(config, reserve_outputs=reserve_outputs)
+    config = dataclasses.replace(config, reserve_outputs=reserve_outputs, no_evict=no_evict)
     # the plain reference throughout against the engine's pair
     ref = Scheduler(config, BlockManager(num_blocks, bs, caching, unhashed_first))
     fast = SteadyScheduler(config, KVCacheManager(num_blocks, bs, caching, unhashed_first))
@@ -249,6 +251,20 @@ def test_steady_scheduler_runs_the_reference_steps_reserving_outputs(
     preempted, steady_preempted = at_least
     assert seen["preempted"] > preempted and seen["steady_preempted"] > steady_preempted, seen
     assert seen["steady"] > 1000, seen
+
+
+def test_steady_scheduler_runs_the_reference_steps_admitting_without_eviction() -> None:
+    """TensorRT-LLM's admission (``no_evict``): the same steps, with the blocks steady
+    requests still need read from their own block lists; and, every request admitted
+    with room to its output limit, none is ever preempted, where the same workloads
+    preempt without it."""
+    seen: Counter[str] = Counter()
+    plain: Counter[str] = Counter()
+    for seed in range(150):
+        seen += run_side_by_side(seed, reserve_outputs=False, no_evict=True)
+        plain += run_side_by_side(seed, reserve_outputs=False)
+    assert seen["steady"] > 1000, seen
+    assert seen["preempted"] == 0 and plain["preempted"] > 20, (seen, plain)
 
 
 class _Plain(Scheduler):

@@ -210,9 +210,10 @@ def test_harness_rules_come_on_top_of_the_familys() -> None:
     lmdeploy = parse_row(row(engine="LMDeploy", batch_or_concurrency="256", num_requests="2560"))
     assert build_engine(lmdeploy, 768).config.max_num_seqs == 256
     assert build_engine(parse_row(row(engine="LMDeploy")), 768).config.max_num_seqs == 128  # its default
-    # TRT-LLM admits only what its KV cache holds whole: 512 + 256 tokens a request here
+    # TRT-LLM admits only what its KV cache holds to each output's limit: the engine's
+    # admission, as sim run's, not a cap on the sequences by the row's mean lengths
     trt = build_engine(parse_row(row(engine="TensorRT-LLM")), 768)
-    assert trt.limits.max_num_seqs == min(2048, trt.kv_capacity_tokens // 768)
+    assert trt.limits.no_evict and trt.limits.max_num_seqs == 2048
 
 
 @pytest.mark.parametrize(

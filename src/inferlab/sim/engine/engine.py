@@ -181,7 +181,7 @@ class Engine:
         #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
         self.limits = SchedulerConfig(
             sizes.max_num_batched_tokens, sizes.max_num_seqs, sizes.max_model_len, chunked, mixed,
-            config.num_scheduler_steps, reserve, reserve_outputs,
+            config.num_scheduler_steps, reserve, reserve_outputs, no_evict=resolved.rules.no_evict,
         )
         # the reference scheduler, with steady decodes kept as sums in virtual-time steps
         self._scheduler = SteadyScheduler(self.limits, self._kv)

@@ -111,6 +111,10 @@ class FamilyRules:
     # running requests' estimated outputs (``new_token_ratio``), and a retraction raises
     # the estimate
     reserve_outputs: bool = False
+    # TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler (``scheduler.SchedulerConfig.no_evict``):
+    # a waiting request is admitted only while the cache holds it to its output limit
+    # beside what the running requests may still take to theirs
+    no_evict: bool = False
     # vLLM's free queue (0.24 on): a freed block without a hash (the partly filled tail)
     # goes to the front, to be reused first; hashed ones to the back (LRU)
     evict_unhashed_first: bool = False
@@ -328,6 +332,9 @@ FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
         overlap_schedule_since=None,
         front_end_in_process=False,
         kv_free_fraction=0.9,  # kv_cache_free_gpu_mem_fraction
+        # its default capacity scheduler policy (CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+        # in trtllm-serve, trtllm-bench and the LLM API alike)
+        no_evict=True,
         # C++ batch manager (~1 us per sequence), overlap scheduler, XQA decode attention
         # streaming the (fp8) KV cache closer to peak bandwidth. Its fp8 GEMMs are tuned
         # per shape and stream weights as well as bf16's.

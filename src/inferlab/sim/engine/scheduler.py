@@ -41,6 +41,11 @@ The policy, step by step:
   decodes fit; a prompt being chunked counts here as running, where SGLang reserves
   nothing for its output until its last chunk, and closed admission waits for it,
   where SGLang goes on trying waiting requests beside it.
+- ``no_evict`` (TensorRT-LLM's default capacity scheduler, GUARANTEED_NO_EVICT): a
+  waiting request is admitted only while the free blocks hold the blocks it needs to
+  reach its output limit (``Request.max_new_tokens``; its cached prefix not counted)
+  beyond the blocks every running request still needs to reach its own. Nothing
+  admitted can then be preempted for want of blocks.
 - ``num_scheduler_steps > 1`` (vLLM 0.5.5-0.7 multi-step): a decode-only batch is followed
   by that many steps less one over the running requests without admitting anyone.
 
@@ -160,6 +165,10 @@ class SchedulerConfig:
     # SGLang's admission: free blocks must hold a waiting request's prompt and output
     # beyond the running requests' estimated outputs (the module doc)
     reserve_outputs: bool = False
+    # TensorRT-LLM's GUARANTEED_NO_EVICT admission: free blocks must hold a waiting
+    # request's whole sequence to its output limit beyond what every running request may
+    # still take to its own (the module doc)
+    no_evict: bool = False
 
 
 @dataclass
@@ -358,6 +367,8 @@ class Scheduler:
         waiting = self.waiting
         reserve = cfg.reserve_outputs
         room = 0.0  # (``reserve_outputs``: free tokens beyond the outputs reserved so far)
+        # (``no_evict``: free blocks beyond what the running requests need to finish)
+        spare = kv.num_free_blocks - sum(self._blocks_to_finish(r) for r in running) if cfg.no_evict and waiting else 0
         if reserve and waiting:
             if self._batch_full:
                 return
@@ -374,6 +385,11 @@ class Scheduler:
                 break
             if cfg.reserve_full_sequence and not kv.can_allocate(req, req.num_tokens, cached):
                 break  # its whole sequence does not fit in the free blocks
+            if cfg.no_evict:
+                need = self._blocks_to_finish(req) - len(cached) + (kv.num_free_among(cached) if cached else 0)
+                if need > spare and running:  # (alone, it is admitted: nothing else could be)
+                    break  # its sequence to its output limit does not fit beside the running ones'
+                spare -= need
             out_left = pinned = 0
             if reserve:
                 out_left = min(req.max_new_tokens - req.num_output_tokens, CLIP_NEW_TOKENS)
@@ -403,6 +419,13 @@ class Scheduler:
                 if room <= 0:
                     self._batch_full = True
                     break
+
+    def _blocks_to_finish(self, req: Request) -> int:
+        """Blocks ``req`` still needs to hold its prompt and output to its limit
+        (``no_evict``); its own blocks' counters are exact even for a steady request."""
+        size = self.kv.block_size
+        total = min(req.num_prompt_tokens + req.max_new_tokens, max(self.config.max_model_len, req.num_prompt_tokens + 1))
+        return max(0, -(-total // size) - len(req.block_ids))
 
     def _add_to_batch(self, batch: Batch, req: Request, n: int) -> None:
         """``req`` computes ``n`` more tokens this step: a decode when it is one token

@@ -17,10 +17,9 @@ the validation sets only what the row states and what its benchmark harness does
 - harness rules, which belong to a benchmark tool rather than to the engine:
   ``lmdeploy_profile_batch_size`` (LMDeploy's profiling scripts raise max_batch_size to
   the user count), ``trtllm_bench_sizes`` (trtllm-bench sizes the batch and token budget
-  from the workload, offline rows) and ``trtllm_no_evict_seqs`` (TRT-LLM admits a request
-  only with room for its whole sequence; the simulated scheduler reserves no blocks
-  ahead, so the running sequences are capped at what the KV cache holds of mean-length
-  requests).
+  from the workload, offline rows). TRT-LLM's admission (a request only with room for its
+  whole sequence to its output limit, GUARANTEED_NO_EVICT) is the engine's, the
+  ``trtllm`` family's (``FamilyRules.no_evict``), in every run, not a harness rule.
 """
 
 from __future__ import annotations
@@ -134,16 +133,9 @@ def trtllm_bench_sizes(sc: Scenario, kv_tokens: int) -> tuple[int, int]:
     return bs, tok
 
 
-def trtllm_no_evict_seqs(sc: Scenario, max_num_seqs: int, kv_tokens: int) -> int:
-    """TRT-LLM's GUARANTEED_NO_EVICT admission, approximated: no more running sequences
-    than the KV cache holds whole at the workload's mean lengths (at least one)."""
-    fit = max(1, int(kv_tokens // (sc.input_len.mean + sc.output_len.mean)))
-    return min(max_num_seqs, fit)
-
-
 def _trtllm_harness(sc: Scenario, config: EngineConfig) -> EngineConfig:
-    """``config`` sized as the engine would size it, then as trtllm-bench and TRT-LLM's
-    admission size it from the workload; the KV cache keeps its size."""
+    """``config`` sized as the engine would size it, then as trtllm-bench sizes it from
+    the workload (offline rows); the KV cache keeps its size."""
     resolved = resolve(config)
     sizes = size_engine(resolved)
     seqs, tokens = sizes.max_num_seqs, sizes.max_num_batched_tokens
@@ -155,7 +147,7 @@ def _trtllm_harness(sc: Scenario, config: EngineConfig) -> EngineConfig:
         tokens = tokens if "max_num_batched_tokens" in flags else tok
     return dataclasses.replace(
         sizes.applied_to(resolved.config),
-        max_num_seqs=trtllm_no_evict_seqs(sc, seqs, kv_tokens),
+        max_num_seqs=seqs,
         max_num_batched_tokens=tokens,
         num_gpu_blocks_override=sizes.num_kv_blocks,
     )
