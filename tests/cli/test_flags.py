@@ -274,3 +274,21 @@ def test_mixed_batches_put_decodes_beside_prefill_chunks_sglangs_enable_mixed_ch
     # and vLLM V1, which always mixes, apart when told
     v1, v1_apart = run(*load[2:]), run(*load[2:], "--no-mixed-batches")
     assert v1_apart["tpot_ms"]["p50"] > v1["tpot_ms"]["p50"]
+
+
+@pytest.mark.parametrize(("family", "flag"), [("trtllm", "--kv-cache-free-gpu-mem-fraction"), ("lmdeploy", "--cache-max-entry-count")])
+def test_the_kv_share_of_trtllm_and_lmdeploy_is_their_own_flag(family: str, flag: str) -> None:
+    """TensorRT-LLM and LMDeploy size the KV cache from the memory weights leave: their
+    share is taken (a larger one holds more), and --gpu-memory-utilization, which would
+    change nothing there, is refused; vLLM refuses their share the same way."""
+    tokens = []
+    for share in ("0.4", "0.8"):
+        code, err, s = sim_run("-n", "2", "--engine-family", family, flag, share)
+        assert code == 0 and s is not None, err
+        assert s["config"]["engine"]["kv_cache_free_fraction"] == float(share)
+        tokens.append(s["config"]["engine"]["kv_cache_tokens"])
+    assert tokens[1] > 1.9 * tokens[0]  # (twice the share, twice the blocks, to a block)
+    code, err, _ = sim_run("-n", "2", "--engine-family", family, "--gpu-memory-utilization", "0.5")
+    assert code == 2 and "give --kv-cache-free-gpu-mem-fraction" in err
+    code, err, _ = sim_run("-n", "2", flag, "0.5")
+    assert code == 2 and "sizes its KV cache with --gpu-memory-utilization" in err

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -662,3 +663,27 @@ def test_the_engine_line_names_tensorrt_llms_admission() -> None:
     for family in EngineFamily:
         parts = engine_line(Engine(EngineConfig(engine_family=family))).split(", ")
         assert (said in parts) == (family is EngineFamily.TRTLLM), family
+
+
+def test_a_sim_runs_summary_records_its_kv_cache_and_preemptions(tmp_path: Path) -> None:
+    """The KV cache as sized goes into config.json, and the preemptions into the
+    prediction block and the console: a 16-block cache preempts under four long answers,
+    a large one does not."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    def run(*flags: str) -> tuple[dict[str, Any], str]:
+        out = tmp_path / "x".join(flags).replace("-", "")
+        res = CliRunner().invoke(main, ["sim", "run", "--model", "Llama-3.1-8B", "-n", "4", "--rate", "inf", "--served",
+                                        "--input-tokens", "64", "--output-tokens", "128", "-o", str(out), *flags])
+        assert res.exit_code == 0, res.output
+        return json.loads((out / "summary.json").read_text()), res.stdout
+
+    small, text = run("--num-gpu-blocks-override", "17", "--block-size", "16")
+    engine = small["config"]["engine"]
+    assert (engine["kv_cache_blocks"], engine["kv_cache_tokens"]) == (16, 256)
+    assert small["prediction"]["preemptions"] > 0 and "preemptions" in text
+    large, text = run()
+    assert large["config"]["engine"]["kv_cache_tokens"] > 100_000
+    assert large["prediction"]["preemptions"] == 0 and "preemptions" not in text

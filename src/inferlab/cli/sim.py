@@ -108,7 +108,8 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--gpu", default=d.gpu, show_default=True, help="H100, H200, A100, L40S, RTX4090 (also H100-PCIe, H100-NVL, H800, H20, A100-40G, A100-PCIe, A800, L4, A10, B200), or a JSON file."),
         click.option("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size, show_default=True, help="GPUs the model is split over; adds two all-reduces per layer."),
         click.option("--max-model-len", type=int, default=defaults["max_model_len"], show_default=defaults["max_model_len"] or auto_len, help="Longest prompt + output accepted; longer requests get HTTP 400."),
-        click.option("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, show_default=True, help="Share of GPU memory for weights, activations and the KV cache."),
+        click.option("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, show_default=True, help="Share of GPU memory for weights, activations and the KV cache (vLLM's and SGLang's way; trtllm and lmdeploy refuse it: --kv-cache-free-gpu-mem-fraction)."),
+        click.option("--kv-cache-free-gpu-mem-fraction", "--cache-max-entry-count", "kv_cache_free_fraction", type=float, default=None, show_default="the family's: 0.9 trtllm, 0.8 lmdeploy", help="trtllm and lmdeploy only: the KV cache's share of the GPU memory left after weights and activations (TensorRT-LLM's kv_cache_free_gpu_mem_fraction; LMDeploy's --cache-max-entry-count); those families take it where vLLM and SGLang take --gpu-memory-utilization, which they refuse."),
         click.option("--max-num-batched-tokens", type=int, default=defaults["max_num_batched_tokens"], show_default=defaults["max_num_batched_tokens"] or auto_budget, help="Token budget per step, shared by decodes and prefill chunks."),
         click.option("--max-num-seqs", type=int, default=None, show_default="the family's; vLLM's for the GPU: 1024 on H100/H200, 256 elsewhere", help="Most sequences running at once."),
         click.option("--block-size", type=int, default=d.block_size, show_default=True, help="Tokens per KV-cache block (1, 8, 16, 32, 64 or 128)."),
@@ -609,6 +610,11 @@ def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     line.add_column(style="bold", no_wrap=True, min_width=18)
     line.add_column()  # wraps under itself, not under the label
     line.add_row("engine", engine_line(engine))
+    block = result.summary.prediction
+    preempted = block.get("preemptions") if isinstance(block, dict) else None
+    if preempted:
+        line.add_row("preemptions", f"{preempted:,}: a running request evicted, to be recomputed, when the "
+                                    "simulated engine's KV cache ran out")
     for label, text in prediction_lines(result.summary):
         line.add_row(label, text)
     out.print(line)

@@ -146,6 +146,7 @@ class _Prepared:
     engine: Engine | None = None
     close: Callable[[], None] = lambda: None
     telemetry: _Telemetry | None = None  # the server's /metrics (runs against a server)
+    preemptions: Callable[[], int] = lambda: 0  # the simulated engines', once run
 
 
 @dataclass
@@ -204,9 +205,11 @@ async def run(
                 server_metrics=None if prepared.telemetry is None else prepared.telemetry.metrics,
             )
             if prepared.engine is not None:  # simulated: each headline metric's error band
-                summary = dataclasses.replace(summary, prediction=_prediction(
+                block = _prediction(
                     prepared.engine, config.load, overloaded=any(w.startswith(OVERLOAD) for w in summary.warnings),
-                    user_replay=isinstance(policy, UserReplayPolicy)))
+                    user_replay=isinstance(policy, UserReplayPolicy))
+                block["preemptions"] = prepared.preemptions()  # (every replica's)
+                summary = dataclasses.replace(summary, prediction=block)
             if writer is not None:
                 if prepared.telemetry is not None and prepared.telemetry.series:
                     writer.write_jsonl(SERVER_METRICS_FILE, prepared.telemetry.series)
@@ -292,6 +295,9 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         "trace": wcfg.trace.path if wcfg.trace is not None else None,
     }
     config_json["engine"]["gpu_preset"] = engine.gpu.name  # what a free-text --gpu ran as
+    # the KV cache as sized (blocks holding tokens; vLLM's null block not counted)
+    config_json["engine"]["kv_cache_blocks"] = engine.num_kv_blocks
+    config_json["engine"]["kv_cache_tokens"] = engine.kv_capacity_tokens
     if target.replicas > 1:
         from inferlab.gateway.routing import ROUTERS
 
@@ -306,12 +312,14 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         config_json["admission"] = {"mode": adm.mode, **{k: getattr(adm, k) for k in ADMISSION_KEYS[adm.mode]}}
     config_json = plain_json(config_json)
     step_log = _open_step_log(target.step_log)
+    made: list[Engine] = [engine]  # (every replica's engine, once the run has made them)
 
     async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> Outcome:
         # (in a worker thread: the event loop stays free to take Ctrl-C and set ``stop``)
         def go() -> Outcome:
             try:
                 engines = [engine] + [Engine(engine.config) for _ in range(target.replicas - 1)]
+                made[:] = engines
                 servers = [
                     SimulatedServer(
                         e, chat=config.api == "chat", step_log=step_log, tokenizer=tokenizer,
@@ -332,6 +340,7 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
     return _Prepared(
         builder, config_json, execute, wcfg, template_tokens, counter, engine=engine,
         close=(lambda: None) if step_log is None else step_log.close,
+        preemptions=lambda: sum(e.preemptions_total for e in made),
     )
 
 

@@ -311,12 +311,17 @@ def test_engine_families_schedule_like_their_engines() -> None:
 
 def test_trtllm_and_lmdeploy_size_the_kv_cache_from_what_weights_leave() -> None:
     """TRT-LLM/LMDeploy give the KV cache a share of the memory after weights; a larger
-    share means more blocks, and gpu_memory_utilization does not size it."""
+    share means more blocks. gpu_memory_utilization, which would size nothing there, is
+    refused, as is their share for the families that size by gpu_memory_utilization."""
     trt = Engine(EngineConfig(model="Llama-3.1-8B", engine_family="trtllm"))
     more = Engine(EngineConfig(model="Llama-3.1-8B", engine_family="trtllm", kv_cache_free_fraction=0.95))
     assert more.num_kv_blocks > trt.num_kv_blocks
-    util = Engine(EngineConfig(model="Llama-3.1-8B", engine_family="trtllm", gpu_memory_utilization=0.6))
-    assert util.num_kv_blocks == trt.num_kv_blocks
+    for family in ("trtllm", "lmdeploy"):
+        with pytest.raises(ConfigError, match="give --kv-cache-free-gpu-mem-fraction"):
+            Engine(EngineConfig(model="Llama-3.1-8B", engine_family=family, gpu_memory_utilization=0.6))
+    for family in ("vllm", "sglang", "vllm-v0"):
+        with pytest.raises(ConfigError, match="sizes its KV cache with --gpu-memory-utilization"):
+            Engine(EngineConfig(model="Llama-3.1-8B", engine_family=family, kv_cache_free_fraction=0.5))
     lmdeploy = Engine(EngineConfig(model="Llama-3.1-8B", engine_family="lmdeploy"))
     assert lmdeploy.num_kv_blocks < trt.num_kv_blocks  # 0.8 of it, not 0.9
 

@@ -167,10 +167,32 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
                 f"{' and '.join(moot)}: {rules.engine}'s API front end is modelled without a CPU queue "
                 "(its request cost is in the engine step), so this changes nothing; leave it out"
             )
+    _check_kv_share(config, rules)
     check_tensor_parallel(model, config.tensor_parallel_size)
     declared_len = config.max_model_len or model.max_position_embeddings
     config = _with_family_switches(config, rules, declared_len)
     return ResolvedConfig(config, model, gpu, rules, eff, declared_len)
+
+
+def _check_kv_share(config: EngineConfig, rules: FamilyRules) -> None:
+    """Each family sizes its KV cache one way: vLLM and SGLang from a share of the GPU
+    (``gpu_memory_utilization``), TensorRT-LLM and LMDeploy from a share of the memory
+    left after weights and activations (``kv_cache_free_fraction``). The other way's
+    share would be accepted and change nothing: ``ConfigError``."""
+    if rules.kv_free_fraction is None and config.kv_cache_free_fraction is not None:
+        raise ConfigError(
+            f"kv_cache_free_fraction (--kv-cache-free-gpu-mem-fraction, --cache-max-entry-count) is TensorRT-LLM's "
+            f"and LMDeploy's: the {config.engine_family} family sizes its KV cache with --gpu-memory-utilization"
+        )
+    if rules.kv_free_fraction is not None and config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
+        raise ConfigError(
+            f"gpu_memory_utilization {config.gpu_memory_utilization:g}: the {config.engine_family} family sizes its KV cache as a share "
+            f"of the memory left after weights (default {rules.kv_free_fraction:g}): give "
+            "--kv-cache-free-gpu-mem-fraction (TensorRT-LLM's name; LMDeploy's --cache-max-entry-count) instead"
+        )
+    share = config.kv_cache_free_fraction
+    if share is not None and not 0.0 < share <= 1.0:
+        raise ConfigError("kv_cache_free_fraction must be in (0, 1]")
 
 
 def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> EngineConfig:
