@@ -292,3 +292,14 @@ def test_the_kv_share_of_trtllm_and_lmdeploy_is_their_own_flag(family: str, flag
     assert code == 2 and "give --kv-cache-free-gpu-mem-fraction" in err
     code, err, _ = sim_run("-n", "2", flag, "0.5")
     assert code == 2 and "sizes its KV cache with --gpu-memory-utilization" in err
+
+
+@pytest.mark.parametrize(("flags", "noted"), [((), True), (("--offline",), False), (("--served",), False),
+                                               (("--max-concurrency", "2"), False)])
+def test_rate_inf_says_it_runs_offline_where_it_was_not_told(flags: tuple[str, ...], noted: bool) -> None:
+    """vllm bench serve's --request-rate inf goes through the API server; sim run's runs the
+    offline class unless told, and says so where nothing said which."""
+    res = CliRunner().invoke(main, ["sim", "run", "-n", "4", "--input-tokens", "32", "--output-tokens", "4",
+                                    "--request-rate", "inf", *flags])
+    assert res.exit_code == 0, res.output
+    assert ("runs as vLLM's offline LLM class" in res.stderr) == noted

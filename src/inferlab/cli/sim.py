@@ -566,6 +566,12 @@ def _sim_run(kw: dict[str, Any]) -> int:
     _engine_from_trace_run(kw)
     kw.update(as_the_twin_was(kw))
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
+    from inferlab.load.run import is_twin
+
+    if _bursts_uncapped(kw) and not is_twin(engine_config(kw)):  # (``load.run.sim_engine_config``)
+        click.echo("inferlab: --rate inf with no --max-concurrency runs as vLLM's offline LLM class (no API server, "
+                   "the offline budget: vllm bench throughput); vllm bench serve --request-rate inf sends every request "
+                   "through the API server: add --served for that (--offline says this one, without this note)", err=True)
     if kw["replicas"] == 1 and given("router"):
         raise UsageError("--router chooses among --replicas: give --replicas N (2 or more)")
     target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"], kw["replicas"], kw["router"], admission_config(kw))

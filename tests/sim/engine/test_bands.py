@@ -69,14 +69,22 @@ def test_every_validated_family_has_a_band_for_offline_throughput_or_broader(fam
     assert error_band(family, "offline", "throughput") is not None
 
 
-def test_a_regime_the_family_lacks_borrows_every_engine_in_that_regime(tmp_path: Path) -> None:
+def test_a_regime_the_family_lacks_borrows_the_wider_of_its_other_loads_and_other_engines(tmp_path: Path) -> None:
+    """Neither every engine in this regime nor the family in every regime is the
+    prediction's own error: the wider is shown, and its words say which it is."""
     path = write(tmp_path, [
         ("vllm", "all", "holdout", "throughput", 38.0, 44),  # its bursts, not its offline rows
         ("all", "offline", "holdout", "throughput", 6.0, 30),
+        ("sglang", "all", "holdout", "throughput", 4.0, 20),
+        ("all", "all", "holdout", "throughput", 9.0, 300),
     ])
     band = error_band("vllm", "offline", "throughput", path)
-    assert band is not None and band.pct == 6.0
-    assert band.describe() == "±6 % on 30 held-out offline rows of every engine"
+    assert band is not None and band.pct == 38.0
+    assert band.describe() == "±38 % on 44 held-out vLLM V1 rows of every load"
+    band = error_band("sglang", "offline", "throughput", path)
+    assert band is not None and band.describe() == "±6 % on 30 held-out offline rows of every engine"
+    band = error_band("lmdeploy", "closed loop", "throughput", path)  # (neither: every row)
+    assert band is not None and band.describe() == "±9 % on 300 held-out rows of every engine and load"
 
 
 def test_a_statistic_takes_its_own_band_before_the_headlines_at_each_level(tmp_path: Path) -> None:

@@ -9,8 +9,9 @@ and the same for the rows' medians and p99s alone (``stat``: the rows that repor
 that statistic, as their headline or in their ``distribution`` column), so a p50 or a
 p99 is shown with the error validation found for that statistic. Nothing here is typed
 by hand. ``error_band`` picks, for one metric, the most specific band with at least
-``MIN_ROWS`` rows, held-out before in-sample: the family in this regime, every family in
-this regime, the family over every regime, every row; at each of these, the statistic's
+``MIN_ROWS`` rows, held-out before in-sample: the family in this regime; else the wider
+of every family in this regime and the family over every regime (neither is the
+prediction's own: the one that trusts it less); else every row; at each of these, the statistic's
 own band before the headline one where at least half the headline's rows reported the
 statistic (``COVERAGE``: else the few that did would stand for the rest); ``None`` when
 no row measured that metric.
@@ -78,6 +79,7 @@ class ErrorBand:
         """'±25 % on 6 held-out vLLM V1 Poisson rows'; a twin's: '±12 % on 4 held-out
         runs of the calibration in twin.json' (the file's name; ``twin`` has its path)."""
         regime = "" if self.regime == ALL else f" {self.regime}"
+        loads = " of every load" if self.regime == ALL else ""
         side = _SIDE_WORDS[self.split]
         if self.twin is not None:  # (a twin may fit its own runs to under 1 %)
             pct = f"{self.pct:.1f}" if self.pct < 10 else f"{self.pct:.0f}"
@@ -85,9 +87,10 @@ class ErrorBand:
             return f"±{pct} % on {self.rows} {side} {runs} of the calibration in {Path(self.twin).name}"
         of = f"{_STAT_WORDS[self.stat]} " if self.stat else ""
         if self.family == ALL:
-            return f"±{self.pct:.0f} % on {of}{self.rows} {side}{regime} rows of every engine"
+            return f"±{self.pct:.0f} % on {of}{self.rows} {side}{regime} rows of every engine" + (
+                " and load" if loads else "")
         engine = EngineFamily.parse(self.family).rules.engine.split(" (")[0]
-        return f"±{self.pct:.0f} % on {of}{self.rows} {side} {engine}{regime} rows"
+        return f"±{self.pct:.0f} % on {of}{self.rows} {side} {engine}{regime} rows{loads}"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -251,10 +254,9 @@ def error_band(
     headline's); see the module docstring for the order."""
     fam = EngineFamily.parse(str(family)).value
     table = _bands(path)
-    # the family in this regime; every family in it (the same model, other constants);
-    # the family over every regime; every row; held-out rows before in-sample ones
-    for f, reg in ((fam, regime), (ALL, regime), (fam, ALL), (ALL, ALL)):
-        for split in ("holdout", "fit"):
+
+    def at(f: str, reg: str) -> ErrorBand | None:
+        for split in ("holdout", "fit"):  # (held-out rows before in-sample ones)
             headline = table.get((f, reg, split, metric, ""))
             own = table.get((f, reg, split, metric, stat)) if stat else None
             # the statistic's own band where it rests on most of the same rows: a few
@@ -263,7 +265,16 @@ def error_band(
                 return ErrorBand(metric, own[0], own[1], split, f, reg, stat=stat or "")
             if headline is not None and headline[1] >= MIN_ROWS:
                 return ErrorBand(metric, headline[0], headline[1], split, f, reg)
-    return None
+        return None
+
+    # the family in this regime; else the wider of every family in it (the same model,
+    # other constants) and the family over every regime (its constants, other loads):
+    # neither is this prediction's own, so the one that trusts it less; else every row
+    own = at(fam, regime)
+    if own is not None:
+        return own
+    borrowed = [b for b in (at(ALL, regime), at(fam, ALL)) if b is not None]
+    return max(borrowed, key=lambda b: b.pct) if borrowed else at(ALL, ALL)
 
 
 def regime_of(*, offline: bool, closed_loop: bool, burst: bool, overloaded: bool = False) -> str:
