@@ -45,6 +45,14 @@ def test_ttft_exploding_stops_even_while_throughput_rises() -> None:
     assert check(SaturationRules(max_ttft_growth=10), "rate", (10, head(1000, ttft=100)), (20, head(1500, ttft=900))) is None
 
 
+def test_ttft_growing_with_the_throughput_it_bought_is_no_stop() -> None:
+    """One user to eight: TTFT 5x (eight prefills queue) for 6.6x the throughput is a
+    load step that paid; 5x for 1.1x is not."""
+    assert check(SaturationRules(), "concurrency", (1, head(137, ttft=40)), (8, head(902, ttft=203))) is None
+    stop = check(SaturationRules(), "concurrency", (8, head(902, ttft=40)), (16, head(990, ttft=203)))
+    assert stop is not None and stop.rule == "ttft" and "for 1.1x the output tok/s" in stop.reason
+
+
 def test_a_missing_metric_fires_no_rule() -> None:
     none = {"output_tok_s": None, "ttft_p50_ms": None, "failed": 0}
     assert check(SaturationRules(), "concurrency", (1, none), (2, none)) is None

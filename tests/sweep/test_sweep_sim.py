@@ -117,6 +117,8 @@ def test_repeats_give_each_headline_metric_an_interval_around_its_runs(tmp_path:
     assert r.exit_code == 0, r.output
     ix = index(out)
     assert [p["repeat"] for p in ix["points"]] == [0, 1, 2, 0, 1, 2]
+    # (no stop was looked for: not "did not saturate", which would say one was)
+    assert "saturation not looked for (--no-saturation-stop)" in r.output and "did not saturate" not in r.output
     seeds = {json.loads((out / p["dir"] / "config.json").read_text())["load"]["seed"] for p in ix["points"][:3]}
     assert seeds == {0, 1, 2}  # repeats draw anew
     for agg in ix["aggregates"]:

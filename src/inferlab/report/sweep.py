@@ -100,6 +100,8 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
             out.print(f"{label}: {goodput_text(g['goodput'])}", soft_wrap=True)
         elif not index.get("complete"):
             out.print(f"{label}: interrupted")
+        elif "saturation" in index and index["saturation"] is None:
+            out.print(f"{label}: every load run; saturation not looked for (--no-saturation-stop)")
         else:
             out.print(f"{label}: did not saturate (raise the top of the load axis to find the knee)")
     skipped = sum(1 for p in index["points"] if p["status"] == "skipped")

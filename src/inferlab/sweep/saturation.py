@@ -14,8 +14,9 @@ from typing import Any
 class SaturationRules:
     """``min_gain``: stop when output tokens/s rose by less than this share over the
     previous load (0.05: 5 %); ``max_ttft_growth``: stop when TTFT p50 grew more than
-    this many times over the previous load's; ``on_errors``: stop at the first load with
-    failed requests."""
+    this many times over the previous load's, beyond what output tokens/s grew (TTFT
+    4.5x for 1.1x the throughput stops; 5x for 6.6x, a load step that bought throughput
+    with it, does not); ``on_errors``: stop at the first load with failed requests."""
 
     min_gain: float = 0.05
     max_ttft_growth: float = 4.0
@@ -61,14 +62,16 @@ def check(
         return None
     p_load, p_head = prev
     ttft, p_ttft = head.get("ttft_p50_ms"), p_head.get("ttft_p50_ms")
-    if ttft is not None and p_ttft and ttft > rules.max_ttft_growth * p_ttft:
+    tps, p_tps = head.get("output_tok_s"), p_head.get("output_tok_s")
+    bought = max(1.0, tps / p_tps) if tps is not None and p_tps else 1.0  # (the throughput the step bought)
+    if ttft is not None and p_ttft and ttft > rules.max_ttft_growth * bought * p_ttft:
+        more = f" for {bought:.2g}x the output tok/s" if bought > 1 else ""
         return Stop(
             "ttft",
-            f"TTFT p50 exploded: {p_ttft:,.0f} → {ttft:,.0f} ms ({ttft / p_ttft:.1f}x > {rules.max_ttft_growth:g}x) "
+            f"TTFT p50 exploded: {p_ttft:,.0f} → {ttft:,.0f} ms ({ttft / p_ttft:.1f}x{more}, > {rules.max_ttft_growth:g}x) "
             f"from {name}={_num(p_load)} to {_num(load)}",
             load, p_load,
         )
-    tps, p_tps = head.get("output_tok_s"), p_head.get("output_tok_s")
     if tps is not None and p_tps:
         gain = tps / p_tps - 1
         if gain < rules.min_gain:
