@@ -263,3 +263,15 @@ def test_burstiness_inf_is_constant_gaps_as_in_vllm() -> None:
     assert s["config"]["load"]["schedule"]["arrival"] == "constant"  # was a crash in random.gammavariate
     code, _, err = invoke("sim", "run", "-n", "2", "--burstiness", "inf")
     assert code == 2 and "give --rate too" in err
+
+
+def test_a_vllm_result_replayed_on_another_model_says_it_is_a_what_if(tmp_path: Path) -> None:
+    code, _, err = invoke("sim", "run", "-n", "4", "--input-tokens", "50", "--output-tokens", "4", "--save-result",
+                          "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "r.json")
+    assert code == 0, err
+    traced = json.loads((tmp_path / "r.json").read_text())["model_id"]
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", str(tmp_path / "r.json"), "--model", "Llama-3.1-8B"])
+    assert res.exit_code == 0 and f"the trace measured {traced}; simulating Llama-3.1-8B" in res.stderr, res.stderr
+    same = traced.rsplit("/", 1)[-1].lower()  # (the same model however spelled: no word)
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", str(tmp_path / "r.json"), "--model", same])
+    assert res.exit_code == 0 and "a what-if" not in res.stderr, res.stderr

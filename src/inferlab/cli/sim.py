@@ -223,8 +223,12 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
 
     ctx = click.get_current_context(silent=True)
     given = ctx is not None and ctx.get_parameter_source("model") != click.core.ParameterSource.DEFAULT
-    traced = vllm_result_model(kw["trace"]) if kw.get("trace") and not given else None
-    if traced is None:
+    traced = vllm_result_model(kw["trace"]) if kw.get("trace") else None
+    if traced is not None and given and _model_name(traced) != _model_name(kw["model"]):
+        click.echo(f"inferlab: the trace measured {traced}; simulating {kw['model']}, as --model says: a what-if "
+                   "(the lines comparing with the trace compare two models)", err=True)
+        return
+    if traced is None or given:
         return
     try:
         resolve_model(traced)
@@ -234,6 +238,11 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
         return
     kw["model"] = traced
     click.echo(f"inferlab: simulating the trace's model, {traced}", err=True)
+
+
+def _model_name(name: str) -> str:
+    """A model id as the same model whatever its spelling (organisation and case aside)."""
+    return name.rstrip("/").rsplit("/", 1)[-1].lower()
 
 
 def _say_result_engine(kw: dict[str, Any]) -> None:
