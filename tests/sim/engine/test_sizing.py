@@ -129,6 +129,14 @@ def test_an_engine_version_sets_the_defaults_that_release_had() -> None:
     assert switches(**sglang, engine_version="0.3.6")[0] is False and switches(**sglang, engine_version="0.4.0")[0] is True
 
 
+def test_a_release_of_vllms_v0_families_is_taken_by_the_family_it_names() -> None:
+    """vllm-v0 with 0.6.3, vllm-v0.5 with 0.5.4: the release that says which family (the
+    message for 0.6.3 alone says to add the family, so the two together run)."""
+    for family, text in ((EngineFamily.VLLM_V0, "0.6.3"), (EngineFamily.VLLM_V05, "0.5.4")):
+        resolved = resolve(dataclasses.replace(LLAMA8B, engine_family=family, engine_version=text))
+        assert resolved.config.engine_version == text
+
+
 @pytest.mark.parametrize(
     ("changes", "needle"),
     [
@@ -137,7 +145,8 @@ def test_an_engine_version_sets_the_defaults_that_release_had() -> None:
         ({"engine_version": "0.5.4"}, "--engine-family vllm-v0.5"),
         ({"engine_version": "1.0", "engine_family": EngineFamily.TRTLLM}, "no release-dated defaults"),
         ({"engine_version": "2.0", "engine_family": EngineFamily.GENERIC}, "no release-dated defaults"),
-        ({"engine_version": "0.6.3", "engine_family": EngineFamily.VLLM_V0}, "no release-dated defaults"),
+        ({"engine_version": "0.5.4", "engine_family": EngineFamily.VLLM_V0}, "that release is the vllm-v0.5 family"),
+        ({"engine_version": "0.9", "engine_family": EngineFamily.VLLM_V0}, "that release is the vllm family"),
         ({"engine_version": "0.10", "engine_family": EngineFamily.LMDEPLOY}, "no release-dated defaults"),
         ({"engine_version": "0.13.x"}, "expected a release"),
     ],

@@ -262,14 +262,18 @@ def engine_release(config: EngineConfig) -> tuple[int, int] | None:
         return None
     release = parse_release(text)
     family = config.engine_family
-    if not family.rules.release_dated:
+    # (vLLM before 0.8 is V0's families: a release of theirs names them, and is taken
+    # as said though nothing in them is dated, as the release that says which family)
+    vllm_v0 = family in (EngineFamily.VLLM_V0, EngineFamily.VLLM_V05)
+    if not family.rules.release_dated and not vllm_v0:
         raise ConfigError(
-            f"engine_version {text}: the {family} family has no release-dated defaults, "
+            f"engine_version (--engine-version) {text}: the {family} family has no release-dated defaults, "
             "so a release would change nothing; leave it out"
         )
-    belongs = family_for_engine(family.value, release)  # (vLLM before 0.8 is V0's families)
+    belongs = family_for_engine("vllm" if vllm_v0 else family.value, release)
     if belongs is not family:
-        raise ConfigError(f"engine_version {text}: that release is the {belongs} family: --engine-family {belongs}")
+        raise ConfigError(
+            f"engine_version (--engine-version) {text}: that release is the {belongs} family: --engine-family {belongs}")
     return release
 
 
