@@ -322,6 +322,9 @@ def test_trtllm_and_lmdeploy_size_the_kv_cache_from_what_weights_leave() -> None
     for family in ("vllm", "sglang", "vllm-v0"):
         with pytest.raises(ConfigError, match="sizes its KV cache with --gpu-memory-utilization"):
             Engine(EngineConfig(model="Llama-3.1-8B", engine_family=family, kv_cache_free_fraction=0.5))
+    # (and TurboMind has no fp8 KV cache to simulate: its int8/int4 ones are not)
+    with pytest.raises(ConfigError, match="TurboMind has no fp8 KV cache"):
+        Engine(EngineConfig(model="Llama-3.1-8B", engine_family="lmdeploy", kv_cache_dtype="fp8"))
     lmdeploy = Engine(EngineConfig(model="Llama-3.1-8B", engine_family="lmdeploy"))
     assert lmdeploy.num_kv_blocks < trt.num_kv_blocks  # 0.8 of it, not 0.9
 

@@ -167,14 +167,14 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
                 f"{' and '.join(moot)}: {rules.engine}'s API front end is modelled without a CPU queue "
                 "(its request cost is in the engine step), so this changes nothing; leave it out"
             )
-    _check_kv_share(config, rules)
+    _check_kv_cache_flags(config, rules)
     check_tensor_parallel(model, config.tensor_parallel_size)
     declared_len = config.max_model_len or model.max_position_embeddings
     config = _with_family_switches(config, rules, declared_len)
     return ResolvedConfig(config, model, gpu, rules, eff, declared_len)
 
 
-def _check_kv_share(config: EngineConfig, rules: FamilyRules) -> None:
+def _check_kv_cache_flags(config: EngineConfig, rules: FamilyRules) -> None:
     """Each family sizes its KV cache one way: vLLM and SGLang from a share of the GPU
     (``gpu_memory_utilization``), TensorRT-LLM and LMDeploy from a share of the memory
     left after weights and activations (``kv_cache_free_fraction``). The other way's
@@ -193,6 +193,11 @@ def _check_kv_share(config: EngineConfig, rules: FamilyRules) -> None:
     share = config.kv_cache_free_fraction
     if share is not None and not 0.0 < share <= 1.0:
         raise ConfigError("kv_cache_free_fraction must be in (0, 1]")
+    if config.engine_family is EngineFamily.LMDEPLOY and config.kv_cache_dtype is not KVCacheDType.AUTO:
+        raise ConfigError(
+            f"kv_cache_dtype (--kv-cache-dtype) {config.kv_cache_dtype.value}: LMDeploy's TurboMind has no fp8 KV cache "
+            "(it quantizes KV to int8 or int4, --quant-policy 8/4, which is not simulated); leave it out"
+        )
 
 
 def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> EngineConfig:
