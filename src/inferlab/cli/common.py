@@ -339,7 +339,10 @@ def check_needs(kw: dict[str, Any]) -> None:
     """``UsageError`` for an option given without the one it acts on."""
     for name, (needed, flag) in _NEEDS.items():
         if name in kw and given(name) and kw.get(needed) in (None, False):
-            raise UsageError(f"--{name.replace('_', '-')} needs {flag}")
+            said = f"--{name.replace('_', '-')}"
+            if kw[name] is False:  # (an on/off flag: name the form given, --no-token-ids)
+                said = f"--no-{name.replace('_', '-')}"
+            raise UsageError(f"{said} needs {flag}")
     if "token_ids" in kw and given("token_ids") and kw.get("api", "chat") != "completions":
         # (the chat API's messages are text: the flag would be accepted and ignored)
         flag = "--token-ids" if kw["token_ids"] else "--no-token-ids"
