@@ -136,7 +136,7 @@ def test_each_predicted_gain_names_the_validation_error_of_its_metric(tmp_path: 
     for g in gains:
         assert (g["error_band"] is not None) == g["kind"].startswith("prediction"), g
     console = " ".join(CliRunner().invoke(main, ["advise", str(tmp_path / "off")]).output.split())
-    assert f"(prediction; TTFT {band.describe()})" in console
+    assert f"(prediction; simulated TTFT values {band.describe()})" in console
 
 
 def test_shared_prefixes_served_from_cache_get_no_such_advice(tmp_path: Path) -> None:

@@ -100,12 +100,13 @@ class Gain:
         return None if self.before == 0 else 100 * (self.after - self.before) / self.before
 
     def band_text(self) -> str:
-        """'prediction; TTFT ±32 % on 8 held-out vLLM V1 closed loop rows' (empty: no prediction)."""
+        """'prediction; simulated TTFT values ±32 % on 8 held-out vLLM V1 closed loop rows'
+        (empty: no prediction): the band of each simulated value, not of the gain."""
         if self.metric_class is None:
             return ""
         if self.error_band is None:
             return f"prediction; {self.metric_class} not validated for this engine family and load regime"
-        return f"prediction; {self.metric_class} {self.error_band['text']}"
+        return f"prediction; simulated {self.metric_class} values {self.error_band['text']}"
 
     def text(self) -> str:
         pct = self.delta_pct
