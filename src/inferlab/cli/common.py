@@ -216,7 +216,7 @@ def workers_option(value: str) -> int | None:
 #: vllm bench serve flags with no faithful meaning here: (takes a value, what to use).
 #: Refused with that pointer rather than accepted and ignored.
 VLLM_REFUSED: dict[str, tuple[bool, str]] = {
-    "--dataset-name": (True, "inferlab has no dataset names: --input-tokens/--output-tokens for random prompts, --dataset FILE for ShareGPT/JSONL/CSV, --input-tokens empirical:sharegpt for ShareGPT's lengths"),
+    "--dataset-name": (True, "inferlab has no dataset names: --input-tokens/--output-tokens for random prompts, --dataset FILE for ShareGPT/JSONL/CSV, --input-tokens empirical:sharegpt for ShareGPT's lengths, --prefix-tokens N --suffix-tokens M for shared prefixes (vLLM's prefix_repetition, SGLang's generated-shared-prefix)"),
     "--dataset-path": (True, "use --dataset FILE"),
     "--random-range-ratio": (True, "give the range itself: --input-tokens uniform:LO:HI (vLLM draws from len x (1 - ratio) to len x (1 + ratio), sglang.bench_serving from len x ratio to len)"),
     "--random-prefix-len": (True, "use --prefix-tokens N (shared-prefix groups: --prefix-groups)"),
