@@ -577,7 +577,8 @@ def _sim_run(kw: dict[str, Any]) -> int:
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     from inferlab.load.run import is_twin
 
-    if _bursts_uncapped(kw) and not is_twin(engine_config(kw)):  # (``load.run.sim_engine_config``)
+    # (``load.run.sim_engine_config``; --json: its config says offline, and stdout is the JSON)
+    if _bursts_uncapped(kw) and not is_twin(engine_config(kw)) and not kw["as_json"]:
         click.echo("inferlab: --rate inf with no --max-concurrency runs as vLLM's offline LLM class (no API server, "
                    "the offline budget: vllm bench throughput); vllm bench serve --request-rate inf sends every request "
                    "through the API server: add --served for that (--offline says this one, without this note)", err=True)
