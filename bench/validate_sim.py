@@ -137,11 +137,26 @@ def write_bands(comparisons: list[Comparison], path: Path, distribution: list[Co
                             "family": family, "regime": regime, "split": split, "metric": cls,
                             "median_abs_pct": round(median, 2), "rows": rows, **({"stat": stat} if stat else {}),
                         })
+    # the longest mean prompt and answer of the rows compared, per family and regime: a
+    # run past them is outside what any band was measured on (``bands.beyond_validated``)
+    lengths = []
+    for family in (*families, "all"):
+        for regime in (*REGIMES, "all"):
+            rows = {c.scenario.row_id: c.scenario for c in comparisons
+                    if family in ("all", c.scenario.family) and regime in ("all", c.scenario.regime)}
+            if rows:
+                lengths.append({
+                    "family": family, "regime": regime,
+                    "input_tokens_max": round(max(sc.input_len.mean for sc in rows.values())),
+                    "output_tokens_max": round(max(sc.output_len.mean for sc in rows.values())),
+                })
     path.write_text(json.dumps({
         "generated_by": "python bench/validate_sim.py --all --write-bands",
         "what": "median over rows of each row's mean |predicted - measured| / measured, in %, per engine family, "
-        "load regime and side of the split (docs/validation.md); with a stat, over the rows' medians or p99s alone",
+        "load regime and side of the split (docs/validation.md); with a stat, over the rows' medians or p99s alone; "
+        "lengths: the longest mean prompt and answer of the rows compared, per family and regime",
         "bands": bands,
+        "lengths": lengths,
     }, indent=1) + "\n")
     return len(bands)
 

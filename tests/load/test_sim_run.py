@@ -687,3 +687,20 @@ def test_a_sim_runs_summary_records_its_kv_cache_and_preemptions(tmp_path: Path)
     large, text = run()
     assert large["config"]["engine"]["kv_cache_tokens"] > 100_000
     assert large["prediction"]["preemptions"] == 0 and "preemptions" not in text
+
+
+def test_a_sim_run_longer_than_the_validated_rows_says_so() -> None:
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    def run(tokens: str) -> tuple[dict[str, Any], str]:
+        res = CliRunner().invoke(main, ["sim", "run", "--model", "Llama-3.1-8B", "-c", "2", "-n", "2",
+                                        "--input-tokens", tokens, "--output-tokens", "8", "--json"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)["prediction"], res.stderr
+
+    long, _ = run("60000")
+    assert any("its prompts (60,000 tokens on average) are longer" in s for s in long["beyond_validated"])
+    short, _ = run("500")
+    assert "beyond_validated" not in short

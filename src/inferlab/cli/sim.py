@@ -628,6 +628,8 @@ def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     line.add_row("engine", engine_line(engine))
     block = result.summary.prediction
     preempted = block.get("preemptions") if isinstance(block, dict) else None
+    for said in block.get("beyond_validated", []) if isinstance(block, dict) else []:
+        line.add_row("validated?", said)
     if preempted:
         line.add_row("preemptions", f"{preempted:,}: a running request evicted, to be recomputed, when the "
                                     "simulated engine's KV cache ran out")

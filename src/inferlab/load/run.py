@@ -40,7 +40,13 @@ from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import OMITTED, OVERLOAD, Omitted, Summary, SummaryExtras, summarize
 from inferlab.results.telemetry import SERVER_METRICS_FILE, ServerMetrics
-from inferlab.sim.engine.bands import calibrated_as, prediction_block, regime_of, served_by
+from inferlab.sim.engine.bands import (
+    beyond_validated,
+    calibrated_as,
+    prediction_block,
+    regime_of,
+    served_by,
+)
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetWorkload
@@ -209,6 +215,14 @@ async def run(
                     prepared.engine, config.load, overloaded=any(w.startswith(OVERLOAD) for w in summary.warnings),
                     user_replay=isinstance(policy, UserReplayPolicy))
                 block["preemptions"] = prepared.preemptions()  # (every replica's)
+                done = summary.counts.completed
+                beyond = beyond_validated(
+                    prepared.engine.config.engine_family, block["regime"],
+                    summary.input_tokens / done if done and summary.input_tokens is not None else None,
+                    summary.output_tokens / done if done else None,
+                ) if not prepared.engine.config.efficiencies_path else []  # (a twin's bands are its own runs')
+                if beyond:
+                    block["beyond_validated"] = beyond
                 summary = dataclasses.replace(summary, prediction=block)
             if writer is not None:
                 if prepared.telemetry is not None and prepared.telemetry.series:

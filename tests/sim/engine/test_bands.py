@@ -215,3 +215,29 @@ def test_a_twin_calibrated_before_overlap_scheduling_was_recorded_keeps_its_fami
     assert bands.calibration_mismatch(vllm, current) == "overlap schedule on, calibrated off"
     assert bands.calibration_mismatch(vllm, bands.served_by(EngineConfig(overlap_schedule=False))) is None
     assert bands.calibration_mismatch(sglang, bands.served_by(EngineConfig(engine_family="sglang"))) is None
+
+
+def test_a_run_longer_than_every_validated_row_says_its_bands_were_measured_on_shorter_ones(tmp_path: Path) -> None:
+    from inferlab.sim.engine.bands import beyond_validated
+
+    path = tmp_path / "bands.json"
+    path.write_text(json.dumps({"bands": [], "lengths": [
+        {"family": "vllm", "regime": "closed loop", "input_tokens_max": 8000, "output_tokens_max": 1000},
+        {"family": "all", "regime": "all", "input_tokens_max": 32000, "output_tokens_max": 2000},
+    ]}))
+    said = beyond_validated("vllm", "closed loop", 20000, 200, path)
+    assert said == ["its prompts (20,000 tokens on average) are longer than any validated vLLM V1 closed loop row's "
+                    "(at most 8,000 on average): the bands were measured on shorter ones"]
+    assert beyond_validated("vllm", "closed loop", 8000, 1000, path) == []  # (as long as the longest: inside)
+    # no row of the family in the regime: every family's over every regime
+    said = beyond_validated("sglang", "Poisson", 100, 3000, path)
+    assert len(said) == 1 and "answers (3,000 tokens" in said[0] and "any validated row of any engine's (at most 2,000" in said[0]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"bands": []}))  # (written before lengths were: nothing to say)
+    assert beyond_validated("vllm", "closed loop", 10**6, 10**6, old) == []
+
+
+def test_the_shipped_bands_say_how_long_the_validated_rows_were() -> None:
+    from inferlab.sim.engine.bands import beyond_validated
+
+    assert beyond_validated("vllm", "closed loop", 20000, 200) and not beyond_validated("vllm", "closed loop", 1000, 200)

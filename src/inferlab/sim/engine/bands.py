@@ -232,6 +232,47 @@ def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str)
 
 
 @functools.cache
+def _lengths(path: Path = BANDS_FILE) -> dict[tuple[str, str], tuple[int, int]]:
+    """(family, regime) (either may be "all") -> the longest mean prompt and answer of its
+    rows validated, as the file says; empty for a file written before it said."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {(str(x["family"]), str(x["regime"])): (int(x["input_tokens_max"]), int(x["output_tokens_max"]))
+            for x in data.get("lengths", [])}
+
+
+def beyond_validated(family: EngineFamily | str, regime: str, input_tokens: float | None, output_tokens: float | None,
+                     path: Path = BANDS_FILE) -> list[str]:
+    """Where a run's mean prompt or answer (tokens a request) is longer than any row that
+    validation compared of its family in its regime (else of its family, else of every
+    family in the regime, else of all): its bands were measured on shorter requests. One
+    sentence per length past it; empty when none is."""
+    fam = EngineFamily.parse(str(family)).value
+    table = _lengths(path)
+    for key in ((fam, regime), (fam, ALL), (ALL, regime), (ALL, ALL)):
+        if key in table:
+            limits = table[key]
+            break
+    else:
+        return []
+    f, reg = key
+    load = "" if reg == ALL else f"{reg} "
+    rows = f"{load}row of any engine" if f == ALL else f"{_engine_words(f)} {load}row"
+    out = []
+    for what, mean, most in (("prompts", input_tokens, limits[0]), ("answers", output_tokens, limits[1])):
+        if mean is not None and mean > most:
+            out.append(f"its {what} ({mean:,.0f} tokens on average) are longer than any validated {rows}'s "
+                       f"(at most {most:,} on average): the bands were measured on shorter ones")
+    return out
+
+
+def _engine_words(family: str) -> str:
+    return EngineFamily.parse(family).rules.engine.split(" (")[0]
+
+
+@functools.cache
 def _bands(path: Path = BANDS_FILE) -> dict[tuple[str, str, str, str, str], tuple[float, int]]:
     """(family, regime, split, metric, stat) -> (median |error| %, rows), as the file
     says; stat "" for the headline bands (a file written before there were others has
