@@ -289,8 +289,9 @@ def test_the_kv_share_of_trtllm_and_lmdeploy_is_their_own_flag(family: str, flag
         assert s["config"]["engine"]["kv_cache_free_fraction"] == float(share)
         tokens.append(s["config"]["engine"]["kv_cache_tokens"])
     assert tokens[1] > 1.9 * tokens[0]  # (twice the share, twice the blocks, to a block)
-    code, err, _ = sim_run("-n", "2", "--engine-family", family, "--gpu-memory-utilization", "0.5")
-    assert code == 2 and "give --kv-cache-free-gpu-mem-fraction" in err
+    for share in ("0.5", "0.9"):  # (the default's value too: it would size nothing)
+        code, err, _ = sim_run("-n", "2", "--engine-family", family, "--gpu-memory-utilization", share)
+        assert code == 2 and "give --kv-cache-free-gpu-mem-fraction" in err
     code, err, _ = sim_run("-n", "2", flag, "0.5")
     assert code == 2 and "sizes its KV cache with --gpu-memory-utilization" in err
 
@@ -303,4 +304,18 @@ def test_rate_inf_says_it_runs_offline_where_it_was_not_told(flags: tuple[str, .
     res = CliRunner().invoke(main, ["sim", "run", "-n", "4", "--input-tokens", "32", "--output-tokens", "4",
                                     "--request-rate", "inf", *flags])
     assert res.exit_code == 0, res.output
-    assert ("runs as vLLM's offline LLM class" in res.stderr) == noted
+    assert ("runs the engine offline (no API server" in res.stderr) == noted
+
+
+def test_a_replay_on_another_family_does_not_take_the_runs_memory_share(tmp_path: Path) -> None:
+    """A vLLM run's --gpu-memory-utilization is no TensorRT-LLM setting, nor the reverse:
+    a replay on the other family takes neither (it ran, where it was refused before)."""
+    for family, flags, other in (("vllm", ["--gpu-memory-utilization", "0.8"], "trtllm"),
+                                 ("trtllm", ["--kv-cache-free-gpu-mem-fraction", "0.5"], "vllm")):
+        out = tmp_path / family
+        res = CliRunner().invoke(main, ["sim", "run", "-n", "2", "--engine-family", family, *flags, "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        res = CliRunner().invoke(main, ["sim", "run", "--trace", str(out / "requests.jsonl"), "--engine-family", other, "--json"])
+        assert res.exit_code == 0, res.output
+        engine = json.loads(res.stdout)["config"]["engine"]
+        assert (engine["gpu_memory_utilization"], engine["kv_cache_free_fraction"]) == (0.9, None)

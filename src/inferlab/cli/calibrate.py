@@ -79,7 +79,7 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
     if name == "llama.cpp":
         no_overlap(f"{of} server is llama.cpp, which schedules no step ahead")
         taken = _served_settings(kw, name, said, say)
-        _slots_pool(kw, taken, say)
+        _slots_pool(kw, taken, said, say)
         return taken
     if name not in FAMILY_OF_SOFTWARE:
         return {}
@@ -87,14 +87,19 @@ def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Consol
     return _served_settings(kw, name, said, say)
 
 
-def _slots_pool(kw: dict[str, Any], taken: dict[str, Any], say: Callable[[str], None]) -> None:
-    """A llama-server's KV cache, from its slots: each of its ``max_num_seqs`` slots holds
-    up to ``max_model_len`` tokens, so its cache holds at most their product (all of
-    ``-c`` without ``--kv-unified``, where /props states a slot's share of it; fewer where
-    the slots share one cache). /props states no pool, so calibrate would otherwise size
-    one from the device's memory, millions of tokens on a CPU. Put in ``kw`` and ``taken``
-    where both are known and no flag sizes the cache."""
-    slots, context = kw.get("max_num_seqs"), kw.get("max_model_len")
+def _slots_pool(kw: dict[str, Any], taken: dict[str, Any], said: list[dict[str, Any]], say: Callable[[str], None]) -> None:
+    """A llama-server's KV cache, from its slots: each of the ``max_num_seqs`` slots it
+    states holds up to the ``max_model_len`` it states, so its cache holds at most their
+    product (all of ``-c`` without ``--kv-unified``, where /props states a slot's share of
+    it; fewer where the slots share one cache), whatever flags say of the twin's context
+    or cap (a what-if on the same server). /props states no pool, so calibrate would
+    otherwise size one from the device's memory, millions of tokens on a CPU. Put in
+    ``kw`` and ``taken`` where every run stated both alike and no flag sizes the cache."""
+    def stated(key: str) -> Any:
+        values = {s["settings"].get(key) for s in said if isinstance(s.get("settings"), dict)}
+        return values.pop() if len(values) == 1 else None
+
+    slots, context = stated("max_num_seqs"), stated("max_model_len")
     if not slots or not context or any(given(k) for k in ("num_gpu_blocks_override", "gpu_memory_utilization")):
         return
     size = int(kw.get("block_size") or EngineConfig().block_size)

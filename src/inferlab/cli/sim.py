@@ -127,7 +127,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--quantization", "-q", default=None, callback=_parsed(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype.value, show_default=True, callback=_parsed(KVCacheDType.parse), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice([f.value for f in EngineFamily]), default=d.engine_family.value, show_default=True, callback=_parsed(EngineFamily.parse), help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
-        click.option("--engine-version", default=None, show_default="a current release", help="The engine's release (0.15, v0.4.3): the defaults a release changed follow it where no flag says: vLLM's async scheduling (on from 0.14), full-sequence admission (0.19) and unhashed blocks reused first (0.24); SGLang's overlap scheduler (0.4). vllm (0.8 on) and sglang only; the step-time constants stay the family's."),
+        click.option("--engine-version", default=None, show_default="a current release", help="The engine's release (0.15, v0.4.3): the defaults a release changed follow it where no flag says: vLLM's async scheduling (on from 0.14), full-sequence admission (0.19) and unhashed blocks reused first (0.24); SGLang's overlap scheduler (0.4). vllm (0.8 on) and sglang only (vllm-v0 and vllm-v0.5 take their own releases, 0.6-0.7 and <= 0.5, as a label: nothing in them is dated); the step-time constants stay the family's."),
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
         click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
         click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
@@ -143,6 +143,12 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
 
 
 def engine_config(kw: dict[str, Any]) -> EngineConfig:
+    family = kw.get("engine_family")
+    if isinstance(family, EngineFamily) and family.rules.kv_free_fraction is not None and given("gpu_memory_utilization"):
+        # (the engine refuses another value than the default; given as the default, it would pass unused)
+        raise UsageError(f"--gpu-memory-utilization: the {family} family sizes its KV cache as a share of the memory "
+                         "left after weights: give --kv-cache-free-gpu-mem-fraction (TensorRT-LLM's name; LMDeploy's "
+                         "--cache-max-entry-count) instead")
     keys = [f.name for f in EngineConfig.__dataclass_fields__.values()]
     values = {k: kw[k] for k in keys if k in kw}
     return EngineConfig(**values)
@@ -274,8 +280,10 @@ _FRONT_END_SETTINGS = frozenset({"api_overhead_s", "api_server_count", "host_spe
 #: What a release decides (``FamilyRules.*_since``): a replay given another release (or
 #: family) takes them from it, not from the record
 _RELEASE_SETTINGS = frozenset({"engine_version", *RELEASE_SWITCHES})
-#: ... and what a family decides, for a replay given another family
-_FAMILY_SETTINGS = _RELEASE_SETTINGS | {"enable_chunked_prefill", "enable_prefix_caching", "mixed_batches", "reserve_outputs"}
+#: ... and what a family decides, for a replay given another family (its memory share
+#: included: vLLM's and SGLang's of the card, TensorRT-LLM's and LMDeploy's of what weights leave)
+_FAMILY_SETTINGS = _RELEASE_SETTINGS | {"enable_chunked_prefill", "enable_prefix_caching", "mixed_batches", "reserve_outputs",
+                                        "gpu_memory_utilization", "kv_cache_free_fraction"}
 
 
 def _engine_from_trace_run(kw: dict[str, Any]) -> None:
@@ -579,9 +587,10 @@ def _sim_run(kw: dict[str, Any]) -> int:
 
     # (``load.run.sim_engine_config``; --json: its config says offline, and stdout is the JSON)
     if _bursts_uncapped(kw) and not is_twin(engine_config(kw)) and not kw["as_json"]:
-        click.echo("inferlab: --rate inf with no --max-concurrency runs as vLLM's offline LLM class (no API server, "
-                   "the offline budget: vllm bench throughput); vllm bench serve --request-rate inf sends every request "
-                   "through the API server: add --served for that (--offline says this one, without this note)", err=True)
+        click.echo("inferlab: --rate inf with no --max-concurrency runs the engine offline (no API server; for vLLM its "
+                   "LLM class and offline budget, as vllm bench throughput); vllm bench serve --request-rate inf sends every "
+                   "request through the API server: add --served for that (--offline says this one, without this note)",
+                   err=True)
     if kw["replicas"] == 1 and given("router"):
         raise UsageError("--router chooses among --replicas: give --replicas N (2 or more)")
     target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"], kw["replicas"], kw["router"], admission_config(kw))

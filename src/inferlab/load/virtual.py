@@ -218,8 +218,8 @@ class SimulatedServer:
 
     def output_len(self, ids: list[int], spec: RequestSpec) -> tuple[int, str, int]:
         """How many tokens the answer has, its finish reason and the request's own limit
-        (``max_tokens``, else the context left: what SGLang's admission estimates its
-        output from), by the simulated HTTP server's rule: exactly ``max_tokens`` when the request asks for an exact length
+        (``max_tokens``, else the context left: what SGLang's and TensorRT-LLM's
+        admissions reserve its output from), by the simulated HTTP server's rule: exactly ``max_tokens`` when the request asks for an exact length
         (``spec.exact_output``: ``ignore_eos``/``min_tokens``); else the simulated model's
         natural length (``natural_output_len``, its end-of-sequence), cut at
         ``max_tokens`` or, without one, at the context that is left (``length`` when cut,

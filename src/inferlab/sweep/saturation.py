@@ -66,9 +66,10 @@ def check(
     bought = max(1.0, tps / p_tps) if tps is not None and p_tps else 1.0  # (the throughput the step bought)
     if ttft is not None and p_ttft and ttft > rules.max_ttft_growth * bought * p_ttft:
         more = f" for {bought:.2g}x the output tok/s" if bought > 1 else ""
+        limit = rules.max_ttft_growth * bought
         return Stop(
             "ttft",
-            f"TTFT p50 exploded: {p_ttft:,.0f} → {ttft:,.0f} ms ({ttft / p_ttft:.1f}x{more}, > {rules.max_ttft_growth:g}x) "
+            f"TTFT p50 exploded: {p_ttft:,.0f} → {ttft:,.0f} ms ({ttft / p_ttft:.1f}x{more}, > {limit:.3g}x) "
             f"from {name}={_num(p_load)} to {_num(load)}",
             load, p_load,
         )

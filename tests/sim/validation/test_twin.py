@@ -350,6 +350,20 @@ def test_a_twin_of_llama_cpp_is_calibrated_and_run_without_async_scheduling_unle
     assert "mismatch" not in json.loads(res.stdout)["prediction"]
 
 
+def test_a_llama_cpp_pool_is_the_servers_slots_whatever_context_is_given(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """--max-model-len 3500 against slots of 4,096: a what-if on the same server, whose
+    cache still holds 4 x 4,096 tokens."""
+    llama = {"name": "llama.cpp", "version": "b0-unknown", "source": "GET /props",
+             "settings": {"max_num_seqs": 4, "max_model_len": 4096}}
+    twin = tmp_path / "twin.json"
+    res = calibrate_cli(said(measured[0], tmp_path, llama, llama, llama), twin, "--max-model-len", "3500")
+    assert res.exit_code == 0, res.stderr
+    assert "simulated as 16,384 tokens (4 x 4,096;" in words(res.stderr)
+    assert json.loads(twin.read_text())["calibration"]["server_settings"]["num_gpu_blocks_override"] == 1025
+
+
 def test_a_llama_cpp_pool_is_not_derived_where_a_flag_sizes_the_cache(
     measured: tuple[list[str], list[str]], tmp_path: Path
 ) -> None:

@@ -214,7 +214,7 @@ class Engine:
         ``prompt_ids`` are read (length, block hashes), not kept. It generates
         ``output_len`` tokens; ``max_tokens``, its own limit where it ends sooner (at its
         end-of-sequence; None: ``output_len``), is what SGLang's admission estimates its
-        output from (``reserve_outputs``).
+        output from (``reserve_outputs``) and TensorRT-LLM's reserves it to (``no_evict``).
 
         Raises ``ValueError`` if it exceeds ``max_model_len``, can never fit in the KV
         cache, is empty, or reuses the id of an unfinished request.

@@ -77,14 +77,18 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
             f"({seqs}, {config.engine_family}'s default on {gpu.name}): give --max-num-seqs too"
         )
 
-    usable = config.gpu_memory_utilization * gpu.hbm_bytes
+    # TensorRT-LLM and LMDeploy take the whole card and give the KV cache a share of what
+    # weights and activations leave (``kv_cache_free_fraction``); vLLM and SGLang a share of
+    # the card for all three (``gpu_memory_utilization``)
+    free_share = config.kv_cache_free_fraction is not None or resolved.rules.kv_free_fraction is not None
+    usable = gpu.hbm_bytes if free_share else config.gpu_memory_utilization * gpu.hbm_bytes
+    allows = (f"the {usable / _GIB:.1f} GiB of {gpu.name}" if free_share else
+              f"the {usable / _GIB:.1f} GiB gpu_memory_utilization={config.gpu_memory_utilization} allows on {gpu.name}")
     weights = weight_bytes_per_rank(model, tp, config.quantization)
     if weights >= usable:
         raise ConfigError(
-            f"{model.name} weights need {weights / _GIB:.1f} GiB per GPU but "
-            f"gpu_memory_utilization={config.gpu_memory_utilization} of {gpu.name} gives "
-            f"{usable / _GIB:.1f} GiB; use a larger tensor_parallel_size, quantization "
-            "or GPU."
+            f"{model.name} weights need {weights / _GIB:.1f} GiB per GPU, more than {allows}; "
+            "use a larger tensor_parallel_size, quantization or GPU."
         )
     block_bytes = kv_bytes_per_token(model, tp, config.kv_cache_dtype) * config.block_size
     free_fraction = config.kv_cache_free_fraction
@@ -108,8 +112,7 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
     if num_blocks < 1:
         raise ConfigError(
             f"No available memory for the cache blocks: {model.name} weights take "
-            f"{weights / _GIB:.1f} GiB and activations {reserve / _GIB:.1f} GiB of the "
-            f"{usable / _GIB:.1f} GiB gpu_memory_utilization allows on {gpu.name}."
+            f"{weights / _GIB:.1f} GiB and activations {reserve / _GIB:.1f} GiB of {allows}."
         )
     # the model's context when not given, as much of it as the cache holds
     max_len = config.max_model_len or min(model.max_position_embeddings, num_blocks * config.block_size)
@@ -134,8 +137,9 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
         raise ConfigError(
             f"The model's max seq len ({max_len}) is larger than the maximum "
             f"number of tokens that can be stored in KV cache "
-            f"({num_blocks * config.block_size}). Try increasing gpu_memory_utilization "
-            "or decreasing max_model_len when initializing the engine."
+            f"({num_blocks * config.block_size}). Try increasing "
+            + ("kv_cache_free_fraction (--kv-cache-free-gpu-mem-fraction)" if free_share else "gpu_memory_utilization")
+            + " or decreasing max_model_len when initializing the engine."
         )
     return EngineSizes(weights, reserve, num_blocks, max_len, batched, seqs, api_s, intake_s, front_end)
 
