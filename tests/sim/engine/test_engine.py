@@ -325,7 +325,7 @@ def test_trtllm_and_lmdeploy_size_the_kv_cache_from_what_weights_leave() -> None
     # they take the whole card: 70B in bf16 (131 GiB) fits one H200 (140 GiB), where vLLM's
     # 0.9 of it does not
     assert Engine(EngineConfig(model="Llama-3.1-70B", gpu="H200", engine_family="trtllm")).num_kv_blocks > 0
-    with pytest.raises(ConfigError, match="gpu_memory_utilization=0.9 allows"):
+    with pytest.raises(ConfigError, match=r"gpu_memory_utilization=0\.9 allows"):
         Engine(EngineConfig(model="Llama-3.1-70B", gpu="H200"))
     # (and TurboMind has no fp8 KV cache to simulate: its int8/int4 ones are not)
     with pytest.raises(ConfigError, match="TurboMind has no fp8 KV cache"):
