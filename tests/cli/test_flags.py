@@ -319,3 +319,21 @@ def test_a_replay_on_another_family_does_not_take_the_runs_memory_share(tmp_path
         assert res.exit_code == 0, res.output
         engine = json.loads(res.stdout)["config"]["engine"]
         assert (engine["gpu_memory_utilization"], engine["kv_cache_free_fraction"]) == (0.9, None)
+
+
+def test_an_offline_tensorrt_llm_run_is_sized_as_trtllm_bench_sizes_it_unless_told() -> None:
+    """As TensorRT-LLM's offline rows ran in validation: the batch the KV cache holds at
+    the workload's lengths (far below trtllm-serve's 2,048 for 4,000-token requests on
+    one GPU), said; not where a flag gives a size, nor served."""
+    def run(*flags: str) -> tuple[dict[str, Any], str]:
+        res = CliRunner().invoke(main, ["sim", "run", "--engine-family", "trtllm", "--model", "Llama-3.1-8B", "-n", "8",
+                                        "--input-tokens", "3500", "--output-tokens", "500", "--json", *flags])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)["config"]["engine"], res.stderr
+
+    engine, err = run("--rate", "inf")
+    assert "sized as trtllm-bench sizes it" in err and 64 <= engine["max_num_seqs"] < 2048
+    engine, err = run("--rate", "inf", "--max-num-seqs", "48")
+    assert "trtllm-bench" not in err and engine["max_num_seqs"] == 48
+    engine, err = run("--rate", "inf", "--served")
+    assert "trtllm-bench" not in err and engine["max_num_seqs"] == 2048

@@ -585,6 +585,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     from inferlab.load.run import is_twin
 
+    _sized_as_trtllm_bench(kw)
     # (``load.run.sim_engine_config``; --json: its config says offline, and stdout is the JSON)
     if _bursts_uncapped(kw) and not is_twin(engine_config(kw)) and not kw["as_json"]:
         click.echo("inferlab: --rate inf with no --max-concurrency runs the engine offline (no API server; for vLLM its "
@@ -614,6 +615,30 @@ def _sim_run(kw: dict[str, Any]) -> int:
     if result.cause is not None:
         raise result.cause
     return 130 if result.interrupted else 0
+
+
+def _sized_as_trtllm_bench(kw: dict[str, Any]) -> None:
+    """An offline TensorRT-LLM run (``--offline``, or ``--rate inf`` with no cap): its
+    batch and token budget as trtllm-bench sizes them from the workload's mean lengths and
+    the KV cache, where no flag gives them, as TensorRT-LLM's offline rows ran in
+    validation (``sizing.trtllm_bench_sizes``); said. Only for lengths given as
+    --input-tokens and --output-tokens (a dataset or trace is not read ahead)."""
+    from inferlab.load.run import is_twin
+    from inferlab.sim.engine.engine import Engine
+    from inferlab.sim.engine.sizing import trtllm_bench_sizes
+    from inferlab.workload.lengths import parse_length
+
+    if kw.get("engine_family") is not EngineFamily.TRTLLM or kw.get("input_tokens") is None or kw.get("output_tokens") is None:
+        return
+    offline = kw.get("offline") if kw.get("offline") is not None else _bursts_uncapped(kw) and not is_twin(engine_config(kw))
+    if not offline or given("max_num_seqs") or given("max_num_batched_tokens") or kw.get("dataset") or kw.get("trace"):
+        return
+    isl, osl = parse_length(kw["input_tokens"]).mean, parse_length(kw["output_tokens"], "--output-tokens").mean
+    kv = Engine(dataclasses.replace(engine_config(kw), offline=True)).kv_capacity_tokens
+    kw["max_num_seqs"], kw["max_num_batched_tokens"] = trtllm_bench_sizes(isl, osl, kv)
+    click.echo(f"inferlab: offline TensorRT-LLM sized as trtllm-bench sizes it for {isl:,.0f}/{osl:,.0f} tokens and "
+               f"{kv:,} tokens of KV cache: --max-num-seqs {kw['max_num_seqs']} --max-num-batched-tokens "
+               f"{kw['max_num_batched_tokens']} (give them to say otherwise)", err=True)
 
 
 def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:

@@ -45,6 +45,17 @@ class LengthDist:
     source: str = ""
     pairs: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def mean(self) -> float:
+        """The distribution's mean (a normal one's before its draws are held to >= 1)."""
+        if self.kind in ("fixed", "normal"):
+            return self.a
+        if self.kind == "uniform":
+            return (self.a + self.b) / 2
+        if self.kind == "lognormal":
+            return self.a * math.exp(self.b**2 / 2)
+        return sum(self.values) / len(self.values) if self.values else 0.0
+
     def sample(self, rng: random.Random) -> int:
         if self.kind == "fixed":
             return int(self.a)

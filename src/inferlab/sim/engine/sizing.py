@@ -10,6 +10,7 @@ tensor-parallel rank.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from inferlab._errors import ConfigError
@@ -158,3 +159,23 @@ def _validate_sizes(max_num_batched_tokens: int, max_num_seqs: int, max_model_le
             "sequence length to max_num_batched_tokens and makes vLLM reject longer "
             "sequences. Please increase max_num_batched_tokens or decrease max_model_len."
         )
+
+
+def trtllm_bench_sizes(isl: float, osl: float, kv_tokens: int) -> tuple[int, int]:
+    """trtllm-bench's max_batch_size / max_num_tokens heuristic for a workload of mean
+    prompt ``isl`` and answer ``osl`` tokens and a KV cache of ``kv_tokens``: the batch
+    the cache holds whole (at most 4,096), rounded up; the tokens that batch computes a
+    step, rounded up (at least 2,048, at most 32,768)."""
+    raw_bs = min(kv_tokens / (isl + osl), 4096)
+    raw_tok = min(raw_bs * (1 + isl / osl), 32768)
+    if raw_bs < 256:
+        bs = max(64, 32 * math.ceil(raw_bs / 32))
+    else:
+        step = 128 if raw_bs < 1024 else 256
+        bs = step * math.ceil(raw_bs / step)
+    if raw_tok < 4096:
+        tok = max(2048, 256 * math.ceil(raw_tok / 256))
+    else:
+        step = 512 if raw_tok < 8192 else 1024
+        tok = step * math.ceil(raw_tok / step)
+    return bs, tok

@@ -25,13 +25,13 @@ the validation sets only what the row states and what its benchmark harness does
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from inferlab.sim.engine.config import EngineConfig, resolve
 from inferlab.sim.engine.engine import Engine
 from inferlab.sim.engine.families import EngineFamily
 from inferlab.sim.engine.hardware import resolve_model
 from inferlab.sim.engine.sizing import size_engine
+from inferlab.sim.engine.sizing import trtllm_bench_sizes as bench_sizes
 from inferlab.sim.validation.scenario import Scenario, ScenarioError
 
 
@@ -116,21 +116,9 @@ def lmdeploy_profile_batch_size(sc: Scenario) -> int:
 
 
 def trtllm_bench_sizes(sc: Scenario, kv_tokens: int) -> tuple[int, int]:
-    """trtllm-bench's max_batch_size / max_num_tokens heuristic for the mean ISL / OSL."""
-    isl, osl = sc.input_len.mean, sc.output_len.mean
-    raw_bs = min(kv_tokens / (isl + osl), 4096)
-    raw_tok = min(raw_bs * (1 + isl / osl), 32768)
-    if raw_bs < 256:
-        bs = max(64, 32 * math.ceil(raw_bs / 32))
-    else:
-        step = 128 if raw_bs < 1024 else 256
-        bs = step * math.ceil(raw_bs / step)
-    if raw_tok < 4096:
-        tok = max(2048, 256 * math.ceil(raw_tok / 256))
-    else:
-        step = 512 if raw_tok < 8192 else 1024
-        tok = step * math.ceil(raw_tok / step)
-    return bs, tok
+    """trtllm-bench's max_batch_size / max_num_tokens for the row's mean ISL / OSL
+    (``sizing.trtllm_bench_sizes``)."""
+    return bench_sizes(sc.input_len.mean, sc.output_len.mean, kv_tokens)
 
 
 def _trtllm_harness(sc: Scenario, config: EngineConfig) -> EngineConfig:
