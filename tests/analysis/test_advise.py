@@ -248,3 +248,24 @@ def test_a_gateways_access_log_is_advised_on_from_its_records(tmp_path: Path) ->
     hol = rules["head_of_line"]
     assert hol.evidence.startswith("10 of ")  # (every fourth of the 40 is 8,000 tokens; the log has the preflight too)
     assert not hol.gains and hol.note.startswith("no prediction: a gateway's access log")
+
+
+def test_a_what_if_of_a_trace_run_replays_what_the_run_sent_not_the_file_as_it_is_now(tmp_path: Path) -> None:
+    """The trace file a run read may have changed or moved (or its relative path be
+    another folder's): the what-if replays the run's own requests.jsonl."""
+    from click.testing import CliRunner
+
+    from inferlab.analysis.whatif import WhatIf
+    from inferlab.cli.main import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": i * 0.1, "input_tokens": 100 + 900 * (i % 4 == 0),
+                                         "output_tokens": 20}) + "\n" for i in range(24)))
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", str(trace), "-o", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    trace.write_text(json.dumps({"arrival_s": 0, "input_tokens": 5000, "output_tokens": 1}) + "\n")  # (changed since)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    what = WhatIf(tmp_path / "run", config)
+    assert what.method.startswith("the run's requests.jsonl replayed")
+    trace.unlink()  # (and gone: still predicted)
+    assert WhatIf(tmp_path / "run", config).available

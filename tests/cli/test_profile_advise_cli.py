@@ -52,10 +52,28 @@ def test_a_sweep_past_its_knee_gets_a_concurrency_cap(tmp_path: Path) -> None:
     d = json.loads(out)
     assert d["kind"] == "sweep" and d["goal"] == "throughput"
     cap = next(r for r in d["recommendations"] if r["rule"] == "concurrency_cap")
-    assert "--max-num-seqs 128" in cap["change"]  # 128 → 1024: E2E about 6x for a third more throughput
+    # 128 → 1024: E2E about 6x for a third more throughput; a cap that only queues the rest
+    # would not give it, so the change says which limit does
+    assert "keep about 128 requests in flight" in cap["change"] and "turns the rest away" in cap["change"]
+    assert "not those held back" in cap["gains"][0]["kind"]
     e2e = cap["gains"][0]
     assert e2e["after"] < e2e["before"] and e2e["kind"].startswith("prediction")  # (sim runs: simulated)
     band = error_band("vllm", "closed loop", "E2E", stat="median")  # (the runs' family and regime; a p50 gain: the medians' error)
     assert band is not None and (e2e["metric_class"], e2e["error_band"]) == ("E2E", band.to_json())
     code, out = invoke("advise", str(tmp_path))
     assert code == 0 and "Past the knee" in out
+
+
+def test_a_sweeps_knee_is_found_within_one_setting_of_its_other_axes(tmp_path: Path) -> None:
+    """A sweep over users and --max-num-seqs: going from 16 to 64 users at 16 sequences
+    gains nothing (the cap binds), at 256 sequences it gains several times over; advise
+    pairs points of one setting only, never 16 users at 256 with 64 at 16."""
+    out = tmp_path / "sw"
+    code, text = invoke("sweep", "-c", "16,64", "--max-num-seqs", "16,256", "-n", "128", "--input-tokens", "500",
+                        "--output-tokens", "100", "--no-saturation-stop", "-o", str(out))
+    assert code == 0, text
+    code, text = invoke("advise", str(out), "--json")
+    assert code == 0, text
+    caps = [r for r in json.loads(text)["recommendations"] if r["rule"] == "concurrency_cap"]
+    assert caps and all(("seqs16" in r["evidence"]) != ("seqs256" in r["evidence"]) for r in caps), caps
+

@@ -173,7 +173,11 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
         runs = sorted(d.parent for d in p.rglob("summary.json"))
         if not runs:
             raise UsageError(f"{p}: not a run directory (no requests.jsonl), a profile (no {PROFILE_FILE}) or a folder of runs")
-        recs, checked = _sweep_rules([_Run.read(d) for d in runs], goal)
+        try:
+            index = json.loads((p / "sweep.json").read_text()) if (p / "sweep.json").exists() else None
+        except (OSError, ValueError):
+            index = None
+        recs, checked = _sweep_rules([_Run.read(d) for d in runs], goal, index if isinstance(index, dict) else None)
         kind = "sweep"
     recs.sort(key=lambda r: (PRIORITY.get(r.rule, {}).get(goal, 99), -_size(r)))
     return Advice(str(p), kind, goal, recs, checked)
@@ -742,10 +746,35 @@ def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list
 # --- a folder of runs ---------------------------------------------------------------------
 
 
-def _sweep_rules(runs: list[_Run], goal: Goal) -> tuple[list[Recommendation], list[str]]:
+def _sweep_groups(runs: list[_Run], index: dict[str, Any] | None) -> list[list[_Run]]:
+    """The runs of one setting each, apart from the load: a sweep's runs of another
+    engine flag or workload are another server's or workload's, never one knee's points.
+    By the sweep index's params where there is one (every axis but the load), else by the
+    engine each run simulated and its workload."""
+    axis = (index or {}).get("load_axis")
+    params = {str(p.get("dir")): p.get("params") or {} for p in (index or {}).get("points", []) if p.get("dir")}
+    groups: dict[str, list[_Run]] = {}
+    for r in runs:
+        rel = next((d for d in params if r.dir.as_posix().endswith(d.rstrip("/"))), None)
+        if rel is not None:
+            key = json.dumps({k: v for k, v in params[rel].items() if k not in (axis, "concurrency", "rate")},
+                             sort_keys=True, default=str)
+        else:
+            engine = r.engine()
+            key = json.dumps([engine, {k: v for k, v in r.workload().items() if k != "prompt_salt"}],
+                             sort_keys=True, default=str)
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = None) -> tuple[list[Recommendation], list[str]]:
     out: list[Recommendation] = []
-    by_c = sorted((r for r in runs if r.concurrency() and r.summary.output_token_throughput_tps), key=lambda r: r.concurrency() or 0)
-    for a, b in itertools.pairwise(by_c):
+    pairs = []
+    for group in _sweep_groups(runs, index):
+        by_c = sorted((r for r in group if r.concurrency() and r.summary.output_token_throughput_tps),
+                      key=lambda r: r.concurrency() or 0)
+        pairs += list(itertools.pairwise(by_c))
+    for a, b in pairs:
         ta, tb = a.summary.output_token_throughput_tps or 0, b.summary.output_token_throughput_tps or 0
         la, lb = a.summary.e2e_ms, b.summary.e2e_ms
         ca, cb = a.concurrency() or 1, b.concurrency() or 1
@@ -759,11 +788,15 @@ def _sweep_rules(runs: list[_Run], goal: Goal) -> tuple[list[Recommendation], li
             out.append(Recommendation(
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
-                f"cap requests in flight at about {ca:g}: a gateway's max concurrency, or vLLM --max-num-seqs {ca:g}",
-                [_predicted("E2E p50 ms", "E2E", lb.p50, la.p50, source, a.summary.prediction),
+                f"keep about {ca:g} requests in flight: fewer clients at once, or a gateway admission limit that turns "
+                f"the rest away (HTTP 429); a limit that only queues them (vLLM --max-num-seqs {ca:g}) moves their wait "
+                "into its queue, and their E2E with it",
+                [_predicted("E2E p50 ms", "E2E", lb.p50, la.p50, f"{source}: the requests in flight at {ca:g}, not those "
+                            "held back", a.summary.prediction),
                  _predicted("output tokens/s", "throughput", tb, ta, f"{source}: the throughput given up", a.summary.prediction)]
                 if simulated else
-                [Gain("E2E p50 ms", lb.p50, la.p50, source), Gain("output tokens/s", tb, ta, f"{source}: the throughput given up")],
+                [Gain("E2E p50 ms", lb.p50, la.p50, f"{source}: the requests in flight at {ca:g}, not those held back"),
+                 Gain("output tokens/s", tb, ta, f"{source}: the throughput given up")],
             ))
             break
     heaviest = max(runs, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))

@@ -138,7 +138,16 @@ class WhatIf:
         self.replicas = int(replicas["count"]) if isinstance(replicas, dict) else 1
         self.router = str(replicas["router"]) if isinstance(replicas, dict) else "round-robin"
         self.admission = admission_of(config) if config.get("command") == "sim run" else None
+        # a trace the run read is a file outside it that may have moved or changed since
+        # (and a relative path is the run's working folder's): what the run sent is its
+        # own requests.jsonl; so for a dataset no longer where it was
+        given = config.get("workload")
+        workload: Mapping[str, Any] = given if isinstance(given, dict) else {}
+        dataset: Mapping[str, Any] = workload["dataset"] if isinstance(workload.get("dataset"), dict) else {}
+        elsewhere = bool(workload.get("trace")) or bool(dataset.get("path") and not Path(str(dataset["path"])).exists())
         try:
+            if elsewhere:
+                raise ValueError("the run read a file outside it")
             self.base: RunConfig = rerun_config(config)
             self.method = "the run's workload and load, rerun"
         except (ValueError, KeyError, TypeError, InferlabError):

@@ -65,7 +65,7 @@ def check(
     tps, p_tps = head.get("output_tok_s"), p_head.get("output_tok_s")
     bought = max(1.0, tps / p_tps) if tps is not None and p_tps else 1.0  # (the throughput the step bought)
     if ttft is not None and p_ttft and ttft > rules.max_ttft_growth * bought * p_ttft:
-        more = f" for {bought:.2g}x the output tok/s" if bought > 1 else ""
+        more = f" for {bought:.3g}x the output tok/s" if bought > 1 else ""
         limit = rules.max_ttft_growth * bought
         return Stop(
             "ttft",
