@@ -269,3 +269,22 @@ def test_a_what_if_of_a_trace_run_replays_what_the_run_sent_not_the_file_as_it_i
     assert what.method.startswith("the run's requests.jsonl replayed")
     trace.unlink()  # (and gone: still predicted)
     assert WhatIf(tmp_path / "run", config).available
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_a_what_if_keeps_whether_the_run_had_an_api_server(tmp_path: Path, served: bool) -> None:
+    """A served burst (bench --rate inf, sim run --rate inf --served) reruns served, its
+    front end with it: every what-if of it was refused before (an offline rerun given a
+    served front end); an offline one reruns offline."""
+    from click.testing import CliRunner
+
+    from inferlab.analysis.whatif import WhatIf
+    from inferlab.cli.main import main
+
+    run = tmp_path / "run"
+    res = CliRunner().invoke(main, ["sim", "run", "--rate", "inf", "--served" if served else "--offline", "-n", "8",
+                                    "--input-tokens", "200", "--output-tokens", "16", "-o", str(run)])
+    assert res.exit_code == 0, res.output
+    what = WhatIf(run, json.loads((run / "config.json").read_text()))
+    sim = what.simulate({"quantization": "fp8"})
+    assert bool(sim.result.engine and sim.result.engine.config.offline) is not served

@@ -33,9 +33,10 @@ from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetConfig
 from inferlab.workload.traces import TraceConfig
 
-#: Recorded engine settings a what-if does not take (as ``sim run --trace``): offline
-#: follows the load, and the GPU is the preset it resolved to.
-_NOT_REPLAYED = frozenset({"offline", "gpu", "gpu_preset"})
+#: Recorded engine settings a what-if does not take as they are: the GPU is the preset it
+#: resolved to (and offline, whether the run had an API server, is kept as the run had
+#: it: a served burst reruns served, its front end with it)
+_NOT_REPLAYED = frozenset({"gpu", "gpu_preset"})
 
 
 def engine_of(config: Mapping[str, Any]) -> EngineConfig | None:
@@ -190,7 +191,7 @@ class WhatIf:
             except (TypeError, ValueError) as err:
                 raise InferlabError(f"cannot simulate that change: {err}") from err
             try:
-                target = SimTarget(e, replicas=self.replicas, router=self.router,
+                target = SimTarget(e, offline=bool(e.offline), replicas=self.replicas, router=self.router,
                                    admission=admission if admission is not None else self.admission)
                 result = asyncio.run(run(cfg, target))
             except ValueError as err:
