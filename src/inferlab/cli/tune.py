@@ -32,6 +32,7 @@ from inferlab.load.run import RunConfig, SimTarget
 from inferlab.results.sweepindex import check_sweep_dir
 from inferlab.sim.engine.config import engine_release
 from inferlab.sim.engine.engine import EngineConfig
+from inferlab.sim.engine.families import EngineFamily
 from inferlab.sweep.runner import Trials
 from inferlab.sweep.tune import (
     TIE_RULE,
@@ -97,6 +98,8 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
                 out.append(raw.lower() in ("on", "true"))
             elif base is int:
                 out.append(int(raw))
+                if out[-1] < 1:  # (sizes and counts: the engine refuses less than one)
+                    raise UsageError(f"--param {name.replace('_', '-')}: {raw} is below 1")
             elif base is float:
                 out.append(float(raw))
             else:  # names (model, GPU) and enums, which EngineConfig reads itself
@@ -110,7 +113,8 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
 
 
 #: the simulator's flags by their other names (``sim run`` takes both)
-_PARAM_ALIASES = {"async_scheduling": "overlap_schedule"}
+_PARAM_ALIASES = {"async_scheduling": "overlap_schedule", "kv_cache_free_gpu_mem_fraction": "kv_cache_free_fraction",
+                  "cache_max_entry_count": "kv_cache_free_fraction"}
 
 
 def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = EngineConfig) -> tuple[Axis, ...]:
@@ -133,6 +137,22 @@ def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = Engin
             raise UsageError(f"--{flag.lstrip('-')} is given as a flag and searched by --param: give one")
         axes.append(Axis(name, _flag_values(name, values, config_type)))
     return tuple(axes)
+
+
+def _check_memory_share(axes: tuple[Axis, ...], kw: dict[str, Any]) -> None:
+    """A search over the memory share another family's way (``--param gpu-memory-utilization``
+    for trtllm or lmdeploy, ``kv-cache-free-gpu-mem-fraction`` for the others) would fail
+    every trial but the default's, and name that one the best: refused now."""
+    names = {a.name for a in axes}
+    families = next((a.values for a in axes if a.name == "engine_family"), None) or [kw.get("engine_family")]
+    for family in families:
+        rules = EngineFamily.parse(str(family)).rules
+        if rules.kv_free_fraction is not None and "gpu_memory_utilization" in names:
+            raise UsageError(f"--param gpu-memory-utilization: the {family} family sizes its KV cache as a share of the "
+                             "memory weights leave: search --param kv-cache-free-gpu-mem-fraction=... instead")
+        if rules.kv_free_fraction is None and "kv_cache_free_fraction" in names:
+            raise UsageError(f"--param kv-cache-free-gpu-mem-fraction: the {family} family sizes its KV cache with "
+                             "--gpu-memory-utilization: search --param gpu-memory-utilization=... instead")
 
 
 def _tune(kw: dict[str, Any]) -> int:
@@ -164,6 +184,7 @@ def _tune(kw: dict[str, Any]) -> int:
                 engine_release(dataclasses.replace(engine_config(kw), engine_version=release))
             except ConfigError as e:
                 raise UsageError(str(e)) from None
+        _check_memory_share(config.axes, kw)
     out = kw["out"]
     if kw.get("history") and not out:
         raise UsageError("--history records the tune's sweep.json in the history: give --out too")
