@@ -288,3 +288,24 @@ def test_a_what_if_keeps_whether_the_run_had_an_api_server(tmp_path: Path, serve
     what = WhatIf(run, json.loads((run / "config.json").read_text()))
     sim = what.simulate({"quantization": "fp8"})
     assert bool(sim.result.engine and sim.result.engine.config.offline) is not served
+
+
+@pytest.mark.parametrize(("flags", "says", "never"), [
+    # a pool fixed at N blocks: fp8 adds no block, nor would a bigger GPU
+    (["--num-gpu-blocks-override", "300"], "more than the 300 blocks --num-gpu-blocks-override fixes", "fp8"),
+    # SGLang's own flags, not vLLM's
+    (["--engine-family", "sglang", "--gpu-memory-utilization", "0.28"], "--mem-fraction-static", "--gpu-memory-utilization"),
+])
+def test_kv_pressure_advice_is_what_can_give_that_engine_room(tmp_path: Path, flags: list[str], says: str, never: str) -> None:
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    run = tmp_path / "run"
+    res = CliRunner().invoke(main, ["sim", "run", "-c", "64", "-n", "128", "--input-tokens", "1000", "--output-tokens", "256",
+                                    "-o", str(run), *flags])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["advise", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    kv = next(r for r in json.loads(res.stdout)["recommendations"] if r["rule"] == "kv_pressure")
+    assert says in kv["change"] and never not in kv["change"], kv["change"]

@@ -539,11 +539,25 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
             parts.append(f"{engine_run.preemptions_total:,} preemptions (the simulated engine's count)")
     if not parts:
         return None
-    change = ("give the KV cache more room: --kv-cache-dtype fp8 (half the bytes per token), a higher "
-              "--gpu-memory-utilization, a lower --max-model-len or --max-num-seqs; or a bigger GPU, or -tp 2")
-    rec = Recommendation("kv_pressure", "The KV cache is full: requests are preempted and recomputed", "; ".join(parts), change)
     engine = run.engine()
-    if w.available and engine is not None and engine.get("kv_cache_dtype") in (None, "auto"):
+    family = str((engine or {}).get("engine_family") or "vllm")
+    fixed = (engine or {}).get("num_gpu_blocks_override") is not None  # (a pool of N blocks: no dtype or share moves it)
+    halves = (engine is None or (engine.get("kv_cache_dtype") in (None, "auto") and family != "lmdeploy")) and not fixed
+    room = {  # (each engine's own flags)
+        "sglang": ["--kv-cache-dtype fp8_e5m2 (half the bytes per token)" if halves else "", "a higher --mem-fraction-static",
+                   "a lower --context-length or --max-running-requests"],
+        "trtllm": ["fp8 KV (kv_cache_config dtype fp8: half the bytes per token)" if halves else "",
+                   "a higher kv_cache_free_gpu_mem_fraction", "a lower max_seq_len or max_batch_size"],
+        "lmdeploy": ["int8 KV (--quant-policy 8; not simulated)", "a higher --cache-max-entry-count",
+                     "a lower --session-len or --max-batch-size"],
+    }.get(family, ["--kv-cache-dtype fp8 (half the bytes per token)" if halves else "", "a higher --gpu-memory-utilization",
+                   "a lower --max-model-len or --max-num-seqs"])
+    change = "give the KV cache more room: " + ", ".join(r for r in room if r) + "; or a bigger GPU, or -tp 2"
+    if fixed and engine is not None:
+        change = (f"give the KV cache more room: more than the {engine['num_gpu_blocks_override']:,} blocks "
+                  "--num-gpu-blocks-override fixes (while it is given, no dtype, memory share or GPU changes the cache)")
+    rec = Recommendation("kv_pressure", "The KV cache is full: requests are preempted and recomputed", "; ".join(parts), change)
+    if w.available and engine is not None and halves:
         base, fp8 = w.simulate(), w.simulate({"kv_cache_dtype": "fp8"})
         kind = _prediction(w, "--kv-cache-dtype fp8")
         e2e_b = [request_metrics(r).e2e_ms or 0 for r in base.records]
