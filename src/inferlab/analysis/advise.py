@@ -590,6 +590,8 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
         base, short = w.simulate(), w.simulate(workload={"system_tokens": cut})
         b, a = _ttfts(base.records, lambda r: True), _ttfts(short.records, lambda r: True)
         if b and a:
+            if statistics.fmean(a) > 0.95 * statistics.fmean(b):  # (the prefix cache already serves it: little to win)
+                return None
             rec.gains.append(_sim_gain("mean TTFT ms", "TTFT", statistics.fmean(b), statistics.fmean(a),
                                        _prediction(w, f"a {cut}-token system prompt instead of {system}"), short))
     return rec
