@@ -289,7 +289,8 @@ def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
         try:
             rec = rule(run, w, goal)
         except InferlabError as e:  # a what-if the simulator refused: said, not hidden
-            rec = Recommendation(rule.__name__.strip("_"), "(could not be checked)", str(e), "")
+            name = rule.__name__.strip("_")
+            rec = Recommendation(name, f"(could not be checked: the {name.replace('_', ' ')} rule)", str(e), "")
         if rec is not None:
             out.append(rec)
     return out, [r.__name__.strip("_") for r in rules]

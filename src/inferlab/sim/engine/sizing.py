@@ -156,7 +156,7 @@ def _validate_sizes(max_num_batched_tokens: int, max_num_seqs: int, max_model_le
         raise ConfigError(
             f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than "
             f"max_model_len ({max_model_len}). This effectively limits the maximum "
-            "sequence length to max_num_batched_tokens and makes vLLM reject longer "
+            "sequence length to max_num_batched_tokens and makes the engine reject longer "
             "sequences. Please increase max_num_batched_tokens or decrease max_model_len."
         )
 
