@@ -331,3 +331,21 @@ def test_a_system_prompt_the_cache_serves_gets_no_advice_to_shorten_it(tmp_path:
     assert "template_overhead" not in rules()
     off = rules("--no-enable-prefix-caching")["template_overhead"]
     assert off["gains"] and off["gains"][0]["after"] < 0.95 * off["gains"][0]["before"]
+
+
+def test_prefixes_the_cache_cannot_hold_are_blamed_on_its_size_not_the_prompts(tmp_path: Path) -> None:
+    """64 groups of 3,000-token prefixes (192,000 tokens) in a cache of 12,800: they are
+    evicted before they are used again, whatever the prompts' order."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    run = tmp_path / "run"
+    res = CliRunner().invoke(main, ["sim", "run", "-c", "16", "-n", "128", "--prefix-tokens", "3000", "--prefix-groups", "64",
+                                    "--suffix-tokens", "100", "--output-tokens", "50", "--num-gpu-blocks-override", "801",
+                                    "-o", str(run)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["advise", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    rec = next(r for r in json.loads(res.stdout)["recommendations"] if r["rule"] == "prefix_caching")
+    assert "too small to keep them" in rec["title"] and "192,000 tokens" in rec["evidence"], rec

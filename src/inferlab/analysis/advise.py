@@ -507,6 +507,16 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         change = ("keep shared text at the very start of every prompt (system prompt first, no per-request IDs or "
                   "timestamps before it), and route a session or prefix to the same replica at the gateway")
         title = "Prompts share prefixes but the cache is not hit"
+        # the prefixes may not fit: then the cache evicts them before their next use, whatever the prompts' order
+        wl = run.workload()
+        prefixes = int(wl.get("prefix_tokens") or 0) * int(wl.get("prefix_groups") or (1 if wl.get("prefix_tokens") else 0))
+        held = w.simulate().result.engine if w.available and prefixes else None
+        if held is not None and prefixes > held.kv_capacity_tokens / 2:
+            evidence += (f"; the shared prefixes are {prefixes:,} tokens and the KV cache holds {held.kv_capacity_tokens:,}, "
+                         "the running requests' own tokens included: they are evicted before they are used again")
+            change = ("give the cache room for the shared prefixes (more KV memory, fp8 KV, a bigger GPU or -tp 2), or "
+                      "route each prefix group to one replica at the gateway so each replica holds fewer")
+            title = "Prompts share prefixes but the KV cache is too small to keep them"
     if not w.available or not caching_off:
         return Recommendation("prefix_caching", title, evidence, change, note="" if w.available else f"no prediction: {w.why_not}")
     base, on = w.simulate(), w.simulate({"enable_prefix_caching": True})
