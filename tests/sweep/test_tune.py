@@ -198,3 +198,10 @@ def test_a_best_below_the_highest_score_says_why_where_users_read(tmp_path: Path
     assert as_json.exit_code == 0 and json.loads(as_json.stdout)["best"]["why"] == why
     helped = " ".join(CliRunner().invoke(main, ["tune", "--help"]).stdout.split())
     assert "of the trials scoring within 2 % of the highest score, the one with the lowest TTFT p99" in helped
+
+
+def test_the_console_gives_the_trials_error_bands() -> None:
+    """Every number tune prints is a prediction: its bands are printed under the table."""
+    code, out, err = invoke(*COMMON, "--slo-ttft-ms", "300", "--param", "max-num-seqs=8,32", "--search", "grid")
+    assert code == 0, err
+    assert "error bands" in out and "held-out vLLM V1 Poisson rows" in " ".join(out.split())

@@ -29,7 +29,9 @@ from inferlab.cli.common import (
 from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
 from inferlab.cli.sim import RUN_DEFAULTS, as_the_twin_was, engine_config, engine_options
 from inferlab.load.run import RunConfig, SimTarget
+from inferlab.report.sweep import band_lines
 from inferlab.results.sweepindex import check_sweep_dir
+from inferlab.sim.engine.bands import headline_prediction
 from inferlab.sim.engine.config import engine_release
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.engine.families import EngineFamily
@@ -265,6 +267,14 @@ def _render(out: Console, result: TuneResult, config: TuneConfig, folder: str | 
         out.print(f"best ({config.objective}, {'prediction' if prediction else 'measured'}): trial {b.number}: {_params(b)}: {b.score:,.2f} "
                   + ("req/s within the SLOs" if config.objective == "goodput" else "output tok/s")
                   + ("" if note is None else f" ({note})"))
+        lines = band_lines({"points": [{"params": t.params, "headline": t.headline(), "prediction": headline_prediction(
+            t.summary.prediction)} for t in rows if t.summary is not None]}) if virtual else []
+        if lines:
+            out.print("error bands (the simulator's validation error for its engine family and load regime; goodput, "
+                      "the requests within the SLOs, has none of its own: it moves with TTFT and TPOT; a best within "
+                      "these bands of the next is no better than it, docs/validation.md):", soft_wrap=True)
+            for line in lines:
+                out.print(f"  {line}", soft_wrap=True, highlight=False)
     if folder:
         out.print(f"results: {folder}/sweep.json (each trial a run directory beside it)")
 
