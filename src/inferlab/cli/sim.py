@@ -230,7 +230,7 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
     ctx = click.get_current_context(silent=True)
     given = ctx is not None and ctx.get_parameter_source("model") != click.core.ParameterSource.DEFAULT
     traced = vllm_result_model(kw["trace"]) if kw.get("trace") else None
-    if traced is not None and given and _model_name(traced) != _model_name(kw["model"]):
+    if traced is not None and given and not _same_model(traced, str(kw["model"])):
         click.echo(f"inferlab: the trace measured {traced}; simulating {kw['model']}, as --model says: a what-if "
                    "(the lines comparing with the trace compare two models)", err=True)
         return
@@ -246,9 +246,17 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
     click.echo(f"inferlab: simulating the trace's model, {traced}", err=True)
 
 
-def _model_name(name: str) -> str:
-    """A model id as the same model whatever its spelling (organisation and case aside)."""
-    return name.rstrip("/").rsplit("/", 1)[-1].lower()
+def _same_model(a: str, b: str) -> bool:
+    """Whether two model names run as one simulated model (the preset both resolve to:
+    'Llama-3.1-8B' and 'meta-llama/Llama-3.1-8B-Instruct'), or are one name however cased."""
+    from inferlab.sim.engine.hardware import resolve_model
+
+    if a.rstrip("/").rsplit("/", 1)[-1].lower() == b.rstrip("/").rsplit("/", 1)[-1].lower():
+        return True
+    try:
+        return resolve_model(a).name == resolve_model(b).name
+    except UsageError:
+        return False
 
 
 def _say_result_engine(kw: dict[str, Any]) -> None:
