@@ -138,8 +138,8 @@ def test_vllms_name_for_async_scheduling_searches_the_same_axis() -> None:
     (["--slo-ttft-ms", "300", "--param", "engine-version=0.13,latest"], "expected a release"),
     # a search of the memory share another family's way: every trial but the default's fails
     (["--slo-ttft-ms", "300", "--param", "gpu-memory-utilization=0.5,0.9", "--engine-family", "trtllm"],
-     "search --param kv-cache-free-gpu-mem-fraction"),
-    (["--slo-ttft-ms", "300", "--param", "kv-cache-free-gpu-mem-fraction=0.5,0.9"], "search --param gpu-memory-utilization"),
+     "--param gpu-memory-utilization: the trtllm family sizes its KV cache as a share"),
+    (["--slo-ttft-ms", "300", "--param", "kv-cache-free-gpu-mem-fraction=0.5,0.9"], "--param kv-cache-free-gpu-mem-fraction: the vllm family sizes its KV cache with --gpu-memory-utilization"),
     (["--slo-ttft-ms", "300", "--param", "max-num-seqs=0,4"], "0 is below 1"),
 ])
 def test_cli_refuses_what_it_would_not_honour(args: list[str], needle: str) -> None:

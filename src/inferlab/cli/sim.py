@@ -44,7 +44,7 @@ from inferlab.sim.engine.bands import (
     calibration_mismatch,
     served_by,
 )
-from inferlab.sim.engine.config import resolve
+from inferlab.sim.engine.config import memory_share_refused, resolve
 from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.families import EngineFamily
@@ -144,11 +144,11 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
 
 def engine_config(kw: dict[str, Any]) -> EngineConfig:
     family = kw.get("engine_family")
-    if isinstance(family, EngineFamily) and family.rules.kv_free_fraction is not None and given("gpu_memory_utilization"):
-        # (the engine refuses another value than the default; given as the default, it would pass unused)
-        raise UsageError(f"--gpu-memory-utilization: the {family} family sizes its KV cache as a share of the memory "
-                         "left after weights: give --kv-cache-free-gpu-mem-fraction (TensorRT-LLM's name; LMDeploy's "
-                         "--cache-max-entry-count) instead")
+    # (the engine refuses another value than the default; given as the default, it would pass unused)
+    if isinstance(family, EngineFamily) and given("gpu_memory_utilization") and (
+        why := memory_share_refused(family, of_the_gpu=True)
+    ):
+        raise UsageError(f"--gpu-memory-utilization: {why}")
     keys = [f.name for f in EngineConfig.__dataclass_fields__.values()]
     values = {k: kw[k] for k in keys if k in kw}
     return EngineConfig(**values)
@@ -593,9 +593,10 @@ def _sim_run(kw: dict[str, Any]) -> int:
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     from inferlab.load.run import is_twin
 
-    _sized_as_trtllm_bench(kw)
-    # (``load.run.sim_engine_config``; --json: its config says offline, and stdout is the JSON)
-    if _bursts_uncapped(kw) and not is_twin(engine_config(kw)) and not kw["as_json"]:
+    # (as ``load.run.sim_engine_config`` will decide it)
+    offline_by_default = _bursts_uncapped(kw) and not is_twin(engine_config(kw))
+    _sized_as_trtllm_bench(kw, offline=bool(kw["offline"]) if kw["offline"] is not None else offline_by_default)
+    if offline_by_default and not kw["as_json"]:  # (--json: its config says offline, and stdout is the JSON)
         click.echo("inferlab: --rate inf with no --max-concurrency runs the engine offline (no API server; for vLLM its "
                    "LLM class and offline budget, as vllm bench throughput); vllm bench serve --request-rate inf sends every "
                    "request through the API server: add --served for that (--offline says this one, without this note)",
@@ -625,20 +626,18 @@ def _sim_run(kw: dict[str, Any]) -> int:
     return 130 if result.interrupted else 0
 
 
-def _sized_as_trtllm_bench(kw: dict[str, Any]) -> None:
+def _sized_as_trtllm_bench(kw: dict[str, Any], *, offline: bool) -> None:
     """An offline TensorRT-LLM run (``--offline``, or ``--rate inf`` with no cap): its
     batch and token budget as trtllm-bench sizes them from the workload's mean lengths and
     the KV cache, where no flag gives them, as TensorRT-LLM's offline rows ran in
     validation (``sizing.trtllm_bench_sizes``); said. Only for lengths given as
     --input-tokens and --output-tokens (a dataset or trace is not read ahead)."""
-    from inferlab.load.run import is_twin
     from inferlab.sim.engine.engine import Engine
     from inferlab.sim.engine.sizing import trtllm_bench_sizes
     from inferlab.workload.lengths import parse_length
 
     if kw.get("engine_family") is not EngineFamily.TRTLLM or kw.get("input_tokens") is None or kw.get("output_tokens") is None:
         return
-    offline = kw.get("offline") if kw.get("offline") is not None else _bursts_uncapped(kw) and not is_twin(engine_config(kw))
     if not offline or given("max_num_seqs") or given("max_num_batched_tokens") or kw.get("dataset") or kw.get("trace"):
         return
     isl, osl = parse_length(kw["input_tokens"]).mean, parse_length(kw["output_tokens"], "--output-tokens").mean

@@ -32,7 +32,7 @@ from inferlab.load.run import RunConfig, SimTarget
 from inferlab.report.sweep import band_lines
 from inferlab.results.sweepindex import check_sweep_dir
 from inferlab.sim.engine.bands import headline_prediction
-from inferlab.sim.engine.config import engine_release
+from inferlab.sim.engine.config import engine_release, memory_share_refused
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.engine.families import EngineFamily
 from inferlab.sweep.runner import Trials
@@ -148,13 +148,10 @@ def _check_memory_share(axes: tuple[Axis, ...], kw: dict[str, Any]) -> None:
     names = {a.name for a in axes}
     families = next((a.values for a in axes if a.name == "engine_family"), None) or [kw.get("engine_family")]
     for family in families:
-        rules = EngineFamily.parse(str(family)).rules
-        if rules.kv_free_fraction is not None and "gpu_memory_utilization" in names:
-            raise UsageError(f"--param gpu-memory-utilization: the {family} family sizes its KV cache as a share of the "
-                             "memory weights leave: search --param kv-cache-free-gpu-mem-fraction=... instead")
-        if rules.kv_free_fraction is None and "kv_cache_free_fraction" in names:
-            raise UsageError(f"--param kv-cache-free-gpu-mem-fraction: the {family} family sizes its KV cache with "
-                             "--gpu-memory-utilization: search --param gpu-memory-utilization=... instead")
+        for name, flag, of_the_gpu in (("gpu_memory_utilization", "gpu-memory-utilization", True),
+                                       ("kv_cache_free_fraction", "kv-cache-free-gpu-mem-fraction", False)):
+            if name in names and (why := memory_share_refused(EngineFamily.parse(str(family)), of_the_gpu=of_the_gpu)):
+                raise UsageError(f"--param {flag}: {why}")
 
 
 def _tune(kw: dict[str, Any]) -> int:

@@ -174,22 +174,33 @@ def resolve(config: EngineConfig) -> ResolvedConfig:
     return ResolvedConfig(config, model, gpu, rules, eff, declared_len)
 
 
+def memory_share_refused(family: EngineFamily, *, of_the_gpu: bool) -> str | None:
+    """Why ``family`` takes no memory share the given way (``of_the_gpu``: vLLM's and
+    SGLang's ``gpu_memory_utilization``; else TensorRT-LLM's and LMDeploy's
+    ``kv_cache_free_fraction``, of what weights and activations leave), or None where it
+    does: the other way's share would be accepted and change nothing."""
+    free = family.rules.kv_free_fraction
+    if of_the_gpu and free is not None:
+        return (f"the {family} family sizes its KV cache as a share of the memory left after weights (default "
+                f"{free:g}): give --kv-cache-free-gpu-mem-fraction (TensorRT-LLM's name; LMDeploy's "
+                "--cache-max-entry-count) instead")
+    if not of_the_gpu and free is None:
+        return f"the {family} family sizes its KV cache with --gpu-memory-utilization, a share of the whole GPU"
+    return None
+
+
 def _check_kv_cache_flags(config: EngineConfig, rules: FamilyRules) -> None:
-    """Each family sizes its KV cache one way: vLLM and SGLang from a share of the GPU
-    (``gpu_memory_utilization``), TensorRT-LLM and LMDeploy from a share of the memory
-    left after weights and activations (``kv_cache_free_fraction``). The other way's
-    share would be accepted and change nothing: ``ConfigError``."""
-    if rules.kv_free_fraction is None and config.kv_cache_free_fraction is not None:
-        raise ConfigError(
-            f"kv_cache_free_fraction (--kv-cache-free-gpu-mem-fraction, --cache-max-entry-count) is TensorRT-LLM's "
-            f"and LMDeploy's: the {config.engine_family} family sizes its KV cache with --gpu-memory-utilization"
-        )
-    if rules.kv_free_fraction is not None and config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization:
-        raise ConfigError(
-            f"gpu_memory_utilization {config.gpu_memory_utilization:g}: the {config.engine_family} family sizes its KV cache as a share "
-            f"of the memory left after weights (default {rules.kv_free_fraction:g}): give "
-            "--kv-cache-free-gpu-mem-fraction (TensorRT-LLM's name; LMDeploy's --cache-max-entry-count) instead"
-        )
+    """Each family sizes its KV cache one way (``memory_share_refused``), and the other
+    way's share is a ``ConfigError`` (a ``gpu_memory_utilization`` at its default is not
+    known to be given here: the CLI refuses it given at all); so is a KV dtype the
+    family has not."""
+    family = config.engine_family
+    if config.kv_cache_free_fraction is not None and (why := memory_share_refused(family, of_the_gpu=False)):
+        raise ConfigError(f"kv_cache_free_fraction (--kv-cache-free-gpu-mem-fraction, --cache-max-entry-count): {why}")
+    if config.gpu_memory_utilization != EngineConfig.gpu_memory_utilization and (
+        why := memory_share_refused(family, of_the_gpu=True)
+    ):
+        raise ConfigError(f"gpu_memory_utilization {config.gpu_memory_utilization:g}: {why}")
     share = config.kv_cache_free_fraction
     if share is not None and not 0.0 < share <= 1.0:
         raise ConfigError("kv_cache_free_fraction must be in (0, 1]")

@@ -16,7 +16,7 @@ the validation sets only what the row states and what its benchmark harness does
   declared a shorter context than the model's.
 - harness rules, which belong to a benchmark tool rather than to the engine:
   ``lmdeploy_profile_batch_size`` (LMDeploy's profiling scripts raise max_batch_size to
-  the user count), ``trtllm_bench_sizes`` (trtllm-bench sizes the batch and token budget
+  the user count), ``sizing.trtllm_bench_sizes`` (trtllm-bench sizes the batch and token budget
   from the workload, offline rows). TRT-LLM's admission (a request only with room for its
   whole sequence to its output limit, GUARANTEED_NO_EVICT) is the engine's, the
   ``trtllm`` family's (``FamilyRules.no_evict``), in every run, not a harness rule.
@@ -30,8 +30,7 @@ from inferlab.sim.engine.config import EngineConfig, resolve
 from inferlab.sim.engine.engine import Engine
 from inferlab.sim.engine.families import EngineFamily
 from inferlab.sim.engine.hardware import resolve_model
-from inferlab.sim.engine.sizing import size_engine
-from inferlab.sim.engine.sizing import trtllm_bench_sizes as bench_sizes
+from inferlab.sim.engine.sizing import size_engine, trtllm_bench_sizes
 from inferlab.sim.validation.scenario import Scenario, ScenarioError
 
 
@@ -115,12 +114,6 @@ def lmdeploy_profile_batch_size(sc: Scenario) -> int:
     return max(default, sc.concurrency or 0)
 
 
-def trtllm_bench_sizes(sc: Scenario, kv_tokens: int) -> tuple[int, int]:
-    """trtllm-bench's max_batch_size / max_num_tokens for the row's mean ISL / OSL
-    (``sizing.trtllm_bench_sizes``)."""
-    return bench_sizes(sc.input_len.mean, sc.output_len.mean, kv_tokens)
-
-
 def _trtllm_harness(sc: Scenario, config: EngineConfig) -> EngineConfig:
     """``config`` sized as the engine would size it, then as trtllm-bench sizes it from
     the workload (offline rows); the KV cache keeps its size."""
@@ -130,7 +123,7 @@ def _trtllm_harness(sc: Scenario, config: EngineConfig) -> EngineConfig:
     kv_tokens = sizes.num_kv_blocks * resolved.config.block_size
     if sc.kind == "offline":
         flags = dict(sc.engine_flags)
-        bs, tok = trtllm_bench_sizes(sc, kv_tokens)
+        bs, tok = trtllm_bench_sizes(sc.input_len.mean, sc.output_len.mean, kv_tokens)
         seqs = seqs if "max_num_seqs" in flags else bs
         tokens = tokens if "max_num_batched_tokens" in flags else tok
     return dataclasses.replace(
