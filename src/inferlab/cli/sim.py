@@ -643,9 +643,9 @@ def _sized_as_trtllm_bench(kw: dict[str, Any], *, offline: bool) -> None:
     isl, osl = parse_length(kw["input_tokens"]).mean, parse_length(kw["output_tokens"], "--output-tokens").mean
     kv = Engine(dataclasses.replace(engine_config(kw), offline=True)).kv_capacity_tokens
     kw["max_num_seqs"], kw["max_num_batched_tokens"] = trtllm_bench_sizes(isl, osl, kv)
-    click.echo(f"inferlab: offline TensorRT-LLM sized as trtllm-bench sizes it for {isl:,.0f}/{osl:,.0f} tokens and "
-               f"{kv:,} tokens of KV cache: --max-num-seqs {kw['max_num_seqs']} --max-num-batched-tokens "
-               f"{kw['max_num_batched_tokens']} (give them to say otherwise)", err=True)
+    click.echo(f"inferlab: offline TensorRT-LLM sized as trtllm-bench sizes it for {isl:,.0f}/{osl:,.0f} tokens and the "
+               f"{kv:,}-token KV cache of its default sizes: --max-num-seqs {kw['max_num_seqs']} --max-num-batched-tokens "
+               f"{kw['max_num_batched_tokens']} (give them to say otherwise; with these the cache is sized again)", err=True)
 
 
 def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
