@@ -1084,3 +1084,19 @@ def test_a_constant_that_ends_at_its_bound_is_said(tmp_path: Path) -> None:
                                     "3", "-o", str(tmp_path / "t2.json"), "--report", str(tmp_path / "f2.json")])
     assert res.exit_code == 0, res.stderr
     assert json.loads((tmp_path / "f2.json").read_text())["at_bounds"] == {} and "bound" not in res.stderr
+
+
+def test_a_tensorrt_llm_twin_keeps_the_kv_share_it_was_calibrated_with(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """TensorRT-LLM's memory share (of what weights leave) sizes its cache as vLLM's
+    --gpu-memory-utilization sizes vLLM's: a twin records it, and its runs take it."""
+    engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S", "--engine-family", "trtllm"]
+    runs = said(measured[0], tmp_path, None, None, None)
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *runs, "--kv-cache-free-gpu-mem-fraction", "0.5",
+                                    "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "twin.json")])
+    assert res.exit_code == 0, res.stderr
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "-c", "2", "-n", "4", "--efficiencies", str(tmp_path / "twin.json"),
+                                    "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.stderr
+    assert engine_of(tmp_path / "r")["kv_cache_free_fraction"] == 0.5

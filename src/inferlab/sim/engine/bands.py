@@ -167,8 +167,11 @@ def calibration_mismatch(efficiencies: str, served: dict[str, Any]) -> str | Non
 #: What sizes a KV cache by memory beside the model and device (the activation reserve
 #: follows the batch budget, the sequence cap and CUDA graphs; a block's bytes its size):
 #: a twin records the values it was calibrated with, so that a run can tell whether its
-#: server's block count holds, and runs of the twin take them where not given
-SIZED_WITH = ("gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "enforce_eager", "block_size")
+#: server's block count holds, and runs of the twin take them where not given (the memory
+#: share either way: vLLM's and SGLang's of the card, TensorRT-LLM's and LMDeploy's of
+#: what weights leave)
+SIZED_WITH = ("gpu_memory_utilization", "kv_cache_free_fraction", "max_num_batched_tokens", "max_num_seqs",
+              "enforce_eager", "block_size")
 #: The other engine flags a twin records it was calibrated with, and its runs take where
 #: not given: the switches that change how it schedules and what its steps hold (prefix
 #: caching, chunked prefill, mixed batches, multi-step decoding, SGLang's admission) and its front end
