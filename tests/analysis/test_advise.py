@@ -311,6 +311,33 @@ def test_kv_pressure_advice_is_what_can_give_that_engine_room(tmp_path: Path, fl
     assert says in kv["change"] and never not in kv["change"], kv["change"]
 
 
+@pytest.mark.parametrize(("family", "says", "never"), [
+    ("trtllm", "--max_num_tokens", "vLLM"),
+    ("lmdeploy", "--max-prefill-token-num", "vLLM"),
+    ("vllm", "--max-num-batched-tokens", "TensorRT-LLM"),
+])
+def test_head_of_line_advice_names_the_flags_of_the_engine_that_ran(tmp_path: Path, family: str, says: str, never: str) -> None:
+    """Long prompts beside short ones on each engine: the budget to lower is that
+    engine's own flag (a TensorRT-LLM run was told vLLM's and SGLang's), and so is the
+    fp8 advice beside it."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    trace, run = tmp_path / "mixed.jsonl", tmp_path / "run"
+    mixed_trace(trace, n=60)
+    res = CliRunner().invoke(main, ["sim", "run", "--engine-family", family, "--trace", str(trace),
+                                    "--max-model-len", "16384", "-o", str(run)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["advise", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    recs = {r["rule"]: r for r in json.loads(res.stdout)["recommendations"]}
+    hol = recs["head_of_line"]
+    assert hol["gains"] and says in hol["change"] and never not in hol["change"], hol["change"]
+    if "quantization" in recs:
+        assert never not in recs["quantization"]["change"], recs["quantization"]["change"]
+
+
 def test_a_system_prompt_the_cache_serves_gets_no_advice_to_shorten_it(tmp_path: Path) -> None:
     """16 sessions of 6 turns sharing a 1,500-token system prompt: the prefix cache serves
     it, and a shorter one predicts no gain (it predicted +3 % TTFT, and was advised);

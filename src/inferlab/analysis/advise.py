@@ -36,6 +36,7 @@ from inferlab.results.runfiles import read_records, read_summary
 from inferlab.results.summary import Summary, summarize
 from inferlab.results.telemetry import ServerMetrics
 from inferlab.sim.engine.bands import band_of
+from inferlab.sim.engine.families import EngineFamily
 
 Goal = Literal["throughput", "latency", "consistency"]
 GOALS: tuple[Goal, ...] = ("throughput", "latency", "consistency")
@@ -60,6 +61,65 @@ LONG_OUTPUT_TOKENS = 1024
 HOL_INFLATION = 1.5
 #: Token admission may cost at most this share of output tokens/s, per goal.
 ADMISSION_THROUGHPUT_SLACK: dict[Goal, float] = {"latency": 0.25, "consistency": 0.15, "throughput": 0.05}
+
+@dataclass(frozen=True)
+class _EngineFlags:
+    """One engine's own names for the settings a recommendation changes (``{n}``: the
+    value), so a TensorRT-LLM run is not told vLLM's flags."""
+
+    budget: str  # the per-step token budget, chunking long prompts
+    seqs: str  # the cap on running sequences
+    prefix_on: str  # prefix caching on
+    fp8: str  # fp8 weights
+
+
+_VLLM_FLAGS = _EngineFlags(
+    "vLLM --max-num-batched-tokens {n} (chunked prefill on: --enable-chunked-prefill)",
+    "vLLM --max-num-seqs {n}",
+    "vLLM --enable-prefix-caching (the V1 default; V0 needs it)",
+    "vLLM --quantization fp8",
+)
+_FAMILY_FLAGS = {
+    "sglang": _EngineFlags(
+        "SGLang --chunked-prefill-size {n}", "SGLang --max-running-requests {n}", "SGLang: drop --disable-radix-cache",
+        "SGLang --quantization fp8",
+    ),
+    "trtllm": _EngineFlags(
+        "TensorRT-LLM --max_num_tokens {n} (trtllm-serve; chunked prefill on: enable_chunked_prefill in "
+        "--extra_llm_api_options)",
+        "TensorRT-LLM --max_batch_size {n}",
+        "TensorRT-LLM's KV cache reuse (kv_cache_config: enable_block_reuse: true)",
+        "an FP8 checkpoint (TensorRT Model Optimizer's fp8 quantization)",
+    ),
+    "lmdeploy": _EngineFlags(
+        "LMDeploy --max-prefill-token-num {n}", "LMDeploy --max-batch-size {n}", "LMDeploy --enable-prefix-caching",
+        "an FP8 checkpoint where your LMDeploy release serves one (predicted for fp8 weights; its 4-bit AWQ, "
+        "--model-format awq, is not simulated)",
+    ),
+}
+#: A server whose engine is not known (a real one): vLLM's names and SGLang's.
+_ANY_FLAGS = _EngineFlags(
+    "vLLM --max-num-batched-tokens {n} (chunked prefill on: --enable-chunked-prefill; SGLang --chunked-prefill-size {n})",
+    "vLLM --max-num-seqs {n} (SGLang --max-running-requests {n})",
+    "vLLM --enable-prefix-caching (the V1 default; V0 needs it); SGLang: drop --disable-radix-cache",
+    "vLLM or SGLang --quantization fp8",
+)
+
+
+def _flags(engine: dict[str, Any] | None) -> _EngineFlags:
+    """The flags of the engine a run simulated (its family's), or of any engine."""
+    if engine is None:
+        return _ANY_FLAGS
+    return _FAMILY_FLAGS.get(str(engine.get("engine_family") or "vllm"), _VLLM_FLAGS)
+
+
+def _seqs_follow_budget(engine: dict[str, Any]) -> bool:
+    """Whether the engine lowers its sequence cap to a smaller token budget by itself
+    (else, as vLLM, it refuses the budget until the cap is given too)."""
+    with contextlib.suppress(UsageError):
+        return EngineFamily.parse(str(engine.get("engine_family") or "vllm")).rules.default_seqs_follow_budget
+    return False
+
 
 #: Each rule's rank per goal (lower first).
 PRIORITY: dict[str, dict[Goal, int]] = {
@@ -353,18 +413,19 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         f"streams stall: inter-token gap p99 {_p(itl, 0.99):,.0f} ms against a median of {statistics.median(itl):,.1f} ms; "
         f"their TTFT p90 {_p(ttft, 0.9):,.0f} ms against a p50 of {statistics.median(ttft):,.0f} ms"
     )
+    engine = run.engine()
+    flags = _flags(engine)
     change = (
         "a smaller per-step token budget, so long prompts are prefilled in chunks between the other streams' tokens: "
-        "vLLM --max-num-batched-tokens {budget} (chunked prefill on: --enable-chunked-prefill; SGLang --chunked-prefill-size {budget}){seqs}; "
-        "for the short requests' TTFT as well, admit by prompt tokens in flight at a gateway, so long prompts queue apart"
+        "{budget}{seqs}; for the short requests' TTFT as well, admit by prompt tokens in flight at a gateway, so long "
+        "prompts queue apart"
     )
-    engine = run.engine()
     title = "Long prompts hold up the short ones (head-of-line blocking)"
     if not w.available or engine is None:
         if _p(itl, 0.99) < 4 * statistics.median(itl):
             return None
         return Recommendation(
-            "head_of_line", title, evidence, change.format(budget=2048, seqs=""),
+            "head_of_line", title, evidence, change.format(budget=flags.budget.format(n=2048), seqs=""),
             note=f"no prediction: {w.why_not}",
         )
     budget = int(engine.get("max_num_batched_tokens") or 8192)
@@ -397,9 +458,11 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     long_before, long_after = _ttfts(base.records, long), _ttfts(sim.records, long)
     if long_before and long_after:
         gains.append(_sim_gain("long requests' mean TTFT ms", "TTFT", statistics.fmean(long_before), statistics.fmean(long_after), kind, sim))
-    seq_note = f"; with --max-num-seqs {candidate} (vLLM: no more sequences than budget tokens)" if candidate < seqs else ""
+    why_cap = ("vLLM: no more sequences than budget tokens" if not _seqs_follow_budget(engine)
+               else "as simulated: no more sequences than budget tokens a step")
+    seq_note = f"; with {flags.seqs.format(n=candidate)} ({why_cap})" if candidate < seqs else ""
     return Recommendation(
-        "head_of_line", title, evidence, change.format(budget=candidate, seqs=seq_note), gains,
+        "head_of_line", title, evidence, change.format(budget=flags.budget.format(n=candidate), seqs=seq_note), gains,
         f"the smallest budget tried (4096, 2048, 1024, 512) that keeps the short requests' TTFT p90 within {HOL_TTFT_SLACK:.0%}; "
         "long prompts take more, smaller steps, so their own TTFT grows",
     )
@@ -501,7 +564,7 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     seen = "no hit rate reported" if rate is None else f"{rate:.0%} of prompt tokens served from cache ({source})"
     evidence = f"{shared}; {seen}" + ("; the engine ran with prefix caching off" if caching_off else "")
     if caching_off:
-        change = "turn prefix caching on: vLLM --enable-prefix-caching (the V1 default; V0 needs it); SGLang: drop --disable-radix-cache"
+        change = f"turn prefix caching on: {_flags(engine).prefix_on}"
         title = "Prompts share prefixes but prefix caching is off"
     else:
         change = ("keep shared text at the very start of every prompt (system prompt first, no per-request IDs or "
@@ -651,7 +714,7 @@ def _quantization(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     kind = _prediction(w, "--quantization fp8")
     return Recommendation(
         "quantization", "Decode speed: fp8 weights (or a smaller model) for a latency target", why,
-        f"serve an fp8 checkpoint of {engine.get('model')} (vLLM --quantization fp8), or a smaller model",
+        f"serve fp8 weights of {engine.get('model')} ({_flags(engine).fp8}), or a smaller model",
         [_sim_gain("TPOT p50 ms", "TPOT/ITL", tb.p50, ta.p50, kind, fp8)], "check quality on your own evaluation first",
     )
 
@@ -710,8 +773,7 @@ def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list
             "for the short requests' TTFT: admission by tokens in flight at a gateway (inferlab gateway, [admission] "
             "mode = \"tokens\"), so long prompts wait apart (an engine serves its queue first come, first served, so "
             "a smaller batching budget alone does not let them pass); for the stalls long prefills put in running "
-            "streams: vLLM --max-num-batched-tokens 2048 (or smaller) with --enable-chunked-prefill, SGLang "
-            "--chunked-prefill-size 2048",
+            f"streams: a budget of 2048 tokens a step or smaller, {_flags(p.engine).budget.format(n=2048)}",
             [Gain("short requests' TTFT ms (beside long prompts)", d["short_with_long_ttft_ms"], d["short_alone_ttft_ms"], "bound: at best, TTFT as measured alone")],
         ))
     pc = p.factor("prefix_cache")
@@ -720,7 +782,7 @@ def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list
         rec = Recommendation(
             "prefix_caching", "Shared prefixes are not served from cache",
             f"a shared {d['prefix_tokens']:,}-token prefix saved {d['saved_ms']:+,.1f} ms TTFT ({d['ttft_shared_ms']:,.0f} vs {d['ttft_unique_ms']:,.0f} ms)",
-            "turn prefix caching on: vLLM --enable-prefix-caching; SGLang: drop --disable-radix-cache",
+            f"turn prefix caching on: {_flags(p.engine).prefix_on}",
         )
         shared = folder / "prefix" / "shared"
         if (shared / "summary.json").exists():
@@ -743,7 +805,7 @@ def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list
             out.append(Recommendation(
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs {pts[top]['output_tps']:,.0f} at {top}; TPOT {pts[k]['tpot_ms_p50']:.1f} → {pts[top]['tpot_ms_p50']:.1f} ms",
-                f"cap requests in flight at about {k}: a gateway's max concurrency, or vLLM --max-num-seqs {k}",
+                f"cap requests in flight at about {k}: a gateway's max concurrency, or {_flags(p.engine).seqs.format(n=k)}",
                 [Gain("TPOT p50 ms", pts[top]["tpot_ms_p50"], pts[k]["tpot_ms_p50"], measured),
                  Gain("output tokens/s", pts[top]["output_tps"], pts[k]["output_tps"], measured)],
             ))
@@ -816,7 +878,7 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
                 f"keep about {ca:g} requests in flight: fewer clients at once, or a gateway admission limit that turns "
-                f"the rest away (HTTP 429); a limit that only queues them (vLLM --max-num-seqs {ca:g}) moves their wait "
+                f"the rest away (HTTP 429); a limit that only queues them ({_flags(a.engine()).seqs.format(n=f'{ca:g}')}) moves their wait "
                 "into its queue, and their E2E with it",
                 [_predicted("E2E p50 ms", "E2E", lb.p50, la.p50, f"{source}: the requests in flight at {ca:g}, not those "
                             "held back", a.summary.prediction),
