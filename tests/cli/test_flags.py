@@ -337,3 +337,24 @@ def test_an_offline_tensorrt_llm_run_is_sized_as_trtllm_bench_sizes_it_unless_to
     assert "trtllm-bench" not in err and engine["max_num_seqs"] == 48
     engine, err = run("--rate", "inf", "--served")
     assert "trtllm-bench" not in err and engine["max_num_seqs"] == 2048
+
+
+def test_a_sweeps_offline_tensorrt_llm_point_runs_as_sim_run_sizes_it(tmp_path: Path) -> None:
+    """The same workload at --rate inf: a sweep's point ran trtllm-serve's defaults (2,048
+    sequences) where sim run sized it as trtllm-bench; now both run one engine, and the
+    sweep says so. Its served point keeps the defaults."""
+    common = ["--engine-family", "trtllm", "--model", "Llama-3.1-8B", "-n", "8", "--input-tokens", "3500",
+              "--output-tokens", "500"]
+    res = CliRunner().invoke(main, ["sim", "run", *common, "--rate", "inf", "--json"])
+    assert res.exit_code == 0, res.output
+    alone = json.loads(res.stdout)["config"]["engine"]
+    res = CliRunner().invoke(main, ["sweep", *common, "--rate", "2,inf", "--no-saturation-stop", "-o", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    assert "sized as trtllm-bench sizes them" in res.stderr
+    engines = {}
+    for point in json.loads((tmp_path / "s" / "sweep.json").read_text())["points"]:
+        engines[point["params"]["rate"]] = json.loads((tmp_path / "s" / point["dir"] / "config.json").read_text())["engine"]
+    inf = next(e for r, e in engines.items() if str(r) == "inf")
+    served = next(e for r, e in engines.items() if str(r) != "inf")
+    assert (inf["max_num_seqs"], inf["max_num_batched_tokens"]) == (alone["max_num_seqs"], alone["max_num_batched_tokens"])
+    assert alone["max_num_seqs"] < 2048 and served["max_num_seqs"] == 2048

@@ -628,24 +628,28 @@ def _sim_run(kw: dict[str, Any]) -> int:
 
 def _sized_as_trtllm_bench(kw: dict[str, Any], *, offline: bool) -> None:
     """An offline TensorRT-LLM run (``--offline``, or ``--rate inf`` with no cap): its
-    batch and token budget as trtllm-bench sizes them from the workload's mean lengths and
-    the KV cache, where no flag gives them, as TensorRT-LLM's offline rows ran in
-    validation (``sizing.trtllm_bench_sizes``); said. Only for lengths given as
-    --input-tokens and --output-tokens (a dataset or trace is not read ahead)."""
+    batch and token budget as trtllm-bench sizes them where no flag gives them
+    (``load.run.trtllm_bench_sized``, which the run applies too); said, and put in ``kw``
+    so the engine line shows them."""
+    from inferlab.load.run import trtllm_bench_sized
     from inferlab.sim.engine.engine import Engine
-    from inferlab.sim.engine.sizing import trtllm_bench_sizes
-    from inferlab.workload.lengths import parse_length
 
-    if kw.get("engine_family") is not EngineFamily.TRTLLM or kw.get("input_tokens") is None or kw.get("output_tokens") is None:
+    engine = dataclasses.replace(engine_config(kw), offline=offline)
+    sized = trtllm_bench_sized(engine, workload_config(kw))
+    if sized is None:
         return
-    if not offline or given("max_num_seqs") or given("max_num_batched_tokens") or kw.get("dataset") or kw.get("trace"):
-        return
-    isl, osl = parse_length(kw["input_tokens"]).mean, parse_length(kw["output_tokens"], "--output-tokens").mean
-    kv = Engine(dataclasses.replace(engine_config(kw), offline=True)).kv_capacity_tokens
-    kw["max_num_seqs"], kw["max_num_batched_tokens"] = trtllm_bench_sizes(isl, osl, kv)
+    kv = Engine(engine).kv_capacity_tokens
+    kw["max_num_seqs"], kw["max_num_batched_tokens"] = sized.max_num_seqs, sized.max_num_batched_tokens
+    isl, osl = _mean_lengths(kw)
     click.echo(f"inferlab: offline TensorRT-LLM sized as trtllm-bench sizes it for {isl:,.0f}/{osl:,.0f} tokens and the "
                f"{kv:,}-token KV cache of its default sizes: --max-num-seqs {kw['max_num_seqs']} --max-num-batched-tokens "
                f"{kw['max_num_batched_tokens']} (give them to say otherwise; with these the cache is sized again)", err=True)
+
+
+def _mean_lengths(kw: dict[str, Any]) -> tuple[float, float]:
+    from inferlab.workload.lengths import parse_length
+
+    return parse_length(kw["input_tokens"]).mean, parse_length(kw["output_tokens"], "--output-tokens").mean
 
 
 def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:

@@ -45,14 +45,22 @@ from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
 from inferlab.cli.sim import RUN_DEFAULTS, as_the_twin_was, engine_config, engine_options
 from inferlab.client.exchange import api_base
 from inferlab.engines.launch import EngineSpec, load_spec
-from inferlab.load.run import HttpTarget, RunConfig, RunResult, SimTarget, Target
+from inferlab.load.run import (
+    HttpTarget,
+    RunConfig,
+    RunResult,
+    SimTarget,
+    Target,
+    sim_engine_config,
+    trtllm_bench_sized,
+)
 from inferlab.openai.request import Api
 from inferlab.report.sweep import params_text, point_line, render_sweep
 from inferlab.results.provenance import PREDICTION, ServerInfo
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import dumps
 from inferlab.results.sweepindex import check_sweep_dir
-from inferlab.sweep.grid import Grid, is_ascending, parse_values
+from inferlab.sweep.grid import Grid, is_ascending, parse_values, point_configs
 from inferlab.sweep.runner import (
     GoodputSearch,
     SweepConfig,
@@ -176,6 +184,10 @@ def _sweep(kw: dict[str, Any]) -> int:
     out = Console()
     watcher = _Watcher(err, config)
     err.print(f"inferlab sweep: {_target_line(config)} → {config.out_dir}/sweep.json", soft_wrap=True, highlight=False)
+    if sized := _sized_as_trtllm_bench(config):
+        err.print(f"inferlab: offline TensorRT-LLM points sized as trtllm-bench sizes them for their mean lengths and KV "
+                  f"cache ({'; '.join(sized)}), as sim run sizes them; give --max-num-seqs or --max-num-batched-tokens "
+                  "to say otherwise", soft_wrap=True, highlight=False)
 
     def after_run(result: RunResult, path: str) -> RunResult:
         # (finish_run also records the point in the run history, as any run)
@@ -195,6 +207,26 @@ def _sweep(kw: dict[str, Any]) -> int:
         render_sweep(out, result.index, _title(config, result.index))
         out.print(f"sweep: {config.out_dir}/sweep.json ({sum(1 for p in result.index['points'] if p['dir'])} run directories)")
     return 130 if result.interrupted else 0
+
+
+def _sized_as_trtllm_bench(config: SweepConfig) -> list[str]:
+    """The sizes each offline TensorRT-LLM point of a simulated sweep runs with, where
+    trtllm-bench's sizing gives them (``load.run.trtllm_bench_sized``), one text each."""
+    if not isinstance(config.target, SimTarget):
+        return []
+    grid, said = config.grid, []
+    for params in grid.groups():
+        for load in dict.fromkeys(grid.load_values):
+            run_cfg, target = point_configs(config.run, config.target, grid.load_axis, load, params)
+            assert isinstance(target, SimTarget)
+            try:
+                sized = trtllm_bench_sized(sim_engine_config(run_cfg.load, target), run_cfg.workload)
+            except ValueError:  # (an engine that cannot start: that point fails and says why)
+                continue
+            if sized is not None:
+                where = params_text({**params, grid.load_axis: load})
+                said.append(f"{where}: --max-num-seqs {sized.max_num_seqs} --max-num-batched-tokens {sized.max_num_batched_tokens}")
+    return list(dict.fromkeys(said))
 
 
 def _as_the_twin_was(kw: dict[str, Any], url: str | None) -> None:

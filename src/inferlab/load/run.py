@@ -261,14 +261,41 @@ def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool, user_repl
                             served=served)
 
 
-def sim_engine_config(load: LoadConfig, target: SimTarget) -> EngineConfig:
-    """The engine a run of ``load`` on ``target`` simulates: ``target.engine`` with
-    ``offline`` decided (None: offline for ``--rate inf`` without a concurrency cap, the
-    offline-throughput case, but for a calibrated twin: a server's, served)."""
+def sim_engine_config(load: LoadConfig, target: SimTarget, workload: WorkloadConfig | None = None) -> EngineConfig:
+    """The engine a run of ``load`` (and ``workload``) on ``target`` simulates:
+    ``target.engine`` with ``offline`` decided (None: offline for ``--rate inf`` without a
+    concurrency cap, the offline-throughput case, but for a calibrated twin: a server's,
+    served), and an offline TensorRT-LLM engine sized as trtllm-bench sizes it
+    (``trtllm_bench_sized``)."""
     offline = target.offline
     if offline is None:
         offline = rate_inf_uncapped(load.schedule) and not is_twin(target.engine)
-    return dataclasses.replace(target.engine, offline=offline)
+    engine = dataclasses.replace(target.engine, offline=offline)
+    sized = None if workload is None else trtllm_bench_sized(engine, workload)
+    return engine if sized is None else sized
+
+
+def trtllm_bench_sized(engine: EngineConfig, workload: WorkloadConfig) -> EngineConfig | None:
+    """An offline TensorRT-LLM ``engine`` given neither a sequence cap nor a token budget,
+    for lengths given as input and output tokens: with trtllm-bench's batch and budget for
+    the workload's mean lengths and the KV cache of the default sizes
+    (``sizing.trtllm_bench_sizes``), as TensorRT-LLM's offline rows run in validation;
+    ``sim run``, ``sweep`` and ``tune`` alike. None for any other engine or workload (a
+    dataset or a trace is not read ahead)."""
+    from inferlab.sim.engine.families import EngineFamily
+    from inferlab.sim.engine.sizing import trtllm_bench_sizes
+    from inferlab.workload.lengths import parse_length
+
+    if engine.engine_family is not EngineFamily.TRTLLM or not engine.offline:
+        return None
+    if engine.max_num_seqs is not None or engine.max_num_batched_tokens is not None:
+        return None
+    if workload.input_tokens is None or workload.output_tokens is None or workload.dataset or workload.trace:
+        return None
+    isl = parse_length(workload.input_tokens).mean
+    osl = parse_length(workload.output_tokens, "--output-tokens").mean
+    seqs, batched = trtllm_bench_sizes(isl, osl, Engine(engine).kv_capacity_tokens)
+    return dataclasses.replace(engine, max_num_seqs=seqs, max_num_batched_tokens=batched)
 
 
 def rate_inf_uncapped(schedule: Schedule) -> bool:
@@ -287,7 +314,7 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
     from inferlab.workload.builtin_prompts import SimPromptBuilder
     from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 
-    engine = Engine(sim_engine_config(config.load, target))
+    engine = Engine(sim_engine_config(config.load, target, config.workload))
     wcfg = config.workload
     tokenizer: Tokenizer | None = load_tokenizer(wcfg.tokenizer) if wcfg.tokenizer else None
     # no salt by default: the simulated engine starts each run with an empty cache

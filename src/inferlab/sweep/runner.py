@@ -243,7 +243,7 @@ def _engine_refusal(config: SweepConfig, base: SimTarget, params: dict[str, Any]
         run_cfg, target = point_configs(config.run, base, grid.load_axis, load, params)
         assert isinstance(target, SimTarget)
         try:
-            Engine(sim_engine_config(run_cfg.load, target))
+            Engine(sim_engine_config(run_cfg.load, target, run_cfg.workload))
         except ValueError as e:
             reasons.append(str(e))
         else:
