@@ -4,6 +4,7 @@ workload (``analysis.tune``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import sys
@@ -28,7 +29,7 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
 from inferlab.cli.sim import RUN_DEFAULTS, as_the_twin_was, engine_config, engine_options
-from inferlab.load.run import RunConfig, SimTarget
+from inferlab.load.run import RunConfig, SimTarget, sim_engine_config, trtllm_bench_sized
 from inferlab.report.sweep import band_lines
 from inferlab.results.sweepindex import check_sweep_dir
 from inferlab.sim.engine.bands import headline_prediction
@@ -194,6 +195,10 @@ def _tune(kw: dict[str, Any]) -> int:
     target: SimTarget | Trials = SimTarget(engine_config(kw)) if spec is None else EngineTrials(spec, err, who="inferlab tune")
     where = ("on the simulated engine (virtual time; predictions)" if spec is None
              else f"on {spec.engine}, started for each trial")
+    if isinstance(target, SimTarget) and not kw["as_json"] and _sized_as_trtllm_bench(run_config, target, config.axes):
+        err.print("inferlab: offline TensorRT-LLM trials are sized as trtllm-bench sizes them for their lengths and KV cache "
+                  "where the trial sets neither --max-num-seqs nor --max-num-batched-tokens, as sim run sizes them (each "
+                  "trial's config.json has its sizes)", soft_wrap=True, highlight=False)
 
     def on_trial(t: Trial) -> None:
         if not kw["as_json"]:
@@ -222,6 +227,19 @@ def _tune(kw: dict[str, Any]) -> int:
     if result.best is None:
         raise UsageError("no trial completed: see the reasons above") if not result.interrupted else click.exceptions.Exit(130)
     return 130 if result.interrupted else 0
+
+
+def _sized_as_trtllm_bench(run_config: RunConfig, target: SimTarget, axes: tuple[Axis, ...]) -> bool:
+    """Whether a trial may run offline TensorRT-LLM sized as trtllm-bench sizes it
+    (``load.run.trtllm_bench_sized``): the base engine, or any family the search tries."""
+    families = next((a.values for a in axes if a.name == "engine_family"), None) or [target.engine.engine_family]
+    for family in families:
+        engine = dataclasses.replace(target.engine, engine_family=EngineFamily.parse(str(family)))
+        with contextlib.suppress(ValueError, UsageError):  # (a trial that cannot start says why)
+            if trtllm_bench_sized(sim_engine_config(run_config.load, dataclasses.replace(target, engine=engine)),
+                                  run_config.workload) is not None:
+                return True
+    return False
 
 
 def _params(t: Trial, sep: str = " ") -> str:
