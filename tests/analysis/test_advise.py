@@ -338,6 +338,39 @@ def test_head_of_line_advice_names_the_flags_of_the_engine_that_ran(tmp_path: Pa
         assert never not in recs["quantization"]["change"], recs["quantization"]["change"]
 
 
+def test_an_slo_one_request_alone_misses_is_called_out_of_reach_and_one_the_load_misses_is_not(tmp_path: Path) -> None:
+    """64 users of 2,000/300 tokens: a 2 ms TPOT limit is below what one such request
+    takes alone on the engine (its floor: a run of one user at a time, made apart), so no
+    load setting meets it and the advice says so first; a limit between that floor and
+    the loaded run's TPOT is the load's doing, and is not called out of reach."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    sizes = ["--input-tokens", "2000", "--output-tokens", "300"]
+
+    def advice(tpot_limit: str) -> dict[str, Any]:
+        run = tmp_path / f"slo{tpot_limit}"
+        res = CliRunner().invoke(main, ["sim", "run", "-c", "64", "-n", "128", *sizes, "--slo-tpot-ms", tpot_limit,
+                                        "-o", str(run)])
+        assert res.exit_code == 0, res.output
+        res = CliRunner().invoke(main, ["advise", str(run), "--json"])
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)
+
+    res = CliRunner().invoke(main, ["sim", "run", "-c", "1", "-n", "3", *sizes, "--json"])
+    assert res.exit_code == 0, res.output
+    floor = json.loads(res.stdout)["tpot_ms"]["p50"]
+    loaded = advice("2")
+    first = loaded["recommendations"][0]
+    assert first["rule"] == "slo_out_of_reach", [r["rule"] for r in loaded["recommendations"]]
+    (gain,) = first["gains"]
+    assert gain["after"] == pytest.approx(floor, rel=0.01) and gain["before"] > 2 * floor > 4
+    between = advice(f"{1.3 * floor:.1f}")  # (met alone, missed under the load)
+    assert "slo_out_of_reach" in between["rules_checked"]
+    assert all(r["rule"] != "slo_out_of_reach" for r in between["recommendations"])
+
+
 def test_a_system_prompt_the_cache_serves_gets_no_advice_to_shorten_it(tmp_path: Path) -> None:
     """16 sessions of 6 turns sharing a 1,500-token system prompt: the prefix cache serves
     it, and a shorter one predicts no gain (it predicted +3 % TTFT, and was advised);

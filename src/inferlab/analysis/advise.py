@@ -123,6 +123,7 @@ def _seqs_follow_budget(engine: dict[str, Any]) -> bool:
 
 #: Each rule's rank per goal (lower first).
 PRIORITY: dict[str, dict[Goal, int]] = {
+    "slo_out_of_reach": {"latency": 0, "consistency": 0, "throughput": 0},
     "head_of_line": {"latency": 1, "consistency": 1, "throughput": 8},
     "token_admission": {"latency": 2, "consistency": 2, "throughput": 10},
     "prefix_caching": {"latency": 2, "consistency": 4, "throughput": 2},
@@ -342,7 +343,7 @@ def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim
 def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
     w = WhatIf(run.dir, run.config)
     rules: list[Callable[[_Run, WhatIf, Goal], Recommendation | None]] = [
-        _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
+        _slo_out_of_reach, _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
     ]
     out = []
     for rule in rules:
@@ -394,6 +395,55 @@ def _mixed(run: _Run) -> _Mixed | None:
     if long_n == 0 or long_n == len(inputs):
         return None
     return _Mixed(threshold, median, long_n, len(inputs))
+
+
+def _slo_out_of_reach(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """An SLO the engine cannot meet at any load: one request of the run's median size,
+    alone on the engine with nothing queued beside it (``WhatIf.alone``), already takes
+    longer than the limit. No batching, admission or load setting goes below that floor;
+    only a faster engine (GPU, tensor parallelism, quantization, a smaller model) or
+    shorter requests do, so the other rules' changes cannot meet it either."""
+    slo = run.summary.slo
+    if slo is None or not w.available:
+        return None
+    inputs = _inputs(run.records)
+    outputs = [r.output_tokens for r in run.records if r.output_tokens]
+    if not inputs or not outputs:
+        return None
+    size_in, size_out = round(statistics.median(inputs)), round(statistics.median(outputs))
+    try:
+        alone = w.alone(size_in, size_out)
+    except InferlabError:
+        return None
+    floor = alone.result.summary
+    s = run.summary
+    # (a prompt the run's cache served is not one request's floor: its TTFT is left out)
+    cached = any(r.cached_tokens for r in run.records)
+    beyond = [(name, cls, limit, got.p50, lone.p50) for name, cls, limit, got, lone in (
+        ("TTFT", "TTFT", None if cached else slo.ttft_ms, s.ttft_ms, floor.ttft_ms),
+        ("TPOT", "TPOT/ITL", slo.tpot_ms, s.tpot_ms, floor.tpot_ms),
+        ("E2E", "E2E", slo.e2e_ms, s.e2e_ms, floor.e2e_ms),
+    ) if limit is not None and got is not None and lone is not None and min(lone.p50, got.p50) > limit]
+    if not beyond:
+        return None
+    evidence = (f"one request of the run's median size ({size_in:,} prompt and {size_out:,} answer tokens), alone on "
+                "the engine with nothing queued beside it, already misses the SLO: "
+                + "; ".join(f"{name} {lone:,.1f} ms against ≤ {limit:g} ms (the run: p50 {got:,.1f} ms)"
+                            for name, _, limit, got, lone in beyond))
+    what = {n for n, *_ in beyond}
+    ways = (["a faster GPU or more tensor parallelism", "fp8 or 4-bit weights", "a smaller model"]
+            + (["shorter prompts (a shorter system prompt or context)"] if "TTFT" in what else [])
+            + (["shorter answers (max_tokens)"] if "E2E" in what else []))
+    kind = f"prediction: simulator, {w.describe_engine()}, one request of {size_in:,}/{size_out:,} tokens at a time"
+    return Recommendation(
+        "slo_out_of_reach", "The SLO is out of this engine's reach at any load",
+        evidence,
+        "no load, batching or admission setting meets it; only a faster engine or smaller requests do: "
+        + ", ".join(ways) + "; or an SLO this engine can meet",
+        [_sim_gain(f"{name} p50 ms, the run → one request alone", cls, got, lone, kind, alone)
+         for name, cls, _, got, lone in beyond],
+        "the floor is the simulator's for this model, GPU and engine flags: one request alone, its prompt not cached",
+    )
 
 
 def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:

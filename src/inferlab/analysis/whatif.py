@@ -199,5 +199,26 @@ class WhatIf:
             self._cache[key] = Simulated([r for r in result.records if not r.warmup], result)
         return self._cache[key]
 
+    def alone(self, input_tokens: int, output_tokens: int, n: int = 3) -> Simulated:
+        """``n`` requests of ``input_tokens`` / ``output_tokens`` (answers to their
+        length), one at a time on the run's engine (its replicas, router and admission
+        kept): what one request takes with nothing queued beside it, the floor no load
+        setting goes below. ``InferlabError`` as ``simulate``."""
+        if self.engine is None:
+            raise InferlabError(self.why_not)
+        key = ("alone", input_tokens, output_tokens, n)
+        if key not in self._cache:
+            cfg = RunConfig(LoadConfig(ClosedLoop(1), num_requests=n),
+                            WorkloadConfig(input_tokens=input_tokens, output_tokens=output_tokens, exact_output=True),
+                            self.base.api)
+            try:
+                target = SimTarget(self.engine, offline=bool(self.engine.offline), replicas=self.replicas,
+                                   router=self.router, admission=self.admission)
+                result = asyncio.run(run(cfg, target))
+            except ValueError as err:
+                raise InferlabError(f"the simulator refused one request alone: {err}") from err
+            self._cache[key] = Simulated([r for r in result.records if not r.warmup], result)
+        return self._cache[key]
+
 
 Select = Callable[[RequestRecord], bool]
