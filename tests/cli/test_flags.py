@@ -358,3 +358,26 @@ def test_a_sweeps_offline_tensorrt_llm_point_runs_as_sim_run_sizes_it(tmp_path: 
     served = next(e for r, e in engines.items() if str(r) != "inf")
     assert (inf["max_num_seqs"], inf["max_num_batched_tokens"]) == (alone["max_num_seqs"], alone["max_num_batched_tokens"])
     assert alone["max_num_seqs"] < 2048 and served["max_num_seqs"] == 2048
+
+
+@pytest.mark.parametrize(("family", "policy", "preempts"), [
+    ("vllm", None, True), ("vllm", "guaranteed_no_evict", False),
+    ("trtllm", None, False), ("trtllm", "MAX_UTILIZATION", True),
+])
+def test_the_capacity_scheduler_policy_decides_whether_a_full_cache_preempts(family: str, policy: str | None,
+                                                                              preempts: bool) -> None:
+    """16 users of 200/400 tokens in 200 KV blocks: TensorRT-LLM's GUARANTEED_NO_EVICT (the
+    trtllm family's default) admits only what can finish, MAX_UTILIZATION (vLLM's way)
+    preempts when the cache fills; either is taken by any family, and the run records it."""
+    flags = ["--engine-family", family, "--num-gpu-blocks-override", "200", "-c", "16", "-n", "48", "--input-tokens", "200",
+             "--output-tokens", "400", "--json"]
+    res = CliRunner().invoke(main, ["sim", "run", *flags, *(["--capacity-scheduler-policy", policy] if policy else [])])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert (out["prediction"]["preemptions"] > 0) is preempts
+    assert out["config"]["engine"]["no_evict"] is not preempts
+
+
+def test_a_static_batch_policy_is_refused_with_how_to_run_one() -> None:
+    res = CliRunner().invoke(main, ["sim", "run", "--engine-family", "trtllm", "--capacity-scheduler-policy", "STATIC_BATCH"])
+    assert res.exit_code == 2 and "--rate inf -n B --max-num-seqs B" in res.output

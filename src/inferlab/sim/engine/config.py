@@ -87,6 +87,12 @@ class EngineConfig:
     # prompt and output beyond the running requests' estimated outputs (its
     # new_token_ratio). None: the family's (on for sglang)
     reserve_outputs: bool | None = None
+    # TensorRT-LLM's capacity scheduler: GUARANTEED_NO_EVICT (True) admits a waiting
+    # request only while free KV blocks hold what it and every running request need to
+    # reach their output limits, so nothing is preempted; MAX_UTILIZATION (False) admits
+    # on the first chunk and preempts when the cache fills, as vLLM. None: the family's
+    # (GUARANTEED_NO_EVICT for trtllm)
+    no_evict: bool | None = None
     # a freed KV block without a prefix hash (a partly filled tail) goes to the front of
     # the free queue, reused before cached blocks (vLLM from 0.24). None: the family's
     evict_unhashed_first: bool | None = None
@@ -242,6 +248,7 @@ def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len
         overlap_schedule=_given_or(config.overlap_schedule, rules.overlap_schedule_in(release)),
         scheduler_reserve_full_isl=_given_or(config.scheduler_reserve_full_isl, rules.reserve_full_sequence_in(release)),
         reserve_outputs=_given_or(config.reserve_outputs, rules.reserve_outputs),
+        no_evict=_given_or(config.no_evict, rules.no_evict),
         evict_unhashed_first=_given_or(config.evict_unhashed_first, rules.evict_unhashed_first_in(release)),
     )
 

@@ -175,13 +175,14 @@ class Engine:
         chunked, caching, mixed = config.enable_chunked_prefill, config.enable_prefix_caching, config.mixed_batches
         assert chunked is not None and caching is not None and mixed is not None  # (resolved)
         reserve, unhashed_first = config.scheduler_reserve_full_isl, config.evict_unhashed_first
-        reserve_outputs = config.reserve_outputs
+        reserve_outputs, no_evict = config.reserve_outputs, config.no_evict
         assert reserve is not None and unhashed_first is not None and reserve_outputs is not None  # (resolved)
+        assert no_evict is not None
         self._kv = KVCacheManager(sizes.num_kv_blocks, config.block_size, caching, unhashed_first)
         #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
         self.limits = SchedulerConfig(
             sizes.max_num_batched_tokens, sizes.max_num_seqs, sizes.max_model_len, chunked, mixed,
-            config.num_scheduler_steps, reserve, reserve_outputs, no_evict=resolved.rules.no_evict,
+            config.num_scheduler_steps, reserve, reserve_outputs, no_evict=no_evict,
         )
         # the reference scheduler, with steady decodes kept as sums in virtual-time steps
         self._scheduler = SteadyScheduler(self.limits, self._kv)
