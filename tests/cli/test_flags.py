@@ -381,3 +381,10 @@ def test_the_capacity_scheduler_policy_decides_whether_a_full_cache_preempts(fam
 def test_a_static_batch_policy_is_refused_with_how_to_run_one() -> None:
     res = CliRunner().invoke(main, ["sim", "run", "--engine-family", "trtllm", "--capacity-scheduler-policy", "STATIC_BATCH"])
     assert res.exit_code == 2 and "--rate inf -n B --max-num-seqs B" in res.output
+
+
+def test_a_dataset_named_as_vllm_names_it_is_told_what_reads_that() -> None:
+    """vllm bench serve's --dataset-name sharegpt, given as --dataset: no such file, and
+    how to run ShareGPT's lengths without it."""
+    res = CliRunner().invoke(main, ["sim", "run", "--dataset", "sharegpt", "-n", "3"])
+    assert res.exit_code == 2 and "--input-tokens empirical:sharegpt" in res.output

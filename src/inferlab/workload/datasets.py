@@ -174,7 +174,13 @@ def read_dataset(path: str, fmt: str | None = None, tokenizer: Tokenizer | None 
         with open(path, newline="", encoding="utf-8-sig") as f:  # (a spreadsheet's BOM is no text)
             text = f.read()
     except OSError as e:
-        raise UsageError(f"{path}: {e.strerror or e}") from e
+        hint = ""
+        if isinstance(e, FileNotFoundError) and path.strip().lower() in ("sharegpt", "random", "sonnet"):
+            # (vllm bench serve's --dataset-name, given as a file)
+            hint = ("; --dataset reads a file (ShareGPT's JSON among them); ShareGPT's lengths without the file: "
+                    "--input-tokens empirical:sharegpt --output-tokens empirical:sharegpt" if path.strip().lower() == "sharegpt"
+                    else "; --dataset reads a file; random prompts of stated lengths are --input-tokens/--output-tokens")
+        raise UsageError(f"{path}: {e.strerror or e}{hint}") from e
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
     kind = fmt or detect_format(path, text.lstrip()[:1])
