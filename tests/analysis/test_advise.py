@@ -334,8 +334,27 @@ def test_head_of_line_advice_names_the_flags_of_the_engine_that_ran(tmp_path: Pa
     recs = {r["rule"]: r for r in json.loads(res.stdout)["recommendations"]}
     hol = recs["head_of_line"]
     assert hol["gains"] and says in hol["change"] and never not in hol["change"], hol["change"]
-    if "quantization" in recs:
-        assert never not in recs["quantization"]["change"], recs["quantization"]["change"]
+    assert never not in recs["quantization"]["change"], recs["quantization"]["change"]
+
+
+def test_an_engine_behind_the_gateway_or_named_by_its_server_is_told_its_own_flags() -> None:
+    """A profile through inferlab gateway in front of TensorRT-LLM engines was told vLLM's
+    flags (the gateway's answer has no family of its own); a real server that said it is
+    SGLang is told SGLang's; one that said nothing, vLLM's and SGLang's both."""
+    from inferlab.analysis.advise import _flags, _Run
+    from inferlab.results.provenance import gateway_answer
+    from inferlab.results.summary import summarize
+
+    trt = {"engine_family": "trtllm"}
+    assert "--max_num_tokens" in _flags(gateway_answer([trt, trt])).budget
+    mixed = _flags(gateway_answer([trt, {"engine_family": "sglang"}])).budget
+    assert "vLLM" in mixed and "SGLang" in mixed  # (two families: neither's alone)
+
+    def told(config: dict[str, Any]) -> str:
+        return _Run(Path("."), config, summarize([], config=config), []).flags().budget
+
+    assert told({"url": "http://x", "resolved": {"server_software": {"name": "SGLang"}}}).startswith("SGLang --chunked")
+    assert "vLLM" in told({"url": "http://x", "resolved": {}}) and "SGLang" in told({"url": "http://x", "resolved": {}})
 
 
 def test_an_slo_one_request_alone_misses_is_called_out_of_reach_and_one_the_load_misses_is_not(tmp_path: Path) -> None:
@@ -369,6 +388,51 @@ def test_an_slo_one_request_alone_misses_is_called_out_of_reach_and_one_the_load
     between = advice(f"{1.3 * floor:.1f}")  # (met alone, missed under the load)
     assert "slo_out_of_reach" in between["rules_checked"]
     assert all(r["rule"] != "slo_out_of_reach" for r in between["recommendations"])
+
+
+def test_prompts_the_cache_served_are_not_judged_against_an_uncached_request_alone(tmp_path: Path) -> None:
+    """Two 12,000-token shared prefixes at 16 users and an E2E limit of 500 ms: one
+    uncached request alone takes longer than that, but the run's cached ones, one at a
+    time, do not; so the limit is not called out of reach (it was)."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    work = ["--prefix-groups", "2", "--prefix-tokens", "12000", "--suffix-tokens", "100", "--output-tokens", "50"]
+    res = CliRunner().invoke(main, ["sim", "run", *work, "-c", "1", "-n", "20", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["e2e_ms"]["p50"] < 500  # (one at a time, cached: within it)
+    run = tmp_path / "run"
+    res = CliRunner().invoke(main, ["sim", "run", *work, "-c", "16", "-n", "100", "--slo-e2e-ms", "500", "-o", str(run)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["advise", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    assert all(r["rule"] != "slo_out_of_reach" for r in json.loads(res.stdout)["recommendations"])
+
+
+@pytest.mark.parametrize(("policy", "title"), [
+    ("GUARANTEED_NO_EVICT", "requests wait for room"), ("MAX_UTILIZATION", "requests are preempted and recomputed"),
+])
+def test_a_full_cache_is_advised_on_whether_it_preempts_or_holds_requests_back(tmp_path: Path, policy: str, title: str) -> None:
+    """TensorRT-LLM in 200 KV blocks at 16 users: under GUARANTEED_NO_EVICT nothing is
+    preempted, requests wait instead (TTFT p50 seconds), and no KV advice was given; now
+    it is, with what a cache twice the size does; under MAX_UTILIZATION it preempts."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    run = tmp_path / "run"
+    res = CliRunner().invoke(main, ["sim", "run", "--engine-family", "trtllm", "--num-gpu-blocks-override", "200", "-c", "16",
+                                    "-n", "48", "--input-tokens", "200", "--output-tokens", "400",
+                                    "--capacity-scheduler-policy", policy, "-o", str(run)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["advise", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    kv = next(r for r in json.loads(res.stdout)["recommendations"] if r["rule"] == "kv_pressure")
+    assert kv["title"].endswith(title), kv["title"]
+    if policy == "GUARANTEED_NO_EVICT":
+        (gain,) = kv["gains"]
+        assert gain["after"] < 0.8 * gain["before"] and "MAX_UTILIZATION" in kv["change"]
 
 
 def test_a_system_prompt_the_cache_serves_gets_no_advice_to_shorten_it(tmp_path: Path) -> None:

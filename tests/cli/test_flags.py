@@ -337,6 +337,10 @@ def test_an_offline_tensorrt_llm_run_is_sized_as_trtllm_bench_sizes_it_unless_to
     assert "trtllm-bench" not in err and engine["max_num_seqs"] == 48
     engine, err = run("--rate", "inf", "--served")
     assert "trtllm-bench" not in err and engine["max_num_seqs"] == 2048
+    # prompts longer than --input-tokens (sessions resend their history after a system
+    # prompt): not sized for 3,500 tokens
+    engine, err = run("--rate", "inf", "--sessions", "2", "--turns", "4", "--system-tokens", "3000")
+    assert "trtllm-bench" not in err and engine["max_num_seqs"] == 2048
 
 
 def test_a_sweeps_offline_tensorrt_llm_point_runs_as_sim_run_sizes_it(tmp_path: Path) -> None:

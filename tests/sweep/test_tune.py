@@ -123,8 +123,26 @@ def test_vllms_name_for_async_scheduling_searches_the_same_axis() -> None:
     assert runs[0] == runs[1] and [p for p, _ in runs[0]] == [{"overlap_schedule": True}, {"overlap_schedule": False}]
 
 
+def test_the_capacity_policy_is_searched_and_shown_by_its_own_names(tmp_path: Path) -> None:
+    """--param capacity-scheduler-policy=... was refused (only the field's name, no-evict,
+    took true/false, and the console showed a --no-evict flag that does not exist)."""
+    res = CliRunner().invoke(main, ["tune", *COMMON, "--slo-ttft-ms", "300", "--num-gpu-blocks-override", "300", "--param",
+                                    "capacity-scheduler-policy=GUARANTEED_NO_EVICT,max_utilization", "--search", "grid",
+                                    "-o", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.output
+    out = res.stdout + res.stderr
+    assert [p.name for p in sorted((tmp_path / "t").iterdir()) if p.is_dir()] == [
+        "trial-000-capacity-scheduler-policy=GUARANTEED_NO_EVICT", "trial-001-capacity-scheduler-policy=MAX_UTILIZATION"]
+    assert "trial 1: capacity-scheduler-policy=MAX_UTILIZATION" in out and "no-evict" not in out
+    ran = [json.loads((tmp_path / "t" / d / "config.json").read_text())["engine"]["no_evict"]
+           for d in ("trial-000-capacity-scheduler-policy=GUARANTEED_NO_EVICT", "trial-001-capacity-scheduler-policy=MAX_UTILIZATION")]
+    assert ran == [True, False]
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--param", "max-num-seqs=8,16"], "needs at least one SLO"),
+    (["--slo-ttft-ms", "300", "--param", "capacity-scheduler-policy=STATIC_BATCH"], "STATIC_BATCH is not simulated"),
+    (["--slo-ttft-ms", "300", "--param", "capacity-scheduler-policy=fifo"], "GUARANTEED_NO_EVICT or MAX_UTILIZATION"),
     (["--slo-ttft-ms", "300"], "at least one flag to search"),
     (["--slo-ttft-ms", "300", "--param", "max-num-sequences=8"], "not an engine flag"),
     (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8,lots"], "'lots' is not a int"),

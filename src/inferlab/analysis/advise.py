@@ -28,9 +28,10 @@ from inferlab._errors import InferlabError, UsageError
 from inferlab.analysis.fits import KNEE_GAIN
 from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile
 from inferlab.analysis.whatif import Simulated, WhatIf
+from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.gateway.config import AdmissionConfig
 from inferlab.results.metrics import request_metrics
-from inferlab.results.provenance import VIRTUAL, server_info, simulated_engine
+from inferlab.results.provenance import VIRTUAL, engine_family_of, server_info, simulated_engine
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
 from inferlab.results.summary import Summary, summarize
@@ -53,6 +54,8 @@ OVERHEAD_TOKENS = 500
 LOW_HIT_RATE = 0.1
 #: KV usage past this share, or any preemption: pressure.
 KV_PRESSURE = 0.9
+#: Under GUARANTEED_NO_EVICT (no preemption): pressure where twice the cache cuts TTFT p50 by this share.
+KV_HELD_GAIN = 0.2
 #: Sessions whose last turn's prompt is this many times the first's: growing context.
 CONTEXT_GROWTH = 3.0
 #: Outputs this long at p90 are long.
@@ -89,12 +92,19 @@ _FAMILY_FLAGS = {
         "--extra_llm_api_options)",
         "TensorRT-LLM --max_batch_size {n}",
         "TensorRT-LLM's KV cache reuse (kv_cache_config: enable_block_reuse: true)",
-        "an FP8 checkpoint (TensorRT Model Optimizer's fp8 quantization)",
+        "an FP8 checkpoint quantized with TensorRT Model Optimizer",
+    ),
+    "llamacpp": _EngineFlags(
+        "llama.cpp --ubatch-size {n} (prompts processed {n} tokens at a time)", "llama.cpp --parallel {n} (its slots)",
+        "llama.cpp's prompt cache (cache_prompt, on by default; --cache-reuse for shifted prefixes)",
+        "a Q8_0 or 4-bit (Q4_K_M) GGUF",
     ),
     "lmdeploy": _EngineFlags(
-        "LMDeploy --max-prefill-token-num {n}", "LMDeploy --max-batch-size {n}", "LMDeploy --enable-prefix-caching",
-        "an FP8 checkpoint where your LMDeploy release serves one (predicted for fp8 weights; its 4-bit AWQ, "
-        "--model-format awq, is not simulated)",
+        "LMDeploy --max-prefill-token-num {n}, which prefills long prompts in pieces of {n} tokens (simulated as "
+        "--enable-chunked-prefill --max-num-batched-tokens {n}: the lmdeploy family prefills whole prompts otherwise)",
+        "LMDeploy --max-batch-size {n}", "LMDeploy --enable-prefix-caching",
+        "an FP8 checkpoint, where your LMDeploy release serves one; predicted for fp8 weights, its 4-bit AWQ "
+        "(--model-format awq) not simulated",
     ),
 }
 #: A server whose engine is not known (a real one): vLLM's names and SGLang's.
@@ -107,10 +117,12 @@ _ANY_FLAGS = _EngineFlags(
 
 
 def _flags(engine: dict[str, Any] | None) -> _EngineFlags:
-    """The flags of the engine a run simulated (its family's), or of any engine."""
-    if engine is None:
+    """The flags of the engine a run simulated (its family's; behind the gateway, its
+    upstreams' where they share one), or of any engine."""
+    family = engine_family_of(engine)
+    if family is None:
         return _ANY_FLAGS
-    return _FAMILY_FLAGS.get(str(engine.get("engine_family") or "vllm"), _VLLM_FLAGS)
+    return _FAMILY_FLAGS.get(family, _VLLM_FLAGS)
 
 
 def _seqs_follow_budget(engine: dict[str, Any]) -> bool:
@@ -280,6 +292,18 @@ class _Run:
     def engine(self) -> dict[str, Any] | None:
         return simulated_engine(self.config)
 
+    def flags(self) -> _EngineFlags:
+        """The flags of the engine the run measured: the simulated engine's family's,
+        else the family of the software the server said it is, else any engine's."""
+        engine = self.engine()
+        if engine is not None:
+            return _flags(engine)
+        resolved = self.config.get("resolved")
+        software = resolved.get("server_software") if isinstance(resolved, dict) else None
+        name = software.get("name") if isinstance(software, dict) else None
+        family = {**FAMILY_OF_SOFTWARE, "llama.cpp": "llamacpp"}.get(str(name)) if name else None
+        return _FAMILY_FLAGS.get(family, _VLLM_FLAGS) if family else _ANY_FLAGS
+
     def concurrency(self) -> float | None:
         s = (self.config.get("load") or {}).get("schedule") or {}
         c = s.get("concurrency") or s.get("max_concurrency")
@@ -354,7 +378,8 @@ def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
             rec = Recommendation(name, f"(could not be checked: the {name.replace('_', ' ')} rule)", str(e), "")
         if rec is not None:
             out.append(rec)
-    return out, [r.__name__.strip("_") for r in rules]
+    # (the SLO floor is the simulator's: with no engine to simulate it was not looked at)
+    return out, [r.__name__.strip("_") for r in rules if w.available or r is not _slo_out_of_reach]
 
 
 def _itls(records: Sequence[RequestRecord], keep: Callable[[RequestRecord], bool]) -> list[float]:
@@ -398,11 +423,14 @@ def _mixed(run: _Run) -> _Mixed | None:
 
 
 def _slo_out_of_reach(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
-    """An SLO the engine cannot meet at any load: one request of the run's median size,
-    alone on the engine with nothing queued beside it (``WhatIf.alone``), already takes
-    longer than the limit. No batching, admission or load setting goes below that floor;
-    only a faster engine (GPU, tensor parallelism, quantization, a smaller model) or
-    shorter requests do, so the other rules' changes cannot meet it either."""
+    """An SLO the engine cannot meet at any load for a request of the run's median size:
+    one such request, alone on the engine with nothing queued beside it
+    (``WhatIf.alone``), already takes longer than the limit. No batching, admission or
+    load setting goes below that floor; only a faster engine (GPU, tensor parallelism,
+    quantization, a smaller model) or smaller requests do. A limit is judged only where
+    the run missed it at its median too, and where the floor is below the run's own
+    median (else the alone request is not the run's: prompts the run's cache served make
+    TTFT and E2E shorter than an uncached one alone, so those are not judged then)."""
     slo = run.summary.slo
     if slo is None or not w.available:
         return None
@@ -417,32 +445,42 @@ def _slo_out_of_reach(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None
         return None
     floor = alone.result.summary
     s = run.summary
-    # (a prompt the run's cache served is not one request's floor: its TTFT is left out)
     cached = any(r.cached_tokens for r in run.records)
-    beyond = [(name, cls, limit, got.p50, lone.p50) for name, cls, limit, got, lone in (
-        ("TTFT", "TTFT", None if cached else slo.ttft_ms, s.ttft_ms, floor.ttft_ms),
-        ("TPOT", "TPOT/ITL", slo.tpot_ms, s.tpot_ms, floor.tpot_ms),
-        ("E2E", "E2E", slo.e2e_ms, s.e2e_ms, floor.e2e_ms),
-    ) if limit is not None and got is not None and lone is not None and min(lone.p50, got.p50) > limit]
+    beyond = [(name, cls, limit, got.p50, lone.p50, key) for name, cls, limit, got, lone, key in (
+        ("TTFT", "TTFT", None if cached else slo.ttft_ms, s.ttft_ms, floor.ttft_ms, "ttft_ms"),
+        ("TPOT", "TPOT/ITL", slo.tpot_ms, s.tpot_ms, floor.tpot_ms, "tpot_ms"),
+        ("E2E", "E2E", None if cached else slo.e2e_ms, s.e2e_ms, floor.e2e_ms, "e2e_ms"),
+    ) if limit is not None and got is not None and lone is not None and limit < lone.p50 <= got.p50]
     if not beyond:
         return None
+
+    def met(key: str, limit: float) -> str:
+        values = [v for r in run.records for v in [getattr(request_metrics(r), key)] if v is not None]
+        share = sum(v <= limit for v in values) / len(values) if values else 0.0
+        return f"; {share:.0%} of the run's requests met it" if share else ""
+
     evidence = (f"one request of the run's median size ({size_in:,} prompt and {size_out:,} answer tokens), alone on "
                 "the engine with nothing queued beside it, already misses the SLO: "
-                + "; ".join(f"{name} {lone:,.1f} ms against ≤ {limit:g} ms (the run: p50 {got:,.1f} ms)"
-                            for name, _, limit, got, lone in beyond))
+                + "; ".join(f"{name} {lone:,.1f} ms against ≤ {limit:,g} ms (the run: p50 {got:,.1f} ms{met(key, limit)})"
+                            for name, _, limit, got, lone, key in beyond))
     what = {n for n, *_ in beyond}
-    ways = (["a faster GPU or more tensor parallelism", "fp8 or 4-bit weights", "a smaller model"]
+    engine = run.engine() or {}
+    bits = str(engine.get("quantization") or "").lower()
+    fewer = ([] if any(b in bits for b in ("awq", "gptq", "int4", "w4", "4bit", "nvfp4", "mxfp4"))
+             else ["4-bit weights"] if bits not in ("", "none") else ["fp8 or 4-bit weights"])
+    ways = (["a faster GPU or more tensor parallelism", *fewer, "a smaller model"]
             + (["shorter prompts (a shorter system prompt or context)"] if "TTFT" in what else [])
             + (["shorter answers (max_tokens)"] if "E2E" in what else []))
     kind = f"prediction: simulator, {w.describe_engine()}, one request of {size_in:,}/{size_out:,} tokens at a time"
     return Recommendation(
-        "slo_out_of_reach", "The SLO is out of this engine's reach at any load",
+        "slo_out_of_reach", "The SLO is out of this engine's reach at any load, for a request of the median size",
         evidence,
         "no load, batching or admission setting meets it; only a faster engine or smaller requests do: "
         + ", ".join(ways) + "; or an SLO this engine can meet",
-        [_sim_gain(f"{name} p50 ms, the run → one request alone", cls, got, lone, kind, alone)
-         for name, cls, _, got, lone in beyond],
-        "the floor is the simulator's for this model, GPU and engine flags: one request alone, its prompt not cached",
+        [_sim_gain(f"{name} p50 ms: the run's, then one request alone (the floor)", cls, got, lone, kind, alone)
+         for name, cls, _, got, lone, _key in beyond],
+        "the floor is the simulator's for this model, GPU and engine flags: one request alone, its prompt not cached; "
+        "requests smaller than the median may meet the SLO",
     )
 
 
@@ -464,7 +502,7 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         f"their TTFT p90 {_p(ttft, 0.9):,.0f} ms against a p50 of {statistics.median(ttft):,.0f} ms"
     )
     engine = run.engine()
-    flags = _flags(engine)
+    flags = run.flags()
     change = (
         "a smaller per-step token budget, so long prompts are prefilled in chunks between the other streams' tokens: "
         "{budget}{seqs}; for the short requests' TTFT as well, admit by prompt tokens in flight at a gateway, so long "
@@ -614,7 +652,7 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     seen = "no hit rate reported" if rate is None else f"{rate:.0%} of prompt tokens served from cache ({source})"
     evidence = f"{shared}; {seen}" + ("; the engine ran with prefix caching off" if caching_off else "")
     if caching_off:
-        change = f"turn prefix caching on: {_flags(engine).prefix_on}"
+        change = f"turn prefix caching on: {run.flags().prefix_on}"
         title = "Prompts share prefixes but prefix caching is off"
     else:
         change = ("keep shared text at the very start of every prompt (system prompt first, no per-request IDs or "
@@ -661,9 +699,24 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         engine_run = w.simulate().result.engine
         if engine_run is not None and engine_run.preemptions_total > 0:
             parts.append(f"{engine_run.preemptions_total:,} preemptions (the simulated engine's count)")
+    preempts = bool(parts) and any("preemption" in p for p in parts)
+    engine = run.engine()
+    held = None
+    if not parts and w.available and engine is not None and engine.get("no_evict"):
+        # GUARANTEED_NO_EVICT never preempts: a full cache holds requests back instead,
+        # seen as what a cache twice the size does to TTFT
+        base = w.simulate()
+        blocks = base.result.engine.num_kv_blocks if base.result.engine is not None else 0
+        more = w.simulate({"num_gpu_blocks_override": 2 * blocks}) if blocks else None
+        before = base.result.summary.ttft_ms
+        after = more.result.summary.ttft_ms if more is not None else None
+        if more is not None and before is not None and after is not None and after.p50 < (1 - KV_HELD_GAIN) * before.p50:
+            parts.append(f"requests wait for KV room to reach their output limits (the GUARANTEED_NO_EVICT capacity "
+                         f"policy never preempts): a cache twice the size ({2 * blocks:,} blocks) cuts TTFT p50 "
+                         f"{before.p50:,.0f} → {after.p50:,.0f} ms (the simulated engine)")
+            held = (before.p50, after.p50, more)
     if not parts:
         return None
-    engine = run.engine()
     family = str((engine or {}).get("engine_family") or "vllm")
     fixed = (engine or {}).get("num_gpu_blocks_override") is not None  # (a pool of N blocks: no dtype or share moves it)
     halves = (engine is None or (engine.get("kv_cache_dtype") in (None, "auto") and family != "lmdeploy")) and not fixed
@@ -680,7 +733,16 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     if fixed and engine is not None:
         change = (f"give the KV cache more room: more than the {engine['num_gpu_blocks_override']:,} blocks "
                   "--num-gpu-blocks-override fixes (while it is given, no dtype, memory share or GPU changes the cache)")
-    rec = Recommendation("kv_pressure", "The KV cache is full: requests are preempted and recomputed", "; ".join(parts), change)
+    if held is not None:
+        policy = ("scheduler_config capacity_scheduler_policy: MAX_UTILIZATION" if family == "trtllm"
+                  else "the simulator's --capacity-scheduler-policy MAX_UTILIZATION")
+        change += f"; or admit more and preempt when the cache fills ({policy})"
+    title = ("The KV cache is full: requests are preempted and recomputed" if preempts
+             else "The KV cache is full: requests wait for room" if held is not None else "The KV cache is full")
+    rec = Recommendation("kv_pressure", title, "; ".join(parts), change)
+    if held is not None:
+        rec.gains.append(_sim_gain("TTFT p50 ms", "TTFT", held[0], held[1],
+                                   _prediction(w, "a KV cache twice the size"), held[2]))
     if w.available and engine is not None and halves:
         base, fp8 = w.simulate(), w.simulate({"kv_cache_dtype": "fp8"})
         kind = _prediction(w, "--kv-cache-dtype fp8")
@@ -764,7 +826,7 @@ def _quantization(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     kind = _prediction(w, "--quantization fp8")
     return Recommendation(
         "quantization", "Decode speed: fp8 weights (or a smaller model) for a latency target", why,
-        f"serve fp8 weights of {engine.get('model')} ({_flags(engine).fp8}), or a smaller model",
+        f"serve fp8 weights of {engine.get('model')} ({run.flags().fp8}), or a smaller model",
         [_sim_gain("TPOT p50 ms", "TPOT/ITL", tb.p50, ta.p50, kind, fp8)], "check quality on your own evaluation first",
     )
 
@@ -928,7 +990,7 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
                 f"keep about {ca:g} requests in flight: fewer clients at once, or a gateway admission limit that turns "
-                f"the rest away (HTTP 429); a limit that only queues them ({_flags(a.engine()).seqs.format(n=f'{ca:g}')}) moves their wait "
+                f"the rest away (HTTP 429); a limit that only queues them ({a.flags().seqs.format(n=f'{ca:g}')}) moves their wait "
                 "into its queue, and their E2E with it",
                 [_predicted("E2E p50 ms", "E2E", lb.p50, la.p50, f"{source}: the requests in flight at {ca:g}, not those "
                             "held back", a.summary.prediction),

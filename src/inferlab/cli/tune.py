@@ -46,6 +46,7 @@ from inferlab.sweep.tune import (
     TuneResult,
     best_json,
     best_note,
+    param_text,
 )
 
 #: Settings no search moves: where the engine is, and how it is run.
@@ -95,7 +96,11 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
         if not raw:
             continue
         try:
-            if base is bool:
+            if name == "no_evict" and raw.lower() in _POLICIES:
+                out.append(_POLICIES[raw.lower()])
+            elif name == "no_evict" and raw.lower() == "static_batch":
+                raise UsageError("--param capacity-scheduler-policy: STATIC_BATCH is not simulated")
+            elif base is bool:
                 if raw.lower() not in ("on", "off", "true", "false"):
                     raise ValueError(raw)
                 out.append(raw.lower() in ("on", "true"))
@@ -108,7 +113,8 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
             else:  # names (model, GPU) and enums, which EngineConfig reads itself
                 out.append(raw)
         except ValueError:
-            what = "on or off" if base is bool else f"a {getattr(base, '__name__', 'value')}"
+            what = ("GUARANTEED_NO_EVICT or MAX_UTILIZATION" if name == "no_evict" else "on or off" if base is bool
+                    else f"a {getattr(base, '__name__', 'value')}")
             raise UsageError(f"--param {name.replace('_', '-')}: {raw!r} is not {what}") from None
     if not out:
         raise UsageError(f"--param {name.replace('_', '-')}: no values")
@@ -117,7 +123,9 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
 
 #: the simulator's flags by their other names (``sim run`` takes both)
 _PARAM_ALIASES = {"async_scheduling": "overlap_schedule", "kv_cache_free_gpu_mem_fraction": "kv_cache_free_fraction",
-                  "cache_max_entry_count": "kv_cache_free_fraction"}
+                  "cache_max_entry_count": "kv_cache_free_fraction", "capacity_scheduler_policy": "no_evict"}
+#: TensorRT-LLM's capacity policies, as ``no_evict`` reads them
+_POLICIES = {"guaranteed_no_evict": True, "max_utilization": False}
 
 
 def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = EngineConfig) -> tuple[Axis, ...]:
@@ -195,10 +203,7 @@ def _tune(kw: dict[str, Any]) -> int:
     target: SimTarget | Trials = SimTarget(engine_config(kw)) if spec is None else EngineTrials(spec, err, who="inferlab tune")
     where = ("on the simulated engine (virtual time; predictions)" if spec is None
              else f"on {spec.engine}, started for each trial")
-    if isinstance(target, SimTarget) and not kw["as_json"] and _sized_as_trtllm_bench(run_config, target, config.axes):
-        err.print("inferlab: offline TensorRT-LLM trials are sized as trtllm-bench sizes them for their lengths and KV cache "
-                  "where the trial sets neither --max-num-seqs nor --max-num-batched-tokens, as sim run sizes them (each "
-                  "trial's config.json has its sizes)", soft_wrap=True, highlight=False)
+    sized = isinstance(target, SimTarget) and _sized_as_trtllm_bench(run_config, target, config.axes)
 
     def on_trial(t: Trial) -> None:
         if not kw["as_json"]:
@@ -209,6 +214,10 @@ def _tune(kw: dict[str, Any]) -> int:
         install_stop_signals(stop)
         tuner = Tuner(run_config, target, config, out, on_trial, stop)
         grid = tuner.grid_size
+        if sized and not kw["as_json"]:  # (once the search is known to start)
+            err.print("inferlab: offline TensorRT-LLM trials are sized as trtllm-bench sizes them for their lengths and "
+                      "KV cache, as sim run sizes them (each trial's config.json has its sizes)", soft_wrap=True,
+                      highlight=False)
         if not kw["as_json"]:
             err.print(f"inferlab tune: {config.search} search over {grid} settings of "
                       + ", ".join(a.flag for a in config.axes) + " " + where)
@@ -231,7 +240,10 @@ def _tune(kw: dict[str, Any]) -> int:
 
 def _sized_as_trtllm_bench(run_config: RunConfig, target: SimTarget, axes: tuple[Axis, ...]) -> bool:
     """Whether a trial may run offline TensorRT-LLM sized as trtllm-bench sizes it
-    (``load.run.trtllm_bench_sized``): the base engine, or any family the search tries."""
+    (``load.run.trtllm_bench_sized``): the base engine, or any family the search tries,
+    where the search sets neither size."""
+    if any(a.name in ("max_num_seqs", "max_num_batched_tokens") for a in axes):
+        return False
     families = next((a.values for a in axes if a.name == "engine_family"), None) or [target.engine.engine_family]
     for family in families:
         engine = dataclasses.replace(target.engine, engine_family=EngineFamily.parse(str(family)))
@@ -243,7 +255,7 @@ def _sized_as_trtllm_bench(run_config: RunConfig, target: SimTarget, axes: tuple
 
 
 def _params(t: Trial, sep: str = " ") -> str:
-    return sep.join(f"{k.replace('_', '-')}={getattr(v, 'value', v)}" for k, v in t.params.items())
+    return sep.join(param_text(k, v) for k, v in t.params.items())
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:

@@ -281,7 +281,8 @@ def trtllm_bench_sized(engine: EngineConfig, workload: WorkloadConfig) -> Engine
     the workload's mean lengths and the KV cache of the default sizes
     (``sizing.trtllm_bench_sizes``), as TensorRT-LLM's offline rows run in validation;
     ``sim run``, ``sweep`` and ``tune`` alike. None for any other engine or workload (a
-    dataset or a trace is not read ahead)."""
+    dataset or a trace is not read ahead; sessions, a system prompt or shared prefixes
+    make prompts longer than the input tokens)."""
     from inferlab.sim.engine.families import EngineFamily
     from inferlab.sim.engine.sizing import trtllm_bench_sizes
     from inferlab.workload.lengths import parse_length
@@ -292,6 +293,8 @@ def trtllm_bench_sized(engine: EngineConfig, workload: WorkloadConfig) -> Engine
         return None
     if workload.input_tokens is None or workload.output_tokens is None or workload.dataset or workload.trace:
         return None
+    if workload.sessions or workload.system_tokens or workload.prefix_groups or workload.prefix_tokens:
+        return None  # (a prompt is more than --input-tokens: a history, a system prompt, a shared prefix)
     isl = parse_length(workload.input_tokens).mean
     osl = parse_length(workload.output_tokens, "--output-tokens").mean
     seqs, batched = trtllm_bench_sizes(isl, osl, Engine(engine).kv_capacity_tokens)

@@ -157,6 +157,12 @@ def _behind_gateway(engine: Mapping[str, Any]) -> list[Any] | None:
     return list(engines) if isinstance(engines, list) else []
 
 
+def engine_family_of(engine: Any) -> str | None:
+    """The family of a run's engine (``simulated_engine``'s, or a profile's), behind the
+    gateway its upstreams' where they all share one; None where not known."""
+    return _family(engine)
+
+
 def _family(engine: Any) -> str | None:
     """The engine's family; behind a gateway, its upstreams' when they all share one."""
     if not isinstance(engine, Mapping):

@@ -97,7 +97,19 @@ class Axis:
 
     @property
     def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
+        return "--" + _FLAG_NAMES.get(self.name, self.name.replace("_", "-"))
+
+
+#: engine fields whose flag has another name than the field's
+_FLAG_NAMES = {"kv_cache_free_fraction": "kv-cache-free-gpu-mem-fraction", "no_evict": "capacity-scheduler-policy"}
+
+
+def param_text(name: str, value: Any) -> str:
+    """One searched setting as its flag writes it (``max-num-seqs=64``,
+    ``capacity-scheduler-policy=MAX_UTILIZATION``)."""
+    if name == "no_evict" and isinstance(value, bool):
+        value = "GUARANTEED_NO_EVICT" if value else "MAX_UTILIZATION"
+    return f"{_FLAG_NAMES.get(name, name.replace('_', '-'))}={getattr(value, 'value', value)}"
 
 
 @dataclass(frozen=True)
@@ -258,7 +270,7 @@ class Tuner:
         if key in self._seen:
             return self._seen[key]
         number = len(self.trials)
-        name = f"trial-{number:03d}-" + "-".join(f"{k.replace('_', '-')}={v}" for k, v in params.items())
+        name = f"trial-{number:03d}-" + "-".join(param_text(k, v) for k, v in params.items())
         out = None if self.out_dir is None else os.path.join(self.out_dir, name)
         trial = Trial(number, dict(params), None if out is None else name)
         result: RunResult | None

@@ -177,9 +177,12 @@ def read_dataset(path: str, fmt: str | None = None, tokenizer: Tokenizer | None 
         hint = ""
         if isinstance(e, FileNotFoundError) and path.strip().lower() in ("sharegpt", "random", "sonnet"):
             # (vllm bench serve's --dataset-name, given as a file)
+            name = path.strip().lower()
             hint = ("; --dataset reads a file (ShareGPT's JSON among them); ShareGPT's lengths without the file: "
-                    "--input-tokens empirical:sharegpt --output-tokens empirical:sharegpt" if path.strip().lower() == "sharegpt"
-                    else "; --dataset reads a file; random prompts of stated lengths are --input-tokens/--output-tokens")
+                    "--input-tokens empirical:sharegpt --output-tokens empirical:sharegpt" if name == "sharegpt"
+                    else "; --dataset reads a file; random prompts of stated lengths are --input-tokens/--output-tokens"
+                    if name == "random"
+                    else "; --dataset reads a file; prompts that share a prefix are --prefix-tokens/--prefix-groups")
         raise UsageError(f"{path}: {e.strerror or e}{hint}") from e
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e

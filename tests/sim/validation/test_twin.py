@@ -1090,13 +1090,17 @@ def test_a_tensorrt_llm_twin_keeps_the_kv_share_it_was_calibrated_with(
     measured: tuple[list[str], list[str]], tmp_path: Path
 ) -> None:
     """TensorRT-LLM's memory share (of what weights leave) sizes its cache as vLLM's
-    --gpu-memory-utilization sizes vLLM's: a twin records it, and its runs take it."""
+    --gpu-memory-utilization sizes vLLM's, and its capacity policy decides whether a full
+    cache preempts: a twin records both, and its runs take them (a twin fitted with
+    MAX_UTILIZATION ran as GUARANTEED_NO_EVICT)."""
     engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S", "--engine-family", "trtllm"]
     runs = said(measured[0], tmp_path, None, None, None)
     res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *runs, "--kv-cache-free-gpu-mem-fraction", "0.5",
+                                    "--capacity-scheduler-policy", "MAX_UTILIZATION",
                                     "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "twin.json")])
     assert res.exit_code == 0, res.stderr
     res = CliRunner().invoke(main, ["sim", "run", *engine, "-c", "2", "-n", "4", "--efficiencies", str(tmp_path / "twin.json"),
                                     "-o", str(tmp_path / "r")])
     assert res.exit_code == 0, res.stderr
-    assert engine_of(tmp_path / "r")["kv_cache_free_fraction"] == 0.5
+    ran = engine_of(tmp_path / "r")
+    assert ran["kv_cache_free_fraction"] == 0.5 and ran["no_evict"] is False

@@ -174,11 +174,11 @@ SIZED_WITH = ("gpu_memory_utilization", "kv_cache_free_fraction", "max_num_batch
               "enforce_eager", "block_size")
 #: The other engine flags a twin records it was calibrated with, and its runs take where
 #: not given: the switches that change how it schedules and what its steps hold (prefix
-#: caching, chunked prefill, mixed batches, multi-step decoding, SGLang's admission) and its front end
-#: (API servers, the host's speed). A run without them would be another engine than the
-#: one fitted, shown under the fit's bands.
+#: caching, chunked prefill, mixed batches, multi-step decoding, SGLang's admission,
+#: TensorRT-LLM's capacity policy) and its front end (API servers, the host's speed). A
+#: run without them would be another engine than the one fitted, shown under the fit's bands.
 RAN_WITH = ("enable_prefix_caching", "enable_chunked_prefill", "mixed_batches", "num_scheduler_steps",
-            "reserve_outputs", "api_server_count", "host_speed")
+            "reserve_outputs", "no_evict", "api_server_count", "host_speed")
 #: What a twin records it was calibrated with, and its runs take where not given: what
 #: sized its cache, the context a request had (which does not size vLLM's cache), and
 #: ``RAN_WITH``
