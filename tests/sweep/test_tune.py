@@ -143,6 +143,8 @@ def test_the_capacity_policy_is_searched_and_shown_by_its_own_names(tmp_path: Pa
     (["--param", "max-num-seqs=8,16"], "needs at least one SLO"),
     (["--slo-ttft-ms", "300", "--param", "capacity-scheduler-policy=STATIC_BATCH"], "STATIC_BATCH is not simulated"),
     (["--slo-ttft-ms", "300", "--param", "capacity-scheduler-policy=fifo"], "GUARANTEED_NO_EVICT or MAX_UTILIZATION"),
+    # a dataset that is not there failed every trial, then said so, its sweep.json written
+
     (["--slo-ttft-ms", "300"], "at least one flag to search"),
     (["--slo-ttft-ms", "300", "--param", "max-num-sequences=8"], "not an engine flag"),
     (["--slo-ttft-ms", "300", "--param", "max-num-seqs=8,lots"], "'lots' is not a int"),
@@ -163,6 +165,13 @@ def test_the_capacity_policy_is_searched_and_shown_by_its_own_names(tmp_path: Pa
 def test_cli_refuses_what_it_would_not_honour(args: list[str], needle: str) -> None:
     code, _, err = invoke(*COMMON, *args)
     assert code == 2 and needle in err, err
+
+
+def test_a_dataset_that_is_not_there_is_refused_before_any_trial(tmp_path: Path) -> None:
+    """It failed every trial, then said so, with a sweep.json of failed trials written."""
+    res = CliRunner().invoke(main, ["tune", "--rate", "12", "-n", "8", "--dataset", str(tmp_path / "none.jsonl"),
+                                    "--slo-ttft-ms", "300", "--param", "max-num-seqs=8,16", "-o", str(tmp_path / "t")])
+    assert res.exit_code == 2 and "No such file" in res.stderr and not (tmp_path / "t").exists()
 
 
 def test_near_ties_go_to_the_lower_ttft_p99() -> None:

@@ -199,6 +199,7 @@ def _tune(kw: dict[str, Any]) -> int:
     if out:
         check_sweep_dir(out, kw["overwrite"])
     run_config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), None, kw["overwrite"])
+    run_config.workload.build(run_config.load.seed, run_config.api)  # (a bad dataset fails every trial: refused first)
     err = Console(stderr=True)
     target: SimTarget | Trials = SimTarget(engine_config(kw)) if spec is None else EngineTrials(spec, err, who="inferlab tune")
     where = ("on the simulated engine (virtual time; predictions)" if spec is None
