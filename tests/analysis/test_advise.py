@@ -435,6 +435,25 @@ def test_a_full_cache_is_advised_on_whether_it_preempts_or_holds_requests_back(t
         assert gain["after"] < 0.8 * gain["before"] and "MAX_UTILIZATION" in kv["change"]
 
 
+def test_a_sweep_over_settings_is_advised_on_each_settings_heaviest_point(tmp_path: Path) -> None:
+    """A sweep of two capacity policies at one load: the run rules looked at one point
+    only (the first heaviest), so the preempting policy's KV advice was never given."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    res = CliRunner().invoke(main, ["sweep", "--engine-family", "trtllm", "--num-gpu-blocks-override", "200", "-c", "16",
+                                    "-n", "48", "--input-tokens", "200", "--output-tokens", "400",
+                                    "--capacity-scheduler-policy", "GUARANTEED_NO_EVICT,MAX_UTILIZATION",
+                                    "-o", str(tmp_path / "s")])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["advise", str(tmp_path / "s"), "--json"])
+    assert res.exit_code == 0, res.output
+    kv = [r for r in json.loads(res.stdout)["recommendations"] if r["rule"] == "kv_pressure"]
+    assert sorted(r["title"].rsplit(": ", 1)[1] for r in kv) == ["requests are preempted and recomputed",
+                                                                 "requests wait for room"], kv
+
+
 def test_a_system_prompt_the_cache_serves_gets_no_advice_to_shorten_it(tmp_path: Path) -> None:
     """16 sessions of 6 turns sharing a 1,500-token system prompt: the prefix cache serves
     it, and a shorter one predicts no gain (it predicted +3 % TTFT, and was advised);

@@ -1000,8 +1000,18 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
                  Gain("output tokens/s", tb, ta, f"{source}: the throughput given up")],
             ))
             break
-    heaviest = max(runs, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))
-    recs, checked = _run_rules(heaviest, goal)
-    for r in recs:
-        r.evidence = f"{heaviest.dir.name}: {r.evidence}"
+    # the run rules on each setting's heaviest point (another engine flag or workload is
+    # another server's evidence); the same change for several settings is said once
+    recs: list[Recommendation] = []
+    checked: list[str] = []
+    said: set[tuple[str, str]] = set()
+    for group in _sweep_groups(runs, index):
+        heaviest = max(group, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))
+        found, checked = _run_rules(heaviest, goal)
+        for r in found:
+            if (r.rule, r.change) in said:
+                continue
+            said.add((r.rule, r.change))
+            r.evidence = f"{heaviest.dir.name}: {r.evidence}"
+            recs.append(r)
     return out + recs, ["concurrency_cap", *checked]
