@@ -380,6 +380,9 @@ def test_the_capacity_scheduler_policy_decides_whether_a_full_cache_preempts(fam
     out = json.loads(res.stdout)
     assert (out["prediction"]["preemptions"] > 0) is preempts
     assert out["config"]["engine"]["no_evict"] is not preempts
+    # no validated row ran a family with the other policy: the bands say so
+    said = " ".join(out["prediction"].get("beyond_validated", []))
+    assert ("capacity policy" in said) is (policy is not None), said
 
 
 def test_a_static_batch_policy_is_refused_with_how_to_run_one() -> None:

@@ -46,6 +46,7 @@ from inferlab.sim.engine.bands import (
     prediction_block,
     regime_of,
     served_by,
+    unvalidated_switches,
 )
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
@@ -220,7 +221,8 @@ async def run(
                     prepared.engine.config.engine_family, block["regime"],
                     summary.input_tokens / done if done and summary.input_tokens is not None else None,
                     summary.output_tokens / done if done else None,
-                ) if not prepared.engine.config.efficiencies_path else []  # (a twin's bands are its own runs')
+                ) + unvalidated_switches(prepared.engine.config) if not prepared.engine.config.efficiencies_path else []
+                # (a twin's bands are its own runs')
                 if beyond:
                     block["beyond_validated"] = beyond
                 summary = dataclasses.replace(summary, prediction=block)

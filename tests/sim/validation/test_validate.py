@@ -556,6 +556,9 @@ def test_a_row_carries_its_split_and_regime_and_an_unknown_split_is_refused() ->
     assert parse_row(row()).split == "fit"  # a row without the column: the fit set
     assert parse_row(row(scenario="burst", batch_or_concurrency="", request_rate_rps="inf")).regime == "saturated"
     assert parse_row(row(scenario="poisson", request_rate_rps="2", batch_or_concurrency="")).regime == "Poisson"
+    # vLLM's --burstiness 1.0 is Poisson arrivals, not a burst (a row that said so ran as one)
+    assert parse_row(row(scenario="request rate 2 (burstiness 1.0)", request_rate_rps="2",
+                         batch_or_concurrency="")).regime == "Poisson"
     with pytest.raises(ScenarioError, match="split 'test'"):
         parse_row(row(split="test"))
 

@@ -271,6 +271,31 @@ def beyond_validated(family: EngineFamily | str, regime: str, input_tokens: floa
     return out
 
 
+#: engine switches validation runs only as each family has them (no row states one):
+#: (the switch in words, its values in words)
+_FAMILY_SWITCHES = {
+    "no_evict": ("capacity policy", {True: "GUARANTEED_NO_EVICT", False: "MAX_UTILIZATION"}),
+    "reserve_outputs": ("output reservation at admission", {True: "on", False: "off"}),
+    "mixed_batches": ("mixing of prefill and decode in one step", {True: "on", False: "off"}),
+}
+
+
+def unvalidated_switches(config: EngineConfig) -> list[str]:
+    """Where a run's engine (resolved) sets a switch that validation only ever ran at its
+    family's default (``_FAMILY_SWITCHES``) to the other value: one sentence each, as
+    ``beyond_validated`` says of lengths (its bands were measured on another engine)."""
+    rules = config.engine_family.rules
+    defaults = {"no_evict": rules.no_evict, "reserve_outputs": rules.reserve_outputs,
+                "mixed_batches": rules.mixes_batches(bool(config.enable_chunked_prefill))}
+    out = []
+    for name, (what, words) in _FAMILY_SWITCHES.items():
+        value = getattr(config, name)
+        if value is not None and value != defaults[name]:
+            out.append(f"its {what} ({words[value]}) is not what any validated {_engine_words(config.engine_family.value)} "
+                       f"row ran ({words[defaults[name]]}): the bands were measured with the other")
+    return out
+
+
 def _engine_words(family: str) -> str:
     return EngineFamily.parse(family).rules.engine.split(" (")[0]
 

@@ -165,7 +165,7 @@ def _kind(scenario: str, concurrency: str, rate: str) -> str:
         return "offline"
     if re.search(r"closed|max-concurrency", s) and _number(concurrency) is not None:
         return "closed"  # vllm bench serve --max-concurrency N at rate inf: N users
-    if "burst" in s or rate.strip().lower().startswith("inf"):
+    if re.search(r"burst(?!iness)", s) or rate.strip().lower().startswith("inf"):  # ("burstiness 1.0" is Poisson's)
         return "burst"
     if "poisson" in s:
         return "poisson"
