@@ -379,7 +379,7 @@ def test_the_capacity_scheduler_policy_decides_whether_a_full_cache_preempts(fam
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert (out["prediction"]["preemptions"] > 0) is preempts
-    assert out["config"]["engine"]["no_evict"] is not preempts
+    assert out["config"]["engine"]["capacity_scheduler_policy"] == ("MAX_UTILIZATION" if preempts else "GUARANTEED_NO_EVICT")
     # no validated row ran a family with the other policy: the bands say so
     said = " ".join(out["prediction"].get("beyond_validated", []))
     assert ("capacity policy" in said) is (policy is not None), said

@@ -124,8 +124,8 @@ def test_vllms_name_for_async_scheduling_searches_the_same_axis() -> None:
 
 
 def test_the_capacity_policy_is_searched_and_shown_by_its_own_names(tmp_path: Path) -> None:
-    """--param capacity-scheduler-policy=... was refused (only the field's name, no-evict,
-    took true/false, and the console showed a --no-evict flag that does not exist)."""
+    """The policy is searched under its flag's name, values read case-insensitively, and
+    shown as the flag writes them."""
     res = CliRunner().invoke(main, ["tune", *COMMON, "--slo-ttft-ms", "300", "--num-gpu-blocks-override", "300", "--param",
                                     "capacity-scheduler-policy=GUARANTEED_NO_EVICT,max_utilization", "--search", "grid",
                                     "-o", str(tmp_path / "t")])
@@ -134,15 +134,17 @@ def test_the_capacity_policy_is_searched_and_shown_by_its_own_names(tmp_path: Pa
     assert [p.name for p in sorted((tmp_path / "t").iterdir()) if p.is_dir()] == [
         "trial-000-capacity-scheduler-policy=GUARANTEED_NO_EVICT", "trial-001-capacity-scheduler-policy=MAX_UTILIZATION"]
     assert "trial 1: capacity-scheduler-policy=MAX_UTILIZATION" in out and "no-evict" not in out
-    ran = [json.loads((tmp_path / "t" / d / "config.json").read_text())["engine"]["no_evict"]
+    ran = [json.loads((tmp_path / "t" / d / "config.json").read_text())["engine"]["capacity_scheduler_policy"]
            for d in ("trial-000-capacity-scheduler-policy=GUARANTEED_NO_EVICT", "trial-001-capacity-scheduler-policy=MAX_UTILIZATION")]
-    assert ran == [True, False]
+    assert ran == ["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"]
 
 
 @pytest.mark.parametrize(("args", "needle"), [
     (["--param", "max-num-seqs=8,16"], "needs at least one SLO"),
-    (["--slo-ttft-ms", "300", "--param", "capacity-scheduler-policy=STATIC_BATCH"], "STATIC_BATCH is not simulated"),
-    (["--slo-ttft-ms", "300", "--param", "capacity-scheduler-policy=fifo"], "GUARANTEED_NO_EVICT or MAX_UTILIZATION"),
+    (["--slo-ttft-ms", "300", "--param", "capacity-scheduler-policy=STATIC_BATCH"], "--rate inf -n B --max-num-seqs B"),
+    (["--slo-ttft-ms", "300", "--param", "capacity-scheduler-policy=fifo"], "known: GUARANTEED_NO_EVICT, MAX_UTILIZATION"),
+    # any enum's unknown name: it failed every trial, each one alike
+    (["--slo-ttft-ms", "300", "--param", "kv-cache-dtype=fp8,bogus"], "unknown kv_cache_dtype 'bogus'"),
     # a dataset that is not there failed every trial, then said so, its sweep.json written
 
     (["--slo-ttft-ms", "300"], "at least one flag to search"),

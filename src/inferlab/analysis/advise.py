@@ -702,7 +702,7 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     preempts = bool(parts) and any("preemption" in p for p in parts)
     engine = run.engine()
     held = None
-    if not parts and w.available and engine is not None and engine.get("no_evict"):
+    if not parts and w.available and engine is not None and engine.get("capacity_scheduler_policy") == "GUARANTEED_NO_EVICT":
         # GUARANTEED_NO_EVICT never preempts: a full cache holds requests back instead,
         # seen as what a cache twice the size does to TTFT
         base = w.simulate()

@@ -45,7 +45,7 @@ from inferlab.sim.engine.bands import (
     served_by,
 )
 from inferlab.sim.engine.config import memory_share_refused, resolve
-from inferlab.sim.engine.dtypes import DType, KVCacheDType, Quantization
+from inferlab.sim.engine.dtypes import CapacityPolicy, DType, KVCacheDType, Quantization
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.families import EngineFamily
 from inferlab.sim.engine.sizing import size_engine
@@ -65,16 +65,6 @@ RUN_DEFAULTS: dict[str, Any] = {"max_model_len": None, "max_num_batched_tokens":
 def _ms_to_s(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     """A click callback: a value given in ms, kept in seconds (None stays None)."""
     return None if value is None else value / 1e3
-
-
-def _capacity_policy(ctx: click.Context, param: click.Parameter, value: str | None) -> bool | None:
-    """``--capacity-scheduler-policy`` as ``EngineConfig.no_evict``."""
-    if value is None:
-        return None
-    if value.upper() == "STATIC_BATCH":
-        raise click.BadParameter("STATIC_BATCH (TensorRT-LLM's legacy static batching) is not simulated: run one batch of "
-                                 "B requests as --rate inf -n B --max-num-seqs B, its latency the E2E max")
-    return value.upper() == "GUARANTEED_NO_EVICT"
 
 
 def _parsed(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, str | None], Any]:
@@ -130,7 +120,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--overlap-schedule/--no-overlap-schedule", "--async-scheduling/--no-async-scheduling", "overlap_schedule", default=None, show_default="the family's: on for sglang and vllm (as vLLM 0.14 on)", help="The host schedules the next step while the GPU runs this one (SGLang's overlap scheduler; --async-scheduling: vLLM's name): a request arriving mid-step waits one step more; the host's cost per step is still counted in the step."),
         click.option("--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl", default=None, show_default="the family's: on for vllm (as vLLM 0.19 on)", help="Admit a waiting or preempted request only when free KV blocks hold its whole current sequence, not just its first chunk (vLLM's flag)."),
         click.option("--reserve-outputs/--no-reserve-outputs", default=None, show_default="the family's: on for sglang", help="SGLang's admission: a waiting request is admitted only while free KV blocks hold its prompt and its whole output (up to 4,096 tokens) beyond what the running requests are estimated to generate (SGLang's new_token_ratio, which falls with each decode step and rises after a preemption); off: when its first chunk fits, as vLLM before 0.19."),
-        click.option("--capacity-scheduler-policy", "no_evict", type=click.Choice(["GUARANTEED_NO_EVICT", "MAX_UTILIZATION", "STATIC_BATCH"], case_sensitive=False), default=None, callback=_capacity_policy, show_default="the family's: GUARANTEED_NO_EVICT for trtllm, MAX_UTILIZATION for the others", help="TensorRT-LLM's capacity scheduler (its scheduler_config): GUARANTEED_NO_EVICT admits a waiting request only while free KV blocks hold what it and every running request need to reach their output limits, so nothing is preempted; MAX_UTILIZATION admits on the first chunk and preempts when the cache fills, as vLLM does. STATIC_BATCH is refused (run a static batch as --rate inf -n B --max-num-seqs B)."),
+        click.option("--capacity-scheduler-policy", metavar="[GUARANTEED_NO_EVICT|MAX_UTILIZATION]", default=None, callback=_parsed(CapacityPolicy.parse), show_default="the family's: GUARANTEED_NO_EVICT for trtllm, MAX_UTILIZATION for the others", help="TensorRT-LLM's capacity scheduler (its scheduler_config): GUARANTEED_NO_EVICT admits a waiting request only while free KV blocks hold what it and every running request need to reach their output limits, so nothing is preempted; MAX_UTILIZATION admits on the first chunk and preempts when the cache fills, as vLLM does. STATIC_BATCH is refused (run a static batch as --rate inf -n B --max-num-seqs B)."),
         click.option("--evict-unhashed-first/--no-evict-unhashed-first", default=None, show_default="the family's: on for vllm (as vLLM 0.24 on)", help="A freed KV block without a prefix hash (a partly filled tail) goes to the front of the free queue, reused before cached blocks; off: every freed block goes to the back."),
         click.option("--num-gpu-blocks-override", type=click.IntRange(min=1), default=None, help="KV cache of exactly N blocks instead of what memory holds, as vLLM's flag: the vllm family keeps one as its null block (N - 1 hold tokens)."),
         click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
@@ -301,7 +291,8 @@ _FRONT_END_SETTINGS = frozenset({"api_overhead_s", "api_server_count", "host_spe
 _RELEASE_SETTINGS = frozenset({"engine_version", *RELEASE_SWITCHES})
 #: ... and what a family decides, for a replay given another family (its memory share
 #: included: vLLM's and SGLang's of the card, TensorRT-LLM's and LMDeploy's of what weights leave)
-_FAMILY_SETTINGS = _RELEASE_SETTINGS | {"enable_chunked_prefill", "enable_prefix_caching", "mixed_batches", "reserve_outputs", "no_evict",
+_FAMILY_SETTINGS = _RELEASE_SETTINGS | {"enable_chunked_prefill", "enable_prefix_caching", "mixed_batches", "reserve_outputs",
+                                        "capacity_scheduler_policy",
                                         "gpu_memory_utilization", "kv_cache_free_fraction"}
 
 
@@ -766,7 +757,7 @@ def _family_switches_changed(engine: Engine) -> list[str]:
         parts.append("full-sequence admission " + ("on" if e.scheduler_reserve_full_isl else "off"))
     if e.reserve_outputs != rules.reserve_outputs and not e.reserve_outputs:  # (on: named below)
         parts.append("outputs not reserved at admission")
-    if e.no_evict != rules.no_evict and not e.no_evict:  # (on: named below)
+    if e.capacity_scheduler_policy is not rules.capacity_policy and not engine.limits.no_evict:  # (on: named below)
         parts.append("admitted on the first chunk, preempted when the cache fills (MAX_UTILIZATION)")
     if e.evict_unhashed_first != rules.evict_unhashed_first and e.enable_prefix_caching:
         parts.append("unhashed blocks reused first " + ("on" if e.evict_unhashed_first else "off"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import json
 import sys
 import types
@@ -96,11 +97,7 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
         if not raw:
             continue
         try:
-            if name == "no_evict" and raw.lower() in _POLICIES:
-                out.append(_POLICIES[raw.lower()])
-            elif name == "no_evict" and raw.lower() == "static_batch":
-                raise UsageError("--param capacity-scheduler-policy: STATIC_BATCH is not simulated")
-            elif base is bool:
+            if base is bool:
                 if raw.lower() not in ("on", "off", "true", "false"):
                     raise ValueError(raw)
                 out.append(raw.lower() in ("on", "true"))
@@ -110,11 +107,15 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
                     raise UsageError(f"--param {name.replace('_', '-')}: {raw} is below 1")
             elif base is float:
                 out.append(float(raw))
-            else:  # names (model, GPU) and enums, which EngineConfig reads itself
+            elif isinstance(base, type) and issubclass(base, enum.Enum) and hasattr(base, "parse"):
+                try:  # (a name the enum has not would fail every trial: refused now)
+                    out.append(base.parse(raw))
+                except UsageError as e:
+                    raise UsageError(f"--param {name.replace('_', '-')}: {e}") from None
+            else:  # names (model, GPU, family), which EngineConfig reads itself
                 out.append(raw)
         except ValueError:
-            what = ("GUARANTEED_NO_EVICT or MAX_UTILIZATION" if name == "no_evict" else "on or off" if base is bool
-                    else f"a {getattr(base, '__name__', 'value')}")
+            what = "on or off" if base is bool else f"a {getattr(base, '__name__', 'value')}"
             raise UsageError(f"--param {name.replace('_', '-')}: {raw!r} is not {what}") from None
     if not out:
         raise UsageError(f"--param {name.replace('_', '-')}: no values")
@@ -123,9 +124,7 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
 
 #: the simulator's flags by their other names (``sim run`` takes both)
 _PARAM_ALIASES = {"async_scheduling": "overlap_schedule", "kv_cache_free_gpu_mem_fraction": "kv_cache_free_fraction",
-                  "cache_max_entry_count": "kv_cache_free_fraction", "capacity_scheduler_policy": "no_evict"}
-#: TensorRT-LLM's capacity policies, as ``no_evict`` reads them
-_POLICIES = {"guaranteed_no_evict": True, "max_utilization": False}
+                  "cache_max_entry_count": "kv_cache_free_fraction"}
 
 
 def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = EngineConfig) -> tuple[Axis, ...]:

@@ -21,12 +21,12 @@ COLUMNS = (
 )
 
 _SHORT = {"concurrency": "c", "input_tokens": "in", "output_tokens": "out", "tensor_parallel_size": "tp",
-          "max_num_batched_tokens": "mnbt", "max_num_seqs": "seqs", "quantization": "q", "no_evict": "policy"}
+          "max_num_batched_tokens": "mnbt", "max_num_seqs": "seqs", "quantization": "q", "capacity_scheduler_policy": "policy"}
 
 
 def params_text(params: dict[str, Any]) -> str:
     """``c=16 in=512 gpu=H100``."""
-    return " ".join(f"{_SHORT.get(k, k)}={_value(v, k)}" for k, v in params.items())
+    return " ".join(f"{_SHORT.get(k, k)}={_value(v)}" for k, v in params.items())
 
 
 def point_line(entry: dict[str, Any]) -> str:
@@ -72,7 +72,7 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
     for name, _key, _d in COLUMNS:
         t.add_column((name + ("" if name.startswith(("out", "req")) else " ms")).replace(" ", "\n", 1), justify="right", no_wrap=True)
     for params, status, head in rows:
-        cells = [_value(params.get(n), n) for n in names] + [status]
+        cells = [_value(params.get(n)) for n in names] + [status]
         for _name, key, d in COLUMNS:
             v = head.get(key)
             if repeated:
@@ -196,9 +196,7 @@ def _short(axis: str) -> str:
     return _SHORT.get(axis, axis)
 
 
-def _value(v: Any, name: str = "") -> str:
-    if name == "no_evict" and isinstance(v, bool):  # (--capacity-scheduler-policy's names)
-        return "GUARANTEED_NO_EVICT" if v else "MAX_UTILIZATION"
+def _value(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return "—" if v is None else str(v)

@@ -105,14 +105,13 @@ _SHORT = {
     "concurrency": "c", "rate": "rate", "input_tokens": "in", "output_tokens": "out", "prefix_tokens": "prefix",
     "prefix_groups": "groups", "suffix_tokens": "suffix", "tensor_parallel_size": "tp",
     "max_num_batched_tokens": "mnbt", "max_num_seqs": "seqs", "quantization": "q", "kv_cache_dtype": "kv",
-    "no_evict": "policy",
+    "capacity_scheduler_policy": "policy",
 }
 
 
 def slug(params: dict[str, Any], repeat: int | None = None) -> str:
     """A folder name for a point: short names and values, e.g. ``c16_in512_tp2_rep1``."""
-    parts = [f"{_SHORT.get(k, k)}{_value(('noevict' if v else 'maxutil') if k == 'no_evict' else v)}"
-             for k, v in params.items()]
+    parts = [f"{_SHORT.get(k, k)}{_value(v)}" for k, v in params.items()]
     if repeat is not None:
         parts.append(f"rep{repeat}")
     return "_".join(parts) or "point"

@@ -101,14 +101,12 @@ class Axis:
 
 
 #: engine fields whose flag has another name than the field's
-_FLAG_NAMES = {"kv_cache_free_fraction": "kv-cache-free-gpu-mem-fraction", "no_evict": "capacity-scheduler-policy"}
+_FLAG_NAMES = {"kv_cache_free_fraction": "kv-cache-free-gpu-mem-fraction"}
 
 
 def param_text(name: str, value: Any) -> str:
     """One searched setting as its flag writes it (``max-num-seqs=64``,
-    ``capacity-scheduler-policy=MAX_UTILIZATION``)."""
-    if name == "no_evict" and isinstance(value, bool):
-        value = "GUARANTEED_NO_EVICT" if value else "MAX_UTILIZATION"
+    ``kv-cache-free-gpu-mem-fraction=0.5``)."""
     return f"{_FLAG_NAMES.get(name, name.replace('_', '-'))}={getattr(value, 'value', value)}"
 
 

@@ -1103,4 +1103,4 @@ def test_a_tensorrt_llm_twin_keeps_the_kv_share_it_was_calibrated_with(
                                     "-o", str(tmp_path / "r")])
     assert res.exit_code == 0, res.stderr
     ran = engine_of(tmp_path / "r")
-    assert ran["kv_cache_free_fraction"] == 0.5 and ran["no_evict"] is False
+    assert ran["kv_cache_free_fraction"] == 0.5 and ran["capacity_scheduler_policy"] == "MAX_UTILIZATION"

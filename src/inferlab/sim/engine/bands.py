@@ -178,7 +178,7 @@ SIZED_WITH = ("gpu_memory_utilization", "kv_cache_free_fraction", "max_num_batch
 #: TensorRT-LLM's capacity policy) and its front end (API servers, the host's speed). A
 #: run without them would be another engine than the one fitted, shown under the fit's bands.
 RAN_WITH = ("enable_prefix_caching", "enable_chunked_prefill", "mixed_batches", "num_scheduler_steps",
-            "reserve_outputs", "no_evict", "api_server_count", "host_speed")
+            "reserve_outputs", "capacity_scheduler_policy", "api_server_count", "host_speed")
 #: What a twin records it was calibrated with, and its runs take where not given: what
 #: sized its cache, the context a request had (which does not size vLLM's cache), and
 #: ``RAN_WITH``
@@ -271,12 +271,11 @@ def beyond_validated(family: EngineFamily | str, regime: str, input_tokens: floa
     return out
 
 
-#: engine switches validation runs only as each family has them (no row states one):
-#: (the switch in words, its values in words)
+#: engine switches validation runs only as each family has them (no row states one), in words
 _FAMILY_SWITCHES = {
-    "no_evict": ("capacity policy", {True: "GUARANTEED_NO_EVICT", False: "MAX_UTILIZATION"}),
-    "reserve_outputs": ("output reservation at admission", {True: "on", False: "off"}),
-    "mixed_batches": ("mixing of prefill and decode in one step", {True: "on", False: "off"}),
+    "capacity_scheduler_policy": "capacity policy",
+    "reserve_outputs": "output reservation at admission",
+    "mixed_batches": "mixing of prefill and decode in one step",
 }
 
 
@@ -285,14 +284,18 @@ def unvalidated_switches(config: EngineConfig) -> list[str]:
     family's default (``_FAMILY_SWITCHES``) to the other value: one sentence each, as
     ``beyond_validated`` says of lengths (its bands were measured on another engine)."""
     rules = config.engine_family.rules
-    defaults = {"no_evict": rules.no_evict, "reserve_outputs": rules.reserve_outputs,
+    defaults = {"capacity_scheduler_policy": rules.capacity_policy, "reserve_outputs": rules.reserve_outputs,
                 "mixed_batches": rules.mixes_batches(bool(config.enable_chunked_prefill))}
+
+    def said(value: object) -> str:
+        return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
     out = []
-    for name, (what, words) in _FAMILY_SWITCHES.items():
+    for name, what in _FAMILY_SWITCHES.items():
         value = getattr(config, name)
         if value is not None and value != defaults[name]:
-            out.append(f"its {what} ({words[value]}) is not what any validated {_engine_words(config.engine_family.value)} "
-                       f"row ran ({words[defaults[name]]}): the bands were measured with the other")
+            out.append(f"its {what} ({said(value)}) is not what any validated {_engine_words(config.engine_family.value)} "
+                       f"row ran ({said(defaults[name])}): the bands were measured with the other")
     return out
 
 

@@ -10,9 +10,16 @@ import dataclasses
 import math
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
 from inferlab._errors import ConfigError, UsageError
-from inferlab.sim.engine.dtypes import SIMULATED_QUANTIZATIONS, DType, KVCacheDType, Quantization
+from inferlab.sim.engine.dtypes import (
+    SIMULATED_QUANTIZATIONS,
+    CapacityPolicy,
+    DType,
+    KVCacheDType,
+    Quantization,
+)
 from inferlab.sim.engine.families import EngineFamily, FamilyRules, family_for_engine
 from inferlab.sim.engine.hardware import (
     GpuSpec,
@@ -28,6 +35,8 @@ from inferlab.sim.engine.steptime import (
     load_efficiencies,
 )
 
+_T = TypeVar("_T")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -39,7 +48,8 @@ class EngineConfig:
     their own documented defaults. ``max_model_len`` is the model's context length,
     capped to what the KV cache holds.
 
-    ``engine_family``, ``dtype``, ``quantization`` and ``kv_cache_dtype`` may be given as
+    ``engine_family``, ``dtype``, ``quantization``, ``kv_cache_dtype`` and
+    ``capacity_scheduler_policy`` may be given as
     strings by any of their names: they are read into their enums here (``UsageError``
     listing the known names for any other), so the engine only ever sees members.
     """
@@ -87,12 +97,9 @@ class EngineConfig:
     # prompt and output beyond the running requests' estimated outputs (its
     # new_token_ratio). None: the family's (on for sglang)
     reserve_outputs: bool | None = None
-    # TensorRT-LLM's capacity scheduler: GUARANTEED_NO_EVICT (True) admits a waiting
-    # request only while free KV blocks hold what it and every running request need to
-    # reach their output limits, so nothing is preempted; MAX_UTILIZATION (False) admits
-    # on the first chunk and preempts when the cache fills, as vLLM. None: the family's
-    # (GUARANTEED_NO_EVICT for trtllm)
-    no_evict: bool | None = None
+    # TensorRT-LLM's capacity scheduler (``CapacityPolicy``). None: the family's
+    # (GUARANTEED_NO_EVICT for trtllm, MAX_UTILIZATION for the others)
+    capacity_scheduler_policy: CapacityPolicy | None = None
     # a freed KV block without a prefix hash (a partly filled tail) goes to the front of
     # the free queue, reused before cached blocks (vLLM from 0.24). None: the family's
     evict_unhashed_first: bool | None = None
@@ -117,6 +124,8 @@ class EngineConfig:
             set_field(self, "engine_version", self.engine_version.strip())
         if self.quantization is not None:
             set_field(self, "quantization", Quantization.parse(self.quantization))
+        if self.capacity_scheduler_policy is not None:
+            set_field(self, "capacity_scheduler_policy", CapacityPolicy.parse(self.capacity_scheduler_policy))
 
 
 @dataclass(frozen=True)
@@ -248,7 +257,7 @@ def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len
         overlap_schedule=_given_or(config.overlap_schedule, rules.overlap_schedule_in(release)),
         scheduler_reserve_full_isl=_given_or(config.scheduler_reserve_full_isl, rules.reserve_full_sequence_in(release)),
         reserve_outputs=_given_or(config.reserve_outputs, rules.reserve_outputs),
-        no_evict=_given_or(config.no_evict, rules.no_evict),
+        capacity_scheduler_policy=_given_or(config.capacity_scheduler_policy, rules.capacity_policy),
         evict_unhashed_first=_given_or(config.evict_unhashed_first, rules.evict_unhashed_first_in(release)),
     )
 
@@ -300,7 +309,7 @@ def engine_release(config: EngineConfig) -> tuple[int, int] | None:
     return release
 
 
-def _given_or(flag: bool | None, default: bool) -> bool:
+def _given_or(flag: _T | None, default: _T) -> _T:
     """The flag when given (False included), else the family's default."""
     return default if flag is None else flag
 

@@ -107,6 +107,30 @@ class KVCacheDType(enum.StrEnum):
         return parse_name(KV_CACHE_DTYPE_NAMES, value, "kv_cache_dtype")
 
 
+class CapacityPolicy(enum.StrEnum):
+    """TensorRT-LLM's capacity scheduler (``--capacity-scheduler-policy``):
+    GUARANTEED_NO_EVICT admits a waiting request only while free KV blocks hold what it
+    and every running request need to reach their output limits, so nothing is
+    preempted; MAX_UTILIZATION admits on the first chunk and preempts when the cache
+    fills, as vLLM does."""
+
+    GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
+    MAX_UTILIZATION = "MAX_UTILIZATION"
+
+    @classmethod
+    def parse(cls, value: str) -> CapacityPolicy:
+        """The policy ``value`` names, case ignored; ``UsageError`` for any other, and for
+        STATIC_BATCH with how to run one batch instead."""
+        if value.strip().lower() == "static_batch":
+            raise UsageError("capacity_scheduler_policy STATIC_BATCH (TensorRT-LLM's legacy static batching) is not "
+                             "simulated: run one batch of B requests as --rate inf -n B --max-num-seqs B, its latency "
+                             "the E2E max")
+        found = next((m for m in cls if m.value.lower() == value.strip().lower()), None)
+        if found is None:
+            raise UsageError(f"unknown capacity_scheduler_policy {value!r}; known: {', '.join(cls)}")
+        return found
+
+
 KV_CACHE_DTYPE_NAMES: dict[str, KVCacheDType] = {
     **{k.value: k for k in KVCacheDType},
     **dict.fromkeys(("bf16", "bfloat16", "fp16", "float16"), KVCacheDType.AUTO),

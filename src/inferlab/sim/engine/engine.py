@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inferlab.sim.engine.config import EngineConfig, resolve
+from inferlab.sim.engine.dtypes import CapacityPolicy
 from inferlab.sim.engine.frontend import FrontEnd
 from inferlab.sim.engine.hardware import GpuSpec
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
@@ -175,9 +176,9 @@ class Engine:
         chunked, caching, mixed = config.enable_chunked_prefill, config.enable_prefix_caching, config.mixed_batches
         assert chunked is not None and caching is not None and mixed is not None  # (resolved)
         reserve, unhashed_first = config.scheduler_reserve_full_isl, config.evict_unhashed_first
-        reserve_outputs, no_evict = config.reserve_outputs, config.no_evict
+        reserve_outputs = config.reserve_outputs
         assert reserve is not None and unhashed_first is not None and reserve_outputs is not None  # (resolved)
-        assert no_evict is not None
+        no_evict = config.capacity_scheduler_policy is CapacityPolicy.GUARANTEED_NO_EVICT
         self._kv = KVCacheManager(sizes.num_kv_blocks, config.block_size, caching, unhashed_first)
         #: the resolved scheduler sizes (``config`` holds the same numbers, typed optional)
         self.limits = SchedulerConfig(

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from inferlab._errors import UsageError
-from inferlab.sim.engine.dtypes import parse_name
+from inferlab.sim.engine.dtypes import CapacityPolicy, parse_name
 from inferlab.sim.engine.hardware import GpuSpec
 from inferlab.sim.engine.steptime import DEFAULT_EFFICIENCIES, Efficiencies
 
@@ -111,10 +111,11 @@ class FamilyRules:
     # running requests' estimated outputs (``new_token_ratio``), and a retraction raises
     # the estimate
     reserve_outputs: bool = False
-    # TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler (``scheduler.SchedulerConfig.no_evict``):
-    # a waiting request is admitted only while the cache holds it to its output limit
-    # beside what the running requests may still take to theirs
-    no_evict: bool = False
+    # TensorRT-LLM's capacity scheduler when no flag says: GUARANTEED_NO_EVICT
+    # (``scheduler.SchedulerConfig.no_evict``) admits a waiting request only while the
+    # cache holds it to its output limit beside what the running requests may still take
+    # to theirs; MAX_UTILIZATION, every other engine's way, admits on the first chunk
+    capacity_policy: CapacityPolicy = CapacityPolicy.MAX_UTILIZATION
     # vLLM's free queue (0.24 on): a freed block without a hash (the partly filled tail)
     # goes to the front, to be reused first; hashed ones to the back (LRU)
     evict_unhashed_first: bool = False
@@ -334,7 +335,7 @@ FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
         kv_free_fraction=0.9,  # kv_cache_free_gpu_mem_fraction
         # its default capacity scheduler policy (CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
         # in trtllm-serve, trtllm-bench and the LLM API alike)
-        no_evict=True,
+        capacity_policy=CapacityPolicy.GUARANTEED_NO_EVICT,
         # C++ batch manager (~1 us per sequence), overlap scheduler, XQA decode attention
         # streaming the (fp8) KV cache closer to peak bandwidth. Its fp8 GEMMs are tuned
         # per shape and stream weights as well as bf16's.

@@ -19,7 +19,7 @@ the validation sets only what the row states and what its benchmark harness does
   the user count), ``sizing.trtllm_bench_sizes`` (trtllm-bench sizes the batch and token budget
   from the workload, offline rows). TRT-LLM's admission (a request only with room for its
   whole sequence to its output limit, GUARANTEED_NO_EVICT) is the engine's, the
-  ``trtllm`` family's (``FamilyRules.no_evict``), in every run, not a harness rule.
+  ``trtllm`` family's (``FamilyRules.capacity_policy``), in every run, not a harness rule.
 """
 
 from __future__ import annotations
