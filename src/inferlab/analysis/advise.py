@@ -74,6 +74,9 @@ class _EngineFlags:
     seqs: str  # the cap on running sequences
     prefix_on: str  # prefix caching on
     fp8: str  # fp8 weights
+    kv_fp8: str  # a KV cache of half the bytes per token ("": the engine has none simulated)
+    kv_share: str  # more memory for the KV cache
+    kv_limits: str  # fewer tokens a request or sequences at once
 
 
 _VLLM_FLAGS = _EngineFlags(
@@ -81,11 +84,15 @@ _VLLM_FLAGS = _EngineFlags(
     "vLLM --max-num-seqs {n}",
     "vLLM --enable-prefix-caching (the V1 default; V0 needs it)",
     "vLLM --quantization fp8",
+    "--kv-cache-dtype fp8 (half the bytes per token)", "a higher --gpu-memory-utilization",
+    "a lower --max-model-len or --max-num-seqs",
 )
 _FAMILY_FLAGS = {
     "sglang": _EngineFlags(
         "SGLang --chunked-prefill-size {n}", "SGLang --max-running-requests {n}", "SGLang: drop --disable-radix-cache",
         "SGLang --quantization fp8",
+        "--kv-cache-dtype fp8_e5m2 (half the bytes per token)", "a higher --mem-fraction-static",
+        "a lower --context-length or --max-running-requests",
     ),
     "trtllm": _EngineFlags(
         "TensorRT-LLM --max_num_tokens {n} (trtllm-serve; chunked prefill on: enable_chunked_prefill in "
@@ -93,11 +100,15 @@ _FAMILY_FLAGS = {
         "TensorRT-LLM --max_batch_size {n}",
         "TensorRT-LLM's KV cache reuse (kv_cache_config: enable_block_reuse: true)",
         "an FP8 checkpoint quantized with TensorRT Model Optimizer",
+        "fp8 KV (kv_cache_config dtype fp8: half the bytes per token)", "a higher kv_cache_free_gpu_mem_fraction",
+        "a lower max_seq_len or max_batch_size",
     ),
     "llamacpp": _EngineFlags(
         "llama.cpp --ubatch-size {n} (prompts processed {n} tokens at a time)", "llama.cpp --parallel {n} (its slots)",
         "llama.cpp's prompt cache (cache_prompt, on by default; --cache-reuse for shifted prefixes)",
         "a Q8_0 or 4-bit (Q4_K_M) GGUF",
+        "a q8_0 KV cache (--cache-type-k q8_0 --cache-type-v q8_0)", "a larger --ctx-size (shared by the slots)",
+        "fewer --parallel slots",
     ),
     "lmdeploy": _EngineFlags(
         "LMDeploy --max-prefill-token-num {n}, which prefills long prompts in pieces of {n} tokens (simulated as "
@@ -105,6 +116,7 @@ _FAMILY_FLAGS = {
         "LMDeploy --max-batch-size {n}", "LMDeploy --enable-prefix-caching",
         "an FP8 checkpoint, where your LMDeploy release serves one; predicted for fp8 weights, its 4-bit AWQ "
         "(--model-format awq) not simulated",
+        "", "a higher --cache-max-entry-count", "a lower --session-len or --max-batch-size",
     ),
 }
 #: A server whose engine is not known (a real one): vLLM's names and SGLang's.
@@ -113,7 +125,14 @@ _ANY_FLAGS = _EngineFlags(
     "vLLM --max-num-seqs {n} (SGLang --max-running-requests {n})",
     "vLLM --enable-prefix-caching (the V1 default; V0 needs it); SGLang: drop --disable-radix-cache",
     "vLLM or SGLang --quantization fp8",
+    "--kv-cache-dtype fp8 (vLLM; SGLang fp8_e5m2: half the bytes per token)",
+    "a higher --gpu-memory-utilization (SGLang --mem-fraction-static)",
+    "a lower --max-model-len or --max-num-seqs (SGLang --context-length or --max-running-requests)",
 )
+
+
+#: the server software a run recorded (``client.serverid``) -> its flags' family
+_SOFTWARE_FAMILY = {**FAMILY_OF_SOFTWARE, "llama.cpp": "llamacpp"}
 
 
 def _flags(engine: dict[str, Any] | None) -> _EngineFlags:
@@ -301,7 +320,7 @@ class _Run:
         resolved = self.config.get("resolved")
         software = resolved.get("server_software") if isinstance(resolved, dict) else None
         name = software.get("name") if isinstance(software, dict) else None
-        family = {**FAMILY_OF_SOFTWARE, "llama.cpp": "llamacpp"}.get(str(name)) if name else None
+        family = _SOFTWARE_FAMILY.get(str(name)) if name else None
         return _FAMILY_FLAGS.get(family, _VLLM_FLAGS) if family else _ANY_FLAGS
 
     def concurrency(self) -> float | None:
@@ -719,16 +738,11 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         return None
     family = str((engine or {}).get("engine_family") or "vllm")
     fixed = (engine or {}).get("num_gpu_blocks_override") is not None  # (a pool of N blocks: no dtype or share moves it)
-    halves = (engine is None or (engine.get("kv_cache_dtype") in (None, "auto") and family != "lmdeploy")) and not fixed
-    room = {  # (each engine's own flags)
-        "sglang": ["--kv-cache-dtype fp8_e5m2 (half the bytes per token)" if halves else "", "a higher --mem-fraction-static",
-                   "a lower --context-length or --max-running-requests"],
-        "trtllm": ["fp8 KV (kv_cache_config dtype fp8: half the bytes per token)" if halves else "",
-                   "a higher kv_cache_free_gpu_mem_fraction", "a lower max_seq_len or max_batch_size"],
-        "lmdeploy": ["int8 KV (--quant-policy 8; not simulated)", "a higher --cache-max-entry-count",
-                     "a lower --session-len or --max-batch-size"],
-    }.get(family, ["--kv-cache-dtype fp8 (half the bytes per token)" if halves else "", "a higher --gpu-memory-utilization",
-                   "a lower --max-model-len or --max-num-seqs"])
+    flags = run.flags()
+    halves = (engine is None or engine.get("kv_cache_dtype") in (None, "auto")) and bool(flags.kv_fp8) and not fixed
+    room = [flags.kv_fp8 if halves else "", flags.kv_share, flags.kv_limits]
+    if family == "lmdeploy":  # (its int8 KV is not simulated: named, no prediction)
+        room.insert(0, "int8 KV (--quant-policy 8; not simulated)")
     change = "give the KV cache more room: " + ", ".join(r for r in room if r) + "; or a bigger GPU, or -tp 2"
     if fixed and engine is not None:
         change = (f"give the KV cache more room: more than the {engine['num_gpu_blocks_override']:,} blocks "
