@@ -651,6 +651,11 @@ def test_the_engine_line_names_the_host_costs_the_step_time_charges() -> None:
     parts = {g: engine_line(Engine(EngineConfig(gpu=g))).split(", ") for g in ("H100", "H200", "L40S")}
     assert "bandwidth factor 0.92" in parts["H200"] and "bandwidth factor 1.12" in parts["L40S"]
     assert not any(p.startswith("bandwidth factor") for p in parts["H100"])
+    # and that a GeForce card's all-reduce goes through host memory, where there is one
+    no_p2p = "all-reduce through host memory (no P2P)"
+    assert no_p2p in engine_line(Engine(EngineConfig(gpu="4090", tensor_parallel_size=2))).split(", ")
+    assert no_p2p not in engine_line(Engine(EngineConfig(gpu="4090")))
+    assert no_p2p not in engine_line(Engine(EngineConfig(gpu="L40S", tensor_parallel_size=2)))
     assert host_words(Engine(EngineConfig(), step_time=Flat())) == ""
 
 

@@ -772,6 +772,8 @@ def engine_line(engine: Engine) -> str:
         *([gpu] if gpu != e.gpu else []),
         # the card's share of its datasheet bandwidth against the H100 the constants were fit on
         *([f"bandwidth factor {engine.gpu.stream_factor:g}"] if engine.gpu.stream_factor != 1.0 else []),
+        # GeForce cards: no peer-to-peer access, so each all-reduce goes through host memory
+        *(["all-reduce through host memory (no P2P)"] if e.tensor_parallel_size > 1 and not engine.gpu.peer_to_peer else []),
         e.quantization if e.quantization not in (None, Quantization.NONE) else ("fp16" if e.dtype is DType.FLOAT16 else "bf16"),
         *(["fp8 KV"] if e.kv_cache_dtype is KVCacheDType.FP8 else []),
         f"max-model-len {lim.max_model_len:,}",

@@ -7,7 +7,7 @@ import pytest
 
 from inferlab._errors import UsageError
 from inferlab.sim.engine.dtypes import KVCacheDType, Quantization
-from inferlab.sim.engine.hardware import resolve_gpu, resolve_model
+from inferlab.sim.engine.hardware import GpuSpec, resolve_gpu, resolve_model
 from inferlab.sim.engine.steptime import (
     DEFAULT_EFFICIENCIES,
     RooflineStepTime,
@@ -566,4 +566,33 @@ def test_a_gpu_spec_stating_an_unusable_stream_factor_is_refused(tmp_path: Path,
     assert resolve_gpu(str(tmp_path / "as_is.json")).stream_factor == 1.0
     (tmp_path / "bad.json").write_text(json.dumps({**spec, "stream_factor": factor}))
     with pytest.raises(UsageError, match="stream_factor"):
+        resolve_gpu(str(tmp_path / "bad.json"))
+
+
+def test_geforce_cards_all_reduce_through_host_memory(tmp_path: Path) -> None:
+    """A GeForce card has no peer-to-peer access: at TP 2 and up a decode step pays each
+    all-reduce at the host-memory latency, several times NVLink's 10 us, growing with the
+    ring as 2(t-1)/t; at TP 1 nothing changes. A spec file may state either, and a
+    statement that is no true or false is refused."""
+    model = resolve_model(LLAMA8B)
+    twin = {"bf16_dense_tflops": 165.2, "fp8_dense_tflops": 330.3, "hbm_gb": 24, "hbm_bw_tbs": 1.008,
+            "bus_bw_gbs": 25, "stream_factor": resolve_gpu("4090").stream_factor}
+    (tmp_path / "p2p.json").write_text(json.dumps({**twin, "peer_to_peer": True}))
+    (tmp_path / "no_p2p.json").write_text(json.dumps({**twin, "peer_to_peer": False}))
+    rtx, p2p, stated = resolve_gpu("4090"), resolve_gpu(str(tmp_path / "p2p.json")), resolve_gpu(str(tmp_path / "no_p2p.json"))
+    assert not rtx.peer_to_peer and p2p.peer_to_peer and not stated.peer_to_peer
+    assert resolve_gpu("H100").peer_to_peer and resolve_gpu("L40S").peer_to_peer
+    decode = [(1, 200)] * 4
+
+    def step(gpu: GpuSpec, tp: int) -> float:
+        return RooflineStepTime(model, gpu, tp=tp).step_time_s(decode, 4)
+
+    assert step(rtx, 1) == step(p2p, 1)
+    assert step(stated, 2) == step(rtx, 2)
+    extra = {tp: step(rtx, tp) - step(p2p, tp) for tp in (2, 4, 8)}
+    ar_per_step = 2 * model.num_layers  # two all-reduces a layer
+    assert extra[2] > ar_per_step * 4 * 10e-6  # several times the P2P latency each
+    assert extra[2] < extra[4] < extra[8] < 2 * extra[2]  # the ring's 2(t-1)/t: 1, 1.5, 1.75
+    (tmp_path / "bad.json").write_text(json.dumps({**twin, "peer_to_peer": "no"}))
+    with pytest.raises(UsageError, match="peer_to_peer"):
         resolve_gpu(str(tmp_path / "bad.json"))

@@ -43,6 +43,8 @@ _BUS_GBS: dict[str, float] = {
     "A800-SXM-80GB": 200.0,
 }
 _DEFAULT_BUS_GBS = 25.0
+# GeForce cards: no peer-to-peer access between them (the driver disables it)
+_NO_PEER_TO_PEER = frozenset({"RTX-4090-24GB"})
 
 # Cards with GDDR memory reach a larger fraction of their datasheet bandwidth than the HBM
 # parts the efficiencies were fit on (A100/H100/H200): a smaller bandwidth-latency product
@@ -178,6 +180,10 @@ class GpuSpec:
     # were fit on: ``_STREAM_FACTORS`` (1.0 for HBM but H200's 0.92, ``_GDDR_STREAM_FACTOR``
     # for GDDR cards), or what a spec file states
     stream_factor: float = 1.0
+    # False for GeForce cards, whose driver disables peer-to-peer access: an all-reduce goes
+    # through host memory (NCCL's shared-memory transport; vLLM's custom all-reduce needs
+    # P2P and stays off), at ``Efficiencies.allreduce_latency_no_p2p_s`` each
+    peer_to_peer: bool = True
 
 
 @functools.cache
@@ -443,6 +449,13 @@ def _positive(key: str, value: object) -> float:
     return x
 
 
+def _flag(key: str, value: object) -> bool:
+    """``value`` if it is a JSON true or false; ValueError naming ``key`` otherwise."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false, not {value!r}")
+    return value
+
+
 def _gpu_from_dict(name: str, d: dict[str, Any], source: str | None = None) -> GpuSpec:
     """``source``: the file ``d`` came from, named in the ``UsageError`` if it is unusable."""
     try:
@@ -459,6 +472,7 @@ def _gpu_from_dict(name: str, d: dict[str, Any], source: str | None = None) -> G
             bus_bytes_per_s=float(d.get("bus_bw_gbs") or _BUS_GBS.get(name, _DEFAULT_BUS_GBS))
             * 1e9,
             stream_factor=_positive("stream_factor", d["stream_factor"] if "stream_factor" in d else _STREAM_FACTORS.get(name, 1.0)),
+            peer_to_peer=_flag("peer_to_peer", d["peer_to_peer"]) if "peer_to_peer" in d else name not in _NO_PEER_TO_PEER,
         )
     except KeyError as e:
         raise UsageError(f"{source or name}: not a usable GPU spec ({e.args[0]!r} missing)") from e
@@ -524,8 +538,9 @@ def resolve_gpu(name: str) -> GpuSpec:
     a name as sources and tools write it (``A100-SXM4-80GB``, ``NVIDIA H100 80GB HBM3``).
 
     A custom file has the preset keys (``bf16_dense_tflops``, ``fp8_dense_tflops``,
-    ``int8_dense_tops``, ``hbm_gb``, ``hbm_bw_tbs``) and optionally ``bus_bw_gbs`` and
-    ``stream_factor`` (the share of its bandwidth it reaches relative to HBM cards).
+    ``int8_dense_tops``, ``hbm_gb``, ``hbm_bw_tbs``) and optionally ``bus_bw_gbs``,
+    ``stream_factor`` (the share of its bandwidth it reaches relative to HBM cards) and
+    ``peer_to_peer`` (false for cards whose all-reduce goes through host memory).
     Raises ``UsageError`` for an unknown name or an unusable file.
     """
     gpus: dict[str, dict[str, Any]] = _presets()["gpus"]

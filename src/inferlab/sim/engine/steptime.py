@@ -58,6 +58,9 @@ class Efficiencies:
     activation_stream: float = 0.70  # elementwise/activation traffic: 0.6–0.8 of bandwidth
     elementwise_per_layer_s: float = 20e-6  # norms, rope, act, residual: 15–30 µs/layer small T
     allreduce_latency_s: float = 10e-6  # custom all-reduce / NCCL small message: 5–20 µs
+    # ... between cards without peer-to-peer access (GeForce), through host memory, times
+    # the ring's 2(t-1)/t: fitted on IOG's multi-RTX-4090 rows at 1 req/s (bench/fit_no_p2p.py)
+    allreduce_latency_no_p2p_s: float = 68e-6
     allreduce_bus: float = 0.75  # achieved fraction of per-direction link bandwidth: 0.6–0.85
     sampler_s: float = 100e-6  # sampling kernels + GPU→CPU sync: 50–200 µs per step
     cpu_step_s: float = 0.7e-3  # vLLM V1 host cost per step with CUDA graphs: 0.5–1 ms
@@ -323,6 +326,7 @@ class RooflineStepTime:
         self._ew_s_per_token = _ACT_BYTES * ew_elems / act_bw
         # Two ring all-reduces of the hidden state per layer.
         ring = 2 * (tp - 1) / tp
+        self._ar_latency_s = eff.allreduce_latency_s if gpu.peer_to_peer else eff.allreduce_latency_no_p2p_s * ring
         self._ar_s_per_token = ring * _ACT_BYTES * h / (gpu.bus_bytes_per_s * eff.allreduce_bus)
         # LM head (bf16 whatever the quantization) and sampler over fp32 logits.
         vocab = model.vocab_size
@@ -373,7 +377,7 @@ class RooflineStepTime:
         elementwise = _knee(eff.elementwise_per_layer_s, tokens * self._ew_s_per_token)
         layer = gemm + attention + elementwise + self._eager_layer_s + self._routing_s
         if self.tp > 1:
-            layer += 2 * (eff.allreduce_latency_s + tokens * self._ar_s_per_token)
+            layer += 2 * (self._ar_latency_s + tokens * self._ar_s_per_token)
         total = self.num_layers * layer
         if emitting > 0:
             total += _knee(emitting * self._lm_s_per_seq, self._lm_weights_s)
