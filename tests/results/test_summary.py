@@ -132,6 +132,17 @@ def test_no_overload_warning_when_keeping_up_for_closed_loops_or_without_spread(
     assert summarize(lucky).request_throughput_rps < 0.8 * 5 and not keep_up_warned(lucky)
     # too few requests to tell a trend from one burst (three at each end, at least): none
     assert not keep_up_warned(overloaded(n=5))
+    # an engine that only got busier: 20 requests over 3.4 s, each answering for 3 s (the
+    # run's rate, drain included, well under the offered one), TTFT rising steadily from
+    # 30 to 106 ms as the decode batch grows: more than twice, through the run, but by
+    # 76 ms, where a queue that let completions fall behind would have grown by hundreds
+    busier = [rec(i, i * 180, [i * 180 + 30 + 4 * i, i * 180 + 3000], i * 180 + 3000, out=2, intended_send_ns=i * 180 * MS)
+              for i in range(20)]
+    assert summarize(busier).request_throughput_rps < 0.8 * (1000 / 180) and not keep_up_warned(busier)
+    # the same rise over a tenth of the time the sends spanned is a queue: warned
+    queued = [rec(i, i * 180, [i * 180 + 30 + 25 * i, i * 180 + 3000], i * 180 + 3000, out=2, intended_send_ns=i * 180 * MS)
+              for i in range(20)]
+    assert keep_up_warned(queued)
 
 
 def test_a_wait_for_a_concurrency_slot_is_not_called_falling_behind() -> None:

@@ -23,6 +23,7 @@ from typing import Any, TypedDict
 from inferlab.results.breakdown import LatencyBreakdown, latency_breakdown
 from inferlab.results.clientload import ClientLoad
 from inferlab.results.metrics import (
+    NS_PER_MS,
     NS_PER_S,
     SLO,
     Distribution,
@@ -55,6 +56,11 @@ OVERLOAD_PART = 3
 #: ... and the latencies must rise through the run, not jump in one burst: their rank
 #: correlation with the send order at least this (a queue that keeps growing is near 1).
 OVERLOAD_TREND = 0.6
+#: ... and grow by at least this share of the time over which the requests were sent: a
+#: server that completes 80 % of the offered rate lets its queue grow by a fifth of that
+#: time, where an engine that only got busier (a growing decode batch, a burst near the
+#: end) adds tens of ms to a TTFT of tens of ms.
+OVERLOAD_WAIT_SHARE = 0.1
 
 
 class Omitted(enum.Enum):
@@ -628,7 +634,9 @@ def overload_warning(
     the median TTFT (E2E if there is no TTFT) of the last requests by send time (a tenth
     of them, at least ``OVERLOAD_PART``) is at least ``LATENCY_GROWTH`` times that of as
     many first ones, rising through the run (``_trend`` at least ``OVERLOAD_TREND``: one
-    burst near the end of a short run is no growing queue). ``None`` for closed loops and
+    burst near the end of a short run is no growing queue), by at least
+    ``OVERLOAD_WAIT_SHARE`` of the time the sends spanned (a queue's growth, not a busier
+    engine's). ``None`` for closed loops and
     sessions (each send follows a completion there, so they cannot outrun the server)."""
     load = config.get("load") or {}
     if (load.get("schedule") or {}).get("kind") == "ClosedLoop" or any(r.session is not None for r in measured):
@@ -651,6 +659,8 @@ def overload_warning(
     first = statistics.median(values[:part])
     last = statistics.median(values[-part:])
     if last < LATENCY_GROWTH * first or _trend(values) < OVERLOAD_TREND:
+        return None
+    if last - first < OVERLOAD_WAIT_SHARE * (intended[-1] - intended[0]) / NS_PER_MS:
         return None
     return (
         f"{OVERLOAD}: offered {offered_rps:.1f} req/s, completed "
