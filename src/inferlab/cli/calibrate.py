@@ -16,8 +16,9 @@ from rich.table import Table
 
 from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import check_output_folder, given, run_guarded
-from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, flag_words, setting_text
+from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, flag_words, setting_text, take_recorded_engine
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
+from inferlab.results.provenance import simulated_engine
 from inferlab.sim.engine.bands import SIZED_WITH
 from inferlab.sim.engine.config import parse_release, release_local_label
 from inferlab.sim.engine.dtypes import KVCacheDType
@@ -43,6 +44,40 @@ def calibrate_cmd(**kw: Any) -> None:
     the error on the fit runs and on --holdout runs; the result is a twin whose numbers
     are predictions."""
     sys.exit(run_guarded(lambda: _calibrate(kw)))
+
+
+def _as_the_simulator_ran(kw: dict[str, Any], paths: list[str], fitted: tuple[str, ...], err: Console) -> None:
+    """Runs of ``bench`` against inferlab's simulated server (``sim serve``) record the
+    engine it ran (``config.json``'s ``resolved.engine``): calibrate the twin of that engine, its model,
+    card and flags (eager mode, context length, ...), each where no flag gives another,
+    said on stderr; but not the constants fitted (``fitted``) or an efficiencies file.
+    ``UsageError`` for runs of different simulated engines, or some of one and some of
+    another server: a twin is of one."""
+    engines = []
+    for path in paths:
+        try:
+            config = json.loads((Path(path) / "config.json").read_text())
+        except (OSError, ValueError):
+            config = {}
+        # (a sim run's directory is the simulator's own prediction, no server's measurement)
+        engines.append(simulated_engine(config) if config.get("command") != "sim run" else None)
+    recorded = [e for e in engines if e is not None]
+    if not recorded:
+        return
+    if len(recorded) < len(engines):
+        raise UsageError("some runs were measured on inferlab's simulated server and some on another: a twin is of one server")
+    if any(e != recorded[0] for e in recorded[1:]):
+        raise UsageError("the runs were measured on simulated servers with different engines: a twin is of one server")
+    taken = take_recorded_engine(kw, recorded[0], keep=(*fitted, "efficiencies_path"))
+    shown = [flag_words(k, kw[k]) for k in _SHOWN_AS_RAN if k in taken and kw[k] is not None]
+    err.print(f"inferlab sim calibrate: the runs' server was inferlab's simulated engine ({recorded[0].get('model')} on "
+              f"{recorded[0].get('gpu_preset', recorded[0].get('gpu'))}): calibrating the engine it ran, every flag as it "
+              f"ran ({', '.join(shown)}, ...; flags given here win)", highlight=False)
+
+
+#: The recorded flags ``_as_the_simulator_ran`` names (it takes them all)
+_SHOWN_AS_RAN = ("engine_family", "tensor_parallel_size", "quantization", "max_model_len", "max_num_batched_tokens",
+                 "max_num_seqs", "enforce_eager")
 
 
 def _as_the_server_said(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) -> dict[str, Any]:
@@ -290,6 +325,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
     fit_runs = [read_run(p) for p in kw["runs"]]
     holdout = [read_run(p) for p in kw["holdout"]]
     err = Console(stderr=True)
+    _as_the_simulator_ran(kw, [*kw["runs"], *kw["holdout"]], names, err)
     stated = _as_the_server_said(kw, fit_runs + holdout, err)
     engine = engine_config(kw)
     labels = {key: label for label, key, _ in COLUMNS}  # (the twin's metrics are sweep headline keys)

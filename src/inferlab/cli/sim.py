@@ -7,7 +7,7 @@ import dataclasses
 import json
 import math
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -296,6 +296,29 @@ _FAMILY_SETTINGS = _RELEASE_SETTINGS | {"enable_chunked_prefill", "enable_prefix
                                         "gpu_memory_utilization", "kv_cache_free_fraction"}
 
 
+def take_recorded_engine(kw: dict[str, Any], engine: Mapping[str, Any], keep: Iterable[str] = ()) -> list[str]:
+    """Put in ``kw`` the flags of a simulated engine a run recorded (``simulated_engine``)
+    that no flag gives, but ``keep``'s; returns their names. Its card is its preset; its
+    front end is not taken by a run served where it ran offline or the reverse (offline
+    there is none), nor its family's and release's settings by a run given another
+    family, nor its release's by one given another release."""
+    fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_REPLAYED - set(keep)
+    if bool(engine.get("offline")) != bool(kw.get("offline")):
+        # the recorded front end (none offline: latency 0) is not this run's: the family's
+        fields -= _FRONT_END_SETTINGS
+    if given("engine_family") and str(kw.get("engine_family")) != str(engine.get("engine_family")):
+        fields -= _FAMILY_SETTINGS | _FRONT_END_SETTINGS  # (the recorded ones were another family's)
+    elif given("engine_version"):
+        fields -= _RELEASE_SETTINGS  # (the recorded ones were the recorded release's)
+    taken = [name for name in sorted(fields & set(engine)) if not given(name)]
+    for name in taken:
+        kw[name] = engine[name]
+    if "gpu_preset" in engine and not given("gpu"):
+        kw["gpu"] = engine["gpu_preset"]
+        taken.append("gpu")
+    return taken
+
+
 def _engine_from_trace_run(kw: dict[str, Any]) -> None:
     """Replaying a run's ``requests.jsonl``: the engine that run simulated, from the
     ``config.json`` beside it (a ``sim run``'s ``engine``, or a ``bench`` against the
@@ -316,20 +339,8 @@ def _engine_from_trace_run(kw: dict[str, Any]) -> None:
             click.echo(f"inferlab: the run went through inferlab gateway ({path}): replaying on the engine flags given "
                        "here, not on its upstreams' (the gateway's cache, admission and routing are not replayed)", err=True)
         return
-    fields = {f.name for f in dataclasses.fields(EngineConfig)} - _NOT_REPLAYED
-    if bool(engine.get("offline")) != bool(kw.get("offline")):
-        # the recorded front end (none offline: latency 0) is not this replay's: the family's
-        fields -= _FRONT_END_SETTINGS
-    if given("engine_family") and str(kw.get("engine_family")) != str(engine.get("engine_family")):
-        fields -= _FAMILY_SETTINGS | _FRONT_END_SETTINGS  # (the recorded ones were another family's)
-    elif given("engine_version"):
-        fields -= _RELEASE_SETTINGS  # (the recorded ones were the recorded release's)
-    taken = [name for name in sorted(fields & set(engine)) if not given(name)]
-    for name in taken:
-        kw[name] = engine[name]
+    take_recorded_engine(kw, engine)
     kw["_engine_replayed"] = True  # (a twin's settings do not replace the run's: ``as_the_twin_was``)
-    if "gpu_preset" in engine and not given("gpu"):
-        kw["gpu"] = engine["gpu_preset"]
     click.echo(
         f"inferlab: replaying on the engine the run simulated ({engine.get('model')} on "
         f"{engine.get('gpu_preset', engine.get('gpu'))}, every size as it ran; from {path}; flags given here win)",

@@ -1104,3 +1104,45 @@ def test_a_tensorrt_llm_twin_keeps_the_kv_share_it_was_calibrated_with(
     assert res.exit_code == 0, res.stderr
     ran = engine_of(tmp_path / "r")
     assert ran["kv_cache_free_fraction"] == 0.5 and ran["capacity_scheduler_policy"] == "MAX_UTILIZATION"
+
+
+def as_bench_of_sim_serve(runs: list[str], into: Path, **engine: Any) -> list[str]:
+    """Copies of ``runs`` as ``bench`` writes a run against ``sim serve``: no command,
+    and the engine the simulated server reported (``resolved.engine``), changed by ``engine``."""
+    out = []
+    for run in runs:
+        copy = into / Path(run).name
+        shutil.copytree(run, copy)
+        config = json.loads((copy / "config.json").read_text())
+        ran = {**config.pop("engine"), **engine}
+        config.pop("command", None)
+        config["resolved"] = {"url": "http://127.0.0.1:8000/v1", "engine": ran, "server_software": None}
+        (copy / "config.json").write_text(json.dumps(config))
+        out.append(str(copy))
+    return out
+
+
+def test_a_twin_of_the_simulated_server_is_calibrated_as_the_engine_it_ran(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """Runs against ``sim serve --enforce-eager --max-model-len 4096``: the twin is of that
+    engine, eager and at that context (it was of an engine without either), flags given
+    win, and runs of two different simulated engines are refused."""
+    (tmp_path / "a").mkdir()
+    runs = as_bench_of_sim_serve(measured[0], tmp_path / "a", enforce_eager=True, max_model_len=4096)
+    res = calibrate_cli(runs, tmp_path / "twin.json")
+    assert res.exit_code == 0, res.stderr
+    assert "the runs' server was inferlab's simulated engine" in words(res.stderr) and "--enforce-eager" in words(res.stderr)
+    sized = json.loads((tmp_path / "twin.json").read_text())["calibration"]["sized_with"]
+    assert (sized["enforce_eager"], sized["max_model_len"]) == (True, 4096)
+    res = calibrate_cli(runs, tmp_path / "given.json", "--max-model-len", "8192")
+    assert res.exit_code == 0, res.stderr
+    sized = json.loads((tmp_path / "given.json").read_text())["calibration"]["sized_with"]
+    assert (sized["enforce_eager"], sized["max_model_len"]) == (True, 8192)
+    # the sim runs themselves are the simulator's predictions: nothing taken from them
+    res = calibrate_cli(measured[0], tmp_path / "sim.json")
+    assert res.exit_code == 0 and "simulated engine" not in res.stderr
+    (tmp_path / "b").mkdir()
+    other = as_bench_of_sim_serve(measured[0][:1], tmp_path / "b", enforce_eager=False)
+    res = calibrate_cli([*runs[:1], *other], tmp_path / "mixed.json")
+    assert res.exit_code == 2 and "different engines" in res.stderr, res.stderr
