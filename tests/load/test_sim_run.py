@@ -709,3 +709,11 @@ def test_a_sim_run_longer_than_the_validated_rows_says_so() -> None:
     assert any("its prompts (60,000 tokens on average) are longer" in s for s in long["beyond_validated"])
     short, _ = run("500")
     assert "beyond_validated" not in short
+
+
+@pytest.mark.parametrize("load", [(), ("--rate", "2"), ("-c", "2")])
+def test_a_count_of_no_requests_is_refused_by_its_own_flag(load: tuple[str, ...]) -> None:
+    for n in ("0", "-3"):
+        p = sim_cli("-n", n, *load)
+        assert p.returncode == 2 and "-n/--num-requests must be at least 1" in p.stderr, p.stderr
+        assert "concurrency" not in p.stderr

@@ -220,6 +220,8 @@ def test_a_point_of_more_users_than_requests_is_refused_before_anything_runs(tmp
 @pytest.mark.parametrize("flags,needle", [(["--gpu", "H100,NOPE"], "unknown GPU 'NOPE'"),
                                           (["--input-tokens", "128,lots"], "--input-tokens 'lots'"),
                                           (["-c", "4,2"], "ascending"),
+                                          (["-c", "4,0", "--no-saturation-stop"], "--concurrency values must be at least 1, not 0"),
+                                          (["-c", "1,0,4"], "--concurrency values must be at least 1, not 0"),
                                           (["--trace", "x.jsonl"], "--trace"),
                                           (["--no-saturation-stop", "--saturation-gain", "0.1"], "turns off"),
                                           (["--find-max-rate", "--slo-ttft-ms", "100", "--ttft-growth", "3"], "not to --find-max-rate"),

@@ -145,6 +145,8 @@ def test_the_capacity_policy_is_searched_and_shown_by_its_own_names(tmp_path: Pa
     (["--slo-ttft-ms", "300", "--param", "capacity-scheduler-policy=fifo"], "known: GUARANTEED_NO_EVICT, MAX_UTILIZATION"),
     # any enum's unknown name: it failed every trial, each one alike
     (["--slo-ttft-ms", "300", "--param", "kv-cache-dtype=fp8,bogus"], "unknown kv_cache_dtype 'bogus'"),
+    # and a GPU no preset or file names: its trial failed, the others ran, the tune exited 0
+    (["--slo-ttft-ms", "300", "--param", "gpu=H100,FOO"], "--param gpu: unknown GPU 'FOO'"),
     # a dataset that is not there failed every trial, then said so, its sweep.json written
 
     (["--slo-ttft-ms", "300"], "at least one flag to search"),

@@ -16,7 +16,14 @@ from rich.table import Table
 
 from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import check_output_folder, given, run_guarded
-from inferlab.cli.sim import RUN_DEFAULTS, engine_config, engine_options, flag_words, setting_text, take_recorded_engine
+from inferlab.cli.sim import (
+    RUN_DEFAULTS,
+    engine_config,
+    engine_options,
+    flag_words,
+    setting_text,
+    take_recorded_engine,
+)
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.results.provenance import simulated_engine
 from inferlab.sim.engine.bands import SIZED_WITH

@@ -387,6 +387,8 @@ def load_config(kw: dict[str, Any]) -> LoadConfig:
         users = next((u for u in (kw["concurrency"], kw["max_concurrency"], kw["sessions"]) if u is not None), DEFAULT_CONCURRENCY)
         schedule = ClosedLoop(users)
     num = kw["num_requests"]
+    if num is not None and num < 1:
+        raise UsageError(f"-n/--num-requests must be at least 1, not {num}")
     if kw["sessions"] is not None and num is None:
         num = kw["sessions"] * kw["turns"]
     users = schedule.concurrency if isinstance(schedule, ClosedLoop) and kw["sessions"] is None else None

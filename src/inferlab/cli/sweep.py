@@ -375,7 +375,10 @@ def _load_axis(kw: dict[str, Any]) -> tuple[str, list[float]]:
         return "rate", [_rate(r) for r in rate]
     if kw["max_concurrency"] is not None and conc is None:
         raise UsageError("--max-concurrency caps an open loop: give --rate values, or sweep users with --concurrency")
-    return "concurrency", list(conc or DEFAULT_CONCURRENCY)
+    users = list(conc or DEFAULT_CONCURRENCY)
+    if any(u < 1 for u in users):
+        raise UsageError(f"--concurrency values must be at least 1, not {min(users)}")
+    return "concurrency", users
 
 
 def _search_axis(kw: dict[str, Any]) -> tuple[str, list[float]]:

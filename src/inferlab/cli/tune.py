@@ -11,6 +11,7 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -37,6 +38,7 @@ from inferlab.sim.engine.bands import headline_prediction
 from inferlab.sim.engine.config import engine_release, memory_share_refused
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.engine.families import EngineFamily
+from inferlab.sim.engine.hardware import resolve_gpu, resolve_model
 from inferlab.sweep.runner import Trials
 from inferlab.sweep.tune import (
     TIE_RULE,
@@ -113,6 +115,11 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
                 except UsageError as e:
                     raise UsageError(f"--param {name.replace('_', '-')}: {e}") from None
             else:  # names (model, GPU, family), which EngineConfig reads itself
+                if name in _NAMED:  # (an unknown one would fail its trials: refused now)
+                    try:
+                        _NAMED[name](raw)
+                    except UsageError as e:
+                        raise UsageError(f"--param {name.replace('_', '-')}: {e}") from None
                 out.append(raw)
         except ValueError:
             what = "on or off" if base is bool else f"a {getattr(base, '__name__', 'value')}"
@@ -120,6 +127,10 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
     if not out:
         raise UsageError(f"--param {name.replace('_', '-')}: no values")
     return tuple(dict.fromkeys(out))  # once each, in the order given
+
+
+#: names a searched value is read as before any trial runs
+_NAMED: dict[str, Callable[[str], object]] = {"gpu": resolve_gpu, "model": resolve_model}
 
 
 #: the simulator's flags by their other names (``sim run`` takes both)
