@@ -40,9 +40,19 @@ def test_length_distributions() -> None:
     assert 480 < statistics.mean(n) < 520 and 85 < statistics.stdev(n) < 115
     ln = draws("lognormal:500:0.6")
     assert 470 < statistics.median(ln) < 530 and statistics.mean(ln) > statistics.median(ln)
-    assert draws("normal:3:50", 500) and min(draws("normal:3:50", 500)) >= 1
+    assert min(draws("normal:30:12", 2000)) >= 1  # (a few draws below 1 token, held to 1)
     assert draws("lognormal:500:0.6", 50, seed=7) == draws("lognormal:500:0.6", 50, seed=7)
     assert draws("lognormal:500:0.6", 50, seed=7) != draws("lognormal:500:0.6", 50, seed=8)
+
+
+@pytest.mark.parametrize(("spec", "mean"), [("normal:100:500", "254"), ("normal:3:50", "22")])
+def test_a_normal_spec_whose_draws_held_to_one_token_change_its_mean_is_refused(spec: str, mean: str) -> None:
+    """Draws below 1 token are held to 1: where that moves the mean (100 asked, about
+    254 drawn), the spec is refused with the mean it would draw, not run as asked."""
+    with pytest.raises(UsageError, match=f"would be held to 1, a mean of {mean}, not "):
+        parse_length(spec)
+    held = statistics.mean(draws("normal:100:500".replace("500", "40"), 20000))  # (within the limit: drawn as asked)
+    assert abs(held - 100) < 1.5
 
 
 @pytest.mark.parametrize("spec", ["0", "-3", "abc", "uniform:900:100", "uniform:1.5:3", "normal:500", "poisson:3:4", "lognormal:0:1", "normal:x:1",

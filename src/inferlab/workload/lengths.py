@@ -29,6 +29,24 @@ MAX_LENGTH_TOKENS = 10_000_000
 _Z999 = 3.09  # the standard normal's 99.9th percentile
 
 
+#: A normal spec whose draws held to >= 1 token would move its mean by more than this
+#: share is refused: the lengths sent would not be the ones asked for.
+_NORMAL_MEAN_SHIFT = 0.02
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2))
+
+
+def _held_normal_mean(mean: float, std: float) -> float:
+    """The mean of max(1, X) for X ~ N(mean, std): what a normal spec's draws average."""
+    if std == 0:
+        return max(1.0, mean)
+    z = (1 - mean) / std
+    pdf = math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+    return _normal_cdf(z) + mean * (1 - _normal_cdf(z)) + std * pdf
+
+
 @dataclass(frozen=True)
 class LengthDist:
     """A distribution of token counts. ``a``/``b`` are the kind's two parameters
@@ -47,7 +65,8 @@ class LengthDist:
 
     @property
     def mean(self) -> float:
-        """The distribution's mean (a normal one's before its draws are held to >= 1)."""
+        """The distribution's mean (a normal one's before its draws are held to >= 1,
+        within 2 % of theirs: ``parse_length`` refuses a spec where it is not)."""
         if self.kind in ("fixed", "normal"):
             return self.a
         if self.kind == "uniform":
@@ -144,4 +163,8 @@ def parse_length(spec: int | str | LengthDist, flag: str = "--input-tokens") -> 
     if p999 > MAX_LENGTH_TOKENS:
         raise UsageError(f"{flag} {spec!r}: asks for lengths past {MAX_LENGTH_TOKENS:,} tokens "
                          f"(its 99.9th percentile is {p999:,.3g}); no model takes them")
+    if kind == "normal" and abs((held := _held_normal_mean(a, b)) - a) > _NORMAL_MEAN_SHIFT * a:
+        raise UsageError(f"{flag} {spec!r}: {_normal_cdf((1 - a) / b):.0%} of its draws fall below 1 token and would "
+                         f"be held to 1, a mean of {held:,.3g}, not {a:g}; use a smaller STD, or lognormal:MEDIAN:SIGMA "
+                         "for lengths skewed to the right")
     return LengthDist(kind, a, b)  # type: ignore[arg-type]  # kind checked just above
