@@ -40,6 +40,8 @@ from inferlab.sim.validation.validate import (
     error_medians,
     group_medians,
     length_mismatches,
+    row_errors_by_source,
+    source_interval,
     validate_files,
 )
 
@@ -161,6 +163,30 @@ def write_bands(comparisons: list[Comparison], path: Path, distribution: list[Co
     return len(bands)
 
 
+def _source_intervals(comparisons: list[Comparison]) -> None:
+    """The held-out medians with the 95 % interval a bootstrap over whole sources gives:
+    how much of a median is which sources happen to be in the set."""
+    print()
+    print("held out, median over rows with its 95 % interval over sources (2,000 draws of whole sources):")
+    print()
+    print("| held out | " + " | ".join(METRIC_CLASSES) + " |")
+    print("|---|" + "---|" * len(METRIC_CLASSES))
+    groups = [("every family", lambda c: True),
+              ("vllm online", lambda c: c.scenario.family == "vllm" and c.scenario.regime != OFFLINE)]
+    for name, member in groups:
+        held = [c for c in comparisons if c.scenario.split == "holdout" and member(c)]
+        medians = error_medians(held)
+        cells = []
+        for cls in METRIC_CLASSES:
+            if cls not in medians:
+                cells.append("—")
+                continue
+            by_source = row_errors_by_source(held, cls)
+            lo, hi = source_interval(by_source)
+            cells.append(f"{medians[cls][0]:.1f} % [{lo:.1f}, {hi:.1f}] ({medians[cls][1]} rows, {len(by_source)} sources)")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def apply_overrides(settings: list[str]) -> None:
     """Change one efficiency constant of one engine family per ``FAMILY.NAME=VALUE``, for
     this process: a sensitivity check that leaves the shipped constants as they are.
@@ -231,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         ("vllm online", lambda c: c.scenario.family == "vllm" and c.scenario.regime != OFFLINE),
     ])
     _split_table("regime", report.comparisons, [(r, lambda c, r=r: c.scenario.regime == r) for r in REGIMES])
+    _source_intervals(report.comparisons)
     # vLLM V1 by source (the unit of the split), and without each of its two largest held-out sources
     v1 = [c for c in report.comparisons if c.scenario.family == "vllm"]
     sources = sorted({c.scenario.source_id for c in v1})

@@ -34,6 +34,7 @@ from inferlab.sim.validation.validate import (
     error_medians,
     length_mismatches,
     predict_scenario,
+    source_interval,
     validate,
     validate_files,
     workload,
@@ -927,3 +928,19 @@ def test_a_distribution_cell_that_cannot_be_read_leaves_the_rows_headline_in() -
     assert [sc.row_id for sc in scenarios] == ["x1", "x2"]
     assert scenarios[0].distribution == ()
     assert [(s.row_id, s.reason.split(":")[0]) for s in skipped] == [("x1", "distribution")]
+
+
+def test_the_interval_over_sources_says_how_much_a_median_rests_on_one_source() -> None:
+    """One large source that agrees with itself and a few small ones far off: the median
+    over rows is the large source's, but drawing whole sources, some draws leave it out,
+    so the interval reaches the small ones' errors; sources that agree give a narrow one;
+    one source alone gives its own median; the same seed the same interval."""
+    lopsided = {"big": [5.0] * 100, "a": [40.0] * 5, "b": [45.0] * 5, "c": [50.0] * 5}
+    lo, hi = source_interval(lopsided)
+    assert lo == 5.0 and hi >= 40.0
+    agreeing = {s: [9.0, 10.0, 11.0] for s in "abcdef"}
+    assert source_interval(agreeing) == (10.0, 10.0)
+    assert source_interval({"only": [1.0, 2.0, 30.0]}) == (2.0, 2.0)
+    assert source_interval(lopsided, seed=3) == source_interval(lopsided, seed=3)
+    with pytest.raises(ValueError):
+        source_interval({})

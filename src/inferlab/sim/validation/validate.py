@@ -524,6 +524,39 @@ def error_medians(comparisons: Sequence[Comparison]) -> dict[str, tuple[float, i
     return out
 
 
+def row_errors_by_source(comparisons: Sequence[Comparison], cls: str) -> dict[str, list[float]]:
+    """Each row's mean |error| % in metric class ``cls`` (what ``error_medians`` takes the
+    median of), grouped by the row's source."""
+    by_row: dict[str, list[float]] = {}
+    source: dict[str, str] = {}
+    for c in comparisons:
+        if c.metric_class == cls:
+            by_row.setdefault(c.scenario.row_id, []).append(abs(c.error_pct))
+            source[c.scenario.row_id] = c.scenario.source_id
+    out: dict[str, list[float]] = {}
+    for row, errors in by_row.items():
+        out.setdefault(source[row], []).append(statistics.fmean(errors))
+    return out
+
+
+def source_interval(by_source: dict[str, list[float]], draws: int = 2000, level: float = 0.95,
+                    seed: int = 0) -> tuple[float, float]:
+    """How far the median over rows moves with the sources that happen to be in the set:
+    the central ``level`` interval of the median over the rows of as many sources drawn
+    with replacement, ``draws`` times (a bootstrap over sources, the unit of the split:
+    one source's rows share a host, a client and an engine build, so rows are not
+    independent). Deterministic for a ``seed``; ``ValueError`` without rows."""
+    groups = [v for v in by_source.values() if v]
+    if not groups:
+        raise ValueError("no rows")
+    rng = random.Random(seed)
+    medians = sorted(
+        statistics.median([x for _ in groups for x in rng.choice(groups)]) for _ in range(draws)
+    )
+    tail = (1 - level) / 2
+    return medians[int(tail * (draws - 1))], medians[math.ceil((1 - tail) * (draws - 1))]
+
+
 def group_medians(
     comparisons: Sequence[Comparison], key: Callable[[Comparison], str]
 ) -> dict[str, dict[str, tuple[float, int, int]]]:
