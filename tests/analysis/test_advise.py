@@ -492,3 +492,19 @@ def test_prefixes_the_cache_cannot_hold_are_blamed_on_its_size_not_the_prompts(t
     assert res.exit_code == 0, res.output
     rec = next(r for r in json.loads(res.stdout)["recommendations"] if r["rule"] == "prefix_caching")
     assert "too small to keep them" in rec["title"] and "192,000 tokens" in rec["evidence"], rec
+
+
+def test_repeats_get_a_response_cache_unless_one_already_answered_them(tmp_path: Path) -> None:
+    """Every request the same prompt: a response cache would answer the repeats. Where
+    one already did (records answered by a cache in front of the engine, as a run
+    through inferlab gateway records them), it is not advised again."""
+    cfg = RunConfig(LoadConfig(ClosedLoop(2), num_requests=8), WorkloadConfig(prompt="What is RAG?", output_tokens=16),
+                    out_dir=str(tmp_path / "same"))
+    asyncio.run(run(cfg, SimTarget(EngineConfig())))
+    assert "response_cache" in [r.rule for r in advise(tmp_path / "same").recommendations]
+    records = tmp_path / "same" / "requests.jsonl"
+    lines = [json.loads(line) for line in records.read_text().splitlines()]
+    for rec in lines[1:]:
+        rec["response_cache_hit"] = True
+    records.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    assert "response_cache" not in [r.rule for r in advise(tmp_path / "same").recommendations]

@@ -851,8 +851,8 @@ def _response_cache(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     wl = run.workload()
     if not wl.get("prompt") and (wl.get("input_tokens") or wl.get("trace") or wl.get("dataset") or wl.get("sessions") or wl.get("prefix_groups")):
         return None
-    if not run.records:
-        return None
+    if not run.records or any(r.response_cache_hit for r in run.records):
+        return None  # (a response cache in front of the engine answered repeats already)
     e2e = [request_metrics(r).e2e_ms for r in run.records]
     values = [x for x in e2e if x is not None]
     if len(values) < 2:
