@@ -69,3 +69,33 @@ def test_without_the_cache_nothing_is_said(tmp_path: Path) -> None:
         assert [r.response_cache_hit for r in result.records] == [None] * 6  # (no cache: no header)
         assert not any("response cache" in w for w in result.summary.warnings)
         assert all(r.server_timeline is not None for r in result.records)
+
+
+def test_answers_from_the_response_cache_count_no_prefix_cache_tokens(tmp_path: Path) -> None:
+    """Prompts that share a 48-token prefix: upstream, the engine's prefix cache serves it
+    to every request after the first, and the usage says so. Replayed by the gateway's
+    response cache, that usage is another request's: the replays count no cached tokens,
+    and the summary does not call the cache's answers the engine's prefix-cache hits."""
+    async def both(upstream: str) -> tuple[RunResult, RunResult]:
+        gw = Gateway(GatewayConfig((UpstreamConfig(upstream),), cache=CacheConfig(enabled=True)))
+        runner, port = await start(gw, "127.0.0.1", 0)
+        try:
+            out = []
+            for name in ("first", "again"):
+                config = RunConfig(LoadConfig(ClosedLoop(1), num_requests=6, seed=7),
+                                   WorkloadConfig(prefix_groups=1, prefix_tokens=48, suffix_tokens=16, output_tokens=8,
+                                                  prompt_salt=""), "chat", out_dir=str(tmp_path / name))
+                target = HttpTarget(f"http://127.0.0.1:{port}", None, preflight=False, workers=1, extra_body={"temperature": 0})
+                async with asyncio.timeout(LIMIT_S):
+                    out.append(await run(config, target))
+            return out[0], out[1]
+        finally:
+            await runner.cleanup()
+
+    with ChildServer(SERVE) as server:
+        first, again = asyncio.run(both(server.url))
+    assert (first.summary.cached_tokens or 0) >= 5 * 48  # (the premise: the engine's prefix cache served them)
+    assert [r.response_cache_hit for r in again.records] == [True] * 6
+    assert [r.cached_tokens for r in again.records] == [0] * 6
+    assert again.summary.cached_tokens == 0
+    assert not any("prefix cache" in w for w in again.summary.warnings), again.summary.warnings

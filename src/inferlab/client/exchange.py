@@ -188,7 +188,9 @@ class StreamState:
             r.output_tokens = rd.completion_tokens
             r.usage_source = "server"
         if rd.cached_seen:
-            r.cached_tokens = rd.cached_tokens
+            # (a response cache's answer replays another request's usage: no prompt token
+            # of this one came from the engine's prefix cache)
+            r.cached_tokens = 0 if r.response_cache_hit else rd.cached_tokens
         if rd.timeline is not None and not r.response_cache_hit:  # (a cache's is another request's)
             r.server_timeline = rd.timeline
 
