@@ -533,6 +533,9 @@ class Gateway:
                 h = dict(e.headers)
                 if e.retry_after_s is not None:
                     h["Retry-After"] = retry_after(e.retry_after_s)
+                obs.fail(ErrorKind.HTTP_STATUS, f"HTTP 429: {e}")  # (logged: a refusal is part of the load)
+                record.status, record.end_ns = 429, self.clock.now_ns() - self.t0_ns
+                self._finish(req, obs, None)
                 return error_response(429, str(e), "RateLimitError", h)
         try:
             return await self._answer(request, req, candidates, obs, headers)
@@ -615,6 +618,8 @@ class Gateway:
     ) -> web.StreamResponse:
         r = obs.record
         r.status = 200
+        r.response_cache_hit = True  # (no prompt token of it came from an engine's prefix cache)
+        r.cached_tokens = 0
         a = entry.answer.usage
         r.input_tokens, r.output_tokens = a.get("prompt_tokens"), a.get("completion_tokens")
         r.usage_source, r.finish_reason = "server", entry.answer.finish_reason
