@@ -508,3 +508,32 @@ def test_repeats_get_a_response_cache_unless_one_already_answered_them(tmp_path:
         rec["response_cache_hit"] = True
     records.write_text("".join(json.dumps(rec) + "\n" for rec in lines))
     assert "response_cache" not in [r.rule for r in advise(tmp_path / "same").recommendations]
+
+
+def test_a_knee_the_engines_own_cap_made_is_advised_raised_not_capped_again(tmp_path: Path) -> None:
+    """A sweep of 1-16 users on an engine that runs 4 requests at once: past 4 the rest
+    queue in the engine. The knee is its cap, so the advice is to raise it (predicted to
+    gain throughput and E2E), never to cap concurrency at 4 again; the same for one run
+    of 8 users, under every goal. A knee of the GPU itself (no such cap) under the
+    throughput goal gets no cap either: a cap gives throughput up."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    def sweep(out: Path, *flags: str) -> None:
+        res = CliRunner().invoke(main, ["sweep", "-n", "24", "--input-tokens", "300", "--output-tokens", "48", *flags, "-o", str(out)])
+        assert res.exit_code == 0, res.output
+
+    sweep(tmp_path / "capped", "-c", "1,2,4,8,16", "--max-num-seqs", "4")
+    for goal in ("latency", "throughput"):
+        recs = advise(tmp_path / "capped", goal).recommendations
+        assert recs[0].rule == "engine_cap" and "--max-num-seqs 8" in recs[0].change, [r.rule for r in recs]
+        assert "concurrency_cap" not in [r.rule for r in recs]
+        gains = {g.metric: g for g in recs[0].gains}
+        assert gains["output tokens/s"].after > 1.3 * gains["output tokens/s"].before
+        assert gains["E2E p50 ms"].after < gains["E2E p50 ms"].before
+    one = next(d for d in (tmp_path / "capped").iterdir() if d.name.endswith("_c8"))
+    assert [r.rule for r in advise(one, "throughput").recommendations][:1] == ["engine_cap"]
+    sweep(tmp_path / "gpu", "-c", "1,4,16,64,256", "-n", "256", "--input-tokens", "2000", "--output-tokens", "64", "--gpu", "L40S")
+    assert "concurrency_cap" in [r.rule for r in advise(tmp_path / "gpu", "latency").recommendations]
+    assert not {"concurrency_cap", "engine_cap"} & {r.rule for r in advise(tmp_path / "gpu", "throughput").recommendations}

@@ -47,10 +47,15 @@ def test_a_sweep_past_its_knee_gets_a_concurrency_cap(tmp_path: Path) -> None:
     for c in (32, 128, 1024):
         code, out = invoke("sim", "run", "-c", str(c), "-n", str(3 * c), "--input-tokens", "500", "--output-tokens", "200", "--out", str(tmp_path / f"c{c}"))
         assert code == 0, out
+    # (for the throughput goal no cap: it gives throughput up)
     code, out = invoke("advise", str(tmp_path), "--goal", "throughput", "--json")
     assert code == 0, out
     d = json.loads(out)
     assert d["kind"] == "sweep" and d["goal"] == "throughput"
+    assert "concurrency_cap" not in [r["rule"] for r in d["recommendations"]]
+    code, out = invoke("advise", str(tmp_path), "--json")
+    assert code == 0, out
+    d = json.loads(out)
     cap = next(r for r in d["recommendations"] if r["rule"] == "concurrency_cap")
     # 128 → 1024: E2E about 6x for a third more throughput; a cap that only queues the rest
     # would not give it, so the change says which limit does
@@ -74,6 +79,8 @@ def test_a_sweeps_knee_is_found_within_one_setting_of_its_other_axes(tmp_path: P
     assert code == 0, text
     code, text = invoke("advise", str(out), "--json")
     assert code == 0, text
-    caps = [r for r in json.loads(text)["recommendations"] if r["rule"] == "concurrency_cap"]
+    caps = [r for r in json.loads(text)["recommendations"] if r["rule"] in ("concurrency_cap", "engine_cap")]
     assert caps and all(("seqs16" in r["evidence"]) != ("seqs256" in r["evidence"]) for r in caps), caps
+    # the 16-sequence setting's knee is that cap: it is advised raised, not capped again
+    assert all(r["rule"] == "engine_cap" for r in caps if "seqs16" in r["evidence"])
 

@@ -160,6 +160,7 @@ PRIORITY: dict[str, dict[Goal, int]] = {
     "prefix_caching": {"latency": 2, "consistency": 4, "throughput": 2},
     "kv_pressure": {"latency": 5, "consistency": 2, "throughput": 1},
     "concurrency_cap": {"latency": 4, "consistency": 3, "throughput": 3},
+    "engine_cap": {"latency": 3, "consistency": 3, "throughput": 1},
     "template_overhead": {"latency": 3, "consistency": 7, "throughput": 5},
     "context_growth": {"latency": 6, "consistency": 5, "throughput": 4},
     "quantization": {"latency": 7, "consistency": 8, "throughput": 6},
@@ -254,7 +255,7 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
     if p.is_file() and p.name == PROFILE_FILE:
         p = p.parent
     if (p / PROFILE_FILE).exists():
-        recs, checked = _profile_rules(read_profile(p), p)
+        recs, checked = _profile_rules(read_profile(p), p, goal)
         kind = "profile"
     elif (p / "summary.json").exists() or (p / "requests.jsonl").exists():
         run = _Run.read(p)
@@ -386,7 +387,7 @@ def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim
 def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
     w = WhatIf(run.dir, run.config)
     rules: list[Callable[[_Run, WhatIf, Goal], Recommendation | None]] = [
-        _slo_out_of_reach, _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
+        _slo_out_of_reach, _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
     ]
     out = []
     for rule in rules:
@@ -845,6 +846,33 @@ def _quantization(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     )
 
 
+def _engine_cap_run(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """More requests in flight than the engine runs at once: the rest wait in its queue.
+    Raising its cap to the run's concurrency is predicted where the engine is simulated,
+    and advised where that gains (throughput, or E2E for the other goals)."""
+    cap, users = _seq_cap(run), run.concurrency()
+    if cap is None or users is None or users <= cap or not w.available:
+        return None
+    raised = int(users)
+    base, more = w.simulate(), w.simulate({"max_num_seqs": raised})
+    sb, sm = base.result.summary, more.result.summary
+    if not sb.output_token_throughput_tps or not sm.output_token_throughput_tps or sb.e2e_ms is None or sm.e2e_ms is None:
+        return None
+    gain_tps = sm.output_token_throughput_tps / sb.output_token_throughput_tps - 1
+    gain_e2e = 1 - sm.e2e_ms.p50 / sb.e2e_ms.p50
+    if max(gain_tps, gain_e2e) < MIN_GAIN:
+        return None
+    kind = _prediction(w, run.flags().seqs.format(n=raised))
+    return Recommendation(
+        "engine_cap", "The engine's own cap on running requests holds the load back",
+        f"{users:g} requests in flight, but the engine runs at most {cap} at once ({run.flags().seqs.format(n=cap)}): "
+        "the rest wait in its queue",
+        f"raise the cap ({run.flags().seqs.format(n=raised)}) where its KV cache has room for that many requests",
+        [_sim_gain("output tokens/s", "throughput", sb.output_token_throughput_tps, sm.output_token_throughput_tps, kind, more),
+         _sim_gain("E2E p50 ms", "E2E", sb.e2e_ms.p50, sm.e2e_ms.p50, kind, more)],
+    )
+
+
 def _response_cache(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     if "workload" not in run.config:  # (a gateway's access log: what the prompts were is not known)
         return None
@@ -886,7 +914,7 @@ def _long_outputs(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
 # --- a profile ----------------------------------------------------------------------------
 
 
-def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list[str]]:
+def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[list[Recommendation], list[str]]:
     out: list[Recommendation] = []
     # (a profile of the simulated server measured a simulation: its numbers are predictions)
     measured = "measured (the profile's decode runs)" if p.engine is None else "prediction (the profile's decode runs against the simulated server)"
@@ -927,7 +955,17 @@ def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list
         k = dec.data["knee_concurrency"]
         pts = {r["concurrency"]: r for r in dec.data["points"]}
         top = max(pts)
-        if top > k:
+        cap = p.engine.get("max_num_seqs") if isinstance(p.engine, dict) else None
+        if top > k and isinstance(cap, int) and 0 < cap <= k:  # (the engine's own cap made the knee)
+            out.append(Recommendation(
+                "engine_cap", "The engine's own cap on running requests is the knee",
+                f"the engine runs at most {cap} requests at once ({_flags(p.engine).seqs.format(n=cap)}); past it the rest "
+                f"wait in its queue: output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs "
+                f"{pts[top]['output_tps']:,.0f} at {top}",
+                f"raise the cap ({_flags(p.engine).seqs.format(n=max(top, 2 * cap))}) where its KV cache has room for that "
+                "many requests",
+            ))
+        elif top > k and goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
             out.append(Recommendation(
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs {pts[top]['output_tps']:,.0f} at {top}; TPOT {pts[k]['tpot_ms_p50']:.1f} → {pts[top]['tpot_ms_p50']:.1f} ms",
@@ -955,7 +993,7 @@ def _profile_rules(p: Profile, folder: Path) -> tuple[list[Recommendation], list
                 "use a leaner chat template (the application or --chat-template)",
                 [Gain("TTFT ms of the template's tokens", cost, 0.0, "estimate: its tokens × the measured prefill cost")],
             ))
-    return out, ["head_of_line", "prefix_caching", "concurrency_cap", "response_cache", "template_overhead"]
+    return out, ["head_of_line", "prefix_caching", "concurrency_cap", "engine_cap", "response_cache", "template_overhead"]
 
 
 # --- a folder of runs ---------------------------------------------------------------------
@@ -982,6 +1020,44 @@ def _sweep_groups(runs: list[_Run], index: dict[str, Any] | None) -> list[list[_
     return list(groups.values())
 
 
+def _seq_cap(run: _Run) -> int | None:
+    """The cap on running sequences the run's engine had: the simulated engine's, else
+    what the server stated (``resolved.server_software.settings``); None where not known."""
+    engine = run.engine()
+    if engine is None:
+        resolved = run.config.get("resolved")
+        software = resolved.get("server_software") if isinstance(resolved, dict) else None
+        engine = software.get("settings") if isinstance(software, dict) else None
+    cap = engine.get("max_num_seqs") if isinstance(engine, dict) else None
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+
+
+def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float) -> Recommendation:
+    """The knee of a sweep whose engine capped running sequences at ``cap``, at or below
+    the knee's concurrency: more clients only queue in the engine; raising the cap (KV
+    room permitting) is the change, predicted where the engine is simulated."""
+    ca, cb = a.concurrency() or 1, b.concurrency() or 1
+    raised = max(int(cb), 2 * cap)
+    rec = Recommendation(
+        "engine_cap", "The engine's own cap on running requests is the knee",
+        f"the engine runs at most {cap} requests at once ({b.flags().seqs.format(n=cap)}); past it the rest wait in its "
+        f"queue: concurrency {ca:g} → {cb:g}, output {ta:,.0f} → {tb:,.0f} tokens/s ({a.dir.name}, {b.dir.name})",
+        f"raise the cap ({b.flags().seqs.format(n=raised)}) where its KV cache has room for that many requests "
+        "(a capped engine's KV use stays low: check it in the run's server metrics)",
+    )
+    w = WhatIf(b.dir, b.config)
+    if w.available:
+        base, more = w.simulate(), w.simulate({"max_num_seqs": raised})
+        kind = _prediction(w, b.flags().seqs.format(n=raised))
+        sb, sm = base.result.summary, more.result.summary
+        if sb.output_token_throughput_tps and sm.output_token_throughput_tps:
+            rec.gains.append(_sim_gain("output tokens/s", "throughput", sb.output_token_throughput_tps,
+                                       sm.output_token_throughput_tps, kind, more))
+        if sb.e2e_ms is not None and sm.e2e_ms is not None:
+            rec.gains.append(_sim_gain("E2E p50 ms", "E2E", sb.e2e_ms.p50, sm.e2e_ms.p50, kind, more))
+    return rec
+
+
 def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = None) -> tuple[list[Recommendation], list[str]]:
     out: list[Recommendation] = []
     pairs = []
@@ -1000,6 +1076,12 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
             source = ("prediction (the sweep's runs, simulated in virtual time)" if simulated
                       else f"prediction (the sweep's runs against {server.where})" if server.simulated
                       else "measured (the sweep's runs)")
+            cap = _seq_cap(b)
+            if cap is not None and cap <= ca:  # (the engine's own cap made this knee: past it requests queue in it)
+                out.append(_engine_cap(a, b, cap, ta, tb))
+                break
+            if goal == "throughput":
+                break  # (a cap gives throughput up for latency: not for this goal)
             out.append(Recommendation(
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
@@ -1023,9 +1105,9 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
         heaviest = max(group, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))
         found, checked = _run_rules(heaviest, goal)
         for r in found:
-            if (r.rule, r.change) in said:
+            if (r.rule, r.change) in said or (r.rule == "engine_cap" and any(o.rule == "engine_cap" for o in out)):
                 continue
             said.add((r.rule, r.change))
             r.evidence = f"{heaviest.dir.name}: {r.evidence}"
             recs.append(r)
-    return out + recs, ["concurrency_cap", *checked]
+    return out + recs, ["concurrency_cap", "engine_cap", *checked]
