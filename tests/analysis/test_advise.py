@@ -537,3 +537,21 @@ def test_a_knee_the_engines_own_cap_made_is_advised_raised_not_capped_again(tmp_
     sweep(tmp_path / "gpu", "-c", "1,4,16,64,256", "-n", "256", "--input-tokens", "2000", "--output-tokens", "64", "--gpu", "L40S")
     assert "concurrency_cap" in [r.rule for r in advise(tmp_path / "gpu", "latency").recommendations]
     assert not {"concurrency_cap", "engine_cap"} & {r.rule for r in advise(tmp_path / "gpu", "throughput").recommendations}
+
+
+def test_requests_that_failed_come_first_with_what_made_them_fail(tmp_path: Path) -> None:
+    """Prompts up to 3,000 tokens on an engine of 1,024 tokens of context: most fail. The
+    advice starts there (the other rules read the completed few), naming the context
+    length; a run where none failed gets no such item."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    for name, length in (("long", "uniform:100:3000"), ("short", "200")):
+        res = CliRunner().invoke(main, ["sim", "run", "--max-model-len", "1024", "--input-tokens", length, "-n", "12", "-c", "2",
+                                        "--out", str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+    first = advise(tmp_path / "long").recommendations[0]
+    assert first.rule == "failures" and "--max-model-len" in first.change
+    assert "of 12 requests failed" in first.evidence
+    assert "failures" not in [r.rule for r in advise(tmp_path / "short").recommendations]

@@ -154,6 +154,7 @@ def _seqs_follow_budget(engine: dict[str, Any]) -> bool:
 
 #: Each rule's rank per goal (lower first).
 PRIORITY: dict[str, dict[Goal, int]] = {
+    "failures": {"latency": -1, "consistency": -1, "throughput": -1},
     "slo_out_of_reach": {"latency": 0, "consistency": 0, "throughput": 0},
     "head_of_line": {"latency": 1, "consistency": 1, "throughput": 8},
     "token_admission": {"latency": 2, "consistency": 2, "throughput": 10},
@@ -387,7 +388,7 @@ def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim
 def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
     w = WhatIf(run.dir, run.config)
     rules: list[Callable[[_Run, WhatIf, Goal], Recommendation | None]] = [
-        _slo_out_of_reach, _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
+        _failures, _slo_out_of_reach, _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
     ]
     out = []
     for rule in rules:
@@ -843,6 +844,40 @@ def _quantization(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         "quantization", "Decode speed: fp8 weights (or a smaller model) for a latency target", why,
         f"serve fp8 weights of {engine.get('model')} ({run.flags().fp8}), or a smaller model",
         [_sim_gain("TPOT p50 ms", "TPOT/ITL", tb.p50, ta.p50, kind, fp8)], "check quality on your own evaluation first",
+    )
+
+
+#: Failed requests, as a share of those measured, past which they come first: the other
+#: rules read the completed ones alone, which a run that lost these does not represent.
+FAILED_SHARE = 0.05
+
+#: (what an error message says, what to change), the first that matches
+_FAILURE_CHANGES = (
+    (("max-model-len", "max_model_len", "context length", "maximum context"),
+     "prompts (with their answers) longer than the engine's context: a larger --max-model-len where the KV cache "
+     "has room, or shorter prompts (truncate or summarise at the application)"),
+    (("429", "rate limit", "ratelimit"), "the key's rate limits refused them: raise its limits, or send them more slowly"),
+    (("no upstream had room", "queue", "503"),
+     "the gateway's admission turned them away: a larger admission budget or queue, more replicas, or fewer requests at once"),
+    (("timed out", "timeout"), "they timed out: less load, or a longer --timeout where the server was still working"),
+)
+
+
+def _failures(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """Requests that failed, first: everything else is read from the completed ones."""
+    c = run.summary.counts
+    measured = c.completed + c.failed
+    if not c.failed or c.failed < FAILED_SHARE * measured:
+        return None
+    examples = run.summary.error_examples
+    said = "; ".join(f"{kind}: {message}" for kind, message in list(examples.items())[:2])
+    text = " ".join([*examples, *examples.values()]).lower()
+    change = next((what for words, what in _FAILURE_CHANGES if any(word in text for word in words)),
+                  "find why from the errors (requests.jsonl's error column) before tuning anything else")
+    return Recommendation(
+        "failures", "Requests failed",
+        f"{c.failed:,} of {measured:,} requests failed ({said}); the other items read the {c.completed:,} that completed",
+        change,
     )
 
 
