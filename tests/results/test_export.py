@@ -5,6 +5,7 @@ summary and the records."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 
@@ -118,7 +119,13 @@ def test_loads_as_vllm_flags_would_set_them() -> None:
     assert traffic({"kind": "ClosedLoop", "concurrency": 16}) == ("inf", 1.0, 16)  # vLLM: rate inf, cap 16
     assert traffic({"kind": "OpenLoop", "rate_rps": "inf", "arrival": "poisson", "burstiness": 1.0, "max_concurrency": None}) == ("inf", 1.0, None)
     assert traffic({"kind": "OpenLoop", "rate_rps": 2.0, "arrival": "constant", "burstiness": 1.0, "max_concurrency": None}) == (2.0, "inf", None)
-    assert traffic({"kind": "Replay", "max_concurrency": 4}) == ("inf", 1.0, 4)
+    # a replay sent at its own times: their mean rate (two sends 95 ms apart), not a burst
+    rate, burst, cap = traffic({"kind": "Replay", "max_concurrency": 4})
+    assert rate == pytest.approx(1000 / 95) and (burst, cap) == (1.0, 4)
+    # ... and sent all at once, a burst
+    recs = [dataclasses.replace(r, intended_send_ns=0) for r in records()]
+    r = vllm_result(summarize(recs, config={**CONFIG, "load": {"schedule": {"kind": "Replay"}}}), recs, date="d")
+    assert r["request_rate"] == "inf"
 
 
 def test_file_name_is_vllms() -> None:

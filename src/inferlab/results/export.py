@@ -87,11 +87,13 @@ def _vllm_request(r: RequestRecord) -> _VllmRequest:
     )
 
 
-def _traffic(config: dict[str, Any]) -> tuple[float | str, float | str, int | None]:
+def _traffic(config: dict[str, Any], records: Sequence[RequestRecord] = ()) -> tuple[float | str, float | str, int | None]:
     """``request_rate``, ``burstiness`` and ``max_concurrency`` as vLLM's flags would
     have been set for this load: a closed loop of N users is vLLM's rate inf with
-    ``--max-concurrency N``, a replay sends at its own times (rate inf), constant gaps
-    are burstiness inf; an infinite value is written ``"inf"``, as vLLM writes its rate."""
+    ``--max-concurrency N``, constant gaps are burstiness inf; a replay sent at its own
+    times, which no vLLM flag says: its mean rate over the intended sends of ``records``
+    (rate inf, which would say one burst, only where they were all at once); an infinite
+    value is written ``"inf"``, as vLLM writes its rate."""
     schedule = (config.get("load") or {}).get("schedule") or {}
     kind = schedule.get("kind")
     if kind == "OpenLoop":
@@ -102,6 +104,9 @@ def _traffic(config: dict[str, Any]) -> tuple[float | str, float | str, int | No
         return rate_out, burst, schedule.get("max_concurrency")
     if kind == "ClosedLoop":
         return "inf", 1.0, schedule.get("concurrency")
+    sends = sorted(r.intended_send_ns for r in records if r.intended_send_ns is not None)
+    if len(sends) > 1 and sends[-1] > sends[0]:
+        return (len(sends) - 1) / ((sends[-1] - sends[0]) / 1e9), 1.0, schedule.get("max_concurrency")
     return "inf", 1.0, schedule.get("max_concurrency")
 
 
@@ -151,7 +156,7 @@ def vllm_result(
     measured = sorted((r for r in records if not r.warmup), key=lambda r: r.index)
     reqs = [_vllm_request(r) for r in measured]
     ok = [q for q in reqs if q.success]
-    rate, burstiness, max_concurrency = _traffic(config)
+    rate, burstiness, max_concurrency = _traffic(config, measured)
     model = _model(config)
     workload = config.get("workload") or {}
     api = config.get("api")
