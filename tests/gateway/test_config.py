@@ -28,7 +28,7 @@ enabled = false
 [[upstreams]]
 url = "http://10.0.0.5:8000/v1"
 api_key_env = "ENGINE_KEY"
-max_tokens_in_flight = 32768
+max_requests_in_flight = 2
 
 [[keys]]
 name = "team-a"
@@ -50,7 +50,7 @@ cache:
 upstreams:
   - url: http://10.0.0.5:8000/v1
     api_key_env: ENGINE_KEY
-    max_tokens_in_flight: 32768
+    max_requests_in_flight: 2
 keys:
   - name: team-a
     key: sk-a
@@ -74,7 +74,7 @@ def test_a_yaml_config_reads_as_the_same_toml_does(tmp_path: Path) -> None:
     assert cfg.router == "prefix-affinity" and cfg.admission.mode == "requests"
     assert cfg.admission.max_requests_in_flight == 8 and not cfg.cache.enabled
     up = cfg.upstreams[1]
-    assert up.url == "http://10.0.0.5:8000" and up.api_key == "secret" and up.max_tokens_in_flight == 32768
+    assert up.url == "http://10.0.0.5:8000" and up.api_key == "secret" and up.max_requests_in_flight == 2
     assert cfg.keys[0].sha256 == hash_key("sk-a") and cfg.keys[0].tpm_counts == "output"
 
 
@@ -85,6 +85,11 @@ def test_a_yaml_config_reads_as_the_same_toml_does(tmp_path: Path) -> None:
     ("admission:\n  mode: tokenz\n", "mode must be one of tokens, requests, off"),
     ("keys:\n  - name: a\n    sha256: 1234\n", "sha256 must be a non-empty string"),
     ("admission: [1, 2]\n", "[admission] must be a table"),
+    # a limit the mode does not act on would be ignored: refused
+    ("admission:\n  mode: tokens\n  max_requests_in_flight: 4\n", 'max_requests_in_flight: mode = "tokens" does not act on it'),
+    ("admission:\n  mode: \"off\"\n  queue_max: 4\n", 'queue_max: mode = "off" does not act on it'),
+    ("admission:\n  mode: requests\nupstreams:\n  - url: http://127.0.0.1:1\n    max_tokens_in_flight: 9\n",
+     'max_tokens_in_flight: [admission] mode = "requests" does not act on it'),
     ("- gateway\n- admission\n", "must be a mapping of tables"),
     ("admission:\n  mode: [tokens\n", "not valid YAML"),
 ])

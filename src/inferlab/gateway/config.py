@@ -246,10 +246,19 @@ def load_config(
         default_max_tokens=_int(adm, "default_max_tokens", 256, "[admission]"),
         tokenizer=_str(adm, "tokenizer", "estimate", "[admission]"),
     )
+    acts = ADMISSION_KEYS[admission.mode]
+    unused = sorted(k for k in adm if k not in ("mode", "tokenizer") and k not in acts)
+    if unused:  # (a limit the mode does not act on would be accepted and ignored)
+        raise UsageError(f"[admission] {', '.join(unused)}: mode = \"{admission.mode}\" does not act on "
+                         f"{'it' if len(unused) == 1 else 'them'}" + (f" (it acts on {', '.join(acts)})" if acts else "")
+                         + "; drop it or set another mode")
     ups = [UpstreamConfig(upstream_url(u)) for u in upstreams]
     for i, u in enumerate(_array(doc, "upstreams")):
         where = f"[[upstreams]] #{i + 1}"
         _known(u, {"url", "api_key", "api_key_env", "max_tokens_in_flight", "max_requests_in_flight"}, where)
+        if odd := sorted(k for k in ("max_tokens_in_flight", "max_requests_in_flight") if k in u and k not in acts):
+            raise UsageError(f"{where} {', '.join(odd)}: [admission] mode = \"{admission.mode}\" does not act on it; "
+                             "drop it or set another mode")
         if "url" not in u:
             raise UsageError(f"{where} has no url")
         ups.append(UpstreamConfig(
