@@ -315,6 +315,9 @@ def test_kv_pressure_advice_is_what_can_give_that_engine_room(tmp_path: Path, fl
     ("trtllm", "--max_num_tokens", "vLLM"),
     ("lmdeploy", "--max-prefill-token-num", "vLLM"),
     ("vllm", "--max-num-batched-tokens", "TensorRT-LLM"),
+    # SGLang's prefill steps leave decodes out by default: a smaller chunk alone does not
+    # stop the stalls; chunks in the decodes' steps do
+    ("sglang", "--chunked-prefill-size", "vLLM"),
 ])
 def test_head_of_line_advice_names_the_flags_of_the_engine_that_ran(tmp_path: Path, family: str, says: str, never: str) -> None:
     """Long prompts beside short ones on each engine: the budget to lower is that
@@ -335,6 +338,7 @@ def test_head_of_line_advice_names_the_flags_of_the_engine_that_ran(tmp_path: Pa
     hol = recs["head_of_line"]
     assert hol["gains"] and says in hol["change"] and never not in hol["change"], hol["change"]
     assert never not in recs["quantization"]["change"], recs["quantization"]["change"]
+    assert ("--enable-mixed-chunk" in hol["change"]) == (family == "sglang"), hol["change"]
 
 
 def test_an_engine_behind_the_gateway_or_named_by_its_server_is_told_its_own_flags() -> None:

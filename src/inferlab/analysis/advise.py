@@ -77,6 +77,7 @@ class _EngineFlags:
     kv_fp8: str  # a KV cache of half the bytes per token ("": the engine has none simulated)
     kv_share: str  # more memory for the KV cache
     kv_limits: str  # fewer tokens a request or sequences at once
+    mix: str = ""  # prefill chunks in the same steps as decodes, where that is not the engine's default
 
 
 _VLLM_FLAGS = _EngineFlags(
@@ -93,6 +94,7 @@ _FAMILY_FLAGS = {
         "SGLang --quantization fp8",
         "--kv-cache-dtype fp8_e5m2 (half the bytes per token)", "a higher --mem-fraction-static",
         "a lower --context-length or --max-running-requests",
+        "SGLang --enable-mixed-chunk (prefill chunks share steps with decodes)",
     ),
     "trtllm": _EngineFlags(
         "TensorRT-LLM --max_num_tokens {n} (trtllm-serve; chunked prefill on: enable_chunked_prefill in "
@@ -539,6 +541,9 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         )
     budget = int(engine.get("max_num_batched_tokens") or 8192)
     seqs = int(engine.get("max_num_seqs") or 256)
+    # an engine whose prefill steps exclude decodes stalls every stream for each chunk
+    # whatever its size: smaller chunks help only with the chunks in the decodes' steps
+    mix = engine.get("mixed_batches") is False and bool(flags.mix)
     base = w.simulate()
     base_ttft, base_itl = _ttfts(base.records, short), _itls(base.records, short)
     if not base_ttft or not base_itl:
@@ -547,7 +552,8 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     for candidate in (4096, 2048, 1024, 512):
         if candidate >= budget:
             continue
-        changes: dict[str, Any] = {"max_num_batched_tokens": candidate, "max_num_seqs": min(seqs, candidate), "enable_chunked_prefill": True}
+        changes: dict[str, Any] = {"max_num_batched_tokens": candidate, "max_num_seqs": min(seqs, candidate), "enable_chunked_prefill": True,
+                                   **({"mixed_batches": True} if mix else {})}
         sim = w.simulate(changes)
         after_ttft = _ttfts(sim.records, short)
         if after_ttft and _p(after_ttft, 0.9) <= (1 + HOL_TTFT_SLACK) * _p(base_ttft, 0.9):
@@ -558,7 +564,7 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     before, after = _p(base_itl, 0.99), _p(_itls(sim.records, short), 0.99)
     if (before - after) / before < MIN_GAIN:
         return None
-    kind = _prediction(w, f"--max-num-batched-tokens {candidate} against {budget}")
+    kind = _prediction(w, f"--max-num-batched-tokens {candidate} against {budget}" + (", mixed steps" if mix else ""))
     gains = [
         _sim_gain("short requests' p99 inter-token gap ms", "TPOT/ITL", before, after, kind, sim),
         _sim_gain("short requests' mean TPOT ms", "TPOT/ITL", _mean_tpot(base.records, short), _mean_tpot(sim.records, short), kind, sim),
@@ -570,8 +576,9 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     why_cap = ("vLLM: no more sequences than budget tokens" if not _seqs_follow_budget(engine)
                else "as simulated: no more sequences than budget tokens a step")
     seq_note = f"; with {flags.seqs.format(n=candidate)} ({why_cap})" if candidate < seqs else ""
+    budget_text = flags.budget.format(n=candidate) + (f" with {flags.mix}" if mix else "")
     return Recommendation(
-        "head_of_line", title, evidence, change.format(budget=flags.budget.format(n=candidate), seqs=seq_note), gains,
+        "head_of_line", title, evidence, change.format(budget=budget_text, seqs=seq_note), gains,
         f"the smallest budget tried (4096, 2048, 1024, 512) that keeps the short requests' TTFT p90 within {HOL_TTFT_SLACK:.0%}; "
         "long prompts take more, smaller steps, so their own TTFT grows",
     )
