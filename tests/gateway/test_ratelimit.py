@@ -24,6 +24,9 @@ def test_rpm_refuses_past_the_limit_until_the_window_slides() -> None:
         rl.reserve(k, 1, 1)
     assert e.value.retry_after_s == pytest.approx(30.0)  # the first charge leaves at 60 s
     assert e.value.headers["x-ratelimit-remaining-requests"] == "0"
+    # reset: until the window is back to its initial state (the last charge, at 20 s, gone
+    # at 80 s), as the tokens' reset counts until every token is gone
+    assert e.value.headers["x-ratelimit-reset-requests"] == "50.000s"
     clock.advance_to_ns(60 * NS_PER_S + 1)
     rl.reserve(k, 1, 1)
 
@@ -37,6 +40,14 @@ def test_tpm_is_charged_before_and_corrected_after() -> None:
     rl.correct(k, c1, 100, 50)  # it used 150
     rl.reserve(k, 100, 500)  # 750: fits now
     assert rl.headers(k)["x-ratelimit-remaining-tokens"] == "250"
+    # and with requests left, the requests' reset is when the window empties, not 0
+    clock, both = VirtualClock(), key(rpm=10, tpm=1000)
+    rl = RateLimiter(clock)
+    rl.reserve(both, 10, 10)
+    clock.advance_to_ns(15 * NS_PER_S)
+    h = rl.headers(both)
+    assert h["x-ratelimit-remaining-requests"] == "9"
+    assert h["x-ratelimit-reset-requests"] == h["x-ratelimit-reset-tokens"] == "45.000s"
 
 
 def test_tpm_counts_what_the_key_says() -> None:

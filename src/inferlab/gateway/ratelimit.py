@@ -99,7 +99,9 @@ class RateLimiter:
         w.expire(now)
         out: dict[str, str] = {}
         if key.rpm is not None:
-            reset = (w.charges[0].t_ns + WINDOW_NS - now) / NS_PER_S if len(w.charges) >= key.rpm else 0.0
+            # (OpenAI's reset: until the limit is back to its initial state, every request in
+            # the window gone, as -reset-tokens counts until every token is)
+            reset = max((w.charges[-1].t_ns + WINDOW_NS - now) / NS_PER_S, 0.0) if w.charges else 0.0
             out |= {
                 "x-ratelimit-limit-requests": str(key.rpm),
                 "x-ratelimit-remaining-requests": str(max(key.rpm - len(w.charges), 0)),
