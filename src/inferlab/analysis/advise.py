@@ -543,7 +543,7 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     seqs = int(engine.get("max_num_seqs") or 256)
     # an engine whose prefill steps exclude decodes stalls every stream for each chunk
     # whatever its size: smaller chunks help only with the chunks in the decodes' steps
-    mix = engine.get("mixed_batches") is False and bool(flags.mix)
+    mixing = engine.get("mixed_batches") is False and bool(flags.mix)
     base = w.simulate()
     base_ttft, base_itl = _ttfts(base.records, short), _itls(base.records, short)
     if not base_ttft or not base_itl:
@@ -553,7 +553,7 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         if candidate >= budget:
             continue
         changes: dict[str, Any] = {"max_num_batched_tokens": candidate, "max_num_seqs": min(seqs, candidate), "enable_chunked_prefill": True,
-                                   **({"mixed_batches": True} if mix else {})}
+                                   **({"mixed_batches": True} if mixing else {})}
         sim = w.simulate(changes)
         after_ttft = _ttfts(sim.records, short)
         if after_ttft and _p(after_ttft, 0.9) <= (1 + HOL_TTFT_SLACK) * _p(base_ttft, 0.9):
@@ -564,7 +564,7 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     before, after = _p(base_itl, 0.99), _p(_itls(sim.records, short), 0.99)
     if (before - after) / before < MIN_GAIN:
         return None
-    kind = _prediction(w, f"--max-num-batched-tokens {candidate} against {budget}" + (", mixed steps" if mix else ""))
+    kind = _prediction(w, f"--max-num-batched-tokens {candidate} against {budget}" + (", mixed steps" if mixing else ""))
     gains = [
         _sim_gain("short requests' p99 inter-token gap ms", "TPOT/ITL", before, after, kind, sim),
         _sim_gain("short requests' mean TPOT ms", "TPOT/ITL", _mean_tpot(base.records, short), _mean_tpot(sim.records, short), kind, sim),
@@ -576,7 +576,7 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     why_cap = ("vLLM: no more sequences than budget tokens" if not _seqs_follow_budget(engine)
                else "as simulated: no more sequences than budget tokens a step")
     seq_note = f"; with {flags.seqs.format(n=candidate)} ({why_cap})" if candidate < seqs else ""
-    budget_text = flags.budget.format(n=candidate) + (f" with {flags.mix}" if mix else "")
+    budget_text = flags.budget.format(n=candidate) + (f" with {flags.mix}" if mixing else "")
     return Recommendation(
         "head_of_line", title, evidence, change.format(budget=budget_text, seqs=seq_note), gains,
         f"the smallest budget tried (4096, 2048, 1024, 512) that keeps the short requests' TTFT p90 within {HOL_TTFT_SLACK:.0%}; "
