@@ -60,6 +60,7 @@ def test_a_sweep_past_its_knee_gets_a_concurrency_cap(tmp_path: Path) -> None:
     # 128 → 1024: E2E about 6x for a third more throughput; a cap that only queues the rest
     # would not give it, so the change says which limit does
     assert "keep about 128 requests in flight" in cap["change"] and "turns the rest away" in cap["change"]
+    assert "max_requests_in_flight = 128, queue_max = 0: HTTP 503" in cap["change"]  # (what the gateway answers)
     assert "not those held back" in cap["gains"][0]["kind"]
     e2e = cap["gains"][0]
     assert e2e["after"] < e2e["before"] and e2e["kind"].startswith("prediction")  # (sim runs: simulated)

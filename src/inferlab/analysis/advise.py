@@ -1128,7 +1128,7 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
                 f"keep about {ca:g} requests in flight: fewer clients at once, or a gateway admission limit that turns "
-                f"the rest away (HTTP 429); a limit that only queues them ({a.flags().seqs.format(n=f'{ca:g}')}) moves their wait "
+                f"the rest away (inferlab gateway's [admission] mode = \"requests\", max_requests_in_flight = {ca:g}, queue_max = 0: HTTP 503 at once); a limit that only queues them ({a.flags().seqs.format(n=f'{ca:g}')}) moves their wait "
                 "into its queue, and their E2E with it",
                 [_predicted("E2E p50 ms", "E2E", lb.p50, la.p50, f"{source}: the requests in flight at {ca:g}, not those "
                             "held back", a.summary.prediction),
