@@ -213,6 +213,33 @@ async def test_a_full_queue_answers_503_with_retry_after() -> None:
         assert (await first).status == 200
 
 
+async def test_the_queue_wait_histogram_counts_a_request_that_timed_out_waiting() -> None:
+    """One long stream (2 s) holds the only slot; a second request waits its 0.5 s in the
+    queue and is refused (503). Both waited: the histogram has both, the second's wait at least
+    the timeout; a third, refused at a full queue, waited for nothing and is not in it."""
+    from gateway_helpers import metrics, total
+
+    adm = AdmissionConfig(mode="requests", max_requests_in_flight=1, queue_max=1, queue_timeout_s=0.5)
+    async with FakeUpstream(long_chunks=200, gap_s=0.01) as up, serving(config(up.url, admission=adm)) as (url, gw), \
+            aiohttp.ClientSession() as s:
+        first = asyncio.create_task(post(s, url, chat_body("long"), AUTH))
+        for _ in range(200):
+            if gw.admission.requests_in_flight == [1]:
+                break
+            await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(post(s, url, chat_body("ok"), AUTH))
+        for _ in range(200):
+            if gw.admission.queue_length == 1:
+                break
+            await asyncio.sleep(0.005)
+        full = await post(s, url, chat_body("ok"), AUTH)
+        assert full.status == 503 and (await waiting).status == 503
+        assert (await first).status == 200
+        m = await metrics(s, url)
+    assert total(m, "inferlab_gateway_queue_wait_seconds_count") == 2
+    assert total(m, "inferlab_gateway_queue_wait_seconds_sum") >= 0.5
+
+
 async def test_a_stream_longer_than_its_reservation_holds_more_room_until_it_ends() -> None:
     async with FakeUpstream(long_chunks=60, gap_s=0.005) as up, serving(config(up.url)) as (url, gw), \
             aiohttp.ClientSession() as s, s.post(url + "/v1/chat/completions", json=chat_body("long", max_tokens=5),

@@ -659,6 +659,9 @@ class Gateway:
                     tokens, self.health.healthy(left), lambda room: self.router(room, req.prefix)))
             except Rejected as e:
                 self.metrics.rejections.labels(e.reason, req.key_name).inc()
+                if e.reason == "queue_timeout":  # (it waited, as long as the queue let it)
+                    self.metrics.queue_wait.labels(req.model, req.key_name).observe(
+                        (self.clock.now_ns() - obs.received_ns) / NS_PER_S)
                 obs.fail(ErrorKind.HTTP_STATUS, str(e))
                 obs.record.status = 503
                 return error_response(503, str(e), "ServiceUnavailableError", {**headers, "Retry-After": retry_after(e.retry_after_s)})
