@@ -577,6 +577,9 @@ def test_a_recorded_closed_loop_replayed_with_its_users_is_banded_as_a_closed_lo
     replay = sim_cli("--trace", str(tmp_path / "r" / "requests.jsonl"), "--json")
     assert replay.returncode == 0, replay.stderr
     assert json.loads(replay.stdout)["prediction"]["regime"] == "closed loop"
+    # each user sends when its last request ends: no speedup changes a send time, so none is taken
+    fast = sim_cli("--trace", str(tmp_path / "r" / "requests.jsonl"), "--speedup", "10")
+    assert fast.returncode == 2 and "--speedup would change no send time" in fast.stderr, fast.stderr
 
 
 @pytest.mark.parametrize("load", [("-c", "3"), ("--rate", "20")], ids=["closed-loop", "open-loop"])

@@ -351,6 +351,11 @@ def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Trace | Sess
                     "the trace is a closed loop (its requests.jsonl names each request's user): it replays "
                     "with its own users; --max-concurrency does not apply"
                 )
+            if workload.speedup != 1.0:
+                raise UsageError(
+                    "the trace is a closed loop (its requests.jsonl names each request's user): each user sends "
+                    "when its previous request ends, so --speedup would change no send time; drop it"
+                )
             return UserReplayPolicy(
                 [(t, u, ts.spec) for t, u, ts in zip(times, senders, workload.requests, strict=False) if u is not None],
                 warmup=load.warmup,

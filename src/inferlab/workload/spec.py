@@ -82,9 +82,11 @@ class TimedSpec:
 
 @dataclass(frozen=True)
 class Trace:
-    """A replayed trace: requests at fixed arrival times, in time order."""
+    """A replayed trace: requests at fixed arrival times, in time order, compressed by
+    ``speedup`` (``TraceConfig``'s)."""
 
     requests: tuple[TimedSpec, ...]
+    speedup: float = 1.0
 
     def __len__(self) -> int:
         return len(self.requests)

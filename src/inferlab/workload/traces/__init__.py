@@ -133,7 +133,7 @@ class TraceConfig:
         prompt is built ``template_tokens`` shorter (at least 1), the tokens the target
         adds, so the target sees the recorded length."""
         rows = self.rows(seed)
-        return Trace(tuple(to_specs(rows, builder, seed, exact_output, self.block_tokens, template_tokens)))
+        return Trace(tuple(to_specs(rows, builder, seed, exact_output, self.block_tokens, template_tokens)), self.speedup)
 
 
 def _seconds(t: float) -> str:
