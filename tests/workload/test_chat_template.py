@@ -112,3 +112,26 @@ def test_tokens_says_which_template_it_counted(model_dir: Path) -> None:
     assert out["chat_template"] == str(model_dir / "tokenizer_config.json")
     expected = "<|endoftext|><start_of_turn>user\nhello there<end_of_turn>\n" + GENERATION_PROMPT
     assert out["total_tokens"] == len(tok.encode(expected))
+
+
+def test_a_template_saved_as_chat_template_jinja_is_the_models(tmp_path: Path, tokenizer_path: str) -> None:
+    """Newer transformers save the template beside the tokenizer as chat_template.jinja
+    (tokenizer_config.json keeps the special tokens, no chat_template): it is the one
+    rendered and named, not ChatML."""
+    d = _model_dir(tmp_path, tokenizer_path, {"bos_token": "<|endoftext|>"})
+    (d / "chat_template.jinja").write_text(TEMPLATE)
+    tok = load_tokenizer(str(d))
+    assert tok.template_source == str(d / "chat_template.jinja")
+    assert tok.apply_chat_template(MESSAGES) == tok.encode(RENDERED + GENERATION_PROMPT)
+    (d / "tokenizer_config.json").unlink()  # (alone, without the config: still the model's)
+    assert load_tokenizer(str(d)).template_source == str(d / "chat_template.jinja")
+
+
+def test_a_template_that_refuses_the_messages_is_a_usage_error_naming_it(model_dir: Path) -> None:
+    """Gemma's template has no system role: `tokens --system ...` says so, exit 2, not an
+    internal error."""
+    cmd = [sys.executable, "-m", "inferlab", "tokens", "--tokenizer", str(model_dir), "--system", "be brief", "--prompt", "hi"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "refuses these messages (system/user): System role not supported" in p.stderr
+    assert "internal error" not in p.stderr

@@ -3,8 +3,9 @@
 model id found in the local hub cache (no hub downloads).
 
 The chat template of a local tokenizer is the model's own when a
-``tokenizer_config.json`` beside its ``tokenizer.json`` has a ``chat_template`` (rendered
-with Jinja2, as ``transformers`` and vLLM render it); otherwise, and for the built-in
+``tokenizer_config.json`` beside its ``tokenizer.json`` has a ``chat_template``, or a
+``chat_template.jinja`` lies beside it (rendered with Jinja2, as ``transformers`` and vLLM
+render it); otherwise, and for the built-in
 tokenizer, ChatML (as Qwen uses it). ``HFTokenizer.template_source`` says which.
 """
 
@@ -92,12 +93,19 @@ class ChatTemplate:
         self.origin = origin
 
     def render(self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True) -> str:
-        """The prompt text; ``ValueError`` when the template refuses the messages."""
+        """The prompt text; ``TemplateRefused`` (a ``ValueError``: a server's 400; a usage
+        error on the command line) when the template refuses the messages."""
         plain = [{**m, "content": content_text(m.get("content"))} for m in messages]
         try:
             return str(self._template.render(messages=plain, add_generation_prompt=add_generation_prompt, **self._tokens))
         except self._error as e:
-            raise ValueError(f"the chat template refused the messages: {e}") from None
+            roles = "/".join(dict.fromkeys(str(m.get("role", "user")) for m in messages))
+            raise TemplateRefused(f"the chat template ({self.origin}) refuses these messages ({roles}): {e}") from None
+
+
+class TemplateRefused(UsageError, ValueError):
+    """A chat template that refuses the messages it was given (its ``raise_exception``:
+    a system message the model has no role for, roles out of turn)."""
 
 
 def _raise_template_error(message: str) -> None:
@@ -123,16 +131,18 @@ def _special_token(value: object) -> str | None:
 
 
 def read_chat_template(tokenizer_file: str) -> ChatTemplate | None:
-    """The chat template in the ``tokenizer_config.json`` beside ``tokenizer_file``, or
-    ``None`` when there is no such file or it has no ``chat_template``. A list of named
-    templates (the newer form) gives the one named ``default``. ``UsageError`` for a
-    config that is not JSON or a template that does not parse."""
-    config_file = os.path.join(os.path.dirname(tokenizer_file), "tokenizer_config.json")
+    """The chat template in the ``tokenizer_config.json`` beside ``tokenizer_file``, else
+    in a ``chat_template.jinja`` beside it (where ``transformers`` >= 4.43 saves it), or
+    ``None`` when there is neither. A list of named templates (the newer form) gives the
+    one named ``default``. ``UsageError`` for a config that is not JSON or a template
+    that does not parse."""
+    folder = os.path.dirname(tokenizer_file)
+    config_file = os.path.join(folder, "tokenizer_config.json")
     try:
         with open(config_file, encoding="utf-8") as f:
             text = f.read()
     except OSError:
-        return None
+        text = "{}"
     try:
         config = json.loads(text)
     except ValueError as e:
@@ -141,14 +151,23 @@ def read_chat_template(tokenizer_file: str) -> ChatTemplate | None:
     if isinstance(source, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
         source = named.get("default")
+    origin = config_file
     if not isinstance(source, str):
-        return None
+        jinja_file = os.path.join(folder, "chat_template.jinja")
+        try:
+            with open(jinja_file, encoding="utf-8") as f:
+                source = f.read()
+        except OSError:
+            return None
+        origin = jinja_file
+    if not isinstance(config, dict):
+        config = {}
     tokens = {
         name: token
         for name in ("bos_token", "eos_token", "unk_token", "pad_token")
         if (token := _special_token(config.get(name))) is not None
     }
-    return ChatTemplate(source, tokens, config_file)
+    return ChatTemplate(source, tokens, origin)
 
 
 class HFTokenizer:
