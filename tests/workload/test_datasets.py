@@ -49,7 +49,8 @@ def test_the_three_formats(tmp_path: Path) -> None:
     assert [m["role"] for m in spec.messages()] == ["system", "user", "assistant", "user"]
     assert spec.completion_prompt() == "sys\n\nq1\n\na1\n\nq2"
 
-    sg = read_dataset(sharegpt(tmp_path / "sg.json"))
+    with pytest.warns(UserWarning, match="1 of 3 conversations skipped: no user turn answered"):
+        sg = read_dataset(sharegpt(tmp_path / "sg.json"))
     assert [(r.messages, r.output_length) for r in sg] == [
         ((("user", "what is a cache"),), 5),
         ((("system", "be brief"), ("user", "why")), 2),

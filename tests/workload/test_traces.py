@@ -68,8 +68,21 @@ def test_burstgpt_skips_failed_rows_and_reads_seconds(tmp_path: Path) -> None:
         "7.5,ChatGPT,300,0,300,Conversation log\n"
         "9,GPT-4,50,10,60,API log\n"
     )
-    rows = TraceConfig(str(p)).rows()
+    with pytest.warns(UserWarning, match="1 rows skipped: 0 response tokens"):  # (said, not silently dropped)
+        rows = TraceConfig(str(p)).rows()
     assert [(r.arrival_s, r.input_tokens, r.output_tokens) for r in rows] == [(0.0, 100, 20), (4.0, 50, 10)]
+
+
+def test_a_vllm_results_failed_requests_are_skipped_and_said(tmp_path: Path) -> None:
+    """vLLM saves a failed request with no output and a TTFT of 0: it cannot be replayed,
+    and the replay says how many it left out."""
+    n = 4
+    result = {"request_rate": 2.0, "input_lens": [100] * n, "output_lens": [4, 0, 4, 4],
+              "ttfts": [0.02, 0.0, 0.02, 0.02], "itls": [[0.01] * 3, [], [0.01] * 3, [0.01] * 3]}
+    path = tmp_path / "vllm_result.json"
+    path.write_text(json.dumps(result))
+    with pytest.warns(UserWarning, match="1 of 4 requests skipped: failed in the source run"):
+        assert len(TraceConfig(str(path)).rows()) == 3
 
 
 def test_inferlab_jsonl_sessions_and_groups_share_prefixes(tmp_path: Path) -> None:

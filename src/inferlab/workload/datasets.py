@@ -22,6 +22,7 @@ import csv
 import io
 import json
 import random
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -269,6 +270,9 @@ def _sharegpt(path: str, text: str, tokenizer: Tokenizer | None) -> list[Dataset
         system = [turns[0]] if turns[0][0] == "system" and human > 0 else []
         answer = turns[human + 1][1]
         rows.append(DatasetRow((*system, turns[human]), None, where, max(1, count(answer, tokenizer))))
+    if len(rows) < len(data):
+        warnings.warn(f"{path}: {len(data) - len(rows):,} of {len(data):,} conversations skipped: no user turn "
+                      "answered by the assistant (as other tools skip them)", stacklevel=2)
     return rows
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,7 @@ def read_csv(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
     if missing:
         raise UsageError(f"{path}:1: missing column(s) {', '.join(missing)} for a {kind} trace")
     ref: int | None = None  # whole seconds of the first row: keeps offsets exact
+    skipped = 0
     for row in reader:
         n = reader.line_num
         try:
@@ -32,12 +34,15 @@ def read_csv(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
         except (ValueError, TypeError) as e:
             raise UsageError(f"{path}:{n}: bad {kind} row ({why(e)})") from e
         if kind == "burstgpt" and out == 0:
+            skipped += 1  # (a failed request in BurstGPT's log)
             continue
         r = TraceRow(t, inp, out)
         # times are from the first row: an earlier row (a file out of time order) is
         # before it, and the replay puts rows in time order from the earliest
         check_row(path, n, r, from_first_row=True)
         yield r
+    if skipped:
+        warnings.warn(f"{path}: {skipped:,} rows skipped: 0 response tokens (failed requests in BurstGPT's log)", stacklevel=2)
 
 
 def _timestamp(v: str | None) -> tuple[int, float]:

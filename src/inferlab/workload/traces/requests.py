@@ -8,6 +8,8 @@ the session's previous one, as its context grew) and the closed-loop user that s
 
 from __future__ import annotations
 
+import warnings
+
 from inferlab.results.metrics import request_metrics
 from inferlab.results.runfiles import numbered_records
 from inferlab.workload.spec import Measured
@@ -19,9 +21,11 @@ def read_requests(path: str) -> list[TraceRow]:
     a cut-short last line is skipped, any other bad line is an error); failed requests
     are left out."""
     rows = []
+    skipped = 0
     for n, rec in numbered_records(path):
         sent = rec.intended_send_ns if rec.intended_send_ns is not None else rec.send_ns
         if not rec.ok or sent is None or not rec.input_tokens or not rec.output_tokens:
+            skipped += 1
             continue
         m = request_metrics(rec)
         # warm-up requests loaded the server too: replayed, but not compared
@@ -35,4 +39,7 @@ def read_requests(path: str) -> list[TraceRow]:
         check_row(path, n, r)
         rows.append(r)
     rows.sort(key=lambda r: (r.arrival_s, not r.warmup))  # (warm-ups first among sends at one instant)
+    if skipped:
+        warnings.warn(f"{path}: {skipped:,} of {skipped + len(rows):,} requests skipped: failed or cancelled in the "
+                      "recorded run, or without their token counts", stacklevel=2)
     return rows

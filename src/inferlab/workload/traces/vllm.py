@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import os
+import warnings
 from typing import Any
 
 from inferlab._errors import UsageError
@@ -125,7 +126,7 @@ def read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[Trac
     rows = []
     for i, (n_in, n_out, ttft, itl) in enumerate(zip(ins, outs, ttfts, itls, strict=True)):
         if not n_out or not n_in or (ttfts[i] is not None and not ttft):
-            continue  # a failed request in the source run
+            continue  # a failed request in the source run (its warning below)
         measured = None
         if ttft:
             gaps = sum(itl or [])
@@ -133,4 +134,7 @@ def read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[Trac
             tpot = gaps * 1e3 / (n_out - 1) if n_out > 1 and itl else None
             measured = Measured(ttft * 1e3, tpot, e2e)
         rows.append(TraceRow(arrivals[i], as_int(n_in), as_int(n_out), measured=measured))
+    if len(rows) < len(ins):
+        warnings.warn(f"{path}: {len(ins) - len(rows):,} of {len(ins):,} requests skipped: failed in the source run "
+                      "(no output, or no first token)", stacklevel=2)
     return rows
