@@ -482,3 +482,14 @@ def test_azure_times_do_not_depend_on_this_machines_time_zone(tmp_path: Path) ->
             os.environ["TZ"] = old
         time.tzset()
     assert [r.arrival_s for r in rows] == [0.0, 3600.0, 7200.0]
+
+
+@pytest.mark.parametrize("fmt", ["requests", "inferlab", "azure"])
+def test_a_vllm_result_read_as_another_format_says_what_it_is(tmp_path: Path, fmt: str) -> None:
+    """A vLLM result (a JSON object over several lines) given --trace-format requests was
+    read line by line: 'the last line is cut short', then 'no requests'. It is named."""
+    path = tmp_path / "vllm_result.json"
+    path.write_text(json.dumps({"request_rate": 2.0, "input_lens": [10, 10], "output_lens": [4, 4],
+                                "ttfts": [0.02, 0.02], "itls": [[0.01] * 3] * 2}, indent=1))
+    with pytest.raises(UsageError, match=f"a vLLM benchmark result, not a {fmt} trace: give --trace-format vllm"):
+        TraceConfig(str(path), fmt).rows()  # type: ignore[arg-type]

@@ -217,6 +217,14 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> list[TraceR
         raise UsageError(f"{path}: not a vLLM benchmark result (a JSON object with input_lens/output_lens)")
     if result is not None:
         return read_vllm_result(path, result, seed)
+    if fmt is not None and first.lstrip().startswith("{"):  # another format asked of what may be a vLLM result
+        f.seek(0)
+        try:
+            other = vllm_result(path, f)
+        except UsageError:
+            other = {}  # (a vLLM summary without per-request data: a vLLM file all the same)
+        if other is not None:
+            raise UsageError(f"{path}: a vLLM benchmark result, not a {fmt} trace: give --trace-format vllm, or none")
     f.seek(0)
     kind = fmt or _detect(path, first)
     if kind == "requests":
