@@ -3,6 +3,7 @@ token budget on long prompts is flagged on TTFT; --fail-if sets the exit status.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import random
@@ -105,9 +106,9 @@ def test_runs_of_different_workloads_are_said_to_differ_above_the_verdicts(workl
     warned = [i for i, line in enumerate(lines) if line.startswith("warning: ")]
     table = next(i for i, line in enumerate(lines) if "E2E p50" in line)
     assert len(warned) == 2 and max(warned) < table  # one per run that differs, above the verdicts
-    assert ("b1 differs from u1 in load or workload: prompt lengths (--input-tokens) 300 vs 200; "
+    assert ("b1 differs from u1 in load or workload (u1's vs b1's): prompt lengths (--input-tokens) 300 vs 200; "
             "output lengths, max tokens (--output-tokens) 40 vs 50") in lines[warned[0]]
-    assert lines[warned[1]].startswith("warning: c8 differs from u1 in load or workload: load closed loop of 4 users vs "
+    assert lines[warned[1]].startswith("warning: c8 differs from u1 in load or workload (u1's vs c8's): load closed loop of 4 users vs "
                                        "closed loop of 8 users:")  # (its seed differs too: not a workload setting)
     p = inferlab("compare", u1, b1, "--json")
     (comparison,) = json.loads(p.stdout)["comparisons"]
@@ -133,8 +134,8 @@ def test_the_report_says_runs_of_different_workloads_differ(workloads: Path, tmp
     out = tmp_path / "r.html"
     p = inferlab("report", str(workloads / "u1"), str(workloads / "b1"), "-o", str(out))
     assert p.returncode == 0, p.stderr
-    comparison = out.read_text().split("<h2>Comparison</h2>", 1)[1].split("<table", 1)[0]
-    assert "warning: b1 differs from u1 in load or workload: prompt lengths (--input-tokens) 300 vs 200" in comparison
+    comparison = html.unescape(out.read_text().split("<h2>Comparison</h2>", 1)[1].split("<table", 1)[0])
+    assert "warning: b1 differs from u1 in load or workload (u1's vs b1's): prompt lengths (--input-tokens) 300 vs 200" in comparison
 
 
 def test_a_run_a_response_cache_answered_is_said_so(runs: Path, tmp_path: Path) -> None:
@@ -207,3 +208,13 @@ def test_parse_fail_if() -> None:
     for bad in ("ttft_p99", "ttft_p99>>1", "ttft_p99>ten"):
         with pytest.raises(UsageError):
             parse_fail_if(bad)
+
+
+def test_simulated_runs_name_their_engine_and_card(tmp_path: Path) -> None:
+    """Two predictions of one model and workload on different cards: the workloads match,
+    so only the runs' own lines can tell the engines apart, and they do."""
+    for name, gpu in (("h100", "H100"), ("l40s", "L40S")):
+        assert inferlab("sim", "run", "-n", "8", "--gpu", gpu, "-o", str(tmp_path / name)).returncode == 0
+    p = inferlab("compare", str(tmp_path / "h100"), str(tmp_path / "l40s"))
+    assert p.returncode == 0, p.stderr
+    assert "(vllm on 1x H100-SXM-80GB) @ the simulator" in p.stdout and "(vllm on 1x L40S-48GB) @ the simulator" in p.stdout

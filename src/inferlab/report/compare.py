@@ -48,10 +48,14 @@ class Side:
     def describe(self) -> str:
         run = self.runs[0]
         cfg = run.config
-        model = (simulated_engine(cfg) or {}).get("model") or (cfg.get("resolved") or {}).get("model") or "?"
+        engine = simulated_engine(cfg) or {}
+        model = engine.get("model") or (cfg.get("resolved") or {}).get("model") or "?"
+        # a simulated engine's family and card: runs on other engines look alike otherwise
+        where = (f" ({engine.get('engine_family', 'vllm')} on {engine.get('tensor_parallel_size', 1)}x "
+                 f"{engine.get('gpu_preset') or engine.get('gpu')})" if engine.get("gpu") else "")
         reps = f", {len(self.runs)} repeats" if len(self.runs) > 1 else ""
         kind = f" {PREDICTION}" if self.simulated else ""
-        return f"{self.label}: {model} @ {run.server.where}{reps}, {len(run.records)} requests{kind}"
+        return f"{self.label}: {model}{where} @ {run.server.where}{reps}, {len(run.records)} requests{kind}"
 
 
 @dataclass
@@ -78,7 +82,7 @@ class Comparison:
         """One line per run whose load or workload differs from the baseline's, naming
         the settings (empty when every run asked the same of its server)."""
         base = self.sides[0].label
-        return [f"{s.label} differs from {base} in load or workload: {'; '.join(d.text for d in diff)}"
+        return [f"{s.label} differs from {base} in load or workload ({base}'s vs {s.label}'s): {'; '.join(d.text for d in diff)}"
                 for s, diff in zip(self.sides[1:], self.differences, strict=True) if diff]
 
     def cache_lines(self) -> list[str]:
