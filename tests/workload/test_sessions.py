@@ -143,3 +143,25 @@ def test_a_think_time_that_is_no_number_of_seconds_is_a_usage_error(think: float
     """inf crashed the run as an internal error and nan hung it (no turn was ever due)."""
     with pytest.raises(UsageError, match="--think-time-s must be a finite number"):
         WorkloadConfig(sessions=2, turns=2, input_tokens=20, output_tokens=3, think_time_s=think).build(0)
+
+
+@pytest.mark.parametrize("users", [("-c", "5"), ("--max-concurrency", "4")])
+def test_more_users_than_sessions_is_refused(users: tuple[str, str]) -> None:
+    """A user runs one session at a time: 5 users for 3 sessions would run 3 at once and
+    be recorded as 5."""
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--sessions", "3", "--turns", "2", *users],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and f"{users[0]} {users[1]} users for --sessions 3" in p.stderr, p.stderr
+    ok = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--sessions", "3", "--turns", "2", "-c", "3"],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_window_that_holds_no_earlier_exchange_is_refused() -> None:
+    """A 50-token window for 100-token messages kept no history: every turn went out
+    alone, as if the sessions were single requests, and nothing said so."""
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sim", "run", "--sessions", "1", "--turns", "2",
+                        "--input-tokens", "100", "--output-tokens", "20", "--context-window-tokens", "50"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--context-window-tokens 50 holds no earlier exchange" in p.stderr, p.stderr
+    assert "120 tokens on average" in p.stderr

@@ -822,7 +822,10 @@ def _context_growth(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
               f"(the application; inferlab models it with --context-window-tokens {window})")
     rec = Recommendation("context_growth", "Multi-turn context keeps growing", evidence, change)
     if w.available and run.workload().get("sessions"):
-        base, win = w.simulate(), w.simulate(workload={"context_window_tokens": window})
+        try:
+            base, win = w.simulate(), w.simulate(workload={"context_window_tokens": window})
+        except UsageError:  # (a window the run's exchanges do not fit: no prediction)
+            return rec
         b, a = _ttfts(base.records, lambda r: True), _ttfts(win.records, lambda r: True)
         if b and a:
             rec.gains.append(_sim_gain("mean TTFT ms", "TTFT", statistics.fmean(b), statistics.fmean(a),

@@ -157,7 +157,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--turns", type=click.IntRange(min=1), default=4, show_default=True, help="Multi-turn: turns per session; each turn adds --input-tokens of new user text."),
         click.option("--think-time-s", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
         click.option("--system-tokens", type=click.IntRange(min=0), default=0, show_default=True, help="Multi-turn: a system prompt of this many tokens, shared by all sessions."),
-        click.option("--context-window-tokens", type=click.IntRange(min=1), help="Multi-turn: keep the system prompt and at most this many tokens of history (sliding window)."),
+        click.option("--context-window-tokens", type=click.IntRange(min=1), help="Multi-turn: keep the system prompt and at most this many tokens of earlier exchanges (a sliding window over whole user messages and their answers; the new message is sent whatever its size); one smaller than an exchange is refused."),
         click.option("--tokenizer", type=click.Path(exists=False), help="A tokenizer.json, a directory with one, or a Hugging Face model id found in the local HF cache (no downloads): exact prompt lengths."),
         click.option("--token-ids/--no-token-ids", default=True, show_default=True, help="With --tokenizer, send token-id prompts on the completions API."),
         click.option("--prompt", help="Send this prompt every time (default: 'Explain RAG in about 30 characters.')."),
@@ -385,6 +385,11 @@ def load_config(kw: dict[str, Any]) -> LoadConfig:
         if kw["concurrency"] is not None and kw["max_concurrency"] is not None:
             raise UsageError("--concurrency and --max-concurrency both set a closed loop's users: give one")
         users = next((u for u in (kw["concurrency"], kw["max_concurrency"], kw["sessions"]) if u is not None), DEFAULT_CONCURRENCY)
+        if kw["sessions"] is not None and users > kw["sessions"]:  # (each user runs one session at a time)
+            flag = "-c" if kw["concurrency"] is not None else "--max-concurrency"
+            raise UsageError(f"{flag} {users} users for --sessions {kw['sessions']}: a user runs one session at a time, "
+                             f"so at most {kw['sessions']} would ever run at once; give {flag} {kw['sessions']} or fewer, "
+                             "or more sessions")
         schedule = ClosedLoop(users)
     num = kw["num_requests"]
     if num is not None and num < 1:

@@ -47,6 +47,15 @@ class SessionConfig:
             raise UsageError("--system-tokens cannot be negative")
         if self.context_window_tokens is not None and self.context_window_tokens < 0:
             raise UsageError("--context-window-tokens cannot be negative")
+        if self.context_window_tokens is not None and self.turns > 1:
+            # the window holds past exchanges (a user message and its answer), never part of one
+            exchange = self.input_tokens.mean + (self.output_tokens.mean if self.output_tokens is not None else 0)
+            if self.context_window_tokens < exchange:
+                raise UsageError(
+                    f"--context-window-tokens {self.context_window_tokens:,} holds no earlier exchange of these sessions "
+                    f"(a user message and its answer: {exchange:,.0f} tokens on average), so every turn would be sent "
+                    "without its history; give a window of at least that, or no window"
+                )
 
 
 @dataclass
