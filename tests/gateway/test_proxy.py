@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -198,15 +199,20 @@ async def test_health_says_which_upstreams_answer() -> None:
         assert resp.status == 503
 
 
+async def until(condition: Callable[[], bool], limit_s: float = 2.0) -> None:
+    """Wait (bounded) until the gateway's state says ``condition``."""
+    for _ in range(int(limit_s / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+
+
 async def test_a_full_queue_answers_503_with_retry_after() -> None:
     adm = AdmissionConfig(mode="requests", max_requests_in_flight=1, queue_max=0)
     async with FakeUpstream(long_chunks=50, gap_s=0.01) as up, serving(config(up.url, admission=adm)) as (url, gw), \
             aiohttp.ClientSession() as s:
         first = asyncio.create_task(post(s, url, chat_body("long"), AUTH))
-        for _ in range(200):
-            if gw.admission.requests_in_flight == [1]:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: gw.admission.requests_in_flight == [1])
         second = await post(s, url, chat_body("ok"), AUTH)
         assert second.status == 503 and second.headers["Retry-After"] == "1"
         assert second.json()["error"]["type"] == "ServiceUnavailableError"
@@ -223,15 +229,9 @@ async def test_the_queue_wait_histogram_counts_a_request_that_timed_out_waiting(
     async with FakeUpstream(long_chunks=200, gap_s=0.01) as up, serving(config(up.url, admission=adm)) as (url, gw), \
             aiohttp.ClientSession() as s:
         first = asyncio.create_task(post(s, url, chat_body("long"), AUTH))
-        for _ in range(200):
-            if gw.admission.requests_in_flight == [1]:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: gw.admission.requests_in_flight == [1])
         waiting = asyncio.create_task(post(s, url, chat_body("ok"), AUTH))
-        for _ in range(200):
-            if gw.admission.queue_length == 1:
-                break
-            await asyncio.sleep(0.005)
+        await until(lambda: gw.admission.queue_length == 1)
         full = await post(s, url, chat_body("ok"), AUTH)
         assert full.status == 503 and (await waiting).status == 503
         assert (await first).status == 200
