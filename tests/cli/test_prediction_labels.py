@@ -106,14 +106,14 @@ def test_compare_and_report_name_the_simulated_servers(runs: tuple[Path, dict[st
     p = inferlab("compare", str(d / "emb"), str(d / "serve"), str(d / "sim"))
     assert p.returncode == 0, p.stderr
     text = words(p.stdout)
-    assert "emb: Qwen/Qwen2.5-7B-Instruct @ the embedded simulated server, 6 requests (prediction)" in text
+    assert "emb: Qwen/Qwen2.5-7B-Instruct (vllm on 1x H100-SXM-80GB) @ the embedded simulated server, 6 requests (prediction)" in text
     assert f"@ inferlab sim serve at {url}/v1, 6 requests (prediction)" in text
     assert "@ the simulator (virtual time), 6 requests (prediction)" in text
     html = tmp_path / "r.html"
     p = inferlab("report", str(d / "emb"), str(d / "serve"), "-o", str(html))
     assert p.returncode == 0, p.stderr
     page = html.read_text()
-    assert "<li>emb: Qwen/Qwen2.5-7B-Instruct @ the embedded simulated server, 6 requests (prediction)</li>" in page
+    assert "<li>emb: Qwen/Qwen2.5-7B-Instruct (vllm on 1x H100-SXM-80GB) @ the embedded simulated server, 6 requests (prediction)</li>" in page
     assert f"@ inferlab sim serve at {url}/v1, 6 requests (prediction)</li>" in page
     p = inferlab("report", str(d / "sweep"), "-o", str(html))
     assert p.returncode == 0, p.stderr

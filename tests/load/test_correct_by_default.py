@@ -71,7 +71,7 @@ async def test_the_same_prompt_every_request_is_called_out_as_measuring_the_cach
 async def test_a_replay_sends_the_lengths_it_replays_template_included(sim: EmbeddedServer, tmp_path: Path) -> None:
     await bench_async(config(None, tmp_path / "run"), sim.url)  # chat: the server counts the template too
     recorded = sorted(r.input_tokens for r in read_records(tmp_path / "run" / "requests.jsonl") if r.input_tokens)
-    trace = TraceConfig(str(tmp_path / "run" / "requests.jsonl"), speedup=100.0)
+    trace = TraceConfig(str(tmp_path / "run" / "requests.jsonl"))  # (a closed loop: its users' pace, no speedup)
     replay = BenchConfig(LoadConfig(Replay()), WorkloadConfig(trace=trace))
     result = await bench_async(replay, sim.url)
     assert sorted(r.input_tokens for r in result.records if r.input_tokens) == recorded
