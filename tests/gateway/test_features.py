@@ -149,21 +149,24 @@ async def test_the_access_log_is_a_run_directory_that_the_metrics_read(tmp_path:
 
 async def test_the_access_log_holds_the_cache_s_answers_and_the_refusals_as_such(tmp_path: Path) -> None:
     """A key of 3 requests a minute sends the same temperature-0 request 4 times: one
-    goes upstream, two are the cache's answers, one is refused (429). The log has all
-    four, the cache's marked as such (no prompt token of theirs from a prefix cache),
-    the refusal failed with its status, as the client saw them."""
+    goes upstream, two are the cache's answers, one is refused (429); a wrong key is
+    refused before its request is read (401). The log has all five, the cache's marked
+    as such (no prompt token of theirs from a prefix cache), the refusals failed with
+    their status, as the clients saw them."""
     async with FakeUpstream() as up:
         cfg = config(up.url, CacheConfig(enabled=True), rpm=3)
         cfg = GatewayConfig(upstreams=cfg.upstreams, keys=cfg.keys, cache=cfg.cache, access_log=str(tmp_path / "log"))
         async with serving(cfg) as (url, _), aiohttp.ClientSession() as s:
             answers = [await post(s, url, chat_body("ok", temperature=0), auth("alice")) for _ in range(4)]
-        assert [a.status for a in answers] == [200, 200, 200, 429] and posts(up) == 1
+            answers.append(await post(s, url, chat_body("ok", temperature=0), {"Authorization": "Bearer sk-wrong"}))
+        assert [a.status for a in answers] == [200, 200, 200, 429, 401] and posts(up) == 1
     records = sorted(read_records(tmp_path / "log" / "requests.jsonl"), key=lambda r: r.index)
-    assert [r.status for r in records] == [200, 200, 200, 429]
-    assert [bool(r.response_cache_hit) for r in records] == [False, True, True, False]
+    assert [r.status for r in records] == [200, 200, 200, 429, 401]
+    assert [bool(r.response_cache_hit) for r in records] == [False, True, True, False, False]
     assert [r.cached_tokens for r in records[1:3]] == [0, 0]
-    assert [r.ok for r in records] == [True, True, True, False]
+    assert [r.ok for r in records] == [True, True, True, False, False]
     assert records[3].error is not None and "429" in records[3].error
+    assert records[4].error is not None and "401" in records[4].error and records[4].end_ns is not None
 
 
 async def test_a_tpm_limit_under_64_concurrent_clients_admits_exactly_what_fits() -> None:

@@ -507,8 +507,15 @@ class Gateway:
 
     async def _generate(self, request: web.Request, api: Api) -> web.StreamResponse:
         received = self.clock.now_ns()
-        key = self._authenticate(request)
-        req = await self._read(request, api, key)
+        try:
+            key = self._authenticate(request)
+            req = await self._read(request, api, key)
+        except APIError as e:  # (refused before it is read: in the access log all the same)
+            if self.log is not None:
+                self.log.append(RequestRecord(
+                    next(self._seq), send_ns=received - self.t0_ns, end_ns=self.clock.now_ns() - self.t0_ns,
+                    status=e.status, error_kind=ErrorKind.HTTP_STATUS, error=f"HTTP {e.status}: {e.message}"[:300]))
+            raise
         candidates = await self._candidates(req.model)
         if self._tokenize is not None:  # (the first upstream that may take it counts)
             counter = self._tokenize[(self.health.healthy(candidates) or candidates)[0]]
