@@ -83,6 +83,20 @@ def test_a_search_where_no_rate_meets_the_slos_says_so() -> None:
     assert result.max_rate is None and result.note is not None and "no rate" in result.note
 
 
+def test_halving_stops_where_requests_that_barely_overlap_still_miss() -> None:
+    """An SLO no request meets even alone: each halving (at least twice the wall time over
+    HTTP) cannot help once the requests barely overlap; the search stops there and says
+    so, where without that measure it halves sixteen times."""
+    async def probe(rate: float) -> Probe:
+        return Probe(rate, 0.0, False, in_flight=rate * 0.8)  # (0.8 s a request: 0.8 in flight at 1 req/s)
+
+    result = asyncio.run(find_max_rate(probe, 8.0))
+    assert [p.rate_rps for p in result.probes] == [8.0, 4.0, 2.0, 1.0]
+    assert result.max_rate is None and result.note is not None and "barely overlapped (0.80 in flight" in result.note
+    unmeasured = asyncio.run(find_max_rate(_threshold_probe(0.0, []), 8.0))
+    assert len(unmeasured.probes) == 17 and "no rate down to" in (unmeasured.note or "")
+
+
 def test_an_interrupted_probe_ends_the_search_with_what_passed() -> None:
     async def probe(rate: float) -> Probe:
         return Probe(rate, 1.0, True, stopped=rate >= 4)

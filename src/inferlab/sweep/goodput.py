@@ -30,6 +30,9 @@ class Probe:
     dir: str | None = None
     stopped: bool = False
     error: str | None = None
+    # requests in flight on average (completed per second × median E2E, in seconds):
+    # at or below ``ALONE_IN_FLIGHT`` they barely overlapped, and no lower rate gives them less company
+    in_flight: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"rate": self.rate_rps, "share": self.share, "meets": self.meets, "dir": self.dir}
@@ -65,6 +68,10 @@ def slo_share(records: list[RequestRecord], slo: SLO) -> float | None:
 
 #: Stop bracketing after this many doublings or halvings from the start rate.
 MAX_BRACKET_STEPS = 16
+#: A probe that missed with requests this few in flight on average: they barely
+#: overlapped, so a lower rate would not help; the halving stops there (over HTTP each
+#: halving doubles a probe's wall time: sixteen of them took days).
+ALONE_IN_FLIGHT = 1.1
 
 
 async def find_max_rate(
@@ -76,7 +83,8 @@ async def find_max_rate(
 ) -> SearchResult:
     """Search with ``probe`` (one run at a rate) from ``start_rps``; see the module. The
     search ends early, with a ``note``, when a probe is interrupted or cannot run (its
-    error), when no rate down to ``start_rps / 2**16`` meets the SLOs, when none up to
+    error), when no rate down to ``start_rps / 2**16`` meets the SLOs or a probe that
+    missed had its requests barely overlapping (``ALONE_IN_FLIGHT``), when none up to
     ``start_rps * 2**16`` fails, or after ``max_probes`` runs."""
     if not start_rps > 0 or math.isinf(start_rps):
         raise ValueError("the start rate must be a positive number")
@@ -113,6 +121,11 @@ async def find_max_rate(
         else:
             hi = start_rps
             for _ in range(MAX_BRACKET_STEPS):
+                last = probes[-1]
+                if last.in_flight is not None and last.in_flight <= ALONE_IN_FLIGHT:
+                    return SearchResult(None, hi, tuple(probes), (
+                        f"at {hi:g} req/s the requests barely overlapped ({last.in_flight:.2f} in flight on average) "
+                        "and still missed them, so no lower rate meets them: out of this engine's reach at any load"))
                 if await passes(hi / 2):
                     lo = hi / 2
                     break

@@ -392,7 +392,10 @@ class _Sweep:
             stopped = entry["status"] == "stopped"
             meets = not stopped and entry["status"] == "done" and share is not None and share >= g.share
             error = entry.get("reason") if entry["status"] == "failed" and entry["headline"] is None else None
-            return Probe(rate, share, meets, entry["dir"], stopped, error)
+            head = entry.get("headline") or {}
+            in_flight = (head["req_s"] * head["e2e_p50_ms"] / 1e3
+                         if head.get("req_s") and head.get("e2e_p50_ms") is not None else None)
+            return Probe(rate, share, meets, entry["dir"], stopped, error, in_flight)
 
         result: SearchResult = await find_max_rate(probe, g.start_rps, step=g.step, max_probes=g.max_probes)
         if result.note == "interrupted":
