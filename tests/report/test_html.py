@@ -318,3 +318,22 @@ def test_a_profiles_measured_server_is_named_with_what_it_said_it_is(tmp_path: P
     # a profile from before the record, or of a server that said nothing: the URL alone
     data.pop("server_software")
     assert "Server: http://gpu-box:8000/v1; model m" in profile_section(Sweep(tmp_path, {"profile": data}))
+
+
+def test_a_sweep_report_says_which_groups_did_not_saturate(tmp_path: Path) -> None:
+    """Two GPUs, one stopped by the saturation rules and one that never saturated: the
+    report says both, as the console does (it named only the stopped one)."""
+    out = tmp_path / "sw"
+    p = inferlab("sweep", "--gpu", "H100,L40S", "-c", "1,4,16,64,256", "-n", "256", "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    console = [line for line in p.stdout.splitlines() if line.startswith("gpu=")]
+    page = tmp_path / "r.html"
+    assert inferlab("report", str(out), "-o", str(page)).returncode == 0
+    html = page.read_text()
+    said = [line.split(":")[0] for line in console]
+    assert any("did not saturate" in line for line in console) and any("stopped at" in line for line in console), console
+    for line in console:
+        label = line.split(":")[0]
+        what = "did not saturate" if "did not saturate" in line else "stopped at"
+        assert f"{label}: {what}" in html, (label, what)
+    assert len(said) == 2

@@ -28,7 +28,7 @@ from inferlab.report.svg import (
     timeline_chart,
     xy_chart,
 )
-from inferlab.report.sweep import band_lines, bands_short
+from inferlab.report.sweep import band_lines, bands_short, unstopped_text
 from inferlab.results.compare import METRICS, summary_value
 from inferlab.results.metrics import request_metrics
 from inferlab.results.provenance import describe_software, http_server_info, simulated_engine
@@ -486,9 +486,11 @@ def sweep_section(sweep: Sweep) -> str:
     notes = []
     for g in sweep.index.get("groups") or []:
         stopped = g.get("stopped") if isinstance(g, dict) else None
+        params = " ".join(f"{k}={v}" for k, v in (g.get("params") or {}).items()) or "the load axis"
         if isinstance(stopped, dict):
-            params = " ".join(f"{k}={v}" for k, v in (g.get("params") or {}).items()) or "the load axis"
             notes.append(f"{params}: stopped at {stopped.get('at')} ({stopped.get('reason')}); knee {stopped.get('knee')}")
+        elif isinstance(g, dict) and g.get("goodput") is None and sweep.index.get("complete"):  # (as the console says it)
+            notes.append(f"{params}: {unstopped_text(sweep.index)}")
     search = sweep.index.get("goodput_search")
     for g in (search.get("groups") or []) if isinstance(search, dict) else []:
         params = " ".join(f"{k}={v}" for k, v in (g.get("params") or {}).items()) or "goodput search"

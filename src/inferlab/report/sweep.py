@@ -100,10 +100,8 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
             out.print(f"{label}: {goodput_text(g['goodput'])}", soft_wrap=True)
         elif not index.get("complete"):
             out.print(f"{label}: interrupted")
-        elif "saturation" in index and index["saturation"] is None:
-            out.print(f"{label}: every load run; saturation not looked for (--no-saturation-stop)")
         else:
-            out.print(f"{label}: did not saturate (raise the top of the load axis to find the knee)")
+            out.print(f"{label}: {unstopped_text(index)}")
     skipped = sum(1 for p in index["points"] if p["status"] == "skipped")
     if skipped:
         out.print(f"{skipped} planned point(s) not run (past a stop, or after an interruption)")
@@ -212,3 +210,10 @@ def _ci(v: dict[str, Any] | None, digits: int) -> str:
     if v.get("ci95_high") is None:
         return _fmt(v["mean"], digits)
     return f"{v['mean']:,.{digits}f} ± {(v['ci95_high'] - v['ci95_low']) / 2:,.{digits}f}"
+
+
+def unstopped_text(index: dict[str, Any]) -> str:
+    """What a complete sweep's group that no stop ended says of its load axis."""
+    if "saturation" in index and index["saturation"] is None:
+        return "every load run; saturation not looked for (--no-saturation-stop)"
+    return "did not saturate (raise the top of the load axis to find the knee)"
