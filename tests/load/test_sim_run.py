@@ -432,10 +432,13 @@ def test_sim_presets_lists_every_gpu_and_model_by_a_name_the_engine_accepts() ->
             assert resolve_gpu(alias).name == g["name"]
     h100 = next(g for g in listed["gpus"] if g["name"] == "H100-SXM-80GB")
     assert h100["memory_tb_per_s"] == pytest.approx(3.35) and h100["fp8_tflops"] > h100["bf16_tflops"]
+    # GeForce cards all-reduce through host memory: the list says which card that is
+    assert [g["name"] for g in listed["gpus"] if not g["peer_to_peer"]] == ["RTX-4090-24GB"]
     assert all(resolve_model(m["name"]).name == m["name"] for m in listed["models"])
     assert len(listed["models"]) >= 30
     table = subprocess.run([sys.executable, "-m", "inferlab", "sim", "presets"], capture_output=True, text=True, timeout=60, check=False)
     assert table.returncode == 0 and "H100-PCIe-80GB" in table.stdout and "Llama-3.1-8B" in table.stdout
+    assert table.stdout.count("(no P2P)") == 1
 
 
 def test_cli_precision_flags_take_the_names_vllm_and_benchmark_pages_use() -> None:

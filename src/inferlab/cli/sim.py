@@ -718,6 +718,7 @@ def _presets(as_json: bool) -> int:
             "fp8_tflops": gpu.fp8_flops_per_s / 1e12 if gpu.fp8_flops_per_s else None,
             "memory_gib": gpu.hbm_bytes / 2**30, "memory_tb_per_s": gpu.hbm_bytes_per_s / 1e12,
             "link_gb_per_s": gpu.bus_bytes_per_s / 1e9,
+            "peer_to_peer": gpu.peer_to_peer,  # (false: all-reduces through host memory)
         })
     models: list[dict[str, Any]] = []
     for name in model_names():
@@ -740,7 +741,8 @@ def _presets(as_json: bool) -> int:
     for g in gpus:
         fp8 = g["fp8_tflops"]
         t.add_row(g["name"], ", ".join(g["aliases"]), f"{g['bf16_tflops']:,.0f}", "—" if fp8 is None else f"{fp8:,.0f}",
-                  f"{g['memory_gib']:.0f}", f"{g['memory_tb_per_s']:.2f}", f"{g['link_gb_per_s']:.0f}")
+                  f"{g['memory_gib']:.0f}", f"{g['memory_tb_per_s']:.2f}",
+                  f"{g['link_gb_per_s']:.0f}" + ("" if g["peer_to_peer"] else " (no P2P)"))
     out.print(t)
     t = Table(title="Models (--model NAME or its HF id, or a config.json path)")
     # parameters in billions: all of them, and (mixture of experts) those a token runs
