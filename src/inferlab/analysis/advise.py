@@ -899,22 +899,44 @@ def _engine_cap_run(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     if cap is None or users is None or users <= cap or not w.available:
         return None
     raised = int(users)
-    base, more = w.simulate(), w.simulate({"max_num_seqs": raised})
-    sb, sm = base.result.summary, more.result.summary
-    if not sb.output_token_throughput_tps or not sm.output_token_throughput_tps or sb.e2e_ms is None or sm.e2e_ms is None:
+    gains = _raised_cap_gains(w, run.flags(), raised)
+    if len(gains) < 2:
         return None
-    gain_tps = sm.output_token_throughput_tps / sb.output_token_throughput_tps - 1
-    gain_e2e = 1 - sm.e2e_ms.p50 / sb.e2e_ms.p50
-    if max(gain_tps, gain_e2e) < MIN_GAIN:
-        return None
-    kind = _prediction(w, run.flags().seqs.format(n=raised))
-    return Recommendation(
-        "engine_cap", "The engine's own cap on running requests holds the load back",
+    tps, e2e = gains
+    if tps.after < (1 + MIN_GAIN) * tps.before and e2e.after > (1 - MIN_GAIN) * e2e.before:
+        return None  # (neither more throughput nor a shorter E2E worth the change)
+    return _engine_cap_rec(
+        "The engine's own cap on running requests holds the load back", run.flags(), cap, raised,
         f"{users:g} requests in flight, but the engine runs at most {cap} at once ({run.flags().seqs.format(n=cap)}): "
-        "the rest wait in its queue",
-        f"raise the cap ({run.flags().seqs.format(n=raised)}) where its KV cache has room for that many requests",
-        [_sim_gain("output tokens/s", "throughput", sb.output_token_throughput_tps, sm.output_token_throughput_tps, kind, more),
-         _sim_gain("E2E p50 ms", "E2E", sb.e2e_ms.p50, sm.e2e_ms.p50, kind, more)],
+        "the rest wait in its queue", gains,
+    )
+
+
+def _raised_cap_gains(w: WhatIf, flags: _EngineFlags, raised: int) -> list[Gain]:
+    """The run rerun with the engine's cap on running requests at ``raised``: its
+    output tokens/s and E2E p50, predicted (none where the engine is not simulated)."""
+    if not w.available:
+        return []
+    base, more = w.simulate(), w.simulate({"max_num_seqs": raised})
+    kind = _prediction(w, flags.seqs.format(n=raised))
+    sb, sm = base.result.summary, more.result.summary
+    gains = []
+    if sb.output_token_throughput_tps and sm.output_token_throughput_tps:
+        gains.append(_sim_gain("output tokens/s", "throughput", sb.output_token_throughput_tps,
+                               sm.output_token_throughput_tps, kind, more))
+    if sb.e2e_ms is not None and sm.e2e_ms is not None:
+        gains.append(_sim_gain("E2E p50 ms", "E2E", sb.e2e_ms.p50, sm.e2e_ms.p50, kind, more))
+    return gains
+
+
+def _engine_cap_rec(title: str, flags: _EngineFlags, cap: int, raised: int, evidence: str,
+                    gains: list[Gain] | None = None) -> Recommendation:
+    """The ``engine_cap`` item: raise the engine's cap on running requests from ``cap``."""
+    return Recommendation(
+        "engine_cap", title, evidence,
+        f"raise the cap ({flags.seqs.format(n=raised)}) where its KV cache has room for that many requests "
+        "(a capped engine leaves much of it unused)",
+        gains or [],
     )
 
 
@@ -1002,13 +1024,12 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
         top = max(pts)
         cap = p.engine.get("max_num_seqs") if isinstance(p.engine, dict) else None
         if top > k and isinstance(cap, int) and 0 < cap <= k:  # (the engine's own cap made the knee)
-            out.append(Recommendation(
-                "engine_cap", "The engine's own cap on running requests is the knee",
-                f"the engine runs at most {cap} requests at once ({_flags(p.engine).seqs.format(n=cap)}); past it the rest "
+            flags = _flags(p.engine)
+            out.append(_engine_cap_rec(
+                "The engine's own cap on running requests is the knee", flags, cap, max(top, 2 * cap),
+                f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}); past it the rest "
                 f"wait in its queue: output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs "
                 f"{pts[top]['output_tps']:,.0f} at {top}",
-                f"raise the cap ({_flags(p.engine).seqs.format(n=max(top, 2 * cap))}) where its KV cache has room for that "
-                "many requests",
             ))
         elif top > k and goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
             out.append(Recommendation(
@@ -1083,24 +1104,13 @@ def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float) -> Recommendat
     room permitting) is the change, predicted where the engine is simulated."""
     ca, cb = a.concurrency() or 1, b.concurrency() or 1
     raised = max(int(cb), 2 * cap)
-    rec = Recommendation(
-        "engine_cap", "The engine's own cap on running requests is the knee",
-        f"the engine runs at most {cap} requests at once ({b.flags().seqs.format(n=cap)}); past it the rest wait in its "
+    flags = b.flags()
+    return _engine_cap_rec(
+        "The engine's own cap on running requests is the knee", flags, cap, raised,
+        f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}); past it the rest wait in its "
         f"queue: concurrency {ca:g} → {cb:g}, output {ta:,.0f} → {tb:,.0f} tokens/s ({a.dir.name}, {b.dir.name})",
-        f"raise the cap ({b.flags().seqs.format(n=raised)}) where its KV cache has room for that many requests "
-        "(a capped engine's KV use stays low: check it in the run's server metrics)",
+        _raised_cap_gains(WhatIf(b.dir, b.config), flags, raised),
     )
-    w = WhatIf(b.dir, b.config)
-    if w.available:
-        base, more = w.simulate(), w.simulate({"max_num_seqs": raised})
-        kind = _prediction(w, b.flags().seqs.format(n=raised))
-        sb, sm = base.result.summary, more.result.summary
-        if sb.output_token_throughput_tps and sm.output_token_throughput_tps:
-            rec.gains.append(_sim_gain("output tokens/s", "throughput", sb.output_token_throughput_tps,
-                                       sm.output_token_throughput_tps, kind, more))
-        if sb.e2e_ms is not None and sm.e2e_ms is not None:
-            rec.gains.append(_sim_gain("E2E p50 ms", "E2E", sb.e2e_ms.p50, sm.e2e_ms.p50, kind, more))
-    return rec
 
 
 def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = None) -> tuple[list[Recommendation], list[str]]:
