@@ -38,7 +38,7 @@ from inferlab.sim.engine.bands import headline_prediction
 from inferlab.sim.engine.config import engine_release, memory_share_refused
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.engine.families import EngineFamily
-from inferlab.sim.engine.hardware import resolve_gpu, resolve_model
+from inferlab.sim.engine.hardware import resolve_gpu
 from inferlab.sweep.runner import Trials
 from inferlab.sweep.tune import (
     TIE_RULE,
@@ -130,7 +130,7 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
 
 
 #: names a searched value is read as before any trial runs
-_NAMED: dict[str, Callable[[str], object]] = {"gpu": resolve_gpu, "model": resolve_model}
+_NAMED: dict[str, Callable[[str], object]] = {"gpu": resolve_gpu}
 
 
 #: the simulator's flags by their other names (``sim run`` takes both)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Literal
 
 from inferlab._errors import UsageError
@@ -34,17 +35,12 @@ _Z999 = 3.09  # the standard normal's 99.9th percentile
 _NORMAL_MEAN_SHIFT = 0.02
 
 
-def _normal_cdf(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2))
-
-
 def _held_normal_mean(mean: float, std: float) -> float:
     """The mean of max(1, X) for X ~ N(mean, std): what a normal spec's draws average."""
     if std == 0:
         return max(1.0, mean)
-    z = (1 - mean) / std
-    pdf = math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
-    return _normal_cdf(z) + mean * (1 - _normal_cdf(z)) + std * pdf
+    z, unit = (1 - mean) / std, NormalDist()
+    return unit.cdf(z) + mean * (1 - unit.cdf(z)) + std * unit.pdf(z)
 
 
 @dataclass(frozen=True)
@@ -164,7 +160,7 @@ def parse_length(spec: int | str | LengthDist, flag: str = "--input-tokens") -> 
         raise UsageError(f"{flag} {spec!r}: asks for lengths past {MAX_LENGTH_TOKENS:,} tokens "
                          f"(its 99.9th percentile is {p999:,.3g}); no model takes them")
     if kind == "normal" and abs((held := _held_normal_mean(a, b)) - a) > _NORMAL_MEAN_SHIFT * a:
-        raise UsageError(f"{flag} {spec!r}: {_normal_cdf((1 - a) / b):.0%} of its draws fall below 1 token and would "
+        raise UsageError(f"{flag} {spec!r}: {NormalDist(a, b).cdf(1):.0%} of its draws fall below 1 token and would "
                          f"be held to 1, a mean of {held:,.3g}, not {a:g}; use a smaller STD, or lognormal:MEDIAN:SIGMA "
                          "for lengths skewed to the right")
     return LengthDist(kind, a, b)  # type: ignore[arg-type]  # kind checked just above
