@@ -56,8 +56,11 @@ def test_sim_context_grows_and_the_prefix_cache_sees_it() -> None:
         cached = [r.cached_tokens or 0 for r in turns]
         assert all(b > a + 140 for a, b in itertools.pairwise(inputs))  # + answer + new message
         assert all(c > 0 for c in cached[1:]) and cached == sorted(cached) and cached[-1] > cached[1]
-        # each turn after the first finds (nearly) all of the previous turn's prompt cached
-        assert all(c >= p - 16 for c, p in zip(cached[1:], inputs, strict=False))
+        # each turn after the first finds the previous turn's prompt and answer cached (the
+        # answer's blocks too, as vLLM caches them), but for the last partial block and the
+        # answer's last token, whose KV is never computed
+        outputs = [r.output_tokens or 0 for r in turns]
+        assert all(c >= p + o - 1 - 15 for c, p, o in zip(cached[1:], inputs, outputs, strict=False))
         gaps = [(b.send_ns or 0) - (a.end_ns or 0) for a, b in itertools.pairwise(turns)]
         assert all(g == 500_000_000 for g in gaps)  # think time, exactly, in virtual time
 
@@ -95,6 +98,9 @@ async def test_bench_sessions_against_the_sim_server() -> None:
         # the server's real answer text went into the next prompt
         assert all(b >= a + 64 + 16 for a, b in itertools.pairwise(inputs))
         assert cached[0] == 0 and all(c > p for c, p in zip(cached[2:], cached[1:], strict=False)) and cached[1] > 0
+        # the server caches its answers by content: the next turn finds prompt and answer
+        outputs = [r.output_tokens or 0 for r in turns]
+        assert all(c >= p + o - 1 - 15 for c, p, o in zip(cached[1:], inputs, outputs, strict=False))
 
 
 def test_cli_sim_run_sessions() -> None:
@@ -165,3 +171,22 @@ def test_a_window_that_holds_no_earlier_exchange_is_refused() -> None:
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--context-window-tokens 50 holds no earlier exchange" in p.stderr, p.stderr
     assert "120 tokens on average" in p.stderr
+
+
+@pytest.mark.parametrize("which", ["builtin", "bpe"])
+def test_an_answer_sent_back_tokenizes_as_the_model_wrote_it(which: str, request: pytest.FixtureRequest) -> None:
+    # The simulated model writes the output passage over and over; a conversation's next
+    # prompt holds that text, tokenized again. Where it comes back as the same tokens
+    # (across the passes' seams too) the engine's cached answer blocks are found.
+    from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
+    from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
+
+    tok: Tokenizer = BuiltinTokenizer() if which == "builtin" else load_tokenizer(request.getfixturevalue("tokenizer_path"))
+    first = [{"role": "user", "content": "How fast is the server today?"}]
+    prompt = tok.apply_chat_template(first)
+    for n in (1, 50, 700, 2_500):  # several passes of the passage
+        answer = [tok.output_token(k) for k in range(n)]
+        text = tok.decode(answer)
+        assert tok.encode(text) == answer
+        follow = tok.apply_chat_template([*first, {"role": "assistant", "content": text}, {"role": "user", "content": "And now?"}])
+        assert follow[: len(prompt) + n] == prompt + answer

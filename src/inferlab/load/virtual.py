@@ -151,6 +151,8 @@ class SimulatedServer:
         self.natural_median_tokens = natural_median_tokens
         self.on_record = on_record
         self.answers = answers
+        if answers:  # a later turn's prompt holds this answer: the engine caches it by content
+            engine.output_token = self.tok.output_token
         self.in_flight: dict[str, RequestRecord] = {}  # by request id
         self._received_s: dict[str, float] = {}  # by request id: sent earlier than it arrived (a gateway)
         self._finish: dict[str, str] = {}  # by request id: its finish reason ("length" or "stop")

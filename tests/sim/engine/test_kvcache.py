@@ -3,7 +3,7 @@ from collections import OrderedDict
 
 import pytest
 
-from inferlab.sim.engine.block_manager import BlockManager
+from inferlab.sim.engine.block_manager import BlockManager, GeneratedTokens
 from inferlab.sim.engine.kvcache import FreeQueue, KVCacheManager, hash_blocks
 
 BS = 16
@@ -18,6 +18,7 @@ class Req:
         self.block_hashes = hash_blocks(tokens, BS)
         self.num_cached_blocks = 0
         self.hash_salt = salt
+        self.generated: GeneratedTokens | None = None  # (the engine sets it when it knows the answer)
         self.num_computed_tokens = len(tokens)  # (as the scheduler has it when it frees)
         self.num_preemptions = 0
 
@@ -181,6 +182,25 @@ def test_generated_blocks_are_salted_per_request(manager: Manager) -> None:
     assert len(a.block_hashes) == 2 and a.block_hashes != b.block_hashes
     kv.free(a)
     assert len(kv.lookup(a)) == 1  # a can reuse its own generated block after preemption
+
+
+def test_generated_blocks_known_by_content_are_hit_by_the_next_turn(manager: Manager) -> None:
+    # a conversation: turn 1's prompt (40 tokens) and its 60-token answer, whose ids the
+    # engine knows; turn 2's prompt is both and 30 tokens more
+    answer = toks(60, 500)
+    kv = manager(20, BS)
+    first = Req(toks(40))
+    first.generated = GeneratedTokens(40, tuple(toks(40)[32:]), answer.__getitem__)
+    first.tokens += answer
+    kv.allocate(first, 99)  # every token's KV but the last one's (never computed)
+    kv.cache_generated(first, 99)
+    # the hashes are those of the whole sequence's blocks, as vLLM computes them
+    assert first.block_hashes == hash_blocks(toks(40) + answer, BS)[:6]
+    kv.free(first)
+    second = Req(toks(40) + answer + toks(30, 900))
+    assert len(kv.lookup(second)) == 6  # 96 of its 130 tokens: all the full blocks turn 1 computed
+    other = Req(toks(40) + toks(60, 700) + toks(30, 900))  # another answer: only the prompt hits
+    assert len(kv.lookup(other)) == 2
 
 
 def test_random_workload_never_leaks_or_double_frees(manager: Manager) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from inferlab.sim.engine.block_manager import BlockManager
+from inferlab.sim.engine.block_manager import BlockManager, GeneratedTokens
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
 from inferlab.sim.engine.scheduler import Batch, Request, Scheduler, SchedulerConfig
@@ -117,12 +117,19 @@ def random_workload(rng: random.Random, max_len: int) -> list[tuple[float, list[
     return out
 
 
+def _answer_token(k: int) -> int:
+    """Token ``k`` of every answer in ``run_side_by_side``'s conversations."""
+    return 5000 + k % 37
+
+
 def run_side_by_side(
-    seed: int, reserve_outputs: bool | None = None, own_limits: bool = True, no_evict: bool = False
+    seed: int, reserve_outputs: bool | None = None, own_limits: bool = True, no_evict: bool = False,
+    conversations: bool = False,
 ) -> Counter[str]:
     """One random workload through the reference and the steady scheduler in lock step
     (``lazy`` set at random per step, as the engine sets it); asserts they agree after
-    every call. Returns counts of what the steady scheduler met (``seen``)."""
+    every call. Returns counts of what the steady scheduler met (``seen``).
+    ``conversations``: some workloads' answers are known by content (drawn per seed)."""
     rng = random.Random(seed)
     config, bs, num_blocks, caching = random_config(rng)
     # vLLM 0.32's admission and free-queue order, each on or off (drawn apart, so that the
@@ -140,6 +147,18 @@ def run_side_by_side(
     fast = SteadyScheduler(config, KVCacheManager(num_blocks, bs, caching, unhashed_first))
     scheds: tuple[Scheduler, Scheduler] = (ref, fast)
     workload = random_workload(rng, config.max_model_len)
+    # answers known by content (a server that knows what its model writes), each on or
+    # off: some prompts then begin with an earlier request's prompt and answer (a
+    # conversation's next turn), which find the answer's blocks once it has ended
+    answers = conversations and caching and random.Random(-300_000 - seed).random() < 0.5
+    if answers:
+        conv = random.Random(-400_000 - seed)
+        for j in range(1, len(workload)):
+            if conv.random() < 0.3:
+                t, prompt, n_out = workload[j]
+                _, earlier, earlier_out = workload[conv.randrange(j)]
+                turn = [*earlier, *map(_answer_token, range(earlier_out)), *prompt]
+                workload[j] = (t, turn[: config.max_model_len - n_out], n_out)
     lazy_off = rng.choice([0.0, 0.0, 0.05, 0.3, 1.0])
     api_s = rng.choice([0.0, 0.01])
     twins: dict[str, tuple[Request, Request]] = {}
@@ -154,6 +173,8 @@ def run_side_by_side(
             limit = n_out + (limits.choice([0, 0, 0, 3, 300]) if own_limits else 0)
             pair = tuple(Request(f"r{i}", len(prompt), n_out, list(hashes), i, arrival + api_s, limit) for _ in scheds)
             for s, r in zip(scheds, pair, strict=True):
+                if answers:
+                    r.generated = GeneratedTokens(len(prompt), tuple(prompt[len(prompt) // bs * bs :]), _answer_token)
                 s.check_fits(len(prompt), n_out)
                 r.token_times = []
                 s.add(r)
@@ -174,6 +195,7 @@ def run_side_by_side(
         seen["steady"] += batches[1].steady
         seen["steady_preempted"] += sum(r in blocks for r in batches[1].preempted)
         seen["preempted"] += len(batches[1].preempted)
+        seen["answer_hits"] += answers and batches[1].prefix_hit_tokens > 0
         assert fast.new_token_ratio == ref.new_token_ratio, (seed, steps)
         seen["steady_new_block"] += sum(r.steady_tick >= 0 and len(r.block_ids) > blocks[r] for r in blocks)
         got = [full_batch(s, b) for s, b in zip(scheds, batches, strict=True)]
@@ -224,8 +246,8 @@ def test_steady_scheduler_runs_the_reference_steps(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(SteadyScheduler, "wake_all", counted_wake_all)
     for seed in range(150):
-        seen += run_side_by_side(seed)
-    assert len(seen) == 5 and min(seen.values()) > 20, seen
+        seen += run_side_by_side(seed, conversations=True)
+    assert len(seen) == 6 and min(seen.values()) > 20, seen
 
 
 @pytest.mark.parametrize(("clip", "at_least"), [(4096, (30, 15)), (8, (60, 30))])

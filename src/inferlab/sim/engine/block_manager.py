@@ -4,9 +4,13 @@ The cache is ``num_blocks`` blocks of ``block_size`` tokens; a request holds a l
 them, in token order. The policy:
 
 - A full block is identified by a hash chained over the previous block's hash and its
-  token ids (``hash_blocks``), so equal hashes mean equal prefixes. The engine has no ids
-  for generated tokens: their blocks are hashed with the request's salt when it is
-  preempted (``cache_generated``), so only that request, recomputing, can hit them.
+  token ids (``hash_blocks``), so equal hashes mean equal prefixes. Blocks of generated
+  tokens are registered when the request is preempted or ends (``cache_generated``).
+  Where the engine knows what the model writes (``GeneratedTokens``: the simulated
+  server's answer text) they are hashed by content, as vLLM hashes them, so a later
+  prompt that holds the answer (the next turn of a conversation) hits them; otherwise
+  they are hashed with the request's salt, and only that request, recomputing after a
+  preemption, can hit them.
 - Blocks carry reference counts: a cached prefix is shared by every request that has it.
 - A block whose count drops to zero goes to the back of the free queue but keeps its
   hash: until it is reused (least recently freed first, which evicts the hash) a later
@@ -28,7 +32,8 @@ tested against this one operation by operation.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 _ROOT_HASH = 0  # the "previous hash" of a sequence's first block
@@ -46,12 +51,38 @@ def hash_blocks(token_ids: Sequence[int], block_size: int) -> list[int]:
     return hashes
 
 
+@dataclass(frozen=True)
+class GeneratedTokens:
+    """What a request's generated tokens are, for hashing their blocks by content: the
+    prompt's length, the ids of its trailing partial block (``tail``: the first generated
+    block begins with them) and the id of output token ``k`` (``token(k)``)."""
+
+    prompt_len: int
+    tail: tuple[int, ...]
+    token: Callable[[int], int]
+
+    def block(self, start: int, size: int) -> tuple[int, ...]:
+        """The ids at positions ``start`` to ``start + size`` of prompt and output together
+        (``start`` at or after the tail's first position)."""
+        first = self.prompt_len - len(self.tail)
+        if start < first:
+            raise ValueError(f"position {start} is before the prompt's trailing block (at {first})")
+        p, tail, token = self.prompt_len, self.tail, self.token
+        return tuple(tail[j - first] if j < p else token(j - p) for j in range(start, start + size))
+
+
 def extend_generated_hashes(req: KVRequest, num_computed_tokens: int, block_size: int) -> None:
     """Append to ``req.block_hashes`` the hashes of its full blocks of generated tokens
-    among its first ``num_computed_tokens``, chained on and salted with ``req.hash_salt``."""
+    among its first ``num_computed_tokens``, chained on the prompt's: by content where
+    ``req.generated`` says what they are, else salted with ``req.hash_salt``."""
     hashes = req.block_hashes
+    gen = req.generated
     for i in range(len(hashes), num_computed_tokens // block_size):
-        hashes.append(hash((hashes[i - 1] if i else _ROOT_HASH, -1 - req.hash_salt, i)))
+        prev = hashes[i - 1] if i else _ROOT_HASH
+        if gen is None:
+            hashes.append(hash((prev, -1 - req.hash_salt, i)))
+        else:
+            hashes.append(hash((prev, gen.block(i * block_size, block_size))))
 
 
 class KVRequest(Protocol):
@@ -61,6 +92,7 @@ class KVRequest(Protocol):
     block_hashes: list[int]  # chained hashes of its full blocks known so far
     num_cached_blocks: int  # leading blocks already registered in the prefix cache
     hash_salt: int  # makes hashes of blocks holding generated tokens unique to the request
+    generated: GeneratedTokens | None  # what it generates, if known: its blocks hashed by content
     num_computed_tokens: int  # tokens whose KV is in its blocks (the rest: a partly filled tail)
     num_preemptions: int  # times it was preempted (a re-admission's lookups count apart)
 
@@ -191,9 +223,10 @@ class BlockManager:
         req.num_cached_blocks = max(start, end)
 
     def cache_generated(self, req: KVRequest, num_computed_tokens: int) -> None:
-        """Register ``req``'s full blocks of generated tokens (before it is preempted),
-        salted: only ``req`` can hit them. (vLLM registers every full block as it fills;
-        no other request can hit these, so registering them late gives the same hits.)"""
+        """Register ``req``'s full blocks of generated tokens (before it is preempted or
+        freed), hashed as ``extend_generated_hashes`` says. (vLLM registers every full
+        block as it fills; a prompt can hold an answer only once it was delivered, so
+        registering them at the end gives the same hits.)"""
         if not self.enable_prefix_caching:
             return
         extend_generated_hashes(req, num_computed_tokens, self.block_size)

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from inferlab.sim.engine.block_manager import GeneratedTokens
 from inferlab.sim.engine.config import EngineConfig, resolve
 from inferlab.sim.engine.dtypes import CapacityPolicy
 from inferlab.sim.engine.frontend import FrontEnd
@@ -190,6 +191,12 @@ class Engine:
         self._active: dict[str, Request] = {}
         self._timelines: dict[str, RequestTimeline] = {}
         self._num_added = 0
+        #: The id of the ``k``-th token the simulated model writes in every answer (the
+        #: server's output passage), set by a server whose clients may send an answer back
+        #: in a later prompt (a conversation's next turn): each request's generated
+        #: blocks are then cached by content when it ends, as vLLM caches them, and the
+        #: next turn hits them. None: they are not (no prompt will hold an answer).
+        self.output_token: Callable[[int], int] | None = None
         self.preemptions_total = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -233,6 +240,9 @@ class Engine:
         if max_tokens is not None and max_tokens < output_len:
             raise ValueError(f"max_tokens {max_tokens} is below the output length {output_len}")
         req = Request(request_id, len(prompt_ids), output_len, hashes, self._num_added, ready_s, max_tokens)
+        if self.output_token is not None and self.config.enable_prefix_caching:
+            n = len(prompt_ids)
+            req.generated = GeneratedTokens(n, tuple(prompt_ids[n - n % bs :]), self.output_token)
         if self._record_token_times:
             req.token_times = timeline.token_times_s
         self._num_added += 1

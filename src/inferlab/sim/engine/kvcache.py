@@ -282,12 +282,12 @@ class KVCacheManager:
             self._cached = {h: b for b, h in block_hash.items() if h is not None}
 
     def cache_generated(self, req: KVRequest, num_computed_tokens: int) -> None:
-        """Register ``req``'s full blocks of generated tokens (before it is preempted).
-
-        The engine has no token ids for generated tokens, so their blocks are hashed with
-        the request's salt: only this request, recomputing after preemption, can hit
-        them. No other request can, so registering them is deferred to this moment (vLLM
-        registers every full block as it fills; the hits are the same)."""
+        """Register ``req``'s full blocks of generated tokens (before it is preempted or
+        freed): hashed by content where ``req.generated`` says what they are (a later
+        prompt holding the answer hits them), else with the request's salt (only it,
+        recomputing, can). vLLM registers every full block as it fills; a prompt can
+        hold an answer only once it was delivered, so registering them now gives the
+        same hits."""
         if not self.enable_prefix_caching:
             return
         extend_generated_hashes(req, num_computed_tokens, self.block_size)

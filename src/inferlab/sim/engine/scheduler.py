@@ -60,6 +60,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from inferlab.sim.engine.block_manager import GeneratedTokens
+
 _READY_SLACK_S = 1e-9  # absorbs float rounding when a clock lands exactly on a ready time
 
 # SGLang's output estimate (``SchedulerConfig.reserve_outputs``), its defaults from 0.4
@@ -81,6 +83,7 @@ class Request:
     __slots__ = (
         "block_hashes",
         "block_ids",
+        "generated",
         "hash_salt",
         "max_new_tokens",
         "max_output_tokens",
@@ -124,6 +127,10 @@ class Request:
         self.block_hashes = block_hashes
         self.num_cached_blocks = 0
         self.hash_salt = hash_salt
+        # what it generates, where the server knows (``block_manager.GeneratedTokens``):
+        # its generated blocks are then cached by content when it ends, as vLLM caches
+        # them, for a later prompt that holds its answer (the next turn of a conversation)
+        self.generated: GeneratedTokens | None = None
         self.token_times: list[float] | None = None  # set: each token's emission time goes here
         # ``steady.SteadyScheduler``'s: admission order, and the ticks it is steady between
         self.seq = 0
@@ -485,17 +492,24 @@ class Scheduler:
             if out == req.max_output_tokens:
                 finished.append(req)
         for req in finished:
-            self.kv.free(req)
+            self._release(req)
             self.running.remove(req)
         if finished and self.config.reserve_outputs:
             self._left_running()
         return first, finished
 
+    def _release(self, req: Request) -> None:
+        """Free the blocks of ``req``, which ended or was aborted, its generated ones
+        cached first when their content is known (``Request.generated``)."""
+        if req.generated is not None:
+            self.kv.cache_generated(req, req.num_computed_tokens)
+        self.kv.free(req)
+
     def abort(self, req: Request) -> None:
         """Drop ``req`` from either queue and free its blocks; no-op if in neither."""
         if req in self.running:
             self.running.remove(req)
-            self.kv.free(req)
+            self._release(req)
             if self.config.reserve_outputs:
                 self._left_running()
         elif req in self.waiting:

@@ -190,6 +190,9 @@ class SimServer:
         self.tokenizer: Tokenizer = load_tokenizer(config.tokenizer) if config.tokenizer else BuiltinTokenizer()
         # (each token's time: /metrics has the inter-token latency)
         self.engine = Engine(config.engine, record_token_times=True)
+        # a client may send an answer back in its next prompt (a conversation's next turn):
+        # the engine caches each answer's blocks by their content, as vLLM does
+        self.engine.output_token = self.tokenizer.output_token
         self.loop: EngineLoop | None = None
         self._ids = itertools.count()
         self.output = OutputText(self.tokenizer)
