@@ -190,3 +190,20 @@ def test_an_answer_sent_back_tokenizes_as_the_model_wrote_it(which: str, request
         assert tok.encode(text) == answer
         follow = tok.apply_chat_template([*first, {"role": "assistant", "content": text}, {"role": "user", "content": "And now?"}])
         assert follow[: len(prompt) + n] == prompt + answer
+
+
+def test_sessions_through_the_completions_api_say_the_answers_are_not_cached() -> None:
+    shares = {}
+    for api in ("completions", "chat"):
+        p = subprocess.run(
+            [sys.executable, "-m", "inferlab", "sim", "run", "--api", api, "--sessions", "2", "--turns", "3",
+             "--input-tokens", "50", "--output-tokens", "40", "--json", "--no-history"],
+            capture_output=True, text=True, timeout=120,
+        )
+        assert p.returncode == 0, p.stderr
+        s = json.loads(p.stdout)
+        said = [w for w in s["warnings"] if "multi-turn sessions through the completions API" in w]
+        assert len(said) == (api == "completions"), s["warnings"]
+        shares[api] = s["cached_tokens"] / s["input_tokens"]
+    # ...as the cache shows: through chat each next turn finds the last answer too
+    assert shares["chat"] > shares["completions"] + 0.05, shares

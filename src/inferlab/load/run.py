@@ -52,6 +52,7 @@ from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetWorkload
 from inferlab.workload.prompts import PromptBuilder
+from inferlab.workload.sessions import SessionWorkload
 from inferlab.workload.spec import Trace
 from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
 from inferlab.workload.traces import compare_with_trace
@@ -667,6 +668,12 @@ def run_summary(
     ``trace_positions``: each send's position in the trace, when not its index."""
     trace = compare_with_trace(records, workload.requests, trace_positions) if isinstance(workload, Trace) else OMITTED
     last = workload.warnings() if isinstance(workload, DatasetWorkload) else []
+    if isinstance(workload, SessionWorkload) and workload.config.turns > 1 and config.get("api") == "completions":
+        last.append(
+            "multi-turn sessions through the completions API: each turn's prompt is the messages joined by blank "
+            "lines, so the server's prefix cache finds the earlier prompts but not its own answers (on a real "
+            "server too); --api chat sends the conversation as chat applications do"
+        )
     overhead = preflight.prompt_overhead_tokens if isinstance(preflight, Preflight) else None
     if wcfg is None or (wcfg.shares_prefixes and not wcfg.fixed_prompt):
         unintended = None
