@@ -5,7 +5,8 @@ code against the simulated server, on the same conversations.
 
 vLLM V1 hashes every full KV block of a sequence, generated tokens included, so the next
 turn of a chat, whose prompt holds the answer (re-tokenized from its text), finds prompt
-and answer cached but for the last partial block, as far as the answer's text
+and answer cached but for the answer's last token (no KV) and the partial block at the
+end, as far as the answer's text
 tokenizes back into the tokens written. The simulated engine does the same with the
 answers its server writes (``block_manager.GeneratedTokens``). This script runs two
 conversations of four turns each (60 new tokens a turn, answers of each length in

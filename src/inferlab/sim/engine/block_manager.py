@@ -226,7 +226,9 @@ class BlockManager:
         """Register ``req``'s full blocks of generated tokens (before it is preempted or
         freed), hashed as ``extend_generated_hashes`` says. (vLLM registers every full
         block as it fills; a prompt can hold an answer only once it was delivered, so
-        registering them at the end gives the same hits.)"""
+        registering them at the end gives the same hits, but for a request recomputing
+        after a preemption, which finds an identical request's answer only once that
+        one has ended.)"""
         if not self.enable_prefix_caching:
             return
         extend_generated_hashes(req, num_computed_tokens, self.block_size)

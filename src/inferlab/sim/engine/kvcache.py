@@ -287,7 +287,8 @@ class KVCacheManager:
         prompt holding the answer hits them), else with the request's salt (only it,
         recomputing, can). vLLM registers every full block as it fills; a prompt can
         hold an answer only once it was delivered, so registering them now gives the
-        same hits."""
+        same hits (but for a request recomputing after a preemption, which finds an
+        identical request's answer only once that one has ended)."""
         if not self.enable_prefix_caching:
             return
         extend_generated_hashes(req, num_computed_tokens, self.block_size)

@@ -81,8 +81,8 @@ class PromptSharing:
     that many consecutive turns, and each turn's prompt is the conversation so far: the
     earlier turns' prompts are its prefix (their answers are not: a row's turns go out
     as its load sends any request, not each after the last one's answer, so none can
-    hold one; ``sim run --sessions`` does send each turn after its answer, and the
-    engine finds the answer's blocks). The stated input lengths are whole prompts, prefix and
+    hold one; ``sim run --sessions`` does send each turn after its answer, and with
+    ``--api chat`` the engine finds the answer's blocks). The stated input lengths are whole prompts, prefix and
     history included. ``reruns`` > 0: the same prompts, in the same order, were sent
     that many times before on the same server, each pass ended before the next began
     (a benchmark repeated with one seed against a server with prefix caching on): the
