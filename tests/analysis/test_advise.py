@@ -559,3 +559,26 @@ def test_requests_that_failed_come_first_with_what_made_them_fail(tmp_path: Path
     assert first.rule == "failures" and "--max-model-len" in first.change
     assert "of 12 requests failed" in first.evidence
     assert "failures" not in [r.rule for r in advise(tmp_path / "short").recommendations]
+
+
+def test_a_growing_conversation_gets_a_window_only_where_the_cache_does_not_serve_its_history(tmp_path: Path) -> None:
+    """16 chats of 6 turns: with prefix caching on, the history (answers too) comes from
+    the cache, and a sliding window, which changes where each prompt starts, would cost
+    TTFT: no window is advised. With caching off, the window is advised with a gain."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    def rules(*flags: str) -> dict[str, Any]:
+        run = tmp_path / ("off" if flags else "on")
+        res = CliRunner().invoke(main, ["sim", "run", "--api", "chat", "--sessions", "16", "--turns", "6", "--input-tokens", "300",
+                                        "--output-tokens", "200", "-o", str(run), *flags])
+        assert res.exit_code == 0, res.output
+        res = CliRunner().invoke(main, ["advise", str(run), "--json"])
+        assert res.exit_code == 0, res.output
+        return {r["rule"]: r for r in json.loads(res.stdout)["recommendations"]}
+
+    assert "context_growth" not in rules()
+    off = rules("--no-enable-prefix-caching")["context_growth"]
+    assert off["gains"] and off["gains"][0]["after"] < 0.8 * off["gains"][0]["before"]
+    assert "no longer finds the history" in off["change"]

@@ -807,6 +807,11 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
 
 
 def _context_growth(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """Prompts that grow turn by turn: a sliding window over the history, where the
+    what-if (sessions of the run's, with ``--context-window-tokens``) predicts it lowers
+    mean TTFT by ``MIN_GAIN`` at least. A window changes where every later prompt
+    starts, so the prefix cache no longer finds the history: where the cache serves
+    it, the window costs TTFT, and nothing is advised."""
     by_turn: dict[int, list[int]] = {}
     for r in run.records:
         if r.turn is not None and r.input_tokens:
@@ -819,7 +824,9 @@ def _context_growth(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     evidence = f"prompts grow with the conversation: {first:,.0f} tokens at turn {min(by_turn)}, {last:,.0f} at turn {max(by_turn)}"
     window = int(2 * first)
     change = (f"compress the history (summarise earlier turns) or keep a sliding window of the last ~{window:,} tokens "
-              f"(the application; inferlab models it with --context-window-tokens {window})")
+              f"(the application; inferlab models it with --context-window-tokens {window}); either changes where each "
+              "later prompt starts, so the prefix cache no longer finds the history: it pays where the history is not "
+              "served from the cache")
     rec = Recommendation("context_growth", "Multi-turn context keeps growing", evidence, change)
     if w.available and run.workload().get("sessions"):
         try:
@@ -828,7 +835,10 @@ def _context_growth(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
             return rec
         b, a = _ttfts(base.records, lambda r: True), _ttfts(win.records, lambda r: True)
         if b and a:
-            rec.gains.append(_sim_gain("mean TTFT ms", "TTFT", statistics.fmean(b), statistics.fmean(a),
+            before, after = statistics.fmean(b), statistics.fmean(a)
+            if (before - after) / before < MIN_GAIN:
+                return None  # the cache serves the history: a window would cost TTFT, not save it
+            rec.gains.append(_sim_gain("mean TTFT ms", "TTFT", before, after,
                                        _prediction(w, f"--context-window-tokens {window}"), win))
     return rec
 
