@@ -223,6 +223,9 @@ async def run(
                     summary.input_tokens / done if done and summary.input_tokens is not None else None,
                     summary.output_tokens / done if done else None,
                 ) + unvalidated_switches(prepared.engine.config) if not prepared.engine.config.efficiencies_path else []
+                if (isinstance(workload, SessionWorkload) and workload.config.turns > 1
+                        and not prepared.engine.config.efficiencies_path):
+                    beyond.append(UNVALIDATED_CONVERSATIONS)
                 # (a twin's bands are its own runs')
                 if beyond:
                     block["beyond_validated"] = beyond
@@ -712,6 +715,14 @@ def run_summary(
             warnings_last=tuple(last),
         )
     return summarize(records, config=config, slo=slo, interrupted=interrupted, extras=extras)
+
+
+#: The ``validated?`` sentence of a simulated multi-turn run: the bands come from rows that
+#: are no conversations (docs/validation.md, "Answers a conversation sends back").
+UNVALIDATED_CONVERSATIONS = (
+    "its prompts hold earlier turns of their conversations: no validated row is a conversation whose turns wait for "
+    "their answers, so the bands were measured on prompts the prefix cache did not serve from an earlier turn"
+)
 
 
 #: Cached prompt tokens beyond a template's, as a share of all prompt tokens, above which
