@@ -61,14 +61,15 @@ class GeneratedTokens:
     tail: tuple[int, ...]
     token: Callable[[int], int]
 
-    def block(self, start: int, size: int) -> tuple[int, ...]:
-        """The ids at positions ``start`` to ``start + size`` of prompt and output together
-        (``start`` at or after the tail's first position)."""
-        first = self.prompt_len - len(self.tail)
+    def ids(self, start: int, end: int) -> list[int]:
+        """The ids at positions ``start`` to ``end`` (exclusive) of prompt and output
+        together (``start`` at or after the tail's first position)."""
+        p = self.prompt_len
+        first = p - len(self.tail)
         if start < first:
             raise ValueError(f"position {start} is before the prompt's trailing block (at {first})")
-        p, tail, token = self.prompt_len, self.tail, self.token
-        return tuple(tail[j - first] if j < p else token(j - p) for j in range(start, start + size))
+        head = list(self.tail[start - first : end - first]) if start < p else []
+        return head + list(map(self.token, range(max(start, p) - p, end - p)))
 
 
 def extend_generated_hashes(req: KVRequest, num_computed_tokens: int, block_size: int) -> None:
@@ -77,12 +78,16 @@ def extend_generated_hashes(req: KVRequest, num_computed_tokens: int, block_size
     ``req.generated`` says what they are, else salted with ``req.hash_salt``."""
     hashes = req.block_hashes
     gen = req.generated
-    for i in range(len(hashes), num_computed_tokens // block_size):
-        prev = hashes[i - 1] if i else _ROOT_HASH
-        if gen is None:
-            hashes.append(hash((prev, -1 - req.hash_salt, i)))
-        else:
-            hashes.append(hash((prev, gen.block(i * block_size, block_size))))
+    start, end = len(hashes), num_computed_tokens // block_size
+    if gen is None:
+        for i in range(start, end):
+            hashes.append(hash((hashes[i - 1] if i else _ROOT_HASH, -1 - req.hash_salt, i)))
+    elif end > start:
+        # as ``hash_blocks`` chains them, from the last block hashed on
+        prev = hashes[-1] if hashes else _ROOT_HASH
+        for block in zip(*[iter(gen.ids(start * block_size, end * block_size))] * block_size, strict=False):
+            prev = hash((prev, block))
+            hashes.append(prev)
 
 
 class KVRequest(Protocol):
