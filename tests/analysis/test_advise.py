@@ -458,25 +458,27 @@ def test_a_sweep_over_settings_is_advised_on_each_settings_heaviest_point(tmp_pa
                                                                  "requests wait for room"], kv
 
 
-def test_a_system_prompt_the_cache_serves_gets_no_advice_to_shorten_it(tmp_path: Path) -> None:
-    """16 sessions of 6 turns sharing a 1,500-token system prompt: the prefix cache serves
-    it, and a shorter one predicts no gain (it predicted +3 % TTFT, and was advised);
-    with caching off it is advised, with a gain."""
+def sim_run_rules(run: Path, *flags: str) -> dict[str, Any]:
+    """``inferlab sim run FLAGS -o RUN``, then ``inferlab advise RUN``: its
+    recommendations by rule."""
     from click.testing import CliRunner
 
     from inferlab.cli.main import main
 
-    def rules(*flags: str) -> dict[str, Any]:
-        run = tmp_path / ("off" if flags else "on")
-        res = CliRunner().invoke(main, ["sim", "run", "--sessions", "16", "--turns", "6", "--input-tokens", "300",
-                                        "--output-tokens", "200", "--system-tokens", "1500", "-o", str(run), *flags])
-        assert res.exit_code == 0, res.output
-        res = CliRunner().invoke(main, ["advise", str(run), "--json"])
-        assert res.exit_code == 0, res.output
-        return {r["rule"]: r for r in json.loads(res.stdout)["recommendations"]}
+    res = CliRunner().invoke(main, ["sim", "run", *flags, "-o", str(run)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["advise", str(run), "--json"])
+    assert res.exit_code == 0, res.output
+    return {r["rule"]: r for r in json.loads(res.stdout)["recommendations"]}
 
-    assert "template_overhead" not in rules()
-    off = rules("--no-enable-prefix-caching")["template_overhead"]
+
+def test_a_system_prompt_the_cache_serves_gets_no_advice_to_shorten_it(tmp_path: Path) -> None:
+    """16 sessions of 6 turns sharing a 1,500-token system prompt: the prefix cache serves
+    it, and a shorter one predicts no gain (it predicted +3 % TTFT, and was advised);
+    with caching off it is advised, with a gain."""
+    chats = ["--sessions", "16", "--turns", "6", "--input-tokens", "300", "--output-tokens", "200", "--system-tokens", "1500"]
+    assert "template_overhead" not in sim_run_rules(tmp_path / "on", *chats)
+    off = sim_run_rules(tmp_path / "off", *chats, "--no-enable-prefix-caching")["template_overhead"]
     assert off["gains"] and off["gains"][0]["after"] < 0.95 * off["gains"][0]["before"]
 
 
@@ -565,20 +567,8 @@ def test_a_growing_conversation_gets_a_window_only_where_the_cache_does_not_serv
     """16 chats of 6 turns: with prefix caching on, the history (answers too) comes from
     the cache, and a sliding window, which changes where each prompt starts, would cost
     TTFT: no window is advised. With caching off, the window is advised with a gain."""
-    from click.testing import CliRunner
-
-    from inferlab.cli.main import main
-
-    def rules(*flags: str) -> dict[str, Any]:
-        run = tmp_path / ("off" if flags else "on")
-        res = CliRunner().invoke(main, ["sim", "run", "--api", "chat", "--sessions", "16", "--turns", "6", "--input-tokens", "300",
-                                        "--output-tokens", "200", "-o", str(run), *flags])
-        assert res.exit_code == 0, res.output
-        res = CliRunner().invoke(main, ["advise", str(run), "--json"])
-        assert res.exit_code == 0, res.output
-        return {r["rule"]: r for r in json.loads(res.stdout)["recommendations"]}
-
-    assert "context_growth" not in rules()
-    off = rules("--no-enable-prefix-caching")["context_growth"]
+    chats = ["--api", "chat", "--sessions", "16", "--turns", "6", "--input-tokens", "300", "--output-tokens", "200"]
+    assert "context_growth" not in sim_run_rules(tmp_path / "on", *chats)
+    off = sim_run_rules(tmp_path / "off", *chats, "--no-enable-prefix-caching")["context_growth"]
     assert off["gains"] and off["gains"][0]["after"] < 0.8 * off["gains"][0]["before"]
     assert "no longer finds the history" in off["change"]
