@@ -916,7 +916,7 @@ def _engine_cap_run(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     if tps.after < (1 + MIN_GAIN) * tps.before and e2e.after > (1 - MIN_GAIN) * e2e.before:
         return None  # (neither more throughput nor a shorter E2E worth the change)
     return _engine_cap_rec(
-        "The engine's own cap on running requests holds the load back", run.flags(), cap, raised,
+        "The engine's own cap on running requests holds the load back", run.flags(), raised,
         f"{users:g} requests in flight, but the engine runs at most {cap} at once ({run.flags().seqs.format(n=cap)}): "
         "the rest wait in its queue", gains,
     )
@@ -939,9 +939,10 @@ def _raised_cap_gains(w: WhatIf, flags: _EngineFlags, raised: int) -> list[Gain]
     return gains
 
 
-def _engine_cap_rec(title: str, flags: _EngineFlags, cap: int, raised: int, evidence: str,
+def _engine_cap_rec(title: str, flags: _EngineFlags, raised: int, evidence: str,
                     gains: list[Gain] | None = None) -> Recommendation:
-    """The ``engine_cap`` item: raise the engine's cap on running requests from ``cap``."""
+    """The ``engine_cap`` item: raise the engine's cap on running requests to ``raised``
+    (the evidence says what it was)."""
     return Recommendation(
         "engine_cap", title, evidence,
         f"raise the cap ({flags.seqs.format(n=raised)}) where its KV cache has room for that many requests "
@@ -1036,7 +1037,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
         if top > k and isinstance(cap, int) and 0 < cap <= k:  # (the engine's own cap made the knee)
             flags = _flags(p.engine)
             out.append(_engine_cap_rec(
-                "The engine's own cap on running requests is the knee", flags, cap, max(top, 2 * cap),
+                "The engine's own cap on running requests is the knee", flags, max(top, 2 * cap),
                 f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}); past it the rest "
                 f"wait in its queue: output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs "
                 f"{pts[top]['output_tps']:,.0f} at {top}",
@@ -1116,7 +1117,7 @@ def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float) -> Recommendat
     raised = max(int(cb), 2 * cap)
     flags = b.flags()
     return _engine_cap_rec(
-        "The engine's own cap on running requests is the knee", flags, cap, raised,
+        "The engine's own cap on running requests is the knee", flags, raised,
         f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}); past it the rest wait in its "
         f"queue: concurrency {ca:g} → {cb:g}, output {ta:,.0f} → {tb:,.0f} tokens/s ({a.dir.name}, {b.dir.name})",
         _raised_cap_gains(WhatIf(b.dir, b.config), flags, raised),

@@ -223,8 +223,7 @@ async def run(
                     summary.input_tokens / done if done and summary.input_tokens is not None else None,
                     summary.output_tokens / done if done else None,
                 ) + unvalidated_switches(prepared.engine.config) if not prepared.engine.config.efficiencies_path else []
-                if (isinstance(workload, SessionWorkload) and workload.config.turns > 1
-                        and not prepared.engine.config.efficiencies_path):
+                if _conversations(workload) and not prepared.engine.config.efficiencies_path:
                     beyond.append(UNVALIDATED_CONVERSATIONS)
                 # (a twin's bands are its own runs')
                 if beyond:
@@ -671,7 +670,7 @@ def run_summary(
     ``trace_positions``: each send's position in the trace, when not its index."""
     trace = compare_with_trace(records, workload.requests, trace_positions) if isinstance(workload, Trace) else OMITTED
     last = workload.warnings() if isinstance(workload, DatasetWorkload) else []
-    if isinstance(workload, SessionWorkload) and workload.config.turns > 1 and config.get("api") == "completions":
+    if _conversations(workload) and config.get("api") == "completions":
         last.append(
             "multi-turn sessions through the completions API: each turn's prompt is the messages joined by blank "
             "lines, so the server's prefix cache finds the earlier prompts but not its own answers (on a real "
@@ -715,6 +714,11 @@ def run_summary(
             warnings_last=tuple(last),
         )
     return summarize(records, config=config, slo=slo, interrupted=interrupted, extras=extras)
+
+
+def _conversations(workload: object) -> bool:
+    """Whether ``workload``'s later prompts hold earlier turns (sessions of 2+ turns)."""
+    return isinstance(workload, SessionWorkload) and workload.config.turns > 1
 
 
 #: The ``validated?`` sentence of a simulated multi-turn run: the bands come from rows that
