@@ -395,3 +395,69 @@ def test_a_dataset_named_as_vllm_names_it_is_told_what_reads_that() -> None:
     how to run ShareGPT's lengths without it."""
     res = CliRunner().invoke(main, ["sim", "run", "--dataset", "sharegpt", "-n", "3"])
     assert res.exit_code == 2 and "--input-tokens empirical:sharegpt" in res.output
+
+
+# Each engine's own names for the knobs the simulator has (SGLang's launch_server,
+# trtllm-serve and trtllm-bench, LMDeploy's api_server), beside the vLLM names they mean.
+_NATIVE_NAMES = {
+    "sglang": (
+        ("--tp-size", "2"), ("--mem-fraction-static", "0.8"), ("--chunked-prefill-size", "1024"),
+        ("--max-running-requests", "12"), ("--context-length", "6144"), ("--page-size", "32"),
+        ("--disable-radix-cache",), ("--disable-cuda-graph",), ("--disable-overlap-schedule",),
+    ),
+    "trtllm": (
+        ("--tp_size", "2"), ("--max_batch_size", "12"), ("--max_num_tokens", "1024"), ("--max_seq_len", "6144"),
+        ("--kv_cache_free_gpu_memory_fraction", "0.5"),
+    ),
+    "trtllm-bench": (("--kv_cache_free_gpu_mem_fraction", "0.5"), ("--tp_size", "2"), ("--max_batch_size", "12"),
+                     ("--max_seq_len", "6144")),
+    "lmdeploy": (
+        ("--tp", "2"), ("--max-batch-size", "12"), ("--session-len", "6144"), ("--cache-block-seq-len", "32"),
+        ("--cache-max-entry-count", "0.5"),
+    ),
+}
+_VLLM_NAMES = {
+    "--tp-size": "-tp", "--tp_size": "-tp", "--tp": "-tp", "--mem-fraction-static": "--gpu-memory-utilization",
+    "--chunked-prefill-size": "--max-num-batched-tokens", "--max_num_tokens": "--max-num-batched-tokens",
+    "--max-running-requests": "--max-num-seqs", "--max_batch_size": "--max-num-seqs", "--max-batch-size": "--max-num-seqs",
+    "--context-length": "--max-model-len", "--max_seq_len": "--max-model-len", "--session-len": "--max-model-len",
+    "--page-size": "--block-size", "--cache-block-seq-len": "--block-size",
+    "--disable-radix-cache": "--no-enable-prefix-caching", "--disable-cuda-graph": "--enforce-eager",
+    "--disable-overlap-schedule": "--no-overlap-schedule",
+    "--kv_cache_free_gpu_memory_fraction": "--kv-cache-free-gpu-mem-fraction",
+    "--kv_cache_free_gpu_mem_fraction": "--kv-cache-free-gpu-mem-fraction",
+    "--cache-max-entry-count": "--kv-cache-free-gpu-mem-fraction",
+}
+
+
+@pytest.mark.parametrize("names", sorted(_NATIVE_NAMES))
+def test_each_engines_own_flag_names_run_the_engine_its_vllm_names_run(names: str) -> None:
+    """A row stated as its engine's users state it (SGLang's --chunked-prefill-size,
+    TensorRT-LLM's --max_batch_size, ...) runs the engine the vLLM names describe, every
+    setting of it changed from the family's default, and the same prediction."""
+    family = names.split("-")[0]
+    load = ("--model", "Llama-3.1-8B", "--engine-family", family, "-n", "24", "--rate", "40",
+            "--input-tokens", "1500", "--output-tokens", "16")
+    native = [word for flag in _NATIVE_NAMES[names] for word in flag]
+    vllm = [word for flag in _NATIVE_NAMES[names] for word in (_VLLM_NAMES[flag[0]], *flag[1:])]
+    runs = []
+    for flags in (native, vllm, []):
+        code, err, s = sim_run(*load, *flags)
+        assert code == 0 and s is not None, (flags, err)
+        runs.append(s)
+    (ours, theirs, default) = (r["config"]["engine"] for r in runs)
+    assert ours == theirs
+    assert runs[0]["ttft_ms"] == runs[1]["ttft_ms"] and runs[0]["tpot_ms"] == runs[1]["tpot_ms"]
+    changed = {k for k in ours if ours[k] != default[k]}
+    named = {"tensor_parallel_size", "max_num_seqs", "max_model_len"}  # (named in every family's list)
+    assert named <= changed, changed
+    assert runs[0]["ttft_ms"] != runs[2]["ttft_ms"]
+
+
+def test_sglangs_no_chunking_budget_is_refused_with_the_flag_that_says_it() -> None:
+    """SGLang's --chunked-prefill-size -1 turns chunking off; here it would be a budget of
+    -1 tokens: refused (exit 2) with the flag that turns chunking off."""
+    code, err, _ = sim_run("-n", "2", "--engine-family", "sglang", "--chunked-prefill-size", "-1")
+    assert code == 2 and "--no-enable-chunked-prefill" in err, err
+    code, err, _ = sim_run("-n", "2", "--max-num-batched-tokens", "0")
+    assert code == 2 and "at least 1" in err, err

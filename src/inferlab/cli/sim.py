@@ -67,6 +67,17 @@ def _ms_to_s(ctx: click.Context, param: click.Parameter, value: float | None) ->
     return None if value is None else value / 1e3
 
 
+def _budget(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    """A click callback for the token budget: below 1 refused, with SGLang's -1 (its
+    --chunked-prefill-size's "no chunking") pointed at the flag that says it here."""
+    if value is not None and value < 1:
+        raise click.BadParameter(
+            f"{value}: the token budget per step must be at least 1 (SGLang's --chunked-prefill-size -1, "
+            "no chunking, is --no-enable-chunked-prefill here)"
+        )
+    return value
+
+
 def _parsed(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, str | None], Any]:
     """A click callback reading a flag value with ``parse`` (an enum's, over its alias
     table); exit 2 with the accepted names for any other."""
@@ -106,24 +117,24 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
     opts = [
         click.option("--model", default=d.model, show_default=True, help="Preset name, HF id, or a config.json path."),
         click.option("--gpu", default=d.gpu, show_default=True, help="H100, H200, A100, L40S, RTX4090 (also H100-PCIe, H100-NVL, H800, H20, A100-40G, A100-PCIe, A800, L4, A10, B200), or a JSON file."),
-        click.option("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size, show_default=True, help="GPUs the model is split over; adds two all-reduces per layer."),
-        click.option("--max-model-len", type=int, default=defaults["max_model_len"], show_default=defaults["max_model_len"] or auto_len, help="Longest prompt + output accepted; longer requests get HTTP 400."),
-        click.option("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization, show_default=True, help="Share of GPU memory for weights, activations and the KV cache (vLLM's and SGLang's way; trtllm and lmdeploy refuse it: --kv-cache-free-gpu-mem-fraction)."),
-        click.option("--kv-cache-free-gpu-mem-fraction", "--cache-max-entry-count", "kv_cache_free_fraction", type=float, default=None, show_default="the family's: 0.9 trtllm, 0.8 lmdeploy", help="trtllm and lmdeploy only: the KV cache's share of the GPU memory left after weights and activations (TensorRT-LLM's kv_cache_free_gpu_mem_fraction; LMDeploy's --cache-max-entry-count); those families take it where vLLM and SGLang take --gpu-memory-utilization, which they refuse."),
-        click.option("--max-num-batched-tokens", type=int, default=defaults["max_num_batched_tokens"], show_default=defaults["max_num_batched_tokens"] or auto_budget, help="Token budget per step, shared by decodes and prefill chunks."),
-        click.option("--max-num-seqs", type=int, default=None, show_default="the family's; vLLM's for the GPU: 1024 on H100/H200, 256 elsewhere", help="Most sequences running at once."),
-        click.option("--block-size", type=int, default=d.block_size, show_default=True, help="Tokens per KV-cache block (1, 8, 16, 32, 64 or 128)."),
-        click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None, show_default="the family's: on, except vllm-v0/v0.5 and lmdeploy", help="Reuse KV blocks of shared prompt prefixes."),
+        click.option("--tensor-parallel-size", "-tp", "--tp-size", "--tp", "--tp_size", "tensor_parallel_size", type=int, default=d.tensor_parallel_size, show_default=True, help="GPUs the model is split over; adds two all-reduces per layer. (--tp-size: SGLang's name; --tp: SGLang's and LMDeploy's; --tp_size: TensorRT-LLM's.)"),
+        click.option("--max-model-len", "--context-length", "--max_seq_len", "--session-len", "max_model_len", type=int, default=defaults["max_model_len"], show_default=defaults["max_model_len"] or auto_len, help="Longest prompt + output accepted; longer requests get HTTP 400. (--context-length: SGLang's name; --max_seq_len: TensorRT-LLM's; --session-len: LMDeploy's.)"),
+        click.option("--gpu-memory-utilization", "--mem-fraction-static", "gpu_memory_utilization", type=float, default=d.gpu_memory_utilization, show_default=True, help="Share of GPU memory for weights, activations and the KV cache (vLLM's and SGLang's way; --mem-fraction-static: SGLang's name, read the same way, activations inside the share; trtllm and lmdeploy refuse it: --kv-cache-free-gpu-mem-fraction)."),
+        click.option("--kv-cache-free-gpu-mem-fraction", "--cache-max-entry-count", "--kv_cache_free_gpu_memory_fraction", "--kv_cache_free_gpu_mem_fraction", "kv_cache_free_fraction", type=float, default=None, show_default="the family's: 0.9 trtllm, 0.8 lmdeploy", help="trtllm and lmdeploy only: the KV cache's share of the GPU memory left after weights and activations (TensorRT-LLM's kv_cache_free_gpu_mem_fraction: --kv_cache_free_gpu_memory_fraction for trtllm-serve, --kv_cache_free_gpu_mem_fraction for trtllm-bench; LMDeploy's --cache-max-entry-count); those families take it where vLLM and SGLang take --gpu-memory-utilization, which they refuse."),
+        click.option("--max-num-batched-tokens", "--chunked-prefill-size", "--max_num_tokens", "max_num_batched_tokens", type=int, default=defaults["max_num_batched_tokens"], callback=_budget, show_default=defaults["max_num_batched_tokens"] or auto_budget, help="Token budget per step, shared by decodes and prefill chunks. (--chunked-prefill-size: SGLang's name, its -1 refused: --no-enable-chunked-prefill says it; --max_num_tokens: TensorRT-LLM's.)"),
+        click.option("--max-num-seqs", "--max-running-requests", "--max_batch_size", "--max-batch-size", "max_num_seqs", type=int, default=None, show_default="the family's; vLLM's for the GPU: 1024 on H100/H200, 256 elsewhere", help="Most sequences running at once. (--max-running-requests: SGLang's name; --max_batch_size: TensorRT-LLM's; --max-batch-size: LMDeploy's.)"),
+        click.option("--block-size", "--page-size", "--cache-block-seq-len", "block_size", type=int, default=d.block_size, show_default=True, help="Tokens per KV-cache block (1, 8, 16, 32, 64 or 128). (--page-size: SGLang's name; --cache-block-seq-len: LMDeploy's.)"),
+        click.option("--enable-prefix-caching/--no-enable-prefix-caching", " /--disable-radix-cache", "enable_prefix_caching", default=None, show_default="the family's: on, except vllm-v0/v0.5 and lmdeploy", help="Reuse KV blocks of shared prompt prefixes. (--disable-radix-cache: SGLang's name for off.)"),
         click.option("--enable-chunked-prefill/--no-enable-chunked-prefill", default=None, show_default="the family's: on, except vllm-v0/v0.5 (only above 32,768 tokens of context) and lmdeploy", help="Split long prompts over steps."),
         click.option("--mixed-batches/--no-mixed-batches", "--enable-mixed-chunk/--no-enable-mixed-chunk", "mixed_batches", default=None, show_default="the family's: mixed for vllm, trtllm, lmdeploy and vllm-v0 with chunked prefill; apart for sglang", help="A step mixes decodes with a prefill chunk (vLLM V1; SGLang's --enable-mixed-chunk, its name here too), or runs prefill steps and decode steps apart (SGLang's default; vLLM V0 without chunked prefill)."),
         click.option("--num-scheduler-steps", type=int, default=1, show_default=True, help="vLLM 0.6 multi-step scheduling (--engine-family vllm-v0 or vllm-v0.5; refused for the others): a decode batch runs this many steps before the scheduler runs again; new requests wait for the group to end."),
-        click.option("--overlap-schedule/--no-overlap-schedule", "--async-scheduling/--no-async-scheduling", "overlap_schedule", default=None, show_default="the family's: on for sglang and vllm (as vLLM 0.14 on)", help="The host schedules the next step while the GPU runs this one (SGLang's overlap scheduler; --async-scheduling: vLLM's name): a request arriving mid-step waits one step more; the host's cost per step is still counted in the step."),
+        click.option("--overlap-schedule/--no-overlap-schedule", "--async-scheduling/--no-async-scheduling", " /--disable-overlap-schedule", "overlap_schedule", default=None, show_default="the family's: on for sglang and vllm (as vLLM 0.14 on)", help="The host schedules the next step while the GPU runs this one (SGLang's overlap scheduler, off with its --disable-overlap-schedule; --async-scheduling: vLLM's name): a request arriving mid-step waits one step more; the host's cost per step is still counted in the step."),
         click.option("--scheduler-reserve-full-isl/--no-scheduler-reserve-full-isl", default=None, show_default="the family's: on for vllm (as vLLM 0.19 on)", help="Admit a waiting or preempted request only when free KV blocks hold its whole current sequence, not just its first chunk (vLLM's flag)."),
         click.option("--reserve-outputs/--no-reserve-outputs", default=None, show_default="the family's: on for sglang", help="SGLang's admission: a waiting request is admitted only while free KV blocks hold its prompt and its whole output (up to 4,096 tokens) beyond what the running requests are estimated to generate (SGLang's new_token_ratio, which falls with each decode step and rises after a preemption); off: when its first chunk fits, as vLLM before 0.19."),
         click.option("--capacity-scheduler-policy", metavar="[GUARANTEED_NO_EVICT|MAX_UTILIZATION]", default=None, callback=_parsed(CapacityPolicy.parse), show_default="the family's: GUARANTEED_NO_EVICT for trtllm, MAX_UTILIZATION for the others", help="TensorRT-LLM's capacity scheduler (its scheduler_config): GUARANTEED_NO_EVICT admits a waiting request only while free KV blocks hold what it and every running request need to reach their output limits, so nothing is preempted; MAX_UTILIZATION admits on the first chunk and preempts when the cache fills, as vLLM does. STATIC_BATCH is refused (run a static batch as --rate inf -n B --max-num-seqs B)."),
         click.option("--evict-unhashed-first/--no-evict-unhashed-first", default=None, show_default="the family's: on for vllm (as vLLM 0.24 on)", help="A freed KV block without a prefix hash (a partly filled tail) goes to the front of the free queue, reused before cached blocks; off: every freed block goes to the back."),
         click.option("--num-gpu-blocks-override", type=click.IntRange(min=1), default=None, help="KV cache of exactly N blocks instead of what memory holds, as vLLM's flag: the vllm family keeps one as its null block (N - 1 hold tokens)."),
-        click.option("--enforce-eager/--no-enforce-eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step."),
+        click.option("--enforce-eager/--no-enforce-eager", "--disable-cuda-graph", "enforce_eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step. (--disable-cuda-graph: SGLang's name.)"),
         click.option("--dtype", default=d.dtype.value, show_default=True, callback=_parsed(DType.parse), help="Activation and unquantized weight type: auto, bfloat16 (bf16), float16 (fp16, half)."),
         click.option("--quantization", "-q", default=None, callback=_parsed(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype.value, show_default=True, callback=_parsed(KVCacheDType.parse), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
@@ -149,7 +160,7 @@ def engine_config(kw: dict[str, Any]) -> EngineConfig:
     if isinstance(family, EngineFamily) and given("gpu_memory_utilization") and (
         why := memory_share_refused(family, of_the_gpu=True)
     ):
-        raise UsageError(f"--gpu-memory-utilization: {why}")
+        raise UsageError(f"--gpu-memory-utilization (SGLang's --mem-fraction-static): {why}")
     keys = [f.name for f in EngineConfig.__dataclass_fields__.values()]
     values = {k: kw[k] for k in keys if k in kw}
     return EngineConfig(**values)
