@@ -461,3 +461,39 @@ def test_sglangs_no_chunking_budget_is_refused_with_the_flag_that_says_it() -> N
     assert code == 2 and "--no-enable-chunked-prefill" in err, err
     code, err, _ = sim_run("-n", "2", "--max-num-batched-tokens", "0")
     assert code == 2 and "at least 1" in err, err
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["sim", "run", "-n", "4", "--slo-ttft-ms", "nan"], "'nan' is not a finite number"),
+    (["sim", "run", "-n", "4", "--slo-e2e-ms", "inf"], "'inf' is not a finite number"),
+    (["sim", "run", "-n", "4", "--mem-fraction-static", "nan"], "'nan' is not a number"),
+    (["sim", "run", "-n", "4", "--rate", "5", "--burstiness", "nan"], "'nan' is not a number"),
+    (["sweep", "-c", "1,2", "-n", "4", "--saturation-gain", "nan"], "'nan' is not a number"),
+    (["sweep", "-c", "2", "-n", "4", "--gpu-memory-utilization", "0.5,nan"], "'nan' is not a number"),
+])
+def test_nan_and_an_infinite_slo_are_refused_not_run(args: list[str], needle: str, tmp_path: Path) -> None:
+    """click's float ranges let NaN through (it fails no comparison): an SLO of NaN ms
+    ran with goodput 0 and no SLO recorded, a sweep's NaN threshold crashed after its
+    points ran. Each is a usage error (exit 2, one line) before anything runs."""
+    res = CliRunner().invoke(main, [*args, "--no-history", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2, res.output
+    assert needle in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (("--num-gpu-blocks-override", "100000"), "more than the 65.8 GiB H100-SXM-80GB has beside"),
+    (("--no-enable-prefix-caching", "--evict-unhashed-first"), "this engine caches no prefixes (--no-enable-prefix-caching)"),
+    (("--engine-family", "lmdeploy", "--evict-unhashed-first"), "this engine caches no prefixes (lmdeploy default)"),
+    (("--engine-family", "trtllm", "--kv_cache_free_gpu_memory_fraction", "0.5", "--num-gpu-blocks-override", "1000"),
+     "would size nothing"),
+])
+def test_engine_flags_that_cannot_take_effect_are_refused(args: tuple[str, ...], needle: str) -> None:
+    """A KV cache of more blocks than the card holds beside the weights (vLLM would fail
+    to allocate it; here it ran out of host memory), a free-queue order for a cache that
+    keeps no prefixes, and a KV share beside a fixed block count: each was accepted and
+    changed nothing (or crashed); now refused. The same flags alone still run."""
+    code, err, _ = sim_run("-n", "2", *args)
+    assert code == 2 and needle in err, err
+    code, err, s = sim_run("-n", "2", "--num-gpu-blocks-override", "50000")
+    assert code == 0 and s is not None and s["config"]["engine"]["kv_cache_blocks"] == 49999, err  # (one null block)

@@ -723,3 +723,30 @@ def test_a_count_of_no_requests_is_refused_by_its_own_flag(load: tuple[str, ...]
         p = sim_cli("-n", n, *load)
         assert p.returncode == 2 and "-n/--num-requests must be at least 1" in p.stderr, p.stderr
         assert "concurrency" not in p.stderr
+
+
+@pytest.mark.parametrize("mixed", [(), ("--enable-mixed-chunk",)])
+def test_sglangs_prefill_chunk_size_bounds_prompt_chunks_not_decodes(tmp_path: Path, mixed: tuple[str, ...]) -> None:
+    """SGLang's --chunked-prefill-size bounds the prompt tokens of a step; every running
+    request still decodes in a decode step (vLLM's budget bounds both, and vLLM refuses a
+    budget below its sequence cap). A budget of 64 with 96 users: no prompt chunk above 64;
+    apart, decode steps of more than 64 tokens; mixed (--enable-mixed-chunk), a step's
+    chunk gets the budget less its decodes; the cap left where it was given."""
+    log = tmp_path / "steps.jsonl"
+    p = sim_cli("--engine-family", "sglang", "--chunked-prefill-size", "64", "--max-running-requests", "96", *mixed,
+                "-c", "96", "-n", "192", "--input-tokens", "40", "--output-tokens", "30", "--step-log", str(log), "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["config"]["engine"]["max_num_seqs"] == 96
+    steps = [json.loads(x) for x in log.read_text().splitlines()]
+    assert max(s["prefill_tokens"] for s in steps) <= 64
+    if mixed:  # a chunk beside decodes takes what they leave of the 64 (so no more than 64 run)
+        assert all(s["prefill_tokens"] + s["decode_tokens"] <= 64 + 1 or s["prefill_tokens"] == 0 for s in steps)
+        assert any(s["prefill_tokens"] and s["decode_tokens"] for s in steps)
+    else:  # prefill steps fill up the running set, then all of it decodes
+        assert max(s["decode_tokens"] for s in steps) > 64
+    # without a cap the family's own stays (not lowered to the budget, as vLLM's would be refused)
+    p = sim_cli("--engine-family", "sglang", "--chunked-prefill-size", "64", "-n", "2", "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["config"]["engine"]["max_num_seqs"] > 64
+    p = sim_cli("--max-num-batched-tokens", "64", "--max-num-seqs", "96", "-n", "2")
+    assert p.returncode == 2 and "must be greater than or equal to max_num_seqs (96)" in p.stderr

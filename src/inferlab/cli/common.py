@@ -44,6 +44,26 @@ DEFAULT_CONCURRENCY = 32
 DEBUG_ENV = "INFERLAB_DEBUG"
 
 
+class FloatRange(click.FloatRange):
+    """click's ``FloatRange`` with NaN refused: NaN passes every comparison, so click's
+    own range check lets ``nan`` through to a flag whose value then means nothing; with
+    ``finite`` infinities are refused too (an SLO of ``inf`` ms is no SLO)."""
+
+    def __init__(self, *args: Any, finite: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.finite = finite
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if isinstance(rv, float) and (math.isnan(rv) or (self.finite and math.isinf(rv))):
+            self.fail(f"{value!r} is not a{' finite' if self.finite else ''} number.", param, ctx)
+        return rv
+
+
+#: any float but NaN (click's ``float`` takes "nan")
+FLOAT = FloatRange()
+
+
 def fail(message: str, code: int) -> NoReturn:
     click.echo(f"inferlab: error: {message}", err=True)
     sys.exit(code)
@@ -131,10 +151,10 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("-c", "--concurrency", type=int, help=f"Closed loop: this many users. Default {DEFAULT_CONCURRENCY} unless --rate is given."),
         click.option("-r", "--rate", "--request-rate", "rate", help="Open loop: requests per second ('inf' sends all at once). --request-rate: vLLM's name."),
         click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), help="Open loop: how gaps are drawn. Default poisson; gamma when --burstiness is given."),
-        click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), help="Open loop: gamma shape, <1 burstier, 1 Poisson, >1 smoother, inf constant gaps (selects --arrival gamma, as in vLLM)."),
+        click.option("--burstiness", type=FloatRange(min=0, min_open=True), help="Open loop: gamma shape, <1 burstier, 1 Poisson, >1 smoother, inf constant gaps (selects --arrival gamma, as in vLLM)."),
         click.option("--max-concurrency", type=click.IntRange(min=1), help="Cap on requests in flight (vLLM's meaning): with --rate or --trace later requests wait for a slot (queue delay); alone, a closed loop of this many users."),
         click.option("-n", "--num-requests", "--num-prompts", "num_requests", type=int, help="Measured requests. Default 32 (a closed loop: one per user at least; fewer than the default 32 users run as many users) unless --duration is given (with --sessions: every turn of every session). --num-prompts: vLLM's name."),
-        click.option("-d", "--duration", type=click.FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
+        click.option("-d", "--duration", type=FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
         click.option("--warmup", "--num-warmups", "warmup", type=click.IntRange(min=0), default=0, show_default=True, help="Requests sent first and left out of the metrics: extra ones of the workload, but with --trace the trace's own first rows (at their times) and with --sessions the first turns sent, which are then not measured. --num-warmups: vLLM's name."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seeds lengths and arrivals. Given, it also makes the prompts those of any earlier run with this seed (which a server's prefix cache may still hold); else each run's prompts are fresh."),
         click.option("--input-tokens", "--random-input-len", "--input-len", "input_tokens", help="Synthetic prompts of this many tokens: N, uniform:LO:HI, normal:MEAN:STD (refused where draws held to at least 1 token would move the mean by over 2 %), lognormal:MEDIAN:SIGMA or empirical:DATASET (a dataset file's prompts' lengths in words; empirical:sharegpt: the shipped ShareGPT lengths, in Llama-3 tokens as one published run of vLLM's sampler counted them, whatever the model). --random-input-len, --input-len: vLLM's names."),
@@ -145,9 +165,9 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--prefix-popularity", default="uniform", show_default=True, help="Group popularity: uniform, zipf or zipf:A."),
         click.option("--trace", type=click.Path(dir_okay=False), help="Replay a trace at its timestamps: inferlab JSONL, a requests.jsonl of an earlier run, Azure CSV, BurstGPT CSV, Mooncake JSONL or a vLLM --save-detailed result JSON."),
         click.option("--trace-format", type=click.Choice(list(FORMATS)), help="Trace format (default: detected from the header or keys)."),
-        click.option("--speedup", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True, help="Replay the trace this many times faster."),
-        click.option("--trace-start", type=float, help="Replay from this many seconds after the trace's first request (not its own clock: a trace starting at arrival_s 10 has its first request at 0 here), at the trace's pace (before --speedup)."),
-        click.option("--trace-end", type=float, help="Replay up to (not including) this many seconds after the trace's first request, at the trace's pace (before --speedup)."),
+        click.option("--speedup", type=FloatRange(min=0, min_open=True), default=1.0, show_default=True, help="Replay the trace this many times faster."),
+        click.option("--trace-start", type=FLOAT, help="Replay from this many seconds after the trace's first request (not its own clock: a trace starting at arrival_s 10 has its first request at 0 here), at the trace's pace (before --speedup)."),
+        click.option("--trace-end", type=FLOAT, help="Replay up to (not including) this many seconds after the trace's first request, at the trace's pace (before --speedup)."),
         click.option("--dataset", type=click.Path(dir_okay=False), help="Prompts from a file: JSONL (prompt or messages, optional max_tokens), ShareGPT JSON or CSV (prompt column)."),
         click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]), help="Dataset format (default: from the extension and content)."),
         click.option("--sample", type=click.Choice(["with-replacement", "without-replacement"]), default="without-replacement", show_default=True, help="Dataset sampling; without replacement stops when every prompt was sent once."),
@@ -155,16 +175,16 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-input-tokens", type=click.IntRange(min=1), help="Dataset: skip prompts longer than this many tokens (counted with --tokenizer; sim run: the simulator's own)."),
         click.option("--sessions", type=click.IntRange(min=1), help="Multi-turn: this many sessions (closed loop: -c users, default one per session; with --rate: sessions arrive at that rate)."),
         click.option("--turns", type=click.IntRange(min=1), default=4, show_default=True, help="Multi-turn: turns per session; each turn adds --input-tokens of new user text."),
-        click.option("--think-time-s", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
+        click.option("--think-time-s", type=FloatRange(min=0, finite=True), default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
         click.option("--system-tokens", type=click.IntRange(min=0), default=0, show_default=True, help="Multi-turn: a system prompt of this many tokens, shared by all sessions."),
         click.option("--context-window-tokens", type=click.IntRange(min=1), help="Multi-turn: keep the system prompt and at most this many tokens of earlier exchanges (a sliding window over whole user messages and their answers; the new message is sent whatever its size); one smaller than an exchange is refused."),
         click.option("--tokenizer", type=click.Path(exists=False), help="A tokenizer.json, a directory with one, or a Hugging Face model id found in the local HF cache (no downloads): exact prompt lengths."),
         click.option("--token-ids/--no-token-ids", default=True, show_default=True, help="With --tokenizer, send token-id prompts on the completions API."),
         click.option("--prompt", help="Send this prompt every time (default: 'Explain RAG in about 30 characters.')."),
         click.option("--exact-output/--no-exact-output", "--ignore-eos", "exact_output", default=True, show_default=True, help="Send ignore_eos and min_tokens so output length is exact (vLLM's --ignore-eos, which vllm bench serve also forces for random prompts). --no-exact-output sends neither: the server may stop at end-of-sequence, before max_tokens (the simulator, in sim run, sweep and tune, too: at the simulated model's end-of-sequence, as sim serve's)."),
-        click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TTFT."),
-        click.option("--slo-tpot-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on TPOT."),
-        click.option("--slo-e2e-ms", type=click.FloatRange(min=0, min_open=True), help="Goodput SLO on E2E."),
+        click.option("--slo-ttft-ms", type=FloatRange(min=0, min_open=True, finite=True), help="Goodput SLO on TTFT."),
+        click.option("--slo-tpot-ms", type=FloatRange(min=0, min_open=True, finite=True), help="Goodput SLO on TPOT."),
+        click.option("--slo-e2e-ms", type=FloatRange(min=0, min_open=True, finite=True), help="Goodput SLO on E2E."),
         click.option("--goodput", multiple=True, metavar="KEY:MS", help="Goodput SLOs as vllm bench serve takes them: ttft:MS, tpot:MS, e2el:MS (the --slo-*-ms flags), one or several after one --goodput."),
         click.option("--metric-percentiles", callback=percentiles_option, metavar="P,P,...", help="Percentiles (0-100) the table shows and summary.json adds to every distribution beyond its fixed p50/p90/p95/p99 (99.9 as key p99_9), e.g. 50,90,99,99.9; also --save-result's (vLLM's default: 99)."),
         click.option("--save-result", is_flag=True, help="Also write the run as vllm bench serve --save-result does: one JSON file with its keys, named as it names it, in --result-dir."),
@@ -189,8 +209,8 @@ def http_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only)."),
         click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY]."),
         click.option("-H", "--header", "header", multiple=True, type=LINE, help="Extra request header 'Name: value' (repeatable; from the environment, one per line)."),
-        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds."),
-        click.option("--idle-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response."),
+        click.option("--timeout", type=FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds."),
+        click.option("--idle-timeout", type=FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response."),
         click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: workers_option(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone)."),
         click.option("--http-client", type=click.Choice(["auto", "aiohttp", "httptools"]), default="auto", show_default=True, help="The HTTP stack that sends: httptools (the fast extra; plain http:// only) reads each streamed chunk for less CPU; auto: httptools where installed and the URL is http://, else aiohttp. Recorded in config.json."),
         click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths."),

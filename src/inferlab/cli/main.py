@@ -22,6 +22,7 @@ from inferlab._loop import run as run_loop
 from inferlab.cli.advise import advise_command
 from inferlab.cli.calibrate import calibrate_cmd
 from inferlab.cli.common import (
+    FloatRange,
     entry,
     extra_body_option,
     finish_run,
@@ -66,7 +67,7 @@ def main() -> None:
 @http_options
 @click.option("--server-metrics/--no-server-metrics", default=True, show_default=True, help="Read the server's Prometheus /metrics before, every second during and after the run (summary.json's server_metrics, server_metrics.jsonl); a server without it is no error.")
 @click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Start this engine first (a TOML/JSON file, as for inferlab engine start), measure it, stop it.")
-@click.option("--temperature", type=click.FloatRange(min=0), help="Sampling temperature sent with every request (default: none sent, the server's default applies). Output lengths stay exact unless --no-exact-output.")
+@click.option("--temperature", type=FloatRange(min=0, finite=True), help="Sampling temperature sent with every request (default: none sent, the server's default applies). Output lengths stay exact unless --no-exact-output.")
 @click.option("--extra-body", callback=extra_body_option, metavar="JSON|@FILE", help="A JSON object merged into every request body, as vLLM's --extra-body (e.g. '{\"top_p\": 0.9, \"seed\": 1}'); fields the run sets itself (model, messages/prompt, max_tokens, min_tokens, ignore_eos, stream, n) are refused. Recorded in config.json.")
 @load_options
 def bench(**kw: Any) -> None:

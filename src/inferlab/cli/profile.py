@@ -21,7 +21,7 @@ from inferlab.analysis.profile import (
     prepare_out,
     profile,
 )
-from inferlab.cli.common import run_guarded
+from inferlab.cli.common import FloatRange, run_guarded
 from inferlab.engines.launch import command, load_spec
 from inferlab.results.metrics import SLO
 from inferlab.results.provenance import PREDICTION
@@ -38,8 +38,8 @@ from inferlab.results.runfiles import dumps, plain_json
 @click.option("-o", "--out", "out_dir", default="inferlab-profile", show_default=True, type=click.Path(file_okay=False), help="Folder for profile.json and one run directory per measurement.")
 @click.option("--overwrite", is_flag=True, help="Replace a profile already in --out.")
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=64, show_default=True, help="The highest concurrency the decode ladder tries (1, 2, 4, ...).")
-@click.option("--slo-ttft-ms", type=click.FloatRange(min=0, min_open=True), default=2000.0, show_default=True, help="Goodput SLO on TTFT (which concurrency serves the most requests within the SLOs).")
-@click.option("--slo-tpot-ms", type=click.FloatRange(min=0, min_open=True), default=100.0, show_default=True, help="Goodput SLO on TPOT.")
+@click.option("--slo-ttft-ms", type=FloatRange(min=0, min_open=True, finite=True), default=2000.0, show_default=True, help="Goodput SLO on TTFT (which concurrency serves the most requests within the SLOs).")
+@click.option("--slo-tpot-ms", type=FloatRange(min=0, min_open=True, finite=True), default=100.0, show_default=True, help="Goodput SLO on TPOT.")
 @click.option("--factors", default="all", show_default=True, help=f"Measure only these, comma-separated: {', '.join(FACTORS)}.")
 @click.option("--exact-output/--no-exact-output", default=True, show_default=True, help="--no-exact-output adds the temperature factor: requests at temperature 0 and 1 that the model ends on its own (output length and its spread). The other factors always ask for exact output lengths (ignore_eos/min_tokens): their costs are per token.")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -17,6 +17,8 @@ from rich.table import Table
 
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab.cli.common import (
+    FLOAT,
+    FloatRange,
     finish_run,
     given,
     install_stop_signals,
@@ -119,8 +121,8 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--gpu", default=d.gpu, show_default=True, help="H100, H200, A100, L40S, RTX4090 (also H100-PCIe, H100-NVL, H800, H20, A100-40G, A100-PCIe, A800, L4, A10, B200), or a JSON file."),
         click.option("--tensor-parallel-size", "-tp", "--tp-size", "--tp", "--tp_size", "tensor_parallel_size", type=int, default=d.tensor_parallel_size, show_default=True, help="GPUs the model is split over; adds two all-reduces per layer. (--tp-size: SGLang's name; --tp: SGLang's and LMDeploy's; --tp_size: TensorRT-LLM's.)"),
         click.option("--max-model-len", "--context-length", "--max_seq_len", "--session-len", "max_model_len", type=int, default=defaults["max_model_len"], show_default=defaults["max_model_len"] or auto_len, help="Longest prompt + output accepted; longer requests get HTTP 400. (--context-length: SGLang's name; --max_seq_len: TensorRT-LLM's; --session-len: LMDeploy's.)"),
-        click.option("--gpu-memory-utilization", "--mem-fraction-static", "gpu_memory_utilization", type=float, default=d.gpu_memory_utilization, show_default=True, help="Share of GPU memory for weights, activations and the KV cache (vLLM's and SGLang's way; --mem-fraction-static: SGLang's name, read the same way, activations inside the share; trtllm and lmdeploy refuse it: --kv-cache-free-gpu-mem-fraction)."),
-        click.option("--kv-cache-free-gpu-mem-fraction", "--cache-max-entry-count", "--kv_cache_free_gpu_memory_fraction", "--kv_cache_free_gpu_mem_fraction", "kv_cache_free_fraction", type=float, default=None, show_default="the family's: 0.9 trtllm, 0.8 lmdeploy", help="trtllm and lmdeploy only: the KV cache's share of the GPU memory left after weights and activations (TensorRT-LLM's kv_cache_free_gpu_mem_fraction: --kv_cache_free_gpu_memory_fraction for trtllm-serve, --kv_cache_free_gpu_mem_fraction for trtllm-bench; LMDeploy's --cache-max-entry-count); those families take it where vLLM and SGLang take --gpu-memory-utilization, which they refuse."),
+        click.option("--gpu-memory-utilization", "--mem-fraction-static", "gpu_memory_utilization", type=FLOAT, default=d.gpu_memory_utilization, show_default=True, help="Share of GPU memory for weights, activations and the KV cache (vLLM's and SGLang's way; --mem-fraction-static: SGLang's name, read the same way, activations inside the share; trtllm and lmdeploy refuse it: --kv-cache-free-gpu-mem-fraction)."),
+        click.option("--kv-cache-free-gpu-mem-fraction", "--cache-max-entry-count", "--kv_cache_free_gpu_memory_fraction", "--kv_cache_free_gpu_mem_fraction", "kv_cache_free_fraction", type=FLOAT, default=None, show_default="the family's: 0.9 trtllm, 0.8 lmdeploy", help="trtllm and lmdeploy only: the KV cache's share of the GPU memory left after weights and activations (TensorRT-LLM's kv_cache_free_gpu_mem_fraction: --kv_cache_free_gpu_memory_fraction for trtllm-serve, --kv_cache_free_gpu_mem_fraction for trtllm-bench; LMDeploy's --cache-max-entry-count); those families take it where vLLM and SGLang take --gpu-memory-utilization, which they refuse."),
         click.option("--max-num-batched-tokens", "--chunked-prefill-size", "--max_num_tokens", "max_num_batched_tokens", type=int, default=defaults["max_num_batched_tokens"], callback=_budget, show_default=defaults["max_num_batched_tokens"] or auto_budget, help="Token budget per step, shared by decodes and prefill chunks. (--chunked-prefill-size: SGLang's name, its -1 refused: --no-enable-chunked-prefill says it; --max_num_tokens: TensorRT-LLM's.)"),
         click.option("--max-num-seqs", "--max-running-requests", "--max_batch_size", "--max-batch-size", "max_num_seqs", type=int, default=None, show_default="the family's; vLLM's for the GPU: 1024 on H100/H200, 256 elsewhere", help="Most sequences running at once. (--max-running-requests: SGLang's name; --max_batch_size: TensorRT-LLM's; --max-batch-size: LMDeploy's.)"),
         click.option("--block-size", "--page-size", "--cache-block-seq-len", "block_size", type=int, default=d.block_size, show_default=True, help="Tokens per KV-cache block (1, 8, 16, 32, 64 or 128). (--page-size: SGLang's name; --cache-block-seq-len: LMDeploy's.)"),
@@ -141,8 +143,8 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--engine-family", type=click.Choice([f.value for f in EngineFamily]), default=d.engine_family.value, show_default=True, callback=_parsed(EngineFamily.parse), help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
         click.option("--engine-version", default=None, show_default="a current release", help="The engine's release (0.15, v0.4.3): the defaults a release changed follow it where no flag says: vLLM's async scheduling (on from 0.14), full-sequence admission (0.19) and unhashed blocks reused first (0.24); SGLang's overlap scheduler (0.4). vllm (0.8 on) and sglang only (vllm-v0 and vllm-v0.5 take their own releases, 0.6-0.7 and <= 0.5, as a label: nothing in them is dated); the step-time constants stay the family's."),
         click.option("--api-server-count", type=click.IntRange(min=1), default=d.api_server_count, show_default=True, help="API server processes sharing request intake and token streaming (vLLM's --api-server-count); for the vllm and generic families only (vllm-v0.5's API server is the engine's process; the others model no CPU queue)."),
-        click.option("--host-speed", type=click.FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
-        click.option("--api-latency-ms", "api_overhead_s", type=click.FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
+        click.option("--host-speed", type=FloatRange(min=0.0, min_open=True), default=d.host_speed, show_default=True, help="This host's CPU speed against the typical host the API front end's CPU costs are for: 2.0 halves intake and streaming costs, 0.5 doubles them (vllm, generic and vllm-v0.5 only: the others model no such costs)."),
+        click.option("--api-latency-ms", "api_overhead_s", type=FloatRange(min=0.0), default=None, callback=_ms_to_s, show_default="the family's: 5 for vllm and generic (fitted), 28 vllm-v0/v0.5, 15 sglang/trtllm, 2 lmdeploy", help="This host's fixed latency per request outside the engine and off the API server's CPU queue (network, HTTP and IPC round trips, the client), in ms: vLLM's own API server on loopback adds a few ms; the default is what the validation's fit hosts showed (docs/validation.md)."),
         click.option("--efficiencies", "efficiencies_path", type=click.Path(dir_okay=False), help="JSON file overriding step-time constants; a twin sim calibrate wrote also gives what it was calibrated as, where no flag says otherwise: its engine family, the release and its switches (async scheduling, admission, free-queue order), the engine its vLLM, SGLang or llama.cpp server stated (KV cache, context length; SGLang's TP degree, caps, budget and mixed chunks; llama.cpp's slots) and the other engine flags it was calibrated with (budget, sequence cap, memory share, eager mode, block size, max model len, prefix caching, chunked prefill, mixed batches, scheduler steps, output reservation, API server count, host speed) (neither for another model, GPU, precision or TP degree, nor for a search over one; the block count only while the budget and sequence cap resolve as the twin's did and the memory share, eager mode, block size and dtype are the twin's; --rate inf runs served, as its server was, unless --offline)."),
     ]
 
@@ -161,6 +163,19 @@ def engine_config(kw: dict[str, Any]) -> EngineConfig:
         why := memory_share_refused(family, of_the_gpu=True)
     ):
         raise UsageError(f"--gpu-memory-utilization (SGLang's --mem-fraction-static): {why}")
+    if given("num_gpu_blocks_override") and given("kv_cache_free_fraction"):
+        raise UsageError(
+            "--num-gpu-blocks-override fixes the KV cache's size, so --kv-cache-free-gpu-mem-fraction "
+            "would size nothing: give one of them"
+        )
+    if given("evict_unhashed_first") and kw.get("evict_unhashed_first") and isinstance(family, EngineFamily):
+        caching = kw.get("enable_prefix_caching")
+        if not (family.rules.prefix_caching if caching is None else caching):
+            raise UsageError(
+                "--evict-unhashed-first orders the free blocks the prefix cache keeps, and this engine caches no "
+                f"prefixes ({'--no-enable-prefix-caching' if caching is False else f'{family.value} default'}): "
+                "drop it, or give --enable-prefix-caching"
+            )
     keys = [f.name for f in EngineConfig.__dataclass_fields__.values()]
     values = {k: kw[k] for k in keys if k in kw}
     return EngineConfig(**values)
@@ -225,8 +240,8 @@ def _serve(kw: dict[str, Any]) -> int:
 @click.option("--max-tokens-in-flight", type=click.IntRange(min=1), default=_ADMISSION.max_tokens_in_flight, show_default=True, help="--admission tokens: prompt + max_tokens held per engine.")
 @click.option("--max-requests-in-flight", type=click.IntRange(min=1), default=_ADMISSION.max_requests_in_flight, show_default=True, help="--admission requests: requests per engine.")
 @click.option("--queue-max", type=click.IntRange(min=0), default=_ADMISSION.queue_max, show_default=True, help="--admission: requests that may wait in the gateway's queue; more get 503.")
-@click.option("--queue-timeout-s", type=click.FloatRange(min=0.0, min_open=True), default=_ADMISSION.queue_timeout_s, show_default=True, help="--admission: the longest wait in the gateway's queue; longer gets 503.")
-@click.option("--starvation-s", type=click.FloatRange(min=0.0, min_open=True), default=_ADMISSION.starvation_s, show_default=True, help="--admission tokens: a request waiting this long goes before smaller ones.")
+@click.option("--queue-timeout-s", type=FloatRange(min=0.0, min_open=True), default=_ADMISSION.queue_timeout_s, show_default=True, help="--admission: the longest wait in the gateway's queue; longer gets 503.")
+@click.option("--starvation-s", type=FloatRange(min=0.0, min_open=True), default=_ADMISSION.starvation_s, show_default=True, help="--admission tokens: a request waiting this long goes before smaller ones.")
 @click.option("--default-max-tokens", type=click.IntRange(min=1), default=_ADMISSION.default_max_tokens, show_default=True, help="--admission tokens: output tokens held for a request without max_tokens.")
 def run_cmd(**kw: Any) -> None:
     """Run a workload through the simulated engine in virtual time (no HTTP)."""

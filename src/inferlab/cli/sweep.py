@@ -27,6 +27,7 @@ from rich.console import Console
 
 from inferlab._errors import UsageError
 from inferlab.cli.common import (
+    FloatRange,
     check_users_have_requests,
     finish_run,
     given,
@@ -164,11 +165,11 @@ def _sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Start this engine (a TOML/JSON file, as for inferlab engine start) and measure it over HTTP, stopping it after: once for the whole sweep, or once per value of --max-num-seqs, --max-num-batched-tokens, --max-model-len, --tensor-parallel-size or --gpu-memory-utilization given as a comma list (a single value, and --[no-]enable-prefix-caching, --[no-]enforce-eager, replace the config's setting). The simulator's other engine flags are refused.")
 @click.option("--api", type=click.Choice(["chat", "completions"]), help="Default: chat against --url or --engine, completions in the simulator (as bench and sim run).")
 @click.option("--repeats", type=click.IntRange(min=1), default=1, show_default=True, help="Run every point this many times (the seed advanced each time) and report each headline metric's mean with a 95 % t confidence interval.")
-@click.option("--saturation-gain", type=click.FloatRange(min=0), default=0.05, show_default=True, help="Stop a load axis when output tok/s rose by less than this share over the previous load (0.05: 5 %).")
-@click.option("--ttft-growth", type=click.FloatRange(min=1, min_open=True), default=4.0, show_default=True, help="Stop a load axis when TTFT p50 grew more than this many times over the previous load's, beyond what output tok/s grew.")
+@click.option("--saturation-gain", type=FloatRange(min=0), default=0.05, show_default=True, help="Stop a load axis when output tok/s rose by less than this share over the previous load (0.05: 5 %).")
+@click.option("--ttft-growth", type=FloatRange(min=1, min_open=True), default=4.0, show_default=True, help="Stop a load axis when TTFT p50 grew more than this many times over the previous load's, beyond what output tok/s grew.")
 @click.option("--saturation-stop/--no-saturation-stop", default=True, show_default=True, help="Stop each load axis at saturation (throughput flat, errors, TTFT exploding); off: run every load.")
 @click.option("--find-max-rate", is_flag=True, help="Goodput search: the highest --rate (start: --rate R, default 1) at which --slo-share of the requests meet the --slo-*-ms limits, by bracketing then bisection to 10 %.")
-@click.option("--slo-share", type=click.FloatRange(min=0, max=1, min_open=True), default=0.9, show_default=True, help="With --find-max-rate: the share of requests that must meet every SLO.")
+@click.option("--slo-share", type=FloatRange(min=0, max=1, min_open=True), default=0.9, show_default=True, help="With --find-max-rate: the share of requests that must meet every SLO.")
 @_sweep_options
 def sweep(**kw: Any) -> None:
     """Run a grid of points (load x workload x engine) into one folder, each a run directory, indexed by sweep.json."""

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import (
+    FloatRange,
     given,
     install_stop_signals,
     load_config,
@@ -78,7 +79,7 @@ no difference), and the line naming it then says so."""
 @click.option("--param", "params", multiple=True, metavar="FLAG=V1,V2,...", help="An engine flag to search and its values, e.g. max-num-batched-tokens=512,2048,8192 (repeatable: the grid is their product).")
 @click.option("--search", type=click.Choice(["pattern", "grid"]), default="pattern", show_default=True, help="pattern: a coordinate search from the middle of every axis, one step at a time while it improves (few trials); grid: every combination.")
 @click.option("--objective", type=click.Choice(["goodput", "throughput"]), default="goodput", show_default=True, help="goodput: requests/s within every SLO; throughput: output tokens/s of trials where at least --slo-share of requests met the SLOs.")
-@click.option("--slo-share", type=float, default=0.9, show_default=True, help="With --objective throughput: the share of requests that must meet the SLOs.")
+@click.option("--slo-share", type=FloatRange(min=0, max=1, min_open=True), default=0.9, show_default=True, help="With --objective throughput: the share of requests that must meet the SLOs.")
 @click.option("--max-trials", type=click.IntRange(min=1), help="Stop after this many trials (default: as many as the search needs).")
 @click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Tune a real engine: this config (TOML/JSON, as for inferlab engine start) with each setting put in, started for each trial and stopped after it; --param then names its settings (max-num-seqs, max-num-batched-tokens, max-model-len, enable-prefix-caching, ...).")
 @click.option("--abort-hopeless/--no-abort-hopeless", default=True, show_default=True, help="End a trial early once it can no longer beat the best one.")

@@ -79,9 +79,13 @@ def test_unchunked_default_budget_holds_one_prompt_and_a_given_one_wins() -> Non
     # vLLM keeps its default sequence cap (1,024 on an H100) and refuses a budget below it
     with pytest.raises(ValueError, match=r"max_num_batched_tokens \(512\) must be greater than or equal to max_num_seqs \(1024"):
         size_engine(resolve(dataclasses.replace(LLAMA8B, max_num_batched_tokens=512)))
-    # other engines' default caps follow a smaller budget
+    # TensorRT-LLM's default cap follows a smaller budget (its max_num_tokens counts decodes too);
+    # SGLang's stays, its --chunked-prefill-size bounding prompt chunks only
+    trtllm = dataclasses.replace(LLAMA8B, engine_family="trtllm", max_num_batched_tokens=512)
+    assert size_engine(resolve(trtllm)).max_num_seqs == 512
     sglang = dataclasses.replace(LLAMA8B, engine_family="sglang", max_num_batched_tokens=512)
-    assert size_engine(resolve(sglang)).max_num_seqs == 512
+    assert size_engine(resolve(sglang)).max_num_seqs == size_engine(resolve(
+        dataclasses.replace(sglang, max_num_batched_tokens=None))).max_num_seqs > 512
 
 
 def test_sizing_refuses_what_vllm_refuses() -> None:

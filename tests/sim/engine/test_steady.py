@@ -124,12 +124,13 @@ def _answer_token(k: int) -> int:
 
 def run_side_by_side(
     seed: int, reserve_outputs: bool | None = None, own_limits: bool = True, no_evict: bool = False,
-    conversations: bool = False,
+    conversations: bool = False, free_decodes: bool = False,
 ) -> Counter[str]:
     """One random workload through the reference and the steady scheduler in lock step
     (``lazy`` set at random per step, as the engine sets it); asserts they agree after
     every call. Returns counts of what the steady scheduler met (``seen``).
-    ``conversations``: some workloads' answers are known by content (drawn per seed)."""
+    ``conversations``: some workloads' answers are known by content (drawn per seed).
+    ``free_decodes``: the budget bounds prompt chunks only (SGLang's)."""
     rng = random.Random(seed)
     config, bs, num_blocks, caching = random_config(rng)
     # vLLM 0.32's admission and free-queue order, each on or off (drawn apart, so that the
@@ -141,7 +142,13 @@ def run_side_by_side(
     limits = random.Random(-200_000 - seed)  # (a request's own limit beyond its length)
     if reserve_outputs is None:
         reserve_outputs = random.Random(-100_000 - seed).random() < 0.5
-    config = dataclasses.replace(config, reserve_outputs=reserve_outputs, no_evict=no_evict)
+    config = dataclasses.replace(
+        config, reserve_outputs=reserve_outputs, no_evict=no_evict, budget_bounds_decodes=not free_decodes)
+    if free_decodes:  # a sequence cap above the budget, as SGLang allows, and a small budget
+        free = random.Random(-500_000 - seed)
+        config = dataclasses.replace(config, max_num_seqs=free.choice([16, 64, 256]))
+        if config.enable_chunked_prefill:
+            config = dataclasses.replace(config, max_num_batched_tokens=free.choice([4, 8, config.max_num_batched_tokens]))
     # the plain reference throughout against the engine's pair
     ref = Scheduler(config, BlockManager(num_blocks, bs, caching, unhashed_first))
     fast = SteadyScheduler(config, KVCacheManager(num_blocks, bs, caching, unhashed_first))
@@ -195,6 +202,9 @@ def run_side_by_side(
         seen["steady"] += batches[1].steady
         seen["steady_preempted"] += sum(r in blocks for r in batches[1].preempted)
         seen["preempted"] += len(batches[1].preempted)
+        if free_decodes:
+            seen["decodes_over_the_budget"] += batches[1].decode_tokens > config.max_num_batched_tokens
+            seen["chunk_beside_decodes"] += bool(batches[1].decode_tokens and batches[1].prefill_tokens)
         seen["answer_hits"] += answers and batches[1].prefix_hit_tokens > 0
         assert fast.new_token_ratio == ref.new_token_ratio, (seed, steps)
         seen["steady_new_block"] += sum(r.steady_tick >= 0 and len(r.block_ids) > blocks[r] for r in blocks)
@@ -287,6 +297,17 @@ def test_steady_scheduler_runs_the_reference_steps_admitting_without_eviction() 
         plain += run_side_by_side(seed, reserve_outputs=False)
     assert seen["steady"] > 1000, seen
     assert seen["preempted"] == 0 and plain["preempted"] > 20, (seen, plain)
+
+
+def test_steady_scheduler_runs_the_reference_steps_with_decodes_outside_the_budget() -> None:
+    """SGLang's budget (``budget_bounds_decodes`` off): every decode runs whatever the
+    budget, a prompt chunk gets what the decodes left; the same steps in both, and the
+    workloads reach steps whose decodes alone exceed the budget."""
+    seen: Counter[str] = Counter()
+    for seed in range(150):
+        seen += run_side_by_side(seed, free_decodes=True)
+    assert seen["decodes_over_the_budget"] > 20 and seen["chunk_beside_decodes"] > 20, seen
+    assert seen["steady"] > 1000 and seen["preempted"] > 20, seen
 
 
 class _Plain(Scheduler):

@@ -185,6 +185,7 @@ class Engine:
         self.limits = SchedulerConfig(
             sizes.max_num_batched_tokens, sizes.max_num_seqs, sizes.max_model_len, chunked, mixed,
             config.num_scheduler_steps, reserve, reserve_outputs, no_evict=no_evict,
+            budget_bounds_decodes=config.engine_family.rules.budget_bounds_decodes,
         )
         # the reference scheduler, with steady decodes kept as sums in virtual-time steps
         self._scheduler = SteadyScheduler(self.limits, self._kv)

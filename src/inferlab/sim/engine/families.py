@@ -100,6 +100,12 @@ class FamilyRules:
     # the engine refuses to start, as vLLM does ("max_num_batched_tokens must be greater
     # than or equal to max_num_seqs"), until the cap is given too
     default_seqs_follow_budget: bool = True
+    # the token budget bounds a step's decodes as well as its prompt chunks (vLLM, where a
+    # decode is one of the step's tokens); False: it bounds prompt chunks only and every
+    # running request decodes each decode step (SGLang's --chunked-prefill-size; its
+    # mixed steps give the chunk the budget less the decodes), so the budget neither
+    # lowers the sequence cap nor has to be at least as large
+    budget_bounds_decodes: bool = True
     # vLLM V1 keeps one block of the KV cache as its null block: of N blocks (memory's
     # count, or --num-gpu-blocks-override N), N - 1 hold tokens
     null_block: bool = False
@@ -312,6 +318,9 @@ FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
         overlap_schedule=True,
         overlap_schedule_since=(0, 4),
         reserve_outputs=True,
+        # --chunked-prefill-size bounds prefill chunks; a decode batch is every running
+        # request (up to --max-running-requests)
+        budget_bounds_decodes=False,
         front_end_in_process=False,
         kv_free_fraction=None,
         # The overlap scheduler hides most host work behind the GPU step; low-load TTFTs

@@ -176,6 +176,9 @@ class SchedulerConfig:
     # request's whole sequence to its output limit beyond what every running request may
     # still take to its own (the module doc)
     no_evict: bool = False
+    # the budget bounds decodes too (vLLM); False (SGLang): every running request decodes
+    # in a decode step, and a mixed step's prompt chunk gets the budget less its decodes
+    budget_bounds_decodes: bool = True
 
 
 @dataclass
@@ -322,12 +325,20 @@ class Scheduler:
 
     def _schedule_running(self, batch: Batch, budget: int) -> int:
         """Each running request, in admission order, gets its remaining tokens up to the
-        budget, preempting for KV blocks; returns the budget left."""
+        budget, preempting for KV blocks; returns the budget left. Where the budget does
+        not bound decodes (``budget_bounds_decodes`` off) every decode runs, each still
+        taking one token of the budget (which may go below 0), and a prompt chunk gets
+        what the decodes before it left."""
+        free = not self.config.budget_bounds_decodes
         # (a preemption pops the last request of ``running``: the loop never reaches it)
         for req in self.running:
+            remaining = req.num_tokens - req.num_computed_tokens
             if budget <= 0:
-                break
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+                if not free:
+                    break
+                if not (remaining == 1 and req.num_output_tokens):
+                    continue  # a prompt chunk: nothing left for it
+            n = 1 if budget <= 0 else min(remaining, budget)
             if not self._allocate(req, req.num_computed_tokens + n, batch):
                 break  # req itself was preempted: it was the last one running
             self._add_to_batch(batch, req, n)

@@ -70,6 +70,8 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
     batched = config.max_num_batched_tokens or batched
     if config.max_num_seqs is not None:
         seqs = config.max_num_seqs
+    elif not resolved.rules.budget_bounds_decodes:
+        pass  # (the budget bounds prompt chunks only: no relation to the cap)
     elif resolved.rules.default_seqs_follow_budget:
         seqs = min(seqs, batched)
     elif batched < seqs:  # vLLM keeps its default cap and refuses the budget
@@ -103,6 +105,12 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
         num_blocks = max(0, int(free_fraction * (gpu.hbm_bytes - weights - reserve) // block_bytes))
     if config.num_gpu_blocks_override is not None:
         num_blocks = config.num_gpu_blocks_override
+        if num_blocks * block_bytes > gpu.hbm_bytes - weights:  # (vLLM would fail to allocate them)
+            raise ConfigError(
+                f"num_gpu_blocks_override={num_blocks} needs {num_blocks * block_bytes / _GIB:,.1f} GiB of KV cache "
+                f"per GPU, more than the {(gpu.hbm_bytes - weights) / _GIB:.1f} GiB {gpu.name} has beside "
+                f"{model.name}'s weights"
+            )
     if resolved.rules.null_block:  # (vLLM V1: one block is the null block, holding no tokens)
         num_blocks -= 1
     if num_blocks < 1 and config.num_gpu_blocks_override is not None:
@@ -133,7 +141,7 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
         stream_per_token_s=eff.api_stream_s if serving else 0.0,
         stream_per_step_s=eff.api_stream_per_step_s if serving else 0.0,
     )
-    _validate_sizes(batched, seqs, max_len, chunked)
+    _validate_sizes(batched, seqs, max_len, chunked, resolved.rules.budget_bounds_decodes)
     if num_blocks * config.block_size < max_len:
         raise ConfigError(
             f"The model's max seq len ({max_len}) is larger than the maximum "
@@ -145,9 +153,12 @@ def size_engine(resolved: ResolvedConfig) -> EngineSizes:
     return EngineSizes(weights, reserve, num_blocks, max_len, batched, seqs, api_s, intake_s, front_end)
 
 
-def _validate_sizes(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, chunked: bool) -> None:
-    """Raise ``ConfigError`` for resolved scheduler sizes vLLM rejects."""
-    if max_num_batched_tokens < max_num_seqs:
+def _validate_sizes(
+    max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int, chunked: bool, budget_bounds_decodes: bool = True
+) -> None:
+    """Raise ``ConfigError`` for resolved scheduler sizes vLLM rejects (a budget below
+    the sequence cap only where the budget bounds decodes too)."""
+    if budget_bounds_decodes and max_num_batched_tokens < max_num_seqs:
         raise ConfigError(
             f"max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or "
             f"equal to max_num_seqs ({max_num_seqs})."

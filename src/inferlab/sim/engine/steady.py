@@ -114,6 +114,7 @@ class SteadyScheduler(Scheduler):
         kv, busy, bs = self.kv, self._busy, self.kv.block_size
         requests, seqs = batch.requests, batch.seqs
         decodes = 0
+        free = not self.config.budget_bounds_decodes  # (every decode runs: ``Scheduler._schedule_running``)
         for req in reqs:
             if req.steady_tick >= 0:  # steady, its next token starts a block (budgeted above)
                 # (its prompt blocks are registered: ``append_block`` is what ``allocate``
@@ -124,10 +125,12 @@ class SteadyScheduler(Scheduler):
                         break  # req was the last one running
                 self._file_exit(req)
                 continue
-            if budget <= 0:
+            if budget <= 0 and not free:
                 break
             computed = req.num_computed_tokens
             remaining = req.num_tokens - computed
+            if budget <= 0 and not (remaining == 1 and req.num_output_tokens):
+                continue  # (free) a prompt chunk: nothing left for it
             if remaining == 1 and req.num_output_tokens and computed < len(req.block_ids) * bs:
                 # the common case: a decode whose blocks hold its next token (nothing
                 # to allocate, its prompt blocks registered when its prefill ended)
@@ -138,7 +141,7 @@ class SteadyScheduler(Scheduler):
                 continue
             if req not in busy:  # preempted earlier in this pass (``reqs`` was a copy)...
                 break  # ... and so was every later one: the most recently admitted go first
-            n = min(remaining, budget)
+            n = 1 if budget <= 0 else min(remaining, budget)
             decode = remaining == 1 and req.num_output_tokens > 0  # (starting a block)
             # (a decode's one more block: ``allocate``'s common case, without the call)
             if not (decode and kv.append_block(req)) and not self._allocate(req, computed + n, batch):
