@@ -497,3 +497,19 @@ def test_engine_flags_that_cannot_take_effect_are_refused(args: tuple[str, ...],
     assert code == 2 and needle in err, err
     code, err, s = sim_run("-n", "2", "--num-gpu-blocks-override", "50000")
     assert code == 0 and s is not None and s["config"]["engine"]["kv_cache_blocks"] == 49999, err  # (one null block)
+
+
+@pytest.mark.parametrize("args", [
+    ["sim", "run", "-n", "4", "--max-num-seqs", "8", "--max-running-requests", "16"],
+    ["sim", "run", "-n", "4", "--enable-prefix-caching", "--disable-radix-cache"],
+    ["sweep", "-c", "4", "-n", "4", "--max-running-requests", "16,32", "--max-num-seqs", "8"],
+    ["sim", "run", "--request-rate", "5", "--rate=8", "-n", "4"],
+])
+def test_two_names_of_one_setting_are_refused(args: list[str], tmp_path: Path) -> None:
+    """Two names of one setting (a pasted SGLang command beside a vLLM flag) took the
+    last silently, and in a sweep dropped the whole axis; refused now, naming both. One
+    name given twice stays click's way (the last wins)."""
+    res = CliRunner().invoke(main, [*args, "--no-history", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "name one setting: give one of them" in res.output, res.output
+    code, err, s = sim_run("-n", "2", "--max-num-seqs", "8", "--max-num-seqs", "16")
+    assert code == 0 and s is not None and s["config"]["engine"]["max_num_seqs"] == 16, err

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from inferlab._errors import ConfigError, UsageError
-from inferlab.cli.common import check_output_folder, given, run_guarded
+from inferlab.cli.common import OneNamePerSetting, check_output_folder, given, run_guarded
 from inferlab.cli.sim import (
     RUN_DEFAULTS,
     engine_config,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from inferlab.sim.validation.twin import MeasuredRun
 
 
-@click.command("calibrate")
+@click.command("calibrate", cls=OneNamePerSetting)
 @engine_options(RUN_DEFAULTS)
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--holdout", multiple=True, type=click.Path(exists=True, file_okay=False), help="A run directory predicted, not fitted on (repeatable): the error reported on it is the twin's.")

@@ -64,6 +64,33 @@ class FloatRange(click.FloatRange):
 FLOAT = FloatRange()
 
 
+class OneNamePerSetting(click.Command):
+    """A command that refuses two different names of one setting on its command line
+    (``--max-num-seqs 8 --max-running-requests 16``, ``--enable-prefix-caching
+    --disable-radix-cache``): click would take the last silently, and in a sweep drop an
+    axis. The same name twice stays click's way (the last wins), as do options that
+    collect every value given (``--header``)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        names: dict[str, click.Option] = {}
+        for p in self.get_params(ctx):
+            if isinstance(p, click.Option) and not p.multiple and not p.count:
+                for name in (*p.opts, *p.secondary_opts):
+                    names[name] = p
+        used: dict[str, list[str]] = {}
+        for arg in args:
+            if arg == "--":
+                break
+            name = arg.split("=", 1)[0] if arg.startswith("--") else arg
+            option = names.get(name)
+            if option is not None and name not in (seen := used.setdefault(option.name or "", [])):
+                seen.append(name)
+        for given_as in used.values():
+            if len(given_as) > 1:
+                raise click.UsageError(f"{' and '.join(given_as)} name one setting: give one of them")
+        return super().parse_args(ctx, args)
+
+
 def fail(message: str, code: int) -> NoReturn:
     click.echo(f"inferlab: error: {message}", err=True)
     sys.exit(code)

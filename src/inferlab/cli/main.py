@@ -23,6 +23,7 @@ from inferlab.cli.advise import advise_command
 from inferlab.cli.calibrate import calibrate_cmd
 from inferlab.cli.common import (
     FloatRange,
+    OneNamePerSetting,
     entry,
     extra_body_option,
     finish_run,
@@ -60,7 +61,7 @@ def main() -> None:
     """Measure, explain and predict the latency and throughput of LLM inference servers."""
 
 
-@main.command()
+@main.command(cls=OneNamePerSetting)
 @click.option("--url", "--base-url", "url", help="OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: the embedded simulated server. --base-url: vLLM's name.")
 @click.option("--model", help="Model name to request. Default: the first one the server lists. Without --url: the model the built-in simulator serves (a preset name or HF id).")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)

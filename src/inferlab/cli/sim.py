@@ -19,6 +19,7 @@ from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab.cli.common import (
     FLOAT,
     FloatRange,
+    OneNamePerSetting,
     finish_run,
     given,
     install_stop_signals,
@@ -181,7 +182,7 @@ def engine_config(kw: dict[str, Any]) -> EngineConfig:
     return EngineConfig(**values)
 
 
-@sim.command()
+@sim.command(cls=OneNamePerSetting)
 @engine_options(SERVE_DEFAULTS)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
@@ -226,7 +227,7 @@ def _serve(kw: dict[str, Any]) -> int:
     return 0
 
 
-@sim.command("run")
+@sim.command("run", cls=OneNamePerSetting)
 @engine_options(RUN_DEFAULTS)
 @load_options
 @refused_option("--temperature", True, "sim run's simulated model does not sample (an answer's length is fixed by --output-tokens, or by its prompt with --no-exact-output), so temperature changes nothing; bench sends it to a server (the simulated one too)")

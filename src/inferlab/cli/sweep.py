@@ -28,6 +28,7 @@ from rich.console import Console
 from inferlab._errors import UsageError
 from inferlab.cli.common import (
     FloatRange,
+    OneNamePerSetting,
     check_users_have_requests,
     finish_run,
     given,
@@ -160,7 +161,7 @@ def _sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-@click.command()
+@click.command(cls=OneNamePerSetting)
 @click.option("--url", "--base-url", "url", help="An OpenAI-compatible server: every point runs over HTTP on the wall clock. Default: the simulator in virtual time (seconds for a whole sweep; every number a prediction).")
 @click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Start this engine (a TOML/JSON file, as for inferlab engine start) and measure it over HTTP, stopping it after: once for the whole sweep, or once per value of --max-num-seqs, --max-num-batched-tokens, --max-model-len, --tensor-parallel-size or --gpu-memory-utilization given as a comma list (a single value, and --[no-]enable-prefix-caching, --[no-]enforce-eager, replace the config's setting). The simulator's other engine flags are refused.")
 @click.option("--api", type=click.Choice(["chat", "completions"]), help="Default: chat against --url or --engine, completions in the simulator (as bench and sim run).")

@@ -33,7 +33,7 @@ def text_arg(value: str | None, flag: str) -> str | None:
 @click.option("--dataset", type=click.Path(dir_okay=False), help="A prompt set (JSONL, ShareGPT JSON or CSV, as for bench); --system is added to each prompt that has none.")
 @click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]))
 @click.option("--tokenizer", type=click.Path(exists=False), help="A tokenizer.json, its directory, or a Hugging Face model id in the local HF cache (no downloads). Default: the simulator's built-in tokenizer.")
-@click.option("--prefill-tps", type=FloatRange(min=0, min_open=True, finite=True), help="Prefill rate in tokens/s for the TTFT cost. Default: one prefill on the simulator (--model/--gpu).")
+@click.option("--prefill-tps", type=FloatRange(finite=True), help="Prefill rate in tokens/s for the TTFT cost. Default: one prefill on the simulator (--model/--gpu).")
 @click.option("--model", default=EngineConfig.model, show_default=True, help="Simulated model for the TTFT cost.")
 @click.option("--gpu", default=EngineConfig.gpu, show_default=True, help="Simulated GPU for the TTFT cost.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")

@@ -21,6 +21,7 @@ from rich.table import Table
 from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import (
     FloatRange,
+    OneNamePerSetting,
     given,
     install_stop_signals,
     load_config,
@@ -72,7 +73,7 @@ The best trial is, {TIE_RULE}: it may score a little below the highest (a run's 
 no difference), and the line naming it then says so."""
 
 
-@click.command(help=_HELP)
+@click.command(help=_HELP, cls=OneNamePerSetting)
 @engine_options(RUN_DEFAULTS)
 @load_options
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="completions", show_default=True, help="chat applies the chat template to prompts.")
