@@ -513,3 +513,17 @@ def test_two_names_of_one_setting_are_refused(args: list[str], tmp_path: Path) -
     assert res.exit_code == 2 and "name one setting: give one of them" in res.output, res.output
     code, err, s = sim_run("-n", "2", "--max-num-seqs", "8", "--max-num-seqs", "16")
     assert code == 0 and s is not None and s["config"]["engine"]["max_num_seqs"] == 16, err
+
+
+def test_more_requests_than_the_sessions_send_is_refused() -> None:
+    """Sessions send sessions x turns requests and stop: -n 100 over 8 sessions of 4 turns
+    ran 32 while config.json said 100. Refused now with the most that can be asked;
+    that many or fewer runs as asked."""
+    code, err, _ = sim_run("--sessions", "8", "--turns", "4", "-n", "100")
+    assert code == 2 and "send (32): give -n 32 or fewer" in err, err
+    code, err, _ = sim_run("--sessions", "8", "--turns", "4", "-n", "30", "--warmup", "4")
+    assert code == 2 and "give -n 28 or fewer" in err, err
+    for n in ("32", "20"):
+        code, err, s = sim_run("--sessions", "8", "--turns", "4", "-n", n)
+        assert code == 0 and s is not None, err
+        assert s["counts"]["total"] == s["config"]["load"]["num_requests"] == int(n)

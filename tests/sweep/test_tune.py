@@ -236,3 +236,25 @@ def test_the_console_gives_the_trials_error_bands() -> None:
     code, out, err = invoke(*COMMON, "--slo-ttft-ms", "300", "--param", "max-num-seqs=8,32", "--search", "grid")
     assert code == 0, err
     assert "error bands" in out and "held-out vLLM V1 Poisson rows" in " ".join(out.split())
+
+
+def test_param_takes_every_name_sim_run_takes_with_the_flags_units() -> None:
+    """--param searches a flag by any name sim run takes for it (SGLang's
+    max-running-requests, TensorRT-LLM's max_batch_size), with the flag's units
+    (api-latency-ms in ms): the same trials as by the vLLM name. A field's own name that
+    is no flag (api-overhead-s, in seconds) is refused, as is a value that is no number."""
+    runs = []
+    for flag in ("max-num-seqs", "max-running-requests", "max_batch_size"):
+        code, out, err = invoke(*COMMON, "--engine-family", "sglang", "--slo-ttft-ms", "300", "--param", f"{flag}=8,32",
+                                "--search", "grid", "--json")
+        assert code == 0, err
+        runs.append([(t["params"], t["score"]) for t in json.loads(out)["trials"]])
+    assert runs[0] == runs[1] == runs[2] and [p for p, _ in runs[0]] == [{"max_num_seqs": 8}, {"max_num_seqs": 32}]
+    code, out, err = invoke(*COMMON, "--slo-ttft-ms", "300", "--param", "api-latency-ms=5,40", "--search", "grid", "--json")
+    assert code == 0, err
+    trials = json.loads(out)["trials"]
+    assert [t["params"]["api_overhead_s"] for t in trials] == [0.005, 0.04]
+    assert trials[0]["score"] >= trials[1]["score"]  # (35 ms more before each first token)
+    for bad, needle in (("api-overhead-s=0.005", "not an engine flag"), ("gpu-memory-utilization=nan,0.9", "'nan' is not a float")):
+        code, _, err = invoke(*COMMON, "--slo-ttft-ms", "300", "--param", bad)
+        assert code == 2 and needle in err, err

@@ -443,6 +443,14 @@ def load_config(kw: dict[str, Any]) -> LoadConfig:
         raise UsageError(f"-n/--num-requests must be at least 1, not {num}")
     if kw["sessions"] is not None and num is None:
         num = kw["sessions"] * kw["turns"]
+    elif kw["sessions"] is not None and num + kw["warmup"] > kw["sessions"] * kw["turns"]:
+        # (the sessions send that many and stop: the rest would be counted but never sent)
+        total, warmup = kw["sessions"] * kw["turns"], kw["warmup"]
+        raise UsageError(
+            f"-n {num}{f' with --warmup {warmup}' if warmup else ''} asks for more requests than "
+            f"--sessions {kw['sessions']} x --turns {kw['turns']} send ({total}): give -n {max(1, total - warmup)} "
+            "or fewer, or more sessions or turns"
+        )
     users = schedule.concurrency if isinstance(schedule, ClosedLoop) and kw["sessions"] is None else None
     if num is None and kw["duration"] is None:
         num = 32 if users is None else max(32, users)  # (a request per user at least)

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import enum
 import json
+import math
 import sys
 import types
 import typing
@@ -111,6 +112,8 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
                     raise UsageError(f"--param {name.replace('_', '-')}: {raw} is below 1")
             elif base is float:
                 out.append(float(raw))
+                if not math.isfinite(out[-1]):
+                    raise ValueError(raw)
             elif isinstance(base, type) and issubclass(base, enum.Enum) and hasattr(base, "parse"):
                 try:  # (a name the enum has not would fail every trial: refused now)
                     out.append(base.parse(raw))
@@ -135,9 +138,26 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
 _NAMED: dict[str, Callable[[str], object]] = {"gpu": resolve_gpu}
 
 
-#: the simulator's flags by their other names (``sim run`` takes both)
-_PARAM_ALIASES = {"async_scheduling": "overlap_schedule", "kv_cache_free_gpu_mem_fraction": "kv_cache_free_fraction",
-                  "cache_max_entry_count": "kv_cache_free_fraction"}
+def _engine_flags() -> tuple[dict[str, str], dict[str, str]]:
+    """Every name ``sim run`` takes for an engine flag (``max-num-seqs``, SGLang's
+    ``max-running-requests``, TensorRT-LLM's ``max_batch_size``, ``async-scheduling``
+    ...), as ``--param`` reads it (no leading dashes, ``_`` for ``-``) -> its field; and
+    each field's first name (``--param``'s list of what it searches)."""
+    names: dict[str, str] = {}
+    first: dict[str, str] = {}
+    for p in getattr(engine_options(RUN_DEFAULTS)(lambda **kw: None), "__click_params__", []):
+        if isinstance(p, click.Option) and p.name:
+            long = [o for o in p.opts if o.startswith("--")]
+            first[p.name] = long[0].lstrip("-") if long else p.name.replace("_", "-")
+            for name in p.opts:  # (a switch's off name is not a name to search it by: on/off values)
+                names[name.lstrip("-").replace("-", "_")] = p.name
+    return names, first
+
+
+#: ``--param``'s names for the simulator's fields: ``sim run``'s flags, each by every name
+#: it takes (values as the flag takes them: ``--api-latency-ms`` in ms, its field in s)
+_PARAM_NAMES, _FIRST_NAME = _engine_flags()
+_MS_FIELDS = frozenset({"api_overhead_s"})
 
 
 def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = EngineConfig) -> tuple[Axis, ...]:
@@ -147,18 +167,24 @@ def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = Engin
     for p in params:
         flag, sep, values = p.partition("=")
         name = flag.strip().lstrip("-").replace("-", "_")
-        name = _PARAM_ALIASES.get(name, name) if config_type is EngineConfig else name
         if not sep or not name:
             raise UsageError(f"--param {p!r}: expected FLAG=V1,V2,..., e.g. max-num-seqs=16,64,256")
+        if config_type is EngineConfig:  # (by any of the flag's names: not the field's)
+            name = _PARAM_NAMES.get(name, "")
         if name not in fields:
             where = "the engine config" if config_type is not EngineConfig else "the simulator"
-            raise UsageError(f"--param {flag}: not an engine flag tune can search on {where}; these are: "
-                             + ", ".join(sorted(f.replace("_", "-") for f in fields)))
+            names = sorted(_FIRST_NAME.get(f, f.replace("_", "-")) for f in fields) if config_type is EngineConfig \
+                else sorted(f.replace("_", "-") for f in fields)
+            raise UsageError(f"--param {flag}: not an engine flag tune can search on {where} (by any name sim run "
+                             "takes for it); these are: " + ", ".join(names))
         if any(a.name == name for a in axes):
             raise UsageError(f"--param {flag} given twice")
         if name in kw and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise UsageError(f"--{flag.lstrip('-')} is given as a flag and searched by --param: give one")
-        axes.append(Axis(name, _flag_values(name, values, config_type)))
+        found = _flag_values(name, values, config_type)
+        if config_type is EngineConfig and name in _MS_FIELDS:
+            found = tuple(v / 1e3 for v in found)  # (given in ms, as the flag is)
+        axes.append(Axis(name, found))
     return tuple(axes)
 
 
