@@ -173,7 +173,6 @@ LLAMA_TP = 'engine = "llamacpp"\nmodel = "m.gguf"\nexecutable = "/nonexistent/ll
     (["sweep", "--engine", "{sim}", "--gpu", "L40S"], "--gpu: flags of the simulated engine"),
     (["sweep", "--engine", "{sim}", "--quantization", "fp8"], "--quantization: flags of the simulated engine"),
     (["sweep", "--engine", "{sim}", "--model", "a,b"], "requests one"),
-    (["sweep", "--engine", "{sim}", "--max-num-seqs", "4,0"], "--max-num-seqs 0: max_num_seqs must be"),
     (["sweep", "--engine", "{bad}"], "unknown setting 'gpu'"),
     (["sweep", "--engine", "{llama}"], "llama.cpp has no setting for tensor_parallel_size"),
     (["sweep", "--engine", "{missing}"], "No such file"),
@@ -191,6 +190,16 @@ def test_unusable_configs_and_flag_mixes_are_refused_before_anything_starts(tmp_
     assert r.exit_code == 2 and needle in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
     assert not out.exists()  # (an engine started would have left its log there)
+
+
+def test_a_listed_value_no_engine_takes_is_refused_as_the_flags_are_read(tmp_path: Path) -> None:
+    """A sweep axis with a value no engine takes (0 sequences) is refused while the flags
+    are read, one line, exit 2, before an engine starts (it was a failed point after)."""
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "inferlab", "sweep", "--engine", _config(tmp_path), "--max-num-seqs", "4,0",
+                        "-o", str(out), "--no-history"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "0 is not in the range x>=1" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
 # --- Ctrl-C: finished work kept, the engine stopped -------------------------------------

@@ -470,6 +470,10 @@ def test_sglangs_no_chunking_budget_is_refused_with_the_flag_that_says_it() -> N
     (["sim", "run", "-n", "4", "--rate", "5", "--burstiness", "nan"], "'nan' is not a number"),
     (["sweep", "-c", "1,2", "-n", "4", "--saturation-gain", "nan"], "'nan' is not a number"),
     (["sweep", "-c", "2", "-n", "4", "--gpu-memory-utilization", "0.5,nan"], "'nan' is not a number"),
+    # and sizes no engine takes, in a sweep's list too (each was a failed point after the others ran)
+    (["sweep", "-c", "2", "-n", "4", "--page-size", "16,3"], "3: a KV block holds 1, 8, 16, 32, 64, 128 tokens"),
+    (["sweep", "-c", "2", "-n", "4", "--engine-family", "sglang", "--max-running-requests", "0,8"], "0 is not in the range x>=1"),
+    (["sim", "run", "-n", "4", "--tp", "0"], "0 is not in the range x>=1"),
 ])
 def test_nan_and_an_infinite_slo_are_refused_not_run(args: list[str], needle: str, tmp_path: Path) -> None:
     """click's float ranges let NaN through (it fails no comparison): an SLO of NaN ms

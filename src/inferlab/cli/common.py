@@ -52,6 +52,8 @@ class FloatRange(click.FloatRange):
     def __init__(self, *args: Any, finite: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.finite = finite
+        if self.min is None and self.max is None:
+            self.name = "float"  # (help shows FLOAT, as for click's own float)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         rv = super().convert(value, param, ctx)

@@ -197,10 +197,11 @@ def memory_share_refused(family: EngineFamily, *, of_the_gpu: bool) -> str | Non
     free = family.rules.kv_free_fraction
     if of_the_gpu and free is not None:
         return (f"the {family} family sizes its KV cache as a share of the memory left after weights (default "
-                f"{free:g}): give --kv-cache-free-gpu-mem-fraction (TensorRT-LLM's name; LMDeploy's "
-                "--cache-max-entry-count) instead")
+                f"{free:g}): give --kv-cache-free-gpu-mem-fraction (TensorRT-LLM's kv_cache_free_gpu_mem_fraction; "
+                "LMDeploy's --cache-max-entry-count) instead")
     if not of_the_gpu and free is None:
-        return f"the {family} family sizes its KV cache with --gpu-memory-utilization, a share of the whole GPU"
+        also = " (SGLang's --mem-fraction-static)" if family is EngineFamily.SGLANG else ""
+        return f"the {family} family sizes its KV cache with --gpu-memory-utilization{also}, a share of the whole GPU"
     return None
 
 
