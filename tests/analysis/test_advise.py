@@ -339,6 +339,10 @@ def test_head_of_line_advice_names_the_flags_of_the_engine_that_ran(tmp_path: Pa
     assert hol["gains"] and says in hol["change"] and never not in hol["change"], hol["change"]
     assert never not in recs["quantization"]["change"], recs["quantization"]["change"]
     assert ("--enable-mixed-chunk" in hol["change"]) == (family == "sglang"), hol["change"]
+    # SGLang's chunk size bounds prompt chunks only: its running-request cap is not cut with it
+    # (the advice told SGLang users to cut --max-running-requests to the chunk size)
+    if family == "sglang":
+        assert "max-running-requests" not in hol["change"], hol["change"]
 
 
 def test_an_engine_behind_the_gateway_or_named_by_its_server_is_told_its_own_flags() -> None:

@@ -531,3 +531,9 @@ def test_more_requests_than_the_sessions_send_is_refused() -> None:
         code, err, s = sim_run("--sessions", "8", "--turns", "4", "-n", n)
         assert code == 0 and s is not None, err
         assert s["counts"]["total"] == s["config"]["load"]["num_requests"] == int(n)
+    # without -n, every turn but the warm-up ones is measured; a warm-up of every turn is refused
+    code, err, s = sim_run("--sessions", "2", "--turns", "2", "--warmup", "1")
+    assert code == 0 and s is not None, err
+    assert s["counts"]["total"] == s["config"]["load"]["num_requests"] == 3 and s["counts"]["warmup"] == 1
+    code, err, _ = sim_run("--sessions", "2", "--turns", "2", "--warmup", "4")
+    assert code == 2 and "--warmup 4 leaves nothing to measure of the 4 requests" in err, err

@@ -254,7 +254,21 @@ def test_param_takes_every_name_sim_run_takes_with_the_flags_units() -> None:
     assert code == 0, err
     trials = json.loads(out)["trials"]
     assert [t["params"]["api_overhead_s"] for t in trials] == [0.005, 0.04]
+    code, out, err = invoke(*COMMON, "--slo-ttft-ms", "300", "--param", "api-latency-ms=5,40", "--search", "grid")
+    assert code == 0 and "api-latency-ms=5" in out and "api-overhead-s" not in out, out  # (as --param takes it back)
     assert trials[0]["score"] >= trials[1]["score"]  # (35 ms more before each first token)
     for bad, needle in (("api-overhead-s=0.005", "not an engine flag"), ("gpu-memory-utilization=nan,0.9", "'nan' is not a float")):
         code, _, err = invoke(*COMMON, "--slo-ttft-ms", "300", "--param", bad)
         assert code == 2 and needle in err, err
+
+
+@pytest.mark.parametrize(("param", "needle"), [
+    ("block-size=16,3", "--param block-size: 3: a KV block holds"),
+    ("api-latency-ms=-5,5", "--param api-latency-ms: -5.0 is not in the range"),
+    ("gpu-memory-utilization=0.9,1.5", "--param gpu-memory-utilization: 1.5 is not in the range"),
+])
+def test_a_searched_value_the_flag_refuses_is_refused_before_any_trial(param: str, needle: str) -> None:
+    """A value sim run refuses as it reads the flag ran as a failed trial (or made every
+    trial fail); it is read as the flag reads it now, and refused before any runs."""
+    code, out, err = invoke(*COMMON, "--slo-ttft-ms", "300", "--param", param, "--search", "grid")
+    assert code == 2 and needle in err and not out, (err, out)

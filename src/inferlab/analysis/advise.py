@@ -37,7 +37,7 @@ from inferlab.results.runfiles import read_records, read_summary
 from inferlab.results.summary import Summary, summarize
 from inferlab.results.telemetry import ServerMetrics
 from inferlab.sim.engine.bands import band_of
-from inferlab.sim.engine.families import EngineFamily
+from inferlab.sim.engine.families import EngineFamily, FamilyRules
 
 Goal = Literal["throughput", "latency", "consistency"]
 GOALS: tuple[Goal, ...] = ("throughput", "latency", "consistency")
@@ -146,12 +146,12 @@ def _flags(engine: dict[str, Any] | None) -> _EngineFlags:
     return _FAMILY_FLAGS.get(family, _VLLM_FLAGS)
 
 
-def _seqs_follow_budget(engine: dict[str, Any]) -> bool:
-    """Whether the engine lowers its sequence cap to a smaller token budget by itself
-    (else, as vLLM, it refuses the budget until the cap is given too)."""
+def _family_rules(engine: dict[str, Any]) -> FamilyRules:
+    """The rules of the engine family a run simulated (vLLM's where it names none or
+    one not known)."""
     with contextlib.suppress(UsageError):
-        return EngineFamily.parse(str(engine.get("engine_family") or "vllm")).rules.default_seqs_follow_budget
-    return False
+        return EngineFamily.parse(str(engine.get("engine_family") or "vllm")).rules
+    return EngineFamily.VLLM.rules
 
 
 #: Each rule's rank per goal (lower first).
@@ -549,10 +549,12 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     if not base_ttft or not base_itl:
         return None
     chosen = None
+    rules = _family_rules(engine)  # (SGLang's budget bounds prompt chunks only: its cap stays)
     for candidate in (4096, 2048, 1024, 512):
         if candidate >= budget:
             continue
-        changes: dict[str, Any] = {"max_num_batched_tokens": candidate, "max_num_seqs": min(seqs, candidate), "enable_chunked_prefill": True,
+        changes: dict[str, Any] = {"max_num_batched_tokens": candidate, "enable_chunked_prefill": True,
+                                   **({"max_num_seqs": min(seqs, candidate)} if rules.budget_bounds_decodes else {}),
                                    **({"mixed_batches": True} if mixing else {})}
         sim = w.simulate(changes)
         after_ttft = _ttfts(sim.records, short)
@@ -573,9 +575,9 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     long_before, long_after = _ttfts(base.records, long), _ttfts(sim.records, long)
     if long_before and long_after:
         gains.append(_sim_gain("long requests' mean TTFT ms", "TTFT", statistics.fmean(long_before), statistics.fmean(long_after), kind, sim))
-    why_cap = ("vLLM: no more sequences than budget tokens" if not _seqs_follow_budget(engine)
+    why_cap = ("vLLM: no more sequences than budget tokens" if not rules.default_seqs_follow_budget
                else "as simulated: no more sequences than budget tokens a step")
-    seq_note = f"; with {flags.seqs.format(n=candidate)} ({why_cap})" if candidate < seqs else ""
+    seq_note = f"; with {flags.seqs.format(n=candidate)} ({why_cap})" if candidate < seqs and rules.budget_bounds_decodes else ""
     budget_text = flags.budget.format(n=candidate) + (f" with {flags.mix}" if mixing else "")
     return Recommendation(
         "head_of_line", title, evidence, change.format(budget=budget_text, seqs=seq_note), gains,

@@ -55,6 +55,10 @@ class FloatRange(click.FloatRange):
         if self.min is None and self.max is None:
             self.name = "float"  # (help shows FLOAT, as for click's own float)
 
+    def _describe_range(self) -> str:
+        # (click's own prints "x<=None" for a range without bounds)
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         rv = super().convert(value, param, ctx)
         if isinstance(rv, float) and (math.isnan(rv) or (self.finite and math.isinf(rv))):
@@ -64,6 +68,9 @@ class FloatRange(click.FloatRange):
 
 #: any float but NaN (click's ``float`` takes "nan")
 FLOAT = FloatRange()
+#: the longest time a flag may name, in seconds (about 11.6 days): a duration, a think
+#: time or a timeout beyond it (1e300, inf) overflowed the clocks' integer nanoseconds
+LONGEST_S = 1e6
 
 
 class OneNamePerSetting(click.Command):
@@ -183,7 +190,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--burstiness", type=FloatRange(min=0, min_open=True), help="Open loop: gamma shape, <1 burstier, 1 Poisson, >1 smoother, inf constant gaps (selects --arrival gamma, as in vLLM)."),
         click.option("--max-concurrency", type=click.IntRange(min=1), help="Cap on requests in flight (vLLM's meaning): with --rate or --trace later requests wait for a slot (queue delay); alone, a closed loop of this many users."),
         click.option("-n", "--num-requests", "--num-prompts", "num_requests", type=int, help="Measured requests. Default 32 (a closed loop: one per user at least; fewer than the default 32 users run as many users) unless --duration is given (with --sessions: every turn of every session). --num-prompts: vLLM's name."),
-        click.option("-d", "--duration", type=FloatRange(min=0, min_open=True), help="Stop sending after this many seconds."),
+        click.option("-d", "--duration", type=FloatRange(min=0, min_open=True, max=LONGEST_S), help="Stop sending after this many seconds."),
         click.option("--warmup", "--num-warmups", "warmup", type=click.IntRange(min=0), default=0, show_default=True, help="Requests sent first and left out of the metrics: extra ones of the workload, but with --trace the trace's own first rows (at their times) and with --sessions the first turns sent, which are then not measured. --num-warmups: vLLM's name."),
         click.option("--seed", type=int, default=0, show_default=True, help="Seeds lengths and arrivals. Given, it also makes the prompts those of any earlier run with this seed (which a server's prefix cache may still hold); else each run's prompts are fresh."),
         click.option("--input-tokens", "--random-input-len", "--input-len", "input_tokens", help="Synthetic prompts of this many tokens: N, uniform:LO:HI, normal:MEAN:STD (refused where draws held to at least 1 token would move the mean by over 2 %), lognormal:MEDIAN:SIGMA or empirical:DATASET (a dataset file's prompts' lengths in words; empirical:sharegpt: the shipped ShareGPT lengths, in Llama-3 tokens as one published run of vLLM's sampler counted them, whatever the model). --random-input-len, --input-len: vLLM's names."),
@@ -204,7 +211,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-input-tokens", type=click.IntRange(min=1), help="Dataset: skip prompts longer than this many tokens (counted with --tokenizer; sim run: the simulator's own)."),
         click.option("--sessions", type=click.IntRange(min=1), help="Multi-turn: this many sessions (closed loop: -c users, default one per session; with --rate: sessions arrive at that rate)."),
         click.option("--turns", type=click.IntRange(min=1), default=4, show_default=True, help="Multi-turn: turns per session; each turn adds --input-tokens of new user text."),
-        click.option("--think-time-s", type=FloatRange(min=0, finite=True), default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
+        click.option("--think-time-s", type=FloatRange(min=0, max=LONGEST_S), default=0.0, show_default=True, help="Multi-turn: seconds between an answer and the next turn."),
         click.option("--system-tokens", type=click.IntRange(min=0), default=0, show_default=True, help="Multi-turn: a system prompt of this many tokens, shared by all sessions."),
         click.option("--context-window-tokens", type=click.IntRange(min=1), help="Multi-turn: keep the system prompt and at most this many tokens of earlier exchanges (a sliding window over whole user messages and their answers; the new message is sent whatever its size); one smaller than an exchange is refused."),
         click.option("--tokenizer", type=click.Path(exists=False), help="A tokenizer.json, a directory with one, or a Hugging Face model id found in the local HF cache (no downloads): exact prompt lengths."),
@@ -238,8 +245,8 @@ def http_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--stream/--no-stream", default=True, show_default=True, help="Streaming (all metrics) or not (E2E only)."),
         click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY]."),
         click.option("-H", "--header", "header", multiple=True, type=LINE, help="Extra request header 'Name: value' (repeatable; from the environment, one per line)."),
-        click.option("--timeout", type=FloatRange(min=0, min_open=True), default=600.0, show_default=True, help="Per-request total timeout, seconds."),
-        click.option("--idle-timeout", type=FloatRange(min=0, min_open=True), default=60.0, show_default=True, help="Max seconds without data mid-response."),
+        click.option("--timeout", type=FloatRange(min=0, min_open=True, max=LONGEST_S), default=600.0, show_default=True, help="Per-request total timeout, seconds."),
+        click.option("--idle-timeout", type=FloatRange(min=0, min_open=True, max=LONGEST_S), default=60.0, show_default=True, help="Max seconds without data mid-response."),
         click.option("--workers", default="auto", show_default=True, callback=lambda ctx, param, v: workers_option(v), help="Processes that send the requests: auto (more than this one only when the load needs it: over 128 concurrent streams or 200 req/s each, up to the cores less one), or N (1: this process alone)."),
         click.option("--http-client", type=click.Choice(["auto", "aiohttp", "httptools"]), default="auto", show_default=True, help="The HTTP stack that sends: httptools (the fast extra; plain http:// only) reads each streamed chunk for less CPU; auto: httptools where installed and the URL is http://, else aiohttp. Recorded in config.json."),
         click.option("--preflight/--no-preflight", default=True, show_default=True, help="Probe the server first (not counted): fail fast on 401/403/404, detect ignore_eos support, measure template overhead, calibrate prompt lengths."),
@@ -443,8 +450,12 @@ def load_config(kw: dict[str, Any]) -> LoadConfig:
     num = kw["num_requests"]
     if num is not None and num < 1:
         raise UsageError(f"-n/--num-requests must be at least 1, not {num}")
+    if kw["sessions"] is not None and kw["warmup"] >= kw["sessions"] * kw["turns"]:
+        total = kw["sessions"] * kw["turns"]
+        raise UsageError(f"--warmup {kw['warmup']} leaves nothing to measure of the {total} requests --sessions "
+                         f"{kw['sessions']} x --turns {kw['turns']} send: give a smaller --warmup or more sessions")
     if kw["sessions"] is not None and num is None:
-        num = kw["sessions"] * kw["turns"]
+        num = kw["sessions"] * kw["turns"] - kw["warmup"]  # (the warm-up turns are sent first, not measured)
     elif kw["sessions"] is not None and num + kw["warmup"] > kw["sessions"] * kw["turns"]:
         # (the sessions send that many and stop: the rest would be counted but never sent)
         total, warmup = kw["sessions"] * kw["turns"], kw["warmup"]

@@ -138,6 +138,11 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
 _NAMED: dict[str, Callable[[str], object]] = {"gpu": resolve_gpu}
 
 
+#: each engine field's option (``_engine_flags`` fills it): a searched value is read as
+#: the flag reads it, so what sim run refuses (a block of 3 tokens) is refused here too
+_OPTIONS: dict[str, click.Option] = {}
+
+
 def _engine_flags() -> tuple[dict[str, str], dict[str, str]]:
     """Every name ``sim run`` takes for an engine flag (``max-num-seqs``, SGLang's
     ``max-running-requests``, TensorRT-LLM's ``max_batch_size``, ``async-scheduling``
@@ -147,6 +152,7 @@ def _engine_flags() -> tuple[dict[str, str], dict[str, str]]:
     first: dict[str, str] = {}
     for p in getattr(engine_options(RUN_DEFAULTS)(lambda **kw: None), "__click_params__", []):
         if isinstance(p, click.Option) and p.name:
+            _OPTIONS[p.name] = p
             long = [o for o in p.opts if o.startswith("--")]
             first[p.name] = long[0].lstrip("-") if long else p.name.replace("_", "-")
             for name in p.opts:  # (a switch's off name is not a name to search it by: on/off values)
@@ -182,6 +188,14 @@ def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = Engin
         if name in kw and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
             raise UsageError(f"--{flag.lstrip('-')} is given as a flag and searched by --param: give one")
         found = _flag_values(name, values, config_type)
+        if config_type is EngineConfig and (option := _OPTIONS.get(name)) is not None and not option.is_flag:
+            for raw in (v.strip() for v in values.split(",") if v.strip()):
+                try:
+                    read = option.type.convert(raw, option, ctx)
+                    if option.callback is not None:
+                        option.callback(ctx, option, read)
+                except click.BadParameter as e:
+                    raise UsageError(f"--param {flag.strip()}: {e.message}") from None
         if config_type is EngineConfig and name in _MS_FIELDS:
             found = tuple(v / 1e3 for v in found)  # (given in ms, as the flag is)
         axes.append(Axis(name, found))

@@ -101,13 +101,18 @@ class Axis:
 
 
 #: engine fields whose flag has another name than the field's
-_FLAG_NAMES = {"kv_cache_free_fraction": "kv-cache-free-gpu-mem-fraction"}
+_FLAG_NAMES = {"kv_cache_free_fraction": "kv-cache-free-gpu-mem-fraction", "api_overhead_s": "api-latency-ms"}
+#: fields kept in seconds whose flag is in ms
+_MS_FLAGS = frozenset({"api_overhead_s"})
 
 
 def param_text(name: str, value: Any) -> str:
     """One searched setting as its flag writes it (``max-num-seqs=64``,
-    ``kv-cache-free-gpu-mem-fraction=0.5``)."""
-    return f"{_FLAG_NAMES.get(name, name.replace('_', '-'))}={getattr(value, 'value', value)}"
+    ``kv-cache-free-gpu-mem-fraction=0.5``, ``api-latency-ms=5``: as ``--param`` takes it)."""
+    shown = getattr(value, "value", value)
+    if name in _MS_FLAGS and isinstance(shown, int | float):
+        shown = f"{shown * 1e3:g}"
+    return f"{_FLAG_NAMES.get(name, name.replace('_', '-'))}={shown}"
 
 
 @dataclass(frozen=True)
