@@ -67,6 +67,10 @@ def test_the_three_formats(tmp_path: Path) -> None:
     ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n', "d.jsonl", r"d\.jsonl:1: the last message must be from the user"),
     ("text,other\nx,y\n", "d.csv", r"d\.csv:1: a CSV dataset needs a 'prompt' column"),
     ("prompt,max_tokens\nx,3\ny,lots\n", "d.csv", r"d\.csv:3: max_tokens must be a positive integer, got 'lots'"),
+    # infinity (JSON's Infinity, a CSV's "inf") overflowed int(): an internal error
+    ('{"prompt": "x", "max_tokens": Infinity}\n', "d.jsonl", r"d\.jsonl:1: max_tokens must be a positive integer, got inf"),
+    ("prompt,max_tokens\nx,inf\n", "d.csv", r"d\.csv:2: max_tokens must be a positive integer, got 'inf'"),
+    ('{"prompt": "x", "max_tokens": 1e300}\n', "d.jsonl", r"d\.jsonl:1: max_tokens must be at most 10,000,000"),
     ('[{"conversations": [{"from": "human"}]}]', "d.json", r"d\.json: entry 0: each turn needs"),
     ("[]", "d.json", "the dataset has no prompts"),
     ("hello", "d.txt", "cannot tell the dataset format"),

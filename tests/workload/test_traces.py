@@ -493,3 +493,34 @@ def test_a_vllm_result_read_as_another_format_says_what_it_is(tmp_path: Path, fm
                                 "ttfts": [0.02, 0.02], "itls": [[0.01] * 3] * 2}, indent=1))
     with pytest.raises(UsageError, match=f"a vLLM benchmark result, not a {fmt} trace: give --trace-format vllm"):
         TraceConfig(str(path), fmt).rows()  # type: ignore[arg-type]
+
+
+_VLLM = {"output_lens": [5, 5], "ttfts": [0.1, 0.2], "itls": [[0.01], [0.01]], "request_rate": 1}
+
+
+@pytest.mark.parametrize(("name", "text", "needle"), [
+    # numbers that overflowed the clocks or built a prompt of 1e300 words (internal errors)
+    ("huge.jsonl", '{"arrival_s": 0, "input_tokens": 1e300, "output_tokens": 5}', "at most 10,000,000"),
+    ("late.jsonl", '{"arrival_s": 1e300, "input_tokens": 10, "output_tokens": 5}', "at most 1e+12 s"),
+    ("prefix.jsonl", '{"arrival_s": 0, "input_tokens": 10, "output_tokens": 5, "prefix_group": "a", "prefix_tokens": -3}',
+     "prefix_tokens (-3) must be from 0"),
+    ("long-prefix.jsonl", '{"arrival_s": 0, "input_tokens": 10, "output_tokens": 5, "prefix_group": "a", "prefix_tokens": 50}',
+     "prefix_tokens (50) must be from 0"),
+    # measured values compared with the prediction as if they were times (+nan %, -1497 %)
+    ("nan.jsonl", '{"arrival_s": 0, "input_tokens": 10, "output_tokens": 5, "ttft_ms": NaN}', "ttft_ms nan is not a time"),
+    ("neg.jsonl", '{"arrival_s": 0, "input_tokens": 10, "output_tokens": 5, "e2e_ms": -3}', "e2e_ms -3 is not a time"),
+    # vLLM's result file: values of the wrong kind crashed, a negative one was averaged in
+    ("bool.json", json.dumps({"input_lens": [100, True], **_VLLM}), "request 2: expected an integer, got a boolean"),
+    ("str.json", json.dumps({"input_lens": [100, 200], **_VLLM, "ttfts": ["0.1", 0.2]}), "must be numbers of seconds"),
+    ("itl.json", json.dumps({"input_lens": [100, 200], **_VLLM, "itls": [5, [0.01]]}), "must be numbers of seconds"),
+    ("negttft.json", json.dumps({"input_lens": [100, 200], **_VLLM, "ttfts": [-0.1, 0.2]}), "ttft_ms -100.0 is not a time"),
+    ("negout.json", json.dumps({"input_lens": [100, 200], **_VLLM, "output_lens": [5, -5]}), "token counts must be at least 1"),
+])
+def test_rows_no_replay_can_send_or_compare_are_refused_naming_the_row(tmp_path: Path, name: str, text: str, needle: str) -> None:
+    """Values a trace reader let through to crash later (overflow, a prompt of 1e300
+    words) or to compare as times (NaN, negative), each refused as the file is read,
+    naming the row."""
+    path = tmp_path / name
+    path.write_text(text + "\n")
+    with pytest.raises(UsageError, match=re.escape(needle)):
+        read_rows(str(path), "vllm" if name.endswith(".json") else None)

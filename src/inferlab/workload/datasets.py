@@ -31,6 +31,7 @@ from inferlab._errors import UsageError
 from inferlab.workload.lengths import LengthDist
 from inferlab.workload.spec import RequestSpec
 from inferlab.workload.tokenizers import Tokenizer
+from inferlab.workload.traces.rows import MAX_ROW_TOKENS
 
 DatasetFormat = Literal["jsonl", "sharegpt", "csv"]
 FORMATS: tuple[str, ...] = ("jsonl", "sharegpt", "csv")
@@ -238,8 +239,10 @@ def _max_tokens(where: str, obj: dict[str, Any]) -> int | None:
             continue
         try:
             n = int(v) if not isinstance(v, bool) and float(v) == int(float(v)) else -1
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # (OverflowError: inf, as JSON's Infinity or CSV's "inf")
             n = -1
+        if n > MAX_ROW_TOKENS:
+            raise UsageError(f"{where}: {key} must be at most {MAX_ROW_TOKENS:,} (no model takes more), got {v!r}")
         if n < 1:
             raise UsageError(f"{where}: {key} must be a positive integer, got {v!r}")
         return n

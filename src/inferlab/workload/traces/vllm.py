@@ -16,7 +16,7 @@ from typing import Any
 from inferlab._errors import UsageError
 from inferlab.workload.arrivals import arrival_times_s
 from inferlab.workload.spec import Measured
-from inferlab.workload.traces.rows import TraceRow, as_int, why
+from inferlab.workload.traces.rows import TraceRow, as_int, check_row, checked_measured, why
 
 
 def vllm_result(path: str, f: Any, required: bool = False) -> dict[str, Any] | None:
@@ -127,13 +127,22 @@ def read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[Trac
     for i, (n_in, n_out, ttft, itl) in enumerate(zip(ins, outs, ttfts, itls, strict=True)):
         if not n_out or not n_in or (ttfts[i] is not None and not ttft):
             continue  # a failed request in the source run (its warning below)
-        measured = None
-        if ttft:
-            gaps = sum(itl or [])
-            e2e = (ttft + gaps) * 1e3
-            tpot = gaps * 1e3 / (n_out - 1) if n_out > 1 and itl else None
-            measured = Measured(ttft * 1e3, tpot, e2e)
-        rows.append(TraceRow(arrivals[i], as_int(n_in), as_int(n_out), measured=measured))
+        try:
+            n_in, n_out = as_int(n_in), as_int(n_out)
+            measured = None
+            if ttft:
+                if isinstance(ttft, bool) or not isinstance(ttft, int | float) or not isinstance(itl or [], list) \
+                        or not all(isinstance(g, int | float) and not isinstance(g, bool) for g in itl or []):
+                    raise TypeError("ttfts and itls must be numbers of seconds")
+                gaps = sum(itl or [])
+                e2e = (ttft + gaps) * 1e3
+                tpot = gaps * 1e3 / (n_out - 1) if n_out > 1 and itl else None
+                measured = checked_measured(Measured(ttft * 1e3, tpot, e2e))
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"{path}: request {i + 1}: {why(e)}") from None
+        row = TraceRow(arrivals[i], n_in, n_out, measured=measured)
+        check_row(path, i + 1, row, from_first_row=True)
+        rows.append(row)
     if len(rows) < len(ins):
         warnings.warn(f"{path}: {len(ins) - len(rows):,} of {len(ins):,} requests skipped: failed in the source run "
                       "(no output, or no first token)", stacklevel=2)
