@@ -262,3 +262,22 @@ def test_many_processes_opening_a_new_history_at_once_all_record(tmp_path: Path)
             _, err = p.communicate(timeout=60)
             assert p.returncode == 0, err
         assert sorted(r[1] for r in rows(hist)) == [f"p{i}" for i in range(4)]  # type: ignore[type-var]
+
+
+def test_a_row_whose_json_column_is_not_json_is_listed_without_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row whose engine column something else wrote badly broke `inferlab runs` for
+    every row (JSONDecodeError); that row is now listed without its engine, the others
+    whole. A --since span reaching before year 1 means every row, not an internal error."""
+    hist = tmp_path / "h.sqlite"
+    monkeypatch.setenv("INFERLAB_HISTORY", str(hist))
+    for _ in range(2):
+        assert sim(tmp_path, None).returncode == 0
+    with sqlite3.connect(hist) as db:
+        db.execute("UPDATE runs SET engine = '{bad' WHERE id = 1")
+    with History(hist) as h:
+        first, second = sorted(h.find(), key=lambda e: e.id)
+    assert first.engine is None and second.engine is not None and second.engine["block_size"] == 16
+    for args in (["runs"], ["runs", "--json"], ["runs", "--since", "99999999d"]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    assert parse_since("99999999d") < "0002"

@@ -67,3 +67,29 @@ def test_a_missing_file_or_a_non_summary_is_a_usage_error(tmp_path: Path) -> Non
     (tmp_path / "s.json").write_text('{"schema": "other"}')
     with pytest.raises(UsageError, match="not an inferlab summary"):
         read_summary(tmp_path / "s.json")
+
+
+@pytest.mark.parametrize("edit", ["list", "metric"])
+def test_a_summary_that_is_not_one_is_a_usage_error_for_every_reader(tmp_path: Path, edit: str) -> None:
+    """A summary.json of ``[]``, or with a metric that is a string, crashed advise and
+    export (AttributeError: an internal error); every reader now says it is not an
+    inferlab summary (exit 2)."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    run = tmp_path / "r"
+    res = CliRunner().invoke(main, ["sim", "run", "-n", "3", "-o", str(run), "--no-history"])
+    assert res.exit_code == 0, res.output
+    path = run / "summary.json"
+    if edit == "list":
+        path.write_text("[]")
+    else:
+        d = json.loads(path.read_text())
+        d["ttft_ms"] = "x"
+        path.write_text(json.dumps(d))
+    with pytest.raises(UsageError, match="not an inferlab summary"):
+        read_summary(path)
+    for args in (["advise", str(run)], ["export", "--format", "csv-summary", str(run)]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2 and "not an inferlab summary" in res.output, res.output

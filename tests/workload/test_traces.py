@@ -524,3 +524,21 @@ def test_rows_no_replay_can_send_or_compare_are_refused_naming_the_row(tmp_path:
     path.write_text(text + "\n")
     with pytest.raises(UsageError, match=re.escape(needle)):
         read_rows(str(path), "vllm" if name.endswith(".json") else None)
+
+
+def test_more_requests_than_the_trace_holds_is_refused(tmp_path: Path) -> None:
+    """-n above the trace's rows replayed the rows while config.json said -n; refused now
+    with the most that can be asked (warm-ups counted); -n up to it runs as asked."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": i / 10, "input_tokens": 10, "output_tokens": 5}) + "\n" for i in range(3)))
+    for args, needle in ((["-n", "10"], "more requests than the trace holds (3): give -n 3 or fewer"),
+                         (["-n", "3", "--warmup", "1"], "(3, 1 of them warm-ups): give -n 2 or fewer")):
+        res = CliRunner().invoke(main, ["sim", "run", "--trace", str(trace), *args, "--no-history"])
+        assert res.exit_code == 2 and needle in res.output, res.output
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", str(trace), "-n", "2", "--warmup", "1", "--json", "--no-history"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["counts"]["total"] == 2

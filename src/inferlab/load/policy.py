@@ -342,6 +342,15 @@ def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Trace | Sess
         recorded = sum(t.warmup for t in workload.requests)
         if recorded:
             load = dataclasses.replace(load, warmup=load.warmup + recorded)
+        held = len(workload.requests)
+        if load.num_requests is not None and load.num_requests + load.warmup > held:
+            # (the replay would send what the trace holds, and config.json say -n)
+            most = held - load.warmup
+            raise UsageError(
+                f"-n {load.num_requests} asks for more requests than the trace holds ({held}"
+                + (f", {load.warmup} of them warm-ups" if load.warmup else "")
+                + (f"): give -n {most} or fewer, or leave -n out" if most >= 1 else "): nothing is left to measure")
+            )
         times = replay_times_s(workload.requests, load)
         cap = None if isinstance(s, ClosedLoop) else s.max_concurrency
         senders = [t.user for t in workload.requests[: len(times)]]

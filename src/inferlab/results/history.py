@@ -272,11 +272,21 @@ def _entry(row: tuple[Any, ...]) -> Entry:
     d = dict(zip(COLUMNS, row, strict=True))
     return Entry(
         id=d["id"], time=d["time"], kind=d["kind"], command=d["command"], target=d["target"],
-        model=d["model"], engine=json.loads(d["engine"]) if d["engine"] else None,
-        workload=json.loads(d["workload"]) if d["workload"] else None,
+        model=d["model"], engine=_json_or_none(d["engine"]), workload=_json_or_none(d["workload"]),
         headline={k: d[k] for k in HEADLINE}, completed=d["completed"], failed=d["failed"],
         simulated=bool(d["simulated"]), path=d["path"], response_cache_hits=d["response_cache_hits"],
     )
+
+
+def _json_or_none(text: str | None) -> Any:
+    """A JSON column's value; None for an empty one or one that is not JSON (a row
+    written or edited by something else: that column is unknown, the rest is shown)."""
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def parse_since(text: str) -> str:
@@ -287,7 +297,10 @@ def parse_since(text: str) -> str:
     units = {"d": 86400, "h": 3600, "m": 60}
     if t[-1:].lower() in units and t[:-1].replace(".", "", 1).isdigit():
         seconds = float(t[:-1]) * units[t[-1].lower()]
-        when = datetime.datetime.fromtimestamp(wall_time_s() - seconds, datetime.UTC)
+        try:
+            when = datetime.datetime.fromtimestamp(wall_time_s() - seconds, datetime.UTC)
+        except (OverflowError, OSError, ValueError):  # (before year 1: every row is later)
+            when = datetime.datetime.min.replace(tzinfo=datetime.UTC)
         return when.isoformat(timespec="seconds")
     try:
         when = datetime.datetime.fromisoformat(t)

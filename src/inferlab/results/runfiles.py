@@ -171,5 +171,5 @@ def read_summary(path: str | os.PathLike[str]) -> Summary:
         return Summary.from_json(json.loads(Path(path).read_text()))
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from e
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # (AttributeError: a list or a string where an object was)
         raise UsageError(f"{path}: not an inferlab summary ({e!r})") from e
