@@ -508,6 +508,7 @@ def test_engine_flags_that_cannot_take_effect_are_refused(args: tuple[str, ...],
     ["sim", "run", "-n", "4", "--enable-prefix-caching", "--disable-radix-cache"],
     ["sweep", "-c", "4", "-n", "4", "--max-running-requests", "16,32", "--max-num-seqs", "8"],
     ["sim", "run", "--request-rate", "5", "--rate=8", "-n", "4"],
+    ["sim", "run", "-n4", "--num-prompts", "6"],  # (a short option's value attached)
 ])
 def test_two_names_of_one_setting_are_refused(args: list[str], tmp_path: Path) -> None:
     """Two names of one setting (a pasted SGLang command beside a vLLM flag) took the
@@ -517,6 +518,10 @@ def test_two_names_of_one_setting_are_refused(args: list[str], tmp_path: Path) -
     assert res.exit_code == 2 and "name one setting: give one of them" in res.output, res.output
     code, err, s = sim_run("-n", "2", "--max-num-seqs", "8", "--max-num-seqs", "16")
     assert code == 0 and s is not None and s["config"]["engine"]["max_num_seqs"] == 16, err
+    # an option's value that looks like a flag is a value, not a name given
+    res = CliRunner().invoke(main, ["sim", "run", "-n", "2", "--prompt", "--rate", "--request-rate", "5", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["config"]["load"]["schedule"]["rate_rps"] == 5
 
 
 def test_more_requests_than_the_sessions_send_is_refused() -> None:

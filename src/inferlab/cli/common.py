@@ -81,16 +81,37 @@ class OneNamePerSetting(click.Command):
     collect every value given (``--header``)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        names: dict[str, click.Option] = {}
+        names: dict[str, click.Option] = {}  # (every name of a setting given once)
+        takes_value: dict[str, bool] = {}  # (every option's names: whether the next word is its value)
         for p in self.get_params(ctx):
-            if isinstance(p, click.Option) and not p.multiple and not p.count:
-                for name in (*p.opts, *p.secondary_opts):
-                    names[name] = p
+            if isinstance(p, click.Option):
+                for name in p.opts:
+                    takes_value[name] = not p.is_flag and not p.count
+                for name in p.secondary_opts:
+                    takes_value[name] = False
+                if not p.multiple and not p.count:
+                    for name in (*p.opts, *p.secondary_opts):
+                        names[name] = p
+        short = sorted((n for n in takes_value if not n.startswith("--")), key=len, reverse=True)
         used: dict[str, list[str]] = {}
-        for arg in args:
+        i = 0
+        while i < len(args):
+            arg = args[i]
+            i += 1
             if arg == "--":
                 break
-            name = arg.split("=", 1)[0] if arg.startswith("--") else arg
+            if arg.startswith("--"):
+                name, eq, _ = arg.partition("=")
+                value_next = takes_value.get(name, False) and not eq
+            elif arg.startswith("-") and len(arg) > 1:  # a short option, its value next or attached (-n4)
+                found = next((n for n in short if arg.startswith(n)), None)
+                if found is None:
+                    continue
+                name, value_next = found, takes_value[found] and arg == found
+            else:
+                continue  # an argument, or the value of an option this does not know
+            if value_next:
+                i += 1  # (its value, which may look like a flag: --prompt "--rate")
             option = names.get(name)
             if option is not None and name not in (seen := used.setdefault(option.name or "", [])):
                 seen.append(name)
