@@ -4,7 +4,9 @@
    t=0 (saturation: batches of 128+), through ``sim run``'s code path. Prints simulated
    requests per wall-clock second and the simulated-to-wall time ratio, side by side with
    the engine alone (no per-token records) so the cost of recording is visible.
-2. Real time: ``inferlab sim serve`` in a child process, ``inferlab bench`` at 256
+2. SGLang with a small --chunked-prefill-size: the steady scheduler's sums against every
+   decode visited each step, same records.
+3. Real time: ``inferlab sim serve`` in a child process, ``inferlab bench`` at 256
    concurrent streams against it; reads the server's ``inferlab:token_emit_lag_seconds``
    histogram from /metrics (how late each step's tokens left the engine loop versus their
    simulated time) and the client's TTFT error against the server timeline.
@@ -25,7 +27,7 @@ import tempfile
 import time
 import urllib.request
 
-from inferlab.load.schedules import LoadConfig, OpenLoop
+from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.load.virtual import serve_timelines, simulate
 from inferlab.results.summary import summarize
 from inferlab.sim.engine.engine import Engine, EngineConfig
@@ -74,6 +76,29 @@ def virtual(n: int) -> None:
           f"(ratio to engine alone {cli / engine_only:.2f})")
 
 
+def sglang_small_budget(users: int, n: int) -> None:
+    """SGLang with a prompt-chunk size (--chunked-prefill-size 512) far below its running
+    decodes: every decode runs each decode step, outside the budget. The engine's steady
+    decodes (kept as sums) against every decode visited each step (``steady_decodes``
+    off: the reference's pass, what the steady scheduler fell back to before it knew
+    that decodes outside the budget need no order); the same records either way."""
+    cfg = EngineConfig(engine_family="sglang", max_num_batched_tokens=512)
+    wl = WorkloadConfig(input_tokens=200, output_tokens=1000)
+    times, outs = {}, {}
+    for steady in (True, False):
+        engine = Engine(cfg)
+        engine.steady_decodes = steady
+        workload = wl.build(0, "completions", builder=SimPromptBuilder(BuiltinTokenizer()))
+        t0 = time.perf_counter()
+        records = simulate(engine, LoadConfig(ClosedLoop(users), num_requests=n), workload)
+        times[steady] = time.perf_counter() - t0
+        outs[steady] = [(r.send_ns, r.ttfb_ns, r.end_ns, len(r.content_ns)) for r in records]
+    same = "the same records" if outs[True] == outs[False] else "RECORDS DIFFER"
+    print(f"\nSGLang, --chunked-prefill-size 512, {users:,} users, {n:,} requests of 200 in / 1,000 out ({same})")
+    print(f"  steady decodes: {times[True]:6.2f} s wall; every decode visited: {times[False]:6.2f} s wall; "
+          f"ratio {times[False] / times[True]:.1f}x")
+
+
 def realtime(streams: int, per_stream: int) -> None:
     with ChildServer() as server:
         cmd = [sys.executable, "-m", "inferlab", "bench", "--url", server.url, "-c", str(streams),
@@ -116,6 +141,7 @@ def main() -> None:
     a = ap.parse_args()
     machine_speed()
     virtual(2000 if a.quick else 10_000)
+    sglang_small_budget(1000 if a.quick else 3000, 4000 if a.quick else 12_000)
     realtime(64 if a.quick else 256, 1 if a.quick else 2)
 
 

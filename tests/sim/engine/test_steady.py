@@ -204,6 +204,8 @@ def run_side_by_side(
         seen["preempted"] += len(batches[1].preempted)
         if free_decodes:
             seen["decodes_over_the_budget"] += batches[1].decode_tokens > config.max_num_batched_tokens
+            # (kept as steady sums, not woken: the fast path with decodes outside the budget)
+            seen["steady_over_the_budget"] += bool(batches[1].steady) and batches[1].decode_tokens > config.max_num_batched_tokens
             seen["chunk_beside_decodes"] += bool(batches[1].decode_tokens and batches[1].prefill_tokens)
         seen["answer_hits"] += answers and batches[1].prefix_hit_tokens > 0
         assert fast.new_token_ratio == ref.new_token_ratio, (seed, steps)
@@ -307,6 +309,7 @@ def test_steady_scheduler_runs_the_reference_steps_with_decodes_outside_the_budg
     for seed in range(150):
         seen += run_side_by_side(seed, free_decodes=True)
     assert seen["decodes_over_the_budget"] > 20 and seen["chunk_beside_decodes"] > 20, seen
+    assert seen["steady_over_the_budget"] > 10, seen
     assert seen["steady"] > 1000 and seen["preempted"] > 20, seen
 
 

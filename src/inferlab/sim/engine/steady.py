@@ -101,10 +101,15 @@ class SteadyScheduler(Scheduler):
         only those that are not steady and the steady ones that reach a block boundary;
         else it wakes them all first. The common case of a decode runs inline."""
         reqs = self.running
+        free = not self.config.budget_bounds_decodes  # (every decode runs: ``Scheduler._schedule_running``)
         if self._steady_n:
             at_boundary = self._take_due()
             reqs = self._busy_in_order()
-            if self._steady_n + sum([r.num_tokens - r.num_computed_tokens for r in reqs]) > budget:
+            if self._steady_n + sum([r.num_tokens - r.num_computed_tokens for r in reqs]) > budget and not (
+                # (decodes outside the budget and no prompt chunk to share it: none is cut
+                # short, so the order does not matter)
+                free and all(r.num_tokens - r.num_computed_tokens == 1 and r.num_output_tokens for r in reqs)
+            ):
                 self.wake_all()  # every request in turn, the budget running out among them
                 reqs = self.running
             else:
@@ -114,7 +119,6 @@ class SteadyScheduler(Scheduler):
         kv, busy, bs = self.kv, self._busy, self.kv.block_size
         requests, seqs = batch.requests, batch.seqs
         decodes = 0
-        free = not self.config.budget_bounds_decodes  # (every decode runs: ``Scheduler._schedule_running``)
         for req in reqs:
             if req.steady_tick >= 0:  # steady, its next token starts a block (budgeted above)
                 # (its prompt blocks are registered: ``append_block`` is what ``allocate``
