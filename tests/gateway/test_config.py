@@ -174,3 +174,60 @@ def test_a_lease_for_budgets_nothing_shares_is_refused(tmp_path: Path, other: st
     with pytest.raises(UsageError) as e:
         read(tmp_path, "gw.toml", text)
     assert "lease_s" in str(e.value) and "nothing shares them" in str(e.value)
+
+
+@pytest.mark.parametrize(("table", "key"), [("cache", "ttl_s"), ("admission", "queue_timeout_s"),
+                                            ("admission", "starvation_s"), ("gateway", "upstream_timeout_s")])
+@pytest.mark.parametrize("value", ["inf", "1e300", "0", "-1"])
+def test_a_time_that_overflows_the_clock_or_is_not_positive_is_refused(tmp_path: Path, table: str, key: str, value: str) -> None:
+    """[cache] ttl_s = inf was taken, then every cacheable answer was a 500 (OverflowError
+    storing it) and the next identical request waited for ever; the admission times the
+    same (an internal error at start). Each time is a positive number of seconds up to 1e6."""
+    with pytest.raises(UsageError) as e:
+        read(tmp_path, "gw.toml", f"[{table}]\n{key} = {value}\n")
+    assert f"[{table}] {key} must be a positive number of seconds, at most 1e+06" in str(e.value)
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("http://127.0.0.1:99999", "Port out of range"),
+    ("http://127.0.0.1:abc", "could not be cast to integer"),
+    ("http://[::1", "Invalid IPv6 URL"),
+    ("http://127.0.0.1:0", "port 0 is no server's"),
+    # (credentials in the URL showed in /health, /metrics and the log, which need no key)
+    ("http://user:s3cret@127.0.0.1:8000", "a user or password in the URL is not taken"),
+])
+def test_an_upstream_url_that_is_no_server_or_carries_a_password_is_a_usage_error(url: str, words: str) -> None:
+    """Each was an internal error, or (with a password) a gateway that served it to anyone."""
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-m", "inferlab", "gateway", "--upstream", url, "--port", "0"],
+                       capture_output=True, text=True, timeout=60)  # (bounded: a gateway that starts serves on)
+    assert p.returncode == 2 and words in p.stderr and "s3cret" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_waiters_for_an_identical_request_are_answered_even_when_storing_fails() -> None:
+    """The leader's answer could not be stored (any error in ``put``): the waiters kept
+    waiting for ever. They are answered, and the key has no leader left."""
+    import asyncio
+
+    from inferlab._clock import WallClock
+    from inferlab.gateway.cache import ResponseCache
+    from inferlab.gateway.config import CacheConfig
+
+    async def go() -> None:
+        cache = ResponseCache(CacheConfig(), WallClock())
+
+        def broken(key: str, entry: object) -> None:
+            raise OverflowError("cannot store")
+
+        cache.put = broken  # type: ignore[method-assign,assignment]
+        cache.lead("k")
+        waiter = cache.pending("k")
+        assert waiter is not None
+        entry = object()
+        with pytest.raises(OverflowError):
+            cache.finish("k", entry)  # type: ignore[arg-type]
+        assert await asyncio.wait_for(waiter, 1) is entry and cache.pending("k") is None
+
+    asyncio.run(go())

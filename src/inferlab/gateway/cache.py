@@ -258,11 +258,13 @@ class ResponseCache:
     def finish(self, key: str, entry: Entry | None, store: bool = True) -> None:
         """The leader is done: store ``entry`` (None: nothing to store; ``store`` False:
         it is kept elsewhere) and hand it to the waiters."""
-        if entry is not None and store:
-            self.put(key, entry)
-        fut = self._pending.pop(key, None)
-        if fut is not None and not fut.done():
-            fut.set_result(entry)
+        try:
+            if entry is not None and store:
+                self.put(key, entry)
+        finally:  # (the waiters are answered whatever storing did: else they would wait for ever)
+            fut = self._pending.pop(key, None)
+            if fut is not None and not fut.done():
+                fut.set_result(entry)
 
     def put(self, key: str, entry: Entry) -> None:
         size = entry.size_bytes

@@ -204,9 +204,20 @@ class GatewayConfig:
 def upstream_url(url: str) -> str:
     """An upstream's root URL from what a user gives (``http://h:p`` or ``http://h:p/v1``).
     ``UsageError`` for anything but an http(s) URL with a host."""
-    parts = urlsplit(url.strip().rstrip("/"))
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url.strip().rstrip("/"))
+        port = parts.port  # (ValueError: out of range, or not a number)
+        host = parts.hostname
+    except ValueError as e:
+        raise UsageError(f"upstream {url!r} is not an http(s) URL ({e})") from None
+    if parts.scheme not in ("http", "https") or not host:
         raise UsageError(f"upstream {url!r} is not an http(s) URL")
+    if port == 0:
+        raise UsageError(f"upstream {url!r}: port 0 is no server's")
+    if parts.username is not None or parts.password is not None:
+        # (a URL's credentials would show in /health, /metrics and the logs, to anyone)
+        raise UsageError(f"upstream {parts.scheme}://...@{host}: a user or password in the URL is not taken; "
+                         "give the upstream's key as [[upstreams]] api_key_env (or api_key) in the config file")
     path = parts.path.removesuffix("/v1")
     if path or parts.query or parts.fragment:
         raise UsageError(f"upstream {url!r}: give the server's root (http://host:port), without a path")
@@ -383,10 +394,16 @@ def _int(t: Mapping[str, Any], name: str, default: Any, where: str, minimum: int
     return v
 
 
+#: the longest time a setting may name, in seconds (about 11.6 days): beyond it (inf,
+#: 1e300) the clocks' integer nanoseconds overflowed
+LONGEST_S = 1e6
+
+
 def _float(t: Mapping[str, Any], name: str, default: float, where: str) -> float:
+    """A number of seconds, above 0 and at most ``LONGEST_S``."""
     v = t.get(name, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise UsageError(f"{where} {name} must be a positive number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= LONGEST_S:
+        raise UsageError(f"{where} {name} must be a positive number of seconds, at most {LONGEST_S:g}, got {v!r}")
     return float(v)
 
 
