@@ -116,6 +116,35 @@ def test_what_vllm_accepts_is_accepted(http: httpx.Client) -> None:
     assert r.json()["usage"]["completion_tokens"] <= 4
 
 
+_TOOL = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.mark.parametrize(("route", "fields", "param"), [
+    ("chat", {"tools": _TOOL}, "tools"),
+    ("chat", {"tool_choice": "required"}, "tool_choice"),
+    ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("completions", {"guided_json": {"type": "object"}}, "guided_json"),
+    ("completions", {"echo": True}, "echo"),
+    ("completions", {"best_of": 3}, "best_of"),
+    ("chat", {"use_beam_search": True}, "use_beam_search"),
+    ("chat", {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}, "stream_options"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     "messages"),
+])
+def test_what_the_simulated_server_would_take_and_not_honour_is_refused(
+    http: httpx.Client, route: str, fields: dict[str, Any], param: str
+) -> None:
+    """Each was answered 200 with the usual prose: no tool call even when one was
+    required, no JSON for a JSON format, no echo, an image counted as no tokens, no
+    usage in the chunks. A 400 naming the parameter now; the same request without it is
+    served, and a plain text format or tool_choice "none" still is."""
+    err = check_error(http.post(PATH[route], json=valid(route, **fields)), 400, param=param)
+    assert "not simulated" in err["message"], err["message"]
+    assert http.post(PATH[route], json=valid(route)).status_code == 200
+    for ok in ({"response_format": {"type": "text"}}, {"tool_choice": "none"}, {"best_of": 1}, {"echo": False}):
+        assert http.post(PATH[route], json=valid(route, **ok)).status_code == 200, ok
+
+
 # --- no 5xx for what a client sends ------------------------------------------------
 
 

@@ -18,9 +18,9 @@ import itertools
 import json
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -390,6 +390,7 @@ class SimServer:
         assert self.loop is not None
         api: Api = "chat" if chat else "completions"
         params = read_params(body, api)
+        _refuse_unsimulated(body, chat)
         plan = self._plan(params, prompt_ids)
         if self.engine.num_waiting >= self.config.max_waiting_requests:
             raise APIError(429, "The server is overloaded: too many requests are waiting.", "RateLimitError")
@@ -416,3 +417,46 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
         reason = e.__cause__ or e
         raise APIError(400, f"the request body could not be read: {one_line(str(reason))}") from None
     return parse_body(raw, request.charset)
+
+
+def _refuse_unsimulated(body: Mapping[str, Any], chat: bool) -> None:
+    """``APIError`` 400 for a request field the simulated server would otherwise take and
+    not honour, so that its answer (and its timing) would not be what was asked: tools
+    (the simulated model calls none, and its template would not count their tokens),
+    structured output (``response_format`` JSON, vLLM's ``guided_*`` and
+    ``structured_outputs``), ``echo``, ``best_of`` above 1, beam search, usage in every
+    stream chunk, and chat content other than text (the simulated models read text only;
+    an image would count as no tokens)."""
+    def refuse(param: str, what: str) -> NoReturn:
+        raise APIError(400, f"{param}: {what} is not simulated by the simulated server.", param=param)
+
+    if chat:
+        if body.get("tools") or body.get("functions"):
+            refuse("tools" if body.get("tools") else "functions",
+                   "tool calling (the simulated model calls no tool, and the tool definitions would count no tokens; "
+                   "send them as a system message to count them)")
+        if body.get("tool_choice") not in (None, "none", "auto"):
+            refuse("tool_choice", "a required tool call")
+        for message in body.get("messages") or ():
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, list):
+                for part in content:
+                    kind = part.get("type") if isinstance(part, Mapping) else None
+                    if kind != "text":
+                        refuse("messages", f"content of type {kind!r} (the simulated models read text only)")
+    elif body.get("echo"):
+        refuse("echo", "echoing the prompt")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
+        refuse("response_format", "structured output (the simulated model writes the same text whatever the format)")
+    for key in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
+        if body.get(key) is not None:
+            refuse(key, "structured output (the simulated model writes the same text whatever the format)")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        refuse("best_of", "more than one candidate per prompt")
+    if body.get("use_beam_search"):
+        refuse("use_beam_search", "beam search")
+    opts = body.get("stream_options")
+    if isinstance(opts, Mapping) and opts.get("continuous_usage_stats"):
+        refuse("stream_options", "usage in every stream chunk (continuous_usage_stats)")
