@@ -231,3 +231,37 @@ def test_waiters_for_an_identical_request_are_answered_even_when_storing_fails()
         assert await asyncio.wait_for(waiter, 1) is entry and cache.pending("k") is None
 
     asyncio.run(go())
+
+
+def test_a_request_past_the_upstreams_context_gets_a_400_at_once_not_a_503_after_waiting() -> None:
+    """max_tokens past the context the upstream lists in /v1/models, while admission is
+    busy: the gateway waited for that much room behind the other requests and answered
+    503 after queue_timeout_s (a retryable 5xx for a client's fault, holding room after
+    starvation_s). It answers 400 at once now, and the others are served."""
+    import asyncio
+
+    import aiohttp
+    from gateway_helpers import chat_body, post, serving
+
+    from inferlab.gateway.config import AdmissionConfig, CacheConfig, UpstreamConfig
+    from inferlab.sim.engine.engine import EngineConfig
+    from inferlab.sim.server.app import ServerConfig
+    from inferlab.sim.server.launch import EmbeddedServer
+
+    with EmbeddedServer(ServerConfig(engine=EngineConfig(max_model_len=4096))) as sim:
+        config = GatewayConfig(
+            upstreams=(UpstreamConfig(sim.url),), cache=CacheConfig(enabled=False),
+            admission=AdmissionConfig(max_tokens_in_flight=1000, queue_timeout_s=2.0, starvation_s=1.0),
+        )
+
+        async def go() -> None:
+            async with serving(config) as (url, _), aiohttp.ClientSession() as s:
+                model = EngineConfig().model
+                busy = asyncio.gather(*(post(s, url, chat_body(model, max_tokens=300, ignore_eos=True)) for _ in range(2)))
+                await asyncio.sleep(0.3)  # (the two hold about 640 of the 1,000 tokens)
+                huge = await asyncio.wait_for(post(s, url, chat_body(model, max_tokens=10**12, stream=False)), 60)  # (a bound)
+                assert huge.status == 400 and "maximum context length is 4096" in huge.body.decode(), huge.body
+                assert huge.json()["error"]["param"] == "max_tokens"
+                assert all(a.status == 200 for a in await busy)
+
+        asyncio.run(go())

@@ -185,6 +185,9 @@ class Gateway:
         self._models: dict[str, set[int]] = {}  # model id → the upstreams that list it
         self._listed: set[int] = set()  # the upstreams that ever answered /v1/models with a list
         self._model_objects: dict[str, dict[str, Any]] = {}
+        # (model, upstream) -> the context length the upstream listed for it (vLLM's and
+        # the simulated server's max_model_len in /v1/models)
+        self._context: dict[tuple[str, int], int] = {}
         self._models_at_ns: int | None = None
         self._seq = itertools.count()
         self.upstreams = Upstreams(config, self.clock)
@@ -403,6 +406,9 @@ class Gateway:
                 if isinstance(obj, dict) and isinstance(obj.get("id"), str):
                     self._models.setdefault(obj["id"], set()).add(i)
                     self._model_objects.setdefault(obj["id"], obj)
+                    context = obj.get("max_model_len")
+                    if isinstance(context, int) and not isinstance(context, bool) and context > 0:
+                        self._context[(obj["id"], i)] = context
 
     async def _candidates(self, model: str) -> list[int]:
         """The upstreams serving ``model``; ``APIError`` 404 if every upstream listed its
@@ -526,6 +532,20 @@ class Gateway:
         record = RequestRecord(next(self._seq), send_ns=received - self.t0_ns,
                                requested_input_tokens=req.input_tokens, requested_output_tokens=req.output_tokens)
         obs = Observed(record, self.t0_ns, received)
+        known = [c for c in (self._context.get((req.model, i)) for i in candidates) if c is not None]
+        if known and len(known) == len(candidates):
+            # no upstream generates past its context: a max_tokens beyond it waited for room
+            # behind other traffic, to end as a 503 (a retryable 5xx for a client's fault),
+            # where every upstream would refuse it at once. Refused here when max_tokens
+            # alone reaches the largest context (certain, whatever the prompt's count);
+            # else what is reserved is capped there (the record keeps what was asked)
+            asked = req.body.get("max_completion_tokens") or req.body.get("max_tokens")
+            if isinstance(asked, int) and asked >= max(known):
+                raise APIError(
+                    400, f"This model's maximum context length is {max(known)} tokens. However, you requested "
+                    f"{asked} tokens in the completion alone. Please reduce the length of the completion.",
+                    param="max_tokens")
+            req.output_tokens = min(req.output_tokens, max(max(known) - req.input_tokens, 0))
         charge: Charge | str | None = None
         headers: dict[str, str] = {}
         if key is not None and (key.rpm is not None or key.tpm is not None):
