@@ -136,16 +136,16 @@ def _sweep_params() -> list[click.Parameter]:
     return params + _params(http_options)
 
 
-_ENGINE_PARAMS = _params(engine_options(RUN_DEFAULTS))
+ENGINE_PARAMS = _params(engine_options(RUN_DEFAULTS))
 #: engine flags: refused with --url
-ENGINE_FLAGS = tuple(p.name or "" for p in _ENGINE_PARAMS)
+ENGINE_FLAGS = tuple(p.name or "" for p in ENGINE_PARAMS)
 #: the engine's on/off flags: one value each, not a list
-_ENGINE_SWITCHES = frozenset(p.name for p in _ENGINE_PARAMS if isinstance(p, click.Option) and p.is_flag)
+_ENGINE_SWITCHES = frozenset(p.name for p in ENGINE_PARAMS if isinstance(p, click.Option) and p.is_flag)
 #: an engine flag's name on the command line (``api_overhead_s`` is ``--api-latency-ms``)
-_FLAG_OF = {p.name or "": p.opts[0] for p in _ENGINE_PARAMS}
+_FLAG_OF = {p.name or "": p.opts[0] for p in ENGINE_PARAMS}
 
 
-def _flag(name: str) -> str:
+def engine_flag(name: str) -> str:
     return _FLAG_OF.get(name) or "--" + name.replace("_", "-")
 
 
@@ -262,9 +262,9 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
             raise UsageError("--engine starts the server to measure: give --engine or --url, not both")
         refused = [n for n in ENGINE_FLAGS if n != "model" and n not in SPEC_FLAGS and given(n)]
         if refused:
-            flags = ", ".join(map(_flag, refused))
+            flags = ", ".join(map(engine_flag, refused))
             raise UsageError(f"{flags}: flags of the simulated engine; with --engine the config file sets the engine "
-                             "(here only its settings: " + ", ".join(map(_flag, SPEC_FLAGS)) + ")")
+                             "(here only its settings: " + ", ".join(map(engine_flag, SPEC_FLAGS)) + ")")
         if kw["model"] is not None and len(kw["model"]) > 1:
             raise UsageError("--model: with --engine the config names the model and a sweep requests one (the model name)")
     elif url is not None:
@@ -274,7 +274,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
             raise UsageError(f"--url: {e}") from None
         engine = [n for n in ENGINE_FLAGS if n != "model" and given(n)]
         if engine:
-            flags = ", ".join(map(_flag, engine))
+            flags = ", ".join(map(engine_flag, engine))
             raise UsageError(
                 f"{flags}: engine flags apply to the simulator (no --url), which the sweep runs in virtual time; "
                 "against --url the engine is the server's own (start it with those flags)"

@@ -34,6 +34,7 @@ from inferlab.cli.common import (
 )
 from inferlab.cli.engine import FIXED_SETTINGS, EngineTrials
 from inferlab.cli.sim import RUN_DEFAULTS, as_the_twin_was, engine_config, engine_options
+from inferlab.cli.sweep import ENGINE_PARAMS, engine_flag
 from inferlab.load.run import RunConfig, SimTarget, sim_engine_config, trtllm_bench_sized
 from inferlab.report.sweep import band_lines
 from inferlab.results.sweepindex import check_sweep_dir
@@ -138,32 +139,16 @@ def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tupl
 _NAMED: dict[str, Callable[[str], object]] = {"gpu": resolve_gpu}
 
 
-#: each engine field's option (``_engine_flags`` fills it): a searched value is read as
-#: the flag reads it, so what sim run refuses (a block of 3 tokens) is refused here too
-_OPTIONS: dict[str, click.Option] = {}
-
-
-def _engine_flags() -> tuple[dict[str, str], dict[str, str]]:
-    """Every name ``sim run`` takes for an engine flag (``max-num-seqs``, SGLang's
-    ``max-running-requests``, TensorRT-LLM's ``max_batch_size``, ``async-scheduling``
-    ...), as ``--param`` reads it (no leading dashes, ``_`` for ``-``) -> its field; and
-    each field's first name (``--param``'s list of what it searches)."""
-    names: dict[str, str] = {}
-    first: dict[str, str] = {}
-    for p in getattr(engine_options(RUN_DEFAULTS)(lambda **kw: None), "__click_params__", []):
-        if isinstance(p, click.Option) and p.name:
-            _OPTIONS[p.name] = p
-            long = [o for o in p.opts if o.startswith("--")]
-            first[p.name] = long[0].lstrip("-") if long else p.name.replace("_", "-")
-            for name in p.opts:  # (a switch's off name is not a name to search it by: on/off values)
-                names[name.lstrip("-").replace("-", "_")] = p.name
-    return names, first
-
-
-#: ``--param``'s names for the simulator's fields: ``sim run``'s flags, each by every name
-#: it takes (values as the flag takes them: ``--api-latency-ms`` in ms, its field in s)
-_PARAM_NAMES, _FIRST_NAME = _engine_flags()
-_MS_FIELDS = frozenset({"api_overhead_s"})
+#: ``--param``'s names for the simulator's fields: every name ``sim run`` takes for an
+#: engine flag (``max-num-seqs``, SGLang's ``max-running-requests``, TensorRT-LLM's
+#: ``max_batch_size``, ``async-scheduling`` ...), as ``--param`` reads it (no leading
+#: dashes, ``_`` for ``-``; a switch's off name is none: its values are on/off) -> field
+_PARAM_NAMES = {name.lstrip("-").replace("-", "_"): p.name for p in ENGINE_PARAMS
+                if isinstance(p, click.Option) and p.name for name in p.opts}
+#: each field's option: a searched value is read as the flag reads it (its type and
+#: callback), so what sim run refuses (a block of 3 tokens) is refused here too, and a
+#: value in the flag's units is the field's (``--api-latency-ms`` in ms, its field in s)
+_OPTIONS = {p.name: p for p in ENGINE_PARAMS if isinstance(p, click.Option) and p.name}
 
 
 def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = EngineConfig) -> tuple[Axis, ...]:
@@ -179,7 +164,7 @@ def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = Engin
             name = _PARAM_NAMES.get(name, "")
         if name not in fields:
             where = "the engine config" if config_type is not EngineConfig else "the simulator"
-            names = sorted(_FIRST_NAME.get(f, f.replace("_", "-")) for f in fields) if config_type is EngineConfig \
+            names = sorted(engine_flag(f).lstrip("-") for f in fields) if config_type is EngineConfig \
                 else sorted(f.replace("_", "-") for f in fields)
             raise UsageError(f"--param {flag}: not an engine flag tune can search on {where} (by any name sim run "
                              "takes for it); these are: " + ", ".join(names))
@@ -189,15 +174,14 @@ def _axes(params: tuple[str, ...], kw: dict[str, Any], config_type: type = Engin
             raise UsageError(f"--{flag.lstrip('-')} is given as a flag and searched by --param: give one")
         found = _flag_values(name, values, config_type)
         if config_type is EngineConfig and (option := _OPTIONS.get(name)) is not None and not option.is_flag:
+            read: list[Any] = []
             for raw in (v.strip() for v in values.split(",") if v.strip()):
                 try:
-                    read = option.type.convert(raw, option, ctx)
-                    if option.callback is not None:
-                        option.callback(ctx, option, read)
+                    value = option.type.convert(raw, option, ctx)
+                    read.append(value if option.callback is None else option.callback(ctx, option, value))
                 except click.BadParameter as e:
                     raise UsageError(f"--param {flag.strip()}: {e.message}") from None
-        if config_type is EngineConfig and name in _MS_FIELDS:
-            found = tuple(v / 1e3 for v in found)  # (given in ms, as the flag is)
+            found = tuple(dict.fromkeys(read))  # (once each, in the order given)
         axes.append(Axis(name, found))
     return tuple(axes)
 
