@@ -147,10 +147,11 @@ def _flags(engine: dict[str, Any] | None) -> _EngineFlags:
 
 
 def _family_rules(engine: dict[str, Any]) -> FamilyRules:
-    """The rules of the engine family a run simulated (vLLM's where it names none or
-    one not known)."""
+    """The rules of the engine family a run simulated (``engine_family_of``: behind the
+    gateway, its upstreams' where they share one); vLLM's where it names none or one not
+    known."""
     with contextlib.suppress(UsageError):
-        return EngineFamily.parse(str(engine.get("engine_family") or "vllm")).rules
+        return EngineFamily.parse(engine_family_of(engine) or "vllm").rules
     return EngineFamily.VLLM.rules
 
 
