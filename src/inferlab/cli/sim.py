@@ -48,7 +48,7 @@ from inferlab.sim.engine.bands import (
     calibration_mismatch,
     served_by,
 )
-from inferlab.sim.engine.config import memory_share_refused, resolve
+from inferlab.sim.engine.config import BLOCK_SIZES, memory_share_refused, resolve
 from inferlab.sim.engine.dtypes import CapacityPolicy, DType, KVCacheDType, Quantization
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.engine.families import EngineFamily
@@ -80,10 +80,6 @@ def _budget(ctx: click.Context, param: click.Parameter, value: int | None) -> in
             "no chunking, is --no-enable-chunked-prefill here)"
         )
     return value
-
-
-#: the KV block sizes the simulated engines take
-BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 
 
 def _block_size(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:

@@ -310,6 +310,10 @@ def engine_release(config: EngineConfig) -> tuple[int, int] | None:
     return release
 
 
+#: the KV block sizes the simulated engines take
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+
+
 def _given_or(flag: _T | None, default: _T) -> _T:
     """The flag when given (False included), else the family's default."""
     return default if flag is None else flag
@@ -347,5 +351,5 @@ def _validate_flags(config: EngineConfig, max_position_embeddings: int) -> None:
             f"derived max_model_len (max_position_embeddings={max_position_embeddings} in "
             "model's config.json)."
         )
-    if config.block_size not in (1, 8, 16, 32, 64, 128):
-        raise ConfigError(f"block_size ({config.block_size}) must be one of 1, 8, 16, 32, 64, 128")
+    if config.block_size not in BLOCK_SIZES:
+        raise ConfigError(f"block_size ({config.block_size}) must be one of {', '.join(map(str, BLOCK_SIZES))}")
