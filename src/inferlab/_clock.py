@@ -12,6 +12,9 @@ import time
 from typing import Protocol
 
 NS_PER_S = 1_000_000_000
+#: the longest time a setting may name, in seconds (about 11.6 days): a duration, a
+#: timeout or a cache lifetime beyond it (1e300, inf) overflowed the integer nanoseconds
+LONGEST_S = 1e6
 _COARSE_MARGIN_NS = 2_000_000
 
 

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import click
 
+from inferlab._clock import LONGEST_S
 from inferlab._errors import InferlabError, UsageError
 from inferlab.load.run import RunResult
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
@@ -68,9 +69,6 @@ class FloatRange(click.FloatRange):
 
 #: any float but NaN (click's ``float`` takes "nan")
 FLOAT = FloatRange()
-#: the longest time a flag may name, in seconds (about 11.6 days): a duration, a think
-#: time or a timeout beyond it (1e300, inf) overflowed the clocks' integer nanoseconds
-LONGEST_S = 1e6
 
 
 class OneNamePerSetting(click.Command):

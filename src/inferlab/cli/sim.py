@@ -15,10 +15,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from inferlab._clock import LONGEST_S
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab.cli.common import (
     FLOAT,
-    LONGEST_S,
     FloatRange,
     OneNamePerSetting,
     finish_run,

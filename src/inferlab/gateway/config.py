@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from inferlab._clock import LONGEST_S
 from inferlab._errors import UsageError
 from inferlab.client.exchange import HTTP_CLIENTS, resolve_http_client
 from inferlab.gateway.routing import ROUTERS
@@ -392,11 +393,6 @@ def _int(t: Mapping[str, Any], name: str, default: Any, where: str, minimum: int
     if type(v) is not int or v < minimum:
         raise UsageError(f"{where} {name} must be an integer of at least {minimum}, got {v!r}")
     return v
-
-
-#: the longest time a setting may name, in seconds (about 11.6 days): beyond it (inf,
-#: 1e300) the clocks' integer nanoseconds overflowed
-LONGEST_S = 1e6
 
 
 def _float(t: Mapping[str, Any], name: str, default: float, where: str) -> float:
