@@ -145,6 +145,7 @@ class _Request:
     input_tokens: int  # counted ([admission] tokenizer) or estimated
     output_tokens: int  # reserved: max_tokens (or the default), times n
     prefix: bytes  # the prompt's beginning, for prefix affinity
+    max_tokens: int | None = None  # as asked (max_completion_tokens, else max_tokens): None, not given
 
     @property
     def key_name(self) -> str:
@@ -507,7 +508,7 @@ class Gateway:
         return _Request(
             api=api, body=body, payload=payload, model=model, key=key, stream=stream, include_usage=include_usage,
             prompt=prompt, input_tokens=count_prompt(prompt, self._count),
-            output_tokens=(params.max_tokens or adm.default_max_tokens) * params.n,
+            output_tokens=(params.max_tokens or adm.default_max_tokens) * params.n, max_tokens=params.max_tokens,
             prefix=ids_prefix(prompt) if isinstance(prompt, list) else text_prefix(prompt),
         )
 
@@ -539,11 +540,10 @@ class Gateway:
             # where every upstream would refuse it at once. Refused here when max_tokens
             # alone reaches the largest context (certain, whatever the prompt's count);
             # else what is reserved is capped there (the record keeps what was asked)
-            asked = req.body.get("max_completion_tokens") or req.body.get("max_tokens")
-            if isinstance(asked, int) and asked >= max(known):
+            if req.max_tokens is not None and req.max_tokens >= max(known):
                 raise APIError(
                     400, f"This model's maximum context length is {max(known)} tokens. However, you requested "
-                    f"{asked} tokens in the completion alone. Please reduce the length of the completion.",
+                    f"{req.max_tokens} tokens in the completion alone. Please reduce the length of the completion.",
                     param="max_tokens")
             req.output_tokens = min(req.output_tokens, max(max(known) - req.input_tokens, 0))
         charge: Charge | str | None = None
