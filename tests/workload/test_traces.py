@@ -508,7 +508,7 @@ _VLLM = {"output_lens": [5, 5], "ttfts": [0.1, 0.2], "itls": [[0.01], [0.01]], "
      "prefix_tokens (50) must be from 0"),
     # measured values compared with the prediction as if they were times (+nan %, -1497 %)
     ("nan.jsonl", '{"arrival_s": 0, "input_tokens": 10, "output_tokens": 5, "ttft_ms": NaN}', "ttft_ms nan is not a time"),
-    ("neg.jsonl", '{"arrival_s": 0, "input_tokens": 10, "output_tokens": 5, "e2e_ms": -3}', "e2e_ms -3 is not a time"),
+    ("neg.jsonl", '{"arrival_s": 0, "input_tokens": 10, "output_tokens": 5, "e2e_ms": -3}', "neg.jsonl:1: e2e_ms -3.0 is not a time"),
     # vLLM's result file: values of the wrong kind crashed, a negative one was averaged in
     ("bool.json", json.dumps({"input_lens": [100, True], **_VLLM}), "request 2: expected an integer, got a boolean"),
     ("str.json", json.dumps({"input_lens": [100, 200], **_VLLM, "ttfts": ["0.1", 0.2]}), "must be numbers of seconds"),

@@ -25,28 +25,16 @@ class TraceRow:
 
 
 def measured_of(row: dict[str, Any]) -> Measured | None:
-    """What a row says its request measured (``ttft_ms``, ``tpot_ms``, ``e2e_ms``):
-    ``ValueError`` for a value that is not a finite time, 0 or more (a NaN or a negative
-    TTFT would be compared with the prediction as if it were one)."""
-    vals = [None if row.get(k) is None else _time_ms(k, row[k]) for k in ("ttft_ms", "tpot_ms", "e2e_ms")]
+    """What a row says its request measured (``ttft_ms``, ``tpot_ms``, ``e2e_ms``);
+    ``check_row`` refuses values that are no time."""
+    vals = [None if row.get(k) is None else _number(k, row[k]) for k in ("ttft_ms", "tpot_ms", "e2e_ms")]
     return None if all(v is None for v in vals) else Measured(*vals)
 
 
-def _time_ms(key: str, value: object) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{key} must be a number of ms, not {value!r}")
-    ms = float(value)  # type: ignore[arg-type]  # (a str or a number; ValueError or TypeError else)
-    if not (math.isfinite(ms) and ms >= 0):
-        raise ValueError(f"{key} {value!r} is not a time: a finite number of ms, 0 or more")
-    return ms
-
-
-def checked_measured(measured: Measured) -> Measured:
-    """``measured`` when every value it has is a finite time, 0 or more; else ``ValueError``."""
-    for key, v in (("ttft_ms", measured.ttft_ms), ("tpot_ms", measured.tpot_ms), ("e2e_ms", measured.e2e_ms)):
-        if v is not None:
-            _time_ms(key, v)
-    return measured
+def _number(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"{key} must be a number of ms, not {value!r}")
+    return float(value)
 
 
 def as_int(v: object) -> int:
@@ -80,7 +68,8 @@ def check_row(path: str, n: int, r: TraceRow, from_first_row: bool = False) -> N
     """``UsageError`` naming line ``n`` for a row no replay can send: a time that is not
     finite, or negative (unless times count ``from_first_row``, where an earlier row is
     before 0), or beyond ``MAX_ARRIVAL_S``; token counts that are not whole numbers from
-    1 to ``MAX_ROW_TOKENS``; a shared prefix longer than its prompt, or negative."""
+    1 to ``MAX_ROW_TOKENS``; measured times that are not finite or below 0; a shared
+    prefix longer than its prompt, or negative."""
     if not math.isfinite(r.arrival_s) or (r.arrival_s < 0 and not from_first_row) or abs(r.arrival_s) > MAX_ARRIVAL_S:
         raise UsageError(f"{path}:{n}: the arrival time must be finite, >= 0 and at most {MAX_ARRIVAL_S:g} s")
     for count in (r.input_tokens, r.output_tokens):
@@ -90,6 +79,10 @@ def check_row(path: str, n: int, r: TraceRow, from_first_row: bool = False) -> N
         raise UsageError(f"{path}:{n}: token counts must be at least 1")
     if max(r.input_tokens, r.output_tokens) > MAX_ROW_TOKENS:
         raise UsageError(f"{path}:{n}: token counts must be at most {MAX_ROW_TOKENS:,} (no model takes more)")
+    if r.measured is not None:  # (compared with a prediction as times: "+nan %", "-1497 %")
+        for key, ms in (("ttft_ms", r.measured.ttft_ms), ("tpot_ms", r.measured.tpot_ms), ("e2e_ms", r.measured.e2e_ms)):
+            if ms is not None and not (math.isfinite(ms) and ms >= 0):
+                raise UsageError(f"{path}:{n}: {key} {ms!r} is not a time: a finite number of ms, 0 or more")
     if r.prefix_tokens is not None and not 0 <= r.prefix_tokens <= r.input_tokens:
         raise UsageError(f"{path}:{n}: prefix_tokens ({r.prefix_tokens}) must be from 0 to the row's "
                          f"input_tokens ({r.input_tokens})")

@@ -16,7 +16,7 @@ from typing import Any
 from inferlab._errors import UsageError
 from inferlab.workload.arrivals import arrival_times_s
 from inferlab.workload.spec import Measured
-from inferlab.workload.traces.rows import TraceRow, as_int, check_row, checked_measured, why
+from inferlab.workload.traces.rows import TraceRow, as_int, check_row, why
 
 
 def vllm_result(path: str, f: Any, required: bool = False) -> dict[str, Any] | None:
@@ -137,7 +137,7 @@ def read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[Trac
                 gaps = sum(itl or [])
                 e2e = (ttft + gaps) * 1e3
                 tpot = gaps * 1e3 / (n_out - 1) if n_out > 1 and itl else None
-                measured = checked_measured(Measured(ttft * 1e3, tpot, e2e))
+                measured = Measured(ttft * 1e3, tpot, e2e)
         except (TypeError, ValueError) as e:
             raise UsageError(f"{path}: request {i + 1}: {why(e)}") from None
         row = TraceRow(arrivals[i], n_in, n_out, measured=measured)
