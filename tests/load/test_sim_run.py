@@ -750,3 +750,6 @@ def test_sglangs_prefill_chunk_size_bounds_prompt_chunks_not_decodes(tmp_path: P
     assert json.loads(p.stdout)["config"]["engine"]["max_num_seqs"] > 64
     p = sim_cli("--max-num-batched-tokens", "64", "--max-num-seqs", "96", "-n", "2")
     assert p.returncode == 2 and "must be greater than or equal to max_num_seqs (96)" in p.stderr
+    # and the engine line says which tokens the budget bounds
+    lines = [sim_cli(*family, "-n", "2").stdout for family in (("--engine-family", "sglang"), ())]
+    assert "8,192 prompt tokens/step" in " ".join(lines[0].split()) and "prompt tokens/step" not in lines[1]

@@ -825,7 +825,7 @@ def engine_line(engine: Engine) -> str:
         e.quantization if e.quantization not in (None, Quantization.NONE) else ("fp16" if e.dtype is DType.FLOAT16 else "bf16"),
         *(["fp8 KV"] if e.kv_cache_dtype is KVCacheDType.FP8 else []),
         f"max-model-len {lim.max_model_len:,}",
-        f"{lim.max_num_batched_tokens:,} tokens/step"
+        f"{lim.max_num_batched_tokens:,} {'tokens' if lim.budget_bounds_decodes else 'prompt tokens'}/step"
         + ("" if lim.enable_chunked_prefill else " (prompts whole)"),
         *([] if lim.mixed_batches else ["prefill and decode steps apart"]),
         *([f"{lim.num_scheduler_steps} decode steps per schedule"] if lim.num_scheduler_steps > 1 else []),
