@@ -27,7 +27,7 @@ from inferlab.cli.sim import (
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.results.provenance import simulated_engine
 from inferlab.sim.engine.bands import SIZED_WITH
-from inferlab.sim.engine.config import parse_release, release_local_label
+from inferlab.sim.engine.config import BLOCK_SIZES, parse_release, release_local_label
 from inferlab.sim.engine.dtypes import KVCacheDType
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.engine.families import EngineFamily, family_for_engine
@@ -165,8 +165,6 @@ _COUNTED_AS = {
 #: chunked prefill size is the ``sglang`` family's batch budget, its overlap scheduler
 #: that family's; and a server's KV pool is counted its own way (``_COUNTED_AS``)
 _OWN_FAMILY_ONLY = {"SGLang": ("max_num_batched_tokens", "enable_chunked_prefill", "overlap_schedule", "mixed_batches")}
-#: Block sizes the simulator takes (``sim.engine.config``)
-_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 #: Flags by which calibrate's engine would hold another pool than the server's: its
 #: tensor-parallel degree (another share of each GPU), what sizes a cache (``SIZED_WITH``:
 #: budget, sequence cap and CUDA graphs for the activation reserve, block size, memory
@@ -213,7 +211,7 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
     size, page = int(kw.get("block_size") or EngineConfig().block_size), agreed.get("block_size")
     converted: dict[str, Any] = {}
     pool, paged = "", ""  # (the server's pool as it stated it; its conversion, said where taken)
-    if isinstance(page, int) and (page == 1 or page not in _BLOCK_SIZES) and page != size:
+    if isinstance(page, int) and (page == 1 or page not in BLOCK_SIZES) and page != size:
         del agreed["block_size"]
         if "num_gpu_blocks_override" in agreed and not given("num_gpu_blocks_override"):  # (the same tokens)
             tokens = agreed.pop("num_gpu_blocks_override") * page

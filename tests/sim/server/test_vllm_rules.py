@@ -145,6 +145,21 @@ def test_what_the_simulated_server_would_take_and_not_honour_is_refused(
         assert http.post(PATH[route], json=valid(route, **ok)).status_code == 200, ok
 
 
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tools": _TOOL}, "tools"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     "messages"),
+])
+def test_tokenize_refuses_what_it_would_count_as_no_tokens(http: httpx.Client, fields: dict[str, Any], param: str) -> None:
+    """``/tokenize`` counted chat messages without their tools' definitions, and an
+    image as no tokens: a count the generation routes (which refuse both) would never
+    see. Refused as they are, naming the parameter; the messages alone still count."""
+    body = {"messages": [{"role": "user", "content": "hi"}], **fields}
+    err = check_error(http.post("/tokenize", json=body), 400, param=param)
+    assert "not simulated" in err["message"], err["message"]
+    assert http.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()["count"] > 0
+
+
 # --- no 5xx for what a client sends ------------------------------------------------
 
 

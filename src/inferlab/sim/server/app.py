@@ -273,6 +273,7 @@ class SimServer:
         self._check_model(body)
         if body.get("messages") is not None:
             read_bool(body, "add_special_tokens", False)
+            _refuse_unsimulated_chat(body)
             ids = self._chat_prompt(body)
         elif isinstance(body.get("prompt"), str):
             read_bool(body, "add_special_tokens", True)
@@ -419,6 +420,29 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     return parse_body(raw, request.charset)
 
 
+def _refuse(param: str, what: str) -> NoReturn:
+    raise APIError(400, f"{param}: {what} is not simulated by the simulated server.", param=param)
+
+
+def _refuse_unsimulated_chat(body: Mapping[str, Any]) -> None:
+    """The chat fields of ``_refuse_unsimulated``: tools, a required tool call, and
+    content other than text. ``/tokenize`` checks them too: it would count the messages
+    without the tools' definitions, or an image as no tokens."""
+    if body.get("tools") or body.get("functions"):
+        _refuse("tools" if body.get("tools") else "functions",
+                "tool calling (the simulated model calls no tool, and the tool definitions would count no tokens; "
+                "send them as a system message to count them)")
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        _refuse("tool_choice", "a required tool call")
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, Mapping) else None
+                if kind != "text":
+                    _refuse("messages", f"content of type {kind!r} (the simulated models read text only)")
+
+
 def _refuse_unsimulated(body: Mapping[str, Any], chat: bool) -> None:
     """``APIError`` 400 for a request field the simulated server would otherwise take and
     not honour, so that its answer (and its timing) would not be what was asked: tools
@@ -427,36 +451,21 @@ def _refuse_unsimulated(body: Mapping[str, Any], chat: bool) -> None:
     ``structured_outputs``), ``echo``, ``best_of`` above 1, beam search, usage in every
     stream chunk, and chat content other than text (the simulated models read text only;
     an image would count as no tokens)."""
-    def refuse(param: str, what: str) -> NoReturn:
-        raise APIError(400, f"{param}: {what} is not simulated by the simulated server.", param=param)
-
     if chat:
-        if body.get("tools") or body.get("functions"):
-            refuse("tools" if body.get("tools") else "functions",
-                   "tool calling (the simulated model calls no tool, and the tool definitions would count no tokens; "
-                   "send them as a system message to count them)")
-        if body.get("tool_choice") not in (None, "none", "auto"):
-            refuse("tool_choice", "a required tool call")
-        for message in body.get("messages") or ():
-            content = message.get("content") if isinstance(message, Mapping) else None
-            if isinstance(content, list):
-                for part in content:
-                    kind = part.get("type") if isinstance(part, Mapping) else None
-                    if kind != "text":
-                        refuse("messages", f"content of type {kind!r} (the simulated models read text only)")
+        _refuse_unsimulated_chat(body)
     elif body.get("echo"):
-        refuse("echo", "echoing the prompt")
+        _refuse("echo", "echoing the prompt")
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
-        refuse("response_format", "structured output (the simulated model writes the same text whatever the format)")
+        _refuse("response_format", "structured output (the simulated model writes the same text whatever the format)")
     for key in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
         if body.get(key) is not None:
-            refuse(key, "structured output (the simulated model writes the same text whatever the format)")
+            _refuse(key, "structured output (the simulated model writes the same text whatever the format)")
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1:
-        refuse("best_of", "more than one candidate per prompt")
+        _refuse("best_of", "more than one candidate per prompt")
     if body.get("use_beam_search"):
-        refuse("use_beam_search", "beam search")
+        _refuse("use_beam_search", "beam search")
     opts = body.get("stream_options")
     if isinstance(opts, Mapping) and opts.get("continuous_usage_stats"):
-        refuse("stream_options", "usage in every stream chunk (continuous_usage_stats)")
+        _refuse("stream_options", "usage in every stream chunk (continuous_usage_stats)")
