@@ -249,6 +249,40 @@ def test_requests_in_flight_keep_their_peak_when_thinned() -> None:
     assert plateau and min(plateau) == 1000  # slices without an event keep the level
 
 
+def test_failed_requests_leave_flight_and_show_red_on_the_timeline() -> None:
+    """A failed request records no end. It had been left in flight for good (a run with
+    29 failures of 40 at -c 8 drew 33 in flight, 29 at the end) and drawn on the
+    timeline only up to its first token. Now it leaves when the client gave up: a total
+    timeout at send + timeout_s, an idle one at its last byte + idle_timeout_s, any
+    other failure at the last thing recorded of it; its bar ends there, red."""
+    from inferlab.report.html import over_time, timeline
+    from inferlab.results.records import ErrorKind, RequestRecord
+
+    s = 10**9
+    ok = RequestRecord(index=0, send_ns=0, ttfb_ns=s // 10, content_ns=[s // 10, s // 5], end_ns=s // 5, output_tokens=2)
+    timed_out = RequestRecord(index=1, send_ns=0, ttfb_ns=s // 10, content_ns=[s // 10], error_kind=ErrorKind.TIMEOUT,
+                              error="request took over 3 s")
+    idle = RequestRecord(index=2, send_ns=s // 2, ttfb_ns=s, content_ns=[s], error_kind=ErrorKind.IDLE_TIMEOUT,
+                         error="no data for 1 s")
+    refused = RequestRecord(index=3, send_ns=s, status=400, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 400: too long")
+    run = Run(Path("r"), {}, [ok, timed_out, idle, refused], {"timeout_s": 3.0, "idle_timeout_s": 1.0})
+
+    inflight = next(f for f in over_time(run) if f.id == "inflight_over_time")
+    steps = inflight.series[0].xy
+    assert steps[-1][1] == 0  # everything left by the end
+    level_at = lambda t: [y for x, y in steps if x <= t][-1]  # noqa: E731
+    # ok and timed_out from 0; ok leaves at 0.2 s, idle comes at 0.5 s and leaves at 1 + 1 s,
+    # timed_out at 0 + 3 s; refused comes and goes at 1 s
+    assert [level_at(t) for t in (0.1, 0.3, 0.6, 1.5, 2.5, 3.0)] == [2, 1, 2, 2, 1, 0]
+
+    bars = {b.title.split(",")[0]: b.segments for b in timeline(run).bars}
+    red = {k: [(a, b, what) for a, b, color, what in segs if color == "#cc3333"] for k, segs in bars.items()}
+    assert red["request 0"] == []
+    assert red["request 1"] == [(0.1, 3.0, "failed (timeout): request took over 3 s")]
+    assert red["request 2"] == [(1.0, 2.0, "failed (idle_timeout): no data for 1 s")]
+    assert red["request 3"] == [(1.0, 1.0, "failed (http_status): HTTP 400: too long")]
+
+
 def test_a_goodput_search_focuses_on_the_highest_rate_meeting_the_slos(tmp_path: Path) -> None:
     """sweep.json as `inferlab sweep --find-max-rate` writes it: load_axis rate, the
     probes under goodput_search."""

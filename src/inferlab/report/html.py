@@ -32,6 +32,7 @@ from inferlab.report.sweep import band_lines, bands_short, unstopped_text
 from inferlab.results.compare import METRICS, summary_value
 from inferlab.results.metrics import request_metrics
 from inferlab.results.provenance import describe_software, http_server_info, simulated_engine
+from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.sources import Run, Sweep
 
 #: Most requests the timeline draws (the first ones sent); the heading says when cut.
@@ -283,11 +284,28 @@ def cdfs(runs: Sequence[Run]) -> list[Figure]:
     return figs
 
 
+def left_ns(r: RequestRecord, config: dict[str, Any]) -> int | None:
+    """When a sent request left flight, as far as its run can tell: its last byte; for
+    a failed one, which records no end, when the client gave up where the run's timeouts
+    say (the whole request's: send + ``timeout_s``; the idle one: its last byte +
+    ``idle_timeout_s``), else the last thing recorded of it (its last token, first byte
+    or send: an error answer's own bytes are not timed)."""
+    if r.end_ns is not None or r.send_ns is None:
+        return r.end_ns
+    last = max(r.send_ns, r.ttfb_ns or 0, *r.content_ns[-1:])
+    limit = {ErrorKind.TIMEOUT: "timeout_s", ErrorKind.IDLE_TIMEOUT: "idle_timeout_s"}.get(r.error_kind or ErrorKind.CANCELLED)
+    seconds = config.get(limit) if limit else None
+    if not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        return last
+    return r.send_ns + round(seconds * 1e9) if r.error_kind == ErrorKind.TIMEOUT else last + round(seconds * 1e9)
+
+
 def over_time(run: Run) -> list[Figure]:
     done = [r for r in run.records if r.send_ns is not None]
     if not done:
         return [Figure("tokens_over_time", "Output tokens/s over time", []), Figure("inflight_over_time", "Requests in flight over time", [])]
-    end = max((r.end_ns or r.send_ns or 0) for r in done)
+    left = {id(r): left_ns(r, run.config) for r in done}
+    end = max((left[id(r)] or r.send_ns or 0) for r in done)
     start = min(r.send_ns or 0 for r in done)
     width = max((end - start) / TIME_BINS, 1)
     tokens = [0.0] * TIME_BINS
@@ -298,7 +316,7 @@ def over_time(run: Run) -> list[Figure]:
                 tokens[min(int((t - start) / width), TIME_BINS - 1)] += per
     xs = [(start + (i + 0.5) * width) / 1e9 for i in range(TIME_BINS)]
     tok = Series("output tokens/s", [(x, v / (width / 1e9)) for x, v in zip(xs, tokens, strict=True)], "path")
-    events = sorted([(r.send_ns or 0, 1) for r in done] + [(r.end_ns, -1) for r in done if r.end_ns is not None])
+    events = sorted([(r.send_ns or 0, 1) for r in done] + [(t, -1) for r in done if (t := left[id(r)]) is not None])
     level, steps = 0, [(start / 1e9, 0.0)]
     if len(events) <= INFLIGHT_MAX:  # every change
         for t, d in events:
@@ -324,6 +342,11 @@ def over_time(run: Run) -> list[Figure]:
     ]
 
 
+def failed_text(r: RequestRecord) -> str:
+    """A failed request's bar's hover text: why it failed."""
+    return f"failed ({r.error_kind}): {r.error}" if r.error else f"failed ({r.error_kind})"
+
+
 def timeline(run: Run) -> Figure:
     recs = sorted((r for r in run.records if r.send_ns is not None), key=lambda r: (r.send_ns or 0, r.index))
     cut = len(recs) > TIMELINE_MAX
@@ -339,19 +362,19 @@ def timeline(run: Run) -> Figure:
             segs.append((r.intended_send_ns / 1e9, send, "#bbbbbb", "queued in the client"))
         first = r.content_ns[0] / 1e9 if r.content_ns else None
         end = r.end_ns / 1e9 if r.end_ns is not None else None
+        if not r.ok and (gone := left_ns(r, run.config)) is not None:  # (drawn red from its last step on)
+            end = gone / 1e9
         scheduled = (r.server_timeline or {}).get("scheduled_ms")
         if first is not None and isinstance(scheduled, (int, float)) and send < send + scheduled / 1e3 < first:
             # the simulated server said when the engine took the request up
             segs.append((send, send + scheduled / 1e3, SERVER_QUEUE, "in the server's queue (and its API front end)"))
             segs.append((send + scheduled / 1e3, first, color, "prefill"))
-            if end is not None:
-                segs.append((first, end, color + "66", "decoding"))
         elif first is not None:
             segs.append((send, first, color, "waiting for the first token (queue + prefill)"))
-            if end is not None:
-                segs.append((first, end, color + "66", "decoding"))
+        if first is not None and end is not None:
+            segs.append((first, end, "#cc3333" if not r.ok else color + "66", failed_text(r) if not r.ok else "decoding"))
         elif end is not None:
-            segs.append((send, end, "#cc3333" if not r.ok else color, "failed" if not r.ok else "no streamed token"))
+            segs.append((send, end, "#cc3333" if not r.ok else color, failed_text(r) if not r.ok else "no streamed token"))
         if segs:
             bars.append(Bar(row, segs, f"request {r.index}, {n:,} prompt tokens"))
     split = any(isinstance((r.server_timeline or {}).get("scheduled_ms"), (int, float)) for r in recs)
