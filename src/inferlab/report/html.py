@@ -316,7 +316,7 @@ def over_time(run: Run) -> list[Figure]:
                 tokens[min(int((t - start) / width), TIME_BINS - 1)] += per
     xs = [(start + (i + 0.5) * width) / 1e9 for i in range(TIME_BINS)]
     tok = Series("output tokens/s", [(x, v / (width / 1e9)) for x, v in zip(xs, tokens, strict=True)], "path")
-    events = sorted([(r.send_ns or 0, 1) for r in done] + [(t, -1) for r in done if (t := left[id(r)]) is not None])
+    events = sorted([(r.send_ns or 0, 1) for r in done] + [(gone, -1) for r in done if (gone := left[id(r)]) is not None])
     level, steps = 0, [(start / 1e9, 0.0)]
     if len(events) <= INFLIGHT_MAX:  # every change
         for t, d in events:
