@@ -234,28 +234,27 @@ def _vllm_good(ok: Sequence[_VllmRequest], summary: Summary) -> int:
 
 
 def _vllm_peaks(ok: Sequence[_VllmRequest]) -> tuple[float, int]:
-    """vLLM's ``max_output_tokens_per_s`` (the most content chunks in one whole second
-    from the first send) and ``max_concurrent_requests`` (the most completed requests
-    in flight at once, over half-open intervals)."""
+    """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``, both counted
+    in whole seconds from the first completed request's send: the most content chunks
+    in one second, and the most completed requests active in one second (a request
+    counts in every second from the one it was sent in to the one it ended in, both
+    included: more than were ever in flight at one instant)."""
     if not ok:
         return 0.0, 0
     t0 = min(q.start_s for q in ok)
     end = max(q.start_s + q.latency_s for q in ok)
-    buckets = [0] * (math.ceil(end - t0) + 1)
-    events: list[tuple[float, int]] = []
+    tokens = [0] * (math.ceil(end - t0) + 1)
+    active = [0] * len(tokens)
     for q in ok:
         t = q.start_s + q.ttft_s
         for gap in (0.0, *q.itl_s):
             t += gap
             b = int(t - t0)
-            if 0 <= b < len(buckets):
-                buckets[b] += 1
-        events += [(q.start_s, 1), (q.start_s + q.latency_s, -1)]
-    now = peak = 0
-    for _, delta in sorted(events):  # an end before a start at the same time
-        now += delta
-        peak = max(peak, now)
-    return float(max(buckets)), peak
+            if 0 <= b < len(tokens):
+                tokens[b] += 1
+        for b in range(int(q.start_s - t0), min(int(q.start_s + q.latency_s - t0) + 1, len(active))):
+            active[b] += 1
+    return float(max(tokens)), max(active)
 
 
 def run_source(summary: Summary) -> str:
