@@ -30,6 +30,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     procs = [
         subprocess.Popen([*SIM, "--input-tokens", "uniform:500:1500", "--seed", "1", "-o", str(d / "seed1")]),
         subprocess.Popen([*SIM, "--input-tokens", "uniform:500:1500", "--seed", "2", "-o", str(d / "seed2")]),
+        # the same prompts, the longer half refused (context 1,100 tokens): what completes is faster
+        subprocess.Popen([*SIM, "--input-tokens", "uniform:500:1500", "--seed", "1", "--max-model-len", "1100",
+                          "-o", str(d / "short_context")]),
     ]
     long = [*SIM, "--input-tokens", "6000", "--max-num-seqs", "256"]
     procs += [
@@ -158,6 +161,42 @@ def test_a_run_a_response_cache_answered_is_said_so(runs: Path, tmp_path: Path) 
     html = out.read_text()
     assert "warning: cached: 100 of 200 completed requests were answered by a response cache" in html.split("<h2>Comparison</h2>", 1)[1]
     assert "100 of 200 completed requests were answered by a response cache in front of the engine (a response header" in html
+
+
+def test_failed_requests_are_a_row_a_warning_and_a_fail_if(runs: Path) -> None:
+    """A run whose longer prompts failed has faster latencies over what completed: E2E
+    p50 "better, beyond noise". compare had said nothing of the failures (not in the
+    header, the table or the JSON), and no --fail-if could catch them. Now the run's
+    line counts them, a warning says what its latencies are over, the failed share is a
+    row with its own verdict (in points), and --fail-if takes it."""
+    base, short = str(runs / "seed1"), str(runs / "short_context")
+    p = inferlab("compare", base, short)
+    assert p.returncode == 0, p.stderr
+    failed = sum(1 for line in (runs / "short_context" / "requests.jsonl").read_text().splitlines()
+                 if json.loads(line)["error_kind"] is not None)
+    assert 0 < failed < 200
+    assert f"200 requests ({failed} failed)" in p.stdout
+    assert f"short_context: {failed} of 200 requests failed" in p.stdout
+    row = next(line for line in p.stdout.splitlines() if line.strip("│ ").startswith("failed (%)"))
+    assert f"+{100 * failed / 200:.3g} pts" in row and "worse, beyond noise" in row
+    data = json.loads(inferlab("compare", base, short, "--json").stdout)
+    assert [(r["requests_ended"], r["requests_failed"]) for r in data["runs"]] == [(200, 0), (200, failed)]
+    (m,) = [m for m in data["comparisons"][0]["metrics"] if m["metric"] == "failed_pct"]
+    assert (m["a"], m["verdict"], m["better"]) == (0.0, "beyond noise", False) and m["b"] == pytest.approx(100 * failed / 200)
+    tripped = inferlab("compare", base, short, "--fail-if", "failed_pct>+5")
+    assert tripped.returncode == 3 and "pts" in tripped.stderr
+    assert inferlab("compare", base, str(runs / "seed2"), "--fail-if", "failed_pct>+0").returncode == 0  # none failed
+
+
+def test_a_runs_own_text_prints_as_it_is(tmp_path: Path) -> None:
+    """--input-tokens uniform:100:400 printed as "uniform💯400": the console read
+    ":100:" as an emoji code."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, lengths in ((a, "200"), (b, "uniform:100:400")):
+        assert subprocess.run([*SIM[:5], "-n", "20", "--no-history", "--input-tokens", lengths, "-o", str(d)],
+                              capture_output=True, timeout=120).returncode == 0
+    p = inferlab("compare", str(a), str(b))
+    assert "uniform:100:400" in p.stdout and "\N{HUNDRED POINTS SYMBOL}" not in p.stdout
 
 
 def test_history_ids_are_accepted(runs: Path, tmp_path: Path) -> None:

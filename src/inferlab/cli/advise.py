@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from inferlab.analysis.advise import GOALS, Advice, advise
-from inferlab.cli.common import run_guarded
+from inferlab.cli.common import console, run_guarded
 from inferlab.results.runfiles import dumps
 
 
@@ -30,7 +30,7 @@ def _advise(source: str, goal: Any, as_json: bool) -> int:
     if as_json:
         click.echo(dumps(result.to_json()))
     else:
-        render_advice(Console(), result)
+        render_advice(console(), result)
     return 0
 
 

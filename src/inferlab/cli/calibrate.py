@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from inferlab._errors import ConfigError, UsageError
-from inferlab.cli.common import OneNamePerSetting, check_output_folder, given, run_guarded
+from inferlab.cli.common import OneNamePerSetting, check_output_folder, console, given, run_guarded
 from inferlab.cli.sim import (
     RUN_DEFAULTS,
     engine_config,
@@ -329,7 +329,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
             check_output_folder(Path(path))
     fit_runs = [read_run(p) for p in kw["runs"]]
     holdout = [read_run(p) for p in kw["holdout"]]
-    err = Console(stderr=True)
+    err = console(stderr=True)
     _as_the_simulator_ran(kw, [*kw["runs"], *kw["holdout"]], names, err)
     stated = _as_the_server_said(kw, fit_runs + holdout, err)
     engine = engine_config(kw)
@@ -341,7 +341,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
     write_efficiencies(kw["out"], engine, fit, stated)
     if kw["report"]:
         Path(kw["report"]).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
-    out = Console()
+    out = console()
     table = Table(title="inferlab sim calibrate: measured vs the twin's prediction", title_justify="left", header_style="bold")
     for col in ("set", "run", "metric", "measured", "prediction", "error"):
         table.add_column(col, justify="left" if col in ("set", "run", "metric") else "right")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from rich.console import Console
 
 from inferlab._clock import LONGEST_S
 from inferlab._errors import InferlabError, UsageError
@@ -117,6 +118,12 @@ class OneNamePerSetting(click.Command):
             if len(given_as) > 1:
                 raise click.UsageError(f"{' and '.join(given_as)} name one setting: give one of them")
         return super().parse_args(ctx, args)
+
+
+def console(*, stderr: bool = False, **kw: Any) -> Console:
+    """A rich console for the CLI's output, with emoji codes off: text of a run's own
+    (``uniform:100:4500``, a path) must print as it is, not with ``:100:`` drawn as 💯."""
+    return Console(stderr=stderr, emoji=False, **kw)
 
 
 def fail(message: str, code: int) -> NoReturn:

@@ -8,11 +8,10 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from inferlab._errors import UsageError
-from inferlab.cli.common import run_guarded
+from inferlab.cli.common import console, run_guarded
 from inferlab.results.history import ENV, Entry, History, history_path, parse_since
 from inferlab.results.provenance import PREDICTION
 from inferlab.results.runfiles import dumps
@@ -102,11 +101,11 @@ def _runs(kw: dict[str, Any]) -> int:
             _num(h["tpot_p50_ms"], 2), _outcomes(e), e.path or "(not written)",
         )
     # a pipe gets whole lines (for grep), a terminal its own width
-    console = Console() if sys.stdout.isatty() else Console(width=240)
-    console.print("latencies in ms, throughput per second", style="dim")
-    console.print(t)
+    out = console() if sys.stdout.isatty() else console(width=240)
+    out.print("latencies in ms, throughput per second", style="dim")
+    out.print(t)
     if any(e.response_cache_hits for e in entries):
-        console.print("ok/fail \"N cached\": N of the completed requests were answered by a response cache in front of "
+        out.print("ok/fail \"N cached\": N of the completed requests were answered by a response cache in front of "
                       "the engine; the run's latency and tokens/s are partly the cache's", style="yellow")
     return 0
 

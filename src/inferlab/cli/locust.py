@@ -7,9 +7,8 @@ from __future__ import annotations
 import sys
 
 import click
-from rich.console import Console
 
-from inferlab.cli.common import run_guarded
+from inferlab.cli.common import console, run_guarded
 from inferlab.results.runfiles import dumps
 
 
@@ -30,9 +29,9 @@ def _merge(run_dir: str, as_json: bool) -> int:
     if as_json:
         click.echo(dumps(summary.to_json()))
         return 0
-    err = Console(stderr=True)
+    err = console(stderr=True)
     err.print(f"inferlab: {describe(merged)}")
     model = summary.config.get("model") or summary.config.get("resolved", {}).get("model", "?")
-    render_summary(Console(), summary, f"{model} @ {summary.config.get('url')} (Locust)")
-    Console().print(f"results: {run_dir}/summary.json, {run_dir}/requests.jsonl")
+    render_summary(console(), summary, f"{model} @ {summary.config.get('url')} (Locust)")
+    console().print(f"results: {run_dir}/summary.json, {run_dir}/requests.jsonl")
     return 0

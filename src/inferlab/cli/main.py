@@ -24,6 +24,7 @@ from inferlab.cli.calibrate import calibrate_cmd
 from inferlab.cli.common import (
     FloatRange,
     OneNamePerSetting,
+    console,
     entry,
     extra_body_option,
     finish_run,
@@ -101,8 +102,8 @@ def _bench(kw: dict[str, Any]) -> int:
     )
     if config.out_dir is not None:
         check_out_dir(config.out_dir, config.overwrite)  # before a server is started
-    err = Console(stderr=True)
-    out = Console()
+    err = console(stderr=True)
+    out = console()
     embedded = None
     url = config.url
     started = None

@@ -21,7 +21,7 @@ from inferlab.analysis.profile import (
     prepare_out,
     profile,
 )
-from inferlab.cli.common import FloatRange, run_guarded
+from inferlab.cli.common import FloatRange, console, run_guarded
 from inferlab.engines.launch import command, load_spec
 from inferlab.results.metrics import SLO
 from inferlab.results.provenance import PREDICTION
@@ -69,7 +69,7 @@ def _profile(kw: dict[str, Any]) -> int:
         factors=factors,
         engine_config=None if spec is None else plain_json(dataclasses.asdict(spec)),
     )
-    err = Console(stderr=True)
+    err = console(stderr=True)
     embedded = None
     started = None
     url = kw["url"]
@@ -95,7 +95,7 @@ def _profile(kw: dict[str, Any]) -> int:
     if kw["as_json"]:
         click.echo(dumps(result.to_json()))
     else:
-        render_profile(Console(), result, config.out_dir)
+        render_profile(console(), result, config.out_dir)
     return 0
 
 

@@ -8,10 +8,9 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 
 from inferlab._errors import UsageError
-from inferlab.cli.common import LINE, check_output_folder, run_guarded
+from inferlab.cli.common import LINE, check_output_folder, console, run_guarded
 from inferlab.cli.history import history_option, resolve_runs
 from inferlab.results.compare import parse_fail_if
 from inferlab.results.runfiles import dumps
@@ -25,7 +24,7 @@ FAIL_IF_EXIT = 3
 @click.argument("runs", nargs=-1, required=True)
 @click.option("--fail-if", "fail_if", multiple=True, metavar="COND", type=LINE,
               help=f"Exit {FAIL_IF_EXIT} when a run's change against the first passes this and is not within noise: "
-                   "METRIC>LIMIT or METRIC<LIMIT, e.g. 'ttft_p99>+10%', 'output_tok_s<-5%', 'tpot_p50>+2' (ms). Repeatable.")
+                   "METRIC>LIMIT or METRIC<LIMIT, e.g. 'ttft_p99>+10%', 'output_tok_s<-5%', 'tpot_p50>+2' (ms), 'failed_pct>+1' (points of the share of requests that failed). Repeatable.")
 @click.option("--allow-different-workloads", is_flag=True,
               help="With --fail-if: act on runs whose load or workload differ (prompt or output lengths, dataset, "
                    "concurrency or rate, model, ...), which is refused otherwise; the differences are still said.")
@@ -54,17 +53,18 @@ def _compare(kw: dict[str, Any]) -> int:
         raise UsageError(f"--fail-if on runs of different workloads: {'; '.join(differ)}; "
                          "give --allow-different-workloads to act on them anyway")
     if kw["as_json"]:
-        for line in [*differ, *comparison.cache_lines()]:  # (the JSON has them too)
+        for line in [*differ, *comparison.cache_lines(), *comparison.failure_lines()]:  # (the JSON has them too)
             click.echo(f"inferlab: warning: {line}", err=True)
         click.echo(dumps(comparison.to_json()))
     else:
-        render(Console(), comparison)
+        render(console(), comparison)
     tripped = []
     for side, deltas in zip(comparison.sides[1:], comparison.deltas, strict=True):
         for cond in conditions:
             d = next(d for d in deltas if d.metric is cond.metric)
             if cond.trips(d):
-                change = f"{d.rel * 100:+.1f}%" if cond.percent and d.rel is not None else f"{d.delta:+.3g}"
+                unit = "pts" if cond.metric.unit == "%" else cond.metric.unit
+                change = f"{d.rel * 100:+.1f}%" if cond.percent and d.rel is not None else f"{d.delta:+.3g} {unit}"
                 tripped.append(f"{side.label}: {cond.text} ({cond.metric.label} {change}, {d.verdict})")
     for line in tripped:
         click.echo(f"inferlab: --fail-if: {line}", err=True)

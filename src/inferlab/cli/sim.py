@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from inferlab._clock import LONGEST_S
@@ -21,6 +20,7 @@ from inferlab.cli.common import (
     FLOAT,
     FloatRange,
     OneNamePerSetting,
+    console,
     finish_run,
     given,
     install_stop_signals,
@@ -706,7 +706,7 @@ def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
         return
     engine = result.engine
     assert engine is not None
-    out = Console()
+    out = console()
     e = engine.config
     replicas = result.summary.config.get("replicas")
     where = f"{e.tensor_parallel_size}x {e.gpu}"
@@ -769,7 +769,7 @@ def _presets(as_json: bool) -> int:
     if as_json:
         click.echo(json.dumps({"gpus": gpus, "models": models}, indent=2))
         return 0
-    out = Console()
+    out = console()
     t = Table(title="GPUs (--gpu NAME, or a JSON file with the same fields)")
     for col in ("name", "also", "bf16 TF", "fp8 TF", "GiB", "TB/s", "link GB/s"):
         t.add_column(col, justify="left" if col in ("name", "also") else "right")

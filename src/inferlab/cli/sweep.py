@@ -30,6 +30,7 @@ from inferlab.cli.common import (
     FloatRange,
     OneNamePerSetting,
     check_users_have_requests,
+    console,
     finish_run,
     given,
     http_options,
@@ -182,8 +183,8 @@ def _sweep(kw: dict[str, Any]) -> int:
     check_sweep_dir(config.out_dir, config.overwrite)
     check_points(config)  # (run_sweep checks again: a library call must too)
     # (an engine the sweep starts says so on the console the progress is on)
-    err = config.target.err if isinstance(config.target, EngineTrials) else Console(stderr=True)
-    out = Console()
+    err = config.target.err if isinstance(config.target, EngineTrials) else console(stderr=True)
+    out = console()
     watcher = _Watcher(err, config)
     err.print(f"inferlab sweep: {_target_line(config)} → {config.out_dir}/sweep.json", soft_wrap=True, highlight=False)
     if sized := _sized_as_trtllm_bench(config):
@@ -358,7 +359,7 @@ def _engine_target(path: str, base: dict[str, Any], axes: list[tuple[str, tuple[
     """The engine of ``path``, the settings given as flags put in (an axis's values
     each checked, before anything starts), measured over HTTP as ``http`` says."""
     swept = {n for n, _ in axes}
-    trials = EngineTrials(load_spec(path), Console(stderr=True), http, who="inferlab sweep")
+    trials = EngineTrials(load_spec(path), console(stderr=True), http, who="inferlab sweep")
     trials.spec = trials.setting({n: base[n] for n in SPEC_FLAGS if n not in swept and given(n)})
     for name, values in axes:
         for v in values if name in SPEC_FLAGS else ():

@@ -8,10 +8,9 @@ import sys
 from typing import Any
 
 import click
-from rich.console import Console
 
 from inferlab._errors import UsageError
-from inferlab.cli.common import FloatRange, run_guarded
+from inferlab.cli.common import FloatRange, console, run_guarded
 from inferlab.results.provenance import PREDICTION
 from inferlab.sim.engine.engine import EngineConfig
 
@@ -87,7 +86,7 @@ def _tokens(kw: dict[str, Any]) -> int:
     for label, n in (("system prompt", cost.system_tokens), ("user content", cost.user_tokens),
                      ("chat template", cost.template_tokens), ("total", cost.total_tokens)):
         table.add_row(label, f"{n:,.{digits}f}", f"{n / cost.total_tokens:.1%}" if cost.total_tokens else "—")
-    out = Console()
+    out = console()
     out.print(table)
     if approximate:
         out.print(

@@ -23,6 +23,7 @@ from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import (
     FloatRange,
     OneNamePerSetting,
+    console,
     given,
     install_stop_signals,
     load_config,
@@ -236,7 +237,7 @@ def _tune(kw: dict[str, Any]) -> int:
         check_sweep_dir(out, kw["overwrite"])
     run_config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), None, kw["overwrite"])
     run_config.workload.build(run_config.load.seed, run_config.api)  # (a bad dataset fails every trial: refused first)
-    err = Console(stderr=True)
+    err = console(stderr=True)
     target: SimTarget | Trials = SimTarget(engine_config(kw)) if spec is None else EngineTrials(spec, err, who="inferlab tune")
     where = ("on the simulated engine (virtual time; predictions)" if spec is None
              else f"on {spec.engine}, started for each trial")
@@ -269,7 +270,7 @@ def _tune(kw: dict[str, Any]) -> int:
     if kw["as_json"]:
         click.echo(json.dumps(_result_json(result, config, simulated), indent=2, allow_nan=False, default=lambda v: getattr(v, "value", str(v))))
     else:
-        _render(Console(), result, config, out, simulated, virtual=spec is None)
+        _render(console(), result, config, out, simulated, virtual=spec is None)
     if result.best is None:
         raise UsageError("no trial completed: see the reasons above") if not result.interrupted else click.exceptions.Exit(130)
     return 130 if result.interrupted else 0

@@ -23,6 +23,7 @@ from inferlab.results.compare import (
 )
 from inferlab.results.loaddiff import Difference, load_differences
 from inferlab.results.provenance import PREDICTION, simulated_engine
+from inferlab.results.records import ErrorKind
 from inferlab.results.sources import Run, Sweep, load
 from inferlab.results.summary import response_cache_share
 
@@ -55,7 +56,17 @@ class Side:
                  f"{engine.get('gpu_preset') or engine.get('gpu')})" if engine.get("gpu") else "")
         reps = f", {len(self.runs)} repeats" if len(self.runs) > 1 else ""
         kind = f" {PREDICTION}" if self.simulated else ""
-        return f"{self.label}: {model}{where} @ {run.server.where}{reps}, {len(run.records)} requests{kind}"
+        failed = sum(1 for r in run.records if not r.ok and r.error_kind is not ErrorKind.CANCELLED)
+        return (f"{self.label}: {model}{where} @ {run.server.where}{reps}, {len(run.records)} requests"
+                f"{f' ({failed} failed)' if failed else ''}{kind}")
+
+    @property
+    def failures(self) -> tuple[int, int]:
+        """(failed requests, failed and completed ones) over its runs, warm-up and
+        cancelled ones left out (as the ``failed`` metric counts them)."""
+        ended = [r for run in self.runs for r in run.records
+                 if not r.warmup and r.error_kind is not ErrorKind.CANCELLED and (r.ok or r.error_kind is not None)]
+        return sum(1 for r in ended if not r.ok), len(ended)
 
 
 @dataclass
@@ -70,7 +81,8 @@ class Comparison:
         return {
             "baseline": self.sides[0].label,
             "runs": [{"label": s.label, "paths": [str(r.path) for r in s.runs], "simulated": s.simulated,
-                      "response_cache_hits": s.cache_hits[0]} for s in self.sides],
+                      "response_cache_hits": s.cache_hits[0], "requests_ended": s.failures[1], "requests_failed": s.failures[0]}
+                     for s in self.sides],
             "comparisons": [
                 {"run": s.label, "workload_differences": [d.to_json() for d in diff],
                  "metrics": [d.to_json() for d in ds], "mann_whitney_p": t}
@@ -90,11 +102,18 @@ class Comparison:
         return [f"{s.label}: {response_cache_share(hits, done)}: its latency and tokens/s are partly the cache's, not the server's"
                 for s in self.sides for hits, done in [s.cache_hits] if hits]
 
+    def failure_lines(self) -> list[str]:
+        """One line per run with failed requests (empty when none failed): its latencies
+        are over the requests that completed, so failing the slowest reads as faster."""
+        return [f"{s.label}: {failed} of {ended} requests failed; its latencies and tokens/s are over the "
+                f"{ended - failed} that completed (a run that fails its slowest requests looks faster): see the failed row"
+                for s in self.sides for failed, ended in [s.failures] if failed]
+
     def warning_lines(self) -> list[str]:
         """What may explain a change better than the server: different workloads, a
-        response cache."""
+        response cache, failed requests."""
         return [*(f"{line}: a change below may come from that, not from the server" for line in self.difference_lines()),
-                *self.cache_lines()]
+                *self.cache_lines(), *self.failure_lines()]
 
 
 def side_of(path: str, label: str | None = None) -> Side:
@@ -131,6 +150,16 @@ def fmt(v: float | None, unit: str) -> str:
     return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.1f}"
 
 
+def change_text(d: Delta) -> str:
+    """A change as a table cell: relative (``+12.5%``), or in its unit where the first
+    run's value is 0, and in points for a share (``failed``: ``+72.5 pts``)."""
+    if d.delta is None:
+        return "—"
+    if d.metric.unit == "%":
+        return f"{d.delta:+.3g} pts"
+    return f"{d.rel * 100:+.1f}%" if d.rel is not None else f"{d.delta:+.3g}"
+
+
 def render(console: Console, c: Comparison) -> None:
     base = c.sides[0]
     for s in c.sides:
@@ -149,7 +178,7 @@ def render(console: Console, c: Comparison) -> None:
         row = [f"{m.label} ({m.unit})", fmt(estimate(m, base.runs).value, m.unit)]
         for ds in c.deltas:
             d = ds[i]
-            change = "—" if d.delta is None else (f"{d.rel * 100:+.1f}%" if d.rel is not None else f"{d.delta:+.3g}")
+            change = change_text(d)
             style = "" if d.verdict != "beyond noise" else ("green" if d.better else "red")
             row += [fmt(d.b.value, m.unit), change, f"[{style}]{verdict_words(d)}[/]" if style else verdict_words(d)]
         t.add_row(*row)
@@ -174,7 +203,7 @@ def render_html_table(c: Comparison) -> str:
         cells = [f"<td>{escape(m.label)} ({m.unit})</td><td>{fmt(estimate(m, base.runs).value, m.unit)}</td>"]
         for ds in c.deltas:
             d = ds[i]
-            change = "—" if d.delta is None else (f"{d.rel * 100:+.1f}%" if d.rel is not None else f"{d.delta:+.3g}")
+            change = change_text(d)
             cls = "" if d.verdict != "beyond noise" else (' class="better"' if d.better else ' class="worse"')
             ci = "" if d.lo is None or d.hi is None else f" (95% interval of the change {d.lo:+,.3g} to {d.hi:+,.3g})"
             cells.append(f"<td>{fmt(d.b.value, m.unit)}</td><td{cls} title=\"{escape(ci)}\">{change}</td><td{cls}>{escape(verdict_words(d))}</td>")

@@ -70,6 +70,10 @@ class Metric:
     per_request: str | None = None
 
 
+#: The share of the measured requests that failed, in % (cancelled ones, in flight at an
+#: interruption, left out): the latencies are over completed requests only, so a
+#: run that fails its slowest requests would read as faster without it.
+FAILED = Metric("failed_pct", "failed", "%", "counts", None, False)
 METRICS: tuple[Metric, ...] = (
     Metric("output_tok_s", "output tok/s", "tok/s", "output_token_throughput_tps", None, True),
     Metric("req_s", "requests/s", "req/s", "request_throughput_rps", None, True),
@@ -80,6 +84,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("tpot_p99", "TPOT p99", "ms", "tpot_ms", "p99", False, "tpot_ms"),
     Metric("e2e_p50", "E2E p50", "ms", "e2e_ms", "p50", False, "e2e_ms"),
     Metric("e2e_p99", "E2E p99", "ms", "e2e_ms", "p99", False, "e2e_ms"),
+    FAILED,
 )
 BY_NAME = {m.name: m for m in METRICS}
 #: The per-request distributions Mann–Whitney is run on.
@@ -125,10 +130,33 @@ class Delta:
 
 
 def summary_value(summary: dict[str, Any], m: Metric) -> float | None:
+    if m is FAILED:
+        ended = failed_and_ended(summary)
+        return 100.0 * ended[0] / ended[1] if ended and ended[1] else None
     v = summary.get(m.key)
     if m.stat is not None:
         v = v.get(m.stat) if isinstance(v, dict) else None
     return float(v) if isinstance(v, (int, float)) else None
+
+
+def failed_and_ended(summary: dict[str, Any]) -> tuple[int, int] | None:
+    """(failed, failed + completed) of a summary's ``counts``; None where it has none."""
+    counts = summary.get("counts")
+    if not isinstance(counts, dict):
+        return None
+    failed, completed = counts.get("failed"), counts.get("completed")
+    if type(failed) is not int or type(completed) is not int or failed < 0 or completed < 0:
+        return None
+    return failed, failed + completed
+
+
+def wilson_interval(k: int, n: int) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a share ``k`` of ``n`` (n > 0), in %: bounded
+    by 0 and 100, and not empty when ``k`` is 0 or ``n``."""
+    p, z2 = k / n, Z95 * Z95
+    center = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return 100 * max(0.0, center - half), 100 * min(1.0, center + half)
 
 
 def per_request(records: Sequence[RequestRecord], name: str) -> list[float]:
@@ -156,6 +184,9 @@ def estimate(m: Metric, runs: Sequence[Run]) -> Estimate:
     value = summary_value(run.summary, m)
     if value is None:
         return Estimate(None, None, None, "")
+    if m is FAILED:  # (value is not None: the counts are there)
+        failed, ended = failed_and_ended(run.summary) or (0, 1)
+        return Estimate(value, *wilson_interval(failed, ended), "Wilson score")
     if m.per_request is None:
         rel = batch_rel_half_width(run.records, tokens=m.name == "output_tok_s")
         if rel is None:
