@@ -7,6 +7,7 @@ import html
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -186,6 +187,28 @@ def test_failed_requests_are_a_row_a_warning_and_a_fail_if(runs: Path) -> None:
     tripped = inferlab("compare", base, short, "--fail-if", "failed_pct>+5")
     assert tripped.returncode == 3 and "pts" in tripped.stderr
     assert inferlab("compare", base, str(runs / "seed2"), "--fail-if", "failed_pct>+0").returncode == 0  # none failed
+
+
+def test_fail_if_fails_closed_on_a_run_that_measured_nothing(runs: Path, tmp_path: Path) -> None:
+    """A run whose every request failed has no TTFT at all: every metric "no value",
+    and --fail-if passed it (exit 0). A summary edited to NaN read "+nan%, within noise"
+    and "better". Both now fail the gate (exit 3), naming the run without a value."""
+    dead = tmp_path / "all_failed"
+    p = subprocess.run([*SIM[:5], "-n", "20", "-c", "4", "--no-history", "--input-tokens", "2000", "--output-tokens", "64",
+                        "--max-model-len", "1100", "-o", str(dead)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "all 20 requests failed" in p.stderr  # (written all the same)
+    base = str(runs / "seed1")
+    p = inferlab("compare", base, str(dead), "--fail-if", "ttft_p99>+10%", "--allow-different-workloads")
+    assert p.returncode == 3 and "no value in all_failed" in p.stderr, p.stderr
+    edited = tmp_path / "edited"
+    shutil.copytree(runs / "seed2", edited)
+    summary = json.loads((edited / "summary.json").read_text())
+    summary["ttft_ms"]["p99"] = float("nan")
+    (edited / "summary.json").write_text(json.dumps(summary))
+    p = inferlab("compare", base, str(edited), "--json", "--fail-if", "ttft_p99>+10%")
+    (m,) = [m for m in json.loads(p.stdout)["comparisons"][0]["metrics"] if m["metric"] == "ttft_p99"]
+    assert (m["b"], m["verdict"], m["better"]) == (None, "no value", None)
+    assert p.returncode == 3 and "no value in edited" in p.stderr
 
 
 def test_a_runs_own_text_prints_as_it_is(tmp_path: Path) -> None:

@@ -62,7 +62,12 @@ def _compare(kw: dict[str, Any]) -> int:
     for side, deltas in zip(comparison.sides[1:], comparison.deltas, strict=True):
         for cond in conditions:
             d = next(d for d in deltas if d.metric is cond.metric)
-            if cond.trips(d):
+            if not cond.trips(d):
+                continue
+            if d.delta is None:  # (a run measured nothing of it: the gate cannot pass)
+                which = " and ".join(s.label for s, e in ((comparison.sides[0], d.a), (side, d.b)) if e.value is None)
+                tripped.append(f"{side.label}: {cond.text} ({cond.metric.label}: no value in {which}, nothing to compare)")
+            else:
                 unit = "pts" if cond.metric.unit == "%" else cond.metric.unit
                 change = f"{d.rel * 100:+.1f}%" if cond.percent and d.rel is not None else f"{d.delta:+.3g} {unit}"
                 tripped.append(f"{side.label}: {cond.text} ({cond.metric.label} {change}, {d.verdict})")

@@ -136,7 +136,8 @@ def summary_value(summary: dict[str, Any], m: Metric) -> float | None:
     v = summary.get(m.key)
     if m.stat is not None:
         v = v.get(m.stat) if isinstance(v, dict) else None
-    return float(v) if isinstance(v, (int, float)) else None
+    # (a summary edited by hand may hold NaN, which would compare as no change at all)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
 def failed_and_ended(summary: dict[str, Any]) -> tuple[int, int] | None:
@@ -378,6 +379,10 @@ class FailIf:
     percent: bool
 
     def trips(self, d: Delta) -> bool:
+        """The change passes the limit beyond noise, or a run has no value to compare
+        (it completed nothing that measures the metric): a gate fails closed."""
+        if d.verdict == "no value":
+            return True
         if d.verdict == "within noise":
             return False
         change = (None if d.rel is None else d.rel * 100) if self.percent else d.delta
