@@ -193,6 +193,46 @@ def test_save_result_writes_vllms_file_named_as_vllm_names_it(tmp_path: Path) ->
     assert invoke(*args, "--overwrite")[0] == 0
 
 
+def test_a_result_file_that_cannot_be_written_is_refused_before_the_run(tmp_path: Path) -> None:
+    """--save-result found out at the end that it could not write (--result-dir under a
+    file, --result-filename a folder or in a folder that is not there) and exited 2
+    with nothing printed or recorded: the whole run lost. Refused before it now."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    (tmp_path / "a_folder").mkdir()
+    for extra, needle in (
+        (["--result-dir", str(a_file)], "is a file"),
+        (["--result-dir", str(a_file / "sub")], "cannot write there"),
+        (["--result-dir", str(tmp_path), "--result-filename", "a_folder", "--overwrite"], "is a folder"),
+        (["--result-dir", str(tmp_path), "--result-filename", "nowhere/r.json"], "no folder"),
+    ):
+        code, out, err = invoke("sim", "run", "-n", "3", "--no-history", "--save-result", *extra)
+        assert (code, out) == (2, ""), (extra, err)
+        assert needle in err, (extra, err)
+    # a folder not there yet is made (as vLLM makes it)
+    assert invoke("sim", "run", "-n", "3", "--no-history", "--save-result", "--result-dir", str(tmp_path / "new" / "deeper"))[0] == 0
+    assert len(list((tmp_path / "new" / "deeper").glob("*.json"))) == 1
+
+
+def test_a_result_file_that_fails_at_the_end_keeps_the_run(tmp_path: Path) -> None:
+    """Where writing fails after the run all the same (the folder taken by a file in the
+    meantime), the run is shown and recorded in the history, and the exit status is 1."""
+    from inferlab.cli.common import finish_run
+    from inferlab.load.run import RunResult
+    from inferlab.results.history import History
+
+    code, _, _ = invoke("sim", "run", "-n", "3", "--json", "--no-history", "-o", str(tmp_path / "run"))
+    assert code == 0
+    result = RunResult(read_summary(tmp_path / "run" / "summary.json"), read_records(tmp_path / "run" / "requests.jsonl"), False)
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    history = tmp_path / "h.sqlite"
+    after = finish_run(result, {"save_result": True, "result_dir": str(taken), "history": str(history)})
+    assert after.cause is not None and "cannot write the vLLM result" in str(after.cause)
+    with History(history) as h:
+        assert h.get(1) is not None  # recorded all the same
+
+
 def test_a_vllm_export_replays_as_the_run_it_came_from(tmp_path: Path) -> None:
     """What a script reading vllm bench serve --save-result files sees, checked with our
     own reader of such files: the export of a run replays in the simulator at the same

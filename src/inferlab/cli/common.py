@@ -625,10 +625,29 @@ def check_output_folder(path: Path) -> None:
 
 
 def check_result_file(kw: dict[str, Any]) -> None:
-    """Before a run: ``UsageError`` if ``--result-filename`` names a file that exists
-    (without ``--overwrite``), so that a run does not end by replacing an earlier one."""
-    if kw.get("save_result") and kw.get("result_filename"):
-        path = os.path.join(kw.get("result_dir") or ".", kw["result_filename"])
+    """Before a run, what would keep ``--save-result`` from writing its file at the end:
+    ``UsageError`` if ``--result-dir`` is a file, or a folder (or, not there yet, the
+    folder it would be made in) that cannot be written; if ``--result-filename`` names a
+    folder, or a file that exists (without ``--overwrite``, so that a run does not end
+    by replacing an earlier one)."""
+    if not kw.get("save_result"):
+        return
+    folder = kw.get("result_dir") or "."
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise UsageError(f"--result-dir {folder} is a file, not a folder")
+    made_in = folder
+    while not os.path.exists(made_in):  # (the folder it would be made in)
+        made_in = os.path.dirname(os.path.abspath(made_in))
+    if not os.path.isdir(made_in) or not os.access(made_in, os.W_OK | os.X_OK):
+        where = "" if made_in == folder else f" (it would be made in {made_in})"
+        raise UsageError(f"--result-dir {folder}: cannot write there{where}")
+    if kw.get("result_filename"):
+        path = os.path.join(folder, kw["result_filename"])
+        if os.path.isdir(path):
+            raise UsageError(f"--result-filename {path} is a folder: give a file name")
+        parent = os.path.dirname(path)
+        if os.path.normpath(parent) != os.path.normpath(folder) and not os.path.isdir(parent):
+            raise UsageError(f"--result-filename {kw['result_filename']}: no folder {parent} (make it first)")
         if os.path.exists(path) and not kw.get("overwrite"):
             raise UsageError(f"--result-filename {path} already exists: give another name, or --overwrite")
 
@@ -693,8 +712,9 @@ def finish_run(result: RunResult, kw: dict[str, Any]) -> RunResult:
             os.makedirs(folder, exist_ok=True)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(dumps(vllm, indent=None))
-        except OSError as e:
-            raise UsageError(f"cannot write the vLLM result {path}: {e.strerror or e}") from e
-        click.echo(f"inferlab: vLLM result: {path}", err=True)
+            click.echo(f"inferlab: vLLM result: {path}", err=True)
+        except OSError as e:  # (checked before the run; the run is still shown and recorded, then exit 1)
+            failed = InferlabError(f"cannot write the vLLM result {path}: {e.strerror or e}")
+            result = dataclasses.replace(result, cause=result.cause or failed)
     record_in_history(result.summary.to_json(), kw.get("out"), kw)
     return result
