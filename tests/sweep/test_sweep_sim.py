@@ -208,6 +208,18 @@ def test_a_sweep_does_not_replace_another(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "holds a sweep already" in r.output
 
 
+def test_a_folder_that_cannot_be_made_is_a_usage_error(tmp_path: Path) -> None:
+    """--out under a file was an "internal error" (NotADirectoryError), for sweep and
+    tune alike; bench and profile said it in one line."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    r = sweep(["-c", "1", "-n", "2", "-o", str(a_file / "sub")])
+    assert r.exit_code == 2 and "cannot make that folder" in r.output, r.output
+    r = CliRunner().invoke(main, ["tune", "--param", "max-num-seqs=8,16", "-c", "2", "-n", "4", "--slo-ttft-ms", "100",
+                                  "-o", str(a_file / "sub")])
+    assert r.exit_code == 2 and "cannot make that folder" in r.output, r.output
+
+
 def test_a_point_of_more_users_than_requests_is_refused_before_anything_runs(tmp_path: Path) -> None:
     """A closed loop of 32 users sending 16 requests runs 16 at once: such a point would
     repeat the one below it under another label (and end the sweep at a false knee)."""

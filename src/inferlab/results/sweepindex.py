@@ -64,6 +64,15 @@ def check_sweep_dir(path: str, overwrite: bool) -> None:
         raise UsageError(f"--out {path} holds a sweep already ({INDEX}): choose another folder, or --overwrite")
 
 
+def make_sweep_dir(path: str) -> None:
+    """Make the sweep's folder (and those above it); ``UsageError`` naming ``--out``
+    where it cannot be made (a file on its path, a folder that cannot be written)."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {path}: cannot make that folder: {e.strerror or e}") from None
+
+
 def write_index(sweep_dir: str, index: dict[str, Any]) -> Path:
     """Write ``sweep.json`` atomically (a temporary file, then a rename): a reader, or a
     sweep killed mid-write, never sees half an index."""

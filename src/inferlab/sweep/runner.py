@@ -41,6 +41,7 @@ from inferlab.results.sweepindex import (
     INDEX,
     check_sweep_dir,
     headline,
+    make_sweep_dir,
     write_index,
 )
 from inferlab.sim.engine.bands import headline_prediction
@@ -190,7 +191,7 @@ def _prepare_dir(config: SweepConfig) -> bool:
     check_sweep_dir(config.out_dir, config.overwrite)
     check_points(config)
     existed = os.path.isdir(config.out_dir)
-    os.makedirs(config.out_dir, exist_ok=True)
+    make_sweep_dir(config.out_dir)
     return existed
 
 

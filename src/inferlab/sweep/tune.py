@@ -54,7 +54,7 @@ from inferlab.results.metrics import request_metrics
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import plain_json
 from inferlab.results.summary import Summary
-from inferlab.results.sweepindex import FORMAT, headline, write_index
+from inferlab.results.sweepindex import FORMAT, headline, make_sweep_dir, write_index
 from inferlab.sim.engine.bands import headline_prediction
 from inferlab.sweep.runner import Trials, target_json
 
@@ -393,7 +393,7 @@ class Tuner:
 
     async def search(self) -> TuneResult:
         if self.out_dir is not None:
-            os.makedirs(self.out_dir, exist_ok=True)
+            make_sweep_dir(self.out_dir)
         if self.config.search == "grid":
             await self.grid()
         else:
