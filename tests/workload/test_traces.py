@@ -528,7 +528,8 @@ def test_rows_no_replay_can_send_or_compare_are_refused_naming_the_row(tmp_path:
 
 def test_more_requests_than_the_trace_holds_is_refused(tmp_path: Path) -> None:
     """-n above the trace's rows replayed the rows while config.json said -n; refused now
-    with the most that can be asked (warm-ups counted); -n up to it runs as asked."""
+    with the most that can be asked (warm-ups counted); -n up to it runs as asked. So are
+    warm-ups that take every row."""
     from click.testing import CliRunner
 
     from inferlab.cli.main import main
@@ -542,3 +543,10 @@ def test_more_requests_than_the_trace_holds_is_refused(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["sim", "run", "--trace", str(trace), "-n", "2", "--warmup", "1", "--json", "--no-history"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["counts"]["total"] == 2
+    # without -n, as many warm-ups as rows (or more) left nothing to measure: "0 completed", exit 0
+    for warmup in ("3", "10"):
+        res = CliRunner().invoke(main, ["sim", "run", "--trace", str(trace), "--warmup", warmup, "--no-history"])
+        assert res.exit_code == 2 and f"the trace holds 3 requests and {warmup} are warm-ups: nothing is left to measure; " \
+            "give --warmup 2 or fewer" in res.output, res.output
+    res = CliRunner().invoke(main, ["sim", "run", "--trace", str(trace), "--warmup", "2", "--json", "--no-history"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["counts"]["total"] == 1

@@ -343,6 +343,13 @@ def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Trace | Sess
         if recorded:
             load = dataclasses.replace(load, warmup=load.warmup + recorded)
         held = len(workload.requests)
+        if load.num_requests is None and load.warmup >= held:  # (every request a warm-up: a run of nothing)
+            most = held - 1 - recorded
+            raise UsageError(
+                f"the trace holds {held} requests and {load.warmup} are warm-ups"
+                + (f" ({recorded} recorded as warm-ups in it)" if recorded else "")
+                + ": nothing is left to measure" + (f"; give --warmup {most} or fewer" if most >= 0 else "")
+            )
         if load.num_requests is not None and load.num_requests + load.warmup > held:
             # (the replay would send what the trace holds, and config.json say -n)
             most = held - load.warmup
