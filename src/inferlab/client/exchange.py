@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -99,10 +100,19 @@ class Endpoint:
         return self.base_url + PATHS[self.api]
 
     def request_headers(self) -> dict[str, str]:
-        h = {"Content-Type": "application/json", **self.headers}
-        if self.api_key:
-            h.setdefault("Authorization", f"Bearer {self.api_key}")
-        return h
+        return {"Content-Type": "application/json", **auth_headers(self.headers, self.api_key)}
+
+
+def auth_headers(headers: Mapping[str, str], api_key: str | None) -> dict[str, str]:
+    """What every request to a server carries beyond its body's type: the ``--header``s,
+    and ``--api-key`` as a bearer token. ``ValueError`` if both name the Authorization
+    header (one would be dropped)."""
+    h = dict(headers)
+    if api_key:
+        if any(name.lower() == "authorization" for name in h):
+            raise ValueError("--api-key and --header Authorization both set the Authorization header: give one")
+        h["Authorization"] = f"Bearer {api_key}"
+    return h
 
 
 def request_body(endpoint: Endpoint, spec: RequestSpec) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 
 import aiohttp
@@ -339,12 +339,12 @@ class _IdleWatch:
             self._handle = None
 
 
-async def discover_model(base_url: str, api_key: str | None, timeout_s: float = 10.0) -> str:
-    """The first model id from ``GET /v1/models``; ``ServerUnreachableError`` if no
-    server answers there."""
+async def discover_model(base_url: str, headers: Mapping[str, str], timeout_s: float = 10.0) -> str:
+    """The first model id from ``GET /v1/models``, asked with the run's ``headers``
+    (``exchange.auth_headers``: its credentials); ``ServerUnreachableError`` if no server
+    answers there."""
     import aiohttp  # (here: `sim run` imports this module and makes no HTTP call)
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as s, s.get(

@@ -425,7 +425,7 @@ def _load_json(load: LoadConfig) -> dict[str, Any]:
 
 
 async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> _Prepared:
-    from inferlab.client.exchange import resolve_http_client
+    from inferlab.client.exchange import auth_headers, resolve_http_client
     from inferlab.client.http import Endpoint, api_base, discover_model
     from inferlab.load.http import run_http
 
@@ -438,7 +438,11 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         extra_body = check_extra_body(target.extra_body)
     except ValueError as e:
         raise UsageError(f"extra_body: {e}") from None
-    model = target.model or await discover_model(base, target.api_key)
+    try:
+        headers = auth_headers(dict(target.headers), target.api_key)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    model = target.model or await discover_model(base, headers)
     endpoint = Endpoint(
         base_url=base,
         model=model,
