@@ -235,6 +235,27 @@ def test_history_ids_are_accepted(runs: Path, tmp_path: Path) -> None:
     assert p.returncode == 2 and "no run 999" in p.stderr
 
 
+def test_a_history_id_whose_folder_holds_another_run_now_is_refused(runs: Path, tmp_path: Path) -> None:
+    """Two runs written to one folder one after the other: the first's history id read
+    the second's data under the first's label. Refused now, saying what differs."""
+    from inferlab.results.history import History, run_row
+
+    folder = tmp_path / "reused"
+    shutil.copytree(runs / "seed1", folder)
+    hist = tmp_path / "h.sqlite"
+    with History(hist) as h:
+        first = h.add(run_row(json.loads((folder / "summary.json").read_text()), folder))
+    shutil.rmtree(folder)
+    shutil.copytree(runs / "b512", folder)  # another run in its place
+    with History(hist) as h:
+        second = h.add(run_row(json.loads((folder / "summary.json").read_text()), folder))
+    p = inferlab("compare", str(first), str(second), "--history", str(hist))
+    assert p.returncode == 2 and f"run {first} " in p.stderr and "holds another run now" in p.stderr, p.stderr
+    assert "ttft_p50_ms" in p.stderr  # (what differs)
+    p = inferlab("compare", str(second), str(runs / "seed1"), "--history", str(hist))
+    assert p.returncode == 0, p.stderr  # the run it holds reads as before
+
+
 def test_quantile_interval_brackets_the_quantile_of_most_samples() -> None:
     """Of 200 samples of 100 uniform values, the true median (0.5) falls outside the
     95 % interval in about 5 %: between 1 and 25 of them."""

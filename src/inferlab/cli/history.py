@@ -12,7 +12,7 @@ from rich.table import Table
 
 from inferlab._errors import UsageError
 from inferlab.cli.common import console, run_guarded
-from inferlab.results.history import ENV, Entry, History, history_path, parse_since
+from inferlab.results.history import ENV, Entry, History, history_path, overwritten, parse_since
 from inferlab.results.provenance import PREDICTION
 from inferlab.results.runfiles import dumps
 
@@ -52,6 +52,9 @@ def resolve_runs(items: tuple[str, ...], option: str | None) -> list[str]:
                 raise UsageError(f"{item}: no such path, and no run {item.lstrip('#')} in the history {history.path}")
             if entry.path is None:
                 raise UsageError(f"run {entry.id} ({entry.time}) was not written to a directory (no --out): nothing to read")
+            if (differ := overwritten(entry)) is not None:
+                raise UsageError(f"run {entry.id} ({entry.time}): {entry.path} holds another run now ({differ}); "
+                                 "give its path to read what it holds")
             out.append(entry.path)
     finally:
         if history is not None:

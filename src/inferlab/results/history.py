@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import sqlite3
 import sys
@@ -369,7 +370,14 @@ def record_sweep(path: str | os.PathLike[str], history: str | os.PathLike[str] |
     target_file = history_path(None if history is None else os.fspath(history), disabled=disabled)
     if target_file is None:
         return None
-    sweep_dir = Path(path)
+    row = sweep_row(Path(path))
+    with History(target_file) as h:
+        return h.add(row)
+
+
+def sweep_row(sweep_dir: Path) -> dict[str, Any]:
+    """The history row of a sweep directory (``record_sweep``'s); ``UsageError`` for a
+    sweep.json that cannot be read."""
     try:
         index = json.loads((sweep_dir / "sweep.json").read_text())
     except (OSError, ValueError) as e:
@@ -391,5 +399,27 @@ def record_sweep(path: str | os.PathLike[str], history: str | os.PathLike[str] |
             point = {}
         row.update({k: point.get(k) for k in ("target", "model", "engine", "simulated", "response_cache_hits")
                     if point.get(k) is not None})
-    with History(target_file) as h:
-        return h.add(row)
+    return row
+
+
+def overwritten(entry: Entry) -> str | None:
+    """How the run in ``entry``'s folder differs from the one ``entry`` recorded, when
+    another has been written there since (``--overwrite``, or the folder emptied and used
+    again): its headline, counts or model; None when they agree, or when the folder holds
+    nothing readable (whoever reads it says what is wrong)."""
+    if entry.path is None:
+        return None
+    where = Path(entry.path)
+    try:
+        row = sweep_row(where) if entry.kind == "sweep" else run_row(json.loads((where / "summary.json").read_text()), where)
+    except (OSError, ValueError, TypeError, AttributeError, UsageError):
+        return None
+    recorded: dict[str, Any] = {**entry.headline, "completed": entry.completed, "failed": entry.failed, "model": entry.model}
+    differ = [k for k, v in recorded.items() if not _same(v, row.get(k))]
+    return ", ".join(f"{k} {recorded[k]} recorded, {row.get(k)} there" for k in differ) or None
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
