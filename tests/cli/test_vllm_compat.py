@@ -298,6 +298,25 @@ def test_export_csv_formats_and_errors(tmp_path: Path) -> None:
     assert code == 2 and "--format vllm only" in err
 
 
+def test_export_refuses_records_and_summaries_that_are_not_one_runs(tmp_path: Path) -> None:
+    """An emptied requests.jsonl exported as a vLLM result of 0 completed requests and
+    TTFT 0.0 beside a summary of 5; values edited into summary.json ("fast", NaN) were
+    copied into the CSV. Each is refused, naming the file."""
+    run = tmp_path / "run"
+    assert invoke("sim", "run", "-n", "5", "--input-tokens", "50", "--output-tokens", "3", "--out", str(run))[0] == 0
+    (run / "requests.jsonl").write_text("")
+    for fmt in ("vllm", "csv-requests"):
+        code, out, err = invoke("export", str(run), "--format", fmt)
+        assert (code, out) == (2, "") and "requests.jsonl holds 0 measured requests where summary.json counts 5" in err
+    whole = json.loads((run / "summary.json").read_text())
+    for key, value, needle in (("output_token_throughput_tps", "fast", "'fast' is not a number"),
+                               ("duration_s", float("nan"), "nan is not a number"),
+                               ("ttft_ms", {**whole["ttft_ms"], "p99": float("nan")}, "holds NaN")):
+        (run / "summary.json").write_text(json.dumps({**whole, key: value}))
+        code, out, err = invoke("export", str(run), "--format", "csv-summary")
+        assert (code, out) == (2, "") and "not an inferlab summary" in err and needle in err, err
+
+
 def test_burstiness_inf_is_constant_gaps_as_in_vllm() -> None:
     s = summary_of("--rate", "5", "--burstiness", "inf", "-n", "4", "--input-tokens", "10", "--output-tokens", "2")
     assert s["config"]["load"]["schedule"]["arrival"] == "constant"  # was a crash in random.gammavariate

@@ -58,6 +58,10 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
         text = summary_csv(summary)
     else:
         records = list(read_records(folder / "requests.jsonl"))
+        measured = sum(1 for r in records if not r.warmup)
+        if measured != summary.counts.total:  # (a requests.jsonl emptied or of another run: zeros, or another run's rows)
+            raise UsageError(f"{run_dir}: requests.jsonl holds {measured} measured requests where summary.json counts "
+                             f"{summary.counts.total}: not the records of this run")
         if fmt == "csv-requests":
             text = requests_csv(records, run_source(summary))
         else:

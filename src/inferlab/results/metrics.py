@@ -168,6 +168,8 @@ class Distribution:
             if k not in DISTRIBUTION_KEYS and (q := key_percentile(k)) is not None
         )
         mean, std, lo, p50, p90, p95, p99, hi = (float(d[k]) for k in DISTRIBUTION_KEYS)
+        if any(math.isnan(v) for v in (mean, std, lo, p50, p90, p95, p99, hi, *(v for _, v in extra))):
+            raise ValueError(f"a distribution holds NaN ({dict(d)}): not one a run wrote (it writes null for none)")
         return cls(mean, std, lo, p50, p90, p95, p99, hi, tuple(extra))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -224,16 +225,16 @@ class Summary:
             interrupted=bool(d["interrupted"]),
             counts=Counts(c["total"], c["completed"], c["failed"], c["cancelled"], c["warmup"], dict(c["errors"]),
                           int(c.get("response_cache_hits") or 0)),
-            duration_s=float(d["duration_s"]),
-            request_throughput_rps=d["request_throughput_rps"],
-            output_token_throughput_tps=d["output_token_throughput_tps"],
-            total_token_throughput_tps=d["total_token_throughput_tps"],
-            output_tpm=d["output_tpm"],
-            total_tpm=d["total_tpm"],
-            goodput_rps=d["goodput_rps"],
+            duration_s=_number(d, "duration_s", optional=False),
+            request_throughput_rps=_number(d, "request_throughput_rps"),
+            output_token_throughput_tps=_number(d, "output_token_throughput_tps"),
+            total_token_throughput_tps=_number(d, "total_token_throughput_tps"),
+            output_tpm=_number(d, "output_tpm"),
+            total_tpm=_number(d, "total_tpm"),
+            goodput_rps=_number(d, "goodput_rps"),
             slo=None if slo is None else SLO(slo["ttft_ms"], slo["tpot_ms"], slo["e2e_ms"]),
-            input_tokens=d["input_tokens"],
-            output_tokens=int(d["output_tokens"]),
+            input_tokens=_count(d, "input_tokens"),
+            output_tokens=_count(d, "output_tokens", optional=False),
             token_source=str(d["token_source"]),
             ttfb_ms=_dist(d["ttfb_ms"]),
             ttft_ms=_dist(d["ttft_ms"]),
@@ -242,7 +243,7 @@ class Summary:
             itl_ms=_dist(d["itl_ms"]),
             decode_tps=_dist(d["decode_tps"]),
             queue_delay_ms=_dist(d["queue_delay_ms"]),
-            cached_tokens=d["cached_tokens"],
+            cached_tokens=_count(d, "cached_tokens"),
             server_timeline=None if d["server_timeline"] is None else ServerTimeline.from_json(d["server_timeline"]),
             latency_breakdown=None if d.get("latency_breakdown") is None else LatencyBreakdown.from_json(d["latency_breakdown"]),
             error_examples=dict(d["error_examples"]),
@@ -272,6 +273,29 @@ def _json(value: Any) -> Any:
         return list(value)
     if isinstance(value, dict):
         return {k: _json(v) for k, v in value.items()}
+    return value
+
+
+def _number(d: Mapping[str, Any], key: str, *, optional: bool = True) -> Any:
+    """``d[key]`` as a summary holds a rate or a time: a finite number, at least 0 (or
+    null where ``optional``); ``ValueError`` otherwise (a summary edited by hand: a string,
+    NaN), which its readers report rather than carry into a comparison or an export."""
+    value = d[key]
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{key}: {value!r} is not a number of at least 0")
+    return float(value)
+
+
+def _count(d: Mapping[str, Any], key: str, *, optional: bool = True) -> Any:
+    """``d[key]`` as a summary holds a token count: a whole number, at least 0 (or null
+    where ``optional``); ``ValueError`` otherwise."""
+    value = d[key]
+    if value is None and optional:
+        return None
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{key}: {value!r} is not a count")
     return value
 
 
