@@ -85,3 +85,22 @@ def test_a_sweeps_knee_is_found_within_one_setting_of_its_other_axes(tmp_path: P
     # the 16-sequence setting's knee is that cap: it is advised raised, not capped again
     assert all(r["rule"] == "engine_cap" for r in caps if "seqs16" in r["evidence"])
 
+
+
+def test_profile_flags_for_a_factor_left_out_are_refused(tmp_path: Path) -> None:
+    # (each was accepted and did nothing: the temperature factor was recorded "not measured")
+    url = ("--url", "http://127.0.0.1:9", "--out", str(tmp_path / "p"))
+    for args, flag in [
+        (("--factors", "temperature"), "--factors temperature needs --no-exact-output"),
+        (("--factors", "prefill", "--no-exact-output"), "--no-exact-output: only the temperature factor"),
+        (("--factors", "template", "--max-concurrency", "4"), "--max-concurrency: only the decode factor"),
+        (("--factors", "prefill", "--slo-ttft-ms", "500"), "--slo-ttft-ms: only the decode factor"),
+        (("--factors", "prefix_cache", "--slo-tpot-ms", "50"), "--slo-tpot-ms: only the decode factor"),
+    ]:
+        code, out = invoke("profile", *url, *args)
+        assert code == 2 and flag in out and len(out.strip().splitlines()) == 1, (args, out)
+    # (output length is checked against decode's TPOT: it measures decode, and takes them)
+    code, out = invoke("profile", *url, "--factors", "output_length", "--max-concurrency", "4")
+    assert code == 1 and "cannot reach" in out, out
+    code, out = invoke("profile", *url, "--factors", "temperature", "--no-exact-output")
+    assert code == 1 and "cannot reach" in out, out

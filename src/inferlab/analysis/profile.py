@@ -99,6 +99,23 @@ class ProfileConfig:
             raise UsageError(f"--factors: unknown {', '.join(sorted(unknown))} (known: {', '.join(FACTORS)})")
         if self.budget_s <= 0:
             raise UsageError("--budget must be positive")
+        # (the temperature factor is the one whose requests let the model stop on its own:
+        # --no-exact-output is what allows that, and it does nothing else)
+        if "temperature" in self.factors and self.exact_output:
+            raise UsageError("--factors temperature needs --no-exact-output (its requests let the model end each answer on its own)")
+        if self.factors and "temperature" not in self.factors and not self.exact_output:
+            raise UsageError("--no-exact-output: only the temperature factor uses it, and --factors leaves it out")
+
+    def measured(self) -> set[str]:
+        """The factors this profile measures: ``factors`` (all when empty) and the ones
+        they are computed from (the template from prefill's rate, output length checked
+        against decode's TPOT)."""
+        wanted = set(self.factors or FACTORS)
+        if "template" in wanted:
+            wanted.add("prefill")
+        if "output_length" in wanted:
+            wanted.add("decode")
+        return wanted
 
 
 @dataclass
@@ -275,11 +292,7 @@ class _Profiler:
             ("head_of_line", self.head_of_line),
         ]
         spent = 0.0
-        wanted = set(self.config.factors or FACTORS)
-        if "template" in wanted:
-            wanted.add("prefill")  # (its cost is the template's tokens at the prefill rate)
-        if "output_length" in wanted:
-            wanted.add("decode")  # (checked against TPOT at concurrency 1)
+        wanted = self.config.measured()
         # the budget is shared among the factors measured, in proportion to their shares
         total_share = sum(SHARES[n] for n, _ in steps if n in wanted) or 1.0
         for name, step in steps:
