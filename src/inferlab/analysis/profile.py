@@ -181,6 +181,9 @@ class Profile:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Profile:
+        """``ValueError`` (or ``KeyError``, ``TypeError``) if ``d`` is not a profile."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a JSON {type(d).__name__}, not an object")
         if d.get("schema") != SCHEMA:
             raise ValueError(f"not an inferlab profile (schema {d.get('schema')!r}, expected {SCHEMA!r})")
         slo = d.get("slo") or {}
