@@ -89,3 +89,46 @@ def test_a_tiny_budget_stops_the_profile_and_says_what_was_left_out(tmp_path: Pa
     assert [f.name for f in p.factors] == ["prefill", "decode", "output_length"]
     skipped = [f for f in p.factors if not f.measured]
     assert any("budget" in f.cost for f in skipped), [f.cost for f in p.factors]
+
+
+def test_a_model_the_server_does_not_have_stops_the_profile_before_any_factor(tmp_path: Path) -> None:
+    # (it profiled on: prefill failed with the 404, and the template was saved as
+    # measured, "0 tokens per request")
+    from inferlab._errors import UsageError
+
+    out = tmp_path / "p"
+    config = ProfileConfig(str(out), budget_s=30, model="nosuch", factors=("template", "prefill"))
+    with ChildServer(SERVE) as server, pytest.raises(UsageError, match=r"nosuch.*check --model"):
+        asyncio.run(profile(config, server.url))
+    assert not (out / PROFILE_FILE).exists() and not (out / "prefill").exists()
+
+
+def test_the_template_is_not_reported_as_measured_when_no_request_counted_it(tmp_path: Path) -> None:
+    # every request fails (a server that answers 503, which the probe lets pass): the
+    # template's tokens were never counted, and 0 was reported as measured
+    from aiohttp import web
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def busy(_: web.Request) -> web.Response:
+        return web.json_response({"error": {"message": "busy"}}, status=503)
+
+    async def go() -> None:
+        app = web.Application()
+        app.router.add_get("/v1/models", models)
+        app.router.add_post("/v1/chat/completions", busy)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with asyncio.timeout(LIMIT_S):
+                await profile(ProfileConfig(str(tmp_path / "p"), budget_s=30, factors=("template",)), f"http://127.0.0.1:{port}")
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(go())
+    template = read_profile(tmp_path / "p").factor("template")
+    assert template is not None and not template.measured and template.cost.startswith("not measured:"), template

@@ -54,12 +54,17 @@ def test_cli_over_a_dataset_with_a_system_prompt_file(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "needle"), [
     ((), "give --prompt, --system or --dataset"),
     (("--prompt", "@/no/such/file"), "--prompt @/no/such/file"),
-    (("--prompt", "x", "--prefill-tps", "0"), "--prefill-tps must be positive"),
+    (("--prompt", "x", "--prefill-tps", "0"), "--prefill-tps 0: must be at least 1 token/s"),
     (("--prompt", "x", "--gpu", "nope"), "unknown GPU"),
+    # (each was accepted: a 300-digit TTFT; --model, --gpu and --dataset-format ignored)
+    (("--prompt", "x", "--prefill-tps", "1e-300"), "--prefill-tps 1e-300: must be at least 1 token/s"),
+    (("--prompt", "x", "--prefill-tps", "1000", "--model", "nosuch"), "--model: only the simulated prefill uses it"),
+    (("--prompt", "x", "--prefill-tps", "1000", "--gpu", "A100"), "--gpu: only the simulated prefill uses it"),
+    (("--prompt", "x", "--dataset-format", "csv"), "--dataset-format: give --dataset too"),
 ])
 def test_cli_errors_are_one_line(args: tuple[str, ...], needle: str) -> None:
     p = run(*args)
-    assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 def test_cli_says_builtin_counts_are_approximate_and_shows_whole_tokens_for_one_prompt(tmp_path: Path) -> None:

@@ -542,3 +542,13 @@ def test_more_requests_than_the_sessions_send_is_refused() -> None:
     assert s["counts"]["total"] == s["config"]["load"]["num_requests"] == 3 and s["counts"]["warmup"] == 1
     code, err, _ = sim_run("--sessions", "2", "--turns", "2", "--warmup", "4")
     assert code == 2 and "--warmup 4 leaves nothing to measure of the 4 requests" in err, err
+
+
+@pytest.mark.parametrize("command", ["tune", "sweep"])
+def test_a_sweep_commands_output_flags_say_what_it_writes(command: str) -> None:
+    # (their help was bench's: -o writes summary.json, requests.jsonl and config.json,
+    # --overwrite "with --result-filename: that file" (refused by both), --json "the summary")
+    out = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=200).output.split())
+    assert "sweep.json indexing them" in out and "replace the sweep already there" in out
+    assert "summary.json, requests.jsonl and config.json" not in out and "Print the summary" not in out
+    assert "that file" not in out

@@ -85,3 +85,49 @@ def test_a_sweeps_knee_is_found_within_one_setting_of_its_other_axes(tmp_path: P
     # the 16-sequence setting's knee is that cap: it is advised raised, not capped again
     assert all(r["rule"] == "engine_cap" for r in caps if "seqs16" in r["evidence"])
 
+
+
+def test_profile_flags_for_a_factor_left_out_are_refused(tmp_path: Path) -> None:
+    # (each was accepted and did nothing: the temperature factor was recorded "not measured")
+    url = ("--url", "http://127.0.0.1:9", "--out", str(tmp_path / "p"))
+    for args, flag in [
+        (("--factors", "temperature"), "--factors temperature needs --no-exact-output"),
+        (("--factors", "prefill", "--no-exact-output"), "--no-exact-output: only the temperature factor"),
+        (("--factors", "template", "--max-concurrency", "4"), "--max-concurrency: only the decode factor"),
+        (("--factors", "prefill", "--slo-ttft-ms", "500"), "--slo-ttft-ms: only the decode factor"),
+        (("--factors", "prefix_cache", "--slo-tpot-ms", "50"), "--slo-tpot-ms: only the decode factor"),
+    ]:
+        code, out = invoke("profile", *url, *args)
+        assert code == 2 and flag in out and len(out.strip().splitlines()) == 1, (args, out)
+    # (output length is checked against decode's TPOT: it measures decode, and takes them)
+    code, out = invoke("profile", *url, "--factors", "output_length", "--max-concurrency", "4")
+    assert code == 1 and "cannot reach" in out, out
+    code, out = invoke("profile", *url, "--factors", "temperature", "--no-exact-output")
+    assert code == 1 and "cannot reach" in out, out
+
+
+def test_advise_reads_a_sweep_json_as_report_and_compare_do(tmp_path: Path) -> None:
+    # (each was an internal error, or, [] and {}, advice for a sweep.json that report refuses)
+    code, out = invoke("sim", "run", "-c", "2", "-n", "4", "--out", str(tmp_path / "sw" / "c2"))
+    assert code == 0, out
+    for index, why in [
+        ('{"format":"inferlab.sweep/1","points":"x"}', 'points is "x", not a list'),
+        ('{"format":"inferlab.sweep/1","points":[1]}', "a point that is not an object: 1"),
+        ('{"format":"inferlab.sweep/1","points":[{"params":"x"}]}', "a point's params are not an object"),
+        ('{"format":"inferlab.sweep/1","points":[{"dir":"c2","repeat":"x"}]}', "a point's repeat is not a whole number"),
+        ("[]", "expected a JSON object"),
+        ("{}", "format None, expected 'inferlab.sweep/1'"),
+    ]:
+        (tmp_path / "sw" / "sweep.json").write_text(index)
+        for command in ("advise", "report"):
+            code, out = invoke(command, str(tmp_path / "sw"))
+            assert code == 2 and why in out and len(out.strip().splitlines()) == 1, (command, index, out)
+    (tmp_path / "sw" / "sweep.json").write_text('{"format":"inferlab.sweep/1","points":[{"dir":"c2","params":{"concurrency":2}}]}')
+    code, out = invoke("advise", str(tmp_path / "sw"))
+    assert code == 0 and "(sweep; goal: latency)" in out, out
+
+
+def test_advise_refuses_a_profile_json_that_is_not_an_object(tmp_path: Path) -> None:
+    (tmp_path / "profile.json").write_text("[]")
+    code, out = invoke("advise", str(tmp_path))
+    assert code == 2 and "not an inferlab profile (a JSON list, not an object)" in out and len(out.strip().splitlines()) == 1, out

@@ -148,6 +148,9 @@ def test_the_console_script_takes_vllms_goodput_form() -> None:
         (["--random-prefix-len", "100"], "--prefix-tokens"),
         (["--percentile-metrics", "ttft"], "--metric-percentiles"),
         (["--append-result"], "--result-filename"),
+        # (an empty name fell back to vLLM's default file name)
+        (["--save-result", "--result-filename", ""], "--result-filename is empty"),
+        (["--save-result", "--result-filename", "  "], "--result-filename is empty"),
         (["--backend", "openai-chat"], "--api chat"),
         (["--endpoint", "/v1/completions"], "--api completions"),
         (["--temperature", "0"], "sim run's simulated model does not sample"),
@@ -296,6 +299,11 @@ def test_export_csv_formats_and_errors(tmp_path: Path) -> None:
     assert code == 0 and json.loads(out)["completed"] == 6
     code, _, err = invoke("export", str(run), "--format", "csv-summary", "--no-detailed")
     assert code == 2 and "--format vllm only" in err
+    # (each error names the flag given and the format asked for: it named csv-summary for all)
+    code, _, err = invoke("export", str(run), "--format", "csv-requests", "--no-detailed")
+    assert code == 2 and err.startswith("inferlab: error: --no-detailed shapes --format vllm only (--format csv-requests"), err
+    code, _, err = invoke("export", str(run), "--format", "csv-requests", "--metric-percentiles", "50")
+    assert code == 2 and "--metric-percentiles shapes --format vllm only (--format csv-requests" in err, err
 
 
 def test_export_refuses_records_and_summaries_that_are_not_one_runs(tmp_path: Path) -> None:

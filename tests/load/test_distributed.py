@@ -88,3 +88,38 @@ def test_finish_run_writes_the_usual_run_directory(tmp_path: Path) -> None:
 def test_finish_run_without_a_locust_run_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="holds no Locust run"):
         finish_run(tmp_path)
+
+
+@pytest.mark.parametrize("records, why", [
+    ("[1,2]", "record 0 is int, not an object"),
+    ('[{"index":0,"send_ns":"x"}]', 'record 0: send_ns is "x"'),
+    ('"abc"', "records is str, not a list"),
+    ('[{"index":0,"content_ns":[1,"y"]}]', "content_ns holds what is not a time"),
+    ('[{"index":0,"error_kind":"vibes"}]', "record 0: 'vibes' is not a valid ErrorKind"),
+])
+def test_locust_merge_refuses_a_malformed_record_in_one_line(tmp_path: Path, records: str, why: str) -> None:
+    # (each was an "internal error": the merge did arithmetic on what it read; a bad last
+    # line was also skipped as if cut short, though it was whole JSON)
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({"workload": {}, "model": "m", "url": "http://x"}))
+    (tmp_path / RAW_FILE).write_text('{"worker":"a","t0_epoch_ns":0,"final":true,"records":' + records + "}\n")
+    r = CliRunner().invoke(main, ["locust-merge", str(tmp_path)])
+    assert r.exit_code == 2 and f"{RAW_FILE}:1: not a batch of records" in r.output and why in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and not (tmp_path / "summary.json").exists()
+
+
+def test_locust_merge_refuses_a_raw_file_of_no_records(tmp_path: Path) -> None:
+    # (it wrote a run of 0 requests and exited 0)
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({"workload": {}, "model": "m", "url": "http://x"}))
+    for raw in ("", '{"worker":"a","t0_epoch_ns":0,"final":true,"records":[]}\n'):
+        (tmp_path / RAW_FILE).write_text(raw)
+        r = CliRunner().invoke(main, ["locust-merge", str(tmp_path)])
+        assert r.exit_code == 2 and "holds no records: nothing to merge" in r.output, r.output
+        assert not (tmp_path / "summary.json").exists()

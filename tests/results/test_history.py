@@ -150,6 +150,19 @@ def test_filters(tmp_path: Path) -> None:
         parse_since("last week")
 
 
+def test_filters_match_their_text_literally(tmp_path: Path) -> None:
+    # (LIKE's wildcards were not escaped: --model _ and --model % listed every run)
+    with History(tmp_path / "h.sqlite") as h:
+        h.add({"kind": "run", "model": "Qwen/Qwen2.5-7B", "target": "http://a:8000/v1"})
+        h.add({"kind": "run", "model": "my_model", "target": "http://b:8000/v1?x=100%"})
+        h.add({"kind": "run", "model": "C:\\models\\m", "target": "http://c:8000/v1"})
+        assert [e.id for e in h.find(model="_")] == [2]
+        assert [e.id for e in h.find(model="%")] == []
+        assert [e.id for e in h.find(url="%")] == [2]
+        assert [e.id for e in h.find(model="\\")] == [3]
+        assert [e.id for e in h.find(model="my_")] == [2] and [e.id for e in h.find(model="qwen")] == [1]
+
+
 def test_record_sweep_keeps_the_best_point(tmp_path: Path) -> None:
     sweep = tmp_path / "s"
     for c in (1, 4):

@@ -34,6 +34,7 @@ from inferlab.results.metrics import request_metrics
 from inferlab.results.provenance import VIRTUAL, engine_family_of, server_info, simulated_engine
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
+from inferlab.results.sources import read_sweep_index
 from inferlab.results.summary import Summary, summarize
 from inferlab.results.telemetry import ServerMetrics
 from inferlab.sim.engine.bands import band_of
@@ -270,11 +271,9 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
         runs = sorted(d.parent for d in p.rglob("summary.json"))
         if not runs:
             raise UsageError(f"{p}: not a run directory (no requests.jsonl), a profile (no {PROFILE_FILE}) or a folder of runs")
-        try:
-            index = json.loads((p / "sweep.json").read_text()) if (p / "sweep.json").exists() else None
-        except (OSError, ValueError):
-            index = None
-        recs, checked = _sweep_rules([_Run.read(d) for d in runs], goal, index if isinstance(index, dict) else None)
+        # (read as report and compare read it: a sweep.json that is not one is refused)
+        index = read_sweep_index(p) if (p / "sweep.json").exists() else None
+        recs, checked = _sweep_rules([_Run.read(d) for d in runs], goal, index)
         kind = "sweep"
     recs.sort(key=lambda r: (PRIORITY.get(r.rule, {}).get(goal, 99), -_size(r)))
     return Advice(str(p), kind, goal, recs, checked)

@@ -99,6 +99,23 @@ class ProfileConfig:
             raise UsageError(f"--factors: unknown {', '.join(sorted(unknown))} (known: {', '.join(FACTORS)})")
         if self.budget_s <= 0:
             raise UsageError("--budget must be positive")
+        # (the temperature factor is the one whose requests let the model stop on its own:
+        # --no-exact-output is what allows that, and it does nothing else)
+        if "temperature" in self.factors and self.exact_output:
+            raise UsageError("--factors temperature needs --no-exact-output (its requests let the model end each answer on its own)")
+        if self.factors and "temperature" not in self.factors and not self.exact_output:
+            raise UsageError("--no-exact-output: only the temperature factor uses it, and --factors leaves it out")
+
+    def measured(self) -> set[str]:
+        """The factors this profile measures: ``factors`` (all when empty) and the ones
+        they are computed from (the template from prefill's rate, output length checked
+        against decode's TPOT)."""
+        wanted = set(self.factors or FACTORS)
+        if "template" in wanted:
+            wanted.add("prefill")
+        if "output_length" in wanted:
+            wanted.add("decode")
+        return wanted
 
 
 @dataclass
@@ -164,6 +181,9 @@ class Profile:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Profile:
+        """``ValueError`` (or ``KeyError``, ``TypeError``) if ``d`` is not a profile."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a JSON {type(d).__name__}, not an object")
         if d.get("schema") != SCHEMA:
             raise ValueError(f"not an inferlab profile (schema {d.get('schema')!r}, expected {SCHEMA!r})")
         slo = d.get("slo") or {}
@@ -251,7 +271,9 @@ class _Profiler:
         self.engine: dict[str, Any] | None = None
         self.server_software: dict[str, Any] | None = None
         self.model = config.model
-        self.overhead_tokens = 0
+        # the chat template's tokens as a preflight probe counted them; None: not counted
+        # (no probe answered with them), and the template factor says it was not measured
+        self.overhead_tokens: int | None = None
         self.deadline_s = config.budget_s
         self.budget_hit = False  # a run of the factor being measured was cut by the budget
 
@@ -263,6 +285,7 @@ class _Profiler:
 
     async def go(self) -> Profile:
         await self._server_info()
+        await self._preflight()
         factors: list[Factor] = []
         fit: PrefillFit | None = None
         tpot_1: float | None = None
@@ -272,11 +295,7 @@ class _Profiler:
             ("head_of_line", self.head_of_line),
         ]
         spent = 0.0
-        wanted = set(self.config.factors or FACTORS)
-        if "template" in wanted:
-            wanted.add("prefill")  # (its cost is the template's tokens at the prefill rate)
-        if "output_length" in wanted:
-            wanted.add("decode")  # (checked against TPOT at concurrency 1)
+        wanted = self.config.measured()
         # the budget is shared among the factors measured, in proportion to their shares
         total_share = sum(SHARES[n] for n, _ in steps if n in wanted) or 1.0
         for name, step in steps:
@@ -375,7 +394,25 @@ class _Profiler:
 
     def longest_prompt(self, output_tokens: int) -> int:
         """The longest user content that fits the context with the template and the output."""
-        return self.max_model_len - output_tokens - max(self.overhead_tokens, 0) - 16
+        return self.max_model_len - output_tokens - max(self.overhead_tokens or 0, 0) - 16
+
+    async def _preflight(self) -> None:
+        """The probe ``bench`` sends before a run, once before any factor: a server that
+        refuses the request outright (no such model: HTTP 404; a bad key: 401, 403) ends
+        the profile here with ``UsageError``, one that answers every request the same
+        unusable way with ``RunFailedError``, rather than every factor failing after it
+        (and a factor that needs no run of its own, the template, being reported from
+        nothing)."""
+        from inferlab.client.exchange import Endpoint, auth_headers
+        from inferlab.client.http import api_base, discover_model
+        from inferlab.client.preflight import run_preflight
+
+        base = api_base(self.url)  # (checked by ``_server_info``)
+        self.model = self.model or await discover_model(base, auth_headers({}, self.config.api_key))
+        endpoint = Endpoint(base_url=base, model=self.model, api=self.config.api, api_key=self.config.api_key)
+        pre = await run_preflight(endpoint, exact_output=True, tokenizer=None)
+        if isinstance(pre.prompt_overhead_tokens, int):
+            self.overhead_tokens = pre.prompt_overhead_tokens
 
     # --- running one measurement ---------------------------------------------------------
 
@@ -586,7 +623,7 @@ class _Profiler:
         repeat = await self.measure("response/repeat", 1, n, WorkloadConfig(prompt=prompt, output_tokens=32), warmup=1,
                                     extra_body=greedy)
         tokens = repeat.input_tokens()
-        fresh_len = max(16, round(tokens - self.overhead_tokens) if tokens else 100)
+        fresh_len = max(16, round(tokens - (self.overhead_tokens or 0)) if tokens else 100)
         fresh = await self.measure("response/fresh", 1, n, WorkloadConfig(input_tokens=fresh_len, output_tokens=32),
                                    extra_body=greedy)
         runs = ["response/repeat", "response/fresh"]
@@ -677,6 +714,9 @@ class _Profiler:
         tokens = self.overhead_tokens
         if self.config.api != "chat":
             return _skipped("template", "not measured: the completions API applies no chat template")
+        if tokens is None:
+            return _skipped("template", "not measured: no request counted the template's tokens (the probe and every run "
+                            "failed, or the server reports no prompt tokens and has no /tokenize)")
         per_token_ms = None if fit is None or not fit.prefill_tps else 1000 / fit.prefill_tps
         cost_ms = None if per_token_ms is None else tokens * per_token_ms
         cost = f"{tokens} tokens per request" + ("" if cost_ms is None else f", about {cost_ms:.2f} ms of TTFT at the measured prefill rate")

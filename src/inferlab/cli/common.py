@@ -382,6 +382,21 @@ def expand_goodput(args: Sequence[str]) -> list[str]:
 _GOODPUT_PAIR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*:[-+0-9.eE]+")
 
 
+def as_sweep_output(command: click.Command, each: str, json_help: str) -> click.Command:
+    """``command``'s output flags (``load_options``' ``-o``, ``--overwrite``, ``--json``,
+    worded for one run) worded for a command that writes a sweep directory: a run
+    directory per ``each`` and ``sweep.json`` indexing them."""
+    helps = {
+        "out": f"Write a run directory per {each} here, and sweep.json indexing them (a folder that holds no sweep yet).",
+        "overwrite": "With --out: replace the sweep already there.",
+        "as_json": json_help,
+    }
+    for p in command.params:
+        if isinstance(p, click.Option) and p.name in helps:
+            p.help = helps[p.name]
+    return command
+
+
 def given(name: str) -> bool:
     """Whether the user set option ``name`` (on the command line or in the environment),
     as opposed to its default."""
@@ -629,7 +644,10 @@ def check_result_file(kw: dict[str, Any]) -> None:
     ``UsageError`` if ``--result-dir`` is a file, or a folder (or, not there yet, the
     folder it would be made in) that cannot be written; if ``--result-filename`` names a
     folder, or a file that exists (without ``--overwrite``, so that a run does not end
-    by replacing an earlier one)."""
+    by replacing an earlier one), or no file at all (an empty name fell back to vLLM's
+    default one)."""
+    if kw.get("result_filename") is not None and not kw["result_filename"].strip():
+        raise UsageError("--result-filename is empty: give a file name, or leave the flag out for vLLM's")
     if not kw.get("save_result"):
         return
     folder = kw.get("result_dir") or "."

@@ -37,8 +37,13 @@ def export(run_dir: str, fmt: str, output: str, metric_percentiles: tuple[float,
 
 
 def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] | None, detailed: bool) -> int:
-    if fmt != "vllm" and (percentiles is not None or not detailed):
-        raise UsageError("--metric-percentiles and --no-detailed shape --format vllm only (csv-summary has the run's own percentiles)")
+    if fmt != "vllm":  # (each error names the flag given and the format it cannot shape)
+        if percentiles is not None:
+            why = "the run's own percentiles" if fmt == "csv-summary" else "no percentiles, one row per request"
+            raise UsageError(f"--metric-percentiles shapes --format vllm only (--format {fmt} has {why})")
+        if not detailed:
+            why = "no per-request lists" if fmt == "csv-summary" else "one row per request, always"
+            raise UsageError(f"--no-detailed shapes --format vllm only (--format {fmt} has {why})")
     if output != "-":
         check_output_folder(Path(output))
     folder = Path(run_dir)

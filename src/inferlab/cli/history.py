@@ -63,8 +63,8 @@ def resolve_runs(items: tuple[str, ...], option: str | None) -> list[str]:
 
 
 @click.command("runs")
-@click.option("--model", help="Only runs of a model whose name contains this (case-insensitive).")
-@click.option("--url", help="Only runs against a target whose URL contains this.")
+@click.option("--model", help="Only runs of a model whose name contains this text (case-insensitive; _ and % are plain characters, not wildcards).")
+@click.option("--url", help="Only runs against a target whose URL contains this text (case-insensitive).")
 @click.option("--since", help="Only runs since this date or time (UTC: 2026-01-31, 2026-01-31T12:00) or span back from now (7d, 12h, 30m).")
 @click.option("--kind", type=click.Choice(["run", "sweep"]), help="Only runs, or only sweeps.")
 @click.option("-n", "--limit", type=click.IntRange(min=1), default=50, show_default=True, help="Show at most this many, newest first.")

@@ -21,7 +21,7 @@ from inferlab.analysis.profile import (
     prepare_out,
     profile,
 )
-from inferlab.cli.common import FloatRange, console, run_guarded
+from inferlab.cli.common import FloatRange, console, given, run_guarded
 from inferlab.engines.launch import command, load_spec
 from inferlab.results.metrics import SLO
 from inferlab.results.provenance import PREDICTION
@@ -37,11 +37,11 @@ from inferlab.results.runfiles import dumps, plain_json
 @click.option("--budget", default=f"{DEFAULT_BUDGET_S / 60:g}m", show_default=True, help="Wall time the whole profile may take: seconds, or 90s, 5m, 1h. Sizes shrink with it; a measurement still going at the end of its share is stopped.")
 @click.option("-o", "--out", "out_dir", default="inferlab-profile", show_default=True, type=click.Path(file_okay=False), help="Folder for profile.json and one run directory per measurement.")
 @click.option("--overwrite", is_flag=True, help="Replace a profile already in --out.")
-@click.option("--max-concurrency", type=click.IntRange(min=1), default=64, show_default=True, help="The highest concurrency the decode ladder tries (1, 2, 4, ...).")
-@click.option("--slo-ttft-ms", type=FloatRange(min=0, min_open=True, finite=True), default=2000.0, show_default=True, help="Goodput SLO on TTFT (which concurrency serves the most requests within the SLOs).")
-@click.option("--slo-tpot-ms", type=FloatRange(min=0, min_open=True, finite=True), default=100.0, show_default=True, help="Goodput SLO on TPOT.")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=64, show_default=True, help="The highest concurrency the decode ladder tries (1, 2, 4, ...); only with the decode factor.")
+@click.option("--slo-ttft-ms", type=FloatRange(min=0, min_open=True, finite=True), default=2000.0, show_default=True, help="Goodput SLO on TTFT (the decode factor: which concurrency serves the most requests within the SLOs).")
+@click.option("--slo-tpot-ms", type=FloatRange(min=0, min_open=True, finite=True), default=100.0, show_default=True, help="Goodput SLO on TPOT (the decode factor).")
 @click.option("--factors", default="all", show_default=True, help=f"Measure only these, comma-separated: {', '.join(FACTORS)}.")
-@click.option("--exact-output/--no-exact-output", default=True, show_default=True, help="--no-exact-output adds the temperature factor: requests at temperature 0 and 1 that the model ends on its own (output length and its spread). The other factors always ask for exact output lengths (ignore_eos/min_tokens): their costs are per token.")
+@click.option("--exact-output/--no-exact-output", default=True, show_default=True, help="--no-exact-output adds the temperature factor (with --factors, name it too; naming it needs this): requests at temperature 0 and 1 that the model ends on its own (output length and its spread). The other factors always ask for exact output lengths (ignore_eos/min_tokens): their costs are per token.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print profile.json instead of the table.")
 def profile_command(**kw: Any) -> None:
@@ -69,6 +69,10 @@ def _profile(kw: dict[str, Any]) -> int:
         factors=factors,
         engine_config=None if spec is None else plain_json(dataclasses.asdict(spec)),
     )
+    if "decode" not in config.measured():  # (the decode ladder is all they shape)
+        for name, flag in (("max_concurrency", "--max-concurrency"), ("slo_ttft_ms", "--slo-ttft-ms"), ("slo_tpot_ms", "--slo-tpot-ms")):
+            if given(name):
+                raise UsageError(f"{flag}: only the decode factor uses it, and --factors leaves it out")
     err = console(stderr=True)
     embedded = None
     started = None

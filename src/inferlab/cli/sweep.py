@@ -29,6 +29,7 @@ from inferlab._errors import UsageError
 from inferlab.cli.common import (
     FloatRange,
     OneNamePerSetting,
+    as_sweep_output,
     check_users_have_requests,
     console,
     finish_run,
@@ -176,6 +177,9 @@ def _sweep_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def sweep(**kw: Any) -> None:
     """Run a grid of points (load x workload x engine) into one folder, each a run directory, indexed by sweep.json."""
     sys.exit(run_guarded(lambda: _sweep(kw)))
+
+
+as_sweep_output(sweep, "point", "Print sweep.json on stdout instead of the table.")
 
 
 def _sweep(kw: dict[str, Any]) -> int:

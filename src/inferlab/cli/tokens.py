@@ -10,9 +10,12 @@ from typing import Any
 import click
 
 from inferlab._errors import UsageError
-from inferlab.cli.common import FloatRange, console, run_guarded
+from inferlab.cli.common import FloatRange, console, given, run_guarded
 from inferlab.results.provenance import PREDICTION
 from inferlab.sim.engine.engine import EngineConfig
+
+#: The slowest prefill rate ``--prefill-tps`` takes: slower than any server prefills.
+MIN_PREFILL_TPS = 1.0
 
 
 def text_arg(value: str | None, flag: str) -> str | None:
@@ -30,11 +33,11 @@ def text_arg(value: str | None, flag: str) -> str | None:
 @click.option("--system", help="System prompt: TEXT or @FILE.")
 @click.option("--prompt", help="User prompt: TEXT or @FILE.")
 @click.option("--dataset", type=click.Path(dir_okay=False), help="A prompt set (JSONL, ShareGPT JSON or CSV, as for bench); --system is added to each prompt that has none.")
-@click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]))
+@click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]), help="How to read --dataset (default: from its name and content).")
 @click.option("--tokenizer", type=click.Path(exists=False), help="A tokenizer.json, its directory, or a Hugging Face model id in the local HF cache (no downloads). Default: the simulator's built-in tokenizer.")
-@click.option("--prefill-tps", type=FloatRange(finite=True), help="Prefill rate in tokens/s for the TTFT cost. Default: one prefill on the simulator (--model/--gpu).")
-@click.option("--model", default=EngineConfig.model, show_default=True, help="Simulated model for the TTFT cost.")
-@click.option("--gpu", default=EngineConfig.gpu, show_default=True, help="Simulated GPU for the TTFT cost.")
+@click.option("--prefill-tps", type=FloatRange(finite=True), help="Prefill rate in tokens/s for the TTFT cost (at least 1). Default: one prefill on the simulator (--model/--gpu, which it replaces).")
+@click.option("--model", default=EngineConfig.model, show_default=True, help="Simulated model for the TTFT cost (not with --prefill-tps).")
+@click.option("--gpu", default=EngineConfig.gpu, show_default=True, help="Simulated GPU for the TTFT cost (not with --prefill-tps).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def tokens(**kw: Any) -> None:
     """What the system prompt, user content and chat template cost in tokens and TTFT."""
@@ -48,6 +51,12 @@ def _tokens(kw: dict[str, Any]) -> int:
     from inferlab.workload.spec import RequestSpec
     from inferlab.workload.tokenizers import load_tokenizer
 
+    if kw["dataset_format"] is not None and not kw["dataset"]:
+        raise UsageError("--dataset-format: give --dataset too (it says how to read that file)")
+    if kw["prefill_tps"] is not None:  # (--model and --gpu pick the simulated rate it replaces)
+        for name in ("model", "gpu"):
+            if given(name):
+                raise UsageError(f"--{name}: only the simulated prefill uses it, and --prefill-tps gives the rate")
     system = text_arg(kw["system"], "--system")
     prompt = text_arg(kw["prompt"], "--prompt")
     if kw["dataset"] and prompt is not None:
@@ -61,8 +70,8 @@ def _tokens(kw: dict[str, Any]) -> int:
         raise UsageError("give --prompt, --system or --dataset")
     tok = load_tokenizer(kw["tokenizer"]) if kw["tokenizer"] else BuiltinTokenizer()
     if kw["prefill_tps"] is not None:
-        if not kw["prefill_tps"] > 0:
-            raise UsageError("--prefill-tps must be positive")
+        if not kw["prefill_tps"] >= MIN_PREFILL_TPS:  # (below it the TTFT printed is hundreds of digits)
+            raise UsageError(f"--prefill-tps {kw['prefill_tps']:g}: must be at least {MIN_PREFILL_TPS:g} token/s")
         prefill, source = rate_prefill(kw["prefill_tps"]), f"{kw['prefill_tps']:g} tokens/s"
     else:
         prefill, source = sim_prefill(kw["model"], kw["gpu"]), f"{kw['model']} on {kw['gpu']} {PREDICTION}"

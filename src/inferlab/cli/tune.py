@@ -23,6 +23,7 @@ from inferlab._errors import ConfigError, UsageError
 from inferlab.cli.common import (
     FloatRange,
     OneNamePerSetting,
+    as_sweep_output,
     console,
     given,
     install_stop_signals,
@@ -90,6 +91,9 @@ no difference), and the line naming it then says so."""
 def tune(**kw: Any) -> None:
     """``inferlab tune`` (its help: ``_HELP``)."""
     sys.exit(run_guarded(lambda: _tune(kw)))
+
+
+as_sweep_output(tune, "trial", "Print the tune's result as JSON on stdout (every trial, the best, the Pareto set) instead of the table.")
 
 
 def _flag_values(name: str, text: str, config_type: type = EngineConfig) -> tuple[Any, ...]:

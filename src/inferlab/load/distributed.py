@@ -24,7 +24,7 @@ from typing import Any
 
 from inferlab._errors import UsageError
 from inferlab.results.records import RequestRecord
-from inferlab.results.runfiles import RunWriter, plain_json
+from inferlab.results.runfiles import RunWriter, not_text_error, plain_json
 from inferlab.results.summary import Summary
 
 #: The raw batches, in the run directory, as the master received them.
@@ -55,14 +55,46 @@ class Batch:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Batch:
-        """``ValueError`` if ``d`` is not a batch."""
+        """``ValueError`` if ``d`` is not a batch, or one of its records is not a request
+        record (checked here: ``merge`` does arithmetic on their times)."""
         try:
-            return cls(
-                str(d["worker"]), int(d["t0_epoch_ns"]), list(d["records"]), bool(d.get("final")),
-                d.get("model"),
-            )
+            records = d["records"]
+            if not isinstance(records, list):
+                raise TypeError(f"records is {type(records).__name__}, not a list")
+            for i, r in enumerate(records):
+                _check_record(i, r)
+            return cls(str(d["worker"]), int(d["t0_epoch_ns"]), records, bool(d.get("final")), d.get("model"))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a batch of records: {e}") from None
+
+
+def _types(annotation: str) -> tuple[type, ...]:
+    """The types a ``RequestRecord`` field's annotation allows (``int | None``: int, NoneType)."""
+    known = {"int": int, "str": str, "bool": bool, "list": list, "dict": dict, "ErrorKind": str, "None": type(None)}
+    return tuple(known[part.split("[")[0]] for part in annotation.split(" | "))
+
+
+#: Each record field and the JSON types it may hold (an ``ErrorKind`` is its string).
+_FIELD_TYPES = {f.name: _types(str(f.type)) for f in dataclasses.fields(RequestRecord)}
+
+
+def _check_record(i: int, d: object) -> None:
+    """``TypeError`` naming record ``i``'s field that is not of its type (a record a
+    worker sent is what ``RequestRecord.to_json`` wrote: anything else is damage)."""
+    if not isinstance(d, dict):
+        raise TypeError(f"record {i} is {type(d).__name__}, not an object")
+    for name, value in d.items():
+        allowed = _FIELD_TYPES.get(name)
+        if allowed is not None and not isinstance(value, allowed):
+            raise TypeError(f"record {i}: {name} is {json.dumps(value)[:40]}")
+    if not isinstance(d.get("index"), int):
+        raise TypeError(f"record {i} has no index")
+    if not all(isinstance(t, int) for t in d.get("content_ns") or ()):
+        raise TypeError(f"record {i}: content_ns holds what is not a time")
+    try:
+        RequestRecord.from_json(d)
+    except ValueError as e:  # (an unknown error_kind)
+        raise TypeError(f"record {i}: {e}") from None
 
 
 def append_batch(path: str | os.PathLike[str], batch: Batch) -> None:
@@ -73,20 +105,29 @@ def append_batch(path: str | os.PathLike[str], batch: Batch) -> None:
 
 def read_batches(path: str | os.PathLike[str]) -> list[Batch]:
     """Every batch in the raw file at ``path``; ``UsageError`` if it is missing or a line
-    is not a batch (a last line cut short, by a master that died writing it, is skipped)."""
+    is not a batch (a last line cut short, by a master that died writing it: no newline
+    at its end and not JSON, is skipped)."""
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path(path).read_text().splitlines(keepends=True)
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise not_text_error(path, e, "a locust-records.jsonl") from e
     out = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            out.append(Batch.from_json(json.loads(line)))
+            d = json.loads(line)
         except ValueError as e:
-            if n == len(lines):
+            if n == len(lines) and not line.endswith("\n"):
                 break
+            raise UsageError(f"{path}:{n}: not JSON ({e})") from None
+        try:
+            if not isinstance(d, dict):
+                raise ValueError(f"not a batch of records: a JSON {type(d).__name__}")
+            out.append(Batch.from_json(d))
+        except ValueError as e:
             raise UsageError(f"{path}:{n}: {e}") from None
     return out
 
@@ -171,7 +212,7 @@ def finish_run(out_dir: str | os.PathLike[str]) -> tuple[Summary, Merged]:
     and ``locust-records.jsonl``) into the usual run: ``config.json``,
     ``requests.jsonl`` and ``summary.json``, the summary computed as ``bench``'s is.
     Again and again if need be: the raw files are never changed. ``UsageError`` if they
-    are missing or unreadable."""
+    are missing or unreadable, or hold no record."""
     from inferlab.load.run import run_summary
     from inferlab.workload.config import WorkloadConfig
 
@@ -183,6 +224,8 @@ def finish_run(out_dir: str | os.PathLike[str]) -> tuple[Summary, Merged]:
     except ValueError as e:
         raise UsageError(f"{d / CONFIG_FILE} is not JSON: {e}") from e
     merged = merge(read_batches(d / RAW_FILE))
+    if not merged.records:  # (a run of no requests would stand for a measurement)
+        raise UsageError(f"{d / RAW_FILE} holds no records: nothing to merge")
     config.setdefault("resolved", {})["workers"] = dict(sorted(merged.workers.items()))
     if config.get("model") is None:
         config["resolved"]["model"] = merged.model

@@ -245,11 +245,11 @@ class History:
         ``since`` is an ISO date or time (UTC) rows are at or after."""
         where, args = [], []
         if model:
-            where.append("LOWER(model) LIKE ?")
-            args.append(f"%{model.lower()}%")
+            where.append("LOWER(model) LIKE ? ESCAPE '\\'")
+            args.append(_contains(model))
         if url:
-            where.append("LOWER(target) LIKE ?")
-            args.append(f"%{url.lower()}%")
+            where.append("LOWER(target) LIKE ? ESCAPE '\\'")
+            args.append(_contains(url))
         if since:
             where.append("time >= ?")
             args.append(since)
@@ -263,6 +263,14 @@ class History:
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [_entry(r) for r in self._db.execute(sql, args)]
+
+
+def _contains(text: str) -> str:
+    """A LIKE pattern for ``text`` anywhere, taken literally: its ``%`` and ``_`` (LIKE's
+    wildcards) and the escape character itself escaped, so ``--model _`` matches only
+    names with an underscore."""
+    literal = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{literal}%"
 
 
 def _iso_now() -> str:

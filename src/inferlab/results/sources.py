@@ -119,16 +119,36 @@ def load_profile(path: str | os.PathLike[str]) -> Sweep:
     return sweep
 
 
-def load_sweep(path: str | os.PathLike[str]) -> Sweep:
-    """Read a sweep directory and every point's run that is there."""
-    d = Path(path)
-    index = _read_json(d / "sweep.json")
+def read_sweep_index(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A sweep directory's ``sweep.json``, checked as far as its readers rely on it: an
+    object of format ``SWEEP_FORMAT`` whose ``points`` is a list of objects, each with
+    ``params`` an object, ``repeat`` a whole number and ``dir`` a string where given;
+    ``UsageError`` naming what is wrong."""
+    where = Path(path) / "sweep.json"
+    index = _read_json(where)
     if index.get("format") != SWEEP_FORMAT:
-        raise UsageError(f"{d / 'sweep.json'}: format {index.get('format')!r}, expected {SWEEP_FORMAT!r}")
+        raise UsageError(f"{where}: format {index.get('format')!r}, expected {SWEEP_FORMAT!r}")
+    points = index.get("points")
+    if points is not None and not isinstance(points, list):
+        raise UsageError(f"{where}: points is {json.dumps(points)[:40]}, not a list")
+    for p in points or []:
+        if not isinstance(p, Mapping):
+            raise UsageError(f"{where}: a point that is not an object: {p!r}")
+        if p.get("params") is not None and not isinstance(p["params"], Mapping):
+            raise UsageError(f"{where}: a point's params are not an object: {p['params']!r}")
+        if p.get("repeat") is not None and (not isinstance(p["repeat"], int) or isinstance(p["repeat"], bool)):
+            raise UsageError(f"{where}: a point's repeat is not a whole number: {p['repeat']!r}")
+        if p.get("dir") is not None and not isinstance(p["dir"], str):
+            raise UsageError(f"{where}: a point's dir is not a path: {p['dir']!r}")
+    return index
+
+
+def load_sweep(path: str | os.PathLike[str]) -> Sweep:
+    """Read a sweep directory (``read_sweep_index``) and every point's run that is there."""
+    d = Path(path)
+    index = read_sweep_index(d)
     sweep = Sweep(d, index)
     for p in index.get("points") or []:
-        if not isinstance(p, Mapping):
-            raise UsageError(f"{d / 'sweep.json'}: a point that is not an object: {p!r}")
         params = dict(p.get("params") or {})
         where: str = p["dir"] if isinstance(p.get("dir"), str) else ""  # none: it failed before it ran
         run = None
