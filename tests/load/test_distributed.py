@@ -91,8 +91,8 @@ def test_finish_run_without_a_locust_run_is_a_usage_error(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("records, why", [
-    ("[1,2]", "record 0 is int, not an object"),
-    ('[{"index":0,"send_ns":"x"}]', 'record 0: send_ns is "x"'),
+    ("[1,2]", "record 0: a JSON int, not an object"),
+    ('[{"index":0,"send_ns":"x"}]', "record 0: send_ns is 'x'"),
     ('"abc"', "records is str, not a list"),
     ('[{"index":0,"content_ns":[1,"y"]}]', "content_ns holds what is not a time"),
     ('[{"index":0,"error_kind":"vibes"}]', "record 0: 'vibes' is not a valid ErrorKind"),

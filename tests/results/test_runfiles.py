@@ -52,6 +52,12 @@ def test_a_cut_short_last_line_is_skipped_with_a_warning(tmp_path: Path) -> None
         ('{"index": 0}\n{"index": 1, "send_ns"\n', 2),  # a whole last line (it has its newline)
         ('{"index": 0}\n[1, 2]\n', 2),  # JSON, but not a record
         ('{"send_ns": 1}\n', 1),  # a record without its index
+        # fields of the wrong type, which report and export did arithmetic on (an internal error)
+        ('{"index": 0, "send_ns": "x", "end_ns": 5}\n', 1),
+        ('{"index": 0}\n{"index": 1, "content_ns": [1, "2"]}\n', 2),
+        ('{"index": 0, "error_kind": 3}\n', 1),
+        ('{"index": 0, "error_kind": "no_such_kind"}\n', 1),
+        ('{"index": "0"}\n', 1),
     ],
 )
 def test_any_other_bad_line_is_an_error_naming_it(tmp_path: Path, text: str, line: int) -> None:

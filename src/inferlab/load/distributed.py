@@ -68,32 +68,12 @@ class Batch:
             raise ValueError(f"not a batch of records: {e}") from None
 
 
-def _types(annotation: str) -> tuple[type, ...]:
-    """The types a ``RequestRecord`` field's annotation allows (``int | None``: int, NoneType)."""
-    known = {"int": int, "str": str, "bool": bool, "list": list, "dict": dict, "ErrorKind": str, "None": type(None)}
-    return tuple(known[part.split("[")[0]] for part in annotation.split(" | "))
-
-
-#: Each record field and the JSON types it may hold (an ``ErrorKind`` is its string).
-_FIELD_TYPES = {f.name: _types(str(f.type)) for f in dataclasses.fields(RequestRecord)}
-
-
 def _check_record(i: int, d: object) -> None:
     """``TypeError`` naming record ``i``'s field that is not of its type (a record a
     worker sent is what ``RequestRecord.to_json`` wrote: anything else is damage)."""
-    if not isinstance(d, dict):
-        raise TypeError(f"record {i} is {type(d).__name__}, not an object")
-    for name, value in d.items():
-        allowed = _FIELD_TYPES.get(name)
-        if allowed is not None and not isinstance(value, allowed):
-            raise TypeError(f"record {i}: {name} is {json.dumps(value)[:40]}")
-    if not isinstance(d.get("index"), int):
-        raise TypeError(f"record {i} has no index")
-    if not all(isinstance(t, int) for t in d.get("content_ns") or ()):
-        raise TypeError(f"record {i}: content_ns holds what is not a time")
     try:
-        RequestRecord.from_json(d)
-    except ValueError as e:  # (an unknown error_kind)
+        RequestRecord.from_json(d)  # type: ignore[arg-type]  # (what it checks is the point)
+    except (TypeError, ValueError) as e:  # (ValueError: an unknown error_kind)
         raise TypeError(f"record {i}: {e}") from None
 
 

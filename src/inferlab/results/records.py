@@ -80,11 +80,34 @@ class RequestRecord:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RequestRecord:
+        """Read back ``to_json``'s form; keys it does not write are ignored. ``TypeError``
+        naming the field for one whose value is not of its type (a string where a time
+        goes would be subtracted later), ``ValueError`` for an unknown error kind."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a JSON {type(d).__name__}, not an object")
+        for name, value in d.items():
+            allowed = _FIELD_TYPES.get(name)
+            if allowed is not None and not isinstance(value, allowed):
+                raise TypeError(f"{name} is {value!r:.40}")
+        if "index" not in d:
+            raise TypeError("no index")
+        if not {type(t) for t in d.get("content_ns") or ()} <= {int}:
+            raise TypeError("content_ns holds what is not a time in ns")
         d = dict(d)
         kind = d.get("error_kind")
         d["error_kind"] = ErrorKind(kind) if kind else None
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return cls(**{k: v for k, v in d.items() if k in _FIELD_TYPES})
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
+
+
+def _json_types(annotation: str) -> tuple[type, ...]:
+    """The JSON types a field's annotation allows (``int | None``: int and None; an
+    ``ErrorKind`` is its string)."""
+    known = {"int": int, "str": str, "bool": bool, "list": list, "dict": dict, "ErrorKind": str, "None": type(None)}
+    return tuple(known[part.split("[")[0]] for part in annotation.split(" | "))
+
+
+#: Each record field and the JSON types it may hold.
+_FIELD_TYPES = {f.name: _json_types(str(f.type)) for f in fields(RequestRecord)}
