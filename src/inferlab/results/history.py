@@ -40,6 +40,7 @@ from typing import Any
 from inferlab._clock import WallClock, wall_time_s
 from inferlab._errors import UsageError
 from inferlab.results.provenance import VIRTUAL, server_info, simulated_engine
+from inferlab.results.sources import read_sweep_index
 
 ENV = "INFERLAB_HISTORY"
 #: Values of ``$INFERLAB_HISTORY`` that turn the history off.
@@ -386,11 +387,8 @@ def record_sweep(path: str | os.PathLike[str], history: str | os.PathLike[str] |
 def sweep_row(sweep_dir: Path) -> dict[str, Any]:
     """The history row of a sweep directory (``record_sweep``'s); ``UsageError`` for a
     sweep.json that cannot be read."""
-    try:
-        index = json.loads((sweep_dir / "sweep.json").read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{sweep_dir}: no readable sweep.json ({e})") from e
-    points = [p for p in index.get("points") or [] if isinstance(p, Mapping)]
+    index = read_sweep_index(sweep_dir)  # (as report and compare read it)
+    points = index.get("points") or []
     done = [p for p in points if p.get("status") == "done" and isinstance(p.get("headline"), Mapping)]
     best = max(done, key=lambda p: p["headline"].get("output_tok_s") or 0.0, default=None)
     command = index.get("command")
