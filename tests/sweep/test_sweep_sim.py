@@ -96,6 +96,10 @@ def test_goodput_search_returns_a_rate_that_meets_the_slos_and_ten_percent_more_
     rate, above = found["max_rate"], found["fails_at"]
     assert rate is not None and above == pytest.approx(1.1 * rate)
     assert len(found["probes"]) >= 3 and all((out / p["dir"] / "summary.json").exists() for p in found["probes"])
+    # the table says of each probe what share met the SLOs, and whether that was enough
+    # (its status is "done" either way)
+    for p in found["probes"]:
+        assert f"{p['share'] * 100:.0f} % {'yes' if p['meets'] else 'no'}" in r.output
     # checked apart from the search: the same run at each rate, share of requests within both SLOs
     slo = SLO(ttft_ms=200, tpot_ms=15)
 

@@ -63,16 +63,27 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
         rows = [(p["params"], p["status"], p.get("headline") or {}) for p in index["points"]
                 if p["status"] in ("done", "failed", "stopped")]
     names = list(rows[0][0]) if rows else []
+    # a goodput search's probes: the share of requests that met the SLOs, and whether
+    # that reached the target (a probe's status is "done" either way)
+    probes = {str(pr.get("dir")): pr for g in (index.get("goodput_search") or {}).get("groups") or []
+              for pr in g.get("probes") or [] if isinstance(pr, dict)}
+    dirs = [] if repeated else [str(p.get("dir")) for p in index["points"] if p["status"] in ("done", "failed", "stopped")]
     t = Table(title=title + (" (mean ± 95 % CI half-width)" if repeated else ""), title_justify="left")
     # (no column wraps or is cut: the headers take two lines, and a table still wider
     # than the console is printed at its own width, below)
     for n in names:
         t.add_column(_SHORT.get(n, n), justify="right", no_wrap=True)
     t.add_column("status" if not repeated else "repeats", no_wrap=True)
+    if probes:
+        t.add_column("SLOs\nmet by", justify="right", no_wrap=True)
     for name, _key, _d in COLUMNS:
         t.add_column((name + ("" if name.startswith(("out", "req")) else " ms")).replace(" ", "\n", 1), justify="right", no_wrap=True)
-    for params, status, head in rows:
+    for i, (params, status, head) in enumerate(rows):
         cells = [_value(params.get(n)) for n in names] + [status]
+        if probes:
+            pr = probes.get(dirs[i]) if i < len(dirs) else None
+            share = None if pr is None else pr.get("share")
+            cells.append("—" if not isinstance(share, int | float) else f"{share * 100:.0f} % {'yes' if pr and pr.get('meets') else 'no'}")
         for _name, key, d in COLUMNS:
             v = head.get(key)
             if repeated:
