@@ -576,3 +576,33 @@ def test_a_growing_conversation_gets_a_window_only_where_the_cache_does_not_serv
     off = sim_run_rules(tmp_path / "off", *chats, "--no-enable-prefix-caching")["context_growth"]
     assert off["gains"] and off["gains"][0]["after"] < 0.8 * off["gains"][0]["before"]
     assert "no longer finds the history" in off["change"]
+
+
+@pytest.mark.parametrize("simulated", [True, False])
+def test_advice_on_a_profile_of_the_simulated_server_says_every_number_is_a_prediction(tmp_path: Path, simulated: bool) -> None:
+    """A profile of `sim serve` is labelled a prediction; advise on it said "bound: at
+    best, TTFT as measured alone" and "estimate: ... the measured prefill cost", with no
+    word of the simulator. Now the advice says it read a simulation, and so does each
+    gain's source; a profile of a real server reads as measured, as before."""
+    from rich.console import Console
+
+    from inferlab.analysis.profile import PROFILE_FILE, Factor, Profile
+    from inferlab.cli.advise import render_advice
+    from inferlab.results.metrics import SLO
+
+    factors = [
+        Factor("head_of_line", "Head-of-line", "x", "y",
+               {"inflation": 3.0, "long_tokens": 3000, "short_alone_ttft_ms": 40.0, "short_with_long_ttft_ms": 120.0}),
+        Factor("response_cache", "Response cache", "x", "y", {"detected": False, "ratio": 1.0, "e2e_repeat_ms": 900.0}),
+    ]
+    engine = {"model": "Qwen/Qwen2.5-7B-Instruct", "gpu": "H100", "engine_family": "vllm"} if simulated else None
+    prof = Profile("http://127.0.0.1:8000/v1", "m", engine, 4096, "server", 60.0, 50.0, SLO(2000.0, 100.0), factors)
+    (tmp_path / PROFILE_FILE).write_text(json.dumps(prof.to_json()))
+    a = advise(tmp_path)
+    assert a.simulated is simulated and a.to_json()["simulated"] is simulated
+    kinds = [g.kind for r in a.recommendations for g in r.gains]
+    assert len(kinds) == 2 and all(k.startswith("prediction") is simulated for k in kinds), kinds
+    assert any(("TTFT as simulated alone" if simulated else "TTFT as measured alone") in k for k in kinds)
+    console = Console(record=True, width=200)
+    render_advice(console, a)
+    assert ("every number below, the evidence included, is a prediction" in console.export_text()) is simulated

@@ -241,10 +241,13 @@ class Advice:
     goal: Goal
     recommendations: list[Recommendation]
     checked: list[str]  # every rule looked at
+    # what it read came from inferlab's simulator (a sim run, runs or a profile against the
+    # simulated server): every number it quotes, evidence included, is a prediction
+    simulated: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "source": self.source, "kind": self.kind, "goal": self.goal,
+            "source": self.source, "kind": self.kind, "goal": self.goal, "simulated": self.simulated,
             "recommendations": [r.to_json() for r in self.recommendations], "rules_checked": self.checked,
         }
 
@@ -260,10 +263,12 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
     if p.is_file() and p.name == PROFILE_FILE:
         p = p.parent
     if (p / PROFILE_FILE).exists():
-        recs, checked = _profile_rules(read_profile(p), p, goal)
-        kind = "profile"
+        prof = read_profile(p)
+        recs, checked = _profile_rules(prof, p, goal)
+        kind, simulated = "profile", prof.server.simulated
     elif (p / "summary.json").exists() or (p / "requests.jsonl").exists():
         run = _Run.read(p)
+        simulated = server_info(run.config).simulated
         recs, checked = _run_rules(run, goal)
         kind = "run" if (p / "summary.json").exists() else (
             "gateway access log" if "gateway" in run.config else "run without summary.json") + ": summary from its records"
@@ -273,10 +278,11 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
             raise UsageError(f"{p}: not a run directory (no requests.jsonl), a profile (no {PROFILE_FILE}) or a folder of runs")
         # (read as report and compare read it: a sweep.json that is not one is refused)
         index = read_sweep_index(p) if (p / "sweep.json").exists() else None
-        recs, checked = _sweep_rules([_Run.read(d) for d in runs], goal, index)
-        kind = "sweep"
+        read = [_Run.read(d) for d in runs]
+        recs, checked = _sweep_rules(read, goal, index)
+        kind, simulated = "sweep", any(server_info(r.config).simulated for r in read)
     recs.sort(key=lambda r: (PRIORITY.get(r.rule, {}).get(goal, 99), -_size(r)))
-    return Advice(str(p), kind, goal, recs, checked)
+    return Advice(str(p), kind, goal, recs, checked, simulated)
 
 
 def _size(r: Recommendation) -> float:
@@ -997,7 +1003,10 @@ def _long_outputs(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
 def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[list[Recommendation], list[str]]:
     out: list[Recommendation] = []
     # (a profile of the simulated server measured a simulation: its numbers are predictions)
-    measured = "measured (the profile's decode runs)" if p.engine is None else "prediction (the profile's decode runs against the simulated server)"
+    simulated = p.server.simulated
+    measured = "prediction (the profile's decode runs against the simulated server)" if simulated else "measured (the profile's decode runs)"
+    # (the kind of the other gains: bounds and estimates from the profile's own numbers)
+    pre, seen = ("prediction, ", "simulated") if simulated else ("", "measured")
     hol = p.factor("head_of_line")
     if hol is not None and hol.measured and hol.data.get("inflation", 0) >= HOL_INFLATION:
         d = hol.data
@@ -1008,7 +1017,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
             "mode = \"tokens\"), so long prompts wait apart (an engine serves its queue first come, first served, so "
             "a smaller batching budget alone does not let them pass); for the stalls long prefills put in running "
             f"streams: a budget of 2048 tokens a step or smaller, {_flags(p.engine).budget.format(n=2048)}",
-            [Gain("short requests' TTFT ms (beside long prompts)", d["short_with_long_ttft_ms"], d["short_alone_ttft_ms"], "bound: at best, TTFT as measured alone")],
+            [Gain("short requests' TTFT ms (beside long prompts)", d["short_with_long_ttft_ms"], d["short_alone_ttft_ms"], f"{pre}bound: at best, TTFT as {seen} alone")],
         ))
     pc = p.factor("prefix_cache")
     if pc is not None and pc.measured and pc.data.get("saved_ms", 0) <= 0.05 * pc.data.get("ttft_unique_ms", 1):
@@ -1058,7 +1067,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
             "response_cache", "No response cache: identical requests are generated again",
             f"a repeated request took {rc.data['ratio']:.0%} of a fresh one's E2E ({rc.data['e2e_repeat_ms']:,.0f} ms)",
             "if your traffic repeats identical deterministic requests, answer them from a cache at the gateway",
-            [Gain("E2E ms of a repeat", rc.data["e2e_repeat_ms"], 0.0, "estimate: a cache hit costs about nothing next to a generation")],
+            [Gain("E2E ms of a repeat", rc.data["e2e_repeat_ms"], 0.0, f"{pre}estimate: a cache hit costs about nothing next to a generation")],
         ))
     tp = p.factor("template")
     pf = p.factor("prefill")
@@ -1070,7 +1079,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                 "template_overhead", "The chat template adds many tokens to every prompt",
                 f"{tp.data['overhead_tokens']} tokens per request, {cost:.1f} ms of prefill each (fixed overhead {overhead:.0f} ms)",
                 "use a leaner chat template (the application or --chat-template)",
-                [Gain("TTFT ms of the template's tokens", cost, 0.0, "estimate: its tokens × the measured prefill cost")],
+                [Gain("TTFT ms of the template's tokens", cost, 0.0, f"{pre}estimate: its tokens × the {seen} prefill cost")],
             ))
     return out, ["head_of_line", "prefix_caching", "concurrency_cap", "engine_cap", "response_cache", "template_overhead"]
 

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from inferlab.analysis.advise import GOALS, Advice, advise
 from inferlab.cli.common import console, run_guarded
+from inferlab.results.provenance import PREDICTION
 from inferlab.results.runfiles import dumps
 
 
@@ -36,7 +37,10 @@ def _advise(source: str, goal: Any, as_json: bool) -> int:
 
 def render_advice(console: Console, a: Advice) -> None:
     """The checklist, in the goal's order."""
-    console.print(f"[bold]advice for {a.source}[/bold] ({a.kind}; goal: {a.goal})")
+    console.print(f"[bold]advice for {escape(a.source)}[/bold] ({a.kind}; goal: {a.goal})")
+    if a.simulated:
+        console.print(f"[yellow]{PREDICTION}[/yellow]: what this reads came from inferlab's simulator (virtual time, or the "
+                      "simulated server): every number below, the evidence included, is a prediction, not a measurement")
     if not a.recommendations:
         console.print(f"nothing to change: no rule fired ({', '.join(a.checked)} checked)")
         return

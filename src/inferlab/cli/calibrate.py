@@ -53,13 +53,14 @@ def calibrate_cmd(**kw: Any) -> None:
     sys.exit(run_guarded(lambda: _calibrate(kw)))
 
 
-def _as_the_simulator_ran(kw: dict[str, Any], paths: list[str], fitted: tuple[str, ...], err: Console) -> None:
+def _as_the_simulator_ran(kw: dict[str, Any], paths: list[str], fitted: tuple[str, ...], err: Console) -> bool:
     """Runs of ``bench`` against inferlab's simulated server (``sim serve``) record the
     engine it ran (``config.json``'s ``resolved.engine``): calibrate the twin of that engine, its model,
     card and flags (eager mode, context length, ...), each where no flag gives another,
     said on stderr; but not the constants fitted (``fitted``) or an efficiencies file.
     ``UsageError`` for runs of different simulated engines, or some of one and some of
-    another server: a twin is of one."""
+    another server: a twin is of one. Whether the runs were of the simulated server (their
+    numbers are predictions too)."""
     engines = []
     for path in paths:
         try:
@@ -70,7 +71,7 @@ def _as_the_simulator_ran(kw: dict[str, Any], paths: list[str], fitted: tuple[st
         engines.append(simulated_engine(config) if config.get("command") != "sim run" else None)
     recorded = [e for e in engines if e is not None]
     if not recorded:
-        return
+        return False
     if len(recorded) < len(engines):
         raise UsageError("some runs were measured on inferlab's simulated server and some on another: a twin is of one server")
     if any(e != recorded[0] for e in recorded[1:]):
@@ -80,6 +81,7 @@ def _as_the_simulator_ran(kw: dict[str, Any], paths: list[str], fitted: tuple[st
     err.print(f"inferlab sim calibrate: the runs' server was inferlab's simulated engine ({recorded[0].get('model')} on "
               f"{recorded[0].get('gpu_preset', recorded[0].get('gpu'))}): calibrating the engine it ran, every flag as it "
               f"ran ({', '.join(shown)}, ...; flags given here win)", highlight=False)
+    return True
 
 
 #: The recorded flags ``_as_the_simulator_ran`` names (it takes them all)
@@ -330,7 +332,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
     fit_runs = [read_run(p) for p in kw["runs"]]
     holdout = [read_run(p) for p in kw["holdout"]]
     err = console(stderr=True)
-    _as_the_simulator_ran(kw, [*kw["runs"], *kw["holdout"]], names, err)
+    simulated = _as_the_simulator_ran(kw, [*kw["runs"], *kw["holdout"]], names, err)
     stated = _as_the_server_said(kw, fit_runs + holdout, err)
     engine = engine_config(kw)
     labels = {key: label for label, key, _ in COLUMNS}  # (the twin's metrics are sweep headline keys)
@@ -342,8 +344,10 @@ def _calibrate(kw: dict[str, Any]) -> int:
     if kw["report"]:
         Path(kw["report"]).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
     out = console()
-    table = Table(title="inferlab sim calibrate: measured vs the twin's prediction", title_justify="left", header_style="bold")
-    for col in ("set", "run", "metric", "measured", "prediction", "error"):
+    # (runs of the simulated server hold the simulator's numbers: not measurements)
+    ran = "the runs' (simulated server: predictions)" if simulated else "measured"
+    table = Table(title=f"inferlab sim calibrate: {ran} vs the twin's prediction", title_justify="left", header_style="bold")
+    for col in ("set", "run", "metric", "simulated run" if simulated else "measured", "prediction", "error"):
         table.add_column(col, justify="left" if col in ("set", "run", "metric") else "right")
     for label, rows in (("fit", fit.fit_runs), ("held out", fit.holdout_runs)):
         for r in rows:

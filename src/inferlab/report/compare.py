@@ -166,7 +166,7 @@ def render(console: Console, c: Comparison) -> None:
         console.print(s.describe())
     for line in c.warning_lines():  # (above the verdicts: they may come from it)
         console.print(f"[yellow]warning:[/yellow] {line}", highlight=False, soft_wrap=True)
-    t = Table(title=f"each run against {base.label}: change, its 95% interval, and whether it exceeds run-to-run noise",
+    t = Table(title=f"each run against {base.label}: the change, and whether it exceeds run-to-run noise (its 95% interval, in --json, excludes 0)",
               title_justify="left")
     t.add_column("metric", no_wrap=True)
     t.add_column(base.label, justify="right")

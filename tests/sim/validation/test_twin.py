@@ -1133,6 +1133,8 @@ def test_a_twin_of_the_simulated_server_is_calibrated_as_the_engine_it_ran(
     res = calibrate_cli(runs, tmp_path / "twin.json")
     assert res.exit_code == 0, res.stderr
     assert "the runs' server was inferlab's simulated engine" in words(res.stderr) and "--enforce-eager" in words(res.stderr)
+    # (their numbers are the simulator's: the table does not call them measured)
+    assert "simulated server: predictions" in words(res.stdout) and "measured" not in res.stdout
     sized = json.loads((tmp_path / "twin.json").read_text())["calibration"]["sized_with"]
     assert (sized["enforce_eager"], sized["max_model_len"]) == (True, 4096)
     res = calibrate_cli(runs, tmp_path / "given.json", "--max-model-len", "8192")
