@@ -72,3 +72,19 @@ def test_the_sweep_table_never_cuts_a_number_on_a_narrow_console() -> None:
         assert "…" not in text
         for cell in ("17,974", "100.25", "118,912.4", "2,026.37", "1,234,567"):
             assert cell in text, (width, cell, text)
+
+
+def test_the_summary_table_never_cuts_a_number_on_a_narrow_console() -> None:
+    """With --metric-percentiles 50,90,99,99.9 an 80-column terminal showed E2E as
+    "1,336…" and the unit as "tok…": the table is printed at its own width now."""
+    import io
+
+    records = [RequestRecord(i, send_ns=0, ttfb_ns=(1000 + i) * MS, content_ns=[(1000 + i) * MS, (2_000_000 + i) * MS],
+                             end_ns=(2_000_000 + i) * MS, input_tokens=5, output_tokens=2, usage_source="server")
+               for i in range(1000)]
+    s = with_percentiles(summarize(records), records, [50, 90, 99, 99.9])
+    buf = io.StringIO()
+    render_summary(Console(file=buf, width=80), s, "t", (50, 90, 99, 99.9))
+    text = buf.getvalue()
+    assert "…" not in text and "tok/s" in text
+    assert s.e2e_ms is not None and f"{s.e2e_ms.percentile(99.9):,.0f}" in text

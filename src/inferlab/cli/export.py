@@ -83,4 +83,5 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
         Path(output).write_text(text, encoding="utf-8")
     except OSError as e:
         raise UsageError(f"cannot write {output}: {e.strerror or e}") from e
+    click.echo(f"inferlab export: {output} ({fmt})", err=True)
     return 0

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any, Self
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from inferlab._clock import NS_PER_S, Clock
@@ -133,6 +134,19 @@ def _gateway_line(g: dict[str, Any]) -> str:
     return line
 
 
+def print_uncut(console: Console, table: Table) -> None:
+    """Print ``table`` whole: one wider than the console (a pipe's or a terminal's 80
+    columns, with extra percentiles or parameters) is printed at its own width, so that no
+    number is cut ("17,974…")."""
+    needed = Measurement.get(console, console.options.update_width(10_000), table).maximum  # (unclamped)
+    width = console.width
+    console.width = max(width, needed)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
 def render_summary(console: Console, s: Summary, title: str, percentiles: Sequence[float] = TABLE_PERCENTILES) -> None:
     """The summary as a table of distributions (mean, ``percentiles``, max) and the
     run's totals below it. Each of ``percentiles`` must be in the summary's
@@ -149,7 +163,7 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
             cells = [d.mean, *(d.percentile(q) for q in percentiles), d.max]
             digits = 0 if max(abs(v) for v in cells) >= 10_000 else 1
             table.add_row(label, unit, *(_fmt(v, digits) for v in cells))
-    console.print(table)
+    print_uncut(console, table)
 
     tput = Table(show_header=False, box=None, pad_edge=False)
     tput.add_column(style="bold", no_wrap=True)

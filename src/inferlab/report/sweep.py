@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
+
+from inferlab.report.console import print_uncut
 
 #: (column, headline key, digits) of the sweep's tables.
 COLUMNS = (
@@ -91,15 +92,7 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
             else:
                 cells.append(_fmt(v, d))
         t.add_row(*cells)
-    # a number is never cut ("17,974…"): a table wider than the console (a pipe's is 80
-    # columns) is printed at its own width
-    needed = Measurement.get(out, out.options.update_width(10_000), t).maximum  # (unclamped by the console's width)
-    width = out.width
-    out.width = max(width, needed)
-    try:
-        out.print(t)
-    finally:
-        out.width = width
+    print_uncut(out, t)
     for g in index.get("groups", []):
         label = params_text(g["params"]) or "load axis"
         s = g.get("stopped")
