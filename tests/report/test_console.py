@@ -88,3 +88,19 @@ def test_the_summary_table_never_cuts_a_number_on_a_narrow_console() -> None:
     text = buf.getvalue()
     assert "…" not in text and "tok/s" in text
     assert s.e2e_ms is not None and f"{s.e2e_ms.percentile(99.9):,.0f}" in text
+
+
+def test_a_client_late_while_mostly_idle_is_said_to_wait_for_a_core() -> None:
+    """"likely the bottleneck (1 process: CPU 2% of a core, ...)" read as a contradiction
+    until the warning further down: the line says it waited for a core now."""
+    from inferlab.report.console import _client_line
+    from inferlab.results.clientload import ClientLoad, ClientProcess
+    from inferlab.results.metrics import Distribution
+
+    lag = Distribution(40.0, 5.0, 30.0, 40.0, 50.0, 55.0, 60.0, 70.0)
+    idle = ClientLoad((ClientProcess("parent", 0.02, lag, ()),), True, (40.0, 60.0))
+    busy = ClientLoad((ClientProcess("parent", 0.95, lag, ()),), True, (40.0, 60.0))
+    fine = ClientLoad((ClientProcess("parent", 0.02, lag, ()),), False, (0.0, 0.0))
+    assert "likely the bottleneck, waiting for a core" in _client_line(idle)
+    assert "likely the bottleneck" in _client_line(busy) and "waiting for a core" not in _client_line(busy)
+    assert _client_line(fine).startswith("kept up")

@@ -549,7 +549,8 @@ class _Profiler:
         )
         slo = self.config.slo
         if k.best_goodput_concurrency is not None:
-            cost += f"; most goodput at concurrency {k.best_goodput_concurrency}"
+            cost += (f"; most goodput (requests within TTFT {slo.ttft_ms:g} ms and TPOT {slo.tpot_ms:g} ms: "
+                     f"--slo-ttft-ms, --slo-tpot-ms) at concurrency {k.best_goodput_concurrency}")
         evidence = (
             f"closed loops of 128-token prompts, {out_tokens} output tokens, concurrency "
             f"{', '.join(str(r['concurrency']) for r in rows)}: TPOT p50 "
