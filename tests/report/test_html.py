@@ -371,3 +371,35 @@ def test_a_sweep_report_says_which_groups_did_not_saturate(tmp_path: Path) -> No
         what = "did not saturate" if "did not saturate" in line else "stopped at"
         assert f"{label}: {what}" in html, (label, what)
     assert len(said) == 2
+
+
+def test_each_plot_says_when_what_it_draws_is_a_prediction(tmp_path: Path) -> None:
+    """A plot's PNG (--png) stands alone, away from the page's heading: each plot's title
+    says "(prediction)" when all it draws is the simulator's, "(some runs are
+    predictions)" when some is, and nothing for measured runs only."""
+    sim = tmp_path / "sim"
+    assert subprocess.run([*SIM, "-n", "12", "-c", "2", "--input-tokens", "200", "-o", str(sim)]).returncode == 0
+    measured = tmp_path / "measured"  # (the same files, as bench writes a run against a server of its own)
+    shutil.copytree(sim, measured)
+    config = json.loads((measured / "config.json").read_text())
+    config.pop("engine")
+    config.pop("command", None)
+    config["resolved"] = {"url": "http://127.0.0.1:8000/v1", "engine": None, "server_software": None}
+    (measured / "config.json").write_text(json.dumps(config))
+    summary = json.loads((measured / "summary.json").read_text())
+    summary["config"] = config
+    summary.pop("server", None)
+    (measured / "summary.json").write_text(json.dumps(summary))
+
+    def titles(*runs: Path) -> dict[str, str]:
+        out = tmp_path / "r.html"
+        p = inferlab("report", *map(str, runs), "-o", str(out))
+        assert p.returncode == 0, p.stderr
+        return dict(re.findall(r'<figure class="plot[^"]*" id="([a-z_]+)"><h3>([^<]*)</h3>', out.read_text()))
+
+    only_sim = titles(sim)
+    assert only_sim and all(t.endswith("(prediction)") for t in only_sim.values()), only_sim
+    only_measured = titles(measured)
+    assert not any("prediction" in t for t in only_measured.values()), only_measured
+    mixed = titles(measured, sim)  # (the focus: the first, measured)
+    assert mixed["cdf_ttft"].endswith("(some runs are predictions)") and "prediction" not in mixed["timeline"]

@@ -568,11 +568,17 @@ def render(report: Report) -> str:
         if server is not None:
             figs.append(server)
     report.figures = figs
+    # each plot says when what it draws is the simulator's (its PNG, --png, stands alone):
+    # the focus run's plots by that run, the others by every run they draw
+    focus_ids = {"ttft_vs_input", "tokens_over_time", "inflight_over_time", "timeline", "client", "server_metrics"}
+    drawn_sim = [r.simulated for r in runs]
     sections = []
     for f in figs:
         body = f.body or '<p class="empty">nothing to draw (no such values in this run)</p>'
         note = f'<figcaption>{escape(f.note)}</figcaption>' if f.note else ""
-        sections.append(f'<figure class="plot{"" if f.body else " empty"}" id="{f.id}"><h3>{escape(f.title)}</h3>{body}{note}</figure>')
+        of = [focus.simulated] if focus is not None and f.id in focus_ids else drawn_sim
+        label = " (prediction)" if of and all(of) else " (some runs are predictions)" if any(of) else ""
+        sections.append(f'<figure class="plot{"" if f.body else " empty"}" id="{f.id}"><h3>{escape(f.title + label)}</h3>{body}{note}</figure>')
     warnings = [w for r in runs[:8] for w in (r.summary.get("warnings") or [])]
     simulated = any(r.simulated for r in runs)
     parts = [
