@@ -62,6 +62,23 @@ def test_hopeless_trials_end_early_without_changing_the_answer() -> None:
     assert all(t.status == "done" for t in full.trials)
 
 
+def test_a_trial_the_tie_rule_would_choose_is_not_ended_as_hopeless() -> None:
+    """Trial 3 below missed one request of 80 where trial 2 had met all: ended as
+    hopeless, though 79 of 80 scored within the 2 % tie share and its lower TTFT p99 made
+    it the best by the tie rule (as the search without early ends chose it). A trial ends
+    now only when even a perfect rest, ending at once, could not come within the tie
+    share of the highest goodput."""
+    run = RunConfig(LoadConfig(OpenLoop(10.0), num_requests=80), WorkloadConfig(input_tokens=1500, output_tokens=100),
+                    "completions", SLO(ttft_ms=500, tpot_ms=11.7))
+    axes = (Axis("max_num_seqs", (8, 32, 128)), Axis("max_num_batched_tokens", (512, 2048)))
+    full = search(TuneConfig(axes, "grid", abort_hopeless=False), run)
+    early = search(TuneConfig(axes, "grid"), run)
+    assert full.best is not None and early.best is not None
+    assert full.best.met < max(t.met for t in full.trials)  # (the case: the best met fewer than another)
+    assert early.best.params == full.best.params and early.best.score == full.best.score
+    assert [t.number for t in early.pareto] == [t.number for t in full.pareto]
+
+
 def test_a_setting_the_engine_refuses_is_a_failed_trial_and_the_search_goes_on() -> None:
     axes = (Axis("max_num_batched_tokens", (16, 4096)), Axis("max_num_seqs", (64,)))
     result = search(TuneConfig(axes, "grid"))

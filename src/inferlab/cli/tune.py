@@ -87,7 +87,7 @@ no difference), and the line naming it then says so."""
 @click.option("--slo-share", type=FloatRange(min=0, max=1, min_open=True), default=0.9, show_default=True, help="With --objective throughput: the share of requests that must meet the SLOs.")
 @click.option("--max-trials", type=click.IntRange(min=1), help="Stop after this many trials (default: as many as the search needs).")
 @click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Tune a real engine: this config (TOML/JSON, as for inferlab engine start) with each setting put in, started for each trial and stopped after it; --param then names its settings (max-num-seqs, max-num-batched-tokens, max-model-len, enable-prefix-caching, ...).")
-@click.option("--abort-hopeless/--no-abort-hopeless", default=True, show_default=True, help="End a trial early once it can no longer beat the best one.")
+@click.option("--abort-hopeless/--no-abort-hopeless", default=True, show_default=True, help="End a trial early once it can no longer be chosen: its goodput, were every request left to meet the SLOs and the run to end now, below the tie share of the highest (throughput: more requests missed than --slo-share allows).")
 def tune(**kw: Any) -> None:
     """``inferlab tune`` (its help: ``_HELP``)."""
     sys.exit(run_guarded(lambda: _tune(kw)))

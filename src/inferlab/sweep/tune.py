@@ -308,17 +308,26 @@ class Tuner:
         loop = asyncio.get_running_loop()
         stop = _AnyThreadStop(loop)
         missed = 0
+        # the run's duration so far (first send of a measured request seen → last end seen):
+        # its final duration is at least this, which bounds the goodput it can still reach
+        first_send: int | None = None
+        last_end: int | None = None
 
         def on_record(r: RequestRecord) -> None:
-            nonlocal missed
+            nonlocal missed, first_send, last_end
             if r.warmup:
                 return
+            if r.send_ns is not None:
+                first_send = r.send_ns if first_send is None else min(first_send, r.send_ns)
+            if r.end_ns is not None:
+                last_end = r.end_ns if last_end is None else max(last_end, r.end_ns)
             if r.ok and slo.met_by(request_metrics(r)):
                 trial.met += 1
                 return
             missed += 1
             if planned and best is not None and not stop.is_set():
-                why = self._hopeless(planned, missed, best)
+                elapsed_s = None if first_send is None or last_end is None else (last_end - first_send) / 1e9
+                why = self._hopeless(planned, missed, elapsed_s)
                 if why:
                     trial.reason = why
                     stop.set_from_any_thread()
@@ -334,10 +343,22 @@ class Tuner:
         finally:
             watcher.cancel()
 
-    def _hopeless(self, planned: int, missed: int, best: Trial) -> str | None:
+    def _hopeless(self, planned: int, missed: int, elapsed_s: float | None) -> str | None:
+        """Why a trial cannot end among the best (None: it still can). Goodput: even if
+        every request left met the SLOs, and the run ended now (it lasts at least as long
+        as it has), its goodput would be below ``TIE_SHARE`` of the highest trial's, so the
+        tie rule could not choose it either (a count of met requests alone is no bound:
+        a faster run meets fewer in less time). Throughput: more requests missed than
+        ``--slo-share`` allows (its score is then 0)."""
         if self.config.objective == "goodput":
-            if planned - missed < best.met:
-                return f"hopeless: {missed} of {planned} requests missed an SLO; trial {best.number} met {best.met}"
+            done = [t for t in self.trials if t.status == "done"]
+            if not done or not elapsed_s or elapsed_s <= 0:
+                return None
+            top = max(done, key=lambda t: t.score)
+            reach = (planned - missed) / elapsed_s
+            if reach < top.score * (1 - TIE_SHARE):
+                return (f"hopeless: {missed} of {planned} requests missed an SLO; at most {reach:.3g} req/s within them "
+                        f"after {elapsed_s:.3g} s, under {1 - TIE_SHARE:.0%} of trial {top.number}'s {top.score:.3g}")
             return None
         allowed = (1 - self.config.slo_share) * planned
         if missed > allowed:
