@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from inferlab.report.console import print_uncut
+from inferlab.sim.engine.bands import shown_pct
 
 #: (column, headline key, digits) of the sweep's tables.
 COLUMNS = (
@@ -150,9 +151,9 @@ def bands_short(pred: dict[str, Any]) -> str:
         bands = _group_bands(pred, label, keys)
         if len(bands) == 1:
             band = bands[0][1]
-            words.append(f"{label} " + (f"±{band['pct']:.0f} %" if band else "not validated"))
+            words.append(f"{label} " + (f"±{shown_pct(band['pct'])} %" if band else "not validated"))
             continue
-        pcts = "/".join(f"{b['pct']:.0f}" if b else "–" for _, b in bands)
+        pcts = "/".join(shown_pct(b["pct"]) if b else "–" for _, b in bands)
         stats = "/".join(name.rsplit(" ", 1)[1] for name, _ in bands)
         words.append(f"{label} ±{pcts} % ({stats})")
     return ", ".join(words) + f" ({pred.get('engine_family')}, {pred.get('regime')})"

@@ -241,3 +241,17 @@ def test_the_shipped_bands_say_how_long_the_validated_rows_were() -> None:
     from inferlab.sim.engine.bands import beyond_validated
 
     assert beyond_validated("vllm", "closed loop", 20000, 200) and not beyond_validated("vllm", "closed loop", 1000, 200)
+
+
+def test_a_band_reads_the_same_wherever_it_is_shown() -> None:
+    """A band of 4.5 % read "±5 %" in its own text and the line under a sweep's table, and
+    "±4 %" in each point's line and the report's column (Python's format rounds halves to
+    even, and the text was made from the unrounded value)."""
+    from inferlab.report.sweep import bands_short
+    from inferlab.sim.engine.bands import ErrorBand
+
+    for pct, shown in ((4.5, "5"), (4.52, "5"), (4.4, "4"), (12.5, "13"), (2.5, "3")):
+        band = ErrorBand("throughput", pct, 27, "holdout", "vllm", "Poisson").to_json()
+        assert band["text"].startswith(f"±{shown} %"), band
+        short = bands_short({"error_bands": {"output_tok_s": band, "req_s": band}})
+        assert f"±{shown} %" in short, (pct, short)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +59,13 @@ _STAT_WORDS = {"median": "the medians of", "p99": "the p99s of"}
 _SIDE_WORDS = {"holdout": "held-out", "fit": "in-sample (fit)"}
 
 
+def shown_pct(pct: float) -> str:
+    """A band's percentage as every place shows it: the tenth ``to_json`` keeps, to the
+    whole percent, halves up (4.5 is "5" wherever it is shown, never "4" in one place
+    and "5" in another)."""
+    return str(math.floor(round(pct, 1) + 0.5))
+
+
 @dataclass(frozen=True)
 class ErrorBand:
     """The median absolute error of ``metric`` over ``rows`` validation rows of
@@ -82,15 +90,15 @@ class ErrorBand:
         loads = " of every load" if self.regime == ALL else ""
         side = _SIDE_WORDS[self.split]
         if self.twin is not None:  # (a twin may fit its own runs to under 1 %)
-            pct = f"{self.pct:.1f}" if self.pct < 10 else f"{self.pct:.0f}"
+            pct = f"{self.pct:.1f}" if self.pct < 10 else shown_pct(self.pct)
             runs = "run" if self.rows == 1 else "runs"
             return f"±{pct} % on {self.rows} {side} {runs} of the calibration in {Path(self.twin).name}"
         of = f"{_STAT_WORDS[self.stat]} " if self.stat else ""
         if self.family == ALL:
-            return f"±{self.pct:.0f} % on {of}{self.rows} {side}{regime} rows of every engine" + (
+            return f"±{shown_pct(self.pct)} % on {of}{self.rows} {side}{regime} rows of every engine" + (
                 " and load" if loads else "")
         engine = EngineFamily.parse(self.family).rules.engine.split(" (")[0]
-        return f"±{self.pct:.0f} % on {of}{self.rows} {side} {engine}{regime} rows{loads}"
+        return f"±{shown_pct(self.pct)} % on {of}{self.rows} {side} {engine}{regime} rows{loads}"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
