@@ -377,3 +377,16 @@ def test_each_simulated_point_carries_the_error_bands_of_its_family_and_load_reg
     (users / "sweep.json").write_text(json.dumps(measured))
     html = sweep_section(load_sweep(users))
     assert "prediction" not in html and "±" not in html
+
+
+def test_repeats_that_cannot_differ_say_their_interval_is_no_measure_of_noise(tmp_path: Path) -> None:
+    """Three repeats of a closed loop of fixed lengths in virtual time are one run three
+    times (seeds 0, 1, 2 draw nothing): "264 ± 0" read as a precise measurement. The
+    table now says so below it; repeats that draw their lengths differ and say nothing."""
+    fixed = sweep(["-c", "2", "-n", "12", "--repeats", "3", "--input-tokens", "300", "--output-tokens", "16",
+                   "-o", str(tmp_path / "fixed")])
+    assert fixed.exit_code == 0, fixed.output
+    assert "repeats identical (c=2)" in " ".join(fixed.output.split())
+    drawn = sweep(["-c", "2", "-n", "12", "--repeats", "3", "--input-tokens", "uniform:200:400", "--output-tokens", "16",
+                   "-o", str(tmp_path / "drawn")])
+    assert drawn.exit_code == 0 and "repeats identical" not in drawn.output

@@ -107,6 +107,13 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
             out.print(f"{label}: interrupted")
         else:
             out.print(f"{label}: {unstopped_text(index)}")
+    if repeated:
+        same = [params_text(a["params"]) or "every point" for a in index["aggregates"] if _repeats_identical(a)]
+        if same:
+            out.print(f"repeats identical ({', '.join(same)}): the simulated workload draws nothing from the seed "
+                      "(fixed lengths, a closed loop), so each ± is 0 by construction, not a measure of a server's "
+                      "run-to-run noise (lengths drawn, --input-tokens uniform:LO:HI, or --rate, make repeats differ)",
+                      soft_wrap=True)
     skipped = sum(1 for p in index["points"] if p["status"] == "skipped")
     if skipped:
         out.print(f"{skipped} planned point(s) not run (past a stop, or after an interruption)")
@@ -116,6 +123,12 @@ def render_sweep(out: Console, index: dict[str, Any], title: str) -> None:
                   "family in the point's load regime, docs/validation.md):", soft_wrap=True)
         for line in lines:
             out.print(f"  {line}", soft_wrap=True, highlight=False)
+
+
+def _repeats_identical(aggregate: dict[str, Any]) -> bool:
+    """Every headline metric of a point's repeats had one value (its interval is a point)."""
+    values = [v for v in (aggregate.get("headline") or {}).values() if isinstance(v, dict) and v.get("n", 0) > 1]
+    return bool(values) and all(v.get("ci95_low") == v.get("ci95_high") for v in values)
 
 
 #: (label, the headline keys it covers): a band per metric class, as the table shows them
