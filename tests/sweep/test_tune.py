@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,20 @@ def test_cli_json(tmp_path: Path) -> None:
     assert [t["params"]["max_num_seqs"] for t in d["trials"]] == [8, 32, 128]
     assert d["best"]["score"] == max(t["score"] for t in d["trials"]) == d["best"]["highest_score"]
     assert d["best"]["why"] == "the highest score"
+
+
+def test_the_index_records_the_command_line_as_a_sweeps_does(tmp_path: Path) -> None:
+    """sweep.json's ``command`` (and the history row made from it) said only "tune"; a
+    sweep's holds its command line, secrets redacted: a tune's does too."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "t"
+    args = ["tune", *COMMON, "-n", "12", "--slo-ttft-ms", "300", "--param", "max-num-seqs=8,32", "--search", "grid",
+            "--no-history", "-o", str(out)]
+    p = subprocess.run([sys.executable, "-m", "inferlab", *args], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads((out / "sweep.json").read_text())["command"] == shlex.join(["inferlab", *args])
 
 
 def test_vllms_name_for_async_scheduling_searches_the_same_axis() -> None:

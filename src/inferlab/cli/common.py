@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import warnings
@@ -118,6 +119,15 @@ class OneNamePerSetting(click.Command):
             if len(given_as) > 1:
                 raise click.UsageError(f"{' and '.join(given_as)} name one setting: give one of them")
         return super().parse_args(ctx, args)
+
+
+def command_line() -> str:
+    """The command as run, secrets redacted (the value after --api-key, and headers)."""
+    words = list(sys.argv[1:])
+    for i, w in enumerate(words[:-1]):
+        if w in ("--api-key", "-H", "--header"):
+            words[i + 1] = "***"
+    return shlex.join(["inferlab", *(w if not w.startswith("--api-key=") else "--api-key=***" for w in words)])
 
 
 def console(*, stderr: bool = False, **kw: Any) -> Console:

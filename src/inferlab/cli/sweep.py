@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +30,7 @@ from inferlab.cli.common import (
     OneNamePerSetting,
     as_sweep_output,
     check_users_have_requests,
+    command_line,
     console,
     finish_run,
     given,
@@ -354,7 +354,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
     except ValueError as e:
         raise UsageError(str(e)) from e
     return SweepConfig(
-        run, target, grid, kw["out"], kw["repeats"], rules, goodput, auto, kw["overwrite"], command=_command_line(),
+        run, target, grid, kw["out"], kw["repeats"], rules, goodput, auto, kw["overwrite"], command=command_line(),
     )
 
 
@@ -405,15 +405,6 @@ def _rate(text: str) -> float:
     if not rate > 0:
         raise UsageError("--rate values must be positive")
     return rate
-
-
-def _command_line() -> str:
-    """The command as run, secrets redacted (the value after --api-key, and headers)."""
-    words = list(sys.argv[1:])
-    for i, w in enumerate(words[:-1]):
-        if w in ("--api-key", "-H", "--header"):
-            words[i + 1] = "***"
-    return shlex.join(["inferlab", *(w if not w.startswith("--api-key=") else "--api-key=***" for w in words)])
 
 
 def _target_line(config: SweepConfig) -> str:

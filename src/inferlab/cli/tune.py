@@ -24,6 +24,7 @@ from inferlab.cli.common import (
     FloatRange,
     OneNamePerSetting,
     as_sweep_output,
+    command_line,
     console,
     given,
     install_stop_signals,
@@ -222,7 +223,7 @@ def _tune(kw: dict[str, Any]) -> int:
         spec = load_spec(kw["engine_config"])
     config = TuneConfig(
         _axes(kw["params"], kw, EngineConfig if spec is None else EngineSpec), kw["search"], kw["objective"],
-        kw["slo_share"], kw["max_trials"], kw["abort_hopeless"],
+        kw["slo_share"], kw["max_trials"], kw["abort_hopeless"], command_line(),
     )
     if spec is None:  # a release the rules cannot follow fails every trial alike: refuse it now
         searched = next((a.values for a in config.axes if a.name == "engine_version"), None)

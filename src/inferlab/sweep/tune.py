@@ -123,6 +123,7 @@ class TuneConfig:
     slo_share: float = 0.9  # ``throughput``: the share of requests that must meet the SLOs
     max_trials: int | None = None  # None: as many as the search needs
     abort_hopeless: bool = True
+    command: str = "tune"  # the command line that ran it, for sweep.json (secrets redacted)
 
 
 @dataclass
@@ -430,7 +431,7 @@ class Tuner:
         best = self._best()
         write_index(self.out_dir, plain_json({
             "format": FORMAT,
-            "command": "tune",
+            "command": self.config.command,
             "target": self.trials_at.target_json(),
             # (an engine started from a config may be inferlab's simulator: its trials say)
             "prediction": self.trials_at.prediction or any(t.summary is not None and t.summary.server.simulated for t in self.trials),
