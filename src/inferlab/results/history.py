@@ -403,7 +403,7 @@ def sweep_row(sweep_dir: Path) -> dict[str, Any]:
             point = run_row(json.loads((sweep_dir / best["dir"] / "summary.json").read_text()), None)
         except (OSError, ValueError, TypeError, KeyError):
             point = {}
-        row.update({k: point.get(k) for k in ("target", "model", "engine", "simulated", "response_cache_hits")
+        row.update({k: point.get(k) for k in ("target", "model", "engine", "simulated", "response_cache_hits", "completed", "failed")
                     if point.get(k) is not None})
     return row
 
@@ -421,7 +421,8 @@ def overwritten(entry: Entry) -> str | None:
     except (OSError, ValueError, TypeError, AttributeError, UsageError):
         return None
     recorded: dict[str, Any] = {**entry.headline, "completed": entry.completed, "failed": entry.failed, "model": entry.model}
-    differ = [k for k, v in recorded.items() if not _same(v, row.get(k))]
+    # (a value recorded as null says nothing: a row written before it was kept, a sweep's counts)
+    differ = [k for k, v in recorded.items() if v is not None and not _same(v, row.get(k))]
     return ", ".join(f"{k} {recorded[k]} recorded, {row.get(k)} there" for k in differ) or None
 
 
