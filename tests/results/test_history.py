@@ -161,6 +161,9 @@ def test_filters_match_their_text_literally(tmp_path: Path) -> None:
         assert [e.id for e in h.find(url="%")] == [2]
         assert [e.id for e in h.find(model="\\")] == [3]
         assert [e.id for e in h.find(model="my_")] == [2] and [e.id for e in h.find(model="qwen")] == [1]
+        # case-insensitive in any script (SQLite's LOWER folds ASCII only)
+        h.add({"kind": "run", "model": "org/ÜBER-Straße-7B", "target": "http://d:8000/v1"})
+        assert [e.id for e in h.find(model="über-strasse")] == [4] and [e.id for e in h.find(model="ÜBER")] == [4]
 
 
 def test_record_sweep_keeps_the_best_point(tmp_path: Path) -> None:

@@ -151,6 +151,8 @@ class History:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            # (SQLite's LOWER folds ASCII only: "ÜBER" would not match "über")
+            self._db.create_function("FOLD", 1, _fold, deterministic=True)
             self._use_wal()
             self._migrate()
         except sqlite3.DatabaseError as e:
@@ -246,10 +248,10 @@ class History:
         ``since`` is an ISO date or time (UTC) rows are at or after."""
         where, args = [], []
         if model:
-            where.append("LOWER(model) LIKE ? ESCAPE '\\'")
+            where.append("FOLD(model) LIKE ? ESCAPE '\\'")
             args.append(_contains(model))
         if url:
-            where.append("LOWER(target) LIKE ? ESCAPE '\\'")
+            where.append("FOLD(target) LIKE ? ESCAPE '\\'")
             args.append(_contains(url))
         if since:
             where.append("time >= ?")
@@ -266,11 +268,16 @@ class History:
         return [_entry(r) for r in self._db.execute(sql, args)]
 
 
+def _fold(value: object) -> object:
+    """A text as the filters compare it: case folded, any script (None and numbers as they are)."""
+    return value.casefold() if isinstance(value, str) else value
+
+
 def _contains(text: str) -> str:
     """A LIKE pattern for ``text`` anywhere, taken literally: its ``%`` and ``_`` (LIKE's
     wildcards) and the escape character itself escaped, so ``--model _`` matches only
     names with an underscore."""
-    literal = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    literal = text.casefold().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
     return f"%{literal}%"
 
 
