@@ -268,8 +268,8 @@ class History:
         return [_entry(r) for r in self._db.execute(sql, args)]
 
 
-def _fold(value: object) -> object:
-    """A text as the filters compare it: case folded, any script (None and numbers as they are)."""
+def _fold(value: str | None) -> str | None:
+    """A text as the filters compare it: case folded, any script (None as it is)."""
     return value.casefold() if isinstance(value, str) else value
 
 
