@@ -81,6 +81,15 @@ async def test_what_is_not_deterministic_or_belongs_to_another_key_is_not_served
         assert posts(up) == 1
 
 
+async def test_one_number_in_two_json_spellings_is_one_cache_entry() -> None:
+    async with FakeUpstream() as up, serving(config(up.url)) as (url, _), aiohttp.ClientSession() as s:
+        answers = [await post(s, url, chat_body("ok", temperature=t, top_p=p), auth("alice"))
+                   for t, p in ((0, 1), (0.0, 1.0), (-0.0, 1e0))]
+        assert [a.headers["x-inferlab-cache"] for a in answers] == ["miss", "hit", "hit"] and posts(up) == 1
+        await post(s, url, chat_body("ok", temperature=0, top_p=0.5), auth("alice"))
+        assert posts(up) == 2  # (another number: another entry)
+
+
 async def test_entries_expire_and_the_size_bound_evicts_the_least_recently_used() -> None:
     clock = VirtualClock()
     async with FakeUpstream() as up, serving(config(up.url, CacheConfig(ttl_s=10, max_entries=1)), clock) as (url, gw), \
