@@ -514,6 +514,7 @@ class Gateway:
 
     async def _generate(self, request: web.Request, api: Api) -> web.StreamResponse:
         received = self.clock.now_ns()
+        key: KeyConfig | None = None
         try:
             key = self._authenticate(request)
             req = await self._read(request, api, key)
@@ -521,53 +522,65 @@ class Gateway:
             if self.log is not None:
                 self.log.append(RequestRecord(
                     next(self._seq), send_ns=received - self.t0_ns, end_ns=self.clock.now_ns() - self.t0_ns,
-                    status=e.status, error_kind=ErrorKind.HTTP_STATUS, error=f"HTTP {e.status}: {e.message}"[:300]))
+                    status=e.status, error_kind=ErrorKind.HTTP_STATUS, error=f"HTTP {e.status}: {e.message}"[:300],
+                    key=key.name if key else None))
             raise
-        candidates = await self._candidates(req.model)
-        if self._tokenize is not None:  # (the first upstream that may take it counts)
-            counter = self._tokenize[(self.health.healthy(candidates) or candidates)[0]]
-            req.input_tokens, source = await counter.count(req.body, req.prompt, api == "chat", req.model)
-            self.metrics.prompt_counts.labels(source).inc()
-        else:
-            self.metrics.prompt_counts.labels(self._count_source).inc()
-        record = RequestRecord(next(self._seq), send_ns=received - self.t0_ns,
+        record = RequestRecord(next(self._seq), send_ns=received - self.t0_ns, key=key.name if key else None,
                                requested_input_tokens=req.input_tokens, requested_output_tokens=req.output_tokens)
         obs = Observed(record, self.t0_ns, received)
-        known = [c for c in (self._context.get((req.model, i)) for i in candidates) if c is not None]
-        if known and len(known) == len(candidates):
-            # no upstream generates past its context: a max_tokens beyond it waited for room
-            # behind other traffic, to end as a 503 (a retryable 5xx for a client's fault),
-            # where every upstream would refuse it at once. Refused here when max_tokens
-            # alone reaches the largest context (certain, whatever the prompt's count);
-            # else what is reserved is capped there (the record keeps what was asked)
-            if req.max_tokens is not None and req.max_tokens >= max(known):
-                raise APIError(
-                    400, f"This model's maximum context length is {max(known)} tokens. However, you requested "
-                    f"{req.max_tokens} tokens in the completion alone. Please reduce the length of the completion.",
-                    param="max_tokens")
-            req.output_tokens = min(req.output_tokens, max(max(known) - req.input_tokens, 0))
-        charge: Charge | str | None = None
-        headers: dict[str, str] = {}
-        if key is not None and (key.rpm is not None or key.tpm is not None):
-            try:
+        try:  # (a refusal from here on is logged as the others are, with what is known of it)
+            candidates = await self._candidates(req.model)
+            if self._tokenize is not None:  # (the first upstream that may take it counts)
+                counter = self._tokenize[(self.health.healthy(candidates) or candidates)[0]]
+                req.input_tokens, source = await counter.count(req.body, req.prompt, api == "chat", req.model)
+                record.requested_input_tokens = req.input_tokens
+                self.metrics.prompt_counts.labels(source).inc()
+            else:
+                self.metrics.prompt_counts.labels(self._count_source).inc()
+            self._check_context(req, candidates)
+            charge: Charge | str | None = None
+            headers: dict[str, str] = {}
+            if key is not None and (key.rpm is not None or key.tpm is not None):
                 if self.shared_limiter is not None:
                     charge, headers = await self._shared(self.shared_limiter.reserve(key, req.input_tokens, req.output_tokens))
                 else:
                     charge = self.limiter.reserve(key, req.input_tokens, req.output_tokens)
                     headers = self.limiter.headers(key)
-            except Limited as e:
-                self.metrics.rejections.labels("rate_limited", key.name).inc()
-                h = dict(e.headers)
-                if e.retry_after_s is not None:
-                    h["Retry-After"] = retry_after(e.retry_after_s)
-                obs.fail(ErrorKind.HTTP_STATUS, f"HTTP 429: {e}")  # (logged: a refusal is part of the load)
-                record.status, record.end_ns = 429, self.clock.now_ns() - self.t0_ns
-                self._finish(req, obs, None)
-                return error_response(429, str(e), "RateLimitError", h)
+        except Limited as e:
+            assert key is not None
+            self.metrics.rejections.labels("rate_limited", key.name).inc()
+            h = dict(e.headers)
+            if e.retry_after_s is not None:
+                h["Retry-After"] = retry_after(e.retry_after_s)
+            obs.fail(ErrorKind.HTTP_STATUS, f"HTTP 429: {e}")  # (logged: a refusal is part of the load)
+            record.status = 429
+            self._finish(req, obs, None)
+            return error_response(429, str(e), "RateLimitError", h)
+        except APIError as e:
+            obs.fail(ErrorKind.HTTP_STATUS, f"HTTP {e.status}: {e.message}")
+            record.status = e.status
+            self._finish(req, obs, None)
+            raise
         try:
             return await self._answer(request, req, candidates, obs, headers)
         finally:
             self._finish(req, obs, charge)
+
+    def _check_context(self, req: _Request, candidates: list[int]) -> None:
+        """No upstream generates past its context: a max_tokens beyond it waited for room
+        behind other traffic, to end as a 503 (a retryable 5xx for a client's fault),
+        where every upstream would refuse it at once. ``APIError`` 400 when max_tokens
+        alone reaches the largest context (certain, whatever the prompt's count); else
+        what is reserved is capped there (the record keeps what was asked)."""
+        known = [c for c in (self._context.get((req.model, i)) for i in candidates) if c is not None]
+        if not known or len(known) != len(candidates):
+            return
+        if req.max_tokens is not None and req.max_tokens >= max(known):
+            raise APIError(
+                400, f"This model's maximum context length is {max(known)} tokens. However, you requested "
+                f"{req.max_tokens} tokens in the completion alone. Please reduce the length of the completion.",
+                param="max_tokens")
+        req.output_tokens = min(req.output_tokens, max(max(known) - req.input_tokens, 0))
 
     def _finish(self, req: _Request, obs: Observed, charge: Charge | str | None) -> None:
         """Every request ends here, however it ended: the key's charge corrected, metrics
@@ -583,8 +596,10 @@ class Gateway:
                 self.limiter.correct(req.key, charge, *used)
             elif used is not None and self.shared_limiter is not None:
                 self._later(self.shared_limiter.correct(req.key, str(charge), *used))
-        if r.end_ns is None and r.error_kind is None:
-            r.error_kind, r.error = ErrorKind.CANCELLED, "the client went away"
+        if r.end_ns is None:  # (not ended by an upstream's answer: the gateway's own end)
+            if r.error_kind is None:
+                r.error_kind, r.error = ErrorKind.CANCELLED, "the client went away"
+            r.end_ns = self.clock.now_ns() - self.t0_ns  # (a failure still: not ``ok``)
         if self.log is not None:
             r.content_ns = [t - self.t0_ns for t in obs.content_ns]
             self.log.append(r)
