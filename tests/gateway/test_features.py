@@ -213,3 +213,46 @@ async def test_a_client_that_leaves_mid_stream_keeps_its_charge_and_one_refused_
             async with aiohttp.ClientSession() as s:
                 unknown = await post(s, url, chat_body("no-such-model"), auth("bob"))
             assert unknown.status == 404 and "bob" not in gw.limiter._windows  # refused before any charge
+
+
+async def test_a_request_the_gateway_refuses_at_its_queue_gives_back_the_request_and_its_tokens() -> None:
+    """A key of 2 requests a minute: one stream holds the only slot, a second is refused
+    at the full queue (503). That one counts for nothing, so a third, once the slot is
+    free, is the key's second request of the minute, not a 429."""
+    from inferlab.gateway.config import AdmissionConfig
+
+    async with FakeUpstream(long_chunks=20, gap_s=0.01) as up:
+        keyed = config(up.url, CacheConfig(enabled=False), rpm=2, tpm=10**6)
+        cfg = GatewayConfig(upstreams=keyed.upstreams, keys=keyed.keys, cache=keyed.cache,
+                            admission=AdmissionConfig(mode="requests", max_requests_in_flight=1, queue_max=0))
+        async with serving(cfg) as (url, gw), aiohttp.ClientSession() as s:
+            holding = asyncio.create_task(post(s, url, chat_body("long"), auth("alice")))
+            for _ in range(400):  # bounded: 2 s
+                if gw.admission.requests_in_flight == [1]:
+                    break
+                await asyncio.sleep(0.005)
+            window = gw.limiter._windows["alice"]
+            held = window.tokens
+            refused = await post(s, url, chat_body("ok"), auth("alice"))
+            assert refused.status == 503 and len(window.charges) == 1 and window.tokens == held
+            assert (await holding).status == 200
+            third = await post(s, url, chat_body("ok"), auth("alice"))
+            assert third.status == 200 and third.headers["x-ratelimit-remaining-requests"] == "0"
+            assert len(window.charges) == 2
+
+
+async def test_an_error_answer_is_charged_no_tokens_and_a_broken_stream_what_it_streamed() -> None:
+    """The upstream's 500 (a 502 after the tries) generated nothing: its charge is
+    corrected to no tokens, still one request. A stream the upstream breaks after two
+    content chunks is charged its prompt (as counted) and those two."""
+    from inferlab.gateway.estimate import prompt_counter, prompt_tokens
+
+    async with FakeUpstream() as up, serving(config(up.url, CacheConfig(enabled=False), tpm=10**6)) as (url, gw), \
+            aiohttp.ClientSession() as s:
+        assert (await post(s, url, chat_body("e500", stream=False), auth("alice"))).status == 502
+        window = gw.limiter._windows["alice"]
+        assert len(window.charges) == 1 and window.tokens == 0
+        broken = await post(s, url, chat_body("die"), auth("bob"))
+        assert broken.status == 200 and "error" in broken.objects()[-1]
+        prompt = prompt_tokens(chat_body("die"), True, prompt_counter("estimate"))
+        assert gw.limiter._windows["bob"].tokens == prompt + 2

@@ -586,20 +586,21 @@ class Gateway:
         """Every request ends here, however it ended: the key's charge corrected, metrics
         and the access log written."""
         r = obs.record
-        if charge is not None and req.key is not None:
-            used: tuple[int, int] | None = None
-            if r.input_tokens is not None and r.output_tokens is not None:
-                used = (r.input_tokens, r.output_tokens)
-            elif not obs.sent:  # never reached an upstream: nothing was used
-                used = (0, 0)
-            if used is not None and isinstance(charge, Charge):
-                self.limiter.correct(req.key, charge, *used)
-            elif used is not None and self.shared_limiter is not None:
-                self._later(self.shared_limiter.correct(req.key, str(charge), *used))
         if r.end_ns is None:  # (not ended by an upstream's answer: the gateway's own end)
             if r.error_kind is None:
                 r.error_kind, r.error = ErrorKind.CANCELLED, "the client went away"
             r.end_ns = self.clock.now_ns() - self.t0_ns  # (a failure still: not ``ok``)
+        if charge is not None and req.key is not None:
+            if not obs.sent and not r.response_cache_hit:  # answered by the gateway alone: no request, no tokens
+                if isinstance(charge, Charge):
+                    self.limiter.refund(charge)
+                elif self.shared_limiter is not None:
+                    self._later(self.shared_limiter.refund(req.key, charge))
+            elif (used := _used(req, obs)) is not None:
+                if isinstance(charge, Charge):
+                    self.limiter.correct(req.key, charge, *used)
+                elif self.shared_limiter is not None:
+                    self._later(self.shared_limiter.correct(req.key, charge, *used))
         if self.log is not None:
             r.content_ns = [t - self.t0_ns for t in obs.content_ns]
             self.log.append(r)
@@ -788,6 +789,25 @@ class Gateway:
             series.input_tokens.inc(r.input_tokens)
         if r.output_tokens is not None:
             series.output_tokens.inc(r.output_tokens)
+
+
+def _used(req: _Request, obs: Observed) -> tuple[int, int] | None:
+    """The (input, output) tokens a request's charge is corrected to, or None: it keeps
+    the estimate. The answer's usage (an upstream's, or a cached answer's) where it
+    came; else an answer that failed is charged what it streamed: nothing if no content
+    reached the client (an error status, the upstream's or the gateway's after failed
+    tries: nothing was generated for it), else the prompt and one token per content
+    chunk relayed (the upstream's stream broke, so it generated no more). A client that
+    went away keeps the estimate (the upstream may have generated more than was relayed),
+    as does an answer without usage."""
+    r = obs.record
+    if r.input_tokens is not None and r.output_tokens is not None:
+        return r.input_tokens, r.output_tokens
+    if r.error_kind is ErrorKind.CANCELLED:
+        return None
+    if r.error_kind is not None:
+        return (req.input_tokens, len(obs.content_ns)) if obs.content_ns else (0, 0)
+    return (0, 0) if not obs.sent else None  # (a cached answer without usage: no upstream's tokens)
 
 
 def _load(snap: Snapshot) -> tuple[float, float, float | None] | str:
