@@ -256,3 +256,29 @@ async def test_an_error_answer_is_charged_no_tokens_and_a_broken_stream_what_it_
         assert broken.status == 200 and "error" in broken.objects()[-1]
         prompt = prompt_tokens(chat_body("die"), True, prompt_counter("estimate"))
         assert gw.limiter._windows["bob"].tokens == prompt + 2
+
+
+async def test_a_cache_hit_has_its_duration_tokens_and_each_chunk_s_send_time(tmp_path: Path) -> None:
+    """Cache hits are in the metrics under server_address "cache" as an upstream's
+    answers are (duration, the answer's token usage), and a streamed hit's record has one
+    content time per content chunk, as the miss's has."""
+    async with FakeUpstream() as up:
+        keyed = config(up.url)
+        cfg = GatewayConfig(upstreams=keyed.upstreams, keys=keyed.keys, access_log=str(tmp_path / "log"))
+        async with serving(cfg) as (url, _), aiohttp.ClientSession() as s:
+            body = chat_body("ok", temperature=0)
+            for b in (body, body, {**body, "stream": False}):
+                assert (await post(s, url, b, auth("alice"))).status == 200
+            m = await metrics(s, url)
+    cache = {"server_address": "cache", "key": "alice"}
+    assert total(m, "gen_ai_server_request_duration_seconds_count", **cache) == 2
+    assert total(m, "gen_ai_client_token_usage_total", gen_ai_token_type="input", **cache) == 2 * USAGE["prompt_tokens"]
+    assert total(m, "gen_ai_client_token_usage_total", gen_ai_token_type="output", **cache) == 2 * USAGE["completion_tokens"]
+    assert total(m, "gen_ai_server_time_to_first_token_seconds_count", **cache) == 1
+    assert total(m, "gen_ai_server_time_per_output_token_seconds_count", **cache) == 1
+    miss, streamed, whole = sorted(read_records(tmp_path / "log" / "requests.jsonl"), key=lambda r: r.index)
+    assert [bool(r.response_cache_hit) for r in (miss, streamed, whole)] == [False, True, True]
+    assert len(streamed.content_ns) == len(miss.content_ns) == len(TEXTS) and whole.content_ns == []
+    assert streamed.ttfb_ns is not None and streamed.end_ns is not None
+    assert streamed.content_ns == sorted(streamed.content_ns)
+    assert streamed.ttfb_ns <= streamed.content_ns[0] and streamed.content_ns[-1] <= streamed.end_ns

@@ -71,6 +71,8 @@ from inferlab.openai.request import (
     read_params,
     read_prompt,
 )
+from inferlab.openai.response import ResponseReader
+from inferlab.openai.sse import SSEParser
 from inferlab.results.provenance import ENGINE_ROUTE, gateway_answer
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir
@@ -92,6 +94,8 @@ _MODELS_REFRESH_S = 2.0
 STALE_INTERVALS = 3
 #: What routing reads off an engine's ``/metrics`` (``results.telemetry``'s names).
 ENGINE_LOAD = ("running", "waiting", "kv_usage")
+#: The ``server_address`` of what the response cache answered, in metrics.
+CACHE_ADDRESS = "cache"
 #: A ``Failure``'s kind, as the access log and metrics record it.
 _FAILURE_KINDS = {"connect": ErrorKind.CONNECT, "status": ErrorKind.HTTP_STATUS, "timeout": ErrorKind.TIMEOUT,
                   "disconnect": ErrorKind.DISCONNECT, "malformed": ErrorKind.MALFORMED}
@@ -667,22 +671,31 @@ class Gateway:
         r.input_tokens, r.output_tokens = a.get("prompt_tokens"), a.get("completion_tokens")
         r.usage_source, r.finish_reason = "server", entry.answer.finish_reason
         rid = entry.fresh_id()  # (each answer an id of its own, as from an upstream)
+        series = self.metrics.series(req.model, CACHE_ADDRESS, req.key_name)
         if not req.stream:
             resp = web.Response(body=entry.whole(rid), content_type="application/json", headers=headers)
             r.ttfb_ns = r.end_ns = self.clock.now_ns() - self.t0_ns
+            self._observe(obs, series)
             return resp
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
         await out.prepare(request)
-        for i, data in enumerate(entry.stream(req.include_usage, rid)):
+        # each write's content chunks, timed as it is sent (as a relayed stream's are as
+        # they arrive): the log's and the metrics' TPOT and ITL are the cache's own
+        parser, reader, content = SSEParser(), ResponseReader(), obs.content_ns
+        for data in entry.stream(req.include_usage, rid):
             await out.write(data)
-            if i == 0:
-                now = self.clock.now_ns()
+            now = self.clock.now_ns()
+            if r.ttfb_ns is None:
                 r.ttfb_ns = now - self.t0_ns
-                obs.content_ns.append(now)
-                self.metrics.ttft.labels(req.model, "cache", req.key_name).observe((now - obs.received_ns) / NS_PER_S)
+            arrivals = sum(map(reader.event, parser.feed(data)))  # (the stored answer read once before)
+            if arrivals:
+                if content:
+                    series.itl.observe((now - content[-1]) / NS_PER_S)
+                content.extend([now] * arrivals)
         await out.write_eof()
         r.end_ns = self.clock.now_ns() - self.t0_ns
         r.stream_done = True
+        self._observe(obs, series)
         return out
 
     async def _dispatch(
@@ -773,7 +786,7 @@ class Gateway:
             resp.release()
 
     def _observe(self, obs: Observed, series: Series) -> None:
-        """Metrics of a request an upstream answered."""
+        """Metrics of a request an upstream (or the cache) answered."""
         r = obs.record
         seconds = (self.clock.now_ns() - obs.received_ns) / NS_PER_S
         if r.error_kind is None:
