@@ -95,7 +95,8 @@ class RateLimiter:
 
     def refund(self, charge: Charge) -> None:
         """Take ``charge`` out of its window, the request and its tokens: one the gateway
-        answered itself without an upstream (its queue's 503s), which used nothing."""
+        answered itself without an upstream (its queue's 503s, or its client left while
+        it waited), which used nothing."""
         w = charge.window
         if w is None:
             return
