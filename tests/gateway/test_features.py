@@ -81,6 +81,15 @@ async def test_what_is_not_deterministic_or_belongs_to_another_key_is_not_served
         assert posts(up) == 1
 
 
+async def test_one_number_in_two_json_spellings_is_one_cache_entry() -> None:
+    async with FakeUpstream() as up, serving(config(up.url)) as (url, _), aiohttp.ClientSession() as s:
+        answers = [await post(s, url, chat_body("ok", temperature=t, top_p=p), auth("alice"))
+                   for t, p in ((0, 1), (0.0, 1.0), (-0.0, 1e0))]
+        assert [a.headers["x-inferlab-cache"] for a in answers] == ["miss", "hit", "hit"] and posts(up) == 1
+        await post(s, url, chat_body("ok", temperature=0, top_p=0.5), auth("alice"))
+        assert posts(up) == 2  # (another number: another entry)
+
+
 async def test_entries_expire_and_the_size_bound_evicts_the_least_recently_used() -> None:
     clock = VirtualClock()
     async with FakeUpstream() as up, serving(config(up.url, CacheConfig(ttl_s=10, max_entries=1)), clock) as (url, gw), \
@@ -204,3 +213,72 @@ async def test_a_client_that_leaves_mid_stream_keeps_its_charge_and_one_refused_
             async with aiohttp.ClientSession() as s:
                 unknown = await post(s, url, chat_body("no-such-model"), auth("bob"))
             assert unknown.status == 404 and "bob" not in gw.limiter._windows  # refused before any charge
+
+
+async def test_a_request_the_gateway_refuses_at_its_queue_gives_back_the_request_and_its_tokens() -> None:
+    """A key of 2 requests a minute: one stream holds the only slot, a second is refused
+    at the full queue (503). That one counts for nothing, so a third, once the slot is
+    free, is the key's second request of the minute, not a 429."""
+    from inferlab.gateway.config import AdmissionConfig
+
+    async with FakeUpstream(long_chunks=20, gap_s=0.01) as up:
+        keyed = config(up.url, CacheConfig(enabled=False), rpm=2, tpm=10**6)
+        cfg = GatewayConfig(upstreams=keyed.upstreams, keys=keyed.keys, cache=keyed.cache,
+                            admission=AdmissionConfig(mode="requests", max_requests_in_flight=1, queue_max=0))
+        async with serving(cfg) as (url, gw), aiohttp.ClientSession() as s:
+            holding = asyncio.create_task(post(s, url, chat_body("long"), auth("alice")))
+            for _ in range(400):  # bounded: 2 s
+                if gw.admission.requests_in_flight == [1]:
+                    break
+                await asyncio.sleep(0.005)
+            window = gw.limiter._windows["alice"]
+            held = window.tokens
+            refused = await post(s, url, chat_body("ok"), auth("alice"))
+            assert refused.status == 503 and len(window.charges) == 1 and window.tokens == held
+            assert (await holding).status == 200
+            third = await post(s, url, chat_body("ok"), auth("alice"))
+            assert third.status == 200 and third.headers["x-ratelimit-remaining-requests"] == "0"
+            assert len(window.charges) == 2
+
+
+async def test_an_error_answer_is_charged_no_tokens_and_a_broken_stream_what_it_streamed() -> None:
+    """The upstream's 500 (a 502 after the tries) generated nothing: its charge is
+    corrected to no tokens, still one request. A stream the upstream breaks after two
+    content chunks is charged its prompt (as counted) and those two."""
+    from inferlab.gateway.estimate import prompt_counter, prompt_tokens
+
+    async with FakeUpstream() as up, serving(config(up.url, CacheConfig(enabled=False), tpm=10**6)) as (url, gw), \
+            aiohttp.ClientSession() as s:
+        assert (await post(s, url, chat_body("e500", stream=False), auth("alice"))).status == 502
+        window = gw.limiter._windows["alice"]
+        assert len(window.charges) == 1 and window.tokens == 0
+        broken = await post(s, url, chat_body("die"), auth("bob"))
+        assert broken.status == 200 and "error" in broken.objects()[-1]
+        prompt = prompt_tokens(chat_body("die"), True, prompt_counter("estimate"))
+        assert gw.limiter._windows["bob"].tokens == prompt + 2
+
+
+async def test_a_cache_hit_has_its_duration_tokens_and_each_chunk_s_send_time(tmp_path: Path) -> None:
+    """Cache hits are in the metrics under server_address "cache" as an upstream's
+    answers are (duration, the answer's token usage), and a streamed hit's record has one
+    content time per content chunk, as the miss's has."""
+    async with FakeUpstream() as up:
+        keyed = config(up.url)
+        cfg = GatewayConfig(upstreams=keyed.upstreams, keys=keyed.keys, access_log=str(tmp_path / "log"))
+        async with serving(cfg) as (url, _), aiohttp.ClientSession() as s:
+            body = chat_body("ok", temperature=0)
+            for b in (body, body, {**body, "stream": False}):
+                assert (await post(s, url, b, auth("alice"))).status == 200
+            m = await metrics(s, url)
+    cache = {"server_address": "cache", "key": "alice"}
+    assert total(m, "gen_ai_server_request_duration_seconds_count", **cache) == 2
+    assert total(m, "gen_ai_client_token_usage_total", gen_ai_token_type="input", **cache) == 2 * USAGE["prompt_tokens"]
+    assert total(m, "gen_ai_client_token_usage_total", gen_ai_token_type="output", **cache) == 2 * USAGE["completion_tokens"]
+    assert total(m, "gen_ai_server_time_to_first_token_seconds_count", **cache) == 1
+    assert total(m, "gen_ai_server_time_per_output_token_seconds_count", **cache) == 1
+    miss, streamed, whole = sorted(read_records(tmp_path / "log" / "requests.jsonl"), key=lambda r: r.index)
+    assert [bool(r.response_cache_hit) for r in (miss, streamed, whole)] == [False, True, True]
+    assert len(streamed.content_ns) == len(miss.content_ns) == len(TEXTS) and whole.content_ns == []
+    assert streamed.ttfb_ns is not None and streamed.end_ns is not None
+    assert streamed.content_ns == sorted(streamed.content_ns)
+    assert streamed.ttfb_ns <= streamed.content_ns[0] and streamed.content_ns[-1] <= streamed.end_ns

@@ -464,3 +464,28 @@ async def test_a_dead_instance_s_starved_request_stops_holding_room_long_before_
     finally:
         await shared[1].stop()
         await client.aclose()
+
+
+async def test_a_refunded_charge_leaves_the_shared_window_whole(redis_url: str) -> None:
+    """What the gateway answered without an upstream (its queue's 503s) is taken out of
+    the key's window: the request and its tokens, for every instance."""
+    import redis.asyncio
+
+    from inferlab.gateway.config import KeyConfig, hash_key
+    from inferlab.gateway.ratelimit import Limited
+    from inferlab.gateway.shared import SharedLimiter
+
+    client = redis.asyncio.from_url(redis_url)
+    try:
+        limiter = SharedLimiter(client, "t:")
+        key = KeyConfig("alice", hash_key("sk-alice"), rpm=2, tpm=100)
+        kept, _ = await limiter.reserve(key, 30, 10)
+        refunded, _ = await limiter.reserve(key, 30, 10)
+        with pytest.raises(Limited):
+            await limiter.reserve(key, 1, 1)
+        await limiter.refund(key, refunded)
+        _, headers = await limiter.reserve(key, 50, 10)  # (the refunded one's room: 40 + 60 tokens, 2 requests)
+        assert headers["x-ratelimit-remaining-requests"] == "0" and headers["x-ratelimit-remaining-tokens"] == "0"
+        assert kept != refunded
+    finally:
+        await client.aclose()

@@ -269,3 +269,35 @@ async def test_an_upstream_that_breaks_http_gets_a_one_line_error(stack: str, mo
     assert len(message) <= 200, message
     [record] = read_records(tmp_path / "log" / "requests.jsonl")
     assert record.error is not None and "\n" not in record.error
+
+
+class NotJSON(ChatUpstream):
+    """Answers 200 with a body that is not JSON (model ``html``), or 400 with one (model
+    ``bad``); ``posts`` counts the requests."""
+
+    models = ("html", "bad")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.posts = 0
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.posts += 1
+        return web.Response(text="<html>oops</html>", status=200 if body["model"] == "html" else 400,
+                            content_type="text/html")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+async def test_a_success_that_is_not_json_is_a_502_as_the_log_says_and_an_error_status_passes(stack: str, tmp_path: Path) -> None:
+    async with NotJSON() as up, serving(config(up.url, stack=stack, access_log=str(tmp_path / "log"))) as (url, _), \
+            aiohttp.ClientSession() as s:
+        html = await post(s, url, chat_body("html", stream=False))
+        assert html.status == 502 and "malformed" in html.json()["error"]["message"] and up.posts == 2  # (tried twice)
+        bad = await post(s, url, chat_body("bad", stream=False))
+        assert bad.status == 400 and bad.body == b"<html>oops</html>" and up.posts == 3
+        m = await metrics(s, url)
+    assert total(m, "inferlab_gateway_upstream_errors_total", kind="malformed") == 2
+    first, second = sorted(read_records(tmp_path / "log" / "requests.jsonl"), key=lambda r: r.index)
+    assert (first.status, first.error_kind and first.error_kind.value) == (502, "malformed")
+    assert (second.status, second.error_kind and second.error_kind.value) == (400, "malformed")

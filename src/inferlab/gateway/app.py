@@ -71,6 +71,8 @@ from inferlab.openai.request import (
     read_params,
     read_prompt,
 )
+from inferlab.openai.response import ResponseReader
+from inferlab.openai.sse import SSEParser
 from inferlab.results.provenance import ENGINE_ROUTE, gateway_answer
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir
@@ -92,6 +94,8 @@ _MODELS_REFRESH_S = 2.0
 STALE_INTERVALS = 3
 #: What routing reads off an engine's ``/metrics`` (``results.telemetry``'s names).
 ENGINE_LOAD = ("running", "waiting", "kv_usage")
+#: The ``server_address`` of what the response cache answered, in metrics.
+CACHE_ADDRESS = "cache"
 #: A ``Failure``'s kind, as the access log and metrics record it.
 _FAILURE_KINDS = {"connect": ErrorKind.CONNECT, "status": ErrorKind.HTTP_STATUS, "timeout": ErrorKind.TIMEOUT,
                   "disconnect": ErrorKind.DISCONNECT, "malformed": ErrorKind.MALFORMED}
@@ -514,6 +518,7 @@ class Gateway:
 
     async def _generate(self, request: web.Request, api: Api) -> web.StreamResponse:
         received = self.clock.now_ns()
+        key: KeyConfig | None = None
         try:
             key = self._authenticate(request)
             req = await self._read(request, api, key)
@@ -521,70 +526,85 @@ class Gateway:
             if self.log is not None:
                 self.log.append(RequestRecord(
                     next(self._seq), send_ns=received - self.t0_ns, end_ns=self.clock.now_ns() - self.t0_ns,
-                    status=e.status, error_kind=ErrorKind.HTTP_STATUS, error=f"HTTP {e.status}: {e.message}"[:300]))
+                    status=e.status, error_kind=ErrorKind.HTTP_STATUS, error=f"HTTP {e.status}: {e.message}"[:300],
+                    key=key.name if key else None))
             raise
-        candidates = await self._candidates(req.model)
-        if self._tokenize is not None:  # (the first upstream that may take it counts)
-            counter = self._tokenize[(self.health.healthy(candidates) or candidates)[0]]
-            req.input_tokens, source = await counter.count(req.body, req.prompt, api == "chat", req.model)
-            self.metrics.prompt_counts.labels(source).inc()
-        else:
-            self.metrics.prompt_counts.labels(self._count_source).inc()
-        record = RequestRecord(next(self._seq), send_ns=received - self.t0_ns,
+        record = RequestRecord(next(self._seq), send_ns=received - self.t0_ns, key=key.name if key else None,
                                requested_input_tokens=req.input_tokens, requested_output_tokens=req.output_tokens)
         obs = Observed(record, self.t0_ns, received)
-        known = [c for c in (self._context.get((req.model, i)) for i in candidates) if c is not None]
-        if known and len(known) == len(candidates):
-            # no upstream generates past its context: a max_tokens beyond it waited for room
-            # behind other traffic, to end as a 503 (a retryable 5xx for a client's fault),
-            # where every upstream would refuse it at once. Refused here when max_tokens
-            # alone reaches the largest context (certain, whatever the prompt's count);
-            # else what is reserved is capped there (the record keeps what was asked)
-            if req.max_tokens is not None and req.max_tokens >= max(known):
-                raise APIError(
-                    400, f"This model's maximum context length is {max(known)} tokens. However, you requested "
-                    f"{req.max_tokens} tokens in the completion alone. Please reduce the length of the completion.",
-                    param="max_tokens")
-            req.output_tokens = min(req.output_tokens, max(max(known) - req.input_tokens, 0))
-        charge: Charge | str | None = None
-        headers: dict[str, str] = {}
-        if key is not None and (key.rpm is not None or key.tpm is not None):
-            try:
+        try:  # (a refusal from here on is logged as the others are, with what is known of it)
+            candidates = await self._candidates(req.model)
+            if self._tokenize is not None:  # (the first upstream that may take it counts)
+                counter = self._tokenize[(self.health.healthy(candidates) or candidates)[0]]
+                req.input_tokens, source = await counter.count(req.body, req.prompt, api == "chat", req.model)
+                record.requested_input_tokens = req.input_tokens
+                self.metrics.prompt_counts.labels(source).inc()
+            else:
+                self.metrics.prompt_counts.labels(self._count_source).inc()
+            self._check_context(req, candidates)
+            charge: Charge | str | None = None
+            headers: dict[str, str] = {}
+            if key is not None and (key.rpm is not None or key.tpm is not None):
                 if self.shared_limiter is not None:
                     charge, headers = await self._shared(self.shared_limiter.reserve(key, req.input_tokens, req.output_tokens))
                 else:
                     charge = self.limiter.reserve(key, req.input_tokens, req.output_tokens)
                     headers = self.limiter.headers(key)
-            except Limited as e:
-                self.metrics.rejections.labels("rate_limited", key.name).inc()
-                h = dict(e.headers)
-                if e.retry_after_s is not None:
-                    h["Retry-After"] = retry_after(e.retry_after_s)
-                obs.fail(ErrorKind.HTTP_STATUS, f"HTTP 429: {e}")  # (logged: a refusal is part of the load)
-                record.status, record.end_ns = 429, self.clock.now_ns() - self.t0_ns
-                self._finish(req, obs, None)
-                return error_response(429, str(e), "RateLimitError", h)
+        except Limited as e:
+            assert key is not None
+            self.metrics.rejections.labels("rate_limited", key.name).inc()
+            h = dict(e.headers)
+            if e.retry_after_s is not None:
+                h["Retry-After"] = retry_after(e.retry_after_s)
+            obs.fail(ErrorKind.HTTP_STATUS, f"HTTP 429: {e}")  # (logged: a refusal is part of the load)
+            record.status = 429
+            self._finish(req, obs, None)
+            return error_response(429, str(e), "RateLimitError", h)
+        except APIError as e:
+            obs.fail(ErrorKind.HTTP_STATUS, f"HTTP {e.status}: {e.message}")
+            record.status = e.status
+            self._finish(req, obs, None)
+            raise
         try:
             return await self._answer(request, req, candidates, obs, headers)
         finally:
             self._finish(req, obs, charge)
 
+    def _check_context(self, req: _Request, candidates: list[int]) -> None:
+        """No upstream generates past its context: a max_tokens beyond it waited for room
+        behind other traffic, to end as a 503 (a retryable 5xx for a client's fault),
+        where every upstream would refuse it at once. ``APIError`` 400 when max_tokens
+        alone reaches the largest context (certain, whatever the prompt's count); else
+        what is reserved is capped there (the record keeps what was asked)."""
+        known = [c for c in (self._context.get((req.model, i)) for i in candidates) if c is not None]
+        if not known or len(known) != len(candidates):
+            return
+        if req.max_tokens is not None and req.max_tokens >= max(known):
+            raise APIError(
+                400, f"This model's maximum context length is {max(known)} tokens. However, you requested "
+                f"{req.max_tokens} tokens in the completion alone. Please reduce the length of the completion.",
+                param="max_tokens")
+        req.output_tokens = min(req.output_tokens, max(max(known) - req.input_tokens, 0))
+
     def _finish(self, req: _Request, obs: Observed, charge: Charge | str | None) -> None:
         """Every request ends here, however it ended: the key's charge corrected, metrics
         and the access log written."""
         r = obs.record
+        if r.end_ns is None:  # (not ended by an upstream's answer: the gateway's own end)
+            if r.error_kind is None:
+                r.error_kind, r.error = ErrorKind.CANCELLED, "the client went away"
+            r.end_ns = self.clock.now_ns() - self.t0_ns  # (a failure still: not ``ok``)
         if charge is not None and req.key is not None:
-            used: tuple[int, int] | None = None
-            if r.input_tokens is not None and r.output_tokens is not None:
-                used = (r.input_tokens, r.output_tokens)
-            elif not obs.sent:  # never reached an upstream: nothing was used
-                used = (0, 0)
-            if used is not None and isinstance(charge, Charge):
-                self.limiter.correct(req.key, charge, *used)
-            elif used is not None and self.shared_limiter is not None:
-                self._later(self.shared_limiter.correct(req.key, str(charge), *used))
-        if r.end_ns is None and r.error_kind is None:
-            r.error_kind, r.error = ErrorKind.CANCELLED, "the client went away"
+            if not obs.sent and not r.response_cache_hit:  # answered by the gateway alone: no request, no tokens
+                if isinstance(charge, Charge):
+                    self.limiter.refund(charge)
+                elif self.shared_limiter is not None:
+                    self._later(self.shared_limiter.refund(req.key, charge))
+            elif (used := _used(req, obs)) is not None:
+                if isinstance(charge, Charge):
+                    self.limiter.correct(req.key, charge, *used)
+                elif self.shared_limiter is not None:
+                    self._later(self.shared_limiter.correct(req.key, charge, *used))
         if self.log is not None:
             r.content_ns = [t - self.t0_ns for t in obs.content_ns]
             self.log.append(r)
@@ -651,22 +671,31 @@ class Gateway:
         r.input_tokens, r.output_tokens = a.get("prompt_tokens"), a.get("completion_tokens")
         r.usage_source, r.finish_reason = "server", entry.answer.finish_reason
         rid = entry.fresh_id()  # (each answer an id of its own, as from an upstream)
+        series = self.metrics.series(req.model, CACHE_ADDRESS, req.key_name)
         if not req.stream:
             resp = web.Response(body=entry.whole(rid), content_type="application/json", headers=headers)
             r.ttfb_ns = r.end_ns = self.clock.now_ns() - self.t0_ns
+            self._observe(obs, series)
             return resp
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers})
         await out.prepare(request)
-        for i, data in enumerate(entry.stream(req.include_usage, rid)):
+        # each write's content chunks, timed as it is sent (as a relayed stream's are as
+        # they arrive): the log's and the metrics' TPOT and ITL are the cache's own
+        parser, reader, content = SSEParser(), ResponseReader(), obs.content_ns
+        for data in entry.stream(req.include_usage, rid):
             await out.write(data)
-            if i == 0:
-                now = self.clock.now_ns()
+            now = self.clock.now_ns()
+            if r.ttfb_ns is None:
                 r.ttfb_ns = now - self.t0_ns
-                obs.content_ns.append(now)
-                self.metrics.ttft.labels(req.model, "cache", req.key_name).observe((now - obs.received_ns) / NS_PER_S)
+            arrivals = sum(map(reader.event, parser.feed(data)))  # (the stored answer read once before)
+            if arrivals:
+                if content:
+                    series.itl.observe((now - content[-1]) / NS_PER_S)
+                content.extend([now] * arrivals)
         await out.write_eof()
         r.end_ns = self.clock.now_ns() - self.t0_ns
         r.stream_done = True
+        self._observe(obs, series)
         return out
 
     async def _dispatch(
@@ -757,7 +786,7 @@ class Gateway:
             resp.release()
 
     def _observe(self, obs: Observed, series: Series) -> None:
-        """Metrics of a request an upstream answered."""
+        """Metrics of a request an upstream (or the cache) answered."""
         r = obs.record
         seconds = (self.clock.now_ns() - obs.received_ns) / NS_PER_S
         if r.error_kind is None:
@@ -773,6 +802,25 @@ class Gateway:
             series.input_tokens.inc(r.input_tokens)
         if r.output_tokens is not None:
             series.output_tokens.inc(r.output_tokens)
+
+
+def _used(req: _Request, obs: Observed) -> tuple[int, int] | None:
+    """The (input, output) tokens a request's charge is corrected to, or None: it keeps
+    the estimate. The answer's usage (an upstream's, or a cached answer's) where it
+    came; else an answer that failed is charged what it streamed: nothing if no content
+    reached the client (an error status, the upstream's or the gateway's after failed
+    tries: nothing was generated for it), else the prompt and one token per content
+    chunk relayed (the upstream's stream broke, so it generated no more). A client that
+    went away keeps the estimate (the upstream may have generated more than was relayed),
+    as does an answer without usage."""
+    r = obs.record
+    if r.input_tokens is not None and r.output_tokens is not None:
+        return r.input_tokens, r.output_tokens
+    if r.error_kind is ErrorKind.CANCELLED:
+        return None
+    if r.error_kind is not None:
+        return (req.input_tokens, len(obs.content_ns)) if obs.content_ns else (0, 0)
+    return (0, 0) if not obs.sent else None  # (a cached answer without usage: no upstream's tokens)
 
 
 def _load(snap: Snapshot) -> tuple[float, float, float | None] | str:

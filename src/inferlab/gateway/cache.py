@@ -1,8 +1,9 @@
 """The response cache: answers a deterministic request (temperature 0, or a fixed
 ``seed``) again without an upstream.
 
-The key is a digest of the request body (stream fields left out, keys sorted: the same
-request whatever its JSON spelling), the API and the caller's key scope (the key's
+The key is a digest of the request body (stream fields left out, keys sorted, a whole
+number written as a float read as the integer: the same request whatever its JSON
+spelling, ``0`` or ``0.0``), the API and the caller's key scope (the key's
 name; one scope for all keys only when configured). An entry keeps the answer as it
 came: a stream as its events, grouped as the upstream's reads delivered them (replayed
 with that chunking), or a whole body. The other form is built from the same answer when
@@ -50,9 +51,22 @@ def cacheable(body: dict[str, Any]) -> bool:
 
 def cache_key(body: dict[str, Any], chat: bool, scope: str) -> str:
     """The digest a request is cached under (module docstring)."""
-    kept = {k: v for k, v in body.items() if k not in _DELIVERY_FIELDS}
+    kept = {k: _number_spelled_once(v) for k, v in body.items() if k not in _DELIVERY_FIELDS}
     text = json.dumps([chat, scope, kept], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _number_spelled_once(value: Any) -> Any:
+    """``value`` with every whole float as its integer (``0.0`` as ``0``, ``1e3`` as
+    ``1000``), in lists and objects too: JSON's spellings of one number, one key. An
+    engine reads them as the same value (``temperature`` 0.0 is 0)."""
+    if type(value) is float:
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {k: _number_spelled_once(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_number_spelled_once(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)

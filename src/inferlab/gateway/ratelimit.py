@@ -2,7 +2,8 @@
 
 A request is charged *before* it is sent: one request, and its estimated tokens
 (``KeyConfig.tpm_counts``: input, output or both). The charge is corrected to the
-engine's usage when the request ends, so a burst of huge prompts cannot overshoot the
+engine's usage when the request ends (``refund``: taken back whole if the gateway
+answered it without an upstream), so a burst of huge prompts cannot overshoot the
 limit the way charging after the response does. Check and charge happen in one call
 with no ``await`` between them, so concurrent requests on one event loop cannot both
 pass on the same room.
@@ -91,6 +92,20 @@ class RateLimiter:
         if w is not None and charge.t_ns > self.clock.now_ns() - WINDOW_NS:
             w.tokens += tokens - charge.tokens
         charge.tokens = tokens
+
+    def refund(self, charge: Charge) -> None:
+        """Take ``charge`` out of its window, the request and its tokens: one the gateway
+        answered itself without an upstream (its queue's 503s, or its client left while
+        it waited), which used nothing."""
+        w = charge.window
+        if w is None:
+            return
+        for i, c in enumerate(w.charges):
+            if c is charge:  # (by identity: two charges may be equal)
+                del w.charges[i]
+                w.tokens -= charge.tokens
+                break
+        charge.window = None
 
     def headers(self, key: KeyConfig, now_ns: int | None = None) -> dict[str, str]:
         """OpenAI's ``x-ratelimit-*`` headers for ``key``'s limits, as of now."""

@@ -261,7 +261,9 @@ class StreamRelay:
 
 async def read_body(clock: Clock, observed: Observed, upstream: Reply, *, chat: bool, keep: bool) -> bytes:
     """A whole (non-streamed) answer, read and observed; ``Failure`` if the upstream
-    fails while sending it (the client has had nothing yet)."""
+    fails while sending it, or answers a success that is not a JSON object (the client
+    has had nothing yet: a 502, as for any malformed answer, not a 200 it cannot read).
+    An error status's body is relayed as it came."""
     obs = observed
     try:
         raw = await upstream.read()
@@ -270,12 +272,16 @@ async def read_body(clock: Clock, observed: Observed, upstream: Reply, *, chat: 
     except aiohttp.ClientError as e:
         raise Failure("disconnect", f"the upstream failed while answering: {type(e).__name__}") from None
     now = clock.now_ns()
-    obs.record.ttfb_ns = now - obs.t0_ns
     reader = ResponseReader()
     try:
         reader.body(raw)
-    except (ErrorInResponse, MalformedResponse) as e:
-        obs.fail(ErrorKind.MALFORMED if isinstance(e, MalformedResponse) else ErrorKind.HTTP_STATUS, str(e))
+    except MalformedResponse as e:
+        if upstream.status < 400:
+            raise Failure("malformed", f"the upstream's HTTP {upstream.status} answer is malformed: {e}") from None
+        obs.fail(ErrorKind.MALFORMED, str(e))
+    except ErrorInResponse as e:
+        obs.fail(ErrorKind.HTTP_STATUS, str(e))
+    obs.record.ttfb_ns = now - obs.t0_ns
     obs.finish(reader, now)
     if keep and upstream.status == 200 and obs.record.error_kind is None:
         body = json.loads(raw)

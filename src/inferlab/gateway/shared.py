@@ -97,6 +97,15 @@ redis.call('INCRBY', KEYS[3], tonumber(ARGV[2]) - tonumber(v))
 return 1
 """
 
+_REFUND = """
+local v = redis.call('HGET', KEYS[2], ARGV[1])
+if not v then return 0 end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('DECRBY', KEYS[3], tonumber(v))
+return 1
+"""
+
 WINDOW_MS = 60_000
 
 
@@ -109,6 +118,7 @@ class SharedLimiter:
         self.prefix = prefix
         self._reserve = client.register_script(_RESERVE)
         self._correct = client.register_script(_CORRECT)
+        self._refund = client.register_script(_REFUND)
 
     def _keys(self, key: KeyConfig) -> list[str]:
         base = f"{self.prefix}limit:{key.name}:"
@@ -139,6 +149,11 @@ class SharedLimiter:
 
     async def correct(self, key: KeyConfig, charge: str, input_tokens: int, output_tokens: int) -> None:
         await self._correct(keys=self._keys(key), args=[charge, self.counted(key, input_tokens, output_tokens)])
+
+    async def refund(self, key: KeyConfig, charge: str) -> None:
+        """Take the charge out of ``key``'s window, the request and its tokens
+        (``RateLimiter.refund``)."""
+        await self._refund(keys=self._keys(key), args=[charge])
 
 
 def _headers(key: KeyConfig, count: int, used: int) -> dict[str, str]:

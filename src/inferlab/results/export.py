@@ -346,7 +346,7 @@ def summary_csv(summary: Summary) -> str:
 
 #: ``requests_csv``'s columns, in order.
 REQUEST_COLUMNS = (
-    "index", "warmup", "ok", "error_kind", "status", "error", "session", "turn",
+    "index", "warmup", "ok", "error_kind", "status", "error", "session", "turn", "key",
     "intended_send_ms", "send_ms", "end_ms",
     "ttfb_ms", "ttft_ms", "tpot_ms", "e2e_ms", "decode_tps", "queue_delay_ms",
     "chunks", "itl_mean_ms", "itl_max_ms",
@@ -376,7 +376,7 @@ def requests_csv(records: Iterable[RequestRecord], source: str) -> str:
         row = {
             "index": r.index, "warmup": r.warmup, "ok": r.ok,
             "error_kind": r.error_kind.value if r.error_kind else None, "status": r.status, "error": r.error,
-            "session": r.session, "turn": r.turn,
+            "session": r.session, "turn": r.turn, "key": r.key,
             "intended_send_ms": ms(r.intended_send_ns), "send_ms": ms(r.send_ns), "end_ms": ms(r.end_ns),
             "ttfb_ms": m.ttfb_ms, "ttft_ms": m.ttft_ms, "tpot_ms": m.tpot_ms, "e2e_ms": m.e2e_ms,
             "decode_tps": m.decode_tps, "queue_delay_ms": m.queue_delay_ms,

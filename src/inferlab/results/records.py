@@ -65,6 +65,9 @@ class RequestRecord:
     user: int | None = None
     prefix_group: str | None = None
     prefix_tokens: int | None = None
+    # the client key's name (``inferlab gateway``'s access log, where keys are configured);
+    # None: no key, or a record written before there was this field
+    key: str | None = None
 
     @property
     def ok(self) -> bool:
