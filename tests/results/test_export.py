@@ -158,3 +158,14 @@ def test_requests_csv_has_one_row_per_request_with_its_metrics() -> None:
     assert (rows[0]["chunks"], float(rows[0]["itl_mean_ms"]), float(rows[0]["itl_max_ms"])) == ("3", 12.5, 15.0)
     assert (rows[2]["ok"], rows[2]["error_kind"], rows[2]["ttft_ms"], rows[2]["input_tokens"]) == ("False", "http_status", "", "")
     assert rows[3]["warmup"] == "True" and {r["inferlab_source"] for r in rows} == {"inferlab bench"}
+
+
+def test_a_gateways_access_log_is_named_as_what_made_it() -> None:
+    """An export of a gateway's access log said "inferlab bench": its requests are its
+    clients', as the gateway saw them."""
+    from inferlab.results.export import run_source
+
+    recs = records()
+    gateway_config = {**CONFIG, "gateway": {"upstreams": ["http://127.0.0.1:8001"]}}
+    assert run_source(summarize(recs, config=gateway_config)).startswith("inferlab gateway's access log")
+    assert run_source(summarize(recs, config=CONFIG)).startswith("inferlab bench")

@@ -264,9 +264,11 @@ def run_source(summary: Summary) -> str:
     server = summary.server
     if server.kind == VIRTUAL:
         return "inferlab sim run (simulated in virtual time, not measured)"
+    # (a gateway's access log: its clients' requests as the gateway saw them, not a bench)
+    made = "inferlab gateway's access log" if "gateway" in summary.config else "inferlab bench"
     if server.simulated:
-        return f"inferlab bench against {server.where} (simulated, not measured)"
-    return "inferlab bench"
+        return f"{made} against {server.where} (simulated, not measured)"
+    return made
 
 
 def vllm_result_filename(result: dict[str, Any]) -> str:
