@@ -606,3 +606,30 @@ def test_advice_on_a_profile_of_the_simulated_server_says_every_number_is_a_pred
     console = Console(record=True, width=200)
     render_advice(console, a)
     assert ("every number below, the evidence included, is a prediction" in console.export_text()) is simulated
+
+
+def test_failures_of_several_causes_get_a_change_for_each(tmp_path: Path) -> None:
+    """A gateway's log where 5 requests met the key's rate limit and 5 were the engine's
+    400s for prompts past its context: every failure was put down to the rate limit (the
+    first cause any error message matched). Each request's own cause now, with counts."""
+    import dataclasses
+
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+    from inferlab.results.records import ErrorKind
+    from inferlab.results.runfiles import read_records
+
+    run = tmp_path / "log"
+    res = CliRunner().invoke(main, ["sim", "run", "-n", "20", "-c", "2", "--input-tokens", "200", "--out", str(run)])
+    assert res.exit_code == 0, res.output
+    recs = list(read_records(run / "requests.jsonl"))
+    limited = "HTTP 429: key alice: 3 requests per minute"
+    context = "HTTP 400: This model's maximum context length is 4096 tokens. However, you requested 5000 tokens"
+    changed = [dataclasses.replace(r, end_ns=None, status=429 if i < 5 else 400, error_kind=ErrorKind.HTTP_STATUS,
+                                   error=limited if i < 5 else context) if i < 10 else r for i, r in enumerate(recs)]
+    (run / "requests.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in changed))
+    (run / "summary.json").unlink()  # (as an access log: the summary from the records)
+    first = advise(run).recommendations[0]
+    assert first.rule == "failures" and "10 of 20 requests failed" in first.evidence
+    assert "5 of them: the key's rate limits" in first.change and "5 of them: prompts (with their answers) longer" in first.change

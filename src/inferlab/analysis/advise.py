@@ -19,6 +19,7 @@ import itertools
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.gateway.config import AdmissionConfig
 from inferlab.results.metrics import request_metrics
 from inferlab.results.provenance import VIRTUAL, engine_family_of, server_info, simulated_engine
-from inferlab.results.records import RequestRecord
+from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
 from inferlab.results.sources import read_sweep_index
 from inferlab.results.summary import Summary, summarize
@@ -298,6 +299,7 @@ class _Run:
     config: dict[str, Any]
     summary: Summary
     records: list[RequestRecord]  # measured, completed
+    failed: list[RequestRecord] = field(default_factory=list)  # measured, failed (cancelled ones left out)
 
     @classmethod
     def read(cls, d: Path) -> _Run:
@@ -312,7 +314,8 @@ class _Run:
         everything = list(read_records(d / "requests.jsonl"))
         summary = read_summary(d / "summary.json") if (d / "summary.json").exists() else summarize(everything, config=config)
         records = [r for r in everything if r.ok and not r.warmup]
-        return cls(d, config, summary, records)
+        failed = [r for r in everything if not r.ok and not r.warmup and r.error_kind is not ErrorKind.CANCELLED]
+        return cls(d, config, summary, records, failed)
 
     def workload(self) -> dict[str, Any]:
         w = self.config.get("workload")
@@ -899,9 +902,18 @@ def _failures(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         return None
     examples = run.summary.error_examples
     said = "; ".join(f"{kind}: {message}" for kind, message in list(examples.items())[:2])
-    text = " ".join([*examples, *examples.values()]).lower()
-    change = next((what for words, what in _FAILURE_CHANGES if any(word in text for word in words)),
-                  "find why from the errors (requests.jsonl's error column) before tuning anything else")
+    unknown = "find why from the errors (requests.jsonl's error column) before tuning anything else"
+
+    def cause(text: str) -> str:
+        return next((what for words, what in _FAILURE_CHANGES if any(word in text for word in words)), unknown)
+
+    # each failed request's own cause (one error kind holds many: a key's 429s and the
+    # engine's 400s are both HTTP statuses), the commonest first
+    causes = Counter(cause(f"{r.error_kind} {r.status} {r.error}".lower()) for r in run.failed)
+    if not causes:  # (records not at hand: the summary's examples)
+        causes = Counter({cause(" ".join([*examples, *examples.values()]).lower()): c.failed})
+    change = causes.most_common(1)[0][0] if len(causes) == 1 else "; ".join(
+        f"{n:,} of them: {what}" for what, n in causes.most_common())
     return Recommendation(
         "failures", "Requests failed",
         f"{c.failed:,} of {measured:,} requests failed ({said}); the other items read the {c.completed:,} that completed",
