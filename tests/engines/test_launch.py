@@ -194,6 +194,70 @@ def test_an_engine_that_exits_says_why(tmp_path: Path) -> None:
         EngineProcess(missing, tmp_path / "engine.log").start()
 
 
+def test_a_port_in_use_is_refused_and_an_earlier_runs_log_is_not_quoted(tmp_path: Path) -> None:
+    """With the config's port taken by another server, the readiness check got that
+    server's answer ("ready after 0.0 s") while the engine started here failed to bind
+    and exited: bench measured the other server and exited 0. Refused now, before
+    anything starts. And an engine that exits quotes its own lines of the log, not an
+    earlier run's (the log is appended to)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        spec = EngineSpec("sim", "Llama-3.2-1B", port=port, ready_timeout_s=60)
+        with pytest.raises(UsageError, match=f"port {port} on 127.0.0.1 is in use"):
+            EngineProcess(spec, tmp_path / "engine.log").start()
+    log = tmp_path / "engine.log"
+    log.write_text("an earlier run's last line\n")
+    with pytest.raises(RunFailedError, match="before it was ready") as e:
+        EngineProcess(EngineSpec("sim", "no-such-model", ready_timeout_s=60), log).start()
+    assert "no-such-model" in str(e.value) and "an earlier run" not in str(e.value)
+
+
+def test_an_engine_that_dies_during_bench_is_said_and_fails_the_run(tmp_path: Path) -> None:
+    """The engine killed mid-run: bench exited 0 with the rest of the requests as
+    connection failures, and nothing said the engine had gone. Now the summary (and
+    stderr) say it exited, with its log's last lines, what was measured is kept, and the
+    exit status is 1."""
+    import time
+
+    from inferlab.engines.launch import free_port
+
+    port = free_port()
+    cfg = tmp_path / "sim.toml"
+    cfg.write_text(f'engine = "sim"\nmodel = "Llama-3.2-1B"\nmax_model_len = 2048\nmax_num_seqs = 2\nport = {port}\n')
+    out = tmp_path / "run"
+    bench = subprocess.Popen([sys.executable, "-m", "inferlab", "bench", "--engine", str(cfg), "-n", "40", "-c", "2",
+                              "--input-tokens", "64", "--output-tokens", "400", "--no-history", "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        engine_pid = None
+        for _ in range(600):  # bounded: 60 s for the engine to start and the run to begin
+            for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+                try:
+                    cmd = (Path("/proc") / pid / "cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"serve" in cmd and str(port).encode() in cmd and int(pid) != bench.pid:
+                    engine_pid = int(pid)
+            if engine_pid is not None and (out / "requests.jsonl").exists() and (out / "requests.jsonl").stat().st_size:
+                break
+            time.sleep(0.1)
+        assert engine_pid is not None, "the engine did not start"
+        os.kill(engine_pid, signal.SIGKILL)
+        _, err = bench.communicate(timeout=180)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 1, err
+    assert "sim exited (-9) during the run" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert any("exited (-9) during the run" in w for w in summary["warnings"])
+    assert summary["counts"]["completed"] >= 1  # (what it measured before is kept)
+
+
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "inferlab", *args], capture_output=True, text=True, timeout=180,
                           check=False, cwd=cwd)

@@ -51,7 +51,7 @@ from inferlab.cli.tokens import tokens
 from inferlab.cli.tune import tune
 from inferlab.load.run import BenchConfig, RunResult, bench_async
 from inferlab.report.console import Progress, render_summary
-from inferlab.results.runfiles import check_out_dir, dumps
+from inferlab.results.runfiles import check_out_dir, dumps, write_summary
 from inferlab.results.summary import Summary
 from inferlab.sim.engine.engine import EngineConfig
 
@@ -135,16 +135,22 @@ def _bench(kw: dict[str, Any]) -> int:
         embedded = ChildServer(args)
         url = embedded.url
         click.echo(f"inferlab: no --url, simulating {model} on {tp}x {gpu} at {url} (numbers are a prediction)", err=True)
+    gone: str | None = None  # (the engine --engine started, exited before the run ended)
     try:
         total = (num + config.load.warmup) if num else None
         with Progress(err, WallClock(), total) as progress:
-            result = finish_run(run_loop(_bench_main(config, url, progress)), kw)
+            result = run_loop(_bench_main(config, url, progress))
+        gone = started.exited() if started is not None else None
+        result = finish_run(_said(result, gone, kw), kw)
     except RunFailedError as e:  # every request failed: what they said is shown first
+        gone = started.exited() if started is not None else None
         if isinstance(e.result, RunResult):
-            e.result = finish_run(e.result, kw)
+            e.result = finish_run(_said(e.result, gone, kw), kw)
             e.summary = e.result.summary
         if isinstance(e.summary, Summary):
             _render(out, e.summary, kw, config, url)
+        if gone is not None:
+            raise RunFailedError(gone) from None
         raise
     finally:
         if embedded is not None:
@@ -154,7 +160,21 @@ def _bench(kw: dict[str, Any]) -> int:
     _render(out, result.summary, kw, config, url)
     if result.cause is not None:
         raise result.cause
+    if gone is not None:  # (what it measured is kept, said, and the run fails)
+        raise RunFailedError(gone)
     return 130 if result.interrupted else 0
+
+
+def _said(result: RunResult, gone: str | None, kw: dict[str, Any]) -> RunResult:
+    """``result`` with a warning that the engine ``--engine`` started exited during the
+    run (``gone``: its status and last log lines), in summary.json too: the requests after
+    it failed on the engine's absence, not on the load."""
+    if gone is None:
+        return result
+    summary = dataclasses.replace(result.summary, warnings=(*result.summary.warnings, gone))
+    if kw.get("out"):
+        write_summary(kw["out"], summary)
+    return dataclasses.replace(result, summary=summary)
 
 
 def _sampling(temperature: float | None, extra: dict[str, Any] | None) -> dict[str, Any]:

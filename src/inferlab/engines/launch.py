@@ -320,6 +320,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _port_free(host: str, port: int) -> bool:
+    """Nothing listens on ``host:port`` (it can be bound)."""
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 class EngineProcess:
     """A started engine; a context manager. ``start`` runs its command in a new process
     group (output appended to ``log_path``) and waits until its readiness URL answers
@@ -332,6 +345,7 @@ class EngineProcess:
         self.port = spec.port or free_port(spec.host)
         self.command = command(spec, self.port)
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_from = 0  # (the log is appended to: this start's lines begin here)
 
     @property
     def url(self) -> str:
@@ -344,8 +358,14 @@ class EngineProcess:
         # sessions first, and on a small machine an engine busy on every core in its own
         # session left the measuring client unscheduled for seconds (vLLM's CPU build on
         # 2 cores: the client's event loop stood still 0.4-4 s at a time; none in one session).
+        if self.spec.port and not _port_free(self.spec.host, self.port):
+            # (another server there would answer the readiness check, and be measured,
+            # while the engine started here fails to bind and exits)
+            raise UsageError(f"port {self.port} on {self.spec.host} is in use: stop what listens there, or set "
+                             "port = 0 (a free port) in the engine config")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            self._log_from = log.tell()
             try:
                 self._proc = subprocess.Popen(
                     self.command.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -359,6 +379,9 @@ class EngineProcess:
             if self._proc.poll() is not None:
                 raise RunFailedError(f"{self.spec.engine} exited ({self._proc.returncode}) before it was ready: {self.log_tail()}")
             if self._ready():
+                if self._proc.poll() is not None:  # (what answered was not this engine)
+                    raise RunFailedError(f"{self.spec.engine} exited ({self._proc.returncode}) before it was ready: "
+                                         f"{self.log_tail()}")
                 return
             if waited > self.spec.ready_timeout_s:
                 self.stop()
@@ -370,6 +393,13 @@ class EngineProcess:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    def exited(self) -> str | None:
+        """Why a started engine is no longer running, in words (its status and its log's
+        last lines); None while it runs, or when it was never started or was stopped."""
+        if self._proc is None or self._proc.poll() is None:
+            return None
+        return f"{self.spec.engine} exited ({self._proc.returncode}) during the run: {self.log_tail()}"
+
     def _ready(self) -> bool:
         try:
             with urllib.request.urlopen(self.command.ready_url, timeout=2) as r:
@@ -378,8 +408,12 @@ class EngineProcess:
             return False
 
     def log_tail(self, lines: int = 3) -> str:
+        """The last lines this start wrote to the log (not an earlier run's: the log is
+        appended to)."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_from)
+                text = f.read().decode(errors="replace")
         except OSError:
             return f"(no log at {self.log_path})"
         tail = [x for x in text.splitlines() if x.strip()][-lines:]
