@@ -69,3 +69,44 @@ async def test_reading_metrics_can_be_turned_off(tmp_path: Path) -> None:
     async with FaultServer() as srv, asyncio.timeout(LIMIT_S):
         result = await run(config, HttpTarget(srv.url, model="normal", preflight=False, server_metrics=False))
     assert "server_metrics" not in result.summary.to_json()
+
+
+async def test_a_server_gone_by_the_end_keeps_what_was_read_during_the_run() -> None:
+    """An engine that died mid-run: the page after the run could not be read, and the
+    pages read during it were thrown away ({"available": false}). The counters now end
+    at the last page sampled, which is said."""
+    from aiohttp import web
+
+    from inferlab._clock import WallClock
+    from inferlab.client.metrics import MetricsSampler
+
+    pages = 0
+    four = asyncio.Event()  # the page before, and three during the run
+
+    async def metrics(_: web.Request) -> web.Response:
+        nonlocal pages
+        pages += 1
+        if pages >= 4:
+            four.set()
+        return web.Response(text=f"vllm:prompt_tokens_total {100 * pages}\nvllm:generation_tokens_total {10 * pages}\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    sampler = MetricsSampler(f"http://127.0.0.1:{port}/v1", WallClock(), interval_s=0.02)
+    try:
+        async with asyncio.timeout(LIMIT_S):
+            await sampler.start()
+            await four.wait()
+            await runner.cleanup()  # the server goes
+            m = await sampler.stop()
+    finally:
+        await runner.cleanup()
+    assert m.available and m.reason is not None and "could not be read" in m.reason
+    read = len(sampler.series)  # (pages read: the first before the run, the last during it)
+    assert m.counters["prompt_tokens"] == 100 * (read - 1) and m.counters["generation_tokens"] == 10 * (read - 1)
+    assert ServerMetrics.from_json(m.to_json()) == m

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +114,11 @@ class MetricsSampler:
             if isinstance(self._before, str):
                 return not_available(self._before)
             after = await self._read()
+            if isinstance(after, str) and self._during:  # (a server gone by the end: what was read is kept)
+                last = self.series[-1]["t_s"]
+                kept = server_metrics(self._before, self._during[:-1], self._during[-1])
+                return dataclasses.replace(kept, reason=f"the page after the run could not be read ({after}): the counters "
+                                           f"end at the last page sampled during it, {last:g} s in")
             if isinstance(after, str):
                 return not_available(f"after the run: {after}")
             return server_metrics(self._before, self._during, after)

@@ -117,6 +117,8 @@ def server_metrics_line(m: ServerMetrics) -> str:
             parts.append(f"{label} max {g[key].max:g}")
     if "kv_usage" in g:
         parts.append(f"KV cache max {g['kv_usage'].max:.0%}")
+    if m.reason:  # (a caveat: the page after the run could not be read)
+        parts.append(m.reason)
     return f"{m.server or 'unknown server'}: " + ", ".join(parts) if parts else f"{m.server}: nothing inferlab reads"
 
 

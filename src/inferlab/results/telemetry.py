@@ -220,7 +220,9 @@ class HistogramDelta:
 @dataclass(frozen=True)
 class ServerMetrics:
     """What the server's own ``/metrics`` said about a run (``available`` false: it has
-    no such page, ``reason`` says why, and nothing else is known)."""
+    no such page, ``reason`` says why, and nothing else is known; available, ``reason``
+    is a caveat or None: the page after the run could not be read, and the counters end
+    at the last page sampled during it)."""
 
     available: bool
     reason: str | None = None
@@ -237,6 +239,7 @@ class ServerMetrics:
             return {"available": False, "reason": self.reason}
         return {
             "available": True,
+            **({"reason": self.reason} if self.reason else {}),
             "server": self.server,
             "samples": self.samples,
             "counters": dict(self.counters),
@@ -252,6 +255,7 @@ class ServerMetrics:
             return cls(False, d.get("reason"))
         return cls(
             True,
+            reason=d.get("reason"),
             server=d.get("server"),
             samples=int(d.get("samples", 0)),
             counters=dict(d.get("counters", {})),
