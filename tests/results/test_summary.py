@@ -80,6 +80,20 @@ def test_warns_when_client_falls_behind_and_when_lengths_differ() -> None:
     assert summarize([on_time]).warnings == ()
 
 
+def test_answers_a_context_ended_are_not_blamed_on_ignore_eos() -> None:
+    """2,010-token prompts for 100 tokens on 2,048-token slots stop at 38 with
+    finish_reason "length": the server honoured ignore_eos, its context ended them. The
+    warning said "the server may ignore ignore_eos/min_tokens"; it names the context
+    now, and an answer ended at end-of-sequence ("stop") still gets the other one."""
+    cut = [rec(i, 0, [10, 20], 30, out=38, inp=2010, requested_output_tokens=100, finish_reason="length") for i in range(3)]
+    warnings = summarize(cut).warnings
+    assert any("3 of 3 requests stopped at a length limit" in w and "up to 2,048 tokens" in w for w in warnings), warnings
+    assert not any("ignore_eos" in w for w in warnings)
+    eos = rec(3, 0, [10, 20], 30, out=5, requested_output_tokens=100, finish_reason="stop")
+    warnings = summarize([*cut, eos]).warnings
+    assert any("1 of 4 requests did not generate exactly" in w and "ignore_eos" in w for w in warnings)
+
+
 def test_server_timeline_comparison() -> None:
     r = rec(0, 0, [12, 20], 30, out=2, server_timeline={"first_token_ms": 10.5, "scheduled_ms": 2.0})
     sv = summarize([r]).server_timeline

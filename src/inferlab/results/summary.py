@@ -599,10 +599,22 @@ def _warnings(
         and r.output_tokens != r.requested_output_tokens
     ]
     if short:
-        out.append(
-            f"{len(short)} of {len(done)} requests did not generate exactly the requested "
-            "output tokens (the server may ignore ignore_eos/min_tokens)"
-        )
+        # a "length" finish short of max_tokens is a length limit of the server's, its
+        # context (a llama.cpp slot's), not end-of-sequence: ignore_eos was honoured
+        cut = [r for r in short if r.finish_reason == "length" and (r.output_tokens or 0) < (r.requested_output_tokens or 0)]
+        rest = [r for r in short if r not in cut]
+        if cut:
+            longest = max((r.input_tokens or 0) + (r.output_tokens or 0) for r in cut)
+            out.append(
+                f"{len(cut)} of {len(done)} requests stopped at a length limit short of the requested output tokens "
+                f"(finish_reason length; prompt and answer up to {longest:,} tokens): the server's context, or its "
+                "slot's, ended them; ask for shorter prompts or answers, or a larger context"
+            )
+        if rest:
+            out.append(
+                f"{len(rest)} of {len(done)} requests did not generate exactly the requested "
+                "output tokens (the server may ignore ignore_eos/min_tokens)"
+            )
     hits = sum(1 for r in done if r.response_cache_hit)
     if hits:
         out.append(
