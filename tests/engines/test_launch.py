@@ -275,7 +275,10 @@ def test_bench_engine_starts_measures_and_stops_the_engine(tmp_path: Path) -> No
     assert "inferlab: starting sim:" in p.stderr and "ready at http://127.0.0.1:" in p.stderr
     assert (tmp_path / "run" / "engine.log").exists()
     url = re.search(r"ready at (http://\S+)", p.stderr)
-    assert url is not None and json.loads((tmp_path / "run" / "config.json").read_text())["url"] == url.group(1)
+    ran = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert url is not None and ran["url"] == url.group(1)
+    # the config it was started from, as profile.json and sweep.json keep theirs
+    assert (ran["engine_config"]["engine"], ran["engine_config"]["model"], ran["engine_config"]["max_num_seqs"]) == ("sim", "Llama-3.2-1B", 4)
     both = _cli("bench", "--engine", str(cfg), "--url", "http://127.0.0.1:1", "-n", "1", cwd=tmp_path)
     assert both.returncode == 2 and "not both" in both.stderr
 

@@ -99,6 +99,9 @@ class HttpTarget:
     # the HTTP stack (``client.exchange.HTTP_CLIENTS``; ``auto``: httptools where the ``fast``
     # extra installed it and the URL is plain http, else aiohttp)
     http_client: str = "auto"
+    # the engine config ``--engine`` started this server from (``engines.launch.EngineSpec``
+    # as JSON; config.json's ``engine_config``); None: a server the run did not start
+    engine_config: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -584,6 +587,7 @@ def http_config_json(config: RunConfig, target: HttpTarget) -> dict[str, Any]:
         "preflight": target.preflight,
         "extra_body": target.extra_body,
         "http_client": target.http_client,
+        **({"engine_config": target.engine_config} if target.engine_config is not None else {}),
     }
     out: dict[str, Any] = plain_json(d)
     return out
@@ -622,6 +626,7 @@ class BenchConfig:
     server_metrics: bool = True  # see ``HttpTarget``
     extra_body: dict[str, Any] = field(default_factory=dict)  # see ``HttpTarget``
     http_client: str = "auto"  # see ``HttpTarget``
+    engine_config: dict[str, Any] | None = None  # see ``HttpTarget``
 
     def run_config(self) -> RunConfig:
         return RunConfig(self.load, self.workload, self.api, self.slo, self.out_dir, self.overwrite)
@@ -630,7 +635,7 @@ class BenchConfig:
         return HttpTarget(
             url, self.model, self.stream, self.api_key, self.headers, self.timeout_s, self.idle_timeout_s,
             self.preflight, embedded=self.url is None, workers=self.workers, server_metrics=self.server_metrics,
-            extra_body=self.extra_body, http_client=self.http_client,
+            extra_body=self.extra_body, http_client=self.http_client, engine_config=self.engine_config,
         )
 
     def to_json(self) -> dict[str, Any]:
