@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from inferlab import BenchConfig, ClosedLoop, LoadConfig, OpenLoop, WorkloadConfig, bench_async
+from inferlab._errors import UsageError
 from inferlab.load.policy import Send
 from inferlab.load.run import auto_workers
 from inferlab.load.schedules import Replay
@@ -185,3 +186,13 @@ async def test_a_worker_killed_while_idle_gets_no_more_requests_and_the_run_ends
     assert [r.index for r in result.records] == list(range(len(result.records)))
     assert len(result.records) < 8 and result.interrupted
     assert result.cause is not None and "died" in str(result.cause)
+
+
+async def test_more_workers_than_cores_are_refused_before_the_run(sim: EmbeddedServer) -> None:
+    cores = os.cpu_count() or 1
+    cfg = BenchConfig(LoadConfig(ClosedLoop(1), num_requests=1), WorkloadConfig(input_tokens=20, output_tokens=2),
+                      workers=cores + 1)
+    before = sim.server.requests_ok
+    with pytest.raises(UsageError, match=f"--workers {cores + 1} is more than this machine's {cores} cores"):
+        await bench_async(cfg, sim.url)
+    assert sim.server.requests_ok == before

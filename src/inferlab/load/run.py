@@ -435,6 +435,12 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         http_client = resolve_http_client(target.http_client, base)
     except ValueError as e:
         raise UsageError(str(e)) from e
+    cores = os.cpu_count() or 1
+    if target.workers is not None and target.workers > cores:  # (before any server is probed)
+        raise UsageError(
+            f"--workers {target.workers} is more than this machine's {cores} cores: the workers would wait for "
+            "a core, and every wait is in the latencies they measure"
+        )
     try:
         extra_body = check_extra_body(target.extra_body)
     except ValueError as e:
