@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
+import socket
+import struct
+import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from inferlab import BenchConfig, ClosedLoop, LoadConfig, OpenLoop, WorkloadConfig, bench_async
+from inferlab._errors import UsageError
+from inferlab.load.policy import Send
 from inferlab.load.run import auto_workers
 from inferlab.load.schedules import Replay
+from inferlab.load.workers import _Pool
+from inferlab.results.clientload import ClientLoad
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.server.app import ServerConfig
@@ -109,3 +120,79 @@ async def test_an_open_loop_over_two_workers_sends_nothing_early_and_each_reques
     assert sorted(r.index for r in result.records) == list(range(120))
     assert all(r.send_ns is not None and r.send_ns >= r.intended_send_ns for r in result.records)
     assert result.summary.queue_delay_ms is not None and result.summary.queue_delay_ms.min >= 0
+
+
+def kill_worker(conn: Any) -> None:
+    """Kill -9 the worker at the other end of ``conn`` (the parent's end of its socket),
+    and wait until it is dead (a zombie: the parent has not reaped it)."""
+    sock = conn.writer.get_extra_info("socket")
+    pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+    os.kill(pid, signal.SIGKILL)
+    while Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z":
+        time.sleep(0.001)
+
+
+async def test_a_worker_killed_mid_run_leaves_a_record_of_each_request_it_held(
+    sim: EmbeddedServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    launched: list[int] = []
+    held: list[int] = []
+    launch = _Pool.launch
+
+    def launch_then_kill(pool: _Pool, send: Send, record: RequestRecord, text: list[str] | None) -> None:
+        launch(pool, send, record, text)
+        launched.append(send.index)
+        if len(launched) == 4:  # each worker holds two: kill one of them
+            conn = next(c for c in pool.conns if c.pending)
+            held.extend(conn.pending)
+            kill_worker(conn)
+
+    monkeypatch.setattr(_Pool, "launch", launch_then_kill)
+    cfg = BenchConfig(LoadConfig(ClosedLoop(4), num_requests=40), WorkloadConfig(input_tokens=50, output_tokens=400),
+                      workers=2)
+    result = await asyncio.wait_for(bench_async(cfg, sim.url), 30)
+    assert len(held) == 2
+    assert [r.index for r in result.records] == sorted(launched)  # each request sent has its record
+    assert result.summary.counts.total == len(launched)
+    lost = [r for r in result.records if r.index in held]
+    assert all(r.error_kind is ErrorKind.CANCELLED and "died" in (r.error or "") for r in lost)
+    assert result.interrupted and result.cause is not None and "died" in str(result.cause)
+    assert any("died" in w for w in result.summary.warnings)  # and its load is not in client.processes
+    assert isinstance(result.summary.client, ClientLoad) and len(result.summary.client.processes) == 2
+
+
+async def test_a_worker_killed_while_idle_gets_no_more_requests_and_the_run_ends(
+    sim: EmbeddedServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Request 0 goes to the first worker; once it has answered, that worker is killed:
+    # the next requests (due later) must not go to it, and the run ends with what it has.
+    first: list[Any] = []
+    launch = _Pool.launch
+
+    def launch_remember(pool: _Pool, send: Send, record: RequestRecord, text: list[str] | None) -> None:
+        launch(pool, send, record, text)
+        if not first:
+            first.append(next(c for c in pool.conns if c.pending))
+
+    def on_record(r: RequestRecord) -> None:
+        if r.index == 0:
+            kill_worker(first[0])
+
+    monkeypatch.setattr(_Pool, "launch", launch_remember)
+    load = LoadConfig(OpenLoop(4.0, arrival="constant"), num_requests=8)
+    cfg = BenchConfig(load, WorkloadConfig(input_tokens=20, output_tokens=2), workers=2, preflight=False)
+    result = await asyncio.wait_for(bench_async(cfg, sim.url, on_record=on_record), 30)
+    assert result.records[0].ok
+    assert [r.index for r in result.records] == list(range(len(result.records)))
+    assert len(result.records) < 8 and result.interrupted
+    assert result.cause is not None and "died" in str(result.cause)
+
+
+async def test_more_workers_than_cores_are_refused_before_the_run(sim: EmbeddedServer) -> None:
+    cores = os.cpu_count() or 1
+    cfg = BenchConfig(LoadConfig(ClosedLoop(1), num_requests=1), WorkloadConfig(input_tokens=20, output_tokens=2),
+                      workers=cores + 1)
+    before = sim.server.requests_ok
+    with pytest.raises(UsageError, match=f"--workers {cores + 1} is more than this machine's {cores} cores"):
+        await bench_async(cfg, sim.url)
+    assert sim.server.requests_ok == before

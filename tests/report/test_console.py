@@ -104,3 +104,13 @@ def test_a_client_late_while_mostly_idle_is_said_to_wait_for_a_core() -> None:
     assert "likely the bottleneck, waiting for a core" in _client_line(idle)
     assert "likely the bottleneck" in _client_line(busy) and "waiting for a core" not in _client_line(busy)
     assert _client_line(fine).startswith("kept up")
+
+
+def test_a_client_too_brief_for_its_loop_timers_gets_no_verdict() -> None:
+    """`bench -n 1 --workers 2` printed "kept up" with every loop lag null."""
+    from inferlab.report.console import _client_line
+    from inferlab.results.clientload import ProcessLoad, client_load
+
+    load = client_load([ProcessLoad("parent", [], 0.001, 0.02), ProcessLoad("worker 1", [], 0.001, 0.02)])
+    assert load is not None
+    assert _client_line(load).startswith("no verdict") and "kept up" not in _client_line(load)

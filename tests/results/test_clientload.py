@@ -70,8 +70,16 @@ def test_a_process_too_short_for_one_loop_timer_is_no_bottleneck() -> None:
     # start-up at ~100% CPU, and no loop-lag timer fired; that is no sign of a slow client
     short = ProcessLoad("client", [], 0.0019, 0.002)
     load = client_load([short])
-    assert load is not None and not load.bottleneck
+    assert load is not None and load.bottleneck is None  # no verdict, not "kept up"
     assert bottleneck_warning(load, workers=1, cores=2) is None
+    # with workers (`bench -n 1 --workers 2`): none measured long enough to say either
+    workers = client_load([ProcessLoad("parent", [], 0.001, 0.02), ProcessLoad("worker 1", [], 0.001, 0.02),
+                           ProcessLoad("worker 2", [], 0.0, 0.02)])
+    assert workers is not None and workers.bottleneck is None
+    assert ClientLoad.from_json(workers.to_json()).bottleneck is None and workers.to_json()["bottleneck"] is None
+    # one that did measure gives its verdict
+    some = client_load([ProcessLoad("parent", [], 0.001, 0.02), process("worker 1", [0.1] * 10, 0.2)])
+    assert some is not None and some.bottleneck is False
 
 
 def timed(role: str, lags: list[float], cpu_share: float) -> ProcessLoad:
@@ -115,13 +123,31 @@ def test_what_a_stalled_client_added_is_counted_in_time_and_no_stalled_process_g
     w = bottleneck_warning(load, workers=1, cores=2)
     assert w is not None and re.search(r"ran late by 0\.3 ms at p50, 1,[5-9]\d\d\.\d ms at p99", w), w
     # with workers: a parent that stood still and a worker near a full core are both named,
-    # the one that added more first
+    # the worker first (it measured; the parent's stalls delayed sends)
     parent = timed("parent", [0.3] * 200 + [2000.0, 1500.0, 2400.0, 900.0], 0.05)
     busy = timed("worker 1", [1.5] * 204, 0.95)
     two = client_load([parent, busy])
-    assert two is not None and two.bottleneck and two.busiest.role == "parent"
+    assert two is not None and two.bottleneck and two.busiest.role == "worker 1"
     w2 = bottleneck_warning(two, workers=1, cores=4)
-    assert w2 is not None and "the client's parent process" in w2 and "so was the worker 1 process (95% of a core" in w2
+    assert w2 is not None and "the client's worker 1 process used 95% of a core" in w2
+    assert "so was the parent process" in w2 and "delayed sends (queue_delay_ms), not the latencies" in w2
+
+
+def test_what_latencies_may_be_inflated_by_comes_from_the_processes_that_measure() -> None:
+    # the parent of workers sends nothing: however late it ran, the latencies carry only
+    # what the workers added; its lateness is said as send delay
+    parent = process("parent", [LAG_P90_MS * 30] * 100, 0.99)
+    worker = process("worker 1", [LAG_P90_MS * 5] * 100, 0.95)
+    quiet = process("worker 2", [0.1] * 100, 0.3)
+    both = client_load([parent, worker, quiet])
+    assert both is not None and both.bottleneck and both.busiest.role == "worker 1"
+    assert both.inflation_ms == (LAG_P90_MS * 5, LAG_P90_MS * 5)
+    w = bottleneck_warning(both, workers=2, cores=8)
+    assert w is not None and w.index("worker 1") < w.index("parent") and "TTFT" in w and "queue_delay_ms" in w
+    only_parent = client_load([parent, quiet])
+    assert only_parent is not None and only_parent.bottleneck and only_parent.inflation_ms == (0.1, 0.1)
+    wp = bottleneck_warning(only_parent, workers=1, cores=8)
+    assert wp is not None and "parent" in wp and "latencies are not inflated" in wp and "TTFT" not in wp
 
 
 def test_nothing_measured_is_no_verdict() -> None:

@@ -326,7 +326,7 @@ def check(name: str, out_dir: str, python: str | None = None) -> CheckResult:
         prometheus_value(metrics, "vllm:prefix_cache_hits_total"), sum(d["prefix_hit_tokens"] for d in placed),
         bench.summary.counts.completed,
         sim_token_steps(replayed), sum(d["preemptions"] for d in replayed), sum(d["prefix_hit_tokens"] for d in replayed),
-        isinstance(bench.summary.client, ClientLoad) and bench.summary.client.bottleneck,
+        isinstance(bench.summary.client, ClientLoad) and bench.summary.client.bottleneck is True,
     )
     (out / "check.txt").write_text(result.line() + "\n")
     return result

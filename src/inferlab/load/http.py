@@ -49,6 +49,8 @@ class Outcome:
     t0_ns: int = 0
     # each sending process's loop lag and CPU (``load.monitor``); empty in virtual time
     client: list[ProcessLoad] = field(default_factory=list)
+    # what the executor saw that the summary must say (a load worker process that died)
+    warnings: list[str] = field(default_factory=list)
 
 
 class Launcher(Protocol):

@@ -213,6 +213,7 @@ async def run(
                 preflight=prepared.preflight if isinstance(target, HttpTarget) else OMITTED, wcfg=wcfg,
                 trace_positions=policy.trace_positions if isinstance(policy, UserReplayPolicy) else None,
                 client=outcome.client if isinstance(target, HttpTarget) else None,
+                executor_warnings=outcome.warnings,
                 server_metrics=None if prepared.telemetry is None else prepared.telemetry.metrics,
             )
             if prepared.engine is not None:  # simulated: each headline metric's error band
@@ -437,6 +438,12 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         http_client = resolve_http_client(target.http_client, base)
     except ValueError as e:
         raise UsageError(str(e)) from e
+    cores = os.cpu_count() or 1
+    if target.workers is not None and target.workers > cores:  # (before any server is probed)
+        raise UsageError(
+            f"--workers {target.workers} is more than this machine's {cores} cores: the workers would wait for "
+            "a core, and every wait is in the latencies they measure"
+        )
     try:
         extra_body = check_extra_body(target.extra_body)
     except ValueError as e:
@@ -671,14 +678,16 @@ def run_summary(
     client: Sequence[ProcessLoad] | None = None,
     server_metrics: ServerMetrics | None = None,
     trace_positions: Sequence[int] | None = None,
+    executor_warnings: Sequence[str] = (),
 ) -> Summary:
     """The summary of a run of ``workload``, ``bench`` and ``sim run`` alike: the
     metrics, a replayed trace's own measurements compared, a dataset's caveats and, for
     a run against a server (``preflight`` given, None: no probe), what the probe learned
     about ``wcfg``'s prompts and, from ``client``, whether the client kept up.
-    ``trace_positions``: each send's position in the trace, when not its index."""
+    ``trace_positions``: each send's position in the trace, when not its index;
+    ``executor_warnings``: what the executor saw (``Outcome.warnings``)."""
     trace = compare_with_trace(records, workload.requests, trace_positions) if isinstance(workload, Trace) else OMITTED
-    last = workload.warnings() if isinstance(workload, DatasetWorkload) else []
+    last = [*executor_warnings, *(workload.warnings() if isinstance(workload, DatasetWorkload) else [])]
     if _conversations(workload) and config.get("api") == "completions":
         last.append(
             "multi-turn sessions through the completions API: each turn's prompt is the messages joined by blank "

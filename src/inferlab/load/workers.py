@@ -11,9 +11,13 @@ length-prefixed pickle per message:
 
 - parent → worker: ``("t0", t0_ns)`` once, then ``("send", index, spec, record, text)``
   per request, ``("stop",)`` to cancel what is in flight and finish;
-- worker → parent: ``("ready",)`` once its connections are warm, ``("done", index,
-  record, text)`` per request, ``("stopped", load)`` with its loop lag and CPU
+- worker → parent: ``("ready", number)`` once its connections are warm, ``("done",
+  index, record, text)`` per request, ``("stopped", load)`` with its loop lag and CPU
   (``load.monitor``).
+
+A worker whose socket ends without ``stopped`` died (killed, or crashed): the parent
+records each request it held as cancelled, saying so, sends it nothing more, and stops
+the run (``Outcome.cause``); the summary says which worker died (``Outcome.warnings``).
 
 Times are on the machine's monotonic clock, shared by the processes, relative to the
 parent's ``t0``. Workers ignore Ctrl-C (the terminal sends it to every process of the
@@ -48,7 +52,7 @@ from inferlab.load.http import (
 from inferlab.load.monitor import LoopMonitor
 from inferlab.load.policy import Policy, Send
 from inferlab.results.clientload import ProcessLoad
-from inferlab.results.records import RequestRecord
+from inferlab.results.records import ErrorKind, RequestRecord
 
 if TYPE_CHECKING:  # (the client, and aiohttp, load in the worker that sends)
     from inferlab.client.http import Endpoint
@@ -65,13 +69,20 @@ async def _read(reader: asyncio.StreamReader) -> Any:
     try:
         head = await reader.readexactly(_LENGTH.size)
         return pickle.loads(await reader.readexactly(_LENGTH.unpack(head)[0]))
-    except asyncio.IncompleteReadError:
+    except (asyncio.IncompleteReadError, ConnectionError):  # (a worker killed: reset)
         return None
 
 
 def _write(writer: asyncio.StreamWriter, msg: tuple[Any, ...]) -> None:
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     writer.write(_LENGTH.pack(len(data)) + data)
+
+
+def _tell(conn: _Conn, msg: tuple[Any, ...]) -> None:
+    """``msg`` to a worker that may have died: then nothing (uvloop raises
+    ``RuntimeError`` on a closed transport; its end of the socket says the rest)."""
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        _write(conn.writer, msg)
 
 
 async def run_workers(
@@ -92,24 +103,23 @@ async def run_workers(
         raise ValueError("workers must be at least 1")
     with tempfile.TemporaryDirectory(prefix="inferlab-") as tmp:
         path = str(Path(tmp) / "workers.sock")
-        pool = _Pool(workers)
-        server = await asyncio.start_unix_server(pool.connected, path)
         context = multiprocessing.get_context("spawn")  # (no fork of a running event loop)
         warm_each = -(-min(warm_connections, MAX_WARM_CONNECTIONS) // workers)
         procs = [
             context.Process(target=_worker_main, args=(path, endpoint, warm_each, n, http_client), daemon=True)
             for n in range(1, workers + 1)
         ]
+        result = Outcome()
+        dispatcher = Dispatcher(policy, clock, result, on_record)
+        pool = _Pool(procs, dispatcher)
+        server = await asyncio.start_unix_server(pool.connected, path)
         for p in procs:
             p.start()
-        result = Outcome()
         try:
-            await pool.wait_ready(procs)
+            await pool.wait_ready()
             result.t0_ns = clock.now_ns()
             for conn in pool.conns:
-                _write(conn.writer, ("t0", result.t0_ns))
-            dispatcher = Dispatcher(policy, clock, result, on_record)
-            pool.dispatcher = dispatcher
+                _tell(conn, ("t0", result.t0_ns))
             monitor = LoopMonitor(clock, "parent")  # (it dispatches every send)
             monitor.start()
             try:
@@ -119,6 +129,7 @@ async def run_workers(
         finally:
             await pool.close()
             result.client += sorted(pool.loads, key=lambda load: int(load.role.split()[-1]))
+            result.warnings += pool.deaths
             server.close()
             for p in procs:
                 p.join(timeout=STOP_TIMEOUT_S)
@@ -131,39 +142,42 @@ async def run_workers(
 class _Conn:
     """The parent's end of one worker's socket."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int) -> None:
         self.reader = reader
         self.writer = writer
-        self.pending: dict[int, Send] = {}  # requests it holds, by index
-        self.stopped = asyncio.Event()
+        self.number = number  # its worker's (from 1)
+        self.pending: dict[int, tuple[Send, RequestRecord]] = {}  # requests it holds, by index
+        self.stopped = asyncio.Event()  # (also set when it died)
 
 
 class _Pool:
     """The workers, as the dispatcher's ``Launcher``."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, procs: Sequence[multiprocessing.process.BaseProcess], dispatcher: Dispatcher) -> None:
+        self.procs = procs
+        self.size = len(procs)
         self.conns: list[_Conn] = []
-        self.dispatcher: Dispatcher | None = None
+        self.dispatcher = dispatcher
         self.loads: list[ProcessLoad] = []  # each worker's, as it stopped
+        self.deaths: list[str] = []  # a sentence for each worker that died
         self._all_ready = asyncio.Event()
         self._readers: list[asyncio.Task[None]] = []
 
     async def connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         msg = await _read(reader)
-        if msg != ("ready",):
+        if not (isinstance(msg, tuple) and len(msg) == 2 and msg[0] == "ready"):
             writer.close()
             return
-        conn = _Conn(reader, writer)
+        conn = _Conn(reader, writer, msg[1])
         self.conns.append(conn)
         if len(self.conns) == self.size:
             self._all_ready.set()
         self._readers.append(asyncio.ensure_future(self._receive(conn)))
 
-    async def wait_ready(self, procs: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    async def wait_ready(self) -> None:
         async def watch() -> None:  # a worker that dies on start (a bad import, say)
             while not self._all_ready.is_set():
-                if any(p.exitcode is not None for p in procs):
+                if any(p.exitcode is not None for p in self.procs):
                     raise InferlabError("a load worker process exited while starting")
                 await asyncio.sleep(0.05)
 
@@ -175,12 +189,20 @@ class _Pool:
 
     def launch(self, send: Send, record: RequestRecord, text: list[str] | None) -> None:
         spec = send.spec
+        # what the worker fills in first, so that a record it never sends back has it too
+        record.session, record.turn = spec.session, spec.turn
+        record.prefix_group, record.prefix_tokens = spec.prefix_group, spec.prefix_tokens
+        record.requested_input_tokens, record.requested_output_tokens = spec.input_tokens, spec.max_tokens
         if spec.session is not None:  # a session's turns stay on one worker
-            conn = self.conns[spec.session % self.size]
-        else:
-            conn = min(self.conns, key=lambda c: len(c.pending))
-        conn.pending[send.index] = send
-        _write(conn.writer, ("send", send.index, spec, record, text is not None))
+            conn: _Conn | None = self.conns[spec.session % self.size]
+        else:  # (never a worker that died: the run is stopping, see ``_receive``)
+            conn = min((c for c in self.conns if not c.stopped.is_set()), key=lambda c: len(c.pending), default=None)
+        if conn is None or conn.stopped.is_set():
+            _lost(record, f"not sent: load worker {conn.number} had died" if conn else "not sent: every load worker had died")
+            self.dispatcher.cancelled(record)
+            return
+        conn.pending[send.index] = send, record
+        _tell(conn, ("send", send.index, spec, record, text is not None))
 
     async def _receive(self, conn: _Conn) -> None:
         while True:
@@ -189,35 +211,57 @@ class _Pool:
                 break
             if msg[0] == "done":
                 _, index, record, text = msg
-                send = conn.pending.pop(index)
-                assert self.dispatcher is not None
+                send, _ = conn.pending.pop(index)
                 if conn.stopped.is_set() or self._stopping:
                     self.dispatcher.cancelled(record)
                 else:
                     self.dispatcher.finished(send, record, text)
             elif msg[0] == "stopped":
                 self.loads.append(msg[1])
-                break
+                conn.stopped.set()
+                return
+        # its socket ended without "stopped": the worker died (killed, or crashed)
         conn.stopped.set()
-        if conn.pending and self.dispatcher is not None and not self._stopping:
-            self.dispatcher.fail(InferlabError(f"a load worker process ended with {len(conn.pending)} requests in flight"))
+        died = f"load worker {conn.number} died ({await self._exit(conn.number)})"
+        held = sorted(conn.pending.items())
+        conn.pending.clear()
+        for _, (_, record) in held:
+            _lost(record, f"{died} while this request was in flight")
+            self.dispatcher.cancelled(record)
+        lost = "no request" if not held else f"{len(held)} request{'' if len(held) == 1 else 's'} (recorded as cancelled)"
+        self.deaths.append(f"{died} with {lost} in flight; its loop lag and CPU died with it (not in client.processes)")
+        if not self._stopping:  # (no more sends to it, and the run stops: Outcome.cause)
+            self.dispatcher.fail(InferlabError(f"{died}: the run stopped; the summary covers what was measured"))
+
+    async def _exit(self, number: int) -> str:
+        """How worker ``number`` ended, once it has (its socket may close first)."""
+        proc = self.procs[number - 1]
+        await asyncio.to_thread(proc.join, STOP_TIMEOUT_S)
+        code = proc.exitcode
+        if code is None:
+            return "its socket closed"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-code).name}"
+            return f"killed by signal {-code}"
+        return f"exit status {code}"
 
     _stopping = False
 
     async def cancel_all(self) -> None:
         self._stopping = True
         for conn in self.conns:
-            with contextlib.suppress(ConnectionError):
-                _write(conn.writer, ("stop",))
+            if not conn.stopped.is_set():
+                _tell(conn, ("stop",))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(STOP_TIMEOUT_S):
                 await asyncio.gather(*(c.stopped.wait() for c in self.conns))
 
     async def close(self) -> None:
+        self._stopping = True  # (a worker that dies now ends nothing: the run has)
         for conn in self.conns:
             if not conn.stopped.is_set():
-                with contextlib.suppress(ConnectionError):
-                    _write(conn.writer, ("stop",))
+                _tell(conn, ("stop",))
         for conn in self.conns:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(STOP_TIMEOUT_S):
@@ -226,6 +270,11 @@ class _Pool:
         for task in self._readers:
             task.cancel()
         await asyncio.gather(*self._readers, return_exceptions=True)
+
+
+def _lost(record: RequestRecord, why: str) -> None:
+    """Mark ``record``, which its worker never sent back, cancelled for ``why``."""
+    record.error_kind, record.error, record.end_ns = ErrorKind.CANCELLED, why, None
 
 
 def _worker_main(path: str, endpoint: Endpoint, warm: int, number: int, http_client: str) -> None:
@@ -240,7 +289,7 @@ async def _worker(path: str, endpoint: Endpoint, warm: int, number: int, http_cl
     reader, writer = await asyncio.open_unix_connection(path)
     clock = WallClock()
     async with open_client(endpoint, clock, http_client, warm) as client:
-        _write(writer, ("ready",))
+        _write(writer, ("ready", number))
         first = await _read(reader)
         if first is None:
             return

@@ -86,6 +86,8 @@ def _client_line(load: ClientLoad) -> str:
     lag = hot.loop_lag_ms
     who = "1 process" if n == 1 else f"{n} processes, busiest {hot.role}"
     verdict = "[yellow]likely the bottleneck[/yellow]" if load.bottleneck else "kept up"
+    if load.bottleneck is None:  # (every process that measures too brief for its first loop timer)
+        verdict = "no verdict, the run was too short to tell"
     if load.bottleneck and hot.cpu_share < CPU_BUSY:  # (late, yet mostly idle: the warning says why)
         verdict = "[yellow]likely the bottleneck, waiting for a core[/yellow]"
     lags = "" if lag is None else f", loop lag p50 {_fmt(lag.p50, 2)} / p99 {_fmt(lag.p99, 2)} ms"

@@ -401,6 +401,8 @@ def client_figure(run: Run) -> Figure | None:
         lag.append(Series(f"{name}: loop lag (ms)", [(float(i), _num(v[0])) for i, v in enumerate(tl)]))
         cpu.append(Series(f"{name}: CPU share ×100", [(float(i), _num(v[1]) * 100) for i, v in enumerate(tl)]))
     verdict = "the client was likely the bottleneck" if client.get("bottleneck") else "the client kept up"
+    if client.get("bottleneck") is None:
+        verdict = "no verdict on the client: the run was too short to tell"
     return Figure("client", f"The client watching itself: event-loop lag and CPU per second ({verdict})",
                   [*lag, *cpu], "second of the run", "ms / % of a core",
                   "Loop lag is how late a 50 ms timer fired: what every timestamp taken then also waited. CPU share 100 = one core busy.")

@@ -131,11 +131,14 @@ class ClientProcess:
 @dataclass(frozen=True)
 class ClientLoad:
     """The client's own load over a run: every sending process, and whether the client
-    was likely the bottleneck (``bottleneck``), with what it may have added to its
-    latencies (``inflation_ms``: the busiest process's, p50 and p99, ``ClientProcess``)."""
+    was likely the bottleneck (``bottleneck``: a process that measured inflated its
+    latencies, or the parent of workers delayed the sends; None: no verdict, no process
+    that measures ran long enough for its first loop timer), with what it may have added
+    to its latencies (``inflation_ms``: the busiest measuring process's, p50 and p99,
+    ``ClientProcess``; the parent of workers measures nothing, its lateness delays sends)."""
 
     processes: tuple[ClientProcess, ...]
-    bottleneck: bool
+    bottleneck: bool | None
     inflation_ms: tuple[float, float]
 
     @property
@@ -154,7 +157,8 @@ class ClientLoad:
     def from_json(cls, d: Mapping[str, Any]) -> ClientLoad:
         inf = d["inflation_ms"]
         return cls(
-            tuple(ClientProcess.from_json(p) for p in d["processes"]), bool(d["bottleneck"]),
+            tuple(ClientProcess.from_json(p) for p in d["processes"]),
+            None if d["bottleneck"] is None else bool(d["bottleneck"]),
             (float(inf["p50"]), float(inf["p99"])),
         )
 
@@ -166,8 +170,14 @@ def _p(process: ClientProcess, key: str) -> float:
 
 def busiest(processes: Sequence[ClientProcess]) -> ClientProcess:
     """The process that likely added most to what it measured: a likely bottleneck before
-    others, then by what it added at p99 (``inflation``), at p90, and CPU."""
-    return max(processes, key=lambda p: (saturated(p), inflation(p)[1], _p(p, "p90"), p.cpu_share))
+    others, one that measures before the parent of workers (its lateness delays sends,
+    not latencies), then by what it added at p99 (``inflation``), at p90, and CPU."""
+    return max(processes, key=lambda p: (saturated(p), measures(p), inflation(p)[1], _p(p, "p90"), p.cpu_share))
+
+
+def measures(process: ClientProcess) -> bool:
+    """Whether ``process`` timed responses (the parent of workers only dispatches)."""
+    return process.role != "parent"
 
 
 def inflation(process: ClientProcess) -> tuple[float, float]:
@@ -199,7 +209,12 @@ def client_load(loads: Sequence[ProcessLoad]) -> ClientLoad | None:
         ticks = (0.0, 0.0) if lag is None else (float(lag.p50), float(lag.p99))
         added = (max(ticks[0], p.wait_ms(0.5)), max(ticks[1], p.wait_ms(0.99)))
         processes.append(ClientProcess(p.role, p.cpu_share, lag, tuple(p.seconds), p.late_share, added))
-    return ClientLoad(tuple(processes), any(saturated(p) for p in processes), inflation(busiest(processes)))
+    measuring = [p for p in processes if measures(p)]
+    verdict: bool | None = any(saturated(p) for p in processes)
+    if not verdict and all(p.loop_lag_ms is None for p in measuring):
+        verdict = None  # (no process that measures ran long enough to say: ``saturated``)
+    added = inflation(busiest(measuring)) if measuring else (0.0, 0.0)
+    return ClientLoad(tuple(processes), verdict, added)
 
 
 def bottleneck_warning(load: ClientLoad, workers: int, cores: int, autogroup: bool = False) -> str | None:
@@ -209,18 +224,19 @@ def bottleneck_warning(load: ClientLoad, workers: int, cores: int, autogroup: bo
     which the advice for a client starved of a core names."""
     if not load.bottleneck:
         return None
-    worst = load.busiest  # (a likely bottleneck: the verdict says one is)
+    worst = load.busiest  # (a likely bottleneck: the verdict says one is; one that measures first)
     who = "the client" if len(load.processes) == 1 else f"the client's {worst.role} process"
-    p50, p99 = load.inflation_ms
+    p50, p99 = inflation(worst)
     stood = ""
     if _stalled(worst):
         stood = (f" (counted over the run's time: it was more than {LAG_P90_MS:g} ms late for "
                  f"{worst.late_share or 0:.0%} of the run, longest {_p(worst, 'max'):,.0f} ms)")
     others = [p for p in load.processes if p is not worst and saturated(p)]
     also = "".join(f"; so was the {p.role} process ({p.cpu_share:.0%} of a core, loop lag p99 {inflation(p)[1]:,.1f} ms)"
+                   + ("" if measures(p) else ": that delayed sends (queue_delay_ms), not the latencies")
                    for p in others)
-    if worst.role == "parent":  # it sends nothing itself: its lateness is in when requests left
-        effect = "requests may have left later than the load asked (queue_delay_ms)"
+    if not measures(worst):  # it sends nothing itself: its lateness is in when requests left
+        effect = "requests may have left later than the load asked (queue_delay_ms); the latencies are not inflated by it"
     else:
         effect = "latencies measured then (TTFT, ITL, E2E) may be inflated by about as much"
     if worst.cpu_share < CPU_BUSY:  # late, yet mostly idle: it waited for a core
