@@ -114,3 +114,20 @@ def test_a_client_too_brief_for_its_loop_timers_gets_no_verdict() -> None:
     load = client_load([ProcessLoad("parent", [], 0.001, 0.02), ProcessLoad("worker 1", [], 0.001, 0.02)])
     assert load is not None
     assert _client_line(load).startswith("no verdict") and "kept up" not in _client_line(load)
+
+
+def test_a_conversations_template_overhead_is_not_given_as_every_prompts() -> None:
+    """Multi-turn runs read "template/special tokens per prompt: 19", the probe's count for
+    a prompt of one user message; a turn of a conversation holds several messages, each
+    with the template's tokens (24, 45, 66, 87 tokens measured on four turns)."""
+    import dataclasses
+
+    r = RequestRecord(0, send_ns=0, ttfb_ns=10 * MS, content_ns=[10 * MS], end_ns=20 * MS, input_tokens=5, output_tokens=1,
+                      usage_source="server")
+    for sessions, says in ((None, "template/special tokens per prompt: 19"),
+                           (2, "template/special tokens of a one-message prompt: 19 (a conversation's turn adds")):
+        s = dataclasses.replace(summarize([r], config={"workload": {"sessions": sessions}}), prompt_overhead_tokens=19,
+                                input_length_source="exact (server /tokenize)")
+        console = Console(record=True, width=300)
+        render_summary(console, s, "t")
+        assert says in console.export_text(), console.export_text()

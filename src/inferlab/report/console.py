@@ -187,10 +187,13 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
     ]
     if s.input_length_source is not OMITTED and s.input_length_source:
         oh = s.prompt_overhead_tokens
-        rows.append((
-            "prompt lengths",
-            f"{s.input_length_source}; template/special tokens per prompt: {'unknown' if oh is None or oh is OMITTED else oh}",
-        ))
+        shown = "unknown" if oh is None or oh is OMITTED else oh
+        # (the probe's prompt is one user message: a conversation's turn has several,
+        # each with the template's own tokens, and a system prompt)
+        talks = bool((s.config.get("workload") or {}).get("sessions"))
+        overhead = (f"template/special tokens of a one-message prompt: {shown} (a conversation's turn adds the "
+                    "template's tokens of each of its messages)" if talks else f"template/special tokens per prompt: {shown}")
+        rows.append(("prompt lengths", f"{s.input_length_source}; {overhead}"))
     if s.goodput_rps is not None:
         rows.append(("goodput", f"{_fmt(s.goodput_rps, 2)} req/s within SLO"))
     sv = s.server_timeline

@@ -175,7 +175,7 @@ class Summary:
         default=OMITTED, metadata=_doc("replays only: this run against the trace's own measurements, per metric (ttft_ms, tpot_ms, e2e_ms)")
     )
     prompt_overhead_tokens: int | Omitted | None = field(
-        default=OMITTED, metadata=_doc("runs against a server only: tokens the chat template (or BOS) adds to a prompt")
+        default=OMITTED, metadata=_doc("runs against a server only: tokens the chat template (or BOS) adds to a prompt of one user message (a multi-turn conversation's prompt holds more: the template's tokens of each of its messages)")
     )
     input_length_source: str | Omitted = field(
         default=OMITTED, metadata=_doc("runs against a server only: how exact the prompt lengths are (local tokenizer, the server's /tokenize, calibrated, or text as given)")
