@@ -291,6 +291,10 @@ def test_parse_fail_if() -> None:
     for bad in ("ttft_p99", "ttft_p99>>1", "ttft_p99>ten"):
         with pytest.raises(UsageError):
             parse_fail_if(bad)
+    # a share's change relative to a 0 % baseline is no number: 'failed_pct>+10%' never tripped
+    with pytest.raises(UsageError, match="give its change in points"):
+        parse_fail_if("failed_pct>+10%")
+    assert parse_fail_if("failed_pct>+10").percent is False
 
 
 def test_simulated_runs_name_their_engine_and_card(tmp_path: Path) -> None:

@@ -406,6 +406,8 @@ def parse_fail_if(text: str) -> FailIf:
     name = name.removesuffix("_ms")
     if name not in BY_NAME:
         raise UsageError(f"--fail-if {text!r}: unknown metric {name!r} (metrics: {names})")
+    if pct and BY_NAME[name].unit == "%":  # (a share's change relative to 0 % is no number: such a gate never trips)
+        raise UsageError(f"--fail-if {text!r}: {name} is a share in %: give its change in points ({name}{op}{limit})")
     return FailIf(text.strip(), BY_NAME[name], op, float(limit), pct == "%")
 
 

@@ -430,7 +430,10 @@ def overwritten(entry: Entry) -> str | None:
     recorded: dict[str, Any] = {**entry.headline, "completed": entry.completed, "failed": entry.failed, "model": entry.model}
     # (a value recorded as null says nothing: a row written before it was kept, a sweep's counts)
     differ = [k for k, v in recorded.items() if v is not None and not _same(v, row.get(k))]
-    return ", ".join(f"{k} {recorded[k]} recorded, {row.get(k)} there" for k in differ) or None
+    def shown(v: object) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{k} {shown(recorded[k])} recorded, {shown(row.get(k))} there" for k in differ) or None
 
 
 def _same(a: object, b: object) -> bool:

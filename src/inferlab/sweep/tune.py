@@ -320,7 +320,7 @@ class Tuner:
                 return
             if r.send_ns is not None:
                 first_send = r.send_ns if first_send is None else min(first_send, r.send_ns)
-            if r.end_ns is not None:
+            if r.ok and r.end_ns is not None:  # (the score's duration ends at the last completed request)
                 last_end = r.end_ns if last_end is None else max(last_end, r.end_ns)
             if r.ok and slo.met_by(request_metrics(r)):
                 trial.met += 1
