@@ -100,7 +100,11 @@ def test_a_model_the_server_does_not_have_stops_the_profile_before_any_factor(tm
     config = ProfileConfig(str(out), budget_s=30, model="nosuch", factors=("template", "prefill"))
     with ChildServer(SERVE) as server, pytest.raises(UsageError, match=r"nosuch.*check --model"):
         asyncio.run(profile(config, server.url))
-    assert not (out / PROFILE_FILE).exists() and not (out / "prefill").exists()
+    assert not out.exists()  # (the folder it made for the profile is not left behind, empty)
+    out.mkdir()  # a folder the user made stays
+    with ChildServer(SERVE) as server, pytest.raises(UsageError, match=r"nosuch.*check --model"):
+        asyncio.run(profile(config, server.url))
+    assert out.is_dir() and not any(out.iterdir())
 
 
 def test_the_template_is_not_reported_as_measured_when_no_request_counted_it(tmp_path: Path) -> None:

@@ -214,9 +214,16 @@ async def profile(config: ProfileConfig, url: str, *, clock: Clock | None = None
     """Measure every factor against the server at ``url`` (see the module); write each
     run and ``profile.json`` under ``config.out_dir``. ``UsageError`` when the folder
     holds a profile already (without ``overwrite``)."""
+    made = not Path(config.out_dir).exists()  # noqa: ASYNC240 (one stat, before any run)
     out = prepare_out(config)
     p = _Profiler(config, url, clock or WallClock(), on_step or (lambda _: None))
-    result = await p.go()
+    try:
+        result = await p.go()
+    except BaseException:
+        if made:  # (a refusal before any run, e.g. the preflight's: no empty folder left behind)
+            with contextlib.suppress(OSError):
+                out.rmdir()  # (only if empty: a run already written stays)
+        raise
     (out / PROFILE_FILE).write_text(dumps(result.to_json()) + "\n")
     return result
 

@@ -616,6 +616,7 @@ class Gateway:
         key = None
         if self.cache is not None and cacheable(req.body):
             headers = {**headers, CACHE_HEADER: "miss"}
+            obs.record.response_cache_hit = False  # (looked up: _from_cache sets True on a hit)
             scope = "" if self.config.cache.shared_across_keys else req.key_name
             key = cache_key(req.body, req.api == "chat", scope)
             entry = self.cache.get(key)
