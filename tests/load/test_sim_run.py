@@ -585,6 +585,26 @@ def test_a_recorded_closed_loop_replayed_with_its_users_is_banded_as_a_closed_lo
     assert fast.returncode == 2 and "--speedup would change no send time" in fast.stderr, fast.stderr
 
 
+def test_a_recorded_open_loop_with_a_cap_is_replayed_under_the_same_cap(tmp_path: Path) -> None:
+    """requests.jsonl holds each request's intended send time, not when --max-concurrency
+    let it go: replayed without the cap, 8 requests at 50 req/s that had queued behind one
+    slot ran side by side and the replay "measured" the run's own engine as different.
+    The replay takes the cap from config.json, says so, and --max-concurrency still wins."""
+    ran = sim_cli("--rate", "50", "--max-concurrency", "1", "-n", "8", "--input-tokens", "200",
+                  "--output-tokens", "50", "--out", str(tmp_path / "r"), "--json")
+    assert ran.returncode == 0, ran.stderr
+    trace = str(tmp_path / "r" / "requests.jsonl")
+    replay = sim_cli("--trace", trace, "--json")
+    assert replay.returncode == 0 and "--max-concurrency 1 (from the config.json" in replay.stderr, replay.stderr
+    recorded, again = json.loads(ran.stdout), json.loads(replay.stdout)
+    assert again["config"]["load"]["schedule"]["max_concurrency"] == 1
+    assert recorded["queue_delay_ms"]["mean"] > 100 * recorded["ttft_ms"]["mean"] / 16  # (they queued)
+    for m in ("ttft_ms", "e2e_ms", "queue_delay_ms"):
+        assert again[m]["mean"] == pytest.approx(recorded[m]["mean"], rel=1e-6), m
+    uncapped = json.loads(sim_cli("--trace", trace, "--max-concurrency", "8", "--json").stdout)
+    assert uncapped["ttft_ms"]["mean"] > 1.2 * recorded["ttft_ms"]["mean"]
+
+
 @pytest.mark.parametrize("load", [("-c", "3"), ("--rate", "20")], ids=["closed-loop", "open-loop"])
 def test_a_replayed_run_keeps_its_warm_ups_out_of_the_metrics(tmp_path: Path, load: tuple[str, str]) -> None:
     """The recorded run's warm-ups are warm-ups again in its replay (they load the server,

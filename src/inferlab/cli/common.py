@@ -40,7 +40,12 @@ from inferlab.results.runfiles import dumps, write_summary
 from inferlab.results.summary import with_percentiles
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetConfig
-from inferlab.workload.traces import FORMATS, TraceConfig, vllm_result_max_concurrency
+from inferlab.workload.traces import (
+    FORMATS,
+    TraceConfig,
+    recorded_max_concurrency,
+    vllm_result_max_concurrency,
+)
 
 DEFAULT_CONCURRENCY = 32
 #: Set (to anything but 0), an internal error shows its traceback instead of one line.
@@ -482,7 +487,11 @@ def load_config(kw: dict[str, Any]) -> LoadConfig:
         if kw["concurrency"] is not None or rate is not None or shaping:
             given_flags = ["--concurrency"] * (kw["concurrency"] is not None) + ["--rate"] * (rate is not None) + shaping
             raise UsageError(f"--trace sends at the trace's own times: drop {'/'.join(given_flags)} (use --speedup)")
-        schedule = Replay(kw["max_concurrency"] or vllm_result_max_concurrency(kw["trace"]))
+        cap = kw["max_concurrency"] or vllm_result_max_concurrency(kw["trace"])
+        if cap is None and (cap := recorded_max_concurrency(kw["trace"])) is not None:
+            click.echo(f"inferlab: replaying with the run's --max-concurrency {cap} (from the config.json beside "
+                       "the trace; --max-concurrency sets another)", err=True)
+        schedule = Replay(cap)
         return LoadConfig(schedule, kw["num_requests"], kw["duration"], kw["warmup"], kw["seed"])
     if rate is not None:
         schedule = OpenLoop(rate, arrival or "poisson", 1.0 if burstiness is None else burstiness, kw["max_concurrency"])

@@ -53,7 +53,7 @@ from inferlab.workload.spec import RequestSpec, TimedSpec, Trace
 from inferlab.workload.traces.compare import compare_with_trace
 from inferlab.workload.traces.csv_traces import read_csv
 from inferlab.workload.traces.jsonl import read_jsonl
-from inferlab.workload.traces.requests import read_requests
+from inferlab.workload.traces.requests import read_requests, recorded_max_concurrency
 from inferlab.workload.traces.rows import TraceRow
 from inferlab.workload.traces.vllm import (
     read_vllm_result,
@@ -70,6 +70,7 @@ __all__ = [
     "TraceRow",
     "compare_with_trace",
     "read_rows",
+    "recorded_max_concurrency",
     "to_specs",
     "vllm_result_max_concurrency",
     "vllm_result_model",

@@ -8,7 +8,9 @@ the session's previous one, as its context grew) and the closed-loop user that s
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 
 from inferlab.results.metrics import request_metrics
 from inferlab.results.runfiles import numbered_records
@@ -43,3 +45,22 @@ def read_requests(path: str) -> list[TraceRow]:
         warnings.warn(f"{path}: {skipped:,} of {skipped + len(rows):,} requests skipped: failed or cancelled in the "
                       "recorded run, or without their token counts", stacklevel=2)
     return rows
+
+
+def recorded_max_concurrency(path: str) -> int | None:
+    """The cap on requests in flight (``--max-concurrency`` beside ``--rate``) that the
+    run whose ``requests.jsonl`` this is was measured under, from the ``config.json``
+    beside it: its intended send times are the schedule's, not when the cap let each
+    request go, so a replay caps the same way. ``None`` for other traces, an uncapped
+    run or a closed loop (whose users a replay keeps from ``user``)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = json.loads(f.readline())
+        if not (isinstance(first, dict) and {"send_ns", "content_ns"} <= set(first)):
+            return None
+        config = json.loads((Path(path).parent / "config.json").read_text())
+        schedule = config["load"]["schedule"]
+        cap = schedule.get("max_concurrency") if schedule.get("kind") == "OpenLoop" else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
