@@ -159,6 +159,7 @@ class Sender:
         is then marked ``CANCELLED``)."""
         record.session, record.turn = spec.session, spec.turn
         record.prefix_group, record.prefix_tokens = spec.prefix_group, spec.prefix_tokens
+        record.hash_ids = list(spec.hash_ids) or None
         record.requested_input_tokens = spec.input_tokens
         record.requested_output_tokens = spec.max_tokens
         body = json.dumps(request_body(self.endpoint, spec)).encode()

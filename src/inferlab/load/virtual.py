@@ -186,6 +186,7 @@ class SimulatedServer:
             user=send.user,
             prefix_group=spec.prefix_group,
             prefix_tokens=spec.prefix_tokens,
+            hash_ids=list(spec.hash_ids) or None,
         )
 
     def add(self, send: Send, at_s: float | None = None) -> float | None:

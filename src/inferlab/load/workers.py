@@ -192,6 +192,7 @@ class _Pool:
         # what the worker fills in first, so that a record it never sends back has it too
         record.session, record.turn = spec.session, spec.turn
         record.prefix_group, record.prefix_tokens = spec.prefix_group, spec.prefix_tokens
+        record.hash_ids = list(spec.hash_ids) or None
         record.requested_input_tokens, record.requested_output_tokens = spec.input_tokens, spec.max_tokens
         if spec.session is not None:  # a session's turns stay on one worker
             conn: _Conn | None = self.conns[spec.session % self.size]

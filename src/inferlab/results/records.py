@@ -68,6 +68,9 @@ class RequestRecord:
     # the client key's name (``inferlab gateway``'s access log, where keys are configured);
     # None: no key, or a record written before there was this field
     key: str | None = None
+    # a Mooncake trace row's block ids (512 tokens each; requests with equal leading ids
+    # share those blocks' text), so that a replay of the run shares them again; None: none
+    hash_ids: list[int] | None = None
 
     @property
     def ok(self) -> bool:
@@ -96,6 +99,8 @@ class RequestRecord:
             raise TypeError("no index")
         if not {type(t) for t in d.get("content_ns") or ()} <= {int}:
             raise TypeError("content_ns holds what is not a time in ns")
+        if not {type(h) for h in d.get("hash_ids") or ()} <= {int}:
+            raise TypeError("hash_ids holds what is not a block id")
         d = dict(d)
         kind = d.get("error_kind")
         d["error_kind"] = ErrorKind(kind) if kind else None

@@ -26,7 +26,9 @@ class RequestSpec:
     message. ``session``/``turn`` identify a multi-turn session's request.
     ``prefix_group`` names the prompts that start alike: those of a group share their
     first ``prefix_tokens`` tokens (None: the whole prompt, the same every time); a run
-    records both, so that a replay shares what the run shared.
+    records both, so that a replay shares what the run shared. ``hash_ids`` are a
+    Mooncake trace row's blocks (each ``MOONCAKE_BLOCK_TOKENS`` tokens; equal ids, equal
+    text), recorded for the same reason.
     """
 
     prompt: str | list[int]
@@ -40,6 +42,7 @@ class RequestSpec:
     turn: int | None = None
     prefix_group: str | None = None
     prefix_tokens: int | None = None
+    hash_ids: tuple[int, ...] = ()
 
     def messages(self) -> list[dict[str, str]]:
         if not isinstance(self.prompt, str):

@@ -159,6 +159,7 @@ def to_specs(
         prompt, _ = builder.join(segs)
         spec = RequestSpec(
             prompt, r.output_tokens, exact_output, n, prefix_group=r.prefix_group, prefix_tokens=r.prefix_tokens,
+            hash_ids=r.hash_ids,
         )
         out.append(TimedSpec(r.arrival_s, spec, r.measured, r.user, r.warmup))
     return out
