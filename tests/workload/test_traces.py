@@ -484,14 +484,14 @@ def test_azure_times_do_not_depend_on_this_machines_time_zone(tmp_path: Path) ->
     assert [r.arrival_s for r in rows] == [0.0, 3600.0, 7200.0]
 
 
-@pytest.mark.parametrize("fmt", ["requests", "inferlab", "azure"])
-def test_a_vllm_result_read_as_another_format_says_what_it_is(tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize(("fmt", "named"), [("requests", "a requests.jsonl"), ("inferlab", "an inferlab"), ("azure", "an Azure")])
+def test_a_vllm_result_read_as_another_format_says_what_it_is(tmp_path: Path, fmt: str, named: str) -> None:
     """A vLLM result (a JSON object over several lines) given --trace-format requests was
     read line by line: 'the last line is cut short', then 'no requests'. It is named."""
     path = tmp_path / "vllm_result.json"
     path.write_text(json.dumps({"request_rate": 2.0, "input_lens": [10, 10], "output_lens": [4, 4],
                                 "ttfts": [0.02, 0.02], "itls": [[0.01] * 3] * 2}, indent=1))
-    with pytest.raises(UsageError, match=f"a vLLM benchmark result, not a {fmt} trace: give --trace-format vllm"):
+    with pytest.raises(UsageError, match=f"a vLLM benchmark result, not {named} trace: give --trace-format vllm"):
         TraceConfig(str(path), fmt).rows()  # type: ignore[arg-type]
 
 
@@ -550,3 +550,87 @@ def test_more_requests_than_the_trace_holds_is_refused(tmp_path: Path) -> None:
             "give --warmup 2 or fewer" in res.output, res.output
     res = CliRunner().invoke(main, ["sim", "run", "--trace", str(trace), "--warmup", "2", "--json", "--no-history"])
     assert res.exit_code == 0 and json.loads(res.stdout)["counts"]["total"] == 1
+
+
+def test_azures_2024_timestamps_with_a_zone_after_the_fraction_are_read(tmp_path: Path) -> None:
+    """Azure's 2024 trace writes "2024-05-10 00:00:00.009930+00:00" (refused at line 2),
+    some rows with no fraction; an ISO time with T and Z reads too; a header spaced after
+    its commas is the same header."""
+    p = tmp_path / "az24.csv"
+    p.write_text("TIMESTAMP, ContextTokens, GeneratedTokens\n"
+                 "2024-05-10 00:00:00.009930+00:00,2162,5\n"
+                 "2024-05-10 02:00:00.017335+02:00,2399,6\n"  # (the same day at UTC+2: 0.017335 s UTC)
+                 "2024-05-10 00:00:01+00:00,100,3\n"
+                 "2024-05-10T00:00:01.5Z,120,4\n")
+    rows = TraceConfig(str(p)).rows()
+    assert [r.arrival_s for r in rows] == pytest.approx([0.0, 0.017335 - 0.00993, 1 - 0.00993, 1.5 - 0.00993], abs=1e-9)
+    assert [r.input_tokens for r in rows] == [2162, 2399, 100, 120]
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("az.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n0,10,0\n2,10,2\n3,0,2\n4,10,2\n"),
+    ("moon.jsonl", "".join(json.dumps({"timestamp": t * 1000, "input_length": i, "output_length": o, "hash_ids": []}) + "\n"
+                           for t, i, o in ((0, 10, 0), (2, 10, 2), (3, 0, 2), (4, 10, 2)))),
+])
+def test_rows_with_no_tokens_are_skipped_and_said_and_the_window_counts_from_the_first_row(
+    tmp_path: Path, name: str, text: str,
+) -> None:
+    """A row of 0 prompt or answer tokens stopped the whole import; it is skipped, with a
+    warning that counts it, and the window still counts from the trace's first row (at
+    0 s here: --trace-start 2 keeps the rows at 2 and 4 s, not those 2 s after the first
+    row replayed)."""
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.warns(UserWarning, match="2 rows skipped: 0 prompt or answer tokens"):
+        rows = TraceConfig(str(p), start_s=2).rows()
+    assert [(r.arrival_s, r.input_tokens) for r in rows] == [(0.0, 10), (2.0, 10)]
+
+
+def test_the_window_counts_from_a_failed_first_request_too(tmp_path: Path) -> None:
+    """BurstGPT's failed request first (0 response tokens, at 0 s): --trace-start 10
+    means 10 s after it, as the help says, not 10 s after the first one replayed."""
+    p = tmp_path / "burst.csv"
+    p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 "0,ChatGPT,10,0,10,Conversation log\n10,ChatGPT,11,5,16,Conversation log\n"
+                 "20,ChatGPT,12,5,17,Conversation log\n")
+    with pytest.warns(UserWarning, match="1 rows skipped"):
+        rows = TraceConfig(str(p), start_s=10).rows()
+    assert [(r.arrival_s, r.input_tokens) for r in rows] == [(0.0, 11), (10.0, 12)]
+    # a vLLM result whose first request failed: the same
+    result = {"start_times": [100.0, 101.0, 102.5], "input_lens": [10, 11, 12], "output_lens": [0, 4, 4],
+              "ttfts": [0.0, 0.02, 0.02], "itls": [[], [0.01] * 3, [0.01] * 3]}
+    v = tmp_path / "v.json"
+    v.write_text(json.dumps(result))
+    with pytest.warns(UserWarning, match="1 of 3 requests skipped"):
+        assert [r.arrival_s for r in TraceConfig(str(v), start_s=1.5).rows()] == [0.0]
+    with pytest.raises(UsageError, match="the trace has no requests to replay"), pytest.warns(UserWarning):
+        read_rows(str(p.with_name("failed.csv").write_text(p.read_text().replace(",5,", ",0,")) and p.with_name("failed.csv")))
+
+
+def test_a_vllm_result_of_a_ramp_up_replays_the_ramp(tmp_path: Path) -> None:
+    """vllm bench serve --ramp-up-strategy saves request_rate inf and the ramp: the
+    replay sent every request at 0 s. Each gap is drawn at the rate the ramp has reached
+    at that request (constant gaps here, burstiness inf: a linear ramp from 1 to 4 req/s
+    over 4 requests gives the 2nd, 3rd and 4th 1/2, 1/3 and 1/4 s after the one before)."""
+    base = {"request_rate": "inf", "burstiness": "inf", "input_lens": [10] * 4, "output_lens": [4] * 4,
+            "ttfts": [0.02] * 4, "itls": [[0.01] * 3] * 4, "ramp_up_start_rps": 1, "ramp_up_end_rps": 4}
+    p = tmp_path / "ramp.json"
+    p.write_text(json.dumps({**base, "ramp_up_strategy": "linear"}))
+    assert [r.arrival_s for r in read_rows(str(p))] == pytest.approx([0, 1 / 2, 1 / 2 + 1 / 3, 1 / 2 + 1 / 3 + 1 / 4])
+    p.write_text(json.dumps({**base, "ramp_up_strategy": "exponential"}))  # 1, 4^(1/3), 4^(2/3), 4 req/s
+    assert [r.arrival_s for r in read_rows(str(p))] == pytest.approx(
+        [0, 4 ** (-1 / 3), 4 ** (-1 / 3) + 4 ** (-2 / 3), 4 ** (-1 / 3) + 4 ** (-2 / 3) + 1 / 4])
+    p.write_text(json.dumps({**base, "ramp_up_strategy": "sideways"}))
+    with pytest.raises(UsageError, match=r"ramp_up_strategy 'sideways'.*'linear' or 'exponential'"):
+        read_rows(str(p))
+
+
+def test_a_file_of_appended_vllm_results_says_what_it_is(tmp_path: Path) -> None:
+    """vllm bench serve --append-result writes one result a line: "unknown JSONL trace"
+    or "not valid JSON (Extra data)" did not say so."""
+    one = json.dumps({"request_rate": 2.0, "input_lens": [10], "output_lens": [4], "ttfts": [0.02], "itls": [[0.01] * 3]})
+    p = tmp_path / "appended.json"
+    p.write_text(one + "\n" + one + "\n")
+    for fmt in (None, "vllm"):
+        with pytest.raises(UsageError, match="several vLLM benchmark results, one a line"):
+            read_rows(str(p), fmt)

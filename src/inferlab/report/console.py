@@ -223,6 +223,7 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
 
             text = f"mean {_fmt(t.predicted_mean)} vs {_fmt(t.measured_mean)} ms{pct(t.error_pct)}"
             text += f", p50 {_fmt(t.predicted_median)} vs {_fmt(t.measured_median)} ms{pct(t.median_error_pct)}"
+            text += f"; {t.requests:,} request{'s' if t.requests != 1 else ''}"  # (those measured in both)
             rows.append((f"{label} here vs trace", text))
     for k, v in rows:
         tput.add_row(k, v)

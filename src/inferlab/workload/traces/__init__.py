@@ -12,18 +12,19 @@ Formats (auto-detected from the JSON keys or CSV header, or named):
   compared; its prefix groups share their prefixes again, a multi-turn session's turns
   their growing context (as ``session`` does here), and a closed loop's users send
   again one request after another (``user``), each when the previous one ends;
-- ``azure`` CSV (Azure LLM inference traces): ``TIMESTAMP`` (date-time or seconds),
-  ``ContextTokens``, ``GeneratedTokens``;
+- ``azure`` CSV (Azure LLM inference traces): ``TIMESTAMP`` (date-time, with a zone or
+  as UTC, or seconds), ``ContextTokens``, ``GeneratedTokens``;
 - ``burstgpt`` CSV: ``Timestamp`` (s), ``Request tokens``, ``Response tokens``; rows
-  with 0 response tokens (failed requests in BurstGPT) are skipped;
+  with 0 response tokens (failed requests in BurstGPT) are skipped, as are rows of 0
+  tokens in Azure's and Mooncake's, each kind counted in a warning;
 - ``mooncake`` JSONL: ``timestamp`` (ms), ``input_length``, ``output_length``,
   ``hash_ids``; each hash id is one block of ``block_tokens`` tokens (512, Mooncake's),
   and equal ids give identical blocks, so shared prefixes reach the server as such;
 - ``vllm``: the JSON that ``vllm bench serve --save-result --save-detailed`` writes:
   ``input_lens``, ``output_lens``, per-request ``ttfts`` and ``itls`` (seconds), and
   ``request_rate``/``burstiness`` (the file has no send times: arrivals are redrawn
-  from that rate with the run's seed, or taken from ``start_times``/``start_timestamps``
-  when present), and
+  from that rate, or its ``ramp_up_strategy``, with the run's seed, or taken from
+  ``start_times``/``start_timestamps`` when present), and
   its ``max_concurrency`` caps requests in flight unless ``--max-concurrency`` is given.
 
 Our JSONL may also carry what each request measured (``ttft_ms``, ``tpot_ms``,
@@ -31,7 +32,8 @@ Our JSONL may also carry what each request measured (``ttft_ms``, ``tpot_ms``,
 them (``traces.compare``).
 
 The window ``[start_s, end_s)`` (``--trace-start``/``--trace-end``) counts seconds after
-the trace's first request, at the trace's own pace (not its own clock: in a trace whose
+the trace's first request (its first row, whether or not it is replayed: a failed one's
+too), at the trace's own pace (not its own clock: in a trace whose
 ``arrival_s`` runs from 10 to 14, ``start_s`` 1 keeps the requests from 11 on). The kept
 requests are rebased so the first kept one is at 0, then their times divided by
 ``speedup``. A bad row raises ``UsageError`` naming the file, line and problem.
@@ -80,6 +82,9 @@ TraceFormat = Literal["inferlab", "requests", "azure", "burstgpt", "mooncake", "
 
 FORMATS: tuple[str, ...] = ("inferlab", "requests", "azure", "burstgpt", "mooncake", "vllm")
 MOONCAKE_BLOCK_TOKENS = 512
+#: each format with its article, as messages name it
+_TRACE_NAMES = {"inferlab": "an inferlab", "requests": "a requests.jsonl", "azure": "an Azure", "burstgpt": "a BurstGPT",
+                "mooncake": "a Mooncake", "vllm": "a vLLM"}
 
 
 @dataclass(frozen=True)
@@ -111,8 +116,9 @@ class TraceConfig:
     def rows(self, seed: int = 0) -> list[TraceRow]:
         """The kept rows, rebased, sliced and sped up, in arrival order (``seed`` draws
         arrivals for a vLLM result that has no send times)."""
-        rows = sorted(read_rows(self.path, self.format, seed), key=lambda r: r.arrival_s)
-        t0 = rows[0].arrival_s
+        every = sorted(_every_row(self.path, self.format, seed), key=lambda r: r.arrival_s)
+        t0 = every[0].arrival_s  # (the trace's first request, replayed or not: a failed one too)
+        rows = [r for r in every if not r.dropped]
         lo = self.start_s if self.start_s is not None else -math.inf
         hi = self.end_s if self.end_s is not None else math.inf
         kept = [r for r in rows if lo <= r.arrival_s - t0 < hi]
@@ -191,6 +197,13 @@ def _segments(r: TraceRow, i: int, b: PromptBuilder, seed: int, block: int) -> l
 
 
 def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow]:
+    """The rows to replay, in the file's order; ``UsageError`` for a file with none."""
+    return [r for r in _every_row(path, fmt, seed) if not r.dropped]
+
+
+def _every_row(path: str, fmt: str | None, seed: int) -> list[TraceRow]:
+    """Every row, those not replayed too (``TraceRow.dropped``); ``UsageError`` where
+    none is replayed."""
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown trace format {fmt!r} (expected one of {', '.join(FORMATS)})")
     try:  # (utf-8-sig: the byte-order mark a spreadsheet may write is no part of the header)
@@ -202,8 +215,8 @@ def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow
             rows = _read_rows(path, f, fmt, seed)
     except UnicodeDecodeError as e:  # (a binary or compressed file)
         raise not_text_error(path, e, "a trace: JSONL, CSV or a vLLM result JSON") from e
-    if not rows:
-        raise UsageError(f"{path}: the trace has no requests")
+    if all(r.dropped for r in rows):
+        raise UsageError(f"{path}: the trace has no requests" + (" to replay (see the warning above)" if rows else ""))
     return rows
 
 
@@ -226,11 +239,11 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> list[TraceR
         except UsageError:
             other = {}  # (a vLLM summary without per-request data: a vLLM file all the same)
         if other is not None:
-            raise UsageError(f"{path}: a vLLM benchmark result, not a {fmt} trace: give --trace-format vllm, or none")
+            raise UsageError(f"{path}: a vLLM benchmark result, not {_TRACE_NAMES[fmt]} trace: give --trace-format vllm, or none")
     f.seek(0)
     kind = fmt or _detect(path, first)
     if kind == "requests":
-        return read_requests(path)
+        return read_requests(path, with_dropped=True)
     if kind in ("inferlab", "mooncake"):
         return list(read_jsonl(path, f, kind))
     return list(read_csv(path, f, kind))

@@ -5,7 +5,9 @@ ms, ``input_length``, ``output_length``, ``hash_ids``: each id one block of shar
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +16,9 @@ from inferlab.workload.traces.rows import TraceRow, as_int, check_row, measured_
 
 
 def read_jsonl(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
+    """The rows; a Mooncake row with 0 tokens either way is not replayed (``dropped``,
+    for its time; a warning counts them), one of ours is an error."""
+    empty = 0
     for n, line in enumerate(f, 1):
         if not line.strip():
             continue
@@ -39,5 +44,12 @@ def read_jsonl(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
         except (ValueError, KeyError, TypeError) as e:
             want = "arrival_s, input_tokens, output_tokens" if kind == "inferlab" else "timestamp, input_length, output_length, hash_ids"
             raise UsageError(f"{path}:{n}: expected {want} ({why(e)})") from e
+        if kind == "mooncake" and (r.input_tokens == 0 or r.output_tokens == 0):
+            empty += 1
+            check_row(path, n, TraceRow(r.arrival_s, 1, 1))  # (its time)
+            yield dataclasses.replace(r, dropped=True)
+            continue
         check_row(path, n, r)
         yield r
+    if empty:
+        warnings.warn(f"{path}: {empty:,} rows skipped: 0 prompt or answer tokens (no request to send)", stacklevel=2)

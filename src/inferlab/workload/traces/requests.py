@@ -18,16 +18,18 @@ from inferlab.workload.spec import Measured
 from inferlab.workload.traces.rows import TraceRow, check_row
 
 
-def read_requests(path: str) -> list[TraceRow]:
+def read_requests(path: str, with_dropped: bool = False) -> list[TraceRow]:
     """Rows from an inferlab ``requests.jsonl`` (``results.runfiles.numbered_records``:
     a cut-short last line is skipped, any other bad line is an error); failed requests
-    are left out."""
+    are left out (``with_dropped``: kept as ``dropped`` rows, for their send times)."""
     rows = []
     skipped = 0
     for n, rec in numbered_records(path):
         sent = rec.intended_send_ns if rec.intended_send_ns is not None else rec.send_ns
         if not rec.ok or sent is None or not rec.input_tokens or not rec.output_tokens:
             skipped += 1
+            if sent is not None:  # (its time: a window counts from the run's first send)
+                rows.append(TraceRow(sent / 1e9, rec.input_tokens or 0, rec.output_tokens or 0, dropped=True))
             continue
         m = request_metrics(rec)
         # warm-up requests loaded the server too: replayed, but not compared
@@ -42,8 +44,10 @@ def read_requests(path: str) -> list[TraceRow]:
         check_row(path, n, r)
         rows.append(r)
     rows.sort(key=lambda r: (r.arrival_s, not r.warmup))  # (warm-ups first among sends at one instant)
+    if not with_dropped:
+        rows = [r for r in rows if not r.dropped]
     if skipped:
-        warnings.warn(f"{path}: {skipped:,} of {skipped + len(rows):,} requests skipped: failed or cancelled in the "
+        warnings.warn(f"{path}: {skipped:,} of {len(rows) + skipped - sum(r.dropped for r in rows):,} requests skipped: failed or cancelled in the "
                       "recorded run, or without their token counts", stacklevel=2)
     return rows
 

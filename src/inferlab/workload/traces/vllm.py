@@ -1,8 +1,10 @@
 """vLLM's saved benchmark result (``vllm bench serve --save-result --save-detailed``)
 as a trace: ``input_lens``, ``output_lens``, per-request ``ttfts`` and ``itls`` (s), and
 ``request_rate``/``burstiness`` (the file has no send times: arrivals are redrawn from
-that rate with the run's seed, or taken from ``start_times``/``start_timestamps`` when
-present); its ``max_concurrency`` and ``model_id`` are read for the replay too."""
+that rate with the run's seed, or from its ``ramp_up_strategy`` between
+``ramp_up_start_rps`` and ``ramp_up_end_rps``, or taken from
+``start_times``/``start_timestamps`` when present); its ``max_concurrency`` and
+``model_id`` are read for the replay too."""
 
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ import functools
 import json
 import math
 import os
+import random
 import warnings
 from typing import Any
 
 from inferlab._errors import UsageError
-from inferlab.workload.arrivals import arrival_times_s
+from inferlab.workload.arrivals import arrival_times_s, gap_s
 from inferlab.workload.spec import Measured
 from inferlab.workload.traces.rows import TraceRow, as_int, check_row, why
 
@@ -25,6 +28,9 @@ def vllm_result(path: str, f: Any, required: bool = False) -> dict[str, Any] | N
     try:
         obj = json.load(f)
     except ValueError as e:
+        if isinstance(e, json.JSONDecodeError) and e.msg == "Extra data" and _one_result(e.doc[:e.pos]):
+            raise UsageError(f"{path}: several vLLM benchmark results, one a line (vllm bench serve --append-result): "
+                             "replay one of them, its line in a file of its own") from None
         if required:
             raise UsageError(f"{path}: not valid JSON ({e})") from None
         return None
@@ -38,6 +44,15 @@ def vllm_result(path: str, f: Any, required: bool = False) -> dict[str, Any] | N
             "vllm bench serve --save-result --save-detailed (input_lens, output_lens, ttfts, itls)"
         )
     return None
+
+
+def _one_result(text: str) -> bool:
+    """Whether ``text`` is one vLLM benchmark result (a JSON object of its keys)."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and ("input_lens" in obj or "request_throughput" in obj)
 
 
 def vllm_result_field(path: str, key: str) -> object:
@@ -94,6 +109,26 @@ def _positive(path: str, key: str, raw: object) -> float:
     return value
 
 
+def _ramp_arrivals(path: str, obj: dict[str, Any], n: int, burst: float, seed: int) -> list[float]:
+    """Send times drawn as ``vllm bench serve --ramp-up-strategy`` drew them: request i's
+    rate goes from ``ramp_up_start_rps`` to ``ramp_up_end_rps`` over the run, linearly or
+    geometrically in i / (n - 1), and the gap before it is drawn at that rate (gamma of
+    the run's burstiness; constant where it is inf)."""
+    strategy = obj.get("ramp_up_strategy")
+    lo = _positive(path, "ramp_up_start_rps", obj.get("ramp_up_start_rps", "missing"))
+    hi = _positive(path, "ramp_up_end_rps", obj.get("ramp_up_end_rps", "missing"))
+    if strategy not in ("linear", "exponential") or math.isinf(lo) or math.isinf(hi):
+        raise UsageError(f"{path}: ramp_up_strategy {strategy!r} from {lo:g} to {hi:g} req/s: vLLM ramps 'linear' or "
+                         "'exponential' between two finite rates")
+    rng = random.Random(seed)
+    times = [0.0]
+    for i in range(1, n):
+        progress = i / max(n - 1, 1)
+        rate = lo + (hi - lo) * progress if strategy == "linear" else lo * (hi / lo) ** progress
+        times.append(times[-1] + gap_s(rate, "constant" if math.isinf(burst) else "gamma", burst, rng))
+    return times
+
+
 def read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[TraceRow]:
     """Rows from vLLM's saved benchmark result (``--save-result --save-detailed``).
 
@@ -118,15 +153,20 @@ def read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[Trac
         if len(arrivals) != len(ins) or not all(math.isfinite(t) for t in arrivals):
             raise UsageError(f"{path}: start_times must be one finite time per request ({len(arrivals)} for {len(ins)})")
     else:  # no send times: drawn from the rate the run was asked for, as vLLM drew them
-        rate = _positive(path, "request_rate", obj.get("request_rate"))
         raw_burst = obj.get("burstiness")
         burst = _positive(path, "burstiness", 1.0 if raw_burst is None else raw_burst)
-        # vLLM's burstiness inf is constant gaps
-        arrivals = arrival_times_s(rate, "constant" if math.isinf(burst) else "gamma", burst, seed, len(ins), None)
+        if obj.get("ramp_up_strategy") is not None:  # (its request_rate is "inf": the ramp sets the rate)
+            arrivals = _ramp_arrivals(path, obj, len(ins), burst, seed)
+        else:
+            rate = _positive(path, "request_rate", obj.get("request_rate"))
+            # vLLM's burstiness inf is constant gaps
+            arrivals = arrival_times_s(rate, "constant" if math.isinf(burst) else "gamma", burst, seed, len(ins), None)
     rows = []
     for i, (n_in, n_out, ttft, itl) in enumerate(zip(ins, outs, ttfts, itls, strict=True)):
         if not n_out or not n_in or (ttfts[i] is not None and not ttft):
-            continue  # a failed request in the source run (its warning below)
+            # a failed request in the source run (its warning below): kept for its time
+            rows.append(TraceRow(arrivals[i], 0, 0, dropped=True))
+            continue
         try:
             n_in, n_out = as_int(n_in), as_int(n_out)
             measured = None
@@ -143,7 +183,7 @@ def read_vllm_result(path: str, obj: dict[str, Any], seed: int = 0) -> list[Trac
         row = TraceRow(arrivals[i], n_in, n_out, measured=measured)
         check_row(path, i + 1, row, from_first_row=True)
         rows.append(row)
-    if len(rows) < len(ins):
-        warnings.warn(f"{path}: {len(ins) - len(rows):,} of {len(ins):,} requests skipped: failed in the source run "
+    if any(r.dropped for r in rows):
+        warnings.warn(f"{path}: {sum(r.dropped for r in rows):,} of {len(ins):,} requests skipped: failed in the source run "
                       "(no output, or no first token)", stacklevel=2)
     return rows
