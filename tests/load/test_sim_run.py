@@ -793,3 +793,14 @@ def test_sglangs_prefill_chunk_size_bounds_prompt_chunks_not_decodes(tmp_path: P
     # and the engine line says which tokens the budget bounds
     lines = [sim_cli(*family, "-n", "2").stdout for family in (("--engine-family", "sglang"), ())]
     assert "8,192 prompt tokens/step" in " ".join(lines[0].split()) and "prompt tokens/step" not in lines[1]
+
+
+def test_a_send_at_the_instant_a_request_ends_is_not_recorded_before_that_end() -> None:
+    """Send times and token times went to ns by two roundings (half to even, half up): a
+    closed-loop user's next send, at its last answer's end, was recorded 1 ns before
+    that end, and a report of 64 users showed 66 in flight for an instant."""
+    from inferlab.load.virtual import _ns, _TokenNs
+
+    token_ns = _TokenNs()
+    times = [595.1539566925, *((k + 0.5) / 1e9 for k in range(0, 4000, 7)), *(k / 8 for k in range(50))]
+    assert [_ns(t) for t in times] == [token_ns[t] for t in times]

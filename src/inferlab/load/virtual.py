@@ -111,7 +111,7 @@ def drive(policy: Policy, target: Target, stop: Callable[[], bool] | None = None
 
 
 def _ns(t_s: float) -> int:
-    return round(t_s * NS_PER_S)
+    return int(t_s * NS_PER_S + 0.5)  # (as token times are: a send at an end is not before it; t_s >= 0)
 
 
 class _TokenNs(dict[float, int]):
