@@ -342,3 +342,20 @@ def test_a_vllm_result_replayed_on_another_model_says_it_is_a_what_if(tmp_path: 
     for same in (traced.rsplit("/", 1)[-1].lower(), "Qwen2.5-7B"):  # (the same model however spelled or named: no word)
         res = CliRunner().invoke(main, ["sim", "run", "--trace", str(tmp_path / "r.json"), "--model", same])
         assert res.exit_code == 0 and "a what-if" not in res.stderr, (same, res.stderr)
+
+
+def test_a_run_without_streaming_is_not_written_as_a_vllm_result(tmp_path: Path) -> None:
+    """vllm bench serve always streams: a --no-stream run has no TTFT or ITL, and was
+    exported with TTFT 0.0 and a TPOT holding queueing and prefill. export refuses it in
+    one line (exit 2), pointing at csv-summary; bench refuses --save-result with
+    --no-stream before it runs."""
+    run = tmp_path / "run"
+    assert invoke("sim", "run", "-n", "3", "--input-tokens", "50", "--output-tokens", "3", "--out", str(run))[0] == 0
+    summary = json.loads((run / "summary.json").read_text())
+    summary["config"]["stream"] = False  # (as bench --no-stream writes it)
+    (run / "summary.json").write_text(json.dumps(summary))
+    code, out, err = invoke("export", str(run), "--format", "vllm")
+    assert (code, out) == (2, "") and "--no-stream" in err and "--format csv-summary" in err, err
+    assert invoke("export", str(run), "--format", "csv-summary")[0] == 0
+    code, _, err = invoke("bench", "--url", "http://127.0.0.1:9", "--no-stream", "--save-result", "-n", "1", "--no-history")
+    assert code == 2 and "needs streaming" in err and "cannot reach" not in err, err

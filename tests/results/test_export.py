@@ -12,6 +12,7 @@ import json
 import pytest
 from record_factory import MS, rec
 
+from inferlab._errors import UsageError
 from inferlab.results.export import (
     REQUEST_COLUMNS,
     requests_csv,
@@ -26,7 +27,9 @@ from inferlab.results.summary import summarize, with_percentiles
 
 #: The keys ``vllm bench serve --save-result --save-detailed`` writes for a generation
 #: run, in its order (main_async's result_json, then benchmark()'s result, then
-#: process_one_metric for ttft, tpot, itl and e2el with the default --metric-percentiles 99).
+#: process_one_metric for ttft, tpot, itl, e2el, client_queue_time (with
+#: --max-concurrency) and e2el_including_client_queue (with --max-concurrency and a
+#: finite rate), with the default --metric-percentiles 99).
 VLLM_KEYS = [
     "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
     "request_rate", "burstiness", "max_concurrency",
@@ -34,9 +37,11 @@ VLLM_KEYS = [
     "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
     "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times",
     "generated_texts", "errors", "max_output_tokens_per_s", "max_concurrent_requests", "rtfx",
-    *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "std", "p99")),
+    *(f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el", "client_queue_time", "e2el_including_client_queue")
+      for stat in ("mean", "median", "std", "p99")),
 ]
-DETAILED = ["input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times", "generated_texts", "errors"]
+#: What main_async deletes without --save-detailed (latencies and queue_times stay).
+DETAILED = ["input_lens", "output_lens", "start_times", "ttfts", "itls", "generated_texts", "errors"]
 
 CONFIG = {
     "load": {"schedule": {"kind": "OpenLoop", "rate_rps": 4.0, "arrival": "gamma", "burstiness": 0.5, "max_concurrency": 8}},
@@ -94,16 +99,17 @@ def test_units_and_definitions_are_vllms() -> None:
     assert r["p99_ttft_ms"] == pytest.approx(10 + 0.99 * 30)
     assert r["mean_tpot_ms"] == pytest.approx((35 - 10) / 2)
     assert r["mean_itl_ms"] == pytest.approx(12.5) and r["mean_e2el_ms"] == pytest.approx(37.5)
-    # totals over completed requests, rates over inferlab's duration (first send → last end)
+    # totals over completed requests, rates over vLLM's duration: first send → the last
+    # request's return, the failed one's included (it answered at 210 ms)
     assert (r["total_input_tokens"], r["total_output_tokens"]) == (150, 4)
-    assert r["duration"] == pytest.approx(0.141)
-    assert r["request_throughput"] == pytest.approx(2 / 0.141)
-    assert r["total_token_throughput"] == pytest.approx(154 / 0.141)
+    assert r["duration"] == pytest.approx(0.210)
+    assert r["request_throughput"] == pytest.approx(2 / 0.210)
+    assert r["total_token_throughput"] == pytest.approx(154 / 0.210)
     # goodput as vLLM counts it: TTFT ≤ 30 ms and TPOT ≤ 20 ms, one token meeting any TPOT
-    assert r["request_goodput"] == pytest.approx(1 / 0.141)
-    # peaks in whole seconds from the first send, as vLLM counts them: both completed
-    # requests were active in second 0 (never at the same instant: 0-35 ms and 100-141 ms)
-    assert (r["max_concurrent_requests"], r["max_output_tokens_per_s"]) == (2, 4.0)
+    assert r["request_goodput"] == pytest.approx(1 / 0.210)
+    # peak tokens in whole seconds from the first send; the completed requests (0-35 ms
+    # and 100-140 ms) were never in flight at the same instant
+    assert (r["max_concurrent_requests"], r["max_output_tokens_per_s"]) == (1, 4.0)
 
 
 def test_chosen_percentiles_are_written_as_vllm_writes_them() -> None:
@@ -169,3 +175,145 @@ def test_a_gateways_access_log_is_named_as_what_made_it() -> None:
     gateway_config = {**CONFIG, "gateway": {"upstreams": ["http://127.0.0.1:8001"]}}
     assert run_source(summarize(recs, config=gateway_config)).startswith("inferlab gateway's access log")
     assert run_source(summarize(recs, config=CONFIG)).startswith("inferlab bench")
+
+
+# --- what vLLM means by each field (vllm/benchmarks/serve.py), checked on records where
+# inferlab's own definition gives another number. Expected values are worked out from
+# the records by vLLM's definition, written out here, never by the code under test.
+
+
+def test_duration_runs_until_every_request_returned_failed_ones_included() -> None:
+    """vLLM's duration ends when asyncio.gather has every request back, failed ones
+    included, and it divides the completed requests and tokens by it. Ending at the last
+    completed request made the rates of a run whose time-outs ended last far too high."""
+    recs = [
+        rec(0, 0, [100, 200], 210, out=2, inp=10),
+        rec(1, 50, [150, 250, 290], 300, out=3, inp=20),
+        # timed out: the client gave up 2 s (timeout_s) after its send, at 2100 ms
+        RequestRecord(2, send_ns=100 * MS, error_kind=ErrorKind.TIMEOUT, error="timed out", requested_input_tokens=5),
+        # stalled mid-stream: given up 1 s (idle_timeout_s) after its last byte, at 1400 ms
+        RequestRecord(3, send_ns=150 * MS, ttfb_ns=400 * MS, content_ns=[400 * MS], error_kind=ErrorKind.IDLE_TIMEOUT,
+                      error="idle", requested_input_tokens=5),
+    ]
+    config = {**CONFIG, "timeout_s": 2.0, "idle_timeout_s": 1.0}
+    s = summarize(recs, config=config)
+    r = vllm_result(s, recs, date="d")
+    # vLLM: benchmark_duration = the last return (2100 ms) − the start (the first send, 0)
+    duration = (2100 - 0) / 1000
+    assert r["duration"] == pytest.approx(duration)
+    # request_throughput = completed / duration; output_throughput = Σ output tokens of
+    # completed requests / duration; total = (Σ input + Σ output) / duration
+    assert r["request_throughput"] == pytest.approx(2 / duration)
+    assert r["output_throughput"] == pytest.approx((2 + 3) / duration)
+    assert r["total_token_throughput"] == pytest.approx((10 + 20 + 2 + 3) / duration)
+    assert s.duration_s == pytest.approx(0.300)  # inferlab's own summary keeps its definition
+
+
+def test_closed_loop_queue_times_run_from_the_start() -> None:
+    """A closed loop of N users is written as vLLM's rate inf with --max-concurrency N,
+    where every request arrives at the start and waits for a slot: its client_queue_time
+    is its send − the run's start. The wait after its intended send (0 in a closed loop)
+    was written instead."""
+    recs = [
+        rec(0, 0, [5], 40, out=1, warmup=True, intended_send_ns=0),  # warm-ups: before the measured run
+        rec(1, 0, [5], 50, out=1, warmup=True, intended_send_ns=0),
+        rec(2, 40, [60, 80], 100, out=2, intended_send_ns=40 * MS),
+        rec(3, 50, [70, 90], 150, out=2, intended_send_ns=50 * MS),
+        rec(4, 100, [120, 140], 200, out=2, intended_send_ns=100 * MS),
+        RequestRecord(5, send_ns=150 * MS, intended_send_ns=150 * MS, end_ns=160 * MS, status=500,
+                      error_kind=ErrorKind.HTTP_STATUS, error="HTTP 500"),
+    ]
+    config = {**CONFIG, "load": {"schedule": {"kind": "ClosedLoop", "concurrency": 2}}}
+    r = vllm_result(summarize(recs, config=config), recs, date="d")
+    assert (r["request_rate"], r["max_concurrency"]) == ("inf", 2)
+    # vLLM: client_queue_time = start_time − request_arrival_time, every measured request
+    # arriving at the start (the first measured send, 40 ms); a failed one too
+    sends_ms = [40, 50, 100, 150]
+    queue = [(t - 40) / 1000 for t in sends_ms]
+    assert r["queue_times"] == pytest.approx(queue)
+    # ... and its statistics over the completed requests (--max-concurrency given)
+    done = queue[:3]
+    assert r["mean_client_queue_time_ms"] == pytest.approx(sum(done) / 3 * 1000)
+    assert r["median_client_queue_time_ms"] == pytest.approx(10.0)
+    assert "mean_e2el_including_client_queue_ms" not in r  # (vLLM: only at a finite rate)
+
+
+def test_a_request_that_failed_mid_stream_keeps_what_it_received() -> None:
+    """vLLM's client sets ttft at the first chunk and appends an ITL at each later one
+    before the failure; only latency (set once the stream ended) stays 0.0, and its
+    output length is 0. They were all zeros. The statistics still count completed
+    requests only."""
+    recs = [
+        rec(0, 0, [10, 20], 30, out=2),
+        RequestRecord(1, send_ns=100 * MS, ttfb_ns=130 * MS, content_ns=[130 * MS, 150 * MS, 180 * MS],
+                      error_kind=ErrorKind.DISCONNECT, error="closed", requested_input_tokens=7),
+    ]
+    r = vllm_result(summarize(recs, config=CONFIG), recs, date="d")
+    # ttft = first chunk − send = 30 ms; itl = the gaps 20 ms and 30 ms
+    assert r["ttfts"] == pytest.approx([0.010, 0.030])
+    assert r["itls"] == [pytest.approx([0.010]), pytest.approx([0.020, 0.030])]
+    assert r["latencies"] == pytest.approx([0.020, 0.0]) and r["output_lens"] == [2, 0]
+    assert r["errors"][1] == "disconnect: closed"
+    assert r["mean_ttft_ms"] == pytest.approx(10.0) and r["mean_itl_ms"] == pytest.approx(10.0)
+
+
+def test_max_concurrent_requests_is_the_most_in_flight_at_one_instant() -> None:
+    """vLLM main's sweep over the completed requests' [start, start + latency) spans, an
+    end before a start at the same instant. Counting every request in each whole second
+    it touched gave 6 here, at a concurrency cap of 2."""
+    # two users, each sending its next request as its previous one's last chunk came
+    # (so one ends exactly as the next starts): 3 requests each, within one second
+    recs = [
+        rec(0, 0, [50, 100], 110, out=2),
+        rec(1, 100, [150, 200], 210, out=2),
+        rec(2, 200, [250, 300], 310, out=2),
+        rec(3, 20, [60, 130], 140, out=2),
+        rec(4, 130, [180, 260], 270, out=2),
+        rec(5, 260, [300, 390], 400, out=2),
+    ]
+    spans = [(r.send_ns, r.content_ns[-1]) for r in recs]  # vLLM: start_time, start_time + latency
+    assert all(a is not None for a, _ in spans)
+    # the most spans holding one instant: an instant where the count can rise is a start
+    peak = max(sum(1 for a, b in spans if a <= t < b) for t, _ in spans)  # type: ignore[operator]
+    assert peak == 2
+    r = vllm_result(summarize(recs, config=CONFIG), recs, date="d")
+    assert r["max_concurrent_requests"] == peak
+
+
+def test_without_save_detailed_latencies_and_queue_times_stay() -> None:
+    """main_async deletes input_lens, output_lens, start_times, ttfts, itls,
+    generated_texts and errors without --save-detailed, and keeps latencies and
+    queue_times; every list went."""
+    r = result(detailed=False)
+    assert r["latencies"] == pytest.approx([0.035, 0.040, 0.0]) and r["queue_times"] == pytest.approx([0.0, 0.005, 0.0])
+    assert not set(DETAILED) & set(r)
+
+
+def test_client_queue_statistics_as_vllm_writes_them() -> None:
+    """With --max-concurrency vLLM adds client_queue_time's statistics, and with a finite
+    rate too those of e2el_including_client_queue (latency + client_queue_time), both
+    over the completed requests."""
+    r = result()  # rate 4, --max-concurrency 8: request 1 waited 5 ms for a slot
+    queue = [0.0, 0.005]  # the completed requests' client_queue_time, in s
+    latency = [0.035, 0.040]
+    assert r["mean_client_queue_time_ms"] == pytest.approx(2.5) and r["std_client_queue_time_ms"] == pytest.approx(2.5)
+    assert r["p99_client_queue_time_ms"] == pytest.approx((queue[0] + 0.99 * (queue[1] - queue[0])) * 1000)
+    both = [a + b for a, b in zip(latency, queue, strict=True)]
+    assert r["mean_e2el_including_client_queue_ms"] == pytest.approx(sum(both) / 2 * 1000)
+    assert r["median_e2el_including_client_queue_ms"] == pytest.approx(40.0)
+
+    def keys(schedule: dict[str, object]) -> set[str]:
+        recs = records()
+        out = vllm_result(summarize(recs, config={**CONFIG, "load": {"schedule": schedule}}), recs, date="d")
+        return {k for k in out if "client_queue" in k}
+
+    # no cap: neither (vLLM writes them under --max-concurrency only)
+    assert keys({"kind": "OpenLoop", "rate_rps": 4.0, "arrival": "poisson", "burstiness": 1.0, "max_concurrency": None}) == set()
+
+
+def test_a_run_without_streaming_is_refused() -> None:
+    """vllm bench serve always streams: a --no-stream run was written with TTFT 0.0 and
+    a TPOT holding queueing and prefill."""
+    recs = records()
+    with pytest.raises(UsageError, match=r"--no-stream.*--format csv-summary"):
+        vllm_result(summarize(recs, config={**CONFIG, "stream": False}), recs, date="d")

@@ -265,7 +265,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--goodput", multiple=True, metavar="KEY:MS", help="Goodput SLOs as vllm bench serve takes them: ttft:MS, tpot:MS, e2el:MS (the --slo-*-ms flags), one or several after one --goodput."),
         click.option("--metric-percentiles", callback=percentiles_option, metavar="P,P,...", help="Percentiles (0-100) the table shows and summary.json adds to every distribution beyond its fixed p50/p90/p95/p99 (99.9 as key p99_9), e.g. 50,90,99,99.9; also --save-result's (vLLM's default: 99)."),
         click.option("--save-result", is_flag=True, help="Also write the run as vllm bench serve --save-result does: one JSON file with its keys, named as it names it, in --result-dir."),
-        click.option("--save-detailed", is_flag=True, help="With --save-result: add vLLM's per-request lists (input_lens, output_lens, ttfts, itls, ...)."),
+        click.option("--save-detailed", is_flag=True, help="With --save-result: add vLLM's per-request lists (input_lens, output_lens, ttfts, itls, ...; latencies and queue_times are written without it, as in vLLM)."),
         click.option("--result-dir", type=click.Path(file_okay=False), help="With --save-result: the folder for the file (default: the current one)."),
         click.option("--result-filename", help="With --save-result: the file's name instead of vLLM's {backend}-{rate}qps-{model}-{date}.json."),
         click.option("-o", "--out", type=click.Path(file_okay=False), help="Write summary.json, requests.jsonl and config.json here (a folder that holds no run yet)."),
@@ -664,11 +664,15 @@ def check_result_file(kw: dict[str, Any]) -> None:
     folder it would be made in) that cannot be written; if ``--result-filename`` names a
     folder, or a file that exists (without ``--overwrite``, so that a run does not end
     by replacing an earlier one), or no file at all (an empty name fell back to vLLM's
-    default one)."""
+    default one); and with ``--no-stream``, which vLLM's result cannot hold (its TTFT,
+    ITL and TPOT need streaming: ``results.export``)."""
     if kw.get("result_filename") is not None and not kw["result_filename"].strip():
         raise UsageError("--result-filename is empty: give a file name, or leave the flag out for vLLM's")
     if not kw.get("save_result"):
         return
+    if kw.get("stream") is False:
+        raise UsageError("--save-result writes vllm bench serve's result, which needs streaming (vLLM always streams): "
+                         "drop --no-stream, or drop --save-result (inferlab export --format csv-summary writes a run's summary)")
     folder = kw.get("result_dir") or "."
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise UsageError(f"--result-dir {folder} is a file, not a folder")

@@ -30,7 +30,7 @@ FORMATS = ("vllm", "csv-summary", "csv-requests")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True, help="vllm: the JSON of vllm bench serve --save-result (--save-detailed); csv-summary: one row per metric; csv-requests: one row per request.")
 @click.option("-o", "--output", default="-", show_default=True, help="File to write ('-': stdout).")
 @click.option("--metric-percentiles", callback=percentiles_option, metavar="P,P,...", help="vllm: the percentiles of its summary keys (vLLM's --metric-percentiles; default 99).")
-@click.option("--detailed/--no-detailed", default=True, show_default=True, help="vllm: include the per-request lists (--save-detailed), which a replay needs.")
+@click.option("--detailed/--no-detailed", default=True, show_default=True, help="vllm: include every per-request list (--save-detailed), which a replay needs; without, only latencies and queue_times, as vLLM.")
 def export(run_dir: str, fmt: str, output: str, metric_percentiles: tuple[float, ...] | None, detailed: bool) -> None:
     """Write a run directory (bench or sim run --out) in another tool's format."""
     sys.exit(run_guarded(lambda: _export(run_dir, fmt, output, metric_percentiles, detailed)))

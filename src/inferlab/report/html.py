@@ -30,9 +30,9 @@ from inferlab.report.svg import (
 )
 from inferlab.report.sweep import band_lines, bands_short, unstopped_text
 from inferlab.results.compare import METRICS, summary_value
-from inferlab.results.metrics import request_metrics
+from inferlab.results.metrics import left_ns, request_metrics
 from inferlab.results.provenance import describe_software, http_server_info, simulated_engine
-from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.records import RequestRecord
 from inferlab.results.sources import Run, Sweep
 
 #: Most requests the timeline draws (the first ones sent); the heading says when cut.
@@ -282,22 +282,6 @@ def cdfs(runs: Sequence[Run]) -> list[Figure]:
         cut = " (first 8 runs)" if len(runs) > len(PALETTE) else ""
         figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}", series, f"{label} ms", "share of requests"))
     return figs
-
-
-def left_ns(r: RequestRecord, config: dict[str, Any]) -> int | None:
-    """When a sent request left flight, as far as its run can tell: its last byte; for
-    a failed one, which records no end, when the client gave up where the run's timeouts
-    say (the whole request's: send + ``timeout_s``; the idle one: its last byte +
-    ``idle_timeout_s``), else the last thing recorded of it (its last token, first byte
-    or send: an error answer's own bytes are not timed)."""
-    if r.end_ns is not None or r.send_ns is None:
-        return r.end_ns
-    last = max(r.send_ns, r.ttfb_ns or 0, *r.content_ns[-1:])
-    limit = {ErrorKind.TIMEOUT: "timeout_s", ErrorKind.IDLE_TIMEOUT: "idle_timeout_s"}.get(r.error_kind or ErrorKind.CANCELLED)
-    seconds = config.get(limit) if limit else None
-    if not isinstance(seconds, int | float) or not math.isfinite(seconds):
-        return last
-    return r.send_ns + round(seconds * 1e9) if r.error_kind == ErrorKind.TIMEOUT else last + round(seconds * 1e9)
 
 
 def over_time(run: Run) -> list[Figure]:

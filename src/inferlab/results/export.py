@@ -3,12 +3,35 @@
 metric) or of the requests (one row per request, its derived metrics beside its raw
 times). Pure functions of a ``Summary`` and its records; the caller writes the text.
 
-vLLM's result follows vLLM's definitions, not inferlab's, so that its numbers are those
-``vllm bench serve`` would have printed for the same token times: E2EL runs to the last
-content chunk (inferlab's ``e2e`` to the end of the stream), TPOT is
-(E2EL − TTFT) / (output tokens − 1), its ITL is every gap between content chunks (as
-inferlab's ``itl``), the per-request lists are in seconds and the summary in ms, an empty
-metric is 0.0, and a failed request is in the lists with zeros and its error.
+vLLM's result follows vLLM's definitions (vllm/benchmarks/serve.py: ``benchmark``,
+``calculate_metrics``, ``main_async``), not inferlab's, so that its numbers are those
+``vllm bench serve`` would have printed for the same token times:
+
+- ``duration`` runs from the first send until every request has returned, failed ones
+  included (a failed one when the client gave up on it), and every throughput divides
+  by it; inferlab's own ``duration_s`` ends at the last completed request.
+- E2EL runs to the last content chunk (inferlab's ``e2e`` to the end of the stream),
+  TPOT is (E2EL − TTFT) / (output tokens − 1), ITL is every gap between content chunks
+  (as inferlab's ``itl``).
+- ``queue_times`` is vLLM's ``client_queue_time``: from a request's arrival to when a
+  ``--max-concurrency`` slot let it go. A closed loop is written as vLLM's rate inf with
+  ``--max-concurrency N``, where every request arrives at the start: its queue time is
+  its send − the first measured send. Any other load: its send − its intended send.
+- ``max_concurrent_requests`` is the most completed requests in flight at one instant,
+  as vLLM's current main computes it (``_vllm_peak_concurrency``).
+- A failed request is in the lists with what it received before it failed (its TTFT
+  and ITLs), latency 0.0, 0 output tokens and its error; the statistics count completed
+  requests only. Per-request lists are in seconds, the statistics in ms, and an empty
+  metric is 0.0.
+- Chunks: vLLM's client counts every chunk whose ``choices`` is not empty (a role-only
+  chunk, one with empty text), inferlab's client only chunks that carry content. Against
+  a vLLM server the chat API's role chunk comes with the first token, so TTFT agrees;
+  what differs is one more ITL of about 0 per request in vLLM's numbers, and a gap that
+  vLLM splits in two where the server held text back (an incomplete UTF-8 character)
+  and sent a chunk with empty text, which inferlab sees as one gap.
+- A run without streaming (``--no-stream``) is refused: ``vllm bench serve`` always
+  streams, and without it a request has no TTFT or ITL and its TPOT holds queueing and
+  prefill.
 """
 
 from __future__ import annotations
@@ -16,16 +39,18 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from inferlab._errors import UsageError
 from inferlab.results.metrics import (
     DISTRIBUTION_KEYS,
     NS_PER_MS,
     NS_PER_S,
     Distribution,
     itl_ns,
+    left_ns,
     output_token_count,
     percentile,
     percentile_key,
@@ -36,21 +61,29 @@ from inferlab.results.provenance import VIRTUAL
 from inferlab.results.records import RequestRecord
 from inferlab.results.summary import Summary
 
-#: The metrics vLLM's result summarizes (``--percentile-metrics ttft,tpot,itl,e2el``).
-VLLM_METRICS = ("ttft", "tpot", "itl", "e2el")
+#: The metrics vLLM's result summarizes, as ``--percentile-metrics
+#: ttft,tpot,itl,e2el,client_queue_time,e2el_including_client_queue`` would have it:
+#: vLLM writes ``client_queue_time`` only with ``--max-concurrency``, and
+#: ``e2el_including_client_queue`` only with ``--max-concurrency`` and a finite rate.
+VLLM_METRICS = ("ttft", "tpot", "itl", "e2el", "client_queue_time", "e2el_including_client_queue")
 #: vLLM's default ``--metric-percentiles``.
 VLLM_PERCENTILES = (99.0,)
-#: The per-request lists ``--save-detailed`` adds, in vLLM's order.
-VLLM_DETAILED_KEYS = (
+#: The per-request lists, in vLLM's order.
+VLLM_REQUEST_KEYS = (
     "input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times",
     "generated_texts", "errors",
 )
+#: The lists only ``--save-detailed`` keeps (vLLM writes ``latencies`` and
+#: ``queue_times`` without it too).
+VLLM_DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors")
 
 
 @dataclass(frozen=True)
 class _VllmRequest:
     """One request as vLLM's client records it (``RequestFuncOutput``): times in s from
-    its send; zeros for a failed request, as vLLM leaves them."""
+    its send; a failed request keeps the TTFT and ITLs it received, and its latency is
+    0.0, as vLLM leaves them. ``span_ns``: a completed request's send and last content
+    chunk, in ns (None for a failed one)."""
 
     success: bool
     prompt_len: int
@@ -61,30 +94,65 @@ class _VllmRequest:
     start_s: float
     queue_s: float
     error: str
+    span_ns: tuple[int, int] | None
 
 
-def _vllm_request(r: RequestRecord) -> _VllmRequest:
+def _vllm_request(r: RequestRecord, queue_s: float) -> _VllmRequest:
     prompt_len = r.input_tokens if r.input_tokens is not None else (r.requested_input_tokens or 0)
-    start_s = (r.send_ns or 0) / NS_PER_S
+    send = r.send_ns or 0
+    start_s = send / NS_PER_S
+    chunks = r.content_ns if r.send_ns is not None else []
+    ttft_s = (chunks[0] - send) / NS_PER_S if chunks else 0.0
+    itl_s = [gap / NS_PER_S for gap in itl_ns(chunks)]
     if not r.ok or r.send_ns is None:
         error = f"{r.error_kind.value}: {r.error or ''}" if r.error_kind else "no response"
-        return _VllmRequest(False, prompt_len, 0, 0.0, [], 0.0, start_s, 0.0, error)
-    send = r.send_ns
-    chunks = r.content_ns
-    # vLLM's latency ends at the last chunk carrying a token; a response without streamed
-    # content (no streaming) has no TTFT, which vLLM leaves at 0.0
+        return _VllmRequest(False, prompt_len, 0, ttft_s, itl_s, 0.0, start_s, queue_s, error, None)
+    # vLLM's latency ends at the last chunk carrying a token (a streamed response
+    # without any: at its end, and its TTFT stays 0.0)
     last = chunks[-1] if chunks else (r.end_ns or send)
     return _VllmRequest(
         success=True,
         prompt_len=prompt_len,
         output_len=output_token_count(r) or 0,
-        ttft_s=(chunks[0] - send) / NS_PER_S if chunks else 0.0,
-        itl_s=[gap / NS_PER_S for gap in itl_ns(chunks)],
+        ttft_s=ttft_s,
+        itl_s=itl_s,
         latency_s=(last - send) / NS_PER_S,
         start_s=start_s,
-        queue_s=(queue_delay_ms(r) or 0.0) / 1e3,
+        queue_s=queue_s,
         error="",
+        span_ns=(send, last),
     )
+
+
+def _queue_times_s(measured: Sequence[RequestRecord], config: Mapping[str, Any]) -> list[float]:
+    """vLLM's ``client_queue_time`` of each of ``measured``, in s: from its arrival to
+    when a ``--max-concurrency`` slot let it go. A closed loop is vLLM's rate inf with
+    ``--max-concurrency N`` (``_traffic``), where every request arrives at the start:
+    its send − the first measured send (sessions run by ``-c N`` users are such a loop,
+    so a turn's wait for the turn before it and its think time count as queueing, as
+    they would for vLLM). Any other load: the wait after its intended send. 0.0 for a
+    request never sent."""
+    closed = ((config.get("load") or {}).get("schedule") or {}).get("kind") == "ClosedLoop"
+    sends = [r.send_ns for r in measured if r.send_ns is not None]
+    start = min(sends, default=0)
+    out = []
+    for r in measured:
+        if r.send_ns is None:
+            out.append(0.0)
+        elif closed:
+            out.append((r.send_ns - start) / NS_PER_S)
+        else:
+            out.append((queue_delay_ms(r) or 0.0) / 1e3)
+    return out
+
+
+def _vllm_duration_s(measured: Sequence[RequestRecord], config: Mapping[str, Any]) -> float:
+    """vLLM's benchmark duration: from the first send until every request has returned,
+    failed ones included (a failed one, which records no end, when the client gave up
+    on it: ``left_ns``); 0.0 when nothing was sent."""
+    sends = [r.send_ns for r in measured if r.send_ns is not None]
+    gone = [t for r in measured if (t := left_ns(r, config)) is not None]
+    return (max(gone) - min(sends)) / NS_PER_S if sends and gone else 0.0
 
 
 def _traffic(config: dict[str, Any], records: Sequence[RequestRecord] = ()) -> tuple[float | str, float | str, int | None]:
@@ -149,12 +217,19 @@ def vllm_result(
     ``--metric-percentiles`` (keys ``p99_ttft_ms``, ``p99.9_ttft_ms``); ``source``, when
     given, is kept as ``inferlab_source`` (as vLLM's ``--metadata`` keys are), so that a
     simulated run is not taken for a measurement. ``generated_texts`` are empty: inferlab
-    keeps no generated text. ``ValueError`` for a percentile outside 0–100."""
+    keeps no generated text. ``ValueError`` for a percentile outside 0–100;
+    ``UsageError`` for a run without streaming (see the module doc)."""
     for q in percentiles:
         percentile_key(q)  # (checks the range)
     config = summary.config
+    if config.get("stream") is False:
+        raise UsageError(
+            "--format vllm needs a streamed run (vllm bench serve always streams): this one ran with --no-stream, "
+            "so it has no TTFT or ITL and its TPOT holds queueing and prefill; use --format csv-summary"
+        )
     measured = sorted((r for r in records if not r.warmup), key=lambda r: r.index)
-    reqs = [_vllm_request(r) for r in measured]
+    queue_s = _queue_times_s(measured, config)
+    reqs = [_vllm_request(r, q) for r, q in zip(measured, queue_s, strict=True)]
     ok = [q for q in reqs if q.success]
     rate, burstiness, max_concurrency = _traffic(config, measured)
     model = _model(config)
@@ -174,7 +249,7 @@ def vllm_result(
         out["inferlab_source"] = source
     out |= {"request_rate": rate, "burstiness": burstiness, "max_concurrency": max_concurrency}
 
-    duration = summary.duration_s
+    duration = _vllm_duration_s(measured, config)
     ttfts = [q.ttft_s for q in ok]
     e2els = [q.latency_s for q in ok]
     tpots = [(q.latency_s - q.ttft_s) / (q.output_len - 1) for q in ok if q.output_len > 1]
@@ -196,21 +271,29 @@ def vllm_result(
         "output_throughput": per_s(total_output),
         "total_token_throughput": per_s(total_input + total_output),
     }
-    if detailed:
-        out |= {
-            "input_lens": [q.prompt_len for q in reqs],
-            "output_lens": [q.output_len for q in reqs],
-            "ttfts": [q.ttft_s for q in reqs],
-            "itls": [q.itl_s for q in reqs],
-            "latencies": [q.latency_s for q in reqs],
-            "start_times": [q.start_s for q in reqs],
-            "queue_times": [q.queue_s for q in reqs],
-            "generated_texts": ["" for _ in reqs],
-            "errors": [q.error for q in reqs],
-        }
-    peak_tps, peak_concurrency = _vllm_peaks(ok)
-    out |= {"max_output_tokens_per_s": peak_tps, "max_concurrent_requests": peak_concurrency, "rtfx": 0.0}
-    for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+    lists: dict[str, list[Any]] = {
+        "input_lens": [q.prompt_len for q in reqs],
+        "output_lens": [q.output_len for q in reqs],
+        "ttfts": [q.ttft_s for q in reqs],
+        "itls": [q.itl_s for q in reqs],
+        "latencies": [q.latency_s for q in reqs],
+        "start_times": [q.start_s for q in reqs],
+        "queue_times": [q.queue_s for q in reqs],
+        "generated_texts": ["" for _ in reqs],
+        "errors": [q.error for q in reqs],
+    }
+    out |= {k: lists[k] for k in VLLM_REQUEST_KEYS if detailed or k not in VLLM_DETAILED_KEYS}
+    out |= {
+        "max_output_tokens_per_s": _vllm_peak_tokens(ok),
+        "max_concurrent_requests": _vllm_peak_concurrency(ok),
+        "rtfx": 0.0,
+    }
+    metrics = [("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)]
+    if max_concurrency is not None:
+        metrics.append(("client_queue_time", [q.queue_s for q in ok]))
+        if rate != "inf":
+            metrics.append(("e2el_including_client_queue", [q.latency_s + q.queue_s for q in ok]))
+    for name, values in metrics:
         mean, std, median, pcts = _stats(values, percentiles)
         out[f"mean_{name}_ms"] = mean * 1e3
         out[f"median_{name}_ms"] = median * 1e3
@@ -233,18 +316,14 @@ def _vllm_good(ok: Sequence[_VllmRequest], summary: Summary) -> int:
     return good
 
 
-def _vllm_peaks(ok: Sequence[_VllmRequest]) -> tuple[float, int]:
-    """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``, both counted
-    in whole seconds from the first completed request's send: the most content chunks
-    in one second, and the most completed requests active in one second (a request
-    counts in every second from the one it was sent in to the one it ended in, both
-    included: more than were ever in flight at one instant)."""
+def _vllm_peak_tokens(ok: Sequence[_VllmRequest]) -> float:
+    """vLLM's ``max_output_tokens_per_s``: the most content chunks of completed requests
+    in one whole second, counted from the first completed request's send."""
     if not ok:
-        return 0.0, 0
+        return 0.0
     t0 = min(q.start_s for q in ok)
     end = max(q.start_s + q.latency_s for q in ok)
     tokens = [0] * (math.ceil(end - t0) + 1)
-    active = [0] * len(tokens)
     for q in ok:
         t = q.start_s + q.ttft_s
         for gap in (0.0, *q.itl_s):
@@ -252,9 +331,24 @@ def _vllm_peaks(ok: Sequence[_VllmRequest]) -> tuple[float, int]:
             b = int(t - t0)
             if 0 <= b < len(tokens):
                 tokens[b] += 1
-        for b in range(int(q.start_s - t0), min(int(q.start_s + q.latency_s - t0) + 1, len(active))):
-            active[b] += 1
-    return float(max(tokens)), max(active)
+    return float(max(tokens))
+
+
+def _vllm_peak_concurrency(ok: Sequence[_VllmRequest]) -> int:
+    """vLLM's ``max_concurrent_requests`` as its current main computes it (serve.py's
+    ``calculate_metrics``): the most completed requests in flight at one instant, each
+    from its send to its last content chunk, an end coming before a start at the same
+    instant. vLLM's releases before that counted a request in every whole second it
+    touched (vLLM issue #56653), which gave more than were ever in flight at once (18
+    at ``--max-concurrency 8``); main's is the number that can be read against the cap.
+    Counted here in ns, so that a request starting as another ends is never taken for
+    an overlap by a rounding."""
+    events = sorted((t, step) for q in ok if q.span_ns is not None for t, step in ((q.span_ns[0], 1), (q.span_ns[1], -1)))
+    level = peak = 0
+    for _, step in events:  # ((t, -1) sorts before (t, 1): the end first)
+        level += step
+        peak = max(peak, level)
+    return peak
 
 
 def run_source(summary: Summary) -> str:

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import mul, sub, truediv
+from typing import Any
 
-from inferlab.results.records import RequestRecord
+from inferlab.results.records import ErrorKind, RequestRecord
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
@@ -95,6 +96,22 @@ def queue_delay_ms(r: RequestRecord) -> float | None:
     if r.intended_send_ns is None or r.send_ns is None:
         return None
     return max(0.0, (r.send_ns - r.intended_send_ns) / NS_PER_MS)
+
+
+def left_ns(r: RequestRecord, config: Mapping[str, Any]) -> int | None:
+    """When a sent request left flight, as far as its run can tell: its last byte; for
+    a failed one, which records no end, when the client gave up where the run's timeouts
+    (``config``, the run's config.json) say (the whole request's: send + ``timeout_s``;
+    the idle one: its last byte + ``idle_timeout_s``), else the last thing recorded of
+    it (its last token, first byte or send: an error answer's own bytes are not timed)."""
+    if r.end_ns is not None or r.send_ns is None:
+        return r.end_ns
+    last = max(r.send_ns, r.ttfb_ns or 0, *r.content_ns[-1:])
+    limit = {ErrorKind.TIMEOUT: "timeout_s", ErrorKind.IDLE_TIMEOUT: "idle_timeout_s"}.get(r.error_kind or ErrorKind.CANCELLED)
+    seconds = config.get(limit) if limit else None
+    if not isinstance(seconds, int | float) or not math.isfinite(seconds):
+        return last
+    return r.send_ns + round(seconds * 1e9) if r.error_kind == ErrorKind.TIMEOUT else last + round(seconds * 1e9)
 
 
 #: The percentiles every distribution has, as its fields ``p50`` ... ``p99``.
