@@ -403,3 +403,43 @@ def test_each_plot_says_when_what_it_draws_is_a_prediction(tmp_path: Path) -> No
     assert not any("prediction" in t for t in only_measured.values()), only_measured
     mixed = titles(measured, sim)  # (the focus: the first, measured)
     assert mixed["cdf_ttft"].endswith("(some runs are predictions)") and "prediction" not in mixed["timeline"]
+
+
+def test_a_request_refused_at_once_never_takes_in_flight_below_zero() -> None:
+    """A request refused with no byte (HTTP 400, no ttfb) leaves at its send time; the
+    events were sorted with its departure (t, -1) before its arrival (t, +1), and the line
+    dipped to -1. At one instant arrivals count first."""
+    from inferlab.report.html import over_time
+    from inferlab.results.records import ErrorKind, RequestRecord
+
+    s = 10**9
+    refused = [RequestRecord(index=i, send_ns=i * s // 10, status=400, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 400")
+               for i in range(3)]
+    ok = RequestRecord(index=3, send_ns=0, ttfb_ns=s // 2, content_ns=[s // 2, s], end_ns=s, output_tokens=2)
+    run = Run(Path("r"), {}, [*refused, ok], {})
+    (series,) = next(f for f in over_time(run) if f.id == "inflight_over_time").series
+    # ok is in flight from 0 s to 1 s; each refused one comes and goes at its send (0,
+    # 0.1, 0.2 s): up to 2 while one is counted, never below ok's 1 before 1 s
+    assert series.xy == [(0.0, 0.0), (0.0, 1.0), (0.0, 2.0), (0.0, 1.0), (0.1, 2.0), (0.1, 1.0), (0.2, 2.0), (0.2, 1.0), (1.0, 0.0)]
+
+
+def test_time_plots_start_at_the_first_measured_send_not_the_first_warm_up() -> None:
+    """The records' clock starts at the first warm-up send: a run whose measured requests
+    were sent from 16 s on drew them from 16 s on "seconds since the first send"."""
+    from inferlab.report.html import over_time, timeline
+    from inferlab.results.records import RequestRecord
+
+    s = 10**9
+    # measured requests sent 16 s to 17.5 s into the run's clock, each 2 s long
+    recs = [RequestRecord(index=i, intended_send_ns=16 * s + i * s // 2, send_ns=16 * s + i * s // 2,
+                          ttfb_ns=17 * s + i * s // 2, content_ns=[17 * s + i * s // 2, 18 * s + i * s // 2],
+                          end_ns=18 * s + i * s // 2, output_tokens=2) for i in range(4)]
+    run = Run(Path("r"), {}, recs, {})
+    tokens, inflight = over_time(run)
+    # the first send is at 0, the last end at 3.5 s after it
+    assert [x for x, _ in inflight.series[0].xy] == [0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
+    xs = [x for x, _ in tokens.series[0].xy]
+    assert 0 < xs[0] < 0.1 and 3.4 < xs[-1] < 3.5
+    segments = [seg for b in timeline(run).bars for seg in b.segments]
+    assert min(a for a, *_ in segments) == 0.0 and max(b for _, b, *_ in segments) == 3.5
+    assert "first measured send" in inflight.xlabel and "first measured send" in timeline(run).xlabel

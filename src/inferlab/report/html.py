@@ -47,6 +47,9 @@ LOAD_AXES = ("concurrency", "rate", "request_rate", "max_concurrency")
 RUNS_GROUP = "runs given"
 #: The timeline's colour for time in the server's queue (when the server says).
 SERVER_QUEUE = "#e8a0a0"
+#: The time axis of the focus run's plots: zero is its first measured send (warm-ups,
+#: which the records' clock starts at, are left out of the plots).
+XLABEL_TIME = "seconds since the first measured send"
 
 
 @dataclass
@@ -301,6 +304,9 @@ def left_ns(r: RequestRecord, config: dict[str, Any]) -> int | None:
 
 
 def over_time(run: Run) -> list[Figure]:
+    """Output tokens/s and requests in flight, on seconds since the run's first measured
+    send (the records' clock starts at the first warm-up send, which a run with warm-ups
+    left out of its records would show as a gap at the start)."""
     done = [r for r in run.records if r.send_ns is not None]
     if not done:
         return [Figure("tokens_over_time", "Output tokens/s over time", []), Figure("inflight_over_time", "Requests in flight over time", [])]
@@ -313,32 +319,37 @@ def over_time(run: Run) -> list[Figure]:
         if r.content_ns:
             per = (r.output_tokens or len(r.content_ns)) / len(r.content_ns)
             for t in r.content_ns:
-                tokens[min(int((t - start) / width), TIME_BINS - 1)] += per
-    xs = [(start + (i + 0.5) * width) / 1e9 for i in range(TIME_BINS)]
+                tokens[min(max(int((t - start) / width), 0), TIME_BINS - 1)] += per
+    xs = [(i + 0.5) * width / 1e9 for i in range(TIME_BINS)]
     tok = Series("output tokens/s", [(x, v / (width / 1e9)) for x, v in zip(xs, tokens, strict=True)], "path")
-    events = sorted([(r.send_ns or 0, 1) for r in done] + [(gone, -1) for r in done if (gone := left[id(r)]) is not None])
-    level, steps = 0, [(start / 1e9, 0.0)]
+    # at one instant arrivals count before departures: a request refused at once (an HTTP
+    # 400, no byte) leaves at its send time, and counted first it took the level below 0
+    events = sorted([(r.send_ns or 0, 0, 1) for r in done] + [(gone, 1, -1) for r in done if (gone := left[id(r)]) is not None])
+    level, steps = 0, [(0.0, 0.0)]
+    note = ""
     if len(events) <= INFLIGHT_MAX:  # every change
-        for t, d in events:
+        for t, _, d in events:
             level += d
-            steps.append((t / 1e9, float(level)))
+            steps.append(((t - start) / 1e9, float(max(level, 0))))
     else:  # the most in flight in each of INFLIGHT_MAX / 2 slices (a peak is never hidden)
         slices = INFLIGHT_MAX // 2
         slice_ns = max((end - start) / slices, 1)
         peaks = [0] * slices  # each slice starts at the level the one before ended with
         k_now = 0
-        for t, d in events:
-            k = min(int((t - start) / slice_ns), slices - 1)
+        for t, _, d in events:
+            k = min(max(int((t - start) / slice_ns), 0), slices - 1)
             while k_now < k:
                 k_now += 1
                 peaks[k_now] = level
             level += d
             peaks[k] = max(peaks[k], level)
-        steps = [((start + k * slice_ns) / 1e9, float(v)) for k, v in enumerate(peaks)]
+        steps = [(k * slice_ns / 1e9, float(max(v, 0))) for k, v in enumerate(peaks)]
+        note = (f"{len(events):,} sends and ends, more than the {INFLIGHT_MAX} drawn one by one: each step is the most "
+                f"in flight in one of {slices} slices of {slice_ns / 1e9:,.3g} s (a peak is never hidden).")
     return [
-        Figure("tokens_over_time", f"Output tokens/s over time ({run.label})", [tok], "seconds since the first send", "output tokens/s"),
+        Figure("tokens_over_time", f"Output tokens/s over time ({run.label})", [tok], XLABEL_TIME, "output tokens/s"),
         Figure("inflight_over_time", f"Requests in flight over time ({run.label})", [Series("in flight", steps, "step")],
-               "seconds since the first send", "requests in flight"),
+               XLABEL_TIME, "requests in flight", note),
     ]
 
 
@@ -353,17 +364,22 @@ def timeline(run: Run) -> Figure:
     recs = recs[:TIMELINE_MAX]
     lengths = [r.input_tokens or r.requested_input_tokens or 0 for r in recs]
     lo, hi = (min(lengths), max(lengths)) if lengths else (0, 0)
+    zero = (recs[0].send_ns or 0) if recs else 0  # the first measured send (over_time's zero)
+
+    def at(ns: int) -> float:
+        return (ns - zero) / 1e9
+
     bars = []
     for row, (r, n) in enumerate(zip(recs, lengths, strict=True)):
         color = color_scale((n - lo) / (hi - lo) if hi > lo else 0.5)
-        send = (r.send_ns or 0) / 1e9
+        send = at(r.send_ns or 0)
         segs = []
         if r.intended_send_ns is not None and (r.send_ns or 0) > r.intended_send_ns:
-            segs.append((r.intended_send_ns / 1e9, send, "#bbbbbb", "queued in the client"))
-        first = r.content_ns[0] / 1e9 if r.content_ns else None
-        end = r.end_ns / 1e9 if r.end_ns is not None else None
+            segs.append((at(r.intended_send_ns), send, "#bbbbbb", "queued in the client"))
+        first = at(r.content_ns[0]) if r.content_ns else None
+        end = at(r.end_ns) if r.end_ns is not None else None
         if not r.ok and (gone := left_ns(r, run.config)) is not None:  # (drawn red from its last step on)
-            end = gone / 1e9
+            end = at(gone)
         scheduled = (r.server_timeline or {}).get("scheduled_ms")
         if first is not None and isinstance(scheduled, (int, float)) and send < send + scheduled / 1e3 < first:
             # the simulated server said when the engine took the request up
@@ -386,7 +402,7 @@ def timeline(run: Run) -> Figure:
               f'<span class="key"><i style="background:linear-gradient(90deg,{color_scale(0)},{color_scale(1)})"></i>'
               f"prompt length {lo:,} → {hi:,} tokens</span>")
     title = f"Request timeline ({run.label}{f', first {TIMELINE_MAX} of {len(run.records)}' if cut else ''})"
-    return Figure("timeline", title, [], "seconds since the first send", "request (by send time)", bars=bars, legend=legend,
+    return Figure("timeline", title, [], XLABEL_TIME, "request (by send time)", bars=bars, legend=legend,
                   note="One bar per request. A long solid part under load is waiting (queueing, or a large prefill ahead of it: head-of-line blocking).")
 
 
