@@ -443,3 +443,35 @@ def test_time_plots_start_at_the_first_measured_send_not_the_first_warm_up() -> 
     segments = [seg for b in timeline(run).bars for seg in b.segments]
     assert min(a for a, *_ in segments) == 0.0 and max(b for _, b, *_ in segments) == 3.5
     assert "first measured send" in inflight.xlabel and "first measured send" in timeline(run).xlabel
+
+
+def test_the_output_never_replaces_a_file_the_report_reads_nor_unasked_a_file_that_is_not_a_report(sweep: Path, tmp_path: Path) -> None:
+    """-o wrote over any file: `report RUN -o RUN/requests.jsonl` replaced the run's own
+    records with HTML."""
+    run = tmp_path / "run"
+    shutil.copytree(sweep / "c1", run)
+    records = (run / "requests.jsonl").read_bytes()
+    (tmp_path / "link.html").symlink_to(run / "requests.jsonl")
+    for out, extra in ((run / "requests.jsonl", []), (run / "requests.jsonl", ["--overwrite"]), (tmp_path / "link.html", ["--overwrite"]),
+                       (run / "summary.json", ["--overwrite"])):
+        p = inferlab("report", str(run), "-o", str(out), *extra)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert "one of the files the report reads" in p.stderr
+    assert (run / "requests.jsonl").read_bytes() == records
+    # a sweep's point's file, reached through the sweep
+    p = inferlab("report", str(sweep), "-o", str(sweep / "c4" / ".." / "c16" / "config.json"), "--overwrite")
+    assert p.returncode == 2 and "one of the files the report reads" in p.stderr
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    p = inferlab("report", str(run), "-o", str(notes))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--overwrite" in p.stderr
+    assert notes.read_text() == "mine\n"
+    assert inferlab("report", str(run), "-o", str(notes), "--overwrite").returncode == 0
+    assert notes.read_text().startswith("<!DOCTYPE html>")
+    # a report is replaced without asking (report.html, the default, made again), also
+    # one written before reports carried their generator tag (its last line says it)
+    assert inferlab("report", str(run), "-o", str(notes)).returncode == 0
+    old = tmp_path / "old.html"
+    old.write_text("<!DOCTYPE html>\n<html><body>" + "x" * 5000 + '<p class="what">Made by inferlab report: one file, nothing fetched.</p>\n</body></html>\n')
+    assert inferlab("report", str(run), "-o", str(old)).returncode == 0

@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from inferlab.report.compare import Comparison, fmt, render_html_table
@@ -620,7 +621,7 @@ def render(report: Report) -> str:
     if focus is not None:
         parts += [f"<h2>Configuration ({escape(focus.label)})</h2>",
                   f"<pre>{escape(json.dumps(focus.config, indent=2, default=str))}</pre>"]
-    return DOC.format(title=escape(report.title), style=STYLE, body="\n".join(parts))
+    return DOC.format(title=escape(report.title), style=STYLE, body="\n".join(parts), generator=GENERATOR, footer=FOOTER)
 
 
 STYLE = """
@@ -636,12 +637,32 @@ table.profile td,table.profile th{text-align:left;vertical-align:top;max-width:5
 .empty{color:#888}.what{color:#444}
 """
 
+#: The ``<meta name="generator">`` of a report, which ``is_report`` looks for.
+GENERATOR = "inferlab report"
+#: The last line of a report (also in those written before the generator tag).
+FOOTER = "Made by inferlab report: one file, nothing fetched."
+
+
+def is_report(path: Path) -> bool:
+    """Whether the file at ``path`` is a report this command wrote (its generator tag
+    near the start, or its footer at the end): ``-o`` replaces one without asking."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(2048)
+            f.seek(max(0, f.seek(0, 2) - 2048))
+            tail = f.read()
+    except OSError:
+        return False
+    return f'<meta name="generator" content="{GENERATOR}">'.encode() in head or FOOTER.encode() in tail
+
+
 DOC = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
+<meta name="generator" content="{generator}">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
 <title>{title}</title><style>{style}</style></head>
 <body>
 {body}
-<p class="what">Made by inferlab report: one file, nothing fetched.</p>
+<p class="what">{footer}</p>
 </body></html>
 """

@@ -168,6 +168,14 @@ def load(path: str | os.PathLike[str]) -> Run | Sweep:
     return load_run(d)
 
 
+def files_read(src: Run | Sweep) -> list[Path]:
+    """The files reading ``src`` takes from its folders (those there or not yet there: a
+    file written to one of them would be read next time as part of the run)."""
+    if isinstance(src, Sweep):
+        return [src.path / "sweep.json", src.path / PROFILE_FILE, *(f for run in src.runs for f in files_read(run))]
+    return [src.path / name for name in ("requests.jsonl", "summary.json", "config.json", SERVER_METRICS_FILE)]
+
+
 def point_label(params: Mapping[str, Any], repeat: int = 0) -> str:
     text = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()) or "point"
     return f"{text} #{repeat}" if repeat else text
