@@ -475,3 +475,59 @@ def test_the_output_never_replaces_a_file_the_report_reads_nor_unasked_a_file_th
     old = tmp_path / "old.html"
     old.write_text("<!DOCTYPE html>\n<html><body>" + "x" * 5000 + '<p class="what">Made by inferlab report: one file, nothing fetched.</p>\n</body></html>\n')
     assert inferlab("report", str(run), "-o", str(old)).returncode == 0
+
+
+def test_run_folders_named_with_an_equals_sign_keep_their_names(sweep: Path, tmp_path: Path) -> None:
+    """A folder "vllm tp=2" was an internal error (IndexError: its label split on "=" word
+    by word), and "run-ms=256" was labelled "256": a label is cut to its values only for
+    a sweep's point, from the parameters its sweep.json records."""
+    named = [tmp_path / "vllm tp=2", tmp_path / "run-ms=256"]
+    for d, src in zip(named, ("c1", "c4"), strict=True):
+        shutil.copytree(sweep / src, d)
+    out = tmp_path / "r.html"
+    p = inferlab("report", *map(str, named), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    html = out.read_text()
+    for fig in ("ttft_vs_tok", "pareto"):
+        drawn = html.split(f'id="{fig}"', 1)[1].split("</figure>", 1)[0]
+        texts = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', drawn)
+        assert [t for t in texts if not re.fullmatch(r"[\d,.]+[kM]?", t)] == ["vllm tp=2", "run-ms=256"], fig  # (not the ticks)
+
+
+def _point(load: int, tok_s: float, ttft_p50: float, label: str = "", group: str = "input_tokens=512", sweep: bool = True) -> object:
+    from inferlab.report.html import Point
+
+    summary = {"output_token_throughput_tps": tok_s, "request_throughput_rps": tok_s / 100,
+               "ttft_ms": {"p50": ttft_p50, "p99": 2 * ttft_p50}, "tpot_ms": {"p50": 10.0, "p99": 20.0}}
+    config = {"load": {"schedule": {"kind": "ClosedLoop", "concurrency": load}}}
+    point = Point(Run(Path(label or f"c{load}"), summary, [], config, label=label or f"c{load}"), group, float(load) if sweep else None)
+    point.params = {"concurrency": load, "input_tokens": "512"} if sweep else None
+    return point
+
+
+def test_a_curve_joins_its_points_in_load_order_not_throughput_order() -> None:
+    """Past saturation throughput falls as load rises: c=64 made less than c=16. The line
+    went c=4, c=64, c=16 (by throughput); the docs say by load."""
+    from inferlab.report.html import curves
+
+    points = [_point(64, 1000.0, 750.0), _point(4, 500.0, 60.0), _point(16, 1700.0, 130.0),
+              _point(4, 450.0, 200.0, group="input_tokens=2048"), _point(16, 1100.0, 420.0, group="input_tokens=2048")]
+    ttft_vs_tok = next(f for f in curves(points) if f.id == "ttft_vs_tok")  # type: ignore[arg-type]
+    lines = {s.name: s for s in ttft_vs_tok.series}
+    assert lines["TTFT p50 (input_tokens=512)"].xy == [(500.0, 60.0), (1700.0, 130.0), (1000.0, 750.0)]
+    assert lines["TTFT p99 (input_tokens=512)"].labels == ["c=4", "c=16", "c=64"]
+    assert lines["TTFT p50 (input_tokens=2048)"].xy == [(450.0, 200.0), (1100.0, 420.0)]
+
+
+def test_pareto_points_of_several_runs_are_named_not_all_c16() -> None:
+    from inferlab.report.html import RUNS_GROUP, pareto
+
+    given = [_point(16, t, 100.0, label=name, group=RUNS_GROUP, sweep=False) for name, t in (("vllm", 900.0), ("sglang", 1000.0), ("trt", 1100.0))]
+    assert pareto(given, None).series[0].labels == ["vllm", "sglang", "trt"]  # type: ignore[arg-type]
+    # two groups of a sweep: each point's values
+    groups = [_point(4, 500.0, 60.0), _point(4, 450.0, 200.0, group="input_tokens=2048")]
+    groups[1].params["input_tokens"] = "2048"  # type: ignore[attr-defined]
+    assert pareto(groups, None).series[0].labels == ["4/512", "4/2048"]  # type: ignore[arg-type]
+    # one group: its load
+    one = [_point(4, 500.0, 60.0), _point(16, 1700.0, 130.0)]
+    assert pareto(one, None).series[0].labels == ["c=4", "c=16"]  # type: ignore[arg-type]

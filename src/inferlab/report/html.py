@@ -42,6 +42,8 @@ TIMELINE_MAX = 400
 SCATTER_MAX = 2000
 #: Most steps the requests-in-flight line draws.
 INFLIGHT_MAX = 800
+#: Most points of several runs or sweep groups named beside them (more: in the tooltips).
+NAMES_MAX = 6
 #: Points in a time series.
 TIME_BINS = 80
 LOAD_AXES = ("concurrency", "rate", "request_rate", "max_concurrency")
@@ -78,11 +80,13 @@ class Figure:
 
 @dataclass
 class Point:
-    """A run as a point on the curves: its group (the sweep parameters other than load)."""
+    """A run as a point on the curves: its group (the sweep parameters other than load),
+    and for a sweep's point its parameters (None: a run given by itself)."""
 
     run: Run
     group: str
     load: float | None
+    params: dict[str, Any] | None = None
 
 
 @dataclass
@@ -116,7 +120,7 @@ def points_of(sources: Sequence[Run | Sweep]) -> list[Point]:
                     continue
                 load = next((p.params[k] for k in axes if isinstance(p.params.get(k), (int, float))), None)
                 group = " ".join(f"{k}={v}" for k, v in p.params.items() if k not in axes) or src.path.name
-                out.append(Point(p.run, group, float(load) if load is not None else None))
+                out.append(Point(p.run, group, float(load) if load is not None else None, p.params))
         else:
             out.append(Point(src, RUNS_GROUP, None))
     return out
@@ -167,11 +171,14 @@ def _short(run: Run) -> str:
     return run.label
 
 
-def _values(run: Run) -> str:
-    """A short name for a run among others: a sweep point's values (32/2048), else its label."""
-    if "=" not in run.label:
-        return run.label
-    return "/".join(part.split("=", 1)[1] for part in run.label.split(" #")[0].split())
+def _values(point: Point) -> str:
+    """A short name for a point among others: a sweep point's values (32/2048), else its
+    run's label. Taken from the parameters the sweep recorded, never from a folder's
+    name: the sweep names its folders 001_c32_in2048, and a name a person gave a folder
+    ("vllm tp=2", "run-ms=256") is theirs to keep whole."""
+    if not point.params:
+        return point.run.label
+    return "/".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in point.params.values())
 
 
 def _num(v: Any) -> float:
@@ -184,7 +191,8 @@ def _dist(run: Run, key: str, stat: str) -> float:
 
 
 def curves(points: list[Point]) -> list[Figure]:
-    """Latency against throughput across points, one line per group (ordered by load)."""
+    """Latency against throughput across points, one line per group (ordered by load:
+    past saturation throughput falls as load rises, and the line turns back)."""
     groups: dict[str, list[Point]] = {}
     for p in points:
         groups.setdefault(p.group, []).append(p)
@@ -195,11 +203,14 @@ def curves(points: list[Point]) -> list[Figure]:
         for xkey, xlabel, xid in (("output_token_throughput_tps", "output tokens/s", "tok"), ("request_throughput_rps", "requests/s", "req")):
             series = []
             for g, ps in groups.items():
-                # repeats of one load level: one point, their mean
-                levels: dict[object, list[Run]] = {}
+                # repeats of one load level: one point, their mean (points drawn unjoined
+                # are not levels of one load: each its own)
+                levels: dict[object, list[Point]] = {}
                 for p in ps:
-                    levels.setdefault(p.load if p.load is not None else id(p.run), []).append(p.run)
-                order = sorted(levels.values(), key=lambda rs: statistics.fmean(_num(r.summary.get(xkey)) for r in rs))
+                    levels.setdefault(p.load if p.load is not None and g != RUNS_GROUP else id(p), []).append(p)
+                # by load, those without one after them as given
+                ordered = sorted(levels.values(), key=lambda qs: (qs[0].load is None, qs[0].load or 0.0))
+                order = [[q.run for q in qs] for qs in ordered]
                 for stat in ("p50", "p99"):
                     xy = [(statistics.fmean(_num(r.summary.get(xkey)) for r in rs), statistics.fmean(_dist(r, latency, stat) for r in rs)) for rs in order]
                     titles = [f"{rs[0].label}{f' (mean of {len(rs)} repeats)' if len(rs) > 1 else ''}: {x:,.1f} {xlabel}, {label} {stat} {y:,.1f} ms"
@@ -208,7 +219,7 @@ def curves(points: list[Point]) -> list[Figure]:
                     # runs given one by one are not a curve: points, unjoined
                     # runs given one by one: their names while few enough to read (else in the tooltips)
                     labels = ([_short(rs[0]) for rs in order] if g != RUNS_GROUP else
-                              [_values(rs[0]) for rs in order] if len(order) <= 6 else []) if stat == "p99" else []
+                              [_values(qs[0]) for qs in ordered] if len(order) <= NAMES_MAX else []) if stat == "p99" else []
                     series.append(Series(name, xy, "points" if g == RUNS_GROUP else "line", titles=titles, labels=labels))
             figs.append(Figure(f"{latency.split('_')[0]}_vs_{xid}", f"{label} (ms) against {xlabel}", series, xlabel, f"{label} ms"))
     return figs
@@ -227,7 +238,12 @@ def pareto(points: list[Point], gpus: int | None) -> Figure:
         x = 1000 / tpot if tpot > 0 else math.nan
         xy.append((x, y))
         titles.append(f"{p.run.label}: {x:,.1f} tok/s/user, {y:,.0f} tok/s/GPU")
-        labels.append(_short(p.run))
+    # one sweep group's points differ by load alone; points of several runs or groups,
+    # labelled by load, read alike ("c=16" three times): their names, while few enough
+    if len({p.group for p in points}) == 1 and points[0].group != RUNS_GROUP:
+        labels = [_short(p.run) for p in points]
+    elif len(points) <= NAMES_MAX:
+        labels = [_values(p) for p in points]
     front = pareto_front(xy)
     series = [Series("runs", xy, "points", titles=titles, labels=labels), Series("Pareto front", front, "line", color="#D55E00")]
     return Figure("pareto", "Pareto front: tokens/s per GPU against tokens/s per user", series,
