@@ -531,3 +531,21 @@ def test_pareto_points_of_several_runs_are_named_not_all_c16() -> None:
     # one group: its load
     one = [_point(4, 500.0, 60.0), _point(16, 1700.0, 130.0)]
     assert pareto(one, None).series[0].labels == ["c=4", "c=16"]  # type: ignore[arg-type]
+
+
+def test_the_clients_own_measurements_are_never_titled_a_prediction() -> None:
+    """A bench run against the simulated server is a prediction, but its client's loop lag
+    and CPU were measured on the machine that ran it: the plot was titled "(prediction)"."""
+    from inferlab.report.html import Report, render
+    from inferlab.results.records import RequestRecord
+
+    s = 10**9
+    client = {"bottleneck": False, "processes": [{"role": "main", "timeline": [[1.5, 0.02], [0.7, 0.03]]}]}
+    config = {"command": "bench", "resolved": {"url": "http://127.0.0.1:1/v1", "engine": {"tensor_parallel_size": 1}}}
+    ok = RequestRecord(index=0, send_ns=0, ttfb_ns=s // 10, content_ns=[s // 10, s // 5], end_ns=s // 5, output_tokens=2, input_tokens=10)
+    html = render(Report("t", [Run(Path("b"), {"client": client}, [ok], config, label="b")]))
+    titles = dict(re.findall(r'<figure class="plot[^"]*" id="([a-z_]+)"><h3>([^<]*)</h3>', html))
+    assert titles["timeline"].endswith("(prediction)")  # (the run itself is the simulator's)
+    assert "prediction" not in titles["client"]
+    drawn = html.split('id="client"', 1)[1].split("</figure>", 1)[0]
+    assert "main: loop lag (ms), max per second" in drawn

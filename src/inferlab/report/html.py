@@ -431,14 +431,15 @@ def client_figure(run: Run) -> Figure | None:
     for p in client["processes"]:
         tl = p.get("timeline") or []
         name = str(p.get("role") or "process")
-        lag.append(Series(f"{name}: loop lag (ms)", [(float(i), _num(v[0])) for i, v in enumerate(tl)]))
+        lag.append(Series(f"{name}: loop lag (ms), max per second", [(float(i), _num(v[0])) for i, v in enumerate(tl)]))
         cpu.append(Series(f"{name}: CPU share ×100", [(float(i), _num(v[1]) * 100) for i, v in enumerate(tl)]))
     verdict = "the client was likely the bottleneck" if client.get("bottleneck") else "the client kept up"
     if client.get("bottleneck") is None:
         verdict = "no verdict on the client: the run was too short to tell"
     return Figure("client", f"The client watching itself: event-loop lag and CPU per second ({verdict})",
                   [*lag, *cpu], "second of the run", "ms / % of a core",
-                  "Loop lag is how late a 50 ms timer fired: what every timestamp taken then also waited. CPU share 100 = one core busy.")
+                  "Measured on this client, also against a simulated server. Loop lag is how late a 50 ms timer fired, "
+                  "the largest in each second: what every timestamp taken then also waited. CPU share 100 = one core busy.")
 
 
 def server_figure(run: Run) -> Figure | None:
@@ -604,14 +605,16 @@ def render(report: Report) -> str:
             figs.append(server)
     report.figures = figs
     # each plot says when what it draws is the simulator's (its PNG, --png, stands alone):
-    # the focus run's plots by that run, the others by every run they draw
-    focus_ids = {"ttft_vs_input", "tokens_over_time", "inflight_over_time", "timeline", "client", "server_metrics"}
+    # the focus run's plots by that run, the others by every run they draw; the client's
+    # own lag and CPU are measured on this machine, whatever server it ran against
+    focus_ids = {"ttft_vs_input", "tokens_over_time", "inflight_over_time", "timeline", "server_metrics"}
+    measured_ids = {"client"}
     drawn_sim = [r.simulated for r in runs]
     sections = []
     for f in figs:
         body = f.body or '<p class="empty">nothing to draw (no such values in this run)</p>'
         note = f'<figcaption>{escape(f.note)}</figcaption>' if f.note else ""
-        of = [focus.simulated] if focus is not None and f.id in focus_ids else drawn_sim
+        of = [] if f.id in measured_ids else [focus.simulated] if focus is not None and f.id in focus_ids else drawn_sim
         label = " (prediction)" if of and all(of) else " (some runs are predictions)" if any(of) else ""
         sections.append(f'<figure class="plot{"" if f.body else " empty"}" id="{f.id}"><h3>{escape(f.title + label)}</h3>{body}{note}</figure>')
     warnings = [w for r in runs[:8] for w in (r.summary.get("warnings") or [])]
