@@ -442,7 +442,11 @@ def test_time_plots_start_at_the_first_measured_send_not_the_first_warm_up() -> 
     assert 0 < xs[0] < 0.1 and 3.4 < xs[-1] < 3.5
     segments = [seg for b in timeline(run).bars for seg in b.segments]
     assert min(a for a, *_ in segments) == 0.0 and max(b for _, b, *_ in segments) == 3.5
-    assert "first measured send" in inflight.xlabel and "first measured send" in timeline(run).xlabel
+    assert "first measured request" in inflight.xlabel and "first measured request" in timeline(run).xlabel
+    # the first one due 0.1 s before the client sent it: its grey bar starts at 0, not below
+    recs[0].intended_send_ns = 16 * s - s // 10
+    first = timeline(run).bars[0].segments
+    assert first[0][:3] == (0.0, 0.1, "#bbbbbb") and over_time(run)[1].series[0].xy[:2] == [(0.0, 0.0), (0.1, 1.0)]
 
 
 def test_the_output_never_replaces_a_file_the_report_reads_nor_unasked_a_file_that_is_not_a_report(sweep: Path, tmp_path: Path) -> None:
@@ -549,3 +553,30 @@ def test_the_clients_own_measurements_are_never_titled_a_prediction() -> None:
     assert "prediction" not in titles["client"]
     drawn = html.split('id="client"', 1)[1].split("</figure>", 1)[0]
     assert "main: loop lag (ms), max per second" in drawn
+
+
+def test_a_single_run_page_says_how_many_failed_and_why() -> None:
+    """A run with 3 of 5 requests failed: the page said so only in the failed (%) row. Now
+    compare's warning, the failures by kind, CDFs over "completed requests (3 failed left
+    out)", and a legend entry and a visible mark on the timeline for a failure at once."""
+    from inferlab.report.html import Report, render
+    from inferlab.results.records import ErrorKind, RequestRecord
+
+    s = 10**9
+    ok = [RequestRecord(index=i, send_ns=i * s, ttfb_ns=i * s + s // 10, content_ns=[i * s + s // 10, i * s + s // 5],
+                        end_ns=i * s + s // 5, output_tokens=2, input_tokens=10) for i in range(2)]
+    refused = [RequestRecord(index=2 + i, send_ns=(2 + i) * s, status=400, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 400: too long")
+               for i in range(2)]
+    timed_out = RequestRecord(index=4, send_ns=4 * s, ttfb_ns=4 * s + s // 10, content_ns=[4 * s + s // 10],
+                              error_kind=ErrorKind.TIMEOUT, error="request took over 3 s")
+    html = render(Report("t", [Run(Path("f"), {}, [*ok, *refused, timed_out], {"timeout_s": 3.0}, label="f")]))
+    assert "warning: f: 3 of 5 requests failed; its latencies and tokens/s are over the 2 that completed" in html
+    assert "<tr><td>failed, by kind</td><td>http_status 2, timeout 1</td></tr>" in html
+    for cdf in ("cdf_ttft", "cdf_e2e"):
+        assert "share of completed requests (3 failed left out)" in html.split(f'id="{cdf}"', 1)[1].split("</figure>", 1)[0]
+    timeline = html.split('id="timeline"', 1)[1].split("</figure>", 1)[0]
+    assert "#cc3333" in timeline.split('<div class="legend">', 1)[1] and "failed" in timeline.split('<div class="legend">', 1)[1]
+    # the two refused at once last no time; drawn 3 px wide
+    widths = [float(w) for w, what in re.findall(r'<rect class="mark" x="[^"]*" y="[^"]*" width="([^"]*)"[^>]*><title>([^<]*)</title>', timeline)
+              if "HTTP 400" in what]
+    assert len(widths) == 2 and min(widths) >= 3

@@ -14,14 +14,16 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from inferlab.report.compare import Comparison, fmt, render_html_table
+from inferlab.report.compare import Comparison, Side, fmt, render_html_table
 from inferlab.report.svg import (
+    FAILED,
     PALETTE,
     Bar,
     Series,
@@ -50,9 +52,8 @@ LOAD_AXES = ("concurrency", "rate", "request_rate", "max_concurrency")
 RUNS_GROUP = "runs given"
 #: The timeline's colour for time in the server's queue (when the server says).
 SERVER_QUEUE = "#e8a0a0"
-#: The time axis of the focus run's plots: zero is its first measured send (warm-ups,
-#: which the records' clock starts at, are left out of the plots).
-XLABEL_TIME = "seconds since the first measured send"
+#: The time axis of the focus run's plots (``time_zero``).
+XLABEL_TIME = "seconds since the first measured request"
 
 
 @dataclass
@@ -289,7 +290,22 @@ def ttft_vs_input(run: Run) -> Figure:
     return Figure("ttft_vs_input", f"TTFT against prompt length ({run.label})", series, "input tokens", "TTFT ms", note)
 
 
+def failed_of(run: Run) -> list[RequestRecord]:
+    """Its failed requests as the summary counts them (cancelled ones, in flight at an
+    interruption, left out)."""
+    return [r for r in run.records if not r.ok and r.error_kind is not ErrorKind.CANCELLED]
+
+
+def error_kinds(run: Run) -> str:
+    """Its failed requests by kind, most first ("timeout 35, http_status 20"), else "—"."""
+    kinds = Counter(r.error_kind.value if r.error_kind else "no end recorded" for r in failed_of(run))
+    return ", ".join(f"{kind} {n:,}" for kind, n in kinds.most_common()) or "—"
+
+
 def cdfs(runs: Sequence[Run]) -> list[Figure]:
+    # over completed requests: a run that failed its slowest reads faster, so say how many
+    failed = sum(len(failed_of(r)) for r in runs[:len(PALETTE)])
+    ylabel = f"share of completed requests ({failed:,} failed left out)" if failed else "share of requests"
     figs = []
     for name, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
         series = []
@@ -300,7 +316,7 @@ def cdfs(runs: Sequence[Run]) -> list[Figure]:
                 keep = [*range(0, len(xs), step), len(xs) - 1]
                 series.append(Series(run.label, [(xs[i], (i + 1) / len(xs)) for i in sorted(set(keep))], "step"))
         cut = " (first 8 runs)" if len(runs) > len(PALETTE) else ""
-        figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}", series, f"{label} ms", "share of requests"))
+        figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}", series, f"{label} ms", ylabel))
     return figs
 
 
@@ -320,16 +336,23 @@ def left_ns(r: RequestRecord, config: dict[str, Any]) -> int | None:
     return r.send_ns + round(seconds * 1e9) if r.error_kind == ErrorKind.TIMEOUT else last + round(seconds * 1e9)
 
 
+def time_zero(records: Sequence[RequestRecord]) -> int:
+    """Where the focus run's plots over time start: its first measured send, or the
+    earlier time one was due (the client sent it late; its grey bar starts there). The
+    records' clock starts at the first warm-up send: from there, a run with warm-ups
+    drew its measured requests from 16 s on."""
+    return min((min(r.send_ns, r.intended_send_ns if r.intended_send_ns is not None else r.send_ns)
+                for r in records if r.send_ns is not None), default=0)
+
+
 def over_time(run: Run) -> list[Figure]:
-    """Output tokens/s and requests in flight, on seconds since the run's first measured
-    send (the records' clock starts at the first warm-up send, which a run with warm-ups
-    left out of its records would show as a gap at the start)."""
+    """Output tokens/s and requests in flight, on seconds since ``time_zero``."""
     done = [r for r in run.records if r.send_ns is not None]
     if not done:
         return [Figure("tokens_over_time", "Output tokens/s over time", []), Figure("inflight_over_time", "Requests in flight over time", [])]
     left = {id(r): left_ns(r, run.config) for r in done}
     end = max((left[id(r)] or r.send_ns or 0) for r in done)
-    start = min(r.send_ns or 0 for r in done)
+    start = time_zero(done)
     width = max((end - start) / TIME_BINS, 1)
     tokens = [0.0] * TIME_BINS
     for r in done:
@@ -381,7 +404,7 @@ def timeline(run: Run) -> Figure:
     recs = recs[:TIMELINE_MAX]
     lengths = [r.input_tokens or r.requested_input_tokens or 0 for r in recs]
     lo, hi = (min(lengths), max(lengths)) if lengths else (0, 0)
-    zero = (recs[0].send_ns or 0) if recs else 0  # the first measured send (over_time's zero)
+    zero = time_zero(run.records)  # (over_time's)
 
     def at(ns: int) -> float:
         return (ns - zero) / 1e9
@@ -405,9 +428,9 @@ def timeline(run: Run) -> Figure:
         elif first is not None:
             segs.append((send, first, color, "waiting for the first token (queue + prefill)"))
         if first is not None and end is not None:
-            segs.append((first, end, "#cc3333" if not r.ok else color + "66", failed_text(r) if not r.ok else "decoding"))
+            segs.append((first, end, FAILED if not r.ok else color + "66", failed_text(r) if not r.ok else "decoding"))
         elif end is not None:
-            segs.append((send, end, "#cc3333" if not r.ok else color, failed_text(r) if not r.ok else "no streamed token"))
+            segs.append((send, end, FAILED if not r.ok else color, failed_text(r) if not r.ok else "no streamed token"))
         if segs:
             bars.append(Bar(row, segs, f"request {r.index}, {n:,} prompt tokens"))
     split = any(isinstance((r.server_timeline or {}).get("scheduled_ms"), (int, float)) for r in recs)
@@ -418,6 +441,9 @@ def timeline(run: Run) -> Figure:
               + f'<span class="key"><i style="background:{color_scale(0.5)}66"></i>decoding, faint</span>'
               f'<span class="key"><i style="background:linear-gradient(90deg,{color_scale(0)},{color_scale(1)})"></i>'
               f"prompt length {lo:,} → {hi:,} tokens</span>")
+    if any(not r.ok for r in recs):
+        legend += (f'<span class="key"><i style="background:{FAILED}"></i>failed: from its first token (or its send) to when '
+                   "the client gave up; one that failed at once as a thin mark</span>")
     title = f"Request timeline ({run.label}{f', first {TIMELINE_MAX} of {len(run.records)}' if cut else ''})"
     return Figure("timeline", title, [], XLABEL_TIME, "request (by send time)", bars=bars, legend=legend,
                   note="One bar per request. A long solid part under load is waiting (queueing, or a large prefill ahead of it: head-of-line blocking).")
@@ -507,6 +533,8 @@ def summary_table(runs: Sequence[Run]) -> str:
     rows = []
     counts = [r.summary.get("counts") or {} for r in runs]
     rows.append("<tr><td>requests completed / failed</td>" + "".join(f"<td>{c.get('completed', '?')} / {c.get('failed', '?')}</td>" for c in counts) + "</tr>")
+    if any(failed_of(r) for r in runs):
+        rows.append("<tr><td>failed, by kind</td>" + "".join(f"<td>{escape(error_kinds(r))}</td>" for r in runs) + "</tr>")
     rows.append("<tr><td>duration (s)</td>" + "".join(f"<td>{_num(r.summary.get('duration_s')):,.2f}</td>" for r in runs) + "</tr>")
     for m in METRICS:
         rows.append(f"<tr><td>{escape(m.label)} ({m.unit})</td>" + "".join(f"<td>{fmt(summary_value(r.summary, m), m.unit)}</td>" for r in runs) + "</tr>")
@@ -627,6 +655,11 @@ def render(report: Report) -> str:
         "<h2>Summary</h2>", summary_table(runs[:12]),
         *([f"<p>Table: first 12 of {len(runs)} runs.</p>"] if len(runs) > 12 else []),
     ]
+    if report.comparison is None:  # (its section says these of each run it compares)
+        said = Comparison([Side(r.label, [r]) for r in runs[:12]])
+        lines = [*said.failure_lines(), *said.cache_lines()]
+        if lines:
+            parts.append("<ul>" + "".join(f'<li class="worse">warning: {escape(line)}</li>' for line in lines) + "</ul>")
     for src in report.sources:
         if isinstance(src, Sweep):
             parts.append(profile_section(src) if "profile" in src.index else sweep_section(src))

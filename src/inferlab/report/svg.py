@@ -17,6 +17,10 @@ WIDTH, HEIGHT = 640, 340
 MARGIN_L, MARGIN_R, MARGIN_T, MARGIN_B = 64, 16, 12, 44
 #: Series colours (colour-blind safe, Okabe–Ito).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+#: A failed request's colour on the timeline; its bar is drawn at least FAILED_MIN_PX
+#: wide (a request refused at once lasts no time, and at the 0.6 px of others it hid).
+FAILED = "#cc3333"
+FAILED_MIN_PX = 3.0
 #: Sequential scale (low → high), viridis's anchors.
 SEQUENTIAL = ("#440154", "#3b528b", "#21918c", "#5ec962", "#fde725")
 
@@ -186,7 +190,7 @@ def timeline_chart(title: str, bars: Sequence[Bar], *, xlabel: str, legend: str)
     for b in bars:
         y = f.y(rows - b.row)  # first request on top
         for start, end, color, what in b.segments:
-            w = max(f.x(end) - f.x(start), 0.6)
+            w = max(f.x(end) - f.x(start), FAILED_MIN_PX if color == FAILED else 0.6)
             body.append(f'<rect class="mark" x="{f.x(start):.1f}" y="{y:.1f}" width="{w:.1f}" height="{max(band * 0.8, 0.8):.2f}" fill="{color}">'
                         f"<title>{escape(b.title)}: {escape(what)} {fmt_tick(start)}–{fmt_tick(end)}</title></rect>")
     return f'{svg(f, "".join(body), title)}<div class="legend">{legend}</div>'
