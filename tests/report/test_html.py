@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -580,3 +581,36 @@ def test_a_single_run_page_says_how_many_failed_and_why() -> None:
     widths = [float(w) for w, what in re.findall(r'<rect class="mark" x="[^"]*" y="[^"]*" width="([^"]*)"[^>]*><title>([^<]*)</title>', timeline)
               if "HTTP 400" in what]
     assert len(widths) == 2 and min(widths) >= 3
+
+
+def test_a_summary_json_that_is_not_the_records_is_recomputed_and_said(sweep: Path, tmp_path: Path) -> None:
+    """summary.json was never checked against requests.jsonl: with the records emptied
+    the table showed the summary's 48 requests; with summary.json {} it showed "? / ?"
+    and nan beside 48 records."""
+    lines = (sweep / "c4" / "requests.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    done = [r for r in records if r["error_kind"] is None and r["end_ns"] is not None]
+    ttft_p50 = statistics.median((r["content_ns"][0] - r["send_ns"]) / 1e6 for r in done)
+
+    def table(html: str) -> dict[str, str]:
+        rows = re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", html.split('<table class="summary">', 1)[1].split("</table>", 1)[0])
+        return dict(rows)
+
+    blank = tmp_path / "blank"
+    shutil.copytree(sweep / "c4", blank)
+    (blank / "summary.json").write_text("{}")
+    out = tmp_path / "blank.html"
+    assert inferlab("report", str(blank), "-o", str(out)).returncode == 0
+    html = out.read_text()
+    assert table(html)["requests completed / failed"] == f"{len(done)} / 0"
+    assert float(table(html)["TTFT p50 (ms)"].replace(",", "")) == pytest.approx(ttft_p50, abs=0.01)
+    assert f"summary.json has no request counts (requests.jsonl holds {len(records)}: {len(done)} completed, 0 failed)" in html
+
+    emptied = tmp_path / "emptied"
+    shutil.copytree(sweep / "c4", emptied)
+    (emptied / "requests.jsonl").write_text("")
+    out = tmp_path / "emptied.html"
+    assert inferlab("report", str(emptied), "-o", str(out)).returncode == 0
+    html = out.read_text()
+    assert table(html)["requests completed / failed"] == "0 / 0"
+    assert f"summary.json counts {len(records)} requests, {len(done)} completed, 0 failed; requests.jsonl holds 0, 0 completed, 0 failed" in html

@@ -655,11 +655,12 @@ def render(report: Report) -> str:
         "<h2>Summary</h2>", summary_table(runs[:12]),
         *([f"<p>Table: first 12 of {len(runs)} runs.</p>"] if len(runs) > 12 else []),
     ]
+    lines = [note for r in runs for note in r.notes]  # (a summary.json not the records': recomputed)
     if report.comparison is None:  # (its section says these of each run it compares)
         said = Comparison([Side(r.label, [r]) for r in runs[:12]])
-        lines = [*said.failure_lines(), *said.cache_lines()]
-        if lines:
-            parts.append("<ul>" + "".join(f'<li class="worse">warning: {escape(line)}</li>' for line in lines) + "</ul>")
+        lines += [*said.failure_lines(), *said.cache_lines()]
+    if lines:
+        parts.append("<ul>" + "".join(f'<li class="worse">warning: {escape(line)}</li>' for line in lines) + "</ul>")
     for src in report.sources:
         if isinstance(src, Sweep):
             parts.append(profile_section(src) if "profile" in src.index else sweep_section(src))
