@@ -614,3 +614,96 @@ def test_a_summary_json_that_is_not_the_records_is_recomputed_and_said(sweep: Pa
     html = out.read_text()
     assert table(html)["requests completed / failed"] == "0 / 0"
     assert f"summary.json counts {len(records)} requests, {len(done)} completed, 0 failed; requests.jsonl holds 0, 0 completed, 0 failed" in html
+
+
+def _runs(n: int, *, simulated: bool = False, prefix: str = "r", requests: int = 1) -> list[Run]:
+    """``n`` runs of ``requests`` completed requests each, run i's TTFT (i + 1) × 10 ms."""
+    from inferlab.results.records import RequestRecord
+
+    config = {"command": "sim run", "engine": {"tensor_parallel_size": 1}} if simulated else {}
+    runs = []
+    for i in range(n):
+        ttft = (i + 1) * 10**7
+        recs = [RequestRecord(index=k, send_ns=k * 10**9, ttfb_ns=k * 10**9 + ttft + k, content_ns=[k * 10**9 + ttft + k, k * 10**9 + 2 * ttft],
+                              end_ns=k * 10**9 + 2 * ttft, output_tokens=2, input_tokens=10) for k in range(requests)]
+        summary = {"output_token_throughput_tps": float(i), "tpot_ms": {"p50": 10.0}, "ttft_ms": {"p50": 10.0 * (i + 1)}}
+        runs.append(Run(Path(f"{prefix}{i}"), summary, recs, config, label=f"{prefix}{i}"))
+    return runs
+
+
+def _figure(html: str, fig: str) -> str:
+    return html.split(f'id="{fig}"', 1)[1].split("</figure>", 1)[0]
+
+
+def _legend(html: str, fig: str) -> list[str]:
+    return re.findall(r'<span class="key"><i [^>]*></i>([^<]*)</span>', _figure(html, fig).split('<div class="legend">', 1)[1])
+
+
+def test_the_cdfs_always_draw_the_focus_run() -> None:
+    """A sweep of 10 points whose focus (the highest throughput) is the last: the CDFs,
+    cut to the first 8 runs, left out the run the page says its plots show."""
+    from inferlab.report.html import Report, render
+    from inferlab.results.sources import Sweep, SweepPoint
+
+    runs = _runs(10)
+    sweep = Sweep(Path("s"), {"points": []}, [SweepPoint({"concurrency": i}, 0, "done", r, f"c{i}") for i, r in enumerate(runs)])
+    html = render(Report("t", [sweep]))
+    assert "Single-run plots show r9 (the sweep&#x27;s highest output throughput)" in html
+    names = _legend(html, "cdf_ttft")
+    assert names == ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r9"]
+    assert "CDF of TTFT (ms) (first 7 of 10 runs, and r9)" in html
+
+
+def test_the_page_says_where_lines_are_thinned() -> None:
+    """The in-flight line over 800 sends and ends draws per-slice peaks, and a CDF over
+    800 requests or more draws every k-th: the captions say so."""
+    from inferlab.report.html import Report, render
+
+    html = render(Report("t", _runs(1, requests=1000)))
+    assert "2,000 sends and ends, more than the 800 drawn one by one: each step is the most in flight in one of 400 slices" in _figure(html, "inflight_over_time")
+    assert "Each line is drawn from about 400 of its values (one in 2 at most, and the largest)" in _figure(html, "cdf_ttft")
+    few = render(Report("t", _runs(1, requests=10)))
+    assert "<figcaption>" not in _figure(few, "cdf_ttft") and "<figcaption>" not in _figure(few, "inflight_over_time")
+
+
+def test_a_mixed_report_names_the_predicted_series() -> None:
+    """Measured and simulated runs side by side: the plots' titles said "some runs are
+    predictions", and no legend said which."""
+    from inferlab.report.html import Report, render
+
+    measured, sim = _runs(1, prefix="m")[0], _runs(1, simulated=True, prefix="s")[0]
+    sim.summary["latency_breakdown"] = {"source": "the server's timeline", "prefill_ms": {"mean": 5.0, "p50": 5.0, "p90": 6.0}}
+    html = render(Report("t", [measured, sim]))
+    assert _legend(html, "cdf_ttft") == ["m0", "s0 (prediction)"]
+    assert _legend(html, "pareto") == ["runs", "runs (prediction)", "Pareto front"]
+    assert _legend(html, "ttft_vs_tok") == ["TTFT p50", "TTFT p99", "TTFT p50 (prediction)", "TTFT p99 (prediction)"]
+    assert "(prediction)" not in "".join(_legend(render(Report("t", [measured, _runs(1, prefix="n")[0]])), "cdf_ttft"))
+    # a simulated focus run's breakdown is the simulator's
+    assert "<h2>Where the time went (s0) (prediction)</h2>" in render(Report("t", [sim, measured]))
+
+
+def test_no_value_is_a_dash_not_nan_and_long_names_are_not_clipped(tmp_path: Path) -> None:
+    """A run with no duration or TPM showed "nan" in the table; a long run name ran out of
+    its plot's legend (one unbreakable line) and beside a point past the plot's edge."""
+    from inferlab.report.html import Report, render
+
+    long = "meta-llama_Llama-3.1-405B-Instruct-FP8-dynamic-tp8-pp2-maxnumseqs1024-chunked-prefill-8192-" * 2
+    runs = _runs(2)
+    runs[0].label = long
+    runs[0].summary.update(duration_s=None, output_tpm=None)
+    html = render(Report("t", runs))
+    table = html.split('<table class="summary">', 1)[1].split("</table>", 1)[0]
+    assert "nan" not in table
+    assert "<tr><td>duration (s)</td><td>—</td>" in table and "<tr><td>output tokens/min (TPM)</td><td>—</td>" in table
+    # beside its Pareto point: its first 31 characters and an ellipsis (the tooltip has it whole)
+    assert f">{long[:31]}…</text>" in _figure(html, "pareto") and f"<title>{long}:" in _figure(html, "pareto")
+    if browser is None:
+        return
+    page = tmp_path / "long.html"
+    page.write_text(html)
+    # every legend key within its plot's box
+    out = open_page(page, ["Array.from(document.querySelectorAll('figure.plot')).flatMap(f => Array.from(f.querySelectorAll('.key'))"
+                           ".map(k => [f.id, Math.round(k.getBoundingClientRect().right - f.getBoundingClientRect().right)]))"],
+                    browser=browser)
+    overflow = [(fig, px) for fig, px in out.values[0] if px > 0]
+    assert out.values[0] and overflow == []

@@ -44,6 +44,10 @@ TIMELINE_MAX = 400
 SCATTER_MAX = 2000
 #: Most steps the requests-in-flight line draws.
 INFLIGHT_MAX = 800
+#: Most steps a CDF line draws (every k-th request's value, and the last).
+CDF_STEPS = 400
+#: A series' name's ending, in a report of measured and predicted runs, for the predicted.
+PREDICTED = " (prediction)"
 #: Most points of several runs or sweep groups named beside them (more: in the tooltips).
 NAMES_MAX = 6
 #: Points in a time series.
@@ -199,16 +203,20 @@ def curves(points: list[Point]) -> list[Figure]:
         groups.setdefault(p.group, []).append(p)
     if len(groups) > 1 and all(len({q.load for q in ps}) == 1 for ps in groups.values()):
         groups = {RUNS_GROUP: points}  # no load axis (a tune over engine flags): points, unjoined
+    many = len(groups) > 1
+    if len({p.run.simulated for p in points}) > 1:  # measured and predicted: each its own series, named so
+        groups = {f"{g}{kind}": sub for g, ps in groups.items() for kind, sub in _by_kind(ps)}
     figs = []
     for latency, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
         for xkey, xlabel, xid in (("output_token_throughput_tps", "output tokens/s", "tok"), ("request_throughput_rps", "requests/s", "req")):
             series = []
             for g, ps in groups.items():
+                given = ps[0].group == RUNS_GROUP
                 # repeats of one load level: one point, their mean (points drawn unjoined
                 # are not levels of one load: each its own)
                 levels: dict[object, list[Point]] = {}
                 for p in ps:
-                    levels.setdefault(p.load if p.load is not None and g != RUNS_GROUP else id(p), []).append(p)
+                    levels.setdefault(p.load if p.load is not None and not given else id(p), []).append(p)
                 # by load, those without one after them as given
                 ordered = sorted(levels.values(), key=lambda qs: (qs[0].load is None, qs[0].load or 0.0))
                 order = [[q.run for q in qs] for qs in ordered]
@@ -216,14 +224,22 @@ def curves(points: list[Point]) -> list[Figure]:
                     xy = [(statistics.fmean(_num(r.summary.get(xkey)) for r in rs), statistics.fmean(_dist(r, latency, stat) for r in rs)) for rs in order]
                     titles = [f"{rs[0].label}{f' (mean of {len(rs)} repeats)' if len(rs) > 1 else ''}: {x:,.1f} {xlabel}, {label} {stat} {y:,.1f} ms"
                               for rs, (x, y) in zip(order, xy, strict=True)]
-                    name = f"{label} {stat}" + (f" ({g})" if len(groups) > 1 else "")
+                    kind = PREDICTED if g.endswith(PREDICTED) else ""
+                    name = f"{label} {stat}" + (f" ({g.removesuffix(kind)})" if many else "") + kind
                     # runs given one by one are not a curve: points, unjoined
                     # runs given one by one: their names while few enough to read (else in the tooltips)
-                    labels = ([_short(rs[0]) for rs in order] if g != RUNS_GROUP else
+                    labels = ([_short(rs[0]) for rs in order] if not given else
                               [_values(qs[0]) for qs in ordered] if len(order) <= NAMES_MAX else []) if stat == "p99" else []
-                    series.append(Series(name, xy, "points" if g == RUNS_GROUP else "line", titles=titles, labels=labels))
+                    series.append(Series(name, xy, "points" if given else "line", titles=titles, labels=labels))
             figs.append(Figure(f"{latency.split('_')[0]}_vs_{xid}", f"{label} (ms) against {xlabel}", series, xlabel, f"{label} ms"))
     return figs
+
+
+def _by_kind(points: list[Point]) -> list[tuple[str, list[Point]]]:
+    """``points`` as (name suffix, points): the measured ones, then the predicted ones
+    (their suffix ``PREDICTED``), each when there are any."""
+    return [(kind, sub) for kind, sub in (("", [p for p in points if not p.run.simulated]),
+                                          (PREDICTED, [p for p in points if p.run.simulated])) if sub]
 
 
 def pareto(points: list[Point], gpus: int | None) -> Figure:
@@ -246,7 +262,13 @@ def pareto(points: list[Point], gpus: int | None) -> Figure:
     elif len(points) <= NAMES_MAX:
         labels = [_values(p) for p in points]
     front = pareto_front(xy)
-    series = [Series("runs", xy, "points", titles=titles, labels=labels), Series("Pareto front", front, "line", color="#D55E00")]
+    series = [Series("runs", xy, "points", titles=titles, labels=labels)]
+    if len({p.run.simulated for p in points}) > 1:  # measured and predicted: a series each, named so
+        at = {id(p): i for i, p in enumerate(points)}
+        series = [Series(f"runs{kind}", [xy[i] for i in keep], "points", PALETTE[2] if kind else PALETTE[0],  # (not the front's)
+                         titles=[titles[i] for i in keep], labels=[labels[i] for i in keep] if labels else [])
+                  for kind, sub in _by_kind(points) for keep in [[at[id(p)] for p in sub]]]
+    series.append(Series("Pareto front", front, "line", color="#D55E00"))
     return Figure("pareto", "Pareto front: tokens/s per GPU against tokens/s per user", series,
                   "tokens/s per user (1000 / TPOT p50)", "output tokens/s per GPU",
                   "GPUs: " + "; ".join(sorted(assumed)) + ". Per user: 1000 / median TPOT, the decode speed one stream sees.")
@@ -302,21 +324,32 @@ def error_kinds(run: Run) -> str:
     return ", ".join(f"{kind} {n:,}" for kind, n in kinds.most_common()) or "—"
 
 
-def cdfs(runs: Sequence[Run]) -> list[Figure]:
+def cdfs(runs: Sequence[Run], focus: Run | None = None) -> list[Figure]:
+    """One line per run, the first 8; the focus run always among them (the page says
+    its plots show it)."""
+    drawn = list(runs[:len(PALETTE)])
+    cut = f" (first {len(drawn)} of {len(runs)} runs)" if len(runs) > len(drawn) else ""
+    if focus is not None and cut and all(r is not focus for r in drawn):
+        drawn[-1] = focus
+        cut = f" (first {len(drawn) - 1} of {len(runs)} runs, and {focus.label})"
+    mixed = len({r.simulated for r in drawn}) > 1
     # over completed requests: a run that failed its slowest reads faster, so say how many
-    failed = sum(len(failed_of(r)) for r in runs[:len(PALETTE)])
+    failed = sum(len(failed_of(r)) for r in drawn)
     ylabel = f"share of completed requests ({failed:,} failed left out)" if failed else "share of requests"
     figs = []
     for name, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
-        series = []
-        for run in runs[:len(PALETTE)]:
+        series, thinned = [], 0
+        for run in drawn:
             xs = sorted(v for r in run.records if r.ok and (v := getattr(request_metrics(r), name)) is not None)
             if xs:
-                step = max(1, len(xs) // 400)  # at most ~400 steps drawn
+                step = max(1, len(xs) // CDF_STEPS)  # at most ~CDF_STEPS steps drawn
+                thinned = max(thinned, step)
                 keep = [*range(0, len(xs), step), len(xs) - 1]
-                series.append(Series(run.label, [(xs[i], (i + 1) / len(xs)) for i in sorted(set(keep))], "step"))
-        cut = " (first 8 runs)" if len(runs) > len(PALETTE) else ""
-        figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}", series, f"{label} ms", ylabel))
+                series.append(Series(run.label + (PREDICTED if mixed and run.simulated else ""),
+                                     [(xs[i], (i + 1) / len(xs)) for i in sorted(set(keep))], "step"))
+        note = (f"Each line is drawn from about {CDF_STEPS} of its values (one in {thinned} at most, and the largest): "
+                "a step between two of them is not drawn." if thinned > 1 else "")
+        figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}", series, f"{label} ms", ylabel, note))
     return figs
 
 
@@ -503,7 +536,8 @@ def breakdown_table(run: Run) -> str:
             rows.append(f"<tr><td>{escape(label)}</td>{cells}</tr>")
     if not rows:
         return ""
-    return (f"<h2>Where the time went ({escape(run.label)})</h2><p>From {escape(str(b.get('source') or '?'))}.</p>"
+    return (f"<h2>Where the time went ({escape(run.label)}){PREDICTED if run.simulated else ''}</h2>"
+            f"<p>From {escape(str(b.get('source') or '?'))}.</p>"
             f'<table class="summary"><tr><th>part (ms)</th><th>mean</th><th>p50</th><th>p90</th></tr>{"".join(rows)}</table>')
 
 
@@ -524,8 +558,13 @@ def profile_section(sweep: Sweep) -> str:
                               describe_software(data.get("server_software")))
     where, cost = server.label, "predicted cost here" if server.simulated else "measured cost here"
     return (f"<h2>Profile: {escape(str(sweep.path))}</h2><p>Server: {escape(str(where))}; model {escape(str(data.get('model')))}; "
-            f"{_num(data.get('elapsed_s')):,.0f} s of a {_num(data.get('budget_s')):,.0f} s budget.</p>"
+            f"{_cell(_num(data.get('elapsed_s')), ',.0f')} s of a {_cell(_num(data.get('budget_s')), ',.0f')} s budget.</p>"
             f'<table class="profile"><tr><th>factor</th><th>{cost}</th><th>evidence</th></tr>{"".join(rows)}</table>')
+
+
+def _cell(v: float, spec: str) -> str:
+    """A number for a table cell, "—" for none (NaN was printed "nan")."""
+    return format(v, spec) if math.isfinite(v) else "—"
 
 
 def summary_table(runs: Sequence[Run]) -> str:
@@ -535,13 +574,13 @@ def summary_table(runs: Sequence[Run]) -> str:
     rows.append("<tr><td>requests completed / failed</td>" + "".join(f"<td>{c.get('completed', '?')} / {c.get('failed', '?')}</td>" for c in counts) + "</tr>")
     if any(failed_of(r) for r in runs):
         rows.append("<tr><td>failed, by kind</td>" + "".join(f"<td>{escape(error_kinds(r))}</td>" for r in runs) + "</tr>")
-    rows.append("<tr><td>duration (s)</td>" + "".join(f"<td>{_num(r.summary.get('duration_s')):,.2f}</td>" for r in runs) + "</tr>")
+    rows.append("<tr><td>duration (s)</td>" + "".join(f"<td>{_cell(_num(r.summary.get('duration_s')), ',.2f')}</td>" for r in runs) + "</tr>")
     for m in METRICS:
         rows.append(f"<tr><td>{escape(m.label)} ({m.unit})</td>" + "".join(f"<td>{fmt(summary_value(r.summary, m), m.unit)}</td>" for r in runs) + "</tr>")
     for key, label, unit in (("itl_ms", "ITL p50", "ms"), ("queue_delay_ms", "client queue delay p99", "ms")):
         stat = "p99" if "queue" in key else "p50"
         rows.append(f"<tr><td>{label} ({unit})</td>" + "".join(f"<td>{fmt(_dist(r, key, stat), unit)}</td>" for r in runs) + "</tr>")
-    rows.append("<tr><td>output tokens/min (TPM)</td>" + "".join(f"<td>{_num(r.summary.get('output_tpm')):,.0f}</td>" for r in runs) + "</tr>")
+    rows.append("<tr><td>output tokens/min (TPM)</td>" + "".join(f"<td>{_cell(_num(r.summary.get('output_tpm')), ',.0f')}</td>" for r in runs) + "</tr>")
     return f'<table class="summary"><tr><th>metric (unit)</th>{head}</tr>{"".join(rows)}</table>'
 
 
@@ -621,7 +660,7 @@ def render(report: Report) -> str:
     focus, why = focus_run(report.sources)
     if focus is not None:
         figs.append(ttft_vs_input(focus))
-    figs += cdfs(runs)
+    figs += cdfs(runs, focus)
     if focus is not None:
         figs += over_time(focus)
         figs.append(timeline(focus))
@@ -683,7 +722,7 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd
 .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(600px,1fr));gap:18px;align-items:start}figure.plot{margin:0;padding:10px;border:1px solid #e3e3e3;border-radius:6px;background:#fff}
 figcaption{max-width:640px;color:#555;font-size:12px;margin-top:4px}
 svg{display:block;max-width:100%;height:auto}.grid{stroke:#eee}.axis{stroke:#888}.tick{font-size:11px;fill:#555}.label{font-size:12px;fill:#333}
-.legend{font-size:12px;max-width:640px}.key{margin-right:12px;white-space:nowrap}.key i{display:inline-block;width:18px;height:10px;margin-right:4px;vertical-align:middle}
+.legend{font-size:12px;max-width:640px}.key{display:inline-block;max-width:100%;margin-right:12px;overflow-wrap:anywhere}.key i{display:inline-block;width:18px;height:10px;margin-right:4px;vertical-align:middle}
 table{border-collapse:collapse;font-variant-numeric:tabular-nums}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
 table.profile td,table.profile th{text-align:left;vertical-align:top;max-width:560px}
 .worse{color:#b00020}.better{color:#1b7f3b}pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:480px;font-size:12px}
