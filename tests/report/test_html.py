@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -403,3 +404,306 @@ def test_each_plot_says_when_what_it_draws_is_a_prediction(tmp_path: Path) -> No
     assert not any("prediction" in t for t in only_measured.values()), only_measured
     mixed = titles(measured, sim)  # (the focus: the first, measured)
     assert mixed["cdf_ttft"].endswith("(some runs are predictions)") and "prediction" not in mixed["timeline"]
+
+
+def test_a_request_refused_at_once_never_takes_in_flight_below_zero() -> None:
+    """A request refused with no byte (HTTP 400, no ttfb) leaves at its send time; the
+    events were sorted with its departure (t, -1) before its arrival (t, +1), and the line
+    dipped to -1. At one instant arrivals count first."""
+    from inferlab.report.html import over_time
+    from inferlab.results.records import ErrorKind, RequestRecord
+
+    s = 10**9
+    refused = [RequestRecord(index=i, send_ns=i * s // 10, status=400, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 400")
+               for i in range(3)]
+    ok = RequestRecord(index=3, send_ns=0, ttfb_ns=s // 2, content_ns=[s // 2, s], end_ns=s, output_tokens=2)
+    run = Run(Path("r"), {}, [*refused, ok], {})
+    (series,) = next(f for f in over_time(run) if f.id == "inflight_over_time").series
+    # ok is in flight from 0 s to 1 s; each refused one comes and goes at its send (0,
+    # 0.1, 0.2 s): up to 2 while one is counted, never below ok's 1 before 1 s
+    assert series.xy == [(0.0, 0.0), (0.0, 1.0), (0.0, 2.0), (0.0, 1.0), (0.1, 2.0), (0.1, 1.0), (0.2, 2.0), (0.2, 1.0), (1.0, 0.0)]
+
+
+def test_time_plots_start_at_the_first_measured_send_not_the_first_warm_up() -> None:
+    """The records' clock starts at the first warm-up send: a run whose measured requests
+    were sent from 16 s on drew them from 16 s on "seconds since the first send"."""
+    from inferlab.report.html import over_time, timeline
+    from inferlab.results.records import RequestRecord
+
+    s = 10**9
+    # measured requests sent 16 s to 17.5 s into the run's clock, each 2 s long
+    recs = [RequestRecord(index=i, intended_send_ns=16 * s + i * s // 2, send_ns=16 * s + i * s // 2,
+                          ttfb_ns=17 * s + i * s // 2, content_ns=[17 * s + i * s // 2, 18 * s + i * s // 2],
+                          end_ns=18 * s + i * s // 2, output_tokens=2) for i in range(4)]
+    run = Run(Path("r"), {}, recs, {})
+    tokens, inflight = over_time(run)
+    # the first send is at 0, the last end at 3.5 s after it
+    assert [x for x, _ in inflight.series[0].xy] == [0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
+    xs = [x for x, _ in tokens.series[0].xy]
+    assert 0 < xs[0] < 0.1 and 3.4 < xs[-1] < 3.5
+    segments = [seg for b in timeline(run).bars for seg in b.segments]
+    assert min(a for a, *_ in segments) == 0.0 and max(b for _, b, *_ in segments) == 3.5
+    assert "first measured request" in inflight.xlabel and "first measured request" in timeline(run).xlabel
+    # the first one due 0.1 s before the client sent it: its grey bar starts at 0, not below
+    recs[0].intended_send_ns = 16 * s - s // 10
+    first = timeline(run).bars[0].segments
+    assert first[0][:3] == (0.0, 0.1, "#bbbbbb") and over_time(run)[1].series[0].xy[:2] == [(0.0, 0.0), (0.1, 1.0)]
+
+
+def test_the_output_never_replaces_a_file_the_report_reads_nor_unasked_a_file_that_is_not_a_report(sweep: Path, tmp_path: Path) -> None:
+    """-o wrote over any file: `report RUN -o RUN/requests.jsonl` replaced the run's own
+    records with HTML."""
+    run = tmp_path / "run"
+    shutil.copytree(sweep / "c1", run)
+    records = (run / "requests.jsonl").read_bytes()
+    (tmp_path / "link.html").symlink_to(run / "requests.jsonl")
+    for out, extra in ((run / "requests.jsonl", []), (run / "requests.jsonl", ["--overwrite"]), (tmp_path / "link.html", ["--overwrite"]),
+                       (run / "summary.json", ["--overwrite"])):
+        p = inferlab("report", str(run), "-o", str(out), *extra)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert "one of the files the report reads" in p.stderr
+    assert (run / "requests.jsonl").read_bytes() == records
+    # a sweep's point's file, reached through the sweep
+    p = inferlab("report", str(sweep), "-o", str(sweep / "c4" / ".." / "c16" / "config.json"), "--overwrite")
+    assert p.returncode == 2 and "one of the files the report reads" in p.stderr
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    p = inferlab("report", str(run), "-o", str(notes))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--overwrite" in p.stderr
+    assert notes.read_text() == "mine\n"
+    assert inferlab("report", str(run), "-o", str(notes), "--overwrite").returncode == 0
+    assert notes.read_text().startswith("<!DOCTYPE html>")
+    # a report is replaced without asking (report.html, the default, made again), also
+    # one written before reports carried their generator tag (its last line says it)
+    assert inferlab("report", str(run), "-o", str(notes)).returncode == 0
+    old = tmp_path / "old.html"
+    old.write_text("<!DOCTYPE html>\n<html><body>" + "x" * 5000 + '<p class="what">Made by inferlab report: one file, nothing fetched.</p>\n</body></html>\n')
+    assert inferlab("report", str(run), "-o", str(old)).returncode == 0
+
+
+def test_run_folders_named_with_an_equals_sign_keep_their_names(sweep: Path, tmp_path: Path) -> None:
+    """A folder "vllm tp=2" was an internal error (IndexError: its label split on "=" word
+    by word), and "run-ms=256" was labelled "256": a label is cut to its values only for
+    a sweep's point, from the parameters its sweep.json records."""
+    named = [tmp_path / "vllm tp=2", tmp_path / "run-ms=256"]
+    for d, src in zip(named, ("c1", "c4"), strict=True):
+        shutil.copytree(sweep / src, d)
+    out = tmp_path / "r.html"
+    p = inferlab("report", *map(str, named), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    html = out.read_text()
+    for fig in ("ttft_vs_tok", "pareto"):
+        drawn = html.split(f'id="{fig}"', 1)[1].split("</figure>", 1)[0]
+        texts = re.findall(r'<text class="tick"[^>]*>([^<]*)</text>', drawn)
+        assert [t for t in texts if not re.fullmatch(r"[\d,.]+[kM]?", t)] == ["vllm tp=2", "run-ms=256"], fig  # (not the ticks)
+
+
+def _point(load: int, tok_s: float, ttft_p50: float, label: str = "", group: str = "input_tokens=512", sweep: bool = True) -> object:
+    from inferlab.report.html import Point
+
+    summary = {"output_token_throughput_tps": tok_s, "request_throughput_rps": tok_s / 100,
+               "ttft_ms": {"p50": ttft_p50, "p99": 2 * ttft_p50}, "tpot_ms": {"p50": 10.0, "p99": 20.0}}
+    config = {"load": {"schedule": {"kind": "ClosedLoop", "concurrency": load}}}
+    point = Point(Run(Path(label or f"c{load}"), summary, [], config, label=label or f"c{load}"), group, float(load) if sweep else None)
+    point.params = {"concurrency": load, "input_tokens": "512"} if sweep else None
+    return point
+
+
+def test_a_curve_joins_its_points_in_load_order_not_throughput_order() -> None:
+    """Past saturation throughput falls as load rises: c=64 made less than c=16. The line
+    went c=4, c=64, c=16 (by throughput); the docs say by load."""
+    from inferlab.report.html import curves
+
+    points = [_point(64, 1000.0, 750.0), _point(4, 500.0, 60.0), _point(16, 1700.0, 130.0),
+              _point(4, 450.0, 200.0, group="input_tokens=2048"), _point(16, 1100.0, 420.0, group="input_tokens=2048")]
+    ttft_vs_tok = next(f for f in curves(points) if f.id == "ttft_vs_tok")  # type: ignore[arg-type]
+    lines = {s.name: s for s in ttft_vs_tok.series}
+    assert lines["TTFT p50 (input_tokens=512)"].xy == [(500.0, 60.0), (1700.0, 130.0), (1000.0, 750.0)]
+    assert lines["TTFT p99 (input_tokens=512)"].labels == ["c=4", "c=16", "c=64"]
+    assert lines["TTFT p50 (input_tokens=2048)"].xy == [(450.0, 200.0), (1100.0, 420.0)]
+
+
+def test_pareto_points_of_several_runs_are_named_not_all_c16() -> None:
+    from inferlab.report.html import RUNS_GROUP, pareto
+
+    given = [_point(16, t, 100.0, label=name, group=RUNS_GROUP, sweep=False) for name, t in (("vllm", 900.0), ("sglang", 1000.0), ("trt", 1100.0))]
+    assert pareto(given, None).series[0].labels == ["vllm", "sglang", "trt"]  # type: ignore[arg-type]
+    # two groups of a sweep: each point's values
+    groups = [_point(4, 500.0, 60.0), _point(4, 450.0, 200.0, group="input_tokens=2048")]
+    groups[1].params["input_tokens"] = "2048"  # type: ignore[attr-defined]
+    assert pareto(groups, None).series[0].labels == ["4/512", "4/2048"]  # type: ignore[arg-type]
+    # one group: its load
+    one = [_point(4, 500.0, 60.0), _point(16, 1700.0, 130.0)]
+    assert pareto(one, None).series[0].labels == ["c=4", "c=16"]  # type: ignore[arg-type]
+
+
+def test_the_clients_own_measurements_are_never_titled_a_prediction() -> None:
+    """A bench run against the simulated server is a prediction, but its client's loop lag
+    and CPU were measured on the machine that ran it: the plot was titled "(prediction)"."""
+    from inferlab.report.html import Report, render
+    from inferlab.results.records import RequestRecord
+
+    s = 10**9
+    client = {"bottleneck": False, "processes": [{"role": "main", "timeline": [[1.5, 0.02], [0.7, 0.03]]}]}
+    config = {"command": "bench", "resolved": {"url": "http://127.0.0.1:1/v1", "engine": {"tensor_parallel_size": 1}}}
+    ok = RequestRecord(index=0, send_ns=0, ttfb_ns=s // 10, content_ns=[s // 10, s // 5], end_ns=s // 5, output_tokens=2, input_tokens=10)
+    html = render(Report("t", [Run(Path("b"), {"client": client}, [ok], config, label="b")]))
+    titles = dict(re.findall(r'<figure class="plot[^"]*" id="([a-z_]+)"><h3>([^<]*)</h3>', html))
+    assert titles["timeline"].endswith("(prediction)")  # (the run itself is the simulator's)
+    assert "prediction" not in titles["client"]
+    drawn = html.split('id="client"', 1)[1].split("</figure>", 1)[0]
+    assert "main: loop lag (ms), max per second" in drawn
+
+
+def test_a_single_run_page_says_how_many_failed_and_why() -> None:
+    """A run with 3 of 5 requests failed: the page said so only in the failed (%) row. Now
+    compare's warning, the failures by kind, CDFs over "completed requests (3 failed left
+    out)", and a legend entry and a visible mark on the timeline for a failure at once."""
+    from inferlab.report.html import Report, render
+    from inferlab.results.records import ErrorKind, RequestRecord
+
+    s = 10**9
+    ok = [RequestRecord(index=i, send_ns=i * s, ttfb_ns=i * s + s // 10, content_ns=[i * s + s // 10, i * s + s // 5],
+                        end_ns=i * s + s // 5, output_tokens=2, input_tokens=10) for i in range(2)]
+    refused = [RequestRecord(index=2 + i, send_ns=(2 + i) * s, status=400, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 400: too long")
+               for i in range(2)]
+    timed_out = RequestRecord(index=4, send_ns=4 * s, ttfb_ns=4 * s + s // 10, content_ns=[4 * s + s // 10],
+                              error_kind=ErrorKind.TIMEOUT, error="request took over 3 s")
+    html = render(Report("t", [Run(Path("f"), {}, [*ok, *refused, timed_out], {"timeout_s": 3.0}, label="f")]))
+    assert "warning: f: 3 of 5 requests failed; its latencies and tokens/s are over the 2 that completed" in html
+    assert "<tr><td>failed, by kind</td><td>http_status 2, timeout 1</td></tr>" in html
+    for cdf in ("cdf_ttft", "cdf_e2e"):
+        assert "share of completed requests (3 failed left out)" in html.split(f'id="{cdf}"', 1)[1].split("</figure>", 1)[0]
+    timeline = html.split('id="timeline"', 1)[1].split("</figure>", 1)[0]
+    assert "#cc3333" in timeline.split('<div class="legend">', 1)[1] and "failed" in timeline.split('<div class="legend">', 1)[1]
+    # the two refused at once last no time; drawn 3 px wide
+    widths = [float(w) for w, what in re.findall(r'<rect class="mark" x="[^"]*" y="[^"]*" width="([^"]*)"[^>]*><title>([^<]*)</title>', timeline)
+              if "HTTP 400" in what]
+    assert len(widths) == 2 and min(widths) >= 3
+
+
+def test_a_summary_json_that_is_not_the_records_is_recomputed_and_said(sweep: Path, tmp_path: Path) -> None:
+    """summary.json was never checked against requests.jsonl: with the records emptied
+    the table showed the summary's 48 requests; with summary.json {} it showed "? / ?"
+    and nan beside 48 records."""
+    lines = (sweep / "c4" / "requests.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    done = [r for r in records if r["error_kind"] is None and r["end_ns"] is not None]
+    ttft_p50 = statistics.median((r["content_ns"][0] - r["send_ns"]) / 1e6 for r in done)
+
+    def table(html: str) -> dict[str, str]:
+        rows = re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", html.split('<table class="summary">', 1)[1].split("</table>", 1)[0])
+        return dict(rows)
+
+    blank = tmp_path / "blank"
+    shutil.copytree(sweep / "c4", blank)
+    (blank / "summary.json").write_text("{}")
+    out = tmp_path / "blank.html"
+    assert inferlab("report", str(blank), "-o", str(out)).returncode == 0
+    html = out.read_text()
+    assert table(html)["requests completed / failed"] == f"{len(done)} / 0"
+    assert float(table(html)["TTFT p50 (ms)"].replace(",", "")) == pytest.approx(ttft_p50, abs=0.01)
+    assert f"summary.json has no request counts (requests.jsonl holds {len(records)}: {len(done)} completed, 0 failed)" in html
+
+    emptied = tmp_path / "emptied"
+    shutil.copytree(sweep / "c4", emptied)
+    (emptied / "requests.jsonl").write_text("")
+    out = tmp_path / "emptied.html"
+    assert inferlab("report", str(emptied), "-o", str(out)).returncode == 0
+    html = out.read_text()
+    assert table(html)["requests completed / failed"] == "0 / 0"
+    assert f"summary.json counts {len(records)} requests, {len(done)} completed, 0 failed; requests.jsonl holds 0, 0 completed, 0 failed" in html
+
+
+def _runs(n: int, *, simulated: bool = False, prefix: str = "r", requests: int = 1) -> list[Run]:
+    """``n`` runs of ``requests`` completed requests each, run i's TTFT (i + 1) × 10 ms."""
+    from inferlab.results.records import RequestRecord
+
+    config = {"command": "sim run", "engine": {"tensor_parallel_size": 1}} if simulated else {}
+    runs = []
+    for i in range(n):
+        ttft = (i + 1) * 10**7
+        recs = [RequestRecord(index=k, send_ns=k * 10**9, ttfb_ns=k * 10**9 + ttft + k, content_ns=[k * 10**9 + ttft + k, k * 10**9 + 2 * ttft],
+                              end_ns=k * 10**9 + 2 * ttft, output_tokens=2, input_tokens=10) for k in range(requests)]
+        summary = {"output_token_throughput_tps": float(i), "tpot_ms": {"p50": 10.0}, "ttft_ms": {"p50": 10.0 * (i + 1)}}
+        runs.append(Run(Path(f"{prefix}{i}"), summary, recs, config, label=f"{prefix}{i}"))
+    return runs
+
+
+def _figure(html: str, fig: str) -> str:
+    return html.split(f'id="{fig}"', 1)[1].split("</figure>", 1)[0]
+
+
+def _legend(html: str, fig: str) -> list[str]:
+    return re.findall(r'<span class="key"><i [^>]*></i>([^<]*)</span>', _figure(html, fig).split('<div class="legend">', 1)[1])
+
+
+def test_the_cdfs_always_draw_the_focus_run() -> None:
+    """A sweep of 10 points whose focus (the highest throughput) is the last: the CDFs,
+    cut to the first 8 runs, left out the run the page says its plots show."""
+    from inferlab.report.html import Report, render
+    from inferlab.results.sources import Sweep, SweepPoint
+
+    runs = _runs(10)
+    sweep = Sweep(Path("s"), {"points": []}, [SweepPoint({"concurrency": i}, 0, "done", r, f"c{i}") for i, r in enumerate(runs)])
+    html = render(Report("t", [sweep]))
+    assert "Single-run plots show r9 (the sweep&#x27;s highest output throughput)" in html
+    names = _legend(html, "cdf_ttft")
+    assert names == ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r9"]
+    assert "CDF of TTFT (ms) (first 7 of 10 runs, and r9)" in html
+
+
+def test_the_page_says_where_lines_are_thinned() -> None:
+    """The in-flight line over 800 sends and ends draws per-slice peaks, and a CDF over
+    800 requests or more draws every k-th: the captions say so."""
+    from inferlab.report.html import Report, render
+
+    html = render(Report("t", _runs(1, requests=1000)))
+    assert "2,000 sends and ends, more than the 800 drawn one by one: each step is the most in flight in one of 400 slices" in _figure(html, "inflight_over_time")
+    assert "Each line is drawn from about 400 of its values (one in 2 at most, and the largest)" in _figure(html, "cdf_ttft")
+    few = render(Report("t", _runs(1, requests=10)))
+    assert "<figcaption>" not in _figure(few, "cdf_ttft") and "<figcaption>" not in _figure(few, "inflight_over_time")
+
+
+def test_a_mixed_report_names_the_predicted_series() -> None:
+    """Measured and simulated runs side by side: the plots' titles said "some runs are
+    predictions", and no legend said which."""
+    from inferlab.report.html import Report, render
+
+    measured, sim = _runs(1, prefix="m")[0], _runs(1, simulated=True, prefix="s")[0]
+    sim.summary["latency_breakdown"] = {"source": "the server's timeline", "prefill_ms": {"mean": 5.0, "p50": 5.0, "p90": 6.0}}
+    html = render(Report("t", [measured, sim]))
+    assert _legend(html, "cdf_ttft") == ["m0", "s0 (prediction)"]
+    assert _legend(html, "pareto") == ["runs", "runs (prediction)", "Pareto front"]
+    assert _legend(html, "ttft_vs_tok") == ["TTFT p50", "TTFT p99", "TTFT p50 (prediction)", "TTFT p99 (prediction)"]
+    assert "(prediction)" not in "".join(_legend(render(Report("t", [measured, _runs(1, prefix="n")[0]])), "cdf_ttft"))
+    # a simulated focus run's breakdown is the simulator's
+    assert "<h2>Where the time went (s0) (prediction)</h2>" in render(Report("t", [sim, measured]))
+
+
+def test_no_value_is_a_dash_not_nan_and_long_names_are_not_clipped(tmp_path: Path) -> None:
+    """A run with no duration or TPM showed "nan" in the table; a long run name ran out of
+    its plot's legend (one unbreakable line) and beside a point past the plot's edge."""
+    from inferlab.report.html import Report, render
+
+    long = "meta-llama_Llama-3.1-405B-Instruct-FP8-dynamic-tp8-pp2-maxnumseqs1024-chunked-prefill-8192-" * 2
+    runs = _runs(2)
+    runs[0].label = long
+    runs[0].summary.update(duration_s=None, output_tpm=None)
+    html = render(Report("t", runs))
+    table = html.split('<table class="summary">', 1)[1].split("</table>", 1)[0]
+    assert "nan" not in table
+    assert "<tr><td>duration (s)</td><td>—</td>" in table and "<tr><td>output tokens/min (TPM)</td><td>—</td>" in table
+    # beside its Pareto point: its first 31 characters and an ellipsis (the tooltip has it whole)
+    assert f">{long[:31]}…</text>" in _figure(html, "pareto") and f"<title>{long}:" in _figure(html, "pareto")
+    if browser is None:
+        return
+    page = tmp_path / "long.html"
+    page.write_text(html)
+    # every legend key within its plot's box
+    out = open_page(page, ["Array.from(document.querySelectorAll('figure.plot')).flatMap(f => Array.from(f.querySelectorAll('.key'))"
+                           ".map(k => [f.id, Math.round(k.getBoundingClientRect().right - f.getBoundingClientRect().right)]))"],
+                    browser=browser)
+    overflow = [(fig, px) for fig, px in out.values[0] if px > 0]
+    assert out.values[0] and overflow == []

@@ -97,6 +97,7 @@ def _labels(args: tuple[str, ...]) -> list[str]:
 @click.option("--png", "png_dir", type=click.Path(file_okay=False), help="Also write each plot as a PNG in this folder (drawn by headless Chromium: $INFERLAB_CHROMIUM, or chromium on PATH).")
 @click.option("--gpus", type=click.IntRange(min=1), help="GPUs behind the target, for tokens/s per GPU (default: the engine's tensor-parallel size when the run records it, else 1, and the report says so).")
 @click.option("--title", help="The report's title (default: from the sources).")
+@click.option("--overwrite", is_flag=True, help="Replace a file at -o that is not a report (a report is replaced without it; a file the report reads, never).")
 @history_option
 def report_cmd(**kw: Any) -> None:
     """One self-contained HTML file (no network fetch) of the plots of runs and sweeps:
@@ -109,14 +110,20 @@ def _report(kw: dict[str, Any]) -> int:
     from pathlib import Path
 
     from inferlab.report.compare import build, side_of
-    from inferlab.report.html import Report, render
-    from inferlab.results.sources import Run, load
+    from inferlab.report.html import Report, is_report, render
+    from inferlab.results.sources import Run, files_read, load
 
     out = Path(kw["output"])
     check_output_folder(out)
     paths = resolve_runs(kw["sources"], kw["history"])
     labels = _labels(kw["sources"])
     sources = [load(p) for p in paths]
+    # never over a file of a source, --overwrite or not (a run's requests.jsonl was lost so)
+    if (target := out.resolve()) in {f.resolve() for src in sources for f in files_read(src)}:
+        where = "" if target == out.absolute() else f" ({target})"
+        raise UsageError(f"-o {out}{where} is one of the files the report reads: give another path")
+    if out.is_file() and not kw["overwrite"] and not is_report(out):
+        raise UsageError(f"-o {out} already exists and is not a report: give another path, or --overwrite")
     for src, label in zip(sources, labels, strict=True):
         if isinstance(src, Run):
             src.label = label

@@ -4,6 +4,7 @@ metric's change against the first run and whether it exceeds run-to-run noise
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -143,7 +144,7 @@ def build(sides: Sequence[Side]) -> Comparison:
 
 
 def fmt(v: float | None, unit: str) -> str:
-    if v is None:
+    if v is None or not math.isfinite(v):  # (no value: NaN printed "nan")
         return "—"
     if unit in ("tok/s",):
         return f"{v:,.0f}"

@@ -14,13 +14,16 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
 from typing import Any
 
-from inferlab.report.compare import Comparison, fmt, render_html_table
+from inferlab.report.compare import Comparison, Side, fmt, render_html_table
 from inferlab.report.svg import (
+    FAILED,
     PALETTE,
     Bar,
     Series,
@@ -32,7 +35,7 @@ from inferlab.report.sweep import band_lines, bands_short, unstopped_text
 from inferlab.results.compare import METRICS, summary_value
 from inferlab.results.metrics import left_ns, request_metrics
 from inferlab.results.provenance import describe_software, http_server_info, simulated_engine
-from inferlab.results.records import RequestRecord
+from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.sources import Run, Sweep
 
 #: Most requests the timeline draws (the first ones sent); the heading says when cut.
@@ -41,12 +44,20 @@ TIMELINE_MAX = 400
 SCATTER_MAX = 2000
 #: Most steps the requests-in-flight line draws.
 INFLIGHT_MAX = 800
+#: Most steps a CDF line draws (every k-th request's value, and the last).
+CDF_STEPS = 400
+#: A series' name's ending, in a report of measured and predicted runs, for the predicted.
+PREDICTED = " (prediction)"
+#: Most points of several runs or sweep groups named beside them (more: in the tooltips).
+NAMES_MAX = 6
 #: Points in a time series.
 TIME_BINS = 80
 LOAD_AXES = ("concurrency", "rate", "request_rate", "max_concurrency")
 RUNS_GROUP = "runs given"
 #: The timeline's colour for time in the server's queue (when the server says).
 SERVER_QUEUE = "#e8a0a0"
+#: The time axis of the focus run's plots (``time_zero``).
+XLABEL_TIME = "seconds since the first measured request"
 
 
 @dataclass
@@ -74,11 +85,13 @@ class Figure:
 
 @dataclass
 class Point:
-    """A run as a point on the curves: its group (the sweep parameters other than load)."""
+    """A run as a point on the curves: its group (the sweep parameters other than load),
+    and for a sweep's point its parameters (None: a run given by itself)."""
 
     run: Run
     group: str
     load: float | None
+    params: dict[str, Any] | None = None
 
 
 @dataclass
@@ -112,7 +125,7 @@ def points_of(sources: Sequence[Run | Sweep]) -> list[Point]:
                     continue
                 load = next((p.params[k] for k in axes if isinstance(p.params.get(k), (int, float))), None)
                 group = " ".join(f"{k}={v}" for k, v in p.params.items() if k not in axes) or src.path.name
-                out.append(Point(p.run, group, float(load) if load is not None else None))
+                out.append(Point(p.run, group, float(load) if load is not None else None, p.params))
         else:
             out.append(Point(src, RUNS_GROUP, None))
     return out
@@ -163,11 +176,14 @@ def _short(run: Run) -> str:
     return run.label
 
 
-def _values(run: Run) -> str:
-    """A short name for a run among others: a sweep point's values (32/2048), else its label."""
-    if "=" not in run.label:
-        return run.label
-    return "/".join(part.split("=", 1)[1] for part in run.label.split(" #")[0].split())
+def _values(point: Point) -> str:
+    """A short name for a point among others: a sweep point's values (32/2048), else its
+    run's label. Taken from the parameters the sweep recorded, never from a folder's
+    name: the sweep names its folders 001_c32_in2048, and a name a person gave a folder
+    ("vllm tp=2", "run-ms=256") is theirs to keep whole."""
+    if not point.params:
+        return point.run.label
+    return "/".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in point.params.values())
 
 
 def _num(v: Any) -> float:
@@ -180,34 +196,50 @@ def _dist(run: Run, key: str, stat: str) -> float:
 
 
 def curves(points: list[Point]) -> list[Figure]:
-    """Latency against throughput across points, one line per group (ordered by load)."""
+    """Latency against throughput across points, one line per group (ordered by load:
+    past saturation throughput falls as load rises, and the line turns back)."""
     groups: dict[str, list[Point]] = {}
     for p in points:
         groups.setdefault(p.group, []).append(p)
     if len(groups) > 1 and all(len({q.load for q in ps}) == 1 for ps in groups.values()):
         groups = {RUNS_GROUP: points}  # no load axis (a tune over engine flags): points, unjoined
+    many = len(groups) > 1
+    if len({p.run.simulated for p in points}) > 1:  # measured and predicted: each its own series, named so
+        groups = {f"{g}{kind}": sub for g, ps in groups.items() for kind, sub in _by_kind(ps)}
     figs = []
     for latency, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
         for xkey, xlabel, xid in (("output_token_throughput_tps", "output tokens/s", "tok"), ("request_throughput_rps", "requests/s", "req")):
             series = []
             for g, ps in groups.items():
-                # repeats of one load level: one point, their mean
-                levels: dict[object, list[Run]] = {}
+                given = ps[0].group == RUNS_GROUP
+                # repeats of one load level: one point, their mean (points drawn unjoined
+                # are not levels of one load: each its own)
+                levels: dict[object, list[Point]] = {}
                 for p in ps:
-                    levels.setdefault(p.load if p.load is not None else id(p.run), []).append(p.run)
-                order = sorted(levels.values(), key=lambda rs: statistics.fmean(_num(r.summary.get(xkey)) for r in rs))
+                    levels.setdefault(p.load if p.load is not None and not given else id(p), []).append(p)
+                # by load, those without one after them as given
+                ordered = sorted(levels.values(), key=lambda qs: (qs[0].load is None, qs[0].load or 0.0))
+                order = [[q.run for q in qs] for qs in ordered]
                 for stat in ("p50", "p99"):
                     xy = [(statistics.fmean(_num(r.summary.get(xkey)) for r in rs), statistics.fmean(_dist(r, latency, stat) for r in rs)) for rs in order]
                     titles = [f"{rs[0].label}{f' (mean of {len(rs)} repeats)' if len(rs) > 1 else ''}: {x:,.1f} {xlabel}, {label} {stat} {y:,.1f} ms"
                               for rs, (x, y) in zip(order, xy, strict=True)]
-                    name = f"{label} {stat}" + (f" ({g})" if len(groups) > 1 else "")
+                    kind = PREDICTED if g.endswith(PREDICTED) else ""
+                    name = f"{label} {stat}" + (f" ({g.removesuffix(kind)})" if many else "") + kind
                     # runs given one by one are not a curve: points, unjoined
                     # runs given one by one: their names while few enough to read (else in the tooltips)
-                    labels = ([_short(rs[0]) for rs in order] if g != RUNS_GROUP else
-                              [_values(rs[0]) for rs in order] if len(order) <= 6 else []) if stat == "p99" else []
-                    series.append(Series(name, xy, "points" if g == RUNS_GROUP else "line", titles=titles, labels=labels))
+                    labels = ([_short(rs[0]) for rs in order] if not given else
+                              [_values(qs[0]) for qs in ordered] if len(order) <= NAMES_MAX else []) if stat == "p99" else []
+                    series.append(Series(name, xy, "points" if given else "line", titles=titles, labels=labels))
             figs.append(Figure(f"{latency.split('_')[0]}_vs_{xid}", f"{label} (ms) against {xlabel}", series, xlabel, f"{label} ms"))
     return figs
+
+
+def _by_kind(points: list[Point]) -> list[tuple[str, list[Point]]]:
+    """``points`` as (name suffix, points): the measured ones, then the predicted ones
+    (their suffix ``PREDICTED``), each when there are any."""
+    return [(kind, sub) for kind, sub in (("", [p for p in points if not p.run.simulated]),
+                                          (PREDICTED, [p for p in points if p.run.simulated])) if sub]
 
 
 def pareto(points: list[Point], gpus: int | None) -> Figure:
@@ -223,9 +255,20 @@ def pareto(points: list[Point], gpus: int | None) -> Figure:
         x = 1000 / tpot if tpot > 0 else math.nan
         xy.append((x, y))
         titles.append(f"{p.run.label}: {x:,.1f} tok/s/user, {y:,.0f} tok/s/GPU")
-        labels.append(_short(p.run))
+    # one sweep group's points differ by load alone; points of several runs or groups,
+    # labelled by load, read alike ("c=16" three times): their names, while few enough
+    if len({p.group for p in points}) == 1 and points[0].group != RUNS_GROUP:
+        labels = [_short(p.run) for p in points]
+    elif len(points) <= NAMES_MAX:
+        labels = [_values(p) for p in points]
     front = pareto_front(xy)
-    series = [Series("runs", xy, "points", titles=titles, labels=labels), Series("Pareto front", front, "line", color="#D55E00")]
+    series = [Series("runs", xy, "points", titles=titles, labels=labels)]
+    if len({p.run.simulated for p in points}) > 1:  # measured and predicted: a series each, named so
+        at = {id(p): i for i, p in enumerate(points)}
+        series = [Series(f"runs{kind}", [xy[i] for i in keep], "points", PALETTE[2] if kind else PALETTE[0],  # (not the front's)
+                         titles=[titles[i] for i in keep], labels=[labels[i] for i in keep] if labels else [])
+                  for kind, sub in _by_kind(points) for keep in [[at[id(p)] for p in sub]]]
+    series.append(Series("Pareto front", front, "line", color="#D55E00"))
     return Figure("pareto", "Pareto front: tokens/s per GPU against tokens/s per user", series,
                   "tokens/s per user (1000 / TPOT p50)", "output tokens/s per GPU",
                   "GPUs: " + "; ".join(sorted(assumed)) + ". Per user: 1000 / median TPOT, the decode speed one stream sees.")
@@ -269,60 +312,101 @@ def ttft_vs_input(run: Run) -> Figure:
     return Figure("ttft_vs_input", f"TTFT against prompt length ({run.label})", series, "input tokens", "TTFT ms", note)
 
 
-def cdfs(runs: Sequence[Run]) -> list[Figure]:
+def failed_of(run: Run) -> list[RequestRecord]:
+    """Its failed requests as the summary counts them (cancelled ones, in flight at an
+    interruption, left out)."""
+    return [r for r in run.records if not r.ok and r.error_kind is not ErrorKind.CANCELLED]
+
+
+def error_kinds(run: Run) -> str:
+    """Its failed requests by kind, most first ("timeout 35, http_status 20"), else "—"."""
+    kinds = Counter(r.error_kind.value if r.error_kind else "no end recorded" for r in failed_of(run))
+    return ", ".join(f"{kind} {n:,}" for kind, n in kinds.most_common()) or "—"
+
+
+def cdfs(runs: Sequence[Run], focus: Run | None = None) -> list[Figure]:
+    """One line per run, the first 8; the focus run always among them (the page says
+    its plots show it)."""
+    drawn = list(runs[:len(PALETTE)])
+    cut = f" (first {len(drawn)} of {len(runs)} runs)" if len(runs) > len(drawn) else ""
+    if focus is not None and cut and all(r is not focus for r in drawn):
+        drawn[-1] = focus
+        cut = f" (first {len(drawn) - 1} of {len(runs)} runs, and {focus.label})"
+    mixed = len({r.simulated for r in drawn}) > 1
+    # over completed requests: a run that failed its slowest reads faster, so say how many
+    failed = sum(len(failed_of(r)) for r in drawn)
+    ylabel = f"share of completed requests ({failed:,} failed left out)" if failed else "share of requests"
     figs = []
     for name, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
-        series = []
-        for run in runs[:len(PALETTE)]:
+        series, thinned = [], 0
+        for run in drawn:
             xs = sorted(v for r in run.records if r.ok and (v := getattr(request_metrics(r), name)) is not None)
             if xs:
-                step = max(1, len(xs) // 400)  # at most ~400 steps drawn
+                step = max(1, len(xs) // CDF_STEPS)  # at most ~CDF_STEPS steps drawn
+                thinned = max(thinned, step)
                 keep = [*range(0, len(xs), step), len(xs) - 1]
-                series.append(Series(run.label, [(xs[i], (i + 1) / len(xs)) for i in sorted(set(keep))], "step"))
-        cut = " (first 8 runs)" if len(runs) > len(PALETTE) else ""
-        figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}", series, f"{label} ms", "share of requests"))
+                series.append(Series(run.label + (PREDICTED if mixed and run.simulated else ""),
+                                     [(xs[i], (i + 1) / len(xs)) for i in sorted(set(keep))], "step"))
+        note = (f"Each line is drawn from about {CDF_STEPS} of its values (one in {thinned} at most, and the largest): "
+                "a step between two of them is not drawn." if thinned > 1 else "")
+        figs.append(Figure(f"cdf_{name.split('_')[0]}", f"CDF of {label} (ms){cut}", series, f"{label} ms", ylabel, note))
     return figs
 
 
+def time_zero(records: Sequence[RequestRecord]) -> int:
+    """Where the focus run's plots over time start: its first measured send, or the
+    earlier time one was due (the client sent it late; its grey bar starts there). The
+    records' clock starts at the first warm-up send: from there, a run with warm-ups
+    drew its measured requests from 16 s on."""
+    return min((min(r.send_ns, r.intended_send_ns if r.intended_send_ns is not None else r.send_ns)
+                for r in records if r.send_ns is not None), default=0)
+
+
 def over_time(run: Run) -> list[Figure]:
+    """Output tokens/s and requests in flight, on seconds since ``time_zero``."""
     done = [r for r in run.records if r.send_ns is not None]
     if not done:
         return [Figure("tokens_over_time", "Output tokens/s over time", []), Figure("inflight_over_time", "Requests in flight over time", [])]
     left = {id(r): left_ns(r, run.config) for r in done}
     end = max((left[id(r)] or r.send_ns or 0) for r in done)
-    start = min(r.send_ns or 0 for r in done)
+    start = time_zero(done)
     width = max((end - start) / TIME_BINS, 1)
     tokens = [0.0] * TIME_BINS
     for r in done:
         if r.content_ns:
             per = (r.output_tokens or len(r.content_ns)) / len(r.content_ns)
             for t in r.content_ns:
-                tokens[min(int((t - start) / width), TIME_BINS - 1)] += per
-    xs = [(start + (i + 0.5) * width) / 1e9 for i in range(TIME_BINS)]
+                tokens[min(max(int((t - start) / width), 0), TIME_BINS - 1)] += per
+    xs = [(i + 0.5) * width / 1e9 for i in range(TIME_BINS)]
     tok = Series("output tokens/s", [(x, v / (width / 1e9)) for x, v in zip(xs, tokens, strict=True)], "path")
-    events = sorted([(r.send_ns or 0, 1) for r in done] + [(gone, -1) for r in done if (gone := left[id(r)]) is not None])
-    level, steps = 0, [(start / 1e9, 0.0)]
+    # at one instant arrivals count before departures: a request refused at once (an HTTP
+    # 400, no byte) leaves at its send time, and counted first it took the level below 0
+    events = sorted([(r.send_ns or 0, 0, 1) for r in done] + [(gone, 1, -1) for r in done if (gone := left[id(r)]) is not None])
+    level, steps = 0, [(0.0, 0.0)]
+    note = ""
     if len(events) <= INFLIGHT_MAX:  # every change
-        for t, d in events:
+        for t, _, d in events:
             level += d
-            steps.append((t / 1e9, float(level)))
+            steps.append(((t - start) / 1e9, float(max(level, 0))))
     else:  # the most in flight in each of INFLIGHT_MAX / 2 slices (a peak is never hidden)
         slices = INFLIGHT_MAX // 2
         slice_ns = max((end - start) / slices, 1)
         peaks = [0] * slices  # each slice starts at the level the one before ended with
         k_now = 0
-        for t, d in events:
-            k = min(int((t - start) / slice_ns), slices - 1)
+        for t, _, d in events:
+            k = min(max(int((t - start) / slice_ns), 0), slices - 1)
             while k_now < k:
                 k_now += 1
                 peaks[k_now] = level
             level += d
             peaks[k] = max(peaks[k], level)
-        steps = [((start + k * slice_ns) / 1e9, float(v)) for k, v in enumerate(peaks)]
+        steps = [(k * slice_ns / 1e9, float(max(v, 0))) for k, v in enumerate(peaks)]
+        note = (f"{len(events):,} sends and ends, more than the {INFLIGHT_MAX} drawn one by one: each step is the most "
+                f"in flight in one of {slices} slices of {slice_ns / 1e9:,.3g} s (a peak is never hidden).")
     return [
-        Figure("tokens_over_time", f"Output tokens/s over time ({run.label})", [tok], "seconds since the first send", "output tokens/s"),
+        Figure("tokens_over_time", f"Output tokens/s over time ({run.label})", [tok], XLABEL_TIME, "output tokens/s"),
         Figure("inflight_over_time", f"Requests in flight over time ({run.label})", [Series("in flight", steps, "step")],
-               "seconds since the first send", "requests in flight"),
+               XLABEL_TIME, "requests in flight", note),
     ]
 
 
@@ -337,17 +421,22 @@ def timeline(run: Run) -> Figure:
     recs = recs[:TIMELINE_MAX]
     lengths = [r.input_tokens or r.requested_input_tokens or 0 for r in recs]
     lo, hi = (min(lengths), max(lengths)) if lengths else (0, 0)
+    zero = time_zero(run.records)  # (over_time's)
+
+    def at(ns: int) -> float:
+        return (ns - zero) / 1e9
+
     bars = []
     for row, (r, n) in enumerate(zip(recs, lengths, strict=True)):
         color = color_scale((n - lo) / (hi - lo) if hi > lo else 0.5)
-        send = (r.send_ns or 0) / 1e9
+        send = at(r.send_ns or 0)
         segs = []
         if r.intended_send_ns is not None and (r.send_ns or 0) > r.intended_send_ns:
-            segs.append((r.intended_send_ns / 1e9, send, "#bbbbbb", "queued in the client"))
-        first = r.content_ns[0] / 1e9 if r.content_ns else None
-        end = r.end_ns / 1e9 if r.end_ns is not None else None
+            segs.append((at(r.intended_send_ns), send, "#bbbbbb", "queued in the client"))
+        first = at(r.content_ns[0]) if r.content_ns else None
+        end = at(r.end_ns) if r.end_ns is not None else None
         if not r.ok and (gone := left_ns(r, run.config)) is not None:  # (drawn red from its last step on)
-            end = gone / 1e9
+            end = at(gone)
         scheduled = (r.server_timeline or {}).get("scheduled_ms")
         if first is not None and isinstance(scheduled, (int, float)) and send < send + scheduled / 1e3 < first:
             # the simulated server said when the engine took the request up
@@ -356,9 +445,9 @@ def timeline(run: Run) -> Figure:
         elif first is not None:
             segs.append((send, first, color, "waiting for the first token (queue + prefill)"))
         if first is not None and end is not None:
-            segs.append((first, end, "#cc3333" if not r.ok else color + "66", failed_text(r) if not r.ok else "decoding"))
+            segs.append((first, end, FAILED if not r.ok else color + "66", failed_text(r) if not r.ok else "decoding"))
         elif end is not None:
-            segs.append((send, end, "#cc3333" if not r.ok else color, failed_text(r) if not r.ok else "no streamed token"))
+            segs.append((send, end, FAILED if not r.ok else color, failed_text(r) if not r.ok else "no streamed token"))
         if segs:
             bars.append(Bar(row, segs, f"request {r.index}, {n:,} prompt tokens"))
     split = any(isinstance((r.server_timeline or {}).get("scheduled_ms"), (int, float)) for r in recs)
@@ -369,8 +458,11 @@ def timeline(run: Run) -> Figure:
               + f'<span class="key"><i style="background:{color_scale(0.5)}66"></i>decoding, faint</span>'
               f'<span class="key"><i style="background:linear-gradient(90deg,{color_scale(0)},{color_scale(1)})"></i>'
               f"prompt length {lo:,} → {hi:,} tokens</span>")
+    if any(not r.ok for r in recs):
+        legend += (f'<span class="key"><i style="background:{FAILED}"></i>failed: from its first token (or its send) to when '
+                   "the client gave up; one that failed at once as a thin mark</span>")
     title = f"Request timeline ({run.label}{f', first {TIMELINE_MAX} of {len(run.records)}' if cut else ''})"
-    return Figure("timeline", title, [], "seconds since the first send", "request (by send time)", bars=bars, legend=legend,
+    return Figure("timeline", title, [], XLABEL_TIME, "request (by send time)", bars=bars, legend=legend,
                   note="One bar per request. A long solid part under load is waiting (queueing, or a large prefill ahead of it: head-of-line blocking).")
 
 
@@ -382,14 +474,15 @@ def client_figure(run: Run) -> Figure | None:
     for p in client["processes"]:
         tl = p.get("timeline") or []
         name = str(p.get("role") or "process")
-        lag.append(Series(f"{name}: loop lag (ms)", [(float(i), _num(v[0])) for i, v in enumerate(tl)]))
+        lag.append(Series(f"{name}: loop lag (ms), max per second", [(float(i), _num(v[0])) for i, v in enumerate(tl)]))
         cpu.append(Series(f"{name}: CPU share ×100", [(float(i), _num(v[1]) * 100) for i, v in enumerate(tl)]))
     verdict = "the client was likely the bottleneck" if client.get("bottleneck") else "the client kept up"
     if client.get("bottleneck") is None:
         verdict = "no verdict on the client: the run was too short to tell"
     return Figure("client", f"The client watching itself: event-loop lag and CPU per second ({verdict})",
                   [*lag, *cpu], "second of the run", "ms / % of a core",
-                  "Loop lag is how late a 50 ms timer fired: what every timestamp taken then also waited. CPU share 100 = one core busy.")
+                  "Measured on this client, also against a simulated server. Loop lag is how late a 50 ms timer fired, "
+                  "the largest in each second: what every timestamp taken then also waited. CPU share 100 = one core busy.")
 
 
 def server_figure(run: Run) -> Figure | None:
@@ -427,7 +520,8 @@ def breakdown_table(run: Run) -> str:
             rows.append(f"<tr><td>{escape(label)}</td>{cells}</tr>")
     if not rows:
         return ""
-    return (f"<h2>Where the time went ({escape(run.label)})</h2><p>From {escape(str(b.get('source') or '?'))}.</p>"
+    return (f"<h2>Where the time went ({escape(run.label)}){PREDICTED if run.simulated else ''}</h2>"
+            f"<p>From {escape(str(b.get('source') or '?'))}.</p>"
             f'<table class="summary"><tr><th>part (ms)</th><th>mean</th><th>p50</th><th>p90</th></tr>{"".join(rows)}</table>')
 
 
@@ -448,8 +542,13 @@ def profile_section(sweep: Sweep) -> str:
                               describe_software(data.get("server_software")))
     where, cost = server.label, "predicted cost here" if server.simulated else "measured cost here"
     return (f"<h2>Profile: {escape(str(sweep.path))}</h2><p>Server: {escape(str(where))}; model {escape(str(data.get('model')))}; "
-            f"{_num(data.get('elapsed_s')):,.0f} s of a {_num(data.get('budget_s')):,.0f} s budget.</p>"
+            f"{_cell(_num(data.get('elapsed_s')), ',.0f')} s of a {_cell(_num(data.get('budget_s')), ',.0f')} s budget.</p>"
             f'<table class="profile"><tr><th>factor</th><th>{cost}</th><th>evidence</th></tr>{"".join(rows)}</table>')
+
+
+def _cell(v: float, spec: str) -> str:
+    """A number for a table cell, "—" for none (NaN was printed "nan")."""
+    return format(v, spec) if math.isfinite(v) else "—"
 
 
 def summary_table(runs: Sequence[Run]) -> str:
@@ -457,13 +556,15 @@ def summary_table(runs: Sequence[Run]) -> str:
     rows = []
     counts = [r.summary.get("counts") or {} for r in runs]
     rows.append("<tr><td>requests completed / failed</td>" + "".join(f"<td>{c.get('completed', '?')} / {c.get('failed', '?')}</td>" for c in counts) + "</tr>")
-    rows.append("<tr><td>duration (s)</td>" + "".join(f"<td>{_num(r.summary.get('duration_s')):,.2f}</td>" for r in runs) + "</tr>")
+    if any(failed_of(r) for r in runs):
+        rows.append("<tr><td>failed, by kind</td>" + "".join(f"<td>{escape(error_kinds(r))}</td>" for r in runs) + "</tr>")
+    rows.append("<tr><td>duration (s)</td>" + "".join(f"<td>{_cell(_num(r.summary.get('duration_s')), ',.2f')}</td>" for r in runs) + "</tr>")
     for m in METRICS:
         rows.append(f"<tr><td>{escape(m.label)} ({m.unit})</td>" + "".join(f"<td>{fmt(summary_value(r.summary, m), m.unit)}</td>" for r in runs) + "</tr>")
     for key, label, unit in (("itl_ms", "ITL p50", "ms"), ("queue_delay_ms", "client queue delay p99", "ms")):
         stat = "p99" if "queue" in key else "p50"
         rows.append(f"<tr><td>{label} ({unit})</td>" + "".join(f"<td>{fmt(_dist(r, key, stat), unit)}</td>" for r in runs) + "</tr>")
-    rows.append("<tr><td>output tokens/min (TPM)</td>" + "".join(f"<td>{_num(r.summary.get('output_tpm')):,.0f}</td>" for r in runs) + "</tr>")
+    rows.append("<tr><td>output tokens/min (TPM)</td>" + "".join(f"<td>{_cell(_num(r.summary.get('output_tpm')), ',.0f')}</td>" for r in runs) + "</tr>")
     return f'<table class="summary"><tr><th>metric (unit)</th>{head}</tr>{"".join(rows)}</table>'
 
 
@@ -543,7 +644,7 @@ def render(report: Report) -> str:
     focus, why = focus_run(report.sources)
     if focus is not None:
         figs.append(ttft_vs_input(focus))
-    figs += cdfs(runs)
+    figs += cdfs(runs, focus)
     if focus is not None:
         figs += over_time(focus)
         figs.append(timeline(focus))
@@ -555,14 +656,16 @@ def render(report: Report) -> str:
             figs.append(server)
     report.figures = figs
     # each plot says when what it draws is the simulator's (its PNG, --png, stands alone):
-    # the focus run's plots by that run, the others by every run they draw
-    focus_ids = {"ttft_vs_input", "tokens_over_time", "inflight_over_time", "timeline", "client", "server_metrics"}
+    # the focus run's plots by that run, the others by every run they draw; the client's
+    # own lag and CPU are measured on this machine, whatever server it ran against
+    focus_ids = {"ttft_vs_input", "tokens_over_time", "inflight_over_time", "timeline", "server_metrics"}
+    measured_ids = {"client"}
     drawn_sim = [r.simulated for r in runs]
     sections = []
     for f in figs:
         body = f.body or '<p class="empty">nothing to draw (no such values in this run)</p>'
         note = f'<figcaption>{escape(f.note)}</figcaption>' if f.note else ""
-        of = [focus.simulated] if focus is not None and f.id in focus_ids else drawn_sim
+        of = [] if f.id in measured_ids else [focus.simulated] if focus is not None and f.id in focus_ids else drawn_sim
         label = " (prediction)" if of and all(of) else " (some runs are predictions)" if any(of) else ""
         sections.append(f'<figure class="plot{"" if f.body else " empty"}" id="{f.id}"><h3>{escape(f.title + label)}</h3>{body}{note}</figure>')
     warnings = [w for r in runs[:8] for w in (r.summary.get("warnings") or [])]
@@ -575,6 +678,12 @@ def render(report: Report) -> str:
         "<h2>Summary</h2>", summary_table(runs[:12]),
         *([f"<p>Table: first 12 of {len(runs)} runs.</p>"] if len(runs) > 12 else []),
     ]
+    lines = [note for r in runs for note in r.notes]  # (a summary.json not the records': recomputed)
+    if report.comparison is None:  # (its section says these of each run it compares)
+        said = Comparison([Side(r.label, [r]) for r in runs[:12]])
+        lines += [*said.failure_lines(), *said.cache_lines()]
+    if lines:
+        parts.append("<ul>" + "".join(f'<li class="worse">warning: {escape(line)}</li>' for line in lines) + "</ul>")
     for src in report.sources:
         if isinstance(src, Sweep):
             parts.append(profile_section(src) if "profile" in src.index else sweep_section(src))
@@ -588,7 +697,7 @@ def render(report: Report) -> str:
     if focus is not None:
         parts += [f"<h2>Configuration ({escape(focus.label)})</h2>",
                   f"<pre>{escape(json.dumps(focus.config, indent=2, default=str))}</pre>"]
-    return DOC.format(title=escape(report.title), style=STYLE, body="\n".join(parts))
+    return DOC.format(title=escape(report.title), style=STYLE, body="\n".join(parts), generator=GENERATOR, footer=FOOTER)
 
 
 STYLE = """
@@ -597,19 +706,39 @@ h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd
 .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(600px,1fr));gap:18px;align-items:start}figure.plot{margin:0;padding:10px;border:1px solid #e3e3e3;border-radius:6px;background:#fff}
 figcaption{max-width:640px;color:#555;font-size:12px;margin-top:4px}
 svg{display:block;max-width:100%;height:auto}.grid{stroke:#eee}.axis{stroke:#888}.tick{font-size:11px;fill:#555}.label{font-size:12px;fill:#333}
-.legend{font-size:12px;max-width:640px}.key{margin-right:12px;white-space:nowrap}.key i{display:inline-block;width:18px;height:10px;margin-right:4px;vertical-align:middle}
+.legend{font-size:12px;max-width:640px}.key{display:inline-block;max-width:100%;margin-right:12px;overflow-wrap:anywhere}.key i{display:inline-block;width:18px;height:10px;margin-right:4px;vertical-align:middle}
 table{border-collapse:collapse;font-variant-numeric:tabular-nums}td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}
 table.profile td,table.profile th{text-align:left;vertical-align:top;max-width:560px}
 .worse{color:#b00020}.better{color:#1b7f3b}pre{background:#f6f6f6;padding:8px;overflow:auto;max-height:480px;font-size:12px}
 .empty{color:#888}.what{color:#444}
 """
 
+#: The ``<meta name="generator">`` of a report, which ``is_report`` looks for.
+GENERATOR = "inferlab report"
+#: The last line of a report (also in those written before the generator tag).
+FOOTER = "Made by inferlab report: one file, nothing fetched."
+
+
+def is_report(path: Path) -> bool:
+    """Whether the file at ``path`` is a report this command wrote (its generator tag
+    near the start, or its footer at the end): ``-o`` replaces one without asking."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(2048)
+            f.seek(max(0, f.seek(0, 2) - 2048))
+            tail = f.read()
+    except OSError:
+        return False
+    return f'<meta name="generator" content="{GENERATOR}">'.encode() in head or FOOTER.encode() in tail
+
+
 DOC = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
+<meta name="generator" content="{generator}">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
 <title>{title}</title><style>{style}</style></head>
 <body>
 {body}
-<p class="what">Made by inferlab report: one file, nothing fetched.</p>
+<p class="what">{footer}</p>
 </body></html>
 """

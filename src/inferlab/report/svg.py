@@ -17,6 +17,12 @@ WIDTH, HEIGHT = 640, 340
 MARGIN_L, MARGIN_R, MARGIN_T, MARGIN_B = 64, 16, 12, 44
 #: Series colours (colour-blind safe, Okabe–Ito).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+#: Most characters of a point's label drawn beside it.
+LABEL_MAX = 32
+#: A failed request's colour on the timeline; its bar is drawn at least FAILED_MIN_PX
+#: wide (a request refused at once lasts no time, and at the 0.6 px of others it hid).
+FAILED = "#cc3333"
+FAILED_MIN_PX = 3.0
 #: Sequential scale (low → high), viridis's anchors.
 SEQUENTIAL = ("#440154", "#3b528b", "#21918c", "#5ec962", "#fde725")
 
@@ -156,10 +162,14 @@ def xy_chart(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str, 
                 tip = escape(s.titles[k]) if k < len(s.titles) else f"{name}: {fmt_tick(x)}, {fmt_tick(y)}"
                 body.append(f'<circle class="mark" cx="{f.x(x):.1f}" cy="{f.y(y):.1f}" r="{r}" fill="{color}" fill-opacity="{0.9 if s.kind == "line" else 0.55}"><title>{tip}</title></circle>')
                 if k < len(s.labels) and s.labels[k]:
-                    right = f.x(x) > f.w - MARGIN_R - 50  # near the right edge: the text ends at the point
+                    # a long name cut (the tooltip has it whole); one that would pass the
+                    # right edge (about 6 px a character) ends at the point, if more fits there
+                    text = s.labels[k] if len(s.labels[k]) <= LABEL_MAX else s.labels[k][:LABEL_MAX - 1] + "…"
+                    room_right, room_left = f.w - MARGIN_R - f.x(x), f.x(x) - MARGIN_L
+                    right = 5 + 6 * len(text) > room_right and room_left > room_right
                     anchor = "end" if right else "start"
                     body.append(f'<text class="tick" x="{f.x(x) + (-5 if right else 5):.1f}" y="{f.y(y) - 5:.1f}" '
-                                f'text-anchor="{anchor}">{escape(s.labels[k])}</text>')
+                                f'text-anchor="{anchor}">{escape(text)}</text>')
     legend = "".join(
         f'<span class="key"><i style="background:{s.color or PALETTE[i % len(PALETTE)]}"></i>{escape(s.name)}</span>'
         for i, s in enumerate(series)
@@ -186,7 +196,7 @@ def timeline_chart(title: str, bars: Sequence[Bar], *, xlabel: str, legend: str)
     for b in bars:
         y = f.y(rows - b.row)  # first request on top
         for start, end, color, what in b.segments:
-            w = max(f.x(end) - f.x(start), 0.6)
+            w = max(f.x(end) - f.x(start), FAILED_MIN_PX if color == FAILED else 0.6)
             body.append(f'<rect class="mark" x="{f.x(start):.1f}" y="{y:.1f}" width="{w:.1f}" height="{max(band * 0.8, 0.8):.2f}" fill="{color}">'
                         f"<title>{escape(b.title)}: {escape(what)} {fmt_tick(start)}–{fmt_tick(end)}</title></rect>")
     return f'{svg(f, "".join(body), title)}<div class="legend">{legend}</div>'

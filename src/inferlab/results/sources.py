@@ -2,7 +2,8 @@
 
 A *run* is any folder with a ``requests.jsonl`` (a bench run, a ``sim run``, or anything
 that writes the same records); its ``summary.json`` and ``config.json`` are read when
-present, and the summary is computed from the records when it is missing. A *sweep* is
+present, and the summary is computed from the records when it is missing, or when its
+request counts are not those of the records (a summary of another run, or ``{}``). A *sweep* is
 a folder with a ``sweep.json`` (``format`` ``inferlab.sweep/1``): its points, each a run
 directory relative to it, with the parameters that point ran with.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 from inferlab._errors import UsageError
 from inferlab.results.provenance import ServerInfo, server_info
-from inferlab.results.records import RequestRecord
+from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import read_records
 from inferlab.results.summary import summarize
 from inferlab.results.telemetry import SERVER_METRICS_FILE
@@ -37,10 +38,12 @@ class Run:
     summary: dict[str, Any]
     records: list[RequestRecord]
     config: dict[str, Any]
-    summary_computed: bool = False  # no summary.json: computed here from the records
+    summary_computed: bool = False  # computed here from the records (no summary.json, or not theirs)
     label: str = ""
     # the server's /metrics sampled during the run (server_metrics.jsonl), oldest first
     server_series: list[dict[str, Any]] = field(default_factory=list)
+    # what a reader should know of how it was read (a summary.json recomputed), in words
+    notes: list[str] = field(default_factory=list)
 
     @property
     def server(self) -> ServerInfo:
@@ -89,16 +92,35 @@ def load_run(path: str | os.PathLike[str], label: str | None = None) -> Run:
     everything = list(read_records(requests))
     records = [r for r in everything if not r.warmup]
     config = _read_json(d / "config.json") if (d / "config.json").exists() else None
-    computed = False
-    if (d / "summary.json").exists():
-        summary = _read_json(d / "summary.json")
-    else:  # (from every record: the summary counts the warm-ups it leaves out)
-        summary = summarize(everything, config=config or {}).to_json()
-        computed = True
+    summary = _read_json(d / "summary.json") if (d / "summary.json").exists() else None
+    # a summary.json whose counts are not the records' is not theirs (an earlier run's,
+    # a file emptied or cut short): its numbers would be shown as this run's
+    why = "" if summary is None else counts_disagree(summary, records)
+    notes = [f"{d / 'summary.json'} {why}: the summary is recomputed from requests.jsonl"] if why else []
+    computed = summary is None or bool(why)
+    if summary is None or why:  # (from every record: the summary counts the warm-ups it leaves out)
+        old = summary or {}
+        config = config if config is not None else old.get("config") if isinstance(old.get("config"), dict) else {}
+        summary = summarize(everything, config=config, interrupted=old.get("interrupted") is True).to_json()
     if config is None:
         config = summary.get("config") or {}
     series = _read_jsonl(d / SERVER_METRICS_FILE) if (d / SERVER_METRICS_FILE).exists() else []
-    return Run(d, summary, records, config, computed, label if label is not None else d.name, series)
+    return Run(d, summary, records, config, computed, label if label is not None else d.name, series, notes)
+
+
+def counts_disagree(summary: Mapping[str, Any], records: list[RequestRecord]) -> str:
+    """How a summary's request counts differ from those of the run's measured ``records``
+    (warm-ups left out), in words; empty when they agree."""
+    completed = sum(1 for r in records if r.ok)
+    failed = sum(1 for r in records if not r.ok and r.error_kind is not ErrorKind.CANCELLED)
+    counts = summary.get("counts")
+    said = [counts.get(k) if isinstance(counts, Mapping) else None for k in ("total", "completed", "failed")]
+    if not all(isinstance(n, int) for n in said):
+        return f"has no request counts (requests.jsonl holds {len(records):,}: {completed:,} completed, {failed:,} failed)"
+    if said == [len(records), completed, failed]:
+        return ""
+    return (f"counts {said[0]:,} requests, {said[1]:,} completed, {said[2]:,} failed; requests.jsonl holds "
+            f"{len(records):,}, {completed:,} completed, {failed:,} failed")
 
 
 def load_profile(path: str | os.PathLike[str]) -> Sweep:
@@ -166,6 +188,14 @@ def load(path: str | os.PathLike[str]) -> Run | Sweep:
     if (d / PROFILE_FILE).exists():
         return load_profile(d)
     return load_run(d)
+
+
+def files_read(src: Run | Sweep) -> list[Path]:
+    """The files reading ``src`` takes from its folders (those there or not yet there: a
+    file written to one of them would be read next time as part of the run)."""
+    if isinstance(src, Sweep):
+        return [src.path / "sweep.json", src.path / PROFILE_FILE, *(f for run in src.runs for f in files_read(run))]
+    return [src.path / name for name in ("requests.jsonl", "summary.json", "config.json", SERVER_METRICS_FILE)]
 
 
 def point_label(params: Mapping[str, Any], repeat: int = 0) -> str:
