@@ -721,7 +721,10 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     )
 
 
-def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+def _kv_full(run: _Run) -> list[str]:
+    """What says a run's KV cache was full, in words: preemptions (the server's
+    /metrics, the simulated server's timeline per request, or a sim run's own count in
+    its summary), or KV usage up to ``KV_PRESSURE`` (/metrics); empty where nothing does."""
     m = run.summary.server_metrics
     preempted = sum(int((r.server_timeline or {}).get("preemptions") or 0) for r in run.records)
     parts = []
@@ -733,8 +736,16 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
             parts.append(f"KV cache up to {kv.max:.0%} full (/metrics)")
     if preempted and not parts:
         parts.append(f"{preempted} preemptions (the simulated server's timeline)")
+    counted = run.summary.prediction.get("preemptions") if isinstance(run.summary.prediction, dict) else None
+    if not parts and isinstance(counted, int) and counted > 0:
+        parts.append(f"{counted:,} preemptions (the simulated engine's count)")
+    return parts
+
+
+def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    parts = _kv_full(run)
     if not parts and w.available and run.config.get("command") == "sim run":
-        # a sim run keeps no timeline per request: its engine's own count, on a rerun
+        # a sim run written before its summary kept the engine's count: a rerun's
         engine_run = w.simulate().result.engine
         if engine_run is not None and engine_run.preemptions_total > 0:
             parts.append(f"{engine_run.preemptions_total:,} preemptions (the simulated engine's count)")
@@ -757,16 +768,8 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     if not parts:
         return None
     family = str((engine or {}).get("engine_family") or "vllm")
-    fixed = (engine or {}).get("num_gpu_blocks_override") is not None  # (a pool of N blocks: no dtype or share moves it)
     flags = run.flags()
-    halves = (engine is None or engine.get("kv_cache_dtype") in (None, "auto")) and bool(flags.kv_fp8) and not fixed
-    room = [flags.kv_fp8 if halves else "", flags.kv_share, flags.kv_limits]
-    if family == "lmdeploy":  # (its int8 KV is not simulated: named, no prediction)
-        room.insert(0, "int8 KV (--quant-policy 8; not simulated)")
-    change = "give the KV cache more room: " + ", ".join(r for r in room if r) + "; or a bigger GPU, or -tp 2"
-    if fixed and engine is not None:
-        change = (f"give the KV cache more room: more than the {engine['num_gpu_blocks_override']:,} blocks "
-                  "--num-gpu-blocks-override fixes (while it is given, no dtype, memory share or GPU changes the cache)")
+    change, halves = _kv_room(engine, flags)
     if held is not None:
         policy = ("scheduler_config capacity_scheduler_policy: MAX_UTILIZATION" if family == "trtllm"
                   else "the simulator's --capacity-scheduler-policy MAX_UTILIZATION")
@@ -788,6 +791,22 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         if tb and ta:
             rec.gains.append(_sim_gain("output tokens/s", "throughput", tb, ta, kind, fp8))
     return rec
+
+
+def _kv_room(engine: dict[str, Any] | None, flags: _EngineFlags) -> tuple[str, bool]:
+    """The change that gives an engine's KV cache more room, in its own flags, and
+    whether fp8 KV (half the bytes per token) is among them."""
+    family = str((engine or {}).get("engine_family") or "vllm")
+    fixed = (engine or {}).get("num_gpu_blocks_override") is not None  # (a pool of N blocks: no dtype or share moves it)
+    halves = (engine is None or engine.get("kv_cache_dtype") in (None, "auto")) and bool(flags.kv_fp8) and not fixed
+    room = [flags.kv_fp8 if halves else "", flags.kv_share, flags.kv_limits]
+    if family == "lmdeploy":  # (its int8 KV is not simulated: named, no prediction)
+        room.insert(0, "int8 KV (--quant-policy 8; not simulated)")
+    change = "give the KV cache more room: " + ", ".join(r for r in room if r) + "; or a bigger GPU, or -tp 2"
+    if fixed and engine is not None:
+        change = (f"give the KV cache more room: more than the {engine['num_gpu_blocks_override']:,} blocks "
+                  "--num-gpu-blocks-override fixes (while it is given, no dtype, memory share or GPU changes the cache)")
+    return change, halves
 
 
 def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
@@ -1065,14 +1084,14 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                 f"wait in its queue: output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs "
                 f"{pts[top]['output_tps']:,.0f} at {top}",
             ))
-        elif top > k and goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
-            out.append(Recommendation(
-                "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
-                f"output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs {pts[top]['output_tps']:,.0f} at {top}; TPOT {pts[k]['tpot_ms_p50']:.1f} → {pts[top]['tpot_ms_p50']:.1f} ms",
-                f"cap requests in flight at about {k}: a gateway's max concurrency, or {_flags(p.engine).seqs.format(n=k)}",
-                [Gain("TPOT p50 ms", pts[top]["tpot_ms_p50"], pts[k]["tpot_ms_p50"], measured),
-                 Gain("output tokens/s", pts[top]["output_tps"], pts[k]["output_tps"], measured)],
-            ))
+        elif top > k:
+            full = _ladder_kv_full(folder, dec.runs, k)
+            if full:  # (the cache, not the GPU, made the knee: a cap gives it no room)
+                out.append(_ladder_kv_rec(p, folder, full, pts, k, top))
+            elif goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
+                cap_rec = _ladder_cap_rec(p, pts, k, top, measured, dec.data.get("output_tokens"))
+                if cap_rec is not None:
+                    out.append(cap_rec)
     rc = p.factor("response_cache")
     if rc is not None and rc.measured and not rc.data.get("detected"):
         out.append(Recommendation(
@@ -1093,7 +1112,101 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                 "use a leaner chat template (the application or --chat-template)",
                 [Gain("TTFT ms of the template's tokens", cost, 0.0, f"{pre}estimate: its tokens × the {seen} prefill cost")],
             ))
-    return out, ["head_of_line", "prefix_caching", "concurrency_cap", "engine_cap", "response_cache", "template_overhead"]
+    return out, ["head_of_line", "prefix_caching", "concurrency_cap", "engine_cap", "kv_pressure", "response_cache", "template_overhead"]
+
+
+def _improves(g: Gain) -> bool:
+    """Whether a gain is one by ``MIN_GAIN`` at least: more of a throughput, less of a
+    time."""
+    pct = g.delta_pct
+    if pct is None:
+        return False
+    more = "tokens/s" in g.metric or "tok/s" in g.metric or "req/s" in g.metric
+    return pct >= 100 * MIN_GAIN if more else pct <= -100 * MIN_GAIN
+
+
+def _ladder_kv_full(folder: Path, runs: Sequence[str], knee_at: int) -> list[tuple[int, list[str], _Run]]:
+    """The decode ladder's runs at the knee's concurrency or past it whose KV cache was
+    full (``_kv_full``), lowest concurrency first: (concurrency, what says so, the run).
+    Runs no longer in the folder are left out."""
+    found = []
+    for name in runs:
+        with contextlib.suppress(InferlabError):
+            run = _Run.read(folder / name)
+            c = run.concurrency()
+            parts = _kv_full(run) if c is not None and c >= knee_at else []
+            if c is not None and parts:
+                found.append((int(c), parts, run))
+    return sorted(found, key=lambda f: f[0])
+
+
+def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _Run]], pts: dict[int, Any],
+                   k: int, top: int) -> Recommendation:
+    """The decode ladder's knee where its runs show the KV cache full: room for the
+    cache is the change (a cap on requests in flight would only queue the rest), with
+    a cache twice the size predicted at the top concurrency where the engine is simulated."""
+    flags = _flags(p.engine)
+    change, _ = _kv_room(p.engine, flags)
+    first, last = full[0], full[-1]
+    said = "; ".join(f"at concurrency {c}: {', '.join(parts)}" for c, parts, _ in (full if len(full) <= 2 else [first, last]))
+    rec = Recommendation(
+        "kv_pressure", "The KV cache is the limit past the knee: requests are preempted or wait for room",
+        f"output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs {pts[top]['output_tps']:,.0f} at {top}, "
+        f"TTFT p50 {pts[k]['ttft_ms_p50']:,.0f} → {pts[top]['ttft_ms_p50']:,.0f} ms, while the KV cache is full ({said})",
+        change + "; a cap on requests in flight gives the cache no room: it only makes the rest wait for a slot",
+    )
+    run = last[2]
+    w = WhatIf(run.dir, run.config)
+    if not w.available:
+        rec.note = f"no prediction: {w.why_not}"
+        return rec
+    base = w.simulate()
+    blocks = base.result.engine.num_kv_blocks if base.result.engine is not None else 0
+    if not blocks:
+        return rec
+    more = w.simulate({"num_gpu_blocks_override": 2 * blocks})
+    kind = _prediction(w, f"a KV cache twice the size ({2 * blocks:,} blocks), at concurrency {last[0]}")
+    sb, sm = base.result.summary, more.result.summary
+    if sb.ttft_ms is not None and sm.ttft_ms is not None:
+        rec.gains.append(_sim_gain(f"TTFT p50 ms at concurrency {last[0]}", "TTFT", sb.ttft_ms.p50, sm.ttft_ms.p50, kind, more))
+    if sb.output_token_throughput_tps and sm.output_token_throughput_tps:
+        rec.gains.append(_sim_gain(f"output tokens/s at concurrency {last[0]}", "throughput", sb.output_token_throughput_tps,
+                                   sm.output_token_throughput_tps, kind, more))
+    return rec
+
+
+def _ladder_cap_rec(p: Profile, pts: dict[int, Any], k: int, top: int, measured: str,
+                    output_tokens: Any) -> Recommendation | None:
+    """A cap on requests in flight at the decode ladder's knee ``k``, for the latency of
+    the running streams: what it gives (TPOT) and gives up (throughput), measured, and
+    what it costs the requests it holds back (TTFT, estimated); None where nothing it
+    gives is worth it (``_improves``)."""
+    at_k, at_top = pts[k], pts[top]
+    gains = [Gain("TPOT p50 ms", at_top["tpot_ms_p50"], at_k["tpot_ms_p50"], measured),
+             Gain("output tokens/s", at_top["output_tps"], at_k["output_tps"], measured)]
+    if not any(_improves(g) for g in gains):
+        return None
+    # the held-back requests wait for a slot: {top} users through {k} slots complete
+    # as {k} users do (Little's law), so each waits about (top/k - 1) answers at k
+    e2e_k = at_k.get("e2e_ms_p50")
+    if e2e_k is None and at_k.get("ttft_ms_p50") is not None and isinstance(output_tokens, int):
+        e2e_k = at_k["ttft_ms_p50"] + at_k["tpot_ms_p50"] * max(0, output_tokens - 1)
+    ttft_cost = ""
+    if e2e_k is not None and at_k.get("ttft_ms_p50") is not None and at_top.get("ttft_ms_p50") is not None:
+        capped = at_k["ttft_ms_p50"] + (top / k - 1) * e2e_k
+        gains.append(Gain(f"TTFT p50 ms of {top} users through {k} slots (the held-back requests wait for one)",
+                          at_top["ttft_ms_p50"], capped,
+                          f"estimate: Little's law, TTFT at {k} + ({top}/{k} − 1) × E2E p50 at {k} ({e2e_k:,.0f} ms)"))
+        ttft_cost = f"; a cap that queues the rest moves their wait into TTFT: about {capped:,.0f} ms p50 at {top} users"
+    return Recommendation(
+        "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
+        f"output {at_k['output_tps']:,.0f} tokens/s at concurrency {k} vs {at_top['output_tps']:,.0f} at {top}; "
+        f"TPOT {at_k['tpot_ms_p50']:.1f} → {at_top['tpot_ms_p50']:.1f} ms",
+        f"cap requests in flight at about {k}: a gateway's max concurrency, or {_flags(p.engine).seqs.format(n=k)}",
+        gains,
+        f"the cap gives the running streams their TPOT at {k}{ttft_cost}; a gateway that turns the rest away "
+        "(HTTP 503) instead keeps TTFT but refuses them",
+    )
 
 
 # --- a folder of runs ---------------------------------------------------------------------

@@ -534,6 +534,7 @@ class _Profiler:
                 "completed": s.counts.completed,
                 "tpot_ms_p50": None if s.tpot_ms is None else s.tpot_ms.p50,
                 "ttft_ms_p50": None if s.ttft_ms is None else s.ttft_ms.p50,
+                "e2e_ms_p50": None if s.e2e_ms is None else s.e2e_ms.p50,
                 "output_tps": s.output_token_throughput_tps,
                 "goodput_rps": s.goodput_rps,
                 "interrupted": pt.result.interrupted,
