@@ -633,3 +633,20 @@ def test_failures_of_several_causes_get_a_change_for_each(tmp_path: Path) -> Non
     first = advise(run).recommendations[0]
     assert first.rule == "failures" and "10 of 20 requests failed" in first.evidence
     assert "5 of them: the key's rate limits" in first.change and "5 of them: prompts (with their answers) longer" in first.change
+
+
+def test_an_open_loop_the_server_cannot_keep_up_with_is_told_to_lower_the_load_first(tmp_path: Path) -> None:
+    """20 req/s of 512/256-token requests on one L4, which completes under 4: the queue
+    grows all run long. advise put it down to a full KV cache (fp8 KV) with an E2E gain
+    that grew with the run's length; now the overload leads (a lower rate, replicas,
+    admission), and no other item quotes a TTFT or E2E gain, saying why. A rate the
+    server keeps up with gets no such item."""
+    over = sim_run_rules(tmp_path / "over", "--gpu", "L4", "-r", "20", "-n", "200", "--input-tokens", "512",
+                         "--output-tokens", "256")
+    assert next(iter(over)) == "overload", list(over)
+    assert "replicas" in over["overload"]["change"] and "admission" in over["overload"]["change"]
+    for rec in over.values():
+        assert not [g for g in rec["gains"] if g["metric_class"] in ("TTFT", "E2E")], rec
+    assert any("no TTFT or E2E gain quoted" in rec["note"] for rec in over.values()), over
+    assert "overload" not in sim_run_rules(tmp_path / "fits", "--gpu", "L4", "-r", "1", "-n", "40", "--input-tokens", "512",
+                                           "--output-tokens", "256")

@@ -36,7 +36,7 @@ from inferlab.results.provenance import VIRTUAL, engine_family_of, server_info, 
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
 from inferlab.results.sources import read_sweep_index
-from inferlab.results.summary import Summary, summarize
+from inferlab.results.summary import OVERLOAD, Summary, summarize
 from inferlab.results.telemetry import ServerMetrics
 from inferlab.sim.engine.bands import band_of
 from inferlab.sim.engine.families import EngineFamily, FamilyRules
@@ -160,6 +160,7 @@ def _family_rules(engine: dict[str, Any]) -> FamilyRules:
 #: Each rule's rank per goal (lower first).
 PRIORITY: dict[str, dict[Goal, int]] = {
     "failures": {"latency": -1, "consistency": -1, "throughput": -1},
+    "overload": {"latency": -1, "consistency": -1, "throughput": -1},
     "slo_out_of_reach": {"latency": 0, "consistency": 0, "throughput": 0},
     "head_of_line": {"latency": 1, "consistency": 1, "throughput": 8},
     "token_admission": {"latency": 2, "consistency": 2, "throughput": 10},
@@ -399,7 +400,7 @@ def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim
 def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
     w = WhatIf(run.dir, run.config)
     rules: list[Callable[[_Run, WhatIf, Goal], Recommendation | None]] = [
-        _failures, _slo_out_of_reach, _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
+        _failures, _overload, _slo_out_of_reach, _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
     ]
     out = []
     for rule in rules:
@@ -410,8 +411,58 @@ def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
             rec = Recommendation(name, f"(could not be checked: the {name.replace('_', ' ')} rule)", str(e), "")
         if rec is not None:
             out.append(rec)
+    if any(r.rule == "overload" for r in out):
+        _unbounded(out)
     # (the SLO floor is the simulator's: with no engine to simulate it was not looked at)
     return out, [r.__name__.strip("_") for r in rules if w.available or r is not _slo_out_of_reach]
+
+
+#: Gains in these, of a run whose queue grew without bound, are the run's length's.
+_QUEUED_METRICS = ("TTFT", "E2E")
+
+
+def _overload(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """An open loop that offered more requests than the server completed, its queue
+    growing through the run (the summary's warning, ``results.summary.overload_warning``):
+    no engine setting matters until the load fits, so this comes first."""
+    warning = next((x for x in run.summary.warnings if x.startswith(OVERLOAD)), None)
+    if warning is None:
+        return None
+    intended = sorted(r.intended_send_ns for r in [*run.records, *run.failed] if r.intended_send_ns is not None)
+    offered = ((len(intended) - 1) / ((intended[-1] - intended[0]) / 1e9)
+               if len(intended) >= 2 and intended[-1] > intended[0] else None)
+    completed = run.summary.request_throughput_rps
+    more = ""
+    if offered and completed:
+        # (each replica completes what this setup did: as many again as the offered rate needs)
+        replicas = math.ceil(offered / completed * w.replicas)
+        how = (f"sim run --replicas {replicas}" if run.config.get("command") == "sim run"
+               else "inferlab gateway with one --upstream per replica")
+        more = (f" (about {completed:,.1f} req/s here), or {replicas} replicas of this setup behind a router to serve "
+                f"{offered:,.1f} req/s ({how})")
+    return Recommendation(
+        "overload", "More requests arrive than the server completes: its queue grows without bound", warning,
+        f"send no more than the server completes{more}, or admission control at a gateway that turns the excess "
+        "away (inferlab gateway [admission] mode = \"requests\" with a small queue_max: HTTP 503 at once) so the "
+        "requests it lets through keep their latency",
+        note="while the queue grows, every request waits longer than the one before: TTFT and E2E depend on how long "
+             "the run went on, so no item here quotes a gain in them",
+    )
+
+
+def _unbounded(recs: list[Recommendation]) -> None:
+    """A run whose queue grew without bound (``_overload``): the TTFT and E2E gains of
+    the other items are dropped, and each says why (they compare two latencies that
+    grow with the run's length, so the gain does too)."""
+    for r in recs:
+        if r.rule == "overload":
+            continue
+        kept = [g for g in r.gains if not any(m in (g.metric_class or g.metric) for m in _QUEUED_METRICS)]
+        if len(kept) < len(r.gains):
+            r.gains = kept
+            why = ("no TTFT or E2E gain quoted: the run offered more than the server completed, and in a queue that "
+                   "grows without bound those grow with the run's length")
+            r.note = f"{r.note}; {why}" if r.note else why
 
 
 def _itls(records: Sequence[RequestRecord], keep: Callable[[RequestRecord], bool]) -> list[float]:
