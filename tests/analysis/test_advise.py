@@ -650,3 +650,35 @@ def test_an_open_loop_the_server_cannot_keep_up_with_is_told_to_lower_the_load_f
     assert any("no TTFT or E2E gain quoted" in rec["note"] for rec in over.values()), over
     assert "overload" not in sim_run_rules(tmp_path / "fits", "--gpu", "L4", "-r", "1", "-n", "40", "--input-tokens", "512",
                                            "--output-tokens", "256")
+
+
+@pytest.mark.parametrize("where", ["server", "gateway"])
+def test_prefix_caching_a_real_server_or_the_gateways_upstreams_had_off_is_advised_on(tmp_path: Path, where: str) -> None:
+    """Shared prefixes, caching off: not on a simulated engine but on a real server that
+    stated its settings (resolved.server_software.settings), or on the engines behind
+    inferlab gateway (resolved.engine.inferlab_gateway.engines). advise read only the
+    simulated engine's flag, and blamed the prompts ("keep shared text at the very
+    start"); now it says turn prefix caching on. With it stated on, the prompts it is."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    run = tmp_path / "run"
+    res = CliRunner().invoke(main, ["sim", "run", "-c", "4", "-n", "24", "--prefix-tokens", "1500", "--prefix-groups", "2",
+                                    "--suffix-tokens", "64", "--output-tokens", "16", "--no-enable-prefix-caching",
+                                    "-o", str(run)])
+    assert res.exit_code == 0, res.output
+    config = json.loads((run / "config.json").read_text())
+    engine = config.pop("engine")
+    config.pop("command")  # (as bench records a server: not a sim run)
+
+    def advised(caching: bool) -> dict[str, Any]:
+        resolved = ({"server_software": {"name": "vLLM", "settings": {"enable_prefix_caching": caching}}} if where == "server"
+                    else {"engine": {"inferlab_gateway": {"upstreams": 1, "engines": [{**engine, "enable_prefix_caching": caching}]}}})
+        (run / "config.json").write_text(json.dumps({**config, "url": "http://127.0.0.1:8000", "resolved": resolved}))
+        return next(r for r in advise(run).recommendations if r.rule == "prefix_caching").to_json()
+
+    off = advised(False)
+    assert off["change"].startswith("turn prefix caching on") and "--enable-prefix-caching" in off["change"], off
+    assert "keep shared text" not in off["change"]
+    assert "keep shared text" in advised(True)["change"]

@@ -32,7 +32,13 @@ from inferlab.analysis.whatif import Simulated, WhatIf
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.gateway.config import AdmissionConfig
 from inferlab.results.metrics import request_metrics
-from inferlab.results.provenance import VIRTUAL, engine_family_of, server_info, simulated_engine
+from inferlab.results.provenance import (
+    GATEWAY_KEY,
+    VIRTUAL,
+    engine_family_of,
+    server_info,
+    simulated_engine,
+)
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
 from inferlab.results.sources import read_sweep_index
@@ -326,16 +332,52 @@ class _Run:
         return simulated_engine(self.config)
 
     def flags(self) -> _EngineFlags:
-        """The flags of the engine the run measured: the simulated engine's family's,
-        else the family of the software the server said it is, else any engine's."""
+        """The flags of the engine the run measured: the simulated engine's family's
+        (behind inferlab gateway, its upstreams' where they share one), else the family
+        of the software the server said it is, else any engine's."""
         engine = self.engine()
         if engine is not None:
             return _flags(engine)
+        upstreams = self.gateway_engines()
+        if upstreams:
+            return _flags((self.config.get("resolved") or {}).get("engine"))
         resolved = self.config.get("resolved")
         software = resolved.get("server_software") if isinstance(resolved, dict) else None
         name = software.get("name") if isinstance(software, dict) else None
         family = _SOFTWARE_FAMILY.get(str(name)) if name else None
         return _FAMILY_FLAGS.get(family, _VLLM_FLAGS) if family else _ANY_FLAGS
+
+    def gateway_engines(self) -> list[dict[str, Any]]:
+        """The engines behind inferlab gateway in front of simulated servers, as the run
+        recorded them (``resolved.engine.inferlab_gateway.engines``); empty otherwise."""
+        resolved = self.config.get("resolved")
+        engine = resolved.get("engine") if isinstance(resolved, dict) else None
+        gateway = engine.get(GATEWAY_KEY) if isinstance(engine, dict) else None
+        engines = gateway.get("engines") if isinstance(gateway, dict) else None
+        return [e for e in engines if isinstance(e, dict)] if isinstance(engines, list) else []
+
+    def server_settings(self) -> dict[str, Any]:
+        """The engine flags a measured server stated (``resolved.server_software.settings``,
+        ``client.serverid``); empty where it stated none."""
+        resolved = self.config.get("resolved")
+        software = resolved.get("server_software") if isinstance(resolved, dict) else None
+        settings = software.get("settings") if isinstance(software, dict) else None
+        return settings if isinstance(settings, dict) else {}
+
+    def prefix_caching_off(self) -> str | None:
+        """Where the run recorded its engine's prefix caching off, in words: the simulated
+        engine's flags, a real server's stated settings, or the gateway's upstreams;
+        None where it was on or not recorded."""
+        engine = self.engine()
+        if engine is not None:
+            return "the engine ran with prefix caching off" if engine.get("enable_prefix_caching") is False else None
+        if self.server_settings().get("enable_prefix_caching") is False:
+            return "the server states prefix caching off (its settings as the run recorded them)"
+        upstreams = self.gateway_engines()
+        off = sum(1 for e in upstreams if e.get("enable_prefix_caching") is False)
+        if off:
+            return f"{off} of the gateway's {len(upstreams)} upstream engines ran with prefix caching off"
+        return None
 
     def concurrency(self) -> float | None:
         s = (self.config.get("load") or {}).get("schedule") or {}
@@ -734,15 +776,16 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     shared = _shares_prefixes(run)
     if shared is None:
         return None
-    engine = run.engine()
     rate, source = _hit_rate(run)
-    caching_off = engine is not None and engine.get("enable_prefix_caching") is False
+    off = run.prefix_caching_off()
+    caching_off = off is not None
     if not caching_off and (rate is None or rate >= LOW_HIT_RATE):
         return None  # on and used (or nothing says otherwise)
     seen = "no hit rate reported" if rate is None else f"{rate:.0%} of prompt tokens served from cache ({source})"
-    evidence = f"{shared}; {seen}" + ("; the engine ran with prefix caching off" if caching_off else "")
+    evidence = f"{shared}; {seen}" + (f"; {off}" if off else "")
     if caching_off:
-        change = f"turn prefix caching on: {run.flags().prefix_on}"
+        where = " for the engines behind the gateway" if run.engine() is None and run.gateway_engines() else ""
+        change = f"turn prefix caching on{where}: {run.flags().prefix_on}"
         title = "Prompts share prefixes but prefix caching is off"
     else:
         change = ("keep shared text at the very start of every prompt (system prompt first, no per-request IDs or "
