@@ -633,6 +633,14 @@ def test_failures_of_several_causes_get_a_change_for_each(tmp_path: Path) -> Non
     first = advise(run).recommendations[0]
     assert first.rule == "failures" and "10 of 20 requests failed" in first.evidence
     assert "5 of them: the key's rate limits" in first.change and "5 of them: prompts (with their answers) longer" in first.change
+    # a 429 the server gave with its queue full is the server's load, not a key's limit
+    # (the key's rate limits were blamed: "429" matched first)
+    full = "HTTP 429: The server is overloaded: too many requests are waiting."
+    (run / "requests.jsonl").write_text("".join(json.dumps(dataclasses.replace(r, error=full).to_json() if i < 5 else r.to_json()) + "\n"
+                                                for i, r in enumerate(changed)))
+    first = advise(run).recommendations[0]
+    assert "5 of them: the server turned them away with its queue of waiting requests full" in first.change, first.change
+    assert "rate limits" not in first.change
 
 
 def test_an_open_loop_the_server_cannot_keep_up_with_is_told_to_lower_the_load_first(tmp_path: Path) -> None:

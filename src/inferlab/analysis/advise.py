@@ -1000,6 +1000,11 @@ _FAILURE_CHANGES = (
     (("max-model-len", "max_model_len", "context length", "maximum context"),
      "prompts (with their answers) longer than the engine's context: a larger --max-model-len where the KV cache "
      "has room, or shorter prompts (truncate or summarise at the application)"),
+    # (before "429": a server that turns requests away past its own queue answers 429 too,
+    # as inferlab sim serve does past --max-waiting-requests)
+    (("overloaded", "too many requests are waiting"),
+     "the server turned them away with its queue of waiting requests full (not a key's limit): fewer requests at "
+     "once or a lower rate, more replicas, or a longer queue on the server (inferlab sim serve --max-waiting-requests)"),
     (("429", "rate limit", "ratelimit"), "the key's rate limits refused them: raise its limits, or send them more slowly"),
     (("no upstream had room", "queue", "503"),
      "the gateway's admission turned them away: a larger admission budget or queue, more replicas, or fewer requests at once"),
