@@ -690,3 +690,52 @@ def test_prefix_caching_a_real_server_or_the_gateways_upstreams_had_off_is_advis
     assert off["change"].startswith("turn prefix caching on") and "--enable-prefix-caching" in off["change"], off
     assert "keep shared text" not in off["change"]
     assert "keep shared text" in advised(True)["change"]
+
+
+def bench_closed(url: str, out: Path, input_tokens: int, n: int = 24, concurrency: int = 4) -> None:
+    """``n`` chat requests of ``input_tokens`` user tokens and 16 output tokens, a closed
+    loop of ``concurrency`` users against ``url``, written to ``out``."""
+    cfg = RunConfig(LoadConfig(ClosedLoop(concurrency), num_requests=n),
+                    WorkloadConfig(input_tokens=input_tokens, output_tokens=16), out_dir=str(out))
+
+    async def go() -> RunResult:
+        async with asyncio.timeout(LIMIT_S):
+            return await run(cfg, HttpTarget(url))
+
+    asyncio.run(go())
+
+
+def test_a_stock_chat_template_costs_too_little_to_be_advised_on(tmp_path: Path) -> None:
+    """The simulated server's ChatML, 19 tokens on 64-token prompts (a fifth of each): it
+    was advised shortened, with no gain stated; its prefill is a fraction of a ms beside
+    the run's TTFT."""
+    with ChildServer(["--max-model-len", "4096"]) as server:
+        bench_closed(server.url, tmp_path / "run", 64)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert 0 < summary["prompt_overhead_tokens"] < 64  # (the premise: a short template, a large share of a short prompt)
+    assert "template_overhead" not in [r.rule for r in advise(tmp_path / "run").recommendations]
+
+
+def test_a_long_chat_template_is_left_to_the_prefix_cache_that_serves_it_or_would(tmp_path: Path, tokenizer_path: str) -> None:
+    """A server whose own chat template adds a long system text to every prompt. With
+    prefix caching on, the cache serves it: advise said "shorten the template" all the
+    same; now nothing. With caching off it said the same, never that the template is
+    an identical prefix the cache would serve; now it says turn prefix caching on, and
+    what the template costs a request's TTFT."""
+    import shutil
+
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(tokenizer_path, model / "tokenizer.json")
+    policy = " ".join(f"Always follow the corporate policy number {i} with care." for i in range(120))
+    template = ("{{ '<|im_start|>system\\n" + policy + "<|im_end|>\\n' }}{% for m in messages %}{{ '<|im_start|>' + "
+                "m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+                "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    for name, flags in (("on", []), ("off", ["--no-enable-prefix-caching"])):
+        with ChildServer(["--max-model-len", "4096", "--tokenizer", str(model), *flags]) as server:
+            bench_closed(server.url, tmp_path / name, 200)
+    assert json.loads((tmp_path / "on" / "summary.json").read_text())["prompt_overhead_tokens"] >= 500  # (the premise)
+    assert "template_overhead" not in [r.rule for r in advise(tmp_path / "on").recommendations]
+    off = next(r for r in advise(tmp_path / "off").recommendations if r.rule == "template_overhead")
+    assert off.change.startswith("turn prefix caching on") and "of the run's TTFT p50" in off.evidence, off

@@ -89,3 +89,22 @@ def test_a_cap_whose_every_gain_is_a_loss_is_not_advised(tmp_path: Path) -> None
         r["tpot_ms_p50"] = 9.0 * max(1.0, r["concurrency"] / 16)
     write_profile(tmp_path, [decode_factor(rows)])
     assert "concurrency_cap" in [r.rule for r in advise(tmp_path).recommendations]
+
+
+def test_a_profiles_long_template_is_left_to_the_prefix_cache_that_serves_it_or_would(tmp_path: Path) -> None:
+    """A 1,666-token template, 41 ms of prefill a request. Where the profile's prefix
+    cache factor saw a shared prefix save TTFT, the cache serves the template too (it
+    opens every prompt unchanged): advise said "use a leaner chat template" all the
+    same; now nothing. Where it saved none, advise now says turn prefix caching on."""
+    prefill = Factor("prefill", "prefill", "x", "y", {"fit": {"overhead_ms": 10.0, "prefill_tps": 40_000.0, "points": []}})
+    template = Factor("template", "chat template", "x", "y", {"overhead_tokens": 1666, "ttft_cost_ms": 41.0})
+
+    def prefix(saved_ms: float) -> Factor:
+        return Factor("prefix_cache", "prefix cache", "x", "y", {"prefix_tokens": 1205, "ttft_shared_ms": 81.0 - saved_ms,
+                                                                 "ttft_unique_ms": 81.0, "saved_ms": saved_ms})
+
+    write_profile(tmp_path, [prefill, prefix(30.0), template])
+    assert "template_overhead" not in [r.rule for r in advise(tmp_path).recommendations]
+    write_profile(tmp_path, [prefill, prefix(0.0), template])
+    rec = next(r for r in advise(tmp_path).recommendations if r.rule == "template_overhead")
+    assert rec.change.startswith("turn prefix caching on") and "TTFT" in rec.evidence

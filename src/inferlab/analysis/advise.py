@@ -903,7 +903,30 @@ def _kv_room(engine: dict[str, Any] | None, flags: _EngineFlags) -> tuple[str, b
     return change, halves
 
 
+def _overhead_cost(w: WhatIf, prompt_tokens: int, overhead: int) -> tuple[float, Simulated] | None:
+    """The TTFT ms ``overhead`` of a ``prompt_tokens`` prompt costs one request alone on
+    the run's engine (its prompt not cached), and the simulation with them; None where
+    the engine is not simulated or refuses."""
+    if not w.available or prompt_tokens <= overhead:
+        return None
+    try:
+        full, less = w.alone(prompt_tokens, 1), w.alone(max(1, prompt_tokens - overhead), 1)
+    except InferlabError:
+        return None
+    a, b = full.result.summary.ttft_ms, less.result.summary.ttft_ms
+    return None if a is None or b is None else (max(0.0, a.p50 - b.p50), full)
+
+
 def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """The chat template and the system prompt, prefilled again for every request: an
+    item where they are many tokens (``OVERHEAD_TOKENS``, or ``OVERHEAD_SHARE`` of the
+    prompt) and their cost is of consequence: on a simulated engine, one request's TTFT
+    with and without them differs by ``MIN_GAIN`` of the run's TTFT p50 or more (a stock
+    template of a few dozen tokens costs a fraction of a ms); elsewhere, the share alone
+    says nothing of the cost, and ``OVERHEAD_TOKENS`` it must be. None where the prefix
+    cache serves them already (a request's median cached tokens cover them); where
+    prefix caching is off, turning it on is the change: they open every prompt
+    unchanged, the prefix it serves after the first request."""
     s = run.summary
     template = s.prompt_overhead_tokens if isinstance(s.prompt_overhead_tokens, int) else 0
     system = int(run.workload().get("system_tokens") or 0)
@@ -914,8 +937,38 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
     overhead = template + system
     if overhead < OVERHEAD_TOKENS and overhead < OVERHEAD_SHARE * mean_in:
         return None
+    off = run.prefix_caching_off()
+    cached = [r.cached_tokens for r in run.records if r.cached_tokens is not None]
+    if off is None and cached and statistics.median(cached) >= 0.9 * overhead:
+        return None  # (the prefix cache serves them: shortening them saves little)
     evidence = (f"{overhead:,} of a mean {mean_in:,.0f} prompt tokens are the system prompt ({system:,}) "
                 f"and the chat template ({template:,}): {overhead / mean_in:.0%}")
+    ttft = s.ttft_ms
+    costed = _overhead_cost(w, round(mean_in), overhead)
+    if costed is not None and ttft is not None and ttft.p50 > 0:
+        cost = costed[0]
+        if cost < MIN_GAIN * ttft.p50:
+            return None  # (a few tokens' prefill beside the TTFT the run had)
+        evidence += (f"; they cost a request about {cost:,.1f} ms of TTFT (one request alone on the simulated engine, "
+                     f"with and without them), {cost / ttft.p50:.0%} of the run's TTFT p50 ({ttft.p50:,.1f} ms)")
+    elif overhead < OVERHEAD_TOKENS:
+        return None  # (a share of short prompts, at a cost not known: nothing says it matters)
+    else:
+        costed = None
+        evidence += "; their TTFT cost not estimated (" + (w.why_not or "no TTFT measured") + ")"
+    if off is not None:
+        evidence += f"; {off}"
+        rec = Recommendation(
+            "template_overhead", "The system prompt and template are prefilled again for every prompt: prefix caching is off",
+            evidence,
+            f"turn prefix caching on, {run.flags().prefix_on}: the template and system prompt open every prompt "
+            "unchanged, a prefix the cache serves after the first request; or shorten them (the application)",
+        )
+        if costed is not None:
+            rec.gains.append(_sim_gain("TTFT ms the template and system prompt cost a request", "TTFT", costed[0], 0.0,
+                                       _prediction(w, "one request alone with and without their tokens; once cached, "
+                                                   "about nothing"), costed[1]))
+        return rec
     change = "shorten the system prompt and the template (the application): every request prefills those tokens, unless the prefix cache holds them"
     rec = Recommendation("template_overhead", "The system prompt and template are a large part of every prompt", evidence, change)
     if w.available and system:
@@ -927,6 +980,10 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
                 return None
             rec.gains.append(_sim_gain("mean TTFT ms", "TTFT", statistics.fmean(b), statistics.fmean(a),
                                        _prediction(w, f"a {cut}-token system prompt instead of {system}"), short))
+    if not rec.gains and costed is not None:
+        rec.gains.append(_sim_gain("TTFT ms the template and system prompt cost a request", "TTFT", costed[0], 0.0,
+                                   "bound: at best, without them (" + _prediction(w, "one request alone with and "
+                                                                                  "without their tokens") + ")", costed[1]))
     return rec
 
 
@@ -1203,14 +1260,37 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
     pf = p.factor("prefill")
     if tp is not None and tp.measured and tp.data.get("ttft_cost_ms") and pf is not None and pf.measured:
         cost = tp.data["ttft_cost_ms"]
-        overhead = pf.data["fit"]["overhead_ms"]
-        if tp.data["overhead_tokens"] >= OVERHEAD_TOKENS:
-            out.append(Recommendation(
-                "template_overhead", "The chat template adds many tokens to every prompt",
-                f"{tp.data['overhead_tokens']} tokens per request, {cost:.1f} ms of prefill each (fixed overhead {overhead:.0f} ms)",
-                "use a leaner chat template (the application or --chat-template)",
-                [Gain("TTFT ms of the template's tokens", cost, 0.0, f"{pre}estimate: its tokens × the {seen} prefill cost")],
-            ))
+        tokens = tp.data["overhead_tokens"]
+        fit = pf.data["fit"]
+        overhead = fit["overhead_ms"]
+        # the TTFT of a short (128-token) prompt with the template, by the prefill fit:
+        # what the template's share is judged against
+        short = max(0.0, overhead) + (cost + 128 * 1000 / fit["prefill_tps"] if fit.get("prefill_tps") else cost)
+        # the prefix cache factor: a shared prefix that saved TTFT means the cache serves
+        # the template too (it opens every prompt unchanged); one that saved none, off
+        cache_on = pc is not None and pc.measured and pc.data.get("saved_ms", 0) > 0.05 * pc.data.get("ttft_unique_ms", 1)
+        cache_off = pc is not None and pc.measured and not cache_on
+        if tokens >= OVERHEAD_TOKENS and cost >= MIN_GAIN * short and not cache_on:
+            evidence = (f"{tokens} tokens per request, {cost:.1f} ms of prefill each, {cost / short:.0%} of a "
+                        f"128-token prompt's TTFT ({short:,.0f} ms by the prefill fit; fixed overhead {overhead:.0f} ms)")
+            if cache_off:
+                out.append(Recommendation(
+                    "template_overhead", "The chat template is prefilled again for every prompt: prefix caching looks off",
+                    evidence + "; a shared prefix saved no TTFT (the prefix cache factor)",
+                    f"turn prefix caching on, {_flags(p.engine).prefix_on}: the template opens every prompt unchanged, "
+                    "a prefix the cache serves after the first request; or a leaner chat template (the application or "
+                    "--chat-template)",
+                    [Gain("TTFT ms of the template's tokens", cost, 0.0,
+                          f"{pre}estimate: its tokens × the {seen} prefill cost; once cached, about nothing")],
+                ))
+            else:
+                out.append(Recommendation(
+                    "template_overhead", "The chat template adds many tokens to every prompt", evidence,
+                    "use a leaner chat template (the application or --chat-template)",
+                    [Gain("TTFT ms of the template's tokens", cost, 0.0, f"{pre}estimate: its tokens × the {seen} prefill cost")],
+                    "" if pc is not None and pc.measured else "whether the prefix cache serves it was not measured "
+                    "(the prefix cache factor): where it does, the template costs little",
+                ))
     return out, ["head_of_line", "prefix_caching", "concurrency_cap", "engine_cap", "kv_pressure", "response_cache", "template_overhead"]
 
 
