@@ -108,3 +108,26 @@ def test_a_profiles_long_template_is_left_to_the_prefix_cache_that_serves_it_or_
     write_profile(tmp_path, [prefill, prefix(0.0), template])
     rec = next(r for r in advise(tmp_path).recommendations if r.rule == "template_overhead")
     assert rec.change.startswith("turn prefix caching on") and "TTFT" in rec.evidence
+
+
+def test_a_profile_lists_as_checked_only_the_rules_whose_factors_it_measured(tmp_path: Path) -> None:
+    """A profile of the response cache alone (one detected: nothing to advise). advise
+    said "nothing to change: no rule fired (head_of_line, prefix_caching, … checked)"
+    of factors the profile says it never measured; now those are listed apart."""
+    from rich.console import Console
+
+    from inferlab.cli.advise import render_advice
+
+    factors = [
+        Factor("response_cache", "response cache", "x", "y", {"detected": True, "ratio": 0.1, "e2e_repeat_ms": 5.0}),
+        Factor("head_of_line", "head of line", "not measured: the budget ran out before it", "", measured=False),
+    ]
+    write_profile(tmp_path, factors)
+    a = advise(tmp_path)
+    assert a.recommendations == [] and a.checked == ["response_cache"]
+    assert {"head_of_line", "prefix_caching", "concurrency_cap", "template_overhead"} <= set(a.not_measured)
+    assert a.to_json()["rules_not_measured"] == a.not_measured
+    console = Console(record=True, width=400)
+    render_advice(console, a)
+    text = console.export_text()
+    assert "(response_cache checked; not measured, so not checked: head_of_line" in text, text

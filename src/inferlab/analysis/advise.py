@@ -252,11 +252,14 @@ class Advice:
     # what it read came from inferlab's simulator (a sim run, runs or a profile against the
     # simulated server): every number it quotes, evidence included, is a prediction
     simulated: bool = False
+    # rules not looked at, their evidence not measured (a profile's factors left out or failed)
+    not_measured: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source, "kind": self.kind, "goal": self.goal, "simulated": self.simulated,
             "recommendations": [r.to_json() for r in self.recommendations], "rules_checked": self.checked,
+            "rules_not_measured": self.not_measured,
         }
 
 
@@ -270,10 +273,12 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
         raise UsageError(f"{p}: no such file or directory")
     if p.is_file() and p.name == PROFILE_FILE:
         p = p.parent
+    not_measured: list[str] = []
     if (p / PROFILE_FILE).exists():
         prof = read_profile(p)
         recs, checked = _profile_rules(prof, p, goal)
         kind, simulated = "profile", prof.server.simulated
+        not_measured = _not_measured(prof)
     elif (p / "summary.json").exists() or (p / "requests.jsonl").exists():
         run = _Run.read(p)
         simulated = server_info(run.config).simulated
@@ -290,7 +295,7 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
         recs, checked = _sweep_rules(read, goal, index)
         kind, simulated = "sweep", any(server_info(r.config).simulated for r in read)
     recs.sort(key=lambda r: (PRIORITY.get(r.rule, {}).get(goal, 99), -_size(r)))
-    return Advice(str(p), kind, goal, recs, checked, simulated)
+    return Advice(str(p), kind, goal, recs, [c for c in checked if c not in not_measured], simulated, not_measured)
 
 
 def _size(r: Recommendation) -> float:
@@ -1291,7 +1296,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                     "" if pc is not None and pc.measured else "whether the prefix cache serves it was not measured "
                     "(the prefix cache factor): where it does, the template costs little",
                 ))
-    return out, ["head_of_line", "prefix_caching", "concurrency_cap", "engine_cap", "kv_pressure", "response_cache", "template_overhead"]
+    return out, list(_PROFILE_EVIDENCE)
 
 
 def _improves(g: Gain) -> bool:
@@ -1386,6 +1391,21 @@ def _ladder_cap_rec(p: Profile, pts: dict[int, Any], k: int, top: int, measured:
         f"the cap gives the running streams their TPOT at {k}{ttft_cost}; a gateway that turns the rest away "
         "(HTTP 503) instead keeps TTFT but refuses them",
     )
+
+
+#: Each profile rule and the factors it reads (all of them measured, or it was not looked at).
+_PROFILE_EVIDENCE = {
+    "head_of_line": ("head_of_line",), "prefix_caching": ("prefix_cache",), "concurrency_cap": ("decode",),
+    "engine_cap": ("decode",), "kv_pressure": ("decode",), "response_cache": ("response_cache",),
+    "template_overhead": ("template", "prefill"),
+}
+
+
+def _not_measured(p: Profile) -> list[str]:
+    """The profile rules whose factors the profile did not measure (left out by
+    --factors, out of budget, or failed): not checked, whatever no item says."""
+    measured = {f.name for f in p.factors if f.measured}
+    return [rule for rule, factors in _PROFILE_EVIDENCE.items() if not set(factors) <= measured]
 
 
 # --- a folder of runs ---------------------------------------------------------------------
