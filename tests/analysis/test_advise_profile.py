@@ -131,3 +131,12 @@ def test_a_profile_lists_as_checked_only_the_rules_whose_factors_it_measured(tmp
     render_advice(console, a)
     text = console.export_text()
     assert "(response_cache checked; not measured, so not checked: head_of_line" in text, text
+
+
+def test_a_prefix_that_saved_nothing_is_not_said_to_have_saved_minus_zero(tmp_path: Path) -> None:
+    # ("a shared 1,205-token prefix saved -0.0 ms TTFT")
+    pc = Factor("prefix_cache", "prefix cache", "x", "y", {"prefix_tokens": 1205, "ttft_shared_ms": 81.01,
+                                                           "ttft_unique_ms": 81.0, "saved_ms": -0.01})
+    write_profile(tmp_path, [pc])
+    rec = next(r for r in advise(tmp_path).recommendations if r.rule == "prefix_caching")
+    assert "saved 0.0 ms TTFT" in rec.evidence and "-0.0" not in rec.evidence, rec.evidence

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from inferlab._errors import InferlabError, UsageError
 from inferlab.analysis.fits import KNEE_GAIN
-from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile
+from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile, signed_ms
 from inferlab.analysis.whatif import Simulated, WhatIf
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.gateway.config import AdmissionConfig
@@ -1216,7 +1216,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
         d = pc.data
         rec = Recommendation(
             "prefix_caching", "Shared prefixes are not served from cache",
-            f"a shared {d['prefix_tokens']:,}-token prefix saved {d['saved_ms']:+,.1f} ms TTFT ({d['ttft_shared_ms']:,.0f} vs {d['ttft_unique_ms']:,.0f} ms)",
+            f"a shared {d['prefix_tokens']:,}-token prefix saved {signed_ms(d['saved_ms'])} ms TTFT ({d['ttft_shared_ms']:,.0f} vs {d['ttft_unique_ms']:,.0f} ms)",
             f"turn prefix caching on: {_flags(p.engine).prefix_on}",
         )
         shared = folder / "prefix" / "shared"
