@@ -716,12 +716,10 @@ def test_a_stock_chat_template_costs_too_little_to_be_advised_on(tmp_path: Path)
     assert "template_overhead" not in [r.rule for r in advise(tmp_path / "run").recommendations]
 
 
-def test_a_long_chat_template_is_left_to_the_prefix_cache_that_serves_it_or_would(tmp_path: Path, tokenizer_path: str) -> None:
-    """A server whose own chat template adds a long system text to every prompt. With
-    prefix caching on, the cache serves it: advise said "shorten the template" all the
-    same; now nothing. With caching off it said the same, never that the template is
-    an identical prefix the cache would serve; now it says turn prefix caching on, and
-    what the template costs a request's TTFT."""
+def long_template_model(tmp_path: Path, tokenizer_path: str) -> Path:
+    """A model folder for ``sim serve --tokenizer``: the test tokenizer, and a chat
+    template that opens every prompt with a long system text of its own (over 1,000
+    tokens)."""
     import shutil
 
     model = tmp_path / "model"
@@ -732,6 +730,16 @@ def test_a_long_chat_template_is_left_to_the_prefix_cache_that_serves_it_or_woul
                 "m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
                 "{{ '<|im_start|>assistant\\n' }}{% endif %}")
     (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return model
+
+
+def test_a_long_chat_template_is_left_to_the_prefix_cache_that_serves_it_or_would(tmp_path: Path, tokenizer_path: str) -> None:
+    """A server whose own chat template adds a long system text to every prompt. With
+    prefix caching on, the cache serves it: advise said "shorten the template" all the
+    same; now nothing. With caching off it said the same, never that the template is
+    an identical prefix the cache would serve; now it says turn prefix caching on, and
+    what the template costs a request's TTFT."""
+    model = long_template_model(tmp_path, tokenizer_path)
     for name, flags in (("on", []), ("off", ["--no-enable-prefix-caching"])):
         with ChildServer(["--max-model-len", "4096", "--tokenizer", str(model), *flags]) as server:
             bench_closed(server.url, tmp_path / name, 200)
@@ -739,3 +747,24 @@ def test_a_long_chat_template_is_left_to_the_prefix_cache_that_serves_it_or_woul
     assert "template_overhead" not in [r.rule for r in advise(tmp_path / "on").recommendations]
     off = next(r for r in advise(tmp_path / "off").recommendations if r.rule == "template_overhead")
     assert off.change.startswith("turn prefix caching on") and "of the run's TTFT p50" in off.evidence, off
+
+
+def test_a_what_if_whose_baseline_is_not_the_run_quotes_no_gain_from_it(tmp_path: Path, tokenizer_path: str) -> None:
+    """A server whose own chat template adds a long system text: the what-if reruns the
+    workload with the simulator's template, prompts a tenth as long, and quoted gains
+    from that baseline (fp8 weights' TPOT) as the run's. Now the items say the rerun is
+    not the run, and quote none; against the stock template the rerun is the run, and
+    the gain stands."""
+    with ChildServer(["--max-model-len", "4096", "--tokenizer", str(long_template_model(tmp_path, tokenizer_path))]) as server:
+        bench_closed(server.url, tmp_path / "long", 200)
+    with ChildServer(["--max-model-len", "4096"]) as server:
+        bench_closed(server.url, tmp_path / "stock", 200)
+
+    def predicted(recs: list[Any]) -> list[Any]:
+        return [g for r in recs for g in r.gains if "rerun" in g.kind]
+
+    long = advise(tmp_path / "long").recommendations
+    assert "quantization" in [r.rule for r in long] and not predicted(long), [r.to_json() for r in long]
+    assert any("not the run" in r.note and "prompts average" in r.note for r in long)
+    stock = advise(tmp_path / "stock").recommendations
+    assert predicted(stock) and not any("not the run" in r.note for r in stock)

@@ -460,6 +460,7 @@ def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
             out.append(rec)
     if any(r.rule == "overload" for r in out):
         _unbounded(out)
+    _check_baseline(run, w, out)
     # (the SLO floor is the simulator's: with no engine to simulate it was not looked at)
     return out, [r.__name__.strip("_") for r in rules if w.available or r is not _slo_out_of_reach]
 
@@ -495,6 +496,53 @@ def _overload(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         note="while the queue grows, every request waits longer than the one before: TTFT and E2E depend on how long "
              "the run went on, so no item here quotes a gain in them",
     )
+
+
+#: A what-if's rerun whose baseline TTFT p50 is this many times the run's (or a fraction
+#: as large), or whose mean prompt differs by ``BASELINE_PROMPT_SHARE``, is not the run.
+BASELINE_FACTOR = 1.5
+BASELINE_PROMPT_SHARE = 0.1
+
+
+def _baseline_off(run: _Run, w: WhatIf) -> str | None:
+    """How the what-if's rerun without a change (its baseline) differs from the run, in
+    words; None where they agree (mean prompt tokens within ``BASELINE_PROMPT_SHARE``,
+    TTFT p50 within ``BASELINE_FACTOR``). The rerun rebuilds the prompts with the
+    simulator's own chat template and tokenizer, not the server's: a server whose
+    template adds a long system text, or that turned requests away, ran another
+    workload than the rerun does."""
+    base = w.simulate()
+    ran, rerun = _inputs(run.records), _inputs(base.records)
+    said = []
+    if ran and rerun:
+        a, b = statistics.fmean(ran), statistics.fmean(rerun)
+        if abs(b - a) > BASELINE_PROMPT_SHARE * a:
+            said.append(f"its prompts average {b:,.0f} tokens against the run's {a:,.0f}")
+    ttft_run, ttft_rerun = run.summary.ttft_ms, base.result.summary.ttft_ms
+    if ttft_run is not None and ttft_rerun is not None and ttft_run.p50 > 0 and ttft_rerun.p50 > 0:
+        ratio = ttft_rerun.p50 / ttft_run.p50
+        if not 1 / BASELINE_FACTOR <= ratio <= BASELINE_FACTOR:
+            said.append(f"its TTFT p50 is {ttft_rerun.p50:,.1f} ms against the run's {ttft_run.p50:,.1f} ms")
+    return "; ".join(said) or None
+
+
+def _check_baseline(run: _Run, w: WhatIf, recs: list[Recommendation]) -> None:
+    """Where the what-if's baseline is not the run (``_baseline_off``), the gains
+    predicted from it are dropped, and each item that had one says why: a gain from a
+    baseline the run did not have is no gain of the run's."""
+    if not w.available or not any(w.method in g.kind for r in recs for g in r.gains):
+        return
+    off = _baseline_off(run, w)
+    if off is None:
+        return
+    why = (f"no predicted gain: the simulator's rerun of this run without the change is not the run ({off}; the rerun "
+           "builds prompts with the simulator's own chat template, and leaves out what the server refused), so a gain "
+           "from it would be from a baseline the run did not have")
+    for r in recs:
+        kept = [g for g in r.gains if w.method not in g.kind]
+        if len(kept) < len(r.gains):
+            r.gains = kept
+            r.note = f"{r.note}; {why}" if r.note else why
 
 
 def _unbounded(recs: list[Recommendation]) -> None:
@@ -922,6 +970,13 @@ def _overhead_cost(w: WhatIf, prompt_tokens: int, overhead: int) -> tuple[float,
     return None if a is None or b is None else (max(0.0, a.p50 - b.p50), full)
 
 
+def _alone_kind(w: WhatIf, prompt_tokens: int, overhead: int) -> str:
+    """The kind of ``_overhead_cost``'s gain: one request alone, of the run's own mean
+    prompt length, not the rerun (its baseline is not the run's workload rebuilt)."""
+    return (f"prediction: simulator, {w.describe_engine()}, one request alone of {prompt_tokens:,} prompt tokens and "
+            f"of {max(1, prompt_tokens - overhead):,}")
+
+
 def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     """The chat template and the system prompt, prefilled again for every request: an
     item where they are many tokens (``OVERHEAD_TOKENS``, or ``OVERHEAD_SHARE`` of the
@@ -971,8 +1026,8 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
         )
         if costed is not None:
             rec.gains.append(_sim_gain("TTFT ms the template and system prompt cost a request", "TTFT", costed[0], 0.0,
-                                       _prediction(w, "one request alone with and without their tokens; once cached, "
-                                                   "about nothing"), costed[1]))
+                                       _alone_kind(w, round(mean_in), overhead) + "; once cached, about nothing",
+                                       costed[1]))
         return rec
     change = "shorten the system prompt and the template (the application): every request prefills those tokens, unless the prefix cache holds them"
     rec = Recommendation("template_overhead", "The system prompt and template are a large part of every prompt", evidence, change)
@@ -987,8 +1042,8 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
                                        _prediction(w, f"a {cut}-token system prompt instead of {system}"), short))
     if not rec.gains and costed is not None:
         rec.gains.append(_sim_gain("TTFT ms the template and system prompt cost a request", "TTFT", costed[0], 0.0,
-                                   "bound: at best, without them (" + _prediction(w, "one request alone with and "
-                                                                                  "without their tokens") + ")", costed[1]))
+                                   f"bound: at best, without them ({_alone_kind(w, round(mean_in), overhead)})",
+                                   costed[1]))
     return rec
 
 
@@ -1230,6 +1285,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                     if tb and ta:
                         rec.gains.append(_sim_gain("median TTFT ms of the shared-prefix prompts", "TTFT", statistics.median(tb),
                                                    statistics.median(ta), _prediction(w, "--enable-prefix-caching"), a))
+                    _check_baseline(run, w, [rec])
         out.append(rec)
     dec = p.factor("decode")
     if dec is not None and dec.measured and dec.data.get("knee_concurrency"):
