@@ -633,3 +633,138 @@ def test_failures_of_several_causes_get_a_change_for_each(tmp_path: Path) -> Non
     first = advise(run).recommendations[0]
     assert first.rule == "failures" and "10 of 20 requests failed" in first.evidence
     assert "5 of them: the key's rate limits" in first.change and "5 of them: prompts (with their answers) longer" in first.change
+    # a 429 the server gave with its queue full is the server's load, not a key's limit
+    # (the key's rate limits were blamed: "429" matched first)
+    full = "HTTP 429: The server is overloaded: too many requests are waiting."
+    (run / "requests.jsonl").write_text("".join(json.dumps(dataclasses.replace(r, error=full).to_json() if i < 5 else r.to_json()) + "\n"
+                                                for i, r in enumerate(changed)))
+    first = advise(run).recommendations[0]
+    assert "5 of them: the server turned them away with its queue of waiting requests full" in first.change, first.change
+    assert "rate limits" not in first.change
+
+
+def test_an_open_loop_the_server_cannot_keep_up_with_is_told_to_lower_the_load_first(tmp_path: Path) -> None:
+    """20 req/s of 512/256-token requests on one L4, which completes under 4: the queue
+    grows all run long. advise put it down to a full KV cache (fp8 KV) with an E2E gain
+    that grew with the run's length; now the overload leads (a lower rate, replicas,
+    admission), and no other item quotes a TTFT or E2E gain, saying why. A rate the
+    server keeps up with gets no such item."""
+    over = sim_run_rules(tmp_path / "over", "--gpu", "L4", "-r", "20", "-n", "200", "--input-tokens", "512",
+                         "--output-tokens", "256")
+    assert next(iter(over)) == "overload", list(over)
+    assert "replicas" in over["overload"]["change"] and "admission" in over["overload"]["change"]
+    for rec in over.values():
+        assert not [g for g in rec["gains"] if g["metric_class"] in ("TTFT", "E2E")], rec
+    assert any("no TTFT or E2E gain quoted" in rec["note"] for rec in over.values()), over
+    assert "overload" not in sim_run_rules(tmp_path / "fits", "--gpu", "L4", "-r", "1", "-n", "40", "--input-tokens", "512",
+                                           "--output-tokens", "256")
+
+
+@pytest.mark.parametrize("where", ["server", "gateway"])
+def test_prefix_caching_a_real_server_or_the_gateways_upstreams_had_off_is_advised_on(tmp_path: Path, where: str) -> None:
+    """Shared prefixes, caching off: not on a simulated engine but on a real server that
+    stated its settings (resolved.server_software.settings), or on the engines behind
+    inferlab gateway (resolved.engine.inferlab_gateway.engines). advise read only the
+    simulated engine's flag, and blamed the prompts ("keep shared text at the very
+    start"); now it says turn prefix caching on. With it stated on, the prompts it is."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    run = tmp_path / "run"
+    res = CliRunner().invoke(main, ["sim", "run", "-c", "4", "-n", "24", "--prefix-tokens", "1500", "--prefix-groups", "2",
+                                    "--suffix-tokens", "64", "--output-tokens", "16", "--no-enable-prefix-caching",
+                                    "-o", str(run)])
+    assert res.exit_code == 0, res.output
+    config = json.loads((run / "config.json").read_text())
+    engine = config.pop("engine")
+    config.pop("command")  # (as bench records a server: not a sim run)
+
+    def advised(caching: bool) -> dict[str, Any]:
+        resolved = ({"server_software": {"name": "vLLM", "settings": {"enable_prefix_caching": caching}}} if where == "server"
+                    else {"engine": {"inferlab_gateway": {"upstreams": 1, "engines": [{**engine, "enable_prefix_caching": caching}]}}})
+        (run / "config.json").write_text(json.dumps({**config, "url": "http://127.0.0.1:8000", "resolved": resolved}))
+        return next(r for r in advise(run).recommendations if r.rule == "prefix_caching").to_json()
+
+    off = advised(False)
+    assert off["change"].startswith("turn prefix caching on") and "--enable-prefix-caching" in off["change"], off
+    assert "keep shared text" not in off["change"]
+    assert "keep shared text" in advised(True)["change"]
+
+
+def bench_closed(url: str, out: Path, input_tokens: int, n: int = 24, concurrency: int = 4) -> None:
+    """``n`` chat requests of ``input_tokens`` user tokens and 16 output tokens, a closed
+    loop of ``concurrency`` users against ``url``, written to ``out``."""
+    cfg = RunConfig(LoadConfig(ClosedLoop(concurrency), num_requests=n),
+                    WorkloadConfig(input_tokens=input_tokens, output_tokens=16), out_dir=str(out))
+
+    async def go() -> RunResult:
+        async with asyncio.timeout(LIMIT_S):
+            return await run(cfg, HttpTarget(url))
+
+    asyncio.run(go())
+
+
+def test_a_stock_chat_template_costs_too_little_to_be_advised_on(tmp_path: Path) -> None:
+    """The simulated server's ChatML, 19 tokens on 64-token prompts (a fifth of each): it
+    was advised shortened, with no gain stated; its prefill is a fraction of a ms beside
+    the run's TTFT."""
+    with ChildServer(["--max-model-len", "4096"]) as server:
+        bench_closed(server.url, tmp_path / "run", 64)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert 0 < summary["prompt_overhead_tokens"] < 64  # (the premise: a short template, a large share of a short prompt)
+    assert "template_overhead" not in [r.rule for r in advise(tmp_path / "run").recommendations]
+
+
+def long_template_model(tmp_path: Path, tokenizer_path: str) -> Path:
+    """A model folder for ``sim serve --tokenizer``: the test tokenizer, and a chat
+    template that opens every prompt with a long system text of its own (over 1,000
+    tokens)."""
+    import shutil
+
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(tokenizer_path, model / "tokenizer.json")
+    policy = " ".join(f"Always follow the corporate policy number {i} with care." for i in range(120))
+    template = ("{{ '<|im_start|>system\\n" + policy + "<|im_end|>\\n' }}{% for m in messages %}{{ '<|im_start|>' + "
+                "m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+                "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    return model
+
+
+def test_a_long_chat_template_is_left_to_the_prefix_cache_that_serves_it_or_would(tmp_path: Path, tokenizer_path: str) -> None:
+    """A server whose own chat template adds a long system text to every prompt. With
+    prefix caching on, the cache serves it: advise said "shorten the template" all the
+    same; now nothing. With caching off it said the same, never that the template is
+    an identical prefix the cache would serve; now it says turn prefix caching on, and
+    what the template costs a request's TTFT."""
+    model = long_template_model(tmp_path, tokenizer_path)
+    for name, flags in (("on", []), ("off", ["--no-enable-prefix-caching"])):
+        with ChildServer(["--max-model-len", "4096", "--tokenizer", str(model), *flags]) as server:
+            bench_closed(server.url, tmp_path / name, 200)
+    assert json.loads((tmp_path / "on" / "summary.json").read_text())["prompt_overhead_tokens"] >= 500  # (the premise)
+    assert "template_overhead" not in [r.rule for r in advise(tmp_path / "on").recommendations]
+    off = next(r for r in advise(tmp_path / "off").recommendations if r.rule == "template_overhead")
+    assert off.change.startswith("turn prefix caching on") and "of the run's TTFT p50" in off.evidence, off
+
+
+def test_a_what_if_whose_baseline_is_not_the_run_quotes_no_gain_from_it(tmp_path: Path, tokenizer_path: str) -> None:
+    """A server whose own chat template adds a long system text: the what-if reruns the
+    workload with the simulator's template, prompts a tenth as long, and quoted gains
+    from that baseline (fp8 weights' TPOT) as the run's. Now the items say the rerun is
+    not the run, and quote none; against the stock template the rerun is the run, and
+    the gain stands."""
+    with ChildServer(["--max-model-len", "4096", "--tokenizer", str(long_template_model(tmp_path, tokenizer_path))]) as server:
+        bench_closed(server.url, tmp_path / "long", 200)
+    with ChildServer(["--max-model-len", "4096"]) as server:
+        bench_closed(server.url, tmp_path / "stock", 200)
+
+    def predicted(recs: list[Any]) -> list[Any]:
+        return [g for r in recs for g in r.gains if "rerun" in g.kind]
+
+    long = advise(tmp_path / "long").recommendations
+    assert "quantization" in [r.rule for r in long] and not predicted(long), [r.to_json() for r in long]
+    assert any("not the run" in r.note and "prompts average" in r.note for r in long)
+    stock = advise(tmp_path / "stock").recommendations
+    assert predicted(stock) and not any("not the run" in r.note for r in stock)

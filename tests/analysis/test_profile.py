@@ -62,6 +62,8 @@ def test_profile_recovers_the_prefill_rate_and_decode_time_the_simulator_predict
 
     decode = p.factor("decode")
     assert decode is not None and decode.measured
+    # (one concurrency ran: it said "throughput still rising at 1")
+    assert "only concurrency 1 ran (no knee measured)" in decode.cost, decode.cost
     cfg = RunConfig(LoadConfig(ClosedLoop(1), num_requests=3), WorkloadConfig(input_tokens=128, output_tokens=decode.data["output_tokens"]))
     s = asyncio.run(run(cfg, SimTarget(engine))).summary
     assert s.tpot_ms is not None
@@ -136,3 +138,17 @@ def test_the_template_is_not_reported_as_measured_when_no_request_counted_it(tmp
     asyncio.run(go())
     template = read_profile(tmp_path / "p").factor("template")
     assert template is not None and not template.measured and template.cost.startswith("not measured:"), template
+
+
+def test_the_words_for_a_knee_and_small_differences_say_what_was_measured() -> None:
+    """A ladder of one concurrency has no step to judge a knee by ("throughput still
+    rising at 1" it said); a difference that rounds to zero is 0, never "-0.0 µs per
+    prompt token" or "saved -0.0 ms"."""
+    from inferlab.analysis.profile import front_end_words, knee_words, signed_ms
+
+    assert knee_words([1], None) == "only concurrency 1 ran (no knee measured)"
+    assert knee_words([1, 2, 4], None) == "throughput still rising at 4 (no knee measured)"
+    assert knee_words([1, 2, 4], 2) == "knee at concurrency 2"
+    assert "-0.0" not in front_end_words(-0.01) and "nothing measurable" in front_end_words(-0.01)
+    assert "1.5 µs" in front_end_words(1.5)
+    assert signed_ms(-0.01) == "0.0" and signed_ms(-2.0) == "-2.0" and signed_ms(3.0) == "+3.0"

@@ -96,6 +96,8 @@ def test_profile_flags_for_a_factor_left_out_are_refused(tmp_path: Path) -> None
         (("--factors", "template", "--max-concurrency", "4"), "--max-concurrency: only the decode factor"),
         (("--factors", "prefill", "--slo-ttft-ms", "500"), "--slo-ttft-ms: only the decode factor"),
         (("--factors", "prefix_cache", "--slo-tpot-ms", "50"), "--slo-tpot-ms: only the decode factor"),
+        # (it spent the budget on the prefill ladder, then reported the template not measured)
+        (("--factors", "template", "--api", "completions"), "--factors template: the completions API applies no chat template"),
     ]:
         code, out = invoke("profile", *url, *args)
         assert code == 2 and flag in out and len(out.strip().splitlines()) == 1, (args, out)

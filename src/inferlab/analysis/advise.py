@@ -27,16 +27,22 @@ from typing import Any, Literal
 
 from inferlab._errors import InferlabError, UsageError
 from inferlab.analysis.fits import KNEE_GAIN
-from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile
+from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile, signed_ms
 from inferlab.analysis.whatif import Simulated, WhatIf
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.gateway.config import AdmissionConfig
 from inferlab.results.metrics import request_metrics
-from inferlab.results.provenance import VIRTUAL, engine_family_of, server_info, simulated_engine
+from inferlab.results.provenance import (
+    GATEWAY_KEY,
+    VIRTUAL,
+    engine_family_of,
+    server_info,
+    simulated_engine,
+)
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
 from inferlab.results.sources import read_sweep_index
-from inferlab.results.summary import Summary, summarize
+from inferlab.results.summary import OVERLOAD, Summary, summarize
 from inferlab.results.telemetry import ServerMetrics
 from inferlab.sim.engine.bands import band_of
 from inferlab.sim.engine.families import EngineFamily, FamilyRules
@@ -160,6 +166,7 @@ def _family_rules(engine: dict[str, Any]) -> FamilyRules:
 #: Each rule's rank per goal (lower first).
 PRIORITY: dict[str, dict[Goal, int]] = {
     "failures": {"latency": -1, "consistency": -1, "throughput": -1},
+    "overload": {"latency": -1, "consistency": -1, "throughput": -1},
     "slo_out_of_reach": {"latency": 0, "consistency": 0, "throughput": 0},
     "head_of_line": {"latency": 1, "consistency": 1, "throughput": 8},
     "token_admission": {"latency": 2, "consistency": 2, "throughput": 10},
@@ -245,11 +252,14 @@ class Advice:
     # what it read came from inferlab's simulator (a sim run, runs or a profile against the
     # simulated server): every number it quotes, evidence included, is a prediction
     simulated: bool = False
+    # rules not looked at, their evidence not measured (a profile's factors left out or failed)
+    not_measured: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source, "kind": self.kind, "goal": self.goal, "simulated": self.simulated,
             "recommendations": [r.to_json() for r in self.recommendations], "rules_checked": self.checked,
+            "rules_not_measured": self.not_measured,
         }
 
 
@@ -263,10 +273,12 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
         raise UsageError(f"{p}: no such file or directory")
     if p.is_file() and p.name == PROFILE_FILE:
         p = p.parent
+    not_measured: list[str] = []
     if (p / PROFILE_FILE).exists():
         prof = read_profile(p)
         recs, checked = _profile_rules(prof, p, goal)
         kind, simulated = "profile", prof.server.simulated
+        not_measured = _not_measured(prof)
     elif (p / "summary.json").exists() or (p / "requests.jsonl").exists():
         run = _Run.read(p)
         simulated = server_info(run.config).simulated
@@ -283,7 +295,7 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
         recs, checked = _sweep_rules(read, goal, index)
         kind, simulated = "sweep", any(server_info(r.config).simulated for r in read)
     recs.sort(key=lambda r: (PRIORITY.get(r.rule, {}).get(goal, 99), -_size(r)))
-    return Advice(str(p), kind, goal, recs, checked, simulated)
+    return Advice(str(p), kind, goal, recs, [c for c in checked if c not in not_measured], simulated, not_measured)
 
 
 def _size(r: Recommendation) -> float:
@@ -325,16 +337,52 @@ class _Run:
         return simulated_engine(self.config)
 
     def flags(self) -> _EngineFlags:
-        """The flags of the engine the run measured: the simulated engine's family's,
-        else the family of the software the server said it is, else any engine's."""
+        """The flags of the engine the run measured: the simulated engine's family's
+        (behind inferlab gateway, its upstreams' where they share one), else the family
+        of the software the server said it is, else any engine's."""
         engine = self.engine()
         if engine is not None:
             return _flags(engine)
+        upstreams = self.gateway_engines()
+        if upstreams:
+            return _flags((self.config.get("resolved") or {}).get("engine"))
         resolved = self.config.get("resolved")
         software = resolved.get("server_software") if isinstance(resolved, dict) else None
         name = software.get("name") if isinstance(software, dict) else None
         family = _SOFTWARE_FAMILY.get(str(name)) if name else None
         return _FAMILY_FLAGS.get(family, _VLLM_FLAGS) if family else _ANY_FLAGS
+
+    def gateway_engines(self) -> list[dict[str, Any]]:
+        """The engines behind inferlab gateway in front of simulated servers, as the run
+        recorded them (``resolved.engine.inferlab_gateway.engines``); empty otherwise."""
+        resolved = self.config.get("resolved")
+        engine = resolved.get("engine") if isinstance(resolved, dict) else None
+        gateway = engine.get(GATEWAY_KEY) if isinstance(engine, dict) else None
+        engines = gateway.get("engines") if isinstance(gateway, dict) else None
+        return [e for e in engines if isinstance(e, dict)] if isinstance(engines, list) else []
+
+    def server_settings(self) -> dict[str, Any]:
+        """The engine flags a measured server stated (``resolved.server_software.settings``,
+        ``client.serverid``); empty where it stated none."""
+        resolved = self.config.get("resolved")
+        software = resolved.get("server_software") if isinstance(resolved, dict) else None
+        settings = software.get("settings") if isinstance(software, dict) else None
+        return settings if isinstance(settings, dict) else {}
+
+    def prefix_caching_off(self) -> str | None:
+        """Where the run recorded its engine's prefix caching off, in words: the simulated
+        engine's flags, a real server's stated settings, or the gateway's upstreams;
+        None where it was on or not recorded."""
+        engine = self.engine()
+        if engine is not None:
+            return "the engine ran with prefix caching off" if engine.get("enable_prefix_caching") is False else None
+        if self.server_settings().get("enable_prefix_caching") is False:
+            return "the server states prefix caching off (its settings as the run recorded them)"
+        upstreams = self.gateway_engines()
+        off = sum(1 for e in upstreams if e.get("enable_prefix_caching") is False)
+        if off:
+            return f"{off} of the gateway's {len(upstreams)} upstream engines ran with prefix caching off"
+        return None
 
     def concurrency(self) -> float | None:
         s = (self.config.get("load") or {}).get("schedule") or {}
@@ -399,7 +447,7 @@ def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim
 def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
     w = WhatIf(run.dir, run.config)
     rules: list[Callable[[_Run, WhatIf, Goal], Recommendation | None]] = [
-        _failures, _slo_out_of_reach, _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
+        _failures, _overload, _slo_out_of_reach, _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
     ]
     out = []
     for rule in rules:
@@ -410,8 +458,106 @@ def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
             rec = Recommendation(name, f"(could not be checked: the {name.replace('_', ' ')} rule)", str(e), "")
         if rec is not None:
             out.append(rec)
+    if any(r.rule == "overload" for r in out):
+        _unbounded(out)
+    _check_baseline(run, w, out)
     # (the SLO floor is the simulator's: with no engine to simulate it was not looked at)
     return out, [r.__name__.strip("_") for r in rules if w.available or r is not _slo_out_of_reach]
+
+
+#: Gains in these, of a run whose queue grew without bound, are the run's length's.
+_QUEUED_METRICS = ("TTFT", "E2E")
+
+
+def _overload(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """An open loop that offered more requests than the server completed, its queue
+    growing through the run (the summary's warning, ``results.summary.overload_warning``):
+    no engine setting matters until the load fits, so this comes first."""
+    warning = next((x for x in run.summary.warnings if x.startswith(OVERLOAD)), None)
+    if warning is None:
+        return None
+    intended = sorted(r.intended_send_ns for r in [*run.records, *run.failed] if r.intended_send_ns is not None)
+    offered = ((len(intended) - 1) / ((intended[-1] - intended[0]) / 1e9)
+               if len(intended) >= 2 and intended[-1] > intended[0] else None)
+    completed = run.summary.request_throughput_rps
+    more = ""
+    if offered and completed:
+        # (each replica completes what this setup did: as many again as the offered rate needs)
+        replicas = math.ceil(offered / completed * w.replicas)
+        how = (f"sim run --replicas {replicas}" if run.config.get("command") == "sim run"
+               else "inferlab gateway with one --upstream per replica")
+        more = (f" (about {completed:,.1f} req/s here), or {replicas} replicas of this setup behind a router to serve "
+                f"{offered:,.1f} req/s ({how})")
+    return Recommendation(
+        "overload", "More requests arrive than the server completes: its queue grows without bound", warning,
+        f"send no more than the server completes{more}, or admission control at a gateway that turns the excess "
+        "away (inferlab gateway [admission] mode = \"requests\" with a small queue_max: HTTP 503 at once) so the "
+        "requests it lets through keep their latency",
+        note="while the queue grows, every request waits longer than the one before: TTFT and E2E depend on how long "
+             "the run went on, so no item here quotes a gain in them",
+    )
+
+
+#: A what-if's rerun whose baseline TTFT p50 is this many times the run's (or a fraction
+#: as large), or whose mean prompt differs by ``BASELINE_PROMPT_SHARE``, is not the run.
+BASELINE_FACTOR = 1.5
+BASELINE_PROMPT_SHARE = 0.1
+
+
+def _baseline_off(run: _Run, w: WhatIf) -> str | None:
+    """How the what-if's rerun without a change (its baseline) differs from the run, in
+    words; None where they agree (mean prompt tokens within ``BASELINE_PROMPT_SHARE``,
+    TTFT p50 within ``BASELINE_FACTOR``). The rerun rebuilds the prompts with the
+    simulator's own chat template and tokenizer, not the server's: a server whose
+    template adds a long system text, or that turned requests away, ran another
+    workload than the rerun does."""
+    base = w.simulate()
+    ran, rerun = _inputs(run.records), _inputs(base.records)
+    said = []
+    if ran and rerun:
+        a, b = statistics.fmean(ran), statistics.fmean(rerun)
+        if abs(b - a) > BASELINE_PROMPT_SHARE * a:
+            said.append(f"its prompts average {b:,.0f} tokens against the run's {a:,.0f}")
+    ttft_run, ttft_rerun = run.summary.ttft_ms, base.result.summary.ttft_ms
+    if ttft_run is not None and ttft_rerun is not None and ttft_run.p50 > 0 and ttft_rerun.p50 > 0:
+        ratio = ttft_rerun.p50 / ttft_run.p50
+        if not 1 / BASELINE_FACTOR <= ratio <= BASELINE_FACTOR:
+            said.append(f"its TTFT p50 is {ttft_rerun.p50:,.1f} ms against the run's {ttft_run.p50:,.1f} ms")
+    return "; ".join(said) or None
+
+
+def _check_baseline(run: _Run, w: WhatIf, recs: list[Recommendation]) -> None:
+    """Where the what-if's baseline is not the run (``_baseline_off``), the gains
+    predicted from it are dropped, and each item that had one says why: a gain from a
+    baseline the run did not have is no gain of the run's."""
+    if not w.available or not any(w.method in g.kind for r in recs for g in r.gains):
+        return
+    off = _baseline_off(run, w)
+    if off is None:
+        return
+    why = (f"no predicted gain: the simulator's rerun of this run without the change is not the run ({off}; the rerun "
+           "builds prompts with the simulator's own chat template, and leaves out what the server refused), so a gain "
+           "from it would be from a baseline the run did not have")
+    for r in recs:
+        kept = [g for g in r.gains if w.method not in g.kind]
+        if len(kept) < len(r.gains):
+            r.gains = kept
+            r.note = f"{r.note}; {why}" if r.note else why
+
+
+def _unbounded(recs: list[Recommendation]) -> None:
+    """A run whose queue grew without bound (``_overload``): the TTFT and E2E gains of
+    the other items are dropped, and each says why (they compare two latencies that
+    grow with the run's length, so the gain does too)."""
+    for r in recs:
+        if r.rule == "overload":
+            continue
+        kept = [g for g in r.gains if not any(m in (g.metric_class or g.metric) for m in _QUEUED_METRICS)]
+        if len(kept) < len(r.gains):
+            r.gains = kept
+            why = ("no TTFT or E2E gain quoted: the run offered more than the server completed, and in a queue that "
+                   "grows without bound those grow with the run's length")
+            r.note = f"{r.note}; {why}" if r.note else why
 
 
 def _itls(records: Sequence[RequestRecord], keep: Callable[[RequestRecord], bool]) -> list[float]:
@@ -683,15 +829,16 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     shared = _shares_prefixes(run)
     if shared is None:
         return None
-    engine = run.engine()
     rate, source = _hit_rate(run)
-    caching_off = engine is not None and engine.get("enable_prefix_caching") is False
+    off = run.prefix_caching_off()
+    caching_off = off is not None
     if not caching_off and (rate is None or rate >= LOW_HIT_RATE):
         return None  # on and used (or nothing says otherwise)
     seen = "no hit rate reported" if rate is None else f"{rate:.0%} of prompt tokens served from cache ({source})"
-    evidence = f"{shared}; {seen}" + ("; the engine ran with prefix caching off" if caching_off else "")
+    evidence = f"{shared}; {seen}" + (f"; {off}" if off else "")
     if caching_off:
-        change = f"turn prefix caching on: {run.flags().prefix_on}"
+        where = " for the engines behind the gateway" if run.engine() is None and run.gateway_engines() else ""
+        change = f"turn prefix caching on{where}: {run.flags().prefix_on}"
         title = "Prompts share prefixes but prefix caching is off"
     else:
         change = ("keep shared text at the very start of every prompt (system prompt first, no per-request IDs or "
@@ -721,7 +868,10 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     )
 
 
-def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+def _kv_full(run: _Run) -> list[str]:
+    """What says a run's KV cache was full, in words: preemptions (the server's
+    /metrics, the simulated server's timeline per request, or a sim run's own count in
+    its summary), or KV usage up to ``KV_PRESSURE`` (/metrics); empty where nothing does."""
     m = run.summary.server_metrics
     preempted = sum(int((r.server_timeline or {}).get("preemptions") or 0) for r in run.records)
     parts = []
@@ -733,8 +883,16 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
             parts.append(f"KV cache up to {kv.max:.0%} full (/metrics)")
     if preempted and not parts:
         parts.append(f"{preempted} preemptions (the simulated server's timeline)")
+    counted = run.summary.prediction.get("preemptions") if isinstance(run.summary.prediction, dict) else None
+    if not parts and isinstance(counted, int) and counted > 0:
+        parts.append(f"{counted:,} preemptions (the simulated engine's count)")
+    return parts
+
+
+def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    parts = _kv_full(run)
     if not parts and w.available and run.config.get("command") == "sim run":
-        # a sim run keeps no timeline per request: its engine's own count, on a rerun
+        # a sim run written before its summary kept the engine's count: a rerun's
         engine_run = w.simulate().result.engine
         if engine_run is not None and engine_run.preemptions_total > 0:
             parts.append(f"{engine_run.preemptions_total:,} preemptions (the simulated engine's count)")
@@ -757,16 +915,8 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     if not parts:
         return None
     family = str((engine or {}).get("engine_family") or "vllm")
-    fixed = (engine or {}).get("num_gpu_blocks_override") is not None  # (a pool of N blocks: no dtype or share moves it)
     flags = run.flags()
-    halves = (engine is None or engine.get("kv_cache_dtype") in (None, "auto")) and bool(flags.kv_fp8) and not fixed
-    room = [flags.kv_fp8 if halves else "", flags.kv_share, flags.kv_limits]
-    if family == "lmdeploy":  # (its int8 KV is not simulated: named, no prediction)
-        room.insert(0, "int8 KV (--quant-policy 8; not simulated)")
-    change = "give the KV cache more room: " + ", ".join(r for r in room if r) + "; or a bigger GPU, or -tp 2"
-    if fixed and engine is not None:
-        change = (f"give the KV cache more room: more than the {engine['num_gpu_blocks_override']:,} blocks "
-                  "--num-gpu-blocks-override fixes (while it is given, no dtype, memory share or GPU changes the cache)")
+    change, halves = _kv_room(engine, flags)
     if held is not None:
         policy = ("scheduler_config capacity_scheduler_policy: MAX_UTILIZATION" if family == "trtllm"
                   else "the simulator's --capacity-scheduler-policy MAX_UTILIZATION")
@@ -790,7 +940,53 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     return rec
 
 
+def _kv_room(engine: dict[str, Any] | None, flags: _EngineFlags) -> tuple[str, bool]:
+    """The change that gives an engine's KV cache more room, in its own flags, and
+    whether fp8 KV (half the bytes per token) is among them."""
+    family = str((engine or {}).get("engine_family") or "vllm")
+    fixed = (engine or {}).get("num_gpu_blocks_override") is not None  # (a pool of N blocks: no dtype or share moves it)
+    halves = (engine is None or engine.get("kv_cache_dtype") in (None, "auto")) and bool(flags.kv_fp8) and not fixed
+    room = [flags.kv_fp8 if halves else "", flags.kv_share, flags.kv_limits]
+    if family == "lmdeploy":  # (its int8 KV is not simulated: named, no prediction)
+        room.insert(0, "int8 KV (--quant-policy 8; not simulated)")
+    change = "give the KV cache more room: " + ", ".join(r for r in room if r) + "; or a bigger GPU, or -tp 2"
+    if fixed and engine is not None:
+        change = (f"give the KV cache more room: more than the {engine['num_gpu_blocks_override']:,} blocks "
+                  "--num-gpu-blocks-override fixes (while it is given, no dtype, memory share or GPU changes the cache)")
+    return change, halves
+
+
+def _overhead_cost(w: WhatIf, prompt_tokens: int, overhead: int) -> tuple[float, Simulated] | None:
+    """The TTFT ms ``overhead`` of a ``prompt_tokens`` prompt costs one request alone on
+    the run's engine (its prompt not cached), and the simulation with them; None where
+    the engine is not simulated or refuses."""
+    if not w.available or prompt_tokens <= overhead:
+        return None
+    try:
+        full, less = w.alone(prompt_tokens, 1), w.alone(max(1, prompt_tokens - overhead), 1)
+    except InferlabError:
+        return None
+    a, b = full.result.summary.ttft_ms, less.result.summary.ttft_ms
+    return None if a is None or b is None else (max(0.0, a.p50 - b.p50), full)
+
+
+def _alone_kind(w: WhatIf, prompt_tokens: int, overhead: int) -> str:
+    """The kind of ``_overhead_cost``'s gain: one request alone, of the run's own mean
+    prompt length, not the rerun (its baseline is not the run's workload rebuilt)."""
+    return (f"prediction: simulator, {w.describe_engine()}, one request alone of {prompt_tokens:,} prompt tokens and "
+            f"of {max(1, prompt_tokens - overhead):,}")
+
+
 def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """The chat template and the system prompt, prefilled again for every request: an
+    item where they are many tokens (``OVERHEAD_TOKENS``, or ``OVERHEAD_SHARE`` of the
+    prompt) and their cost is of consequence: on a simulated engine, one request's TTFT
+    with and without them differs by ``MIN_GAIN`` of the run's TTFT p50 or more (a stock
+    template of a few dozen tokens costs a fraction of a ms); elsewhere, the share alone
+    says nothing of the cost, and ``OVERHEAD_TOKENS`` it must be. None where the prefix
+    cache serves them already (a request's median cached tokens cover them); where
+    prefix caching is off, turning it on is the change: they open every prompt
+    unchanged, the prefix it serves after the first request."""
     s = run.summary
     template = s.prompt_overhead_tokens if isinstance(s.prompt_overhead_tokens, int) else 0
     system = int(run.workload().get("system_tokens") or 0)
@@ -801,8 +997,38 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
     overhead = template + system
     if overhead < OVERHEAD_TOKENS and overhead < OVERHEAD_SHARE * mean_in:
         return None
+    off = run.prefix_caching_off()
+    cached = [r.cached_tokens for r in run.records if r.cached_tokens is not None]
+    if off is None and cached and statistics.median(cached) >= 0.9 * overhead:
+        return None  # (the prefix cache serves them: shortening them saves little)
     evidence = (f"{overhead:,} of a mean {mean_in:,.0f} prompt tokens are the system prompt ({system:,}) "
                 f"and the chat template ({template:,}): {overhead / mean_in:.0%}")
+    ttft = s.ttft_ms
+    costed = _overhead_cost(w, round(mean_in), overhead)
+    if costed is not None and ttft is not None and ttft.p50 > 0:
+        cost = costed[0]
+        if cost < MIN_GAIN * ttft.p50:
+            return None  # (a few tokens' prefill beside the TTFT the run had)
+        evidence += (f"; they cost a request about {cost:,.1f} ms of TTFT (one request alone on the simulated engine, "
+                     f"with and without them), {cost / ttft.p50:.0%} of the run's TTFT p50 ({ttft.p50:,.1f} ms)")
+    elif overhead < OVERHEAD_TOKENS:
+        return None  # (a share of short prompts, at a cost not known: nothing says it matters)
+    else:
+        costed = None
+        evidence += "; their TTFT cost not estimated (" + (w.why_not or "no TTFT measured") + ")"
+    if off is not None:
+        evidence += f"; {off}"
+        rec = Recommendation(
+            "template_overhead", "The system prompt and template are prefilled again for every prompt: prefix caching is off",
+            evidence,
+            f"turn prefix caching on, {run.flags().prefix_on}: the template and system prompt open every prompt "
+            "unchanged, a prefix the cache serves after the first request; or shorten them (the application)",
+        )
+        if costed is not None:
+            rec.gains.append(_sim_gain("TTFT ms the template and system prompt cost a request", "TTFT", costed[0], 0.0,
+                                       _alone_kind(w, round(mean_in), overhead) + "; once cached, about nothing",
+                                       costed[1]))
+        return rec
     change = "shorten the system prompt and the template (the application): every request prefills those tokens, unless the prefix cache holds them"
     rec = Recommendation("template_overhead", "The system prompt and template are a large part of every prompt", evidence, change)
     if w.available and system:
@@ -814,6 +1040,10 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
                 return None
             rec.gains.append(_sim_gain("mean TTFT ms", "TTFT", statistics.fmean(b), statistics.fmean(a),
                                        _prediction(w, f"a {cut}-token system prompt instead of {system}"), short))
+    if not rec.gains and costed is not None:
+        rec.gains.append(_sim_gain("TTFT ms the template and system prompt cost a request", "TTFT", costed[0], 0.0,
+                                   f"bound: at best, without them ({_alone_kind(w, round(mean_in), overhead)})",
+                                   costed[1]))
     return rec
 
 
@@ -887,6 +1117,11 @@ _FAILURE_CHANGES = (
     (("max-model-len", "max_model_len", "context length", "maximum context"),
      "prompts (with their answers) longer than the engine's context: a larger --max-model-len where the KV cache "
      "has room, or shorter prompts (truncate or summarise at the application)"),
+    # (before "429": a server that turns requests away past its own queue answers 429 too,
+    # as inferlab sim serve does past --max-waiting-requests)
+    (("overloaded", "too many requests are waiting"),
+     "the server turned them away with its queue of waiting requests full (not a key's limit): fewer requests at "
+     "once or a lower rate, more replicas, or a longer queue on the server (inferlab sim serve --max-waiting-requests)"),
     (("429", "rate limit", "ratelimit"), "the key's rate limits refused them: raise its limits, or send them more slowly"),
     (("no upstream had room", "queue", "503"),
      "the gateway's admission turned them away: a larger admission budget or queue, more replicas, or fewer requests at once"),
@@ -1036,7 +1271,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
         d = pc.data
         rec = Recommendation(
             "prefix_caching", "Shared prefixes are not served from cache",
-            f"a shared {d['prefix_tokens']:,}-token prefix saved {d['saved_ms']:+,.1f} ms TTFT ({d['ttft_shared_ms']:,.0f} vs {d['ttft_unique_ms']:,.0f} ms)",
+            f"a shared {d['prefix_tokens']:,}-token prefix saved {signed_ms(d['saved_ms'])} ms TTFT ({d['ttft_shared_ms']:,.0f} vs {d['ttft_unique_ms']:,.0f} ms)",
             f"turn prefix caching on: {_flags(p.engine).prefix_on}",
         )
         shared = folder / "prefix" / "shared"
@@ -1050,6 +1285,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                     if tb and ta:
                         rec.gains.append(_sim_gain("median TTFT ms of the shared-prefix prompts", "TTFT", statistics.median(tb),
                                                    statistics.median(ta), _prediction(w, "--enable-prefix-caching"), a))
+                    _check_baseline(run, w, [rec])
         out.append(rec)
     dec = p.factor("decode")
     if dec is not None and dec.measured and dec.data.get("knee_concurrency"):
@@ -1065,14 +1301,14 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                 f"wait in its queue: output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs "
                 f"{pts[top]['output_tps']:,.0f} at {top}",
             ))
-        elif top > k and goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
-            out.append(Recommendation(
-                "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
-                f"output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs {pts[top]['output_tps']:,.0f} at {top}; TPOT {pts[k]['tpot_ms_p50']:.1f} → {pts[top]['tpot_ms_p50']:.1f} ms",
-                f"cap requests in flight at about {k}: a gateway's max concurrency, or {_flags(p.engine).seqs.format(n=k)}",
-                [Gain("TPOT p50 ms", pts[top]["tpot_ms_p50"], pts[k]["tpot_ms_p50"], measured),
-                 Gain("output tokens/s", pts[top]["output_tps"], pts[k]["output_tps"], measured)],
-            ))
+        elif top > k:
+            full = _ladder_kv_full(folder, dec.runs, k)
+            if full:  # (the cache, not the GPU, made the knee: a cap gives it no room)
+                out.append(_ladder_kv_rec(p, folder, full, pts, k, top))
+            elif goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
+                cap_rec = _ladder_cap_rec(p, pts, k, top, measured, dec.data.get("output_tokens"))
+                if cap_rec is not None:
+                    out.append(cap_rec)
     rc = p.factor("response_cache")
     if rc is not None and rc.measured and not rc.data.get("detected"):
         out.append(Recommendation(
@@ -1085,15 +1321,147 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
     pf = p.factor("prefill")
     if tp is not None and tp.measured and tp.data.get("ttft_cost_ms") and pf is not None and pf.measured:
         cost = tp.data["ttft_cost_ms"]
-        overhead = pf.data["fit"]["overhead_ms"]
-        if tp.data["overhead_tokens"] >= OVERHEAD_TOKENS:
-            out.append(Recommendation(
-                "template_overhead", "The chat template adds many tokens to every prompt",
-                f"{tp.data['overhead_tokens']} tokens per request, {cost:.1f} ms of prefill each (fixed overhead {overhead:.0f} ms)",
-                "use a leaner chat template (the application or --chat-template)",
-                [Gain("TTFT ms of the template's tokens", cost, 0.0, f"{pre}estimate: its tokens × the {seen} prefill cost")],
-            ))
-    return out, ["head_of_line", "prefix_caching", "concurrency_cap", "engine_cap", "response_cache", "template_overhead"]
+        tokens = tp.data["overhead_tokens"]
+        fit = pf.data["fit"]
+        overhead = fit["overhead_ms"]
+        # the TTFT of a short (128-token) prompt with the template, by the prefill fit:
+        # what the template's share is judged against
+        short = max(0.0, overhead) + (cost + 128 * 1000 / fit["prefill_tps"] if fit.get("prefill_tps") else cost)
+        # the prefix cache factor: a shared prefix that saved TTFT means the cache serves
+        # the template too (it opens every prompt unchanged); one that saved none, off
+        cache_on = pc is not None and pc.measured and pc.data.get("saved_ms", 0) > 0.05 * pc.data.get("ttft_unique_ms", 1)
+        cache_off = pc is not None and pc.measured and not cache_on
+        if tokens >= OVERHEAD_TOKENS and cost >= MIN_GAIN * short and not cache_on:
+            evidence = (f"{tokens} tokens per request, {cost:.1f} ms of prefill each, {cost / short:.0%} of a "
+                        f"128-token prompt's TTFT ({short:,.0f} ms by the prefill fit; fixed overhead {overhead:.0f} ms)")
+            if cache_off:
+                out.append(Recommendation(
+                    "template_overhead", "The chat template is prefilled again for every prompt: prefix caching looks off",
+                    evidence + "; a shared prefix saved no TTFT (the prefix cache factor)",
+                    f"turn prefix caching on, {_flags(p.engine).prefix_on}: the template opens every prompt unchanged, "
+                    "a prefix the cache serves after the first request; or a leaner chat template (the application or "
+                    "--chat-template)",
+                    [Gain("TTFT ms of the template's tokens", cost, 0.0,
+                          f"{pre}estimate: its tokens × the {seen} prefill cost; once cached, about nothing")],
+                ))
+            else:
+                out.append(Recommendation(
+                    "template_overhead", "The chat template adds many tokens to every prompt", evidence,
+                    "use a leaner chat template (the application or --chat-template)",
+                    [Gain("TTFT ms of the template's tokens", cost, 0.0, f"{pre}estimate: its tokens × the {seen} prefill cost")],
+                    "" if pc is not None and pc.measured else "whether the prefix cache serves it was not measured "
+                    "(the prefix cache factor): where it does, the template costs little",
+                ))
+    return out, list(_PROFILE_EVIDENCE)
+
+
+def _improves(g: Gain) -> bool:
+    """Whether a gain is one by ``MIN_GAIN`` at least: more of a throughput, less of a
+    time."""
+    pct = g.delta_pct
+    if pct is None:
+        return False
+    more = "tokens/s" in g.metric or "tok/s" in g.metric or "req/s" in g.metric
+    return pct >= 100 * MIN_GAIN if more else pct <= -100 * MIN_GAIN
+
+
+def _ladder_kv_full(folder: Path, runs: Sequence[str], knee_at: int) -> list[tuple[int, list[str], _Run]]:
+    """The decode ladder's runs at the knee's concurrency or past it whose KV cache was
+    full (``_kv_full``), lowest concurrency first: (concurrency, what says so, the run).
+    Runs no longer in the folder are left out."""
+    found = []
+    for name in runs:
+        with contextlib.suppress(InferlabError):
+            run = _Run.read(folder / name)
+            c = run.concurrency()
+            parts = _kv_full(run) if c is not None and c >= knee_at else []
+            if c is not None and parts:
+                found.append((int(c), parts, run))
+    return sorted(found, key=lambda f: f[0])
+
+
+def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _Run]], pts: dict[int, Any],
+                   k: int, top: int) -> Recommendation:
+    """The decode ladder's knee where its runs show the KV cache full: room for the
+    cache is the change (a cap on requests in flight would only queue the rest), with
+    a cache twice the size predicted at the top concurrency where the engine is simulated."""
+    flags = _flags(p.engine)
+    change, _ = _kv_room(p.engine, flags)
+    first, last = full[0], full[-1]
+    said = "; ".join(f"at concurrency {c}: {', '.join(parts)}" for c, parts, _ in (full if len(full) <= 2 else [first, last]))
+    rec = Recommendation(
+        "kv_pressure", "The KV cache is the limit past the knee: requests are preempted or wait for room",
+        f"output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs {pts[top]['output_tps']:,.0f} at {top}, "
+        f"TTFT p50 {pts[k]['ttft_ms_p50']:,.0f} → {pts[top]['ttft_ms_p50']:,.0f} ms, while the KV cache is full ({said})",
+        change + "; a cap on requests in flight gives the cache no room: it only makes the rest wait for a slot",
+    )
+    run = last[2]
+    w = WhatIf(run.dir, run.config)
+    if not w.available:
+        rec.note = f"no prediction: {w.why_not}"
+        return rec
+    base = w.simulate()
+    blocks = base.result.engine.num_kv_blocks if base.result.engine is not None else 0
+    if not blocks:
+        return rec
+    more = w.simulate({"num_gpu_blocks_override": 2 * blocks})
+    kind = _prediction(w, f"a KV cache twice the size ({2 * blocks:,} blocks), at concurrency {last[0]}")
+    sb, sm = base.result.summary, more.result.summary
+    if sb.ttft_ms is not None and sm.ttft_ms is not None:
+        rec.gains.append(_sim_gain(f"TTFT p50 ms at concurrency {last[0]}", "TTFT", sb.ttft_ms.p50, sm.ttft_ms.p50, kind, more))
+    if sb.output_token_throughput_tps and sm.output_token_throughput_tps:
+        rec.gains.append(_sim_gain(f"output tokens/s at concurrency {last[0]}", "throughput", sb.output_token_throughput_tps,
+                                   sm.output_token_throughput_tps, kind, more))
+    return rec
+
+
+def _ladder_cap_rec(p: Profile, pts: dict[int, Any], k: int, top: int, measured: str,
+                    output_tokens: Any) -> Recommendation | None:
+    """A cap on requests in flight at the decode ladder's knee ``k``, for the latency of
+    the running streams: what it gives (TPOT) and gives up (throughput), measured, and
+    what it costs the requests it holds back (TTFT, estimated); None where nothing it
+    gives is worth it (``_improves``)."""
+    at_k, at_top = pts[k], pts[top]
+    gains = [Gain("TPOT p50 ms", at_top["tpot_ms_p50"], at_k["tpot_ms_p50"], measured),
+             Gain("output tokens/s", at_top["output_tps"], at_k["output_tps"], measured)]
+    if not any(_improves(g) for g in gains):
+        return None
+    # the held-back requests wait for a slot: {top} users through {k} slots complete
+    # as {k} users do (Little's law), so each waits about (top/k - 1) answers at k
+    e2e_k = at_k.get("e2e_ms_p50")
+    if e2e_k is None and at_k.get("ttft_ms_p50") is not None and isinstance(output_tokens, int):
+        e2e_k = at_k["ttft_ms_p50"] + at_k["tpot_ms_p50"] * max(0, output_tokens - 1)
+    ttft_cost = ""
+    if e2e_k is not None and at_k.get("ttft_ms_p50") is not None and at_top.get("ttft_ms_p50") is not None:
+        capped = at_k["ttft_ms_p50"] + (top / k - 1) * e2e_k
+        gains.append(Gain(f"TTFT p50 ms of {top} users through {k} slots (the held-back requests wait for one)",
+                          at_top["ttft_ms_p50"], capped,
+                          f"estimate: Little's law, TTFT at {k} + ({top}/{k} − 1) × E2E p50 at {k} ({e2e_k:,.0f} ms)"))
+        ttft_cost = f"; a cap that queues the rest moves their wait into TTFT: about {capped:,.0f} ms p50 at {top} users"
+    return Recommendation(
+        "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
+        f"output {at_k['output_tps']:,.0f} tokens/s at concurrency {k} vs {at_top['output_tps']:,.0f} at {top}; "
+        f"TPOT {at_k['tpot_ms_p50']:.1f} → {at_top['tpot_ms_p50']:.1f} ms",
+        f"cap requests in flight at about {k}: a gateway's max concurrency, or {_flags(p.engine).seqs.format(n=k)}",
+        gains,
+        f"the cap gives the running streams their TPOT at {k}{ttft_cost}; a gateway that turns the rest away "
+        "(HTTP 503) instead keeps TTFT but refuses them",
+    )
+
+
+#: Each profile rule and the factors it reads (all of them measured, or it was not looked at).
+_PROFILE_EVIDENCE = {
+    "head_of_line": ("head_of_line",), "prefix_caching": ("prefix_cache",), "concurrency_cap": ("decode",),
+    "engine_cap": ("decode",), "kv_pressure": ("decode",), "response_cache": ("response_cache",),
+    "template_overhead": ("template", "prefill"),
+}
+
+
+def _not_measured(p: Profile) -> list[str]:
+    """The profile rules whose factors the profile did not measure (left out by
+    --factors, out of budget, or failed): not checked, whatever no item says."""
+    measured = {f.name for f in p.factors if f.measured}
+    return [rule for rule, factors in _PROFILE_EVIDENCE.items() if not set(factors) <= measured]
 
 
 # --- a folder of runs ---------------------------------------------------------------------

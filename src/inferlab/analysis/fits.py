@@ -98,10 +98,11 @@ def prefill_fit(points: Sequence[tuple[float, float]]) -> PrefillFit:
 
 @dataclass(frozen=True)
 class Knee:
-    """Throughput against concurrency: ``knee_concurrency`` is the last concurrency
-    whose next step up still raised aggregate throughput by ``KNEE_GAIN`` or more (None:
-    it kept growing up to the highest measured); ``best_goodput_concurrency``: where
-    requests meeting the SLOs per second peaked (None without SLO data)."""
+    """Throughput against concurrency: ``knee_concurrency`` is the first concurrency
+    whose next step up raised aggregate throughput by less than ``KNEE_GAIN`` per
+    doubling (the steps up to it all paid; None: every step paid up to the highest
+    measured, or only one was measured); ``best_goodput_concurrency``: where requests
+    meeting the SLOs per second peaked (None without SLO data)."""
 
     knee_concurrency: int | None
     best_goodput_concurrency: int | None

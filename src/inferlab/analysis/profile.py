@@ -105,6 +105,10 @@ class ProfileConfig:
             raise UsageError("--factors temperature needs --no-exact-output (its requests let the model end each answer on its own)")
         if self.factors and "temperature" not in self.factors and not self.exact_output:
             raise UsageError("--no-exact-output: only the temperature factor uses it, and --factors leaves it out")
+        # (it ran the prefill ladder, which the template's cost is read from, and then
+        # reported the template not measured)
+        if "template" in self.factors and self.api == "completions":
+            raise UsageError("--factors template: the completions API applies no chat template (give --api chat)")
 
     def measured(self) -> set[str]:
         """The factors this profile measures: ``factors`` (all when empty) and the ones
@@ -510,10 +514,7 @@ class _Profiler:
                 # what the client sees beyond the server's own clock, per prompt token:
                 # parsing, tokenizing, the network (a cost the engine's rate leaves out)
                 extra_us = (1e6 / fit.prefill_tps - 1e6 / sfit.prefill_tps)
-                evidence += (
-                    f"; the server's own TTFT gives {sfit.prefill_tps:,.0f} tokens/s: the front end and network add "
-                    f"{extra_us:,.1f} µs per prompt token"
-                )
+                evidence += f"; the server's own TTFT gives {sfit.prefill_tps:,.0f} tokens/s: {front_end_words(extra_us)}"
         return Factor("prefill", "prefill (prompt length)", cost, evidence, data, runs)
 
     async def decode(self) -> Factor:
@@ -534,6 +535,7 @@ class _Profiler:
                 "completed": s.counts.completed,
                 "tpot_ms_p50": None if s.tpot_ms is None else s.tpot_ms.p50,
                 "ttft_ms_p50": None if s.ttft_ms is None else s.ttft_ms.p50,
+                "e2e_ms_p50": None if s.e2e_ms is None else s.e2e_ms.p50,
                 "output_tps": s.output_token_throughput_tps,
                 "goodput_rps": s.goodput_rps,
                 "interrupted": pt.result.interrupted,
@@ -546,10 +548,7 @@ class _Profiler:
         k = knee([r["concurrency"] for r in rows], [r["output_tps"] for r in rows], [r["goodput_rps"] for r in rows])
         tpot_1 = rows[0]["tpot_ms_p50"] if rows[0]["concurrency"] == 1 else None
         top = max(rows, key=lambda r: r["output_tps"])
-        knee_text = (
-            f"throughput still rising at {rows[-1]['concurrency']} (no knee measured)" if k.knee_concurrency is None
-            else f"knee at concurrency {k.knee_concurrency}"
-        )
+        knee_text = knee_words([r["concurrency"] for r in rows], k.knee_concurrency)
         cost = (
             (f"{tpot_1:.2f} ms per token at concurrency 1 ({1000 / tpot_1:,.0f} tokens/s per stream); " if tpot_1 else "")
             + f"{knee_text}; most output {top['output_tps']:,.0f} tokens/s at {top['concurrency']}"
@@ -615,7 +614,7 @@ class _Profiler:
         seen = "not reported by the server" if hit_rate is None else f"{hit_rate:.0%} of prompt tokens cached ({source})"
         cost = (
             f"a shared {prefix:,}-token prefix saves {saved:,.1f} ms TTFT ({saved / b:.0%}); {seen}"
-            if saved > 0 else f"no TTFT saved by a shared prefix ({saved:+,.1f} ms): prefix caching looks off; {seen}"
+            if saved > 0 else f"no TTFT saved by a shared prefix ({signed_ms(saved)} ms): prefix caching looks off; {seen}"
         )
         evidence = f"median TTFT at concurrency 1: shared prefix {a:,.1f} ms vs unique prompts of the same length {b:,.1f} ms ({n} requests each)"
         data = {"prefix_tokens": prefix, "suffix_tokens": suffix, "ttft_shared_ms": a, "ttft_unique_ms": b, "saved_ms": saved, "hit_rate": hit_rate, "hit_rate_source": source}
@@ -732,6 +731,31 @@ class _Profiler:
         if per_token_ms is not None:
             evidence += f", × {per_token_ms * 1000:.1f} µs per token (the prefill fit)"
         return Factor("template", "chat template", cost, evidence, {"overhead_tokens": tokens, "ttft_cost_ms": cost_ms})
+
+
+def knee_words(concurrencies: Sequence[int], knee_at: int | None) -> str:
+    """The decode ladder's knee in words: where it is, or that throughput was still
+    rising at the highest concurrency, or that one concurrency alone ran (no step up
+    to judge a knee by)."""
+    if knee_at is not None:
+        return f"knee at concurrency {knee_at}"
+    if len(concurrencies) < 2:
+        return f"only concurrency {concurrencies[0] if concurrencies else '?'} ran (no knee measured)"
+    return f"throughput still rising at {concurrencies[-1]} (no knee measured)"
+
+
+def front_end_words(extra_us: float) -> str:
+    """What the front end and the network add per prompt token (the client's prefill
+    fit against the server's own), in words; less than 0.05 µs (or below zero: the
+    two fits' noise) is nothing measurable, never "-0.0 µs"."""
+    if extra_us < 0.05:
+        return "the front end and network add nothing measurable per prompt token"
+    return f"the front end and network add {extra_us:,.1f} µs per prompt token"
+
+
+def signed_ms(ms: float) -> str:
+    """``ms`` with its sign, one decimal; "0.0" where it rounds to zero (never "-0.0")."""
+    return "0.0" if abs(ms) < 0.05 else f"{ms:+,.1f}"
 
 
 def _skipped(name: str, why: str, runs: Sequence[str] = ()) -> Factor:

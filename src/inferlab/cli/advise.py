@@ -41,8 +41,10 @@ def render_advice(console: Console, a: Advice) -> None:
     if a.simulated:
         console.print(f"[yellow]{PREDICTION}[/yellow]: what this reads came from inferlab's simulator (virtual time, or the "
                       "simulated server): every number below, the evidence included, is a prediction, not a measurement")
+    unmeasured = f"; not measured, so not checked: {', '.join(a.not_measured)}" if a.not_measured else ""
     if not a.recommendations:
-        console.print(f"nothing to change: no rule fired ({', '.join(a.checked)} checked)")
+        checked = f"{', '.join(a.checked)} checked" if a.checked else "no rule checked"
+        console.print(f"nothing to change: no rule fired ({checked}{unmeasured})")
         return
     for i, r in enumerate(a.recommendations, 1):
         console.print(f"\n[bold]{i}. {escape(r.title)}[/bold]")
@@ -57,4 +59,4 @@ def render_advice(console: Console, a: Advice) -> None:
             console.print(f"   [dim]source:[/dim] {escape(kinds.pop())}")
         if r.note:
             console.print(f"   [dim]note:[/dim] {escape(r.note)}")
-    console.print(f"\n[dim]rules checked: {', '.join(a.checked)}[/dim]")
+    console.print(f"\n[dim]rules checked: {', '.join(a.checked) or 'none'}{unmeasured}[/dim]")
