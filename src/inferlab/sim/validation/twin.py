@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -82,13 +83,24 @@ class MeasuredRun:
     ``resolved.server_software``: name, version, source), None where it said nothing
     inferlab knows or the run predates the record; ``offline``: the run was ``sim run``'s
     of vLLM's offline class (its engine says so); a server's runs are served, at
-    ``--rate inf`` too."""
+    ``--rate inf`` too. ``predicted``: the directory is a ``sim run``'s (the simulator's
+    prediction in virtual time, no server's measurement); ``model`` and ``url``: the
+    model the server served and its API root, as the run recorded them (None where it
+    did not); ``counts``: its requests by outcome (``summary.json``'s ``counts``) and
+    ``interrupted``; ``digest``: the SHA-256 of its ``requests.jsonl`` (None without one):
+    two directories with one digest hold one run."""
 
     path: str
     config: RunConfig
     measured: dict[str, float]
     software: dict[str, Any] | None = None
     offline: bool = False
+    predicted: bool = False
+    model: str | None = None
+    url: str | None = None
+    counts: dict[str, Any] = field(default_factory=dict)
+    interrupted: bool = False
+    digest: str | None = None
 
 
 def headline(s: Summary) -> dict[str, float]:
@@ -136,11 +148,54 @@ def read_run(path: str) -> MeasuredRun:
     if not measured:
         raise UsageError(f"{path}: the run measured nothing to fit (no completed request)")
     resolved = config.get("resolved")
-    software = resolved.get("server_software") if isinstance(resolved, dict) else None
+    resolved = resolved if isinstance(resolved, dict) else {}
+    software = resolved.get("server_software")
     engine = config.get("engine")
+    predicted = config.get("command") == "sim run"
+    model = (engine if predicted and isinstance(engine, dict) else {}).get("model") or resolved.get("model") or config.get("model")
+    url = resolved.get("url") or config.get("url")
+    try:
+        digest: str | None = hashlib.sha256((folder / "requests.jsonl").read_bytes()).hexdigest()
+    except OSError:
+        digest = None
     return MeasuredRun(str(folder), RunConfig(load_config, workload, api, None), measured,
                        software if isinstance(software, dict) else None,
-                       isinstance(engine, dict) and engine.get("offline") is True)
+                       isinstance(engine, dict) and engine.get("offline") is True,
+                       predicted, None if model is None else str(model), None if url is None else str(url),
+                       summary.counts.to_json(), summary.interrupted, digest)
+
+
+#: Failures that leave a run's slowest requests out of its numbers: a request that took
+#: longer than the client waited is not in its p50s, which are then biased low, however
+#: few there are (and a run cut short left its requests in flight out).
+CENSORING = ("timeout", "idle_timeout")
+#: The share of a run's requests that may fail, of other kinds, before its numbers are
+#: taken to be biased (the requests that failed need not be a random sample of them).
+MAX_FAILED_SHARE = 0.05
+
+
+def failures(run: MeasuredRun) -> tuple[str | None, bool]:
+    """A run's failed and cancelled requests in words ("1 of 16 requests failed (timeout
+    1)"), None where every request completed; and whether they bias what it measured:
+    any failure of a kind in ``CENSORING``, a request cancelled or the run interrupted,
+    or more than ``MAX_FAILED_SHARE`` of its requests failed."""
+    counts = run.counts
+    total, failed, cancelled = int(counts.get("total") or 0), int(counts.get("failed") or 0), int(counts.get("cancelled") or 0)
+    errors = {str(k): int(v) for k, v in (counts.get("errors") or {}).items()}
+    if not failed and not cancelled and not run.interrupted:
+        return None, False
+    parts = []
+    if failed:
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(errors.items()))
+        parts.append(f"{failed} of {total} requests failed ({failed / total:.0%}{'; ' + kinds if kinds else ''})"
+                     if total else f"{failed} requests failed")
+    if cancelled:
+        parts.append(f"{cancelled} cancelled")
+    if run.interrupted:
+        parts.append("the run was interrupted")
+    biased = (any(errors.get(k) for k in CENSORING) or bool(cancelled) or run.interrupted
+              or (total > 0 and failed / total > MAX_FAILED_SHARE))
+    return ", ".join(parts), biased
 
 
 def at_bounds(constants: dict[str, float]) -> dict[str, str]:
