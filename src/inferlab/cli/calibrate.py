@@ -51,7 +51,8 @@ def calibrate_cmd(**kw: Any) -> None:
     for the engine the flags describe, so that it reproduces their TTFT p50, TPOT p50,
     E2E p50 and output tok/s. Reports the error on the fit runs and on --holdout runs
     (each run once: none both fitted and held out); the result is a twin whose numbers
-    are predictions."""
+    are predictions. The constants are not individually meaningful (other values can
+    fit the runs as well): only the twin's predictions are, as its held-out error says."""
     sys.exit(run_guarded(lambda: _calibrate(kw)))
 
 
@@ -196,6 +197,50 @@ def _model_and_gpu(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) ->
                 f"model, {kw['model']} ({hint})")
     if not given("gpu"):
         say(f"the runs do not say the server's GPU: calibrating on the default --gpu {kw['gpu']} (give --gpu)")
+
+
+#: Constants a fit cannot tell from the others without fit runs of more than one prompt
+#: length (what grows with the context) or more than one load (what a batch shares, and
+#: what each sequence in it costs)
+_NEED_LENGTHS = ("attention_compute", "kv_stream")
+_NEED_LOADS = ("weight_stream", "cpu_step_s", "cpu_step_eager_s", "decode_compute", "per_seq_s", "sampler_s",
+               "api_per_seq_s")
+
+
+def _underdetermined(fit_runs: list[MeasuredRun], names: tuple[str, ...], say: Callable[[str], None]) -> None:
+    """Say where the fit runs cannot determine the constants fitted: fewer measured values
+    than constants, or no variation in what a constant needs (``_NEED_LENGTHS``,
+    ``_NEED_LOADS``)."""
+    values = sum(len(r.measured) for r in fit_runs)
+    if values < len(names):
+        say(f"{len(names)} constants fitted to {values} measured values ({len(fit_runs)} run(s)): more unknowns than "
+            "numbers, so many sets of constants match them alike and the error on the fit runs says nothing; add fit "
+            "runs (other prompt lengths and users), hold runs out, or fit fewer constants (--fit)")
+    if len(fit_runs) < 1:
+        return
+    lengths = {(w.input_tokens, w.prefix_tokens, w.suffix_tokens, w.system_tokens, w.sessions, w.turns)
+               for w in (r.config.workload for r in fit_runs)}
+    need = [n for n in names if n in _NEED_LENGTHS]
+    if len(lengths) == 1 and need:
+        say(f"every fit run has the same prompts (--input-tokens {fit_runs[0].config.workload.input_tokens}): "
+            f"{', '.join(need)} (what grows with the context) cannot be told from the other constants; add fit runs "
+            "of other prompt lengths")
+    loads = {repr(r.config.load.schedule) for r in fit_runs}
+    need = [n for n in names if n in _NEED_LOADS]
+    if len(loads) == 1 and need:
+        say(f"every fit run ran the same load ({_load_words(fit_runs[0])}): {', '.join(need)} (what a batch shares, "
+            "and what each sequence in it costs) cannot be told apart; add a fit run at another concurrency (one user "
+            "alone cannot tell what a batch shares)")
+
+
+def _load_words(run: MeasuredRun) -> str:
+    from inferlab.load.schedules import ClosedLoop
+
+    schedule = run.config.load.schedule
+    if isinstance(schedule, ClosedLoop):
+        users = schedule.concurrency
+        return f"a closed loop of {users} user{'' if users == 1 else 's'}"
+    return type(schedule).__name__
 
 
 #: The recorded flags ``_as_the_simulator_ran`` names (it takes them all)
@@ -452,6 +497,8 @@ def _calibrate(kw: dict[str, Any]) -> int:
     if not simulated:
         _model_and_gpu(kw, fit_runs + holdout, err)
     engine = engine_config(kw)
+    fitted = tuple(dict.fromkeys("cpu_step_eager_s" if n == "cpu_step_s" and engine.enforce_eager else n for n in names))
+    _underdetermined(fit_runs, fitted, lambda text: err.print(f"inferlab sim calibrate: {text}", highlight=False))
     labels = {key: label for label, key, _ in COLUMNS}  # (the twin's metrics are sweep headline keys)
     against = ", ".join(labels[m] for m in METRICS)
     err.print(f"inferlab sim calibrate: fitting {', '.join(names)} to {against} of {len(fit_runs)} run(s), "
@@ -478,7 +525,9 @@ def _calibrate(kw: dict[str, Any]) -> int:
         if rows:
             meds = {m: median_abs_error(rows, m) for m in METRICS}
             out.print(f"median |error|, {label}: " + ", ".join(f"{m} {v:.1%}" for m, v in meds.items() if v is not None))
-    out.print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items()) + f" ({fit.evaluations} evaluations)")
+    out.print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items())
+              + f" ({fit.evaluations} evaluations; not meaningful one by one: "
+              "other values can fit the runs as well, and only the twin's predictions are checked)")
     for name, side in at_bounds(fit.constants).items():
         err.print(f"inferlab sim calibrate: {name} ended at its {side} bound ({fit.constants[name]:.4g}): the engine as "
                   "stated (model, device, flags) cannot explain the runs with it, and the other constants made up for "

@@ -1288,3 +1288,24 @@ def test_runs_with_failed_requests_are_said_and_those_biased_by_them_refused_unl
     stray = edited(b, tmp_path, "stray", counts={"total": 40, "failed": 1, "errors": {"http_status": 1}})
     res = calibrate_cli([a, stray], tmp_path / "twin.json")
     assert res.exit_code == 0 and f"{stray}: 1 of 40 requests failed (2%; http_status 1)" in words(res.stderr), res.stderr
+
+
+def test_a_fit_the_runs_cannot_determine_is_said_and_constants_are_not_read_one_by_one(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """One run fitted five constants to its four numbers without a word (attention 0.03
+    against 0.6, a held-out 2,048-token TTFT 38 % off)."""
+    res = CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, measured[0][0], "--max-evaluations", "3",
+                                    "-o", str(tmp_path / "twin.json")])
+    assert res.exit_code == 0, res.stderr
+    said_ = words(res.stderr)
+    assert "5 constants fitted to 4 measured values (1 run(s)): more unknowns than numbers" in said_
+    assert "every fit run has the same prompts (--input-tokens 128): attention_compute (what grows with the context)" in said_
+    assert ("every fit run ran the same load (a closed loop of 1 user): weight_stream, cpu_step_s (what a batch shares"
+            in said_)
+    assert "not meaningful one by one" in words(res.stdout)
+    # three prompt lengths at one user: the load is said, the lengths and the count are not
+    res = calibrate_cli(measured[0], tmp_path / "twin.json")
+    assert res.exit_code == 0 and "same prompts" not in res.stderr and "more unknowns" not in res.stderr
+    res = calibrate_cli([*measured[0], measured[1][0]], tmp_path / "twin.json")
+    assert res.exit_code == 0 and "same load" not in res.stderr
