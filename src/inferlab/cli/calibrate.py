@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--holdout", multiple=True, type=click.Path(exists=True, file_okay=False), help="A run directory predicted, not fitted on (repeatable): the error reported on it is the twin's.")
 @click.option("--fit", "fit_names", default=None, metavar="NAME,NAME,...", help="The step-time constants to fit (default: gemm_compute, weight_stream, attention_compute, cpu_step_s, api_overhead_s).")
-@click.option("--max-evaluations", type=click.IntRange(min=1), default=400, show_default=True, help="Simulated reruns of the fit set at most.")
+@click.option("--max-evaluations", type=click.IntRange(min=1), default=400, show_default=True, help="Simulated reruns of the fit set at most (a search stopped by it may not have converged: said, and recorded as converged false).")
 @click.option("--allow-failures", is_flag=True, help="Fit (and judge on) runs whose failures bias their numbers: a request that timed out or was cancelled, a run interrupted, or more than 5% of its requests failed (refused without it: their p50s are over the requests that completed). A run with any failed request is said either way.")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The efficiencies file to write (for sim run --efficiencies, with the same model and GPU: the family, release, what the server stated and the engine flags calibrate ran with come from the file, where a run's flags do not say otherwise).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the fit's report (constants, per-run measured and predicted) as JSON.")
@@ -504,6 +504,9 @@ def _calibrate(kw: dict[str, Any]) -> int:
     err.print(f"inferlab sim calibrate: fitting {', '.join(names)} to {against} of {len(fit_runs)} run(s), "
               f"{len(holdout)} held out (each evaluation reruns the fit set in virtual time)")
     fit = calibrate(engine, fit_runs, holdout, names, kw["max_evaluations"])
+    if not fit.converged:
+        err.print(f"inferlab sim calibrate: the search stopped at --max-evaluations {kw['max_evaluations']} before it "
+                  "converged: a better fit may remain (give more; the twin records converged: false)", highlight=False)
     write_efficiencies(kw["out"], engine, fit, stated)
     if kw["report"]:
         Path(kw["report"]).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
@@ -526,7 +529,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
             meds = {m: median_abs_error(rows, m) for m in METRICS}
             out.print(f"median |error|, {label}: " + ", ".join(f"{m} {v:.1%}" for m, v in meds.items() if v is not None))
     out.print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items())
-              + f" ({fit.evaluations} evaluations; not meaningful one by one: "
+              + f" ({fit.evaluations} evaluations{'' if fit.converged else ', not converged'}; not meaningful one by one: "
               "other values can fit the runs as well, and only the twin's predictions are checked)")
     for name, side in at_bounds(fit.constants).items():
         err.print(f"inferlab sim calibrate: {name} ended at its {side} bound ({fit.constants[name]:.4g}): the engine as "

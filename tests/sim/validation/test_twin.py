@@ -1309,3 +1309,17 @@ def test_a_fit_the_runs_cannot_determine_is_said_and_constants_are_not_read_one_
     assert res.exit_code == 0 and "same prompts" not in res.stderr and "more unknowns" not in res.stderr
     res = calibrate_cli([*measured[0], measured[1][0]], tmp_path / "twin.json")
     assert res.exit_code == 0 and "same load" not in res.stderr
+
+
+def test_a_search_stopped_at_max_evaluations_says_it_may_not_have_converged(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    twin, report = tmp_path / "twin.json", tmp_path / "fit.json"
+    res = calibrate_cli(measured[0], twin, "--report", str(report))  # (--max-evaluations 3)
+    assert res.exit_code == 0, res.stderr
+    assert "the search stopped at --max-evaluations 3 before it converged" in words(res.stderr)
+    assert json.loads(twin.read_text())["calibration"]["converged"] is False
+    assert json.loads(report.read_text())["converged"] is False and "not converged" in words(res.stdout)
+    fit = calibrate(engine(), [read_run(d) for d in measured[0]], (), ("api_overhead_s",), max_evaluations=400)
+    assert fit.converged and fit.evaluations < 400
+    assert not calibrate(engine(), [read_run(d) for d in measured[0]], (), ("api_overhead_s",), max_evaluations=1).converged

@@ -214,17 +214,21 @@ def at_bounds(constants: dict[str, float]) -> dict[str, str]:
 
 @dataclass
 class Fit:
-    """A calibration: the fitted constants, the loss, and each run's predictions."""
+    """A calibration: the fitted constants, the loss, and each run's predictions.
+    ``converged``: the search ended by itself (no move of any constant by its finest
+    step lowered the loss), not at ``max_evaluations``, where a better fit may remain."""
 
     constants: dict[str, float]
     loss: float
     evaluations: int
     fit_runs: list[dict[str, Any]] = field(default_factory=list)
     holdout_runs: list[dict[str, Any]] = field(default_factory=list)
+    converged: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {"constants": self.constants, "at_bounds": at_bounds(self.constants), "loss": self.loss,
-                "evaluations": self.evaluations, "fit": self.fit_runs, "holdout": self.holdout_runs, "prediction": True}
+                "evaluations": self.evaluations, "converged": self.converged, "fit": self.fit_runs,
+                "holdout": self.holdout_runs, "prediction": True}
 
 
 class Twin:
@@ -318,6 +322,7 @@ def calibrate(
             raise UsageError(f"the engine cannot run these workloads: {e}") from None
         evaluations = 1
         on_step(evaluations, best, current)
+        stopped = False  # (a move left untried for want of evaluations: not converged)
         for factor in _STEPS:
             improved = True
             while improved and evaluations < max_evaluations:
@@ -326,7 +331,10 @@ def calibrate(
                     lo, hi = BOUNDS[n]
                     for f in (factor, 1 / factor):
                         value = min(hi, max(lo, current[n] * f))
-                        if value == current[n] or evaluations >= max_evaluations:
+                        if value == current[n]:
+                            continue
+                        if evaluations >= max_evaluations:
+                            stopped = True
                             continue
                         trial = {**current, n: value}
                         evaluations += 1
@@ -338,7 +346,8 @@ def calibrate(
                             best, current, improved = got, trial, True
                             on_step(evaluations, best, current)
                             break
-        fit = Fit(current, best, evaluations)
+            stopped = stopped or improved  # (still improving when the evaluations ran out)
+        fit = Fit(current, best, evaluations, converged=not stopped)
         fit.fit_runs = errors(twin.predict(fit_runs, current), fit_runs)
         if holdout_runs:
             fit.holdout_runs = errors(twin.predict(holdout_runs, current), holdout_runs)
@@ -371,7 +380,8 @@ _BAND_CLASSES = {"ttft_p50_ms": "TTFT", "tpot_p50_ms": "TPOT/ITL", "e2e_p50_ms":
 def calibration_record(fit: Fit) -> dict[str, Any]:
     """How well the fitted constants predicted: per metric class, the median absolute
     error (%) over the held-out runs and how many there were, or, with none held out,
-    over the fit runs (in sample: what the fit was made to match)."""
+    over the fit runs (in sample: what the fit was made to match); and whether the
+    search converged (``Fit.converged``)."""
     split, rows = ("holdout", fit.holdout_runs) if fit.holdout_runs else ("fit", fit.fit_runs)
     errors: dict[str, dict[str, float]] = {}
     for metric, cls in _BAND_CLASSES.items():
@@ -379,7 +389,7 @@ def calibration_record(fit: Fit) -> dict[str, Any]:
         if err is not None:
             n = sum(r["error"].get(metric) is not None for r in rows)
             errors[cls] = {"median_abs_pct": round(100 * err, 1), "runs": n}
-    return {"split": split, "runs": len(rows), "errors": errors}
+    return {"split": split, "runs": len(rows), "errors": errors, "converged": fit.converged}
 
 
 def median_abs_error(rows: Sequence[dict[str, Any]], metric: str) -> float | None:
