@@ -80,3 +80,55 @@ def test_cli_says_builtin_counts_are_approximate_and_shows_whole_tokens_for_one_
     data.write_text('{"prompt": "what is the cache"}\n{"prompt": "why"}\n')
     p = run("--dataset", str(data), "--prefill-tps", "1000")
     assert "2.5" in p.stdout  # means over a prompt set keep their decimals
+
+
+def test_a_prompt_sets_ttft_is_each_prompts_own_not_the_ttft_at_its_mean_length() -> None:
+    """Prefill grows faster than the length: over short and long prompts the TTFT of a
+    prompt of mean length (what was shown) is below the mean of each prompt's TTFT; the
+    set's TTFT is the mean, p50 and p99 of each prompt's own, its lengths' p50, p99, max."""
+    tok = BuiltinTokenizer()
+    specs = [RequestSpec("what is the cache " * 5)] * 3 + [RequestSpec("what is the cache " * 400)] * 2
+    quadratic = lambda n: (n / 1000) ** 2  # noqa: E731  # (seconds: a prefill that grows faster than its length)
+    c = token_cost(specs, tok, quadratic, "quadratic")
+    lengths = sorted(len(tok.apply_chat_template(s.messages())) for s in specs)
+    each = [quadratic(n) * 1e3 for n in lengths]
+    assert c.ttft_ms == pytest.approx(sum(each) / 5) and c.ttft_ms > quadratic(round(c.total_tokens)) * 1e3 * 1.5
+    assert c.ttft_p50_ms == pytest.approx(each[2]) and c.ttft_p99_ms == pytest.approx(each[3] + 0.96 * (each[4] - each[3]))
+    assert (c.total_tokens_p50, c.total_tokens_max, c.ttft_prompts) == (lengths[2], lengths[4], 5)
+
+
+def test_system_and_developer_messages_are_the_system_prompt_wherever_they_are(tmp_path: Path) -> None:
+    """A system message that is not first was counted as chat template, a first
+    developer message as user content: each is counted by its role."""
+    tok = BuiltinTokenizer()
+    later = RequestSpec("why", context=(("user", "what is the cache"), ("assistant", "the text"),
+                                        ("system", "answer with the text")))
+    c = token_cost([later], tok, None, "")
+    assert (c.system_tokens, c.user_tokens) == (4, 4 + 2 + 1)
+    assert c.template_tokens == c.total_tokens - 11
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "developer", "content": "answer with the text"},
+                                             {"role": "user", "content": "what is the cache"}]}) + "\n")
+    # (--system goes to rows without a system prompt of their own: a developer message is one)
+    j = json.loads(run("--dataset", str(data), "--system", "be brief", "--prefill-tps", "1000", "--json").stdout)
+    assert (j["system_tokens"], j["user_tokens"]) == (4, 4)
+
+
+def test_a_prompt_beyond_the_models_context_shows_its_counts_and_says_why_no_ttft(tmp_path: Path) -> None:
+    """A 240,000-word prompt: the counts were computed, then the simulator refused a
+    max_model_len the user never set (an error, no counts)."""
+    huge = tmp_path / "huge.txt"
+    huge.write_text(("what is the cache " * 60_000).strip())
+    p = run("--prompt", f"@{huge}")
+    assert p.returncode == 0, p.stderr
+    flat = " ".join(p.stdout.split())
+    assert "│ user content │ 240,000 │" in flat
+    assert "not available: the prompt (240,0" in flat and "exceeds the model's context of 32,768 tokens" in flat
+    j = json.loads(run("--prompt", f"@{huge}", "--json").stdout)
+    assert j["ttft_ms"] is None and j["context_tokens"] == 32_768 and j["user_tokens"] == 240_000
+    # a set: the TTFT is over the prompts the context holds, and says so
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "what is the cache " * 60_000}) + "\n" + '{"prompt": "why"}\n')
+    p = run("--dataset", str(data))
+    assert p.returncode == 0, p.stderr
+    assert "over the 1 of 2 prompts within the model's context of 32,768 tokens (1 longer)" in " ".join(p.stdout.split())

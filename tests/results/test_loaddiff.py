@@ -51,6 +51,8 @@ def test_each_differing_setting_is_named_with_both_values() -> None:
     assert texts(a, bench(load__schedule={"kind": "OpenLoop", "rate_rps": 8.0, "arrival": "poisson", "burstiness": 1.0,
                                           "max_concurrency": None})) == [
         "load closed loop of 4 users vs open loop at 8 req/s (poisson)"]
+    assert texts(a, bench(load__schedule={"kind": "ClosedLoop", "concurrency": 1})) == [
+        "load closed loop of 4 users vs closed loop of 1 user"]  # (not "1 users")
     assert texts(a, bench(resolved={"url": "http://a:8000/v1", "model": "other", "engine": None})) == ["model m vs other"]
     assert texts(a, bench(workload__dataset={"path": "sharegpt.json", "format": None}, load__num_requests=100)) == [
         "requests (-n) 40 vs 100", 'dataset none vs {"path": "sharegpt.json"}']

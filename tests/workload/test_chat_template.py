@@ -135,3 +135,32 @@ def test_a_template_that_refuses_the_messages_is_a_usage_error_naming_it(model_d
     assert p.returncode == 2, p.stderr
     assert "refuses these messages (system/user): System role not supported" in p.stderr
     assert "internal error" not in p.stderr
+
+
+def test_tokens_names_the_dataset_row_whose_messages_the_template_refuses(model_dir: Path, tmp_path: Path) -> None:
+    """Over a prompt set the refusal names the row that has the system message (it named
+    none: which of thousands of rows was it?)."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "hi"}\n{"messages": [{"role": "system", "content": "be brief"}, '
+                    '{"role": "user", "content": "hi"}]}\n')
+    cmd = [sys.executable, "-m", "inferlab", "tokens", "--tokenizer", str(model_dir), "--dataset", str(data)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert f"{data}:2: the chat template" in p.stderr and "System role not supported" in p.stderr
+
+
+def test_a_template_that_joins_texts_counts_no_negative_template_tokens(tmp_path: Path, tokenizer_path: str) -> None:
+    """A template that concatenates the messages' texts: BPE merges tokens across the join
+    ("im" + "port" is "import"), so the templated prompt is shorter than its parts; the
+    chat template was -1 tokens. It is 0, and the merge is said."""
+    tok = load_tokenizer(tokenizer_path)
+    assert len(tok.encode("import")) < len(tok.encode("im")) + len(tok.encode("port"))  # (the premise)
+    d = _model_dir(tmp_path, tokenizer_path, {"chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}"})
+    cmd = [sys.executable, "-m", "inferlab", "tokens", "--tokenizer", str(d), "--system", "im", "--prompt", "port",
+           "--prefill-tps", "1000"]
+    p = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["template_tokens"] == 0 and out["merged_tokens"] > 0
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "BPE merges tokens across the join" in " ".join(p.stdout.split()), p.stdout

@@ -41,15 +41,18 @@ if TYPE_CHECKING:
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--holdout", multiple=True, type=click.Path(exists=True, file_okay=False), help="A run directory predicted, not fitted on (repeatable): the error reported on it is the twin's.")
 @click.option("--fit", "fit_names", default=None, metavar="NAME,NAME,...", help="The step-time constants to fit (default: gemm_compute, weight_stream, attention_compute, cpu_step_s, api_overhead_s).")
-@click.option("--max-evaluations", type=click.IntRange(min=1), default=400, show_default=True, help="Simulated reruns of the fit set at most.")
+@click.option("--max-evaluations", type=click.IntRange(min=1), default=400, show_default=True, help="Simulated reruns of the fit set at most (a search stopped by it may not have converged: said, and recorded as converged false).")
+@click.option("--allow-failures", is_flag=True, help="Fit (and judge on) runs whose failures bias their numbers: a request that timed out or was cancelled, a run interrupted, or more than 5% of its requests failed (refused without it: their p50s are over the requests that completed). A run with any failed request is said either way.")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The efficiencies file to write (for sim run --efficiencies, with the same model and GPU: the family, release, what the server stated and the engine flags calibrate ran with come from the file, where a run's flags do not say otherwise).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the fit's report (constants, per-run measured and predicted) as JSON.")
 def calibrate_cmd(**kw: Any) -> None:
     """Fit the simulator to measured runs of one server (bench run directories of
-    synthetic workloads): its step-time constants, for the engine the flags describe,
-    so that it reproduces their TTFT p50, TPOT p50, E2E p50 and output tok/s. Reports
-    the error on the fit runs and on --holdout runs; the result is a twin whose numbers
-    are predictions."""
+    synthetic workloads; not sim run's, which are predictions): its step-time constants,
+    for the engine the flags describe, so that it reproduces their TTFT p50, TPOT p50,
+    E2E p50 and output tok/s. Reports the error on the fit runs and on --holdout runs
+    (each run once: none both fitted and held out); the result is a twin whose numbers
+    are predictions. The constants are not individually meaningful (other values can
+    fit the runs as well): only the twin's predictions are, as its held-out error says."""
     sys.exit(run_guarded(lambda: _calibrate(kw)))
 
 
@@ -67,7 +70,7 @@ def _as_the_simulator_ran(kw: dict[str, Any], paths: list[str], fitted: tuple[st
             config = json.loads((Path(path) / "config.json").read_text())
         except (OSError, ValueError):
             config = {}
-        # (a sim run's directory is the simulator's own prediction, no server's measurement)
+        # (a sim run's directory, the simulator's own prediction, is refused before: _measurements)
         engines.append(simulated_engine(config) if config.get("command") != "sim run" else None)
     recorded = [e for e in engines if e is not None]
     if not recorded:
@@ -78,10 +81,166 @@ def _as_the_simulator_ran(kw: dict[str, Any], paths: list[str], fitted: tuple[st
         raise UsageError("the runs were measured on simulated servers with different engines: a twin is of one server")
     taken = take_recorded_engine(kw, recorded[0], keep=(*fitted, "efficiencies_path"))
     shown = [flag_words(k, kw[k]) for k in _SHOWN_AS_RAN if k in taken and kw[k] is not None]
-    err.print(f"inferlab sim calibrate: the runs' server was inferlab's simulated engine ({recorded[0].get('model')} on "
-              f"{recorded[0].get('gpu_preset', recorded[0].get('gpu'))}): calibrating the engine it ran, every flag as it "
+    model, gpu = recorded[0].get("model"), recorded[0].get("gpu_preset", recorded[0].get("gpu"))
+    err.print(f"inferlab sim calibrate: the runs' server was inferlab's simulated engine ({model} on "
+              f"{gpu}): calibrating the engine it ran, every flag as it "
               f"ran ({', '.join(shown)}, ...; flags given here win)", highlight=False)
+    for key, ran in (("model", model), ("gpu", gpu)):
+        if given(key) and ran and not _same(key, str(kw[key]), str(ran)):
+            err.print(f"inferlab sim calibrate: the runs' server ran {key} {ran}; calibrating --{key} {kw[key]} as given: "
+                      "the twin is of another server than the runs measured", highlight=False)
     return True
+
+
+def _same(key: str, a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` name one model (``key`` "model") or one GPU ("gpu"): the
+    same preset or spec, or, for names the simulator does not know, the same name (a
+    model's by its last path part: a server may load it from a local folder)."""
+    from inferlab.sim.engine.hardware import resolve_gpu, resolve_model
+
+    if _model_key(a) == _model_key(b):
+        return True
+    try:
+        return (resolve_model(a).name == resolve_model(b).name if key == "model"
+                else resolve_gpu(a).name == resolve_gpu(b).name)
+    except UsageError:
+        return False
+
+
+def _model_key(name: str) -> str:
+    """A model's name as compared: its last path part (a ``config.json``'s folder),
+    case aside: ``/models/Qwen2.5-1.5B-Instruct`` is ``Qwen/Qwen2.5-1.5B-Instruct``."""
+    parts = [p for p in name.strip().replace("\\", "/").split("/") if p]
+    if len(parts) > 1 and parts[-1].lower() == "config.json":
+        parts.pop()
+    return (parts[-1] if parts else name).lower()
+
+
+def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow_failures: bool, err: Console) -> None:
+    """``UsageError`` for runs that are no measurement of one server to fit on or judge
+    by: a ``sim run``'s (the simulator's prediction); a run given twice, or both fitted
+    on and held out (by path, or as the same records under another: in-sample error
+    would be reported as held-out); runs of different models (by name, the path aside:
+    a twin is of one model); a run whose failures bias its numbers (``twin.failures``),
+    unless ``allow_failures``. Said on stderr: every run with failed requests, and runs
+    at different URLs (one server restarted on another port, or reached by another name,
+    is still one: not refused)."""
+    from inferlab.sim.validation.twin import failures
+
+    runs = [*fit_runs, *holdout]
+    for r in runs:
+        if r.predicted:
+            raise UsageError(f"{r.path}: a sim run directory, the simulator's prediction, not a measurement: calibrate "
+                             "fits runs measured on a server (bench)")
+    seen: dict[object, tuple[str, bool]] = {}
+    for held, group in ((False, fit_runs), (True, holdout)):
+        for r in group:
+            for key, how in ((Path(r.path).resolve(), "are one directory"),
+                             (r.digest, "hold the same run (identical requests.jsonl)")):
+                if key is None:
+                    continue
+                if key not in seen:
+                    seen[key] = (r.path, held)
+                    continue
+                other, other_held = seen[key]
+                if other_held != held:
+                    raise UsageError(f"{other} and {r.path} {how}, fitted on and held out: a held-out run's error is the "
+                                     "twin's only where the fit never saw it; give each run once")
+                raise UsageError(f"{other} and {r.path} {how}, given twice {'as --holdout' if held else 'to fit on'}: "
+                                 "it would count twice; give each run once")
+    names = sorted({r.model for r in runs if r.model})
+    if len({_model_key(n) for n in names}) > 1:
+        raise UsageError(f"the runs were measured on servers of different models ({', '.join(names)}): a twin is of "
+                         "one server and model; calibrate each apart")
+    urls = sorted({r.url for r in runs if r.url})
+    if len(urls) > 1:
+        err.print(f"inferlab sim calibrate: the runs were measured at different URLs ({', '.join(urls)}): calibrated "
+                  "as one server (one restarted on another port, or reached by another name); calibrate each apart "
+                  "if they were not", highlight=False)
+    biased = []
+    for r in runs:
+        text, bias = failures(r)
+        if text is None:
+            continue
+        if bias and not allow_failures:  # (refused below)
+            biased.append(f"{r.path}: {text}")
+            continue
+        err.print(f"inferlab sim calibrate: {r.path}: {text}: its p50s and tok/s are over the requests that completed"
+                  + (" (taken anyway, --allow-failures)" if bias else ""), highlight=False)
+    if biased:
+        raise UsageError(f"{'; '.join(biased)}: failures that bias a run's numbers (a request timed out or was "
+                         "cancelled, the run was interrupted, or over 5% failed: its p50s leave out the requests that "
+                         "did not complete); rerun it, fit without it, or give --allow-failures to fit it anyway")
+
+
+def _model_and_gpu(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) -> None:
+    """Runs of a server that is not inferlab's simulated one: say where the model
+    calibrated is not the one the runs' server served (the default, or one given), and
+    that the GPU is the default where none is given (no server states its device)."""
+    from inferlab.sim.engine.hardware import resolve_model
+
+    def say(text: str) -> None:
+        err.print(f"inferlab sim calibrate: {text}", highlight=False)
+
+    served = next((r.model for r in runs if r.model), None)
+    if served is not None and not _same("model", str(kw["model"]), served):
+        if given("model"):
+            say(f"the runs' server served {served}; calibrating --model {kw['model']} as given: the twin is of that "
+                "model (check it is the one served)")
+        else:
+            try:
+                resolve_model(served)
+                hint = f"give --model {served}"
+            except UsageError:
+                hint = "give --model: a preset, or the served model's config.json"
+            say(f"the runs' server served {served}, but no --model was given: calibrating the simulator's default "
+                f"model, {kw['model']} ({hint})")
+    if not given("gpu"):
+        say(f"the runs do not say the server's GPU: calibrating on the default --gpu {kw['gpu']} (give --gpu)")
+
+
+#: Constants a fit cannot tell from the others without fit runs of more than one prompt
+#: length (what grows with the context) or more than one load (what a batch shares, and
+#: what each sequence in it costs)
+_NEED_LENGTHS = ("attention_compute", "kv_stream")
+_NEED_LOADS = ("weight_stream", "cpu_step_s", "cpu_step_eager_s", "decode_compute", "per_seq_s", "sampler_s",
+               "api_per_seq_s")
+
+
+def _underdetermined(fit_runs: list[MeasuredRun], names: tuple[str, ...], say: Callable[[str], None]) -> None:
+    """Say where the fit runs cannot determine the constants fitted: fewer measured values
+    than constants, or no variation in what a constant needs (``_NEED_LENGTHS``,
+    ``_NEED_LOADS``)."""
+    values = sum(len(r.measured) for r in fit_runs)
+    if values < len(names):
+        say(f"{len(names)} constants fitted to {values} measured values ({len(fit_runs)} run(s)): more unknowns than "
+            "numbers, so many sets of constants match them alike and the error on the fit runs says nothing; add fit "
+            "runs (other prompt lengths and users), hold runs out, or fit fewer constants (--fit)")
+    if len(fit_runs) < 1:
+        return
+    lengths = {(w.input_tokens, w.prefix_tokens, w.suffix_tokens, w.system_tokens, w.sessions, w.turns)
+               for w in (r.config.workload for r in fit_runs)}
+    need = [n for n in names if n in _NEED_LENGTHS]
+    if len(lengths) == 1 and need:
+        say(f"every fit run has the same prompts (--input-tokens {fit_runs[0].config.workload.input_tokens}): "
+            f"{', '.join(need)} (what grows with the context) cannot be told from the other constants; add fit runs "
+            "of other prompt lengths")
+    loads = {repr(r.config.load.schedule) for r in fit_runs}
+    need = [n for n in names if n in _NEED_LOADS]
+    if len(loads) == 1 and need:
+        say(f"every fit run ran the same load ({_load_words(fit_runs[0])}): {', '.join(need)} (what a batch shares, "
+            "and what each sequence in it costs) cannot be told apart; add a fit run at another concurrency (one user "
+            "alone cannot tell what a batch shares)")
+
+
+def _load_words(run: MeasuredRun) -> str:
+    from inferlab.load.schedules import ClosedLoop
+
+    schedule = run.config.load.schedule
+    if isinstance(schedule, ClosedLoop):
+        users = schedule.concurrency
+        return f"a closed loop of {users} user{'' if users == 1 else 's'}"
+    return type(schedule).__name__
 
 
 #: The recorded flags ``_as_the_simulator_ran`` names (it takes them all)
@@ -332,14 +491,22 @@ def _calibrate(kw: dict[str, Any]) -> int:
     fit_runs = [read_run(p) for p in kw["runs"]]
     holdout = [read_run(p) for p in kw["holdout"]]
     err = console(stderr=True)
+    _measurements(fit_runs, holdout, kw["allow_failures"], err)
     simulated = _as_the_simulator_ran(kw, [*kw["runs"], *kw["holdout"]], names, err)
     stated = _as_the_server_said(kw, fit_runs + holdout, err)
+    if not simulated:
+        _model_and_gpu(kw, fit_runs + holdout, err)
     engine = engine_config(kw)
+    fitted = tuple(dict.fromkeys("cpu_step_eager_s" if n == "cpu_step_s" and engine.enforce_eager else n for n in names))
+    _underdetermined(fit_runs, fitted, lambda text: err.print(f"inferlab sim calibrate: {text}", highlight=False))
     labels = {key: label for label, key, _ in COLUMNS}  # (the twin's metrics are sweep headline keys)
     against = ", ".join(labels[m] for m in METRICS)
     err.print(f"inferlab sim calibrate: fitting {', '.join(names)} to {against} of {len(fit_runs)} run(s), "
               f"{len(holdout)} held out (each evaluation reruns the fit set in virtual time)")
     fit = calibrate(engine, fit_runs, holdout, names, kw["max_evaluations"])
+    if not fit.converged:
+        err.print(f"inferlab sim calibrate: the search stopped at --max-evaluations {kw['max_evaluations']} before it "
+                  "converged: a better fit may remain (give more; the twin records converged: false)", highlight=False)
     write_efficiencies(kw["out"], engine, fit, stated)
     if kw["report"]:
         Path(kw["report"]).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
@@ -361,7 +528,9 @@ def _calibrate(kw: dict[str, Any]) -> int:
         if rows:
             meds = {m: median_abs_error(rows, m) for m in METRICS}
             out.print(f"median |error|, {label}: " + ", ".join(f"{m} {v:.1%}" for m, v in meds.items() if v is not None))
-    out.print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items()) + f" ({fit.evaluations} evaluations)")
+    out.print("constants: " + ", ".join(f"{k} {v:.4g}" for k, v in fit.constants.items())
+              + f" ({fit.evaluations} evaluations{'' if fit.converged else ', not converged'}; not meaningful one by one: "
+              "other values can fit the runs as well, and only the twin's predictions are checked)")
     for name, side in at_bounds(fit.constants).items():
         err.print(f"inferlab sim calibrate: {name} ended at its {side} bound ({fit.constants[name]:.4g}): the engine as "
                   "stated (model, device, flags) cannot explain the runs with it, and the other constants made up for "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -13,6 +13,9 @@ from inferlab._errors import UsageError
 from inferlab.cli.common import FloatRange, console, given, run_guarded
 from inferlab.results.provenance import PREDICTION
 from inferlab.sim.engine.engine import EngineConfig
+
+if TYPE_CHECKING:
+    from inferlab.analysis.tokencost import TokenCost
 
 #: The slowest prefill rate ``--prefill-tps`` takes: slower than any server prefills.
 MIN_PREFILL_TPS = 1.0
@@ -32,7 +35,7 @@ def text_arg(value: str | None, flag: str) -> str | None:
 @click.command()
 @click.option("--system", help="System prompt: TEXT or @FILE.")
 @click.option("--prompt", help="User prompt: TEXT or @FILE.")
-@click.option("--dataset", type=click.Path(dir_okay=False), help="A prompt set (JSONL, ShareGPT JSON or CSV, as for bench); --system is added to each prompt that has none.")
+@click.option("--dataset", type=click.Path(dir_okay=False), help="A prompt set (JSONL, ShareGPT JSON or CSV, as for bench): mean tokens per part, and each prompt's own TTFT as mean, p50 and p99; --system is added to each prompt that has no system or developer message.")
 @click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]), help="How to read --dataset (default: from its name and content).")
 @click.option("--tokenizer", type=click.Path(exists=False), help="A tokenizer.json, its directory, or a Hugging Face model id in the local HF cache (no downloads). Default: the simulator's built-in tokenizer.")
 @click.option("--prefill-tps", type=FloatRange(finite=True), help="Prefill rate in tokens/s for the TTFT cost (at least 1). Default: one prefill on the simulator (--model/--gpu, which it replaces).")
@@ -40,12 +43,14 @@ def text_arg(value: str | None, flag: str) -> str | None:
 @click.option("--gpu", default=EngineConfig.gpu, show_default=True, help="Simulated GPU for the TTFT cost (not with --prefill-tps).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def tokens(**kw: Any) -> None:
-    """What the system prompt, user content and chat template cost in tokens and TTFT."""
+    """What the system prompt, user content and chat template cost in tokens and TTFT.
+    Messages count by role: system and developer messages are the system prompt, the
+    others user content; the chat template is what the templated prompt adds."""
     sys.exit(run_guarded(lambda: _tokens(kw)))
 
 
 def _tokens(kw: dict[str, Any]) -> int:
-    from inferlab.analysis.tokencost import rate_prefill, sim_prefill, token_cost
+    from inferlab.analysis.tokencost import SYSTEM_ROLES, rate_prefill, sim_prefill, token_cost
     from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
     from inferlab.workload.datasets import read_dataset
     from inferlab.workload.spec import RequestSpec
@@ -61,9 +66,13 @@ def _tokens(kw: dict[str, Any]) -> int:
     prompt = text_arg(kw["prompt"], "--prompt")
     if kw["dataset"] and prompt is not None:
         raise UsageError("--prompt and --dataset cannot be combined")
+    where: list[str] = []
     if kw["dataset"]:
-        specs = [r.spec(None, False) for r in read_dataset(kw["dataset"], kw["dataset_format"])]
-        specs = [dataclasses.replace(s, system=s.system or system) for s in specs]
+        rows = read_dataset(kw["dataset"], kw["dataset_format"])
+        where = [r.where for r in rows]
+        # (a row with a system or developer message anywhere has its own system prompt)
+        specs = [r.spec(None, False) if any(role in SYSTEM_ROLES for role, _ in r.messages)
+                 else dataclasses.replace(r.spec(None, False), system=system) for r in rows]
     elif prompt is not None or system is not None:
         specs = [RequestSpec(prompt or "", system=system)]
     else:
@@ -75,7 +84,7 @@ def _tokens(kw: dict[str, Any]) -> int:
         prefill, source = rate_prefill(kw["prefill_tps"]), f"{kw['prefill_tps']:g} tokens/s"
     else:
         prefill, source = sim_prefill(kw["model"], kw["gpu"]), f"{kw['model']} on {kw['gpu']} {PREDICTION}"
-    cost = token_cost(specs, tok, prefill, source)
+    cost = token_cost(specs, tok, prefill, source, where)
     approximate = not kw["tokenizer"]
     template = tok.template_source
     if kw["as_json"]:
@@ -86,30 +95,63 @@ def _tokens(kw: dict[str, Any]) -> int:
         return 0
     from rich.table import Table
 
-    per = " (mean per prompt)" if cost.prompts > 1 else ""
-    table = Table(title=f"inferlab tokens · {cost.prompts} prompt(s){per}", title_justify="left", header_style="bold")
+    many = cost.prompts > 1
+    per = " (mean per prompt)" if many else ""
+    table = Table(title=f"inferlab tokens · {_count(cost.prompts, 'prompt')}{per}", title_justify="left",
+                  header_style="bold")
     table.add_column("part")
     table.add_column("tokens", justify="right")
     table.add_column("share", justify="right")
-    digits = 1 if cost.prompts > 1 else 0  # one prompt: whole tokens; a set: means
+    digits = 1 if many else 0  # one prompt: whole tokens; a set: means
     for label, n in (("system prompt", cost.system_tokens), ("user content", cost.user_tokens),
                      ("chat template", cost.template_tokens), ("total", cost.total_tokens)):
         table.add_row(label, f"{n:,.{digits}f}", f"{n / cost.total_tokens:.1%}" if cost.total_tokens else "—")
     out = console()
     out.print(table)
+    if many:
+        out.print(f"prompt tokens (total) over the {cost.prompts:,} prompts: p50 {cost.total_tokens_p50:,.0f}, "
+                  f"p99 {cost.total_tokens_p99:,.0f}, max {cost.total_tokens_max:,}", highlight=False)
     if approximate:
         out.print(
             "[yellow]note:[/yellow] counts are approximate for real models: the built-in tokenizer "
             "knows only a few hundred words (others cost a token per byte); pass --tokenizer "
             "tokenizer.json (or its directory) for your model's exact counts"
         )
+    if cost.merged_tokens:
+        out.print(
+            f"[yellow]note:[/yellow] the templated {'prompts are' if many else 'prompt is'} "
+            f"{_count(cost.merged_tokens, 'token')} shorter than {'their' if many else 'its'} parts counted apart: "
+            "the template joins texts without a separator and BPE merges tokens across the join; the chat "
+            "template counts 0 tokens where that happens"
+        )
     out.print(f"chat template: {template}")
     out.print(f"system + template share: {cost.overhead_share:.1%}")
-    if cost.ttft_ms is not None and cost.ttft_user_only_ms is not None:
-        out.print(
-            f"prefill TTFT ({source}): {cost.ttft_ms:,.2f} ms; user content alone {cost.ttft_user_only_ms:,.2f} ms; "
-            f"system + template cost {cost.ttft_saved_ms:,.2f} ms per uncached request"
-        )
+    out.print(_ttft_line(cost, source), highlight=False)
     return 0
 
 
+def _count(n: int, noun: str) -> str:
+    """'1 prompt', '2 prompts'."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _ttft_line(cost: TokenCost, source: str) -> str:
+    """The prefill TTFT in words: one prompt's, or a set's each prompt's own (mean, p50,
+    p99), over the prompts the model's context holds; why none where it holds none."""
+    if cost.ttft_ms is None or cost.ttft_user_only_ms is None:
+        if cost.context_tokens is None:
+            return f"prefill TTFT ({source}): not available"
+        longest = (f"the prompt ({cost.total_tokens_max:,} tokens) exceeds" if cost.prompts == 1
+                   else f"each of the {cost.prompts:,} prompts exceeds")
+        return (f"prefill TTFT ({source}): not available: {longest} the model's context of "
+                f"{cost.context_tokens:,} tokens (give --prefill-tps for a rate, or a --model with a longer context)")
+    if cost.prompts == 1:
+        return (f"prefill TTFT ({source}): {cost.ttft_ms:,.2f} ms; user content alone {cost.ttft_user_only_ms:,.2f} ms; "
+                f"system + template cost {cost.ttft_saved_ms:,.2f} ms per uncached request")
+    over = f"each prompt's own, over the {cost.ttft_prompts:,} prompts"
+    if cost.ttft_prompts < cost.prompts:
+        over = (f"each prompt's own, over the {cost.ttft_prompts:,} of {cost.prompts:,} prompts within the model's "
+                f"context of {cost.context_tokens:,} tokens ({cost.prompts - cost.ttft_prompts:,} longer)")
+    return (f"prefill TTFT ({source}; {over}): mean {cost.ttft_ms:,.2f} ms, p50 {cost.ttft_p50_ms:,.2f} ms, "
+            f"p99 {cost.ttft_p99_ms:,.2f} ms; user content alone: mean {cost.ttft_user_only_ms:,.2f} ms; "
+            f"system + template cost a mean {cost.ttft_saved_ms:,.2f} ms per uncached request")

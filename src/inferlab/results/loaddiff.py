@@ -108,7 +108,8 @@ def _schedule_text(s: Mapping[str, Any]) -> str:
     """A load schedule in words: 'closed loop of 4 users', 'open loop at 8 req/s (poisson)'."""
     kind = s.get("kind")
     if kind == "ClosedLoop":
-        return f"closed loop of {s.get('concurrency')} users"
+        users = s.get("concurrency")
+        return f"closed loop of {users} user{'' if users == 1 else 's'}"
     cap = f", at most {s['max_concurrency']} in flight" if s.get("max_concurrency") else ""
     if kind == "OpenLoop":
         rate = s.get("rate_rps")

@@ -1,6 +1,8 @@
 """``sim calibrate``: a twin fitted on concurrency-1 runs of a "server" whose constants
 are known (the simulator itself, run with other constants than the defaults the fit
-starts from) recovers them and predicts held-out runs at higher concurrency."""
+starts from, its directories rewritten as ``bench`` writes a server's: calibrate
+refuses a ``sim run``'s as it is, a prediction) recovers them and predicts held-out
+runs at higher concurrency."""
 
 from __future__ import annotations
 
@@ -28,16 +30,43 @@ def sim_run(out: Path, *args: str) -> str:
     return str(out)
 
 
+#: Where the tests' "server" is (as_measured)
+SERVER_URL = "http://server.test:8000"
+
+
+def as_measured(run: str) -> str:
+    """``run``, a sim run's directory, rewritten as ``bench`` writes a run of a server
+    that is not inferlab's (no command or engine: the URL and the model it served)."""
+    folder = Path(run)
+    config = json.loads((folder / "config.json").read_text())
+    engine = config.pop("engine")
+    config.pop("command", None)
+    config.update(url=SERVER_URL, model=None)
+    config["resolved"] = {"url": f"{SERVER_URL}/v1", "model": engine["model"], "server_software": None}
+    (folder / "config.json").write_text(json.dumps(config))
+    summary = json.loads((folder / "summary.json").read_text())
+    summary.update(config=config, server={"simulated": False, "kind": "server", "url": f"{SERVER_URL}/v1",
+                                          "engine_family": None})
+    summary.pop("prediction", None)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def measured_run(out: Path, *args: str) -> str:
+    """A run of the tests' "server" (``sim_run``), as ``bench`` writes it (``as_measured``)."""
+    return as_measured(sim_run(out, *args))
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
     d = tmp_path_factory.mktemp("server")
     truth = d / "truth.json"
     truth.write_text(json.dumps(TRUTH))
     eff = ["--efficiencies", str(truth)]
-    fit = [sim_run(d / f"c1-in{n}", "-c", "1", "-n", "6", "--input-tokens", str(n), "--output-tokens", "32", *eff)
+    fit = [measured_run(d / f"c1-in{n}", "-c", "1", "-n", "6", "--input-tokens", str(n), "--output-tokens", "32", *eff)
            for n in (128, 1024, 3000)]
-    held = [sim_run(d / f"c{c}", "-c", str(c), "-n", str(4 * c), "--input-tokens", "1024", "--output-tokens", "64", *eff)
-            for c in (4, 16)]
+    held = [measured_run(d / f"c{c}", "-c", str(c), "-n", str(4 * c), "--input-tokens", "1024", "--output-tokens", "64",
+                         *eff) for c in (4, 16)]
     return fit, held
 
 
@@ -1071,8 +1100,8 @@ def test_a_constant_that_ends_at_its_bound_is_said(tmp_path: Path) -> None:
     # a server with no API latency at all: fitting the latency alone drives it down to its bound
     truth = tmp_path / "truth.json"
     truth.write_text(json.dumps({"api_overhead_s": 0.0}))  # (the family's constants otherwise)
-    runs = [sim_run(tmp_path / f"c1-in{n}", "-c", "1", "-n", "4", "--input-tokens", str(n), "--output-tokens", "8",
-                    "--efficiencies", str(truth)) for n in (128, 1024)]
+    runs = [measured_run(tmp_path / f"c1-in{n}", "-c", "1", "-n", "4", "--input-tokens", str(n), "--output-tokens", "8",
+                         "--efficiencies", str(truth)) for n in (128, 1024)]
     res = CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, *runs, "--fit", "api_overhead_s", "--max-evaluations",
                                     "60", "-o", str(tmp_path / "twin.json"), "--report", str(tmp_path / "fit.json")])
     assert res.exit_code == 0, res.stderr
@@ -1109,14 +1138,17 @@ def test_a_tensorrt_llm_twin_keeps_the_kv_share_it_was_calibrated_with(
 def as_bench_of_sim_serve(runs: list[str], into: Path, **engine: Any) -> list[str]:
     """Copies of ``runs`` as ``bench`` writes a run against ``sim serve``: no command,
     and the engine the simulated server reported (``resolved.engine``), changed by ``engine``."""
+    recorded = into / "recorded"  # (the engine a sim run of the runs' flags records)
+    sim_run(recorded, "-c", "1", "-n", "1", "--input-tokens", "8", "--output-tokens", "2")
     out = []
     for run in runs:
         copy = into / Path(run).name
         shutil.copytree(run, copy)
         config = json.loads((copy / "config.json").read_text())
-        ran = {**config.pop("engine"), **engine}
+        ran = {**json.loads((recorded / "config.json").read_text())["engine"], **engine}
         config.pop("command", None)
-        config["resolved"] = {"url": "http://127.0.0.1:8000/v1", "engine": ran, "server_software": None}
+        config["resolved"] = {"url": "http://127.0.0.1:8000/v1", "model": ran["model"], "engine": ran,
+                              "server_software": None}
         (copy / "config.json").write_text(json.dumps(config))
         out.append(str(copy))
     return out
@@ -1141,10 +1173,153 @@ def test_a_twin_of_the_simulated_server_is_calibrated_as_the_engine_it_ran(
     assert res.exit_code == 0, res.stderr
     sized = json.loads((tmp_path / "given.json").read_text())["calibration"]["sized_with"]
     assert (sized["enforce_eager"], sized["max_model_len"]) == (True, 8192)
-    # the sim runs themselves are the simulator's predictions: nothing taken from them
+    # runs of a server that is not inferlab's: nothing taken from them
     res = calibrate_cli(measured[0], tmp_path / "sim.json")
     assert res.exit_code == 0 and "simulated engine" not in res.stderr
     (tmp_path / "b").mkdir()
-    other = as_bench_of_sim_serve(measured[0][:1], tmp_path / "b", enforce_eager=False)
+    other = as_bench_of_sim_serve(measured[0][1:2], tmp_path / "b", enforce_eager=False)
     res = calibrate_cli([*runs[:1], *other], tmp_path / "mixed.json")
     assert res.exit_code == 2 and "different engines" in res.stderr, res.stderr
+
+
+def edited(run: str, into: Path, name: str | None = None, **changes: Any) -> str:
+    """A copy of ``run`` whose config.json's ``resolved`` and summary.json's ``counts``
+    hold ``changes`` (keys ``resolved`` and ``counts``, merged)."""
+    copy = into / (name or Path(run).name)
+    shutil.copytree(run, copy)
+    for file, key in (("config.json", "resolved"), ("summary.json", "counts")):
+        if key in changes:
+            data = json.loads((copy / file).read_text())
+            data[key] = {**data[key], **changes[key]}
+            (copy / file).write_text(json.dumps(data))
+    with (copy / "requests.jsonl").open("a") as f:  # (records of its own: another run)
+        f.write("\n")
+    return str(copy)
+
+
+def test_a_sim_run_directory_is_refused_as_the_prediction_it_is(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
+    """A sim run's numbers are the simulator's: fitted as a measurement, the default
+    engine was fitted to another model's predictions and showed ±0.1 % in sample."""
+    predicted = sim_run(tmp_path / "sim", "-c", "1", "-n", "4", "--input-tokens", "256", "--output-tokens", "8")
+    for runs, flags in (([predicted], ()), (measured[0][:1], ("--holdout", predicted))):
+        res = calibrate_cli(runs, tmp_path / "twin.json", *flags)
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+        assert f"{predicted}: a sim run directory, the simulator's prediction, not a measurement" in res.stderr
+        assert not (tmp_path / "twin.json").exists()
+
+
+def test_a_run_both_fitted_and_held_out_or_given_twice_is_refused(measured: tuple[list[str], list[str]], tmp_path: Path) -> None:
+    """The same run as a fit run and as --holdout reported its in-sample error as held-out:
+    by one path, by another path to it, or as a copy (the same requests.jsonl)."""
+    run = measured[0][0]
+    other_path = str(Path(run).parent / ".." / Path(run).parent.name / Path(run).name)
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    for fit, held, needle in (
+        ([run], [run], "are one directory, fitted on and held out"),
+        ([run], [other_path], "are one directory, fitted on and held out"),
+        ([run], [str(copy)], "hold the same run (identical requests.jsonl), fitted on and held out"),
+        ([run, str(copy)], [], "given twice to fit on"),
+    ):
+        res = calibrate_cli([*fit, *(a for h in held for a in ("--holdout", h))], tmp_path / "twin.json")
+        assert res.exit_code == 2 and needle in words(res.stderr) and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert calibrate_cli([run, "--holdout", measured[1][0]], tmp_path / "twin.json").exit_code == 0
+
+
+def test_runs_of_different_models_are_refused_and_a_model_not_the_servers_is_said(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """Runs of two servers were mixed without a word where neither said its software: runs
+    of different models are refused (a twin is of one); at different URLs they are said
+    (one server restarted on another port is still one); a model given or defaulted that
+    is not the one the runs' server served is said, and so is a GPU no run states."""
+    a, b = measured[0][:2]
+    llama = edited(b, tmp_path, resolved={"model": "meta-llama/Llama-3.1-8B-Instruct"})
+    res = calibrate_cli([a, llama], tmp_path / "twin.json")
+    assert res.exit_code == 2 and "different models (Qwen/Qwen2.5-7B-Instruct, meta-llama/Llama-3.1-8B-Instruct)" in res.stderr
+    # (the same model loaded from a local folder is the same model)
+    local = edited(b, tmp_path, "local", resolved={"model": "/models/Qwen2.5-7B-Instruct"})
+    res = calibrate_cli([a, local], tmp_path / "twin.json")
+    assert res.exit_code == 0, res.stderr
+    assert "served" not in res.stderr  # (no word of another model)
+    moved = edited(b, tmp_path, "moved", resolved={"url": "http://other.test:9000/v1"})
+    res = calibrate_cli([a, moved], tmp_path / "twin.json")
+    assert res.exit_code == 0, res.stderr
+    assert f"measured at different URLs (http://other.test:9000/v1, {SERVER_URL}/v1): calibrated as one server" in words(res.stderr)
+    # the runs' server served Llama; the default model is calibrated, and --gpu is the default: said
+    runs = [edited(r, tmp_path / "l", resolved={"model": "meta-llama/Llama-3.1-8B-Instruct"}) for r in measured[0][:2]]
+    res = CliRunner().invoke(main, ["sim", "calibrate", *runs, "--fit", "gemm_compute", "--max-evaluations", "2",
+                                    "-o", str(tmp_path / "twin.json")])
+    assert res.exit_code == 0, res.stderr
+    said_ = words(res.stderr)
+    assert ("the runs' server served meta-llama/Llama-3.1-8B-Instruct, but no --model was given: calibrating the "
+            "simulator's default model, Qwen/Qwen2.5-7B-Instruct (give --model meta-llama/Llama-3.1-8B-Instruct)") in said_
+    assert "the runs do not say the server's GPU: calibrating on the default --gpu H100 (give --gpu)" in said_
+    res = calibrate_cli(runs, tmp_path / "twin.json")  # (--model Qwen 7B given)
+    assert res.exit_code == 0 and ("the runs' server served meta-llama/Llama-3.1-8B-Instruct; calibrating --model "
+                                   "Qwen/Qwen2.5-7B-Instruct as given") in words(res.stderr), res.stderr
+    # runs of sim serve record its model and GPU: a flag that contradicts them is said
+    (tmp_path / "s").mkdir()
+    served = as_bench_of_sim_serve(measured[0][:1], tmp_path / "s")
+    res = calibrate_cli(served, tmp_path / "twin.json", "--gpu", "H100")
+    assert res.exit_code == 0 and "the runs' server ran gpu L40S" in words(res.stderr) and \
+        "calibrating --gpu H100 as given" in words(res.stderr), res.stderr
+
+
+def test_runs_with_failed_requests_are_said_and_those_biased_by_them_refused_unless_allowed(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """A run's p50s are over the requests that completed: a timed-out request is one of
+    its slowest, left out. Each run with failures is said with its failed share; one
+    with a timeout (or over 5 % failed) is refused unless --allow-failures."""
+    a, b = measured[0][:2]
+    timed_out = edited(b, tmp_path, "timeout", counts={"total": 7, "failed": 1, "errors": {"timeout": 1}})
+    res = calibrate_cli([a, timed_out], tmp_path / "twin.json")
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"{timed_out}: 1 of 7 requests failed (14%; timeout 1): failures that bias a run's numbers" in res.stderr
+    assert "--allow-failures" in res.stderr
+    assert not (tmp_path / "twin.json").exists()
+    res = calibrate_cli([a, "--holdout", timed_out], tmp_path / "twin.json")  # (held out too: its error would be off)
+    assert res.exit_code == 2, res.stderr
+    res = calibrate_cli([a, timed_out], tmp_path / "twin.json", "--allow-failures")
+    assert res.exit_code == 0 and (f"{timed_out}: 1 of 7 requests failed (14%; timeout 1): its p50s and tok/s are "
+                                   "over the requests that completed (taken anyway, --allow-failures)") in words(res.stderr)
+    # one stray error in 40 requests: said, not refused
+    stray = edited(b, tmp_path, "stray", counts={"total": 40, "failed": 1, "errors": {"http_status": 1}})
+    res = calibrate_cli([a, stray], tmp_path / "twin.json")
+    assert res.exit_code == 0 and f"{stray}: 1 of 40 requests failed (2%; http_status 1)" in words(res.stderr), res.stderr
+
+
+def test_a_fit_the_runs_cannot_determine_is_said_and_constants_are_not_read_one_by_one(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """One run fitted five constants to its four numbers without a word (attention 0.03
+    against 0.6, a held-out 2,048-token TTFT 38 % off)."""
+    res = CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, measured[0][0], "--max-evaluations", "3",
+                                    "-o", str(tmp_path / "twin.json")])
+    assert res.exit_code == 0, res.stderr
+    said_ = words(res.stderr)
+    assert "5 constants fitted to 4 measured values (1 run(s)): more unknowns than numbers" in said_
+    assert "every fit run has the same prompts (--input-tokens 128): attention_compute (what grows with the context)" in said_
+    assert ("every fit run ran the same load (a closed loop of 1 user): weight_stream, cpu_step_s (what a batch shares"
+            in said_)
+    assert "not meaningful one by one" in words(res.stdout)
+    # three prompt lengths at one user: the load is said, the lengths and the count are not
+    res = calibrate_cli(measured[0], tmp_path / "twin.json")
+    assert res.exit_code == 0 and "same prompts" not in res.stderr and "more unknowns" not in res.stderr
+    res = calibrate_cli([*measured[0], measured[1][0]], tmp_path / "twin.json")
+    assert res.exit_code == 0 and "same load" not in res.stderr
+
+
+def test_a_search_stopped_at_max_evaluations_says_it_may_not_have_converged(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    twin, report = tmp_path / "twin.json", tmp_path / "fit.json"
+    res = calibrate_cli(measured[0], twin, "--report", str(report))  # (--max-evaluations 3)
+    assert res.exit_code == 0, res.stderr
+    assert "the search stopped at --max-evaluations 3 before it converged" in words(res.stderr)
+    assert json.loads(twin.read_text())["calibration"]["converged"] is False
+    assert json.loads(report.read_text())["converged"] is False and "not converged" in words(res.stdout)
+    fit = calibrate(engine(), [read_run(d) for d in measured[0]], (), ("api_overhead_s",), max_evaluations=400)
+    assert fit.converged and fit.evaluations < 400
+    assert not calibrate(engine(), [read_run(d) for d in measured[0]], (), ("api_overhead_s",), max_evaluations=1).converged

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -82,13 +83,24 @@ class MeasuredRun:
     ``resolved.server_software``: name, version, source), None where it said nothing
     inferlab knows or the run predates the record; ``offline``: the run was ``sim run``'s
     of vLLM's offline class (its engine says so); a server's runs are served, at
-    ``--rate inf`` too."""
+    ``--rate inf`` too. ``predicted``: the directory is a ``sim run``'s (the simulator's
+    prediction in virtual time, no server's measurement); ``model`` and ``url``: the
+    model the server served and its API root, as the run recorded them (None where it
+    did not); ``counts``: its requests by outcome (``summary.json``'s ``counts``) and
+    ``interrupted``; ``digest``: the SHA-256 of its ``requests.jsonl`` (None without one):
+    two directories with one digest hold one run."""
 
     path: str
     config: RunConfig
     measured: dict[str, float]
     software: dict[str, Any] | None = None
     offline: bool = False
+    predicted: bool = False
+    model: str | None = None
+    url: str | None = None
+    counts: dict[str, Any] = field(default_factory=dict)
+    interrupted: bool = False
+    digest: str | None = None
 
 
 def headline(s: Summary) -> dict[str, float]:
@@ -136,11 +148,54 @@ def read_run(path: str) -> MeasuredRun:
     if not measured:
         raise UsageError(f"{path}: the run measured nothing to fit (no completed request)")
     resolved = config.get("resolved")
-    software = resolved.get("server_software") if isinstance(resolved, dict) else None
+    resolved = resolved if isinstance(resolved, dict) else {}
+    software = resolved.get("server_software")
     engine = config.get("engine")
+    predicted = config.get("command") == "sim run"
+    model = (engine if predicted and isinstance(engine, dict) else {}).get("model") or resolved.get("model") or config.get("model")
+    url = resolved.get("url") or config.get("url")
+    try:
+        digest: str | None = hashlib.sha256((folder / "requests.jsonl").read_bytes()).hexdigest()
+    except OSError:
+        digest = None
     return MeasuredRun(str(folder), RunConfig(load_config, workload, api, None), measured,
                        software if isinstance(software, dict) else None,
-                       isinstance(engine, dict) and engine.get("offline") is True)
+                       isinstance(engine, dict) and engine.get("offline") is True,
+                       predicted, None if model is None else str(model), None if url is None else str(url),
+                       summary.counts.to_json(), summary.interrupted, digest)
+
+
+#: Failures that leave a run's slowest requests out of its numbers: a request that took
+#: longer than the client waited is not in its p50s, which are then biased low, however
+#: few there are (and a run cut short left its requests in flight out).
+CENSORING = ("timeout", "idle_timeout")
+#: The share of a run's requests that may fail, of other kinds, before its numbers are
+#: taken to be biased (the requests that failed need not be a random sample of them).
+MAX_FAILED_SHARE = 0.05
+
+
+def failures(run: MeasuredRun) -> tuple[str | None, bool]:
+    """A run's failed and cancelled requests in words ("1 of 16 requests failed (timeout
+    1)"), None where every request completed; and whether they bias what it measured:
+    any failure of a kind in ``CENSORING``, a request cancelled or the run interrupted,
+    or more than ``MAX_FAILED_SHARE`` of its requests failed."""
+    counts = run.counts
+    total, failed, cancelled = int(counts.get("total") or 0), int(counts.get("failed") or 0), int(counts.get("cancelled") or 0)
+    errors = {str(k): int(v) for k, v in (counts.get("errors") or {}).items()}
+    if not failed and not cancelled and not run.interrupted:
+        return None, False
+    parts = []
+    if failed:
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(errors.items()))
+        parts.append(f"{failed} of {total} requests failed ({failed / total:.0%}{'; ' + kinds if kinds else ''})"
+                     if total else f"{failed} requests failed")
+    if cancelled:
+        parts.append(f"{cancelled} cancelled")
+    if run.interrupted:
+        parts.append("the run was interrupted")
+    biased = (any(errors.get(k) for k in CENSORING) or bool(cancelled) or run.interrupted
+              or (total > 0 and failed / total > MAX_FAILED_SHARE))
+    return ", ".join(parts), biased
 
 
 def at_bounds(constants: dict[str, float]) -> dict[str, str]:
@@ -159,17 +214,21 @@ def at_bounds(constants: dict[str, float]) -> dict[str, str]:
 
 @dataclass
 class Fit:
-    """A calibration: the fitted constants, the loss, and each run's predictions."""
+    """A calibration: the fitted constants, the loss, and each run's predictions.
+    ``converged``: the search ended by itself (no move of any constant by its finest
+    step lowered the loss), not at ``max_evaluations``, where a better fit may remain."""
 
     constants: dict[str, float]
     loss: float
     evaluations: int
     fit_runs: list[dict[str, Any]] = field(default_factory=list)
     holdout_runs: list[dict[str, Any]] = field(default_factory=list)
+    converged: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {"constants": self.constants, "at_bounds": at_bounds(self.constants), "loss": self.loss,
-                "evaluations": self.evaluations, "fit": self.fit_runs, "holdout": self.holdout_runs, "prediction": True}
+                "evaluations": self.evaluations, "converged": self.converged, "fit": self.fit_runs,
+                "holdout": self.holdout_runs, "prediction": True}
 
 
 class Twin:
@@ -263,6 +322,7 @@ def calibrate(
             raise UsageError(f"the engine cannot run these workloads: {e}") from None
         evaluations = 1
         on_step(evaluations, best, current)
+        stopped = False  # (a move left untried for want of evaluations: not converged)
         for factor in _STEPS:
             improved = True
             while improved and evaluations < max_evaluations:
@@ -271,7 +331,10 @@ def calibrate(
                     lo, hi = BOUNDS[n]
                     for f in (factor, 1 / factor):
                         value = min(hi, max(lo, current[n] * f))
-                        if value == current[n] or evaluations >= max_evaluations:
+                        if value == current[n]:
+                            continue
+                        if evaluations >= max_evaluations:
+                            stopped = True
                             continue
                         trial = {**current, n: value}
                         evaluations += 1
@@ -283,7 +346,8 @@ def calibrate(
                             best, current, improved = got, trial, True
                             on_step(evaluations, best, current)
                             break
-        fit = Fit(current, best, evaluations)
+            stopped = stopped or improved  # (still improving when the evaluations ran out)
+        fit = Fit(current, best, evaluations, converged=not stopped)
         fit.fit_runs = errors(twin.predict(fit_runs, current), fit_runs)
         if holdout_runs:
             fit.holdout_runs = errors(twin.predict(holdout_runs, current), holdout_runs)
@@ -316,7 +380,8 @@ _BAND_CLASSES = {"ttft_p50_ms": "TTFT", "tpot_p50_ms": "TPOT/ITL", "e2e_p50_ms":
 def calibration_record(fit: Fit) -> dict[str, Any]:
     """How well the fitted constants predicted: per metric class, the median absolute
     error (%) over the held-out runs and how many there were, or, with none held out,
-    over the fit runs (in sample: what the fit was made to match)."""
+    over the fit runs (in sample: what the fit was made to match); and whether the
+    search converged (``Fit.converged``)."""
     split, rows = ("holdout", fit.holdout_runs) if fit.holdout_runs else ("fit", fit.fit_runs)
     errors: dict[str, dict[str, float]] = {}
     for metric, cls in _BAND_CLASSES.items():
@@ -324,7 +389,7 @@ def calibration_record(fit: Fit) -> dict[str, Any]:
         if err is not None:
             n = sum(r["error"].get(metric) is not None for r in rows)
             errors[cls] = {"median_abs_pct": round(100 * err, 1), "runs": n}
-    return {"split": split, "runs": len(rows), "errors": errors}
+    return {"split": split, "runs": len(rows), "errors": errors, "converged": fit.converged}
 
 
 def median_abs_error(rows: Sequence[dict[str, Any]], metric: str) -> float | None:
