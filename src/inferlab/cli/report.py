@@ -12,7 +12,7 @@ import click
 from inferlab._errors import UsageError
 from inferlab.cli.common import LINE, check_output_folder, console, run_guarded
 from inferlab.cli.history import history_option, resolve_runs
-from inferlab.results.compare import parse_fail_if
+from inferlab.results.compare import TAIL_MIN, parse_fail_if
 from inferlab.results.runfiles import dumps
 
 #: ``compare``'s exit status when a ``--fail-if`` condition holds (2 is a usage error,
@@ -62,6 +62,9 @@ def _compare(kw: dict[str, Any]) -> int:
     for side, deltas in zip(comparison.sides[1:], comparison.deltas, strict=True):
         for cond in conditions:
             d = next(d for d in deltas if d.metric is cond.metric)
+            if d.unbounded:  # (a gate that cannot trip should not pass in silence)
+                click.echo(f"inferlab: --fail-if: warning: {side.label}: {cond.text} cannot hold: a run has fewer than {TAIL_MIN} "
+                           f"requests beyond {cond.metric.label}, too few to bound it, so no change of it is beyond noise", err=True)
             if not cond.trips(d):
                 continue
             if d.delta is None:  # (a run measured nothing of it: the gate cannot pass)

@@ -16,6 +16,7 @@ from rich.table import Table
 from inferlab._errors import UsageError
 from inferlab.results.compare import (
     METRICS,
+    TAIL_MIN,
     Delta,
     compare,
     distribution_tests,
@@ -151,6 +152,11 @@ def fmt(v: float | None, unit: str) -> str:
     return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.1f}"
 
 
+def bound(v: float) -> str:
+    """A side of a change's interval: a signed number, or unbounded."""
+    return f"{v:+,.3g}" if math.isfinite(v) else "unbounded"
+
+
 def change_text(d: Delta) -> str:
     """A change as a table cell: relative (``+12.5%``), or in its unit where the first
     run's value is 0, and in points for a share (``failed``: ``+72.5 pts``)."""
@@ -187,9 +193,11 @@ def render(console: Console, c: Comparison) -> None:
     for s, tests in zip(c.sides[1:], c.tests, strict=True):
         parts = [f"{name.removesuffix('_ms').upper()} p={p:.3g}" for name, p in tests.items() if p is not None]
         if parts:
-            console.print(f"Mann–Whitney, {s.label} vs {base.label} per request (p < 0.05: the distribution moved): " + ", ".join(parts))
-    console.print("95% intervals: over repeats when given, else batch means and a block bootstrap over the order requests ended "
-                  "(docs/report.md); beyond noise = the change's interval excludes 0", style="dim")
+            console.print(f"Mann–Whitney over the batches' medians, {s.label} vs {base.label} (p < 0.05: the typical request moved): "
+                          + ", ".join(parts))
+    console.print(f"95% intervals: over repeats when given, else over 3 to 5 batches of a run in the order its requests ended "
+                  f"(docs/report.md); beyond noise = the change's interval excludes 0; too few requests = a run has under "
+                  f"{TAIL_MIN} requests beyond that percentile, which leaves it unbounded", style="dim")
 
 
 def render_html_table(c: Comparison) -> str:
@@ -206,15 +214,16 @@ def render_html_table(c: Comparison) -> str:
             d = ds[i]
             change = change_text(d)
             cls = "" if d.verdict != "beyond noise" else (' class="better"' if d.better else ' class="worse"')
-            ci = "" if d.lo is None or d.hi is None else f" (95% interval of the change {d.lo:+,.3g} to {d.hi:+,.3g})"
+            ci = "" if d.lo is None or d.hi is None else f" (95% interval of the change {bound(d.lo)} to {bound(d.hi)})"
             cells.append(f"<td>{fmt(d.b.value, m.unit)}</td><td{cls} title=\"{escape(ci)}\">{change}</td><td{cls}>{escape(verdict_words(d))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     lines = "".join(f"<li>{escape(s.describe())}</li>" for s in c.sides)
     lines += "".join(f'<li class="worse">warning: {escape(line)}</li>' for line in c.warning_lines())
     tests = "".join(
-        f"<li>Mann–Whitney, {escape(s.label)} vs {escape(base.label)}: "
+        f"<li>Mann–Whitney over the batches' medians, {escape(s.label)} vs {escape(base.label)}: "
         + ", ".join(f"{k.removesuffix('_ms').upper()} p={p:.3g}" for k, p in t.items() if p is not None) + "</li>"
         for s, t in zip(c.sides[1:], c.tests, strict=True))
     return (f"<ul>{lines}</ul><table class=\"compare\"><tr>{head}</tr>{''.join(rows)}</table>"
             f"<ul>{tests}</ul><p class=\"what\">Each change against {escape(base.label)}; it exceeds noise when its 95% interval "
-            "excludes zero (repeats: t over runs; one run: batch means and a block bootstrap over the order requests ended).</p>")
+            "excludes zero (repeats: t over runs; one run: 3 to 5 batches in the order its requests ended, batch means and, for a "
+            "percentile, a jackknife over them).</p>")

@@ -1,34 +1,37 @@
 """Comparing runs: each headline metric, its change, and whether that change exceeds
 run-to-run noise.
 
-Every value comes with a 95 % confidence interval, from what the runs hold:
+Every value comes with a 95 % interval, from what the runs hold:
 
 - **repeats** (several runs of one configuration, a sweep point run ``--repeats N``):
   the mean over the repeats ± t·s/√n (Student's t, n − 1 degrees of freedom);
-- **one run**: *batch means*. The completed requests, in the order they ended, are cut
-  into up to 10 batches of at least 10 (for a percentile q, at least 10/(1−q): p99
-  needs 1,000 a batch); the metric is computed on each batch (a percentile, a mean, or
-  a throughput: the batch's tokens over the time since the previous batch ended), and
-  the interval is ± t·s/√k over the k batches (at least 3). Requests next to each
-  other share the server's state (a batch, a queue) and are not independent, which
-  per-request statistics would ignore; batches are nearly so. A percentile's interval
-  is widened, where wider, to the distribution-free interval of a quantile from order
-  statistics (ranks n·q ∓ 1.96·√(n·q·(1−q))); a side whose rank falls outside the data
-  is unbounded (p99 of under ~300 requests cannot be bounded above), so no change there
-  is beyond noise; and to a moving-block bootstrap (runs of √n consecutive requests),
-  so that a burst counts once. A mean's interval is widened to ± t·s/√n over the
-  requests. Without 3 batches a throughput's noise is unknown.
+- **one run**: *batches*. Requests that overlap in time share the server's state (a
+  batch, a queue), so neighbours are not independent and per-request statistics are
+  far too sure of themselves (seeds alone then differ "significantly"). The completed
+  requests, in the order they ended, are cut into 3 to 5 batches, each at least 10
+  and, where the run is long enough, at least twice as many requests as it had in
+  flight on average (its concurrency, by Little's law): batches that far apart are
+  nearly independent. A mean or a throughput (a batch's tokens over the time since the
+  previous batch ended) is computed per batch, ± t·s/√k over the k batches; a mean's
+  interval is widened to ± t·s/√n over the requests where wider. A percentile gets the grouped jackknife over
+  the batches (the percentile of the run without each batch in turn: a burst moves it
+  once, as a whole), ± t·SE, widened to the distribution-free interval of a quantile
+  from order statistics (ranks n·q ∓ 1.96·√(n·q·(1−q))). A side of a percentile with
+  fewer than 20 requests beyond it (p99 of under 2,000 requests) is unbounded, so no
+  change there is beyond noise: the few requests there come in bursts, and at 1,000
+  requests seeds alone moved a p99 further than its interval said (docs/report.md).
+  Without 3 batches (under 30 requests) a mean's or throughput's noise is unknown.
 
 The change B − A gets the interval of both errors combined (in quadrature, each side
 its own); it *exceeds noise* when that interval excludes zero. Mann–Whitney's U test on
-the per-request TTFT, TPOT and E2E (normal approximation, ties corrected) tells
-whether the whole distribution moved, percentiles aside.
+the batches' medians of the per-request TTFT, TPOT and E2E (exact for small samples)
+tells whether the typical request moved; on the requests themselves it called seeds
+alone a moved distribution in most pairs.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import re
 import statistics
 from collections.abc import Sequence
@@ -45,9 +48,12 @@ Z95 = 1.959963984540054
 #: listed one is used: wider, so never overconfident).
 _T95 = ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (5, 2.571), (6, 2.447), (7, 2.365), (8, 2.306),
         (9, 2.262), (10, 2.228), (12, 2.179), (15, 2.131), (20, 2.086), (30, 2.042), (60, 2.000), (120, 1.980))
-MAX_BATCHES = 10
-BOOTSTRAP_RESAMPLES = 200
+MAX_BATCHES = 5
 MIN_BATCH = 10
+#: a batch holds at least this many times the requests a run had in flight on average
+BATCH_IN_FLIGHT = 2
+#: requests beyond a percentile (on one side) that bound it on that side
+TAIL_MIN = 20
 
 
 def t95(df: int) -> float:
@@ -93,7 +99,8 @@ DISTRIBUTIONS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 @dataclass(frozen=True)
 class Estimate:
-    """A metric's value with its 95 % interval (``lo``/``hi`` None: noise unknown)."""
+    """A metric's value with its 95 % interval (``lo``/``hi`` None: noise unknown; -inf
+    or inf: a side the data cannot bound)."""
 
     value: float | None
     lo: float | None
@@ -104,7 +111,9 @@ class Estimate:
 @dataclass(frozen=True)
 class Delta:
     """B against A for one metric. ``verdict``: "beyond noise", "within noise", "noise
-    unknown" or "no value" (a run has none: nothing completed); ``better`` whether B is better (None when equal or unknown)."""
+    unknown" or "no value" (a run has none: nothing completed); ``better`` whether B is better (None when equal or unknown);
+    ``lo``/``hi`` the change's 95 % interval, -inf or inf on a side a run cannot bound
+    (None in ``to_json``)."""
 
     metric: Metric
     a: Estimate
@@ -116,6 +125,12 @@ class Delta:
     verdict: str
 
     @property
+    def unbounded(self) -> bool:
+        """The change's interval is unbounded on a side (a run has too few requests
+        beyond a percentile: ``TAIL_MIN``), so it is within noise whatever it is."""
+        return any(v is not None and math.isinf(v) for v in (self.lo, self.hi))
+
+    @property
     def better(self) -> bool | None:
         if self.delta is None or self.delta == 0:
             return None
@@ -124,9 +139,15 @@ class Delta:
     def to_json(self) -> dict[str, Any]:
         return {
             "metric": self.metric.name, "unit": self.metric.unit, "a": self.a.value, "b": self.b.value,
-            "delta": self.delta, "rel": self.rel, "delta_ci95": [self.lo, self.hi], "verdict": self.verdict,
+            "delta": self.delta, "rel": self.rel, "delta_ci95": [finite(self.lo), finite(self.hi)], "verdict": self.verdict,
             "better": self.better, "method": self.b.method if self.b.method == self.a.method else f"{self.a.method} / {self.b.method}",
         }
+
+
+def finite(v: float | None) -> float | None:
+    """``v``, or None where it is none or not finite (a side of an interval the data
+    cannot bound: JSON has no infinity)."""
+    return v if v is not None and math.isfinite(v) else None
 
 
 def summary_value(summary: dict[str, Any], m: Metric) -> float | None:
@@ -194,82 +215,78 @@ def estimate(m: Metric, runs: Sequence[Run]) -> Estimate:
             return Estimate(value, None, None, "batch means (too few requests)")
         return Estimate(value, value * (1 - rel), value * (1 + rel), "batch means")
     xs = sorted(per_request(run.records, m.per_request))
-    stat = m.stat or "p50"
-    batch = batch_half_width(run.records, m.per_request, stat)
-    if stat == "mean":
-        halves = [h for h in (batch,) if h is not None]
+    parts = batch_values(run.records, m.per_request)
+    if m.stat == "mean":
+        halves = []
+        if len(parts) >= 3:  # (batches holding no value of it left out)
+            means = [statistics.fmean(p) for p in parts]
+            halves.append(t95(len(means) - 1) * statistics.stdev(means) / math.sqrt(len(means)))
         if len(xs) > 1:
             halves.append(t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs)))
         if not halves:
             return Estimate(value, None, None, "per request")
-        return Estimate(value, value - max(halves), value + max(halves), "batch means" if batch is not None else "per request")
+        return Estimate(value, value - max(halves), value + max(halves), "batch means" if len(parts) >= 3 else "per request")
     if not xs:
         return Estimate(value, None, None, "")
-    lo, hi = quantile_interval(xs, float(stat[1:]) / 100)
+    q = float((m.stat or "p50")[1:]) / 100
+    lo, hi = quantile_interval(xs, q)
     # a side the data cannot bound (p99 of 200 requests: its upper rank is past the last)
     # is unbounded: such a change is never beyond noise on that side
     lo_f = -math.inf if lo is None else lo
     hi_f = math.inf if hi is None else hi
-    if batch is not None:  # the widest of them on each side
-        lo_f, hi_f = min(lo_f, value - batch), max(hi_f, value + batch)
-    boot = block_bootstrap_interval(in_end_order(run.records, m.per_request), float(stat[1:]))
-    if boot is not None:
-        lo_f, hi_f = min(lo_f, value - (boot[1] - boot[0]) / 2, boot[0]), max(hi_f, value + (boot[1] - boot[0]) / 2, boot[1])
-    return Estimate(value, lo_f, hi_f, "order statistics, batch means, block bootstrap")
+    if len(parts) >= 3:  # the wider of the two on each side
+        half = t95(len(parts) - 1) * jackknife_se(parts, 100 * q)
+        lo_f, hi_f = min(lo_f, value - half), max(hi_f, value + half)
+    # the few requests beyond a tail percentile come in bursts: with fewer than TAIL_MIN
+    # of them its interval is not to be trusted on that side
+    if len(xs) * (1 - q) < TAIL_MIN:
+        hi_f = math.inf
+    if len(xs) * q < TAIL_MIN:
+        lo_f = -math.inf
+    return Estimate(value, lo_f, hi_f, "order statistics, jackknife over batches")
 
 
-def in_end_order(records: Sequence[RequestRecord], name: str) -> list[float]:
-    """``name``'s per-request values, in the order the requests ended."""
+def in_flight(done: Sequence[RequestRecord]) -> float:
+    """The average number of requests in flight over ``done`` (sent and ended): their
+    summed durations over the time from the first send to the last end (Little's law);
+    0 when there is no such time."""
+    timed = [r for r in done if r.send_ns is not None and r.end_ns is not None]
+    if not timed:
+        return 0.0
+    span = max(r.end_ns or 0 for r in timed) - min(r.send_ns or 0 for r in timed)
+    return sum((r.end_ns or 0) - (r.send_ns or 0) for r in timed) / span if span > 0 else 0.0
+
+
+def batches(records: Sequence[RequestRecord]) -> list[list[RequestRecord]]:
+    """The completed requests in the order they ended, cut into 3 to ``MAX_BATCHES``
+    batches of at least ``MIN_BATCH``, and of at least ``BATCH_IN_FLIGHT`` times the
+    requests in flight on average where the run is long enough: requests overlapping in
+    time share the server's state (a batch, a queue), so they are not independent, but
+    batches far enough apart nearly are (the method of batch means). Empty under
+    3 · ``MIN_BATCH`` requests."""
     done = sorted((r for r in records if r.ok and not r.warmup), key=lambda r: r.end_ns or 0)
-    return [v for r in done if (v := getattr(request_metrics(r), name)) is not None]
+    if len(done) < 3 * MIN_BATCH:
+        return []
+    size = max(MIN_BATCH, math.ceil(BATCH_IN_FLIGHT * in_flight(done)))
+    k = max(3, min(MAX_BATCHES, len(done) // size))
+    return [done[j * len(done) // k:(j + 1) * len(done) // k] for j in range(k)]
 
 
-def block_bootstrap_interval(xs: Sequence[float], q: float, resamples: int = BOOTSTRAP_RESAMPLES) -> tuple[float, float] | None:
-    """The 95 % interval of the ``q``-th percentile (0–100) of ``xs`` (in the order the
-    requests ended) by the moving-block bootstrap: resamples made of runs of √n
-    consecutive values, so that bursts (requests that waited together) stay together;
-    seeded, so the same data gives the same interval. None under 30 values."""
-    n = len(xs)
-    if n < 30:
-        return None
-    block = max(5, round(math.sqrt(n)))
-    rng = random.Random(0)
-    stats = []
-    for _ in range(resamples):
-        sample: list[float] = []
-        while len(sample) < n:
-            start = rng.randrange(0, n - block + 1)
-            sample.extend(xs[start:start + block])
-        stats.append(percentile(sorted(sample[:n]), q))
-    stats.sort()
-    return stats[int(0.025 * resamples)], stats[min(resamples - 1, math.ceil(0.975 * resamples) - 1)]
+def batch_values(records: Sequence[RequestRecord], name: str) -> list[list[float]]:
+    """``name``'s per-request values in each of ``batches(records)`` (None left out),
+    the batches that hold none dropped."""
+    parts = ([v for r in batch if (v := getattr(request_metrics(r), name)) is not None] for batch in batches(records))
+    return [p for p in parts if p]
 
 
-def batches(records: Sequence[RequestRecord], min_batch: int = MIN_BATCH) -> list[list[RequestRecord]]:
-    """The completed requests in the order they ended, cut into up to ``MAX_BATCHES``
-    batches of at least ``min_batch``: consecutive requests share the server's state
-    (a batch, a queue), so they are not independent, but batches far enough apart
-    nearly are (the method of batch means). Empty with fewer than 3 batches."""
-    done = sorted((r for r in records if r.ok and not r.warmup), key=lambda r: r.end_ns or 0)
-    k = min(MAX_BATCHES, len(done) // min_batch)
-    return [done[j * len(done) // k:(j + 1) * len(done) // k] for j in range(k)] if k >= 3 else []
-
-
-def batch_half_width(records: Sequence[RequestRecord], name: str, stat: str) -> float | None:
-    """The 95 % half-width of a per-request statistic (``mean`` or ``pNN``) by batch
-    means: the statistic of each batch, ± t·s/√k; None with fewer than 3 batches."""
-    # a batch must be large enough for its own percentile to mean the same thing as the
-    # run's: ten requests beyond it (p50: 20 a batch, p99: 1,000)
-    q = None if stat == "mean" else float(stat[1:]) / 100
-    min_batch = MIN_BATCH if q is None else max(MIN_BATCH, math.ceil(10 / min(q, 1 - q)))
-    values = []
-    for batch in batches(records, min_batch):
-        xs = sorted(v for r in batch if (v := getattr(request_metrics(r), name)) is not None)
-        if xs:
-            values.append(statistics.fmean(xs) if stat == "mean" else percentile(xs, float(stat[1:])))
-    if len(values) < 3:
-        return None
-    return t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+def jackknife_se(parts: Sequence[Sequence[float]], q: float) -> float:
+    """The grouped jackknife's standard error of the ``q``-th percentile (0–100) of all
+    of ``parts`` (k ≥ 2 batches): the percentile without each batch in turn, θ₋ⱼ, and
+    √((k−1)/k · Σ(θ₋ⱼ − θ̄)²). A batch holding a burst moves it as a whole."""
+    k = len(parts)
+    without = [percentile(sorted(v for i, p in enumerate(parts) if i != j for v in p), q) for j in range(k)]
+    mean = statistics.fmean(without)
+    return math.sqrt((k - 1) / k * sum((t - mean) ** 2 for t in without))
 
 
 def quantile_interval(sorted_xs: Sequence[float], q: float) -> tuple[float | None, float | None]:
@@ -331,11 +348,18 @@ def compare(a: Sequence[Run], b: Sequence[Run], metrics: Sequence[Metric] = METR
     return [compare_pair(m, estimate(m, a), estimate(m, b)) for m in metrics]
 
 
+#: Mann–Whitney's p is exact (counted over every ordering) up to this n1 · n2, and from
+#: the normal approximation above it.
+EXACT_U_MAX = 400
+
+
 def mann_whitney_p(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    """Two-sided p-value of Mann–Whitney's U test (normal approximation with the tie
-    correction, continuity corrected); None with fewer than 5 values on a side."""
+    """Two-sided p-value of Mann–Whitney's U test: exact for small samples without ties
+    (n1 · n2 up to ``EXACT_U_MAX``: 5 batches against 5 give p ≥ 0.008, 3 against 3 never
+    under 0.1), else the normal approximation with the tie correction, continuity
+    corrected; None with fewer than 3 values on a side."""
     n1, n2 = len(xs), len(ys)
-    if n1 < 5 or n2 < 5:
+    if n1 < 3 or n2 < 3:
         return None
     pooled = sorted([(x, 0) for x in xs] + [(y, 1) for y in ys])
     rank_sum_x, ties, i = 0.0, 0.0, 0
@@ -349,6 +373,11 @@ def mann_whitney_p(xs: Sequence[float], ys: Sequence[float]) -> float | None:
         rank_sum_x += rank * sum(1 for k in range(i, j + 1) if pooled[k][1] == 0)
         i = j + 1
     u = rank_sum_x - n1 * (n1 + 1) / 2
+    if ties == 0 and n1 * n2 <= EXACT_U_MAX:
+        counts = u_counts(n1, n2)
+        dev = abs(u - n1 * n2 / 2)
+        extreme = sum(c for v, c in enumerate(counts) if abs(v - n1 * n2 / 2) >= dev)
+        return min(1.0, extreme / math.comb(n1 + n2, n1))
     n = n1 + n2
     var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
     if var <= 0:
@@ -357,13 +386,31 @@ def mann_whitney_p(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
 
 
+def u_counts(n1: int, n2: int) -> list[int]:
+    """How many of the C(n1 + n2, n1) orderings of two samples give each U, 0 to n1 · n2
+    (the recurrence c(i, j) = c(i − 1, j) shifted by j + c(i, j − 1))."""
+    # row[j]: the counts for i values of the first sample against j of the second
+    row = [[1] for _ in range(n2 + 1)]  # i = 0: U is 0
+    for _ in range(n1):
+        new = [[1]]  # j = 0: U is 0
+        for j in range(1, n2 + 1):
+            shifted, left = [0] * j + row[j], new[j - 1]
+            new.append([(shifted[u] if u < len(shifted) else 0) + (left[u] if u < len(left) else 0)
+                        for u in range(max(len(shifted), len(left)))])
+        row = new
+    return row[n2]
+
+
+def batch_medians(runs: Sequence[Run], name: str) -> list[float]:
+    """The median of ``name`` in each batch (``batches``) of each of ``runs``."""
+    return [statistics.median(p) for r in runs for p in batch_values(r.records, name)]
+
+
 def distribution_tests(a: Sequence[Run], b: Sequence[Run]) -> dict[str, float | None]:
-    """Mann–Whitney p per distribution in ``DISTRIBUTIONS`` (requests of all repeats pooled)."""
-    return {
-        name: mann_whitney_p([v for r in a for v in per_request(r.records, name)],
-                             [v for r in b for v in per_request(r.records, name)])
-        for name in DISTRIBUTIONS
-    }
+    """Mann–Whitney p per distribution in ``DISTRIBUTIONS``, over the batches' medians
+    (``batch_medians``, the batches of all repeats pooled): the requests themselves are
+    not independent, and a test over them called seeds alone a moved distribution."""
+    return {name: mann_whitney_p(batch_medians(a, name), batch_medians(b, name)) for name in DISTRIBUTIONS}
 
 
 @dataclass(frozen=True)
@@ -412,7 +459,10 @@ def parse_fail_if(text: str) -> FailIf:
 
 
 def verdict_words(d: Delta) -> str:
-    """A short sentence for a table cell: "within noise", "worse, beyond noise", ..."""
+    """A short sentence for a table cell: "within noise", "worse, beyond noise", "within
+    noise (too few requests)" (a run cannot bound the percentile: ``TAIL_MIN``), ..."""
+    if d.verdict == "within noise" and d.unbounded:
+        return "within noise (too few requests)"
     if d.verdict != "beyond noise":
         return d.verdict
     return f"{'better' if d.better else 'worse'}, beyond noise"
