@@ -148,9 +148,15 @@ def test_read_prompt_takes_a_batch_of_one() -> None:
     assert read_prompt({"prompt": [7]}) == [7]
 
 
-@pytest.mark.parametrize("prompt", [5, [], [1.5], [True], ["a", "b"], [[]]])
+@pytest.mark.parametrize("prompt", [5, [], [1.5], [True], [[]]])
 def test_read_prompt_refuses_with_400(prompt: Any) -> None:
     with pytest.raises(APIError, match="'prompt' must be a string or a non-empty list of token ids"):
+        read_prompt({"prompt": prompt})
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2, 3]], ["a", [1]]])
+def test_read_prompt_says_a_batch_is_not_served(prompt: Any) -> None:
+    with pytest.raises(APIError, match=f"prompt: a batch of {len(prompt)} prompts in one request is not supported"):
         read_prompt({"prompt": prompt})
 
 

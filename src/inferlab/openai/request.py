@@ -261,6 +261,13 @@ def read_prompt(body: Mapping[str, Any]) -> str | list[int]:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
+    elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise APIError(
+            400,
+            f"prompt: a batch of {len(prompt)} prompts in one request is not supported by the simulated server "
+            "(vLLM would answer a choice per prompt): send one prompt per request.",
+            param="prompt",
+        )
     if prompt is None or prompt == "":
         raise APIError(400, "Either prompt or prompt_embeds must be provided and non-empty.", param="prompt")
     if isinstance(prompt, str):
@@ -280,7 +287,9 @@ class GenerationParams:
     vLLM's stop tokens. ``logprobs``: how many alternatives to give with each token's
     log-probability (chat: ``top_logprobs`` when ``logprobs`` is true; completions:
     ``logprobs``), None for none. ``n`` and ``prompt_logprobs`` are as asked (within
-    vLLM's rules), for the server to serve or refuse."""
+    vLLM's rules), for the server to serve or refuse. ``include_stop_str``: vLLM's
+    ``include_stop_str_in_output``, the stop string (or stop token's text) kept in the
+    text."""
 
     stream: bool = False
     include_usage: bool = False
@@ -292,6 +301,7 @@ class GenerationParams:
     logprobs: int | None = None
     n: int = 1
     prompt_logprobs: int | None = None
+    include_stop_str: bool = False
 
 
 def read_params(body: Mapping[str, Any], api: Api) -> GenerationParams:
@@ -328,6 +338,7 @@ def read_params(body: Mapping[str, Any], api: Api) -> GenerationParams:
         logprobs=logprobs,
         n=1 if n is None else n,
         prompt_logprobs=prompt_logprobs,
+        include_stop_str=read_bool(body, "include_stop_str_in_output", False),
     )
 
 

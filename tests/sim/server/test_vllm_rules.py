@@ -442,3 +442,83 @@ def test_metric_buckets_are_vllms(http: httpx.Client) -> None:
     assert bounds("vllm:time_to_first_token_seconds")[-4:] == ["160", "640", "2560", "+Inf"]
     assert bounds("vllm:request_prompt_tokens") == ["1", "2", "5", "10", "20", "50", "100", "200", "500", "1000", "2000", "+Inf"]
     assert bounds("vllm:iteration_tokens_total")[-2:] == ["16384", "+Inf"]
+
+
+# --- fields that were accepted and ignored --------------------------------------------
+
+
+@pytest.mark.parametrize(("route", "fields", "param", "message"), [
+    ("chat", {"echo": True}, "echo", None),
+    ("completions", {"suffix": "the end"}, "suffix", "suffix is not currently supported"),
+    ("completions", {"truncate_prompt_tokens": 3}, "truncate_prompt_tokens", None),
+    ("chat", {"truncate_prompt_tokens": 3}, "truncate_prompt_tokens", None),
+    ("completions", {"logit_bias": {"1": -100}}, "logit_bias", None),
+    ("chat", {"allowed_token_ids": [1, 2]}, "allowed_token_ids", None),
+    ("chat", {"bad_words": ["retrieval"]}, "bad_words", None),
+    ("completions", {"cache_salt": "s3cret"}, "cache_salt", None),
+    ("completions", {"logprobs": 1, "return_tokens_as_token_ids": True}, "return_tokens_as_token_ids", None),
+    ("completions", {"return_token_ids": True}, "return_token_ids", None),
+    ("chat", {"chat_template": "{{ messages[0].content }}"}, "chat_template", None),
+    ("chat", {"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs", None),
+    ("chat", {"documents": [{"title": "t", "text": "x"}]}, "documents", None),
+    ("chat", {"reasoning_effort": "high"}, "reasoning_effort", None),
+    ("completions", {"structural_tag": "{}"}, "structural_tag", None),
+    ("completions", {"logits_processors": ["m.P"]}, "logits_processors", "The `logits_processors` argument is not supported"),
+    ("chat", {"priority": 5}, "priority", "Got priority 5 but Priority scheduling is not enabled."),
+    ("completions", {"prompt": ["one prompt", "another"]}, "prompt", "prompt: a batch of 2 prompts"),
+    ("completions", {"prompt": [[1, 2], [3, 4], [5]]}, "prompt", "prompt: a batch of 3 prompts"),
+])
+def test_a_field_that_would_change_the_answer_is_refused_not_ignored(
+    http: httpx.Client, route: str, fields: dict[str, Any], param: str, message: str | None
+) -> None:
+    """Each was answered 200 as if it had not been sent: chat echo without the echo, a
+    suffix, a prompt not truncated, bad words written, a salt that salted nothing, a
+    priority that scheduled nothing, ... A 400 naming the field now (vLLM's own message
+    where vLLM refuses it too); the neutral values are still served."""
+    err = check_error(http.post(PATH[route], json=valid(route, **fields)), 400, message, param)
+    if message is None:
+        assert "not simulated" in err["message"], err["message"]
+    neutral = {"echo": False, "logit_bias": {}, "bad_words": [], "priority": 0, "return_token_ids": False,
+               "chat_template_kwargs": {}}
+    for key, value in neutral.items():
+        assert http.post(PATH[route], json=valid(route, **{key: value})).status_code == 200, key
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_include_stop_str_in_output_keeps_the_stop_string(http: httpx.Client, stream: bool) -> None:
+    """It was ignored: the text ended before the stop string all the same. vLLM keeps
+    the stop string (the text cut right after it), with the same tokens generated."""
+    stop = " passages"
+    expected = OUTPUT.stop([stop], [], 0)
+    assert expected is not None
+    body = valid("completions", max_tokens=500, ignore_eos=True, stop=[stop], include_stop_str_in_output=True)
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+        with http.stream("POST", PATH["completions"], json=body) as r:
+            chunks = [json.loads(p) for p in sse_events(b"".join(r.iter_raw()).decode())[:-1]]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        finish = chunks[-2]["choices"][0]
+        usage = chunks[-1]["usage"]
+    else:
+        r = http.post(PATH["completions"], json=body).json()
+        text, finish, usage = r["choices"][0]["text"], r["choices"][0], r["usage"]
+    assert text == OUTPUT.text(0, expected.text_chars + len(stop)) and text.endswith(stop)
+    assert finish["finish_reason"] == "stop" and finish["stop_reason"] == stop
+    assert usage["completion_tokens"] == expected.tokens
+
+
+def test_include_stop_str_in_output_keeps_a_stop_tokens_text(http: httpx.Client) -> None:
+    token = BuiltinTokenizer().output_token(6)
+    expected = OUTPUT.stop([], [token], 0)
+    assert expected is not None
+    body = valid("completions", max_tokens=50, ignore_eos=True, stop_token_ids=[token], include_stop_str_in_output=True)
+    r = http.post(PATH["completions"], json=body).json()
+    assert r["choices"][0]["stop_reason"] == token
+    assert r["choices"][0]["text"] == OUTPUT.text(0, OUTPUT.chars(expected.tokens))
+
+
+@pytest.mark.parametrize(("route", "prefix"), [("chat", "chatcmpl-"), ("completions", "cmpl-")])
+def test_request_id_names_the_answer(http: httpx.Client, route: str, prefix: str) -> None:
+    """vLLM makes the answer's id of the request's ``request_id``; it was ignored."""
+    assert http.post(PATH[route], json=valid(route, request_id="abc-1")).json()["id"] == prefix + "abc-1"
+    check_error(http.post(PATH[route], json=valid(route, request_id=7)), 400, param="request_id")

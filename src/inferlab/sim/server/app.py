@@ -373,12 +373,17 @@ class SimServer:
         else:
             natural = max(natural_output_len(prompt_ids, self.config.natural_output_median_tokens), params.min_tokens)
             tokens, reason = (limit, "length") if natural >= limit else (natural, "stop")
-        hold = max(map(len, params.stop), default=1) - 1
+        # include_stop_str_in_output: the stop string, or the stop token's text, stays in
+        # the text, and a stream holds nothing back (vLLM's stop buffer is then empty)
+        hold = 0 if params.include_stop_str else max(map(len, params.stop), default=1) - 1
         stop = None
         if params.stop or params.stop_token_ids:
             stop = self.output.stop(params.stop, params.stop_token_ids, params.min_tokens)
         if stop is not None and stop.tokens <= tokens:
-            return OutputPlan(stop.tokens, "stop", stop.reason, stop.text_chars, hold, params.logprobs, max_tokens, limit)
+            cut = stop.text_chars
+            if params.include_stop_str:
+                cut = cut + len(stop.reason) if isinstance(stop.reason, str) else self.output.chars(stop.tokens)
+            return OutputPlan(stop.tokens, "stop", stop.reason, cut, hold, params.logprobs, max_tokens, limit)
         return OutputPlan(tokens, reason, None, None, hold, params.logprobs, max_tokens, limit)
 
     async def _generate(
@@ -393,6 +398,9 @@ class SimServer:
         params = read_params(body, api)
         _refuse_unsimulated(body, chat)
         plan = self._plan(params, prompt_ids)
+        request_id = body.get("request_id")
+        if request_id is not None and not isinstance(request_id, str):
+            raise APIError(400, "request_id: Input should be a valid string", param="request_id")
         if self.engine.num_waiting >= self.config.max_waiting_requests:
             raise APIError(429, "The server is overloaded: too many requests are waiting.", "RateLimitError")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
@@ -400,7 +408,9 @@ class SimServer:
             queue = self.loop.submit(rid, prompt_ids, plan.tokens, received_s, plan.limit or None)
         except ValueError as e:
             raise APIError(400, str(e)) from e
-        gen = Generation(self, rid, chat, received_s, len(prompt_ids), plan)
+        # vLLM's ``request_id``: the answer's id is made of it (the engine's own stays unique)
+        answer_id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}" if request_id is not None else rid
+        gen = Generation(self, rid, chat, received_s, len(prompt_ids), plan, answer_id)
         try:
             if params.stream:
                 return await gen.stream(request, queue, params.include_usage)
@@ -434,6 +444,12 @@ def _refuse_unsimulated_chat(body: Mapping[str, Any]) -> None:
                 "send them as a system message to count them)")
     if body.get("tool_choice") not in (None, "none", "auto"):
         _refuse("tool_choice", "a required tool call")
+    # what changes the chat template's output, which the simulated tokenizer renders one way
+    if body.get("chat_template") is not None:
+        _refuse("chat_template", "a chat template of the request's own")
+    for key in ("chat_template_kwargs", "documents", "reasoning_effort"):
+        if body.get(key):
+            _refuse(key, "arguments to the chat template (the simulated tokenizer's template takes none)")
     for message in body.get("messages") or ():
         content = message.get("content") if isinstance(message, Mapping) else None
         if isinstance(content, list):
@@ -447,18 +463,49 @@ def _refuse_unsimulated(body: Mapping[str, Any], chat: bool) -> None:
     """``APIError`` 400 for a request field the simulated server would otherwise take and
     not honour, so that its answer (and its timing) would not be what was asked: tools
     (the simulated model calls none, and its template would not count their tokens),
-    structured output (``response_format`` JSON, vLLM's ``guided_*`` and
-    ``structured_outputs``), ``echo``, ``best_of`` above 1, beam search, usage in every
-    stream chunk, and chat content other than text (the simulated models read text only;
-    an image would count as no tokens)."""
+    structured output (``response_format`` JSON, vLLM's ``guided_*``, ``structural_tag``
+    and ``structured_outputs``), ``echo`` (both APIs), ``best_of`` above 1, beam search,
+    usage in every stream chunk, chat content other than text (the simulated models read
+    text only; an image would count as no tokens), the chat template's own inputs
+    (``chat_template``, ``chat_template_kwargs``, ``documents``, ``reasoning_effort``),
+    ``truncate_prompt_tokens``, what constrains the tokens drawn (``logit_bias``,
+    ``allowed_token_ids``, ``bad_words``), ``cache_salt``, token ids in the answer
+    (``return_tokens_as_token_ids``, ``return_token_ids``); and, as vLLM refuses them,
+    ``suffix``, ``logits_processors`` and a ``priority`` other than 0 (vLLM's default FCFS
+    scheduling)."""
     if chat:
         _refuse_unsimulated_chat(body)
-    elif body.get("echo"):
-        _refuse("echo", "echoing the prompt")
+        if read_bool(body, "echo", False):
+            _refuse("echo", "echoing the last message")
+    else:
+        if read_bool(body, "echo", False):
+            _refuse("echo", "echoing the prompt")
+        if body.get("suffix") is not None:  # (vLLM's own answer to it)
+            raise APIError(400, "suffix is not currently supported", param="suffix")
+    if body.get("truncate_prompt_tokens") is not None:
+        _refuse("truncate_prompt_tokens", "truncating the prompt")
+    for key, what in (
+        ("logit_bias", "biasing tokens (a real model's answer, and its length through EOS, would change)"),
+        ("allowed_token_ids", "restricting the tokens drawn"),
+        ("bad_words", "banning words (the simulated model would write them all the same)"),
+        ("cache_salt", "salting the prefix cache (the salted request would share cached blocks it must not)"),
+    ):
+        if body.get(key):
+            _refuse(key, what)
+    if body.get("logits_processors"):  # (vLLM's answer without --logits-processor-pattern)
+        raise APIError(400, "The `logits_processors` argument is not supported by this server.", param="logits_processors")
+    priority = body.get("priority")
+    if priority is not None and priority != 0:  # (vLLM's answer with its default FCFS scheduling)
+        if type(priority) is not int:
+            raise APIError(400, "priority: Input should be a valid integer", param="priority")
+        raise APIError(400, f"Got priority {priority} but Priority scheduling is not enabled.", param="priority")
+    for key, what in (("return_tokens_as_token_ids", "tokens as token ids"), ("return_token_ids", "token ids in the answer")):
+        if read_bool(body, key, False):
+            _refuse(key, what)
     fmt = body.get("response_format")
     if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
         _refuse("response_format", "structured output (the simulated model writes the same text whatever the format)")
-    for key in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
+    for key in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structural_tag", "structured_outputs"):
         if body.get(key) is not None:
             _refuse(key, "structured output (the simulated model writes the same text whatever the format)")
     best_of = body.get("best_of")

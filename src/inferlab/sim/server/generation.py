@@ -51,14 +51,15 @@ class Generation:
     """One request's output, as chunks or one body."""
 
     def __init__(
-        self, server: SimServer, rid: str, chat: bool, received_s: float, prompt_tokens: int, plan: OutputPlan
+        self, server: SimServer, rid: str, chat: bool, received_s: float, prompt_tokens: int, plan: OutputPlan,
+        answer_id: str | None = None,
     ) -> None:
         self.server = server
         self.rid = rid
         self.received_s = received_s
         self.prompt_tokens = prompt_tokens
         self.plan = plan
-        self.answer = Completion(rid, chat, int(time.time()), server.config.model_name)
+        self.answer = Completion(answer_id or rid, chat, int(time.time()), server.config.model_name)
         self.n_out = 0
         self._sent_chars = 0  # of the text, when the plan is not plain
 
