@@ -265,8 +265,11 @@ def test_cli_a_prompt_longer_than_max_model_len_says_so_in_one_line() -> None:
     p = sim_cli("-n", "4", "--max-model-len", "10")
     assert p.returncode == 1 and "Traceback" not in p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert "all 4 requests failed" in last and "does not fit in --max-model-len 10" in last
+    # (the completions API's default max_tokens, 16, as vLLM's: its own message)
+    assert "all 4 requests failed" in last and "maximum context length is 10 tokens" in last
     assert "max_tokens must be at least 1" not in p.stderr
+    chat = sim_cli("-n", "4", "--max-model-len", "10", "--api", "chat")  # (no default there: the context left)
+    assert chat.returncode == 1 and "does not fit in --max-model-len 10" in chat.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize(("flag", "needle"), [("--step-log", "cannot write the step log"), ("--out", "cannot write results")])
@@ -804,3 +807,11 @@ def test_a_send_at_the_instant_a_request_ends_is_not_recorded_before_that_end() 
     token_ns = _TokenNs()
     times = [595.1539566925, *((k + 0.5) / 1e9 for k in range(0, 4000, 7)), *(k / 8 for k in range(50))]
     assert [_ns(t) for t in times] == [token_ns[t] for t in times]
+
+
+def test_sim_run_on_the_completions_api_answers_in_vllms_default_16_tokens() -> None:
+    """Without --output-tokens, a completions request carries no max_tokens, and vLLM
+    answers it in at most 16 tokens; sim run answered in the model's natural length, as
+    on the chat API (where vLLM's default is the context that is left)."""
+    runs = {api: json.loads(sim_cli("--api", api, "-n", "12", "--input-tokens", "64", "--json").stdout) for api in ("chat", "completions")}
+    assert runs["completions"]["output_tokens"] <= 16 * 12 < runs["chat"]["output_tokens"]  # (totals of 12 answers)

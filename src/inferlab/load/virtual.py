@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import IO, Protocol
 
 from inferlab._clock import NS_PER_S
@@ -28,7 +28,7 @@ from inferlab.load.policy import Answer, OpenLoopPolicy, Policy, Send, make_poli
 from inferlab.load.schedules import LoadConfig
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.sim.engine.engine import Engine, RequestTimeline, StepStats
-from inferlab.sim.engine.outputs import natural_output_len
+from inferlab.sim.engine.outputs import COMPLETIONS_DEFAULT_MAX_TOKENS, natural_output_len
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 from inferlab.workload.sessions import SessionWorkload
 from inferlab.workload.spec import RequestSpec, Trace
@@ -225,11 +225,14 @@ class SimulatedServer:
         admissions reserve its output from), by the simulated HTTP server's rule: exactly ``max_tokens`` when the request asks for an exact length
         (``spec.exact_output``: ``ignore_eos``/``min_tokens``); else the simulated model's
         natural length (``natural_output_len``, its end-of-sequence), cut at
-        ``max_tokens`` or, without one, at the context that is left (``length`` when cut,
+        ``max_tokens`` or, without one, at the context that is left on the chat API and at
+        16 tokens on the completions API (vLLM's defaults; ``length`` when cut,
         ``stop`` when the model ended first). ``ValueError`` (the server's 400) if
         ``max_tokens`` does not fit in the context, or the prompt leaves no room for one
         output token."""
         limit = self.engine.limits.max_model_len
+        if spec.max_tokens is None and not self.chat:  # (vLLM's completions default, as the HTTP server's)
+            spec = replace(spec, max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS, exact_output=False)
         if spec.max_tokens is not None:
             if spec.exact_output:
                 return spec.max_tokens, "length", spec.max_tokens  # (the engine checks the context)

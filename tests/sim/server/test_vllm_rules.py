@@ -522,3 +522,19 @@ def test_request_id_names_the_answer(http: httpx.Client, route: str, prefix: str
     """vLLM makes the answer's id of the request's ``request_id``; it was ignored."""
     assert http.post(PATH[route], json=valid(route, request_id="abc-1")).json()["id"] == prefix + "abc-1"
     check_error(http.post(PATH[route], json=valid(route, request_id=7)), 400, param="request_id")
+
+
+def test_a_completions_request_without_max_tokens_gets_vllms_16(http: httpx.Client) -> None:
+    """vLLM's completions API answers a request that gives no max_tokens in at most 16
+    tokens (``CompletionRequest.max_tokens = 16``); the simulated server answered in the
+    model's natural length, and honoured the chat field max_completion_tokens, which
+    vLLM's completions API ignores."""
+    body = {k: v for k, v in valid("completions", ignore_eos=True).items() if k != "max_tokens"}
+    r = http.post(PATH["completions"], json=body).json()
+    assert r["usage"]["completion_tokens"] == 16 and r["choices"][0]["finish_reason"] == "length"
+    # an explicit null is vLLM's "the context that is left"
+    long = http.post(PATH["completions"], json={**body, "max_tokens": None, "ignore_eos": False, "min_tokens": 40}).json()
+    assert long["usage"]["completion_tokens"] >= 40
+    check_error(http.post(PATH["completions"], json={**body, "max_completion_tokens": 40}), 400, param="max_completion_tokens")
+    check_error(http.post(PATH["completions"], json={**body, "min_tokens": 20}), 400,
+                "min_tokens must be less than or equal to max_tokens=16", "min_tokens")

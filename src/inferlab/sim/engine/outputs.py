@@ -7,6 +7,10 @@ import math
 import random
 from collections.abc import Sequence
 
+#: vLLM's ``CompletionRequest.max_tokens`` default: a completions request without one is
+#: answered in at most 16 tokens (the chat API's default is the context that is left)
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
 
 def natural_output_len(prompt_ids: Sequence[int], median_tokens: int) -> int:
     """Where the simulated model stops by itself when nothing forces a length: a

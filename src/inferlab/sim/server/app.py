@@ -42,7 +42,7 @@ from inferlab.openai.request import (
 )
 from inferlab.results.provenance import ENGINE_ROUTE
 from inferlab.sim.engine.engine import Engine, EngineConfig, TokenEvent
-from inferlab.sim.engine.outputs import natural_output_len
+from inferlab.sim.engine.outputs import COMPLETIONS_DEFAULT_MAX_TOKENS, natural_output_len
 from inferlab.sim.server.generation import Generation, OutputPlan
 from inferlab.sim.server.output import LogprobTable, OutputText
 from inferlab.sim.server.prometheus import (
@@ -397,6 +397,8 @@ class SimServer:
         api: Api = "chat" if chat else "completions"
         params = read_params(body, api)
         _refuse_unsimulated(body, chat)
+        if not chat:
+            params = completions_limit(body, params)
         plan = self._plan(params, prompt_ids)
         request_id = body.get("request_id")
         if request_id is not None and not isinstance(request_id, str):
@@ -432,6 +434,23 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 def _refuse(param: str, what: str) -> NoReturn:
     raise APIError(400, f"{param}: {what} is not simulated by the simulated server.", param=param)
+
+
+def completions_limit(body: Mapping[str, Any], params: GenerationParams) -> GenerationParams:
+    """A completions request's ``max_tokens`` as vLLM reads it: 16 where the request
+    gives none (an explicit null: the context left), and ``max_completion_tokens``,
+    a chat field vLLM's completions API would ignore, refused rather than honoured
+    (vLLM would answer in 16 tokens where we would answer in as many as it says)."""
+    if body.get("max_completion_tokens") is not None:
+        raise APIError(400, "max_completion_tokens is a chat completions field: vLLM's completions API ignores it "
+                       f"(and answers in max_tokens, {COMPLETIONS_DEFAULT_MAX_TOKENS} by default): give max_tokens",
+                       param="max_completion_tokens")
+    if "max_tokens" in body:
+        return params
+    if params.min_tokens > COMPLETIONS_DEFAULT_MAX_TOKENS:  # (vLLM's check, against its default)
+        raise APIError(400, f"min_tokens must be less than or equal to max_tokens={COMPLETIONS_DEFAULT_MAX_TOKENS}, "
+                       f"got {params.min_tokens}.", param="min_tokens")
+    return dataclasses.replace(params, max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
 
 
 def _refuse_unsimulated_chat(body: Mapping[str, Any]) -> None:
