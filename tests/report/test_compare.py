@@ -391,3 +391,16 @@ def test_simulated_runs_name_their_engine_and_card(tmp_path: Path) -> None:
     p = inferlab("compare", str(tmp_path / "h100"), str(tmp_path / "l40s"))
     assert p.returncode == 0, p.stderr
     assert "(vllm on 1x H100-SXM-80GB) @ the simulator" in p.stdout and "(vllm on 1x L40S-48GB) @ the simulator" in p.stdout
+
+
+def test_a_mean_of_too_few_requests_for_batches_has_unknown_noise(tmp_path: Path) -> None:
+    """Under 30 requests (fewer than 3 batches) a mean got the per-request interval alone,
+    ± t·s/√n over requests that share the server's state, the overconfidence the batches
+    are there to avoid; its noise is unknown now, as a throughput's is, and as the docs say."""
+    for budget in (8192, 512):
+        assert subprocess.run([*SIM[:5], "--no-history", "-n", "24", "-c", "8", "--input-tokens", "6000", "--output-tokens", "8",
+                               "--max-num-batched-tokens", str(budget), "--max-num-seqs", "256", "-o", str(tmp_path / str(budget))], timeout=120).returncode == 0
+    p = inferlab("compare", str(tmp_path / "8192"), str(tmp_path / "512"), "--json")
+    assert p.returncode == 0, p.stderr
+    got = verdicts(p.stdout)
+    assert got["ttft_mean"] == got["output_tok_s"] == "noise unknown"

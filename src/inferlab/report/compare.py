@@ -197,7 +197,8 @@ def render(console: Console, c: Comparison) -> None:
                           + ", ".join(parts))
     console.print(f"95% intervals: over repeats when given, else over 3 to 5 batches of a run in the order its requests ended "
                   f"(docs/report.md); beyond noise = the change's interval excludes 0; too few requests = a run has under "
-                  f"{TAIL_MIN} requests beyond that percentile, which leaves it unbounded", style="dim")
+                  f"{TAIL_MIN} requests beyond that percentile, which leaves it unbounded; noise unknown = a mean or throughput "
+                  "of a run of under 30 requests (fewer than 3 batches)", style="dim")
 
 
 def render_html_table(c: Comparison) -> str:

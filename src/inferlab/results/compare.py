@@ -217,15 +217,13 @@ def estimate(m: Metric, runs: Sequence[Run]) -> Estimate:
     xs = sorted(per_request(run.records, m.per_request))
     parts = batch_values(run.records, m.per_request)
     if m.stat == "mean":
-        halves = []
-        if len(parts) >= 3:  # (batches holding no value of it left out)
-            means = [statistics.fmean(p) for p in parts]
-            halves.append(t95(len(means) - 1) * statistics.stdev(means) / math.sqrt(len(means)))
+        if len(parts) < 3:  # (batches holding no value of it left out) per-request spread alone
+            return Estimate(value, None, None, "batch means (too few requests)")  # is too sure: noise unknown
+        means = [statistics.fmean(p) for p in parts]
+        half = t95(len(means) - 1) * statistics.stdev(means) / math.sqrt(len(means))
         if len(xs) > 1:
-            halves.append(t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs)))
-        if not halves:
-            return Estimate(value, None, None, "per request")
-        return Estimate(value, value - max(halves), value + max(halves), "batch means" if len(parts) >= 3 else "per request")
+            half = max(half, t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs)))
+        return Estimate(value, value - half, value + half, "batch means")
     if not xs:
         return Estimate(value, None, None, "")
     q = float((m.stat or "p50")[1:]) / 100
