@@ -813,5 +813,10 @@ def test_sim_run_on_the_completions_api_answers_in_vllms_default_16_tokens() -> 
     """Without --output-tokens, a completions request carries no max_tokens, and vLLM
     answers it in at most 16 tokens; sim run answered in the model's natural length, as
     on the chat API (where vLLM's default is the context that is left)."""
-    runs = {api: json.loads(sim_cli("--api", api, "-n", "12", "--input-tokens", "64", "--json").stdout) for api in ("chat", "completions")}
+    done = {api: sim_cli("--api", api, "-n", "12", "--input-tokens", "64", "--json") for api in ("chat", "completions")}
+    runs = {api: json.loads(p.stdout) for api, p in done.items()}
     assert runs["completions"]["output_tokens"] <= 16 * 12 < runs["chat"]["output_tokens"]  # (totals of 12 answers)
+    # and it is said, where it applies
+    assert any("completions requests carried no max_tokens" in w and "(16 tokens median here)" in w
+               for w in runs["completions"]["warnings"])
+    assert not any("max_tokens" in w for w in runs["chat"]["warnings"])

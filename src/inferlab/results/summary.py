@@ -582,6 +582,12 @@ def _warnings(
                 f"the client fell behind its schedule: p99 queue delay {qd.p99:.1f} ms "
                 f"(max {qd.max:.1f} ms); the offered load was lower than asked"
             )
+    if config.get("api") == "completions" and done and all(r.requested_output_tokens is None for r in done):
+        lengths = [r.output_tokens for r in done if r.output_tokens is not None]
+        said = f" ({statistics.median(lengths):g} tokens median here)" if lengths else ""
+        out.append(f"completions requests carried no max_tokens (no --output-tokens): the server chose the answers' "
+                   f"lengths{said}; vLLM's default, and the simulated server's, is at most 16 tokens; give "
+                   "--output-tokens N for another length")
     if done and not token_source.startswith(("server usage", "the engine")):
         out.append(f"token counts: {token_source}")
     for what, values in (("input", [r.input_tokens for r in done]), ("cached", [r.cached_tokens for r in done])):
