@@ -501,7 +501,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
     _underdetermined(fit_runs, fitted, lambda text: err.print(f"inferlab sim calibrate: {text}", highlight=False))
     labels = {key: label for label, key, _ in COLUMNS}  # (the twin's metrics are sweep headline keys)
     against = ", ".join(labels[m] for m in METRICS)
-    err.print(f"inferlab sim calibrate: fitting {', '.join(names)} to {against} of {len(fit_runs)} run(s), "
+    err.print(f"inferlab sim calibrate: fitting {', '.join(fitted)} to {against} of {len(fit_runs)} run(s), "
               f"{len(holdout)} held out (each evaluation reruns the fit set in virtual time)")
     fit = calibrate(engine, fit_runs, holdout, names, kw["max_evaluations"])
     if not fit.converged:

@@ -853,6 +853,11 @@ def test_runs_of_a_twin_take_the_sizes_it_was_calibrated_with_sim_serves_default
     runs = said(measured[0], tmp_path / "e", *[stating("0.19.0", **KV)] * 3)
     res = calibrate_cli(runs, tmp_path / "eager.json", "--enforce-eager", "--max-num-seqs", "8")
     assert res.exit_code == 0, res.stderr
+    # (the constant an eager engine fits is named: its header said cpu_step_s)
+    named = CliRunner().invoke(main, ["sim", "calibrate", *ENGINE, "--enforce-eager", *runs, "--fit", "gemm_compute,cpu_step_s",
+                                      "--max-evaluations", "3", "-o", str(tmp_path / "eager2.json")])
+    assert named.exit_code == 0, named.stderr
+    assert "fitting gemm_compute, cpu_step_eager_s to" in words(named.stderr)
     ran, err, _ = run_twin(tmp_path / "eager.json", tmp_path / "r")
     assert (ran["enforce_eager"], ran["max_num_seqs"], ran["num_gpu_blocks_override"]) == (True, 8, 900)
     assert "--max-num-seqs 8, --enforce-eager" in err
