@@ -231,10 +231,9 @@ def test_closed_loop_queue_times_run_from_the_start() -> None:
     sends_ms = [40, 50, 100, 150]
     queue = [(t - 40) / 1000 for t in sends_ms]
     assert r["queue_times"] == pytest.approx(queue)
-    # ... and its statistics over the completed requests (--max-concurrency given)
-    done = queue[:3]
-    assert r["mean_client_queue_time_ms"] == pytest.approx(sum(done) / 3 * 1000)
-    assert r["median_client_queue_time_ms"] == pytest.approx(10.0)
+    # ... and its statistics over those lists, the failed request too (--max-concurrency given)
+    assert r["mean_client_queue_time_ms"] == pytest.approx(sum(queue) / 4 * 1000)
+    assert r["median_client_queue_time_ms"] == pytest.approx(35.0)  # (0, 10, 60, 110 ms)
     assert "mean_e2el_including_client_queue_ms" not in r  # (vLLM: only at a finite rate)
 
 
@@ -292,15 +291,18 @@ def test_without_save_detailed_latencies_and_queue_times_stay() -> None:
 def test_client_queue_statistics_as_vllm_writes_them() -> None:
     """With --max-concurrency vLLM adds client_queue_time's statistics, and with a finite
     rate too those of e2el_including_client_queue (latency + client_queue_time), both
-    over the completed requests."""
+    from its per-request lists: over every request, the failed one too (its latency 0.0;
+    they were over the completed ones)."""
     r = result()  # rate 4, --max-concurrency 8: request 1 waited 5 ms for a slot
-    queue = [0.0, 0.005]  # the completed requests' client_queue_time, in s
-    latency = [0.035, 0.040]
-    assert r["mean_client_queue_time_ms"] == pytest.approx(2.5) and r["std_client_queue_time_ms"] == pytest.approx(2.5)
-    assert r["p99_client_queue_time_ms"] == pytest.approx((queue[0] + 0.99 * (queue[1] - queue[0])) * 1000)
+    queue = [0.0, 0.005, 0.0]  # every request's client_queue_time, in s (the failed one sent when due)
+    latency = [0.035, 0.040, 0.0]
+    mean = sum(queue) / 3
+    assert r["mean_client_queue_time_ms"] == pytest.approx(mean * 1000)
+    assert r["std_client_queue_time_ms"] == pytest.approx((sum((q - mean) ** 2 for q in queue) / 3) ** 0.5 * 1000)
+    assert r["p99_client_queue_time_ms"] == pytest.approx(0.98 * 5.0)  # (sorted 0, 0, 5 ms: rank 1.98)
     both = [a + b for a, b in zip(latency, queue, strict=True)]
-    assert r["mean_e2el_including_client_queue_ms"] == pytest.approx(sum(both) / 2 * 1000)
-    assert r["median_e2el_including_client_queue_ms"] == pytest.approx(40.0)
+    assert r["mean_e2el_including_client_queue_ms"] == pytest.approx(sum(both) / 3 * 1000)
+    assert r["median_e2el_including_client_queue_ms"] == pytest.approx(35.0)
 
     def keys(schedule: dict[str, object]) -> set[str]:
         recs = records()

@@ -290,9 +290,11 @@ def vllm_result(
     }
     metrics = [("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)]
     if max_concurrency is not None:
-        metrics.append(("client_queue_time", [q.queue_s for q in ok]))
+        # (vLLM computes both from its per-request lists: every request, a failed one's
+        # latency 0.0 included)
+        metrics.append(("client_queue_time", [q.queue_s for q in reqs]))
         if rate != "inf":
-            metrics.append(("e2el_including_client_queue", [q.latency_s + q.queue_s for q in ok]))
+            metrics.append(("e2el_including_client_queue", [q.latency_s + q.queue_s for q in reqs]))
     for name, values in metrics:
         mean, std, median, pcts = _stats(values, percentiles)
         out[f"mean_{name}_ms"] = mean * 1e3
