@@ -112,23 +112,29 @@ class FakeUpstream:
 
 class ChatUpstream:
     """A one-purpose fake upstream: a subclass answers ``/v1/chat/completions`` in
-    ``_chat`` and lists ``models`` at ``/v1/models`` (``None``: no such route)."""
+    ``_chat`` and lists ``models`` at ``/v1/models`` (``None``: no such route);
+    ``posts`` counts the generation requests it was sent."""
 
     models: tuple[str, ...] | None = ()
 
     def __init__(self) -> None:
         self.url = ""
+        self.posts = 0
         self._runner: web.AppRunner | None = None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         raise NotImplementedError
+
+    async def _counted(self, request: web.Request) -> web.StreamResponse:
+        self.posts += 1
+        return await self._chat(request)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in self.models or ()]})
 
     async def __aenter__(self) -> Self:
         app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/chat/completions", self._counted)
         if self.models is not None:
             app.router.add_get("/v1/models", self._models)
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.1)

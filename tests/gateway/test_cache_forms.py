@@ -46,13 +46,8 @@ class ToolUpstream(ChatUpstream):
 
     models = tuple(DELTAS)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.posts = 0
-
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        self.posts += 1
         model = body["model"]
         head = {"id": "chatcmpl-t", "created": 1, "model": model}
         if not body.get("stream"):

@@ -277,13 +277,8 @@ class NotJSON(ChatUpstream):
 
     models = ("html", "bad")
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.posts = 0
-
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        self.posts += 1
         return web.Response(text="<html>oops</html>", status=200 if body["model"] == "html" else 400,
                             content_type="text/html")
 
