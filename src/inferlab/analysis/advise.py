@@ -535,28 +535,28 @@ def _check_baseline(run: _Run, w: WhatIf, recs: list[Recommendation]) -> None:
     off = _baseline_off(run, w)
     if off is None:
         return
-    why = (f"no predicted gain: the simulator's rerun of this run without the change is not the run ({off}; the rerun "
-           "builds prompts with the simulator's own chat template, and leaves out what the server refused), so a gain "
-           "from it would be from a baseline the run did not have")
-    for r in recs:
-        kept = [g for g in r.gains if w.method not in g.kind]
-        if len(kept) < len(r.gains):
-            r.gains = kept
-            r.note = f"{r.note}; {why}" if r.note else why
+    _drop_gains(recs, lambda g: w.method in g.kind, (
+        f"no predicted gain: the simulator's rerun of this run without the change is not the run ({off}; the rerun "
+        "builds prompts with the simulator's own chat template, and leaves out what the server refused), so a gain "
+        "from it would be from a baseline the run did not have"))
 
 
 def _unbounded(recs: list[Recommendation]) -> None:
     """A run whose queue grew without bound (``_overload``): the TTFT and E2E gains of
     the other items are dropped, and each says why (they compare two latencies that
     grow with the run's length, so the gain does too)."""
+    _drop_gains([r for r in recs if r.rule != "overload"],
+                lambda g: any(m in (g.metric_class or g.metric) for m in _QUEUED_METRICS),
+                "no TTFT or E2E gain quoted: the run offered more than the server completed, and in a queue that "
+                "grows without bound those grow with the run's length")
+
+
+def _drop_gains(recs: list[Recommendation], drop: Callable[[Gain], bool], why: str) -> None:
+    """The gains ``drop`` picks left out of ``recs``; an item that lost any says ``why``."""
     for r in recs:
-        if r.rule == "overload":
-            continue
-        kept = [g for g in r.gains if not any(m in (g.metric_class or g.metric) for m in _QUEUED_METRICS)]
+        kept = [g for g in r.gains if not drop(g)]
         if len(kept) < len(r.gains):
             r.gains = kept
-            why = ("no TTFT or E2E gain quoted: the run offered more than the server completed, and in a queue that "
-                   "grows without bound those grow with the run's length")
             r.note = f"{r.note}; {why}" if r.note else why
 
 
