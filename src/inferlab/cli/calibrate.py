@@ -4,6 +4,7 @@ of one server (``sim.validation.twin``)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -234,13 +235,10 @@ def _underdetermined(fit_runs: list[MeasuredRun], names: tuple[str, ...], say: C
 
 
 def _load_words(run: MeasuredRun) -> str:
-    from inferlab.load.schedules import ClosedLoop
+    from inferlab.results.loaddiff import schedule_text
 
     schedule = run.config.load.schedule
-    if isinstance(schedule, ClosedLoop):
-        users = schedule.concurrency
-        return f"a closed loop of {users} user{'' if users == 1 else 's'}"
-    return type(schedule).__name__
+    return schedule_text({"kind": type(schedule).__name__, **dataclasses.asdict(schedule)})
 
 
 #: The recorded flags ``_as_the_simulator_ran`` names (it takes them all)

@@ -48,7 +48,7 @@ def _model(config: Mapping[str, Any]) -> Any:
 
 def _load(config: Mapping[str, Any]) -> Any:
     schedule = (config.get("load") or {}).get("schedule")
-    return _schedule_text(schedule) if isinstance(schedule, Mapping) else None
+    return schedule_text(schedule) if isinstance(schedule, Mapping) else None
 
 
 def _at(path: str) -> Callable[[Mapping[str, Any]], Any]:
@@ -104,7 +104,7 @@ def load_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Differe
     return out
 
 
-def _schedule_text(s: Mapping[str, Any]) -> str:
+def schedule_text(s: Mapping[str, Any]) -> str:
     """A load schedule in words: 'closed loop of 4 users', 'open loop at 8 req/s (poisson)'."""
     kind = s.get("kind")
     if kind == "ClosedLoop":

@@ -1306,7 +1306,7 @@ def test_a_fit_the_runs_cannot_determine_is_said_and_constants_are_not_read_one_
     said_ = words(res.stderr)
     assert "5 constants fitted to 4 measured values (1 run(s)): more unknowns than numbers" in said_
     assert "every fit run has the same prompts (--input-tokens 128): attention_compute (what grows with the context)" in said_
-    assert ("every fit run ran the same load (a closed loop of 1 user): weight_stream, cpu_step_s (what a batch shares"
+    assert ("every fit run ran the same load (closed loop of 1 user): weight_stream, cpu_step_s (what a batch shares"
             in said_)
     assert "not meaningful one by one" in words(res.stdout)
     # three prompt lengths at one user: the load is said, the lengths and the count are not
