@@ -45,16 +45,23 @@ def test_a_cut_short_last_line_is_skipped_with_a_warning(tmp_path: Path) -> None
         assert [n for n, _ in numbered_records(path)] == [1, 2]
 
 
+#: a whole record line, as every writer has written one (the keys ``_REQUIRED``)
+_OK = '{"index": %d, "send_ns": 0, "content_ns": [], "end_ns": null, "error_kind": "connect"}'
+
+
 @pytest.mark.parametrize(
     ("text", "line"),
     [
-        ('{"index": 0}\nnot json\n{"index": 2}\n', 2),  # in the middle
-        ('{"index": 0}\n{"index": 1, "send_ns"\n', 2),  # a whole last line (it has its newline)
-        ('{"index": 0}\n[1, 2]\n', 2),  # JSON, but not a record
-        ('{"send_ns": 1}\n', 1),  # a record without its index
+        (f"{_OK % 0}\nnot json\n{_OK % 2}\n", 2),  # in the middle
+        (f'{_OK % 0}\n{{"index": 1, "send_ns"\n', 2),  # a whole last line (it has its newline)
+        (f"{_OK % 0}\n[1, 2]\n", 2),  # JSON, but not a record
+        ('{"send_ns": 1, "content_ns": [], "end_ns": 2, "error_kind": null}\n', 1),  # a record without its index
+        # an index alone (or any object without the keys every record has) read as a failed request
+        (f'{_OK % 0}\n{{"index": 1}}\n', 2),
+        ('{"index": 0, "send_ns": 1, "content_ns": [2], "error_kind": null}\n', 1),
         # fields of the wrong type, which report and export did arithmetic on (an internal error)
         ('{"index": 0, "send_ns": "x", "end_ns": 5}\n', 1),
-        ('{"index": 0}\n{"index": 1, "content_ns": [1, "2"]}\n', 2),
+        (f'{_OK % 0}\n{{"index": 1, "content_ns": [1, "2"]}}\n', 2),
         ('{"index": 0, "error_kind": 3}\n', 1),
         ('{"index": 0, "error_kind": "no_such_kind"}\n', 1),
         ('{"index": "0"}\n', 1),

@@ -95,19 +95,23 @@ class RequestRecord:
             allowed = _FIELD_TYPES.get(name)
             if allowed is not None and not isinstance(value, allowed):
                 raise TypeError(f"{name} is {value!r:.40}")
-        if "index" not in d:
-            raise TypeError("no index")
         if not {type(t) for t in d.get("content_ns") or ()} <= {int}:
             raise TypeError("content_ns holds what is not a time in ns")
         if not {type(h) for h in d.get("hash_ids") or ()} <= {int}:
             raise TypeError("hash_ids holds what is not a block id")
+        missing = [k for k in _REQUIRED if k not in d]
         d = dict(d)
         kind = d.get("error_kind")
         d["error_kind"] = ErrorKind(kind) if kind else None
+        if missing:  # (``{"index": 1}`` alone is no record: it would read as a failure)
+            raise TypeError(f"no {', '.join(missing)}")
         return cls(**{k: v for k, v in d.items() if k in _FIELD_TYPES})
 
 
 _FIELDS = tuple(f.name for f in fields(RequestRecord))
+#: The keys every record has had since the first release wrote them (a record of an
+#: older run may lack a later field, never these).
+_REQUIRED = ("index", "send_ns", "content_ns", "end_ns", "error_kind")
 
 
 def _json_types(annotation: str) -> tuple[type, ...]:
