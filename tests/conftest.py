@@ -9,13 +9,30 @@ from __future__ import annotations
 import glob
 import os
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _history_for_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The history of every fixture of a wider scope (a module's profile or sweep runs
+    before any test's own fixture): set for the whole session, so that nothing reaches
+    the user's own file (it did, from module-scoped fixtures)."""
+    path = tmp_path_factory.mktemp("history-session") / "history.sqlite"
+    before = os.environ.get("INFERLAB_HISTORY")
+    os.environ["INFERLAB_HISTORY"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("INFERLAB_HISTORY", None)
+    else:
+        os.environ["INFERLAB_HISTORY"] = before
+
+
 @pytest.fixture(autouse=True)
-def _history_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+def _history_in_tmp(_history_for_the_session: Path, tmp_path_factory: pytest.TempPathFactory,
+                    monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path_factory.mktemp("history") / "history.sqlite"
     monkeypatch.setenv("INFERLAB_HISTORY", str(path))
     return path

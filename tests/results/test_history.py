@@ -4,6 +4,7 @@ processes writing at once."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -301,3 +302,18 @@ def test_a_row_whose_json_column_is_not_json_is_listed_without_it(tmp_path: Path
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 0 and "Traceback" not in res.output, res.output
     assert parse_since("99999999d") < "0002"
+
+
+@pytest.fixture(scope="module")
+def _history_seen_by_a_module_fixture(tmp_path_factory: pytest.TempPathFactory) -> tuple[str | None, Path]:
+    return os.environ.get("INFERLAB_HISTORY"), tmp_path_factory.getbasetemp()
+
+
+def test_a_module_scoped_fixture_records_into_a_temporary_history(
+    _history_seen_by_a_module_fixture: tuple[str | None, Path],
+) -> None:
+    """A fixture of a module's scope runs before any test's own fixtures: its runs (a
+    profile or sweep built once for a module) went to the user's own history file. The
+    session's history is set before any of them."""
+    seen, base = _history_seen_by_a_module_fixture
+    assert seen is not None and Path(seen).is_relative_to(base)
