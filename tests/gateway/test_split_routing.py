@@ -12,13 +12,21 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from click.testing import CliRunner
 from fakeupstream import FakeUpstream
 from gateway_helpers import chat_body, metrics, post, serving, total
 
 from inferlab._clock import VirtualClock
 from inferlab._errors import UsageError
+from inferlab.cli.main import main
 from inferlab.gateway.admission import Admission, Ticket, Waiter
-from inferlab.gateway.config import AdmissionConfig, CacheConfig, GatewayConfig, UpstreamConfig, load_config
+from inferlab.gateway.config import (
+    AdmissionConfig,
+    CacheConfig,
+    GatewayConfig,
+    UpstreamConfig,
+    load_config,
+)
 from inferlab.gateway.routing import SPLIT, Health, LongPool, SplitByLength, eligible, make_router
 from inferlab.sim.server.launch import ChildServer
 
@@ -177,3 +185,10 @@ async def test_a_long_prompt_goes_to_the_short_pool_when_its_own_upstream_is_dow
             assert gw.health.ejected(1)  # three failures: the last two went to the short pool at once
         posts = [sum(1 for r in u.seen if r["method"] == "POST") for u in (short, long)]
     assert posts == [5, 1]
+
+
+def test_the_cli_refuses_a_split_without_its_pool_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(f'[gateway]\nrouter = "{SPLIT}"\nlong_prompt_tokens = 8192\n')
+    r = CliRunner().invoke(main, ["gateway", "--upstream", UPSTREAMS[0], "--upstream", UPSTREAMS[1], "--config", str(path)])
+    assert r.exit_code == 2 and "needs long_prompt_tokens" in r.output and len(r.output.strip().splitlines()) == 1, r.output

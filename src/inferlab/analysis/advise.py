@@ -20,10 +20,10 @@ import json
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from inferlab._errors import InferlabError, UsageError
 from inferlab.analysis.fits import KNEE_GAIN
@@ -743,6 +743,26 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     )
 
 
+Setting = TypeVar("Setting")
+
+
+def _lowest_short_ttft(
+    tries: Iterable[tuple[Setting, Simulated]], mix: _Mixed, q: float, ok: Callable[[Simulated], bool] = lambda sim: True,
+) -> tuple[float, Setting, Simulated] | None:
+    """Of the what-ifs ``tries`` (a setting, the workload simulated with it) that refuse
+    nothing, complete short requests and pass ``ok``, the one whose short
+    requests' TTFT ``q``-quantile is lowest: (that quantile, its setting, its what-if);
+    None: none qualified."""
+    best: tuple[float, Setting, Simulated] | None = None
+    for setting, sim in tries:
+        ttft = _ttfts(sim.records, mix.short)
+        if sim.result.summary.counts.failed or not ttft or not ok(sim):
+            continue
+        if best is None or _p(ttft, q) < best[0]:
+            best = (_p(ttft, q), setting, sim)
+    return best
+
+
 def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     """Long prompts beside short ones, the short ones' TTFT up: a gateway that admits by
     tokens in flight (``inferlab gateway``, its own admission code run in virtual time)
@@ -761,19 +781,16 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     if len(before) < 2 or not base_tps:
         return None
     largest = max((r.input_tokens or 0) + (r.output_tokens or 0) for r in base.records)
-    best: tuple[float, int, Simulated] | None = None
-    for k in (2, 3, 4):
-        budget = k * largest
-        # the gateway's own defaults for the rest (queue bound and timeout): the setting
-        # recommended is the setting simulated, refusals included
-        adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=budget)
-        sim = w.simulate(admission=adm)
-        after = _ttfts(sim.records, mix.short)
+    # the gateway's own defaults for the rest (queue bound and timeout): the setting
+    # recommended is the setting simulated, refusals included
+    tries = ((k * largest, w.simulate(admission=AdmissionConfig(mode="tokens", max_tokens_in_flight=k * largest)))
+             for k in (2, 3, 4))
+
+    def keeps_throughput(sim: Simulated) -> bool:
         tps = sim.result.summary.output_token_throughput_tps
-        if sim.result.summary.counts.failed or not after or not tps or tps < (1 - ADMISSION_THROUGHPUT_SLACK[goal]) * base_tps:
-            continue
-        if best is None or _p(after, 0.99) < best[0]:
-            best = (_p(after, 0.99), budget, sim)
+        return tps is not None and tps > 0 and tps >= (1 - ADMISSION_THROUGHPUT_SLACK[goal]) * base_tps
+
+    best = _lowest_short_ttft(tries, mix, 0.99, keeps_throughput)
     if best is None:
         return None
     p99_after, budget, sim = best
@@ -821,15 +838,8 @@ def _split_long_prompts(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | No
     if len(ttft) < 2 or len(itl) < 2:
         return None
     threshold = math.ceil(mix.threshold)
-    best: tuple[float, Routing, Simulated] | None = None
-    for k in range(1, n):
-        routing = Routing(n, SPLIT, threshold, k)
-        sim = w.simulate(routing=routing)
-        split_ttft = _ttfts(sim.records, mix.short)
-        if sim.result.summary.counts.failed or len(split_ttft) < 2:
-            continue
-        if best is None or _p(split_ttft, 0.9) < best[0]:
-            best = (_p(split_ttft, 0.9), routing, sim)
+    tries = ((routing, w.simulate(routing=routing)) for routing in (Routing(n, SPLIT, threshold, k) for k in range(1, n)))
+    best = _lowest_short_ttft(tries, mix, 0.9)
     if best is None:
         return None
     _, routing, sim = best
