@@ -107,12 +107,12 @@ def test_prefix_affinity_leaves_a_home_loaded_by_foreign_requests() -> None:
     engines = EngineLoad(2, VirtualClock(), max_age_s=1.0)
     pa = PrefixAffinity(tokens, requests, slack_tokens=10, engines=engines)
     key = text_prefix("a system prompt " * 20)
-    home = pa([0, 1], key)
+    home = pa([0, 1], key, 0)
     other = 1 - home
     tokens[other], requests[other] = 5, 1  # the caller's own: one request of 5 tokens
-    assert pa([0, 1], key) == home
+    assert pa([0, 1], key, 0) == home
     engines.report(home, running=4, waiting=0, kv_usage=None, own=0)  # 4 × 5 tokens > 5 + slack
-    assert pa([0, 1], key) == other
+    assert pa([0, 1], key, 0) == other
 
 
 def test_the_simulators_page_gives_running_waiting_and_kv_usage() -> None:

@@ -22,8 +22,8 @@ from inferlab.gateway.routing import (
 
 def test_round_robin_takes_each_in_turn_skipping_those_without_room() -> None:
     rr = RoundRobin(3)
-    assert [rr([0, 1, 2], b"") for _ in range(4)] == [0, 1, 2, 0]
-    assert rr([0, 2], b"") == 2  # next was 1: no room
+    assert [rr([0, 1, 2], b"", 0) for _ in range(4)] == [0, 1, 2, 0]
+    assert rr([0, 2], b"", 0) == 2  # next was 1: no room
 
 
 def test_least_outstanding_prefers_fewer_tokens_then_fewer_requests() -> None:
@@ -35,14 +35,14 @@ def test_least_outstanding_prefers_fewer_tokens_then_fewer_requests() -> None:
 def test_prefix_affinity_sends_a_prefix_home_unless_home_is_overloaded() -> None:
     tokens, requests = [0] * 4, [0] * 4
     pa = PrefixAffinity(tokens, requests)
-    homes = {p: pa(range(4), text_prefix(f"system prompt {p} " * 20)) for p in range(64)}
-    assert all(pa(range(4), text_prefix(f"system prompt {p} " * 20)) == h for p, h in homes.items())
+    homes = {p: pa(range(4), text_prefix(f"system prompt {p} " * 20), 0) for p in range(64)}
+    assert all(pa(range(4), text_prefix(f"system prompt {p} " * 20), 0) == h for p, h in homes.items())
     assert set(homes.values()) == {0, 1, 2, 3}  # different prefixes spread
     key = text_prefix("system prompt 7 " * 20)
     home = homes[7]
     tokens[home] = OVERLOAD_SLACK_TOKENS + 1
-    assert pa(range(4), key) != home
-    assert pa([i for i in range(4) if i != home], key) != home
+    assert pa(range(4), key, 0) != home
+    assert pa([i for i in range(4) if i != home], key, 0) != home
 
 
 def test_an_unknown_router_is_refused() -> None:

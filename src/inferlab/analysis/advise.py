@@ -20,17 +20,18 @@ import json
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from inferlab._errors import InferlabError, UsageError
 from inferlab.analysis.fits import KNEE_GAIN
 from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile, signed_ms
-from inferlab.analysis.whatif import Simulated, WhatIf
+from inferlab.analysis.whatif import Routing, Simulated, WhatIf
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.gateway.config import AdmissionConfig
+from inferlab.gateway.routing import SPLIT
 from inferlab.results.metrics import request_metrics
 from inferlab.results.provenance import (
     GATEWAY_KEY,
@@ -170,6 +171,7 @@ PRIORITY: dict[str, dict[Goal, int]] = {
     "slo_out_of_reach": {"latency": 0, "consistency": 0, "throughput": 0},
     "head_of_line": {"latency": 1, "consistency": 1, "throughput": 8},
     "token_admission": {"latency": 2, "consistency": 2, "throughput": 10},
+    "split_long_prompts": {"latency": 2, "consistency": 2, "throughput": 10},
     "prefix_caching": {"latency": 2, "consistency": 4, "throughput": 2},
     "kv_pressure": {"latency": 5, "consistency": 2, "throughput": 1},
     "concurrency_cap": {"latency": 4, "consistency": 3, "throughput": 3},
@@ -447,7 +449,7 @@ def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim
 def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
     w = WhatIf(run.dir, run.config)
     rules: list[Callable[[_Run, WhatIf, Goal], Recommendation | None]] = [
-        _failures, _overload, _slo_out_of_reach, _head_of_line, _token_admission, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
+        _failures, _overload, _slo_out_of_reach, _head_of_line, _token_admission, _split_long_prompts, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
     ]
     out = []
     for rule in rules:
@@ -741,6 +743,26 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     )
 
 
+Setting = TypeVar("Setting")
+
+
+def _lowest_short_ttft(
+    tries: Iterable[tuple[Setting, Simulated]], mix: _Mixed, q: float, ok: Callable[[Simulated], bool] = lambda sim: True,
+) -> tuple[float, Setting, Simulated] | None:
+    """Of the what-ifs ``tries`` (a setting, the workload simulated with it) that refuse
+    nothing, complete short requests and pass ``ok``, the one whose short
+    requests' TTFT ``q``-quantile is lowest: (that quantile, its setting, its what-if);
+    None: none qualified."""
+    best: tuple[float, Setting, Simulated] | None = None
+    for setting, sim in tries:
+        ttft = _ttfts(sim.records, mix.short)
+        if sim.result.summary.counts.failed or not ttft or not ok(sim):
+            continue
+        if best is None or _p(ttft, q) < best[0]:
+            best = (_p(ttft, q), setting, sim)
+    return best
+
+
 def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     """Long prompts beside short ones, the short ones' TTFT up: a gateway that admits by
     tokens in flight (``inferlab gateway``, its own admission code run in virtual time)
@@ -759,19 +781,16 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     if len(before) < 2 or not base_tps:
         return None
     largest = max((r.input_tokens or 0) + (r.output_tokens or 0) for r in base.records)
-    best: tuple[float, int, Simulated] | None = None
-    for k in (2, 3, 4):
-        budget = k * largest
-        # the gateway's own defaults for the rest (queue bound and timeout): the setting
-        # recommended is the setting simulated, refusals included
-        adm = AdmissionConfig(mode="tokens", max_tokens_in_flight=budget)
-        sim = w.simulate(admission=adm)
-        after = _ttfts(sim.records, mix.short)
+    # the gateway's own defaults for the rest (queue bound and timeout): the setting
+    # recommended is the setting simulated, refusals included
+    tries = ((k * largest, w.simulate(admission=AdmissionConfig(mode="tokens", max_tokens_in_flight=k * largest)))
+             for k in (2, 3, 4))
+
+    def keeps_throughput(sim: Simulated) -> bool:
         tps = sim.result.summary.output_token_throughput_tps
-        if sim.result.summary.counts.failed or not after or not tps or tps < (1 - ADMISSION_THROUGHPUT_SLACK[goal]) * base_tps:
-            continue
-        if best is None or _p(after, 0.99) < best[0]:
-            best = (_p(after, 0.99), budget, sim)
+        return tps is not None and tps > 0 and tps >= (1 - ADMISSION_THROUGHPUT_SLACK[goal]) * base_tps
+
+    best = _lowest_short_ttft(tries, mix, 0.99, keeps_throughput)
     if best is None:
         return None
     p99_after, budget, sim = best
@@ -796,6 +815,71 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         f"long prompts wait at the gateway while short ones pass (a size-aware queue; a waiter older than starvation_s goes first), "
         f"so their own TTFT grows, and throughput may fall (allowed for the {goal} goal: {ADMISSION_THROUGHPUT_SLACK[goal]:.0%}); "
         "predicted with the gateway's own admission code in front of the simulated engine",
+    )
+
+
+def _split_long_prompts(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
+    """Long prompts beside short ones where a smaller budget offers nothing
+    (``_head_of_line``), as when they are rare: each long prefill still stalls every
+    stream on the engine it lands on, and the short requests that arrive meanwhile.
+    Routing them to replicas of their own (``split-by-length``, the gateway's router)
+    keeps the short ones from ever queueing behind them. Compared on as many engines
+    both ways: the run's replicas, or two for a run on one engine (which adds one):
+    least-outstanding against the split with 1 … N−1 replicas taking prompts of
+    ``_mixed``'s threshold; chosen: the one that lowers the short requests' TTFT p90
+    most, refusing nothing; recommended where it lowers that or their p99 inter-token
+    gap by ``MIN_GAIN``."""
+    mix = _mixed(run)
+    if mix is None or not w.available or w.router == SPLIT or _head_of_line(run, w, goal) is not None:
+        return None
+    n = max(2, w.replicas)
+    plain = w.simulate(routing=Routing(n, "least-outstanding"))
+    ttft, itl = _ttfts(plain.records, mix.short), _itls(plain.records, mix.short)
+    if len(ttft) < 2 or len(itl) < 2:
+        return None
+    threshold = math.ceil(mix.threshold)
+    tries = ((routing, w.simulate(routing=routing)) for routing in (Routing(n, SPLIT, threshold, k) for k in range(1, n)))
+    best = _lowest_short_ttft(tries, mix, 0.9)
+    if best is None:
+        return None
+    _, routing, sim = best
+    before = (_p(ttft, 0.9), _p(itl, 0.99))
+    after = (_p(_ttfts(sim.records, mix.short), 0.9), _p(_itls(sim.records, mix.short), 0.99))
+    if all((b - a) / b < MIN_GAIN for b, a in zip(before, after, strict=True)):
+        return None
+    k = routing.long_replicas
+    kind = _prediction(w, f"{n} replicas, prompts of {threshold:,}+ tokens routed to {k} of them ({SPLIT}), against "
+                          f"{n} behind least-outstanding")
+    gains = [
+        _sim_gain("short requests' p90 TTFT ms", "TTFT", before[0], after[0], kind, sim),
+        _sim_gain("short requests' p99 inter-token gap ms", "TPOT/ITL", before[1], after[1], kind, sim),
+    ]
+    long_before, long_after = _ttfts(plain.records, mix.long), _ttfts(sim.records, mix.long)
+    if long_before and long_after:
+        gains += [
+            _sim_gain("long requests' mean TTFT ms", "TTFT", statistics.fmean(long_before), statistics.fmean(long_after), kind, sim),
+            _sim_gain("long requests' p90 TTFT ms", "TTFT", _p(long_before, 0.9), _p(long_after, 0.9), kind, sim),
+        ]
+    seen_ttft, seen_itl = _ttfts(run.records, mix.short), _itls(run.records, mix.short)
+    evidence = (f"{mix.long_n} of {mix.total} prompts are {mix.threshold:,.0f}+ tokens (median {mix.median:,.0f}), and a "
+                "smaller per-step budget gains nothing here (the head-of-line rule); each long prefill still holds up "
+                "the engine it lands on")
+    if len(seen_ttft) >= 2 and len(seen_itl) >= 2:
+        evidence += (f": the short requests' TTFT p90 {_p(seen_ttft, 0.9):,.0f} ms against a p50 of "
+                     f"{statistics.median(seen_ttft):,.0f} ms, their inter-token gap p99 {_p(seen_itl, 0.99):,.0f} ms "
+                     f"against a median of {statistics.median(seen_itl):,.1f} ms")
+    sim_flags = f"--replicas {n} --router {SPLIT} --long-prompt-tokens {threshold} --long-replicas {k}"
+    gpus = (f"on the run's {n} replicas: no GPU added" if w.replicas == n else
+            f"this adds a replica ({n} engines where the run had {w.replicas}); the gain is against the same {n} engines "
+            "behind least-outstanding, so it is the split's, not the added GPU's")
+    return Recommendation(
+        "split_long_prompts", "Send the long prompts to a replica of their own", evidence,
+        f"inferlab gateway over {n} replicas with [gateway] router = \"{SPLIT}\", long_prompt_tokens = {threshold}, "
+        f"long_upstreams = [the URL{'s' if k > 1 else ''} of {k} of them] (in the simulator: sim run {sim_flags})",
+        gains,
+        f"{gpus}; the long prompts share {k} of the {n} replicas, so they queue behind each other and their own TTFT "
+        "grows (above); each request waits for room on its own replicas, and goes to the others only when none of "
+        "its own is up",
     )
 
 

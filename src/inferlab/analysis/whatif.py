@@ -24,6 +24,7 @@ from typing import Any
 
 from inferlab._errors import InferlabError
 from inferlab.gateway.config import AdmissionConfig
+from inferlab.gateway.routing import replicas_words
 from inferlab.load.run import RunConfig, RunResult, SimTarget, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
 from inferlab.results.provenance import GATEWAY, server_info, simulated_engine
@@ -109,6 +110,22 @@ def replay_config(run_dir: Path, api: str = "chat") -> RunConfig:
     return RunConfig(LoadConfig(Replay()), WorkloadConfig(trace=trace), "chat" if api != "completions" else "completions")
 
 
+@dataclass(frozen=True)
+class Routing:
+    """How many engines a what-if runs and the router in front of them (``SimTarget``'s
+    fields of the same names)."""
+
+    replicas: int
+    router: str = "round-robin"
+    long_prompt_tokens: int | None = None  # split-by-length only
+    long_replicas: int = 1
+
+    def words(self, of: str) -> str:
+        """'2 replicas of ``of`` (router ...)' (``routing.replicas_words``)."""
+        return replicas_words({"count": self.replicas, "router": self.router, "long_prompt_tokens": self.long_prompt_tokens,
+                               "long_replicas": self.long_replicas}, of)
+
+
 @dataclass
 class Simulated:
     """One what-if's outcome: its records (measured ones), and how it was made."""
@@ -136,8 +153,11 @@ class WhatIf:
         # a sim run over several engines behind a router, or behind the gateway's
         # admission: the what-if keeps them (a change is made to that setup, not to one engine)
         replicas = config.get("replicas") if config.get("command") == "sim run" else None
-        self.replicas = int(replicas["count"]) if isinstance(replicas, dict) else 1
-        self.router = str(replicas["router"]) if isinstance(replicas, dict) else "round-robin"
+        self.routing = Routing(1)
+        if isinstance(replicas, dict):
+            tokens = replicas.get("long_prompt_tokens")
+            self.routing = Routing(int(replicas["count"]), str(replicas["router"]),
+                                   None if tokens is None else int(tokens), int(replicas.get("long_replicas") or 1))
         self.admission = admission_of(config) if config.get("command") == "sim run" else None
         # a trace the run read is a file outside it that may have moved or changed since
         # (and a relative path is the run's working folder's): what the run sent is its
@@ -157,6 +177,14 @@ class WhatIf:
         self._cache: dict[tuple[Any, ...], Simulated] = {}
 
     @property
+    def replicas(self) -> int:
+        return self.routing.replicas
+
+    @property
+    def router(self) -> str:
+        return self.routing.router
+
+    @property
     def available(self) -> bool:
         return self.engine is not None
 
@@ -166,22 +194,24 @@ class WhatIf:
             return "none"
         where = f"{e.model} on {e.tensor_parallel_size}x {e.gpu}"
         if self.replicas > 1:
-            where = f"{self.replicas} replicas of {where} (router {self.router})"
+            where = f"{e.model} on {self.routing.words(f'{e.tensor_parallel_size}x {e.gpu}')}"
         if self.admission is not None:
             where += f", behind the gateway's admission by {self.admission.mode}"
         return where
 
     def simulate(
         self, engine: Mapping[str, Any] | None = None, workload: Mapping[str, Any] | None = None,
-        admission: AdmissionConfig | None = None,
+        admission: AdmissionConfig | None = None, routing: Routing | None = None,
     ) -> Simulated:
         """The workload in virtual time with ``engine`` and ``workload`` fields changed,
         and ``admission`` (``inferlab gateway``'s, its own code; None: the run's own, if
-        it had one) in front of the engine(s);
+        it had one) in front of the engine(s), as many as ``routing`` says behind its
+        router (None: the run's);
         ``InferlabError`` when the run's engine is unknown or the change is refused."""
         if self.engine is None:
             raise InferlabError(self.why_not)
-        key = (tuple(sorted((engine or {}).items())), tuple(sorted((workload or {}).items())), admission)
+        routing = routing or self.routing
+        key = (tuple(sorted((engine or {}).items())), tuple(sorted((workload or {}).items())), admission, routing)
         if key not in self._cache:
             try:
                 e = dataclasses.replace(self.engine, **dict(engine or {}))
@@ -191,8 +221,8 @@ class WhatIf:
             except (TypeError, ValueError) as err:
                 raise InferlabError(f"cannot simulate that change: {err}") from err
             try:
-                target = SimTarget(e, offline=bool(e.offline), replicas=self.replicas, router=self.router,
-                                   admission=admission if admission is not None else self.admission)
+                target = SimTarget(e, offline=bool(e.offline), admission=admission if admission is not None else self.admission,
+                                   **dataclasses.asdict(routing))
                 result = asyncio.run(run(cfg, target))
             except ValueError as err:
                 raise InferlabError(f"the simulator refused the change: {err}") from err
@@ -212,8 +242,8 @@ class WhatIf:
                             WorkloadConfig(input_tokens=input_tokens, output_tokens=output_tokens, exact_output=True),
                             self.base.api)
             try:
-                target = SimTarget(self.engine, offline=bool(self.engine.offline), replicas=self.replicas,
-                                   router=self.router, admission=self.admission)
+                target = SimTarget(self.engine, offline=bool(self.engine.offline), admission=self.admission,
+                                   **dataclasses.asdict(self.routing))
                 result = asyncio.run(run(cfg, target))
             except ValueError as err:
                 raise InferlabError(f"the simulator refused one request alone: {err}") from err

@@ -67,7 +67,11 @@ async def _serve(config: Any, announce: bool) -> int:
     refresh = (f"engines' /metrics read every {config.metrics_refresh_s:g} s" if config.metrics_refresh_s > 0
                else "engines' /metrics not read")
     stacks = ", ".join(dict.fromkeys(gw.upstreams.stacks))
-    click.echo(f"inferlab gateway on {url} → {ups} (over {stacks}); {config.router} routing, {refresh}; admission "
+    routing = f"{config.router} routing"
+    if config.long_prompt_tokens is not None:
+        routing += (f" (prompts of {config.long_prompt_tokens:,}+ tokens to "
+                    f"{', '.join(u.name for u in config.upstreams if u.url in config.long_upstreams)})")
+    click.echo(f"inferlab gateway on {url} → {ups} (over {stacks}); {routing}, {refresh}; admission "
                f"{adm.mode} ({limit} per upstream; prompts counted by {counted}); {keys}; {cache}", err=True)
     await serve_until_stopped(runner)
     return 0

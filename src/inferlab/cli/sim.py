@@ -34,6 +34,7 @@ from inferlab.cli.common import (
     workload_config,
 )
 from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
+from inferlab.gateway.routing import ROUTERS, SPLIT, replicas_words
 from inferlab.load.run import RunResult
 from inferlab.report.console import render_summary
 from inferlab.results.provenance import GATEWAY, PREDICTION, server_info, simulated_engine
@@ -244,7 +245,9 @@ def _serve(kw: dict[str, Any]) -> int:
 @click.option("--step-log", type=click.Path(dir_okay=False), help="Write one JSON line per engine step (batch, prefill/decode tokens, KV usage, preemptions).")
 @click.option("--offline/--served", "offline", default=None, help="Run as vLLM's offline LLM class (no API server costs, larger default budget) or behind its API server. Default: offline only with --rate inf and no --max-concurrency, and not for a calibrated twin (a server's: served).")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True, help="Engines of this config, in parallel, each with its own KV and prefix cache, behind --router.")
-@click.option("--router", type=click.Choice(["round-robin", "least-outstanding", "prefix-affinity"]), default="round-robin", show_default=True, help="How --replicas share the requests: inferlab gateway's routing policies, the same code.")
+@click.option("--router", type=click.Choice(list(ROUTERS)), default="round-robin", show_default=True, help="How --replicas share the requests: inferlab gateway's routing policies, the same code.")
+@click.option("--long-prompt-tokens", type=click.IntRange(min=1), default=None, help="--router split-by-length (needed there): a prompt of this many tokens or more goes to the long-prompt replicas, the others to the rest.")
+@click.option("--long-replicas", type=click.IntRange(min=1), default=1, show_default=True, help="--router split-by-length: how many of the --replicas (the last ones) take the long prompts.")
 @click.option("--admission", type=click.Choice(["tokens", "requests", "off"]), default=None, help="Put inferlab gateway's admission in front of the engine(s), the same code ([admission] mode): by tokens in flight (smallest waiters first), by requests in flight (arrival order), or off. Default: no gateway.")
 @click.option("--max-tokens-in-flight", type=click.IntRange(min=1), default=_ADMISSION.max_tokens_in_flight, show_default=True, help="--admission tokens: prompt + max_tokens held per engine.")
 @click.option("--max-requests-in-flight", type=click.IntRange(min=1), default=_ADMISSION.max_requests_in_flight, show_default=True, help="--admission requests: requests per engine.")
@@ -651,7 +654,12 @@ def _sim_run(kw: dict[str, Any]) -> int:
                    err=True)
     if kw["replicas"] == 1 and given("router"):
         raise UsageError("--router chooses among --replicas: give --replicas N (2 or more)")
-    target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"], kw["replicas"], kw["router"], admission_config(kw))
+    if kw["router"] != SPLIT and (given("long_prompt_tokens") or given("long_replicas")):
+        raise UsageError(f"--long-prompt-tokens and --long-replicas act with --router {SPLIT} (given: --router {kw['router']})")
+    if kw["router"] == SPLIT and kw["long_prompt_tokens"] is None:
+        raise UsageError(f"--router {SPLIT} needs --long-prompt-tokens T: a prompt of T tokens or more is long")
+    target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"], kw["replicas"], kw["router"], admission_config(kw),
+                       kw["long_prompt_tokens"], kw["long_replicas"])
     # (front-end settings on an offline run are refused where every engine is checked:
     # ``sim.engine.config``, for sweep, tune and calibrate alike)
 
@@ -711,7 +719,7 @@ def _render_sim_run(result: RunResult, kw: dict[str, Any]) -> None:
     replicas = result.summary.config.get("replicas")
     where = f"{e.tensor_parallel_size}x {e.gpu}"
     if replicas:
-        where = f"{replicas['count']} replicas of {where} (router {replicas['router']})"
+        where = replicas_words(replicas, where)
     if result.summary.config.get("admission"):
         where += ", behind the gateway's admission"
     render_summary(out, result.summary, f"{e.model} on {where}, virtual time {PREDICTION}", table_percentiles(kw))

@@ -58,7 +58,14 @@ from inferlab.gateway.estimate import (
 from inferlab.gateway.metrics import GatewayMetrics, Series
 from inferlab.gateway.ratelimit import Charge, Limited, RateLimiter, retry_after
 from inferlab.gateway.relay import ClientStream, Observed, StreamRelay, read_body
-from inferlab.gateway.routing import EngineLoad, Health, ids_prefix, make_router, text_prefix
+from inferlab.gateway.routing import (
+    EngineLoad,
+    Health,
+    eligible,
+    ids_prefix,
+    make_router,
+    text_prefix,
+)
 from inferlab.gateway.shared import SharedAdmission, SharedCache, SharedLimiter, connect
 from inferlab.gateway.upstream import Failure, Upstreams, describe
 from inferlab.openai.errors import APIError, error_body
@@ -183,7 +190,7 @@ class Gateway:
         if config.metrics_refresh_s > 0:
             self.engines = EngineLoad(len(ups), self.clock, STALE_INTERVALS * config.metrics_refresh_s)
         self.router = make_router(config.router, self.admission.tokens_in_flight, self.admission.requests_in_flight,
-                                  self.engines)
+                                  self.engines, config.long_pool())
         self.health = Health(len(ups), self.clock)
         self.limiter = RateLimiter(self.clock)
         self.cache = ResponseCache(config.cache, self.clock) if config.cache.enabled else None
@@ -713,7 +720,8 @@ class Gateway:
             left = [i for i in candidates if i not in tried] or candidates
             try:
                 ticket = await self._shared(self.admission.acquire(
-                    tokens, self.health.healthy(left), lambda room: self.router(room, req.prefix)))
+                    tokens, eligible(self.router, left, req.input_tokens, self.health),
+                    lambda room: self.router(room, req.prefix, req.input_tokens)))
             except Rejected as e:
                 self.metrics.rejections.labels(e.reason, req.key_name).inc()
                 if e.reason == "queue_timeout":  # (it waited, as long as the queue let it)

@@ -12,7 +12,9 @@ the file or from an environment variable it names, and never leave the gateway.
 max_body_bytes = 4194304
 upstream_timeout_s = 600
 access_log = "gateway-log"     # a run directory: config.json + requests.jsonl
-router = "least-outstanding"   # or "prefix-affinity", "round-robin" (inferlab.gateway.routing)
+router = "least-outstanding"   # or "prefix-affinity", "round-robin", "split-by-length" (inferlab.gateway.routing)
+# long_prompt_tokens = 8192    # router "split-by-length" only (and then needed): a prompt this long is long,
+# long_upstreams = ["http://10.0.0.6:8000"]   # and goes to these upstreams (some, not all), the others elsewhere
 metrics_refresh_s = 2          # read each engine's /metrics this often, for routing; 0: never
 http_client = "auto"           # to the upstreams: "httptools" (http:// only), "aiohttp"; auto: httptools where installed
 
@@ -69,7 +71,7 @@ from urllib.parse import urlsplit
 from inferlab._clock import LONGEST_S
 from inferlab._errors import UsageError
 from inferlab.client.exchange import HTTP_CLIENTS, resolve_http_client
-from inferlab.gateway.routing import ROUTERS
+from inferlab.gateway.routing import ROUTERS, SPLIT, LongPool
 
 AdmissionMode = Literal["tokens", "requests", "off"]
 
@@ -188,6 +190,10 @@ class GatewayConfig:
     # the HTTP stack to the upstreams: ``client.exchange.HTTP_CLIENTS``, resolved per
     # upstream (``auto``: httptools for http:// where it is installed, else aiohttp)
     http_client: str = "auto"
+    # router "split-by-length" (and only it): a prompt of this many tokens or more is
+    # long, and goes to the upstreams of these URLs (some of ``upstreams``, not all)
+    long_prompt_tokens: int | None = None
+    long_upstreams: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -200,6 +206,32 @@ class GatewayConfig:
         names = [u.name for u in self.upstreams]
         if len(set(names)) != len(names):
             raise UsageError(f"an upstream is given twice: {', '.join(names)}")
+        self.long_pool()  # (refuses a contradictory split)
+
+    def long_pool(self) -> LongPool | None:
+        """``split-by-length``'s pool (indices into ``upstreams``); None for another
+        router. ``UsageError`` where the split settings and the router disagree: a
+        setting of it with another router, it without both, a long upstream that is
+        not one of ``upstreams`` or named twice, or every upstream long."""
+        given = [k for k, v in (("long_prompt_tokens", self.long_prompt_tokens), ("long_upstreams", self.long_upstreams)) if v]
+        if self.router != SPLIT:
+            if given:
+                raise UsageError(f"[gateway] {', '.join(given)}: only router = \"{SPLIT}\" acts on "
+                                 f"{'it' if len(given) == 1 else 'them'} (router = \"{self.router}\"); drop it or set that router")
+            return None
+        if len(given) < 2:
+            raise UsageError(f"[gateway] router = \"{SPLIT}\" needs long_prompt_tokens (a prompt this long is long) and "
+                             "long_upstreams (the URLs of the upstreams that take long prompts)")
+        urls = [u.url for u in self.upstreams]
+        unknown = [u for u in self.long_upstreams if u not in urls]
+        if unknown:
+            raise UsageError(f"[gateway] long_upstreams: {unknown[0]} is not an upstream (upstreams: {', '.join(urls)})")
+        if len(set(self.long_upstreams)) != len(self.long_upstreams):
+            raise UsageError("[gateway] long_upstreams: an upstream is named twice")
+        if len(self.long_upstreams) == len(urls):
+            raise UsageError("[gateway] long_upstreams names every upstream: leave at least one for the short prompts")
+        assert self.long_prompt_tokens is not None
+        return LongPool(self.long_prompt_tokens, frozenset(urls.index(u) for u in self.long_upstreams))
 
 
 def upstream_url(url: str) -> str:
@@ -241,8 +273,8 @@ def load_config(
     if red and "url" not in red:
         raise UsageError("[redis] has no url")
     gw = _table(doc, "gateway")
-    _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log", "router", "metrics_refresh_s", "http_client"},
-           "[gateway]")
+    _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log", "router", "metrics_refresh_s", "http_client",
+                "long_prompt_tokens", "long_upstreams"}, "[gateway]")
     adm = _table(doc, "admission")
     _known(adm, set(AdmissionConfig.__dataclass_fields__), "[admission]")
     cache = _table(doc, "cache")
@@ -316,6 +348,8 @@ def load_config(
         router=_choice(gw, "router", ROUTERS, "least-outstanding", "[gateway]"),
         metrics_refresh_s=_interval(gw, "metrics_refresh_s", METRICS_REFRESH_S, METRICS_REFRESH_MIN_S, "[gateway]"),
         http_client=http_client or _choice(gw, "http_client", HTTP_CLIENTS, "auto", "[gateway]"),
+        long_prompt_tokens=_int(gw, "long_prompt_tokens", None, "[gateway]"),
+        long_upstreams=tuple(upstream_url(u) for u in _strings(gw, "long_upstreams", "[gateway]")),
         redis=RedisConfig(
             url=_str(red, "url", "", "[redis]"),
             prefix=_str(red, "prefix", "inferlab:", "[redis]"),
@@ -429,6 +463,13 @@ def _str(t: Mapping[str, Any], name: str, default: Any, where: str) -> Any:
     v = t.get(name, default)
     if v is not default and (not isinstance(v, str) or not v):
         raise UsageError(f"{where} {name} must be a non-empty string")
+    return v
+
+
+def _strings(t: Mapping[str, Any], name: str, where: str) -> list[str]:
+    v = t.get(name, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+        raise UsageError(f"{where} {name} must be a list of non-empty strings, got {v!r}")
     return v
 
 

@@ -2,9 +2,9 @@
 
 Plain bookkeeping, no I/O and no clock of its own, so that the gateway (over HTTP) and
 ``sim run --replicas N --router POLICY`` (over simulated engines in virtual time) run the
-same code. A router is called with the upstreams that have room and the request's prompt
-prefix, and reads the load it is given (tokens and requests outstanding per upstream,
-lists its owner keeps up to date):
+same code. A router is called with the upstreams that have room, the request's prompt
+prefix and its prompt tokens (as counted for admission), and reads the load it is given
+(tokens and requests outstanding per upstream, lists its owner keeps up to date):
 
 - ``round-robin``: each upstream in turn;
 - ``least-outstanding``: the fewest tokens outstanding, then the fewest requests, then
@@ -12,7 +12,14 @@ lists its owner keeps up to date):
 - ``prefix-affinity``: requests whose prompts begin alike go to the same upstream (the
   highest rendezvous hash of the prefix), where the engine likely holds that prefix in
   its cache; unless that upstream is overloaded (``OVERLOAD_SLACK_TOKENS`` more
-  outstanding than the least loaded one), then least-outstanding.
+  outstanding than the least loaded one), then least-outstanding;
+- ``split-by-length``: prompts of ``long_prompt_tokens`` or more go to the long pool (the
+  upstreams named for them), the others to the rest, least-outstanding inside each, so
+  short requests never queue behind a long prefill. A request waits for room in its own
+  pool (``eligible``): one pool's being busy never sends its requests to the other,
+  which would bring the blocking back. Only where none of its pool is left to it (every
+  one ejected by ``Health``, or already tried and failed) does it go to the other pool:
+  served late beside long prompts, rather than refused.
 
 What is outstanding is counted locally, plus, where the engines report their own load
 (``EngineLoad``: running and waiting requests read from their ``/metrics``), the
@@ -32,9 +39,9 @@ success.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from inferlab._clock import NS_PER_S, Clock
 
@@ -49,14 +56,24 @@ OVERLOAD_SLACK_TOKENS = 16384
 #: How much of a prompt makes its prefix: characters of text, or token ids.
 PREFIX_LENGTH = 256
 
-ROUTERS = ("round-robin", "least-outstanding", "prefix-affinity")
+SPLIT = "split-by-length"
+ROUTERS = ("round-robin", "least-outstanding", "prefix-affinity", SPLIT)
 
 
 class Router(Protocol):
-    def __call__(self, room: Sequence[int], prefix: bytes) -> int:
+    def __call__(self, room: Sequence[int], prefix: bytes, prompt_tokens: int) -> int:
         """The upstream (one of ``room``, never empty) for a request whose prompt
-        begins with ``prefix``."""
+        begins with ``prefix`` and is ``prompt_tokens`` long."""
         ...
+
+
+@dataclass(frozen=True)
+class LongPool:
+    """``split-by-length``'s settings: a prompt of ``prompt_tokens`` or more is long, and
+    goes to ``upstreams`` (indices; at least one, and not all of them)."""
+
+    prompt_tokens: int
+    upstreams: frozenset[int]
 
 
 class RoundRobin:
@@ -64,7 +81,7 @@ class RoundRobin:
         self._next = 0
         self._count = count
 
-    def __call__(self, room: Sequence[int], prefix: bytes) -> int:
+    def __call__(self, room: Sequence[int], prefix: bytes, prompt_tokens: int) -> int:
         for k in range(self._count):
             i = (self._next + k) % self._count
             if i in room:
@@ -142,7 +159,7 @@ class LeastOutstanding:
                 out[i] = (self.tokens[i] + r.foreign * size, self.requests[i] + r.foreign, r.kv_usage or 0.0)
         return out
 
-    def __call__(self, room: Sequence[int], prefix: bytes = b"") -> int:
+    def __call__(self, room: Sequence[int], prefix: bytes = b"", prompt_tokens: int = 0) -> int:
         load = self.outstanding(room)
         best = min(room, key=lambda i: (*load[i], self._last_pick[i]))
         self._picks += 1
@@ -160,18 +177,52 @@ class PrefixAffinity:
         self.slack_tokens = slack_tokens
         self.fallback = LeastOutstanding(tokens, requests, engines)
 
-    def __call__(self, room: Sequence[int], prefix: bytes) -> int:
+    def __call__(self, room: Sequence[int], prefix: bytes, prompt_tokens: int) -> int:
         home = max(room, key=lambda i: hashlib.blake2b(prefix, digest_size=8, salt=i.to_bytes(8, "little")).digest())
         tokens = {i: t for i, (t, _, _) in self.fallback.outstanding(room).items()}
         if tokens[home] > min(tokens.values()) + self.slack_tokens:
-            return self.fallback(room, prefix)
+            return self.fallback(room)
         return home
 
 
-def make_router(name: str, tokens: list[int], requests: list[int], engines: EngineLoad | None = None) -> Router:
+class SplitByLength:
+    """Long prompts to their own pool, the rest to the others, least-outstanding inside
+    each (module docstring). Called with upstreams of both pools in ``room``, it picks in
+    the request's own pool if any of it is there, else in the other."""
+
+    def __init__(self, pool: LongPool, tokens: list[int], requests: list[int], engines: EngineLoad | None = None) -> None:
+        self.pool = pool
+        self.inside = LeastOutstanding(tokens, requests, engines)
+
+    def is_long(self, prompt_tokens: int) -> bool:
+        return prompt_tokens >= self.pool.prompt_tokens
+
+    def own(self, upstreams: Sequence[int], prompt_tokens: int) -> list[int]:
+        """Those of ``upstreams`` in the pool of a prompt of ``prompt_tokens``."""
+        long = self.is_long(prompt_tokens)
+        return [i for i in upstreams if (i in self.pool.upstreams) == long]
+
+    def __call__(self, room: Sequence[int], prefix: bytes, prompt_tokens: int) -> int:
+        return self.inside(self.own(room, prompt_tokens) or room)
+
+
+def make_router(
+    name: str, tokens: list[int], requests: list[int], engines: EngineLoad | None = None,
+    long_pool: LongPool | None = None,
+) -> Router:
     """The router called ``name`` (one of ``ROUTERS``) over these load lists (one entry
     per upstream, kept up to date by the caller) and the engines' own reports, if
-    given (round-robin reads neither). ``ValueError`` for another name."""
+    given (round-robin reads neither). ``long_pool``: ``split-by-length``'s settings,
+    which it needs and no other router takes. ``ValueError`` for another name, or for
+    ``long_pool`` given to another router, missing, or naming no upstream, all of them
+    or one out of range."""
+    if (name == SPLIT) != (long_pool is not None):
+        raise ValueError(f"a long-prompt pool goes with router {SPLIT!r}, and only with it (router {name!r})")
+    if long_pool is not None:
+        if not long_pool.upstreams or not long_pool.upstreams < set(range(len(tokens))) or long_pool.prompt_tokens < 1:
+            raise ValueError(f"{SPLIT}: the long-prompt pool needs one upstream or more, of {len(tokens)}, and not all "
+                             f"(pool {sorted(long_pool.upstreams)}), and a threshold of 1 token or more")
+        return SplitByLength(long_pool, tokens, requests, engines)
     if name == "round-robin":
         return RoundRobin(len(tokens))
     if name == "least-outstanding":
@@ -179,6 +230,33 @@ def make_router(name: str, tokens: list[int], requests: list[int], engines: Engi
     if name == "prefix-affinity":
         return PrefixAffinity(tokens, requests, engines=engines)
     raise ValueError(f"unknown router {name!r}: use one of {', '.join(ROUTERS)}")
+
+
+def eligible(router: Router, upstreams: Sequence[int], prompt_tokens: int, health: Health | None = None) -> list[int]:
+    """The upstreams a request of ``prompt_tokens`` may wait for room on, among
+    ``upstreams`` (never empty): those ``health`` has not ejected (all of them if it
+    has ejected every one: ``Health.healthy``); with ``split-by-length``, those of the
+    request's own pool, unless none of its pool is among ``upstreams`` or every one of
+    them is ejected, then the other pool's."""
+    if not isinstance(router, SplitByLength):
+        return health.healthy(upstreams) if health is not None else list(upstreams)
+    own = router.own(upstreams, prompt_tokens)
+    other = [i for i in upstreams if i not in own]
+
+    def up(pool: list[int]) -> list[int]:
+        return [i for i in pool if health is None or not health.ejected(i)]
+
+    # (every upstream ejected: its own pool is tried anyway, as ``Health.healthy`` tries all)
+    return up(own) or up(other) or own or other
+
+
+def replicas_words(replicas: Mapping[str, Any], of: str) -> str:
+    """'2 replicas of ``of`` (router split-by-length: prompts of 8,192+ tokens to 1 of
+    them)', from a ``sim run``'s config.json ``replicas``."""
+    words = f"{replicas['count']} replicas of {of} (router {replicas['router']}"
+    if replicas.get("long_prompt_tokens") is not None:
+        words += f": prompts of {replicas['long_prompt_tokens']:,}+ tokens to {replicas.get('long_replicas', 1)} of them"
+    return words + ")"
 
 
 def text_prefix(text: str) -> bytes:
@@ -206,6 +284,9 @@ class Health:
         now = self.clock.now_ns()
         ok = [i for i in candidates if self.ejected_until_ns[i] <= now]
         return ok or list(candidates)
+
+    def ejected(self, upstream: int) -> bool:
+        return self.ejected_until_ns[upstream] > self.clock.now_ns()
 
     def failed(self, upstream: int) -> None:
         self.failures[upstream] += 1

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from inferlab._clock import NS_PER_S, VirtualClock
 from inferlab._errors import InferlabError
 from inferlab.gateway.admission import Admission, Rejected, Ticket, Waiter
-from inferlab.gateway.routing import ids_prefix
+from inferlab.gateway.routing import eligible, ids_prefix
 from inferlab.load.policy import Answer, Send
 from inferlab.load.replicas import Replicas
 from inferlab.load.virtual import _MIN_REJECT_S, Interrupted, SimulatedServer
@@ -78,17 +78,19 @@ class Admitted:
         self._at(send.at_s)
         ids = self._first.prompt_ids(send.spec)
         tokens = len(ids) + (send.spec.max_tokens or self.default_max_tokens)
+        upstreams: Sequence[int] = range(self._count)
         if isinstance(self.engines, Replicas):
             prefix, router = ids_prefix(ids), self.engines.router
+            upstreams = eligible(router, upstreams, len(ids))  # (split-by-length: its own pool's room)
 
             def choose(room: Sequence[int]) -> int:
-                return router(room, prefix)
+                return router(room, prefix, len(ids))
         else:
             def choose(room: Sequence[int]) -> int:
                 return room[0]
 
         try:
-            got = self.admission.offer(tokens, range(self._count), choose, lambda t: self._granted.append((send, t)))
+            got = self.admission.offer(tokens, upstreams, choose, lambda t: self._granted.append((send, t)))
         except Rejected as e:
             end_s = send.at_s + _MIN_REJECT_S
             self._refuse(send, e, end_s)

@@ -6,7 +6,8 @@ Each replica is a ``SimulatedServer`` over an engine of its own (its own KV and 
 cache). The replicas run in parallel: each steps on its own timeline, and ``step``
 returns the step that ends first, so a request sent while a replica is mid-step joins
 that replica's next step, as on a real engine. The router sees, per replica, the tokens
-(prompt plus output) and requests outstanding, and the prompt's first token ids.
+(prompt plus output) and requests outstanding, and the prompt's first token ids and
+length. ``split-by-length`` takes its long pool as the last replicas.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import itertools
 
 from inferlab._errors import InferlabError
-from inferlab.gateway.routing import ids_prefix, make_router
+from inferlab.gateway.routing import LongPool, ids_prefix, make_router
 from inferlab.load.policy import Answer, Send
 from inferlab.load.virtual import Interrupted, SimulatedServer
 from inferlab.results.records import RequestRecord
@@ -22,14 +23,20 @@ from inferlab.results.records import RequestRecord
 
 class Replicas:
     """``servers`` behind the router called ``router`` (``ValueError`` for an unknown
-    name). Stands where one ``SimulatedServer`` would for ``drive`` and ``serve``."""
+    name, or split settings it does not take: ``make_router``). ``split-by-length``:
+    prompts of ``long_prompt_tokens`` or more go to the last ``long_replicas``. Stands
+    where one ``SimulatedServer`` would for ``drive`` and ``serve``."""
 
-    def __init__(self, servers: list[SimulatedServer], router: str) -> None:
+    def __init__(
+        self, servers: list[SimulatedServer], router: str, long_prompt_tokens: int | None = None, long_replicas: int = 1,
+    ) -> None:
         self.servers = servers
         n = len(servers)
         self.tokens = [0] * n
         self.requests = [0] * n
-        self.router = make_router(router, self.tokens, self.requests)
+        pool = (None if long_prompt_tokens is None
+                else LongPool(long_prompt_tokens, frozenset(range(n - long_replicas, n))))
+        self.router = make_router(router, self.tokens, self.requests, long_pool=pool)
         self.sent = [0] * n  # requests each replica took
         self._held: dict[int, tuple[int, int]] = {}  # send index → (replica, tokens)
         # each replica's step under way: (end, when its tokens were seen, finished, answers)
@@ -45,7 +52,7 @@ class Replicas:
         admission chose it, with this router: ``inferlab.load.admitted``), arriving at
         ``at_s`` if not when it was sent (``SimulatedServer.add``)."""
         ids = self.servers[0].prompt_ids(send.spec)
-        i = self.router(range(len(self.servers)), ids_prefix(ids)) if replica is None else replica
+        i = self.router(range(len(self.servers)), ids_prefix(ids), len(ids)) if replica is None else replica
         self.sent[i] += 1
         end_s = self.servers[i].add(send, at_s)
         if end_s is None:

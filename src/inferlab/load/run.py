@@ -109,8 +109,10 @@ class SimTarget:
     """The simulated engine in virtual time. ``offline`` None: as vLLM's offline ``LLM``
     class only for ``--rate inf`` without a concurrency cap, else behind its API server.
     ``step_log``: a file to write one JSON line per engine step to. ``replicas`` engines
-    of this config run in parallel behind the router ``router``. ``admission``: the
-    gateway's admission in front of them (``inferlab.load.admitted``; None: no gateway)."""
+    of this config run in parallel behind the router ``router``; ``split-by-length``
+    sends prompts of ``long_prompt_tokens`` or more to the last ``long_replicas`` (it
+    needs the threshold; no other router takes either). ``admission``: the gateway's
+    admission in front of them (``inferlab.load.admitted``; None: no gateway)."""
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     offline: bool | None = None
@@ -118,6 +120,8 @@ class SimTarget:
     replicas: int = 1  # engines behind a router (``inferlab.load.replicas``)
     router: str = "round-robin"  # one of ``inferlab.gateway.routing.ROUTERS``
     admission: AdmissionConfig | None = None
+    long_prompt_tokens: int | None = None  # split-by-length only
+    long_replicas: int = 1  # split-by-length only
 
 
 Target = HttpTarget | SimTarget
@@ -351,14 +355,25 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
     # the KV cache as sized (blocks holding tokens; vLLM's null block not counted)
     config_json["engine"]["kv_cache_blocks"] = engine.num_kv_blocks
     config_json["engine"]["kv_cache_tokens"] = engine.kv_capacity_tokens
+    if target.replicas == 1 and (target.long_prompt_tokens is not None or target.long_replicas != 1):
+        raise UsageError("--long-prompt-tokens and --long-replicas split --replicas: give --replicas N (2 or more)")
     if target.replicas > 1:
-        from inferlab.gateway.routing import ROUTERS
+        from inferlab.gateway.routing import ROUTERS, SPLIT
 
         if target.router not in ROUTERS:
             raise UsageError(f"--router {target.router}: use one of {', '.join(ROUTERS)}")
+        split = target.router == SPLIT
+        if split != (target.long_prompt_tokens is not None) or (not split and target.long_replicas != 1):
+            raise UsageError(f"--long-prompt-tokens and --long-replicas go with --router {SPLIT}, which needs "
+                             "--long-prompt-tokens")
+        if split and not 1 <= target.long_replicas < target.replicas:
+            raise UsageError(f"--long-replicas {target.long_replicas}: from 1 to {target.replicas - 1} of the "
+                             f"{target.replicas} replicas (at least one is left for the short prompts)")
         if target.step_log:
             raise UsageError("--step-log records one engine: it cannot be used with --replicas")
         config_json["replicas"] = {"count": target.replicas, "router": target.router}
+        if target.router == SPLIT:
+            config_json["replicas"].update(long_prompt_tokens=target.long_prompt_tokens, long_replicas=target.long_replicas)
     adm = target.admission
     if adm is not None:
         # the settings that act in its mode (prompts are counted exactly: no tokenizer)
@@ -380,7 +395,8 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
                     )
                     for e in engines
                 ]
-                server: Served = servers[0] if len(servers) == 1 else Replicas(servers, target.router)
+                server: Served = servers[0] if len(servers) == 1 else Replicas(
+                    servers, target.router, target.long_prompt_tokens, target.long_replicas)
                 if adm is not None:
                     server = _admitted(server, adm, len(servers))
                 records = serve(server, policy, None if stop is None else stop.is_set)
