@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -283,8 +284,22 @@ def test_bench_engine_starts_measures_and_stops_the_engine(tmp_path: Path) -> No
     assert both.returncode == 2 and "not both" in both.stderr
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
-def test_engine_start_runs_until_interrupted(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+def _sigint_ignored() -> None:
+    """A background job of a non-interactive shell: SIGINT ignored, as it hands it down."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(("sig", "code", "inherited"), [
+    (signal.SIGINT, 130, None), (signal.SIGTERM, 143, None), (signal.SIGHUP, 129, None),
+    # ``inferlab engine start … &`` in a script: its SIGINT came ignored, so Python raised
+    # no KeyboardInterrupt and ``kill -INT`` left the engine running (bench and the
+    # gateway stopped)
+    (signal.SIGINT, 130, _sigint_ignored),
+])
+def test_engine_start_runs_until_interrupted(
+    tmp_path: Path, sig: signal.Signals, code: int, inherited: Callable[[], None] | None,
+) -> None:
     # Ctrl-C, and SIGTERM (docker stop, systemd) or SIGHUP (the terminal closed), which
     # by default ended inferlab and left the engine running
     cfg = tmp_path / "sim.toml"
@@ -292,7 +307,7 @@ def test_engine_start_runs_until_interrupted(tmp_path: Path, sig: signal.Signals
     proc = subprocess.Popen([sys.executable, "-m", "inferlab", "engine", "start", str(cfg), "--log", str(tmp_path / "e.log")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             # (SIGHUP as a terminal leaves it: a test run under nohup hands its ignore down)
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+                            preexec_fn=inherited or (lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL)))
     try:
         assert proc.stdout is not None
         url = proc.stdout.readline().strip()  # printed once ready

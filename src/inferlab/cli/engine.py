@@ -57,10 +57,10 @@ def _start(config: str, dry_run: bool, log_path: str | None) -> int:
     # SIGTERM (docker stop, systemd, timeout) and SIGHUP (the terminal closed) stop the
     # engine as Ctrl-C does (``stop_signals``): by default they would end inferlab and
     # leave it running; in place before the URL is printed, which tells a caller the
-    # engine is up
+    # engine is up. SIGINT too, as bench and the gateway take it: a background job of a
+    # script inherits it ignored, and Python then raises no KeyboardInterrupt for it
     for sig in stop_signals():
-        if sig != signal.SIGINT:  # (Ctrl-C: KeyboardInterrupt already)
-            signal.signal(sig, _stop_signal)
+        signal.signal(sig, _stop_signal)
     try:
         click.echo(proc.url, err=False)
         while proc.running():
