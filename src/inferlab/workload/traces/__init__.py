@@ -45,6 +45,7 @@ import csv
 import dataclasses
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Literal
 
@@ -63,6 +64,7 @@ from inferlab.workload.traces.vllm import (
     vllm_result_max_concurrency,
     vllm_result_model,
 )
+from inferlab.workload.traces.window import window
 
 __all__ = [
     "FORMATS",
@@ -115,19 +117,20 @@ class TraceConfig:
 
     def rows(self, seed: int = 0) -> list[TraceRow]:
         """The kept rows, rebased, sliced and sped up, in arrival order (``seed`` draws
-        arrivals for a vLLM result that has no send times)."""
-        every = sorted(_every_row(self.path, self.format, seed), key=lambda r: r.arrival_s)
-        t0 = every[0].arrival_s  # (the trace's first request, replayed or not: a failed one too)
-        rows = [r for r in every if not r.dropped]
+        arrivals for a vLLM result that has no send times). The file is read as a
+        stream, holding the rows in the window only (``traces.window``)."""
         lo = self.start_s if self.start_s is not None else -math.inf
         hi = self.end_s if self.end_s is not None else math.inf
-        kept = [r for r in rows if lo <= r.arrival_s - t0 < hi]
+        # t0: the trace's first request, replayed or not (a failed one too)
+        found = window(lambda: _every_row(self.path, self.format, seed), lo, hi)
+        t0, kept = found.first_s, found.rows
         if not kept:
             # (a start is given: with none the first request is at 0 s, and --trace-end is above 0)
-            window = f"from {_seconds(lo)} s" if self.end_s is None else f"{_seconds(lo)}–{_seconds(hi)} s"
+            assert found.last_s is not None  # (_every_row refuses a trace with no request to replay)
+            window_s = f"from {_seconds(lo)} s" if self.end_s is None else f"{_seconds(lo)}–{_seconds(hi)} s"
             raise UsageError(
-                f"{self.path}: no requests in the time window ({window} after the trace's first request): "
-                f"the trace spans 0–{_seconds(rows[-1].arrival_s - t0)} s from its first request"
+                f"{self.path}: no requests in the time window ({window_s} after the trace's first request): "
+                f"the trace spans 0–{_seconds(found.last_s - t0)} s from its first request"
             )
         k0 = kept[0].arrival_s
         return [_with_time(r, (r.arrival_s - k0) / self.speedup) for r in kept]
@@ -201,26 +204,30 @@ def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow
     return [r for r in _every_row(path, fmt, seed) if not r.dropped]
 
 
-def _every_row(path: str, fmt: str | None, seed: int) -> list[TraceRow]:
-    """Every row, those not replayed too (``TraceRow.dropped``); ``UsageError`` where
-    none is replayed."""
+def _every_row(path: str, fmt: str | None, seed: int) -> Iterator[TraceRow]:
+    """Every row, those not replayed too (``TraceRow.dropped``), as the file is read
+    (a vLLM result or a ``requests.jsonl`` is read whole first); ``UsageError`` at the
+    end where none is replayed."""
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown trace format {fmt!r} (expected one of {', '.join(FORMATS)})")
     try:  # (utf-8-sig: the byte-order mark a spreadsheet may write is no part of the header)
         f = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from e
-    try:
-        with f:
-            rows = _read_rows(path, f, fmt, seed)
-    except UnicodeDecodeError as e:  # (a binary or compressed file)
-        raise not_text_error(path, e, "a trace: JSONL, CSV or a vLLM result JSON") from e
-    if all(r.dropped for r in rows):
+    rows = replayed = 0
+    with f:
+        try:
+            for r in _read_rows(path, f, fmt, seed):
+                rows += 1
+                replayed += not r.dropped
+                yield r
+        except UnicodeDecodeError as e:  # (a binary or compressed file)
+            raise not_text_error(path, e, "a trace: JSONL, CSV or a vLLM result JSON") from e
+    if not replayed:
         raise UsageError(f"{path}: the trace has no requests" + (" to replay (see the warning above)" if rows else ""))
-    return rows
 
 
-def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> list[TraceRow]:
+def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Iterator[TraceRow]:
     first = f.readline()
     while first and not first.strip():  # (blank lines before the first row)
         first = f.readline()
@@ -231,7 +238,7 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> list[TraceR
     if fmt == "vllm" and result is None:
         raise UsageError(f"{path}: not a vLLM benchmark result (a JSON object with input_lens/output_lens)")
     if result is not None:
-        return read_vllm_result(path, result, seed)
+        return iter(read_vllm_result(path, result, seed))
     if fmt is not None and first.lstrip().startswith("{"):  # another format asked of what may be a vLLM result
         f.seek(0)
         try:
@@ -243,10 +250,10 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> list[TraceR
     f.seek(0)
     kind = fmt or _detect(path, first)
     if kind == "requests":
-        return read_requests(path, with_dropped=True)
+        return iter(read_requests(path, with_dropped=True))
     if kind in ("inferlab", "mooncake"):
-        return list(read_jsonl(path, f, kind))
-    return list(read_csv(path, f, kind))
+        return read_jsonl(path, f, kind)
+    return read_csv(path, f, kind)
 
 
 def _detect(path: str, first: str) -> str:
