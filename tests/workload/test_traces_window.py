@@ -132,3 +132,46 @@ def test_reading_holds_the_windows_rows_not_the_files(monkeypatch: pytest.Monkey
     kept = TraceConfig(str(path), start_s=100, end_s=101).rows()
     assert len(kept) == 10
     assert alive_at_end and alive_at_end[0] <= 12, alive_at_end
+
+
+@pytest.mark.parametrize("order", ["in order", "reversed", "pairs swapped"])
+@pytest.mark.parametrize(("lo", "hi"), WINDOWS)
+def test_a_trace_said_in_order_gives_the_same_window(tmp_path: Path, order: str, lo: float | None, hi: float | None) -> None:
+    """--trace-in-order stops reading at the window's end; where a row before that goes
+    back in time it reads on, and the window is the full read's all the same. (A file
+    that goes back in time only after its first row past the window is what the flag
+    vouches against: shuffled, it would be read wrong.)"""
+    swapped = [i ^ 1 for i in range(60)]
+    path = burstgpt(tmp_path / "t.csv", [(TIMES[i], 5) for i in ORDERS.get(order, swapped)])
+    got = [(r.arrival_s, r.input_tokens) for r in TraceConfig(str(path), start_s=lo, end_s=hi, in_order=True).rows()]
+    assert got == full_read(path, -math.inf if lo is None else lo, math.inf if hi is None else hi)
+
+
+def test_a_trace_in_order_is_read_up_to_its_first_row_past_the_window() -> None:
+    """Rows 0..99 s, the window 10–20 s: 21 rows read (the last one at 20 s), once."""
+    read = Reads(rows_at(*range(100)))
+    got = window(read, 10.0, 20.0, in_order=True)
+    assert (read.reads, read.yielded) == (1, 21)
+    assert [r.arrival_s for r in got.rows] == list(range(10, 20)) and got.stopped_s == 20
+    # rows out of order before the end: read to the end (a row after it may still be in it)
+    read = Reads(rows_at(1, 0, *range(2, 100)))
+    assert window(read, 10.0, 20.0, in_order=True).stopped_s is None and read.yielded == 100
+    read = Reads(rows_at(*range(100)))
+    assert window(read, 10.0, 20.0).stopped_s is None and read.yielded == 100  # (not said in order)
+
+
+def test_rows_past_the_window_of_a_trace_in_order_are_not_read_nor_checked(tmp_path: Path) -> None:
+    """The documented trade: with --trace-in-order a bad row after the window's end is not
+    reached; without it, it is refused, naming its line. Rows skipped before the stop are
+    still counted in the warning, and an empty window says how far the file was read."""
+    path = burstgpt(tmp_path / "t.csv", [(0.0, 5), (1.0, 0), (2.0, 5), (3.0, 5)])
+    path.write_text(path.read_text() + "yesterday,ChatGPT,1,1,2,Conversation log\n")
+    with pytest.warns(UserWarning, match="1 rows skipped: 0 response tokens"):
+        rows = TraceConfig(str(path), end_s=2.5, in_order=True).rows()
+    assert [r.input_tokens for r in rows] == [10, 12]
+    with pytest.raises(UsageError, match=r"t\.csv:6: bad burstgpt row"):  # (the error alone, as before)
+        TraceConfig(str(path), end_s=2.5).rows()
+    with pytest.raises(UsageError) as e, pytest.warns(UserWarning):
+        TraceConfig(str(path), start_s=0.5, end_s=0.9, in_order=True).rows()
+    assert str(e.value) == (f"{path}: no requests in the time window (0.5–0.9 s after the trace's first request): the "
+                            "trace was read up to its first row past it, at 1 s from its first request (--trace-in-order)")

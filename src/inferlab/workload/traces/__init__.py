@@ -45,7 +45,7 @@ import csv
 import dataclasses
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import IO, Literal
 
@@ -93,7 +93,8 @@ _TRACE_NAMES = {"inferlab": "an inferlab", "requests": "a requests.jsonl", "azur
 class TraceConfig:
     """Which trace to replay and how: ``speedup`` > 1 compresses time; the window
     ``[start_s, end_s)`` is in seconds after the trace's first request, at the trace's
-    own pace (before ``speedup``)."""
+    own pace (before ``speedup``). ``in_order``: the file is in time order, so reading
+    stops at the first row past ``end_s`` (``traces.window``)."""
 
     path: str
     format: TraceFormat | None = None
@@ -101,6 +102,7 @@ class TraceConfig:
     start_s: float | None = None
     end_s: float | None = None
     block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    in_order: bool = False
 
     def __post_init__(self) -> None:
         if not self.speedup > 0:
@@ -122,16 +124,17 @@ class TraceConfig:
         lo = self.start_s if self.start_s is not None else -math.inf
         hi = self.end_s if self.end_s is not None else math.inf
         # t0: the trace's first request, replayed or not (a failed one too)
-        found = window(lambda: _every_row(self.path, self.format, seed), lo, hi)
+        found = window(lambda: _every_row(self.path, self.format, seed), lo, hi, self.in_order)
         t0, kept = found.first_s, found.rows
         if not kept:
             # (a start is given: with none the first request is at 0 s, and --trace-end is above 0)
-            assert found.last_s is not None  # (_every_row refuses a trace with no request to replay)
             window_s = f"from {_seconds(lo)} s" if self.end_s is None else f"{_seconds(lo)}–{_seconds(hi)} s"
-            raise UsageError(
-                f"{self.path}: no requests in the time window ({window_s} after the trace's first request): "
-                f"the trace spans 0–{_seconds(found.last_s - t0)} s from its first request"
-            )
+            if found.stopped_s is not None:  # (the rest was not read: its span is not known)
+                spans = f"the trace was read up to its first row past it, at {_seconds(found.stopped_s - t0)} s from its first request (--trace-in-order)"
+            else:
+                assert found.last_s is not None  # (_every_row refuses a trace with no request to replay)
+                spans = f"the trace spans 0–{_seconds(found.last_s - t0)} s from its first request"
+            raise UsageError(f"{self.path}: no requests in the time window ({window_s} after the trace's first request): {spans}")
         k0 = kept[0].arrival_s
         return [_with_time(r, (r.arrival_s - k0) / self.speedup) for r in kept]
 
@@ -204,7 +207,7 @@ def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow
     return [r for r in _every_row(path, fmt, seed) if not r.dropped]
 
 
-def _every_row(path: str, fmt: str | None, seed: int) -> Iterator[TraceRow]:
+def _every_row(path: str, fmt: str | None, seed: int) -> Generator[TraceRow, None, None]:
     """Every row, those not replayed too (``TraceRow.dropped``), as the file is read
     (a vLLM result or a ``requests.jsonl`` is read whole first); ``UsageError`` at the
     end where none is replayed."""
