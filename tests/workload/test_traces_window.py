@@ -175,3 +175,26 @@ def test_rows_past_the_window_of_a_trace_in_order_are_not_read_nor_checked(tmp_p
         TraceConfig(str(path), start_s=0.5, end_s=0.9, in_order=True).rows()
     assert str(e.value) == (f"{path}: no requests in the time window (0.5–0.9 s after the trace's first request): the "
                             "trace was read up to its first row past it, at 1 s from its first request (--trace-in-order)")
+
+
+def test_a_jsonl_trace_is_not_read_whole_to_tell_it_from_a_vllm_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Format detection read the whole file as one JSON document (a vLLM result?) before
+    the rows: a Mooncake trace's size in memory. Its first line is a row: the file is not
+    parsed as one document. Here its tail (200 KB on) is not text, and --trace-in-order
+    never gets there."""
+    path = tmp_path / "mc.jsonl"
+    lines = "".join(f'{{"timestamp": {i * 100}, "input_length": 10, "output_length": 5, "hash_ids": [1]}}\n'
+                    for i in range(3000))
+    path.write_bytes(lines.encode() + b"\xff\xfe not text")
+
+    def whole(path: str, f: object, required: bool = False) -> None:
+        raise AssertionError("read whole as a vLLM result")
+
+    monkeypatch.setattr(traces, "vllm_result", whole)
+    for fmt in (None, "mooncake"):
+        rows = TraceConfig(str(path), fmt, end_s=1.0, in_order=True).rows()  # type: ignore[arg-type]
+        assert [r.arrival_s for r in rows] == pytest.approx([i / 10 for i in range(10)])
+    with pytest.raises(UsageError, match=r"mc\.jsonl: not a text file"):
+        TraceConfig(str(path), end_s=1.0).rows()  # (read to its end: the tail is found)

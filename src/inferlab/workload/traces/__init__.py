@@ -37,6 +37,11 @@ too), at the trace's own pace (not its own clock: in a trace whose
 ``arrival_s`` runs from 10 to 14, ``start_s`` 1 keeps the requests from 11 on). The kept
 requests are rebased so the first kept one is at 0, then their times divided by
 ``speedup``. A bad row raises ``UsageError`` naming the file, line and problem.
+
+A window costs memory for its own rows only: the file is streamed (``traces.window``),
+to its end, as rows may come in any order (every row is checked), or up to its first
+row past the window with ``in_order`` (``--trace-in-order``: rows after it are neither
+read nor checked). A vLLM result and a ``requests.jsonl`` are read whole.
 """
 
 from __future__ import annotations
@@ -237,12 +242,18 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Iterator[Tr
     if not first:
         raise UsageError(f"{path}: the file is empty: no requests to replay")
     f.seek(0)
-    result = vllm_result(path, f, fmt == "vllm") if fmt in (None, "vllm") and first.lstrip().startswith("{") else None
+    # (a JSON object of its own on the first line, with none of a result's keys, is a
+    # JSONL trace's row: the file is not read whole to find out it is no vLLM result)
+    json_object = first.lstrip().startswith("{")
+    maybe_vllm = json_object and not _a_trace_row(first)
+    result = None
+    if (fmt == "vllm" and json_object) or (fmt is None and maybe_vllm):
+        result = vllm_result(path, f, fmt == "vllm")
     if fmt == "vllm" and result is None:
         raise UsageError(f"{path}: not a vLLM benchmark result (a JSON object with input_lens/output_lens)")
     if result is not None:
         return iter(read_vllm_result(path, result, seed))
-    if fmt is not None and first.lstrip().startswith("{"):  # another format asked of what may be a vLLM result
+    if fmt is not None and maybe_vllm:  # another format asked of what may be a vLLM result
         f.seek(0)
         try:
             other = vllm_result(path, f)
@@ -257,6 +268,19 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Iterator[Tr
     if kind in ("inferlab", "mooncake"):
         return read_jsonl(path, f, kind)
     return read_csv(path, f, kind)
+
+
+#: the keys by which a line may be (the start of) a vLLM benchmark result (``vllm_result``)
+_VLLM_KEYS = frozenset({"input_lens", "output_lens", "request_throughput", "completed", "duration"})
+
+
+def _a_trace_row(first: str) -> bool:
+    """Whether the first line is a JSON object of its own that no vLLM result is."""
+    try:
+        obj = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and not _VLLM_KEYS & obj.keys()
 
 
 def _detect(path: str, first: str) -> str:
