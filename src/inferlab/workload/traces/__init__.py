@@ -50,7 +50,8 @@ import csv
 import dataclasses
 import json
 import math
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
+from contextlib import closing
 from dataclasses import dataclass
 from typing import IO, Literal
 
@@ -223,9 +224,9 @@ def _every_row(path: str, fmt: str | None, seed: int) -> Generator[TraceRow, Non
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from e
     rows = replayed = 0
-    with f:
+    with f, closing(_read_rows(path, f, fmt, seed)) as read:  # (closed early: so is the reader)
         try:
-            for r in _read_rows(path, f, fmt, seed):
+            for r in read:
                 rows += 1
                 replayed += not r.dropped
                 yield r
@@ -235,7 +236,7 @@ def _every_row(path: str, fmt: str | None, seed: int) -> Generator[TraceRow, Non
         raise UsageError(f"{path}: the trace has no requests" + (" to replay (see the warning above)" if rows else ""))
 
 
-def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Iterator[TraceRow]:
+def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Generator[TraceRow, None, None]:
     first = f.readline()
     while first and not first.strip():  # (blank lines before the first row)
         first = f.readline()
@@ -252,7 +253,8 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Iterator[Tr
     if fmt == "vllm" and result is None:
         raise UsageError(f"{path}: not a vLLM benchmark result (a JSON object with input_lens/output_lens)")
     if result is not None:
-        return iter(read_vllm_result(path, result, seed))
+        yield from read_vllm_result(path, result, seed)
+        return
     if fmt is not None and maybe_vllm:  # another format asked of what may be a vLLM result
         f.seek(0)
         try:
@@ -264,10 +266,11 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Iterator[Tr
     f.seek(0)
     kind = fmt or _detect(path, first)
     if kind == "requests":
-        return iter(read_requests(path, with_dropped=True))
-    if kind in ("inferlab", "mooncake"):
-        return read_jsonl(path, f, kind)
-    return read_csv(path, f, kind)
+        yield from read_requests(path, with_dropped=True)
+    elif kind in ("inferlab", "mooncake"):
+        yield from read_jsonl(path, f, kind)  # (closing this closes the reader: it says what it skipped)
+    else:
+        yield from read_csv(path, f, kind)
 
 
 #: the keys by which a line may be (the start of) a vLLM benchmark result (``vllm_result``)

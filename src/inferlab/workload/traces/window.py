@@ -64,10 +64,12 @@ def window(read: Callable[[], Generator[TraceRow, None, None]], lo_s: float, hi_
             break
         if r.dropped:
             continue
-        last_s = max(last_s, r.arrival_s)
+        if r.arrival_s > last_s:  # (comparisons, not max(): this runs for every row of the file)
+            last_s = r.arrival_s
         offset_s = r.arrival_s - first_s
         if offset_s < lo_s:
-            passed_s = max(passed_s, r.arrival_s)
+            if r.arrival_s > passed_s:
+                passed_s = r.arrival_s
         elif offset_s < hi_s:
             kept.append(r)
         # (past the end: the window only moves earlier, so it stays past it)
