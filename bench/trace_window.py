@@ -85,12 +85,12 @@ def main() -> None:
                     got[how].append(read_once(how, path, lo, hi))
             for how, runs in got.items():
                 secs = " / ".join(f"{r['s']:.2f}" for r in runs)
-                print(f"{name:7} {how:9} {secs:>22} {max(r['mb'] for r in runs):9.0f} {int(runs[0]['kept']):6}")
+                print(f"{name:7} {how:9} {secs:>22} {max(r['mb'] for r in runs):9.1f} {int(runs[0]['kept']):6}")
             full = got["full"]
             for how in ("streamed", "in-order"):
                 assert got[how][0]["kept"] == full[0]["kept"], got
                 t_ratio = statistics.median(r["s"] for r in full) / statistics.median(r["s"] for r in got[how])
-                m_ratio = max(r["mb"] for r in full) / max(1.0, max(r["mb"] for r in got[how]))
+                m_ratio = max(r["mb"] for r in full) / max(0.1, max(r["mb"] for r in got[how]))  # (ru_maxrss: KB)
                 print(f"{name:7} full/{how}: time {t_ratio:.2f}x, peak memory {m_ratio:.0f}x")
             print()
 
