@@ -56,6 +56,7 @@ def test_burstiness_alone_selects_gamma_arrivals_as_in_vllm() -> None:
         (["--think-time-s", "1"], "--think-time-s needs --sessions"),
         (["--speedup", "2"], "--speedup needs --trace"),
         (["--trace-start", "5"], "--trace-start needs --trace"),
+        (["--trace-in-order"], "--trace-in-order needs --trace"),
         (["--sample", "with-replacement"], "--sample needs --dataset"),
         (["--max-input-tokens", "100"], "--max-input-tokens needs --dataset"),
         (["--prefix-groups", "4"], "--prefix-groups needs --prefix-tokens"),

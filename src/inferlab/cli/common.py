@@ -245,6 +245,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--speedup", type=FloatRange(min=0, min_open=True), default=1.0, show_default=True, help="Replay the trace this many times faster."),
         click.option("--trace-start", type=FLOAT, help="Replay from this many seconds after the trace's first request (not its own clock: a trace starting at arrival_s 10 has its first request at 0 here), at the trace's pace (before --speedup)."),
         click.option("--trace-end", type=FLOAT, help="Replay up to (not including) this many seconds after the trace's first request, at the trace's pace (before --speedup)."),
+        click.option("--trace-in-order", is_flag=True, help="The trace is in time order: stop reading it at the first row past --trace-end (rows after it are neither read nor checked). Without it the whole file is read, in any order."),
         click.option("--dataset", type=click.Path(dir_okay=False), help="Prompts from a file: JSONL (prompt or messages, optional max_tokens), ShareGPT JSON or CSV (prompt column)."),
         click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]), help="Dataset format (default: from the extension and content)."),
         click.option("--sample", type=click.Choice(["with-replacement", "without-replacement"]), default="without-replacement", show_default=True, help="Dataset sampling; without replacement stops when every prompt was sent once."),
@@ -433,6 +434,7 @@ _NEEDS: dict[str, tuple[str, str]] = {
     "trace_format": ("trace", "--trace"),
     "trace_start": ("trace", "--trace"),
     "trace_end": ("trace", "--trace"),
+    "trace_in_order": ("trace", "--trace"),
     "dataset_format": ("dataset", "--dataset"),
     "sample": ("dataset", "--dataset"),
     "min_input_tokens": ("dataset", "--dataset"),
@@ -579,7 +581,8 @@ def slo_config(kw: dict[str, Any]) -> SLO | None:
 def workload_config(kw: dict[str, Any]) -> WorkloadConfig:
     trace = None
     if kw["trace"]:
-        trace = TraceConfig(kw["trace"], kw["trace_format"], kw["speedup"], kw["trace_start"], kw["trace_end"])
+        trace = TraceConfig(kw["trace"], kw["trace_format"], kw["speedup"], kw["trace_start"], kw["trace_end"],
+                            in_order=kw["trace_in_order"])
     dataset = None
     if kw["dataset"]:
         dataset = DatasetConfig(kw["dataset"], kw["dataset_format"], kw["sample"], kw["min_input_tokens"], kw["max_input_tokens"])

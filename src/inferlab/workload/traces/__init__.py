@@ -37,6 +37,11 @@ too), at the trace's own pace (not its own clock: in a trace whose
 ``arrival_s`` runs from 10 to 14, ``start_s`` 1 keeps the requests from 11 on). The kept
 requests are rebased so the first kept one is at 0, then their times divided by
 ``speedup``. A bad row raises ``UsageError`` naming the file, line and problem.
+
+A window costs memory for its own rows only: the file is streamed (``traces.window``),
+to its end, as rows may come in any order (every row is checked), or up to its first
+row past the window with ``in_order`` (``--trace-in-order``: rows after it are neither
+read nor checked). A vLLM result and a ``requests.jsonl`` are read whole.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ import csv
 import dataclasses
 import json
 import math
+from collections.abc import Generator
+from contextlib import closing
 from dataclasses import dataclass
 from typing import IO, Literal
 
@@ -63,6 +70,7 @@ from inferlab.workload.traces.vllm import (
     vllm_result_max_concurrency,
     vllm_result_model,
 )
+from inferlab.workload.traces.window import window
 
 __all__ = [
     "FORMATS",
@@ -91,7 +99,8 @@ _TRACE_NAMES = {"inferlab": "an inferlab", "requests": "a requests.jsonl", "azur
 class TraceConfig:
     """Which trace to replay and how: ``speedup`` > 1 compresses time; the window
     ``[start_s, end_s)`` is in seconds after the trace's first request, at the trace's
-    own pace (before ``speedup``)."""
+    own pace (before ``speedup``). ``in_order``: the file is in time order, so reading
+    stops at the first row past ``end_s`` (``traces.window``)."""
 
     path: str
     format: TraceFormat | None = None
@@ -99,6 +108,7 @@ class TraceConfig:
     start_s: float | None = None
     end_s: float | None = None
     block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    in_order: bool = False
 
     def __post_init__(self) -> None:
         if not self.speedup > 0:
@@ -115,20 +125,22 @@ class TraceConfig:
 
     def rows(self, seed: int = 0) -> list[TraceRow]:
         """The kept rows, rebased, sliced and sped up, in arrival order (``seed`` draws
-        arrivals for a vLLM result that has no send times)."""
-        every = sorted(_every_row(self.path, self.format, seed), key=lambda r: r.arrival_s)
-        t0 = every[0].arrival_s  # (the trace's first request, replayed or not: a failed one too)
-        rows = [r for r in every if not r.dropped]
+        arrivals for a vLLM result that has no send times). The file is read as a
+        stream, holding the rows in the window only (``traces.window``)."""
         lo = self.start_s if self.start_s is not None else -math.inf
         hi = self.end_s if self.end_s is not None else math.inf
-        kept = [r for r in rows if lo <= r.arrival_s - t0 < hi]
+        # t0: the trace's first request, replayed or not (a failed one too)
+        found = window(lambda: _every_row(self.path, self.format, seed), lo, hi, self.in_order)
+        t0, kept = found.first_s, found.rows
         if not kept:
             # (a start is given: with none the first request is at 0 s, and --trace-end is above 0)
-            window = f"from {_seconds(lo)} s" if self.end_s is None else f"{_seconds(lo)}–{_seconds(hi)} s"
-            raise UsageError(
-                f"{self.path}: no requests in the time window ({window} after the trace's first request): "
-                f"the trace spans 0–{_seconds(rows[-1].arrival_s - t0)} s from its first request"
-            )
+            window_s = f"from {_seconds(lo)} s" if self.end_s is None else f"{_seconds(lo)}–{_seconds(hi)} s"
+            if found.stopped_s is not None:  # (the rest was not read: its span is not known)
+                spans = f"the trace was read up to its first row past it, at {_seconds(found.stopped_s - t0)} s from its first request (--trace-in-order)"
+            else:
+                assert found.last_s is not None  # (_every_row refuses a trace with no request to replay)
+                spans = f"the trace spans 0–{_seconds(found.last_s - t0)} s from its first request"
+            raise UsageError(f"{self.path}: no requests in the time window ({window_s} after the trace's first request): {spans}")
         k0 = kept[0].arrival_s
         return [_with_time(r, (r.arrival_s - k0) / self.speedup) for r in kept]
 
@@ -201,38 +213,49 @@ def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow
     return [r for r in _every_row(path, fmt, seed) if not r.dropped]
 
 
-def _every_row(path: str, fmt: str | None, seed: int) -> list[TraceRow]:
-    """Every row, those not replayed too (``TraceRow.dropped``); ``UsageError`` where
-    none is replayed."""
+def _every_row(path: str, fmt: str | None, seed: int) -> Generator[TraceRow, None, None]:
+    """Every row, those not replayed too (``TraceRow.dropped``), as the file is read
+    (a vLLM result or a ``requests.jsonl`` is read whole first); ``UsageError`` at the
+    end where none is replayed."""
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown trace format {fmt!r} (expected one of {', '.join(FORMATS)})")
     try:  # (utf-8-sig: the byte-order mark a spreadsheet may write is no part of the header)
         f = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from e
-    try:
-        with f:
-            rows = _read_rows(path, f, fmt, seed)
-    except UnicodeDecodeError as e:  # (a binary or compressed file)
-        raise not_text_error(path, e, "a trace: JSONL, CSV or a vLLM result JSON") from e
-    if all(r.dropped for r in rows):
+    rows = replayed = 0
+    with f, closing(_read_rows(path, f, fmt, seed)) as read:  # (closed early: so is the reader)
+        try:
+            for r in read:
+                rows += 1
+                replayed += not r.dropped
+                yield r
+        except UnicodeDecodeError as e:  # (a binary or compressed file)
+            raise not_text_error(path, e, "a trace: JSONL, CSV or a vLLM result JSON") from e
+    if not replayed:
         raise UsageError(f"{path}: the trace has no requests" + (" to replay (see the warning above)" if rows else ""))
-    return rows
 
 
-def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> list[TraceRow]:
+def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Generator[TraceRow, None, None]:
     first = f.readline()
     while first and not first.strip():  # (blank lines before the first row)
         first = f.readline()
     if not first:
         raise UsageError(f"{path}: the file is empty: no requests to replay")
     f.seek(0)
-    result = vllm_result(path, f, fmt == "vllm") if fmt in (None, "vllm") and first.lstrip().startswith("{") else None
+    # (a JSON object of its own on the first line, with none of a result's keys, is a
+    # JSONL trace's row: the file is not read whole to find out it is no vLLM result)
+    json_object = first.lstrip().startswith("{")
+    maybe_vllm = json_object and not _a_trace_row(first)
+    result = None
+    if (fmt == "vllm" and json_object) or (fmt is None and maybe_vllm):
+        result = vllm_result(path, f, fmt == "vllm")
     if fmt == "vllm" and result is None:
         raise UsageError(f"{path}: not a vLLM benchmark result (a JSON object with input_lens/output_lens)")
     if result is not None:
-        return read_vllm_result(path, result, seed)
-    if fmt is not None and first.lstrip().startswith("{"):  # another format asked of what may be a vLLM result
+        yield from read_vllm_result(path, result, seed)
+        return
+    if fmt is not None and maybe_vllm:  # another format asked of what may be a vLLM result
         f.seek(0)
         try:
             other = vllm_result(path, f)
@@ -243,10 +266,24 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> list[TraceR
     f.seek(0)
     kind = fmt or _detect(path, first)
     if kind == "requests":
-        return read_requests(path, with_dropped=True)
-    if kind in ("inferlab", "mooncake"):
-        return list(read_jsonl(path, f, kind))
-    return list(read_csv(path, f, kind))
+        yield from read_requests(path, with_dropped=True)
+    elif kind in ("inferlab", "mooncake"):
+        yield from read_jsonl(path, f, kind)  # (closing this closes the reader: it says what it skipped)
+    else:
+        yield from read_csv(path, f, kind)
+
+
+#: the keys by which a line may be (the start of) a vLLM benchmark result (``vllm_result``)
+_VLLM_KEYS = frozenset({"input_lens", "output_lens", "request_throughput", "completed", "duration"})
+
+
+def _a_trace_row(first: str) -> bool:
+    """Whether the first line is a JSON object of its own that no vLLM result is."""
+    try:
+        obj = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and not _VLLM_KEYS & obj.keys()
 
 
 def _detect(path: str, first: str) -> str:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import csv
 import math
 import re
-import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from inferlab._errors import UsageError
-from inferlab.workload.traces.rows import TraceRow, as_int, check_row, why
+from inferlab.workload.traces.rows import TraceRow, as_int, check_row, say_skipped, why
 
 
 def read_csv(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
@@ -29,32 +28,33 @@ def read_csv(path: str, f: Any, kind: str) -> Iterator[TraceRow]:
         raise UsageError(f"{path}:1: missing column(s) {', '.join(missing)} for {'an Azure' if kind == 'azure' else 'a BurstGPT'} trace")
     ref: int | None = None  # whole seconds of the first row: keeps offsets exact
     failed = empty = 0
-    for row in reader:
-        n = reader.line_num
-        try:
-            whole, frac = _timestamp(row[names[0]])
-            ref = whole if ref is None else ref
-            t = (whole - ref) + frac
-            inp, out = as_int(row[names[1]]), as_int(row[names[2]])
-        except (ValueError, TypeError) as e:
-            raise UsageError(f"{path}:{n}: bad {kind} row ({why(e)})") from e
-        if inp == 0 or out == 0:
-            if kind == "burstgpt" and out == 0:
-                failed += 1  # (a failed request in BurstGPT's log)
-            else:
-                empty += 1
-            check_row(path, n, TraceRow(t, 1, 1), from_first_row=True)  # (its time)
-            yield TraceRow(t, inp, out, dropped=True)
-            continue
-        r = TraceRow(t, inp, out)
-        # times are from the first row: an earlier row (a file out of time order) is
-        # before it, and the replay puts rows in time order from the earliest
-        check_row(path, n, r, from_first_row=True)
-        yield r
-    if failed:
-        warnings.warn(f"{path}: {failed:,} rows skipped: 0 response tokens (failed requests in BurstGPT's log)", stacklevel=2)
-    if empty:
-        warnings.warn(f"{path}: {empty:,} rows skipped: 0 prompt or answer tokens (no request to send)", stacklevel=2)
+    try:
+        for row in reader:
+            n = reader.line_num
+            try:
+                whole, frac = _timestamp(row[names[0]])
+                ref = whole if ref is None else ref
+                t = (whole - ref) + frac
+                inp, out = as_int(row[names[1]]), as_int(row[names[2]])
+            except (ValueError, TypeError) as e:
+                raise UsageError(f"{path}:{n}: bad {kind} row ({why(e)})") from e
+            if inp == 0 or out == 0:
+                if kind == "burstgpt" and out == 0:
+                    failed += 1  # (a failed request in BurstGPT's log)
+                else:
+                    empty += 1
+                check_row(path, n, TraceRow(t, 1, 1), from_first_row=True)  # (its time)
+                yield TraceRow(t, inp, out, dropped=True)
+                continue
+            r = TraceRow(t, inp, out)
+            # times are from the first row: an earlier row (a file out of time order) is
+            # before it, and the replay puts rows in time order from the earliest
+            check_row(path, n, r, from_first_row=True)
+            yield r
+    except GeneratorExit:  # (closed early: a window of a trace in time order ends there)
+        say_skipped(path, empty, failed)
+        raise
+    say_skipped(path, empty, failed)
 
 
 def _timestamp(v: str | None) -> tuple[int, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,16 @@ def check_row(path: str, n: int, r: TraceRow, from_first_row: bool = False) -> N
     if r.prefix_tokens is not None and not 0 <= r.prefix_tokens <= r.input_tokens:
         raise UsageError(f"{path}:{n}: prefix_tokens ({r.prefix_tokens}) must be from 0 to the row's "
                          f"input_tokens ({r.input_tokens})")
+
+
+def say_skipped(path: str, empty: int, failed: int = 0) -> None:
+    """The warnings that count a reader's rows not replayed: ``failed``, BurstGPT's
+    failed requests (0 response tokens); ``empty``, rows of 0 prompt or answer tokens.
+    A reader says them when it ends, or when it is closed early (the rows read)."""
+    if failed:
+        warnings.warn(f"{path}: {failed:,} rows skipped: 0 response tokens (failed requests in BurstGPT's log)", stacklevel=3)
+    if empty:
+        warnings.warn(f"{path}: {empty:,} rows skipped: 0 prompt or answer tokens (no request to send)", stacklevel=3)
 
 
 def why(e: BaseException) -> str:
