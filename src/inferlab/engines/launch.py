@@ -17,6 +17,14 @@ prefix caching      --[no-]enable-prefix-caching --disable-radix-cache when off 
 eager mode          --enforce-eager             --disable-cuda-graph            (refused)               --cuda-graphs 0                (refused)
 ==================  ==========================  ==============================  ======================  =============================  ==================
 
+llama.cpp's prompt cache (each slot keeps its last prompt's KV and reuses the part a new
+prompt begins with) is on by default: ``enable_prefix_caching = true`` leaves it on and
+adds ``--cache-reuse 256`` (chunks of 256 tokens or more reused past a part that
+differs, by shifting the KV), ``false`` turns it off (``--no-cache-prompt``); unset,
+llama-server's own default. Either way a slot reuses the KV of the prompt it last
+served (the server gives a request the slot whose last prompt is most alike); it is no
+cache of blocks shared by every request, as vLLM's is.
+
 (*) TGI's router caps its running batch at ``--max-batch-size`` and queues the rest, as
 vLLM's ``--max-num-seqs`` does; its ``--max-concurrent-requests`` (default 128) refuses
 requests past it instead (429), so it is raised to the same number when that is higher,
