@@ -87,6 +87,7 @@ class _EngineFlags:
     kv_share: str  # more memory for the KV cache
     kv_limits: str  # fewer tokens a request or sequences at once
     mix: str = ""  # prefill chunks in the same steps as decodes, where that is not the engine's default
+    budget_default: int | None = None  # the budget the engine runs with unless told (None: it varies, or not known)
 
 
 _VLLM_FLAGS = _EngineFlags(
@@ -115,11 +116,11 @@ _FAMILY_FLAGS = {
         "a lower max_seq_len or max_batch_size",
     ),
     "llamacpp": _EngineFlags(
-        "llama.cpp --ubatch-size {n} (prompts processed {n} tokens at a time)", "llama.cpp --parallel {n} (its slots)",
+        "llama.cpp -b {n} (--batch-size: the prompt tokens one server step takes)", "llama.cpp --parallel {n} (its slots)",
         "llama.cpp's prompt cache (cache_prompt, on by default; --cache-reuse for shifted prefixes)",
         "a Q8_0 or 4-bit (Q4_K_M) GGUF",
         "a q8_0 KV cache (--cache-type-k q8_0 --cache-type-v q8_0)", "a larger --ctx-size (shared by the slots)",
-        "fewer --parallel slots",
+        "fewer --parallel slots", budget_default=2048,
     ),
     "lmdeploy": _EngineFlags(
         "LMDeploy --max-prefill-token-num {n}, which prefills long prompts in pieces of {n} tokens (simulated as "
@@ -153,6 +154,24 @@ def _flags(engine: dict[str, Any] | None) -> _EngineFlags:
     if family is None:
         return _ANY_FLAGS
     return _FAMILY_FLAGS.get(family, _VLLM_FLAGS)
+
+
+#: The per-step budget advised where no what-if chose one and the engine's is not known.
+UNKNOWN_BUDGET_ADVICE = 512
+
+
+def _smaller_budget(flags: _EngineFlags, known: int | None) -> str:
+    """A smaller per-step token budget where no what-if chose one, in the engine's own
+    flags: a quarter of the budget it ran with (``known``: stated by the server or its
+    engine config, else its family's default), saying what it lowers; where neither is
+    known, ``UNKNOWN_BUDGET_ADVICE``, said to be meant below the engine's current one.
+    Never a value at or above the budget it ran with."""
+    base = known or flags.budget_default
+    if base is None:
+        return (flags.budget.format(n=UNKNOWN_BUDGET_ADVICE)
+                + ", where the engine runs with a larger budget (its default varies by release and GPU)")
+    n = max(1, base // 4)
+    return flags.budget.format(n=n) + f", down from {base:,}" + (" (its default)" if not known else "")
 
 
 def _family_rules(engine: dict[str, Any]) -> FamilyRules:
@@ -370,6 +389,11 @@ class _Run:
         software = resolved.get("server_software") if isinstance(resolved, dict) else None
         settings = software.get("settings") if isinstance(software, dict) else None
         return settings if isinstance(settings, dict) else {}
+
+    def stated_budget(self) -> int | None:
+        """The per-step token budget the server ran with, where its settings state one."""
+        budget = self.server_settings().get("max_num_batched_tokens")
+        return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
 
     def prefix_caching_off(self) -> str | None:
         """Where the run recorded its engine's prefix caching off, in words: the simulated
@@ -693,8 +717,8 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         if _p(itl, 0.99) < 4 * statistics.median(itl):
             return None
         return Recommendation(
-            "head_of_line", title, evidence, change.format(budget=flags.budget.format(n=2048), seqs=""),
-            note=f"no prediction: {w.why_not}",
+            "head_of_line", title, evidence,
+            change.format(budget=_smaller_budget(flags, run.stated_budget()), seqs=""), note=f"no prediction: {w.why_not}",
         )
     budget = int(engine.get("max_num_batched_tokens") or 8192)
     seqs = int(engine.get("max_num_seqs") or 256)
@@ -1347,7 +1371,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
             "for the short requests' TTFT: admission by tokens in flight at a gateway (inferlab gateway, [admission] "
             "mode = \"tokens\"), so long prompts wait apart (an engine serves its queue first come, first served, so "
             "a smaller batching budget alone does not let them pass); for the stalls long prefills put in running "
-            f"streams: a budget of 2048 tokens a step or smaller, {_flags(p.engine).budget.format(n=2048)}",
+            f"streams: a smaller budget of tokens a step, {_smaller_budget(_flags(p.engine), _profile_budget(p))}",
             [Gain("short requests' TTFT ms (beside long prompts)", d["short_with_long_ttft_ms"], d["short_alone_ttft_ms"], f"{pre}bound: at best, TTFT as {seen} alone")],
         ))
     pc = p.factor("prefix_cache")
@@ -1437,6 +1461,13 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                     "(the prefix cache factor): where it does, the template costs little",
                 ))
     return out, list(_PROFILE_EVIDENCE)
+
+
+def _profile_budget(p: Profile) -> int | None:
+    """The per-step token budget of the server profiled, where known: its simulated
+    engine's."""
+    budget = (p.engine or {}).get("max_num_batched_tokens")
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
 
 
 def _improves(g: Gain) -> bool:

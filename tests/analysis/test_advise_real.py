@@ -1,0 +1,82 @@
+"""``inferlab advise`` on runs and profiles of a real server (no simulated engine, so no
+what-if): the flags it names are that server's, the settings it reads include the
+engine config inferlab started it from, and a rule that could not judge says so. The
+run directories here are written by hand (config.json and requests.jsonl, as ``bench``
+writes them), their summary computed from the records as advise computes it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from inferlab.analysis.advise import advise
+from inferlab.results.records import RequestRecord
+
+MS = 1_000_000  # ns
+
+
+def llamacpp_config(**settings: Any) -> dict[str, Any]:
+    """config.json of a bench run against llama-server, which stated ``settings``."""
+    return {
+        "url": "http://127.0.0.1:8080/v1", "model": "m", "api": "chat", "stream": True,
+        "load": {"schedule": {"kind": "Replay", "max_concurrency": None}},
+        "workload": {},
+        "resolved": {"url": "http://127.0.0.1:8080/v1", "engine": None,
+                     "server_software": {"name": "llama.cpp", "version": "b0-unknown", "source": "GET /props",
+                                         "settings": {"max_num_seqs": 4, "max_model_len": 4096, **settings}}},
+    }
+
+
+def request(i: int, start_ms: float, input_tokens: int, ttft_ms: float, gaps_ms: list[float]) -> RequestRecord:
+    """A streamed request sent at ``start_ms``: its first token after ``ttft_ms``, the
+    others ``gaps_ms`` apart."""
+    send = int(start_ms * MS)
+    content = [send + int(ttft_ms * MS)]
+    for gap in gaps_ms:
+        content.append(content[-1] + int(gap * MS))
+    return RequestRecord(i, intended_send_ns=send, send_ns=send, ttfb_ns=content[0], content_ns=content,
+                         end_ns=content[-1], status=200, input_tokens=input_tokens, output_tokens=len(content),
+                         usage_source="server", finish_reason="length", stream_done=True)
+
+
+def write_run(d: Path, config: dict[str, Any], records: list[RequestRecord]) -> Path:
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(config))
+    (d / "requests.jsonl").write_text("".join(json.dumps(r.to_json()) + "\n" for r in records))
+    return d
+
+
+def mixed_records() -> list[RequestRecord]:
+    """98 short prompts (64 tokens) and 13 of 3,000 beside them: every long prefill
+    stalls the short streams running then (200 ms gaps among 0.5 ms ones)."""
+    out = []
+    for i in range(111):
+        if i % 8 == 1 and len([r for r in out if (r.input_tokens or 0) > 1000]) < 13:
+            out.append(request(i, i * 50.0, 3000, 400.0, [1.0] * 15))
+        else:
+            gaps = [0.5] * 31
+            if i % 4 == 0:
+                gaps[10] = gaps[20] = 200.0
+            out.append(request(i, i * 50.0, 64, 10.0 if i % 4 else 400.0, gaps))
+    return out
+
+
+def test_head_of_line_on_llamacpp_names_its_batch_size_below_its_default(tmp_path: Path) -> None:
+    """Long prompts beside short ones on llama.cpp, no what-if: advise said "llama.cpp
+    --ubatch-size 2048", a larger micro-batch than its default 512 and not the budget
+    inferlab's launcher sets (-b, 2048 by default: the same value changes nothing). Now
+    -b, a quarter of the budget it ran with: the default, or the one its settings state."""
+    run = write_run(tmp_path / "run", llamacpp_config(), mixed_records())
+    hol = next(r for r in advise(run).recommendations if r.rule == "head_of_line")
+    assert "--ubatch-size" not in hol.change and "llama.cpp -b 512 " in hol.change, hol.change
+    assert "down from 2,048 (its default)" in hol.change and "vLLM" not in hol.change, hol.change
+    stated = write_run(tmp_path / "stated", llamacpp_config(max_num_batched_tokens=1024), mixed_records())
+    hol = next(r for r in advise(stated).recommendations if r.rule == "head_of_line")
+    assert "llama.cpp -b 256 " in hol.change and "down from 1,024" in hol.change, hol.change
+    # a server that named no software: vLLM's and SGLang's names, at a budget below either's default
+    unnamed = llamacpp_config()
+    unnamed["resolved"]["server_software"] = None
+    hol = next(r for r in advise(write_run(tmp_path / "unnamed", unnamed, mixed_records())).recommendations
+               if r.rule == "head_of_line")
+    assert "--max-num-batched-tokens 512 " in hol.change and "2048" not in hol.change, hol.change
