@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from inferlab.analysis.advise import advise
+from inferlab.analysis.fits import knee
+from inferlab.analysis.profile import PROFILE_FILE, Factor, Profile
+from inferlab.results.metrics import SLO
 from inferlab.results.records import RequestRecord
 
 MS = 1_000_000  # ns
@@ -80,3 +83,46 @@ def test_head_of_line_on_llamacpp_names_its_batch_size_below_its_default(tmp_pat
     hol = next(r for r in advise(write_run(tmp_path / "unnamed", unnamed, mixed_records())).recommendations
                if r.rule == "head_of_line")
     assert "--max-num-batched-tokens 512 " in hol.change and "2048" not in hol.change, hol.change
+
+
+def write_llamacpp_profile(folder: Path, factors: list[Factor], settings: dict[str, Any] | None = None,
+                           engine_config: dict[str, Any] | None = None) -> Path:
+    """profile.json of a real llama-server (no simulated engine), which stated ``settings``."""
+    software = {"name": "llama.cpp", "version": "b0-unknown", "source": "GET /props", "settings": settings or {}}
+    prof = Profile("http://127.0.0.1:8080", "m", None, 4096, "server", 60.0, 50.0, SLO(2000.0, 100.0), factors,
+                   engine_config, software)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PROFILE_FILE).write_text(json.dumps(prof.to_json()))
+    return folder
+
+
+def decode(tps: list[float], tpot_ms: list[float], concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)) -> Factor:
+    """The decode ladder's factor, its knee as the profiler finds it."""
+    rows = [{"concurrency": c, "completed": 2 * c, "tpot_ms_p50": tpot, "ttft_ms_p50": 10.0 * c, "e2e_ms_p50": 50.0 * c,
+             "output_tps": t, "goodput_rps": None, "interrupted": False}
+            for c, t, tpot in zip(concurrency, tps, tpot_ms, strict=True)]
+    k = knee(list(concurrency), tps, [None] * len(tps))
+    return Factor("decode", "decode (concurrency)", "x", "y",
+                  {"points": rows, "knee_concurrency": k.knee_concurrency, "output_tokens": 32})
+
+
+def test_advice_on_a_profile_of_llamacpp_names_llamacpps_flags(tmp_path: Path) -> None:
+    """A profile of llama-server (profile.json's server_software: llama.cpp): advise told
+    it "vLLM --max-num-batched-tokens 2048 … SGLang --chunked-prefill-size" and "vLLM
+    --max-num-seqs 1", while advise on a run of the same server named llama.cpp's. Now
+    the profile's flags are mapped from the software as a run's are."""
+    factors = [
+        Factor("head_of_line", "head of line", "x", "y", {"inflation": 300.0, "long_tokens": 4069,
+                                                          "short_alone_ttft_ms": 7.0, "short_with_long_ttft_ms": 2034.0}),
+        Factor("prefix_cache", "prefix cache", "x", "y", {"prefix_tokens": 1205, "ttft_shared_ms": 81.0,
+                                                          "ttft_unique_ms": 81.0, "saved_ms": 0.0}),
+        # throughput flat past 4 while TPOT grows: a cap at the knee
+        decode([100.0, 200.0, 400.0, 410.0, 415.0], [1.0, 1.0, 1.0, 2.0, 4.0]),
+    ]
+    recs = {r.rule: r for r in advise(write_llamacpp_profile(tmp_path / "prof", factors)).recommendations}
+    assert {"head_of_line", "prefix_caching", "concurrency_cap"} <= set(recs), list(recs)
+    for rec in recs.values():
+        assert "vLLM" not in rec.change and "SGLang" not in rec.change, rec.change
+    assert "llama.cpp -b 512 " in recs["head_of_line"].change
+    assert "cache_prompt" in recs["prefix_caching"].change
+    assert "llama.cpp --parallel 4" in recs["concurrency_cap"].change

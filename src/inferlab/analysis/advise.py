@@ -156,6 +156,22 @@ def _flags(engine: dict[str, Any] | None) -> _EngineFlags:
     return _FAMILY_FLAGS.get(family, _VLLM_FLAGS)
 
 
+def _server_flags(engine: dict[str, Any] | None, software: Any) -> _EngineFlags:
+    """The flags of the server a run or a profile measured: the simulated engine's
+    (``_flags``) where there is one, else the family of the software the server said it
+    is (``client.serverid``'s record: ``{"name": "llama.cpp", ...}``), else any engine's."""
+    if engine is not None:
+        return _flags(engine)
+    name = software.get("name") if isinstance(software, dict) else None
+    family = _SOFTWARE_FAMILY.get(str(name)) if name else None
+    return _FAMILY_FLAGS.get(family, _VLLM_FLAGS) if family else _ANY_FLAGS
+
+
+def _count(value: Any) -> int | None:
+    """``value`` where it is a positive int (a setting as a config states it); None otherwise."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 #: The per-step budget advised where no what-if chose one and the engine's is not known.
 UNKNOWN_BUDGET_ADVICE = 512
 
@@ -361,17 +377,10 @@ class _Run:
         """The flags of the engine the run measured: the simulated engine's family's
         (behind inferlab gateway, its upstreams' where they share one), else the family
         of the software the server said it is, else any engine's."""
-        engine = self.engine()
-        if engine is not None:
-            return _flags(engine)
-        upstreams = self.gateway_engines()
-        if upstreams:
-            return _flags((self.config.get("resolved") or {}).get("engine"))
         resolved = self.config.get("resolved")
-        software = resolved.get("server_software") if isinstance(resolved, dict) else None
-        name = software.get("name") if isinstance(software, dict) else None
-        family = _SOFTWARE_FAMILY.get(str(name)) if name else None
-        return _FAMILY_FLAGS.get(family, _VLLM_FLAGS) if family else _ANY_FLAGS
+        resolved = resolved if isinstance(resolved, dict) else {}
+        engine = self.engine() or (resolved.get("engine") if self.gateway_engines() else None)
+        return _server_flags(engine, resolved.get("server_software"))
 
     def gateway_engines(self) -> list[dict[str, Any]]:
         """The engines behind inferlab gateway in front of simulated servers, as the run
@@ -392,8 +401,7 @@ class _Run:
 
     def stated_budget(self) -> int | None:
         """The per-step token budget the server ran with, where its settings state one."""
-        budget = self.server_settings().get("max_num_batched_tokens")
-        return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
+        return _count(self.server_settings().get("max_num_batched_tokens"))
 
     def prefix_caching_off(self) -> str | None:
         """Where the run recorded its engine's prefix caching off, in words: the simulated
@@ -1371,7 +1379,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
             "for the short requests' TTFT: admission by tokens in flight at a gateway (inferlab gateway, [admission] "
             "mode = \"tokens\"), so long prompts wait apart (an engine serves its queue first come, first served, so "
             "a smaller batching budget alone does not let them pass); for the stalls long prefills put in running "
-            f"streams: a smaller budget of tokens a step, {_smaller_budget(_flags(p.engine), _profile_budget(p))}",
+            f"streams: a smaller budget of tokens a step, {_smaller_budget(_profile_flags(p), _profile_budget(p))}",
             [Gain("short requests' TTFT ms (beside long prompts)", d["short_with_long_ttft_ms"], d["short_alone_ttft_ms"], f"{pre}bound: at best, TTFT as {seen} alone")],
         ))
     pc = p.factor("prefix_cache")
@@ -1380,7 +1388,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
         rec = Recommendation(
             "prefix_caching", "Shared prefixes are not served from cache",
             f"a shared {d['prefix_tokens']:,}-token prefix saved {signed_ms(d['saved_ms'])} ms TTFT ({d['ttft_shared_ms']:,.0f} vs {d['ttft_unique_ms']:,.0f} ms)",
-            f"turn prefix caching on: {_flags(p.engine).prefix_on}",
+            f"turn prefix caching on: {_profile_flags(p).prefix_on}",
         )
         shared = folder / "prefix" / "shared"
         if (shared / "summary.json").exists():
@@ -1402,7 +1410,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
         top = max(pts)
         cap = p.engine.get("max_num_seqs") if isinstance(p.engine, dict) else None
         if top > k and isinstance(cap, int) and 0 < cap <= k:  # (the engine's own cap made the knee)
-            flags = _flags(p.engine)
+            flags = _profile_flags(p)
             out.append(_engine_cap_rec(
                 "The engine's own cap on running requests is the knee", flags, max(top, 2 * cap),
                 f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}); past it the rest "
@@ -1446,7 +1454,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                 out.append(Recommendation(
                     "template_overhead", "The chat template is prefilled again for every prompt: prefix caching looks off",
                     evidence + "; a shared prefix saved no TTFT (the prefix cache factor)",
-                    f"turn prefix caching on, {_flags(p.engine).prefix_on}: the template opens every prompt unchanged, "
+                    f"turn prefix caching on, {_profile_flags(p).prefix_on}: the template opens every prompt unchanged, "
                     "a prefix the cache serves after the first request; or a leaner chat template (the application or "
                     "--chat-template)",
                     [Gain("TTFT ms of the template's tokens", cost, 0.0,
@@ -1463,11 +1471,18 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
     return out, list(_PROFILE_EVIDENCE)
 
 
+def _profile_flags(p: Profile) -> _EngineFlags:
+    """The flags of the server a profile measured (``_server_flags``): a real server's
+    by the software it said it is, as a run's are."""
+    return _server_flags(p.engine, p.server_software)
+
+
 def _profile_budget(p: Profile) -> int | None:
     """The per-step token budget of the server profiled, where known: its simulated
-    engine's."""
-    budget = (p.engine or {}).get("max_num_batched_tokens")
-    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
+    engine's, else the one a real server stated."""
+    software = p.server_software if isinstance(p.server_software, dict) else {}
+    settings = software.get("settings") if isinstance(software.get("settings"), dict) else {}
+    return _count((p.engine or settings or {}).get("max_num_batched_tokens"))
 
 
 def _improves(g: Gain) -> bool:
@@ -1500,7 +1515,7 @@ def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _R
     """The decode ladder's knee where its runs show the KV cache full: room for the
     cache is the change (a cap on requests in flight would only queue the rest), with
     a cache twice the size predicted at the top concurrency where the engine is simulated."""
-    flags = _flags(p.engine)
+    flags = _profile_flags(p)
     change, _ = _kv_room(p.engine, flags)
     first, last = full[0], full[-1]
     said = "; ".join(f"at concurrency {c}: {', '.join(parts)}" for c, parts, _ in (full if len(full) <= 2 else [first, last]))
@@ -1557,7 +1572,7 @@ def _ladder_cap_rec(p: Profile, pts: dict[int, Any], k: int, top: int, measured:
         "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
         f"output {at_k['output_tps']:,.0f} tokens/s at concurrency {k} vs {at_top['output_tps']:,.0f} at {top}; "
         f"TPOT {at_k['tpot_ms_p50']:.1f} → {at_top['tpot_ms_p50']:.1f} ms",
-        f"cap requests in flight at about {k}: a gateway's max concurrency, or {_flags(p.engine).seqs.format(n=k)}",
+        f"cap requests in flight at about {k}: a gateway's max concurrency, or {_profile_flags(p).seqs.format(n=k)}",
         gains,
         f"the cap gives the running streams their TPOT at {k}{ttft_cost}; a gateway that turns the rest away "
         "(HTTP 503) instead keeps TTFT but refuses them",
