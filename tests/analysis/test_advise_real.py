@@ -126,3 +126,36 @@ def test_advice_on_a_profile_of_llamacpp_names_llamacpps_flags(tmp_path: Path) -
     assert "llama.cpp -b 512 " in recs["head_of_line"].change
     assert "cache_prompt" in recs["prefix_caching"].change
     assert "llama.cpp --parallel 4" in recs["concurrency_cap"].change
+
+
+#: ``bench --engine llama.toml``'s engine_config, as config.json records it
+LLAMACPP_NO_CACHE = {"engine": "llamacpp", "model": "m.gguf", "max_model_len": 4096, "max_num_batched_tokens": None,
+                     "max_num_seqs": 4, "enable_prefix_caching": False, "port": 8080}
+
+
+def test_prefix_caching_off_in_the_engine_file_bench_started_is_advised_turned_on_there(tmp_path: Path) -> None:
+    """Shared prefixes, no cache hits, on a llama-server ``bench --engine`` started with
+    enable_prefix_caching = false (--no-cache-prompt): advise ignored config.json's
+    engine_config and blamed the prompts ("keep shared text at the very start … route to
+    the same replica"). Now it reads the engine config as the server's settings, and says
+    turn it on in the engine file; with the software unnamed, the engine config names it."""
+    config = {**llamacpp_config(), "engine_config": LLAMACPP_NO_CACHE,
+              "workload": {"prefix_groups": 2, "prefix_tokens": 1500, "suffix_tokens": 64, "output_tokens": 16}}
+    records = []
+    for i in range(24):
+        r = request(i, i * 100.0, 1564, 300.0, [1.0] * 15)
+        r.cached_tokens = 0
+        records.append(r)
+    for name, software in (("stated", config["resolved"]["server_software"]), ("unnamed", None)):
+        run = write_run(tmp_path / name, {**config, "resolved": {**config["resolved"], "server_software": software}},
+                        records)
+        rec = next(r for r in advise(run).recommendations if r.rule == "prefix_caching")
+        assert rec.change.startswith("turn prefix caching on") and "keep shared text" not in rec.change, rec.change
+        assert "enable_prefix_caching = true in your engine file" in rec.change and "cache_prompt" in rec.change
+        assert "enable_prefix_caching = false" in rec.evidence and "engine is unknown" not in rec.note, rec
+    # a profile of that server: the same wording
+    prefix = Factor("prefix_cache", "prefix cache", "x", "y", {"prefix_tokens": 1205, "ttft_shared_ms": 81.0,
+                                                               "ttft_unique_ms": 81.0, "saved_ms": 0.0})
+    prof = write_llamacpp_profile(tmp_path / "prof", [prefix], engine_config=LLAMACPP_NO_CACHE)
+    rec = next(r for r in advise(prof).recommendations if r.rule == "prefix_caching")
+    assert "enable_prefix_caching = true in your engine file" in rec.change, rec.change

@@ -156,15 +156,50 @@ def _flags(engine: dict[str, Any] | None) -> _EngineFlags:
     return _FAMILY_FLAGS.get(family, _VLLM_FLAGS)
 
 
-def _server_flags(engine: dict[str, Any] | None, software: Any) -> _EngineFlags:
+def _server_flags(engine: dict[str, Any] | None, software: Any, engine_config: Any = None) -> _EngineFlags:
     """The flags of the server a run or a profile measured: the simulated engine's
     (``_flags``) where there is one, else the family of the software the server said it
-    is (``client.serverid``'s record: ``{"name": "llama.cpp", ...}``), else any engine's."""
+    is (``client.serverid``'s record: ``{"name": "llama.cpp", ...}``), else of the engine
+    inferlab started it as (``--engine``'s config: ``{"engine": "llamacpp", ...}``), else
+    any engine's."""
     if engine is not None:
         return _flags(engine)
     name = software.get("name") if isinstance(software, dict) else None
     family = _SOFTWARE_FAMILY.get(str(name)) if name else None
+    kind = engine_config.get("engine") if isinstance(engine_config, dict) else None
+    if family is None and (kind in _FAMILY_FLAGS or kind == "vllm"):
+        family = str(kind)
     return _FAMILY_FLAGS.get(family, _VLLM_FLAGS) if family else _ANY_FLAGS
+
+
+#: The settings of an engine config (``engines.launch.EngineSpec``) that are server
+#: settings in ``client.serverid``'s vocabulary (the same names).
+_ENGINE_CONFIG_SETTINGS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
+                           "gpu_memory_utilization", "tensor_parallel_size")
+
+
+def _stated_settings(software: Any, engine_config: Any) -> dict[str, Any]:
+    """A measured server's settings: those it stated (``client.serverid``'s
+    ``settings``), over those of the engine config inferlab started it from (``bench
+    --engine``, ``profile --engine``: what it was launched with; a setting left to the
+    engine's default, None there, is left out); empty where neither says any."""
+    launched = engine_config if isinstance(engine_config, dict) and engine_config.get("engine") != "sim" else {}
+    out = {k: launched[k] for k in _ENGINE_CONFIG_SETTINGS if launched.get(k) is not None}
+    stated = software.get("settings") if isinstance(software, dict) else None
+    return {**out, **(stated if isinstance(stated, dict) else {})}
+
+
+def _engine_file_off(engine_config: Any) -> bool:
+    """Whether the engine config inferlab started the server from turned prefix caching off."""
+    return isinstance(engine_config, dict) and engine_config.get("enable_prefix_caching") is False
+
+
+def _prefix_on(flags: _EngineFlags, engine_file: bool) -> str:
+    """How to turn prefix caching on: in the engine file inferlab started the server
+    from, where that turned it off (``engine_file``), else with the engine's own flag."""
+    if engine_file:
+        return f"enable_prefix_caching = true in your engine file (inferlab engine start / bench --engine; {flags.prefix_on})"
+    return flags.prefix_on
 
 
 def _count(value: Any) -> int | None:
@@ -380,7 +415,7 @@ class _Run:
         resolved = self.config.get("resolved")
         resolved = resolved if isinstance(resolved, dict) else {}
         engine = self.engine() or (resolved.get("engine") if self.gateway_engines() else None)
-        return _server_flags(engine, resolved.get("server_software"))
+        return _server_flags(engine, resolved.get("server_software"), self.config.get("engine_config"))
 
     def gateway_engines(self) -> list[dict[str, Any]]:
         """The engines behind inferlab gateway in front of simulated servers, as the run
@@ -392,12 +427,18 @@ class _Run:
         return [e for e in engines if isinstance(e, dict)] if isinstance(engines, list) else []
 
     def server_settings(self) -> dict[str, Any]:
-        """The engine flags a measured server stated (``resolved.server_software.settings``,
-        ``client.serverid``); empty where it stated none."""
+        """The engine flags of a measured server (``_stated_settings``): those it stated
+        (``resolved.server_software.settings``, ``client.serverid``) over those of the
+        engine config ``bench --engine`` started it from (``engine_config``); empty where
+        neither says any."""
         resolved = self.config.get("resolved")
         software = resolved.get("server_software") if isinstance(resolved, dict) else None
-        settings = software.get("settings") if isinstance(software, dict) else None
-        return settings if isinstance(settings, dict) else {}
+        return _stated_settings(software, self.config.get("engine_config"))
+
+    def engine_file_off(self) -> bool:
+        """Whether prefix caching was off in the engine config ``bench --engine`` started
+        the server from (then the change is made in that file)."""
+        return self.engine() is None and _engine_file_off(self.config.get("engine_config"))
 
     def stated_budget(self) -> int | None:
         """The per-step token budget the server ran with, where its settings state one."""
@@ -411,6 +452,9 @@ class _Run:
         if engine is not None:
             return "the engine ran with prefix caching off" if engine.get("enable_prefix_caching") is False else None
         if self.server_settings().get("enable_prefix_caching") is False:
+            if self.engine_file_off():
+                return ("the engine config inferlab started the server from (bench --engine) sets "
+                        "enable_prefix_caching = false")
             return "the server states prefix caching off (its settings as the run recorded them)"
         upstreams = self.gateway_engines()
         off = sum(1 for e in upstreams if e.get("enable_prefix_caching") is False)
@@ -954,7 +998,7 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     evidence = f"{shared}; {seen}" + (f"; {off}" if off else "")
     if caching_off:
         where = " for the engines behind the gateway" if run.engine() is None and run.gateway_engines() else ""
-        change = f"turn prefix caching on{where}: {run.flags().prefix_on}"
+        change = f"turn prefix caching on{where}: {_prefix_on(run.flags(), run.engine_file_off())}"
         title = "Prompts share prefixes but prefix caching is off"
     else:
         change = ("keep shared text at the very start of every prompt (system prompt first, no per-request IDs or "
@@ -1137,7 +1181,7 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
         rec = Recommendation(
             "template_overhead", "The system prompt and template are prefilled again for every prompt: prefix caching is off",
             evidence,
-            f"turn prefix caching on, {run.flags().prefix_on}: the template and system prompt open every prompt "
+            f"turn prefix caching on, {_prefix_on(run.flags(), run.engine_file_off())}: the template and system prompt open every prompt "
             "unchanged, a prefix the cache serves after the first request; or shorten them (the application)",
         )
         if costed is not None:
@@ -1379,7 +1423,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
             "for the short requests' TTFT: admission by tokens in flight at a gateway (inferlab gateway, [admission] "
             "mode = \"tokens\"), so long prompts wait apart (an engine serves its queue first come, first served, so "
             "a smaller batching budget alone does not let them pass); for the stalls long prefills put in running "
-            f"streams: a smaller budget of tokens a step, {_smaller_budget(_profile_flags(p), _profile_budget(p))}",
+            f"streams: a smaller budget of tokens a step, {_smaller_budget(_profile_flags(p), _count(_profile_settings(p).get('max_num_batched_tokens')))}",
             [Gain("short requests' TTFT ms (beside long prompts)", d["short_with_long_ttft_ms"], d["short_alone_ttft_ms"], f"{pre}bound: at best, TTFT as {seen} alone")],
         ))
     pc = p.factor("prefix_cache")
@@ -1388,7 +1432,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
         rec = Recommendation(
             "prefix_caching", "Shared prefixes are not served from cache",
             f"a shared {d['prefix_tokens']:,}-token prefix saved {signed_ms(d['saved_ms'])} ms TTFT ({d['ttft_shared_ms']:,.0f} vs {d['ttft_unique_ms']:,.0f} ms)",
-            f"turn prefix caching on: {_profile_flags(p).prefix_on}",
+            f"turn prefix caching on: {_profile_prefix_on(p)}",
         )
         shared = folder / "prefix" / "shared"
         if (shared / "summary.json").exists():
@@ -1408,8 +1452,8 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
         k = dec.data["knee_concurrency"]
         pts = {r["concurrency"]: r for r in dec.data["points"]}
         top = max(pts)
-        cap = p.engine.get("max_num_seqs") if isinstance(p.engine, dict) else None
-        if top > k and isinstance(cap, int) and 0 < cap <= k:  # (the engine's own cap made the knee)
+        cap = _count(_profile_settings(p).get("max_num_seqs"))
+        if top > k and cap is not None and cap <= k:  # (the engine's own cap made the knee)
             flags = _profile_flags(p)
             out.append(_engine_cap_rec(
                 "The engine's own cap on running requests is the knee", flags, max(top, 2 * cap),
@@ -1454,7 +1498,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                 out.append(Recommendation(
                     "template_overhead", "The chat template is prefilled again for every prompt: prefix caching looks off",
                     evidence + "; a shared prefix saved no TTFT (the prefix cache factor)",
-                    f"turn prefix caching on, {_profile_flags(p).prefix_on}: the template opens every prompt unchanged, "
+                    f"turn prefix caching on, {_profile_prefix_on(p)}: the template opens every prompt unchanged, "
                     "a prefix the cache serves after the first request; or a leaner chat template (the application or "
                     "--chat-template)",
                     [Gain("TTFT ms of the template's tokens", cost, 0.0,
@@ -1473,16 +1517,19 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
 
 def _profile_flags(p: Profile) -> _EngineFlags:
     """The flags of the server a profile measured (``_server_flags``): a real server's
-    by the software it said it is, as a run's are."""
-    return _server_flags(p.engine, p.server_software)
+    by the software it said it is, or the engine config it was started from, as a run's are."""
+    return _server_flags(p.engine, p.server_software, p.engine_config)
 
 
-def _profile_budget(p: Profile) -> int | None:
-    """The per-step token budget of the server profiled, where known: its simulated
-    engine's, else the one a real server stated."""
-    software = p.server_software if isinstance(p.server_software, dict) else {}
-    settings = software.get("settings") if isinstance(software.get("settings"), dict) else {}
-    return _count((p.engine or settings or {}).get("max_num_batched_tokens"))
+def _profile_prefix_on(p: Profile) -> str:
+    """How to turn the profiled server's prefix caching on (``_prefix_on``)."""
+    return _prefix_on(_profile_flags(p), p.engine is None and _engine_file_off(p.engine_config))
+
+
+def _profile_settings(p: Profile) -> dict[str, Any]:
+    """The settings of the server profiled: its simulated engine's, else those a real
+    server stated over its engine config's (``_stated_settings``)."""
+    return p.engine if p.engine is not None else _stated_settings(p.server_software, p.engine_config)
 
 
 def _improves(g: Gain) -> bool:
@@ -1620,14 +1667,9 @@ def _sweep_groups(runs: list[_Run], index: dict[str, Any] | None) -> list[list[_
 
 def _seq_cap(run: _Run) -> int | None:
     """The cap on running sequences the run's engine had: the simulated engine's, else
-    what the server stated (``resolved.server_software.settings``); None where not known."""
-    engine = run.engine()
-    if engine is None:
-        resolved = run.config.get("resolved")
-        software = resolved.get("server_software") if isinstance(resolved, dict) else None
-        engine = software.get("settings") if isinstance(software, dict) else None
-    cap = engine.get("max_num_seqs") if isinstance(engine, dict) else None
-    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+    the server's settings (``_Run.server_settings``: stated, or its engine config's);
+    None where not known."""
+    return _count((run.engine() or run.server_settings()).get("max_num_seqs"))
 
 
 def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float) -> Recommendation:
