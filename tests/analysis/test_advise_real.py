@@ -159,3 +159,63 @@ def test_prefix_caching_off_in_the_engine_file_bench_started_is_advised_turned_o
     prof = write_llamacpp_profile(tmp_path / "prof", [prefix], engine_config=LLAMACPP_NO_CACHE)
     rec = next(r for r in advise(prof).recommendations if r.rule == "prefix_caching")
     assert "enable_prefix_caching = true in your engine file" in rec.change, rec.change
+
+
+def closed_loop_records(users: int, n: int, slots: int) -> list[RequestRecord]:
+    """``n`` requests from ``users`` closed-loop users through ``slots`` slots: each
+    waits for a slot (in its TTFT), then 64 tokens 2 ms apart."""
+    out: list[RequestRecord] = []
+    free = [0.0] * slots  # ms each slot is free from
+    sent = [0.0] * users  # ms each user sends its next request
+    for i in range(n):
+        u = min(range(users), key=lambda k: sent[k])
+        s = min(range(slots), key=lambda k: free[k])
+        start, begin = sent[u], max(sent[u], free[s])
+        r = request(i, start, 256, begin - start + 10.0, [2.0] * 63)
+        end = (r.end_ns or 0) / MS
+        free[s] = sent[u] = end
+        out.append(r)
+    return out
+
+
+def test_requests_queued_at_a_real_servers_stated_slots_are_a_measured_finding(tmp_path: Path) -> None:
+    """12 users against llama-server's 4 slots: advise said "nothing to change: no rule
+    fired (… engine_cap_run … checked)", the cap rule having returned at once for want of
+    a simulator. Now the run's own records (12 in flight) and /metrics (8 waiting) make
+    it a finding with no prediction; /metrics that saw nothing wait make none; and a rule
+    that needed a what-if it had not is listed as not checked, with why."""
+    from rich.console import Console
+
+    from inferlab.cli.advise import render_advice
+    from inferlab.results.summary import summarize
+
+    config = {**llamacpp_config(), "load": {"schedule": {"kind": "ClosedLoop", "concurrency": 12}, "num_requests": 60}}
+    records = closed_loop_records(12, 60, 4)
+    run = write_run(tmp_path / "c12", config, records)
+    a = advise(run)
+    cap = next(r for r in a.recommendations if r.rule == "engine_cap")
+    assert "llama.cpp --parallel 4" in cap.evidence and "12 requests in flight at once" in cap.evidence, cap.evidence
+    assert "--parallel 12" in cap.change and "send at most 4 at once" in cap.change, cap.change
+    assert not cap.gains and cap.note.startswith("no prediction:"), cap
+    assert "engine_cap_run" in a.checked and "quantization" not in a.checked
+    assert a.not_checked["quantization"].startswith("no what-if:") and a.to_json()["rules_not_checked"] == a.not_checked
+    console = Console(record=True, width=400)
+    render_advice(console, a)
+    assert "not checked: quantization (no what-if:" in console.export_text()
+
+    def with_metrics(name: str, waiting_max: float) -> Path:
+        d = write_run(tmp_path / name, config, records)
+        summary = summarize(records, config=config).to_json()
+        summary["server_metrics"] = {"available": True, "server": "llama.cpp", "samples": 2, "counters": {},
+                                     "gauges": {"running": {"mean": 4.0, "max": 4.0},
+                                                "waiting": {"mean": waiting_max, "max": waiting_max}}}
+        (d / "summary.json").write_text(json.dumps(summary))
+        return d
+
+    cap = next(r for r in advise(with_metrics("waited", 8.0)).recommendations if r.rule == "engine_cap")
+    assert "up to 8 waiting beside 4 running" in cap.evidence, cap.evidence
+    assert "engine_cap" not in [r.rule for r in advise(with_metrics("none-waited", 0.0)).recommendations]
+    # a server that stated no cap: the rule cannot judge, and says so
+    unstated = {**config, "resolved": {**config["resolved"], "server_software": {"name": "llama.cpp"}}}
+    a = advise(write_run(tmp_path / "unstated", unstated, records))
+    assert "engine_cap_run" not in a.checked and "no cap" in a.not_checked["engine_cap_run"], a.not_checked

@@ -326,13 +326,24 @@ class Advice:
     simulated: bool = False
     # rules not looked at, their evidence not measured (a profile's factors left out or failed)
     not_measured: list[str] = field(default_factory=list)
+    # rules that could not judge the evidence they found (a what-if they need, not at hand): rule -> why
+    not_checked: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source, "kind": self.kind, "goal": self.goal, "simulated": self.simulated,
             "recommendations": [r.to_json() for r in self.recommendations], "rules_checked": self.checked,
-            "rules_not_measured": self.not_measured,
+            "rules_not_measured": self.not_measured, "rules_not_checked": self.not_checked,
         }
+
+
+class _NotJudged(Exception):
+    """A rule found its trigger but cannot judge it (the what-if it needs is not at
+    hand): listed as not checked, with ``why``, never as checked."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 def advise(path: str | Path, goal: Goal = "latency") -> Advice:
@@ -346,6 +357,7 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
     if p.is_file() and p.name == PROFILE_FILE:
         p = p.parent
     not_measured: list[str] = []
+    not_checked: dict[str, str] = {}
     if (p / PROFILE_FILE).exists():
         prof = read_profile(p)
         recs, checked = _profile_rules(prof, p, goal)
@@ -354,7 +366,7 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
     elif (p / "summary.json").exists() or (p / "requests.jsonl").exists():
         run = _Run.read(p)
         simulated = server_info(run.config).simulated
-        recs, checked = _run_rules(run, goal)
+        recs, checked, not_checked = _run_rules(run, goal)
         kind = "run" if (p / "summary.json").exists() else (
             "gateway access log" if "gateway" in run.config else "run without summary.json") + ": summary from its records"
     else:
@@ -364,10 +376,11 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
         # (read as report and compare read it: a sweep.json that is not one is refused)
         index = read_sweep_index(p) if (p / "sweep.json").exists() else None
         read = [_Run.read(d) for d in runs]
-        recs, checked = _sweep_rules(read, goal, index)
+        recs, checked, not_checked = _sweep_rules(read, goal, index)
         kind, simulated = "sweep", any(server_info(r.config).simulated for r in read)
     recs.sort(key=lambda r: (PRIORITY.get(r.rule, {}).get(goal, 99), -_size(r)))
-    return Advice(str(p), kind, goal, recs, [c for c in checked if c not in not_measured], simulated, not_measured)
+    return Advice(str(p), kind, goal, recs, [c for c in checked if c not in not_measured and c not in not_checked],
+                  simulated, not_measured, not_checked)
 
 
 def _size(r: Recommendation) -> float:
@@ -522,25 +535,36 @@ def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim
 # --- rules on one run ---------------------------------------------------------------------
 
 
-def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
+def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str], dict[str, str]]:
+    """The items for one run, the rules checked, and those that found their trigger but
+    could not judge it (``_NotJudged``: rule -> why)."""
     w = WhatIf(run.dir, run.config)
     rules: list[Callable[[_Run, WhatIf, Goal], Recommendation | None]] = [
         _failures, _overload, _slo_out_of_reach, _head_of_line, _token_admission, _split_long_prompts, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
     ]
     out = []
+    not_checked: dict[str, str] = {}
     for rule in rules:
+        name = rule.__name__.strip("_")
         try:
             rec = rule(run, w, goal)
+        except _NotJudged as e:
+            not_checked[name] = e.why
+            continue
         except InferlabError as e:  # a what-if the simulator refused: said, not hidden
-            name = rule.__name__.strip("_")
             rec = Recommendation(name, f"(could not be checked: the {name.replace('_', ' ')} rule)", str(e), "")
         if rec is not None:
             out.append(rec)
     if any(r.rule == "overload" for r in out):
         _unbounded(out)
     _check_baseline(run, w, out)
-    # (the SLO floor is the simulator's: with no engine to simulate it was not looked at)
-    return out, [r.__name__.strip("_") for r in rules if w.available or r is not _slo_out_of_reach]
+    return out, [r.__name__.strip("_") for r in rules if r.__name__.strip("_") not in not_checked], not_checked
+
+
+def _needs_what_if(w: WhatIf) -> None:
+    """``_NotJudged`` where a rule that found its trigger has no what-if to judge it with."""
+    if not w.available:
+        raise _NotJudged(f"no what-if: {w.why_not}")
 
 
 #: Gains in these, of a run whose queue grew without bound, are the run's length's.
@@ -688,8 +712,9 @@ def _slo_out_of_reach(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None
     median (else the alone request is not the run's: prompts the run's cache served make
     TTFT and E2E shorter than an uncached one alone, so those are not judged then)."""
     slo = run.summary.slo
-    if slo is None or not w.available:
+    if slo is None or (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms) == (None, None, None):
         return None
+    _needs_what_if(w)  # (the floor is the simulator's)
     inputs = _inputs(run.records)
     outputs = [r.output_tokens for r in run.records if r.output_tokens]
     if not inputs or not outputs:
@@ -849,8 +874,9 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     goal's ``ADMISSION_THROUGHPUT_SLACK`` of the run's and refuses nothing with the
     gateway's default queue bound and timeout."""
     mix = _mixed(run)
-    if mix is None or not w.available:
+    if mix is None:
         return None
+    _needs_what_if(w)
     base = w.simulate()
     before = _ttfts(base.records, mix.short)
     base_tps = base.result.summary.output_token_throughput_tps
@@ -906,7 +932,10 @@ def _split_long_prompts(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | No
     most, refusing nothing; recommended where it lowers that or their p99 inter-token
     gap by ``MIN_GAIN``."""
     mix = _mixed(run)
-    if mix is None or not w.available or w.router == SPLIT or _head_of_line(run, w, goal) is not None:
+    if mix is None or w.router == SPLIT:
+        return None
+    _needs_what_if(w)
+    if _head_of_line(run, w, goal) is not None:
         return None
     n = max(2, w.replicas)
     plain = w.simulate(routing=Routing(n, "least-outstanding"))
@@ -1248,11 +1277,14 @@ def _quantization(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     engine = run.engine()
     slo = run.summary.slo
     tpot = run.summary.tpot_ms
-    if not w.available or engine is None or engine.get("quantization") or tpot is None:
+    if (engine is not None and engine.get("quantization")) or tpot is None:
         return None
     missed = slo is not None and slo.tpot_ms is not None and tpot.p90 > slo.tpot_ms
     if not missed and goal != "latency":
         return None  # for a latency target only: one missed, or latency the goal
+    _needs_what_if(w)  # (what fp8 weights gain is the simulator's, and so are the weights it knows)
+    if engine is None:
+        return None
     base, fp8 = w.simulate(), w.simulate({"quantization": "fp8"})
     tb, ta = base.result.summary.tpot_ms, fp8.result.summary.tpot_ms
     if tb is None or ta is None or (tb.p50 - ta.p50) / tb.p50 < MIN_GAIN:
@@ -1319,10 +1351,20 @@ def _failures(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
 def _engine_cap_run(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     """More requests in flight than the engine runs at once: the rest wait in its queue.
     Raising its cap to the run's concurrency is predicted where the engine is simulated,
-    and advised where that gains (throughput, or E2E for the other goals)."""
+    and advised where that gains (throughput, or E2E for the other goals). On a real
+    server that stated its cap (or was started with one), a measured finding without a
+    prediction (``_queued_at_cap``); on one that stated none, not judged."""
     cap, users = _seq_cap(run), run.concurrency()
-    if cap is None or users is None or users <= cap or not w.available:
+    if users is None or users <= 1:
         return None
+    if cap is None:
+        if not w.available:
+            raise _NotJudged("the server stated no cap on running requests, and no what-if: " + w.why_not)
+        return None
+    if users <= cap:
+        return None
+    if not w.available:
+        return _queued_at_cap(run, w, cap, users)
     raised = int(users)
     gains = _raised_cap_gains(w, run.flags(), raised)
     if len(gains) < 2:
@@ -1335,6 +1377,46 @@ def _engine_cap_run(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         f"{users:g} requests in flight, but the engine runs at most {cap} at once ({run.flags().seqs.format(n=cap)}): "
         "the rest wait in its queue", gains,
     )
+
+
+def _in_flight_max(records: Sequence[RequestRecord]) -> int:
+    """The most of ``records`` in flight at once (sent, not yet ended)."""
+    events = sorted([(r.send_ns, 1) for r in records if r.send_ns is not None and r.end_ns is not None]
+                    + [(r.end_ns, -1) for r in records if r.send_ns is not None and r.end_ns is not None],
+                    key=lambda e: (e[0], e[1]))
+    return max(itertools.accumulate(d for _, d in events), default=0)
+
+
+def _queued_at_cap(run: _Run, w: WhatIf, cap: int, users: float) -> Recommendation | None:
+    """A real server's stated cap of ``cap`` running requests below the run's
+    ``users`` in flight, and the run's own measurements showing requests beyond it (its
+    records in flight at once, and /metrics' waiting requests where it was read):
+    measured, with no prediction of what raising the cap gains (no what-if). None where
+    they show none waiting."""
+    in_flight = _in_flight_max(run.records)
+    if in_flight <= cap:
+        return None
+    m = run.summary.server_metrics
+    waiting = m.gauges.get("waiting") if isinstance(m, ServerMetrics) and m.available else None
+    running = m.gauges.get("running") if isinstance(m, ServerMetrics) and m.available else None
+    if waiting is not None and waiting.max <= 0:
+        return None  # (the server's own count says nothing waited: the stated cap is not what held them)
+    flags = run.flags()
+    seen = [f"up to {in_flight} requests in flight at once (the run's records)"]
+    if waiting is not None:
+        seen.append(f"the server's /metrics: up to {waiting.max:,.0f} waiting" + (
+            f" beside {running.max:,.0f} running" if running is not None else ""))
+    ttft, tpot = run.summary.ttft_ms, run.summary.tpot_ms
+    if ttft is not None and tpot is not None:
+        seen.append(f"TTFT p50 {ttft.p50:,.1f} ms against a TPOT p50 of {tpot.p50:,.1f} ms (the wait for a slot is in TTFT)")
+    rec = _engine_cap_rec(
+        "More requests in flight than the server runs at once: the rest wait in its queue", flags, int(users),
+        f"{users:g} requests in flight, but the server runs at most {cap} at once ({flags.seqs.format(n=cap)}; stated "
+        f"by the server or its engine config): " + "; ".join(seen),
+    )
+    rec.change += f"; or send at most {cap} at once (the client's concurrency), so requests wait at the client instead"
+    rec.note = f"no prediction: {w.why_not}"
+    return rec
 
 
 def _raised_cap_gains(w: WhatIf, flags: _EngineFlags, raised: int) -> list[Gain]:
@@ -1687,7 +1769,8 @@ def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float) -> Recommendat
     )
 
 
-def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = None) -> tuple[list[Recommendation], list[str]]:
+def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = None,
+                 ) -> tuple[list[Recommendation], list[str], dict[str, str]]:
     out: list[Recommendation] = []
     pairs = []
     for group in _sweep_groups(runs, index):
@@ -1729,14 +1812,17 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
     # another server's evidence); the same change for several settings is said once
     recs: list[Recommendation] = []
     checked: list[str] = []
+    not_checked: dict[str, str] = {}
     said: set[tuple[str, str]] = set()
     for group in _sweep_groups(runs, index):
         heaviest = max(group, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))
-        found, checked = _run_rules(heaviest, goal)
+        found, judged, unjudged = _run_rules(heaviest, goal)
+        checked += [c for c in judged if c not in checked]
+        not_checked |= {rule: f"{heaviest.dir.name}: {why}" for rule, why in unjudged.items() if rule not in not_checked}
         for r in found:
             if (r.rule, r.change) in said or (r.rule == "engine_cap" and any(o.rule == "engine_cap" for o in out)):
                 continue
             said.add((r.rule, r.change))
             r.evidence = f"{heaviest.dir.name}: {r.evidence}"
             recs.append(r)
-    return out + recs, ["concurrency_cap", "engine_cap", *checked]
+    return out + recs, ["concurrency_cap", "engine_cap", *checked], not_checked
