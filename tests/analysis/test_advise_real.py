@@ -219,3 +219,27 @@ def test_requests_queued_at_a_real_servers_stated_slots_are_a_measured_finding(t
     unstated = {**config, "resolved": {**config["resolved"], "server_software": {"name": "llama.cpp"}}}
     a = advise(write_run(tmp_path / "unstated", unstated, records))
     assert "engine_cap_run" not in a.checked and "no cap" in a.not_checked["engine_cap_run"], a.not_checked
+
+
+def test_a_cap_is_not_advised_at_a_knee_its_own_ladder_shows_still_paying_or_at_a_loss_past_the_goals_slack(
+        tmp_path: Path) -> None:
+    """The llama-server ladder (774, 873, 1,021, 1,408 tokens/s at 1, 2, 4, 8), its
+    profile.json written with the knee at 1: advise titled it "Past the knee, more
+    concurrency adds latency, not throughput" and advised a cap at 1, which its own
+    numbers say costs 45 % of the throughput. Now the knee is found again from the points
+    (none), and a cap is never advised at a measured loss beyond the goal's slack."""
+    ladder = decode([774.0, 873.0, 1021.0, 1408.0], [0.9, 1.6, 2.4, 1.8], (1, 2, 4, 8))
+    ladder.data["knee_concurrency"] = 1  # (as the profile wrote it)
+    recs = advise(write_llamacpp_profile(tmp_path / "prof1", [ladder])).recommendations
+    assert "concurrency_cap" not in [r.rule for r in recs], [r.title for r in recs]
+    # a knee at 2 (2 → 16 gains 1.4×), TPOT growing past it: the cap at 2 gives up 29 %
+    # of the throughput at 16, beyond the latency goal's 25 %; one giving up 17 % is advised
+    # for latency, not for consistency (15 %)
+    costly = decode([100.0, 200.0, 220.0, 240.0, 280.0], [1.0, 1.0, 2.0, 4.0, 8.0])
+    assert costly.data["knee_concurrency"] == 2
+    prof = write_llamacpp_profile(tmp_path / "costly", [costly])
+    assert "concurrency_cap" not in [r.rule for r in advise(prof).recommendations]
+    cheap = write_llamacpp_profile(tmp_path / "cheap", [decode([100.0, 200.0, 220.0, 230.0, 240.0],
+                                                               [1.0, 1.0, 2.0, 4.0, 8.0])])
+    assert "concurrency_cap" in [r.rule for r in advise(cheap, "latency").recommendations]
+    assert "concurrency_cap" not in [r.rule for r in advise(cheap, "consistency").recommendations]

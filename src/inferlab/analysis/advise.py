@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from inferlab._errors import InferlabError, UsageError
-from inferlab.analysis.fits import KNEE_GAIN
+from inferlab.analysis.fits import knee, paid
 from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile, signed_ms
 from inferlab.analysis.whatif import Routing, Simulated, WhatIf
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
@@ -71,8 +71,9 @@ CONTEXT_GROWTH = 3.0
 LONG_OUTPUT_TOKENS = 1024
 #: Head-of-line inflation (profile) past this: blocking.
 HOL_INFLATION = 1.5
-#: Token admission may cost at most this share of output tokens/s, per goal.
-ADMISSION_THROUGHPUT_SLACK: dict[Goal, float] = {"latency": 0.25, "consistency": 0.15, "throughput": 0.05}
+#: A change that gives throughput up for latency (token admission, a cap on concurrency)
+#: may cost at most this share of output tokens/s, per goal.
+THROUGHPUT_SLACK: dict[Goal, float] = {"latency": 0.25, "consistency": 0.15, "throughput": 0.05}
 
 @dataclass(frozen=True)
 class _EngineFlags:
@@ -871,7 +872,7 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     cannot do (the engine serves its queue first come, first served). Tried: a budget of
     2, 3 or 4 of the largest request's reservation (prompt + output tokens) per engine;
     chosen: the lowest short-request TTFT p99 that keeps output tokens/s within the
-    goal's ``ADMISSION_THROUGHPUT_SLACK`` of the run's and refuses nothing with the
+    goal's ``THROUGHPUT_SLACK`` of the run's and refuses nothing with the
     gateway's default queue bound and timeout."""
     mix = _mixed(run)
     if mix is None:
@@ -890,7 +891,7 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
 
     def keeps_throughput(sim: Simulated) -> bool:
         tps = sim.result.summary.output_token_throughput_tps
-        return tps is not None and tps > 0 and tps >= (1 - ADMISSION_THROUGHPUT_SLACK[goal]) * base_tps
+        return tps is not None and tps > 0 and tps >= (1 - THROUGHPUT_SLACK[goal]) * base_tps
 
     best = _lowest_short_ttft(tries, mix, 0.99, keeps_throughput)
     if best is None:
@@ -915,7 +916,7 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         f"max_tokens_in_flight = {budget:,} (per engine; {budget // largest} of the largest requests at once)",
         gains,
         f"long prompts wait at the gateway while short ones pass (a size-aware queue; a waiter older than starvation_s goes first), "
-        f"so their own TTFT grows, and throughput may fall (allowed for the {goal} goal: {ADMISSION_THROUGHPUT_SLACK[goal]:.0%}); "
+        f"so their own TTFT grows, and throughput may fall (allowed for the {goal} goal: {THROUGHPUT_SLACK[goal]:.0%}); "
         "predicted with the gateway's own admission code in front of the simulated engine",
     )
 
@@ -1530,9 +1531,11 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                     _check_baseline(run, w, [rec])
         out.append(rec)
     dec = p.factor("decode")
-    if dec is not None and dec.measured and dec.data.get("knee_concurrency"):
-        k = dec.data["knee_concurrency"]
-        pts = {r["concurrency"]: r for r in dec.data["points"]}
+    # (the knee found again from the ladder's points: a profile written before ``fits.knee``
+    # required every higher concurrency to stop paying kept a knee its points do not show)
+    pts = {r["concurrency"]: r for r in dec.data.get("points", [])} if dec is not None and dec.measured else {}
+    k = knee(sorted(pts), [pts[c]["output_tps"] or 0.0 for c in sorted(pts)], [None] * len(pts)).knee_concurrency
+    if dec is not None and k:
         top = max(pts)
         cap = _count(_profile_settings(p).get("max_num_seqs"))
         if top > k and cap is not None and cap <= k:  # (the engine's own cap made the knee)
@@ -1548,7 +1551,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
             if full:  # (the cache, not the GPU, made the knee: a cap gives it no room)
                 out.append(_ladder_kv_rec(p, folder, full, pts, k, top))
             elif goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
-                cap_rec = _ladder_cap_rec(p, pts, k, top, measured, dec.data.get("output_tokens"))
+                cap_rec = _ladder_cap_rec(p, pts, k, top, measured, dec.data.get("output_tokens"), goal)
                 if cap_rec is not None:
                     out.append(cap_rec)
     rc = p.factor("response_cache")
@@ -1675,16 +1678,19 @@ def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _R
 
 
 def _ladder_cap_rec(p: Profile, pts: dict[int, Any], k: int, top: int, measured: str,
-                    output_tokens: Any) -> Recommendation | None:
+                    output_tokens: Any, goal: Goal) -> Recommendation | None:
     """A cap on requests in flight at the decode ladder's knee ``k``, for the latency of
     the running streams: what it gives (TPOT) and gives up (throughput), measured, and
     what it costs the requests it holds back (TTFT, estimated); None where nothing it
-    gives is worth it (``_improves``)."""
+    gives is worth it (``_improves``), or where it gives up more of the throughput
+    measured at ``top`` than the goal's ``THROUGHPUT_SLACK``."""
     at_k, at_top = pts[k], pts[top]
     gains = [Gain("TPOT p50 ms", at_top["tpot_ms_p50"], at_k["tpot_ms_p50"], measured),
              Gain("output tokens/s", at_top["output_tps"], at_k["output_tps"], measured)]
     if not any(_improves(g) for g in gains):
         return None
+    if at_k["output_tps"] < (1 - THROUGHPUT_SLACK[goal]) * at_top["output_tps"]:
+        return None  # (its own numbers give up more throughput than the goal allows)
     # the held-back requests wait for a slot: {top} users through {k} slots complete
     # as {k} users do (Little's law), so each waits about (top/k - 1) answers at k
     e2e_k = at_k.get("e2e_ms_p50")
@@ -1776,13 +1782,15 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
     for group in _sweep_groups(runs, index):
         by_c = sorted((r for r in group if r.concurrency() and r.summary.output_token_throughput_tps),
                       key=lambda r: r.concurrency() or 0)
-        pairs += list(itertools.pairwise(by_c))
-    for a, b in pairs:
+        pairs += [(a, b, by_c[i + 1:]) for i, (a, b) in enumerate(itertools.pairwise(by_c))]
+    for a, b, higher in pairs:
         ta, tb = a.summary.output_token_throughput_tps or 0, b.summary.output_token_throughput_tps or 0
         la, lb = a.summary.e2e_ms, b.summary.e2e_ms
         ca, cb = a.concurrency() or 1, b.concurrency() or 1
-        need = KNEE_GAIN ** math.log2(cb / ca) if cb > ca else 1.0  # (the profile's knee: per doubling)
-        if ta and tb / ta < need and la is not None and lb is not None and lb.p50 > 1.2 * la.p50:
+        # (the profile's knee, ``fits.knee``: no higher load bought KNEE_GAIN per doubling over this one)
+        past_knee = not any(paid(ca, ta, r.concurrency() or 1, r.summary.output_token_throughput_tps or 0)
+                            for r in higher)
+        if ta and past_knee and la is not None and lb is not None and lb.p50 > 1.2 * la.p50:
             server = server_info(a.config)
             simulated = server.kind == VIRTUAL  # (error bands: virtual time only)
             source = ("prediction (the sweep's runs, simulated in virtual time)" if simulated
@@ -1794,6 +1802,8 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
                 break
             if goal == "throughput":
                 break  # (a cap gives throughput up for latency: not for this goal)
+            if ta < (1 - THROUGHPUT_SLACK[goal]) * tb:
+                continue  # (a cap that gives up more throughput than the goal allows)
             out.append(Recommendation(
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
