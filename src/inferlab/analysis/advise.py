@@ -423,9 +423,10 @@ class _Run:
         return simulated_engine(self.config)
 
     def flags(self) -> _EngineFlags:
-        """The flags of the engine the run measured: the simulated engine's family's
-        (behind inferlab gateway, its upstreams' where they share one), else the family
-        of the software the server said it is, else any engine's."""
+        """The flags of the engine the run measured (``_server_flags``): the simulated
+        engine's family's (behind inferlab gateway, its upstreams' where they share one),
+        else the family of the software the server said it is, else of the engine config
+        ``bench --engine`` started it from, else any engine's."""
         resolved = self.config.get("resolved")
         resolved = resolved if isinstance(resolved, dict) else {}
         engine = self.engine() or (resolved.get("engine") if self.gateway_engines() else None)
