@@ -44,3 +44,15 @@ def test_the_knee_is_where_doubling_stops_paying() -> None:
     k = knee(c, tput, [1.0, 2.0, 3.5, 6.0, 5.0, 1.0])
     assert k.knee_concurrency == 8 and k.best_goodput_concurrency == 8
     assert knee(c, [100 * x for x in c], [None] * 6).knee_concurrency is None
+
+
+def test_a_step_that_paid_little_is_no_knee_while_a_higher_concurrency_pays_over_it() -> None:
+    """A real llama-server's ladder: 774, 873, 1,021, 1,408 tokens/s at 1, 2, 4, 8. 1 → 2
+    gained 12.8 % (< 15 %), and the knee was put at 1, though 8 nearly doubles it. The
+    knee is now where no higher concurrency pays over it, scaled per doubling."""
+    c = [1, 2, 4, 8]
+    assert knee(c, [774.0, 873.0, 1021.0, 1408.0], [None] * 4).knee_concurrency is None
+    # 2 → 16 grows 1.4× where three doublings need 1.52×: past 2 nothing paid for good
+    assert knee([1, 2, 4, 8, 16], [100.0, 200.0, 220.0, 240.0, 280.0], [None] * 5).knee_concurrency == 2
+    # a dip that the next step more than makes up is no knee either
+    assert knee([1, 2, 4, 8], [100.0, 95.0, 200.0, 400.0], [None] * 4).knee_concurrency is None

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from inferlab._errors import InferlabError, UsageError
-from inferlab.analysis.fits import KNEE_GAIN
+from inferlab.analysis.fits import knee, paid
 from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile, signed_ms
 from inferlab.analysis.whatif import Routing, Simulated, WhatIf
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
@@ -71,8 +71,9 @@ CONTEXT_GROWTH = 3.0
 LONG_OUTPUT_TOKENS = 1024
 #: Head-of-line inflation (profile) past this: blocking.
 HOL_INFLATION = 1.5
-#: Token admission may cost at most this share of output tokens/s, per goal.
-ADMISSION_THROUGHPUT_SLACK: dict[Goal, float] = {"latency": 0.25, "consistency": 0.15, "throughput": 0.05}
+#: A change that gives throughput up for latency (token admission, a cap on concurrency)
+#: may cost at most this share of output tokens/s, per goal.
+THROUGHPUT_SLACK: dict[Goal, float] = {"latency": 0.25, "consistency": 0.15, "throughput": 0.05}
 
 @dataclass(frozen=True)
 class _EngineFlags:
@@ -87,6 +88,7 @@ class _EngineFlags:
     kv_share: str  # more memory for the KV cache
     kv_limits: str  # fewer tokens a request or sequences at once
     mix: str = ""  # prefill chunks in the same steps as decodes, where that is not the engine's default
+    budget_default: int | None = None  # the budget the engine runs with unless told (None: it varies, or not known)
 
 
 _VLLM_FLAGS = _EngineFlags(
@@ -115,11 +117,11 @@ _FAMILY_FLAGS = {
         "a lower max_seq_len or max_batch_size",
     ),
     "llamacpp": _EngineFlags(
-        "llama.cpp --ubatch-size {n} (prompts processed {n} tokens at a time)", "llama.cpp --parallel {n} (its slots)",
+        "llama.cpp -b {n} (--batch-size: the prompt tokens one server step takes)", "llama.cpp --parallel {n} (its slots)",
         "llama.cpp's prompt cache (cache_prompt, on by default; --cache-reuse for shifted prefixes)",
         "a Q8_0 or 4-bit (Q4_K_M) GGUF",
         "a q8_0 KV cache (--cache-type-k q8_0 --cache-type-v q8_0)", "a larger --ctx-size (shared by the slots)",
-        "fewer --parallel slots",
+        "fewer --parallel slots", budget_default=2048,
     ),
     "lmdeploy": _EngineFlags(
         "LMDeploy --max-prefill-token-num {n}, which prefills long prompts in pieces of {n} tokens (simulated as "
@@ -153,6 +155,75 @@ def _flags(engine: dict[str, Any] | None) -> _EngineFlags:
     if family is None:
         return _ANY_FLAGS
     return _FAMILY_FLAGS.get(family, _VLLM_FLAGS)
+
+
+def _server_flags(engine: dict[str, Any] | None, software: Any, engine_config: Any = None) -> _EngineFlags:
+    """The flags of the server a run or a profile measured: the simulated engine's
+    (``_flags``) where there is one, else the family of the software the server said it
+    is (``client.serverid``'s record: ``{"name": "llama.cpp", ...}``), else of the engine
+    inferlab started it as (``--engine``'s config: ``{"engine": "llamacpp", ...}``), else
+    any engine's."""
+    if engine is not None:
+        return _flags(engine)
+    name = software.get("name") if isinstance(software, dict) else None
+    family = _SOFTWARE_FAMILY.get(str(name)) if name else None
+    kind = engine_config.get("engine") if isinstance(engine_config, dict) else None
+    if family is None and (kind in _FAMILY_FLAGS or kind == "vllm"):
+        family = str(kind)
+    return _FAMILY_FLAGS.get(family, _VLLM_FLAGS) if family else _ANY_FLAGS
+
+
+#: The settings of an engine config (``engines.launch.EngineSpec``) that are server
+#: settings in ``client.serverid``'s vocabulary (the same names).
+_ENGINE_CONFIG_SETTINGS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs", "enable_prefix_caching",
+                           "gpu_memory_utilization", "tensor_parallel_size")
+
+
+def _stated_settings(software: Any, engine_config: Any) -> dict[str, Any]:
+    """A measured server's settings: those it stated (``client.serverid``'s
+    ``settings``), over those of the engine config inferlab started it from (``bench
+    --engine``, ``profile --engine``: what it was launched with; a setting left to the
+    engine's default, None there, is left out); empty where neither says any."""
+    launched = engine_config if isinstance(engine_config, dict) and engine_config.get("engine") != "sim" else {}
+    out = {k: launched[k] for k in _ENGINE_CONFIG_SETTINGS if launched.get(k) is not None}
+    stated = software.get("settings") if isinstance(software, dict) else None
+    return {**out, **(stated if isinstance(stated, dict) else {})}
+
+
+def _engine_file_off(engine_config: Any) -> bool:
+    """Whether the engine config inferlab started the server from turned prefix caching off."""
+    return isinstance(engine_config, dict) and engine_config.get("enable_prefix_caching") is False
+
+
+def _prefix_on(flags: _EngineFlags, engine_file: bool) -> str:
+    """How to turn prefix caching on: in the engine file inferlab started the server
+    from, where that turned it off (``engine_file``), else with the engine's own flag."""
+    if engine_file:
+        return f"enable_prefix_caching = true in your engine file (inferlab engine start / bench --engine; {flags.prefix_on})"
+    return flags.prefix_on
+
+
+def _count(value: Any) -> int | None:
+    """``value`` where it is a positive int (a setting as a config states it); None otherwise."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+#: The per-step budget advised where no what-if chose one and the engine's is not known.
+UNKNOWN_BUDGET_ADVICE = 512
+
+
+def _smaller_budget(flags: _EngineFlags, known: int | None) -> str:
+    """A smaller per-step token budget where no what-if chose one, in the engine's own
+    flags: a quarter of the budget it ran with (``known``: stated by the server or its
+    engine config, else its family's default), saying what it lowers; where neither is
+    known, ``UNKNOWN_BUDGET_ADVICE``, said to be meant below the engine's current one.
+    Never a value at or above the budget it ran with."""
+    base = known or flags.budget_default
+    if base is None:
+        return (flags.budget.format(n=UNKNOWN_BUDGET_ADVICE)
+                + ", where the engine runs with a larger budget (its default varies by release and GPU)")
+    n = max(1, base // 4)
+    return flags.budget.format(n=n) + f", down from {base:,}" + (" (its default)" if not known else "")
 
 
 def _family_rules(engine: dict[str, Any]) -> FamilyRules:
@@ -256,13 +327,24 @@ class Advice:
     simulated: bool = False
     # rules not looked at, their evidence not measured (a profile's factors left out or failed)
     not_measured: list[str] = field(default_factory=list)
+    # rules that could not judge the evidence they found (a what-if they need, not at hand): rule -> why
+    not_checked: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source, "kind": self.kind, "goal": self.goal, "simulated": self.simulated,
             "recommendations": [r.to_json() for r in self.recommendations], "rules_checked": self.checked,
-            "rules_not_measured": self.not_measured,
+            "rules_not_measured": self.not_measured, "rules_not_checked": self.not_checked,
         }
+
+
+class _NotJudged(Exception):
+    """A rule found its trigger but cannot judge it (the what-if it needs is not at
+    hand): listed as not checked, with ``why``, never as checked."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
 
 
 def advise(path: str | Path, goal: Goal = "latency") -> Advice:
@@ -276,6 +358,7 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
     if p.is_file() and p.name == PROFILE_FILE:
         p = p.parent
     not_measured: list[str] = []
+    not_checked: dict[str, str] = {}
     if (p / PROFILE_FILE).exists():
         prof = read_profile(p)
         recs, checked = _profile_rules(prof, p, goal)
@@ -284,7 +367,7 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
     elif (p / "summary.json").exists() or (p / "requests.jsonl").exists():
         run = _Run.read(p)
         simulated = server_info(run.config).simulated
-        recs, checked = _run_rules(run, goal)
+        recs, checked, not_checked = _run_rules(run, goal)
         kind = "run" if (p / "summary.json").exists() else (
             "gateway access log" if "gateway" in run.config else "run without summary.json") + ": summary from its records"
     else:
@@ -294,10 +377,11 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
         # (read as report and compare read it: a sweep.json that is not one is refused)
         index = read_sweep_index(p) if (p / "sweep.json").exists() else None
         read = [_Run.read(d) for d in runs]
-        recs, checked = _sweep_rules(read, goal, index)
+        recs, checked, not_checked = _sweep_rules(read, goal, index)
         kind, simulated = "sweep", any(server_info(r.config).simulated for r in read)
     recs.sort(key=lambda r: (PRIORITY.get(r.rule, {}).get(goal, 99), -_size(r)))
-    return Advice(str(p), kind, goal, recs, [c for c in checked if c not in not_measured], simulated, not_measured)
+    return Advice(str(p), kind, goal, recs, [c for c in checked if c not in not_measured and c not in not_checked],
+                  simulated, not_measured, not_checked)
 
 
 def _size(r: Recommendation) -> float:
@@ -339,20 +423,14 @@ class _Run:
         return simulated_engine(self.config)
 
     def flags(self) -> _EngineFlags:
-        """The flags of the engine the run measured: the simulated engine's family's
-        (behind inferlab gateway, its upstreams' where they share one), else the family
-        of the software the server said it is, else any engine's."""
-        engine = self.engine()
-        if engine is not None:
-            return _flags(engine)
-        upstreams = self.gateway_engines()
-        if upstreams:
-            return _flags((self.config.get("resolved") or {}).get("engine"))
+        """The flags of the engine the run measured (``_server_flags``): the simulated
+        engine's family's (behind inferlab gateway, its upstreams' where they share one),
+        else the family of the software the server said it is, else of the engine config
+        ``bench --engine`` started it from, else any engine's."""
         resolved = self.config.get("resolved")
-        software = resolved.get("server_software") if isinstance(resolved, dict) else None
-        name = software.get("name") if isinstance(software, dict) else None
-        family = _SOFTWARE_FAMILY.get(str(name)) if name else None
-        return _FAMILY_FLAGS.get(family, _VLLM_FLAGS) if family else _ANY_FLAGS
+        resolved = resolved if isinstance(resolved, dict) else {}
+        engine = self.engine() or (resolved.get("engine") if self.gateway_engines() else None)
+        return _server_flags(engine, resolved.get("server_software"), self.config.get("engine_config"))
 
     def gateway_engines(self) -> list[dict[str, Any]]:
         """The engines behind inferlab gateway in front of simulated servers, as the run
@@ -364,12 +442,22 @@ class _Run:
         return [e for e in engines if isinstance(e, dict)] if isinstance(engines, list) else []
 
     def server_settings(self) -> dict[str, Any]:
-        """The engine flags a measured server stated (``resolved.server_software.settings``,
-        ``client.serverid``); empty where it stated none."""
+        """The engine flags of a measured server (``_stated_settings``): those it stated
+        (``resolved.server_software.settings``, ``client.serverid``) over those of the
+        engine config ``bench --engine`` started it from (``engine_config``); empty where
+        neither says any."""
         resolved = self.config.get("resolved")
         software = resolved.get("server_software") if isinstance(resolved, dict) else None
-        settings = software.get("settings") if isinstance(software, dict) else None
-        return settings if isinstance(settings, dict) else {}
+        return _stated_settings(software, self.config.get("engine_config"))
+
+    def engine_file_off(self) -> bool:
+        """Whether prefix caching was off in the engine config ``bench --engine`` started
+        the server from (then the change is made in that file)."""
+        return self.engine() is None and _engine_file_off(self.config.get("engine_config"))
+
+    def stated_budget(self) -> int | None:
+        """The per-step token budget the server ran with, where its settings state one."""
+        return _count(self.server_settings().get("max_num_batched_tokens"))
 
     def prefix_caching_off(self) -> str | None:
         """Where the run recorded its engine's prefix caching off, in words: the simulated
@@ -379,6 +467,9 @@ class _Run:
         if engine is not None:
             return "the engine ran with prefix caching off" if engine.get("enable_prefix_caching") is False else None
         if self.server_settings().get("enable_prefix_caching") is False:
+            if self.engine_file_off():
+                return ("the engine config inferlab started the server from (bench --engine) sets "
+                        "enable_prefix_caching = false")
             return "the server states prefix caching off (its settings as the run recorded them)"
         upstreams = self.gateway_engines()
         off = sum(1 for e in upstreams if e.get("enable_prefix_caching") is False)
@@ -446,25 +537,36 @@ def _sim_gain(metric: str, cls: str, before: float, after: float, kind: str, sim
 # --- rules on one run ---------------------------------------------------------------------
 
 
-def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str]]:
+def _run_rules(run: _Run, goal: Goal) -> tuple[list[Recommendation], list[str], dict[str, str]]:
+    """The items for one run, the rules checked, and those that found their trigger but
+    could not judge it (``_NotJudged``: rule -> why)."""
     w = WhatIf(run.dir, run.config)
     rules: list[Callable[[_Run, WhatIf, Goal], Recommendation | None]] = [
         _failures, _overload, _slo_out_of_reach, _head_of_line, _token_admission, _split_long_prompts, _prefix_caching, _kv_pressure, _engine_cap_run, _template_overhead, _context_growth, _quantization, _response_cache, _long_outputs,
     ]
     out = []
+    not_checked: dict[str, str] = {}
     for rule in rules:
+        name = rule.__name__.strip("_")
         try:
             rec = rule(run, w, goal)
+        except _NotJudged as e:
+            not_checked[name] = e.why
+            continue
         except InferlabError as e:  # a what-if the simulator refused: said, not hidden
-            name = rule.__name__.strip("_")
             rec = Recommendation(name, f"(could not be checked: the {name.replace('_', ' ')} rule)", str(e), "")
         if rec is not None:
             out.append(rec)
     if any(r.rule == "overload" for r in out):
         _unbounded(out)
     _check_baseline(run, w, out)
-    # (the SLO floor is the simulator's: with no engine to simulate it was not looked at)
-    return out, [r.__name__.strip("_") for r in rules if w.available or r is not _slo_out_of_reach]
+    return out, [r.__name__.strip("_") for r in rules if r.__name__.strip("_") not in not_checked], not_checked
+
+
+def _needs_what_if(w: WhatIf) -> None:
+    """``_NotJudged`` where a rule that found its trigger has no what-if to judge it with."""
+    if not w.available:
+        raise _NotJudged(f"no what-if: {w.why_not}")
 
 
 #: Gains in these, of a run whose queue grew without bound, are the run's length's.
@@ -612,8 +714,9 @@ def _slo_out_of_reach(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None
     median (else the alone request is not the run's: prompts the run's cache served make
     TTFT and E2E shorter than an uncached one alone, so those are not judged then)."""
     slo = run.summary.slo
-    if slo is None or not w.available:
+    if slo is None or (slo.ttft_ms, slo.tpot_ms, slo.e2e_ms) == (None, None, None):
         return None
+    _needs_what_if(w)  # (the floor is the simulator's)
     inputs = _inputs(run.records)
     outputs = [r.output_tokens for r in run.records if r.output_tokens]
     if not inputs or not outputs:
@@ -693,8 +796,8 @@ def _head_of_line(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         if _p(itl, 0.99) < 4 * statistics.median(itl):
             return None
         return Recommendation(
-            "head_of_line", title, evidence, change.format(budget=flags.budget.format(n=2048), seqs=""),
-            note=f"no prediction: {w.why_not}",
+            "head_of_line", title, evidence,
+            change.format(budget=_smaller_budget(flags, run.stated_budget()), seqs=""), note=f"no prediction: {w.why_not}",
         )
     budget = int(engine.get("max_num_batched_tokens") or 8192)
     seqs = int(engine.get("max_num_seqs") or 256)
@@ -770,11 +873,12 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     cannot do (the engine serves its queue first come, first served). Tried: a budget of
     2, 3 or 4 of the largest request's reservation (prompt + output tokens) per engine;
     chosen: the lowest short-request TTFT p99 that keeps output tokens/s within the
-    goal's ``ADMISSION_THROUGHPUT_SLACK`` of the run's and refuses nothing with the
+    goal's ``THROUGHPUT_SLACK`` of the run's and refuses nothing with the
     gateway's default queue bound and timeout."""
     mix = _mixed(run)
-    if mix is None or not w.available:
+    if mix is None:
         return None
+    _needs_what_if(w)
     base = w.simulate()
     before = _ttfts(base.records, mix.short)
     base_tps = base.result.summary.output_token_throughput_tps
@@ -788,7 +892,7 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
 
     def keeps_throughput(sim: Simulated) -> bool:
         tps = sim.result.summary.output_token_throughput_tps
-        return tps is not None and tps > 0 and tps >= (1 - ADMISSION_THROUGHPUT_SLACK[goal]) * base_tps
+        return tps is not None and tps > 0 and tps >= (1 - THROUGHPUT_SLACK[goal]) * base_tps
 
     best = _lowest_short_ttft(tries, mix, 0.99, keeps_throughput)
     if best is None:
@@ -813,7 +917,7 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         f"max_tokens_in_flight = {budget:,} (per engine; {budget // largest} of the largest requests at once)",
         gains,
         f"long prompts wait at the gateway while short ones pass (a size-aware queue; a waiter older than starvation_s goes first), "
-        f"so their own TTFT grows, and throughput may fall (allowed for the {goal} goal: {ADMISSION_THROUGHPUT_SLACK[goal]:.0%}); "
+        f"so their own TTFT grows, and throughput may fall (allowed for the {goal} goal: {THROUGHPUT_SLACK[goal]:.0%}); "
         "predicted with the gateway's own admission code in front of the simulated engine",
     )
 
@@ -830,7 +934,10 @@ def _split_long_prompts(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | No
     most, refusing nothing; recommended where it lowers that or their p99 inter-token
     gap by ``MIN_GAIN``."""
     mix = _mixed(run)
-    if mix is None or not w.available or w.router == SPLIT or _head_of_line(run, w, goal) is not None:
+    if mix is None or w.router == SPLIT:
+        return None
+    _needs_what_if(w)
+    if _head_of_line(run, w, goal) is not None:
         return None
     n = max(2, w.replicas)
     plain = w.simulate(routing=Routing(n, "least-outstanding"))
@@ -922,7 +1029,7 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     evidence = f"{shared}; {seen}" + (f"; {off}" if off else "")
     if caching_off:
         where = " for the engines behind the gateway" if run.engine() is None and run.gateway_engines() else ""
-        change = f"turn prefix caching on{where}: {run.flags().prefix_on}"
+        change = f"turn prefix caching on{where}: {_prefix_on(run.flags(), run.engine_file_off())}"
         title = "Prompts share prefixes but prefix caching is off"
     else:
         change = ("keep shared text at the very start of every prompt (system prompt first, no per-request IDs or "
@@ -1105,7 +1212,7 @@ def _template_overhead(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | Non
         rec = Recommendation(
             "template_overhead", "The system prompt and template are prefilled again for every prompt: prefix caching is off",
             evidence,
-            f"turn prefix caching on, {run.flags().prefix_on}: the template and system prompt open every prompt "
+            f"turn prefix caching on, {_prefix_on(run.flags(), run.engine_file_off())}: the template and system prompt open every prompt "
             "unchanged, a prefix the cache serves after the first request; or shorten them (the application)",
         )
         if costed is not None:
@@ -1172,11 +1279,14 @@ def _quantization(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     engine = run.engine()
     slo = run.summary.slo
     tpot = run.summary.tpot_ms
-    if not w.available or engine is None or engine.get("quantization") or tpot is None:
+    if (engine is not None and engine.get("quantization")) or tpot is None:
         return None
     missed = slo is not None and slo.tpot_ms is not None and tpot.p90 > slo.tpot_ms
     if not missed and goal != "latency":
         return None  # for a latency target only: one missed, or latency the goal
+    _needs_what_if(w)  # (what fp8 weights gain is the simulator's, and so are the weights it knows)
+    if engine is None:
+        return None
     base, fp8 = w.simulate(), w.simulate({"quantization": "fp8"})
     tb, ta = base.result.summary.tpot_ms, fp8.result.summary.tpot_ms
     if tb is None or ta is None or (tb.p50 - ta.p50) / tb.p50 < MIN_GAIN:
@@ -1243,10 +1353,20 @@ def _failures(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
 def _engine_cap_run(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     """More requests in flight than the engine runs at once: the rest wait in its queue.
     Raising its cap to the run's concurrency is predicted where the engine is simulated,
-    and advised where that gains (throughput, or E2E for the other goals)."""
+    and advised where that gains (throughput, or E2E for the other goals). On a real
+    server that stated its cap (or was started with one), a measured finding without a
+    prediction (``_queued_at_cap``); on one that stated none, not judged."""
     cap, users = _seq_cap(run), run.concurrency()
-    if cap is None or users is None or users <= cap or not w.available:
+    if users is None or users <= 1:
         return None
+    if cap is None:
+        if not w.available:
+            raise _NotJudged("the server stated no cap on running requests, and no what-if: " + w.why_not)
+        return None
+    if users <= cap:
+        return None
+    if not w.available:
+        return _queued_at_cap(run, w, cap, users)
     raised = int(users)
     gains = _raised_cap_gains(w, run.flags(), raised)
     if len(gains) < 2:
@@ -1259,6 +1379,46 @@ def _engine_cap_run(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         f"{users:g} requests in flight, but the engine runs at most {cap} at once ({run.flags().seqs.format(n=cap)}): "
         "the rest wait in its queue", gains,
     )
+
+
+def _in_flight_max(records: Sequence[RequestRecord]) -> int:
+    """The most of ``records`` in flight at once (sent, not yet ended)."""
+    events = sorted([(r.send_ns, 1) for r in records if r.send_ns is not None and r.end_ns is not None]
+                    + [(r.end_ns, -1) for r in records if r.send_ns is not None and r.end_ns is not None],
+                    key=lambda e: (e[0], e[1]))
+    return max(itertools.accumulate(d for _, d in events), default=0)
+
+
+def _queued_at_cap(run: _Run, w: WhatIf, cap: int, users: float) -> Recommendation | None:
+    """A real server's stated cap of ``cap`` running requests below the run's
+    ``users`` in flight, and the run's own measurements showing requests beyond it (its
+    records in flight at once, and /metrics' waiting requests where it was read):
+    measured, with no prediction of what raising the cap gains (no what-if). None where
+    they show none waiting."""
+    in_flight = _in_flight_max(run.records)
+    if in_flight <= cap:
+        return None
+    m = run.summary.server_metrics
+    waiting = m.gauges.get("waiting") if isinstance(m, ServerMetrics) and m.available else None
+    running = m.gauges.get("running") if isinstance(m, ServerMetrics) and m.available else None
+    if waiting is not None and waiting.max <= 0:
+        return None  # (the server's own count says nothing waited: the stated cap is not what held them)
+    flags = run.flags()
+    seen = [f"up to {in_flight} requests in flight at once (the run's records)"]
+    if waiting is not None:
+        seen.append(f"the server's /metrics: up to {waiting.max:,.0f} waiting" + (
+            f" beside {running.max:,.0f} running" if running is not None else ""))
+    ttft, tpot = run.summary.ttft_ms, run.summary.tpot_ms
+    if ttft is not None and tpot is not None:
+        seen.append(f"TTFT p50 {ttft.p50:,.1f} ms against a TPOT p50 of {tpot.p50:,.1f} ms (the wait for a slot is in TTFT)")
+    rec = _engine_cap_rec(
+        "More requests in flight than the server runs at once: the rest wait in its queue", flags, int(users),
+        f"{users:g} requests in flight, but the server runs at most {cap} at once ({flags.seqs.format(n=cap)}; stated "
+        f"by the server or its engine config): " + "; ".join(seen),
+    )
+    rec.change += f"; or send at most {cap} at once (the client's concurrency), so requests wait at the client instead"
+    rec.note = f"no prediction: {w.why_not}"
+    return rec
 
 
 def _raised_cap_gains(w: WhatIf, flags: _EngineFlags, raised: int) -> list[Gain]:
@@ -1347,7 +1507,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
             "for the short requests' TTFT: admission by tokens in flight at a gateway (inferlab gateway, [admission] "
             "mode = \"tokens\"), so long prompts wait apart (an engine serves its queue first come, first served, so "
             "a smaller batching budget alone does not let them pass); for the stalls long prefills put in running "
-            f"streams: a budget of 2048 tokens a step or smaller, {_flags(p.engine).budget.format(n=2048)}",
+            f"streams: a smaller budget of tokens a step, {_smaller_budget(_profile_flags(p), _count(_profile_settings(p).get('max_num_batched_tokens')))}",
             [Gain("short requests' TTFT ms (beside long prompts)", d["short_with_long_ttft_ms"], d["short_alone_ttft_ms"], f"{pre}bound: at best, TTFT as {seen} alone")],
         ))
     pc = p.factor("prefix_cache")
@@ -1356,7 +1516,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
         rec = Recommendation(
             "prefix_caching", "Shared prefixes are not served from cache",
             f"a shared {d['prefix_tokens']:,}-token prefix saved {signed_ms(d['saved_ms'])} ms TTFT ({d['ttft_shared_ms']:,.0f} vs {d['ttft_unique_ms']:,.0f} ms)",
-            f"turn prefix caching on: {_flags(p.engine).prefix_on}",
+            f"turn prefix caching on: {_profile_prefix_on(p)}",
         )
         shared = folder / "prefix" / "shared"
         if (shared / "summary.json").exists():
@@ -1372,13 +1532,15 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                     _check_baseline(run, w, [rec])
         out.append(rec)
     dec = p.factor("decode")
-    if dec is not None and dec.measured and dec.data.get("knee_concurrency"):
-        k = dec.data["knee_concurrency"]
-        pts = {r["concurrency"]: r for r in dec.data["points"]}
+    # (the knee found again from the ladder's points: a profile written before ``fits.knee``
+    # required every higher concurrency to stop paying kept a knee its points do not show)
+    pts = {r["concurrency"]: r for r in dec.data.get("points", [])} if dec is not None and dec.measured else {}
+    k = knee(sorted(pts), [pts[c]["output_tps"] or 0.0 for c in sorted(pts)], [None] * len(pts)).knee_concurrency
+    if dec is not None and k:
         top = max(pts)
-        cap = p.engine.get("max_num_seqs") if isinstance(p.engine, dict) else None
-        if top > k and isinstance(cap, int) and 0 < cap <= k:  # (the engine's own cap made the knee)
-            flags = _flags(p.engine)
+        cap = _count(_profile_settings(p).get("max_num_seqs"))
+        if top > k and cap is not None and cap <= k:  # (the engine's own cap made the knee)
+            flags = _profile_flags(p)
             out.append(_engine_cap_rec(
                 "The engine's own cap on running requests is the knee", flags, max(top, 2 * cap),
                 f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}); past it the rest "
@@ -1390,7 +1552,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
             if full:  # (the cache, not the GPU, made the knee: a cap gives it no room)
                 out.append(_ladder_kv_rec(p, folder, full, pts, k, top))
             elif goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
-                cap_rec = _ladder_cap_rec(p, pts, k, top, measured, dec.data.get("output_tokens"))
+                cap_rec = _ladder_cap_rec(p, pts, k, top, measured, dec.data.get("output_tokens"), goal)
                 if cap_rec is not None:
                     out.append(cap_rec)
     rc = p.factor("response_cache")
@@ -1422,7 +1584,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                 out.append(Recommendation(
                     "template_overhead", "The chat template is prefilled again for every prompt: prefix caching looks off",
                     evidence + "; a shared prefix saved no TTFT (the prefix cache factor)",
-                    f"turn prefix caching on, {_flags(p.engine).prefix_on}: the template opens every prompt unchanged, "
+                    f"turn prefix caching on, {_profile_prefix_on(p)}: the template opens every prompt unchanged, "
                     "a prefix the cache serves after the first request; or a leaner chat template (the application or "
                     "--chat-template)",
                     [Gain("TTFT ms of the template's tokens", cost, 0.0,
@@ -1437,6 +1599,23 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                     "(the prefix cache factor): where it does, the template costs little",
                 ))
     return out, list(_PROFILE_EVIDENCE)
+
+
+def _profile_flags(p: Profile) -> _EngineFlags:
+    """The flags of the server a profile measured (``_server_flags``): a real server's
+    by the software it said it is, or the engine config it was started from, as a run's are."""
+    return _server_flags(p.engine, p.server_software, p.engine_config)
+
+
+def _profile_prefix_on(p: Profile) -> str:
+    """How to turn the profiled server's prefix caching on (``_prefix_on``)."""
+    return _prefix_on(_profile_flags(p), p.engine is None and _engine_file_off(p.engine_config))
+
+
+def _profile_settings(p: Profile) -> dict[str, Any]:
+    """The settings of the server profiled: its simulated engine's, else those a real
+    server stated over its engine config's (``_stated_settings``)."""
+    return p.engine if p.engine is not None else _stated_settings(p.server_software, p.engine_config)
 
 
 def _improves(g: Gain) -> bool:
@@ -1469,7 +1648,7 @@ def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _R
     """The decode ladder's knee where its runs show the KV cache full: room for the
     cache is the change (a cap on requests in flight would only queue the rest), with
     a cache twice the size predicted at the top concurrency where the engine is simulated."""
-    flags = _flags(p.engine)
+    flags = _profile_flags(p)
     change, _ = _kv_room(p.engine, flags)
     first, last = full[0], full[-1]
     said = "; ".join(f"at concurrency {c}: {', '.join(parts)}" for c, parts, _ in (full if len(full) <= 2 else [first, last]))
@@ -1500,16 +1679,19 @@ def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _R
 
 
 def _ladder_cap_rec(p: Profile, pts: dict[int, Any], k: int, top: int, measured: str,
-                    output_tokens: Any) -> Recommendation | None:
+                    output_tokens: Any, goal: Goal) -> Recommendation | None:
     """A cap on requests in flight at the decode ladder's knee ``k``, for the latency of
     the running streams: what it gives (TPOT) and gives up (throughput), measured, and
     what it costs the requests it holds back (TTFT, estimated); None where nothing it
-    gives is worth it (``_improves``)."""
+    gives is worth it (``_improves``), or where it gives up more of the throughput
+    measured at ``top`` than the goal's ``THROUGHPUT_SLACK``."""
     at_k, at_top = pts[k], pts[top]
     gains = [Gain("TPOT p50 ms", at_top["tpot_ms_p50"], at_k["tpot_ms_p50"], measured),
              Gain("output tokens/s", at_top["output_tps"], at_k["output_tps"], measured)]
     if not any(_improves(g) for g in gains):
         return None
+    if at_k["output_tps"] < (1 - THROUGHPUT_SLACK[goal]) * at_top["output_tps"]:
+        return None  # (its own numbers give up more throughput than the goal allows)
     # the held-back requests wait for a slot: {top} users through {k} slots complete
     # as {k} users do (Little's law), so each waits about (top/k - 1) answers at k
     e2e_k = at_k.get("e2e_ms_p50")
@@ -1526,7 +1708,7 @@ def _ladder_cap_rec(p: Profile, pts: dict[int, Any], k: int, top: int, measured:
         "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
         f"output {at_k['output_tps']:,.0f} tokens/s at concurrency {k} vs {at_top['output_tps']:,.0f} at {top}; "
         f"TPOT {at_k['tpot_ms_p50']:.1f} → {at_top['tpot_ms_p50']:.1f} ms",
-        f"cap requests in flight at about {k}: a gateway's max concurrency, or {_flags(p.engine).seqs.format(n=k)}",
+        f"cap requests in flight at about {k}: a gateway's max concurrency, or {_profile_flags(p).seqs.format(n=k)}",
         gains,
         f"the cap gives the running streams their TPOT at {k}{ttft_cost}; a gateway that turns the rest away "
         "(HTTP 503) instead keeps TTFT but refuses them",
@@ -1574,14 +1756,9 @@ def _sweep_groups(runs: list[_Run], index: dict[str, Any] | None) -> list[list[_
 
 def _seq_cap(run: _Run) -> int | None:
     """The cap on running sequences the run's engine had: the simulated engine's, else
-    what the server stated (``resolved.server_software.settings``); None where not known."""
-    engine = run.engine()
-    if engine is None:
-        resolved = run.config.get("resolved")
-        software = resolved.get("server_software") if isinstance(resolved, dict) else None
-        engine = software.get("settings") if isinstance(software, dict) else None
-    cap = engine.get("max_num_seqs") if isinstance(engine, dict) else None
-    return cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+    the server's settings (``_Run.server_settings``: stated, or its engine config's);
+    None where not known."""
+    return _count((run.engine() or run.server_settings()).get("max_num_seqs"))
 
 
 def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float) -> Recommendation:
@@ -1599,19 +1776,22 @@ def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float) -> Recommendat
     )
 
 
-def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = None) -> tuple[list[Recommendation], list[str]]:
+def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = None,
+                 ) -> tuple[list[Recommendation], list[str], dict[str, str]]:
     out: list[Recommendation] = []
     pairs = []
     for group in _sweep_groups(runs, index):
         by_c = sorted((r for r in group if r.concurrency() and r.summary.output_token_throughput_tps),
                       key=lambda r: r.concurrency() or 0)
-        pairs += list(itertools.pairwise(by_c))
-    for a, b in pairs:
+        pairs += [(a, b, by_c[i + 1:]) for i, (a, b) in enumerate(itertools.pairwise(by_c))]
+    for a, b, higher in pairs:
         ta, tb = a.summary.output_token_throughput_tps or 0, b.summary.output_token_throughput_tps or 0
         la, lb = a.summary.e2e_ms, b.summary.e2e_ms
         ca, cb = a.concurrency() or 1, b.concurrency() or 1
-        need = KNEE_GAIN ** math.log2(cb / ca) if cb > ca else 1.0  # (the profile's knee: per doubling)
-        if ta and tb / ta < need and la is not None and lb is not None and lb.p50 > 1.2 * la.p50:
+        # (the profile's knee, ``fits.knee``: no higher load bought KNEE_GAIN per doubling over this one)
+        past_knee = not any(paid(ca, ta, r.concurrency() or 1, r.summary.output_token_throughput_tps or 0)
+                            for r in higher)
+        if ta and past_knee and la is not None and lb is not None and lb.p50 > 1.2 * la.p50:
             server = server_info(a.config)
             simulated = server.kind == VIRTUAL  # (error bands: virtual time only)
             source = ("prediction (the sweep's runs, simulated in virtual time)" if simulated
@@ -1623,6 +1803,8 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
                 break
             if goal == "throughput":
                 break  # (a cap gives throughput up for latency: not for this goal)
+            if ta < (1 - THROUGHPUT_SLACK[goal]) * tb:
+                continue  # (a cap that gives up more throughput than the goal allows)
             out.append(Recommendation(
                 "concurrency_cap", "Past the knee, more concurrency adds latency, not throughput",
                 f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → {lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
@@ -1641,14 +1823,17 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
     # another server's evidence); the same change for several settings is said once
     recs: list[Recommendation] = []
     checked: list[str] = []
+    not_checked: dict[str, str] = {}
     said: set[tuple[str, str]] = set()
     for group in _sweep_groups(runs, index):
         heaviest = max(group, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))
-        found, checked = _run_rules(heaviest, goal)
+        found, judged, unjudged = _run_rules(heaviest, goal)
+        checked += [c for c in judged if c not in checked]
+        not_checked |= {rule: f"{heaviest.dir.name}: {why}" for rule, why in unjudged.items() if rule not in not_checked}
         for r in found:
             if (r.rule, r.change) in said or (r.rule == "engine_cap" and any(o.rule == "engine_cap" for o in out)):
                 continue
             said.add((r.rule, r.change))
             r.evidence = f"{heaviest.dir.name}: {r.evidence}"
             recs.append(r)
-    return out + recs, ["concurrency_cap", "engine_cap", *checked]
+    return out + recs, ["concurrency_cap", "engine_cap", *checked], not_checked

@@ -134,6 +134,20 @@ class Simulated:
     result: RunResult
 
 
+def _named(config: Mapping[str, Any]) -> str:
+    """' (llama.cpp; started from a llamacpp engine config)': what a run says its real server was
+    (the software it said it is, the engine inferlab started), in words; '' where nothing."""
+    resolved = config.get("resolved")
+    software = resolved.get("server_software") if isinstance(resolved, dict) else None
+    name = software.get("name") if isinstance(software, dict) else None
+    started = config.get("engine_config")
+    kind = started.get("engine") if isinstance(started, dict) else None
+    said = [str(name)] if name else []
+    if kind:
+        said.append(f"started from a {kind} engine config")
+    return f" ({'; '.join(said)})" if said else ""
+
+
 class WhatIf:
     """A run's workload on its engine, with changes (results cached by change)."""
 
@@ -149,7 +163,8 @@ class WhatIf:
             self.why_not = ("a gateway's access log does not say which engine answered (replay its requests.jsonl "
                             "with `inferlab sim run --trace` and the engine's model, GPU and flags for predictions)")
         elif self.engine is None:
-            self.why_not = "the run's engine is unknown (profile it, or run the workload against `inferlab sim serve`)"
+            self.why_not = (f"the simulator has no model of the run's server{_named(config)}: profile it, or run the "
+                            "workload against `inferlab sim serve`")
         # a sim run over several engines behind a router, or behind the gateway's
         # admission: the what-if keeps them (a change is made to that setup, not to one engine)
         replicas = config.get("replicas") if config.get("command") == "sim run" else None
@@ -207,7 +222,7 @@ class WhatIf:
         and ``admission`` (``inferlab gateway``'s, its own code; None: the run's own, if
         it had one) in front of the engine(s), as many as ``routing`` says behind its
         router (None: the run's);
-        ``InferlabError`` when the run's engine is unknown or the change is refused."""
+        ``InferlabError`` when the run's engine is not simulated or the change is refused."""
         if self.engine is None:
             raise InferlabError(self.why_not)
         routing = routing or self.routing

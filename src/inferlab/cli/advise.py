@@ -42,6 +42,10 @@ def render_advice(console: Console, a: Advice) -> None:
         console.print(f"[yellow]{PREDICTION}[/yellow]: what this reads came from inferlab's simulator (virtual time, or the "
                       "simulated server): every number below, the evidence included, is a prediction, not a measurement")
     unmeasured = f"; not measured, so not checked: {', '.join(a.not_measured)}" if a.not_measured else ""
+    unjudged: dict[str, list[str]] = {}
+    for rule, why in a.not_checked.items():
+        unjudged.setdefault(why, []).append(rule)
+    unmeasured += "".join(f"; not checked: {', '.join(rules)} ({why})" for why, rules in unjudged.items())
     if not a.recommendations:
         checked = f"{', '.join(a.checked)} checked" if a.checked else "no rule checked"
         console.print(f"nothing to change: no rule fired ({checked}{unmeasured})")
