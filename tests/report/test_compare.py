@@ -447,3 +447,46 @@ def test_the_same_run_given_twice_is_said_so(runs: Path, tmp_path: Path) -> None
     assert [c["same_run_as"] for c in json.loads(p.stdout)["comparisons"]] == [None, "seed1"]
     assert "copy is seed1, the same run given twice (an identical requests.jsonl)" in p.stderr
     assert "the same run" not in inferlab("compare", seed1, str(runs / "seed2")).stdout
+
+
+def _as_sent(run: Path, to: Path, source: str, scale: float = 1.0) -> Path:
+    """``run`` as if bench had measured it with prompt lengths from ``source``, the
+    server counting each prompt ``scale`` times its tokens."""
+    shutil.copytree(run, to)
+    lines = [json.loads(line) for line in (to / "requests.jsonl").read_text().splitlines()]
+    (to / "requests.jsonl").write_text("".join(
+        json.dumps({**r, "input_tokens": round(r["input_tokens"] * scale) if r["input_tokens"] else r["input_tokens"]}) + "\n"
+        for r in lines))
+    summary = json.loads((to / "summary.json").read_text())
+    (to / "summary.json").write_text(json.dumps({**summary, "input_length_source": source}))
+    return to
+
+
+def test_runs_that_sent_other_tokens_from_one_config_are_said_to_differ(runs: Path, tmp_path: Path) -> None:
+    """One trace benched straight at llama.cpp (exact lengths from its /tokenize) and
+    through the gateway (no /tokenize: lengths calibrated from usage) sent 45,272 and
+    42,664 prompt tokens; compare checked the configs alone, which agreed, and said
+    nothing. Now it warns of the length source and of the tokens as sent, request by
+    request, and --fail-if refuses the pair as it refuses different workloads."""
+    exact = _as_sent(runs / "seed1", tmp_path / "exact", "exact (server /tokenize)")
+    approx = _as_sent(runs / "seed1", tmp_path / "approx", "approximate (calibrated from usage)", scale=0.94)
+    p = inferlab("compare", str(exact), str(approx))
+    assert p.returncode == 0, p.stderr
+    (warned,) = [line for line in p.stdout.splitlines() if line.startswith("warning: ")]
+    total = sum(json.loads(line)["input_tokens"] for line in (exact / "requests.jsonl").read_text().splitlines())
+    sent = sum(json.loads(line)["input_tokens"] for line in (approx / "requests.jsonl").read_text().splitlines())
+    assert warned.startswith("warning: approx differs from exact in load or workload (exact's vs approx's): prompt lengths "
+                             "exact (server /tokenize) vs approximate (calibrated from usage); prompt tokens as sent "
+                             f"{total / 200:,.1f} vs {sent / 200:,.1f} a request ({total:,} vs {sent:,} in all over the 200 "
+                             "requests both completed, -6.0%)")
+    p = inferlab("compare", str(exact), str(approx), "--json")
+    (comparison,) = json.loads(p.stdout)["comparisons"]
+    assert [(d["setting"], d["a"], d["b"]) for d in comparison["workload_differences"]] == [
+        ("input_length_source", "exact (server /tokenize)", "approximate (calibrated from usage)"),
+        ("sent.input_tokens", {"mean": total / 200, "total": total, "requests": 200},
+         {"mean": sent / 200, "total": sent, "requests": 200})]
+    p = inferlab("compare", str(exact), str(approx), "--fail-if", "ttft_p50>+50%")
+    assert p.returncode == 2 and "prompt tokens as sent" in p.stderr
+    # within the tolerance (1 %), and from one length source: nothing said
+    close = _as_sent(runs / "seed1", tmp_path / "close", "exact (server /tokenize)", scale=0.99)
+    assert "warning" not in inferlab("compare", str(exact), str(close)).stdout

@@ -26,6 +26,7 @@ from inferlab.results.compare import (
 from inferlab.results.loaddiff import Difference, engine_differences, load_differences
 from inferlab.results.provenance import PREDICTION, simulated_engine
 from inferlab.results.records import ErrorKind
+from inferlab.results.sentdiff import sent_differences
 from inferlab.results.sources import Run, Sweep, load
 from inferlab.results.summary import response_cache_share
 
@@ -161,7 +162,11 @@ def build(sides: Sequence[Side]) -> Comparison:
     for s in sides[1:]:
         c.deltas.append(compare(sides[0].runs, s.runs))
         c.tests.append(distribution_tests(sides[0].runs, s.runs))
-        c.differences.append(load_differences(sides[0].runs[0].config, s.runs[0].config))
+        differ = load_differences(sides[0].runs[0].config, s.runs[0].config)
+        # (tokens sent by runs whose configs differ in workload differ for that reason)
+        same_asked = not any(d.setting.startswith("workload.") or d.setting in ("model", "api") for d in differ)
+        differ += sent_differences(sides[0].runs, s.runs, tokens=same_asked)
+        c.differences.append(differ)
         c.engines.append(engine_differences(sides[0].runs[0].config, s.runs[0].config))
     c.same = [_same_run(s, sides[:i + 1]) for i, s in enumerate(sides[1:])]
     return c

@@ -29,16 +29,18 @@ from typing import Any
 @dataclass(frozen=True)
 class Difference:
     """One setting whose value differs: ``setting`` (where in config.json), ``label``
-    (in words), the baseline's value ``a`` and the other run's ``b``, as recorded."""
+    (in words), the baseline's value ``a`` and the other run's ``b``, as recorded;
+    ``words``, where given, the whole of ``text``."""
 
     setting: str
     label: str
     a: Any
     b: Any
+    words: str | None = None  # (the whole text, where the values need more words than "A vs B")
 
     @property
     def text(self) -> str:
-        return f"{self.label} {_show(self.a)} vs {_show(self.b)}"
+        return self.words or f"{self.label} {_show(self.a)} vs {_show(self.b)}"
 
     def to_json(self) -> dict[str, Any]:
         return {"setting": self.setting, "label": self.label, "a": self.a, "b": self.b}
