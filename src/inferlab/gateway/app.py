@@ -6,7 +6,8 @@ Routes: ``/v1/chat/completions`` and ``/v1/completions`` (streamed or not),
 and ``/detokenize`` (relayed to an upstream serving the model), and
 ``/inferlab/engine``: the upstreams' answers there when every upstream is ``inferlab sim
 serve``, so that a run through the gateway is labelled a prediction (else 404, as for
-any route the gateway does not have: a run through it is measured). A generation
+any route the gateway does not have: a run through it is measured); ``/inferlab/gateway``:
+its own setup, whatever the upstreams are, so that a run through it says it was there. A generation
 request goes through, in order: the client key (401 without a valid one, when keys are
 configured), the body (413 over the size limit, 400 for bad JSON or fields, checked as
 vLLM checks them), the model (404 if no upstream lists it; 503 if one that did not
@@ -81,7 +82,7 @@ from inferlab.openai.request import (
 )
 from inferlab.openai.response import ResponseReader
 from inferlab.openai.sse import SSEParser
-from inferlab.results.provenance import ENGINE_ROUTE, gateway_answer
+from inferlab.results.provenance import ENGINE_ROUTE, GATEWAY_ROUTE, gateway_answer
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir
 from inferlab.results.telemetry import Snapshot
@@ -225,6 +226,7 @@ class Gateway:
         self.app.router.add_get("/health", self._health)
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get(ENGINE_ROUTE, self._engine)
+        self.app.router.add_get(GATEWAY_ROUTE, self._setup)
         self.app.router.add_post("/tokenize", self._tokens)
         self.app.router.add_post("/detokenize", self._tokens)
         self.app.on_startup.append(self._start)
@@ -389,6 +391,12 @@ class Gateway:
                                       "answer it: not every upstream is inferlab sim serve)", "NotFoundError")
             engines.append(engine)
         return web.json_response(gateway_answer(engines))
+
+    async def _setup(self, request: web.Request) -> web.Response:
+        """The gateway's setup (``GatewayConfig.setup``), whatever its upstreams are: a
+        run through it records that the gateway was there."""
+        self._authenticate(request)
+        return web.json_response(self.config.setup())
 
     async def _probe(self, i: int, path: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bytes | None:
         """GET ``path`` on upstream ``i``: its body if it answered 200, else None."""
