@@ -29,8 +29,10 @@ MODELS = ("ok", "die", "e500", "long")
 
 
 class FakeUpstream:
-    def __init__(self, models: tuple[str, ...] = MODELS, long_chunks: int = 400, gap_s: float = 0.01) -> None:
+    def __init__(self, models: tuple[str, ...] = MODELS, long_chunks: int = 400, gap_s: float = 0.01,
+                 owned_by: str | None = None) -> None:
         self.models = models
+        self.owned_by = owned_by  # (its model cards' owner, as an engine names itself there)
         self.long_chunks = long_chunks
         self.gap_s = gap_s
         self.seen: list[dict[str, Any]] = []  # {"path", "headers", "body"} per request
@@ -50,7 +52,8 @@ class FakeUpstream:
         self.seen.append({"path": request.path_qs, "method": request.method, "headers": dict(request.headers),
                           "body": raw})
         if request.path == "/v1/models":
-            return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]})
+            cards = [{"id": m, "object": "model", **({"owned_by": self.owned_by} if self.owned_by else {})} for m in self.models]
+            return web.json_response({"object": "list", "data": cards})
         if request.path == "/health":
             return web.Response(text="ok")
         if request.path == "/metrics" and self.metrics_page is not None:

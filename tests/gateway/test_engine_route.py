@@ -29,7 +29,13 @@ from gateway_helpers import serving
 from inferlab._errors import InferlabError
 from inferlab.analysis.advise import advise
 from inferlab.analysis.whatif import WhatIf
-from inferlab.gateway.config import GatewayConfig, KeyConfig, UpstreamConfig, hash_key
+from inferlab.gateway.config import (
+    AdmissionConfig,
+    GatewayConfig,
+    KeyConfig,
+    UpstreamConfig,
+    hash_key,
+)
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig
 from inferlab.results.provenance import ENGINE_ROUTE, SERVER, ServerInfo, gateway_answer
@@ -37,6 +43,8 @@ from inferlab.sim.server.launch import ChildServer
 from inferlab.workload.config import WorkloadConfig
 
 SERVE = ["--max-model-len", "4096", "--gpu", "H100"]
+#: The gateway's setup in words, as a run through a gateway of the defaults records it.
+SETUP = "1 upstream, least-outstanding routing, admission by tokens (65,536 tokens per upstream, prompts counted by estimate), cache on"
 BENCH = ["-n", "6", "-c", "2", "--input-tokens", "64", "--output-tokens", "16", "--api", "completions", "--no-history"]
 
 
@@ -93,8 +101,9 @@ def through_gateway(sim: ChildServer, tmp_path_factory: pytest.TempPathFactory) 
 def test_bench_through_a_gateway_to_sim_serve_is_a_prediction(sim: ChildServer, through_gateway: tuple[Path, str, str]) -> None:
     d, out, url = through_gateway
     summary = json.loads((d / "summary.json").read_text())
-    assert summary["server"] == {"simulated": True, "kind": "gateway to sim serve", "url": url + "/v1", "engine_family": "vllm"}
-    assert f"@ inferlab gateway at {url}/v1 in front of inferlab sim serve (prediction)" in " ".join(out.split())
+    assert summary["server"] == {"simulated": True, "kind": "gateway to sim serve", "url": url + "/v1", "engine_family": "vllm",
+                                 "gateway": SETUP}
+    assert f"@ inferlab gateway at {url}/v1 in front of inferlab sim serve ({SETUP}) (prediction)" in " ".join(out.split())
     _, engine = asyncio.run(get(sim.url))
     recorded = json.loads((d / "config.json").read_text())["resolved"]["engine"]
     assert recorded == {"inferlab_gateway": {"upstreams": 1, "engines": [engine]}}
@@ -108,8 +117,8 @@ def test_a_sweep_through_a_gateway_to_sim_serve_names_the_gateway(sim: ChildServ
     finally:
         gw.close()
     assert p.returncode == 0, p.stderr
-    assert f"prediction (inferlab gateway at {gw.url}/v1 in front of inferlab sim serve, over HTTP)" in " ".join(p.stdout.split())
-    assert f"the server is inferlab gateway at {gw.url}/v1 in front of inferlab sim serve: every number is a prediction" in p.stderr
+    assert f"prediction (inferlab gateway at {gw.url}/v1 in front of inferlab sim serve ({SETUP}), over HTTP)" in " ".join(p.stdout.split())
+    assert f"the server is inferlab gateway at {gw.url}/v1 in front of inferlab sim serve ({SETUP}): every number is a prediction" in p.stderr
     points = [line for line in p.stderr.splitlines() if line.startswith("  c=")]
     assert len(points) == 2 and all(line.endswith(" (prediction)") for line in points)
 
@@ -175,8 +184,8 @@ async def test_the_gateway_answers_only_when_every_upstream_is_sim_serve(sim: Ch
             real = await _bench(url, tmp_path / "real")
     # so a run through it is measured, even with its requests served by sim serve
     assert all(r.ok for r in mixed.records + real.records)
-    assert mixed.summary.server == ServerInfo(False, SERVER, mixed.summary.server.url, None)
-    assert real.summary.server == ServerInfo(False, SERVER, real.summary.server.url, None)
+    assert mixed.summary.server == ServerInfo(False, SERVER, mixed.summary.server.url, None, None, SETUP.replace("1 upstream", "2 upstreams"))
+    assert real.summary.server == ServerInfo(False, SERVER, real.summary.server.url, None, None, SETUP)
 
 
 async def test_the_upstreams_are_asked_with_their_own_key_and_briefly(tmp_path: Path) -> None:
@@ -196,3 +205,25 @@ async def test_the_upstreams_are_asked_with_their_own_key_and_briefly(tmp_path: 
         t0 = time.monotonic()
         status, _ = await get(url)
         assert status == 404 and time.monotonic() - t0 < 5  # (within the client's own wait: load.run)
+
+
+async def test_a_run_through_the_gateway_to_any_engine_says_the_gateway_was_there(tmp_path: Path) -> None:
+    """A run through the gateway to llama.cpp recorded only "@ http://127.0.0.1:18090
+    (llama.cpp)", kind "server": the gateway answers /inferlab/engine only in front of
+    sim serve. Whatever its upstreams, it now answers /inferlab/gateway with its setup,
+    which the run records (``resolved.gateway``) and says, in front of the engine the
+    model cards name; and its /metrics is said to be the gateway's own."""
+    async with FakeUpstream(("ok",), owned_by="llamacpp") as up:
+        config = GatewayConfig((UpstreamConfig(up.url),), admission=AdmissionConfig(max_tokens_in_flight=3500))
+        async with serving(config) as (url, _):
+            result = await _bench(url, tmp_path / "run")
+    setup = "1 upstream, least-outstanding routing, admission by tokens (3,500 tokens per upstream, prompts counted by estimate), cache on"
+    assert result.summary.server == ServerInfo(False, SERVER, url + "/v1", None, "llama.cpp", setup)
+    assert result.summary.server.where == f"inferlab gateway at {url}/v1 in front of llama.cpp ({setup})"
+    resolved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]
+    assert resolved["gateway"] == config.setup() and resolved["engine"] is None
+    assert resolved["gateway"]["upstreams"] == [{"name": f"127.0.0.1:{up.port}"}]  # (no URL, no key)
+    reason = json.loads((tmp_path / "run" / "summary.json").read_text())["server_metrics"]["reason"]
+    assert "inferlab gateway's own metrics (inferlab_gateway_*" in reason
+    p = inferlab("compare", str(tmp_path / "run"), str(tmp_path / "run"))
+    assert f"@ inferlab gateway at {url}/v1 in front of llama.cpp ({setup})" in " ".join(p.stdout.split())

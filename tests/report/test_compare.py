@@ -404,3 +404,89 @@ def test_a_mean_of_too_few_requests_for_batches_has_unknown_noise(tmp_path: Path
     assert p.returncode == 0, p.stderr
     got = verdicts(p.stdout)
     assert got["ttft_mean"] == got["output_tok_s"] == "noise unknown"
+
+
+def test_the_servers_differing_settings_are_named(runs: Path, tmp_path: Path) -> None:
+    """Two ``bench --engine`` runs whose engine configs differed in prefix caching were
+    described alike: compare said nothing of what it was comparing. Now a line names
+    each differing engine setting (not a warning, nor a workload difference that
+    refuses --fail-if), as does one for two simulated engines' flags."""
+    configs = {}
+    for name, caching in (("nocache", False), ("cache", True)):
+        shutil.copytree(runs / "seed1", tmp_path / name)
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        config["engine_config"] = {"engine": "llamacpp", "model": "m.gguf", "max_num_seqs": 4, "host": "127.0.0.1",
+                                   "port": 18000 + caching, "enable_prefix_caching": caching}
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        configs[name] = config
+    (tmp_path / "cache" / "requests.jsonl").write_text((runs / "seed2" / "requests.jsonl").read_text())
+    (tmp_path / "cache" / "summary.json").write_text((runs / "seed2" / "summary.json").read_text())
+    p = inferlab("compare", str(tmp_path / "nocache"), str(tmp_path / "cache"))
+    assert p.returncode == 0, p.stderr
+    assert ("cache's server differs from nocache's (nocache's vs cache's): enable_prefix_caching (engine config) False vs True"
+            in p.stdout)
+    assert "port (engine config)" not in p.stdout and "warning" not in p.stdout
+    (comparison,) = json.loads(inferlab("compare", str(tmp_path / "nocache"), str(tmp_path / "cache"), "--json").stdout)["comparisons"]
+    assert comparison["engine_differences"] == [{"setting": "engine_config.enable_prefix_caching",
+                                                 "label": "enable_prefix_caching (engine config)", "a": False, "b": True}]
+    assert comparison["workload_differences"] == []
+    p = inferlab("compare", str(runs / "b8192"), str(runs / "b512"))
+    assert "b512's server differs from b8192's (b8192's vs b512's): max_num_batched_tokens (simulated engine) 8192 vs 512" in p.stdout
+
+
+def test_the_same_run_given_twice_is_said_so(runs: Path, tmp_path: Path) -> None:
+    """``compare A A`` (or a copy of A) printed a table of zero changes "within noise", as
+    if two runs had agreed."""
+    seed1 = str(runs / "seed1")
+    shutil.copytree(runs / "seed1", tmp_path / "copy")
+    p = inferlab("compare", seed1, seed1)
+    warned = [line for line in p.stdout.splitlines() if line.startswith("warning: ")]
+    assert warned == ["warning: seed1(2) is seed1, the same run given twice (the same folder): its changes below are zero "
+                      "by construction, not a measurement"]
+    p = inferlab("compare", seed1, str(runs / "seed2"), str(tmp_path / "copy"), "--json")
+    assert [c["same_run_as"] for c in json.loads(p.stdout)["comparisons"]] == [None, "seed1"]
+    assert "copy is seed1, the same run given twice (an identical requests.jsonl)" in p.stderr
+    assert "the same run" not in inferlab("compare", seed1, str(runs / "seed2")).stdout
+
+
+def _as_sent(run: Path, to: Path, source: str, scale: float = 1.0) -> Path:
+    """``run`` as if bench had measured it with prompt lengths from ``source``, the
+    server counting each prompt ``scale`` times its tokens."""
+    shutil.copytree(run, to)
+    lines = [json.loads(line) for line in (to / "requests.jsonl").read_text().splitlines()]
+    (to / "requests.jsonl").write_text("".join(
+        json.dumps({**r, "input_tokens": round(r["input_tokens"] * scale) if r["input_tokens"] else r["input_tokens"]}) + "\n"
+        for r in lines))
+    summary = json.loads((to / "summary.json").read_text())
+    (to / "summary.json").write_text(json.dumps({**summary, "input_length_source": source}))
+    return to
+
+
+def test_runs_that_sent_other_tokens_from_one_config_are_said_to_differ(runs: Path, tmp_path: Path) -> None:
+    """One trace benched straight at llama.cpp (exact lengths from its /tokenize) and
+    through the gateway (no /tokenize: lengths calibrated from usage) sent 45,272 and
+    42,664 prompt tokens; compare checked the configs alone, which agreed, and said
+    nothing. Now it warns of the length source and of the tokens as sent, request by
+    request, and --fail-if refuses the pair as it refuses different workloads."""
+    exact = _as_sent(runs / "seed1", tmp_path / "exact", "exact (server /tokenize)")
+    approx = _as_sent(runs / "seed1", tmp_path / "approx", "approximate (calibrated from usage)", scale=0.94)
+    p = inferlab("compare", str(exact), str(approx))
+    assert p.returncode == 0, p.stderr
+    (warned,) = [line for line in p.stdout.splitlines() if line.startswith("warning: ")]
+    total = sum(json.loads(line)["input_tokens"] for line in (exact / "requests.jsonl").read_text().splitlines())
+    sent = sum(json.loads(line)["input_tokens"] for line in (approx / "requests.jsonl").read_text().splitlines())
+    assert warned.startswith("warning: approx differs from exact in load or workload (exact's vs approx's): prompt lengths "
+                             "exact (server /tokenize) vs approximate (calibrated from usage); prompt tokens as sent "
+                             f"{total / 200:,.1f} vs {sent / 200:,.1f} a request ({total:,} vs {sent:,} in all over the 200 "
+                             "requests both completed, -6.0%)")
+    p = inferlab("compare", str(exact), str(approx), "--json")
+    (comparison,) = json.loads(p.stdout)["comparisons"]
+    assert [(d["setting"], d["a"], d["b"]) for d in comparison["workload_differences"]] == [
+        ("input_length_source", "exact (server /tokenize)", "approximate (calibrated from usage)"),
+        ("sent.input_tokens", {"mean": total / 200, "total": total, "requests": 200},
+         {"mean": sent / 200, "total": sent, "requests": 200})]
+    p = inferlab("compare", str(exact), str(approx), "--fail-if", "ttft_p50>+50%")
+    assert p.returncode == 2 and "prompt tokens as sent" in p.stderr
+    # within the tolerance (1 %), and from one length source: nothing said
+    close = _as_sent(runs / "seed1", tmp_path / "close", "exact (server /tokenize)", scale=0.99)
+    assert "warning" not in inferlab("compare", str(exact), str(close)).stdout

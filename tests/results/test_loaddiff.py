@@ -68,3 +68,24 @@ def test_a_sim_run_is_compared_on_what_it_records() -> None:
     assert load_differences(sim, bench()) == []
     other = {**sim, "engine": {"model": "Llama-3.1-8B"}}
     assert texts(bench(), other) == ["model m vs Llama-3.1-8B"]
+
+
+def test_engine_differences_name_each_differing_engine_setting_only() -> None:
+    from inferlab.results.loaddiff import engine_differences
+
+    started = {"engine": "llamacpp", "model": "m.gguf", "max_num_seqs": 4, "enable_prefix_caching": True,
+               "host": "127.0.0.1", "port": 18081, "ready_timeout_s": 600.0}
+    a = bench(engine_config=started)
+    b = bench(engine_config={**started, "enable_prefix_caching": False, "port": 18082, "model": "other.gguf"})
+    assert [d.text for d in engine_differences(a, b)] == ["enable_prefix_caching (engine config) True vs False"]
+    assert load_differences(a, b) == []  # (the server's settings are not the workload's)
+    assert engine_differences(a, bench()) == []  # (recorded by one run only: not compared)
+    sim = {"model": "m", "max_num_batched_tokens": 8192, "engine_family": "vllm"}
+    sa = bench(resolved={"url": "u", "model": "m", "engine": sim})
+    sb = bench(resolved={"url": "u", "model": "m", "engine": {**sim, "max_num_batched_tokens": 512}})
+    assert [d.setting for d in engine_differences(sa, sb)] == ["engine.max_num_batched_tokens"]
+    stated = bench(resolved={"url": "u", "model": "m", "engine": None,
+                             "server_software": {"name": "vLLM", "settings": {"enable_prefix_caching": False}}})
+    other = copy.deepcopy(stated)
+    other["resolved"]["server_software"]["settings"]["enable_prefix_caching"] = True
+    assert [d.text for d in engine_differences(stated, other)] == ["enable_prefix_caching (stated by the server) False vs True"]

@@ -25,6 +25,13 @@ from inferlab.results.provenance import (
 from inferlab.results.summary import Summary, summarize
 
 ENGINE = {"model": "Qwen/Qwen2.5-7B-Instruct", "engine_family": "vllm", "tensor_parallel_size": 1}
+#: What inferlab gateway answers at /inferlab/gateway (``GatewayConfig.setup``), and in words.
+SETUP = {"upstreams": [{"name": "10.0.0.5:8000"}, {"name": "10.0.0.6:8000"}], "router": "split-by-length",
+         "long_prompt_tokens": 8192, "admission": {"mode": "requests", "max_tokens_in_flight": 65536,
+                                                   "max_requests_in_flight": 8, "tokenizer": "upstream"},
+         "cache": {"enabled": False, "ttl_s": 300.0}, "keys": 0, "redis": True}
+SETUP_WORDS = ("2 upstreams, split-by-length routing (prompts of 8,192+ tokens apart), admission by requests (8 requests per upstream, prompts counted by "
+               "upstream), cache off, state shared through Redis")
 
 
 @pytest.mark.parametrize(("config", "expected", "where"), [
@@ -48,6 +55,17 @@ ENGINE = {"model": "Qwen/Qwen2.5-7B-Instruct", "engine_family": "vllm", "tensor_
     # (a gateway in front of a gateway in front of sim serve)
     ({"url": "http://g:8080", "resolved": {"url": "http://g:8080/v1", "engine": gateway_answer([gateway_answer([ENGINE])])}},
      ServerInfo(True, GATEWAY, "http://g:8080/v1", "vllm"), "inferlab gateway at http://g:8080/v1 in front of inferlab sim serve"),
+    # the gateway in front of any engine says so (its setup: /inferlab/gateway), and what the engine named itself
+    ({"url": "http://g:8080", "resolved": {"url": "http://g:8080/v1", "engine": None, "gateway": SETUP,
+                                           "server_software": {"name": "llama.cpp", "version": None}}},
+     ServerInfo(False, SERVER, "http://g:8080/v1", None, "llama.cpp", SETUP_WORDS),
+     f"inferlab gateway at http://g:8080/v1 in front of llama.cpp ({SETUP_WORDS})"),
+    ({"url": "http://g:8080", "resolved": {"url": "http://g:8080/v1", "engine": None, "gateway": SETUP}},
+     ServerInfo(False, SERVER, "http://g:8080/v1", None, None, SETUP_WORDS),
+     f"inferlab gateway at http://g:8080/v1 in front of a server that did not say what it is ({SETUP_WORDS})"),
+    ({"url": "http://g:8080", "resolved": {"url": "http://g:8080/v1", "engine": gateway_answer([ENGINE]), "gateway": SETUP}},
+     ServerInfo(True, GATEWAY, "http://g:8080/v1", "vllm", None, SETUP_WORDS),
+     f"inferlab gateway at http://g:8080/v1 in front of inferlab sim serve ({SETUP_WORDS})"),
     ({}, ServerInfo(False, SERVER, None, None), "an unknown server"),  # (a folder of records alone)
 ])
 def test_the_rule(config: dict[str, Any], expected: ServerInfo, where: str) -> None:

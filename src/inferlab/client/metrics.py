@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 INTERVAL_S = 1.0
 #: Seconds one read may take.
 TIMEOUT_S = 5.0
+#: What the names of inferlab gateway's own metrics begin with (``gateway.metrics``).
+GATEWAY_METRICS = "inferlab_gateway_"
 
 
 def metrics_url(api_base: str) -> str:
@@ -60,6 +62,9 @@ async def scrape(
     if not snap.values and not snap.histograms:
         if only:
             return f"GET {url}: no {', '.join(only)} (by vLLM's, SGLang's or llama.cpp's names)"
+        if GATEWAY_METRICS in text:  # (its own page: the engines behind it are not on it)
+            return (f"GET {url}: inferlab gateway's own metrics ({GATEWAY_METRICS}*: its queue wait, admission, cache), "
+                    "not an engine's: the summary does not read them, and the engines behind it are not read")
         return f"GET {url}: no metric inferlab knows (not vLLM's, SGLang's or llama.cpp's names)"
     return snap
 

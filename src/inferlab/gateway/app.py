@@ -2,10 +2,12 @@
 configured upstreams.
 
 Routes: ``/v1/chat/completions`` and ``/v1/completions`` (streamed or not),
-``/v1/models`` (the upstreams' lists merged), ``/health``, ``/metrics``, and
+``/v1/models`` (the upstreams' lists merged), ``/health``, ``/metrics``, ``/tokenize``
+and ``/detokenize`` (relayed to an upstream serving the model), and
 ``/inferlab/engine``: the upstreams' answers there when every upstream is ``inferlab sim
 serve``, so that a run through the gateway is labelled a prediction (else 404, as for
-any route the gateway does not have: a run through it is measured). A generation
+any route the gateway does not have: a run through it is measured); ``/inferlab/gateway``:
+its own setup, whatever the upstreams are, so that a run through it says it was there. A generation
 request goes through, in order: the client key (401 without a valid one, when keys are
 configured), the body (413 over the size limit, 400 for bad JSON or fields, checked as
 vLLM checks them), the model (404 if no upstream lists it; 503 if one that did not
@@ -80,7 +82,7 @@ from inferlab.openai.request import (
 )
 from inferlab.openai.response import ResponseReader
 from inferlab.openai.sse import SSEParser
-from inferlab.results.provenance import ENGINE_ROUTE, gateway_answer
+from inferlab.results.provenance import ENGINE_ROUTE, GATEWAY_ROUTE, gateway_answer
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir
 from inferlab.results.telemetry import Snapshot
@@ -95,6 +97,9 @@ _PROBE_TIMEOUT_S = 5.0
 #: How long ``/inferlab/engine`` waits for each upstream: less than a client asking it
 #: waits for the gateway (``load.run``: 5 s), so that the client gets the answer.
 _ENGINE_TIMEOUT_S = 2.0
+#: How long ``/tokenize`` and ``/detokenize`` wait for the upstream they are relayed to
+#: (as long as ``bench``'s preflight waits for a count).
+_TOKENS_TIMEOUT_S = 30.0
 #: The least time between two refreshes of the model list for an unknown model.
 _MODELS_REFRESH_S = 2.0
 #: An engine's report of its load counts for this many refresh intervals, then is dropped.
@@ -221,6 +226,9 @@ class Gateway:
         self.app.router.add_get("/health", self._health)
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get(ENGINE_ROUTE, self._engine)
+        self.app.router.add_get(GATEWAY_ROUTE, self._setup)
+        self.app.router.add_post("/tokenize", self._tokens)
+        self.app.router.add_post("/detokenize", self._tokens)
         self.app.on_startup.append(self._start)
         self.app.on_cleanup.append(self._stop)
 
@@ -384,6 +392,12 @@ class Gateway:
             engines.append(engine)
         return web.json_response(gateway_answer(engines))
 
+    async def _setup(self, request: web.Request) -> web.Response:
+        """The gateway's setup (``GatewayConfig.setup``), whatever its upstreams are: a
+        run through it records that the gateway was there."""
+        self._authenticate(request)
+        return web.json_response(self.config.setup())
+
     async def _probe(self, i: int, path: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bytes | None:
         """GET ``path`` on upstream ``i``: its body if it answered 200, else None."""
         try:
@@ -393,6 +407,40 @@ class Gateway:
                 return await resp.read() if resp.status == 200 else None
         except (aiohttp.ClientError, TimeoutError):
             return None
+
+    async def _tokens(self, request: web.Request) -> web.Response:
+        """``POST /tokenize`` and ``/detokenize``, relayed to one upstream serving the
+        body's ``model`` (the first healthy one; without a ``model``, as llama.cpp's
+        ``content`` body has none, one serving the one model the upstreams list): its
+        answer as it came, so that a client counts tokens as that engine does (``bench``'s
+        preflight sizes its prompts exactly). The body goes as the client wrote it, with
+        the upstream's own key; ``APIError`` 404 or 503 as for a generation's model, 400
+        without a model where the upstreams list several, 502 or 504 when the upstream
+        did not answer."""
+        self._authenticate(request)
+        raw = await self._raw(request)
+        body = parse_body(raw, request.charset)
+        model = body.get("model")
+        if not isinstance(model, str):
+            if not self._models:
+                await self._refresh_models()
+            if len(self._models) != 1:
+                raise APIError(400, f"'model' is required: the upstreams list {len(self._models)} models", param="model")
+            model = next(iter(self._models))
+        candidates = await self._candidates(model)
+        i = (self.health.healthy(candidates) or candidates)[0]
+        up = self.config.upstreams[i]
+        try:
+            async with asyncio.timeout(_TOKENS_TIMEOUT_S), self.session.post(
+                up.url + request.path, data=raw, headers=self._upstream_headers(i)
+            ) as resp:
+                answer = await resp.read()
+                return web.Response(body=answer, status=resp.status, content_type=resp.content_type)
+        except TimeoutError:
+            raise APIError(504, f"upstream {up.name} did not answer {request.path} within {_TOKENS_TIMEOUT_S:g} s",
+                           "TimeoutError") from None
+        except aiohttp.ClientError as e:
+            raise APIError(502, f"upstream {up.name}: {describe(e)}", "BadGatewayError") from None
 
     async def _list_models(self, request: web.Request) -> web.Response:
         self._authenticate(request)
@@ -487,16 +535,20 @@ class Gateway:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completions")
 
-    async def _read(self, request: web.Request, api: Api, key: KeyConfig | None) -> _Request:
+    async def _raw(self, request: web.Request) -> bytes:
+        """The request's body; ``APIError`` 413 over ``max_body_bytes``, 400 if it cannot be read."""
         limit = self.config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise APIError(413, f"request body is over the gateway's limit of {limit} bytes")
         try:
-            raw = await request.read()
+            return await request.read()
         except web.HTTPRequestEntityTooLarge:
             raise APIError(413, f"request body is over the gateway's limit of {limit} bytes") from None
         except (aiohttp.ClientPayloadError, web.RequestPayloadError) as e:
             raise APIError(400, f"request body could not be read: {describe(e)}") from None
+
+    async def _read(self, request: web.Request, api: Api, key: KeyConfig | None) -> _Request:
+        raw = await self._raw(request)
         body = parse_body(raw, request.charset)
         params = read_params(body, api)
         if api == "chat":

@@ -208,6 +208,27 @@ class GatewayConfig:
             raise UsageError(f"an upstream is given twice: {', '.join(names)}")
         self.long_pool()  # (refuses a contradictory split)
 
+    def setup(self) -> dict[str, Any]:
+        """What the gateway answers at ``results.provenance.GATEWAY_ROUTE``, and a run
+        through it records (``resolved.gateway``): its upstreams by name (``host:port``,
+        as its metrics label them; with their own caps where set), its router, admission,
+        cache, and whether state is shared through Redis. No URL, key or tokenizer path."""
+        adm = self.admission
+        return {
+            "upstreams": [{"name": u.name, **({"max_tokens_in_flight": u.max_tokens_in_flight} if u.max_tokens_in_flight else {}),
+                           **({"max_requests_in_flight": u.max_requests_in_flight} if u.max_requests_in_flight else {})}
+                          for u in self.upstreams],
+            "router": self.router,
+            **({"long_prompt_tokens": self.long_prompt_tokens} if self.long_prompt_tokens is not None else {}),
+            "admission": {"mode": adm.mode, "max_tokens_in_flight": adm.max_tokens_in_flight,
+                          "max_requests_in_flight": adm.max_requests_in_flight, "queue_max": adm.queue_max,
+                          "queue_timeout_s": adm.queue_timeout_s,
+                          "tokenizer": adm.tokenizer if adm.tokenizer in ("estimate", "builtin", "upstream") else "tokenizer.json"},
+            "cache": {"enabled": self.cache.enabled, "ttl_s": self.cache.ttl_s},
+            "keys": len(self.keys),
+            "redis": self.redis is not None,
+        }
+
     def long_pool(self) -> LongPool | None:
         """``split-by-length``'s pool (indices into ``upstreams``); None for another
         router. ``UsageError`` where the split settings and the router disagree: a

@@ -36,6 +36,7 @@ from inferlab.openai.request import Api, check_extra_body
 from inferlab.openai.response import JSON_LIBRARY
 from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load
 from inferlab.results.metrics import SLO
+from inferlab.results.provenance import ENGINE_ROUTE, GATEWAY_ROUTE
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import OMITTED, OVERLOAD, Omitted, Summary, SummaryExtras, summarize
@@ -499,10 +500,12 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         raise UsageError("--workers must be at least 1")
     # the simulated server says which engine it ran (a replay can run the same one), the
     # gateway in front of it that all its upstreams are one; other servers: null
-    simulated = await _simulated_engine(base, endpoint.request_headers())
+    simulated = await _inferlab_answer(base, ENGINE_ROUTE, endpoint.request_headers())
     resolved = {
         "url": base, "model": model, "prompt_salt": salt, "workers": workers,
         "engine": simulated,
+        # inferlab gateway's setup, whatever its upstreams are (null: no gateway said so)
+        "gateway": await _inferlab_answer(base, GATEWAY_ROUTE, endpoint.request_headers()),
         # what a measured server says it is, and its release (vLLM, SGLang, llama.cpp;
         # null for any other): sim calibrate takes a twin's release from it
         "server_software": None if simulated is not None else await identify_server(base, endpoint.request_headers()),
@@ -543,17 +546,16 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
     )
 
 
-async def _simulated_engine(base: str, headers: dict[str, str]) -> dict[str, Any] | None:
-    """What a simulated server answers at ``/inferlab/engine`` (``sim serve``: its engine
-    configuration; the gateway in front of it: ``results.provenance.gateway_answer``);
+async def _inferlab_answer(base: str, route: str, headers: dict[str, str]) -> dict[str, Any] | None:
+    """What the server answers at one of inferlab's own routes: ``ENGINE_ROUTE`` (``sim
+    serve``: its engine configuration; the gateway in front of it:
+    ``results.provenance.gateway_answer``), ``GATEWAY_ROUTE`` (the gateway's setup);
     ``None`` from any other server. Best effort, never raises."""
     import aiohttp
 
-    from inferlab.results.provenance import ENGINE_ROUTE
-
     with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
         async with aiohttp.ClientSession() as session, session.get(
-            base.removesuffix("/v1") + ENGINE_ROUTE, headers=headers, timeout=aiohttp.ClientTimeout(total=5)
+            base.removesuffix("/v1") + route, headers=headers, timeout=aiohttp.ClientTimeout(total=5)
         ) as resp:
             if resp.status == 200:
                 data = await resp.json(content_type=None)

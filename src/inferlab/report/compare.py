@@ -23,9 +23,10 @@ from inferlab.results.compare import (
     estimate,
     verdict_words,
 )
-from inferlab.results.loaddiff import Difference, load_differences
+from inferlab.results.loaddiff import Difference, engine_differences, load_differences
 from inferlab.results.provenance import PREDICTION, simulated_engine
 from inferlab.results.records import ErrorKind
+from inferlab.results.sentdiff import sent_differences
 from inferlab.results.sources import Run, Sweep, load
 from inferlab.results.summary import response_cache_share
 
@@ -78,6 +79,11 @@ class Comparison:
     tests: list[dict[str, float | None]] = field(default_factory=list)
     # per side after the first: its load and workload settings that differ from the first's
     differences: list[list[Difference]] = field(default_factory=list)
+    # per side after the first: its server's settings that differ from the first's
+    engines: list[list[Difference]] = field(default_factory=list)
+    # per side after the first: the earlier side it is the same run as, and how that shows
+    # (None: another run)
+    same: list[tuple[str, str] | None] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,8 +93,11 @@ class Comparison:
                      for s in self.sides],
             "comparisons": [
                 {"run": s.label, "workload_differences": [d.to_json() for d in diff],
+                 "engine_differences": [d.to_json() for d in engine],
+                 "same_run_as": None if same is None else same[0],
                  "metrics": [d.to_json() for d in ds], "mann_whitney_p": t}
-                for s, ds, t, diff in zip(self.sides[1:], self.deltas, self.tests, self.differences, strict=True)
+                for s, ds, t, diff, engine, same in zip(self.sides[1:], self.deltas, self.tests, self.differences,
+                                                        self.engines, self.same, strict=True)
             ],
         }
 
@@ -98,6 +107,18 @@ class Comparison:
         base = self.sides[0].label
         return [f"{s.label} differs from {base} in load or workload ({base}'s vs {s.label}'s): {'; '.join(d.text for d in diff)}"
                 for s, diff in zip(self.sides[1:], self.differences, strict=True) if diff]
+
+    def engine_lines(self) -> list[str]:
+        """One line per run whose server settings differ from the baseline's, naming them
+        (what a comparison of servers is usually for: said, not warned of)."""
+        base = self.sides[0].label
+        return [f"{s.label}'s server differs from {base}'s ({base}'s vs {s.label}'s): {'; '.join(d.text for d in diff)}"
+                for s, diff in zip(self.sides[1:], self.engines, strict=True) if diff]
+
+    def same_lines(self) -> list[str]:
+        """One line per run that is an earlier one given again (empty when none is)."""
+        return [f"{s.label} is {earlier}, the same run given twice ({how}): its changes below are zero by construction, not a measurement"
+                for s, same in zip(self.sides[1:], self.same, strict=True) if same for earlier, how in [same]]
 
     def cache_lines(self) -> list[str]:
         """One line per run a response cache answered requests of (empty when none)."""
@@ -114,7 +135,8 @@ class Comparison:
     def warning_lines(self) -> list[str]:
         """What may explain a change better than the server: different workloads, a
         response cache, failed requests."""
-        return [*(f"{line}: a change below may come from that, not from the server" for line in self.difference_lines()),
+        return [*self.same_lines(),
+                *(f"{line}: a change below may come from that, not from the server" for line in self.difference_lines()),
                 *self.cache_lines(), *self.failure_lines()]
 
 
@@ -140,8 +162,36 @@ def build(sides: Sequence[Side]) -> Comparison:
     for s in sides[1:]:
         c.deltas.append(compare(sides[0].runs, s.runs))
         c.tests.append(distribution_tests(sides[0].runs, s.runs))
-        c.differences.append(load_differences(sides[0].runs[0].config, s.runs[0].config))
+        differ = load_differences(sides[0].runs[0].config, s.runs[0].config)
+        # (tokens sent by runs whose configs differ in workload differ for that reason)
+        same_asked = not any(d.setting.startswith("workload.") or d.setting in ("model", "api") for d in differ)
+        differ += sent_differences(sides[0].runs, s.runs, tokens=same_asked)
+        c.differences.append(differ)
+        c.engines.append(engine_differences(sides[0].runs[0].config, s.runs[0].config))
+    c.same = [_same_run(s, sides[:i + 1]) for i, s in enumerate(sides[1:])]
     return c
+
+
+def _same_run(side: Side, earlier: Sequence[Side]) -> tuple[str, str] | None:
+    """The first of ``earlier`` that ``side`` is the same run as, and how that shows (the
+    same folder, or the same requests.jsonl in another); None when it is another run."""
+    for other in earlier:
+        if [os.path.realpath(r.path) for r in side.runs] == [os.path.realpath(r.path) for r in other.runs]:
+            return other.label, "the same folder"
+        if [_digest(r.path) for r in side.runs] == [_digest(r.path) for r in other.runs]:
+            return other.label, "an identical requests.jsonl"
+    return None
+
+
+def _digest(run_dir: os.PathLike[str]) -> str | None:
+    """The SHA-256 of a run's requests.jsonl; None where it cannot be read."""
+    import hashlib
+
+    try:
+        with open(os.path.join(run_dir, "requests.jsonl"), "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError:
+        return None
 
 
 def fmt(v: float | None, unit: str) -> str:
@@ -171,6 +221,8 @@ def render(console: Console, c: Comparison) -> None:
     base = c.sides[0]
     for s in c.sides:
         console.print(s.describe())
+    for line in c.engine_lines():
+        console.print(line, highlight=False, soft_wrap=True)
     for line in c.warning_lines():  # (above the verdicts: they may come from it)
         console.print(f"[yellow]warning:[/yellow] {line}", highlight=False, soft_wrap=True)
     t = Table(title=f"each run against {base.label}: the change, and whether it exceeds run-to-run noise (its 95% interval, in --json, excludes 0)",
@@ -219,6 +271,7 @@ def render_html_table(c: Comparison) -> str:
             cells.append(f"<td>{fmt(d.b.value, m.unit)}</td><td{cls} title=\"{escape(ci)}\">{change}</td><td{cls}>{escape(verdict_words(d))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     lines = "".join(f"<li>{escape(s.describe())}</li>" for s in c.sides)
+    lines += "".join(f"<li>{escape(line)}</li>" for line in c.engine_lines())
     lines += "".join(f'<li class="worse">warning: {escape(line)}</li>' for line in c.warning_lines())
     tests = "".join(
         f"<li>Mann–Whitney over the batches' medians, {escape(s.label)} vs {escape(base.label)}: "

@@ -11,6 +11,10 @@ folders, timeouts, credentials and headers, the client's own settings (workers, 
 stack, preflight, tokenizer), SLOs (goodput is not compared), and the server itself (its
 URL, its engine flags: what a comparison is for). A setting is compared only where both
 runs record its part of the config (``sim run`` records no ``stream``).
+
+The server's settings are compared apart (``engine_differences``), to be shown beside
+the runs rather than warned of: the engine config a ``bench --engine`` run started its
+server from, the simulated engine's flags, and the settings a measured server states.
 """
 
 from __future__ import annotations
@@ -25,16 +29,18 @@ from typing import Any
 @dataclass(frozen=True)
 class Difference:
     """One setting whose value differs: ``setting`` (where in config.json), ``label``
-    (in words), the baseline's value ``a`` and the other run's ``b``, as recorded."""
+    (in words), the baseline's value ``a`` and the other run's ``b``, as recorded;
+    ``words``, where given, the whole of ``text``."""
 
     setting: str
     label: str
     a: Any
     b: Any
+    words: str | None = None  # (the whole text, where the values need more words than "A vs B")
 
     @property
     def text(self) -> str:
-        return f"{self.label} {_show(self.a)} vs {_show(self.b)}"
+        return self.words or f"{self.label} {_show(self.a)} vs {_show(self.b)}"
 
     def to_json(self) -> dict[str, Any]:
         return {"setting": self.setting, "label": self.label, "a": self.a, "b": self.b}
@@ -101,6 +107,35 @@ def load_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Differe
             continue  # (a folder of records alone does not say)
         if _norm(va) != _norm(vb):
             out.append(Difference(setting, label, va, vb))
+    return out
+
+
+#: ``engine_config`` keys that say where and how long, not how the engine runs.
+_NOT_ENGINE = frozenset({"host", "port", "ready_timeout_s", "model"})
+
+
+def engine_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
+    """The server settings of two runs' configs that differ, key by key: ``engine_config``
+    (what ``bench --engine`` started its server from), the simulated engine's flags
+    (``results.provenance.simulated_engine``: ``sim run``'s, ``sim serve``'s answer) and
+    ``resolved.server_software.settings`` (what a measured server states). Each only
+    where both runs record it; its address, port and start-up wait, and the model
+    (``load_differences`` says it), are left out. Empty when they ran alike."""
+    from inferlab.results.provenance import simulated_engine
+
+    def stated(config: Mapping[str, Any]) -> Any:
+        return _at("resolved.server_software.settings")(config)
+
+    out: list[Difference] = []
+    for part, label, read in (("engine_config", "engine config", _at("engine_config")),
+                              ("engine", "simulated engine", simulated_engine),
+                              ("resolved.server_software.settings", "stated by the server", stated)):
+        va, vb = read(a), read(b)
+        if not isinstance(va, Mapping) or not isinstance(vb, Mapping):
+            continue
+        for key in dict.fromkeys([*va, *vb]):
+            if key not in _NOT_ENGINE and _norm(va.get(key)) != _norm(vb.get(key)):
+                out.append(Difference(f"{part}.{key}", f"{key} ({label})", va.get(key), vb.get(key)))
     return out
 
 

@@ -18,6 +18,11 @@ simulator, and whatever shows one says "(prediction)" beside it. Only virtual-ti
 carry error bands (``summary.json``'s ``prediction``); over HTTP the real-time server
 adds its own lateness, and nothing validated measures that.
 
+Whatever is behind it, ``inferlab gateway`` answers ``GATEWAY_ROUTE`` with its own
+setup (router, admission, cache: ``gateway.config.GatewayConfig.setup``); a run records
+it (``resolved.gateway``) and says the gateway was there, with that setup in words,
+in front of the engine the server named (``ServerInfo.gateway``).
+
 A run through the gateway has no engine to rerun in virtual time (``simulated_engine``
 is None): its cache, admission and routing over several upstreams are part of what ran,
 and a what-if on one bare engine would be another setup.
@@ -37,6 +42,8 @@ SERVER = "server"
 #: Where ``sim serve`` says which engine it simulates, and ``inferlab gateway`` that
 #: every upstream is such a server (not an OpenAI route).
 ENGINE_ROUTE = "/inferlab/engine"
+#: Where ``inferlab gateway`` says it is one, and its setup, whatever its upstreams are.
+GATEWAY_ROUTE = "/inferlab/gateway"
 #: The one key of the gateway's answer at ``ENGINE_ROUTE`` (``gateway_answer``).
 GATEWAY_KEY = "inferlab_gateway"
 #: The word beside every simulated number.
@@ -51,13 +58,15 @@ class ServerInfo:
     simulated engine's (behind a gateway: its upstreams', when they all share one; None
     for any other server); ``software``: what a measured server said it is, in words
     ("vLLM 0.11.0": ``client.serverid``; None when it named nothing inferlab knows, and
-    for simulated servers)."""
+    for simulated servers); ``gateway``: the setup of ``inferlab gateway`` in front of
+    the engine, in words (``describe_gateway``; None where no gateway said it was there)."""
 
     simulated: bool
     kind: str
     url: str | None
     engine_family: str | None
     software: str | None = None
+    gateway: str | None = None
 
     @property
     def where(self) -> str:
@@ -66,10 +75,14 @@ class ServerInfo:
             return "the simulator (virtual time)"
         if self.kind == EMBEDDED:
             return "the embedded simulated server"
+        setup = f" ({self.gateway})" if self.gateway else ""
         if self.kind == GATEWAY:
-            return "inferlab gateway" + (f" at {self.url}" if self.url else "") + " in front of inferlab sim serve"
+            return "inferlab gateway" + (f" at {self.url}" if self.url else "") + f" in front of inferlab sim serve{setup}"
         if self.kind == SIM_SERVE:
             return "inferlab sim serve" + (f" at {self.url}" if self.url else "")
+        if self.gateway:
+            return (f"inferlab gateway at {self.url or 'an unknown address'} in front of "
+                    f"{self.software or 'a server that did not say what it is'}{setup}")
         where = self.url or "an unknown server"
         return f"{where} ({self.software})" if self.software else where
 
@@ -80,15 +93,16 @@ class ServerInfo:
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        if d["software"] is None:  # (only a measured server that named itself has one)
-            del d["software"]
+        for key in ("software", "gateway"):  # (only a measured server that named itself, a gateway that said it is one)
+            if d[key] is None:
+                del d[key]
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> ServerInfo:
-        family, software = d.get("engine_family"), d.get("software")
+        family, software, gateway = d.get("engine_family"), d.get("software"), d.get("gateway")
         return cls(bool(d["simulated"]), str(d["kind"]), d.get("url"), None if family is None else str(family),
-                   software if isinstance(software, str) else None)
+                   software if isinstance(software, str) else None, gateway if isinstance(gateway, str) else None)
 
 
 def describe_software(software: object) -> str | None:
@@ -101,6 +115,37 @@ def describe_software(software: object) -> str | None:
     return f"{software['name']} {version}" if isinstance(version, str) and version else str(software["name"])
 
 
+def describe_gateway(setup: object) -> str | None:
+    """What ``inferlab gateway`` said of its setup at ``GATEWAY_ROUTE`` (``config.json``'s
+    ``resolved.gateway``) in words: "1 upstream, least-outstanding routing, admission by
+    tokens (3,500 per upstream, prompts counted by upstream), cache on"; None where no
+    gateway answered."""
+    if not isinstance(setup, Mapping):
+        return None
+    ups = setup.get("upstreams")
+    n = len(ups) if isinstance(ups, list) else 0
+    long = setup.get("long_prompt_tokens")
+    apart = f" (prompts of {_num(long)}+ tokens apart)" if long else ""
+    parts = [f"{n} upstream{'' if n == 1 else 's'}", f"{setup.get('router', '?')} routing{apart}"]
+    adm = setup.get("admission")
+    if isinstance(adm, Mapping):
+        mode = adm.get("mode")
+        limit = {"tokens": f"{_num(adm.get('max_tokens_in_flight'))} tokens",
+                 "requests": f"{_num(adm.get('max_requests_in_flight'))} requests"}.get(str(mode))
+        parts.append(f"admission by {mode} ({limit} per upstream, prompts counted by {adm.get('tokenizer', '?')})"
+                     if limit else f"admission {mode}")
+    cache = setup.get("cache")
+    if isinstance(cache, Mapping):
+        parts.append("cache on" if cache.get("enabled") else "cache off")
+    if setup.get("redis"):
+        parts.append("state shared through Redis")
+    return ", ".join(parts)
+
+
+def _num(v: object) -> str:
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
 def gateway_answer(engines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """What ``inferlab gateway`` answers at ``ENGINE_ROUTE`` when every upstream answered
     it: ``{"inferlab_gateway": {"upstreams": N, "engines": [each upstream's answer, in
@@ -108,13 +153,15 @@ def gateway_answer(engines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {GATEWAY_KEY: {"upstreams": len(engines), "engines": [dict(e) for e in engines]}}
 
 
-def http_server_info(url: str | None, engine: Mapping[str, Any] | None, software: str | None = None) -> ServerInfo:
+def http_server_info(url: str | None, engine: Mapping[str, Any] | None, software: str | None = None,
+                     gateway: str | None = None) -> ServerInfo:
     """A server reached over HTTP: ``url`` None for the embedded simulated server;
     ``engine`` what it answered at ``/inferlab/engine`` (None: it did not, so it is not
-    inferlab's simulator); ``software`` what it said it is, in words."""
+    inferlab's simulator); ``software`` what it said it is, in words; ``gateway`` the
+    setup of inferlab gateway in front, in words (``describe_gateway``)."""
     if url is None:
         return ServerInfo(True, EMBEDDED, None, _family(engine))
-    return _served(url, engine, software)
+    return _served(url, engine, software, gateway)
 
 
 def server_info(config: Mapping[str, Any]) -> ServerInfo:
@@ -129,7 +176,8 @@ def server_info(config: Mapping[str, Any]) -> ServerInfo:
     if "url" in config and config["url"] is None:
         return http_server_info(None, engine)
     url = resolved.get("url") or config.get("url")
-    return _served(None if url is None else str(url), engine, describe_software(resolved.get("server_software")))
+    return _served(None if url is None else str(url), engine, describe_software(resolved.get("server_software")),
+                   describe_gateway(resolved.get("gateway")))
 
 
 def simulated_engine(config: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -140,12 +188,14 @@ def simulated_engine(config: Mapping[str, Any]) -> dict[str, Any] | None:
     return dict(engine) if isinstance(engine, Mapping) and _behind_gateway(engine) is None else None
 
 
-def _served(url: str | None, engine: Mapping[str, Any] | None, software: str | None = None) -> ServerInfo:
+def _served(url: str | None, engine: Mapping[str, Any] | None, software: str | None = None,
+            gateway: str | None = None) -> ServerInfo:
     """A server at ``url`` that answered ``engine`` at ``ENGINE_ROUTE`` (None: it did
-    not), and said it is ``software``."""
+    not), said it is ``software``, and is inferlab gateway of setup ``gateway``."""
     if engine is None:
-        return ServerInfo(False, SERVER, url, None, software)
-    return ServerInfo(True, GATEWAY if _behind_gateway(engine) is not None else SIM_SERVE, url, _family(engine))
+        return ServerInfo(False, SERVER, url, None, software, gateway)
+    behind = _behind_gateway(engine) is not None
+    return ServerInfo(True, GATEWAY if behind else SIM_SERVE, url, _family(engine), None, gateway if behind else None)
 
 
 def _behind_gateway(engine: Mapping[str, Any]) -> list[Any] | None:
