@@ -9,7 +9,8 @@ the tiny model in Hugging Face format.
   without one pip must find it elsewhere. torchvision, torchaudio and torchcodec, which
   fail to import beside that torch, are removed. Made under a temporary name and renamed
   (``cache.venv_made_once``), its scripts name the final folder (``bin/vllm`` runs).
-  ``python -m inferlab.engines.vllm`` prints the environment's python.
+  ``python -m inferlab.engines.vllm`` prints the environment's python (``--model``: the
+  tiny model's Hugging Face folder).
 - ``hf_model(tiny)`` writes the tiny Llama (``engines.tinymodel``: the same random
   weights, tokenizer and chat template) as a Hugging Face checkpoint: ``config.json``,
   ``model.safetensors`` (written here, no extra package), the tokenizer files.
@@ -286,11 +287,18 @@ class VllmServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m inferlab.engines.vllm``: install (once) and print the environment's python."""
+    """``python -m inferlab.engines.vllm``: install (once) and print the environment's
+    python; with ``--model``, the tiny model's Hugging Face folder (made once) instead."""
     import argparse
 
     p = argparse.ArgumentParser(description="Install vLLM's CPU build once per machine; print its python.")
-    p.parse_args(argv)
+    p.add_argument("--model", action="store_true",
+                   help="print the tiny model's folder in Hugging Face format (made once) instead")
+    if p.parse_args(argv).model:
+        from inferlab.engines.tinymodel import tiny_model
+
+        print(hf_model(tiny_model()))
+        return 0
     try:
         print(install_vllm(log=sys.stderr))
     except EngineUnavailable as e:
