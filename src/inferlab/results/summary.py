@@ -594,33 +594,39 @@ def _warnings(
         known = sum(v is not None for v in values)
         if 0 < known < len(values):
             out.append(f"{what} tokens are known for {known} of {len(values)} completed requests: the sum counts those alone")
+    # a "length" finish short of max_tokens is a length limit of the server's (its context,
+    # a llama.cpp slot's, or its own cap on max_tokens), not end-of-sequence, with or
+    # without --exact-output: vLLM quietly lowers max_tokens to what the context has left
+    cut = [r for r in done
+           if r.finish_reason == "length" and r.requested_output_tokens is not None
+           and r.output_tokens is not None and r.output_tokens < r.requested_output_tokens]
+    if cut:
+        longest = max((r.input_tokens or 0) + (r.output_tokens or 0) for r in cut)
+        got = statistics.median(r.output_tokens or 0 for r in cut)
+        asked = statistics.median(r.requested_output_tokens or 0 for r in cut)
+        out.append(
+            f"{len(cut)} of {len(done)} requests stopped at a length limit short of the requested output tokens "
+            f"(finish_reason length; median {got:,g} received of {asked:,g} requested; prompt and answer up to "
+            f"{longest:,} tokens): the server's context, or its own limit, cut them; ask for shorter prompts or "
+            "answers, or a larger context"
+        )
     # (--no-exact-output asked for no exact length: a server stopping at end-of-sequence
     # before max_tokens is what was asked)
     exact = (config.get("workload") or {}).get("exact_output", True) is not False
-    short = [
+    cut_ids = {id(r) for r in cut}
+    rest = [
         r for r in done
         if exact
         and r.requested_output_tokens is not None
         and r.output_tokens is not None
         and r.output_tokens != r.requested_output_tokens
+        and id(r) not in cut_ids
     ]
-    if short:
-        # a "length" finish short of max_tokens is a length limit of the server's, its
-        # context (a llama.cpp slot's), not end-of-sequence: ignore_eos was honoured
-        cut = [r for r in short if r.finish_reason == "length" and (r.output_tokens or 0) < (r.requested_output_tokens or 0)]
-        rest = [r for r in short if r not in cut]
-        if cut:
-            longest = max((r.input_tokens or 0) + (r.output_tokens or 0) for r in cut)
-            out.append(
-                f"{len(cut)} of {len(done)} requests stopped at a length limit short of the requested output tokens "
-                f"(finish_reason length; prompt and answer up to {longest:,} tokens): the server's context, or its "
-                "slot's, ended them; ask for shorter prompts or answers, or a larger context"
-            )
-        if rest:
-            out.append(
-                f"{len(rest)} of {len(done)} requests did not generate exactly the requested "
-                "output tokens (the server may ignore ignore_eos/min_tokens)"
-            )
+    if rest:
+        out.append(
+            f"{len(rest)} of {len(done)} requests did not generate exactly the requested "
+            "output tokens (the server may ignore ignore_eos/min_tokens)"
+        )
     hits = sum(1 for r in done if r.response_cache_hit)
     if hits:
         out.append(
