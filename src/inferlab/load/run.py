@@ -34,7 +34,7 @@ from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Schedule
 from inferlab.openai.request import Api, check_extra_body
 from inferlab.openai.response import JSON_LIBRARY
-from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load
+from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load, collapsed_gap_share
 from inferlab.results.metrics import SLO
 from inferlab.results.provenance import ENGINE_ROUTE, GATEWAY_ROUTE
 from inferlab.results.records import RequestRecord
@@ -737,7 +737,9 @@ def run_summary(
     if client is not None:
         load = client_load(client)
         workers = config.get("resolved", {}).get("workers") or 1
-        warning = None if load is None else bottleneck_warning(load, workers, os.cpu_count() or 1, autogroup_enabled())
+        collapsed = collapsed_gap_share([r.content_ns for r in records if r.ok and not r.warmup])
+        warning = None if load is None else bottleneck_warning(
+            load, workers, os.cpu_count() or 1, autogroup_enabled(), collapsed_share=collapsed)
         if warning is not None:
             last.insert(0, warning)
     metrics: ServerMetrics | Omitted = OMITTED if server_metrics is None else server_metrics
