@@ -34,7 +34,13 @@ from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Schedule
 from inferlab.openai.request import Api, check_extra_body
 from inferlab.openai.response import JSON_LIBRARY
-from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load, collapsed_gap_share
+from inferlab.results.clientload import (
+    ClientLoad,
+    ProcessLoad,
+    bottleneck_warning,
+    client_load,
+    collapsed_gap_share,
+)
 from inferlab.results.metrics import SLO
 from inferlab.results.provenance import ENGINE_ROUTE, GATEWAY_ROUTE
 from inferlab.results.records import RequestRecord
