@@ -11,6 +11,7 @@ import io
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -359,3 +360,81 @@ def test_a_run_without_streaming_is_not_written_as_a_vllm_result(tmp_path: Path)
     assert invoke("export", str(run), "--format", "csv-summary")[0] == 0
     code, _, err = invoke("bench", "--url", "http://127.0.0.1:9", "--no-stream", "--save-result", "-n", "1", "--no-history")
     assert code == 2 and "needs streaming" in err and "cannot reach" not in err, err
+
+
+# --- bench: a vllm bench serve line runs as it is typed ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[str]:
+    from inferlab.sim.engine.engine import EngineConfig
+    from inferlab.sim.server.app import ServerConfig
+    from inferlab.sim.server.launch import EmbeddedServer
+
+    with EmbeddedServer(ServerConfig(EngineConfig())) as server:
+        yield server.url
+
+
+def bench_line(url: str, *args: str) -> tuple[int, dict[str, Any] | None, str]:
+    """Exit code, summary.json (exit 0) and all of stderr."""
+    res = CliRunner().invoke(main, ["bench", "--url", url, "-c", "1", "--json", "--no-history", *args])
+    return res.exit_code, json.loads(res.stdout) if res.exit_code == 0 else None, res.stderr
+
+
+def test_a_vllm_line_without_backend_runs_vllms_default_backend_and_says_so(served: str) -> None:
+    """vLLM 0.32's default --backend is openai (/v1/completions): a line of its flags ran
+    chat (template tokens on every prompt) with no word of it."""
+    code, s, err = bench_line(served, "--num-prompts", "2", "--random-input-len", "40", "--random-output-len", "4")
+    assert code == 0 and s is not None, err
+    assert s["config"]["api"] == "completions"
+    assert "--api completions, as vLLM's default --backend openai" in err
+    # inferlab's own line keeps inferlab's default, chat
+    code, s, err = bench_line(served, "-n", "2", "--input-tokens", "40", "--output-tokens", "4")
+    assert code == 0 and s is not None and s["config"]["api"] == "chat" and "vLLM" not in err
+    code, s, err = bench_line(served, "--num-prompts", "2", "--random-input-len", "40", "--random-output-len", "4", "--api", "chat")
+    assert code == 0 and s is not None and s["config"]["api"] == "chat"
+
+
+@pytest.mark.parametrize(("args", "api"), [
+    (["--backend", "openai-chat", "--endpoint", "/v1/chat/completions"], "chat"),
+    (["--backend", "openai-chat"], "chat"),
+    (["--backend", "vllm"], "completions"),
+    (["--backend", "openai", "--endpoint", "/v1/completions"], "completions"),
+    (["--endpoint", "/v1/completions"], "completions"),
+])
+def test_backend_and_endpoint_choose_the_api(served: str, args: list[str], api: str) -> None:
+    code, s, err = bench_line(served, "-n", "2", "--input-tokens", "40", "--output-tokens", "4", *args)
+    assert code == 0 and s is not None, err
+    assert s["config"]["api"] == api
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--backend", "openai-embeddings"], "completions and chat APIs"),
+    (["--endpoint", "/v1/responses"], "/v1/completions or /v1/chat/completions"),
+    (["--endpoint", "/v1/chat/completions"], "add --backend openai-chat"),
+    (["--backend", "openai", "--endpoint", "/v1/chat/completions"], "is the chat API"),
+    (["--backend", "openai", "--api", "chat"], "give one"),
+    (["--dataset-name", "sharegpt"], "--dataset FILE"),
+    (["--dataset-name", "random", "--prompt", "hi"], "give one workload"),
+    (["--percentile-metrics", "ttft,goodput"], "expected some of ttft"),
+])
+def test_what_bench_cannot_run_as_typed_is_refused(served: str, args: list[str], needle: str) -> None:
+    code, _, err = bench_line(served, "-n", "2", *args)
+    assert code == 2 and needle in err, err
+
+
+def test_dataset_name_random_is_vllms_random_dataset(served: str) -> None:
+    code, s, err = bench_line(served, "--dataset-name", "random", "--num-prompts", "2", "--random-output-len", "3")
+    assert code == 0 and s is not None, err
+    assert (s["config"]["workload"]["input_tokens"], s["config"]["workload"]["output_tokens"]) == ("1024", "3")
+    assert s["output_tokens"] == 2 * 3 and "vLLM's random dataset: 1024 input" in err
+
+
+def test_percentile_metrics_choose_the_result_files_metrics(served: str, tmp_path: Path) -> None:
+    code, _, err = bench_line(served, "-n", "3", "--input-tokens", "40", "--output-tokens", "4", "--percentile-metrics", "ttft,e2el",
+                              "--metric-percentiles", "50,99", "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json")
+    assert code == 0, err
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert sorted(k for k in r if k.endswith("_ms")) == sorted(
+        f"{s}_{m}_ms" for m in ("ttft", "e2el") for s in ("mean", "median", "std", "p50", "p99"))
+    assert "--percentile-metrics ttft,e2el: --save-result's file has statistics of these only" in err

@@ -13,8 +13,10 @@ import pytest
 from aiohttp import web
 
 from inferlab import BenchConfig, ClosedLoop, LoadConfig, UsageError, WorkloadConfig, bench_async
+from inferlab._errors import RunFailedError
 from inferlab.client.exchange import Endpoint
 from inferlab.client.preflight import APPROX_USAGE, EXACT_SERVER, NO_FORCE_WARNING
+from inferlab.results.summary import Summary
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.server.app import ServerConfig
 from inferlab.sim.server.launch import EmbeddedServer
@@ -125,6 +127,30 @@ async def test_against_the_sim_template_overhead_and_exact_lengths() -> None:
     assert [r.input_tokens for r in result.records] == [100 + expected] * 4
     # no warning about lengths or the template (client timing depends on the machine's load)
     assert [w for w in s.warnings if "fell behind" not in w and "client was likely the bottleneck" not in w] == []
+
+
+async def test_prompts_and_answers_that_cannot_fit_the_stated_context_are_caught_before_sending() -> None:
+    """runs/long3: 2,000-token prompts (2,010 with the template) for 100 tokens on a
+    2,048-token server. With exact output every request failed on the server ("min_tokens
+    must be less than or equal to max_tokens=38"); knowing the context (the model card's
+    max_model_len) and the exact prompt length (/tokenize), bench refuses before sending.
+    Without exact output it runs, and the summary says what the context will do."""
+    def cfg(exact: bool, output_tokens: int = 100) -> BenchConfig:
+        return BenchConfig(load=LoadConfig(ClosedLoop(2), num_requests=4),
+                           workload=WorkloadConfig(input_tokens=2000, output_tokens=output_tokens, exact_output=exact))
+
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=2048))) as sim:
+        with pytest.raises(UsageError) as refused:
+            await bench_async(cfg(True), sim.url)
+        overhead = (await bench_async(cfg(True, output_tokens=1), sim.url)).summary.prompt_overhead_tokens
+        assert overhead is not None
+        assert f"prompt {2000 + overhead:,} + 100 output tokens > the server's 2,048-token context" in str(refused.value)
+        with pytest.raises(RunFailedError) as failed:  # (the simulated server refuses them, as older vLLMs)
+            await bench_async(cfg(False), sim.url)
+    summary = failed.value.summary
+    assert isinstance(summary, Summary)
+    assert any(w.startswith(f"prompt {2000 + overhead:,} + 100 output tokens > the server's 2,048-token context")
+               for w in summary.warnings), summary.warnings
 
 
 class LlamaLikeServer:

@@ -13,6 +13,7 @@ from inferlab.results.clientload import (
     ProcessLoad,
     bottleneck_warning,
     client_load,
+    collapsed_gap_share,
 )
 
 
@@ -38,6 +39,24 @@ def test_a_loop_late_most_of_the_time_is_the_bottleneck_and_the_warning_says_by_
     # with every core already sending, more workers are no answer
     w_all = bottleneck_warning(load, workers=7, cores=8)
     assert w_all is not None and "--workers" not in w_all and "more cores" in w_all
+
+
+def test_the_warning_says_itl_and_tpot_are_distorted_not_just_inflated() -> None:
+    """runs/b6: a starved client read every request's 16 content chunks at one
+    timestamp (TPOT and ITL 0.0) while the warning said ITL "may be inflated". TTFT and
+    E2E may be inflated; ITL and TPOT are distorted both ways, and the share of requests
+    with chunks read together is said."""
+    load = client_load([process("client", [LAG_P90_MS * 4] * 100, 0.97)])
+    assert load is not None
+    b6 = [[5_000_000] * 16, [9_000_000] * 16, [1, 2, 3, 4]]  # two requests' chunks at one instant
+    share = collapsed_gap_share(b6)
+    assert share == 2 / 3 and collapsed_gap_share([]) == 0.0
+    w = bottleneck_warning(load, workers=1, cores=8, collapsed_share=share)
+    assert w is not None
+    assert "TTFT and E2E measured then may be inflated" in w and "(TTFT, ITL, E2E) may be inflated" not in w
+    assert "ITL and TPOT distorted" in w and "collapsed to 0" in w
+    assert "67% of completed requests had chunks read at one instant" in w
+    assert "at one instant)" not in (bottleneck_warning(load, workers=1, cores=8) or "")
 
 
 def test_a_saturated_cpu_alone_is_enough() -> None:

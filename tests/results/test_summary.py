@@ -94,6 +94,21 @@ def test_answers_a_context_ended_are_not_blamed_on_ignore_eos() -> None:
     assert any("1 of 4 requests did not generate exactly" in w and "ignore_eos" in w for w in warnings)
 
 
+def test_outputs_the_server_cut_short_are_warned_of_without_exact_output_too() -> None:
+    """runs/long3: --no-exact-output, 2,010-token prompts for 100 tokens on a 2,048-token
+    server: vLLM lowered max_tokens to 38 and every request got 38 of 100 with
+    finish_reason "length", and the summary said nothing (the length warning was for
+    exact runs alone). A cut by the server is no end-of-sequence: it is warned of, with
+    the median received and requested; answers that stopped ("stop") are not."""
+    no_exact = {"workload": {"exact_output": False}}
+    cut = [rec(i, 0, [10, 20], 30, out=38, inp=2010, requested_output_tokens=100, finish_reason="length") for i in range(4)]
+    warnings = summarize(cut, config=no_exact).warnings
+    assert any("4 of 4 requests stopped at a length limit" in w and "median 38 received of 100 requested" in w
+               for w in warnings), warnings
+    eos = [rec(i, 0, [10, 20], 30, out=5, requested_output_tokens=100, finish_reason="stop") for i in range(2)]
+    assert summarize(eos, config=no_exact).warnings == ()
+
+
 def test_server_timeline_comparison() -> None:
     r = rec(0, 0, [12, 20], 30, out=2, server_timeline={"first_token_ms": 10.5, "scheduled_ms": 2.0})
     sv = summarize([r]).server_timeline

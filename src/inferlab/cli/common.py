@@ -78,6 +78,10 @@ class FloatRange(click.FloatRange):
 FLOAT = FloatRange()
 
 
+#: ``click.Context.meta`` key: the option names on a ``OneNamePerSetting`` command's line.
+NAMES_GIVEN = "inferlab.names_given"
+
+
 class OneNamePerSetting(click.Command):
     """A command that refuses two different names of one setting on its command line
     (``--max-num-seqs 8 --max-running-requests 16``, ``--enable-prefix-caching
@@ -123,6 +127,7 @@ class OneNamePerSetting(click.Command):
         for given_as in used.values():
             if len(given_as) > 1:
                 raise click.UsageError(f"{' and '.join(given_as)} name one setting: give one of them")
+        ctx.meta[NAMES_GIVEN] = frozenset(n for given_as in used.values() for n in given_as)
         return super().parse_args(ctx, args)
 
 
@@ -223,7 +228,22 @@ def parse_headers(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Load, workload and output flags shared by ``bench`` and ``sim run``."""
+    """Load, workload and output flags shared by ``bench`` and ``sim run``, with
+    ``vllm bench serve``'s flags that have no faithful meaning refused (``VLLM_REFUSED``)."""
+    return _load_options(fn, VLLM_REFUSED)
+
+
+def bench_load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``load_options`` for ``bench``, which takes vLLM's ``--backend``, ``--endpoint``,
+    ``--dataset-name`` and ``--percentile-metrics`` (``cli.vllmcompat``) instead of
+    refusing them."""
+    from inferlab.cli.vllmcompat import vllm_options
+
+    refused = {flag: v for flag, v in VLLM_REFUSED.items() if flag not in BENCH_TAKES}
+    return vllm_options(_load_options(fn, refused))
+
+
+def _load_options(fn: Callable[..., Any], refused: dict[str, tuple[bool, str]]) -> Callable[..., Any]:
     opts: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         click.option("-c", "--concurrency", type=int, help=f"Closed loop: this many users. Default {DEFAULT_CONCURRENCY} unless --rate is given."),
         click.option("-r", "--rate", "--request-rate", "rate", help="Open loop: requests per second ('inf' sends all at once). --request-rate: vLLM's name."),
@@ -273,7 +293,7 @@ def load_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--overwrite", is_flag=True, help="With --out: replace the run already there (with --result-filename: that file)."),
         click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout."),
         *history_options(),
-        *(_refused_option(flag, takes_value, why) for flag, (takes_value, why) in VLLM_REFUSED.items()),
+        *(_refused_option(flag, takes_value, why) for flag, (takes_value, why) in refused.items()),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -323,6 +343,8 @@ VLLM_REFUSED: dict[str, tuple[bool, str]] = {
     "--backend": (True, "use --api chat (openai-chat) or --api completions (openai, vllm)"),
     "--endpoint": (True, "use --api chat (/v1/chat/completions) or --api completions (/v1/completions)"),
 }
+#: ``VLLM_REFUSED``'s flags that ``bench`` takes (``cli.vllmcompat``).
+BENCH_TAKES = frozenset({"--backend", "--endpoint", "--dataset-name", "--percentile-metrics"})
 
 
 def _refused_option(
@@ -748,6 +770,7 @@ def finish_run(result: RunResult, kw: dict[str, Any]) -> RunResult:
             # for the file, never a measurement (those all come from the one clock)
             date=datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
             percentiles=chosen or VLLM_PERCENTILES, detailed=kw.get("save_detailed", False),
+            metrics=kw.get("percentile_metrics"),
             source=run_source(result.summary),
         )
         folder = kw.get("result_dir") or "."

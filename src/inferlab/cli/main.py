@@ -22,16 +22,18 @@ from inferlab._loop import run as run_loop
 from inferlab.cli.advise import advise_command
 from inferlab.cli.calibrate import calibrate_cmd
 from inferlab.cli.common import (
+    NAMES_GIVEN,
     FloatRange,
     OneNamePerSetting,
+    bench_load_options,
     console,
     entry,
     extra_body_option,
     finish_run,
+    given,
     http_options,
     install_stop_signals,
     load_config,
-    load_options,
     parse_headers,
     run_guarded,
     slo_config,
@@ -65,19 +67,20 @@ def main() -> None:
 @main.command(cls=OneNamePerSetting)
 @click.option("--url", "--base-url", "url", help="OpenAI-compatible server (e.g. http://127.0.0.1:8000). Default: the embedded simulated server. --base-url: vLLM's name.")
 @click.option("--model", help="Model name to request. Default: the first one the server lists. Without --url: the model the built-in simulator serves (a preset name or HF id).")
-@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
+@click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True, help="The API requests are sent on. On a vllm bench serve line (--num-prompts, --request-rate, --backend, ...) the default is vLLM's: completions (its default --backend openai).")
 @http_options
 @click.option("--server-metrics/--no-server-metrics", default=True, show_default=True, help="Read the server's Prometheus /metrics before, every second during and after the run (summary.json's server_metrics, server_metrics.jsonl); a server without it is no error.")
 @click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Start this engine first (a TOML/JSON file, as for inferlab engine start), measure it, stop it.")
 @click.option("--temperature", type=FloatRange(min=0, finite=True), help="Sampling temperature sent with every request (default: none sent, the server's default applies). Output lengths stay exact unless --no-exact-output.")
 @click.option("--extra-body", callback=extra_body_option, metavar="JSON|@FILE", help="A JSON object merged into every request body, as vLLM's --extra-body (e.g. '{\"top_p\": 0.9, \"seed\": 1}'); fields the run sets itself (model, messages/prompt, max_tokens, min_tokens, ignore_eos, stream, n) are refused. Recorded in config.json.")
-@load_options
+@bench_load_options
 def bench(**kw: Any) -> None:
     """Load an OpenAI-compatible endpoint and report TTFB, TTFT, TPOT, ITL, E2E, tokens/s, TPM."""
     sys.exit(run_guarded(lambda: _bench(kw)))
 
 
 def _bench(kw: dict[str, Any]) -> int:
+    kw = _as_typed(kw)
     load = load_config(kw)
     num = load.num_requests
     config = BenchConfig(
@@ -164,6 +167,18 @@ def _bench(kw: dict[str, Any]) -> int:
     if gone is not None:  # (what it measured is kept, said, and the run fails)
         raise RunFailedError(gone)
     return 130 if result.interrupted else 0
+
+
+def _as_typed(kw: dict[str, Any]) -> dict[str, Any]:
+    """``kw`` with a vllm bench serve line's API and lengths as vLLM runs them
+    (``cli.vllmcompat``); what was mapped is said on stderr."""
+    from inferlab.cli.vllmcompat import resolve
+
+    names = click.get_current_context().meta.get(NAMES_GIVEN, frozenset())
+    line = resolve(kw, names, given("api"))
+    for said in line.said:
+        click.echo(f"inferlab: {said}", err=True)
+    return {**kw, "api": line.api, "input_tokens": line.input_tokens, "output_tokens": line.output_tokens}
 
 
 def _said(result: RunResult, gone: str | None, kw: dict[str, Any]) -> RunResult:

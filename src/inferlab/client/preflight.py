@@ -29,6 +29,8 @@ if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes no
     import aiohttp
 
     from inferlab.client.http import Endpoint
+    from inferlab.workload.config import WorkloadConfig
+    from inferlab.workload.lengths import LengthDist
 
 PROBE_WORDS = 64
 _MIN_VOCAB = 32  # fewer one-token words than this: fall back to calibration
@@ -296,3 +298,41 @@ def _token_count(obj: object) -> int | None:
         return int(obj["count"])
     tokens = obj.get("tokens")
     return len(tokens) if isinstance(tokens, list) else None
+
+
+def context_fit(wcfg: WorkloadConfig, pre: Preflight, context_tokens: int | None) -> str | None:
+    """Whether synthetic prompts and their answers fit the server's context
+    (``context_tokens``, its stated ``max_model_len``), checked before any request is
+    sent where both are known: the longest prompt as sent (``--input-tokens`` counted
+    exactly by the probe, plus what the server adds around it: the chat template, a BOS) and the most
+    output tokens asked for. With exact output (``min_tokens``) a request that does not
+    fit fails (vLLM lowers max_tokens to what the context has left, then refuses
+    min_tokens over it; others refuse the request): ``UsageError``. Without, the server
+    cuts the answers short: the warning, for the summary. None when it fits or cannot
+    be known (lengths with no upper bound, approximate prompt lengths, another workload)."""
+    from inferlab.workload.lengths import parse_length
+
+    exact_prompts = pre.input_length_source in (EXACT_LOCAL, EXACT_SERVER)
+    if context_tokens is None or not exact_prompts or wcfg.shares_prefixes or wcfg.output_tokens is None:
+        return None
+    assert wcfg.input_tokens is not None  # (shares_prefixes is False: synthetic prompts)
+    longest_in, longest_out = _longest(parse_length(wcfg.input_tokens)), _longest(parse_length(wcfg.output_tokens, "--output-tokens"))
+    if longest_in is None or longest_out is None:
+        return None
+    prompt = longest_in + (pre.prompt_overhead_tokens or 0)
+    if prompt + longest_out <= context_tokens:
+        return None
+    said = f"prompt {prompt:,} + {longest_out:,} output tokens > the server's {context_tokens:,}-token context"
+    if pre.accepts_exact_output and wcfg.exact_output:
+        raise UsageError(f"{said}: every such request would fail (min_tokens over what the context leaves); "
+                         "ask for shorter prompts or answers, or a server with a larger --max-model-len")
+    return f"{said}: the server will cut the answers short (vLLM lowers max_tokens to what the context leaves) or refuse them"
+
+
+def _longest(dist: LengthDist) -> int | None:
+    """The most tokens a length distribution draws, where it has a bound (fixed, uniform)."""
+    if dist.kind == "fixed":
+        return int(dist.a)
+    if dist.kind == "uniform":
+        return int(dist.b)
+    return None

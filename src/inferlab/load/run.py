@@ -25,7 +25,7 @@ from typing import IO, Any
 from inferlab._clock import Clock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab._loop import loop_name
-from inferlab.client.preflight import EXACT_LOCAL, Preflight, run_preflight
+from inferlab.client.preflight import EXACT_LOCAL, Preflight, context_fit, run_preflight
 from inferlab.client.serverid import identify_server
 from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.http import Outcome
@@ -34,7 +34,13 @@ from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Schedule
 from inferlab.openai.request import Api, check_extra_body
 from inferlab.openai.response import JSON_LIBRARY
-from inferlab.results.clientload import ClientLoad, ProcessLoad, bottleneck_warning, client_load
+from inferlab.results.clientload import (
+    ClientLoad,
+    ProcessLoad,
+    bottleneck_warning,
+    client_load,
+    collapsed_gap_share,
+)
 from inferlab.results.metrics import SLO
 from inferlab.results.provenance import ENGINE_ROUTE, GATEWAY_ROUTE
 from inferlab.results.records import RequestRecord
@@ -514,6 +520,10 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         "client_stack": {"loop": loop_name(), "json": JSON_LIBRARY, "http": http_client},
     }
     config_json = {**http_config_json(config, target), "resolved": resolved}
+    if pre is not None:  # (before any request: a run whose every request fails is refused)
+        unfit = context_fit(wcfg, pre, _context_tokens(resolved))
+        if unfit is not None:
+            pre = dataclasses.replace(pre, warnings=[*pre.warnings, unfit])
 
     telemetry = _Telemetry() if target.server_metrics else None
 
@@ -544,6 +554,16 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
     return _Prepared(
         builder, config_json, execute, wcfg, template_tokens, preflight=pre, url=base, telemetry=telemetry,
     )
+
+
+def _context_tokens(resolved: dict[str, Any]) -> int | None:
+    """The context the server states (``max_model_len``): a measured server's settings
+    (``client.serverid``), or the simulated server's engine; None where neither says."""
+    settings = (resolved.get("server_software") or {}).get("settings") or {}
+    for length in (settings.get("max_model_len"), (resolved.get("engine") or {}).get("max_model_len")):
+        if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+            return length
+    return None
 
 
 async def _inferlab_answer(base: str, route: str, headers: dict[str, str]) -> dict[str, Any] | None:
@@ -723,7 +743,9 @@ def run_summary(
     if client is not None:
         load = client_load(client)
         workers = config.get("resolved", {}).get("workers") or 1
-        warning = None if load is None else bottleneck_warning(load, workers, os.cpu_count() or 1, autogroup_enabled())
+        collapsed = collapsed_gap_share([r.content_ns for r in records if r.ok and not r.warmup])
+        warning = None if load is None else bottleneck_warning(
+            load, workers, os.cpu_count() or 1, autogroup_enabled(), collapsed_share=collapsed)
         if warning is not None:
             last.insert(0, warning)
     metrics: ServerMetrics | Omitted = OMITTED if server_metrics is None else server_metrics

@@ -20,6 +20,7 @@ is seconds at p99 where the timers' p99 is a fraction of a millisecond.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -217,11 +218,15 @@ def client_load(loads: Sequence[ProcessLoad]) -> ClientLoad | None:
     return ClientLoad(tuple(processes), verdict, added)
 
 
-def bottleneck_warning(load: ClientLoad, workers: int, cores: int, autogroup: bool = False) -> str | None:
+def bottleneck_warning(
+    load: ClientLoad, workers: int, cores: int, autogroup: bool = False, collapsed_share: float = 0.0
+) -> str | None:
     """The summary's warning when the client was likely the bottleneck: which process,
     its CPU and loop lag, how much latency that may add, and what to do about it.
     ``autogroup``: Linux's autogroup scheduling is on (``kernel.sched_autogroup_enabled``),
-    which the advice for a client starved of a core names."""
+    which the advice for a client starved of a core names. ``collapsed_share``: the share
+    (0–1) of completed requests with content chunks read at one instant (a zero gap,
+    ``collapsed_gap_share``), said where above 0."""
     if not load.bottleneck:
         return None
     worst = load.busiest  # (a likely bottleneck: the verdict says one is; one that measures first)
@@ -238,7 +243,12 @@ def bottleneck_warning(load: ClientLoad, workers: int, cores: int, autogroup: bo
     if not measures(worst):  # it sends nothing itself: its lateness is in when requests left
         effect = "requests may have left later than the load asked (queue_delay_ms); the latencies are not inflated by it"
     else:
-        effect = "latencies measured then (TTFT, ITL, E2E) may be inflated by about as much"
+        # (chunks a late loop reads together get one timestamp: the gaps before them
+        # stretch, the gaps among them are 0, so ITL and TPOT are distorted either way)
+        effect = ("TTFT and E2E measured then may be inflated by about as much, and ITL and TPOT distorted: "
+                  "gaps stretched while chunks waited, and collapsed to 0 where chunks were read together")
+        if collapsed_share > 0:
+            effect += f" ({collapsed_share:.0%} of completed requests had chunks read at one instant)"
     if worst.cpu_share < CPU_BUSY:  # late, yet mostly idle: it waited for a core
         cause = f"used only {worst.cpu_share:.0%} of a core, yet its event loop ran late"
         fix = "other processes on this machine held the CPU (a local server competes for it too): leave the client a core"
@@ -256,3 +266,12 @@ def bottleneck_warning(load: ClientLoad, workers: int, cores: int, autogroup: bo
         f"the client was likely the bottleneck: {who} {cause} by {p50:,.1f} ms at p50, {p99:,.1f} ms at "
         f"p99{stood}{also}; {effect}; {fix}"
     )
+
+
+def collapsed_gap_share(content_ns: Sequence[Sequence[int]]) -> float:
+    """The share (0–1) of requests, given each one's content chunk times (ns), with two
+    chunks at one timestamp: read together by a late client, a zero ITL. 0 for none."""
+    if not content_ns:
+        return 0.0
+    hit = sum(any(b == a for a, b in itertools.pairwise(times)) for times in content_ns)
+    return hit / len(content_ns)

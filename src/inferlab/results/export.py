@@ -209,6 +209,7 @@ def vllm_result(
     percentiles: Sequence[float] = VLLM_PERCENTILES,
     detailed: bool = True,
     source: str | None = None,
+    metrics: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The run as ``vllm bench serve --save-result`` writes it (with ``--save-detailed``
     when ``detailed``): vLLM's keys, types and units, its metrics computed its way from
@@ -217,7 +218,9 @@ def vllm_result(
     ``--metric-percentiles`` (keys ``p99_ttft_ms``, ``p99.9_ttft_ms``); ``source``, when
     given, is kept as ``inferlab_source`` (as vLLM's ``--metadata`` keys are), so that a
     simulated run is not taken for a measurement. ``generated_texts`` are empty: inferlab
-    keeps no generated text. ``ValueError`` for a percentile outside 0–100;
+    keeps no generated text. ``metrics`` are its ``--percentile-metrics`` (``ttft``,
+    ``e2el``, ...): only those get ``mean_``/``median_``/``std_``/``p`` keys; None, every
+    one. ``ValueError`` for a percentile outside 0–100;
     ``UsageError`` for a run without streaming (see the module doc)."""
     for q in percentiles:
         percentile_key(q)  # (checks the range)
@@ -288,14 +291,16 @@ def vllm_result(
         "max_concurrent_requests": _vllm_peak_concurrency(ok),
         "rtfx": 0.0,
     }
-    metrics = [("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)]
+    stats = [("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)]
     if max_concurrency is not None:
         # (vLLM computes both from its per-request lists: every request, a failed one's
         # latency 0.0 included)
-        metrics.append(("client_queue_time", [q.queue_s for q in reqs]))
+        stats.append(("client_queue_time", [q.queue_s for q in reqs]))
         if rate != "inf":
-            metrics.append(("e2el_including_client_queue", [q.latency_s + q.queue_s for q in reqs]))
-    for name, values in metrics:
+            stats.append(("e2el_including_client_queue", [q.latency_s + q.queue_s for q in reqs]))
+    for name, values in stats:
+        if metrics is not None and name not in metrics:
+            continue
         mean, std, median, pcts = _stats(values, percentiles)
         out[f"mean_{name}_ms"] = mean * 1e3
         out[f"median_{name}_ms"] = median * 1e3

@@ -187,7 +187,7 @@ class Summary:
         default=OMITTED, metadata=_doc("runs against a server only: was the client the bottleneck? bottleneck (true: it likely inflated the latencies, or the parent of --workers delayed the sends; a warning says by how much; null: no verdict, no process that measures ran long enough for its first loop timer), inflation_ms (about what the busiest process that measures added to each latency, p50 and p99 (the parent of --workers measures nothing): its event-loop lag, or where the loop stood still for longer, the wait a read met at a moment drawn from the run), processes (each sending process: role, cpu_share of one core, loop_lag_ms, late_share (the share of the run its loop was over 2 ms late, counted in time: a stall of seconds is one late timer but seconds of late reads), inflation_ms (what this process added, as the top-level one; absent in older summaries), timeline: [largest loop lag ms, CPU share] per second)")
     )
     server_metrics: ServerMetrics | Omitted = field(
-        default=OMITTED, metadata=_doc("runs against a server only: what its own Prometheus /metrics said (results.telemetry; vLLM's, SGLang's, llama.cpp's and the simulator's names in one vocabulary), read before, every second during and after the run: available (false: no such page, reason says why), server (whose names), samples, counters (after − before: prompt_tokens, generation_tokens, prefix_cache_queries_tokens, prefix_cache_hits_tokens, preemptions, requests_finished, prompt_seconds, generation_seconds; null after a restart), prefix_cache_hit_rate, gauges (running, waiting, kv_usage, prefix_cache_hit_rate: mean and max over the pages read during the run; none if it ended before the first, at 1 s), histograms (ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms, prefill_ms, decode_ms: the server's own observations during the run: count, mean_ms, and p50_ms, p90_ms, p99_ms as upper bounds: the bucket bound that share of them fell at or below), missing (names it does not expose); the pages themselves are in server_metrics.jsonl")
+        default=OMITTED, metadata=_doc("runs against a server only: what its own Prometheus /metrics said (results.telemetry; vLLM's, SGLang's, llama.cpp's and the simulator's names in one vocabulary), read before, every second during and after the run: available (false: no such page, reason says why), server (whose names), samples, counters (after − before: prompt_tokens, generation_tokens, prefix_cache_queries_tokens, prefix_cache_hits_tokens, preemptions, requests_finished, prompt_seconds, generation_seconds; null after a restart), prefix_cache_hit_rate, gauges (running, waiting, kv_usage, prefix_cache_hit_rate: mean and max over the pages read during the run; none if it ended before the first, at 1 s), histograms (ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms, prefill_ms, decode_ms: the server's own observations during the run: count, mean_ms, and p50_ms, p90_ms, p99_ms as upper bounds: the bucket bound that share of them fell at or below), missing (names it does not expose); server_metrics.jsonl holds what was parsed from each page read (our names' counts, sums and gauges; no buckets), not the pages' text")
     )
 
     gateway: dict[str, Any] | Omitted = field(
@@ -594,33 +594,39 @@ def _warnings(
         known = sum(v is not None for v in values)
         if 0 < known < len(values):
             out.append(f"{what} tokens are known for {known} of {len(values)} completed requests: the sum counts those alone")
+    # a "length" finish short of max_tokens is a length limit of the server's (its context,
+    # a llama.cpp slot's, or its own cap on max_tokens), not end-of-sequence, with or
+    # without --exact-output: vLLM quietly lowers max_tokens to what the context has left
+    cut = [r for r in done
+           if r.finish_reason == "length" and r.requested_output_tokens is not None
+           and r.output_tokens is not None and r.output_tokens < r.requested_output_tokens]
+    if cut:
+        longest = max((r.input_tokens or 0) + (r.output_tokens or 0) for r in cut)
+        got = statistics.median(r.output_tokens or 0 for r in cut)
+        asked = statistics.median(r.requested_output_tokens or 0 for r in cut)
+        out.append(
+            f"{len(cut)} of {len(done)} requests stopped at a length limit short of the requested output tokens "
+            f"(finish_reason length; median {got:,g} received of {asked:,g} requested; prompt and answer up to "
+            f"{longest:,} tokens): the server's context, or its own limit, cut them; ask for shorter prompts or "
+            "answers, or a larger context"
+        )
     # (--no-exact-output asked for no exact length: a server stopping at end-of-sequence
     # before max_tokens is what was asked)
     exact = (config.get("workload") or {}).get("exact_output", True) is not False
-    short = [
+    cut_ids = {id(r) for r in cut}
+    rest = [
         r for r in done
         if exact
         and r.requested_output_tokens is not None
         and r.output_tokens is not None
         and r.output_tokens != r.requested_output_tokens
+        and id(r) not in cut_ids
     ]
-    if short:
-        # a "length" finish short of max_tokens is a length limit of the server's, its
-        # context (a llama.cpp slot's), not end-of-sequence: ignore_eos was honoured
-        cut = [r for r in short if r.finish_reason == "length" and (r.output_tokens or 0) < (r.requested_output_tokens or 0)]
-        rest = [r for r in short if r not in cut]
-        if cut:
-            longest = max((r.input_tokens or 0) + (r.output_tokens or 0) for r in cut)
-            out.append(
-                f"{len(cut)} of {len(done)} requests stopped at a length limit short of the requested output tokens "
-                f"(finish_reason length; prompt and answer up to {longest:,} tokens): the server's context, or its "
-                "slot's, ended them; ask for shorter prompts or answers, or a larger context"
-            )
-        if rest:
-            out.append(
-                f"{len(rest)} of {len(done)} requests did not generate exactly the requested "
-                "output tokens (the server may ignore ignore_eos/min_tokens)"
-            )
+    if rest:
+        out.append(
+            f"{len(rest)} of {len(done)} requests did not generate exactly the requested "
+            "output tokens (the server may ignore ignore_eos/min_tokens)"
+        )
     hits = sum(1 for r in done if r.response_cache_hit)
     if hits:
         out.append(
