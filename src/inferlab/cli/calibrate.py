@@ -15,7 +15,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from inferlab._errors import ConfigError, UsageError
+from inferlab._errors import ConfigError, InferlabError, UsageError
 from inferlab.cli.common import OneNamePerSetting, check_output_folder, console, given, run_guarded
 from inferlab.cli.sim import (
     RUN_DEFAULTS,
@@ -412,6 +412,74 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
     return taken
 
 
+#: The settings of the config inferlab started a server from (``engines.launch.EngineSpec``)
+#: that are the simulated engine's flags of the same name
+_STARTED_WITH = ("tensor_parallel_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
+                 "enable_prefix_caching", "enforce_eager")
+#: What sizes a batch: said where neither the server nor the config it was started from gave it
+_BATCH_SIZES = ("max_num_batched_tokens", "max_num_seqs")
+
+
+def _as_the_engine_was_started(kw: dict[str, Any], runs: list[MeasuredRun], stated: dict[str, Any],
+                               err: Console) -> set[str]:
+    """The engine flags of the config inferlab started the runs' server from (``bench
+    --engine``, a sweep's setting: ``MeasuredRun.engine_config``), put in ``kw`` where no
+    flag gives another value, the server states none (``stated``: what it states wins)
+    and every run started from one had the same; each said on stderr with where it came
+    from, and a flag given that contradicts one. The keys known so (taken or given)."""
+    def say(text: str) -> None:
+        err.print(f"inferlab sim calibrate: {text}", highlight=False)
+
+    started = [r.engine_config for r in runs if r.engine_config and r.engine_config.get("engine") != "sim"]
+    if not started:
+        return set()
+    of = f"{len(started)} of {len(runs)} runs'" if len(started) < len(runs) else "the runs'"
+    taken: dict[str, Any] = {}
+    contradicted: list[str] = []
+    differ: list[str] = []
+    for key in _STARTED_WITH:
+        values = {json.dumps(c.get(key)) for c in started}
+        value = started[0].get(key)
+        if len(values) > 1:
+            differ.append(key)
+        elif value is None or key in stated:
+            continue
+        elif given(key):
+            if setting_text(key, kw[key]) != setting_text(key, value):
+                contradicted.append(key)
+        else:
+            taken[key] = kw[key] = value
+    if taken:
+        say(f"as inferlab started {of} server (config.json's engine_config, from --engine): "
+            f"{', '.join(flag_words(k, v) for k, v in taken.items())} (unless flags or the server say otherwise)")
+    if contradicted:
+        say(f"{of} server was started with {', '.join(flag_words(k, started[0][k]) for k in contradicted)}: "
+            "calibrating with the flags given instead")
+    if differ:
+        say(f"{of} server was started with {', '.join(map(flag_words, differ))} differently from run to run: "
+            "not taken (a twin is of one server; give the flags)")
+    return set(taken) | {k for k in _STARTED_WITH if given(k)}
+
+
+def _batch_defaults(engine: EngineConfig, known: set[str], say: Callable[[str], None]) -> None:
+    """Say where the batch budget and sequence cap are the simulator's defaults: known
+    neither from a flag nor from the runs (what their server states, the config it was
+    started from): the twin's batches may be other than its server's."""
+    from inferlab.sim.engine.config import resolve
+    from inferlab.sim.engine.sizing import size_engine
+
+    left = [k for k in _BATCH_SIZES if k not in known and getattr(engine, k) is None]
+    if not left:
+        return
+    try:
+        sizes = size_engine(resolve(engine))
+    except (InferlabError, ValueError, TypeError):  # (the fit says why the engine cannot run)
+        return
+    say(f"the runs do not say the server's {' or '.join(map(flag_words, left))}: left at the simulator's defaults "
+        f"({', '.join(flag_words(k, f'{getattr(sizes, k):,}') for k in left)}; give them as the server ran, "
+        "or its batches may not be the twin's)")
+
+
 def _as_the_release_said(
     kw: dict[str, Any], name: str, said: list[dict[str, Any]], of: str, say: Callable[[str], None],
     no_overlap: Callable[[str], None],
@@ -493,8 +561,11 @@ def _calibrate(kw: dict[str, Any]) -> int:
     simulated = _as_the_simulator_ran(kw, [*kw["runs"], *kw["holdout"]], names, err)
     stated = _as_the_server_said(kw, fit_runs + holdout, err)
     if not simulated:
+        known = _as_the_engine_was_started(kw, fit_runs + holdout, stated, err) | set(stated)
         _model_and_gpu(kw, fit_runs + holdout, err)
     engine = engine_config(kw)
+    if not simulated:
+        _batch_defaults(engine, known, lambda text: err.print(f"inferlab sim calibrate: {text}", highlight=False))
     fitted = tuple(dict.fromkeys("cpu_step_eager_s" if n == "cpu_step_s" and engine.enforce_eager else n for n in names))
     _underdetermined(fit_runs, fitted, lambda text: err.print(f"inferlab sim calibrate: {text}", highlight=False))
     labels = {key: label for label, key, _ in COLUMNS}  # (the twin's metrics are sweep headline keys)

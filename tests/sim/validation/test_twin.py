@@ -1328,3 +1328,52 @@ def test_a_search_stopped_at_max_evaluations_says_it_may_not_have_converged(
     fit = calibrate(engine(), [read_run(d) for d in measured[0]], (), ("api_overhead_s",), max_evaluations=400)
     assert fit.converged and fit.evaluations < 400
     assert not calibrate(engine(), [read_run(d) for d in measured[0]], (), ("api_overhead_s",), max_evaluations=1).converged
+
+
+def started_with(runs: list[str], into: Path, **spec: Any) -> list[str]:
+    """Copies of ``runs`` whose config.json records the engine config inferlab started
+    their server from (``bench --engine``: ``engine_config``)."""
+    out = []
+    for run in runs:
+        copy = into / Path(run).name
+        shutil.copytree(run, copy)
+        config = json.loads((copy / "config.json").read_text())
+        config["engine_config"] = {"engine": "vllm", "model": "Qwen/Qwen2.5-7B-Instruct", "tensor_parallel_size": None,
+                                   "max_model_len": None, "max_num_batched_tokens": None, "max_num_seqs": None,
+                                   "gpu_memory_utilization": None, "enable_prefix_caching": None,
+                                   "enforce_eager": None, **spec}
+        (copy / "config.json").write_text(json.dumps(config))
+        out.append(str(copy))
+    return out
+
+
+def test_calibrate_takes_the_flags_inferlab_started_the_server_with_and_says_what_it_left_at_defaults(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """bench --engine records the config it started the server from: its sequence cap
+    and budget are the twin's (what the server states wins; a flag given wins over
+    both); where neither says them, calibrate says it left them at the simulator's."""
+    def cli(runs: list[str], out: Path, *flags: str) -> Any:
+        return CliRunner().invoke(main, ["sim", "calibrate", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S",
+                                         *flags, *runs, "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(out)])
+
+    (tmp_path / "s").mkdir()
+    runs = said(started_with(measured[0], tmp_path / "s", max_num_seqs=16, max_num_batched_tokens=512,
+                             max_model_len=8192), tmp_path, *[stating("0.19.0", max_model_len=4096)] * 3)
+    res = cli(runs, tmp_path / "twin.json")
+    assert res.exit_code == 0, res.stderr
+    err = words(res.stderr)
+    assert ("as inferlab started the runs' server (config.json's engine_config, from --engine): "
+            "--max-num-batched-tokens 512, --max-num-seqs 16") in err
+    assert "simulator's defaults" not in err
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    assert (record["sized_with"]["max_num_seqs"], record["sized_with"]["max_num_batched_tokens"]) == (16, 512)
+    assert record["sized_with"]["max_model_len"] == 4096  # (what the server states wins)
+    res = cli(runs, tmp_path / "twin2.json", "--max-num-seqs", "8")
+    assert res.exit_code == 0 and ("the runs' server was started with --max-num-seqs 16: calibrating with the flags "
+                                   "given instead") in words(res.stderr)
+    # runs of a server inferlab did not start, which states no cap: said, left at the simulator's defaults
+    res = cli(measured[0], tmp_path / "twin3.json")
+    assert res.exit_code == 0, res.stderr
+    assert ("the runs do not say the server's --max-num-batched-tokens or --max-num-seqs: left at the simulator's "
+            "defaults (--max-num-batched-tokens") in words(res.stderr)

@@ -88,7 +88,9 @@ class MeasuredRun:
     model the server served and its API root, as the run recorded them (None where it
     did not); ``counts``: its requests by outcome (``summary.json``'s ``counts``) and
     ``interrupted``; ``digest``: the SHA-256 of its ``requests.jsonl`` (None without one):
-    two directories with one digest hold one run."""
+    two directories with one digest hold one run. ``engine_config``: the config inferlab
+    started its server from (``bench --engine``, a sweep's setting: ``config.json``'s
+    ``engine_config``), None for a server the run did not start."""
 
     path: str
     config: RunConfig
@@ -101,6 +103,7 @@ class MeasuredRun:
     counts: dict[str, Any] = field(default_factory=dict)
     interrupted: bool = False
     digest: str | None = None
+    engine_config: dict[str, Any] | None = None
 
 
 def headline(s: Summary) -> dict[str, float]:
@@ -162,7 +165,8 @@ def read_run(path: str) -> MeasuredRun:
                        software if isinstance(software, dict) else None,
                        isinstance(engine, dict) and engine.get("offline") is True,
                        predicted, None if model is None else str(model), None if url is None else str(url),
-                       summary.counts.to_json(), summary.interrupted, digest)
+                       summary.counts.to_json(), summary.interrupted, digest,
+                       started if isinstance(started := config.get("engine_config"), dict) else None)
 
 
 #: Failures that leave a run's slowest requests out of its numbers: a request that took
