@@ -345,9 +345,10 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
     blocks of the run's block size, the same tokens; what the fit took (``server_settings``)
     then holds that block size and count. What means otherwise in another family than
     the server's own (``_OWN_FAMILY_ONLY``) is not taken for another family."""
-    stated = [s["settings"] for s in said if isinstance(s.get("settings"), dict)]
+    stated = [_pool_as_flag(s["settings"]) for s in said if isinstance(s.get("settings"), dict)]
     if not stated:
         return {}
+    had = any("num_gpu_blocks" in s["settings"] for s in said if isinstance(s.get("settings"), dict))
     agreed: dict[str, Any] = {}  # (a cache dtype by its canonical name)
     differ: list[str] = []
     for key in sorted(set().union(*stated)):
@@ -400,9 +401,14 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
             say(paged)
         else:  # (with the block size they are counted in, given or not)
             taken.update(num_gpu_blocks_override=blocks, block_size=int(agreed.get("block_size", size)))
-    if taken:
-        say(f"as the runs' server states its engine: {', '.join(flag_words(k, v) for k, v in taken.items())} "
+    shown = {k: v for k, v in taken.items() if not (had and k == "num_gpu_blocks_override")}
+    if shown:
+        say(f"as the runs' server states its engine: {', '.join(flag_words(k, v) for k, v in shown.items())} "
             "(unless flags say otherwise)")
+    if had and "num_gpu_blocks_override" in taken:  # (its blocks, however it sized them: no override it gave)
+        blocks, page = taken["num_gpu_blocks_override"], taken["block_size"]
+        say(f"its KV cache as the runs' server had it: {blocks:,} blocks of {page} tokens ({blocks * page:,} tokens), "
+            f"simulated with --num-gpu-blocks-override {blocks}, not sized from the simulated GPU's memory")
     taken.update(converted)
     for key, value in taken.items():
         kw[key] = KVCacheDType.parse(value) if key == "kv_cache_dtype" else value
@@ -478,6 +484,16 @@ def _batch_defaults(engine: EngineConfig, known: set[str], say: Callable[[str], 
     say(f"the runs do not say the server's {' or '.join(map(flag_words, left))}: left at the simulator's defaults "
         f"({', '.join(flag_words(k, f'{getattr(sizes, k):,}') for k in left)}; give them as the server ran, "
         "or its batches may not be the twin's)")
+
+
+def _pool_as_flag(settings: dict[str, Any]) -> dict[str, Any]:
+    """A server's stated settings with the KV blocks it had (``num_gpu_blocks``, however
+    it sized them) as the simulated engine's flag that holds a pool at that many
+    (``num_gpu_blocks_override``); an override it stated is the same count."""
+    out = {k: v for k, v in settings.items() if k != "num_gpu_blocks"}
+    if isinstance(settings.get("num_gpu_blocks"), int):
+        out["num_gpu_blocks_override"] = settings["num_gpu_blocks"]
+    return out
 
 
 def _as_the_release_said(

@@ -545,9 +545,6 @@ def test_the_twin_takes_the_engine_its_server_states_and_runs_of_it_run_that_eng
 
 @pytest.mark.parametrize(("flags", "what"), [
     (("--gpu-memory-utilization", "0.8"), "--gpu-memory-utilization"),
-    (("--max-num-batched-tokens", "8192"), "--max-num-batched-tokens"),  # (another activation reserve)
-    (("--max-num-seqs", "64"), "--max-num-seqs"),
-    (("--enforce-eager",), "--enforce-eager"),
     (("--block-size", "16"), "--block-size"),
 ])
 def test_a_run_sized_otherwise_sizes_its_cache_from_memory_and_says_so(
@@ -555,8 +552,45 @@ def test_a_run_sized_otherwise_sizes_its_cache_from_memory_and_says_so(
 ) -> None:
     ran, err, _ = run_twin(twins["auto"], tmp_path / "r", *flags)
     assert ran["num_gpu_blocks_override"] is None
-    assert f"{what} not as twin.json was calibrated: the KV cache is sized from memory, not from the 900 blocks" in err
+    assert (f"{what} not as twin.json was calibrated: the KV cache is sized from the simulated GPU's memory, not "
+            "from the 900 blocks of 32 tokens (28,800 tokens) its server had") in err
     assert ran["max_model_len"] == 8192  # (the rest of what the server stated is still taken)
+
+
+@pytest.mark.parametrize(("flags", "what"), [
+    (("--max-num-batched-tokens", "8192"), "--max-num-batched-tokens"),  # (another activation reserve)
+    (("--max-num-seqs", "64"), "--max-num-seqs"),
+    (("--enforce-eager",), "--enforce-eager"),
+])
+def test_a_run_of_another_budget_or_cap_keeps_the_kv_cache_its_server_had_and_says_so(
+    twins: dict[str, Any], tmp_path: Path, flags: tuple[str, ...], what: str
+) -> None:
+    """The server might have had somewhat another count with another budget, but the
+    simulated GPU's memory may be nothing like its (a CPU server's twin on an H100 held
+    millions of tokens where the server had thousands): the server's blocks are kept."""
+    ran, err, _ = run_twin(twins["auto"], tmp_path / "r", *flags)
+    assert ran["num_gpu_blocks_override"] == 900 and ran["block_size"] == 32
+    assert (f"{what} not as twin.json was calibrated: its server might have sized its KV cache otherwise with them; "
+            "kept at the 900 blocks of 32 tokens (28,800 tokens) it had") in err
+
+
+def test_the_blocks_a_vllm_server_had_are_the_twins_kv_cache_not_an_override_it_was_given(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """vLLM states the blocks it had (``num_gpu_blocks``), however sized: the twin holds
+    that many, said as the server's cache, not as an override the server was given."""
+    kv = {k: v for k, v in KV.items() if k != "num_gpu_blocks_override"}
+    res = calibrate_cli(said(measured[0], tmp_path, *[stating("0.19.0", num_gpu_blocks=900, **kv)] * 3),
+                        tmp_path / "twin.json")
+    assert res.exit_code == 0, res.stderr
+    err = words(res.stderr)
+    assert ("its KV cache as the runs' server had it: 900 blocks of 32 tokens (28,800 tokens), simulated with "
+            "--num-gpu-blocks-override 900, not sized from the simulated GPU's memory") in err
+    assert "as the runs' server states its engine: --block-size 32, --no-enable-prefix-caching, --kv-cache-dtype auto, --max-model-len 8192 (" in err
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    assert record["server_settings"]["num_gpu_blocks_override"] == 900
+    ran, _, _ = run_twin(tmp_path / "twin.json", tmp_path / "r")
+    assert ran["num_gpu_blocks_override"] == 900
 
 
 def served_twin(measured: tuple[list[str], list[str]], tmp_path: Path) -> list[str]:
@@ -594,33 +628,34 @@ def test_a_twin_at_rate_inf_runs_served_as_its_server_did(measured: tuple[list[s
     assert engine_of(tmp_path / "p")["offline"] is True
 
 
-@pytest.mark.parametrize(("flags", "blocks"), [
-    (("--rate", "inf"), 900),  # (a twin's burst is served, as its server's was)
-    (("--rate", "inf", "--served"), 900),
-    (("--rate", "inf", "--max-concurrency", "2"), 900),  # (capped: served)
-    (("--offline",), None),  # vLLM's offline class: a larger default budget
-    (("--rate", "inf", "--offline"), None),
-    (("--max-num-batched-tokens", "2048"), 900),  # (given as the server's default resolved it)
-    (("--max-num-batched-tokens", "4096"), None),
+@pytest.mark.parametrize(("flags", "same"), [
+    (("--rate", "inf"), True),  # (a twin's burst is served, as its server's was)
+    (("--rate", "inf", "--served"), True),
+    (("--rate", "inf", "--max-concurrency", "2"), True),  # (capped: served)
+    (("--offline",), False),  # vLLM's offline class: a larger default budget
+    (("--rate", "inf", "--offline"), False),
+    (("--max-num-batched-tokens", "2048"), True),  # (given as the server's default resolved it)
+    (("--max-num-batched-tokens", "4096"), False),
 ])
-def test_an_offline_run_of_a_served_twin_sizes_its_cache_from_memory(
-    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], blocks: int | None
+def test_an_offline_run_of_a_served_twin_keeps_its_servers_cache_and_says_its_budget_is_another(
+    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], same: bool
 ) -> None:
     engine = served_twin(measured, tmp_path)
     res = CliRunner().invoke(main, ["sim", "run", *engine, "-n", "4", "--efficiencies", str(tmp_path / "twin.json"),
                                     *flags, "-o", str(tmp_path / "r")])
     assert res.exit_code == 0, res.stderr
     ran = engine_of(tmp_path / "r")
-    assert ran["num_gpu_blocks_override"] == blocks
-    if blocks is None and "--max-num-batched-tokens" in flags:
-        assert "--max-num-batched-tokens not as twin.json was calibrated" in words(res.stderr)
-    elif blocks is None:
+    assert ran["num_gpu_blocks_override"] == 900
+    kept = "not as twin.json was calibrated: its server might have sized its KV cache otherwise with them; kept at the 900 blocks"
+    if not same and "--max-num-batched-tokens" in flags:
+        assert f"--max-num-batched-tokens {kept}" in words(res.stderr)
+    elif not same:
         served = json.loads((tmp_path / "twin.json").read_text())["calibration"]["sized_with"]
         assert served["max_num_batched_tokens"] is None and ran["max_num_batched_tokens"] > 2048
         assert (f"the offline default --max-num-batched-tokens {ran['max_num_batched_tokens']} (2048 on its server) "
-                "not as twin.json was calibrated: the KV cache is sized from memory") in words(res.stderr)
+                f"{kept}") in words(res.stderr)
     else:
-        assert ran["max_num_batched_tokens"] == 2048 and "sized from memory" not in res.stderr
+        assert ran["max_num_batched_tokens"] == 2048 and "might have sized" not in res.stderr
 
 
 @pytest.mark.parametrize("flags", [("--model", "meta-llama/Llama-2-7b-hf"), ("--gpu", "H100"), ("-tp", "2")])
@@ -657,20 +692,20 @@ def test_sweeps_and_tunes_of_the_twin_run_its_engine_unless_they_vary_what_sizes
     res = CliRunner().invoke(main, ["sweep", *ENGINE, "--concurrency", "1,2", *base, "-o", str(tmp_path / "s1")])
     assert res.exit_code == 0, res.stderr
     assert [p["num_gpu_blocks_override"] for p in points(tmp_path / "s1")] == [900, 900]
-    # a sweep over the budget: each point's cache from memory (the server's count held at one budget only)
+    # a sweep over the budget: each point keeps the server's cache, said (it might have had another count)
     res = CliRunner().invoke(main, ["sweep", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S",
                                     "--max-num-batched-tokens", "2048,8192", "--concurrency", "2", *base,
                                     "-o", str(tmp_path / "s2")])
     assert res.exit_code == 0, res.stderr
     ran = points(tmp_path / "s2")
-    assert len(ran) == 2 and all(p["num_gpu_blocks_override"] is None and p["block_size"] == 32 for p in ran)
+    assert len(ran) == 2 and all(p["num_gpu_blocks_override"] == 900 and p["block_size"] == 32 for p in ran)
     assert "--max-num-batched-tokens not as twin.json was calibrated" in words(res.stderr)
     # a tune searching the sequence cap: the same
     res = CliRunner().invoke(main, ["tune", *ENGINE, "--param", "max-num-seqs=2,4", "-c", "2", *base,
                                     "--max-trials", "2", "--slo-ttft-ms", "500", "-o", str(tmp_path / "t")])
     assert res.exit_code == 0, res.stderr
     ran = points(tmp_path / "t")
-    assert ran and all(p["num_gpu_blocks_override"] is None and p["max_model_len"] == 8192 for p in ran)
+    assert ran and all(p["num_gpu_blocks_override"] == 900 and p["max_model_len"] == 8192 for p in ran)
 
 
 @pytest.mark.parametrize(("flags", "blocks", "needle"), [
@@ -861,9 +896,9 @@ def test_runs_of_a_twin_take_the_sizes_it_was_calibrated_with_sim_serves_default
     ran, err, _ = run_twin(tmp_path / "eager.json", tmp_path / "r")
     assert (ran["enforce_eager"], ran["max_num_seqs"], ran["num_gpu_blocks_override"]) == (True, 8, 900)
     assert "--max-num-seqs 8, --enforce-eager" in err
-    # given otherwise: the flag's, and the cache from memory
+    # given otherwise: the flag's, and the server's cache kept, said
     ran, err, _ = run_twin(tmp_path / "eager.json", tmp_path / "r2", "--no-enforce-eager")
-    assert (ran["enforce_eager"], ran["num_gpu_blocks_override"]) == (False, None)
+    assert (ran["enforce_eager"], ran["num_gpu_blocks_override"]) == (False, 900) and "kept at the 900 blocks" in err
 
 
 def test_a_run_of_a_twin_given_flags_its_server_stated_otherwise_says_it_is_a_what_if(
@@ -987,14 +1022,14 @@ def test_an_unchunked_run_of_a_twin_takes_no_budget_and_keeps_no_blocks_sized_at
                                     "--no-enable-chunked-prefill", "-o", str(tmp_path / "r")])
     assert res.exit_code == 0, res.stderr
     ran, err = engine_of(tmp_path / "r"), words(res.stderr)
-    assert ran["max_num_batched_tokens"] >= ran["max_model_len"] and ran["num_gpu_blocks_override"] is None
-    assert "--max-num-batched-tokens 4096" not in err and "sized from memory" in err
-    # a vLLM twin: unchunked, the budget resolves otherwise than its server's, so its blocks are not kept
+    assert ran["max_num_batched_tokens"] >= ran["max_model_len"] and ran["num_gpu_blocks_override"] is not None
+    assert "--max-num-batched-tokens 4096" not in err and "might have sized its KV cache otherwise" in err
+    # a vLLM twin: unchunked, the budget resolves otherwise than its server's: its blocks kept, said
     engine = served_twin(measured, tmp_path)
     res = CliRunner().invoke(main, ["sim", "run", *engine, "-n", "4", "--efficiencies", str(tmp_path / "twin.json"),
                                     "--no-enable-chunked-prefill", "-o", str(tmp_path / "u")])
     assert res.exit_code == 0, res.stderr
-    assert engine_of(tmp_path / "u")["num_gpu_blocks_override"] is None and "sized from memory" in words(res.stderr)
+    assert engine_of(tmp_path / "u")["num_gpu_blocks_override"] == 900 and "kept at the 900 blocks" in words(res.stderr)
 
 
 def test_eager_mode_given_against_the_servers_keeps_calibrate_from_taking_its_pool(
