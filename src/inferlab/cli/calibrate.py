@@ -482,7 +482,7 @@ def _batch_defaults(engine: EngineConfig, known: set[str], say: Callable[[str], 
     except (InferlabError, ValueError, TypeError):  # (the fit says why the engine cannot run)
         return
     say(f"the runs do not say the server's {' or '.join(map(flag_words, left))}: left at the simulator's defaults "
-        f"({', '.join(flag_words(k, f'{getattr(sizes, k):,}') for k in left)}; give them as the server ran, "
+        f"({', '.join(flag_words(k, f'{getattr(sizes, k):,}') for k in left)}; give {'them' if len(left) > 1 else 'it'} as the server ran, "
         "or its batches may not be the twin's)")
 
 
@@ -557,6 +557,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
         METRICS,
         at_bounds,
         calibrate,
+        loads_of,
         median_abs_error,
         read_run,
         write_efficiencies,
@@ -592,7 +593,8 @@ def _calibrate(kw: dict[str, Any]) -> int:
     if not fit.converged:
         err.print(f"inferlab sim calibrate: the search stopped at --max-evaluations {kw['max_evaluations']} before it "
                   "converged: a better fit may remain (give more; the twin records converged: false)", highlight=False)
-    write_efficiencies(kw["out"], engine, fit, stated)
+    checked = holdout or fit_runs  # (the runs the twin's error is over)
+    write_efficiencies(kw["out"], engine, fit, stated, {"checked": loads_of(checked), "all": loads_of([*fit_runs, *holdout])})
     if kw["report"]:
         Path(kw["report"]).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
     out = console()

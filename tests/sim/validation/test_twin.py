@@ -117,9 +117,18 @@ def test_cli_writes_an_efficiencies_file_sim_run_takes(measured: tuple[list[str]
     band = what_if["prediction"]["error_bands"]["ttft_ms"]
     assert (band["split"], band["rows"], band["twin"]) == ("holdout", 2, str(eff))
     assert band["pct"] == pytest.approx(100 * (errors[0] + errors[1]) / 2, abs=0.06)
-    assert "on 2 held-out runs of the calibration in twin.json" in band["text"]
+    # (the band says its basis: how many held-out runs, at what loads)
+    assert "on 2 held-out runs (c 4–16, prompts 1,024 tokens) of the calibration in twin.json" in band["text"]
+    assert "beyond_validated" not in what_if["prediction"]
     shown = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "4", "-n", "8", "--efficiencies", str(eff)])
-    assert "held-out runs of the calibration in twin.json" in " ".join(shown.stdout.split())
+    assert "held-out runs (c 4–16, prompts 1,024 tokens) of the calibration in twin.json" in words(shown.stdout)
+    assert "beyond the loads" not in words(shown.stdout)
+    # a run at a load none of its runs ran: said next to the band
+    shown = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "32", "-n", "32", "--input-tokens", "6000",
+                                      "--efficiencies", str(eff)])
+    assert shown.exit_code == 0, shown.stderr
+    assert ("this run (c 32, prompts 6,000 tokens) is beyond the loads the twin was checked on: c 1–16, prompts "
+            "128–3,000 tokens; its error band was measured within them only") in words(shown.stdout)
     # the bands hold for the server it was calibrated on: a flag asked about keeps them,
     # another GPU or model is another server and gets none (with the reason)
     on = written["calibration"]["served_by"]

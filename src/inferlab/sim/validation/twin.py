@@ -19,6 +19,7 @@ it finds a local best, which the held-out error checks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -358,19 +359,44 @@ def calibrate(
     return fit
 
 
-def write_efficiencies(path: str, engine: EngineConfig, fit: Fit, server_settings: dict[str, Any] | None = None) -> None:
+def loads_of(runs: Sequence[MeasuredRun]) -> dict[str, list[float]]:
+    """The range of the loads ``runs`` ran: ``concurrency`` (closed loops' users, and the
+    cap of an open loop's), ``rate_rps`` (open loops') and ``input_tokens`` (their
+    prompts' length as configured), each [lowest, highest], where any run had one."""
+    values: dict[str, list[float]] = {}
+    for r in runs:
+        schedule = r.config.load.schedule
+        if isinstance(schedule, ClosedLoop):
+            values.setdefault("concurrency", []).append(schedule.concurrency)
+        elif isinstance(schedule, OpenLoop):
+            values.setdefault("rate_rps", []).append(schedule.rate_rps)
+            if schedule.max_concurrency is not None:
+                values.setdefault("concurrency", []).append(schedule.max_concurrency)
+        tokens = r.config.workload.input_tokens
+        with contextlib.suppress(ValueError):  # (a length drawn from a distribution: left out)
+            if tokens is not None:
+                values.setdefault("input_tokens", []).append(float(tokens))
+    return {k: [min(v), max(v)] for k, v in values.items() if v and all(math.isfinite(x) for x in v)}
+
+
+def write_efficiencies(path: str, engine: EngineConfig, fit: Fit, server_settings: dict[str, Any] | None = None,
+                       loads: dict[str, dict[str, list[float]]] | None = None) -> None:
     """The efficiencies file ``sim run --efficiencies`` reads: the engine's own file's
     constants under the fitted ones, and the calibration's error (``calibration_record``)
     and the server it holds for (``served_by``, and the release it was fitted as) for
     ``sim run`` to show beside what the twin predicts, on that server only; and
-    ``server_settings``, the engine flags the runs' server stated that the fit took."""
+    ``server_settings``, the engine flags the runs' server stated that the fit took;
+    ``loads``: the loads the runs the error is over ran (``"checked"``: those of the
+    error's split) and of all of them, fit and held out (``"all"``), as ``loads_of``."""
     with open(path, "w", encoding="utf-8") as f:
         # (the release too: sim run with this file and no --engine-version runs it)
         record = {**calibration_record(fit), "served_by": served_by(engine), "engine_version": engine.engine_version,
                   # (the engine flags the server stated and the fit took: runs of the twin take them too)
                   "server_settings": dict(server_settings or {}),
                   # (what sized its cache: a run with others does not take the server's block count)
-                  "sized_with": {k: getattr(engine, k) for k in CALIBRATED_WITH}}
+                  "sized_with": {k: getattr(engine, k) for k in CALIBRATED_WITH},
+                  # (where its error was measured: a run at other loads is beyond them)
+                  **({"loads": loads} if loads else {})}
         # a latency stated with --api-latency-ms (not fitted) is part of the twin too
         stated = {} if engine.api_overhead_s is None else {"api_overhead_s": engine.api_overhead_s}
         json.dump({**_overridden(engine), **stated, **fit.constants, CALIBRATION_KEY: record}, f, indent=2)
