@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 @click.option("--fit", "fit_names", default=None, metavar="NAME,NAME,...", help="The step-time constants to fit (default: gemm_compute, weight_stream, attention_compute, cpu_step_s, api_overhead_s).")
 @click.option("--max-evaluations", type=click.IntRange(min=1), default=400, show_default=True, help="Simulated reruns of the fit set at most (a search stopped by it may not have converged: said, and recorded as converged false).")
 @click.option("--allow-failures", is_flag=True, help="Fit (and judge on) runs whose failures bias their numbers: a request that timed out or was cancelled, a run interrupted, or more than 5% of its requests failed (refused without it: their p50s are over the requests that completed). A run with any failed request is said either way.")
+@click.option("--allow-unreliable", is_flag=True, help="Fit (and judge on) runs whose summary warns their numbers are off: the client was likely the bottleneck (its own delay in the latencies), or the server served their prompts from a cache an earlier run filled (a cached prompt's TTFT). Refused without it; said either way.")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The efficiencies file to write (for sim run --efficiencies, with the same model and GPU: the family, release, what the server stated and the engine flags calibrate ran with come from the file, where a run's flags do not say otherwise).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the fit's report (constants, per-run measured and predicted) as JSON.")
 def calibrate_cmd(**kw: Any) -> None:
@@ -117,15 +118,19 @@ def _model_key(name: str) -> str:
     return (parts[-1] if parts else name).lower()
 
 
-def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow_failures: bool, err: Console) -> None:
+def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow_failures: bool, err: Console,
+                  allow_unreliable: bool = False) -> None:
     """``UsageError`` for runs that are no measurement of one server to fit on or judge
     by: a ``sim run``'s (the simulator's prediction); a run given twice, or both fitted
     on and held out (by path, or as the same records under another: in-sample error
     would be reported as held-out); runs of different models (by name, the path aside:
     a twin is of one model); a run whose failures bias its numbers (``twin.failures``),
-    unless ``allow_failures``. Said on stderr: every run with failed requests, and runs
-    at different URLs (one server restarted on another port, or reached by another name,
-    is still one: not refused)."""
+    unless ``allow_failures``; a run its summary warns is off (``twin.unreliable``: a
+    client bottleneck, prompts served from a cache another run filled), unless
+    ``allow_unreliable``. Said on stderr: every run with failed requests, or unreliable,
+    a metric of a run left out of the fit and why, and runs at different URLs (one
+    server restarted on another port, or reached by another name, is still one: not
+    refused)."""
     from inferlab.sim.validation.twin import failures
 
     runs = [*fit_runs, *holdout]
@@ -172,6 +177,18 @@ def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow
         raise UsageError(f"{'; '.join(biased)}: failures that bias a run's numbers (a request timed out or was "
                          "cancelled, the run was interrupted, or over 5% failed: its p50s leave out the requests that "
                          "did not complete); rerun it, fit without it, or give --allow-failures to fit it anyway")
+    off = [f"{r.path}: {'; '.join(r.unreliable)}" for r in runs if r.unreliable]
+    if off and not allow_unreliable:
+        raise UsageError(f"{'; '.join(off)}: its summary warns its numbers are off, and a twin fitted or judged on "
+                         "them would be too; rerun it (the client a core of its own, fresh prompts: another --seed), "
+                         "fit without it, or give --allow-unreliable to fit it anyway")
+    for text in off:
+        err.print(f"inferlab sim calibrate: {text} (taken anyway, --allow-unreliable)", highlight=False)
+    labels = {"ttft_p50_ms": "TTFT p50", "tpot_p50_ms": "TPOT p50", "e2e_p50_ms": "E2E p50", "output_tok_s": "out tok/s"}
+    for r in runs:
+        for metric, why in r.left_out.items():
+            err.print(f"inferlab sim calibrate: {r.path}: its {labels.get(metric, metric)} is left out of the fit and "
+                      f"its error: {why}", highlight=False)
 
 
 def _model_and_gpu(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) -> None:
@@ -574,7 +591,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
     fit_runs = [read_run(p) for p in kw["runs"]]
     holdout = [read_run(p) for p in kw["holdout"]]
     err = console(stderr=True)
-    _measurements(fit_runs, holdout, kw["allow_failures"], err)
+    _measurements(fit_runs, holdout, kw["allow_failures"], err, kw["allow_unreliable"])
     simulated = _as_the_simulator_ran(kw, [*kw["runs"], *kw["holdout"]], names, err)
     stated = _as_the_server_said(kw, fit_runs + holdout, err)
     if not simulated:

@@ -1421,3 +1421,44 @@ def test_calibrate_takes_the_flags_inferlab_started_the_server_with_and_says_wha
     assert res.exit_code == 0, res.stderr
     assert ("the runs do not say the server's --max-num-batched-tokens or --max-num-seqs: left at the simulator's "
             "defaults (--max-num-batched-tokens") in words(res.stderr)
+
+
+def warned(run: str, into: Path, name: str, **summary: Any) -> str:
+    """A copy of ``run`` whose summary.json holds ``summary``'s keys (``warnings``
+    added to its own; ``tpot_p50``: its TPOT p50)."""
+    copy = Path(edited(run, into, name))
+    data = json.loads((copy / "summary.json").read_text())
+    data["warnings"] = [*data.get("warnings", []), *summary.pop("warnings", [])]
+    if "tpot_p50" in summary:
+        data["tpot_ms"]["p50"] = summary.pop("tpot_p50")
+    data.update(summary)
+    (copy / "summary.json").write_text(json.dumps(data))
+    return str(copy)
+
+
+def test_runs_their_summary_warns_are_off_are_refused_unless_allowed_and_a_metric_left_out_is_said(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """A run whose client was likely the bottleneck (its delay in the latencies), or
+    whose prompts the server served from a cache an earlier run filled (a cached
+    prompt's TTFT), is refused unless --allow-unreliable; a TPOT of 0, left out of the
+    fit, is said with why."""
+    a, b = measured[0][:2]
+    slow = warned(b, tmp_path, "slow", client={"bottleneck": True, "inflation_ms": {"p50": 86.4, "p99": 90.0},
+                                               "processes": []})
+    cached = warned(b, tmp_path, "cached", tpot_p50=0.0, warnings=[
+        "the server served 2,048 of 2,480 prompt tokens from its prefix cache, though this run's prompts share no "
+        "prefix: TTFT is lower than for fresh prompts (an earlier run with the same --seed, or another client, sent "
+        "the same text)"])
+    for run, why in ((slow, "the client was likely the bottleneck (its latencies inflated by about 86.4 ms at p50)"),
+                     (cached, "the server served 2,048 of 2,480 prompt tokens from its prefix cache filled by an "
+                              "earlier run")):
+        res = calibrate_cli([a, run], tmp_path / "twin.json")
+        assert res.exit_code == 2 and f"{run}: {why}: its summary warns its numbers are off" in words(res.stderr), res.stderr
+        assert "--allow-unreliable" in res.stderr and not (tmp_path / "twin.json").exists()
+        assert calibrate_cli([a, "--holdout", run], tmp_path / "twin.json").exit_code == 2
+    res = calibrate_cli([a, cached], tmp_path / "twin.json", "--allow-unreliable")
+    assert res.exit_code == 0, res.stderr
+    err = words(res.stderr)
+    assert f"{cached}: the server served 2,048 of 2,480 prompt tokens from its prefix cache filled by an earlier run (taken anyway, --allow-unreliable)" in err
+    assert f"{cached}: its TPOT p50 is left out of the fit and its error: it measured 0" in err

@@ -34,6 +34,7 @@ from typing import Any
 from inferlab._errors import InferlabError, UsageError
 from inferlab.load.run import RunConfig, SimTarget, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
+from inferlab.results.clientload import ClientLoad
 from inferlab.results.runfiles import read_summary
 from inferlab.results.summary import Summary
 from inferlab.results.sweepindex import headline as sweep_headline
@@ -91,7 +92,9 @@ class MeasuredRun:
     ``interrupted``; ``digest``: the SHA-256 of its ``requests.jsonl`` (None without one):
     two directories with one digest hold one run. ``engine_config``: the config inferlab
     started its server from (``bench --engine``, a sweep's setting: ``config.json``'s
-    ``engine_config``), None for a server the run did not start."""
+    ``engine_config``), None for a server the run did not start. ``unreliable``: what its
+    summary says makes its numbers unfit to fit on (``unreliable``); ``left_out``: the
+    fitted metrics it has none of, and why (``left_out``)."""
 
     path: str
     config: RunConfig
@@ -105,6 +108,36 @@ class MeasuredRun:
     interrupted: bool = False
     digest: str | None = None
     engine_config: dict[str, Any] | None = None
+    unreliable: tuple[str, ...] = ()
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+#: The summary's warning that the server served prompts from a cache another run filled
+#: (``load.run``'s unintended-cache warning): its TTFT is that of cached prompts
+FOREIGN_CACHE = "though this run's prompts share no prefix"
+
+
+def unreliable(s: Summary) -> tuple[str, ...]:
+    """What a run's summary says makes its numbers unfit to fit or judge a twin by: the
+    client was likely the bottleneck (its latencies inflated by its own delay), or the
+    server served its prompts from a cache an earlier run filled (its TTFT is a cached
+    prompt's). In words, one each; empty for neither."""
+    out = []
+    client = s.client
+    if isinstance(client, ClientLoad) and client.bottleneck:
+        added = client.inflation_ms[0] if client.inflation_ms else 0.0
+        out.append(f"the client was likely the bottleneck (its latencies inflated by about {added:,.1f} ms at p50)")
+    out += [w.split(", " + FOREIGN_CACHE)[0] + " filled by an earlier run" for w in s.warnings if FOREIGN_CACHE in w]
+    return tuple(out)
+
+
+def left_out(s: Summary, measured: dict[str, float]) -> dict[str, str]:
+    """The fitted metrics (``METRICS``) a run's summary has none of, or zero, and why."""
+    h = sweep_headline(s, None)
+    return {m: ("it measured none" if h.get(m) is None else
+                "it measured 0 (each answer's tokens after its first arrived at once, or it had one: no decode rate)"
+                if m == "tpot_p50_ms" else "it measured 0")
+            for m in METRICS if m not in measured}
 
 
 def headline(s: Summary) -> dict[str, float]:
@@ -167,7 +200,8 @@ def read_run(path: str) -> MeasuredRun:
                        isinstance(engine, dict) and engine.get("offline") is True,
                        predicted, None if model is None else str(model), None if url is None else str(url),
                        summary.counts.to_json(), summary.interrupted, digest,
-                       started if isinstance(started := config.get("engine_config"), dict) else None)
+                       started if isinstance(started := config.get("engine_config"), dict) else None,
+                       unreliable(summary), left_out(summary, measured))
 
 
 #: Failures that leave a run's slowest requests out of its numbers: a request that took
