@@ -338,7 +338,8 @@ def test_a_vllm_result_replayed_on_another_model_says_it_is_a_what_if(tmp_path: 
     assert code == 0, err
     traced = json.loads((tmp_path / "r.json").read_text())["model_id"]
     res = CliRunner().invoke(main, ["sim", "run", "--trace", str(tmp_path / "r.json"), "--model", "Llama-3.1-8B"])
-    assert res.exit_code == 0 and f"the trace measured {traced}; simulating Llama-3.1-8B" in res.stderr, res.stderr
+    assert res.exit_code == 0 and (f"the trace measured a model named {traced}; simulating Llama-3.1-8B, as --model "
+                                   "says (a server may serve a model under another name") in " ".join(res.stderr.split())
     for same in (traced.rsplit("/", 1)[-1].lower(), "Qwen2.5-7B"):  # (the same model however spelled or named: no word)
         res = CliRunner().invoke(main, ["sim", "run", "--trace", str(tmp_path / "r.json"), "--model", same])
         assert res.exit_code == 0 and "a what-if" not in res.stderr, (same, res.stderr)
@@ -359,3 +360,13 @@ def test_a_run_without_streaming_is_not_written_as_a_vllm_result(tmp_path: Path)
     assert invoke("export", str(run), "--format", "csv-summary")[0] == 0
     code, _, err = invoke("bench", "--url", "http://127.0.0.1:9", "--no-stream", "--save-result", "-n", "1", "--no-history")
     assert code == 2 and "needs streaming" in err and "cannot reach" not in err, err
+
+
+def test_a_models_config_json_is_the_model_its_folder_names() -> None:
+    """--model <folder>/config.json is the model its folder names: a trace of that name
+    is no what-if of another model."""
+    from inferlab.cli.sim import _same_model
+
+    assert _same_model("tiny-llama-hf", "/models/tiny-llama-hf/config.json")
+    assert _same_model("org/Tiny-Llama-HF", "/models/tiny-llama-hf/")
+    assert not _same_model("tiny", "/models/tiny-llama-hf/config.json")

@@ -22,6 +22,7 @@ from inferlab.cli.sim import (
     engine_config,
     engine_options,
     flag_words,
+    model_key,
     setting_text,
     take_recorded_engine,
 )
@@ -100,22 +101,13 @@ def _same(key: str, a: str, b: str) -> bool:
     model's by its last path part: a server may load it from a local folder)."""
     from inferlab.sim.engine.hardware import resolve_gpu, resolve_model
 
-    if _model_key(a) == _model_key(b):
+    if model_key(a) == model_key(b):
         return True
     try:
         return (resolve_model(a).name == resolve_model(b).name if key == "model"
                 else resolve_gpu(a).name == resolve_gpu(b).name)
     except UsageError:
         return False
-
-
-def _model_key(name: str) -> str:
-    """A model's name as compared: its last path part (a ``config.json``'s folder),
-    case aside: ``/models/Qwen2.5-1.5B-Instruct`` is ``Qwen/Qwen2.5-1.5B-Instruct``."""
-    parts = [p for p in name.strip().replace("\\", "/").split("/") if p]
-    if len(parts) > 1 and parts[-1].lower() == "config.json":
-        parts.pop()
-    return (parts[-1] if parts else name).lower()
 
 
 def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow_failures: bool, err: Console,
@@ -155,7 +147,7 @@ def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow
                 raise UsageError(f"{other} and {r.path} {how}, given twice {'as --holdout' if held else 'to fit on'}: "
                                  "it would count twice; give each run once")
     names = sorted({r.model for r in runs if r.model})
-    if len({_model_key(n) for n in names}) > 1:
+    if len({model_key(n) for n in names}) > 1:
         raise UsageError(f"the runs were measured on servers of different models ({', '.join(names)}): a twin is of "
                          "one server and model; calibrate each apart")
     urls = sorted({r.url for r in runs if r.url})

@@ -270,8 +270,9 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
     given = ctx is not None and ctx.get_parameter_source("model") != click.core.ParameterSource.DEFAULT
     traced = vllm_result_model(kw["trace"]) if kw.get("trace") else None
     if traced is not None and given and not _same_model(traced, str(kw["model"])):
-        click.echo(f"inferlab: the trace measured {traced}; simulating {kw['model']}, as --model says: a what-if "
-                   "(the lines comparing with the trace compare two models)", err=True)
+        click.echo(f"inferlab: the trace measured a model named {traced}; simulating {kw['model']}, as --model says "
+                   "(a server may serve a model under another name: if they are two models, the lines comparing "
+                   "with the trace compare them, a what-if)", err=True)
         return
     if traced is None or given:
         return
@@ -285,12 +286,22 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
     click.echo(f"inferlab: simulating the trace's model, {traced}", err=True)
 
 
+def model_key(name: str) -> str:
+    """A model's name as compared: its last path part (a ``config.json``'s folder),
+    case aside: ``/models/Qwen2.5-1.5B-Instruct`` is ``Qwen/Qwen2.5-1.5B-Instruct``."""
+    parts = [p for p in name.strip().replace("\\", "/").split("/") if p]
+    if len(parts) > 1 and parts[-1].lower() == "config.json":
+        parts.pop()
+    return (parts[-1] if parts else name).lower()
+
+
 def _same_model(a: str, b: str) -> bool:
     """Whether two model names run as one simulated model (the preset both resolve to:
-    'Llama-3.1-8B' and 'meta-llama/Llama-3.1-8B-Instruct'), or are one name however cased."""
+    'Llama-3.1-8B' and 'meta-llama/Llama-3.1-8B-Instruct'), or are one name however cased
+    (a ``config.json`` by its folder's)."""
     from inferlab.sim.engine.hardware import resolve_model
 
-    if a.rstrip("/").rsplit("/", 1)[-1].lower() == b.rstrip("/").rsplit("/", 1)[-1].lower():
+    if model_key(a) == model_key(b):
         return True
     try:
         return resolve_model(a).name == resolve_model(b).name
