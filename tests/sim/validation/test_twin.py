@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -254,18 +255,27 @@ def test_runs_of_one_output_token_calibrate_without_a_tpot(tmp_path: Path) -> No
     assert "TTFT" in record["errors"] and "TPOT/ITL" not in record["errors"]
 
 
-def said(runs: list[str], into: Path, *software: dict[str, Any] | None) -> list[str]:
-    """Copies of ``runs`` whose config.json records that their server said ``software``
-    (one each, as bench records it; None: it said nothing inferlab knows)."""
+def rewritten(runs: list[str], into: Path, *changes: Callable[[dict[str, Any]], None]) -> list[str]:
+    """Copies of ``runs`` in ``into``, each config.json changed in place by its ``changes``
+    (one each)."""
     out = []
-    for run, sw in zip(runs, software, strict=True):
+    for run, change in zip(runs, changes, strict=True):
         copy = into / Path(run).name
         shutil.copytree(run, copy)
         config = json.loads((copy / "config.json").read_text())
-        config["resolved"] = {**(config.get("resolved") or {}), "server_software": sw}
+        change(config)
         (copy / "config.json").write_text(json.dumps(config))
         out.append(str(copy))
     return out
+
+
+def said(runs: list[str], into: Path, *software: dict[str, Any] | None) -> list[str]:
+    """Copies of ``runs`` whose config.json records that their server said ``software``
+    (one each, as bench records it; None: it said nothing inferlab knows)."""
+    def saying(sw: dict[str, Any] | None) -> Callable[[dict[str, Any]], None]:
+        return lambda config: config.update(resolved={**(config.get("resolved") or {}), "server_software": sw})
+
+    return rewritten(runs, into, *map(saying, software))
 
 
 def vllm(version: str) -> dict[str, Any]:
@@ -1189,18 +1199,14 @@ def as_bench_of_sim_serve(runs: list[str], into: Path, **engine: Any) -> list[st
     and the engine the simulated server reported (``resolved.engine``), changed by ``engine``."""
     recorded = into / "recorded"  # (the engine a sim run of the runs' flags records)
     sim_run(recorded, "-c", "1", "-n", "1", "--input-tokens", "8", "--output-tokens", "2")
-    out = []
-    for run in runs:
-        copy = into / Path(run).name
-        shutil.copytree(run, copy)
-        config = json.loads((copy / "config.json").read_text())
-        ran = {**json.loads((recorded / "config.json").read_text())["engine"], **engine}
+    ran = {**json.loads((recorded / "config.json").read_text())["engine"], **engine}
+
+    def as_bench(config: dict[str, Any]) -> None:
         config.pop("command", None)
         config["resolved"] = {"url": "http://127.0.0.1:8000/v1", "model": ran["model"], "engine": ran,
                               "server_software": None}
-        (copy / "config.json").write_text(json.dumps(config))
-        out.append(str(copy))
-    return out
+
+    return rewritten(runs, into, *[as_bench] * len(runs))
 
 
 def test_a_twin_of_the_simulated_server_is_calibrated_as_the_engine_it_ran(
@@ -1377,18 +1383,10 @@ def test_a_search_stopped_at_max_evaluations_says_it_may_not_have_converged(
 def started_with(runs: list[str], into: Path, **spec: Any) -> list[str]:
     """Copies of ``runs`` whose config.json records the engine config inferlab started
     their server from (``bench --engine``: ``engine_config``)."""
-    out = []
-    for run in runs:
-        copy = into / Path(run).name
-        shutil.copytree(run, copy)
-        config = json.loads((copy / "config.json").read_text())
-        config["engine_config"] = {"engine": "vllm", "model": "Qwen/Qwen2.5-7B-Instruct", "tensor_parallel_size": None,
-                                   "max_model_len": None, "max_num_batched_tokens": None, "max_num_seqs": None,
-                                   "gpu_memory_utilization": None, "enable_prefix_caching": None,
-                                   "enforce_eager": None, **spec}
-        (copy / "config.json").write_text(json.dumps(config))
-        out.append(str(copy))
-    return out
+    started = {"engine": "vllm", "model": "Qwen/Qwen2.5-7B-Instruct", "tensor_parallel_size": None,
+               "max_model_len": None, "max_num_batched_tokens": None, "max_num_seqs": None,
+               "gpu_memory_utilization": None, "enable_prefix_caching": None, "enforce_eager": None, **spec}
+    return rewritten(runs, into, *[lambda config: config.update(engine_config=started)] * len(runs))
 
 
 def test_calibrate_takes_the_flags_inferlab_started_the_server_with_and_says_what_it_left_at_defaults(
