@@ -311,3 +311,40 @@ def test_a_hangup_ends_bench_gracefully_and_stops_the_engine_unless_nohup_ignore
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_each_setting_of_an_engine_axis_is_recorded_as_the_engine_its_runs_ran(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep's (or tune's) target for one setting carries the config with that
+    setting's values put in (each point's config.json records it as ``engine_config``,
+    as bench --engine does): not the base file's, which calibrate would take for the
+    server's."""
+    import asyncio
+
+    from rich.console import Console
+
+    from inferlab.cli import engine as cli_engine
+    from inferlab.engines.launch import load_spec
+
+    class Started:
+        url = "http://127.0.0.1:1/v1"
+
+        def __init__(self, spec: Any, log: Path) -> None:
+            self.command = type("C", (), {"shell": lambda _: "engine"})()
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(cli_engine, "EngineProcess", Started)
+    monkeypatch.setattr(cli_engine, "start_ready", lambda proc, stop: None)
+    trials = cli_engine.EngineTrials(load_spec(_config(tmp_path)), Console(stderr=True))
+
+    async def target_of(seqs: int) -> Any:
+        async with trials.open({"max_num_seqs": seqs}, str(tmp_path / "engine.log")) as target:
+            return target
+
+    for seqs in (2, 8):
+        recorded = asyncio.run(target_of(seqs)).engine_config
+        assert recorded is not None and (recorded["engine"], recorded["max_num_seqs"], recorded["max_model_len"]) == (
+            "sim", seqs, 8192)

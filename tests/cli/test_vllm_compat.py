@@ -339,7 +339,8 @@ def test_a_vllm_result_replayed_on_another_model_says_it_is_a_what_if(tmp_path: 
     assert code == 0, err
     traced = json.loads((tmp_path / "r.json").read_text())["model_id"]
     res = CliRunner().invoke(main, ["sim", "run", "--trace", str(tmp_path / "r.json"), "--model", "Llama-3.1-8B"])
-    assert res.exit_code == 0 and f"the trace measured {traced}; simulating Llama-3.1-8B" in res.stderr, res.stderr
+    assert res.exit_code == 0 and (f"the trace measured a model named {traced}; simulating Llama-3.1-8B, as --model "
+                                   "says (a server may serve a model under another name") in " ".join(res.stderr.split())
     for same in (traced.rsplit("/", 1)[-1].lower(), "Qwen2.5-7B"):  # (the same model however spelled or named: no word)
         res = CliRunner().invoke(main, ["sim", "run", "--trace", str(tmp_path / "r.json"), "--model", same])
         assert res.exit_code == 0 and "a what-if" not in res.stderr, (same, res.stderr)
@@ -438,3 +439,13 @@ def test_percentile_metrics_choose_the_result_files_metrics(served: str, tmp_pat
     assert sorted(k for k in r if k.endswith("_ms")) == sorted(
         f"{s}_{m}_ms" for m in ("ttft", "e2el") for s in ("mean", "median", "std", "p50", "p99"))
     assert "--percentile-metrics ttft,e2el: --save-result's file has statistics of these only" in err
+
+
+def test_a_models_config_json_is_the_model_its_folder_names() -> None:
+    """--model <folder>/config.json is the model its folder names: a trace of that name
+    is no what-if of another model."""
+    from inferlab.cli.sim import _same_model
+
+    assert _same_model("tiny-llama-hf", "/models/tiny-llama-hf/config.json")
+    assert _same_model("org/Tiny-Llama-HF", "/models/tiny-llama-hf/")
+    assert not _same_model("tiny", "/models/tiny-llama-hf/config.json")

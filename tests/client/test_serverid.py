@@ -167,17 +167,22 @@ CACHE_INFO = (
 
 
 @pytest.mark.parametrize(("metrics", "card", "expected"), [
+    # the blocks it had, and the override it was given
     (CACHE_INFO, {"max_model_len": 2048},
-     {"block_size": 128, "num_gpu_blocks_override": 24, "enable_prefix_caching": False, "kv_cache_dtype": "fp8_e4m3",
-      "max_model_len": 2048}),
+     {"block_size": 128, "num_gpu_blocks": 24, "num_gpu_blocks_override": 24, "enable_prefix_caching": False,
+      "kv_cache_dtype": "fp8_e4m3", "max_model_len": 2048}),
+    # sized from memory (no override): the blocks it had, not recorded as an override
+    (CACHE_INFO.replace('num_gpu_blocks_override="24"', 'num_gpu_blocks_override="None"'), {},
+     {"block_size": 128, "num_gpu_blocks": 24, "enable_prefix_caching": False, "kv_cache_dtype": "fp8_e4m3"}),
     # a label it writes otherwise, or leaves out, is left out; so is a card without a length
-    (CACHE_INFO.replace('num_gpu_blocks="24"', 'num_gpu_blocks="None"').replace('block_size="128",', ""), {},
-     {"num_gpu_blocks_override": None, "enable_prefix_caching": False, "kv_cache_dtype": "fp8_e4m3"}),
+    (CACHE_INFO.replace('num_gpu_blocks="24"', 'num_gpu_blocks="None"').replace('block_size="128",', "")
+     .replace(',num_gpu_blocks_override="24"', ""), {},
+     {"num_gpu_blocks": None, "enable_prefix_caching": False, "kv_cache_dtype": "fp8_e4m3"}),
     ("vllm:num_requests_running 0\n", {"max_model_len": 4096}, {"max_model_len": 4096}),
     # two engine cores (data parallelism) that differ on a label: that one is left out
     (CACHE_INFO + CACHE_INFO.splitlines()[2].replace('engine="0"', 'engine="1"').replace('num_gpu_blocks="24"',
                                                                                            'num_gpu_blocks="30"') + "\n",
-     {}, {"block_size": 128, "enable_prefix_caching": False, "kv_cache_dtype": "fp8_e4m3"}),
+     {}, {"block_size": 128, "num_gpu_blocks_override": 24, "enable_prefix_caching": False, "kv_cache_dtype": "fp8_e4m3"}),
 ])
 async def test_a_vllm_server_states_its_kv_cache_and_context(
     serve: Serve, metrics: str, card: dict[str, Any], expected: dict[str, Any]

@@ -346,7 +346,7 @@ def test_vllm_result_replay_runs_the_model_it_measured(tmp_path: Path) -> None:
     model, err = engine_model("Qwen/Qwen3-8B")
     assert model == "Qwen/Qwen3-8B" and "Qwen/Qwen3-8B" in err
     model, err = engine_model("Qwen/Qwen3-8B", "--model", "Llama-3.2-1B")
-    assert model == "Llama-3.2-1B" and "the trace measured Qwen/Qwen3-8B; simulating Llama-3.2-1B" in err  # (a what-if)
+    assert model == "Llama-3.2-1B" and "the trace measured a model named Qwen/Qwen3-8B; simulating Llama-3.2-1B" in err  # (a what-if)
     model, err = engine_model("some-lab/NoSuchModel-9B")
     assert model == "Qwen/Qwen2.5-7B-Instruct" and "no preset" in err
 

@@ -15,13 +15,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from inferlab._errors import ConfigError, UsageError
+from inferlab._errors import ConfigError, InferlabError, UsageError
 from inferlab.cli.common import OneNamePerSetting, check_output_folder, console, given, run_guarded
 from inferlab.cli.sim import (
     RUN_DEFAULTS,
     engine_config,
     engine_options,
     flag_words,
+    model_key,
     setting_text,
     take_recorded_engine,
 )
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 @click.option("--fit", "fit_names", default=None, metavar="NAME,NAME,...", help="The step-time constants to fit (default: gemm_compute, weight_stream, attention_compute, cpu_step_s, api_overhead_s).")
 @click.option("--max-evaluations", type=click.IntRange(min=1), default=400, show_default=True, help="Simulated reruns of the fit set at most (a search stopped by it may not have converged: said, and recorded as converged false).")
 @click.option("--allow-failures", is_flag=True, help="Fit (and judge on) runs whose failures bias their numbers: a request that timed out or was cancelled, a run interrupted, or more than 5% of its requests failed (refused without it: their p50s are over the requests that completed). A run with any failed request is said either way.")
+@click.option("--allow-unreliable", is_flag=True, help="Fit (and judge on) runs whose summary warns their numbers are off: the client was likely the bottleneck (its own delay in the latencies), or the server served their prompts from a cache an earlier run filled (a cached prompt's TTFT). Refused without it; said either way.")
 @click.option("-o", "--out", required=True, type=click.Path(dir_okay=False), help="The efficiencies file to write (for sim run --efficiencies, with the same model and GPU: the family, release, what the server stated and the engine flags calibrate ran with come from the file, where a run's flags do not say otherwise).")
 @click.option("--report", type=click.Path(dir_okay=False), help="Also write the fit's report (constants, per-run measured and predicted) as JSON.")
 def calibrate_cmd(**kw: Any) -> None:
@@ -99,7 +101,7 @@ def _same(key: str, a: str, b: str) -> bool:
     model's by its last path part: a server may load it from a local folder)."""
     from inferlab.sim.engine.hardware import resolve_gpu, resolve_model
 
-    if _model_key(a) == _model_key(b):
+    if model_key(a) == model_key(b):
         return True
     try:
         return (resolve_model(a).name == resolve_model(b).name if key == "model"
@@ -108,24 +110,19 @@ def _same(key: str, a: str, b: str) -> bool:
         return False
 
 
-def _model_key(name: str) -> str:
-    """A model's name as compared: its last path part (a ``config.json``'s folder),
-    case aside: ``/models/Qwen2.5-1.5B-Instruct`` is ``Qwen/Qwen2.5-1.5B-Instruct``."""
-    parts = [p for p in name.strip().replace("\\", "/").split("/") if p]
-    if len(parts) > 1 and parts[-1].lower() == "config.json":
-        parts.pop()
-    return (parts[-1] if parts else name).lower()
-
-
-def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow_failures: bool, err: Console) -> None:
+def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow_failures: bool, err: Console,
+                  allow_unreliable: bool = False) -> None:
     """``UsageError`` for runs that are no measurement of one server to fit on or judge
     by: a ``sim run``'s (the simulator's prediction); a run given twice, or both fitted
     on and held out (by path, or as the same records under another: in-sample error
     would be reported as held-out); runs of different models (by name, the path aside:
     a twin is of one model); a run whose failures bias its numbers (``twin.failures``),
-    unless ``allow_failures``. Said on stderr: every run with failed requests, and runs
-    at different URLs (one server restarted on another port, or reached by another name,
-    is still one: not refused)."""
+    unless ``allow_failures``; a run its summary warns is off (``twin.unreliable``: a
+    client bottleneck, prompts served from a cache another run filled), unless
+    ``allow_unreliable``. Said on stderr: every run with failed requests, or unreliable,
+    a metric of a run left out of the fit and why, and runs at different URLs (one
+    server restarted on another port, or reached by another name, is still one: not
+    refused)."""
     from inferlab.sim.validation.twin import failures
 
     runs = [*fit_runs, *holdout]
@@ -150,7 +147,7 @@ def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow
                 raise UsageError(f"{other} and {r.path} {how}, given twice {'as --holdout' if held else 'to fit on'}: "
                                  "it would count twice; give each run once")
     names = sorted({r.model for r in runs if r.model})
-    if len({_model_key(n) for n in names}) > 1:
+    if len({model_key(n) for n in names}) > 1:
         raise UsageError(f"the runs were measured on servers of different models ({', '.join(names)}): a twin is of "
                          "one server and model; calibrate each apart")
     urls = sorted({r.url for r in runs if r.url})
@@ -172,6 +169,18 @@ def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow
         raise UsageError(f"{'; '.join(biased)}: failures that bias a run's numbers (a request timed out or was "
                          "cancelled, the run was interrupted, or over 5% failed: its p50s leave out the requests that "
                          "did not complete); rerun it, fit without it, or give --allow-failures to fit it anyway")
+    off = [f"{r.path}: {'; '.join(r.unreliable)}" for r in runs if r.unreliable]
+    if off and not allow_unreliable:
+        raise UsageError(f"{'; '.join(off)}: its summary warns its numbers are off, and a twin fitted or judged on "
+                         "them would be too; rerun it (the client a core of its own, fresh prompts: another --seed), "
+                         "fit without it, or give --allow-unreliable to fit it anyway")
+    for text in off:
+        err.print(f"inferlab sim calibrate: {text} (taken anyway, --allow-unreliable)", highlight=False)
+    labels = {"ttft_p50_ms": "TTFT p50", "tpot_p50_ms": "TPOT p50", "e2e_p50_ms": "E2E p50", "output_tok_s": "out tok/s"}
+    for r in runs:
+        for metric, why in r.left_out.items():
+            err.print(f"inferlab sim calibrate: {r.path}: its {labels.get(metric, metric)} is left out of the fit and "
+                      f"its error: {why}", highlight=False)
 
 
 def _model_and_gpu(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) -> None:
@@ -345,9 +354,10 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
     blocks of the run's block size, the same tokens; what the fit took (``server_settings``)
     then holds that block size and count. What means otherwise in another family than
     the server's own (``_OWN_FAMILY_ONLY``) is not taken for another family."""
-    stated = [s["settings"] for s in said if isinstance(s.get("settings"), dict)]
+    stated = [_pool_as_flag(s["settings"]) for s in said if isinstance(s.get("settings"), dict)]
     if not stated:
         return {}
+    had = any("num_gpu_blocks" in s["settings"] for s in said if isinstance(s.get("settings"), dict))
     agreed: dict[str, Any] = {}  # (a cache dtype by its canonical name)
     differ: list[str] = []
     for key in sorted(set().union(*stated)):
@@ -400,9 +410,14 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
             say(paged)
         else:  # (with the block size they are counted in, given or not)
             taken.update(num_gpu_blocks_override=blocks, block_size=int(agreed.get("block_size", size)))
-    if taken:
-        say(f"as the runs' server states its engine: {', '.join(flag_words(k, v) for k, v in taken.items())} "
+    shown = {k: v for k, v in taken.items() if not (had and k == "num_gpu_blocks_override")}
+    if shown:
+        say(f"as the runs' server states its engine: {', '.join(flag_words(k, v) for k, v in shown.items())} "
             "(unless flags say otherwise)")
+    if had and "num_gpu_blocks_override" in taken:  # (its blocks, however it sized them: no override it gave)
+        blocks, page = taken["num_gpu_blocks_override"], taken["block_size"]
+        say(f"its KV cache as the runs' server had it: {blocks:,} blocks of {page} tokens ({blocks * page:,} tokens), "
+            f"simulated with --num-gpu-blocks-override {blocks}, not sized from the simulated GPU's memory")
     taken.update(converted)
     for key, value in taken.items():
         kw[key] = KVCacheDType.parse(value) if key == "kv_cache_dtype" else value
@@ -410,6 +425,84 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
         say(f"the runs' server stated {', '.join(map(flag_words, differ))} differently from run to run: "
             "not taken (a twin is of one server; give the flags)")
     return taken
+
+
+#: The settings of the config inferlab started a server from (``engines.launch.EngineSpec``)
+#: that are the simulated engine's flags of the same name
+_STARTED_WITH = ("tensor_parallel_size", "max_model_len", "max_num_batched_tokens", "max_num_seqs",
+                 "enable_prefix_caching", "enforce_eager")
+#: What sizes a batch: said where neither the server nor the config it was started from gave it
+_BATCH_SIZES = ("max_num_batched_tokens", "max_num_seqs")
+
+
+def _as_the_engine_was_started(kw: dict[str, Any], runs: list[MeasuredRun], stated: dict[str, Any],
+                               err: Console) -> set[str]:
+    """The engine flags of the config inferlab started the runs' server from (``bench
+    --engine``, a sweep's setting: ``MeasuredRun.engine_config``), put in ``kw`` where no
+    flag gives another value, the server states none (``stated``: what it states wins)
+    and every run started from one had the same; each said on stderr with where it came
+    from, and a flag given that contradicts one. The keys known so (taken or given)."""
+    def say(text: str) -> None:
+        err.print(f"inferlab sim calibrate: {text}", highlight=False)
+
+    started = [r.engine_config for r in runs if r.engine_config and r.engine_config.get("engine") != "sim"]
+    if not started:
+        return set()
+    of = f"{len(started)} of {len(runs)} runs'" if len(started) < len(runs) else "the runs'"
+    taken: dict[str, Any] = {}
+    contradicted: list[str] = []
+    differ: list[str] = []
+    for key in _STARTED_WITH:
+        values = {json.dumps(c.get(key)) for c in started}
+        value = started[0].get(key)
+        if len(values) > 1:
+            differ.append(key)
+        elif value is None or key in stated:
+            continue
+        elif given(key):
+            if setting_text(key, kw[key]) != setting_text(key, value):
+                contradicted.append(key)
+        else:
+            taken[key] = kw[key] = value
+    if taken:
+        say(f"as inferlab started {of} server (config.json's engine_config, from --engine): "
+            f"{', '.join(flag_words(k, v) for k, v in taken.items())} (unless flags or the server say otherwise)")
+    if contradicted:
+        say(f"{of} server was started with {', '.join(flag_words(k, started[0][k]) for k in contradicted)}: "
+            "calibrating with the flags given instead")
+    if differ:
+        say(f"{of} server was started with {', '.join(map(flag_words, differ))} differently from run to run: "
+            "not taken (a twin is of one server; give the flags)")
+    return set(taken) | {k for k in _STARTED_WITH if given(k)}
+
+
+def _batch_defaults(engine: EngineConfig, known: set[str], say: Callable[[str], None]) -> None:
+    """Say where the batch budget and sequence cap are the simulator's defaults: known
+    neither from a flag nor from the runs (what their server states, the config it was
+    started from): the twin's batches may be other than its server's."""
+    from inferlab.sim.engine.config import resolve
+    from inferlab.sim.engine.sizing import size_engine
+
+    left = [k for k in _BATCH_SIZES if k not in known and getattr(engine, k) is None]
+    if not left:
+        return
+    try:
+        sizes = size_engine(resolve(engine))
+    except (InferlabError, ValueError, TypeError):  # (the fit says why the engine cannot run)
+        return
+    say(f"the runs do not say the server's {' or '.join(map(flag_words, left))}: left at the simulator's defaults "
+        f"({', '.join(flag_words(k, f'{getattr(sizes, k):,}') for k in left)}; give {'them' if len(left) > 1 else 'it'} as the server ran, "
+        "or its batches may not be the twin's)")
+
+
+def _pool_as_flag(settings: dict[str, Any]) -> dict[str, Any]:
+    """A server's stated settings with the KV blocks it had (``num_gpu_blocks``, however
+    it sized them) as the simulated engine's flag that holds a pool at that many
+    (``num_gpu_blocks_override``); an override it stated is the same count."""
+    out = {k: v for k, v in settings.items() if k != "num_gpu_blocks"}
+    if isinstance(settings.get("num_gpu_blocks"), int):
+        out["num_gpu_blocks_override"] = settings["num_gpu_blocks"]
+    return out
 
 
 def _as_the_release_said(
@@ -473,6 +566,7 @@ def _calibrate(kw: dict[str, Any]) -> int:
         METRICS,
         at_bounds,
         calibrate,
+        loads_of,
         median_abs_error,
         read_run,
         write_efficiencies,
@@ -489,12 +583,15 @@ def _calibrate(kw: dict[str, Any]) -> int:
     fit_runs = [read_run(p) for p in kw["runs"]]
     holdout = [read_run(p) for p in kw["holdout"]]
     err = console(stderr=True)
-    _measurements(fit_runs, holdout, kw["allow_failures"], err)
+    _measurements(fit_runs, holdout, kw["allow_failures"], err, kw["allow_unreliable"])
     simulated = _as_the_simulator_ran(kw, [*kw["runs"], *kw["holdout"]], names, err)
     stated = _as_the_server_said(kw, fit_runs + holdout, err)
     if not simulated:
+        known = _as_the_engine_was_started(kw, fit_runs + holdout, stated, err) | set(stated)
         _model_and_gpu(kw, fit_runs + holdout, err)
     engine = engine_config(kw)
+    if not simulated:
+        _batch_defaults(engine, known, lambda text: err.print(f"inferlab sim calibrate: {text}", highlight=False))
     fitted = tuple(dict.fromkeys("cpu_step_eager_s" if n == "cpu_step_s" and engine.enforce_eager else n for n in names))
     _underdetermined(fit_runs, fitted, lambda text: err.print(f"inferlab sim calibrate: {text}", highlight=False))
     labels = {key: label for label, key, _ in COLUMNS}  # (the twin's metrics are sweep headline keys)
@@ -505,7 +602,8 @@ def _calibrate(kw: dict[str, Any]) -> int:
     if not fit.converged:
         err.print(f"inferlab sim calibrate: the search stopped at --max-evaluations {kw['max_evaluations']} before it "
                   "converged: a better fit may remain (give more; the twin records converged: false)", highlight=False)
-    write_efficiencies(kw["out"], engine, fit, stated)
+    checked = holdout or fit_runs  # (the runs the twin's error is over)
+    write_efficiencies(kw["out"], engine, fit, stated, {"checked": loads_of(checked), "all": loads_of([*fit_runs, *holdout])})
     if kw["report"]:
         Path(kw["report"]).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
     out = console()

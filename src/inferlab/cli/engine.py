@@ -121,7 +121,8 @@ class EngineTrials:
     """An engine started from ``spec`` with a setting put in (``open``), ready before its
     target is handed out and stopped after: ``tune``'s trials (one start each) and
     ``sweep``'s settings (one start each, or one for the whole sweep). ``base``: the
-    HTTP target's other settings (its URL is the engine's)."""
+    HTTP target's other settings (its URL is the engine's; its ``engine_config`` the
+    setting's config, which each run's ``config.json`` records)."""
 
     prediction = False
 
@@ -152,6 +153,7 @@ class EngineTrials:
                        highlight=False, soft_wrap=True)
         await asyncio.to_thread(start_ready, proc, stop)
         try:
-            yield dataclasses.replace(self.base, url=proc.url)
+            # (each run's config.json records the engine it ran with, this setting's values put in, as bench --engine does)
+            yield dataclasses.replace(self.base, url=proc.url, engine_config=plain_json(dataclasses.asdict(spec)))
         finally:
             await asyncio.to_thread(proc.stop)

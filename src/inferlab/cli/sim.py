@@ -270,8 +270,9 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
     given = ctx is not None and ctx.get_parameter_source("model") != click.core.ParameterSource.DEFAULT
     traced = vllm_result_model(kw["trace"]) if kw.get("trace") else None
     if traced is not None and given and not _same_model(traced, str(kw["model"])):
-        click.echo(f"inferlab: the trace measured {traced}; simulating {kw['model']}, as --model says: a what-if "
-                   "(the lines comparing with the trace compare two models)", err=True)
+        click.echo(f"inferlab: the trace measured a model named {traced}; simulating {kw['model']}, as --model says "
+                   "(a server may serve a model under another name: if they are two models, the lines comparing "
+                   "with the trace compare them, a what-if)", err=True)
         return
     if traced is None or given:
         return
@@ -285,12 +286,22 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
     click.echo(f"inferlab: simulating the trace's model, {traced}", err=True)
 
 
+def model_key(name: str) -> str:
+    """A model's name as compared: its last path part (a ``config.json``'s folder),
+    case aside: ``/models/Qwen2.5-1.5B-Instruct`` is ``Qwen/Qwen2.5-1.5B-Instruct``."""
+    parts = [p for p in name.strip().replace("\\", "/").split("/") if p]
+    if len(parts) > 1 and parts[-1].lower() == "config.json":
+        parts.pop()
+    return (parts[-1] if parts else name).lower()
+
+
 def _same_model(a: str, b: str) -> bool:
     """Whether two model names run as one simulated model (the preset both resolve to:
-    'Llama-3.1-8B' and 'meta-llama/Llama-3.1-8B-Instruct'), or are one name however cased."""
+    'Llama-3.1-8B' and 'meta-llama/Llama-3.1-8B-Instruct'), or are one name however cased
+    (a ``config.json`` by its folder's)."""
     from inferlab.sim.engine.hardware import resolve_model
 
-    if a.rstrip("/").rsplit("/", 1)[-1].lower() == b.rstrip("/").rsplit("/", 1)[-1].lower():
+    if model_key(a) == model_key(b):
         return True
     try:
         return resolve_model(a).name == resolve_model(b).name
@@ -407,10 +418,11 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
       calibrate ran with (``CALIBRATED_WITH``: sizes, context, eager mode, prefix caching,
       chunking, front end), each where not given, and none for a run of another model, GPU, precision
       or tensor-parallel degree (another server), or a search over any of them. The
-      number of KV blocks is the server's only while what sizes the cache is as the
-      twin's was (``SIZED_WITH``, the cache's dtype): another budget or memory share
-      would have left vLLM another number, so the run sizes its cache from memory, and
-      says so.
+      number of KV blocks is the server's unless a flag sizes the cache otherwise
+      (``_SIZES_FROM_MEMORY``: memory share, block size, the cache's dtype): then the run sizes its cache from the simulated GPU's
+      memory, and says so. Another budget or sequence cap (with which the server might
+      have had somewhat another number) keeps the server's blocks, said: the simulated
+      GPU's memory may be nothing like the server's (a CPU's).
 
     A twin's ``--rate inf`` runs are served, as its server was (``load.run``): said here."""
     path = kw.get("efficiencies_path")
@@ -486,10 +498,17 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     blocks = stated.pop("num_gpu_blocks_override", None)
     if blocks is not None:
         other = _other_cache({**kw, **taken, **stated}, found, searched, blocks)
-        if other:
-            say(f"{', '.join(other)} not as {name} was calibrated: the KV cache is sized from memory, not from the "
-                f"{blocks} blocks its server had")
+        page = found.stated.get("block_size", found.sized_with.get("block_size"))
+        had = f"{blocks} blocks" + (f" of {page} tokens ({blocks * page:,} tokens)" if isinstance(page, int) else "")
+        memory = [w for w in other if w.split(" ")[0] in _SIZES_FROM_MEMORY]
+        if memory:
+            say(f"{', '.join(other)} not as {name} was calibrated: the KV cache is sized from the simulated GPU's "
+                f"memory, not from the {had} its server had")
         else:
+            if other:  # (another budget or cap: the server's own count is nearer than the simulated GPU's memory)
+                say(f"{', '.join(other)} not as {name} was calibrated: its server might have sized its KV cache "
+                    f"otherwise with them; kept at the {had} it had, not sized from the simulated GPU's memory "
+                    "(give --gpu-memory-utilization for that)")
             stated["num_gpu_blocks_override"] = blocks
     taken.update(stated)
 
@@ -558,6 +577,11 @@ def _another_server(kw: dict[str, Any], efficiencies: str) -> bool:
     except (UsageError, ValueError, TypeError):
         return True
     return calibration_mismatch(efficiencies, {k: served[k] for k in _IDENTITY if k in served}) is not None
+
+
+#: The flags that size a twin's KV cache from memory (its own what-if of the cache), not
+#: kept at the blocks its server had: the memory share and what a block holds
+_SIZES_FROM_MEMORY = ("--gpu-memory-utilization", "--kv-cache-free-fraction", "--block-size", "--kv-cache-dtype")
 
 
 def _other_cache(kw: dict[str, Any], found: CalibratedAs, searched: set[str], blocks: int) -> list[str]:

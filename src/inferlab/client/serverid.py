@@ -82,7 +82,9 @@ async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, An
 #: vLLM's ``vllm:cache_config_info`` labels a twin takes -> (the engine flag's field, a reader)
 _CACHE_LABELS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "block_size": ("block_size", int),
-    "num_gpu_blocks": ("num_gpu_blocks_override", int),
+    # (the blocks the server had, however it sized them; an override only where it states one)
+    "num_gpu_blocks": ("num_gpu_blocks", int),
+    "num_gpu_blocks_override": ("num_gpu_blocks_override", int),
     "enable_prefix_caching": ("enable_prefix_caching", lambda v: {"true": True, "false": False}[v.lower()]),
     "cache_dtype": ("kv_cache_dtype", str),
 }
@@ -91,7 +93,8 @@ _CACHE_LABELS: dict[str, tuple[str, Callable[[str], Any]]] = {
 def vllm_settings(metrics: str | None, cards: object) -> dict[str, Any]:
     """The engine flags a vLLM server says it runs with, by ``EngineConfig``'s field
     names: from ``/metrics``' ``vllm:cache_config_info`` labels its KV cache (block size,
-    the number of blocks it allocated, prefix caching, the cache's dtype), and from its
+    the number of blocks it allocated as ``num_gpu_blocks``, however sized, and
+    ``num_gpu_blocks_override`` only where it states one, prefix caching, the cache's dtype), and from its
     one model card ``max_model_len``. Only what it states; a label it leaves out, writes
     otherwise (``None``) or states differently for two engine cores (data parallelism)
     is left out here."""

@@ -48,6 +48,7 @@ from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import OMITTED, OVERLOAD, Omitted, Summary, SummaryExtras, summarize
 from inferlab.results.telemetry import SERVER_METRICS_FILE, ServerMetrics
 from inferlab.sim.engine.bands import (
+    beyond_checked,
     beyond_validated,
     calibrated_as,
     prediction_block,
@@ -240,6 +241,9 @@ async def run(
                 ) + unvalidated_switches(prepared.engine.config) if not prepared.engine.config.efficiencies_path else []
                 if _conversations(workload) and not prepared.engine.config.efficiencies_path:
                     beyond.append(UNVALIDATED_CONVERSATIONS)
+                if prepared.engine.config.efficiencies_path:  # (a twin: its own runs' loads)
+                    beyond += _beyond_the_twins(prepared.engine.config.efficiencies_path, config.load.schedule,
+                                                config.workload)
                 # (a twin's bands are its own runs')
                 if beyond:
                     block["beyond_validated"] = beyond
@@ -279,6 +283,22 @@ def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool, user_repl
     served = served_by(engine.config) if engine.config.efficiencies_path else None
     return prediction_block(engine.config.engine_family, regime, efficiencies=engine.config.efficiencies_path,
                             served=served)
+
+
+def _beyond_the_twins(efficiencies: str, schedule: Schedule, workload: WorkloadConfig) -> list[str]:
+    """Where a run of a twin is at a load beyond those its calibration's runs ran
+    (``sim.engine.bands.beyond_checked``): its users (a closed loop's, an open loop's
+    cap), its rate, its prompts' length as configured (as the calibration's runs are
+    compared: a trace's or dataset's, or a drawn length, is not)."""
+    concurrency = schedule.concurrency if isinstance(schedule, ClosedLoop) else (
+        schedule.max_concurrency if isinstance(schedule, OpenLoop) else None)
+    rate = schedule.rate_rps if isinstance(schedule, OpenLoop) and math.isfinite(schedule.rate_rps) else None
+    tokens = None if workload.trace or workload.dataset else workload.input_tokens
+    try:
+        length = None if tokens is None else float(tokens)
+    except ValueError:  # (a length drawn from a distribution)
+        length = None
+    return beyond_checked(efficiencies, concurrency, rate, length)
 
 
 def sim_engine_config(load: LoadConfig, target: SimTarget, workload: WorkloadConfig | None = None) -> EngineConfig:

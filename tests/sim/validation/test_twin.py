@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,9 +118,18 @@ def test_cli_writes_an_efficiencies_file_sim_run_takes(measured: tuple[list[str]
     band = what_if["prediction"]["error_bands"]["ttft_ms"]
     assert (band["split"], band["rows"], band["twin"]) == ("holdout", 2, str(eff))
     assert band["pct"] == pytest.approx(100 * (errors[0] + errors[1]) / 2, abs=0.06)
-    assert "on 2 held-out runs of the calibration in twin.json" in band["text"]
+    # (the band says its basis: how many held-out runs, at what loads)
+    assert "on 2 held-out runs (c 4–16, prompts 1,024 tokens) of the calibration in twin.json" in band["text"]
+    assert "beyond_validated" not in what_if["prediction"]
     shown = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "4", "-n", "8", "--efficiencies", str(eff)])
-    assert "held-out runs of the calibration in twin.json" in " ".join(shown.stdout.split())
+    assert "held-out runs (c 4–16, prompts 1,024 tokens) of the calibration in twin.json" in words(shown.stdout)
+    assert "beyond the loads" not in words(shown.stdout)
+    # a run at a load none of its runs ran: said next to the band
+    shown = CliRunner().invoke(main, ["sim", "run", *ENGINE, "-c", "32", "-n", "32", "--input-tokens", "6000",
+                                      "--efficiencies", str(eff)])
+    assert shown.exit_code == 0, shown.stderr
+    assert ("this run (c 32, prompts 6,000 tokens) is beyond the loads the twin was checked on: c 1–16, prompts "
+            "128–3,000 tokens; its error band was measured within them only") in words(shown.stdout)
     # the bands hold for the server it was calibrated on: a flag asked about keeps them,
     # another GPU or model is another server and gets none (with the reason)
     on = written["calibration"]["served_by"]
@@ -245,18 +255,27 @@ def test_runs_of_one_output_token_calibrate_without_a_tpot(tmp_path: Path) -> No
     assert "TTFT" in record["errors"] and "TPOT/ITL" not in record["errors"]
 
 
-def said(runs: list[str], into: Path, *software: dict[str, Any] | None) -> list[str]:
-    """Copies of ``runs`` whose config.json records that their server said ``software``
-    (one each, as bench records it; None: it said nothing inferlab knows)."""
+def rewritten(runs: list[str], into: Path, *changes: Callable[[dict[str, Any]], None]) -> list[str]:
+    """Copies of ``runs`` in ``into``, each config.json changed in place by its ``changes``
+    (one each)."""
     out = []
-    for run, sw in zip(runs, software, strict=True):
+    for run, change in zip(runs, changes, strict=True):
         copy = into / Path(run).name
         shutil.copytree(run, copy)
         config = json.loads((copy / "config.json").read_text())
-        config["resolved"] = {**(config.get("resolved") or {}), "server_software": sw}
+        change(config)
         (copy / "config.json").write_text(json.dumps(config))
         out.append(str(copy))
     return out
+
+
+def said(runs: list[str], into: Path, *software: dict[str, Any] | None) -> list[str]:
+    """Copies of ``runs`` whose config.json records that their server said ``software``
+    (one each, as bench records it; None: it said nothing inferlab knows)."""
+    def saying(sw: dict[str, Any] | None) -> Callable[[dict[str, Any]], None]:
+        return lambda config: config.update(resolved={**(config.get("resolved") or {}), "server_software": sw})
+
+    return rewritten(runs, into, *map(saying, software))
 
 
 def vllm(version: str) -> dict[str, Any]:
@@ -545,9 +564,6 @@ def test_the_twin_takes_the_engine_its_server_states_and_runs_of_it_run_that_eng
 
 @pytest.mark.parametrize(("flags", "what"), [
     (("--gpu-memory-utilization", "0.8"), "--gpu-memory-utilization"),
-    (("--max-num-batched-tokens", "8192"), "--max-num-batched-tokens"),  # (another activation reserve)
-    (("--max-num-seqs", "64"), "--max-num-seqs"),
-    (("--enforce-eager",), "--enforce-eager"),
     (("--block-size", "16"), "--block-size"),
 ])
 def test_a_run_sized_otherwise_sizes_its_cache_from_memory_and_says_so(
@@ -555,8 +571,45 @@ def test_a_run_sized_otherwise_sizes_its_cache_from_memory_and_says_so(
 ) -> None:
     ran, err, _ = run_twin(twins["auto"], tmp_path / "r", *flags)
     assert ran["num_gpu_blocks_override"] is None
-    assert f"{what} not as twin.json was calibrated: the KV cache is sized from memory, not from the 900 blocks" in err
+    assert (f"{what} not as twin.json was calibrated: the KV cache is sized from the simulated GPU's memory, not "
+            "from the 900 blocks of 32 tokens (28,800 tokens) its server had") in err
     assert ran["max_model_len"] == 8192  # (the rest of what the server stated is still taken)
+
+
+@pytest.mark.parametrize(("flags", "what"), [
+    (("--max-num-batched-tokens", "8192"), "--max-num-batched-tokens"),  # (another activation reserve)
+    (("--max-num-seqs", "64"), "--max-num-seqs"),
+    (("--enforce-eager",), "--enforce-eager"),
+])
+def test_a_run_of_another_budget_or_cap_keeps_the_kv_cache_its_server_had_and_says_so(
+    twins: dict[str, Any], tmp_path: Path, flags: tuple[str, ...], what: str
+) -> None:
+    """The server might have had somewhat another count with another budget, but the
+    simulated GPU's memory may be nothing like its (a CPU server's twin on an H100 held
+    millions of tokens where the server had thousands): the server's blocks are kept."""
+    ran, err, _ = run_twin(twins["auto"], tmp_path / "r", *flags)
+    assert ran["num_gpu_blocks_override"] == 900 and ran["block_size"] == 32
+    assert (f"{what} not as twin.json was calibrated: its server might have sized its KV cache otherwise with them; "
+            "kept at the 900 blocks of 32 tokens (28,800 tokens) it had") in err
+
+
+def test_the_blocks_a_vllm_server_had_are_the_twins_kv_cache_not_an_override_it_was_given(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """vLLM states the blocks it had (``num_gpu_blocks``), however sized: the twin holds
+    that many, said as the server's cache, not as an override the server was given."""
+    kv = {k: v for k, v in KV.items() if k != "num_gpu_blocks_override"}
+    res = calibrate_cli(said(measured[0], tmp_path, *[stating("0.19.0", num_gpu_blocks=900, **kv)] * 3),
+                        tmp_path / "twin.json")
+    assert res.exit_code == 0, res.stderr
+    err = words(res.stderr)
+    assert ("its KV cache as the runs' server had it: 900 blocks of 32 tokens (28,800 tokens), simulated with "
+            "--num-gpu-blocks-override 900, not sized from the simulated GPU's memory") in err
+    assert "as the runs' server states its engine: --block-size 32, --no-enable-prefix-caching, --kv-cache-dtype auto, --max-model-len 8192 (" in err
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    assert record["server_settings"]["num_gpu_blocks_override"] == 900
+    ran, _, _ = run_twin(tmp_path / "twin.json", tmp_path / "r")
+    assert ran["num_gpu_blocks_override"] == 900
 
 
 def served_twin(measured: tuple[list[str], list[str]], tmp_path: Path) -> list[str]:
@@ -594,33 +647,34 @@ def test_a_twin_at_rate_inf_runs_served_as_its_server_did(measured: tuple[list[s
     assert engine_of(tmp_path / "p")["offline"] is True
 
 
-@pytest.mark.parametrize(("flags", "blocks"), [
-    (("--rate", "inf"), 900),  # (a twin's burst is served, as its server's was)
-    (("--rate", "inf", "--served"), 900),
-    (("--rate", "inf", "--max-concurrency", "2"), 900),  # (capped: served)
-    (("--offline",), None),  # vLLM's offline class: a larger default budget
-    (("--rate", "inf", "--offline"), None),
-    (("--max-num-batched-tokens", "2048"), 900),  # (given as the server's default resolved it)
-    (("--max-num-batched-tokens", "4096"), None),
+@pytest.mark.parametrize(("flags", "same"), [
+    (("--rate", "inf"), True),  # (a twin's burst is served, as its server's was)
+    (("--rate", "inf", "--served"), True),
+    (("--rate", "inf", "--max-concurrency", "2"), True),  # (capped: served)
+    (("--offline",), False),  # vLLM's offline class: a larger default budget
+    (("--rate", "inf", "--offline"), False),
+    (("--max-num-batched-tokens", "2048"), True),  # (given as the server's default resolved it)
+    (("--max-num-batched-tokens", "4096"), False),
 ])
-def test_an_offline_run_of_a_served_twin_sizes_its_cache_from_memory(
-    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], blocks: int | None
+def test_an_offline_run_of_a_served_twin_keeps_its_servers_cache_and_says_its_budget_is_another(
+    measured: tuple[list[str], list[str]], tmp_path: Path, flags: tuple[str, ...], same: bool
 ) -> None:
     engine = served_twin(measured, tmp_path)
     res = CliRunner().invoke(main, ["sim", "run", *engine, "-n", "4", "--efficiencies", str(tmp_path / "twin.json"),
                                     *flags, "-o", str(tmp_path / "r")])
     assert res.exit_code == 0, res.stderr
     ran = engine_of(tmp_path / "r")
-    assert ran["num_gpu_blocks_override"] == blocks
-    if blocks is None and "--max-num-batched-tokens" in flags:
-        assert "--max-num-batched-tokens not as twin.json was calibrated" in words(res.stderr)
-    elif blocks is None:
+    assert ran["num_gpu_blocks_override"] == 900
+    kept = "not as twin.json was calibrated: its server might have sized its KV cache otherwise with them; kept at the 900 blocks"
+    if not same and "--max-num-batched-tokens" in flags:
+        assert f"--max-num-batched-tokens {kept}" in words(res.stderr)
+    elif not same:
         served = json.loads((tmp_path / "twin.json").read_text())["calibration"]["sized_with"]
         assert served["max_num_batched_tokens"] is None and ran["max_num_batched_tokens"] > 2048
         assert (f"the offline default --max-num-batched-tokens {ran['max_num_batched_tokens']} (2048 on its server) "
-                "not as twin.json was calibrated: the KV cache is sized from memory") in words(res.stderr)
+                f"{kept}") in words(res.stderr)
     else:
-        assert ran["max_num_batched_tokens"] == 2048 and "sized from memory" not in res.stderr
+        assert ran["max_num_batched_tokens"] == 2048 and "might have sized" not in res.stderr
 
 
 @pytest.mark.parametrize("flags", [("--model", "meta-llama/Llama-2-7b-hf"), ("--gpu", "H100"), ("-tp", "2")])
@@ -657,20 +711,20 @@ def test_sweeps_and_tunes_of_the_twin_run_its_engine_unless_they_vary_what_sizes
     res = CliRunner().invoke(main, ["sweep", *ENGINE, "--concurrency", "1,2", *base, "-o", str(tmp_path / "s1")])
     assert res.exit_code == 0, res.stderr
     assert [p["num_gpu_blocks_override"] for p in points(tmp_path / "s1")] == [900, 900]
-    # a sweep over the budget: each point's cache from memory (the server's count held at one budget only)
+    # a sweep over the budget: each point keeps the server's cache, said (it might have had another count)
     res = CliRunner().invoke(main, ["sweep", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S",
                                     "--max-num-batched-tokens", "2048,8192", "--concurrency", "2", *base,
                                     "-o", str(tmp_path / "s2")])
     assert res.exit_code == 0, res.stderr
     ran = points(tmp_path / "s2")
-    assert len(ran) == 2 and all(p["num_gpu_blocks_override"] is None and p["block_size"] == 32 for p in ran)
+    assert len(ran) == 2 and all(p["num_gpu_blocks_override"] == 900 and p["block_size"] == 32 for p in ran)
     assert "--max-num-batched-tokens not as twin.json was calibrated" in words(res.stderr)
     # a tune searching the sequence cap: the same
     res = CliRunner().invoke(main, ["tune", *ENGINE, "--param", "max-num-seqs=2,4", "-c", "2", *base,
                                     "--max-trials", "2", "--slo-ttft-ms", "500", "-o", str(tmp_path / "t")])
     assert res.exit_code == 0, res.stderr
     ran = points(tmp_path / "t")
-    assert ran and all(p["num_gpu_blocks_override"] is None and p["max_model_len"] == 8192 for p in ran)
+    assert ran and all(p["num_gpu_blocks_override"] == 900 and p["max_model_len"] == 8192 for p in ran)
 
 
 @pytest.mark.parametrize(("flags", "blocks", "needle"), [
@@ -861,9 +915,9 @@ def test_runs_of_a_twin_take_the_sizes_it_was_calibrated_with_sim_serves_default
     ran, err, _ = run_twin(tmp_path / "eager.json", tmp_path / "r")
     assert (ran["enforce_eager"], ran["max_num_seqs"], ran["num_gpu_blocks_override"]) == (True, 8, 900)
     assert "--max-num-seqs 8, --enforce-eager" in err
-    # given otherwise: the flag's, and the cache from memory
+    # given otherwise: the flag's, and the server's cache kept, said
     ran, err, _ = run_twin(tmp_path / "eager.json", tmp_path / "r2", "--no-enforce-eager")
-    assert (ran["enforce_eager"], ran["num_gpu_blocks_override"]) == (False, None)
+    assert (ran["enforce_eager"], ran["num_gpu_blocks_override"]) == (False, 900) and "kept at the 900 blocks" in err
 
 
 def test_a_run_of_a_twin_given_flags_its_server_stated_otherwise_says_it_is_a_what_if(
@@ -987,14 +1041,14 @@ def test_an_unchunked_run_of_a_twin_takes_no_budget_and_keeps_no_blocks_sized_at
                                     "--no-enable-chunked-prefill", "-o", str(tmp_path / "r")])
     assert res.exit_code == 0, res.stderr
     ran, err = engine_of(tmp_path / "r"), words(res.stderr)
-    assert ran["max_num_batched_tokens"] >= ran["max_model_len"] and ran["num_gpu_blocks_override"] is None
-    assert "--max-num-batched-tokens 4096" not in err and "sized from memory" in err
-    # a vLLM twin: unchunked, the budget resolves otherwise than its server's, so its blocks are not kept
+    assert ran["max_num_batched_tokens"] >= ran["max_model_len"] and ran["num_gpu_blocks_override"] is not None
+    assert "--max-num-batched-tokens 4096" not in err and "might have sized its KV cache otherwise" in err
+    # a vLLM twin: unchunked, the budget resolves otherwise than its server's: its blocks kept, said
     engine = served_twin(measured, tmp_path)
     res = CliRunner().invoke(main, ["sim", "run", *engine, "-n", "4", "--efficiencies", str(tmp_path / "twin.json"),
                                     "--no-enable-chunked-prefill", "-o", str(tmp_path / "u")])
     assert res.exit_code == 0, res.stderr
-    assert engine_of(tmp_path / "u")["num_gpu_blocks_override"] is None and "sized from memory" in words(res.stderr)
+    assert engine_of(tmp_path / "u")["num_gpu_blocks_override"] == 900 and "kept at the 900 blocks" in words(res.stderr)
 
 
 def test_eager_mode_given_against_the_servers_keeps_calibrate_from_taking_its_pool(
@@ -1145,18 +1199,14 @@ def as_bench_of_sim_serve(runs: list[str], into: Path, **engine: Any) -> list[st
     and the engine the simulated server reported (``resolved.engine``), changed by ``engine``."""
     recorded = into / "recorded"  # (the engine a sim run of the runs' flags records)
     sim_run(recorded, "-c", "1", "-n", "1", "--input-tokens", "8", "--output-tokens", "2")
-    out = []
-    for run in runs:
-        copy = into / Path(run).name
-        shutil.copytree(run, copy)
-        config = json.loads((copy / "config.json").read_text())
-        ran = {**json.loads((recorded / "config.json").read_text())["engine"], **engine}
+    ran = {**json.loads((recorded / "config.json").read_text())["engine"], **engine}
+
+    def as_bench(config: dict[str, Any]) -> None:
         config.pop("command", None)
         config["resolved"] = {"url": "http://127.0.0.1:8000/v1", "model": ran["model"], "engine": ran,
                               "server_software": None}
-        (copy / "config.json").write_text(json.dumps(config))
-        out.append(str(copy))
-    return out
+
+    return rewritten(runs, into, *[as_bench] * len(runs))
 
 
 def test_a_twin_of_the_simulated_server_is_calibrated_as_the_engine_it_ran(
@@ -1328,3 +1378,85 @@ def test_a_search_stopped_at_max_evaluations_says_it_may_not_have_converged(
     fit = calibrate(engine(), [read_run(d) for d in measured[0]], (), ("api_overhead_s",), max_evaluations=400)
     assert fit.converged and fit.evaluations < 400
     assert not calibrate(engine(), [read_run(d) for d in measured[0]], (), ("api_overhead_s",), max_evaluations=1).converged
+
+
+def started_with(runs: list[str], into: Path, **spec: Any) -> list[str]:
+    """Copies of ``runs`` whose config.json records the engine config inferlab started
+    their server from (``bench --engine``: ``engine_config``)."""
+    started = {"engine": "vllm", "model": "Qwen/Qwen2.5-7B-Instruct", "tensor_parallel_size": None,
+               "max_model_len": None, "max_num_batched_tokens": None, "max_num_seqs": None,
+               "gpu_memory_utilization": None, "enable_prefix_caching": None, "enforce_eager": None, **spec}
+    return rewritten(runs, into, *[lambda config: config.update(engine_config=started)] * len(runs))
+
+
+def test_calibrate_takes_the_flags_inferlab_started_the_server_with_and_says_what_it_left_at_defaults(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """bench --engine records the config it started the server from: its sequence cap
+    and budget are the twin's (what the server states wins; a flag given wins over
+    both); where neither says them, calibrate says it left them at the simulator's."""
+    def cli(runs: list[str], out: Path, *flags: str) -> Any:
+        return CliRunner().invoke(main, ["sim", "calibrate", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S",
+                                         *flags, *runs, "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(out)])
+
+    (tmp_path / "s").mkdir()
+    runs = said(started_with(measured[0], tmp_path / "s", max_num_seqs=16, max_num_batched_tokens=512,
+                             max_model_len=8192), tmp_path, *[stating("0.19.0", max_model_len=4096)] * 3)
+    res = cli(runs, tmp_path / "twin.json")
+    assert res.exit_code == 0, res.stderr
+    err = words(res.stderr)
+    assert ("as inferlab started the runs' server (config.json's engine_config, from --engine): "
+            "--max-num-batched-tokens 512, --max-num-seqs 16") in err
+    assert "simulator's defaults" not in err
+    record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
+    assert (record["sized_with"]["max_num_seqs"], record["sized_with"]["max_num_batched_tokens"]) == (16, 512)
+    assert record["sized_with"]["max_model_len"] == 4096  # (what the server states wins)
+    res = cli(runs, tmp_path / "twin2.json", "--max-num-seqs", "8")
+    assert res.exit_code == 0 and ("the runs' server was started with --max-num-seqs 16: calibrating with the flags "
+                                   "given instead") in words(res.stderr)
+    # runs of a server inferlab did not start, which states no cap: said, left at the simulator's defaults
+    res = cli(measured[0], tmp_path / "twin3.json")
+    assert res.exit_code == 0, res.stderr
+    assert ("the runs do not say the server's --max-num-batched-tokens or --max-num-seqs: left at the simulator's "
+            "defaults (--max-num-batched-tokens") in words(res.stderr)
+
+
+def warned(run: str, into: Path, name: str, **summary: Any) -> str:
+    """A copy of ``run`` whose summary.json holds ``summary``'s keys (``warnings``
+    added to its own; ``tpot_p50``: its TPOT p50)."""
+    copy = Path(edited(run, into, name))
+    data = json.loads((copy / "summary.json").read_text())
+    data["warnings"] = [*data.get("warnings", []), *summary.pop("warnings", [])]
+    if "tpot_p50" in summary:
+        data["tpot_ms"]["p50"] = summary.pop("tpot_p50")
+    data.update(summary)
+    (copy / "summary.json").write_text(json.dumps(data))
+    return str(copy)
+
+
+def test_runs_their_summary_warns_are_off_are_refused_unless_allowed_and_a_metric_left_out_is_said(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """A run whose client was likely the bottleneck (its delay in the latencies), or
+    whose prompts the server served from a cache an earlier run filled (a cached
+    prompt's TTFT), is refused unless --allow-unreliable; a TPOT of 0, left out of the
+    fit, is said with why."""
+    a, b = measured[0][:2]
+    slow = warned(b, tmp_path, "slow", client={"bottleneck": True, "inflation_ms": {"p50": 86.4, "p99": 90.0},
+                                               "processes": []})
+    cached = warned(b, tmp_path, "cached", tpot_p50=0.0, warnings=[
+        "the server served 2,048 of 2,480 prompt tokens from its prefix cache, though this run's prompts share no "
+        "prefix: TTFT is lower than for fresh prompts (an earlier run with the same --seed, or another client, sent "
+        "the same text)"])
+    for run, why in ((slow, "the client was likely the bottleneck (its latencies inflated by about 86.4 ms at p50)"),
+                     (cached, "the server served 2,048 of 2,480 prompt tokens from its prefix cache filled by an "
+                              "earlier run")):
+        res = calibrate_cli([a, run], tmp_path / "twin.json")
+        assert res.exit_code == 2 and f"{run}: {why}: its summary warns its numbers are off" in words(res.stderr), res.stderr
+        assert "--allow-unreliable" in res.stderr and not (tmp_path / "twin.json").exists()
+        assert calibrate_cli([a, "--holdout", run], tmp_path / "twin.json").exit_code == 2
+    res = calibrate_cli([a, cached], tmp_path / "twin.json", "--allow-unreliable")
+    assert res.exit_code == 0, res.stderr
+    err = words(res.stderr)
+    assert f"{cached}: the server served 2,048 of 2,480 prompt tokens from its prefix cache filled by an earlier run (taken anyway, --allow-unreliable)" in err
+    assert f"{cached}: its TPOT p50 is left out of the fit and its error: it measured 0" in err

@@ -82,6 +82,8 @@ class ErrorBand:
     twin: str | None = None
     # the statistic the error was measured on ("median", "p99"); "": each row's headline
     stat: str = ""
+    # a twin's: the loads of the runs its error is over ("c 4–8, prompts 1,024 tokens")
+    basis: str = ""
 
     def describe(self) -> str:
         """'±25 % on 6 held-out vLLM V1 Poisson rows'; a twin's: '±12 % on 4 held-out
@@ -92,7 +94,8 @@ class ErrorBand:
         if self.twin is not None:  # (a twin may fit its own runs to under 1 %)
             pct = f"{self.pct:.1f}" if self.pct < 10 else shown_pct(self.pct)
             runs = "run" if self.rows == 1 else "runs"
-            return f"±{pct} % on {self.rows} {side} {runs} of the calibration in {Path(self.twin).name}"
+            basis = f" ({self.basis})" if self.basis else ""
+            return f"±{pct} % on {self.rows} {side} {runs}{basis} of the calibration in {Path(self.twin).name}"
         of = f"{_STAT_WORDS[self.stat]} " if self.stat else ""
         if self.family == ALL:
             return f"±{shown_pct(self.pct)} % on {of}{self.rows} {side}{regime} rows of every engine" + (
@@ -107,6 +110,8 @@ class ErrorBand:
         }
         if self.stat:
             out["stat"] = self.stat
+        if self.basis:
+            out["basis"] = self.basis
         return out if self.twin is None else {**out, "twin": self.twin}
 
 
@@ -233,13 +238,58 @@ def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str)
         return {}
     split = "holdout" if record.get("split") == "holdout" else "fit"
     fam = EngineFamily.parse(str(family)).value
+    loads = record.get("loads")
+    basis = loads_words(loads.get("checked")) if isinstance(loads, dict) else ""
     # (the calibration compares p50s and throughput: its latency bands are medians')
     return {
         cls: ErrorBand(cls, float(e["median_abs_pct"]), int(e["runs"]), split, fam, regime, efficiencies,
-                       stat="" if cls == "throughput" else "median")
+                       stat="" if cls == "throughput" else "median", basis=basis)
         for cls, e in record["errors"].items()
         if cls in METRIC_CLASSES and isinstance(e, dict)
     }
+
+
+#: A calibration record's load ranges (``twin.loads_of``) in words
+_LOAD_WORDS = (("concurrency", "c {}", ""), ("rate_rps", "rate {}", " req/s"), ("input_tokens", "prompts {}", " tokens"))
+
+
+def _span(lo: float, hi: float) -> str:
+    return f"{lo:,g}" if lo == hi else f"{lo:,g}–{hi:,g}"
+
+
+def loads_words(loads: Any) -> str:
+    """A calibration's load ranges in words ("c 4–8, prompts 1,024 tokens"); "" for none."""
+    if not isinstance(loads, dict):
+        return ""
+    return ", ".join(form.format(_span(*loads[key])) + unit for key, form, unit in _LOAD_WORDS
+                     if isinstance(loads.get(key), list) and len(loads[key]) == 2)
+
+
+def beyond_checked(efficiencies: str, concurrency: float | None, rate_rps: float | None,
+                   input_tokens: float | None) -> list[str]:
+    """Where a run of a twin (``efficiencies``, its calibration record) is at a load
+    outside every run its calibration fitted or checked (``loads``' ``all``): its
+    concurrency, rate or mean prompt length beyond their range. Its error band was
+    measured within that range only. One sentence, or none (a record without loads)."""
+    record = efficiencies_json(efficiencies).get(CALIBRATION_KEY)
+    loads = record.get("loads") if isinstance(record, dict) else None
+    ranges = loads.get("all") if isinstance(loads, dict) else None
+    if not isinstance(ranges, dict):
+        return []
+    out = []
+    for key, value in (("concurrency", concurrency), ("rate_rps", rate_rps), ("input_tokens", input_tokens)):
+        span = ranges.get(key)
+        if value is None or not isinstance(span, list) or len(span) != 2:
+            continue
+        if not span[0] * (1 - 1e-6) <= value <= span[1] * (1 + 1e-6):
+            out.append(key)
+    if not out:
+        return []
+    run = {"concurrency": concurrency, "rate_rps": rate_rps, "input_tokens": input_tokens}
+    this = ", ".join(form.format(f"{run[k]:,.0f}" if k != "rate_rps" else f"{run[k]:,g}") + unit
+                     for k, form, unit in _LOAD_WORDS if k in out)
+    return [f"this run ({this}) is beyond the loads the twin was checked on: {loads_words(ranges)}; its error "
+            "band was measured within them only"]
 
 
 @functools.cache
@@ -407,7 +457,7 @@ def band_of(prediction: Any, metric: str, path: Path = BANDS_FILE, *, stat: str 
         if band is None or stat == "p99":
             return None
         return ErrorBand(metric, band["pct"], band["rows"], band["split"], band["family"], band["regime"], twin,
-                         stat=band.get("stat", ""))
+                         stat=band.get("stat", ""), basis=band.get("basis", ""))
     return error_band(prediction["engine_family"], prediction["regime"], metric, path, stat=stat)
 
 

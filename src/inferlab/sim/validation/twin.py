@@ -19,6 +19,7 @@ it finds a local best, which the held-out error checks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -33,6 +34,7 @@ from typing import Any
 from inferlab._errors import InferlabError, UsageError
 from inferlab.load.run import RunConfig, SimTarget, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
+from inferlab.results.clientload import ClientLoad
 from inferlab.results.runfiles import read_summary
 from inferlab.results.summary import Summary
 from inferlab.results.sweepindex import headline as sweep_headline
@@ -88,7 +90,11 @@ class MeasuredRun:
     model the server served and its API root, as the run recorded them (None where it
     did not); ``counts``: its requests by outcome (``summary.json``'s ``counts``) and
     ``interrupted``; ``digest``: the SHA-256 of its ``requests.jsonl`` (None without one):
-    two directories with one digest hold one run."""
+    two directories with one digest hold one run. ``engine_config``: the config inferlab
+    started its server from (``bench --engine``, a sweep's setting: ``config.json``'s
+    ``engine_config``), None for a server the run did not start. ``unreliable``: what its
+    summary says makes its numbers unfit to fit on (``unreliable``); ``left_out``: the
+    fitted metrics it has none of, and why (``left_out``)."""
 
     path: str
     config: RunConfig
@@ -101,6 +107,37 @@ class MeasuredRun:
     counts: dict[str, Any] = field(default_factory=dict)
     interrupted: bool = False
     digest: str | None = None
+    engine_config: dict[str, Any] | None = None
+    unreliable: tuple[str, ...] = ()
+    left_out: dict[str, str] = field(default_factory=dict)
+
+
+#: The summary's warning that the server served prompts from a cache another run filled
+#: (``load.run``'s unintended-cache warning): its TTFT is that of cached prompts
+FOREIGN_CACHE = "though this run's prompts share no prefix"
+
+
+def unreliable(s: Summary) -> tuple[str, ...]:
+    """What a run's summary says makes its numbers unfit to fit or judge a twin by: the
+    client was likely the bottleneck (its latencies inflated by its own delay), or the
+    server served its prompts from a cache an earlier run filled (its TTFT is a cached
+    prompt's). In words, one each; empty for neither."""
+    out = []
+    client = s.client
+    if isinstance(client, ClientLoad) and client.bottleneck:
+        added = client.inflation_ms[0] if client.inflation_ms else 0.0
+        out.append(f"the client was likely the bottleneck (its latencies inflated by about {added:,.1f} ms at p50)")
+    out += [w.split(", " + FOREIGN_CACHE)[0] + " filled by an earlier run" for w in s.warnings if FOREIGN_CACHE in w]
+    return tuple(out)
+
+
+def left_out(s: Summary, measured: dict[str, float]) -> dict[str, str]:
+    """The fitted metrics (``METRICS``) a run's summary has none of, or zero, and why."""
+    h = sweep_headline(s, None)
+    return {m: ("it measured none" if h.get(m) is None else
+                "it measured 0 (each answer's tokens after its first arrived at once, or it had one: no decode rate)"
+                if m == "tpot_p50_ms" else "it measured 0")
+            for m in METRICS if m not in measured}
 
 
 def headline(s: Summary) -> dict[str, float]:
@@ -162,7 +199,9 @@ def read_run(path: str) -> MeasuredRun:
                        software if isinstance(software, dict) else None,
                        isinstance(engine, dict) and engine.get("offline") is True,
                        predicted, None if model is None else str(model), None if url is None else str(url),
-                       summary.counts.to_json(), summary.interrupted, digest)
+                       summary.counts.to_json(), summary.interrupted, digest,
+                       started if isinstance(started := config.get("engine_config"), dict) else None,
+                       unreliable(summary), left_out(summary, measured))
 
 
 #: Failures that leave a run's slowest requests out of its numbers: a request that took
@@ -354,19 +393,44 @@ def calibrate(
     return fit
 
 
-def write_efficiencies(path: str, engine: EngineConfig, fit: Fit, server_settings: dict[str, Any] | None = None) -> None:
+def loads_of(runs: Sequence[MeasuredRun]) -> dict[str, list[float]]:
+    """The range of the loads ``runs`` ran: ``concurrency`` (closed loops' users, and the
+    cap of an open loop's), ``rate_rps`` (open loops') and ``input_tokens`` (their
+    prompts' length as configured), each [lowest, highest], where any run had one."""
+    values: dict[str, list[float]] = {}
+    for r in runs:
+        schedule = r.config.load.schedule
+        if isinstance(schedule, ClosedLoop):
+            values.setdefault("concurrency", []).append(schedule.concurrency)
+        elif isinstance(schedule, OpenLoop):
+            values.setdefault("rate_rps", []).append(schedule.rate_rps)
+            if schedule.max_concurrency is not None:
+                values.setdefault("concurrency", []).append(schedule.max_concurrency)
+        tokens = r.config.workload.input_tokens
+        with contextlib.suppress(ValueError):  # (a length drawn from a distribution: left out)
+            if tokens is not None:
+                values.setdefault("input_tokens", []).append(float(tokens))
+    return {k: [min(v), max(v)] for k, v in values.items() if v and all(math.isfinite(x) for x in v)}
+
+
+def write_efficiencies(path: str, engine: EngineConfig, fit: Fit, server_settings: dict[str, Any] | None = None,
+                       loads: dict[str, dict[str, list[float]]] | None = None) -> None:
     """The efficiencies file ``sim run --efficiencies`` reads: the engine's own file's
     constants under the fitted ones, and the calibration's error (``calibration_record``)
     and the server it holds for (``served_by``, and the release it was fitted as) for
     ``sim run`` to show beside what the twin predicts, on that server only; and
-    ``server_settings``, the engine flags the runs' server stated that the fit took."""
+    ``server_settings``, the engine flags the runs' server stated that the fit took;
+    ``loads``: the loads the runs the error is over ran (``"checked"``: those of the
+    error's split) and of all of them, fit and held out (``"all"``), as ``loads_of``."""
     with open(path, "w", encoding="utf-8") as f:
         # (the release too: sim run with this file and no --engine-version runs it)
         record = {**calibration_record(fit), "served_by": served_by(engine), "engine_version": engine.engine_version,
                   # (the engine flags the server stated and the fit took: runs of the twin take them too)
                   "server_settings": dict(server_settings or {}),
                   # (what sized its cache: a run with others does not take the server's block count)
-                  "sized_with": {k: getattr(engine, k) for k in CALIBRATED_WITH}}
+                  "sized_with": {k: getattr(engine, k) for k in CALIBRATED_WITH},
+                  # (where its error was measured: a run at other loads is beyond them)
+                  **({"loads": loads} if loads else {})}
         # a latency stated with --api-latency-ms (not fitted) is part of the twin too
         stated = {} if engine.api_overhead_s is None else {"api_overhead_s": engine.api_overhead_s}
         json.dump({**_overridden(engine), **stated, **fit.constants, CALIBRATION_KEY: record}, f, indent=2)
