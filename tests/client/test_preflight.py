@@ -153,6 +153,33 @@ async def test_prompts_and_answers_that_cannot_fit_the_stated_context_are_caught
                for w in summary.warnings), summary.warnings
 
 
+async def test_lengths_of_which_only_some_overflow_the_context_run_with_their_share_said() -> None:
+    """Only the whole run is refused before sending, where every request would fail: a
+    drawn range of which part overflows runs (its overflowing requests fail or are cut,
+    recorded), and the summary says about how many; a prompt alone over the context is
+    refused with exact output or without."""
+    def cfg(input_tokens: str, output_tokens: str, exact: bool = True) -> BenchConfig:
+        return BenchConfig(load=LoadConfig(ClosedLoop(2), num_requests=4),
+                           workload=WorkloadConfig(input_tokens=input_tokens, output_tokens=output_tokens, exact_output=exact))
+
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=2048))) as sim:
+        overhead = (await bench_async(cfg("100", "1"), sim.url)).summary.prompt_overhead_tokens
+        assert overhead is not None
+        # prompts 100..2,100 (as sent, + overhead) for 48 tokens: those over 2,000 - overhead do not fit
+        try:
+            result = await bench_async(cfg("uniform:100:2100", "48"), sim.url)
+            warnings = result.summary.warnings
+        except RunFailedError as e:  # (every drawn request may fail in a run this small)
+            assert isinstance(e.summary, Summary)
+            warnings = e.summary.warnings
+        over = [w for w in warnings if "-token context" in w]
+        share = (2100 + overhead + 48 - 2048) / (2100 - 100 + 1)
+        assert len(over) == 1 and f"about {share:.0%} of requests may not fit" in over[0], warnings
+        for exact in (True, False):
+            with pytest.raises(UsageError, match=r"tokens \(as sent\) ≥ the server's 2,048-token context: every request would fail"):
+                await bench_async(cfg("2100", "4", exact), sim.url)
+
+
 class LlamaLikeServer:
     """What llama.cpp's ``llama-server`` does that the preflight must survive: its
     ``/tokenize`` reads only ``{"content": ...}`` (any other body counts no tokens), and

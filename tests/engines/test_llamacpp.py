@@ -31,6 +31,7 @@ from inferlab import (
     RunConfig,
     RunFailedError,
     RunResult,
+    UsageError,
     WallClock,
     WorkloadConfig,
     request_metrics,
@@ -212,8 +213,13 @@ def test_concurrent_streams_are_batched(llama: LlamaServer) -> None:
 
 
 def test_a_prompt_beyond_the_context_is_a_clean_error_record(llama: LlamaServer) -> None:
-    with pytest.raises(RunFailedError) as info:
+    # bench knows the slot's context (the server states it) and the prompt's exact length
+    # (its /tokenize): it refuses before sending
+    with pytest.raises(UsageError, match="every request would fail"):
         bench(llama, n=2, c=1, input_tokens=llama.ctx_tokens // llama.slots + 500, output_tokens=4)
+    # sent all the same (no preflight), the server's refusal is a clean error record
+    with pytest.raises(RunFailedError) as info:
+        bench(llama, n=2, c=1, preflight=False, input_tokens=llama.ctx_tokens // llama.slots + 500, output_tokens=4)
     result = info.value.result
     assert isinstance(result, RunResult)
     for r in result.records:

@@ -303,36 +303,67 @@ def _token_count(obj: object) -> int | None:
 def context_fit(wcfg: WorkloadConfig, pre: Preflight, context_tokens: int | None) -> str | None:
     """Whether synthetic prompts and their answers fit the server's context
     (``context_tokens``, its stated ``max_model_len``), checked before any request is
-    sent where both are known: the longest prompt as sent (``--input-tokens`` counted
-    exactly by the probe, plus what the server adds around it: the chat template, a BOS) and the most
-    output tokens asked for. With exact output (``min_tokens``) a request that does not
-    fit fails (vLLM lowers max_tokens to what the context has left, then refuses
-    min_tokens over it; others refuse the request): ``UsageError``. Without, the server
-    cuts the answers short: the warning, for the summary. None when it fits or cannot
-    be known (lengths with no upper bound, approximate prompt lengths, another workload)."""
+    sent where both are known: each prompt as sent (``--input-tokens`` counted exactly
+    by the probe, plus what the server adds around it: the chat template, a BOS) and
+    the output tokens asked for. A request that does not fit fails where its prompt
+    alone is over the context, and with exact output (``min_tokens``: vLLM lowers
+    max_tokens to what the context has left, then refuses min_tokens over it; others
+    refuse the request); without exact output the server cuts its answer short. Where
+    every request would fail: ``UsageError``; where some may not fit: a warning for the
+    summary, with their share where the lengths say it (fixed and uniform). None when
+    all fit or it cannot be known (lengths with no upper bound, approximate prompt
+    lengths, another workload)."""
     from inferlab.workload.lengths import parse_length
 
     exact_prompts = pre.input_length_source in (EXACT_LOCAL, EXACT_SERVER)
     if context_tokens is None or not exact_prompts or wcfg.shares_prefixes or wcfg.output_tokens is None:
         return None
     assert wcfg.input_tokens is not None  # (shares_prefixes is False: synthetic prompts)
-    longest_in, longest_out = _longest(parse_length(wcfg.input_tokens)), _longest(parse_length(wcfg.output_tokens, "--output-tokens"))
-    if longest_in is None or longest_out is None:
+    prompts, outputs = _bounds(parse_length(wcfg.input_tokens)), _bounds(parse_length(wcfg.output_tokens, "--output-tokens"))
+    if prompts is None or outputs is None:
         return None
-    prompt = longest_in + (pre.prompt_overhead_tokens or 0)
-    if prompt + longest_out <= context_tokens:
+    overhead = pre.prompt_overhead_tokens or 0
+    (in_lo, in_hi), (out_lo, out_hi) = prompts, outputs
+    if in_hi + overhead + out_hi <= context_tokens:
         return None
-    said = f"prompt {prompt:,} + {longest_out:,} output tokens > the server's {context_tokens:,}-token context"
-    if pre.accepts_exact_output and wcfg.exact_output:
-        raise UsageError(f"{said}: every such request would fail (min_tokens over what the context leaves); "
-                         "ask for shorter prompts or answers, or a server with a larger --max-model-len")
-    return f"{said}: the server will cut the answers short (vLLM lowers max_tokens to what the context leaves) or refuse them"
+    exact = pre.accepts_exact_output and wcfg.exact_output
+    said = f"prompt {in_hi + overhead:,} + {out_hi:,} output tokens > the server's {context_tokens:,}-token context"
+    if in_lo + overhead >= context_tokens:  # (even the shortest prompt leaves no room for one token)
+        raise UsageError(f"prompt {in_lo + overhead:,} tokens (as sent) ≥ the server's {context_tokens:,}-token context: "
+                         "every request would fail; ask for shorter prompts, or a server with a longer context")
+    if exact and in_lo + overhead + out_lo > context_tokens:
+        raise UsageError(f"prompt {in_lo + overhead:,} + {out_lo:,} output tokens > the server's {context_tokens:,}-token "
+                         "context: every request would fail (exact output: min_tokens over what the context leaves); ask "
+                         "for shorter prompts or answers, a server with a longer context, or --no-exact-output")
+    share = _share_over(prompts, outputs, context_tokens - overhead)
+    some = f"about {share:.0%} of requests" if share < 1 else "every request"
+    if exact:
+        return f"{said}: {some} may not fit, and each that does not fails (exact output: min_tokens over what the context leaves)"
+    return f"{said}: {some} may not fit; the server cuts their answers short (vLLM lowers max_tokens to what the context leaves) or refuses them"
 
 
-def _longest(dist: LengthDist) -> int | None:
-    """The most tokens a length distribution draws, where it has a bound (fixed, uniform)."""
+def _bounds(dist: LengthDist) -> tuple[int, int] | None:
+    """The fewest and most tokens a length distribution draws, where it has bounds
+    (fixed, uniform); None for the others."""
     if dist.kind == "fixed":
-        return int(dist.a)
+        return int(dist.a), int(dist.a)
     if dist.kind == "uniform":
-        return int(dist.b)
+        return int(dist.a), int(dist.b)
     return None
+
+
+def _share_over(prompts: tuple[int, int], outputs: tuple[int, int], room: int) -> float:
+    """The share of (prompt, output) draws, each uniform over its inclusive bounds and
+    drawn apart, whose sum is over ``room``. A prompt ``p`` is over with the outputs from
+    ``room + 1 - p`` up: none below ``room + 1 - d``, all from ``room + 1 - c``, and
+    ``p + d - room`` of them between."""
+    (a, b), (c, d) = prompts, outputs
+
+    def total(lo: int, hi: int) -> int:  # (sum of p + d - room for p in [lo, hi])
+        return 0 if hi < lo else (hi - lo + 1) * (lo + hi) // 2 + (hi - lo + 1) * (d - room)
+
+    some_lo, all_lo = max(a, room + 1 - d), max(a, room + 1 - c)
+    over = total(some_lo, min(b, all_lo - 1)) + max(0, b - all_lo + 1) * (d - c + 1)
+    return over / ((b - a + 1) * (d - c + 1))
+
+
