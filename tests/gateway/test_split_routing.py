@@ -125,6 +125,8 @@ def config(tmp_path: Path, gateway: str) -> GatewayConfig:
 def test_the_config_names_the_long_pool_by_url(tmp_path: Path) -> None:
     cfg = config(tmp_path, f'router = "{SPLIT}"\nlong_prompt_tokens = 8192\nlong_upstreams = ["http://10.0.0.6:8000/v1"]\n')
     assert cfg.long_pool() == LongPool(8192, frozenset({1}))
+    # what a run through it records says which upstreams take the long prompts
+    assert [u.get("long_prompts", False) for u in cfg.setup()["upstreams"]] == [False, True]
 
 
 @pytest.mark.parametrize(("gateway", "words"), [

@@ -67,7 +67,7 @@ def test_long_prompts_on_a_replica_of_their_own_cut_the_short_requests_ttft_p90(
 
 @pytest.mark.parametrize(("args", "words"), [
     (["--replicas", "2", "--router", "least-outstanding", "--long-prompt-tokens", "2048"], "act with --router split-by-length"),
-    (["--replicas", "2", "--long-replicas", "1"], "act with --router split-by-length"),
+    (["--replicas", "2", "--long-replicas", "1"], "act with --router split-by-length (the default router is round-robin)"),
     (["--replicas", "2", "--router", "split-by-length"], "needs --long-prompt-tokens"),
     (["--replicas", "2", "--router", "split-by-length", "--long-prompt-tokens", "2048", "--long-replicas", "2"],
      "from 1 to 1 of the 2 replicas"),
@@ -76,3 +76,21 @@ def test_long_prompts_on_a_replica_of_their_own_cut_the_short_requests_ttft_p90(
 def test_split_flags_that_would_do_nothing_are_refused(args: list[str], words: str) -> None:
     r = CliRunner().invoke(main, ["sim", "run", "-n", "5", *args])
     assert r.exit_code == 2 and words in r.output, r.output
+
+
+@pytest.mark.parametrize(("threshold", "words"), [
+    ("20000", "no prompt reached the --long-prompt-tokens threshold of 20,000: the long replicas took none"),
+    ("1", "every prompt was 1+ tokens: the short replicas took none"),
+])
+def test_a_split_one_pool_of_which_took_nothing_is_said(tmp_path: Path, threshold: str, words: str) -> None:
+    """A threshold no prompt reaches (or every prompt does) ran one engine of two, and
+    said nothing: the summary says so, with each replica's count."""
+    def warned(name: str, t: str) -> list[str]:
+        sim(tmp_path, name, "--router", "split-by-length", "--long-prompt-tokens", t)
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        return [w for w in summary["warnings"] if w.startswith("split-by-length:")]
+
+    said = warned(f"t{threshold}", threshold)
+    assert len(said) == 1 and words in said[0], said
+    assert "requests per replica: 300, 0" in said[0] or "requests per replica: 0, 300" in said[0]
+    assert warned("t2048", "2048") == []

@@ -70,7 +70,9 @@ async def _serve(config: Any, announce: bool) -> int:
     routing = f"{config.router} routing"
     if config.long_prompt_tokens is not None:
         routing += (f" (prompts of {config.long_prompt_tokens:,}+ tokens to "
-                    f"{', '.join(u.name for u in config.upstreams if u.url in config.long_upstreams)})")
+                    f"{', '.join(u.name for u in config.upstreams if u.url in config.long_upstreams)}"
+                    + (f", as estimated at {CHARS_PER_TOKEN} characters a token: [admission] tokenizer = "
+                       f"\"{UPSTREAM}\" counts them as the engine does" if adm.tokenizer == "estimate" else "") + ")")
     click.echo(f"inferlab gateway on {url} → {ups} (over {stacks}); {routing}, {refresh}; admission "
                f"{adm.mode} ({limit} per upstream; prompts counted by {counted}); {keys}; {cache}", err=True)
     await serve_until_stopped(runner)

@@ -679,7 +679,8 @@ def _sim_run(kw: dict[str, Any]) -> int:
     if kw["replicas"] == 1 and given("router"):
         raise UsageError("--router chooses among --replicas: give --replicas N (2 or more)")
     if kw["router"] != SPLIT and (given("long_prompt_tokens") or given("long_replicas")):
-        raise UsageError(f"--long-prompt-tokens and --long-replicas act with --router {SPLIT} (given: --router {kw['router']})")
+        raise UsageError(f"--long-prompt-tokens and --long-replicas act with --router {SPLIT} ("
+                         + (f"given: --router {kw['router']})" if given("router") else f"the default router is {kw['router']})"))
     if kw["router"] == SPLIT and kw["long_prompt_tokens"] is None:
         raise UsageError(f"--router {SPLIT} needs --long-prompt-tokens T: a prompt of T tokens or more is long")
     target = SimTarget(engine_config(kw), kw["offline"], kw["step_log"], kw["replicas"], kw["router"], admission_config(kw),

@@ -211,12 +211,14 @@ class GatewayConfig:
     def setup(self) -> dict[str, Any]:
         """What the gateway answers at ``results.provenance.GATEWAY_ROUTE``, and a run
         through it records (``resolved.gateway``): its upstreams by name (``host:port``,
-        as its metrics label them; with their own caps where set), its router, admission,
-        cache, and whether state is shared through Redis. No URL, key or tokenizer path."""
+        as its metrics label them; with their own caps where set, and ``long_prompts`` for
+        those ``split-by-length`` sends the long prompts to), its router, admission, cache,
+        and whether state is shared through Redis. No URL, key or tokenizer path."""
         adm = self.admission
         return {
             "upstreams": [{"name": u.name, **({"max_tokens_in_flight": u.max_tokens_in_flight} if u.max_tokens_in_flight else {}),
-                           **({"max_requests_in_flight": u.max_requests_in_flight} if u.max_requests_in_flight else {})}
+                           **({"max_requests_in_flight": u.max_requests_in_flight} if u.max_requests_in_flight else {}),
+                           **({"long_prompts": True} if u.url in self.long_upstreams else {})}
                           for u in self.upstreams],
             "router": self.router,
             **({"long_prompt_tokens": self.long_prompt_tokens} if self.long_prompt_tokens is not None else {}),

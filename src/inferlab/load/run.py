@@ -266,6 +266,31 @@ async def run(
 # --- the simulated engine -----------------------------------------------------------------
 
 
+def _idle_replicas(server: object, target: SimTarget) -> list[str]:
+    """The summary's warning where a replica took no request (a ``split-by-length``
+    threshold no prompt reached, or every prompt did), with each one's count; none
+    otherwise."""
+    from inferlab.gateway.routing import SPLIT
+    from inferlab.load.admitted import Admitted
+    from inferlab.load.replicas import Replicas
+
+    inner = server.engines if isinstance(server, Admitted) else server
+    if not isinstance(inner, Replicas) or all(inner.sent):
+        return []
+    counts = ", ".join(f"{n:,}" for n in inner.sent)
+    if target.router == SPLIT and target.long_prompt_tokens is not None:
+        k = target.long_replicas
+        short, long = sum(inner.sent[:-k]), sum(inner.sent[-k:])
+        pool = ("no prompt reached the --long-prompt-tokens threshold of "
+                f"{target.long_prompt_tokens:,}: the long replicas took none" if not long
+                else f"every prompt was {target.long_prompt_tokens:,}+ tokens: the short replicas took none" if not short
+                else "a replica took none")
+        return [f"split-by-length: {pool} (requests per replica: {counts}); the run is that of fewer engines"]
+    return [f"a replica took no request (requests per replica: {counts})"]
+
+
+
+
 def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool, user_replay: bool = False) -> dict[str, Any]:
     """``summary.json``'s ``prediction``: the validation error of the engine family in
     the run's regime, per headline metric (``sim.engine.bands``); ``overloaded``: an open
@@ -429,7 +454,7 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
                 records = serve(server, policy, None if stop is None else stop.is_set)
             except Interrupted as e:  # what was measured is kept
                 return Outcome(e.records, True, e.cause)
-            return Outcome(records)
+            return Outcome(records, warnings=_idle_replicas(server, target))
 
         return await asyncio.to_thread(go)
 
