@@ -117,7 +117,7 @@ def test_reading_holds_the_windows_rows_not_the_files(monkeypatch: pytest.Monkey
     sliced)."""
     n, alive_at_end = 5000, []
 
-    def rows(path: str, f: object, fmt: str | None, seed: int) -> Iterator[TraceRow]:
+    def rows(path: str, f: object, fmt: str | None, seed: int, in_order: bool = False) -> Iterator[TraceRow]:
         refs = []
         for i in range(n):
             r = TraceRow(i * 0.1, 10, 5)
@@ -198,3 +198,19 @@ def test_a_jsonl_trace_is_not_read_whole_to_tell_it_from_a_vllm_result(
         assert [r.arrival_s for r in rows] == pytest.approx([i / 10 for i in range(10)])
     with pytest.raises(UsageError, match=r"mc\.jsonl: not a text file"):
         TraceConfig(str(path), end_s=1.0).rows()  # (read to its end: the tail is found)
+
+
+def test_in_order_is_refused_for_a_trace_read_whole(tmp_path: Path) -> None:
+    """A vLLM result (and a run's requests.jsonl) is read whole: --trace-in-order saves
+    nothing there, and where requests 9 and 10 were sent out of order (a capped run)
+    it dropped one of the window's rows without a word."""
+    import json
+
+    path = tmp_path / "vllm.json"
+    starts = [i * 0.5 for i in range(12)]
+    starts[9], starts[10] = starts[10], starts[9]
+    path.write_text(json.dumps({"input_lens": [100] * 12, "output_lens": [10] * 12, "start_times": starts,
+                                "completed": 12, "duration": 10.0}))
+    assert len(TraceConfig(str(path), end_s=4.75).rows()) == 10
+    with pytest.raises(UsageError, match="read whole anyway"):
+        TraceConfig(str(path), end_s=4.75, in_order=True).rows()

@@ -130,7 +130,7 @@ class TraceConfig:
         lo = self.start_s if self.start_s is not None else -math.inf
         hi = self.end_s if self.end_s is not None else math.inf
         # t0: the trace's first request, replayed or not (a failed one too)
-        found = window(lambda: _every_row(self.path, self.format, seed), lo, hi, self.in_order)
+        found = window(lambda: _every_row(self.path, self.format, seed, self.in_order), lo, hi, self.in_order)
         t0, kept = found.first_s, found.rows
         if not kept:
             # (a start is given: with none the first request is at 0 s, and --trace-end is above 0)
@@ -213,7 +213,7 @@ def read_rows(path: str, fmt: str | None = None, seed: int = 0) -> list[TraceRow
     return [r for r in _every_row(path, fmt, seed) if not r.dropped]
 
 
-def _every_row(path: str, fmt: str | None, seed: int) -> Generator[TraceRow, None, None]:
+def _every_row(path: str, fmt: str | None, seed: int, in_order: bool = False) -> Generator[TraceRow, None, None]:
     """Every row, those not replayed too (``TraceRow.dropped``), as the file is read
     (a vLLM result or a ``requests.jsonl`` is read whole first); ``UsageError`` at the
     end where none is replayed."""
@@ -224,7 +224,7 @@ def _every_row(path: str, fmt: str | None, seed: int) -> Generator[TraceRow, Non
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from e
     rows = replayed = 0
-    with f, closing(_read_rows(path, f, fmt, seed)) as read:  # (closed early: so is the reader)
+    with f, closing(_read_rows(path, f, fmt, seed, in_order)) as read:  # (closed early: so is the reader)
         try:
             for r in read:
                 rows += 1
@@ -236,7 +236,10 @@ def _every_row(path: str, fmt: str | None, seed: int) -> Generator[TraceRow, Non
         raise UsageError(f"{path}: the trace has no requests" + (" to replay (see the warning above)" if rows else ""))
 
 
-def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Generator[TraceRow, None, None]:
+def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int, in_order: bool = False) -> Generator[TraceRow, None, None]:
+    """The rows of the file ``f``, as its format reads them; ``in_order`` (``--trace-in-order``)
+    is refused for the formats read whole (a vLLM result, a ``requests.jsonl``), where it
+    saves nothing and could only drop a row sent out of order."""
     first = f.readline()
     while first and not first.strip():  # (blank lines before the first row)
         first = f.readline()
@@ -253,6 +256,7 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Generator[T
     if fmt == "vllm" and result is None:
         raise UsageError(f"{path}: not a vLLM benchmark result (a JSON object with input_lens/output_lens)")
     if result is not None:
+        _whole(path, "a vLLM result", in_order)
         yield from read_vllm_result(path, result, seed)
         return
     if fmt is not None and maybe_vllm:  # another format asked of what may be a vLLM result
@@ -266,6 +270,7 @@ def _read_rows(path: str, f: IO[str], fmt: str | None, seed: int) -> Generator[T
     f.seek(0)
     kind = fmt or _detect(path, first)
     if kind == "requests":
+        _whole(path, "a requests.jsonl", in_order)
         yield from read_requests(path, with_dropped=True)
     elif kind in ("inferlab", "mooncake"):
         yield from read_jsonl(path, f, kind)  # (closing this closes the reader: it says what it skipped)
@@ -284,6 +289,13 @@ def _a_trace_row(first: str) -> bool:
     except ValueError:
         return False
     return isinstance(obj, dict) and not _VLLM_KEYS & obj.keys()
+
+
+def _whole(path: str, what: str, in_order: bool) -> None:
+    """``UsageError`` for ``--trace-in-order`` on a format read whole (``_read_rows``)."""
+    if in_order:
+        raise UsageError(f"{path}: --trace-in-order reads a CSV or JSONL trace up to its window's end; {what} is read "
+                         "whole anyway, and its rows need not be in send order: drop --trace-in-order")
 
 
 def _detect(path: str, first: str) -> str:
