@@ -75,7 +75,13 @@ def main() -> None:
 @click.option("--extra-body", callback=extra_body_option, metavar="JSON|@FILE", help="A JSON object merged into every request body, as vLLM's --extra-body (e.g. '{\"top_p\": 0.9, \"seed\": 1}'); fields the run sets itself (model, messages/prompt, max_tokens, min_tokens, ignore_eos, stream, n) are refused. Recorded in config.json.")
 @bench_load_options
 def bench(**kw: Any) -> None:
-    """Load an OpenAI-compatible endpoint and report TTFB, TTFT, TPOT, ITL, E2E, tokens/s, TPM."""
+    """Load an OpenAI-compatible endpoint and report TTFB, TTFT, TPOT, ITL, E2E, tokens/s, TPM.
+
+    A command line that uses vllm bench serve's own names (--num-prompts, --request-rate,
+    --num-warmups, --random-input-len, --random-output-len, --ignore-eos, --base-url,
+    --backend, --endpoint, ...) runs as vLLM would run it: vLLM's default API
+    (completions) unless --api or --backend says otherwise, and its random dataset's
+    1,024/128 lengths where no workload is given; what was mapped is said on stderr."""
     sys.exit(run_guarded(lambda: _bench(kw)))
 
 
