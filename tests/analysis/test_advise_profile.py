@@ -140,3 +140,21 @@ def test_a_prefix_that_saved_nothing_is_not_said_to_have_saved_minus_zero(tmp_pa
     write_profile(tmp_path, [pc])
     rec = next(r for r in advise(tmp_path).recommendations if r.rule == "prefix_caching")
     assert "saved 0.0 ms TTFT" in rec.evidence and "-0.0" not in rec.evidence, rec.evidence
+
+
+def test_a_template_cost_from_an_untrusted_prefill_line_is_quoted_with_its_caveat(tmp_path: Path) -> None:
+    """The template's gain is its tokens × the prefill cost per token: where the
+    profile found the prefill line not to be trusted (3 requests per length), the
+    recommendation says so beside the number it rests on."""
+    quality = {"r2": 0.95, "monotonic": True, "requests_per_point": 3, "trusted": False,
+               "caveats": ["3 requests per point (fewer than 5)"]}
+    prefill = Factor("prefill", "prefill", "x", "y", {"fit": {"overhead_ms": 10.0, "prefill_tps": 40_000.0, "points": []},
+                                                      "quality": quality})
+    template = Factor("template", "chat template", "x", "y", {"overhead_tokens": 1666, "ttft_cost_ms": 41.0})
+    write_profile(tmp_path, [prefill, template])
+    rec = next(r for r in advise(tmp_path).recommendations if r.rule == "template_overhead")
+    assert "the prefill rate behind it is not to be trusted: 3 requests per point" in rec.evidence
+    assert "not to be trusted" in rec.gains[0].kind
+    write_profile(tmp_path, [Factor("prefill", "prefill", "x", "y", {**prefill.data, "quality": {**quality, "trusted": True}}), template])
+    rec = next(r for r in advise(tmp_path).recommendations if r.rule == "template_overhead")
+    assert "not to be trusted" not in rec.evidence

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.analysis.fits import knee, linear_fit, prefill_fit
+from inferlab.analysis.fits import MIN_R2, knee, line_quality, linear_fit, prefill_fit
 
 
 def test_a_straight_line_gives_back_its_overhead_and_rate() -> None:
@@ -56,3 +56,26 @@ def test_a_step_that_paid_little_is_no_knee_while_a_higher_concurrency_pays_over
     assert knee([1, 2, 4, 8, 16], [100.0, 200.0, 220.0, 240.0, 280.0], [None] * 5).knee_concurrency == 2
     # a dip that the next step more than makes up is no knee either
     assert knee([1, 2, 4, 8], [100.0, 95.0, 200.0, 400.0], [None] * 4).knee_concurrency is None
+
+
+#: A review's output length points on a vLLM CPU server (max tokens, median E2E ms of 2
+#: requests each): 128 tokens took less than 64.
+REVIEW_OUTPUT = [(16.0, 62.81), (64.0, 531.38), (128.0, 463.52)]
+
+
+def test_a_noisy_non_monotonic_line_of_few_requests_is_not_trusted() -> None:
+    q = line_quality(REVIEW_OUTPUT, 2, " tokens")
+    assert not q.trusted and not q.monotonic and q.requests_per_point == 2
+    assert q.r2 is not None and q.r2 < MIN_R2
+    assert any("2 requests per point" in c for c in q.caveats)
+    assert any("64 tokens 531 ms, then 128 tokens 464 ms" in c for c in q.caveats)
+    assert any("R² 0.55" in c for c in q.caveats)
+    assert q.words().startswith("not to be trusted: ")
+
+
+def test_a_clean_line_of_enough_requests_is_trusted_and_a_falling_one_never() -> None:
+    q = line_quality([(x, 40 + 0.05 * x) for x in (128.0, 256.0, 512.0, 1024.0)], 5)
+    assert q.trusted and q.monotonic and q.caveats == [] and q.words() == ""
+    assert q.r2 == pytest.approx(1.0)
+    falling = line_quality([(16.0, 500.0), (64.0, 300.0)], 5)
+    assert not falling.trusted and "the slope is not positive" in falling.caveats

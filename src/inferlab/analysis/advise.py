@@ -1644,9 +1644,15 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
         # the template too (it opens every prompt unchanged); one that saved none, off
         cache_on = pc is not None and pc.measured and pc.data.get("saved_ms", 0) > 0.05 * pc.data.get("ttft_unique_ms", 1)
         cache_off = pc is not None and pc.measured and not cache_on
+        # (a prefill line the profile found not to be trusted: its cost per token is said
+        # with its caveats wherever it is a gain's basis)
+        quality = pf.data.get("quality") or {}
+        caveat = "" if quality.get("trusted", True) else (
+            "; the prefill rate behind it is not to be trusted: " + "; ".join(quality.get("caveats", [])))
         if tokens >= OVERHEAD_TOKENS and cost >= MIN_GAIN * short and not cache_on:
             evidence = (f"{tokens} tokens per request, {cost:.1f} ms of prefill each, {cost / short:.0%} of a "
-                        f"128-token prompt's TTFT ({short:,.0f} ms by the prefill fit; fixed overhead {overhead:.0f} ms)")
+                        f"128-token prompt's TTFT ({short:,.0f} ms by the prefill fit; fixed overhead {overhead:.0f} ms)"
+                        + caveat)
             if cache_off:
                 out.append(Recommendation(
                     "template_overhead", "The chat template is prefilled again for every prompt: prefix caching looks off",
@@ -1655,13 +1661,13 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                     "a prefix the cache serves after the first request; or a leaner chat template (the application or "
                     "--chat-template)",
                     [Gain("TTFT ms of the template's tokens", cost, 0.0,
-                          f"{pre}estimate: its tokens × the {seen} prefill cost; once cached, about nothing")],
+                          f"{pre}estimate: its tokens × the {seen} prefill cost{caveat}; once cached, about nothing")],
                 ))
             else:
                 out.append(Recommendation(
                     "template_overhead", "The chat template adds many tokens to every prompt", evidence,
                     "use a leaner chat template (the application or --chat-template)",
-                    [Gain("TTFT ms of the template's tokens", cost, 0.0, f"{pre}estimate: its tokens × the {seen} prefill cost")],
+                    [Gain("TTFT ms of the template's tokens", cost, 0.0, f"{pre}estimate: its tokens × the {seen} prefill cost{caveat}")],
                     "" if pc is not None and pc.measured else "whether the prefix cache serves it was not measured "
                     "(the prefix cache factor): where it does, the template costs little",
                 ))

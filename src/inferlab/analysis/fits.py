@@ -4,6 +4,8 @@
 a prefill rate (tokens/s), how well a line fits, and whether the cost per token grows
 with length (attention) or jumps once (a chunk or a batching budget). ``knee``: where
 adding concurrency stops adding throughput, at every higher concurrency measured.
+``line_quality``: whether a straight line's slope (a cost per token) can be trusted: R²,
+monotonic points, requests behind each point.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ SUPERLINEAR_FROM_TOKENS = 512
 STEP_RATIO = 2.0
 #: Throughput that grows by less than this factor when concurrency doubles is past the knee.
 KNEE_GAIN = 1.15
+#: A point that is the median of fewer requests than this is too noisy to fit a slope to.
+MIN_REQUESTS_PER_POINT = 5
+#: A line that explains less than this share of the points' variance (R²) does not
+#: describe them: its slope is no cost per token.
+MIN_R2 = 0.9
+#: A point this share below the one before it (a longer input, a longer output) breaks
+#: the monotonic growth a cost per token assumes; smaller dips are noise.
+MONOTONIC_SLACK = 0.05
 
 
 def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
@@ -36,6 +46,58 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
     b = sxy / sxx
     return my - b * mx, b
+
+
+def r_squared(xs: Sequence[float], ys: Sequence[float], a: float, b: float) -> float | None:
+    """The share of ``ys``' variance the line ``y = a + b·x`` explains (1: every point
+    on it; 0 or below: no better than their mean); None where ``ys`` are all equal."""
+    my = statistics.fmean(ys)
+    total = math.fsum((y - my) ** 2 for y in ys)
+    if total == 0:
+        return None
+    return 1 - math.fsum((y - (a + b * x)) ** 2 for x, y in zip(xs, ys, strict=True)) / total
+
+
+@dataclass(frozen=True)
+class LineQuality:
+    """How far a straight line's slope over ``points`` can be trusted as a cost per
+    token: ``r2`` (``r_squared``), ``monotonic`` (no point ``MONOTONIC_SLACK`` below the
+    one before it), ``requests_per_point`` (the fewest completed requests behind a
+    point), ``trusted`` (none of ``caveats``: fewer than ``MIN_REQUESTS_PER_POINT``
+    requests per point, points not monotonic, R² below ``MIN_R2``, a slope not above 0)."""
+
+    r2: float | None
+    monotonic: bool
+    requests_per_point: int
+    trusted: bool
+    caveats: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def words(self) -> str:
+        """The caveats in one clause ("" where the line is trusted)."""
+        return "" if self.trusted else "not to be trusted: " + "; ".join(self.caveats)
+
+
+def line_quality(points: Sequence[tuple[float, float]], requests_per_point: int, unit: str = "") -> LineQuality:
+    """``LineQuality`` of the least squares line through ``points`` (x, y), at least two
+    distinct x; ``unit`` names x in the caveats ("tokens")."""
+    pts = sorted(points)
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    a, b = linear_fit(xs, ys)
+    r2 = r_squared(xs, ys, a, b)
+    drops = [(p1, p2) for p1, p2 in itertools.pairwise(pts) if p2[1] < p1[1] * (1 - MONOTONIC_SLACK)]
+    caveats = []
+    if requests_per_point < MIN_REQUESTS_PER_POINT:
+        caveats.append(f"{requests_per_point} requests per point (fewer than {MIN_REQUESTS_PER_POINT})")
+    for (x1, y1), (x2, y2) in drops:
+        caveats.append(f"not monotonic: {x1:,.0f}{unit} {y1:,.0f} ms, then {x2:,.0f}{unit} {y2:,.0f} ms")
+    if r2 is not None and r2 < MIN_R2:
+        caveats.append(f"a poor line fit (R² {r2:.2f}, below {MIN_R2})")
+    if b <= 0:
+        caveats.append("the slope is not positive")
+    return LineQuality(r2, not drops, requests_per_point, not caveats, caveats)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,11 @@ spread; the model ends each answer on its own).
 
 Each measurement gets a share of the budget; a run still going at the end of its share
 is stopped (what completed is used, and its run directory says it was interrupted), and
-sizes (requests per point, the concurrency ladder) shrink with a smaller budget.
+sizes (requests per point, the concurrency ladder) shrink with a smaller budget; they are
+not raised to fill a budget the measurements did not need. Each straight-line cost (the
+prefill rate, the cost per output token) carries its ``fits.LineQuality``: where the line is
+not to be trusted (too few requests per point, points not monotonic, a poor R²) its cost
+says so, and a profile that ended well short of its budget says why it took no more.
 """
 
 from __future__ import annotations
@@ -36,7 +40,15 @@ from typing import Any
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
 from inferlab._errors import InferlabError, RunFailedError, ServerUnreachableError, UsageError
-from inferlab.analysis.fits import PrefillFit, knee, prefill_fit
+from inferlab.analysis.fits import (
+    MIN_REQUESTS_PER_POINT,
+    LineQuality,
+    PrefillFit,
+    knee,
+    line_quality,
+    linear_fit,
+    prefill_fit,
+)
 from inferlab.client.serverid import identify_server
 from inferlab.load.run import HttpTarget, RunConfig, RunResult, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig
@@ -299,6 +311,7 @@ class _Profiler:
         await self._preflight()
         factors: list[Factor] = []
         fit: PrefillFit | None = None
+        fit_quality: dict[str, Any] | None = None
         tpot_1: float | None = None
         steps: list[tuple[str, Callable[[], Any]]] = [
             ("prefill", self.prefill), ("decode", self.decode), ("output_length", self.output_length),
@@ -335,10 +348,11 @@ class _Profiler:
             factors.append(f)
             if name == "prefill" and f.measured:
                 fit = PrefillFit(**{**f.data["fit"], "points": [tuple(p) for p in f.data["fit"]["points"]]})
+                fit_quality = f.data.get("quality")
             if name == "decode" and f.measured:
                 tpot_1 = f.data.get("tpot_ms_at_1")
         if "template" in wanted:
-            factors.append(self.template(fit))
+            factors.append(self.template(fit, fit_quality))
         if "temperature" in wanted:
             if not self.config.exact_output:
                 self.deadline_s = self.config.budget_s
@@ -348,6 +362,7 @@ class _Profiler:
                     factors.append(_skipped("temperature", f"failed: {e}"))
             else:
                 factors.append(_skipped("temperature", "not measured: every request asked for an exact output length (give --no-exact-output to let the model stop on its own)"))
+        note_short_budget(factors, self.elapsed_s(), self.config.budget_s, self.scale)
         return Profile(
             self.url if not self.config.embedded else None, self.model, self.engine, self.max_model_len,
             self.max_len_source, self.config.budget_s, round(self.elapsed_s(), 2), self.config.slo, factors,
@@ -465,6 +480,7 @@ class _Profiler:
         points: list[tuple[float, float]] = []
         server_points: list[tuple[float, float]] = []  # the server's own TTFT, where it says
         runs: list[str] = []
+        counts: list[int] = []  # completed requests behind each point
         done: list[int] = []
         while True:
             # (the longest prompt that fits is known once the first run has measured the
@@ -485,12 +501,14 @@ class _Profiler:
                 break
             x = tokens if tokens is not None else float(L)
             points.append((x, ttft))
+            counts.append(len(pt.ok()))
             server_ttft = [float(tl["first_token_ms"]) for tl in (r.server_timeline or {} for r in pt.ok()) if tl.get("first_token_ms") is not None]
             if server_ttft:
                 server_points.append((x, statistics.median(server_ttft)))
         if len({x for x, _ in points}) < 2:
             return _skipped("prefill", "fewer than two prompt lengths completed", runs)
         fit = prefill_fit(points)
+        quality = line_quality(points, min(counts), " tokens")
         rate = "did not grow with length" if fit.prefill_tps is None else f"{fit.prefill_tps:,.0f} tokens/s"
         flags = []
         if fit.superlinear:
@@ -501,12 +519,14 @@ class _Profiler:
             f"{fit.overhead_ms:,.1f} ms fixed" if fit.overhead_ms >= 0
             else f"no fixed cost resolved (the line meets 0 tokens at {fit.overhead_ms:,.1f} ms: TTFT does not grow linearly here)"
         )
+        if fit.prefill_tps is not None and not quality.trusted:
+            flags.insert(0, f"the rate is {quality.words()}")
         cost = f"{fixed} + prefill at {rate}" + ("; " + "; ".join(flags) if flags else "")
         evidence = (
             f"median TTFT at concurrency 1, {n} requests per length, over {len(points)} prompt lengths "
-            f"{points[0][0]:,.0f}–{points[-1][0]:,.0f} tokens; line fit residual {fit.residual_pct:.1f}%"
+            f"{points[0][0]:,.0f}–{points[-1][0]:,.0f} tokens; line fit residual {fit.residual_pct:.1f}%{r2_words(quality)}"
         )
-        data: dict[str, Any] = {"fit": fit.to_json(), "requests_per_point": n, "server_fit": None}
+        data: dict[str, Any] = {"fit": fit.to_json(), "requests_per_point": n, "server_fit": None, "quality": quality.to_json()}
         if len(server_points) == len(points) and fit.prefill_tps:
             sfit = prefill_fit(server_points)
             data["server_fit"] = sfit.to_json()
@@ -574,28 +594,19 @@ class _Profiler:
     async def output_length(self, tpot_1: float | None = None) -> Factor:
         lengths = [16, 64, self.n(256, least=128)]
         pts: list[tuple[int, float]] = []
+        counts: list[int] = []
         runs = []
         for m in lengths:
             name = f"output/{m}"
-            pt = await self.measure(name, 1, self.n(3, least=2), WorkloadConfig(input_tokens=128, output_tokens=m))
+            pt = await self.measure(name, 1, self.n(5, least=2), WorkloadConfig(input_tokens=128, output_tokens=m))
             runs.append(name)
             e2e = pt.median("e2e_ms")
             if e2e is not None:
                 pts.append((m, e2e))
+                counts.append(len(pt.ok()))
         if len(pts) < 2:
             return _skipped("output_length", "fewer than two output lengths completed", runs)
-        from inferlab.analysis.fits import linear_fit
-
-        _, per_token = linear_fit([float(x) for x, _ in pts], [y for _, y in pts])
-        linear = None if not tpot_1 else abs(per_token / tpot_1 - 1) <= LINEAR_TOLERANCE
-        check = (
-            "" if linear is None
-            else f"; {'matches' if linear else 'does not match'} TPOT at concurrency 1 ({tpot_1:.2f} ms)"
-        )
-        cost = f"{per_token:.2f} ms per output token{check}"
-        evidence = "median E2E at concurrency 1, 128-token prompts: " + ", ".join(f"{m} tokens {e:,.0f} ms" for m, e in pts)
-        data = {"points": pts, "ms_per_token": per_token, "linear": linear}
-        return Factor("output_length", "output length (max tokens)", cost, evidence, data, runs)
+        return output_length_factor(pts, min(counts), tpot_1, runs)
 
     async def prefix_cache(self) -> Factor:
         prefix = max(64, min(2048, self.longest_prompt(4) // 2))
@@ -717,7 +728,7 @@ class _Profiler:
         return Factor("temperature", "temperature", cost, evidence,
                       {"t0": {"mean_tokens": m0, "std_tokens": s0, "e2e_ms_p50": e0}, "t1": {"mean_tokens": m1, "std_tokens": s1, "e2e_ms_p50": e1}}, runs)
 
-    def template(self, fit: PrefillFit | None) -> Factor:
+    def template(self, fit: PrefillFit | None, fit_quality: dict[str, Any] | None = None) -> Factor:
         tokens = self.overhead_tokens
         if self.config.api != "chat":
             return _skipped("template", "not measured: the completions API applies no chat template")
@@ -730,7 +741,61 @@ class _Profiler:
         evidence = "the chat template's tokens as the preflight probe counted them (an empty message against a plain prompt)"
         if per_token_ms is not None:
             evidence += f", × {per_token_ms * 1000:.1f} µs per token (the prefill fit)"
+            if fit_quality is not None and not fit_quality.get("trusted", True):
+                cost += " (the prefill rate is not to be trusted: see prefill)"
         return Factor("template", "chat template", cost, evidence, {"overhead_tokens": tokens, "ttft_cost_ms": cost_ms})
+
+
+def output_length_factor(points: Sequence[tuple[int, float]], requests_per_point: int, tpot_1: float | None, runs: Sequence[str]) -> Factor:
+    """The output length factor from ``points`` ([max tokens, median E2E ms], two
+    lengths or more) of ``requests_per_point`` completed requests each at least: the
+    slope is the cost per output token, "not determined" where it is not positive, with
+    the line's ``LineQuality`` caveats where it is not to be trusted."""
+    quality = line_quality([(float(x), y) for x, y in points], requests_per_point, " tokens")
+    _, slope = linear_fit([float(x) for x, _ in points], [y for _, y in points])
+    per_token = slope if slope > 0 else None
+    linear = None if not tpot_1 or per_token is None else abs(per_token / tpot_1 - 1) <= LINEAR_TOLERANCE
+    if per_token is None:
+        cost = f"not determined: E2E did not grow with the output length ({'; '.join(quality.caveats)})"
+    else:
+        cost = f"{per_token:.2f} ms per output token" + ("" if quality.trusted else f" ({quality.words()})")
+        if linear is not None:
+            cost += f"; {'matches' if linear else 'does not match'} TPOT at concurrency 1 ({tpot_1:.2f} ms)"
+    evidence = (
+        f"median E2E at concurrency 1, 128-token prompts, {requests_per_point} requests per length or more: "
+        + ", ".join(f"{m} tokens {e:,.0f} ms" for m, e in points) + r2_words(quality)
+    )
+    data = {"points": list(points), "ms_per_token": per_token, "linear": linear, "quality": quality.to_json()}
+    return Factor("output_length", "output length (max tokens)", cost, evidence, data, list(runs))
+
+
+def r2_words(quality: LineQuality) -> str:
+    """The line's R² as an evidence clause ("" where the points were all equal)."""
+    return "" if quality.r2 is None else f"; line fit R² {quality.r2:.2f}"
+
+
+#: A profile that took less than this share of its budget says why it took no more
+#: where a line rests on few requests per point.
+SHORT_BUDGET_SHARE = 0.5
+
+
+def note_short_budget(factors: Sequence[Factor], elapsed_s: float, budget_s: float, scale: float) -> None:
+    """Where the profile ended before ``SHORT_BUDGET_SHARE`` of its budget, add to the
+    evidence (and ``data["quality"]["budget_note"]``) of each factor whose line rests on
+    fewer than ``MIN_REQUESTS_PER_POINT`` requests per point that requests per point
+    follow the budget (``scale`` × the default sizes), not the time left over."""
+    if elapsed_s >= SHORT_BUDGET_SHARE * budget_s:
+        return
+    note = (
+        f"the profile took {elapsed_s:,.0f} s of its {budget_s:,.0f} s budget: requests per point are sized by the "
+        f"budget ({scale:.1f}× the default sizes, which are those of {DEFAULT_BUDGET_S:,.0f} s), not raised to fill "
+        f"the time left; a longer --budget takes more (up to 2× at {2 * DEFAULT_BUDGET_S:,.0f} s)"
+    )
+    for f in factors:
+        q = f.data.get("quality") if f.measured else None
+        if isinstance(q, dict) and q.get("requests_per_point", MIN_REQUESTS_PER_POINT) < MIN_REQUESTS_PER_POINT:
+            q["budget_note"] = note
+            f.evidence += f"; {note}"
 
 
 def knee_words(concurrencies: Sequence[int], knee_at: int | None) -> str:
