@@ -165,9 +165,11 @@ def test_cli_errors_are_one_line(args: list[str], code: int, needle: str) -> Non
 def test_cli_all_requests_failing_exits_1_and_keeps_summary(tmp_path: Path) -> None:
     with EmbeddedServer(ServerConfig(engine=EngineConfig(max_model_len=256))) as server:
         p = run_cli(
-            "bench", "--url", server.url, "-n", "3", "-c", "1", "--input-tokens", "500",
-            # (with exact output, prompts the stated context cannot hold are refused before sending)
-            "--output-tokens", "8", "--no-exact-output", "--out", str(tmp_path), "--json",
+            "bench", "--url", server.url, "-n", "3", "-c", "1", "--input-tokens", "200",
+            # (a run none of whose requests can fit is refused before sending: a prompt alone
+            # over the context, or exact output; without exact output a prompt that fits
+            # alone is sent, and this server refuses its max_tokens over what is left)
+            "--output-tokens", "100", "--no-exact-output", "--out", str(tmp_path), "--json",
         )
     assert p.returncode == 1
     assert "all 3 requests failed" in p.stderr and "maximum context length" in p.stderr
