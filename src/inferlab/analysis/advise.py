@@ -32,7 +32,7 @@ from inferlab.analysis.whatif import Routing, Simulated, WhatIf
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.gateway.config import AdmissionConfig
 from inferlab.gateway.routing import SPLIT
-from inferlab.results.metrics import request_metrics
+from inferlab.results.metrics import peak_overlap, request_metrics
 from inferlab.results.provenance import (
     GATEWAY_KEY,
     VIRTUAL,
@@ -1448,21 +1448,13 @@ def _engine_cap_run(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     )
 
 
-def _in_flight_max(records: Sequence[RequestRecord]) -> int:
-    """The most of ``records`` in flight at once (sent, not yet ended)."""
-    events = sorted([(r.send_ns, 1) for r in records if r.send_ns is not None and r.end_ns is not None]
-                    + [(r.end_ns, -1) for r in records if r.send_ns is not None and r.end_ns is not None],
-                    key=lambda e: (e[0], e[1]))
-    return max(itertools.accumulate(d for _, d in events), default=0)
-
-
 def _queued_at_cap(run: _Run, w: WhatIf, cap: int, users: float) -> Recommendation | None:
     """A real server's stated cap of ``cap`` running requests below the run's
     ``users`` in flight, and the run's own measurements showing requests beyond it (its
     records in flight at once, and /metrics' waiting requests where it was read):
     measured, with no prediction of what raising the cap gains (no what-if). None where
     they show none waiting."""
-    in_flight = _in_flight_max(run.records)
+    in_flight = peak_overlap((r.send_ns, r.end_ns) for r in run.records if r.send_ns is not None and r.end_ns is not None)
     if in_flight <= cap:
         return None
     m = run.summary.server_metrics

@@ -52,6 +52,7 @@ from inferlab.results.metrics import (
     itl_ns,
     left_ns,
     output_token_count,
+    peak_overlap,
     percentile,
     percentile_key,
     queue_delay_ms,
@@ -350,12 +351,7 @@ def _vllm_peak_concurrency(ok: Sequence[_VllmRequest]) -> int:
     at ``--max-concurrency 8``); main's is the number that can be read against the cap.
     Counted here in ns, so that a request starting as another ends is never taken for
     an overlap by a rounding."""
-    events = sorted((t, step) for q in ok if q.span_ns is not None for t, step in ((q.span_ns[0], 1), (q.span_ns[1], -1)))
-    level = peak = 0
-    for _, step in events:  # ((t, -1) sorts before (t, 1): the end first)
-        level += step
-        peak = max(peak, level)
-    return peak
+    return peak_overlap(q.span_ns for q in ok if q.span_ns is not None)
 
 
 def run_source(summary: Summary) -> str:

@@ -118,6 +118,13 @@ def left_ns(r: RequestRecord, config: Mapping[str, Any]) -> int | None:
 FIXED_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
 
 
+def peak_overlap(spans: Iterable[tuple[int, int]]) -> int:
+    """The most of ``spans`` (start, end) open at one instant; an end comes before a
+    start at the same instant (a request sent as another ends does not overlap it)."""
+    events = sorted((t, step) for start, end in spans for t, step in ((start, 1), (end, -1)))
+    return max(itertools.accumulate(step for _, step in events), default=0)
+
+
 def percentile_key(q: float) -> str:
     """A percentile's key in a distribution's JSON: ``p`` and the number as written,
     its decimal point as ``_`` (99 → ``p99``, 99.9 → ``p99_9``, 0.5 → ``p0_5``), so the
