@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -449,3 +450,103 @@ def test_a_models_config_json_is_the_model_its_folder_names() -> None:
     assert _same_model("tiny-llama-hf", "/models/tiny-llama-hf/config.json")
     assert _same_model("org/Tiny-Llama-HF", "/models/tiny-llama-hf/")
     assert not _same_model("tiny", "/models/tiny-llama-hf/config.json")
+
+
+# --- vLLM's random dataset: --random-range-ratio, --random-prefix-len ----------------------
+
+
+def vllm_range(length: int, ratio: float) -> tuple[int, int]:
+    """vLLM's RandomDataset.get_sampling_params (vllm/benchmarks/datasets/random.py): its
+    lengths are drawn from floor(L x (1 - R)) to ceil(L x (1 + R)), both included."""
+    return math.floor(length * (1 - ratio)), math.ceil(length * (1 + ratio))
+
+
+def vllm_bench(url: str, *args: str) -> tuple[int, str]:
+    """Exit code and stderr of a bench line as typed (no -c)."""
+    res = CliRunner().invoke(main, ["bench", "--url", url, "--json", "--no-history", *args])
+    return res.exit_code, " ".join(res.stderr.split())
+
+
+def said(*args: str) -> tuple[int, str]:
+    """Exit code and stderr of a bench line against a port nothing listens on (what
+    was mapped is said before the server is reached)."""
+    res = CliRunner().invoke(main, ["bench", "--url", "http://127.0.0.1:9", "--no-history", *args])
+    return res.exit_code, " ".join(res.stderr.split())
+
+
+def test_random_range_ratio_draws_vllms_lengths(served: str, tmp_path: Path) -> None:
+    """InferenceMAX's line's --random-range-ratio was refused; it draws each request's
+    prompt and output lengths from vLLM's ranges, both ends included, and says so."""
+    code, err = vllm_bench(served, "--num-prompts", "300", "--max-concurrency", "64", "--random-input-len", "45",
+                              "--random-output-len", "9", "--random-range-ratio", "0.3", "--ignore-eos",
+                              "-o", str(tmp_path / "run"))
+    assert code == 0, err
+    (in_lo, in_hi), (out_lo, out_hi) = vllm_range(45, 0.3), vllm_range(9, 0.3)
+    assert (in_lo, in_hi, out_lo, out_hi) == (31, 59, 6, 12)  # (floor and ceil, not rounding)
+    records = list(read_records(tmp_path / "run" / "requests.jsonl"))
+    drawn_in = [r.requested_input_tokens or 0 for r in records]
+    drawn_out = [r.output_tokens or 0 for r in records]
+    assert (min(drawn_in), max(drawn_in), len(set(drawn_in))) == (in_lo, in_hi, in_hi - in_lo + 1)
+    assert (min(drawn_out), max(drawn_out), len(set(drawn_out))) == (out_lo, out_hi, out_hi - out_lo + 1)
+    summary = read_summary(tmp_path / "run" / "summary.json")
+    overhead = summary.prompt_overhead_tokens
+    assert isinstance(overhead, int)
+    assert {(r.input_tokens or 0) - overhead for r in records} == set(drawn_in)  # (as the server counted them)
+    assert f"--random-range-ratio 0.3: --input-tokens uniform:{in_lo}:{in_hi} --output-tokens uniform:{out_lo}:{out_hi}" in err
+
+
+def test_random_range_ratio_takes_vllms_default_lengths_and_its_tokenizers_special_tokens(
+        tokenizer_path: str, tmp_path: Path) -> None:
+    """Without lengths vLLM's 1,024/128 are drawn around; vLLM takes the tokenizer's
+    special tokens (a BOS) off --random-input-len first, and so does bench, given the
+    tokenizer; without one it says it took none off."""
+    (in_lo, in_hi), (out_lo, out_hi) = vllm_range(1024, 0.8), vllm_range(128, 0.8)
+    code, err = said("--random-range-ratio", "0.8", "--num-prompts", "640")
+    assert code == 1, err  # (nothing listens)
+    assert f"--input-tokens uniform:{in_lo}:{in_hi} --output-tokens uniform:{out_lo}:{out_hi}" in err, err
+    assert "less 0 special tokens (no --tokenizer" in err
+    tokenizers = pytest.importorskip("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(tokenizer_path)
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", tok.token_to_id("<|endoftext|>"))])
+    bos = tmp_path / "tokenizer.json"
+    tok.save(str(bos))
+    (in_lo, in_hi), (out_lo, out_hi) = vllm_range(100 - 1, 0.5), vllm_range(20, 0.5)
+    code, err = said("--random-input-len", "100", "--random-output-len", "20", "--random-range-ratio", "0.5",
+                     "--tokenizer", str(bos))
+    assert f"--input-tokens uniform:{in_lo}:{in_hi} --output-tokens uniform:{out_lo}:{out_hi}" in err, err
+    assert "less 1 special token;" in err
+    code, err = said("--random-input-len", "100", "--random-output-len", "20", "--tokenizer", str(bos))  # (ratio 0)
+    assert "--input-tokens 99 --output-tokens 20" in err, err
+
+
+def test_random_prefix_len_is_one_shared_prefix_before_each_requests_own_tokens(served: str, tmp_path: Path) -> None:
+    """vLLM's --random-prefix-len (refused before): one prefix of N tokens before every
+    request's own drawn tokens, the range ratio drawing those, not the prefix."""
+    code, err = vllm_bench(served, "--num-prompts", "60", "--max-concurrency", "16", "--random-prefix-len", "30",
+                              "--random-input-len", "20", "--random-output-len", "3", "--random-range-ratio", "0.5",
+                              "-o", str(tmp_path / "run"))
+    assert code == 0, err
+    lo, hi = vllm_range(20, 0.5)
+    workload = read_summary(tmp_path / "run" / "summary.json").config["workload"]
+    assert (workload["prefix_tokens"], workload["prefix_groups"], workload["suffix_tokens"]) == (30, None, f"uniform:{lo}:{hi}")
+    records = list(read_records(tmp_path / "run" / "requests.jsonl"))
+    assert {(r.prefix_group, r.prefix_tokens) for r in records} == {("0", 30)}
+    drawn = [r.requested_input_tokens or 0 for r in records]
+    assert min(drawn) >= 30 + lo and max(drawn) <= 30 + hi and len(set(drawn)) > 5
+    assert f"--prefix-tokens 30 (one prefix shared by every request) --suffix-tokens uniform:{lo}:{hi}" in err
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--random-range-ratio", "1"], "from 0 up to (not including) 1"),
+    (["--random-range-ratio", "-0.1"], "from 0 up to (not including) 1"),
+    (["--random-range-ratio", "0.5", "--input-tokens", "uniform:100:200"], "draws around a fixed --random-input-len"),
+    (["--random-range-ratio", "0.5", "--random-output-len", "normal:100:10"], "draws around a fixed --random-output-len"),
+    (["--random-range-ratio", "0.5", "--dataset", "x.jsonl"], "--dataset is another workload"),
+    (["--random-prefix-len", "8", "--prefix-tokens", "8"], "--prefix-tokens is another workload"),
+    (["--random-range-ratio", "0.99", "--random-input-len", "50"], "is 0 tokens"),
+])
+def test_what_vllms_random_dataset_flags_cannot_mean_is_refused(args: list[str], needle: str) -> None:
+    code, err = said("--num-prompts", "2", *args)
+    assert code == 2 and needle in err, err
+    assert "cannot reach" not in err

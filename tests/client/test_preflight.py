@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +17,14 @@ from aiohttp import web
 from inferlab import BenchConfig, ClosedLoop, LoadConfig, UsageError, WorkloadConfig, bench_async
 from inferlab._errors import RunFailedError
 from inferlab.client.exchange import Endpoint
-from inferlab.client.preflight import APPROX_USAGE, EXACT_SERVER, NO_FORCE_WARNING
+from inferlab.client.preflight import (
+    APPROX_USAGE,
+    EXACT_LOCAL,
+    EXACT_SERVER,
+    NO_FORCE_WARNING,
+    Preflight,
+    context_fit,
+)
 from inferlab.results.summary import Summary
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.server.app import ServerConfig
@@ -178,6 +187,48 @@ async def test_lengths_of_which_only_some_overflow_the_context_run_with_their_sh
         for exact in (True, False):
             with pytest.raises(UsageError, match=r"tokens \(as sent\) ≥ the server's 2,048-token context: every request would fail"):
                 await bench_async(cfg("2100", "4", exact), sim.url)
+
+
+
+def test_unbounded_and_empirical_lengths_are_checked_against_the_context_with_their_share(tmp_path: Path) -> None:
+    """normal:, lognormal: and empirical: lengths were not checked against the context at
+    all ("no upper bound"): a run of which part overflows now says about how much (the
+    share from the draws' definition: a length is round(X) held to at least 1, so a
+    prompt over P tokens is X >= P + 0.5), and one where no request can fit is refused."""
+    pre = Preflight(prompt_overhead_tokens=10, input_length_source=EXACT_LOCAL)
+
+    def fit(inputs: str, outputs: str, exact: bool = True) -> str | None:
+        return context_fit(WorkloadConfig(input_tokens=inputs, output_tokens=outputs, exact_output=exact), pre, 2048)
+
+    def above(z: float) -> float:  # (the standard normal's upper tail)
+        return 0.5 * (1 - math.erf(z / math.sqrt(2)))
+
+    room = 2048 - 10 - 200  # (a prompt's own tokens that fit beside 200 output tokens)
+    for inputs, share in (("normal:1500:300", above((room + 0.5 - 1500) / 300)),
+                          ("lognormal:1000:0.5", above((math.log(room + 0.5) - math.log(1000)) / 0.5))):
+        said = fit(inputs, "200")
+        assert said is not None and 0.05 < share < 0.95
+        assert f"about {share:.0%} of requests may not fit" in said, said
+    said = fit("1000", "normal:900:100", exact=False)  # (the output drawn)
+    share = above((2048 - 10 - 1000 + 0.5 - 900) / 100)
+    assert said is not None and f"about {share:.0%} of requests may not fit; the server cuts" in said, said
+    assert fit("normal:100:10", "lognormal:50:0.2") is None  # (fits by hundreds of standard deviations)
+    # empirical: a dataset's prompts of 100, 200, ... 2,000 words (a word a token), counted
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": " ".join(["w"] * 100 * k)}) + "\n" for k in range(1, 21)))
+    said = fit(f"empirical:{data}", "100")
+    over = sum(100 * k + 10 + 100 > 2048 for k in range(1, 21)) / 20
+    assert said is not None and f"about {over:.0%} of requests may not fit" in said, said
+    # with answers' lengths too: each request one row's pair
+    data.write_text("".join(json.dumps({"prompt": " ".join(["w"] * 100 * k), "max_tokens": 40 * k}) + "\n"
+                            for k in range(1, 21)))
+    said = fit(f"empirical:{data}", f"empirical:{data}")
+    over = sum(100 * k + 10 + 40 * k > 2048 for k in range(1, 21)) / 20
+    assert said is not None and f"about {over:.0%} of requests may not fit" in said, said
+    data.write_text("".join(json.dumps({"prompt": " ".join(["w"] * (2040 + k))}) + "\n" for k in range(5)))
+    for exact in (True, False):  # (no prompt of it fits alone)
+        with pytest.raises(UsageError, match="every request would fail"):
+            fit(f"empirical:{data}", "normal:50:5", exact)
 
 
 class LlamaLikeServer:

@@ -336,15 +336,16 @@ def workers_option(value: str) -> int | None:
 VLLM_REFUSED: dict[str, tuple[bool, str]] = {
     "--dataset-name": (True, "inferlab has no dataset names: --input-tokens/--output-tokens for random prompts, --dataset FILE for ShareGPT/JSONL/CSV, --input-tokens empirical:sharegpt for ShareGPT's lengths, --prefix-tokens N --suffix-tokens M for shared prefixes (vLLM's prefix_repetition, SGLang's generated-shared-prefix)"),
     "--dataset-path": (True, "use --dataset FILE"),
-    "--random-range-ratio": (True, "give the range itself: --input-tokens uniform:LO:HI (vLLM draws from len x (1 - ratio) to len x (1 + ratio), sglang.bench_serving from len x ratio to len)"),
-    "--random-prefix-len": (True, "use --prefix-tokens N (shared-prefix groups: --prefix-groups)"),
+    "--random-range-ratio": (True, "give the range itself: --input-tokens uniform:LO:HI (vLLM draws from len x (1 - ratio) to len x (1 + ratio), sglang.bench_serving from len x ratio to len); inferlab bench takes vLLM's"),
+    "--random-prefix-len": (True, "use --prefix-tokens N --suffix-tokens LEN (one prefix shared by every request, then each one's own tokens); inferlab bench takes vLLM's"),
     "--percentile-metrics": (True, "summary.json has every metric; --metric-percentiles chooses the percentiles"),
     "--append-result": (False, "each run writes its own file: give --result-filename per run"),
     "--backend": (True, "use --api chat (openai-chat) or --api completions (openai, vllm)"),
     "--endpoint": (True, "use --api chat (/v1/chat/completions) or --api completions (/v1/completions)"),
 }
 #: ``VLLM_REFUSED``'s flags that ``bench`` takes (``cli.vllmcompat``).
-BENCH_TAKES = frozenset({"--backend", "--endpoint", "--dataset-name", "--percentile-metrics"})
+BENCH_TAKES = frozenset({"--backend", "--endpoint", "--dataset-name", "--percentile-metrics", "--random-range-ratio",
+                         "--random-prefix-len"})
 
 
 def _refused_option(

@@ -81,7 +81,9 @@ def bench(**kw: Any) -> None:
     --num-warmups, --random-input-len, --random-output-len, --ignore-eos, --base-url,
     --backend, --endpoint, ...) runs as vLLM would run it: vLLM's default API
     (completions) unless --api or --backend says otherwise, and its random dataset's
-    1,024/128 lengths where no workload is given; what was mapped is said on stderr."""
+    1,024/128 lengths where no workload is given, drawn as vLLM draws them with
+    --random-range-ratio and after one shared prefix with --random-prefix-len; what was
+    mapped is said on stderr."""
     sys.exit(run_guarded(lambda: _bench(kw)))
 
 
@@ -184,7 +186,10 @@ def _as_typed(kw: dict[str, Any]) -> dict[str, Any]:
     line = resolve(kw, names, given("api"))
     for said in line.said:
         click.echo(f"inferlab: {said}", err=True)
-    return {**kw, "api": line.api, "input_tokens": line.input_tokens, "output_tokens": line.output_tokens}
+    typed = {**kw, "api": line.api, "input_tokens": line.input_tokens, "output_tokens": line.output_tokens}
+    if line.prefix_tokens is not None:  # (vLLM's --random-prefix-len)
+        typed.update(prefix_tokens=line.prefix_tokens, suffix_tokens=line.suffix_tokens)
+    return typed
 
 
 def _said(result: RunResult, gone: str | None, kw: dict[str, Any]) -> RunResult:

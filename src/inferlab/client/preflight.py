@@ -14,12 +14,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inferlab._clock import WallClock
 from inferlab._errors import RunFailedError, UsageError
 from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.workload.lengths import MAX_LENGTH_TOKENS
 from inferlab.workload.prompts import PromptBuilder, words
 from inferlab.workload.spec import RequestSpec
 from inferlab.workload.text import WORDS
@@ -310,60 +313,104 @@ def context_fit(wcfg: WorkloadConfig, pre: Preflight, context_tokens: int | None
     max_tokens to what the context has left, then refuses min_tokens over it; others
     refuse the request); without exact output the server cuts its answer short. Where
     every request would fail: ``UsageError``; where some may not fit: a warning for the
-    summary, with their share where the lengths say it (fixed and uniform). None when
-    all fit or it cannot be known (lengths with no upper bound, approximate prompt
-    lengths, another workload)."""
+    summary, with their share (``_share_over``: exact for fixed, uniform, normal,
+    lognormal and empirical lengths, normal and lognormal draws past ``_TAIL_SD``
+    standard deviations taken as never drawn). None when all fit or it cannot be known
+    (approximate prompt lengths, another workload)."""
     from inferlab.workload.lengths import parse_length
 
     exact_prompts = pre.input_length_source in (EXACT_LOCAL, EXACT_SERVER)
     if context_tokens is None or not exact_prompts or wcfg.shares_prefixes or wcfg.output_tokens is None:
         return None
     assert wcfg.input_tokens is not None  # (shares_prefixes is False: synthetic prompts)
-    prompts, outputs = _bounds(parse_length(wcfg.input_tokens)), _bounds(parse_length(wcfg.output_tokens, "--output-tokens"))
-    if prompts is None or outputs is None:
-        return None
+    prompts, outputs = parse_length(wcfg.input_tokens), parse_length(wcfg.output_tokens, "--output-tokens")
     overhead = pre.prompt_overhead_tokens or 0
-    (in_lo, in_hi), (out_lo, out_hi) = prompts, outputs
-    if in_hi + overhead + out_hi <= context_tokens:
+    room = context_tokens - overhead  # (for the prompt's own tokens and the output)
+    paired = _paired(prompts, outputs)
+    in_lo = min(i for i, _ in prompts.pairs) if paired else _least(prompts)
+    least = min(prompts.pairs, key=sum) if paired else (in_lo, _least(outputs))  # (the request asking least)
+    if (max(map(sum, prompts.pairs)) if paired else _most(prompts) + _most(outputs)) <= room:
         return None
     exact = pre.accepts_exact_output and wcfg.exact_output
-    said = f"prompt {in_hi + overhead:,} + {out_hi:,} output tokens > the server's {context_tokens:,}-token context"
+    if prompts.kind in ("fixed", "uniform") and outputs.kind in ("fixed", "uniform"):
+        said = f"prompt {_most(prompts) + overhead:,} + {_most(outputs):,} output tokens > the server's {context_tokens:,}-token context"
+    else:
+        said = (f"prompts of {_named(prompts)} (+ {overhead:,} as sent) and {_named(outputs)} output tokens can exceed "
+                f"the server's {context_tokens:,}-token context")
     if in_lo + overhead >= context_tokens:  # (even the shortest prompt leaves no room for one token)
         raise UsageError(f"prompt {in_lo + overhead:,} tokens (as sent) ≥ the server's {context_tokens:,}-token context: "
                          "every request would fail; ask for shorter prompts, or a server with a longer context")
-    if exact and in_lo + overhead + out_lo > context_tokens:
-        raise UsageError(f"prompt {in_lo + overhead:,} + {out_lo:,} output tokens > the server's {context_tokens:,}-token "
+    if exact and sum(least) > room:
+        raise UsageError(f"prompt {least[0] + overhead:,} + {least[1]:,} output tokens > the server's {context_tokens:,}-token "
                          "context: every request would fail (exact output: min_tokens over what the context leaves); ask "
                          "for shorter prompts or answers, a server with a longer context, or --no-exact-output")
-    share = _share_over(prompts, outputs, context_tokens - overhead)
-    some = f"about {share:.0%} of requests" if share < 1 else "every request"
+    share = _share_over(prompts, outputs, room)
+    some = ("every request" if share >= 1 else f"about {share:.0%} of requests" if share >= 0.01
+            else f"about {100 * share:.2g}% of requests" if share >= 1e-4 else "fewer than 1 in 10,000 requests")
     if exact:
         return f"{said}: {some} may not fit, and each that does not fails (exact output: min_tokens over what the context leaves)"
     return f"{said}: {some} may not fit; the server cuts their answers short (vLLM lowers max_tokens to what the context leaves) or refuses them"
 
 
-def _bounds(dist: LengthDist) -> tuple[int, int] | None:
-    """The fewest and most tokens a length distribution draws, where it has bounds
-    (fixed, uniform); None for the others."""
+#: Normal and lognormal lengths past this many standard deviations (of the length, or of
+#: its log) are taken as never drawn: a share under 1e-23 of draws.
+_TAIL_SD = 10.0
+#: The most lengths ``_share_over`` sums over one by one; a wider range is summed in
+#: bins of equal width (each at its middle length).
+_MAX_POINTS = 100_000
+
+
+def _paired(prompts: LengthDist, outputs: LengthDist) -> bool:
+    """Whether a request's two lengths are one row's of an empirical source (``sample_pair``)."""
+    return bool(prompts.pairs) and prompts.kind == outputs.kind == "empirical" and prompts.source == outputs.source
+
+
+def _least(dist: LengthDist) -> int:
+    """The fewest tokens ``dist`` draws (normal, lognormal: 1, where they spread)."""
+    if dist.kind == "empirical":
+        return min(dist.values)
+    if dist.kind in ("fixed", "uniform"):
+        return int(dist.a)
+    return 1 if dist.b > 0 else min(MAX_LENGTH_TOKENS, max(1, round(dist.a)))
+
+
+def _most(dist: LengthDist) -> int:
+    """The most tokens ``dist`` draws (normal, lognormal: cut at ``_TAIL_SD``)."""
+    if dist.kind == "empirical":
+        return max(dist.values)
     if dist.kind == "fixed":
-        return int(dist.a), int(dist.a)
+        return int(dist.a)
     if dist.kind == "uniform":
-        return int(dist.a), int(dist.b)
-    return None
+        return int(dist.b)
+    reach = dist.a + _TAIL_SD * dist.b if dist.kind == "normal" else dist.a * math.exp(min(_TAIL_SD * dist.b, 700.0))
+    return min(MAX_LENGTH_TOKENS, max(1, math.ceil(reach)))
 
 
-def _share_over(prompts: tuple[int, int], outputs: tuple[int, int], room: int) -> float:
-    """The share of (prompt, output) draws, each uniform over its inclusive bounds and
-    drawn apart, whose sum is over ``room``. A prompt ``p`` is over with the outputs from
-    ``room + 1 - p`` up: none below ``room + 1 - d``, all from ``room + 1 - c``, and
-    ``p + d - room`` of them between."""
-    (a, b), (c, d) = prompts, outputs
-
-    def total(lo: int, hi: int) -> int:  # (sum of p + d - room for p in [lo, hi])
-        return 0 if hi < lo else (hi - lo + 1) * (lo + hi) // 2 + (hi - lo + 1) * (d - room)
-
-    some_lo, all_lo = max(a, room + 1 - d), max(a, room + 1 - c)
-    over = total(some_lo, min(b, all_lo - 1)) + max(0, b - all_lo + 1) * (d - c + 1)
-    return over / ((b - a + 1) * (d - c + 1))
+def _named(dist: LengthDist) -> str:
+    return f"empirical:{dist.source or '...'}" if dist.kind == "empirical" else str(dist)
 
 
+def _share_over(prompts: LengthDist, outputs: LengthDist, room: int) -> float:
+    """The share of requests whose prompt and output lengths, drawn as the run draws them
+    (one row's pair for an empirical source of both, else each on its own), sum to over
+    ``room``: the pairs counted, or ``P(x > hi) + sum of P(x) P(y > room - x)`` for x
+    from ``lo`` to ``hi`` (below ``lo`` no y is long enough, above ``hi`` every one is),
+    x being whichever of the two has fewer such lengths."""
+    if _paired(prompts, outputs):
+        return sum(i + o > room for i, o in prompts.pairs) / len(prompts.pairs)
+
+    def span(x: LengthDist, y: LengthDist) -> tuple[int, int]:
+        return max(_least(x), room - _most(y) + 1), min(_most(x), room - _least(y))
+
+    x, y = min((prompts, outputs), (outputs, prompts), key=lambda xy: span(*xy)[1] - span(*xy)[0])
+    lo, hi = span(x, y)
+    cdf_x, cdf_y = x.cdf(), y.cdf()
+    share = 1.0 - cdf_x(max(hi, lo - 1))
+    if x.kind == "empirical":  # (its lengths, counted)
+        counts = Counter(v for v in x.values if lo <= v <= hi)
+        return share + sum(n * (1.0 - cdf_y(room - v)) for v, n in counts.items()) / len(x.values)
+    step = max(1, -(-(hi - lo + 1) // _MAX_POINTS))
+    for start in range(lo, hi + 1, step):
+        end = min(start + step - 1, hi)
+        share += (cdf_x(end) - cdf_x(start - 1)) * (1.0 - cdf_y(room - (start + end) // 2))
+    return share

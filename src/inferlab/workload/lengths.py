@@ -11,8 +11,10 @@ of ShareGPT V3 as vLLM's benchmark samples it, see ``workload.sharegpt``). Every
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Literal
@@ -81,6 +83,28 @@ class LengthDist:
         if self.kind == "lognormal":
             return min(MAX_LENGTH_TOKENS, max(1, round(rng.lognormvariate(math.log(self.a), self.b))))
         return rng.choice(self.values)
+
+    def cdf(self) -> Callable[[int], float]:
+        """The share of draws of at most ``k`` tokens, drawn as ``sample`` draws them
+        (normal and lognormal: rounded to the nearest length, held to 1 ..
+        ``MAX_LENGTH_TOKENS``; empirical: its values counted)."""
+        if self.kind == "empirical":
+            ordered, n = sorted(self.values), len(self.values)
+            return lambda k: bisect.bisect_right(ordered, k) / n
+        if self.kind == "uniform":
+            lo, width = int(self.a), int(self.b) - int(self.a) + 1
+            return lambda k: min(1.0, max(0.0, (k - lo + 1) / width))
+        if self.kind == "fixed" or self.b == 0:  # (one length)
+            only = int(self.a) if self.kind == "fixed" else min(MAX_LENGTH_TOKENS, max(1, round(self.a)))
+            return lambda k: 1.0 if k >= only else 0.0
+        log = self.kind == "lognormal"
+        dist = NormalDist(math.log(self.a), self.b) if log else NormalDist(self.a, self.b)
+
+        def held(k: int) -> float:  # (round(x) <= k where x < k + 0.5)
+            if k < 1:
+                return 0.0
+            return 1.0 if k >= MAX_LENGTH_TOKENS else dist.cdf(math.log(k + 0.5) if log else k + 0.5)
+        return held
 
     def __str__(self) -> str:
         if self.kind == "fixed":

@@ -188,6 +188,12 @@ class HFTokenizer:
     def vocab_size(self) -> int:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
+    def num_special_tokens_to_add(self) -> int:
+        """The special tokens the tokenizer adds around one sequence (a BOS, say), as
+        ``transformers``' method of this name counts them for a fast tokenizer: what
+        ``vllm bench serve``'s random dataset takes off ``--random-input-len``."""
+        return int(self._tok.num_special_tokens_to_add(False))
+
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
