@@ -214,7 +214,8 @@ def _vllm_cpu(software: Any, engine_config: Any) -> str | None:
 def _stated_blocks(settings: dict[str, Any]) -> tuple[int, int | None] | None:
     """The KV blocks a real server stated it had, and their size in tokens (None where
     not stated): ``num_gpu_blocks``, or ``num_gpu_blocks_override`` as ``client.serverid``
-    once labelled that count; None where neither is stated."""
+    once labelled that count (and SGLang's pages); None where neither is stated (an
+    SGLang server states its pool in tokens, ``kv_cache_tokens``: no block count)."""
     blocks = _count(settings.get("num_gpu_blocks")) or _count(settings.get("num_gpu_blocks_override"))
     return None if blocks is None else (blocks, _count(settings.get("block_size")))
 
@@ -1166,6 +1167,10 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     stated = _stated_blocks(settings)
     if stated is not None:
         parts.append(f"the server had {_blocks_words(*stated)} (its stated settings)")
+    elif (pool := _count(settings.get("kv_cache_tokens"))) is not None:  # (SGLang's token pool)
+        page = _count(settings.get("block_size"))
+        parts.append(f"the server had a KV pool of {pool:,} tokens" + (f" in pages of {page:,}" if page else "")
+                     + " (its stated settings)")
     cpu = _vllm_cpu(run.server_software(), run.config.get("engine_config")) if engine is None else None
     if cpu is not None and flags is _VLLM_CPU_FLAGS:
         parts.append(f"vLLM's CPU build ({cpu})")

@@ -357,7 +357,7 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
     stated = [_pool_as_flag(s["settings"]) for s in said if isinstance(s.get("settings"), dict)]
     if not stated:
         return {}
-    had = any("num_gpu_blocks" in s["settings"] for s in said if isinstance(s.get("settings"), dict))
+    had = any(_had(s["settings"]) for s in said if isinstance(s.get("settings"), dict))
     agreed: dict[str, Any] = {}  # (a cache dtype by its canonical name)
     differ: list[str] = []
     for key in sorted(set().union(*stated)):
@@ -369,12 +369,15 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
         else:
             with contextlib.suppress(UsageError):  # (a dtype inferlab does not know: not taken)
                 agreed[key] = KVCacheDType.parse(str(values[0])).value
+    def words(key: str) -> str:  # (a pool the server had is no override it was given)
+        return "its KV pool" if had and key == "num_gpu_blocks_override" else flag_words(key)
+
     family = EngineFamily.parse(str(kw["engine_family"]))
     if family not in _COUNTED_AS.get(name, ()):
         other = [k for k in ("num_gpu_blocks_override", *_OWN_FAMILY_ONLY.get(name, ())) if k in agreed]
         if other:
             say(f"calibrating as the {family} family, not {name}'s: what the runs' server states of "
-                f"{', '.join(map(flag_words, other))} is {name}'s, not taken")
+                f"{', '.join(map(words, other))} is {name}'s, not taken")
             for key in other:
                 del agreed[key]
     size, page = int(kw.get("block_size") or EngineConfig().block_size), agreed.get("block_size")
@@ -422,7 +425,7 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
     for key, value in taken.items():
         kw[key] = KVCacheDType.parse(value) if key == "kv_cache_dtype" else value
     if differ:
-        say(f"the runs' server stated {', '.join(map(flag_words, differ))} differently from run to run: "
+        say(f"the runs' server stated {', '.join(map(words, differ))} differently from run to run: "
             "not taken (a twin is of one server; give the flags)")
     return taken
 
@@ -496,13 +499,25 @@ def _batch_defaults(engine: EngineConfig, known: set[str], say: Callable[[str], 
 
 
 def _pool_as_flag(settings: dict[str, Any]) -> dict[str, Any]:
-    """A server's stated settings with the KV blocks it had (``num_gpu_blocks``, however
-    it sized them) as the simulated engine's flag that holds a pool at that many
-    (``num_gpu_blocks_override``); an override it stated is the same count."""
-    out = {k: v for k, v in settings.items() if k != "num_gpu_blocks"}
+    """A server's stated settings with its KV pool as the simulated engine's flag that
+    holds a pool of that many blocks (``num_gpu_blocks_override``): vLLM's blocks it had
+    (``num_gpu_blocks``, however it sized them; an override it stated is the same count),
+    SGLang's token pool (``kv_cache_tokens``) in its pages (``block_size``, else a token
+    each). A run recorded before SGLang's pool was counted in tokens states its pages as
+    ``num_gpu_blocks_override``: the same count."""
+    out = {k: v for k, v in settings.items() if k not in ("num_gpu_blocks", "kv_cache_tokens")}
     if isinstance(settings.get("num_gpu_blocks"), int):
         out["num_gpu_blocks_override"] = settings["num_gpu_blocks"]
+    tokens, page = settings.get("kv_cache_tokens"), settings.get("block_size")
+    if isinstance(tokens, int):
+        out["num_gpu_blocks_override"] = tokens // (page if isinstance(page, int) and page >= 1 else 1)
     return out
+
+
+def _had(settings: dict[str, Any]) -> bool:
+    """Whether a server stated the KV pool it had, however it sized it (vLLM's
+    ``num_gpu_blocks``, SGLang's ``kv_cache_tokens``), not an override it was given."""
+    return "num_gpu_blocks" in settings or "kv_cache_tokens" in settings
 
 
 def _as_the_release_said(
