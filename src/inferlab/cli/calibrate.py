@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from inferlab.cli.sim import (
     model_key,
     setting_text,
     take_recorded_engine,
+    twin_model,
 )
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.results.provenance import simulated_engine
@@ -181,6 +183,14 @@ def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow
         for metric, why in r.left_out.items():
             err.print(f"inferlab sim calibrate: {r.path}: its {labels.get(metric, metric)} is left out of the fit and "
                       f"its error: {why}", highlight=False)
+
+
+def _served_model(runs: list[MeasuredRun]) -> str | None:
+    """The model name the runs' server served them under (``MeasuredRun.model``; one
+    model, ``_measurements`` checked: the name most runs recorded, a folder's path and
+    its model's name being one), which the twin records; None where none recorded one."""
+    names = Counter(r.model for r in runs if r.model)
+    return names.most_common(1)[0][0] if names else None
 
 
 def _model_and_gpu(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) -> None:
@@ -599,6 +609,8 @@ def _calibrate(kw: dict[str, Any]) -> int:
     holdout = [read_run(p) for p in kw["holdout"]]
     err = console(stderr=True)
     _measurements(fit_runs, holdout, kw["allow_failures"], err, kw["allow_unreliable"])
+    served = _served_model(fit_runs + holdout)
+    twin_model(kw, served, "the runs were")  # (a twin's constants to start from: of which model, said)
     simulated = _as_the_simulator_ran(kw, [*kw["runs"], *kw["holdout"]], names, err)
     stated = _as_the_server_said(kw, fit_runs + holdout, err)
     if not simulated:
@@ -618,7 +630,8 @@ def _calibrate(kw: dict[str, Any]) -> int:
         err.print(f"inferlab sim calibrate: the search stopped at --max-evaluations {kw['max_evaluations']} before it "
                   "converged: a better fit may remain (give more; the twin records converged: false)", highlight=False)
     checked = holdout or fit_runs  # (the runs the twin's error is over)
-    write_efficiencies(kw["out"], engine, fit, stated, {"checked": loads_of(checked), "all": loads_of([*fit_runs, *holdout])})
+    write_efficiencies(kw["out"], engine, fit, stated, {"checked": loads_of(checked), "all": loads_of([*fit_runs, *holdout])},
+                       served)
     if kw["report"]:
         Path(kw["report"]).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
     out = console()

@@ -1469,3 +1469,59 @@ def test_runs_their_summary_warns_are_off_are_refused_unless_allowed_and_a_metri
     err = words(res.stderr)
     assert f"{cached}: the server served 2,048 of 2,480 prompt tokens from its prefix cache filled by an earlier run (taken anyway, --allow-unreliable)" in err
     assert f"{cached}: its TPOT p50 is left out of the fit and its error: it measured 0" in err
+
+
+def test_a_twin_records_the_name_its_server_served_and_answers_to_it(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """A server serves its model under a name of its own (--served-model-name, a folder's
+    path): the twin did not record it, so sim serve with the twin answered to the preset's
+    name and a client of the server asked for a model it did not have. Runs or a trace of
+    another name are warned of, not refused."""
+    import urllib.request
+
+    from inferlab.sim.server.launch import ChildServer
+
+    def served_as(name: str) -> Callable[[dict[str, Any]], None]:
+        return lambda config: config["resolved"].update(model=name)
+
+    engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S"]
+    (tmp_path / "runs").mkdir()
+    runs = rewritten(measured[0], tmp_path / "runs", *[served_as("acme/chat-prod")] * 3)
+    twin = tmp_path / "twin.json"
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *runs, "--fit", "gemm_compute", "--max-evaluations",
+                                    "3", "-o", str(twin)])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(twin.read_text())["calibration"]["served_model"] == "acme/chat-prod"
+
+    def ask(args: list[str]) -> tuple[list[str], str]:
+        with ChildServer([*args, "--efficiencies", str(twin)]) as server:
+            with urllib.request.urlopen(server.url + "/v1/models") as resp:
+                ids = [card["id"] for card in json.load(resp)["data"]]
+            body = json.dumps({"model": ids[0], "prompt": "hi", "max_tokens": 2}).encode()
+            request = urllib.request.Request(server.url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request) as resp:
+                return ids, json.load(resp)["model"]
+
+    assert ask(engine) == (["acme/chat-prod"], "acme/chat-prod")
+    assert ask([*engine, "--served-model-name", "mine"]) == (["mine"], "mine")  # (a name given wins)
+    ids, _ = ask(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L40S"])  # (another model: not its name)
+    assert ids != ["acme/chat-prod"]
+    # sim run says which model the twin was fitted on; a trace of a run served as another name is warned of
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "-c", "1", "-n", "2", "--efficiencies", str(twin),
+                                    "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.stderr
+    assert "twin.json was fitted on runs of acme/chat-prod" in words(res.stderr) and "warning" not in res.stderr
+    (tmp_path / "other").mkdir()
+    other = rewritten(measured[0][:1], tmp_path / "other", served_as("acme/other-model"))
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "--trace", f"{other[0]}/requests.jsonl", "--efficiencies",
+                                    str(twin), "-o", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.stderr
+    assert ("warning: the trace's run was served as acme/other-model, twin.json as acme/chat-prod") in words(res.stderr)
+    # calibrating runs of another name from the twin's constants: warned of, not refused
+    (tmp_path / "again").mkdir()
+    again = rewritten(measured[0], tmp_path / "again", *[served_as("acme/other-model")] * 3)
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *again, "--efficiencies", str(twin), "--fit",
+                                    "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "again.json")])
+    assert res.exit_code == 0, res.stderr
+    assert "warning: the runs were served as acme/other-model, twin.json as acme/chat-prod" in words(res.stderr)
