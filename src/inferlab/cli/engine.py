@@ -20,7 +20,7 @@ from rich.console import Console
 
 from inferlab._errors import RunFailedError
 from inferlab.cli.common import run_guarded, stop_signals
-from inferlab.engines.launch import EngineProcess, EngineSpec, command, load_spec
+from inferlab.engines.launch import EngineProcess, EngineSpec, command, load_spec, vllm_cpu_env
 from inferlab.load.run import HttpTarget
 from inferlab.results.runfiles import plain_json
 
@@ -91,6 +91,19 @@ def _stop_signal(signum: int, frame: object) -> None:
     raise _Stopped(signum)
 
 
+def recorded_spec(spec: EngineSpec) -> dict[str, Any]:
+    """The engine config as a run records it (config.json's and profile.json's
+    ``engine_config``): its settings, and ``vllm_cpu_build``, the virtual environment of
+    vLLM's CPU build it ran (``engines.launch.vllm_cpu_env``), where it was that build;
+    advise names that build's KV cache flags by it (the config need not set its
+    environment variables: the CPU build is started with ``VLLM_TARGET_DEVICE=cpu``)."""
+    out: dict[str, Any] = plain_json(dataclasses.asdict(spec))
+    cpu = vllm_cpu_env(spec.executable) if spec.engine == "vllm" else None
+    if cpu is not None:
+        out["vllm_cpu_build"] = str(cpu)
+    return out
+
+
 def start_engine(config: str, log_path: str | None = None) -> EngineProcess:
     """The engine of ``config`` started and ready; what runs is said on stderr."""
     spec = load_spec(config)
@@ -134,7 +147,7 @@ class EngineTrials:
         self.fields = frozenset(f.name for f in dataclasses.fields(spec)) - FIXED_SETTINGS
 
     def target_json(self) -> dict[str, Any]:
-        return {"kind": "server", "virtual_time": False, "engine": plain_json(dataclasses.asdict(self.spec))}
+        return {"kind": "server", "virtual_time": False, "engine": recorded_spec(self.spec)}
 
     def setting(self, params: dict[str, Any]) -> EngineSpec:
         """The config with ``params`` put in; ``UsageError`` for a value it does not take
@@ -154,6 +167,6 @@ class EngineTrials:
         await asyncio.to_thread(start_ready, proc, stop)
         try:
             # (each run's config.json records the engine it ran with, this setting's values put in, as bench --engine does)
-            yield dataclasses.replace(self.base, url=proc.url, engine_config=plain_json(dataclasses.asdict(spec)))
+            yield dataclasses.replace(self.base, url=proc.url, engine_config=recorded_spec(spec))
         finally:
             await asyncio.to_thread(proc.stop)

@@ -53,7 +53,7 @@ from inferlab.cli.tokens import tokens
 from inferlab.cli.tune import tune
 from inferlab.load.run import BenchConfig, RunResult, bench_async
 from inferlab.report.console import Progress, render_summary
-from inferlab.results.runfiles import check_out_dir, dumps, plain_json, write_summary
+from inferlab.results.runfiles import check_out_dir, dumps, write_summary
 from inferlab.results.summary import Summary
 from inferlab.sim.engine.engine import EngineConfig
 
@@ -121,13 +121,13 @@ def _bench(kw: dict[str, Any]) -> int:
     if kw["engine_config"]:
         if url is not None:
             raise UsageError("--engine starts the server to measure: give --engine or --url, not both")
-        from inferlab.cli.engine import start_engine
+        from inferlab.cli.engine import recorded_spec, start_engine
 
         config.workload.build(config.load.seed, config.api)  # bad flags or files: fail before starting
         started = start_engine(kw["engine_config"], f"{config.out_dir}/engine.log" if config.out_dir else None)
         url = started.url
         # (config.json's url: the engine's, null being the embedded simulator; and the config it was started from)
-        config = dataclasses.replace(config, url=url, engine_config=plain_json(dataclasses.asdict(started.spec)))
+        config = dataclasses.replace(config, url=url, engine_config=recorded_spec(started.spec))
     elif url is None:
         from inferlab.cli.sim import SERVE_DEFAULTS
         from inferlab.sim.engine.hardware import resolve_model

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import sys
 from typing import Any
 
@@ -25,7 +24,7 @@ from inferlab.cli.common import FloatRange, console, given, run_guarded
 from inferlab.engines.launch import command, load_spec
 from inferlab.results.metrics import SLO
 from inferlab.results.provenance import PREDICTION
-from inferlab.results.runfiles import dumps, plain_json
+from inferlab.results.runfiles import dumps
 
 
 @click.command("profile")
@@ -58,6 +57,7 @@ def _profile(kw: dict[str, Any]) -> int:
             raise UsageError("--engine starts the server to profile: give --engine or --url, not both")
         spec = load_spec(kw["engine_config"])
         command(spec)  # a setting the engine has no flag for: refused before anything starts
+    from inferlab.cli.engine import recorded_spec
     factors = () if kw["factors"].strip() == "all" else tuple(f.strip() for f in kw["factors"].split(",") if f.strip())
     if not factors and kw["factors"].strip() != "all":  # (an empty tuple is every factor)
         raise UsageError("--factors names no factor (give 'all' for every one)")
@@ -67,7 +67,7 @@ def _profile(kw: dict[str, Any]) -> int:
         max_concurrency=kw["max_concurrency"], seed=kw["seed"], overwrite=kw["overwrite"],
         embedded=kw["url"] is None and spec is None, exact_output=kw["exact_output"],
         factors=factors,
-        engine_config=None if spec is None else plain_json(dataclasses.asdict(spec)),
+        engine_config=None if spec is None else recorded_spec(spec),
     )
     if "decode" not in config.measured():  # (the decode ladder is all they shape)
         for name, flag in (("max_concurrency", "--max-concurrency"), ("slo_ttft_ms", "--slo-ttft-ms"), ("slo_tpot_ms", "--slo-tpot-ms")):

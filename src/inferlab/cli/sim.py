@@ -195,7 +195,7 @@ def engine_config(kw: dict[str, Any]) -> EngineConfig:
 @engine_options(SERVE_DEFAULTS)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--served-model-name", help="Name the API answers to (default: --model).")
+@click.option("--served-model-name", help="Name the API answers to (default: --model; with a calibrated twin of that model, --efficiencies, the name its server served the twin's runs under).")
 @click.option("--max-waiting-requests", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Queue length beyond which requests get HTTP 429.")
 @click.option("--tokenizer", type=click.Path(exists=False), help="Count tokens with this local tokenizer.json (or a directory with one, or a Hugging Face model id in the local cache); the chat template is the one in the tokenizer_config.json beside it, else ChatML.")
@@ -210,6 +210,11 @@ def _serve(kw: dict[str, Any]) -> int:
     from inferlab.sim.server.launch import start_site
 
     kw.update(as_the_twin_was(kw))
+    served = twin_model(kw)
+    if served is not None and kw["served_model_name"] is None and not _another_model(kw, str(kw["efficiencies_path"])):
+        kw["served_model_name"] = served  # (a twin answers to the name its server did; --model too)
+        click.echo(f"inferlab: answering as {served}, the name {Path(str(kw['efficiencies_path'])).name}'s server "
+                   "served (give --served-model-name to say otherwise)", err=True)
     config = ServerConfig(
         engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"], tokenizer=kw["tokenizer"]
     )
@@ -284,6 +289,27 @@ def _model_from_trace(kw: dict[str, Any]) -> None:
         return
     kw["model"] = traced
     click.echo(f"inferlab: simulating the trace's model, {traced}", err=True)
+
+
+def _trace_model(kw: dict[str, Any]) -> str | None:
+    """The model name the run a trace is of was served under: a vLLM benchmark result's,
+    or a run directory's (its ``config.json`` beside ``requests.jsonl``: the name the
+    server answered to, else the one asked for); None for other traces, or none given."""
+    from inferlab.workload.traces import vllm_result_model
+
+    trace = kw.get("trace")
+    if not trace:
+        return None
+    traced = vllm_result_model(trace)
+    if traced is not None:
+        return traced
+    try:
+        config = json.loads((Path(trace).parent / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    resolved = config.get("resolved") if isinstance(config, dict) else None
+    model = (resolved if isinstance(resolved, dict) else {}).get("model") or config.get("model")
+    return model if isinstance(model, str) and model else None
 
 
 def model_key(name: str) -> str:
@@ -531,6 +557,26 @@ def as_the_twin_was(kw: dict[str, Any], searched: Iterable[str] = ()) -> dict[st
     return taken
 
 
+def twin_model(kw: dict[str, Any], other: str | None = None, what: str = "") -> str | None:
+    """The model name the runs a calibrated twin (``--efficiencies`` with its ``sim
+    calibrate`` record) was fitted on were served under (its ``served_model``), said on
+    stderr; with a warning, not a refusal, where ``other``, the name ``what`` was served
+    under (a run compared or calibrated against the twin: "the runs were"), is another model's (by
+    ``model_key``: a folder's path is its name). None for a file without one (constants
+    alone, or calibrated before the record kept it)."""
+    path = kw.get("efficiencies_path")
+    found = calibrated_as(str(path)) if path else None
+    if found is None or found.served_model is None:
+        return None
+    name = Path(str(path)).name
+    click.echo(f"inferlab: {name} was fitted on runs of {found.served_model} (as their server named it)", err=True)
+    if other and model_key(other) != model_key(found.served_model):
+        click.echo(f"inferlab: warning: {what} served as {other}, "
+                   f"{name} as {found.served_model}: if they are two models, the twin's numbers are not this one's",
+                   err=True)
+    return found.served_model
+
+
 def setting_text(key: str, value: Any) -> str:
     """An engine setting's value as text, a cache dtype by its canonical name."""
     return str(KVCacheDType.parse(str(value)).value) if key == "kv_cache_dtype" else str(value)
@@ -577,6 +623,19 @@ def _another_server(kw: dict[str, Any], efficiencies: str) -> bool:
     except (UsageError, ValueError, TypeError):
         return True
     return calibration_mismatch(efficiencies, {k: served[k] for k in _IDENTITY if k in served}) is not None
+
+
+def _another_model(kw: dict[str, Any], efficiencies: str) -> bool:
+    """Whether the engine ``kw`` describes simulates another model than the one
+    ``efficiencies`` was calibrated on (its record's ``served_by``), or cannot be told."""
+    one, several = _scalar(kw)
+    if "model" in several:
+        return True
+    try:
+        model = served_by(engine_config(one))["model"]
+    except (UsageError, ValueError, TypeError):
+        return True
+    return calibration_mismatch(efficiencies, {"model": model}) is not None
 
 
 #: The flags that size a twin's KV cache from memory (its own what-if of the cache), not
@@ -665,6 +724,7 @@ def _sim_run(kw: dict[str, Any]) -> int:
     _say_result_engine(kw)
     _engine_from_trace_run(kw)
     kw.update(as_the_twin_was(kw))
+    twin_model(kw, _trace_model(kw), "the trace's run was")
     config = RunConfig(load_config(kw), workload_config(kw), kw["api"], slo_config(kw), kw["out"], kw["overwrite"])
     from inferlab.load.run import is_twin
 

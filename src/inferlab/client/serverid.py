@@ -162,9 +162,10 @@ def sglang_settings(info: object, cards: object) -> dict[str, Any]:
       (``max_num_batched_tokens``); -1 turns chunking off;
     - ``max_running_requests`` is the sequence cap (None there: SGLang derives it);
     - ``kv_cache_dtype`` is the cache's dtype;
-    - ``max_total_num_tokens`` (the scheduler's token pool) in pages of ``page_size``
-      tokens (1 where it has none: releases before paging) is the cache
-      (``block_size``, ``num_gpu_blocks_override``);
+    - ``max_total_num_tokens`` is the scheduler's token pool, a count of tokens
+      (``kv_cache_tokens``, as a simulated run's config.json names its cache's), in pages
+      of ``page_size`` tokens (``block_size``; 1 where it has none: releases before
+      paging); no block count (vLLM's ``num_gpu_blocks``), which SGLang does not state;
     - ``context_length`` (else its one model card's ``max_model_len``) is the context.
 
     Nothing for a server of several schedulers (``dp_size`` or ``pp_size`` above 1): each
@@ -191,7 +192,7 @@ def sglang_settings(info: object, cards: object) -> dict[str, Any]:
         out["kv_cache_dtype"] = info["kv_cache_dtype"]
     tokens, page = _count(info, "max_total_num_tokens"), _count(info, "page_size") or 1
     if tokens is not None:
-        out.update(block_size=page, num_gpu_blocks_override=tokens // page)
+        out.update(block_size=page, kv_cache_tokens=tokens)
     length = _count(info, "context_length") or _card_length(cards)
     if length is not None:
         out["max_model_len"] = length

@@ -761,7 +761,7 @@ def test_settings_the_runs_disagree_on_are_not_taken(measured: tuple[list[str], 
 #: What ``client.serverid.sglang_settings`` reads from an SGLang server's /server_info
 SGLANG = {"tensor_parallel_size": 1, "enable_prefix_caching": False, "overlap_schedule": False, "mixed_batches": True,
           "max_num_batched_tokens": 4096, "max_num_seqs": 128, "kv_cache_dtype": "auto", "block_size": 1,
-          "num_gpu_blocks_override": 50_000, "max_model_len": 8192}
+          "kv_cache_tokens": 50_000, "max_model_len": 8192}
 
 
 def sglang(**settings: Any) -> dict[str, Any]:
@@ -787,7 +787,8 @@ def test_a_twin_of_sglang_takes_its_arguments_and_pool_and_runs_of_it_run_them(
     assert ("a token at a time" in err) == (block_size != 1)
     record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
     assert (record["served_by"]["engine_family"], record["served_by"]["overlap_schedule"]) == ("sglang", False)
-    stated = {k: v for k, v in SGLANG.items() if k != "overlap_schedule"}  # (it goes with the release)
+    # (the overlap scheduler goes with the release; the pool, in tokens, as the flag that holds it)
+    stated = {k: v for k, v in SGLANG.items() if k not in ("overlap_schedule", "kv_cache_tokens")}
     stated.update(block_size=block_size, num_gpu_blocks_override=blocks)
     # (given or not, the block size the blocks are counted in is recorded with them)
     assert record["server_settings"] == stated
@@ -802,6 +803,8 @@ def test_a_twin_of_sglang_takes_its_arguments_and_pool_and_runs_of_it_run_them(
         "num_gpu_blocks_override": blocks, "block_size": block_size, "max_num_batched_tokens": 4096,
         "max_num_seqs": 128, "enable_prefix_caching": False, "overlap_schedule": False, "mixed_batches": True,
         "max_model_len": 8192}
+    # the pool the server stated, in tokens (to a block of the twin's size): not 50,000 blocks of 16
+    assert 50_000 - block_size < ran["kv_cache_tokens"] <= 50_000
     assert ran["engine_family"] == "sglang" and "as twin.json was calibrated: the sglang family, release 0.5.2" in err
     assert "full-sequence admission" not in err  # (vLLM's switch: unsaid for SGLang)
     assert "mismatch" not in prediction and "sized from memory" not in err
@@ -846,7 +849,7 @@ def test_an_sglang_pool_is_not_taken_as_vllms_blocks(measured: tuple[list[str], 
     res = calibrate_cli(runs, tmp_path / "twin.json", "--engine-family", "vllm")
     assert res.exit_code == 0, res.stderr
     err = words(res.stderr)
-    assert ("calibrating as the vllm family, not SGLang's: what the runs' server states of --num-gpu-blocks-override, "
+    assert ("calibrating as the vllm family, not SGLang's: what the runs' server states of its KV pool, "
             "--max-num-batched-tokens, --overlap-schedule, --mixed-batches is SGLang's, not taken") in err
     assert "a token at a time" not in err
     record = json.loads((tmp_path / "twin.json").read_text())["calibration"]
@@ -878,10 +881,16 @@ def test_a_run_given_the_page_size_an_sglang_server_stated_is_no_what_if(
     assert "sglang defaults and constants, twin.json's over them" in words(res.stdout)
 
 
+@pytest.mark.parametrize("pool", [
+    {"kv_cache_tokens": 51_200},
+    # (a run recorded before the pool was counted in tokens: its pages as vLLM's block count)
+    {"kv_cache_tokens": None, "num_gpu_blocks_override": 200},
+])
 def test_an_sglang_pool_in_pages_the_simulator_does_not_take_is_simulated_in_blocks_of_the_runs_size(
-    measured: tuple[list[str], list[str]], tmp_path: Path
+    measured: tuple[list[str], list[str]], tmp_path: Path, pool: dict[str, Any]
 ) -> None:
-    runs = said(measured[0], tmp_path, *[sglang(**{**SGLANG, "block_size": 256, "num_gpu_blocks_override": 200})] * 3)
+    settings = {k: v for k, v in {**SGLANG, "block_size": 256, **pool}.items() if v is not None}
+    runs = said(measured[0], tmp_path, *[sglang(**settings)] * 3)
     res = CliRunner().invoke(main, ["sim", "calibrate", "--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S", *runs,
                                     "--fit", "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "twin.json")])
     assert res.exit_code == 0, res.stderr
@@ -1460,3 +1469,59 @@ def test_runs_their_summary_warns_are_off_are_refused_unless_allowed_and_a_metri
     err = words(res.stderr)
     assert f"{cached}: the server served 2,048 of 2,480 prompt tokens from its prefix cache filled by an earlier run (taken anyway, --allow-unreliable)" in err
     assert f"{cached}: its TPOT p50 is left out of the fit and its error: it measured 0" in err
+
+
+def test_a_twin_records_the_name_its_server_served_and_answers_to_it(
+    measured: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    """A server serves its model under a name of its own (--served-model-name, a folder's
+    path): the twin did not record it, so sim serve with the twin answered to the preset's
+    name and a client of the server asked for a model it did not have. Runs or a trace of
+    another name are warned of, not refused."""
+    import urllib.request
+
+    from inferlab.sim.server.launch import ChildServer
+
+    def served_as(name: str) -> Callable[[dict[str, Any]], None]:
+        return lambda config: config["resolved"].update(model=name)
+
+    engine = ["--model", "Qwen/Qwen2.5-7B-Instruct", "--gpu", "L40S"]
+    (tmp_path / "runs").mkdir()
+    runs = rewritten(measured[0], tmp_path / "runs", *[served_as("acme/chat-prod")] * 3)
+    twin = tmp_path / "twin.json"
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *runs, "--fit", "gemm_compute", "--max-evaluations",
+                                    "3", "-o", str(twin)])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(twin.read_text())["calibration"]["served_model"] == "acme/chat-prod"
+
+    def ask(args: list[str]) -> tuple[list[str], str]:
+        with ChildServer([*args, "--efficiencies", str(twin)]) as server:
+            with urllib.request.urlopen(server.url + "/v1/models") as resp:
+                ids = [card["id"] for card in json.load(resp)["data"]]
+            body = json.dumps({"model": ids[0], "prompt": "hi", "max_tokens": 2}).encode()
+            request = urllib.request.Request(server.url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request) as resp:
+                return ids, json.load(resp)["model"]
+
+    assert ask(engine) == (["acme/chat-prod"], "acme/chat-prod")
+    assert ask([*engine, "--served-model-name", "mine"]) == (["mine"], "mine")  # (a name given wins)
+    ids, _ = ask(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "L40S"])  # (another model: not its name)
+    assert ids != ["acme/chat-prod"]
+    # sim run says which model the twin was fitted on; a trace of a run served as another name is warned of
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "-c", "1", "-n", "2", "--efficiencies", str(twin),
+                                    "-o", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.stderr
+    assert "twin.json was fitted on runs of acme/chat-prod" in words(res.stderr) and "warning" not in res.stderr
+    (tmp_path / "other").mkdir()
+    other = rewritten(measured[0][:1], tmp_path / "other", served_as("acme/other-model"))
+    res = CliRunner().invoke(main, ["sim", "run", *engine, "--trace", f"{other[0]}/requests.jsonl", "--efficiencies",
+                                    str(twin), "-o", str(tmp_path / "t")])
+    assert res.exit_code == 0, res.stderr
+    assert ("warning: the trace's run was served as acme/other-model, twin.json as acme/chat-prod") in words(res.stderr)
+    # calibrating runs of another name from the twin's constants: warned of, not refused
+    (tmp_path / "again").mkdir()
+    again = rewritten(measured[0], tmp_path / "again", *[served_as("acme/other-model")] * 3)
+    res = CliRunner().invoke(main, ["sim", "calibrate", *engine, *again, "--efficiencies", str(twin), "--fit",
+                                    "gemm_compute", "--max-evaluations", "3", "-o", str(tmp_path / "again.json")])
+    assert res.exit_code == 0, res.stderr
+    assert "warning: the runs were served as acme/other-model, twin.json as acme/chat-prod" in words(res.stderr)

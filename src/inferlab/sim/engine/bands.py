@@ -206,6 +206,7 @@ class CalibratedAs:
     release: dict[str, Any]  # engine_version (when it had one) and the switches served_by records
     stated: dict[str, Any]  # the engine flags its server stated that the fit took (server_settings)
     sized_with: dict[str, Any]  # CALIBRATED_WITH as the fit's engine had them (a file from before: fewer)
+    served_model: str | None = None  # the model name its runs were served under (a file from before: None)
 
 
 def calibrated_as(efficiencies: str) -> CalibratedAs | None:
@@ -214,7 +215,8 @@ def calibrated_as(efficiencies: str) -> CalibratedAs | None:
     given, or its runs' server said it) and the switches ``served_by`` records (those it
     records: a file written before it recorded them has fewer); the engine flags the
     server stated that the fit took (``server_settings``: its KV cache, its context
-    length); and what sized its cache (``SIZED_WITH``). None for a file without a record."""
+    length); what sized its cache (``SIZED_WITH``); and the model name its runs were
+    served under (``served_model``). None for a file without a record."""
     record = efficiencies_json(efficiencies).get(CALIBRATION_KEY)
     on = record.get("served_by") if isinstance(record, dict) else None
     if not isinstance(record, dict) or not isinstance(on, dict) or not isinstance(on.get("engine_family"), str):
@@ -224,8 +226,10 @@ def calibrated_as(efficiencies: str) -> CalibratedAs | None:
         release["engine_version"] = record["engine_version"]
     release.update({k: on[k] for k in RELEASE_SWITCHES if isinstance(on.get(k), bool)})
     stated, sized = record.get("server_settings"), record.get("sized_with")
+    served = record.get("served_model")
     return CalibratedAs(str(on["engine_family"]), release, dict(stated) if isinstance(stated, dict) else {},
-                        dict(sized) if isinstance(sized, dict) else {})
+                        dict(sized) if isinstance(sized, dict) else {},
+                        served if isinstance(served, str) and served.strip() else None)
 
 
 def calibrated_bands(efficiencies: str, family: EngineFamily | str, regime: str) -> dict[str, ErrorBand]:

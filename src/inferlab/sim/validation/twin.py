@@ -414,19 +414,23 @@ def loads_of(runs: Sequence[MeasuredRun]) -> dict[str, list[float]]:
 
 
 def write_efficiencies(path: str, engine: EngineConfig, fit: Fit, server_settings: dict[str, Any] | None = None,
-                       loads: dict[str, dict[str, list[float]]] | None = None) -> None:
+                       loads: dict[str, dict[str, list[float]]] | None = None, served_model: str | None = None) -> None:
     """The efficiencies file ``sim run --efficiencies`` reads: the engine's own file's
     constants under the fitted ones, and the calibration's error (``calibration_record``)
     and the server it holds for (``served_by``, and the release it was fitted as) for
     ``sim run`` to show beside what the twin predicts, on that server only; and
     ``server_settings``, the engine flags the runs' server stated that the fit took;
     ``loads``: the loads the runs the error is over ran (``"checked"``: those of the
-    error's split) and of all of them, fit and held out (``"all"``), as ``loads_of``."""
+    error's split) and of all of them, fit and held out (``"all"``), as ``loads_of``;
+    ``served_model``: the model name the runs' server served them under (``served_model``,
+    which ``sim serve`` with the twin answers to; left out where no run recorded one)."""
     with open(path, "w", encoding="utf-8") as f:
         # (the release too: sim run with this file and no --engine-version runs it)
         record = {**calibration_record(fit), "served_by": served_by(engine), "engine_version": engine.engine_version,
                   # (the engine flags the server stated and the fit took: runs of the twin take them too)
                   "server_settings": dict(server_settings or {}),
+                  # (the name the runs' server answered to: the twin's server answers to it too)
+                  **({"served_model": served_model} if served_model else {}),
                   # (what sized its cache: a run with others does not take the server's block count)
                   "sized_with": {k: getattr(engine, k) for k in CALIBRATED_WITH},
                   # (where its error was measured: a run at other loads is beyond them)
