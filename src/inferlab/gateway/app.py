@@ -763,13 +763,21 @@ class Gateway:
         keep: bool,
     ) -> web.StreamResponse:
         """Send to an upstream with room; on a failure before the first byte, to another
-        (the same one once more, if it is the only one)."""
+        (the same one once more, if it is the only one). An upstream that answers the
+        request with an OpenAI error body (``Failure.answer``) is alive: the request is not
+        sent to it again, the tries end once a second upstream answers so too, and the
+        last such answer is relayed if no other did better; it counts toward its
+        ejection only if another upstream then answered the same request with a success
+        (docs/gateway.md, "Streams")."""
         payload = req.payload
         tokens = req.input_tokens + req.output_tokens
         tried: list[int] = []
         failure: Failure | None = None
+        answered: tuple[int, Failure] | None = None  # the last upstream that answered with an error body
         for _ in range(max(2, len(candidates))):
-            left = [i for i in candidates if i not in tried] or candidates
+            left = [i for i in candidates if i not in tried] or ([] if answered else candidates)
+            if not left:
+                break
             try:
                 ticket = await self._shared(self.admission.acquire(
                     tokens, eligible(self.router, left, req.input_tokens, self.health),
@@ -789,15 +797,26 @@ class Gateway:
             self.metrics.queue_wait.labels(req.model, req.key_name).observe(ticket.queued_ns / NS_PER_S)
             tried.append(ticket.upstream)
             try:
-                return await self._exchange(request, req, ticket, payload, obs, headers, keep)
+                out = await self._exchange(request, req, ticket, payload, obs, headers, keep)
+                if answered is not None and obs.record.status is not None and obs.record.status < 400:
+                    self.health.failed(answered[0])  # (another upstream took what it refused: its failure)
+                return out
             except Failure as f:
                 failure = f
                 self.metrics.upstream_errors.labels(self.config.upstreams[ticket.upstream].name, f.kind).inc()
-                self.health.failed(ticket.upstream)
+                if f.answer is None:
+                    self.health.failed(ticket.upstream)
+                elif answered is not None:  # (a second upstream refused it too: the request's, not theirs)
+                    answered = (ticket.upstream, f)
+                    break
+                else:
+                    answered = (ticket.upstream, f)
                 if not f.retry:
                     break
             finally:
                 self.admission.release(ticket)
+        if answered is not None:
+            return self._relay_refusal(req, obs, headers, *answered)
         assert failure is not None
         kind = _FAILURE_KINDS[failure.kind]
         obs.fail(kind, str(failure))
@@ -808,6 +827,17 @@ class Gateway:
             (self.clock.now_ns() - obs.received_ns) / NS_PER_S)
         return error_response(status, str(failure), "ServiceUnavailableError" if status == 503 else "InternalServerError",
                               {**headers, "Retry-After": "1"} if status == 503 else headers)
+
+    def _relay_refusal(self, req: _Request, obs: Observed, headers: dict[str, str], i: int, f: Failure) -> web.Response:
+        """Upstream ``i``'s answer to the request, an OpenAI error body with a 5xx
+        (``Failure.answer``), relayed as it came: its status and its message are the
+        engine's, not the gateway's."""
+        assert f.answer is not None and f.status is not None
+        obs.fail(ErrorKind.HTTP_STATUS, str(f))
+        obs.record.status = f.status
+        self.metrics.duration.labels(req.model, self.config.upstreams[i].name, req.key_name,
+                                     ErrorKind.HTTP_STATUS.value).observe((self.clock.now_ns() - obs.received_ns) / NS_PER_S)
+        return web.Response(body=f.answer, status=f.status, content_type="application/json", headers=headers)
 
     async def _exchange(
         self, request: web.Request, req: _Request, ticket: Ticket, payload: bytes, obs: Observed,
