@@ -47,6 +47,7 @@ from inferlab._errors import RunFailedError
 from inferlab._serverlog import quiet_server_logger
 from inferlab.client.metrics import TIMEOUT_S as METRICS_TIMEOUT_S
 from inferlab.client.metrics import scrape
+from inferlab.client.serverid import identify_server
 from inferlab.gateway.admission import Admission, Rejected, Ticket
 from inferlab.gateway.cache import CACHE_HEADER, Entry, ResponseCache, cache_key, cacheable
 from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
@@ -97,6 +98,9 @@ _PROBE_TIMEOUT_S = 5.0
 #: How long ``/inferlab/engine`` waits for each upstream: less than a client asking it
 #: waits for the gateway (``load.run``: 5 s), so that the client gets the answer.
 _ENGINE_TIMEOUT_S = 2.0
+#: How long an upstream's software is known once identified (``_software``): an engine
+#: upgraded behind the gateway is seen within this time.
+_SOFTWARE_TTL_S = 60.0
 #: How long ``/tokenize`` and ``/detokenize`` wait for the upstream they are relayed to
 #: (as long as ``bench``'s preflight waits for a count).
 _TOKENS_TIMEOUT_S = 30.0
@@ -206,6 +210,8 @@ class Gateway:
         # the simulated server's max_model_len in /v1/models)
         self._context: dict[tuple[str, int], int] = {}
         self._models_at_ns: int | None = None
+        # upstream -> (when, what it said it is): ``_software``
+        self._identified: dict[int, tuple[int, dict[str, Any]]] = {}
         self._seq = itertools.count()
         self.upstreams = Upstreams(config, self.clock)
         self._redis: Any = None
@@ -394,9 +400,37 @@ class Gateway:
 
     async def _setup(self, request: web.Request) -> web.Response:
         """The gateway's setup (``GatewayConfig.setup``), whatever its upstreams are: a
-        run through it records that the gateway was there."""
+        run through it records that the gateway was there; each upstream with the
+        software it says it is (``_software``)."""
         self._authenticate(request)
-        return web.json_response(self.config.setup())
+        setup = self.config.setup()
+        found = await asyncio.gather(*(self._software(i) for i in range(len(self.config.upstreams))))
+        for entry, software in zip(setup["upstreams"], found, strict=True):
+            entry["software"] = software
+        return web.json_response(setup)
+
+    async def _software(self, i: int) -> dict[str, Any] | None:
+        """What upstream ``i`` says it is (``client.serverid.identify_server``, as
+        ``bench`` identifies a server: ``{"name": "vLLM", "version": "0.11.0" or None,
+        "source": "GET /version" or None}``, no URL, no key, no settings), known for
+        ``_SOFTWARE_TTL_S`` once it named itself; None where it names none of the
+        software ``bench`` knows or did not answer within ``_ENGINE_TIMEOUT_S`` (asked
+        again next time)."""
+        now = self.clock.now_ns()
+        known = self._identified.get(i)
+        if known is not None and now - known[0] < _SOFTWARE_TTL_S * NS_PER_S:
+            return known[1]
+        try:
+            async with asyncio.timeout(_ENGINE_TIMEOUT_S):
+                said = await identify_server(self.config.upstreams[i].url + "/v1", self._upstream_headers(i, False),
+                                             settings=False)
+        except TimeoutError:
+            return None
+        if said is None:
+            return None
+        software = {k: said.get(k) for k in ("name", "version", "source")}
+        self._identified[i] = (now, software)
+        return software
 
     async def _probe(self, i: int, path: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bytes | None:
         """GET ``path`` on upstream ``i``: its body if it answered 200, else None."""
