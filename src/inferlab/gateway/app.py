@@ -7,7 +7,8 @@ and ``/detokenize`` (relayed to an upstream serving the model), and
 ``/inferlab/engine``: the upstreams' answers there when every upstream is ``inferlab sim
 serve``, so that a run through the gateway is labelled a prediction (else 404, as for
 any route the gateway does not have: a run through it is measured); ``/inferlab/gateway``:
-its own setup, whatever the upstreams are, so that a run through it says it was there. A generation
+its own setup, whatever the upstreams are, with the software each upstream says it is,
+so that a run through it says it was there, in front of what. A generation
 request goes through, in order: the client key (401 without a valid one, when keys are
 configured), the body (413 over the size limit, 400 for bad JSON or fields, checked as
 vLLM checks them), the model (404 if no upstream lists it; 503 if one that did not
