@@ -3,12 +3,17 @@ headers, body) and answers by the request's ``model``:
 
 - ``ok``: a stream of ``TEXTS`` (the usage chunk only if asked), or a whole body;
 - ``die``: two events, then the connection closes mid-stream;
-- ``e500``: HTTP 500 before any byte;
+- ``e500``: HTTP 500 before any byte, a plain-text body (a server that fell over);
 - ``long``: ``long_chunks`` events ``gap_s`` apart; ``cancelled`` counts those the
   client (the gateway) abandoned.
 
+A chat request with an ``image_url`` part, to an upstream made with
+``refuses_images``, is answered as llama.cpp without a vision model answers it: HTTP 500
+with an OpenAI error body (``IMAGE_REFUSAL``).
+
 ``/metrics`` answers ``metrics_page`` (a Prometheus page, or any text) when it is set,
-else 404.
+else 404; ``/version`` ``{"version": version}`` and ``/props`` ``{"build_info":
+build_info}`` where set (vLLM's and llama.cpp's release routes), else 404.
 """
 
 from __future__ import annotations
@@ -26,12 +31,19 @@ from inferlab.openai.sse import DONE_EVENT, encode_json
 TEXTS = ("Hello", " world", "!")
 USAGE = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
 MODELS = ("ok", "die", "e500", "long")
+#: llama.cpp's answer to an ``image_url`` part without a vision model (its own words)
+IMAGE_REFUSAL = {"error": {"code": 500, "message": "image input is not supported - hint: if this is unexpected, you "
+                           "may need to provide the mmproj", "type": "server_error"}}
 
 
 class FakeUpstream:
     def __init__(self, models: tuple[str, ...] = MODELS, long_chunks: int = 400, gap_s: float = 0.01,
-                 owned_by: str | None = None) -> None:
+                 owned_by: str | None = None, refuses_images: bool = False, version: str | None = None,
+                 build_info: str | None = None) -> None:
         self.models = models
+        self.refuses_images = refuses_images
+        self.version = version
+        self.build_info = build_info
         self.owned_by = owned_by  # (its model cards' owner, as an engine names itself there)
         self.long_chunks = long_chunks
         self.gap_s = gap_s
@@ -58,6 +70,10 @@ class FakeUpstream:
             return web.Response(text="ok")
         if request.path == "/metrics" and self.metrics_page is not None:
             return web.Response(text=self.metrics_page)
+        if request.path == "/version" and self.version is not None:
+            return web.json_response({"version": self.version})
+        if request.path == "/props" and self.build_info is not None:
+            return web.json_response({"build_info": self.build_info})
         if request.path not in ("/v1/chat/completions", "/v1/completions"):
             return web.json_response(error_body(404, "no such route", "NotFoundError"), status=404)
         self.in_flight += 1
@@ -71,7 +87,11 @@ class FakeUpstream:
         model = body.get("model")
         c = Completion("cmpl-1", request.path.endswith("chat/completions"), 0, str(model))
         if model == "e500":
-            return web.json_response(error_body(500, "engine fell over", "InternalServerError"), status=500)
+            return web.Response(text="engine fell over", status=500)
+        if self.refuses_images and any(isinstance(part, dict) and part.get("type") == "image_url"
+                                       for m in body.get("messages") or () if isinstance(m.get("content"), list)
+                                       for part in m["content"]):
+            return web.json_response(IMAGE_REFUSAL, status=500)
         if not body.get("stream"):
             return web.json_response(c.body("".join(TEXTS), "stop", USAGE))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

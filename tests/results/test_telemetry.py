@@ -148,3 +148,30 @@ def test_the_json_form_reads_back() -> None:
     off = ServerMetrics(False, "GET http://x/metrics: HTTP 404")
     assert ServerMetrics.from_json(off.to_json()) == off
     assert off.to_json() == {"available": False, "reason": "GET http://x/metrics: HTTP 404"}
+
+
+def _gateway_page(zero: float, count: float, total: float, timeouts: float = 0.0) -> str:
+    """inferlab gateway's queue-wait histogram (two keys' series) and its refusals."""
+    lines = []
+    for key in ("a", "b"):
+        lines += [f'inferlab_gateway_queue_wait_seconds_bucket{{gen_ai_request_model="m",key="{key}",le="0.0"}} {zero / 2}',
+                  f'inferlab_gateway_queue_wait_seconds_bucket{{gen_ai_request_model="m",key="{key}",le="0.5"}} {count / 2}',
+                  f'inferlab_gateway_queue_wait_seconds_bucket{{gen_ai_request_model="m",key="{key}",le="+Inf"}} {count / 2}',
+                  f'inferlab_gateway_queue_wait_seconds_count{{gen_ai_request_model="m",key="{key}"}} {count / 2}',
+                  f'inferlab_gateway_queue_wait_seconds_sum{{gen_ai_request_model="m",key="{key}"}} {total / 2}']
+    lines.append(f'inferlab_gateway_rejections_total{{key="a",reason="queue_timeout"}} {timeouts}')
+    return "\n".join(lines)
+
+
+def test_the_gateway_queue_is_the_delta_of_its_wait_histogram_over_every_series() -> None:
+    from inferlab.results.telemetry import gateway_queue
+
+    before = parse_prometheus(_gateway_page(zero=4, count=6, total=1.0))
+    after = parse_prometheus(_gateway_page(zero=8, count=16, total=3.0, timeouts=2))
+    q = gateway_queue(before, after)
+    assert q.available and (q.waits, q.queued) == (10, 6)  # (4 of the 10 let in at once)
+    assert q.wait is not None and q.wait.mean_ms == pytest.approx(200.0) and q.queued_mean_ms == pytest.approx(2000 / 6)
+    assert q.refused == {"queue_full": 0, "queue_timeout": 2} and q.scope.startswith("gateway-wide over the run")
+    restarted = gateway_queue(after, before)  # (the counters went back)
+    assert not restarted.available and "restart" in (restarted.reason or "")
+    assert not gateway_queue(before, {}).available

@@ -227,9 +227,11 @@ def _render(out: Console, summary: Summary, kw: dict[str, Any], config: BenchCon
         return
     model = summary.config.get("resolved", {}).get("model", "?")
     # a simulated server by name, its numbers labelled (the embedded one's port is a throwaway)
-    # (a measured server with what it said it is: "vLLM 0.11.0")
+    # (a measured server with what it said it is: "vLLM 0.11.0"; inferlab gateway in front
+    # of what its upstreams said they are, with its setup)
     server = summary.server
-    where = server.label if server.simulated else f"{url} ({server.software})" if server.software else url
+    where = (server.label if server.simulated or server.gateway else f"{url} ({server.software})" if server.software
+             else url)
     render_summary(out, summary, f"{model} @ {where}", table_percentiles(kw))
     if config.out_dir:
         out.print(f"results: {config.out_dir}/summary.json, {config.out_dir}/requests.jsonl")

@@ -4,7 +4,8 @@
 while it runs, and once after (``stop``), and gives back the run's ``ServerMetrics``
 (``results.telemetry``) and the time series of every page read. A server without the
 page (404, not Prometheus text, no answer) is no error: the telemetry says "not
-available" and why. Reading never raises and never slows the run down: one request at a
+available" and why. Where the page is inferlab gateway's own, no engine's, it is read
+before and after the run for the gateway's queue (``gateway_queue``). Reading never raises and never slows the run down: one request at a
 time, a short timeout, on a session of its own.
 """
 
@@ -18,8 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from inferlab._clock import NS_PER_S, Clock
 from inferlab.results.telemetry import (
+    GATEWAY_QUEUE_WAIT,
+    GATEWAY_REJECTIONS,
+    GatewayQueue,
+    Samples,
     ServerMetrics,
     Snapshot,
+    gateway_queue,
     not_available,
     parse_prometheus,
     server_metrics,
@@ -49,22 +55,36 @@ async def scrape(
 ) -> Snapshot | str:
     """One page in our names, or why there is none (a one-line reason). ``only``: the
     names of ours to read (default: every one); the rest of the page is skipped unread."""
+    text = await _page(session, url, headers, timeout_s)
+    return str(text) if isinstance(text, Failed) else _snapshot(url, text, only)
+
+
+class Failed(str):
+    """Why a page could not be read (a one-line reason), told apart from a page's text."""
+
+
+async def _page(session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None, timeout_s: float) -> str:
+    """The page's text, or why there is none (a ``Failed``)."""
     import aiohttp
 
     try:
         async with session.get(url, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
-                return f"GET {url}: HTTP {resp.status}"
-            text = await resp.text(errors="replace")
+                return Failed(f"GET {url}: HTTP {resp.status}")
+            return await resp.text(errors="replace")
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-        return f"GET {url}: {type(e).__name__}: {e}".strip().rstrip(":")
+        return Failed(f"GET {url}: {type(e).__name__}: {e}".strip().rstrip(":"))
+
+
+def _snapshot(url: str, text: str, only: Sequence[str] = ()) -> Snapshot | str:
+    """One page's text in our names, or why it has none of them."""
     snap = snapshot(parse_prometheus(text, server_names(only)))
     if not snap.values and not snap.histograms:
         if only:
             return f"GET {url}: no {', '.join(only)} (by vLLM's, SGLang's or llama.cpp's names)"
         if GATEWAY_METRICS in text:  # (its own page: the engines behind it are not on it)
-            return (f"GET {url}: inferlab gateway's own metrics ({GATEWAY_METRICS}*: its queue wait, admission, cache), "
-                    "not an engine's: the summary does not read them, and the engines behind it are not read")
+            return (f"GET {url}: inferlab gateway's own metrics ({GATEWAY_METRICS}*), not an engine's: the engines "
+                    "behind it are not read; its queue's wait is the summary's gateway_queue")
         return f"GET {url}: no metric inferlab knows (not vLLM's, SGLang's or llama.cpp's names)"
     return snap
 
@@ -83,6 +103,9 @@ class MetricsSampler:
         self._before: Snapshot | str = "not read"
         self._during: list[Snapshot] = []
         self._t0_ns = 0
+        # inferlab gateway's page before and after the run (its queue: ``gateway_queue``)
+        self._gateway: list[Samples] = []
+        self._gateway_after: Samples | str = "not read"
 
     async def start(self) -> None:
         import aiohttp
@@ -95,7 +118,12 @@ class MetricsSampler:
 
     async def _read(self) -> Snapshot | str:
         assert self._session is not None
-        snap = await scrape(self._session, self.url, self.headers)
+        page = await _page(self._session, self.url, self.headers, TIMEOUT_S)
+        if isinstance(page, Failed):
+            return str(page)
+        if GATEWAY_METRICS in page:
+            self._gateway.append(parse_prometheus(page, (GATEWAY_QUEUE_WAIT, GATEWAY_REJECTIONS)))
+        snap = _snapshot(self.url, page)
         if isinstance(snap, Snapshot):
             t_s = (self.clock.now_ns() - self._t0_ns) / NS_PER_S
             self.series.append({"t_s": round(t_s, 3), **snap.to_json()})
@@ -117,6 +145,11 @@ class MetricsSampler:
             self._task = None
         try:
             if isinstance(self._before, str):
+                if self._gateway:  # (the gateway's page: read again for its queue)
+                    read = len(self._gateway)
+                    after_page = await self._read()
+                    self._gateway_after = self._gateway[-1] if len(self._gateway) > read else (
+                        f"the page after the run: {after_page}")
                 return not_available(self._before)
             after = await self._read()
             if isinstance(after, str) and self._during:  # (a server gone by the end: what was read is kept)
@@ -131,3 +164,12 @@ class MetricsSampler:
             if self._session is not None:
                 await self._session.close()
                 self._session = None
+
+    def gateway_queue(self) -> GatewayQueue | None:
+        """inferlab gateway's queue over the run (``results.telemetry.gateway_queue``),
+        once stopped; None where the page before the run was no gateway's."""
+        if not self._gateway:
+            return None
+        if isinstance(self._gateway_after, str):
+            return GatewayQueue(False, self._gateway_after)
+        return gateway_queue(self._gateway[0], self._gateway_after)

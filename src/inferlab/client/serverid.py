@@ -39,12 +39,13 @@ def software_name(owned_by: object) -> str | None:
     return _OWNERS.get(owned_by) if isinstance(owned_by, str) else None
 
 
-async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, Any] | None:
+async def identify_server(base: str, headers: Mapping[str, str], *, settings: bool = True) -> dict[str, Any] | None:
     """What the server at API root ``base`` (``.../v1``) says it is: ``{"name":
     "vLLM", "version": "0.11.0", "source": "GET /version"}`` (``version`` and ``source``
     None where the release route did not answer), and ``settings``: the engine flags it
-    states (``vllm_settings``, ``sglang_settings``, ``llamacpp_settings``); None for a server that names none of the
-    software above. Gives up after ``_TIMEOUT_S`` in all."""
+    states (``vllm_settings``, ``sglang_settings``, ``llamacpp_settings``; not read
+    with ``settings`` False); None for a server that names none of the software above.
+    Gives up after ``_TIMEOUT_S`` in all."""
     import aiohttp
 
     root = base.removesuffix("/")
@@ -67,15 +68,17 @@ async def identify_server(base: str, headers: Mapping[str, str]) -> dict[str, An
                 if isinstance(version, str) and version.strip():
                     found.update(version=version.strip(), source=f"GET {route}")
                     break
-            settings: dict[str, Any] = {}
-            if name == "vLLM":  # (after the release: a large /metrics page must not cost it)
-                settings = vllm_settings(await _get(session, host + "/metrics", headers, text=True), data)
+            flags: dict[str, Any] = {}
+            if not settings:
+                pass
+            elif name == "vLLM":  # (after the release: a large /metrics page must not cost it)
+                flags = vllm_settings(await _get(session, host + "/metrics", headers, text=True), data)
             elif name == "SGLang":  # (its server_info is its arguments, beside the release)
-                settings = sglang_settings(answer, data)
+                flags = sglang_settings(answer, data)
             elif name == "llama.cpp":  # (its /props, beside the release)
-                settings = llamacpp_settings(answer)
-            if settings:
-                found["settings"] = settings
+                flags = llamacpp_settings(answer)
+            if flags:
+                found["settings"] = flags
     return found
 
 

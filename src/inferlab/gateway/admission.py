@@ -249,7 +249,9 @@ class Admission:
     async def _wait(self, tokens: int, candidates: Sequence[int], choose: Chooser, since: int, seq: int,
                     not_before: int) -> Ticket:
         future: asyncio.Future[Ticket] = asyncio.get_running_loop().create_future()
-        got = self.offer(tokens, candidates, choose, future.set_result, since_ns=since,
+        # (a first offer counts its wait from its own reading of the clock: let in at once,
+        # it waited 0, which the queue-wait histogram's bucket of 0 counts as no wait)
+        got = self.offer(tokens, candidates, choose, future.set_result, since_ns=since if not_before else None,
                          seq=seq if not_before else None, not_before=not_before)
         if isinstance(got, Ticket):
             return got

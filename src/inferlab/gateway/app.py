@@ -7,7 +7,8 @@ and ``/detokenize`` (relayed to an upstream serving the model), and
 ``/inferlab/engine``: the upstreams' answers there when every upstream is ``inferlab sim
 serve``, so that a run through the gateway is labelled a prediction (else 404, as for
 any route the gateway does not have: a run through it is measured); ``/inferlab/gateway``:
-its own setup, whatever the upstreams are, so that a run through it says it was there. A generation
+its own setup, whatever the upstreams are, with the software each upstream says it is,
+so that a run through it says it was there, in front of what. A generation
 request goes through, in order: the client key (401 without a valid one, when keys are
 configured), the body (413 over the size limit, 400 for bad JSON or fields, checked as
 vLLM checks them), the model (404 if no upstream lists it; 503 if one that did not
@@ -47,6 +48,7 @@ from inferlab._errors import RunFailedError
 from inferlab._serverlog import quiet_server_logger
 from inferlab.client.metrics import TIMEOUT_S as METRICS_TIMEOUT_S
 from inferlab.client.metrics import scrape
+from inferlab.client.serverid import identify_server
 from inferlab.gateway.admission import Admission, Rejected, Ticket
 from inferlab.gateway.cache import CACHE_HEADER, Entry, ResponseCache, cache_key, cacheable
 from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
@@ -97,6 +99,9 @@ _PROBE_TIMEOUT_S = 5.0
 #: How long ``/inferlab/engine`` waits for each upstream: less than a client asking it
 #: waits for the gateway (``load.run``: 5 s), so that the client gets the answer.
 _ENGINE_TIMEOUT_S = 2.0
+#: How long an upstream's software is known once identified (``_software``): an engine
+#: upgraded behind the gateway is seen within this time.
+_SOFTWARE_TTL_S = 60.0
 #: How long ``/tokenize`` and ``/detokenize`` wait for the upstream they are relayed to
 #: (as long as ``bench``'s preflight waits for a count).
 _TOKENS_TIMEOUT_S = 30.0
@@ -206,6 +211,8 @@ class Gateway:
         # the simulated server's max_model_len in /v1/models)
         self._context: dict[tuple[str, int], int] = {}
         self._models_at_ns: int | None = None
+        # upstream -> (when, what it said it is): ``_software``
+        self._identified: dict[int, tuple[int, dict[str, Any]]] = {}
         self._seq = itertools.count()
         self.upstreams = Upstreams(config, self.clock)
         self._redis: Any = None
@@ -394,9 +401,37 @@ class Gateway:
 
     async def _setup(self, request: web.Request) -> web.Response:
         """The gateway's setup (``GatewayConfig.setup``), whatever its upstreams are: a
-        run through it records that the gateway was there."""
+        run through it records that the gateway was there; each upstream with the
+        software it says it is (``_software``)."""
         self._authenticate(request)
-        return web.json_response(self.config.setup())
+        setup = self.config.setup()
+        found = await asyncio.gather(*(self._software(i) for i in range(len(self.config.upstreams))))
+        for entry, software in zip(setup["upstreams"], found, strict=True):
+            entry["software"] = software
+        return web.json_response(setup)
+
+    async def _software(self, i: int) -> dict[str, Any] | None:
+        """What upstream ``i`` says it is (``client.serverid.identify_server``, as
+        ``bench`` identifies a server: ``{"name": "vLLM", "version": "0.11.0" or None,
+        "source": "GET /version" or None}``, no URL, no key, no settings), known for
+        ``_SOFTWARE_TTL_S`` once it named itself; None where it names none of the
+        software ``bench`` knows or did not answer within ``_ENGINE_TIMEOUT_S`` (asked
+        again next time)."""
+        now = self.clock.now_ns()
+        known = self._identified.get(i)
+        if known is not None and now - known[0] < _SOFTWARE_TTL_S * NS_PER_S:
+            return known[1]
+        try:
+            async with asyncio.timeout(_ENGINE_TIMEOUT_S):
+                said = await identify_server(self.config.upstreams[i].url + "/v1", self._upstream_headers(i, False),
+                                             settings=False)
+        except TimeoutError:
+            return None
+        if said is None:
+            return None
+        software = {k: said.get(k) for k in ("name", "version", "source")}
+        self._identified[i] = (now, software)
+        return software
 
     async def _probe(self, i: int, path: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bytes | None:
         """GET ``path`` on upstream ``i``: its body if it answered 200, else None."""
@@ -763,13 +798,21 @@ class Gateway:
         keep: bool,
     ) -> web.StreamResponse:
         """Send to an upstream with room; on a failure before the first byte, to another
-        (the same one once more, if it is the only one)."""
+        (the same one once more, if it is the only one). An upstream that answers the
+        request with an OpenAI error body (``Failure.answer``) is alive: the request is not
+        sent to it again, the tries end once a second upstream answers so too, and the
+        last such answer is relayed if no other did better; it counts toward its
+        ejection only if another upstream then answered the same request with a success
+        (docs/gateway.md, "Streams")."""
         payload = req.payload
         tokens = req.input_tokens + req.output_tokens
         tried: list[int] = []
         failure: Failure | None = None
+        answered: tuple[int, Failure] | None = None  # the last upstream that answered with an error body
         for _ in range(max(2, len(candidates))):
-            left = [i for i in candidates if i not in tried] or candidates
+            left = [i for i in candidates if i not in tried] or ([] if answered else candidates)
+            if not left:
+                break
             try:
                 ticket = await self._shared(self.admission.acquire(
                     tokens, eligible(self.router, left, req.input_tokens, self.health),
@@ -789,15 +832,26 @@ class Gateway:
             self.metrics.queue_wait.labels(req.model, req.key_name).observe(ticket.queued_ns / NS_PER_S)
             tried.append(ticket.upstream)
             try:
-                return await self._exchange(request, req, ticket, payload, obs, headers, keep)
+                out = await self._exchange(request, req, ticket, payload, obs, headers, keep)
+                if answered is not None and obs.record.status is not None and obs.record.status < 400:
+                    self.health.failed(answered[0])  # (another upstream took what it refused: its failure)
+                return out
             except Failure as f:
                 failure = f
                 self.metrics.upstream_errors.labels(self.config.upstreams[ticket.upstream].name, f.kind).inc()
-                self.health.failed(ticket.upstream)
+                if f.answer is None:
+                    self.health.failed(ticket.upstream)
+                elif answered is not None:  # (a second upstream refused it too: the request's, not theirs)
+                    answered = (ticket.upstream, f)
+                    break
+                else:
+                    answered = (ticket.upstream, f)
                 if not f.retry:
                     break
             finally:
                 self.admission.release(ticket)
+        if answered is not None:
+            return self._relay_refusal(req, obs, headers, *answered)
         assert failure is not None
         kind = _FAILURE_KINDS[failure.kind]
         obs.fail(kind, str(failure))
@@ -808,6 +862,17 @@ class Gateway:
             (self.clock.now_ns() - obs.received_ns) / NS_PER_S)
         return error_response(status, str(failure), "ServiceUnavailableError" if status == 503 else "InternalServerError",
                               {**headers, "Retry-After": "1"} if status == 503 else headers)
+
+    def _relay_refusal(self, req: _Request, obs: Observed, headers: dict[str, str], i: int, f: Failure) -> web.Response:
+        """Upstream ``i``'s answer to the request, an OpenAI error body with a 5xx
+        (``Failure.answer``), relayed as it came: its status and its message are the
+        engine's, not the gateway's."""
+        assert f.answer is not None and f.status is not None
+        obs.fail(ErrorKind.HTTP_STATUS, str(f))
+        obs.record.status = f.status
+        self.metrics.duration.labels(req.model, self.config.upstreams[i].name, req.key_name,
+                                     ErrorKind.HTTP_STATUS.value).observe((self.clock.now_ns() - obs.received_ns) / NS_PER_S)
+        return web.Response(body=f.answer, status=f.status, content_type="application/json", headers=headers)
 
     async def _exchange(
         self, request: web.Request, req: _Request, ticket: Ticket, payload: bytes, obs: Observed,

@@ -53,16 +53,28 @@ CONNECT_TIMEOUT_S = 10.0
 _DECODED = ("", "identity", "gzip", "deflate", "br", "zstd")
 
 
+#: Statuses an upstream answers for a request it cannot take (llama.cpp: 500 for an
+#: ``image_url`` part without a vision model, 501 for a feature it lacks): with an
+#: OpenAI error body, an answer to this request (``Failure.answer``), not a sign that
+#: the upstream is down. 502, 503 and 504 say a server behind it, or it, is unavailable.
+ANSWERED_STATUSES = (500, 501)
+
+
 class Failure(Exception):
     """The upstream failed before the client got anything: ``kind`` (``connect``,
     ``status``, ``timeout``, ``disconnect``, ``malformed``), a one-line message, the upstream's status
-    if it answered, and whether another upstream may do better (``retry``)."""
+    if it answered, and whether another upstream may do better (``retry``). ``answer``:
+    the upstream's body where it answered one of ``ANSWERED_STATUSES`` with an OpenAI
+    error body (``openai_error``): it is alive and refused this request (the gateway's
+    rule: docs/gateway.md, "Streams")."""
 
-    def __init__(self, kind: str, message: str, status: int | None = None, retry: bool = True) -> None:
+    def __init__(self, kind: str, message: str, status: int | None = None, retry: bool = True,
+                 answer: bytes | None = None) -> None:
         super().__init__(message)
         self.kind = kind
         self.status = status
         self.retry = retry
+        self.answer = answer
 
 
 class Reply(Protocol):
@@ -111,7 +123,10 @@ class _AiohttpReply:
         return await self._resp.read()
 
     async def read_error(self) -> bytes:
-        return await self._resp.content.read(_ERROR_BODY_BYTES)
+        content, data = self._resp.content, b""
+        while len(data) < _ERROR_BODY_BYTES and (more := await content.read(_ERROR_BODY_BYTES - len(data))):
+            data += more  # (to its end, within the limit: a body cut short is not JSON)
+        return data
 
     async def relay(self, on_read: Callable[[bytes, int], bool], drained: Callable[[], Awaitable[None]]) -> None:
         content, now = self._resp.content, self._clock.now_ns
@@ -206,10 +221,11 @@ class Upstreams:
             raise Failure("malformed", f"the upstream's answer is compressed ({reply.encoding}), though identity was "
                           "asked for")
         if reply.status >= 500 or reply.status in (401, 403, 429):
-            message = await _error_text(reply)
+            raw = await _error_body(reply)
             reply.release()
-            raise Failure("status", f"the upstream answered HTTP {reply.status}: {message}", reply.status,
-                          retry=reply.status not in (401, 403))
+            answer = raw if reply.status in ANSWERED_STATUSES and raw is not None and openai_error(raw) else None
+            raise Failure("status", f"the upstream answered HTTP {reply.status}: {_error_text(reply, raw)}", reply.status,
+                          retry=reply.status not in (401, 403), answer=answer)
         return reply
 
 
@@ -223,10 +239,27 @@ def describe(e: BaseException) -> str:
     return one_line(f"{type(e).__name__}: {message}")
 
 
-async def _error_text(reply: Reply) -> str:
+def openai_error(raw: bytes) -> bool:
+    """Whether ``raw`` is a well-formed OpenAI error body: a JSON object whose ``error``
+    is an object with a non-empty string ``message``."""
     try:
-        raw = await reply.read_error()
+        body = json.loads(raw)
+    except ValueError:
+        return False
+    err = body.get("error") if isinstance(body, dict) else None
+    return isinstance(err, dict) and isinstance(err.get("message"), str) and bool(err["message"].strip())
+
+
+async def _error_body(reply: Reply) -> bytes | None:
+    """An error answer's body (its first ``_ERROR_BODY_BYTES``), None if it broke off."""
+    try:
+        return await reply.read_error()
     except (aiohttp.ClientError, TimeoutError):
+        return None
+
+
+def _error_text(reply: Reply, raw: bytes | None) -> str:
+    if raw is None:
         return reply.reason
     try:
         return error_message(json.loads(raw))

@@ -46,7 +46,7 @@ from inferlab.results.provenance import ENGINE_ROUTE, GATEWAY_ROUTE
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import OMITTED, OVERLOAD, Omitted, Summary, SummaryExtras, summarize
-from inferlab.results.telemetry import SERVER_METRICS_FILE, ServerMetrics
+from inferlab.results.telemetry import SERVER_METRICS_FILE, GatewayQueue, ServerMetrics
 from inferlab.sim.engine.bands import (
     beyond_checked,
     beyond_validated,
@@ -178,6 +178,7 @@ class _Telemetry:
 
     metrics: ServerMetrics | None = None
     series: list[dict[str, Any]] = field(default_factory=list)
+    gateway_queue: GatewayQueue | None = None  # inferlab gateway's queue, where its page was read
 
 
 async def run(
@@ -227,6 +228,7 @@ async def run(
                 client=outcome.client if isinstance(target, HttpTarget) else None,
                 executor_warnings=outcome.warnings,
                 server_metrics=None if prepared.telemetry is None else prepared.telemetry.metrics,
+                gateway_queue=None if prepared.telemetry is None else prepared.telemetry.gateway_queue,
             )
             if prepared.engine is not None:  # simulated: each headline metric's error band
                 block = _prediction(
@@ -595,6 +597,7 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
             if sampler is not None and telemetry is not None:
                 telemetry.metrics = await sampler.stop()
                 telemetry.series = sampler.series
+                telemetry.gateway_queue = sampler.gateway_queue()
 
     return _Prepared(
         builder, config_json, execute, wcfg, template_tokens, preflight=pre, url=base, telemetry=telemetry,
@@ -760,6 +763,7 @@ def run_summary(
     wcfg: WorkloadConfig | None = None,
     client: Sequence[ProcessLoad] | None = None,
     server_metrics: ServerMetrics | None = None,
+    gateway_queue: GatewayQueue | None = None,
     trace_positions: Sequence[int] | None = None,
     executor_warnings: Sequence[str] = (),
 ) -> Summary:
@@ -768,7 +772,8 @@ def run_summary(
     a run against a server (``preflight`` given, None: no probe), what the probe learned
     about ``wcfg``'s prompts and, from ``client``, whether the client kept up.
     ``trace_positions``: each send's position in the trace, when not its index;
-    ``executor_warnings``: what the executor saw (``Outcome.warnings``)."""
+    ``executor_warnings``: what the executor saw (``Outcome.warnings``); ``server_metrics``
+    and ``gateway_queue``: what the server's /metrics said over the run."""
     trace = compare_with_trace(records, workload.requests, trace_positions) if isinstance(workload, Trace) else OMITTED
     last = [*executor_warnings, *(workload.warnings() if isinstance(workload, DatasetWorkload) else [])]
     if _conversations(workload) and config.get("api") == "completions":
@@ -794,8 +799,10 @@ def run_summary(
         if warning is not None:
             last.insert(0, warning)
     metrics: ServerMetrics | Omitted = OMITTED if server_metrics is None else server_metrics
+    queue: GatewayQueue | Omitted = OMITTED if gateway_queue is None else gateway_queue
     if preflight is OMITTED or wcfg is None:
-        extras = SummaryExtras(trace_comparison=trace, client=load, server_metrics=metrics, warnings_last=tuple(last))
+        extras = SummaryExtras(trace_comparison=trace, client=load, server_metrics=metrics, gateway_queue=queue,
+                               warnings_last=tuple(last))
     else:
         pre = preflight
         if not wcfg.synthetic:
@@ -813,6 +820,7 @@ def run_summary(
             preflight=None if pre is None else pre.to_json(),
             client=load,
             server_metrics=metrics,
+            gateway_queue=queue,
             warnings_first=() if pre is None else tuple(pre.warnings),
             warnings_last=tuple(last),
         )

@@ -14,7 +14,7 @@ from inferlab.results.clientload import CPU_BUSY, ClientLoad
 from inferlab.results.metrics import Distribution
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.summary import OMITTED, Summary
-from inferlab.results.telemetry import ServerMetrics
+from inferlab.results.telemetry import GatewayQueue, ServerMetrics
 
 _ROWS = (
     ("TTFB", "ttfb_ms", "ms"),
@@ -124,6 +124,25 @@ def server_metrics_line(m: ServerMetrics) -> str:
     return f"{m.server or 'unknown server'}: " + ", ".join(parts) if parts else f"{m.server}: nothing inferlab reads"
 
 
+def gateway_queue_line(q: GatewayQueue, ttft: Distribution | None = None) -> str:
+    """inferlab gateway's queue over a run in one line (or why it is not known), beside
+    the run's own TTFT mean, which the wait is part of."""
+    if not q.available:
+        return f"not known ({q.reason})"
+    parts = [f"{q.queued if q.queued is not None else '?'} of {q.waits:,} admissions waited"]
+    w = q.wait
+    if w is not None:
+        bounds = ", ".join(f"{k} ≤ {_fmt(v)}" for k, v in (("p50", w.p50_ms), ("p90", w.p90_ms)) if v is not None)
+        parts.append(f"wait mean {_fmt(w.mean_ms)} ms" + (f" ({bounds} ms)" if bounds else "")
+                     + (f" of a TTFT mean of {_fmt(ttft.mean)} ms here" if ttft is not None else ""))
+    if q.queued_mean_ms is not None:
+        parts.append(f"{_fmt(q.queued_mean_ms)} ms mean of those that waited")
+    refused = [f"{n:,} {why.replace('_', ' ')}" for why, n in q.refused.items() if n]
+    if refused:
+        parts.append("refused: " + ", ".join(refused))
+    return "; ".join(parts) + " (gateway-wide over the run: any other client's requests included)"
+
+
 def _int(v: float | None) -> int | None:
     return None if v is None else round(v)
 
@@ -208,6 +227,8 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
         rows.append(("client", _client_line(s.client)))
     if isinstance(s.server_metrics, ServerMetrics):
         rows.append(("server /metrics", server_metrics_line(s.server_metrics)))
+    if isinstance(s.gateway_queue, GatewayQueue):
+        rows.append(("gateway queue", gateway_queue_line(s.gateway_queue, s.ttft_ms)))
     if isinstance(s.gateway, dict):
         rows.append(("gateway (simulated)", _gateway_line(s.gateway)))
     b = s.latency_breakdown

@@ -21,7 +21,9 @@ adds its own lateness, and nothing validated measures that.
 Whatever is behind it, ``inferlab gateway`` answers ``GATEWAY_ROUTE`` with its own
 setup (router, admission, cache: ``gateway.config.GatewayConfig.setup``); a run records
 it (``resolved.gateway``) and says the gateway was there, with that setup in words,
-in front of the engine the server named (``ServerInfo.gateway``).
+in front of the software its upstreams said they are (the gateway asks each one, as
+``bench`` asks a server: ``describe_behind_gateway``), else the engine its model cards
+name (``ServerInfo.gateway``).
 
 A run through the gateway has no engine to rerun in virtual time (``simulated_engine``
 is None): its cache, admission and routing over several upstreams are part of what ran,
@@ -115,6 +117,24 @@ def describe_software(software: object) -> str | None:
     return f"{software['name']} {version}" if isinstance(version, str) and version else str(software["name"])
 
 
+def describe_behind_gateway(setup: object) -> str | None:
+    """The software behind ``inferlab gateway``, from its setup (``resolved.gateway``:
+    each upstream's ``software``, as the gateway identified it): "vLLM 0.11.0" where
+    every upstream said the same; where they differ, each by name: "vLLM 0.11.0
+    (10.0.0.5:8000), llama.cpp b6000 (10.0.0.6:8000)" (one that named nothing:
+    "an unidentified server"); None where none named itself, or the gateway said
+    nothing of them (before it did)."""
+    ups = setup.get("upstreams") if isinstance(setup, Mapping) else None
+    if not isinstance(ups, list) or not ups or not all(isinstance(u, Mapping) and "software" in u for u in ups):
+        return None
+    said = [describe_software(u["software"]) for u in ups]
+    if not any(said):
+        return None
+    if len(set(said)) == 1:
+        return said[0]
+    return ", ".join(f"{s or 'an unidentified server'} ({u.get('name', '?')})" for s, u in zip(said, ups, strict=True))
+
+
 def describe_gateway(setup: object) -> str | None:
     """What ``inferlab gateway`` said of its setup at ``GATEWAY_ROUTE`` (``config.json``'s
     ``resolved.gateway``) in words: "1 upstream, least-outstanding routing, admission by
@@ -176,8 +196,9 @@ def server_info(config: Mapping[str, Any]) -> ServerInfo:
     if "url" in config and config["url"] is None:
         return http_server_info(None, engine)
     url = resolved.get("url") or config.get("url")
-    return _served(None if url is None else str(url), engine, describe_software(resolved.get("server_software")),
-                   describe_gateway(resolved.get("gateway")))
+    # (behind the gateway, what it said of its upstreams: its own URL names only their cards)
+    software = describe_behind_gateway(resolved.get("gateway")) or describe_software(resolved.get("server_software"))
+    return _served(None if url is None else str(url), engine, software, describe_gateway(resolved.get("gateway")))
 
 
 def simulated_engine(config: Mapping[str, Any]) -> dict[str, Any] | None:

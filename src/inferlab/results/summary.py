@@ -37,7 +37,7 @@ from inferlab.results.metrics import (
 )
 from inferlab.results.provenance import VIRTUAL, ServerInfo, server_info
 from inferlab.results.records import ErrorKind, RequestRecord
-from inferlab.results.telemetry import ServerMetrics
+from inferlab.results.telemetry import GatewayQueue, ServerMetrics
 
 SCHEMA = "inferlab.summary/1"
 #: A request whose actual send lagged its intended time by more than this is "late".
@@ -189,7 +189,9 @@ class Summary:
     server_metrics: ServerMetrics | Omitted = field(
         default=OMITTED, metadata=_doc("runs against a server only: what its own Prometheus /metrics said (results.telemetry; vLLM's, SGLang's, llama.cpp's and the simulator's names in one vocabulary), read before, every second during and after the run: available (false: no such page, reason says why), server (whose names), samples, counters (after − before: prompt_tokens, generation_tokens, prefix_cache_queries_tokens, prefix_cache_hits_tokens, preemptions, requests_finished, prompt_seconds, generation_seconds; null after a restart), prefix_cache_hit_rate, gauges (running, waiting, kv_usage, prefix_cache_hit_rate: mean and max over the pages read during the run; none if it ended before the first, at 1 s), histograms (ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms, prefill_ms, decode_ms: the server's own observations during the run: count, mean_ms, and p50_ms, p90_ms, p99_ms as upper bounds: the bucket bound that share of them fell at or below), missing (names it does not expose); server_metrics.jsonl holds what was parsed from each page read (our names' counts, sums and gauges; no buckets), not the pages' text")
     )
-
+    gateway_queue: GatewayQueue | Omitted = field(
+        default=OMITTED, metadata=_doc("runs through inferlab gateway only (its own /metrics, read before and after the run): how much of the measured latency was the gateway's admission queue, gateway-wide over the run (scope says so: every request it admitted in that time, another client's too): available (false: reason says why not), waits (the waits it observed: one per admission to an upstream, a request retried on another upstream waiting again, and one per request that timed out waiting), queued (those that waited at all; the others were admitted at once), wait_ms (all the waits: count, mean_ms, and p50_ms, p90_ms, p99_ms as upper bounds: the bucket bound that share of them fell at or below), queued_mean_ms (the mean wait of those that queued), refused (by the queue, by reason: queue_full, queue_timeout)")
+    )
     gateway: dict[str, Any] | Omitted = field(
         default=OMITTED, metadata=_doc("sim run --admission only: the simulated gateway's admission in front of the engines (inferlab gateway's own code): mode; admitted (measured requests it sent on to an engine); refused (by reason: queue_full, queue_timeout; answered 503, counted among the failed as http_status); queue_wait_ms (the wait in its queue of each admitted request, a distribution)")
     )
@@ -254,6 +256,7 @@ class Summary:
             preflight=d.get("preflight", OMITTED),
             client=_client(d.get("client", OMITTED)),
             server_metrics=_server_metrics(d.get("server_metrics", OMITTED)),
+            gateway_queue=_gateway_queue(d.get("gateway_queue", OMITTED)),
             gateway=d.get("gateway", OMITTED),
             prediction=d.get("prediction", OMITTED),
         )
@@ -311,6 +314,10 @@ def _server_metrics(d: Mapping[str, Any] | Omitted) -> ServerMetrics | Omitted:
     return d if d is OMITTED else ServerMetrics.from_json(d)
 
 
+def _gateway_queue(d: Mapping[str, Any] | Omitted) -> GatewayQueue | Omitted:
+    return d if d is OMITTED else GatewayQueue.from_json(d)
+
+
 def _client(d: Mapping[str, Any] | Omitted | None) -> ClientLoad | Omitted | None:
     return d if d is None or d is OMITTED else ClientLoad.from_json(d)
 
@@ -327,6 +334,7 @@ class SummaryExtras:
     preflight: dict[str, Any] | Omitted | None = OMITTED
     client: ClientLoad | Omitted | None = OMITTED
     server_metrics: ServerMetrics | Omitted = OMITTED
+    gateway_queue: GatewayQueue | Omitted = OMITTED
     warnings_first: tuple[str, ...] = ()
     warnings_last: tuple[str, ...] = ()
 
@@ -414,6 +422,7 @@ def summarize(
         preflight=extras.preflight,
         client=extras.client,
         server_metrics=extras.server_metrics,
+        gateway_queue=extras.gateway_queue,
         gateway=gateway_block(measured, config, percentiles),
     )
 
