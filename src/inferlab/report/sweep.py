@@ -164,7 +164,7 @@ def bands_short(pred: dict[str, Any]) -> str:
         bands = _group_bands(pred, label, keys)
         if len(bands) == 1:
             band = bands[0][1]
-            words.append(f"{label} " + (f"±{shown_pct(band['pct'])} %" if band else "not validated"))
+            words.append(f"{label} " + (band_pct(band) if band else "not validated"))
             continue
         pcts = "/".join(shown_pct(b["pct"]) if b else "–" for _, b in bands)
         stats = "/".join(name.rsplit(" ", 1)[1] for name, _ in bands)
@@ -185,13 +185,22 @@ def band_lines(index: dict[str, Any]) -> list[str]:
     for (family, regime), points in groups.items():
         which = "every point" if len(points) == len(ran) else ", ".join(
             dict.fromkeys(params_text(p["params"]) for p in points))
-        pred = points[0]["prediction"]
-        texts = []
-        for label, keys in _BAND_GROUPS:
-            for name, band in _group_bands(pred, label, keys):
-                texts.append(f"{name} " + (band["text"] if band else f"not validated for {family} ({regime})"))
-        lines.append(f"{family}, {regime} ({which}): " + "; ".join(texts))
+        lines.append(f"{family}, {regime} ({which}): " + "; ".join(bands_full(points[0]["prediction"])))
     return lines
+
+
+def bands_full(pred: dict[str, Any], why: str | None = None) -> list[str]:
+    """Each metric class's band in full ('TTFT p50 ±8 % on the medians of 131 held-out
+    vLLM V1 closed loop rows'), one per column where validation measured them apart;
+    ``why`` for one never validated (default: 'not validated for FAMILY (REGIME)')."""
+    why = why or f"not validated for {pred.get('engine_family')} ({pred.get('regime')})"
+    return [f"{name} " + (band["text"] if band else why)
+            for label, keys in _BAND_GROUPS for name, band in _group_bands(pred, label, keys)]
+
+
+def band_pct(band: dict[str, Any]) -> str:
+    """A band as a number beside a value: '±8 %'."""
+    return f"±{shown_pct(band['pct'])} %"
 
 
 def goodput_text(g: dict[str, Any]) -> str:
