@@ -31,7 +31,16 @@ from inferlab.report.svg import (
     timeline_chart,
     xy_chart,
 )
-from inferlab.report.sweep import band_lines, band_pct, bands_full, bands_short, unstopped_text
+from inferlab.report.sweep import COLUMNS as SWEEP_COLUMNS
+from inferlab.report.sweep import (
+    band_lines,
+    band_pct,
+    bands_full,
+    bands_short,
+    met_text,
+    tune_text,
+    unstopped_text,
+)
 from inferlab.results.compare import FAILED as FAILED_SHARE
 from inferlab.results.compare import METRICS, Metric, summary_value
 from inferlab.results.metrics import left_ns, request_metrics
@@ -610,9 +619,11 @@ def _bands_note(runs: Sequence[Run], bands: Sequence[dict[str, Any] | None]) -> 
 def sweep_section(sweep: Sweep) -> str:
     """The sweep's index: every point with its status and headline, why each group
     stopped, the goodput search."""
-    cols = (("output_tok_s", "out tok/s"), ("req_s", "req/s"), ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
-            ("tpot_p50_ms", "TPOT p50 ms"), ("tpot_p99_ms", "TPOT p99 ms"))
+    # (the console's columns and digits: req/s 0.18, not 0.2)
+    cols = [(key, name + ("" if name.startswith(("out", "req")) else " ms"), digits) for name, key, digits in SWEEP_COLUMNS]
     raw = {str(p.get("dir")): p for p in sweep.index.get("points") or [] if isinstance(p, dict)}
+    tune = sweep.index.get("tune") if isinstance(sweep.index.get("tune"), dict) else None
+    best = (tune or {}).get("best") or {}
     # simulated: every number a prediction; in virtual time each point with its
     # validation error (over HTTP against the simulated server: none)
     target = sweep.index.get("target")
@@ -622,15 +633,24 @@ def sweep_section(sweep: Sweep) -> str:
     rows = []
     for p in sweep.points:
         h = raw.get(p.dir, {}).get("headline") or {}
-        cells = "".join(f"<td>{_num(h.get(k)):,.1f}</td>" if isinstance(h.get(k), (int, float)) else "<td>—</td>" for k, _ in cols)
+        cells = "".join(f"<td>{_cell(_num(h.get(k)), f',.{d}f')}</td>" for k, _, d in cols)
+        if tune is not None:  # (what chose the best: each trial's score and its requests within the SLOs)
+            score = raw.get(p.dir, {}).get("score")
+            cells += (f"<td>{_cell(_num(score), ',.2f') if h and p.status == 'done' else '—'}</td>"
+                      f"<td>{escape(met_text(raw.get(p.dir, {}))) if h else '—'}</td>")
         if predicted:
             pred = raw.get(p.dir, {}).get("prediction")
             cells += f"<td>{escape(bands_short(pred)) if isinstance(pred, dict) and h else '—'}</td>"
         params = escape(" ".join(f"{k}={v}" for k, v in p.params.items()))
         reason = raw.get(p.dir, {}).get("reason") if p.dir else None
         status = f"{p.status} ({reason})" if reason else p.status
+        if tune is not None and best.get("params") == p.params and p.status == "done":
+            status += " (the tune's best)"
         rows.append(f"<tr><td>{escape(p.dir or '—')}</td><td>{params}</td><td>{p.repeat}</td><td>{escape(status)}</td>{cells}</tr>")
-    head = ("<tr><th>dir</th><th>parameters</th><th>repeat</th><th>status</th>" + "".join(f"<th>{label}</th>" for _, label in cols)
+    objective = {"goodput": "goodput req/s (objective)", "throughput": "objective: out tok/s within the SLO share"}
+    head = ("<tr><th>dir</th><th>parameters</th><th>repeat</th><th>status</th>" + "".join(f"<th>{label}</th>" for _, label, _ in cols)
+            + ("" if tune is None else f"<th>{escape(objective.get(str(tune.get('objective')), 'objective'))}</th>"
+               "<th>requests within the SLOs</th>")
             + ("<th>prediction: validation error</th>" if predicted else "") + "</tr>")
     notes = []
     for g in sweep.index.get("groups") or []:
@@ -662,6 +682,8 @@ def sweep_section(sweep: Sweep) -> str:
                    "load regime (median |error| over published measurements; docs/validation.md):</p>")
         lines = band_lines(sweep.index) or ["none recorded (a sweep.json written before points carried them)"]
         out.append("<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>")
+    if tune is not None:
+        out.append(f"<p>Tune: {escape(tune_text(tune))}.</p>")
     out.append(f'<table class="sweep">{head}{"".join(rows)}</table>')
     if notes:
         out.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")

@@ -203,6 +203,41 @@ def band_pct(band: dict[str, Any]) -> str:
     return f"±{shown_pct(band['pct'])} %"
 
 
+def slo_text(slo: Any) -> str:
+    """A tune's (or run's) SLOs as stated: 'TTFT ≤ 400 ms, TPOT ≤ 26 ms'; 'none stated'."""
+    limits = [f"{label} ≤ {slo[key]:g} ms" for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"))
+              if isinstance(slo, dict) and isinstance(slo.get(key), int | float)]
+    return ", ".join(limits) or "none stated"
+
+
+def tune_text(tune: dict[str, Any]) -> str:
+    """What a tune chose by: its objective, the SLOs each request is held to, and its
+    best trial and why."""
+    objective = tune.get("objective")
+    what = ("goodput: requests/s completed within every SLO" if objective == "goodput" else
+            f"output tokens/s of trials where at least {_pct(tune.get('slo_share'))} of requests met the SLOs (others score 0)"
+            if objective == "throughput" else str(objective))
+    best = tune.get("best")
+    chosen = ("no trial ran to the end" if not isinstance(best, dict) else
+              f"trial {best.get('trial')} ({best.get('why') or 'the highest score'})")
+    return f"objective {what}; SLOs, per request: {slo_text(tune.get('slo'))}; the best: {chosen}"
+
+
+def met_text(point: dict[str, Any]) -> str:
+    """Whether a tune's trial met the SLOs: 'all 150 requests', '143 of 150 (7 missed)'
+    (failed ones among the missed); a trial stopped early: '120 before it stopped'."""
+    met, total = point.get("met_slo"), (point.get("headline") or {}).get("total")
+    if not isinstance(met, int) or not isinstance(total, int) or total <= 0:
+        return "—"
+    if point.get("status") != "done":
+        return f"{met} before it {point.get('status')}"
+    return f"all {total} requests" if met >= total else f"{met} of {total} ({total - met} missed)"
+
+
+def _pct(share: Any) -> str:
+    return f"{share * 100:g} %" if isinstance(share, int | float) else "?"
+
+
 def goodput_text(g: dict[str, Any]) -> str:
     probes = len(g.get("probes", []))
     if g.get("max_rate") is None and not any(p.get("dir") for p in g.get("probes", [])):
