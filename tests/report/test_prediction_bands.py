@@ -118,3 +118,17 @@ def test_a_run_keeps_the_bands_its_summary_recorded() -> None:
     assert pred["error_bands"]["ttft_p50_ms"] == band
     assert pred["error_bands"]["output_tok_s"] is None and pred["error_bands"]["req_s"] is None
     assert "p99s of" in pred["error_bands"]["ttft_p99_ms"]["text"]
+
+
+def test_a_sim_run_read_without_its_summary_says_its_bands_are_not_there(runs: Path, tmp_path: Path) -> None:
+    """Recomputed from requests.jsonl, a sim run has no prediction block: the page says
+    where its bands were, not that it ran over HTTP."""
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for name in ("requests.jsonl", "config.json"):
+        (cut / name).write_bytes((runs / "a" / name).read_bytes())
+    out = tmp_path / "cut.html"
+    p = inferlab("report", str(cut), "-o", str(out))
+    assert p.returncode == 0, p.stderr
+    html = unescape(out.read_text())
+    assert "cut: no error bands: they are in the summary.json sim run wrote" in html and "over HTTP" not in html

@@ -18,6 +18,7 @@ from inferlab.results.export import (
     summary_csv,
     vllm_result,
 )
+from inferlab.results.provenance import VIRTUAL
 from inferlab.results.runfiles import dumps, read_records, read_summary
 from inferlab.results.sources import load_run
 from inferlab.results.summary import Summary
@@ -56,8 +57,9 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
         # all in its records (the summary computed from them as report computes it)
         summary = Summary.from_json(load_run(folder).summary)
         summary_path = folder / "requests.jsonl"
+        lost = "; its error bands, which sim run wrote there, are not exported" if summary.server.kind == VIRTUAL else ""
         click.echo(f"inferlab export: {run_dir} has no summary.json: the summary is computed from its "
-                   "requests.jsonl", err=True)
+                   f"requests.jsonl{lost}", err=True)
     else:
         raise UsageError(f"{run_dir}: neither summary.json nor requests.jsonl (not a run directory)")
     if fmt == "csv-summary":

@@ -44,7 +44,12 @@ from inferlab.report.sweep import (
 from inferlab.results.compare import FAILED as FAILED_SHARE
 from inferlab.results.compare import METRICS, Metric, summary_value
 from inferlab.results.metrics import left_ns, request_metrics
-from inferlab.results.provenance import describe_software, http_server_info, simulated_engine
+from inferlab.results.provenance import (
+    VIRTUAL,
+    describe_software,
+    http_server_info,
+    simulated_engine,
+)
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.sources import Run, Sweep
 from inferlab.sim.engine.bands import HEADLINE_METRICS, headline_prediction, unvalidated_why
@@ -607,8 +612,10 @@ def _bands_note(runs: Sequence[Run], bands: Sequence[dict[str, Any] | None]) -> 
     lines = [f"{r.label} ({pred.get('engine_family')}, {pred.get('regime')}): "
              + "; ".join(bands_full(pred, unvalidated_why(r.summary["prediction"])))
              for r, pred in zip(runs, bands, strict=True) if pred is not None]
-    lines += [f"{r.label}: a prediction over HTTP against inferlab's simulated server: no error bands (they are the "
-              "simulator's validation error in virtual time)" for r, pred in zip(runs, bands, strict=True) if pred is None and r.simulated]
+    lines += [f"{r.label}: " + (
+        "no error bands: they are in the summary.json sim run wrote, and this one was recomputed from requests.jsonl"
+        if r.server.kind == VIRTUAL else "a prediction over HTTP against inferlab's simulated server: no error bands (they "
+        "are the simulator's validation error in virtual time)") for r, pred in zip(runs, bands, strict=True) if pred is None and r.simulated]
     if not lines:
         return ""
     return ("<p>± beside a prediction: the simulator's validation error for its engine family in the run's load regime "
