@@ -630,7 +630,8 @@ def sweep_section(sweep: Sweep) -> str:
     cols = [(key, name + ("" if name.startswith(("out", "req")) else " ms"), digits) for name, key, digits in SWEEP_COLUMNS]
     raw = {str(p.get("dir")): p for p in sweep.index.get("points") or [] if isinstance(p, dict)}
     tune = sweep.index.get("tune") if isinstance(sweep.index.get("tune"), dict) else None
-    best = (tune or {}).get("best") or {}
+    best = (tune or {}).get("best")
+    best = best if isinstance(best, dict) else {}
     # simulated: every number a prediction; in virtual time each point with its
     # validation error (over HTTP against the simulated server: none)
     target = sweep.index.get("target")

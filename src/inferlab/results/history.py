@@ -407,7 +407,8 @@ def sweep_row(sweep_dir: Path, *, tune_best: bool = True) -> dict[str, Any]:
                            "path": str(sweep_dir.resolve()),
                            "workload": {"axes": index.get("axes"), "points": len(points), "done": len(done), "headline": why}}
     if isinstance(index.get("tune"), Mapping):  # (which trial, for ``inferlab runs`` to say)
-        row["workload"]["tune_best"] = (index["tune"].get("best") or {}).get("trial")
+        chosen = index["tune"].get("best")
+        row["workload"]["tune_best"] = chosen.get("trial") if isinstance(chosen, Mapping) else None
     if best is not None:
         row.update({k: best["headline"].get(k) for k in HEADLINE})
         try:
