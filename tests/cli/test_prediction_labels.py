@@ -115,6 +115,8 @@ def test_compare_and_report_name_the_simulated_servers(runs: tuple[Path, dict[st
     page = html.read_text()
     assert "<li>emb: Qwen/Qwen2.5-7B-Instruct (vllm on 1x H100-SXM-80GB) @ the embedded simulated server, 6 requests (prediction)</li>" in page
     assert f"@ inferlab sim serve at {url}/v1, 6 requests (prediction)</li>" in page
+    # over HTTP no error bands (real time), and the page says so rather than leave them out unsaid
+    assert "emb: a prediction over HTTP against inferlab&#x27;s simulated server: no error bands" in page and " ±" not in page
     p = inferlab("report", str(d / "sweep"), "-o", str(html))
     assert p.returncode == 0, p.stderr
     page = html.read_text()
@@ -129,6 +131,7 @@ def test_export_says_a_run_against_a_simulated_server_was_simulated(runs: tuple[
         p = inferlab("export", str(d / name), "--format", "vllm")
         assert p.returncode == 0, p.stderr
         sources[name] = json.loads(p.stdout)["inferlab_source"]
+        assert ("inferlab_error_bands" in json.loads(p.stdout)) == (name == "sim")  # (bands: virtual time only)
     assert sources["emb"] == "inferlab bench against the embedded simulated server (simulated, not measured)"
     assert sources["serve"] == f"inferlab bench against inferlab sim serve at {url}/v1 (simulated, not measured)"
     assert sources["sim"] == "inferlab sim run (simulated in virtual time, not measured)"

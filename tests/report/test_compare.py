@@ -170,6 +170,37 @@ def test_a_slower_gpu_is_flagged_and_p99s_it_cannot_bound_are_null(open_loop: Pa
     assert inferlab("compare", str(open_loop / "s1"), str(open_loop / "slower1"), "--fail-if", "tpot_p50>+10%").returncode == 3
 
 
+def test_a_large_change_a_short_run_cannot_resolve_says_why_and_how_many_requests_would(tmp_path: Path) -> None:
+    """Closed loops of 60 requests at c=8 on an H100 and an A100: output tok/s +70 %
+    was "within noise" with no word why (3 batches of 16 requests: t with 2 degrees of
+    freedom; the review's +50 % at 200 requests, c=32). Now the table and --json say the
+    run made too few batches and how many requests make 5, and runs of that many find
+    the change beyond noise."""
+    base = [sys.executable, "-m", "inferlab", "sim", "run", "-c", "8", "--input-tokens", "512", "--output-tokens", "64", "--no-history"]
+
+    def pair(n: int) -> tuple[str, str]:
+        a, b = str(tmp_path / f"a100_{n}"), str(tmp_path / f"h100_{n}")
+        procs = [subprocess.Popen([*base, "-n", str(n), "--gpu", "A100-SXM-80GB", "-o", a], stdout=subprocess.DEVNULL),
+                 subprocess.Popen([*base, "-n", str(n), "--gpu", "H100", "-o", b], stdout=subprocess.DEVNULL)]
+        assert all(p.wait(timeout=120) == 0 for p in procs)
+        return a, b
+
+    a, b = pair(60)
+    p = inferlab("compare", a, b, "--json")
+    assert p.returncode == 0, p.stderr
+    tok = next(m for m in json.loads(p.stdout)["comparisons"][0]["metrics"] if m["metric"] == "output_tok_s")
+    assert tok["verdict"] == "within noise" and tok["rel"] > 0.3
+    short = tok["short_run"]
+    assert short["batches"] < MAX_BATCHES and short["requests_for_full"] > 60
+    table = inferlab("compare", a, b).stdout
+    row = next(line for line in table.splitlines() if line.startswith("│ output tok/s"))
+    assert f"within noise (only {short['batches']} batches: run {short['requests_for_full']}+ requests)" in row
+    a, b = pair(short["requests_for_full"])  # the advice, taken
+    p = inferlab("compare", a, b, "--json")
+    tok = next(m for m in json.loads(p.stdout)["comparisons"][0]["metrics"] if m["metric"] == "output_tok_s")
+    assert tok["verdict"] == "beyond noise" and tok["short_run"] is None
+
+
 def test_batches_are_at_least_twice_the_requests_in_flight() -> None:
     """300 requests, one sent every 10 ms, each lasting 0.5 s: 43 in flight on average
     (150 s of requests over 3.49 s), so batches of at least 86: 3 of them (not 10 of 30:

@@ -11,6 +11,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -707,3 +708,57 @@ def test_no_value_is_a_dash_not_nan_and_long_names_are_not_clipped(tmp_path: Pat
                     browser=browser)
     overflow = [(fig, px) for fig, px in out.values[0] if px > 0]
     assert out.values[0] and overflow == []
+
+
+def _row(html: str, first_cell: str) -> list[str]:
+    """The cells of the sweep table's row whose first cell starts with ``first_cell``."""
+    row = re.search(rf"<tr><td>{re.escape(first_cell)}[^<]*</td>(.*?)</tr>", html)
+    assert row is not None, first_cell
+    return [first_cell, *re.findall(r"<td>(.*?)</td>", row.group(1))]
+
+
+def test_a_tunes_report_shows_the_slos_and_each_trials_goodput_and_whether_it_met_them(tmp_path: Path) -> None:
+    """The README's tune: the report named trial 0 "the tune's best", but goodput, the
+    objective that chose it, was in no table and the SLOs only inside the command line;
+    trial 3 (the most tok/s, TTFT p99 over the 400 ms SLO) read as at least as good."""
+    out = tmp_path / "tune1"
+    p = inferlab("tune", "--param", "max-num-batched-tokens=256,512,1024,2048,4096,8192", "--param", "max-num-seqs=8,16,32,64,128,256",
+                 "--rate", "12", "-n", "150", "--input-tokens", "2000", "--output-tokens", "200", "--slo-ttft-ms", "400",
+                 "--slo-tpot-ms", "26", "-o", str(out), "--no-history")
+    assert p.returncode == 0, p.stderr
+    page = tmp_path / "tune.html"
+    assert inferlab("report", str(out), "-o", str(page)).returncode == 0
+    html = unescape(page.read_text())
+    index = json.loads((out / "sweep.json").read_text())
+    assert "SLOs, per request: TTFT ≤ 400 ms, TPOT ≤ 26 ms" in html and "objective goodput" in html
+    head = re.search(r'<table class="sweep"><tr>(.*?)</tr>', html)
+    assert head is not None
+    columns = re.findall(r"<th>(.*?)</th>", head.group(1))
+    goodput, within = columns.index("goodput req/s (objective)"), columns.index("requests within the SLOs")
+    done = [pt for pt in index["points"] if pt["status"] == "done"]
+    best = next(pt for pt in done if pt["params"] == index["tune"]["best"]["params"])
+    fastest = max(done, key=lambda pt: pt["headline"]["output_tok_s"])
+    assert fastest is not best  # (the case the review found)
+    best_row, fastest_row = _row(html, best["dir"]), _row(html, fastest["dir"])
+    assert best_row[3] == "done (the tune's best)" and fastest_row[3] == "done"
+    assert float(best_row[goodput]) > float(fastest_row[goodput])  # the objective that chose it, in the table
+    assert float(fastest_row[goodput]) < float(fastest_row[columns.index("req/s")])  # (its misses cost it goodput)
+    assert best_row[within] == f"all {best['headline']['total']} requests"
+    assert fastest_row[within].endswith("missed)")
+
+
+def test_the_sweep_tables_req_s_has_the_consoles_digits(tmp_path: Path) -> None:
+    """0.18 req/s was shown "0.2" (every column to one decimal); the console shows 0.19."""
+    out = tmp_path / "sw"
+    p = inferlab("sweep", "--rate", "0.18,0.36", "-n", "12", "--input-tokens", "100", "--output-tokens", "8", "-o", str(out), "--no-history")
+    assert p.returncode == 0, p.stderr
+    console = {cells[0]: cells[3] for line in p.stdout.splitlines() if line.startswith("│")
+               for cells in [[c.strip() for c in line.strip("│").split("│")]]}
+    page = tmp_path / "sw.html"
+    assert inferlab("report", str(out), "-o", str(page)).returncode == 0
+    html = page.read_text()
+    index = json.loads((out / "sweep.json").read_text())
+    for pt in index["points"]:
+        cells = _row(html, pt["dir"])
+        assert cells[5] == console[f"{pt['params']['rate']:g}"], (cells, console)  # (dir, params, repeat, status, out tok/s, req/s)
+    assert "<td>0.2</td>" not in html

@@ -189,7 +189,7 @@ def test_record_sweep_keeps_the_best_point(tmp_path: Path) -> None:
     # its counts are the best point's (they were left null: "?/?" in inferlab runs)
     counts = json.loads((sweep / best["dir"] / "summary.json").read_text())["counts"]  # type: ignore[operator]
     assert (entry.completed, entry.failed) == (counts["completed"], counts["failed"]) and entry.completed > 0
-    assert entry.workload == {"axes": {"concurrency": [1, 4, 8]}, "points": 3, "done": 2}
+    assert entry.workload == {"axes": {"concurrency": [1, 4, 8]}, "points": 3, "done": 2, "headline": "the highest output throughput"}
     assert record_sweep(sweep, hist, disabled=True) is None
     with History(hist) as h:
         assert len(h.find()) == 1
@@ -259,6 +259,38 @@ def test_a_tune_is_recorded_as_a_sweep_and_reports(tmp_path: Path, monkeypatch: 
     p = subprocess.run([sys.executable, "-m", "inferlab", "tune", "--param", "max-num-seqs=8,64", "-n", "4", "--slo-ttft-ms", "500", "--history", str(hist)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--out" in p.stderr
+
+
+def test_a_tunes_row_shows_the_trial_the_tune_chose_and_says_so(tmp_path: Path) -> None:
+    """The README's tune: trial 3 has the highest output tok/s but misses the 400 ms
+    TTFT p99 SLO, and the tune chose trial 0; its history row showed trial 3's numbers
+    as the tune's. Now it shows the chosen trial's, and ``runs`` says which trial."""
+    hist, out = tmp_path / "h.sqlite", tmp_path / "tune1"
+    p = subprocess.run([sys.executable, "-m", "inferlab", "tune", "--param", "max-num-batched-tokens=256,512,1024,2048,4096,8192",
+                        "--param", "max-num-seqs=8,16,32,64,128,256", "--rate", "12", "-n", "150", "--input-tokens", "2000",
+                        "--output-tokens", "200", "--slo-ttft-ms", "400", "--slo-tpot-ms", "26", "-o", str(out), "--history", str(hist)],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    index = json.loads((out / "sweep.json").read_text())
+    best = index["tune"]["best"]
+    chosen = next(pt for pt in index["points"] if pt["params"] == best["params"])
+    fastest = max((pt for pt in index["points"] if pt["status"] == "done"), key=lambda pt: pt["headline"]["output_tok_s"])
+    assert fastest is not chosen  # (what the test is about: the tune's best is not the fastest trial)
+    with History(hist) as h:
+        (entry,) = h.find()
+    assert entry.headline == {k: chosen["headline"][k] for k in entry.headline}
+    assert entry.workload is not None and entry.workload["tune_best"] == best["trial"]
+    assert entry.workload["headline"] == f"the tune's best, trial {best['trial']}"
+    listed = CliRunner().invoke(main, ["runs", "--history", str(hist)], env={"COLUMNS": "250"})
+    assert f"tune, best trial {best['trial']}: simulator (virtual time) (prediction)" in listed.output
+    # a row recorded before (the fastest trial's headline, no word of which) still reads as its folder's
+    with History(hist) as h:
+        old = h.add({"kind": "sweep", "path": str(out.resolve()), "model": entry.model, "completed": fastest["headline"].get("completed"),
+                     "workload": {"axes": index["axes"], "points": len(index["points"])},
+                     **{k: fastest["headline"][k] for k in entry.headline}})
+    r = subprocess.run([sys.executable, "-m", "inferlab", "report", str(old), "--history", str(hist), "-o", str(tmp_path / "r.html")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
 
 
 _OPEN_AT_ONCE = """

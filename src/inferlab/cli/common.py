@@ -38,6 +38,7 @@ from inferlab.results.history import history_path, record_run, record_sweep
 from inferlab.results.metrics import SLO, extra_percentiles, percentile_key
 from inferlab.results.runfiles import dumps, write_summary
 from inferlab.results.summary import with_percentiles
+from inferlab.sim.engine.bands import run_bands
 from inferlab.workload.config import WorkloadConfig
 from inferlab.workload.datasets import DatasetConfig
 from inferlab.workload.traces import (
@@ -772,7 +773,7 @@ def finish_run(result: RunResult, kw: dict[str, Any]) -> RunResult:
             date=datetime.datetime.now().strftime("%Y%m%d-%H%M%S"),
             percentiles=chosen or VLLM_PERCENTILES, detailed=kw.get("save_detailed", False),
             metrics=kw.get("percentile_metrics"),
-            source=run_source(result.summary),
+            source=run_source(result.summary), bands=run_bands(result.summary.prediction),
         )
         folder = kw.get("result_dir") or "."
         path = os.path.join(folder, kw.get("result_filename") or vllm_result_filename(vllm))

@@ -18,9 +18,11 @@ from inferlab.results.export import (
     summary_csv,
     vllm_result,
 )
+from inferlab.results.provenance import VIRTUAL
 from inferlab.results.runfiles import dumps, read_records, read_summary
 from inferlab.results.sources import load_run
 from inferlab.results.summary import Summary
+from inferlab.sim.engine.bands import run_bands
 
 FORMATS = ("vllm", "csv-summary", "csv-requests")
 
@@ -55,12 +57,13 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
         # all in its records (the summary computed from them as report computes it)
         summary = Summary.from_json(load_run(folder).summary)
         summary_path = folder / "requests.jsonl"
+        lost = "; its error bands, which sim run wrote there, are not exported" if summary.server.kind == VIRTUAL else ""
         click.echo(f"inferlab export: {run_dir} has no summary.json: the summary is computed from its "
-                   "requests.jsonl", err=True)
+                   f"requests.jsonl{lost}", err=True)
     else:
         raise UsageError(f"{run_dir}: neither summary.json nor requests.jsonl (not a run directory)")
     if fmt == "csv-summary":
-        text = summary_csv(summary)
+        text = summary_csv(summary, run_bands(summary.prediction))
     else:
         records = list(read_records(folder / "requests.jsonl"))
         measured = sum(1 for r in records if not r.warmup)
@@ -75,6 +78,7 @@ def _export(run_dir: str, fmt: str, output: str, percentiles: tuple[float, ...] 
             text = dumps(vllm_result(
                 summary, records, date=ended.strftime("%Y%m%d-%H%M%S"),
                 percentiles=percentiles or VLLM_PERCENTILES, detailed=detailed, source=run_source(summary),
+                bands=run_bands(summary.prediction),
             ), indent=None) + "\n"
     if output == "-":
         click.echo(text, nl=False)

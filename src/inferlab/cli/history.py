@@ -97,7 +97,7 @@ def _runs(kw: dict[str, Any]) -> int:
         if e.simulated:
             target = f"{target} {PREDICTION}"
         if e.kind == "sweep":
-            target = f"sweep: {target}"
+            target = f"{_sweep_kind(e)}: {target}"
         t.add_row(
             str(e.id), e.time.replace("+00:00", "").replace("T", " "), target, (e.model or "?").split("/")[-1],
             _num(h["output_tok_s"], 0), _num(h["req_s"], 2), _num(h["ttft_p50_ms"], 1), _num(h["ttft_p99_ms"], 1),
@@ -111,6 +111,14 @@ def _runs(kw: dict[str, Any]) -> int:
         out.print("ok/fail \"N cached\": N of the completed requests were answered by a response cache in front of "
                       "the engine; the run's latency and tokens/s are partly the cache's", style="yellow")
     return 0
+
+
+def _sweep_kind(e: Entry) -> str:
+    """'sweep', or for a tune which trial its row shows ('tune, best trial 0')."""
+    workload = e.workload or {}
+    if "tune_best" not in workload:
+        return "sweep"
+    return "tune, no best" if workload["tune_best"] is None else f"tune, best trial {workload['tune_best']}"
 
 
 def _outcomes(e: Entry) -> str:

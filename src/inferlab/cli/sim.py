@@ -48,6 +48,7 @@ from inferlab.sim.engine.bands import (
     calibrated_as,
     calibration_mismatch,
     served_by,
+    unvalidated_why,
 )
 from inferlab.sim.engine.config import BLOCK_SIZES, memory_share_refused, resolve
 from inferlab.sim.engine.dtypes import CapacityPolicy, DType, KVCacheDType, Quantization
@@ -997,13 +998,6 @@ def prediction_lines(summary: Summary) -> list[tuple[str, str]]:
             continue
         number = value if isinstance(value, float) else value.p50
         band = bands.get(key)
-        if band:
-            how = band["text"]
-        elif block.get("mismatch"):  # (a twin's bands hold for the server it was calibrated on)
-            how = f"not validated: {Path(block['efficiencies']).name} was calibrated on another server ({block['mismatch']})"
-        elif block.get("efficiencies"):  # (the stock bands are for the stock constants)
-            how = f"not validated: constants from {Path(block['efficiencies']).name}, no calibration recorded for this metric"
-        else:
-            how = f"not validated for {block['engine_family']} ({block['regime']})"
+        how = band["text"] if band else unvalidated_why(block)
         rows.append((f"{label} (prediction)", f"{number:,.1f}{' ' + unit if unit else ''}, {how}"))
     return rows

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from inferlab._errors import UsageError
 from inferlab.results.compare import (
+    MAX_BATCHES,
     METRICS,
     TAIL_MIN,
     Delta,
@@ -249,8 +250,10 @@ def render(console: Console, c: Comparison) -> None:
                           + ", ".join(parts))
     console.print(f"95% intervals: over repeats when given, else over 3 to 5 batches of a run in the order its requests ended "
                   f"(docs/report.md); beyond noise = the change's interval excludes 0; too few requests = a run has under "
-                  f"{TAIL_MIN} requests beyond that percentile, which leaves it unbounded; noise unknown = a mean or throughput "
-                  "of a run of under 30 requests (fewer than 3 batches)", style="dim")
+                  f"{TAIL_MIN} requests beyond that percentile, which leaves it unbounded; only N batches = a run too short for "
+                  f"{MAX_BATCHES} batches of the size its load needs, and with {MAX_BATCHES} of the same spread the change "
+                  "would exceed noise (a short run cannot tell; not a sign the change is real); noise unknown = a mean or "
+                  "throughput of a run of under 30 requests (fewer than 3 batches)", style="dim")
 
 
 def render_html_table(c: Comparison) -> str:

@@ -31,12 +31,28 @@ from inferlab.report.svg import (
     timeline_chart,
     xy_chart,
 )
-from inferlab.report.sweep import band_lines, bands_short, unstopped_text
-from inferlab.results.compare import METRICS, summary_value
+from inferlab.report.sweep import COLUMNS as SWEEP_COLUMNS
+from inferlab.report.sweep import (
+    band_lines,
+    band_pct,
+    bands_full,
+    bands_short,
+    met_text,
+    tune_text,
+    unstopped_text,
+)
+from inferlab.results.compare import FAILED as FAILED_SHARE
+from inferlab.results.compare import METRICS, Metric, summary_value
 from inferlab.results.metrics import left_ns, request_metrics
-from inferlab.results.provenance import describe_software, http_server_info, simulated_engine
+from inferlab.results.provenance import (
+    VIRTUAL,
+    describe_software,
+    http_server_info,
+    simulated_engine,
+)
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.sources import Run, Sweep
+from inferlab.sim.engine.bands import HEADLINE_METRICS, headline_prediction, unvalidated_why
 
 #: Most requests the timeline draws (the first ones sent); the heading says when cut.
 TIMELINE_MAX = 400
@@ -559,21 +575,63 @@ def summary_table(runs: Sequence[Run]) -> str:
     if any(failed_of(r) for r in runs):
         rows.append("<tr><td>failed, by kind</td>" + "".join(f"<td>{escape(error_kinds(r))}</td>" for r in runs) + "</tr>")
     rows.append("<tr><td>duration (s)</td>" + "".join(f"<td>{_cell(_num(r.summary.get('duration_s')), ',.2f')}</td>" for r in runs) + "</tr>")
+    bands = [headline_prediction(r.summary.get("prediction")) for r in runs]
     for m in METRICS:
-        rows.append(f"<tr><td>{escape(m.label)} ({m.unit})</td>" + "".join(f"<td>{fmt(summary_value(r.summary, m), m.unit)}</td>" for r in runs) + "</tr>")
+        rows.append(f"<tr><td>{escape(m.label)} ({m.unit})</td>" + "".join(
+            _value_cell(fmt(summary_value(r.summary, m), m.unit), r, pred, m) for r, pred in zip(runs, bands, strict=True)) + "</tr>")
     for key, label, unit in (("itl_ms", "ITL p50", "ms"), ("queue_delay_ms", "client queue delay p99", "ms")):
         stat = "p99" if "queue" in key else "p50"
         rows.append(f"<tr><td>{label} ({unit})</td>" + "".join(f"<td>{fmt(_dist(r, key, stat), unit)}</td>" for r in runs) + "</tr>")
     rows.append("<tr><td>output tokens/min (TPM)</td>" + "".join(f"<td>{_cell(_num(r.summary.get('output_tpm')), ',.0f')}</td>" for r in runs) + "</tr>")
-    return f'<table class="summary"><tr><th>metric (unit)</th>{head}</tr>{"".join(rows)}</table>'
+    return f'<table class="summary"><tr><th>metric (unit)</th>{head}</tr>{"".join(rows)}</table>' + _bands_note(runs, bands)
+
+
+def _band_key(m: Metric) -> str | None:
+    """``m``'s key among a prediction's headline bands (``HEADLINE_METRICS``: output
+    tok/s, req/s, the p50s and p99s); None for one never validated (TTFT mean, failed)."""
+    key = m.name if m.stat is None else f"{m.name}_ms"
+    return key if key in HEADLINE_METRICS else None
+
+
+def _value_cell(text: str, run: Run, pred: dict[str, Any] | None, m: Metric) -> str:
+    """A summary cell; a prediction's with its error band beside it ('30.90 ±8 %', its
+    basis in the tooltip), or '(not validated)' with why."""
+    if pred is None or m is FAILED_SHARE or text == "—":
+        return f"<td>{text}</td>"
+    key = _band_key(m)
+    band = (pred.get("error_bands") or {}).get(key) if key else None
+    if band:
+        return f'<td title="{escape(band["text"])}">{text} {band_pct(band)}</td>'
+    why = unvalidated_why(run.summary["prediction"]) if key else "not validated: validation compares medians, p99s and throughput"
+    return f'<td title="{escape(why)}">{text} (not validated)</td>'
+
+
+def _bands_note(runs: Sequence[Run], bands: Sequence[dict[str, Any] | None]) -> str:
+    """Below the summary table: what the ± beside a prediction is, each predicted run's
+    bands in full, and the predicted runs that have none (over HTTP: real time)."""
+    lines = [f"{r.label} ({pred.get('engine_family')}, {pred.get('regime')}): "
+             + "; ".join(bands_full(pred, unvalidated_why(r.summary["prediction"])))
+             for r, pred in zip(runs, bands, strict=True) if pred is not None]
+    lines += [f"{r.label}: " + (
+        "no error bands: they are in the summary.json sim run wrote, and this one was recomputed from requests.jsonl"
+        if r.server.kind == VIRTUAL else "a prediction over HTTP against inferlab's simulated server: no error bands (they "
+        "are the simulator's validation error in virtual time)") for r, pred in zip(runs, bands, strict=True) if pred is None and r.simulated]
+    if not lines:
+        return ""
+    return ("<p>± beside a prediction: the simulator's validation error for its engine family in the run's load regime "
+            "(median |error| over published measurements, docs/validation.md); hover a value for its basis.</p>"
+            "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>")
 
 
 def sweep_section(sweep: Sweep) -> str:
     """The sweep's index: every point with its status and headline, why each group
     stopped, the goodput search."""
-    cols = (("output_tok_s", "out tok/s"), ("req_s", "req/s"), ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p99_ms", "TTFT p99 ms"),
-            ("tpot_p50_ms", "TPOT p50 ms"), ("tpot_p99_ms", "TPOT p99 ms"))
+    # (the console's columns and digits: req/s 0.18, not 0.2)
+    cols = [(key, name + ("" if name.startswith(("out", "req")) else " ms"), digits) for name, key, digits in SWEEP_COLUMNS]
     raw = {str(p.get("dir")): p for p in sweep.index.get("points") or [] if isinstance(p, dict)}
+    tune = sweep.index.get("tune") if isinstance(sweep.index.get("tune"), dict) else None
+    best = (tune or {}).get("best")
+    best = best if isinstance(best, dict) else {}
     # simulated: every number a prediction; in virtual time each point with its
     # validation error (over HTTP against the simulated server: none)
     target = sweep.index.get("target")
@@ -583,15 +641,24 @@ def sweep_section(sweep: Sweep) -> str:
     rows = []
     for p in sweep.points:
         h = raw.get(p.dir, {}).get("headline") or {}
-        cells = "".join(f"<td>{_num(h.get(k)):,.1f}</td>" if isinstance(h.get(k), (int, float)) else "<td>—</td>" for k, _ in cols)
+        cells = "".join(f"<td>{_cell(_num(h.get(k)), f',.{d}f')}</td>" for k, _, d in cols)
+        if tune is not None:  # (what chose the best: each trial's score and its requests within the SLOs)
+            score = raw.get(p.dir, {}).get("score")
+            cells += (f"<td>{_cell(_num(score), ',.2f') if h and p.status == 'done' else '—'}</td>"
+                      f"<td>{escape(met_text(raw.get(p.dir, {}))) if h else '—'}</td>")
         if predicted:
             pred = raw.get(p.dir, {}).get("prediction")
             cells += f"<td>{escape(bands_short(pred)) if isinstance(pred, dict) and h else '—'}</td>"
         params = escape(" ".join(f"{k}={v}" for k, v in p.params.items()))
         reason = raw.get(p.dir, {}).get("reason") if p.dir else None
         status = f"{p.status} ({reason})" if reason else p.status
+        if tune is not None and best.get("params") == p.params and p.status == "done":
+            status += " (the tune's best)"
         rows.append(f"<tr><td>{escape(p.dir or '—')}</td><td>{params}</td><td>{p.repeat}</td><td>{escape(status)}</td>{cells}</tr>")
-    head = ("<tr><th>dir</th><th>parameters</th><th>repeat</th><th>status</th>" + "".join(f"<th>{label}</th>" for _, label in cols)
+    objective = {"goodput": "goodput req/s (objective)", "throughput": "objective: out tok/s within the SLO share"}
+    head = ("<tr><th>dir</th><th>parameters</th><th>repeat</th><th>status</th>" + "".join(f"<th>{label}</th>" for _, label, _ in cols)
+            + ("" if tune is None else f"<th>{escape(objective.get(str(tune.get('objective')), 'objective'))}</th>"
+               "<th>requests within the SLOs</th>")
             + ("<th>prediction: validation error</th>" if predicted else "") + "</tr>")
     notes = []
     for g in sweep.index.get("groups") or []:
@@ -623,6 +690,8 @@ def sweep_section(sweep: Sweep) -> str:
                    "load regime (median |error| over published measurements; docs/validation.md):</p>")
         lines = band_lines(sweep.index) or ["none recorded (a sweep.json written before points carried them)"]
         out.append("<ul>" + "".join(f"<li>{escape(line)}</li>" for line in lines) + "</ul>")
+    if tune is not None:
+        out.append(f"<p>Tune: {escape(tune_text(tune))}.</p>")
     out.append(f'<table class="sweep">{head}{"".join(rows)}</table>')
     if notes:
         out.append("<ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>")

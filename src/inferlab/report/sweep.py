@@ -164,7 +164,7 @@ def bands_short(pred: dict[str, Any]) -> str:
         bands = _group_bands(pred, label, keys)
         if len(bands) == 1:
             band = bands[0][1]
-            words.append(f"{label} " + (f"±{shown_pct(band['pct'])} %" if band else "not validated"))
+            words.append(f"{label} " + (band_pct(band) if band else "not validated"))
             continue
         pcts = "/".join(shown_pct(b["pct"]) if b else "–" for _, b in bands)
         stats = "/".join(name.rsplit(" ", 1)[1] for name, _ in bands)
@@ -185,13 +185,57 @@ def band_lines(index: dict[str, Any]) -> list[str]:
     for (family, regime), points in groups.items():
         which = "every point" if len(points) == len(ran) else ", ".join(
             dict.fromkeys(params_text(p["params"]) for p in points))
-        pred = points[0]["prediction"]
-        texts = []
-        for label, keys in _BAND_GROUPS:
-            for name, band in _group_bands(pred, label, keys):
-                texts.append(f"{name} " + (band["text"] if band else f"not validated for {family} ({regime})"))
-        lines.append(f"{family}, {regime} ({which}): " + "; ".join(texts))
+        lines.append(f"{family}, {regime} ({which}): " + "; ".join(bands_full(points[0]["prediction"])))
     return lines
+
+
+def bands_full(pred: dict[str, Any], why: str | None = None) -> list[str]:
+    """Each metric class's band in full ('TTFT p50 ±8 % on the medians of 131 held-out
+    vLLM V1 closed loop rows'), one per column where validation measured them apart;
+    ``why`` for one never validated (default: 'not validated for FAMILY (REGIME)')."""
+    why = why or f"not validated for {pred.get('engine_family')} ({pred.get('regime')})"
+    return [f"{name} " + (band["text"] if band else why)
+            for label, keys in _BAND_GROUPS for name, band in _group_bands(pred, label, keys)]
+
+
+def band_pct(band: dict[str, Any]) -> str:
+    """A band as a number beside a value: '±8 %'."""
+    return f"±{shown_pct(band['pct'])} %"
+
+
+def slo_text(slo: Any) -> str:
+    """A tune's (or run's) SLOs as stated: 'TTFT ≤ 400 ms, TPOT ≤ 26 ms'; 'none stated'."""
+    limits = [f"{label} ≤ {slo[key]:g} ms" for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"))
+              if isinstance(slo, dict) and isinstance(slo.get(key), int | float)]
+    return ", ".join(limits) or "none stated"
+
+
+def tune_text(tune: dict[str, Any]) -> str:
+    """What a tune chose by: its objective, the SLOs each request is held to, and its
+    best trial and why."""
+    objective = tune.get("objective")
+    what = ("goodput: requests/s completed within every SLO" if objective == "goodput" else
+            f"output tokens/s of trials where at least {_pct(tune.get('slo_share'))} of requests met the SLOs (others score 0)"
+            if objective == "throughput" else str(objective))
+    best = tune.get("best")
+    chosen = ("no trial ran to the end" if not isinstance(best, dict) else
+              f"trial {best.get('trial')} ({best.get('why') or 'the highest score'})")
+    return f"objective {what}; SLOs, per request: {slo_text(tune.get('slo'))}; the best: {chosen}"
+
+
+def met_text(point: dict[str, Any]) -> str:
+    """Whether a tune's trial met the SLOs: 'all 150 requests', '143 of 150 (7 missed)'
+    (failed ones among the missed); a trial stopped early: '120 before it stopped'."""
+    met, total = point.get("met_slo"), (point.get("headline") or {}).get("total")
+    if not isinstance(met, int) or not isinstance(total, int) or total <= 0:
+        return "—"
+    if point.get("status") != "done":
+        return f"{met} before it {point.get('status')}"
+    return f"all {total} requests" if met >= total else f"{met} of {total} ({total - met} missed)"
+
+
+def _pct(share: Any) -> str:
+    return f"{share * 100:g} %" if isinstance(share, int | float) else "?"
 
 
 def goodput_text(g: dict[str, Any]) -> str:

@@ -100,12 +100,16 @@ DISTRIBUTIONS = ("ttft_ms", "tpot_ms", "e2e_ms")
 @dataclass(frozen=True)
 class Estimate:
     """A metric's value with its 95 % interval (``lo``/``hi`` None: noise unknown; -inf
-    or inf: a side the data cannot bound)."""
+    or inf: a side the data cannot bound). ``batches``: how many batches of one run the
+    interval rests on (0: not batches), and ``full``: the requests that would make
+    ``MAX_BATCHES`` of them (``short_run``), where it rests on fewer."""
 
     value: float | None
     lo: float | None
     hi: float | None
     method: str
+    batches: int = 0
+    full: int | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,9 @@ class Delta:
     lo: float | None
     hi: float | None
     verdict: str
+    # within noise only for a run too short for MAX_BATCHES batches: (its fewest batches,
+    # the requests that make MAX_BATCHES of them); None otherwise (``short_run``)
+    short: tuple[int, int] | None = None
 
     @property
     def unbounded(self) -> bool:
@@ -141,6 +148,7 @@ class Delta:
             "metric": self.metric.name, "unit": self.metric.unit, "a": self.a.value, "b": self.b.value,
             "delta": self.delta, "rel": self.rel, "delta_ci95": [finite(self.lo), finite(self.hi)], "verdict": self.verdict,
             "better": self.better, "method": self.b.method if self.b.method == self.a.method else f"{self.a.method} / {self.b.method}",
+            "short_run": None if self.short is None else {"batches": self.short[0], "requests_for_full": self.short[1]},
         }
 
 
@@ -209,11 +217,12 @@ def estimate(m: Metric, runs: Sequence[Run]) -> Estimate:
     if m is FAILED:  # (value is not None: the counts are there)
         failed, ended = failed_and_ended(run.summary) or (0, 1)
         return Estimate(value, *wilson_interval(failed, ended), "Wilson score")
+    k, full = batch_plan(run.records)
     if m.per_request is None:
         rel = batch_rel_half_width(run.records, tokens=m.name == "output_tok_s")
         if rel is None:
             return Estimate(value, None, None, "batch means (too few requests)")
-        return Estimate(value, value * (1 - rel), value * (1 + rel), "batch means")
+        return Estimate(value, value * (1 - rel), value * (1 + rel), "batch means", k, full)
     xs = sorted(per_request(run.records, m.per_request))
     parts = batch_values(run.records, m.per_request)
     if m.stat == "mean":
@@ -223,7 +232,7 @@ def estimate(m: Metric, runs: Sequence[Run]) -> Estimate:
         half = t95(len(means) - 1) * statistics.stdev(means) / math.sqrt(len(means))
         if len(xs) > 1:
             half = max(half, t95(len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs)))
-        return Estimate(value, value - half, value + half, "batch means")
+        return Estimate(value, value - half, value + half, "batch means", len(parts), full)
     if not xs:
         return Estimate(value, None, None, "")
     q = float((m.stat or "p50")[1:]) / 100
@@ -241,7 +250,7 @@ def estimate(m: Metric, runs: Sequence[Run]) -> Estimate:
         hi_f = math.inf
     if len(xs) * q < TAIL_MIN:
         lo_f = -math.inf
-    return Estimate(value, lo_f, hi_f, "order statistics, jackknife over batches")
+    return Estimate(value, lo_f, hi_f, "order statistics, jackknife over batches", len(parts) if len(parts) >= 3 else 0, full)
 
 
 def in_flight(done: Sequence[RequestRecord]) -> float:
@@ -255,18 +264,30 @@ def in_flight(done: Sequence[RequestRecord]) -> float:
     return sum((r.end_ns or 0) - (r.send_ns or 0) for r in timed) / span if span > 0 else 0.0
 
 
+def _completed(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The measured requests that completed, in the order they ended."""
+    return sorted((r for r in records if r.ok and not r.warmup), key=lambda r: r.end_ns or 0)
+
+
+def batch_plan(records: Sequence[RequestRecord]) -> tuple[int, int]:
+    """(how many batches ``batches`` cuts, the completed requests that would make
+    ``MAX_BATCHES``): batches of at least ``MIN_BATCH`` and ``BATCH_IN_FLIGHT`` times
+    the requests in flight on average; (0, …) under 3 · ``MIN_BATCH`` requests."""
+    done = _completed(records)
+    size = max(MIN_BATCH, math.ceil(BATCH_IN_FLIGHT * in_flight(done)))
+    k = 0 if len(done) < 3 * MIN_BATCH else max(3, min(MAX_BATCHES, len(done) // size))
+    return k, MAX_BATCHES * size
+
+
 def batches(records: Sequence[RequestRecord]) -> list[list[RequestRecord]]:
     """The completed requests in the order they ended, cut into 3 to ``MAX_BATCHES``
     batches of at least ``MIN_BATCH``, and of at least ``BATCH_IN_FLIGHT`` times the
-    requests in flight on average where the run is long enough: requests overlapping in
-    time share the server's state (a batch, a queue), so they are not independent, but
-    batches far enough apart nearly are (the method of batch means). Empty under
-    3 · ``MIN_BATCH`` requests."""
-    done = sorted((r for r in records if r.ok and not r.warmup), key=lambda r: r.end_ns or 0)
-    if len(done) < 3 * MIN_BATCH:
-        return []
-    size = max(MIN_BATCH, math.ceil(BATCH_IN_FLIGHT * in_flight(done)))
-    k = max(3, min(MAX_BATCHES, len(done) // size))
+    requests in flight on average where the run is long enough (``batch_plan``):
+    requests overlapping in time share the server's state (a batch, a queue), so they
+    are not independent, but batches far enough apart nearly are (the method of batch
+    means). Empty under 3 · ``MIN_BATCH`` requests."""
+    done = _completed(records)
+    k, _ = batch_plan(records)
     return [done[j * len(done) // k:(j + 1) * len(done) // k] for j in range(k)]
 
 
@@ -338,7 +359,36 @@ def compare_pair(m: Metric, a: Estimate, b: Estimate) -> Delta:
     lo = d - math.hypot(b.value - b.lo, a.hi - a.value)
     hi = d + math.hypot(b.hi - b.value, a.value - a.lo)
     verdict = "beyond noise" if lo > 0 or hi < 0 else "within noise"
-    return Delta(m, a, b, d, rel, lo, hi, verdict)
+    short = short_run(a, b, d) if verdict == "within noise" else None
+    return Delta(m, a, b, d, rel, lo, hi, verdict, short)
+
+
+def _full_scale(k: int) -> float:
+    """How much narrower a batch interval of ``k`` batches would be over ``MAX_BATCHES``
+    batches of the same spread: t·s/√k → t′·s/√MAX_BATCHES (1.0 at MAX_BATCHES or not
+    batches)."""
+    if not 3 <= k < MAX_BATCHES:
+        return 1.0
+    return (t95(MAX_BATCHES - 1) / math.sqrt(MAX_BATCHES)) / (t95(k - 1) / math.sqrt(k))
+
+
+def short_run(a: Estimate, b: Estimate, d: float) -> tuple[int, int] | None:
+    """Whether a change within noise is so only because a run made fewer than
+    ``MAX_BATCHES`` batches (too short for more of the size its load needs: a closed
+    loop's few waves, say): the change's interval with each such run's half-widths as
+    ``MAX_BATCHES`` batches of the same spread would give excludes zero. (its fewest
+    batches, the requests that make ``MAX_BATCHES``), else None. An unbounded side (a
+    percentile without ``TAIL_MIN`` requests beyond it) is another cause: None."""
+    assert a.value is not None and b.value is not None and None not in (a.lo, a.hi, b.lo, b.hi)
+    short = [e for e in (a, b) if 3 <= e.batches < MAX_BATCHES and e.full is not None]
+    if not short or any(math.isinf(v) for v in (a.lo, a.hi, b.lo, b.hi) if v is not None):
+        return None
+    fa, fb = _full_scale(a.batches), _full_scale(b.batches)
+    lo = d - math.hypot(fb * (b.value - (b.lo or 0.0)), fa * ((a.hi or 0.0) - a.value))
+    hi = d + math.hypot(fb * ((b.hi or 0.0) - b.value), fa * (a.value - (a.lo or 0.0)))
+    if not (lo > 0 or hi < 0):
+        return None
+    return min(e.batches for e in short), max(e.full or 0 for e in short)
 
 
 def compare(a: Sequence[Run], b: Sequence[Run], metrics: Sequence[Metric] = METRICS) -> list[Delta]:
@@ -461,6 +511,8 @@ def verdict_words(d: Delta) -> str:
     noise (too few requests)" (a run cannot bound the percentile: ``TAIL_MIN``), ..."""
     if d.verdict == "within noise" and d.unbounded:
         return "within noise (too few requests)"
+    if d.verdict == "within noise" and d.short is not None:
+        return f"within noise (only {d.short[0]} batches: run {d.short[1]:,}+ requests)"
     if d.verdict != "beyond noise":
         return d.verdict
     return f"{'better' if d.better else 'worse'}, beyond noise"

@@ -211,6 +211,7 @@ def vllm_result(
     detailed: bool = True,
     source: str | None = None,
     metrics: Sequence[str] | None = None,
+    bands: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The run as ``vllm bench serve --save-result`` writes it (with ``--save-detailed``
     when ``detailed``): vLLM's keys, types and units, its metrics computed its way from
@@ -221,7 +222,9 @@ def vllm_result(
     simulated run is not taken for a measurement. ``generated_texts`` are empty: inferlab
     keeps no generated text. ``metrics`` are its ``--percentile-metrics`` (``ttft``,
     ``e2el``, ...): only those get ``mean_``/``median_``/``std_``/``p`` keys; None, every
-    one. ``ValueError`` for a percentile outside 0–100;
+    one. ``bands`` (a prediction's, by headline key: ``sim.engine.bands.run_bands``) are
+    kept as ``inferlab_error_bands``, by the vLLM key they hold for
+    (``vllm_error_bands``). ``ValueError`` for a percentile outside 0–100;
     ``UsageError`` for a run without streaming (see the module doc)."""
     for q in percentiles:
         percentile_key(q)  # (checks the range)
@@ -308,6 +311,37 @@ def vllm_result(
         out[f"std_{name}_ms"] = std * 1e3
         for q, v in pcts:
             out[f"p{vllm_percentile_word(q)}_{name}_ms"] = v * 1e3
+    if bands is not None:
+        out = _after(out, "inferlab_source", {"inferlab_error_bands": vllm_error_bands(out, bands)})
+    return out
+
+
+#: A vLLM result's key -> the headline metric (``results.sweepindex.headline``) whose
+#: error band it carries: its throughputs, and the medians (p50s) and p99s of TTFT, TPOT
+#: and E2EL (its means, std and other percentiles were never validated)
+_VLLM_BAND_KEYS = {
+    "request_throughput": "req_s", "output_throughput": "output_tok_s",
+    **{f"{stat}_{vllm}_ms": f"{ours}_{p}_ms" for vllm, ours in (("ttft", "ttft"), ("tpot", "tpot"), ("e2el", "e2e"))
+       for stat, p in (("median", "p50"), ("p50", "p50"), ("p99", "p99"))},
+}
+
+
+def vllm_error_bands(result: Mapping[str, Any], bands: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The error band of each of ``result``'s keys that has one (``_VLLM_BAND_KEYS``),
+    as ``{"pct": 8.2, "text": "±8 % on the medians of …"}`` (pct null: not validated)."""
+    return {key: {"pct": band.get("pct"), "text": band.get("text")}
+            for key, ours in _VLLM_BAND_KEYS.items() if key in result and (band := bands.get(ours)) is not None}
+
+
+def _after(d: dict[str, Any], key: str, more: dict[str, Any]) -> dict[str, Any]:
+    """``d`` with ``more`` placed right after ``key`` (at the end without it)."""
+    if key not in d:
+        return d | more
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out[k] = v
+        if k == key:
+            out |= more
     return out
 
 
@@ -411,12 +445,38 @@ def _cell(v: object) -> object:
     return "" if v is None else v
 
 
-def summary_csv(summary: Summary) -> str:
+#: A summary CSV row -> the headline metrics whose error bands hold for its ``value``
+#: (or ``p50``) and its ``p99`` (output tokens/min: output tokens/s × 60, the same
+#: relative error)
+_CSV_BAND_KEYS = {
+    "request_throughput_rps": ("req_s", None), "output_token_throughput_tps": ("output_tok_s", None),
+    "output_tpm": ("output_tok_s", None), "ttft_ms": ("ttft_p50_ms", "ttft_p99_ms"),
+    "tpot_ms": ("tpot_p50_ms", "tpot_p99_ms"), "e2e_ms": ("e2e_p50_ms", "e2e_p99_ms"),
+}
+#: The summary CSV's error-band columns, after ``inferlab_source``.
+CSV_BAND_COLUMNS = ("inferlab_error_band_pct", "inferlab_error_band_basis",
+                    "inferlab_error_band_p99_pct", "inferlab_error_band_p99_basis")
+
+
+def _csv_bands(key: str, bands: Mapping[str, Mapping[str, Any]] | None) -> list[object]:
+    """The error-band cells of row ``key``: the band of its value (a distribution's p50)
+    and of its p99, each its pct and text; empty where it has none."""
+    cells: list[object] = []
+    for ours in _CSV_BAND_KEYS.get(key, (None, None)):
+        band = (bands or {}).get(ours) if ours else None
+        cells += ["", ""] if band is None else [_cell(band.get("pct")), _cell(band.get("text"))]
+    return cells
+
+
+def summary_csv(summary: Summary, bands: Mapping[str, Mapping[str, Any]] | None = None) -> str:
     """The summary as CSV, one row per metric: ``metric`` (its key in summary.json, a
     dotted path when nested), ``unit``, then ``value`` for a single number, or ``mean std
     min p50 p90 p95 p99 max`` and any added percentile (``p99_9``) for a distribution.
     An empty cell is unknown (null in the JSON). Every row ends with ``inferlab_source``
-    (``run_source``: measured, or a prediction), as the vllm format carries it."""
+    (``run_source``: measured, or a prediction), as the vllm format carries it, then
+    ``CSV_BAND_COLUMNS``: a prediction's ``bands`` (by headline key:
+    ``sim.engine.bands.run_bands``) for the rows that have one (``_CSV_BAND_KEYS``),
+    pct empty and the basis saying why where not validated; empty otherwise."""
     dists: list[tuple[str, str, Distribution | None]] = [
         (key, unit, getattr(summary, key)) for key, unit in _DISTRIBUTIONS
     ]
@@ -431,15 +491,15 @@ def summary_csv(summary: Summary) -> str:
     stat_keys = [*DISTRIBUTION_KEYS, *(percentile_key(q) for q in extra)]
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["metric", "unit", "value", *stat_keys, "inferlab_source"])
+    w.writerow(["metric", "unit", "value", *stat_keys, "inferlab_source", *CSV_BAND_COLUMNS])
     source = run_source(summary)
     counts = summary.counts
     for key, unit in _SCALARS:
         value = getattr(counts, key.split(".", 1)[1]) if key.startswith("counts.") else getattr(summary, key)
-        w.writerow([key, unit, _cell(value), *([""] * len(stat_keys)), source])
+        w.writerow([key, unit, _cell(value), *([""] * len(stat_keys)), source, *_csv_bands(key, bands)])
     for key, unit, d in dists:
         stats = d.to_json() if d is not None else {}
-        w.writerow([key, unit, "", *(_cell(stats.get(k)) for k in stat_keys), source])
+        w.writerow([key, unit, "", *(_cell(stats.get(k)) for k in stat_keys), source, *_csv_bands(key, bands)])
     return buf.getvalue()
 
 

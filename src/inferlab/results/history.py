@@ -376,7 +376,8 @@ def record_run(summary: Mapping[str, Any], path: str | os.PathLike[str] | None, 
 
 def record_sweep(path: str | os.PathLike[str], history: str | os.PathLike[str] | None = None, *, disabled: bool = False) -> int | None:
     """Record a sweep directory (its ``sweep.json``) in the history: one row of kind
-    ``sweep`` whose headline is the point with the highest output throughput, model,
+    ``sweep`` whose headline is the point with the highest output throughput (a tune's:
+    the trial it chose, ``headline_point``), model,
     target and response-cache hits from that point's summary. Where, as for a run: ``history`` (``--history``),
     else ``$INFERLAB_HISTORY``, else the user's data directory; nothing when
     ``disabled`` (``--no-history``) or the variable says off. Returns the row id, or
@@ -391,19 +392,23 @@ def record_sweep(path: str | os.PathLike[str], history: str | os.PathLike[str] |
         return h.add(row)
 
 
-def sweep_row(sweep_dir: Path) -> dict[str, Any]:
+def sweep_row(sweep_dir: Path, *, tune_best: bool = True) -> dict[str, Any]:
     """The history row of a sweep directory (``record_sweep``'s); ``UsageError`` for a
-    sweep.json that cannot be read."""
+    sweep.json that cannot be read. ``tune_best`` False: a tune's headline is its point
+    of highest output throughput, as rows recorded before its best's were."""
     index = read_sweep_index(sweep_dir)  # (as report and compare read it)
     points = index.get("points") or []
     done = [p for p in points if p.get("status") == "done" and isinstance(p.get("headline"), Mapping)]
-    best = max(done, key=lambda p: p["headline"].get("output_tok_s") or 0.0, default=None)
+    best, why = headline_point(index if tune_best else {}, done)
     command = index.get("command")
     if isinstance(command, list):
         command = " ".join(str(c) for c in command)
     row: dict[str, Any] = {"kind": "sweep", "command": command if isinstance(command, str) else "sweep",
                            "path": str(sweep_dir.resolve()),
-                           "workload": {"axes": index.get("axes"), "points": len(points), "done": len(done)}}
+                           "workload": {"axes": index.get("axes"), "points": len(points), "done": len(done), "headline": why}}
+    if isinstance(index.get("tune"), Mapping):  # (which trial, for ``inferlab runs`` to say)
+        chosen = index["tune"].get("best")
+        row["workload"]["tune_best"] = chosen.get("trial") if isinstance(chosen, Mapping) else None
     if best is not None:
         row.update({k: best["headline"].get(k) for k in HEADLINE})
         try:
@@ -415,6 +420,21 @@ def sweep_row(sweep_dir: Path) -> dict[str, Any]:
     return row
 
 
+def headline_point(index: Mapping[str, Any], done: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, str]:
+    """The finished point a sweep's row shows, and which it is in words: a tune's the
+    trial it chose (``tune.best``: "the tune's best, trial 0"; none where it chose none:
+    a trial it did not choose is not its result), any other sweep's the one with the
+    highest output throughput."""
+    tune = index.get("tune")
+    if isinstance(tune, Mapping):
+        best = tune.get("best")
+        if not isinstance(best, Mapping):
+            return None, "the tune's best: none (no trial ran to the end)"
+        point = next((p for p in done if p.get("params") == best.get("params")), None)
+        return point, f"the tune's best, trial {best.get('trial')}"
+    return max(done, key=lambda p: p["headline"].get("output_tok_s") or 0.0, default=None), "the highest output throughput"
+
+
 def overwritten(entry: Entry) -> str | None:
     """How the run in ``entry``'s folder differs from the one ``entry`` recorded, when
     another has been written there since (``--overwrite``, or the folder emptied and used
@@ -424,7 +444,10 @@ def overwritten(entry: Entry) -> str | None:
         return None
     where = Path(entry.path)
     try:
-        row = sweep_row(where) if entry.kind == "sweep" else run_row(json.loads((where / "summary.json").read_text()), where)
+        # (a row recorded before it named its headline's point took a tune's fastest trial)
+        legacy = entry.kind == "sweep" and "headline" not in (entry.workload or {})
+        row = sweep_row(where, tune_best=not legacy) if entry.kind == "sweep" else run_row(
+            json.loads((where / "summary.json").read_text()), where)
     except (OSError, ValueError, TypeError, AttributeError, UsageError):
         return None
     recorded: dict[str, Any] = {**entry.headline, "completed": entry.completed, "failed": entry.failed, "model": entry.model}

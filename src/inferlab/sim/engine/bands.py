@@ -468,15 +468,42 @@ def band_of(prediction: Any, metric: str, path: Path = BANDS_FILE, *, stat: str 
 def headline_prediction(prediction: Any, path: Path = BANDS_FILE) -> dict[str, Any] | None:
     """A sweep point's ``prediction`` from its run's summary's: the family, the regime and
     each headline metric's band (``HEADLINE_METRICS``; null: not validated); None for a
-    measured run."""
+    measured run. A band the summary recorded (its p50s and output throughput: what
+    ``sim run`` printed) is kept as recorded; the others (p99s) are read from ``path``."""
     if not isinstance(prediction, dict):
         return None
+    recorded = {SUMMARY_METRICS[k]: v for k, v in (prediction.get("error_bands") or {}).items() if k in SUMMARY_METRICS}
     bands: dict[str, Any] = {}
     for key, (cls, stat) in HEADLINE_METRICS.items():
+        if (cls, stat) in recorded:
+            bands[key] = recorded[(cls, stat)]
+            continue
         band = band_of(prediction, cls, path, stat=stat)
         bands[key] = None if band is None else band.to_json()
     out = {"engine_family": prediction["engine_family"], "regime": prediction["regime"], "error_bands": bands}
     return out if not prediction.get("efficiencies") else {**out, "efficiencies": prediction["efficiencies"]}
+
+
+def run_bands(prediction: Any, path: Path = BANDS_FILE) -> dict[str, dict[str, Any]] | None:
+    """Each headline metric's band (``headline_prediction``) for a run whose summary's
+    ``prediction`` is ``prediction``, one never validated as ``{"pct": None, "text":
+    why}`` (``unvalidated_why``), for the exports; None for a measured run."""
+    pred = headline_prediction(prediction, path)
+    if pred is None:
+        return None
+    why = unvalidated_why(prediction)
+    return {k: b or {"pct": None, "text": why} for k, b in pred["error_bands"].items()}
+
+
+def unvalidated_why(prediction: dict[str, Any]) -> str:
+    """Why a metric of a run whose summary's ``prediction`` is ``prediction`` has no
+    band: 'not validated for vllm (closed loop)', or a calibrated twin's reason."""
+    twin = prediction.get("efficiencies")
+    if prediction.get("mismatch"):  # (a twin's bands hold for the server it was calibrated on)
+        return f"not validated: {Path(str(twin)).name} was calibrated on another server ({prediction['mismatch']})"
+    if twin:  # (the stock bands are for the stock constants)
+        return f"not validated: constants from {Path(str(twin)).name}, no calibration recorded for this metric"
+    return f"not validated for {prediction.get('engine_family')} ({prediction.get('regime')})"
 
 
 def prediction_block(
