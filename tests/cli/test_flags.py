@@ -487,7 +487,7 @@ def test_nan_and_an_infinite_slo_are_refused_not_run(args: list[str], needle: st
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (("--num-gpu-blocks-override", "100000"), "more than the 65.8 GiB H100-SXM-80GB has beside"),
+    (("--num-gpu-blocks-override", "100000"), "more than the 65.5 GiB H100-SXM-80GB has beside"),
     (("--no-enable-prefix-caching", "--evict-unhashed-first"), "this engine caches no prefixes (--no-enable-prefix-caching)"),
     (("--engine-family", "lmdeploy", "--evict-unhashed-first"), "this engine caches no prefixes (lmdeploy default)"),
     (("--engine-family", "trtllm", "--kv_cache_free_gpu_memory_fraction", "0.5", "--num-gpu-blocks-override", "1000"),

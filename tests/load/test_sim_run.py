@@ -460,9 +460,10 @@ def test_cli_precision_flags_take_the_names_vllm_and_benchmark_pages_use() -> No
     assert (e["kv_cache_dtype"], e["dtype"]) == ("fp8", "bfloat16")
     p = sim_cli("-n", "2", "--quantization", "bitsandbytes")
     assert p.returncode == 2 and "awq_marlin" in p.stderr and "Traceback" not in p.stderr
-    # "none" means bf16 weights even when the name says AWQ; vLLM's gptq format names
-    # with an 8-bit checkpoint mean 8-bit weights
-    assert engine("--model", "Qwen/Qwen2.5-7B-Instruct-AWQ", "--quantization", "none")["quantization"] == "none"
+    # "none" means bf16 weights for an unquantized checkpoint (refused for an AWQ one, as
+    # vLLM refuses it); vLLM's gptq format names with an 8-bit checkpoint mean 8-bit weights
+    assert engine("--model", "Qwen/Qwen2.5-7B-Instruct", "--quantization", "none")["quantization"] == "none"
+    assert sim_cli("-n", "2", "--model", "Qwen/Qwen2.5-7B-Instruct-AWQ", "--quantization", "none").returncode == 2
     assert engine("--model", "Qwen/Qwen2.5-7B-Instruct-AWQ")["quantization"] == "awq"
     assert engine("--model", "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", "--quantization", "gptq_marlin")["quantization"] == "w8a16"
 
@@ -573,6 +574,24 @@ def test_an_open_loop_past_capacity_is_banded_as_saturated_not_poisson() -> None
     under = json.loads(sim_cli("--rate", "0.5", "-n", "12", *engine).stdout)
     assert not any(w.startswith("the server could not keep up") for w in under["warnings"])
     assert under["prediction"]["regime"] == "Poisson"
+
+
+def test_a_closed_loop_past_capacity_is_banded_as_saturated_and_one_within_it_as_a_closed_loop() -> None:
+    """Sixty-four users on an engine that runs four at a time wait in its queue for most
+    of their time to first token, which no in-capacity closed-loop row measured: the
+    saturated bands, as an open loop past capacity gets. A few users it runs at once keep
+    the closed-loop bands, though their short prompts wait there too (the front end, a step)."""
+    shape = ("--input-tokens", "500", "--output-tokens", "100", "--json")
+    over = json.loads(sim_cli("-c", "64", "-n", "200", "--max-num-seqs", "4", *shape).stdout)
+    queue, ttft = over["latency_breakdown"]["server_queue_ms"]["mean"], over["ttft_ms"]["mean"]
+    assert queue > ttft / 2  # (the run is what the test says it is)
+    assert over["prediction"]["regime"] == "saturated"
+    assert "saturated" in over["prediction"]["error_bands"]["ttft_ms"]["text"]
+    within = json.loads(sim_cli("-c", "4", "-n", "40", "--max-num-seqs", "4", *shape).stdout)
+    assert within["prediction"]["regime"] == "closed loop"
+    small = json.loads(sim_cli("-c", "8", "-n", "80", "--input-tokens", "50", "--output-tokens", "100", "--json").stdout)
+    assert small["latency_breakdown"]["server_queue_ms"]["mean"] > small["latency_breakdown"]["prefill_ms"]["mean"]
+    assert small["prediction"]["regime"] == "closed loop"
 
 
 def test_a_recorded_closed_loop_replayed_with_its_users_is_banded_as_a_closed_loop(tmp_path: Path) -> None:

@@ -305,3 +305,19 @@ def test_a_late_send_small_beside_the_latency_is_no_warning_in_a_closed_loop() -
     heavy = [rec(i, 15, [60, 100], 115, out=2, intended_send_ns=0) for i in range(4)]
     warned = [w for w in summarize(heavy, config=closed).warnings if "slow to send" in w]
     assert warned and "(15% of the E2E p50)" in warned[0]
+
+
+def test_a_closed_loop_is_queue_bound_when_a_wait_of_many_steps_doubles_its_ttft() -> None:
+    from inferlab.results.breakdown import VIRTUAL, LatencyBreakdown, Part
+    from inferlab.results.summary import queue_bound
+
+    def parts(queue: float, prefill: float) -> LatencyBreakdown:
+        return LatencyBreakdown(VIRTUAL, 100, Part(0.0), Part(queue), Part(prefill), Part(700.0), Part(0.0))
+
+    # users past the engine's places: seconds in its queue, beside a prefill of tens of ms
+    assert queue_bound(parts(9400.0, 30.0), step_ms=7.0)
+    # short prompts in capacity: the front end and a step or two outweigh a short prefill
+    assert not queue_bound(parts(21.0, 9.0), step_ms=7.0)
+    # a long wait that the prefill still outweighs: the engine's own work
+    assert not queue_bound(parts(2000.0, 2500.0), step_ms=50.0)
+    assert not queue_bound(None, step_ms=7.0) and not queue_bound(parts(9400.0, 30.0), step_ms=None)

@@ -634,3 +634,16 @@ def test_a_file_of_appended_vllm_results_says_what_it_is(tmp_path: Path) -> None
     for fmt in (None, "vllm"):
         with pytest.raises(UsageError, match="several vLLM benchmark results, one a line"):
             read_rows(str(p), fmt)
+
+
+def test_a_json_document_that_is_not_a_trace_says_so_and_broken_json_says_it_is_broken(tmp_path: Path) -> None:
+    """A run's summary.json is valid JSON written over several lines: no trace, not bad JSON."""
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"schema": "inferlab.summary/1", "counts": {"completed": 3}}, indent=2))
+    with pytest.raises(UsageError, match=r"summary\.json: not a trace: a JSON document over several lines") as e:
+        read_rows(str(summary))
+    assert "not valid JSON" not in str(e.value)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"arrival_s": 0,\n')
+    with pytest.raises(UsageError, match=r"broken\.jsonl:1: not valid JSON"):
+        read_rows(str(broken))

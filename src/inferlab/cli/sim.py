@@ -149,7 +149,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--num-gpu-blocks-override", type=click.IntRange(min=1), default=None, help="KV cache of exactly N blocks instead of what memory holds, as vLLM's flag: the vllm family keeps one as its null block (N - 1 hold tokens)."),
         click.option("--enforce-eager/--no-enforce-eager", "--disable-cuda-graph", "enforce_eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step. (--disable-cuda-graph: SGLang's name.)"),
         click.option("--dtype", default=d.dtype.value, show_default=True, callback=_parsed(DType.parse), help="Activation and unquantized weight type: auto, bfloat16 (bf16), float16 (fp16, half)."),
-        click.option("--quantization", "-q", default=None, callback=_parsed(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4)."),
+        click.option("--quantization", "-q", default=None, callback=_parsed(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4); one that contradicts a quantized checkpoint's is refused, as vLLM refuses it (none or fp8 for an AWQ checkpoint)."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype.value, show_default=True, callback=_parsed(KVCacheDType.parse), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice([f.value for f in EngineFamily]), default=d.engine_family.value, show_default=True, callback=_parsed(EngineFamily.parse), help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
         click.option("--engine-version", default=None, show_default="a current release", help="The engine's release (0.15, v0.4.3): the defaults a release changed follow it where no flag says: vLLM's async scheduling (on from 0.14), full-sequence admission (0.19) and unhashed blocks reused first (0.24); SGLang's overlap scheduler (0.4). vllm (0.8 on) and sglang only (vllm-v0 and vllm-v0.5 take their own releases, 0.6-0.7 and <= 0.5, as a label: nothing in them is dated); the step-time constants stay the family's."),
@@ -835,7 +835,13 @@ def presets_cmd(as_json: bool) -> None:
 
 
 def _presets(as_json: bool) -> int:
-    from inferlab.sim.engine.hardware import gpu_presets, model_names, resolve_gpu, resolve_model
+    from inferlab.sim.engine.hardware import (
+        gpu_memory_source,
+        gpu_presets,
+        model_names,
+        resolve_gpu,
+        resolve_model,
+    )
     from inferlab.sim.engine.steptime import kv_bytes_per_token
 
     gpus: list[dict[str, Any]] = []
@@ -845,7 +851,9 @@ def _presets(as_json: bool) -> int:
             "name": gpu.name, "aliases": aliases,
             "bf16_tflops": gpu.bf16_flops_per_s / 1e12,
             "fp8_tflops": gpu.fp8_flops_per_s / 1e12 if gpu.fp8_flops_per_s else None,
-            "memory_gib": gpu.hbm_bytes / 2**30, "memory_tb_per_s": gpu.hbm_bytes_per_s / 1e12,
+            # (the device memory nvidia-smi reports, not the datasheet's GB: where it was published)
+            "memory_gib": gpu.hbm_bytes / 2**30, "memory_source": gpu_memory_source(name),
+            "memory_tb_per_s": gpu.hbm_bytes_per_s / 1e12,
             "link_gb_per_s": gpu.bus_bytes_per_s / 1e9,
             "peer_to_peer": gpu.peer_to_peer,  # (false: all-reduces through host memory)
         })
@@ -864,13 +872,14 @@ def _presets(as_json: bool) -> int:
         click.echo(json.dumps({"gpus": gpus, "models": models}, indent=2))
         return 0
     out = console()
-    t = Table(title="GPUs (--gpu NAME, or a JSON file with the same fields)")
+    t = Table(title="GPUs (--gpu NAME, or a JSON file with the same fields; GiB: the memory nvidia-smi reports, "
+                    "--json gives each card's source; * none published: the datasheet's GB read as GiB)")
     for col in ("name", "also", "bf16 TF", "fp8 TF", "GiB", "TB/s", "link GB/s"):
-        t.add_column(col, justify="left" if col in ("name", "also") else "right")
+        t.add_column(col, justify="left" if col in ("name", "also") else "right", no_wrap=col in ("name", "link GB/s"))
     for g in gpus:
         fp8 = g["fp8_tflops"]
         t.add_row(g["name"], ", ".join(g["aliases"]), f"{g['bf16_tflops']:,.0f}", "—" if fp8 is None else f"{fp8:,.0f}",
-                  f"{g['memory_gib']:.0f}", f"{g['memory_tb_per_s']:.2f}",
+                  f"{g['memory_gib']:.2f}" + ("" if g["memory_source"] else "*"), f"{g['memory_tb_per_s']:.2f}",
                   f"{g['link_gb_per_s']:.0f}" + ("" if g["peer_to_peer"] else " (no P2P)"))
     out.print(t)
     t = Table(title="Models (--model NAME or its HF id, or a config.json path)")

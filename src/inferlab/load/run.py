@@ -45,7 +45,15 @@ from inferlab.results.metrics import SLO
 from inferlab.results.provenance import ENGINE_ROUTE, GATEWAY_ROUTE
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
-from inferlab.results.summary import OMITTED, OVERLOAD, Omitted, Summary, SummaryExtras, summarize
+from inferlab.results.summary import (
+    OMITTED,
+    OVERLOAD,
+    Omitted,
+    Summary,
+    SummaryExtras,
+    queue_bound,
+    summarize,
+)
 from inferlab.results.telemetry import SERVER_METRICS_FILE, GatewayQueue, ServerMetrics
 from inferlab.sim.engine.bands import (
     beyond_checked,
@@ -233,6 +241,7 @@ async def run(
             if prepared.engine is not None:  # simulated: each headline metric's error band
                 block = _prediction(
                     prepared.engine, config.load, overloaded=any(w.startswith(OVERLOAD) for w in summary.warnings),
+                    queue_bound=queue_bound(summary.latency_breakdown, summary.tpot_ms.mean if summary.tpot_ms else None),
                     user_replay=isinstance(policy, UserReplayPolicy))
                 block["preemptions"] = prepared.preemptions()  # (every replica's)
                 done = summary.counts.completed
@@ -293,19 +302,22 @@ def _idle_replicas(server: object, target: SimTarget) -> list[str]:
 
 
 
-def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool, user_replay: bool = False) -> dict[str, Any]:
+def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool, queue_bound: bool = False,
+                user_replay: bool = False) -> dict[str, Any]:
     """``summary.json``'s ``prediction``: the validation error of the engine family in
     the run's regime, per headline metric (``sim.engine.bands``); ``overloaded``: an open
-    loop whose queues grew through the run (the summary's warning), banded as saturated;
-    ``user_replay``: a recorded closed loop replayed with its users, banded as one."""
+    loop whose queues grew through the run (the summary's warning), ``queue_bound``: a
+    loop whose TTFT was its wait in the server's queue (``results.summary.queue_bound``),
+    taken for a closed loop's, both banded as saturated; ``user_replay``: a recorded
+    closed loop replayed with its users, banded as one."""
     s = load.schedule
+    # (every request at once under a concurrency cap: users in a closed loop)
+    closed_loop = user_replay or isinstance(s, ClosedLoop) or (
+        isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and bool(s.max_concurrency))
     regime = regime_of(
-        offline=bool(engine.config.offline),
-        # (every request at once under a concurrency cap: users in a closed loop)
-        closed_loop=user_replay or isinstance(s, ClosedLoop)
-        or (isinstance(s, OpenLoop) and math.isinf(s.rate_rps) and bool(s.max_concurrency)),
+        offline=bool(engine.config.offline), closed_loop=closed_loop,
         burst=isinstance(s, OpenLoop) and math.isinf(s.rate_rps),
-        overloaded=overloaded,
+        overloaded=overloaded or (closed_loop and queue_bound),
     )
     served = served_by(engine.config) if engine.config.efficiencies_path else None
     return prediction_block(engine.config.engine_family, regime, efficiencies=engine.config.efficiencies_path,

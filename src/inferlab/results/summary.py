@@ -62,6 +62,12 @@ OVERLOAD_TREND = 0.6
 #: time, where an engine that only got busier (a growing decode batch, a burst near the
 #: end) adds tens of ms to a TTFT of tens of ms.
 OVERLOAD_WAIT_SHARE = 0.1
+#: A closed loop's requests waited for a place in the batch (more users than the server
+#: runs at once) when they waited at least this many decode steps: in capacity a request
+#: waits for the front end (a few ms, more with hundreds of streams) and the step in
+#: flight and the one scheduled ahead, 2 to 5 steps in the simulator's closed loops of
+#: 1 to 64 users.
+PLACE_WAIT_STEPS = 10
 
 
 class Omitted(enum.Enum):
@@ -674,6 +680,26 @@ def response_cache_share(hits: int, completed: int) -> str:
     """How many completed requests a response cache in front of the engine answered, in
     words (the summary's warning, and compare's and runs' note of it)."""
     return f"{hits:,} of {completed:,} completed requests were answered by a response cache in front of the engine"
+
+
+def queue_bound(breakdown: LatencyBreakdown | None, step_ms: float | None) -> bool:
+    """Closed loop: were more users waiting than the server runs at once, their time to
+    first token the queue's? ``overload_warning``'s judgement for a loop whose sends follow
+    its answers, whose queue therefore cannot grow through the run (it holds the users
+    past the server's capacity, and every request waits there): the wait in the server's
+    queue (the gateway's too, behind one) made the time to first token at least
+    ``LATENCY_GROWTH`` times what the rest of it took, as an open loop's last requests
+    must show over its first, and it lasted ``PLACE_WAIT_STEPS`` decode steps
+    (``step_ms``: the TPOT) or more: a wait for a place in the batch, not the few steps
+    an in-capacity loop waits too (the front end's milliseconds, the step in flight and
+    the one scheduled ahead), which outweigh a short prompt's prefill. Means of the
+    breakdown's parts; False without them."""
+    b = breakdown
+    if b is None or b.server_queue_ms is None or b.prefill_ms is None or not step_ms:
+        return False
+    queued = b.server_queue_ms.mean + (b.gateway_queue_ms.mean if b.gateway_queue_ms is not None else 0.0)
+    grew = queued + b.prefill_ms.mean >= LATENCY_GROWTH * b.prefill_ms.mean
+    return grew and queued >= PLACE_WAIT_STEPS * step_ms
 
 
 def overload_warning(

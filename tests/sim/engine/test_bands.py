@@ -48,6 +48,9 @@ def test_regimes() -> None:
     assert regime_of(offline=False, closed_loop=True, burst=False) == "closed loop"
     assert regime_of(offline=False, closed_loop=False, burst=True) == "saturated"
     assert regime_of(offline=False, closed_loop=False, burst=False) == "Poisson"
+    # past the engine's capacity, open or closed, the latency is the queue's
+    assert regime_of(offline=False, closed_loop=False, burst=False, overloaded=True) == "saturated"
+    assert regime_of(offline=False, closed_loop=True, burst=False, overloaded=True) == "saturated"
 
 
 def test_the_shipped_bands_were_generated_and_agree_with_validation() -> None:

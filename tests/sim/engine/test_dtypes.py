@@ -85,11 +85,35 @@ def test_a_checkpoint_states_only_simulated_quantizations_as_members() -> None:
     assert [q for q in Quantization if q.is_int4] == [Quantization.AWQ, Quantization.GPTQ]
 
 
-def test_an_explicit_none_runs_an_fp8_checkpoint_unquantized() -> None:
+def test_an_explicit_none_runs_an_unquantized_checkpoint_and_is_refused_for_a_quantized_one() -> None:
+    # vLLM cannot run fp8 weights as bf16: it refuses a --quantization the checkpoint contradicts
     fp8 = Engine(EngineConfig(model="neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8", max_model_len=4096))
-    bf16 = Engine(EngineConfig(model="neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8", quantization="bf16", max_model_len=4096))
+    bf16 = Engine(EngineConfig(model="meta-llama/Meta-Llama-3.1-8B-Instruct", quantization="bf16", max_model_len=4096))
     assert fp8.config.quantization is Quantization.FP8 and bf16.config.quantization is Quantization.NONE
     assert bf16.sizes.weight_bytes > fp8.sizes.weight_bytes
+    with pytest.raises(UsageError, match=r"--quantization none contradicts the checkpoint's own quantization \(fp8\)"):
+        Engine(EngineConfig(model="neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8", quantization="bf16", max_model_len=4096))
+
+
+@pytest.mark.parametrize("flag", ["none", "fp8", "gptq", "int8"])
+def test_a_quantization_flag_that_contradicts_a_checkpoint_name_is_refused_with_exit_2(flag: str) -> None:
+    # vLLM: "Quantization method specified in the model config (awq) does not match the
+    # quantization method specified in the `quantization` argument (fp8)"
+    out = CliRunner().invoke(sim, ["run", "--model", "Qwen/Qwen2.5-7B-Instruct-AWQ", "--quantization", flag, "-n", "1"])
+    assert out.exit_code == 2, out.output
+    line = f"--quantization {flag} contradicts the checkpoint's own quantization (awq)"
+    assert line in out.output and out.output.strip().count("\n") == 0
+
+
+def test_the_names_vllm_lets_through_for_a_checkpoint_run_as_it_is_quantized() -> None:
+    # awq_marlin for an AWQ checkpoint, gptq_marlin for an 8-bit GPTQ one (vLLM's kernel for it)
+    awq = Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct-AWQ", quantization="awq_marlin", max_model_len=4096))
+    assert awq.config.quantization is Quantization.AWQ
+    int8 = Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct-GPTQ-Int8", quantization="gptq_marlin", max_model_len=4096))
+    assert int8.config.quantization is Quantization.W8A16
+    # an unquantized checkpoint may be run (or modelled) quantized: vLLM quantizes fp8 online
+    online = Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", quantization="fp8", max_model_len=4096))
+    assert online.config.quantization is Quantization.FP8
 
 
 def test_the_cli_reads_flags_by_their_aliases_and_refuses_others_with_exit_2() -> None:

@@ -290,7 +290,12 @@ def test_a_checkpoint_config_states_its_own_quantization(
            "quantization_config": quantization_config}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert Engine(EngineConfig(model=str(tmp_path))).config.quantization == kind
-    assert Engine(EngineConfig(model=str(tmp_path), quantization="fp8")).config.quantization == "fp8"  # the flag wins
+    # a flag naming the checkpoint's own runs it; one that contradicts it is refused, as vLLM refuses it
+    own = {"w8a16": "gptq"}.get(kind, kind)  # (vLLM's gptq names the format, 8-bit or not)
+    assert Engine(EngineConfig(model=str(tmp_path), quantization=own)).config.quantization == kind
+    other = "awq" if kind != "awq" else "fp8"
+    with pytest.raises(UsageError, match=f"--quantization {other} contradicts the checkpoint's own quantization \\({kind}\\)"):
+        Engine(EngineConfig(model=str(tmp_path), quantization=other))
 
 
 def test_a_checkpoint_quantized_another_way_says_so(tmp_path: Path) -> None:
@@ -509,8 +514,8 @@ def test_a_quantized_checkpoint_name_is_simulated_quantized() -> None:
     plain = Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct", max_model_len=4096))
     assert named.config.quantization == "awq" and plain.config.quantization is None
     assert named.kv_capacity_tokens > plain.kv_capacity_tokens  # int4 weights leave more room
-    explicit = Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct-AWQ", quantization="gptq", max_model_len=4096))
-    assert explicit.config.quantization == "gptq"
+    with pytest.raises(UsageError, match=r"--quantization gptq contradicts the checkpoint's own quantization \(awq\)"):
+        Engine(EngineConfig(model="Qwen/Qwen2.5-7B-Instruct-AWQ", quantization="gptq", max_model_len=4096))
 
 
 def test_a_gpu_file_that_is_not_there_is_called_missing_and_the_names_are_listed() -> None:
@@ -596,3 +601,42 @@ def test_geforce_cards_all_reduce_through_host_memory(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps({**twin, "peer_to_peer": "no"}))
     with pytest.raises(UsageError, match="peer_to_peer"):
         resolve_gpu(str(tmp_path / "bad.json"))
+
+
+def test_a_presets_memory_is_the_total_the_card_reports_with_its_source() -> None:
+    """nvidia-smi's memory.total, not the datasheet's GB read as GiB: an L40S ("48GB")
+    reports 46,068 MiB, an H100 ("80GB") 81,559 MiB; an A100 80GB does report 80 GiB."""
+    from inferlab.sim.engine.hardware import gpu_memory_source, gpu_presets
+
+    gib = 2**30
+    assert 44.9 * gib < resolve_gpu("L40S").hbm_bytes < 45 * gib
+    assert 79.6 * gib < resolve_gpu("H100").hbm_bytes < 79.7 * gib
+    assert resolve_gpu("A100").hbm_bytes == 80 * gib
+    assert resolve_gpu("L4").hbm_bytes < 22.5 * gib and resolve_gpu("A10").hbm_bytes < 22.5 * gib
+    sourced = [name for name in gpu_presets() if gpu_memory_source(name) is not None]
+    assert {"L40S-48GB", "H100-SXM-80GB", "H200-SXM-141GB", "RTX-4090-24GB", "B200-180GB"} <= set(sourced)
+    assert all("https://" in str(gpu_memory_source(name)) for name in sourced)
+
+
+def test_a_gpu_file_reads_hbm_gb_as_gib_and_memory_mib_as_reported(tmp_path: Path) -> None:
+    spec = {"bf16_dense_tflops": 362, "hbm_gb": 48, "hbm_bw_tbs": 0.864}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(spec))
+    assert resolve_gpu(str(old)).hbm_bytes == 48 * 2**30  # (files written before memory_mib: as they ran)
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps({**spec, "memory_mib": 46068}))
+    assert resolve_gpu(str(new)).hbm_bytes == 46068 * 2**20
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**spec, "memory_mib": 0}))
+    with pytest.raises(UsageError, match="memory_mib must be a number above 0"):
+        resolve_gpu(str(bad))
+
+
+def test_an_l40s_holds_fewer_kv_blocks_than_48_gib_would(tmp_path: Path) -> None:
+    from inferlab.sim.engine.engine import Engine, EngineConfig
+
+    as_48 = tmp_path / "l40s-48gib.json"
+    as_48.write_text(json.dumps({"name": "L40S-48GB", "bf16_dense_tflops": 362.05, "fp8_dense_tflops": 733,
+                                 "hbm_gb": 48, "hbm_bw_tbs": 0.864}))
+    l40s = Engine(EngineConfig(gpu="L40S", max_model_len=4096))
+    assert l40s.kv_capacity_tokens < 0.9 * Engine(EngineConfig(gpu=str(as_48), max_model_len=4096)).kv_capacity_tokens

@@ -413,14 +413,19 @@ def error_band(
 
 def regime_of(*, offline: bool, closed_loop: bool, burst: bool, overloaded: bool = False) -> str:
     """The regime a run falls in: no API server (offline), N users in a closed loop, every
-    request at once (saturated), or arrivals at a rate (Poisson, constant, replay). Arrivals
-    at a rate past the engine's capacity (``overloaded``: queues grew through the run) are
-    saturated too: their latency is the queue's, which no in-capacity Poisson row measured."""
+    request at once (saturated), or arrivals at a rate (Poisson, constant, replay). A load
+    past the engine's capacity (``overloaded``: an open loop's queues grew through the run,
+    ``results.summary.overload_warning``; a closed loop's users waited in the server's
+    queue for most of their time to first token, ``results.summary.queue_bound``) is
+    saturated too: its latency is the queue's, which no in-capacity Poisson or closed-loop
+    row measured."""
     if offline:
         return OFFLINE
+    if overloaded:
+        return SATURATED
     if closed_loop:
         return CLOSED
-    return SATURATED if burst or overloaded else POISSON
+    return SATURATED if burst else POISSON
 
 
 # summary metric -> metric class and the statistic shown (the p50s the headline shows)

@@ -229,18 +229,32 @@ def _check_kv_cache_flags(config: EngineConfig, rules: FamilyRules) -> None:
 
 def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> EngineConfig:
     """``config`` with the quantization vLLM would run: the flag's, else the checkpoint's
-    (its config, or a name ending -AWQ, -FP8, ...)."""
+    (its config, or a name ending -AWQ, -FP8, ...).
+
+    A flag that contradicts a checkpoint's known quantization is refused, as vLLM refuses
+    it ("Quantization method specified in the model config (awq) does not match the
+    quantization method specified in the `quantization` argument (fp8)"): it cannot run
+    AWQ weights as bf16 or fp8. The names vLLM lets through are the checkpoint's own
+    method and its kernels' (``awq_marlin`` for AWQ, ``gptq_marlin``/``marlin`` for GPTQ,
+    either bit width), which ``Quantization.parse`` reads as the same member. A checkpoint
+    whose quantization is not simulated may still be modelled as one that is."""
+    stated = model.quantization or quantization_from_name(config.model)
     if config.quantization is None:
         if model.unsimulated_quantization is not None:
             raise UsageError(
                 f"{config.model}: the checkpoint's quantization {model.unsimulated_quantization!r} is not simulated; "
                 f"give --quantization {'|'.join(SIMULATED_QUANTIZATIONS)} to model it as one of those"
             )
-        return dataclasses.replace(config, quantization=model.quantization or quantization_from_name(config.model))
-    if config.quantization is Quantization.GPTQ and Quantization.W8A16 in (
-        model.quantization, quantization_from_name(config.model)
-    ):  # vLLM's gptq/gptq_marlin name a format; the checkpoint says 8 bits
+        return dataclasses.replace(config, quantization=stated)
+    if config.quantization is Quantization.GPTQ and stated is Quantization.W8A16:
+        # vLLM's gptq/gptq_marlin name a format; the checkpoint says 8 bits
         return dataclasses.replace(config, quantization=Quantization.W8A16)
+    if stated is not None and config.quantization is not stated:
+        raise UsageError(
+            f"{config.model}: --quantization {config.quantization.value} contradicts the checkpoint's own quantization "
+            f"({stated.value}), which vLLM refuses at start-up; leave --quantization out to run the checkpoint as it is "
+            "quantized, or name an unquantized checkpoint to model another precision"
+        )
     return config
 
 

@@ -398,6 +398,14 @@ def gpu_presets() -> dict[str, list[str]]:
     return out
 
 
+def gpu_memory_source(preset: str) -> str | None:
+    """Where a preset GPU's memory comes from (its ``memory_source``): the published
+    nvidia-smi output its ``memory_mib`` was read from; None where none was found and
+    its datasheet's GB are read as GiB (``hbm_gb``)."""
+    source = _presets()["gpus"][preset].get("memory_source")
+    return None if source is None else str(source)
+
+
 def gpu_names() -> list[str]:
     """Short GPU names followed by preset names."""
     return ["H100", "H200", "A100", "L40S", "RTX4090", *_presets()["gpus"]]
@@ -456,6 +464,18 @@ def _flag(key: str, value: object) -> bool:
     return value
 
 
+def _device_memory_bytes(d: dict[str, Any]) -> float:
+    """The device memory a spec states: ``memory_mib``, the total nvidia-smi reports
+    (``memory.total``, MiB), where given; else ``hbm_gb`` read as GiB. A datasheet's
+    "48GB" is neither: an L40S reports 46,068 MiB (44.99 GiB), an H100 81,559 MiB
+    (79.65 GiB), an A100 80GB 81,920 MiB (80 GiB), so the presets state ``memory_mib``
+    from published nvidia-smi output (``memory_source``) and keep ``hbm_gb`` as the
+    datasheet's figure."""
+    if "memory_mib" in d:
+        return _positive("memory_mib", d["memory_mib"]) * 2**20
+    return float(d["hbm_gb"]) * _GIB
+
+
 def _gpu_from_dict(name: str, d: dict[str, Any], source: str | None = None) -> GpuSpec:
     """``source``: the file ``d`` came from, named in the ``UsageError`` if it is unusable."""
     try:
@@ -466,8 +486,7 @@ def _gpu_from_dict(name: str, d: dict[str, Any], source: str | None = None) -> G
             bf16_flops_per_s=bf16 * 1e12,
             fp8_flops_per_s=float(fp8) * 1e12 if fp8 else None,
             int8_ops_per_s=float(d.get("int8_dense_tops") or 2 * bf16) * 1e12,
-            # Marketing "80GB" is close to 80 GiB of device memory (what CUDA reports).
-            hbm_bytes=float(d["hbm_gb"]) * _GIB,
+            hbm_bytes=_device_memory_bytes(d),
             hbm_bytes_per_s=float(d["hbm_bw_tbs"]) * 1e12,
             bus_bytes_per_s=float(d.get("bus_bw_gbs") or _BUS_GBS.get(name, _DEFAULT_BUS_GBS))
             * 1e9,
@@ -538,7 +557,9 @@ def resolve_gpu(name: str) -> GpuSpec:
     a name as sources and tools write it (``A100-SXM4-80GB``, ``NVIDIA H100 80GB HBM3``).
 
     A custom file has the preset keys (``bf16_dense_tflops``, ``fp8_dense_tflops``,
-    ``int8_dense_tops``, ``hbm_gb``, ``hbm_bw_tbs``) and optionally ``bus_bw_gbs``,
+    ``int8_dense_tops``, ``hbm_gb``, ``hbm_bw_tbs``) and optionally ``memory_mib`` (the
+    device memory nvidia-smi reports, MiB: it wins over ``hbm_gb``, which is read as
+    GiB), ``bus_bw_gbs``,
     ``stream_factor`` (the share of its bandwidth it reaches relative to HBM cards) and
     ``peer_to_peer`` (false for cards whose all-reduce goes through host memory).
     Raises ``UsageError`` for an unknown name or an unusable file.

@@ -298,13 +298,27 @@ def _whole(path: str, what: str, in_order: bool) -> None:
                          "whole anyway, and its rows need not be in send order: drop --trace-in-order")
 
 
+def _not_json_lines(path: str) -> str:
+    """Why a file whose first line is not a JSON object is no JSONL trace: a JSON
+    document written over several lines (a run's summary.json, a config) is valid JSON
+    but not a trace; anything else is not valid JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            json.load(f)
+    except (OSError, ValueError):
+        return f"{path}:1: not valid JSON"
+    return (f"{path}: not a trace: a JSON document over several lines, not one request per line (expected a JSONL "
+            "trace with arrival_s or Mooncake keys, a run's requests.jsonl, a vLLM benchmark result, or an Azure or "
+            "BurstGPT CSV; see --trace-format)")
+
+
 def _detect(path: str, first: str) -> str:
     s = first.strip()
     if s.startswith("{"):
         try:
             keys = set(json.loads(s))
         except ValueError:
-            raise UsageError(f"{path}:1: not valid JSON") from None
+            raise UsageError(_not_json_lines(path)) from None
         if "arrival_s" in keys:
             return "inferlab"
         if {"send_ns", "content_ns"} <= keys:
