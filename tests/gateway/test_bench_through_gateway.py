@@ -61,18 +61,18 @@ async def test_a_run_through_the_gateway_says_how_long_its_queue_held_the_reques
         alone = await _bench(url, tmp_path / "alone", users=1, requests=3)
     q = busy.summary.gateway_queue
     assert not isinstance(q, str) and q.available  # (not OMITTED: a dataclass)
-    assert q.waits == 6 and q.queued is not None and 1 <= q.queued < 6  # (each admitted once; the first at once)
+    assert q.admitted == 6 and q.queued is not None and 1 <= q.queued < 6  # (each admitted once; the first at once)
     assert q.wait is not None and q.queued_mean_ms is not None
     assert 0 < q.wait.mean_ms <= q.queued_mean_ms
     ttft = busy.summary.ttft_ms
     assert ttft is not None and q.wait.mean_ms <= ttft.mean  # (the wait is part of each request's TTFT)
     assert q.refused == {"queue_full": 0, "queue_timeout": 0}
     a = alone.summary.gateway_queue
-    assert not isinstance(a, str) and a.available and (a.waits, a.queued) == (3, 0)
+    assert not isinstance(a, str) and a.available and (a.admitted, a.queued) == (3, 0)
     assert a.wait is not None and a.wait.mean_ms == 0 and a.queued_mean_ms is None
     # summary.json's field, read back; the console's line; compare and report read the run
     d = json.loads((tmp_path / "busy" / "summary.json").read_text())["gateway_queue"]
-    assert d["available"] and d["scope"].startswith("gateway-wide over the run") and d["waits"] == 6
+    assert d["available"] and d["scope"].startswith("gateway-wide over the run") and d["admitted"] == 6
     assert Summary.from_json(json.loads((tmp_path / "busy" / "summary.json").read_text())).gateway_queue == q
     line = _console(busy.summary)
     assert f"gateway queue {q.queued} of 6 admissions waited" in line and "gateway-wide over the run" in line
@@ -82,6 +82,25 @@ async def test_a_run_through_the_gateway_says_how_long_its_queue_held_the_reques
     assert p.returncode == 0 and "in front of vLLM 0.11.0" in " ".join(p.stdout.split()), p.stderr
     p = inferlab("report", str(tmp_path / "busy"), "-o", str(tmp_path / "report.html"))
     assert p.returncode == 0 and (tmp_path / "report.html").exists(), p.stderr
+
+
+async def test_requests_that_timed_out_in_the_queue_are_not_in_the_wait_set_beside_the_ttft(tmp_path: Path) -> None:
+    """A queue timeout (50 ms) far shorter than a request's hold on the one slot (4
+    chunks 50 ms apart): some requests are refused after waiting, never admitted, and
+    have no TTFT. The wait set beside the TTFT mean is the admitted requests' alone (one
+    per completed request); the timed-out ones are named apart, as the failed 503s."""
+    adm = AdmissionConfig(mode="requests", max_requests_in_flight=1, max_tokens_in_flight=None, queue_timeout_s=0.05)
+    async with FakeUpstream(("long",), long_chunks=4, gap_s=0.05, owned_by="vllm") as up, \
+            serving(config(up.url, admission=adm)) as (url, _):
+        result = await _bench(url, tmp_path / "run", users=3, requests=6)
+    counts, q = result.summary.counts, result.summary.gateway_queue
+    assert not isinstance(q, str) and q.available
+    assert counts.completed >= 1 and counts.failed >= 1  # (the first admitted at once; the others waited)
+    assert q.admitted == counts.completed and q.refused["queue_timeout"] == counts.failed
+    assert q.wait is not None and q.wait.count == counts.completed
+    line = _console(result.summary)
+    assert f"refused, not admitted (503): {counts.failed} timed out waiting" in line
+    assert f"of {counts.completed} admissions waited; admitted requests' wait mean" in line
 
 
 async def test_a_run_through_the_gateway_names_the_engine_release_behind_it(tmp_path: Path) -> None:

@@ -818,10 +818,9 @@ class Gateway:
                     tokens, eligible(self.router, left, req.input_tokens, self.health),
                     lambda room: self.router(room, req.prefix, req.input_tokens)))
             except Rejected as e:
+                # (a request that timed out waiting is counted here alone, not in the queue
+                # wait, which is the admitted requests' part of their TTFT)
                 self.metrics.rejections.labels(e.reason, req.key_name).inc()
-                if e.reason == "queue_timeout":  # (it waited, as long as the queue let it)
-                    self.metrics.queue_wait.labels(req.model, req.key_name).observe(
-                        (self.clock.now_ns() - obs.received_ns) / NS_PER_S)
                 obs.fail(ErrorKind.HTTP_STATUS, str(e))
                 obs.record.status = 503
                 return error_response(503, str(e), "ServiceUnavailableError", {**headers, "Retry-After": retry_after(e.retry_after_s)})

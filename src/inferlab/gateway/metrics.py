@@ -167,7 +167,9 @@ class GatewayMetrics:
         self.queue_length = Gauge(
             "inferlab_gateway_queue_length", "Requests waiting for room on an upstream.", registry=r)
         self.queue_wait = Histogram(
-            "inferlab_gateway_queue_wait_seconds", "Time a request waited for room on an upstream.",
+            "inferlab_gateway_queue_wait_seconds", "Time a request waited for room on an upstream before it was "
+            "admitted (one observation per admission; 0: let in at once). A request that timed out waiting is not "
+            "in it: inferlab_gateway_rejections_total{reason=\"queue_timeout\"} counts those.",
             ("gen_ai_request_model", "key"), registry=r, buckets=(0.0, *DURATION_BUCKETS_S))
         self.rejections = Counter(
             "inferlab_gateway_rejections", "Requests refused, by reason.", ("reason", "key"), registry=r)
