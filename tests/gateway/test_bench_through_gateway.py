@@ -114,7 +114,8 @@ async def test_a_run_through_the_gateway_names_the_engine_release_behind_it(tmp_
     assert server.where.startswith(f"inferlab gateway at {url}/v1 in front of vLLM 0.11.0 (1 upstream")
     resolved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]
     assert resolved["gateway"]["upstreams"] == [
-        {"name": f"127.0.0.1:{up.port}", "software": {"name": "vLLM", "version": "0.11.0", "source": "GET /version"}}]
+        {"name": f"127.0.0.1:{up.port}", "software": {"name": "vLLM", "version": "0.11.0", "source": "GET /version"},
+         "answered": True}]
 
 
 async def _setup(url: str) -> dict[str, object]:
@@ -151,3 +152,22 @@ async def test_upstreams_that_differ_are_each_named_and_no_release_is_made_up() 
     for setup in (mixed, partial, same):
         text = json.dumps(setup)
         assert "http://" not in text
+
+
+async def test_an_upstream_that_did_not_answer_is_not_called_one_that_named_nothing() -> None:
+    """Beside a vLLM, one upstream answers but names no software bench knows, another is
+    down (its port closed): the setup says which answered, and the summary's words
+    tell "an unidentified server" from "an upstream that did not answer"."""
+    from inferlab.results.provenance import describe_behind_gateway
+
+    async with FakeUpstream(("ok",)) as gone:
+        dead = gone.url
+    async with FakeUpstream(("ok",), owned_by="vllm", version="0.11.0") as v, FakeUpstream(("ok",)) as other, \
+            serving(config(v.url, other.url, dead)) as (url, _):
+        setup = await _setup(url)
+    ups = setup["upstreams"]
+    assert isinstance(ups, list)
+    assert [(u["software"] is None, u["answered"]) for u in ups] == [(False, True), (True, True), (True, False)]
+    assert describe_behind_gateway(setup) == (f"vLLM 0.11.0 (127.0.0.1:{v.port}), an unidentified server "
+                                              f"(127.0.0.1:{other.port}), an upstream that did not answer "
+                                              f"({dead.removeprefix('http://')})")

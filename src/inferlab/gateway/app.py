@@ -406,32 +406,43 @@ class Gateway:
         self._authenticate(request)
         setup = self.config.setup()
         found = await asyncio.gather(*(self._software(i) for i in range(len(self.config.upstreams))))
-        for entry, software in zip(setup["upstreams"], found, strict=True):
-            entry["software"] = software
+        for entry, (software, answered) in zip(setup["upstreams"], found, strict=True):
+            entry["software"], entry["answered"] = software, answered
         return web.json_response(setup)
 
-    async def _software(self, i: int) -> dict[str, Any] | None:
+    async def _software(self, i: int) -> tuple[dict[str, Any] | None, bool]:
         """What upstream ``i`` says it is (``client.serverid.identify_server``, as
         ``bench`` identifies a server: ``{"name": "vLLM", "version": "0.11.0" or None,
         "source": "GET /version" or None}``, no URL, no key, no settings), known for
         ``_SOFTWARE_TTL_S`` once it named itself; None where it names none of the
         software ``bench`` knows or did not answer within ``_ENGINE_TIMEOUT_S`` (asked
-        again next time)."""
+        again next time). And whether it answered at all (any HTTP status to
+        ``/v1/models``): None from a server that answered is one that named nothing,
+        from one that did not, a server down."""
         now = self.clock.now_ns()
         known = self._identified.get(i)
         if known is not None and now - known[0] < _SOFTWARE_TTL_S * NS_PER_S:
-            return known[1]
+            return known[1], True
+        said = None
         try:
             async with asyncio.timeout(_ENGINE_TIMEOUT_S):
                 said = await identify_server(self.config.upstreams[i].url + "/v1", self._upstream_headers(i, False),
                                              settings=False)
+                if said is None:
+                    return None, await self._answers(i, "/v1/models")
         except TimeoutError:
-            return None
-        if said is None:
-            return None
+            return None, False
         software = {k: said.get(k) for k in ("name", "version", "source")}
         self._identified[i] = (now, software)
-        return software
+        return software, True
+
+    async def _answers(self, i: int, path: str) -> bool:
+        """Whether upstream ``i`` answers GET ``path`` with any HTTP status."""
+        try:
+            async with self.session.get(self.config.upstreams[i].url + path, headers=self._upstream_headers(i, False)):
+                return True
+        except aiohttp.ClientError:
+            return False
 
     async def _probe(self, i: int, path: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bytes | None:
         """GET ``path`` on upstream ``i``: its body if it answered 200, else None."""
