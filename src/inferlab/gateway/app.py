@@ -356,6 +356,7 @@ class Gateway:
         for i, u in enumerate(self.config.upstreams):
             m.in_flight.labels(u.name).set(a.requests_in_flight[i])
             m.tokens_in_flight.labels(u.name).set(a.tokens_in_flight[i])
+            m.ejected.labels(u.name).set(1 if self.health.ejected(i) else 0)
             if self.shared_admission is not None:
                 m.others_in_flight.labels(u.name).set(a.others_requests[i])
                 m.others_tokens_in_flight.labels(u.name).set(a.others_tokens[i])
@@ -848,7 +849,9 @@ class Gateway:
                 return out
             except Failure as f:
                 failure = f
-                self.metrics.upstream_errors.labels(self.config.upstreams[ticket.upstream].name, f.kind).inc()
+                # (an answer that it cannot take the request is no failure of the upstream: kind "refused")
+                self.metrics.upstream_errors.labels(self.config.upstreams[ticket.upstream].name,
+                                                    f.kind if f.answer is None else "refused").inc()
                 if f.answer is None:
                     self.health.failed(ticket.upstream)
                 elif answered is not None:  # (a second upstream refused it too: the request's, not theirs)
