@@ -113,6 +113,9 @@ STALE_INTERVALS = 3
 ENGINE_LOAD = ("running", "waiting", "kv_usage")
 #: The ``server_address`` of what the response cache answered, in metrics.
 CACHE_ADDRESS = "cache"
+#: Why the gateway refuses a batch of prompts in one request (``read_prompt``).
+_GATEWAY_BATCH = ("not relayed by inferlab gateway (its admission, rate limits and cache count one prompt a request; "
+                  "the engine behind it may take a batch)")
 #: A ``Failure``'s kind, as the access log and metrics record it.
 _FAILURE_KINDS = {"connect": ErrorKind.CONNECT, "status": ErrorKind.HTTP_STATUS, "timeout": ErrorKind.TIMEOUT,
                   "disconnect": ErrorKind.DISCONNECT, "malformed": ErrorKind.MALFORMED}
@@ -467,8 +470,8 @@ class Gateway:
         self._authenticate(request)
         raw = await self._raw(request)
         body = parse_body(raw, request.charset)
-        model = body.get("model")
-        if not isinstance(model, str):
+        model = read_model(body)  # (one that is not a string: 400, not taken for none)
+        if model is None:
             if not self._models:
                 await self._refresh_models()
             if len(self._models) != 1:
@@ -585,6 +588,10 @@ class Gateway:
     async def _raw(self, request: web.Request) -> bytes:
         """The request's body; ``APIError`` 413 over ``max_body_bytes``, 400 if it cannot be read."""
         limit = self.config.max_body_bytes
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):  # (read as sent: a compressed body is no JSON)
+            raise APIError(415, f"Content-Encoding {encoding!r} is not taken: the gateway reads a request body as sent; "
+                           "send it uncompressed", "UnsupportedMediaTypeError")
         if request.content_length is not None and request.content_length > limit:
             raise APIError(413, f"request body is over the gateway's limit of {limit} bytes")
         try:
@@ -601,7 +608,7 @@ class Gateway:
         if api == "chat":
             read_messages(body)
         else:
-            read_prompt(body)
+            read_prompt(body, _GATEWAY_BATCH)
         model = read_model(body)
         if model is None:
             raise APIError(400, "'model' is required", param="model")
@@ -977,7 +984,7 @@ def _load(snap: Snapshot) -> tuple[float, float, float | None] | str:
 async def start(gateway: Gateway, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve ``gateway`` on ``host:port`` (0: a free port); the runner and the bound port.
     A client that disconnects cancels its request, and so the upstream's. The body is
-    read as sent (no decompression: a compressed body is not JSON, so a 400). If it
+    read as sent (no decompression: a body with a ``Content-Encoding`` is refused, 415). If it
     cannot listen (``OSError``), what the start opened is closed again and no access log
     is written."""
     runner = web.AppRunner(gateway.app, access_log=None, handle_signals=False, handler_cancellation=True,

@@ -141,6 +141,11 @@ def _unnamed(upstream: Mapping[str, Any]) -> str:
     return "an upstream that did not answer" if upstream.get("answered") is False else "an unidentified server"
 
 
+def _units(n: object, noun: str) -> str:
+    """A count of ``noun`` in words: "1 request", "3,500 tokens"."""
+    return f"{_num(n)} {noun}{'' if n == 1 else 's'}"
+
+
 def describe_gateway(setup: object) -> str | None:
     """What ``inferlab gateway`` said of its setup at ``GATEWAY_ROUTE`` (``config.json``'s
     ``resolved.gateway``) in words: "1 upstream, least-outstanding routing, admission by
@@ -156,8 +161,8 @@ def describe_gateway(setup: object) -> str | None:
     adm = setup.get("admission")
     if isinstance(adm, Mapping):
         mode = adm.get("mode")
-        limit = {"tokens": f"{_num(adm.get('max_tokens_in_flight'))} tokens",
-                 "requests": f"{_num(adm.get('max_requests_in_flight'))} requests"}.get(str(mode))
+        limit = {"tokens": _units(adm.get("max_tokens_in_flight"), "token"),
+                 "requests": _units(adm.get("max_requests_in_flight"), "request")}.get(str(mode))
         parts.append(f"admission by {mode} ({limit} per upstream, prompts counted by {adm.get('tokenizer', '?')})"
                      if limit else f"admission {mode}")
     cache = setup.get("cache")
