@@ -76,6 +76,8 @@ async def test_a_run_through_the_gateway_says_how_long_its_queue_held_the_reques
     assert Summary.from_json(json.loads((tmp_path / "busy" / "summary.json").read_text())).gateway_queue == q
     line = _console(busy.summary)
     assert f"gateway queue {q.queued} of 6 admissions waited" in line and "gateway-wide over the run" in line
+    # (the client's own lag behind its schedule, above it, is not read as the gateway's queue)
+    assert "Client send lag" in line and "Queue delay" not in line
     reason = json.loads((tmp_path / "busy" / "summary.json").read_text())["server_metrics"]["reason"]
     assert "inferlab gateway's own metrics" in reason and "gateway_queue" in reason
     p = inferlab("compare", str(tmp_path / "busy"), str(tmp_path / "alone"))

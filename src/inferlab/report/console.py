@@ -23,7 +23,7 @@ _ROWS = (
     ("ITL", "itl_ms", "ms"),
     ("E2E", "e2e_ms", "ms"),
     ("Decode speed", "decode_tps", "tok/s"),
-    ("Queue delay", "queue_delay_ms", "ms"),
+    ("Client send lag", "queue_delay_ms", "ms"),
 )
 
 
