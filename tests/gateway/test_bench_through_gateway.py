@@ -117,7 +117,7 @@ async def test_a_run_through_the_gateway_names_the_engine_release_behind_it(tmp_
     resolved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]
     assert resolved["gateway"]["upstreams"] == [
         {"name": f"127.0.0.1:{up.port}", "software": {"name": "vLLM", "version": "0.11.0", "source": "GET /version"},
-         "answered": True}]
+         "answered": True, "max_model_len": {}}]
 
 
 async def _setup(url: str) -> dict[str, object]:
@@ -173,3 +173,22 @@ async def test_an_upstream_that_did_not_answer_is_not_called_one_that_named_noth
     assert describe_behind_gateway(setup) == (f"vLLM 0.11.0 (127.0.0.1:{v.port}), an unidentified server "
                                               f"(127.0.0.1:{other.port}), an upstream that did not answer "
                                               f"({dead.removeprefix('http://')})")
+
+
+async def test_the_gateway_states_the_context_a_request_has_through_it() -> None:
+    """Two llama.cpp upstreams (their slot contexts in /props, none in /v1/models): the
+    gateway's card and setup state the larger (a prompt over it every upstream refuses),
+    its setup each upstream's own; beside an upstream that states none, nothing."""
+    async with FakeUpstream(("ok",), owned_by="llamacpp", n_ctx=2048) as small, \
+            FakeUpstream(("ok",), owned_by="llamacpp", n_ctx=4096) as large, FakeUpstream(("ok",)) as silent:
+        async with serving(config(small.url, large.url)) as (url, _), aiohttp.ClientSession() as s:
+            async with s.get(url + "/v1/models") as resp:
+                (card,) = (await resp.json())["data"]
+            setup = await _setup(url)
+        async with serving(config(small.url, silent.url)) as (url, _), aiohttp.ClientSession() as s:
+            async with s.get(url + "/v1/models") as resp:
+                (unknown,) = (await resp.json())["data"]
+            partial = await _setup(url)
+    assert card["max_model_len"] == 4096 and setup["max_model_len"] == {"ok": 4096}
+    assert [u["max_model_len"] for u in setup["upstreams"]] == [{"ok": 2048}, {"ok": 4096}]  # type: ignore[index, union-attr]
+    assert "max_model_len" not in unknown and partial["max_model_len"] == {}

@@ -74,7 +74,8 @@ async def test_a_request_without_a_valid_key_gets_401(headers: dict[str, str], s
         assert ans.status == status
         if status == 401:
             assert ans.json()["error"]["type"] == "AuthenticationError"
-            assert not [r for r in up.seen if r["path"] not in ("/v1/models", "/metrics")]  # (the gateway's own reads)
+            # (the gateway's own reads: models, load, a slot's context)
+            assert not [r for r in up.seen if r["path"] not in ("/v1/models", "/metrics", "/props")]
         models = await post(s, url, b"", headers, path="/v1/models")  # (POST: not a route)
         assert models.status == 405
     assert ALICE not in caplog.text and "sk-wrong" not in caplog.text
@@ -124,7 +125,7 @@ async def test_the_path_and_host_the_client_sends_choose_no_destination() -> Non
             writer.close()
             assert not reply.startswith(b"HTTP/1.1 5"), (head, reply[:200])
         assert bystander.seen == []
-        assert all(r["path"] in ("/v1/models", "/v1/chat/completions", "/health", "/metrics") for r in up.seen)
+        assert all(r["path"] in ("/v1/models", "/v1/chat/completions", "/health", "/metrics", "/props") for r in up.seen)
 
 
 @pytest.mark.parametrize("stack", ["httptools", "aiohttp"])

@@ -48,7 +48,7 @@ from inferlab._errors import RunFailedError
 from inferlab._serverlog import quiet_server_logger
 from inferlab.client.metrics import TIMEOUT_S as METRICS_TIMEOUT_S
 from inferlab.client.metrics import scrape
-from inferlab.client.serverid import identify_server
+from inferlab.client.serverid import identify_server, llamacpp_settings
 from inferlab.gateway.admission import Admission, Rejected, Ticket
 from inferlab.gateway.cache import CACHE_HEADER, Entry, ResponseCache, cache_key, cacheable
 from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
@@ -410,9 +410,19 @@ class Gateway:
         self._authenticate(request)
         setup = self.config.setup()
         found = await asyncio.gather(*(self._software(i) for i in range(len(self.config.upstreams))))
-        for entry, (software, answered) in zip(setup["upstreams"], found, strict=True):
+        for i, (entry, (software, answered)) in enumerate(zip(setup["upstreams"], found, strict=True)):
             entry["software"], entry["answered"] = software, answered
+            entry["max_model_len"] = {m: c for (m, u), c in self._context.items() if u == i}
+        setup["max_model_len"] = {m: c for m in self._models if (c := self._model_context(m)) is not None}
         return web.json_response(setup)
+
+    def _model_context(self, model: str) -> int | None:
+        """The context a request for ``model`` has through the gateway: the largest any
+        upstream serving it states (a prompt over it is refused by every one of them,
+        and by the gateway: ``_check_context``); None unless every one states its own."""
+        known = [self._context.get((model, i)) for i in self._models.get(model, ())]
+        stated = [c for c in known if c is not None]
+        return max(stated) if stated and len(stated) == len(known) else None
 
     async def _software(self, i: int) -> tuple[dict[str, Any] | None, bool]:
         """What upstream ``i`` says it is (``client.serverid.identify_server``, as
@@ -493,9 +503,16 @@ class Gateway:
             raise APIError(502, f"upstream {up.name}: {describe(e)}", "BadGatewayError") from None
 
     async def _list_models(self, request: web.Request) -> web.Response:
+        """The upstreams' models, merged: each model's card as its first upstream listed
+        it, with ``max_model_len`` the context it has through the gateway
+        (``_model_context``), where every upstream serving it states one."""
         self._authenticate(request)
         await self._refresh_models()
-        return web.json_response({"object": "list", "data": list(self._model_objects.values())})
+        cards = []
+        for model, card in self._model_objects.items():
+            context = self._model_context(model)
+            cards.append(card if context is None else {**card, "max_model_len": context})
+        return web.json_response({"object": "list", "data": cards})
 
     async def _refresh_models(self) -> None:
         """Ask every upstream for its models; an upstream that does not answer keeps what
@@ -512,13 +529,32 @@ class Gateway:
             if not isinstance(data, list):
                 continue
             self._listed.add(i)
+            listed = []
             for obj in data:
                 if isinstance(obj, dict) and isinstance(obj.get("id"), str):
+                    listed.append(obj["id"])
                     self._models.setdefault(obj["id"], set()).add(i)
                     self._model_objects.setdefault(obj["id"], obj)
                     context = obj.get("max_model_len")
                     if isinstance(context, int) and not isinstance(context, bool) and context > 0:
                         self._context[(obj["id"], i)] = context
+            if listed and not any((m, i) in self._context for m in listed):
+                await self._slot_context(i, listed)
+
+    async def _slot_context(self, i: int, models: list[str]) -> None:
+        """llama.cpp states no context in ``/v1/models``: a request has its slot's
+        (``/props``' ``n_ctx``, as ``bench`` reads it straight at the engine:
+        ``client.serverid.llamacpp_settings``), recorded for the models upstream ``i``
+        lists. Nothing from an upstream without the route."""
+        raw = await self._probe(i, "/props", _ENGINE_TIMEOUT_S)
+        try:
+            props = json.loads(raw) if raw is not None else None
+        except ValueError:
+            return
+        context = llamacpp_settings(props).get("max_model_len")
+        if context is not None:
+            for m in models:
+                self._context[(m, i)] = context
 
     async def _candidates(self, model: str) -> list[int]:
         """The upstreams serving ``model``; ``APIError`` 404 if every upstream listed its
