@@ -192,3 +192,32 @@ async def test_the_gateway_states_the_context_a_request_has_through_it() -> None
     assert card["max_model_len"] == 4096 and setup["max_model_len"] == {"ok": 4096}
     assert [u["max_model_len"] for u in setup["upstreams"]] == [{"ok": 2048}, {"ok": 4096}]  # type: ignore[index, union-attr]
     assert "max_model_len" not in unknown and partial["max_model_len"] == {}
+
+
+async def test_compare_names_the_gateway_one_run_went_through_and_its_setup(tmp_path: Path) -> None:
+    """The same load straight at an upstream, through a gateway over it, and through one
+    over two upstreams admitting by requests: compare names the gateway as a server
+    difference (there or not; its setup), and warns that one run's TTFT includes it."""
+    adm = AdmissionConfig(mode="requests", max_requests_in_flight=1, max_tokens_in_flight=None)
+    async with FakeUpstream(("ok",), owned_by="vllm") as a, FakeUpstream(("ok",), owned_by="vllm") as b:
+        await _bench(a.url, tmp_path / "direct", users=1, requests=2)
+        async with serving(config(a.url)) as (url, _):
+            await _bench(url, tmp_path / "one", users=1, requests=2)
+        async with serving(config(a.url, b.url, admission=adm)) as (url, _):
+            await _bench(url, tmp_path / "two", users=1, requests=2)
+    p = inferlab("compare", str(tmp_path / "direct"), str(tmp_path / "one"), str(tmp_path / "two"), "--json")
+    assert p.returncode == 0, p.stderr
+    one, two = json.loads(p.stdout)["comparisons"]
+    assert [(d["setting"], d["a"]) for d in one["engine_differences"]] == [("resolved.gateway", "no gateway")]
+    assert one["engine_differences"][0]["b"].startswith("inferlab gateway (1 upstream")
+    assert "one went through inferlab gateway and direct did not" in p.stderr
+    p = inferlab("compare", str(tmp_path / "one"), str(tmp_path / "two"), "--json")
+    (two,) = json.loads(p.stdout)["comparisons"]
+    changed = {d["setting"]: (d["a"], d["b"]) for d in two["engine_differences"]}
+    assert changed["resolved.gateway.upstreams"] == (1, 2)
+    assert changed["resolved.gateway.admission.mode"] == ("tokens", "requests")
+    assert "went through inferlab gateway" not in p.stderr  # (both did)
+    p = inferlab("compare", str(tmp_path / "direct"), str(tmp_path / "one"))
+    text = " ".join(p.stdout.split())
+    assert "warning: one went through inferlab gateway and direct did not" in text
+    assert "one's server differs from direct's" in text
