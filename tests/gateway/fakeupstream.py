@@ -13,7 +13,8 @@ with an OpenAI error body (``IMAGE_REFUSAL``).
 
 ``/metrics`` answers ``metrics_page`` (a Prometheus page, or any text) when it is set,
 else 404; ``/version`` ``{"version": version}`` and ``/props`` ``{"build_info":
-build_info}`` where set (vLLM's and llama.cpp's release routes), else 404.
+build_info}`` where set (vLLM's and llama.cpp's release routes; ``/props`` with a slot's
+context, ``default_generation_settings.n_ctx``, where ``n_ctx`` is set), else 404.
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ IMAGE_REFUSAL = {"error": {"code": 500, "message": "image input is not supported
 class FakeUpstream:
     def __init__(self, models: tuple[str, ...] = MODELS, long_chunks: int = 400, gap_s: float = 0.01,
                  owned_by: str | None = None, refuses_images: bool = False, version: str | None = None,
-                 build_info: str | None = None) -> None:
+                 build_info: str | None = None, n_ctx: int | None = None) -> None:
         self.models = models
         self.refuses_images = refuses_images
         self.version = version
         self.build_info = build_info
+        self.n_ctx = n_ctx  # (a slot's context in /props, as llama.cpp states it)
         self.owned_by = owned_by  # (its model cards' owner, as an engine names itself there)
         self.long_chunks = long_chunks
         self.gap_s = gap_s
@@ -72,8 +74,9 @@ class FakeUpstream:
             return web.Response(text=self.metrics_page)
         if request.path == "/version" and self.version is not None:
             return web.json_response({"version": self.version})
-        if request.path == "/props" and self.build_info is not None:
-            return web.json_response({"build_info": self.build_info})
+        if request.path == "/props" and (self.build_info is not None or self.n_ctx is not None):
+            return web.json_response({**({"build_info": self.build_info} if self.build_info else {}),
+                                      **({"default_generation_settings": {"n_ctx": self.n_ctx}} if self.n_ctx else {})})
         if request.path not in ("/v1/chat/completions", "/v1/completions"):
             return web.json_response(error_body(404, "no such route", "NotFoundError"), status=404)
         self.in_flight += 1

@@ -44,10 +44,13 @@ def test_an_access_log_folder_with_a_run_names_the_setting(tmp_path: Path) -> No
 
 
 def test_the_start_line_says_how_prompts_are_counted(tmp_path: Path) -> None:
-    for tokenizer, said in (("upstream", "prompts counted by each upstream's /tokenize"),
-                            ("estimate", "prompts counted by 4 characters a token")):
+    one = '[[keys]]\nname = "a"\nkey = "sk-a"\n'  # (one key, one request in flight: singular words)
+    for tokenizer, said, more in (("upstream", "prompts counted by each upstream's /tokenize", ""),
+                                  ("estimate", "admission requests (1 request per upstream; prompts counted by 4 "
+                                   "characters a token); 1 client key;",
+                                   'mode = "requests"\nmax_requests_in_flight = 1\n' + one)):
         config = tmp_path / f"{tokenizer}.toml"
-        config.write_text(f'[admission]\ntokenizer = "{tokenizer}"\n')
+        config.write_text(f'[admission]\ntokenizer = "{tokenizer}"\n' + more)
         p = subprocess.Popen([sys.executable, "-m", "inferlab", "gateway", "--upstream", "http://127.0.0.1:9",
                               "--port", "0", "--announce", "--config", str(config)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

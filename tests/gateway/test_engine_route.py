@@ -222,10 +222,11 @@ async def test_a_run_through_the_gateway_to_any_engine_says_the_gateway_was_ther
     assert result.summary.server.where == f"inferlab gateway at {url}/v1 in front of llama.cpp ({setup})"
     resolved = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]
     assert {k: v for k, v in resolved["gateway"].items() if k != "upstreams"} == {
-        k: v for k, v in config.setup().items() if k != "upstreams"} and resolved["engine"] is None
+        **{k: v for k, v in config.setup().items() if k != "upstreams"}, "max_model_len": {}} and resolved["engine"] is None
     # (no URL, no key; the software the upstream said it is: llama.cpp, its /props not answered)
     assert resolved["gateway"]["upstreams"] == [
-        {"name": f"127.0.0.1:{up.port}", "software": {"name": "llama.cpp", "version": None, "source": None}}]
+        {"name": f"127.0.0.1:{up.port}", "software": {"name": "llama.cpp", "version": None, "source": None},
+             "answered": True, "max_model_len": {}}]
     reason = json.loads((tmp_path / "run" / "summary.json").read_text())["server_metrics"]["reason"]
     assert "inferlab gateway's own metrics (inferlab_gateway_*" in reason
     p = inferlab("compare", str(tmp_path / "run"), str(tmp_path / "run"))

@@ -4,6 +4,7 @@ passes, what is refused, and that nothing reaches an address it was not configur
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 from collections.abc import Callable
@@ -73,7 +74,8 @@ async def test_a_request_without_a_valid_key_gets_401(headers: dict[str, str], s
         assert ans.status == status
         if status == 401:
             assert ans.json()["error"]["type"] == "AuthenticationError"
-            assert not [r for r in up.seen if r["path"] not in ("/v1/models", "/metrics")]  # (the gateway's own reads)
+            # (the gateway's own reads: models, load, a slot's context)
+            assert not [r for r in up.seen if r["path"] not in ("/v1/models", "/metrics", "/props")]
         models = await post(s, url, b"", headers, path="/v1/models")  # (POST: not a route)
         assert models.status == 405
     assert ALICE not in caplog.text and "sk-wrong" not in caplog.text
@@ -123,7 +125,7 @@ async def test_the_path_and_host_the_client_sends_choose_no_destination() -> Non
             writer.close()
             assert not reply.startswith(b"HTTP/1.1 5"), (head, reply[:200])
         assert bystander.seen == []
-        assert all(r["path"] in ("/v1/models", "/v1/chat/completions", "/health", "/metrics") for r in up.seen)
+        assert all(r["path"] in ("/v1/models", "/v1/chat/completions", "/health", "/metrics", "/props") for r in up.seen)
 
 
 @pytest.mark.parametrize("stack", ["httptools", "aiohttp"])
@@ -219,10 +221,11 @@ async def test_a_full_queue_answers_503_with_retry_after() -> None:
         assert (await first).status == 200
 
 
-async def test_the_queue_wait_histogram_counts_a_request_that_timed_out_waiting() -> None:
+async def test_the_queue_wait_histogram_counts_admissions_only() -> None:
     """One long stream (2 s) holds the only slot; a second request waits its 0.5 s in the
-    queue and is refused (503). Both waited: the histogram has both, the second's wait at least
-    the timeout; a third, refused at a full queue, waited for nothing and is not in it."""
+    queue and is refused (503); a third is refused at a full queue. Neither was admitted:
+    the wait histogram (the admitted requests' part of their TTFT) holds the first alone,
+    and the refusals count the other two, by reason."""
     from gateway_helpers import metrics, total
 
     adm = AdmissionConfig(mode="requests", max_requests_in_flight=1, queue_max=1, queue_timeout_s=0.5)
@@ -236,8 +239,28 @@ async def test_the_queue_wait_histogram_counts_a_request_that_timed_out_waiting(
         assert full.status == 503 and (await waiting).status == 503
         assert (await first).status == 200
         m = await metrics(s, url)
-    assert total(m, "inferlab_gateway_queue_wait_seconds_count") == 2
-    assert total(m, "inferlab_gateway_queue_wait_seconds_sum") >= 0.5
+    assert total(m, "inferlab_gateway_queue_wait_seconds_count") == 1
+    assert total(m, "inferlab_gateway_queue_wait_seconds_sum") == 0  # (the first, let in at once)
+    assert total(m, "inferlab_gateway_rejections_total", reason="queue_timeout") == 1
+    assert total(m, "inferlab_gateway_rejections_total", reason="queue_full") == 1
+
+
+async def test_what_the_gateway_does_not_take_is_refused_in_its_own_words() -> None:
+    """A gzip body: 415 naming the encoding (not "not valid JSON"); a batch of prompts:
+    400 naming the gateway, not the simulator; /tokenize with a model that is no string:
+    400, not relayed as if it had none."""
+    async with FakeUpstream() as up, serving(config(up.url)) as (url, _), aiohttp.ClientSession() as s:
+        raw = gzip.compress(json.dumps(chat_body("ok")).encode())
+        ans = await post(s, url, raw, {**AUTH, "Content-Encoding": "gzip", "Content-Type": "application/json"})
+        assert ans.status == 415 and "Content-Encoding 'gzip'" in ans.json()["error"]["message"]
+        batch = {"model": "ok", "prompt": ["one", "two"], "max_tokens": 4}
+        ans = await post(s, url, batch, AUTH, path="/v1/completions")
+        message = ans.json()["error"]["message"]
+        assert ans.status == 400 and "not relayed by inferlab gateway" in message and "simulated" not in message
+        for model in (5, ["a"]):
+            ans = await post(s, url, {"model": model, "prompt": "hi"}, AUTH, path="/tokenize")
+            assert ans.status == 400 and ans.json()["error"]["param"] == "model"
+        assert not [r for r in up.seen if r["path"] in ("/tokenize", "/v1/chat/completions", "/v1/completions")]
 
 
 async def test_a_stream_longer_than_its_reservation_holds_more_room_until_it_ends() -> None:

@@ -11,7 +11,7 @@ import json
 import aiohttp
 import pytest
 from fakeupstream import IMAGE_REFUSAL, FakeUpstream
-from gateway_helpers import chat_body, post, serving
+from gateway_helpers import chat_body, metrics, post, serving, total
 
 from inferlab.gateway.config import CacheConfig, GatewayConfig, UpstreamConfig
 from inferlab.gateway.routing import EJECT_AFTER
@@ -78,6 +78,27 @@ async def test_a_refusal_another_upstream_serves_is_a_success_and_counts_against
             if posts(a) == EJECT_AFTER:
                 break
         assert posts(a) == EJECT_AFTER and gw.health.ejected(0)
+
+
+async def test_refusals_are_counted_as_refused_not_failed_and_the_ejected_upstream_shows_in_metrics() -> None:
+    """The refuser's answers are counted under upstream_errors' kind "refused", none
+    under "status" (they are no failures of it); once another upstream's successes have
+    ejected it, its ejected gauge reads 1 and the other's 0."""
+    async with FakeUpstream(refuses_images=True) as a, FakeUpstream() as b, \
+            serving(config(a.url, b.url, router="round-robin")) as (url, _), aiohttp.ClientSession() as s:
+        first, second = (f"127.0.0.1:{u.port}" for u in (a, b))
+        m = await metrics(s, url)
+        assert total(m, "inferlab_gateway_upstream_ejected", server_address=first) == 0
+        for _ in range(4 * EJECT_AFTER):  # (bounded: round-robin sends every other one to a first)
+            assert (await post(s, url, image_body())).status == 200
+            if posts(a) == EJECT_AFTER:
+                break
+        m = await metrics(s, url)
+    errors = "inferlab_gateway_upstream_errors_total"
+    assert total(m, errors, server_address=first, kind="refused") == posts(a) == EJECT_AFTER
+    assert total(m, errors, kind="status") == 0
+    assert total(m, "inferlab_gateway_upstream_ejected", server_address=first) == 1
+    assert total(m, "inferlab_gateway_upstream_ejected", server_address=second) == 0
 
 
 @pytest.mark.parametrize("body", [b"engine fell over", json.dumps({"error": "engine fell over"}).encode(),

@@ -88,3 +88,24 @@ def test_bench_through_the_gateway_sends_what_it_sends_straight_at_the_engine(si
     p = subprocess.run([sys.executable, "-m", "inferlab", "compare", str(tmp_path / "direct"), str(tmp_path / "gw")],
                        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"})
     assert p.returncode == 0 and "prompt" not in "".join(line for line in p.stdout.splitlines() if line.startswith("warning"))
+
+
+def test_bench_through_the_gateway_refuses_prompts_over_the_context_as_straight_at_the_engine(
+        sim: ChildServer, tmp_path: Path) -> None:
+    """Prompts over the engine's 4,096-token context: bench straight at it refuses the run
+    before sending (exit 2, the context named); through the gateway, which states that
+    context, it refuses the same, where before it sent the requests to fail."""
+    def bench(url: str, out: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "inferlab", "bench", "--url", url, "-n", "2", "-c", "1",
+                               "--input-tokens", "5000", "--output-tokens", "4", "--no-history", "-o", str(out)],
+                              capture_output=True, text=True, timeout=180)
+
+    direct = bench(sim.url, tmp_path / "direct")
+    gw = GatewayProcess(sim.url)
+    try:
+        through = bench(gw.url, tmp_path / "gw")
+    finally:
+        gw.close()
+    assert direct.returncode == through.returncode == 2, through.stderr
+    assert "the server's 4,096-token context" in direct.stderr and "the server's 4,096-token context" in through.stderr
+    assert not (tmp_path / "gw" / "requests.jsonl").exists()

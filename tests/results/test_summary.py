@@ -198,7 +198,7 @@ def _full_summary() -> Summary:
             prefix_cache_hit_rate=0.5, gauges={"running": GaugeStats(1.5, 3.0)},
             histograms={"ttft_ms": HistogramDelta(2, 12.5, 10.0, 20.0, None)}, missing=("prompt_seconds",),
         ),
-        gateway_queue=GatewayQueue(True, waits=3, queued=1, wait=HistogramDelta(3, 4.0, 0.0, 20.0, 20.0),
+        gateway_queue=GatewayQueue(True, admitted=3, queued=1, wait=HistogramDelta(3, 4.0, 0.0, 20.0, 20.0),
                                    queued_mean_ms=12.0, refused={"queue_full": 0, "queue_timeout": 1}),
     )
     config = {"load": {"schedule": {"kind": "OpenLoop"}}, "admission": {"mode": "tokens"}}  # (sim run --admission)

@@ -169,7 +169,7 @@ def test_the_gateway_queue_is_the_delta_of_its_wait_histogram_over_every_series(
     before = parse_prometheus(_gateway_page(zero=4, count=6, total=1.0))
     after = parse_prometheus(_gateway_page(zero=8, count=16, total=3.0, timeouts=2))
     q = gateway_queue(before, after)
-    assert q.available and (q.waits, q.queued) == (10, 6)  # (4 of the 10 let in at once)
+    assert q.available and (q.admitted, q.queued) == (10, 6)  # (4 of the 10 let in at once)
     assert q.wait is not None and q.wait.mean_ms == pytest.approx(200.0) and q.queued_mean_ms == pytest.approx(2000 / 6)
     assert q.refused == {"queue_full": 0, "queue_timeout": 2} and q.scope.startswith("gateway-wide over the run")
     restarted = gateway_queue(after, before)  # (the counters went back)

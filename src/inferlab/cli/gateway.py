@@ -52,11 +52,11 @@ async def _serve(config: Any, announce: bool) -> int:
         print(url, flush=True)
     ups = ", ".join(u.name for u in config.upstreams)
     adm = config.admission
-    limit = {"tokens": f"{adm.max_tokens_in_flight} tokens", "requests": f"{adm.max_requests_in_flight} requests",
-             "off": "off"}[adm.mode]
+    limit = {"tokens": _counted(adm.max_tokens_in_flight, "token"),
+             "requests": _counted(adm.max_requests_in_flight, "request"), "off": "off"}[adm.mode]
     counted = {"estimate": f"{CHARS_PER_TOKEN} characters a token", "builtin": "the simulator's tokenizer",
                UPSTREAM: "each upstream's /tokenize"}.get(adm.tokenizer, adm.tokenizer)
-    keys = f"{len(config.keys)} client keys" if config.keys else "no client keys: every request is let in"
+    keys = _counted(len(config.keys), "client key") if config.keys else "no client keys: every request is let in"
     cache = "cache on" if config.cache.enabled else "cache off"
     if config.redis is not None:
         red = config.redis
@@ -77,3 +77,8 @@ async def _serve(config: Any, announce: bool) -> int:
                f"{adm.mode} ({limit} per upstream; prompts counted by {counted}); {keys}; {cache}", err=True)
     await serve_until_stopped(runner)
     return 0
+
+
+def _counted(n: int, noun: str) -> str:
+    """``n`` ``noun``s in words: "1 request", "64 requests"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -53,7 +53,8 @@ def _compare(kw: dict[str, Any]) -> int:
         raise UsageError(f"--fail-if on runs of different workloads: {'; '.join(differ)}; "
                          "give --allow-different-workloads to act on them anyway")
     if kw["as_json"]:
-        for line in [*comparison.same_lines(), *differ, *comparison.cache_lines(), *comparison.failure_lines()]:  # (the JSON has them too)
+        for line in [*comparison.same_lines(), *differ, *comparison.gateway_lines(), *comparison.cache_lines(),
+                     *comparison.failure_lines()]:  # (the JSON has them too)
             click.echo(f"inferlab: warning: {line}", err=True)
         click.echo(dumps(comparison.to_json()))
     else:

@@ -48,7 +48,7 @@ from inferlab._errors import RunFailedError
 from inferlab._serverlog import quiet_server_logger
 from inferlab.client.metrics import TIMEOUT_S as METRICS_TIMEOUT_S
 from inferlab.client.metrics import scrape
-from inferlab.client.serverid import identify_server
+from inferlab.client.serverid import identify_server, llamacpp_settings
 from inferlab.gateway.admission import Admission, Rejected, Ticket
 from inferlab.gateway.cache import CACHE_HEADER, Entry, ResponseCache, cache_key, cacheable
 from inferlab.gateway.config import GatewayConfig, KeyConfig, hash_key
@@ -113,6 +113,9 @@ STALE_INTERVALS = 3
 ENGINE_LOAD = ("running", "waiting", "kv_usage")
 #: The ``server_address`` of what the response cache answered, in metrics.
 CACHE_ADDRESS = "cache"
+#: Why the gateway refuses a batch of prompts in one request (``read_prompt``).
+_GATEWAY_BATCH = ("not relayed by inferlab gateway (its admission, rate limits and cache count one prompt a request; "
+                  "the engine behind it may take a batch)")
 #: A ``Failure``'s kind, as the access log and metrics record it.
 _FAILURE_KINDS = {"connect": ErrorKind.CONNECT, "status": ErrorKind.HTTP_STATUS, "timeout": ErrorKind.TIMEOUT,
                   "disconnect": ErrorKind.DISCONNECT, "malformed": ErrorKind.MALFORMED}
@@ -356,6 +359,7 @@ class Gateway:
         for i, u in enumerate(self.config.upstreams):
             m.in_flight.labels(u.name).set(a.requests_in_flight[i])
             m.tokens_in_flight.labels(u.name).set(a.tokens_in_flight[i])
+            m.ejected.labels(u.name).set(1 if self.health.ejected(i) else 0)
             if self.shared_admission is not None:
                 m.others_in_flight.labels(u.name).set(a.others_requests[i])
                 m.others_tokens_in_flight.labels(u.name).set(a.others_tokens[i])
@@ -406,32 +410,53 @@ class Gateway:
         self._authenticate(request)
         setup = self.config.setup()
         found = await asyncio.gather(*(self._software(i) for i in range(len(self.config.upstreams))))
-        for entry, software in zip(setup["upstreams"], found, strict=True):
-            entry["software"] = software
+        for i, (entry, (software, answered)) in enumerate(zip(setup["upstreams"], found, strict=True)):
+            entry["software"], entry["answered"] = software, answered
+            entry["max_model_len"] = {m: c for (m, u), c in self._context.items() if u == i}
+        setup["max_model_len"] = {m: c for m in self._models if (c := self._model_context(m)) is not None}
         return web.json_response(setup)
 
-    async def _software(self, i: int) -> dict[str, Any] | None:
+    def _model_context(self, model: str) -> int | None:
+        """The context a request for ``model`` has through the gateway: the largest any
+        upstream serving it states (a prompt over it is refused by every one of them,
+        and by the gateway: ``_check_context``); None unless every one states its own."""
+        known = [self._context.get((model, i)) for i in self._models.get(model, ())]
+        stated = [c for c in known if c is not None]
+        return max(stated) if stated and len(stated) == len(known) else None
+
+    async def _software(self, i: int) -> tuple[dict[str, Any] | None, bool]:
         """What upstream ``i`` says it is (``client.serverid.identify_server``, as
         ``bench`` identifies a server: ``{"name": "vLLM", "version": "0.11.0" or None,
         "source": "GET /version" or None}``, no URL, no key, no settings), known for
         ``_SOFTWARE_TTL_S`` once it named itself; None where it names none of the
         software ``bench`` knows or did not answer within ``_ENGINE_TIMEOUT_S`` (asked
-        again next time)."""
+        again next time). And whether it answered at all (any HTTP status to
+        ``/v1/models``): None from a server that answered is one that named nothing,
+        from one that did not, a server down."""
         now = self.clock.now_ns()
         known = self._identified.get(i)
         if known is not None and now - known[0] < _SOFTWARE_TTL_S * NS_PER_S:
-            return known[1]
+            return known[1], True
+        said = None
         try:
             async with asyncio.timeout(_ENGINE_TIMEOUT_S):
                 said = await identify_server(self.config.upstreams[i].url + "/v1", self._upstream_headers(i, False),
                                              settings=False)
+                if said is None:
+                    return None, await self._answers(i, "/v1/models")
         except TimeoutError:
-            return None
-        if said is None:
-            return None
+            return None, False
         software = {k: said.get(k) for k in ("name", "version", "source")}
         self._identified[i] = (now, software)
-        return software
+        return software, True
+
+    async def _answers(self, i: int, path: str) -> bool:
+        """Whether upstream ``i`` answers GET ``path`` with any HTTP status."""
+        try:
+            async with self.session.get(self.config.upstreams[i].url + path, headers=self._upstream_headers(i, False)):
+                return True
+        except aiohttp.ClientError:
+            return False
 
     async def _probe(self, i: int, path: str, timeout_s: float = _PROBE_TIMEOUT_S) -> bytes | None:
         """GET ``path`` on upstream ``i``: its body if it answered 200, else None."""
@@ -455,8 +480,8 @@ class Gateway:
         self._authenticate(request)
         raw = await self._raw(request)
         body = parse_body(raw, request.charset)
-        model = body.get("model")
-        if not isinstance(model, str):
+        model = read_model(body)  # (one that is not a string: 400, not taken for none)
+        if model is None:
             if not self._models:
                 await self._refresh_models()
             if len(self._models) != 1:
@@ -478,9 +503,16 @@ class Gateway:
             raise APIError(502, f"upstream {up.name}: {describe(e)}", "BadGatewayError") from None
 
     async def _list_models(self, request: web.Request) -> web.Response:
+        """The upstreams' models, merged: each model's card as its first upstream listed
+        it, with ``max_model_len`` the context it has through the gateway
+        (``_model_context``), where every upstream serving it states one."""
         self._authenticate(request)
         await self._refresh_models()
-        return web.json_response({"object": "list", "data": list(self._model_objects.values())})
+        cards = []
+        for model, card in self._model_objects.items():
+            context = self._model_context(model)
+            cards.append(card if context is None else {**card, "max_model_len": context})
+        return web.json_response({"object": "list", "data": cards})
 
     async def _refresh_models(self) -> None:
         """Ask every upstream for its models; an upstream that does not answer keeps what
@@ -497,13 +529,32 @@ class Gateway:
             if not isinstance(data, list):
                 continue
             self._listed.add(i)
+            listed = []
             for obj in data:
                 if isinstance(obj, dict) and isinstance(obj.get("id"), str):
+                    listed.append(obj["id"])
                     self._models.setdefault(obj["id"], set()).add(i)
                     self._model_objects.setdefault(obj["id"], obj)
                     context = obj.get("max_model_len")
                     if isinstance(context, int) and not isinstance(context, bool) and context > 0:
                         self._context[(obj["id"], i)] = context
+            if listed and not any((m, i) in self._context for m in listed):
+                await self._slot_context(i, listed)
+
+    async def _slot_context(self, i: int, models: list[str]) -> None:
+        """llama.cpp states no context in ``/v1/models``: a request has its slot's
+        (``/props``' ``n_ctx``, as ``bench`` reads it straight at the engine:
+        ``client.serverid.llamacpp_settings``), recorded for the models upstream ``i``
+        lists. Nothing from an upstream without the route."""
+        raw = await self._probe(i, "/props", _ENGINE_TIMEOUT_S)
+        try:
+            props = json.loads(raw) if raw is not None else None
+        except ValueError:
+            return
+        context = llamacpp_settings(props).get("max_model_len")
+        if context is not None:
+            for m in models:
+                self._context[(m, i)] = context
 
     async def _candidates(self, model: str) -> list[int]:
         """The upstreams serving ``model``; ``APIError`` 404 if every upstream listed its
@@ -573,6 +624,10 @@ class Gateway:
     async def _raw(self, request: web.Request) -> bytes:
         """The request's body; ``APIError`` 413 over ``max_body_bytes``, 400 if it cannot be read."""
         limit = self.config.max_body_bytes
+        encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):  # (read as sent: a compressed body is no JSON)
+            raise APIError(415, f"Content-Encoding {encoding!r} is not taken: the gateway reads a request body as sent; "
+                           "send it uncompressed", "UnsupportedMediaTypeError")
         if request.content_length is not None and request.content_length > limit:
             raise APIError(413, f"request body is over the gateway's limit of {limit} bytes")
         try:
@@ -589,7 +644,7 @@ class Gateway:
         if api == "chat":
             read_messages(body)
         else:
-            read_prompt(body)
+            read_prompt(body, _GATEWAY_BATCH)
         model = read_model(body)
         if model is None:
             raise APIError(400, "'model' is required", param="model")
@@ -818,10 +873,9 @@ class Gateway:
                     tokens, eligible(self.router, left, req.input_tokens, self.health),
                     lambda room: self.router(room, req.prefix, req.input_tokens)))
             except Rejected as e:
+                # (a request that timed out waiting is counted here alone, not in the queue
+                # wait, which is the admitted requests' part of their TTFT)
                 self.metrics.rejections.labels(e.reason, req.key_name).inc()
-                if e.reason == "queue_timeout":  # (it waited, as long as the queue let it)
-                    self.metrics.queue_wait.labels(req.model, req.key_name).observe(
-                        (self.clock.now_ns() - obs.received_ns) / NS_PER_S)
                 obs.fail(ErrorKind.HTTP_STATUS, str(e))
                 obs.record.status = 503
                 return error_response(503, str(e), "ServiceUnavailableError", {**headers, "Retry-After": retry_after(e.retry_after_s)})
@@ -838,7 +892,9 @@ class Gateway:
                 return out
             except Failure as f:
                 failure = f
-                self.metrics.upstream_errors.labels(self.config.upstreams[ticket.upstream].name, f.kind).inc()
+                # (an answer that it cannot take the request is no failure of the upstream: kind "refused")
+                self.metrics.upstream_errors.labels(self.config.upstreams[ticket.upstream].name,
+                                                    f.kind if f.answer is None else "refused").inc()
                 if f.answer is None:
                     self.health.failed(ticket.upstream)
                 elif answered is not None:  # (a second upstream refused it too: the request's, not theirs)
@@ -964,7 +1020,7 @@ def _load(snap: Snapshot) -> tuple[float, float, float | None] | str:
 async def start(gateway: Gateway, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve ``gateway`` on ``host:port`` (0: a free port); the runner and the bound port.
     A client that disconnects cancels its request, and so the upstream's. The body is
-    read as sent (no decompression: a compressed body is not JSON, so a 400). If it
+    read as sent (no decompression: a body with a ``Content-Encoding`` is refused, 415). If it
     cannot listen (``OSError``), what the start opened is closed again and no access log
     is written."""
     runner = web.AppRunner(gateway.app, access_log=None, handle_signals=False, handler_cancellation=True,

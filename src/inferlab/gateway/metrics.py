@@ -167,7 +167,9 @@ class GatewayMetrics:
         self.queue_length = Gauge(
             "inferlab_gateway_queue_length", "Requests waiting for room on an upstream.", registry=r)
         self.queue_wait = Histogram(
-            "inferlab_gateway_queue_wait_seconds", "Time a request waited for room on an upstream.",
+            "inferlab_gateway_queue_wait_seconds", "Time a request waited for room on an upstream before it was "
+            "admitted (one observation per admission; 0: let in at once). A request that timed out waiting is not "
+            "in it: inferlab_gateway_rejections_total{reason=\"queue_timeout\"} counts those.",
             ("gen_ai_request_model", "key"), registry=r, buckets=(0.0, *DURATION_BUCKETS_S))
         self.rejections = Counter(
             "inferlab_gateway_rejections", "Requests refused, by reason.", ("reason", "key"), registry=r)
@@ -182,8 +184,13 @@ class GatewayMetrics:
             "inferlab_gateway_cache_tokens_saved", "Input plus output tokens the cache answered without an upstream.",
             ("gen_ai_request_model", "key"), registry=r)
         self.upstream_errors = Counter(
-            "inferlab_gateway_upstream_errors", "Upstream failures, by kind (connect, status, disconnect, timeout, malformed).",
+            "inferlab_gateway_upstream_errors", "Upstream failures, by kind (connect, status, disconnect, timeout, "
+            "malformed), and its answers that it cannot take a request (kind refused: a 500 or 501 with an OpenAI "
+            "error body, relayed; not a failure of the upstream).",
             ("server_address", "kind"), registry=r)
+        self.ejected = Gauge(
+            "inferlab_gateway_upstream_ejected", "1 while the upstream is ejected (it failed three requests in a row "
+            "and is tried only where no other can take a request), else 0.", ("server_address",), registry=r)
 
     def series(self, model: str, upstream: str, key: str) -> Series:
         labels = (model, upstream, key)

@@ -618,7 +618,15 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
 
 def _context_tokens(resolved: dict[str, Any]) -> int | None:
     """The context the server states (``max_model_len``): a measured server's settings
-    (``client.serverid``), or the simulated server's engine; None where neither says."""
+    (``client.serverid``), or the simulated server's engine; None where neither says.
+    Through inferlab gateway, the context the gateway states for the model (its setup's
+    ``max_model_len``: the largest of its upstreams', where each states one), and only
+    that: its model card and engine routes are its upstreams'."""
+    gateway = resolved.get("gateway")
+    if isinstance(gateway, dict):
+        stated = gateway.get("max_model_len")
+        length = stated.get(resolved.get("model")) if isinstance(stated, dict) else None
+        return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else None
     settings = (resolved.get("server_software") or {}).get("settings") or {}
     for length in (settings.get("max_model_len"), (resolved.get("engine") or {}).get("max_model_len")):
         if isinstance(length, int) and not isinstance(length, bool) and length > 0:

@@ -254,18 +254,22 @@ def read_chat_template(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return add, cont
 
 
-def read_prompt(body: Mapping[str, Any]) -> str | list[int]:
+#: Who refuses a batch of prompts in one request, and why (``read_prompt``): the simulated server's words.
+SIMULATOR_BATCH = "not supported by the simulated server (vLLM would answer a choice per prompt)"
+
+
+def read_prompt(body: Mapping[str, Any], batch: str = SIMULATOR_BATCH) -> str | list[int]:
     """A completions request's ``prompt``: non-empty text, or a non-empty list of token ids
     (their range is the server's to check). A batch of one (``["text"]``, ``[[1, 2]]``)
-    is taken as its element. ``APIError`` 400 otherwise."""
+    is taken as its element. ``APIError`` 400 otherwise; a batch of several is refused in
+    ``batch``'s words (who does not take it, and why)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise APIError(
             400,
-            f"prompt: a batch of {len(prompt)} prompts in one request is not supported by the simulated server "
-            "(vLLM would answer a choice per prompt): send one prompt per request.",
+            f"prompt: a batch of {len(prompt)} prompts in one request is {batch}: send one prompt per request.",
             param="prompt",
         )
     if prompt is None or prompt == "":

@@ -24,7 +24,7 @@ from inferlab.results.compare import (
     estimate,
     verdict_words,
 )
-from inferlab.results.loaddiff import Difference, engine_differences, load_differences
+from inferlab.results.loaddiff import GATEWAY, Difference, engine_differences, load_differences
 from inferlab.results.provenance import PREDICTION, simulated_engine
 from inferlab.results.records import ErrorKind
 from inferlab.results.sentdiff import sent_differences
@@ -133,12 +133,26 @@ class Comparison:
                 f"{ended - failed} that completed (a run that fails its slowest requests looks faster): see the failed row"
                 for s in self.sides for failed, ended in [s.failures] if failed]
 
+    def gateway_lines(self) -> list[str]:
+        """One line per run that went through inferlab gateway where the baseline did
+        not, or the other way round (empty when none did, or all did)."""
+        base = self.sides[0].label
+        lines = []
+        for s, diff in zip(self.sides[1:], self.engines, strict=True):
+            for d in diff:
+                if d.setting == GATEWAY:
+                    via, direct = (s.label, base) if d.b != "no gateway" else (base, s.label)
+                    lines.append(f"{via} went through inferlab gateway and {direct} did not: {via}'s TTFT and latencies "
+                                 "include the gateway's queue and relay (its gateway_queue says how long the queue held "
+                                 "requests)")
+        return lines
+
     def warning_lines(self) -> list[str]:
         """What may explain a change better than the server: different workloads, a
-        response cache, failed requests."""
+        gateway in front of one run only, a response cache, failed requests."""
         return [*self.same_lines(),
                 *(f"{line}: a change below may come from that, not from the server" for line in self.difference_lines()),
-                *self.cache_lines(), *self.failure_lines()]
+                *self.gateway_lines(), *self.cache_lines(), *self.failure_lines()]
 
 
 def side_of(path: str, label: str | None = None) -> Side:

@@ -23,7 +23,7 @@ _ROWS = (
     ("ITL", "itl_ms", "ms"),
     ("E2E", "e2e_ms", "ms"),
     ("Decode speed", "decode_tps", "tok/s"),
-    ("Queue delay", "queue_delay_ms", "ms"),
+    ("Client send lag", "queue_delay_ms", "ms"),
 )
 
 
@@ -125,22 +125,24 @@ def server_metrics_line(m: ServerMetrics) -> str:
 
 
 def gateway_queue_line(q: GatewayQueue, ttft: Distribution | None = None) -> str:
-    """inferlab gateway's queue over a run in one line (or why it is not known), beside
-    the run's own TTFT mean, which the wait is part of."""
+    """inferlab gateway's queue over a run in one line (or why it is not known): the
+    admitted requests' wait beside the run's own TTFT mean, which that wait is part of,
+    then the requests the queue refused (never admitted: no TTFT)."""
     if not q.available:
         return f"not known ({q.reason})"
-    parts = [f"{q.queued if q.queued is not None else '?'} of {q.waits:,} admissions waited"]
+    parts = [f"{q.queued if q.queued is not None else '?'} of {q.admitted:,} admissions waited"]
     w = q.wait
     if w is not None:
         bounds = ", ".join(f"{k} ≤ {_fmt(v)}" for k, v in (("p50", w.p50_ms), ("p90", w.p90_ms)) if v is not None)
-        parts.append(f"wait mean {_fmt(w.mean_ms)} ms" + (f" ({bounds} ms)" if bounds else "")
+        parts.append(f"admitted requests' wait mean {_fmt(w.mean_ms)} ms" + (f" ({bounds} ms)" if bounds else "")
                      + (f" of a TTFT mean of {_fmt(ttft.mean)} ms here" if ttft is not None else ""))
     if q.queued_mean_ms is not None:
         parts.append(f"{_fmt(q.queued_mean_ms)} ms mean of those that waited")
-    refused = [f"{n:,} {why.replace('_', ' ')}" for why, n in q.refused.items() if n]
+    refused = [f"{n:,} {'with the queue full' if why == 'queue_full' else 'timed out waiting'}"
+               for why, n in q.refused.items() if n]
     if refused:
-        parts.append("refused: " + ", ".join(refused))
-    return "; ".join(parts) + " (gateway-wide over the run: any other client's requests included)"
+        parts.append("refused, not admitted (503): " + ", ".join(refused))
+    return "; ".join(parts) + " (gateway-wide over the run: warm-ups and any other client's requests included)"
 
 
 def _int(v: float | None) -> int | None:

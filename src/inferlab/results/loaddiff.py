@@ -13,8 +13,9 @@ URL, its engine flags: what a comparison is for). A setting is compared only whe
 runs record its part of the config (``sim run`` records no ``stream``).
 
 The server's settings are compared apart (``engine_differences``), to be shown beside
-the runs rather than warned of: the engine config a ``bench --engine`` run started its
-server from, the simulated engine's flags, and the settings a measured server states.
+the runs rather than warned of: inferlab gateway in front of the server (there or not,
+its setup), the engine config a ``bench --engine`` run started its server from, the
+simulated engine's flags, and the settings a measured server states.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def engine_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Diffe
     def stated(config: Mapping[str, Any]) -> Any:
         return _at("resolved.server_software.settings")(config)
 
-    out: list[Difference] = []
+    out = gateway_differences(a, b)
     for part, label, read in (("engine_config", "engine config", _at("engine_config")),
                               ("engine", "simulated engine", simulated_engine),
                               ("resolved.server_software.settings", "stated by the server", stated)):
@@ -136,6 +137,46 @@ def engine_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Diffe
         for key in dict.fromkeys([*va, *vb]):
             if key not in _NOT_ENGINE and _norm(va.get(key)) != _norm(vb.get(key)):
                 out.append(Difference(f"{part}.{key}", f"{key} ({label})", va.get(key), vb.get(key)))
+    return out
+
+
+#: The setting of a run that went through inferlab gateway beside one that did not.
+GATEWAY = "resolved.gateway"
+
+
+def gateway_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Difference]:
+    """Whether the runs went through inferlab gateway (``resolved.gateway``, its setup as
+    it answered), and where both did, its setup's settings that differ: the number of
+    upstreams (not their addresses), router, admission, cache, client keys, Redis. Only
+    where both runs record whether a gateway answered (``bench`` against a server)."""
+    from inferlab.results.provenance import describe_gateway
+
+    ra, rb = a.get("resolved"), b.get("resolved")
+    if not isinstance(ra, Mapping) or not isinstance(rb, Mapping) or "gateway" not in ra or "gateway" not in rb:
+        return []
+    ga, gb = ra["gateway"], rb["gateway"]
+    if not isinstance(ga, Mapping) or not isinstance(gb, Mapping):
+        if isinstance(ga, Mapping) == isinstance(gb, Mapping):
+            return []
+        said = [f"inferlab gateway ({describe_gateway(g)})" if isinstance(g, Mapping) else "no gateway" for g in (ga, gb)]
+        return [Difference(GATEWAY, "inferlab gateway", said[0], said[1], words=f"{said[0]} vs {said[1]}")]
+    sa, sb = _gateway_settings(ga), _gateway_settings(gb)
+    return [Difference(f"{GATEWAY}.{key}", f"{key} (inferlab gateway)", sa.get(key), sb.get(key))
+            for key in dict.fromkeys([*sa, *sb]) if _norm(sa.get(key)) != _norm(sb.get(key))]
+
+
+def _gateway_settings(setup: Mapping[str, Any]) -> dict[str, Any]:
+    """A gateway's setup, flat (``admission.queue_max``), as compared: its upstreams
+    counted, not named (a rerun on other ports is the same setup)."""
+    ups = setup.get("upstreams")
+    out: dict[str, Any] = {"upstreams": len(ups) if isinstance(ups, list) else None}
+    for key, value in setup.items():
+        if key in ("upstreams", "max_model_len"):
+            continue
+        if isinstance(value, Mapping):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
     return out
 
 

@@ -121,9 +121,10 @@ def describe_behind_gateway(setup: object) -> str | None:
     """The software behind ``inferlab gateway``, from its setup (``resolved.gateway``:
     each upstream's ``software``, as the gateway identified it): "vLLM 0.11.0" where
     every upstream said the same; where they differ, each by name: "vLLM 0.11.0
-    (10.0.0.5:8000), llama.cpp b6000 (10.0.0.6:8000)" (one that named nothing:
-    "an unidentified server"); None where none named itself, or the gateway said
-    nothing of them (before it did)."""
+    (10.0.0.5:8000), llama.cpp b6000 (10.0.0.6:8000)" (one that answered and named
+    nothing inferlab knows: "an unidentified server"; one that did not answer, its
+    ``answered`` false: "an upstream that did not answer"); None where none named
+    itself, or the gateway said nothing of them (before it did)."""
     ups = setup.get("upstreams") if isinstance(setup, Mapping) else None
     if not isinstance(ups, list) or not ups or not all(isinstance(u, Mapping) and "software" in u for u in ups):
         return None
@@ -132,7 +133,17 @@ def describe_behind_gateway(setup: object) -> str | None:
         return None
     if len(set(said)) == 1:
         return said[0]
-    return ", ".join(f"{s or 'an unidentified server'} ({u.get('name', '?')})" for s, u in zip(said, ups, strict=True))
+    return ", ".join(f"{s or _unnamed(u)} ({u.get('name', '?')})" for s, u in zip(said, ups, strict=True))
+
+
+def _unnamed(upstream: Mapping[str, Any]) -> str:
+    """An upstream of the gateway's setup that named no software, in words."""
+    return "an upstream that did not answer" if upstream.get("answered") is False else "an unidentified server"
+
+
+def _units(n: object, noun: str) -> str:
+    """A count of ``noun`` in words: "1 request", "3,500 tokens"."""
+    return f"{_num(n)} {noun}{'' if n == 1 else 's'}"
 
 
 def describe_gateway(setup: object) -> str | None:
@@ -150,8 +161,8 @@ def describe_gateway(setup: object) -> str | None:
     adm = setup.get("admission")
     if isinstance(adm, Mapping):
         mode = adm.get("mode")
-        limit = {"tokens": f"{_num(adm.get('max_tokens_in_flight'))} tokens",
-                 "requests": f"{_num(adm.get('max_requests_in_flight'))} requests"}.get(str(mode))
+        limit = {"tokens": _units(adm.get("max_tokens_in_flight"), "token"),
+                 "requests": _units(adm.get("max_requests_in_flight"), "request")}.get(str(mode))
         parts.append(f"admission by {mode} ({limit} per upstream, prompts counted by {adm.get('tokenizer', '?')})"
                      if limit else f"admission {mode}")
     cache = setup.get("cache")

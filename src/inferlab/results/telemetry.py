@@ -326,32 +326,34 @@ def _hist_delta(a: HistogramCounts | None, b: HistogramCounts) -> HistogramDelta
 
 
 #: inferlab gateway's own metrics (``gateway.metrics``) that say what its queue held up:
-#: each admission's wait for room (a request that timed out waiting observed too), and
-#: the requests refused, by reason.
+#: each admission's wait for room (only admitted requests: one that timed out waiting is
+#: not observed there), and the requests refused, by reason.
 GATEWAY_QUEUE_WAIT = "inferlab_gateway_queue_wait_seconds"
 GATEWAY_REJECTIONS = "inferlab_gateway_rejections_total"
 #: The refusals of the gateway's queue (``GATEWAY_REJECTIONS``' ``reason``).
 QUEUE_REFUSALS = ("queue_full", "queue_timeout")
 #: What ``GatewayQueue`` counts, in words (its ``scope``).
 GATEWAY_WIDE = ("gateway-wide over the run: every request the gateway admitted between the page read before the run "
-                "and the one after, this run's and any other client's")
+                "and the one after, this run's warm-up requests and any other client's included")
 
 
 @dataclass(frozen=True)
 class GatewayQueue:
     """What inferlab gateway's admission queue held up over a run, from its own
     ``/metrics`` before and after the run (``gateway_queue``): gateway-wide, so another
-    client's requests in that time are in it (``scope``). ``waits``: the waits it observed
-    (one per admission to an upstream: a request retried on another upstream waits again;
-    and one per request that timed out waiting); ``queued``: those that waited at all
-    (admitted at once: a wait of 0); ``wait``: all the waits, in ms (mean, and the bucket
-    bounds p50, p90, p99 fell at or below); ``queued_mean_ms``: the mean wait of those
-    that waited; ``refused``: requests refused by the queue, by reason (``queue_full``:
-    no wait; ``queue_timeout``). ``available`` false: ``reason`` says why not."""
+    client's requests in that time are in it (``scope``). ``admitted``: the admissions it
+    observed (one per admission to an upstream: a request retried on another upstream is
+    admitted, and waits, again); ``queued``: those that waited at all (admitted at once: a
+    wait of 0); ``wait``: the admitted requests' waits, in ms (mean, and the bucket bounds
+    p50, p90, p99 fell at or below), the part of their TTFT spent in the queue;
+    ``queued_mean_ms``: the mean wait of those that waited; ``refused``: requests the
+    queue refused and never admitted, by reason (``queue_full``: no wait;
+    ``queue_timeout``: after waiting the queue's whole timeout), in none of the above.
+    ``available`` false: ``reason`` says why not."""
 
     available: bool
     reason: str | None = None
-    waits: int = 0
+    admitted: int = 0
     queued: int | None = None
     wait: HistogramDelta | None = None
     queued_mean_ms: float | None = None
@@ -361,7 +363,7 @@ class GatewayQueue:
     def to_json(self) -> dict[str, Any]:
         if not self.available:
             return {"available": False, "reason": self.reason}
-        return {"available": True, "scope": self.scope, "waits": self.waits, "queued": self.queued,
+        return {"available": True, "scope": self.scope, "admitted": self.admitted, "queued": self.queued,
                 "wait_ms": None if self.wait is None else _hist_json(self.wait), "queued_mean_ms": self.queued_mean_ms,
                 "refused": dict(self.refused)}
 
@@ -370,7 +372,8 @@ class GatewayQueue:
         if not d.get("available"):
             return cls(False, d.get("reason"))
         wait = d.get("wait_ms")
-        return cls(True, None, int(d["waits"]), d.get("queued"), None if wait is None else HistogramDelta(**wait),
+        admitted = d.get("admitted", d.get("waits", 0))  # ("waits" before 2026-12-07, timed-out waits in it)
+        return cls(True, None, int(admitted), d.get("queued"), None if wait is None else HistogramDelta(**wait),
                    d.get("queued_mean_ms"), {str(k): int(v) for k, v in (d.get("refused") or {}).items()},
                    str(d.get("scope", GATEWAY_WIDE)))
 
@@ -378,25 +381,26 @@ class GatewayQueue:
 def gateway_queue(before: Samples, after: Samples) -> GatewayQueue:
     """The gateway's queue over a run from its pages before and after it (parsed with
     ``GATEWAY_QUEUE_WAIT`` and ``GATEWAY_REJECTIONS`` at least): the delta of its wait
-    histogram, summed over models and keys. A wait of 0 (admitted at once) falls in the
-    histogram's bucket of bound 0, so the waits above it are the ones that queued."""
+    histogram, summed over models and keys, and of its queue's refusals. A wait of 0
+    (admitted at once) falls in the histogram's bucket of bound 0, so the waits above it
+    are the ones that queued."""
     b = _histogram(after, GATEWAY_QUEUE_WAIT)
     if b is None:
         return GatewayQueue(False, f"the gateway's /metrics has no {GATEWAY_QUEUE_WAIT}")
     a = _histogram(before, GATEWAY_QUEUE_WAIT)
     if a is not None and (a.bounds != b.bounds or b.count < a.count):
         return GatewayQueue(False, "the gateway's counters went back during the run (a restart): nothing to subtract")
-    waits = round(b.count - (a.count if a else 0.0))
+    admitted = round(b.count - (a.count if a else 0.0))
     refused = {r: round(_reason_total(after, r) - _reason_total(before, r)) for r in QUEUE_REFUSALS}
-    if waits <= 0:
-        return GatewayQueue(True, waits=0, queued=0, refused=refused)
+    if admitted <= 0:
+        return GatewayQueue(True, admitted=0, queued=0, refused=refused)
     delta = _hist_delta(a, b)
     queued = None
     if 0.0 in b.bounds:  # (the bucket of no wait)
         at = b.bounds.index(0.0)
-        queued = waits - round(b.cumulative[at] - (a.cumulative[at] if a else 0.0))
+        queued = admitted - round(b.cumulative[at] - (a.cumulative[at] if a else 0.0))
     total_ms = (b.sum - (a.sum if a else 0.0)) * 1e3
-    return GatewayQueue(True, waits=waits, queued=queued, wait=delta,
+    return GatewayQueue(True, admitted=admitted, queued=queued, wait=delta,
                         queued_mean_ms=total_ms / queued if queued else None, refused=refused)
 
 
