@@ -592,6 +592,15 @@ def test_a_closed_loop_past_capacity_is_banded_as_saturated_and_one_within_it_as
     small = json.loads(sim_cli("-c", "8", "-n", "80", "--input-tokens", "50", "--output-tokens", "100", "--json").stdout)
     assert small["latency_breakdown"]["server_queue_ms"]["mean"] > small["latency_breakdown"]["prefill_ms"]["mean"]
     assert small["prediction"]["regime"] == "closed loop"
+    # Sixteen users of 4,000-token prompts on an L40S all get a place in the batch and wait
+    # behind each other's prefill chunks, for more than half their TTFT and over ten
+    # steps: what the closed-loop rows measured (InferenceMAX's 8k-token loops), not a
+    # queue for a place; the closed-loop bands.
+    long = json.loads(sim_cli("-c", "16", "-n", "48", "--gpu", "L40S", "--input-tokens", "4000",
+                              "--output-tokens", "100", "--json").stdout)
+    parts = long["latency_breakdown"]
+    assert parts["server_queue_ms"]["mean"] > max(parts["prefill_ms"]["mean"], 10 * long["tpot_ms"]["mean"])
+    assert long["prediction"]["preemptions"] == 0 and long["prediction"]["regime"] == "closed loop"
 
 
 def test_a_recorded_closed_loop_replayed_with_its_users_is_banded_as_a_closed_loop(tmp_path: Path) -> None:

@@ -178,6 +178,7 @@ class _Prepared:
     close: Callable[[], None] = lambda: None
     telemetry: _Telemetry | None = None  # the server's /metrics (runs against a server)
     preemptions: Callable[[], int] = lambda: 0  # the simulated engines', once run
+    peak_running: Callable[[], int] = lambda: 0  # the most they ran at once, summed over replicas
 
 
 @dataclass
@@ -241,7 +242,8 @@ async def run(
             if prepared.engine is not None:  # simulated: each headline metric's error band
                 block = _prediction(
                     prepared.engine, config.load, overloaded=any(w.startswith(OVERLOAD) for w in summary.warnings),
-                    queue_bound=queue_bound(summary.latency_breakdown, summary.tpot_ms.mean if summary.tpot_ms else None),
+                    queue_bound=_no_place(prepared, config.load) and queue_bound(
+                        summary.latency_breakdown, summary.tpot_ms.mean if summary.tpot_ms else None),
                     user_replay=isinstance(policy, UserReplayPolicy))
                 block["preemptions"] = prepared.preemptions()  # (every replica's)
                 done = summary.counts.completed
@@ -302,13 +304,31 @@ def _idle_replicas(server: object, target: SimTarget) -> list[str]:
 
 
 
+def _no_place(prepared: _Prepared, load: LoadConfig) -> bool:
+    """Whether a simulated closed loop's users were more than its engines ran at once:
+    some were preempted, or the most requests they ran at once (summed over replicas)
+    fell short of the users (a loop of fewer requests than users: of its requests). A
+    loop whose users all had a place waited only for prefill chunks and steps ahead of
+    them, which the closed-loop rows measured; not past capacity, however long the wait."""
+    s = load.schedule
+    users = s.concurrency if isinstance(s, ClosedLoop) else s.max_concurrency if isinstance(s, OpenLoop) else None
+    if prepared.preemptions() > 0:
+        return True
+    if not users:
+        return False
+    if load.num_requests is not None:
+        users = min(users, load.num_requests + load.warmup)
+    return prepared.peak_running() < users
+
+
 def _prediction(engine: Engine, load: LoadConfig, *, overloaded: bool, queue_bound: bool = False,
                 user_replay: bool = False) -> dict[str, Any]:
     """``summary.json``'s ``prediction``: the validation error of the engine family in
     the run's regime, per headline metric (``sim.engine.bands``); ``overloaded``: an open
     loop whose queues grew through the run (the summary's warning), ``queue_bound``: a
-    loop whose TTFT was its wait in the server's queue (``results.summary.queue_bound``),
-    taken for a closed loop's, both banded as saturated; ``user_replay``: a recorded
+    loop whose users did not all get a place in the batch (``_no_place``) and whose TTFT
+    was its wait in the server's queue (``results.summary.queue_bound``), taken for a
+    closed loop's, both banded as saturated; ``user_replay``: a recorded
     closed loop replayed with its users, banded as one."""
     s = load.schedule
     # (every request at once under a concurrency cap: users in a closed loop)
@@ -476,6 +496,7 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
         builder, config_json, execute, wcfg, template_tokens, counter, engine=engine,
         close=(lambda: None) if step_log is None else step_log.close,
         preemptions=lambda: sum(e.preemptions_total for e in made),
+        peak_running=lambda: sum(e.peak_running for e in made),
     )
 
 

@@ -199,6 +199,9 @@ class Engine:
         #: next turn hits them. None: they are not (no prompt will hold an answer).
         self.output_token: Callable[[int], int] | None = None
         self.preemptions_total = 0
+        #: The most requests it ran at once (after a step): a closed loop of more users
+        #: than this left some waiting for a place in the batch.
+        self.peak_running = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
@@ -361,10 +364,12 @@ class Engine:
         return StepResult(duration_s, events if events is not None else [], stats, ids, seen_at_s)
 
     def _stats(self, now_s: float, duration_s: float, batch: Batch, preemptions: int) -> StepStats:
+        running = len(self._scheduler.running)
+        self.peak_running = max(self.peak_running, running)
         return StepStats(
             start_s=now_s,
             duration_s=duration_s,
-            num_running=len(self._scheduler.running),
+            num_running=running,
             num_waiting=len(self._scheduler.waiting),
             prefill_tokens=batch.prefill_tokens,
             decode_tokens=batch.decode_tokens,
