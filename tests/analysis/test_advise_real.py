@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from inferlab.analysis.advise import advise
 from inferlab.analysis.fits import knee
 from inferlab.analysis.profile import PROFILE_FILE, Factor, Profile
@@ -273,6 +275,16 @@ def test_kv_pressure_on_sglang_quotes_its_token_pool_in_tokens(tmp_path: Path) -
     assert "--mem-fraction-static" in rec.change  # (SGLang's own knob)
 
 
+def assert_cpu_kv_knobs(change: str) -> None:
+    """vLLM 0.32's CPU build as its source has it (platforms/cpu.py, v1/worker/cpu_worker.py):
+    VLLM_CPU_KVCACHE_SPACE a legacy name for --kv-cache-memory-bytes, and without either the
+    cache sized from --gpu-memory-utilization × the node's memory; advise said the build
+    sized it "by VLLM_CPU_KVCACHE_SPACE, not by --gpu-memory-utilization"."""
+    assert "not by --gpu-memory-utilization" not in change, change
+    assert "--kv-cache-memory-bytes <bytes>" in change and "legacy VLLM_CPU_KVCACHE_SPACE=<GiB>" in change, change
+    assert "where neither is set, a higher --gpu-memory-utilization" in change and "the node's memory" in change, change
+
+
 def test_kv_pressure_on_vllms_cpu_build_names_its_kv_knobs_and_the_blocks_it_stated(tmp_path: Path) -> None:
     """vLLM's CPU build, 11 preemptions, its KV cache full: advise named --kv-cache-dtype
     fp8, --gpu-memory-utilization, a bigger GPU and -tp 2, none of which sizes that
@@ -289,14 +301,16 @@ def test_kv_pressure_on_vllms_cpu_build_names_its_kv_knobs_and_the_blocks_it_sta
         assert "the server had 24 blocks of 128 tokens = 3,072 tokens" in unsaid.evidence, unsaid.evidence
         assert "a higher --gpu-memory-utilization" in unsaid.change and "VLLM_CPU_KVCACHE_SPACE" in unsaid.change
         assert "CPU build" not in unsaid.evidence
-    said = [kv_advice("plus-cpu", "0.32.0+cpu"),
-            kv_advice("engine-file", "0.32.0", engine_config={"engine": "vllm", "model": "m",
-                                                              "env": [["VLLM_TARGET_DEVICE", "cpu"]]})]
+    # (blocks sized by memory: an override stated is the change itself, test_a_stated_block_override_...)
+    said = [kv_advice("plus-cpu", "0.32.0+cpu", "num_gpu_blocks"),
+            kv_advice("engine-file", "0.32.0", "num_gpu_blocks", engine_config={"engine": "vllm", "model": "m",
+                                                                                "env": [["VLLM_TARGET_DEVICE", "cpu"]]})]
     for rec in said:
         assert "VLLM_CPU_KVCACHE_SPACE=<GiB>" in rec.change, rec.change
         assert "e.g. --num-gpu-blocks-override 48 (twice the 24 blocks it had)" in rec.change, rec.change
-        for gpu_only in ("fp8", "a higher --gpu-memory-utilization", "bigger GPU", "-tp 2"):
+        for gpu_only in ("fp8", "bigger GPU", "-tp 2"):
             assert gpu_only not in rec.change, rec.change
+        assert_cpu_kv_knobs(rec.change)
         assert "24 blocks of 128 tokens" in rec.evidence and "vLLM's CPU build (" in rec.evidence
     assert "vLLM 0.32.0+cpu" in said[0].evidence and "VLLM_TARGET_DEVICE=cpu" in said[1].evidence
 
@@ -330,7 +344,202 @@ def test_kv_pressure_on_vllms_cpu_build_started_by_bench_names_its_kv_knobs(tmp_
     cpu, gpu = advice["cpu"], advice["gpu"]
     assert f"vLLM's CPU build (inferlab started it from vLLM's CPU build in {tmp_path / 'venv-cpu'})" in cpu.evidence
     assert "VLLM_CPU_KVCACHE_SPACE=<GiB>" in cpu.change and "e.g. --num-gpu-blocks-override 48" in cpu.change
-    for gpu_only in ("fp8", "a higher --gpu-memory-utilization", "bigger GPU", "-tp 2"):
+    for gpu_only in ("fp8", "bigger GPU", "-tp 2"):
         assert gpu_only not in cpu.change, cpu.change
+    assert_cpu_kv_knobs(cpu.change)
     # (nothing says which device the other ran on: a GPU's knobs, the CPU build's as the alternative)
     assert "a higher --gpu-memory-utilization" in gpu.change and "CPU build (" not in gpu.evidence
+
+
+#: vLLM 0.32's /version settings of a server started with --num-gpu-blocks-override 24
+#: (the reviewer's tiny-KV runs: 24 blocks of 128 tokens)
+VLLM_OVERRIDE = {"name": "vLLM", "version": "0.32.0", "source": "GET /version",
+                 "settings": {"block_size": 128, "num_gpu_blocks": 24, "num_gpu_blocks_override": 24,
+                              "enable_prefix_caching": True, "kv_cache_dtype": "auto", "max_model_len": 2048}}
+
+
+def test_a_stated_block_override_is_the_kv_change_the_other_knobs_only_once_it_is_removed(tmp_path: Path) -> None:
+    """A vLLM server stating num_gpu_blocks_override=24, its cache full: advise quoted the
+    24 blocks but advised --kv-cache-dtype fp8 and a higher --gpu-memory-utilization, neither
+    of which moves a cache the override fixes (vLLM: "Overriding num_gpu_blocks=… with
+    num_gpu_blocks_override=…"). Now the override is the change, within what memory allows
+    (the server's log's count, where its engine.log is in the run), and the others come only
+    once it is removed; an override given in the engine config's extra_args counts too."""
+    stated = kv_pressure(tmp_path / "stated", VLLM_OVERRIDE)
+    change = stated.change
+    assert change.startswith("give the KV cache more room: raise --num-gpu-blocks-override above the 24 blocks"), change
+    assert "within what memory allows" in change and "e.g. --num-gpu-blocks-override 48" in change, change
+    removed = change.index("once it is removed")
+    assert 0 < removed < change.index("--kv-cache-dtype fp8") and removed < change.index("--gpu-memory-utilization")
+    # the override in the engine file bench started it from (its /version not stating one); its log says what memory allowed
+    unstated = {**VLLM_OVERRIDE, "settings": {"block_size": 128, "num_gpu_blocks": 24}}
+    started = {"engine": "vllm", "model": "m", "max_num_seqs": 16, "extra_args": ["--num-gpu-blocks-override=24"],
+               "vllm_cpu_build": "/venv"}
+    d = tmp_path / "started"
+    d.mkdir()
+    (d / "engine.log").write_text("INFO [kv_cache_utils.py:2619] Overriding num_gpu_blocks=85815 with "
+                                  "num_gpu_blocks_override=24\n")
+    rec = kv_pressure(d / "run", unstated, engine_config=started)
+    assert "raise --num-gpu-blocks-override above the 24 blocks" in rec.change, rec.change
+    assert "memory allowed 85,815 blocks" not in rec.change  # (the log is beside the run, not in it)
+    (d / "run" / "engine.log").write_text((d / "engine.log").read_text())
+    rec = next(r for r in advise(d / "run").recommendations if r.rule == "kv_pressure")
+    assert "memory allowed 85,815 blocks" in rec.change, rec.change
+    assert rec.change.index("once it is removed") < rec.change.index("--kv-cache-memory-bytes"), rec.change
+
+
+def metrics_run(d: Path, software: dict[str, Any], samples: list[dict[str, float]], *, users: int = 8,
+                prompt_tokens: int = 1034, queue_ms: float | None = None, **extra: Any) -> Path:
+    """A bench run of ``users`` closed-loop users against a real server that said
+    ``software``, with its /metrics samples (``server_metrics.jsonl``) and their gauges in
+    summary.json, no preemption; the server's queue time ``queue_ms`` (mean) where given."""
+    from inferlab.results.summary import summarize
+
+    records = [request(i, 100.0 * i, prompt_tokens, 1800.0, [2.0] * 63) for i in range(4 * users)]
+    config = {**llamacpp_config(), **extra, "load": {"schedule": {"kind": "ClosedLoop", "concurrency": users},
+                                                     "num_requests": 4 * users}}
+    config["resolved"] = {**config["resolved"], "server_software": software}
+    write_run(d, config, records)
+    (d / "server_metrics.jsonl").write_text("".join(json.dumps({"t_s": float(i), **s}) + "\n"
+                                                    for i, s in enumerate(samples)))
+    summary = summarize(records, config=config).to_json()
+    summary["server_metrics"] = {
+        "available": True, "server": "vllm", "samples": len(samples), "counters": {"preemptions": 0.0},
+        "gauges": {k: {"mean": sum(s[k] for s in samples) / len(samples), "max": max(s[k] for s in samples)}
+                   for k in ("running", "waiting", "kv_usage")} if samples else {}}
+    if queue_ms is not None:
+        summary["latency_breakdown"] = {"source": "the server's /metrics histograms", "requests": len(records),
+                                        "client_queue_ms": None, "server_queue_ms": {"mean": queue_ms},
+                                        "prefill_ms": None, "decode_ms": None, "other_ms": None}
+    (d / "summary.json").write_text(json.dumps(summary))
+    return d
+
+
+def test_requests_waiting_for_blocks_the_cache_has_not_free_are_kv_pressure_with_a_bound(tmp_path: Path) -> None:
+    """The reviewer's b1: 8 users of 1,034-token prompts against 24 blocks of 128 tokens,
+    at most 2 running (cap 16), 6 waiting, KV at most 87 %, the server's queue 1,731 ms of a
+    2,413 ms E2E: advise said "nothing to change … kv_pressure checked" (its rule needs 90 %
+    or a preemption). 3 blocks free cannot admit a prompt of 9: that is the evidence now, as
+    measured, with the most more room could gain bounded by the queue's wait (the KV item
+    had no gain and an empty note). At the cap, or with room for the prompt, not this."""
+    busy = [{"running": 2.0, "waiting": 6.0, "kv_usage": 0.87}] * 8 + [{"running": 1.0, "waiting": 0.0, "kv_usage": 0.4}]
+    capped = {"engine": "vllm", "model": "m", "max_num_seqs": 16}
+    a = advise(metrics_run(tmp_path / "b1", VLLM_OVERRIDE, busy, queue_ms=1731.0, engine_config=capped))
+    rec = next((r for r in a.recommendations if r.rule == "kv_pressure"), None)
+    assert rec is not None, [r.title for r in a.recommendations]
+    assert "too full to admit the next prompt" in rec.title, rec.title
+    assert "8 of 9 /metrics samples had requests waiting (up to 6) while 2 at most ran (below its cap of 16)" in rec.evidence
+    assert "fewer than the 9 blocks of 128 tokens a 1,034-token prompt" in rec.evidence, rec.evidence
+    [bound] = rec.gains
+    assert bound.metric == "mean TTFT ms" and bound.kind.startswith("bound from the measurement") and 0 <= bound.after < bound.before
+    assert bound.before - bound.after == pytest.approx(1731.0)  # (the queue's wait, and no more)
+    # the running requests at the cap: the cap holds them, not (only) the cache
+    at_cap = {"engine": "vllm", "model": "m", "max_num_seqs": 2}
+    a = advise(metrics_run(tmp_path / "at-cap", VLLM_OVERRIDE, busy, engine_config=at_cap))
+    assert "kv_pressure" not in [r.rule for r in a.recommendations] and "kv_pressure" in a.checked
+    # room for the next prompt's 9 blocks (60 % used: 9.6 free): nothing to say
+    roomy = [{"running": 2.0, "waiting": 6.0, "kv_usage": 0.6}] * 8
+    assert "kv_pressure" not in [r.rule for r in advise(metrics_run(tmp_path / "roomy", VLLM_OVERRIDE, roomy,
+                                                                     engine_config=capped)).recommendations]
+    # the KV item without a queue time says why it has no bound, never an empty note
+    full = kv_pressure(tmp_path / "preempted", VLLM_OVERRIDE)
+    assert not full.gains and full.note.startswith("no bound:"), full
+
+
+def test_a_run_with_no_gauge_sampled_has_kv_pressure_not_checked(tmp_path: Path) -> None:
+    """A run shorter than /metrics' first sample (samples 0, gauges {}): advise listed
+    kv_pressure among the rules checked, though it knew nothing of the KV cache. Now it is
+    not checked, with why."""
+    a = advise(metrics_run(tmp_path / "short", VLLM_OVERRIDE, []))
+    assert "kv_pressure" not in a.checked and "no server metrics sampled" in a.not_checked["kv_pressure"], a.not_checked
+
+
+#: The reviewer's prof2 ladder (vLLM, cap 16, 24 KV blocks): output tokens/s at 1 … 32
+PROF2_TPS = [712.0, 1158.0, 1910.0, 2347.0, 3048.0, 3207.0]
+
+
+def vllm_ladder(folder: Path, gauges: dict[int, dict[str, float]], preemptions: dict[int, float],
+                completed_per_user: int = 2) -> Path:
+    """A profile of vLLM started from an engine file with max_num_seqs 16, its decode
+    ladder 1 … 32 (``PROF2_TPS``: knee at 16) written as run directories, each run's
+    /metrics gauges (max) and preemptions as given (none sampled where a concurrency has
+    no gauges)."""
+    from inferlab.results.summary import summarize
+
+    ladder = (1, 2, 4, 8, 16, 32)
+    runs = []
+    for c in ladder:
+        name = f"decode/c{c}"
+        records = [request(i, 10.0 * i, 138, 80.0, [3.0] * 127) for i in range(completed_per_user * c)]
+        config = {**llamacpp_config(), "load": {"schedule": {"kind": "ClosedLoop", "concurrency": c},
+                                                "num_requests": len(records)}}
+        config["resolved"] = {**config["resolved"], "server_software": VLLM_OVERRIDE}
+        write_run(folder / name, config, records)
+        summary = summarize(records, config=config).to_json()
+        g = gauges.get(c, {})
+        summary["server_metrics"] = {"available": True, "server": "vllm", "samples": 2 if g else 0,
+                                     "counters": {"preemptions": preemptions.get(c, 0.0)},
+                                     "gauges": {k: {"mean": v, "max": v} for k, v in g.items()}}
+        (folder / name / "summary.json").write_text(json.dumps(summary))
+        runs.append(name)
+    rows = [{"concurrency": c, "completed": completed_per_user * c, "tpot_ms_p50": 3.0, "ttft_ms_p50": 10.0 * c,
+             "e2e_ms_p50": 400.0, "output_tps": t, "goodput_rps": None, "interrupted": False}
+            for c, t in zip(ladder, PROF2_TPS, strict=True)]
+    k = knee(list(ladder), PROF2_TPS, [None] * len(ladder)).knee_concurrency
+    dec = Factor("decode", "decode (concurrency)", "x", "y", {"points": rows, "knee_concurrency": k, "output_tokens": 128},
+                 runs)
+    prof = Profile("http://127.0.0.1:8011", "tiny", None, 2048, "server", 600.0, 31.0, SLO(2000.0, 100.0), [dec],
+                   {"engine": "vllm", "model": "m", "max_num_seqs": 16, "extra_args": ["--num-gpu-blocks-override", "24"]},
+                   VLLM_OVERRIDE)
+    (folder / PROFILE_FILE).write_text(json.dumps(prof.to_json()))
+    return folder
+
+
+def test_a_knee_below_the_cap_with_the_cache_preempting_is_the_caches_not_the_caps(tmp_path: Path) -> None:
+    """The reviewer's prof2: vLLM with --max-num-seqs 16 and 24 KV blocks, knee at 16, 12
+    preemptions there with at most 10 running, 25 at 32 with 11 running and KV 96 %: advise
+    said "The engine's own cap on running requests is the knee … raise the cap
+    (--max-num-seqs 32)", which changed nothing when measured. The cap is blamed only where
+    the running requests reached it; the cache, preempting, is the knee."""
+    kv = {16: {"running": 10.0, "waiting": 6.0, "kv_usage": 0.9}, 32: {"running": 11.0, "waiting": 21.0, "kv_usage": 0.96}}
+    recs = {r.rule: r for r in advise(vllm_ladder(tmp_path / "kv", kv, {16: 12.0, 32: 25.0})).recommendations}
+    assert "engine_cap" not in recs and "kv_pressure" in recs, list(recs)
+    assert "12 preemptions" in recs["kv_pressure"].evidence and "--max-num-seqs 32" not in recs["kv_pressure"].change
+    # the profile's own source: a bound or a precise reason, never "profile it"
+    assert "profile it" not in recs["kv_pressure"].note, recs["kv_pressure"].note
+    # running requests at the cap, the cache with room: the cap is the knee
+    capped = {16: {"running": 16.0, "waiting": 0.0, "kv_usage": 0.5}, 32: {"running": 16.0, "waiting": 16.0, "kv_usage": 0.5}}
+    recs = {r.rule: r for r in advise(vllm_ladder(tmp_path / "cap", capped, {})).recommendations}
+    assert "engine_cap" in recs and "up to 16 ran (/metrics)" in recs["engine_cap"].evidence, list(recs)
+
+
+def test_decode_points_too_short_for_steady_state_are_said_and_unsampled_kv_is_not_checked(tmp_path: Path) -> None:
+    """The reviewer's prof1 (--budget 3m): decode points of 2 requests per user, 0.2–0.9 s
+    each, "throughput still rising at 32 (no knee measured)" said without a caveat, and
+    kv_pressure listed as checked though no run sampled the server's gauges. Now the
+    points' quality says they are too short, advise says the cap rules could not judge a
+    ladder that short, and kv_pressure is not checked, with why; ten requests per user
+    with their durations recorded are trusted."""
+    from inferlab.analysis.profile import decode_quality, decode_quality_words
+
+    rising = [{"concurrency": c, "completed": 2 * c, "e2e_ms_p50": 400.0, "duration_s": 0.9} for c in (1, 2, 32)]
+    q = decode_quality(rising)
+    assert not q["trusted"] and q["short"] == [1, 2, 32], q
+    assert "2 requests per user (fewer than 3)" in decode_quality_words(q) and "2.2× its E2E p50" in decode_quality_words(q)
+    steady = [{"concurrency": c, "completed": 10 * c, "e2e_ms_p50": 400.0, "duration_s": 4.0} for c in (1, 2, 32)]
+    assert decode_quality(steady)["trusted"] and decode_quality_words(decode_quality(steady)) == ""
+    # a ladder still rising (no knee) of 2 requests per user, no gauge sampled in any run
+    folder = vllm_ladder(tmp_path / "prof1", {}, {})
+    prof = json.loads((folder / PROFILE_FILE).read_text())
+    for row, t in zip(prof["factors"][0]["data"]["points"], [356.0, 686.0, 937.0, 1468.0, 1982.0, 2640.0], strict=True):
+        row["output_tps"] = t
+    prof["factors"][0]["data"]["knee_concurrency"] = None
+    (folder / PROFILE_FILE).write_text(json.dumps(prof))
+    a = advise(folder)
+    assert "too short to be steady state" in a.not_checked["concurrency_cap"], a.not_checked
+    assert "no server metrics sampled" in a.not_checked["kv_pressure"], a.not_checked
+    assert not {"kv_pressure", "concurrency_cap", "engine_cap"} & set(a.checked), a.checked
+    # ten requests per user, gauges sampled: judged
+    a = advise(vllm_ladder(tmp_path / "long", {c: {"running": 1.0, "waiting": 0.0, "kv_usage": 0.1} for c in (16, 32)},
+                           {}, completed_per_user=10))
+    assert {"kv_pressure", "concurrency_cap", "engine_cap"} <= set(a.checked), (a.checked, a.not_checked)

@@ -64,6 +64,11 @@ def test_profile_recovers_the_prefill_rate_and_decode_time_the_simulator_predict
     assert decode is not None and decode.measured
     # (one concurrency ran: it said "throughput still rising at 1")
     assert "only concurrency 1 ran (no knee measured)" in decode.cost, decode.cost
+    # its point's length is judged (requests per user, duration against E2E) and recorded
+    [point] = decode.data["points"]
+    assert point["duration_s"] > 0 and point["completed"] >= 3
+    assert decode.data["quality"] == {"trusted": True, "caveats": [], "short": []}, decode.data["quality"]
+    assert "steady state" not in decode.cost
     cfg = RunConfig(LoadConfig(ClosedLoop(1), num_requests=3), WorkloadConfig(input_tokens=128, output_tokens=decode.data["output_tokens"]))
     s = asyncio.run(run(cfg, SimTarget(engine))).summary
     assert s.tpot_ms is not None

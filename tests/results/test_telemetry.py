@@ -97,6 +97,8 @@ def test_deltas_gauges_and_histograms_over_a_run() -> None:
     assert h.count == 10 and h.mean_ms == pytest.approx(300.0)
     assert (h.p50_ms, h.p90_ms, h.p99_ms) == (100.0, 1000.0, None)  # bounds; p99 is in +Inf
     assert "prompt_seconds" in m.missing and "ttft" not in m.missing
+    # the hit rate is in the summary (from vLLM's counters): not said to be missing
+    assert m.prefix_cache_hit_rate is not None and "prefix_cache_hit_rate" not in m.missing
 
 
 def test_a_counter_that_went_back_is_unknown_not_negative() -> None:

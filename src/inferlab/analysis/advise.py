@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import json
 import math
+import re
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -27,7 +28,14 @@ from typing import Any, Literal, TypeVar
 
 from inferlab._errors import InferlabError, UsageError
 from inferlab.analysis.fits import knee, paid
-from inferlab.analysis.profile import PROFILE_FILE, Profile, read_profile, signed_ms
+from inferlab.analysis.profile import (
+    PROFILE_FILE,
+    Profile,
+    decode_quality,
+    decode_quality_words,
+    read_profile,
+    signed_ms,
+)
 from inferlab.analysis.whatif import Routing, Simulated, WhatIf
 from inferlab.client.serverid import FAMILY_OF_SOFTWARE
 from inferlab.gateway.config import AdmissionConfig
@@ -44,7 +52,7 @@ from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import read_records, read_summary
 from inferlab.results.sources import read_sweep_index
 from inferlab.results.summary import OVERLOAD, Summary, summarize
-from inferlab.results.telemetry import ServerMetrics
+from inferlab.results.telemetry import SERVER_METRICS_FILE, ServerMetrics
 from inferlab.sim.engine.bands import band_of
 from inferlab.sim.engine.config import release_local_label
 from inferlab.sim.engine.families import EngineFamily, FamilyRules
@@ -135,19 +143,27 @@ _FAMILY_FLAGS = {
         "", "a higher --cache-max-entry-count", "a lower --session-len or --max-batch-size",
     ),
 }
-#: vLLM's CPU build (a real server that said so): its KV cache is sized by
-#: VLLM_CPU_KVCACHE_SPACE or a block count, not a GPU memory share; no fp8 KV, no GPU to add.
+#: vLLM's CPU build (a real server that said so): no fp8 KV, no GPU to add. Its KV cache
+#: is sized as vLLM 0.32.0's CPU build has it: vllm/platforms/cpu.py (lines 323-327)
+#: reads VLLM_CPU_KVCACHE_SPACE, "# Legacy setting", into kv_cache_memory_bytes
+#: (--kv-cache-memory-bytes); vllm/v1/worker/cpu_worker.py (lines 73-76, 213-251) gives
+#: the cache those bytes where set, else the worker requests --gpu-memory-utilization ×
+#: the NUMA node's total memory and the cache gets that less what the process holds
+#: ("Auto set ... GiB for KV cache"); vllm/v1/core/kv_cache_utils.py (lines 2605-2624)
+#: puts --num-gpu-blocks-override over either ("Overriding num_gpu_blocks=...").
 _VLLM_CPU_FLAGS = replace(
     _VLLM_FLAGS, kv_fp8="",
-    kv_share="more memory for it: VLLM_CPU_KVCACHE_SPACE=<GiB> in the server's environment (vLLM's CPU build sizes "
-             "its KV cache by this, not by --gpu-memory-utilization) or --num-gpu-blocks-override <blocks>",
+    kv_share="more memory for it: --kv-cache-memory-bytes <bytes> (or the legacy VLLM_CPU_KVCACHE_SPACE=<GiB> in the "
+             "server's environment), or, where neither is set, a higher --gpu-memory-utilization (on vLLM's CPU build "
+             "the share of the node's memory the worker takes, its KV cache the rest of it past the model)",
     kv_hardware="", kv_blocks="--num-gpu-blocks-override {n}",
 )
 #: A real vLLM server that did not say which device it ran on: a GPU's flags, and the
 #: CPU build's where it was that.
 _VLLM_ANY_DEVICE_FLAGS = replace(
-    _VLLM_FLAGS, kv_share="a higher --gpu-memory-utilization (on vLLM's CPU build, which nothing in the run says "
-                          "it was or was not: VLLM_CPU_KVCACHE_SPACE=<GiB> or --num-gpu-blocks-override <blocks>)",
+    _VLLM_FLAGS, kv_share="a higher --gpu-memory-utilization (vLLM's CPU build, which nothing in the run says it "
+                          "was or was not, reads it as the share of the node's memory, unless --kv-cache-memory-bytes "
+                          "or the legacy VLLM_CPU_KVCACHE_SPACE=<GiB> sets the cache's size)",
 )
 #: A server whose engine is not known (a real one): vLLM's names and SGLang's.
 _ANY_FLAGS = _EngineFlags(
@@ -242,8 +258,51 @@ def _stated_settings(software: Any, engine_config: Any) -> dict[str, Any]:
     engine's default, None there, is left out); empty where neither says any."""
     launched = engine_config if isinstance(engine_config, dict) and engine_config.get("engine") != "sim" else {}
     out = {k: launched[k] for k in _ENGINE_CONFIG_SETTINGS if launched.get(k) is not None}
+    override = _count_text(_extra_arg(launched, "--num-gpu-blocks-override"))
+    if override is not None:  # (vLLM's, passed on in extra_args: the blocks the server then has)
+        out["num_gpu_blocks_override"] = override
     stated = software.get("settings") if isinstance(software, dict) else None
     return {**out, **(stated if isinstance(stated, dict) else {})}
+
+
+def _extra_arg(engine_config: dict[str, Any], flag: str) -> str | None:
+    """The value an engine config's ``extra_args`` give ``flag`` (``--flag N`` or
+    ``--flag=N``, the last one given); None where they do not give it."""
+    args = engine_config.get("extra_args")
+    args = [str(a) for a in args] if isinstance(args, list) else []
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def _count_text(text: str | None) -> int | None:
+    """``_count`` of a number written as text (an engine flag's value); None otherwise."""
+    return _count(int(text)) if text is not None and text.strip().isdigit() else None
+
+
+#: The engine's output, where inferlab started it (bench, profile --engine)
+ENGINE_LOG = "engine.log"
+#: vLLM's log line where --num-gpu-blocks-override replaces the blocks memory allowed
+#: (vllm/v1/core/kv_cache_utils.py, 0.32.0, line 2620)
+_OVERRIDE_LOG = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
+
+
+def _memory_blocks(log: Path | None) -> int | None:
+    """The KV blocks memory allowed a vLLM server that --num-gpu-blocks-override
+    overrode, as its log (``engine.log``, where inferlab started it) says; None where
+    there is no such log or line."""
+    if log is None or not log.is_file():
+        return None
+    found = None
+    with contextlib.suppress(OSError), log.open(errors="replace") as f:
+        for line in f:
+            if "Overriding num_gpu_blocks=" in line and (m := _OVERRIDE_LOG.search(line)):
+                found = int(m.group(1))
+    return found
 
 
 def _engine_file_off(engine_config: Any) -> bool:
@@ -417,7 +476,7 @@ def advise(path: str | Path, goal: Goal = "latency") -> Advice:
     not_checked: dict[str, str] = {}
     if (p / PROFILE_FILE).exists():
         prof = read_profile(p)
-        recs, checked = _profile_rules(prof, p, goal)
+        recs, checked, not_checked = _profile_rules(prof, p, goal)
         kind, simulated = "profile", prof.server.simulated
         not_measured = _not_measured(prof)
     elif (p / "summary.json").exists() or (p / "requests.jsonl").exists():
@@ -1119,10 +1178,12 @@ def _prefix_caching(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     )
 
 
-def _kv_full(run: _Run) -> list[str]:
+def _kv_full(run: _Run, cap: int | None = None) -> list[str]:
     """What says a run's KV cache was full, in words: preemptions (the server's
     /metrics, the simulated server's timeline per request, or a sim run's own count in
-    its summary), or KV usage up to ``KV_PRESSURE`` (/metrics); empty where nothing does."""
+    its summary), KV usage up to ``KV_PRESSURE`` (/metrics), or too little of it free to
+    admit the next prompt (``_kv_admission``, below ``cap`` where given, else the run's
+    own); empty where nothing does."""
     m = run.summary.server_metrics
     preempted = sum(int((r.server_timeline or {}).get("preemptions") or 0) for r in run.records)
     parts = []
@@ -1132,12 +1193,96 @@ def _kv_full(run: _Run) -> list[str]:
         kv = m.gauges.get("kv_usage")
         if kv is not None and kv.max >= KV_PRESSURE:
             parts.append(f"KV cache up to {kv.max:.0%} full (/metrics)")
+        admission = _kv_admission(run, cap)
+        if admission:
+            parts.append(admission)
     if preempted and not parts:
         parts.append(f"{preempted} preemptions (the simulated server's timeline)")
     counted = run.summary.prediction.get("preemptions") if isinstance(run.summary.prediction, dict) else None
     if not parts and isinstance(counted, int) and counted > 0:
         parts.append(f"{counted:,} preemptions (the simulated engine's count)")
     return parts
+
+
+#: A real server's /metrics samples with requests waiting that the KV cache had no room
+#: to admit: at least this share of those taken during the run, to be evidence.
+KV_ADMISSION_SHARE = 0.25
+#: The sequence cap counts as reached at this share of it (the gauge's max running).
+CAP_REACHED = 0.9
+
+
+def _kv_admission(run: _Run, cap: int | None = None) -> str | None:
+    """Where a real server's cache was too full to admit the next prompt, in words: its
+    /metrics samples (``server_metrics.jsonl``) with requests waiting while fewer ran than
+    its cap (``cap``, else ``_seq_cap``; any number where neither is known), its KV usage leaving fewer
+    free blocks (its stated blocks × (1 − usage)) than the run's median prompt needs
+    (prompt tokens / block size, rounded up), in ``KV_ADMISSION_SHARE`` of the samples
+    or more. None where the server stated no blocks of a known size, or nothing shows it."""
+    stated = _stated_blocks(run.server_settings()) if run.engine() is None else None
+    prompts = _inputs(run.records)
+    if stated is None or not prompts:
+        return None
+    blocks, size = stated
+    if size is None:
+        return None
+    prompt = statistics.median(prompts)
+    need = math.ceil(prompt / size)
+    cap = cap or _seq_cap(run)
+    rows = _series(run.dir)
+    during = [r for r in rows if all(isinstance(r.get(k), int | float) for k in ("waiting", "running", "kv_usage"))]
+    held = [r for r in during if r["waiting"] >= 1 and (cap is None or r["running"] < cap)
+            and blocks * (1 - r["kv_usage"]) < need]
+    if not held or len(held) < KV_ADMISSION_SHARE * max(1, len(during)):
+        return None
+    worst = max(held, key=lambda r: r["kv_usage"])
+    below = f"below its cap of {cap}" if cap is not None else "the server stated no cap on running requests"
+    return (f"{len(held)} of {len(during)} /metrics samples had requests waiting (up to {max(r['waiting'] for r in held):,.0f}) "
+            f"while {max(r['running'] for r in held):,.0f} at most ran ({below}), the KV cache up to "
+            f"{worst['kv_usage']:.0%} used: about {blocks * (1 - worst['kv_usage']):,.1f} of its {blocks:,} blocks free, "
+            f"fewer than the {need:,} blocks of {size:,} tokens a {prompt:,.0f}-token prompt (the run's median) needs: "
+            "the cache too full to admit the next prompt")
+
+
+def _series(d: Path) -> list[dict[str, Any]]:
+    """A run's /metrics samples (``server_metrics.jsonl``); empty where it has none or
+    they cannot be read."""
+    out = []
+    with contextlib.suppress(OSError), (d / SERVER_METRICS_FILE).open() as f:
+        for line in f:
+            with contextlib.suppress(ValueError):
+                row = json.loads(line)
+                if isinstance(row, dict):
+                    out.append(row)
+    return out
+
+
+def _no_gauges(run: _Run) -> str | None:
+    """Why a real server's KV usage is not known for a run, in words: /metrics not read,
+    or no page sampled during the run (it ended before the first, at 1 s); None where it
+    is known, or the run's engine is simulated (its own counts say)."""
+    if run.engine() is not None or run.config.get("command") == "sim run":
+        return None
+    m = run.summary.server_metrics
+    if not isinstance(m, ServerMetrics):
+        return "the run did not read the server's /metrics"
+    if not m.available:
+        return f"the server's /metrics not available ({m.reason or 'no page'})"
+    return None if "kv_usage" in m.gauges else "no server metrics sampled during the run (it ended before the first sample, at 1 s)"
+
+
+def _queue_bound(run: _Run) -> Gain | None:
+    """What more KV room could gain a real server's run at most, from the measurement:
+    the mean TTFT less the mean wait in the server's queue (``latency_breakdown``, from
+    its /metrics), the only part of it that room to admit requests removes; None
+    without a queue time."""
+    b = run.summary.latency_breakdown
+    queue = b.server_queue_ms if b is not None else None
+    ttft = run.summary.ttft_ms
+    if queue is None or ttft is None or queue.mean is None or queue.mean <= 0:
+        return None
+    return Gain("mean TTFT ms", ttft.mean, max(0.0, ttft.mean - queue.mean),
+                f"bound from the measurement: at best, none of the wait in the server's queue (mean {queue.mean:,.1f} ms, "
+                "its /metrics) is left; the recompute of preempted requests not counted")
 
 
 def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
@@ -1164,6 +1309,8 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
                          f"{before.p50:,.0f} → {after.p50:,.0f} ms (the simulated engine)")
             held = (before.p50, after.p50, more)
     if not parts:
+        if (why := _no_gauges(run)) is not None:
+            raise _NotJudged(why)
         return None
     family = str((engine or {}).get("engine_family") or "vllm")
     flags = run.flags()
@@ -1178,14 +1325,23 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     cpu = _vllm_cpu(run.server_software(), run.config.get("engine_config")) if engine is None else None
     if cpu is not None and flags is _VLLM_CPU_FLAGS:
         parts.append(f"vLLM's CPU build ({cpu})")
-    change, halves = _kv_room(engine, flags, settings)
+    change, halves = _kv_room(engine, flags, settings, run.dir / ENGINE_LOG)
     if held is not None:
         policy = ("scheduler_config capacity_scheduler_policy: MAX_UTILIZATION" if family == "trtllm"
                   else "the simulator's --capacity-scheduler-policy MAX_UTILIZATION")
         change += f"; or admit more and preempt when the cache fills ({policy})"
     title = ("The KV cache is full: requests are preempted and recomputed" if preempts
-             else "The KV cache is full: requests wait for room" if held is not None else "The KV cache is full")
+             else "The KV cache is full: requests wait for room" if held is not None
+             else "The KV cache is too full to admit the next prompt: requests wait for room"
+             if any(p.endswith("too full to admit the next prompt") for p in parts) else "The KV cache is full")
     rec = Recommendation("kv_pressure", title, "; ".join(parts), change)
+    if engine is None:  # (a real server: bounded from the measurement, no what-if)
+        bound = _queue_bound(run)
+        if bound is not None:
+            rec.gains.append(bound)
+        else:
+            rec.note = ("no bound: the run has no server queue time (the server's /metrics queue histogram) to bound "
+                        "a gain by")
     if held is not None:
         rec.gains.append(_sim_gain("TTFT p50 ms", "TTFT", held[0], held[1],
                                    _prediction(w, "a KV cache twice the size"), held[2]))
@@ -1202,10 +1358,16 @@ def _kv_pressure(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     return rec
 
 
-def _kv_room(engine: dict[str, Any] | None, flags: _EngineFlags, settings: dict[str, Any] | None = None) -> tuple[str, bool]:
+def _kv_room(engine: dict[str, Any] | None, flags: _EngineFlags, settings: dict[str, Any] | None = None,
+             log: Path | None = None) -> tuple[str, bool]:
     """The change that gives an engine's KV cache more room, in its own flags, and
     whether fp8 KV (half the bytes per token) is among them. ``settings``: a real
-    server's (``_stated_settings``), whose stated KV blocks a block count is sized from."""
+    server's (``_stated_settings``), whose stated KV blocks a block count is sized from;
+    where they give --num-gpu-blocks-override, that is the change (``_override_room``),
+    ``log`` the server's log that may say what memory allowed."""
+    override = _count((settings or {}).get("num_gpu_blocks_override")) if engine is None else None
+    if override is not None:
+        return _override_room(override, flags, log), False
     family = str((engine or {}).get("engine_family") or "vllm")
     fixed = (engine or {}).get("num_gpu_blocks_override") is not None  # (a pool of N blocks: no dtype or share moves it)
     halves = (engine is None or engine.get("kv_cache_dtype") in (None, "auto")) and bool(flags.kv_fp8) and not fixed
@@ -1221,6 +1383,24 @@ def _kv_room(engine: dict[str, Any] | None, flags: _EngineFlags, settings: dict[
         change = (f"give the KV cache more room: more than the {engine['num_gpu_blocks_override']:,} blocks "
                   "--num-gpu-blocks-override fixes (while it is given, no dtype, memory share or GPU changes the cache)")
     return change, halves
+
+
+def _override_room(blocks: int, flags: _EngineFlags, log: Path | None) -> str:
+    """A real vLLM server's cache fixed at ``blocks`` by --num-gpu-blocks-override: the
+    override is the change (vLLM allocates the blocks it names in place of those memory
+    allows, ``_OVERRIDE_LOG``: no dtype or memory setting moves the cache while it is
+    given), within what memory allows (the log's count where ``log`` has it); the other
+    knobs only once it is removed."""
+    allowed = _memory_blocks(log)
+    within = (f"memory allowed {allowed:,} blocks (its log: \"Overriding num_gpu_blocks={allowed} with "
+              f"num_gpu_blocks_override={blocks}\")" if allowed is not None else
+              "vLLM allocates the blocks it names whatever memory it measured: its log's \"Overriding "
+              "num_gpu_blocks=N with num_gpu_blocks_override=...\" gives N, the blocks memory allows")
+    removed = ", ".join(r for r in (flags.kv_fp8, flags.kv_share) if r)
+    return (f"give the KV cache more room: raise --num-gpu-blocks-override above the {blocks:,} blocks it fixes "
+            f"(e.g. --num-gpu-blocks-override {2 * blocks}), within what memory allows ({within}); while it is given, "
+            f"no dtype or memory setting changes the cache; once it is removed, the cache is sized by memory: {removed}"
+            + (f"; or {flags.kv_limits}" if flags.kv_limits else ""))
 
 
 def _overhead_cost(w: WhatIf, prompt_tokens: int, overhead: int) -> tuple[float, Simulated] | None:
@@ -1559,8 +1739,12 @@ def _long_outputs(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
 # --- a profile ----------------------------------------------------------------------------
 
 
-def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[list[Recommendation], list[str]]:
+def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency",
+                   ) -> tuple[list[Recommendation], list[str], dict[str, str]]:
+    """The items for a profile, the rules checked, and those that could not judge what
+    the profile measured (rule -> why)."""
     out: list[Recommendation] = []
+    not_checked: dict[str, str] = {}
     # (a profile of the simulated server measured a simulation: its numbers are predictions)
     simulated = p.server.simulated
     measured = "prediction (the profile's decode runs against the simulated server)" if simulated else "measured (the profile's decode runs)"
@@ -1604,25 +1788,39 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
     # required every higher concurrency to stop paying kept a knee its points do not show)
     pts = {r["concurrency"]: r for r in dec.data.get("points", [])} if dec is not None and dec.measured else {}
     k = knee(sorted(pts), [pts[c]["output_tps"] or 0.0 for c in sorted(pts)], [None] * len(pts)).knee_concurrency
+    said = dec.data.get("quality") if dec is not None else None
+    quality: dict[str, Any] = said if isinstance(said, dict) else decode_quality(list(pts.values()))
+    short = decode_quality_words(quality)
     if dec is not None and k:
         top = max(pts)
         cap = _count(_profile_settings(p).get("max_num_seqs"))
-        if top > k and cap is not None and cap <= k:  # (the engine's own cap made the knee)
+        full = _ladder_kv_full(folder, dec.runs, k, cap) if top > k else []
+        running = _ladder_running(folder, dec.runs, k)
+        found: Recommendation | None = None
+        if full:  # (the cache, not the GPU or the cap, made the knee: a cap gives it no room)
+            found = _ladder_kv_rec(p, folder, full, pts, k, top)
+        elif top > k and cap is not None and cap <= k and (running is None or running >= CAP_REACHED * cap):
+            # (the engine's own cap made the knee: its running requests reached it)
             flags = _profile_flags(p)
-            out.append(_engine_cap_rec(
+            ran = "" if running is None else f", and up to {running:,.0f} ran (/metrics)"
+            found = _engine_cap_rec(
                 "The engine's own cap on running requests is the knee", flags, max(top, 2 * cap),
-                f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}); past it the rest "
+                f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}){ran}; past it the rest "
                 f"wait in its queue: output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs "
                 f"{pts[top]['output_tps']:,.0f} at {top}",
-            ))
-        elif top > k:
-            full = _ladder_kv_full(folder, dec.runs, k)
-            if full:  # (the cache, not the GPU, made the knee: a cap gives it no room)
-                out.append(_ladder_kv_rec(p, folder, full, pts, k, top))
-            elif goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
-                cap_rec = _ladder_cap_rec(p, pts, k, top, measured, dec.data.get("output_tokens"), goal)
-                if cap_rec is not None:
-                    out.append(cap_rec)
+            )
+        elif top > k and goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
+            found = _ladder_cap_rec(p, pts, k, top, measured, dec.data.get("output_tokens"), goal)
+        if found is not None:
+            found.evidence += f"; the decode points are {short}" if short else ""
+            out.append(found)
+    elif dec is not None and dec.measured and short:  # (no knee: from points too short to say there is none)
+        for rule in ("concurrency_cap", "engine_cap"):
+            not_checked[rule] = f"no knee measured, and the decode points are {short}"
+    if dec is not None and dec.measured and not any(r.rule == "kv_pressure" for r in out):
+        unsampled = _ladder_unsampled(folder, dec.runs)
+        if unsampled:
+            not_checked["kv_pressure"] = unsampled
     rc = p.factor("response_cache")
     if rc is not None and rc.measured and not rc.data.get("detected"):
         out.append(Recommendation(
@@ -1672,7 +1870,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency") -> tuple[li
                     "" if pc is not None and pc.measured else "whether the prefix cache serves it was not measured "
                     "(the prefix cache factor): where it does, the template costs little",
                 ))
-    return out, list(_PROFILE_EVIDENCE)
+    return out, list(_PROFILE_EVIDENCE), not_checked
 
 
 def _profile_flags(p: Profile) -> _EngineFlags:
@@ -1702,7 +1900,8 @@ def _improves(g: Gain) -> bool:
     return pct >= 100 * MIN_GAIN if more else pct <= -100 * MIN_GAIN
 
 
-def _ladder_kv_full(folder: Path, runs: Sequence[str], knee_at: int) -> list[tuple[int, list[str], _Run]]:
+def _ladder_kv_full(folder: Path, runs: Sequence[str], knee_at: int, cap: int | None = None,
+                    ) -> list[tuple[int, list[str], _Run]]:
     """The decode ladder's runs at the knee's concurrency or past it whose KV cache was
     full (``_kv_full``), lowest concurrency first: (concurrency, what says so, the run).
     Runs no longer in the folder are left out."""
@@ -1711,10 +1910,44 @@ def _ladder_kv_full(folder: Path, runs: Sequence[str], knee_at: int) -> list[tup
         with contextlib.suppress(InferlabError):
             run = _Run.read(folder / name)
             c = run.concurrency()
-            parts = _kv_full(run) if c is not None and c >= knee_at else []
+            parts = _kv_full(run, cap) if c is not None and c >= knee_at else []
             if c is not None and parts:
                 found.append((int(c), parts, run))
     return sorted(found, key=lambda f: f[0])
+
+
+def _ladder_runs(folder: Path, runs: Sequence[str], least: int = 0) -> list[tuple[int, _Run]]:
+    """The decode ladder's runs at concurrency ``least`` or more, lowest first; runs no
+    longer in the folder left out."""
+    found = []
+    for name in runs:
+        with contextlib.suppress(InferlabError):
+            run = _Run.read(folder / name)
+            c = run.concurrency()
+            if c is not None and c >= least:
+                found.append((int(c), run))
+    return sorted(found, key=lambda f: f[0])
+
+
+def _ladder_running(folder: Path, runs: Sequence[str], knee_at: int) -> float | None:
+    """The most requests the server's /metrics saw running in the decode ladder's runs
+    at the knee or past it; None where none of them sampled it."""
+    seen = [g.max for _, run in _ladder_runs(folder, runs, knee_at)
+            if isinstance(m := run.summary.server_metrics, ServerMetrics) and m.available
+            and (g := m.gauges.get("running")) is not None]
+    return max(seen) if seen else None
+
+
+def _ladder_unsampled(folder: Path, runs: Sequence[str]) -> str | None:
+    """Why the KV rule cannot judge a real server's decode ladder, in words: none of its
+    runs knew the server's KV usage (``_no_gauges``: each ended before /metrics' first
+    sample, or it was not read) nor counted a preemption; None where one did, or the
+    server is simulated."""
+    ladder = _ladder_runs(folder, runs)
+    whys = [_no_gauges(run) for _, run in ladder]
+    if not ladder or any(w is None for w in whys) or any(_kv_full(run) for _, run in ladder):
+        return None
+    return f"none of the decode runs knew the server's KV usage: at concurrency {ladder[-1][0]}, {whys[-1]}"
 
 
 def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _Run]], pts: dict[int, Any],
@@ -1723,7 +1956,7 @@ def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _R
     cache is the change (a cap on requests in flight would only queue the rest), with
     a cache twice the size predicted at the top concurrency where the engine is simulated."""
     flags = _profile_flags(p)
-    change, _ = _kv_room(p.engine, flags, _profile_settings(p))
+    change, _ = _kv_room(p.engine, flags, _profile_settings(p), folder / ENGINE_LOG)
     first, last = full[0], full[-1]
     said = "; ".join(f"at concurrency {c}: {', '.join(parts)}" for c, parts, _ in (full if len(full) <= 2 else [first, last]))
     rec = Recommendation(
@@ -1734,8 +1967,13 @@ def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _R
     )
     run = last[2]
     w = WhatIf(run.dir, run.config)
-    if not w.available:
-        rec.note = f"no prediction: {w.why_not}"
+    if not w.available:  # (a real server: bounded from the measurement at the top concurrency)
+        bound = _queue_bound(run)
+        if bound is not None:
+            bound.metric = f"{bound.metric} at concurrency {last[0]}"
+            rec.gains.append(bound)
+        rec.note = ("no prediction: the simulator has no model of this server" + (
+            "" if bound is not None else "; no bound: its decode runs have no server queue time (/metrics)"))
         return rec
     base = w.simulate()
     blocks = base.result.engine.num_kv_blocks if base.result.engine is not None else 0

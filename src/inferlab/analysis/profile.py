@@ -81,6 +81,11 @@ ASSUMED_MAX_MODEL_LEN = 4096
 RESPONSE_CACHE_RATIO = 0.5
 #: E2E's cost per output token within this share of TPOT at concurrency 1: linear.
 LINEAR_TOLERANCE = 0.15
+#: A decode point is too short to be steady state with fewer requests than this per
+#: user (the first wave starts together, the last drains alone), or lasting less than
+#: this many times its E2E p50.
+STEADY_REQUESTS_PER_USER = 3
+STEADY_E2E_MULTIPLE = 3.0
 
 
 @dataclass(frozen=True)
@@ -559,6 +564,7 @@ class _Profiler:
                 "output_tps": s.output_token_throughput_tps,
                 "goodput_rps": s.goodput_rps,
                 "interrupted": pt.result.interrupted,
+                "duration_s": s.duration_s,
             })
             if pt.result.interrupted:
                 break
@@ -573,6 +579,9 @@ class _Profiler:
             (f"{tpot_1:.2f} ms per token at concurrency 1 ({1000 / tpot_1:,.0f} tokens/s per stream); " if tpot_1 else "")
             + f"{knee_text}; most output {top['output_tps']:,.0f} tokens/s at {top['concurrency']}"
         )
+        quality = decode_quality(rows)
+        if not quality["trusted"]:
+            cost += f"; {decode_quality_words(quality)}"
         slo = self.config.slo
         if k.best_goodput_concurrency is not None:
             cost += (f"; most goodput (requests within TTFT {slo.ttft_ms:g} ms and TPOT {slo.tpot_ms:g} ms: "
@@ -587,7 +596,7 @@ class _Profiler:
         data = {
             "points": rows, "tpot_ms_at_1": tpot_1, "decode_tps_at_1": None if not tpot_1 else 1000 / tpot_1,
             "knee_concurrency": k.knee_concurrency, "best_goodput_concurrency": k.best_goodput_concurrency,
-            "output_tokens": out_tokens,
+            "output_tokens": out_tokens, "quality": quality,
         }
         return Factor("decode", "decode (concurrency)", cost, evidence, data, runs)
 
@@ -796,6 +805,40 @@ def note_short_budget(factors: Sequence[Factor], elapsed_s: float, budget_s: flo
         if isinstance(q, dict) and q.get("requests_per_point", MIN_REQUESTS_PER_POINT) < MIN_REQUESTS_PER_POINT:
             q["budget_note"] = note
             f.evidence += f"; {note}"
+
+
+def decode_quality(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the decode ladder's points are long enough to be steady state: each with
+    ``STEADY_REQUESTS_PER_USER`` completed requests per user or more, and lasting
+    ``STEADY_E2E_MULTIPLE`` times its E2E p50 or more (where its duration is recorded:
+    not in profiles written before it was). ``trusted``, ``caveats`` (one per short
+    point, in words) and ``short`` (their concurrencies), as ``data["quality"]``."""
+    caveats, short = [], []
+    for r in rows:
+        c, done, e2e, took = r.get("concurrency"), r.get("completed"), r.get("e2e_ms_p50"), r.get("duration_s")
+        if not isinstance(c, int) or c < 1 or not isinstance(done, int):
+            continue
+        said = []
+        if done < STEADY_REQUESTS_PER_USER * c:
+            said.append(f"{done / c:.3g} requests per user (fewer than {STEADY_REQUESTS_PER_USER})")
+        if isinstance(took, int | float) and isinstance(e2e, int | float) and e2e > 0 and took * 1000 < STEADY_E2E_MULTIPLE * e2e:
+            said.append(f"{took:,.2f} s, {took * 1000 / e2e:.1f}× its E2E p50 (under {STEADY_E2E_MULTIPLE:g}×)")
+        if said:
+            short.append(c)
+            caveats.append(f"concurrency {c}: " + ", ".join(said))
+    return {"trusted": not caveats, "caveats": caveats, "short": short}
+
+
+def decode_quality_words(quality: dict[str, Any]) -> str:
+    """``decode_quality`` in one clause ("" where trusted): the points too short to be
+    steady state, so the knee and the throughput at them are not to be trusted."""
+    if quality.get("trusted", True):
+        return ""
+    short = quality.get("short") or []
+    return (f"not to be trusted: {len(short)} of the points too short to be steady state ("
+            + "; ".join(quality.get("caveats") or []) + "); the ladder runs 2 requests per user from concurrency 4 "
+            "up whatever the budget: measure a point longer, e.g. inferlab bench -c "
+            f"{short[-1] if short else 32} -n {10 * (short[-1] if short else 32)} --input-tokens 128 (10 requests per user)")
 
 
 def knee_words(concurrencies: Sequence[int], knee_at: int | None) -> str:

@@ -301,7 +301,10 @@ def server_metrics(before: Snapshot, during: Sequence[Snapshot], after: Snapshot
     hit_rate = hits / queries if queries and hits is not None else None
     if hit_rate is None:  # (the server's own cumulative rate, where it has no counters)
         hit_rate = after.values.get("prefix_cache_hit_rate")
-    missing = tuple(n for n in VOCABULARY if n not in after.values and n not in after.histograms)
+    # (a name the summary has from other names is not missing: vLLM's hit rate comes from
+    # its query and hit counters, not the gauge SGLang exposes under that name)
+    derived = {"prefix_cache_hit_rate"} if hit_rate is not None else set()
+    missing = tuple(n for n in VOCABULARY if n not in after.values and n not in after.histograms and n not in derived)
     return ServerMetrics(
         True, None, after.server or before.server, len(during), counters, hit_rate, gauges, hists, missing,
     )
