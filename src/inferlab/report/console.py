@@ -222,7 +222,8 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
         err = sv.ttft_error_ms
         rows.append((
             "client vs server TTFT",
-            f"{err.p50:+,.2f} ms p50, {err.p99:+,.2f} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms)",
+            f"{err.p50:+,.2f} ms p50, {err.p99:+,.2f} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms; "
+            "the network, the HTTP stacks, the client and the simulator's own lateness)",
         ))
     if isinstance(s.client, ClientLoad):
         rows.append(("client", _client_line(s.client)))
