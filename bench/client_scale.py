@@ -20,7 +20,7 @@ Parts (``--parts``, all by default):
   ``inferlab-1-aiohttp`` with ``--http-client aiohttp``, ``inferlab-1@REV`` is
   ``inferlab-1`` as git revision REV of this repository had it (its ``src/``).
 - ``ttft``: ``inferlab bench`` against ``inferlab sim serve`` (Qwen2.5-7B on H100, 256
-  prompt tokens, 64 output tokens) at 1, 64, 256 and 512 streams with 1 and 2 workers:
+  prompt tokens, 64 output tokens) at 1, 64, 256 and 512 streams with 1 and 2 workers (2 where the client has 2 cores):
   client TTFT minus the server's own TTFT per request (the summary's
   ``server_timeline``), the summary's ``client`` block (bottleneck verdict, busiest
   process, loop lag) and how late the simulator itself emitted tokens (its
@@ -30,7 +30,7 @@ Parts (``--parts``, all by default):
   request's way to it). A last run (``--hogs``, 3 by default) repeats the largest
   level on one worker with busy loops on the client's core: a starved client, for the
   bottleneck verdict beside what the client was measured to add.
-- ``poisson``: open-loop Poisson runs (``--rates``) with 2 workers against the mock,
+- ``poisson``: open-loop Poisson runs (``--rates``) with 2 workers (where the client has 2 cores) against the mock,
   which stamps each request's arrival: the number that arrived, every record once, and
   the Kolmogorov-Smirnov distance of the inter-arrival gaps from the requested
   exponential (the schedule, the client's send stamps, the server's arrival stamps).
@@ -568,7 +568,10 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
     assert port is not None
     # every level at each worker count, then the largest level on one worker with
     # ``hogs`` busy loops sharing the client's cores: a client starved of its core
-    plan = [(c, w, 0) for c in levels for w in workers] + ([(max(levels), 1, hogs)] if hogs else [])
+    fit = [w for w in workers if w <= _most_workers(w, client_cpus)]
+    if fit != workers:
+        print(f"(no run with --workers {max(workers)}: it needs as many client cores, --client-cpus or any)")
+    plan = [(c, w, 0) for c in levels for w in fit] + ([(max(levels), 1, hogs)] if hogs else [])
     try:
         for c, w, n_hogs in plan:
             n = max(16, 2 * c)
@@ -639,8 +642,8 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
         "simulated time; a late step is in the error too, not only the client)"
     )
     by = {(r["c"], r["workers"]): r["error"] for r in rows if not r["hogs"]}
-    if len(workers) > 1:
-        w0, w1 = workers[0], workers[-1]
+    if len(fit) > 1:
+        w0, w1 = fit[0], fit[-1]
         print(
             f"error ratio, {w1} workers / {w0} (p50, p99): "
             + "; ".join(
@@ -684,13 +687,24 @@ def ks_exponential(times_ns: Sequence[int], rate_rps: float) -> tuple[float, flo
     return d, 1.358 / math.sqrt(n), n
 
 
+def _most_workers(workers: int, cpus: set[int] | None) -> int:
+    """``workers``, or fewer where the client is pinned to fewer cores: ``inferlab bench``
+    refuses more workers than the cores it may run on (its CPU affinity), so a run
+    with 2 workers needs ``--client-cpus`` of 2 cores (or ``any``)."""
+    return workers if not cpus else min(workers, len(cpus))
+
+
 def part_poisson(server: Server, cpus: set[int] | None, rate: float, seconds: float) -> None:
-    """An open-loop Poisson run with 2 workers: count, merging and the arrival process."""
+    """An open-loop Poisson run with 2 workers (1 on a client pinned to one core):
+    count, merging and the arrival process."""
     n = round(rate * seconds)
+    workers = _most_workers(2, cpus)
+    if workers < 2:
+        print("\n(the Poisson run with 1 worker: --workers 2 needs 2 client cores, --client-cpus 0,1 or any)")
     with scratch("poisson") as work:
         cmd = [sys.executable, "-m", "inferlab", "bench", "--url", server.url, "--model", MODEL,
                "--rate", f"{rate:g}", "--arrival", "poisson", "-n", str(n), "--seed", "7",
-               "--input-tokens", str(INPUT_TOKENS), "--output-tokens", "16", "--workers", "2",
+               "--input-tokens", str(INPUT_TOKENS), "--output-tokens", "16", "--workers", str(workers),
                "--no-preflight", "--out", str(work / "out")]  # fmt: skip
         m = measure(cmd, server, cpus, work)
         if m.rc != 0:
@@ -701,7 +715,7 @@ def part_poisson(server: Server, cpus: set[int] | None, rate: float, seconds: fl
     arrived = m.server["arrivals_ns"]
     indexes = sorted(r["index"] for r in recs)
     print(
-        f"\nopen loop, Poisson {rate:g} req/s, {n} requests, 16 chunks each, --workers 2 "
+        f"\nopen loop, Poisson {rate:g} req/s, {n} requests, 16 chunks each, --workers {workers} "
         f"(resolved: {s['config']['resolved'].get('workers')}), client on {sorted(cpus or []) or 'any'}:"
     )
     print(
@@ -814,6 +828,9 @@ def main(argv: list[str] | None = None) -> int:
     tools = []
     for name in args.tools.split(","):
         tool = TOOLS[name]
+        if tool.name == "inferlab-2" and _most_workers(2, _cpus(args.client_cpus)) < 2:
+            print(f"skipping {tool.label}: it needs 2 client cores (--client-cpus 0,1 or any)", file=sys.stderr)
+            continue
         if tool.venv is not None and not (tool.venv / "bin" / name).exists():
             print(f"skipping {tool.label}: not in {tool.venv} (run with --setup)", file=sys.stderr)
         else:
@@ -822,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     print(
-        f"client_scale, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {os.cpu_count()} "
+        f"client_scale, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {len(os.sched_getaffinity(0))} "
         f"cores; server on {sorted(server_cpus or []) or 'any'}, tools on "
         f"{sorted(client_cpus or []) or 'any'}; {_versions()}; at the start: {machine_load()}"
     )

@@ -89,7 +89,7 @@ def via_gevent(url: str, model: str) -> RequestRecord:
 def comparable(r: RequestRecord) -> dict[str, Any]:
     """The record but for its times: which of them exist, and how many chunks."""
     d = r.to_json()
-    for k in ("send_ns", "ttfb_ns", "end_ns", "intended_send_ns"):
+    for k in ("send_ns", "ttfb_ns", "end_ns", "intended_send_ns", "connect_wait_ns"):
         d[k] = d[k] is not None
     d["content_ns"] = len(r.content_ns)
     if r.error_kind in OWN_WORDS:

@@ -51,7 +51,7 @@ def what_it_said(r: RequestRecord) -> dict[str, Any]:
     """A record less its times (which differ from run to run): what the two stacks must
     agree on. The count of content stamps stays."""
     d = dataclasses.asdict(r)
-    for key in ("send_ns", "ttfb_ns", "end_ns", "content_ns"):
+    for key in ("send_ns", "ttfb_ns", "end_ns", "content_ns", "connect_wait_ns"):
         d[key] = None if d[key] is None else (len(d[key]) if key == "content_ns" else "set")
     return d
 

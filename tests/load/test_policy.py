@@ -139,3 +139,17 @@ def test_make_policy_picks_by_schedule_and_workload() -> None:
         make_policy(LoadConfig(ClosedLoop(2), 4), trace)
     with pytest.raises(UsageError, match="replay schedule"):
         make_policy(LoadConfig(Replay()), specs())
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_open_loop_duration_counts_from_the_first_measured_arrival(warmup: int) -> None:
+    # as a closed loop's: the warm-ups are extra, before the measured window, whose
+    # arrivals are as many as a run without them has
+    load = LoadConfig(OpenLoop(rate_rps=10, arrival="constant"), duration_s=1.0, warmup=warmup)
+    p = make_policy(load, specs())
+    sends = list(p.due(100.0))
+    measured = [s for s in sends if not s.warmup]
+    assert sum(s.warmup for s in sends) == warmup
+    assert len(measured) == 10
+    first = measured[0].intended_s
+    assert all(first <= s.intended_s < first + 1.0 for s in measured)

@@ -9,6 +9,7 @@ from inferlab.results.clientload import (
     CPU_SATURATED,
     LAG_P90_MS,
     LATE_SHARE,
+    MIN_TIMERS,
     ClientLoad,
     ProcessLoad,
     bottleneck_warning,
@@ -99,6 +100,16 @@ def test_a_process_too_short_for_one_loop_timer_is_no_bottleneck() -> None:
     # one that did measure gives its verdict
     some = client_load([ProcessLoad("parent", [], 0.001, 0.02), process("worker 1", [0.1] * 10, 0.2)])
     assert some is not None and some.bottleneck is False
+
+
+def test_one_late_timer_is_no_verdict() -> None:
+    # Ctrl-C 0.1 s into a run: one timer fired, late; its p50 and p99 are that one timer
+    one = client_load([ProcessLoad("client", [40.0], 0.1, 0.1, [(40.0, 1.0)])])
+    assert one is not None and one.bottleneck is None
+    assert bottleneck_warning(one, workers=1, cores=2) is None
+    # as many timers as a verdict needs, as late, are one
+    enough = client_load([ProcessLoad("client", [40.0] * MIN_TIMERS, 0.5, 0.5, [(40.0, 1.0)])])
+    assert enough is not None and enough.bottleneck
 
 
 def timed(role: str, lags: list[float], cpu_share: float) -> ProcessLoad:

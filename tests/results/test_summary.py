@@ -321,3 +321,47 @@ def test_a_closed_loop_is_queue_bound_when_a_wait_of_many_steps_doubles_its_ttft
     # a long wait that the prefill still outweighs: the engine's own work
     assert not queue_bound(parts(2000.0, 2500.0), step_ms=50.0)
     assert not queue_bound(None, step_ms=7.0) and not queue_bound(parts(9400.0, 30.0), step_ms=None)
+
+
+def failed(index: int, kind: ErrorKind) -> RequestRecord:
+    return RequestRecord(index=index, send_ns=index * MS, error_kind=kind, error="no")
+
+
+def test_failed_requests_are_said_by_kind_and_first_when_many() -> None:
+    ok = [rec(i, i, [i + 10], i + 20, out=1) for i in range(97)]
+    few = summarize([*ok, failed(97, ErrorKind.CONNECT), failed(98, ErrorKind.CONNECT), failed(99, ErrorKind.TIMEOUT)],
+                    interrupted=True)
+    line = "3 of 100 measured requests failed (2 connect, 1 timeout): the latencies are of the requests that completed"
+    assert few.warnings == (line, "the run was interrupted: the summary covers what completed")
+    # more than 5 %: its share first, before every other caveat
+    cut = [rec(i, i, [i + 10], i + 20, out=1, finish_reason="length", requested_output_tokens=2) for i in range(10)]
+    many = summarize([*cut, *(failed(10 + i, ErrorKind.DISCONNECT) for i in range(5))])
+    assert any("stopped at a length limit" in w for w in many.warnings)
+    assert many.warnings[0].startswith("33% of the requests failed: 5 of 15 measured requests failed (5 disconnect)")
+    cancelled = summarize([*ok[:3], failed(3, ErrorKind.CANCELLED)])  # (an interruption's: not a failure)
+    assert not any("failed" in w for w in cancelled.warnings)
+
+
+def test_the_bound_that_ended_a_run_of_both_is_said() -> None:
+    load = {"num_requests": 1000, "duration_s": 3.0, "schedule": {"kind": "ClosedLoop", "concurrency": 1}}
+    records = [rec(i, i, [i + 1], i + 2, out=1) for i in range(51)]
+    s = summarize(records, config={"load": load})
+    assert "stopped at --duration 3 s after 51 of the -n 1,000 requests" in s.warnings
+    full = summarize(records, config={"load": {**load, "num_requests": 51}})
+    assert "stopped at -n 51, within --duration 3 s" in full.warnings
+    assert not any("stopped at" in w for w in summarize(records, config={"load": {**load, "duration_s": None}}).warnings)
+
+
+def test_the_wait_for_connections_is_in_ttft_not_in_queue_delay_and_not_in_the_server_timeline() -> None:
+    # sent on time, then 400 ms waiting for the server to take the connection
+    r = rec(0, 0, [500], 600, out=1, intended_send_ns=0, connect_wait_ns=400 * MS,
+            server_timeline={"first_token_ms": 90.0})
+    s = summarize([r])
+    assert s.ttft_ms is not None and s.ttft_ms.p50 == 500
+    assert s.queue_delay_ms is not None and s.queue_delay_ms.max == 0
+    assert s.connect_wait_ms is not None and s.connect_wait_ms.p99 == 400
+    assert s.server_timeline is not None and s.server_timeline.ttft_error_ms.p50 == pytest.approx(10.0)
+    assert any(w.startswith("the server was slow to accept connections: 1 of 1 completed") for w in s.warnings)
+    # a record written before the field reads, and says nothing of it
+    old = RequestRecord.from_json({k: v for k, v in r.to_json().items() if k != "connect_wait_ns"})
+    assert old.connect_wait_ns is None and summarize([old]).connect_wait_ms is None

@@ -174,7 +174,9 @@ class GeventClient:
         Never raises, except ``GreenletExit`` (the record is then marked ``cancelled``)."""
         ep = self.endpoint
         exchange = _Exchange(self, record, text_out)
-        record.send_ns = self.now_ns()  # (the moment the request goes out, once connected)
+        # (the request's start, before a connection is had: as ``client.http.Sender``)
+        record.send_ns = self.now_ns()
+        record.connect_wait_ns = 0
         resent = False
         try:
             with gevent.Timeout(ep.timeout_s, _TotalTimeout()):
@@ -267,10 +269,14 @@ class _Exchange:
 
     def run(self, body: bytes) -> None:
         client, record = self.client, self.record
-        sock = client.connection.socket()
+        since = client.now_ns()
+        try:
+            sock = client.connection.socket()
+        finally:  # (a new connection's set-up, had or not; a pooled one's is 0)
+            if not client.connection.reused:
+                record.connect_wait_ns = (record.connect_wait_ns or 0) + client.now_ns() - since
         self.reused = client.connection.reused
         head = f"POST {client.path} HTTP/1.1\r\n{client.header_lines}Content-Length: {len(body)}\r\n\r\n"
-        record.send_ns = client.now_ns()
         sock.sendall(head.encode("latin-1") + body)
         resp = _Response()
         t_ns = self._read_headers(sock, resp)

@@ -50,28 +50,44 @@ __all__ = [
 
 
 class _Attempt:
-    """One attempt at a request, as the session's trace sees it: ``stamp`` is called
-    when its headers are written; ``reused`` is set if it went out on a pooled
-    keep-alive connection."""
+    """One attempt at a request, as the session's trace sees it: ``connecting`` and
+    ``connected`` bracket the set-up of a new connection to the server (``waited_ns``
+    adds them up); ``reused`` is set if it went out on a pooled keep-alive connection."""
 
-    __slots__ = ("reused", "stamp")
+    __slots__ = ("_now", "_since", "reused", "waited_ns")
 
-    def __init__(self, stamp: Callable[[], None]) -> None:
-        self.stamp = stamp
+    def __init__(self, now: Callable[[], int]) -> None:
+        self._now = now
+        self._since: int | None = None
         self.reused = False
+        self.waited_ns = 0
+
+    def connecting(self) -> None:
+        self._since = self._now()
+
+    def connected(self) -> None:
+        """The connection is had, or its set-up ended without one (refused, timed out,
+        cancelled): the wait counts either way."""
+        if self._since is not None:
+            self.waited_ns += self._now() - self._since
+            self._since = None
 
 
 def session_trace() -> aiohttp.TraceConfig:
-    """Stamps the moment a request's headers are written (its first byte), and notes
-    whether it was sent on a reused connection (what a resend after a stale keep-alive
-    connection needs to know). Give it to every session a ``Client`` sends over."""
+    """Brackets the set-up of each new connection a request waits for (what the
+    record's ``connect_wait_ns`` adds up), and notes whether it was sent on a reused
+    connection (what a resend after a stale keep-alive connection needs to know). Give
+    it to every session a ``Client`` sends over."""
 
-    async def on_headers_sent(
-        session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
-    ) -> None:
-        stamp = getattr(ctx.trace_request_ctx, "stamp", None)
-        if stamp is not None:
-            stamp()
+    async def on_create_start(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+        attempt = ctx.trace_request_ctx
+        if isinstance(attempt, _Attempt):
+            attempt.connecting()
+
+    async def on_create_end(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+        attempt = ctx.trace_request_ctx
+        if isinstance(attempt, _Attempt):
+            attempt.connected()
 
     async def on_reuse(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
         attempt = ctx.trace_request_ctx
@@ -79,7 +95,8 @@ def session_trace() -> aiohttp.TraceConfig:
             attempt.reused = True
 
     trace = aiohttp.TraceConfig()
-    trace.on_request_headers_sent.append(on_headers_sent)
+    trace.on_connection_create_start.append(on_create_start)
+    trace.on_connection_create_end.append(on_create_end)
     trace.on_connection_reuseconn.append(on_reuse)
     return trace
 
@@ -128,7 +145,8 @@ class ConnectError(aiohttp.ClientConnectionError):
 
 
 class Sender:
-    """What every asyncio client shares: the record's request fields, the send stamp,
+    """What every asyncio client shares: the record's request fields, the send stamp
+    (the request's start, before a connection is taken) and the connect wait,
     the total timeout, the resend of a request a stale keep-alive connection failed,
     and how a failure is recorded (aiohttp's exceptions, which every transport raises).
     A transport gives ``_exchange``: one attempt, on a pooled connection or, for the
@@ -164,22 +182,22 @@ class Sender:
         record.requested_output_tokens = spec.max_tokens
         body = json.dumps(request_body(self.endpoint, spec)).encode()
 
-        def stamp() -> None:
-            record.send_ns = self._now()
-
+        # (the request's start: before a connection is taken, so that the wait for a new
+        # one is in its latencies and not in its queue delay; see ``RequestRecord``)
         record.send_ns = self._now()
         resent = False
+        attempts = [_Attempt(self._now)]
         try:
             async with asyncio.timeout(self.endpoint.timeout_s):
-                attempt = _Attempt(stamp)
                 try:
-                    await self._exchange(False, body, record, attempt, text_out)
+                    await self._exchange(False, body, record, attempts[0], text_out)
                 except aiohttp.ClientError as e:
-                    if not stale(e, attempt.reused, record.status is not None):
+                    if not stale(e, attempts[0].reused, record.status is not None):
                         raise
                     resent = True
                     self.resent += 1
-                    await self._exchange(True, body, record, _Attempt(stamp), text_out)
+                    attempts.append(_Attempt(self._now))
+                    await self._exchange(True, body, record, attempts[1], text_out)
         except aiohttp.ServerTimeoutError:
             fail(record, ErrorKind.IDLE_TIMEOUT, f"no data for {self.endpoint.idle_timeout_s:g} s")
         except TimeoutError:
@@ -193,19 +211,23 @@ class Sender:
         except asyncio.CancelledError:
             fail(record, ErrorKind.CANCELLED, "run interrupted")
             raise
+        finally:
+            for attempt in attempts:  # (a set-up that failed or was cut short waited too)
+                attempt.connected()
+            record.connect_wait_ns = sum(a.waited_ns for a in attempts)
 
     async def _exchange(
         self, fresh: bool, body: bytes, record: RequestRecord, attempt: _Attempt, text_out: list[str] | None,
     ) -> None:
-        """One attempt: ``attempt.stamp()`` as its first byte goes out, ``attempt.reused``
-        set if it went out on a pooled connection; fills ``record``; raises aiohttp's
-        exceptions for what failed."""
+        """One attempt: ``attempt.connecting()`` and ``connected()`` around the set-up of
+        a new connection, ``attempt.reused`` set if it went out on a pooled one; fills
+        ``record``; raises aiohttp's exceptions for what failed."""
         raise NotImplementedError
 
 
 class Client(Sender):
     """Sends requests to one endpoint over a shared aiohttp session (made with
-    ``session_trace()``: without it sends are stamped late and never resent)."""
+    ``session_trace()``: without it no connect wait is measured and nothing is resent)."""
 
     stack = "aiohttp"
 

@@ -1,5 +1,5 @@
-"""The asyncio client on httptools: ``client.http``'s ``Sender`` (the same send stamp,
-timeouts, resend of a request a stale keep-alive connection failed, and error records)
+"""The asyncio client on httptools: ``client.http``'s ``Sender`` (the same send stamp and
+connect wait, timeouts, resend of a request a stale keep-alive connection failed, and error records)
 over connections of its own, for plain ``http://`` endpoints (the ``fast`` extra).
 
 Why: aiohttp hands a response's body to its reader through a ``StreamReader``: per
@@ -13,7 +13,8 @@ clock reading taken when the read arrived. No buffer, no task woken per read: th
 request's task waits once, for the response's end (or a stream's ``[DONE]``).
 
 It fills the same fields with the same meanings as aiohttp's ``Client``: ``send_ns``
-as the request's bytes are written (after the connection is had), ``ttfb_ns`` at the
+as the request starts (``Sender``: before a connection is taken), ``connect_wait_ns``
+the set-up of a new connection (``Pool.connect``), ``ttfb_ns`` at the
 first read of the body, ``end_ns`` at the read that ended it. Failures are raised as
 the aiohttp exceptions aiohttp's client would raise for them, so ``Sender`` records
 them alike (the messages of a disconnect mid-body are aiohttp's words).
@@ -424,11 +425,14 @@ class HttptoolsClient(Sender):
         conn = None if fresh else pool.take()
         attempt.reused = conn is not None
         if conn is None:
+            attempt.connecting()
             try:
                 async with asyncio.timeout(ep.idle_timeout_s):  # (as aiohttp's wait for the head)
                     conn = await pool.connect()
             except TimeoutError:
                 raise aiohttp.ServerTimeoutError("no response") from None
+            finally:
+                attempt.connected()
         assert conn.transport is not None
         waiter = conn.start(record, text_out, ep.stream, self.clock.now_ns, self.t0_ns)
         # (from the attempt's start: the connect, the request and the wait for the head
@@ -436,7 +440,6 @@ class HttptoolsClient(Sender):
         conn.watch = watch = _IdleWatch(conn.fail, ep.idle_timeout_s, self._now, since_ns=start)
         reusable = False
         try:
-            attempt.stamp()
             conn.transport.write(b"%s%d\r\n\r\n%s" % (self._head, len(body), body))
             try:
                 await waiter

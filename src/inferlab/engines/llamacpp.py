@@ -31,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from inferlab._cores import usable_cores
 from inferlab._errors import InferlabError
 from inferlab.engines.cache import cache_dir, made_once
 
@@ -139,7 +140,7 @@ def _build(version: str, out: Path, logfile: Path, log: IO[str] | None) -> None:
                  f"-DCMAKE_CXX_COMPILER={tools['cxx']}", *CMAKE_OPTIONS]
     _say(log, f"configuring (log: {logfile})")
     _run(env_cmake, "cmake configure", logfile)
-    jobs = os.cpu_count() or 2
+    jobs = usable_cores()
     _say(log, f"compiling llama-server with {jobs} jobs (several minutes on two cores)")
     started = time.monotonic()
     _run([tools["cmake"], "--build", str(build), "--target", "llama-server", "-j", str(jobs)],

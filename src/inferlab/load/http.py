@@ -8,7 +8,8 @@ turn). The launcher here runs each request as a task of this process; ``load.wor
 hands them to worker processes instead, under the same dispatcher. Every request keeps
 its intended send time, so a client falling behind shows as queue delay. Setting
 ``stop`` ends the run early, cancelling requests in flight (recorded as ``cancelled``);
-so does a workload that cannot make its next request (``Outcome.cause``).
+so does a workload that cannot make its next request, and a server that stopped
+answering (``ServerGoneError``), both ``Outcome.cause``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from inferlab._errors import InferlabError
 from inferlab.load.monitor import LoopMonitor
 from inferlab.load.policy import Answer, Policy, Send
 from inferlab.results.clientload import ProcessLoad
-from inferlab.results.records import RequestRecord
+from inferlab.results.records import ErrorKind, RequestRecord
 
 if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes none)
     import aiohttp
@@ -33,6 +34,45 @@ if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes no
 
 #: Keep-alive connections opened before the clock starts, at most.
 MAX_WARM_CONNECTIONS = 256
+#: The server has stopped answering when this many requests in a row (and at least
+#: ``GONE_PER_SLOT`` times the most that were in flight at once: every user or slot
+#: failed that often) failed for want of a connection, with no answer in between, over
+#: ``GONE_S`` or more, or up to the run's end: see ``ServerGoneError``. A second: long
+#: enough that a blip (a listen queue full for a moment) stops no run, short enough that
+#: a dead server adds at most about a second of instant failures to the records.
+GONE_REQUESTS = 20
+GONE_PER_SLOT = 3
+GONE_S = 1.0
+
+
+class ServerGoneError(InferlabError):
+    """The server stopped answering during the run: no connection could be had (refused,
+    reset, closed before any answer) for ``GONE_REQUESTS`` requests in a row, and as many
+    as ``GONE_PER_SLOT`` for each that was in flight at once, with no answer between
+    them, for ``GONE_S`` or up to the run's end. A restart of a second or a few refused
+    connections is no reason to stop; a server that is gone is, before it turns the
+    rest of the run into instant failures. The run stops there (the executor's
+    ``Outcome.cause``); every record is kept."""
+
+    def __init__(self, reason: str, completed: int, records: str | None = None) -> None:
+        where = f"; its records are in {records}" if records else ""
+        super().__init__(
+            f"the server stopped answering ({reason}) after {completed:,} completed requests; the run stopped{where}")
+        self.reason = reason
+        self.completed = completed
+
+
+def _unanswered(record: RequestRecord) -> str | None:
+    """Why ``record`` got no answer for want of a connection, in a few words; None if
+    it did get one (or failed otherwise: a timeout, a cancel)."""
+    if record.status is not None:
+        return None
+    if record.error_kind is ErrorKind.CONNECT:
+        text = (record.error or "").lower()
+        return "connection refused" if "refused" in text or "connect call failed" in text else "cannot connect"
+    if record.error_kind is ErrorKind.DISCONNECT:
+        return "connection closed before any answer"
+    return None
 
 OnRecord = Callable[[RequestRecord], None]
 
@@ -188,6 +228,13 @@ class Dispatcher:
         self.in_flight = 0
         self._ended = asyncio.Event()  # a request ended since the dispatcher last looked
         self._error: BaseException | None = None  # a launcher's own failure (a bug)
+        # (``ServerGoneError``: the failures for want of a connection since the last
+        # answer, when the first of them ended, why; the most in flight at once)
+        self._unanswered = 0
+        self._unanswered_since = 0.0
+        self._why = ""
+        self._peak = 0
+        self._completed = 0
 
     def _now_s(self) -> float:
         return (self.clock.now_ns() - self.result.t0_ns) / NS_PER_S
@@ -202,7 +249,11 @@ class Dispatcher:
                 self._start(send)
             next_s = policy.next_s()
             if next_s is None and not self.in_flight:
+                if self._gone(at_end=True):
+                    raise ServerGoneError(self._why, self._completed)
                 return
+            if self._gone(at_end=False):
+                raise ServerGoneError(self._why, self._completed)
             self._ended.clear()  # (ends before this line were seen by ``due`` above)
             if next_s is None:
                 await self._ended.wait()
@@ -211,6 +262,26 @@ class Dispatcher:
                 now_s = max(self._now_s(), next_s)  # (what the ns clock rounded down is due)
             else:
                 now_s = self._now_s()
+
+    def _gone(self, at_end: bool) -> bool:
+        """Whether the server has stopped answering (``ServerGoneError``'s rule)."""
+        if self._unanswered < max(GONE_REQUESTS, GONE_PER_SLOT * self._peak):
+            return False
+        # (at the end, a run in which nothing completed is "all failed": ``run``'s own rule)
+        return (at_end and self._completed > 0) or self._now_s() - self._unanswered_since >= GONE_S
+
+    def _note(self, record: RequestRecord) -> None:
+        """Count ``record`` towards (or against) the server having stopped answering."""
+        why = _unanswered(record)
+        if why is not None:
+            if not self._unanswered:
+                self._unanswered_since = self._now_s()
+            self._unanswered += 1
+            self._why = why
+        elif record.status is not None:  # (it answered: a timeout or a cancel says nothing)
+            self._unanswered = 0
+        if record.ok and not record.warmup:
+            self._completed += 1
 
     async def _sleep_until(self, t_s: float) -> bool:
         """Sleep until ``t_s``, or until a request ends first if any is in flight (an end
@@ -235,11 +306,13 @@ class Dispatcher:
             user=send.user,
         )
         self.in_flight += 1
+        self._peak = max(self._peak, self.in_flight)
         self.launcher.launch(send, record, [] if self.policy.wants_answers else None)
 
     def finished(self, send: Send, record: RequestRecord, text: list[str] | None) -> None:
         """``send``'s request ended (``record`` filled, ``text`` its reply if asked for)."""
         self.cancelled(record)
+        self._note(record)
         answer: Answer | None = None
         if text is not None and record.ok:
             answer = "".join(text), record.output_tokens or len(record.content_ns)

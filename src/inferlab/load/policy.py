@@ -11,7 +11,8 @@ policies, so ``bench`` and ``sim run`` send the same requests at the same moment
 - ``ClosedLoopPolicy``: N users, each sending its next request when its previous one
   ends; ``duration_s`` counts from the first measured send.
 - ``OpenLoopPolicy``: requests at given arrival times (a schedule's draws, a trace's
-  timestamps); ``max_concurrency`` holds a request back until a slot frees, so the hold
+  timestamps; a schedule's ``duration_s`` counts from the first measured arrival, after
+  the warm-ups, as a closed loop's does); ``max_concurrency`` holds a request back until a slot frees, so the hold
   shows as queue delay.
 - ``UserReplayPolicy``: a recorded closed loop replayed as it ran: each user sends its
   recorded requests in order, the first at its recorded time, each next one when the
@@ -381,7 +382,12 @@ def make_policy(load: LoadConfig, workload: Iterator[RequestSpec] | Trace | Sess
     if isinstance(s, ClosedLoop):
         return ClosedLoopPolicy(s.concurrency, workload, total=total, warmup=load.warmup, duration_s=load.duration_s)
     if isinstance(s, OpenLoop):
-        times = s.arrival_times_s(load.seed, total, load.duration_s)  # in order
+        window = load.duration_s
+        if window is not None and load.warmup:
+            # the warm-ups before the measured window, as a closed loop runs them: its
+            # duration counts from the first measured arrival (the draws' order is fixed)
+            window += s.arrival_times_s(load.seed, load.warmup + 1, None)[-1]
+        times = s.arrival_times_s(load.seed, total, window)  # in order
         return OpenLoopPolicy(zip(times, workload, strict=False), max_concurrency=s.max_concurrency, warmup=load.warmup)
     raise AssertionError(f"unknown schedule {s!r}")
 

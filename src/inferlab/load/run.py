@@ -16,19 +16,19 @@ import asyncio
 import contextlib
 import dataclasses
 import math
-import os
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from inferlab._clock import Clock, WallClock
+from inferlab._cores import usable_cores
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab._loop import loop_name
 from inferlab.client.preflight import EXACT_LOCAL, Preflight, context_fit, run_preflight
 from inferlab.client.serverid import identify_server
 from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
-from inferlab.load.http import Outcome
+from inferlab.load.http import Outcome, ServerGoneError
 from inferlab.load.monitor import autogroup_enabled
 from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Schedule
@@ -205,7 +205,8 @@ async def run(
     Raises ``UsageError`` for bad options, ``ServerUnreachableError`` before the run if
     no server answers, and ``RunFailedError`` after it if every measured request failed
     (the summary is written first and attached as ``summary``); an interrupted run
-    returns (``interrupted``, and ``cause`` when the workload could not make a request)."""
+    returns (``interrupted``, and ``cause`` when the workload could not make a request,
+    or a ``ServerGoneError`` when the server stopped answering)."""
     if config.out_dir is not None:  # (before any server is probed)
         check_out_dir(config.out_dir, config.overwrite)
     if isinstance(target, SimTarget):
@@ -229,6 +230,9 @@ async def run(
 
         try:
             outcome = await prepared.execute(policy, record_done, stop)
+            if isinstance(outcome.cause, ServerGoneError):  # (said in the summary, and the run fails)
+                outcome.cause = ServerGoneError(outcome.cause.reason, outcome.cause.completed, config.out_dir)
+                outcome.warnings.insert(0, str(outcome.cause))
             summary = run_summary(
                 outcome.records, workload, config=prepared.config_json, slo=config.slo,
                 interrupted=outcome.interrupted,
@@ -541,11 +545,11 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         http_client = resolve_http_client(target.http_client, base)
     except ValueError as e:
         raise UsageError(str(e)) from e
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     if target.workers is not None and target.workers > cores:  # (before any server is probed)
         raise UsageError(
-            f"--workers {target.workers} is more than this machine's {cores} cores: the workers would wait for "
-            "a core, and every wait is in the latencies they measure"
+            f"--workers {target.workers} is more than the {cores} core{'s' * (cores != 1)} this process may run on (its CPU affinity "
+            "and cgroup quota): the workers would wait for a core, and every wait is in the latencies they measure"
         )
     try:
         extra_body = check_extra_body(target.extra_body)
@@ -690,8 +694,8 @@ RATE_PER_WORKER = 200.0
 def auto_workers(load: LoadConfig, cores: int | None = None) -> int:
     """How many worker processes a load needs: 1 (this process) unless its concurrent
     streams or its rate exceed what one process carries, and never more than the cores
-    the machine has, less one for the parent."""
-    cores = cores if cores is not None else (os.cpu_count() or 1)
+    this process may run on (``usable_cores``), less one for the parent."""
+    cores = cores if cores is not None else usable_cores()
     s = load.schedule
     if isinstance(s, ClosedLoop):
         need = s.concurrency / STREAMS_PER_WORKER
@@ -836,7 +840,7 @@ def run_summary(
         workers = config.get("resolved", {}).get("workers") or 1
         collapsed = collapsed_gap_share([r.content_ns for r in records if r.ok and not r.warmup])
         warning = None if load is None else bottleneck_warning(
-            load, workers, os.cpu_count() or 1, autogroup_enabled(), collapsed_share=collapsed)
+            load, workers, usable_cores(), autogroup_enabled(), collapsed_share=collapsed)
         if warning is not None:
             last.insert(0, warning)
     metrics: ServerMetrics | Omitted = OMITTED if server_metrics is None else server_metrics

@@ -10,7 +10,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from inferlab._clock import NS_PER_S, Clock
-from inferlab.results.clientload import CPU_BUSY, ClientLoad
+from inferlab.results.clientload import CPU_BUSY, MIN_TIMERS, ClientLoad
 from inferlab.results.metrics import Distribution
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.summary import OMITTED, Summary
@@ -24,6 +24,7 @@ _ROWS = (
     ("E2E", "e2e_ms", "ms"),
     ("Decode speed", "decode_tps", "tok/s"),
     ("Client send lag", "queue_delay_ms", "ms"),
+    ("Connect wait", "connect_wait_ms", "ms"),
 )
 
 
@@ -86,8 +87,8 @@ def _client_line(load: ClientLoad) -> str:
     lag = hot.loop_lag_ms
     who = "1 process" if n == 1 else f"{n} processes, busiest {hot.role}"
     verdict = "[yellow]likely the bottleneck[/yellow]" if load.bottleneck else "kept up"
-    if load.bottleneck is None:  # (every process that measures too brief for its first loop timer)
-        verdict = "no verdict, the run was too short to tell"
+    if load.bottleneck is None:  # (every process that measures too brief for MIN_TIMERS loop timers)
+        verdict = f"no verdict: too few loop-timer samples (under {MIN_TIMERS}: a run under half a second)"
     if load.bottleneck and hot.cpu_share < CPU_BUSY:  # (late, yet mostly idle: the warning says why)
         verdict = "[yellow]likely the bottleneck, waiting for a core[/yellow]"
     lags = "" if lag is None else f", loop lag p50 {_fmt(lag.p50, 2)} / p99 {_fmt(lag.p99, 2)} ms"
@@ -223,7 +224,8 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
         err = sv.ttft_error_ms
         rows.append((
             "client vs server TTFT",
-            f"{err.p50:+,.2f} ms p50, {err.p99:+,.2f} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms)",
+            f"{err.p50:+,.2f} ms p50, {err.p99:+,.2f} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms; "
+            "the network, the HTTP stacks, the client and the simulator's own lateness)",
         ))
     if isinstance(s.client, ClientLoad):
         rows.append(("client", _client_line(s.client)))

@@ -37,6 +37,10 @@ CPU_SATURATED = 0.9
 #: A process whose loop lagged while it used less CPU than this waited for a core that
 #: other processes held, rather than working through its own backlog.
 CPU_BUSY = 0.5
+#: The fewest loop timers (``load.monitor``: one per 50 ms, so half a second of run) a
+#: process must have fired for a verdict on it: p50 and p99 of one or two timers are
+#: those timers, and one late timer is no bottleneck.
+MIN_TIMERS = 10
 #: The share of a run's wall time with the loop more than ``LAG_P90_MS`` late at or above
 #: which the client likely inflated what it measured (the same tenth as the p90 rule,
 #: counted in time rather than in timer ticks).
@@ -134,7 +138,7 @@ class ClientLoad:
     """The client's own load over a run: every sending process, and whether the client
     was likely the bottleneck (``bottleneck``: a process that measured inflated its
     latencies, or the parent of workers delayed the sends; None: no verdict, no process
-    that measures ran long enough for its first loop timer), with what it may have added
+    that measures ran long enough for ``MIN_TIMERS`` loop timers), with what it may have added
     to its latencies (``inflation_ms``: the busiest measuring process's, p50 and p99,
     ``ClientProcess``; the parent of workers measures nothing, its lateness delays sends)."""
 
@@ -211,9 +215,10 @@ def client_load(loads: Sequence[ProcessLoad]) -> ClientLoad | None:
         added = (max(ticks[0], p.wait_ms(0.5)), max(ticks[1], p.wait_ms(0.99)))
         processes.append(ClientProcess(p.role, p.cpu_share, lag, tuple(p.seconds), p.late_share, added))
     measuring = [p for p in processes if measures(p)]
-    verdict: bool | None = any(saturated(p) for p in processes)
-    if not verdict and all(p.loop_lag_ms is None for p in measuring):
-        verdict = None  # (no process that measures ran long enough to say: ``saturated``)
+    judged = [c for c, p in zip(processes, loads, strict=True) if len(p.loop_lag_ms) >= MIN_TIMERS]
+    verdict: bool | None = any(saturated(p) for p in judged)
+    if not verdict and not any(measures(p) for p in judged):
+        verdict = None  # (no process that measures ran long enough to say: ``MIN_TIMERS``)
     added = inflation(busiest(measuring)) if measuring else (0.0, 0.0)
     return ClientLoad(tuple(processes), verdict, added)
 
@@ -259,7 +264,7 @@ def bottleneck_warning(
     else:
         cause = f"used {worst.cpu_share:.0%} of a core and its event loop ran late"
         if workers < max(1, cores - 1):
-            fix = f"rerun with --workers {min(cores - 1, max(2, workers * 2))} (this machine has {cores} cores)"
+            fix = f"rerun with --workers {min(cores - 1, max(2, workers * 2))} (this process may run on {cores} cores)"
         else:
             fix = "give the client more cores, or spread the load over machines"
     return (

@@ -49,6 +49,7 @@ from inferlab.results.metrics import (
     NS_PER_MS,
     NS_PER_S,
     Distribution,
+    connect_wait_ms,
     itl_ns,
     left_ns,
     output_token_count,
@@ -435,7 +436,7 @@ _SCALARS = (
 #: The summary's distributions: (key, unit).
 _DISTRIBUTIONS = (
     ("ttfb_ms", "ms"), ("ttft_ms", "ms"), ("e2e_ms", "ms"), ("tpot_ms", "ms"), ("itl_ms", "ms"),
-    ("decode_tps", "tok/s"), ("queue_delay_ms", "ms"),
+    ("decode_tps", "tok/s"), ("queue_delay_ms", "ms"), ("connect_wait_ms", "ms"),
 )
 
 
@@ -507,7 +508,7 @@ def summary_csv(summary: Summary, bands: Mapping[str, Mapping[str, Any]] | None 
 REQUEST_COLUMNS = (
     "index", "warmup", "ok", "error_kind", "status", "error", "session", "turn", "key",
     "intended_send_ms", "send_ms", "end_ms",
-    "ttfb_ms", "ttft_ms", "tpot_ms", "e2e_ms", "decode_tps", "queue_delay_ms",
+    "ttfb_ms", "ttft_ms", "tpot_ms", "e2e_ms", "decode_tps", "queue_delay_ms", "connect_wait_ms",
     "chunks", "itl_mean_ms", "itl_max_ms",
     "input_tokens", "output_tokens", "cached_tokens", "requested_input_tokens", "requested_output_tokens",
     "usage_source", "finish_reason", "output_chars", "inferlab_source",
@@ -517,7 +518,7 @@ REQUEST_COLUMNS = (
 def requests_csv(records: Iterable[RequestRecord], source: str) -> str:
     """The records as CSV, one row per request (warm-up ones too, marked), in send
     order: the raw times in ms from the run's start (``intended_send_ms``, ``send_ms``,
-    ``end_ms``), the derived metrics of docs/design.md (``ttfb_ms`` ... ``queue_delay_ms``),
+    ``end_ms``), the derived metrics of docs/design.md (``ttfb_ms`` ... ``connect_wait_ms``),
     the content chunks and their gaps (``itl_mean_ms``, ``itl_max_ms``), and the token
     counts. ``output_tokens`` is the server's count, else the number of content chunks;
     ``inferlab_source`` is ``source`` (``run_source``: measured, or a prediction) on every
@@ -538,7 +539,7 @@ def requests_csv(records: Iterable[RequestRecord], source: str) -> str:
             "session": r.session, "turn": r.turn, "key": r.key,
             "intended_send_ms": ms(r.intended_send_ns), "send_ms": ms(r.send_ns), "end_ms": ms(r.end_ns),
             "ttfb_ms": m.ttfb_ms, "ttft_ms": m.ttft_ms, "tpot_ms": m.tpot_ms, "e2e_ms": m.e2e_ms,
-            "decode_tps": m.decode_tps, "queue_delay_ms": m.queue_delay_ms,
+            "decode_tps": m.decode_tps, "queue_delay_ms": m.queue_delay_ms, "connect_wait_ms": connect_wait_ms(r),
             "chunks": len(r.content_ns),
             "itl_mean_ms": math.fsum(gaps) / len(gaps) if gaps else None, "itl_max_ms": max(gaps, default=None),
             "input_tokens": r.input_tokens, "output_tokens": m.output_tokens, "cached_tokens": r.cached_tokens,

@@ -92,10 +92,18 @@ def itl_ns(content_ns: Sequence[int]) -> Iterator[int]:
 
 
 def queue_delay_ms(r: RequestRecord) -> float | None:
-    """How late the request left the client against its intended send time."""
+    """How late the client started the request against its intended send time: its own
+    lag (or a concurrency cap's wait), never the server's (the wait for a connection is
+    after ``send_ns``: ``connect_wait_ms``)."""
     if r.intended_send_ns is None or r.send_ns is None:
         return None
     return max(0.0, (r.send_ns - r.intended_send_ns) / NS_PER_MS)
+
+
+def connect_wait_ms(r: RequestRecord) -> float | None:
+    """How long the request waited for new connections to the server (in its TTFT and
+    E2E, not in its queue delay); None where not measured."""
+    return None if r.connect_wait_ns is None else r.connect_wait_ns / NS_PER_MS
 
 
 def left_ns(r: RequestRecord, config: Mapping[str, Any]) -> int | None:

@@ -29,9 +29,15 @@ class ErrorKind(enum.StrEnum):
 class RequestRecord:
     """One request as the client saw it.
 
-    ``send_ns`` is when the request's first byte was written; ``ttfb_ns`` the first byte
-    of the response body; ``content_ns`` one entry per chunk that carried generated
-    content; ``end_ns`` the last byte. ``None`` means the event never happened.
+    ``send_ns`` is when the client started the request, before it took a connection
+    (so a new connection's set-up is in TTFT and E2E, what a user waits, as vLLM's
+    ``bench serve`` counts it); ``connect_wait_ns`` how long of that it then waited for
+    new connections to the server (DNS, TCP and TLS set-up: the server's or the
+    network's time, not the client's; 0 on a pooled keep-alive connection); ``ttfb_ns``
+    the first byte of the response body; ``content_ns`` one entry per chunk that carried
+    generated content; ``end_ns`` the last byte. ``None`` means the event never happened
+    (``connect_wait_ns``: not measured, as in records written before it was, whose
+    ``send_ns`` was stamped once a connection was had).
     """
 
     index: int
@@ -71,6 +77,8 @@ class RequestRecord:
     # a Mooncake trace row's block ids (512 tokens each; requests with equal leading ids
     # share those blocks' text), so that a replay of the run shares them again; None: none
     hash_ids: list[int] | None = None
+    # (a duration, ns; at the end: older records lack it, and it is no time since t0)
+    connect_wait_ns: int | None = None
 
     @property
     def ok(self) -> bool:

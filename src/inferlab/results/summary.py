@@ -29,6 +29,7 @@ from inferlab.results.metrics import (
     SLO,
     Distribution,
     RequestMetrics,
+    connect_wait_ms,
     counted_distribution,
     distribution,
     itl_ms_counts,
@@ -104,8 +105,10 @@ class Counts:
 @dataclass(frozen=True)
 class ServerTimeline:
     """The client's TTFT against the simulated server's own (its ``inferlab_timeline``):
-    ``ttft_error_ms`` = client TTFT − server TTFT, what the network, both HTTP stacks and
-    the client's parsing add."""
+    ``ttft_error_ms`` = client TTFT less its wait for a connection − server TTFT, what
+    the network, both HTTP stacks and the client's parsing add, and the simulator's own
+    lateness: its timeline is in simulated time, and a step's tokens may leave its loop
+    later than that (its /metrics' ``inferlab:token_emit_lag_seconds``)."""
 
     requests: int
     server_ttft_ms: Distribution
@@ -152,7 +155,7 @@ class Summary:
     schema: str = field(metadata=_doc(f"the format's version, {SCHEMA!r}"))
     config: dict[str, Any] = field(metadata=_doc("the run's whole configuration as resolved (as in config.json)"))
     server: ServerInfo = field(metadata=_doc("where the numbers come from (results.provenance): simulated (true: inferlab's simulator made them, every number is a prediction), kind (virtual time: sim run, a simulated sweep point, a what-if; embedded: the simulated server bench or profile started without --url; gateway to sim serve: inferlab gateway, every upstream of which is inferlab sim serve (it answered /inferlab/engine for them all); sim serve: a server that answered /inferlab/engine, i.e. inferlab sim serve; server: any other, measured, a gateway with any other upstream included), url (the API root; null in virtual time and for the embedded server), engine_family (the simulated engine's; behind a gateway its upstreams' when they all share one, else null; null for other servers), software (what a measured server said it is, from its model cards' owned_by and its release route: \"vLLM 0.11.0\" (/version), \"SGLang 0.5.2\" (/server_info), \"llama.cpp b6000-1a2b3c4\" (/props' build_info), the name alone where the release route did not answer; absent for any other server and for simulated ones; config.json's resolved.server_software has it as name, version and source, and settings: the engine flags it states (llama.cpp: its slots and a slot's context from /props, calibrate simulating its KV cache as slots x context; vLLM: its KV cache's block size, blocks (num_gpu_blocks: those it had, however sized; num_gpu_blocks_override only where it states an override), dtype and prefix caching from /metrics' vllm:cache_config_info, max_model_len from its model card; SGLang: from /server_info its TP degree, radix cache, overlap scheduler, CUDA graphs, mixed chunks, chunked prefill size, running-request cap, KV dtype, its token pool as kv_cache_tokens (a count of tokens, max_total_num_tokens) in pages of block_size (page_size), context length), which sim calibrate takes for a twin), gateway (inferlab gateway's setup in words, from what it answered at /inferlab/gateway, config.json's resolved.gateway: its upstreams, router, admission, cache, Redis; whatever its upstreams are, the server then reads \"inferlab gateway at URL in front of llama.cpp (...)\"; absent where no gateway answered)"))
-    interrupted: bool = field(metadata=_doc("the run ended early (Ctrl-C, a workload that could not make its next request, or a --workers process that died: a warning says which)"))
+    interrupted: bool = field(metadata=_doc("the run ended early (Ctrl-C, a workload that could not make its next request, a --workers process that died, or a server that stopped answering: a warning says which)"))
     counts: Counts = field(metadata=_doc("measured requests: total, completed, failed, cancelled (in flight at an interruption), warmup (left out of everything), errors (failed ones by error kind), response_cache_hits (completed ones a response cache in front of the engine answered)"))
     duration_s: float = field(metadata=_doc("first send → last completion of the measured requests (0 when none completed)"))
     request_throughput_rps: float | None = field(metadata=_doc("completed requests / duration"))
@@ -171,9 +174,10 @@ class Summary:
     tpot_ms: Distribution | None = field(metadata=_doc("(e2e − ttft) / (output tokens − 1), per completed request with 2 or more"))
     itl_ms: Distribution | None = field(metadata=_doc("every gap between consecutive content chunks of every completed request"))
     decode_tps: Distribution | None = field(metadata=_doc("(output tokens − 1) / (e2e − ttft), tokens/s, per completed request"))
-    queue_delay_ms: Distribution | None = field(metadata=_doc("actual send − intended send, per measured request (the client falling behind its schedule, or a concurrency cap)"))
+    queue_delay_ms: Distribution | None = field(metadata=_doc("actual send − intended send, per measured request: how late the client started it (the client falling behind its schedule, or a concurrency cap); the wait for a connection to the server is after the send (connect_wait_ms)"))
+    connect_wait_ms: Distribution | None = field(metadata=_doc("the wait for a new connection to the server (DNS, TCP, TLS set-up), per measured request, 0 on a pooled keep-alive connection: the server's or the network's time, in TTFT, TTFB and E2E (they run from the request's start, as vLLM's bench counts them), never in queue_delay_ms; null where no request waited for one, or none measured it (records written before it was)"))
     cached_tokens: int | None = field(metadata=_doc("prompt tokens the server reported served from its prefix cache (null: it did not say; vLLM says with --enable-prompt-tokens-details)"))
-    server_timeline: ServerTimeline | None = field(metadata=_doc("client TTFT against the simulated server's own (null against other servers)"))
+    server_timeline: ServerTimeline | None = field(metadata=_doc("client TTFT against the simulated server's own (null against other servers): requests, server_ttft_ms, ttft_error_ms (client TTFT less its connect wait − the server's: the network, both HTTP stacks, the client's parsing, and the simulator's own lateness, its tokens leaving its loop after their simulated time, inferlab:token_emit_lag_seconds on its /metrics), server_queue_ms"))
     latency_breakdown: LatencyBreakdown | None = field(metadata=_doc("where the time went, in ms (mean, p50, p90): client_queue_ms (send − intended send), gateway_queue_ms (sim run --admission only: the wait in the simulated gateway's queue), server_queue_ms (server received → first scheduled; behind a gateway, the engine received), prefill_ms (→ first token), decode_ms (→ last token), other_ms (E2E less the server's part: network, HTTP); source: the server's timeline per request (the simulated server), the simulated engine's own in virtual time (sim run: exact, the parts add up to each request's E2E; a prediction), else its /metrics histograms (means only); requests; null without either"))
     error_examples: dict[str, str] = field(metadata=_doc("the first message of each error kind"))
     warnings: tuple[str, ...] = field(metadata=_doc("plain-language caveats about how far the numbers can be trusted"))
@@ -190,7 +194,7 @@ class Summary:
         default=OMITTED, metadata=_doc("runs against a server only: what the probe before the run learned (null: no probe)")
     )
     client: ClientLoad | Omitted | None = field(
-        default=OMITTED, metadata=_doc("runs against a server only: was the client the bottleneck? bottleneck (true: it likely inflated the latencies, or the parent of --workers delayed the sends; a warning says by how much; null: no verdict, no process that measures ran long enough for its first loop timer), inflation_ms (about what the busiest process that measures added to each latency, p50 and p99 (the parent of --workers measures nothing): its event-loop lag, or where the loop stood still for longer, the wait a read met at a moment drawn from the run), processes (each sending process: role, cpu_share of one core, loop_lag_ms, late_share (the share of the run its loop was over 2 ms late, counted in time: a stall of seconds is one late timer but seconds of late reads), inflation_ms (what this process added, as the top-level one; absent in older summaries), timeline: [largest loop lag ms, CPU share] per second)")
+        default=OMITTED, metadata=_doc("runs against a server only: was the client the bottleneck? bottleneck (true: it likely inflated the latencies, or the parent of --workers delayed the sends; a warning says by how much; null: no verdict, no process that measures ran long enough for 10 loop timers (half a second; one late timer is no verdict)), inflation_ms (about what the busiest process that measures added to each latency, p50 and p99 (the parent of --workers measures nothing): its event-loop lag, or where the loop stood still for longer, the wait a read met at a moment drawn from the run), processes (each sending process: role, cpu_share of one core, loop_lag_ms, late_share (the share of the run its loop was over 2 ms late, counted in time: a stall of seconds is one late timer but seconds of late reads), inflation_ms (what this process added, as the top-level one; absent in older summaries), timeline: [largest loop lag ms, CPU share] per second)")
     )
     server_metrics: ServerMetrics | Omitted = field(
         default=OMITTED, metadata=_doc("runs against a server only: what its own Prometheus /metrics said (results.telemetry; vLLM's, SGLang's, llama.cpp's and the simulator's names in one vocabulary), read before, every second during and after the run: available (false: no such page, reason says why), server (whose names), samples, counters (after − before: prompt_tokens, generation_tokens, prefix_cache_queries_tokens, prefix_cache_hits_tokens, preemptions, requests_finished, prompt_seconds, generation_seconds; null after a restart), prefix_cache_hit_rate, gauges (running, waiting, kv_usage, prefix_cache_hit_rate: mean and max over the pages read during the run; none if it ended before the first, at 1 s), histograms (ttft_ms, tpot_ms, itl_ms, e2e_ms, queue_ms, prefill_ms, decode_ms: the server's own observations during the run: count, mean_ms, and p50_ms, p90_ms, p99_ms as upper bounds: the bucket bound that share of them fell at or below), missing (names it does not expose); server_metrics.jsonl holds what was parsed from each page read (our names' counts, sums and gauges; no buckets), not the pages' text")
@@ -251,6 +255,7 @@ class Summary:
             itl_ms=_dist(d["itl_ms"]),
             decode_tps=_dist(d["decode_tps"]),
             queue_delay_ms=_dist(d["queue_delay_ms"]),
+            connect_wait_ms=_dist(d.get("connect_wait_ms")),  # (absent from older summaries)
             cached_tokens=_count(d, "cached_tokens"),
             server_timeline=None if d["server_timeline"] is None else ServerTimeline.from_json(d["server_timeline"]),
             latency_breakdown=None if d.get("latency_breakdown") is None else LatencyBreakdown.from_json(d["latency_breakdown"]),
@@ -465,6 +470,7 @@ class _Distributions(TypedDict):
     itl_ms: Distribution | None
     decode_tps: Distribution | None
     queue_delay_ms: Distribution | None
+    connect_wait_ms: Distribution | None
 
 
 def _distributions(
@@ -484,7 +490,15 @@ def _distributions(
         itl_ms=counted_distribution(itl_ms_counts(done), percentiles),
         decode_tps=dist(m.decode_tps for m in per),
         queue_delay_ms=dist(queue_delay_ms(r) for r in measured),
+        connect_wait_ms=_connect_waits(measured, percentiles),
     )
+
+
+def _connect_waits(measured: Sequence[RequestRecord], percentiles: Sequence[float]) -> Distribution | None:
+    """The summary's ``connect_wait_ms``: every measured request's that measured one,
+    None unless one of them waited at all."""
+    waits = _present(connect_wait_ms(r) for r in measured)
+    return distribution(waits, percentiles) if any(waits) else None
 
 
 def with_percentiles(summary: Summary, records: Sequence[RequestRecord], percentiles: Sequence[float]) -> Summary:
@@ -539,7 +553,8 @@ def server_comparison(
         if m.ttft_ms is None or tl.get("first_token_ms") is None:
             continue
         server_ttft.append(float(tl["first_token_ms"]))
-        error.append(m.ttft_ms - float(tl["first_token_ms"]))
+        # (the server's clock starts when it received the request: after the connection)
+        error.append(m.ttft_ms - (connect_wait_ms(r) or 0.0) - float(tl["first_token_ms"]))
         if tl.get("scheduled_ms") is not None:  # (the engine's: a gateway's wait apart)
             queued.append(float(tl["scheduled_ms"]) - float(tl.get("gateway_queue_ms") or 0.0))
     server, err = distribution(server_ttft, percentiles), distribution(error, percentiles)
@@ -597,6 +612,17 @@ def _warnings(
                 f"the client fell behind its schedule: p99 queue delay {qd.p99:.1f} ms "
                 f"(max {qd.max:.1f} ms); the offered load was lower than asked"
             )
+    connect = _connect_warning(done, schedule)
+    if connect:
+        out.append(connect)
+    failures = _failure_warning(measured)
+    if failures is not None:
+        many, line = failures
+        # (a share past FAILED_SHARE first: every number above describes the rest alone)
+        out.insert(0 if many else len(out), line)
+    bound = _bound_note(config, measured, interrupted)
+    if bound:
+        out.append(bound)
     if config.get("api") == "completions" and done and all(r.requested_output_tokens is None for r in done):
         lengths = [r.output_tokens for r in done if r.output_tokens is not None]
         said = f" ({statistics.median(lengths):g} tokens median here)" if lengths else ""
@@ -652,6 +678,69 @@ def _warnings(
     if interrupted:
         out.append("the run was interrupted: the summary covers what completed")
     return out
+
+
+#: The share of TTFT (summed over completed requests) the wait for new connections took
+#: at or above which the summary says the server was slow to accept them.
+CONNECT_SHARE = 0.1
+#: The share of measured requests failed above which the summary's warning of them
+#: comes first.
+FAILED_SHARE = 0.05
+
+
+def _connect_warning(done: Sequence[RequestRecord], schedule: Mapping[str, Any]) -> str | None:
+    """A warning when the wait for new connections to the server was a material share
+    (``CONNECT_SHARE``) of the completed requests' TTFT (E2E without one): the server's
+    time, in the latencies, not the client's."""
+    waits, spans = [], []
+    for r in done:
+        wait, m = connect_wait_ms(r), request_metrics(r)
+        span = m.ttft_ms if m.ttft_ms is not None else m.e2e_ms
+        if wait is not None and span is not None:
+            waits.append(wait)
+            spans.append(span)
+    waited = [w for w in waits if w > 0]
+    if not waited or sum(spans) <= 0 or sum(waits) < CONNECT_SHARE * sum(spans):
+        return None
+    d = distribution(waited)
+    assert d is not None
+    hint = ""
+    if schedule.get("kind") == "OpenLoop" and not schedule.get("max_concurrency"):
+        hint = ("; an open loop without --max-concurrency opens one connection before the run and the rest as its "
+                "requests need them")
+    return (
+        f"the server was slow to accept connections: {len(waited):,} of {len(waits):,} completed requests waited for "
+        f"a new one, p50 {d.p50:,.1f} ms, p99 {d.p99:,.1f} ms ({sum(waits) / sum(spans):.0%} of their summed TTFT); "
+        f"in TTFT and E2E, as a user waits for it, and not in queue_delay_ms: the server's or the network's time, "
+        f"not the client's (connect_wait_ms){hint}"
+    )
+
+
+def _failure_warning(measured: Sequence[RequestRecord]) -> tuple[bool, str] | None:
+    """Whether more than ``FAILED_SHARE`` of the measured requests failed, and the
+    warning that says how many and of which kinds; None when none failed."""
+    kinds = Counter(r.error_kind.value for r in measured if r.error_kind not in (None, ErrorKind.CANCELLED))
+    failed = sum(kinds.values())
+    if not failed:
+        return None
+    by_kind = ", ".join(f"{n:,} {kind}" for kind, n in kinds.most_common())
+    many = failed > FAILED_SHARE * len(measured)
+    said = f"{failed:,} of {len(measured):,} measured requests failed ({by_kind}"
+    if many:
+        return True, (f"{math.floor(100 * failed / len(measured))}% of the requests failed: {said}): every latency and rate above is "
+                      "of the requests that completed alone, and the server did not serve the load asked")
+    return False, f"{said}): the latencies are of the requests that completed"
+
+
+def _bound_note(config: Mapping[str, Any], measured: Sequence[RequestRecord], interrupted: bool) -> str | None:
+    """Which bound ended a run given both ``-n`` and ``--duration`` (the first reached)."""
+    load = config.get("load") or {}
+    n, duration = load.get("num_requests"), load.get("duration_s")
+    if n is None or duration is None or interrupted:
+        return None
+    if len(measured) < n:
+        return f"stopped at --duration {duration:g} s after {len(measured):,} of the -n {n:,} requests"
+    return f"stopped at -n {n:,}, within --duration {duration:g} s"
 
 
 #: How the warning of an open loop that outran the server begins.
