@@ -543,3 +543,52 @@ def test_decode_points_too_short_for_steady_state_are_said_and_unsampled_kv_is_n
     a = advise(vllm_ladder(tmp_path / "long", {c: {"running": 1.0, "waiting": 0.0, "kv_usage": 0.1} for c in (16, 32)},
                            {}, completed_per_user=10))
     assert {"kv_pressure", "concurrency_cap", "engine_cap"} <= set(a.checked), (a.checked, a.not_checked)
+
+
+def vllm_runs(folder: Path, slots: int, gauges: dict[int, dict[str, float]], preemptions: dict[int, float]) -> Path:
+    """A folder of bench runs (no profile, no sweep.json) of 1 … 32 closed-loop users
+    against vLLM started from an engine file with max_num_seqs 16, at most ``slots``
+    requests served at once (``closed_loop_records``: past them the rest wait, so the knee
+    is at the first concurrency of ``slots`` or more), each run's /metrics gauges (max) and
+    preemptions as given."""
+    from inferlab.results.summary import summarize
+
+    for c in (1, 2, 4, 8, 16, 32):
+        records = closed_loop_records(c, 4 * c, slots)
+        config = {**llamacpp_config(), "engine_config": {"engine": "vllm", "model": "m", "max_num_seqs": 16},
+                  "load": {"schedule": {"kind": "ClosedLoop", "concurrency": c}, "num_requests": len(records)}}
+        config["resolved"] = {**config["resolved"], "server_software": VLLM_OVERRIDE}
+        d = write_run(folder / f"c{c}", config, records)
+        summary = summarize(records, config=config).to_json()
+        g = gauges.get(c, {})
+        summary["server_metrics"] = {"available": True, "server": "vllm", "samples": 2 if g else 0,
+                                     "counters": {"preemptions": preemptions.get(c, 0.0)},
+                                     "gauges": {k: {"mean": v, "max": v} for k, v in g.items()}}
+        (d / "summary.json").write_text(json.dumps(summary))
+    return folder
+
+
+def test_a_sweeps_knee_below_the_cap_with_the_cache_preempting_is_the_caches_not_the_caps(tmp_path: Path) -> None:
+    """The profile's prof2 as a folder of bench runs: vLLM capped at 16 running requests,
+    at most 11 served at once (its 24 KV blocks), 12 preemptions at 16 users with 10
+    running, 25 at 32 with 11: advise blamed the cap ("The engine's own cap on running
+    requests is the knee … raise the cap (--max-num-seqs 32)"), the sweep's rules checking
+    it before the cache, and again on the heaviest run (32 in flight, 21 waiting). As on a
+    profile, the cache is the knee; the cap only where the running requests reached it."""
+    kv = {16: {"running": 10.0, "waiting": 6.0, "kv_usage": 0.9}, 32: {"running": 11.0, "waiting": 21.0, "kv_usage": 0.96}}
+    a = advise(vllm_runs(tmp_path / "kv", 11, kv, {16: 12.0, 32: 25.0}))
+    assert a.kind == "sweep"
+    recs = {r.rule: r for r in a.recommendations}
+    assert "engine_cap" not in recs and "kv_pressure" in recs, list(recs)
+    rec = recs["kv_pressure"]
+    assert rec.title.startswith("The KV cache is the limit past the knee"), rec.title
+    assert "concurrency 16 → 32" in rec.evidence and "at concurrency 16: 12 preemptions" in rec.evidence, rec.evidence
+    assert "--max-num-seqs 32" not in rec.change and "raise --num-gpu-blocks-override" in rec.change, rec.change
+    assert [r.rule for r in a.recommendations].count("kv_pressure") == 1  # (the heaviest run's said once)
+    # the heaviest run alone: 32 in flight against the cap of 16, but at most 11 ran
+    assert "engine_cap" not in [r.rule for r in advise(tmp_path / "kv" / "c32").recommendations]
+    # running requests at the cap, the cache with room: the cap is the knee
+    capped = {16: {"running": 16.0, "waiting": 0.0, "kv_usage": 0.5}, 32: {"running": 16.0, "waiting": 16.0, "kv_usage": 0.5}}
+    recs = {r.rule: r for r in advise(vllm_runs(tmp_path / "cap", 16, capped, {})).recommendations}
+    assert "engine_cap" in recs and "kv_pressure" not in recs, list(recs)
+    assert "up to 16 ran (/metrics)" in recs["engine_cap"].evidence and "c16, c32" in recs["engine_cap"].evidence

@@ -157,3 +157,33 @@ def test_the_words_for_a_knee_and_small_differences_say_what_was_measured() -> N
     assert "-0.0" not in front_end_words(-0.01) and "nothing measurable" in front_end_words(-0.01)
     assert "1.5 µs" in front_end_words(1.5)
     assert signed_ms(-0.01) == "0.0" and signed_ms(-2.0) == "-2.0" and signed_ms(3.0) == "+3.0"
+
+
+def test_the_default_budgets_decode_ladder_is_steady_state_and_a_small_one_drops_its_top_points(tmp_path: Path) -> None:
+    """The decode ladder ran 2 requests per user from concurrency 4 up whatever the budget,
+    so its own "too short to be steady state" flag fired on every default profile of the
+    simulated server. Now each point runs enough requests per user to meet the flag's
+    criterion (``decode_quality``) where its share of the budget allows; where it does
+    not, the highest concurrencies are dropped, and the cost says which and why, rather
+    than run too short."""
+    config = ProfileConfig(str(tmp_path / "default"), factors=("decode",), max_concurrency=16)
+    short = ProfileConfig(str(tmp_path / "short"), budget_s=8.0, factors=("decode",), max_concurrency=16)
+    with ChildServer(SERVE) as server:
+        async def go(c: ProfileConfig) -> None:
+            async with asyncio.timeout(LIMIT_S):
+                await profile(c, server.url)
+        asyncio.run(go(config))
+        asyncio.run(go(short))
+    decode = read_profile(tmp_path / "default").factor("decode")
+    assert decode is not None and decode.measured
+    assert decode.data["quality"]["trusted"], decode.data["quality"]
+    assert [r["concurrency"] for r in decode.data["points"]] == [1, 2, 4, 8, 16] and not decode.data["dropped"]
+    assert "steady state" not in decode.cost and "not run" not in decode.cost, decode.cost
+    # a budget too small for the whole ladder: the top points dropped with why; those run are steady
+    decode = read_profile(tmp_path / "short").factor("decode")
+    assert decode is not None and decode.measured
+    ran, dropped = [r["concurrency"] for r in decode.data["points"]], decode.data["dropped"]
+    assert dropped and ran + dropped == [1, 2, 4, 8, 16], (ran, dropped)
+    assert decode.data["quality"]["trusted"], decode.data["quality"]
+    said = f"concurrency {', '.join(map(str, dropped))} not run: at 4 requests per user (steady state)"
+    assert said in decode.cost and decode.data["dropped_why"] in decode.cost, decode.cost

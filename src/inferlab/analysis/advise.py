@@ -1642,7 +1642,7 @@ def _queued_at_cap(run: _Run, w: WhatIf, cap: int, users: float) -> Recommendati
     ``users`` in flight, and the run's own measurements showing requests beyond it (its
     records in flight at once, and /metrics' waiting requests where it was read):
     measured, with no prediction of what raising the cap gains (no what-if). None where
-    they show none waiting."""
+    they show none waiting, or fewer running than ``CAP_REACHED`` of the cap."""
     in_flight = peak_overlap((r.send_ns, r.end_ns) for r in run.records if r.send_ns is not None and r.end_ns is not None)
     if in_flight <= cap:
         return None
@@ -1651,6 +1651,8 @@ def _queued_at_cap(run: _Run, w: WhatIf, cap: int, users: float) -> Recommendati
     running = m.gauges.get("running") if isinstance(m, ServerMetrics) and m.available else None
     if waiting is not None and waiting.max <= 0:
         return None  # (the server's own count says nothing waited: the stated cap is not what held them)
+    if running is not None and running.max < CAP_REACHED * cap:
+        return None  # (its running requests never reached the cap: something else, the KV cache, held the rest)
     flags = run.flags()
     seen = [f"up to {in_flight} requests in flight at once (the run's records)"]
     if waiting is not None:
@@ -1794,13 +1796,13 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency",
     if dec is not None and k:
         top = max(pts)
         cap = _count(_profile_settings(p).get("max_num_seqs"))
-        full = _ladder_kv_full(folder, dec.runs, k, cap) if top > k else []
-        running = _ladder_running(folder, dec.runs, k)
+        past = _ladder_runs(folder, dec.runs, k)
+        full = _kv_full_runs(past, cap) if top > k else []
+        running = _most_running(past)
         found: Recommendation | None = None
         if full:  # (the cache, not the GPU or the cap, made the knee: a cap gives it no room)
             found = _ladder_kv_rec(p, folder, full, pts, k, top)
-        elif top > k and cap is not None and cap <= k and (running is None or running >= CAP_REACHED * cap):
-            # (the engine's own cap made the knee: its running requests reached it)
+        elif top > k and cap is not None and _cap_made_knee(cap, k, running):
             flags = _profile_flags(p)
             ran = "" if running is None else f", and up to {running:,.0f} ran (/metrics)"
             found = _engine_cap_rec(
@@ -1900,20 +1902,11 @@ def _improves(g: Gain) -> bool:
     return pct >= 100 * MIN_GAIN if more else pct <= -100 * MIN_GAIN
 
 
-def _ladder_kv_full(folder: Path, runs: Sequence[str], knee_at: int, cap: int | None = None,
-                    ) -> list[tuple[int, list[str], _Run]]:
-    """The decode ladder's runs at the knee's concurrency or past it whose KV cache was
-    full (``_kv_full``), lowest concurrency first: (concurrency, what says so, the run).
-    Runs no longer in the folder are left out."""
-    found = []
-    for name in runs:
-        with contextlib.suppress(InferlabError):
-            run = _Run.read(folder / name)
-            c = run.concurrency()
-            parts = _kv_full(run, cap) if c is not None and c >= knee_at else []
-            if c is not None and parts:
-                found.append((int(c), parts, run))
-    return sorted(found, key=lambda f: f[0])
+def _kv_full_runs(runs: Sequence[tuple[int, _Run]], cap: int | None = None,
+                  ) -> list[tuple[int, list[str], _Run]]:
+    """The runs (concurrency, run) whose KV cache was full (``_kv_full``, admission
+    judged below ``cap``), in the order given: (concurrency, what says so, the run)."""
+    return [(c, parts, run) for c, run in runs if (parts := _kv_full(run, cap))]
 
 
 def _ladder_runs(folder: Path, runs: Sequence[str], least: int = 0) -> list[tuple[int, _Run]]:
@@ -1929,13 +1922,21 @@ def _ladder_runs(folder: Path, runs: Sequence[str], least: int = 0) -> list[tupl
     return sorted(found, key=lambda f: f[0])
 
 
-def _ladder_running(folder: Path, runs: Sequence[str], knee_at: int) -> float | None:
-    """The most requests the server's /metrics saw running in the decode ladder's runs
-    at the knee or past it; None where none of them sampled it."""
-    seen = [g.max for _, run in _ladder_runs(folder, runs, knee_at)
+def _most_running(runs: Sequence[tuple[int, _Run]]) -> float | None:
+    """The most requests the server's /metrics saw running in the runs (concurrency,
+    run); None where none of them sampled it."""
+    seen = [g.max for _, run in runs
             if isinstance(m := run.summary.server_metrics, ServerMetrics) and m.available
             and (g := m.gauges.get("running")) is not None]
     return max(seen) if seen else None
+
+
+def _cap_made_knee(cap: int, knee_at: float, running: float | None) -> bool:
+    """Whether the engine's own cap on running requests made a knee at ``knee_at``: the
+    cap at or below it, and the running requests (the most /metrics saw at the knee or
+    past it) up to ``CAP_REACHED`` of it, where they were seen. Checked after the KV
+    cache (``_kv_full_runs``): a cache full before the cap leaves the cap unreached."""
+    return cap <= knee_at and (running is None or running >= CAP_REACHED * cap)
 
 
 def _ladder_unsampled(folder: Path, runs: Sequence[str]) -> str | None:
@@ -1952,17 +1953,24 @@ def _ladder_unsampled(folder: Path, runs: Sequence[str]) -> str | None:
 
 def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _Run]], pts: dict[int, Any],
                    k: int, top: int) -> Recommendation:
-    """The decode ladder's knee where its runs show the KV cache full: room for the
-    cache is the change (a cap on requests in flight would only queue the rest), with
-    a cache twice the size predicted at the top concurrency where the engine is simulated."""
-    flags = _profile_flags(p)
-    change, _ = _kv_room(p.engine, flags, _profile_settings(p), folder / ENGINE_LOG)
+    """The decode ladder's knee where its runs show the KV cache full (``_knee_kv_rec``)."""
+    change, _ = _kv_room(p.engine, _profile_flags(p), _profile_settings(p), folder / ENGINE_LOG)
+    return _knee_kv_rec(
+        f"output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs {pts[top]['output_tps']:,.0f} at {top}, "
+        f"TTFT p50 {pts[k]['ttft_ms_p50']:,.0f} → {pts[top]['ttft_ms_p50']:,.0f} ms", change, full)
+
+
+def _knee_kv_rec(numbers: str, change: str, full: list[tuple[int, list[str], _Run]]) -> Recommendation:
+    """A knee (a profile's decode ladder, or a folder of runs) whose runs at it or past it
+    show the KV cache full (``full``, lowest concurrency first): room for the cache is the
+    change (``change``; a cap on requests in flight would only queue the rest), with a
+    cache twice the size predicted at the highest of them where the engine is simulated,
+    else bounded by its server's queue time. ``numbers``: what the knee's runs measured."""
     first, last = full[0], full[-1]
-    said = "; ".join(f"at concurrency {c}: {', '.join(parts)}" for c, parts, _ in (full if len(full) <= 2 else [first, last]))
+    said = "; ".join(f"at concurrency {c:g}: {', '.join(parts)}" for c, parts, _ in (full if len(full) <= 2 else [first, last]))
     rec = Recommendation(
         "kv_pressure", "The KV cache is the limit past the knee: requests are preempted or wait for room",
-        f"output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs {pts[top]['output_tps']:,.0f} at {top}, "
-        f"TTFT p50 {pts[k]['ttft_ms_p50']:,.0f} → {pts[top]['ttft_ms_p50']:,.0f} ms, while the KV cache is full ({said})",
+        f"{numbers}, while the KV cache is full ({said})",
         change + "; a cap on requests in flight gives the cache no room: it only makes the rest wait for a slot",
     )
     run = last[2]
@@ -1970,10 +1978,10 @@ def _ladder_kv_rec(p: Profile, folder: Path, full: list[tuple[int, list[str], _R
     if not w.available:  # (a real server: bounded from the measurement at the top concurrency)
         bound = _queue_bound(run)
         if bound is not None:
-            bound.metric = f"{bound.metric} at concurrency {last[0]}"
+            bound.metric = f"{bound.metric} at concurrency {last[0]:g}"
             rec.gains.append(bound)
         rec.note = ("no prediction: the simulator has no model of this server" + (
-            "" if bound is not None else "; no bound: its decode runs have no server queue time (/metrics)"))
+            "" if bound is not None else "; no bound: its runs past the knee have no server queue time (/metrics)"))
         return rec
     base = w.simulate()
     blocks = base.result.engine.num_kv_blocks if base.result.engine is not None else 0
@@ -2073,16 +2081,18 @@ def _seq_cap(run: _Run) -> int | None:
     return _count((run.engine() or run.server_settings()).get("max_num_seqs"))
 
 
-def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float) -> Recommendation:
+def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float, running: float | None = None) -> Recommendation:
     """The knee of a sweep whose engine capped running sequences at ``cap``, at or below
-    the knee's concurrency: more clients only queue in the engine; raising the cap (KV
-    room permitting) is the change, predicted where the engine is simulated."""
+    the knee's concurrency, and reached it (``running``: the most /metrics saw, where it
+    did): more clients only queue in the engine; raising the cap (KV room permitting)
+    is the change, predicted where the engine is simulated."""
     ca, cb = a.concurrency() or 1, b.concurrency() or 1
     raised = max(int(cb), 2 * cap)
     flags = b.flags()
+    ran = "" if running is None else f", and up to {running:,.0f} ran (/metrics)"
     return _engine_cap_rec(
         "The engine's own cap on running requests is the knee", flags, raised,
-        f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}); past it the rest wait in its "
+        f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}){ran}; past it the rest wait in its "
         f"queue: concurrency {ca:g} → {cb:g}, output {ta:,.0f} → {tb:,.0f} tokens/s ({a.dir.name}, {b.dir.name})",
         _raised_cap_gains(WhatIf(b.dir, b.config), flags, raised),
     )
@@ -2109,9 +2119,20 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
             source = ("prediction (the sweep's runs, simulated in virtual time)" if simulated
                       else f"prediction (the sweep's runs against {server.where})" if server.simulated
                       else "measured (the sweep's runs)")
+            # (as on a profile: the KV cache first, the cap only where the running requests reached it)
             cap = _seq_cap(b)
-            if cap is not None and cap <= ca:  # (the engine's own cap made this knee: past it requests queue in it)
-                out.append(_engine_cap(a, b, cap, ta, tb))
+            past = [(int(r.concurrency() or 1), r) for r in (a, b, *higher)]
+            full = _kv_full_runs(past, cap)
+            running = _most_running(past)
+            if full:  # (the cache, not the cap, made this knee: a cap gives it no room)
+                out.append(_knee_kv_rec(
+                    f"concurrency {ca:g} → {cb:g}: output {ta:,.0f} → {tb:,.0f} tokens/s, E2E p50 {la.p50:,.0f} → "
+                    f"{lb.p50:,.0f} ms ({a.dir.name}, {b.dir.name})",
+                    _kv_room(b.engine(), b.flags(), b.server_settings() if b.engine() is None else {},
+                             b.dir / ENGINE_LOG)[0], full))
+                break
+            if cap is not None and _cap_made_knee(cap, ca, running):  # (the engine's own cap made this knee: past it requests queue in it)
+                out.append(_engine_cap(a, b, cap, ta, tb, running))
                 break
             if goal == "throughput":
                 break  # (a cap gives throughput up for latency: not for this goal)
@@ -2143,7 +2164,7 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
         checked += [c for c in judged if c not in checked]
         not_checked |= {rule: f"{heaviest.dir.name}: {why}" for rule, why in unjudged.items() if rule not in not_checked}
         for r in found:
-            if (r.rule, r.change) in said or (r.rule == "engine_cap" and any(o.rule == "engine_cap" for o in out)):
+            if (r.rule, r.change) in said or (r.rule in ("engine_cap", "kv_pressure") and any(o.rule == r.rule for o in out)):
                 continue
             said.add((r.rule, r.change))
             r.evidence = f"{heaviest.dir.name}: {r.evidence}"

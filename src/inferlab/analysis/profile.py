@@ -86,6 +86,10 @@ LINEAR_TOLERANCE = 0.15
 #: this many times its E2E p50.
 STEADY_REQUESTS_PER_USER = 3
 STEADY_E2E_MULTIPLE = 3.0
+#: The decode ladder's requests per user at each point: one more than
+#: ``STEADY_REQUESTS_PER_USER``, since that many back to back last about
+#: ``STEADY_E2E_MULTIPLE`` × their E2E, on either side of it.
+DECODE_REQUESTS_PER_USER = STEADY_REQUESTS_PER_USER + 1
 
 
 @dataclass(frozen=True)
@@ -548,9 +552,17 @@ class _Profiler:
         rows: list[dict[str, Any]] = []
         runs: list[str] = []
         share_end = self.deadline_s
+        dropped: list[int] = []
+        dropped_why = ""
         for c in ladder:
+            n = max(DECODE_REQUESTS_PER_USER * c, self.n(4))
+            if rows and (why := _point_too_long(rows[-1], c, -(-n // c), share_end - self.elapsed_s())):
+                # (the rest take longer still: dropped, not run too short to be steady state)
+                dropped = [x for x in ladder if x >= c]
+                dropped_why = f"concurrency {', '.join(map(str, dropped))} not run: {why}"
+                break
             name = f"decode/c{c}"
-            pt = await self.measure(name, c, max(2 * c, self.n(4)), WorkloadConfig(input_tokens=128, output_tokens=out_tokens), deadline_s=share_end)
+            pt = await self.measure(name, c, n, WorkloadConfig(input_tokens=128, output_tokens=out_tokens), deadline_s=share_end)
             runs.append(name)
             if pt.result is None:
                 break
@@ -582,12 +594,15 @@ class _Profiler:
         quality = decode_quality(rows)
         if not quality["trusted"]:
             cost += f"; {decode_quality_words(quality)}"
+        if dropped:
+            cost += f"; {dropped_why}"
         slo = self.config.slo
         if k.best_goodput_concurrency is not None:
             cost += (f"; most goodput (requests within TTFT {slo.ttft_ms:g} ms and TPOT {slo.tpot_ms:g} ms: "
                      f"--slo-ttft-ms, --slo-tpot-ms) at concurrency {k.best_goodput_concurrency}")
         evidence = (
-            f"closed loops of 128-token prompts, {out_tokens} output tokens, concurrency "
+            f"closed loops of 128-token prompts, {out_tokens} output tokens, {DECODE_REQUESTS_PER_USER} requests per "
+            "user or more, concurrency "
             f"{', '.join(str(r['concurrency']) for r in rows)}: TPOT p50 "
             + ", ".join(f"{r['tpot_ms_p50']:.1f}" for r in rows)
             + " ms; output tokens/s " + ", ".join(f"{r['output_tps']:,.0f}" for r in rows)
@@ -596,7 +611,8 @@ class _Profiler:
         data = {
             "points": rows, "tpot_ms_at_1": tpot_1, "decode_tps_at_1": None if not tpot_1 else 1000 / tpot_1,
             "knee_concurrency": k.knee_concurrency, "best_goodput_concurrency": k.best_goodput_concurrency,
-            "output_tokens": out_tokens, "quality": quality,
+            "output_tokens": out_tokens, "quality": quality, "requests_per_user": DECODE_REQUESTS_PER_USER,
+            "dropped": dropped, "dropped_why": dropped_why or None,
         }
         return Factor("decode", "decode (concurrency)", cost, evidence, data, runs)
 
@@ -829,6 +845,25 @@ def decode_quality(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"trusted": not caveats, "caveats": caveats, "short": short}
 
 
+def _point_too_long(last: dict[str, Any], c: int, rounds: int, left_s: float) -> str | None:
+    """Why the decode ladder's point at concurrency ``c`` (``rounds`` requests per user)
+    and those past it are not run, in words: its E2E taken to grow in proportion to the users from the last
+    point's (``last``: its row), as it does past the knee, it would take longer than the
+    ``left_s`` seconds left of the decode factor's share of the budget. None where it
+    fits, or the last point has no E2E to go by."""
+    e2e, at = last.get("e2e_ms_p50"), last.get("concurrency")
+    if not isinstance(e2e, int | float) or not isinstance(at, int) or at < 1:
+        return None
+    need_s = rounds * e2e * c / at / 1000
+    if need_s <= left_s:
+        return None
+    return (f"at {rounds} requests per user (steady state), concurrency {c} would take about "
+            f"{need_s:,.1f} s ({rounds} × the E2E p50 at {at}, {e2e:,.0f} ms, × {c}/{at}: E2E taken to grow with "
+            f"the users, as past the knee), more than the {max(left_s, 0.0):,.1f} s left of the decode factor's share of "
+            "the budget, and the points past it longer still; a longer --budget runs them, or measure one with inferlab bench -c "
+            f"{c} -n {10 * c} --input-tokens 128 (10 requests per user)")
+
+
 def decode_quality_words(quality: dict[str, Any]) -> str:
     """``decode_quality`` in one clause ("" where trusted): the points too short to be
     steady state, so the knee and the throughput at them are not to be trusted."""
@@ -836,8 +871,7 @@ def decode_quality_words(quality: dict[str, Any]) -> str:
         return ""
     short = quality.get("short") or []
     return (f"not to be trusted: {len(short)} of the points too short to be steady state ("
-            + "; ".join(quality.get("caveats") or []) + "); the ladder runs 2 requests per user from concurrency 4 "
-            "up whatever the budget: measure a point longer, e.g. inferlab bench -c "
+            + "; ".join(quality.get("caveats") or []) + "): measure a point longer, e.g. inferlab bench -c "
             f"{short[-1] if short else 32} -n {10 * (short[-1] if short else 32)} --input-tokens 128 (10 requests per user)")
 
 
