@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: Bottom first. Packages in one layer are peers: they may not import each other.
 LAYERS: list[tuple[str, ...]] = [
-    ("inferlab._clock", "inferlab._errors", "inferlab._loop", "inferlab._serverlog"),
+    ("inferlab._clock", "inferlab._cores", "inferlab._errors", "inferlab._loop", "inferlab._serverlog"),
     ("inferlab.openai",),
     ("inferlab.results",),
     ("inferlab.workload",),

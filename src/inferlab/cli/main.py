@@ -170,10 +170,10 @@ def _bench(kw: dict[str, Any]) -> int:
         if started is not None:
             started.stop()
     _render(out, result.summary, kw, config, url)
-    if result.cause is not None:
-        raise result.cause
-    if gone is not None:  # (what it measured is kept, said, and the run fails)
+    if gone is not None:  # (what it measured is kept, said, and the run fails; the engine's exit says why)
         raise RunFailedError(gone)
+    if result.cause is not None:  # (e.g. the server stopped answering)
+        raise result.cause
     return 130 if result.interrupted else 0
 
 
