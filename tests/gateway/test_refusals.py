@@ -6,7 +6,10 @@ counted as before."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -112,23 +115,10 @@ async def test_a_5xx_without_an_openai_error_body_is_still_retried_counted_and_a
     async def handler(request: web.Request) -> web.Response:
         return web.Response(body=body, status=500, content_type="application/json")
 
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "ok", "object": "model"}]})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", handler)
-    app.router.add_get("/v1/models", models)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        up = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        async with serving(config(up)) as (url, gw), aiohttp.ClientSession() as s:
-            ans = await post(s, url, chat_body("ok"))
-            assert ans.status == 502 and ans.json()["error"]["type"] == "InternalServerError"
-            assert gw.health.failures == [2]  # (tried twice, both counted)
-    finally:
-        await runner.cleanup()
+    async with _stub(handler) as up, serving(config(up)) as (url, gw), aiohttp.ClientSession() as s:
+        ans = await post(s, url, chat_body("ok"))
+        assert ans.status == 502 and ans.json()["error"]["type"] == "InternalServerError"
+        assert gw.health.failures == [2]  # (tried twice, both counted)
 
 
 async def test_a_503_with_an_openai_error_body_is_still_retried_as_an_overload() -> None:
@@ -141,6 +131,26 @@ async def test_a_503_with_an_openai_error_body_is_still_retried_as_an_overload()
     async def handler(request: web.Request) -> web.Response:
         return web.json_response(error_body(503, "overloaded", "ServiceUnavailableError"), status=503)
 
+    async with _stub(handler) as up, serving(config(up)) as (url, gw), aiohttp.ClientSession() as s:
+        assert (await post(s, url, chat_body("ok"))).status == 502
+        assert gw.health.failures == [2]
+
+
+async def test_the_gateway_relays_an_image_part_it_cannot_count_without_a_5xx_of_its_own() -> None:
+    """An ``image_url`` part is the upstream's to take or refuse: the gateway reads,
+    counts and admits the request, and an upstream that serves images answers it."""
+    async with FakeUpstream() as up, serving(config(up.url)) as (url, _), aiohttp.ClientSession() as s:
+        ans = await post(s, url, image_body())
+        assert ans.status == 200 and posts(up) == 1
+        assert json.loads(up.seen[-1]["body"])["messages"][0]["content"][1]["type"] == "image_url"
+
+
+@contextlib.asynccontextmanager
+async def _stub(handler: Any) -> AsyncIterator[str]:
+    """An upstream on loopback answering chat requests with ``handler`` and listing the
+    model ``ok``: its URL."""
+    from aiohttp import web
+
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "ok", "object": "model"}]})
 
@@ -151,18 +161,6 @@ async def test_a_503_with_an_openai_error_body_is_still_retried_as_an_overload()
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
-        up = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        async with serving(config(up)) as (url, gw), aiohttp.ClientSession() as s:
-            assert (await post(s, url, chat_body("ok"))).status == 502
-            assert gw.health.failures == [2]
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
-
-
-async def test_the_gateway_relays_an_image_part_it_cannot_count_without_a_5xx_of_its_own() -> None:
-    """An ``image_url`` part is the upstream's to take or refuse: the gateway reads,
-    counts and admits the request, and an upstream that serves images answers it."""
-    async with FakeUpstream() as up, serving(config(up.url)) as (url, _), aiohttp.ClientSession() as s:
-        ans = await post(s, url, image_body())
-        assert ans.status == 200 and posts(up) == 1
-        assert json.loads(up.seen[-1]["body"])["messages"][0]["content"][1]["type"] == "image_url"

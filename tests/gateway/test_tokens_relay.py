@@ -12,9 +12,9 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import pytest
@@ -24,6 +24,8 @@ from test_engine_route import GatewayProcess
 
 from inferlab.gateway.config import GatewayConfig, KeyConfig, UpstreamConfig, hash_key
 from inferlab.sim.server.launch import ChildServer
+
+T = TypeVar("T")
 
 BENCH = ["-n", "8", "-c", "2", "--input-tokens", "uniform:50:400", "--output-tokens", "4", "--seed", "5", "--no-history"]
 
@@ -77,12 +79,7 @@ def test_bench_through_the_gateway_sends_what_it_sends_straight_at_the_engine(si
         summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
         return summary
 
-    direct = bench(sim.url, tmp_path / "direct")
-    gw = GatewayProcess(sim.url)
-    try:
-        through = bench(gw.url, tmp_path / "gw")
-    finally:
-        gw.close()
+    direct, through = _direct_and_through(sim, lambda url, name: bench(url, tmp_path / name))
     assert direct["input_length_source"] == through["input_length_source"] == "exact (server /tokenize)"
     assert through["input_tokens"] == direct["input_tokens"]
     p = subprocess.run([sys.executable, "-m", "inferlab", "compare", str(tmp_path / "direct"), str(tmp_path / "gw")],
@@ -100,12 +97,18 @@ def test_bench_through_the_gateway_refuses_prompts_over_the_context_as_straight_
                                "--input-tokens", "5000", "--output-tokens", "4", "--no-history", "-o", str(out)],
                               capture_output=True, text=True, timeout=180)
 
-    direct = bench(sim.url, tmp_path / "direct")
-    gw = GatewayProcess(sim.url)
-    try:
-        through = bench(gw.url, tmp_path / "gw")
-    finally:
-        gw.close()
+    direct, through = _direct_and_through(sim, lambda url, name: bench(url, tmp_path / name))
     assert direct.returncode == through.returncode == 2, through.stderr
     assert "the server's 4,096-token context" in direct.stderr and "the server's 4,096-token context" in through.stderr
     assert not (tmp_path / "gw" / "requests.jsonl").exists()
+
+
+def _direct_and_through(sim: ChildServer, run: Callable[[str, str], T]) -> tuple[T, T]:
+    """``run(url, name)`` straight at ``sim`` ("direct") and then through a gateway in
+    front of it ("gw")."""
+    direct = run(sim.url, "direct")
+    gw = GatewayProcess(sim.url)
+    try:
+        return direct, run(gw.url, "gw")
+    finally:
+        gw.close()
