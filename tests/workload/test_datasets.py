@@ -73,6 +73,16 @@ def test_the_three_formats(tmp_path: Path) -> None:
     ('{"prompt": "x", "max_tokens": 1e300}\n', "d.jsonl", r"d\.jsonl:1: max_tokens must be at most 10,000,000"),
     ('[{"conversations": [{"from": "human"}]}]', "d.json", r"d\.json: entry 0: each turn needs"),
     ("[]", "d.json", "the dataset has no prompts"),
+    # an empty last user message was sent, where an empty 'prompt' is refused; a
+    # malformed 'messages' beside a 'prompt' was ignored
+    ('{"messages": [{"role": "user", "content": " "}]}\n', "d.jsonl", r"d\.jsonl:1: the last user message is empty"),
+    ('{"prompt": "hi", "messages": 5}\n', "d.jsonl", r"d\.jsonl:1: give 'prompt' or 'messages', not both"),
+    # an unclosed quote swallowed the rest of the file into one prompt; a row with more
+    # or fewer fields than the header lost or lacked them
+    ('prompt,max_tokens\nhello,5\n"unterminated,3\nnext,4\n', "d.csv", r"d\.csv:3: malformed CSV row"),
+    ('prompt,max_tokens\n"a"b,5\n', "d.csv", r"d\.csv:2: malformed CSV row"),
+    ("prompt,max_tokens\nhello,5\nhi,5,extra\n", "d.csv", r"d\.csv:3: 3 fields, but the header has 2"),
+    ("prompt,max_tokens\nhello\n", "d.csv", r"d\.csv:2: 1 field, but the header has 2"),
     ("hello", "d.txt", "cannot tell the dataset format"),
 ])
 def test_bad_files_name_the_file_line_and_problem(tmp_path: Path, content: str, name: str, needle: str) -> None:

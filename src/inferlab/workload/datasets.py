@@ -8,7 +8,9 @@ Formats (named, or detected from the extension and first character):
 - ``sharegpt``: a JSON list of ``{"conversations": [{"from": "human"|"gpt", "value":
   ...}]}``; the first human turn is the prompt and the gpt turn after it gives the
   output length (entries without such a pair are skipped, as other tools do);
-- ``csv``: a ``prompt`` column, optional ``max_tokens`` or ``output_tokens``.
+- ``csv``: a ``prompt`` column, optional ``max_tokens`` or ``output_tokens``; read
+  strictly (a quote left open, or a row with more or fewer fields than the header, is
+  an error, not a prompt).
 
 Input lengths (for ``min_input_tokens``/``max_input_tokens`` and ``empirical:PATH``)
 are tokenizer counts with a tokenizer, else word counts; ShareGPT output lengths too.
@@ -209,10 +211,12 @@ def _jsonl(path: str, text: str) -> list[DatasetRow]:
             raise UsageError(f"{where}: not valid JSON ({e})") from None
         if not isinstance(obj, dict):
             raise UsageError(f"{where}: expected a JSON object")
-        if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
-            msgs: tuple[tuple[str, str], ...] = (("user", obj["prompt"]),)
-        elif "messages" in obj:
-            msgs = _messages(where, obj["messages"])
+        if "prompt" in obj and "messages" in obj:  # (one would be ignored)
+            raise UsageError(f"{where}: give 'prompt' or 'messages', not both")
+        if "messages" in obj:
+            msgs: tuple[tuple[str, str], ...] = _messages(where, obj["messages"])
+        elif isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
+            msgs = (("user", obj["prompt"]),)
         else:
             raise UsageError(f"{where}: needs 'prompt' (a non-empty string) or 'messages'")
         rows.append(DatasetRow(msgs, _max_tokens(where, obj), where))
@@ -229,6 +233,8 @@ def _messages(where: str, value: Any) -> tuple[tuple[str, str], ...]:
         out.append((str(m["role"]), str(m["content"])))
     if out[-1][0] != "user":
         raise UsageError(f"{where}: the last message must be from the user")
+    if not out[-1][1].strip():  # (as an empty 'prompt' is refused)
+        raise UsageError(f"{where}: the last user message is empty")
     return tuple(out)
 
 
@@ -281,15 +287,33 @@ def _sharegpt(path: str, text: str, tokenizer: Tokenizer | None) -> list[Dataset
 
 def _csv(path: str, text: str) -> list[DatasetRow]:
     # the text as a file (read with newline=""): a quoted field keeps its line breaks,
-    # and a \x0c or U+2028 inside one does not end the row
-    reader = csv.DictReader(io.StringIO(text))
-    if "prompt" not in (reader.fieldnames or []):
-        raise UsageError(f"{path}:1: a CSV dataset needs a 'prompt' column")
-    rows = []
-    for row in reader:
-        where = f"{path}:{reader.line_num}"
-        prompt = row.get("prompt")
-        if not prompt or not prompt.strip():
+    # and a \x0c or U+2028 inside one does not end the row. Strict: a quote left open
+    # (which would swallow the rest of the file into one field) or stray text after a
+    # closing quote is an error, as is a row with more or fewer fields than the header
+    reader = csv.reader(io.StringIO(text), strict=True)
+    rows: list[DatasetRow] = []
+    header: list[str] | None = None
+    while True:
+        start = reader.line_num + 1  # (the line this row starts on)
+        try:
+            fields = next(reader, None)
+        except csv.Error as e:
+            raise UsageError(f"{path}:{start}: malformed CSV row ({e}; an unclosed quote runs to the end of the file)") from None
+        if fields is None:
+            break
+        if header is None:
+            header = fields
+            if "prompt" not in header:
+                raise UsageError(f"{path}:1: a CSV dataset needs a 'prompt' column")
+            continue
+        if not fields:  # (a blank line)
+            continue
+        where = f"{path}:{start}"
+        if len(fields) != len(header):
+            raise UsageError(f"{where}: {len(fields)} field{'s' * (len(fields) != 1)}, but the header has {len(header)} ({', '.join(header)})")
+        row = dict(zip(header, fields, strict=True))
+        prompt = row["prompt"]
+        if not prompt.strip():
             raise UsageError(f"{where}: empty prompt")
-        rows.append(DatasetRow((("user", prompt),), _max_tokens(where, dict(row)), where))
+        rows.append(DatasetRow((("user", prompt),), _max_tokens(where, row), where))
     return rows
