@@ -38,7 +38,7 @@ from inferlab.client.serverid import identify_server
 from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.http import Outcome, ServerGoneError
 from inferlab.load.monitor import autogroup_enabled
-from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
+from inferlab.load.policy import Policy, SessionPolicy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Schedule
 from inferlab.openai.request import Api, check_extra_body
 from inferlab.openai.response import JSON_LIBRARY
@@ -254,7 +254,7 @@ async def run(
                 preflight=prepared.preflight if isinstance(target, HttpTarget) else OMITTED, wcfg=wcfg,
                 trace_positions=policy.trace_positions if isinstance(policy, UserReplayPolicy) else None,
                 client=outcome.client if isinstance(target, HttpTarget) else None,
-                executor_warnings=outcome.warnings,
+                executor_warnings=[*outcome.warnings, *(policy.warnings() if isinstance(policy, SessionPolicy) else [])],
                 server_metrics=None if prepared.telemetry is None else prepared.telemetry.metrics,
                 gateway_queue=None if prepared.telemetry is None else prepared.telemetry.gateway_queue,
             )
