@@ -871,7 +871,8 @@ def run_summary(
     ``executor_warnings``: what the executor saw (``Outcome.warnings``); ``server_metrics``
     and ``gateway_queue``: what the server's /metrics said over the run."""
     trace = compare_with_trace(records, workload.requests, trace_positions) if isinstance(workload, Trace) else OMITTED
-    last = [*executor_warnings, *(workload.warnings() if isinstance(workload, DatasetWorkload) else [])]
+    last = [*executor_warnings, *(workload.warnings() if isinstance(workload, DatasetWorkload) else []),
+            *(workload.notes if isinstance(workload, Trace) else ())]
     if _conversations(workload) and config.get("api") == "completions":
         last.append(
             "multi-turn sessions through the completions API: each turn's prompt is the messages joined by blank "

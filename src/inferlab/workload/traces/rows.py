@@ -23,6 +23,7 @@ class TraceRow:
     measured: Measured | None = None
     user: int | None = None  # the closed-loop user that sent it (a run's requests.jsonl)
     warmup: bool = False  # a warm-up request of the recorded run (a run's requests.jsonl)
+    turn: int | None = None  # its session's turn (a run's requests.jsonl; None: by order)
     # a row not replayed (a failed request in the source, a row with 0 tokens): kept
     # only for its time, from which a window's seconds count (``TraceConfig.rows``)
     dropped: bool = False
