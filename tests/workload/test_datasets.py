@@ -169,8 +169,22 @@ async def test_bench_sends_dataset_messages_and_lengths(tmp_path: Path) -> None:
     assert s.counts.completed == 4
     assert s.input_length_source == "prompt text as given"
     assert s.output_tokens in range(8, 21)  # 2 or 5 tokens each
-    # no warning about the workload (whether the client kept its schedule depends on the machine's load)
-    assert [w for w in s.warnings if "fell behind" not in w and "client was likely the bottleneck" not in w] == []
+    # the answers' lengths are words (no --tokenizer): said, as they were taken as tokens
+    # silently (whether the client kept its schedule depends on the machine's load)
+    assert [w for w in s.warnings if "fell behind" not in w and "client was likely the bottleneck" not in w] == [
+        "output lengths are the dataset answers' word counts (no --tokenizer): approximate, fewer tokens than the "
+        "answers (words undercount tokens), each asked for exactly"]
+    cfg = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2),  # (lengths given: nothing to say)
+                      workload=WorkloadConfig(dataset=DatasetConfig(path), output_tokens=3))
+    words = WorkloadConfig(input_tokens=f"empirical:{path}", output_tokens=f"empirical:{path}")
+    with EmbeddedServer(ServerConfig(EngineConfig())) as sim:
+        assert not [w for w in (await bench_async(cfg, sim.url)).summary.warnings if "word counts" in w]
+        s = (await bench_async(BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2), workload=words), sim.url)).summary
+    assert [w for w in s.warnings if "word counts" in w] == [
+        f"--input-tokens empirical:{path}: the file's prompt lengths are word counts, taken as tokens (words "
+        "undercount tokens)",
+        f"--output-tokens empirical:{path}: its answers' lengths (a ShareGPT file's) are word counts, taken as tokens "
+        "(words undercount tokens); its max_tokens/output_tokens are tokens"]
 
 
 def test_cli_dataset_errors_and_exhaustion(tmp_path: Path) -> None:

@@ -873,6 +873,8 @@ def run_summary(
     trace = compare_with_trace(records, workload.requests, trace_positions) if isinstance(workload, Trace) else OMITTED
     last = [*executor_warnings, *(workload.warnings() if isinstance(workload, DatasetWorkload) else []),
             *(workload.notes if isinstance(workload, Trace) else ())]
+    if wcfg is not None:
+        last += _words_as_tokens(wcfg)
     if _conversations(workload) and config.get("api") == "completions":
         last.append(
             "multi-turn sessions through the completions API: each turn's prompt is the messages joined by blank "
@@ -922,6 +924,21 @@ def run_summary(
             warnings_last=tuple(last),
         )
     return summarize(records, config=config, slo=slo, interrupted=interrupted, extras=extras)
+
+
+def _words_as_tokens(wcfg: WorkloadConfig) -> list[str]:
+    """The warnings for ``empirical:FILE`` lengths: a dataset file's word counts, drawn
+    as token counts (``empirical:sharegpt`` is the shipped token lengths)."""
+    out = []
+    for flag, spec in (("--input-tokens", wcfg.input_tokens), ("--output-tokens", wcfg.output_tokens),
+                       ("--suffix-tokens", wcfg.suffix_tokens)):
+        if isinstance(spec, str) and spec.strip().lower().startswith("empirical:") and \
+                spec.strip().lower() != "empirical:sharegpt":
+            what = ("its answers' lengths (a ShareGPT file's) are word counts, taken as tokens (words undercount "
+                    "tokens); its max_tokens/output_tokens are tokens" if flag == "--output-tokens" else
+                    "the file's prompt lengths are word counts, taken as tokens (words undercount tokens)")
+            out.append(f"{flag} {spec}: {what}")
+    return out
 
 
 def _conversations(workload: object) -> bool:

@@ -128,7 +128,7 @@ class WorkloadConfig:
         if self.dataset is not None:
             tok = load_tokenizer(self.tokenizer) if self.tokenizer else counter
             rows = self.dataset.rows(tok)
-            return DatasetWorkload(rows, self.dataset.sample, out, seed, self.exact_output)
+            return DatasetWorkload(rows, self.dataset.sample, out, seed, self.exact_output, in_words=tok is None)
         if shared:
             return iter(SharedPrefixWorkload(
                 1 if self.prefix_groups is None else self.prefix_groups, self.prefix_tokens or 512,

@@ -110,8 +110,9 @@ class DatasetWorkload:
     distribution, else the row's ``max_tokens``, else the server decides."""
 
     def __init__(self, rows: list[DatasetRow], sample: Sampling, output_tokens: LengthDist | None,
-                 seed: int = 0, exact_output: bool = True) -> None:
+                 seed: int = 0, exact_output: bool = True, in_words: bool = False) -> None:
         self.rows = rows
+        self.in_words = in_words  # (ShareGPT answers' lengths counted in words: no tokenizer)
         self.sample = sample
         self.output_tokens = output_tokens
         self.exact_output = exact_output
@@ -138,10 +139,16 @@ class DatasetWorkload:
         self.exhausted = True
 
     def warnings(self) -> list[str]:
-        if not self.exhausted:
-            return []
-        return [f"the dataset ran out after its {len(self.rows)} prompts (sampled without "
-                "replacement): fewer requests were sent than asked"]
+        out = []
+        if self.in_words and self.output_tokens is None and any(r.max_tokens is None and r.output_length for r in self.rows):
+            out.append("output lengths are the dataset answers' word counts (no --tokenizer): approximate, fewer tokens "
+                       "than the answers (words undercount tokens), each asked for exactly" if self.exact_output else
+                       "output lengths are capped at the dataset answers' word counts (no --tokenizer): approximate, "
+                       "fewer tokens than the answers (words undercount tokens)")
+        if self.exhausted:
+            out.append(f"the dataset ran out after its {len(self.rows)} prompts (sampled without "
+                       "replacement): fewer requests were sent than asked")
+        return out
 
 
 def dataset_lengths(
