@@ -102,7 +102,9 @@ def test_sampling_and_filters(tmp_path: Path) -> None:
     assert [len(str(s.prompt).split()) for s in again] == drawn  # seeded
     with_r = DatasetWorkload(DatasetConfig(path).rows(), "with-replacement", parse_length(4, "--output-tokens"))
     many = [next(with_r) for _ in range(100)]
-    assert len({s.prompt for s in many}) == 10 and {s.max_tokens for s in many} == {4} and not with_r.warnings()
+    assert len({s.prompt for s in many}) == 10 and {s.max_tokens for s in many} == {4}
+    assert with_r.warnings() == ["100 requests drawn (with replacement) from 10 distinct prompts of the 10 used: some "
+                                 "prompts were sent more than once"]
     words = jsonl(tmp_path / "w.jsonl", [{"prompt": " ".join(["the"] * n)} for n in range(1, 11)])
     kept = DatasetConfig(words, min_input_tokens=3, max_input_tokens=5).rows(BuiltinTokenizer())
     assert [len(r.messages[0][1].split()) for r in kept] == [3, 4, 5]  # "the" is one token each
@@ -171,7 +173,8 @@ async def test_bench_sends_dataset_messages_and_lengths(tmp_path: Path) -> None:
     assert s.output_tokens in range(8, 21)  # 2 or 5 tokens each
     # the answers' lengths are words (no --tokenizer): said, as they were taken as tokens
     # silently (whether the client kept its schedule depends on the machine's load)
-    assert [w for w in s.warnings if "fell behind" not in w and "client was likely the bottleneck" not in w] == [
+    assert [w for w in s.warnings if "fell behind" not in w and "client was likely the bottleneck" not in w
+            and "conversations skipped" not in w and "drawn (with replacement)" not in w] == [
         "output lengths are the dataset answers' word counts (no --tokenizer): approximate, fewer tokens than the "
         "answers (words undercount tokens), each asked for exactly"]
     cfg = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2),  # (lengths given: nothing to say)
@@ -229,3 +232,21 @@ def test_a_byte_order_mark_is_no_part_of_the_first_column(tmp_path: Path) -> Non
     lines = tmp_path / "d.jsonl"
     lines.write_bytes(b'\xef\xbb\xbf{"prompt": "hi"}\n')
     assert [r.messages for r in read_dataset(str(lines))] == [(("user", "hi"),)]
+
+
+async def test_rows_left_out_and_prompts_sent_again_are_in_the_summary(tmp_path: Path) -> None:
+    """A length filter that kept 2 of 10 rows, and 6 requests drawn from those 2, said
+    nothing in the summary; skipped ShareGPT conversations were said on stderr only."""
+    path = jsonl(tmp_path / "d.jsonl", [{"prompt": " ".join(["the"] * n), "max_tokens": 2} for n in range(1, 11)])
+    wcfg = WorkloadConfig(dataset=DatasetConfig(path, sample="with-replacement", max_input_tokens=2))
+    wl = wcfg.build(0, counter=BuiltinTokenizer())
+    assert isinstance(wl, DatasetWorkload)
+    records = simulate(Engine(EngineConfig()), LoadConfig(ClosedLoop(1), num_requests=6), wl)  # type: ignore[arg-type]
+    assert len(records) == 6
+    assert wl.warnings() == [
+        f"{path}: 2 of 10 prompts kept: the others are outside --min-input-tokens/--max-input-tokens (1–2 tokens)",
+        "6 requests drawn (with replacement) from 2 distinct prompts of the 2 used: some prompts were sent more than once",
+    ]
+    with pytest.warns(UserWarning, match="1 of 3 conversations skipped"):
+        sg = WorkloadConfig(dataset=DatasetConfig(sharegpt(tmp_path / "sg.json")), output_tokens=2).build(0)
+    assert isinstance(sg, DatasetWorkload) and any("1 of 3 conversations skipped" in w for w in sg.warnings())

@@ -91,17 +91,32 @@ class DatasetConfig:
         """The kept rows; ``UsageError`` if none is left after the length filters, or if
         a filter is set without ``tokenizer`` to count tokens with (word counts are not
         token counts: a limit in tokens must be measured in tokens)."""
+        return self.read(tokenizer)[0]
+
+    def read(self, tokenizer: Tokenizer | None = None) -> tuple[list[DatasetRow], list[str]]:
+        """``rows`` and what the summary says of the rows left out: skipped by the reader
+        (also warned as read) or by the length filters, with their counts."""
         lo, hi = self.min_input_tokens, self.max_input_tokens
         if (lo is not None or hi is not None) and tokenizer is None:
             raise UsageError(
                 "--min-input-tokens/--max-input-tokens count tokens: give --tokenizer (the server's tokenizer.json)"
             )
-        rows = read_dataset(self.path, self.format, tokenizer)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            rows = read_dataset(self.path, self.format, tokenizer)
+        for w in said:  # (still said as read)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        notes = [str(w.message) for w in said]
         if lo is not None or hi is not None:
+            total = len(rows)
             rows = [r for r in rows if (lo or 0) <= count(r.text(), tokenizer) <= (hi or 1 << 62)]
             if not rows:
                 raise UsageError(f"{self.path}: no prompt within the input length limits")
-        return rows
+            if len(rows) < total:
+                limits = f"{lo or 1:,}–{hi:,}" if hi is not None else f"{lo:,} or more"
+                notes.append(f"{self.path}: {len(rows):,} of {total:,} prompts kept: the others are outside "
+                             f"--min-input-tokens/--max-input-tokens ({limits} tokens)")
+        return rows, notes
 
 
 class DatasetWorkload:
@@ -110,8 +125,11 @@ class DatasetWorkload:
     distribution, else the row's ``max_tokens``, else the server decides."""
 
     def __init__(self, rows: list[DatasetRow], sample: Sampling, output_tokens: LengthDist | None,
-                 seed: int = 0, exact_output: bool = True, in_words: bool = False) -> None:
+                 seed: int = 0, exact_output: bool = True, in_words: bool = False, notes: tuple[str, ...] = ()) -> None:
         self.rows = rows
+        self.notes = notes  # (the rows left out, in words: ``DatasetConfig.read``)
+        self.drawn: set[int] = set()  # the rows drawn so far, by position
+        self.draws = 0
         self.in_words = in_words  # (ShareGPT answers' lengths counted in words: no tokenizer)
         self.sample = sample
         self.output_tokens = output_tokens
@@ -132,14 +150,20 @@ class DatasetWorkload:
     def _draw(self) -> Iterator[DatasetRow]:
         if self.sample == "with-replacement":
             while True:
-                yield self._rng.choice(self.rows)
+                k = self._rng.randrange(len(self.rows))  # (as choice draws)
+                self.drawn.add(k)
+                self.draws += 1
+                yield self.rows[k]
         order = list(self.rows)
         self._rng.shuffle(order)
         yield from order
         self.exhausted = True
 
     def warnings(self) -> list[str]:
-        out = []
+        out = list(self.notes)
+        if self.sample == "with-replacement" and self.draws > len(self.drawn):
+            out.append(f"{self.draws:,} requests drawn (with replacement) from {len(self.drawn):,} distinct prompts "
+                       f"of the {len(self.rows):,} used: some prompts were sent more than once")
         if self.in_words and self.output_tokens is None and any(r.max_tokens is None and r.output_length for r in self.rows):
             out.append("output lengths are the dataset answers' word counts (no --tokenizer): approximate, fewer tokens "
                        "than the answers (words undercount tokens), each asked for exactly" if self.exact_output else

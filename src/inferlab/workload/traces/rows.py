@@ -98,9 +98,9 @@ def say_skipped(path: str, empty: int, failed: int = 0) -> None:
     failed requests (0 response tokens); ``empty``, rows of 0 prompt or answer tokens.
     A reader says them when it ends, or when it is closed early (the rows read)."""
     if failed:
-        warnings.warn(f"{path}: {failed:,} rows skipped: 0 response tokens (failed requests in BurstGPT's log)", stacklevel=3)
+        warnings.warn(f"{path}: {failed:,} row{'s' * (failed != 1)} skipped: 0 response tokens (failed requests in BurstGPT's log)", stacklevel=3)
     if empty:
-        warnings.warn(f"{path}: {empty:,} rows skipped: 0 prompt or answer tokens (no request to send)", stacklevel=3)
+        warnings.warn(f"{path}: {empty:,} row{'s' * (empty != 1)} skipped: 0 prompt or answer tokens (no request to send)", stacklevel=3)
 
 
 def why(e: BaseException) -> str:
