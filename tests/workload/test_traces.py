@@ -68,7 +68,7 @@ def test_burstgpt_skips_failed_rows_and_reads_seconds(tmp_path: Path) -> None:
         "7.5,ChatGPT,300,0,300,Conversation log\n"
         "9,GPT-4,50,10,60,API log\n"
     )
-    with pytest.warns(UserWarning, match="1 rows skipped: 0 response tokens"):  # (said, not silently dropped)
+    with pytest.warns(UserWarning, match="1 row skipped: 0 response tokens"):  # (said, not silently dropped)
         rows = TraceConfig(str(p)).rows()
     assert [(r.arrival_s, r.input_tokens, r.output_tokens) for r in rows] == [(0.0, 100, 20), (4.0, 50, 10)]
 
@@ -593,7 +593,7 @@ def test_the_window_counts_from_a_failed_first_request_too(tmp_path: Path) -> No
     p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
                  "0,ChatGPT,10,0,10,Conversation log\n10,ChatGPT,11,5,16,Conversation log\n"
                  "20,ChatGPT,12,5,17,Conversation log\n")
-    with pytest.warns(UserWarning, match="1 rows skipped"):
+    with pytest.warns(UserWarning, match="1 row skipped"):
         rows = TraceConfig(str(p), start_s=10).rows()
     assert [(r.arrival_s, r.input_tokens) for r in rows] == [(0.0, 11), (10.0, 12)]
     # a vLLM result whose first request failed: the same
