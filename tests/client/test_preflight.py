@@ -25,12 +25,15 @@ from inferlab.client.preflight import (
     Preflight,
     context_fit,
 )
+from inferlab.load.schedules import Replay
 from inferlab.results.summary import Summary
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.server.app import ServerConfig
 from inferlab.sim.server.launch import EmbeddedServer
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
+from inferlab.workload.datasets import DatasetConfig
 from inferlab.workload.spec import RequestSpec
+from inferlab.workload.traces import TraceConfig
 
 KNOWN = {"model", "messages", "prompt", "max_tokens", "stream", "stream_options"}
 TEMPLATE_TOKENS = 5  # what the strict server's "chat template" adds
@@ -358,3 +361,34 @@ async def test_llama_cpp_s_tokenize_makes_lengths_exact_despite_its_closed_conne
     assert s.input_length_source == EXACT_SERVER
     assert s.prompt_overhead_tokens == TEMPLATE_TOKENS
     assert [r.input_tokens for r in result.records] == [40 + TEMPLATE_TOKENS] * 6
+
+
+async def test_a_prompt_alone_over_the_context_is_refused_before_sending_whatever_the_workload(tmp_path: Path) -> None:
+    """A prompt alone at or over the context fails whatever the output setting: such a
+    run was sent (every request an HTTP 400) where no --output-tokens was given, and for
+    shared prefixes, sessions, datasets and traces at all. Now each is refused before
+    sending where its prompt lengths are known; a dataset of which only part is too
+    long runs, with the share said."""
+    long_row = " ".join(["the"] * 3000)  # (3,000 tokens or more: "the" is one token)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": long_row}) + "\n")
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"arrival_s": 0, "input_tokens": 3000, "output_tokens": 3}) + "\n")
+    refused = {
+        "synthetic": WorkloadConfig(input_tokens=2100),
+        "shared prefixes": WorkloadConfig(prefix_tokens=2000, suffix_tokens=100),
+        "sessions": WorkloadConfig(sessions=1, turns=1, input_tokens=2100),
+        "dataset": WorkloadConfig(dataset=DatasetConfig(str(data))),
+        "trace": WorkloadConfig(trace=TraceConfig(str(trace))),
+    }
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=2048))) as sim:
+        for name, wcfg in refused.items():
+            load = Replay() if wcfg.trace is not None else ClosedLoop(1)
+            with pytest.raises(UsageError, match="≥ the server's 2,048-token context: every request would fail"):
+                await bench_async(BenchConfig(load=LoadConfig(load, num_requests=1), workload=wcfg), sim.url)
+                pytest.fail(f"{name}: not refused")
+        data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (long_row, "a short one", "and another", "hi")))
+        result = await bench_async(BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=3),
+                                               workload=WorkloadConfig(dataset=DatasetConfig(str(data)))), sim.url)
+    over = [w for w in result.summary.warnings if "2,048-token context" in w]
+    assert len(over) == 1 and "about 25% of requests may not fit" in over[0], result.summary.warnings

@@ -73,6 +73,16 @@ def test_the_three_formats(tmp_path: Path) -> None:
     ('{"prompt": "x", "max_tokens": 1e300}\n', "d.jsonl", r"d\.jsonl:1: max_tokens must be at most 10,000,000"),
     ('[{"conversations": [{"from": "human"}]}]', "d.json", r"d\.json: entry 0: each turn needs"),
     ("[]", "d.json", "the dataset has no prompts"),
+    # an empty last user message was sent, where an empty 'prompt' is refused; a
+    # malformed 'messages' beside a 'prompt' was ignored
+    ('{"messages": [{"role": "user", "content": " "}]}\n', "d.jsonl", r"d\.jsonl:1: the last user message is empty"),
+    ('{"prompt": "hi", "messages": 5}\n', "d.jsonl", r"d\.jsonl:1: give 'prompt' or 'messages', not both"),
+    # an unclosed quote swallowed the rest of the file into one prompt; a row with more
+    # or fewer fields than the header lost or lacked them
+    ('prompt,max_tokens\nhello,5\n"unterminated,3\nnext,4\n', "d.csv", r"d\.csv:3: malformed CSV row"),
+    ('prompt,max_tokens\n"a"b,5\n', "d.csv", r"d\.csv:2: malformed CSV row"),
+    ("prompt,max_tokens\nhello,5\nhi,5,extra\n", "d.csv", r"d\.csv:3: 3 fields, but the header has 2"),
+    ("prompt,max_tokens\nhello\n", "d.csv", r"d\.csv:2: 1 field, but the header has 2"),
     ("hello", "d.txt", "cannot tell the dataset format"),
 ])
 def test_bad_files_name_the_file_line_and_problem(tmp_path: Path, content: str, name: str, needle: str) -> None:
@@ -92,7 +102,9 @@ def test_sampling_and_filters(tmp_path: Path) -> None:
     assert [len(str(s.prompt).split()) for s in again] == drawn  # seeded
     with_r = DatasetWorkload(DatasetConfig(path).rows(), "with-replacement", parse_length(4, "--output-tokens"))
     many = [next(with_r) for _ in range(100)]
-    assert len({s.prompt for s in many}) == 10 and {s.max_tokens for s in many} == {4} and not with_r.warnings()
+    assert len({s.prompt for s in many}) == 10 and {s.max_tokens for s in many} == {4}
+    assert with_r.warnings() == ["100 requests drawn (with replacement) from 10 distinct prompts of the 10 used: some "
+                                 "prompts were sent more than once"]
     words = jsonl(tmp_path / "w.jsonl", [{"prompt": " ".join(["the"] * n)} for n in range(1, 11)])
     kept = DatasetConfig(words, min_input_tokens=3, max_input_tokens=5).rows(BuiltinTokenizer())
     assert [len(r.messages[0][1].split()) for r in kept] == [3, 4, 5]  # "the" is one token each
@@ -159,8 +171,23 @@ async def test_bench_sends_dataset_messages_and_lengths(tmp_path: Path) -> None:
     assert s.counts.completed == 4
     assert s.input_length_source == "prompt text as given"
     assert s.output_tokens in range(8, 21)  # 2 or 5 tokens each
-    # no warning about the workload (whether the client kept its schedule depends on the machine's load)
-    assert [w for w in s.warnings if "fell behind" not in w and "client was likely the bottleneck" not in w] == []
+    # the answers' lengths are words (no --tokenizer): said, as they were taken as tokens
+    # silently (whether the client kept its schedule depends on the machine's load)
+    assert [w for w in s.warnings if "fell behind" not in w and "client was likely the bottleneck" not in w
+            and "conversations skipped" not in w and "drawn (with replacement)" not in w] == [
+        "output lengths are the dataset answers' word counts (no --tokenizer): approximate, fewer tokens than the "
+        "answers (words undercount tokens), each asked for exactly"]
+    cfg = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2),  # (lengths given: nothing to say)
+                      workload=WorkloadConfig(dataset=DatasetConfig(path), output_tokens=3))
+    words = WorkloadConfig(input_tokens=f"empirical:{path}", output_tokens=f"empirical:{path}")
+    with EmbeddedServer(ServerConfig(EngineConfig())) as sim:
+        assert not [w for w in (await bench_async(cfg, sim.url)).summary.warnings if "word counts" in w]
+        s = (await bench_async(BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2), workload=words), sim.url)).summary
+    assert [w for w in s.warnings if "word counts" in w] == [
+        f"--input-tokens empirical:{path}: the file's prompt lengths are word counts, taken as tokens (words "
+        "undercount tokens)",
+        f"--output-tokens empirical:{path}: its answers' lengths (a ShareGPT file's) are word counts, taken as tokens "
+        "(words undercount tokens); its max_tokens/output_tokens are tokens"]
 
 
 def test_cli_dataset_errors_and_exhaustion(tmp_path: Path) -> None:
@@ -205,3 +232,21 @@ def test_a_byte_order_mark_is_no_part_of_the_first_column(tmp_path: Path) -> Non
     lines = tmp_path / "d.jsonl"
     lines.write_bytes(b'\xef\xbb\xbf{"prompt": "hi"}\n')
     assert [r.messages for r in read_dataset(str(lines))] == [(("user", "hi"),)]
+
+
+async def test_rows_left_out_and_prompts_sent_again_are_in_the_summary(tmp_path: Path) -> None:
+    """A length filter that kept 2 of 10 rows, and 6 requests drawn from those 2, said
+    nothing in the summary; skipped ShareGPT conversations were said on stderr only."""
+    path = jsonl(tmp_path / "d.jsonl", [{"prompt": " ".join(["the"] * n), "max_tokens": 2} for n in range(1, 11)])
+    wcfg = WorkloadConfig(dataset=DatasetConfig(path, sample="with-replacement", max_input_tokens=2))
+    wl = wcfg.build(0, counter=BuiltinTokenizer())
+    assert isinstance(wl, DatasetWorkload)
+    records = simulate(Engine(EngineConfig()), LoadConfig(ClosedLoop(1), num_requests=6), wl)  # type: ignore[arg-type]
+    assert len(records) == 6
+    assert wl.warnings() == [
+        f"{path}: 2 of 10 prompts kept: the others are outside --min-input-tokens/--max-input-tokens (1–2 tokens)",
+        "6 requests drawn (with replacement) from 2 distinct prompts of the 2 used: some prompts were sent more than once",
+    ]
+    with pytest.warns(UserWarning, match="1 of 3 conversations skipped"):
+        sg = WorkloadConfig(dataset=DatasetConfig(sharegpt(tmp_path / "sg.json")), output_tokens=2).build(0)
+    assert isinstance(sg, DatasetWorkload) and any("1 of 3 conversations skipped" in w for w in sg.warnings())

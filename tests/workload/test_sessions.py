@@ -209,3 +209,19 @@ def test_sessions_through_the_completions_api_say_the_answers_are_not_cached() -
         assert any("no validated row is a conversation" in b for b in s["prediction"]["beyond_validated"])
     # ...as the cache shows: through chat each next turn finds the last answer too
     assert shares["chat"] > shares["completions"] + 0.05, shares
+
+
+async def test_turns_a_failed_turn_left_unsent_are_said() -> None:
+    """A session whose turn fails cannot go on (that turn's answer is its context): its
+    later turns were dropped without a word ("3 completed, 1 failed" of 6 planned). The
+    summary now says how many were not sent, whose, and how many were planned and sent."""
+    cfg = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=6),
+                      workload=WorkloadConfig(sessions=1, turns=6, input_tokens=500, output_tokens=10))
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=2048))) as sim:
+        s = (await bench_async(cfg, sim.url)).summary
+    c = s.counts
+    assert c.failed == 1 and c.completed + c.failed < 6  # (the context grew past 2,048 tokens)
+    cut = 6 - c.completed - c.failed
+    said = [w for w in s.warnings if "not sent: their session ended at a failed turn" in w]
+    assert said == [f"{cut} turn{'s' * (cut != 1)} not sent: their session ended at a failed turn (session 0); "
+                    f"1 session × 6 turns planned, {c.completed + c.failed} turns sent"], s.warnings

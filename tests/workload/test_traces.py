@@ -68,7 +68,7 @@ def test_burstgpt_skips_failed_rows_and_reads_seconds(tmp_path: Path) -> None:
         "7.5,ChatGPT,300,0,300,Conversation log\n"
         "9,GPT-4,50,10,60,API log\n"
     )
-    with pytest.warns(UserWarning, match="1 rows skipped: 0 response tokens"):  # (said, not silently dropped)
+    with pytest.warns(UserWarning, match="1 row skipped: 0 response tokens"):  # (said, not silently dropped)
         rows = TraceConfig(str(p)).rows()
     assert [(r.arrival_s, r.input_tokens, r.output_tokens) for r in rows] == [(0.0, 100, 20), (4.0, 50, 10)]
 
@@ -593,7 +593,7 @@ def test_the_window_counts_from_a_failed_first_request_too(tmp_path: Path) -> No
     p.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
                  "0,ChatGPT,10,0,10,Conversation log\n10,ChatGPT,11,5,16,Conversation log\n"
                  "20,ChatGPT,12,5,17,Conversation log\n")
-    with pytest.warns(UserWarning, match="1 rows skipped"):
+    with pytest.warns(UserWarning, match="1 row skipped"):
         rows = TraceConfig(str(p), start_s=10).rows()
     assert [(r.arrival_s, r.input_tokens) for r in rows] == [(0.0, 11), (10.0, 12)]
     # a vLLM result whose first request failed: the same
@@ -647,3 +647,46 @@ def test_a_json_document_that_is_not_a_trace_says_so_and_broken_json_says_it_is_
     broken.write_text('{"arrival_s": 0,\n')
     with pytest.raises(UsageError, match=r"broken\.jsonl:1: not valid JSON"):
         read_rows(str(broken))
+
+
+def test_a_replay_of_a_sessions_run_keeps_its_sessions_and_turns_in_its_own_records(tmp_path: Path) -> None:
+    """The replay reproduced the growing contexts but recorded ``session: null``: a replay
+    of the replay shared nothing. Its records now name each turn's session and turn."""
+    run = [sys.executable, "-m", "inferlab", "sim", "run", "--no-history", "--json"]
+    first, second, third = tmp_path / "first", tmp_path / "second", tmp_path / "third"
+    p = subprocess.run([*run, "--sessions", "3", "--turns", "3", "--input-tokens", "200", "--output-tokens", "50",
+                        "--out", str(first)], capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    for source, out in ((first, second), (second, third)):
+        q = subprocess.run([*run, "--trace", str(source / "requests.jsonl"), "--out", str(out)], capture_output=True,
+                           text=True, timeout=120, check=False)
+        assert q.returncode == 0, q.stderr
+
+    def turns(d: Path) -> list[tuple[int, int, int]]:
+        recs = [json.loads(line) for line in (d / "requests.jsonl").read_text().splitlines()]
+        return sorted((r["session"], r["turn"], r["input_tokens"]) for r in recs)
+
+    assert turns(first) == turns(second) == turns(third)
+    assert len({s for s, _, _ in turns(first)}) == 3
+    cached = [json.loads(subprocess.run([*run, "--trace", str(d / "requests.jsonl")], capture_output=True, text=True,
+                                        timeout=120, check=True).stdout)["cached_tokens"] for d in (second, third)]
+    assert cached[0] > 0 and cached[1] >= cached[0] // 2  # (the replay of the replay shares its contexts too)
+
+
+async def test_trace_rows_shorter_than_the_chat_template_are_said(tmp_path: Path) -> None:
+    """A row asking for fewer prompt tokens than the template adds went out longer than
+    the trace's (1 token of text + the template), silently."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": 0.01 * k, "input_tokens": n, "output_tokens": 3}) + "\n"
+                             for k, n in enumerate((10, 12, 400))))
+    cfg = BenchConfig(load=LoadConfig(Replay()), workload=WorkloadConfig(trace=TraceConfig(str(trace))))
+    with EmbeddedServer(ServerConfig()) as sim:
+        result = await bench_async(cfg, sim.url)
+    template = result.summary.prompt_overhead_tokens
+    assert template is not None and template > 12
+    sent = sorted(r.input_tokens or 0 for r in result.records)
+    assert sent[:2] == [1 + template] * 2  # (what the server counted)
+    said = [w for w in result.summary.warnings if "fewer prompt tokens than the chat template" in w]
+    assert said == [f"2 trace rows asked for fewer prompt tokens than the chat template (or BOS) adds ({template}): sent "
+                    f"with 1 token of text, {1 + template} tokens in all each, {2 * (1 + template) - 22} more than the "
+                    "trace's in all"], result.summary.warnings

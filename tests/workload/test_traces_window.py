@@ -62,7 +62,7 @@ def test_a_streamed_window_is_the_full_reads_in_any_order(
     those of sorting the whole file."""
     rows = [(TIMES[i], 0 if failed_first and i == 0 else 5) for i in ORDERS[order]]
     path = burstgpt(tmp_path / "t.csv", rows)
-    with pytest.warns(UserWarning, match="1 rows skipped") if failed_first else nullcontext():
+    with pytest.warns(UserWarning, match="1 row skipped") if failed_first else nullcontext():
         got = streamed(path, lo, hi)
     with pytest.warns(UserWarning) if failed_first else nullcontext():
         want = full_read(path, -math.inf if lo is None else lo, math.inf if hi is None else hi)
@@ -166,7 +166,7 @@ def test_rows_past_the_window_of_a_trace_in_order_are_not_read_nor_checked(tmp_p
     still counted in the warning, and an empty window says how far the file was read."""
     path = burstgpt(tmp_path / "t.csv", [(0.0, 5), (1.0, 0), (2.0, 5), (3.0, 5)])
     path.write_text(path.read_text() + "yesterday,ChatGPT,1,1,2,Conversation log\n")
-    with pytest.warns(UserWarning, match="1 rows skipped: 0 response tokens"):
+    with pytest.warns(UserWarning, match="1 row skipped: 0 response tokens"):
         rows = TraceConfig(str(path), end_s=2.5, in_order=True).rows()
     assert [r.input_tokens for r in rows] == [10, 12]
     with pytest.raises(UsageError, match=r"t\.csv:6: bad burstgpt row"):  # (the error alone, as before)

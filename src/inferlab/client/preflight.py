@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -304,49 +305,126 @@ def _token_count(obj: object) -> int | None:
 
 
 def context_fit(wcfg: WorkloadConfig, pre: Preflight, context_tokens: int | None) -> str | None:
-    """Whether synthetic prompts and their answers fit the server's context
+    """Whether the prompts and their answers fit the server's context
     (``context_tokens``, its stated ``max_model_len``), checked before any request is
-    sent where both are known: each prompt as sent (``--input-tokens`` counted exactly
-    by the probe, plus what the server adds around it: the chat template, a BOS) and
-    the output tokens asked for. A request that does not fit fails where its prompt
-    alone is over the context, and with exact output (``min_tokens``: vLLM lowers
-    max_tokens to what the context has left, then refuses min_tokens over it; others
-    refuse the request); without exact output the server cuts its answer short. Where
-    every request would fail: ``UsageError``; where some may not fit: a warning for the
-    summary, with their share (``_share_over``: exact for fixed, uniform, normal,
-    lognormal and empirical lengths, normal and lognormal draws past ``_TAIL_SD``
-    standard deviations taken as never drawn). None when all fit or it cannot be known
-    (approximate prompt lengths, another workload)."""
+    sent where both are known: each prompt as sent (its length counted exactly by the
+    probe, plus what the server adds around it: the chat template, a BOS) and the output
+    tokens asked for. Prompts of known length: synthetic ones (``--input-tokens``),
+    shared-prefix ones (the prefix + a suffix), a session's first turn (its system
+    prompt + its first message: later turns grow with answers not yet known); a trace's
+    and a dataset's are checked once built (``requests_fit``). A request that does not
+    fit fails where its prompt alone reaches the context (whatever the output setting),
+    and with exact output (``min_tokens``: vLLM lowers max_tokens to what the context
+    has left, then refuses min_tokens over it; others refuse the request); without exact
+    output the server cuts its answer short. Where every request would fail:
+    ``UsageError``; where some may not fit: a warning for the summary, with their share
+    (``_share_over``: exact for fixed, uniform, normal, lognormal and empirical lengths,
+    normal and lognormal draws past ``_TAIL_SD`` standard deviations taken as never
+    drawn). None when all fit or it cannot be known (approximate prompt lengths, a fixed
+    prompt)."""
     from inferlab.workload.lengths import parse_length
 
     exact_prompts = pre.input_length_source in (EXACT_LOCAL, EXACT_SERVER)
-    if context_tokens is None or not exact_prompts or wcfg.shares_prefixes or wcfg.output_tokens is None:
+    if context_tokens is None or not exact_prompts:
         return None
-    assert wcfg.input_tokens is not None  # (shares_prefixes is False: synthetic prompts)
-    prompts, outputs = parse_length(wcfg.input_tokens), parse_length(wcfg.output_tokens, "--output-tokens")
-    overhead = pre.prompt_overhead_tokens or 0
+    if wcfg.sessions is not None:
+        # (the first turn: its system prompt and message, each with the template's
+        # tokens, of which the probe counted one message's: at least this many)
+        prompts, extra, noun = parse_length(wcfg.input_tokens or 128), wcfg.system_tokens, "first-turn prompt"
+    elif wcfg.prefix_groups is not None or wcfg.prefix_tokens is not None:
+        suffix = wcfg.suffix_tokens if wcfg.suffix_tokens is not None else 64
+        prompts, extra, noun = parse_length(suffix, "--suffix-tokens"), wcfg.prefix_tokens or 512, "prompt"
+    elif wcfg.input_tokens is not None and wcfg.trace is None and wcfg.dataset is None:
+        prompts, extra, noun = parse_length(wcfg.input_tokens), 0, "prompt"
+    else:
+        return None
+    outputs = None if wcfg.output_tokens is None else parse_length(wcfg.output_tokens, "--output-tokens")
+    exact = pre.accepts_exact_output and wcfg.exact_output
+    return _fit(prompts, outputs, (pre.prompt_overhead_tokens or 0) + extra, context_tokens, exact, noun,
+                at_least=wcfg.sessions is not None and wcfg.system_tokens > 0)
+
+
+def requests_fit(
+    lengths: Sequence[tuple[int, int | None]], exact_output: bool, pre: Preflight, context_tokens: int | None,
+    what: str, overhead: int | None = None, at_least: bool = False,
+) -> str | None:
+    """``context_fit`` for requests whose prompt lengths are known before sending: each
+    ``(prompt tokens, output tokens asked for)`` (a trace's rows as built; a dataset's
+    rows as counted), named ``what`` in the messages; ``overhead``: what the server adds
+    to each (default the probe's template tokens; 0 for counts of the prompt as sent);
+    ``at_least``: the counts are lower bounds. An output of None (the server decides):
+    only a prompt alone over the context is known to fail."""
+    from inferlab.workload.lengths import empirical
+
+    exact_prompts = pre.input_length_source in (EXACT_LOCAL, EXACT_SERVER)
+    if context_tokens is None or not exact_prompts or not lengths:
+        return None
+    extra = (pre.prompt_overhead_tokens or 0) if overhead is None else overhead
+    ins = [i for i, _ in lengths]
+    outs = [o for _, o in lengths]
+    if any(o is None for o in outs):
+        return _fit(empirical(ins, what, what), None, extra, context_tokens, True, "prompt", at_least)
+    pairs = tuple((i, int(o or 0)) for i, o in lengths)
+    return _fit(empirical(ins, what, what, pairs), empirical([o for _, o in pairs], what, what, pairs), extra,
+                context_tokens, pre.accepts_exact_output and exact_output, "prompt", at_least)
+
+
+async def count_prompts(endpoint: Endpoint, specs: Sequence[RequestSpec]) -> list[int] | None:
+    """The tokens of each of ``specs``' prompts as sent, counted by the server's
+    ``/tokenize`` (chat: its messages, the template included; completions: the text,
+    without the BOS the probe's overhead holds); None where the route does not count
+    them all."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        tok = TokenizeRoute(session, endpoint)
+        if endpoint.api == "chat":
+            counts = await asyncio.gather(*(tok.count_messages(s.messages()) for s in specs))
+        else:
+            counts = await asyncio.gather(*(tok.count(str(s.completion_prompt())) for s in specs))
+    return None if any(c is None for c in counts) else [int(c or 0) for c in counts]
+
+
+def _fit(prompts: LengthDist, outputs: LengthDist | None, overhead: int, context_tokens: int, exact: bool,
+         noun: str = "prompt", at_least: bool = False) -> str | None:
+    """``context_fit``'s verdict on prompts of ``prompts`` tokens (+ ``overhead`` as
+    sent: the template, a shared prefix, a system prompt; ``at_least``: more than that)
+    and answers of ``outputs`` (None: not asked for; only a prompt alone at or over the
+    context is known to fail)."""
+    from inferlab.workload.lengths import LengthDist
+
+    alone = outputs is None
+    if outputs is None:  # (a prompt alone fails where it leaves no room for one token)
+        outputs, exact = LengthDist("fixed", 1), True
     room = context_tokens - overhead  # (for the prompt's own tokens and the output)
     paired = _paired(prompts, outputs)
     in_lo = min(i for i, _ in prompts.pairs) if paired else _least(prompts)
     least = min(prompts.pairs, key=sum) if paired else (in_lo, _least(outputs))  # (the request asking least)
     if (max(map(sum, prompts.pairs)) if paired else _most(prompts) + _most(outputs)) <= room:
         return None
-    exact = pre.accepts_exact_output and wcfg.exact_output
-    if prompts.kind in ("fixed", "uniform") and outputs.kind in ("fixed", "uniform"):
-        said = f"prompt {_most(prompts) + overhead:,} + {_most(outputs):,} output tokens > the server's {context_tokens:,}-token context"
+    sent = "at least " if at_least else ""
+    if alone:
+        said = (f"{noun}s of {_named(prompts)} (+ {sent}{overhead:,} as sent) can reach the server's "
+                f"{context_tokens:,}-token context")
+    elif prompts.kind in ("fixed", "uniform") and outputs.kind in ("fixed", "uniform"):
+        said = (f"{noun} {sent}{_most(prompts) + overhead:,} + {_most(outputs):,} output tokens > the server's "
+                f"{context_tokens:,}-token context")
     else:
-        said = (f"prompts of {_named(prompts)} (+ {overhead:,} as sent) and {_named(outputs)} output tokens can exceed "
-                f"the server's {context_tokens:,}-token context")
+        said = (f"{noun}s of {_named(prompts)} (+ {sent}{overhead:,} as sent) and {_named(outputs)} output tokens can "
+                f"exceed the server's {context_tokens:,}-token context")
     if in_lo + overhead >= context_tokens:  # (even the shortest prompt leaves no room for one token)
-        raise UsageError(f"prompt {in_lo + overhead:,} tokens (as sent) ≥ the server's {context_tokens:,}-token context: "
-                         "every request would fail; ask for shorter prompts, or a server with a longer context")
+        raise UsageError(f"{noun} {sent}{in_lo + overhead:,} tokens (as sent) ≥ the server's {context_tokens:,}-token "
+                         "context: every request would fail; ask for shorter prompts, or a server with a longer context")
     if exact and sum(least) > room:
-        raise UsageError(f"prompt {least[0] + overhead:,} + {least[1]:,} output tokens > the server's {context_tokens:,}-token "
-                         "context: every request would fail (exact output: min_tokens over what the context leaves); ask "
-                         "for shorter prompts or answers, a server with a longer context, or --no-exact-output")
+        raise UsageError(f"{noun} {sent}{least[0] + overhead:,} + {least[1]:,} output tokens > the server's "
+                         f"{context_tokens:,}-token context: every request would fail (exact output: min_tokens over "
+                         "what the context leaves); ask for shorter prompts or answers, a server with a longer "
+                         "context, or --no-exact-output")
     share = _share_over(prompts, outputs, room)
     some = ("every request" if share >= 1 else f"about {share:.0%} of requests" if share >= 0.01
             else f"about {100 * share:.2g}% of requests" if share >= 1e-4 else "fewer than 1 in 10,000 requests")
+    if alone:
+        return f"{said}: {some} may not fit, and each that does not fails (its prompt alone leaves no room for an answer)"
     if exact:
         return f"{said}: {some} may not fit, and each that does not fails (exact output: min_tokens over what the context leaves)"
     return f"{said}: {some} may not fit; the server cuts their answers short (vLLM lowers max_tokens to what the context leaves) or refuses them"

@@ -278,9 +278,24 @@ class SessionPolicy:
                 heapq.heappush(self._ready, (0.0, next(self._seq), workload.session(i)))
         self._sent = 0
         self._in_flight: dict[int, Session] = {}
+        self._cut: dict[int, int] = {}  # session -> its turns not sent after a failed one
 
     def start_s(self) -> float:
         return 0.0
+
+    def warnings(self) -> list[str]:
+        """The summary's word on turns never sent because their session ended at a
+        failed turn (a session cannot go on without that turn's answer)."""
+        if not self._cut:
+            return []
+        cut = sum(self._cut.values())
+        cfg = self._workload.config
+        ids = sorted(self._cut)
+        named = ", ".join(map(str, ids[:10])) + (f" and {len(ids) - 10:,} more" if len(ids) > 10 else "")
+        return [f"{cut:,} turn{'s' * (cut != 1)} not sent: their session ended at a failed turn (session"
+                f"{'s' * (len(ids) != 1)} {named}); {cfg.sessions:,} session{'s' * (cfg.sessions != 1)} × {cfg.turns:,} turns "
+                f"planned, "
+                f"{self._sent:,} turns sent"]
 
     def due(self, now_s: float) -> Iterator[Send]:
         ready, total = self._ready, self._total
@@ -296,7 +311,10 @@ class SessionPolicy:
 
     def ended(self, index: int, end_s: float, answer: Answer | None) -> None:
         s = self._in_flight.pop(index)
-        if answer is None:  # the session ends with its failed turn
+        if answer is None:  # the session ends with its failed turn (said in ``warnings``)
+            left = self._workload.config.turns - s.turn - 1
+            if left > 0:
+                self._cut[s.index] = left
             self._next_session(end_s)
             return
         s.answer(*answer)

@@ -19,18 +19,26 @@ import math
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from inferlab._clock import Clock, WallClock
 from inferlab._cores import usable_cores
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab._loop import loop_name
-from inferlab.client.preflight import EXACT_LOCAL, Preflight, context_fit, run_preflight
+from inferlab.client.preflight import (
+    EXACT_LOCAL,
+    EXACT_SERVER,
+    Preflight,
+    context_fit,
+    count_prompts,
+    requests_fit,
+    run_preflight,
+)
 from inferlab.client.serverid import identify_server
 from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
 from inferlab.load.http import Outcome, ServerGoneError
 from inferlab.load.monitor import autogroup_enabled
-from inferlab.load.policy import Policy, UserReplayPolicy, make_policy
+from inferlab.load.policy import Policy, SessionPolicy, UserReplayPolicy, make_policy
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Schedule
 from inferlab.openai.request import Api, check_extra_body
 from inferlab.openai.response import JSON_LIBRARY
@@ -72,6 +80,9 @@ from inferlab.workload.sessions import SessionWorkload
 from inferlab.workload.spec import Trace
 from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
 from inferlab.workload.traces import compare_with_trace
+
+if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes none)
+    from inferlab.client.http import Endpoint
 
 OnRecord = Callable[[RequestRecord], None]
 
@@ -179,6 +190,7 @@ class _Prepared:
     telemetry: _Telemetry | None = None  # the server's /metrics (runs against a server)
     preemptions: Callable[[], int] = lambda: 0  # the simulated engines', once run
     peak_running: Callable[[], int] = lambda: 0  # the most they ran at once, summed over replicas
+    endpoint: Endpoint | None = None  # the server's (runs against a server)
 
 
 @dataclass
@@ -219,6 +231,9 @@ async def run(
             config.load.seed, config.api, builder=prepared.builder, template_tokens=prepared.template_tokens,
             counter=prepared.counter,
         )
+        if prepared.preflight is not None and prepared.endpoint is not None:  # (before any request is sent)
+            prepared.preflight = await _built_fit(workload, prepared.preflight, prepared.endpoint,
+                                                  _context_tokens(prepared.config_json["resolved"]), wcfg)
         policy = make_policy(config.load, workload)
         writer = RunWriter(config.out_dir, prepared.config_json, overwrite=config.overwrite) if config.out_dir else None
 
@@ -239,7 +254,7 @@ async def run(
                 preflight=prepared.preflight if isinstance(target, HttpTarget) else OMITTED, wcfg=wcfg,
                 trace_positions=policy.trace_positions if isinstance(policy, UserReplayPolicy) else None,
                 client=outcome.client if isinstance(target, HttpTarget) else None,
-                executor_warnings=outcome.warnings,
+                executor_warnings=[*outcome.warnings, *(policy.warnings() if isinstance(policy, SessionPolicy) else [])],
                 server_metrics=None if prepared.telemetry is None else prepared.telemetry.metrics,
                 gateway_queue=None if prepared.telemetry is None else prepared.telemetry.gateway_queue,
             )
@@ -638,7 +653,43 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
 
     return _Prepared(
         builder, config_json, execute, wcfg, template_tokens, preflight=pre, url=base, telemetry=telemetry,
+        endpoint=endpoint,
     )
+
+
+#: The most dataset rows counted with the server's /tokenize to check them against its
+#: context (a request each); a larger dataset is not checked there.
+MAX_COUNTED_ROWS = 10_000
+
+
+async def _built_fit(
+    workload: object, pre: Preflight, endpoint: Endpoint, context_tokens: int | None, wcfg: WorkloadConfig,
+) -> Preflight:
+    """``pre`` with ``requests_fit``'s warning for a built trace (its rows' lengths, as
+    built) or dataset (its rows counted: with --tokenizer, their text, a lower bound
+    for a row of several messages, whose template tokens are per message; else with the
+    server's /tokenize, as sent, up to ``MAX_COUNTED_ROWS`` rows); ``UsageError`` where
+    none fits."""
+    if context_tokens is None or pre.input_length_source not in (EXACT_LOCAL, EXACT_SERVER):
+        return pre
+    unfit = None
+    if isinstance(workload, Trace) and wcfg.trace is not None:
+        lengths = [(t.spec.input_tokens or 1, t.spec.max_tokens) for t in workload.requests]
+        unfit = requests_fit(lengths, wcfg.exact_output, pre, context_tokens, wcfg.trace.path)
+    elif isinstance(workload, DatasetWorkload) and wcfg.dataset is not None:
+        rows, name = workload.rows, wcfg.dataset.path
+        specs = [r.spec(None, False) for r in rows]
+        if wcfg.tokenizer:
+            tok = load_tokenizer(wcfg.tokenizer)
+            counts = [len(tok.encode(r.text())) for r in rows]
+            unfit = requests_fit([(n, None) for n in counts], False, pre, context_tokens, name,
+                                 at_least=any(len(r.messages) > 1 for r in rows))
+        elif pre.has_tokenize and len(rows) <= MAX_COUNTED_ROWS:
+            sent = await count_prompts(endpoint, specs)
+            if sent is not None:
+                unfit = requests_fit([(n, None) for n in sent], False, pre, context_tokens, name,
+                                     overhead=0 if endpoint.api == "chat" else None)
+    return pre if unfit is None else dataclasses.replace(pre, warnings=[*pre.warnings, unfit])
 
 
 def _context_tokens(resolved: dict[str, Any]) -> int | None:
@@ -820,7 +871,10 @@ def run_summary(
     ``executor_warnings``: what the executor saw (``Outcome.warnings``); ``server_metrics``
     and ``gateway_queue``: what the server's /metrics said over the run."""
     trace = compare_with_trace(records, workload.requests, trace_positions) if isinstance(workload, Trace) else OMITTED
-    last = [*executor_warnings, *(workload.warnings() if isinstance(workload, DatasetWorkload) else [])]
+    last = [*executor_warnings, *(workload.warnings() if isinstance(workload, DatasetWorkload) else []),
+            *(workload.notes if isinstance(workload, Trace) else ())]
+    if wcfg is not None:
+        last += _words_as_tokens(wcfg)
     if _conversations(workload) and config.get("api") == "completions":
         last.append(
             "multi-turn sessions through the completions API: each turn's prompt is the messages joined by blank "
@@ -870,6 +924,21 @@ def run_summary(
             warnings_last=tuple(last),
         )
     return summarize(records, config=config, slo=slo, interrupted=interrupted, extras=extras)
+
+
+def _words_as_tokens(wcfg: WorkloadConfig) -> list[str]:
+    """The warnings for ``empirical:FILE`` lengths: a dataset file's word counts, drawn
+    as token counts (``empirical:sharegpt`` is the shipped token lengths)."""
+    out = []
+    for flag, spec in (("--input-tokens", wcfg.input_tokens), ("--output-tokens", wcfg.output_tokens),
+                       ("--suffix-tokens", wcfg.suffix_tokens)):
+        if isinstance(spec, str) and spec.strip().lower().startswith("empirical:") and \
+                spec.strip().lower() != "empirical:sharegpt":
+            what = ("its answers' lengths (a ShareGPT file's) are word counts, taken as tokens (words undercount "
+                    "tokens); its max_tokens/output_tokens are tokens" if flag == "--output-tokens" else
+                    "the file's prompt lengths are word counts, taken as tokens (words undercount tokens)")
+            out.append(f"{flag} {spec}: {what}")
+    return out
 
 
 def _conversations(workload: object) -> bool:

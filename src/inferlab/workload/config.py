@@ -127,8 +127,9 @@ class WorkloadConfig:
             return SessionWorkload(scfg, session_builder, seed, self.exact_output)
         if self.dataset is not None:
             tok = load_tokenizer(self.tokenizer) if self.tokenizer else counter
-            rows = self.dataset.rows(tok)
-            return DatasetWorkload(rows, self.dataset.sample, out, seed, self.exact_output)
+            rows, notes = self.dataset.read(tok)
+            return DatasetWorkload(rows, self.dataset.sample, out, seed, self.exact_output, in_words=tok is None,
+                                   notes=tuple(notes))
         if shared:
             return iter(SharedPrefixWorkload(
                 1 if self.prefix_groups is None else self.prefix_groups, self.prefix_tokens or 512,

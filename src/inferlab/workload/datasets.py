@@ -8,7 +8,9 @@ Formats (named, or detected from the extension and first character):
 - ``sharegpt``: a JSON list of ``{"conversations": [{"from": "human"|"gpt", "value":
   ...}]}``; the first human turn is the prompt and the gpt turn after it gives the
   output length (entries without such a pair are skipped, as other tools do);
-- ``csv``: a ``prompt`` column, optional ``max_tokens`` or ``output_tokens``.
+- ``csv``: a ``prompt`` column, optional ``max_tokens`` or ``output_tokens``; read
+  strictly (a quote left open, or a row with more or fewer fields than the header, is
+  an error, not a prompt).
 
 Input lengths (for ``min_input_tokens``/``max_input_tokens`` and ``empirical:PATH``)
 are tokenizer counts with a tokenizer, else word counts; ShareGPT output lengths too.
@@ -89,17 +91,32 @@ class DatasetConfig:
         """The kept rows; ``UsageError`` if none is left after the length filters, or if
         a filter is set without ``tokenizer`` to count tokens with (word counts are not
         token counts: a limit in tokens must be measured in tokens)."""
+        return self.read(tokenizer)[0]
+
+    def read(self, tokenizer: Tokenizer | None = None) -> tuple[list[DatasetRow], list[str]]:
+        """``rows`` and what the summary says of the rows left out: skipped by the reader
+        (also warned as read) or by the length filters, with their counts."""
         lo, hi = self.min_input_tokens, self.max_input_tokens
         if (lo is not None or hi is not None) and tokenizer is None:
             raise UsageError(
                 "--min-input-tokens/--max-input-tokens count tokens: give --tokenizer (the server's tokenizer.json)"
             )
-        rows = read_dataset(self.path, self.format, tokenizer)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            rows = read_dataset(self.path, self.format, tokenizer)
+        for w in said:  # (still said as read)
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        notes = [str(w.message) for w in said]
         if lo is not None or hi is not None:
+            total = len(rows)
             rows = [r for r in rows if (lo or 0) <= count(r.text(), tokenizer) <= (hi or 1 << 62)]
             if not rows:
                 raise UsageError(f"{self.path}: no prompt within the input length limits")
-        return rows
+            if len(rows) < total:
+                limits = f"{lo or 1:,}–{hi:,}" if hi is not None else f"{lo:,} or more"
+                notes.append(f"{self.path}: {len(rows):,} of {total:,} prompts kept: the others are outside "
+                             f"--min-input-tokens/--max-input-tokens ({limits} tokens)")
+        return rows, notes
 
 
 class DatasetWorkload:
@@ -108,8 +125,12 @@ class DatasetWorkload:
     distribution, else the row's ``max_tokens``, else the server decides."""
 
     def __init__(self, rows: list[DatasetRow], sample: Sampling, output_tokens: LengthDist | None,
-                 seed: int = 0, exact_output: bool = True) -> None:
+                 seed: int = 0, exact_output: bool = True, in_words: bool = False, notes: tuple[str, ...] = ()) -> None:
         self.rows = rows
+        self.notes = notes  # (the rows left out, in words: ``DatasetConfig.read``)
+        self.drawn: set[int] = set()  # the rows drawn so far, by position
+        self.draws = 0
+        self.in_words = in_words  # (ShareGPT answers' lengths counted in words: no tokenizer)
         self.sample = sample
         self.output_tokens = output_tokens
         self.exact_output = exact_output
@@ -129,17 +150,29 @@ class DatasetWorkload:
     def _draw(self) -> Iterator[DatasetRow]:
         if self.sample == "with-replacement":
             while True:
-                yield self._rng.choice(self.rows)
+                k = self._rng.randrange(len(self.rows))  # (as choice draws)
+                self.drawn.add(k)
+                self.draws += 1
+                yield self.rows[k]
         order = list(self.rows)
         self._rng.shuffle(order)
         yield from order
         self.exhausted = True
 
     def warnings(self) -> list[str]:
-        if not self.exhausted:
-            return []
-        return [f"the dataset ran out after its {len(self.rows)} prompts (sampled without "
-                "replacement): fewer requests were sent than asked"]
+        out = list(self.notes)
+        if self.sample == "with-replacement" and self.draws > len(self.drawn):
+            out.append(f"{self.draws:,} requests drawn (with replacement) from {len(self.drawn):,} distinct prompts "
+                       f"of the {len(self.rows):,} used: some prompts were sent more than once")
+        if self.in_words and self.output_tokens is None and any(r.max_tokens is None and r.output_length for r in self.rows):
+            out.append("output lengths are the dataset answers' word counts (no --tokenizer): approximate, fewer tokens "
+                       "than the answers (words undercount tokens), each asked for exactly" if self.exact_output else
+                       "output lengths are capped at the dataset answers' word counts (no --tokenizer): approximate, "
+                       "fewer tokens than the answers (words undercount tokens)")
+        if self.exhausted:
+            out.append(f"the dataset ran out after its {len(self.rows)} prompts (sampled without "
+                       "replacement): fewer requests were sent than asked")
+        return out
 
 
 def dataset_lengths(
@@ -209,10 +242,12 @@ def _jsonl(path: str, text: str) -> list[DatasetRow]:
             raise UsageError(f"{where}: not valid JSON ({e})") from None
         if not isinstance(obj, dict):
             raise UsageError(f"{where}: expected a JSON object")
-        if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
-            msgs: tuple[tuple[str, str], ...] = (("user", obj["prompt"]),)
-        elif "messages" in obj:
-            msgs = _messages(where, obj["messages"])
+        if "prompt" in obj and "messages" in obj:  # (one would be ignored)
+            raise UsageError(f"{where}: give 'prompt' or 'messages', not both")
+        if "messages" in obj:
+            msgs: tuple[tuple[str, str], ...] = _messages(where, obj["messages"])
+        elif isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
+            msgs = (("user", obj["prompt"]),)
         else:
             raise UsageError(f"{where}: needs 'prompt' (a non-empty string) or 'messages'")
         rows.append(DatasetRow(msgs, _max_tokens(where, obj), where))
@@ -229,6 +264,8 @@ def _messages(where: str, value: Any) -> tuple[tuple[str, str], ...]:
         out.append((str(m["role"]), str(m["content"])))
     if out[-1][0] != "user":
         raise UsageError(f"{where}: the last message must be from the user")
+    if not out[-1][1].strip():  # (as an empty 'prompt' is refused)
+        raise UsageError(f"{where}: the last user message is empty")
     return tuple(out)
 
 
@@ -281,15 +318,33 @@ def _sharegpt(path: str, text: str, tokenizer: Tokenizer | None) -> list[Dataset
 
 def _csv(path: str, text: str) -> list[DatasetRow]:
     # the text as a file (read with newline=""): a quoted field keeps its line breaks,
-    # and a \x0c or U+2028 inside one does not end the row
-    reader = csv.DictReader(io.StringIO(text))
-    if "prompt" not in (reader.fieldnames or []):
-        raise UsageError(f"{path}:1: a CSV dataset needs a 'prompt' column")
-    rows = []
-    for row in reader:
-        where = f"{path}:{reader.line_num}"
-        prompt = row.get("prompt")
-        if not prompt or not prompt.strip():
+    # and a \x0c or U+2028 inside one does not end the row. Strict: a quote left open
+    # (which would swallow the rest of the file into one field) or stray text after a
+    # closing quote is an error, as is a row with more or fewer fields than the header
+    reader = csv.reader(io.StringIO(text), strict=True)
+    rows: list[DatasetRow] = []
+    header: list[str] | None = None
+    while True:
+        start = reader.line_num + 1  # (the line this row starts on)
+        try:
+            fields = next(reader, None)
+        except csv.Error as e:
+            raise UsageError(f"{path}:{start}: malformed CSV row ({e}; an unclosed quote runs to the end of the file)") from None
+        if fields is None:
+            break
+        if header is None:
+            header = fields
+            if "prompt" not in header:
+                raise UsageError(f"{path}:1: a CSV dataset needs a 'prompt' column")
+            continue
+        if not fields:  # (a blank line)
+            continue
+        where = f"{path}:{start}"
+        if len(fields) != len(header):
+            raise UsageError(f"{where}: {len(fields)} field{'s' * (len(fields) != 1)}, but the header has {len(header)} ({', '.join(header)})")
+        row = dict(zip(header, fields, strict=True))
+        prompt = row["prompt"]
+        if not prompt.strip():
             raise UsageError(f"{where}: empty prompt")
-        rows.append(DatasetRow((("user", prompt),), _max_tokens(where, dict(row)), where))
+        rows.append(DatasetRow((("user", prompt),), _max_tokens(where, row), where))
     return rows

@@ -86,10 +86,12 @@ class TimedSpec:
 @dataclass(frozen=True)
 class Trace:
     """A replayed trace: requests at fixed arrival times, in time order, compressed by
-    ``speedup`` (``TraceConfig``'s)."""
+    ``speedup`` (``TraceConfig``'s); ``notes``: what the summary says of how its rows
+    were sent."""
 
     requests: tuple[TimedSpec, ...]
     speedup: float = 1.0
+    notes: tuple[str, ...] = ()  # the summary's warnings on how its rows were sent
 
     def __len__(self) -> int:
         return len(self.requests)

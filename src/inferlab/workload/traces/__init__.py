@@ -152,7 +152,8 @@ class TraceConfig:
         prompt is built ``template_tokens`` shorter (at least 1), the tokens the target
         adds, so the target sees the recorded length."""
         rows = self.rows(seed)
-        return Trace(tuple(to_specs(rows, builder, seed, exact_output, self.block_tokens, template_tokens)), self.speedup)
+        specs = tuple(to_specs(rows, builder, seed, exact_output, self.block_tokens, template_tokens))
+        return Trace(specs, self.speedup, tuple(_short_rows(rows, template_tokens)))
 
 
 def _seconds(t: float) -> str:
@@ -171,16 +172,44 @@ def to_specs(
     """Each row as a request at its time; prompts ``template_tokens`` shorter than the
     row says (see ``TraceConfig.load``)."""
     out = []
+    ids = _session_ids(rows)
+    turns: dict[str, int] = {}
     for i, r in enumerate(rows):
         n = max(1, r.input_tokens - template_tokens)
         segs = _segments(dataclasses.replace(r, input_tokens=n), i, builder, seed, block_tokens)
         prompt, _ = builder.join(segs)
+        session = turn = None
+        if r.session is not None:  # (recorded again: a replay of this replay shares what it shared)
+            session, turn = ids[r.session], r.turn if r.turn is not None else turns.get(r.session, 0)
+            turns[r.session] = turn + 1
         spec = RequestSpec(
             prompt, r.output_tokens, exact_output, n, prefix_group=r.prefix_group, prefix_tokens=r.prefix_tokens,
-            hash_ids=r.hash_ids,
+            hash_ids=r.hash_ids, session=session, turn=turn,
         )
         out.append(TimedSpec(r.arrival_s, spec, r.measured, r.user, r.warmup))
     return out
+
+
+def _session_ids(rows: list[TraceRow]) -> dict[str, int]:
+    """Each session's number in the replay's records: its own where every session of the
+    trace is named by a whole number (a run's requests.jsonl), else in order of first
+    appearance."""
+    names = list(dict.fromkeys(r.session for r in rows if r.session is not None))
+    if all(n.isdigit() for n in names):
+        return {n: int(n) for n in names}
+    return {n: k for k, n in enumerate(names)}
+
+
+def _short_rows(rows: list[TraceRow], template_tokens: int) -> list[str]:
+    """The warning for rows that ask for fewer prompt tokens than the target's template
+    adds: each is sent with 1 token of text, longer than the trace's."""
+    short = [r.input_tokens for r in rows if r.input_tokens - template_tokens < 1]
+    if not short:
+        return []
+    beyond = sum(1 + template_tokens - n for n in short)
+    return [f"{len(short):,} trace row{'s' * (len(short) != 1)} asked for fewer prompt tokens than the chat template "
+            f"(or BOS) adds ({template_tokens:,}): sent with 1 token of text, {1 + template_tokens:,} tokens in all each, "
+            f"{beyond:,} more than the trace's in all"]
 
 
 def _segments(r: TraceRow, i: int, b: PromptBuilder, seed: int, block: int) -> list[Segment]:

@@ -38,7 +38,7 @@ def read_requests(path: str, with_dropped: bool = False) -> list[TraceRow]:
         r = TraceRow(
             sent / 1e9, rec.input_tokens, rec.output_tokens, measured=measured, user=rec.user,
             prefix_group=rec.prefix_group, prefix_tokens=prefix if rec.prefix_group is not None else None,
-            session=None if rec.session is None else str(rec.session), warmup=rec.warmup,
+            session=None if rec.session is None else str(rec.session), turn=rec.turn, warmup=rec.warmup,
             hash_ids=tuple(rec.hash_ids or ()),
         )
         check_row(path, n, r)

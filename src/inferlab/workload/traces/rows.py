@@ -23,6 +23,7 @@ class TraceRow:
     measured: Measured | None = None
     user: int | None = None  # the closed-loop user that sent it (a run's requests.jsonl)
     warmup: bool = False  # a warm-up request of the recorded run (a run's requests.jsonl)
+    turn: int | None = None  # its session's turn (a run's requests.jsonl; None: by order)
     # a row not replayed (a failed request in the source, a row with 0 tokens): kept
     # only for its time, from which a window's seconds count (``TraceConfig.rows``)
     dropped: bool = False
@@ -97,9 +98,9 @@ def say_skipped(path: str, empty: int, failed: int = 0) -> None:
     failed requests (0 response tokens); ``empty``, rows of 0 prompt or answer tokens.
     A reader says them when it ends, or when it is closed early (the rows read)."""
     if failed:
-        warnings.warn(f"{path}: {failed:,} rows skipped: 0 response tokens (failed requests in BurstGPT's log)", stacklevel=3)
+        warnings.warn(f"{path}: {failed:,} row{'s' * (failed != 1)} skipped: 0 response tokens (failed requests in BurstGPT's log)", stacklevel=3)
     if empty:
-        warnings.warn(f"{path}: {empty:,} rows skipped: 0 prompt or answer tokens (no request to send)", stacklevel=3)
+        warnings.warn(f"{path}: {empty:,} row{'s' * (empty != 1)} skipped: 0 prompt or answer tokens (no request to send)", stacklevel=3)
 
 
 def why(e: BaseException) -> str:
