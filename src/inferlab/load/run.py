@@ -46,6 +46,7 @@ from inferlab.results.provenance import ENGINE_ROUTE, GATEWAY_ROUTE
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import (
+    FOREIGN_CACHE,
     OMITTED,
     OVERLOAD,
     Omitted,
@@ -908,7 +909,7 @@ def _unintended_cache_hits(records: list[RequestRecord], template_tokens: int | 
             "a cached prompt; --input-tokens N sends fresh prompts of N tokens"
         )
     return (
-        f"{served}, though this run's prompts share no prefix: TTFT is lower than for fresh prompts (an "
+        f"{served}, {FOREIGN_CACHE}: TTFT is lower than for fresh prompts (an "
         "earlier run with the same --seed, or another client, sent the same text)"
     )
 

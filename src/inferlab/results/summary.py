@@ -646,8 +646,7 @@ def _warnings(
         got = statistics.median(r.output_tokens or 0 for r in cut)
         asked = statistics.median(r.requested_output_tokens or 0 for r in cut)
         out.append(
-            f"{len(cut)} of {len(done)} requests stopped at a length limit short of the requested output tokens "
-            f"(finish_reason length; median {got:,g} received of {asked:,g} requested; prompt and answer up to "
+            f"{len(cut)} of {len(done)} requests {LENGTH_CUT} (finish_reason length; median {got:,g} received of {asked:,g} requested; prompt and answer up to "
             f"{longest:,} tokens): the server's context, or its own limit, cut them; ask for shorter prompts or "
             "answers, or a larger context"
         )
@@ -741,6 +740,43 @@ def _bound_note(config: Mapping[str, Any], measured: Sequence[RequestRecord], in
     if len(measured) < n:
         return f"stopped at --duration {duration:g} s after {len(measured):,} of the -n {n:,} requests"
     return f"stopped at -n {n:,}, within --duration {duration:g} s"
+
+
+#: The summary's warning that the server served a run's prompts from a cache another run
+#: (or client) filled (``load.run``'s unintended-cache warning): its TTFT is a cached prompt's.
+FOREIGN_CACHE = "though this run's prompts share no prefix"
+#: The summary's warning that the server's context or limit cut answers short.
+LENGTH_CUT = "stopped at a length limit short of the requested output tokens"
+
+
+def foreign_cache(warnings: Sequence[str]) -> list[str]:
+    """The summary ``warnings`` that say the server served the run's prompts from a cache
+    an earlier run filled, in a few words each."""
+    return [w.split(", " + FOREIGN_CACHE)[0] + " filled by an earlier run" for w in warnings if FOREIGN_CACHE in w]
+
+
+def client_bottleneck(client: ClientLoad | Omitted | None) -> list[str]:
+    """That the client was likely the bottleneck (its latencies inflated by its own
+    delay), in words; empty where it was not, or no verdict."""
+    if not isinstance(client, ClientLoad) or not client.bottleneck:
+        return []
+    added = client.inflation_ms[0] if client.inflation_ms else 0.0
+    return [f"the client was likely the bottleneck (its latencies inflated by about {added:,.1f} ms at p50)"]
+
+
+def unfit_to_compare(summary: Mapping[str, Any]) -> list[str]:
+    """What a run's own summary (``summary.json`` as read) warns makes its numbers unfit to
+    set against another run's, in words: prompts served from a cache an earlier run
+    filled (a cached prompt's TTFT), the client as the likely bottleneck (its delay in
+    the latencies), answers cut short by the server's context or limit (fewer tokens to
+    decode than asked). Empty for none."""
+    warnings = [w for w in summary.get("warnings") or () if isinstance(w, str)]
+    try:
+        client = _client(summary.get("client", OMITTED))
+    except (KeyError, TypeError, ValueError):  # (a hand-edited or partial block: no verdict)
+        client = None
+    cut = [w.split(" (finish_reason")[0] for w in warnings if LENGTH_CUT in w]
+    return [*foreign_cache(warnings), *client_bottleneck(client), *cut]
 
 
 #: How the warning of an open loop that outran the server begins.
