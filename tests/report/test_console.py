@@ -131,3 +131,16 @@ def test_a_conversations_template_overhead_is_not_given_as_every_prompts() -> No
         console = Console(record=True, width=300)
         render_summary(console, s, "t")
         assert says in console.export_text(), console.export_text()
+
+
+def test_the_requests_row_says_how_many_failed_after_the_server_stopped_answering() -> None:
+    from inferlab.results.summary import SummaryExtras
+
+    ok = RequestRecord(0, send_ns=0, ttfb_ns=5 * MS, content_ns=[5 * MS], end_ns=6 * MS, status=200,
+                       input_tokens=5, output_tokens=1, usage_source="server")
+    refused = [RequestRecord(i, send_ns=(10 + i) * MS, error_kind=ErrorKind.CONNECT, error="connection refused")
+               for i in range(1, 31)]
+    console = Console(record=True, width=200)
+    render_summary(console, summarize([ok, *refused], interrupted=True, extras=SummaryExtras(server_gone=True)), "t")
+    assert "1 completed, 30 failed (connect 30), 30 of them after the server stopped answering" in row(
+        console.export_text().splitlines(), "requests")

@@ -240,7 +240,7 @@ async def run(
                 preflight=prepared.preflight if isinstance(target, HttpTarget) else OMITTED, wcfg=wcfg,
                 trace_positions=policy.trace_positions if isinstance(policy, UserReplayPolicy) else None,
                 client=outcome.client if isinstance(target, HttpTarget) else None,
-                executor_warnings=outcome.warnings,
+                executor_warnings=outcome.warnings, server_gone=isinstance(outcome.cause, ServerGoneError),
                 server_metrics=None if prepared.telemetry is None else prepared.telemetry.metrics,
                 gateway_queue=None if prepared.telemetry is None else prepared.telemetry.gateway_queue,
             )
@@ -812,6 +812,7 @@ def run_summary(
     gateway_queue: GatewayQueue | None = None,
     trace_positions: Sequence[int] | None = None,
     executor_warnings: Sequence[str] = (),
+    server_gone: bool = False,
 ) -> Summary:
     """The summary of a run of ``workload``, ``bench`` and ``sim run`` alike: the
     metrics, a replayed trace's own measurements compared, a dataset's caveats and, for
@@ -819,7 +820,9 @@ def run_summary(
     about ``wcfg``'s prompts and, from ``client``, whether the client kept up.
     ``trace_positions``: each send's position in the trace, when not its index;
     ``executor_warnings``: what the executor saw (``Outcome.warnings``); ``server_metrics``
-    and ``gateway_queue``: what the server's /metrics said over the run."""
+    and ``gateway_queue``: what the server's /metrics said over the run; ``server_gone``:
+    the run stopped because the server stopped answering (its final streak of failures
+    is said apart)."""
     trace = compare_with_trace(records, workload.requests, trace_positions) if isinstance(workload, Trace) else OMITTED
     last = [*executor_warnings, *(workload.warnings() if isinstance(workload, DatasetWorkload) else [])]
     if _conversations(workload) and config.get("api") == "completions":
@@ -848,7 +851,7 @@ def run_summary(
     queue: GatewayQueue | Omitted = OMITTED if gateway_queue is None else gateway_queue
     if preflight is OMITTED or wcfg is None:
         extras = SummaryExtras(trace_comparison=trace, client=load, server_metrics=metrics, gateway_queue=queue,
-                               warnings_last=tuple(last))
+                               warnings_last=tuple(last), server_gone=server_gone)
     else:
         pre = preflight
         if not wcfg.synthetic:
@@ -869,6 +872,7 @@ def run_summary(
             gateway_queue=queue,
             warnings_first=() if pre is None else tuple(pre.warnings),
             warnings_last=tuple(last),
+            server_gone=server_gone,
         )
     return summarize(records, config=config, slo=slo, interrupted=interrupted, extras=extras)
 

@@ -199,6 +199,8 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
     failed = f"{c.failed} failed" + (
         " (" + ", ".join(f"{k} {v}" for k, v in sorted(c.errors.items())) + ")" if c.errors else ""
     )
+    if c.after_server_gone:  # (its users' re-sends once the server was gone: a warning says so)
+        failed += f", {c.after_server_gone:,} of them after the server stopped answering"
     rows = [
         ("requests", f"{c.completed} completed, {failed}" + (f", {c.cancelled} cancelled" if c.cancelled else "")),
         ("duration", f"{_fmt(s.duration_s, 2)} s" if c.completed else "—"),
