@@ -239,7 +239,7 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
         rows.append(("gateway (simulated)", _gateway_line(s.gateway)))
     b = s.latency_breakdown
     if b is not None:
-        parts = [("client queue", b.client_queue_ms), ("gateway queue", b.gateway_queue_ms), ("server queue", b.server_queue_ms), ("prefill", b.prefill_ms), ("decode", b.decode_ms), ("other", b.other_ms)]
+        parts = [("client send lag", b.client_queue_ms), ("gateway queue", b.gateway_queue_ms), ("server queue", b.server_queue_ms), ("prefill", b.prefill_ms), ("decode", b.decode_ms), ("other", b.other_ms)]
         rows.append(("latency breakdown", ", ".join(f"{k} {_fmt(v.mean)}" for k, v in parts if v is not None) + f" ms (mean; from {b.source})"))
     trace = s.trace_comparison if isinstance(s.trace_comparison, dict) else {}
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):

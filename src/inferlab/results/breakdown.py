@@ -1,4 +1,4 @@
-"""Where a request's time went: client queue, gateway queue, server queue, prefill, decode, and the
+"""Where a request's time went: client send lag, gateway queue, server queue, prefill, decode, and the
 rest (network, HTTP, streaming), from the best source a run has.
 
 Per request, from the server's own timeline (the simulated server's
