@@ -146,6 +146,18 @@ def gateway_queue_line(q: GatewayQueue, ttft: Distribution | None = None) -> str
     return "; ".join(parts) + " (gateway-wide over the run: warm-ups and any other client's requests included)"
 
 
+def _gateway_part(s: Summary) -> str:
+    """The gateway's share of the client's TTFT beyond the server's, in words, where the
+    run went through inferlab gateway (its queue and relay come before the engine's
+    receipt); empty otherwise."""
+    q = s.gateway_queue
+    if isinstance(q, GatewayQueue) and q.available and q.wait is not None:
+        return f"inferlab gateway's queue (its admitted requests' wait mean {_fmt(q.wait.mean_ms)} ms) and relay, "
+    if isinstance(q, GatewayQueue) or (s.config.get("resolved") or {}).get("gateway"):
+        return "inferlab gateway's queue and relay, "
+    return ""
+
+
 def _int(v: float | None) -> int | None:
     return None if v is None else round(v)
 
@@ -227,7 +239,7 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
         rows.append((
             "client vs server TTFT",
             f"{err.p50:+,.2f} ms p50, {err.p99:+,.2f} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms; "
-            "the network, the HTTP stacks, the client and the simulator's own lateness)",
+            f"{_gateway_part(s)}the network, the HTTP stacks, the client and the simulator's own lateness)",
         ))
     if isinstance(s.client, ClientLoad):
         rows.append(("client", _client_line(s.client)))

@@ -181,7 +181,7 @@ class Summary:
     connect_wait_ms: Distribution | None = field(metadata=_doc("the wait for a new connection to the server (DNS, TCP, TLS set-up), per completed measured request (as TTFT; a failed request's connect attempts are in its failure, counted by kind), 0 on a pooled keep-alive connection: the server's or the network's time, in TTFT, TTFB and E2E (they run from the request's start, as vLLM's bench counts them), never in queue_delay_ms; null where no request waited for one, or none measured it (records written before it was)"))
     cached_tokens: int | None = field(metadata=_doc("prompt tokens the server reported served from its prefix cache (null: it did not say; vLLM says with --enable-prompt-tokens-details)"))
     server_timeline: ServerTimeline | None = field(metadata=_doc("client TTFT against the simulated server's own (null against other servers): requests, server_ttft_ms, ttft_error_ms (client TTFT less its connect wait − the server's: the network, both HTTP stacks, the client's parsing, and the simulator's own lateness, its tokens leaving its loop after their simulated time, inferlab:token_emit_lag_seconds on its /metrics), server_queue_ms"))
-    latency_breakdown: LatencyBreakdown | None = field(metadata=_doc("where the time went, in ms (mean, p50, p90): client_queue_ms (send − intended send), gateway_queue_ms (sim run --admission only: the wait in the simulated gateway's queue), server_queue_ms (server received → first scheduled; behind a gateway, the engine received), prefill_ms (→ first token), decode_ms (→ last token), other_ms (E2E less the server's part: network, HTTP); source: the server's timeline per request (the simulated server), the simulated engine's own in virtual time (sim run: exact, the parts add up to each request's E2E; a prediction), else its /metrics histograms (means only); requests; null without either"))
+    latency_breakdown: LatencyBreakdown | None = field(metadata=_doc("where the time went, in ms (mean, p50, p90): client_queue_ms (send − intended send), gateway_queue_ms (the wait in the gateway's queue: sim run --admission's simulated gateway per request; through inferlab gateway, its admitted requests' mean from its /metrics, taken out of other_ms), server_queue_ms (server received → first scheduled; behind a gateway, the engine received), prefill_ms (→ first token), decode_ms (→ last token), other_ms (E2E less the server's part: network, HTTP); source: the server's timeline per request (the simulated server), the simulated engine's own in virtual time (sim run: exact, the parts add up to each request's E2E; a prediction), else its /metrics histograms (means only); requests; null without either"))
     error_examples: dict[str, str] = field(metadata=_doc("the first message of each error kind"))
     warnings: tuple[str, ...] = field(metadata=_doc("plain-language caveats about how far the numbers can be trusted"))
     trace_comparison: dict[str, TraceComparison] | Omitted | None = field(
@@ -355,6 +355,11 @@ class SummaryExtras:
     server_gone: bool = False
 
 
+def _gateway_wait_ms(q: GatewayQueue | Omitted) -> float | None:
+    """The admitted requests' mean wait in inferlab gateway's queue, where it was read."""
+    return q.wait.mean_ms if isinstance(q, GatewayQueue) and q.available and q.wait is not None else None
+
+
 def _present(values: Iterable[float | None]) -> list[float]:
     return [v for v in values if v is not None]
 
@@ -430,7 +435,7 @@ def summarize(
         server_timeline=server_comparison(done, per, percentiles),
         latency_breakdown=latency_breakdown(
             done, extras.server_metrics if isinstance(extras.server_metrics, ServerMetrics) else None,
-            virtual=server.kind == VIRTUAL,
+            virtual=server.kind == VIRTUAL, gateway_wait_ms=_gateway_wait_ms(extras.gateway_queue),
         ),
         error_examples=_error_examples(failed),
         warnings=(*extras.warnings_first, *caveats, *extras.warnings_last),
