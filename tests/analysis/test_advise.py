@@ -768,3 +768,31 @@ def test_a_what_if_whose_baseline_is_not_the_run_quotes_no_gain_from_it(tmp_path
     assert any("not the run" in r.note and "prompts average" in r.note for r in long)
     stock = advise(tmp_path / "stock").recommendations
     assert predicted(stock) and not any("not the run" in r.note for r in stock)
+
+
+def test_a_sweeps_kv_evidence_names_each_run_once(tmp_path: Path) -> None:
+    """-c 8,32,96 with the cache full at 96 only: the knee's pair (32, 96) and the runs
+    past it held the 96 run twice, and the evidence said "at concurrency 96: …; at
+    concurrency 96: …"."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    s = tmp_path / "s"
+    res = CliRunner().invoke(main, ["sweep", "--num-gpu-blocks-override", "1200", "-c", "8,32,96", "-n", "192",
+                                    "--input-tokens", "200", "--output-tokens", "400", "-o", str(s)])
+    assert res.exit_code == 0, res.output
+    # the cache full at 96 alone: the 32 run's few preemptions taken out
+    c32 = s / "002_c32"
+    records = [json.loads(line) for line in (c32 / "requests.jsonl").read_text().splitlines() if line.strip()]
+    for r in records:
+        if r.get("server_timeline"):
+            r["server_timeline"]["preemptions"] = 0
+    (c32 / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = json.loads((c32 / "summary.json").read_text())
+    summary["prediction"]["preemptions"] = 0
+    (c32 / "summary.json").write_text(json.dumps(summary))
+    res = CliRunner().invoke(main, ["advise", str(s), "--json"])
+    assert res.exit_code == 0, res.output
+    (kv,) = [r for r in json.loads(res.stdout)["recommendations"] if r["rule"] == "kv_pressure"]
+    assert "concurrency 32 → 96" in kv["evidence"] and kv["evidence"].count("at concurrency 96:") == 1, kv["evidence"]

@@ -221,3 +221,26 @@ async def test_compare_names_the_gateway_one_run_went_through_and_its_setup(tmp_
     text = " ".join(p.stdout.split())
     assert "warning: one went through inferlab gateway and direct did not" in text
     assert "one's server differs from direct's" in text
+
+
+async def test_through_the_gateway_its_queue_is_named_in_the_ttft_line_and_is_a_part_of_the_breakdown(tmp_path: Path) -> None:
+    """inferlab gateway (one request in flight) in front of the simulated server, 3 users:
+    the client-vs-server TTFT line named only the network, the HTTP stacks, the client and
+    the simulator, and the breakdown put the gateway's queue in "other"."""
+    from inferlab.sim.engine.engine import EngineConfig
+    from inferlab.sim.server.app import ServerConfig
+    from inferlab.sim.server.launch import EmbeddedServer
+
+    adm = AdmissionConfig(mode="requests", max_requests_in_flight=1, max_tokens_in_flight=None)
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=4096))) as sim:
+        async with serving(config(sim.url, admission=adm)) as (url, _):
+            result = await _bench(url, tmp_path / "run", users=3, requests=9)
+    s = result.summary
+    q, b = s.gateway_queue, s.latency_breakdown
+    assert not isinstance(q, str) and q.available and q.wait is not None and q.wait.mean_ms > 0
+    assert b is not None and b.gateway_queue_ms is not None and b.gateway_queue_ms.mean == q.wait.mean_ms
+    assert "gateway queue" in b.source
+    line = _console(s)
+    assert "the simulator's own lateness" in line
+    assert "(server TTFT p50" in line and "inferlab gateway's queue (its admitted requests' wait mean" in line
+    assert f"gateway queue {q.wait.mean_ms:,.1f}" in line.split("latency breakdown", 1)[1]

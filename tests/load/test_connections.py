@@ -73,4 +73,24 @@ async def test_a_server_that_dies_mid_run_stops_it(http_client: str, tmp_path: P
     s = result.summary
     assert s.counts.errors.get("connect", 0) >= executor.GONE_REQUESTS
     assert str(result.cause) in s.warnings
-    assert any(f"{s.counts.failed:,} of {s.counts.total:,} measured requests failed (" in w for w in s.warnings)
+    # the final streak of refusals is said apart, first
+    assert s.counts.after_server_gone >= executor.GONE_REQUESTS
+    assert s.warnings[0].startswith(f"{s.counts.after_server_gone:,} requests failed for want of a connection (")
+
+
+async def test_the_retry_storm_after_the_server_went_is_bounded_and_said_apart(tmp_path: Path) -> None:
+    # 4 closed-loop users re-send as soon as a request is refused: the stop rule's count
+    # ends the storm, and the summary says it apart from the run before it
+    with RawServer(die_after=12) as server:
+        load = LoadConfig(ClosedLoop(4), num_requests=100_000)
+        result = await bench_async(bench(load, "aiohttp", tmp_path / "run"), server.url)
+    assert isinstance(result.cause, executor.ServerGoneError)
+    s = result.summary
+    assert s.counts.failed <= executor.GONE_CAP_PER_SLOT * 4  # (a second of them was thousands)
+    assert 0 < s.counts.after_server_gone <= s.counts.failed
+    first = s.warnings[0]
+    assert first.startswith(f"{s.counts.after_server_gone:,} requests failed for want of a connection (")
+    before = s.counts.failed - s.counts.after_server_gone
+    assert f"before that, {before:,} of {s.counts.completed + before:,} failed" in first
+    # the share warning, if any, is of the run before the server went
+    assert not any(f"{s.counts.failed:,} of {s.counts.total:,} measured requests failed" in w for w in s.warnings)

@@ -38,3 +38,13 @@ def test_workers_beyond_the_cores_this_process_may_use_are_refused() -> None:
     )
     assert done.returncode == 2, done.stderr
     assert "--workers 2 is more than the 1 core this process may run on" in done.stderr
+
+
+def test_the_workers_help_names_the_cores_this_process_may_run_on() -> None:
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    text = " ".join(CliRunner().invoke(main, ["bench", "--help"], terminal_width=400).output.split())
+    assert "at most the cores this process may run on: its CPU affinity and cgroup quota" in text
+    assert "machine's cores" not in text

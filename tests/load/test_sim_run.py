@@ -558,7 +558,7 @@ def test_a_saturated_sim_run_breaks_each_requests_latency_down_from_the_engines_
                 "--output-tokens", "16", "--out", str(tmp_path / "r"))
     assert p.returncode == 0, p.stderr
     words = " ".join(p.stdout.split())
-    assert "latency breakdown client queue 0.0, server queue" in words and f"(mean; from {VIRTUAL})" in words
+    assert "latency breakdown client send lag 0.0, server queue" in words and f"(mean; from {VIRTUAL})" in words
     assert "virtual time: exact; a prediction" in breakdown_table(load_run(tmp_path / "r"))
 
 

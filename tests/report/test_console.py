@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.console import Console
 
 from inferlab.report.console import render_summary
@@ -131,3 +133,29 @@ def test_a_conversations_template_overhead_is_not_given_as_every_prompts() -> No
         console = Console(record=True, width=300)
         render_summary(console, s, "t")
         assert says in console.export_text(), console.export_text()
+
+
+def test_the_requests_row_says_how_many_failed_after_the_server_stopped_answering() -> None:
+    from inferlab.results.summary import SummaryExtras
+
+    ok = RequestRecord(0, send_ns=0, ttfb_ns=5 * MS, content_ns=[5 * MS], end_ns=6 * MS, status=200,
+                       input_tokens=5, output_tokens=1, usage_source="server")
+    refused = [RequestRecord(i, send_ns=(10 + i) * MS, error_kind=ErrorKind.CONNECT, error="connection refused")
+               for i in range(1, 31)]
+    console = Console(record=True, width=200)
+    render_summary(console, summarize([ok, *refused], interrupted=True, extras=SummaryExtras(server_gone=True)), "t")
+    assert "1 completed, 30 failed (connect 30), 30 of them after the server stopped answering" in row(
+        console.export_text().splitlines(), "requests")
+
+
+def test_one_name_for_the_clients_send_lag_in_the_table_and_the_breakdown() -> None:
+    from inferlab.results.breakdown import LatencyBreakdown, Part
+
+    r = RequestRecord(0, intended_send_ns=0, send_ns=3 * MS, ttfb_ns=10 * MS, content_ns=[10 * MS, 20 * MS],
+                      end_ns=20 * MS, input_tokens=5, output_tokens=2, usage_source="server")
+    s = summarize([r])
+    s = dataclasses.replace(s, latency_breakdown=LatencyBreakdown("x", 1, Part(3.0), Part(1.0), Part(2.0), Part(3.0), Part(4.0)))
+    console = Console(record=True, width=200)
+    render_summary(console, s, "t")
+    lines = console.export_text().splitlines()
+    assert any("Client send lag" in x for x in lines) and "client send lag 3.0" in row(lines, "latency breakdown")

@@ -762,3 +762,16 @@ def test_the_sweep_tables_req_s_has_the_consoles_digits(tmp_path: Path) -> None:
         cells = _row(html, pt["dir"])
         assert cells[5] == console[f"{pt['params']['rate']:g}"], (cells, console)  # (dir, params, repeat, status, out tok/s, req/s)
     assert "<td>0.2</td>" not in html
+
+
+def test_the_clients_send_lag_has_the_consoles_name_in_the_report() -> None:
+    """The console's "Client send lag" was the report's "client queue delay" and the
+    breakdown's "client queue": one metric, three names."""
+    from inferlab.report.html import Report, render
+
+    run = _runs(1)[0]
+    run.summary["latency_breakdown"] = {"source": "the server's timeline", "requests": 1,
+                                        "client_queue_ms": {"mean": 1.0, "p50": 1.0, "p90": 1.0}}
+    page = unescape(render(Report("t", [run])))
+    assert "client send lag p99" in page and "client send lag (sent late)" in page
+    assert "client queue" not in page

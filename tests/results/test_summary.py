@@ -365,3 +365,33 @@ def test_the_wait_for_connections_is_in_ttft_not_in_queue_delay_and_not_in_the_s
     # a record written before the field reads, and says nothing of it
     old = RequestRecord.from_json({k: v for k, v in r.to_json().items() if k != "connect_wait_ns"})
     assert old.connect_wait_ns is None and summarize([old]).connect_wait_ms is None
+
+
+def _refused(index: int, send_ms: float, wait_ms: float = 0.2) -> RequestRecord:
+    return RequestRecord(index=index, send_ns=int(send_ms * MS), connect_wait_ns=int(wait_ms * MS),
+                         error_kind=ErrorKind.CONNECT, error="cannot connect: Connect call failed (connection refused)")
+
+
+def test_the_streak_that_stopped_a_run_is_said_apart_from_the_run_before_it() -> None:
+    done = [rec(i, 10 * i, [10 * i + 5], 10 * i + 9, out=1, status=200) for i in range(24)]
+    early = [_refused(24, 245)]  # (refused once, then an answer: not the final streak)
+    answered = [rec(25, 250, [255], 259, out=1, status=200)]
+    storm = [_refused(26 + i, 300 + i / 10) for i in range(500)]
+    records = [*done, *early, *answered, *storm]
+    s = summarize(records, interrupted=True, extras=SummaryExtras(server_gone=True))
+    assert s.counts.failed == 501 and s.counts.after_server_gone == 500
+    assert s.warnings[0].startswith("500 requests failed for want of a connection (500 connect) in the last 0.0 s")
+    assert "before that, 1 of 26 failed" in s.warnings[0]
+    # the share warning is of the 26 before: 1 failed, under 5 %: not "95% of the requests failed"
+    assert not any("% of the requests failed" in w for w in s.warnings)
+    assert any(w.startswith("1 of 26 measured requests failed (1 connect)") for w in s.warnings)
+    assert Summary.from_json(s.to_json()).counts.after_server_gone == 500
+    # without the executor's word the failures are the run's own
+    plain = summarize(records, interrupted=True)
+    assert plain.counts.after_server_gone == 0 and plain.warnings[0].startswith("95% of the requests failed")
+
+
+def test_the_connect_wait_is_the_completed_requests_as_the_other_rows() -> None:
+    done = [rec(i, 10 * i, [10 * i + 5], 10 * i + 9, out=1, status=200, connect_wait_ns=int(2 * MS)) for i in range(4)]
+    s = summarize([*done, _refused(4, 50, wait_ms=900)])
+    assert s.connect_wait_ms is not None and s.connect_wait_ms.max == pytest.approx(2.0)

@@ -1905,8 +1905,15 @@ def _improves(g: Gain) -> bool:
 def _kv_full_runs(runs: Sequence[tuple[int, _Run]], cap: int | None = None,
                   ) -> list[tuple[int, list[str], _Run]]:
     """The runs (concurrency, run) whose KV cache was full (``_kv_full``, admission
-    judged below ``cap``), in the order given: (concurrency, what says so, the run)."""
-    return [(c, parts, run) for c, run in runs if (parts := _kv_full(run, cap))]
+    judged below ``cap``), in the order given, each run once: (concurrency, what says
+    so, the run)."""
+    seen: set[Path] = set()
+    out = []
+    for c, run in runs:
+        if run.dir not in seen and (parts := _kv_full(run, cap)):
+            out.append((c, parts, run))
+        seen.add(run.dir)
+    return out
 
 
 def _ladder_runs(folder: Path, runs: Sequence[str], least: int = 0) -> list[tuple[int, _Run]]:
@@ -2121,7 +2128,7 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
                       else "measured (the sweep's runs)")
             # (as on a profile: the KV cache first, the cap only where the running requests reached it)
             cap = _seq_cap(b)
-            past = [(int(r.concurrency() or 1), r) for r in (a, b, *higher)]
+            past = [(int(r.concurrency() or 1), r) for r in (a, *higher)]  # (``higher`` begins with b)
             full = _kv_full_runs(past, cap)
             running = _most_running(past)
             if full:  # (the cache, not the cap, made this knee: a cap gives it no room)

@@ -28,6 +28,10 @@ FAIL_IF_EXIT = 3
 @click.option("--allow-different-workloads", is_flag=True,
               help="With --fail-if: act on runs whose load or workload differ (prompt or output lengths, dataset, "
                    "concurrency or rate, model, ...), which is refused otherwise; the differences are still said.")
+@click.option("--allow-unreliable", is_flag=True,
+              help="With --fail-if: act on runs whose own summary warns their numbers are not the server's alone "
+                   "(prompts served from a cache an earlier run filled, the client as the bottleneck, answers cut "
+                   "short), which is refused otherwise; the warnings are still said.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @history_option
 def compare_cmd(**kw: Any) -> None:
@@ -42,6 +46,8 @@ def _compare(kw: dict[str, Any]) -> int:
     conditions = [parse_fail_if(c) for c in kw["fail_if"]]
     if kw["allow_different_workloads"] and not conditions:
         raise UsageError("--allow-different-workloads lets --fail-if act on runs of different workloads: give --fail-if too")
+    if kw["allow_unreliable"] and not conditions:
+        raise UsageError("--allow-unreliable lets --fail-if act on runs whose summary warns their numbers are off: give --fail-if too")
     paths = resolve_runs(kw["runs"], kw["history"])
     if len(paths) < 2:
         raise UsageError("compare needs two runs or more (the first is the baseline)")
@@ -52,9 +58,14 @@ def _compare(kw: dict[str, Any]) -> int:
         # (a build must not fail on a change the workload made rather than the server)
         raise UsageError(f"--fail-if on runs of different workloads: {'; '.join(differ)}; "
                          "give --allow-different-workloads to act on them anyway")
+    unfit = comparison.caveat_lines()
+    if conditions and unfit and not kw["allow_unreliable"]:
+        # (a build must not fail, or pass, on a change a cache or the client made)
+        raise UsageError(f"--fail-if on runs whose summary warns their numbers are off: {'; '.join(unfit)}; "
+                         "give --allow-unreliable to act on them anyway")
     if kw["as_json"]:
-        for line in [*comparison.same_lines(), *differ, *comparison.gateway_lines(), *comparison.cache_lines(),
-                     *comparison.failure_lines()]:  # (the JSON has them too)
+        for line in [*comparison.same_lines(), *differ, *unfit, *comparison.connect_lines(), *comparison.gateway_lines(),
+                     *comparison.cache_lines(), *comparison.failure_lines()]:  # (the JSON has them too)
             click.echo(f"inferlab: warning: {line}", err=True)
         click.echo(dumps(comparison.to_json()))
     else:

@@ -25,7 +25,7 @@ from inferlab._errors import InferlabError
 from inferlab.load.monitor import LoopMonitor
 from inferlab.load.policy import Answer, Policy, Send
 from inferlab.results.clientload import ProcessLoad
-from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.records import RequestRecord, unanswered
 
 if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes none)
     import aiohttp
@@ -37,19 +37,26 @@ MAX_WARM_CONNECTIONS = 256
 #: The server has stopped answering when this many requests in a row (and at least
 #: ``GONE_PER_SLOT`` times the most that were in flight at once: every user or slot
 #: failed that often) failed for want of a connection, with no answer in between, over
-#: ``GONE_S`` or more, or up to the run's end: see ``ServerGoneError``. A second: long
-#: enough that a blip (a listen queue full for a moment) stops no run, short enough that
-#: a dead server adds at most about a second of instant failures to the records.
+#: ``GONE_S`` or more, or ``GONE_CAP_PER_SLOT`` times the most in flight at once of them,
+#: or up to the run's end: see ``ServerGoneError``. A second: long enough that a blip (a
+#: listen queue full for a moment) or a restart stops no run whose failures come slower
+#: than ``GONE_CAP_PER_SLOT`` a slot a second, short enough that a dead server adds at
+#: most about a second of failures to the records. The count: a closed-loop user re-sends
+#: as soon as its request fails (as vLLM's ``bench serve``, which has no retry), and a
+#: refused connection on loopback fails in well under a millisecond, so a second of them
+#: was thousands a user; 50 a slot bounds that storm in count too.
 GONE_REQUESTS = 20
 GONE_PER_SLOT = 3
 GONE_S = 1.0
+GONE_CAP_PER_SLOT = 50
 
 
 class ServerGoneError(InferlabError):
     """The server stopped answering during the run: no connection could be had (refused,
     reset, closed before any answer) for ``GONE_REQUESTS`` requests in a row, and as many
     as ``GONE_PER_SLOT`` for each that was in flight at once, with no answer between
-    them, for ``GONE_S`` or up to the run's end. A restart of a second or a few refused
+    them, for ``GONE_S`` (or ``GONE_CAP_PER_SLOT`` as many for each in flight at once,
+    whichever comes first) or up to the run's end. A restart of a second or a few refused
     connections is no reason to stop; a server that is gone is, before it turns the
     rest of the run into instant failures. The run stops there (the executor's
     ``Outcome.cause``); every record is kept."""
@@ -61,18 +68,6 @@ class ServerGoneError(InferlabError):
         self.reason = reason
         self.completed = completed
 
-
-def _unanswered(record: RequestRecord) -> str | None:
-    """Why ``record`` got no answer for want of a connection, in a few words; None if
-    it did get one (or failed otherwise: a timeout, a cancel)."""
-    if record.status is not None:
-        return None
-    if record.error_kind is ErrorKind.CONNECT:
-        text = (record.error or "").lower()
-        return "connection refused" if "refused" in text or "connect call failed" in text else "cannot connect"
-    if record.error_kind is ErrorKind.DISCONNECT:
-        return "connection closed before any answer"
-    return None
 
 OnRecord = Callable[[RequestRecord], None]
 
@@ -268,11 +263,12 @@ class Dispatcher:
         if self._unanswered < max(GONE_REQUESTS, GONE_PER_SLOT * self._peak):
             return False
         # (at the end, a run in which nothing completed is "all failed": ``run``'s own rule)
-        return (at_end and self._completed > 0) or self._now_s() - self._unanswered_since >= GONE_S
+        return ((at_end and self._completed > 0) or self._now_s() - self._unanswered_since >= GONE_S
+                or self._unanswered >= GONE_CAP_PER_SLOT * max(1, self._peak))
 
     def _note(self, record: RequestRecord) -> None:
         """Count ``record`` towards (or against) the server having stopped answering."""
-        why = _unanswered(record)
+        why = unanswered(record)
         if why is not None:
             if not self._unanswered:
                 self._unanswered_since = self._now_s()

@@ -54,6 +54,7 @@ from inferlab.results.provenance import ENGINE_ROUTE, GATEWAY_ROUTE
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import RunWriter, check_out_dir, plain_json
 from inferlab.results.summary import (
+    FOREIGN_CACHE,
     OMITTED,
     OVERLOAD,
     Omitted,
@@ -255,6 +256,7 @@ async def run(
                 trace_positions=policy.trace_positions if isinstance(policy, UserReplayPolicy) else None,
                 client=outcome.client if isinstance(target, HttpTarget) else None,
                 executor_warnings=[*outcome.warnings, *(policy.warnings() if isinstance(policy, SessionPolicy) else [])],
+                server_gone=isinstance(outcome.cause, ServerGoneError),
                 server_metrics=None if prepared.telemetry is None else prepared.telemetry.metrics,
                 gateway_queue=None if prepared.telemetry is None else prepared.telemetry.gateway_queue,
             )
@@ -862,6 +864,7 @@ def run_summary(
     gateway_queue: GatewayQueue | None = None,
     trace_positions: Sequence[int] | None = None,
     executor_warnings: Sequence[str] = (),
+    server_gone: bool = False,
 ) -> Summary:
     """The summary of a run of ``workload``, ``bench`` and ``sim run`` alike: the
     metrics, a replayed trace's own measurements compared, a dataset's caveats and, for
@@ -869,7 +872,9 @@ def run_summary(
     about ``wcfg``'s prompts and, from ``client``, whether the client kept up.
     ``trace_positions``: each send's position in the trace, when not its index;
     ``executor_warnings``: what the executor saw (``Outcome.warnings``); ``server_metrics``
-    and ``gateway_queue``: what the server's /metrics said over the run."""
+    and ``gateway_queue``: what the server's /metrics said over the run; ``server_gone``:
+    the run stopped because the server stopped answering (its final streak of failures
+    is said apart)."""
     trace = compare_with_trace(records, workload.requests, trace_positions) if isinstance(workload, Trace) else OMITTED
     last = [*executor_warnings, *(workload.warnings() if isinstance(workload, DatasetWorkload) else []),
             *(workload.notes if isinstance(workload, Trace) else ())]
@@ -901,7 +906,7 @@ def run_summary(
     queue: GatewayQueue | Omitted = OMITTED if gateway_queue is None else gateway_queue
     if preflight is OMITTED or wcfg is None:
         extras = SummaryExtras(trace_comparison=trace, client=load, server_metrics=metrics, gateway_queue=queue,
-                               warnings_last=tuple(last))
+                               warnings_last=tuple(last), server_gone=server_gone)
     else:
         pre = preflight
         if not wcfg.synthetic:
@@ -922,6 +927,7 @@ def run_summary(
             gateway_queue=queue,
             warnings_first=() if pre is None else tuple(pre.warnings),
             warnings_last=tuple(last),
+            server_gone=server_gone,
         )
     return summarize(records, config=config, slo=slo, interrupted=interrupted, extras=extras)
 
@@ -977,7 +983,7 @@ def _unintended_cache_hits(records: list[RequestRecord], template_tokens: int | 
             "a cached prompt; --input-tokens N sends fresh prompts of N tokens"
         )
     return (
-        f"{served}, though this run's prompts share no prefix: TTFT is lower than for fresh prompts (an "
+        f"{served}, {FOREIGN_CACHE}: TTFT is lower than for fresh prompts (an "
         "earlier run with the same --seed, or another client, sent the same text)"
     )
 

@@ -25,11 +25,12 @@ from inferlab.results.compare import (
     verdict_words,
 )
 from inferlab.results.loaddiff import GATEWAY, Difference, engine_differences, load_differences
-from inferlab.results.provenance import PREDICTION, simulated_engine
+from inferlab.results.metrics import connect_wait_ms, percentile, request_metrics
+from inferlab.results.provenance import PREDICTION, VIRTUAL, simulated_engine
 from inferlab.results.records import ErrorKind
 from inferlab.results.sentdiff import sent_differences
 from inferlab.results.sources import Run, Sweep, load
-from inferlab.results.summary import response_cache_share
+from inferlab.results.summary import response_cache_share, unfit_to_compare
 
 
 @dataclass
@@ -65,12 +66,58 @@ class Side:
                 f"{f' ({failed} failed)' if failed else ''}{kind}")
 
     @property
+    def caveats(self) -> list[str]:
+        """What its runs' own summaries warn makes their numbers unfit to set against
+        another run's (``unfit_to_compare``: a cache an earlier run filled, the client as
+        the bottleneck, answers cut short); a repeat's prefixed with its number."""
+        many = len(self.runs) > 1
+        return [f"repeat {i + 1}: {w}" if many else w for i, r in enumerate(self.runs) for w in unfit_to_compare(r.summary)]
+
+    @property
+    def connect_recorded(self) -> bool | None:
+        """Whether its records measure new connections' set-up (``connect_wait_ns``, and
+        with it a ``send_ns`` stamped before a connection was taken): False for records
+        written before they did (``send_ns`` stamped once a connection was had); None
+        where that does not apply (virtual time: no connection; nothing sent)."""
+        if any(r.server.kind == VIRTUAL for r in self.runs):
+            return None
+        sent = [r for run in self.runs for r in run.records if not r.warmup and r.send_ns is not None]
+        return None if not sent else any(r.connect_wait_ns is not None for r in sent)
+
+    def connect_waits(self) -> ConnectWaits | None:
+        """Its completed requests' waits for a new connection (None where none measured one)."""
+        done = [r for run in self.runs for r in run.records if r.ok and not r.warmup]
+        waits = sorted(w for w in map(connect_wait_ms, done) if w is not None)
+        if not waits:
+            return None
+        ttfts = [t for r in done if (t := request_metrics(r).ttft_ms) is not None]
+        return ConnectWaits(len(waits), sum(1 for w in waits if w > 0), sum(waits) / len(waits), percentile(waits, 99),
+                            sum(ttfts) / len(ttfts) if ttfts else None)
+
+    @property
     def failures(self) -> tuple[int, int]:
         """(failed requests, failed and completed ones) over its runs, warm-up and
         cancelled ones left out (as the ``failed`` metric counts them)."""
         ended = [r for run in self.runs for r in run.records
                  if not r.warmup and r.error_kind is not ErrorKind.CANCELLED and (r.ok or r.error_kind is not None)]
         return sum(1 for r in ended if not r.ok), len(ended)
+
+
+@dataclass(frozen=True)
+class ConnectWaits:
+    """A side's completed requests' waits for new connections: ``requests`` that measured
+    one, ``opened`` those that waited for one (over 0), the waits' ``mean_ms`` and
+    ``p99_ms`` over all of them, and the TTFT mean they are part of."""
+
+    requests: int
+    opened: int
+    mean_ms: float
+    p99_ms: float
+    ttft_mean_ms: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"requests": self.requests, "opened_connection": self.opened, "mean_ms": self.mean_ms,
+                "p99_ms": self.p99_ms, "ttft_mean_ms": self.ttft_mean_ms}
 
 
 @dataclass
@@ -90,17 +137,57 @@ class Comparison:
         return {
             "baseline": self.sides[0].label,
             "runs": [{"label": s.label, "paths": [str(r.path) for r in s.runs], "simulated": s.simulated,
-                      "response_cache_hits": s.cache_hits[0], "requests_ended": s.failures[1], "requests_failed": s.failures[0]}
+                      "response_cache_hits": s.cache_hits[0], "requests_ended": s.failures[1], "requests_failed": s.failures[0],
+                      "caveats": s.caveats}
                      for s in self.sides],
             "comparisons": [
                 {"run": s.label, "workload_differences": [d.to_json() for d in diff],
                  "engine_differences": [d.to_json() for d in engine],
                  "same_run_as": None if same is None else same[0],
+                 "connect_wait_definitions": self._connect_json(s),
                  "metrics": [d.to_json() for d in ds], "mann_whitney_p": t}
                 for s, ds, t, diff, engine, same in zip(self.sides[1:], self.deltas, self.tests, self.differences,
                                                         self.engines, self.same, strict=True)
             ],
         }
+
+    def _connect_pair(self, side: Side) -> tuple[Side, Side, ConnectWaits | None] | None:
+        """(the side whose records predate ``connect_wait_ns``, the side that has it, its
+        waits) where ``side`` and the baseline differ so; None where they do not."""
+        base = self.sides[0]
+        recorded = (base.connect_recorded, side.connect_recorded)
+        if recorded == (False, True):
+            return base, side, side.connect_waits()
+        if recorded == (True, False):
+            return side, base, base.connect_waits()
+        return None
+
+    def _connect_json(self, side: Side) -> dict[str, Any] | None:
+        pair = self._connect_pair(side)
+        if pair is None:
+            return None
+        old, new, waits = pair
+        return {"without": old.label, "with": new.label, "connect_wait": None if waits is None else waits.to_json()}
+
+    def connect_lines(self) -> list[str]:
+        """One line per run whose records and the baseline's time TTFT from different
+        points (one side's records predate ``connect_wait_ns``): the other's TTFT holds
+        its new connections' set-up, and how much, so a reader can tell whether it matters."""
+        lines = []
+        for s in self.sides[1:]:
+            pair = self._connect_pair(s)
+            if pair is None:
+                continue
+            old, new, w = pair
+            held = "no completed request measured one" if w is None else (
+                f"{w.opened:,} of {w.requests:,} completed requests ({w.opened / w.requests:.0%}) opened one, "
+                f"connect wait mean {w.mean_ms:,.2f} ms, p99 {w.p99_ms:,.2f} ms"
+                + ("" if w.ttft_mean_ms is None else f" (its TTFT mean {w.ttft_mean_ms:,.2f} ms)"))
+            lines.append(
+                f"{old.label}'s records predate connect_wait_ns and {new.label}'s have it: {new.label}'s TTFT, TTFB and E2E "
+                f"run from before a connection was taken, {old.label}'s from once one was had, so {new.label}'s hold new "
+                f"connections' set-up: {held}; a change of about that size may be the definitions', not the server's")
+        return lines
 
     def difference_lines(self) -> list[str]:
         """One line per run whose load or workload differs from the baseline's, naming
@@ -147,12 +234,20 @@ class Comparison:
                                  "requests)")
         return lines
 
+    def caveat_lines(self) -> list[str]:
+        """One line per run whose own summary warns its numbers are unfit to compare
+        (``Side.caveats``), naming each warning (empty when none does)."""
+        return [f"{s.label}'s summary warns: {'; '.join(caveats)}: its numbers are not the server's alone"
+                for s in self.sides for caveats in [s.caveats] if caveats]
+
     def warning_lines(self) -> list[str]:
         """What may explain a change better than the server: different workloads, a
-        gateway in front of one run only, a response cache, failed requests."""
+        run's own summary's warnings, TTFT timed from different points, a gateway in
+        front of one run only, a response cache, failed requests."""
         return [*self.same_lines(),
-                *(f"{line}: a change below may come from that, not from the server" for line in self.difference_lines()),
-                *self.gateway_lines(), *self.cache_lines(), *self.failure_lines()]
+                *(f"{line}: a change below may come from that, not from the server" for line in
+                  (*self.difference_lines(), *self.caveat_lines())),
+                *self.connect_lines(), *self.gateway_lines(), *self.cache_lines(), *self.failure_lines()]
 
 
 def side_of(path: str, label: str | None = None) -> Side:

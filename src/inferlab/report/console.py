@@ -146,6 +146,18 @@ def gateway_queue_line(q: GatewayQueue, ttft: Distribution | None = None) -> str
     return "; ".join(parts) + " (gateway-wide over the run: warm-ups and any other client's requests included)"
 
 
+def _gateway_part(s: Summary) -> str:
+    """The gateway's share of the client's TTFT beyond the server's, in words, where the
+    run went through inferlab gateway (its queue and relay come before the engine's
+    receipt); empty otherwise."""
+    q = s.gateway_queue
+    if isinstance(q, GatewayQueue) and q.available and q.wait is not None:
+        return f"inferlab gateway's queue (its admitted requests' wait mean {_fmt(q.wait.mean_ms)} ms) and relay, "
+    if isinstance(q, GatewayQueue) or (s.config.get("resolved") or {}).get("gateway"):
+        return "inferlab gateway's queue and relay, "
+    return ""
+
+
 def _int(v: float | None) -> int | None:
     return None if v is None else round(v)
 
@@ -199,6 +211,8 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
     failed = f"{c.failed} failed" + (
         " (" + ", ".join(f"{k} {v}" for k, v in sorted(c.errors.items())) + ")" if c.errors else ""
     )
+    if c.after_server_gone:  # (its users' re-sends once the server was gone: a warning says so)
+        failed += f", {c.after_server_gone:,} of them after the server stopped answering"
     rows = [
         ("requests", f"{c.completed} completed, {failed}" + (f", {c.cancelled} cancelled" if c.cancelled else "")),
         ("duration", f"{_fmt(s.duration_s, 2)} s" if c.completed else "—"),
@@ -225,7 +239,7 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
         rows.append((
             "client vs server TTFT",
             f"{err.p50:+,.2f} ms p50, {err.p99:+,.2f} ms p99 (server TTFT p50 {_fmt(sv.server_ttft_ms.p50)} ms; "
-            "the network, the HTTP stacks, the client and the simulator's own lateness)",
+            f"{_gateway_part(s)}the network, the HTTP stacks, the client and the simulator's own lateness)",
         ))
     if isinstance(s.client, ClientLoad):
         rows.append(("client", _client_line(s.client)))
@@ -237,7 +251,7 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
         rows.append(("gateway (simulated)", _gateway_line(s.gateway)))
     b = s.latency_breakdown
     if b is not None:
-        parts = [("client queue", b.client_queue_ms), ("gateway queue", b.gateway_queue_ms), ("server queue", b.server_queue_ms), ("prefill", b.prefill_ms), ("decode", b.decode_ms), ("other", b.other_ms)]
+        parts = [("client send lag", b.client_queue_ms), ("gateway queue", b.gateway_queue_ms), ("server queue", b.server_queue_ms), ("prefill", b.prefill_ms), ("decode", b.decode_ms), ("other", b.other_ms)]
         rows.append(("latency breakdown", ", ".join(f"{k} {_fmt(v.mean)}" for k, v in parts if v is not None) + f" ms (mean; from {b.source})"))
     trace = s.trace_comparison if isinstance(s.trace_comparison, dict) else {}
     for key, label in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):

@@ -519,7 +519,7 @@ def server_figure(run: Run) -> Figure | None:
 
 
 #: The parts of a request's latency ``summary.json``'s ``latency_breakdown`` splits it into.
-BREAKDOWN_PARTS = (("client_queue_ms", "client queue (sent late)"), ("server_queue_ms", "server queue"),
+BREAKDOWN_PARTS = (("client_queue_ms", "client send lag (sent late)"), ("server_queue_ms", "server queue"),
                    ("prefill_ms", "prefill"), ("decode_ms", "decode"), ("other_ms", "the rest (network, API)"))
 
 
@@ -579,7 +579,7 @@ def summary_table(runs: Sequence[Run]) -> str:
     for m in METRICS:
         rows.append(f"<tr><td>{escape(m.label)} ({m.unit})</td>" + "".join(
             _value_cell(fmt(summary_value(r.summary, m), m.unit), r, pred, m) for r, pred in zip(runs, bands, strict=True)) + "</tr>")
-    for key, label, unit in (("itl_ms", "ITL p50", "ms"), ("queue_delay_ms", "client queue delay p99", "ms")):
+    for key, label, unit in (("itl_ms", "ITL p50", "ms"), ("queue_delay_ms", "client send lag p99", "ms")):
         stat = "p99" if "queue" in key else "p50"
         rows.append(f"<tr><td>{label} ({unit})</td>" + "".join(f"<td>{fmt(_dist(r, key, stat), unit)}</td>" for r in runs) + "</tr>")
     rows.append("<tr><td>output tokens/min (TPM)</td>" + "".join(f"<td>{_cell(_num(r.summary.get('output_tpm')), ',.0f')}</td>" for r in runs) + "</tr>")

@@ -1,4 +1,4 @@
-"""Where a request's time went: client queue, gateway queue, server queue, prefill, decode, and the
+"""Where a request's time went: client send lag, gateway queue, server queue, prefill, decode, and the
 rest (network, HTTP, streaming), from the best source a run has.
 
 Per request, from the server's own timeline (the simulated server's
@@ -25,6 +25,9 @@ from inferlab.results.telemetry import ServerMetrics
 PER_REQUEST = "the server's timeline, per request"
 VIRTUAL = "the simulated engine's timeline, per request (virtual time: exact; a prediction)"
 AGGREGATE = "the server's /metrics histograms (means over the run; the rest is E2E's mean less the parts)"
+#: Added to the source where the gateway's queue comes from inferlab gateway's /metrics.
+GATEWAY_MEAN = ("; the gateway queue: the mean wait of the requests inferlab gateway admitted (its /metrics, "
+                "gateway-wide over the run), taken out of the rest")
 
 
 @dataclass(frozen=True)
@@ -116,17 +119,26 @@ class LatencyBreakdown:
 
 def latency_breakdown(
     done: Sequence[RequestRecord], telemetry: ServerMetrics | None = None, *, virtual: bool = False,
+    gateway_wait_ms: float | None = None,
 ) -> LatencyBreakdown | None:
     """The breakdown of the completed measured requests ``done``; None when neither the
     server's timeline nor its histograms are there. ``virtual``: the records are a
-    virtual-time run's (``sim run``), their timeline the simulated engine's own."""
+    virtual-time run's (``sim run``), their timeline the simulated engine's own.
+    ``gateway_wait_ms``: the mean wait in inferlab gateway's queue (its /metrics), where
+    the run went through it: the engine's timeline counts from the engine's receipt,
+    after that wait, so without it the wait would be in the rest."""
     parts = [p for p in map(request_parts, done) if p is not None]
     if parts:
-        gateway = [p.gateway_queue for p in parts if p.gateway_queue is not None]
+        gateway = Part.of([p.gateway_queue for p in parts if p.gateway_queue is not None])
+        other = Part.of([p.other for p in parts])
+        source = VIRTUAL if virtual else PER_REQUEST
+        if gateway is None and gateway_wait_ms is not None and other is not None:
+            gateway, other = Part(gateway_wait_ms), Part(max(0.0, other.mean - gateway_wait_ms))
+            source += GATEWAY_MEAN
         return LatencyBreakdown(
-            VIRTUAL if virtual else PER_REQUEST, len(parts), Part.of([p.client_queue for p in parts]),
+            source, len(parts), Part.of([p.client_queue for p in parts]),
             Part.of([p.server_queue for p in parts]), Part.of([p.prefill for p in parts]),
-            Part.of([p.decode for p in parts]), Part.of([p.other for p in parts]), Part.of(gateway),
+            Part.of([p.decode for p in parts]), other, gateway,
         )
     if telemetry is None or not telemetry.available:
         return None
@@ -137,9 +149,10 @@ def latency_breakdown(
     e2es = [m for m in (request_metrics(r).e2e_ms for r in done) if m is not None]
     if not e2es:
         return None
-    rest = statistics.fmean(e2es) - sum(means.values())
+    rest = statistics.fmean(e2es) - sum(means.values()) - (gateway_wait_ms or 0.0)
     client_q = [queue_delay_ms(r) or 0.0 for r in done]
     return LatencyBreakdown(
-        AGGREGATE, len(e2es), Part.of(client_q), Part(means["queue_ms"]), Part(means["prefill_ms"]),
-        Part(means["decode_ms"]), Part(max(0.0, rest)),
+        AGGREGATE + (GATEWAY_MEAN if gateway_wait_ms is not None else ""), len(e2es), Part.of(client_q),
+        Part(means["queue_ms"]), Part(means["prefill_ms"]), Part(means["decode_ms"]), Part(max(0.0, rest)),
+        None if gateway_wait_ms is None else Part(gateway_wait_ms),
     )

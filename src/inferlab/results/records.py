@@ -131,3 +131,17 @@ def _json_types(annotation: str) -> tuple[type, ...]:
 
 #: Each record field and the JSON types it may hold.
 _FIELD_TYPES = {f.name: _json_types(str(f.type)) for f in fields(RequestRecord)}
+
+
+def unanswered(record: RequestRecord) -> str | None:
+    """Why ``record`` got no answer for want of a connection (refused, reset, closed before
+    any status line), in a few words; None if it did get one, or failed otherwise (a
+    timeout, a cancel)."""
+    if record.status is not None:
+        return None
+    if record.error_kind is ErrorKind.CONNECT:
+        text = (record.error or "").lower()
+        return "connection refused" if "refused" in text or "connect call failed" in text else "cannot connect"
+    if record.error_kind is ErrorKind.DISCONNECT:
+        return "connection closed before any answer"
+    return None

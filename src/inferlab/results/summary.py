@@ -37,7 +37,7 @@ from inferlab.results.metrics import (
     request_metrics,
 )
 from inferlab.results.provenance import VIRTUAL, ServerInfo, server_info
-from inferlab.results.records import ErrorKind, RequestRecord
+from inferlab.results.records import ErrorKind, RequestRecord, unanswered
 from inferlab.results.telemetry import GatewayQueue, ServerMetrics
 
 SCHEMA = "inferlab.summary/1"
@@ -97,6 +97,9 @@ class Counts:
     #: completed requests a response cache in front of the engine answered (a response
     #: header said hit): their latency is the cache's, not the engine's
     response_cache_hits: int = 0
+    #: failed requests of the final streak of failures for want of a connection that
+    #: stopped the run (the server stopped answering; counted in ``failed`` too)
+    after_server_gone: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "errors": dict(self.errors)}
@@ -156,7 +159,7 @@ class Summary:
     config: dict[str, Any] = field(metadata=_doc("the run's whole configuration as resolved (as in config.json)"))
     server: ServerInfo = field(metadata=_doc("where the numbers come from (results.provenance): simulated (true: inferlab's simulator made them, every number is a prediction), kind (virtual time: sim run, a simulated sweep point, a what-if; embedded: the simulated server bench or profile started without --url; gateway to sim serve: inferlab gateway, every upstream of which is inferlab sim serve (it answered /inferlab/engine for them all); sim serve: a server that answered /inferlab/engine, i.e. inferlab sim serve; server: any other, measured, a gateway with any other upstream included), url (the API root; null in virtual time and for the embedded server), engine_family (the simulated engine's; behind a gateway its upstreams' when they all share one, else null; null for other servers), software (what a measured server said it is, from its model cards' owned_by and its release route: \"vLLM 0.11.0\" (/version), \"SGLang 0.5.2\" (/server_info), \"llama.cpp b6000-1a2b3c4\" (/props' build_info), the name alone where the release route did not answer; absent for any other server and for simulated ones; config.json's resolved.server_software has it as name, version and source, and settings: the engine flags it states (llama.cpp: its slots and a slot's context from /props, calibrate simulating its KV cache as slots x context; vLLM: its KV cache's block size, blocks (num_gpu_blocks: those it had, however sized; num_gpu_blocks_override only where it states an override), dtype and prefix caching from /metrics' vllm:cache_config_info, max_model_len from its model card; SGLang: from /server_info its TP degree, radix cache, overlap scheduler, CUDA graphs, mixed chunks, chunked prefill size, running-request cap, KV dtype, its token pool as kv_cache_tokens (a count of tokens, max_total_num_tokens) in pages of block_size (page_size), context length), which sim calibrate takes for a twin), gateway (inferlab gateway's setup in words, from what it answered at /inferlab/gateway, config.json's resolved.gateway: its upstreams, router, admission, cache, Redis; whatever its upstreams are, the server then reads \"inferlab gateway at URL in front of llama.cpp (...)\"; absent where no gateway answered)"))
     interrupted: bool = field(metadata=_doc("the run ended early (Ctrl-C, a workload that could not make its next request, a --workers process that died, or a server that stopped answering: a warning says which)"))
-    counts: Counts = field(metadata=_doc("measured requests: total, completed, failed, cancelled (in flight at an interruption), warmup (left out of everything), errors (failed ones by error kind), response_cache_hits (completed ones a response cache in front of the engine answered)"))
+    counts: Counts = field(metadata=_doc("measured requests: total, completed, failed, cancelled (in flight at an interruption), warmup (left out of everything), errors (failed ones by error kind), response_cache_hits (completed ones a response cache in front of the engine answered), after_server_gone (failed ones of the final streak of failures for want of a connection that stopped the run once the server stopped answering; counted in failed too)"))
     duration_s: float = field(metadata=_doc("first send → last completion of the measured requests (0 when none completed)"))
     request_throughput_rps: float | None = field(metadata=_doc("completed requests / duration"))
     output_token_throughput_tps: float | None = field(metadata=_doc("output tokens of completed requests / duration"))
@@ -175,10 +178,10 @@ class Summary:
     itl_ms: Distribution | None = field(metadata=_doc("every gap between consecutive content chunks of every completed request"))
     decode_tps: Distribution | None = field(metadata=_doc("(output tokens − 1) / (e2e − ttft), tokens/s, per completed request"))
     queue_delay_ms: Distribution | None = field(metadata=_doc("actual send − intended send, per measured request: how late the client started it (the client falling behind its schedule, or a concurrency cap); the wait for a connection to the server is after the send (connect_wait_ms)"))
-    connect_wait_ms: Distribution | None = field(metadata=_doc("the wait for a new connection to the server (DNS, TCP, TLS set-up), per measured request, 0 on a pooled keep-alive connection: the server's or the network's time, in TTFT, TTFB and E2E (they run from the request's start, as vLLM's bench counts them), never in queue_delay_ms; null where no request waited for one, or none measured it (records written before it was)"))
+    connect_wait_ms: Distribution | None = field(metadata=_doc("the wait for a new connection to the server (DNS, TCP, TLS set-up), per completed measured request (as TTFT; a failed request's connect attempts are in its failure, counted by kind), 0 on a pooled keep-alive connection: the server's or the network's time, in TTFT, TTFB and E2E (they run from the request's start, as vLLM's bench counts them), never in queue_delay_ms; null where no request waited for one, or none measured it (records written before it was)"))
     cached_tokens: int | None = field(metadata=_doc("prompt tokens the server reported served from its prefix cache (null: it did not say; vLLM says with --enable-prompt-tokens-details)"))
     server_timeline: ServerTimeline | None = field(metadata=_doc("client TTFT against the simulated server's own (null against other servers): requests, server_ttft_ms, ttft_error_ms (client TTFT less its connect wait − the server's: the network, both HTTP stacks, the client's parsing, and the simulator's own lateness, its tokens leaving its loop after their simulated time, inferlab:token_emit_lag_seconds on its /metrics), server_queue_ms"))
-    latency_breakdown: LatencyBreakdown | None = field(metadata=_doc("where the time went, in ms (mean, p50, p90): client_queue_ms (send − intended send), gateway_queue_ms (sim run --admission only: the wait in the simulated gateway's queue), server_queue_ms (server received → first scheduled; behind a gateway, the engine received), prefill_ms (→ first token), decode_ms (→ last token), other_ms (E2E less the server's part: network, HTTP); source: the server's timeline per request (the simulated server), the simulated engine's own in virtual time (sim run: exact, the parts add up to each request's E2E; a prediction), else its /metrics histograms (means only); requests; null without either"))
+    latency_breakdown: LatencyBreakdown | None = field(metadata=_doc("where the time went, in ms (mean, p50, p90): client_queue_ms (send − intended send), gateway_queue_ms (the wait in the gateway's queue: sim run --admission's simulated gateway per request; through inferlab gateway, its admitted requests' mean from its /metrics, taken out of other_ms), server_queue_ms (server received → first scheduled; behind a gateway, the engine received), prefill_ms (→ first token), decode_ms (→ last token), other_ms (E2E less the server's part: network, HTTP); source: the server's timeline per request (the simulated server), the simulated engine's own in virtual time (sim run: exact, the parts add up to each request's E2E; a prediction), else its /metrics histograms (means only); requests; null without either"))
     error_examples: dict[str, str] = field(metadata=_doc("the first message of each error kind"))
     warnings: tuple[str, ...] = field(metadata=_doc("plain-language caveats about how far the numbers can be trusted"))
     trace_comparison: dict[str, TraceComparison] | Omitted | None = field(
@@ -236,7 +239,7 @@ class Summary:
             server=ServerInfo.from_json(d["server"]) if "server" in d else server_info(d["config"]),
             interrupted=bool(d["interrupted"]),
             counts=Counts(c["total"], c["completed"], c["failed"], c["cancelled"], c["warmup"], dict(c["errors"]),
-                          int(c.get("response_cache_hits") or 0)),
+                          int(c.get("response_cache_hits") or 0), int(c.get("after_server_gone") or 0)),
             duration_s=_number(d, "duration_s", optional=False),
             request_throughput_rps=_number(d, "request_throughput_rps"),
             output_token_throughput_tps=_number(d, "output_token_throughput_tps"),
@@ -348,6 +351,13 @@ class SummaryExtras:
     gateway_queue: GatewayQueue | Omitted = OMITTED
     warnings_first: tuple[str, ...] = ()
     warnings_last: tuple[str, ...] = ()
+    # the run stopped because the server stopped answering (``load.http.ServerGoneError``)
+    server_gone: bool = False
+
+
+def _gateway_wait_ms(q: GatewayQueue | Omitted) -> float | None:
+    """The admitted requests' mean wait in inferlab gateway's queue, where it was read."""
+    return q.wait.mean_ms if isinstance(q, GatewayQueue) and q.available and q.wait is not None else None
 
 
 def _present(values: Iterable[float | None]) -> list[float]:
@@ -370,6 +380,7 @@ def summarize(
     done = [r for r in measured if r.ok]
     cancelled = [r for r in measured if r.error_kind is ErrorKind.CANCELLED]
     failed = [r for r in measured if not r.ok and r.error_kind is not ErrorKind.CANCELLED]
+    gone = server_gone_streak(measured) if extras.server_gone else []
     per = [request_metrics(r) for r in done]
     dists = _distributions(measured, done, per, percentiles)
 
@@ -390,7 +401,7 @@ def summarize(
     queue_delay = dists["queue_delay_ms"]
     token_source = _token_source(done)
     caveats = _warnings(
-        config, completed_rps, queue_delay, token_source, done, measured, interrupted
+        config, completed_rps, queue_delay, token_source, done, measured, interrupted, gone
     )
     server = server_info(config)
     return Summary(
@@ -406,6 +417,7 @@ def summarize(
             warmup=len(records) - len(measured),
             errors=dict(Counter(r.error_kind.value for r in failed if r.error_kind)),
             response_cache_hits=sum(1 for r in done if r.response_cache_hit),
+            after_server_gone=len(gone),
         ),
         duration_s=duration_s,
         request_throughput_rps=completed_rps,
@@ -423,7 +435,7 @@ def summarize(
         server_timeline=server_comparison(done, per, percentiles),
         latency_breakdown=latency_breakdown(
             done, extras.server_metrics if isinstance(extras.server_metrics, ServerMetrics) else None,
-            virtual=server.kind == VIRTUAL,
+            virtual=server.kind == VIRTUAL, gateway_wait_ms=_gateway_wait_ms(extras.gateway_queue),
         ),
         error_examples=_error_examples(failed),
         warnings=(*extras.warnings_first, *caveats, *extras.warnings_last),
@@ -490,14 +502,15 @@ def _distributions(
         itl_ms=counted_distribution(itl_ms_counts(done), percentiles),
         decode_tps=dist(m.decode_tps for m in per),
         queue_delay_ms=dist(queue_delay_ms(r) for r in measured),
-        connect_wait_ms=_connect_waits(measured, percentiles),
+        connect_wait_ms=_connect_waits(done, percentiles),
     )
 
 
-def _connect_waits(measured: Sequence[RequestRecord], percentiles: Sequence[float]) -> Distribution | None:
-    """The summary's ``connect_wait_ms``: every measured request's that measured one,
-    None unless one of them waited at all."""
-    waits = _present(connect_wait_ms(r) for r in measured)
+def _connect_waits(done: Sequence[RequestRecord], percentiles: Sequence[float]) -> Distribution | None:
+    """The summary's ``connect_wait_ms``: every completed measured request's that
+    measured one (as TTFT, of which it is part: a refused connection's attempts are
+    failures, counted by kind), None unless one of them waited at all."""
+    waits = _present(connect_wait_ms(r) for r in done)
     return distribution(waits, percentiles) if any(waits) else None
 
 
@@ -579,10 +592,12 @@ def _warnings(
     done: Sequence[RequestRecord],
     measured: Sequence[RequestRecord],
     interrupted: bool,
+    gone: Sequence[RequestRecord] = (),
 ) -> list[str]:
     """Plain-language caveats about how far the numbers can be trusted. ``done``: the
     measured requests that completed; ``measured``: all measured requests (for the
-    offered rate)."""
+    offered rate); ``gone``: the final streak of failures that stopped the run once the
+    server stopped answering (``server_gone_streak``), said apart from the rest."""
     out: list[str] = []
     overload = overload_warning(config, completed_rps, done, measured)
     if overload:
@@ -615,11 +630,15 @@ def _warnings(
     connect = _connect_warning(done, schedule)
     if connect:
         out.append(connect)
-    failures = _failure_warning(measured)
+    streak = {id(r) for r in gone}
+    before = [r for r in measured if id(r) not in streak]
+    failures = _failure_warning(before)
     if failures is not None:
         many, line = failures
         # (a share past FAILED_SHARE first: every number above describes the rest alone)
         out.insert(0 if many else len(out), line)
+    if gone:  # (first: the run before it is what the rest says of)
+        out.insert(0, _gone_line(gone, before, failures is None))
     bound = _bound_note(config, measured, interrupted)
     if bound:
         out.append(bound)
@@ -646,8 +665,7 @@ def _warnings(
         got = statistics.median(r.output_tokens or 0 for r in cut)
         asked = statistics.median(r.requested_output_tokens or 0 for r in cut)
         out.append(
-            f"{len(cut)} of {len(done)} requests stopped at a length limit short of the requested output tokens "
-            f"(finish_reason length; median {got:,g} received of {asked:,g} requested; prompt and answer up to "
+            f"{len(cut)} of {len(done)} requests {LENGTH_CUT} (finish_reason length; median {got:,g} received of {asked:,g} requested; prompt and answer up to "
             f"{longest:,} tokens): the server's context, or its own limit, cut them; ask for shorter prompts or "
             "answers, or a larger context"
         )
@@ -732,6 +750,36 @@ def _failure_warning(measured: Sequence[RequestRecord]) -> tuple[bool, str] | No
     return False, f"{said}): the latencies are of the requests that completed"
 
 
+def server_gone_streak(measured: Sequence[RequestRecord]) -> list[RequestRecord]:
+    """The final streak of failures for want of a connection (``unanswered``) of a run
+    the server stopped answering: the measured requests sent after the last that got an
+    answer that failed so, in the order they were sent (as the executor's stop rule
+    counts them: a timeout or a cancel neither counts nor ends the streak)."""
+    sent = sorted((r for r in measured if r.send_ns is not None), key=lambda r: (r.send_ns or 0, r.index))
+    streak: list[RequestRecord] = []
+    for r in reversed(sent):
+        if unanswered(r) is not None:
+            streak.append(r)
+        elif r.status is not None:
+            break
+    return streak[::-1]
+
+
+def _gone_line(gone: Sequence[RequestRecord], before: Sequence[RequestRecord], none_before: bool) -> str:
+    """The final streak of failures (``server_gone_streak``) in words, apart from the
+    measured requests ``before`` it: its users re-sent at once, so its count is theirs,
+    not the load's."""
+    kinds = Counter(r.error_kind.value for r in gone if r.error_kind is not None)
+    by_kind = ", ".join(f"{n:,} {kind}" for kind, n in kinds.most_common())
+    span = ((gone[-1].send_ns or 0) - (gone[0].send_ns or 0)) / NS_PER_S
+    before = [r for r in before if r.error_kind is not ErrorKind.CANCELLED]
+    failed = sum(1 for r in before if not r.ok)
+    rest = (f"before that, {failed:,} of {len(before):,} failed" + (" (the warning below says of which kinds)" if not none_before else ""))
+    return (f"{len(gone):,} requests failed for want of a connection ({by_kind}) in the last {span:.1f} s, after the "
+            f"server stopped answering (each user or slot sent its next at once, as vLLM's bench does, until the run "
+            f"stopped): not the load's failures; {rest}")
+
+
 def _bound_note(config: Mapping[str, Any], measured: Sequence[RequestRecord], interrupted: bool) -> str | None:
     """Which bound ended a run given both ``-n`` and ``--duration`` (the first reached)."""
     load = config.get("load") or {}
@@ -741,6 +789,43 @@ def _bound_note(config: Mapping[str, Any], measured: Sequence[RequestRecord], in
     if len(measured) < n:
         return f"stopped at --duration {duration:g} s after {len(measured):,} of the -n {n:,} requests"
     return f"stopped at -n {n:,}, within --duration {duration:g} s"
+
+
+#: The summary's warning that the server served a run's prompts from a cache another run
+#: (or client) filled (``load.run``'s unintended-cache warning): its TTFT is a cached prompt's.
+FOREIGN_CACHE = "though this run's prompts share no prefix"
+#: The summary's warning that the server's context or limit cut answers short.
+LENGTH_CUT = "stopped at a length limit short of the requested output tokens"
+
+
+def foreign_cache(warnings: Sequence[str]) -> list[str]:
+    """The summary ``warnings`` that say the server served the run's prompts from a cache
+    an earlier run filled, in a few words each."""
+    return [w.split(", " + FOREIGN_CACHE)[0] + " filled by an earlier run" for w in warnings if FOREIGN_CACHE in w]
+
+
+def client_bottleneck(client: ClientLoad | Omitted | None) -> list[str]:
+    """That the client was likely the bottleneck (its latencies inflated by its own
+    delay), in words; empty where it was not, or no verdict."""
+    if not isinstance(client, ClientLoad) or not client.bottleneck:
+        return []
+    added = client.inflation_ms[0] if client.inflation_ms else 0.0
+    return [f"the client was likely the bottleneck (its latencies inflated by about {added:,.1f} ms at p50)"]
+
+
+def unfit_to_compare(summary: Mapping[str, Any]) -> list[str]:
+    """What a run's own summary (``summary.json`` as read) warns makes its numbers unfit to
+    set against another run's, in words: prompts served from a cache an earlier run
+    filled (a cached prompt's TTFT), the client as the likely bottleneck (its delay in
+    the latencies), answers cut short by the server's context or limit (fewer tokens to
+    decode than asked). Empty for none."""
+    warnings = [w for w in summary.get("warnings") or () if isinstance(w, str)]
+    try:
+        client = _client(summary.get("client", OMITTED))
+    except (KeyError, TypeError, ValueError):  # (a hand-edited or partial block: no verdict)
+        client = None
+    cut = [w.split(" (finish_reason")[0] for w in warnings if LENGTH_CUT in w]
+    return [*foreign_cache(warnings), *client_bottleneck(client), *cut]
 
 
 #: How the warning of an open loop that outran the server begins.

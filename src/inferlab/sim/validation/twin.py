@@ -34,9 +34,8 @@ from typing import Any
 from inferlab._errors import InferlabError, UsageError
 from inferlab.load.run import RunConfig, SimTarget, run
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop, Replay, Schedule
-from inferlab.results.clientload import ClientLoad
 from inferlab.results.runfiles import read_summary
-from inferlab.results.summary import Summary
+from inferlab.results.summary import Summary, client_bottleneck, foreign_cache
 from inferlab.results.sweepindex import headline as sweep_headline
 from inferlab.sim.engine.bands import CALIBRATED_WITH, served_by
 from inferlab.sim.engine.config import EngineConfig, resolve
@@ -112,23 +111,12 @@ class MeasuredRun:
     left_out: dict[str, str] = field(default_factory=dict)
 
 
-#: The summary's warning that the server served prompts from a cache another run filled
-#: (``load.run``'s unintended-cache warning): its TTFT is that of cached prompts
-FOREIGN_CACHE = "though this run's prompts share no prefix"
-
-
 def unreliable(s: Summary) -> tuple[str, ...]:
     """What a run's summary says makes its numbers unfit to fit or judge a twin by: the
     client was likely the bottleneck (its latencies inflated by its own delay), or the
     server served its prompts from a cache an earlier run filled (its TTFT is a cached
     prompt's). In words, one each; empty for neither."""
-    out = []
-    client = s.client
-    if isinstance(client, ClientLoad) and client.bottleneck:
-        added = client.inflation_ms[0] if client.inflation_ms else 0.0
-        out.append(f"the client was likely the bottleneck (its latencies inflated by about {added:,.1f} ms at p50)")
-    out += [w.split(", " + FOREIGN_CACHE)[0] + " filled by an earlier run" for w in s.warnings if FOREIGN_CACHE in w]
-    return tuple(out)
+    return (*client_bottleneck(s.client), *foreign_cache(s.warnings))
 
 
 def left_out(s: Summary, measured: dict[str, float]) -> dict[str, str]:
