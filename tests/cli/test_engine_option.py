@@ -348,3 +348,15 @@ def test_each_setting_of_an_engine_axis_is_recorded_as_the_engine_its_runs_ran(
         recorded = asyncio.run(target_of(seqs)).engine_config
         assert recorded is not None and (recorded["engine"], recorded["max_num_seqs"], recorded["max_model_len"]) == (
             "sim", seqs, 8192)
+
+
+def test_a_sweep_whose_engine_starts_with_no_setting_of_its_axis_exits_1(tmp_path: Path) -> None:
+    """Every value of --max-model-len refused by the engine: each point failed, none ran,
+    and the sweep exited 0 as if it had measured something. Now exit 1, saying so."""
+    out = tmp_path / "sweep"
+    r = invoke("sweep", "--engine", _config(tmp_path), "-c", "1", "--max-model-len", "10000000,20000000", *SHORT,
+               "-o", str(out))
+    assert r.exit_code == 1, r.output
+    assert "no point ran" in r.stderr
+    points = json.loads((out / "sweep.json").read_text())["points"]
+    assert points and all(p["status"] == "failed" and p["dir"] is None for p in points)

@@ -392,3 +392,40 @@ async def test_a_prompt_alone_over_the_context_is_refused_before_sending_whateve
                                                workload=WorkloadConfig(dataset=DatasetConfig(str(data)))), sim.url)
     over = [w for w in result.summary.warnings if "2,048-token context" in w]
     assert len(over) == 1 and "about 25% of requests may not fit" in over[0], result.summary.warnings
+
+
+async def test_prompt_counts_leave_no_idle_connection_holding_a_server_thread() -> None:
+    """llama-server answers HTTP on a few threads, each holding a keep-alive connection
+    until the client closes it (or 5 s idle). Counts sent many at once on pooled
+    connections kept those threads idle while the other counts waited behind them: a
+    bench's first requests stalled 5 s. Here a server of two such threads: the counts
+    come, none waits for a thread an idle connection holds."""
+    from inferlab.client.preflight import count_prompts
+
+    threads = asyncio.Semaphore(2)
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async with threads:  # (held for the connection's life, as a llama-server thread)
+            while True:
+                try:
+                    head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    break
+                length = int(head.split("content-length:")[1].split("\r\n")[0])
+                body = json.loads(await reader.readexactly(length))
+                answer = json.dumps({"tokens": str(body.get("prompt", body.get("content", ""))).split()}).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(answer) + answer)
+                await writer.drain()
+                if "connection: close" in head:
+                    break
+        writer.close()
+
+    server = await asyncio.start_server(connection, "127.0.0.1", 0)
+    try:
+        endpoint = Endpoint(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", "m", "completions")
+        specs = [RequestSpec(f"w{i} two three") for i in range(6)]
+        counts = await asyncio.wait_for(count_prompts(endpoint, specs), 10)  # (a hang guard: the old pool hung 30 s)
+        assert counts == [len(str(s.completion_prompt()).split()) for s in specs]
+    finally:
+        server.close()

@@ -370,3 +370,17 @@ def test_the_readmes_vllm_cpu_config_starts_the_cpu_build(tmp_path: Path) -> Non
     assert res.exit_code == 0, res.output
     assert res.stdout.startswith(f"VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 {venv / 'bin' / 'python'} -m "
                                  "vllm.entrypoints.openai.api_server --model /path/to/tiny-llama-hf")
+
+
+def test_an_engine_slow_to_stop_is_said_not_waited_on_in_silence(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """After Ctrl-C an engine that ignores SIGINT left up to 20 s of silence (stop waits
+    its grace period before SIGTERM); now one line on stderr says what it waits for."""
+    engine = EngineProcess(EngineSpec("sim", "m"), tmp_path / "engine.log")
+    code = "import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, process_group=0)
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # (its handler is set)
+    engine._proc = proc
+    assert engine.stop(grace_s=3) == -signal.SIGTERM
+    err = capfd.readouterr().err
+    assert f"stopping sim (pid {proc.pid}): waiting up to 3 s before SIGTERM" in err
+    assert "before SIGKILL" not in err  # (SIGTERM obeyed at once)

@@ -304,3 +304,61 @@ def test_a_searched_value_the_flag_refuses_is_refused_before_any_trial(param: st
     trial fail); it is read as the flag reads it now, and refused before any runs."""
     code, out, err = invoke(*COMMON, "--slo-ttft-ms", "300", "--param", param, "--search", "grid")
     assert code == 2 and needle in err and not out, (err, out)
+
+
+class _StopAtSecond:
+    """The simulated engine's trials, with a Ctrl-C (``stop`` set) as the second starts."""
+
+    prediction = True
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        from inferlab.sweep.tune import SimTrials
+
+        self.inner = SimTrials(SimTarget(EngineConfig()))
+        self.fields = self.inner.fields
+        self.stop, self.opened = stop, 0
+
+    def target_json(self) -> dict[str, object]:
+        return self.inner.target_json()
+
+    def open(self, params: dict[str, object], log_path: str | None, stop: asyncio.Event | None = None) -> object:
+        self.opened += 1
+        if self.opened == 2:
+            self.stop.set()
+        return self.inner.open(params, log_path, stop)
+
+
+def test_a_ctrl_c_d_trial_is_counted_as_interrupted_and_the_untried_listed_as_skipped(tmp_path: Path) -> None:
+    """A trial Ctrl-C ended was counted as "stopped early as hopeless" (even with
+    --no-abort-hopeless), the best line did not say the search was cut short, and
+    sweep.json did not list the grid's trials never tried."""
+    from rich.console import Console
+
+    from inferlab.cli.tune import _render
+
+    async def go() -> TuneResult:
+        stop = asyncio.Event()
+        config = TuneConfig((Axis("max_num_seqs", (8, 32, 128)),), "grid", abort_hopeless=False)
+        return await Tuner(RUN, _StopAtSecond(stop), config, str(tmp_path / "t"), stop=stop).search()  # type: ignore[arg-type]
+
+    result = asyncio.run(go())
+    assert result.interrupted and [t.status for t in result.trials] == ["done", "stopped"]
+    assert result.trials[1].reason == "interrupted"
+    console = Console(record=True, width=400)
+    _render(console, result, TuneConfig((Axis("max_num_seqs", (8, 32, 128)),), "grid"), None, True, virtual=True)
+    text = console.export_text()
+    assert "0 stopped early as hopeless, 1 interrupted" in text
+    assert "interrupted" in next(line for line in text.splitlines() if line.startswith("best"))
+    points = json.loads((tmp_path / "t" / "sweep.json").read_text())["points"]
+    assert [(p["params"]["max_num_seqs"], p["status"], p["reason"]) for p in points][2] == (128, "skipped", "interrupted")
+    assert points[2]["dir"] is None
+
+
+def test_a_trial_whose_engine_never_started_has_no_dir(tmp_path: Path) -> None:
+    """tune wrote a ``dir`` for a trial that never ran (a folder that does not exist);
+    docs/design.md: ``dir`` is null when the point did not run, as sweep writes."""
+    out = tmp_path / "t"
+    search(TuneConfig((Axis("max_num_batched_tokens", (16, 4096)), Axis("max_num_seqs", (64,))), "grid"), out=str(out))
+    refused, ok = json.loads((out / "sweep.json").read_text())["points"]
+    assert refused["status"] == "failed" and refused["dir"] is None
+    assert (out / ok["dir"] / "summary.json").is_file()

@@ -1807,7 +1807,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency",
             ran = "" if running is None else f", and up to {running:,.0f} ran (/metrics)"
             found = _engine_cap_rec(
                 "The engine's own cap on running requests is the knee", flags, max(top, 2 * cap),
-                f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}){ran}; past it the rest "
+                f"the engine runs at most {cap} request{'' if cap == 1 else 's'} at once ({flags.seqs.format(n=cap)}){ran}; past it the rest "
                 f"wait in its queue: output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs "
                 f"{pts[top]['output_tps']:,.0f} at {top}",
             )

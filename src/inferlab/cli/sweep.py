@@ -213,7 +213,12 @@ def _sweep(kw: dict[str, Any]) -> int:
     else:
         render_sweep(out, result.index, _title(config, result.index))
         out.print(f"sweep: {config.out_dir}/sweep.json ({sum(1 for p in result.index['points'] if p['dir'])} run directories)")
-    return 130 if result.interrupted else 0
+    if result.interrupted:
+        return 130
+    if not any(p["dir"] for p in result.index["points"]):
+        click.echo("inferlab: no point ran: the engine did not start with any setting (sweep.json's points say why)", err=True)
+        return 1
+    return 0
 
 
 def _sized_as_trtllm_bench(config: SweepConfig) -> list[str]:

@@ -328,13 +328,18 @@ def _render(out: Console, result: TuneResult, config: TuneConfig, folder: str | 
         table.add_row(f"{t.number}{mark}", _params(t, "\n"), f"{t.score:,.2f}", _fmt(h["output_tok_s"]), _fmt(h["ttft_p99_ms"]), _fmt(h["tpot_p99_ms"], 2))
     out.print(table)
     done = sum(1 for t in result.trials if t.status == "done")
-    stopped = sum(1 for t in result.trials if t.status == "stopped")
+    interrupted = sum(1 for t in result.trials if t.status == "stopped" and t.reason == "interrupted")
+    stopped = sum(1 for t in result.trials if t.status == "stopped") - interrupted
     failed = sum(1 for t in result.trials if t.status == "failed")
-    out.print(f"trials: {len(result.trials)} of a grid of {result.grid_size} ({done} done, {stopped} stopped early as hopeless, {failed} failed: refused or not started)")
+    out.print(f"trials: {len(result.trials)} of a grid of {result.grid_size} ({done} done, {stopped} stopped early as hopeless, "
+              + (f"{interrupted} interrupted, " if interrupted else "") + f"{failed} failed: refused or not started)"
+              + ("; the search was interrupted" if result.interrupted else ""))
     if result.best is not None:
         b = result.best
         note = best_note(result.trials, b)
-        out.print(f"best ({config.objective}, {'prediction' if prediction else 'measured'}): trial {b.number}: {_params(b)}: {b.score:,.2f} "
+        out.print(f"best ({config.objective}, {'prediction' if prediction else 'measured'}"
+                  + (", of the trials run before the search was interrupted" if result.interrupted else "")
+                  + f"): trial {b.number}: {_params(b)}: {b.score:,.2f} "
                   + ("req/s within the SLOs" if config.objective == "goodput" else "output tok/s")
                   + ("" if note is None else f" ({note})"))
         lines = band_lines({"points": [{"params": t.params, "headline": t.headline(), "prediction": headline_prediction(

@@ -38,7 +38,9 @@ if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes no
 
 PROBE_WORDS = 64
 _MIN_VOCAB = 32  # fewer one-token words than this: fall back to calibration
-_TOKENIZE_CONCURRENCY = 16
+#: /tokenize requests in flight at once: llama-server answers HTTP on a pool of about as
+#: many threads as it has slots, and counts should not fill it.
+_TOKENIZE_CONCURRENCY = 4
 #: Statuses that say a server has no tokenize route at that URL.
 _NO_ROUTE = (404, 405, 501)
 EXACT_LOCAL = "exact (local tokenizer)"
@@ -78,7 +80,7 @@ async def run_preflight(
     from inferlab.client.http import session_trace
 
     text = " ".join(words("inferlab:probe", PROBE_WORDS))
-    async with aiohttp.ClientSession(trace_configs=[session_trace()]) as session:
+    async with aiohttp.ClientSession(connector=_closing(), trace_configs=[session_trace()]) as session:
         first = await _probe(session, endpoint, text, exact_output)
         _refuse_if_rejected(endpoint, first)
         accepts = True
@@ -116,6 +118,15 @@ async def run_preflight(
         if overhead is None:
             overhead = round(usage - per_word * PROBE_WORDS)
         return Preflight(accepts, overhead, APPROX_USAGE, WORDS, per_word, tok.available, notes)
+
+
+def _closing() -> aiohttp.TCPConnector:
+    """A connector that closes each connection after its answer. A pooled keep-alive
+    connection left idle holds one of llama-server's few HTTP threads until its 5 s idle
+    timeout, and the run's first requests wait for them."""
+    import aiohttp
+
+    return aiohttp.TCPConnector(force_close=True)
 
 
 async def _probe(session: aiohttp.ClientSession, endpoint: Endpoint, text: str, exact: bool) -> RequestRecord:
@@ -376,7 +387,7 @@ async def count_prompts(endpoint: Endpoint, specs: Sequence[RequestSpec]) -> lis
     them all."""
     import aiohttp
 
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(connector=_closing()) as session:
         tok = TokenizeRoute(session, endpoint)
         if endpoint.api == "chat":
             counts = await asyncio.gather(*(tok.count_messages(s.messages()) for s in specs))

@@ -369,6 +369,10 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+#: How long an engine may take to obey a stop signal before ``stop`` says it waits.
+_STOP_MOMENT_S = 1.0
+
+
 class EngineProcess:
     """A started engine; a context manager. ``start`` runs its command in a new process
     group (output appended to ``log_path``) and waits until its readiness URL answers
@@ -457,17 +461,25 @@ class EngineProcess:
 
     def stop(self, grace_s: float = 20.0) -> int | None:
         """End the process group: SIGINT, SIGTERM after ``grace_s``, SIGKILL after as
-        long again. Returns the engine's exit status (None if it was not running)."""
+        long again. Returns the engine's exit status (None if it was not running). A
+        signal the engine has not obeyed within ``_STOP_MOMENT_S`` is said on stderr
+        with the wait before the next (after Ctrl-C, no silence of ``grace_s``)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return None
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        for sig, then in ((signal.SIGINT, "SIGTERM"), (signal.SIGTERM, "SIGKILL"), (signal.SIGKILL, None)):
             if proc.poll() is not None:
                 break
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=grace_s)
+                proc.wait(timeout=min(grace_s, _STOP_MOMENT_S))
+                continue
+            if then is not None and grace_s > _STOP_MOMENT_S:
+                print(f"stopping {self.spec.engine} (pid {proc.pid}): waiting up to {grace_s:g} s before {then}…",
+                      file=sys.stderr, flush=True)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, grace_s - _STOP_MOMENT_S))
         # whatever the leader left in its group goes too (no orphans)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -285,6 +285,8 @@ class Tuner:
             trial.status, trial.reason = "failed", str(e).splitlines()[0]
             partial = getattr(e, "result", None)  # every request failed: its summary is kept
             result = partial if isinstance(partial, RunResult) else None
+        if out is not None and not await asyncio.to_thread(os.path.isdir, out):
+            trial.dir = None  # (its engine never started, or the run was refused: nothing written)
         if result is not None:
             trial.summary = result.summary
             trial.score = self._score(result.summary, trial.met)
@@ -425,6 +427,19 @@ class Tuner:
 
     # --- the index ---------------------------------------------------------------------
 
+    def _untried(self) -> list[dict[str, Any]]:
+        """An interrupted grid search's trials not run (within ``--max-trials``), as sweep
+        lists its points not run: ``skipped``, reason ``interrupted``. (The pattern search
+        has no fixed list of trials still to come.)"""
+        if not self.interrupted or self.config.search != "grid":
+            return []
+        planned = grid_points(self.config.axes)[:self.config.max_trials]
+        return [
+            {"dir": None, "params": params, "repeat": 0, "status": "skipped", "reason": "interrupted",
+             "headline": None, "score": None, "met_slo": None, "prediction": None}
+            for params in planned if tuple(params[a.name] for a in self.config.axes) not in self._seen
+        ]
+
     def _write_index(self, complete: bool) -> None:
         if self.out_dir is None:
             return
@@ -446,7 +461,7 @@ class Tuner:
                     "prediction": None if t.summary is None else headline_prediction(t.summary.prediction),
                 }
                 for t in self.trials
-            ],
+            ] + self._untried(),
             "groups": [],
             "aggregates": [],
             "goodput_search": None,
