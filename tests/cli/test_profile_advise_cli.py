@@ -133,3 +133,31 @@ def test_advise_refuses_a_profile_json_that_is_not_an_object(tmp_path: Path) -> 
     (tmp_path / "profile.json").write_text("[]")
     code, out = invoke("advise", str(tmp_path))
     assert code == 2 and "not an inferlab profile (a JSON list, not an object)" in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_a_raised_cap_the_sweep_measured_is_advised_from_that_measurement(tmp_path: Path) -> None:
+    """A sweep over --max-num-seqs 1,4: the seqs=1 group's raise names the 4 the sweep
+    ran, with its gain from that group's point at the same concurrency; where that
+    point did worse, the raise is not advised."""
+    out = tmp_path / "sw"
+    code, text = invoke("sweep", "-c", "1,4", "--max-num-seqs", "1,4", "-n", "16", "--input-tokens", "200",
+                        "--output-tokens", "50", "--no-saturation-stop", "-o", str(out))
+    assert code == 0, text
+
+    def caps() -> list[dict[str, object]]:
+        code, text = invoke("advise", str(out), "--json")
+        assert code == 0, text
+        return [r for r in json.loads(text)["recommendations"] if r["rule"] == "engine_cap"]
+
+    found = caps()
+    assert found and all("--max-num-seqs 4" in r["change"] and "raise" in r["change"] for r in found), found
+    tps = [g for r in found for g in r["gains"] if g["metric"] == "output tokens/s"]
+    assert tps and all("in this folder" in g["kind"] and "004_c4_seqs4" in g["kind"] and g["after"] > g["before"]
+                       for g in tps), tps
+    # (the seqs=4 point made worse than the seqs=1 one at the same concurrency: keep the cap)
+    summary = out / "004_c4_seqs4" / "summary.json"
+    d = json.loads(summary.read_text())
+    d["output_token_throughput_tps"] = 1.0
+    summary.write_text(json.dumps(d))
+    found = caps()
+    assert found and all("keep the cap" in r["change"] and "raise" not in r["change"] for r in found), found

@@ -2105,6 +2105,34 @@ def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float, running: float
     )
 
 
+def _measured_cap(rec: Recommendation, base: _Run, runs: list[_Run]) -> Recommendation:
+    """An ``engine_cap`` item for ``base`` where the folder itself measured a higher
+    cap at the same concurrency and workload (another group of its axis): the best of
+    those replaces the raise it names, its gain measured; where none did better, the
+    item says so and advises keeping the cap. Unchanged where none was measured."""
+    cap, users, tps = _seq_cap(base), base.concurrency(), base.summary.output_token_throughput_tps
+    if cap is None or users is None or not tps:
+        return rec
+    higher = [(k, r) for r in runs if (k := _seq_cap(r)) is not None and k > cap and r.concurrency() == users
+              and r.workload() == base.workload() and r.summary.output_token_throughput_tps]
+    if not higher:
+        return rec
+    k, best = max(higher, key=lambda kr: kr[1].summary.output_token_throughput_tps or 0)
+    flags, tb = base.flags(), best.summary.output_token_throughput_tps or 0
+    said = "simulated" if server_info(best.config).simulated else "measured"  # (a simulator's numbers are predictions)
+    kind = f"{said} in this folder: {flags.seqs.format(n=k)} at concurrency {users:g} ({best.dir.name})"
+    gains = [Gain("output tokens/s", tps, tb, kind)]
+    if base.summary.e2e_ms is not None and best.summary.e2e_ms is not None:
+        gains.append(Gain("E2E p50 ms", base.summary.e2e_ms.p50, best.summary.e2e_ms.p50, kind))
+    seen = f"{said} in this folder: {flags.seqs.format(n=k)} at concurrency {users:g}: {tb:,.0f} vs {tps:,.0f} tokens/s"
+    if tb > (1 + MIN_GAIN) * tps:
+        return _engine_cap_rec(rec.title, flags, k, f"{rec.evidence}; {seen}", gains)
+    return Recommendation(
+        "engine_cap", "A higher cap on running requests was measured here, and gained nothing", f"{rec.evidence}; {seen}",
+        f"keep the cap ({flags.seqs.format(n=cap)}): this folder {said} {flags.seqs.format(n=k)} no better", gains,
+    )
+
+
 def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = None,
                  ) -> tuple[list[Recommendation], list[str], dict[str, str]]:
     out: list[Recommendation] = []
@@ -2139,7 +2167,7 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
                              b.dir / ENGINE_LOG)[0], full))
                 break
             if cap is not None and _cap_made_knee(cap, ca, running):  # (the engine's own cap made this knee: past it requests queue in it)
-                out.append(_engine_cap(a, b, cap, ta, tb, running))
+                out.append(_measured_cap(_engine_cap(a, b, cap, ta, tb, running), b, runs))
                 break
             if goal == "throughput":
                 break  # (a cap gives throughput up for latency: not for this goal)
@@ -2174,6 +2202,7 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
             if (r.rule, r.change) in said or (r.rule in ("engine_cap", "kv_pressure") and any(o.rule == r.rule for o in out)):
                 continue
             said.add((r.rule, r.change))
+            r = _measured_cap(r, heaviest, runs) if r.rule == "engine_cap" else r
             r.evidence = f"{heaviest.dir.name}: {r.evidence}"
             recs.append(r)
     return out + recs, ["concurrency_cap", "engine_cap", *checked], not_checked
