@@ -106,6 +106,18 @@ def _parsed(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Param
     return read
 
 
+def _named(parse: Callable[[str], Any]) -> Callable[[click.Context, click.Parameter, str | None], Any]:
+    """As ``_parsed``, but the name given comes through (stripped), checked: the engine
+    reads it (``EngineConfig.quantization_name``: vLLM runs a checkpoint or not by it)."""
+    check = _parsed(parse)
+
+    def read(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        check(ctx, param, value)
+        return None if value is None else value.strip()
+
+    return read
+
+
 _ADMISSION = AdmissionConfig()
 
 
@@ -149,7 +161,7 @@ def engine_options(defaults: dict[str, Any]) -> Callable[[Callable[..., Any]], C
         click.option("--num-gpu-blocks-override", type=click.IntRange(min=1), default=None, help="KV cache of exactly N blocks instead of what memory holds, as vLLM's flag: the vllm family keeps one as its null block (N - 1 hold tokens)."),
         click.option("--enforce-eager/--no-enforce-eager", "--disable-cuda-graph", "enforce_eager", default=defaults["enforce_eager"], show_default=True, help="Eager mode (no CUDA graphs): more CPU time per step. (--disable-cuda-graph: SGLang's name.)"),
         click.option("--dtype", default=d.dtype.value, show_default=True, callback=_parsed(DType.parse), help="Activation and unquantized weight type: auto, bfloat16 (bf16), float16 (fp16, half)."),
-        click.option("--quantization", "-q", default=None, callback=_parsed(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4); one that contradicts a quantized checkpoint's is refused, as vLLM refuses it (none or fp8 for an AWQ checkpoint)."),
+        click.option("--quantization", "-q", default=None, callback=_named(Quantization.parse), help="Weight quantization: fp8 or int8 (W8A8; w8a8 means int8), w8a16 (GPTQ-Int8), awq or gptq (int4 W4A16; gptq/gptq_marlin/marlin with an 8-bit checkpoint: w8a16), none (bf16 weights); vLLM's names (awq_marlin, gptq_marlin, modelopt, ...) are read as these. Default: the checkpoint's (its config's quantization_config, or a name ending -AWQ, -FP8, -GPTQ-Int4); with a quantized checkpoint, a name vLLM refuses is refused: vLLM runs one with its config's own method or that method's kernels (an AWQ one: awq, awq_marlin, marlin; a GPTQ one: gptq, gptq_marlin, marlin; a compressed-tensors one: no other name, fp8 included), and this tool's own names (int4, w8a16, none, ...) must name its scheme."),
         click.option("--kv-cache-dtype", default=d.kv_cache_dtype.value, show_default=True, callback=_parsed(KVCacheDType.parse), help="auto or fp8 (fp8_e4m3, fp8_e5m2): fp8 halves KV-cache bytes (more room, less to read)."),
         click.option("--engine-family", type=click.Choice([f.value for f in EngineFamily]), default=d.engine_family.value, show_default=True, callback=_parsed(EngineFamily.parse), help="Which engine to model: vllm (V1), vllm-v0 (0.6/0.7), vllm-v0.5 (<= 0.5: the API server in the engine's process), sglang, trtllm, lmdeploy. Sets the defaults for the sizes not given (token budget, sequences, chunking, KV sizing), prefill and decode in one step or apart, and the step-time constants (host cost, kernels, API cost)."),
         click.option("--engine-version", default=None, show_default="a current release", help="The engine's release (0.15, v0.4.3): the defaults a release changed follow it where no flag says: vLLM's async scheduling (on from 0.14), full-sequence admission (0.19) and unhashed blocks reused first (0.24); SGLang's overlap scheduler (0.4). vllm (0.8 on) and sglang only (vllm-v0 and vllm-v0.5 take their own releases, 0.6-0.7 and <= 0.5, as a label: nothing in them is dated); the step-time constants stay the family's."),
@@ -579,8 +591,10 @@ def twin_model(kw: dict[str, Any], other: str | None = None, what: str = "") -> 
 
 
 def setting_text(key: str, value: Any) -> str:
-    """An engine setting's value as text, a cache dtype by its canonical name."""
-    return str(KVCacheDType.parse(str(value)).value) if key == "kv_cache_dtype" else str(value)
+    """An engine setting's value as text, a cache dtype or a quantization by its canonical name."""
+    if key == "kv_cache_dtype":
+        return str(KVCacheDType.parse(str(value)).value)
+    return str(Quantization.parse(str(value)).value) if key == "quantization" and value is not None else str(value)
 
 
 def flag_words(key: str, value: Any = None) -> str:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from inferlab._errors import UsageError
-from inferlab.sim.engine.dtypes import KVCacheDType, Quantization
+from inferlab.sim.engine.dtypes import VLLM_METHODS, KVCacheDType, Quantization
 from inferlab.sim.engine.hardware import GpuSpec, resolve_gpu, resolve_model
 from inferlab.sim.engine.steptime import (
     DEFAULT_EFFICIENCIES,
@@ -292,7 +292,12 @@ def test_a_checkpoint_config_states_its_own_quantization(
     assert Engine(EngineConfig(model=str(tmp_path))).config.quantization == kind
     # a flag naming the checkpoint's own runs it; one that contradicts it is refused, as vLLM refuses it
     own = {"w8a16": "gptq"}.get(kind, kind)  # (vLLM's gptq names the format, 8-bit or not)
-    assert Engine(EngineConfig(model=str(tmp_path), quantization=own)).config.quantization == kind
+    if quantization_config["quant_method"] == "compressed-tensors" and own in VLLM_METHODS:
+        # vLLM runs a compressed-tensors checkpoint under no other name (fp8 and gptq are refused)
+        with pytest.raises(UsageError, match=f"--quantization {own} contradicts .* compressed-tensors checkpoint"):
+            Engine(EngineConfig(model=str(tmp_path), quantization=own))
+    else:
+        assert Engine(EngineConfig(model=str(tmp_path), quantization=own)).config.quantization == kind
     other = "awq" if kind != "awq" else "fp8"
     with pytest.raises(UsageError, match=f"--quantization {other} contradicts the checkpoint's own quantization \\({kind}\\)"):
         Engine(EngineConfig(model=str(tmp_path), quantization=other))

@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from inferlab._errors import ConfigError, UsageError
 from inferlab.sim.engine.dtypes import (
     SIMULATED_QUANTIZATIONS,
+    VLLM_METHODS,
     CapacityPolicy,
     DType,
     KVCacheDType,
@@ -67,6 +68,10 @@ class EngineConfig:
     enforce_eager: bool = False
     dtype: DType = DType.AUTO
     quantization: Quantization | None = None  # None: the checkpoint's (its config, or name)
+    # the name ``quantization`` was given by, in lower case (set from a string given): vLLM
+    # runs a checkpoint or not by the name (marlin runs an AWQ one, gptq does not), so
+    # ``resolve`` reads it; None when given as a member. Not part of a config's identity
+    quantization_name: str | None = field(default=None, compare=False)
     kv_cache_dtype: KVCacheDType = KVCacheDType.AUTO
     efficiencies_path: str | None = None
     engine_family: EngineFamily = EngineFamily.VLLM
@@ -122,8 +127,14 @@ class EngineConfig:
         set_field(self, "kv_cache_dtype", KVCacheDType.parse(self.kv_cache_dtype))
         if isinstance(self.engine_version, str):
             set_field(self, "engine_version", self.engine_version.strip())
-        if self.quantization is not None:
-            set_field(self, "quantization", Quantization.parse(self.quantization))
+        given = self.quantization
+        if given is not None and not isinstance(given, Quantization):
+            set_field(self, "quantization_name", str(given).strip().lower())
+            set_field(self, "quantization", Quantization.parse(given))
+        elif self.quantization_name is not None and (
+            given is None or Quantization.parse(self.quantization_name) is not given
+        ):
+            raise ConfigError(f"quantization_name {self.quantization_name!r} does not name quantization {given}")
         if self.capacity_scheduler_policy is not None:
             set_field(self, "capacity_scheduler_policy", CapacityPolicy.parse(self.capacity_scheduler_policy))
 
@@ -227,17 +238,45 @@ def _check_kv_cache_flags(config: EngineConfig, rules: FamilyRules) -> None:
         )
 
 
+#: The kernels vLLM runs a checkpoint's method with when ``--quantization`` names them:
+#: each one's ``override_quantization_method`` takes the checkpoint, and the name given is
+#: then the kernel's, so ``ModelConfig._verify_quantization`` finds no mismatch. AWQ:
+#: awq_marlin or marlin (vllm/model_executor/layers/quantization/awq_marlin.py, commit
+#: 0322f292); GPTQ: gptq_marlin or marlin (gptq_marlin.py, commit 00161ce0), 4- or 8-bit.
+#: Both as on a CUDA GPU with a checkpoint Marlin runs (symmetric GPTQ, a group size it
+#: has), which is not read from the config. compressed-tensors, fp8 and the others have none.
+_VLLM_KERNELS: dict[str, tuple[str, ...]] = {"awq": ("awq_marlin", "marlin"), "gptq": ("gptq_marlin", "marlin")}
+
+#: the method a checkpoint known only by its name (-AWQ, -GPTQ-Int4/-Int8) is taken to
+#: have: AutoAWQ's and AutoGPTQ's; an -FP8 or -INT8 name may be fp8 or compressed-tensors
+_NAMED_METHOD = {Quantization.AWQ: "awq", Quantization.GPTQ: "gptq", Quantization.W8A16: "gptq"}
+
+
+def vllm_runs(method: str, name: str) -> bool:
+    """Whether vLLM starts a checkpoint whose config names quantization ``method`` with
+    ``--quantization name`` (one of vLLM's names): the checkpoint's own method, or a
+    kernel that takes it (``_VLLM_KERNELS``). Any other it refuses: "Quantization method
+    specified in the model config (compressed-tensors) does not match the quantization
+    method specified in the `quantization` argument (fp8)" (vllm/config/model.py,
+    ``ModelConfig._verify_quantization``, commit 0052a5b8). A ModelOpt FP8 checkpoint is
+    run as modelopt whatever is given (modelopt.py, ``ModelOptFp8Config.
+    override_quantization_method``, commit 00155cde): here any name of fp8."""
+    if method == "modelopt":
+        return Quantization.parse(name) is Quantization.FP8
+    return name == method or name in _VLLM_KERNELS.get(method, ())
+
+
 def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> EngineConfig:
     """``config`` with the quantization vLLM would run: the flag's, else the checkpoint's
     (its config, or a name ending -AWQ, -FP8, ...).
 
-    A flag that contradicts a checkpoint's known quantization is refused, as vLLM refuses
-    it ("Quantization method specified in the model config (awq) does not match the
-    quantization method specified in the `quantization` argument (fp8)"): it cannot run
-    AWQ weights as bf16 or fp8. The names vLLM lets through are the checkpoint's own
-    method and its kernels' (``awq_marlin`` for AWQ, ``gptq_marlin``/``marlin`` for GPTQ,
-    either bit width), which ``Quantization.parse`` reads as the same member. A checkpoint
-    whose quantization is not simulated may still be modelled as one that is."""
+    For a quantized checkpoint, a flag vLLM refuses is refused (``vllm_runs``): it cannot
+    run AWQ weights as bf16 or fp8, nor a compressed-tensors checkpoint under any name but
+    its own; one it runs runs the checkpoint's scheme (``marlin`` an AWQ one as awq,
+    ``gptq_marlin`` an 8-bit GPTQ one as w8a16). A name of this tool's (int4, w8a16, none,
+    ...), or a checkpoint whose method is not known (an -FP8 name), must name the
+    checkpoint's scheme. An unquantized checkpoint, or one whose quantization is not
+    simulated, may be modelled as any scheme."""
     stated = model.quantization or quantization_from_name(config.model)
     if config.quantization is None:
         if model.unsimulated_quantization is not None:
@@ -246,16 +285,38 @@ def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> Eng
                 f"give --quantization {'|'.join(SIMULATED_QUANTIZATIONS)} to model it as one of those"
             )
         return dataclasses.replace(config, quantization=stated)
-    if config.quantization is Quantization.GPTQ and stated is Quantization.W8A16:
-        # vLLM's gptq/gptq_marlin name a format; the checkpoint says 8 bits
-        return dataclasses.replace(config, quantization=Quantization.W8A16)
-    if stated is not None and config.quantization is not stated:
-        raise UsageError(
-            f"{config.model}: --quantization {config.quantization.value} contradicts the checkpoint's own quantization "
-            f"({stated.value}), which vLLM refuses at start-up; leave --quantization out to run the checkpoint as it is "
-            "quantized, or name an unquantized checkpoint to model another precision"
-        )
-    return config
+    if stated is None:
+        return config
+    name = config.quantization_name
+    method = model.quant_method or _NAMED_METHOD.get(stated)
+    if method is not None and name in VLLM_METHODS:
+        if not vllm_runs(method, name):
+            raise UsageError(_contradiction(config, stated, vllm_refusal(method)))
+    elif config.quantization is not stated and not (
+        # (given as a member, gptq is taken as vLLM's, which names a format: either bit width)
+        config.quantization is Quantization.GPTQ and stated is Quantization.W8A16 and name is None
+    ):
+        raise UsageError(_contradiction(config, stated, "which vLLM refuses at start-up"))
+    keep = config.quantization_name if config.quantization is stated else None
+    return dataclasses.replace(config, quantization=stated, quantization_name=keep)
+
+
+def vllm_refusal(method: str) -> str:
+    """What vLLM does with a ``--quantization`` it does not run a ``method`` checkpoint with."""
+    if method == "modelopt":
+        return "which vLLM ignores, running a modelopt checkpoint as its fp8 whatever is given"
+    runs = " or ".join((method, *_VLLM_KERNELS.get(method, ())))
+    return f"which vLLM refuses at start-up (it runs a {method} checkpoint with --quantization {runs} only)"
+
+
+def _contradiction(config: EngineConfig, stated: Quantization, why: str) -> str:
+    name, value = config.quantization_name, str(config.quantization)
+    flag = value if name in (None, value) else f"{name} ({value})"
+    return (
+        f"{config.model}: --quantization {flag} contradicts the checkpoint's own quantization ({stated.value}), "
+        f"{why}; leave --quantization out to run the checkpoint as it is quantized, or name an unquantized "
+        "checkpoint to model another precision"
+    )
 
 
 def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len: int) -> EngineConfig:

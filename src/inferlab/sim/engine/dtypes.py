@@ -73,6 +73,12 @@ QUANTIZATION_NAMES: dict[str, Quantization] = {
 }
 
 
+#: the names above that are vLLM's own ``--quantization`` methods: vLLM decides from the
+#: name, not the scheme, whether it runs a checkpoint (``config.vllm_runs``), so these
+#: keep their name; the others are this tool's words for a scheme
+VLLM_METHODS = frozenset({"fp8", "fbgemm_fp8", "modelopt", "awq", "awq_marlin", "gptq", "gptq_marlin", "marlin"})
+
+
 class DType(enum.StrEnum):
     """The activation and unquantized weight type (``--dtype``). Both 16-bit types cost
     the same; ``auto`` is the checkpoint's (bf16 for every preset)."""

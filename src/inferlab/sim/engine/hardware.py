@@ -126,6 +126,10 @@ class ModelSpec:
     # (bitsandbytes, 3-bit GPTQ, ...): the engine refuses it unless told how to model it
     quantization: Quantization | None = None
     unsimulated_quantization: str | None = None
+    # the method its config's ``quant_method`` names, as vLLM reads it (awq, gptq, fp8,
+    # compressed-tensors, modelopt, ...): which ``--quantization`` names vLLM runs it with
+    # depends on it, not on the scheme; None: no config states one (a preset, a name)
+    quant_method: str | None = None
 
     @property
     def routed_params_per_layer(self) -> float:
@@ -301,6 +305,15 @@ def _refusal(cfg: dict[str, Any]) -> str | None:
     return None
 
 
+def quant_method(qc: Any) -> str:
+    """The method a ``quantization_config`` names, as vLLM's ``ModelConfig._verify_quantization``
+    reads it (vllm/config/model.py, commit 0052a5b8): ``quant_method`` in lower case,
+    ``compressed_tensors`` spelled ``compressed-tensors``; "" for none."""
+    if not isinstance(qc, dict):
+        return ""
+    return str(qc.get("quant_method") or "").lower().replace("compressed_tensors", "compressed-tensors")
+
+
 def quantization_from_config(qc: Any) -> str | None:
     """The weight quantization a checkpoint's ``quantization_config`` states, in
     ``--quantization``'s names: fp8, int8 (W8A8), w8a16, awq, gptq (int4 W4A16); another
@@ -308,7 +321,7 @@ def quantization_from_config(qc: Any) -> str | None:
     ``unsimulated_quantization``). ``ValueError`` for a config of the wrong shape."""
     if not isinstance(qc, dict):
         return None
-    method = str(qc.get("quant_method") or "").lower()
+    method = quant_method(qc)
     if method in ("fp8", "fbgemm_fp8") or (method == "modelopt" and "fp8" in str(qc.get("quant_algo", "")).lower()):
         return "fp8"
     if method in ("awq", "awq_marlin"):
@@ -337,8 +350,9 @@ def quantization_from_config(qc: Any) -> str | None:
 
 
 def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
+    qc = cfg.get("quantization_config")
     try:
-        stated = quantization_from_config(cfg.get("quantization_config"))
+        stated = quantization_from_config(qc)
     except (TypeError, ValueError) as e:
         raise UsageError(f"{name}: not a usable quantization_config ({e})") from e
     # only a simulated scheme's own name is read as it (no alias: 'smoothquant' stays unsimulated)
@@ -380,6 +394,7 @@ def _model_from_config(name: str, cfg: dict[str, Any]) -> ModelSpec:
             moe_layers=moe_layers,
             quantization=quantization,
             unsimulated_quantization=stated if quantization is None else None,
+            quant_method=quant_method(qc) or None,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise UsageError(f"{name}: not a usable model config ({e!r} missing or invalid)") from e
