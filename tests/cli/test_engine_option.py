@@ -106,6 +106,10 @@ def test_an_engine_setting_on_an_axis_starts_the_engine_once_per_value(tmp_path:
     assert all(p["status"] == "failed" and "the engine did not start" in p["reason"] for p in refused)
     assert "max_position_embeddings" in refused[0]["reason"]  # the engine's own words, from its log
     assert all(p["status"] == "done" for p in ran)
+    # (sweep.json's target: the config, its settings the axes vary named, not given a value no point ran)
+    target = index["target"]
+    assert sorted(target["varied"]) == ["max_model_len", "max_num_seqs"]
+    assert "max_num_seqs" not in target["engine"] and "max_model_len" not in target["engine"]
     urls: dict[int, set[str]] = {}
     for p in ran:
         config = json.loads((out / p["dir"] / "config.json").read_text())

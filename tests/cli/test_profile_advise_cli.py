@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from inferlab.cli.main import main
@@ -161,3 +162,26 @@ def test_a_raised_cap_the_sweep_measured_is_advised_from_that_measurement(tmp_pa
     summary.write_text(json.dumps(d))
     found = caps()
     assert found and all("keep the cap" in r["change"] and "raise" not in r["change"] for r in found), found
+
+
+@pytest.mark.parametrize("command", [
+    ["tune", "--param", "max-num-seqs=1,4", "--param", "gpu=L40S,H100", "--search", "grid", "--slo-ttft-ms", "100000"],
+    ["sweep", "--max-num-seqs", "1,4", "--gpu", "L40S,H100", "--no-saturation-stop"],
+])
+def test_a_raised_cap_is_advised_only_from_a_run_that_differs_in_the_cap_alone(tmp_path: Path, command: list[str]) -> None:
+    """A tune (or sweep) over --max-num-seqs 1,4 and --gpu L40S,H100: the L40S run's raise
+    names the L40S run of the higher cap, not the faster H100's (the GPU's gain is not the
+    cap's)."""
+    out = tmp_path / "f"
+    code, text = invoke(*command, "-c", "4", "-n", "16", "--input-tokens", "200", "--output-tokens", "50", "-o", str(out))
+    assert code == 0, text
+    code, text = invoke("advise", str(out), "--json")
+    assert code == 0, text
+    found = [r for r in json.loads(text)["recommendations"] if r["rule"] == "engine_cap"]
+    assert found, text
+    for r in found:
+        base = r["evidence"].split(":", 1)[0]  # (the run the item is on, then what it saw)
+        cited = {g["kind"].rsplit("(", 1)[1].rstrip(")") for g in r["gains"] if "in this folder" in g["kind"]}
+        assert cited, r
+        gpu = "L40S" if "L40S" in base else "H100"
+        assert all(gpu in c and ("seqs4" in c or "seqs=4" in c) for c in cited), (base, cited)

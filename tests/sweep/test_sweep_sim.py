@@ -87,6 +87,29 @@ def test_engine_flags_are_axes_in_the_simulator(tmp_path: Path) -> None:
     assert tps["H100", "none"] > tps["L40S", "none"]  # the faster GPU is faster
 
 
+def test_the_index_target_names_the_engine_axes_varied_not_a_base_value_no_point_ran(tmp_path: Path) -> None:
+    """--max-num-seqs 2,4: sweep.json's target.engine holds no max_num_seqs (no point ran
+    the base's), names it in ``varied``, and every setting it does hold is what every
+    point ran with."""
+    out = tmp_path / "v"
+    r = sweep(["-c", "8", "--max-num-seqs", "2,4", "--max-model-len", "4096", "--input-tokens", "256",
+               "--output-tokens", "16", "-n", "16", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    target = index(out)["target"]
+    assert target["varied"] == ["max_num_seqs"] and "max_num_seqs" not in target["engine"]
+    assert target["engine"]["max_model_len"] == 4096
+    for p in index(out)["points"]:
+        ran = json.loads((out / p["dir"] / "config.json").read_text())["engine"]
+        assert {k: ran[k] for k, v in target["engine"].items() if v is not None} == {
+            k: v for k, v in target["engine"].items() if v is not None}, p["dir"]
+    # without an engine axis nothing is varied
+    r = sweep(["-c", "8", "--max-num-seqs", "2", "--input-tokens", "256", "--output-tokens", "16", "-n", "16",
+               "-o", str(tmp_path / "one")])
+    assert r.exit_code == 0, r.output
+    target = index(tmp_path / "one")["target"]
+    assert target["varied"] == [] and target["engine"]["max_num_seqs"] == 2
+
+
 def test_goodput_search_returns_a_rate_that_meets_the_slos_and_ten_percent_more_that_does_not(tmp_path: Path) -> None:
     out = tmp_path / "g"
     r = sweep(["--find-max-rate", "--slo-ttft-ms", "200", "--slo-tpot-ms", "15", "--input-tokens", "512",

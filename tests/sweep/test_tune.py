@@ -112,6 +112,8 @@ def test_the_index_is_a_sweep_of_run_directories(tmp_path: Path) -> None:
         assert p["headline"]["ttft_p99_ms"] == summary["ttft_ms"]["p99"]
     assert result.best is not None and index["tune"]["best"]["trial"] == result.best.number
     assert index["prediction"] is True and index["target"]["kind"] == "simulator"
+    # (the engine's max_num_seqs is the trials' own: the target names it varied, no base value)
+    assert index["target"]["varied"] == ["max_num_seqs"] and "max_num_seqs" not in index["target"]["engine"]
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

@@ -2060,19 +2060,29 @@ def _not_measured(p: Profile) -> list[str]:
 # --- a folder of runs ---------------------------------------------------------------------
 
 
-def _sweep_groups(runs: list[_Run], index: dict[str, Any] | None) -> list[list[_Run]]:
-    """The runs of one setting each, apart from the load: a sweep's runs of another
-    engine flag or workload are another server's or workload's, never one knee's points.
-    By the sweep index's params where there is one (every axis but the load), else by the
-    engine each run simulated and its workload."""
+def _axis_values(runs: list[_Run], index: dict[str, Any] | None) -> dict[Path, dict[str, Any]]:
+    """Each run's values of the folder's axes other than the load, from its point's
+    params in the sweep index (a tune's: the flags it searched); a run the index has no
+    point for (or a folder without one) is left out."""
     axis = (index or {}).get("load_axis")
     params = {str(p.get("dir")): p.get("params") or {} for p in (index or {}).get("points", []) if p.get("dir")}
-    groups: dict[str, list[_Run]] = {}
+    out: dict[Path, dict[str, Any]] = {}
     for r in runs:
         rel = next((d for d in params if r.dir.as_posix().endswith(d.rstrip("/"))), None)
         if rel is not None:
-            key = json.dumps({k: v for k, v in params[rel].items() if k not in (axis, "concurrency", "rate")},
-                             sort_keys=True, default=str)
+            out[r.dir] = {k: v for k, v in params[rel].items() if k not in (axis, "concurrency", "rate")}
+    return out
+
+
+def _sweep_groups(runs: list[_Run], axes: dict[Path, dict[str, Any]]) -> list[list[_Run]]:
+    """The runs of one setting each, apart from the load: a sweep's runs of another
+    engine flag or workload are another server's or workload's, never one knee's points.
+    By their values of the sweep's other axes (``_axis_values``) where known, else by the
+    engine each run simulated and its workload."""
+    groups: dict[str, list[_Run]] = {}
+    for r in runs:
+        if r.dir in axes:
+            key = json.dumps(axes[r.dir], sort_keys=True, default=str)
         else:
             engine = r.engine()
             key = json.dumps([engine, {k: v for k, v in r.workload().items() if k != "prompt_salt"}],
@@ -2105,16 +2115,35 @@ def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float, running: float
     )
 
 
-def _measured_cap(rec: Recommendation, base: _Run, runs: list[_Run]) -> Recommendation:
+#: engine settings that move with the cap on running requests: the cap, and the KV
+#: cache's size (the simulator's, a server's stated), which the room kept for that many
+#: sequences' activations sets
+_WITH_CAP = frozenset({"max_num_seqs", "kv_cache_blocks", "kv_cache_tokens", "num_gpu_blocks"})
+
+
+def _besides_cap(run: _Run, axes: dict[Path, dict[str, Any]]) -> dict[str, Any]:
+    """What ``run`` ran with besides its load and its cap: its values of the folder's
+    other axes (``_axis_values``), else, in a folder without an index, its engine's
+    settings (simulated, or the server's) less those that move with the cap."""
+    if run.dir in axes:
+        return {k: v for k, v in axes[run.dir].items() if k != "max_num_seqs"}
+    return {k: v for k, v in (run.engine() or run.server_settings()).items() if k not in _WITH_CAP}
+
+
+def _measured_cap(rec: Recommendation, base: _Run, runs: list[_Run], axes: dict[Path, dict[str, Any]]) -> Recommendation:
     """An ``engine_cap`` item for ``base`` where the folder itself measured a higher
-    cap at the same concurrency and workload (another group of its axis): the best of
-    those replaces the raise it names, its gain measured; where none did better, the
-    item says so and advises keeping the cap. Unchanged where none was measured."""
+    cap at the same concurrency and workload, every other setting as ``base`` had it
+    (another group of its axis, a tune's trial of that cap: a run on another GPU or
+    budget is no measure of the cap): the best of those replaces the raise it names,
+    its gain measured; where none did better, the item says so and advises keeping the
+    cap. Unchanged where none was measured."""
     cap, users, tps = _seq_cap(base), base.concurrency(), base.summary.output_token_throughput_tps
     if cap is None or users is None or not tps:
         return rec
+    same = _besides_cap(base, axes)
     higher = [(k, r) for r in runs if (k := _seq_cap(r)) is not None and k > cap and r.concurrency() == users
-              and r.workload() == base.workload() and r.summary.output_token_throughput_tps]
+              and r.workload() == base.workload() and r.summary.output_token_throughput_tps
+              and _besides_cap(r, axes) == same]
     if not higher:
         return rec
     k, best = max(higher, key=lambda kr: kr[1].summary.output_token_throughput_tps or 0)
@@ -2137,7 +2166,8 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
                  ) -> tuple[list[Recommendation], list[str], dict[str, str]]:
     out: list[Recommendation] = []
     pairs = []
-    for group in _sweep_groups(runs, index):
+    axes = _axis_values(runs, index)
+    for group in _sweep_groups(runs, axes):
         by_c = sorted((r for r in group if r.concurrency() and r.summary.output_token_throughput_tps),
                       key=lambda r: r.concurrency() or 0)
         pairs += [(a, b, by_c[i + 1:]) for i, (a, b) in enumerate(itertools.pairwise(by_c))]
@@ -2167,7 +2197,7 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
                              b.dir / ENGINE_LOG)[0], full))
                 break
             if cap is not None and _cap_made_knee(cap, ca, running):  # (the engine's own cap made this knee: past it requests queue in it)
-                out.append(_measured_cap(_engine_cap(a, b, cap, ta, tb, running), b, runs))
+                out.append(_measured_cap(_engine_cap(a, b, cap, ta, tb, running), b, runs, axes))
                 break
             if goal == "throughput":
                 break  # (a cap gives throughput up for latency: not for this goal)
@@ -2193,7 +2223,7 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
     checked: list[str] = []
     not_checked: dict[str, str] = {}
     said: set[tuple[str, str]] = set()
-    for group in _sweep_groups(runs, index):
+    for group in _sweep_groups(runs, axes):
         heaviest = max(group, key=lambda r: (r.concurrency() or 0, r.summary.counts.completed))
         found, judged, unjudged = _run_rules(heaviest, goal)
         checked += [c for c in judged if c not in checked]
@@ -2202,7 +2232,7 @@ def _sweep_rules(runs: list[_Run], goal: Goal, index: dict[str, Any] | None = No
             if (r.rule, r.change) in said or (r.rule in ("engine_cap", "kv_pressure") and any(o.rule == r.rule for o in out)):
                 continue
             said.add((r.rule, r.change))
-            r = _measured_cap(r, heaviest, runs) if r.rule == "engine_cap" else r
+            r = _measured_cap(r, heaviest, runs, axes) if r.rule == "engine_cap" else r
             r.evidence = f"{heaviest.dir.name}: {r.evidence}"
             recs.append(r)
     return out + recs, ["concurrency_cap", "engine_cap", *checked], not_checked

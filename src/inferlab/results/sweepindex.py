@@ -8,6 +8,7 @@ the numbers a sweep's tables and plots use from a run's summary.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,18 @@ def headline(summary: Summary, gpus: int | None) -> dict[str, Any]:
         "failed": summary.counts.failed,
         "cancelled": summary.counts.cancelled,
     }
+
+
+def index_target(target: dict[str, Any], varied: Iterable[str]) -> dict[str, Any]:
+    """``target`` as the index records it: the engine settings an axis varies taken out
+    of its ``engine`` (no point ran the base's value) and named in ``varied`` (their
+    values are the ``axes``, each point's in its ``params``). A target without an
+    ``engine`` (a server at a URL) as it is."""
+    engine = target.get("engine")
+    if not isinstance(engine, dict):
+        return target
+    names = list(dict.fromkeys(varied))
+    return {**target, "engine": {k: v for k, v in engine.items() if k not in names}, "varied": names}
 
 
 def check_sweep_dir(path: str, overwrite: bool) -> None:

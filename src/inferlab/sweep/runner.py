@@ -41,6 +41,7 @@ from inferlab.results.sweepindex import (
     INDEX,
     check_sweep_dir,
     headline,
+    index_target,
     make_sweep_dir,
     write_index,
 )
@@ -269,8 +270,8 @@ class _Sweep:
         self.index: dict[str, Any] = {
             "format": FORMAT,
             "command": config.command,
-            "target": target_json(config.target) if isinstance(config.target, HttpTarget | SimTarget)
-            else config.target.target_json(),
+            "target": index_target(target_json(config.target) if isinstance(config.target, HttpTarget | SimTarget)
+                                   else config.target.target_json(), config.grid.engine_axes()),
             "prediction": isinstance(config.target, SimTarget),
             "axes": config.grid.to_json(),
             "load_axis": config.grid.load_axis,

@@ -54,7 +54,7 @@ from inferlab.results.metrics import request_metrics
 from inferlab.results.records import RequestRecord
 from inferlab.results.runfiles import plain_json
 from inferlab.results.summary import Summary
-from inferlab.results.sweepindex import FORMAT, headline, make_sweep_dir, write_index
+from inferlab.results.sweepindex import FORMAT, headline, index_target, make_sweep_dir, write_index
 from inferlab.sim.engine.bands import headline_prediction
 from inferlab.sweep.runner import Trials, target_json
 
@@ -447,7 +447,7 @@ class Tuner:
         write_index(self.out_dir, plain_json({
             "format": FORMAT,
             "command": self.config.command,
-            "target": self.trials_at.target_json(),
+            "target": index_target(self.trials_at.target_json(), (a.name for a in self.config.axes)),
             # (an engine started from a config may be inferlab's simulator: its trials say)
             "prediction": self.trials_at.prediction or any(t.summary is not None and t.summary.server.simulated for t in self.trials),
             "axes": {a.name: list(a.values) for a in self.config.axes},
