@@ -132,3 +132,40 @@ def test_a_prompt_beyond_the_models_context_shows_its_counts_and_says_why_no_ttf
     p = run("--dataset", str(data))
     assert p.returncode == 0, p.stderr
     assert "over the 1 of 2 prompts within the model's context of 32,768 tokens (1 longer)" in " ".join(p.stdout.split())
+
+
+def test_an_unusable_text_file_or_an_empty_value_is_a_one_line_error(tmp_path: Path) -> None:
+    """An empty @FILE was measured as an empty part (an empty system prompt is no system
+    message at all), --system "" and --tokenizer "" were dropped in silence, and a file
+    that is not UTF-8 said only the codec's words."""
+    (tmp_path / "empty.txt").write_text(" \n")
+    (tmp_path / "bin.dat").write_bytes(b"\xce\x01\xff\xfe")
+    for args, needle in (
+        (("--system", f"@{tmp_path / 'empty.txt'}", "--prompt", "x"), "empty.txt: the file holds no text"),
+        (("--prompt", f"@{tmp_path / 'empty.txt'}"), "empty.txt: the file holds no text"),
+        (("--prompt", f"@{tmp_path / 'bin.dat'}"), "bin.dat: not UTF-8 text (invalid continuation byte at byte 0)"),
+        (("--prompt", "@"), "--prompt @: give a file name after the @"),
+        (("--system", "", "--prompt", "x"), "--system: empty"),
+        (("--prompt", "x", "--tokenizer", ""), "--tokenizer: empty"),
+    ):
+        p = run(*args)
+        assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, (args, p.stderr)
+
+
+def test_the_ttft_is_the_tokenizers_model_where_the_simulator_knows_it(tmp_path: Path, tokenizer_path: str) -> None:
+    """The TTFT was always the default model's (Qwen2.5-7B), whatever model --tokenizer
+    was: the tokenizer's own is simulated where the simulator knows it (here by its
+    folder's name), and said where it does not; each TTFT says what it is."""
+    known = tmp_path / "Qwen3-32B"
+    known.mkdir()
+    (known / "tokenizer.json").write_text(Path(tokenizer_path).read_text())
+    args = ("--prompt", "what is the cache", "--system", "answer with the text", "--json")
+    mine = json.loads(run("--tokenizer", str(known), *args).stdout)
+    told = json.loads(run("--tokenizer", str(known), "--model", "Qwen3-32B", *args).stdout)
+    default = json.loads(run("--tokenizer", str(known), "--model", "Qwen/Qwen2.5-7B-Instruct", *args).stdout)
+    assert mine["ttft_ms"] == told["ttft_ms"] != default["ttft_ms"]
+    assert mine["prefill_source"].startswith(str(known)) and mine["ttft_basis"].startswith("a prediction by inferlab's simulator: one request alone")
+    p = run("--tokenizer", tokenizer_path, "--prompt", "what is the cache")  # (a folder named tok0...)
+    assert p.returncode == 0 and "the simulator does not know the tokenizer's model" in " ".join(p.stdout.split())
+    rate = json.loads(run("--prompt", "x", "--prefill-tps", "1000", "--json").stdout)
+    assert rate["ttft_basis"].startswith("the prompt's tokens / --prefill-tps")

@@ -384,3 +384,32 @@ def test_an_engine_slow_to_stop_is_said_not_waited_on_in_silence(tmp_path: Path,
     err = capfd.readouterr().err
     assert f"stopping sim (pid {proc.pid}): waiting up to 3 s before SIGTERM" in err
     assert "before SIGKILL" not in err  # (SIGTERM obeyed at once)
+
+
+@pytest.mark.parametrize(("engine", "extra", "flag"), [
+    ("vllm", ["--max-num-seqs", "8"], "--max-num-seqs"),  # (the config says 64: the engine took 8, the run said 64)
+    ("vllm", ["--max_num_seqs=8"], "--max_num_seqs"),
+    ("vllm", ["--enable-prefix-caching"], "--enable-prefix-caching"),  # (the config turns it off)
+    ("sim", ["--port", "9"], "--port"),  # (the engine listened on 9; readiness waited on the other port)
+    ("llamacpp", ["--ctx-size", "99"], "--ctx-size"),  # (llama-server's long name for the -c it is given)
+    ("llamacpp", ["--model", "other.gguf"], "--model"),
+])
+def test_an_extra_arg_that_repeats_a_flag_the_config_sets_is_refused(engine: str, extra: list[str], flag: str) -> None:
+    settings = {"executable": "/bin/true", "extra_args": tuple(extra)}
+    if engine == "llamacpp":
+        settings |= {"tensor_parallel_size": None, "gpu_memory_utilization": None, "enforce_eager": None}
+    with pytest.raises(UsageError, match=f"extra_args: {flag} is set from the config"):
+        argv(engine, **settings)
+    assert argv("vllm", extra_args=("--enable-chunked-prefill", "--max-log-len", "10"))[-3:] == [
+        "--enable-chunked-prefill", "--max-log-len", "10"]  # (flags the config does not set pass as given)
+
+
+@pytest.mark.parametrize("host", ["192.0.2.1", "::1", "no-such-host.invalid"])
+def test_a_host_this_machine_cannot_listen_on_is_a_one_line_error(tmp_path: Path, host: str) -> None:
+    """It was an internal error (OSError, socket.gaierror), a traceback with INFERLAB_DEBUG."""
+    cfg = tmp_path / "e.toml"
+    cfg.write_text(f'engine = "sim"\nmodel = "Llama-3.2-1B"\nhost = "{host}"\n')
+    p = subprocess.run([sys.executable, "-m", "inferlab", "engine", "start", str(cfg), "--log", str(tmp_path / "e.log")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and f"host {host}: cannot listen there" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "e.log").exists()

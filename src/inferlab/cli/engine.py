@@ -32,7 +32,8 @@ FIXED_SETTINGS = frozenset({"engine", "model", "host", "port", "executable", "ex
 
 @click.group()
 def engine() -> None:
-    """Start and stop inference engines from one configuration (vLLM, SGLang, llama.cpp, TGI, Ollama, the simulator)."""
+    """Start an inference engine from one configuration (vLLM, SGLang, llama.cpp, TGI, Ollama, the simulator);
+    `engine start` stops it on Ctrl-C (there is no separate stop command)."""
 
 
 @engine.command("start")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -17,19 +18,52 @@ from inferlab.sim.engine.engine import EngineConfig
 if TYPE_CHECKING:
     from inferlab.analysis.tokencost import TokenCost
 
+#: What each TTFT figure is, by where its prefill time comes from (``--json``'s ``ttft_basis``).
+SIM_BASIS = ("a prediction by inferlab's simulator: one request alone on an idle engine, no prefix cache hit, "
+             "from arrival to first token (API server time included)")
+RATE_BASIS = "the prompt's tokens / --prefill-tps: prefill alone, no queueing or API server time"
+
 #: The slowest prefill rate ``--prefill-tps`` takes: slower than any server prefills.
 MIN_PREFILL_TPS = 1.0
 
 
 def text_arg(value: str | None, flag: str) -> str | None:
-    """``TEXT`` as given, or ``@FILE``'s contents."""
+    """``TEXT`` as given, or ``@FILE``'s contents; ``UsageError`` for a file that cannot
+    be read, is not UTF-8 text or holds no text (it would be measured as an empty part)."""
     if value is None or not value.startswith("@"):
         return value
+    if value == "@":
+        raise UsageError(f"{flag} @: give a file name after the @ (@FILE)")
     try:
         with open(value[1:], encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{flag} {value}: {getattr(e, 'strerror', None) or e}") from e
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{flag} {value}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    except OSError as e:
+        raise UsageError(f"{flag} {value}: {e.strerror or e}") from e
+    if not text.strip():
+        raise UsageError(f"{flag} {value}: the file holds no text")
+    return text
+
+
+def tokenizer_model(tokenizer: str) -> str | None:
+    """The simulator's name for the model ``--tokenizer`` belongs to: the
+    ``config.json`` beside its ``tokenizer.json``, or the id or folder name of a model
+    the simulator knows; None when neither is one it can simulate."""
+    from inferlab.sim.engine.hardware import resolve_model
+    from inferlab.workload.tokenizers import resolve_tokenizer_file
+
+    config = os.path.join(os.path.dirname(resolve_tokenizer_file(tokenizer)), "config.json")
+    candidates = [config] if os.path.isfile(config) else []
+    if not os.path.isfile(tokenizer):  # (a folder's name, or a model id)
+        candidates.append(tokenizer.rstrip("/"))
+    for candidate in candidates:
+        try:
+            resolve_model(candidate)
+        except UsageError:
+            continue
+        return candidate
+    return None
 
 
 @click.command()
@@ -39,7 +73,7 @@ def text_arg(value: str | None, flag: str) -> str | None:
 @click.option("--dataset-format", type=click.Choice(["jsonl", "sharegpt", "csv"]), help="How to read --dataset (default: from its name and content).")
 @click.option("--tokenizer", type=click.Path(exists=False), help="A tokenizer.json, its directory, or a Hugging Face model id in the local HF cache (no downloads). Default: the simulator's built-in tokenizer.")
 @click.option("--prefill-tps", type=FloatRange(finite=True), help="Prefill rate in tokens/s for the TTFT cost (at least 1). Default: one prefill on the simulator (--model/--gpu, which it replaces).")
-@click.option("--model", default=EngineConfig.model, show_default=True, help="Simulated model for the TTFT cost (not with --prefill-tps).")
+@click.option("--model", default=EngineConfig.model, show_default=True, help="Simulated model for the TTFT cost (not with --prefill-tps). Default: --tokenizer's model where the simulator knows it (its config.json beside the tokenizer, or its name), else this.")
 @click.option("--gpu", default=EngineConfig.gpu, show_default=True, help="Simulated GPU for the TTFT cost (not with --prefill-tps).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def tokens(**kw: Any) -> None:
@@ -62,6 +96,10 @@ def _tokens(kw: dict[str, Any]) -> int:
         for name in ("model", "gpu"):
             if given(name):
                 raise UsageError(f"--{name}: only the simulated prefill uses it, and --prefill-tps gives the rate")
+    if kw["system"] == "":  # (an empty system prompt is no system message: nothing to measure)
+        raise UsageError("--system: empty; leave it out for a prompt without a system prompt")
+    if kw["tokenizer"] == "":
+        raise UsageError("--tokenizer: empty; give a tokenizer.json, its directory or a Hugging Face model id")
     system = text_arg(kw["system"], "--system")
     prompt = text_arg(kw["prompt"], "--prompt")
     if kw["dataset"] and prompt is not None:
@@ -78,19 +116,24 @@ def _tokens(kw: dict[str, Any]) -> int:
     else:
         raise UsageError("give --prompt, --system or --dataset")
     tok = load_tokenizer(kw["tokenizer"]) if kw["tokenizer"] else BuiltinTokenizer()
+    other_model = False  # (the TTFT is the default model's, not the tokenizer's)
     if kw["prefill_tps"] is not None:
         if not kw["prefill_tps"] >= MIN_PREFILL_TPS:  # (below it the TTFT printed is hundreds of digits)
             raise UsageError(f"--prefill-tps {kw['prefill_tps']:g}: must be at least {MIN_PREFILL_TPS:g} token/s")
-        prefill, source = rate_prefill(kw["prefill_tps"]), f"{kw['prefill_tps']:g} tokens/s"
+        prefill, source, basis = rate_prefill(kw["prefill_tps"]), f"{kw['prefill_tps']:g} tokens/s", RATE_BASIS
     else:
-        prefill, source = sim_prefill(kw["model"], kw["gpu"]), f"{kw['model']} on {kw['gpu']} {PREDICTION}"
+        model = kw["model"]
+        if kw["tokenizer"] and not given("model"):  # (the tokenizer's model, where the simulator knows it)
+            found = tokenizer_model(kw["tokenizer"])
+            model, other_model = found or model, found is None
+        prefill, source, basis = sim_prefill(model, kw["gpu"]), f"{model} on {kw['gpu']} {PREDICTION}", SIM_BASIS
     cost = token_cost(specs, tok, prefill, source, where)
     approximate = not kw["tokenizer"]
     template = tok.template_source
     if kw["as_json"]:
         click.echo(json.dumps({
-            **cost.to_json(), "tokenizer": kw["tokenizer"] or "built-in (simulator)", "approximate": approximate,
-            "chat_template": template,
+            **cost.to_json(), "ttft_basis": basis, "tokenizer": kw["tokenizer"] or "built-in (simulator)",
+            "approximate": approximate, "chat_template": template,
         }, indent=2))
         return 0
     from rich.table import Table
@@ -127,6 +170,11 @@ def _tokens(kw: dict[str, Any]) -> int:
     out.print(f"chat template: {template}")
     out.print(f"system + template share: {cost.overhead_share:.1%}")
     out.print(_ttft_line(cost, source), highlight=False)
+    out.print(f"(TTFT: {basis})", highlight=False)
+    if other_model:
+        out.print(f"[yellow]note:[/yellow] the TTFT is {kw['model']}'s (the --model default): the "
+                  "simulator does not know the tokenizer's model; give --model (a known name or its config.json) "
+                  "or --prefill-tps", highlight=False)
     return 0
 
 

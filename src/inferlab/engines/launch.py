@@ -338,21 +338,52 @@ _BUILDERS: dict[str, Callable[[EngineSpec, int], Command]] = {
 }
 
 
+#: llama-server's short flags (those ``_llamacpp`` writes) and their long names.
+_LONG_FLAGS = {"-m": "--model", "-a": "--alias", "-np": "--parallel", "-c": "--ctx-size", "-b": "--batch-size"}
+
+
+def _flag_name(arg: str) -> str:
+    """One name for a flag however it is written: long, no ``=value``, ``-`` for ``_``,
+    no ``--no-`` (a switch's either way)."""
+    name = _LONG_FLAGS.get(arg.split("=", 1)[0], arg.split("=", 1)[0])
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-").removeprefix("no-")
+    return name
+
+
+def _check_extra_args(spec: EngineSpec, argv: list[str]) -> None:
+    """``UsageError`` for an ``extra_args`` flag the command already sets from the config
+    (a setting, the model, host or port): the engine would take one of the two values
+    while the run records the other, or listen where inferlab does not look."""
+    ours = {_flag_name(a) for a in argv[1:] if a.startswith("-")}  # (python's ``-m``: as --model, set too)
+    for a in spec.extra_args:
+        if a.startswith("-") and _flag_name(a) in ours:
+            raise UsageError(f"extra_args: {a.split('=', 1)[0]} is set from the config (its setting, the model, "
+                             "host or port); change the setting instead of passing the flag")
+
+
 def command(spec: EngineSpec, port: int | None = None) -> Command:
     """The engine's command line for ``spec`` on ``port`` (default ``spec.port``; 0 is
     written as 0: the dry run of a free port). ``UsageError`` for a setting the engine
-    has no flag for."""
+    has no flag for, or an ``extra_args`` flag the command sets itself."""
     p = spec.port if port is None else port
     cmd = _BUILDERS[spec.engine](spec, p)
+    _check_extra_args(spec, cmd.argv)
     base = f"http://{spec.host}:{p}"
     return Command([*cmd.argv, *spec.extra_args], {**cmd.env, **dict(spec.env)}, base + cmd.ready_url, base)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on at ``host``; ``UsageError`` for a host this machine
+    cannot listen on (not one of its addresses, an unknown name, an IPv6 address)."""
     import socket
 
     with socket.socket() as s:
-        s.bind((host, 0))
+        try:
+            s.bind((host, 0))
+        except OSError as e:  # (socket.gaierror too: a name that does not resolve)
+            raise UsageError(f"host {host}: cannot listen there ({e.strerror or e}); give a name or IPv4 "
+                             "address of this machine (127.0.0.1: loopback only)") from None
         return int(s.getsockname()[1])
 
 
@@ -382,7 +413,8 @@ class EngineProcess:
     def __init__(self, spec: EngineSpec, log_path: Path) -> None:
         self.spec = spec
         self.log_path = log_path
-        self.port = spec.port or free_port(spec.host)
+        free = free_port(spec.host)  # (also checks that the host is one to listen on)
+        self.port = spec.port or free
         self.command = command(spec, self.port)
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_from = 0  # (the log is appended to: this start's lines begin here)
