@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from pathlib import Path
 
 from rich.console import Console
 
@@ -159,3 +161,46 @@ def test_one_name_for_the_clients_send_lag_in_the_table_and_the_breakdown() -> N
     render_summary(console, s, "t")
     lines = console.export_text().splitlines()
     assert any("Client send lag" in x for x in lines) and "client send lag 3.0" in row(lines, "latency breakdown")
+
+
+def test_the_summary_says_what_load_and_workload_ran(tmp_path: Path) -> None:
+    """A run's console summary names its load, what bounded it, its prompts and answers
+    and its API, as the flags asked (read back from config.json, not the command line)."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+    from inferlab.sim.engine.engine import EngineConfig
+    from inferlab.sim.server.app import ServerConfig
+    from inferlab.sim.server.launch import EmbeddedServer
+
+    with EmbeddedServer(ServerConfig(EngineConfig())) as server:
+        res = CliRunner().invoke(main, [
+            "bench", "--url", server.url, "--rate", "40", "-n", "6", "--input-tokens", "uniform:20:40",
+            "--output-tokens", "3", "--api", "completions", "--no-stream", "--no-history", "-o", str(tmp_path / "r"),
+        ])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("load "))
+    wrapped = [lines[at], *itertools.takewhile(lambda x: x.startswith(" "), lines[at + 1:])]  # (the value wraps)
+    said = " ".join(" ".join(wrapped).split()[1:])
+    assert said.startswith("open loop at 40 req/s (poisson), 6 requests;")
+    assert "prompts uniform:20:40 tokens, answers 3 tokens" in said and said.endswith("completions API, not streamed")
+
+
+def test_the_load_line_names_datasets_traces_prefixes_sessions_and_bounds() -> None:
+    from inferlab.results.loaddiff import load_text
+
+    base = {"load": {"schedule": {"kind": "ClosedLoop", "concurrency": 2}, "num_requests": None, "duration_s": 30.0,
+                     "warmup": 2}, "api": "chat", "stream": True}
+    text = load_text({**base, "workload": {"dataset": "/data/sharegpt.json", "output_tokens": None, "exact_output": False}})
+    assert text is not None
+    assert text.startswith("closed loop of 2 users, 30 s (+2 warm-up); prompts from sharegpt.json")
+    assert "answers of the dataset's lengths at most where its rows state them" in text
+    text = load_text({**base, "workload": {"trace": "t/mooncake.jsonl", "exact_output": True}})
+    assert text is not None and "the requests of trace mooncake.jsonl, answers of the trace's lengths (exact)" in text
+    text = load_text({**base, "workload": {"prefix_tokens": 1000, "prefix_groups": 4, "suffix_tokens": 50,
+                                           "prefix_popularity": "zipf", "sessions": 8, "turns": 3}})
+    assert text is not None
+    assert "prompts of a shared 1000-token prefix (4 groups, zipf) + 50 tokens, 8 sessions of 3 turns" in text
+    assert "answers as long as the model makes them" in text
+    assert load_text({"workload": {}}) is None  # (records no load: nothing said)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from inferlab._clock import NS_PER_S, Clock
 from inferlab.results.clientload import CPU_BUSY, MIN_TIMERS, ClientLoad
+from inferlab.results.loaddiff import load_text
 from inferlab.results.metrics import Distribution
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.summary import OMITTED, Summary
@@ -213,7 +214,8 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
     )
     if c.after_server_gone:  # (its users' re-sends once the server was gone: a warning says so)
         failed += f", {c.after_server_gone:,} of them after the server stopped answering"
-    rows = [
+    rows = [("load", what)] if (what := load_text(s.config)) else []
+    rows += [
         ("requests", f"{c.completed} completed, {failed}" + (f", {c.cancelled} cancelled" if c.cancelled else "")),
         ("duration", f"{_fmt(s.duration_s, 2)} s" if c.completed else "—"),
         ("request throughput", f"{_fmt(s.request_throughput_rps, 2)} req/s"),

@@ -180,6 +180,65 @@ def _gateway_settings(setup: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def load_text(config: Mapping[str, Any]) -> str | None:
+    """What a run asked of the server, in words, from its ``config.json``: the load and
+    what bounded it, the prompts and answers, the API and streaming ('closed loop of 4
+    users, 200 requests; prompts 1000 tokens, answers 256 tokens (exact); chat API,
+    streamed'). None for a config that records no load."""
+    load = config.get("load")
+    if not isinstance(load, Mapping) or not isinstance(load.get("schedule"), Mapping):
+        return None
+    n, secs, warm = load.get("num_requests"), load.get("duration_s"), load.get("warmup")
+    bounds = [f"{n:,} request{'' if n == 1 else 's'}" if isinstance(n, int) else "", f"{_show(secs)} s" if secs else ""]
+    head = schedule_text(load["schedule"])
+    if any(bounds):
+        head += ", " + " or ".join(b for b in bounds if b)
+    if warm:
+        head += f" (+{warm} warm-up)"
+    w = config.get("workload")
+    w = w if isinstance(w, Mapping) else {}
+    return "; ".join(p for p in (head, f"{_prompts_text(w)}, {_answers_text(w)}", _api_text(config)) if p)
+
+
+def _prompts_text(w: Mapping[str, Any]) -> str:
+    def name(path: Any) -> str:
+        return str(path).replace("\\", "/").rsplit("/", 1)[-1]
+
+    if w.get("trace"):
+        text = f"the requests of trace {name(w['trace'])}"
+    elif w.get("dataset"):
+        text = f"prompts from {name(w['dataset'])}"
+    elif w.get("prefix_tokens"):
+        groups = w.get("prefix_groups") or 1
+        text = (f"prompts of a shared {w['prefix_tokens']}-token prefix ({groups} group{'' if groups == 1 else 's'}, "
+                f"{w.get('prefix_popularity') or 'uniform'}) + {_show(w.get('suffix_tokens'))} tokens")
+    elif w.get("input_tokens"):
+        text = f"prompts {w['input_tokens']} tokens"
+    else:
+        text = "one prompt every time" + ("" if w.get("prompt") else " (the default)")
+    if w.get("sessions"):
+        text += f", {w['sessions']} sessions of {w.get('turns')} turns"
+    return text
+
+
+def _answers_text(w: Mapping[str, Any]) -> str:
+    out, exact = w.get("output_tokens"), " (exact)" if w.get("exact_output") else " at most"
+    if out:
+        return f"answers {out} tokens{exact}"
+    if w.get("trace"):
+        return f"answers of the trace's lengths{exact}"
+    if w.get("dataset"):
+        return f"answers of the dataset's lengths{exact} where its rows state them, else as long as the model makes them"
+    return "answers as long as the model makes them"
+
+
+def _api_text(config: Mapping[str, Any]) -> str:
+    parts = [f"{config['api']} API"] if config.get("api") else []
+    if "stream" in config:  # (sim run records none: it has no HTTP)
+        parts.append("streamed" if config.get("stream") else "not streamed")
+    return ", ".join(parts)
+
+
 def schedule_text(s: Mapping[str, Any]) -> str:
     """A load schedule in words: 'closed loop of 4 users', 'open loop at 8 req/s (poisson)'."""
     kind = s.get("kind")
