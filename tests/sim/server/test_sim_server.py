@@ -79,14 +79,15 @@ def stream_body(**overrides: Any) -> dict[str, Any]:
 
 
 def check_chat_stream(payloads: list[str], n_out: int) -> dict[str, Any]:
-    """Check a chat stream's chunks (role, ``n_out`` contents, finish, usage, [DONE]);
-    return the usage chunk."""
+    """Check a chat stream's chunks (role, ``n_out`` contents, the last with the finish
+    reason as vLLM sends it, then usage and [DONE]: no empty finish chunk between, which
+    a client counting chunks would count as one more); return the usage chunk."""
     chunks = [json.loads(p) for p in payloads[:-1]]
-    assert len(chunks) == n_out + 3
+    assert len(chunks) == n_out + 2
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    contents = [c["choices"][0]["delta"]["content"] for c in chunks[1:-2]]
+    contents = [c["choices"][0]["delta"]["content"] for c in chunks[1:-1]]
     assert all(contents) and "".join(contents).strip()
-    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * n_out + ["length"]
     assert all(c["object"] == "chat.completion.chunk" and c["model"] == MODEL for c in chunks)
     assert len({c["id"] for c in chunks}) == 1
     last: dict[str, Any] = chunks[-1]
@@ -148,10 +149,11 @@ def parse_prometheus(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], 
 
 
 def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str) -> float:
-    """The value of the one sample called ``name`` (all of ours carry model_name only)."""
+    """The value of the samples called ``name``, summed: one but for
+    ``vllm:request_success_total``, which has one per ``finished_reason``."""
     found = [v for (n, lbl), v in samples.items() if n == name]
-    assert len(found) == 1, (name, found)
-    return found[0]
+    assert len(found) == (5 if name == "vllm:request_success_total" else 1), (name, found)
+    return sum(found)
 
 
 # --- fixtures ----------------------------------------------------------------------
@@ -289,9 +291,9 @@ def test_httpx_completions_stream_is_sse(http: httpx.Client) -> None:
         assert r.headers["content-type"].split(";")[0] == "text/event-stream"
         raw = b"".join(r.iter_raw())
     chunks = [json.loads(p) for p in sse_events(raw.decode())[:-1]]
-    assert len(chunks) == N_OUT + 1  # one token each, then the finish chunk
-    assert all(c["object"] == "text_completion" for c in chunks)
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert len(chunks) == N_OUT  # one token each, the last with the finish reason (vLLM's)
+    assert all(c["object"] == "text_completion" and c["choices"][0]["text"] for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None] * (N_OUT - 1) + ["length"]
     assert "usage" not in chunks[-1]  # not asked for
 
 
@@ -355,7 +357,7 @@ def test_node_fetch_streams(server: EmbeddedServer, tmp_path: Path) -> None:
     got = json.loads(out.stdout)
     assert got["status"] == 200
     assert got["contentType"].startswith("text/event-stream")
-    assert got["dataLines"] == N_OUT + 4  # role, N contents, finish, usage, [DONE]
+    assert got["dataLines"] == N_OUT + 3  # role, N contents (the last with the finish), usage, [DONE]
     assert got["done"] is True
 
 

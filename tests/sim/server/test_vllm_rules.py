@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import socket
+import time
 from typing import Any
 
 import httpx
@@ -189,6 +190,36 @@ def test_the_body_is_read_as_sent_whatever_its_content_encoding(http: httpx.Clie
     check_error(http.post(PATH["chat"], content=gzip.compress(plain), headers=headers), 400, "request body is not valid JSON")
 
 
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded", "text/plain"])
+@pytest.mark.parametrize("path", [PATH["chat"], PATH["completions"], "/tokenize", "/detokenize"])
+def test_a_body_not_labelled_json_is_refused_as_vllm_refuses_it(
+    http: httpx.Client, path: str, content_type: str | None
+) -> None:
+    """It was read as JSON whatever its label (curl's ``-d`` sends a form type): a client
+    that forgot the header worked here and got a 400 from vLLM. vLLM's 400 and message
+    now; JSON with a charset, or its type in capitals, is still JSON."""
+    route = "chat" if path == PATH["chat"] else "completions"
+    body = {"tokens": [1, 2]} if path == "/detokenize" else valid(route)
+    raw = json.dumps(body).encode()
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    check_error(http.post(path, content=raw, headers=headers), 400,
+                "Unsupported Media Type: Only 'application/json' is allowed")
+    for ok in ("application/json; charset=utf-8", "Application/JSON"):
+        assert http.post(path, content=raw, headers={"Content-Type": ok}).status_code == 200, ok
+
+
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("GET", PATH["chat"], "POST"), ("PUT", PATH["completions"], "POST"), ("DELETE", "/v1/models", "GET"),
+])
+def test_a_method_a_route_does_not_take_is_a_405_that_says_which_it_takes(
+    http: httpx.Client, method: str, path: str, allowed: str
+) -> None:
+    """The 405 came without the ``Allow`` header HTTP requires (vLLM's has it)."""
+    r = http.request(method, path)
+    check_error(r, 405)
+    assert allowed in {m.strip() for m in r.headers["allow"].split(",")}
+
+
 def raw_exchange(server: EmbeddedServer, data: bytes) -> bytes:
     """Send ``data`` on a fresh connection; read all that comes back until the server
     closes it (it does after an error)."""
@@ -232,6 +263,7 @@ class _BrokenBody:
     """A request whose body reading fails as aiohttp fails it."""
 
     charset = None
+    content_type = "application/json"
 
     def __init__(self, error: Exception) -> None:
         self.error = error
@@ -286,8 +318,8 @@ def test_stop_string_in_a_stream_never_shows_and_matches_the_whole_answer(http: 
     assert finish["finish_reason"] == "stop" and finish["stop_reason"] == stop
     expected = OUTPUT.stop([stop], [], 0)
     assert expected is not None
-    # one delta per token, between the role chunk and the finish chunk
-    assert chunks[-1]["usage"]["completion_tokens"] == expected.tokens == len(deltas) - 2
+    # one delta per token after the role chunk, the last with the finish reason
+    assert chunks[-1]["usage"]["completion_tokens"] == expected.tokens == len(deltas) - 1
 
 
 def test_min_tokens_defers_a_stop_string(http: httpx.Client) -> None:
@@ -374,6 +406,15 @@ def test_tokenize_checks_add_special_tokens(http: httpx.Client) -> None:
     check_error(http.post("/tokenize", json={"messages": CHAT, "add_generation_prompt": 0}), 400, "add_generation_prompt: Input should be a valid boolean")
 
 
+def test_tokenize_refuses_token_strings_it_cannot_give(http: httpx.Client) -> None:
+    """``return_token_strs`` was ignored: the answer had no ``token_strs``, as if not
+    asked. Refused, naming it; false is still served."""
+    err = check_error(http.post("/tokenize", json={"prompt": "hello world", "return_token_strs": True}), 400,
+                      param="return_token_strs")
+    assert "not simulated" in err["message"]
+    assert http.post("/tokenize", json={"prompt": "hello world", "return_token_strs": False}).json()["count"] > 0
+
+
 def test_version_and_ping(http: httpx.Client) -> None:
     version = http.get("/version").json()
     assert list(version) == ["version"] and isinstance(version["version"], str) and version["version"]
@@ -426,6 +467,35 @@ def test_metrics_have_vllms_request_histograms(http: httpx.Client) -> None:
     # decode time spreads over the tokens after the first (vLLM's per-request TPOT)
     tpot = delta("vllm:request_time_per_output_token_seconds_sum")
     assert tpot == pytest.approx(delta("vllm:request_decode_time_seconds_sum") / (out_tokens - 1))
+
+
+def finished(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> dict[str, float]:
+    """``vllm:request_success_total`` by its ``finished_reason`` label."""
+    return {dict(labels).get("finished_reason", ""): v for (name, labels), v in samples.items()
+            if name == "vllm:request_success_total"}
+
+
+def test_request_success_is_counted_by_vllms_finished_reason(http: httpx.Client) -> None:
+    """It was one series without vLLM's ``finished_reason`` label: a dashboard's
+    ``{finished_reason="stop"}`` read nothing, and a request the client abandoned counted
+    nowhere. Each request now counts under the reason it ended by, as vLLM counts it."""
+    before = finished(scrape(http))
+    assert set(before) == {"stop", "length", "abort", "error", "repetition"}
+    length = valid("completions", max_tokens=5, ignore_eos=True)
+    assert http.post(PATH["completions"], json=length).json()["choices"][0]["finish_reason"] == "length"
+    stop_word = OUTPUT.text(0, 40).split()[2]
+    stopped = valid("completions", max_tokens=40, stop=[stop_word])
+    assert http.post(PATH["completions"], json=stopped).json()["choices"][0]["finish_reason"] == "stop"
+    with http.stream("POST", PATH["completions"], json=valid("completions", max_tokens=3000, ignore_eos=True,
+                                                              stream=True)) as r:
+        assert next(r.iter_lines()).startswith("data: ")  # running; the client goes away
+    after = finished(scrape(http))
+    for _ in range(100):  # (the server learns of the disconnection at its next write)
+        if after["abort"] > before["abort"]:
+            break
+        time.sleep(0.1)
+        after = finished(scrape(http))
+    assert {k: after[k] - before[k] for k in after} == {"stop": 1, "length": 1, "abort": 1, "error": 0, "repetition": 0}
 
 
 def test_metric_buckets_are_vllms(http: httpx.Client) -> None:

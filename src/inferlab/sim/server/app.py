@@ -17,7 +17,7 @@ import importlib.metadata
 import itertools
 import json
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -90,7 +90,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(e.status, f"{e.reason}: {request.method} {request.path}", "NotFoundError" if e.status == 404 else "BadRequestError")
+        answer = error_response(e.status, f"{e.reason}: {request.method} {request.path}", "NotFoundError" if e.status == 404 else "BadRequestError")
+        if "Allow" in e.headers:  # (a 405 says which methods the route takes, as HTTP requires)
+            answer.headers["Allow"] = e.headers["Allow"]
+        return answer
     except (asyncio.CancelledError, ConnectionError):
         raise  # the client went away: nothing to answer
     except Exception as e:  # a bug: still answer in the API's error format
@@ -198,7 +201,8 @@ class SimServer:
         self.output = OutputText(self.tokenizer)
         self.logprobs = LogprobTable(self.output, MAX_LOGPROBS)
         self.requests = RequestHistograms(self.engine.limits.max_model_len)
-        self.requests_ok = 0
+        #: requests ended, by finish reason (``stop``, ``length``; ``abort``: the client went first)
+        self.finished: Counter[str] = Counter()
         self.app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
         self.app.add_routes([
             web.get("/v1/models", self.models),
@@ -215,6 +219,11 @@ class SimServer:
         ])
         self.app.on_startup.append(self._start_engine)
         self.app.on_cleanup.append(self._stop_engine)
+
+    @property
+    def requests_ok(self) -> int:
+        """Requests the engine ended (a stop or the length), aborted ones left out."""
+        return sum(n for reason, n in self.finished.items() if reason != "abort")
 
     async def _start_engine(self, app: web.Application) -> None:
         self.loop = EngineLoop(self.engine, self.clock)
@@ -259,7 +268,7 @@ class SimServer:
     async def metrics(self, request: web.Request) -> web.Response:
         assert self.loop is not None
         text = render_metrics(
-            self.config.model_name, self.engine, self.requests, self.loop.iteration_tokens, self.loop.lag, self.requests_ok
+            self.config.model_name, self.engine, self.requests, self.loop.iteration_tokens, self.loop.lag, self.finished
         )
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
@@ -268,9 +277,13 @@ class SimServer:
         ``add_generation_prompt`` (default true) and ``add_special_tokens`` (default true
         for a prompt, false for messages: vLLM's). The simulated model, like Qwen, has no
         BOS or EOS to add, so ``add_special_tokens`` changes no count (as with vLLM
-        serving Qwen); it is checked all the same."""
+        serving Qwen); it is checked all the same. ``return_token_strs`` (vLLM: each
+        token's string in the model's vocabulary) is refused: the simulated tokenizer's
+        vocabulary is not the model's."""
         body = await _json_body(request)
         self._check_model(body)
+        if read_bool(body, "return_token_strs", False):
+            _refuse("return_token_strs", "the tokens' strings (the simulated tokenizer's vocabulary is not the model's)")
         if body.get("messages") is not None:
             read_bool(body, "add_special_tokens", False)
             _refuse_unsimulated_chat(body)
@@ -418,11 +431,18 @@ class SimServer:
                 return await gen.stream(request, queue, params.include_usage)
             return await gen.whole(queue)
         finally:
+            if not gen.finished:
+                self.finished["abort"] += 1
             self.loop.release(rid)
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:
-    # (what aiohttp's ``request.json()`` does, with the API's errors)
+    """The request's JSON object (what aiohttp's ``request.json()`` does, with the API's
+    errors). A body not labelled ``application/json`` (another type, or none: curl's
+    ``-d`` labels it a form) is refused as vLLM refuses it, with a 400, not read as JSON
+    all the same: a client that forgets the header would work here and fail on vLLM."""
+    if request.content_type != "application/json":
+        raise APIError(400, "Unsupported Media Type: Only 'application/json' is allowed")
     try:
         raw = await request.read()
     except (web.RequestPayloadError, HttpProcessingError) as e:  # broken framing or encoding

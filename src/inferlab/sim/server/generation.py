@@ -61,6 +61,7 @@ class Generation:
         self.plan = plan
         self.answer = Completion(answer_id or rid, chat, int(time.time()), server.config.model_name)
         self.n_out = 0
+        self.finished = False  # (the engine ended it: it counts as its finish reason, else as aborted)
         self._sent_chars = 0  # of the text, when the plan is not plain
 
     def usage(self) -> dict[str, Any]:
@@ -74,7 +75,8 @@ class Generation:
         server = self.server
         tl = server.engine.timeline(self.rid)
         server.requests.observe(tl, self.received_s, tl.arrival_s + server.engine.api_overhead_s, self.plan.max_tokens)
-        server.requests_ok += 1
+        server.finished[self.plan.finish_reason] += 1
+        self.finished = True
 
     def _text(self, index: int, last: bool) -> str:
         """The text token ``index`` adds to what was sent, under a plan that is not plain:
@@ -120,15 +122,16 @@ class Generation:
                 i = ev.token_index
                 text = tok.output_piece(i) if plain else self._text(i, finished)
                 lp = self._logprobs(i, 1) if logprobs else None
-                out += encode_json(answer.chunk([answer.choice(text, None, logprobs=lp)]))
                 if finished:
                     break
+                out += encode_json(answer.chunk([answer.choice(text, None, logprobs=lp)]))
             if finished:
                 self._observe()
-                # The timeline is complete only now: it rides on the stream's last chunk,
-                # the usage chunk when one was asked for, else the finish chunk.
+                # The last token's chunk carries the finish reason, as vLLM's does (no
+                # empty chunk after it). The timeline is complete only now: it rides on
+                # the stream's last chunk, the usage chunk when one was asked for, else this.
                 last = answer.chunk(
-                    [answer.choice("", plan.finish_reason, stop_reason=plan.stop_reason)],
+                    [answer.choice(text, plan.finish_reason, logprobs=lp, stop_reason=plan.stop_reason)],
                     **({} if include_usage else {"inferlab_timeline": self.timeline()}),
                 )
                 out += encode_json(last)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from inferlab.sim.engine.engine import RequestTimeline
@@ -144,16 +144,23 @@ class RequestHistograms:
         return out
 
 
+#: vLLM's ``finished_reason`` labels of ``vllm:request_success_total``, in its order: each
+#: is shown, at 0 until a request ends so (the simulated model never errs or repeats
+#: itself; ``abort``: the client went away first).
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
 def render_metrics(
     model: str,
     engine: EngineGauges,
     requests: RequestHistograms,
     iteration_tokens: Histogram,
     lag: Histogram,
-    requests_ok: int,
+    finished: Mapping[str, int],
 ) -> str:
-    """The ``/metrics`` page: the engine's gauges and counters, the request histograms,
-    the tokens per engine step, and inferlab's own lag of the engine loop."""
+    """The ``/metrics`` page: the engine's gauges and counters, the requests ended by
+    each ``finished`` reason (``FINISHED_REASONS``), the request histograms, the tokens
+    per engine step, and inferlab's own lag of the engine loop."""
     labels = f'model_name="{model}"'
     lines: list[str] = []
 
@@ -171,7 +178,9 @@ def render_metrics(
     metric("vllm:num_preemptions_total", "counter", engine.preemptions_total, "Preemptions (recompute).")
     metric("vllm:prompt_tokens_total", "counter", engine.prompt_tokens_total, "Prefill tokens processed.")
     metric("vllm:generation_tokens_total", "counter", engine.generation_tokens_total, "Tokens generated.")
-    metric("vllm:request_success_total", "counter", requests_ok, "Requests finished.")
+    name = "vllm:request_success_total"
+    lines += [f"# HELP {name} Requests finished, by finish reason.", f"# TYPE {name} counter"]
+    lines += [f'{name}{{{labels},finished_reason="{reason}"}} {finished.get(reason, 0)}' for reason in FINISHED_REASONS]
     lines += requests.lines(labels)
     lines += iteration_tokens.lines("vllm:iteration_tokens_total", labels, "Tokens per engine step.")
     lines += lag.lines(
