@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +37,11 @@ class SentUser(il.LLMUser):
         path = os.path.join(os.environ["SENT_DIR"], f"{os.getpid()}.jsonl")
         with open(path, "a") as f:
             f.write(json.dumps(record.to_json()) + "\\n")
+        # (a test's event, at this process's Nth record: KILL="<after> <pid> <signal>")
+        after, pid, sig = (os.environ.get("KILL") or "0 0 0").split()
+        with open(path) as f:
+            if int(after) and sum(1 for _ in f) == int(after):
+                os.kill(int(pid) or os.getpid(), int(sig))
 '''
 TIMES = ("intended_send_ns", "send_ns", "ttfb_ns", "end_ns")
 
@@ -161,3 +167,91 @@ def test_a_sender_that_cannot_reach_the_server_exits_1(tmp_path: Path) -> None:
     log, _ = p.communicate(timeout=120)
     assert p.returncode == 1, log[-3000:]
     assert "inferlab: cannot reach" in log
+
+
+def distributed(
+    tmp_path: Path, url: str, *args: str, workers: int = 1, kill: str = "", kill_worker: int = 0,
+) -> tuple[subprocess.Popen[str], list[subprocess.Popen[str]]]:
+    """A master (``args`` added) and ``workers`` workers against ``url``, writing
+    ``tmp_path/run``; ``kill`` (the locustfile's ``KILL``: "<after> <pid> <signal>", pid 0
+    the worker itself, MASTER the master) for worker ``kill_worker`` only."""
+    (tmp_path / "locustfile.py").write_text(LOCUSTFILE)
+    (tmp_path / "sent").mkdir()
+    env = {**os.environ, "SENT_DIR": str(tmp_path / "sent")}
+    port = free_port()
+    master = locust(
+        "--master", "--headless", "--expect-workers", str(workers), "--master-bind-host", "127.0.0.1",
+        "--master-bind-port", str(port), "--host", url, "--inferlab-out", str(tmp_path / "run"),
+        "--inferlab-input-tokens", "32", "--inferlab-output-tokens", "8", "--only-summary", *args,
+        cwd=tmp_path, env=env,
+    )
+    procs = []
+    for i in range(workers):
+        event = kill.replace("MASTER", str(master.pid)) if i == kill_worker else ""
+        procs.append(locust("--worker", "--master-host", "127.0.0.1", "--master-port", str(port), cwd=tmp_path,
+                            env={**env, "KILL": event}))
+    return master, procs
+
+
+def finish(master: subprocess.Popen[str], workers: list[subprocess.Popen[str]], timeout: float = 150) -> str:
+    """The master's log once it and its workers have ended (killed if they do not)."""
+    try:
+        log, _ = master.communicate(timeout=timeout)
+        for w in workers:
+            w.communicate(timeout=30)
+        return log
+    finally:
+        for p in (master, *workers):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_a_server_that_stops_answering_stops_the_run_as_it_does_bench(tmp_path: Path) -> None:
+    # (its users re-sent at once: tens of thousands of instant failures until -t, a 99%
+    # failure rate, and nothing said of the server; bench stops the run and says so)
+    from inferlab.load.http import GONE_CAP_PER_SLOT
+
+    server = ChildServer()
+    try:
+        master, workers = distributed(tmp_path, server.url, "-u", "4", "-r", "4", "-t", "30s", "--stop-timeout", "10",
+                                      kill=f"8 {server.pid} {int(signal.SIGTERM)}")
+        log = finish(master, workers)
+    finally:
+        server.close()
+    assert master.returncode == 1, log[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["interrupted"] and summary["counts"]["completed"] >= 8
+    # (the rule's cap for 4 users, and the requests in flight as the worker stopped them)
+    assert 0 < summary["counts"]["after_server_gone"] <= summary["counts"]["failed"] <= (GONE_CAP_PER_SLOT + 1) * 4
+    assert any(w.startswith("the server stopped answering") for w in summary["warnings"])
+
+
+def test_a_master_stopped_before_its_run_time_says_the_run_was_interrupted(server: ChildServer, tmp_path: Path) -> None:
+    # (Ctrl-C on the master wrote a run of 30 s's -t that looked complete)
+    master, workers = distributed(tmp_path, server.url, "-u", "2", "-r", "2", "-t", "30s", "--stop-timeout", "10",
+                                  kill=f"6 MASTER {int(signal.SIGINT)}")
+    log = finish(master, workers)
+    assert master.returncode == 0, log[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["interrupted"] and summary["counts"]["completed"] >= 6
+    assert any("stopped before its -t of 30 s" in w for w in summary["warnings"])
+    # locust-merge says the same from what the master kept
+    p = subprocess.run([sys.executable, "-m", "inferlab", "locust-merge", "--json", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0 and json.loads(p.stdout)["interrupted"], p.stderr
+
+
+def test_the_master_does_not_wait_for_a_last_batch_from_a_worker_locust_found_missing(
+    server: ChildServer, tmp_path: Path,
+) -> None:
+    # (it waited --stop-timeout + 30 s for a worker killed mid-run: here 150 s; and a
+    # worker killed before its first batch went unsaid)
+    master, workers = distributed(tmp_path, server.url, "-u", "4", "-r", "4", "-t", "8s", "--stop-timeout", "120",
+                                  workers=2, kill=f"4 0 {int(signal.SIGKILL)}")
+    log = finish(master, workers, timeout=75)
+    assert master.returncode == 0, log[-3000:]
+    assert workers[0].returncode == -signal.SIGKILL
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert any(w.startswith("no last batch came from worker(s)") for w in summary["warnings"])
+    assert summary["counts"]["completed"] > 4

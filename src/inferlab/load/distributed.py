@@ -39,18 +39,21 @@ _TIME_FIELDS = ("intended_send_ns", "send_ns", "ttfb_ns", "end_ns")
 class Batch:
     """Records from one worker: ``records`` in ``RequestRecord.to_json`` form, their times
     relative to the worker's t0, which was ``t0_epoch_ns`` in Unix time. ``final``: the
-    worker's last batch of the run. ``model``: the model it sent to."""
+    worker's last batch of the run. ``model``: the model it sent to. ``gone``: why the
+    worker stopped its users, the server having stopped answering (``load.http``'s rule),
+    in its last batch."""
 
     worker: str
     t0_epoch_ns: int
     records: list[dict[str, Any]] = field(default_factory=list)
     final: bool = False
     model: str | None = None
+    gone: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "worker": self.worker, "t0_epoch_ns": self.t0_epoch_ns, "final": self.final,
-            "model": self.model, "records": self.records,
+            "model": self.model, "gone": self.gone, "records": self.records,
         }
 
     @classmethod
@@ -63,7 +66,9 @@ class Batch:
                 raise TypeError(f"records is {type(records).__name__}, not a list")
             for i, r in enumerate(records):
                 _check_record(i, r)
-            return cls(str(d["worker"]), int(d["t0_epoch_ns"]), records, bool(d.get("final")), d.get("model"))
+            gone = d.get("gone")
+            return cls(str(d["worker"]), int(d["t0_epoch_ns"]), records, bool(d.get("final")), d.get("model"),
+                       None if gone is None else str(gone))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a batch of records: {e}") from None
 
@@ -116,16 +121,19 @@ def read_batches(path: str | os.PathLike[str]) -> list[Batch]:
 class Merged:
     """Every worker's records on one clock, numbered in the order they were sent;
     ``workers``: each worker's name and how many records it sent; ``unfinished``: the
-    workers whose last batch never came (their last records may be missing)."""
+    workers whose last batch never came (their last records may be missing); ``gone``:
+    why the server stopped answering, as the workers that stopped for it saw it."""
 
     records: list[RequestRecord]
     workers: dict[str, int]
     unfinished: list[str]
     model: str | None = None
+    gone: list[str] = field(default_factory=list)
 
 
-def merge(batches: Iterable[Batch]) -> Merged:
-    """The records of ``batches`` on one clock (see the module's docstring)."""
+def merge(batches: Iterable[Batch], workers: Iterable[str] = ()) -> Merged:
+    """The records of ``batches`` on one clock (see the module's docstring); ``workers``:
+    those the master knew (one that sent no batch is unfinished too)."""
     batches = list(batches)
     t0: dict[str, int] = {}
     for b in batches:  # (a worker keeps one t0 for the run; the earliest is kept if not)
@@ -155,7 +163,8 @@ def merge(batches: Iterable[Batch]) -> Merged:
     for i, r in enumerate(ordered):
         r.index = i
     models = [b.model for b in batches if b.model]
-    return Merged(ordered, counts, sorted(set(t0) - finished), models[0] if models else None)
+    gone = sorted({b.gone for b in batches if b.gone})
+    return Merged(ordered, counts, sorted((set(t0) | set(workers)) - finished), models[0] if models else None, gone)
 
 
 def write_run(out_dir: str | os.PathLike[str], config: dict[str, Any], merged: Merged, summary: Summary) -> None:
@@ -187,12 +196,20 @@ def describe(merged: Merged) -> str:
     return f"{len(merged.records)} records from {len(merged.workers)} worker(s) ({parts})"
 
 
+def _stopped_early(config: dict[str, Any]) -> list[str]:
+    """Why the master stopped before its -t ended (Ctrl-C), as it noted in its config."""
+    locust = config.get("load", {}).get("locust")
+    why = locust.get("stopped_early") if isinstance(locust, dict) else None
+    return [str(why)] if why else []
+
+
 def finish_run(out_dir: str | os.PathLike[str]) -> tuple[Summary, Merged]:
     """Turn the run directory ``out_dir`` of a Locust master (its ``locust-config.json``
     and ``locust-records.jsonl``) into the usual run: ``config.json``,
     ``requests.jsonl`` and ``summary.json``, the summary computed as ``bench``'s is.
     Again and again if need be: the raw files are never changed. ``UsageError`` if they
     are missing or unreadable, or hold no record."""
+    from inferlab.load.http import ServerGoneError
     from inferlab.load.run import run_summary
     from inferlab.workload.config import WorkloadConfig
 
@@ -203,7 +220,8 @@ def finish_run(out_dir: str | os.PathLike[str]) -> tuple[Summary, Merged]:
         raise UsageError(f"{d} holds no Locust run ({CONFIG_FILE}: {e.strerror or e})") from e
     except ValueError as e:
         raise UsageError(f"{d / CONFIG_FILE} is not JSON: {e}") from e
-    merged = merge(read_batches(d / RAW_FILE))
+    locust = config.get("load", {}).get("locust") if isinstance(config, dict) else None
+    merged = merge(read_batches(d / RAW_FILE), locust.get("workers") or () if isinstance(locust, dict) else ())
     if not merged.records:  # (a run of no requests would stand for a measurement)
         raise UsageError(f"{d / RAW_FILE} holds no records: nothing to merge")
     config.setdefault("resolved", {})["workers"] = dict(sorted(merged.workers.items()))
@@ -213,8 +231,12 @@ def finish_run(out_dir: str | os.PathLike[str]) -> tuple[Summary, Merged]:
         wcfg = WorkloadConfig(**config["workload"])
     except (KeyError, TypeError) as e:
         raise UsageError(f"{d / CONFIG_FILE}: no workload it can read ({e})") from e
+    gone = [] if not merged.gone else [str(ServerGoneError(
+        " or ".join(merged.gone), sum(r.ok for r in merged.records), str(d)))]
+    early = _stopped_early(config)
     summary = run_summary(
-        merged.records, None, config=config, slo=None, interrupted=False, preflight=None, wcfg=wcfg,
+        merged.records, None, config=config, slo=None, interrupted=bool(gone or early), preflight=None, wcfg=wcfg,
+        executor_warnings=[*gone, *early], server_gone=bool(gone),
     )
     summary = dataclasses.replace(summary, warnings=(*summary.warnings, *merge_warnings(merged)))
     write_run(d, config, merged, summary)

@@ -69,6 +69,45 @@ class ServerGoneError(InferlabError):
         self.completed = completed
 
 
+class GoneWatch:
+    """``ServerGoneError``'s rule, fed each request's record as it ends: the failures for
+    want of a connection since the last answer, when the first of them ended (seconds on
+    the caller's clock), why; ``peak``, the most in flight at once (the caller keeps it);
+    the completed requests."""
+
+    def __init__(self) -> None:
+        self.unanswered = 0
+        self.since_s = 0.0
+        self.why = ""
+        self.peak = 0
+        self.completed = 0
+
+    def note(self, record: RequestRecord, now_s: float) -> None:
+        """Count ``record`` towards (or against) the server having stopped answering."""
+        why = unanswered(record)
+        if why is not None:
+            if not self.unanswered:
+                self.since_s = now_s
+            self.unanswered += 1
+            self.why = why
+        elif record.status is not None:  # (it answered: a timeout or a cancel says nothing)
+            self.unanswered = 0
+        if record.ok and not record.warmup:
+            self.completed += 1
+
+    def gone(self, now_s: float, at_end: bool) -> bool:
+        """Whether the server has stopped answering (``ServerGoneError``'s rule)."""
+        if self.unanswered < max(GONE_REQUESTS, GONE_PER_SLOT * self.peak):
+            return False
+        # (at the end, a run in which nothing completed is "all failed": ``run``'s own rule)
+        return ((at_end and self.completed > 0) or now_s - self.since_s >= GONE_S
+                or self.unanswered >= GONE_CAP_PER_SLOT * max(1, self.peak))
+
+    def error(self) -> ServerGoneError:
+        """The error that stops the run, once ``gone``."""
+        return ServerGoneError(self.why, self.completed)
+
+
 OnRecord = Callable[[RequestRecord], None]
 
 
@@ -223,13 +262,7 @@ class Dispatcher:
         self.in_flight = 0
         self._ended = asyncio.Event()  # a request ended since the dispatcher last looked
         self._error: BaseException | None = None  # a launcher's own failure (a bug)
-        # (``ServerGoneError``: the failures for want of a connection since the last
-        # answer, when the first of them ended, why; the most in flight at once)
-        self._unanswered = 0
-        self._unanswered_since = 0.0
-        self._why = ""
-        self._peak = 0
-        self._completed = 0
+        self.watch = GoneWatch()  # (``ServerGoneError``'s rule)
 
     def _now_s(self) -> float:
         return (self.clock.now_ns() - self.result.t0_ns) / NS_PER_S
@@ -244,11 +277,11 @@ class Dispatcher:
                 self._start(send)
             next_s = policy.next_s()
             if next_s is None and not self.in_flight:
-                if self._gone(at_end=True):
-                    raise ServerGoneError(self._why, self._completed)
+                if self.watch.gone(self._now_s(), at_end=True):
+                    raise self.watch.error()
                 return
-            if self._gone(at_end=False):
-                raise ServerGoneError(self._why, self._completed)
+            if self.watch.gone(self._now_s(), at_end=False):
+                raise self.watch.error()
             self._ended.clear()  # (ends before this line were seen by ``due`` above)
             if next_s is None:
                 await self._ended.wait()
@@ -257,27 +290,6 @@ class Dispatcher:
                 now_s = max(self._now_s(), next_s)  # (what the ns clock rounded down is due)
             else:
                 now_s = self._now_s()
-
-    def _gone(self, at_end: bool) -> bool:
-        """Whether the server has stopped answering (``ServerGoneError``'s rule)."""
-        if self._unanswered < max(GONE_REQUESTS, GONE_PER_SLOT * self._peak):
-            return False
-        # (at the end, a run in which nothing completed is "all failed": ``run``'s own rule)
-        return ((at_end and self._completed > 0) or self._now_s() - self._unanswered_since >= GONE_S
-                or self._unanswered >= GONE_CAP_PER_SLOT * max(1, self._peak))
-
-    def _note(self, record: RequestRecord) -> None:
-        """Count ``record`` towards (or against) the server having stopped answering."""
-        why = unanswered(record)
-        if why is not None:
-            if not self._unanswered:
-                self._unanswered_since = self._now_s()
-            self._unanswered += 1
-            self._why = why
-        elif record.status is not None:  # (it answered: a timeout or a cancel says nothing)
-            self._unanswered = 0
-        if record.ok and not record.warmup:
-            self._completed += 1
 
     async def _sleep_until(self, t_s: float) -> bool:
         """Sleep until ``t_s``, or until a request ends first if any is in flight (an end
@@ -302,13 +314,13 @@ class Dispatcher:
             user=send.user,
         )
         self.in_flight += 1
-        self._peak = max(self._peak, self.in_flight)
+        self.watch.peak = max(self.watch.peak, self.in_flight)
         self.launcher.launch(send, record, [] if self.policy.wants_answers else None)
 
     def finished(self, send: Send, record: RequestRecord, text: list[str] | None) -> None:
         """``send``'s request ended (``record`` filled, ``text`` its reply if asked for)."""
         self.cancelled(record)
-        self._note(record)
+        self.watch.note(record, self._now_s())
         answer: Answer | None = None
         if text is not None and record.ok:
             answer = "".join(text), record.output_tokens or len(record.content_ns)

@@ -47,9 +47,9 @@ import gevent
 from locust import User, events, task
 from locust.env import Environment
 from locust.exception import StopUser
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
-from inferlab._clock import WallClock, epoch_anchor_ns
+from inferlab._clock import NS_PER_S, WallClock, epoch_anchor_ns
 from inferlab._errors import InferlabError, UsageError
 from inferlab.client.exchange import Endpoint, api_base, request_body
 from inferlab.client.gevent_http import GeventClient
@@ -61,6 +61,7 @@ from inferlab.load.distributed import (
     describe,
     finish_run,
 )
+from inferlab.load.http import GoneWatch
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.results.runfiles import check_out_dir
 from inferlab.workload.config import WorkloadConfig
@@ -159,20 +160,41 @@ class _Sender:
         self.workload = _workload(o, index)
         self.pending: list[dict[str, Any]] = []
         self.next_index = 0
+        self.in_flight = 0
+        self.watch = GoneWatch()
+        self.gone: str | None = None  # why this sender stopped: the server stopped answering
         self.finished = False
         self._flusher = gevent.spawn(self._flush_every)
 
     def now_ns(self) -> int:
         return self.clock.now_ns() - self.t0_ns
 
+    def started(self) -> None:
+        """A user sent a request."""
+        self.in_flight += 1
+        self.watch.peak = max(self.watch.peak, self.in_flight)
+
     def add(self, record: RequestRecord) -> None:
+        """``record``'s request ended: keep it for the next batch; stop this process's
+        users once the server has stopped answering (``bench``'s rule: a closed-loop user
+        re-sends at once, so a dead server would turn the rest of the run into thousands
+        of instant failures a second)."""
+        self.in_flight -= 1
         self.pending.append(record.to_json())
+        now_s = self.now_ns() / NS_PER_S
+        self.watch.note(record, now_s)
+        if self.gone is None and self.watch.gone(now_s, at_end=False):
+            self.gone = self.watch.why
+            log.error("inferlab: %s", self.watch.error())
+            self.environment.process_exit_code = 1
+            if self.environment.runner is not None:  # (not from this user's greenlet: stop kills it)
+                gevent.spawn(self.environment.runner.quit)
 
     def flush(self, final: bool = False) -> None:
         """Send the pending records (and, ``final``, say there will be no more)."""
         if self.finished or (not self.pending and not final):
             return
-        batch = Batch(self.name, self.t0_epoch_ns, self.pending, final, self.endpoint.model)
+        batch = Batch(self.name, self.t0_epoch_ns, self.pending, final, self.endpoint.model, self.gone if final else None)
         self.pending = []
         self.finished = final
         if final:
@@ -225,20 +247,33 @@ class _Collector:
                 runner.send_message(STOP_MESSAGE, None, client.id)
         deadline = gevent.Timeout(self.environment.stop_timeout + FINAL_WAIT_S)
         deadline.start()
-        try:
-            while not expected <= self.final:
+        try:  # (not for a worker Locust has found missing: killed, or its machine gone)
+            while expected - self.final - _missing(runner):
                 gevent.sleep(0.05)
         except gevent.Timeout:
-            log.error("inferlab: no last batch from %s; writing the run without it", sorted(expected - self.final))
+            pass
         finally:
             deadline.cancel()
+        if expected - self.final:
+            log.error("inferlab: no last batch from %s; writing the run without it", sorted(expected - self.final))
+        _note_in_config(self.out, "workers", sorted(expected))  # (one that sent no batch too)
         self.written = True
         try:
             summary, merged = finish_run(self.out)
         except InferlabError as e:
             log.error("inferlab: %s", e)
+            self.environment.process_exit_code = 1  # (no run written)
             return
         print(f"inferlab: {describe(merged)} -> {self.out} ({summary.counts.completed} completed)", file=sys.stderr)
+        if merged.gone:  # (as bench's: a run the server walked out of failed)
+            self.environment.process_exit_code = 1
+
+
+def _missing(runner: Any) -> set[str]:
+    """The workers a master has stopped hearing from (none for a local run)."""
+    if not isinstance(runner, MasterRunner):
+        return set()
+    return {c.id for c in runner.clients.all if c.state == STATE_MISSING}
 
 
 _sender: _Sender | None = None
@@ -313,6 +348,9 @@ def _on_init(environment: Environment, **_: Any) -> None:
     except OSError as e:
         _fail(f"--inferlab-out: {e}")
     _collector = _Collector(environment, out)
+    # (here, after the runner's own: Locust fires quitting's listeners last first, and the
+    # master's stops the test, which writes the run)
+    environment.events.quitting.add_listener(_on_quitting)  # type: ignore[no-untyped-call]
     if isinstance(runner, MasterRunner):
         runner.register_message(RECORDS_MESSAGE, _collector.on_message)
 
@@ -335,6 +373,28 @@ def _on_test_stop(environment: Environment, **_: Any) -> None:
         _sender.flush(final=True)
     if _collector is not None:
         _collector.finish()
+
+
+def _on_quitting(environment: Environment, **_: Any) -> None:
+    """Locust is shutting down before the run was written: the master (or a local run)
+    was stopped (Ctrl-C, SIGTERM) before its -t ended. Said in locust-config.json, so
+    the summary (``locust-merge``'s too) says the run was interrupted."""
+    o = _opts(environment)
+    if _collector is None or _collector.written or o is None or not getattr(o, "run_time", None):
+        return
+    _note_in_config(_collector.out, "stopped_early", f"the test was stopped before its -t of {o.run_time} s ended")
+
+
+def _note_in_config(out: Path, key: str, value: object) -> None:
+    """Set ``key`` of load.locust in ``out``'s locust-config.json (what ``finish_run``
+    reads, ``locust-merge``'s too)."""
+    path = out / CONFIG_FILE
+    try:
+        config = json.loads(path.read_text())
+        config["load"]["locust"][key] = value
+        path.write_text(json.dumps(config, indent=2) + "\n")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.error("inferlab: cannot write %s's %s: %s", path, key, e)
 
 
 def _on_stop_message(environment: Environment, msg: Any, **_: Any) -> None:
@@ -374,6 +434,8 @@ class LLMUser(User):
     @task
     def send(self) -> None:
         sender = self.sender
+        if sender.gone is not None:  # (its runner is stopping: no more sends)
+            raise StopUser()
         try:
             spec = next(sender.workload)
         except StopIteration:  # a dataset ran out
@@ -385,6 +447,7 @@ class LLMUser(User):
         record.requested_output_tokens = spec.max_tokens
         record.intended_send_ns = sender.now_ns()
         body = json.dumps(request_body(sender.endpoint, spec)).encode()  # (serialised once)
+        sender.started()
         try:
             self.client.send(body, record)
         finally:  # (also when Locust stops the user mid-request: the record says cancelled)
