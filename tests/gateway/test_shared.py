@@ -246,6 +246,46 @@ async def test_without_redis_a_request_is_refused_with_503_not_an_internal_error
     assert up.peak == 0  # nothing went upstream uncounted
 
 
+@pytest.mark.parametrize("admission", [True, False])
+async def test_without_redis_a_limited_key_s_request_is_a_503_with_retry_after_on_the_metrics(
+        tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]], admission: bool) -> None:
+    """The limits' check failing was a 503 without Retry-After (the budget's had one), and
+    neither was counted on /metrics: an outage showed in the log alone."""
+    url, proc = redis_server
+    async with FakeUpstream() as up:
+        cfg = write_config(tmp_path / "gw.toml", up.url, url, 10**6)
+        cfg.write_text(cfg.read_text().replace("[redis]\n", f"[redis]\nadmission = {str(admission).lower()}\n"))
+        gw = GatewayProcess(cfg)
+        try:
+            base = await gw.url()
+            proc.kill()
+            proc.wait(timeout=10)
+            async with aiohttp.ClientSession() as s:
+                answer = await post(s, base, chat_body("ok"), AUTH)
+                async with s.get(base + "/metrics") as resp:
+                    page = await resp.text()
+        finally:
+            gw.close()
+    assert answer.status == 503 and answer.headers["Retry-After"] == "1"
+    assert answer.json()["error"]["type"] == "ServiceUnavailableError" and "Redis" in answer.json()["error"]["message"]
+    assert 'inferlab_gateway_rejections_total{key="alice",reason="redis_unavailable"} 1.0' in page
+    assert up.peak == 0
+
+
+def test_a_redis_it_cannot_reach_at_start_is_one_line_and_no_password(tmp_path: Path) -> None:
+    """Exit 1 with one line: the upstreams' session, opened first, was left unclosed
+    ("Unclosed client session" on stderr after the error), and the URL's password was
+    printed in it."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[redis]\nurl = "redis://default:s3cret@127.0.0.1:{free_port()}/0"\n'
+                   '[[upstreams]]\nurl = "http://127.0.0.1:9"\n')
+    proc = subprocess.run([sys.executable, "-m", "inferlab", "gateway", "--config", str(cfg), "--port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("inferlab: error: [redis] redis://default:***@127.0.0.1:") and "s3cret" not in proc.stderr
+
+
 @pytest.mark.parametrize(("admission", "said"), [
     ("", "shared through Redis: limits, cache, admission budgets (lease 10 s)"),
     ("[admission]\nmode = \"off\"\n", "shared through Redis: limits, cache\n"),

@@ -521,10 +521,21 @@ class SharedAdmission:
                     await self.beat()
 
 
+#: The longest a call to Redis (or connecting to it) may take before it fails: a Redis
+#: that stopped answering (paused, or cut off) is then a 503 like one that refuses, not
+#: a wait for ever (redis-py before 6 sets no timeout of its own).
+TIMEOUT_S = 5.0
+
+
 def connect(url: str) -> Any:
-    """An asyncio Redis client for ``url``; ``UsageError`` without the ``redis`` extra."""
+    """An asyncio Redis client for ``url``, its calls bounded by ``TIMEOUT_S`` (unless
+    the URL sets its own); ``UsageError`` without the ``redis`` extra or for a URL
+    redis-py does not take."""
     try:
         import redis.asyncio
     except ImportError:
         raise UsageError("[redis] needs the redis client: pip install 'inferlab[redis]'") from None
-    return redis.asyncio.Redis.from_url(url)
+    try:
+        return redis.asyncio.Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S)
+    except ValueError as e:
+        raise UsageError(f"[redis] url: {e}") from None
