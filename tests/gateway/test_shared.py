@@ -529,3 +529,32 @@ async def test_a_refunded_charge_leaves_the_shared_window_whole(redis_url: str) 
         assert kept != refunded
     finally:
         await client.aclose()
+
+
+async def test_the_shared_window_sends_the_reset_headers_the_local_one_sends(redis_url: str) -> None:
+    """docs: every answer to a key with limits carries -reset-requests and -reset-tokens;
+    with [redis] they were missing. Each counts as the local one does: the requests' until
+    the last charge leaves the window, the tokens' until every charged token has."""
+    import redis.asyncio
+
+    from inferlab._clock import WallClock
+    from inferlab.gateway.config import KeyConfig, hash_key
+    from inferlab.gateway.ratelimit import RateLimiter
+    from inferlab.gateway.shared import SharedLimiter
+
+    key = KeyConfig("alice", hash_key("sk-alice"), rpm=3, tpm=100)
+    client = redis.asyncio.from_url(redis_url)
+    try:
+        limiter = SharedLimiter(client, "t:")
+        await limiter.reserve(key, 30, 10)
+        await asyncio.sleep(0.05)
+        second, _ = await limiter.reserve(key, 30, 10)
+        await limiter.correct(key, second, 0, 0)  # (the tokens held now are the first charge's alone)
+        _, headers = await limiter.reserve(key, 0, 0)
+    finally:
+        await client.aclose()
+    local = RateLimiter(WallClock())
+    local.reserve(key, 1, 1)
+    assert set(headers) == set(local.headers(key))
+    reset_requests, reset_tokens = (float(headers[f"x-ratelimit-reset-{n}"].removesuffix("s")) for n in ("requests", "tokens"))
+    assert 0 < reset_tokens < reset_requests <= 60  # the first charge leaves before the last
