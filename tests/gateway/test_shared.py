@@ -558,3 +558,35 @@ async def test_the_shared_window_sends_the_reset_headers_the_local_one_sends(red
     assert set(headers) == set(local.headers(key))
     reset_requests, reset_tokens = (float(headers[f"x-ratelimit-reset-{n}"].removesuffix("s")) for n in ("requests", "tokens"))
     assert 0 < reset_tokens < reset_requests <= 60  # the first charge leaves before the last
+
+
+async def test_a_redis_down_is_said_once_not_once_a_request_and_its_return_too(
+        tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]]) -> None:
+    """Each request refused for a Redis down wrote a warning (and each batch another): an
+    outage under load filled the log. Now one line when it fails, one when it is back."""
+    url, proc = redis_server
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    async with FakeUpstream() as up:
+        gw = GatewayProcess(write_config(tmp_path / "gw.toml", up.url, url, 10**6))
+        again = None
+        try:
+            base = await gw.url()
+            proc.kill()
+            proc.wait(timeout=10)
+            async with aiohttp.ClientSession() as s:
+                down = [await post(s, base, chat_body("ok"), AUTH) for _ in range(10)]
+                again = start_redis(port, tmp_path)
+                for _ in range(5):  # (docs: the first call on each pooled connection may fail after a restart)
+                    back = await post(s, base, chat_body("ok"), AUTH)
+                    if back.status == 200:
+                        break
+        finally:
+            gw.close()
+            if again is not None:
+                again.terminate()
+                again.wait(timeout=10)
+    assert [a.status for a in down] == [503] * 10 and back.status == 200
+    assert gw.proc.stderr is not None
+    said = [line for line in gw.proc.stderr.read().splitlines() if line.startswith("redis: ")]
+    # (the pub/sub listener, on a connection of its own, says its failure once too)
+    assert 2 <= len(said) <= 3 and said[-1] == "redis: answers again", said

@@ -70,7 +70,7 @@ from inferlab.gateway.routing import (
     make_router,
     text_prefix,
 )
-from inferlab.gateway.shared import SharedAdmission, SharedCache, SharedLimiter, connect
+from inferlab.gateway.shared import Outage, SharedAdmission, SharedCache, SharedLimiter, connect
 from inferlab.gateway.upstream import Failure, Upstreams, describe
 from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
@@ -222,6 +222,7 @@ class Gateway:
         self.shared_limiter: SharedLimiter | None = None
         self.shared_cache: SharedCache | None = None
         self.shared_admission: SharedAdmission | None = None
+        self.redis_outage = Outage()  # (a failing Redis said once, not once a call)
         self._background: set[asyncio.Task[None]] = set()
         self._watchers: list[asyncio.Task[None]] = []
         self._watch_session: aiohttp.ClientSession | None = None
@@ -283,7 +284,8 @@ class Gateway:
             self.shared_cache = SharedCache(self._redis, red.prefix, self.config.cache.ttl_s, self.config.cache.max_bytes)
         if red.admission and self.config.admission.mode != "off":
             self.shared_admission = SharedAdmission(self._redis, red.prefix, self.admission,
-                                                    [u.url for u in self.config.upstreams], red.lease_s)
+                                                    [u.url for u in self.config.upstreams], red.lease_s,
+                                                    self.redis_outage)
             try:
                 await self.shared_admission.start()
             except Exception as e:  # (redis' own errors)
@@ -607,7 +609,7 @@ class Gateway:
         except (Limited, Rejected, asyncio.CancelledError):
             raise
         except Exception as e:  # (redis' own errors: connection, timeout, protocol)
-            log.warning("redis: %s: %s", type(e).__name__, e)
+            self.redis_outage.failed(e)
             self.metrics.rejections.labels("redis_unavailable", key_name).inc()
             raise _Unavailable("the gateway's shared state (Redis) is unavailable", 1.0) from None
 
@@ -618,7 +620,7 @@ class Gateway:
             try:
                 await call
             except Exception as e:
-                log.warning("redis: %s: %s", type(e).__name__, e)
+                self.redis_outage.failed(e)
 
         task = asyncio.create_task(run())
         self._background.add(task)
@@ -706,6 +708,7 @@ class Gateway:
                 if self.shared_limiter is not None:
                     charge, headers = await self._shared(
                         self.shared_limiter.reserve(key, req.input_tokens, req.output_tokens), key.name)
+                    self.redis_outage.answered()  # (the budget's batches say so themselves)
                 else:
                     charge = self.limiter.reserve(key, req.input_tokens, req.output_tokens)
                     headers = self.limiter.headers(key)
@@ -785,7 +788,9 @@ class Gateway:
                 try:
                     entry = await self.shared_cache.get(key)
                 except Exception as e:  # (redis' own errors): a miss
-                    log.warning("redis: %s: %s", type(e).__name__, e)
+                    self.redis_outage.failed(e)
+                else:
+                    self.redis_outage.answered()
                 if entry is not None:
                     self.cache.finish(key, entry, store=False)
                 else:

@@ -52,6 +52,26 @@ from inferlab.gateway.ratelimit import Limited
 
 log = logging.getLogger("inferlab.gateway")
 
+class Outage:
+    """Says that Redis fails once, not once a call (a Redis down under hundreds of
+    requests a second wrote as many lines a second), and once more when it answers
+    again. One per gateway, shared by everything that calls Redis."""
+
+    def __init__(self) -> None:
+        self.failing = False
+
+    def failed(self, e: BaseException) -> None:
+        if not self.failing:
+            log.warning("redis: %s: %s (said once until it answers again; the requests refused meanwhile count in "
+                        "inferlab_gateway_rejections_total{reason=\"redis_unavailable\"})", type(e).__name__, e)
+        self.failing = True
+
+    def answered(self) -> None:
+        if self.failing:
+            log.warning("redis: answers again")
+        self.failing = False
+
+
 #: Keys are ``{prefix}{kind}:{name}``; ``prefix`` defaults to ``inferlab:``.
 _RESERVE = """
 redis.replicate_commands()
@@ -366,8 +386,9 @@ class SharedAdmission:
     right again after the next batch. Calls made while a batch is out go in the next."""
 
     def __init__(self, client: Any, prefix: str, admission: Admission, upstreams: Sequence[str],
-                 lease_s: float = 10.0) -> None:
+                 lease_s: float = 10.0, outage: Outage | None = None) -> None:
         self.client = client
+        self.outage = outage or Outage()
         self.admission = admission
         self.id = uuid.uuid4().hex
         self.lease_ms = max(int(lease_s * 1000), 1)
@@ -433,8 +454,9 @@ class SharedAdmission:
                         fut.set_exception(e if isinstance(e, Exception) else ConnectionError("the gateway is stopping"))
                 if not isinstance(e, Exception):
                     raise
-                log.warning("redis: %s: %s", type(e).__name__, e)
+                self.outage.failed(e)
                 continue
+            self.outage.answered()
             self._seen_epoch = True
             for (kind, u, x, _, fut), ok in zip(calls, out[:len(calls)], strict=True):
                 if kind == _TAKE and ok:
