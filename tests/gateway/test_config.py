@@ -166,6 +166,51 @@ def test_redis_shares_admission_unless_told_not_to(tmp_path: Path) -> None:
     assert off is not None and not off.admission
 
 
+@pytest.mark.parametrize(("url", "said"), [
+    ("http://127.0.0.1:6379", "must begin redis://"),  # was an internal error at start (redis-py's ValueError)
+    ("redis:/oops", "must begin redis://"),
+    ("redis://127.0.0.1:notaport/0", "not a Redis URL"),  # was an internal error at start
+    ("redis://127.0.0.1:6379/abc", "the path is the database number"),  # redis-py took it as database 0
+    ("unix://", "needs the socket's path"),
+])
+def test_a_redis_url_redis_py_would_fail_on_or_misread_is_refused_at_once(tmp_path: Path, url: str, said: str) -> None:
+    with pytest.raises(UsageError) as e:
+        read(tmp_path, "gw.toml", f'[redis]\nurl = "{url}"\n')
+    assert said in str(e.value)
+    r = CliRunner().invoke(main, ["gateway", "--upstream", "http://127.0.0.1:8001", "--config", str(tmp_path / "gw.toml")])
+    assert r.exit_code == 2 and said in r.output and "internal error" not in r.output
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379", "redis://127.0.0.1:6379/", "redis://10.0.0.9:6379/3",
+                                 "rediss://user:pw@redis.example:6380/0", "unix:///run/redis.sock"])
+def test_a_redis_url_redis_py_takes_is_taken(tmp_path: Path, url: str) -> None:
+    red = read(tmp_path, "gw.toml", f'[redis]\nurl = "{url}"\n').redis
+    assert red is not None and red.url == url
+
+
+@pytest.mark.parametrize(("toml", "yaml"), [("[redis]\n", "redis: {}\n"), ('[redis]\nprefix = "x:"\n', "redis:\n  prefix: x\n")])
+def test_a_redis_table_without_a_url_is_refused_empty_or_not(tmp_path: Path, toml: str, yaml: str) -> None:
+    """An empty [redis] was taken as no [redis] at all: each instance kept its limits,
+    cache and budgets to itself, with no word of it."""
+    for name, text in (("gw.toml", toml), ("gw.yaml", yaml)):
+        with pytest.raises(UsageError, match=r"\[redis\] has no url"):
+            read(tmp_path, name, text)
+
+
+def test_a_redis_password_is_hidden_where_the_url_is_shown(tmp_path: Path) -> None:
+    red = read(tmp_path, "gw.toml", '[redis]\nurl = "redis://default:s3cret@10.0.0.9:6379/0"\n').redis
+    assert red is not None and red.shown == "redis://default:***@10.0.0.9:6379/0"
+
+
+def test_a_cache_entry_count_is_refused_where_redis_holds_the_entries(tmp_path: Path) -> None:
+    """Entries in Redis are bounded by its maxmemory; max_entries was accepted and ignored."""
+    shared = '[redis]\nurl = "redis://127.0.0.1:1/0"\n[cache]\nmax_entries = 10\n'
+    with pytest.raises(UsageError, match="max_entries"):
+        read(tmp_path, "gw.toml", shared)
+    kept = read(tmp_path, "gw.toml", shared.replace("[cache]\n", "[cache]\n").replace('0"\n', '0"\ncache = false\n', 1))
+    assert kept.cache.max_entries == 10  # (each instance's own cache: a count it acts on)
+
+
 @pytest.mark.parametrize("other", ["[redis]\nadmission = false", '[admission]\nmode = "off"'])
 def test_a_lease_for_budgets_nothing_shares_is_refused(tmp_path: Path, other: str) -> None:
     table, line = other.split("\n")

@@ -246,6 +246,46 @@ async def test_without_redis_a_request_is_refused_with_503_not_an_internal_error
     assert up.peak == 0  # nothing went upstream uncounted
 
 
+@pytest.mark.parametrize("admission", [True, False])
+async def test_without_redis_a_limited_key_s_request_is_a_503_with_retry_after_on_the_metrics(
+        tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]], admission: bool) -> None:
+    """The limits' check failing was a 503 without Retry-After (the budget's had one), and
+    neither was counted on /metrics: an outage showed in the log alone."""
+    url, proc = redis_server
+    async with FakeUpstream() as up:
+        cfg = write_config(tmp_path / "gw.toml", up.url, url, 10**6)
+        cfg.write_text(cfg.read_text().replace("[redis]\n", f"[redis]\nadmission = {str(admission).lower()}\n"))
+        gw = GatewayProcess(cfg)
+        try:
+            base = await gw.url()
+            proc.kill()
+            proc.wait(timeout=10)
+            async with aiohttp.ClientSession() as s:
+                answer = await post(s, base, chat_body("ok"), AUTH)
+                async with s.get(base + "/metrics") as resp:
+                    page = await resp.text()
+        finally:
+            gw.close()
+    assert answer.status == 503 and answer.headers["Retry-After"] == "1"
+    assert answer.json()["error"]["type"] == "ServiceUnavailableError" and "Redis" in answer.json()["error"]["message"]
+    assert 'inferlab_gateway_rejections_total{key="alice",reason="redis_unavailable"} 1.0' in page
+    assert up.peak == 0
+
+
+def test_a_redis_it_cannot_reach_at_start_is_one_line_and_no_password(tmp_path: Path) -> None:
+    """Exit 1 with one line: the upstreams' session, opened first, was left unclosed
+    ("Unclosed client session" on stderr after the error), and the URL's password was
+    printed in it."""
+    cfg = tmp_path / "gw.toml"
+    cfg.write_text(f'[redis]\nurl = "redis://default:s3cret@127.0.0.1:{free_port()}/0"\n'
+                   '[[upstreams]]\nurl = "http://127.0.0.1:9"\n')
+    proc = subprocess.run([sys.executable, "-m", "inferlab", "gateway", "--config", str(cfg), "--port", "0"],
+                          capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("inferlab: error: [redis] redis://default:***@127.0.0.1:") and "s3cret" not in proc.stderr
+
+
 @pytest.mark.parametrize(("admission", "said"), [
     ("", "shared through Redis: limits, cache, admission budgets (lease 10 s)"),
     ("[admission]\nmode = \"off\"\n", "shared through Redis: limits, cache\n"),
@@ -489,3 +529,64 @@ async def test_a_refunded_charge_leaves_the_shared_window_whole(redis_url: str) 
         assert kept != refunded
     finally:
         await client.aclose()
+
+
+async def test_the_shared_window_sends_the_reset_headers_the_local_one_sends(redis_url: str) -> None:
+    """docs: every answer to a key with limits carries -reset-requests and -reset-tokens;
+    with [redis] they were missing. Each counts as the local one does: the requests' until
+    the last charge leaves the window, the tokens' until every charged token has."""
+    import redis.asyncio
+
+    from inferlab._clock import WallClock
+    from inferlab.gateway.config import KeyConfig, hash_key
+    from inferlab.gateway.ratelimit import RateLimiter
+    from inferlab.gateway.shared import SharedLimiter
+
+    key = KeyConfig("alice", hash_key("sk-alice"), rpm=3, tpm=100)
+    client = redis.asyncio.from_url(redis_url)
+    try:
+        limiter = SharedLimiter(client, "t:")
+        await limiter.reserve(key, 30, 10)
+        await asyncio.sleep(0.05)
+        second, _ = await limiter.reserve(key, 30, 10)
+        await limiter.correct(key, second, 0, 0)  # (the tokens held now are the first charge's alone)
+        _, headers = await limiter.reserve(key, 0, 0)
+    finally:
+        await client.aclose()
+    local = RateLimiter(WallClock())
+    local.reserve(key, 1, 1)
+    assert set(headers) == set(local.headers(key))
+    reset_requests, reset_tokens = (float(headers[f"x-ratelimit-reset-{n}"].removesuffix("s")) for n in ("requests", "tokens"))
+    assert 0 < reset_tokens < reset_requests <= 60  # the first charge leaves before the last
+
+
+async def test_a_redis_down_is_said_once_not_once_a_request_and_its_return_too(
+        tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]]) -> None:
+    """Each request refused for a Redis down wrote a warning (and each batch another): an
+    outage under load filled the log. Now one line when it fails, one when it is back."""
+    url, proc = redis_server
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    async with FakeUpstream() as up:
+        gw = GatewayProcess(write_config(tmp_path / "gw.toml", up.url, url, 10**6))
+        again = None
+        try:
+            base = await gw.url()
+            proc.kill()
+            proc.wait(timeout=10)
+            async with aiohttp.ClientSession() as s:
+                down = [await post(s, base, chat_body("ok"), AUTH) for _ in range(10)]
+                again = start_redis(port, tmp_path)
+                for _ in range(5):  # (docs: the first call on each pooled connection may fail after a restart)
+                    back = await post(s, base, chat_body("ok"), AUTH)
+                    if back.status == 200:
+                        break
+        finally:
+            gw.close()
+            if again is not None:
+                again.terminate()
+                again.wait(timeout=10)
+    assert [a.status for a in down] == [503] * 10 and back.status == 200
+    assert gw.proc.stderr is not None
+    said = [line for line in gw.proc.stderr.read().splitlines() if line.startswith("redis: ")]
+    # (the pub/sub listener, on a connection of its own, says its failure once too)
+    assert 2 <= len(said) <= 3 and said[-1] == "redis: answers again", said

@@ -70,7 +70,7 @@ from inferlab.gateway.routing import (
     make_router,
     text_prefix,
 )
-from inferlab.gateway.shared import SharedAdmission, SharedCache, SharedLimiter, connect
+from inferlab.gateway.shared import Outage, SharedAdmission, SharedCache, SharedLimiter, connect
 from inferlab.gateway.upstream import Failure, Upstreams, describe
 from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
@@ -222,6 +222,7 @@ class Gateway:
         self.shared_limiter: SharedLimiter | None = None
         self.shared_cache: SharedCache | None = None
         self.shared_admission: SharedAdmission | None = None
+        self.redis_outage = Outage()  # (a failing Redis said once, not once a call)
         self._background: set[asyncio.Task[None]] = set()
         self._watchers: list[asyncio.Task[None]] = []
         self._watch_session: aiohttp.ClientSession | None = None
@@ -254,35 +255,42 @@ class Gateway:
             }}, overwrite=True)  # (checked when the gateway was made)
 
     async def _start(self, app: web.Application) -> None:
+        await self._join_redis()  # (first: a Redis it cannot reach stops the start with nothing else open)
         await self.upstreams.open()
         if self.config.admission.tokenizer == UPSTREAM:
             self._tokenize = [UpstreamTokens(self.session, u.url, u.api_key, u.name, self._count, self.clock)
                               for u in self.config.upstreams]
-        red = self.config.redis
-        if red is not None:
-            self._redis = connect(red.url)
-            try:
-                await self._redis.ping()
-            except Exception as e:  # (redis' own errors: connection, auth, protocol)
-                await self._redis.aclose()
-                raise RunFailedError(f"[redis] {red.url}: {describe(e)}") from None
-            if red.limits:
-                self.shared_limiter = SharedLimiter(self._redis, red.prefix)
-            if red.cache and self.cache is not None:
-                self.shared_cache = SharedCache(self._redis, red.prefix, self.config.cache.ttl_s, self.config.cache.max_bytes)
-            if red.admission and self.config.admission.mode != "off":
-                self.shared_admission = SharedAdmission(self._redis, red.prefix, self.admission,
-                                                        [u.url for u in self.config.upstreams], red.lease_s)
-                try:
-                    await self.shared_admission.start()
-                except Exception as e:  # (redis' own errors)
-                    await self._redis.aclose()
-                    raise RunFailedError(f"[redis] {red.url}: {describe(e)}") from None
         await self._refresh_models()
         if self.engines is not None:
             # a session of its own: it decompresses (a /metrics page may come gzipped),
             # and its reads share no connection with the requests
             self._watch_session = aiohttp.ClientSession()
+
+    async def _join_redis(self) -> None:
+        """Connect to ``[redis]`` and set up what it shares; ``RunFailedError`` (with the
+        URL, its password hidden) if Redis does not answer."""
+        red = self.config.redis
+        if red is None:
+            return
+        self._redis = connect(red.url)
+        try:
+            await self._redis.ping()
+        except Exception as e:  # (redis' own errors: connection, auth, protocol)
+            await self._redis.aclose()
+            raise RunFailedError(f"[redis] {red.shown}: {describe(e)}") from None
+        if red.limits:
+            self.shared_limiter = SharedLimiter(self._redis, red.prefix)
+        if red.cache and self.cache is not None:
+            self.shared_cache = SharedCache(self._redis, red.prefix, self.config.cache.ttl_s, self.config.cache.max_bytes)
+        if red.admission and self.config.admission.mode != "off":
+            self.shared_admission = SharedAdmission(self._redis, red.prefix, self.admission,
+                                                    [u.url for u in self.config.upstreams], red.lease_s,
+                                                    self.redis_outage)
+            try:
+                await self.shared_admission.start()
+            except Exception as e:  # (redis' own errors)
+                await self._redis.aclose()
+                raise RunFailedError(f"[redis] {red.shown}: {describe(e)}") from None
 
     def listening(self) -> None:
         """What begins once the gateway listens (``start``): the access log, and reading
@@ -592,15 +600,18 @@ class Gateway:
             raise APIError(401, "Incorrect API key provided.", "AuthenticationError")
         return key
 
-    async def _shared(self, call: Awaitable[_T]) -> _T:
-        """A call to Redis; ``APIError`` 503 if Redis fails (the limits cannot be checked)."""
+    async def _shared(self, call: Awaitable[_T], key_name: str) -> _T:
+        """A call to Redis; a 503 with ``Retry-After`` (``_Unavailable``) if Redis fails:
+        the limits or the budgets cannot be checked. Counted as a rejection
+        (``redis_unavailable``), so an outage shows on /metrics, not in the log alone."""
         try:
             return await call
         except (Limited, Rejected, asyncio.CancelledError):
             raise
         except Exception as e:  # (redis' own errors: connection, timeout, protocol)
-            log.warning("redis: %s: %s", type(e).__name__, e)
-            raise APIError(503, "the gateway's shared state (Redis) is unavailable", "ServiceUnavailableError") from None
+            self.redis_outage.failed(e)
+            self.metrics.rejections.labels("redis_unavailable", key_name).inc()
+            raise _Unavailable("the gateway's shared state (Redis) is unavailable", 1.0) from None
 
     def _later(self, call: Awaitable[None]) -> None:
         """Run ``call`` in the background (kept until done; its failure is logged)."""
@@ -609,7 +620,7 @@ class Gateway:
             try:
                 await call
             except Exception as e:
-                log.warning("redis: %s: %s", type(e).__name__, e)
+                self.redis_outage.failed(e)
 
         task = asyncio.create_task(run())
         self._background.add(task)
@@ -695,7 +706,9 @@ class Gateway:
             headers: dict[str, str] = {}
             if key is not None and (key.rpm is not None or key.tpm is not None):
                 if self.shared_limiter is not None:
-                    charge, headers = await self._shared(self.shared_limiter.reserve(key, req.input_tokens, req.output_tokens))
+                    charge, headers = await self._shared(
+                        self.shared_limiter.reserve(key, req.input_tokens, req.output_tokens), key.name)
+                    self.redis_outage.answered()  # (the budget's batches say so themselves)
                 else:
                     charge = self.limiter.reserve(key, req.input_tokens, req.output_tokens)
                     headers = self.limiter.headers(key)
@@ -775,7 +788,9 @@ class Gateway:
                 try:
                     entry = await self.shared_cache.get(key)
                 except Exception as e:  # (redis' own errors): a miss
-                    log.warning("redis: %s: %s", type(e).__name__, e)
+                    self.redis_outage.failed(e)
+                else:
+                    self.redis_outage.answered()
                 if entry is not None:
                     self.cache.finish(key, entry, store=False)
                 else:
@@ -871,7 +886,7 @@ class Gateway:
             try:
                 ticket = await self._shared(self.admission.acquire(
                     tokens, eligible(self.router, left, req.input_tokens, self.health),
-                    lambda room: self.router(room, req.prefix, req.input_tokens)))
+                    lambda room: self.router(room, req.prefix, req.input_tokens)), req.key_name)
             except Rejected as e:
                 # (a request that timed out waiting is counted here alone, not in the queue
                 # wait, which is the admitted requests' part of their TTFT)
@@ -879,10 +894,11 @@ class Gateway:
                 obs.fail(ErrorKind.HTTP_STATUS, str(e))
                 obs.record.status = 503
                 return error_response(503, str(e), "ServiceUnavailableError", {**headers, "Retry-After": retry_after(e.retry_after_s)})
-            except APIError as e:  # the shared budgets (Redis) could not be read
+            except _Unavailable as e:  # the shared budgets (Redis) could not be read
                 obs.fail(ErrorKind.HTTP_STATUS, e.message)
                 obs.record.status = e.status
-                return error_response(e.status, e.message, e.error_type, {**headers, "Retry-After": "1"})
+                return error_response(e.status, e.message, e.error_type,
+                                      {**headers, "Retry-After": retry_after(e.retry_after_s)})
             self.metrics.queue_wait.labels(req.model, req.key_name).observe(ticket.queued_ns / NS_PER_S)
             tried.append(ticket.upstream)
             try:

@@ -170,6 +170,15 @@ class RedisConfig:
     admission: bool = True
     lease_s: float = 10.0
 
+    @property
+    def shown(self) -> str:
+        """``url`` as messages show it: a password in it replaced by ``***``."""
+        parts = urlsplit(self.url)
+        if parts.password is None:
+            return self.url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return parts._replace(netloc=netloc).geturl()
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -293,7 +302,7 @@ def load_config(
     _known(doc, {"gateway", "admission", "cache", "upstreams", "keys", "redis"}, "the config file")
     red = _table(doc, "redis")
     _known(red, set(RedisConfig.__dataclass_fields__), "[redis]")
-    if red and "url" not in red:
+    if "redis" in doc and "url" not in red:  # (an empty [redis] shared nothing, and said nothing)
         raise UsageError("[redis] has no url")
     gw = _table(doc, "gateway")
     _known(gw, {"max_body_bytes", "upstream_timeout_s", "access_log", "router", "metrics_refresh_s", "http_client",
@@ -374,19 +383,44 @@ def load_config(
         long_prompt_tokens=_int(gw, "long_prompt_tokens", None, "[gateway]"),
         long_upstreams=tuple(upstream_url(u) for u in _strings(gw, "long_upstreams", "[gateway]")),
         redis=RedisConfig(
-            url=_str(red, "url", "", "[redis]"),
+            url=redis_url(_str(red, "url", None, "[redis]")),
             prefix=_str(red, "prefix", "inferlab:", "[redis]"),
             limits=_bool(red, "limits", True, "[redis]"),
             cache=_bool(red, "cache", True, "[redis]"),
             admission=_bool(red, "admission", True, "[redis]"),
             lease_s=_seconds(red, "lease_s", 10.0, LEASE_MIN_S, "[redis]"),
-        ) if red else None,
+        ) if "redis" in doc else None,
     )
+    if config.redis is not None and config.redis.cache and config.cache.enabled and "max_entries" in cache:
+        # (entries then live in Redis alone, bounded by its maxmemory: a count here would be ignored)
+        raise UsageError("[cache] max_entries: with [redis] cache = true the entries are kept in Redis, whose "
+                         "maxmemory bounds them, not a count; leave it out, or set [redis] cache = false")
     if config.redis is not None and "lease_s" in red and (not config.redis.admission or config.admission.mode == "off"):
         why = "[redis] admission = false" if not config.redis.admission else '[admission] mode = "off"'
         raise UsageError(f"[redis] lease_s is the lease of an instance's share of the admission budgets, "
                          f"and nothing shares them ({why}): leave it out")
     return config
+
+
+def redis_url(url: str) -> str:
+    """``[redis] url`` as redis-py reads it: ``redis://`` or ``rediss://`` (a host, a
+    port, a database number as the path), or ``unix://`` with a socket's path.
+    ``UsageError`` for anything else: redis-py's own parser fails on a scheme or port
+    only at start (an internal error), and takes a database path it cannot read as
+    database 0."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (ValueError: out of range, or not a number)
+    except ValueError as e:
+        raise UsageError(f"[redis] url: not a Redis URL ({e})") from None
+    if parts.scheme not in ("redis", "rediss", "unix") or not url.lower().startswith(f"{parts.scheme}://"):
+        raise UsageError("[redis] url must begin redis://, rediss:// (TLS) or unix:// (redis://host:port/db)")
+    if parts.scheme == "unix" and not parts.path:
+        raise UsageError("[redis] url: unix:// needs the socket's path (unix:///run/redis.sock)")
+    db = parts.path.strip("/") if parts.scheme != "unix" else ""
+    if db and not db.isdigit():
+        raise UsageError(f"[redis] url: the path is the database number (redis://host:port/0), got {parts.path!r}")
+    return url
 
 
 def read_document(path: str) -> dict[str, Any]:

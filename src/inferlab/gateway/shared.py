@@ -52,6 +52,26 @@ from inferlab.gateway.ratelimit import Limited
 
 log = logging.getLogger("inferlab.gateway")
 
+class Outage:
+    """Says that Redis fails once, not once a call (a Redis down under hundreds of
+    requests a second wrote as many lines a second), and once more when it answers
+    again. One per gateway, shared by everything that calls Redis."""
+
+    def __init__(self) -> None:
+        self.failing = False
+
+    def failed(self, e: BaseException) -> None:
+        if not self.failing:
+            log.warning("redis: %s: %s (said once until it answers again; the requests refused meanwhile count in "
+                        "inferlab_gateway_rejections_total{reason=\"redis_unavailable\"})", type(e).__name__, e)
+        self.failing = True
+
+    def answered(self) -> None:
+        if self.failing:
+            log.warning("redis: answers again")
+        self.failing = False
+
+
 #: Keys are ``{prefix}{kind}:{name}``; ``prefix`` defaults to ``inferlab:``.
 _RESERVE = """
 redis.replicate_commands()
@@ -66,27 +86,41 @@ for _, id in ipairs(old) do
   redis.call('HDEL', KEYS[2], id)
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+-- the x-ratelimit-reset-* (ms): until the last charge has left the window, and until
+-- every charged token has (RateLimiter.headers)
+local function resets()
+  local charges = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+  if #charges == 0 then return 0, 0 end
+  local held = tonumber(redis.call('GET', KEYS[3]) or '0')
+  local tok = 0
+  for i = 1, #charges, 2 do
+    if held <= 0 then break end
+    held = held - tonumber(redis.call('HGET', KEYS[2], charges[i]) or '0')
+    if held <= 0 then tok = math.max(tonumber(charges[i + 1]) + window - now, 0) end
+  end
+  return math.max(tonumber(charges[#charges]) + window - now, 0), tok
+end
 local count = redis.call('ZCARD', KEYS[1])
 local used = tonumber(redis.call('GET', KEYS[3]) or '0')
 if rpm >= 0 and count + 1 > rpm then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-  return {0, 'rpm', tonumber(first[2]) + window - now, count, used}
+  return {0, 'rpm', tonumber(first[2]) + window - now, count, used, resets()}
 end
 if tpm >= 0 and used + tokens > tpm then
-  if tokens > tpm then return {0, 'too_large', -1, count, used} end
+  if tokens > tpm then return {0, 'too_large', -1, count, used, resets()} end
   local held = used
   local charges = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
   for i = 1, #charges, 2 do
     held = held - tonumber(redis.call('HGET', KEYS[2], charges[i]) or '0')
-    if held + tokens <= tpm then return {0, 'tpm', tonumber(charges[i + 1]) + window - now, count, used} end
+    if held + tokens <= tpm then return {0, 'tpm', tonumber(charges[i + 1]) + window - now, count, used, resets()} end
   end
-  return {0, 'tpm', window, count, used}
+  return {0, 'tpm', window, count, used, resets()}
 end
 redis.call('ZADD', KEYS[1], now, ARGV[5])
 redis.call('HSET', KEYS[2], ARGV[5], tokens)
 redis.call('INCRBY', KEYS[3], tokens)
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], window * 2) end
-return {1, 'ok', 0, count + 1, used + tokens}
+return {1, 'ok', 0, count + 1, used + tokens, resets()}
 """
 
 _CORRECT = """
@@ -133,12 +167,12 @@ class SharedLimiter:
         ``x-ratelimit-*`` headers); ``Limited`` and nothing charged if over a limit."""
         tokens = self.counted(key, input_tokens, output_tokens)
         charge = uuid.uuid4().hex
-        ok, why, wait_ms, count, used = await self._reserve(
+        ok, why, wait_ms, count, used, reset_requests, reset_tokens = await self._reserve(
             keys=self._keys(key),
             args=[WINDOW_MS, -1 if key.rpm is None else key.rpm, -1 if key.tpm is None else key.tpm, tokens, charge],
         )
         why = why.decode() if isinstance(why, bytes) else str(why)
-        headers = _headers(key, int(count), int(used))
+        headers = _headers(key, int(count), int(used), int(reset_requests), int(reset_tokens))
         if int(ok):
             return charge, headers
         if why == "too_large":
@@ -156,14 +190,17 @@ class SharedLimiter:
         await self._refund(keys=self._keys(key), args=[charge])
 
 
-def _headers(key: KeyConfig, count: int, used: int) -> dict[str, str]:
+def _headers(key: KeyConfig, count: int, used: int, reset_requests_ms: int, reset_tokens_ms: int) -> dict[str, str]:
+    """OpenAI's ``x-ratelimit-*`` headers, as ``RateLimiter.headers`` writes them."""
     out: dict[str, str] = {}
     if key.rpm is not None:
         out |= {"x-ratelimit-limit-requests": str(key.rpm),
-                "x-ratelimit-remaining-requests": str(max(key.rpm - count, 0))}
+                "x-ratelimit-remaining-requests": str(max(key.rpm - count, 0)),
+                "x-ratelimit-reset-requests": f"{reset_requests_ms / 1000:.3f}s"}
     if key.tpm is not None:
         out |= {"x-ratelimit-limit-tokens": str(key.tpm),
-                "x-ratelimit-remaining-tokens": str(max(key.tpm - used, 0))}
+                "x-ratelimit-remaining-tokens": str(max(key.tpm - used, 0)),
+                "x-ratelimit-reset-tokens": f"{reset_tokens_ms / 1000:.3f}s"}
     return out
 
 
@@ -349,8 +386,9 @@ class SharedAdmission:
     right again after the next batch. Calls made while a batch is out go in the next."""
 
     def __init__(self, client: Any, prefix: str, admission: Admission, upstreams: Sequence[str],
-                 lease_s: float = 10.0) -> None:
+                 lease_s: float = 10.0, outage: Outage | None = None) -> None:
         self.client = client
+        self.outage = outage or Outage()
         self.admission = admission
         self.id = uuid.uuid4().hex
         self.lease_ms = max(int(lease_s * 1000), 1)
@@ -416,8 +454,9 @@ class SharedAdmission:
                         fut.set_exception(e if isinstance(e, Exception) else ConnectionError("the gateway is stopping"))
                 if not isinstance(e, Exception):
                     raise
-                log.warning("redis: %s: %s", type(e).__name__, e)
+                self.outage.failed(e)
                 continue
+            self.outage.answered()
             self._seen_epoch = True
             for (kind, u, x, _, fut), ok in zip(calls, out[:len(calls)], strict=True):
                 if kind == _TAKE and ok:
@@ -521,10 +560,21 @@ class SharedAdmission:
                     await self.beat()
 
 
+#: The longest a call to Redis (or connecting to it) may take before it fails: a Redis
+#: that stopped answering (paused, or cut off) is then a 503 like one that refuses, not
+#: a wait for ever (redis-py before 6 sets no timeout of its own).
+TIMEOUT_S = 5.0
+
+
 def connect(url: str) -> Any:
-    """An asyncio Redis client for ``url``; ``UsageError`` without the ``redis`` extra."""
+    """An asyncio Redis client for ``url``, its calls bounded by ``TIMEOUT_S`` (unless
+    the URL sets its own); ``UsageError`` without the ``redis`` extra or for a URL
+    redis-py does not take."""
     try:
         import redis.asyncio
     except ImportError:
         raise UsageError("[redis] needs the redis client: pip install 'inferlab[redis]'") from None
-    return redis.asyncio.Redis.from_url(url)
+    try:
+        return redis.asyncio.Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S)
+    except ValueError as e:
+        raise UsageError(f"[redis] url: {e}") from None
