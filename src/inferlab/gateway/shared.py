@@ -52,6 +52,7 @@ from inferlab.gateway.ratelimit import Limited
 
 log = logging.getLogger("inferlab.gateway")
 
+
 class Outage:
     """Says that Redis fails once, not once a call (a Redis down under hundreds of
     requests a second wrote as many lines a second), and once more when it answers
