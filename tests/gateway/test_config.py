@@ -310,3 +310,40 @@ def test_a_request_past_the_upstreams_context_gets_a_400_at_once_not_a_503_after
                 assert all(a.status == 200 for a in await busy)
 
         asyncio.run(go())
+
+
+@pytest.mark.parametrize(("release", "served"), [(None, True), ("0.31", False)])
+def test_a_max_tokens_of_the_whole_context_goes_to_the_upstream(release: str | None, served: bool) -> None:
+    """max_tokens equal to the upstream's context: vLLM 0.32 (a current sim serve) lowers
+    it to what the prompt leaves and answers, so the gateway passes it on (it refused it
+    itself); an older release refuses it, in its own words. Past the context every
+    release refuses: the gateway's 400, naming the field it came in."""
+    import asyncio
+
+    import aiohttp
+    from gateway_helpers import chat_body, post, serving
+
+    from inferlab.gateway.config import CacheConfig, UpstreamConfig
+    from inferlab.sim.engine.engine import EngineConfig
+    from inferlab.sim.server.app import ServerConfig
+    from inferlab.sim.server.launch import EmbeddedServer
+
+    with EmbeddedServer(ServerConfig(engine=EngineConfig(max_model_len=512, engine_version=release))) as sim:
+        config = GatewayConfig(upstreams=(UpstreamConfig(sim.url),), cache=CacheConfig(enabled=False))
+
+        async def go() -> None:
+            async with serving(config) as (url, _), aiohttp.ClientSession() as s:
+                model = EngineConfig().model
+                whole = await post(s, url, chat_body(model, max_tokens=512, stream=False, ignore_eos=True))
+                assert whole.status == (200 if served else 400), whole.body
+                if served:
+                    usage = whole.json()["usage"]
+                    assert usage["completion_tokens"] == 512 - usage["prompt_tokens"]
+                    assert whole.json()["choices"][0]["finish_reason"] == "length"
+                else:
+                    assert "However, you requested" in whole.json()["error"]["message"]  # (the upstream's words)
+                body = {**chat_body(model, stream=False), "max_completion_tokens": 513}
+                past = await post(s, url, body)
+                assert past.status == 400 and past.json()["error"]["param"] == "max_completion_tokens", past.body
+
+        asyncio.run(go())

@@ -76,6 +76,7 @@ from inferlab.openai.errors import APIError, error_body
 from inferlab.openai.request import (
     PATHS,
     Api,
+    limit_field,
     parse_body,
     read_messages,
     read_model,
@@ -736,16 +737,18 @@ class Gateway:
         """No upstream generates past its context: a max_tokens beyond it waited for room
         behind other traffic, to end as a 503 (a retryable 5xx for a client's fault),
         where every upstream would refuse it at once. ``APIError`` 400 when max_tokens
-        alone reaches the largest context (certain, whatever the prompt's count); else
-        what is reserved is capped there (the record keeps what was asked)."""
+        alone exceeds the largest context (refused by every vLLM release, whatever the
+        prompt's count); else what is reserved is capped there (the record keeps what was
+        asked). A max_tokens of the whole context is passed on: vLLM from 0.32 lowers it to
+        what the prompt leaves and answers (older releases refuse it themselves)."""
         known = [c for c in (self._context.get((req.model, i)) for i in candidates) if c is not None]
         if not known or len(known) != len(candidates):
             return
-        if req.max_tokens is not None and req.max_tokens >= max(known):
+        if req.max_tokens is not None and req.max_tokens > max(known):
             raise APIError(
                 400, f"This model's maximum context length is {max(known)} tokens. However, you requested "
                 f"{req.max_tokens} tokens in the completion alone. Please reduce the length of the completion.",
-                param="max_tokens")
+                param=limit_field(req.body))
         req.output_tokens = min(req.output_tokens, max(max(known) - req.input_tokens, 0))
 
     def _finish(self, req: _Request, obs: Observed, charge: Charge | str | None) -> None:

@@ -227,29 +227,17 @@ class SimulatedServer:
         natural length (``natural_output_len``, its end-of-sequence), cut at
         ``max_tokens`` or, without one, at the context that is left on the chat API and at
         16 tokens on the completions API (vLLM's defaults; ``length`` when cut,
-        ``stop`` when the model ended first). ``ValueError`` (the server's 400) if
-        ``max_tokens`` does not fit in the context, or the prompt leaves no room for one
-        output token."""
-        limit = self.engine.limits.max_model_len
+        ``stop`` when the model ended first). A ``max_tokens`` over the context the
+        prompt leaves is lowered to it where the release does (``Engine.output_limit``,
+        vLLM 0.32 on). ``ValueError`` (the server's 400) for what the server refuses
+        there, and for an exact length over the limit (its ``min_tokens``)."""
         if spec.max_tokens is None and not self.chat:  # (vLLM's completions default, as the HTTP server's)
             spec = replace(spec, max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS, exact_output=False)
-        if spec.max_tokens is not None:
-            if spec.exact_output:
-                return spec.max_tokens, "length", spec.max_tokens  # (the engine checks the context)
-            if len(ids) + spec.max_tokens > limit:
-                raise ValueError(
-                    f"This model's maximum context length is {limit} tokens. However, you requested "
-                    f"{len(ids) + spec.max_tokens} tokens ({len(ids)} in the messages, {spec.max_tokens} in "
-                    "the completion). Please reduce the length of the messages or completion."
-                )
-            cap = spec.max_tokens
-        else:
-            cap = limit - len(ids)
-            if cap < 1:
-                raise ValueError(
-                    f"the prompt ({len(ids)} tokens) does not fit in --max-model-len {limit} "
-                    "with room for one output token"
-                )
+        cap = self.engine.output_limit(len(ids), spec.max_tokens)
+        if spec.exact_output and spec.max_tokens is not None:
+            if spec.max_tokens > cap:  # (the request's min_tokens, over max_tokens as lowered)
+                raise ValueError(f"min_tokens must be less than or equal to max_tokens={cap}, got {spec.max_tokens}.")
+            return cap, "length", cap
         natural = natural_output_len(ids, self.natural_median_tokens)
         return (cap, "length", cap) if natural >= cap else (natural, "stop", cap)
 

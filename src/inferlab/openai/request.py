@@ -308,6 +308,12 @@ class GenerationParams:
     include_stop_str: bool = False
 
 
+def limit_field(body: Mapping[str, Any]) -> str:
+    """The field a request's output limit is read from: ``max_completion_tokens`` where
+    given (not null), else ``max_tokens``."""
+    return "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+
+
 def read_params(body: Mapping[str, Any], api: Api) -> GenerationParams:
     """A generation request's parameters for ``api``, checked as vLLM checks them: the
     types of the fields above and of the sampling fields the output does not depend on
@@ -315,7 +321,7 @@ def read_params(body: Mapping[str, Any], api: Api) -> GenerationParams:
     their ranges. ``APIError`` 400 with the first fault found."""
     stream = read_bool(body, "stream", False)
     include_usage = _read_stream_options(body, stream)
-    limit = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    limit = limit_field(body)
     max_tokens = _read_int(body, limit)
     if max_tokens is not None and max_tokens < 1:
         raise APIError(400, f"{limit} must be at least 1, got {max_tokens}.", param=limit)

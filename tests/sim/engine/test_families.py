@@ -47,7 +47,10 @@ def test_the_table_says_what_each_family_changes() -> None:
     assert all(f.rules.efficiencies.api_stream_s == 0 for f in EngineFamily if f not in (EngineFamily.VLLM, EngineFamily.GENERIC))
     # another engine takes V1's rules but not vLLM's asynchronous scheduler, nor vLLM's releases
     assert [f for f in FIELDS if getattr(v1, f) != getattr(EngineFamily.GENERIC.rules, f)] == [
-        "engine", "overlap_schedule", "overlap_schedule_since", "reserve_full_sequence_since", "evict_unhashed_first_since"]
+        "engine", "overlap_schedule", "overlap_schedule_since", "reserve_full_sequence_since", "evict_unhashed_first_since",
+        "clamp_max_tokens", "clamp_max_tokens_since"]
+    # only vLLM V1 lowers a max_tokens over the context left (0.32 on): the others refuse it
+    assert [f for f in EngineFamily if f.rules.clamp_max_tokens] == [EngineFamily.VLLM]
     assert v1.release_dated and EngineFamily.SGLANG.rules.release_dated
     assert not any(f.rules.release_dated for f in EngineFamily if f not in (EngineFamily.VLLM, EngineFamily.SGLANG))
     # vLLM <= 0.5 is V0 with the front end in the engine's process, and its intake cost

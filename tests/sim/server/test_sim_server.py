@@ -264,8 +264,8 @@ def test_openai_natural_stop_matches_usage(oai: openai.OpenAI) -> None:
 def test_openai_client_maps_errors(oai: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         oai.chat.completions.create(model="no-such-model", messages=CHAT)
-    with pytest.raises(openai.BadRequestError, match="maximum context length"):
-        oai.completions.create(model=MODEL, prompt="hi", max_tokens=MAX_MODEL_LEN)
+    with pytest.raises(openai.BadRequestError, match="cannot be greater than max_model_len"):
+        oai.completions.create(model=MODEL, prompt="hi", max_tokens=MAX_MODEL_LEN + 1)
 
 
 def test_models_lists_the_served_model(http: httpx.Client) -> None:
@@ -363,7 +363,10 @@ def test_node_fetch_streams(server: EmbeddedServer, tmp_path: Path) -> None:
 
 # --- errors ------------------------------------------------------------------------
 
-_LONG_PROMPT = words(4000, seed=5)
+# (over the 4,096-token context even without an answer: refused by every vLLM release;
+# a prompt that fits with max_tokens over what it leaves is answered by vLLM 0.32, cut
+# short: test_sim_server_context)
+_LONG_PROMPT = words(4200, seed=5)
 
 ERROR_CASES = [
     pytest.param(

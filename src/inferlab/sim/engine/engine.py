@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from inferlab.sim.engine.block_manager import GeneratedTokens
-from inferlab.sim.engine.config import EngineConfig, resolve
+from inferlab.sim.engine.config import EngineConfig, engine_release, resolve
 from inferlab.sim.engine.dtypes import CapacityPolicy
 from inferlab.sim.engine.frontend import FrontEnd
 from inferlab.sim.engine.hardware import GpuSpec
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
-from inferlab.sim.engine.scheduler import Batch, Request, SchedulerConfig
+from inferlab.sim.engine.scheduler import Batch, Request, SchedulerConfig, output_limit
 from inferlab.sim.engine.sizing import EngineSizes, size_engine
 from inferlab.sim.engine.steady import SteadyScheduler
 from inferlab.sim.engine.steptime import RooflineStepTime, StepTimeModel
@@ -187,6 +187,8 @@ class Engine:
             config.num_scheduler_steps, reserve, reserve_outputs, no_evict=no_evict,
             budget_bounds_decodes=config.engine_family.rules.budget_bounds_decodes,
         )
+        #: a max_tokens over the context left is lowered to it, not refused (vLLM 0.32 on)
+        self.clamps_max_tokens = resolved.rules.clamp_max_tokens_in(engine_release(config))
         # the reference scheduler, with steady decodes kept as sums in virtual-time steps
         self._scheduler = SteadyScheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}
@@ -218,6 +220,12 @@ class Engine:
             req.token_times = self._timelines[rid].token_times_s if on else None
 
     # --- requests -------------------------------------------------------------------
+
+    def output_limit(self, prompt_tokens: int, max_tokens: int | None, param: str = "max_tokens") -> int:
+        """The most tokens a request may generate, as this engine's API server decides
+        (``scheduler.output_limit`` in its release); ``ContextError`` for its 400."""
+        return output_limit(prompt_tokens, max_tokens, self.limits.max_model_len, clamp=self.clamps_max_tokens,
+                            param=param)
 
     def add_request(
         self, request_id: str, prompt_ids: Sequence[int], output_len: int, now_s: float,

@@ -131,6 +131,11 @@ class FamilyRules:
     evict_unhashed_first_since: tuple[int, int] | None = None
     # vLLM 0.5.5-0.7's multi-step scheduling (--num-scheduler-steps); V1 dropped the flag
     multi_step: bool = False
+    # a max_tokens over what the context leaves after the prompt is lowered to it (the
+    # answer ends "length") instead of refused with HTTP 400 (from release
+    # ``clamp_max_tokens_since`` on, when a release is known; ``scheduler.output_limit``)
+    clamp_max_tokens: bool = False
+    clamp_max_tokens_since: tuple[int, int] | None = None
 
     def chunked_prefill_default(self, max_model_len: int) -> bool:
         """Whether prefills are chunked when no flag says, for this (declared) context."""
@@ -151,12 +156,17 @@ class FamilyRules:
         """Whether release ``version`` (None: a current one) reuses unhashed blocks first."""
         return _on_in(self.evict_unhashed_first, self.evict_unhashed_first_since, version)
 
+    def clamp_max_tokens_in(self, version: tuple[int, int] | None) -> bool:
+        """Whether release ``version`` (None: a current one) lowers a max_tokens over the
+        context left instead of refusing the request."""
+        return _on_in(self.clamp_max_tokens, self.clamp_max_tokens_since, version)
+
     @property
     def release_dated(self) -> bool:
         """Whether a default here changed with a release (``*_since``), so that stating a
         release (``--engine-version``) changes something."""
         return any(s is not None for s in (self.overlap_schedule_since, self.reserve_full_sequence_since,
-                                           self.evict_unhashed_first_since))
+                                           self.evict_unhashed_first_since, self.clamp_max_tokens_since))
 
     def overlap_schedule_in(self, version: tuple[int, int] | None) -> bool:
         """Whether release ``version`` (None: a current one) overlaps scheduling by default."""
@@ -259,6 +269,15 @@ _VLLM_V1 = FamilyRules(
     # appends every freed block)
     reserve_full_sequence_since=(0, 19),
     evict_unhashed_first_since=(0, 24),
+    # prompt + max_tokens over the context: 0.32 lowers max_tokens to what the context
+    # leaves (measured on its CPU build: prompt 11 + max_tokens 505 on a 512-token context
+    # answered 501 tokens, finish_reason length); 0.31.0 refused it with HTTP 400 (its
+    # released renderers/params.py: TokenizeParams.max_input_tokens = max_total_tokens -
+    # max_output_tokens, checked by _token_len_check, as in issue #42474 on 0.20; 0.32.0's
+    # no longer subtracts, and get_max_tokens lowers max_tokens: the change vLLM PR #57035
+    # proposes). First released in 0.32. In both, max_tokens over the whole context is a 400
+    clamp_max_tokens=True,
+    clamp_max_tokens_since=(0, 32),
 )
 
 _VLLM_V0 = FamilyRules(
@@ -387,6 +406,7 @@ FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
     EngineFamily.GENERIC: dataclasses.replace(
         _VLLM_V1, engine="another engine (TGI, nano-vllm, ...)", overlap_schedule=False, overlap_schedule_since=None,
         reserve_full_sequence_since=None, evict_unhashed_first_since=None,
+        clamp_max_tokens=False, clamp_max_tokens_since=None,  # (its own rule unknown: the 400 kept)
     ),
 }
 

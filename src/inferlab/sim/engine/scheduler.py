@@ -205,6 +205,54 @@ class Batch:
         return len(self.seqs) + self.steady
 
 
+class ContextError(ValueError):
+    """A request the server refuses for the context (HTTP 400); ``param``: the request
+    field it names, if any."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _over_context(limit: int, prompt: int, output: int) -> str:
+    return (f"This model's maximum context length is {limit} tokens. However, you requested {prompt + output} "
+            f"tokens ({prompt} in the messages, {output} in the completion). Please reduce the length of the "
+            "messages or completion.")
+
+
+def output_limit(
+    prompt_tokens: int, max_tokens: int | None, max_model_len: int, *, clamp: bool, param: str = "max_tokens"
+) -> int:
+    """The most tokens a request may generate, as vLLM's API server decides before the
+    engine sees it: ``max_tokens`` (``param`` names the field it came in), or without
+    one the context the prompt leaves. ``ContextError`` (its 400) for what it refuses.
+
+    ``clamp`` (vLLM 0.32 on, ``FamilyRules.clamp_max_tokens``): a ``max_tokens`` over
+    what the prompt leaves is lowered to it (the answer ends "length"); refused are a
+    ``max_tokens`` over the whole context, a prompt over it, and a prompt that fills it
+    (max_tokens lowered to 0), each in 0.32's words. Otherwise (vLLM before 0.32, the
+    other engines) prompt + ``max_tokens`` over the context is refused, as is a prompt
+    that leaves no room for one token."""
+    room = max_model_len - prompt_tokens
+    if not clamp:
+        if max_tokens is not None and max_tokens > room:
+            raise ContextError(_over_context(max_model_len, prompt_tokens, max_tokens))
+        if room < 1:
+            raise ContextError(f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+                               f"has {prompt_tokens} tokens. Please reduce the length of the prompt.")
+        return room if max_tokens is None else max_tokens
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise ContextError(f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+                           "Please request fewer output tokens.", param)
+    if room < 0:
+        raise ContextError(f"This model's maximum context length is {max_model_len} tokens. However, your prompt "
+                           f"contains {prompt_tokens} input tokens, which exceeds this limit even without any output "
+                           "tokens. Please reduce the length of the input prompt.", "input_tokens")
+    if room == 0:
+        raise ContextError("max_tokens must be at least 1, got 0.", "max_tokens")
+    return room if max_tokens is None else min(max_tokens, room)
+
+
 class Scheduler:
     """``add`` → (``schedule`` → run the batch → ``finish_step``)*; see the module doc.
 
@@ -224,20 +272,17 @@ class Scheduler:
         self._shrunk = False  # a running request left since the last decode step
 
     def check_fits(self, num_prompt_tokens: int, max_output_tokens: int) -> None:
-        """Raise ``ValueError`` for a request this engine can never serve."""
+        """Raise ``ValueError`` for a request this engine can never serve: one that
+        would generate past the context (``ContextError``; the HTTP server and ``sim
+        run`` first apply ``output_limit``, which lowers its length where the release
+        does), or that the whole KV cache cannot hold."""
         if num_prompt_tokens < 1:
             raise ValueError("The prompt must contain at least one token.")
         if max_output_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_output_tokens}.")
         total = num_prompt_tokens + max_output_tokens
-        limit = self.config.max_model_len
-        if total > limit:
-            raise ValueError(
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {total} tokens ({num_prompt_tokens} in the messages, "
-                f"{max_output_tokens} in the completion). Please reduce the length of the "
-                "messages or completion."
-            )
+        if total > self.config.max_model_len:  # (a front end lowers max_tokens first where its release does)
+            raise ContextError(_over_context(self.config.max_model_len, num_prompt_tokens, max_output_tokens))
         capacity = self.kv.num_blocks * self.kv.block_size
         if total > capacity:
             raise ValueError(

@@ -32,6 +32,7 @@ from inferlab.openai.request import (
     PATHS,
     Api,
     GenerationParams,
+    limit_field,
     parse_body,
     read_bool,
     read_chat_template,
@@ -43,6 +44,7 @@ from inferlab.openai.request import (
 from inferlab.results.provenance import ENGINE_ROUTE
 from inferlab.sim.engine.engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim.engine.outputs import COMPLETIONS_DEFAULT_MAX_TOKENS, natural_output_len
+from inferlab.sim.engine.scheduler import ContextError
 from inferlab.sim.server.generation import Generation, OutputPlan
 from inferlab.sim.server.output import LogprobTable, OutputText
 from inferlab.sim.server.prometheus import (
@@ -354,33 +356,27 @@ class SimServer:
         if model and model not in (self.config.model_name, self.config.engine.model):
             raise APIError(404, f"The model `{model}` does not exist.", "NotFoundError", param="model")
 
-    def _plan(self, params: GenerationParams, prompt_ids: list[int]) -> OutputPlan:
+    def _plan(self, params: GenerationParams, prompt_ids: list[int], param: str = "max_tokens") -> OutputPlan:
         """How many tokens to generate, how the answer ends and what it shows. A stop
         string or stop token (``OutputText.stop``) ends it where it would end the
         simulated model's text, within the length otherwise chosen; ``ignore_eos`` does not
         turn stops off (vLLM's rule). ``APIError`` 400 for what the server does not serve
-        (``n`` > 1, prompt logprobs) or what does not fit the context."""
+        (``n`` > 1, prompt logprobs) or what does not fit the context
+        (``Engine.output_limit``: from vLLM 0.32 on a ``max_tokens`` over the context
+        the prompt leaves is lowered to it; ``param`` names the field it came in), and a
+        ``min_tokens`` over the limit (vLLM's check, on max_tokens as lowered)."""
         if params.n != 1:
             raise APIError(400, f"n must be 1: the simulated server answers with one choice, got {params.n}.", param="n")
         if params.prompt_logprobs is not None:
             raise APIError(400, "prompt_logprobs is not supported by the simulated server.", param="prompt_logprobs")
-        room = self.engine.limits.max_model_len - len(prompt_ids)
-        max_tokens = params.max_tokens
-        if max_tokens is not None and len(prompt_ids) + max_tokens > self.engine.limits.max_model_len:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {self.engine.limits.max_model_len} tokens. "
-                f"However, you requested {len(prompt_ids) + max_tokens} tokens "
-                f"({len(prompt_ids)} in the messages, {max_tokens} in the completion). "
-                "Please reduce the length of the messages or completion.",
-            )
-        if room < 1:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {self.engine.limits.max_model_len} tokens. "
-                f"However, your prompt has {len(prompt_ids)} tokens. Please reduce the length of the prompt.",
-            )
-        limit = max_tokens if max_tokens is not None else room
+        try:
+            limit = self.engine.output_limit(len(prompt_ids), params.max_tokens, param)
+        except ContextError as e:
+            raise APIError(400, str(e), param=e.param) from e
+        if params.min_tokens > limit:
+            raise APIError(400, f"min_tokens must be less than or equal to max_tokens={limit}, got {params.min_tokens}.")
+        # (vLLM's sampling max_tokens, as its request_params_max_tokens histogram sees it)
+        max_tokens = None if params.max_tokens is None else limit
         if params.ignore_eos or params.min_tokens >= limit:
             tokens, reason = limit, "length"
         else:
@@ -412,7 +408,7 @@ class SimServer:
         _refuse_unsimulated(body, chat)
         if not chat:
             params = completions_limit(body, params)
-        plan = self._plan(params, prompt_ids)
+        plan = self._plan(params, prompt_ids, limit_field(body))
         request_id = body.get("request_id")
         if request_id is not None and not isinstance(request_id, str):
             raise APIError(400, "request_id: Input should be a valid string", param="request_id")

@@ -28,7 +28,8 @@ class OutputPlan:
     ``text_chars``: where the text ends when a stop cuts it (None: after the last
     token). ``hold_chars``: characters a stream holds back until no stop string can
     start in them (vLLM: the longest stop string's length less one). ``logprobs``:
-    alternatives per token's log-probability, None for none. ``max_tokens``: as asked;
+    alternatives per token's log-probability, None for none. ``max_tokens``: as asked
+    (lowered to the context left where the release does; None: not asked for);
     ``limit``: the request's own limit, ``max_tokens`` or else the context left (what
     SGLang's admission estimates its output from; 0: ``tokens``)."""
 
