@@ -55,7 +55,7 @@ async def test_the_gateway_s_own_400_and_404_are_logged_with_the_key_s_name(tmp_
     async with ContextUpstream() as up, serving(config(up.url, tmp_path / "log")) as (url, _), \
             aiohttp.ClientSession() as s:
         answers = [await post(s, url, chat_body("m", stream=False), AUTH),
-                   await post(s, url, chat_body("m", max_tokens=100), AUTH),  # the whole context: the gateway's 400
+                   await post(s, url, chat_body("m", max_tokens=101), AUTH),  # over the whole context: the gateway's 400
                    await post(s, url, chat_body("nope"), AUTH),  # no upstream lists it: 404
                    await post(s, url, chat_body("m", max_tokens=0), AUTH)]  # a bad field: 400 before it is read
     assert [a.status for a in answers] == [200, 400, 404, 400]
@@ -65,7 +65,7 @@ async def test_the_gateway_s_own_400_and_404_are_logged_with_the_key_s_name(tmp_
     assert [r.ok for r in got] == [True, False, False, False]
     assert "in the completion alone" in (got[1].error or "") and "nope" in (got[2].error or "")
     assert all(r.end_ns is not None and r.send_ns is not None and r.end_ns >= r.send_ns for r in got)
-    assert got[1].requested_output_tokens == 100 and got[2].requested_output_tokens == 8
+    assert got[1].requested_output_tokens == 101 and got[2].requested_output_tokens == 8
 
 
 async def test_the_gateway_s_own_failures_have_the_time_it_finished_answering(tmp_path: Path) -> None:
