@@ -188,8 +188,9 @@ def _source_intervals(comparisons: list[Comparison]) -> None:
 
 
 def apply_overrides(settings: list[str]) -> None:
-    """Change one efficiency constant of one engine family per ``FAMILY.NAME=VALUE``, for
-    this process: a sensitivity check that leaves the shipped constants as they are.
+    """Change one efficiency constant of one engine family (``all``: of every family) per
+    ``FAMILY.NAME=VALUE``, for this process: a sensitivity check that leaves the shipped
+    constants as they are.
 
     Raises ``ValueError`` for an unknown family or constant or a value that is no number."""
     known = {f.name for f in dataclasses.fields(Efficiencies)}
@@ -198,12 +199,13 @@ def apply_overrides(settings: list[str]) -> None:
         family_name, dot, name = key.strip().partition(".")
         if not sep or not dot:
             raise ValueError(f"--set {setting!r}: expected FAMILY.NAME=VALUE")
-        family = EngineFamily(family_name)
+        chosen = list(families.FAMILY_RULES) if family_name == "all" else [EngineFamily(family_name)]
         if name not in known:
             raise ValueError(f"--set {setting!r}: no constant {name!r}; known: {sorted(known)}")
-        rules = families.FAMILY_RULES[family]
-        eff = dataclasses.replace(rules.efficiencies, **{name: float(value)})
-        families.FAMILY_RULES[family] = dataclasses.replace(rules, efficiencies=eff)
+        for family in chosen:
+            rules = families.FAMILY_RULES[family]
+            eff = dataclasses.replace(rules.efficiencies, **{name: float(value)})
+            families.FAMILY_RULES[family] = dataclasses.replace(rules, efficiencies=eff)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--set", action="append", default=[], metavar="FAMILY.NAME=VALUE",
         help="run with one efficiency constant of one engine family changed (e.g. "
-        "vllm.api_per_seq_s=15e-6; repeatable): a sensitivity check, in one process, never "
-        "with --write-bands",
+        "vllm.api_per_seq_s=15e-6; all.attention_compute=0.4 for every family; repeatable): a "
+        "sensitivity check, in one process, never with --write-bands",
     )
     args = ap.parse_args(argv)
     if args.write_bands and (not args.all or args.rows or args.set):

@@ -715,6 +715,11 @@ def test_validate_sim_set_changes_one_constant_of_one_family_for_a_sensitivity_c
         with pytest.raises(ValueError):
             script["apply_overrides"]([bad])
     assert script["main"](["--all", "--write-bands", "--set", "vllm.api_per_seq_s=1e-6"]) == 2
+    # ``all.``: that constant of every family, nothing else of theirs
+    script["apply_overrides"](["all.attention_compute=0.4"])
+    for f, rules in families.FAMILY_RULES.items():
+        assert rules.efficiencies.attention_compute == 0.4 != before[f].efficiencies.attention_compute
+        assert rules.efficiencies.gemm_compute == before[f].efficiencies.gemm_compute
 
 
 def test_fit_gpu_stream_runs_fit_rows_of_that_gpu_only_and_its_rule_prefers_the_least_change() -> None:
