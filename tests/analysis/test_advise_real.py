@@ -223,6 +223,41 @@ def test_requests_queued_at_a_real_servers_stated_slots_are_a_measured_finding(t
     assert "engine_cap_run" not in a.checked and "no cap" in a.not_checked["engine_cap_run"], a.not_checked
 
 
+def test_raising_llamacpps_slots_raises_the_context_they_split(tmp_path: Path) -> None:
+    """llama-server gives each of its --parallel slots --ctx-size / --parallel tokens:
+    advise said "raise the cap (llama.cpp --parallel 12 (its slots)) where its KV cache
+    has room", which, the -c kept, cuts each slot's context to a third, and requests that
+    fit a slot now fail (measured: -np 8 -c 2048 after -np 2, 266-token prompts refused).
+    Now the context is raised with the slots, to keep a slot's (the 4,096 tokens the server
+    stated), on a run and on a profile, and in the engine file inferlab started it from;
+    where a slot's context is not known, it is raised in proportion. vLLM's advice is
+    not changed."""
+    config = {**llamacpp_config(), "load": {"schedule": {"kind": "ClosedLoop", "concurrency": 12}, "num_requests": 60}}
+    records = closed_loop_records(12, 60, 4)
+    cap = next(r for r in advise(write_run(tmp_path / "run", config, records)).recommendations if r.rule == "engine_cap")
+    assert "llama.cpp --parallel 12 --ctx-size 49152 (12 × the 4,096 tokens a slot has now" in cap.change, cap.change
+    assert "KV cache has room" not in cap.change and "in the engine file" not in cap.change
+    # started by bench --engine: the engine file's settings too (-c is max_model_len × max_num_seqs there)
+    started = {**config, "engine_config": {"engine": "llamacpp", "model": "m.gguf", "max_model_len": 4096, "max_num_seqs": 4}}
+    cap = next(r for r in advise(write_run(tmp_path / "started", started, records)).recommendations if r.rule == "engine_cap")
+    assert "in the engine file, max_num_seqs = 12 with max_model_len = 4096" in cap.change, cap.change
+    # a slot's context not stated: raised in proportion
+    unsaid = {**config, "resolved": {**config["resolved"], "server_software": {
+        "name": "llama.cpp", "source": "GET /props", "settings": {"max_num_seqs": 4}}}}
+    cap = next(r for r in advise(write_run(tmp_path / "unsaid", unsaid, records)).recommendations if r.rule == "engine_cap")
+    assert "llama.cpp --parallel 12 (its slots), the context raised in proportion" in cap.change, cap.change
+    # the profile's knee at the slots: the same
+    ladder = decode([1400.0, 1740.0, 1750.0, 1480.0], [0.36, 0.55, 0.53, 0.62], (1, 2, 4, 8))
+    prof = write_llamacpp_profile(tmp_path / "prof", [ladder], {"max_num_seqs": 2, "max_model_len": 1024})
+    cap = next(r for r in advise(prof).recommendations if r.rule == "engine_cap")
+    assert "llama.cpp --parallel 8 --ctx-size 8192 (8 × the 1,024 tokens a slot has now" in cap.change, cap.change
+    # vLLM's sequences share no fixed split of a context: its advice as it was
+    vllm = {**config, "resolved": {**config["resolved"], "server_software": {
+        "name": "vLLM", "version": "0.11.0", "source": "GET /version", "settings": {"max_num_seqs": 4, "max_model_len": 4096}}}}
+    cap = next(r for r in advise(write_run(tmp_path / "vllm", vllm, records)).recommendations if r.rule == "engine_cap")
+    assert "vLLM --max-num-seqs 12) where its KV cache has room" in cap.change and "ctx" not in cap.change, cap.change
+
+
 def test_a_cap_is_not_advised_at_a_knee_its_own_ladder_shows_still_paying_or_at_a_loss_past_the_goals_slack(
         tmp_path: Path) -> None:
     """The llama-server ladder (774, 873, 1,021, 1,408 tokens/s at 1, 2, 4, 8), its
