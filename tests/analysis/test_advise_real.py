@@ -489,6 +489,33 @@ def test_a_run_with_no_gauge_sampled_has_kv_pressure_not_checked(tmp_path: Path)
     assert "kv_pressure" not in a.checked and "no server metrics sampled" in a.not_checked["kv_pressure"], a.not_checked
 
 
+def test_kv_pressure_on_a_server_whose_metrics_name_no_kv_usage_says_so(tmp_path: Path) -> None:
+    """llama.cpp's /metrics (this build's) names no KV usage and no preemptions: a bench
+    run of 2.5 s against it, /metrics sampled twice (running and waiting gauges), had
+    kv_pressure "not checked (no server metrics sampled during the run (it ended before the
+    first sample, at 1 s))", as if a longer run would show it. Now the reason is the one
+    that holds: the server's /metrics has no such gauge. A run shorter than the first
+    sample against a server that has one keeps its reason."""
+    from inferlab.results.summary import summarize
+
+    config = {**llamacpp_config(), "load": {"schedule": {"kind": "ClosedLoop", "concurrency": 8}, "num_requests": 32}}
+    records = closed_loop_records(8, 32, 8)
+    d = write_run(tmp_path / "llamacpp", config, records)
+    summary = summarize(records, config=config).to_json()
+    # (as the llama.cpp run's summary.json recorded it)
+    summary["server_metrics"] = {
+        "available": True, "server": "llama.cpp", "samples": 2, "counters": {"prompt_tokens": 17024.0},
+        "gauges": {"running": {"mean": 1.5, "max": 2.0}, "waiting": {"mean": 4.0, "max": 4.0}},
+        "missing": ["preemptions", "requests_finished", "kv_usage", "ttft", "tpot", "itl", "e2e", "queue", "prefill",
+                    "decode"]}
+    (d / "summary.json").write_text(json.dumps(summary))
+    a = advise(d)
+    why = a.not_checked["kv_pressure"]
+    assert why == "llama.cpp's /metrics exposes no KV usage nor preemptions" and "sampled" not in why, why
+    short = advise(metrics_run(tmp_path / "short", VLLM_OVERRIDE, []))
+    assert "no server metrics sampled" in short.not_checked["kv_pressure"], short.not_checked
+
+
 #: The reviewer's prof2 ladder (vLLM, cap 16, 24 KV blocks): output tokens/s at 1 … 32
 PROF2_TPS = [712.0, 1158.0, 1910.0, 2347.0, 3048.0, 3207.0]
 

@@ -1266,8 +1266,10 @@ def _series(d: Path) -> list[dict[str, Any]]:
 
 def _no_gauges(run: _Run) -> str | None:
     """Why a real server's KV usage is not known for a run, in words: /metrics not read,
-    or no page sampled during the run (it ended before the first, at 1 s); None where it
-    is known, or the run's engine is simulated (its own counts say)."""
+    a /metrics that exposes none (``missing``: llama.cpp's, whose builds since its
+    kv_cache_usage_ratio went name none; a longer run would not show it either), or no
+    page sampled during the run (it ended before the first, at 1 s); None where it is
+    known, or the run's engine is simulated (its own counts say)."""
     if run.engine() is not None or run.config.get("command") == "sim run":
         return None
     m = run.summary.server_metrics
@@ -1275,7 +1277,12 @@ def _no_gauges(run: _Run) -> str | None:
         return "the run did not read the server's /metrics"
     if not m.available:
         return f"the server's /metrics not available ({m.reason or 'no page'})"
-    return None if "kv_usage" in m.gauges else "no server metrics sampled during the run (it ended before the first sample, at 1 s)"
+    if "kv_usage" in m.gauges:
+        return None
+    if "kv_usage" in m.missing:
+        whose = f"{m.server}'s" if m.server else "the server's"
+        return f"{whose} /metrics exposes no KV usage" + (" nor preemptions" if "preemptions" in m.missing else "")
+    return "no server metrics sampled during the run (it ended before the first sample, at 1 s)"
 
 
 def _queue_bound(run: _Run) -> Gain | None:
