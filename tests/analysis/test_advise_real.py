@@ -223,6 +223,41 @@ def test_requests_queued_at_a_real_servers_stated_slots_are_a_measured_finding(t
     assert "engine_cap_run" not in a.checked and "no cap" in a.not_checked["engine_cap_run"], a.not_checked
 
 
+def test_raising_llamacpps_slots_raises_the_context_they_split(tmp_path: Path) -> None:
+    """llama-server gives each of its --parallel slots --ctx-size / --parallel tokens:
+    advise said "raise the cap (llama.cpp --parallel 12 (its slots)) where its KV cache
+    has room", which, the -c kept, cuts each slot's context to a third, and requests that
+    fit a slot now fail (measured: -np 8 -c 2048 after -np 2, 266-token prompts refused).
+    Now the context is raised with the slots, to keep a slot's (the 4,096 tokens the server
+    stated), on a run and on a profile, and in the engine file inferlab started it from;
+    where a slot's context is not known, it is raised in proportion. vLLM's advice is
+    not changed."""
+    config = {**llamacpp_config(), "load": {"schedule": {"kind": "ClosedLoop", "concurrency": 12}, "num_requests": 60}}
+    records = closed_loop_records(12, 60, 4)
+    cap = next(r for r in advise(write_run(tmp_path / "run", config, records)).recommendations if r.rule == "engine_cap")
+    assert "llama.cpp --parallel 12 --ctx-size 49152 (12 × the 4,096 tokens a slot has now" in cap.change, cap.change
+    assert "KV cache has room" not in cap.change and "in the engine file" not in cap.change
+    # started by bench --engine: the engine file's settings too (-c is max_model_len × max_num_seqs there)
+    started = {**config, "engine_config": {"engine": "llamacpp", "model": "m.gguf", "max_model_len": 4096, "max_num_seqs": 4}}
+    cap = next(r for r in advise(write_run(tmp_path / "started", started, records)).recommendations if r.rule == "engine_cap")
+    assert "in the engine file, max_num_seqs = 12 with max_model_len = 4096" in cap.change, cap.change
+    # a slot's context not stated: raised in proportion
+    unsaid = {**config, "resolved": {**config["resolved"], "server_software": {
+        "name": "llama.cpp", "source": "GET /props", "settings": {"max_num_seqs": 4}}}}
+    cap = next(r for r in advise(write_run(tmp_path / "unsaid", unsaid, records)).recommendations if r.rule == "engine_cap")
+    assert "llama.cpp --parallel 12 (its slots), the context raised in proportion" in cap.change, cap.change
+    # the profile's knee at the slots: the same
+    ladder = decode([1400.0, 1740.0, 1750.0, 1480.0], [0.36, 0.55, 0.53, 0.62], (1, 2, 4, 8))
+    prof = write_llamacpp_profile(tmp_path / "prof", [ladder], {"max_num_seqs": 2, "max_model_len": 1024})
+    cap = next(r for r in advise(prof).recommendations if r.rule == "engine_cap")
+    assert "llama.cpp --parallel 8 --ctx-size 8192 (8 × the 1,024 tokens a slot has now" in cap.change, cap.change
+    # vLLM's sequences share no fixed split of a context: its advice as it was
+    vllm = {**config, "resolved": {**config["resolved"], "server_software": {
+        "name": "vLLM", "version": "0.11.0", "source": "GET /version", "settings": {"max_num_seqs": 4, "max_model_len": 4096}}}}
+    cap = next(r for r in advise(write_run(tmp_path / "vllm", vllm, records)).recommendations if r.rule == "engine_cap")
+    assert "vLLM --max-num-seqs 12) where its KV cache has room" in cap.change and "ctx" not in cap.change, cap.change
+
+
 def test_a_cap_is_not_advised_at_a_knee_its_own_ladder_shows_still_paying_or_at_a_loss_past_the_goals_slack(
         tmp_path: Path) -> None:
     """The llama-server ladder (774, 873, 1,021, 1,408 tokens/s at 1, 2, 4, 8), its
@@ -452,6 +487,33 @@ def test_a_run_with_no_gauge_sampled_has_kv_pressure_not_checked(tmp_path: Path)
     not checked, with why."""
     a = advise(metrics_run(tmp_path / "short", VLLM_OVERRIDE, []))
     assert "kv_pressure" not in a.checked and "no server metrics sampled" in a.not_checked["kv_pressure"], a.not_checked
+
+
+def test_kv_pressure_on_a_server_whose_metrics_name_no_kv_usage_says_so(tmp_path: Path) -> None:
+    """llama.cpp's /metrics (this build's) names no KV usage and no preemptions: a bench
+    run of 2.5 s against it, /metrics sampled twice (running and waiting gauges), had
+    kv_pressure "not checked (no server metrics sampled during the run (it ended before the
+    first sample, at 1 s))", as if a longer run would show it. Now the reason is the one
+    that holds: the server's /metrics has no such gauge. A run shorter than the first
+    sample against a server that has one keeps its reason."""
+    from inferlab.results.summary import summarize
+
+    config = {**llamacpp_config(), "load": {"schedule": {"kind": "ClosedLoop", "concurrency": 8}, "num_requests": 32}}
+    records = closed_loop_records(8, 32, 8)
+    d = write_run(tmp_path / "llamacpp", config, records)
+    summary = summarize(records, config=config).to_json()
+    # (as the llama.cpp run's summary.json recorded it)
+    summary["server_metrics"] = {
+        "available": True, "server": "llama.cpp", "samples": 2, "counters": {"prompt_tokens": 17024.0},
+        "gauges": {"running": {"mean": 1.5, "max": 2.0}, "waiting": {"mean": 4.0, "max": 4.0}},
+        "missing": ["preemptions", "requests_finished", "kv_usage", "ttft", "tpot", "itl", "e2e", "queue", "prefill",
+                    "decode"]}
+    (d / "summary.json").write_text(json.dumps(summary))
+    a = advise(d)
+    why = a.not_checked["kv_pressure"]
+    assert why == "llama.cpp's /metrics exposes no KV usage nor preemptions" and "sampled" not in why, why
+    short = advise(metrics_run(tmp_path / "short", VLLM_OVERRIDE, []))
+    assert "no server metrics sampled" in short.not_checked["kv_pressure"], short.not_checked
 
 
 #: The reviewer's prof2 ladder (vLLM, cap 16, 24 KV blocks): output tokens/s at 1 … 32

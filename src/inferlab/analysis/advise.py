@@ -100,6 +100,11 @@ class _EngineFlags:
     budget_default: int | None = None  # the budget the engine runs with unless told (None: it varies, or not known)
     kv_hardware: str = "a bigger GPU, or -tp 2"  # more room from the hardware ("": none to name)
     kv_blocks: str = ""  # a KV cache of {n} blocks, where the engine takes a count ("": not named)
+    # where the cap is slots that split one context between them: the cap raised to {n}
+    # with the context raised to {ctx} tokens, and why ("": the engine's sequences share
+    # no fixed split of a context)
+    slots_context: str = ""
+    slots_split: str = ""
 
 
 _VLLM_FLAGS = _EngineFlags(
@@ -132,7 +137,10 @@ _FAMILY_FLAGS = {
         "llama.cpp's prompt cache (cache_prompt, on by default; --cache-reuse for shifted prefixes)",
         "a Q8_0 or 4-bit (Q4_K_M) GGUF",
         "a q8_0 KV cache (--cache-type-k q8_0 --cache-type-v q8_0)", "a larger --ctx-size (shared by the slots)",
-        "fewer --parallel slots", budget_default=2048,
+        "fewer --parallel slots", budget_default=2048, slots_context="llama.cpp --parallel {n} --ctx-size {ctx}",
+        slots_split="-c is the KV cache all the slots share, each slot given -c / --parallel of it unless --kv-unified, "
+                    "so --parallel alone would shrink every slot's context and fail the requests that fit one now; "
+                    "llama-server allocates the KV cache of the whole -c at start",
     ),
     "lmdeploy": _EngineFlags(
         "LMDeploy --max-prefill-token-num {n}, which prefills long prompts in pieces of {n} tokens (simulated as "
@@ -1258,8 +1266,10 @@ def _series(d: Path) -> list[dict[str, Any]]:
 
 def _no_gauges(run: _Run) -> str | None:
     """Why a real server's KV usage is not known for a run, in words: /metrics not read,
-    or no page sampled during the run (it ended before the first, at 1 s); None where it
-    is known, or the run's engine is simulated (its own counts say)."""
+    a /metrics that exposes none (``missing``: llama.cpp's, whose builds since its
+    kv_cache_usage_ratio went name none; a longer run would not show it either), or no
+    page sampled during the run (it ended before the first, at 1 s); None where it is
+    known, or the run's engine is simulated (its own counts say)."""
     if run.engine() is not None or run.config.get("command") == "sim run":
         return None
     m = run.summary.server_metrics
@@ -1267,7 +1277,12 @@ def _no_gauges(run: _Run) -> str | None:
         return "the run did not read the server's /metrics"
     if not m.available:
         return f"the server's /metrics not available ({m.reason or 'no page'})"
-    return None if "kv_usage" in m.gauges else "no server metrics sampled during the run (it ended before the first sample, at 1 s)"
+    if "kv_usage" in m.gauges:
+        return None
+    if "kv_usage" in m.missing:
+        whose = f"{m.server}'s" if m.server else "the server's"
+        return f"{whose} /metrics exposes no KV usage" + (" nor preemptions" if "preemptions" in m.missing else "")
+    return "no server metrics sampled during the run (it ended before the first sample, at 1 s)"
 
 
 def _queue_bound(run: _Run) -> Gain | None:
@@ -1633,7 +1648,7 @@ def _engine_cap_run(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
     return _engine_cap_rec(
         "The engine's own cap on running requests holds the load back", run.flags(), raised,
         f"{users:g} requests in flight, but the engine runs at most {cap} at once ({run.flags().seqs.format(n=cap)}): "
-        "the rest wait in its queue", gains,
+        "the rest wait in its queue", gains, run.server_settings(), run.config.get("engine_config"),
     )
 
 
@@ -1664,7 +1679,8 @@ def _queued_at_cap(run: _Run, w: WhatIf, cap: int, users: float) -> Recommendati
     rec = _engine_cap_rec(
         "More requests in flight than the server runs at once: the rest wait in its queue", flags, int(users),
         f"{users:g} requests in flight, but the server runs at most {cap} at once ({flags.seqs.format(n=cap)}; stated "
-        f"by the server or its engine config): " + "; ".join(seen),
+        f"by the server or its engine config): " + "; ".join(seen), None, run.server_settings(),
+        run.config.get("engine_config"),
     )
     rec.change += f"; or send at most {cap} at once (the client's concurrency), so requests wait at the client instead"
     rec.note = f"no prediction: {w.why_not}"
@@ -1689,15 +1705,35 @@ def _raised_cap_gains(w: WhatIf, flags: _EngineFlags, raised: int) -> list[Gain]
 
 
 def _engine_cap_rec(title: str, flags: _EngineFlags, raised: int, evidence: str,
-                    gains: list[Gain] | None = None) -> Recommendation:
+                    gains: list[Gain] | None = None, settings: dict[str, Any] | None = None,
+                    engine_config: Any = None) -> Recommendation:
     """The ``engine_cap`` item: raise the engine's cap on running requests to ``raised``
-    (the evidence says what it was)."""
-    return Recommendation(
-        "engine_cap", title, evidence,
-        f"raise the cap ({flags.seqs.format(n=raised)}) where its KV cache has room for that many requests "
-        "(a capped engine leaves much of it unused)",
-        gains or [],
-    )
+    (the evidence says what it was; ``settings`` and ``engine_config``, the server's, say
+    a slot's context where its slots share one: ``_raise_cap``)."""
+    return Recommendation("engine_cap", title, evidence, _raise_cap(flags, raised, settings or {}, engine_config),
+                          gains or [])
+
+
+def _raise_cap(flags: _EngineFlags, raised: int, settings: dict[str, Any], engine_config: Any) -> str:
+    """The change that raises the engine's cap on running requests to ``raised``. Where
+    its slots split one context (``_EngineFlags.slots_context``: llama.cpp's), the
+    context is raised with them, to ``raised`` × a slot's context now (``settings``'
+    ``max_model_len``: what the server or its engine config says a slot has): the cap
+    alone would shrink every slot's, and requests that fit one now would fail."""
+    if not flags.slots_context:
+        return (f"raise the cap ({flags.seqs.format(n=raised)}) where its KV cache has room for that many requests "
+                "(a capped engine leaves much of it unused)")
+    slot = _count(settings.get("max_model_len"))
+    if slot is None:
+        return (f"raise the slots and the context with them, where memory has room for it: {flags.seqs.format(n=raised)}, "
+                f"the context raised in proportion ({flags.slots_split})")
+    change = (f"raise the slots and the context with them, where memory has room for it: "
+              f"{flags.slots_context.format(n=raised, ctx=raised * slot)} ({raised} × the {slot:,} tokens a slot has now: "
+              f"{flags.slots_split})")
+    if isinstance(engine_config, dict) and engine_config.get("engine") == "llamacpp":
+        change += (f"; in the engine file, max_num_seqs = {raised} with max_model_len = {slot} (inferlab passes "
+                   "llama-server -c max_model_len × max_num_seqs)")
+    return change
 
 
 def _response_cache(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
@@ -1809,7 +1845,7 @@ def _profile_rules(p: Profile, folder: Path, goal: Goal = "latency",
                 "The engine's own cap on running requests is the knee", flags, max(top, 2 * cap),
                 f"the engine runs at most {cap} request{'' if cap == 1 else 's'} at once ({flags.seqs.format(n=cap)}){ran}; past it the rest "
                 f"wait in its queue: output {pts[k]['output_tps']:,.0f} tokens/s at concurrency {k} vs "
-                f"{pts[top]['output_tps']:,.0f} at {top}",
+                f"{pts[top]['output_tps']:,.0f} at {top}", None, _profile_settings(p), p.engine_config,
             )
         elif top > k and goal != "throughput":  # (a cap gives throughput up for latency: not for that goal)
             found = _ladder_cap_rec(p, pts, k, top, measured, dec.data.get("output_tokens"), goal)
@@ -2111,7 +2147,7 @@ def _engine_cap(a: _Run, b: _Run, cap: int, ta: float, tb: float, running: float
         "The engine's own cap on running requests is the knee", flags, raised,
         f"the engine runs at most {cap} requests at once ({flags.seqs.format(n=cap)}){ran}; past it the rest wait in its "
         f"queue: concurrency {ca:g} → {cb:g}, output {ta:,.0f} → {tb:,.0f} tokens/s ({a.dir.name}, {b.dir.name})",
-        _raised_cap_gains(WhatIf(b.dir, b.config), flags, raised),
+        _raised_cap_gains(WhatIf(b.dir, b.config), flags, raised), b.server_settings(), b.config.get("engine_config"),
     )
 
 
@@ -2155,7 +2191,8 @@ def _measured_cap(rec: Recommendation, base: _Run, runs: list[_Run], axes: dict[
         gains.append(Gain("E2E p50 ms", base.summary.e2e_ms.p50, best.summary.e2e_ms.p50, kind))
     seen = f"{said} in this folder: {flags.seqs.format(n=k)} at concurrency {users:g}: {tb:,.0f} vs {tps:,.0f} tokens/s"
     if tb > (1 + MIN_GAIN) * tps:
-        return _engine_cap_rec(rec.title, flags, k, f"{rec.evidence}; {seen}", gains)
+        return _engine_cap_rec(rec.title, flags, k, f"{rec.evidence}; {seen}", gains, base.server_settings(),
+                               base.config.get("engine_config"))
     return Recommendation(
         "engine_cap", "A higher cap on running requests was measured here, and gained nothing", f"{rec.evidence}; {seen}",
         f"keep the cap ({flags.seqs.format(n=cap)}): this folder {said} {flags.seqs.format(n=k)} no better", gains,
