@@ -230,8 +230,13 @@ def test_the_load_line_says_a_sessions_think_time_and_context_window() -> None:
     from inferlab.results.loaddiff import load_text
 
     config = {"load": {"schedule": {"kind": "ClosedLoop", "concurrency": 16}, "num_requests": 96}, "api": "chat",
-              "workload": {"input_tokens": 200, "sessions": 16, "turns": 6, "think_time_s": 2.0,
+              "workload": {"input_tokens": "200", "sessions": 16, "turns": 6, "think_time_s": 2.0,
                            "context_window_tokens": 4000}}
     text = load_text(config)
     assert text is not None
     assert "prompts 200 tokens, 16 sessions of 6 turns (2 s think time), context trimmed to 4,000 tokens" in text
+    # (config.json records a length as its spec's text: a count is written as the other rows write counts)
+    text = load_text({**config, "workload": {"input_tokens": "1000", "output_tokens": "256", "exact_output": True}})
+    assert text is not None and "prompts 1,000 tokens, answers 256 tokens (exact)" in text
+    text = load_text({**config, "workload": {"input_tokens": "lognormal:800:0.4"}})
+    assert text is not None and "prompts lognormal:800:0.4 tokens" in text

@@ -183,7 +183,7 @@ def _gateway_settings(setup: Mapping[str, Any]) -> dict[str, Any]:
 def load_text(config: Mapping[str, Any]) -> str | None:
     """What a run asked of the server, in words, from its ``config.json``: the load and
     what bounded it, the prompts and answers, the API and streaming ('closed loop of 4
-    users, 200 requests; prompts 1000 tokens, answers 256 tokens (exact); chat API,
+    users, 200 requests; prompts 1,000 tokens, answers 256 tokens (exact); chat API,
     streamed'). None for a config that records no load."""
     load = config.get("load")
     if not isinstance(load, Mapping) or not isinstance(load.get("schedule"), Mapping):
@@ -252,7 +252,10 @@ def _dataset_text(dataset: str | Mapping[str, Any]) -> str:
 
 
 def _tokens(v: Any) -> str:
-    """A token count as the summary writes counts (2,000), a length spec as given."""
+    """A token count as the summary writes counts (2,000; config.json records a length
+    spec's text, '1000'), any other length spec as given."""
+    if isinstance(v, str) and v.isdigit():
+        v = int(v)
     return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else _show(v)
 
 
