@@ -114,6 +114,23 @@ def test_system_and_developer_messages_are_the_system_prompt_wherever_they_are(t
     assert (j["system_tokens"], j["user_tokens"]) == (4, 4)
 
 
+def test_system_with_a_dataset_says_the_prompts_it_went_to(tmp_path: Path) -> None:
+    """--system goes only to rows without a system prompt of their own: where rows have
+    one, the flag was silently not counted (a 28-token --system showed 5 tokens, the rows')."""
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "system", "content": "answer with the text"},
+                                             {"role": "user", "content": "what is the cache"}]}) + "\n"
+                    + json.dumps({"prompt": "why"}) + "\n")
+    p = run("--dataset", str(data), "--system", "be brief", "--prefill-tps", "1000")
+    assert p.returncode == 0, p.stderr
+    flat = " ".join(p.stdout.split())
+    assert "--system went to 1 of the 2 prompts: the other 1 have a system or developer message of their own" in flat
+    j = json.loads(run("--dataset", str(data), "--system", "be brief", "--prefill-tps", "1000", "--json").stdout)
+    assert j["system_added_to_prompts"] == 1
+    every = run("--dataset", str(data), "--prefill-tps", "1000", "--json")  # (no --system: nothing to say)
+    assert "system_added_to_prompts" not in json.loads(every.stdout)
+
+
 def test_a_prompt_beyond_the_models_context_shows_its_counts_and_says_why_no_ttft(tmp_path: Path) -> None:
     """A 240,000-word prompt: the counts were computed, then the simulator refused a
     max_model_len the user never set (an error, no counts)."""

@@ -201,6 +201,42 @@ def test_the_load_line_names_datasets_traces_prefixes_sessions_and_bounds() -> N
     text = load_text({**base, "workload": {"prefix_tokens": 1000, "prefix_groups": 4, "suffix_tokens": 50,
                                            "prefix_popularity": "zipf", "sessions": 8, "turns": 3}})
     assert text is not None
-    assert "prompts of a shared 1000-token prefix (4 groups, zipf) + 50 tokens, 8 sessions of 3 turns" in text
+    assert "prompts of a shared 1,000-token prefix (4 groups, zipf) + 50 tokens, 8 sessions of 3 turns" in text
     assert "answers as long as the model makes them" in text
     assert load_text({"workload": {}}) is None  # (records no load: nothing said)
+
+
+def test_the_load_line_says_a_trace_or_dataset_as_config_json_records_them() -> None:
+    """config.json records a trace and a dataset as tables (file, speed-up, window, length
+    limits): the line names the file and says what changes the load, not the table's repr."""
+    from inferlab.results.loaddiff import load_text
+
+    base = {"load": {"schedule": {"kind": "Replay"}, "num_requests": None, "duration_s": None}, "api": "chat"}
+    trace = {"path": "/t/azure.csv", "format": None, "speedup": 10.0, "start_s": 0.0, "end_s": 600.0,
+             "block_tokens": 512, "in_order": True}
+    text = load_text({**base, "workload": {"trace": trace, "exact_output": True}})
+    assert text is not None and "{" not in text
+    assert "the requests of trace azure.csv (10x faster, 0-600 s of it), answers of the trace's lengths" in text
+    plain = load_text({**base, "workload": {"trace": {**trace, "speedup": 1.0, "start_s": None, "end_s": None}}})
+    assert plain is not None and "the requests of trace azure.csv, answers" in plain
+    dataset = {"path": "d/sharegpt.json", "format": None, "sample": "without-replacement",
+               "min_input_tokens": None, "max_input_tokens": 2000}
+    text = load_text({**base, "workload": {"dataset": dataset, "exact_output": True}})
+    assert text is not None and "{" not in text
+    assert "prompts from sharegpt.json (prompts of at most 2,000 tokens), answers of the dataset's lengths" in text
+
+
+def test_the_load_line_says_a_sessions_think_time_and_context_window() -> None:
+    from inferlab.results.loaddiff import load_text
+
+    config = {"load": {"schedule": {"kind": "ClosedLoop", "concurrency": 16}, "num_requests": 96}, "api": "chat",
+              "workload": {"input_tokens": "200", "sessions": 16, "turns": 6, "think_time_s": 2.0,
+                           "context_window_tokens": 4000}}
+    text = load_text(config)
+    assert text is not None
+    assert "prompts 200 tokens, 16 sessions of 6 turns (2 s think time), context trimmed to 4,000 tokens" in text
+    # (config.json records a length as its spec's text: a count is written as the other rows write counts)
+    text = load_text({**config, "workload": {"input_tokens": "1000", "output_tokens": "256", "exact_output": True}})
+    assert text is not None and "prompts 1,000 tokens, answers 256 tokens (exact)" in text
+    text = load_text({**config, "workload": {"input_tokens": "lognormal:800:0.4"}})
+    assert text is not None and "prompts lognormal:800:0.4 tokens" in text

@@ -105,12 +105,16 @@ def _tokens(kw: dict[str, Any]) -> int:
     if kw["dataset"] and prompt is not None:
         raise UsageError("--prompt and --dataset cannot be combined")
     where: list[str] = []
+    system_added: int | None = None  # (--system with --dataset: the prompts it went to)
     if kw["dataset"]:
         rows = read_dataset(kw["dataset"], kw["dataset_format"])
         where = [r.where for r in rows]
         # (a row with a system or developer message anywhere has its own system prompt)
-        specs = [r.spec(None, False) if any(role in SYSTEM_ROLES for role, _ in r.messages)
-                 else dataclasses.replace(r.spec(None, False), system=system) for r in rows]
+        own = [any(role in SYSTEM_ROLES for role, _ in r.messages) for r in rows]
+        specs = [r.spec(None, False) if mine else dataclasses.replace(r.spec(None, False), system=system)
+                 for r, mine in zip(rows, own, strict=True)]
+        if system is not None:
+            system_added = own.count(False)
     elif prompt is not None or system is not None:
         specs = [RequestSpec(prompt or "", system=system)]
     else:
@@ -134,6 +138,7 @@ def _tokens(kw: dict[str, Any]) -> int:
         click.echo(json.dumps({
             **cost.to_json(), "ttft_basis": basis, "tokenizer": kw["tokenizer"] or "built-in (simulator)",
             "approximate": approximate, "chat_template": template,
+            **({"system_added_to_prompts": system_added} if system_added is not None else {}),
         }, indent=2))
         return 0
     from rich.table import Table
@@ -167,6 +172,10 @@ def _tokens(kw: dict[str, Any]) -> int:
             "the template joins texts without a separator and BPE merges tokens across the join; the chat "
             "template counts 0 tokens where that happens"
         )
+    if system_added is not None and system_added < cost.prompts:
+        out.print(f"[yellow]note:[/yellow] --system went to {system_added:,} of the {cost.prompts:,} prompts: the "
+                  f"other {cost.prompts - system_added:,} have a system or developer message of their own, "
+                  "counted as their system prompt instead", highlight=False)
     out.print(f"chat template: {template}")
     out.print(f"system + template share: {cost.overhead_share:.1%}")
     out.print(_ttft_line(cost, source), highlight=False)

@@ -183,7 +183,7 @@ def _gateway_settings(setup: Mapping[str, Any]) -> dict[str, Any]:
 def load_text(config: Mapping[str, Any]) -> str | None:
     """What a run asked of the server, in words, from its ``config.json``: the load and
     what bounded it, the prompts and answers, the API and streaming ('closed loop of 4
-    users, 200 requests; prompts 1000 tokens, answers 256 tokens (exact); chat API,
+    users, 200 requests; prompts 1,000 tokens, answers 256 tokens (exact); chat API,
     streamed'). None for a config that records no load."""
     load = config.get("load")
     if not isinstance(load, Mapping) or not isinstance(load.get("schedule"), Mapping):
@@ -201,30 +201,68 @@ def load_text(config: Mapping[str, Any]) -> str | None:
 
 
 def _prompts_text(w: Mapping[str, Any]) -> str:
-    def name(path: Any) -> str:
-        return str(path).replace("\\", "/").rsplit("/", 1)[-1]
-
-    if w.get("trace"):
-        text = f"the requests of trace {name(w['trace'])}"
-    elif w.get("dataset"):
-        text = f"prompts from {name(w['dataset'])}"
+    if isinstance(trace := w.get("trace"), (str, Mapping)):
+        text = f"the requests of trace {_trace_text(trace)}"
+    elif isinstance(dataset := w.get("dataset"), (str, Mapping)):
+        text = f"prompts from {_dataset_text(dataset)}"
     elif w.get("prefix_tokens"):
         groups = w.get("prefix_groups") or 1
-        text = (f"prompts of a shared {w['prefix_tokens']}-token prefix ({groups} group{'' if groups == 1 else 's'}, "
-                f"{w.get('prefix_popularity') or 'uniform'}) + {_show(w.get('suffix_tokens'))} tokens")
+        text = (f"prompts of a shared {_tokens(w['prefix_tokens'])}-token prefix ({groups} group{'' if groups == 1 else 's'}, "
+                f"{w.get('prefix_popularity') or 'uniform'}) + {_tokens(w.get('suffix_tokens'))} tokens")
     elif w.get("input_tokens"):
-        text = f"prompts {w['input_tokens']} tokens"
+        text = f"prompts {_tokens(w['input_tokens'])} tokens"
     else:
         text = "one prompt every time" + ("" if w.get("prompt") else " (the default)")
     if w.get("sessions"):
         text += f", {w['sessions']} sessions of {w.get('turns')} turns"
+        if w.get("think_time_s"):
+            text += f" ({_show(w['think_time_s'])} s think time)"
+        if w.get("context_window_tokens"):
+            text += f", context trimmed to {_tokens(w['context_window_tokens'])} tokens"
     return text
+
+
+def _file_name(path: Any) -> str:
+    return str(path).replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def _trace_text(trace: str | Mapping[str, Any]) -> str:
+    """A trace as config.json records it (its file, speed-up and window), in words:
+    'azure.csv (10x faster, 0-600 s of it)'."""
+    if isinstance(trace, str):
+        return _file_name(trace)
+    said = []
+    if (speedup := trace.get("speedup")) not in (None, 1, 1.0):
+        said.append(f"{_show(speedup)}x faster")
+    start, end = trace.get("start_s"), trace.get("end_s")
+    if start or end is not None:
+        said.append(f"{_show(start or 0)}-{_show(end) if end is not None else 'its end'} s of it")
+    return _file_name(trace.get("path")) + (f" ({', '.join(said)})" if said else "")
+
+
+def _dataset_text(dataset: str | Mapping[str, Any]) -> str:
+    """A dataset as config.json records it (its file and length limits), in words:
+    'sharegpt.json (prompts of at most 2,000 tokens)'."""
+    if isinstance(dataset, str):
+        return _file_name(dataset)
+    lo, hi = dataset.get("min_input_tokens"), dataset.get("max_input_tokens")
+    limits = [f"at least {_tokens(lo)}" if lo else "", f"at most {_tokens(hi)}" if hi else ""]
+    said = " and ".join(x for x in limits if x)
+    return _file_name(dataset.get("path")) + (f" (prompts of {said} tokens)" if said else "")
+
+
+def _tokens(v: Any) -> str:
+    """A token count as the summary writes counts (2,000; config.json records a length
+    spec's text, '1000'), any other length spec as given."""
+    if isinstance(v, str) and v.isdigit():
+        v = int(v)
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else _show(v)
 
 
 def _answers_text(w: Mapping[str, Any]) -> str:
     out, exact = w.get("output_tokens"), " (exact)" if w.get("exact_output") else " at most"
     if out:
-        return f"answers {out} tokens{exact}"
+        return f"answers {_tokens(out)} tokens{exact}"
     if w.get("trace"):
         return f"answers of the trace's lengths{exact}"
     if w.get("dataset"):

@@ -177,7 +177,7 @@ def test_marlin_runs_an_awq_checkpoint_named_so_and_says_what_vllm_runs_on_a_ref
     out = CliRunner().invoke(sim, ["run", "--model", "Qwen/Qwen2.5-7B-Instruct-AWQ", "--quantization", "gptq_marlin",
                                    "-n", "1"])
     assert out.exit_code == 2, out.output
-    assert "it runs a awq checkpoint with --quantization awq or awq_marlin or marlin only" in out.output
+    assert "it runs an awq checkpoint with --quantization awq or awq_marlin or marlin only" in out.output
 
 
 def test_a_compressed_tensors_fp8_checkpoint_refuses_vllms_fp8_with_exit_2(tmp_path: Path) -> None:
@@ -185,7 +185,11 @@ def test_a_compressed_tensors_fp8_checkpoint_refuses_vllms_fp8_with_exit_2(tmp_p
     out = CliRunner().invoke(sim, ["run", "--model", model, "--quantization", "fp8", "-n", "1"])
     assert out.exit_code == 2 and out.output.strip().count("\n") == 0, out.output
     assert "--quantization fp8 contradicts the checkpoint's own quantization (fp8)" in out.output
-    assert "compressed-tensors checkpoint with --quantization compressed-tensors only" in out.output
+    assert "compressed-tensors checkpoint as compressed-tensors only, which is what --quantization left out runs" in out.output
+    # (the error offers no name the flag refuses: --quantization compressed-tensors is not one of its names)
+    offered = CliRunner().invoke(sim, ["run", "--model", model, "--quantization", "compressed-tensors", "-n", "1"])
+    assert offered.exit_code == 2 and "unknown quantization 'compressed-tensors'" in offered.output
+    assert "--quantization compressed-tensors" not in out.output
     ran = CliRunner().invoke(sim, ["run", "--model", model, "-n", "1", "--json"])
     assert ran.exit_code == 0 and json.loads(ran.output)["config"]["engine"]["quantization"] == "fp8"
 

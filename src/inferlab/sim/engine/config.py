@@ -305,8 +305,12 @@ def vllm_refusal(method: str) -> str:
     """What vLLM does with a ``--quantization`` it does not run a ``method`` checkpoint with."""
     if method == "modelopt":
         return "which vLLM ignores, running a modelopt checkpoint as its fp8 whatever is given"
+    article = "an" if method[0] in "aeiou" else "a"
+    if method not in VLLM_METHODS:  # (compressed-tensors: no name of this tool's says that format)
+        return (f"which vLLM refuses at start-up (it runs {article} {method} checkpoint as {method} only, "
+                "which is what --quantization left out runs here)")
     runs = " or ".join((method, *_VLLM_KERNELS.get(method, ())))
-    return f"which vLLM refuses at start-up (it runs a {method} checkpoint with --quantization {runs} only)"
+    return f"which vLLM refuses at start-up (it runs {article} {method} checkpoint with --quantization {runs} only)"
 
 
 def _contradiction(config: EngineConfig, stated: Quantization, why: str) -> str:
