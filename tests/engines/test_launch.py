@@ -387,11 +387,7 @@ def test_an_engine_slow_to_stop_is_said_not_waited_on_in_silence(tmp_path: Path,
 
 
 @pytest.mark.parametrize(("engine", "extra", "flag"), [
-    ("vllm", ["--max-num-seqs", "8"], "--max-num-seqs"),  # (the config says 64: the engine took 8, the run said 64)
-    ("vllm", ["--max_num_seqs=8"], "--max_num_seqs"),
-    ("vllm", ["--enable-prefix-caching"], "--enable-prefix-caching"),  # (the config turns it off)
     ("sim", ["--port", "9"], "--port"),  # (the engine listened on 9; readiness waited on the other port)
-    ("llamacpp", ["--ctx-size", "99"], "--ctx-size"),  # (llama-server's long name for the -c it is given)
     ("llamacpp", ["--model", "other.gguf"], "--model"),
 ])
 def test_an_extra_arg_that_repeats_a_flag_the_config_sets_is_refused(engine: str, extra: list[str], flag: str) -> None:
@@ -402,6 +398,79 @@ def test_an_extra_arg_that_repeats_a_flag_the_config_sets_is_refused(engine: str
         argv(engine, **settings)
     assert argv("vllm", extra_args=("--enable-chunked-prefill", "--max-log-len", "10"))[-3:] == [
         "--enable-chunked-prefill", "--max-log-len", "10"]  # (flags the config does not set pass as given)
+
+
+@pytest.mark.parametrize("set_there", [True, False], ids=["set", "unset"])
+@pytest.mark.parametrize(("engine", "extra", "key"), [
+    ("vllm", ["--max-num-seqs", "8"], "max_num_seqs"),
+    ("vllm", ["--max_num_seqs=8"], "max_num_seqs"),
+    ("vllm", ["--max-num-s", "8"], "max_num_seqs"),  # (argparse takes a flag's unambiguous beginning)
+    ("vllm", ["-tp", "2"], "tensor_parallel_size"),
+    ("vllm", ["--no-enable-prefix-caching"], "enable_prefix_caching"),
+    ("vllm", ["--served-model-name", "x"], "served_model_name"),
+    ("sim", ["--enforce-eager"], "enforce_eager"),
+    ("sglang", ["--tensor-parallel-size", "2"], "tensor_parallel_size"),
+    ("sglang", ["--max-running-requests=8"], "max_num_seqs"),
+    ("llamacpp", ["-np", "4"], "max_num_seqs"),
+    ("llamacpp", ["--parallel", "4"], "max_num_seqs"),
+    ("llamacpp", ["--ctx-size", "99"], "max_model_len"),
+    ("llamacpp", ["-b", "64"], "max_num_batched_tokens"),
+    ("llamacpp", ["--cache-prompt"], "enable_prefix_caching"),
+    ("tgi", ["--max-batch-size", "8"], "max_num_seqs"),
+])
+def test_an_extra_arg_for_one_of_the_configs_settings_is_refused_naming_its_key(
+        engine: str, extra: list[str], key: str, set_there: bool) -> None:
+    """A setting's flag in extra_args ran the engine with its value while config.json's
+    engine_config recorded the config's: unset (the engine's default, what advise,
+    calibrate and compare then read) when the config left the setting out, where it
+    was refused only when the config set it too."""
+    probe = {"tensor_parallel_size": 2, "max_model_len": 512, "max_num_batched_tokens": 256, "max_num_seqs": 2,
+             "enable_prefix_caching": True, "enforce_eager": True, "served_model_name": "m"}
+    settings: dict[str, object] = dict.fromkeys(set(FULL) - {"model", "port"})
+    if set_there:
+        settings[key] = probe[key]
+    spec = EngineSpec(engine, "m", executable="/bin/true", extra_args=tuple(extra), **settings)  # type: ignore[arg-type]
+    with pytest.raises(UsageError) as e:
+        command(spec)
+    assert str(e.value).startswith(f"extra_args: {extra[0].split('=')[0]} is {engine}'s flag for the config's {key}; "
+                                   f"set {key} in the config instead")
+
+
+@pytest.mark.parametrize(("engine", "name", "key"), [
+    ("ollama", "OLLAMA_NUM_PARALLEL", "max_num_seqs"), ("ollama", "OLLAMA_CONTEXT_LENGTH", "max_model_len"),
+    ("tgi", "PREFIX_CACHING", "enable_prefix_caching"),
+])
+def test_an_env_variable_for_one_of_the_configs_settings_is_refused_naming_its_key(engine: str, name: str, key: str) -> None:
+    """The config's [env] wins over the command's environment: OLLAMA_NUM_PARALLEL=8
+    there ran 8 sequences whatever max_num_seqs said, and the run recorded the config's."""
+    spec = EngineSpec(engine, "m", env=((name, "8"),))
+    with pytest.raises(UsageError, match=f"^env: {name} is {engine}'s variable for the config's {key}; set {key}"):
+        command(spec)
+    assert command(EngineSpec(engine, "m", env=(("OLLAMA_KEEP_ALIVE", "5m"),))).env["OLLAMA_KEEP_ALIVE"] == "5m"
+
+
+def test_extra_args_the_config_has_no_key_for_pass_on_and_a_setting_s_is_a_usage_error(tmp_path: Path) -> None:
+    """Flags for what the config has no setting for go to the engine as given; one for a
+    setting the config leaves out is refused in one line naming the key (exit 2),
+    before anything starts."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    passed = ["-t", "1", "-ub", "32", "--kv-unified-per-slot", "64", "--seed", "-1"]
+    assert command(EngineSpec("llamacpp", "m.gguf", executable="/bin/true", extra_args=tuple(passed))).argv[-8:] == passed
+    assert command(EngineSpec("vllm", "m", executable="/bin/true", extra_args=("--max-num-partial-prefills", "2",
+                                                                              "--enable-chunked-prefill"))).argv[-3:] == [
+        "--max-num-partial-prefills", "2", "--enable-chunked-prefill"]
+    cfg = tmp_path / "e.toml"
+    cfg.write_text('engine = "sim"\nmodel = "Llama-3.2-1B"\nextra_args = ["--max-num-seqs", "8"]\n')
+    for args in (["engine", "start", str(cfg), "--dry-run"], ["bench", "--engine", str(cfg), "-n", "4"]):
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2 and res.stdout == "", res.output
+        assert res.stderr.strip().splitlines() == [
+            "inferlab: error: extra_args: --max-num-seqs is sim's flag for the config's max_num_seqs; set max_num_seqs "
+            "in the config instead (the run records the config's settings, which advise and compare read)"]
+    assert not list(tmp_path.glob("*.log"))
 
 
 @pytest.mark.parametrize("host", ["192.0.2.1", "::1", "no-such-host.invalid"])

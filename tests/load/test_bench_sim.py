@@ -256,3 +256,14 @@ async def test_overwriting_a_run_leaves_none_of_its_server_metrics(sim: Embedded
     await bench_async(cfg(False), sim.url)
     assert not (tmp_path / "server_metrics.jsonl").exists()
     assert len(list(read_records(tmp_path / "requests.jsonl"))) == 2
+
+
+async def test_without_a_preflight_the_summary_says_prompt_lengths_are_approximate(sim: EmbeddedServer) -> None:
+    # (its prompts are built at one word per token, the template's tokens unknown: the
+    # summary said "unknown (no preflight)" and warned of nothing, where a probed run
+    # with no exact counts says "prompt lengths are approximate (...)")
+    cfg = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2), workload=WorkloadConfig(input_tokens=32,
+                      output_tokens=2), preflight=False)
+    summary = (await bench_async(cfg, sim.url)).summary
+    assert isinstance(summary.input_length_source, str) and summary.input_length_source.startswith("approximate")
+    assert f"prompt lengths are {summary.input_length_source}" in summary.warnings

@@ -123,3 +123,22 @@ def test_locust_merge_refuses_a_raw_file_of_no_records(tmp_path: Path) -> None:
         r = CliRunner().invoke(main, ["locust-merge", str(tmp_path)])
         assert r.exit_code == 2 and "holds no records: nothing to merge" in r.output, r.output
         assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize(("b_stopped", "interrupted"), [(False, False), (True, True)])
+def test_a_worker_stopped_early_is_named_and_the_run_is_interrupted_when_no_worker_ran_on(
+    tmp_path: Path, b_stopped: bool, interrupted: bool,
+) -> None:
+    """A worker's last batch says it was stopped (Ctrl-C, SIGTERM) before the master
+    ended the test: the summary names it; the run ended early only where no worker ran
+    on (Locust's master stops the test when its last worker quits), as locust-merge too
+    reads it back from the raw file."""
+    config = {"load": {"executor": "locust", "locust": {}}, "workload": {"input_tokens": "32"}, "url": "http://x"}
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(config))
+    append_batch(tmp_path / RAW_FILE, Batch("a", 0, [rec(0, 100)], final=True, stopped_early=True))
+    append_batch(tmp_path / RAW_FILE, Batch("b", 0, [rec(0, 200)], final=True, stopped_early=b_stopped))
+    summary, merged = finish_run(tmp_path)
+    assert merged.stopped_early == (["a", "b"] if b_stopped else ["a"])
+    assert summary.interrupted is interrupted
+    said = [w for w in summary.warnings if "stopped before the master ended" in w]
+    assert len(said) == 1 and ("worker(s) a, b" if b_stopped else "worker(s) a stopped") in said[0]

@@ -127,6 +127,10 @@ def test_a_master_and_two_workers_write_exactly_what_the_workers_measured(server
     assert sorted(config["resolved"]["workers"].values()) == sorted(map(len, sent.values()))
     assert config["load"]["executor"] == "locust" and config["load"]["locust"]["users"] == 4
     assert "inferlab: " in master_log and f"{len(merged)} records from 2 worker(s)" in master_log
+    # no preflight and no tokenizer: the prompts' lengths are approximate, and the summary
+    # says so as bench's does (the README said it did; it said nothing)
+    assert summary["input_length_source"].startswith("approximate")
+    assert f"prompt lengths are {summary['input_length_source']}" in summary["warnings"]
 
     # inferlab locust-merge rebuilds the same run from what the master received
     before = {name: (out / name).read_bytes() for name in ("requests.jsonl", "summary.json", "config.json")}
@@ -255,3 +259,48 @@ def test_the_master_does_not_wait_for_a_last_batch_from_a_worker_locust_found_mi
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert any(w.startswith("no last batch came from worker(s)") for w in summary["warnings"])
     assert summary["counts"]["completed"] > 4
+
+
+def sent_records(tmp_path: Path) -> Counter[tuple[Any, ...]]:
+    """What the workers' users measured (``relative``), from their own files."""
+    return Counter(relative(json.loads(line)) for f in (tmp_path / "sent").glob("*.jsonl")
+                   for line in f.read_text().splitlines())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_worker_stopped_before_the_masters_run_time_says_the_run_was_interrupted(
+    server: ChildServer, tmp_path: Path, sig: signal.Signals,
+) -> None:
+    # (Ctrl-C on the only worker: the master, its last worker gone, stopped the test; the
+    # worker's last batch came after it said it quit, so the master wrote no run at all
+    # (its records lost) or, after earlier batches, one that looked complete)
+    master, workers = distributed(tmp_path, server.url, "-u", "2", "-r", "2", "-t", "30s", "--stop-timeout", "10",
+                                  kill=f"6 0 {int(sig)}")
+    log = finish(master, workers)
+    assert master.returncode == 0, log[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    (name,) = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]["workers"]
+    assert summary["interrupted"] and summary["counts"]["completed"] >= 6
+    assert any(w.startswith(f"the test ended early: worker(s) {name} stopped before the master ended it")
+               for w in summary["warnings"])
+    # every record the worker measured reached the master
+    merged = [json.loads(line) for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
+    assert Counter(map(relative, merged)) == sent_records(tmp_path)
+
+
+def test_a_worker_stopped_while_others_run_on_is_named_and_the_run_is_not_cut_short(
+    server: ChildServer, tmp_path: Path,
+) -> None:
+    # (Locust gives a quitting worker's users to the others, which run to -t: the run is
+    # whole, but its load was moved; it went unsaid)
+    master, workers = distributed(tmp_path, server.url, "-u", "4", "-r", "4", "-t", "8s", "--stop-timeout", "10",
+                                  workers=2, kill=f"4 0 {int(signal.SIGTERM)}")
+    log = finish(master, workers)
+    assert master.returncode == 0, log[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    names = json.loads((tmp_path / "run" / "config.json").read_text())["resolved"]["workers"]
+    assert len(names) == 2 and not summary["interrupted"]
+    said = [w for w in summary["warnings"] if " stopped before the master ended the test" in w]
+    assert len(said) == 1 and sum(f"worker(s) {n} stopped" in said[0] for n in names) == 1, summary["warnings"]
+    merged = [json.loads(line) for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
+    assert Counter(map(relative, merged)) == sent_records(tmp_path)

@@ -47,6 +47,9 @@ EXACT_LOCAL = "exact (local tokenizer)"
 EXACT_SERVER = "exact (server /tokenize)"
 APPROX_USAGE = "approximate (calibrated from usage)"
 APPROX_WORDS = "approximate (one word per token assumed)"
+#: No probe (``--no-preflight``, Locust's workers): prompts of one-token words as
+#: ``APPROX_WORDS``, the template's tokens unknown.
+APPROX_NO_PREFLIGHT = "approximate (no preflight: one word per token assumed)"
 NO_FORCE_WARNING = "server rejects ignore_eos/min_tokens; output lengths are not forced"
 
 

@@ -33,6 +33,8 @@ never lowered.
 A setting an engine has no flag for is refused (``UsageError``), never dropped (also
 ``served_model_name`` for TGI and Ollama, which answer to the model they load). The
 simulator is one more kind (``sim``: ``inferlab sim serve`` with vLLM's flag names).
+An ``extra_args`` flag (or ``env`` variable) for one of the settings is refused too, the
+config setting it or not: the run records the config's settings.
 ``EngineProcess`` starts the command in its own process group with its output in a log
 file, waits until the engine answers its readiness URL, and stops the whole group
 (SIGINT, then SIGTERM, then SIGKILL), also when the caller is interrupted.
@@ -58,11 +60,11 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import TracebackType
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 from inferlab._errors import RunFailedError, UsageError
 
@@ -74,7 +76,7 @@ class EngineSpec:
     """One engine to start. ``None``: the engine's own default. ``port`` 0: a free one.
     ``executable``: the program (default: the engine's usual command; for llama.cpp the
     binary ``python -m inferlab.engines.llamacpp`` builds). ``extra_args`` go last,
-    as given; ``env`` is added to the environment."""
+    as given (none of the settings' flags); ``env`` is added to the environment."""
 
     engine: str
     model: str
@@ -338,34 +340,104 @@ _BUILDERS: dict[str, Callable[[EngineSpec, int], Command]] = {
 }
 
 
-#: llama-server's short flags (those ``_llamacpp`` writes) and their long names.
-_LONG_FLAGS = {"-m": "--model", "-a": "--alias", "-np": "--parallel", "-c": "--ctx-size", "-b": "--batch-size"}
+#: Other names an engine takes for the flags its command writes: llama-server's long
+#: names for its short flags, vLLM's and SGLang's second names (spelled as ``_flag_name``
+#: writes a name: ``-`` for ``_``, no ``--no-``).
+_ALIASES: dict[str, dict[str, str]] = {
+    "llamacpp": {"-m": "--model", "-a": "--alias", "-np": "--parallel", "-c": "--ctx-size", "-b": "--batch-size"},
+    "vllm": {"-tp": "--tensor-parallel-size"},
+    "sglang": {"--tensor-parallel-size": "--tp-size", "--model": "--model-path"},
+}
+
+#: Engines whose parser (Python's argparse) takes a long flag's unambiguous beginning for it.
+_ABBREVIATING = frozenset({"vllm", "sglang"})
+
+#: The config's settings, with values that make each engine's command write the flags
+#: (or environment variables) it has for them: both values of a switch.
+_SETTING_PROBES: dict[str, tuple[Any, ...]] = {
+    "tensor_parallel_size": (2,), "max_model_len": (2,), "max_num_batched_tokens": (2,), "max_num_seqs": (2,),
+    "gpu_memory_utilization": (0.5,), "enable_prefix_caching": (True, False), "enforce_eager": (True, False),
+    "served_model_name": ("x",),
+}
 
 
-def _flag_name(arg: str) -> str:
-    """One name for a flag however it is written: long, no ``=value``, ``-`` for ``_``,
-    no ``--no-`` (a switch's either way)."""
-    name = _LONG_FLAGS.get(arg.split("=", 1)[0], arg.split("=", 1)[0])
+def _flag_name(engine: str, arg: str) -> str:
+    """One name for a flag however it is written: no ``=value``, ``-`` for ``_``, no
+    ``--no-`` (a switch's either way), the name ``engine``'s command writes it by."""
+    name = arg.split("=", 1)[0]
     if name.startswith("--"):
         name = "--" + name[2:].replace("_", "-").removeprefix("no-")
-    return name
+    return _ALIASES.get(engine, {}).get(name, name)
+
+
+def _match(engine: str, name: str, names: Collection[str]) -> str | None:
+    """The one of ``names`` the flag ``name`` is to ``engine``: itself, or for an engine
+    that takes a long flag's beginning, the only one of them it begins (several: the
+    engine refuses it as ambiguous)."""
+    if name in names:
+        return name
+    if engine in _ABBREVIATING and name.startswith("--") and len(name) > 2:
+        begun = [n for n in names if n.startswith(name)]
+        if len(begun) == 1:
+            return begun[0]
+    return None
+
+
+def _setting_flags(spec: EngineSpec) -> tuple[dict[str, str], dict[str, str]]:
+    """The flags (as ``_flag_name`` writes them) and the environment variables
+    ``spec``'s engine is given for each of the config's settings, set in ``spec`` or not,
+    each to the setting's key; found by building the command with each setting put in."""
+    build = _BUILDERS[spec.engine]
+    unset: dict[str, Any] = dict.fromkeys(_SETTING_PROBES)
+    base = replace(spec, extra_args=(), env=(), **unset)
+    plain = build(base, 0)
+    plain_flags = {_flag_name(spec.engine, a) for a in plain.argv[1:] if a.startswith("-")}
+    flags: dict[str, str] = {}
+    env: dict[str, str] = {}
+    for key, values in _SETTING_PROBES.items():
+        for value in values:
+            try:
+                cmd = build(replace(base, **{key: value}), 0)
+            except UsageError:  # (a setting the engine has no flag for)
+                continue
+            for a in cmd.argv[1:]:
+                if a.startswith("-") and _flag_name(spec.engine, a) not in plain_flags:
+                    flags.setdefault(_flag_name(spec.engine, a), key)
+            for name in cmd.env.keys() - plain.env.keys():
+                env.setdefault(name, key)
+    return flags, env
 
 
 def _check_extra_args(spec: EngineSpec, argv: list[str]) -> None:
-    """``UsageError`` for an ``extra_args`` flag the command already sets from the config
-    (a setting, the model, host or port): the engine would take one of the two values
-    while the run records the other, or listen where inferlab does not look."""
-    ours = {_flag_name(a) for a in argv[1:] if a.startswith("-")}  # (python's ``-m``: as --model, set too)
+    """``UsageError`` for an ``extra_args`` flag (or ``env`` variable) of one of the
+    config's settings, set there or not: the engine would run with its value while the
+    run records the config's (or the setting as unset, the engine's default); and for a
+    flag the command already sets (the model, host, port): the engine would listen where
+    inferlab does not look."""
+    flags, env = _setting_flags(spec)
+    ours = {_flag_name(spec.engine, a) for a in argv[1:] if a.startswith("-")}  # (python's ``-m`` too)
     for a in spec.extra_args:
-        if a.startswith("-") and _flag_name(a) in ours:
-            raise UsageError(f"extra_args: {a.split('=', 1)[0]} is set from the config (its setting, the model, "
-                             "host or port); change the setting instead of passing the flag")
+        if not a.startswith("-"):
+            continue
+        name, shown = _flag_name(spec.engine, a), a.split("=", 1)[0]
+        key = flags.get(_match(spec.engine, name, flags) or "")
+        if key is not None:
+            raise UsageError(f"extra_args: {shown} is {spec.engine}'s flag for the config's {key}; set {key} in the "
+                             "config instead (the run records the config's settings, which advise and compare read)")
+        if _match(spec.engine, name, ours) is not None:
+            raise UsageError(f"extra_args: {shown} is set from the config (the model, host or port, or a flag "
+                             "inferlab needs); change the setting instead of passing the flag")
+    for name, _ in spec.env:
+        if name in env:
+            raise UsageError(f"env: {name} is {spec.engine}'s variable for the config's {env[name]}; set {env[name]} "
+                             "in the config instead (the run records the config's settings, which advise and compare read)")
 
 
 def command(spec: EngineSpec, port: int | None = None) -> Command:
     """The engine's command line for ``spec`` on ``port`` (default ``spec.port``; 0 is
     written as 0: the dry run of a free port). ``UsageError`` for a setting the engine
-    has no flag for, or an ``extra_args`` flag the command sets itself."""
+    has no flag for, or an ``extra_args`` flag (an ``env`` variable) for one of the
+    config's settings or that the command sets itself."""
     p = spec.port if port is None else port
     cmd = _BUILDERS[spec.engine](spec, p)
     _check_extra_args(spec, cmd.argv)

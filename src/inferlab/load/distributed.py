@@ -41,7 +41,8 @@ class Batch:
     relative to the worker's t0, which was ``t0_epoch_ns`` in Unix time. ``final``: the
     worker's last batch of the run. ``model``: the model it sent to. ``gone``: why the
     worker stopped its users, the server having stopped answering (``load.http``'s rule),
-    in its last batch."""
+    in its last batch. ``stopped_early``: the worker itself was stopped (Ctrl-C, SIGTERM
+    on it) while its test ran, before the master ended it; in its last batch."""
 
     worker: str
     t0_epoch_ns: int
@@ -49,11 +50,12 @@ class Batch:
     final: bool = False
     model: str | None = None
     gone: str | None = None
+    stopped_early: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
             "worker": self.worker, "t0_epoch_ns": self.t0_epoch_ns, "final": self.final,
-            "model": self.model, "gone": self.gone, "records": self.records,
+            "model": self.model, "gone": self.gone, "stopped_early": self.stopped_early, "records": self.records,
         }
 
     @classmethod
@@ -68,7 +70,7 @@ class Batch:
                 _check_record(i, r)
             gone = d.get("gone")
             return cls(str(d["worker"]), int(d["t0_epoch_ns"]), records, bool(d.get("final")), d.get("model"),
-                       None if gone is None else str(gone))
+                       None if gone is None else str(gone), bool(d.get("stopped_early")))
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a batch of records: {e}") from None
 
@@ -122,13 +124,15 @@ class Merged:
     """Every worker's records on one clock, numbered in the order they were sent;
     ``workers``: each worker's name and how many records it sent; ``unfinished``: the
     workers whose last batch never came (their last records may be missing); ``gone``:
-    why the server stopped answering, as the workers that stopped for it saw it."""
+    why the server stopped answering, as the workers that stopped for it saw it;
+    ``stopped_early``: the workers stopped (Ctrl-C, SIGTERM) before the master ended the test."""
 
     records: list[RequestRecord]
     workers: dict[str, int]
     unfinished: list[str]
     model: str | None = None
     gone: list[str] = field(default_factory=list)
+    stopped_early: list[str] = field(default_factory=list)
 
 
 def merge(batches: Iterable[Batch], workers: Iterable[str] = ()) -> Merged:
@@ -164,7 +168,9 @@ def merge(batches: Iterable[Batch], workers: Iterable[str] = ()) -> Merged:
         r.index = i
     models = [b.model for b in batches if b.model]
     gone = sorted({b.gone for b in batches if b.gone})
-    return Merged(ordered, counts, sorted((set(t0) | set(workers)) - finished), models[0] if models else None, gone)
+    early = sorted({b.worker for b in batches if b.stopped_early})
+    return Merged(ordered, counts, sorted((set(t0) | set(workers)) - finished), models[0] if models else None, gone,
+                  early)
 
 
 def write_run(out_dir: str | os.PathLike[str], config: dict[str, Any], merged: Merged, summary: Summary) -> None:
@@ -188,6 +194,22 @@ def merge_warnings(merged: Merged) -> list[str]:
             "ended after their previous batch are missing"
         )
     return out
+
+
+def workers_stopped_early(merged: Merged) -> tuple[list[str], bool]:
+    """What the summary says of the workers stopped (Ctrl-C, SIGTERM on a worker) before
+    the master ended the test, and whether the test ended with them: Locust's master
+    stops the test when its last worker quits, and while others run, gives a quitting
+    worker's users to them."""
+    if not merged.stopped_early:
+        return [], False
+    names = ", ".join(merged.stopped_early)
+    ran_on = set(merged.workers) - set(merged.stopped_early) - set(merged.unfinished)
+    if ran_on:
+        return [f"worker(s) {names} stopped before the master ended the test (Ctrl-C or SIGTERM on the worker, "
+                "say): Locust gave their users to the other workers, which started them anew"], False
+    return [f"the test ended early: worker(s) {names} stopped before the master ended it (Ctrl-C or SIGTERM on the "
+            "worker, say), and the master stops the test when its last worker quits"], True
 
 
 def describe(merged: Merged) -> str:
@@ -234,9 +256,10 @@ def finish_run(out_dir: str | os.PathLike[str]) -> tuple[Summary, Merged]:
     gone = [] if not merged.gone else [str(ServerGoneError(
         " or ".join(merged.gone), sum(r.ok for r in merged.records), str(d)))]
     early = _stopped_early(config)
+    workers_early, ended = workers_stopped_early(merged)
     summary = run_summary(
-        merged.records, None, config=config, slo=None, interrupted=bool(gone or early), preflight=None, wcfg=wcfg,
-        executor_warnings=[*gone, *early], server_gone=bool(gone),
+        merged.records, None, config=config, slo=None, interrupted=bool(gone or early or ended), preflight=None,
+        wcfg=wcfg, executor_warnings=[*gone, *early, *workers_early], server_gone=bool(gone),
     )
     summary = dataclasses.replace(summary, warnings=(*summary.warnings, *merge_warnings(merged)))
     write_run(d, config, merged, summary)

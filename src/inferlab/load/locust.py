@@ -14,8 +14,11 @@ Locust's rounded response times. Workers send their records to the master in bat
 (Locust's custom messages, about once a second and at the end); the master appends
 them to ``OUT/locust-records.jsonl`` as they come and, when the test stops, asks every
 worker for its last batch, waits for it, and writes ``config.json``,
-``requests.jsonl`` and ``summary.json`` (``load.distributed``). Locust's own statistics
-see every request too (its ``request`` event: the E2E time, the output characters).
+``requests.jsonl`` and ``summary.json`` (``load.distributed``). A worker stopped on its
+own (Ctrl-C, SIGTERM) while the test runs stops its users and sends its last batch,
+saying so, before Locust tells the master that it quit: the summary names it. Locust's
+own statistics see every request too (its ``request`` event: the E2E time, the output
+characters).
 
 Run (docs: README, "Distributed load on Locust")::
 
@@ -163,6 +166,7 @@ class _Sender:
         self.in_flight = 0
         self.watch = GoneWatch()
         self.gone: str | None = None  # why this sender stopped: the server stopped answering
+        self.stopped_early = False  # this worker was stopped (Ctrl-C, SIGTERM) while its test ran
         self.finished = False
         self._flusher = gevent.spawn(self._flush_every)
 
@@ -194,7 +198,8 @@ class _Sender:
         """Send the pending records (and, ``final``, say there will be no more)."""
         if self.finished or (not self.pending and not final):
             return
-        batch = Batch(self.name, self.t0_epoch_ns, self.pending, final, self.endpoint.model, self.gone if final else None)
+        batch = Batch(self.name, self.t0_epoch_ns, self.pending, final, self.endpoint.model, self.gone if final else None,
+                      final and self.stopped_early)
         self.pending = []
         self.finished = final
         if final:
@@ -323,6 +328,9 @@ def _on_init(environment: Environment, **_: Any) -> None:
     gevent.get_hub().loop.update_now()
     if isinstance(runner, WorkerRunner):
         runner.register_message(STOP_MESSAGE, _on_stop_message, concurrent=True)
+        # (after the runner's own, so before it: Locust fires quitting's listeners last
+        # first, and the runner's tells the master that this worker quit)
+        environment.events.quitting.add_listener(_on_worker_quitting)  # type: ignore[no-untyped-call]
         return
     if not o.inferlab_out:
         _fail("--inferlab-out is required: the run directory to write")
@@ -383,6 +391,19 @@ def _on_quitting(environment: Environment, **_: Any) -> None:
     if _collector is None or _collector.written or o is None or not getattr(o, "run_time", None):
         return
     _note_in_config(_collector.out, "stopped_early", f"the test was stopped before its -t of {o.run_time} s ended")
+
+
+def _on_worker_quitting(environment: Environment, **_: Any) -> None:
+    """A worker is shutting down while its test runs (Ctrl-C, SIGTERM on it; the
+    master's quit comes after its stop and the last batch): stop its users and send the
+    last batch, saying so, before Locust tells the master it quit (the master, its last
+    worker gone, then stops the test and writes the run: marked interrupted)."""
+    if _sender is None or _sender.finished:
+        return
+    _sender.stopped_early = True
+    if environment.runner is not None:
+        environment.runner.stop()  # (its users' requests in flight recorded as cancelled; test_stop sends the batch)
+    _sender.flush(final=True)
 
 
 def _note_in_config(out: Path, key: str, value: object) -> None:

@@ -26,6 +26,7 @@ from inferlab._cores import usable_cores
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab._loop import loop_name
 from inferlab.client.preflight import (
+    APPROX_NO_PREFLIGHT,
     EXACT_LOCAL,
     EXACT_SERVER,
     Preflight,
@@ -914,8 +915,8 @@ def run_summary(
         elif wcfg.tokenizer:
             source = EXACT_LOCAL
         else:
-            source = "unknown (no preflight)" if pre is None else pre.input_length_source
-        if pre is not None and wcfg.synthetic and source.startswith("approximate"):
+            source = APPROX_NO_PREFLIGHT if pre is None else pre.input_length_source
+        if wcfg.synthetic and source.startswith("approximate"):
             last.append(f"prompt lengths are {source}")
         extras = SummaryExtras(
             trace_comparison=trace,
