@@ -336,8 +336,35 @@ def test_min_tokens_defers_a_stop_string(http: httpx.Client) -> None:
 def test_a_stop_past_max_tokens_does_not_stop(http: httpx.Client) -> None:
     body = valid("completions", max_tokens=3, ignore_eos=True, stop=["learned"])
     r = http.post(PATH["completions"], json=body).json()
-    assert r["choices"][0]["finish_reason"] == "length" and "stop_reason" not in r["choices"][0]
+    assert r["choices"][0]["finish_reason"] == "length" and r["choices"][0]["stop_reason"] is None
     assert r["choices"][0]["text"] == OUTPUT.text(0, OUTPUT.chars(3))
+
+
+#: The keys of each choice as vLLM 0.32's CPU build wrote them (``--max-tokens`` ended the
+#: answer, no stop did), less the token-id fields it writes null unless asked
+#: (``token_ids``, ``prompt_token_ids``, ``prompt_logprobs``, ``routed_experts``) and the
+#: chat message's null fields. ``stop_reason`` is null on the finishing choice and on every
+#: text-completion chunk, absent from a chat stream's other chunks.
+VLLM_CHOICE_KEYS = {
+    ("completions", False): [("index", "text", "logprobs", "finish_reason", "stop_reason")],
+    ("chat", False): [("index", "message", "logprobs", "finish_reason", "stop_reason")],
+    ("completions", True): [("index", "text", "logprobs", "finish_reason", "stop_reason")] * 4,
+    ("chat", True): [("index", "delta", "logprobs", "finish_reason")] * 4
+                    + [("index", "delta", "logprobs", "finish_reason", "stop_reason")],
+}
+
+
+@pytest.mark.parametrize(("route", "stream"), list(VLLM_CHOICE_KEYS))
+def test_stop_reason_is_null_where_vllm_writes_it_null(http: httpx.Client, route: str, stream: bool) -> None:
+    """No stop ended the answer: vLLM writes ``"stop_reason": null``; the key was left out."""
+    body = valid(route, ignore_eos=True, stream=stream)
+    if stream:
+        with http.stream("POST", PATH[route], json=body) as r:
+            choices = [json.loads(p)["choices"][0] for p in sse_events(b"".join(r.iter_raw()).decode())[:-1]]
+    else:
+        choices = http.post(PATH[route], json=body).json()["choices"]
+    assert [tuple(c) for c in choices] == VLLM_CHOICE_KEYS[route, stream]
+    assert choices[-1]["finish_reason"] == "length" and all(c.get("stop_reason") is None for c in choices)
 
 
 def test_stop_token_id_ends_the_answer_without_its_text(http: httpx.Client) -> None:
