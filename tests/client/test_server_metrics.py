@@ -52,6 +52,20 @@ async def test_the_simulated_servers_counters_match_the_runs_usage(tmp_path: Pat
     assert lines[-1]["generation_tokens"] - lines[0]["generation_tokens"] == m.counters["generation_tokens"]
 
 
+async def test_a_served_name_with_a_quote_a_backslash_and_a_newline_is_read_end_to_end(tmp_path: Path) -> None:
+    """The simulated server wrote such a name raw: the newline cut every sample line in
+    two, and the run's server metrics were "no metric inferlab knows"."""
+    name = 'my"mo\\del\nv2'
+    config = RunConfig(LoadConfig(ClosedLoop(2), num_requests=4), WorkloadConfig(output_tokens=5), out_dir=str(tmp_path))
+    with EmbeddedServer(ServerConfig(served_model_name=name)) as sim:
+        async with asyncio.timeout(LIMIT_S):
+            result = await run(config, HttpTarget(sim.url))
+    m = result.summary.server_metrics
+    assert isinstance(m, ServerMetrics) and m.available and m.server == "vllm", m
+    assert m.counters["requests_finished"] == 4 == result.summary.counts.completed
+    assert m.counters["generation_tokens"] == sum(r.output_tokens or 0 for r in result.records)
+
+
 async def test_a_server_without_metrics_is_not_available_and_the_run_goes_on(tmp_path: Path) -> None:
     config = RunConfig(LoadConfig(ClosedLoop(1), num_requests=2), out_dir=str(tmp_path))
     async with FaultServer() as srv, asyncio.timeout(LIMIT_S):

@@ -5,6 +5,8 @@ redis-server)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import shutil
 import socket
@@ -588,5 +590,93 @@ async def test_a_redis_down_is_said_once_not_once_a_request_and_its_return_too(
     assert [a.status for a in down] == [503] * 10 and back.status == 200
     assert gw.proc.stderr is not None
     said = [line for line in gw.proc.stderr.read().splitlines() if line.startswith("redis: ")]
-    # (the pub/sub listener, on a connection of its own, says its failure once too)
-    assert 2 <= len(said) <= 3 and said[-1] == "redis: answers again", said
+    # (the pub/sub listener, on a connection of its own, says its failure through the same
+    # Outage: it said a line of its own too)
+    assert len(said) == 2 and said[-1] == "redis: answers again", said
+
+
+class HeldPubSub:
+    """The listener's real pub/sub, its reads held while ``open`` is clear; counts the
+    reads that failed and those that answered."""
+
+    def __init__(self, pubsub: Any) -> None:
+        self.pubsub = pubsub
+        self.open = asyncio.Event()
+        self.open.set()
+        self.held = False
+        self.failed = self.answered = self.messages = 0
+
+    async def get_message(self, **kwargs: Any) -> Any:
+        self.held = not self.open.is_set()
+        await self.open.wait()
+        self.held = False
+        try:
+            message = await self.pubsub.get_message(**kwargs)
+        except Exception:
+            self.failed += 1
+            raise
+        self.answered += 1
+        self.messages += message is not None
+        return message
+
+    async def aclose(self) -> None:
+        await self.pubsub.aclose()
+
+
+async def until(check: Any, what: str) -> None:
+    for _ in range(200):  # bounded: 10 s
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within 10 s: {what}")
+
+
+async def test_one_outage_is_one_line_and_its_end_one_whoever_sees_it_and_a_stale_pubsub_says_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The pub/sub listener said its own failure beside the batches' (two lines for one
+    outage), and again when its connection from before a restart failed with Redis back."""
+    import redis.asyncio
+
+    from inferlab._clock import WallClock
+    from inferlab.gateway.admission import Admission
+    from inferlab.gateway.shared import SharedAdmission
+
+    port = free_port()
+    proc = start_redis(port, tmp_path)
+    client = redis.asyncio.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    a = Admission("tokens", [1000], [100], queue_max=100, queue_timeout_s=5, starvation_s=5, clock=WallClock())
+    shared = SharedAdmission(client, "t:", a, ["http://engine"], lease_s=600)  # (no lease beats meanwhile)
+    caplog.set_level(logging.WARNING, logger="inferlab.gateway")
+    try:
+        await shared.start()
+        held = shared._pubsub = HeldPubSub(shared._pubsub)
+        # an outage both the listener and a batch see
+        await until(lambda: held.answered > 0, "the listener reads")
+        proc.kill()
+        proc.wait(timeout=10)
+        await until(lambda: held.failed >= 3, "the listener fails")
+        with contextlib.suppress(Exception):
+            await shared.beat()
+        proc = start_redis(port, tmp_path)
+        await shared.beat()
+        answered = held.answered
+        await until(lambda: held.answered > answered, "the listener reads again")
+        # a restart while the listener's connection waits: it fails once, Redis answering
+        held.open.clear()
+        await until(lambda: held.held, "the listener waits")
+        proc.kill()
+        proc.wait(timeout=10)
+        proc = start_redis(port, tmp_path)
+        failed, answered = held.failed, held.answered
+        held.open.set()
+        await until(lambda: held.answered > answered, "the listener reads after the restart")
+        await client.publish("t:admission:released", "1")
+        await until(lambda: held.messages > 0, "the listener hears again")
+    finally:
+        await shared.stop()
+        await client.aclose()
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert held.failed == failed + 1  # (the stale connection: else this test tests nothing)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("redis: ")]
+    assert len(said) == 2 and said[1] == "redis: answers again", said

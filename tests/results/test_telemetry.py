@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from inferlab.results.telemetry import (
     ServerMetrics,
@@ -54,6 +55,17 @@ def test_the_parser_reads_labels_escapes_timestamps_and_special_values() -> None
     assert s["plain"] == [({}, 1500.0)]
     assert math.isnan(s["nan_metric"][0][1])
     assert "garbage" not in s and "bad_value" not in s
+
+
+def test_the_parser_reads_each_escape_of_a_label_value_as_written() -> None:
+    """A newline is ``\\n``, a backslash ``\\\\`` and a quote ``\\"`` (one pass: an escaped
+    backslash before an n is no newline); only a newline ends a line, so a U+2028 in a
+    value does not cut it (the name here as prometheus_client writes it)."""
+    name = 'my"mo\\del\nv2 \\n \u2028 end'
+    registry = CollectorRegistry()
+    Gauge("vllm:num_requests_running", "", ["model_name", "engine"], registry=registry).labels(name, "0").set(3)
+    s = parse_prometheus(generate_latest(registry).decode())
+    assert s["vllm:num_requests_running"] == [({"engine": "0", "model_name": name}, 3.0)]
 
 
 def test_vllm_names_map_to_ours_summing_label_sets() -> None:

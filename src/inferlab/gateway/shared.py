@@ -536,17 +536,22 @@ class SharedAdmission:
                 await self.beat()
 
     async def _listen(self) -> None:
-        failing = False
+        failures = 0  # in a row
         while not self._stopping:
             try:
                 message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=POLL_S)
-            except Exception as e:  # (redis' own errors): said once; wait, then listen again (polls go on)
-                if not failing:
-                    log.warning("redis: %s: %s", type(e).__name__, e)
-                failing = True
-                await asyncio.sleep(1.0)
+            except Exception as e:  # (redis' own errors): listen again (polls go on meanwhile)
+                failures += 1
+                # A connection from before Redis restarted fails once though Redis is
+                # back, and the next read (at once) connects anew: only a second failure
+                # in a row is an outage, said through the gateway's one ``Outage`` (one
+                # line whoever sees it first), once a run of them; then a read a second.
+                if failures == 2:
+                    self.outage.failed(e)
+                if failures > 1:
+                    await asyncio.sleep(1.0)
                 continue
-            failing = False
+            failures = 0
             if message is not None:
                 self._wakeup.set()
 

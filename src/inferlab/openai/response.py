@@ -28,12 +28,17 @@ from inferlab.openai.sse import DONE
 @dataclass(frozen=True)
 class Completion:
     """What every chunk and body of one answer repeats: its ``id``, whether it answers the
-    chat API (else text completions), ``created`` (Unix seconds) and ``model``."""
+    chat API (else text completions), ``created`` (Unix seconds) and ``model``.
+    ``vllm_stop_reason``: write vLLM's ``stop_reason`` wherever vLLM 0.32 does, null
+    where no stop string or token ended the answer (the body's choice, a stream's
+    finishing choice, and every text-completion chunk); else (the gateway's cache, which
+    does not keep it) only where one is given."""
 
     id: str
     chat: bool
     created: int
     model: str
+    vllm_stop_reason: bool = False
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         """One streamed chunk with these ``choices`` (``[]`` for the usage chunk) and
@@ -58,14 +63,14 @@ class Completion:
         """Choice 0 of a streamed chunk, carrying ``text`` (chat: as a delta, with the
         ``assistant`` role if ``role``: the first chunk), its tokens' ``logprobs``
         (``chat_logprobs`` or ``completion_logprobs``), and the finish reason, if any,
-        with vLLM's ``stop_reason`` (the stop string or token id that ended the answer)
-        when there is one."""
+        with vLLM's ``stop_reason`` (the stop string or token id that ended the answer;
+        see ``vllm_stop_reason``)."""
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": text} if role else {"content": text}
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        if stop_reason is not None:
+        if stop_reason is not None or (self.vllm_stop_reason and (finish_reason is not None or not self.chat)):
             choice["stop_reason"] = stop_reason
         return choice
 
@@ -86,7 +91,7 @@ class Completion:
             choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        if stop_reason is not None:
+        if stop_reason is not None or self.vllm_stop_reason:
             choice["stop_reason"] = stop_reason
         return {
             "id": self.id,

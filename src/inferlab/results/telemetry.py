@@ -68,6 +68,8 @@ def server_names(ours: Iterable[str]) -> tuple[str, ...]:
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?\s*$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+#: An escape in a label value: ``\\``, ``\"`` or ``\n`` (the text format's three).
+_ESCAPE = re.compile(r"\\(.)")
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -78,7 +80,7 @@ def parse_prometheus(text: str, only: tuple[str, ...] = ()) -> Samples:
     ``+Inf`` included). With ``only`` (metric names), a line that begins with none of
     them is skipped unread: a few gauges off a large page cost a fraction of the whole."""
     out: Samples = {}
-    for raw in text.splitlines():
+    for raw in text.split("\n"):  # (only a newline ends a line: a label value may hold U+2028 and the like)
         line = raw.strip()
         if not line or line.startswith("#") or (only and not line.startswith(only)):
             continue
@@ -89,9 +91,15 @@ def parse_prometheus(text: str, only: tuple[str, ...] = ()) -> Samples:
             value = float(m.group(3))
         except ValueError:
             continue
-        labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(m.group(2) or "")}
+        labels = {k: _unescape(v) for k, v in _LABEL.findall(m.group(2) or "")}
         out.setdefault(m.group(1), []).append((labels, value))
     return out
+
+
+def _unescape(value: str) -> str:
+    """A label value as written (``\\n`` a newline, ``\\x`` any other ``x``), in one pass:
+    ``\\\\n`` is a backslash and an n."""
+    return _ESCAPE.sub(lambda m: "\n" if m[1] == "n" else m[1], value) if "\\" in value else value
 
 
 @dataclass(frozen=True)

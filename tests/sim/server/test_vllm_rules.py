@@ -21,11 +21,12 @@ import httpx
 import pytest
 from aiohttp import web
 from aiohttp.http_exceptions import TransferEncodingError
+from prometheus_client.parser import text_string_to_metric_families
 from simserver import MODEL
 from test_sim_server import metric, parse_prometheus, scrape, sse_events, words
 
 from inferlab.openai.errors import APIError
-from inferlab.sim.server.app import _json_body
+from inferlab.sim.server.app import ServerConfig, _json_body
 from inferlab.sim.server.launch import EmbeddedServer
 from inferlab.sim.server.output import OutputText
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
@@ -335,8 +336,35 @@ def test_min_tokens_defers_a_stop_string(http: httpx.Client) -> None:
 def test_a_stop_past_max_tokens_does_not_stop(http: httpx.Client) -> None:
     body = valid("completions", max_tokens=3, ignore_eos=True, stop=["learned"])
     r = http.post(PATH["completions"], json=body).json()
-    assert r["choices"][0]["finish_reason"] == "length" and "stop_reason" not in r["choices"][0]
+    assert r["choices"][0]["finish_reason"] == "length" and r["choices"][0]["stop_reason"] is None
     assert r["choices"][0]["text"] == OUTPUT.text(0, OUTPUT.chars(3))
+
+
+#: The keys of each choice as vLLM 0.32's CPU build wrote them (``--max-tokens`` ended the
+#: answer, no stop did), less the token-id fields it writes null unless asked
+#: (``token_ids``, ``prompt_token_ids``, ``prompt_logprobs``, ``routed_experts``) and the
+#: chat message's null fields. ``stop_reason`` is null on the finishing choice and on every
+#: text-completion chunk, absent from a chat stream's other chunks.
+VLLM_CHOICE_KEYS = {
+    ("completions", False): [("index", "text", "logprobs", "finish_reason", "stop_reason")],
+    ("chat", False): [("index", "message", "logprobs", "finish_reason", "stop_reason")],
+    ("completions", True): [("index", "text", "logprobs", "finish_reason", "stop_reason")] * 4,
+    ("chat", True): [("index", "delta", "logprobs", "finish_reason")] * 4
+                    + [("index", "delta", "logprobs", "finish_reason", "stop_reason")],
+}
+
+
+@pytest.mark.parametrize(("route", "stream"), list(VLLM_CHOICE_KEYS))
+def test_stop_reason_is_null_where_vllm_writes_it_null(http: httpx.Client, route: str, stream: bool) -> None:
+    """No stop ended the answer: vLLM writes ``"stop_reason": null``; the key was left out."""
+    body = valid(route, ignore_eos=True, stream=stream)
+    if stream:
+        with http.stream("POST", PATH[route], json=body) as r:
+            choices = [json.loads(p)["choices"][0] for p in sse_events(b"".join(r.iter_raw()).decode())[:-1]]
+    else:
+        choices = http.post(PATH[route], json=body).json()["choices"]
+    assert [tuple(c) for c in choices] == VLLM_CHOICE_KEYS[route, stream]
+    assert choices[-1]["finish_reason"] == "length" and all(c.get("stop_reason") is None for c in choices)
 
 
 def test_stop_token_id_ends_the_answer_without_its_text(http: httpx.Client) -> None:
@@ -467,6 +495,28 @@ def test_metrics_have_vllms_request_histograms(http: httpx.Client) -> None:
     # decode time spreads over the tokens after the first (vLLM's per-request TPOT)
     tpot = delta("vllm:request_time_per_output_token_seconds_sum")
     assert tpot == pytest.approx(delta("vllm:request_decode_time_seconds_sum") / (out_tokens - 1))
+
+
+#: A served name with each character the text format escapes in a label value.
+ODD_NAME = 'my"mo\\del\nv2'
+
+
+def test_metrics_label_every_sample_as_vllm_does_whatever_the_served_name() -> None:
+    """vLLM V1 labels its engine's samples ``engine="0"`` beside ``model_name`` (as its
+    0.32 CPU build writes them); a name with a quote, a backslash or a newline was
+    written raw, and Prometheus refused the whole page. Read here by prometheus_client's
+    own parser, not ours."""
+    with EmbeddedServer(ServerConfig(served_model_name=ODD_NAME)) as sim, \
+            httpx.Client(base_url=sim.url, timeout=SOCKET_TIMEOUT_S) as http:
+        body = {"model": ODD_NAME, "prompt": "hello", "max_tokens": 3, "ignore_eos": True}
+        assert http.post(PATH["completions"], json=body).status_code == 200
+        families = list(text_string_to_metric_families(http.get("/metrics").text))
+    samples = [s for f in families for s in f.samples]
+    assert {f.name for f in families} >= {"vllm:num_requests_running", "vllm:time_to_first_token_seconds"}
+    for s in samples:
+        assert {k: v for k, v in s.labels.items() if k not in ("le", "finished_reason")} == \
+            {"engine": "0", "model_name": ODD_NAME}, s
+    assert sum(s.value for s in samples if s.name == "vllm:request_success_total") == 1
 
 
 def finished(samples: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> dict[str, float]:

@@ -60,7 +60,7 @@ class Generation:
         self.received_s = received_s
         self.prompt_tokens = prompt_tokens
         self.plan = plan
-        self.answer = Completion(answer_id or rid, chat, int(time.time()), server.config.model_name)
+        self.answer = Completion(answer_id or rid, chat, int(time.time()), server.config.model_name, vllm_stop_reason=True)
         self.n_out = 0
         self.finished = False  # (the engine ended it: it counts as its finish reason, else as aborted)
         self._sent_chars = 0  # of the text, when the plan is not plain

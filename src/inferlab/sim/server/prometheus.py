@@ -38,6 +38,18 @@ def buckets_1_2_5(max_value: int) -> list[int]:
         scale *= 10
 
 
+def escape_label(value: str) -> str:
+    """A label value as the text format writes it: backslash, double quote and newline
+    escaped (a served model name with a quote in it must not break the page)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def label_text(labels: Mapping[str, str]) -> str:
+    """The inside of a sample's braces: ``name="value"`` pairs by name, values escaped,
+    as prometheus_client (so vLLM) writes them."""
+    return ",".join(f'{k}="{escape_label(v)}"' for k, v in sorted(labels.items()))
+
+
 class Histogram:
     """Cumulative-bucket histogram (Prometheus semantics) of seconds or counts."""
 
@@ -52,15 +64,15 @@ class Histogram:
         self.sum += value_s
         self.count += 1
 
-    def lines(self, name: str, labels: str, help_text: str) -> list[str]:
+    def lines(self, name: str, labels: Mapping[str, str], help_text: str) -> list[str]:
         out = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
         cumulative = 0
         for bound, n in zip(self.bounds, self.counts, strict=False):
             cumulative += n
-            out.append(f'{name}_bucket{{{labels},le="{bound:g}"}} {cumulative}')
-        out.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.count}')
-        out.append(f"{name}_sum{{{labels}}} {self.sum:.9g}")
-        out.append(f"{name}_count{{{labels}}} {self.count}")
+            out.append(f"{name}_bucket{{{label_text({**labels, 'le': f'{bound:g}'})}}} {cumulative}")
+        out.append(f"{name}_bucket{{{label_text({**labels, 'le': '+Inf'})}}} {self.count}")
+        out.append(f"{name}_sum{{{label_text(labels)}}} {self.sum:.9g}")
+        out.append(f"{name}_count{{{label_text(labels)}}} {self.count}")
         return out
 
 
@@ -123,7 +135,7 @@ class RequestHistograms:
         if max_tokens is not None:
             self.max_tokens.observe(max_tokens)
 
-    def lines(self, labels: str) -> list[str]:
+    def lines(self, labels: Mapping[str, str]) -> list[str]:
         out: list[str] = []
         for hist, name, help_text in (
             (self.ttft, "vllm:time_to_first_token_seconds", "Time to first token, engine view."),
@@ -160,14 +172,17 @@ def render_metrics(
 ) -> str:
     """The ``/metrics`` page: the engine's gauges and counters, the requests ended by
     each ``finished`` reason (``FINISHED_REASONS``), the request histograms, the tokens
-    per engine step, and inferlab's own lag of the engine loop."""
-    labels = f'model_name="{model}"'
+    per engine step, and inferlab's own lag of the engine loop. Every sample is labelled
+    as vLLM V1 labels its engine's: ``model_name`` (the served name) and ``engine``
+    (its index; one engine here)."""
+    labels = {"engine": "0", "model_name": model}
+    plain = label_text(labels)
     lines: list[str] = []
 
     def metric(name: str, kind: str, value: float, help_text: str) -> None:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
-        lines.append(f"{name}{{{labels}}} {value:.9g}")
+        lines.append(f"{name}{{{plain}}} {value:.9g}")
 
     metric("vllm:num_requests_running", "gauge", engine.num_running, "Requests in the running batch.")
     metric("vllm:num_requests_waiting", "gauge", engine.num_waiting, "Requests waiting to be scheduled.")
@@ -180,7 +195,8 @@ def render_metrics(
     metric("vllm:generation_tokens_total", "counter", engine.generation_tokens_total, "Tokens generated.")
     name = "vllm:request_success_total"
     lines += [f"# HELP {name} Requests finished, by finish reason.", f"# TYPE {name} counter"]
-    lines += [f'{name}{{{labels},finished_reason="{reason}"}} {finished.get(reason, 0)}' for reason in FINISHED_REASONS]
+    lines += [f"{name}{{{label_text({**labels, 'finished_reason': reason})}}} {finished.get(reason, 0)}"
+              for reason in FINISHED_REASONS]
     lines += requests.lines(labels)
     lines += iteration_tokens.lines("vllm:iteration_tokens_total", labels, "Tokens per engine step.")
     lines += lag.lines(
