@@ -94,3 +94,26 @@ async def test_the_retry_storm_after_the_server_went_is_bounded_and_said_apart(t
     assert f"before that, {before:,} of {s.counts.completed + before:,} failed" in first
     # the share warning, if any, is of the run before the server went
     assert not any(f"{s.counts.failed:,} of {s.counts.total:,} measured requests failed" in w for w in s.warnings)
+
+
+def test_an_answer_to_a_request_sent_before_the_refusals_began_does_not_end_their_count() -> None:
+    """A stream the server finishes as it shuts down ends after the refusals began: it says
+    nothing of the server now, so the count goes on (it reset the count, and a loaded
+    machine's fresh-clone CI saw a Locust run take 448 refusals for a rule of 204)."""
+    from inferlab.results.records import ErrorKind, RequestRecord
+
+    def refused(i: int, sent: int) -> RequestRecord:
+        return RequestRecord(i, send_ns=sent, end_ns=sent + 1, error_kind=ErrorKind.CONNECT,
+                             error="Connect call failed: connection refused")
+
+    def answered(i: int, sent: int) -> RequestRecord:
+        return RequestRecord(i, send_ns=sent, ttfb_ns=sent + 5, end_ns=sent + 10, status=200)
+
+    watch = executor.GoneWatch()
+    watch.peak = 4
+    for i in range(30):
+        watch.note(refused(i, 1_000 + i), 0.1)
+    watch.note(answered(99, 500), 0.1)  # (sent before the first refusal)
+    assert watch.unanswered == 30
+    watch.note(answered(100, 2_000), 0.1)  # (sent after it: the server answers again)
+    assert watch.unanswered == 0

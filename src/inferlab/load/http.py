@@ -73,11 +73,14 @@ class GoneWatch:
     """``ServerGoneError``'s rule, fed each request's record as it ends: the failures for
     want of a connection since the last answer, when the first of them ended (seconds on
     the caller's clock), why; ``peak``, the most in flight at once (the caller keeps it);
-    the completed requests."""
+    the completed requests. An answer ends the count only if its request was sent after
+    the first of those failures was: one sent before (a stream the server finishes as it
+    shuts down, ending after the refusals began) says nothing of the server now."""
 
     def __init__(self) -> None:
         self.unanswered = 0
         self.since_s = 0.0
+        self.first_sent_ns: int | None = None  # (the earliest send of the failures counted)
         self.why = ""
         self.peak = 0
         self.completed = 0
@@ -85,12 +88,17 @@ class GoneWatch:
     def note(self, record: RequestRecord, now_s: float) -> None:
         """Count ``record`` towards (or against) the server having stopped answering."""
         why = unanswered(record)
+        sent = record.send_ns if record.send_ns is not None else record.intended_send_ns
         if why is not None:
             if not self.unanswered:
-                self.since_s = now_s
+                self.since_s, self.first_sent_ns = now_s, sent
+            elif sent is not None and self.first_sent_ns is not None:
+                self.first_sent_ns = min(self.first_sent_ns, sent)
             self.unanswered += 1
             self.why = why
-        elif record.status is not None:  # (it answered: a timeout or a cancel says nothing)
+        elif record.status is not None and not (  # (it answered: a timeout or a cancel says nothing)
+            sent is not None and self.first_sent_ns is not None and sent < self.first_sent_ns
+        ):
             self.unanswered = 0
         if record.ok and not record.warmup:
             self.completed += 1
