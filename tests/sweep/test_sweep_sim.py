@@ -108,6 +108,17 @@ def test_the_index_target_names_the_engine_axes_varied_not_a_base_value_no_point
     assert r.exit_code == 0, r.output
     target = index(tmp_path / "one")["target"]
     assert target["varied"] == [] and target["engine"]["max_num_seqs"] == 2
+    # a quantization axis: neither it nor the name it was given by (the first value's) is
+    # the target's, and each point records the name it ran by, marlin beside the AWQ it runs
+    q = tmp_path / "q"
+    r = sweep(["--model", "Qwen/Qwen2.5-7B-Instruct-AWQ", "-q", "awq_marlin,marlin", "-c", "2", "--input-tokens", "50",
+               "--output-tokens", "4", "-n", "4", "-o", str(q)])
+    assert r.exit_code == 0, r.output
+    target = index(q)["target"]
+    assert target["varied"] == ["quantization"]
+    assert "quantization" not in target["engine"] and "quantization_name" not in target["engine"]
+    ran = [json.loads((q / p["dir"] / "config.json").read_text())["engine"] for p in index(q)["points"]]
+    assert [(e["quantization"], e["quantization_name"]) for e in ran] == [("awq", "awq_marlin"), ("awq", "marlin")]
 
 
 def test_goodput_search_returns_a_rate_that_meets_the_slos_and_ten_percent_more_that_does_not(tmp_path: Path) -> None:

@@ -64,7 +64,9 @@ def index_target(target: dict[str, Any], varied: Iterable[str]) -> dict[str, Any
     if not isinstance(engine, dict):
         return target
     names = list(dict.fromkeys(varied))
-    return {**target, "engine": {k: v for k, v in engine.items() if k not in names}, "varied": names}
+    # (and the name a varied setting was given by: quantization's, ``quantization_name``)
+    dropped = {*names, *(f"{n}_name" for n in names)}
+    return {**target, "engine": {k: v for k, v in engine.items() if k not in dropped}, "varied": names}
 
 
 def check_sweep_dir(path: str, overwrite: bool) -> None:

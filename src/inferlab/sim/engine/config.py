@@ -70,7 +70,8 @@ class EngineConfig:
     quantization: Quantization | None = None  # None: the checkpoint's (its config, or name)
     # the name ``quantization`` was given by, in lower case (set from a string given): vLLM
     # runs a checkpoint or not by the name (marlin runs an AWQ one, gptq does not), so
-    # ``resolve`` reads it; None when given as a member. Not part of a config's identity
+    # ``resolve`` reads it, and keeps it where vLLM runs the checkpoint by it (marlin beside
+    # the AWQ it runs); None when given as a member. Not part of a config's identity
     quantization_name: str | None = field(default=None, compare=False)
     kv_cache_dtype: KVCacheDType = KVCacheDType.AUTO
     efficiencies_path: str | None = None
@@ -127,14 +128,12 @@ class EngineConfig:
         set_field(self, "kv_cache_dtype", KVCacheDType.parse(self.kv_cache_dtype))
         if isinstance(self.engine_version, str):
             set_field(self, "engine_version", self.engine_version.strip())
-        given = self.quantization
+        given, name = self.quantization, self.quantization_name
         if given is not None and not isinstance(given, Quantization):
             set_field(self, "quantization_name", str(given).strip().lower())
             set_field(self, "quantization", Quantization.parse(given))
-        elif self.quantization_name is not None and (
-            given is None or Quantization.parse(self.quantization_name) is not given
-        ):
-            raise ConfigError(f"quantization_name {self.quantization_name!r} does not name quantization {given}")
+        elif name is not None and (given is None or not _names(name, given)):
+            raise ConfigError(f"quantization_name {name!r} does not name quantization {given}")
         if self.capacity_scheduler_policy is not None:
             set_field(self, "capacity_scheduler_policy", CapacityPolicy.parse(self.capacity_scheduler_policy))
 
@@ -252,6 +251,14 @@ _VLLM_KERNELS: dict[str, tuple[str, ...]] = {"awq": ("awq_marlin", "marlin"), "g
 _NAMED_METHOD = {Quantization.AWQ: "awq", Quantization.GPTQ: "gptq", Quantization.W8A16: "gptq"}
 
 
+def _names(name: str, scheme: Quantization) -> bool:
+    """Whether ``name`` may stand beside ``scheme`` as the name it was given by: a name of
+    that scheme, or a name vLLM runs such a checkpoint with (marlin an AWQ one, gptq an
+    8-bit GPTQ one)."""
+    method = _NAMED_METHOD.get(scheme)
+    return Quantization.parse(name) is scheme or (method is not None and vllm_runs(method, name))
+
+
 def vllm_runs(method: str, name: str) -> bool:
     """Whether vLLM starts a checkpoint whose config names quantization ``method`` with
     ``--quantization name`` (one of vLLM's names): the checkpoint's own method, or a
@@ -297,7 +304,8 @@ def _with_checkpoint_quantization(config: EngineConfig, model: ModelSpec) -> Eng
         config.quantization is Quantization.GPTQ and stated is Quantization.W8A16 and name is None
     ):
         raise UsageError(_contradiction(config, stated, "which vLLM refuses at start-up"))
-    keep = config.quantization_name if config.quantization is stated else None
+    # (the name given is kept where it names the scheme run, or vLLM ran the checkpoint by it)
+    keep = name if name is not None and _names(name, stated) else None
     return dataclasses.replace(config, quantization=stated, quantization_name=keep)
 
 
