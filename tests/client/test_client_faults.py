@@ -38,8 +38,8 @@ from inferlab.client.http import Endpoint
 from inferlab.load.http import open_client
 from inferlab.workload.spec import RequestSpec
 
-IDLE_S = 0.2  # the client's idle timeout; the server stalls for STALL_S, well past it
-STALL_S = 1.0
+IDLE_S = 0.5  # the client's idle timeout; the server stalls for STALL_S, well past it (a loaded CI machine must not reach it by chance)
+STALL_S = 2.0
 SPEC = RequestSpec(prompt="hi", max_tokens=5)
 
 T = TypeVar("T")

@@ -26,7 +26,7 @@ from inferlab.workload.spec import RequestSpec
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("gevent") is None, reason="the locust extra is not installed")
 
-IDLE_S = 0.3
+IDLE_S = 0.5
 SPEC = RequestSpec(prompt="hi", max_tokens=5)
 #: Where the two stacks word a failure of the connection differently (the kind agrees).
 OWN_WORDS = {ErrorKind.DISCONNECT, ErrorKind.IDLE_TIMEOUT, ErrorKind.CONNECT, ErrorKind.TIMEOUT}
@@ -54,7 +54,7 @@ class ServerThread:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[FaultServer]:
-    with ServerThread(stall_s=1.0, slow_chunks=20, slow_gap_s=0.01) as srv:
+    with ServerThread(stall_s=2.0, slow_chunks=20, slow_gap_s=0.01) as srv:
         yield srv
 
 

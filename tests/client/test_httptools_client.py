@@ -32,7 +32,7 @@ from inferlab.results.records import ErrorKind
 from inferlab.workload.spec import RequestSpec
 
 SPEC = RequestSpec(prompt="hi", max_tokens=5)
-IDLE_S = 0.2
+IDLE_S = 0.5  # (the stall below is 2 s: a loaded CI machine must not reach it by chance)
 STACKS = ("aiohttp", "httptools")
 
 
@@ -62,7 +62,7 @@ def what_it_said(r: RequestRecord) -> dict[str, Any]:
 @pytest.mark.parametrize("behaviour", sorted(BEHAVIOURS))
 def test_both_stacks_record_every_behaviour_alike(behaviour: str) -> None:
     async def main() -> list[dict[str, Any]]:
-        async with FaultServer(stall_s=1.0, slow_chunks=3, slow_gap_s=0.01) as srv:
+        async with FaultServer(stall_s=2.0, slow_chunks=3, slow_gap_s=0.01) as srv:
             return [what_it_said(await send(stack, srv.url + "/v1", behaviour)) for stack in STACKS]
 
     on_aiohttp, on_httptools = asyncio.run(main())
@@ -90,7 +90,9 @@ def raw_server(answer: bytes, *, close: bool = True, linger_s: float = 0.0) -> C
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server:
-            return await send(stack, f"http://127.0.0.1:{port}/v1")
+            # Nothing here waits on the idle timeout: a generous one keeps a loaded machine
+            # from turning a slow first byte into an idle timeout (a CI run saw one at 0.2 s).
+            return await send(stack, f"http://127.0.0.1:{port}/v1", idle_timeout_s=10.0)
 
     return for_stack
 
