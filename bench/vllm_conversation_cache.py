@@ -90,7 +90,7 @@ def main() -> None:
         for n in lengths:
             results["vllm"][n] = turns(conversations(server.url, "tiny", n))
     sim = ServerConfig(EngineConfig(block_size=BLOCK, max_model_len=4096), served_model_name="tiny",
-                       tokenizer=str(model_dir))
+                       tokenizer=str(model_dir), enable_prompt_tokens_details=True)
     with EmbeddedServer(sim) as server:
         for n in lengths:
             results["simulator"][n] = turns(conversations(server.url, "tiny", n))

@@ -741,7 +741,7 @@ def test_a_long_chat_template_is_left_to_the_prefix_cache_that_serves_it_or_woul
     what the template costs a request's TTFT."""
     model = long_template_model(tmp_path, tokenizer_path)
     for name, flags in (("on", []), ("off", ["--no-enable-prefix-caching"])):
-        with ChildServer(["--max-model-len", "4096", "--tokenizer", str(model), *flags]) as server:
+        with ChildServer(["--max-model-len", "4096", "--tokenizer", str(model), "--enable-prompt-tokens-details", *flags]) as server:
             bench_closed(server.url, tmp_path / name, 200)
     assert json.loads((tmp_path / "on" / "summary.json").read_text())["prompt_overhead_tokens"] >= 500  # (the premise)
     assert "template_overhead" not in [r.rule for r in advise(tmp_path / "on").recommendations]

@@ -26,7 +26,7 @@ async def test_the_simulated_servers_counters_match_the_runs_usage(tmp_path: Pat
         WorkloadConfig(output_tokens=20, prefix_groups=1, prefix_tokens=200, suffix_tokens=100),
         out_dir=str(tmp_path),
     )
-    with EmbeddedServer(ServerConfig(engine=EngineConfig(max_model_len=4096))) as sim:
+    with EmbeddedServer(ServerConfig(engine=EngineConfig(max_model_len=4096), enable_prompt_tokens_details=True)) as sim:
         async with asyncio.timeout(LIMIT_S):
             result = await run(config, HttpTarget(sim.url))
     m = result.summary.server_metrics

@@ -19,7 +19,7 @@ from inferlab.sim.server.launch import ChildServer
 from inferlab.workload.config import WorkloadConfig
 
 LIMIT_S = 120.0
-SERVE = ["--max-model-len", "4096", "--gpu", "H100"]
+SERVE = ["--max-model-len", "4096", "--gpu", "H100", "--enable-prompt-tokens-details"]
 
 
 async def _bench(url: str, out: Path, http_client: str) -> RunResult:

@@ -31,7 +31,7 @@ from inferlab.workload.traces import TraceConfig
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[EmbeddedServer]:
-    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=4096))) as server:
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=4096), enable_prompt_tokens_details=True)) as server:
         yield server
 
 

@@ -41,7 +41,7 @@ def reused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         await bench_async(cfg("first"), server.url)
         await bench_async(cfg("again"), server.url)
 
-    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=4096))) as server:
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=4096), enable_prompt_tokens_details=True)) as server:
         asyncio.run(both())
     yield d
 

@@ -88,7 +88,7 @@ async def test_bench_sessions_against_the_sim_server() -> None:
         load=LoadConfig(ClosedLoop(2), num_requests=8),
         workload=WorkloadConfig(sessions=2, turns=4, input_tokens=64, output_tokens=16, think_time_s=0.01),
     )
-    with EmbeddedServer(ServerConfig(EngineConfig())) as sim:
+    with EmbeddedServer(ServerConfig(EngineConfig(), enable_prompt_tokens_details=True)) as sim:
         result = await bench_async(cfg, sim.url)
     assert result.summary.counts.completed == 8
     for turns in by_session(result.records).values():

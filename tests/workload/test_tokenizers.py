@@ -26,7 +26,7 @@ from inferlab.workload.tokenizers import hf_hub_cache, load_tokenizer  # noqa: E
 
 @pytest.fixture(scope="module")
 def sim(tokenizer_path: str) -> Iterator[EmbeddedServer]:
-    cfg = ServerConfig(EngineConfig(max_model_len=8192), tokenizer=tokenizer_path)
+    cfg = ServerConfig(EngineConfig(max_model_len=8192), tokenizer=tokenizer_path, enable_prompt_tokens_details=True)
     with EmbeddedServer(cfg) as server:
         yield server
 

@@ -165,7 +165,7 @@ async def test_prefix_caching_against_the_sim_server() -> None:
     )
 
     async def run(caching: bool) -> tuple[int, float]:
-        with EmbeddedServer(ServerConfig(EngineConfig(enable_prefix_caching=caching))) as sim:
+        with EmbeddedServer(ServerConfig(EngineConfig(enable_prefix_caching=caching), enable_prompt_tokens_details=True)) as sim:
             s = (await bench_async(cfg, sim.url)).summary
         # the server's own first-token times: no loopback noise
         return s.cached_tokens, s.server_timeline.server_ttft_ms.mean

@@ -134,7 +134,8 @@ def _bench(kw: dict[str, Any]) -> int:
         from inferlab.sim.server.launch import ChildServer
 
         config.workload.build(config.load.seed, config.api)  # bad flags or files: fail before starting
-        args = ["--tokenizer", kw["tokenizer"]] if kw["tokenizer"] else []
+        # (inferlab sets this server up: it says its cached tokens, which vLLM's default hides)
+        args = ["--enable-prompt-tokens-details", *(["--tokenizer", kw["tokenizer"]] if kw["tokenizer"] else [])]
         model = EngineConfig().model
         gpu = os.environ.get("INFERLAB_SIM_SERVE_GPU") or EngineConfig().gpu  # what the server will use
         tp = 1

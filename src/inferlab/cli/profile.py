@@ -86,7 +86,8 @@ def _profile(kw: dict[str, Any]) -> int:
     elif url is None:
         from inferlab.sim.server.launch import ChildServer
 
-        embedded = ChildServer(["--model", kw["model"]] if kw["model"] else [])
+        # (it says its cached tokens, as bench's own server does: the prefix cache's factor reads them)
+        embedded = ChildServer(["--enable-prompt-tokens-details", *(["--model", kw["model"]] if kw["model"] else [])])
         url = embedded.url
         click.echo(f"inferlab: no --url, profiling the simulated server at {url} (numbers are a prediction)", err=True)
     try:

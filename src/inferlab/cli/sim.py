@@ -212,6 +212,10 @@ def engine_config(kw: dict[str, Any]) -> EngineConfig:
 @click.option("--max-waiting-requests", type=click.IntRange(min=1), default=4096, show_default=True,
               help="Queue length beyond which requests get HTTP 429.")
 @click.option("--tokenizer", type=click.Path(exists=False), help="Count tokens with this local tokenizer.json (or a directory with one, or a Hugging Face model id in the local cache); the chat template is the one in the tokenizer_config.json beside it, else ChatML.")
+@click.option("--enable-prompt-tokens-details", "--enable-cache-report", "enable_prompt_tokens_details", is_flag=True,
+              help="Write usage.prompt_tokens_details.cached_tokens (prompt tokens the prefix cache served), as vLLM does with this flag (SGLang: --enable-cache-report); without it, as vLLM writes it: null in a whole answer, absent from a stream's usage chunk, so a client cannot tell cached tokens. bench's own simulated server (no --url) turns it on.")
+@click.option("--enable-request-id-headers", is_flag=True,
+              help="Every response carries an X-Request-Id header (the request's own, else a random one), as vLLM does with this flag.")
 @click.option("--announce", is_flag=True, hidden=True, help="Print the base URL on stdout once listening (for a parent process).")
 def serve(**kw: Any) -> None:
     """Serve the simulated engine over the OpenAI API, in real time."""
@@ -229,7 +233,9 @@ def _serve(kw: dict[str, Any]) -> int:
         click.echo(f"inferlab: answering as {served}, the name {Path(str(kw['efficiencies_path'])).name}'s server "
                    "served (give --served-model-name to say otherwise)", err=True)
     config = ServerConfig(
-        engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"], tokenizer=kw["tokenizer"]
+        engine_config(kw), kw["served_model_name"], kw["max_waiting_requests"], tokenizer=kw["tokenizer"],
+        enable_prompt_tokens_details=kw["enable_prompt_tokens_details"],
+        enable_request_id_headers=kw["enable_request_id_headers"],
     )
     server = SimServer(config)
 

@@ -142,13 +142,14 @@ def completion_logprobs(tokens: list[TokenLogprob], first_offset: int) -> dict[s
     }
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    """The ``usage`` object; ``cached_tokens``: prompt tokens served from the prefix cache."""
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    """The ``usage`` object; ``cached_tokens``: prompt tokens served from the prefix cache
+    (None: not said, ``prompt_tokens_details`` null)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": None if cached_tokens is None else {"cached_tokens": cached_tokens},
     }
 
 

@@ -727,10 +727,12 @@ def test_longer_prompt_has_larger_server_ttft(http: httpx.Client) -> None:
     assert long["first_token_ms"] > short["first_token_ms"]
 
 
-def test_repeated_prompt_hits_the_prefix_cache(http: httpx.Client) -> None:
+def test_repeated_prompt_hits_the_prefix_cache() -> None:
     prompt = words(1000, seed=10)
-    first = timed(http, prompt, 1000)
-    second = timed(http, prompt, 1000)
+    config = ServerConfig(EngineConfig(model=MODEL, max_model_len=MAX_MODEL_LEN), enable_prompt_tokens_details=True)
+    with EmbeddedServer(config) as server, httpx.Client(base_url=server.url, timeout=HTTP_TIMEOUT_S) as http:
+        first = timed(http, prompt, 1000)
+        second = timed(http, prompt, 1000)
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     hit = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert 0 < hit < 1000 and hit % 16 == 0  # whole blocks; the last token is recomputed

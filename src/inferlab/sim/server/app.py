@@ -17,6 +17,7 @@ import importlib.metadata
 import itertools
 import json
 import time
+import uuid
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -72,10 +73,20 @@ class ServerConfig:
     max_waiting_requests: int = 4096  # beyond this many queued requests: HTTP 429
     natural_output_median_tokens: int = 120  # output length when the client does not fix one
     tokenizer: str | None = None  # a local tokenizer.json (or its directory); None: built-in
+    # vLLM's --enable-prompt-tokens-details: usage says the prompt tokens the prefix cache served
+    enable_prompt_tokens_details: bool = False
+    # vLLM's --enable-request-id-headers: every response carries an X-Request-Id header
+    enable_request_id_headers: bool = False
 
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.engine.model
+
+
+def random_id() -> str:
+    """16 random hex digits: vLLM's ``random_uuid`` (vllm/utils/__init__.py), the random
+    part of its answer ids and model permission ids."""
+    return f"{uuid.uuid4().int & (1 << 64) - 1:016x}"
 
 
 def error_response(status: int, message: str, error_type: str, param: str | None = None) -> web.Response:
@@ -219,6 +230,8 @@ class SimServer:
             web.post("/tokenize", self.tokenize),
             web.post("/detokenize", self.detokenize),
         ])
+        if config.enable_request_id_headers:
+            self.app.on_response_prepare.append(_request_id_header)
         self.app.on_startup.append(self._start_engine)
         self.app.on_cleanup.append(self._stop_engine)
 
@@ -257,13 +270,34 @@ class SimServer:
         return web.json_response({"version": version})
 
     async def models(self, request: web.Request) -> web.Response:
+        """vLLM 0.32's model card (entrypoints/serve/engine/protocol.py ``ModelCard``, one
+        ``ModelPermission`` as entrypoints/openai/models/serving.py gives it), but for
+        ``owned_by``: ``inferlab-sim`` tells a client (bench's ``client.serverid``) that
+        this server is not vLLM."""
+        created = int(time.time())
+        permission = {
+            "id": f"modelperm-{random_id()}",
+            "object": "model_permission",
+            "created": created,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }
         card = {
             "id": self.config.model_name,
             "object": "model",
-            "created": int(time.time()),
+            "created": created,
             "owned_by": "inferlab-sim",
             "root": self.config.engine.model,
+            "parent": None,
             "max_model_len": self.engine.limits.max_model_len,
+            "permission": [permission],
         }
         return web.json_response({"object": "list", "data": [card]})
 
@@ -414,14 +448,18 @@ class SimServer:
             raise APIError(400, "request_id: Input should be a valid string", param="request_id")
         if self.engine.num_waiting >= self.config.max_waiting_requests:
             raise APIError(429, "The server is overloaded: too many requests are waiting.", "RateLimitError")
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
+        prefix = "chatcmpl" if chat else "cmpl"
+        rid = f"{prefix}-{next(self._ids)}"  # (the engine's own id: unique whatever the client sends)
         try:
             queue = self.loop.submit(rid, prompt_ids, plan.tokens, received_s, plan.limit or None)
         except ValueError as e:
             raise APIError(400, str(e)) from e
-        # vLLM's ``request_id``: the answer's id is made of it (the engine's own stays unique)
-        answer_id = f"{'chatcmpl' if chat else 'cmpl'}-{request_id}" if request_id is not None else rid
-        gen = Generation(self, rid, chat, received_s, len(prompt_ids), plan, answer_id)
+        # vLLM 0.32's answer id (entrypoints/serve/engine/serving.py ``_base_request_id``, as
+        # entrypoints/openai/completion/serving.py and chat_completion/serving.py call it):
+        # the X-Request-Id header, else the body's request_id, else 16 random hex digits
+        # (a counter would repeat across restarts, and logs joined by id would conflate them)
+        base = request.headers.get("X-Request-Id", request_id if request_id is not None else random_id())
+        gen = Generation(self, rid, chat, received_s, len(prompt_ids), plan, f"{prefix}-{base}")
         try:
             if params.stream:
                 return await gen.stream(request, queue, params.include_usage)
@@ -430,6 +468,13 @@ class SimServer:
             if not gen.finished:
                 self.finished["abort"] += 1
             self.loop.release(rid)
+
+
+async def _request_id_header(request: web.Request, response: web.StreamResponse) -> None:
+    """vLLM's ``--enable-request-id-headers`` (entrypoints/serve/middleware/x_request_id.py):
+    every response carries ``X-Request-Id``, the request's own if it sent one, else a new
+    random one (32 hex digits, not the answer id's)."""
+    response.headers["X-Request-Id"] = request.headers.get("X-Request-Id", uuid.uuid4().hex)
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

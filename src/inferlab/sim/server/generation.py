@@ -49,25 +49,36 @@ class OutputPlan:
 
 
 class Generation:
-    """One request's output, as chunks or one body."""
+    """One request's output, as chunks or one body: ``rid`` is the engine's id for it,
+    ``answer_id`` the id the client sees."""
 
     def __init__(
         self, server: SimServer, rid: str, chat: bool, received_s: float, prompt_tokens: int, plan: OutputPlan,
-        answer_id: str | None = None,
+        answer_id: str,
     ) -> None:
         self.server = server
         self.rid = rid
         self.received_s = received_s
         self.prompt_tokens = prompt_tokens
         self.plan = plan
-        self.answer = Completion(answer_id or rid, chat, int(time.time()), server.config.model_name, vllm_stop_reason=True)
+        self.answer = Completion(answer_id, chat, int(time.time()), server.config.model_name, vllm_stop_reason=True)
         self.n_out = 0
         self.finished = False  # (the engine ended it: it counts as its finish reason, else as aborted)
         self._sent_chars = 0  # of the text, when the plan is not plain
 
-    def usage(self) -> dict[str, Any]:
-        tl = self.server.engine.timeline(self.rid)
-        return usage_object(self.prompt_tokens, self.n_out, tl.cached_tokens)
+    def usage(self, streamed: bool) -> dict[str, Any]:
+        """The answer's ``usage``. Its ``prompt_tokens_details`` (the cached tokens) only
+        with ``--enable-prompt-tokens-details``, as vLLM 0.32 writes it
+        (entrypoints/openai/completion/serving.py, chat_completion/serving.py): without
+        the flag, null in a whole answer and no key in a stream's usage chunk (vLLM
+        writes that chunk without its null fields)."""
+        cached = None
+        if self.server.config.enable_prompt_tokens_details:
+            cached = self.server.engine.timeline(self.rid).cached_tokens
+        usage = usage_object(self.prompt_tokens, self.n_out, cached)
+        if streamed and cached is None:
+            del usage["prompt_tokens_details"]
+        return usage
 
     def timeline(self) -> dict[str, Any]:
         return self.server.engine.timeline(self.rid).to_json_ms(self.received_s)
@@ -137,7 +148,7 @@ class Generation:
                 )
                 out += encode_json(last)
                 if include_usage:
-                    out += encode_json(answer.chunk([], usage=self.usage(), inferlab_timeline=self.timeline()))
+                    out += encode_json(answer.chunk([], usage=self.usage(streamed=True), inferlab_timeline=self.timeline()))
                 out += DONE_EVENT
             await resp.write(bytes(out))
         await resp.write_eof()
@@ -163,7 +174,7 @@ class Generation:
         body = self.answer.body(
             text,
             plan.finish_reason,
-            self.usage(),
+            self.usage(streamed=False),
             logprobs=self._logprobs(0, self.n_out) if plan.logprobs is not None else None,
             stop_reason=plan.stop_reason,
             inferlab_timeline=self.timeline(),
