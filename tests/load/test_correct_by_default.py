@@ -68,6 +68,31 @@ async def test_the_same_prompt_every_request_is_called_out_as_measuring_the_cach
     assert not any("prefix cache" in w for w in fresh.summary.warnings)
 
 
+@pytest.fixture(scope="module")
+def plain_vllm() -> Iterator[EmbeddedServer]:
+    """A server whose answers do not say their cached tokens (vLLM's default: no
+    ``--enable-prompt-tokens-details``); its /metrics counts prefix-cache hits."""
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=4096))) as server:
+        yield server
+
+
+async def test_a_rerun_is_called_out_from_the_servers_metrics_where_its_answers_do_not_say(plain_vllm: EmbeddedServer) -> None:
+    """vLLM by default writes no cached tokens in its answers: the warning that a rerun
+    measured the cache read nothing and stayed silent. The server's own /metrics counters
+    over the run say it instead; a fresh run's counters do not set it off."""
+    await bench_async(config("again"), plain_vllm.url)
+    again = await bench_async(config("again"), plain_vllm.url)
+    assert again.summary.cached_tokens is None  # (the answers said nothing)
+    (warning,) = [w for w in again.summary.warnings if "prefix cache" in w]
+    assert "/metrics counted" in warning and "though this run's prompts share no prefix" in warning
+    assert "--enable-prompt-tokens-details" in warning
+    fresh = await bench_async(config(None), plain_vllm.url)
+    assert not any("prefix cache" in w for w in fresh.summary.warnings)
+    fixed = await bench_async(BenchConfig(LoadConfig(ClosedLoop(1), num_requests=4),
+                                          WorkloadConfig(prompt=" ".join(f"word{i}" for i in range(120)))), plain_vllm.url)
+    assert any("/metrics counted" in w and "every request sent the same prompt" in w for w in fixed.summary.warnings)
+
+
 async def test_a_replay_sends_the_lengths_it_replays_template_included(sim: EmbeddedServer, tmp_path: Path) -> None:
     await bench_async(config(None, tmp_path / "run"), sim.url)  # chat: the server counts the template too
     recorded = sorted(r.input_tokens for r in read_records(tmp_path / "run" / "requests.jsonl") if r.input_tokens)

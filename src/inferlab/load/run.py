@@ -891,7 +891,7 @@ def run_summary(
     if wcfg is None or (wcfg.shares_prefixes and not wcfg.fixed_prompt):
         unintended = None
     else:
-        unintended = _unintended_cache_hits(records, overhead, wcfg.fixed_prompt)
+        unintended = _unintended_cache_hits(records, overhead, wcfg.fixed_prompt, server_metrics)
     if unintended is not None:
         last.append(unintended)
     load: ClientLoad | Omitted | None = OMITTED
@@ -966,26 +966,44 @@ UNVALIDATED_CONVERSATIONS = (
 UNINTENDED_CACHE_SHARE = 0.05
 
 
-def _unintended_cache_hits(records: list[RequestRecord], template_tokens: int | None, fixed: bool = False) -> str | None:
+def _unintended_cache_hits(
+    records: list[RequestRecord], template_tokens: int | None, fixed: bool = False,
+    server_metrics: ServerMetrics | None = None,
+) -> str | None:
     """A warning when the server served much of the prompts from its cache (beyond the
     chat template's tokens, which every prompt shares): for a prefix-free workload an
     earlier run with the same seed, or another client, left them there; for a ``fixed``
-    prompt (the same every request) the run's own first request did."""
+    prompt (the same every request) the run's own first request did. Where no answer said
+    its cached tokens (vLLM's default: ``prompt_tokens_details`` only with
+    ``--enable-prompt-tokens-details``), the server's own /metrics counters over the run
+    say it instead, warm-ups included."""
     done = [r for r in records if r.ok and not r.warmup and r.cached_tokens is not None]
-    cached = sum(r.cached_tokens or 0 for r in done)
-    prompt = sum(r.input_tokens or 0 for r in done)
-    beyond = cached - len(done) * max(0, template_tokens or 0)
+    if done:
+        cached = sum(r.cached_tokens or 0 for r in done)
+        prompt = sum(r.input_tokens or 0 for r in done)
+        answered = len(done)
+        served = f"the server served {cached:,} of {prompt:,} prompt tokens from its prefix cache"
+        unsaid = ""
+    else:
+        counters = server_metrics.counters if server_metrics is not None and server_metrics.available else {}
+        hits, queries = counters.get("prefix_cache_hits_tokens"), counters.get("prefix_cache_queries_tokens")
+        if hits is None or queries is None:
+            return None
+        cached, prompt = int(hits), int(queries)
+        answered = sum(1 for r in records if r.ok)  # (warm-ups too: the counters hold them)
+        served = f"the server's /metrics counted {cached:,} of {prompt:,} prompt tokens over the run as served from its prefix cache"
+        unsaid = "; its answers did not say which (vLLM says with --enable-prompt-tokens-details)"
+    beyond = cached - answered * max(0, template_tokens or 0)
     if not prompt or beyond <= UNINTENDED_CACHE_SHARE * prompt:
         return None
-    served = f"the server served {cached:,} of {prompt:,} prompt tokens from its prefix cache"
     if fixed:
         return (
             f"{served}: every request sent the same prompt (--prompt, or the default), so TTFT is that of "
-            "a cached prompt; --input-tokens N sends fresh prompts of N tokens"
+            f"a cached prompt; --input-tokens N sends fresh prompts of N tokens{unsaid}"
         )
     return (
         f"{served}, {FOREIGN_CACHE}: TTFT is lower than for fresh prompts (an "
-        "earlier run with the same --seed, or another client, sent the same text)"
+        f"earlier run with the same --seed, or another client, sent the same text{unsaid})"
     )
 
 
