@@ -48,7 +48,10 @@ def test_the_start_line_says_how_prompts_are_counted(tmp_path: Path) -> None:
     for tokenizer, said, more in (("upstream", "prompts counted by each upstream's /tokenize", ""),
                                   ("estimate", "admission requests (1 request per upstream; prompts counted by 4 "
                                    "characters a token); 1 client key;",
-                                   'mode = "requests"\nmax_requests_in_flight = 1\n' + one)):
+                                   'mode = "requests"\nmax_requests_in_flight = 1\n' + one),
+                                  # (an upstream's own budget beside the default: the line said 65536 per upstream alone)
+                                  ("estimate", "admission tokens (65,536 tokens per upstream, 32,768 on 127.0.0.1:10; prompts",
+                                   '[[upstreams]]\nurl = "http://127.0.0.1:10"\nmax_tokens_in_flight = 32768\n')):
         config = tmp_path / f"{tokenizer}.toml"
         config.write_text(f'[admission]\ntokenizer = "{tokenizer}"\n' + more)
         p = subprocess.Popen([sys.executable, "-m", "inferlab", "gateway", "--upstream", "http://127.0.0.1:9",

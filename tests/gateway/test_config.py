@@ -347,3 +347,22 @@ def test_a_max_tokens_of_the_whole_context_goes_to_the_upstream(release: str | N
                 assert past.status == 400 and past.json()["error"]["param"] == "max_completion_tokens", past.body
 
         asyncio.run(go())
+
+
+def test_the_setup_a_run_records_holds_only_the_budgets_the_mode_acts_on(tmp_path: Path) -> None:
+    # /inferlab/gateway (a run's resolved.gateway) said max_requests_in_flight = 64 for
+    # a gateway admitting by tokens, and 65,536 tokens for one counting requests: caps
+    # that never held, recorded as if they did
+    from inferlab.results.provenance import describe_gateway
+
+    setups = {mode: read(tmp_path, "gw.toml", f'[admission]\nmode = "{mode}"\n').setup()["admission"]
+              for mode in ("tokens", "requests", "off")}
+    assert "max_requests_in_flight" not in setups["tokens"] and setups["tokens"]["max_tokens_in_flight"] == 65536
+    assert "max_tokens_in_flight" not in setups["requests"] and setups["requests"]["max_requests_in_flight"] == 64
+    assert setups["off"] == {"mode": "off", "tokenizer": "estimate"}
+    # an upstream's own budget is said beside the default, not hidden behind it
+    own = read(tmp_path, "gw.toml", '[[upstreams]]\nurl = "http://127.0.0.1:8002"\nmax_tokens_in_flight = 32768\n')
+    assert "(65,536 tokens per upstream, 32,768 on 127.0.0.1:8002, prompts counted by estimate)" in str(
+        describe_gateway(own.setup()))
+    alone = load_config([], host="127.0.0.1", port=8080, path=str(tmp_path / "gw.toml"))
+    assert "(32,768 tokens on 127.0.0.1:8002, prompts" in str(describe_gateway(alone.setup()))

@@ -107,3 +107,20 @@ def test_records_that_predate_connect_wait_are_said_to_time_ttft_from_another_po
     # runs that both record it (or both predate it) time TTFT alike: nothing said
     p = inferlab("compare", str(reused / "first"), str(new), "--json")
     assert json.loads(p.stdout)["comparisons"][0]["connect_wait_definitions"] is None and "predate" not in p.stderr
+
+
+def test_a_gateway_access_log_is_not_said_to_predate_connect_wait(reused: Path, tmp_path: Path) -> None:
+    # inferlab gateway's access log has no connect_wait_ns because its send_ns is a
+    # request's arrival on its client's connection, not because it is old: set beside a
+    # bench run, compare said "gw's records predate connect_wait_ns"
+    gw, new = tmp_path / "gw", tmp_path / "new"
+    shutil.copytree(reused / "first", gw)
+    shutil.copytree(reused / "first", new)
+    _strip_connect_wait(gw)
+    (gw / "summary.json").unlink()  # (the gateway writes none)
+    (gw / "config.json").write_text(json.dumps({"gateway": {"upstreams": ["127.0.0.1:8000"], "admission": "tokens", "keys": []}}))
+    _open_connections(new, 3.0)
+    for a, b in ((gw, new), (new, gw)):
+        p = inferlab("compare", str(a), str(b), "--json")
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["comparisons"][0]["connect_wait_definitions"] is None and "predate" not in p.stderr

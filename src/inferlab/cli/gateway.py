@@ -38,6 +38,7 @@ def _gateway(kw: dict[str, Any]) -> int:
 async def _serve(config: Any, announce: bool) -> int:
     from inferlab.gateway.app import Gateway, start
     from inferlab.gateway.estimate import CHARS_PER_TOKEN, UPSTREAM
+    from inferlab.results.provenance import admission_limit
 
     gw = Gateway(config)
     try:
@@ -52,8 +53,7 @@ async def _serve(config: Any, announce: bool) -> int:
         print(url, flush=True)
     ups = ", ".join(u.name for u in config.upstreams)
     adm = config.admission
-    limit = {"tokens": _counted(adm.max_tokens_in_flight, "token"),
-             "requests": _counted(adm.max_requests_in_flight, "request"), "off": "off"}[adm.mode]
+    limit = admission_limit(config.setup()) or "off"
     counted = {"estimate": f"{CHARS_PER_TOKEN} characters a token", "builtin": "the simulator's tokenizer",
                UPSTREAM: "each upstream's /tokenize"}.get(adm.tokenizer, adm.tokenizer)
     keys = _counted(len(config.keys), "client key") if config.keys else "no client keys: every request is let in"
@@ -74,7 +74,7 @@ async def _serve(config: Any, announce: bool) -> int:
                     + (f", as estimated at {CHARS_PER_TOKEN} characters a token: [admission] tokenizer = "
                        f"\"{UPSTREAM}\" counts them as the engine does" if adm.tokenizer == "estimate" else "") + ")")
     click.echo(f"inferlab gateway on {url} → {ups} (over {stacks}); {routing}, {refresh}; admission "
-               f"{adm.mode} ({limit} per upstream; prompts counted by {counted}); {keys}; {cache}", err=True)
+               f"{adm.mode} ({limit}; prompts counted by {counted}); {keys}; {cache}", err=True)
     await serve_until_stopped(runner)
     return 0
 

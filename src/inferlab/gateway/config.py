@@ -144,6 +144,11 @@ class AdmissionConfig:
     default_max_tokens: int = 256
     tokenizer: str = "estimate"
 
+    def acting(self) -> dict[str, Any]:
+        """Its mode and the settings that act in it (``ADMISSION_KEYS``): what a run
+        records, so no budget the mode ignores is recorded as if it held."""
+        return {"mode": self.mode, **{k: getattr(self, k) for k in ADMISSION_KEYS[self.mode]}}
+
 
 @dataclass(frozen=True)
 class CacheConfig:
@@ -231,9 +236,7 @@ class GatewayConfig:
                           for u in self.upstreams],
             "router": self.router,
             **({"long_prompt_tokens": self.long_prompt_tokens} if self.long_prompt_tokens is not None else {}),
-            "admission": {"mode": adm.mode, "max_tokens_in_flight": adm.max_tokens_in_flight,
-                          "max_requests_in_flight": adm.max_requests_in_flight, "queue_max": adm.queue_max,
-                          "queue_timeout_s": adm.queue_timeout_s,
+            "admission": {**adm.acting(),
                           "tokenizer": adm.tokenizer if adm.tokenizer in ("estimate", "builtin", "upstream") else "tokenizer.json"},
             "cache": {"enabled": self.cache.enabled, "ttl_s": self.cache.ttl_s},
             "keys": len(self.keys),

@@ -36,7 +36,7 @@ from inferlab.client.preflight import (
     run_preflight,
 )
 from inferlab.client.serverid import identify_server
-from inferlab.gateway.config import ADMISSION_KEYS, AdmissionConfig
+from inferlab.gateway.config import AdmissionConfig
 from inferlab.load.http import Outcome, ServerGoneError
 from inferlab.load.monitor import autogroup_enabled
 from inferlab.load.policy import Policy, SessionPolicy, UserReplayPolicy, make_policy
@@ -485,7 +485,7 @@ def _prepare_sim(config: RunConfig, target: SimTarget) -> _Prepared:
     adm = target.admission
     if adm is not None:
         # the settings that act in its mode (prompts are counted exactly: no tokenizer)
-        config_json["admission"] = {"mode": adm.mode, **{k: getattr(adm, k) for k in ADMISSION_KEYS[adm.mode]}}
+        config_json["admission"] = adm.acting()
     config_json = plain_json(config_json)
     step_log = _open_step_log(target.step_log)
     made: list[Engine] = [engine]  # (every replica's engine, once the run has made them)

@@ -78,8 +78,9 @@ class Side:
         """Whether its records measure new connections' set-up (``connect_wait_ns``, and
         with it a ``send_ns`` stamped before a connection was taken): False for records
         written before they did (``send_ns`` stamped once a connection was had); None
-        where that does not apply (virtual time: no connection; nothing sent)."""
-        if any(r.server.kind == VIRTUAL for r in self.runs):
+        where that does not apply (virtual time: no connection; a gateway's access log:
+        its ``send_ns`` is a request's arrival, on its client's connection; nothing sent)."""
+        if any(r.server.kind == VIRTUAL or "gateway" in r.config for r in self.runs):
             return None
         sent = [r for run in self.runs for r in run.records if not r.warmup and r.send_ns is not None]
         return None if not sent else any(r.connect_wait_ns is not None for r in sent)

@@ -146,6 +146,24 @@ def _units(n: object, noun: str) -> str:
     return f"{_num(n)} {noun}{'' if n == 1 else 's'}"
 
 
+def admission_limit(setup: Mapping[str, Any]) -> str | None:
+    """A gateway setup's admission budget in words, an upstream's own cap beside it:
+    "65,536 tokens per upstream, 32,768 on 10.0.0.5:8000"; "32,768 tokens on
+    10.0.0.5:8000" where every upstream has its own; None in mode "off"."""
+    adm = setup.get("admission")
+    mode = adm.get("mode") if isinstance(adm, Mapping) else None
+    key, noun = {"tokens": ("max_tokens_in_flight", "token"), "requests": ("max_requests_in_flight", "request")}.get(
+        str(mode), ("", ""))
+    if not key or not isinstance(adm, Mapping):
+        return None
+    ups = [u for u in setup.get("upstreams") or () if isinstance(u, Mapping)]
+    own = [f"{_num(u[key])} on {u.get('name', '?')}" for u in ups if key in u]
+    if own and len(own) == len(ups):  # (no upstream takes the default: its number would mislead)
+        first = ups[0]
+        return ", ".join([f"{_units(first[key], noun)} on {first.get('name', '?')}", *own[1:]])
+    return ", ".join([f"{_units(adm.get(key), noun)} per upstream", *own])
+
+
 def describe_gateway(setup: object) -> str | None:
     """What ``inferlab gateway`` said of its setup at ``GATEWAY_ROUTE`` (``config.json``'s
     ``resolved.gateway``) in words: "1 upstream, least-outstanding routing, admission by
@@ -161,9 +179,8 @@ def describe_gateway(setup: object) -> str | None:
     adm = setup.get("admission")
     if isinstance(adm, Mapping):
         mode = adm.get("mode")
-        limit = {"tokens": _units(adm.get("max_tokens_in_flight"), "token"),
-                 "requests": _units(adm.get("max_requests_in_flight"), "request")}.get(str(mode))
-        parts.append(f"admission by {mode} ({limit} per upstream, prompts counted by {adm.get('tokenizer', '?')})"
+        limit = admission_limit(setup)
+        parts.append(f"admission by {mode} ({limit}, prompts counted by {adm.get('tokenizer', '?')})"
                      if limit else f"admission {mode}")
     cache = setup.get("cache")
     if isinstance(cache, Mapping):
