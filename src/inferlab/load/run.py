@@ -992,7 +992,7 @@ def _unintended_cache_hits(
         cached, prompt = int(hits), int(queries)
         answered = sum(1 for r in records if r.ok)  # (warm-ups too: the counters hold them)
         served = f"the server's /metrics counted {cached:,} of {prompt:,} prompt tokens over the run as served from its prefix cache"
-        unsaid = "; its answers did not say which (vLLM says with --enable-prompt-tokens-details)"
+        unsaid = "; its answers did not say which, as vLLM's do not without --enable-prompt-tokens-details"
     beyond = cached - answered * max(0, template_tokens or 0)
     if not prompt or beyond <= UNINTENDED_CACHE_SHARE * prompt:
         return None
