@@ -12,6 +12,7 @@ bounded in requests and time.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import statistics
@@ -181,6 +182,40 @@ def test_a_fixed_prompt_given_a_salt_is_cached_on_the_second_run(llama: LlamaSer
     assert runs[0].cached_tokens is not None and runs[0].cached_tokens < 800
     assert runs[1].cached_tokens is not None and runs[1].cached_tokens >= 800
     assert ttft_ms(runs[1]) < 0.5 * ttft_ms(runs[0])
+
+
+def test_its_timings_cache_n_is_its_usages_cached_tokens(llama: LlamaServer) -> None:
+    """llama.cpp writes its cached prompt tokens twice, ``usage.prompt_tokens_details``
+    and ``timings.cache_n``; older releases wrote only the second, which is read where the
+    first is missing (``ResponseReader``): the two must mean the same."""
+    body = json.dumps({"messages": [{"role": "user", "content": f"cache-n {time.monotonic_ns()} " + "word " * 60}],
+                       "max_tokens": 2}).encode()
+    said = []
+    for _ in range(2):
+        req = urllib.request.Request(llama.url + "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+            answer = json.load(resp)
+        said.append((answer["usage"]["prompt_tokens_details"]["cached_tokens"], answer["timings"]["cache_n"]))
+    (first, first_n), (second, second_n) = said
+    assert first == first_n and second == second_n and second > first, said
+
+
+def test_a_rerun_of_the_same_prompts_is_called_out_and_a_fresh_one_is_not(llama: LlamaServer) -> None:
+    """The summary's warning, from the server's own counts: the same salt again (a
+    rerun with --seed) hit the prompt cache; another salt (a rerun without) did not;
+    bench's default prompt, the same every request, did."""
+    salt = f"rerun-{time.monotonic_ns()}"
+    first = bench(llama, n=4, c=2, input_tokens=300, output_tokens=2, prompt_salt=salt).summary
+    again = bench(llama, n=4, c=2, input_tokens=300, output_tokens=2, prompt_salt=salt).summary
+    fresh = bench(llama, n=4, c=2, input_tokens=300, output_tokens=2, prompt_salt=salt + "-other").summary
+    assert not any("prefix cache" in w for w in first.warnings + fresh.warnings), (first.warnings, fresh.warnings)
+    assert any("though this run's prompts share no prefix" in w for w in again.warnings), again.warnings
+    assert again.cached_tokens is not None and again.input_tokens is not None
+    assert again.cached_tokens > again.input_tokens / 2
+    assert fresh.cached_tokens is not None and fresh.input_tokens is not None
+    assert fresh.cached_tokens < fresh.input_tokens / 10
+    fixed = bench(llama, n=4, c=2, output_tokens=2).summary  # (bench's default: one prompt every time)
+    assert any("every request sent the same prompt" in w for w in fixed.warnings), fixed.warnings
 
 
 def test_concurrent_streams_are_batched(llama: LlamaServer) -> None:

@@ -15,12 +15,14 @@ from inferlab import (
     BenchConfig,
     ClosedLoop,
     LoadConfig,
+    RequestRecord,
     RunConfig,
     SimTarget,
     WorkloadConfig,
     bench_async,
     run,
 )
+from inferlab.load.run import _unintended_cache_hits
 from inferlab.load.schedules import Replay
 from inferlab.results.runfiles import read_records
 from inferlab.sim.engine.engine import EngineConfig
@@ -66,6 +68,19 @@ async def test_the_same_prompt_every_request_is_called_out_as_measuring_the_cach
     assert any("every request sent the same prompt" in w for w in fixed.summary.warnings)
     fresh = await bench_async(config(None), sim.url)
     assert not any("prefix cache" in w for w in fresh.summary.warnings)
+
+
+def test_a_fixed_prompts_hits_are_counted_per_answer_beyond_the_template() -> None:
+    """llama.cpp (started with its defaults: 4 slots), four answers to bench's default
+    prompt of 19 tokens, 10 of them the chat template's, two users: the first answers of
+    two cold slots said 0 and 3 cached tokens, the next two 18. The template's 10 were
+    taken off every answer, also off the two that missed, and the warning stayed silent
+    though half the answers were served from the cache."""
+    records = [RequestRecord(i, end_ns=1, input_tokens=19, cached_tokens=c) for i, c in enumerate((0, 3, 18, 18))]
+    warning = _unintended_cache_hits(records, template_tokens=10, fixed=True)
+    assert warning is not None and "39 of 76 prompt tokens" in warning and "every request sent the same prompt" in warning
+    fresh = [RequestRecord(i, end_ns=1, input_tokens=19, cached_tokens=c) for i, c in enumerate((0, 3, 3, 3))]
+    assert _unintended_cache_hits(fresh, template_tokens=10, fixed=True) is None  # (the template alone)
 
 
 @pytest.fixture(scope="module")

@@ -175,6 +175,28 @@ def test_usage_without_details_keeps_the_cached_count() -> None:
     assert reader.finish_reason is None and reader.timeline is None
 
 
+def test_llamacpps_timings_say_the_cached_tokens_where_usage_does_not() -> None:
+    """llama.cpp before its PR 19361 (February 2026) wrote its cached prompt tokens only
+    as ``timings.cache_n``; since, it writes ``prompt_tokens_details`` too, and those
+    are read first, whichever of them comes first."""
+    old = {"choices": [], "usage": {"completion_tokens": 2, "prompt_tokens": 30, "total_tokens": 32},
+           "timings": {"cache_n": 29, "prompt_n": 1, "predicted_n": 2}}
+    reader = ResponseReader()
+    reader.body(json.dumps(old).encode())
+    assert reader.cached_seen and reader.cached_tokens == 29
+    both = ResponseReader()
+    both.event(json.dumps({"choices": [], "usage": {"prompt_tokens": 30, "prompt_tokens_details": {"cached_tokens": 7}}}))
+    both.event(json.dumps({"choices": [], "timings": {"cache_n": 29}}))
+    assert both.cached_tokens == 7
+    later = ResponseReader()
+    later.event(json.dumps({"choices": [], "timings": {"cache_n": 29}}))
+    later.event(json.dumps({"choices": [], "usage": {"prompt_tokens": 30, "prompt_tokens_details": {"cached_tokens": 7}}}))
+    assert later.cached_tokens == 7
+    none = ResponseReader()
+    none.event(json.dumps({"choices": [], "timings": {"prompt_n": 30}}))
+    assert not none.cached_seen and none.cached_tokens is None
+
+
 @pytest.mark.parametrize(
     ("data", "needle"),
     [("not json", "event is not JSON: 'not json'"), ("[1]", "event is not a JSON object: '[1]'")],

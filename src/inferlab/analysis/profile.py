@@ -916,7 +916,7 @@ def _hit_rate(point: _Point) -> tuple[float | None, str]:
     cached = [r.cached_tokens for r in done if r.cached_tokens is not None]
     prompt = sum(r.input_tokens or 0 for r in done)
     if cached and prompt:
-        return sum(cached) / prompt, "usage.prompt_tokens_details.cached_tokens"
+        return sum(cached) / prompt, "the answers' cached tokens (usage.prompt_tokens_details, or llama.cpp's timings.cache_n)"
     if point.result is not None:
         from inferlab.results.telemetry import ServerMetrics
 

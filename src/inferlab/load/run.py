@@ -977,11 +977,14 @@ def _unintended_cache_hits(
     its cached tokens (vLLM's default: ``prompt_tokens_details`` only with
     ``--enable-prompt-tokens-details``), the server's own /metrics counters over the run
     say it instead, warm-ups included."""
+    template = max(0, template_tokens or 0)
     done = [r for r in records if r.ok and not r.warmup and r.cached_tokens is not None]
     if done:
         cached = sum(r.cached_tokens or 0 for r in done)
         prompt = sum(r.input_tokens or 0 for r in done)
-        answered = len(done)
+        # (each answer's hits beyond the template: one that missed, the first of its
+        # slot or of the run, takes nothing off another's)
+        beyond = sum(max(0, (r.cached_tokens or 0) - template) for r in done)
         served = f"the server served {cached:,} of {prompt:,} prompt tokens from its prefix cache"
         unsaid = ""
     else:
@@ -991,9 +994,9 @@ def _unintended_cache_hits(
             return None
         cached, prompt = int(hits), int(queries)
         answered = sum(1 for r in records if r.ok)  # (warm-ups too: the counters hold them)
+        beyond = cached - answered * template
         served = f"the server's /metrics counted {cached:,} of {prompt:,} prompt tokens over the run as served from its prefix cache"
         unsaid = "; its answers did not say which, as vLLM's do not without --enable-prompt-tokens-details"
-    beyond = cached - answered * max(0, template_tokens or 0)
     if not prompt or beyond <= UNINTENDED_CACHE_SHARE * prompt:
         return None
     if fixed:

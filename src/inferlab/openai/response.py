@@ -176,8 +176,9 @@ class ResponseReader:
     ``output_chars``: characters of generated text (content, reasoning, text);
     ``finish_reason``: the last one given; ``usage_seen`` is set once a ``usage`` object
     came, and ``prompt_tokens``, ``completion_tokens`` are its last values (None if not
-    integers); ``cached_tokens`` is from the last ``prompt_tokens_details`` (set, with
-    ``cached_seen``, only when one came); ``timeline``: the last ``inferlab_timeline``;
+    integers); ``cached_tokens`` is from the last ``prompt_tokens_details``, else from
+    llama.cpp's ``timings.cache_n`` (set, with ``cached_seen``, only when one came);
+    ``timeline``: the last ``inferlab_timeline``;
     ``done``: the stream's ``[DONE]`` came. Generated text is appended to ``text_out``
     if one is given (multi-turn sessions resend it).
     """
@@ -198,6 +199,7 @@ class ResponseReader:
         self.completion_tokens: int | None = None
         self.cached_seen = False
         self.cached_tokens: int | None = None
+        self._cached_in_usage = False  # (``prompt_tokens_details`` came: ``timings`` is not read)
         self.timeline: dict[str, Any] | None = None
         # (``_learn``: the stream's own chunk with its text cut out, and how many more
         # chunks may be decoded to find it)
@@ -373,8 +375,15 @@ class ResponseReader:
             self.completion_tokens = _int_or_none(usage.get("completion_tokens"))
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict):
-                self.cached_seen = True
+                self.cached_seen = self._cached_in_usage = True
                 self.cached_tokens = _int_or_none(details.get("cached_tokens"))
+        timings = obj.get("timings")
+        if isinstance(timings, dict) and not self._cached_in_usage and "cache_n" in timings:
+            # llama.cpp's ``timings.cache_n`` (its slot's ``n_prompt_tokens_cache``): the
+            # prompt tokens its cache served, what ``cached_tokens`` says where llama.cpp
+            # writes both (since PR 19361, February 2026); before, it wrote only this
+            self.cached_seen = True
+            self.cached_tokens = _int_or_none(timings["cache_n"])
         timeline = obj.get("inferlab_timeline")
         if isinstance(timeline, dict):
             self.timeline = timeline
