@@ -110,8 +110,11 @@ def realtime(streams: int, per_stream: int) -> None:
             return
         s = json.loads(p.stdout)
         metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
+    # the labels come in any order (le is not always the last)
     buckets = [(float(le) if le != "+Inf" else math.inf, float(v)) for le, v in
-               re.findall(r'inferlab:token_emit_lag_seconds_bucket\{[^}]*le="([^"]+)"\} (\S+)', metrics)]
+               re.findall(r'inferlab:token_emit_lag_seconds_bucket\{[^}]*\ble="([^"]+)"[^}]*\} (\S+)', metrics)]
+    if not buckets:
+        sys.exit("the server's /metrics has no inferlab:token_emit_lag_seconds buckets")
     total = buckets[-1][1]
     print(f"\nreal time, {streams} concurrent streams, 200 in / 200 out, bench in another process")
     print("  token emit lag (wall - simulated), share of steps at or under:")
