@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import multiprocessing as mp
 import os
 import statistics
@@ -331,7 +332,7 @@ class Regime:
 
 def measure(spec: StackSpec, url: str, requests: int, concurrency: int) -> tuple[float, float]:
     """CPU µs of this process per content chunk for one cell, and the network reads per
-    chunk (inferlab's stacks; 0 for the others). The client is created and warmed up
+    chunk (inferlab's stacks; NaN for the others, whose reads are not counted). The client is created and warmed up
     (one request per connection: connections, lazy imports, first-call caches) untimed.
 
     Reads per chunk: a client that keeps up reads each chunk as it comes (one read, one
@@ -374,7 +375,8 @@ def measure(spec: StackSpec, url: str, requests: int, concurrency: int) -> tuple
             cpu_s, chunks, n_reads = runner.run(cell())
     finally:
         protocol.data_received = received
-    return cpu_s / chunks * 1e6, n_reads / chunks
+    counted = spec.run in (inferlab_aiohttp, inferlab_httptools)
+    return cpu_s / chunks * 1e6, n_reads / chunks if counted else math.nan
 
 
 def _cell(stack: str, url: str, requests: int, concurrency: int, baseline: Path | None) -> tuple[float, float]:
@@ -463,7 +465,7 @@ def _print_table(regime: Regime, stacks: list[str], results: dict[tuple[str, int
             spread = max(us) - min(us)
             ratio = f"{med / base[c]:.2f}" if c in base else "-"
             reads = statistics.median(r for _, r in results[(name, c)])
-            row += f"{med:>10.1f} ±{spread / 2:>4.1f}{ratio:>7}{reads:>12.2f}"
+            row += f"{med:>10.1f} ±{spread / 2:>4.1f}{ratio:>7}" + (f"{'-':>12}" if math.isnan(reads) else f"{reads:>12.2f}")
         print(row)
 
 

@@ -57,7 +57,6 @@ import itertools
 import json
 import math
 import os
-import re
 import resource
 import shutil
 import signal
@@ -78,6 +77,7 @@ import wire_capture
 from gateway_overhead import checkout
 
 from inferlab.results.clientload import CPU_BUSY, ClientLoad
+from inferlab.results.telemetry import parse_prometheus
 
 BENCH = Path(__file__).resolve().parent
 MOCK = BENCH / "mock_server.py"
@@ -530,12 +530,15 @@ def part_cpu(server: Server, tools: list[Tool], cpus: set[int] | None, rounds: i
     return marginal
 
 
-_LAG = re.compile(r'inferlab:token_emit_lag_seconds_bucket\{[^}]*le="([^"]+)"\} (\S+)')
+_LAG = "inferlab:token_emit_lag_seconds_bucket"
 
 
 def _emit_lag(server: Server) -> dict[str, float]:
     """The simulator's emit-lag histogram: upper bound -> steps at or under it."""
-    return {le: float(v) for le, v in _LAG.findall(server.get("/metrics"))}
+    buckets = {labels["le"]: v for labels, v in parse_prometheus(server.get("/metrics"), (_LAG,)).get(_LAG, [])}
+    if not buckets:  # (an empty histogram would read as no step late)
+        raise RuntimeError(f"the simulator's /metrics has no {_LAG}")
+    return buckets
 
 
 def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | None,

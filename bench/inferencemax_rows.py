@@ -136,6 +136,9 @@ def row(row_id: int, setting: str, rec: dict[str, float | str], isl: int, osl: i
 
 
 def main(src: Path, out: Path) -> int:
+    missing = [f"70b_{setting}.json" for setting in RUNS if not (src / f"70b_{setting}.json").is_file()]
+    if missing:
+        raise SystemExit(f"{src}: no {', '.join(missing)} (the curl lines in this script's docstring fetch them)")
     header = HEADER.read_text().splitlines()[0].split(",")
     rows, row_id = [], FIRST_ROW
     for setting, (_, _, isl, osl) in RUNS.items():

@@ -106,6 +106,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=400, help="requests per sweep point (the timeline draws up to 400)")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
+    if (args.uplot_js is None) != (args.uplot_css is None):
+        ap.error("uPlot needs both --uplot-js and --uplot-css")
     browser = find_browser()
     if browser is None:
         raise SystemExit("no Chromium (apt-get install chromium, or set INFERLAB_CHROMIUM)")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import urllib.request
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.load.virtual import serve_timelines, simulate
 from inferlab.results.summary import summarize
+from inferlab.results.telemetry import parse_prometheus
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.server.launch import ChildServer
 from inferlab.workload.builtin_prompts import SimPromptBuilder
@@ -110,8 +110,10 @@ def realtime(streams: int, per_stream: int) -> None:
             return
         s = json.loads(p.stdout)
         metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
-    buckets = [(float(le) if le != "+Inf" else math.inf, float(v)) for le, v in
-               re.findall(r'inferlab:token_emit_lag_seconds_bucket\{[^}]*le="([^"]+)"\} (\S+)', metrics)]
+    name = "inferlab:token_emit_lag_seconds_bucket"
+    buckets = [(float(labels["le"]), v) for labels, v in parse_prometheus(metrics, (name,)).get(name, [])]
+    if not buckets:
+        sys.exit("the server's /metrics has no inferlab:token_emit_lag_seconds buckets")
     total = buckets[-1][1]
     print(f"\nreal time, {streams} concurrent streams, 200 in / 200 out, bench in another process")
     print("  token emit lag (wall - simulated), share of steps at or under:")

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -39,6 +40,7 @@ def done(index: dict[str, Any]) -> dict[float, dict[str, Any]]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # (no options: --help, or a refusal)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         wall, ix = sweep(["--gpu", "L40S", "--input-tokens", "2048", "--output-tokens", "256"], root / "readme")
