@@ -399,7 +399,7 @@ class _Profiler:
                 async with s.get(base + "/models", headers=headers):
                     pass
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, TimeoutError) as e:
-                raise ServerUnreachableError(f"cannot reach {base}: {e}") from e
+                raise ServerUnreachableError.of(base, e) from e
             with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
                 async with s.get(base + "/models", headers=headers) as resp:
                     data = await resp.json(content_type=None) if resp.status == 200 else {}

@@ -229,7 +229,7 @@ class GeventClient:
         except _TotalTimeout:
             raise ServerUnreachableError(f"{url}: no answer within {timeout_s:g} s") from None
         except (_ConnectError, _Closed, OSError, HTTPParseError) as e:
-            raise ServerUnreachableError(f"cannot reach {url}: {e}") from e
+            raise ServerUnreachableError.of(url, e) from e
         finally:
             if not reusable:
                 self.connection.close()

@@ -381,7 +381,7 @@ async def discover_model(base_url: str, headers: Mapping[str, str], timeout_s: f
                 )
             data = await resp.json(content_type=None)
     except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, TimeoutError) as e:
-        raise ServerUnreachableError(f"cannot reach {base_url}: {e}") from e
+        raise ServerUnreachableError.of(base_url, e) from e
     except (aiohttp.ClientError, ValueError) as e:
         raise ServerUnreachableError(f"unexpected answer from {base_url}/models: {e}") from e
     models = data.get("data") if isinstance(data, dict) else None
