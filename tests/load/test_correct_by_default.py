@@ -22,9 +22,12 @@ from inferlab import (
     bench_async,
     run,
 )
+from inferlab.gateway.app import Gateway, start
+from inferlab.gateway.config import CacheConfig, GatewayConfig, UpstreamConfig
 from inferlab.load.run import _unintended_cache_hits
 from inferlab.load.schedules import Replay
 from inferlab.results.runfiles import read_records
+from inferlab.results.summary import foreign_cache
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.server.app import ServerConfig
 from inferlab.sim.server.launch import EmbeddedServer
@@ -106,6 +109,32 @@ async def test_a_rerun_is_called_out_from_the_servers_metrics_where_its_answers_
     fixed = await bench_async(BenchConfig(LoadConfig(ClosedLoop(1), num_requests=4),
                                           WorkloadConfig(prompt=" ".join(f"word{i}" for i in range(120)))), plain_vllm.url)
     assert any("/metrics counted" in w and "every request sent the same prompt" in w for w in fixed.summary.warnings)
+
+
+async def test_behind_a_gateway_a_fixed_prompt_and_a_rerun_are_said_unchecked(plain_vllm: EmbeddedServer) -> None:
+    """inferlab gateway in front of a server whose answers do not say their cached tokens:
+    the gateway's /metrics are its own, not the engine's, so neither source said them, and
+    the default prompt and a rerun with the same --seed were passed over in silence (from
+    the CLI, 20 requests each: the engine's /metrics counted 608 of 940 and 4,160 of 4,380
+    prompt tokens as hits). They are said to be unchecked; a fresh run is not, and
+    neither is a compare caveat (nothing says they were cached)."""
+    gw = Gateway(GatewayConfig((UpstreamConfig(plain_vllm.url),), cache=CacheConfig(enabled=False)))
+    runner, port = await start(gw, "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        fixed = await bench_async(BenchConfig(LoadConfig(ClosedLoop(1), num_requests=4), WorkloadConfig()), url)
+        await bench_async(config("behind"), url)
+        again = await bench_async(config("behind"), url)
+        fresh = await bench_async(config(None), url)
+    finally:
+        await runner.cleanup()
+    assert fixed.summary.cached_tokens is again.summary.cached_tokens is None  # (nothing said them)
+    (warning,) = [w for w in fixed.summary.warnings if "prefix" in w]
+    assert "every request sent the same prompt" in warning and "this run cannot tell" in warning
+    (warning,) = [w for w in again.summary.warnings if "prefix" in w]
+    assert "same --seed" in warning and "this run cannot tell" in warning
+    assert not any("prefix" in w for w in fresh.summary.warnings)
+    assert not foreign_cache(again.summary.warnings)  # (compare refuses --fail-if on what it names)
 
 
 async def test_a_replay_sends_the_lengths_it_replays_template_included(sim: EmbeddedServer, tmp_path: Path) -> None:

@@ -891,7 +891,9 @@ def run_summary(
     if wcfg is None or (wcfg.shares_prefixes and not wcfg.fixed_prompt):
         unintended = None
     else:
-        unintended = _unintended_cache_hits(records, overhead, wcfg.fixed_prompt, server_metrics)
+        # (against a server, a salt given repeats an earlier run's prompts: --seed)
+        repeated = preflight is not OMITTED and wcfg.prompt_salt is not None
+        unintended = _unintended_cache_hits(records, overhead, wcfg.fixed_prompt, server_metrics, repeated)
     if unintended is not None:
         last.append(unintended)
     load: ClientLoad | Omitted | None = OMITTED
@@ -968,7 +970,7 @@ UNINTENDED_CACHE_SHARE = 0.05
 
 def _unintended_cache_hits(
     records: list[RequestRecord], template_tokens: int | None, fixed: bool = False,
-    server_metrics: ServerMetrics | None = None,
+    server_metrics: ServerMetrics | None = None, repeated: bool = False,
 ) -> str | None:
     """A warning when the server served much of the prompts from its cache (beyond the
     chat template's tokens, which every prompt shares): for a prefix-free workload an
@@ -976,7 +978,10 @@ def _unintended_cache_hits(
     prompt (the same every request) the run's own first request did. Where no answer said
     its cached tokens (vLLM's default: ``prompt_tokens_details`` only with
     ``--enable-prompt-tokens-details``), the server's own /metrics counters over the run
-    say it instead, warm-ups included."""
+    say it instead, warm-ups included. Where neither says (a gateway in front, whose
+    /metrics are its own; a server without those counters), a ``fixed`` prompt, or
+    prompts ``repeated`` from an earlier run (a salt given: ``--seed``), are said to be
+    unchecked rather than passed over in silence."""
     template = max(0, template_tokens or 0)
     done = [r for r in records if r.ok and not r.warmup and r.cached_tokens is not None]
     if done:
@@ -991,12 +996,12 @@ def _unintended_cache_hits(
         counters = server_metrics.counters if server_metrics is not None and server_metrics.available else {}
         hits, queries = counters.get("prefix_cache_hits_tokens"), counters.get("prefix_cache_queries_tokens")
         if hits is None or queries is None:
-            return None
+            return _unchecked_cache_hits(fixed, repeated) if any(r.ok and not r.warmup for r in records) else None
         cached, prompt = int(hits), int(queries)
         answered = sum(1 for r in records if r.ok)  # (warm-ups too: the counters hold them)
         beyond = cached - answered * template
         served = f"the server's /metrics counted {cached:,} of {prompt:,} prompt tokens over the run as served from its prefix cache"
-        unsaid = "; its answers did not say which, as vLLM's do not without --enable-prompt-tokens-details"
+        unsaid = "; its answers did not say their cached tokens, as vLLM's do not without --enable-prompt-tokens-details"
     if not prompt or beyond <= UNINTENDED_CACHE_SHARE * prompt:
         return None
     if fixed:
@@ -1008,6 +1013,32 @@ def _unintended_cache_hits(
         f"{served}, {FOREIGN_CACHE}: TTFT is lower than for fresh prompts (an "
         f"earlier run with the same --seed, or another client, sent the same text{unsaid})"
     )
+
+
+#: Why a run could not tell its prompts' prefix-cache hits.
+CACHE_UNSAID = (
+    "neither the answers nor the server's /metrics said how many prompt tokens its prefix cache served (vLLM's "
+    "answers say with --enable-prompt-tokens-details; behind a gateway, the engine's /metrics are not read)"
+)
+
+
+def _unchecked_cache_hits(fixed: bool, repeated: bool) -> str | None:
+    """What a run whose cached tokens nobody said cannot rule out: a ``fixed`` prompt is
+    served from a prefix cache after its first request (vLLM and SGLang cache prefixes by
+    default); ``repeated`` prompts may be, if an earlier run sent them. None otherwise."""
+    if fixed:
+        return (
+            "every request sent the same prompt (--prompt, or the default): a server that caches prefixes "
+            "serves it from its cache after the first request, so TTFT is likely that of a cached prompt, and "
+            f"this run cannot tell: {CACHE_UNSAID}; --input-tokens N sends fresh prompts of N tokens"
+        )
+    if repeated:
+        return (
+            "this run's prompts are those of any earlier run with the same --seed, which the server's prefix "
+            f"cache may still hold (a lower TTFT than fresh prompts'), and this run cannot tell: {CACHE_UNSAID}; "
+            "without --seed each run's prompts are fresh"
+        )
+    return None
 
 
 def raise_if_all_failed(result: RunResult) -> None:
