@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import pickle
 import socket
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -66,16 +67,23 @@ def test_every_request_is_joined_to_its_packets_and_the_client_stamps_after_they
     # reproduced in 68 runs since, 51 of them beside two to four busy loops)
     seen = {k: got[k] for k in ("joined", "records", "responses", "packets", "offset_spread_ms", "unjoined")}
     assert got["joined"] == got["records"] == len(records) == n, json.dumps(seen)
+    ttfts = sorted((r["content_ns"][0] - r["send_ns"]) / 1e6 for r in records)  # type: ignore[index,operator]
+    # each record's request packet follows its send stamp by about a write (µs): the
+    # typical one within 1 ms, and none by a whole request, as one paired with its
+    # neighbour's request would be; a client a busy machine keeps off the CPU between
+    # its stamp and its write adds that wait (1.2 ms seen beside two busy loops)
     spread = got["offset_spread_ms"]
-    assert isinstance(spread, dict) and spread["max"] < 1.0
+    assert isinstance(spread, dict) and spread["p50"] < 1.0 and spread["max"] < ttfts[0]
     delays = got["delay_ms"]
     assert isinstance(delays, list) and len(delays) == n
     # the client cannot have read a token before its packet arrived (the start's
     # placement errs toward a later client, by its smallest write: never earlier)
     assert min(delays) >= 0
-    # and what it adds is a small part of what it measured (TTFT here: tens of ms)
-    ttfts = sorted((r["content_ns"][0] - r["send_ns"]) / 1e6 for r in records)  # type: ignore[index,operator]
-    assert max(delays) < ttfts[0] / 4
+    # and what it adds is a small part of what it measured (TTFT here: tens of ms), for
+    # the typical request: one whose client a busy machine kept off the CPU for a slice
+    # adds that slice, and the capture measures it rightly (beside two busy loops: two of
+    # 80 at 4.2 and 4.3 ms, the other 78 under 0.3 ms, against a shortest TTFT of 16.9 ms)
+    assert statistics.median(delays) < ttfts[0] / 4
 
 
 def test_packets_of_other_requests_are_not_taken_for_the_runs(tmp_path: Path) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,51 @@ SLOTS, SLOT_TOKENS = 8, 2048  # (the ``llama`` fixture's server: conftest's CTX_
 
 FIT = [(1, 64, 32, 6), (1, 256, 32, 6), (1, 512, 32, 6), (1, 1024, 32, 6), (1, 1536, 32, 6), (2, 16, 128, 8)]  # (users, prompt, output, requests)
 HOLDOUT = [(4, 256, 64, 24), (8, 512, 32, 32)]
+#: Cores that other processes may keep busy, on average, while the runs are measured: past
+#: it the runs time the machine's scheduler as much as llama.cpp (its one compute thread
+#: and the client took turns with them in slices longer than a decode step), and the test
+#: says so and skips. Not a bound on any result: 0.00 on an idle machine, 1.3 beside two
+#: busy loops.
+OTHERS_CORES = 0.25
+
+
+def _cpu_s(pid: str) -> float:
+    """CPU (user + system, s) of a live process and of the children it has waited for."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def _busy_s() -> tuple[float, float] | None:
+    """(CPU the whole machine used, CPU this process and its children used), both in
+    seconds since boot; None where there is no /proc (the test then runs unchecked)."""
+    try:
+        with open("/proc/stat") as f:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+        me = str(os.getpid())
+        children = [d for d in os.listdir("/proc") if d.isdigit() and _parent(d) == me]
+        ours = _cpu_s(me) + sum(_cpu_s(c) for c in children)
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK"), ours
+
+
+def _parent(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[1]
+    except OSError:  # (it ended meanwhile)
+        return None
+
+
+def others_cores(since: tuple[float, tuple[float, float] | None]) -> float | None:
+    """Cores that processes other than this one and its children (the server, the device
+    measurement) kept busy on average since ``since`` (``time.monotonic()``, ``_busy_s()``)."""
+    start_s, start = since
+    now = _busy_s()
+    if start is None or now is None:
+        return None
+    return max(0.0, (now[0] - start[0]) - (now[1] - start[1])) / (time.monotonic() - start_s)
 
 
 def measure(server: LlamaServer, out: Path, users: int, n_in: int, n_out: int, n: int) -> str:
@@ -38,9 +85,17 @@ def measure(server: LlamaServer, out: Path, users: int, n_in: int, n_out: int, n
 
 
 def test_a_twin_fitted_at_one_and_two_users_predicts_four_and_eight(llama: LlamaServer, tmp_path: Path) -> None:
+    since = time.monotonic(), _busy_s()
     engine, _ = twin_engine(tmp_path / "twin", TinyLlamaConfig(), slots=SLOTS, slot_tokens=SLOT_TOKENS)
     fit_runs = [read_run(measure(llama, tmp_path / "fit", *row)) for row in FIT]
     held = [read_run(measure(llama, tmp_path / "held", *row)) for row in HOLDOUT]
+    others = others_cores(since)
+    if others is not None and others > OTHERS_CORES:
+        # (beside two busy loops on two cores the twin came out 0.48 off on held-out TTFT
+        # against its starting constants' 0.22 in one suite run, 0.13 on E2E against 0.036
+        # in the next: the orderings below are llama.cpp's only where it had its core)
+        pytest.skip(f"the machine was busy: other processes kept {others:.2f} cores busy while llama.cpp "
+                    f"was measured (more than {OTHERS_CORES}), so its timings are not its own")
     twin = calibrate(engine, fit_runs, held, CPU_FIT, max_evaluations=400)
     start = calibrate(engine, fit_runs, held, CPU_FIT, max_evaluations=1)  # (the constants it starts from)
     without = calibrate(engine, fit_runs, held, tuple(n for n in CPU_FIT if n != "kv_stream"), max_evaluations=400)
