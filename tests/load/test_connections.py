@@ -86,7 +86,10 @@ async def test_the_retry_storm_after_the_server_went_is_bounded_and_said_apart(t
         result = await bench_async(bench(load, "aiohttp", tmp_path / "run"), server.url)
     assert isinstance(result.cause, executor.ServerGoneError)
     s = result.summary
-    assert s.counts.failed <= executor.GONE_CAP_PER_SLOT * 4  # (a second of them was thousands)
+    # (a second of them was thousands): the cap, and at most one more for each of the 4
+    # in flight as the count reached it (their ends can come together, before the run
+    # looks again; it sends nothing more once it has)
+    assert s.counts.failed <= executor.GONE_CAP_PER_SLOT * 4 + 4 - 1
     assert 0 < s.counts.after_server_gone <= s.counts.failed
     first = s.warnings[0]
     assert first.startswith(f"{s.counts.after_server_gone:,} requests failed for want of a connection (")

@@ -44,7 +44,8 @@ MAX_WARM_CONNECTIONS = 256
 #: most about a second of failures to the records. The count: a closed-loop user re-sends
 #: as soon as its request fails (as vLLM's ``bench serve``, which has no retry), and a
 #: refused connection on loopback fails in well under a millisecond, so a second of them
-#: was thousands a user; 50 a slot bounds that storm in count too.
+#: was thousands a user; 50 a slot bounds that storm in count too (give or take the
+#: requests in flight as the count is reached, whose ends can come together).
 GONE_REQUESTS = 20
 GONE_PER_SLOT = 3
 GONE_S = 1.0
@@ -281,6 +282,8 @@ class Dispatcher:
         while True:
             if self._error is not None:
                 raise self._error
+            if self.watch.gone(self._now_s(), at_end=False):  # (before sending more to it)
+                raise self.watch.error()
             for send in policy.due(now_s):
                 self._start(send)
             next_s = policy.next_s()
@@ -288,8 +291,6 @@ class Dispatcher:
                 if self.watch.gone(self._now_s(), at_end=True):
                     raise self.watch.error()
                 return
-            if self.watch.gone(self._now_s(), at_end=False):
-                raise self.watch.error()
             self._ended.clear()  # (ends before this line were seen by ``due`` above)
             if next_s is None:
                 await self._ended.wait()
