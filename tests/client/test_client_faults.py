@@ -312,7 +312,7 @@ def bench_config(model: str | None, out_dir: Path, num_requests: int, concurrenc
     return BenchConfig(
         load=LoadConfig(schedule=ClosedLoop(concurrency), num_requests=num_requests),
         model=model,
-        idle_timeout_s=0.3,
+        idle_timeout_s=IDLE_S,
         timeout_s=10.0,
         out_dir=str(out_dir),
         preflight=False,  # the fault mix counts every request; the probe is tested elsewhere
