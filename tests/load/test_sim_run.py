@@ -178,6 +178,45 @@ def test_a_request_too_long_for_the_model_is_a_failed_record_and_the_run_goes_on
         assert (c.completed, c.failed, c.errors) == (12 - len(failed), len(failed), {"http_status": len(failed)})
 
 
+@pytest.mark.parametrize(("engine", "refused", "answered"), [
+    # SGLang before 0.5.11 refuses prompt + max_tokens of the context or more; from 0.5.11
+    # over it, and each answer ends two tokens short of the context (1016 + 8 = 1024: 6)
+    ({"engine_family": "sglang", "engine_version": "0.5.10"}, {1016: 3, 1017: 3}, {1014: 8, 1015: 7}),
+    ({"engine_family": "sglang"}, {1017: 3}, {1014: 8, 1015: 7, 1016: 6}),
+    ({}, {1017: 3}, {1014: 8, 1015: 8, 1016: 8}),  # (vLLM: over the context only)
+    ({"engine_version": "0.31"}, {1017: 3}, {1014: 8, 1015: 8, 1016: 8}),
+])
+def test_sim_run_refuses_at_the_context_as_the_family_and_release_do(
+    engine: dict[str, Any], refused: dict[int, int], answered: dict[int, int],
+) -> None:
+    """Three requests of each prompt length, 8 tokens asked for exactly, on a 1024-token
+    context: how many each refuses (HTTP 400), and the answer's length otherwise."""
+    load = LoadConfig(ClosedLoop(1), num_requests=3, seed=1)
+    for prompt in range(1014, 1018):
+        records = simulate(Engine(EngineConfig(max_model_len=1024, **engine)), load,
+                           WorkloadConfig(prompt, 8, exact_output=True).build(1))
+        assert all(r.input_tokens == prompt for r in records)
+        failed = [r for r in records if not r.ok]
+        assert len(failed) == refused.get(prompt, 0), (prompt, [r.error for r in failed])
+        assert all((r.error_kind, r.status) == (ErrorKind.HTTP_STATUS, 400) for r in failed)
+        if prompt in answered:
+            assert [r.output_tokens for r in records] == [answered[prompt]] * 3
+
+
+def test_sim_run_records_sglangs_scheduler_refusal_as_an_error_in_the_stream() -> None:
+    """A prompt within 6 tokens of the context, 1 token asked for: past SGLang's
+    tokenizer manager, refused by its scheduler, which a stream gets after its 200."""
+    load = LoadConfig(ClosedLoop(1), num_requests=2, seed=1)
+    for prompt, refused in ((1017, 0), (1018, 2)):
+        records = simulate(Engine(EngineConfig(engine_family="sglang", max_model_len=1024)), load,
+                           WorkloadConfig(prompt, 1).build(1))
+        failed = [r for r in records if not r.ok]
+        assert len(failed) == refused
+        for r in failed:
+            assert (r.error_kind, r.status) == (ErrorKind.STREAM_ERROR, 200)
+            assert r.error is not None and "Input length (1018 tokens) exceeds the maximum allowed length (1018" in r.error
+
+
 def test_a_closed_loop_under_a_duration_ends_even_when_every_request_is_rejected() -> None:
     load = LoadConfig(ClosedLoop(2), num_requests=None, duration_s=0.1)
     records = simulate(Engine(EngineConfig(max_model_len=64)), load, WorkloadConfig(100, 8).build(0))

@@ -10,7 +10,9 @@ leaves their timelines in the engine (validation, ``serve_timelines``).
 As over HTTP, a request the engine cannot serve (longer than ``max_model_len``, larger
 than the KV cache) is a failed record in ``sim run``, not the end of the run: kind
 ``http_status``, status 400, as bench records the simulated server's answer, its error
-saying the engine rejected it (``REJECTED_PREFIX``).
+saying the engine rejected it (``REJECTED_PREFIX``); one that SGLang refuses inside the
+stream (``ContextError.stream_type``) is kind ``stream_error``, status 200, as bench
+records that answer (``REJECTED_IN_STREAM_PREFIX``).
 A stop request (``stop()`` true, or Ctrl-C) ends the run between steps: in-flight
 requests become cancelled records and ``Interrupted`` carries everything recorded so far.
 """
@@ -29,6 +31,7 @@ from inferlab.load.schedules import LoadConfig
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.sim.engine.engine import Engine, RequestTimeline, StepStats
 from inferlab.sim.engine.outputs import COMPLETIONS_DEFAULT_MAX_TOKENS, natural_output_len
+from inferlab.sim.engine.scheduler import ContextError
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 from inferlab.workload.sessions import SessionWorkload
 from inferlab.workload.spec import RequestSpec, Trace
@@ -37,6 +40,8 @@ from inferlab.workload.tokenizers import Tokenizer
 #: How a rejected request's error begins: no HTTP in virtual time, but the kind and
 #: status a server gives it (``http_status``, 400), for summaries comparable with bench's.
 REJECTED_PREFIX = "rejected by the engine (a server answers HTTP 400): "
+#: ... and of one a server refuses inside the stream (SGLang's scheduler: ``stream_error``, 200).
+REJECTED_IN_STREAM_PREFIX = "rejected by the engine (a server answers HTTP 200, then an error event): "
 #: Time a rejected request takes at the least, so that a closed loop under ``duration_s``
 #: still advances when every request is rejected.
 _MIN_REJECT_S = 1e-6
@@ -204,9 +209,11 @@ class SimulatedServer:
             # recorded as bench records the simulated server's answer (kind http_status,
             # status 400), so that sim run and bench count failures alike; the text says
             # no HTTP was involved
-            record.status = 400
-            record.error_kind = ErrorKind.HTTP_STATUS
-            record.error = f"{REJECTED_PREFIX}{e}"
+            if not isinstance(e, ContextError) or e.stream_type is None:
+                record.status, record.error_kind, record.error = 400, ErrorKind.HTTP_STATUS, f"{REJECTED_PREFIX}{e}"
+            else:
+                record.status, record.error_kind = 200, ErrorKind.STREAM_ERROR
+                record.error = f"{REJECTED_IN_STREAM_PREFIX}{e}"
             record.ttfb_ns = record.end_ns = end_ns
             record.usage_source = "none"
             if at_s is not None:
@@ -229,13 +236,15 @@ class SimulatedServer:
         16 tokens on the completions API (vLLM's defaults; ``length`` when cut,
         ``stop`` when the model ended first). A ``max_tokens`` over the context the
         prompt leaves is lowered to it where the release does (``Engine.output_limit``,
-        vLLM 0.32 on). ``ValueError`` (the server's 400) for what the server refuses
-        there, and for an exact length over the limit (its ``min_tokens``)."""
+        vLLM 0.32 on; SGLang cuts every answer two tokens short of the context, an exact
+        length included). ``ValueError`` (the server's 400) for what the server refuses
+        there, and, but for SGLang, for an exact length over the limit (its ``min_tokens``)."""
         if spec.max_tokens is None and not self.chat:  # (vLLM's completions default, as the HTTP server's)
             spec = replace(spec, max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS, exact_output=False)
         cap = self.engine.output_limit(len(ids), spec.max_tokens)
         if spec.exact_output and spec.max_tokens is not None:
-            if spec.max_tokens > cap:  # (the request's min_tokens, over max_tokens as lowered)
+            # (the request's min_tokens, over max_tokens as vLLM lowers it; SGLang cuts the answer there)
+            if spec.max_tokens > cap and not self.engine.sglang_api:
                 raise ValueError(f"min_tokens must be less than or equal to max_tokens={cap}, got {spec.max_tokens}.")
             return cap, "length", cap
         natural = natural_output_len(ids, self.natural_median_tokens)

@@ -42,6 +42,22 @@ class APIError(InferlabError):
         return error_body(self.status, self.message, self.error_type, self.param)
 
 
+class SGLangAPIError(APIError):
+    """A request SGLang's OpenAI server refuses: its body (``ErrorResponse`` in
+    python/sglang/srt/entrypoints/openai/protocol.py) holds the same fields as OpenAI's,
+    but at the top level beside ``"object": "error"``, not under ``"error"``.
+    ``stream_type``: where not None, a streamed request gets the refusal inside its
+    stream (HTTP 200, then ``{"error": body}`` with this ``type``, then ``[DONE]``)."""
+
+    def __init__(self, status: int, message: str, error_type: str = "BadRequestError", param: str | None = None,
+                 *, stream_type: str | None = None) -> None:
+        super().__init__(status, message, error_type, param)
+        self.stream_type = stream_type
+
+    def body(self) -> dict[str, Any]:
+        return {"object": "error", **error_body(self.status, self.message, self.error_type, self.param)["error"]}
+
+
 def error_message(obj: object) -> str:
     """The human message of a parsed error body or stream error event: OpenAI's
     ``error.message``, or what other servers use (``detail``, ``msg``, a bare string).

@@ -63,13 +63,17 @@ def ask(client: httpx.Client, body: dict[str, Any], *, chat: bool = False, strea
         body |= {"stream": True, "stream_options": {"include_usage": True}}
     r = client.post(path, json=body)
     if r.status_code != 200:
-        return Answer(r.status_code, [], None, None, r.json()["error"])
+        d = r.json()  # (OpenAI's body nests the error; SGLang's is the error, beside "object": "error")
+        return Answer(r.status_code, [], None, None, d if d.get("object") == "error" else d["error"])
     if not stream:
         d = r.json()
         return Answer(200, [c["finish_reason"] for c in d["choices"]], d["usage"]["completion_tokens"],
                       d["usage"]["prompt_tokens"], None)
     chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
     assert r.text.rstrip().endswith("data: [DONE]")
+    if chunks and "error" in chunks[0]:  # (refused inside the stream: its only event)
+        assert len(chunks) == 1, chunks
+        return Answer(200, [], None, None, chunks[0]["error"])
     usage = next(c["usage"] for c in reversed(chunks) if c.get("usage"))
     finishes = [c["finish_reason"] for ch in chunks for c in ch["choices"] if c.get("finish_reason")]
     return Answer(200, finishes, usage["completion_tokens"], usage["prompt_tokens"], None)
@@ -143,7 +147,7 @@ def test_a_release_before_the_change_refuses_prompt_and_max_tokens_over_the_cont
     ({"engine_version": "0.32"}, True),
     ({"engine_version": "0.32.1"}, True),
     ({"engine_version": "0.20"}, False),
-    ({"engine_family": "sglang"}, False),  # (its own rule not verified: the 400 kept)
+    ({"engine_family": "sglang"}, False),  # (SGLang refuses it too: test_sglang_*)
 ])
 def test_the_rule_follows_the_release_and_family(engine: dict[str, Any], clamps: bool) -> None:
     for client in serve(**engine):
@@ -151,3 +155,116 @@ def test_the_rule_follows_the_release_and_family(engine: dict[str, Any], clamps:
         assert a.status == (200 if clamps else 400), a
         if clamps:
             assert a.completion_tokens == CONTEXT - 11
+
+
+# SGLang (its tokenizer manager's ``_validate_one_request``, its scheduler's
+# ``validate_input_length`` and ``init_req_max_new_tokens``, read in its 0.5.9-0.5.11
+# wheels): a prompt of the whole context is refused; prompt + max_tokens of exactly the
+# context too before 0.5.11; a prompt within 6 tokens of it by the scheduler (inside a
+# stream); every answer ends two tokens short of the context. Its error body is
+# {"object": "error", "message", "type", "param", "code"}, not nested under "error".
+
+SGLANG_WORDS_FULL = f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)."
+
+
+def sglang_total(prompt: int, max_tokens: int) -> str:
+    return (f"Requested token count exceeds the model's maximum context length of {CONTEXT} tokens. You requested a "
+            f"total of {prompt + max_tokens} tokens: {prompt} tokens from the input messages and {max_tokens} tokens "
+            "for the completion. Please reduce the number of tokens in the input messages or the completion to fit "
+            "within the limit.")
+
+
+def sglang_body(message: str, error_type: str = "BadRequestError") -> dict[str, Any]:
+    return {"object": "error", "message": message, "type": error_type, "param": None, "code": 400}
+
+
+@pytest.fixture(scope="module")
+def sglang() -> Iterator[httpx.Client]:
+    """No release named: a current SGLang's rules (0.5.11 on)."""
+    yield from serve(engine_family="sglang")
+
+
+@pytest.fixture(scope="module")
+def sglang_0510() -> Iterator[httpx.Client]:
+    yield from serve(engine_family="sglang", engine_version="0.5.10")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sglang_refuses_a_prompt_of_the_whole_context_in_its_words_and_body(
+    sglang: httpx.Client, sglang_0510: httpx.Client, stream: bool,
+) -> None:
+    for client in (sglang, sglang_0510):
+        for extra in ({"max_tokens": 1}, {}):  # (none: the completions API's 16)
+            r = client.post("/v1/completions", json={"model": MODEL, "prompt": ids(CONTEXT), "stream": stream, **extra})
+            assert (r.status_code, r.json()) == (400, sglang_body(SGLANG_WORDS_FULL))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_sglang_before_0_5_11_refuses_prompt_and_max_tokens_of_exactly_the_context(
+    sglang_0510: httpx.Client, stream: bool,
+) -> None:
+    for prompt in (CONTEXT - 1, 11):
+        a = ask(sglang_0510, {"prompt": ids(prompt), "max_tokens": CONTEXT - prompt, "ignore_eos": True}, stream=stream)
+        assert (a.status, a.error) == (400, sglang_body(sglang_total(prompt, CONTEXT - prompt))), a
+    fits = ask(sglang_0510, {"prompt": ids(11), "max_tokens": CONTEXT - 12, "ignore_eos": True}, stream=stream)
+    assert (fits.status, fits.finish_reasons, fits.completion_tokens) == (200, ["length"], CONTEXT - 13)  # (cut at 2 short)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_current_sglang_takes_the_total_of_the_context_and_ends_the_answer_two_tokens_short(
+    sglang: httpx.Client, stream: bool,
+) -> None:
+    a = ask(sglang, {"prompt": ids(11), "max_tokens": CONTEXT - 11, "ignore_eos": True}, stream=stream)
+    assert (a.status, a.finish_reasons, a.completion_tokens) == (200, ["length"], CONTEXT - 11 - 2), a
+    over = ask(sglang, {"prompt": ids(11), "max_tokens": CONTEXT - 10}, stream=stream)
+    assert (over.status, over.error) == (400, sglang_body(sglang_total(11, CONTEXT - 10)))
+    # no max_tokens on the chat API: up to the context, less the same two
+    chat = ask(sglang, {"messages": HI, "ignore_eos": True}, chat=True, stream=stream)
+    assert chat.status == 200 and chat.prompt_tokens is not None
+    assert (chat.finish_reasons, chat.completion_tokens) == (["length"], CONTEXT - chat.prompt_tokens - 2)
+
+
+def test_sglang_refuses_a_prompt_within_six_tokens_of_the_context_in_its_scheduler(sglang: httpx.Client) -> None:
+    """A token under the context with max_tokens 1 (the total the context): past the
+    tokenizer manager's check from 0.5.11, refused by the scheduler, whose refusal a
+    stream gets after its 200."""
+    words = (f"Input length ({CONTEXT - 1} tokens) exceeds the maximum allowed length ({CONTEXT - 6} tokens). Use a "
+             "shorter input or enable --allow-auto-truncate.")
+    body = {"prompt": ids(CONTEXT - 1), "max_tokens": 1}
+    whole = ask(sglang, body)
+    assert (whole.status, whole.error) == (400, sglang_body(words))
+    streamed = ask(sglang, body, stream=True)
+    assert (streamed.status, streamed.error) == (200, sglang_body(words, "BAD_REQUEST"))
+    last = ask(sglang, {"prompt": ids(CONTEXT - 7), "max_tokens": 7, "ignore_eos": True})
+    assert (last.status, last.completion_tokens) == (200, 5)
+
+
+def test_sglang_before_0_5_10_refuses_a_stream_inside_it() -> None:
+    for client in serve(engine_family="sglang", engine_version="0.5.9"):
+        a = ask(client, {"prompt": ids(CONTEXT)}, stream=True)
+        assert (a.status, a.error) == (200, sglang_body(SGLANG_WORDS_FULL))
+        assert ask(client, {"prompt": ids(CONTEXT)}).status == 400
+
+
+def test_sglang_refuses_a_null_max_tokens_on_the_completions_api(sglang: httpx.Client) -> None:
+    """Its CompletionRequest types max_tokens as an integer (16 when left out): a null is
+    a validation error (400), where vLLM takes it as the context left."""
+    a = ask(sglang, {"prompt": ids(11), "max_tokens": None})
+    assert a.status == 400 and a.error is not None
+    assert (a.error["object"], a.error["param"], a.error["code"]) == ("error", "max_tokens", 400)
+    assert ask(sglang, {"prompt": ids(11), "ignore_eos": True}).completion_tokens == 16
+
+
+def test_sglang_cuts_an_exact_length_at_its_limit(sglang: httpx.Client) -> None:
+    """min_tokens = max_tokens past the limit: SGLang checks min_tokens against max_tokens
+    as asked, and its scheduler cuts the answer all the same (vLLM refuses it)."""
+    exact = ask(sglang, {"prompt": ids(11), "max_tokens": CONTEXT - 11, "min_tokens": CONTEXT - 11})
+    assert (exact.status, exact.finish_reasons, exact.completion_tokens) == (200, ["length"], CONTEXT - 13)
+
+
+@pytest.mark.parametrize("engine", [{}, {"engine_version": "0.31"}])
+def test_vllm_still_takes_prompt_and_max_tokens_of_exactly_the_context(engine: dict[str, Any]) -> None:
+    for client in serve(**engine):
+        for prompt in (11, CONTEXT - 1):
+            a = ask(client, {"prompt": ids(prompt), "max_tokens": CONTEXT - prompt, "ignore_eos": True})
+            assert (a.status, a.finish_reasons, a.completion_tokens) == (200, ["length"], CONTEXT - prompt), a

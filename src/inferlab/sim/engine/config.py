@@ -353,7 +353,7 @@ def _with_family_switches(config: EngineConfig, rules: FamilyRules, declared_len
 #: PEP 440's shapes vLLM and SGLang use: 0.15, v0.15.1, 0.14.0rc1, 0.4.3.post1, 0.13.0+cu128,
 #: 0.10.2rc2.dev123+g1a2b3c4.cpu (a pre-release, then a post-release, then a dev segment,
 #: each at most once; a local label after "+")
-_RELEASE = re.compile(r"v?(\d+)\.(\d+)(?:\.\d+)*(?:\.?(?:a|b|rc)\d*)?(?:\.?post\d*)?(?:\.?dev\d*)?(?:\+([0-9A-Za-z.]+))?")
+_RELEASE = re.compile(r"v?(\d+)\.(\d+)(?:\.(?P<patch>\d+))?(?:\.\d+)*(?:\.?(?:a|b|rc)\d*)?(?:\.?post\d*)?(?:\.?dev\d*)?(?:\+(?P<local>[0-9A-Za-z.]+))?")
 
 
 def parse_release(text: str) -> tuple[int, int]:
@@ -367,11 +367,22 @@ def parse_release(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def release_with_patch(text: str) -> tuple[int, int, int]:
+    """A release's text as (major, minor, patch), a missing patch read as 0 (PEP 440's
+    0.5 is 0.5.0), for the one default a patch release changed (SGLang 0.5.11's
+    context check, ``scheduler.SGLANG_TOTAL_FILLS_SINCE``); ``ConfigError`` as
+    ``parse_release``."""
+    major, minor = parse_release(text)
+    m = _RELEASE.fullmatch(text.strip())
+    assert m is not None  # (parse_release matched it)
+    return major, minor, int(m.group("patch") or 0)
+
+
 def release_local_label(text: str) -> str:
     """What follows "+" in a release's text ("cpu" in 0.11.0+cpu, "cu128"), lower case;
     "" when none."""
     m = _RELEASE.fullmatch(text.strip())
-    return (m.group(3) or "").lower() if m else ""
+    return (m.group("local") or "").lower() if m else ""
 
 
 def engine_release(config: EngineConfig) -> tuple[int, int] | None:

@@ -15,12 +15,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from inferlab.sim.engine.block_manager import GeneratedTokens
-from inferlab.sim.engine.config import EngineConfig, engine_release, resolve
+from inferlab.sim.engine.config import EngineConfig, engine_release, release_with_patch, resolve
 from inferlab.sim.engine.dtypes import CapacityPolicy
 from inferlab.sim.engine.frontend import FrontEnd
 from inferlab.sim.engine.hardware import GpuSpec
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
-from inferlab.sim.engine.scheduler import Batch, Request, SchedulerConfig, output_limit
+from inferlab.sim.engine.scheduler import (
+    SGLANG_STREAM_400_SINCE,
+    SGLANG_TOTAL_FILLS_SINCE,
+    Batch,
+    Request,
+    SchedulerConfig,
+    output_limit,
+    sglang_output_limit,
+)
 from inferlab.sim.engine.sizing import EngineSizes, size_engine
 from inferlab.sim.engine.steady import SteadyScheduler
 from inferlab.sim.engine.steptime import RooflineStepTime, StepTimeModel
@@ -189,6 +197,13 @@ class Engine:
         )
         #: a max_tokens over the context left is lowered to it, not refused (vLLM 0.32 on)
         self.clamps_max_tokens = resolved.rules.clamp_max_tokens_in(engine_release(config))
+        #: the API server is SGLang's (``FamilyRules.sglang_api``) ...
+        self.sglang_api = resolved.rules.sglang_api
+        # ... which takes prompt + max_tokens of exactly the context (0.5.11 on) and answers
+        # a streamed request it refuses with HTTP 400 (0.5.10 on)
+        release = None if config.engine_version is None else release_with_patch(config.engine_version)
+        self._sglang_total_fills = release is None or release >= SGLANG_TOTAL_FILLS_SINCE
+        self._sglang_stream_400 = release is None or release >= SGLANG_STREAM_400_SINCE
         # the reference scheduler, with steady decodes kept as sums in virtual-time steps
         self._scheduler = SteadyScheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}
@@ -223,7 +238,11 @@ class Engine:
 
     def output_limit(self, prompt_tokens: int, max_tokens: int | None, param: str = "max_tokens") -> int:
         """The most tokens a request may generate, as this engine's API server decides
-        (``scheduler.output_limit`` in its release); ``ContextError`` for its 400."""
+        (``scheduler.output_limit`` in its release, ``sglang_output_limit`` for SGLang's);
+        ``ContextError`` for what it refuses."""
+        if self.sglang_api:
+            return sglang_output_limit(prompt_tokens, max_tokens, self.limits.max_model_len, self.kv_capacity_tokens,
+                                       total_fills=self._sglang_total_fills, stream_400=self._sglang_stream_400)
         return output_limit(prompt_tokens, max_tokens, self.limits.max_model_len, clamp=self.clamps_max_tokens,
                             param=param)
 

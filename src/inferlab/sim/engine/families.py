@@ -136,6 +136,10 @@ class FamilyRules:
     # ``clamp_max_tokens_since`` on, when a release is known; ``scheduler.output_limit``)
     clamp_max_tokens: bool = False
     clamp_max_tokens_since: tuple[int, int] | None = None
+    # the OpenAI server is SGLang's: its checks against the context (a prompt of the whole
+    # context refused, an answer cut two tokens short of it: ``scheduler.sglang_output_limit``)
+    # and its error body ({"object": "error", "message", "type", "param", "code"})
+    sglang_api: bool = False
 
     def chunked_prefill_default(self, max_model_len: int) -> bool:
         """Whether prefills are chunked when no flag says, for this (declared) context."""
@@ -346,6 +350,7 @@ FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
         # sit 6-19 ms (0.3, A100/H100, no overlap), 10 ms (0.5, H100) and ~40 ms (0.4,
         # H200 TP4; ~28 ms beyond the overlap step) above prefill + scheduling: median ~15 ms.
         efficiencies=Efficiencies(cpu_step_s=0.3e-3, api_overhead_s=0.015),
+        sglang_api=True,
     ),
     EngineFamily.TRTLLM: FamilyRules(
         engine="TensorRT-LLM",

@@ -207,11 +207,14 @@ class Batch:
 
 class ContextError(ValueError):
     """A request the server refuses for the context (HTTP 400); ``param``: the request
-    field it names, if any."""
+    field it names, if any; ``stream_type``: where not None, a streamed request is
+    refused inside its stream instead (HTTP 200, then an error event of this type:
+    SGLang's)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, *, stream_type: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.stream_type = stream_type
 
 
 def _over_context(limit: int, prompt: int, output: int) -> str:
@@ -250,6 +253,53 @@ def output_limit(
                            "tokens. Please reduce the length of the input prompt.", "input_tokens")
     if room == 0:
         raise ContextError("max_tokens must be at least 1, got 0.", "max_tokens")
+    return room if max_tokens is None else min(max_tokens, room)
+
+
+#: SGLang's first release that takes a request whose prompt + max_new_tokens is exactly
+#: the context (sgl-project/sglang#22546: ``>=`` became ``>`` in the tokenizer manager's
+#: check; 0.5.10's wheel still has ``>=``, 0.5.11's ``>``) ...
+SGLANG_TOTAL_FILLS_SINCE = (0, 5, 11)
+#: ... and its first that answers a streamed request its tokenizer manager refuses with
+#: HTTP 400 (serving_chat.py and serving_completions.py start the stream before the 200);
+#: earlier ones send 200, then the error event
+SGLANG_STREAM_400_SINCE = (0, 5, 10)
+
+
+def sglang_output_limit(
+    prompt_tokens: int, max_tokens: int | None, max_model_len: int, pool_tokens: int, *, total_fills: bool,
+    stream_400: bool,
+) -> int:
+    """The most tokens a request may generate, as SGLang's server decides (read in its
+    0.4.6, 0.5.10 and 0.5.11 wheels, python/sglang/srt/managers/): ``ContextError`` in its
+    words for what it refuses, which its OpenAI server answers with HTTP 400.
+
+    Its tokenizer manager (``_validate_one_request``) refuses a prompt of the whole
+    context or more, and, where the request gives ``max_tokens``, a prompt + max_tokens of
+    the context or more (``total_fills``, 0.5.11 on: over the context); a streamed request
+    gets these inside its stream unless ``stream_400`` (0.5.10 on). Its scheduler then
+    refuses a prompt of ``max_req_len - 5`` tokens or more (``validate_input_length``; a
+    streamed request gets it inside its stream, as type "BAD_REQUEST") and cuts the
+    answer at ``max_req_len - prompt - 1`` tokens, with or without a max_tokens
+    (``init_req_max_new_tokens``: the answer ends "length" two tokens short of the
+    context), ``max_req_len`` being one under the smaller of the context and the KV
+    pool's ``pool_tokens`` (``TpModelWorker``)."""
+    in_stream = None if stream_400 else "BadRequestError"
+    if prompt_tokens >= max_model_len:
+        raise ContextError(f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                           f"({max_model_len} tokens).", stream_type=in_stream)
+    total = prompt_tokens + (max_tokens or 0)
+    if max_tokens is not None and (total > max_model_len or (total == max_model_len and not total_fills)):
+        raise ContextError(f"Requested token count exceeds the model's maximum context length of {max_model_len} "
+                           f"tokens. You requested a total of {total} tokens: {prompt_tokens} tokens from the input "
+                           f"messages and {max_tokens} tokens for the completion. Please reduce the number of tokens "
+                           "in the input messages or the completion to fit within the limit.", stream_type=in_stream)
+    max_req_len = min(max_model_len, pool_tokens) - 1
+    if prompt_tokens >= max_req_len - 5:
+        raise ContextError(f"Input length ({prompt_tokens} tokens) exceeds the maximum allowed length "
+                           f"({max_req_len - 5} tokens). Use a shorter input or enable --allow-auto-truncate.",
+                           stream_type="BAD_REQUEST")
+    room = max_req_len - prompt_tokens - 1
     return room if max_tokens is None else min(max_tokens, room)
 
 

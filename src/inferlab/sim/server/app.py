@@ -27,7 +27,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
-from inferlab.openai.errors import APIError, error_body, one_line
+from inferlab.openai.errors import APIError, SGLangAPIError, error_body, one_line
 from inferlab.openai.request import (
     MAX_LOGPROBS,
     PATHS,
@@ -42,6 +42,7 @@ from inferlab.openai.request import (
     read_params,
     read_prompt,
 )
+from inferlab.openai.sse import DONE_EVENT, encode_json
 from inferlab.results.provenance import ENGINE_ROUTE
 from inferlab.sim.engine.engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim.engine.outputs import COMPLETIONS_DEFAULT_MAX_TOKENS, natural_output_len
@@ -99,7 +100,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as e:
-        return error_response(e.status, e.message, e.error_type, e.param)
+        return web.json_response(e.body(), status=e.status)
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -397,17 +398,23 @@ class SimServer:
         turn stops off (vLLM's rule). ``APIError`` 400 for what the server does not serve
         (``n`` > 1, prompt logprobs) or what does not fit the context
         (``Engine.output_limit``: from vLLM 0.32 on a ``max_tokens`` over the context
-        the prompt leaves is lowered to it; ``param`` names the field it came in), and a
-        ``min_tokens`` over the limit (vLLM's check, on max_tokens as lowered)."""
+        the prompt leaves is lowered to it; ``param`` names the field it came in; SGLang's
+        refusals are ``SGLangAPIError``s, in its words and body), and a ``min_tokens`` over
+        the limit (vLLM's check, on max_tokens as lowered; SGLang cuts such an answer)."""
         if params.n != 1:
             raise APIError(400, f"n must be 1: the simulated server answers with one choice, got {params.n}.", param="n")
         if params.prompt_logprobs is not None:
             raise APIError(400, "prompt_logprobs is not supported by the simulated server.", param="prompt_logprobs")
+        sglang = self.engine.sglang_api
         try:
             limit = self.engine.output_limit(len(prompt_ids), params.max_tokens, param)
         except ContextError as e:
+            if sglang:
+                raise SGLangAPIError(400, str(e), stream_type=e.stream_type) from e
             raise APIError(400, str(e), param=e.param) from e
-        if params.min_tokens > limit:
+        # (SGLang checks min_tokens against max_tokens as asked, as ``read_params`` did, in
+        # other words, and cuts the answer at the limit all the same)
+        if params.min_tokens > limit and not sglang:
             raise APIError(400, f"min_tokens must be less than or equal to max_tokens={limit}, got {params.min_tokens}.")
         # (vLLM's sampling max_tokens, as its request_params_max_tokens histogram sees it)
         max_tokens = None if params.max_tokens is None else limit
@@ -441,8 +448,16 @@ class SimServer:
         params = read_params(body, api)
         _refuse_unsimulated(body, chat)
         if not chat:
+            if self.engine.sglang_api and "max_tokens" in body and body["max_tokens"] is None:
+                # (SGLang's CompletionRequest types max_tokens as an integer, 16 by default)
+                raise SGLangAPIError(400, "max_tokens: Input should be a valid integer", param="max_tokens")
             params = completions_limit(body, params)
-        plan = self._plan(params, prompt_ids, limit_field(body))
+        try:
+            plan = self._plan(params, prompt_ids, limit_field(body))
+        except SGLangAPIError as e:
+            if params.stream and e.stream_type is not None:
+                return await _refuse_in_stream(request, e, e.stream_type)
+            raise
         request_id = body.get("request_id")
         if request_id is not None and not isinstance(request_id, str):
             raise APIError(400, "request_id: Input should be a valid string", param="request_id")
@@ -495,6 +510,17 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 def _refuse(param: str, what: str) -> NoReturn:
     raise APIError(400, f"{param}: {what} is not simulated by the simulated server.", param=param)
+
+
+async def _refuse_in_stream(request: web.Request, error: APIError, error_type: str) -> web.StreamResponse:
+    """A refusal sent inside a stream, as SGLang sends some (``SGLangAPIError``): HTTP
+    200, one event ``{"error": ...}`` with ``error_type``, then ``[DONE]``. (SGLang may
+    send a usage chunk between them, with ``stream_options.include_usage``: not here.)"""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    await resp.write(encode_json({"error": {**error.body(), "type": error_type}}) + DONE_EVENT)
+    await resp.write_eof()
+    return resp
 
 
 def completions_limit(body: Mapping[str, Any], params: GenerationParams) -> GenerationParams:
