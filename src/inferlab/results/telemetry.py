@@ -242,6 +242,15 @@ class ServerMetrics:
     histograms: dict[str, HistogramDelta] = field(default_factory=dict)
     missing: tuple[str, ...] = ()  # names of ours this server does not expose
 
+    def prefix_cache_tokens(self) -> tuple[int, int] | None:
+        """The prompt tokens the server's prefix cache served and those it looked up over
+        the run, from its counters (warm-ups and any other client's requests included);
+        None where the page did not count both, or a counter went back (a restart)."""
+        if not self.available:
+            return None
+        hits, queries = self.counters.get("prefix_cache_hits_tokens"), self.counters.get("prefix_cache_queries_tokens")
+        return None if hits is None or queries is None else (int(hits), int(queries))
+
     def to_json(self) -> dict[str, Any]:
         if not self.available:
             return {"available": False, "reason": self.reason}
