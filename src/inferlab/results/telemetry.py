@@ -10,7 +10,8 @@ names (a name's label sets summed: several models or engines on one server count
 together), and ``server_metrics`` turns the page before a run, the pages sampled during
 it and the page after into the summary's ``server_metrics``: counter deltas, gauges'
 mean and max, histogram deltas with their mean and the bucket bounds their percentiles fall under.
-Pure: no I/O, no clock.
+``emit_lag`` reads the simulated server's own lateness histogram off its page (the bench
+scripts' "sim late" columns). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -187,6 +188,21 @@ def _histogram(samples: Samples, name: str) -> HistogramCounts | None:
     total = math.fsum(v for _, v in samples.get(name + "_sum", []))
     count = math.fsum(v for _, v in samples.get(name + "_count", []))
     return HistogramCounts(bounds, tuple(by_bound[b] for b in bounds), total, count)
+
+
+#: The simulated server's own histogram on its /metrics: how late each engine step's
+#: tokens left its loop, wall time against simulated time, in seconds.
+EMIT_LAG = "inferlab:token_emit_lag_seconds"
+
+
+def emit_lag(page: str) -> dict[float, float]:
+    """The simulator's emit-lag histogram on the /metrics ``page``: each upper bound
+    (seconds, ``inf`` last) → the steps at or under it, its label sets summed. ValueError
+    where the page has none: an empty histogram would read as no step late."""
+    h = _histogram(parse_prometheus(page, (EMIT_LAG,)), EMIT_LAG)
+    if h is None:
+        raise ValueError(f"the server's /metrics has no {EMIT_LAG} buckets")
+    return dict(zip(h.bounds, h.cumulative, strict=True))
 
 
 def quantile_bound(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float | None:
