@@ -77,7 +77,7 @@ import wire_capture
 from gateway_overhead import checkout
 
 from inferlab.results.clientload import CPU_BUSY, ClientLoad
-from inferlab.results.telemetry import parse_prometheus
+from inferlab.results.telemetry import emit_lag
 
 BENCH = Path(__file__).resolve().parent
 MOCK = BENCH / "mock_server.py"
@@ -530,17 +530,6 @@ def part_cpu(server: Server, tools: list[Tool], cpus: set[int] | None, rounds: i
     return marginal
 
 
-_LAG = "inferlab:token_emit_lag_seconds_bucket"
-
-
-def _emit_lag(server: Server) -> dict[str, float]:
-    """The simulator's emit-lag histogram: upper bound -> steps at or under it."""
-    buckets = {labels["le"]: v for labels, v in parse_prometheus(server.get("/metrics"), (_LAG,)).get(_LAG, [])}
-    if not buckets:  # (an empty histogram would read as no step late)
-        raise RuntimeError(f"the simulator's /metrics has no {_LAG}")
-    return buckets
-
-
 def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | None,
               client_cpus: set[int] | None, hogs: int = 0) -> list[dict[str, Any]]:  # fmt: skip
     """Client TTFT minus the simulator's own at each concurrency and worker count (and, with
@@ -581,7 +570,7 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
             cmd = [sys.executable, "-m", "inferlab", "bench", "--url", server.url,
                    "-c", str(c), "-n", str(n), "--input-tokens", "256",
                    "--output-tokens", "64", "--workers", str(w)]  # fmt: skip
-            lag0 = _emit_lag(server)
+            lag0 = emit_lag(server.get("/metrics"))
             with scratch("ttft") as work:
                 capture: contextlib.AbstractContextManager[Any] = (
                     contextlib.nullcontext()
@@ -606,7 +595,7 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
                 if no_wire is None:
                     lines = (work / "run" / "requests.jsonl").read_text().splitlines()
                     wire = wire_capture.match(work / "packets.pickle", [json.loads(x) for x in lines if x])
-            lag = {k: v - lag0.get(k, 0.0) for k, v in _emit_lag(server).items()}
+            lag = {k: v - lag0.get(k, 0.0) for k, v in emit_lag(server.get("/metrics")).items()}
             e, cl = s["server_timeline"]["ttft_error_ms"], s["client"]
             busiest = ClientLoad.from_json(cl).busiest  # (the summary's own choice)
             bl = busiest.loop_lag_ms
@@ -615,8 +604,8 @@ def part_ttft(levels: list[int], workers: list[int], server_cpus: set[int] | Non
                 own = busiest.cpu_share >= CPU_BUSY
                 verdict = "BOTTLENECK, " + ("its own CPU" if own else "waited for a core")
             warned = any("client was likely the bottleneck" in w for w in s["warnings"])
-            total = lag.get("+Inf", 0.0) or 1.0
-            late = f"{lag.get('0.001', 0) / total:.0%}/{lag.get('0.005', 0) / total:.0%}"
+            total = lag.get(math.inf, 0.0) or 1.0
+            late = f"{lag.get(0.001, 0) / total:.0%}/{lag.get(0.005, 0) / total:.0%}"
             split = mine = side = "-"
             if wire is not None:
                 d, before = wire["delay_ms"], wire["rest_ms"] or [math.nan]

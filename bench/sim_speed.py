@@ -29,7 +29,7 @@ import urllib.request
 from inferlab.load.schedules import ClosedLoop, LoadConfig, OpenLoop
 from inferlab.load.virtual import serve_timelines, simulate
 from inferlab.results.summary import summarize
-from inferlab.results.telemetry import parse_prometheus
+from inferlab.results.telemetry import emit_lag
 from inferlab.sim.engine.engine import Engine, EngineConfig
 from inferlab.sim.server.launch import ChildServer
 from inferlab.workload.builtin_prompts import SimPromptBuilder
@@ -110,14 +110,14 @@ def realtime(streams: int, per_stream: int) -> None:
             return
         s = json.loads(p.stdout)
         metrics = urllib.request.urlopen(server.url + "/metrics", timeout=10).read().decode()
-    name = "inferlab:token_emit_lag_seconds_bucket"
-    buckets = [(float(labels["le"]), v) for labels, v in parse_prometheus(metrics, (name,)).get(name, [])]
-    if not buckets:
-        sys.exit("the server's /metrics has no inferlab:token_emit_lag_seconds buckets")
-    total = buckets[-1][1]
+    try:
+        buckets = emit_lag(metrics)
+    except ValueError as e:
+        sys.exit(str(e))
+    total = buckets[math.inf]
     print(f"\nreal time, {streams} concurrent streams, 200 in / 200 out, bench in another process")
     print("  token emit lag (wall - simulated), share of steps at or under:")
-    for le, count in buckets:
+    for le, count in buckets.items():
         print(f"    <= {le * 1e3:6.1f} ms: {count / total:6.1%}")
     err = s["server_timeline"]["ttft_error_ms"]
     print(f"  client TTFT - server TTFT: p50 {err['p50']:.2f} ms, p99 {err['p99']:.2f} ms")

@@ -240,3 +240,27 @@ def test_the_load_line_says_a_sessions_think_time_and_context_window() -> None:
     assert text is not None and "prompts 1,000 tokens, answers 256 tokens (exact)" in text
     text = load_text({**config, "workload": {"input_tokens": "lognormal:800:0.4"}})
     assert text is not None and "prompts lognormal:800:0.4 tokens" in text
+
+
+def test_the_tokens_row_quotes_the_servers_cache_counters_only_where_the_answers_did_not_say() -> None:
+    """The answers' cached tokens first; else the server's /metrics prefix-cache counters,
+    said as the server's; else unknown (a server with no such counters: SGLang's rate is a
+    gauge, and a gateway's /metrics are its own)."""
+    from inferlab.results.summary import SummaryExtras
+    from inferlab.results.telemetry import ServerMetrics
+
+    def tokens(cached: int | None, counters: dict[str, float | None]) -> str:
+        r = RequestRecord(0, send_ns=0, ttfb_ns=5 * MS, content_ns=[5 * MS], end_ns=6 * MS, status=200,
+                          input_tokens=50, output_tokens=1, cached_tokens=cached, usage_source="server")
+        m = ServerMetrics(True, server="vllm", counters=counters)
+        console = Console(record=True, width=300)
+        render_summary(console, summarize([r], extras=SummaryExtras(server_metrics=m)), "t")
+        return row(console.export_text().splitlines(), "tokens")
+
+    counted = {"prefix_cache_hits_tokens": 32.0, "prefix_cache_queries_tokens": 50.0}
+    assert "/metrics counted 32 of 50 prompt tokens cached over the run" in tokens(None, counted)
+    assert "warm-ups" not in tokens(None, counted)  # (none ran)
+    said = tokens(16, counted)
+    assert "16 cached in" in said and "/metrics" not in said
+    for unsaid in ({}, {**counted, "prefix_cache_hits_tokens": None}):  # (none; one went back: a restart)
+        assert "cached in unknown" in tokens(None, unsaid)

@@ -993,11 +993,10 @@ def _unintended_cache_hits(
         served = f"the server served {cached:,} of {prompt:,} prompt tokens from its prefix cache"
         unsaid = ""
     else:
-        counters = server_metrics.counters if server_metrics is not None and server_metrics.available else {}
-        hits, queries = counters.get("prefix_cache_hits_tokens"), counters.get("prefix_cache_queries_tokens")
-        if hits is None or queries is None:
+        counted = None if server_metrics is None else server_metrics.prefix_cache_tokens()
+        if counted is None:
             return _unchecked_cache_hits(fixed, repeated) if any(r.ok and not r.warmup for r in records) else None
-        cached, prompt = int(hits), int(queries)
+        cached, prompt = counted
         answered = sum(1 for r in records if r.ok)  # (warm-ups too: the counters hold them)
         beyond = cached - answered * template
         served = f"the server's /metrics counted {cached:,} of {prompt:,} prompt tokens over the run as served from its prefix cache"

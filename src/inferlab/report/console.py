@@ -81,6 +81,21 @@ def _cached(n: int | None) -> str:
     return f"{n:,} cached in"
 
 
+def _tokens_line(s: Summary) -> str:
+    """The tokens row: the answers' counts and their cached tokens; where the answers did
+    not say them and the server's /metrics counted its prefix cache's tokens, those
+    counts, said as the server's over the run (the warning on a warm cache quotes them)."""
+    head = f"{_count(s.input_tokens)} in, {s.output_tokens:,} out"
+    m = s.server_metrics
+    counted = m.prefix_cache_tokens() if s.cached_tokens is None and isinstance(m, ServerMetrics) else None
+    if counted is None:
+        return f"{head}, {_cached(s.cached_tokens)} ({s.token_source})"
+    hits, queries = counted
+    warm = " (warm-ups included)" if s.counts.warmup else ""
+    return (f"{head} ({s.token_source}); cached: not in the answers; the server's /metrics counted "
+            f"{hits:,} of {queries:,} prompt tokens cached over the run{warm}")
+
+
 def _client_line(load: ClientLoad) -> str:
     """One line on the client's own load: its processes, the busiest's CPU and loop lag."""
     n = len(load.processes)
@@ -221,7 +236,7 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
         ("request throughput", f"{_fmt(s.request_throughput_rps, 2)} req/s"),
         ("output tokens/s", f"{_fmt(s.output_token_throughput_tps)} tok/s  ({_fmt(s.output_tpm, 0)} TPM)"),
         ("total tokens/s", f"{_fmt(s.total_token_throughput_tps)} tok/s  ({_fmt(s.total_tpm, 0)} TPM)"),
-        ("tokens", f"{_count(s.input_tokens)} in, {s.output_tokens:,} out, {_cached(s.cached_tokens)} ({s.token_source})"),
+        ("tokens", _tokens_line(s)),
     ]
     if s.input_length_source is not OMITTED and s.input_length_source:
         oh = s.prompt_overhead_tokens

@@ -10,7 +10,8 @@ names (a name's label sets summed: several models or engines on one server count
 together), and ``server_metrics`` turns the page before a run, the pages sampled during
 it and the page after into the summary's ``server_metrics``: counter deltas, gauges'
 mean and max, histogram deltas with their mean and the bucket bounds their percentiles fall under.
-Pure: no I/O, no clock.
+``emit_lag`` reads the simulated server's own lateness histogram off its page (the bench
+scripts' "sim late" columns). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -189,6 +190,21 @@ def _histogram(samples: Samples, name: str) -> HistogramCounts | None:
     return HistogramCounts(bounds, tuple(by_bound[b] for b in bounds), total, count)
 
 
+#: The simulated server's own histogram on its /metrics: how late each engine step's
+#: tokens left its loop, wall time against simulated time, in seconds.
+EMIT_LAG = "inferlab:token_emit_lag_seconds"
+
+
+def emit_lag(page: str) -> dict[float, float]:
+    """The simulator's emit-lag histogram on the /metrics ``page``: each upper bound
+    (seconds, ``inf`` last) → the steps at or under it, its label sets summed. ValueError
+    where the page has none: an empty histogram would read as no step late."""
+    h = _histogram(parse_prometheus(page, (EMIT_LAG,)), EMIT_LAG)
+    if h is None:
+        raise ValueError(f"the server's /metrics has no {EMIT_LAG} buckets")
+    return dict(zip(h.bounds, h.cumulative, strict=True))
+
+
 def quantile_bound(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float | None:
     """An upper bound of the ``q`` quantile (0–1) of a cumulative-bucket histogram: the
     smallest bucket bound at or below which at least that share of the observations fell.
@@ -241,6 +257,15 @@ class ServerMetrics:
     gauges: dict[str, GaugeStats] = field(default_factory=dict)
     histograms: dict[str, HistogramDelta] = field(default_factory=dict)
     missing: tuple[str, ...] = ()  # names of ours this server does not expose
+
+    def prefix_cache_tokens(self) -> tuple[int, int] | None:
+        """The prompt tokens the server's prefix cache served and those it looked up over
+        the run, from its counters (warm-ups and any other client's requests included);
+        None where the page did not count both, or a counter went back (a restart)."""
+        if not self.available:
+            return None
+        hits, queries = self.counters.get("prefix_cache_hits_tokens"), self.counters.get("prefix_cache_queries_tokens")
+        return None if hits is None or queries is None else (int(hits), int(queries))
 
     def to_json(self) -> dict[str, Any]:
         if not self.available:

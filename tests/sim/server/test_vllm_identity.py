@@ -142,23 +142,38 @@ def test_the_cli_flags_reach_the_server() -> None:
         assert ("x-request-id" in r.headers) == ("--enable-request-id-headers" in flags)
 
 
-def bench(url: str | None, out: Path) -> tuple[dict[str, Any], str]:
-    """A short bench run whose prompts share a prefix: its summary.json and console output."""
-    args = ["bench", "-n", "4", "-c", "1", "--prefix-tokens", "64", "--suffix-tokens", "8", "--output-tokens", "2",
-            "--no-history", "-o", str(out)]
+#: A workload whose prompts share a prefix.
+SHARED = ("--prefix-tokens", "64", "--suffix-tokens", "8")
+
+
+def bench(url: str | None, out: Path, workload: tuple[str, ...] = SHARED) -> tuple[dict[str, Any], str]:
+    """A short bench run (by default, of prompts that share a prefix): its summary.json and console output."""
+    args = ["bench", "-n", "4", "-c", "1", *workload, "--output-tokens", "2", "--no-history", "-o", str(out)]
     res = CliRunner().invoke(main, [*args, *(["--url", url] if url else [])])
     assert res.exit_code == 0, res.output
     return json.loads((out / "summary.json").read_text()), " ".join(res.stdout.split())
 
 
-def test_bench_says_cached_tokens_unknown_without_the_flag_and_counts_them_with_it(tmp_path: Path) -> None:
+def test_bench_says_the_servers_metrics_counts_without_the_flag_and_the_answers_with_it(tmp_path: Path) -> None:
+    """Without the flag the answers do not say their cached tokens: the tokens row said
+    "cached in unknown" while the warning on a rerun with the same --seed quoted what the
+    server's /metrics counted over the same run. The row says those counts, as the
+    server's (its warm-up's prompt counted too); with the flag, the answers' own."""
+    rerun = ("--seed", "7", "--input-tokens", "300", "--warmup", "1")
     with EmbeddedServer(config()) as plain:
-        summary, said = bench(plain.url, tmp_path / "plain")
-    assert summary["cached_tokens"] is None
-    assert "cached in unknown (the server did not say; vLLM says with --enable-prompt-tokens-details)" in said
+        bench(plain.url, tmp_path / "first", rerun)
+        summary, said = bench(plain.url, tmp_path / "again", rerun)
+    counters = summary["server_metrics"]["counters"]
+    hits, queries = int(counters["prefix_cache_hits_tokens"]), int(counters["prefix_cache_queries_tokens"])
+    assert summary["cached_tokens"] is None and queries > summary["input_tokens"] and hits > queries / 2
+    assert (f"cached: not in the answers; the server's /metrics counted {hits:,} of {queries:,} prompt tokens cached "
+            "over the run (warm-ups included)") in said
+    assert "cached in unknown" not in said
+    assert f"the server's /metrics counted {hits:,} of {queries:,} prompt tokens over the run as served" in said  # (the warning)
     with EmbeddedServer(config(enable_prompt_tokens_details=True)) as detailed:
         summary, said = bench(detailed.url, tmp_path / "detailed")
     assert summary["cached_tokens"] >= 3 * 48 and f"{summary['cached_tokens']:,} cached in" in said
+    assert "not in the answers" not in said  # (its /metrics count too: the answers' count is shown)
     # bench's own server (no --url) is started with the flag: the shared prefix shows
     summary, said = bench(None, tmp_path / "embedded")
     assert summary["cached_tokens"] >= 3 * 48

@@ -8,6 +8,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from inferlab.results.telemetry import EMIT_LAG
 from inferlab.sim.engine.engine import RequestTimeline
 
 #: vLLM's buckets (``vllm/v1/metrics/loggers.py``), in seconds or tokens.
@@ -200,7 +201,7 @@ def render_metrics(
     lines += requests.lines(labels)
     lines += iteration_tokens.lines("vllm:iteration_tokens_total", labels, "Tokens per engine step.")
     lines += lag.lines(
-        "inferlab:token_emit_lag_seconds", labels,
+        EMIT_LAG, labels,
         "How late each step's tokens left the engine loop, wall time versus simulated time.",
     )
     return "\n".join(lines) + "\n"
