@@ -545,7 +545,13 @@ def test_every_row_names_its_source_and_every_source_is_on_one_side_of_the_split
 
 def test_rows_gathered_after_the_split_are_held_out_and_row_ids_are_unique_across_files() -> None:
     # a source added after the split goes in as holdout (docs/validation.md, rule 3)
-    for name in ("published_v1.csv", "published_inferencemax.csv", "published_v1_more.csv"):
+    held_out = (
+        "published_v1.csv",
+        "published_inferencemax.csv",
+        "published_v1_more.csv",
+        "published_threads.csv",
+    )
+    for name in held_out:
         assert {r["split"] for r in load_rows(DATA / name)} == {"holdout"}, name
     ids = [r["row_id"] for path in sorted(DATA.glob("*.csv")) for r in load_rows(path)]
     assert len(ids) == len(set(ids)), sorted(i for i in set(ids) if ids.count(i) > 1)
