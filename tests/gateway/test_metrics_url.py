@@ -159,3 +159,29 @@ def test_pages_that_cannot_be_read_are_refused_before_the_run(plain: EmbeddedSer
     ):
         code, output = _bench_cli(*args)
         assert code == 2 and said in output and len(output.strip().splitlines()) == 1, output
+
+
+async def test_a_page_that_stops_answering_during_the_run_is_recorded_not_refused(plain: EmbeddedServer) -> None:
+    """Refused before the run only: a named page gone during it leaves the run going on
+    and its server metrics saying which page failed, as a single page's would; no sum of
+    the pages left is passed off as the server's."""
+    other = EmbeddedServer(ServerConfig(EngineConfig(max_model_len=4096)))
+    page = f"{other.url}/metrics"
+    done = 0
+
+    def stop_it(_: object) -> None:
+        nonlocal done
+        done += 1
+        if done == 2:
+            other.close()
+
+    cfg = config(None, f"{plain.url}/metrics", page, requests=6)
+    try:
+        async with asyncio.timeout(LIMIT_S):
+            result = await bench_async(cfg, plain.url, on_record=stop_it)
+    finally:
+        other.close()
+    assert result.summary.counts.completed == 6
+    m = result.summary.server_metrics
+    assert isinstance(m, ServerMetrics) and m.reason is not None and page in m.reason
+    assert not m.available or "the counters end at the last page sampled during it" in m.reason
