@@ -639,7 +639,6 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
     telemetry = _Telemetry() if target.server_metrics else None
 
     async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> Outcome:
-
         sampler = None
         if telemetry is not None:
             sampler = MetricsSampler(base, clock, endpoint.request_headers(), pages=pages)
@@ -1002,7 +1001,7 @@ def _unintended_cache_hits(
     its cached tokens (vLLM's default: ``prompt_tokens_details`` only with
     ``--enable-prompt-tokens-details``), the server's own /metrics counters over the run
     say it instead, warm-ups included. Where neither says (a gateway in front, whose
-    /metrics are its own; a server without those counters), a ``fixed`` prompt, or
+    /metrics are its own, without ``--metrics-url``; a server without those counters), a ``fixed`` prompt, or
     prompts ``repeated`` from an earlier run (a salt given: ``--seed``), are said to be
     unchecked rather than passed over in silence."""
     template = max(0, template_tokens or 0)
