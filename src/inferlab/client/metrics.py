@@ -5,8 +5,13 @@ while it runs, and once after (``stop``), and gives back the run's ``ServerMetri
 (``results.telemetry``) and the time series of every page read. A server without the
 page (404, not Prometheus text, no answer) is no error: the telemetry says "not
 available" and why. Where the page is inferlab gateway's own, no engine's, it is read
-before and after the run for the gateway's queue (``gateway_queue``). Reading never raises and never slows the run down: one request at a
-time, a short timeout, on a session of its own.
+before and after the run for the gateway's queue (``gateway_queue``). Given pages of
+their own (``bench --metrics-url``: the engines behind a gateway, a separate metrics
+port), the sampler reads those instead, every one each time, as one server's (their
+samples put together: ``results.telemetry.snapshot`` sums a name's label sets), and the
+API URL's page only before and after the run, for a gateway's queue; ``check_pages``
+refuses such a page that does not answer before the run. Reading never raises and never
+slows the run down: one request at a time, a short timeout, on a session of its own.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import contextlib
 import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from inferlab._clock import NS_PER_S, Clock
+from inferlab._errors import ServerUnreachableError
 from inferlab.results.telemetry import (
     GATEWAY_QUEUE_WAIT,
     GATEWAY_REJECTIONS,
@@ -49,6 +56,35 @@ def metrics_url(api_base: str) -> str:
     return api_base.rstrip("/").removesuffix("/v1") + "/metrics"
 
 
+def page_url(url: str) -> str:
+    """A metrics page's address as given (``--metrics-url``), or ValueError: http(s), a
+    host and the page's path (``http://engine:8000/metrics``, not ``http://engine:8000``)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError as e:
+        raise ValueError(f"--metrics-url {url!r}: {e}") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise ValueError(f"--metrics-url {url!r}: not an http(s) URL with a host (e.g. http://engine:8000/metrics)")
+    if parts.path.strip("/") == "":
+        raise ValueError(f"--metrics-url {url!r}: no path; give the page itself (e.g. {url.rstrip('/')}/metrics)")
+    return url
+
+
+async def check_pages(urls: Sequence[str], headers: dict[str, str] | None = None) -> None:
+    """``ServerUnreachableError`` (one line) for the first of the pages the user named
+    that does not answer, or answers with nothing inferlab reads (not Prometheus text, no
+    engine's names, inferlab gateway's own page): read as "not available", the run's
+    server metrics would say nothing of the server the user pointed at."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        for url in urls:
+            snap = await scrape(session, url, headers)
+            if isinstance(snap, str):
+                raise ServerUnreachableError(f"--metrics-url {url}: {snap.removeprefix(f'GET {url}: ')}")
+
+
 async def scrape(
     session: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None, timeout_s: float = TIMEOUT_S,
     only: Sequence[str] = (),
@@ -76,15 +112,22 @@ async def _page(session: aiohttp.ClientSession, url: str, headers: dict[str, str
         return Failed(f"GET {url}: {type(e).__name__}: {e}".strip().rstrip(":"))
 
 
-def _snapshot(url: str, text: str, only: Sequence[str] = ()) -> Snapshot | str:
-    """One page's text in our names, or why it has none of them."""
-    snap = snapshot(parse_prometheus(text, server_names(only)))
+def _snapshot(url: str, text: str, only: Sequence[str] = (), more: Sequence[str] = ()) -> Snapshot | str:
+    """One page's text in our names, or why it has none of them; with ``more`` pages'
+    texts, theirs put together with it (one server's: ``url`` names them all)."""
+    names = server_names(only)
+    samples = parse_prometheus(text, names)
+    for other in more:
+        for name, rows in parse_prometheus(other, names).items():
+            samples.setdefault(name, []).extend(rows)
+    snap = snapshot(samples)
     if not snap.values and not snap.histograms:
         if only:
             return f"GET {url}: no {', '.join(only)} (by vLLM's, SGLang's or llama.cpp's names)"
         if GATEWAY_METRICS in text:  # (its own page: the engines behind it are not on it)
             return (f"GET {url}: inferlab gateway's own metrics ({GATEWAY_METRICS}*), not an engine's: the engines "
-                    "behind it are not read; its queue's wait is the summary's gateway_queue")
+                    "behind it are not read (bench --metrics-url reads theirs); its queue's wait is the summary's "
+                    "gateway_queue")
         return f"GET {url}: no metric inferlab knows (not vLLM's, SGLang's or llama.cpp's names)"
     return snap
 
@@ -92,8 +135,11 @@ def _snapshot(url: str, text: str, only: Sequence[str] = ()) -> Snapshot | str:
 class MetricsSampler:
     """The server's ``/metrics`` before, during and after a run (see the module)."""
 
-    def __init__(self, api_base: str, clock: Clock, headers: dict[str, str] | None = None, interval_s: float = INTERVAL_S) -> None:
-        self.url = metrics_url(api_base)
+    def __init__(self, api_base: str, clock: Clock, headers: dict[str, str] | None = None, interval_s: float = INTERVAL_S,
+                 pages: Sequence[str] = ()) -> None:
+        self.own = tuple(pages)  # pages of their own (``--metrics-url``); empty: the API URL's
+        self.urls = self.own or (metrics_url(api_base),)  # the pages read as one server's
+        self.api_page = metrics_url(api_base)  # (with pages of their own: read for a gateway's queue)
         self.clock = clock
         self.headers = headers or {}
         self.interval_s = interval_s
@@ -113,21 +159,44 @@ class MetricsSampler:
         self._t0_ns = self.clock.now_ns()
         self._session = aiohttp.ClientSession()
         self._before = await self._read()
+        if self.own:
+            await self._read_gateway()
         if isinstance(self._before, Snapshot):
             self._task = asyncio.ensure_future(self._sample())
 
     async def _read(self) -> Snapshot | str:
+        """Every page once, as one server's; why not, where one failed (a page missing
+        would take its counts off the sum)."""
         assert self._session is not None
-        page = await _page(self._session, self.url, self.headers, TIMEOUT_S)
-        if isinstance(page, Failed):
-            return str(page)
-        if GATEWAY_METRICS in page:
-            self._gateway.append(parse_prometheus(page, (GATEWAY_QUEUE_WAIT, GATEWAY_REJECTIONS)))
-        snap = _snapshot(self.url, page)
+        texts = []
+        for url in self.urls:
+            page = await _page(self._session, url, self.headers, TIMEOUT_S)
+            if isinstance(page, Failed):
+                return str(page)
+            texts.append(page)
+        if not self.own:  # (the API URL's page: inferlab gateway's holds its queue)
+            self._gateway_page(texts[0])
+        snap = _snapshot(" + ".join(self.urls), texts[0], more=texts[1:])
         if isinstance(snap, Snapshot):
             t_s = (self.clock.now_ns() - self._t0_ns) / NS_PER_S
             self.series.append({"t_s": round(t_s, 3), **snap.to_json()})
         return snap
+
+    def _gateway_page(self, page: str) -> bool:
+        """Keep inferlab gateway's queue figures off ``page``, where it is the gateway's."""
+        if GATEWAY_METRICS not in page:
+            return False
+        self._gateway.append(parse_prometheus(page, (GATEWAY_QUEUE_WAIT, GATEWAY_REJECTIONS)))
+        return True
+
+    async def _read_gateway(self) -> str:
+        """The API URL's page for a gateway's queue (pages of their own given); why none
+        was kept (a one-line reason)."""
+        assert self._session is not None
+        page = await _page(self._session, self.api_page, self.headers, TIMEOUT_S)
+        if isinstance(page, Failed):
+            return str(page)
+        return "" if self._gateway_page(page) else f"GET {self.api_page}: no longer inferlab gateway's page"
 
     async def _sample(self) -> None:
         while True:
@@ -144,8 +213,11 @@ class MetricsSampler:
                 await self._task
             self._task = None
         try:
+            if self.own and self._gateway:  # (the gateway's page, read again for its queue)
+                why = await self._read_gateway()
+                self._gateway_after = f"the page after the run: {why}" if why else self._gateway[-1]
             if isinstance(self._before, str):
-                if self._gateway:  # (the gateway's page: read again for its queue)
+                if self._gateway and not self.own:  # (the gateway's page: read again for its queue)
                     read = len(self._gateway)
                     after_page = await self._read()
                     self._gateway_after = self._gateway[-1] if len(self._gateway) > read else (

@@ -25,6 +25,7 @@ from inferlab._clock import Clock, WallClock
 from inferlab._cores import usable_cores
 from inferlab._errors import InferlabError, RunFailedError, UsageError
 from inferlab._loop import loop_name
+from inferlab.client.metrics import MetricsSampler, check_pages, metrics_url, page_url
 from inferlab.client.preflight import (
     APPROX_NO_PREFLIGHT,
     EXACT_LOCAL,
@@ -123,6 +124,9 @@ class HttpTarget:
     # read the server's Prometheus /metrics before, during and after the run
     # (``client.metrics``; the summary's server_metrics, the run's server_metrics.jsonl)
     server_metrics: bool = True
+    # the pages read for them instead of the API URL's (``--metrics-url``: the engines
+    # behind a gateway, a separate metrics port), as one server's; empty: the API URL's
+    metrics_urls: tuple[str, ...] = ()
     # fields merged into every request body (sampling parameters: ``check_extra_body``)
     extra_body: dict[str, Any] = field(default_factory=dict)
     # the HTTP stack (``client.exchange.HTTP_CLIENTS``; ``auto``: httptools where the ``fast``
@@ -563,6 +567,7 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         http_client = resolve_http_client(target.http_client, base)
     except ValueError as e:
         raise UsageError(str(e)) from e
+    pages = metrics_pages(target.metrics_urls, target.server_metrics)
     cores = usable_cores()
     if target.workers is not None and target.workers > cores:  # (before any server is probed)
         raise UsageError(
@@ -578,6 +583,8 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
     except ValueError as e:
         raise UsageError(str(e)) from None
     model = target.model or await discover_model(base, headers)
+    if pages:  # (pages the user named: one that does not answer is refused, not "not available")
+        await check_pages(pages, headers)
     endpoint = Endpoint(
         base_url=base,
         model=model,
@@ -620,6 +627,8 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         # what the client ran on (the ``fast`` extra's uvloop, orjson and httptools, where
         # installed)
         "client_stack": {"loop": loop_name(), "json": JSON_LIBRARY, "http": http_client},
+        # the pages the summary's server_metrics were read from (null: not read)
+        "metrics_urls": (list(pages) or [metrics_url(base)]) if target.server_metrics else None,
     }
     config_json = {**http_config_json(config, target), "resolved": resolved}
     if pre is not None:  # (before any request: a run whose every request fails is refused)
@@ -630,11 +639,9 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
     telemetry = _Telemetry() if target.server_metrics else None
 
     async def execute(policy: Policy, on_record: OnRecord, stop: asyncio.Event | None) -> Outcome:
-        from inferlab.client.metrics import MetricsSampler
-
         sampler = None
         if telemetry is not None:
-            sampler = MetricsSampler(base, clock, endpoint.request_headers())
+            sampler = MetricsSampler(base, clock, endpoint.request_headers(), pages=pages)
             await sampler.start()
         try:
             warm = _parallelism(config.load)
@@ -658,6 +665,19 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
         builder, config_json, execute, wcfg, template_tokens, preflight=pre, url=base, telemetry=telemetry,
         endpoint=endpoint,
     )
+
+
+def metrics_pages(urls: Sequence[str], server_metrics: bool) -> tuple[str, ...]:
+    """The ``--metrics-url`` pages, checked (``client.metrics.page_url``); ``UsageError``
+    for a bad one, or with ``--no-server-metrics`` (nothing would read them)."""
+    if not urls:
+        return ()
+    if not server_metrics:
+        raise UsageError("--metrics-url names pages to read and --no-server-metrics reads none: give one of them")
+    try:
+        return tuple(dict.fromkeys(page_url(u) for u in urls))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 #: The most dataset rows counted with the server's /tokenize to check them against its
@@ -779,6 +799,7 @@ def http_config_json(config: RunConfig, target: HttpTarget) -> dict[str, Any]:
         "preflight": target.preflight,
         "extra_body": target.extra_body,
         "http_client": target.http_client,
+        "metrics_urls": list(target.metrics_urls),
         **({"engine_config": target.engine_config} if target.engine_config is not None else {}),
     }
     out: dict[str, Any] = plain_json(d)
@@ -816,6 +837,7 @@ class BenchConfig:
     overwrite: bool = False
     workers: int | None = None  # see ``HttpTarget``
     server_metrics: bool = True  # see ``HttpTarget``
+    metrics_urls: tuple[str, ...] = ()  # see ``HttpTarget``
     extra_body: dict[str, Any] = field(default_factory=dict)  # see ``HttpTarget``
     http_client: str = "auto"  # see ``HttpTarget``
     engine_config: dict[str, Any] | None = None  # see ``HttpTarget``
@@ -827,7 +849,7 @@ class BenchConfig:
         return HttpTarget(
             url, self.model, self.stream, self.api_key, self.headers, self.timeout_s, self.idle_timeout_s,
             self.preflight, embedded=self.url is None, workers=self.workers, server_metrics=self.server_metrics,
-            extra_body=self.extra_body, http_client=self.http_client, engine_config=self.engine_config,
+            metrics_urls=self.metrics_urls, extra_body=self.extra_body, http_client=self.http_client, engine_config=self.engine_config,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -979,7 +1001,7 @@ def _unintended_cache_hits(
     its cached tokens (vLLM's default: ``prompt_tokens_details`` only with
     ``--enable-prompt-tokens-details``), the server's own /metrics counters over the run
     say it instead, warm-ups included. Where neither says (a gateway in front, whose
-    /metrics are its own; a server without those counters), a ``fixed`` prompt, or
+    /metrics are its own, without ``--metrics-url``; a server without those counters), a ``fixed`` prompt, or
     prompts ``repeated`` from an earlier run (a salt given: ``--seed``), are said to be
     unchecked rather than passed over in silence."""
     template = max(0, template_tokens or 0)
@@ -1017,7 +1039,8 @@ def _unintended_cache_hits(
 #: Why a run could not tell its prompts' prefix-cache hits.
 CACHE_UNSAID = (
     "neither the answers nor the server's /metrics said how many prompt tokens its prefix cache served (vLLM's "
-    "answers say with --enable-prompt-tokens-details; behind a gateway, the engine's /metrics are not read)"
+    "answers say with --enable-prompt-tokens-details; behind a gateway, whose /metrics are its own, "
+    "--metrics-url ENGINE/metrics reads the engine's)"
 )
 
 

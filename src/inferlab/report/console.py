@@ -141,6 +141,12 @@ def server_metrics_line(m: ServerMetrics) -> str:
     return f"{m.server or 'unknown server'}: " + ", ".join(parts) if parts else f"{m.server}: nothing inferlab reads"
 
 
+def _pages_read(config: dict[str, Any]) -> str:
+    """Where the server metrics came from, where not beside the API URL (``--metrics-url``)."""
+    pages = config.get("metrics_urls") or []
+    return f"; read from {' + '.join(pages)} (--metrics-url)" if pages else ""
+
+
 def gateway_queue_line(q: GatewayQueue, ttft: Distribution | None = None) -> str:
     """inferlab gateway's queue over a run in one line (or why it is not known): the
     admitted requests' wait beside the run's own TTFT mean, which that wait is part of,
@@ -261,7 +267,7 @@ def render_summary(console: Console, s: Summary, title: str, percentiles: Sequen
     if isinstance(s.client, ClientLoad):
         rows.append(("client", _client_line(s.client)))
     if isinstance(s.server_metrics, ServerMetrics):
-        rows.append(("server /metrics", server_metrics_line(s.server_metrics)))
+        rows.append(("server /metrics", server_metrics_line(s.server_metrics) + _pages_read(s.config)))
     if isinstance(s.gateway_queue, GatewayQueue):
         rows.append(("gateway queue", gateway_queue_line(s.gateway_queue, s.ttft_ms)))
     if isinstance(s.gateway, dict):
