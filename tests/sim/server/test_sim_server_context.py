@@ -268,3 +268,14 @@ def test_vllm_still_takes_prompt_and_max_tokens_of_exactly_the_context(engine: d
         for prompt in (11, CONTEXT - 1):
             a = ask(client, {"prompt": ids(prompt), "max_tokens": CONTEXT - prompt, "ignore_eos": True})
             assert (a.status, a.finish_reasons, a.completion_tokens) == (200, ["length"], CONTEXT - prompt), a
+
+
+def test_sglang_before_0_5_10_sends_its_schedulers_refusal_as_a_bad_request_error_event() -> None:
+    """Up to 0.5.5 the scheduler's refusal reached a stream as the tokenizer manager's
+    ValueError (adapter.py, serving_chat.py: ``create_streaming_error_response``, type
+    "BadRequestError"); the "BAD_REQUEST" event came with 0.5.10."""
+    words = (f"Input length ({CONTEXT - 6} tokens) exceeds the maximum allowed length ({CONTEXT - 6} tokens). Use a "
+             "shorter input or enable --allow-auto-truncate.")
+    for client in serve(engine_family="sglang", engine_version="0.4.6"):
+        a = ask(client, {"prompt": ids(CONTEXT - 6), "max_tokens": 1}, stream=True)
+        assert (a.status, a.error) == (200, sglang_body(words, "BadRequestError"))
