@@ -326,7 +326,8 @@ class ContextRule:
     ``answer_room`` gets its whole answer, longer ones are cut there (``exact_refused``:
     one asking for an exact length is refused instead, vLLM's min_tokens check); prompt
     + max_tokens over ``total_limit`` is refused whatever the output setting (None:
-    not); ``server``: whose rule, in words for the messages."""
+    not); ``server``: whose rule, in words for the messages; ``note``: what was assumed,
+    said at the end of each."""
 
     context: int
     prompt_limit: int
@@ -334,6 +335,7 @@ class ContextRule:
     total_limit: int | None = None
     exact_refused: bool = True
     server: str = "vLLM's"
+    note: str = ""
 
     @classmethod
     def vllm(cls, context: int) -> ContextRule:
@@ -346,8 +348,8 @@ class ContextRule:
     def sglang(cls, limits: SGLangLimits, release: str | None) -> ContextRule:
         """SGLang's, from the simulated SGLang's own limits (``SGLangLimits``); ``release``:
         as the server stated it (None: unknown, a current release's rule assumed)."""
-        said = f"SGLang {release}'s" if release else "SGLang's (release unknown: 0.5.11's rule assumed)"
-        return cls(limits.context, limits.prompt_limit, limits.answer_room, limits.total_limit, False, said)
+        said, note = (f"SGLang {release}'s", "") if release else ("SGLang's", " (SGLang's release unknown: 0.5.11's rule assumed)")
+        return cls(limits.context, limits.prompt_limit, limits.answer_room, limits.total_limit, False, said, note)
 
 
 def context_fit(wcfg: WorkloadConfig, pre: Preflight, context: ContextRule | int | None) -> str | None:
@@ -441,7 +443,17 @@ def _fit(prompts: LengthDist, outputs: LengthDist | None, overhead: int, rule: C
     """``context_fit``'s verdict on prompts of ``prompts`` tokens (+ ``overhead`` as
     sent: the template, a shared prefix, a system prompt; ``at_least``: more than that)
     and answers of ``outputs`` (None: not asked for; only a prompt the server refuses
-    for its length alone is known to fail), by the server's ``rule``."""
+    for its length alone is known to fail), by the server's ``rule``, with its note."""
+    try:
+        said = _verdict(prompts, outputs, overhead, rule, exact, noun, at_least)
+    except UsageError as e:
+        raise UsageError(f"{e}{rule.note}") from None
+    return None if said is None else said + rule.note
+
+
+def _verdict(prompts: LengthDist, outputs: LengthDist | None, overhead: int, rule: ContextRule, exact: bool,
+             noun: str, at_least: bool) -> str | None:
+    """``_fit``'s verdict, without the rule's note."""
     from inferlab.workload.lengths import LengthDist
 
     alone = outputs is None
@@ -469,10 +481,10 @@ def _fit(prompts: LengthDist, outputs: LengthDist | None, overhead: int, rule: C
         said = (f"{noun}s of {_named(prompts)} (+ {sent}{overhead:,} as sent) and {_named(outputs)} output tokens can "
                 f"exceed {edge}")
     if in_lo + overhead >= rule.prompt_limit:  # (even the shortest prompt is refused)
-        why = ("context" if rule.prompt_limit == context
-               else f"context, whose server refuses a prompt of {rule.prompt_limit:,} tokens or more ({whose} rule)")
-        raise UsageError(f"{noun} {sent}{in_lo + overhead:,} tokens (as sent) ≥ the server's {context:,}-token "
-                         f"{why}: every request would fail; ask for shorter prompts, or a server with a longer context")
+        limit = (f"the server's {context:,}-token context" if rule.prompt_limit == context
+                 else f"{rule.prompt_limit:,}, the shortest prompt {whose} server refuses in its {context:,}-token context")
+        raise UsageError(f"{noun} {sent}{in_lo + overhead:,} tokens (as sent) ≥ {limit}: every request would fail; "
+                         "ask for shorter prompts, or a server with a longer context")
     total_room = None if rule.total_limit is None or alone else rule.total_limit - overhead
     if total_room is not None and sum(least) > total_room:
         raise UsageError(f"{noun} {sent}{least[0] + overhead:,} + {least[1]:,} output tokens > {rule.total_limit:,}, "
@@ -489,7 +501,9 @@ def _fit(prompts: LengthDist, outputs: LengthDist | None, overhead: int, rule: C
                          "ask for shorter prompts or answers, or a server with a longer context")
     some = _some(_share_over(prompts, outputs, room))
     if alone:
-        return f"{said}: {some} may not fit, and each that does not fails (its prompt alone leaves no room for an answer)"
+        why = ("its prompt alone leaves no room for an answer" if rule.prompt_limit == context
+               else f"{whose} server refuses a prompt of {rule.prompt_limit:,} tokens or more")
+        return f"{said}: {some} may not fit, and each that does not fails ({why})"
     if rule.total_limit is not None:  # (SGLang's: refused over its total, cut short of the context below it)
         refused = f"{_some(_share_over(prompts, outputs, total_room))} refused (prompt + max_tokens over {rule.total_limit:,})" \
             if total_room is not None else ""

@@ -263,10 +263,15 @@ SGLANG_TOTAL_FILLS_SINCE = (0, 5, 11)
 #: ... and its first that answers a streamed request its tokenizer manager refuses with
 #: HTTP 400 (serving_chat.py and serving_completions.py start the stream before the 200),
 #: and sends its scheduler's refusal of one as an error event of type "BAD_REQUEST"
-#: (serving_chat.py's ``finish_reason_type == "abort"``); up to 0.5.5 that event's type is
-#: "BadRequestError", as for the tokenizer manager's (0.5.6-0.5.9 end such a stream with
-#: finish_reason "abort" and no error event: not modelled, they get 0.5.5's event)
+#: (serving_chat.py's ``finish_reason_type == "abort"``) ...
 SGLANG_STREAM_400_SINCE = (0, 5, 10)
+#: ... where 0.5.6-0.5.9 end such a stream with finish_reason "abort" and no error event
+#: (the tokenizer manager yields the scheduler's abort to a stream from 0.5.6, and their
+#: serving_chat.py and serving_completions.py pass it on as a finish reason); up to
+#: 0.5.5 it is an error event of type "BadRequestError", as the tokenizer manager's
+SGLANG_ABORT_FINISH_SINCE = (0, 5, 6)
+#: ``ContextError.stream_type`` of a stream that ends with finish_reason "abort" instead
+STREAM_ABORT = "abort"
 
 
 @dataclass(frozen=True)
@@ -291,6 +296,16 @@ class SGLangLimits:
     def stream_400(self) -> bool:
         """Whether a streamed request the tokenizer manager refuses gets HTTP 400 (0.5.10 on)."""
         return self.release is None or self.release >= SGLANG_STREAM_400_SINCE
+
+    @property
+    def scheduler_stream_type(self) -> str:
+        """How a stream gets the scheduler's refusal (``ContextError.stream_type``): an
+        error event of type "BAD_REQUEST" (0.5.10 on) or "BadRequestError" (to 0.5.5), or
+        finish_reason "abort" (``STREAM_ABORT``, 0.5.6-0.5.9)."""
+        if self.stream_400:
+            return "BAD_REQUEST"
+        assert self.release is not None  # (a current release has stream_400)
+        return STREAM_ABORT if self.release >= SGLANG_ABORT_FINISH_SINCE else "BadRequestError"
 
     @property
     def max_req_len(self) -> int:
@@ -347,7 +362,7 @@ class SGLangLimits:
         if prompt_tokens >= self.prompt_limit:
             raise ContextError(f"Input length ({prompt_tokens} tokens) exceeds the maximum allowed length "
                                f"({self.prompt_limit} tokens). Use a shorter input or enable --allow-auto-truncate.",
-                               stream_type="BAD_REQUEST" if self.stream_400 else "BadRequestError")
+                               stream_type=self.scheduler_stream_type)
         room = self.answer_limit(prompt_tokens)
         return room if max_tokens is None else min(max_tokens, room)
 

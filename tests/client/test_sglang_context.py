@@ -1,11 +1,12 @@
-"""bench's pre-run context check against SGLang, over HTTP on loopback: the server's
+"""bench against SGLang at the context, over HTTP on loopback. Its pre-run check: the server's
 rule (``SGLangLimits``, the simulated SGLang's own) where bench identified SGLang, by
 its model cards and ``/server_info`` (a fake in front of ``sim serve --engine-family
 sglang`` that says so), or where the simulated server runs the ``sglang`` family; vLLM's
-rule for a vLLM server."""
+rule for a vLLM server. Its record of a stream SGLang 0.5.6-0.5.9 abort."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,6 +15,8 @@ import pytest
 from aiohttp import web
 
 from inferlab import BenchConfig, ClosedLoop, LoadConfig, UsageError, WorkloadConfig, bench_async
+from inferlab._errors import RunFailedError
+from inferlab.results.records import ErrorKind
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.server.app import ServerConfig
 from inferlab.sim.server.launch import EmbeddedServer
@@ -107,6 +110,61 @@ async def test_a_prompt_within_six_tokens_of_the_context_is_refused_for_sglang_a
         overhead = await overhead_of(vllm.url)
         assert (await bench_async(cfg(CONTEXT - 6 - overhead, 1), vllm.url)).summary.counts.completed == 2
     with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=CONTEXT, engine_family="sglang"))) as sim:
-        with pytest.raises(UsageError, match=r"refuses a prompt of 2,042 tokens or more \(SGLang's \(release unknown"):
+        with pytest.raises(UsageError, match=r"≥ 2,042, the shortest prompt SGLang's server refuses in its 2,048-token "
+                                             r"context: every request would fail.*release unknown: 0\.5\.11's rule assumed"):
             await bench_async(cfg(CONTEXT - 6 - overhead, 1), sim.url)
         assert (await bench_async(cfg(CONTEXT - 7 - overhead, 1), sim.url)).summary.counts.completed == 2
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_stream_sglang_0_5_9_aborts_is_a_failure_not_an_empty_answer(stream: bool) -> None:
+    """SGLang 0.5.6-0.5.9 end a stream their scheduler refuses (a prompt within 6 tokens of
+    the context) with finish_reason "abort" and no text or error event: bench records it
+    failed (stream_error), as the error event of 0.5.10 on; not streamed, it is a 400."""
+    with EmbeddedServer(ServerConfig(EngineConfig(max_model_len=512, engine_family="sglang",
+                                                  engine_version="0.5.9"))) as sim:
+        config = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2), model=MODEL, stream=stream,
+                             preflight=False, api="completions",
+                             workload=WorkloadConfig(input_tokens=508, output_tokens=1))  # (one token a word)
+        with pytest.raises(RunFailedError) as failed:
+            await bench_async(config, sim.url)
+    records = failed.value.result.records
+    assert all(r.input_tokens is None or r.input_tokens >= 506 for r in records)
+    if stream:
+        assert [(r.status, r.error_kind, r.finish_reason, r.error) for r in records] == [
+            (200, ErrorKind.STREAM_ERROR, "abort", 'the server aborted the request (finish_reason "abort")')] * 2
+    else:
+        assert [(r.status, r.error_kind) for r in records] == [(400, ErrorKind.HTTP_STATUS)] * 2
+
+
+async def test_bench_fails_any_answer_the_server_aborted() -> None:
+    """SGLang 0.5.9's stream for a request its scheduler refused, as its
+    serving_completions.py writes it (one chunk: no text, finish_reason "abort"; then the
+    usage chunk and [DONE]), and a whole body ending "abort": failures, not empty answers."""
+    abort = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": MODEL,
+             "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "abort", "matched_stop": None}]}
+    usage = {"prompt_tokens": 1, "completion_tokens": 0, "total_tokens": 1}
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        if not (await request.json()).get("stream"):
+            return web.json_response({**abort, "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in (abort, {**abort, "choices": [], "usage": usage}):
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        for stream in (True, False):
+            config = BenchConfig(load=LoadConfig(ClosedLoop(1), num_requests=2), model=MODEL, stream=stream,
+                                 preflight=False, api="completions", workload=WorkloadConfig(input_tokens=8, output_tokens=4))
+            with pytest.raises(RunFailedError, match="aborted"):
+                await bench_async(config, f"http://127.0.0.1:{runner.addresses[0][1]}")
+    finally:
+        await runner.cleanup()
