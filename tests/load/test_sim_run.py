@@ -217,6 +217,18 @@ def test_sim_run_records_sglangs_scheduler_refusal_as_an_error_in_the_stream() -
             assert r.error is not None and "Input length (1018 tokens) exceeds the maximum allowed length (1018" in r.error
 
 
+def test_sim_run_records_sglang_0_5_9s_aborted_stream_as_bench_does() -> None:
+    """SGLang 0.5.6-0.5.9 end a stream their scheduler refuses with finish_reason "abort"
+    and no error event: a failure (stream_error, 200) as bench records it, the finish
+    reason kept."""
+    load = LoadConfig(ClosedLoop(1), num_requests=2, seed=1)
+    records = simulate(Engine(EngineConfig(engine_family="sglang", engine_version="0.5.9", max_model_len=1024)), load,
+                       WorkloadConfig(1018, 1).build(1))
+    assert [(r.ok, r.error_kind, r.status, r.finish_reason) for r in records] == [
+        (False, ErrorKind.STREAM_ERROR, 200, "abort")] * 2
+    assert all(r.error is not None and 'then finish_reason "abort"' in r.error for r in records)
+
+
 def test_a_closed_loop_under_a_duration_ends_even_when_every_request_is_rejected() -> None:
     load = LoadConfig(ClosedLoop(2), num_requests=None, duration_s=0.1)
     records = simulate(Engine(EngineConfig(max_model_len=64)), load, WorkloadConfig(100, 8).build(0))

@@ -153,6 +153,13 @@ def record_http_error(record: RequestRecord, status: int, raw: bytes, reason: st
     fail(record, ErrorKind.HTTP_STATUS, f"HTTP {status}: {message}")
 
 
+#: The finish reason of a request the server aborted (vLLM's ``FinishReason.ABORT``;
+#: SGLang's ``FINISH_ABORT``, which 0.5.6-0.5.9 send for a streamed request their
+#: scheduler refuses, with no error event): a failure, not an answer.
+ABORTED = "abort"
+ABORTED_MESSAGE = 'the server aborted the request (finish_reason "abort")'
+
+
 class StreamState:
     """One response's reader, and the record it fills: arrival times as chunks come
     (``event``), everything else once at the end (``flush``)."""
@@ -193,6 +200,8 @@ class StreamState:
         r.output_chars += rd.output_chars
         if rd.finish_reason is not None:
             r.finish_reason = rd.finish_reason
+            if rd.finish_reason == ABORTED:
+                fail(r, ErrorKind.STREAM_ERROR, ABORTED_MESSAGE)
         if rd.usage_seen:
             r.input_tokens = rd.prompt_tokens
             r.output_tokens = rd.completion_tokens
@@ -295,7 +304,8 @@ def record_body(record: RequestRecord, raw: bytes, t_end_ns: int, text_out: list
     state = StreamState(record, text_out)
     if state.body(raw):
         state.flush()
-        record.end_ns = t_end_ns
+        if record.error_kind is None:  # (an aborted answer failed it)
+            record.end_ns = t_end_ns
 
 
 #: The HTTP stacks a client can send with (``bench --http-client``, the gateway's

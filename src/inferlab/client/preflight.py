@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes no
     import aiohttp
 
     from inferlab.client.http import Endpoint
+    from inferlab.sim.engine.scheduler import SGLangLimits
     from inferlab.workload.config import WorkloadConfig
     from inferlab.workload.lengths import LengthDist
 
@@ -318,9 +319,43 @@ def _token_count(obj: object) -> int | None:
     return len(tokens) if isinstance(tokens, list) else None
 
 
-def context_fit(wcfg: WorkloadConfig, pre: Preflight, context_tokens: int | None) -> str | None:
-    """Whether the prompts and their answers fit the server's context
-    (``context_tokens``, its stated ``max_model_len``), checked before any request is
+@dataclass(frozen=True)
+class ContextRule:
+    """How a server treats a request at its context of ``context`` tokens: a prompt (as
+    sent) of ``prompt_limit`` tokens or more is refused; prompt + output up to
+    ``answer_room`` gets its whole answer, longer ones are cut there (``exact_refused``:
+    one asking for an exact length is refused instead, vLLM's min_tokens check); prompt
+    + max_tokens over ``total_limit`` is refused whatever the output setting (None:
+    not); ``server``: whose rule, in words for the messages; ``note``: what was assumed,
+    said at the end of each."""
+
+    context: int
+    prompt_limit: int
+    answer_room: int
+    total_limit: int | None = None
+    exact_refused: bool = True
+    server: str = "vLLM's"
+    note: str = ""
+
+    @classmethod
+    def vllm(cls, context: int) -> ContextRule:
+        """vLLM's (and a server not known to be SGLang): a prompt of the whole context
+        refused; max_tokens lowered to what the context leaves (0.32 on), min_tokens over
+        that refused."""
+        return cls(context, context, context)
+
+    @classmethod
+    def sglang(cls, limits: SGLangLimits, release: str | None) -> ContextRule:
+        """SGLang's, from the simulated SGLang's own limits (``SGLangLimits``); ``release``:
+        as the server stated it (None: unknown, a current release's rule assumed)."""
+        said, note = (f"SGLang {release}'s", "") if release else ("SGLang's", " (SGLang's release unknown: 0.5.11's rule assumed)")
+        return cls(limits.context, limits.prompt_limit, limits.answer_room, limits.total_limit, False, said, note)
+
+
+def context_fit(wcfg: WorkloadConfig, pre: Preflight, context: ContextRule | int | None) -> str | None:
+    """Whether the prompts and their answers fit the server's context (``context``: its
+    stated ``max_model_len`` and how the server treats a request at it, ``ContextRule``;
+    a bare length: vLLM's rule), checked before any request is
     sent where both are known: each prompt as sent (its length counted exactly by the
     probe, plus what the server adds around it: the chat template, a BOS) and the output
     tokens asked for. Prompts of known length: synthetic ones (``--input-tokens``),
@@ -339,7 +374,7 @@ def context_fit(wcfg: WorkloadConfig, pre: Preflight, context_tokens: int | None
     from inferlab.workload.lengths import parse_length
 
     exact_prompts = pre.input_length_source in (EXACT_LOCAL, EXACT_SERVER)
-    if context_tokens is None or not exact_prompts:
+    if context is None or not exact_prompts:
         return None
     if wcfg.sessions is not None:
         # (the first turn: its system prompt and message, each with the template's
@@ -354,12 +389,12 @@ def context_fit(wcfg: WorkloadConfig, pre: Preflight, context_tokens: int | None
         return None
     outputs = None if wcfg.output_tokens is None else parse_length(wcfg.output_tokens, "--output-tokens")
     exact = pre.accepts_exact_output and wcfg.exact_output
-    return _fit(prompts, outputs, (pre.prompt_overhead_tokens or 0) + extra, context_tokens, exact, noun,
+    return _fit(prompts, outputs, (pre.prompt_overhead_tokens or 0) + extra, _rule(context), exact, noun,
                 at_least=wcfg.sessions is not None and wcfg.system_tokens > 0)
 
 
 def requests_fit(
-    lengths: Sequence[tuple[int, int | None]], exact_output: bool, pre: Preflight, context_tokens: int | None,
+    lengths: Sequence[tuple[int, int | None]], exact_output: bool, pre: Preflight, context: ContextRule | int | None,
     what: str, overhead: int | None = None, at_least: bool = False,
 ) -> str | None:
     """``context_fit`` for requests whose prompt lengths are known before sending: each
@@ -371,16 +406,20 @@ def requests_fit(
     from inferlab.workload.lengths import empirical
 
     exact_prompts = pre.input_length_source in (EXACT_LOCAL, EXACT_SERVER)
-    if context_tokens is None or not exact_prompts or not lengths:
+    if context is None or not exact_prompts or not lengths:
         return None
     extra = (pre.prompt_overhead_tokens or 0) if overhead is None else overhead
     ins = [i for i, _ in lengths]
     outs = [o for _, o in lengths]
     if any(o is None for o in outs):
-        return _fit(empirical(ins, what, what), None, extra, context_tokens, True, "prompt", at_least)
+        return _fit(empirical(ins, what, what), None, extra, _rule(context), True, "prompt", at_least)
     pairs = tuple((i, int(o or 0)) for i, o in lengths)
     return _fit(empirical(ins, what, what, pairs), empirical([o for _, o in pairs], what, what, pairs), extra,
-                context_tokens, pre.accepts_exact_output and exact_output, "prompt", at_least)
+                _rule(context), pre.accepts_exact_output and exact_output, "prompt", at_least)
+
+
+def _rule(context: ContextRule | int) -> ContextRule:
+    return context if isinstance(context, ContextRule) else ContextRule.vllm(context)
 
 
 async def count_prompts(endpoint: Endpoint, specs: Sequence[RequestSpec]) -> list[int] | None:
@@ -399,49 +438,97 @@ async def count_prompts(endpoint: Endpoint, specs: Sequence[RequestSpec]) -> lis
     return None if any(c is None for c in counts) else [int(c or 0) for c in counts]
 
 
-def _fit(prompts: LengthDist, outputs: LengthDist | None, overhead: int, context_tokens: int, exact: bool,
+def _fit(prompts: LengthDist, outputs: LengthDist | None, overhead: int, rule: ContextRule, exact: bool,
          noun: str = "prompt", at_least: bool = False) -> str | None:
     """``context_fit``'s verdict on prompts of ``prompts`` tokens (+ ``overhead`` as
     sent: the template, a shared prefix, a system prompt; ``at_least``: more than that)
-    and answers of ``outputs`` (None: not asked for; only a prompt alone at or over the
-    context is known to fail)."""
+    and answers of ``outputs`` (None: not asked for; only a prompt the server refuses
+    for its length alone is known to fail), by the server's ``rule``, with its note."""
+    try:
+        said = _verdict(prompts, outputs, overhead, rule, exact, noun, at_least)
+    except UsageError as e:
+        raise UsageError(f"{e}{rule.note}") from None
+    return None if said is None else said + rule.note
+
+
+def _verdict(prompts: LengthDist, outputs: LengthDist | None, overhead: int, rule: ContextRule, exact: bool,
+             noun: str, at_least: bool) -> str | None:
+    """``_fit``'s verdict, without the rule's note."""
     from inferlab.workload.lengths import LengthDist
 
     alone = outputs is None
-    if outputs is None:  # (a prompt alone fails where it leaves no room for one token)
+    if outputs is None:  # (a prompt alone fails where the server refuses its length)
         outputs, exact = LengthDist("fixed", 1), True
-    room = context_tokens - overhead  # (for the prompt's own tokens and the output)
+    context, whose = rule.context, rule.server
+    # (for the prompt's own tokens and the output: what gets the whole answer)
+    room = (rule.prompt_limit if alone else rule.answer_room) - overhead
     paired = _paired(prompts, outputs)
     in_lo = min(i for i, _ in prompts.pairs) if paired else _least(prompts)
+    in_hi = max(i for i, _ in prompts.pairs) if paired else _most(prompts)
     least = min(prompts.pairs, key=sum) if paired else (in_lo, _least(outputs))  # (the request asking least)
-    if (max(map(sum, prompts.pairs)) if paired else _most(prompts) + _most(outputs)) <= room:
+    refused_prompts = in_hi + overhead >= rule.prompt_limit
+    if (max(map(sum, prompts.pairs)) if paired else _most(prompts) + _most(outputs)) <= room and not refused_prompts:
         return None
     sent = "at least " if at_least else ""
+    edge = (f"the server's {context:,}-token context" if rule.answer_room == context
+            else f"the {rule.answer_room:,} tokens {whose} server leaves a prompt and its answer in its {context:,}-token context")
     if alone:
-        said = (f"{noun}s of {_named(prompts)} (+ {sent}{overhead:,} as sent) can reach the server's "
-                f"{context_tokens:,}-token context")
+        said = (f"{noun}s of {_named(prompts)} (+ {sent}{overhead:,} as sent) can reach {whose} limit of "
+                f"{rule.prompt_limit:,} prompt tokens in the server's {context:,}-token context")
     elif prompts.kind in ("fixed", "uniform") and outputs.kind in ("fixed", "uniform"):
-        said = (f"{noun} {sent}{_most(prompts) + overhead:,} + {_most(outputs):,} output tokens > the server's "
-                f"{context_tokens:,}-token context")
+        said = f"{noun} {sent}{_most(prompts) + overhead:,} + {_most(outputs):,} output tokens > {edge}"
     else:
         said = (f"{noun}s of {_named(prompts)} (+ {sent}{overhead:,} as sent) and {_named(outputs)} output tokens can "
-                f"exceed the server's {context_tokens:,}-token context")
-    if in_lo + overhead >= context_tokens:  # (even the shortest prompt leaves no room for one token)
-        raise UsageError(f"{noun} {sent}{in_lo + overhead:,} tokens (as sent) ≥ the server's {context_tokens:,}-token "
-                         "context: every request would fail; ask for shorter prompts, or a server with a longer context")
+                f"exceed {edge}")
+    if in_lo + overhead >= rule.prompt_limit:  # (even the shortest prompt is refused)
+        limit = (f"the server's {context:,}-token context" if rule.prompt_limit == context
+                 else f"{rule.prompt_limit:,}, the shortest prompt {whose} server refuses in its {context:,}-token context")
+        raise UsageError(f"{noun} {sent}{in_lo + overhead:,} tokens (as sent) ≥ {limit}: every request would fail; "
+                         "ask for shorter prompts, or a server with a longer context")
+    total_room = None if rule.total_limit is None or alone else rule.total_limit - overhead
+    if total_room is not None and sum(least) > total_room:
+        raise UsageError(f"{noun} {sent}{least[0] + overhead:,} + {least[1]:,} output tokens > {rule.total_limit:,}, "
+                         f"the most prompt + max_tokens {whose} server takes in its {context:,}-token context: every "
+                         "request would be refused; ask for shorter prompts or answers, or a server with a longer context")
     if exact and sum(least) > room:
-        raise UsageError(f"{noun} {sent}{least[0] + overhead:,} + {least[1]:,} output tokens > the server's "
-                         f"{context_tokens:,}-token context: every request would fail (exact output: min_tokens over "
-                         "what the context leaves); ask for shorter prompts or answers, a server with a longer "
-                         "context, or --no-exact-output")
-    share = _share_over(prompts, outputs, room)
-    some = ("every request" if share >= 1 else f"about {share:.0%} of requests" if share >= 0.01
-            else f"about {100 * share:.2g}% of requests" if share >= 1e-4 else "fewer than 1 in 10,000 requests")
+        if rule.exact_refused:
+            raise UsageError(f"{noun} {sent}{least[0] + overhead:,} + {least[1]:,} output tokens > the server's "
+                             f"{context:,}-token context: every request would fail (exact output: min_tokens over "
+                             "what the context leaves); ask for shorter prompts or answers, a server with a longer "
+                             "context, or --no-exact-output")
+        raise UsageError(f"{noun} {sent}{least[0] + overhead:,} + {least[1]:,} output tokens > {edge}: every answer "
+                         "would be cut short of the exact length asked (the server ends it there, min_tokens or not); "
+                         "ask for shorter prompts or answers, or a server with a longer context")
+    some = _some(_share_over(prompts, outputs, room))
     if alone:
-        return f"{said}: {some} may not fit, and each that does not fails (its prompt alone leaves no room for an answer)"
+        why = ("its prompt alone leaves no room for an answer" if rule.prompt_limit == context
+               else f"{whose} server refuses a prompt of {rule.prompt_limit:,} tokens or more")
+        return f"{said}: {some} may not fit, and each that does not fails ({why})"
+    if rule.total_limit is not None:  # (SGLang's: refused over its total, cut short of the context below it)
+        refused = f"{_some(_share_over(prompts, outputs, total_room))} refused (prompt + max_tokens over {rule.total_limit:,})" \
+            if total_room is not None else ""
+        if refused_prompts:
+            refused += f"{', ' if refused else ''}{_some(_share_prompts(prompts, rule.prompt_limit - overhead))} " \
+                       f"refused for a prompt of {rule.prompt_limit:,} tokens or more"
+        return (f"{said}: {some} may not get their whole answer: {whose} server ends each answer "
+                f"{context - rule.answer_room} tokens short of the context, an exact length too; {refused}")
     if exact:
         return f"{said}: {some} may not fit, and each that does not fails (exact output: min_tokens over what the context leaves)"
     return f"{said}: {some} may not fit; the server cuts their answers short (vLLM lowers max_tokens to what the context leaves) or refuses them"
+
+
+def _some(share: float) -> str:
+    """A share of requests, in words."""
+    return ("every request" if share >= 1 else f"about {share:.0%} of requests" if share >= 0.01
+            else f"about {100 * share:.2g}% of requests" if share >= 1e-4
+            else "fewer than 1 in 10,000 requests" if share > 0 else "no request")
+
+
+def _share_prompts(prompts: LengthDist, limit: int) -> float:
+    """The share of ``prompts`` of ``limit`` tokens or more."""
+    if prompts.pairs:
+        return sum(i >= limit for i, _ in prompts.pairs) / len(prompts.pairs)
+    return 1.0 - prompts.cdf()(limit - 1)
 
 
 #: Normal and lognormal lengths past this many standard deviations (of the length, or of

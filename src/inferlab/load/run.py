@@ -23,13 +23,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 from inferlab._clock import Clock, WallClock
 from inferlab._cores import usable_cores
-from inferlab._errors import InferlabError, RunFailedError, UsageError
+from inferlab._errors import ConfigError, InferlabError, RunFailedError, UsageError
 from inferlab._loop import loop_name
 from inferlab.client.metrics import MetricsSampler, check_pages, metrics_url, page_url
 from inferlab.client.preflight import (
     APPROX_NO_PREFLIGHT,
     EXACT_LOCAL,
     EXACT_SERVER,
+    ContextRule,
     Preflight,
     context_fit,
     count_prompts,
@@ -239,7 +240,7 @@ async def run(
         )
         if prepared.preflight is not None and prepared.endpoint is not None:  # (before any request is sent)
             prepared.preflight = await _built_fit(workload, prepared.preflight, prepared.endpoint,
-                                                  _context_tokens(prepared.config_json["resolved"]), wcfg)
+                                                  _context_rule(prepared.config_json["resolved"]), wcfg)
         policy = make_policy(config.load, workload)
         writer = RunWriter(config.out_dir, prepared.config_json, overwrite=config.overwrite) if config.out_dir else None
 
@@ -632,7 +633,7 @@ async def _prepare_http(config: RunConfig, target: HttpTarget, clock: Clock) -> 
     }
     config_json = {**http_config_json(config, target), "resolved": resolved}
     if pre is not None:  # (before any request: a run whose every request fails is refused)
-        unfit = context_fit(wcfg, pre, _context_tokens(resolved))
+        unfit = context_fit(wcfg, pre, _context_rule(resolved))
         if unfit is not None:
             pre = dataclasses.replace(pre, warnings=[*pre.warnings, unfit])
 
@@ -686,31 +687,31 @@ MAX_COUNTED_ROWS = 10_000
 
 
 async def _built_fit(
-    workload: object, pre: Preflight, endpoint: Endpoint, context_tokens: int | None, wcfg: WorkloadConfig,
+    workload: object, pre: Preflight, endpoint: Endpoint, context: ContextRule | None, wcfg: WorkloadConfig,
 ) -> Preflight:
     """``pre`` with ``requests_fit``'s warning for a built trace (its rows' lengths, as
     built) or dataset (its rows counted: with --tokenizer, their text, a lower bound
     for a row of several messages, whose template tokens are per message; else with the
     server's /tokenize, as sent, up to ``MAX_COUNTED_ROWS`` rows); ``UsageError`` where
     none fits."""
-    if context_tokens is None or pre.input_length_source not in (EXACT_LOCAL, EXACT_SERVER):
+    if context is None or pre.input_length_source not in (EXACT_LOCAL, EXACT_SERVER):
         return pre
     unfit = None
     if isinstance(workload, Trace) and wcfg.trace is not None:
         lengths = [(t.spec.input_tokens or 1, t.spec.max_tokens) for t in workload.requests]
-        unfit = requests_fit(lengths, wcfg.exact_output, pre, context_tokens, wcfg.trace.path)
+        unfit = requests_fit(lengths, wcfg.exact_output, pre, context, wcfg.trace.path)
     elif isinstance(workload, DatasetWorkload) and wcfg.dataset is not None:
         rows, name = workload.rows, wcfg.dataset.path
         specs = [r.spec(None, False) for r in rows]
         if wcfg.tokenizer:
             tok = load_tokenizer(wcfg.tokenizer)
             counts = [len(tok.encode(r.text())) for r in rows]
-            unfit = requests_fit([(n, None) for n in counts], False, pre, context_tokens, name,
+            unfit = requests_fit([(n, None) for n in counts], False, pre, context, name,
                                  at_least=any(len(r.messages) > 1 for r in rows))
         elif pre.has_tokenize and len(rows) <= MAX_COUNTED_ROWS:
             sent = await count_prompts(endpoint, specs)
             if sent is not None:
-                unfit = requests_fit([(n, None) for n in sent], False, pre, context_tokens, name,
+                unfit = requests_fit([(n, None) for n in sent], False, pre, context, name,
                                      overhead=0 if endpoint.api == "chat" else None)
     return pre if unfit is None else dataclasses.replace(pre, warnings=[*pre.warnings, unfit])
 
@@ -731,6 +732,36 @@ def _context_tokens(resolved: dict[str, Any]) -> int | None:
         if isinstance(length, int) and not isinstance(length, bool) and length > 0:
             return length
     return None
+
+
+def _context_rule(resolved: dict[str, Any]) -> ContextRule | None:
+    """How the server treats a request at its context (``_context_tokens``): SGLang's
+    rule where the server said it is SGLang (``client.serverid``: its release and KV
+    pool as stated) or the simulated server runs the ``sglang`` family (its release as
+    given; its pool taken as no smaller than the context), else vLLM's; None where no
+    context is known."""
+    from inferlab.sim.engine.config import release_with_patch
+    from inferlab.sim.engine.scheduler import SGLangLimits
+
+    length = _context_tokens(resolved)
+    if length is None:
+        return None
+    software = resolved.get("server_software") or {}
+    engine = resolved.get("engine") or {}
+    if isinstance(resolved.get("gateway"), dict):  # (its upstreams' software is not known here)
+        software, engine = {}, {}
+    if software.get("name") == "SGLang":
+        version, pool = software.get("version"), (software.get("settings") or {}).get("kv_cache_tokens")
+    elif engine.get("engine_family") == "sglang":
+        version, pool = engine.get("engine_version"), None
+    else:
+        return ContextRule.vllm(length)
+    try:
+        release = release_with_patch(version) if isinstance(version, str) else None
+    except ConfigError:
+        release = None
+    pool = pool if isinstance(pool, int) and not isinstance(pool, bool) and pool > 0 else None
+    return ContextRule.sglang(SGLangLimits(length, pool, release), version if release is not None else None)
 
 
 async def _inferlab_answer(base: str, route: str, headers: dict[str, str]) -> dict[str, Any] | None:

@@ -12,7 +12,8 @@ than the KV cache) is a failed record in ``sim run``, not the end of the run: ki
 ``http_status``, status 400, as bench records the simulated server's answer, its error
 saying the engine rejected it (``REJECTED_PREFIX``); one that SGLang refuses inside the
 stream (``ContextError.stream_type``) is kind ``stream_error``, status 200, as bench
-records that answer (``REJECTED_IN_STREAM_PREFIX``).
+records that answer (``REJECTED_IN_STREAM_PREFIX``; ``REJECTED_ABORTED_PREFIX`` where the
+stream ends with finish_reason "abort" instead, SGLang 0.5.6-0.5.9's).
 A stop request (``stop()`` true, or Ctrl-C) ends the run between steps: in-flight
 requests become cancelled records and ``Interrupted`` carries everything recorded so far.
 """
@@ -31,7 +32,7 @@ from inferlab.load.schedules import LoadConfig
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.sim.engine.engine import Engine, RequestTimeline, StepStats
 from inferlab.sim.engine.outputs import COMPLETIONS_DEFAULT_MAX_TOKENS, natural_output_len
-from inferlab.sim.engine.scheduler import ContextError
+from inferlab.sim.engine.scheduler import STREAM_ABORT, ContextError
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 from inferlab.workload.sessions import SessionWorkload
 from inferlab.workload.spec import RequestSpec, Trace
@@ -42,6 +43,8 @@ from inferlab.workload.tokenizers import Tokenizer
 REJECTED_PREFIX = "rejected by the engine (a server answers HTTP 400): "
 #: ... and of one a server refuses inside the stream (SGLang's scheduler: ``stream_error``, 200).
 REJECTED_IN_STREAM_PREFIX = "rejected by the engine (a server answers HTTP 200, then an error event): "
+#: ... and of one whose stream ends with finish_reason "abort" instead (SGLang 0.5.6-0.5.9)
+REJECTED_ABORTED_PREFIX = 'rejected by the engine (a server answers HTTP 200, then finish_reason "abort"): '
 #: Time a rejected request takes at the least, so that a closed loop under ``duration_s``
 #: still advances when every request is rejected.
 _MIN_REJECT_S = 1e-6
@@ -211,6 +214,9 @@ class SimulatedServer:
             # no HTTP was involved
             if not isinstance(e, ContextError) or e.stream_type is None:
                 record.status, record.error_kind, record.error = 400, ErrorKind.HTTP_STATUS, f"{REJECTED_PREFIX}{e}"
+            elif e.stream_type == STREAM_ABORT:  # (SGLang 0.5.6-0.5.9: no error event, the answer aborted)
+                record.status, record.error_kind, record.finish_reason = 200, ErrorKind.STREAM_ERROR, STREAM_ABORT
+                record.error = f"{REJECTED_ABORTED_PREFIX}{e}"
             else:
                 record.status, record.error_kind = 200, ErrorKind.STREAM_ERROR
                 record.error = f"{REJECTED_IN_STREAM_PREFIX}{e}"

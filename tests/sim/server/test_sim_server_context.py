@@ -248,10 +248,11 @@ def test_sglang_before_0_5_10_refuses_a_stream_inside_it() -> None:
 
 def test_sglang_refuses_a_null_max_tokens_on_the_completions_api(sglang: httpx.Client) -> None:
     """Its CompletionRequest types max_tokens as an integer (16 when left out): a null is
-    a validation error (400), where vLLM takes it as the context left."""
+    a validation error (400; http_server.py's validation_exception_handler: type "Bad
+    Request", no param), where vLLM takes it as the context left."""
     a = ask(sglang, {"prompt": ids(11), "max_tokens": None})
     assert a.status == 400 and a.error is not None
-    assert (a.error["object"], a.error["param"], a.error["code"]) == ("error", "max_tokens", 400)
+    assert (a.error["object"], a.error["type"], a.error["param"], a.error["code"]) == ("error", "Bad Request", None, 400)
     assert ask(sglang, {"prompt": ids(11), "ignore_eos": True}).completion_tokens == 16
 
 
@@ -268,3 +269,42 @@ def test_vllm_still_takes_prompt_and_max_tokens_of_exactly_the_context(engine: d
         for prompt in (11, CONTEXT - 1):
             a = ask(client, {"prompt": ids(prompt), "max_tokens": CONTEXT - prompt, "ignore_eos": True})
             assert (a.status, a.finish_reasons, a.completion_tokens) == (200, ["length"], CONTEXT - prompt), a
+
+
+def test_sglang_before_0_5_10_sends_its_schedulers_refusal_as_a_bad_request_error_event() -> None:
+    """Up to 0.5.5 the scheduler's refusal reached a stream as the tokenizer manager's
+    ValueError (adapter.py, serving_chat.py: ``create_streaming_error_response``, type
+    "BadRequestError"); the "BAD_REQUEST" event came with 0.5.10."""
+    words = (f"Input length ({CONTEXT - 6} tokens) exceeds the maximum allowed length ({CONTEXT - 6} tokens). Use a "
+             "shorter input or enable --allow-auto-truncate.")
+    for client in serve(engine_family="sglang", engine_version="0.4.6"):
+        a = ask(client, {"prompt": ids(CONTEXT - 6), "max_tokens": 1}, stream=True)
+        assert (a.status, a.error) == (200, sglang_body(words, "BadRequestError"))
+
+
+def chat_of(client: httpx.Client, tokens: int) -> list[dict[str, str]]:
+    """Messages of ``tokens`` tokens as the server counts them (its /tokenize), template included."""
+    def count(n: int) -> int:
+        messages = [{"role": "user", "content": "x" * n}]
+        return int(client.post("/tokenize", json={"model": MODEL, "messages": messages}).json()["count"])
+    n = next(n for n in range(1, 20 * tokens) if count(n) >= tokens)
+    assert count(n) == tokens
+    return [{"role": "user", "content": "x" * n}]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_sglang_0_5_6_to_0_5_9_end_a_stream_their_scheduler_refuses_with_finish_reason_abort(chat: bool) -> None:
+    """0.5.6-0.5.9's tokenizer manager yields the scheduler's abort to a stream, and their
+    serving_chat.py / serving_completions.py pass it on as a finish reason: 200, no text,
+    finish_reason "abort", no error event, then [DONE] (chat: the role's chunk first)."""
+    for client in serve(engine_family="sglang", engine_version="0.5.9"):
+        body = {"messages": chat_of(client, CONTEXT - 6)} if chat else {"prompt": ids(CONTEXT - 6)}
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        r = client.post(path, json={"model": MODEL, **body, "max_tokens": 1, "stream": True})
+        assert r.status_code == 200
+        chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ") and line != "data: [DONE]"]
+        assert r.text.rstrip().endswith("data: [DONE]") and not any("error" in c for c in chunks), chunks
+        finishes = [c.get("finish_reason") for ch in chunks for c in ch["choices"]]
+        assert finishes == ([None, "abort"] if chat else ["abort"])
+        assert not any(c.get("text") or (c.get("delta") or {}).get("content") for ch in chunks for c in ch["choices"])
+        assert ask(client, {"prompt": ids(CONTEXT - 6), "max_tokens": 1}).status == 400  # (not streamed: a 400)

@@ -21,13 +21,11 @@ from inferlab.sim.engine.frontend import FrontEnd
 from inferlab.sim.engine.hardware import GpuSpec
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
 from inferlab.sim.engine.scheduler import (
-    SGLANG_STREAM_400_SINCE,
-    SGLANG_TOTAL_FILLS_SINCE,
     Batch,
     Request,
     SchedulerConfig,
+    SGLangLimits,
     output_limit,
-    sglang_output_limit,
 )
 from inferlab.sim.engine.sizing import EngineSizes, size_engine
 from inferlab.sim.engine.steady import SteadyScheduler
@@ -199,11 +197,8 @@ class Engine:
         self.clamps_max_tokens = resolved.rules.clamp_max_tokens_in(engine_release(config))
         #: the API server is SGLang's (``FamilyRules.sglang_api``) ...
         self.sglang_api = resolved.rules.sglang_api
-        # ... which takes prompt + max_tokens of exactly the context (0.5.11 on) and answers
-        # a streamed request it refuses with HTTP 400 (0.5.10 on)
-        release = None if config.engine_version is None else release_with_patch(config.engine_version)
-        self._sglang_total_fills = release is None or release >= SGLANG_TOTAL_FILLS_SINCE
-        self._sglang_stream_400 = release is None or release >= SGLANG_STREAM_400_SINCE
+        # ... whose checks follow its release (to the patch: ``SGLangLimits``)
+        self._sglang_release = None if config.engine_version is None else release_with_patch(config.engine_version)
         # the reference scheduler, with steady decodes kept as sums in virtual-time steps
         self._scheduler = SteadyScheduler(self.limits, self._kv)
         self._active: dict[str, Request] = {}
@@ -236,13 +231,17 @@ class Engine:
 
     # --- requests -------------------------------------------------------------------
 
+    @property
+    def sglang_limits(self) -> SGLangLimits:
+        """SGLang's limits on a request to this engine (its context, KV pool and release)."""
+        return SGLangLimits(self.limits.max_model_len, self.kv_capacity_tokens, self._sglang_release)
+
     def output_limit(self, prompt_tokens: int, max_tokens: int | None, param: str = "max_tokens") -> int:
         """The most tokens a request may generate, as this engine's API server decides
-        (``scheduler.output_limit`` in its release, ``sglang_output_limit`` for SGLang's);
+        (``scheduler.output_limit`` in its release, ``SGLangLimits.output_limit`` for SGLang's);
         ``ContextError`` for what it refuses."""
         if self.sglang_api:
-            return sglang_output_limit(prompt_tokens, max_tokens, self.limits.max_model_len, self.kv_capacity_tokens,
-                                       total_fills=self._sglang_total_fills, stream_400=self._sglang_stream_400)
+            return self.sglang_limits.output_limit(prompt_tokens, max_tokens)
         return output_limit(prompt_tokens, max_tokens, self.limits.max_model_len, clamp=self.clamps_max_tokens,
                             param=param)
 

@@ -137,7 +137,7 @@ class FamilyRules:
     clamp_max_tokens: bool = False
     clamp_max_tokens_since: tuple[int, int] | None = None
     # the OpenAI server is SGLang's: its checks against the context (a prompt of the whole
-    # context refused, an answer cut two tokens short of it: ``scheduler.sglang_output_limit``)
+    # context refused, an answer cut two tokens short of it: ``scheduler.SGLangLimits``)
     # and its error body ({"object": "error", "message", "type", "param", "code"})
     sglang_api: bool = False
 

@@ -42,11 +42,12 @@ from inferlab.openai.request import (
     read_params,
     read_prompt,
 )
+from inferlab.openai.response import Completion
 from inferlab.openai.sse import DONE_EVENT, encode_json
 from inferlab.results.provenance import ENGINE_ROUTE
 from inferlab.sim.engine.engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim.engine.outputs import COMPLETIONS_DEFAULT_MAX_TOKENS, natural_output_len
-from inferlab.sim.engine.scheduler import ContextError
+from inferlab.sim.engine.scheduler import STREAM_ABORT, ContextError
 from inferlab.sim.server.generation import Generation, OutputPlan
 from inferlab.sim.server.output import LogprobTable, OutputText
 from inferlab.sim.server.prometheus import (
@@ -449,14 +450,16 @@ class SimServer:
         _refuse_unsimulated(body, chat)
         if not chat:
             if self.engine.sglang_api and "max_tokens" in body and body["max_tokens"] is None:
-                # (SGLang's CompletionRequest types max_tokens as an integer, 16 by default)
-                raise SGLangAPIError(400, "max_tokens: Input should be a valid integer", param="max_tokens")
+                # (SGLang's CompletionRequest types max_tokens as an integer, 16 by default; its
+                # validation_exception_handler answers 400, type "Bad Request", no param)
+                raise SGLangAPIError(400, "max_tokens: Input should be a valid integer", "Bad Request")
             params = completions_limit(body, params)
         try:
             plan = self._plan(params, prompt_ids, limit_field(body))
         except SGLangAPIError as e:
             if params.stream and e.stream_type is not None:
-                return await _refuse_in_stream(request, e, e.stream_type)
+                return await _refuse_in_stream(request, e, e.stream_type, Completion(
+                    f"{'chatcmpl' if chat else 'cmpl'}-{random_id()}", chat, int(time.time()), self.config.model_name))
             raise
         request_id = body.get("request_id")
         if request_id is not None and not isinstance(request_id, str):
@@ -512,13 +515,23 @@ def _refuse(param: str, what: str) -> NoReturn:
     raise APIError(400, f"{param}: {what} is not simulated by the simulated server.", param=param)
 
 
-async def _refuse_in_stream(request: web.Request, error: APIError, error_type: str) -> web.StreamResponse:
+async def _refuse_in_stream(request: web.Request, error: APIError, error_type: str, answer: Completion,
+                            ) -> web.StreamResponse:
     """A refusal sent inside a stream, as SGLang sends some (``SGLangAPIError``): HTTP
-    200, one event ``{"error": ...}`` with ``error_type``, then ``[DONE]``. (SGLang may
-    send a usage chunk between them, with ``stream_options.include_usage``: not here.)"""
+    200, one event ``{"error": ...}`` with ``error_type``, then ``[DONE]``; for
+    ``STREAM_ABORT`` (SGLang 0.5.6-0.5.9) no error but ``answer``'s chunks ending with
+    finish_reason "abort" and no text (chat: the role's chunk first). (SGLang may send
+    a usage chunk before ``[DONE]``, with ``stream_options.include_usage``: not here.)"""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
-    await resp.write(encode_json({"error": {**error.body(), "type": error_type}}) + DONE_EVENT)
+    if error_type != STREAM_ABORT:
+        events = [{"error": {**error.body(), "type": error_type}}]
+    elif answer.chat:
+        events = [answer.chunk([answer.choice("", None, role=True)]),
+                  answer.chunk([{"index": 0, "delta": {}, "finish_reason": STREAM_ABORT}])]
+    else:
+        events = [answer.chunk([answer.choice("", STREAM_ABORT)])]
+    await resp.write(b"".join(encode_json(e) for e in events) + DONE_EVENT)
     await resp.write_eof()
     return resp
 
