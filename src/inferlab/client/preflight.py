@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # (aiohttp loads with the first HTTP call: `sim run` makes no
     import aiohttp
 
     from inferlab.client.http import Endpoint
-    from inferlab.sim.engine.scheduler import SGLangLimits
+    from inferlab.openai.context import SGLangLimits
     from inferlab.workload.config import WorkloadConfig
     from inferlab.workload.lengths import LengthDist
 

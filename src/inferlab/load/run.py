@@ -740,8 +740,8 @@ def _context_rule(resolved: dict[str, Any]) -> ContextRule | None:
     pool as stated) or the simulated server runs the ``sglang`` family (its release as
     given; its pool taken as no smaller than the context), else vLLM's; None where no
     context is known."""
+    from inferlab.openai.context import SGLangLimits
     from inferlab.sim.engine.config import release_with_patch
-    from inferlab.sim.engine.scheduler import SGLangLimits
 
     length = _context_tokens(resolved)
     if length is None:

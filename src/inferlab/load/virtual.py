@@ -29,10 +29,10 @@ from inferlab._clock import NS_PER_S
 from inferlab._errors import InferlabError
 from inferlab.load.policy import Answer, OpenLoopPolicy, Policy, Send, make_policy
 from inferlab.load.schedules import LoadConfig
+from inferlab.openai.context import STREAM_ABORT, ContextError
 from inferlab.results.records import ErrorKind, RequestRecord
 from inferlab.sim.engine.engine import Engine, RequestTimeline, StepStats
 from inferlab.sim.engine.outputs import COMPLETIONS_DEFAULT_MAX_TOKENS, natural_output_len
-from inferlab.sim.engine.scheduler import STREAM_ABORT, ContextError
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 from inferlab.workload.sessions import SessionWorkload
 from inferlab.workload.spec import RequestSpec, Trace

@@ -370,7 +370,7 @@ def parse_release(text: str) -> tuple[int, int]:
 def release_with_patch(text: str) -> tuple[int, int, int]:
     """A release's text as (major, minor, patch), a missing patch read as 0 (PEP 440's
     0.5 is 0.5.0), for the one default a patch release changed (SGLang 0.5.11's
-    context check, ``scheduler.SGLANG_TOTAL_FILLS_SINCE``); ``ConfigError`` as
+    context check, ``openai.context.SGLANG_TOTAL_FILLS_SINCE``); ``ConfigError`` as
     ``parse_release``."""
     major, minor = parse_release(text)
     m = _RELEASE.fullmatch(text.strip())

@@ -14,19 +14,14 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from inferlab.openai.context import SGLangLimits, output_limit
 from inferlab.sim.engine.block_manager import GeneratedTokens
 from inferlab.sim.engine.config import EngineConfig, engine_release, release_with_patch, resolve
 from inferlab.sim.engine.dtypes import CapacityPolicy
 from inferlab.sim.engine.frontend import FrontEnd
 from inferlab.sim.engine.hardware import GpuSpec
 from inferlab.sim.engine.kvcache import KVCacheManager, hash_blocks
-from inferlab.sim.engine.scheduler import (
-    Batch,
-    Request,
-    SchedulerConfig,
-    SGLangLimits,
-    output_limit,
-)
+from inferlab.sim.engine.scheduler import Batch, Request, SchedulerConfig
 from inferlab.sim.engine.sizing import EngineSizes, size_engine
 from inferlab.sim.engine.steady import SteadyScheduler
 from inferlab.sim.engine.steptime import RooflineStepTime, StepTimeModel
@@ -238,7 +233,7 @@ class Engine:
 
     def output_limit(self, prompt_tokens: int, max_tokens: int | None, param: str = "max_tokens") -> int:
         """The most tokens a request may generate, as this engine's API server decides
-        (``scheduler.output_limit`` in its release, ``SGLangLimits.output_limit`` for SGLang's);
+        (``openai.context.output_limit`` in its release, ``SGLangLimits.output_limit`` for SGLang's);
         ``ContextError`` for what it refuses."""
         if self.sglang_api:
             return self.sglang_limits.output_limit(prompt_tokens, max_tokens)

@@ -133,11 +133,11 @@ class FamilyRules:
     multi_step: bool = False
     # a max_tokens over what the context leaves after the prompt is lowered to it (the
     # answer ends "length") instead of refused with HTTP 400 (from release
-    # ``clamp_max_tokens_since`` on, when a release is known; ``scheduler.output_limit``)
+    # ``clamp_max_tokens_since`` on, when a release is known; ``openai.context.output_limit``)
     clamp_max_tokens: bool = False
     clamp_max_tokens_since: tuple[int, int] | None = None
     # the OpenAI server is SGLang's: its checks against the context (a prompt of the whole
-    # context refused, an answer cut two tokens short of it: ``scheduler.SGLangLimits``)
+    # context refused, an answer cut two tokens short of it: ``openai.context.SGLangLimits``)
     # and its error body ({"object": "error", "message", "type", "param", "code"})
     sglang_api: bool = False
 

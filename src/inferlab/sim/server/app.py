@@ -27,6 +27,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from inferlab._clock import NS_PER_S, Clock, WallClock
+from inferlab.openai.context import STREAM_ABORT, ContextError
 from inferlab.openai.errors import APIError, SGLangAPIError, error_body, one_line
 from inferlab.openai.request import (
     MAX_LOGPROBS,
@@ -47,7 +48,6 @@ from inferlab.openai.sse import DONE_EVENT, encode_json
 from inferlab.results.provenance import ENGINE_ROUTE
 from inferlab.sim.engine.engine import Engine, EngineConfig, TokenEvent
 from inferlab.sim.engine.outputs import COMPLETIONS_DEFAULT_MAX_TOKENS, natural_output_len
-from inferlab.sim.engine.scheduler import STREAM_ABORT, ContextError
 from inferlab.sim.server.generation import Generation, OutputPlan
 from inferlab.sim.server.output import LogprobTable, OutputText
 from inferlab.sim.server.prometheus import (
