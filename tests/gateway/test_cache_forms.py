@@ -30,15 +30,18 @@ DELTAS: dict[str, list[dict[str, Any]]] = {
     ],
     "think": [{"role": "assistant", "reasoning_content": "thinking hard"}, {"content": "4"}, {"content": "2"}],
     "plain": [{"role": "assistant", "content": "4"}, {"content": "2"}],
+    # (an answer the engine gave up on: SGLang 0.5.6-0.5.9's refusal inside a stream, vLLM's abort)
+    "aborted": [{"role": "assistant", "content": ""}],
 }
 MESSAGES: dict[str, dict[str, Any]] = {
     "tools": {"role": "assistant", "content": None, "tool_calls": [CALL]},
     "think": {"role": "assistant", "content": "42", "reasoning_content": "thinking hard"},
     "plain": {"role": "assistant", "content": "42", "tool_calls": [], "reasoning_content": None},
+    "aborted": {"role": "assistant", "content": ""},
 }
 #: What a client assembles from each model's stream.
 ASSEMBLED = {"tools": {"tool_calls": [CALL]}, "think": {"reasoning_content": "thinking hard", "content": "42"}}
-FINISH = {"tools": "tool_calls", "think": "stop", "plain": "stop"}
+FINISH = {"tools": "tool_calls", "think": "stop", "plain": "stop", "aborted": "abort"}
 
 
 class ToolUpstream(ChatUpstream):
@@ -155,6 +158,21 @@ async def test_each_answer_from_the_cache_has_an_id_of_its_own(stream: bool) -> 
         assert ids_flat[0] == "chatcmpl-t" and len(set(ids_flat)) == 3
         assert all(i.startswith("chatcmpl-") for i in ids_flat)
         assert texts[1] == texts[2] == texts[0]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_an_answer_the_upstream_ended_abort_is_not_kept(stream: bool) -> None:
+    """An answer that ends with finish_reason "abort" is the engine giving up (bench fails
+    it): the cache kept it and replayed it as a hit to every later identical request, an
+    abort that may have been the engine's state at the time (a full KV cache, a restart)."""
+    async with ToolUpstream() as up, serving(config(up.url)) as (url, _), aiohttp.ClientSession() as s:
+        body = chat_body("aborted", temperature=0, stream=stream)
+        answers = [await post(s, url, body) for _ in range(2)]
+        assert [a.headers["x-inferlab-cache"] for a in answers] == ["miss", "miss"] and up.posts == 2
+        finish = [o["choices"][0]["finish_reason"] for o in answers[1].objects() if o["choices"]][-1] if stream \
+            else answers[1].json()["choices"][0]["finish_reason"]
+        assert finish == "abort"  # (relayed as it came)
+        assert total(await metrics(s, url), "inferlab_gateway_cache_hits_total") == 0
 
 
 def test_an_event_is_plain_unless_a_member_beside_its_text_has_a_value() -> None:

@@ -28,6 +28,7 @@ from inferlab.load.run import _unintended_cache_hits
 from inferlab.load.schedules import Replay
 from inferlab.results.runfiles import read_records
 from inferlab.results.summary import foreign_cache
+from inferlab.results.telemetry import ServerMetrics
 from inferlab.sim.engine.engine import EngineConfig
 from inferlab.sim.server.app import ServerConfig
 from inferlab.sim.server.launch import EmbeddedServer
@@ -84,6 +85,20 @@ def test_a_fixed_prompts_hits_are_counted_per_answer_beyond_the_template() -> No
     assert warning is not None and "39 of 76 prompt tokens" in warning and "every request sent the same prompt" in warning
     fresh = [RequestRecord(i, end_ns=1, input_tokens=19, cached_tokens=c) for i, c in enumerate((0, 3, 3, 3))]
     assert _unintended_cache_hits(fresh, template_tokens=10, fixed=True) is None  # (the template alone)
+
+
+def test_the_metrics_counts_in_the_warning_say_the_warm_ups_they_hold_as_the_tokens_row_does() -> None:
+    """The server's counters over the run hold the warm-ups' prompts too: the tokens row
+    said "(warm-ups included)" beside them, the warning quoting the same counts did not,
+    so its "of 5,104 prompt tokens over the run" read as the run's 3,828 measured ones."""
+    records = [RequestRecord(i, warmup=i < 4, end_ns=1, input_tokens=319) for i in range(16)]
+    metrics = ServerMetrics(True, counters={"prefix_cache_hits_tokens": 4864.0, "prefix_cache_queries_tokens": 5104.0})
+    warning = _unintended_cache_hits(records, template_tokens=19, server_metrics=metrics)
+    assert warning is not None
+    assert "counted 4,864 of 5,104 prompt tokens over the run (warm-ups included) as served" in warning
+    measured = [r for r in records if not r.warmup]
+    warning = _unintended_cache_hits(measured, template_tokens=19, server_metrics=metrics)
+    assert warning is not None and "over the run as served" in warning and "warm-ups" not in warning
 
 
 @pytest.fixture(scope="module")

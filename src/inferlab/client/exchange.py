@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from inferlab.openai.errors import error_message, one_line
 from inferlab.openai.request import PATHS, Api, completion_request
 from inferlab.openai.response import (
+    ABORTED,
     ErrorInResponse,
     MalformedResponse,
     ResponseError,
@@ -153,10 +154,7 @@ def record_http_error(record: RequestRecord, status: int, raw: bytes, reason: st
     fail(record, ErrorKind.HTTP_STATUS, f"HTTP {status}: {message}")
 
 
-#: The finish reason of a request the server aborted (vLLM's ``FinishReason.ABORT``;
-#: SGLang's ``FINISH_ABORT``, which 0.5.6-0.5.9 send for a streamed request their
-#: scheduler refuses, with no error event): a failure, not an answer.
-ABORTED = "abort"
+#: What bench says of an answer the server ended ``ABORTED``: a failure, not an answer.
 ABORTED_MESSAGE = 'the server aborted the request (finish_reason "abort")'
 
 

@@ -1052,7 +1052,9 @@ def _unintended_cache_hits(
         cached, prompt = counted
         answered = sum(1 for r in records if r.ok)  # (warm-ups too: the counters hold them)
         beyond = cached - answered * template
-        served = f"the server's /metrics counted {cached:,} of {prompt:,} prompt tokens over the run as served from its prefix cache"
+        warm = " (warm-ups included)" if any(r.warmup for r in records) else ""  # (as the tokens row says)
+        served = (f"the server's /metrics counted {cached:,} of {prompt:,} prompt tokens over the run{warm} as served "
+                  "from its prefix cache")
         unsaid = "; its answers did not say their cached tokens, as vLLM's do not without --enable-prompt-tokens-details"
     if not prompt or beyond <= UNINTENDED_CACHE_SHARE * prompt:
         return None

@@ -155,6 +155,12 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None)
 
 # --- reading (client) --------------------------------------------------------------------
 
+#: The finish reason of a request the server aborted (vLLM's ``FinishReason.ABORT``;
+#: SGLang's ``FINISH_ABORT``, which 0.5.6-0.5.9 send for a streamed request their
+#: scheduler refuses, with no error event): a failure, not an answer (bench fails it; the
+#: gateway's response cache does not keep it).
+ABORTED = "abort"
+
 
 class ResponseError(InferlabError):
     """A response ``ResponseReader`` cannot take; the message says why, in one line."""

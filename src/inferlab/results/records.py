@@ -21,7 +21,7 @@ class ErrorKind(enum.StrEnum):
     IDLE_TIMEOUT = "idle_timeout"  # no bytes for longer than the idle timeout mid-response
     DISCONNECT = "disconnect"  # the server closed the connection mid-stream
     MALFORMED = "malformed"  # a stream event or body that is not the expected JSON
-    STREAM_ERROR = "stream_error"  # the server sent an error object inside the stream
+    STREAM_ERROR = "stream_error"  # an error object inside the response, or an answer ended finish_reason "abort"
     CANCELLED = "cancelled"  # the run was interrupted while this request was in flight
 
 

@@ -169,7 +169,7 @@ def test_bench_says_the_servers_metrics_counts_without_the_flag_and_the_answers_
     assert (f"cached: not in the answers; the server's /metrics counted {hits:,} of {queries:,} prompt tokens cached "
             "over the run (warm-ups included)") in said
     assert "cached in unknown" not in said
-    assert f"the server's /metrics counted {hits:,} of {queries:,} prompt tokens over the run as served" in said  # (the warning)
+    assert f"the server's /metrics counted {hits:,} of {queries:,} prompt tokens over the run (warm-ups included) as served" in said  # (the warning)
     with EmbeddedServer(config(enable_prompt_tokens_details=True)) as detailed:
         summary, said = bench(detailed.url, tmp_path / "detailed")
     assert summary["cached_tokens"] >= 3 * 48 and f"{summary['cached_tokens']:,} cached in" in said
