@@ -510,8 +510,9 @@ def _verdict(prompts: LengthDist, outputs: LengthDist | None, overhead: int, rul
         if refused_prompts:
             refused += f"{', ' if refused else ''}{_some(_share_prompts(prompts, rule.prompt_limit - overhead))} " \
                        f"refused for a prompt of {rule.prompt_limit:,} tokens or more"
+        of_them = f"; of them, {refused}" if refused else ""  # (the refused are among those counted first)
         return (f"{said}: {some} may not get their whole answer: {whose} server ends each answer "
-                f"{context - rule.answer_room} tokens short of the context, an exact length too; {refused}")
+                f"{context - rule.answer_room} tokens short of the context, an exact length too{of_them}")
     if exact:
         return f"{said}: {some} may not fit, and each that does not fails (exact output: min_tokens over what the context leaves)"
     return f"{said}: {some} may not fit; the server cuts their answers short (vLLM lowers max_tokens to what the context leaves) or refuses them"
