@@ -172,7 +172,11 @@ async def test_an_answer_the_upstream_ended_abort_is_not_kept(stream: bool) -> N
         finish = [o["choices"][0]["finish_reason"] for o in answers[1].objects() if o["choices"]][-1] if stream \
             else answers[1].json()["choices"][0]["finish_reason"]
         assert finish == "abort"  # (relayed as it came)
-        assert total(await metrics(s, url), "inferlab_gateway_cache_hits_total") == 0
+        seen = await metrics(s, url)
+        assert total(seen, "inferlab_gateway_cache_hits_total") == 0
+        # (counted a failure, as bench counts it, not a success)
+        assert total(seen, "gen_ai_server_request_duration_seconds_count", error_type="stream_error") == 2
+        assert total(seen, "gen_ai_server_request_duration_seconds_count", error_type="") == 0
 
 
 def test_an_event_is_plain_unless_a_member_beside_its_text_has_a_value() -> None:

@@ -24,6 +24,7 @@ from inferlab.openai.errors import error_message, one_line
 from inferlab.openai.request import PATHS, Api, completion_request
 from inferlab.openai.response import (
     ABORTED,
+    ABORTED_MESSAGE,
     ErrorInResponse,
     MalformedResponse,
     ResponseError,
@@ -154,8 +155,6 @@ def record_http_error(record: RequestRecord, status: int, raw: bytes, reason: st
     fail(record, ErrorKind.HTTP_STATUS, f"HTTP {status}: {message}")
 
 
-#: What bench says of an answer the server ended ``ABORTED``: a failure, not an answer.
-ABORTED_MESSAGE = 'the server aborted the request (finish_reason "abort")'
 
 
 class StreamState:

@@ -45,7 +45,13 @@ from inferlab.gateway.cache import (
 from inferlab.gateway.metrics import Bins
 from inferlab.gateway.upstream import Failure, Reply
 from inferlab.openai.errors import error_body
-from inferlab.openai.response import ABORTED, ErrorInResponse, MalformedResponse, ResponseReader
+from inferlab.openai.response import (
+    ABORTED,
+    ABORTED_MESSAGE,
+    ErrorInResponse,
+    MalformedResponse,
+    ResponseReader,
+)
 from inferlab.openai.sse import DONE_EVENT, SSEParser, encode_event, encode_json
 from inferlab.results.records import ErrorKind, RequestRecord
 
@@ -72,6 +78,8 @@ class Observed:
             r.usage_source = "server"
         if reader.cached_seen:
             r.cached_tokens = reader.cached_tokens
+        if reader.finish_reason == ABORTED:  # (the engine gave up: a failure, as bench counts it; never cached)
+            self.fail(ErrorKind.STREAM_ERROR, ABORTED_MESSAGE)
 
     def fail(self, kind: ErrorKind, message: str) -> None:
         if self.record.error_kind is None:
@@ -167,8 +175,7 @@ class StreamRelay:
             write(error_event(504 if kind == ErrorKind.TIMEOUT else 502, f"the upstream stream {why}") + DONE_EVENT)
         obs.finish(self.reader, self.clock.now_ns())
         record.stream_done = self.reader.done
-        if (self.keep and self.reader.done and not self.failed and record.error_kind is None and self.first is not None
-                and self.reader.finish_reason != ABORTED):  # (an aborted answer is no answer to replay)
+        if self.keep and self.reader.done and not self.failed and record.error_kind is None and self.first is not None:
             text = "".join(self.reader.text_out or [])
             answer: Answer = answer_of_stream(self.first, text, self.reader.finish_reason, self.usage, self.plain)
             obs.entry = Entry(self.chat, answer, reads=tuple(self.reads))
@@ -284,7 +291,7 @@ async def read_body(clock: Clock, observed: Observed, upstream: Reply, *, chat: 
         obs.fail(ErrorKind.HTTP_STATUS, str(e))
     obs.record.ttfb_ns = now - obs.t0_ns
     obs.finish(reader, now)
-    if keep and upstream.status == 200 and obs.record.error_kind is None and reader.finish_reason != ABORTED:
+    if keep and upstream.status == 200 and obs.record.error_kind is None:
         body = json.loads(raw)
         answer = answer_of_body(body, chat)
         if answer is not None:

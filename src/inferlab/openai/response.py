@@ -160,6 +160,8 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None)
 #: scheduler refuses, with no error event): a failure, not an answer (bench fails it; the
 #: gateway's response cache does not keep it).
 ABORTED = "abort"
+#: What is said of such an answer (bench's record, the gateway's).
+ABORTED_MESSAGE = 'the server aborted the request (finish_reason "abort")'
 
 
 class ResponseError(InferlabError):
