@@ -127,10 +127,27 @@ def test_sglang_names() -> None:
     )
     snap = snapshot(parse_prometheus(text))
     assert snap.server == "sglang"
+    # (no sglang:cached_tokens_total: SGLang shows it once its cache served a token)
     assert snap.values == {"running": 5, "waiting": 2, "kv_usage": 0.25, "prefix_cache_hit_rate": 0.6,
-                           "prompt_tokens": 900, "generation_tokens": 90}
+                           "prompt_tokens": 900, "generation_tokens": 90,
+                           "prefix_cache_queries_tokens": 900, "prefix_cache_hits_tokens": 0}
     m = server_metrics(snap, [], snap)
-    assert m.prefix_cache_hit_rate == 0.6  # the server's own rate where it has no counters
+    assert m.prefix_cache_hit_rate == 0.6  # the server's own rate where its counters did not move
+
+
+def test_sglang_cached_tokens_are_its_prefix_cache_hits_over_its_prompt_tokens() -> None:
+    def page(prompt: int, cached: dict[str, int]) -> str:
+        lines = [f'sglang:prompt_tokens_total{{model_name="m",engine_type="unified"}} {prompt}']
+        lines += [f'sglang:cached_tokens_total{{model_name="m",engine_type="unified",cache_source="{s}"}} {n}'
+                  for s, n in cached.items()]
+        return "\n".join(lines) + "\n"
+
+    before = snapshot(parse_prometheus(page(1000, {})))
+    after = snapshot(parse_prometheus(page(3000, {"device": 1200, "host": 300})))
+    m = server_metrics(before, [], after)
+    assert m.prefix_cache_tokens() == (1500, 2000)  # every cache source's tokens
+    assert m.prefix_cache_hit_rate == 1500 / 2000
+    assert "prefix_cache_hits_tokens" not in m.missing and m.server == "sglang"
 
 
 def test_llama_cpp_counts_cached_prompt_tokens_apart_and_ours_adds_them() -> None:

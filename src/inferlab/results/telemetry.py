@@ -44,6 +44,8 @@ GAUGES: dict[str, tuple[str, ...]] = {
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"),
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio"),
+    # SGLang's: the share of its last prefill batch's prompt tokens its radix cache held,
+    # not a rate over the run (SGLang 0.5.11 scheduler_metrics_mixin.py)
     "prefix_cache_hit_rate": ("sglang:cache_hit_rate",),
 }
 #: Histograms in seconds.
@@ -167,9 +169,27 @@ def snapshot(samples: Samples) -> Snapshot:
         values["prefix_cache_queries_tokens"] = values["prompt_tokens"]
         values["prefix_cache_hits_tokens"] = hits
         used.append("llamacpp:prompt_tokens_cached_total")
+    if "prompt_tokens" in values and "sglang:prompt_tokens_total" in used:
+        _sglang_prefix_cache(samples, values, used)
     servers = {_SERVERS.get(n.split(":")[0]) for n in used} - {None}
     server = next(iter(servers)) if len(servers) == 1 else None
     return Snapshot(values, hists, server)
+
+
+#: SGLang's count of the prompt tokens its prefix cache served, by ``cache_source`` (device,
+#: host, storage_*: summed), added up as each request finishes (SGLang 0.4.6
+#: srt/metrics/collector.py, 0.5.11 srt/observability/metrics_collector.py).
+SGLANG_CACHED = "sglang:cached_tokens_total"
+
+
+def _sglang_prefix_cache(samples: Samples, values: dict[str, float], used: list[str]) -> None:
+    """SGLang's prefix-cache counters in ours: every prompt token of its finished
+    requests looked up, its cached ones hit. SGLang shows ``SGLANG_CACHED`` only once a
+    request had cached tokens (it never adds a 0): where its prompt counter is there and
+    that one is not, the cache has served none."""
+    values["prefix_cache_queries_tokens"] = values["prompt_tokens"]
+    values["prefix_cache_hits_tokens"] = math.fsum(v for _, v in samples.get(SGLANG_CACHED, []))
+    used.append(SGLANG_CACHED)
 
 
 def _histogram(samples: Samples, name: str) -> HistogramCounts | None:

@@ -47,6 +47,7 @@ from inferlab.openai.response import Completion
 from inferlab.openai.sse import DONE_EVENT, encode_json
 from inferlab.results.provenance import ENGINE_ROUTE
 from inferlab.sim.engine.engine import Engine, EngineConfig, TokenEvent
+from inferlab.sim.engine.families import EngineFamily
 from inferlab.sim.engine.outputs import COMPLETIONS_DEFAULT_MAX_TOKENS, natural_output_len
 from inferlab.sim.server.generation import Generation, OutputPlan
 from inferlab.sim.server.output import LogprobTable, OutputText
@@ -54,7 +55,9 @@ from inferlab.sim.server.prometheus import (
     ITERATION_TOKEN_BUCKETS,
     Histogram,
     RequestHistograms,
+    SGLangRequests,
     render_metrics,
+    render_sglang_metrics,
 )
 from inferlab.workload.builtin_tokenizer import BuiltinTokenizer
 from inferlab.workload.tokenizers import Tokenizer, load_tokenizer
@@ -127,6 +130,9 @@ class EngineLoop:
         self._wake = asyncio.Event()
         self.lag = Histogram((0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5))
         self.iteration_tokens = Histogram(ITERATION_TOKEN_BUCKETS)
+        #: the share of the prompt tokens the last step that admitted prompts found in the
+        #: prefix cache (SGLang's ``cache_hit_rate``: its last prefill batch's)
+        self.last_prefill_hit_rate = 0.0
         # tokens waiting on the simulated API front end: (delivery time, events), in order
         self._late: deque[tuple[float, list[TokenEvent]]] = deque()
         self._courier: asyncio.Future[None] | None = None
@@ -163,6 +169,7 @@ class EngineLoop:
             # wake-up lateness is reported (``lag``) but never accumulates.
             now_s = self.now_s()
             start_s = now_s if busy_until_s is None else max(busy_until_s, now_s - _MAX_CATCH_UP_S)
+            looked_up = self.engine.prefix_queries_tokens, self.engine.prefix_hits_tokens
             result = self.engine.step(start_s)
             if result is None:
                 busy_until_s = None
@@ -171,6 +178,9 @@ class EngineLoop:
             busy_until_s = start_s + result.duration_s
             # (vLLM's: the prompt tokens a step computed and the tokens it generated)
             self.iteration_tokens.observe(result.stats.prefill_tokens + len(result.events))
+            queries = self.engine.prefix_queries_tokens - looked_up[0]
+            if queries > 0:
+                self.last_prefill_hit_rate = (self.engine.prefix_hits_tokens - looked_up[1]) / queries
             due_ns = self.t0_ns + int(busy_until_s * NS_PER_S)
             await self.clock.sleep_until_ns(due_ns)
             self.lag.observe(max(0.0, (self.clock.now_ns() - due_ns) / NS_PER_S))
@@ -215,7 +225,11 @@ class SimServer:
         self._ids = itertools.count()
         self.output = OutputText(self.tokenizer)
         self.logprobs = LogprobTable(self.output, MAX_LOGPROBS)
-        self.requests = RequestHistograms(self.engine.limits.max_model_len)
+        #: the finished requests' observations for /metrics: SGLang's or vLLM's (``--engine-family``)
+        self.requests: SGLangRequests | RequestHistograms = (
+            SGLangRequests() if config.engine.engine_family is EngineFamily.SGLANG
+            else RequestHistograms(self.engine.limits.max_model_len)
+        )
         #: requests ended, by finish reason (``stop``, ``length``; ``abort``: the client went first)
         self.finished: Counter[str] = Counter()
         self.app = web.Application(middlewares=[_errors], client_max_size=64 * 1024 * 1024)
@@ -304,10 +318,14 @@ class SimServer:
         return web.json_response({"object": "list", "data": [card]})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        """The Prometheus page: SGLang's names with ``--engine-family sglang``, vLLM's otherwise."""
         assert self.loop is not None
-        text = render_metrics(
-            self.config.model_name, self.engine, self.requests, self.loop.iteration_tokens, self.loop.lag, self.finished
-        )
+        if isinstance(self.requests, SGLangRequests):
+            text = render_sglang_metrics(self.config.model_name, self.engine, self.requests,
+                                         self.loop.last_prefill_hit_rate, self.loop.lag, self.finished["abort"])
+        else:
+            text = render_metrics(self.config.model_name, self.engine, self.requests, self.loop.iteration_tokens,
+                                  self.loop.lag, self.finished)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def tokenize(self, request: web.Request) -> web.Response:

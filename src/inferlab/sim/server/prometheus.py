@@ -1,5 +1,6 @@
 """Prometheus text exposition for the simulated server, with vLLM's metric names, types
-and buckets, so dashboards and tools made for vLLM read the simulator unchanged."""
+and buckets, so dashboards and tools made for vLLM read the simulator unchanged; with
+``--engine-family sglang``, SGLang's (``render_sglang_metrics``)."""
 
 from __future__ import annotations
 
@@ -45,10 +46,12 @@ def escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def label_text(labels: Mapping[str, str]) -> str:
-    """The inside of a sample's braces: ``name="value"`` pairs by name, values escaped,
-    as prometheus_client (so vLLM) writes them."""
-    return ",".join(f'{k}="{escape_label(v)}"' for k, v in sorted(labels.items()))
+def label_text(labels: Mapping[str, str], *, by_name: bool = True) -> str:
+    """The inside of a sample's braces: ``name="value"`` pairs, values escaped; by name
+    (vLLM's page) or, ``by_name`` false, in the mapping's order (prometheus_client's: the
+    order the metric declared its label names, as SGLang's page shows them)."""
+    items = sorted(labels.items()) if by_name else labels.items()
+    return ",".join(f'{k}="{escape_label(v)}"' for k, v in items)
 
 
 class Histogram:
@@ -65,15 +68,21 @@ class Histogram:
         self.sum += value_s
         self.count += 1
 
-    def lines(self, name: str, labels: Mapping[str, str], help_text: str) -> list[str]:
+    def lines(self, name: str, labels: Mapping[str, str], help_text: str, *, sglang: bool = False) -> list[str]:
+        """The histogram's page lines: as the simulated vLLM writes them (labels by name,
+        bounds as ``1``) or, ``sglang``, as prometheus_client writes SGLang's (labels in
+        their declared order, bounds as ``1.0``)."""
+        def text(extra: Mapping[str, str]) -> str:
+            return label_text({**labels, **extra}, by_name=not sglang)
+
         out = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
         cumulative = 0
         for bound, n in zip(self.bounds, self.counts, strict=False):
             cumulative += n
-            out.append(f"{name}_bucket{{{label_text({**labels, 'le': f'{bound:g}'})}}} {cumulative}")
-        out.append(f"{name}_bucket{{{label_text({**labels, 'le': '+Inf'})}}} {self.count}")
-        out.append(f"{name}_sum{{{label_text(labels)}}} {self.sum:.9g}")
-        out.append(f"{name}_count{{{label_text(labels)}}} {self.count}")
+            out.append(f"{name}_bucket{{{text({'le': repr(float(bound)) if sglang else f'{bound:g}'})}}} {cumulative}")
+        out.append(f"{name}_bucket{{{text({'le': '+Inf'})}}} {self.count}")
+        out.append(f"{name}_sum{{{text({})}}} {self.sum:.9g}")
+        out.append(f"{name}_count{{{text({})}}} {self.count}")
         return out
 
 
@@ -203,5 +212,106 @@ def render_metrics(
     lines += lag.lines(
         EMIT_LAG, labels,
         "How late each step's tokens left the engine loop, wall time versus simulated time.",
+    )
+    return "\n".join(lines) + "\n"
+
+
+# -- SGLang's page (--engine-family sglang) -------------------------------------------
+# Names, types, label names and default buckets as SGLang 0.5.11 defines them
+# (python/sglang/srt/observability/metrics_collector.py: SchedulerMetricsCollector,
+# TokenizerMetricsCollector; 0.4.6's python/sglang/srt/metrics/collector.py has the same
+# names, with fewer labels and shorter TTFT/E2E buckets and no queue-time histogram).
+SGLANG_TTFT_BUCKETS_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+SGLANG_ITL_BUCKETS_S = (
+    0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080, 0.100,
+    0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
+)
+SGLANG_E2E_BUCKETS_S = (
+    0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400,
+)
+SGLANG_QUEUE_BUCKETS_S = (
+    0.0, 0.1, 0.2, 0.5, 1, 2, 3, 4, 5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 90, 100, 200, 300, 400, 500,
+    600, 700, 800, 900, 1000, 1200, 1400, 1600, 1800, 2000, 2500, 3000,
+)
+
+
+class SGLangRequests:
+    """SGLang's per-request observations of finished requests: its tokenizer's TTFT,
+    inter-token latency and end-to-end histograms and token counters, and its scheduler's
+    queue time (from entering the waiting queue to the first schedule)."""
+
+    def __init__(self) -> None:
+        self.ttft = Histogram(SGLANG_TTFT_BUCKETS_S)
+        self.itl = Histogram(SGLANG_ITL_BUCKETS_S)
+        self.e2e = Histogram(SGLANG_E2E_BUCKETS_S)
+        self.queue = Histogram(SGLANG_QUEUE_BUCKETS_S)
+        self.prompt_tokens = 0  # every prompt token, cached ones included (SGLang's len(origin_input_ids))
+        self.generation_tokens = 0
+        self.cached_tokens = 0
+        self.finished = 0
+
+    def observe(self, tl: RequestTimeline, received_s: float, ready_s: float, max_tokens: int | None) -> None:
+        """A finished request, as ``RequestHistograms.observe`` takes it (``max_tokens``:
+        SGLang has no histogram of it)."""
+        if tl.first_token_s is None or tl.finished_s is None or tl.scheduled_s is None:
+            return
+        self.ttft.observe(tl.first_token_s - received_s)
+        self.e2e.observe(tl.finished_s - received_s)
+        for before, after in itertools.pairwise(tl.token_times_s):
+            self.itl.observe(after - before)
+        self.queue.observe(max(0.0, tl.scheduled_s - ready_s))
+        self.prompt_tokens += tl.prompt_tokens
+        self.generation_tokens += tl.output_tokens
+        self.cached_tokens += tl.cached_tokens
+        self.finished += 1
+
+
+def render_sglang_metrics(
+    model: str, engine: EngineGauges, requests: SGLangRequests, cache_hit_rate: float, lag: Histogram, aborted: int,
+) -> str:
+    """SGLang's ``/metrics`` page for the simulated engine: its scheduler's gauges
+    (``cache_hit_rate``: the last prefill batch's, as SGLang's), its tokenizer's counters
+    and histograms, the requests aborted, and inferlab's own lag of the engine loop.
+    Labels as SGLang's (no ``--enable-priority-scheduling``, no DP or extra labels): the
+    scheduler's ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``,
+    the tokenizer's ``model_name``, ``engine_type``. ``sglang:cached_tokens_total``
+    (labelled ``cache_source``: the GPU's radix cache is ``device``) appears once a request
+    had cached tokens, as SGLang's: it never counts a 0. The other samples show from the
+    start (SGLang's, from its first batch or request). Not shown: what the simulator does not
+    model or count as SGLang does (``gen_throughput``, ``num_used_tokens``, speculative,
+    grammar, disaggregation, HiCache and per-stage metrics, the token-count histograms)."""
+    scheduler = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+    tokenizer = {"model_name": model, "engine_type": "unified"}
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, value: float, help_text: str, labels: Mapping[str, str], lazy: bool = False) -> None:
+        family = name.removesuffix("_total") if kind == "counter" else name  # (prometheus_client's family name)
+        lines.append(f"# HELP {family} {help_text}")
+        lines.append(f"# TYPE {family} {kind}")
+        if value or not lazy:
+            lines.append(f"{name}{{{label_text(labels, by_name=False)}}} {float(value)!r}")
+
+    metric("sglang:num_running_reqs", "gauge", engine.num_running, "The number of running requests.", scheduler)
+    metric("sglang:num_queue_reqs", "gauge", engine.num_waiting, "The number of requests in the waiting queue.", scheduler)
+    metric("sglang:cache_hit_rate", "gauge", cache_hit_rate, "The prefix cache hit rate.", scheduler)
+    metric("sglang:token_usage", "gauge", engine.kv_usage, "The token usage.", scheduler)
+    metric("sglang:prompt_tokens_total", "counter", requests.prompt_tokens, "Number of prefill tokens processed.", tokenizer)
+    metric("sglang:generation_tokens_total", "counter", requests.generation_tokens,
+           "Number of generation tokens processed.", tokenizer)
+    metric("sglang:cached_tokens_total", "counter", requests.cached_tokens,
+           "Number of cached prompt tokens by source (device/host/storage).", {**tokenizer, "cache_source": "device"},
+           lazy=True)
+    metric("sglang:num_requests_total", "counter", requests.finished, "Number of requests processed.", tokenizer)
+    metric("sglang:num_aborted_requests_total", "counter", aborted, "Number of requests aborted.", tokenizer)
+    for hist, name, help_text, labels in (
+        (requests.queue, "sglang:queue_time_seconds", "Histogram of queueing time in seconds.", scheduler),
+        (requests.ttft, "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", tokenizer),
+        (requests.itl, "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", tokenizer),
+        (requests.e2e, "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", tokenizer),
+    ):
+        lines += hist.lines(name, labels, help_text, sglang=True)
+    lines += lag.lines(
+        EMIT_LAG, tokenizer,
+        "How late each step's tokens left the engine loop, wall time versus simulated time.", sglang=True,
     )
     return "\n".join(lines) + "\n"
