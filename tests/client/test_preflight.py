@@ -22,8 +22,10 @@ from inferlab.client.preflight import (
     EXACT_LOCAL,
     EXACT_SERVER,
     NO_FORCE_WARNING,
+    ContextRule,
     Preflight,
     context_fit,
+    requests_fit,
 )
 from inferlab.load.schedules import Replay
 from inferlab.results.summary import Summary
@@ -240,6 +242,22 @@ def test_unbounded_and_empirical_lengths_are_checked_against_the_context_with_th
     for exact in (True, False):  # (no prompt of it fits alone)
         with pytest.raises(UsageError, match="every request would fail"):
             fit(f"empirical:{data}", "normal:50:5", exact)
+
+
+def test_prompts_alone_at_the_context_are_said_in_the_servers_words_not_another_engines() -> None:
+    """Prompts whose answers are not asked for (a dataset's rows): the warning names the
+    limit of the server's own rule; for any server not known to be SGLang that is its
+    context (it said "vLLM's limit" of a llama.cpp or any other server)."""
+    from inferlab.openai.context import SGLangLimits
+
+    pre = Preflight(prompt_overhead_tokens=10, input_length_source=EXACT_LOCAL)
+    rows = [(2040, None), (100, None), (200, None), (300, None)]
+    said = requests_fit(rows, False, pre, 2048, "rows.jsonl")
+    assert said is not None and "can reach the server's 2,048-token context" in said, said
+    assert "vLLM" not in said and "about 25% of requests may not fit" in said, said
+    sglang = ContextRule.sglang(SGLangLimits(2048, None, (0, 5, 11)), "0.5.11")  # (it refuses C - 6 tokens on)
+    said = requests_fit(rows, False, pre, sglang, "rows.jsonl")
+    assert said is not None and "can reach SGLang 0.5.11's limit of 2,042 prompt tokens" in said, said
 
 
 class LlamaLikeServer:

@@ -473,8 +473,9 @@ def _verdict(prompts: LengthDist, outputs: LengthDist | None, overhead: int, rul
     edge = (f"the server's {context:,}-token context" if rule.answer_room == context
             else f"the {rule.answer_room:,} tokens {whose} server leaves a prompt and its answer in its {context:,}-token context")
     if alone:
-        said = (f"{noun}s of {_named(prompts)} (+ {sent}{overhead:,} as sent) can reach {whose} limit of "
-                f"{rule.prompt_limit:,} prompt tokens in the server's {context:,}-token context")
+        reach = (f"the server's {context:,}-token context" if rule.prompt_limit == context  # (any server's)
+                 else f"{whose} limit of {rule.prompt_limit:,} prompt tokens in the server's {context:,}-token context")
+        said = f"{noun}s of {_named(prompts)} (+ {sent}{overhead:,} as sent) can reach {reach}"
     elif prompts.kind in ("fixed", "uniform") and outputs.kind in ("fixed", "uniform"):
         said = f"{noun} {sent}{_most(prompts) + overhead:,} + {_most(outputs):,} output tokens > {edge}"
     else:
