@@ -64,7 +64,10 @@ class RawServer:
 
     def _serve(self, conn: socket.socket) -> None:
         buf = b""
-        conn.settimeout(0.2)
+        try:
+            conn.settimeout(0.2)
+        except OSError:  # (``kill`` closed it before this thread began)
+            return
         while not self._stop.is_set():
             while b"\r\n\r\n" not in buf:
                 try:
