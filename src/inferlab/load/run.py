@@ -1055,8 +1055,9 @@ def _unintended_cache_hits(
         warm = " (warm-ups included)" if any(r.warmup for r in records) else ""  # (as the tokens row says)
         served = (f"the server's /metrics counted {cached:,} of {prompt:,} prompt tokens over the run{warm} as served "
                   "from its prefix cache")
-        unsaid = ("; its answers did not say their cached tokens, as vLLM's do not without --enable-prompt-tokens-details "
-                  "(SGLang's, without --enable-cache-report)")
+        unsaid = "; its answers did not say their cached tokens, as " + (
+            "SGLang's do not without --enable-cache-report" if server_metrics is not None and server_metrics.server == "sglang"
+            else "vLLM's do not without --enable-prompt-tokens-details")
     if not prompt or beyond <= UNINTENDED_CACHE_SHARE * prompt:
         return None
     if fixed:

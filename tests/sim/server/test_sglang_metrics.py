@@ -72,4 +72,5 @@ async def test_bench_reads_its_summary_off_the_sglang_page_and_the_seed_reruns_c
     counted = again.summary.server_metrics.prefix_cache_tokens() if again.summary.server_metrics else None
     assert counted is not None and 0 < counted[0] <= counted[1]
     said = [w for w in again.summary.warnings if FOREIGN_CACHE in w]
-    assert said and "/metrics counted" in said[0] and "--enable-cache-report" in said[0]
+    assert said and "/metrics counted" in said[0] and "as SGLang's do not without --enable-cache-report" in said[0]
+    assert "vLLM" not in said[0], said[0]  # (the flag of the server measured, not another engine's)
