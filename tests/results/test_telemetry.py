@@ -133,6 +133,14 @@ def test_sglang_names() -> None:
                            "prefix_cache_queries_tokens": 900, "prefix_cache_hits_tokens": 0}
     m = server_metrics(snap, [], snap)
     assert m.prefix_cache_hit_rate == 0.6  # the server's own rate where its counters did not move
+    # its finished requests and retractions, counted over the run (labels summed)
+    later = text + ('sglang:num_requests_total{model_name="m",is_streaming="true"} 7\n'
+                    'sglang:num_requests_total{model_name="m",is_streaming="false"} 3\n'
+                    'sglang:num_retracted_requests_total{model_name="m"} 2\n')
+    first = later.replace("} 7\n", "} 1\n").replace("} 3\n", "} 0\n").replace("} 2\n", "} 0\n")
+    m = server_metrics(snapshot(parse_prometheus(first)), [], snapshot(parse_prometheus(later)))
+    assert m.counters["requests_finished"] == 9 and m.counters["preemptions"] == 2
+    assert "requests_finished" not in m.missing and "preemptions" not in m.missing
 
 
 def test_sglang_cached_tokens_are_its_prefix_cache_hits_over_its_prompt_tokens() -> None:

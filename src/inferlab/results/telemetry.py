@@ -33,8 +33,11 @@ COUNTERS: dict[str, tuple[str, ...]] = {
     "generation_tokens": ("vllm:generation_tokens_total", "sglang:generation_tokens_total", "llamacpp:tokens_predicted_total"),
     "prefix_cache_queries_tokens": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_cache_hits_tokens": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
-    "preemptions": ("vllm:num_preemptions_total",),
-    "requests_finished": ("vllm:request_success_total",),
+    # SGLang retracts a running request when its KV cache runs short (0.5's scheduler
+    # counts them; earlier releases have no such counter)
+    "preemptions": ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total"),
+    # SGLang counts every request it finished, as vLLM's counts each finish reason
+    "requests_finished": ("vllm:request_success_total", "sglang:num_requests_total"),
     # llama.cpp's own time totals: what its slots spent on prompts and on generating
     "prompt_seconds": ("llamacpp:prompt_seconds_total",),
     "generation_seconds": ("llamacpp:tokens_predicted_seconds_total",),
