@@ -1,4 +1,4 @@
-"""Fit vLLM V1's front-end latency on the `fit` rows of bench/data only.
+"""Fit an engine family's front-end latency on the `fit` rows of bench/data only.
 
 vLLM V1's front end (``sim/engine/frontend.py``) has CPU costs, measured on vLLM's own
 API server (``bench/vllm_front_end_cost.py``: per request, per prompt token, per
@@ -12,7 +12,12 @@ over the rows and their mean (the objective: every fit row counts once), best fi
 for comparison only, the same medians taken over hosts (a source and its GPU) instead of
 rows. Held-out rows are never read.
 
+``--family sglang`` does the same for SGLang, whose front end has no CPU model (its fixed
+latency, ``api_overhead_s``, is all there is): its fit rows are SGLang's v0.3 benchmark
+against vLLM (A100 and H100) and DataCrunch's H200 runs.
+
     python bench/fit_front_end.py --jobs 2                          # the grid the latency came from
+    python bench/fit_front_end.py --jobs 2 --family sglang           # SGLang's (0 to 30 ms)
     python bench/fit_front_end.py --jobs 2 --latency-ms 0,2.5,5      # other latencies
     python bench/fit_front_end.py --jobs 2 --per-seq-us 5,15,25      # and the engine core's cost per sequence
 
@@ -45,11 +50,12 @@ DATA = Path(__file__).resolve().parent / "data"
 LATENCY_S = tuple(k * 2.5e-3 for k in range(13))  # 0 to 30 ms
 
 
-def fit_rows() -> list[str]:
-    """Row ids of vLLM V1 rows on the fit side (read from the files, before any run)."""
+def fit_rows(family: EngineFamily = EngineFamily.VLLM) -> list[str]:
+    """Row ids of the family's served rows on the fit side (read from the files, before
+    any run)."""
     rows = [r for path in sorted(DATA.glob("*.csv")) for r in load_rows(path) if r.get("split") == "fit"]
     scenarios, _ = parse_rows(rows)
-    return [sc.row_id for sc in scenarios if sc.family == EngineFamily.VLLM and sc.regime != OFFLINE]
+    return [sc.row_id for sc in scenarios if sc.family == family and sc.regime != OFFLINE]
 
 
 def host_medians(comparisons: list) -> dict[str, list[float]]:
@@ -71,6 +77,8 @@ def host_medians(comparisons: list) -> dict[str, list[float]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--family", choices=("vllm", "sglang"), default="vllm",
+                    help="the engine family whose latency is fitted (default: vllm, vLLM V1)")
     ap.add_argument("--latency-ms", help="comma-separated fixed latencies to scan (default: 0 to 30 by 2.5)")
     ap.add_argument("--per-seq-us", help="comma-separated engine-core costs per scheduled sequence to scan "
                     "with each latency (default: the shipped one only)")
@@ -79,24 +87,25 @@ def main(argv: list[str] | None = None) -> int:
         args.jobs = 1  # workers that do not fork would not see the constant changed here
     try:
         latencies = [float(x) / 1e3 for x in args.latency_ms.split(",")] if args.latency_ms else list(LATENCY_S)
-        base = families.FAMILY_RULES[EngineFamily.VLLM]
+        family = EngineFamily.parse(args.family)
+        base = families.FAMILY_RULES[family]
         per_seqs = ([float(x) / 1e6 for x in args.per_seq_us.split(",")] if args.per_seq_us
                     else [base.efficiencies.per_seq_s])
     except ValueError as e:
         print(f"fit_front_end.py: not a number: {e}", file=sys.stderr)
         return 2
-    ids = fit_rows()
+    ids = fit_rows(family)
     results = []
     for per_seq, latency in ((p, lat) for p in per_seqs for lat in latencies):
         eff = dataclasses.replace(base.efficiencies, api_overhead_s=latency, per_seq_s=per_seq)
-        families.FAMILY_RULES[EngineFamily.VLLM] = dataclasses.replace(base, efficiencies=eff)
+        families.FAMILY_RULES[family] = dataclasses.replace(base, efficiencies=eff)
         try:
             report = validate_files(sorted(DATA.glob("*.csv")), ids, args.jobs)
         finally:
-            families.FAMILY_RULES[EngineFamily.VLLM] = base
+            families.FAMILY_RULES[family] = base
         online = [
             c for c in report.comparisons
-            if c.scenario.family == EngineFamily.VLLM and c.scenario.regime != OFFLINE and c.scenario.split == "fit"
+            if c.scenario.family == family and c.scenario.regime != OFFLINE and c.scenario.split == "fit"
         ]
         medians = error_medians(online)
         pooled = statistics.fmean(m for m, _, _ in medians.values())

@@ -751,6 +751,38 @@ def test_fit_gpu_stream_runs_fit_rows_of_that_gpu_only_and_its_rule_prefers_the_
     assert script["main"](["--grid", "3"]) == 2
 
 
+
+def test_fit_front_end_runs_the_named_familys_served_fit_rows_only() -> None:
+    """bench/fit_front_end.py --family sglang fits on SGLang's `fit` rows that go through an
+    API server: never a held-out row, another family's, or an offline one; vLLM V1's
+    rows stay the default; an unknown family is a usage error."""
+    import runpy
+
+    from inferlab.sim.engine.families import EngineFamily
+    from inferlab.sim.validation.calibration import load_rows, parse_rows
+    from inferlab.sim.validation.scenario import OFFLINE
+
+    script = runpy.run_path(str(Path(__file__).resolve().parents[3] / "bench" / "fit_front_end.py"))
+    rows = [r for path in sorted(CSV.parent.glob("*.csv")) for r in load_rows(path)]
+    scenarios = {sc.row_id: sc for sc in parse_rows(rows)[0]}
+    sglang = script["fit_rows"](EngineFamily.SGLANG)
+    assert sglang and all(
+        scenarios[i].split == "fit" and scenarios[i].family == EngineFamily.SGLANG and scenarios[i].regime != OFFLINE
+        for i in sglang
+    )
+    held = {i for i, sc in scenarios.items() if sc.family == EngineFamily.SGLANG and sc.split == "holdout"}
+    assert held and not held & set(sglang)
+    vllm = script["fit_rows"]()
+    assert vllm and not set(vllm) & set(sglang)
+    assert all(scenarios[i].family == EngineFamily.VLLM and scenarios[i].split == "fit" for i in vllm)
+    # an offline row of the family is left out (vLLM V0's fit rows have both)
+    v0 = [sc for sc in scenarios.values() if sc.family == EngineFamily.VLLM_V0 and sc.split == "fit"]
+    assert {sc.regime == OFFLINE for sc in v0} == {True, False}
+    assert set(script["fit_rows"](EngineFamily.VLLM_V0)) == {sc.row_id for sc in v0 if sc.regime != OFFLINE}
+    with pytest.raises(SystemExit) as e:
+        script["main"](["--family", "tgi"])
+    assert e.value.code == 2
+
 # --- distributions: the other statistics of a row's run ------------------------------------
 
 
