@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from inferlab.results.telemetry import (
     ServerMetrics,
+    merge,
+    one_server,
     parse_prometheus,
     quantile_bound,
     server_metrics,
@@ -214,3 +216,27 @@ def test_the_gateway_queue_is_the_delta_of_its_wait_histogram_over_every_series(
     restarted = gateway_queue(after, before)  # (the counters went back)
     assert not restarted.available and "restart" in (restarted.reason or "")
     assert not gateway_queue(before, {}).available
+
+
+def test_pages_of_one_server_are_merged_each_in_its_own_names() -> None:
+    """Two engines' pages, the second an older vLLM (``gpu_cache_usage_perc``, no
+    ``kv_cache_usage_perc``): counters and running summed, KV usage the largest of both
+    (neither page's left out for using the other name), histograms added bound by bound."""
+    older = vllm_page(kv=0.7, b1=1, b2=3, b3=3, ttft_sum=0.9).replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    a = snapshot(parse_prometheus(vllm_page(running=2, kv=0.4, prompt=100, b1=2, b2=2, b3=4, ttft_sum=1.5)))
+    b = snapshot(parse_prometheus(older))
+    m = merge([a, b])
+    assert m.values["prompt_tokens"] == 100 + 1000 and m.values["running"] == (2 + 1) + (3 + 1)
+    assert m.values["kv_usage"] == 0.7 and a.values["kv_usage"] == 0.4
+    h = m.histograms["ttft"]
+    assert h.cumulative == (3.0, 5.0, 7.0) and h.count == 7 and h.sum == pytest.approx(2.4)
+    assert m.server == "vllm" and merge([a]) is a
+
+
+def test_pages_read_alike_are_one_servers_only_where_a_latency_was_measured() -> None:
+    busy = snapshot(parse_prometheus(vllm_page(b1=1, b2=2, b3=2, ttft_sum=0.4321)))
+    again = snapshot(parse_prometheus(vllm_page(b1=1, b2=2, b3=2, ttft_sum=0.4321)))
+    assert one_server(busy, again)
+    assert not one_server(busy, snapshot(parse_prometheus(vllm_page(b1=1, b2=2, b3=2, ttft_sum=0.4322))))
+    idle = snapshot(parse_prometheus(vllm_page()))  # (two fresh servers read alike too)
+    assert not one_server(idle, snapshot(parse_prometheus(vllm_page())))

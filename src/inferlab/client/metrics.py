@@ -7,8 +7,9 @@ page (404, not Prometheus text, no answer) is no error: the telemetry says "not
 available" and why. Where the page is inferlab gateway's own, no engine's, it is read
 before and after the run for the gateway's queue (``gateway_queue``). Given pages of
 their own (``bench --metrics-url``: the engines behind a gateway, a separate metrics
-port), the sampler reads those instead, every one each time, as one server's (their
-samples put together: ``results.telemetry.snapshot`` sums a name's label sets), and the
+port), the sampler reads those instead, every one each time, as one server's (put
+together by ``results.telemetry.merge``; pages that read alike before and after the run,
+perhaps one server under two names, are said to), and the
 API URL's page only before and after the run, for a gateway's queue; ``check_pages``
 refuses such a page that does not answer before the run. Reading never raises and never
 slows the run down: one request at a time, a short timeout, on a session of its own.
@@ -19,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from inferlab._clock import NS_PER_S, Clock
-from inferlab._errors import ServerUnreachableError
+from inferlab._errors import ServerUnreachableError, UsageError
 from inferlab.results.telemetry import (
     GATEWAY_QUEUE_WAIT,
     GATEWAY_REJECTIONS,
@@ -33,7 +35,9 @@ from inferlab.results.telemetry import (
     ServerMetrics,
     Snapshot,
     gateway_queue,
+    merge,
     not_available,
+    one_server,
     parse_prometheus,
     server_metrics,
     server_names,
@@ -72,17 +76,44 @@ def page_url(url: str) -> str:
 
 
 async def check_pages(urls: Sequence[str], headers: dict[str, str] | None = None) -> None:
-    """``ServerUnreachableError`` (one line) for the first of the pages the user named
-    that does not answer, or answers with nothing inferlab reads (not Prometheus text, no
-    engine's names, inferlab gateway's own page): read as "not available", the run's
-    server metrics would say nothing of the server the user pointed at."""
+    """``UsageError`` where two of the pages the user named are one page under two names
+    (``localhost`` and ``127.0.0.1``: its counts would be added twice);
+    ``ServerUnreachableError`` (one line) for the first that does not answer, or answers
+    with nothing inferlab reads (not Prometheus text, no engine's names, inferlab
+    gateway's own page): read as "not available", the run's server metrics would say
+    nothing of the server the user pointed at."""
     import aiohttp
 
+    await _one_name_each(urls)
     async with aiohttp.ClientSession() as session:
         for url in urls:
             snap = await scrape(session, url, headers)
             if isinstance(snap, str):
                 raise ServerUnreachableError(f"--metrics-url {url}: {snap.removeprefix(f'GET {url}: ')}")
+
+
+async def _one_name_each(urls: Sequence[str]) -> None:
+    """``UsageError`` for two pages at one address: the same scheme, port and path on a
+    host whose addresses (as this machine resolves it) meet the other's. A name that does
+    not resolve is left to the read that follows."""
+    loop = asyncio.get_running_loop()
+    seen: list[tuple[str, tuple[str, int, str], set[str]]] = []
+    for url in urls:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        where = (parts.scheme, port, parts.path.rstrip("/") or "/")
+        try:
+            infos = await loop.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            continue
+        addresses = {str(info[4][0]) for info in infos}
+        for other, other_where, other_addresses in seen:
+            if where == other_where and addresses & other_addresses:
+                raise UsageError(
+                    f"--metrics-url {url} is the page of --metrics-url {other} (both {min(addresses & other_addresses)} port "
+                    f"{port}): one server named twice would have its counts added twice; name each server once"
+                )
+        seen.append((url, where, addresses))
 
 
 async def scrape(
@@ -112,15 +143,9 @@ async def _page(session: aiohttp.ClientSession, url: str, headers: dict[str, str
         return Failed(f"GET {url}: {type(e).__name__}: {e}".strip().rstrip(":"))
 
 
-def _snapshot(url: str, text: str, only: Sequence[str] = (), more: Sequence[str] = ()) -> Snapshot | str:
-    """One page's text in our names, or why it has none of them; with ``more`` pages'
-    texts, theirs put together with it (one server's: ``url`` names them all)."""
-    names = server_names(only)
-    samples = parse_prometheus(text, names)
-    for other in more:
-        for name, rows in parse_prometheus(other, names).items():
-            samples.setdefault(name, []).extend(rows)
-    snap = snapshot(samples)
+def _snapshot(url: str, text: str, only: Sequence[str] = ()) -> Snapshot | str:
+    """One page's text in our names, or why it has none of them."""
+    snap = snapshot(parse_prometheus(text, server_names(only)))
     if not snap.values and not snap.histograms:
         if only:
             return f"GET {url}: no {', '.join(only)} (by vLLM's, SGLang's or llama.cpp's names)"
@@ -148,6 +173,8 @@ class MetricsSampler:
         self._task: asyncio.Task[None] | None = None
         self._before: Snapshot | str = "not read"
         self._during: list[Snapshot] = []
+        # the pages apart (as many as ``urls``) as read before the run and, last, after it
+        self._pages: list[tuple[Snapshot, ...]] = []
         self._t0_ns = 0
         # inferlab gateway's page before and after the run (its queue: ``gateway_queue``)
         self._gateway: list[Samples] = []
@@ -168,19 +195,36 @@ class MetricsSampler:
         """Every page once, as one server's; why not, where one failed (a page missing
         would take its counts off the sum)."""
         assert self._session is not None
-        texts = []
-        for url in self.urls:
-            page = await _page(self._session, url, self.headers, TIMEOUT_S)
-            if isinstance(page, Failed):
-                return str(page)
-            texts.append(page)
-        if not self.own:  # (the API URL's page: inferlab gateway's holds its queue)
-            self._gateway_page(texts[0])
-        snap = _snapshot(" + ".join(self.urls), texts[0], more=texts[1:])
-        if isinstance(snap, Snapshot):
-            t_s = (self.clock.now_ns() - self._t0_ns) / NS_PER_S
-            self.series.append({"t_s": round(t_s, 3), **snap.to_json()})
+        pages: list[Snapshot] = []
+        for i, url in enumerate(self.urls):
+            text = await _page(self._session, url, self.headers, TIMEOUT_S)
+            if isinstance(text, Failed):
+                return str(text)
+            if not self.own and i == 0:  # (the API URL's page: inferlab gateway's holds its queue)
+                self._gateway_page(text)
+            page = _snapshot(url, text)
+            if isinstance(page, str):
+                return page
+            pages.append(page)
+        snap = merge(pages)
+        t_s = (self.clock.now_ns() - self._t0_ns) / NS_PER_S
+        self.series.append({"t_s": round(t_s, 3), **snap.to_json()})
+        self._pages[1:] = [tuple(pages)]  # (the one before, and the latest)
         return snap
+
+    def _alike(self) -> str | None:
+        """A caveat where two pages read alike before the run and after it, count for
+        count and to the last latency sum (``results.telemetry.one_server``): one server
+        under two names that ``check_pages`` could not tell apart (a container's address
+        and a host port), whose counts were added twice. Two servers that served requests
+        do not share a sum of measured seconds; the numbers are left as read."""
+        if len(self._pages) < 2:
+            return None
+        first, last = self._pages[0], self._pages[-1]
+        pairs = [(self.urls[i], self.urls[j]) for j in range(len(last)) for i in range(j)
+                 if one_server(last[i], last[j]) and first[i] == first[j]]
+        return "; ".join(f"{a} and {b} read alike, every count and latency sum, before and after the run: if they "
+                         "are one server's, its counts above are added twice" for a, b in pairs) or None
 
     def _gateway_page(self, page: str) -> bool:
         """Keep inferlab gateway's queue figures off ``page``, where it is the gateway's."""
@@ -231,7 +275,7 @@ class MetricsSampler:
                                            f"end at the last page sampled during it, {last:g} s in")
             if isinstance(after, str):
                 return not_available(f"after the run: {after}")
-            return server_metrics(self._before, self._during, after)
+            return dataclasses.replace(server_metrics(self._before, self._during, after), reason=self._alike())
         finally:
             if self._session is not None:
                 await self._session.close()

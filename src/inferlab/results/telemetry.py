@@ -152,7 +152,7 @@ def snapshot(samples: Samples) -> Snapshot:
         for name in names:
             if name in samples:
                 vals = [v for _, v in samples[name]]
-                values[ours] = max(vals) if ours in ("kv_usage", "prefix_cache_hit_rate") else math.fsum(vals)
+                values[ours] = max(vals) if ours in _LARGEST else math.fsum(vals)
                 used.append(name)
                 break
     hists: dict[str, HistogramCounts] = {}
@@ -177,6 +177,48 @@ def snapshot(samples: Samples) -> Snapshot:
     servers = {_SERVERS.get(n.split(":")[0]) for n in used} - {None}
     server = next(iter(servers)) if len(servers) == 1 else None
     return Snapshot(values, hists, server)
+
+
+#: Gauges of one server's that are the largest of its pages', not their sum (a share each).
+_LARGEST = ("kv_usage", "prefix_cache_hit_rate")
+
+
+def merge(pages: Sequence[Snapshot]) -> Snapshot:
+    """Pages read as one server's (``bench --metrics-url`` named several), put together
+    as ``snapshot`` puts a name's label sets together: counters, running and waiting
+    summed, KV usage and the hit rate the largest, histograms added bound by bound; the
+    server's names where every page used the same ones. Each page keeps the names it
+    uses (one vLLM's ``kv_cache_usage_perc`` beside an older one's
+    ``gpu_cache_usage_perc``: both read)."""
+    if len(pages) == 1:
+        return pages[0]
+    values: dict[str, float] = {}
+    for page in pages:
+        for name, v in page.values.items():
+            if name not in values:
+                values[name] = v
+            else:
+                values[name] = max(values[name], v) if name in _LARGEST else values[name] + v
+    hists: dict[str, HistogramCounts] = {}
+    for name in {n for page in pages for n in page.histograms}:
+        parts = [page.histograms[name] for page in pages if name in page.histograms]
+        by_bound: dict[float, float] = {}
+        for h in parts:
+            for bound, cum in zip(h.bounds, h.cumulative, strict=True):
+                by_bound[bound] = by_bound.get(bound, 0.0) + cum
+        bounds = tuple(sorted(by_bound))
+        hists[name] = HistogramCounts(
+            bounds, tuple(by_bound[b] for b in bounds), math.fsum(h.sum for h in parts), math.fsum(h.count for h in parts)
+        )
+    servers = {page.server for page in pages}
+    return Snapshot(values, hists, servers.pop() if len(servers) == 1 else None)
+
+
+def one_server(a: Snapshot, b: Snapshot) -> bool:
+    """Whether two pages read at one time are one server's: every count, gauge and
+    histogram alike, and some latency observed (the sums of measured seconds two servers
+    never share; two idle servers that have served nothing do share every count)."""
+    return a == b and any(h.count > 0 and h.sum > 0 for h in a.histograms.values())
 
 
 #: SGLang's count of the prompt tokens its prefix cache served, by ``cache_source`` (device,
