@@ -96,10 +96,15 @@ async def test_prompt_and_output_of_the_whole_context_fit_vllm_but_not_sglang_be
     async with sglang_server("0.5.11") as url:
         with pytest.raises(UsageError, match="every answer would be cut short of the exact length asked"):
             await bench_async(edge, url)
-        ran = await bench_async(cfg(CONTEXT - overhead - 40, 40, exact=False), url)
+        ran = await bench_async(cfg(CONTEXT - overhead - 40, 40, exact=False, n=6), url)
         said = [w for w in ran.summary.warnings if "may not get their whole answer" in w]
         assert len(said) == 1 and "ends each answer 2 tokens short" in said[0], ran.summary.warnings
-        assert [r.output_tokens for r in ran.records] == [38, 38]
+        # cut two short of the 40 asked; an answer may end sooner at its end of sequence (the
+        # simulated model's length for each prompt, which the run's fresh prompts change:
+        # about one in twenty ends before 38 here), never later
+        ends = [(r.output_tokens, r.finish_reason) for r in ran.records]
+        assert all(n == 38 for n, why in ends if why == "length") and all(n < 38 for n, why in ends if why == "stop")
+        assert ("length" in {why for _, why in ends}), ends
 
 
 async def test_a_prompt_within_six_tokens_of_the_context_is_refused_for_sglang_alone() -> None:
