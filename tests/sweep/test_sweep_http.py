@@ -69,9 +69,38 @@ def test_a_url_bench_would_refuse_is_refused_before_any_point_runs(tmp_path: Pat
     assert not (tmp_path / "x").exists()
 
 
-def test_server_flags_without_a_url_are_refused(tmp_path: Path) -> None:
-    r = sweep(["--timeout", "5", "-o", str(tmp_path / "x")])
-    assert r.exit_code == 2 and "only for runs against --url" in r.output
+@pytest.mark.parametrize(("flags", "named"), [(["--timeout", "5"], "--timeout"),
+                                              (["--metrics-url", "http://127.0.0.1:9/metrics"], "--metrics-url"),
+                                              (["--no-server-metrics"], "--[no-]server-metrics")])
+def test_server_flags_without_a_url_are_refused(tmp_path: Path, flags: list[str], named: str) -> None:
+    r = sweep([*flags, "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "only for runs against --url" in r.output and named in r.output
+
+
+def test_every_point_reads_the_metrics_pages_named(tmp_path: Path) -> None:
+    """``--metrics-url`` (the engines behind a gateway, a metrics port of their own):
+    every point reads the pages named, not the one beside --url; refused as bench refuses
+    it, and beside --engine (whose server's own page is read)."""
+    with ChildServer(SERVE) as server:
+        page = f"{server.url}/metrics"
+        r = sweep(["--url", server.url, "--metrics-url", page, "-c", "1,2", "-n", "4", "--no-saturation-stop",
+                   *WORKLOAD, "-o", str(tmp_path / "s")])
+        assert r.exit_code == 0, r.output
+        for point in ("001_c1", "002_c2"):
+            config = json.loads((tmp_path / "s" / point / "config.json").read_text())
+            assert config["metrics_urls"] == [page] == config["resolved"]["metrics_urls"]
+            summary = json.loads((tmp_path / "s" / point / "summary.json").read_text())
+            assert summary["server_metrics"]["available"] and summary["server_metrics"]["counters"]["requests_finished"] >= 4
+        for flags, said in ((["--metrics-url", page, "--no-server-metrics"], "--no-server-metrics reads none"),
+                            (["--metrics-url", "ftp://127.0.0.1/metrics"], "not an http(s) URL"),
+                            (["--metrics-url", page, "--metrics-url", page.replace("127.0.0.1", "localhost")],
+                             "name each server once")):
+            r = sweep(["--url", server.url, *flags, "-c", "1", "-n", "2", "-o", str(tmp_path / "x")])
+            assert r.exit_code == 2 and said in r.output, r.output
+            assert not (tmp_path / "x").exists()
+    r = sweep(["--engine", str(tmp_path / "engine.toml"), "--metrics-url", "http://127.0.0.1:9/metrics",
+               "-o", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--metrics-url needs --url" in r.output
 
 
 def test_no_server_there_exits_1_and_leaves_no_empty_sweep(tmp_path: Path) -> None:

@@ -319,6 +319,18 @@ def http_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def server_metrics_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Reading the server's own Prometheus /metrics (``bench``, and ``sweep`` with
+    ``--url``): on or off, and pages of their own (``--metrics-url``)."""
+    opts: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
+        click.option("--server-metrics/--no-server-metrics", default=True, show_default=True, help="Read the server's Prometheus /metrics before, every second during and after the run (summary.json's server_metrics, server_metrics.jsonl); a server without it is no error."),
+        click.option("--metrics-url", "metrics_urls", multiple=True, metavar="URL", help="Read this Prometheus page instead of the one beside --url (repeatable: several pages are read as one server's, their counters, histograms and running/waiting summed, KV usage the max; one page under two names is refused): the engines behind a gateway (whose own page still gives its queue), a separate metrics port. A page that does not answer, or has no engine's metrics, is refused before the run (exit 1). Needs --url."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
 def workers_option(value: str) -> int | None:
     """``--workers``: None for auto, else a count of at least 1."""
     if value.strip().lower() == "auto":

@@ -36,6 +36,7 @@ from inferlab.cli.common import (
     load_config,
     parse_headers,
     run_guarded,
+    server_metrics_options,
     slo_config,
     table_percentiles,
     workload_config,
@@ -69,8 +70,7 @@ def main() -> None:
 @click.option("--model", help="Model name to request. Default: the first one the server lists. Without --url: the model the built-in simulator serves (a preset name or HF id).")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True, help="The API requests are sent on. On a vllm bench serve line (--num-prompts, --request-rate, --backend, ...) the default is vLLM's: completions (its default --backend openai).")
 @http_options
-@click.option("--server-metrics/--no-server-metrics", default=True, show_default=True, help="Read the server's Prometheus /metrics before, every second during and after the run (summary.json's server_metrics, server_metrics.jsonl); a server without it is no error.")
-@click.option("--metrics-url", "metrics_urls", multiple=True, metavar="URL", help="Read this Prometheus page instead of the one beside --url (repeatable: several pages are read as one server's, their counters, histograms and running/waiting summed, KV usage the max): the engines behind a gateway (whose own page still gives its queue), a separate metrics port. A page that does not answer, or has no engine's metrics, is refused before the run (exit 1). Needs --url.")
+@server_metrics_options
 @click.option("--engine", "engine_config", type=click.Path(dir_okay=False), help="Start this engine first (a TOML/JSON file, as for inferlab engine start), measure it, stop it.")
 @click.option("--temperature", type=FloatRange(min=0, finite=True), help="Sampling temperature sent with every request (default: none sent, the server's default applies). Output lengths stay exact unless --no-exact-output.")
 @click.option("--extra-body", callback=extra_body_option, metavar="JSON|@FILE", help="A JSON object merged into every request body, as vLLM's --extra-body (e.g. '{\"top_p\": 0.9, \"seed\": 1}'); fields the run sets itself (model, messages/prompt, max_tokens, min_tokens, ignore_eos, stream, n) are refused. Recorded in config.json.")

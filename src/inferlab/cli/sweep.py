@@ -42,6 +42,7 @@ from inferlab.cli.common import (
     parse_rate,
     record_sweep_in_history,
     run_guarded,
+    server_metrics_options,
     slo_config,
     workload_config,
 )
@@ -55,6 +56,7 @@ from inferlab.load.run import (
     RunResult,
     SimTarget,
     Target,
+    metrics_pages,
     sim_engine_config,
     trtllm_bench_sized,
 )
@@ -81,7 +83,9 @@ WORKLOAD_AXES = ("input_tokens", "output_tokens", "prefix_tokens", "prefix_group
 #: the default load axis: users doubling up to 256, until saturation
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: flags that only mean something against a server
-_HTTP_ONLY = ("stream", "api_key", "header", "timeout", "idle_timeout", "workers", "http_client", "preflight")
+_HTTP_ONLY = ("stream", "api_key", "header", "timeout", "idle_timeout", "workers", "http_client", "preflight",
+              "server_metrics", "metrics_urls")
+_HTTP_SWITCHES = ("stream", "preflight", "server_metrics")  # (--x/--no-x: named so)
 #: flags a sweep refuses, with what to do instead
 _REFUSED = {
     "trace": "a trace replays at its own times, with no load axis to sweep (run it with bench or sim run)",
@@ -135,7 +139,7 @@ def _sweep_params() -> list[click.Parameter]:
     for p in _params(engine_options(RUN_DEFAULTS)):
         assert isinstance(p, click.Option)
         params.append(p if p.is_flag else _listed(p))
-    return params + _params(http_options)
+    return params + _params(http_options) + _params(server_metrics_options)
 
 
 ENGINE_PARAMS = _params(engine_options(RUN_DEFAULTS))
@@ -277,11 +281,14 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
                              "(here only its settings: " + ", ".join(map(engine_flag, SPEC_FLAGS)) + ")")
         if kw["model"] is not None and len(kw["model"]) > 1:
             raise UsageError("--model: with --engine the config names the model and a sweep requests one (the model name)")
+        if kw["metrics_urls"]:
+            raise UsageError("--metrics-url needs --url: the server --engine starts has its own /metrics read already")
     elif url is not None:
         try:
             api_base(url)
         except ValueError as e:  # (refused before any point runs, as bench refuses it)
             raise UsageError(f"--url: {e}") from None
+        metrics_pages(kw["metrics_urls"], kw["server_metrics"])  # (likewise)
         engine = [n for n in ENGINE_FLAGS if n != "model" and given(n)]
         if engine:
             flags = ", ".join(map(engine_flag, engine))
@@ -294,7 +301,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
     else:
         http = [n for n in _HTTP_ONLY if given(n)]
         if http:
-            flags = ", ".join("--" + n.replace("_", "-") for n in http)
+            flags = ", ".join(("--[no-]" if n in _HTTP_SWITCHES else "--") + n.replace("_", "-") for n in http)
             raise UsageError(f"{flags}: only for runs against --url (without it the sweep runs the simulator in virtual time)")
     tuning = [f for f in ("saturation_gain", "ttft_growth") if given(f)]
     if kw["find_max_rate"] and (tuning or given("saturation_stop")):
@@ -338,6 +345,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
         target = HttpTarget(
             url or "", base.get("model"), kw["stream"], kw["api_key"], parse_headers(kw["header"]), kw["timeout"],
             kw["idle_timeout"], kw["preflight"], workers=kw["workers"], http_client=kw["http_client"],
+            server_metrics=kw["server_metrics"], metrics_urls=metrics_pages(kw["metrics_urls"], kw["server_metrics"]),
         )
         if kw["engine_config"] is not None:
             target = _engine_target(kw["engine_config"], base, axes, target)

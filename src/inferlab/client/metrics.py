@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from inferlab._clock import NS_PER_S, Clock
-from inferlab._errors import ServerUnreachableError, UsageError
+from inferlab._errors import ServerUnreachableError
 from inferlab.results.telemetry import (
     GATEWAY_QUEUE_WAIT,
     GATEWAY_REJECTIONS,
@@ -76,15 +76,13 @@ def page_url(url: str) -> str:
 
 
 async def check_pages(urls: Sequence[str], headers: dict[str, str] | None = None) -> None:
-    """``UsageError`` where two of the pages the user named are one page under two names
-    (``localhost`` and ``127.0.0.1``: its counts would be added twice);
-    ``ServerUnreachableError`` (one line) for the first that does not answer, or answers
+    """``ServerUnreachableError`` (one line) for the first of the pages the user named
+    (checked by ``page_url`` and ``one_name_each``) that does not answer, or answers
     with nothing inferlab reads (not Prometheus text, no engine's names, inferlab
     gateway's own page): read as "not available", the run's server metrics would say
     nothing of the server the user pointed at."""
     import aiohttp
 
-    await _one_name_each(urls)
     async with aiohttp.ClientSession() as session:
         for url in urls:
             snap = await scrape(session, url, headers)
@@ -92,26 +90,26 @@ async def check_pages(urls: Sequence[str], headers: dict[str, str] | None = None
                 raise ServerUnreachableError(f"--metrics-url {url}: {snap.removeprefix(f'GET {url}: ')}")
 
 
-async def _one_name_each(urls: Sequence[str]) -> None:
-    """``UsageError`` for two pages at one address: the same scheme, port and path on a
-    host whose addresses (as this machine resolves it) meet the other's. A name that does
-    not resolve is left to the read that follows."""
-    loop = asyncio.get_running_loop()
+def one_name_each(urls: Sequence[str]) -> None:
+    """ValueError for two pages at one address: the same scheme, port and path on a host
+    whose addresses (as this machine resolves them) meet the other's (``localhost`` and
+    ``127.0.0.1``: one server's counts would be added twice). A name that does not
+    resolve is left to the read that follows, which says so."""
     seen: list[tuple[str, tuple[str, int, str], set[str]]] = []
     for url in urls:
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         where = (parts.scheme, port, parts.path.rstrip("/") or "/")
         try:
-            infos = await loop.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+            infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError):
             continue
         addresses = {str(info[4][0]) for info in infos}
         for other, other_where, other_addresses in seen:
             if where == other_where and addresses & other_addresses:
-                raise UsageError(
-                    f"--metrics-url {url} is the page of --metrics-url {other} (both {min(addresses & other_addresses)} port "
-                    f"{port}): one server named twice would have its counts added twice; name each server once"
+                raise ValueError(
+                    f"--metrics-url {url} is the page of --metrics-url {other} (both {min(addresses & other_addresses)} "
+                    f"port {port}): one server named twice would have its counts added twice; name each server once"
                 )
         seen.append((url, where, addresses))
 

@@ -25,7 +25,13 @@ from inferlab._clock import Clock, WallClock
 from inferlab._cores import usable_cores
 from inferlab._errors import ConfigError, InferlabError, RunFailedError, UsageError
 from inferlab._loop import loop_name
-from inferlab.client.metrics import MetricsSampler, check_pages, metrics_url, page_url
+from inferlab.client.metrics import (
+    MetricsSampler,
+    check_pages,
+    metrics_url,
+    one_name_each,
+    page_url,
+)
 from inferlab.client.preflight import (
     APPROX_NO_PREFLIGHT,
     EXACT_LOCAL,
@@ -676,9 +682,11 @@ def metrics_pages(urls: Sequence[str], server_metrics: bool) -> tuple[str, ...]:
     if not server_metrics:
         raise UsageError("--metrics-url names pages to read and --no-server-metrics reads none: give one of them")
     try:
-        return tuple(dict.fromkeys(page_url(u) for u in urls))
+        pages = tuple(dict.fromkeys(page_url(u) for u in urls))
+        one_name_each(pages)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    return pages
 
 
 #: The most dataset rows counted with the server's /tokenize to check them against its
