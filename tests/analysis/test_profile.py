@@ -187,3 +187,32 @@ def test_the_default_budgets_decode_ladder_is_steady_state_and_a_small_one_drops
     assert decode.data["quality"]["trusted"], decode.data["quality"]
     said = f"concurrency {', '.join(map(str, dropped))} not run: at 4 requests per user (steady state)"
     assert said in decode.cost and decode.data["dropped_why"] in decode.cost, decode.cost
+
+
+def test_metrics_url_is_read_by_every_measurement_and_checked_before_the_first(tmp_path: Path) -> None:
+    """``profile --metrics-url``: the pages bench would read instead of the one beside
+    --url (the engines behind a gateway), read by each measurement, so the prefix cache's
+    factor has the server's own counts where the answers say none (this server does not
+    put cached tokens in them); a page that does not answer is refused before the first
+    measurement (exit 1, no profile written); without --url, a usage error."""
+    from click.testing import CliRunner
+
+    from inferlab.cli.main import main
+
+    def cli(*args: str) -> tuple[int, str]:
+        r = CliRunner().invoke(main, ["profile", "--factors", "prefix_cache", "--budget", "60s", *args])
+        return r.exit_code, r.output
+
+    code, out = cli("--metrics-url", "http://127.0.0.1:9/metrics", "-o", str(tmp_path / "a"))
+    assert code == 2 and "--metrics-url needs --url" in out
+    with ChildServer(SERVE) as server:
+        page = f"{server.url}/metrics"
+        code, out = cli("--url", server.url, "--metrics-url", "http://127.0.0.1:9/metrics", "-o", str(tmp_path / "b"))
+        assert code == 1 and "--metrics-url http://127.0.0.1:9/metrics" in out and len(out.strip().splitlines()) == 1
+        assert not (tmp_path / "b").exists()
+        code, out = cli("--url", server.url, "--metrics-url", page, "-o", str(tmp_path / "c"), "--json")
+    assert code == 0, out
+    runs = sorted((tmp_path / "c").glob("**/config.json"))
+    assert runs and all(json.loads(p.read_text())["resolved"]["metrics_urls"] == [page] for p in runs)
+    (factor,) = read_profile(tmp_path / "c").factors
+    assert factor.measured and "the server's /metrics" in factor.cost

@@ -113,6 +113,9 @@ class ProfileConfig:
     factors: tuple[str, ...] = ()  # measure only these (``FACTORS``); empty: all
     # False: let the model stop on its own, and measure temperature's effect on length
     exact_output: bool = True
+    # the Prometheus pages every measurement reads instead of the one beside the URL
+    # (``--metrics-url``: the engines behind a gateway; checked as bench checks them)
+    metrics_urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = set(self.factors) - set(FACTORS)
@@ -462,7 +465,7 @@ class _Profiler:
         )
         target = HttpTarget(
             self.url, self.model, api_key=self.config.api_key, embedded=self.config.embedded, workers=1,
-            extra_body=dict(extra_body or {}),
+            extra_body=dict(extra_body or {}), metrics_urls=self.config.metrics_urls,
         )
         stop = asyncio.Event()
         left = (deadline_s if deadline_s is not None else self.deadline_s) - self.elapsed_s()
@@ -702,7 +705,8 @@ class _Profiler:
             WorkloadConfig(input_tokens=long_tokens, output_tokens=1), self.config.api, None,
             str(self.out / "hol/long-background"), overwrite=self.config.overwrite,
         )
-        target = HttpTarget(self.url, self.model, api_key=self.config.api_key, embedded=self.config.embedded, workers=1)
+        target = HttpTarget(self.url, self.model, api_key=self.config.api_key, embedded=self.config.embedded, workers=1,
+                            metrics_urls=self.config.metrics_urls)
         timer = asyncio.get_running_loop().call_later(max(0.0, self.deadline_s - self.elapsed_s()), stop_bg.set)
         background = asyncio.ensure_future(run(bg_cfg, target, stop=stop_bg))
         bg: RunResult | None = None

@@ -22,6 +22,7 @@ from inferlab.analysis.profile import (
 )
 from inferlab.cli.common import FloatRange, console, given, run_guarded
 from inferlab.engines.launch import command, load_spec
+from inferlab.load.run import metrics_pages
 from inferlab.results.metrics import SLO
 from inferlab.results.provenance import PREDICTION
 from inferlab.results.runfiles import dumps
@@ -33,6 +34,7 @@ from inferlab.results.runfiles import dumps
 @click.option("--model", help="Model name to request (default: the first the server lists; without --url: the model the simulator serves).")
 @click.option("--api", type=click.Choice(["chat", "completions"]), default="chat", show_default=True)
 @click.option("--api-key", envvar="OPENAI_API_KEY", help="Bearer token [env: OPENAI_API_KEY].")
+@click.option("--metrics-url", "metrics_urls", multiple=True, metavar="URL", help="Every measurement reads this Prometheus page instead of the one beside --url, as bench --metrics-url does (repeatable): the engines behind a gateway, whose prefix-cache counters the prefix cache's factor may need. Needs --url.")
 @click.option("--budget", default=f"{DEFAULT_BUDGET_S / 60:g}m", show_default=True, help="Wall time the whole profile may take: seconds, or 90s, 5m, 1h. Sizes shrink with it; a measurement still going at the end of its share is stopped.")
 @click.option("-o", "--out", "out_dir", default="inferlab-profile", show_default=True, type=click.Path(file_okay=False), help="Folder for profile.json and one run directory per measurement.")
 @click.option("--overwrite", is_flag=True, help="Replace a profile already in --out.")
@@ -61,6 +63,9 @@ def _profile(kw: dict[str, Any]) -> int:
     factors = () if kw["factors"].strip() == "all" else tuple(f.strip() for f in kw["factors"].split(",") if f.strip())
     if not factors and kw["factors"].strip() != "all":  # (an empty tuple is every factor)
         raise UsageError("--factors names no factor (give 'all' for every one)")
+    if kw["metrics_urls"] and kw["url"] is None:
+        raise UsageError("--metrics-url needs --url: a server profile starts itself (the embedded simulator, --engine) "
+                         "has its own /metrics read already")
     config = ProfileConfig(
         out_dir=kw["out_dir"], budget_s=parse_budget(kw["budget"]), model=kw["model"], api=kw["api"],
         api_key=kw["api_key"], slo=SLO(ttft_ms=kw["slo_ttft_ms"], tpot_ms=kw["slo_tpot_ms"]),
@@ -68,6 +73,7 @@ def _profile(kw: dict[str, Any]) -> int:
         embedded=kw["url"] is None and spec is None, exact_output=kw["exact_output"],
         factors=factors,
         engine_config=None if spec is None else recorded_spec(spec),
+        metrics_urls=metrics_pages(kw["metrics_urls"], True),
     )
     if "decode" not in config.measured():  # (the decode ladder is all they shape)
         for name, flag in (("max_concurrency", "--max-concurrency"), ("slo_ttft_ms", "--slo-ttft-ms"), ("slo_tpot_ms", "--slo-tpot-ms")):
@@ -90,6 +96,15 @@ def _profile(kw: dict[str, Any]) -> int:
         embedded = ChildServer(["--enable-prompt-tokens-details", *(["--model", kw["model"]] if kw["model"] else [])])
         url = embedded.url
         click.echo(f"inferlab: no --url, profiling the simulated server at {url} (numbers are a prediction)", err=True)
+    if config.metrics_urls:  # (a page the user named that does not answer: refused before the first measurement)
+        from inferlab.client.exchange import auth_headers
+        from inferlab.client.metrics import check_pages
+
+        try:
+            headers = auth_headers({}, config.api_key)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        asyncio.run(check_pages(config.metrics_urls, headers))
     try:
         result = asyncio.run(profile(config, url, on_step=lambda name: err.print(f"[dim]profile: {name.replace('_', ' ')}…[/dim]")))
     finally:
