@@ -240,3 +240,14 @@ def test_pages_read_alike_are_one_servers_only_where_a_latency_was_measured() ->
     assert not one_server(busy, snapshot(parse_prometheus(vllm_page(b1=1, b2=2, b3=2, ttft_sum=0.4322))))
     idle = snapshot(parse_prometheus(vllm_page()))  # (two fresh servers read alike too)
     assert not one_server(idle, snapshot(parse_prometheus(vllm_page())))
+
+
+def test_a_counter_first_shown_during_the_run_counts_from_zero() -> None:
+    """SGLang shows a labelled counter from its first event: absent before the run, 3
+    after it is 3 over the run (as a histogram first shown is), not unknown."""
+    page = 'sglang:prompt_tokens_total{model_name="m"} 900\n'
+    before = snapshot(parse_prometheus(page))
+    after = snapshot(parse_prometheus(page + 'sglang:num_retracted_requests_total{model_name="m",tp_rank="0"} 3\n'))
+    assert "preemptions" not in before.values
+    assert server_metrics(before, [], after).counters["preemptions"] == 3
+    assert "preemptions" not in server_metrics(before, [], before).counters  # (never shown: not counted)

@@ -374,13 +374,16 @@ def not_available(reason: str) -> ServerMetrics:
 
 def server_metrics(before: Snapshot, during: Sequence[Snapshot], after: Snapshot) -> ServerMetrics:
     """The run's telemetry from the page before it, the pages sampled during it and the
-    page after: counter deltas, the gauges over the pages sampled during the run (none
+    page after: counter deltas (from 0 for one the page before did not show), the gauges
+    over the pages sampled during the run (none
     when it ended before the first sample: the pages before and after show an idle
     server, not the run), the histograms' observations in between."""
     counters: dict[str, float | None] = {}
     for name in COUNTERS:
-        if name in before.values and name in after.values:
-            d = after.values[name] - before.values[name]
+        if name in after.values:
+            # (a counter first shown during the run started at 0, as a histogram does:
+            # SGLang shows a labelled counter from its first event, its retractions too)
+            d = after.values[name] - before.values.get(name, 0.0)
             counters[name] = d if d >= 0 else None
     gauges: dict[str, GaugeStats] = {}
     for name in GAUGES:

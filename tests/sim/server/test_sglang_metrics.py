@@ -74,3 +74,22 @@ async def test_bench_reads_its_summary_off_the_sglang_page_and_the_seed_reruns_c
     said = [w for w in again.summary.warnings if FOREIGN_CACHE in w]
     assert said and "/metrics counted" in said[0] and "as SGLang's do not without --enable-cache-report" in said[0]
     assert "vLLM" not in said[0], said[0]  # (the flag of the server measured, not another engine's)
+
+
+async def test_retractions_show_from_the_first_and_bench_counts_them_as_preemptions() -> None:
+    """A pool too small for eight answers of 200 tokens at once: the simulated SGLang
+    retracts (preempts) some, its page shows ``sglang:num_retracted_requests_total`` (with
+    the scheduler's labels) from the first, as SGLang 0.5.11 does, and bench's summary
+    counts them over the run though the page before it showed no such sample."""
+    engine = EngineConfig(model=MODEL, max_model_len=512, engine_family="sglang", num_gpu_blocks_override=33)
+    with EmbeddedServer(ServerConfig(engine=engine)) as srv:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=HTTP_TIMEOUT_S) as http:
+            assert "sglang:num_retracted_requests_total{" not in (await http.get("/metrics")).text
+            run = await bench_async(BenchConfig(LoadConfig(ClosedLoop(8), num_requests=16),
+                                                WorkloadConfig(input_tokens=40, output_tokens=200), preflight=False), srv.url)
+            page = (await http.get("/metrics")).text
+    (row,) = parse_prometheus(page)["sglang:num_retracted_requests_total"]
+    assert set(row[0]) == {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"} and row[1] >= 1
+    m = run.summary.server_metrics
+    assert m is not None and m.available and m.counters["preemptions"] == row[1]
+    assert run.summary.counts.completed == 16

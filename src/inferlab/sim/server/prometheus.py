@@ -276,7 +276,8 @@ def render_sglang_metrics(
     scheduler's ``model_name``, ``engine_type``, ``tp_rank``, ``pp_rank``, ``moe_ep_rank``,
     the tokenizer's ``model_name``, ``engine_type``. ``sglang:cached_tokens_total``
     (labelled ``cache_source``: the GPU's radix cache is ``device``) appears once a request
-    had cached tokens, as SGLang's: it never counts a 0. The other samples show from the
+    had cached tokens, as SGLang's: it never counts a 0; likewise
+    ``sglang:num_retracted_requests_total`` from the first retraction (a preemption). The other samples show from the
     start (SGLang's, from its first batch or request). Not shown: what the simulator does not
     model or count as SGLang does (``gen_throughput``, ``num_used_tokens``, speculative,
     grammar, disaggregation, HiCache and per-stage metrics, the token-count histograms)."""
@@ -295,6 +296,10 @@ def render_sglang_metrics(
     metric("sglang:num_queue_reqs", "gauge", engine.num_waiting, "The number of requests in the waiting queue.", scheduler)
     metric("sglang:cache_hit_rate", "gauge", cache_hit_rate, "The prefix cache hit rate.", scheduler)
     metric("sglang:token_usage", "gauge", engine.kv_usage, "The token usage.", scheduler)
+    # (its scheduler counts each request it retracts when the KV cache runs short, as the
+    # simulator counts a preemption; no sample before the first)
+    metric("sglang:num_retracted_requests_total", "counter", engine.preemptions_total,
+           "Total number of retracted requests.", scheduler, lazy=True)
     metric("sglang:prompt_tokens_total", "counter", requests.prompt_tokens, "Number of prefill tokens processed.", tokenizer)
     metric("sglang:generation_tokens_total", "counter", requests.generation_tokens,
            "Number of generation tokens processed.", tokenizer)
