@@ -8,6 +8,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
 from faultserver import FaultServer
 
 from inferlab import ClosedLoop, HttpTarget, LoadConfig, RunConfig, WorkloadConfig, run
@@ -124,3 +125,38 @@ async def test_a_server_gone_by_the_end_keeps_what_was_read_during_the_run() -> 
     read = len(sampler.series)  # (pages read: the first before the run, the last during it)
     assert m.counters["prompt_tokens"] == 100 * (read - 1) and m.counters["generation_tokens"] == 10 * (read - 1)
     assert ServerMetrics.from_json(m.to_json()) == m
+
+
+def test_one_page_under_two_names_is_refused_and_pages_a_server_tells_apart_are_not(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``one_name_each``: one address, port, path and query named by its address (or as
+    localhost) and by a name is one page; two names of one address may be an ingress's
+    virtual hosts, and another query another page: not refused. A bad port names the URL."""
+    import socket
+
+    from inferlab.client.metrics import one_name_each, page_url
+
+    table = {"engine-a.example": "10.0.0.5", "engine-b.example": "10.0.0.5", "10.0.0.5": "10.0.0.5",
+             "localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1", "0.0.0.0": "0.0.0.0", "10.0.0.6": "10.0.0.6"}
+
+    def resolve(host: str, port: int, *args: object, **kw: object) -> list[tuple[object, ...]]:
+        if host not in table:
+            raise socket.gaierror("not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (table[host], port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    for pair in (("http://localhost:8000/metrics", "http://127.0.0.1:8000/metrics/"),
+                 ("http://engine-a.example/metrics", "http://10.0.0.5:80/metrics"),
+                 ("http://0.0.0.0:8000/metrics", "http://127.0.0.1:8000/metrics")):
+        with pytest.raises(ValueError, match="name each server once"):
+            one_name_each(pair)
+    for pair in (("http://engine-a.example/metrics", "http://engine-b.example/metrics"),  # (virtual hosts)
+                 ("http://127.0.0.1:8000/metrics", "http://127.0.0.1:8001/metrics"),
+                 ("http://127.0.0.1:8000/probe?target=a", "http://localhost:8000/probe?target=b"),
+                 ("http://127.0.0.1:8000/metrics", "https://127.0.0.1:8000/metrics"),
+                 ("http://10.0.0.5/metrics", "http://10.0.0.6/metrics"),
+                 ("http://nowhere.example/metrics", "http://nowhere.example/metrics")):  # (left to the read)
+        one_name_each(pair)
+    for bad in ("http://localhost:99999/metrics", "http://localhost:abc/metrics"):
+        with pytest.raises(ValueError, match=rf"--metrics-url '{bad}': Port"):
+            page_url(bad)

@@ -7,15 +7,13 @@ behind the gateway."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import json
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from click.testing import CliRunner
 from gateway_helpers import serving
 from rich.console import Console
@@ -191,51 +189,3 @@ async def test_a_page_that_stops_answering_during_the_run_is_recorded_not_refuse
     assert isinstance(m, ServerMetrics) and m.reason is not None and page in m.reason
     assert not m.available or "the counters end at the last page sampled during it" in m.reason
 
-
-@contextlib.asynccontextmanager
-async def static_pages(*texts: str) -> AsyncIterator[list[str]]:
-    """Loopback servers that each answer /metrics with one fixed page."""
-    runners = []
-    try:
-        urls = []
-        for text in texts:
-            async def page(_: web.Request, text: str = text) -> web.Response:
-                return web.Response(text=text)
-
-            app = web.Application()
-            app.router.add_get("/metrics", page)
-            runner = web.AppRunner(app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            runners.append(runner)
-            port = runner.addresses[0][1]
-            urls.append(f"http://127.0.0.1:{port}/metrics")
-        yield urls
-    finally:
-        for runner in runners:
-            await runner.cleanup()
-
-
-def _page(ttft_sum: float) -> str:
-    return ('vllm:prompt_tokens_total{model_name="m"} 500\n'
-            'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 5\n'
-            'vllm:time_to_first_token_seconds_count{model_name="m"} 5\n'
-            f'vllm:time_to_first_token_seconds_sum{{model_name="m"}} {ttft_sum}\n')
-
-
-async def test_pages_that_read_alike_before_and_after_the_run_are_said_to(plain: EmbeddedServer) -> None:
-    """Two addresses check_pages cannot tell for one (a container's and a host port's,
-    here two servers of one page) that read alike, every count and latency sum, before
-    and after: the server metrics say their counts may be added twice. Pages whose
-    latency sums differ are two servers: nothing said."""
-    async with static_pages(_page(0.8125), _page(0.8125), _page(0.9375)) as (a, b, c):
-        alike = await bench(config(None, a, b, requests=4), plain.url)
-        apart = await bench(config(None, a, c, requests=4), plain.url)
-    m = alike.summary.server_metrics
-    assert isinstance(m, ServerMetrics) and m.available and m.reason is not None
-    assert f"{a} and {b} read alike" in m.reason and "added twice" in m.reason
-    assert m.counters["prompt_tokens"] == 0  # (the pages never moved: the numbers are as read)
-    assert "read alike" in console(alike.summary)
-    n = apart.summary.server_metrics
-    assert isinstance(n, ServerMetrics) and n.available and n.reason is None

@@ -12,7 +12,6 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from inferlab.results.telemetry import (
     ServerMetrics,
     merge,
-    one_server,
     parse_prometheus,
     quantile_bound,
     server_metrics,
@@ -233,13 +232,25 @@ def test_pages_of_one_server_are_merged_each_in_its_own_names() -> None:
     assert m.server == "vllm" and merge([a]) is a
 
 
-def test_pages_read_alike_are_one_servers_only_where_a_latency_was_measured() -> None:
-    busy = snapshot(parse_prometheus(vllm_page(b1=1, b2=2, b3=2, ttft_sum=0.4321)))
-    again = snapshot(parse_prometheus(vllm_page(b1=1, b2=2, b3=2, ttft_sum=0.4321)))
-    assert one_server(busy, again)
-    assert not one_server(busy, snapshot(parse_prometheus(vllm_page(b1=1, b2=2, b3=2, ttft_sum=0.4322))))
-    idle = snapshot(parse_prometheus(vllm_page()))  # (two fresh servers read alike too)
-    assert not one_server(idle, snapshot(parse_prometheus(vllm_page())))
+def test_pages_with_other_buckets_merge_to_counts_that_still_rise() -> None:
+    """Two engines' (or releases') TTFT buckets differ: each page counts at a bound it
+    lacks what it has at its next bound down, so the merged counts rise and the p50's
+    bound is one at least half the observations are under (summing bound by bound gave
+    5, 3, 8, 14 and a p50 of 1 s where 8 of 14 are at or under 0.5 s)."""
+    def page(buckets: dict[str, int], total: float) -> str:
+        lines = [f'vllm:time_to_first_token_seconds_bucket{{le="{le}"}} {n}' for le, n in buckets.items()]
+        count = buckets["+Inf"]
+        return "\n".join([*lines, f"vllm:time_to_first_token_seconds_count {count}",
+                          f"vllm:time_to_first_token_seconds_sum {total}"]) + "\n"
+
+    a = snapshot(parse_prometheus(page({"0.1": 5, "1.0": 8, "+Inf": 10}, 4.0)))
+    b = snapshot(parse_prometheus(page({"0.5": 3, "+Inf": 4}, 1.0)))
+    h = merge([a, b]).histograms["ttft"]
+    assert h.bounds == (0.1, 0.5, 1.0, math.inf) and h.cumulative == (5.0, 8.0, 11.0, 14.0)
+    assert all(x <= y for x, y in zip(h.cumulative, h.cumulative[1:], strict=False))
+    fresh = snapshot(parse_prometheus("vllm:prompt_tokens_total 0\n"))  # (no TTFT observed yet)
+    m = server_metrics(merge([fresh, fresh]), [], merge([a, b]))
+    assert m.histograms["ttft_ms"].p50_ms == 500.0 and m.histograms["ttft_ms"].count == 14
 
 
 def test_a_counter_first_shown_during_the_run_counts_from_zero() -> None:

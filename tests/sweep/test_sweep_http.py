@@ -69,12 +69,12 @@ def test_a_url_bench_would_refuse_is_refused_before_any_point_runs(tmp_path: Pat
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize(("flags", "named"), [(["--timeout", "5"], "--timeout"),
+@pytest.mark.parametrize(("flags", "named"), [(["--timeout", "5"], "--timeout"), (["-H", "X-A: b"], "--header"),
                                               (["--metrics-url", "http://127.0.0.1:9/metrics"], "--metrics-url"),
                                               (["--no-server-metrics"], "--[no-]server-metrics")])
 def test_server_flags_without_a_url_are_refused(tmp_path: Path, flags: list[str], named: str) -> None:
     r = sweep([*flags, "-o", str(tmp_path / "x")])
-    assert r.exit_code == 2 and "only for runs against --url" in r.output and named in r.output
+    assert r.exit_code == 2 and f"error: {named}: only for runs against --url" in r.output, r.output
 
 
 def test_every_point_reads_the_metrics_pages_named(tmp_path: Path) -> None:

@@ -115,10 +115,10 @@ def _bench(kw: dict[str, Any]) -> int:
     )
     if config.out_dir is not None:
         check_out_dir(config.out_dir, config.overwrite)  # before a server is started
-    metrics_pages(config.metrics_urls, config.server_metrics)  # (likewise)
     if config.metrics_urls and kw["url"] is None:
         raise UsageError("--metrics-url needs --url: a server bench starts itself (the embedded simulator, --engine) "
                          "has its own /metrics read already")
+    metrics_pages(config.metrics_urls, config.server_metrics)  # (likewise)
     err = console(stderr=True)
     out = console()
     embedded = None

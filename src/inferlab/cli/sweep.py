@@ -85,7 +85,6 @@ DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: flags that only mean something against a server
 _HTTP_ONLY = ("stream", "api_key", "header", "timeout", "idle_timeout", "workers", "http_client", "preflight",
               "server_metrics", "metrics_urls")
-_HTTP_SWITCHES = ("stream", "preflight", "server_metrics")  # (--x/--no-x: named so)
 #: flags a sweep refuses, with what to do instead
 _REFUSED = {
     "trace": "a trace replays at its own times, with no load axis to sweep (run it with bench or sim run)",
@@ -141,6 +140,14 @@ def _sweep_params() -> list[click.Parameter]:
         params.append(p if p.is_flag else _listed(p))
     return params + _params(http_options) + _params(server_metrics_options)
 
+
+#: a server flag's name on the command line (``--[no-]stream`` for a switch)
+_HTTP_FLAG = {
+    p.name or "": ("--[no-]" if isinstance(p, click.Option) and p.secondary_opts else "--")
+    + next(o for o in [*p.opts, "--" + (p.name or "")] if o.startswith("--")).removeprefix("--")
+    for p in _params(http_options) + _params(server_metrics_options)
+}
+assert set(_HTTP_ONLY) <= set(_HTTP_FLAG)
 
 ENGINE_PARAMS = _params(engine_options(RUN_DEFAULTS))
 #: engine flags: refused with --url
@@ -301,7 +308,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
     else:
         http = [n for n in _HTTP_ONLY if given(n)]
         if http:
-            flags = ", ".join(("--[no-]" if n in _HTTP_SWITCHES else "--") + n.replace("_", "-") for n in http)
+            flags = ", ".join(_HTTP_FLAG[n] for n in http)
             raise UsageError(f"{flags}: only for runs against --url (without it the sweep runs the simulator in virtual time)")
     tuning = [f for f in ("saturation_gain", "ttft_growth") if given(f)]
     if kw["find_max_rate"] and (tuning or given("saturation_stop")):

@@ -8,8 +8,8 @@ available" and why. Where the page is inferlab gateway's own, no engine's, it is
 before and after the run for the gateway's queue (``gateway_queue``). Given pages of
 their own (``bench --metrics-url``: the engines behind a gateway, a separate metrics
 port), the sampler reads those instead, every one each time, as one server's (put
-together by ``results.telemetry.merge``; pages that read alike before and after the run,
-perhaps one server under two names, are said to), and the
+together by ``results.telemetry.merge``; one page under two names is refused first,
+``one_name_each``), and the
 API URL's page only before and after the run, for a gateway's queue; ``check_pages``
 refuses such a page that does not answer before the run. Reading never raises and never
 slows the run down: one request at a time, a short timeout, on a session of its own.
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import socket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,6 @@ from inferlab.results.telemetry import (
     gateway_queue,
     merge,
     not_available,
-    one_server,
     parse_prometheus,
     server_metrics,
     server_names,
@@ -66,6 +66,7 @@ def page_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         host = parts.hostname
+        parts.port  # noqa: B018  (read to check it: out of range or not a number)
     except ValueError as e:
         raise ValueError(f"--metrics-url {url!r}: {e}") from None
     if parts.scheme not in ("http", "https") or not host:
@@ -91,27 +92,41 @@ async def check_pages(urls: Sequence[str], headers: dict[str, str] | None = None
 
 
 def one_name_each(urls: Sequence[str]) -> None:
-    """ValueError for two pages at one address: the same scheme, port and path on a host
-    whose addresses (as this machine resolves them) meet the other's (``localhost`` and
-    ``127.0.0.1``: one server's counts would be added twice). A name that does not
-    resolve is left to the read that follows, which says so."""
-    seen: list[tuple[str, tuple[str, int, str], set[str]]] = []
+    """ValueError for two pages (``page_url``'s) at one address: the same scheme, port,
+    path and query on hosts whose addresses (as this machine resolves them) meet, one of
+    them named by its address or as ``localhost`` (``localhost`` and ``127.0.0.1``: one
+    server's counts would be added twice). Two names of one address are not refused: a
+    server that routes by name (an ingress's virtual hosts) serves each its own page. A
+    name that does not resolve is left to the read that follows, which says so."""
+    seen: list[tuple[str, tuple[str, int, str, str], set[str], bool]] = []
     for url in urls:
         parts = urlsplit(url)
+        host = parts.hostname or ""
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        where = (parts.scheme, port, parts.path.rstrip("/") or "/")
+        where = (parts.scheme, port, parts.path.rstrip("/") or "/", parts.query)
         try:
-            infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError):
             continue
         addresses = {str(info[4][0]) for info in infos}
-        for other, other_where, other_addresses in seen:
-            if where == other_where and addresses & other_addresses:
+        if addresses & {"0.0.0.0", "::"}:  # (this machine, as a destination: its loopback too)
+            addresses |= {"127.0.0.1", "::1"}
+        literal = host == "localhost" or _is_address(host)
+        for other, other_where, other_addresses, other_literal in seen:
+            if where == other_where and addresses & other_addresses and (literal or other_literal):
                 raise ValueError(
                     f"--metrics-url {url} is the page of --metrics-url {other} (both {min(addresses & other_addresses)} "
                     f"port {port}): one server named twice would have its counts added twice; name each server once"
                 )
-        seen.append((url, where, addresses))
+        seen.append((url, where, addresses, literal))
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 async def scrape(
@@ -171,8 +186,6 @@ class MetricsSampler:
         self._task: asyncio.Task[None] | None = None
         self._before: Snapshot | str = "not read"
         self._during: list[Snapshot] = []
-        # the pages apart (as many as ``urls``) as read before the run and, last, after it
-        self._pages: list[tuple[Snapshot, ...]] = []
         self._t0_ns = 0
         # inferlab gateway's page before and after the run (its queue: ``gateway_queue``)
         self._gateway: list[Samples] = []
@@ -207,22 +220,7 @@ class MetricsSampler:
         snap = merge(pages)
         t_s = (self.clock.now_ns() - self._t0_ns) / NS_PER_S
         self.series.append({"t_s": round(t_s, 3), **snap.to_json()})
-        self._pages[1:] = [tuple(pages)]  # (the one before, and the latest)
         return snap
-
-    def _alike(self) -> str | None:
-        """A caveat where two pages read alike before the run and after it, count for
-        count and to the last latency sum (``results.telemetry.one_server``): one server
-        under two names that ``check_pages`` could not tell apart (a container's address
-        and a host port), whose counts were added twice. Two servers that served requests
-        do not share a sum of measured seconds; the numbers are left as read."""
-        if len(self._pages) < 2:
-            return None
-        first, last = self._pages[0], self._pages[-1]
-        pairs = [(self.urls[i], self.urls[j]) for j in range(len(last)) for i in range(j)
-                 if one_server(last[i], last[j]) and first[i] == first[j]]
-        return "; ".join(f"{a} and {b} read alike, every count and latency sum, before and after the run: if they "
-                         "are one server's, its counts above are added twice" for a, b in pairs) or None
 
     def _gateway_page(self, page: str) -> bool:
         """Keep inferlab gateway's queue figures off ``page``, where it is the gateway's."""
@@ -273,7 +271,7 @@ class MetricsSampler:
                                            f"end at the last page sampled during it, {last:g} s in")
             if isinstance(after, str):
                 return not_available(f"after the run: {after}")
-            return dataclasses.replace(server_metrics(self._before, self._during, after), reason=self._alike())
+            return server_metrics(self._before, self._during, after)
         finally:
             if self._session is not None:
                 await self._session.close()

@@ -16,6 +16,7 @@ scripts' "sim late" columns). Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -144,6 +145,13 @@ def _finite(v: float) -> float | None:
 _SERVERS = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama.cpp"}
 
 
+def _at_or_under(h: HistogramCounts, bound: float) -> float:
+    """The observations of ``h`` known to be at or under ``bound``: its cumulative count
+    at its largest bound not above it (0 below its first)."""
+    i = bisect.bisect_right(h.bounds, bound) - 1
+    return h.cumulative[i] if i >= 0 else 0.0
+
+
 def snapshot(samples: Samples) -> Snapshot:
     """Map a parsed page to our names; a name the server does not expose is left out."""
     values: dict[str, float] = {}
@@ -202,23 +210,15 @@ def merge(pages: Sequence[Snapshot]) -> Snapshot:
     hists: dict[str, HistogramCounts] = {}
     for name in {n for page in pages for n in page.histograms}:
         parts = [page.histograms[name] for page in pages if name in page.histograms]
-        by_bound: dict[float, float] = {}
-        for h in parts:
-            for bound, cum in zip(h.bounds, h.cumulative, strict=True):
-                by_bound[bound] = by_bound.get(bound, 0.0) + cum
-        bounds = tuple(sorted(by_bound))
-        hists[name] = HistogramCounts(
-            bounds, tuple(by_bound[b] for b in bounds), math.fsum(h.sum for h in parts), math.fsum(h.count for h in parts)
-        )
+        bounds = tuple(sorted({b for h in parts for b in h.bounds}))
+        # (pages whose buckets differ, two engines' or two releases': each page's count at
+        # a bound it does not have is its count at its next bound down, the observations
+        # known to be at or under it; summed, the counts still rise bound by bound, and a
+        # quantile's bound read off them is still an upper bound)
+        cumulative = tuple(math.fsum(_at_or_under(h, b) for h in parts) for b in bounds)
+        hists[name] = HistogramCounts(bounds, cumulative, math.fsum(h.sum for h in parts), math.fsum(h.count for h in parts))
     servers = {page.server for page in pages}
     return Snapshot(values, hists, servers.pop() if len(servers) == 1 else None)
-
-
-def one_server(a: Snapshot, b: Snapshot) -> bool:
-    """Whether two pages read at one time are one server's: every count, gauge and
-    histogram alike, and some latency observed (the sums of measured seconds two servers
-    never share; two idle servers that have served nothing do share every count)."""
-    return a == b and any(h.count > 0 and h.sum > 0 for h in a.histograms.values())
 
 
 #: SGLang's count of the prompt tokens its prefix cache served, by ``cache_source`` (device,
