@@ -137,7 +137,8 @@ def test_one_page_under_two_names_is_refused_and_pages_a_server_tells_apart_are_
     from inferlab.client.metrics import one_name_each, page_url
 
     table = {"engine-a.example": "10.0.0.5", "engine-b.example": "10.0.0.5", "10.0.0.5": "10.0.0.5",
-             "localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1", "0.0.0.0": "0.0.0.0", "10.0.0.6": "10.0.0.6"}
+             "localhost": "127.0.0.1", "127.0.0.1": "127.0.0.1", "0.0.0.0": "0.0.0.0", "10.0.0.6": "10.0.0.6",
+             "127.1": "127.0.0.1", "::ffff:127.0.0.1": "::ffff:127.0.0.1", "::1": "::1"}
 
     def resolve(host: str, port: int, *args: object, **kw: object) -> list[tuple[object, ...]]:
         if host not in table:
@@ -147,7 +148,12 @@ def test_one_page_under_two_names_is_refused_and_pages_a_server_tells_apart_are_
     monkeypatch.setattr(socket, "getaddrinfo", resolve)
     for pair in (("http://localhost:8000/metrics", "http://127.0.0.1:8000/metrics/"),
                  ("http://engine-a.example/metrics", "http://10.0.0.5:80/metrics"),
-                 ("http://0.0.0.0:8000/metrics", "http://127.0.0.1:8000/metrics")):
+                 ("http://0.0.0.0:8000/metrics", "http://127.0.0.1:8000/metrics"),
+                 # one name written two ways (a port or a case that changes nothing)
+                 ("http://Engine-A.example/metrics", "http://engine-a.example:80/metrics"),
+                 ("https://engine-a.example/metrics", "https://engine-a.example:443/metrics"),
+                 ("http://127.1:8000/metrics", "http://localhost:8000/metrics"),
+                 ("http://[::ffff:127.0.0.1]:8000/metrics", "http://127.0.0.1:8000/metrics")):
         with pytest.raises(ValueError, match="name each server once"):
             one_name_each(pair)
     for pair in (("http://engine-a.example/metrics", "http://engine-b.example/metrics"),  # (virtual hosts)
@@ -155,6 +161,7 @@ def test_one_page_under_two_names_is_refused_and_pages_a_server_tells_apart_are_
                  ("http://127.0.0.1:8000/probe?target=a", "http://localhost:8000/probe?target=b"),
                  ("http://127.0.0.1:8000/metrics", "https://127.0.0.1:8000/metrics"),
                  ("http://10.0.0.5/metrics", "http://10.0.0.6/metrics"),
+                 ("http://0.0.0.0:8000/metrics", "http://[::1]:8000/metrics"),  # (0.0.0.0 reaches 127.0.0.1 only)
                  ("http://nowhere.example/metrics", "http://nowhere.example/metrics")):  # (left to the read)
         one_name_each(pair)
     for bad in ("http://localhost:99999/metrics", "http://localhost:abc/metrics"):

@@ -93,12 +93,13 @@ async def check_pages(urls: Sequence[str], headers: dict[str, str] | None = None
 
 def one_name_each(urls: Sequence[str]) -> None:
     """ValueError for two pages (``page_url``'s) at one address: the same scheme, port,
-    path and query on hosts whose addresses (as this machine resolves them) meet, one of
-    them named by its address or as ``localhost`` (``localhost`` and ``127.0.0.1``: one
-    server's counts would be added twice). Two names of one address are not refused: a
-    server that routes by name (an ingress's virtual hosts) serves each its own page. A
-    name that does not resolve is left to the read that follows, which says so."""
-    seen: list[tuple[str, tuple[str, int, str, str], set[str], bool]] = []
+    path and query on hosts whose addresses (as this machine resolves them) meet, one
+    name written two ways or one of them named by its address or as ``localhost``
+    (``localhost`` and ``127.0.0.1``: one server's counts would be added twice). Two
+    names of one address are not refused: a server that routes by name (an ingress's
+    virtual hosts) serves each its own page. A name that does not resolve is left to the
+    read that follows, which says so."""
+    seen: list[tuple[str, tuple[str, int, str, str], set[str], bool, str]] = []
     for url in urls:
         parts = urlsplit(url)
         host = parts.hostname or ""
@@ -108,25 +109,43 @@ def one_name_each(urls: Sequence[str]) -> None:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (OSError, UnicodeError):
             continue
-        addresses = {str(info[4][0]) for info in infos}
-        if addresses & {"0.0.0.0", "::"}:  # (this machine, as a destination: its loopback too)
-            addresses |= {"127.0.0.1", "::1"}
+        addresses = {_plain(str(info[4][0])) for info in infos}
+        # (this machine, as a destination: its loopback of the same family too)
+        addresses |= {"127.0.0.1"} if "0.0.0.0" in addresses else set()
+        addresses |= {"::1"} if "::" in addresses else set()
         literal = host == "localhost" or _is_address(host)
-        for other, other_where, other_addresses, other_literal in seen:
-            if where == other_where and addresses & other_addresses and (literal or other_literal):
+        name = host.lower().rstrip(".")
+        for other, other_where, other_addresses, other_literal, other_name in seen:
+            if where == other_where and addresses & other_addresses and (literal or other_literal or name == other_name):
                 raise ValueError(
                     f"--metrics-url {url} is the page of --metrics-url {other} (both {min(addresses & other_addresses)} "
                     f"port {port}): one server named twice would have its counts added twice; name each server once"
                 )
-        seen.append((url, where, addresses, literal))
+        seen.append((url, where, addresses, literal, name))
 
 
 def _is_address(host: str) -> bool:
+    """Whether ``host`` is an address, not a name (``127.1`` too, as the resolver reads it)."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        return False
+        if not host.replace(".", "").isdigit():
+            return False
+        try:
+            socket.inet_aton(host)
+        except OSError:
+            return False
     return True
+
+
+def _plain(address: str) -> str:
+    """An address as written, IPv4 for an IPv4-mapped IPv6 one (``::ffff:127.0.0.1``)."""
+    try:
+        mapped = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return address
+    v4 = mapped.ipv4_mapped if isinstance(mapped, ipaddress.IPv6Address) else None
+    return str(v4) if v4 is not None else address
 
 
 async def scrape(

@@ -317,7 +317,8 @@ class ServerMetrics:
     reason: str | None = None
     server: str | None = None  # whose metric names: vllm, sglang, llama.cpp
     samples: int = 0  # pages read during the run (besides the one before and the one after)
-    counters: dict[str, float | None] = field(default_factory=dict)  # after − before (None: it went back: a restart)
+    # after − before, from 0 for one the page before did not show (None: it went back: a restart)
+    counters: dict[str, float | None] = field(default_factory=dict)
     prefix_cache_hit_rate: float | None = None
     gauges: dict[str, GaugeStats] = field(default_factory=dict)
     histograms: dict[str, HistogramDelta] = field(default_factory=dict)
