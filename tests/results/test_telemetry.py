@@ -262,3 +262,19 @@ def test_a_counter_first_shown_during_the_run_counts_from_zero() -> None:
     assert "preemptions" not in before.values
     assert server_metrics(before, [], after).counters["preemptions"] == 3
     assert "preemptions" not in server_metrics(before, [], before).counters  # (never shown: not counted)
+
+
+def test_a_counter_declared_with_no_sample_yet_is_zero_and_a_gauge_so_is_not_there() -> None:
+    """prometheus_client writes a labelled counter's HELP and TYPE before its first event
+    and no sample (SGLang's retractions): 0 so far, not missing; a gauge declared so has
+    no value to read, and a counter the page does not declare is not there."""
+    page = ('sglang:prompt_tokens_total{model_name="m"} 900\n'
+            "# HELP sglang:num_retracted_requests Total number of retracted requests.\n"
+            "# TYPE sglang:num_retracted_requests counter\n"
+            "# TYPE sglang:num_running_reqs gauge\n")
+    snap = snapshot(parse_prometheus(page))
+    assert snap.values["preemptions"] == 0 and "running" not in snap.values
+    assert "requests_finished" not in snap.values
+    m = server_metrics(snap, [], snap)
+    assert m.counters["preemptions"] == 0 and "preemptions" not in m.missing and "requests_finished" in m.missing
+    assert parse_prometheus(page, ("sglang:prompt_tokens",)).keys() == {"sglang:prompt_tokens_total"}

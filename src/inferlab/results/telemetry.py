@@ -84,11 +84,20 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 def parse_prometheus(text: str, only: tuple[str, ...] = ()) -> Samples:
     """Prometheus text exposition → ``{metric name: [(labels, value), ...]}``. Comments,
     blank lines and lines that are not samples are skipped; values are floats (``NaN``,
-    ``+Inf`` included). With ``only`` (metric names), a line that begins with none of
-    them is skipped unread: a few gauges off a large page cost a fraction of the whole."""
+    ``+Inf`` included). A counter the page declares (``# TYPE``) with no sample yet, as a
+    labelled counter before its first event (SGLang's retractions), is there with no rows:
+    0 so far. With ``only`` (metric names), a line that begins with none of them is
+    skipped unread: a few gauges off a large page cost a fraction of the whole."""
     out: Samples = {}
     for raw in text.split("\n"):  # (only a newline ends a line: a label value may hold U+2028 and the like)
         line = raw.strip()
+        if line.startswith("# TYPE "):
+            declared = line.split()
+            if len(declared) == 4 and declared[3] == "counter":
+                name = declared[2] if declared[2].endswith("_total") else declared[2] + "_total"
+                if not only or name.startswith(only):
+                    out.setdefault(name, [])
+            continue
         if not line or line.startswith("#") or (only and not line.startswith(only)):
             continue
         m = _LINE.match(line)

@@ -67,6 +67,8 @@ async def test_bench_reads_its_summary_off_the_sglang_page_and_the_seed_reruns_c
     assert {"ttft_ms", "itl_ms", "e2e_ms", "queue_ms"} <= set(m.histograms)
     assert m.histograms["ttft_ms"].count == m.histograms["e2e_ms"].count >= 6
     assert m.counters["generation_tokens"] == first.summary.output_tokens  # (no warm-up here)
+    # no retraction: its counter declared on the page with no sample yet is 0, not missing
+    assert m.counters["preemptions"] == 0 and "preemptions" not in m.missing
     assert first.summary.cached_tokens is None  # (the simulated SGLang, like SGLang, says none without the flag)
     again = await bench_async(config(input_tokens=300, prompt_salt="sglang-rerun"), sglang.url)
     counted = again.summary.server_metrics.prefix_cache_tokens() if again.summary.server_metrics else None
