@@ -214,5 +214,7 @@ def test_metrics_url_is_read_by_every_measurement_and_checked_before_the_first(t
     assert code == 0, out
     runs = sorted((tmp_path / "c").glob("**/config.json"))
     assert runs and all(json.loads(p.read_text())["resolved"]["metrics_urls"] == [page] for p in runs)
-    (factor,) = read_profile(tmp_path / "c").factors
+    written = read_profile(tmp_path / "c")
+    (factor,) = written.factors
     assert factor.measured and "the server's /metrics" in factor.cost
+    assert written.metrics_urls == (page,) and json.loads((tmp_path / "c" / PROFILE_FILE).read_text())["metrics_urls"] == [page]

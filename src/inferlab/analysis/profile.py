@@ -180,6 +180,8 @@ class Profile:
     engine_config: dict[str, Any] | None = None  # the engine config it was started from (``--engine``)
     # what a measured server said it is (``client.serverid``: name, version, source; null otherwise)
     server_software: dict[str, Any] | None = None
+    # the Prometheus pages every measurement read instead of the one beside the URL (``--metrics-url``)
+    metrics_urls: tuple[str, ...] = ()
 
     @property
     def server(self) -> ServerInfo:
@@ -199,6 +201,7 @@ class Profile:
             "engine": self.engine,
             "engine_config": self.engine_config,
             "server_software": self.server_software,
+            "metrics_urls": list(self.metrics_urls),
             "max_model_len": self.max_model_len,
             "max_model_len_source": self.max_model_len_source,
             "budget_s": self.budget_s,
@@ -219,6 +222,7 @@ class Profile:
             d.get("url"), d.get("model"), d.get("engine"), int(d["max_model_len"]), str(d["max_model_len_source"]),
             float(d["budget_s"]), float(d["elapsed_s"]), SLO(slo.get("ttft_ms"), slo.get("tpot_ms"), slo.get("e2e_ms")),
             [Factor(**f) for f in d["factors"]], d.get("engine_config"), d.get("server_software"),
+            tuple(d.get("metrics_urls") or ()),
         )
 
 
@@ -378,7 +382,7 @@ class _Profiler:
         return Profile(
             self.url if not self.config.embedded else None, self.model, self.engine, self.max_model_len,
             self.max_len_source, self.config.budget_s, round(self.elapsed_s(), 2), self.config.slo, factors,
-            self.config.engine_config, self.server_software,
+            self.config.engine_config, self.server_software, self.config.metrics_urls,
         )
 
     # --- the server ---------------------------------------------------------------------
