@@ -278,3 +278,23 @@ def test_a_counter_declared_with_no_sample_yet_is_zero_and_a_gauge_so_is_not_the
     m = server_metrics(snap, [], snap)
     assert m.counters["preemptions"] == 0 and "preemptions" not in m.missing and "requests_finished" in m.missing
     assert parse_prometheus(page, ("sglang:prompt_tokens",)).keys() == {"sglang:prompt_tokens_total"}
+
+
+def test_one_pages_label_sets_with_other_buckets_add_as_pages_do() -> None:
+    """Two label sets of one histogram on one page (two engines behind one exporter) with
+    other buckets: added as ``merge`` adds pages, each set's count at a bound it lacks its
+    count at its next bound down (by bound they gave 5, 3, 8, 14)."""
+    text = "\n".join([
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"} 5',
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="1.0"} 8',
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"} 10',
+        'vllm:time_to_first_token_seconds_bucket{engine="1",le="0.5"} 3',
+        'vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf"} 4',
+        'vllm:time_to_first_token_seconds_count{engine="0"} 10',
+        'vllm:time_to_first_token_seconds_count{engine="1"} 4',
+        'vllm:time_to_first_token_seconds_sum{engine="0"} 4.0',
+        'vllm:time_to_first_token_seconds_sum{engine="1"} 1.0',
+    ]) + "\n"
+    h = snapshot(parse_prometheus(text)).histograms["ttft"]
+    assert h.bounds == (0.1, 0.5, 1.0, math.inf) and h.cumulative == (5.0, 8.0, 11.0, 14.0)
+    assert (h.sum, h.count) == (5.0, 14.0)

@@ -278,6 +278,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
     if kw["out"] is None:
         raise UsageError("a sweep needs -o/--out DIR: the folder its run directories and sweep.json go in")
     url = kw["url"]
+    pages: tuple[str, ...] = ()
     if kw["engine_config"] is not None:
         if url is not None:
             raise UsageError("--engine starts the server to measure: give --engine or --url, not both")
@@ -295,7 +296,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
             api_base(url)
         except ValueError as e:  # (refused before any point runs, as bench refuses it)
             raise UsageError(f"--url: {e}") from None
-        metrics_pages(kw["metrics_urls"], kw["server_metrics"])  # (likewise)
+        pages = metrics_pages(kw["metrics_urls"], kw["server_metrics"])  # (likewise)
         engine = [n for n in ENGINE_FLAGS if n != "model" and given(n)]
         if engine:
             flags = ", ".join(map(engine_flag, engine))
@@ -352,7 +353,7 @@ def sweep_config(kw: dict[str, Any]) -> SweepConfig:
         target = HttpTarget(
             url or "", base.get("model"), kw["stream"], kw["api_key"], parse_headers(kw["header"]), kw["timeout"],
             kw["idle_timeout"], kw["preflight"], workers=kw["workers"], http_client=kw["http_client"],
-            server_metrics=kw["server_metrics"], metrics_urls=metrics_pages(kw["metrics_urls"], kw["server_metrics"]),
+            server_metrics=kw["server_metrics"], metrics_urls=pages,
         )
         if kw["engine_config"] is not None:
             target = _engine_target(kw["engine_config"], base, axes, target)

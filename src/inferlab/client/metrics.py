@@ -99,6 +99,8 @@ def one_name_each(urls: Sequence[str]) -> None:
     names of one address are not refused: a server that routes by name (an ingress's
     virtual hosts) serves each its own page. A name that does not resolve is left to the
     read that follows, which says so."""
+    if len(urls) < 2:  # (nothing to resolve)
+        return
     seen: list[tuple[str, tuple[str, int, str, str], set[str], bool, str]] = []
     for url in urls:
         parts = urlsplit(url)

@@ -20,7 +20,7 @@ import bisect
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 #: The run directory's time series of the server's metrics (one JSON object a sample).
@@ -84,9 +84,10 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 def parse_prometheus(text: str, only: tuple[str, ...] = ()) -> Samples:
     """Prometheus text exposition → ``{metric name: [(labels, value), ...]}``. Comments,
     blank lines and lines that are not samples are skipped; values are floats (``NaN``,
-    ``+Inf`` included). A counter the page declares (``# TYPE``) with no sample yet, as a
-    labelled counter before its first event (SGLang's retractions), is there with no rows:
-    0 so far. With ``only`` (metric names), a line that begins with none of them is
+    ``+Inf`` included). A counter the page declares (``# TYPE``) with no sample yet, as one
+    process's labelled counter before its first event (the simulated SGLang's
+    retractions), is there with no rows: 0 so far. (SGLang's own, exported from several
+    processes, shows nothing before the first: ``server_metrics`` counts it from 0 then.) With ``only`` (metric names), a line that begins with none of them is
     skipped unread: a few gauges off a large page cost a fraction of the whole."""
     out: Samples = {}
     for raw in text.split("\n"):  # (only a newline ends a line: a label value may hold U+2028 and the like)
@@ -154,6 +155,19 @@ def _finite(v: float) -> float | None:
 _SERVERS = {"vllm": "vllm", "sglang": "sglang", "llamacpp": "llama.cpp"}
 
 
+def _added(parts: Sequence[HistogramCounts]) -> HistogramCounts:
+    """Histograms added (a page's label sets, or pages read as one server's). Where their
+    buckets differ (two engines', two releases'), each one's count at a bound it does not
+    have is its count at its next bound down, the observations known to be at or under
+    it: the sums still rise bound by bound, and a quantile's bound read off them is still
+    an upper bound."""
+    if len(parts) == 1:
+        return parts[0]
+    bounds = tuple(sorted({b for h in parts for b in h.bounds}))
+    cumulative = tuple(math.fsum(_at_or_under(h, b) for h in parts) for b in bounds)
+    return HistogramCounts(bounds, cumulative, math.fsum(h.sum for h in parts), math.fsum(h.count for h in parts))
+
+
 def _at_or_under(h: HistogramCounts, bound: float) -> float:
     """The observations of ``h`` known to be at or under ``bound``: its cumulative count
     at its largest bound not above it (0 below its first)."""
@@ -216,16 +230,8 @@ def merge(pages: Sequence[Snapshot]) -> Snapshot:
                 values[name] = v
             else:
                 values[name] = max(values[name], v) if name in _LARGEST else values[name] + v
-    hists: dict[str, HistogramCounts] = {}
-    for name in {n for page in pages for n in page.histograms}:
-        parts = [page.histograms[name] for page in pages if name in page.histograms]
-        bounds = tuple(sorted({b for h in parts for b in h.bounds}))
-        # (pages whose buckets differ, two engines' or two releases': each page's count at
-        # a bound it does not have is its count at its next bound down, the observations
-        # known to be at or under it; summed, the counts still rise bound by bound, and a
-        # quantile's bound read off them is still an upper bound)
-        cumulative = tuple(math.fsum(_at_or_under(h, b) for h in parts) for b in bounds)
-        hists[name] = HistogramCounts(bounds, cumulative, math.fsum(h.sum for h in parts), math.fsum(h.count for h in parts))
+    hists = {name: _added([page.histograms[name] for page in pages if name in page.histograms])
+             for name in {n for page in pages for n in page.histograms}}
     servers = {page.server for page in pages}
     return Snapshot(values, hists, servers.pop() if len(servers) == 1 else None)
 
@@ -250,18 +256,20 @@ def _histogram(samples: Samples, name: str) -> HistogramCounts | None:
     buckets = samples.get(name + "_bucket")
     if not buckets:
         return None
-    by_bound: dict[float, float] = {}
+    # each label set's buckets apart (its labels but ``le``), then added as pages are
+    by_set: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
     for labels, value in buckets:
         try:
             bound = float(labels.get("le", "nan"))
         except ValueError:
             continue
         if not math.isnan(bound):
-            by_bound[bound] = by_bound.get(bound, 0.0) + value
-    bounds = tuple(sorted(by_bound))
+            key = tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+            by_set.setdefault(key, {})[bound] = value
+    sets = [HistogramCounts(tuple(sorted(b)), tuple(b[x] for x in sorted(b)), 0.0, 0.0) for b in by_set.values()]
     total = math.fsum(v for _, v in samples.get(name + "_sum", []))
     count = math.fsum(v for _, v in samples.get(name + "_count", []))
-    return HistogramCounts(bounds, tuple(by_bound[b] for b in bounds), total, count)
+    return replace(_added(sets), sum=total, count=count)
 
 
 #: The simulated server's own histogram on its /metrics: how late each engine step's

@@ -78,20 +78,37 @@ async def test_bench_reads_its_summary_off_the_sglang_page_and_the_seed_reruns_c
     assert "vLLM" not in said[0], said[0]  # (the flag of the server measured, not another engine's)
 
 
-async def test_retractions_show_from_the_first_and_bench_counts_them_as_preemptions() -> None:
-    """A pool too small for eight answers of 200 tokens at once: the simulated SGLang
-    retracts (preempts) some, its page shows ``sglang:num_retracted_requests_total`` (with
-    the scheduler's labels) from the first, as SGLang 0.5.11 does, and bench's summary
-    counts them over the run though the page before it showed no such sample."""
+def test_retractions_show_from_the_first_with_the_schedulers_labels() -> None:
+    """``sglang:num_retracted_requests_total`` as SGLang 0.5.11's scheduler shows it: its
+    HELP and TYPE always, a sample (the scheduler's labels) from the first retraction
+    (the simulator's preemption); bench reads it as preemptions, 0 before the first."""
+    from types import SimpleNamespace
+
+    from inferlab.sim.server.prometheus import Histogram, SGLangRequests, render_sglang_metrics
+
+    def page(retracted: int) -> str:
+        engine = SimpleNamespace(num_running=1, num_waiting=0, kv_usage=0.5, preemptions_total=retracted)
+        return render_sglang_metrics(MODEL, engine, SGLangRequests(), 0.0, Histogram((0.1,)), 0)  # type: ignore[arg-type]
+
+    none, three = page(0), page(3)
+    assert "# TYPE sglang:num_retracted_requests counter" in none and "sglang:num_retracted_requests_total{" not in none
+    (row,) = parse_prometheus(three)["sglang:num_retracted_requests_total"]
+    assert row == ({"model_name": MODEL, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}, 3.0)
+    assert snapshot(parse_prometheus(none)).values["preemptions"] == 0
+    assert snapshot(parse_prometheus(three)).values["preemptions"] == 3
+
+
+async def test_bench_counts_the_simulated_sglangs_retractions_over_the_run() -> None:
+    """A KV pool too small for eight answers of 200 tokens at once: whatever the simulated
+    SGLang retracted during the run (how many depends on when the requests arrived), the
+    summary's preemptions are the page's count, which was 0 before the run."""
     engine = EngineConfig(model=MODEL, max_model_len=512, engine_family="sglang", num_gpu_blocks_override=33)
     with EmbeddedServer(ServerConfig(engine=engine)) as srv:
         async with httpx.AsyncClient(base_url=srv.url, timeout=HTTP_TIMEOUT_S) as http:
-            assert "sglang:num_retracted_requests_total{" not in (await http.get("/metrics")).text
             run = await bench_async(BenchConfig(LoadConfig(ClosedLoop(8), num_requests=16),
                                                 WorkloadConfig(input_tokens=40, output_tokens=200), preflight=False), srv.url)
             page = (await http.get("/metrics")).text
-    (row,) = parse_prometheus(page)["sglang:num_retracted_requests_total"]
-    assert set(row[0]) == {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank"} and row[1] >= 1
+    rows = parse_prometheus(page)["sglang:num_retracted_requests_total"]
     m = run.summary.server_metrics
-    assert m is not None and m.available and m.counters["preemptions"] == row[1]
+    assert m is not None and m.available and m.counters["preemptions"] == sum(v for _, v in rows)
     assert run.summary.counts.completed == 16
