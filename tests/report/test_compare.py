@@ -24,6 +24,7 @@ from inferlab.results.compare import (
     quantile_interval,
 )
 from inferlab.results.records import RequestRecord
+from inferlab.sim.engine.steptime import DEFAULT_EFFICIENCIES
 
 SIM = [sys.executable, "-m", "inferlab", "sim", "run", "-n", "200", "-c", "16", "--output-tokens", "64", "--no-history"]
 
@@ -117,7 +118,8 @@ def workloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
 OPEN = [sys.executable, "-m", "inferlab", "sim", "run", "-n", "1000", "--rate", "20", "--input-tokens", "lognormal:800:0.4",
         "--output-tokens", "uniform:64:256", "--no-history"]
 #: ``DEFAULT_EFFICIENCIES``' achieved shares of peak × 0.9: a 10 % slower GPU
-SLOWER = {"gemm_compute": 0.63, "weight_stream": 0.675, "attention_compute": 0.54, "kv_stream": 0.675, "activation_stream": 0.63}
+SLOWER = {name: 0.9 * getattr(DEFAULT_EFFICIENCIES, name)
+          for name in ("gemm_compute", "weight_stream", "attention_compute", "kv_stream", "activation_stream")}
 
 
 @pytest.fixture(scope="module")

@@ -604,7 +604,8 @@ def test_a_summary_json_that_is_not_the_records_is_recomputed_and_said(sweep: Pa
     assert inferlab("report", str(blank), "-o", str(out)).returncode == 0
     html = out.read_text()
     assert table(html)["requests completed / failed"] == f"{len(done)} / 0"
-    assert float(table(html)["TTFT p50 (ms)"].replace(",", "")) == pytest.approx(ttft_p50, abs=0.01)
+    shown = float(table(html)["TTFT p50 (ms)"].replace(",", ""))  # 2 decimals under 100 ms, 1 above
+    assert shown == pytest.approx(ttft_p50, abs=0.01 if ttft_p50 < 100 else 0.1)
     assert f"summary.json has no request counts (requests.jsonl holds {len(records)}: {len(done)} completed, 0 failed)" in html
 
     emptied = tmp_path / "emptied"
@@ -718,9 +719,10 @@ def _row(html: str, first_cell: str) -> list[str]:
 
 
 def test_a_tunes_report_shows_the_slos_and_each_trials_goodput_and_whether_it_met_them(tmp_path: Path) -> None:
-    """The README's tune: the report named trial 0 "the tune's best", but goodput, the
-    objective that chose it, was in no table and the SLOs only inside the command line;
-    trial 3 (the most tok/s, TTFT p99 over the 400 ms SLO) read as at least as good."""
+    """The README's tune at a 400 ms TTFT SLO (the README's was 400 ms until the GEMMs' share of
+    peak was fitted): the report named trial 0 "the tune's best", but goodput, the objective
+    that chose it, was in no table and the SLOs only inside the command line; trial 3 (the
+    most tok/s, TTFT p99 over the 400 ms SLO) read as at least as good."""
     out = tmp_path / "tune1"
     p = inferlab("tune", "--param", "max-num-batched-tokens=256,512,1024,2048,4096,8192", "--param", "max-num-seqs=8,16,32,64,128,256",
                  "--rate", "12", "-n", "150", "--input-tokens", "2000", "--output-tokens", "200", "--slo-ttft-ms", "400",

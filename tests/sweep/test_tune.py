@@ -70,7 +70,7 @@ def test_a_trial_the_tie_rule_would_choose_is_not_ended_as_hopeless() -> None:
     now only when even a perfect rest, ending at once, could not come within the tie
     share of the highest goodput."""
     run = RunConfig(LoadConfig(OpenLoop(10.0), num_requests=80), WorkloadConfig(input_tokens=1500, output_tokens=100),
-                    "completions", SLO(ttft_ms=500, tpot_ms=11.7))
+                    "completions", SLO(ttft_ms=500, tpot_ms=12.6))
     axes = (Axis("max_num_seqs", (8, 32, 128)), Axis("max_num_batched_tokens", (512, 2048)))
     full = search(TuneConfig(axes, "grid", abort_hopeless=False), run)
     early = search(TuneConfig(axes, "grid"), run)
@@ -89,11 +89,11 @@ def test_a_setting_the_engine_refuses_is_a_failed_trial_and_the_search_goes_on()
 
 
 def test_the_throughput_objective_scores_only_trials_within_the_slo_share() -> None:
-    result = search(TuneConfig(AXES[1:], "grid", objective="throughput", slo_share=0.95, abort_hopeless=False))
+    result = search(TuneConfig(AXES[1:], "grid", objective="throughput", slo_share=0.9, abort_hopeless=False))
     for t in result.trials:
         assert t.summary is not None
         share = t.met / t.summary.counts.total
-        assert (t.score > 0) == (share >= 0.95)
+        assert (t.score > 0) == (share >= 0.9)
         if t.score:
             assert t.score == t.summary.output_token_throughput_tps
     assert any(t.score == 0 for t in result.trials) and any(t.score > 0 for t in result.trials)
@@ -248,7 +248,7 @@ def test_a_best_below_the_highest_score_says_why_where_users_read(tmp_path: Path
     best block say so for this trial, with the highest score."""
     args = ["--param", "max-num-batched-tokens=256,512,1024,2048,4096,8192", "--param", "max-num-seqs=8,16,32,64,128,256",
             "--rate", "12", "-n", "150", "--input-tokens", "2000", "--output-tokens", "200",
-            "--slo-ttft-ms", "400", "--slo-tpot-ms", "26"]
+            "--slo-ttft-ms", "500", "--slo-tpot-ms", "26"]
     res = CliRunner().invoke(main, ["tune", *args, "-o", str(tmp_path / "t")])
     assert res.exit_code == 0, res.output
     index = json.loads((tmp_path / "t" / "sweep.json").read_text())

@@ -752,6 +752,41 @@ def test_fit_gpu_stream_runs_fit_rows_of_that_gpu_only_and_its_rule_prefers_the_
 
 
 
+def test_fit_gemm_runs_every_familys_fit_rows_and_no_held_out_one_and_its_rule_prefers_the_least_change() -> None:
+    """bench/fit_gemm.py: every `fit` row of every family (offline ones too), never a
+    held-out one; of values within 0.2 of the best it takes the one closest to 0.70, the
+    literature's middle; the host objective counts a host once however many rows it has;
+    bad grids are usage errors."""
+    import runpy
+
+    from inferlab.sim.engine.families import EngineFamily
+    from inferlab.sim.validation.calibration import load_rows, parse_rows
+    from inferlab.sim.validation.scenario import OFFLINE
+
+    script = runpy.run_path(str(Path(__file__).resolve().parents[3] / "bench" / "fit_gemm.py"))
+    ids = script["fit_rows"]()
+    rows = [r for path in sorted(CSV.parent.glob("*.csv")) for r in load_rows(path)]
+    scenarios = {sc.row_id: sc for sc in parse_rows(rows)[0]}
+    assert ids and all(scenarios[i].split == "fit" for i in ids)
+    held = {i for i, sc in scenarios.items() if sc.split == "holdout"}
+    assert held and not held & set(ids)
+    fit = {i for i, sc in scenarios.items() if sc.split == "fit"}
+    assert set(ids) == fit  # every one, offline rows and every family's
+    assert {scenarios[i].family for i in ids} >= {EngineFamily.VLLM, EngineFamily.SGLANG, EngineFamily.TRTLLM}
+    assert any(scenarios[i].regime == OFFLINE for i in ids)
+    choose = script["choose"]
+    assert choose({0.55: 11.2, 0.60: 10.9, 0.65: 11.2, 0.70: 11.3}) == 0.60  # the others are 0.3 away
+    assert choose({0.60: 10.9, 0.65: 11.0, 0.70: 11.05}) == 0.70  # all within 0.2: the least change
+    assert choose({0.75: 10.0, 0.80: 10.1}) == 0.75
+    # one host of 3 rows and one of 1: over rows the 3 rows decide, over hosts each host is one
+    errors = {("a", "H100"): {"TTFT": {"1": 10.0, "2": 10.0, "3": 10.0}}, ("b", "A100"): {"TTFT": {"4": 50.0}}}
+    assert script["objective"](errors, list(errors)) == 10.0
+    assert script["host_objective"](errors) == 30.0
+    assert script["objective"](errors, [("b", "A100"), ("b", "A100")]) == 50.0
+    for bad in (["--grid", "fast"], ["--grid", "0.1"], ["--grid", "1.5"]):
+        assert script["main"](bad) == 2
+
+
 def test_fit_front_end_runs_the_named_familys_served_fit_rows_only() -> None:
     """bench/fit_front_end.py --family sglang fits on SGLang's `fit` rows that go through an
     API server: never a held-out row, another family's, or an offline one; vLLM V1's

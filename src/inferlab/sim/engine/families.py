@@ -349,10 +349,12 @@ FAMILY_RULES: dict[EngineFamily, FamilyRules] = {
         # The overlap scheduler hides most host work behind the GPU step. The latency
         # outside the engine, fitted on SGLang's fit rows only (``bench/fit_front_end.py
         # --family sglang``: its v0.3 benchmark on A100/H100 and DataCrunch's 0.4 on
-        # H200): 25 ms. (It was 15 ms, a median of low-load TTFTs above prefill and
-        # scheduling read before the split from three sources, one of them GPUStack's
-        # SGLang 0.5 on H100, held out since: docs/validation.md, "SGLang's latency".)
-        efficiencies=Efficiencies(cpu_step_s=0.3e-3, api_overhead_s=0.025),
+        # H200): 20 ms since the GEMMs' share of peak was fitted (0.70 → 0.60; 25 ms
+        # before, docs/validation.md, "GEMMs' share of peak"). (It was 15 ms, a median of
+        # low-load TTFTs above prefill and scheduling read before the split from three
+        # sources, one of them GPUStack's SGLang 0.5 on H100, held out since:
+        # docs/validation.md, "SGLang's latency".)
+        efficiencies=Efficiencies(cpu_step_s=0.3e-3, api_overhead_s=0.020),
         sglang_api=True,
     ),
     EngineFamily.TRTLLM: FamilyRules(
