@@ -37,7 +37,10 @@ def test_raising_the_slots_as_advised_keeps_each_slots_context(llama_server_bina
     config.write_text(f'engine = "llamacpp"\nmodel = "{tiny.gguf}"\nexecutable = "{llama_server_binary}"\n'
                       f"max_model_len = {SLOT_TOKENS}\nmax_num_seqs = 2\nextra_args = [\"-t\", \"1\"]\n")
     out = tmp_path / "run"
-    res = CliRunner().invoke(main, ["bench", "--engine", str(config), "-c", "8", "-n", "24", "--input-tokens", "300",
+    # 48 requests: about 2 s here, so /metrics' sample at 1 s falls mid-run (with 24, about
+    # 1 s, its only sample could land on the tail with nothing waiting, and advise rightly
+    # took the server's count of 0 waiting over the records: seen once, on a loaded CI run)
+    res = CliRunner().invoke(main, ["bench", "--engine", str(config), "-c", "8", "-n", "48", "--input-tokens", "300",
                                     "--output-tokens", "8", "--api", "completions", "-o", str(out)])
     assert res.exit_code == 0, res.output
     cap = next(r for r in advise(out).recommendations if r.rule == "engine_cap")
