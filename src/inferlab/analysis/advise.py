@@ -1041,7 +1041,10 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         f"{mix.long_n} of {mix.total} prompts are {mix.threshold:,.0f}+ tokens; the short requests' TTFT p99 "
         f"{_p(_ttfts(run.records, mix.short), 0.99):,.0f} ms against a p50 of {statistics.median(_ttfts(run.records, mix.short)):,.0f} ms",
         f"inferlab gateway --upstream URL --config gateway.toml with [admission] mode = \"tokens\", "
-        f"max_tokens_in_flight = {budget:,} (per engine; {budget // largest} of the largest requests at once)",
+        f"max_tokens_in_flight = {budget:,} (per engine; {budget // largest} of the largest requests at once), "
+        # (the prediction counts prompts exactly; the gateway's default, 4 characters a
+        # token, counts other prompts otherwise, and then another number of them fits)
+        "tokenizer = \"upstream\" (prompts counted by the engine's own /tokenize, as the prediction counts them)",
         gains,
         f"long prompts wait at the gateway while short ones pass (a size-aware queue; a waiter older than starvation_s goes first), "
         f"so their own TTFT grows, and throughput may fall (allowed for the {goal} goal: {THROUGHPUT_SLACK[goal]:.0%}); "
