@@ -1044,7 +1044,8 @@ def _token_admission(run: _Run, w: WhatIf, goal: Goal) -> Recommendation | None:
         f"max_tokens_in_flight = {budget:,} (per engine; {budget // largest} of the largest requests at once), "
         # (the prediction counts prompts exactly; the gateway's default, 4 characters a
         # token, counts other prompts otherwise, and then another number of them fits)
-        "tokenizer = \"upstream\" (prompts counted by the engine's own /tokenize, as the prediction counts them)",
+        "tokenizer = \"upstream\" (prompts counted by the engine's own /tokenize, as the prediction counts them; "
+        "an engine without one is counted at 4 characters a token, and then another number of them fits)",
         gains,
         f"long prompts wait at the gateway while short ones pass (a size-aware queue; a waiter older than starvation_s goes first), "
         f"so their own TTFT grows, and throughput may fall (allowed for the {goal} goal: {THROUGHPUT_SLACK[goal]:.0%}); "
